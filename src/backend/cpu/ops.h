@@ -1,0 +1,103 @@
+#pragma once
+// CPU backend ops. Plain functions over flat f32 activations; weights may be
+// any supported dtype. The reference semantics of every op is the scalar
+// code in ops_ref.cpp; the fast paths (AVX2/AVX-512, chosen at run time) are
+// tested against it.
+//
+// Threading: ops that take a ThreadPool split their outer loop across it.
+// Allocation: none. Ops that need scratch memory take a Scratch that the
+// caller sizes once (see Scratch::reserve) and reuses every step.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace rill::cpu {
+
+// A matrix of n_rows rows with n_cols elements each, rows contiguous at
+// `row_stride` bytes. A Linear weight is [out_features = n_rows, in_features = n_cols].
+struct WeightView {
+  DType dtype = DType::kF32;
+  int64_t n_rows = 0;
+  int64_t n_cols = 0;
+  const void* data = nullptr;
+  size_t row_stride = 0;  // bytes; row_bytes(dtype, n_cols) for packed tensors
+};
+
+// Grow-only scratch memory. reserve() may allocate; call it while planning
+// (model construction / batch-size change), never inside the per-step path.
+class Scratch {
+ public:
+  void reserve(size_t bytes);
+  void* data() { return buf_.data(); }
+  size_t size() const { return buf_.size(); }
+
+ private:
+  std::vector<uint8_t, std::allocator<uint8_t>> buf_;
+};
+
+// Bytes of scratch matmul() needs for `n_tokens` rows of `n_cols` inputs
+// against a weight of dtype `w` (the quantized copy of x).
+size_t matmul_scratch_bytes(DType w, int64_t n_cols, int64_t n_tokens);
+
+// y[t, r] = sum_c W[r, c] * x[t, c]
+// x: [n_tokens, n_cols] f32, y: [n_tokens, n_rows] f32 (y_stride floats per row;
+// 0 means n_rows). For quantized W, x is first quantized to the dot-product
+// partner type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants)
+// exactly as llama.cpp does, so results match it bit-for-bit up to summation order.
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+            Scratch& scratch, int64_t y_stride = 0);
+
+// out[i, :] = dequantized row ids[i] of W. out: [n_ids, n_cols] f32.
+void get_rows(const WeightView& w, const int32_t* ids, int64_t n_ids, float* out);
+
+// Dequantizes `n` elements (a multiple of the block size) starting at a block boundary.
+void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+
+// out[r, :] = x[r, :] / rms(x[r, :]) * (weight_offset + w[:])   (w may be null: no scale)
+// rms computed in f32 with eps added to the mean square. out may alias x.
+void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps, float* out,
+              float weight_offset = 0.0f);
+
+// Precomputed inverse frequencies (rot_dim / 2 of them) and the yarn
+// magnitude scale; built once per model from its RoPE config.
+struct RopeTable {
+  std::vector<float> inv_freq;  // [rot_dim / 2]
+  float attn_factor = 1.0f;     // multiplies cos and sin (yarn mscale)
+  int64_t rot_dim = 0;
+  bool interleaved = false;     // RopeStyle::kInterleaved
+};
+
+// Rotates x in place. x: [n_tokens, n_heads, head_dim] (row stride
+// n_heads*head_dim); only the first rot_dim dims of each head rotate.
+void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+          const RopeTable& table);
+
+// out = silu(gate) * up, elementwise over n floats. out may alias gate.
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+// out = gelu_tanh(gate) * up.
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
+// y += x
+void add_inplace(float* y, const float* x, int64_t n);
+
+// Causal attention for the queries of one sequence over its KV.
+// q:   [n_q, n_head, head_dim] f32, query i at position q_pos[i]
+// k,v: [n_kv, n_head_kv, head_dim] in kv_dtype (F32 or F16), key j at position j
+// out: [n_q, n_head, head_dim] f32
+// Query at position p attends to keys j <= p, and j > p - window when window > 0.
+// softcap > 0 applies softcap * tanh(score / softcap) before the softmax.
+struct AttentionParams {
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  float scale = 1.0f;
+  int64_t window = 0;
+  float softcap = 0.0f;
+  DType kv_dtype = DType::kF32;
+};
+void attention(const float* q, const int32_t* q_pos, int64_t n_q, const void* k, const void* v,
+               int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool);
+
+}  // namespace rill::cpu
