@@ -1,0 +1,109 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace rill {
+
+int32_t argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+Sampler::Sampler(const SamplingParams& params, int64_t n_vocab)
+    : params_(params),
+      n_vocab_(n_vocab),
+      rng_(params.seed ? *params.seed : std::random_device{}()),
+      output_counts_(static_cast<size_t>(n_vocab), 0),
+      seen_(static_cast<size_t>(n_vocab), 0) {
+  candidates_.reserve(static_cast<size_t>(n_vocab));
+}
+
+void Sampler::add_prompt_tokens(std::span<const int32_t> ids) {
+  for (int32_t id : ids) {
+    if (id < 0 || id >= n_vocab_) continue;
+    if (!seen_[id]) touched_.push_back(id);
+    seen_[id] = 1;
+  }
+}
+
+void Sampler::add_output_token(int32_t id) {
+  if (id < 0 || id >= n_vocab_) return;
+  if (!seen_[id]) touched_.push_back(id);
+  seen_[id] = 1;
+  ++output_counts_[id];
+}
+
+void Sampler::apply_penalties(float* logits) const {
+  const float rep = params_.repetition_penalty;
+  const bool use_rep = rep != 1.0f && rep > 0.0f;
+  const bool use_pf = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
+  if (!use_rep && !use_pf) return;
+  for (int32_t id : touched_) {
+    float& l = logits[id];
+    if (use_rep) l = l > 0 ? l / rep : l * rep;
+    const int32_t c = output_counts_[id];
+    if (use_pf && c > 0) l -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(c);
+  }
+}
+
+int32_t Sampler::sample(float* logits) {
+  apply_penalties(logits);
+  if (params_.temperature <= 0.0f || params_.top_k == 1) return argmax(logits, n_vocab_);
+
+  const float inv_t = 1.0f / params_.temperature;
+  candidates_.clear();
+  for (int64_t i = 0; i < n_vocab_; ++i) {
+    candidates_.emplace_back(logits[i] * inv_t, static_cast<int32_t>(i));
+  }
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  size_t n = candidates_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
+    n = static_cast<size_t>(params_.top_k);
+    std::partial_sort(candidates_.begin(), candidates_.begin() + n, candidates_.end(), by_logit);
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+  }
+  // Softmax over the kept candidates (sorted, so the max is first).
+  const float max_l = candidates_[0].first;
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    candidates_[i].first = std::exp(candidates_[i].first - max_l);
+    total += candidates_[i].first;
+  }
+  if (params_.top_p < 1.0f) {
+    double cum = 0.0;
+    size_t keep = n;
+    for (size_t i = 0; i < n; ++i) {
+      cum += candidates_[i].first / total;
+      if (cum >= params_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = std::max<size_t>(1, keep);
+  }
+  if (params_.min_p > 0.0f) {
+    const float threshold = params_.min_p * candidates_[0].first;  // relative to the top probability
+    size_t keep = 1;
+    while (keep < n && candidates_[keep].first >= threshold) ++keep;
+    n = keep;
+  }
+  double kept_total = 0.0;
+  for (size_t i = 0; i < n; ++i) kept_total += candidates_[i].first;
+  std::uniform_real_distribution<double> uni(0.0, kept_total);
+  double r = uni(rng_);
+  for (size_t i = 0; i < n; ++i) {
+    r -= candidates_[i].first;
+    if (r < 0) return candidates_[i].second;
+  }
+  return candidates_[n - 1].second;
+}
+
+}  // namespace rill

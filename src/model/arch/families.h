@@ -1,0 +1,17 @@
+#pragma once
+// Factories of the model families, one per file in model/arch/. The
+// registry (model/registry.cpp) binds them to implementation ids.
+#include <memory>
+
+#include "core/result.h"
+#include "loader/model_files.h"
+#include "model/model.h"
+
+namespace rill {
+
+// Llama family: llama (incl. llama3 rope scaling, tied embeddings), mistral
+// (sliding window), qwen2 (qkv bias), qwen3 (q/k RMSNorm), smollm.
+Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
+                                                  const ModelOptions& options);
+
+}  // namespace rill

@@ -1,0 +1,243 @@
+// The Llama family, one implementation for llama, mistral, qwen2, qwen3 and
+// smollm. Differences are data, read from the config and the tensors present:
+//   qkv bias (qwen2)            q_proj.bias present
+//   q/k RMSNorm (qwen3)         self_attn.q_norm.weight present (over head_dim)
+//   sliding window (mistral)    config.sliding_window > 0
+//   tied embeddings             lm_head.weight absent
+//   rope variants               config.rope_scaling (see backend/cpu/rope_table.h)
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu/rope_table.h"
+#include "model/arch/families.h"
+#include "model/layers.h"
+#include "model/slot_kv_cache.h"
+
+namespace rill {
+namespace {
+
+struct LlamaLayer {
+  std::vector<float> attn_norm;  // [n_embd]
+  Linear q, k, v, o;             // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
+  std::vector<float> q_norm, k_norm;  // [head_dim], qwen3 only
+  std::vector<float> ffn_norm;   // [n_embd]
+  Linear gate, up, down;         // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]
+};
+
+// Activations for up to max_tokens tokens, allocated once.
+struct Activations {
+  std::vector<float> x, h, q, k, v, attn, gate, up, final_rows;
+  cpu::Scratch scratch;
+};
+
+class LlamaModel final : public Model {
+ public:
+  LlamaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
+      : files_(std::move(files)), cfg_(files_->config), pool_(options.n_threads) {}
+
+  Status init(const ModelOptions& options);
+
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t n_vocab() const override { return cfg_.n_vocab; }
+  int64_t n_ctx() const override { return kv_.n_ctx(); }
+  int max_batch_tokens() const override { return max_tokens_; }
+  size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
+  Status forward(const Batch& batch, float* logits) override;
+
+ private:
+  void attention_block(const LlamaLayer& L, int64_t il, const Batch& batch);
+  void mlp_block(const LlamaLayer& L, int64_t n);
+
+  std::shared_ptr<const ModelFiles> files_;
+  const ModelConfig& cfg_;
+  ThreadPool pool_;
+  int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
+  int max_tokens_ = 0;
+  cpu::WeightView embed_;    // [n_vocab, n_embd]
+  cpu::WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
+  std::vector<float> final_norm_;
+  std::vector<LlamaLayer> layers_;
+  cpu::RopeTable rope_;
+  cpu::AttentionParams attn_params_;
+  SlotKvCache kv_;
+  Activations a_;
+};
+
+Status LlamaModel::init(const ModelOptions& options) {
+  const ModelFiles& f = *files_;
+  const int64_t E = cfg_.n_embd, V = cfg_.n_vocab, F = cfg_.n_ff;
+  if (E <= 0 || V <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 || F <= 0 ||
+      cfg_.n_head % cfg_.n_head_kv != 0) {
+    return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
+                 std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
+  }
+  hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E / cfg_.n_head;
+  q_width_ = cfg_.n_head * hd_;
+  kv_width_ = cfg_.n_head_kv * hd_;
+
+  RILL_ASSIGN_OR_RETURN(embed_, bind_matrix(f, "model.embed_tokens.weight", V, E));
+  if (f.find("lm_head.weight")) {
+    RILL_ASSIGN_OR_RETURN(lm_head_, bind_matrix(f, "lm_head.weight", V, E));
+  } else {
+    lm_head_ = embed_;
+  }
+  RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, "model.norm.weight", E));
+
+  bool all_f32 = embed_.dtype == DType::kF32;
+  layers_.resize(static_cast<size_t>(cfg_.n_layer));
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    const std::string p = "model.layers." + std::to_string(il) + ".";
+    LlamaLayer& L = layers_[static_cast<size_t>(il)];
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", q_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", kv_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", kv_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", E, q_width_, Bias::kOptional));
+    if (f.find(p + "self_attn.q_norm.weight")) {
+      RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
+      RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
+    }
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", F, E));
+    RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", F, E));
+    RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, F));
+    all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
+  }
+
+  const int64_t rot_dim = cfg_.rope_dim > 0 ? cfg_.rope_dim : hd_;
+  cpu::RopeScalingParams rs;
+  rs.type = static_cast<cpu::RopeScalingParams::Type>(cfg_.rope_scaling.type);
+  rs.factor = cfg_.rope_scaling.factor;
+  rs.low_freq_factor = cfg_.rope_scaling.low_freq_factor;
+  rs.high_freq_factor = cfg_.rope_scaling.high_freq_factor;
+  rs.original_max_position = cfg_.rope_scaling.original_max_position;
+  rs.beta_fast = cfg_.rope_scaling.beta_fast;
+  rs.beta_slow = cfg_.rope_scaling.beta_slow;
+  rs.attention_factor = cfg_.rope_scaling.attention_factor;
+  rope_ = cpu::make_rope_table(cfg_.rope_theta, rot_dim, cfg_.rope_style == RopeStyle::kInterleaved, rs);
+  if (const TensorRef* freqs = f.find("rope_freqs.weight")) {
+    // GGUF llama3 models bake the scaling into per-frequency divisors.
+    if (freqs->dtype != DType::kF32 || freqs->n_elements() != rot_dim / 2) {
+      return Error{freqs->file + ": tensor 'rope_freqs.weight' must be F32 [" +
+                   std::to_string(rot_dim / 2) + "]"};
+    }
+    const float* d = reinterpret_cast<const float*>(freqs->data);
+    for (int64_t i = 0; i < rot_dim / 2; ++i) rope_.inv_freq[i] /= d[i];
+  }
+
+  attn_params_.n_head = cfg_.n_head;
+  attn_params_.n_head_kv = cfg_.n_head_kv;
+  attn_params_.head_dim = hd_;
+  attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  attn_params_.window = cfg_.sliding_window;
+  // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise
+  // f16 KV, as llama.cpp stores it.
+  attn_params_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
+
+  int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
+  if (n_ctx <= 0) n_ctx = 4096;
+  RILL_ASSIGN_OR_RETURN(kv_, SlotKvCache::create(cfg_.n_layer, std::max(1, options.n_kv_slots), n_ctx,
+                                                 kv_width_, attn_params_.kv_dtype));
+
+  max_tokens_ = std::max(1, options.max_batch_tokens);
+  const auto T = static_cast<size_t>(max_tokens_);
+  a_.x.resize(T * E);
+  a_.h.resize(T * E);
+  a_.q.resize(T * q_width_);
+  a_.k.resize(T * kv_width_);
+  a_.v.resize(T * kv_width_);
+  a_.attn.resize(T * q_width_);
+  a_.gate.resize(T * F);
+  a_.up.resize(T * F);
+  a_.final_rows.resize(T * E);
+  size_t scratch = 0;
+  for (const LlamaLayer& L : layers_) {
+    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+      scratch = std::max(scratch, cpu::matmul_scratch_bytes(l->w.dtype, l->n_in(), max_tokens_));
+    }
+  }
+  scratch = std::max(scratch, cpu::matmul_scratch_bytes(lm_head_.dtype, E, max_tokens_));
+  a_.scratch.reserve(scratch);
+  return {};
+}
+
+void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& batch) {
+  const int64_t n = batch.n_tokens();
+  L.q.forward(a_.h.data(), n, a_.q.data(), pool_, a_.scratch);
+  L.k.forward(a_.h.data(), n, a_.k.data(), pool_, a_.scratch);
+  L.v.forward(a_.h.data(), n, a_.v.data(), pool_, a_.scratch);
+  if (!L.q_norm.empty()) {
+    cpu::rms_norm(a_.q.data(), L.q_norm.data(), n * cfg_.n_head, hd_, cfg_.rms_norm_eps, a_.q.data());
+    cpu::rms_norm(a_.k.data(), L.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a_.k.data());
+  }
+  cpu::rope(a_.q.data(), batch.positions.data(), n, cfg_.n_head, hd_, rope_);
+  cpu::rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
+  for (const BatchSeq& s : batch.seqs) {
+    const int64_t t0 = s.q_start;
+    kv_.store(il, s.kv_slot, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
+              batch.positions.data() + t0, s.q_len, kv_width_, kv_width_);
+    cpu::attention(a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len,
+                   kv_.k(il, s.kv_slot), kv_.v(il, s.kv_slot), s.kv_len, attn_params_,
+                   a_.attn.data() + t0 * q_width_, pool_);
+  }
+  L.o.forward(a_.attn.data(), n, a_.h.data(), pool_, a_.scratch);
+  cpu::add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
+}
+
+void LlamaModel::mlp_block(const LlamaLayer& L, int64_t n) {
+  L.gate.forward(a_.h.data(), n, a_.gate.data(), pool_, a_.scratch);
+  L.up.forward(a_.h.data(), n, a_.up.data(), pool_, a_.scratch);
+  cpu::silu_mul(a_.gate.data(), a_.up.data(), a_.gate.data(), n * cfg_.n_ff);
+  L.down.forward(a_.gate.data(), n, a_.h.data(), pool_, a_.scratch);
+  cpu::add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
+}
+
+Status LlamaModel::forward(const Batch& batch, float* logits) {
+  const int64_t n = batch.n_tokens();
+  const int64_t E = cfg_.n_embd;
+  if (n <= 0) return {};
+  if (n > max_tokens_) {
+    return Error{"batch of " + std::to_string(n) + " tokens exceeds max_batch_tokens " +
+                 std::to_string(max_tokens_)};
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = batch.token_ids[i];
+    if (id < 0 || id >= cfg_.n_vocab) {
+      return Error{"token id " + std::to_string(id) + " is outside the vocabulary (" +
+                   std::to_string(cfg_.n_vocab) + ")"};
+    }
+    if (batch.positions[i] < 0 || batch.positions[i] >= kv_.n_ctx()) {
+      return Error{"position " + std::to_string(batch.positions[i]) +
+                   " is outside the context (" + std::to_string(kv_.n_ctx()) + ")"};
+    }
+  }
+  cpu::get_rows(embed_, batch.token_ids.data(), n, a_.x.data());
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    const LlamaLayer& L = layers_[static_cast<size_t>(il)];
+    cpu::rms_norm(a_.x.data(), L.attn_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data());
+    attention_block(L, il, batch);
+    cpu::rms_norm(a_.x.data(), L.ffn_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data());
+    mlp_block(L, n);
+  }
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  for (int64_t i = 0; i < n_sample; ++i) {
+    const float* row = a_.x.data() + static_cast<int64_t>(batch.sample_rows[i]) * E;
+    cpu::rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a_.final_rows.data() + i * E);
+  }
+  cpu::matmul(lm_head_, a_.final_rows.data(), n_sample, logits, pool_, a_.scratch);
+  return {};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
+                                                  const ModelOptions& options) {
+  auto model = std::make_unique<LlamaModel>(std::move(files), options);
+  RILL_TRY(model->init(options));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace rill

@@ -1,0 +1,63 @@
+#include "model/layers.h"
+
+#include "core/half.h"
+
+namespace rill {
+
+void Linear::forward(const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+                     cpu::Scratch& scratch) const {
+  cpu::matmul(w, x, n_tokens, y, pool, scratch);
+  if (bias.empty()) return;
+  for (int64_t t = 0; t < n_tokens; ++t) cpu::add_inplace(y + t * n_out(), bias.data(), n_out());
+}
+
+cpu::WeightView weight_view(const TensorRef& t) {
+  cpu::WeightView v;
+  v.dtype = t.dtype;
+  v.n_rows = t.shape.size() == 1 ? 1 : t.shape[0];
+  v.n_cols = t.shape.back();
+  v.data = t.data;
+  v.row_stride = row_bytes(t.dtype, v.n_cols);
+  return v;
+}
+
+Result<cpu::WeightView> bind_matrix(const ModelFiles& files, const std::string& name,
+                                    int64_t n_rows, int64_t n_cols) {
+  RILL_ASSIGN_OR_RETURN(const TensorRef* t, files.require(name, {n_rows, n_cols}));
+  if (n_cols % dtype_info(t->dtype).block_size != 0) {
+    return Error{t->file + ": tensor '" + name + "' rows of " + std::to_string(n_cols) +
+                 " elements are not a whole number of " + std::string(dtype_name(t->dtype)) +
+                 " blocks"};
+  }
+  return weight_view(*t);
+}
+
+Result<std::vector<float>> load_vector(const ModelFiles& files, const std::string& name, int64_t n) {
+  RILL_ASSIGN_OR_RETURN(const TensorRef* t, files.require(name, {n}));
+  std::vector<float> out(static_cast<size_t>(n));
+  switch (t->dtype) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      cpu::dequantize_row(t->dtype, t->data, out.data(), n);
+      return out;
+    default:
+      return Error{t->file + ": tensor '" + name + "' has type " +
+                   std::string(dtype_name(t->dtype)) + ", expected F32, F16 or BF16"};
+  }
+}
+
+Result<Linear> bind_linear(const ModelFiles& files, const std::string& name, int64_t n_out,
+                           int64_t n_in, Bias bias) {
+  Linear l;
+  RILL_ASSIGN_OR_RETURN(l.w, bind_matrix(files, name + ".weight", n_out, n_in));
+  if (bias != Bias::kNone) {
+    const std::string bias_name = name + ".bias";
+    if (bias == Bias::kRequired || files.find(bias_name)) {
+      RILL_ASSIGN_OR_RETURN(l.bias, load_vector(files, bias_name, n_out));
+    }
+  }
+  return l;
+}
+
+}  // namespace rill

@@ -1,0 +1,43 @@
+#pragma once
+// Building blocks shared by the model families: weights bound from
+// ModelFiles with their shapes checked, and the per-layer ops over them.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "core/result.h"
+#include "loader/model_files.h"
+
+namespace rill {
+
+// y = x W^T (+ b). W: [n_out, n_in] in any supported dtype, left in the
+// mapped file; the bias (if any) is copied to f32.
+struct Linear {
+  cpu::WeightView w;
+  std::vector<float> bias;  // empty: no bias
+  int64_t n_out() const { return w.n_rows; }
+  int64_t n_in() const { return w.n_cols; }
+
+  // x: [n_tokens, n_in], y: [n_tokens, n_out]
+  void forward(const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+               cpu::Scratch& scratch) const;
+};
+
+enum class Bias { kNone, kOptional, kRequired };
+
+// Binds "<name>.weight" (and "<name>.bias") with shape [n_out, n_in].
+Result<Linear> bind_linear(const ModelFiles& files, const std::string& name, int64_t n_out,
+                           int64_t n_in, Bias bias = Bias::kNone);
+
+// Reads a 1-D tensor of n floats (F32/F16/BF16) into an owned f32 vector.
+Result<std::vector<float>> load_vector(const ModelFiles& files, const std::string& name, int64_t n);
+
+// A weight viewed as a matrix (e.g. the embedding table [n_vocab, n_embd]).
+Result<cpu::WeightView> bind_matrix(const ModelFiles& files, const std::string& name,
+                                    int64_t n_rows, int64_t n_cols);
+
+// The cpu::WeightView over a tensor already known to be [n_rows, n_cols].
+cpu::WeightView weight_view(const TensorRef& t);
+
+}  // namespace rill

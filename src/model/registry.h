@@ -1,0 +1,73 @@
+#pragma once
+// Model profiles and the implementation registry.
+//
+// A profile declares how a model is run: its graph (architecture), loader,
+// generation loop and, optionally, the exact implementation id and the
+// artifact/config fingerprints it was validated with. select() returns
+// exactly the declared implementation or fails: it never falls back to
+// another numerical implementation. A registry is immutable; with() returns
+// a new registry with one more implementation.
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "loader/model_files.h"
+#include "model/model.h"
+
+namespace rill {
+
+struct ModelProfile {
+  std::string graph;            // architecture, e.g. "llama"
+  std::string loader;           // "gguf" or "hf"
+  std::string generation_loop;  // "autoregressive"
+  std::optional<std::string> implementation_id;
+  std::optional<std::string> artifact_fingerprint;
+  std::optional<std::string> config_fingerprint;
+};
+
+// The profile a model's files imply (no pinned implementation or fingerprints).
+ModelProfile infer_profile(const ModelFiles& files);
+
+using ModelFactory = std::function<Result<std::unique_ptr<Model>>(
+    std::shared_ptr<const ModelFiles>, const ModelOptions&)>;
+
+struct Implementation {
+  std::string id;                    // unique, e.g. "cpu.llama"
+  std::vector<std::string> graphs;   // architectures it implements
+  std::vector<std::string> loaders;  // loaders it accepts
+  std::string generation_loop = "autoregressive";
+  ModelFactory create;
+};
+
+class ImplementationRegistry {
+ public:
+  // Errors on an empty id, a duplicate id, no graphs, or no factory.
+  static Result<ImplementationRegistry> create(std::vector<Implementation> impls);
+  // A new registry holding this one's implementations plus `impl`.
+  Result<ImplementationRegistry> with(Implementation impl) const;
+
+  // The declared implementation (profile.implementation_id) if it exists and
+  // implements the profile's graph/loader/loop; otherwise the single
+  // implementation registered for the graph. Any mismatch is an error that
+  // says it refuses to fall back.
+  Result<const Implementation*> select(const ModelProfile& profile) const;
+
+  const std::vector<Implementation>& implementations() const { return impls_; }
+
+ private:
+  std::vector<Implementation> impls_;
+};
+
+// rill's built-in implementations.
+const ImplementationRegistry& builtin_registry();
+
+// Checks the profile's pinned fingerprints against `files`, selects, creates.
+Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& registry,
+                                            const ModelProfile& profile,
+                                            std::shared_ptr<const ModelFiles> files,
+                                            const ModelOptions& options);
+
+}  // namespace rill
