@@ -1,0 +1,351 @@
+#include "loader/hf_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+namespace rill {
+namespace {
+
+using nlohmann::json;
+
+// Upper bound for every count and size; keeps later products in int64.
+constexpr int64_t kMaxDim = int64_t{1} << 31;
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::object: return "object";
+    case json::value_t::array: return "array";
+    case json::value_t::string: return "string";
+    case json::value_t::boolean: return "boolean";
+    case json::value_t::number_float: return "float";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "integer";
+    default: return "value";
+  }
+}
+
+// Typed field access on one JSON object; null counts as absent. Every error
+// names the file and the field ("dir/config.json: field 'hidden_size' missing").
+class Fields {
+ public:
+  Fields(const json& obj, const std::string& name, std::string prefix = "")
+      : obj_(obj), name_(name), prefix_(std::move(prefix)) {}
+
+  const json* get(const char* key) const {
+    if (!obj_.is_object()) return nullptr;
+    auto it = obj_.find(key);
+    if (it == obj_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  Error missing(const char* key) const { return Error{name_ + ": field '" + prefix_ + key + "' missing"}; }
+  Error wrong(const char* key, const char* want, const json& v) const {
+    return Error{name_ + ": field '" + prefix_ + key + "' must be " + want + ", got " + type_name(v)};
+  }
+  Error invalid(const char* key, const std::string& why) const {
+    return Error{name_ + ": field '" + prefix_ + key + "' " + why};
+  }
+
+  Result<std::optional<int64_t>> opt_int(const char* key) const {
+    const json* v = get(key);
+    if (!v) return std::optional<int64_t>{};
+    if (v->is_number_integer() && !v->is_number_unsigned()) return std::optional<int64_t>{v->get<int64_t>()};
+    if (v->is_number_unsigned()) {
+      uint64_t u = v->get<uint64_t>();
+      if (u > uint64_t(std::numeric_limits<int64_t>::max())) return invalid(key, "is out of range");
+      return std::optional<int64_t>{int64_t(u)};
+    }
+    if (v->is_number_float()) {  // tolerate 4096.0, not 4096.5
+      double d = v->get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e18) return std::optional<int64_t>{int64_t(d)};
+    }
+    return wrong(key, "an integer", *v);
+  }
+  Result<std::optional<double>> opt_float(const char* key) const {
+    const json* v = get(key);
+    if (!v) return std::optional<double>{};
+    if (!v->is_number()) return wrong(key, "a number", *v);
+    double d = v->get<double>();
+    if (!std::isfinite(d)) return invalid(key, "is not finite");
+    return std::optional<double>{d};
+  }
+  Result<std::optional<bool>> opt_bool(const char* key) const {
+    const json* v = get(key);
+    if (!v) return std::optional<bool>{};
+    if (!v->is_boolean()) return wrong(key, "a boolean", *v);
+    return std::optional<bool>{v->get<bool>()};
+  }
+  Result<std::optional<std::string>> opt_string(const char* key) const {
+    const json* v = get(key);
+    if (!v) return std::optional<std::string>{};
+    if (!v->is_string()) return wrong(key, "a string", *v);
+    return std::optional<std::string>{v->get<std::string>()};
+  }
+  // A count in [lo, kMaxDim]; required.
+  Result<int64_t> req_dim(const char* key, int64_t lo = 1) const {
+    RILL_ASSIGN_OR_RETURN(auto v, opt_int(key));
+    if (!v) return missing(key);
+    if (*v < lo || *v > kMaxDim) return invalid(key, "is out of range (" + std::to_string(*v) + ")");
+    return *v;
+  }
+  Result<std::optional<int64_t>> opt_dim(const char* key, int64_t lo = 0) const {
+    RILL_ASSIGN_OR_RETURN(auto v, opt_int(key));
+    if (v && (*v < lo || *v > kMaxDim)) return invalid(key, "is out of range (" + std::to_string(*v) + ")");
+    return v;
+  }
+  // An int or a list of ints (eos_token_id); nullopt when absent.
+  Result<std::optional<std::vector<int32_t>>> opt_token_ids(const char* key) const {
+    const json* v = get(key);
+    if (!v) return std::optional<std::vector<int32_t>>{};
+    std::vector<int32_t> ids;
+    auto take = [&](const json& e) -> bool {
+      if (!e.is_number_integer()) return false;
+      if (e.is_number_unsigned() ? e.get<uint64_t>() > uint64_t(INT32_MAX)
+                                 : (e.get<int64_t>() < 0 || e.get<int64_t>() > INT32_MAX))
+        return false;
+      ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+      return true;
+    };
+    if (v->is_array()) {
+      for (const auto& e : *v)
+        if (!take(e)) return wrong(key, "a token id or a list of token ids", e);
+    } else if (!take(*v)) {
+      return wrong(key, "a token id or a list of token ids", *v);
+    }
+    return std::optional<std::vector<int32_t>>{std::move(ids)};
+  }
+
+ private:
+  const json& obj_;
+  const std::string& name_;
+  std::string prefix_;
+};
+
+Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
+  // v5: rope_parameters (flat, or keyed by layer type); v4: rope_theta + rope_scaling.
+  const json* params = top.get("rope_parameters");
+  std::string prefix = "rope_parameters.";
+  if (params) {
+    if (!params->is_object()) return top.wrong("rope_parameters", "an object", *params);
+    auto full = params->find("full_attention");
+    if (full != params->end() && full->is_object()) {
+      params = &*full;
+      prefix += "full_attention.";
+    } else if (!params->contains("rope_theta") && !params->contains("rope_type") && !params->empty()) {
+      // Keyed by some other layer type only: take the first dict.
+      for (auto it = params->begin(); it != params->end(); ++it)
+        if (it->is_object()) { prefix += it.key() + "."; params = &*it; break; }
+    }
+  }
+  const json* scaling = params;
+  std::string scaling_prefix = prefix;
+  if (!scaling) {
+    scaling = top.get("rope_scaling");
+    scaling_prefix = "rope_scaling.";
+    if (scaling && !scaling->is_object()) return top.wrong("rope_scaling", "an object", *scaling);
+  }
+
+  std::optional<double> theta;
+  if (params) { RILL_ASSIGN_OR_RETURN(theta, Fields(*params, name, prefix).opt_float("rope_theta")); }
+  if (!theta) { RILL_ASSIGN_OR_RETURN(theta, top.opt_float("rope_theta")); }
+  if (theta) {
+    if (*theta <= 0) return top.invalid("rope_theta", "must be positive");
+    c.rope_theta = static_cast<float>(*theta);
+  }
+
+  std::optional<double> partial;
+  RILL_ASSIGN_OR_RETURN(partial, top.opt_float("partial_rotary_factor"));
+  if (!partial && params) { RILL_ASSIGN_OR_RETURN(partial, Fields(*params, name, prefix).opt_float("partial_rotary_factor")); }
+  c.rope_dim = c.head_dim;
+  if (partial) {
+    if (!(*partial > 0 && *partial <= 1)) return top.invalid("partial_rotary_factor", "must be in (0, 1]");
+    c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * *partial);
+  }
+  if (c.rope_dim <= 0 || c.rope_dim % 2 != 0)
+    return Error{name + ": rotary dimension " + std::to_string(c.rope_dim) + " (head_dim " +
+                 std::to_string(c.head_dim) + ") must be positive and even"};
+  c.rope_style = RopeStyle::kHalf;
+
+  if (!scaling) return Status::Ok();
+  Fields s(*scaling, name, scaling_prefix);
+  RILL_ASSIGN_OR_RETURN(auto type, s.opt_string("rope_type"));
+  if (!type) { RILL_ASSIGN_OR_RETURN(type, s.opt_string("type")); }
+  RopeScaling& r = c.rope_scaling;
+  if (!type || *type == "default") {
+    r.type = RopeScaling::Type::kNone;
+    return Status::Ok();
+  }
+  if (*type == "linear") r.type = RopeScaling::Type::kLinear;
+  else if (*type == "llama3") r.type = RopeScaling::Type::kLlama3;
+  else if (*type == "yarn") r.type = RopeScaling::Type::kYarn;
+  else return s.invalid("rope_type", "'" + *type + "' is not supported (default, linear, llama3, yarn)");
+
+  RILL_ASSIGN_OR_RETURN(auto factor, s.opt_float("factor"));
+  if (factor) {
+    if (*factor <= 0) return s.invalid("factor", "must be positive");
+    r.factor = static_cast<float>(*factor);
+  }
+  RILL_ASSIGN_OR_RETURN(auto low, s.opt_float("low_freq_factor"));
+  RILL_ASSIGN_OR_RETURN(auto high, s.opt_float("high_freq_factor"));
+  RILL_ASSIGN_OR_RETURN(auto orig, s.opt_dim("original_max_position_embeddings", 1));
+  RILL_ASSIGN_OR_RETURN(auto beta_fast, s.opt_float("beta_fast"));
+  RILL_ASSIGN_OR_RETURN(auto beta_slow, s.opt_float("beta_slow"));
+  RILL_ASSIGN_OR_RETURN(auto attn_factor, s.opt_float("attention_factor"));
+  if (low) r.low_freq_factor = static_cast<float>(*low);
+  if (high) r.high_freq_factor = static_cast<float>(*high);
+  if (beta_fast) r.beta_fast = static_cast<float>(*beta_fast);
+  if (beta_slow) r.beta_slow = static_cast<float>(*beta_slow);
+  if (attn_factor) r.attention_factor = static_cast<float>(*attn_factor);
+  // transformers falls back to max_position_embeddings when absent.
+  r.original_max_position = orig ? *orig : c.max_position;
+  if (r.type == RopeScaling::Type::kLlama3) {
+    if (r.low_freq_factor <= 0 || r.high_freq_factor <= r.low_freq_factor)
+      return s.invalid("high_freq_factor", "must exceed low_freq_factor > 0");
+    if (r.original_max_position <= 0) return s.missing("original_max_position_embeddings");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status apply_generation_config(const json& gen, const std::string& name, GenerationDefaults* out) {
+  if (!gen.is_object()) return Error{name + ": not a JSON object"};
+  Fields g(gen, name);
+  RILL_ASSIGN_OR_RETURN(auto temperature, g.opt_float("temperature"));
+  RILL_ASSIGN_OR_RETURN(auto top_p, g.opt_float("top_p"));
+  RILL_ASSIGN_OR_RETURN(auto top_k, g.opt_int("top_k"));
+  RILL_ASSIGN_OR_RETURN(auto min_p, g.opt_float("min_p"));
+  RILL_ASSIGN_OR_RETURN(auto rep, g.opt_float("repetition_penalty"));
+  RILL_ASSIGN_OR_RETURN(auto do_sample, g.opt_bool("do_sample"));
+  RILL_ASSIGN_OR_RETURN(auto eos, g.opt_token_ids("eos_token_id"));
+  RILL_ASSIGN_OR_RETURN(auto bos, g.opt_token_ids("bos_token_id"));
+  if (temperature) out->temperature = static_cast<float>(*temperature);
+  if (top_p) out->top_p = static_cast<float>(*top_p);
+  if (top_k) {
+    if (*top_k < 0 || *top_k > INT32_MAX) return g.invalid("top_k", "is out of range");
+    out->top_k = static_cast<int>(*top_k);
+  }
+  if (min_p) out->min_p = static_cast<float>(*min_p);
+  if (rep) out->repetition_penalty = static_cast<float>(*rep);
+  if (do_sample) out->do_sample = *do_sample;
+  if (eos) out->eos_token_ids = std::move(*eos);
+  if (bos) {
+    if (bos->size() != 1) return g.invalid("bos_token_id", "must be a single token id");
+    out->bos_token_id = (*bos)[0];
+  }
+  return Status::Ok();
+}
+
+Result<ModelConfig> parse_hf_config(const json& config, const std::string& name) {
+  if (!config.is_object()) return Error{name + ": not a JSON object"};
+  try {
+    // Multimodal wrappers keep the language model's fields in text_config.
+    const json* src = &config;
+    auto tc = config.find("text_config");
+    if (tc != config.end() && tc->is_object() && !config.contains("hidden_size")) src = &*tc;
+    Fields f(*src, name, src == &config ? "" : "text_config.");
+    Fields top(config, name);
+
+    ModelConfig c;
+    RILL_ASSIGN_OR_RETURN(auto model_type, f.opt_string("model_type"));
+    if (!model_type) { RILL_ASSIGN_OR_RETURN(model_type, top.opt_string("model_type")); }
+    if (!model_type) return top.missing("model_type");
+    c.architecture = *model_type;
+
+    RILL_ASSIGN_OR_RETURN(c.n_vocab, f.req_dim("vocab_size"));
+    RILL_ASSIGN_OR_RETURN(c.n_embd, f.req_dim("hidden_size"));
+    RILL_ASSIGN_OR_RETURN(c.n_layer, f.req_dim("num_hidden_layers"));
+    RILL_ASSIGN_OR_RETURN(c.n_head, f.req_dim("num_attention_heads"));
+    RILL_ASSIGN_OR_RETURN(auto n_head_kv, f.opt_dim("num_key_value_heads", 1));
+    c.n_head_kv = n_head_kv ? *n_head_kv : c.n_head;
+    if (c.n_head % c.n_head_kv != 0)
+      return f.invalid("num_key_value_heads", "(" + std::to_string(c.n_head_kv) +
+                                                  ") must divide num_attention_heads (" +
+                                                  std::to_string(c.n_head) + ")");
+    RILL_ASSIGN_OR_RETURN(auto head_dim, f.opt_dim("head_dim", 1));
+    if (head_dim) {
+      c.head_dim = *head_dim;
+    } else {
+      if (c.n_embd % c.n_head != 0)
+        return f.invalid("hidden_size", "(" + std::to_string(c.n_embd) +
+                                            ") is not a multiple of num_attention_heads and head_dim is absent");
+      c.head_dim = c.n_embd / c.n_head;
+    }
+    RILL_ASSIGN_OR_RETURN(auto n_ff, f.opt_dim("intermediate_size"));
+    c.n_ff = n_ff.value_or(0);
+    RILL_ASSIGN_OR_RETURN(auto max_pos, f.opt_dim("max_position_embeddings"));
+    c.max_position = max_pos.value_or(0);
+    RILL_ASSIGN_OR_RETURN(auto eps, f.opt_float("rms_norm_eps"));
+    if (eps) {
+      if (*eps < 0) return f.invalid("rms_norm_eps", "must not be negative");
+      c.rms_norm_eps = static_cast<float>(*eps);
+    }
+    RILL_ASSIGN_OR_RETURN(auto tie, f.opt_bool("tie_word_embeddings"));
+    if (!tie && src != &config) { RILL_ASSIGN_OR_RETURN(tie, top.opt_bool("tie_word_embeddings")); }
+    c.tie_word_embeddings = tie.value_or(false);
+
+    // Gemma names it hidden_activation (and its hidden_act, when both exist, is stale).
+    RILL_ASSIGN_OR_RETURN(auto act, f.opt_string("hidden_activation"));
+    if (!act) { RILL_ASSIGN_OR_RETURN(act, f.opt_string("hidden_act")); }
+    if (act) c.hidden_act = *act;
+
+    RILL_ASSIGN_OR_RETURN(auto window, f.opt_dim("sliding_window"));
+    RILL_ASSIGN_OR_RETURN(auto use_window, f.opt_bool("use_sliding_window"));
+    c.sliding_window = (use_window && !*use_window) ? 0 : window.value_or(0);
+
+    RILL_TRY(parse_rope(f, name, c));
+
+    RILL_ASSIGN_OR_RETURN(auto eos, f.opt_token_ids("eos_token_id"));
+    if (!eos && src != &config) { RILL_ASSIGN_OR_RETURN(eos, top.opt_token_ids("eos_token_id")); }
+    if (eos) c.generation.eos_token_ids = std::move(*eos);
+    RILL_ASSIGN_OR_RETURN(auto bos, f.opt_token_ids("bos_token_id"));
+    if (bos && bos->size() == 1) c.generation.bos_token_id = (*bos)[0];
+
+    c.raw = config;
+    return c;
+  } catch (const std::exception& e) {  // defensive: Fields checks types before every get<>
+    return Error{name + ": " + e.what()};
+  }
+}
+
+Result<ModelConfig> parse_hf_config_text(std::string_view text, const std::string& name) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Error{name + ": not valid JSON"};
+  return parse_hf_config(j, name);
+}
+
+namespace {
+
+Result<json> read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error{path + ": cannot open"};
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Error{path + ": not valid JSON"};
+  return j;
+}
+
+}  // namespace
+
+Result<ModelConfig> load_hf_config(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  std::error_code ec;
+  if (!fs::is_regular_file(config_path, ec)) return Error{config_path + ": missing"};
+  RILL_ASSIGN_OR_RETURN(json config, read_json_file(config_path));
+  RILL_ASSIGN_OR_RETURN(ModelConfig c, parse_hf_config(config, config_path));
+  const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
+  if (fs::is_regular_file(gen_path, ec)) {
+    RILL_ASSIGN_OR_RETURN(json gen, read_json_file(gen_path));
+    RILL_TRY(apply_generation_config(gen, gen_path, &c.generation));
+  }
+  return c;
+}
+
+}  // namespace rill
