@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -15,6 +16,11 @@
 #include "core/result.h"
 
 namespace rill {
+
+// Limits a file must respect (anything beyond is an Error, never a crash):
+constexpr int kGgufMaxDims = 4;
+constexpr int kGgufMaxArrayDepth = 8;                 // nesting of array values
+constexpr uint64_t kGgufMaxArrayElements = 1ull << 24;  // all arrays of a file together (~1 GiB of GgufValue)
 
 // GGUF metadata value types, numbered as in the file format.
 enum class GgufType : uint32_t {
@@ -43,7 +49,9 @@ struct GgufTensorInfo {
   std::vector<int64_t> ne;          // GGML order: ne[0] is the innermost (row length)
   uint64_t offset = 0;              // relative to data_start
   const uint8_t* data = nullptr;    // into the mapping; null if the type is unsupported
-  size_t n_bytes = 0;
+  size_t n_bytes = 0;               // 0 if the type is unsupported
+
+  int64_t n_elements() const;
 };
 
 class GgufFile {
@@ -51,7 +59,9 @@ class GgufFile {
   // Opens and validates `path`. Unsupported tensor types are not an error
   // here (inspect may list them); using such a tensor is (see model_files).
   static Result<std::shared_ptr<GgufFile>> open(const std::string& path);
-  // Parses an in-memory image (used by the fuzz target). `name` is used in errors.
+  // Parses an in-memory image (used by the fuzz target and tests). `name` is
+  // used in errors. The image is not copied: tensor `data` pointers point
+  // into it, so it must outlive the returned file.
   static Result<std::shared_ptr<GgufFile>> parse(const uint8_t* data, size_t size,
                                                  const std::string& name);
 
@@ -61,6 +71,8 @@ class GgufFile {
   size_t data_start() const { return data_start_; }
   const std::map<std::string, GgufValue, std::less<>>& metadata() const { return metadata_; }
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  // nullptr when there is no tensor of that name.
+  const GgufTensorInfo* find_tensor(std::string_view name) const;
 
   const GgufValue* find(std::string_view key) const;
   // Convenience lookups; nullopt when absent or of another type.
@@ -81,6 +93,9 @@ class GgufFile {
   size_t data_start_ = 0;
   std::map<std::string, GgufValue, std::less<>> metadata_;
   std::vector<GgufTensorInfo> tensors_;
+  std::map<std::string, size_t, std::less<>> tensor_index_;  // name -> index in tensors_
+
+  friend class GgufParser;
 };
 
 }  // namespace rill

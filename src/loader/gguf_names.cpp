@@ -1,0 +1,294 @@
+#include "loader/gguf_names.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <utility>
+
+namespace rill {
+namespace {
+
+struct NamePair {
+  std::string_view gguf;
+  std::string_view hf;
+};
+
+// Whole-model tensors.
+constexpr NamePair kGlobalNames[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+
+// Per-layer tensors: "blk.N.<gguf>" -> "model.layers.N.<hf>".
+constexpr NamePair kLayerNames[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_output.bias", "self_attn.o_proj.bias"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},  // qwen3
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},  // qwen3
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+
+struct ArchInfo {
+  std::string_view gguf;   // general.architecture
+  std::string_view hf;     // ModelConfig::architecture (HF model_type)
+  RopeStyle rope_style;    // llama-converted files had q/k rows permuted
+};
+
+constexpr ArchInfo kArchs[] = {
+    {"llama", "llama", RopeStyle::kInterleaved},
+    {"mistral", "mistral", RopeStyle::kInterleaved},
+    {"qwen2", "qwen2", RopeStyle::kHalf},
+    {"qwen3", "qwen3", RopeStyle::kHalf},
+};
+
+// Arrays this long are tokenizer tables, not configuration: left out of `raw`.
+constexpr size_t kMaxRawArray = 1024;
+
+// Metadata strings are not guaranteed to be UTF-8, but JSON must be (dump()
+// throws otherwise): invalid sequences become U+FFFD.
+std::string valid_utf8(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1f) : n == 3 ? (c & 0x0f) : (c & 0x07);
+    for (size_t k = 1; ok && k < n; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      ok = (cc >> 6) == 0x2;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Reject overlong forms, surrogates and values past U+10FFFF.
+    if (ok && ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+               (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff))
+      ok = false;
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+nlohmann::json to_json(const GgufValue& v) {
+  if (const auto* a = v.as_array()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& e : *a) out.push_back(to_json(e));
+    return out;
+  }
+  if (const auto* s = v.as_string()) return valid_utf8(*s);
+  if (const auto* b = std::get_if<bool>(&v.v)) return *b;
+  if (const auto* u = std::get_if<uint64_t>(&v.v)) return *u;
+  if (const auto* i = std::get_if<int64_t>(&v.v)) return *i;
+  if (const auto* d = std::get_if<double>(&v.v)) {
+    if (!std::isfinite(*d)) return nullptr;
+    if (v.type != GgufType::kF32) return *d;
+    // f32 values are held as double; keep their shortest f32 spelling
+    // (1e-05, not 9.999999747378752e-06).
+    char buf[32];
+    auto res = std::to_chars(buf, buf + sizeof(buf) - 1, static_cast<float>(*d));
+    *res.ptr = '\0';
+    return std::strtod(buf, nullptr);
+  }
+  return nullptr;
+}
+
+// Reads the `<arch>.*` keys with the file name in every error.
+class ConfigReader {
+ public:
+  ConfigReader(const GgufFile& file, std::string_view arch) : file_(file), arch_(arch) {}
+
+  std::string key(std::string_view suffix) const { return std::string(arch_) + "." + std::string(suffix); }
+
+  // A required positive integer.
+  Result<int64_t> positive(std::string_view suffix) const {
+    const std::string k = key(suffix);
+    const GgufValue* v = file_.find(k);
+    if (!v) return Error{file_.path() + ": missing metadata key '" + k + "'"};
+    return check_positive(k, *v);
+  }
+
+  // An optional positive integer; `fallback` when absent.
+  Result<int64_t> positive_or(std::string_view suffix, int64_t fallback) const {
+    const std::string k = key(suffix);
+    const GgufValue* v = file_.find(k);
+    if (!v) return fallback;
+    return check_positive(k, *v);
+  }
+
+  // An optional non-negative integer.
+  Result<int64_t> count_or(std::string_view suffix, int64_t fallback) const {
+    const std::string k = key(suffix);
+    const GgufValue* v = file_.find(k);
+    if (!v) return fallback;
+    auto i = v->type == GgufType::kBool ? std::nullopt : v->as_int();
+    if (!i || *i < 0) return Error{file_.path() + ": '" + k + "' must be a non-negative integer"};
+    return *i;
+  }
+
+  // An optional finite positive float.
+  Result<float> positive_float_or(std::string_view suffix, float fallback) const {
+    const std::string k = key(suffix);
+    const GgufValue* v = file_.find(k);
+    if (!v) return fallback;
+    auto f = v->type == GgufType::kBool ? std::nullopt : v->as_float();
+    if (!f || !std::isfinite(*f) || *f <= 0 || *f > 3.0e38)
+      return Error{file_.path() + ": '" + k + "' must be a positive number"};
+    return static_cast<float>(*f);
+  }
+
+ private:
+  Result<int64_t> check_positive(const std::string& k, const GgufValue& v) const {
+    auto i = v.type == GgufType::kBool ? std::nullopt : v.as_int();
+    if (!i || *i <= 0)
+      return Error{file_.path() + ": '" + k + "' must be a positive integer"};
+    return *i;
+  }
+
+  const GgufFile& file_;
+  std::string_view arch_;
+};
+
+std::optional<int32_t> token_id(const GgufFile& file, std::string_view key) {
+  auto id = file.get_int(key);
+  if (!id || *id < 0 || *id > INT32_MAX) return std::nullopt;
+  return static_cast<int32_t>(*id);
+}
+
+Status read_rope_scaling(const GgufFile& file, const ConfigReader& r, RopeScaling* out) {
+  const std::string type_key = r.key("rope.scaling.type");
+  auto type = file.get_string(type_key);
+  if (!type) {
+    // Older converters wrote only a linear factor.
+    if (file.find(r.key("rope.scale_linear"))) {
+      out->type = RopeScaling::Type::kLinear;
+      RILL_ASSIGN_OR_RETURN(out->factor, r.positive_float_or("rope.scale_linear", 1.0f));
+    }
+    return Status::Ok();
+  }
+  if (*type == "none") return Status::Ok();
+  if (*type == "linear") {
+    out->type = RopeScaling::Type::kLinear;
+  } else if (*type == "yarn") {
+    out->type = RopeScaling::Type::kYarn;
+    RILL_ASSIGN_OR_RETURN(out->beta_fast, r.positive_float_or("rope.scaling.yarn_beta_fast", 32.0f));
+    RILL_ASSIGN_OR_RETURN(out->beta_slow, r.positive_float_or("rope.scaling.yarn_beta_slow", 1.0f));
+    if (file.find(r.key("rope.scaling.attn_factor"))) {
+      RILL_ASSIGN_OR_RETURN(float attn, r.positive_float_or("rope.scaling.attn_factor", 1.0f));
+      out->attention_factor = attn;
+    }
+  } else {
+    return Error{file.path() + ": unsupported '" + type_key + "' value '" + *type + "'"};
+  }
+  RILL_ASSIGN_OR_RETURN(out->factor, r.positive_float_or("rope.scaling.factor", 1.0f));
+  RILL_ASSIGN_OR_RETURN(out->original_max_position,
+                        r.count_or("rope.scaling.original_context_length", 0));
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name) {
+  for (const auto& p : kGlobalNames)
+    if (name == p.gguf) return std::string(p.hf);
+  constexpr std::string_view kBlk = "blk.";
+  if (!name.starts_with(kBlk)) return std::nullopt;
+  std::string_view rest = name.substr(kBlk.size());
+  size_t n_digits = 0;
+  while (n_digits < rest.size() && rest[n_digits] >= '0' && rest[n_digits] <= '9') ++n_digits;
+  // A layer index is 1-9 digits without leading zeros, so every canonical name is unique.
+  if (n_digits == 0 || n_digits > 9 || (n_digits > 1 && rest[0] == '0')) return std::nullopt;
+  if (n_digits >= rest.size() || rest[n_digits] != '.') return std::nullopt;
+  const std::string_view layer = rest.substr(0, n_digits);
+  const std::string_view suffix = rest.substr(n_digits + 1);
+  for (const auto& p : kLayerNames) {
+    if (suffix == p.gguf)
+      return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+  }
+  return std::nullopt;
+}
+
+Result<ModelConfig> gguf_model_config(const GgufFile& file) {
+  auto arch_name = file.get_string("general.architecture");
+  if (!arch_name) return Error{file.path() + ": missing metadata key 'general.architecture'"};
+  const ArchInfo* arch = nullptr;
+  for (const auto& a : kArchs)
+    if (*arch_name == a.gguf) arch = &a;
+  if (!arch) return Error{file.path() + ": unsupported architecture '" + *arch_name + "'"};
+
+  ModelConfig c;
+  c.architecture = std::string(arch->hf);
+  c.rope_style = arch->rope_style;
+  const ConfigReader r(file, *arch_name);
+
+  RILL_ASSIGN_OR_RETURN(c.n_embd, r.positive("embedding_length"));
+  RILL_ASSIGN_OR_RETURN(c.n_layer, r.positive("block_count"));
+  RILL_ASSIGN_OR_RETURN(c.n_head, r.positive("attention.head_count"));
+  RILL_ASSIGN_OR_RETURN(c.n_head_kv, r.positive_or("attention.head_count_kv", c.n_head));
+  if (c.n_head % c.n_head_kv != 0)
+    return Error{file.path() + ": attention.head_count " + std::to_string(c.n_head) +
+                 " is not a multiple of head_count_kv " + std::to_string(c.n_head_kv)};
+  RILL_ASSIGN_OR_RETURN(c.head_dim, r.positive_or("attention.key_length", c.n_embd / c.n_head));
+  if (c.head_dim <= 0)
+    return Error{file.path() + ": embedding_length " + std::to_string(c.n_embd) +
+                 " is smaller than head_count " + std::to_string(c.n_head)};
+  RILL_ASSIGN_OR_RETURN(c.n_ff, r.positive("feed_forward_length"));
+  RILL_ASSIGN_OR_RETURN(c.max_position, r.positive("context_length"));
+  RILL_ASSIGN_OR_RETURN(c.rms_norm_eps, r.positive_float_or("attention.layer_norm_rms_epsilon", 1e-5f));
+  RILL_ASSIGN_OR_RETURN(c.rope_theta, r.positive_float_or("rope.freq_base", 10000.0f));
+  RILL_ASSIGN_OR_RETURN(c.rope_dim, r.positive_or("rope.dimension_count", c.head_dim));
+  if (c.rope_dim > c.head_dim)
+    return Error{file.path() + ": rope.dimension_count " + std::to_string(c.rope_dim) +
+                 " exceeds the head size " + std::to_string(c.head_dim)};
+  // llama3-style rope scaling is baked into the 'rope_freqs.weight' tensor by
+  // the converter, so it needs no RopeScaling here.
+  RILL_TRY(read_rope_scaling(file, r, &c.rope_scaling));
+  RILL_ASSIGN_OR_RETURN(c.sliding_window, r.count_or("attention.sliding_window", 0));
+
+  // n_vocab: the explicit key, else the token list, else the embedding's rows.
+  if (file.find(r.key("vocab_size"))) {
+    RILL_ASSIGN_OR_RETURN(c.n_vocab, r.positive("vocab_size"));
+  } else if (const GgufArray* tokens = file.get_array("tokenizer.ggml.tokens");
+             tokens && !tokens->empty()) {
+    c.n_vocab = static_cast<int64_t>(tokens->size());
+  } else if (const GgufTensorInfo* embd = file.find_tensor("token_embd.weight");
+             embd && embd->ne.size() == 2 && embd->ne[1] > 0) {
+    c.n_vocab = embd->ne[1];
+  } else {
+    return Error{file.path() + ": cannot tell the vocabulary size (no '" + r.key("vocab_size") +
+                 "', tokenizer.ggml.tokens or token_embd.weight)"};
+  }
+  c.tie_word_embeddings = file.find_tensor("output.weight") == nullptr;
+
+  c.generation.bos_token_id = token_id(file, "tokenizer.ggml.bos_token_id");
+  if (auto eos = token_id(file, "tokenizer.ggml.eos_token_id")) c.generation.eos_token_ids.push_back(*eos);
+  // Chat models often end a turn with a separate end-of-turn token.
+  if (auto eot = token_id(file, "tokenizer.ggml.eot_token_id");
+      eot && (c.generation.eos_token_ids.empty() || c.generation.eos_token_ids[0] != *eot))
+    c.generation.eos_token_ids.push_back(*eot);
+
+  c.raw = nlohmann::json::object();
+  for (const auto& [key, value] : file.metadata()) {
+    if (const GgufArray* a = value.as_array(); a && a->size() > kMaxRawArray) continue;
+    c.raw[key] = to_json(value);
+  }
+  return c;
+}
+
+}  // namespace rill
