@@ -1,0 +1,75 @@
+#pragma once
+// SequenceRunner: generates for one sequence at a time on one KV slot of a
+// Model: chunked prefill, then decode a token per step. It remembers which
+// tokens the slot holds, so a follow-up prompt that extends the previous one
+// (the next turn of a chat) recomputes only the new tokens; at least one
+// token is always recomputed so there are logits to sample.
+//
+// This is the foundation's generation loop; the batching engine (engine/
+// scheduler) drives many sequences through the same Model::forward.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "core/result.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+
+namespace rill {
+
+enum class FinishReason { kStop, kLength, kAborted };
+const char* finish_reason_name(FinishReason r);
+
+struct GenerationOptions {
+  int max_tokens = 256;
+  std::vector<int32_t> eos_ids;  // generation stops after emitting one of these
+  bool ignore_eos = false;
+  SamplingParams sampling;
+};
+
+struct GenerationTimings {
+  int n_prompt = 0;       // prompt tokens
+  int n_cached = 0;       // of those, reused from the slot
+  int n_generated = 0;
+  double prefill_s = 0;   // computing the prompt up to the first sampled token
+  double decode_s = 0;    // every later step
+  double first_token_s = 0;  // from the call to the first token
+};
+
+struct GenerationResult {
+  std::vector<int32_t> ids;
+  FinishReason finish = FinishReason::kLength;
+  GenerationTimings timings;
+};
+
+class SequenceRunner {
+ public:
+  explicit SequenceRunner(Model& model, int32_t kv_slot = 0);
+
+  // on_token(id) is called for each generated token (including a final EOS);
+  // returning false aborts. The prompt must fit: prompt + max_tokens <= n_ctx.
+  Result<GenerationResult> generate(std::span<const int32_t> prompt, const GenerationOptions& options,
+                                    const std::function<bool(int32_t)>& on_token);
+
+  // Logits for every position of `ids`, computed from an empty slot:
+  // [ids.size(), n_vocab] row-major.
+  Result<std::vector<float>> score(std::span<const int32_t> ids);
+
+  // Forget what the slot holds.
+  void reset() { cached_.clear(); }
+
+ private:
+  // Computes tokens [from, ids.size()) given KV for [0, from); fills logits_
+  // with the last token's row when sample_last.
+  Status prefill(std::span<const int32_t> ids, size_t from, bool want_all_rows);
+
+  Model& model_;
+  int32_t slot_;
+  std::vector<int32_t> cached_;  // tokens whose KV the slot holds, in order
+  Batch batch_;
+  std::vector<float> logits_;    // [max_batch_tokens or 1, n_vocab]
+};
+
+}  // namespace rill
