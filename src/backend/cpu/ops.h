@@ -56,13 +56,15 @@ void get_rows(const WeightView& w, const int32_t* ids, int64_t n_ids, float* out
 // Dequantizes `n` elements (a multiple of the block size) starting at a block boundary.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
-// out[r, :] = x[r, :] / rms(x[r, :]) * (weight_offset + w[:])   (w may be null: no scale)
-// rms computed in f32 with eps added to the mean square. out may alias x.
+// out[r, :] = (x[r, :] / rms(x[r, :])) * (weight_offset + w[:])   (w may be null: no scale)
+// As ggml: squares in f32 summed in double, eps added to the mean square,
+// scale = 1/sqrtf(mean + eps) in f32. out may alias x.
 void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps, float* out,
               float weight_offset = 0.0f);
 
 // Precomputed inverse frequencies (rot_dim / 2 of them) and the yarn
-// magnitude scale; built once per model from its RoPE config.
+// magnitude scale; built once per model by make_rope_table (rope_table.h).
+// Pair i rotates by angle pos * inv_freq[i] (f32), cos/sin scaled by attn_factor.
 struct RopeTable {
   std::vector<float> inv_freq;  // [rot_dim / 2]
   float attn_factor = 1.0f;     // multiplies cos and sin (yarn mscale)
@@ -87,7 +89,9 @@ void add_inplace(float* y, const float* x, int64_t n);
 // k,v: [n_kv, n_head_kv, head_dim] in kv_dtype (F32 or F16), key j at position j
 // out: [n_q, n_head, head_dim] f32
 // Query at position p attends to keys j <= p, and j > p - window when window > 0.
-// softcap > 0 applies softcap * tanh(score / softcap) before the softmax.
+// score = scale * (q . k); softcap > 0 then applies softcap * tanh(score / softcap)
+// (Hugging Face order), then a f32 softmax with max subtraction. A query with
+// no visible key gets zeros. head_dim <= 512.
 struct AttentionParams {
   int64_t n_head = 0;
   int64_t n_head_kv = 0;

@@ -1,0 +1,60 @@
+#pragma once
+// The online-softmax attention row shared by every ISA. Included by one
+// file per ISA with that ISA's primitives; everything here has internal
+// linkage so the per-ISA copies never merge at link time.
+//
+// Prims provides (n = head_dim, kv rows f32 or f16):
+//   static float dot(const float* q, const void* k_row, int64_t n, bool f16);
+//   static void scale(float* acc, float s, int64_t n);                 // acc *= s
+//   static void axpy(float* acc, float a, const void* v_row, int64_t n, bool f16);  // acc += a*v
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cpu/kernels.h"
+
+namespace rill::cpu {
+namespace {
+
+inline constexpr int64_t kMaxHeadDim = 512;
+
+template <typename Prims>
+void attend_row_impl(const AttendRowArgs& a) {
+  constexpr int64_t kTile = 64;  // scores kept on the stack per tile of keys
+  const int64_t n = a.head_dim;
+  const size_t elem = a.kv_f16 ? 2 : 4;
+  const auto* kb = static_cast<const uint8_t*>(a.k);
+  const auto* vb = static_cast<const uint8_t*>(a.v);
+  const size_t row_bytes = static_cast<size_t>(a.kv_stride) * elem;
+
+  alignas(64) float acc[kMaxHeadDim];
+  for (int64_t d = 0; d < n; ++d) acc[d] = 0.0f;
+  float s[kTile];
+  float m = -INFINITY;  // running max
+  float l = 0.0f;       // running sum of exp(score - m)
+  for (int64_t j0 = a.j_begin; j0 < a.j_end; j0 += kTile) {
+    const int64_t nt = a.j_end - j0 < kTile ? a.j_end - j0 : kTile;
+    float tile_max = -INFINITY;
+    for (int64_t t = 0; t < nt; ++t) {
+      float x = Prims::dot(a.q, kb + static_cast<size_t>(j0 + t) * row_bytes, n, a.kv_f16) * a.scale;
+      if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
+      s[t] = x;
+      tile_max = x > tile_max ? x : tile_max;
+    }
+    if (tile_max > m) {
+      const float corr = std::exp(m - tile_max);  // 0 on the first tile
+      l *= corr;
+      Prims::scale(acc, corr, n);
+      m = tile_max;
+    }
+    for (int64_t t = 0; t < nt; ++t) {
+      const float e = std::exp(s[t] - m);
+      l += e;
+      Prims::axpy(acc, e, vb + static_cast<size_t>(j0 + t) * row_bytes, n, a.kv_f16);
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int64_t d = 0; d < n; ++d) a.out[d] = acc[d] * inv;
+}
+
+}  // namespace
+}  // namespace rill::cpu

@@ -1,0 +1,46 @@
+#include "backend/cpu/cpu_features.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace rill::cpu {
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = [] {
+    CpuFeatures f;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512vnni");
+#endif
+    return f;
+  }();
+  return features;
+}
+
+Isa best_isa() {
+  static const Isa isa = [] {
+    const CpuFeatures& f = cpu_features();
+    Isa best = f.avx512 ? Isa::kAvx512 : f.avx2 ? Isa::kAvx2 : Isa::kScalar;
+    if (const char* env = std::getenv("RILL_CPU_ISA")) {
+      if (std::strcmp(env, "scalar") == 0) best = Isa::kScalar;
+      else if (std::strcmp(env, "avx2") == 0 && f.avx2) best = Isa::kAvx2;
+    }
+    return best;
+  }();
+  return isa;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+}  // namespace rill::cpu

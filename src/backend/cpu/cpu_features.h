@@ -1,0 +1,22 @@
+#pragma once
+// What the CPU we run on supports, read once with cpuid. Kernels compiled
+// for AVX2 / AVX-512 (files *_avx2.cpp / *_avx512.cpp) are only called when
+// these say the instructions exist.
+namespace rill::cpu {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+struct CpuFeatures {
+  bool avx2 = false;  // with FMA and F16C
+  bool avx512 = false;  // F, BW, VL, DQ
+  bool avx512_vnni = false;
+};
+
+const CpuFeatures& cpu_features();
+
+// The best ISA this CPU supports, lowered by the environment variable
+// RILL_CPU_ISA=scalar|avx2 (for testing and benchmarking the other paths).
+Isa best_isa();
+const char* isa_name(Isa isa);
+
+}  // namespace rill::cpu

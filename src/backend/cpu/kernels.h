@@ -1,0 +1,77 @@
+#pragma once
+// Per-ISA kernel table. The scalar table (built from quants_ref.cpp and
+// ops_ref.cpp) is the reference; the AVX2 and AVX-512 tables override the
+// entries they accelerate and are used only on CPUs that support them.
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cpu/cpu_features.h"
+#include "core/dtype.h"
+
+namespace rill::cpu {
+
+// Largest register tile a gemm tile function is asked for.
+inline constexpr int kMaxTileRows = 4;  // weight rows
+inline constexpr int kMaxTileCols = 4;  // activation (token) rows
+
+// y[t * y_stride + r] = dot(weight row r, activation row t) for r < n_r and
+// t < n_t (both >= 1 and <= the kMaxTile limits). Weight row r starts at
+// w + r * w_stride bytes, activation row t at a + t * a_stride bytes; the
+// activation is of the weight's vec_dot_partner type. n: elements per row.
+using GemmTileFn = void (*)(int64_t n, const void* w, size_t w_stride, int n_r, const void* a,
+                            size_t a_stride, int n_t, float* y, int64_t y_stride);
+using QuantizeRowFn = void (*)(const float* x, void* y, int64_t n);
+
+// One query row of one head against keys [j_begin, j_end) of its KV head,
+// with online softmax. k/v rows are `kv_stride` elements apart, f32 or f16.
+struct AttendRowArgs {
+  const float* q = nullptr;  // [head_dim]
+  const void* k = nullptr;   // key j at k + j * kv_stride elements
+  const void* v = nullptr;
+  int64_t kv_stride = 0;
+  int64_t head_dim = 0;
+  int64_t j_begin = 0;
+  int64_t j_end = 0;
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  bool kv_f16 = false;
+  float* out = nullptr;  // [head_dim]
+};
+using AttendRowFn = void (*)(const AttendRowArgs& args);
+
+inline constexpr int kNumDTypeIds = 32;
+
+struct Kernels {
+  Isa isa = Isa::kScalar;
+  GemmTileFn gemm[kNumDTypeIds] = {};         // by weight dtype id
+  QuantizeRowFn quantize[kNumDTypeIds] = {};  // by activation (partner) dtype id
+  void (*rms_norm_row)(const float* x, const float* w, int64_t dim, float eps, float w_offset,
+                       float* out) = nullptr;
+  void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
+  void (*gelu_tanh_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
+  void (*add_inplace)(float* y, const float* x, int64_t n) = nullptr;
+  AttendRowFn attend_row = nullptr;
+};
+
+// Requires that the CPU supports `isa`.
+const Kernels& kernels(Isa isa);
+// The table for best_isa().
+const Kernels& kernels();
+
+// Filled in by the ISA files (each compiled with its own flags); they start
+// from a copy of the next-lower table and override what they accelerate.
+void fill_kernels_avx2(Kernels& k);
+void fill_kernels_avx512(Kernels& k);
+
+namespace ref {
+// Scalar entries, also used by tests as the reference.
+void gemm_tile(DType w, int64_t n, const void* wp, size_t w_stride, int n_r, const void* a,
+               size_t a_stride, int n_t, float* y, int64_t y_stride);
+void rms_norm_row(const float* x, const float* w, int64_t dim, float eps, float w_offset, float* out);
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
+void add_inplace(float* y, const float* x, int64_t n);
+void attend_row(const AttendRowArgs& args);
+}  // namespace ref
+
+}  // namespace rill::cpu

@@ -1,0 +1,97 @@
+// Public CPU ops (ops.h) other than matmul: thin drivers that split work
+// across the pool and call the kernel table of the best ISA.
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/quants.h"
+
+namespace rill::cpu {
+
+void get_rows(const WeightView& w, const int32_t* ids, int64_t n_ids, float* out) {
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t i = 0; i < n_ids; ++i) {
+    assert(ids[i] >= 0 && ids[i] < w.n_rows);
+    ref::dequantize_row(w.dtype, base + static_cast<size_t>(ids[i]) * w.row_stride, out + i * w.n_cols,
+                        w.n_cols);
+  }
+}
+
+void dequantize_row(DType t, const void* src, float* dst, int64_t n) { ref::dequantize_row(t, src, dst, n); }
+
+void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps, float* out,
+              float weight_offset) {
+  const Kernels& k = kernels();
+  for (int64_t r = 0; r < n_rows; ++r) k.rms_norm_row(x + r * dim, w, dim, eps, weight_offset, out + r * dim);
+}
+
+void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+          const RopeTable& table) {
+  constexpr int64_t kMaxPairs = 512;
+  const int64_t n_pairs = table.rot_dim / 2;
+  assert(n_pairs <= kMaxPairs && table.rot_dim <= head_dim);
+  float cs[kMaxPairs], sn[kMaxPairs];
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float pos = static_cast<float>(positions[t]);
+    for (int64_t i = 0; i < n_pairs; ++i) {
+      const float theta = pos * table.inv_freq[static_cast<size_t>(i)];
+      cs[i] = std::cos(theta) * table.attn_factor;
+      sn[i] = std::sin(theta) * table.attn_factor;
+    }
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * head_dim;
+      // interleaved: (2i, 2i+1); half: (i, i + rot_dim/2)
+      const int64_t step = table.interleaved ? 2 : 1;
+      const int64_t other = table.interleaved ? 1 : n_pairs;
+      for (int64_t i = 0; i < n_pairs; ++i) {
+        float* a = v + i * step;
+        float* b = a + other;
+        const float x0 = *a, x1 = *b;
+        *a = x0 * cs[i] - x1 * sn[i];
+        *b = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  }
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) { kernels().silu_mul(gate, up, out, n); }
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  kernels().gelu_tanh_mul(gate, up, out, n);
+}
+void add_inplace(float* y, const float* x, int64_t n) { kernels().add_inplace(y, x, n); }
+
+void attention(const float* q, const int32_t* q_pos, int64_t n_q, const void* k, const void* v, int64_t n_kv,
+               const AttentionParams& p, float* out, ThreadPool& pool) {
+  assert(p.n_head % p.n_head_kv == 0);
+  assert(p.kv_dtype == DType::kF32 || p.kv_dtype == DType::kF16);
+  const AttendRowFn attend = kernels().attend_row;
+  const int64_t group = p.n_head / p.n_head_kv;
+  const bool f16 = p.kv_dtype == DType::kF16;
+  const size_t elem = f16 ? 2 : 4;
+  const int64_t kv_stride = p.n_head_kv * p.head_dim;
+  const int64_t n_units = n_q * p.n_head;  // (query, head) pairs, head fastest
+  const int64_t grain = std::max<int64_t>(1, n_units / (pool.n_threads() * 8));
+  pool.parallel_for(n_units, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t i = u / p.n_head, h = u % p.n_head;
+      const int64_t pos = q_pos[i];
+      AttendRowArgs a;
+      a.q = q + u * p.head_dim;
+      a.k = static_cast<const uint8_t*>(k) + static_cast<size_t>((h / group) * p.head_dim) * elem;
+      a.v = static_cast<const uint8_t*>(v) + static_cast<size_t>((h / group) * p.head_dim) * elem;
+      a.kv_stride = kv_stride;
+      a.head_dim = p.head_dim;
+      a.j_end = std::min<int64_t>(pos + 1, n_kv);
+      a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+      a.scale = p.scale;
+      a.softcap = p.softcap;
+      a.kv_f16 = f16;
+      a.out = out + u * p.head_dim;
+      attend(a);
+    }
+  });
+}
+
+}  // namespace rill::cpu
