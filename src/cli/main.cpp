@@ -1,6 +1,22 @@
+// rill: the command line. `rill run | score | inspect` (serve and bench come
+// with the server and engine).
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 
-int main() {
-  std::fprintf(stderr, "rill: the command line is being built\n");
-  return 1;
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"rill: a local-first LLM inference engine"};
+  app.require_subcommand(1);
+  const rill::cli::Command commands[] = {
+      rill::cli::add_run_command(app),
+      rill::cli::add_score_command(app),
+      rill::cli::add_inspect_command(app),
+  };
+  CLI11_PARSE(app, argc, argv);
+  for (const auto& c : commands) {
+    if (c.sub->parsed()) return c.run();
+  }
+  return 2;
 }
