@@ -84,6 +84,8 @@ class GgufFile {
 
   // Moves the mapping out (ModelFiles keeps it alive).
   MappedFile& mapping() { return file_; }
+  // Empty (data() == nullptr) for a file made by parse().
+  const MappedFile& mapping() const { return file_; }
 
  private:
   MappedFile file_;
