@@ -75,9 +75,6 @@ Result<std::shared_ptr<ModelFiles>> open_gguf(const std::string& path) {
   auto files = std::make_shared<ModelFiles>();
   files->format = ModelFormat::kGguf;
   files->path = path;
-  RILL_ASSIGN_OR_RETURN(files->config, gguf_model_config(*gguf));
-  if (auto tmpl = gguf->get_string("tokenizer.chat_template")) files->chat_template = *tmpl;
-
   for (const GgufTensorInfo& info : gguf->tensors()) {
     if (!dtype_info(info.type))
       return Error{path + ": tensor '" + info.name + "' has unsupported type " +
@@ -93,6 +90,8 @@ Result<std::shared_ptr<ModelFiles>> open_gguf(const std::string& path) {
     if (!inserted)
       return Error{path + ": tensor '" + info.name + "' maps to '" + t.name + "', which another tensor already has"};
   }
+  RILL_ASSIGN_OR_RETURN(files->config, gguf_model_config(*gguf));
+  if (auto tmpl = gguf->get_string("tokenizer.chat_template")) files->chat_template = *tmpl;
   files->gguf = std::move(gguf);  // keeps the mapping (and every TensorRef::data) alive
   return files;
 }
