@@ -1,0 +1,273 @@
+// GGUF -> Hugging Face tensor names and GGUF metadata -> ModelConfig.
+#include "loader/gguf_names.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "gguf_writer.h"
+
+namespace rill {
+namespace {
+
+using testing::GgufWriter;
+using testing::parse_image;
+
+TEST(GgufNames, MapsLlamaFamilyNames) {
+  const std::pair<const char*, const char*> kCases[] = {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+      {"blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"},
+      {"blk.12.attn_q.weight", "model.layers.12.self_attn.q_proj.weight"},
+      {"blk.3.attn_k.weight", "model.layers.3.self_attn.k_proj.weight"},
+      {"blk.3.attn_v.weight", "model.layers.3.self_attn.v_proj.weight"},
+      {"blk.3.attn_output.weight", "model.layers.3.self_attn.o_proj.weight"},
+      {"blk.3.attn_q.bias", "model.layers.3.self_attn.q_proj.bias"},
+      {"blk.3.attn_k.bias", "model.layers.3.self_attn.k_proj.bias"},
+      {"blk.3.attn_v.bias", "model.layers.3.self_attn.v_proj.bias"},
+      {"blk.3.attn_output.bias", "model.layers.3.self_attn.o_proj.bias"},
+      {"blk.7.attn_q_norm.weight", "model.layers.7.self_attn.q_norm.weight"},
+      {"blk.7.attn_k_norm.weight", "model.layers.7.self_attn.k_norm.weight"},
+      {"blk.29.ffn_norm.weight", "model.layers.29.post_attention_layernorm.weight"},
+      {"blk.29.ffn_gate.weight", "model.layers.29.mlp.gate_proj.weight"},
+      {"blk.29.ffn_up.weight", "model.layers.29.mlp.up_proj.weight"},
+      {"blk.29.ffn_down.weight", "model.layers.29.mlp.down_proj.weight"},
+  };
+  for (const auto& [gguf, hf] : kCases) EXPECT_EQ(gguf_to_hf_tensor_name(gguf), hf) << gguf;
+}
+
+TEST(GgufNames, UnknownNamesStayUnmapped) {
+  for (const char* name : {"rope_freqs.weight", "blk.x.attn_q.weight", "blk.01.attn_q.weight",
+                           "blk.0.attn_q", "blk.0.unknown.weight", "blk.0", "blk..attn_q.weight",
+                           "blk.-1.attn_q.weight", "blk.1234567890.attn_q.weight", "", "blk.",
+                           "token_embd.weight.x", "xblk.0.attn_q.weight"}) {
+    EXPECT_EQ(gguf_to_hf_tensor_name(name), std::nullopt) << name;
+  }
+}
+
+// A small llama file with every config key (values as in SmolLM2 where possible).
+GgufWriter llama_file(std::string_view arch = "llama") {
+  const std::string a(arch);
+  GgufWriter w;
+  w.add_string("general.architecture", arch);
+  w.add_u32(a + ".context_length", 8192);
+  w.add_u32(a + ".embedding_length", 576);
+  w.add_u32(a + ".block_count", 30);
+  w.add_u32(a + ".feed_forward_length", 1536);
+  w.add_u32(a + ".attention.head_count", 9);
+  w.add_u32(a + ".attention.head_count_kv", 3);
+  w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  w.add_f32(a + ".rope.freq_base", 100000.0f);
+  w.add_u32(a + ".rope.dimension_count", 64);
+  w.add_u32("tokenizer.ggml.bos_token_id", 1);
+  w.add_u32("tokenizer.ggml.eos_token_id", 2);
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 2000; ++i) tokens.push_back("t" + std::to_string(i));
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_array<int32_t>("small", GgufType::kI32, {1, 2});
+  return w;
+}
+
+ModelConfig config_of(const GgufWriter& w) {
+  const auto image = w.build();
+  auto f = parse_image(image);
+  if (!f.ok()) {
+    ADD_FAILURE() << f.error().message;
+    return {};
+  }
+  auto c = gguf_model_config(**f);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return c.ok() ? *c : ModelConfig{};
+}
+
+std::string config_error(const GgufWriter& w) {
+  const auto image = w.build();
+  auto f = parse_image(image);
+  if (!f.ok()) return "(parse error) " + f.error().message;
+  auto c = gguf_model_config(**f);
+  return c.ok() ? "(no error)" : c.error().message;
+}
+
+TEST(GgufConfig, LlamaKeysFillTheConfig) {
+  const ModelConfig c = config_of(llama_file());
+  EXPECT_EQ(c.architecture, "llama");
+  EXPECT_EQ(c.n_vocab, 2000);  // from the token list: no llama.vocab_size
+  EXPECT_EQ(c.n_embd, 576);
+  EXPECT_EQ(c.n_layer, 30);
+  EXPECT_EQ(c.n_head, 9);
+  EXPECT_EQ(c.n_head_kv, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.n_ff, 1536);
+  EXPECT_EQ(c.max_position, 8192);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5f);
+  EXPECT_EQ(c.rope_theta, 100000.0f);
+  EXPECT_EQ(c.rope_dim, 64);
+  EXPECT_EQ(c.rope_style, RopeStyle::kInterleaved);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_TRUE(c.tie_word_embeddings);  // no output.weight
+  EXPECT_EQ(c.generation.bos_token_id, 1);
+  EXPECT_EQ(c.generation.eos_token_ids, std::vector<int32_t>{2});
+  // raw: metadata without the big tokenizer arrays, f32 at f32 precision.
+  EXPECT_FALSE(c.raw.contains("tokenizer.ggml.tokens"));
+  EXPECT_EQ(c.raw["small"], nlohmann::json::array({1, 2}));
+  EXPECT_EQ(c.raw["llama.attention.layer_norm_rms_epsilon"].dump(), "1e-05");
+  EXPECT_EQ(c.raw["general.architecture"], "llama");
+}
+
+TEST(GgufConfig, DefaultsAndExplicitKeys) {
+  GgufWriter with_output;
+  with_output.add_string("general.architecture", "qwen2");
+  with_output.add_u32("qwen2.context_length", 4096);
+  with_output.add_u32("qwen2.embedding_length", 256);
+  with_output.add_u32("qwen2.block_count", 2);
+  with_output.add_u32("qwen2.feed_forward_length", 512);
+  with_output.add_u32("qwen2.attention.head_count", 8);
+  with_output.add_u32("qwen2.vocab_size", 100);
+  with_output.add_u32("tokenizer.ggml.eos_token_id", 7);
+  with_output.add_u32("tokenizer.ggml.eot_token_id", 9);
+  with_output.add_tensor("output.weight", 0, {4}, std::vector<uint8_t>(16));
+  const ModelConfig c = config_of(with_output);
+  EXPECT_EQ(c.architecture, "qwen2");
+  EXPECT_EQ(c.rope_style, RopeStyle::kHalf);
+  EXPECT_EQ(c.n_head_kv, 8);      // = head_count
+  EXPECT_EQ(c.head_dim, 32);      // n_embd / n_head
+  EXPECT_EQ(c.rope_dim, 32);      // = head_dim
+  EXPECT_EQ(c.rope_theta, 10000.0f);
+  EXPECT_EQ(c.n_vocab, 100);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.generation.bos_token_id, std::nullopt);
+  EXPECT_EQ(c.generation.eos_token_ids, (std::vector<int32_t>{7, 9}));
+
+  GgufWriter q3 = llama_file("qwen3");
+  q3.add_u32("qwen3.attention.key_length", 128);
+  q3.add_u32("qwen3.attention.sliding_window", 4096);
+  const ModelConfig c3 = config_of(q3);
+  EXPECT_EQ(c3.architecture, "qwen3");
+  EXPECT_EQ(c3.rope_style, RopeStyle::kHalf);
+  EXPECT_EQ(c3.head_dim, 128);
+  EXPECT_EQ(c3.rope_dim, 64);  // partial rotary, as written
+  EXPECT_EQ(c3.sliding_window, 4096);
+}
+
+TEST(GgufConfig, RopeScaling) {
+  GgufWriter w = llama_file("qwen2");
+  w.add_string("qwen2.rope.scaling.type", "yarn");
+  w.add_f32("qwen2.rope.scaling.factor", 4.0f);
+  w.add_u32("qwen2.rope.scaling.original_context_length", 32768);
+  ModelConfig c = config_of(w);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(c.rope_scaling.factor, 4.0f);
+  EXPECT_EQ(c.rope_scaling.original_max_position, 32768);
+  EXPECT_EQ(c.rope_scaling.beta_fast, 32.0f);
+  EXPECT_EQ(c.rope_scaling.attention_factor, std::nullopt);
+
+  w = llama_file();
+  w.add_string("llama.rope.scaling.type", "linear");
+  w.add_f32("llama.rope.scaling.factor", 2.0f);
+  c = config_of(w);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c.rope_scaling.factor, 2.0f);
+
+  w = llama_file();
+  w.add_string("llama.rope.scaling.type", "none");
+  EXPECT_EQ(config_of(w).rope_scaling.type, RopeScaling::Type::kNone);
+
+  w = llama_file();
+  w.add_string("llama.rope.scaling.type", "longrope");
+  EXPECT_EQ(config_error(w), "x.gguf: unsupported 'llama.rope.scaling.type' value 'longrope'");
+}
+
+TEST(GgufConfig, ErrorsNameTheFileAndKey) {
+  GgufWriter w;
+  w.add_string("general.architecture", "foo");
+  EXPECT_EQ(config_error(w), "x.gguf: unsupported architecture 'foo'");
+  EXPECT_EQ(config_error(GgufWriter()), "x.gguf: missing metadata key 'general.architecture'");
+
+  w = GgufWriter();
+  w.add_string("general.architecture", "llama");
+  EXPECT_EQ(config_error(w), "x.gguf: missing metadata key 'llama.embedding_length'");
+
+  auto broken = [](const std::string& key, auto value, GgufType type) {
+    GgufWriter b;
+    b.add_string("general.architecture", "llama");
+    const std::pair<const char*, uint32_t> kKeys[] = {
+        {"llama.context_length", 8192}, {"llama.embedding_length", 576},
+        {"llama.block_count", 30}, {"llama.feed_forward_length", 1536},
+        {"llama.attention.head_count", 9}, {"llama.attention.head_count_kv", 3}};
+    for (const auto& [k, v] : kKeys)
+      if (key != k) b.add_u32(k, v);
+    b.add(key, type, value);
+    return b;
+  };
+  EXPECT_EQ(config_error(broken("llama.block_count", int32_t{-3}, GgufType::kI32)),
+            "x.gguf: 'llama.block_count' must be a positive integer");
+  EXPECT_EQ(config_error(broken("llama.attention.head_count_kv", uint32_t{4}, GgufType::kU32)),
+            "x.gguf: attention.head_count 9 is not a multiple of head_count_kv 4");
+  EXPECT_EQ(config_error(broken("llama.attention.head_count", uint32_t{1000}, GgufType::kU32)),
+            "x.gguf: attention.head_count 1000 is not a multiple of head_count_kv 3");
+  EXPECT_EQ(config_error(broken("llama.embedding_length", 1.5f, GgufType::kF32)),
+            "x.gguf: 'llama.embedding_length' must be a positive integer");
+  // No vocab size anywhere.
+  EXPECT_NE(config_error(broken("llama.rope.freq_base", 1e4f, GgufType::kF32)).find("vocabulary size"),
+            std::string::npos);
+  // A NaN epsilon.
+  GgufWriter bad_eps = broken("llama.attention.layer_norm_rms_epsilon", std::nanf(""), GgufType::kF32);
+  bad_eps.add_u32("llama.vocab_size", 10);
+  EXPECT_EQ(config_error(bad_eps),
+            "x.gguf: 'llama.attention.layer_norm_rms_epsilon' must be a positive number");
+}
+
+TEST(GgufConfig, RawMetadataIsValidJsonEvenForBadUtf8) {
+  GgufWriter w = llama_file();
+  w.add_string("general.name", "ok \xff\xc3 \xe2\x82\xac");
+  const ModelConfig c = config_of(w);
+  EXPECT_EQ(c.raw["general.name"], "ok \xEF\xBF\xBD\xEF\xBF\xBD \xe2\x82\xac");
+  EXPECT_NO_THROW((void)c.raw.dump());
+}
+
+TEST(GgufConfig, DefaultModel) {
+  const std::string path = std::string(RILL_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing";
+  auto f = GgufFile::open(path);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  auto r = gguf_model_config(**f);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const ModelConfig& c = *r;
+  EXPECT_EQ(c.architecture, "llama");
+  EXPECT_EQ(c.n_vocab, 49152);
+  EXPECT_EQ(c.n_embd, 576);
+  EXPECT_EQ(c.n_layer, 30);
+  EXPECT_EQ(c.n_head, 9);
+  EXPECT_EQ(c.n_head_kv, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.n_ff, 1536);
+  EXPECT_EQ(c.max_position, 8192);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5f);
+  EXPECT_EQ(c.rope_theta, 100000.0f);
+  EXPECT_EQ(c.rope_dim, 64);
+  EXPECT_EQ(c.rope_style, RopeStyle::kInterleaved);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_TRUE(c.tie_word_embeddings);  // SmolLM2 has no output.weight
+  EXPECT_EQ(c.generation.bos_token_id, 1);
+  EXPECT_EQ(c.generation.eos_token_ids, std::vector<int32_t>{2});
+  EXPECT_FALSE(c.raw.contains("tokenizer.ggml.tokens"));
+  EXPECT_FALSE(c.raw.contains("tokenizer.ggml.merges"));
+  EXPECT_TRUE(c.raw.contains("tokenizer.chat_template"));
+  EXPECT_EQ(c.raw["llama.rope.freq_base"], 100000.0);
+
+  // Every tensor of the model maps to a canonical name, and no two collide.
+  std::set<std::string> names;
+  for (const auto& t : (*f)->tensors()) {
+    auto hf = gguf_to_hf_tensor_name(t.name);
+    ASSERT_TRUE(hf.has_value()) << t.name;
+    EXPECT_TRUE(names.insert(*hf).second) << *hf;
+  }
+  EXPECT_EQ(names.size(), 272u);
+  EXPECT_TRUE(names.count("model.layers.29.mlp.down_proj.weight"));
+}
+
+}  // namespace
+}  // namespace rill
