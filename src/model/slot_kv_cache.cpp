@@ -16,7 +16,7 @@ Result<SlotKvCache> SlotKvCache::create(int64_t n_layer, int64_t n_slots, int64_
   c.n_ctx_ = n_ctx;
   c.kv_width_ = kv_width;
   c.dtype_ = dtype;
-  c.row_bytes_ = row_bytes(dtype, kv_width);
+  c.row_bytes_ = ::rill::row_bytes(dtype, kv_width);
   const size_t total = static_cast<size_t>(n_layer * n_slots) * 2 * c.plane_bytes();
   RILL_ASSIGN_OR_RETURN(c.buffer_, LazyBuffer::allocate(total));
   return c;
