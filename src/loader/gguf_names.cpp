@@ -286,7 +286,7 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
   c.raw = nlohmann::json::object();
   for (const auto& [key, value] : file.metadata()) {
     if (const GgufArray* a = value.as_array(); a && a->size() > kMaxRawArray) continue;
-    c.raw[key] = to_json(value);
+    c.raw[valid_utf8(key)] = to_json(value);
   }
   return c;
 }
