@@ -1,0 +1,19 @@
+// Fuzz target: config.json / generation_config.json text. Any input must give
+// a ModelConfig or an Error; no nlohmann exception may escape.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "loader/hf_config.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string_view text(reinterpret_cast<const char*>(data), size);
+  auto config = rill::parse_hf_config_text(text, "fuzz/config.json");
+  (void)config.ok();
+  auto gen = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (!gen.is_discarded()) {
+    rill::GenerationDefaults defaults;
+    (void)rill::apply_generation_config(gen, "fuzz/generation_config.json", &defaults).ok();
+  }
+  return 0;
+}
