@@ -1,0 +1,278 @@
+// RMSNorm, activations, RoPE (+ tables) and attention against direct
+// formulas, and every ISA's kernels against the scalar reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/rope_table.h"
+#include "quant_test_util.h"
+
+namespace rill::cpu {
+namespace {
+
+using testing::available_isas;
+using testing::random_floats;
+
+TEST(RmsNorm, MatchesFormulaAndEveryIsa) {
+  const int64_t dim = 576, n_rows = 3;
+  const auto x = random_floats(dim * n_rows, 1, -3.0f, 3.0f);
+  const auto w = random_floats(dim, 2);
+  std::vector<float> out(x.size());
+  rms_norm(x.data(), w.data(), n_rows, dim, 1e-5f, out.data());
+  for (int64_t r = 0; r < n_rows; ++r) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    const double scale = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (int64_t i = 0; i < dim; ++i)
+      ASSERT_NEAR(out[r * dim + i], x[r * dim + i] * scale * w[i], 1e-5) << r << "," << i;
+  }
+  // weight_offset (Gemma's 1 + w) and no weight; out aliasing x.
+  for (Isa isa : available_isas()) {
+    for (const float* wp : {w.data(), static_cast<const float*>(nullptr)}) {
+      std::vector<float> want(dim), got(x.begin(), x.begin() + dim);
+      ref::rms_norm_row(x.data(), wp, dim, 1e-6f, 1.0f, want.data());
+      kernels(isa).rms_norm_row(got.data(), wp, dim, 1e-6f, 1.0f, got.data());
+      for (int64_t i = 0; i < dim; ++i) ASSERT_NEAR(got[i], want[i], 2e-6f * std::fabs(want[i]) + 1e-7f) << isa_name(isa);
+    }
+  }
+}
+
+TEST(Activations, MatchFormulasAndEveryIsa) {
+  const int64_t n = 1000;  // not a multiple of any vector width
+  const auto g = random_floats(n, 3, -12.0f, 12.0f);
+  const auto u = random_floats(n, 4);
+  std::vector<float> s(n), ge(n);
+  ref::silu_mul(g.data(), u.data(), s.data(), n);
+  ref::gelu_tanh_mul(g.data(), u.data(), ge.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = g[i];
+    ASSERT_NEAR(s[i], x / (1.0 + std::exp(-x)) * u[i], 1e-6 * std::fabs(x) + 1e-7);
+    const double gl = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+    ASSERT_NEAR(ge[i], gl * u[i], 1e-6 * std::fabs(x) + 1e-7);
+  }
+  for (Isa isa : available_isas()) {
+    const Kernels& k = kernels(isa);
+    std::vector<float> got(n), y(u);
+    k.silu_mul(g.data(), u.data(), got.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], s[i], 4e-6f * std::fabs(s[i]) + 1e-7f) << isa_name(isa) << " silu " << i;
+    k.gelu_tanh_mul(g.data(), u.data(), got.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], ge[i], 4e-6f * std::fabs(ge[i]) + 1e-6f) << isa_name(isa) << " gelu " << i;
+    k.add_inplace(y.data(), g.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], u[i] + g[i]);
+  }
+}
+
+// Direct rotation: pair i turns by pos * inv_freq[i].
+void check_rope(const RopeTable& table, int64_t head_dim) {
+  const int64_t n_tokens = 3, n_heads = 2;
+  const int32_t pos[n_tokens] = {0, 7, 1234};
+  auto x = random_floats(n_tokens * n_heads * head_dim, 8);
+  const auto orig = x;
+  rope(x.data(), pos, n_tokens, n_heads, head_dim, table);
+  const int64_t half = table.rot_dim / 2;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const float* o = orig.data() + (t * n_heads + h) * head_dim;
+      const float* r = x.data() + (t * n_heads + h) * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t a = table.interleaved ? 2 * i : i, b = table.interleaved ? 2 * i + 1 : i + half;
+        const double th = static_cast<double>(static_cast<float>(pos[t]) * table.inv_freq[i]);
+        const double c = std::cos(th) * table.attn_factor, s = std::sin(th) * table.attn_factor;
+        ASSERT_NEAR(r[a], o[a] * c - o[b] * s, 1e-5);
+        ASSERT_NEAR(r[b], o[a] * s + o[b] * c, 1e-5);
+      }
+      for (int64_t d = table.rot_dim; d < head_dim; ++d) ASSERT_EQ(r[d], o[d]);  // partial rotary
+    }
+  }
+}
+
+TEST(Rope, BothLayoutsAndPartialRotary) {
+  check_rope(make_rope_table(10000.0f, 64, false), 64);
+  check_rope(make_rope_table(10000.0f, 64, true), 64);
+  check_rope(make_rope_table(500000.0f, 32, false), 64);
+  check_rope(make_rope_table(500000.0f, 32, true), 64);
+  // Position 0 is the identity; the default table is base^(-2i/d).
+  const RopeTable t = make_rope_table(10000.0f, 64, false);
+  for (int i = 0; i < 32; ++i) EXPECT_FLOAT_EQ(t.inv_freq[i], static_cast<float>(std::pow(10000.0, -2.0 * i / 64)));
+}
+
+TEST(RopeTable, LinearAndLlama3) {
+  RopeScalingParams lin;
+  lin.type = RopeScalingParams::Type::kLinear;
+  lin.factor = 4.0f;
+  const RopeTable base = make_rope_table(10000.0f, 64, false);
+  const RopeTable l = make_rope_table(10000.0f, 64, false, lin);
+  for (int i = 0; i < 32; ++i) EXPECT_FLOAT_EQ(l.inv_freq[i], base.inv_freq[i] / 4.0f);
+
+  // Llama 3.1: theta 500000, head_dim 128, factor 8, low 1, high 4, original 8192.
+  RopeScalingParams s;
+  s.type = RopeScalingParams::Type::kLlama3;
+  s.factor = 8.0f;
+  s.low_freq_factor = 1.0f;
+  s.high_freq_factor = 4.0f;
+  s.original_max_position = 8192;
+  const RopeTable b3 = make_rope_table(500000.0f, 128, false);
+  const RopeTable t3 = make_rope_table(500000.0f, 128, false, s);
+  int n_high = 0, n_low = 0, n_mid = 0;
+  for (int i = 0; i < 64; ++i) {
+    const double inv = b3.inv_freq[i];
+    const double wavelen = 2 * std::numbers::pi / inv;
+    if (wavelen < 8192.0 / 4.0) {
+      EXPECT_FLOAT_EQ(t3.inv_freq[i], b3.inv_freq[i]);
+      ++n_high;
+    } else if (wavelen > 8192.0 / 1.0) {
+      EXPECT_FLOAT_EQ(t3.inv_freq[i], b3.inv_freq[i] / 8.0f);
+      ++n_low;
+    } else {
+      const double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+      EXPECT_NEAR(t3.inv_freq[i], (1 - smooth) * inv / 8 + smooth * inv, 1e-6 * inv);
+      ++n_mid;
+    }
+  }
+  EXPECT_GT(n_high, 0);
+  EXPECT_GT(n_low, 0);
+  EXPECT_GT(n_mid, 0);
+  check_rope(t3, 128);
+}
+
+TEST(RopeTable, Yarn) {
+  // Qwen-style yarn: factor 4, original 32768, beta_fast 32, beta_slow 1, head_dim 128, theta 1e6.
+  RopeScalingParams s;
+  s.type = RopeScalingParams::Type::kYarn;
+  s.factor = 4.0f;
+  s.original_max_position = 32768;
+  const RopeTable b = make_rope_table(1e6f, 128, false);
+  const RopeTable t = make_rope_table(1e6f, 128, false, s);
+  EXPECT_FLOAT_EQ(t.attn_factor, static_cast<float>(0.1 * std::log(4.0) + 1.0));
+  // correction range: dims with more than beta_fast rotations over the
+  // original context keep their frequency; fewer than beta_slow are interpolated.
+  auto corr = [](double rot) { return 128 * std::log(32768 / (rot * 2 * std::numbers::pi)) / (2 * std::log(1e6)); };
+  const double low = std::max(0.0, std::floor(corr(32))), high = std::min(127.0, std::ceil(corr(1)));
+  for (int i = 0; i < 64; ++i) {
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    const double want = b.inv_freq[i] * (1 - ramp) + b.inv_freq[i] / 4.0 * ramp;
+    EXPECT_NEAR(t.inv_freq[i], want, 1e-6 * want) << i;
+  }
+  EXPECT_FLOAT_EQ(t.inv_freq[0], b.inv_freq[0]);
+  EXPECT_FLOAT_EQ(t.inv_freq[63], b.inv_freq[63] / 4.0f);
+  s.attention_factor = 1.5f;
+  EXPECT_EQ(make_rope_table(1e6f, 128, false, s).attn_factor, 1.5f);
+  check_rope(t, 128);
+}
+
+// Naive attention in f64 with a full score matrix.
+std::vector<double> naive_attention(const std::vector<float>& q, const std::vector<int32_t>& pos,
+                                    const std::vector<float>& k, const std::vector<float>& v, int64_t n_kv,
+                                    const AttentionParams& p) {
+  const int64_t n_q = static_cast<int64_t>(pos.size());
+  std::vector<double> out(static_cast<size_t>(n_q * p.n_head * p.head_dim), 0.0);
+  for (int64_t i = 0; i < n_q; ++i) {
+    for (int64_t h = 0; h < p.n_head; ++h) {
+      const int64_t kvh = h / (p.n_head / p.n_head_kv);
+      std::vector<double> sc(static_cast<size_t>(n_kv), -INFINITY);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        if (j > pos[i] || (p.window > 0 && j <= pos[i] - p.window)) continue;
+        double s = 0.0;
+        for (int64_t d = 0; d < p.head_dim; ++d)
+          s += static_cast<double>(q[(i * p.n_head + h) * p.head_dim + d]) * k[(j * p.n_head_kv + kvh) * p.head_dim + d];
+        s *= p.scale;
+        if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
+        sc[j] = s;
+        mx = std::max(mx, s);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < n_kv; ++j) sum += std::isinf(sc[j]) ? 0.0 : std::exp(sc[j] - mx);
+      for (int64_t j = 0; j < n_kv; ++j) {
+        if (std::isinf(sc[j])) continue;
+        const double pr = std::exp(sc[j] - mx) / sum;
+        for (int64_t d = 0; d < p.head_dim; ++d)
+          out[(i * p.n_head + h) * p.head_dim + d] += pr * v[(j * p.n_head_kv + kvh) * p.head_dim + d];
+      }
+    }
+  }
+  return out;
+}
+
+struct AttnCase {
+  int64_t n_head, n_head_kv, head_dim, n_kv, n_q, window;
+  float softcap;
+  DType kv;
+};
+
+TEST(Attention, MatchesNaive) {
+  const AttnCase cases[] = {
+      {9, 3, 64, 150, 150, 0, 0.0f, DType::kF32},   // prefill, GQA (SmolLM2 heads)
+      {9, 3, 64, 150, 1, 0, 0.0f, DType::kF32},     // decode
+      {4, 4, 32, 100, 20, 16, 0.0f, DType::kF32},   // sliding window
+      {8, 2, 128, 90, 10, 0, 50.0f, DType::kF16},   // softcap, f16 kv
+      {8, 1, 80, 70, 70, 24, 30.0f, DType::kF16},   // MQA, window, softcap, odd head_dim
+  };
+  for (const AttnCase& c : cases) {
+    AttentionParams p;
+    p.n_head = c.n_head;
+    p.n_head_kv = c.n_head_kv;
+    p.head_dim = c.head_dim;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    p.window = c.window;
+    p.softcap = c.softcap;
+    p.kv_dtype = c.kv;
+    auto q = random_floats(c.n_q * c.n_head * c.head_dim, 31, -2.0f, 2.0f);
+    auto k = random_floats(c.n_kv * c.n_head_kv * c.head_dim, 32, -2.0f, 2.0f);
+    auto v = random_floats(c.n_kv * c.n_head_kv * c.head_dim, 33);
+    std::vector<uint16_t> k16(k.size()), v16(v.size());
+    if (c.kv == DType::kF16) {  // the reference sees the f16-rounded values
+      for (size_t i = 0; i < k.size(); ++i) k16[i] = f32_to_f16(k[i]), k[i] = f16_to_f32(k16[i]);
+      for (size_t i = 0; i < v.size(); ++i) v16[i] = f32_to_f16(v[i]), v[i] = f16_to_f32(v16[i]);
+    }
+    std::vector<int32_t> pos(static_cast<size_t>(c.n_q));
+    for (int64_t i = 0; i < c.n_q; ++i) pos[i] = static_cast<int32_t>(c.n_kv - c.n_q + i);
+    const auto want = naive_attention(q, pos, k, v, c.n_kv, p);
+    const void* kp = c.kv == DType::kF16 ? static_cast<const void*>(k16.data()) : k.data();
+    const void* vp = c.kv == DType::kF16 ? static_cast<const void*>(v16.data()) : v.data();
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      std::vector<float> out(want.size(), -9.0f);
+      attention(q.data(), pos.data(), c.n_q, kp, vp, c.n_kv, p, out.data(), pool);
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_NEAR(out[i], want[i], 2e-5) << "case heads " << c.n_head << "/" << c.n_head_kv << " i " << i;
+    }
+    // Every ISA's attention row against the scalar one.
+    for (Isa isa : available_isas()) {
+      for (int64_t i = 0; i < c.n_q; i += std::max<int64_t>(1, c.n_q / 7)) {
+        AttendRowArgs a;
+        a.q = q.data() + i * c.n_head * c.head_dim;
+        a.k = kp;
+        a.v = vp;
+        a.kv_stride = c.n_head_kv * c.head_dim;
+        a.head_dim = c.head_dim;
+        a.j_begin = c.window > 0 ? std::max<int64_t>(0, pos[i] - c.window + 1) : 0;
+        a.j_end = pos[i] + 1;
+        a.scale = p.scale;
+        a.softcap = p.softcap;
+        a.kv_f16 = c.kv == DType::kF16;
+        std::vector<float> want_row(c.head_dim), got_row(c.head_dim);
+        a.out = want_row.data();
+        ref::attend_row(a);
+        a.out = got_row.data();
+        kernels(isa).attend_row(a);
+        for (int64_t d = 0; d < c.head_dim; ++d) ASSERT_NEAR(got_row[d], want_row[d], 1e-5) << isa_name(isa);
+      }
+    }
+  }
+}
+
+TEST(Attention, QueryWithNoVisibleKeyGetsZeros) {
+  AttentionParams p{1, 1, 8, 1.0f, 0, 0.0f, DType::kF32};
+  std::vector<float> q(8, 1.0f), k(8, 1.0f), v(8, 1.0f), out(8, -1.0f);
+  const int32_t pos = 0;
+  ThreadPool pool(1);
+  attention(q.data(), &pos, 1, k.data(), v.data(), /*n_kv=*/0, p, out.data(), pool);
+  for (float o : out) EXPECT_EQ(o, 0.0f);
+}
+
+}  // namespace
+}  // namespace rill::cpu
