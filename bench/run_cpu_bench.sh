@@ -4,7 +4,7 @@
 # compiled here with its default native flags, numpy, gguf) when needed,
 # fetches the model when missing, and writes the markdown table to stdout and
 # the JSON to $OUT (default build/bench/cpu_vs_llamacpp.json).
-#   bench/run_cpu_bench.sh [--threads 2] [--rill build/rill] [--skip-rill] ...
+#   bench/run_cpu_bench.sh [--threads 2] [--rill build/rill] [--skip-rill] [--wait-quiet 600] ...
 # Build rill first (make build); without a working build/rill the script still
 # reports llama.cpp's numbers and names rill's failure. Run it on a quiet
 # machine: the report prints the load average it started under.

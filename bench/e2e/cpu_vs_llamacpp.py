@@ -413,6 +413,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=600, help="seconds per child process")
     ap.add_argument("--skip-rill", action="store_true", help="measure llama.cpp only")
+    ap.add_argument("--wait-quiet", type=int, default=0, metavar="S",
+                    help="wait up to S seconds for the 1-minute load average to fall "
+                         "below 0.5 before measuring")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--ids-file", help=argparse.SUPPRESS)
@@ -425,6 +428,9 @@ def main():
     import numpy as np
     from llama_cpp import Llama
     model = os.path.abspath(args.model)
+    deadline = time.time() + args.wait_quiet
+    while os.getloadavg()[0] >= 0.5 and time.time() < deadline:
+        time.sleep(10)
     machine = machine_info()
 
     # 512 real-text prompt ids, from llama.cpp's tokenizer; the same for both engines.
