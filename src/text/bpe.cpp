@@ -29,7 +29,8 @@ size_t utf8_char_len(std::string_view s, size_t i) {
 BpeModel::BpeModel(const TokenIndex* vocab, BpeOptions options)
     : vocab_(vocab), options_(std::move(options)), byte_ids_(find_byte_tokens(*vocab)) {}
 
-Status BpeModel::add_merge(std::string_view left, std::string_view right, const std::string& where) {
+Status BpeModel::add_merge(std::string_view left, std::string_view right, int32_t rank, bool replace,
+                           const std::string& where) {
   const auto a = find_token(*vocab_, left);
   const auto b = find_token(*vocab_, right);
   if (!a || !b) {
@@ -41,8 +42,8 @@ Status BpeModel::add_merge(std::string_view left, std::string_view right, const 
   merged.append(left).append(right);
   const auto id = find_token(*vocab_, merged);
   if (!id) return Error{where + ": merge result '" + merged + "' is not in the vocabulary"};
-  // Like tokenizers, a repeated pair keeps its first (lowest) rank.
-  merges_.try_emplace(pair_key(*a, *b), MergeTarget{static_cast<int32_t>(merges_.size()), *id});
+  if (replace) merges_.insert_or_assign(pair_key(*a, *b), {rank, *id});
+  else merges_.emplace(pair_key(*a, *b), {rank, *id});
   return Status::Ok();
 }
 
@@ -116,13 +117,10 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
     }
   };
   std::priority_queue<Candidate> queue;
-  auto lookup = [&](int32_t a, int32_t b) -> const MergeTarget* {
-    auto it = merges_.find(pair_key(a, b));
-    return it == merges_.end() ? nullptr : &it->second;
-  };
+  auto lookup = [&](int32_t a, int32_t b) { return merges_.find(pair_key(a, b)); };
   for (size_t k = 0; k + 1 < symbols.size(); ++k) {
     if (const auto* m = lookup(symbols[k].id, symbols[k + 1].id))
-      queue.push({m->rank, static_cast<int32_t>(k), m->new_id});
+      queue.push({m->rank, static_cast<int32_t>(k), m->id});
   }
   while (!queue.empty()) {
     const Candidate top = queue.top();
@@ -132,17 +130,17 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
     const int32_t next_pos = cur.next;
     const Symbol right = symbols[next_pos];
     const auto* m = lookup(cur.id, right.id);
-    if (m == nullptr || m->new_id != top.new_id) continue;  // stale entry
+    if (m == nullptr || m->id != top.new_id) continue;  // stale entry
     cur.id = top.new_id;
     cur.len += right.len;
     cur.next = right.next;
     symbols[next_pos].len = 0;
     if (right.next >= 0) symbols[right.next].prev = top.pos;
     if (cur.prev >= 0) {
-      if (const auto* pm = lookup(symbols[cur.prev].id, cur.id)) queue.push({pm->rank, cur.prev, pm->new_id});
+      if (const auto* pm = lookup(symbols[cur.prev].id, cur.id)) queue.push({pm->rank, cur.prev, pm->id});
     }
     if (cur.next >= 0) {
-      if (const auto* nm = lookup(cur.id, symbols[cur.next].id)) queue.push({nm->rank, top.pos, nm->new_id});
+      if (const auto* nm = lookup(cur.id, symbols[cur.next].id)) queue.push({nm->rank, top.pos, nm->id});
     }
   }
   for (const auto& s : symbols)

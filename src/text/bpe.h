@@ -8,25 +8,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "core/result.h"
+#include "text/token_index.h"
 
 namespace rill::text {
-
-// Hash map from token text to id that accepts string_view keys.
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-using TokenIndex = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
-
-inline std::optional<int32_t> find_token(const TokenIndex& index, std::string_view text) {
-  auto it = index.find(text);
-  if (it == index.end()) return std::nullopt;
-  return it->second;
-}
 
 struct BpeOptions {
   bool byte_fallback = false;
@@ -42,26 +29,26 @@ class BpeModel {
   // `vocab` maps token text to id. Merges are added afterwards in rank order.
   BpeModel(const TokenIndex* vocab, BpeOptions options);
 
-  // Adds the merge (left, right) with the next rank. Errors name `where`
-  // when a part or the merged token is not in the vocabulary.
-  Status add_merge(std::string_view left, std::string_view right, const std::string& where);
+  // Adds the merge (left, right) with priority `rank` (lower merges first).
+  // A repeated pair keeps the last rank when `replace` (tokenizers builds a
+  // map from the list), else the first (llama.cpp). Errors name `where` when
+  // a part or the merged token is not in the vocabulary.
+  Status add_merge(std::string_view left, std::string_view right, int32_t rank, bool replace,
+                   const std::string& where);
   size_t n_merges() const { return merges_.size(); }
+  void reserve_merges(size_t n) { merges_.reserve(n); }
 
   // Appends the ids of one pre-tokenized word.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 
  private:
-  struct MergeTarget {
-    int32_t rank;
-    int32_t new_id;
-  };
   static uint64_t pair_key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
 
   const TokenIndex* vocab_;
   BpeOptions options_;
-  std::unordered_map<uint64_t, MergeTarget> merges_;
+  PairMap merges_;  // (left id, right id) -> (rank, merged id)
   std::array<int32_t, 256> byte_ids_{};  // "<0xXX>" token ids, -1 when absent
 };
 

@@ -113,12 +113,14 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
     t->bpe_ = std::make_unique<text::BpeModel>(&t->vocab_, opt);
     const GgufArray* merges = gguf.get_array("tokenizer.ggml.merges");
     if (merges == nullptr) return Error{where + ": tokenizer.ggml.merges is missing"};
-    for (const auto& m : *merges) {
-      const std::string* s = m.as_string();
+    t->bpe_->reserve_merges(merges->size());
+    for (size_t r = 0; r < merges->size(); ++r) {
+      const std::string* s = (*merges)[r].as_string();
       const size_t sp = s ? s->find(' ', 1) : std::string::npos;
       if (sp == std::string::npos) continue;  // llama.cpp: such a merge can never apply
       // A merge naming unknown tokens can never apply either; skip it.
-      (void)t->bpe_->add_merge(std::string_view(*s).substr(0, sp), std::string_view(*s).substr(sp + 1), where);
+      (void)t->bpe_->add_merge(std::string_view(*s).substr(0, sp), std::string_view(*s).substr(sp + 1),
+                               static_cast<int32_t>(r), false, where);
     }
   } else {
     t->spm_ = std::make_unique<text::SpmModel>(&t->vocab_, score,

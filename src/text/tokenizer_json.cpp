@@ -5,7 +5,6 @@
 // second; the small rest of the file becomes a DOM.
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -147,12 +146,14 @@ class TokenizerJsonSax : public nlohmann::json_sax<json> {
 };
 
 Result<std::string> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return Error{path + ": cannot open"};
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (!f.good() && !f.eof()) return Error{path + ": read error"};
-  return ss.str();
+  const std::streamoff size = f.tellg();
+  if (size < 0) return Error{path + ": cannot read"};
+  std::string bytes(static_cast<size_t>(size), '\0');
+  f.seekg(0);
+  if (!f.read(bytes.data(), size)) return Error{path + ": read error"};
+  return bytes;
 }
 
 // "bos_token": "<s>" or {"content": "<s>", ...} or null.
@@ -237,11 +238,11 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
     t->vocab_.reserve(tj.vocab.size());
     for (auto& [text, id] : tj.vocab) {
       t->token_text_[id] = text;
-      t->vocab_.emplace(std::move(text), static_cast<int32_t>(id));
+      t->vocab_.emplace(text, static_cast<int32_t>(id));
     }
     for (const auto& a : added) {
       t->token_text_[a.id] = a.content;
-      t->added_index_[a.content] = a.id;
+      t->added_index_.insert_or_assign(a.content, a.id);
       if (a.special) t->flags_[a.id] |= kSpecial;
     }
 
@@ -259,7 +260,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
     if (model.contains("end_of_word_suffix") && model.at("end_of_word_suffix").is_string())
       opt.end_of_word_suffix = model.at("end_of_word_suffix").get<std::string>();
     t->bpe_ = std::make_unique<text::BpeModel>(&t->vocab_, opt);
-    for (const auto& [a, b] : tj.merges) RILL_TRY(t->bpe_->add_merge(a, b, path));
+    t->bpe_->reserve_merges(tj.merges.size());
+    for (size_t r = 0; r < tj.merges.size(); ++r)
+      RILL_TRY(t->bpe_->add_merge(tj.merges[r].first, tj.merges[r].second, static_cast<int32_t>(r), true, path));
 
     // Normalizer.
     std::vector<const json*> norm_stack;
