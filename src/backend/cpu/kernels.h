@@ -62,6 +62,7 @@ const Kernels& kernels();
 // from a copy of the next-lower table and override what they accelerate.
 void fill_kernels_avx2(Kernels& k);
 void fill_kernels_avx512(Kernels& k);
+void fill_ops_avx2(Kernels& k);  // elementwise ops and attention (ops_avx2.cpp)
 
 namespace ref {
 // Scalar entries, also used by tests as the reference.

@@ -35,10 +35,22 @@ void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
   float cs[kMaxPairs], sn[kMaxPairs];
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float pos = static_cast<float>(positions[t]);
-    for (int64_t i = 0; i < n_pairs; ++i) {
-      const float theta = pos * table.inv_freq[static_cast<size_t>(i)];
-      cs[i] = std::cos(theta) * table.attn_factor;
-      sn[i] = std::sin(theta) * table.attn_factor;
+    if (table.ggml_theta_scale > 0.0f) {
+      float theta_base = pos;
+      for (int64_t i = 0; i < n_pairs; ++i) {
+        const float theta = table.ggml_freq_divisor.empty()
+                                ? theta_base
+                                : theta_base / table.ggml_freq_divisor[static_cast<size_t>(i)];
+        cs[i] = std::cos(theta) * table.attn_factor;
+        sn[i] = std::sin(theta) * table.attn_factor;
+        theta_base *= table.ggml_theta_scale;
+      }
+    } else {
+      for (int64_t i = 0; i < n_pairs; ++i) {
+        const float theta = pos * table.inv_freq[static_cast<size_t>(i)];
+        cs[i] = std::cos(theta) * table.attn_factor;
+        sn[i] = std::sin(theta) * table.attn_factor;
+      }
     }
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * head_dim;

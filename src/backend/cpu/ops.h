@@ -70,6 +70,11 @@ struct RopeTable {
   float attn_factor = 1.0f;     // multiplies cos and sin (yarn mscale)
   int64_t rot_dim = 0;
   bool interleaved = false;     // RopeStyle::kInterleaved
+  // When > 0, angles are computed as llama.cpp does for GGUF models: theta_0 =
+  // pos, theta_{i+1} = theta_i * ggml_theta_scale in f32 (then divided by
+  // ggml_freq_divisor[i] when present), instead of pos * inv_freq[i].
+  float ggml_theta_scale = 0.0f;
+  std::vector<float> ggml_freq_divisor;  // rope_freqs (llama3 GGUF), or empty
 };
 
 // Rotates x in place. x: [n_tokens, n_heads, head_dim] (row stride

@@ -1,0 +1,88 @@
+// CPU matmul on the default model's shapes (SmolLM2-135M: Q4_1 weights,
+// Q8_0 tied LM head), decode (1 token) and prefill (512 tokens), 2 threads.
+// Counters: weight GB/s (weight bytes read per call / time) and GFLOP/s
+// (2 * rows * cols * tokens / time). The ceiling for decode is the memory
+// read bandwidth that BM_ReadBandwidth measures on the same run.
+// RILL_CPU_ISA=scalar|avx2 selects a lower kernel table.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/ops.h"
+#include "core/half.h"
+
+namespace rill::cpu {
+namespace {
+
+constexpr int kThreads = 2;
+
+std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> buf(row_bytes(t, cols) * rows);
+  std::mt19937 rng(1);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  const int bb = dtype_info(t).block_bytes;
+  const uint16_t d = f32_to_f16(0.01f);
+  for (size_t i = 0; i < buf.size(); i += bb) {
+    std::memcpy(&buf[i], &d, 2);
+    if (t == DType::kQ4_1) std::memcpy(&buf[i + 2], &d, 2);
+  }
+  return buf;
+}
+
+void run_matmul(benchmark::State& state, DType t, int64_t rows, int64_t cols) {
+  const int64_t n_tokens = state.range(0);
+  static ThreadPool pool(kThreads);
+  const auto w = random_weights(t, rows, cols);
+  WeightView view{t, rows, cols, w.data(), row_bytes(t, cols)};
+  std::vector<float> x(cols * n_tokens), y(rows * n_tokens);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& v : x) v = u(rng);
+  Scratch scratch;
+  scratch.reserve(matmul_scratch_bytes(t, cols, n_tokens));
+  for (auto _ : state) {
+    matmul(view, x.data(), n_tokens, y.data(), pool, scratch);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(w.size()) * iters / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * rows * cols * n_tokens * iters / 1e9, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(isa_name(best_isa())) + " " + std::string(dtype_name(t)) + " [" +
+                 std::to_string(rows) + "x" + std::to_string(cols) + "]");
+}
+
+void BM_Q4_1_ffn_up_1536x576(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 1536, 576); }
+void BM_Q4_1_attn_576x576(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 576, 576); }
+void BM_Q4_1_ffn_down_576x1536(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 576, 1536); }
+void BM_Q8_0_lm_head_49152x576(benchmark::State& s) { run_matmul(s, DType::kQ8_0, 49152, 576); }
+BENCHMARK(BM_Q4_1_ffn_up_1536x576)->Arg(1)->Arg(512)->UseRealTime();
+BENCHMARK(BM_Q4_1_attn_576x576)->Arg(1)->Arg(512)->UseRealTime();
+BENCHMARK(BM_Q4_1_ffn_down_576x1536)->Arg(1)->Arg(512)->UseRealTime();
+BENCHMARK(BM_Q8_0_lm_head_49152x576)->Arg(1)->Arg(64)->UseRealTime();
+
+// The decode ceiling: streaming reads of a buffer larger than the caches
+// (256 MiB) by the same 2 threads.
+void BM_ReadBandwidth(benchmark::State& state) {
+  static ThreadPool pool(kThreads);
+  const size_t n = size_t{256} << 20 >> 3;
+  static std::vector<uint64_t> buf(n, 1);
+  uint64_t sums[kThreads] = {};
+  for (auto _ : state) {
+    pool.for_each_thread([&](int t) {
+      const size_t b = n / kThreads * t, e = b + n / kThreads;
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t i = b; i < e; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+      sums[t] = s0 + s1 + s2 + s3;
+    });
+    benchmark::DoNotOptimize(sums);
+  }
+  state.counters["read_GB/s"] = benchmark::Counter(n * 8.0 * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ReadBandwidth)->UseRealTime();
+
+}  // namespace
+}  // namespace rill::cpu

@@ -1,0 +1,95 @@
+#include "backend/cpu/attention_f16.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_features.h"
+#include "core/half.h"
+
+namespace rill::cpu {
+namespace detail {
+
+// Steps 2-3 shared by both ISAs: softmax over a.scores in place, then the
+// probabilities rounded to f16.
+void softmax_to_f16(float* s, uint16_t* p16, int64_t n) {
+  float max = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) max = std::max(max, s[j]);
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    const float e = std::exp(s[j] - max);
+    s[j] = e;
+    sum += e;
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j) p16[j] = f32_to_f16(s[j] * inv);
+}
+
+void attend_f16_rounded_scalar(const F16AttendArgs& a) {
+  const int64_t n = a.j_end - a.j_begin;
+  for (int64_t t = 0; t < n; ++t) {
+    const uint16_t* kr = a.k + (a.j_begin + t) * a.kv_stride;
+    float dot = 0.0f;
+    for (int64_t d = 0; d < a.head_dim; ++d) dot += f16_to_f32(a.q16[d]) * f16_to_f32(kr[d]);
+    float x = dot * a.scale;
+    if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
+    a.scores[t] = x;
+  }
+  softmax_to_f16(a.scores, a.probs16, n);
+  for (int64_t d = 0; d < a.head_dim; ++d) a.out[d] = 0.0f;
+  for (int64_t t = 0; t < n; ++t) {
+    const float p = f16_to_f32(a.probs16[t]);
+    const uint16_t* vr = a.v + (a.j_begin + t) * a.kv_stride;
+    for (int64_t d = 0; d < a.head_dim; ++d) a.out[d] += p * f16_to_f32(vr[d]);
+  }
+}
+
+}  // namespace detail
+
+void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const void* k,
+                           const void* v, int64_t n_kv, const AttentionParams& p, float* out,
+                           ThreadPool& pool) {
+  assert(p.kv_dtype == DType::kF16 && p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024);
+  const bool avx2 = best_isa() != Isa::kScalar;
+  const int64_t group = p.n_head / p.n_head_kv;
+  const int64_t kv_stride = p.n_head_kv * p.head_dim;
+  const int64_t n_units = n_q * p.n_head;  // (query, head) pairs, head fastest
+  const int64_t grain = std::max<int64_t>(1, n_units / (pool.n_threads() * 8));
+  pool.parallel_for(n_units, grain, [&](int64_t begin, int64_t end) {
+    // Per-thread scratch, grown to the longest context seen (not per step).
+    thread_local std::vector<float> scores;
+    thread_local std::vector<uint16_t> probs16;
+    if (static_cast<int64_t>(scores.size()) < n_kv) {
+      scores.resize(static_cast<size_t>(n_kv));
+      probs16.resize(static_cast<size_t>(n_kv));
+    }
+    uint16_t q16[1024];
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t i = u / p.n_head, h = u % p.n_head;
+      const float* qr = q + u * p.head_dim;
+      for (int64_t d = 0; d < p.head_dim; ++d) q16[d] = f32_to_f16(qr[d]);
+      const int64_t pos = q_pos[i];
+      detail::F16AttendArgs a;
+      a.q16 = q16;
+      a.k = static_cast<const uint16_t*>(k) + (h / group) * p.head_dim;
+      a.v = static_cast<const uint16_t*>(v) + (h / group) * p.head_dim;
+      a.kv_stride = kv_stride;
+      a.head_dim = p.head_dim;
+      a.j_end = std::min<int64_t>(pos + 1, n_kv);
+      a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+      a.scale = p.scale;
+      a.softcap = p.softcap;
+      a.scores = scores.data();
+      a.probs16 = probs16.data();
+      a.out = out + u * p.head_dim;
+      if (avx2) {
+        detail::attend_f16_rounded_avx2(a);
+      } else {
+        detail::attend_f16_rounded_scalar(a);
+      }
+    }
+  });
+}
+
+}  // namespace rill::cpu

@@ -1,0 +1,35 @@
+#pragma once
+// Attention over an f16 KV cache with llama.cpp's rounding, so that GGUF
+// models give llama.cpp's tokens: the query is rounded to f16 before the
+// q.k dot products, the softmax is normalised in full (max subtraction, sum
+// in double) and the probabilities are rounded to f16 before they weight V;
+// dot products accumulate in f32. (llama.cpp's non-flash CPU path computes
+// K^T q and V p as f16 matrix products this way.) Same arguments and masking
+// as cpu::attention with p.kv_dtype == F16.
+#include <cstdint>
+
+#include "backend/cpu/ops.h"
+
+namespace rill::cpu {
+
+void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const void* k,
+                           const void* v, int64_t n_kv, const AttentionParams& p, float* out,
+                           ThreadPool& pool);
+
+namespace detail {
+// One (query, head): q16 [head_dim] f16, keys/values rows kv_stride apart.
+struct F16AttendArgs {
+  const uint16_t* q16;
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t kv_stride, head_dim, j_begin, j_end;
+  float scale, softcap;
+  float* scores;       // scratch [j_end - j_begin]
+  uint16_t* probs16;   // scratch [j_end - j_begin]
+  float* out;          // [head_dim]
+};
+void attend_f16_rounded_scalar(const F16AttendArgs& a);
+void attend_f16_rounded_avx2(const F16AttendArgs& a);
+}  // namespace detail
+
+}  // namespace rill::cpu
