@@ -34,7 +34,9 @@ std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t cols) {
 
 void run_matmul(benchmark::State& state, DType t, int64_t rows, int64_t cols) {
   const int64_t n_tokens = state.range(0);
-  static ThreadPool pool(kThreads);
+  const int n_threads = state.range(1) > 0 ? static_cast<int>(state.range(1)) : kThreads;
+  static ThreadPool pool2(kThreads), pool1(1);
+  ThreadPool& pool = n_threads == 1 ? pool1 : pool2;
   const auto w = random_weights(t, rows, cols);
   WeightView view{t, rows, cols, w.data(), row_bytes(t, cols)};
   std::vector<float> x(cols * n_tokens), y(rows * n_tokens);
@@ -59,10 +61,12 @@ void BM_Q4_1_ffn_up_1536x576(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 
 void BM_Q4_1_attn_576x576(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 576, 576); }
 void BM_Q4_1_ffn_down_576x1536(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 576, 1536); }
 void BM_Q8_0_lm_head_49152x576(benchmark::State& s) { run_matmul(s, DType::kQ8_0, 49152, 576); }
-BENCHMARK(BM_Q4_1_ffn_up_1536x576)->Arg(1)->Arg(512)->UseRealTime();
-BENCHMARK(BM_Q4_1_attn_576x576)->Arg(1)->Arg(512)->UseRealTime();
-BENCHMARK(BM_Q4_1_ffn_down_576x1536)->Arg(1)->Arg(512)->UseRealTime();
-BENCHMARK(BM_Q8_0_lm_head_49152x576)->Arg(1)->Arg(64)->UseRealTime();
+// Args: {n_tokens, n_threads}. The 1-thread runs isolate kernel speed when
+// the machine is shared.
+BENCHMARK(BM_Q4_1_ffn_up_1536x576)->Args({1, 2})->Args({512, 2})->Args({1, 1})->Args({512, 1})->UseRealTime();
+BENCHMARK(BM_Q4_1_attn_576x576)->Args({1, 2})->Args({512, 2})->UseRealTime();
+BENCHMARK(BM_Q4_1_ffn_down_576x1536)->Args({1, 2})->Args({512, 2})->UseRealTime();
+BENCHMARK(BM_Q8_0_lm_head_49152x576)->Args({1, 2})->Args({64, 2})->Args({1, 1})->UseRealTime();
 
 // The decode ceiling: streaming reads of a buffer larger than the caches
 // (256 MiB) by the same 2 threads.

@@ -315,5 +315,54 @@ TEST(FastPaths, GemmTilesMatchReference) {
   }
 }
 
+// The 8-token-interleaved prefill path: quantizer bytes and gemm results
+// against the plain layout's reference, for every tile shape and tail.
+TEST(FastPaths, X8PrefillMatchesReference) {
+  const int64_t n = 512, n_tok = 16, rows = kMaxTileRows;
+  const auto x = random_floats(n * n_tok, 41, -2.0f, 2.0f);
+  const size_t group_bytes = static_cast<size_t>(n / 32) * sizeof(BlockQ8x8);
+  for (Isa isa : available_isas()) {
+    const Kernels& k = kernels(isa);
+    for (int n_rows : {8, 3}) {
+      std::vector<uint8_t> want(group_bytes), got(group_bytes, 0xAB);
+      ref::quantize_rows_q8x8(x.data(), n, n_rows, want.data(), n);
+      k.quantize_x8(x.data(), n, n_rows, got.data(), n);
+      EXPECT_EQ(want, got) << isa_name(isa) << " rows " << n_rows;
+    }
+  }
+  std::vector<uint8_t> ax8(2 * group_bytes);
+  ref::quantize_rows_q8x8(x.data(), n, 8, ax8.data(), n);
+  ref::quantize_rows_q8x8(x.data() + 8 * n, n, 8, ax8.data() + group_bytes, n);
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0}) {
+    const DType p = vec_dot_partner(t);
+    const auto w = random_weight_rows(t, rows, n, 77);
+    const size_t w_stride = row_bytes(t, n), a_stride = row_bytes(p, n);
+    std::vector<uint8_t> a(a_stride * n_tok);
+    for (int c = 0; c < n_tok; ++c) ref::quantize_row(p, x.data() + c * n, a.data() + c * a_stride, n);
+    std::vector<float> want(n_tok * rows);
+    for (int c = 0; c < n_tok; ++c)
+      for (int r = 0; r < rows; ++r) want[c * rows + r] = ref::vec_dot(t, n, w.data() + r * w_stride, a.data() + c * a_stride);
+    for (Isa isa : available_isas()) {
+      const GemmX8Fn gemm = kernels(isa).gemm_x8[static_cast<size_t>(t)];
+      if (!gemm) continue;
+      for (int n_r = 1; n_r <= rows; ++n_r) {
+        for (int n_t : {1, 7, 8, 9, 16}) {
+          std::vector<float> got(n_tok * rows, 0.0f);
+          gemm(n, w.data(), w_stride, n_r, ax8.data(), group_bytes, n_t, got.data(), rows);
+          for (int c = 0; c < n_tok; ++c)
+            for (int r = 0; r < rows; ++r) {
+              if (c < n_t && r < n_r) {
+                EXPECT_NEAR(got[c * rows + r], want[c * rows + r], 1e-5f * std::max(1.0f, std::fabs(want[c * rows + r])))
+                    << isa_name(isa) << " " << dtype_name(t) << " tile " << n_r << "x" << n_t << " at " << r << "," << c;
+              } else {
+                EXPECT_EQ(got[c * rows + r], 0.0f) << "wrote outside the tile";
+              }
+            }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace rill::cpu

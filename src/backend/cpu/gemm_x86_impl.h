@@ -18,6 +18,15 @@
 #include "backend/cpu/quants.h"
 #include "backend/cpu/simd_x86.h"
 
+// RILL_KERNEL_TARGET: a target attribute the including file may define (the
+// AVX-512 file adds VNNI) so the tiles can inline its Dot.
+#ifndef RILL_KERNEL_TARGET
+#define RILL_KERNEL_TARGET
+#endif
+// The tile loops have compile-time trip counts; -O2 does not fully unroll
+// them, and unrolled they keep the accumulators in registers.
+#define RILL_UNROLL _Pragma("GCC unroll 16")
+
 namespace rill::cpu {
 namespace {
 
@@ -57,40 +66,48 @@ struct DecQ8_0 {
 };
 
 template <typename Dec, typename Dot, int R, int T>
-void gemm_q_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride, float* y,
+RILL_KERNEL_TARGET void gemm_q_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride, float* y,
                  int64_t y_stride) {
   using WBlock = typename Dec::Block;
   using ABlock = std::conditional_t<Dec::kMin, BlockQ8_1, BlockQ8_0>;
   const int64_t nb = n / kQK;
   const WBlock* wr[R];
   const ABlock* ar[T];
+  RILL_UNROLL
   for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const WBlock*>(static_cast<const uint8_t*>(w) + r * w_stride);
+  RILL_UNROLL
   for (int t = 0; t < T; ++t) ar[t] = reinterpret_cast<const ABlock*>(static_cast<const uint8_t*>(a) + t * a_stride);
   __m256 acc[R][T];
   float macc[R][T];
+  RILL_UNROLL
   for (int r = 0; r < R; ++r)
+    RILL_UNROLL
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
 
   for (int64_t ib = 0; ib < nb; ++ib) {
     __m256i qa[T];
     float da[T], sa[T];
+    RILL_UNROLL
     for (int t = 0; t < T; ++t) {
       qa[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar[t][ib].qs));
       da[t] = simd::f16(ar[t][ib].d);
       if constexpr (Dec::kMin) sa[t] = simd::f16(ar[t][ib].s);
     }
+    RILL_UNROLL
     for (int r = 0; r < R; ++r) {
       const WBlock* b = wr[r] + ib;
       const __m256i qw = Dec::decode(b);
       const float dw = simd::f16(b->d);
       if constexpr (Dec::kSigned) {
         const __m256i aw = _mm256_sign_epi8(qw, qw);  // |w|, moving w's sign onto a
+        RILL_UNROLL
         for (int t = 0; t < T; ++t) {
           const __m256 p = _mm256_cvtepi32_ps(Dot::dot(aw, _mm256_sign_epi8(qa[t], qw)));
           acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da[t]), p, acc[r][t]);
         }
       } else {
         const float mw = simd::f16(b->m);
+        RILL_UNROLL
         for (int t = 0; t < T; ++t) {
           const __m256 p = _mm256_cvtepi32_ps(Dot::dot(qw, qa[t]));
           acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da[t]), p, acc[r][t]);
@@ -99,7 +116,9 @@ void gemm_q_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_
       }
     }
   }
+  RILL_UNROLL
   for (int t = 0; t < T; ++t)
+    RILL_UNROLL
     for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(acc[r][t]) + macc[r][t];
 }
 
@@ -128,25 +147,34 @@ struct LoadBF16 {
 };
 
 template <typename Load, typename Dot, int R, int T>
-void gemm_f_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride, float* y,
+RILL_KERNEL_TARGET void gemm_f_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride, float* y,
                  int64_t y_stride) {
   const uint8_t* wr[R];
   const float* ar[T];
+  RILL_UNROLL
   for (int r = 0; r < R; ++r) wr[r] = static_cast<const uint8_t*>(w) + r * w_stride;
+  RILL_UNROLL
   for (int t = 0; t < T; ++t) ar[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a) + t * a_stride);
   __m256 acc[R][T];
+  RILL_UNROLL
   for (int r = 0; r < R; ++r)
+    RILL_UNROLL
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 av[T];
+    RILL_UNROLL
     for (int t = 0; t < T; ++t) av[t] = _mm256_loadu_ps(ar[t] + i);
+    RILL_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 wv = Load::load(wr[r], i);
+      RILL_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, av[t], acc[r][t]);
     }
   }
+  RILL_UNROLL
   for (int t = 0; t < T; ++t) {
+    RILL_UNROLL
     for (int r = 0; r < R; ++r) {
       float s = simd::hsum(acc[r][t]);
       for (int64_t j = i; j < n; ++j) s += Load::load1(wr[r], j) * ar[t][j];
@@ -169,7 +197,7 @@ constexpr std::array<TileFn, sizeof...(I)> f_tiles(std::integer_sequence<int, I.
 // GemmTileFn entry points: pick the instantiation for (n_r, n_t), splitting
 // the token rows into groups of at most Dot::kMaxT (register budget).
 template <const auto& kTiles, typename Dot>
-void gemm_tiles(int64_t n, const void* w, size_t w_stride, int n_r, const void* a, size_t a_stride, int n_t,
+RILL_KERNEL_TARGET void gemm_tiles(int64_t n, const void* w, size_t w_stride, int n_r, const void* a, size_t a_stride, int n_t,
                 float* y, int64_t y_stride) {
   for (int t0 = 0; t0 < n_t; t0 += Dot::kMaxT) {
     const int nt = n_t - t0 < Dot::kMaxT ? n_t - t0 : Dot::kMaxT;
@@ -187,6 +215,164 @@ template <typename Dec, typename Dot>
 constexpr GemmTileFn gemm_q() { return &gemm_tiles<kQTiles<Dec, Dot>, Dot>; }
 template <typename Load, typename Dot>
 constexpr GemmTileFn gemm_f() { return &gemm_tiles<kFTiles<Load, Dot>, Dot>; }
+
+}  // namespace
+}  // namespace rill::cpu
+
+namespace rill::cpu {
+// ---- Prefill: weights x 8-token-interleaved activations (BlockQ8x8) ----
+//
+// Per weight block: decode R rows to unsigned bytes once (stored to the
+// stack), then for each 4-element group k broadcast 4 weight bytes and
+// accumulate u8 x s8 dots against the G token groups' 32-byte vectors: the
+// 8 lanes are 8 tokens, so the block's float scaling is one convert + one
+// fma per 8 (row, token) pairs. Signed types use unsigned q and subtract
+// offset * sum(a) (q - 8, q - 16, q + 128 - 128).
+namespace {
+
+struct X8Q4_0 {
+  using Block = BlockQ4_0;
+  static constexpr bool kMin = false;
+  static constexpr int kOffsetShift = 3;  // q - 8
+  static constexpr int kBits = 4;
+  static __m256i decode(const Block* b) { return simd::nibbles_32(b->qs); }
+};
+struct X8Q4_1 {
+  using Block = BlockQ4_1;
+  static constexpr bool kMin = true;
+  static constexpr int kOffsetShift = -1;
+  static constexpr int kBits = 4;
+  static __m256i decode(const Block* b) { return simd::nibbles_32(b->qs); }
+};
+struct X8Q5_0 {
+  using Block = BlockQ5_0;
+  static constexpr bool kMin = false;
+  static constexpr int kOffsetShift = 4;  // q - 16
+  static constexpr int kBits = 5;
+  static __m256i decode(const Block* b) {
+    return _mm256_or_si256(simd::nibbles_32(b->qs), _mm256_and_si256(simd::bits_to_bytes_32(b->qh), _mm256_set1_epi8(0x10)));
+  }
+};
+struct X8Q5_1 {
+  using Block = BlockQ5_1;
+  static constexpr bool kMin = true;
+  static constexpr int kOffsetShift = -1;
+  static constexpr int kBits = 5;
+  static __m256i decode(const Block* b) { return DecQ5_1::decode(b); }
+};
+struct X8Q8_0 {
+  using Block = BlockQ8_0;
+  static constexpr bool kMin = false;
+  static constexpr int kOffsetShift = 7;  // (q + 128) - 128
+  static constexpr int kBits = 8;
+  static __m256i decode(const Block* b) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+};
+
+template <typename Dec, typename Dot, int R, int G>
+RILL_KERNEL_TARGET void gemm_x8_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_t group_stride,
+                                     float (*out)[kX8TileTokens]) {
+  using WBlock = typename Dec::Block;
+  constexpr int kChunk = Dot::template chunk<Dec::kBits>();  // k steps between widenings
+  const int64_t nb = n / kQK;
+  const WBlock* wr[R];
+  const BlockQ8x8* ag[G];
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const WBlock*>(static_cast<const uint8_t*>(w) + r * w_stride);
+  RILL_UNROLL
+  for (int g = 0; g < G; ++g)
+    ag[g] = reinterpret_cast<const BlockQ8x8*>(static_cast<const uint8_t*>(a) + g * group_stride);
+  __m256 facc[R][G];
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r)
+    RILL_UNROLL
+    for (int g = 0; g < G; ++g) facc[r][g] = _mm256_setzero_ps();
+  alignas(32) uint8_t wq[R][32];
+
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    float dw[R], mw[R];
+    RILL_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const WBlock* b = wr[r] + ib;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(wq[r]), Dec::decode(b));
+      dw[r] = simd::f16(b->d);
+      if constexpr (Dec::kMin) mw[r] = simd::f16(b->m);
+    }
+    __m256i iacc[R][G];
+    RILL_UNROLL
+    for (int r = 0; r < R; ++r)
+      RILL_UNROLL
+      for (int g = 0; g < G; ++g) iacc[r][g] = _mm256_setzero_si256();
+    RILL_UNROLL
+    for (int k0 = 0; k0 < 8; k0 += kChunk) {
+      __m256i part[R][G];
+      RILL_UNROLL
+      for (int r = 0; r < R; ++r)
+        RILL_UNROLL
+        for (int g = 0; g < G; ++g) part[r][g] = _mm256_setzero_si256();
+      RILL_UNROLL
+      for (int k = k0; k < k0 + kChunk; ++k) {
+        __m256i av[G];
+        RILL_UNROLL
+        for (int g = 0; g < G; ++g) av[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ag[g][ib].qs + 32 * k));
+        RILL_UNROLL
+        for (int r = 0; r < R; ++r) {
+          int32_t w4;
+          std::memcpy(&w4, wq[r] + 4 * k, 4);
+          const __m256i wb = _mm256_set1_epi32(w4);
+          RILL_UNROLL
+          for (int g = 0; g < G; ++g) part[r][g] = Dot::step(part[r][g], wb, av[g]);
+        }
+      }
+      RILL_UNROLL
+      for (int r = 0; r < R; ++r)
+        RILL_UNROLL
+        for (int g = 0; g < G; ++g)
+          iacc[r][g] = _mm256_add_epi32(iacc[r][g], Dot::widen(part[r][g]));
+    }
+    RILL_UNROLL
+    for (int g = 0; g < G; ++g) {
+      const BlockQ8x8& ab = ag[g][ib];
+      const __m256 da = _mm256_loadu_ps(ab.d);
+      __m256i off = _mm256_setzero_si256();
+      if constexpr (Dec::kOffsetShift >= 0)
+        off = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.sum)), Dec::kOffsetShift);
+      const __m256 sa = Dec::kMin ? _mm256_loadu_ps(ab.s) : _mm256_setzero_ps();
+      RILL_UNROLL
+      for (int r = 0; r < R; ++r) {
+        __m256i i = iacc[r][g];
+        if constexpr (Dec::kOffsetShift >= 0) i = _mm256_sub_epi32(i, off);
+        facc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(_mm256_set1_ps(dw[r]), da), facc[r][g]);
+        if constexpr (Dec::kMin) facc[r][g] = _mm256_fmadd_ps(_mm256_set1_ps(mw[r]), sa, facc[r][g]);
+      }
+    }
+  }
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r)
+    RILL_UNROLL
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[r] + 8 * g, facc[r][g]);
+}
+
+template <typename Dec, typename Dot, int... I>
+constexpr auto x8_tiles(std::integer_sequence<int, I...>) {
+  using Fn = void (*)(int64_t, const void*, size_t, const void*, size_t, float (*)[kX8TileTokens]);
+  return std::array<Fn, sizeof...(I)>{&gemm_x8_tile<Dec, Dot, I / 2 + 1, I % 2 + 1>...};
+}
+template <typename Dec, typename Dot>
+inline constexpr auto kX8Tiles = x8_tiles<Dec, Dot>(std::make_integer_sequence<int, kMaxTileRows * 2>{});
+
+template <typename Dec, typename Dot>
+RILL_KERNEL_TARGET void gemm_x8(int64_t n, const void* w, size_t w_stride, int n_r, const void* a, size_t group_stride,
+                                int n_t, float* y, int64_t y_stride) {
+  static_assert(kX8TileTokens == 16);
+  float out[kMaxTileRows][kX8TileTokens];
+  const int n_groups = (n_t + 7) / 8;
+  kX8Tiles<Dec, Dot>[(n_r - 1) * 2 + (n_groups - 1)](n, w, w_stride, a, group_stride, out);
+  for (int t = 0; t < n_t; ++t)
+    for (int r = 0; r < n_r; ++r) y[t * y_stride + r] = out[r][t];
+}
 
 }  // namespace
 }  // namespace rill::cpu
