@@ -51,7 +51,14 @@ Error type_error(std::string_view op, const Value& a, const Value& b) {
 }  // namespace
 
 Result<Value> Interpreter::eval(const Expr& e, const FramePtr& frame) {
+  if (++eval_depth_ > kMaxEvalDepth) {
+    --eval_depth_;
+    if (error_line_ == 0) error_line_ = e.line;
+    return Error{"template evaluation nested too deeply"};
+  }
   auto r = eval_inner(e, frame);
+  --eval_depth_;
+  if (r.ok() && r->depth > kMaxValueDepth) r = Error{"value nested too deeply"};
   if (!r.ok() && error_line_ == 0) error_line_ = e.line;
   return r;
 }
@@ -256,8 +263,8 @@ Result<Value> Interpreter::slice(const Value& obj, const Expr& s, const FramePtr
   }
   int64_t start = 0, stop = 0;
   slice_indices(n, parts[0], parts[1], step, &start, &stop);
-  std::vector<int64_t> picks;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) picks.push_back(i);
+  std::vector<int64_t> picks;  // indexes in [0, n); steps past the end never overflow
+  for (__int128 i = start; step > 0 ? i < stop : i > stop; i += step) picks.push_back(int64_t(i));
   if (obj.kind == Kind::kString) {
     std::u32string out;
     for (int64_t i : picks) out.push_back(cps[size_t(i)]);

@@ -1,6 +1,7 @@
 // Python string formatting: `fmt % args` (and the format filter) and
 // str.format. Numeric conversions go through snprintf, whose %d/%f/%e/%g
 // output equals Python's for the same flags, width and precision.
+#include <cmath>
 #include <cstdio>
 
 #include "text/jinja_builtins.h"
@@ -105,7 +106,8 @@ Result<std::string> percent_format(Interpreter& interp, std::string_view fmt, co
       case 'd': case 'i': case 'u': case 'x': case 'X': case 'o': {
         long long n = 0;
         if (value->is_int()) n = value->as_int();
-        else if (value->kind == Kind::kFloat && (conv == 'd' || conv == 'i' || conv == 'u'))
+        else if (value->kind == Kind::kFloat && (conv == 'd' || conv == 'i' || conv == 'u') &&
+                 std::isfinite(value->f) && std::fabs(value->f) < 9.2e18)
           n = (long long)value->f;
         else
           return Error{std::string("%") + conv + " format: a real number is required, not " + type_name(*value)};

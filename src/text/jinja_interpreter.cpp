@@ -211,8 +211,12 @@ Interpreter::Interpreter(RenderLimits limits, std::optional<std::tm> fixed_now)
     : limits_(limits), fixed_now_(fixed_now) {}
 
 Interpreter::~Interpreter() {
+  // Hold every namespace first so that clearing one never destroys another
+  // recursively, then clear them all: no cycle outlives the render.
+  std::vector<std::shared_ptr<Object>> alive;
   for (auto& weak : namespaces_)
-    if (auto ns = weak.lock()) static_cast<Namespace*>(ns.get())->clear();
+    if (auto ns = weak.lock()) alive.push_back(std::move(ns));
+  for (auto& ns : alive) static_cast<Namespace*>(ns.get())->clear();
 }
 
 Status Interpreter::count_step() {

@@ -99,11 +99,16 @@ class Interpreter {
   Result<Value> slice(const Value& obj, const Expr& slice, const FramePtr& frame);
   Result<std::string> render_body(const Body& body, const FramePtr& frame);
 
+  // Stack-safety bounds (not tunable): nested evaluations, nested containers.
+  static constexpr int kMaxEvalDepth = 1500;
+  static constexpr uint32_t kMaxValueDepth = 256;
+
   RenderLimits limits_;
   std::optional<std::tm> fixed_now_;
   FramePtr root_;
   int64_t n_steps_ = 0;
   int call_depth_ = 0;
+  int eval_depth_ = 0;
   int error_line_ = 0;
   std::vector<std::weak_ptr<Object>> namespaces_;
 };

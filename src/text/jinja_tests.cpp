@@ -158,7 +158,7 @@ Result<Value> g_range(Interpreter&, const CallArgs& a) {
   if (n_items > kMaxRange)
     return Error{"Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000)."};
   List out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Value::integer(i));
+  for (__int128 i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Value::integer(int64_t(i)));
   return Value::make_list(std::move(out));
 }
 

@@ -27,9 +27,16 @@ Value Value::string(std::string x) {
   v.str = std::make_shared<const std::string>(std::move(x));
   return v;
 }
+static uint32_t max_depth(const List& items) {
+  uint32_t d = 0;
+  for (const auto& item : items) d = std::max(d, item.depth);
+  return d;
+}
+
 static Value list_like(Kind kind, List x) {
   Value v;
   v.kind = kind;
+  v.depth = 1 + max_depth(x);
   v.list = std::make_shared<const List>(std::move(x));
   return v;
 }
@@ -39,6 +46,8 @@ Value Value::generator(List x) { return list_like(Kind::kGenerator, std::move(x)
 Value Value::make_dict(Dict x) {
   Value v;
   v.kind = Kind::kDict;
+  v.depth = 1;
+  for (const auto& [key, value] : x.items) v.depth = std::max(v.depth, 1 + std::max(key.depth, value.depth));
   v.dict = std::make_shared<const Dict>(std::move(x));
   return v;
 }
@@ -177,7 +186,19 @@ std::string dict_repr(const Dict& d) {
   return out + "}";
 }
 
+namespace {
+// Objects (namespaces) can nest without bound; printing stops at this depth.
+constexpr int kMaxPrintDepth = 512;
+thread_local int print_depth = 0;
+struct PrintDepth {
+  PrintDepth() { ++print_depth; }
+  ~PrintDepth() { --print_depth; }
+};
+}  // namespace
+
 std::string to_str(const Value& v) {
+  PrintDepth guard;
+  if (print_depth > kMaxPrintDepth) return "...";
   switch (v.kind) {
     case Kind::kUndefined: return "";
     case Kind::kNone: return "None";

@@ -43,6 +43,7 @@ struct Dict {
 
 struct Value {
   Kind kind = Kind::kUndefined;
+  uint32_t depth = 0;  // container nesting (scalars and objects: 0), bounds recursion
   bool b = false;
   int64_t i = 0;
   double f = 0.0;
