@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/attention_f16.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
@@ -126,6 +127,13 @@ Status LlamaModel::init(const ModelOptions& options) {
     }
     const float* d = reinterpret_cast<const float*>(freqs->data);
     for (int64_t i = 0; i < rot_dim / 2; ++i) rope_.inv_freq[i] /= d[i];
+    rope_.ggml_freq_divisor.assign(d, d + rot_dim / 2);
+  }
+  if (f.format == ModelFormat::kGguf && cfg_.rope_scaling.type == RopeScaling::Type::kNone) {
+    // GGUF models are held to llama.cpp, which builds angles by repeated f32
+    // multiplication; pos * inv_freq differs in the last bits, and quantized
+    // activations turn such bits into visible logit differences.
+    rope_.ggml_theta_scale = std::pow(cfg_.rope_theta, -2.0f / static_cast<float>(rot_dim));
   }
 
   attn_params_.n_head = cfg_.n_head;
@@ -179,9 +187,9 @@ void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& b
     const int64_t t0 = s.q_start;
     kv_.store(il, s.kv_slot, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
               batch.positions.data() + t0, s.q_len, kv_width_, kv_width_);
-    cpu::attention(a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len,
-                   kv_.k(il, s.kv_slot), kv_.v(il, s.kv_slot), s.kv_len, attn_params_,
-                   a_.attn.data() + t0 * q_width_, pool_);
+    auto* attend = attn_params_.kv_dtype == DType::kF16 ? &cpu::attention_f16_rounded : &cpu::attention;
+    attend(a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.k(il, s.kv_slot),
+           kv_.v(il, s.kv_slot), s.kv_len, attn_params_, a_.attn.data() + t0 * q_width_, pool_);
   }
   L.o.forward(a_.attn.data(), n, a_.h.data(), pool_, a_.scratch);
   cpu::add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
