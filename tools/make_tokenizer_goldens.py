@@ -26,7 +26,7 @@ OUT_DIR = os.path.join(ROOT, "tests", "data", "tokenizer")
 SMOLLM_GGUF = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 if os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(ROOT, ".venv-tools")):
-    subprocess.check_call([os.path.join(ROOT, "tools", "tools_venv.sh"), "tokenizers", "llama-cpp-python"])
+    subprocess.check_call([os.path.join(ROOT, "tools", "tools_venv.sh"), "tokenizers", "llama-cpp-python", "gguf"])
     os.execv(VENV_PY, [VENV_PY] + sys.argv)
 
 CORPUS = [
@@ -249,6 +249,85 @@ def smollm_goldens():
             "encode": encode, "decode": decode_list, "pieces": pieces}
 
 
+def spm_gguf_goldens(tmp):
+    """llama.cpp's SPM ("llama") tokenizer on a vocabulary-only GGUF built from
+    Gemma 3's tokens: type CONTROL for special added tokens, BYTE for <0xXX>,
+    NORMAL otherwise; score of token i = -i. tests/text/tokenizer_spm_test.cpp
+    builds the same GGUF in memory."""
+    import re
+    import gguf
+    import llama_cpp
+
+    with gzip.open(os.path.join(SHARED, "tokenizers", "gemma3", "tokenizer.json.gz"), "rb") as f:
+        j = json.load(f)
+    vocab = j["model"]["vocab"]
+    added = {a["id"]: a for a in j["added_tokens"]}
+    n = max(max(vocab.values()), max(added)) + 1
+    toks = [""] * n
+    for t, i in vocab.items():
+        toks[i] = t
+    for i, a in added.items():
+        toks[i] = a["content"]
+    types = []
+    for i, t in enumerate(toks):
+        if i in added and added[i]["special"]:
+            types.append(3)
+        elif re.fullmatch(r"<0x[0-9A-F]{2}>", t):
+            types.append(6)
+        else:
+            types.append(1)
+    path = os.path.join(tmp, "spm.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    # Minimal hyperparameters so llama.cpp accepts the file (vocab only).
+    w.add_context_length(128)
+    w.add_embedding_length(64)
+    w.add_block_count(1)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(16)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_scores([-float(i) for i in range(n)])
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    encode = []
+    for text in CORPUS:
+        b = text.encode("utf-8")
+        encode.append({
+            "text": text,
+            "ids": llm.tokenize(b, add_bos=False, special=True),
+            "ids_add_special": llm.tokenize(b, add_bos=True, special=True),
+            "ids_no_parse": llm.tokenize(b, add_bos=False, special=False),
+        })
+    import ctypes
+    lv = llama_cpp.llama_model_get_vocab(llm.model)
+
+    def detok(ids, skip):
+        arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
+        size = 64 + 64 * len(ids)
+        buf = ctypes.create_string_buffer(size)
+        k = llama_cpp.llama_detokenize(lv, arr, len(ids), buf, size, skip, not skip)
+        assert k >= 0
+        return buf.raw[:k].decode("utf-8", errors="replace")
+
+    seqs = [e["ids_add_special"] for e in encode] + [e["ids"] for e in encode[:20]]
+    byte_ids = [toks.index("<0x%02X>" % b) for b in (0xE2, 0x82, 0xAC)]
+    seqs += [byte_ids[:1], byte_ids[:2], byte_ids, byte_ids[:2] + encode[3]["ids"]]
+    decode = [{"ids": ids, "skip_special": skip, "text": detok(ids, skip)} for ids in seqs for skip in (False, True)]
+    return {"reference": "llama.cpp via llama-cpp-python " + llama_cpp.__version__,
+            "n_vocab": llm.n_vocab(), "encode": encode, "decode": decode}
+
+
 def main():
     os.makedirs(OUT_DIR, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -257,6 +336,10 @@ def main():
             with open(os.path.join(OUT_DIR, name + ".json"), "w") as f:
                 json.dump(data, f, ensure_ascii=True, indent=0)
             print(name, len(data["encode"]), "encodings,", len(data["decode"]), "decodings")
+        data = spm_gguf_goldens(tmp)
+        with open(os.path.join(OUT_DIR, "gemma3_spm_gguf.json"), "w") as f:
+            json.dump(data, f, ensure_ascii=True, indent=0)
+        print("gemma3_spm_gguf", len(data["encode"]), "encodings")
     data = smollm_goldens()
     with open(os.path.join(OUT_DIR, "smollm2.json"), "w") as f:
         json.dump(data, f, ensure_ascii=True, indent=0)
