@@ -7,7 +7,7 @@ WERROR ?= $(if $(CI),ON,OFF)
 FUZZ_SECONDS ?= 15
 MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all setup build run test ctest pytest fuzz clean format
+.PHONY: all setup build run test ctest pytest fuzz clean format bench-cpu
 
 all: build
 
@@ -40,6 +40,11 @@ fuzz: setup
 	done
 
 test: ctest pytest fuzz
+
+# Side-by-side CPU benchmark with llama.cpp (installs llama-cpp-python into
+# .venv-tools on first use); results in build/bench/ and docs/perf.md.
+bench-cpu: build
+	@bash bench/run_cpu_bench.sh --wait-quiet 600
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')

@@ -7,10 +7,24 @@
 
 #include "cli/commands.h"
 #include "cli/loaded_model.h"
+#include "loader/gguf.h"
 #include "model/fingerprint.h"
 #include "model/registry.h"
 
 namespace rill::cli {
+
+namespace {
+
+std::string tokenizer_kind(const ModelFiles& f, bool loaded) {
+  if (!loaded) return "none";
+  if (f.gguf) {
+    return "gguf " + f.gguf->get_string("tokenizer.ggml.model").value_or("?") + " (pre: " +
+           f.gguf->get_string("tokenizer.ggml.pre").value_or("default") + ")";
+  }
+  return "tokenizer.json";
+}
+
+}  // namespace
 
 Command add_inspect_command(CLI::App& app) {
   struct Opts {
@@ -52,7 +66,7 @@ Command add_inspect_command(CLI::App& app) {
         {"n_head", c.n_head},
         {"n_head_kv", c.n_head_kv},
         {"n_vocab", c.n_vocab},
-        {"tokenizer", m->tokenizer ? m->tokenizer->kind() : "none"},
+        {"tokenizer", tokenizer_kind(f, m->tokenizer != nullptr)},
         {"chat_template", m->chat_template.has_value()},
         {"config_fingerprint", config_fingerprint(c)},
     };
