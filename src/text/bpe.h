@@ -48,7 +48,7 @@ class BpeModel {
 
   const TokenIndex* vocab_;
   BpeOptions options_;
-  PairMap merges_;  // (left id, right id) -> (rank, merged id)
+  PairMap merges_;                       // (left id, right id) -> (rank, merged id)
   std::array<int32_t, 256> byte_ids_{};  // "<0xXX>" token ids, -1 when absent
 };
 

@@ -120,7 +120,8 @@ std::vector<Segment> segments_from_matches(size_t n, const std::vector<Regex::Ma
 
 void find_literal(std::string_view text, std::string_view lit, std::vector<Regex::Match>& out) {
   if (lit.empty()) return;
-  for (size_t pos = text.find(lit); pos != std::string_view::npos; pos = text.find(lit, pos + lit.size()))
+  for (size_t pos = text.find(lit); pos != std::string_view::npos;
+       pos = text.find(lit, pos + lit.size()))
     out.push_back({pos, pos + lit.size()});
 }
 
@@ -155,7 +156,9 @@ Result<std::shared_ptr<const Regex>> Regex::compile(std::string_view pattern) {
   return std::shared_ptr<const Regex>(std::move(re));
 }
 
-Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+Regex::~Regex() {
+  pcre2_code_free(static_cast<pcre2_code*>(code_));
+}
 
 void Regex::find_all(std::string_view text, std::vector<Match>& out) const {
   auto* code = static_cast<pcre2_code*>(code_);
@@ -219,7 +222,8 @@ Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j, const std:
     }
   } else if (type == "Metaspace") {
     step.kind = PreTokenizerStep::Kind::kMetaspace;
-    const std::string scheme = j.value("prepend_scheme", j.value("add_prefix_space", true) ? "always" : "never");
+    const std::string scheme =
+        j.value("prepend_scheme", j.value("add_prefix_space", true) ? "always" : "never");
     step.prepend = scheme == "first"   ? PreTokenizerStep::Prepend::kFirst
                    : scheme == "never" ? PreTokenizerStep::Prepend::kNever
                                        : PreTokenizerStep::Prepend::kAlways;
@@ -278,7 +282,8 @@ Result<PreTokenizer> PreTokenizer::for_gguf_pre(const std::string& name, bool* i
   return pt;
 }
 
-void PreTokenizer::split(std::string_view text, bool is_first, std::vector<std::string>& pieces) const {
+void PreTokenizer::split(std::string_view text, bool is_first,
+                         std::vector<std::string>& pieces) const {
   pieces.clear();
   if (text.empty()) return;
   pieces.emplace_back(text);
@@ -292,11 +297,13 @@ void PreTokenizer::split(std::string_view text, bool is_first, std::vector<std::
       switch (step.kind) {
         case PreTokenizerStep::Kind::kSplitRegex:
           step.regex->find_all(piece, matches);
-          emit_split(piece, segments_from_matches(piece.size(), matches), step.behavior, step.invert, next);
+          emit_split(piece, segments_from_matches(piece.size(), matches), step.behavior,
+                     step.invert, next);
           break;
         case PreTokenizerStep::Kind::kSplitString:
           find_literal(piece, step.literal, matches);
-          emit_split(piece, segments_from_matches(piece.size(), matches), step.behavior, step.invert, next);
+          emit_split(piece, segments_from_matches(piece.size(), matches), step.behavior,
+                     step.invert, next);
           break;
         case PreTokenizerStep::Kind::kDigits: {
           for (size_t i = 0; i < piece.size(); ++i)
@@ -312,7 +319,8 @@ void PreTokenizer::split(std::string_view text, bool is_first, std::vector<std::
           std::vector<std::string> parts;
           if (step.regex) {
             step.regex->find_all(src, matches);
-            emit_split(src, segments_from_matches(src.size(), matches), SplitBehavior::kIsolated, false, parts);
+            emit_split(src, segments_from_matches(src.size(), matches), SplitBehavior::kIsolated,
+                       false, parts);
           } else {
             parts.push_back(std::move(src));
           }
@@ -326,16 +334,20 @@ void PreTokenizer::split(std::string_view text, bool is_first, std::vector<std::
         case PreTokenizerStep::Kind::kMetaspace: {
           std::string s;
           for (char c : piece) {
-            if (c == ' ') s += kMetaspace;
-            else s += c;
+            if (c == ' ')
+              s += kMetaspace;
+            else
+              s += c;
           }
           const bool starts = s.compare(0, kMetaspace.size(), kMetaspace) == 0;
-          const bool prepend = step.prepend == PreTokenizerStep::Prepend::kAlways ||
-                               (step.prepend == PreTokenizerStep::Prepend::kFirst && is_first && k == 0);
+          const bool prepend =
+              step.prepend == PreTokenizerStep::Prepend::kAlways ||
+              (step.prepend == PreTokenizerStep::Prepend::kFirst && is_first && k == 0);
           if (prepend && !starts) s.insert(0, kMetaspace);
           if (step.metaspace_split) {
             find_literal(s, kMetaspace, matches);
-            emit_split(s, segments_from_matches(s.size(), matches), SplitBehavior::kMergedWithNext, false, next);
+            emit_split(s, segments_from_matches(s.size(), matches), SplitBehavior::kMergedWithNext,
+                       false, next);
           } else {
             next.push_back(std::move(s));
           }

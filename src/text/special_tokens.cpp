@@ -90,15 +90,18 @@ int32_t AddedTokenMatcher::longest_at(std::string_view text, size_t pos) const {
   return best;
 }
 
-void AddedTokenMatcher::split(std::string_view text, bool parse_special, std::vector<Fragment>& out) const {
+void AddedTokenMatcher::split(std::string_view text, bool parse_special,
+                              std::vector<Fragment>& out) const {
   out.clear();
   if (text.empty()) return;
   if (tokens_.empty()) {
     out.push_back({text, -1});
     return;
   }
-  if (rule_ == Rule::kLeftmostLongest) split_leftmost_longest(text, parse_special, out);
-  else split_longest_first(text, parse_special, out);
+  if (rule_ == Rule::kLeftmostLongest)
+    split_leftmost_longest(text, parse_special, out);
+  else
+    split_longest_first(text, parse_special, out);
 }
 
 void AddedTokenMatcher::split_leftmost_longest(std::string_view text, bool parse_special,
@@ -119,7 +122,8 @@ void AddedTokenMatcher::split_leftmost_longest(std::string_view text, bool parse
     size_t start = i, stop = i + tok.content.size();
     i = stop;  // matching resumes after this match whether or not it is used
     if (tok.special && !parse_special) continue;
-    if (tok.single_word && (is_word_char(text, start, true) || is_word_char(text, stop, false))) continue;
+    if (tok.single_word && (is_word_char(text, start, true) || is_word_char(text, stop, false)))
+      continue;
     if (tok.lstrip) start = std::max(whitespace_run_start(text, start), start_offset);
     if (tok.rstrip) stop = whitespace_run_end(text, stop);
     if (start > start_offset) out.push_back({text.substr(start_offset, start - start_offset), -1});
@@ -154,12 +158,14 @@ void AddedTokenMatcher::split_longest_first(std::string_view text, bool parse_sp
         // llama.cpp's lstrip/rstrip trim ASCII spaces from the neighbours.
         size_t left_len = m;
         if (tok.lstrip)
-          while (left_len > 0 && std::isspace(static_cast<unsigned char>(rest[left_len - 1]))) --left_len;
+          while (left_len > 0 && std::isspace(static_cast<unsigned char>(rest[left_len - 1])))
+            --left_len;
         if (left_len > 0) next.push_back({rest.substr(0, left_len), -1});
         next.push_back({rest.substr(m, tok.content.size()), tok.id});
         size_t right = m + tok.content.size();
         if (tok.rstrip)
-          while (right < rest.size() && std::isspace(static_cast<unsigned char>(rest[right]))) ++right;
+          while (right < rest.size() && std::isspace(static_cast<unsigned char>(rest[right])))
+            ++right;
         rest = rest.substr(right);
       }
       if (!rest.empty()) next.push_back({rest, -1});

@@ -33,10 +33,10 @@ class TokenIndex {
   }
   void rehash(size_t n_slots);
 
-  std::string arena_;              // all keys, concatenated
+  std::string arena_;                 // all keys, concatenated
   std::vector<uint32_t> offsets_{0};  // [n + 1] key boundaries in arena_
-  std::vector<int32_t> ids_;       // [n]
-  std::vector<Slot> slots_;        // power-of-two size, at most half full
+  std::vector<int32_t> ids_;          // [n]
+  std::vector<Slot> slots_;           // power-of-two size, at most half full
 };
 
 inline std::optional<int32_t> find_token(const TokenIndex& index, std::string_view text) {

@@ -97,23 +97,23 @@ class Tokenizer {
   Status validate(const std::string& where) const;
 
   ModelKind model_kind_ = ModelKind::kBpe;
-  text::TokenIndex vocab_;                // model vocabulary: text -> id
-  std::vector<std::string> token_text_;   // [n_vocab] text as stored
+  text::TokenIndex vocab_;               // model vocabulary: text -> id
+  std::vector<std::string> token_text_;  // [n_vocab] text as stored
   std::unique_ptr<text::BpeModel> bpe_;
   std::unique_ptr<text::SpmModel> spm_;
   std::vector<NormalizerStep> normalizer_;
   text::PreTokenizer pre_tokenizer_;
   text::AddedTokenMatcher added_;
-  text::TokenIndex added_index_;          // added token text -> id
-  bool spm_add_space_prefix_ = false;     // llama.cpp SPM: " " before text after a token
+  text::TokenIndex added_index_;                  // added token text -> id
+  bool spm_add_space_prefix_ = false;             // llama.cpp SPM: " " before text after a token
   std::vector<int32_t> prefix_ids_, suffix_ids_;  // added when add_special
 
   DecodeStyle decode_style_ = DecodeStyle::kByteStream;
   LeadingSpace leading_space_ = LeadingSpace::kKeep;
-  std::string pieces_;                    // all pieces, concatenated
-  std::vector<uint32_t> piece_offsets_;   // [n_vocab + 1] into pieces_
-  std::vector<int16_t> byte_value_;       // [n_vocab] byte of a <0xXX> token or -1
-  std::vector<uint8_t> flags_;            // [n_vocab] TokenFlag bits
+  std::string pieces_;                   // all pieces, concatenated
+  std::vector<uint32_t> piece_offsets_;  // [n_vocab + 1] into pieces_
+  std::vector<int16_t> byte_value_;      // [n_vocab] byte of a <0xXX> token or -1
+  std::vector<uint8_t> flags_;           // [n_vocab] TokenFlag bits
 
   std::optional<int32_t> bos_id_, eos_id_;
   std::vector<int32_t> eos_ids_;

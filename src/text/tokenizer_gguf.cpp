@@ -17,7 +17,12 @@ namespace {
 
 // tokenizer.ggml.token_type values.
 enum GgufTokenType : int64_t {
-  kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeUserDefined = 4, kTypeUnused = 5, kTypeByte = 6,
+  kTypeNormal = 1,
+  kTypeUnknown = 2,
+  kTypeControl = 3,
+  kTypeUserDefined = 4,
+  kTypeUnused = 5,
+  kTypeByte = 6,
 };
 
 std::string hex64(uint64_t h) {
@@ -41,12 +46,15 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
   }
 
   const GgufArray* tokens = gguf.get_array("tokenizer.ggml.tokens");
-  if (tokens == nullptr || tokens->empty()) return Error{where + ": tokenizer.ggml.tokens is missing"};
+  if (tokens == nullptr || tokens->empty())
+    return Error{where + ": tokenizer.ggml.tokens is missing"};
   const size_t n = tokens->size();
   const GgufArray* types = gguf.get_array("tokenizer.ggml.token_type");
   const GgufArray* scores = gguf.get_array("tokenizer.ggml.scores");
-  if (types && types->size() != n) return Error{where + ": tokenizer.ggml.token_type has the wrong length"};
-  if (scores && scores->size() != n) return Error{where + ": tokenizer.ggml.scores has the wrong length"};
+  if (types && types->size() != n)
+    return Error{where + ": tokenizer.ggml.token_type has the wrong length"};
+  if (scores && scores->size() != n)
+    return Error{where + ": tokenizer.ggml.scores has the wrong length"};
 
   std::vector<int64_t> type(n, kTypeNormal);
   std::vector<float> score(n, 0.0f);
@@ -55,7 +63,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
   t->vocab_.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     const std::string* s = (*tokens)[i].as_string();
-    if (s == nullptr) return Error{where + ": tokenizer.ggml.tokens[" + std::to_string(i) + "] is not a string"};
+    if (s == nullptr)
+      return Error{where + ": tokenizer.ggml.tokens[" + std::to_string(i) + "] is not a string"};
     t->token_text_[i] = s->empty() ? "[EMPTY_" + std::to_string(i) + "]" : *s;
     t->vocab_.insert_or_assign(t->token_text_[i], static_cast<int32_t>(i));
     if (types) type[i] = (*types)[i].as_int().value_or(kTypeNormal);
@@ -99,8 +108,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
   }
 
   // llama.cpp treats these end-of-turn names as control tokens whatever their type.
-  for (std::string_view name : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                                "<|eom_id|>", "<EOT>"}) {
+  for (std::string_view name : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
+                                "<|endoftext|>", "<|eom_id|>", "<EOT>"}) {
     if (auto id = text::find_token(t->vocab_, name)) type[*id] = kTypeControl;
   }
 
@@ -119,12 +128,13 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
       const size_t sp = s ? s->find(' ', 1) : std::string::npos;
       if (sp == std::string::npos) continue;  // llama.cpp: such a merge can never apply
       // A merge naming unknown tokens can never apply either; skip it.
-      (void)t->bpe_->add_merge(std::string_view(*s).substr(0, sp), std::string_view(*s).substr(sp + 1),
-                               static_cast<int32_t>(r), false, where);
+      (void)t->bpe_->add_merge(std::string_view(*s).substr(0, sp),
+                               std::string_view(*s).substr(sp + 1), static_cast<int32_t>(r), false,
+                               where);
     }
   } else {
-    t->spm_ = std::make_unique<text::SpmModel>(&t->vocab_, score,
-                                               unk ? std::optional<int32_t>(static_cast<int32_t>(*unk)) : std::nullopt);
+    t->spm_ = std::make_unique<text::SpmModel>(
+        &t->vocab_, score, unk ? std::optional<int32_t>(static_cast<int32_t>(*unk)) : std::nullopt);
     if (t->spm_add_space_prefix_) t->leading_space_ = LeadingSpace::kFirstToken;
   }
 
@@ -158,16 +168,20 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
       case kTypeNormal:
         if (t->model_kind_ == ModelKind::kSpm) {
           for (size_t k = 0; k < tt.size(); ++k) {
-            if (tt.compare(k, 3, "\xE2\x96\x81") == 0) piece += ' ', k += 2;
-            else piece += tt[k];
+            if (tt.compare(k, 3, "\xE2\x96\x81") == 0)
+              piece += ' ', k += 2;
+            else
+              piece += tt[k];
           }
         } else {
           for (size_t k = 0; k < tt.size();) {
             const text::Utf8Probe p = text::probe_utf8(std::string_view(tt).substr(k, 4));
             const size_t len = p.valid_prefix_len == 0 ? 1 : p.valid_prefix_len;
             const int b = p.complete ? text::unicode_to_byte(p.cp) : -1;
-            if (b >= 0) piece.push_back(static_cast<char>(b));
-            else piece.append(tt, k, len);
+            if (b >= 0)
+              piece.push_back(static_cast<char>(b));
+            else
+              piece.append(tt, k, len);
             k += len;
           }
         }
@@ -190,8 +204,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
 
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
-  const std::string header = "gguf/" + model + "/" + pre + "/" + std::to_string(add_bos) + std::to_string(add_eos) +
-                             std::to_string(t->spm_add_space_prefix_);
+  const std::string header = "gguf/" + model + "/" + pre + "/" + std::to_string(add_bos) +
+                             std::to_string(add_eos) + std::to_string(t->spm_add_space_prefix_);
   XXH3_64bits_update(st, header.data(), header.size());
   for (const auto& tt : t->token_text_) XXH3_64bits_update(st, tt.data(), tt.size() + 1);
   XXH3_64bits_update(st, type.data(), type.size() * sizeof(int64_t));

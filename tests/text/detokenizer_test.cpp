@@ -23,13 +23,13 @@ std::string r(int n) {
 TEST(Utf8Lossy, MaximalSubparts) {
   EXPECT_EQ(text::utf8_lossy("abc"), "abc");
   EXPECT_EQ(text::utf8_lossy("\xE2\x82\xAC"), "\xE2\x82\xAC");
-  EXPECT_EQ(text::utf8_lossy("\xE2\x82"), r(1));              // truncated: one subpart
+  EXPECT_EQ(text::utf8_lossy("\xE2\x82"), r(1));  // truncated: one subpart
   EXPECT_EQ(text::utf8_lossy("\xE2\x82x"), r(1) + "x");
   EXPECT_EQ(text::utf8_lossy("\xE2(\xA1"), r(1) + "(" + r(1));
-  EXPECT_EQ(text::utf8_lossy("\xC0\x80"), r(2));              // overlong lead never starts a char
-  EXPECT_EQ(text::utf8_lossy("\xED\xA0\x80"), r(3));          // surrogate: ED then two strays
+  EXPECT_EQ(text::utf8_lossy("\xC0\x80"), r(2));      // overlong lead never starts a char
+  EXPECT_EQ(text::utf8_lossy("\xED\xA0\x80"), r(3));  // surrogate: ED then two strays
   EXPECT_EQ(text::utf8_lossy("\xF0\x9F\x98"), r(1));
-  EXPECT_EQ(text::utf8_lossy("\xF4\x90\x80\x80"), r(4));      // above U+10FFFF
+  EXPECT_EQ(text::utf8_lossy("\xF4\x90\x80\x80"), r(4));  // above U+10FFFF
   EXPECT_EQ(text::utf8_lossy("\xFF\xFE"), r(2));
   EXPECT_FALSE(text::is_valid_utf8("\xE2\x82"));
   EXPECT_TRUE(text::is_valid_utf8("\xF0\x9F\x98\x80"));
@@ -37,8 +37,15 @@ TEST(Utf8Lossy, MaximalSubparts) {
 
 // Any chunking of the input gives the same output as the one-shot function.
 TEST(Utf8Lossy, StreamEqualsOneShot) {
-  const std::string cases[] = {"a\xE2\x82\xAC" "b", "\xE2\x82", "\xE2(\xA1", "\xF0\x9F\x98\x80\xF0\x9F",
-                               "\xED\xA0\x80z", "\xC3\xA9\xC3", "\x80\x80\xE2\x82\xE2\x82\xAC"};
+  const std::string cases[] = {
+      "a\xE2\x82\xAC"
+      "b",
+      "\xE2\x82",
+      "\xE2(\xA1",
+      "\xF0\x9F\x98\x80\xF0\x9F",
+      "\xED\xA0\x80z",
+      "\xC3\xA9\xC3",
+      "\x80\x80\xE2\x82\xE2\x82\xAC"};
   for (const auto& s : cases) {
     for (size_t cut = 0; cut <= s.size(); ++cut) {
       text::Utf8Stream st;
@@ -91,7 +98,8 @@ TEST(IncrementalDecoder, HoldsSplitCharacterByteLevel) {
 TEST(IncrementalDecoder, ByteFallbackRuns) {
   const Tokenizer* tok = load_tokenizer("gemma3");
   if (tok == nullptr) GTEST_SKIP();
-  const int32_t e2 = *tok->token_id("<0xE2>"), x82 = *tok->token_id("<0x82>"), xac = *tok->token_id("<0xAC>");
+  const int32_t e2 = *tok->token_id("<0xE2>"), x82 = *tok->token_id("<0x82>"),
+                xac = *tok->token_id("<0xAC>");
   const int32_t the = *tok->token_id("\xE2\x96\x81the");
   IncrementalDecoder dec(*tok);
   EXPECT_EQ(dec.push(the), " the");
