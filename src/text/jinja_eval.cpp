@@ -1,5 +1,6 @@
 // Expression evaluation: names, literals, attribute/item lookup as the
 // sandbox does it, calls, filters, tests, operators with Python semantics.
+#include <algorithm>
 #include <cmath>
 
 #include "text/jinja_builtins.h"
@@ -239,27 +240,36 @@ Result<Value> Interpreter::eval_compare(const Expr& e, const FramePtr& frame) {
   return Value::boolean(true);
 }
 
+// jinja2 compiles x[a:b:c] to a plain Python slice (not the sandbox's
+// getitem), so every failure raises instead of yielding Undefined.
 Result<Value> Interpreter::slice(const Value& obj, const Expr& s, const FramePtr& frame) {
+  Value parts_v[3];
+  for (int k = 0; k < 3; ++k) {
+    parts_v[k] = Value::none();
+    if (s.args[size_t(k)]) {
+      RILL_ASSIGN_OR_RETURN(parts_v[k], eval(*s.args[size_t(k)], frame));
+    }
+  }
+  if (obj.is_undefined()) return Error{obj.undefined_message()};
+  if (obj.kind == Kind::kDict) return Error{"unhashable type: 'slice'"};
+  if (obj.kind != Kind::kString && obj.kind != Kind::kList && obj.kind != Kind::kTuple)
+    return Error{"'" + type_name(obj) + "' object is not subscriptable"};
   std::optional<int64_t> parts[3];
   for (int k = 0; k < 3; ++k) {
-    if (!s.args[size_t(k)]) continue;
-    RILL_ASSIGN_OR_RETURN(Value v, eval(*s.args[size_t(k)], frame));
-    if (v.is_none()) continue;
-    if (!v.is_int()) return Value::undefined("slice indices must be integers or None");
-    parts[k] = v.as_int();
+    if (parts_v[k].is_none()) continue;
+    if (!parts_v[k].is_int())
+      return Error{"slice indices must be integers or None or have an __index__ method"};
+    parts[k] = parts_v[k].as_int();
   }
-  const int64_t step = parts[2].value_or(1);
+  const int64_t step = std::max<int64_t>(parts[2].value_or(1), -INT64_MAX);
   if (step == 0) return Error{"slice step cannot be zero"};
-  if (obj.is_undefined()) return Error{obj.undefined_message()};
   std::u32string cps;
   int64_t n = 0;
   if (obj.kind == Kind::kString) {
     cps = decode_utf8(obj.s());
     n = int64_t(cps.size());
-  } else if (obj.kind == Kind::kList || obj.kind == Kind::kTuple) {
-    n = int64_t(obj.list->size());
   } else {
-    return Value::undefined(object_desc(obj) + " is not sliceable");
+    n = int64_t(obj.list->size());
   }
   int64_t start = 0, stop = 0;
   slice_indices(n, parts[0], parts[1], step, &start, &stop);
@@ -342,10 +352,16 @@ Result<bool> Interpreter::contains(const Value& container, const Value& item) {
       if (item.kind != Kind::kString)
         return Error{"'in <string>' requires string as left operand, not " + type_name(item)};
       return container.s().find(item.s()) != std::string::npos;
-    case Kind::kList: case Kind::kTuple: case Kind::kGenerator:
+    case Kind::kList: case Kind::kTuple:
       for (const auto& x : *container.list)
         if (equals(x, item)) return true;
       return false;
+    case Kind::kGenerator:  // consumes up to the first match, as Python does
+      while (true) {
+        RILL_ASSIGN_OR_RETURN(std::optional<Value> x, container.gen->next());
+        if (!x) return false;
+        if (equals(*x, item)) return true;
+      }
     case Kind::kDict: return container.dict->find(item) != nullptr;
     default:
       return Error{"argument of type '" + type_name(container) + "' is not iterable"};

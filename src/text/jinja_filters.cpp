@@ -3,16 +3,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "text/jinja_builtins.h"
+#include "text/jinja_filters_impl.h"
 #include "text/jinja_string.h"
 
 namespace rill::jinja {
-namespace {
+namespace filters {
+// Helpers shared with jinja_filters_seq.cpp (declared in jinja_filters_impl.h).
 
-using FilterFn = Result<Value> (*)(Interpreter&, const Value&, const CallArgs&);
-
-bool arg_true(const CallArgs& a, size_t i, std::string_view name, bool dflt = false) {
+bool arg_true(const CallArgs& a, size_t i, std::string_view name, bool dflt) {
   const Value* v = a.get(i, name);
   return v ? truthy(*v) : dflt;
 }
@@ -24,65 +25,8 @@ Result<int64_t> arg_int(const CallArgs& a, size_t i, std::string_view name, int6
   return v->as_int();
 }
 
-// str() as jinja's soft_str applies it (Undefined -> "").
 std::string text_of(const Value& v) { return v.kind == Kind::kString ? v.s() : to_str(v); }
 
-// jinja's make_attrgetter: "a.b.0" looks up each dotted part as an item
-// (integer parts as indexes); Undefined results fall back to `dflt`.
-Result<Value> attribute_of(Interpreter& in, const Value& item, const Value& attribute,
-                           const Value* dflt) {
-  Value cur = item;
-  if (attribute.kind != Kind::kString) {
-    RILL_ASSIGN_OR_RETURN(cur, in.get_item(cur, attribute));
-  } else {
-    for (const std::string& part : py_split(attribute.s(), std::string("."), -1, false)) {
-      const bool is_index = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
-      const Value key = is_index && part.size() < 18 ? Value::integer(std::stoll(part)) : Value::string(part);
-      RILL_ASSIGN_OR_RETURN(cur, in.get_item(cur, key));
-    }
-  }
-  if (cur.is_undefined() && dflt) return *dflt;
-  return cur;
-}
-
-Value ignore_case(const Value& v) {
-  return v.kind == Kind::kString ? Value::string(py_lower_str(v.s())) : v;
-}
-
-// Sort keys of `items` (attribute lookup and case folding as the filters ask).
-Result<List> sort_keys(Interpreter& in, const List& items, const CallArgs& a, size_t attr_index,
-                       size_t case_index) {
-  const Value* attribute = a.get(attr_index, "attribute");
-  const bool case_sensitive = arg_true(a, case_index, "case_sensitive");
-  List keys;
-  keys.reserve(items.size());
-  for (const auto& item : items) {
-    Value key = item;
-    if (attribute && !attribute->is_none()) {
-      RILL_ASSIGN_OR_RETURN(key, attribute_of(in, item, *attribute, nullptr));
-    }
-    keys.push_back(case_sensitive ? key : ignore_case(key));
-  }
-  return keys;
-}
-
-// Stable order of indexes by keys; reverse keeps equal items in input order.
-Result<std::vector<size_t>> sorted_order(const List& keys, bool reverse) {
-  std::vector<size_t> order(keys.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  Status failed;
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    if (!failed.ok()) return false;
-    auto lt = reverse ? less_than(keys[y], keys[x]) : less_than(keys[x], keys[y]);
-    if (!lt.ok()) {
-      failed = lt.error();
-      return false;
-    }
-    return lt.value();
-  });
-  RILL_TRY(failed);
-  return order;
-}
 
 Result<Value> f_abs(Interpreter&, const Value& v, const CallArgs&) {
   if (v.kind == Kind::kFloat) return Value::number(std::fabs(v.f));
@@ -102,26 +46,6 @@ Result<Value> f_attr(Interpreter& in, const Value& v, const CallArgs& a) {
   if (v.kind == Kind::kObject) return in.get_attr(v, name->s());
   if (auto m = method_of(v, name->s())) return *m;
   return Value::undefined("'" + type_name(v) + " object' has no attribute '" + name->s() + "'");
-}
-
-Result<Value> f_batch(Interpreter& in, const Value& v, const CallArgs& a) {
-  RILL_ASSIGN_OR_RETURN(int64_t n, arg_int(a, 0, "linecount", 0));
-  if (n <= 0) return Error{"batch size must be positive"};
-  const Value* fill = a.get(1, "fill_with");
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  List out, row;
-  for (auto& item : items) {
-    row.push_back(std::move(item));
-    if (int64_t(row.size()) == n) out.push_back(Value::make_list(std::exchange(row, {})));
-  }
-  if (!row.empty()) {
-    if (fill && !fill->is_none()) {
-      RILL_TRY(in.check_items(size_t(n)));
-      while (int64_t(row.size()) < n) row.push_back(*fill);
-    }
-    out.push_back(Value::make_list(std::move(row)));
-  }
-  return Value::generator(std::move(out));
 }
 
 Result<Value> f_capitalize(Interpreter&, const Value& v, const CallArgs&) {
@@ -146,25 +70,6 @@ Result<Value> f_default(Interpreter&, const Value& v, const CallArgs& a) {
   return v;
 }
 
-Result<Value> f_dictsort(Interpreter&, const Value& v, const CallArgs& a) {
-  if (v.kind != Kind::kDict) return Error{"dictsort requires a mapping, not " + type_name(v)};
-  const bool case_sensitive = arg_true(a, 0, "case_sensitive");
-  const Value* by = a.get(1, "by");
-  const bool by_value = by && by->kind == Kind::kString && by->s() == "value";
-  if (by && !(by->kind == Kind::kString && (by->s() == "key" || by->s() == "value")))
-    return Error{"You can only sort by either \"key\" or \"value\""};
-  List keys, pairs;
-  for (const auto& [k, val] : v.dict->items) {
-    const Value& key = by_value ? val : k;
-    keys.push_back(case_sensitive ? key : ignore_case(key));
-    pairs.push_back(Value::make_tuple({k, val}));
-  }
-  RILL_ASSIGN_OR_RETURN(auto order, sorted_order(keys, arg_true(a, 2, "reverse")));
-  List out;
-  for (size_t i : order) out.push_back(pairs[i]);
-  return Value::make_list(std::move(out));
-}
-
 Result<Value> f_escape(Interpreter&, const Value& v, const CallArgs&) {
   std::string out;
   for (char c : text_of(v)) {
@@ -178,20 +83,6 @@ Result<Value> f_escape(Interpreter&, const Value& v, const CallArgs&) {
     }
   }
   return Value::string(std::move(out));
-}
-
-Result<Value> f_first(Interpreter&, const Value& v, const CallArgs&) {
-  if (v.kind == Kind::kObject && !v.obj->namespace_items()) return Error{"'" + type_name(v) + "' object is not iterable"};
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  if (items.empty()) return Value::undefined("No first item, sequence was empty.");
-  return items.front();
-}
-
-Result<Value> f_last(Interpreter&, const Value& v, const CallArgs&) {
-  if (v.kind == Kind::kGenerator) return Error{"'generator' object is not reversible"};
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  if (items.empty()) return Value::undefined("No last item, sequence was empty.");
-  return items.back();
 }
 
 Result<Value> f_float(Interpreter&, const Value& v, const CallArgs& a) {
@@ -230,6 +121,9 @@ Result<Value> f_indent(Interpreter& in, const Value& v, const CallArgs& a) {
       return Error{"indent width must be an integer or a string"};
     }
   }
+  if (v.is_undefined()) return Error{v.undefined_message()};
+  if (v.kind != Kind::kString)  // jinja does `s += "\n"` without str()
+    return Error{"unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'"};
   const bool first = arg_true(a, 1, "first"), blank = arg_true(a, 2, "blank");
   const std::vector<std::string> lines = py_splitlines(text_of(v) + "\n", false);
   std::string out;
@@ -265,47 +159,6 @@ Result<Value> f_int(Interpreter&, const Value& v, const CallArgs& a) {
   return dflt ? *dflt : Value::integer(0);
 }
 
-Result<Value> f_items(Interpreter&, const Value& v, const CallArgs&) {
-  if (v.is_undefined()) return Value::generator({});
-  if (v.kind != Kind::kDict) return Error{"Can only get item pairs from a mapping."};
-  List out;
-  for (const auto& [k, val] : v.dict->items) out.push_back(Value::make_tuple({k, val}));
-  return Value::generator(std::move(out));
-}
-
-Result<Value> f_join(Interpreter& in, const Value& v, const CallArgs& a) {
-  const Value* sep = a.get(0, "d");
-  const Value* attribute = a.get(1, "attribute");
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  std::string out;
-  const std::string separator = sep ? text_of(*sep) : "";
-  for (size_t k = 0; k < items.size(); ++k) {
-    Value item = items[k];
-    if (attribute && !attribute->is_none()) {
-      RILL_ASSIGN_OR_RETURN(item, attribute_of(in, item, *attribute, nullptr));
-    }
-    if (k) out += separator;
-    out += text_of(item);
-    RILL_TRY(in.check_bytes(out.size()));
-  }
-  return Value::string(std::move(out));
-}
-
-Result<Value> f_length(Interpreter&, const Value& v, const CallArgs&) {
-  switch (v.kind) {
-    case Kind::kUndefined: return Value::integer(0);
-    case Kind::kString: return Value::integer(int64_t(n_code_points(v.s())));
-    case Kind::kList: case Kind::kTuple: return Value::integer(int64_t(v.list->size()));
-    case Kind::kDict: return Value::integer(int64_t(v.dict->items.size()));
-    default: return Error{"object of type '" + type_name(v) + "' has no len()"};
-  }
-}
-
-Result<Value> f_list(Interpreter&, const Value& v, const CallArgs&) {
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  return Value::make_list(std::move(items));
-}
-
 Result<Value> f_lower(Interpreter&, const Value& v, const CallArgs&) {
   return Value::string(py_lower_str(text_of(v)));
 }
@@ -313,79 +166,6 @@ Result<Value> f_lower(Interpreter&, const Value& v, const CallArgs&) {
 Result<Value> f_upper(Interpreter&, const Value& v, const CallArgs&) {
   return Value::string(py_upper_str(text_of(v)));
 }
-
-Result<Value> f_map(Interpreter& in, const Value& v, const CallArgs& a) {
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  List out;
-  if (const Value* attribute = a.kw("attribute")) {
-    const Value* dflt = a.kw("default");
-    for (const auto& item : items) {
-      RILL_ASSIGN_OR_RETURN(Value x, attribute_of(in, item, *attribute, dflt));
-      out.push_back(std::move(x));
-    }
-    return Value::generator(std::move(out));
-  }
-  if (a.positional.empty() || a.positional[0].kind != Kind::kString)
-    return Error{"map requires a filter argument"};
-  CallArgs rest;
-  rest.positional.assign(a.positional.begin() + 1, a.positional.end());
-  rest.keyword = a.keyword;
-  for (const auto& item : items) {
-    RILL_ASSIGN_OR_RETURN(Value x, in.filter(a.positional[0].s(), item, rest));
-    out.push_back(std::move(x));
-  }
-  return Value::generator(std::move(out));
-}
-
-Result<Value> min_max(Interpreter& in, const Value& v, const CallArgs& a, bool want_max) {
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
-  RILL_ASSIGN_OR_RETURN(List keys, sort_keys(in, items, a, 1, 0));
-  size_t best = 0;
-  for (size_t k = 1; k < items.size(); ++k) {
-    RILL_ASSIGN_OR_RETURN(bool better, want_max ? less_than(keys[best], keys[k]) : less_than(keys[k], keys[best]));
-    if (better) best = k;
-  }
-  return items[best];
-}
-Result<Value> f_max(Interpreter& in, const Value& v, const CallArgs& a) { return min_max(in, v, a, true); }
-Result<Value> f_min(Interpreter& in, const Value& v, const CallArgs& a) { return min_max(in, v, a, false); }
-
-// select/reject/selectattr/rejectattr.
-Result<Value> select_impl(Interpreter& in, const Value& v, const CallArgs& a, bool keep, bool by_attr) {
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  size_t next = 0;
-  const Value* attribute = nullptr;
-  if (by_attr) {
-    if (a.positional.empty()) return Error{"Missing parameter for attribute name"};
-    attribute = &a.positional[next++];
-  }
-  std::string test_name;
-  CallArgs test_args;
-  if (next < a.positional.size()) {
-    if (a.positional[next].kind != Kind::kString) return Error{"test name must be a string"};
-    test_name = a.positional[next++].s();
-    test_args.positional.assign(a.positional.begin() + long(next), a.positional.end());
-    test_args.keyword = a.keyword;
-  }
-  List out;
-  for (const auto& item : items) {
-    Value subject = item;
-    if (attribute) {
-      RILL_ASSIGN_OR_RETURN(subject, attribute_of(in, item, *attribute, nullptr));
-    }
-    bool ok = truthy(subject);
-    if (!test_name.empty()) {
-      RILL_ASSIGN_OR_RETURN(ok, in.test(test_name, subject, test_args));
-    }
-    if (ok == keep) out.push_back(item);
-  }
-  return Value::generator(std::move(out));
-}
-Result<Value> f_select(Interpreter& in, const Value& v, const CallArgs& a) { return select_impl(in, v, a, true, false); }
-Result<Value> f_reject(Interpreter& in, const Value& v, const CallArgs& a) { return select_impl(in, v, a, false, false); }
-Result<Value> f_selectattr(Interpreter& in, const Value& v, const CallArgs& a) { return select_impl(in, v, a, true, true); }
-Result<Value> f_rejectattr(Interpreter& in, const Value& v, const CallArgs& a) { return select_impl(in, v, a, false, true); }
 
 Result<Value> f_replace(Interpreter& in, const Value& v, const CallArgs& a) {
   const Value* old = a.get(0, "old");
@@ -397,17 +177,6 @@ Result<Value> f_replace(Interpreter& in, const Value& v, const CallArgs& a) {
   std::string out = py_replace(text_of(v), text_of(*old), text_of(*repl), count);
   RILL_TRY(in.check_bytes(out.size()));
   return Value::string(std::move(out));
-}
-
-Result<Value> f_reverse(Interpreter&, const Value& v, const CallArgs&) {
-  if (v.kind == Kind::kString) {
-    std::u32string cps = decode_utf8(v.s());
-    std::reverse(cps.begin(), cps.end());
-    return Value::string(encode_utf8(cps));
-  }
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  std::reverse(items.begin(), items.end());
-  return Value::generator(std::move(items));
 }
 
 // Python's round(x, n) for floats: correctly rounded, ties to even; glibc's
@@ -443,32 +212,8 @@ Result<Value> f_safe(Interpreter&, const Value& v, const CallArgs&) {
   return v.kind == Kind::kString ? v : Value::string(text_of(v));
 }
 
-Result<Value> f_sort(Interpreter& in, const Value& v, const CallArgs& a) {
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  RILL_ASSIGN_OR_RETURN(List keys, sort_keys(in, items, a, 2, 1));
-  RILL_ASSIGN_OR_RETURN(auto order, sorted_order(keys, arg_true(a, 0, "reverse")));
-  List out;
-  for (size_t i : order) out.push_back(items[i]);
-  return Value::make_list(std::move(out));
-}
-
 Result<Value> f_string(Interpreter&, const Value& v, const CallArgs&) {
   return v.kind == Kind::kString ? v : Value::string(to_str(v));
-}
-
-Result<Value> f_sum(Interpreter& in, const Value& v, const CallArgs& a) {
-  const Value* attribute = a.get(0, "attribute");
-  const Value* start = a.get(1, "start");
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  Value total = start ? *start : Value::integer(0);
-  for (const auto& item : items) {
-    Value x = item;
-    if (attribute && !attribute->is_none()) {
-      RILL_ASSIGN_OR_RETURN(x, attribute_of(in, item, *attribute, nullptr));
-    }
-    RILL_ASSIGN_OR_RETURN(total, in.binary("+", total, x));
-  }
-  return total;
 }
 
 Result<Value> f_title(Interpreter&, const Value& v, const CallArgs&) {
@@ -531,25 +276,16 @@ Result<Value> f_truncate(Interpreter&, const Value& v, const CallArgs& a) {
   const int64_t n_end = int64_t(n_code_points(end));
   if (length < n_end) return Error{"expected length >= " + std::to_string(n_end) + ", got " + std::to_string(length)};
   if (leeway < 0) return Error{"expected leeway >= 0, got " + std::to_string(leeway)};
-  const std::u32string cps = decode_utf8(text_of(v));
-  if (int64_t(cps.size()) <= length + leeway) return Value::string(text_of(v));
+  if (v.kind != Kind::kString) {  // jinja returns short sequences unchanged, fails on others
+    RILL_ASSIGN_OR_RETURN(int64_t n, py_len(v));
+    if (n <= length + leeway) return v;
+    return Error{"'" + type_name(v) + "' object has no attribute 'rsplit'"};
+  }
+  const std::u32string cps = decode_utf8(v.s());
+  if (int64_t(cps.size()) <= length + leeway) return v;
   std::string head = encode_utf8(std::u32string_view(cps).substr(0, size_t(length - n_end)));
   if (!killwords) head = py_split(head, std::string(" "), 1, true)[0];
   return Value::string(head + end);
-}
-
-Result<Value> f_unique(Interpreter& in, const Value& v, const CallArgs& a) {
-  RILL_ASSIGN_OR_RETURN(List items, iterate(v));
-  RILL_ASSIGN_OR_RETURN(List keys, sort_keys(in, items, a, 1, 0));
-  List out, seen;
-  for (size_t k = 0; k < items.size(); ++k) {
-    bool dup = false;
-    for (const auto& s : seen) dup = dup || equals(s, keys[k]);
-    if (dup) continue;
-    seen.push_back(keys[k]);
-    out.push_back(items[k]);
-  }
-  return Value::generator(std::move(out));
 }
 
 Result<Value> f_wordcount(Interpreter&, const Value& v, const CallArgs&) {
@@ -563,33 +299,75 @@ Result<Value> f_wordcount(Interpreter&, const Value& v, const CallArgs&) {
   return Value::integer(n);
 }
 
-const std::pair<std::string_view, FilterFn> kFilters[] = {
-    {"abs", f_abs}, {"attr", f_attr}, {"batch", f_batch}, {"capitalize", f_capitalize},
-    {"center", f_center}, {"count", f_length}, {"d", f_default}, {"default", f_default},
-    {"dictsort", f_dictsort}, {"e", f_escape}, {"escape", f_escape}, {"first", f_first},
-    {"float", f_float}, {"forceescape", f_escape}, {"format", f_format}, {"indent", f_indent},
-    {"int", f_int}, {"items", f_items}, {"join", f_join}, {"last", f_last},
-    {"length", f_length}, {"list", f_list}, {"lower", f_lower}, {"map", f_map},
-    {"max", f_max}, {"min", f_min}, {"reject", f_reject}, {"rejectattr", f_rejectattr},
-    {"replace", f_replace}, {"reverse", f_reverse}, {"round", f_round}, {"safe", f_safe},
-    {"select", f_select}, {"selectattr", f_selectattr}, {"sort", f_sort}, {"string", f_string},
-    {"sum", f_sum}, {"title", f_title}, {"tojson", f_tojson}, {"trim", f_trim},
-    {"truncate", f_truncate}, {"unique", f_unique}, {"upper", f_upper},
-    {"wordcount", f_wordcount},
+struct FilterDef {
+  std::string_view name;
+  FilterFn fn;
+  std::vector<std::string_view> params;  // after the value, as jinja2 declares them
+  bool variadic = false;                 // *args/**kwargs: checked by the filter
 };
 
-}  // namespace
+const std::vector<FilterDef>& filters() {
+  static const std::vector<FilterDef> kFilters = {
+      {"abs", f_abs, {}}, {"attr", f_attr, {"name"}},
+      {"batch", f_batch, {"linecount", "fill_with"}}, {"capitalize", f_capitalize, {}},
+      {"center", f_center, {"width"}}, {"count", f_length, {}},
+      {"d", f_default, {"default_value", "boolean"}},
+      {"default", f_default, {"default_value", "boolean"}},
+      {"dictsort", f_dictsort, {"case_sensitive", "by", "reverse"}}, {"e", f_escape, {}},
+      {"escape", f_escape, {}}, {"first", f_first, {}}, {"float", f_float, {"default"}},
+      {"forceescape", f_escape, {}}, {"format", f_format, {}, true},
+      {"indent", f_indent, {"width", "first", "blank"}}, {"int", f_int, {"default", "base"}},
+      {"items", f_items, {}}, {"join", f_join, {"d", "attribute"}}, {"last", f_last, {}},
+      {"length", f_length, {}}, {"list", f_list, {}}, {"lower", f_lower, {}},
+      {"map", f_map, {}, true}, {"max", f_max, {"case_sensitive", "attribute"}},
+      {"min", f_min, {"case_sensitive", "attribute"}}, {"reject", f_reject, {}, true},
+      {"rejectattr", f_rejectattr, {}, true}, {"replace", f_replace, {"old", "new", "count"}},
+      {"reverse", f_reverse, {}}, {"round", f_round, {"precision", "method"}},
+      {"safe", f_safe, {}}, {"select", f_select, {}, true},
+      {"selectattr", f_selectattr, {}, true},
+      {"sort", f_sort, {"reverse", "case_sensitive", "attribute"}}, {"string", f_string, {}},
+      {"sum", f_sum, {"attribute", "start"}}, {"title", f_title, {}},
+      {"tojson", f_tojson, {"ensure_ascii", "indent", "separators", "sort_keys"}},
+      {"trim", f_trim, {"chars"}},
+      {"truncate", f_truncate, {"length", "killwords", "end", "leeway"}},
+      {"unique", f_unique, {"case_sensitive", "attribute"}}, {"upper", f_upper, {}},
+      {"wordcount", f_wordcount, {}},
+  };
+  return kFilters;
+}
+
+// Python's argument binding errors for a filter's signature.
+Status check_signature(const FilterDef& f, const CallArgs& args) {
+  if (f.variadic) return {};
+  if (args.positional.size() > f.params.size())
+    return Error{"filter '" + std::string(f.name) + "' takes at most " +
+                 std::to_string(f.params.size()) + " argument(s), " +
+                 std::to_string(args.positional.size()) + " given"};
+  for (const auto& [key, value] : args.keyword) {
+    const auto it = std::find(f.params.begin(), f.params.end(), key);
+    if (it == f.params.end())
+      return Error{"filter '" + std::string(f.name) + "' got an unexpected keyword argument '" + key + "'"};
+    if (size_t(it - f.params.begin()) < args.positional.size())
+      return Error{"filter '" + std::string(f.name) + "' got multiple values for argument '" + key + "'"};
+  }
+  return {};
+}
+
+}  // namespace filters
 
 bool has_filter(std::string_view name) {
-  for (const auto& [n, fn] : kFilters)
-    if (n == name) return true;
+  for (const auto& f : filters::filters())
+    if (f.name == name) return true;
   return false;
 }
 
 Result<Value> apply_filter(Interpreter& interp, std::string_view name, const Value& v,
                            const CallArgs& args) {
-  for (const auto& [n, fn] : kFilters)
-    if (n == name) return fn(interp, v, args);
+  for (const auto& f : filters::filters()) {
+    if (f.name != name) continue;
+    RILL_TRY(filters::check_signature(f, args));
+    return f.fn(interp, v, args);
+  }
   return Error{"no filter named '" + std::string(name) + "'"};
 }
 

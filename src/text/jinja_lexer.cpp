@@ -231,6 +231,7 @@ class Lexer {
   // Body up to {% endraw %}, with the same whitespace control as other tags.
   Result<size_t> lex_raw(size_t body) {
     const std::string_view s = src_;
+    if (body == s.size()) return body;  // as for comments: a quiet stop at EOF
     for (size_t t = s.find("{%", body); t != std::string_view::npos; t = s.find("{%", t + 1)) {
       size_t p = t + 2;
       char sign = 0;
@@ -259,6 +260,7 @@ class Lexer {
 
   Result<size_t> lex_comment(size_t after) {
     const std::string_view s = src_;
+    if (after == s.size()) return after;  // jinja2's lexer stops quietly at EOF here
     const size_t q = s.find("#}", after);
     if (q == std::string_view::npos) return fail(after, "Missing end of comment tag");
     if (q > after && s[q - 1] == '-') return skip_whitespace(s, q + 2);

@@ -48,7 +48,8 @@ Result<bool> t_sameas(Interpreter&, const Value& v, const CallArgs& a) {
     case Kind::kBool: return v.b == o->b;
     case Kind::kInt: return v.i == o->i && v.i >= -5 && v.i <= 256;  // CPython's small-int cache
     case Kind::kString: return v.str == o->str;
-    case Kind::kList: case Kind::kTuple: case Kind::kGenerator: return v.list == o->list;
+    case Kind::kList: case Kind::kTuple: return v.list == o->list;
+    case Kind::kGenerator: return v.gen == o->gen;
     case Kind::kDict: return v.dict == o->dict;
     case Kind::kObject: return v.obj == o->obj;
     default: return false;
@@ -88,21 +89,20 @@ Result<bool> t_ge(Interpreter&, const Value& v, const CallArgs& a) {
   return !lt;
 }
 
-Result<bool> modulo_is_zero(Interpreter& in, const Value& v, const Value& d) {
+Result<bool> modulo_is(Interpreter& in, const Value& v, const Value& d, int64_t want) {
   RILL_ASSIGN_OR_RETURN(Value r, in.binary("%", v, d));
-  return !truthy(r);
+  return equals(r, Value::integer(want));
 }
 Result<bool> t_divisibleby(Interpreter& in, const Value& v, const CallArgs& a) {
   const Value* d = a.get(0, "num");
   if (!d) return Error{"test 'divisibleby' needs an argument"};
-  return modulo_is_zero(in, v, *d);
+  return modulo_is(in, v, *d, 0);
 }
 Result<bool> t_even(Interpreter& in, const Value& v, const CallArgs&) {
-  return modulo_is_zero(in, v, Value::integer(2));
+  return modulo_is(in, v, Value::integer(2), 0);
 }
 Result<bool> t_odd(Interpreter& in, const Value& v, const CallArgs&) {
-  RILL_ASSIGN_OR_RETURN(bool even, modulo_is_zero(in, v, Value::integer(2)));
-  return !even;
+  return modulo_is(in, v, Value::integer(2), 1);
 }
 
 Result<bool> case_test(const Value& v, bool upper) {

@@ -42,7 +42,50 @@ static Value list_like(Kind kind, List x) {
 }
 Value Value::make_list(List x) { return list_like(Kind::kList, std::move(x)); }
 Value Value::make_tuple(List x) { return list_like(Kind::kTuple, std::move(x)); }
-Value Value::generator(List x) { return list_like(Kind::kGenerator, std::move(x)); }
+Value Value::generator(std::shared_ptr<Generator> g) {
+  Value v;
+  v.kind = Kind::kGenerator;
+  v.depth = 1;
+  v.gen = std::move(g);
+  return v;
+}
+
+Value Value::generator(List x) {
+  auto items = std::make_shared<const List>(std::move(x));
+  size_t pos = 0;
+  return generator(std::make_shared<Generator>(
+      [items, pos]() mutable -> Result<std::optional<Value>> {
+        if (pos >= items->size()) return std::optional<Value>();
+        return std::optional<Value>((*items)[pos++]);
+      },
+      0));
+}
+
+Result<std::optional<Value>> Generator::next() {
+  if (done_) return std::optional<Value>();
+  auto r = step_();
+  if (!r.ok() || !r.value().has_value()) done_ = true;
+  return r;
+}
+
+int generator_chain(const Value& v) { return v.kind == Kind::kGenerator ? v.gen->chain() : 0; }
+
+Generator::Step iterator_of(const Value& v) {
+  if (v.kind == Kind::kGenerator) {
+    auto g = v.gen;
+    return [g]() { return g->next(); };
+  }
+  size_t pos = 0;
+  std::shared_ptr<List> items;  // built on the first pull
+  return [v, pos, items]() mutable -> Result<std::optional<Value>> {
+    if (!items) {
+      RILL_ASSIGN_OR_RETURN(List all, iterate(v));
+      items = std::make_shared<List>(std::move(all));
+    }
+    if (pos >= items->size()) return std::optional<Value>();
+    return std::optional<Value>((*items)[pos++]);
+  };
+}
 Value Value::make_dict(Dict x) {
   Value v;
   v.kind = Kind::kDict;
@@ -263,7 +306,7 @@ bool equals(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Kind::kGenerator: return a.list == b.list;
+    case Kind::kGenerator: return a.gen == b.gen;
     case Kind::kObject: return a.obj == b.obj;
     default: return false;
   }
@@ -302,7 +345,16 @@ Result<List> iterate(const Value& v) {
       }
       return out;
     }
-    case Kind::kList: case Kind::kTuple: case Kind::kGenerator: return *v.list;
+    case Kind::kList: case Kind::kTuple: return *v.list;
+    case Kind::kGenerator: {  // consumes what is left of it
+      List out;
+      while (true) {
+        RILL_ASSIGN_OR_RETURN(std::optional<Value> item, v.gen->next());
+        if (!item) return out;
+        out.push_back(std::move(*item));
+        if (out.size() > (size_t(1) << 24)) return Error{"generator produced too many items"};
+      }
+    }
     case Kind::kDict: {
       List out;
       out.reserve(v.dict->items.size());

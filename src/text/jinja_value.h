@@ -9,6 +9,7 @@
 // Containers are immutable once built and shared by pointer, so copying a
 // Value is cheap. The only mutable object is a namespace (see Object).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,7 @@ enum class Kind : uint8_t {
 };
 
 using List = std::vector<Value>;
+class Generator;
 
 struct Dict {
   std::vector<std::pair<Value, Value>> items;  // insertion order, keys unique (Python ==)
@@ -48,7 +50,8 @@ struct Value {
   int64_t i = 0;
   double f = 0.0;
   std::shared_ptr<const std::string> str;  // kString text; kUndefined: the error raised on use
-  std::shared_ptr<const List> list;        // kList, kTuple, kGenerator
+  std::shared_ptr<const List> list;        // kList, kTuple
+  std::shared_ptr<Generator> gen;          // kGenerator
   std::shared_ptr<const Dict> dict;        // kDict
   std::shared_ptr<Object> obj;             // kObject
 
@@ -60,7 +63,8 @@ struct Value {
   static Value string(std::string v);
   static Value make_list(List v);
   static Value make_tuple(List v);
-  static Value generator(List v);
+  static Value generator(std::shared_ptr<Generator> g);
+  static Value generator(List v);  // over a fixed list (still single-pass)
   static Value make_dict(Dict v);
   static Value object(std::shared_ptr<Object> o);
 
@@ -72,13 +76,37 @@ struct Value {
   bool is_sequence() const { return kind == Kind::kList || kind == Kind::kTuple; }
   bool is_iterable_list() const {
     return kind == Kind::kList || kind == Kind::kTuple || kind == Kind::kGenerator;
-  }
+  }  // note: generators have no `list`; use iterate()
   const std::string& s() const { return *str; }
   int64_t as_int() const { return kind == Kind::kBool ? int64_t(b) : i; }  // requires is_int()
   double as_double() const { return kind == Kind::kFloat ? f : double(as_int()); }
   // The message of the UndefinedError raised when an undefined value is used.
   std::string undefined_message() const;
 };
+
+// A Python generator, what map/select/reject/unique/items/batch return:
+// items are computed when pulled (errors surface then, as in Python), the
+// sequence can be consumed once, and it is always truthy and has no len().
+class Generator {
+ public:
+  // Produces the next item, nullopt at the end.
+  using Step = std::function<Result<std::optional<Value>>()>;
+  Generator(Step step, int chain) : step_(std::move(step)), chain_(chain) {}
+  Result<std::optional<Value>> next();
+  // Number of generators this one pulls through (bounds recursion).
+  int chain() const { return chain_; }
+
+ private:
+  Step step_;
+  int chain_;
+  bool done_ = false;
+};
+
+// Python iter(v) as a Step: items of a list/tuple/str/dict/generator, one at
+// a time; Undefined is empty; non-iterables fail on the first pull.
+Generator::Step iterator_of(const Value& v);
+// The generator chain length of v (0 unless v is a generator).
+int generator_chain(const Value& v);
 
 // Call arguments after evaluation: positional then keyword.
 struct CallArgs {
