@@ -51,6 +51,35 @@ Error type_error(std::string_view op, const Value& a, const Value& b) {
 
 }  // namespace
 
+// jinja2 folds an output expression at compile time when Expr.as_const
+// succeeds: no variables, calls or context filters. Folding evaluates slices
+// through the sandbox's getitem, so a failing slice there prints as
+// Undefined instead of raising (see slice()).
+bool is_const_expr(const Expr& e) {
+  switch (e.kind) {
+    case ExprKind::kConst: return true;
+    case ExprKind::kName: case ExprKind::kNsRef: case ExprKind::kCall: return false;
+    case ExprKind::kFilter:
+      if (e.name == "map" || e.name == "select" || e.name == "reject" || e.name == "selectattr" ||
+          e.name == "rejectattr" || !e.args[0] || !has_filter(e.name))
+        return false;
+      break;
+    case ExprKind::kTest:
+      if (!has_test(e.name)) return false;
+      break;
+    case ExprKind::kCondExpr:
+      if (!e.args[2]) return false;
+      break;
+    default: break;
+  }
+  if (e.dyn_args || e.dyn_kwargs) return false;
+  for (const auto& a : e.args)
+    if (a && !is_const_expr(*a)) return false;
+  for (const auto& [k, v] : e.kwargs)
+    if (!is_const_expr(*v)) return false;
+  return true;
+}
+
 Result<Value> Interpreter::eval(const Expr& e, const FramePtr& frame) {
   if (++eval_depth_ > kMaxEvalDepth) {
     --eval_depth_;
@@ -251,14 +280,19 @@ Result<Value> Interpreter::slice(const Value& obj, const Expr& s, const FramePtr
     }
   }
   if (obj.is_undefined()) return Error{obj.undefined_message()};
-  if (obj.kind == Kind::kDict) return Error{"unhashable type: 'slice'"};
+  // Folded constants go through the sandbox's getitem: TypeError -> Undefined.
+  auto type_error = [&](std::string message) -> Result<Value> {
+    if (folding_constant_) return Value::undefined(object_desc(obj) + " has no element slice");
+    return Error{std::move(message)};
+  };
+  if (obj.kind == Kind::kDict) return type_error("unhashable type: 'slice'");
   if (obj.kind != Kind::kString && obj.kind != Kind::kList && obj.kind != Kind::kTuple)
-    return Error{"'" + type_name(obj) + "' object is not subscriptable"};
+    return type_error("'" + type_name(obj) + "' object is not subscriptable");
   std::optional<int64_t> parts[3];
   for (int k = 0; k < 3; ++k) {
     if (parts_v[k].is_none()) continue;
     if (!parts_v[k].is_int())
-      return Error{"slice indices must be integers or None or have an __index__ method"};
+      return type_error("slice indices must be integers or None or have an __index__ method");
     parts[k] = parts_v[k].as_int();
   }
   const int64_t step = std::max<int64_t>(parts[2].value_or(1), -INT64_MAX);

@@ -45,6 +45,9 @@ Result<std::string> percent_format(Interpreter& interp, std::string_view fmt, co
   if (args.kind == Kind::kTuple) positional = *args.list;
   else positional.push_back(args);
   if (args.kind == Kind::kDict) mapping = args.dict.get();
+  // Python treats any non-tuple, non-str object with __getitem__ (dict,
+  // list) as a mapping: leftover arguments are then not an error.
+  const bool mapping_like = args.kind == Kind::kDict || args.kind == Kind::kList;
   size_t next_arg = 0;
   bool used_mapping = false;
   std::string out;
@@ -140,7 +143,7 @@ Result<std::string> percent_format(Interpreter& interp, std::string_view fmt, co
     out += piece;
     RILL_TRY(interp.check_bytes(out.size()));
   }
-  if (!mapping && next_arg < positional.size())
+  if (!mapping_like && next_arg < positional.size())
     return Error{"not all arguments converted during string formatting"};
   (void)used_mapping;
   return out;

@@ -337,7 +337,10 @@ Status Interpreter::exec_one(const Stmt& s, const FramePtr& frame, std::string& 
       out += s.text;
       return check_bytes(out.size());
     case StmtKind::kPrint: {
-      RILL_ASSIGN_OR_RETURN(Value v, eval(*s.expr, frame));
+      folding_constant_ = is_const_expr(*s.expr);
+      auto r = eval(*s.expr, frame);
+      folding_constant_ = false;
+      RILL_ASSIGN_OR_RETURN(Value v, std::move(r));
       if (v.kind == Kind::kString) out += v.s();
       else out += to_str(v);
       return check_bytes(out.size());

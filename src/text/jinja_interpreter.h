@@ -50,6 +50,9 @@ using FramePtr = std::shared_ptr<Frame>;
 
 enum class Flow : uint8_t { kNormal, kBreak, kContinue };
 
+// True when jinja2 would constant-fold this expression at compile time.
+bool is_const_expr(const Expr& e);
+
 class Interpreter {
  public:
   Interpreter(RenderLimits limits, std::optional<std::tm> fixed_now);
@@ -109,6 +112,7 @@ class Interpreter {
   int64_t n_steps_ = 0;
   int call_depth_ = 0;
   int eval_depth_ = 0;
+  bool folding_constant_ = false;  // evaluating an output expression jinja2 would fold
   int error_line_ = 0;
   std::vector<std::weak_ptr<Object>> namespaces_;
 };

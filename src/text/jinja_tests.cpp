@@ -243,10 +243,27 @@ bool has_test(std::string_view name) {
   return false;
 }
 
+// Tests whose signature takes an argument besides the value.
+bool test_takes_argument(std::string_view name) {
+  static const std::string_view kWithArg[] = {
+      "sameas", "in", "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=",
+      "gt", "greaterthan", ">", "ge", ">=", "divisibleby"};
+  for (std::string_view n : kWithArg)
+    if (n == name) return true;
+  return false;
+}
+
 Result<bool> apply_test(Interpreter& interp, std::string_view name, const Value& v,
                         const CallArgs& args) {
-  for (const auto& [n, fn] : kTests)
-    if (n == name) return fn(interp, v, args);
+  const size_t n_args = args.positional.size() + args.keyword.size();
+  const size_t max_args = test_takes_argument(name) ? 1 : 0;
+  for (const auto& [n, fn] : kTests) {
+    if (n != name) continue;
+    if (n_args > max_args)
+      return Error{"test '" + std::string(name) + "' takes " + std::to_string(max_args + 1) +
+                   " positional argument(s) but " + std::to_string(n_args + 1) + " were given"};
+    return fn(interp, v, args);
+  }
   return Error{"no test named '" + std::string(name) + "'"};
 }
 
