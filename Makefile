@@ -29,7 +29,9 @@ pytest: build
 	  RILL_BINARY=$(abspath $(BUILD_DIR))/rill .venv/bin/pytest -q tests/integration; fi
 
 fuzz: setup
+	@# Every library is instrumented (coverage + ASan + UBSan), not just the harness.
 	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
 	  -DRILL_FUZZ=ON -DRILL_TESTS=OFF -DRILL_BENCH=OFF >/dev/null
 	@cmake --build $(FUZZ_DIR) -j $(JOBS) --target $$(cd tests/fuzz && ls *_fuzz.cpp | sed 's/_fuzz.cpp//; s/^/fuzz_/')
 	@for f in tests/fuzz/*_fuzz.cpp; do \
