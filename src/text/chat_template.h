@@ -18,6 +18,15 @@
 // A key that is absent is Undefined in the template; a JSON null is None.
 // Pass nlohmann::ordered_json to keep object key order (tool schemas are
 // printed with tojson in the order the client sent them).
+//
+// Verified against jinja2 3.1 by tests/data/templates/*.json (real templates
+// and ~190 feature snippets, tools/make_template_goldens.py). Known
+// differences, none used by real chat templates: integers are 64-bit
+// (overflow is an Error, Python has big ints); range() returns a list and
+// dict.keys()/values()/items() return lists (Python prints range(0, 3),
+// dict_keys([...])); escape/safe return plain strings (no Markup);
+// generators print as "<generator object>" (Python adds an address);
+// groupby, slice, random, striptags, urlize and friends are not provided.
 #include <cstdint>
 #include <ctime>
 #include <memory>
