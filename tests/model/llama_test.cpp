@@ -1,0 +1,135 @@
+// The Llama family implementation: batch invariance of the flat Batch, and
+// clear errors when the files and the config disagree.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "loader/model_files.h"
+#include "model/registry.h"
+
+namespace rill {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
+
+Result<std::unique_ptr<Model>> open(const std::string& dir, ModelOptions opts) {
+  RILL_ASSIGN_OR_RETURN(auto files, open_model_files(dir));
+  return create_model(builtin_registry(), infer_profile(*files), files, opts);
+}
+
+std::vector<int32_t> prompt_of(const std::string& family) {
+  std::ifstream in(kGoldens + family + "/golden.json");
+  return nlohmann::json::parse(in)["prompt_ids"].get<std::vector<int32_t>>();
+}
+
+class BatchInvariance : public ::testing::TestWithParam<std::string> {};
+
+// Two sequences of different lengths in one Batch give, row for row, the
+// logits each gives alone, on the prefill step and on a batched decode step.
+TEST_P(BatchInvariance, BatchedRowsEqualSingleSequenceRows) {
+  const std::string dir = kGoldens + GetParam();
+  if (!fs::exists(dir)) GTEST_SKIP();
+  ModelOptions opts;
+  opts.n_threads = 2;
+  opts.n_ctx = 64;
+  opts.n_kv_slots = 3;
+  auto model = open(dir, opts);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  Model& m = **model;
+  const auto ids = prompt_of(GetParam());
+  const int32_t n_a = 17, n_b = 9;
+  const size_t V = static_cast<size_t>(m.n_vocab());
+
+  // Alone: sequence A in slot 0, sequence B in slot 1.
+  std::vector<float> alone_a(V), alone_b(V), batched(2 * V);
+  Batch b;
+  b.add_sequence(0, ids.data(), n_a, 0, true);
+  ASSERT_TRUE(m.forward(b, alone_a.data()).ok());
+  b.clear();
+  b.add_sequence(1, ids.data() + 3, n_b, 0, true);
+  ASSERT_TRUE(m.forward(b, alone_b.data()).ok());
+
+  // Together, into slot 2 (A) and slot 1 again (B overwrites its own KV).
+  b.clear();
+  b.add_sequence(2, ids.data(), n_a, 0, true);
+  b.add_sequence(1, ids.data() + 3, n_b, 0, true);
+  ASSERT_TRUE(m.forward(b, batched.data()).ok());
+  for (size_t i = 0; i < V; ++i) {
+    ASSERT_EQ(batched[i], alone_a[i]) << "sequence A, logit " << i;
+    ASSERT_EQ(batched[V + i], alone_b[i]) << "sequence B, logit " << i;
+  }
+
+  // One decode step each: alone (slot 0 / slot 1) vs batched (slot 2 / slot 1).
+  const int32_t next_a = 5, next_b = 7;
+  std::vector<float> step_a(V), step_b(V), step_ab(2 * V);
+  b.clear();
+  b.add_sequence(0, &next_a, 1, n_a, true);
+  ASSERT_TRUE(m.forward(b, step_a.data()).ok());
+  b.clear();
+  b.add_sequence(2, &next_a, 1, n_a, true);
+  b.add_sequence(1, &next_b, 1, n_b, true);
+  ASSERT_TRUE(m.forward(b, step_ab.data()).ok());
+  b.clear();
+  b.add_sequence(1, &next_b, 1, n_b, true);  // recompute B's step alone (same position, same KV before)
+  ASSERT_TRUE(m.forward(b, step_b.data()).ok());
+  for (size_t i = 0; i < V; ++i) {
+    ASSERT_EQ(step_ab[i], step_a[i]) << "decode A, logit " << i;
+    ASSERT_EQ(step_ab[V + i], step_b[i]) << "decode B, logit " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaFamily, BatchInvariance,
+                         ::testing::Values("llama", "qwen3", "mistral-swa"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) if (c == '-') c = '_';
+                           return n;
+                         });
+
+TEST(LlamaModel, ConfigThatDisagreesWithTheTensorsNamesFileAndTensor) {
+  const std::string src = kGoldens + "llama";
+  if (!fs::exists(src)) GTEST_SKIP();
+  const fs::path dir = fs::temp_directory_path() / ("rill_bad_config_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(src + "/model.safetensors", dir / "model.safetensors", fs::copy_options::overwrite_existing);
+  std::ifstream in(src + "/config.json");
+  auto cfg = nlohmann::json::parse(in);
+  cfg["intermediate_size"] = 96;  // the tensors say 128
+  std::ofstream(dir / "config.json") << cfg.dump();
+  auto model = open(dir.string(), ModelOptions{});
+  ASSERT_FALSE(model.ok());
+  const std::string& msg = model.error().message;
+  EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("mlp.gate_proj.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[128, 64]"), std::string::npos) << msg;
+  fs::remove_all(dir);
+}
+
+TEST(LlamaModel, OutOfRangeTokensAndPositionsAreErrors) {
+  const std::string dir = kGoldens + "llama";
+  if (!fs::exists(dir)) GTEST_SKIP();
+  ModelOptions opts;
+  opts.n_ctx = 16;
+  auto model = open(dir, opts);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  std::vector<float> logits((*model)->n_vocab());
+  Batch b;
+  const int32_t bad_id = 100000;
+  b.add_sequence(0, &bad_id, 1, 0, true);
+  auto st = (*model)->forward(b, logits.data());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("outside the vocabulary"), std::string::npos);
+  b.clear();
+  const int32_t ok_id = 1;
+  b.add_sequence(0, &ok_id, 1, 16, true);
+  st = (*model)->forward(b, logits.data());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("outside the context"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rill
