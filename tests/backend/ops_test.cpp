@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "backend/cpu/attention_f16.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/rope_table.h"
@@ -260,6 +261,54 @@ TEST(Attention, MatchesNaive) {
         a.out = got_row.data();
         kernels(isa).attend_row(a);
         for (int64_t d = 0; d < c.head_dim; ++d) ASSERT_NEAR(got_row[d], want_row[d], 1e-5) << isa_name(isa);
+      }
+    }
+  }
+}
+
+// llama.cpp-rounded attention (q and probabilities rounded to f16) against a
+// naive f64 version with the same roundings, prefill and single-query forms.
+TEST(Attention, F16RoundedMatchesNaive) {
+  for (int64_t n_q : {1, 2, 37}) {
+    AttentionParams p;
+    p.n_head = 9;
+    p.n_head_kv = 3;
+    p.head_dim = 64;
+    p.scale = 0.125f;
+    p.kv_dtype = DType::kF16;
+    p.window = n_q == 37 ? 20 : 0;
+    const int64_t n_kv = 60;
+    auto q = random_floats(n_q * 9 * 64, 51, -2.0f, 2.0f);
+    auto k = random_floats(n_kv * 3 * 64, 52, -2.0f, 2.0f);
+    auto v = random_floats(n_kv * 3 * 64, 53);
+    std::vector<uint16_t> k16(k.size()), v16(v.size());
+    for (size_t i = 0; i < k.size(); ++i) k16[i] = f32_to_f16(k[i]), k[i] = f16_to_f32(k16[i]);
+    for (size_t i = 0; i < v.size(); ++i) v16[i] = f32_to_f16(v[i]), v[i] = f16_to_f32(v16[i]);
+    std::vector<int32_t> pos(n_q);
+    for (int64_t i = 0; i < n_q; ++i) pos[i] = static_cast<int32_t>(n_kv - n_q + i);
+    ThreadPool pool(2);
+    std::vector<float> out(q.size());
+    attention_f16_rounded(q.data(), pos.data(), n_q, k16.data(), v16.data(), n_kv, p, out.data(), pool);
+    for (int64_t i = 0; i < n_q; ++i) {
+      for (int64_t h = 0; h < 9; ++h) {
+        const float* qr = q.data() + (i * 9 + h) * 64;
+        std::vector<double> s;
+        const int64_t j0 = p.window > 0 ? std::max<int64_t>(0, pos[i] - p.window + 1) : 0;
+        double mx = -INFINITY;
+        for (int64_t j = j0; j <= pos[i]; ++j) {
+          double d = 0.0;
+          for (int64_t c = 0; c < 64; ++c) d += static_cast<double>(f16_to_f32(f32_to_f16(qr[c]))) * k[(j * 3 + h / 3) * 64 + c];
+          s.push_back(d * p.scale);
+          mx = std::max(mx, s.back());
+        }
+        double sum = 0.0;
+        for (double& x : s) sum += (x = std::exp(x - mx));
+        for (int64_t c = 0; c < 64; ++c) {
+          double o = 0.0;
+          for (size_t t = 0; t < s.size(); ++t)
+            o += static_cast<double>(f16_to_f32(f32_to_f16(static_cast<float>(s[t] / sum)))) * v[((j0 + t) * 3 + h / 3) * 64 + c];
+          ASSERT_NEAR(out[(i * 9 + h) * 64 + c], o, 2e-5) << "n_q " << n_q << " query " << i << " head " << h;
+        }
       }
     }
   }

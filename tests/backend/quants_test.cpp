@@ -315,49 +315,61 @@ TEST(FastPaths, GemmTilesMatchReference) {
   }
 }
 
-// The 8-token-interleaved prefill path: quantizer bytes and gemm results
-// against the plain layout's reference, for every tile shape and tail.
-TEST(FastPaths, X8PrefillMatchesReference) {
-  const int64_t n = 512, n_tok = 16, rows = kMaxTileRows;
-  const auto x = random_floats(n * n_tok, 41, -2.0f, 2.0f);
-  const size_t group_bytes = static_cast<size_t>(n / 32) * sizeof(BlockQ8x8);
-  for (Isa isa : available_isas()) {
-    const Kernels& k = kernels(isa);
-    for (int n_rows : {8, 3}) {
-      std::vector<uint8_t> want(group_bytes), got(group_bytes, 0xAB);
-      ref::quantize_rows_q8x8(x.data(), n, n_rows, want.data(), n);
-      k.quantize_x8(x.data(), n, n_rows, got.data(), n);
-      EXPECT_EQ(want, got) << isa_name(isa) << " rows " << n_rows;
+// llama.cpp's x86 vec_dot for Q4_1 x Q8_1 and Q8_0 x Q8_0 (AVX2 / AVX512-VNNI
+// builds): 8 f32 lanes, lane l accumulating fma(d_w * d_a, sum of products
+// of elements 4l..4l+3, acc) over the blocks in order, then its hsum_float_8
+// order, plus (Q4_1) a scalar fma chain of m * s. Our SIMD tiles must give
+// exactly these bits for every tile shape, so rill's logits equal llama.cpp's.
+float llamacpp_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
+  float acc[8] = {}, summs = 0.0f;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    int q[32], y[32];
+    float dw, da;
+    if (t == DType::kQ4_1) {
+      const auto& wb = reinterpret_cast<const BlockQ4_1*>(w)[b];
+      const auto& ab = reinterpret_cast<const BlockQ8_1*>(a)[b];
+      for (int j = 0; j < 16; ++j) q[j] = wb.qs[j] & 0xF, q[j + 16] = wb.qs[j] >> 4;
+      for (int j = 0; j < 32; ++j) y[j] = ab.qs[j];
+      dw = f16_to_f32(wb.d);
+      da = f16_to_f32(ab.d);
+      summs = std::fmaf(f16_to_f32(wb.m), f16_to_f32(ab.s), summs);
+    } else {
+      const auto& wb = reinterpret_cast<const BlockQ8_0*>(w)[b];
+      const auto& ab = reinterpret_cast<const BlockQ8_0*>(a)[b];
+      for (int j = 0; j < 32; ++j) q[j] = wb.qs[j], y[j] = ab.qs[j];
+      dw = f16_to_f32(wb.d);
+      da = f16_to_f32(ab.d);
+    }
+    const float d = dw * da;
+    for (int l = 0; l < 8; ++l) {
+      int lane = 0;
+      for (int j = 4 * l; j < 4 * l + 4; ++j) lane += q[j] * y[j];
+      acc[l] = std::fmaf(d, static_cast<float>(lane), acc[l]);
     }
   }
-  std::vector<uint8_t> ax8(2 * group_bytes);
-  ref::quantize_rows_q8x8(x.data(), n, 8, ax8.data(), n);
-  ref::quantize_rows_q8x8(x.data() + 8 * n, n, 8, ax8.data() + group_bytes, n);
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0}) {
+  const float h = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+  return h + summs;
+}
+
+TEST(FastPaths, DotsAreBitExactWithLlamaCppOrder) {
+  const int64_t n = 576;
+  for (DType t : {DType::kQ4_1, DType::kQ8_0}) {
     const DType p = vec_dot_partner(t);
-    const auto w = random_weight_rows(t, rows, n, 77);
-    const size_t w_stride = row_bytes(t, n), a_stride = row_bytes(p, n);
-    std::vector<uint8_t> a(a_stride * n_tok);
-    for (int c = 0; c < n_tok; ++c) ref::quantize_row(p, x.data() + c * n, a.data() + c * a_stride, n);
-    std::vector<float> want(n_tok * rows);
-    for (int c = 0; c < n_tok; ++c)
-      for (int r = 0; r < rows; ++r) want[c * rows + r] = ref::vec_dot(t, n, w.data() + r * w_stride, a.data() + c * a_stride);
+    const auto w = random_weight_rows(t, kMaxTileRows, n, 91);
+    const auto x = random_floats(n * kMaxTileCols, 92, -3.0f, 3.0f);
+    const size_t ws = row_bytes(t, n), as = row_bytes(p, n);
+    std::vector<uint8_t> a(as * kMaxTileCols);
+    for (int c = 0; c < kMaxTileCols; ++c) ref::quantize_row(p, x.data() + c * n, a.data() + c * as, n);
     for (Isa isa : available_isas()) {
-      const GemmX8Fn gemm = kernels(isa).gemm_x8[static_cast<size_t>(t)];
-      if (!gemm) continue;
-      for (int n_r = 1; n_r <= rows; ++n_r) {
-        for (int n_t : {1, 7, 8, 9, 16}) {
-          std::vector<float> got(n_tok * rows, 0.0f);
-          gemm(n, w.data(), w_stride, n_r, ax8.data(), group_bytes, n_t, got.data(), rows);
-          for (int c = 0; c < n_tok; ++c)
-            for (int r = 0; r < rows; ++r) {
-              if (c < n_t && r < n_r) {
-                EXPECT_NEAR(got[c * rows + r], want[c * rows + r], 1e-5f * std::max(1.0f, std::fabs(want[c * rows + r])))
-                    << isa_name(isa) << " " << dtype_name(t) << " tile " << n_r << "x" << n_t << " at " << r << "," << c;
-              } else {
-                EXPECT_EQ(got[c * rows + r], 0.0f) << "wrote outside the tile";
-              }
-            }
+      if (isa == Isa::kScalar) continue;
+      for (int n_r = 1; n_r <= kMaxTileRows; ++n_r) {
+        for (int n_t = 1; n_t <= kMaxTileCols; ++n_t) {
+          float got[kMaxTileCols][kMaxTileRows];
+          kernels(isa).gemm[static_cast<size_t>(t)](n, w.data(), ws, n_r, a.data(), as, n_t, &got[0][0], kMaxTileRows);
+          for (int c = 0; c < n_t; ++c)
+            for (int r = 0; r < n_r; ++r)
+              ASSERT_EQ(got[c][r], llamacpp_dot(t, n, w.data() + r * ws, a.data() + c * as))
+                  << isa_name(isa) << " " << dtype_name(t) << " tile " << n_r << "x" << n_t;
         }
       }
     }

@@ -52,6 +52,7 @@ void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, co
                            ThreadPool& pool) {
   assert(p.kv_dtype == DType::kF16 && p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024);
   const bool avx2 = best_isa() != Isa::kScalar;
+  const bool avx512 = best_isa() == Isa::kAvx512 && detail::attend_f16_exact_supported(p.head_dim);
   const int64_t group = p.n_head / p.n_head_kv;
   const int64_t kv_stride = p.n_head_kv * p.head_dim;
   const int64_t n_units = n_q * p.n_head;  // (query, head) pairs, head fastest
@@ -83,7 +84,10 @@ void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, co
       a.scores = scores.data();
       a.probs16 = probs16.data();
       a.out = out + u * p.head_dim;
-      if (avx2) {
+      a.single_query = n_q == 1;
+      if (avx512) {
+        detail::attend_f16_rounded_avx512(a);
+      } else if (avx2) {
         detail::attend_f16_rounded_avx2(a);
       } else {
         detail::attend_f16_rounded_scalar(a);

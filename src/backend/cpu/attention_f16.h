@@ -27,9 +27,14 @@ struct F16AttendArgs {
   float* scores;       // scratch [j_end - j_begin]
   uint16_t* probs16;   // scratch [j_end - j_begin]
   float* out;          // [head_dim]
+  bool single_query = false;  // the batch has one query (llama.cpp's vec_dot form)
 };
 void attend_f16_rounded_scalar(const F16AttendArgs& a);
 void attend_f16_rounded_avx2(const F16AttendArgs& a);
+// Bit-exact with llama.cpp built for AVX-512 (attention_f16_avx512.cpp);
+// needs scores/probs16 for keys [0, j_end) and head_dim supported below.
+void attend_f16_rounded_avx512(const F16AttendArgs& a);
+bool attend_f16_exact_supported(int64_t head_dim);
 }  // namespace detail
 
 }  // namespace rill::cpu

@@ -32,11 +32,11 @@ Kernels make_scalar() {
   k.quantize[id(DType::kQ8_0)] = ref::quantize_row_q8_0;
   k.quantize[id(DType::kQ8_1)] = ref::quantize_row_q8_1;
   k.quantize[id(DType::kQ8_K)] = ref::quantize_row_q8_k;
-  k.quantize_x8 = ref::quantize_rows_q8x8;
   k.rms_norm_row = ref::rms_norm_row;
   k.silu_mul = ref::silu_mul;
   k.gelu_tanh_mul = ref::gelu_tanh_mul;
   k.add_inplace = ref::add_inplace;
+  k.rope_rotate = ref::rope_rotate;
   k.attend_row = ref::attend_row;
   return k;
 }

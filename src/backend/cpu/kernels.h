@@ -22,15 +22,6 @@ using GemmTileFn = void (*)(int64_t n, const void* w, size_t w_stride, int n_r, 
                             size_t a_stride, int n_t, float* y, int64_t y_stride);
 using QuantizeRowFn = void (*)(const float* x, void* y, int64_t n);
 
-// Prefill gemm over activations interleaved by 8 tokens (BlockQ8x8 groups):
-// y[t * y_stride + r] for r < n_r (<= kMaxTileRows) and t < n_t
-// (<= kX8TileTokens). Token group g (8 tokens) starts at a + g * group_stride
-// bytes and holds n / 32 blocks.
-inline constexpr int kX8TileTokens = 16;
-using GemmX8Fn = void (*)(int64_t n, const void* w, size_t w_stride, int n_r, const void* a, size_t group_stride,
-                          int n_t, float* y, int64_t y_stride);
-// As ref::quantize_rows_q8x8.
-using QuantizeX8Fn = void (*)(const float* x, int64_t x_stride, int n_rows, void* out, int64_t n);
 
 // One query row of one head against keys [j_begin, j_end) of its KV head,
 // with online softmax. k/v rows are `kv_stride` elements apart, f32 or f16.
@@ -55,14 +46,16 @@ struct Kernels {
   Isa isa = Isa::kScalar;
   GemmTileFn gemm[kNumDTypeIds] = {};         // by weight dtype id
   QuantizeRowFn quantize[kNumDTypeIds] = {};  // by activation (partner) dtype id
-  // Optional prefill path for Q8_0/Q8_1-partnered weights (null: use gemm).
-  GemmX8Fn gemm_x8[kNumDTypeIds] = {};
-  QuantizeX8Fn quantize_x8 = nullptr;
   void (*rms_norm_row)(const float* x, const float* w, int64_t dim, float eps, float w_offset,
                        float* out) = nullptr;
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
   void (*gelu_tanh_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
   void (*add_inplace)(float* y, const float* x, int64_t n) = nullptr;
+  // Rotates the first 2 * n_pairs dims of each of n_heads heads of v
+  // ([n_heads, head_dim]) by the per-pair cos/sin: interleaved pairs
+  // (2i, 2i+1), else (i, i + n_pairs).
+  void (*rope_rotate)(float* v, int64_t n_heads, int64_t head_dim, int64_t n_pairs, bool interleaved,
+                      const float* cs, const float* sn) = nullptr;
   AttendRowFn attend_row = nullptr;
 };
 
@@ -75,7 +68,8 @@ const Kernels& kernels();
 // from a copy of the next-lower table and override what they accelerate.
 void fill_kernels_avx2(Kernels& k);
 void fill_kernels_avx512(Kernels& k);
-void fill_ops_avx2(Kernels& k);  // elementwise ops and attention (ops_avx2.cpp)
+void fill_ops_avx2(Kernels& k);    // elementwise ops and attention (ops_avx2.cpp)
+void fill_ops_avx512(Kernels& k);  // SiLU with ggml's AVX-512 exp (ops_avx512.cpp)
 
 namespace ref {
 // Scalar entries, also used by tests as the reference.
@@ -85,6 +79,8 @@ void rms_norm_row(const float* x, const float* w, int64_t dim, float eps, float 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);
+void rope_rotate(float* v, int64_t n_heads, int64_t head_dim, int64_t n_pairs, bool interleaved, const float* cs,
+                 const float* sn);
 void attend_row(const AttendRowArgs& args);
 }  // namespace ref
 

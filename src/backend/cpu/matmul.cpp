@@ -9,24 +9,10 @@
 
 namespace rill::cpu {
 
-namespace {
-
-// Token counts from which the 8-token-interleaved prefill kernels pay off.
-constexpr int64_t kX8MinTokens = 8;
-
-size_t x8_group_bytes(int64_t n_cols) { return static_cast<size_t>(n_cols / kQK) * sizeof(BlockQ8x8); }
-size_t x8_bytes(int64_t n_cols, int64_t n_tokens) {
-  return static_cast<size_t>((n_tokens + 7) / 8) * x8_group_bytes(n_cols);
-}
-
-}  // namespace
-
 size_t matmul_scratch_bytes(DType w, int64_t n_cols, int64_t n_tokens) {
   const DType p = vec_dot_partner(w);
   if (p == DType::kF32) return 0;  // x is used in place
-  size_t bytes = row_bytes(p, n_cols) * static_cast<size_t>(n_tokens);
-  if (p == DType::kQ8_0 || p == DType::kQ8_1) bytes = std::max(bytes, x8_bytes(n_cols, n_tokens));
-  return bytes;
+  return row_bytes(p, n_cols) * static_cast<size_t>(n_tokens);
 }
 
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, Scratch& scratch,
@@ -39,23 +25,11 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
   const GemmTileFn gemm = k.gemm[static_cast<size_t>(w.dtype)];
   assert(gemm);
 
-  const GemmX8Fn gemm_x8 = k.gemm_x8[static_cast<size_t>(w.dtype)];
-  const bool use_x8 = gemm_x8 && n_tokens >= kX8MinTokens;
-
+  // For llama.cpp parity every (row, token) dot uses the same kernel and sum
+  // order whatever the batch size (llama.cpp runs vec_dot per pair).
   const void* a = x;
   size_t a_stride = static_cast<size_t>(n) * sizeof(float);
-  if (use_x8) {
-    assert(scratch.size() >= x8_bytes(n, n_tokens));
-    a_stride = x8_group_bytes(n);  // per group of 8 tokens
-    auto* q = static_cast<uint8_t*>(scratch.data());
-    const int64_t n_groups = (n_tokens + 7) / 8;
-    pool.parallel_for(n_groups, 1, [&](int64_t b, int64_t e) {
-      for (int64_t g = b; g < e; ++g)
-        k.quantize_x8(x + g * 8 * n, n, static_cast<int>(std::min<int64_t>(8, n_tokens - 8 * g)),
-                      q + static_cast<size_t>(g) * a_stride, n);
-    });
-    a = q;
-  } else if (partner != DType::kF32) {
+  if (partner != DType::kF32) {
     assert(scratch.size() >= matmul_scratch_bytes(w.dtype, n, n_tokens));
     a_stride = row_bytes(partner, n);
     auto* q = static_cast<uint8_t*>(scratch.data());
@@ -87,14 +61,6 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
         const int64_t t1 = std::min(n_tokens, t0 + kTokenBlock);
         for (int64_t r = r0; r < r1; r += kMaxTileRows) {
           const int n_r = static_cast<int>(std::min<int64_t>(kMaxTileRows, r1 - r));
-          if (use_x8) {
-            for (int64_t t = t0; t < t1; t += kX8TileTokens) {
-              const int n_t = static_cast<int>(std::min<int64_t>(kX8TileTokens, t1 - t));
-              gemm_x8(n, wb + static_cast<size_t>(r) * w.row_stride, w.row_stride, n_r,
-                      ab + static_cast<size_t>(t / 8) * a_stride, a_stride, n_t, y + t * y_stride + r, y_stride);
-            }
-            continue;
-          }
           for (int64_t t = t0; t < t1; t += kMaxTileCols) {
             const int n_t = static_cast<int>(std::min<int64_t>(kMaxTileCols, t1 - t));
             gemm(n, wb + static_cast<size_t>(r) * w.row_stride, w.row_stride, n_r,

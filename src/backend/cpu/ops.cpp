@@ -52,19 +52,7 @@ void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
         sn[i] = std::sin(theta) * table.attn_factor;
       }
     }
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (t * n_heads + h) * head_dim;
-      // interleaved: (2i, 2i+1); half: (i, i + rot_dim/2)
-      const int64_t step = table.interleaved ? 2 : 1;
-      const int64_t other = table.interleaved ? 1 : n_pairs;
-      for (int64_t i = 0; i < n_pairs; ++i) {
-        float* a = v + i * step;
-        float* b = a + other;
-        const float x0 = *a, x1 = *b;
-        *a = x0 * cs[i] - x1 * sn[i];
-        *b = x0 * sn[i] + x1 * cs[i];
-      }
-    }
+    kernels().rope_rotate(x + t * n_heads * head_dim, n_heads, head_dim, n_pairs, table.interleaved, cs, sn);
   }
 }
 

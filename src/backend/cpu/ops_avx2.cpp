@@ -9,24 +9,15 @@
 namespace rill::cpu {
 namespace {
 
-// Squares in f32, summed in double (as ggml), 4 lanes at a time.
+// Squares in f32 summed in double in element order, exactly as ggml (the
+// sum is a few hundred adds; order matters for bit parity, speed does not).
 void rms_norm_row(const float* x, const float* w, int64_t dim, float eps, float w_offset, float* out) {
-  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
-  int64_t i = 0;
-  for (; i + 8 <= dim; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    const __m256 sq = _mm256_mul_ps(v, v);
-    acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
-    acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
-  }
-  alignas(32) double parts[4];
-  _mm256_store_pd(parts, _mm256_add_pd(acc0, acc1));
-  double sum = (parts[0] + parts[1]) + (parts[2] + parts[3]);
-  for (; i < dim; ++i) sum += static_cast<double>(x[i] * x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(x[i] * x[i]);
   const float mean = static_cast<float>(sum / static_cast<double>(dim));
   const float scale = 1.0f / std::sqrt(mean + eps);
   const __m256 vs = _mm256_set1_ps(scale), vo = _mm256_set1_ps(w_offset);
-  i = 0;
+  int64_t i = 0;
   if (w) {
     for (; i + 8 <= dim; i += 8) {
       const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
@@ -39,12 +30,14 @@ void rms_norm_row(const float* x, const float* w, int64_t dim, float eps, float 
   }
 }
 
+// As ggml_vec_swiglu_f32 on AVX2: (g / (1 + exp(0 - g))) * up with
+// ggml's vector exp, libm expf for the tail.
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
-  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  const __m256 one = _mm256_set1_ps(1.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 e = simd::exp_ps(_mm256_xor_ps(g, sign));
+    const __m256 e = simd::exp_ggml(_mm256_sub_ps(_mm256_setzero_ps(), g));
     const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
     _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
   }
@@ -59,7 +52,7 @@ void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
   for (; i + 8 <= n; i += 8) {
     const __m256 x = _mm256_loadu_ps(gate + i);
     const __m256 inner = _mm256_mul_ps(x, _mm256_fmadd_ps(_mm256_mul_ps(k, x), x, one));  // x (1 + k x^2)
-    const __m256 e = simd::exp_ps(_mm256_mul_ps(c, inner));
+    const __m256 e = simd::exp_ggml(_mm256_mul_ps(c, inner));
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
   }
   for (; i < n; ++i) {
@@ -72,6 +65,22 @@ void add_inplace(float* y, const float* x, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
   for (; i < n; ++i) y[i] += x[i];
+}
+
+// With FMA the way GCC contracts ggml's rotate_pairs (x0*c - x1*s becomes
+// fma(x0, c, -(x1*s))), so rotated q/k equal llama.cpp's bit for bit.
+void rope_rotate(float* v, int64_t n_heads, int64_t head_dim, int64_t n_pairs, bool interleaved, const float* cs,
+                 const float* sn) {
+  const int64_t step = interleaved ? 2 : 1, other = interleaved ? 1 : n_pairs;
+  for (int64_t h = 0; h < n_heads; ++h, v += head_dim) {
+    for (int64_t i = 0; i < n_pairs; ++i) {
+      float* a = v + i * step;
+      float* b = a + other;
+      const float x0 = *a, x1 = *b;
+      *a = __builtin_fmaf(x0, cs[i], -(x1 * sn[i]));
+      *b = __builtin_fmaf(x0, sn[i], x1 * cs[i]);
+    }
+  }
 }
 
 inline __m256 load8(const void* row, int64_t i, bool f16) {
@@ -119,6 +128,7 @@ void fill_ops_avx2(Kernels& k) {
   k.silu_mul = silu_mul;
   k.gelu_tanh_mul = gelu_tanh_mul;
   k.add_inplace = add_inplace;
+  k.rope_rotate = rope_rotate;
   k.attend_row = attend_row;
 }
 

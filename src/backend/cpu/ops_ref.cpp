@@ -73,6 +73,20 @@ void add_inplace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+void rope_rotate(float* v, int64_t n_heads, int64_t head_dim, int64_t n_pairs, bool interleaved, const float* cs,
+                 const float* sn) {
+  const int64_t step = interleaved ? 2 : 1, other = interleaved ? 1 : n_pairs;
+  for (int64_t h = 0; h < n_heads; ++h, v += head_dim) {
+    for (int64_t i = 0; i < n_pairs; ++i) {
+      float* a = v + i * step;
+      float* b = a + other;
+      const float x0 = *a, x1 = *b;
+      *a = x0 * cs[i] - x1 * sn[i];
+      *b = x0 * sn[i] + x1 * cs[i];
+    }
+  }
+}
+
 void attend_row(const AttendRowArgs& args) {
   assert(args.head_dim <= kMaxHeadDim);
   attend_row_impl<ScalarPrims>(args);

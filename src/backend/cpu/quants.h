@@ -77,19 +77,6 @@ struct BlockQ8_K {
   int16_t bsums[kQKK / 16];
 };
 
-// Activations for the prefill gemm: one 32-element block of 8 token rows,
-// interleaved so that one 32-byte load holds elements 4k..4k+3 of all 8
-// tokens (a u8 x s8 dot with a broadcast of 4 weight bytes then yields the 8
-// tokens' partial sums in 8 lanes). Values are exactly those of Q8_0/Q8_1.
-// Token rows past the end of the matrix are zero (d = s = sum = 0).
-struct BlockQ8x8 {
-  float d[8];           // f16-rounded d of each token's block (as Q8_0/Q8_1 store it)
-  float s[8];           // f16-rounded d * sum(q) (Q8_1's s)
-  int32_t sum[8];       // sum(q)
-  int8_t qs[8 * 8 * 4];  // [k = element group 4k..4k+3][token][4]
-};
-
-static_assert(sizeof(BlockQ8x8) == 352);
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);
@@ -128,10 +115,6 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 void quantize_row_q8_0(const float* x, void* y, int64_t n);
 void quantize_row_q8_1(const float* x, void* y, int64_t n);
 void quantize_row_q8_k(const float* x, void* y, int64_t n);
-// Quantizes n_rows (1..8) token rows of n elements (x rows x_stride floats
-// apart) into n / 32 consecutive BlockQ8x8, with Q8_1 values (Q8_0's qs and
-// d are the same); missing rows are zero.
-void quantize_rows_q8x8(const float* x, int64_t x_stride, int n_rows, void* out, int64_t n);
 // Dispatches on the partner type (F32: plain copy).
 void quantize_row(DType partner, const float* x, void* y, int64_t n);
 

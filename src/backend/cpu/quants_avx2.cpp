@@ -9,15 +9,6 @@ namespace {
 struct DotMaddubs {
   static constexpr int kMaxT = 2;  // 16 ymm registers: 4 x 2 accumulators + operands
   static __m256i dot(__m256i u, __m256i s) { return simd::dot_us8_i32(u, s); }
-  // x8 path: i16 partial sums of maddubs (2 products each) stay below 32767
-  // for 8 steps of 4-bit weights (8 * 2 * 15 * 127) and 4 steps of 5-bit.
-  template <int kBits>
-  static constexpr int chunk() {
-    static_assert(kBits <= 5, "maddubs would saturate");
-    return kBits == 4 ? 8 : 4;
-  }
-  static __m256i step(__m256i part, __m256i u, __m256i s) { return _mm256_add_epi16(part, _mm256_maddubs_epi16(u, s)); }
-  static __m256i widen(__m256i part) { return _mm256_madd_epi16(part, _mm256_set1_epi16(1)); }
 };
 
 // One block: q = round_half_even(x * 127/amax); returns the i8 values and d.
@@ -62,30 +53,6 @@ void quantize_q8_1(const float* x, void* out, int64_t n) {
   }
 }
 
-void quantize_x8(const float* x, int64_t x_stride, int n_rows, void* out, int64_t n) {
-  auto* y = static_cast<BlockQ8x8*>(out);
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    BlockQ8x8& blk = y[b];
-    alignas(32) int32_t q[8][8] = {};  // [token][k]: 4 int8 per i32
-    for (int t = 0; t < 8; ++t) {
-      if (t >= n_rows) {
-        blk.d[t] = blk.s[t] = 0.0f;
-        blk.sum[t] = 0;
-        continue;
-      }
-      float d;
-      const __m256i qv = quantize_block(x + t * x_stride + b * kQK, &d);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(q[t]), qv);
-      const int sum = simd::hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1)));
-      blk.d[t] = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
-      blk.s[t] = _cvtsh_ss(_cvtss_sh(d * static_cast<float>(sum), _MM_FROUND_TO_NEAREST_INT));
-      blk.sum[t] = sum;
-    }
-    for (int k = 0; k < 8; ++k)
-      for (int t = 0; t < 8; ++t) std::memcpy(blk.qs + 32 * k + 4 * t, &q[t][k], 4);
-  }
-}
-
 constexpr size_t id(DType t) { return static_cast<size_t>(t); }
 
 }  // namespace
@@ -102,11 +69,6 @@ void fill_kernels_avx2(Kernels& k) {
   k.gemm[id(DType::kBF16)] = gemm_f<LoadBF16, DotMaddubs>();
   k.quantize[id(DType::kQ8_0)] = quantize_q8_0;
   k.quantize[id(DType::kQ8_1)] = quantize_q8_1;
-  k.quantize_x8 = quantize_x8;
-  k.gemm_x8[id(DType::kQ4_0)] = gemm_x8<X8Q4_0, DotMaddubs>;
-  k.gemm_x8[id(DType::kQ4_1)] = gemm_x8<X8Q4_1, DotMaddubs>;
-  k.gemm_x8[id(DType::kQ5_0)] = gemm_x8<X8Q5_0, DotMaddubs>;
-  k.gemm_x8[id(DType::kQ5_1)] = gemm_x8<X8Q5_1, DotMaddubs>;
   fill_ops_avx2(k);
 }
 

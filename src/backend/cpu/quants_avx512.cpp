@@ -13,11 +13,7 @@ struct DotVnni {
   RILL_KERNEL_TARGET static __m256i dot(__m256i u, __m256i s) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
   }
-  // x8 path: vpdpbusd accumulates in i32, no saturation.
-  template <int kBits>
-  static constexpr int chunk() { return 8; }
-  RILL_KERNEL_TARGET static __m256i step(__m256i part, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(part, u, s); }
-  static __m256i widen(__m256i part) { return part; }
+
 };
 
 constexpr size_t id(DType t) { return static_cast<size_t>(t); }
@@ -26,17 +22,13 @@ constexpr size_t id(DType t) { return static_cast<size_t>(t); }
 
 void fill_kernels_avx512(Kernels& k) {
   k.isa = Isa::kAvx512;
+  fill_ops_avx512(k);
   if (!cpu_features().avx512_vnni) return;
   k.gemm[id(DType::kQ4_0)] = gemm_q<DecQ4_0, DotVnni>();
   k.gemm[id(DType::kQ4_1)] = gemm_q<DecQ4_1, DotVnni>();
   k.gemm[id(DType::kQ5_0)] = gemm_q<DecQ5_0, DotVnni>();
   k.gemm[id(DType::kQ5_1)] = gemm_q<DecQ5_1, DotVnni>();
   k.gemm[id(DType::kQ8_0)] = gemm_q<DecQ8_0, DotVnni>();
-  k.gemm_x8[id(DType::kQ4_0)] = gemm_x8<X8Q4_0, DotVnni>;
-  k.gemm_x8[id(DType::kQ4_1)] = gemm_x8<X8Q4_1, DotVnni>;
-  k.gemm_x8[id(DType::kQ5_0)] = gemm_x8<X8Q5_0, DotVnni>;
-  k.gemm_x8[id(DType::kQ5_1)] = gemm_x8<X8Q5_1, DotVnni>;
-  k.gemm_x8[id(DType::kQ8_0)] = gemm_x8<X8Q8_0, DotVnni>;
 }
 
 }  // namespace rill::cpu

@@ -376,24 +376,6 @@ void quantize_row_q8_k(const float* x, void* out, int64_t n) {
   }
 }
 
-void quantize_rows_q8x8(const float* x, int64_t x_stride, int n_rows, void* out, int64_t n) {
-  assert(n % kQK == 0 && n_rows >= 1 && n_rows <= 8);
-  auto* y = static_cast<BlockQ8x8*>(out);
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    std::memset(&y[b], 0, sizeof(BlockQ8x8));
-    for (int t = 0; t < n_rows; ++t) {
-      BlockQ8_1 q;
-      quantize_row_q8_1(x + t * x_stride + b * kQK, &q, kQK);
-      y[b].d[t] = f16_to_f32(q.d);
-      y[b].s[t] = f16_to_f32(q.s);
-      for (int j = 0; j < kQK; ++j) {
-        y[b].sum[t] += q.qs[j];
-        y[b].qs[(j / 4) * 32 + t * 4 + j % 4] = q.qs[j];
-      }
-    }
-  }
-}
-
 void quantize_row(DType partner, const float* x, void* y, int64_t n) {
   switch (partner) {
     case DType::kQ8_0: return quantize_row_q8_0(x, y, n);

@@ -1,0 +1,126 @@
+// AVX-512 version of attend_f16_rounded reproducing llama.cpp's arithmetic
+// on an AVX-512 CPU bit for bit (its non-flash attention over an f16 cache):
+//  - q.k: for a batch of >= 2 queries llama.cpp's mul_mat takes tinyBLAS
+//    (one 16-lane f32 accumulator stepping 16 dims, then a horizontal add);
+//    for a single query ggml_vec_dot_f16 (4 accumulators of 16 lanes over
+//    64-dim steps, combined (x0 + x2) + (x1 + x3), then the horizontal add);
+//  - softmax: score * scale, max, exp with ggml's AVX-512 expf in 16-key
+//    chunks aligned at key 0, the chunk sums (horizontal adds) summed in
+//    double, probabilities * (float)(1 / sum), rounded to f16;
+//  - p.v: the same two dot structures over the keys (lane = key % 16, or
+//    key % 64 for a single query), per output dim.
+// The horizontal add is GCC's _mm512_reduce_add_ps order, written out.
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "backend/cpu/attention_f16.h"
+#include "core/half.h"
+
+namespace rill::cpu::detail {
+namespace {
+
+inline float reduce16(__m512 v) {
+  const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
+}
+
+inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+// ggml's AVX-512 ggml_v_expf (see ops_avx512.cpp).
+inline __m512 exp_ggml512(__m512 x) {
+  const __m512 shifter = _mm512_set1_ps(0x1.8p23f);
+  const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shifter);
+  const __m512 n = _mm512_sub_ps(z, shifter);
+  const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+  const __mmask16 huge = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+  const __m512 u = _mm512_mul_ps(b, b);
+  const __m512 j = _mm512_fmadd_ps(
+      _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+                      _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+  const __m512 res = _mm512_scalef_ps(j, n);
+  if (huge == 0) return res;
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, zero, _CMP_LE_OQ), _mm512_set1_ps(INFINITY), zero);
+  return _mm512_mask_blend_ps(huge, res, alt);
+}
+
+// q.k for one key (head_dim % 64 == 0 for the single-query form, % 16 otherwise).
+inline float dot_qk(const uint16_t* q, const uint16_t* k, int64_t hd, bool single_query) {
+  if (!single_query) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 16) acc = _mm512_fmadd_ps(load16(k + d), load16(q + d), acc);
+    return reduce16(acc);
+  }
+  __m512 x[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t d = 0; d < hd; d += 64)
+    for (int r = 0; r < 4; ++r) x[r] = _mm512_fmadd_ps(load16(k + d + 16 * r), load16(q + d + 16 * r), x[r]);
+  return reduce16(_mm512_add_ps(_mm512_add_ps(x[0], x[2]), _mm512_add_ps(x[1], x[3])));
+}
+
+}  // namespace
+
+bool attend_f16_exact_supported(int64_t head_dim) { return head_dim % 64 == 0 && head_dim <= 256; }
+
+void attend_f16_rounded_avx512(const F16AttendArgs& a) {
+  const int64_t hd = a.head_dim;
+  const int64_t n = a.j_end;  // keys [0, j_end); those before j_begin are masked
+  // Scores for keys 0..n-1 (masked: -inf), chunked from key 0 like llama.cpp's padded rows.
+  float max = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    float s = -INFINITY;
+    if (j >= a.j_begin) {
+      s = dot_qk(a.q16, a.k + j * a.kv_stride, hd, a.single_query) * a.scale;
+      if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
+    }
+    a.scores[j] = s;
+    max = s > max ? s : max;
+  }
+  double sum = 0.0;
+  const __m512 vmax = _mm512_set1_ps(max);
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const __mmask16 m = n - j0 >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j0)) - 1);
+    const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, a.scores + j0);
+    const __m512 e = exp_ggml512(_mm512_sub_ps(s, vmax));
+    _mm512_mask_storeu_ps(a.scores + j0, m, e);
+    sum += static_cast<double>(reduce16(e));
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j) a.probs16[j] = f32_to_f16(a.scores[j] * inv);
+
+  // p.v: accumulator row (key % n_lanes) per key, each a vector over head dims.
+  const int n_lanes = a.single_query ? 64 : 16;
+  alignas(64) float acc[64][256];
+  for (int l = 0; l < n_lanes; ++l)
+    for (int64_t d = 0; d < hd; d += 16) _mm512_store_ps(acc[l] + d, _mm512_setzero_ps());
+  for (int64_t j = a.j_begin; j < n; ++j) {
+    const __m512 p = _mm512_set1_ps(_cvtsh_ss(a.probs16[j]));
+    float* row = acc[j % n_lanes];
+    const uint16_t* vr = a.v + j * a.kv_stride;
+    for (int64_t d = 0; d < hd; d += 16)
+      _mm512_store_ps(row + d, _mm512_fmadd_ps(load16(vr + d), p, _mm512_load_ps(row + d)));
+  }
+  for (int64_t d = 0; d < hd; d += 16) {
+    __m512 lane[16];
+    for (int l = 0; l < 16; ++l) {
+      lane[l] = _mm512_load_ps(acc[l] + d);
+      if (a.single_query) {  // (x0 + x2) + (x1 + x3) per lane, the 4 accumulators 16 keys apart
+        const __m512 x0 = lane[l], x1 = _mm512_load_ps(acc[16 + l] + d);
+        const __m512 x2 = _mm512_load_ps(acc[32 + l] + d), x3 = _mm512_load_ps(acc[48 + l] + d);
+        lane[l] = _mm512_add_ps(_mm512_add_ps(x0, x2), _mm512_add_ps(x1, x3));
+      }
+    }
+    // reduce16 across the 16 lanes, vectorised over 16 dims
+    __m512 t3[8], t6[4];
+    for (int l = 0; l < 8; ++l) t3[l] = _mm512_add_ps(lane[l + 8], lane[l]);
+    for (int l = 0; l < 4; ++l) t6[l] = _mm512_add_ps(t3[l + 4], t3[l]);
+    const __m512 t8_0 = _mm512_add_ps(t6[0], t6[2]), t8_1 = _mm512_add_ps(t6[1], t6[3]);
+    _mm512_storeu_ps(a.out + d, _mm512_add_ps(t8_0, t8_1));
+  }
+}
+
+}  // namespace rill::cpu::detail
