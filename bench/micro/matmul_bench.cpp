@@ -68,6 +68,46 @@ BENCHMARK(BM_Q4_1_attn_576x576)->Args({1, 2})->Args({512, 2})->UseRealTime();
 BENCHMARK(BM_Q4_1_ffn_down_576x1536)->Args({1, 2})->Args({512, 2})->UseRealTime();
 BENCHMARK(BM_Q8_0_lm_head_49152x576)->Args({1, 2})->Args({64, 2})->Args({1, 1})->UseRealTime();
 
+// One decode token's matmuls of the whole model with distinct weights per
+// layer (30 x {q, k, v, o, gate, up, down} Q4_1 + the Q8_0 LM head, ~96 MB),
+// so weights stream from DRAM as in real decode, unlike the hot-cache
+// single-matrix runs above. Compare weight_GB/s with BM_ReadBandwidth.
+void BM_decode_token_all_layers(benchmark::State& state) {
+  static ThreadPool pool2(kThreads), pool1(1);
+  ThreadPool& pool = state.range(0) == 1 ? pool1 : pool2;
+  struct Mat {
+    DType t;
+    int64_t rows, cols;
+  };
+  const Mat layer[] = {{DType::kQ4_1, 576, 576},  {DType::kQ4_1, 192, 576},  {DType::kQ4_1, 192, 576},
+                       {DType::kQ4_1, 576, 576},  {DType::kQ4_1, 1536, 576}, {DType::kQ4_1, 1536, 576},
+                       {DType::kQ4_1, 576, 1536}};
+  static std::vector<std::vector<uint8_t>> bufs;
+  static std::vector<WeightView> views;
+  if (views.empty()) {
+    for (int l = 0; l < 30; ++l)
+      for (const Mat& m : layer) bufs.push_back(random_weights(m.t, m.rows, m.cols));
+    bufs.push_back(random_weights(DType::kQ8_0, 49152, 576));
+    size_t i = 0;
+    for (int l = 0; l < 30; ++l)
+      for (const Mat& m : layer) views.push_back({m.t, m.rows, m.cols, bufs[i++].data(), row_bytes(m.t, m.cols)});
+    views.push_back({DType::kQ8_0, 49152, 576, bufs[i].data(), row_bytes(DType::kQ8_0, 576)});
+  }
+  std::vector<float> x(1536, 0.5f), y(49152);
+  Scratch scratch;
+  scratch.reserve(matmul_scratch_bytes(DType::kQ4_1, 1536, 1));
+  size_t bytes = 0;
+  for (const auto& b : bufs) bytes += b.size();
+  for (auto _ : state) {
+    for (const WeightView& v : views) matmul(v, x.data(), 1, y.data(), pool, scratch);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(bytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(isa_name(best_isa())) + " " + std::to_string(bytes >> 20) + " MiB");
+}
+BENCHMARK(BM_decode_token_all_layers)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // The decode ceiling: streaming reads of a buffer larger than the caches
 // (256 MiB) by the same 2 threads.
 void BM_ReadBandwidth(benchmark::State& state) {
