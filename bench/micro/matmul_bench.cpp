@@ -61,6 +61,12 @@ void BM_Q4_1_ffn_up_1536x576(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 
 void BM_Q4_1_attn_576x576(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 576, 576); }
 void BM_Q4_1_ffn_down_576x1536(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 576, 1536); }
 void BM_Q8_0_lm_head_49152x576(benchmark::State& s) { run_matmul(s, DType::kQ8_0, 49152, 576); }
+// Larger than the L3 cache (32 MiB): weights stream from DRAM every call.
+void BM_Q4_1_cold_180000x576(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 180000, 576); }
+void BM_Q8_0_cold_98304x576(benchmark::State& s) { run_matmul(s, DType::kQ8_0, 98304, 576); }
+BENCHMARK(BM_Q4_1_cold_180000x576)->Args({1, 1})->Args({1, 2})->UseRealTime();
+BENCHMARK(BM_Q8_0_cold_98304x576)->Args({1, 1})->Args({1, 2})->UseRealTime();
+
 // Args: {n_tokens, n_threads}. The 1-thread runs isolate kernel speed when
 // the machine is shared.
 BENCHMARK(BM_Q4_1_ffn_up_1536x576)->Args({1, 2})->Args({512, 2})->Args({1, 1})->Args({512, 1})->UseRealTime();
@@ -111,13 +117,15 @@ BENCHMARK(BM_decode_token_all_layers)->Arg(2)->Arg(1)->UseRealTime()->Unit(bench
 // The decode ceiling: streaming reads of a buffer larger than the caches
 // (256 MiB) by the same 2 threads.
 void BM_ReadBandwidth(benchmark::State& state) {
-  static ThreadPool pool(kThreads);
+  static ThreadPool pool2(kThreads), pool1(1);
+  ThreadPool& pool = state.range(0) == 1 ? pool1 : pool2;
+  const int n_threads = pool.n_threads();
   const size_t n = size_t{256} << 20 >> 3;
   static std::vector<uint64_t> buf(n, 1);
   uint64_t sums[kThreads] = {};
   for (auto _ : state) {
     pool.for_each_thread([&](int t) {
-      const size_t b = n / kThreads * t, e = b + n / kThreads;
+      const size_t b = n / n_threads * t, e = b + n / n_threads;
       uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
       for (size_t i = b; i < e; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
       sums[t] = s0 + s1 + s2 + s3;
@@ -126,7 +134,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
   }
   state.counters["read_GB/s"] = benchmark::Counter(n * 8.0 * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_ReadBandwidth)->UseRealTime();
+BENCHMARK(BM_ReadBandwidth)->Arg(2)->Arg(1)->UseRealTime();
 
 }  // namespace
 }  // namespace rill::cpu

@@ -65,6 +65,8 @@ struct DecQ8_0 {
   static __m256i decode(const Block* b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs)); }
 };
 
+inline constexpr size_t kPrefetchBytes = 2048;
+
 template <typename Dec, typename Dot, int R, int T>
 RILL_KERNEL_TARGET void gemm_q_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride, float* y,
                  int64_t y_stride) {
@@ -84,7 +86,17 @@ RILL_KERNEL_TARGET void gemm_q_tile(int64_t n, const void* w, size_t w_stride, c
     RILL_UNROLL
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
 
+  // Decode streams weights from DRAM: the R rows of a tile are one
+  // contiguous region read R blocks at a time, a pattern too short per row
+  // for the hardware prefetchers, so prefetch that region kPrefetchBytes ahead.
+  constexpr size_t kStep = R * sizeof(WBlock);
+  constexpr int kLines = static_cast<int>((kStep + 63) / 64) + 1;
+  const char* pf = static_cast<const char*>(w) + kPrefetchBytes;
   for (int64_t ib = 0; ib < nb; ++ib) {
+    if constexpr (T == 1) {
+      RILL_UNROLL
+      for (int l = 0; l < kLines; ++l) _mm_prefetch(pf + ib * kStep + 64 * l, _MM_HINT_T0);
+    }
     __m256i qa[T];
     float da[T], sa[T];
     RILL_UNROLL
@@ -97,7 +109,7 @@ RILL_KERNEL_TARGET void gemm_q_tile(int64_t n, const void* w, size_t w_stride, c
     for (int r = 0; r < R; ++r) {
       const WBlock* b = wr[r] + ib;
       const __m256i qw = Dec::decode(b);
-      const float dw = simd::f16(b->d);
+      const float dw = Dec::kMin ? 0.0f : simd::f16(b->d);
       if constexpr (Dec::kSigned) {
         const __m256i aw = _mm256_sign_epi8(qw, qw);  // |w|, moving w's sign onto a
         RILL_UNROLL
@@ -106,11 +118,16 @@ RILL_KERNEL_TARGET void gemm_q_tile(int64_t n, const void* w, size_t w_stride, c
           acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da[t]), p, acc[r][t]);
         }
       } else {
-        const float mw = simd::f16(b->m);
+        // d and m are adjacent f16s: one conversion for both (same values).
+        uint32_t dm;
+        std::memcpy(&dm, &b->d, 4);
+        const __m128 dmf = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
+        const float mw = _mm_cvtss_f32(_mm_movehdup_ps(dmf));
+        const float dwm = _mm_cvtss_f32(dmf);
         RILL_UNROLL
         for (int t = 0; t < T; ++t) {
           const __m256 p = _mm256_cvtepi32_ps(Dot::dot(qw, qa[t]));
-          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da[t]), p, acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dwm * da[t]), p, acc[r][t]);
           macc[r][t] += mw * sa[t];
         }
       }
