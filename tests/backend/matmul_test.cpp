@@ -107,6 +107,31 @@ TEST(Matmul, DefaultModelShapes) {
   check_matmul(DType::kQ8_0, Shape{100, 576, 33}, 2);
 }
 
+TEST(Matmul, GroupEqualsSeparateCalls) {
+  for (int64_t n_tokens : {1, 6, 37}) {
+    const int64_t n_cols = 576;
+    const auto wq = random_weight_rows(DType::kQ4_1, 576, n_cols, 1);
+    const auto wk = random_weight_rows(DType::kQ4_1, 192, n_cols, 2);
+    const auto wv = random_weight_rows(DType::kQ5_1, 64, n_cols, 3);  // same partner (Q8_1)
+    const WeightView vq{DType::kQ4_1, 576, n_cols, wq.data(), row_bytes(DType::kQ4_1, n_cols)};
+    const WeightView vk{DType::kQ4_1, 192, n_cols, wk.data(), row_bytes(DType::kQ4_1, n_cols)};
+    const WeightView vv{DType::kQ5_1, 64, n_cols, wv.data(), row_bytes(DType::kQ5_1, n_cols)};
+    const auto x = random_floats(n_cols * n_tokens, 4);
+    ThreadPool pool(2);
+    Scratch scratch;
+    scratch.reserve(matmul_scratch_bytes(DType::kQ4_1, n_cols, n_tokens));
+    std::vector<float> yq(576 * n_tokens), yk(192 * n_tokens), yv(64 * n_tokens);
+    const WeightView* ws[] = {&vq, &vk, &vv};
+    float* ys[] = {yq.data(), yk.data(), yv.data()};
+    matmul_group(ws, ys, 3, x.data(), n_tokens, pool, scratch);
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> want(ws[i]->n_rows * n_tokens);
+      matmul(*ws[i], x.data(), n_tokens, want.data(), pool, scratch);
+      for (size_t e = 0; e < want.size(); ++e) ASSERT_EQ(ys[i][e], want[e]) << "matrix " << i << " tokens " << n_tokens;
+    }
+  }
+}
+
 TEST(GetRows, GathersDequantizedRows) {
   const int64_t n_rows = 10, n_cols = 64;
   const auto w = random_weight_rows(DType::kQ8_0, n_rows, n_cols, 3);

@@ -15,59 +15,110 @@ size_t matmul_scratch_bytes(DType w, int64_t n_cols, int64_t n_tokens) {
   return row_bytes(p, n_cols) * static_cast<size_t>(n_tokens);
 }
 
-void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, Scratch& scratch,
-            int64_t y_stride) {
-  if (n_tokens <= 0 || w.n_rows <= 0) return;
-  if (y_stride == 0) y_stride = w.n_rows;
-  const Kernels& k = kernels();
-  const int64_t n = w.n_cols;
-  const DType partner = vec_dot_partner(w.dtype);
-  const GemmTileFn gemm = k.gemm[static_cast<size_t>(w.dtype)];
-  assert(gemm);
+namespace {
 
-  // For llama.cpp parity every (row, token) dot uses the same kernel and sum
-  // order whatever the batch size (llama.cpp runs vec_dot per pair).
-  const void* a = x;
-  size_t a_stride = static_cast<size_t>(n) * sizeof(float);
-  if (partner != DType::kF32) {
-    assert(scratch.size() >= matmul_scratch_bytes(w.dtype, n, n_tokens));
-    a_stride = row_bytes(partner, n);
-    auto* q = static_cast<uint8_t*>(scratch.data());
-    const QuantizeRowFn quantize = k.quantize[static_cast<size_t>(partner)];
-    auto quantize_rows = [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) quantize(x + t * n, q + static_cast<size_t>(t) * a_stride, n);
-    };
-    if (n_tokens < 8) quantize_rows(0, n_tokens);
-    else pool.parallel_for(n_tokens, 4, quantize_rows);
-    a = q;
+// Quantizes x ([n_tokens, n] f32) to `partner` in scratch; returns the
+// activation rows and their stride (x itself for f32 partners).
+const uint8_t* prepare_activations(const Kernels& k, DType partner, const float* x, int64_t n, int64_t n_tokens,
+                                   ThreadPool& pool, Scratch& scratch, size_t* a_stride) {
+  if (partner == DType::kF32) {
+    *a_stride = static_cast<size_t>(n) * sizeof(float);
+    return reinterpret_cast<const uint8_t*>(x);
   }
+  *a_stride = row_bytes(partner, n);
+  assert(scratch.size() >= *a_stride * static_cast<size_t>(n_tokens));
+  auto* q = static_cast<uint8_t*>(scratch.data());
+  const QuantizeRowFn quantize = k.quantize[static_cast<size_t>(partner)];
+  const size_t stride = *a_stride;
+  auto quantize_rows = [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) quantize(x + t * n, q + static_cast<size_t>(t) * stride, n);
+  };
+  if (n_tokens < 8) quantize_rows(0, n_tokens);
+  else pool.parallel_for(n_tokens, 4, quantize_rows);
+  return q;
+}
 
-  // Chunks of weight rows: a multiple of the tile height, small enough that
-  // every thread gets several (the pool hands them out dynamically).
-  const int64_t n_threads = pool.n_threads();
+// One weight's share of a matmul job, split in chunks of rows.
+struct MatJob {
+  const WeightView* w;
+  GemmTileFn gemm;
+  float* y;
+  int64_t y_stride;
+  int64_t chunk;     // rows per chunk: a multiple of the tile height
+  int64_t n_chunks;
+};
+
+MatJob plan(const Kernels& k, const WeightView& w, float* y, int64_t y_stride, int64_t n_tokens, int n_threads) {
+  MatJob j{&w, k.gemm[static_cast<size_t>(w.dtype)], y, y_stride == 0 ? w.n_rows : y_stride, 0, 0};
+  assert(j.gemm);
+  // Small enough that every thread gets several chunks (handed out dynamically).
   int64_t chunk = w.n_rows / (n_threads * (n_tokens == 1 ? 8 : 4));
   chunk = std::max<int64_t>(kMaxTileRows, chunk / kMaxTileRows * kMaxTileRows);
   if (n_tokens > 1) chunk = std::min<int64_t>(chunk, 64);
-  const int64_t n_chunks = (w.n_rows + chunk - 1) / chunk;
-  // Tokens are processed in blocks so a block's activations stay in cache
-  // while the chunk's weight rows stream over them.
+  j.chunk = chunk;
+  j.n_chunks = (w.n_rows + chunk - 1) / chunk;
+  return j;
+}
+
+// Rows [r0, r1) of one weight against all tokens. Tokens go in blocks so a
+// block's activations stay in cache while the chunk's rows stream over them.
+void run_chunk(const MatJob& j, int64_t c, const uint8_t* a, size_t a_stride, int64_t n_tokens) {
   constexpr int64_t kTokenBlock = 64;
+  const WeightView& w = *j.w;
   const auto* wb = static_cast<const uint8_t*>(w.data);
-  const auto* ab = static_cast<const uint8_t*>(a);
-  pool.parallel_for(n_chunks, 1, [&](int64_t cb, int64_t ce) {
-    for (int64_t c = cb; c < ce; ++c) {
-      const int64_t r0 = c * chunk, r1 = std::min(w.n_rows, r0 + chunk);
-      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
-        const int64_t t1 = std::min(n_tokens, t0 + kTokenBlock);
-        for (int64_t r = r0; r < r1; r += kMaxTileRows) {
-          const int n_r = static_cast<int>(std::min<int64_t>(kMaxTileRows, r1 - r));
-          for (int64_t t = t0; t < t1; t += kMaxTileCols) {
-            const int n_t = static_cast<int>(std::min<int64_t>(kMaxTileCols, t1 - t));
-            gemm(n, wb + static_cast<size_t>(r) * w.row_stride, w.row_stride, n_r,
-                 ab + static_cast<size_t>(t) * a_stride, a_stride, n_t, y + t * y_stride + r, y_stride);
-          }
-        }
+  const int64_t r0 = c * j.chunk, r1 = std::min(w.n_rows, r0 + j.chunk);
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
+    const int64_t t1 = std::min(n_tokens, t0 + kTokenBlock);
+    for (int64_t r = r0; r < r1; r += kMaxTileRows) {
+      const int n_r = static_cast<int>(std::min<int64_t>(kMaxTileRows, r1 - r));
+      for (int64_t t = t0; t < t1; t += kMaxTileCols) {
+        const int n_t = static_cast<int>(std::min<int64_t>(kMaxTileCols, t1 - t));
+        j.gemm(w.n_cols, wb + static_cast<size_t>(r) * w.row_stride, w.row_stride, n_r,
+               a + static_cast<size_t>(t) * a_stride, a_stride, n_t, j.y + t * j.y_stride + r, j.y_stride);
       }
+    }
+  }
+}
+
+}  // namespace
+
+// For llama.cpp parity every (row, token) dot uses the same kernel and sum
+// order whatever the batch size (llama.cpp runs vec_dot per pair).
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, Scratch& scratch,
+            int64_t y_stride) {
+  if (n_tokens <= 0 || w.n_rows <= 0) return;
+  const Kernels& k = kernels();
+  size_t a_stride = 0;
+  const uint8_t* a =
+      prepare_activations(k, vec_dot_partner(w.dtype), x, w.n_cols, n_tokens, pool, scratch, &a_stride);
+  const MatJob j = plan(k, w, y, y_stride, n_tokens, pool.n_threads());
+  pool.parallel_for(j.n_chunks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) run_chunk(j, c, a, a_stride, n_tokens);
+  });
+}
+
+void matmul_group(const WeightView* const* ws, float* const* ys, int n_mats, const float* x, int64_t n_tokens,
+                  ThreadPool& pool, Scratch& scratch) {
+  assert(n_mats >= 1 && n_mats <= kMaxMatmulGroup);
+  if (n_tokens <= 0) return;
+  const Kernels& k = kernels();
+  const DType partner = vec_dot_partner(ws[0]->dtype);
+  for (int i = 1; i < n_mats; ++i) {
+    assert(ws[i]->n_cols == ws[0]->n_cols && vec_dot_partner(ws[i]->dtype) == partner);
+  }
+  size_t a_stride = 0;
+  const uint8_t* a = prepare_activations(k, partner, x, ws[0]->n_cols, n_tokens, pool, scratch, &a_stride);
+  MatJob jobs[kMaxMatmulGroup];
+  int64_t first_chunk[kMaxMatmulGroup + 1] = {0};
+  for (int i = 0; i < n_mats; ++i) {
+    jobs[i] = plan(k, *ws[i], ys[i], 0, n_tokens, pool.n_threads());
+    first_chunk[i + 1] = first_chunk[i] + jobs[i].n_chunks;
+  }
+  pool.parallel_for(first_chunk[n_mats], 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      int i = 0;
+      while (c >= first_chunk[i + 1]) ++i;
+      run_chunk(jobs[i], c - first_chunk[i], a, a_stride, n_tokens);
     }
   });
 }

@@ -50,6 +50,15 @@ size_t matmul_scratch_bytes(DType w, int64_t n_cols, int64_t n_tokens);
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
             Scratch& scratch, int64_t y_stride = 0);
 
+// Several weights applied to the same x (q/k/v, gate/up): x is quantized
+// once and all their rows go through the pool in one job, so a decode step
+// pays one synchronisation instead of n_mats. Every ws[i] must have the
+// same n_cols and the same vec_dot_partner type; ys[i]: [n_tokens, ws[i]->n_rows].
+// Results equal n_mats separate matmul() calls bit for bit. Scratch as matmul.
+inline constexpr int kMaxMatmulGroup = 8;
+void matmul_group(const WeightView* const* ws, float* const* ys, int n_mats, const float* x, int64_t n_tokens,
+                  ThreadPool& pool, Scratch& scratch);
+
 // out[i, :] = dequantized row ids[i] of W. out: [n_ids, n_cols] f32.
 void get_rows(const WeightView& w, const int32_t* ids, int64_t n_ids, float* out);
 
