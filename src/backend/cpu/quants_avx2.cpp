@@ -1,6 +1,7 @@
 // AVX2 + FMA + F16C: tiled gemm for the classic quant types and float
 // weights, and the Q8_0 / Q8_1 activation quantizers (bit-identical to
 // quants_ref.cpp).
+#include "backend/cpu/gemm_kquant_x86_impl.h"
 #include "backend/cpu/gemm_x86_impl.h"
 
 namespace rill::cpu {
@@ -64,6 +65,9 @@ void fill_kernels_avx2(Kernels& k) {
   k.gemm[id(DType::kQ5_0)] = gemm_q<DecQ5_0, DotMaddubs>();
   k.gemm[id(DType::kQ5_1)] = gemm_q<DecQ5_1, DotMaddubs>();
   k.gemm[id(DType::kQ8_0)] = gemm_q<DecQ8_0, DotMaddubs>();
+  k.gemm[id(DType::kQ4_K)] = gemm_k<KDecQ4>();
+  k.gemm[id(DType::kQ5_K)] = gemm_k<KDecQ5>();
+  k.gemm[id(DType::kQ6_K)] = gemm_k<KDecQ6>();
   k.gemm[id(DType::kF32)] = gemm_f<LoadF32, DotMaddubs>();
   k.gemm[id(DType::kF16)] = gemm_f<LoadF16, DotMaddubs>();
   k.gemm[id(DType::kBF16)] = gemm_f<LoadBF16, DotMaddubs>();
