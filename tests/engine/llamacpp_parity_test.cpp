@@ -1,7 +1,14 @@
 // Parity with llama.cpp on the default model (SmolLM2-135M-Instruct Q4_1):
 // the greedy continuation of every prompt in tests/data/llamacpp/
 // smollm2_greedy.json (made by tools/make_llamacpp_goldens.py) is identical,
-// and the first-step logits agree closely.
+// and the first-step logits agree to the golden's 5 decimals.
+//
+// The goldens come from llama.cpp built natively on an AVX-512 machine, and
+// rill reproduces that build's arithmetic (quantized dot-product order, exp
+// approximation, f16 attention rounding) on its AVX-512 path. A model this
+// small and quantized turns last-bit differences into different tokens, so
+// on CPUs without AVX-512 (where llama.cpp itself computes differently)
+// these tests are skipped.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_features.h"
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
@@ -45,6 +53,10 @@ class LlamaCppParity : public ::testing::Test {
   }
   void SetUp() override {
     if (!model_) GTEST_SKIP() << kModel << " not found (run scripts/setup.sh)";
+    if (cpu::best_isa() != cpu::Isa::kAvx512) {
+      GTEST_SKIP() << "the llama.cpp goldens were made on AVX-512; this CPU path is "
+                   << cpu::isa_name(cpu::best_isa());
+    }
   }
   static Model* model_;
   static nlohmann::json* golden_;
@@ -91,9 +103,7 @@ TEST_F(LlamaCppParity, FirstStepLogitsAgree) {
   const float* last = logits->data() + (prompt.size() - 1) * V;
   double max_err = 0;
   for (size_t i = 0; i < V; ++i) max_err = std::max(max_err, std::fabs(double(last[i]) - ref[i]));
-  // Same quantization of weights and activations; only summation order and
-  // the attention/exp implementations differ.
-  EXPECT_LT(max_err, 0.05) << "max |logit - llama.cpp| = " << max_err;
+  EXPECT_LT(max_err, 1e-4) << "max |logit - llama.cpp| = " << max_err;
   RecordProperty("max_abs_logit_error", std::to_string(max_err));
   std::printf("max |logit - llama.cpp| at the first step: %.5f\n", max_err);
 }
