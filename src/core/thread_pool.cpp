@@ -18,6 +18,7 @@ constexpr int kSpinIterations = 20000;
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = n_threads;
+  claim_.store(pack(0, kClosed));
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
@@ -25,40 +26,58 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true);
-    generation_.fetch_add(1);
   }
   cv_.notify_all();
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::work_on_current_job(int thread_index) {
-  if (job_one_per_thread_) {
-    job_fn_(job_ctx_, thread_index, thread_index + 1);
-    return;
-  }
+void ThreadPool::help_with_job(uint64_t gen, int thread_index) {
   for (;;) {
-    int64_t begin = next_chunk_.fetch_add(job_grain_, std::memory_order_relaxed);
-    if (begin >= job_n_) break;
-    job_fn_(job_ctx_, begin, std::min(job_n_, begin + job_grain_));
+    uint64_t c = claim_.load(std::memory_order_acquire);
+    if ((c >> kIndexBits) != gen) return;
+    const uint64_t index = c & kIndexMask;
+    // Read the descriptor before claiming; the claim validates it.
+    const Trampoline fn = job_fn_.load(std::memory_order_relaxed);
+    void* ctx = job_ctx_.load(std::memory_order_relaxed);
+    const int64_t n = job_n_.load(std::memory_order_relaxed);
+    const int64_t grain = job_grain_.load(std::memory_order_relaxed);
+    const auto n_chunks = static_cast<uint64_t>(job_n_chunks_.load(std::memory_order_relaxed));
+    if (job_one_per_thread_.load(std::memory_order_relaxed)) {
+      // Chunk i belongs to thread i; the job cannot end without this thread.
+      fn(ctx, thread_index, thread_index + 1);
+      n_chunks_done_.fetch_add(1, std::memory_order_acq_rel);
+      return;
+    }
+    if (index >= n_chunks) return;  // all claimed (or closed)
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+    const int64_t begin = static_cast<int64_t>(index) * grain;
+    fn(ctx, begin, std::min(n, begin + grain));
+    n_chunks_done_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
 void ThreadPool::run_job(int64_t n, int64_t grain, Trampoline t, void* ctx, bool one_per_thread) {
-  job_fn_ = t;
-  job_ctx_ = ctx;
-  job_n_ = n;
-  job_grain_ = grain;
-  job_one_per_thread_ = one_per_thread;
-  next_chunk_.store(0, std::memory_order_relaxed);
-  n_active_.store(n_threads_ - 1, std::memory_order_relaxed);
+  const uint64_t gen = (generation_.load(std::memory_order_relaxed) + 1) & ((uint64_t{1} << 24) - 1);
+  const int64_t n_chunks = one_per_thread ? n_threads_ : (n + grain - 1) / grain;
+  // The claim word is closed (previous job finished), so no worker can be
+  // using the descriptor.
+  job_fn_.store(t, std::memory_order_relaxed);
+  job_ctx_.store(ctx, std::memory_order_relaxed);
+  job_n_.store(n, std::memory_order_relaxed);
+  job_grain_.store(grain, std::memory_order_relaxed);
+  job_n_chunks_.store(n_chunks, std::memory_order_relaxed);
+  job_one_per_thread_.store(one_per_thread, std::memory_order_relaxed);
+  n_chunks_done_.store(0, std::memory_order_relaxed);
+  claim_.store(pack(gen, 0), std::memory_order_release);
   {
     // Publishing under the mutex pairs with the sleepers' predicate check.
     std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_release);
+    generation_.store(gen, std::memory_order_release);
   }
   if (n_sleeping_.load(std::memory_order_acquire) > 0) cv_.notify_all();
-  work_on_current_job(0);
-  while (n_active_.load(std::memory_order_acquire) != 0) RILL_PAUSE();
+  help_with_job(gen, 0);
+  while (n_chunks_done_.load(std::memory_order_acquire) < n_chunks) RILL_PAUSE();
+  claim_.store(pack(gen, kClosed), std::memory_order_release);
 }
 
 void ThreadPool::worker_loop(int index) {
@@ -72,14 +91,15 @@ void ThreadPool::worker_loop(int index) {
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
       n_sleeping_.fetch_add(1, std::memory_order_acq_rel);
-      cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      cv_.wait(lock, [&] {
+        return generation_.load(std::memory_order_acquire) != seen || stop_.load();
+      });
       n_sleeping_.fetch_sub(1, std::memory_order_acq_rel);
       gen = generation_.load(std::memory_order_acquire);
     }
     seen = gen;
     if (stop_.load()) return;
-    work_on_current_job(index);
-    n_active_.fetch_sub(1, std::memory_order_acq_rel);
+    help_with_job(gen, index);
   }
 }
 

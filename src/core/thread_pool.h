@@ -4,8 +4,10 @@
 // The caller takes part in every job, so a pool of n threads has n-1
 // workers. Workers spin briefly between jobs before sleeping, because a
 // decode step issues a few hundred small jobs back to back and a sleep/wake
-// per job would cost more than the work. Jobs are not reentrant: call
-// parallel_for only from one thread at a time (the engine thread).
+// per job would cost more than the work. Chunks are claimed dynamically and
+// a job ends when its chunks are done, not when every worker has shown up:
+// on a busy machine a descheduled worker delays nothing. Jobs are not
+// reentrant: call parallel_for only from one thread at a time.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -54,22 +56,37 @@ class ThreadPool {
     (*static_cast<Fn*>(ctx))(b, e);
   }
 
+  // The claim word packs a job's generation (high 24 bits) with the index of
+  // its next unclaimed chunk (low 40 bits). A chunk is claimed by a CAS on
+  // the whole word, so a worker that wakes late can never claim a chunk of a
+  // job that has moved on: between jobs the caller sets the index to kClosed.
+  static constexpr int kIndexBits = 40;
+  static constexpr uint64_t kIndexMask = (uint64_t{1} << kIndexBits) - 1;
+  static constexpr uint64_t kClosed = kIndexMask;
+  static uint64_t pack(uint64_t gen, uint64_t index) { return (gen << kIndexBits) | index; }
+
   void run_job(int64_t n, int64_t grain, Trampoline t, void* ctx, bool one_per_thread = false);
   void worker_loop(int index);
-  void work_on_current_job(int thread_index);
+  // Runs chunks of job `gen` until none is left; returns at once if `gen`
+  // is not the current job.
+  void help_with_job(uint64_t gen, int thread_index);
 
   int n_threads_;
   std::vector<std::thread> workers_;
 
-  // The current job. Published by bumping generation_.
-  Trampoline job_fn_ = nullptr;
-  void* job_ctx_ = nullptr;
-  int64_t job_n_ = 0;
-  int64_t job_grain_ = 1;
-  bool job_one_per_thread_ = false;
-  std::atomic<int64_t> next_chunk_{0};
-  std::atomic<int> n_active_{0};
-  std::atomic<uint64_t> generation_{0};
+  // The current job's descriptor: written by the caller only while the claim
+  // word is closed; read by workers, whose successful claim proves they read
+  // the descriptor of the job they claimed from.
+  std::atomic<Trampoline> job_fn_{nullptr};
+  std::atomic<void*> job_ctx_{nullptr};
+  std::atomic<int64_t> job_n_{0};
+  std::atomic<int64_t> job_grain_{1};
+  std::atomic<int64_t> job_n_chunks_{0};
+  std::atomic<bool> job_one_per_thread_{false};
+
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> n_chunks_done_{0};
+  std::atomic<uint64_t> generation_{0};  // the latest job (wakes workers)
   std::atomic<bool> stop_{false};
 
   std::mutex mu_;
