@@ -1,5 +1,6 @@
 #include "model/layers.h"
 
+#include "backend/cpu/quants.h"
 #include "core/half.h"
 
 namespace rill {
@@ -9,6 +10,28 @@ void Linear::forward(const float* x, int64_t n_tokens, float* y, ThreadPool& poo
   cpu::matmul(w, x, n_tokens, y, pool, scratch);
   if (bias.empty()) return;
   for (int64_t t = 0; t < n_tokens; ++t) cpu::add_inplace(y + t * n_out(), bias.data(), n_out());
+}
+
+void forward_group(const Linear* const* ls, float* const* ys, int n, const float* x, int64_t n_tokens,
+                   ThreadPool& pool, cpu::Scratch& scratch) {
+  bool same_partner = n <= cpu::kMaxMatmulGroup;
+  for (int i = 1; i < n && same_partner; ++i) {
+    same_partner = cpu::vec_dot_partner(ls[i]->w.dtype) == cpu::vec_dot_partner(ls[0]->w.dtype) &&
+                   ls[i]->n_in() == ls[0]->n_in();
+  }
+  if (!same_partner) {
+    for (int i = 0; i < n; ++i) ls[i]->forward(x, n_tokens, ys[i], pool, scratch);
+    return;
+  }
+  const cpu::WeightView* ws[cpu::kMaxMatmulGroup] = {};
+  for (int i = 0; i < n; ++i) ws[i] = &ls[i]->w;
+  cpu::matmul_group(ws, ys, n, x, n_tokens, pool, scratch);
+  for (int i = 0; i < n; ++i) {
+    if (ls[i]->bias.empty()) continue;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      cpu::add_inplace(ys[i] + t * ls[i]->n_out(), ls[i]->bias.data(), ls[i]->n_out());
+    }
+  }
 }
 
 cpu::WeightView weight_view(const TensorRef& t) {

@@ -24,6 +24,13 @@ struct Linear {
                cpu::Scratch& scratch) const;
 };
 
+// Applies several Linears to the same x (q/k/v, gate/up). When their
+// weights share an activation type, x is quantized once and one pool job
+// runs them all (one synchronisation per group instead of per matrix);
+// results equal separate forward() calls bit for bit. ys[i]: [n_tokens, ls[i]->n_out()].
+void forward_group(const Linear* const* ls, float* const* ys, int n, const float* x, int64_t n_tokens,
+                   ThreadPool& pool, cpu::Scratch& scratch);
+
 enum class Bias { kNone, kOptional, kRequired };
 
 // Binds "<name>.weight" (and "<name>.bias") with shape [n_out, n_in].

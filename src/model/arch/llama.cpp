@@ -174,9 +174,9 @@ Status LlamaModel::init(const ModelOptions& options) {
 
 void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& batch) {
   const int64_t n = batch.n_tokens();
-  L.q.forward(a_.h.data(), n, a_.q.data(), pool_, a_.scratch);
-  L.k.forward(a_.h.data(), n, a_.k.data(), pool_, a_.scratch);
-  L.v.forward(a_.h.data(), n, a_.v.data(), pool_, a_.scratch);
+  const Linear* qkv[] = {&L.q, &L.k, &L.v};
+  float* qkv_out[] = {a_.q.data(), a_.k.data(), a_.v.data()};
+  forward_group(qkv, qkv_out, 3, a_.h.data(), n, pool_, a_.scratch);
   if (!L.q_norm.empty()) {
     cpu::rms_norm(a_.q.data(), L.q_norm.data(), n * cfg_.n_head, hd_, cfg_.rms_norm_eps, a_.q.data());
     cpu::rms_norm(a_.k.data(), L.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a_.k.data());
@@ -196,8 +196,9 @@ void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& b
 }
 
 void LlamaModel::mlp_block(const LlamaLayer& L, int64_t n) {
-  L.gate.forward(a_.h.data(), n, a_.gate.data(), pool_, a_.scratch);
-  L.up.forward(a_.h.data(), n, a_.up.data(), pool_, a_.scratch);
+  const Linear* gate_up[] = {&L.gate, &L.up};
+  float* gate_up_out[] = {a_.gate.data(), a_.up.data()};
+  forward_group(gate_up, gate_up_out, 2, a_.h.data(), n, pool_, a_.scratch);
   cpu::silu_mul(a_.gate.data(), a_.up.data(), a_.gate.data(), n * cfg_.n_ff);
   L.down.forward(a_.gate.data(), n, a_.h.data(), pool_, a_.scratch);
   cpu::add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
