@@ -37,8 +37,11 @@ fuzz: setup
 	@for f in tests/fuzz/*_fuzz.cpp; do \
 	  name=$$(basename $$f _fuzz.cpp); mkdir -p $(FUZZ_DIR)/corpus/$$name; \
 	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
-	  $(FUZZ_DIR)/tests/fuzz/fuzz_$$name -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -print_final_stats=0 \
-	    $(FUZZ_DIR)/corpus/$$name tests/fuzz/corpus/$$name 2>&1 | tail -n 3 || exit 1; \
+	  if ! $(FUZZ_DIR)/tests/fuzz/fuzz_$$name -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 \
+	       -timeout=10 -artifact_prefix=$(FUZZ_DIR)/corpus/$$name- \
+	       $(FUZZ_DIR)/corpus/$$name tests/fuzz/corpus/$$name > $(FUZZ_DIR)/fuzz_$$name.log 2>&1; then \
+	    tail -n 40 $(FUZZ_DIR)/fuzz_$$name.log; echo "fuzz: $$name FAILED (input saved under $(FUZZ_DIR)/corpus/)"; exit 1; \
+	  fi; grep -E "^Done [0-9]+ runs" $(FUZZ_DIR)/fuzz_$$name.log; \
 	done
 
 test: ctest pytest fuzz
