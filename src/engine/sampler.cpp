@@ -55,45 +55,65 @@ int32_t Sampler::sample(float* logits) {
   apply_penalties(logits);
   if (params_.temperature <= 0.0f || params_.top_k == 1) return argmax(logits, n_vocab_);
 
+  // Probabilities (unnormalised) of the tempered logits: exp((l - max) / T).
   const float inv_t = 1.0f / params_.temperature;
+  float max_l = logits[0];
+  for (int64_t i = 1; i < n_vocab_; ++i) max_l = std::max(max_l, logits[i]);
   candidates_.clear();
+  double total = 0.0;
   for (int64_t i = 0; i < n_vocab_; ++i) {
-    candidates_.emplace_back(logits[i] * inv_t, static_cast<int32_t>(i));
+    const float p = std::exp((logits[i] - max_l) * inv_t);
+    candidates_.emplace_back(p, static_cast<int32_t>(i));
+    total += p;
   }
-  auto by_logit = [](const auto& a, const auto& b) {
+  auto by_prob = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
+  // n: the kept prefix of candidates_; sorted: whether that prefix is sorted.
   size_t n = candidates_.size();
+  bool sorted = false;
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
     n = static_cast<size_t>(params_.top_k);
-    std::partial_sort(candidates_.begin(), candidates_.begin() + n, candidates_.end(), by_logit);
-  } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
-  }
-  // Softmax over the kept candidates (sorted, so the max is first).
-  const float max_l = candidates_[0].first;
-  double total = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    candidates_[i].first = std::exp(candidates_[i].first - max_l);
-    total += candidates_[i].first;
+    std::partial_sort(candidates_.begin(), candidates_.begin() + n, candidates_.end(), by_prob);
+    sorted = true;
+    total = 0.0;
+    for (size_t i = 0; i < n; ++i) total += candidates_[i].first;
   }
   if (params_.top_p < 1.0f) {
-    double cum = 0.0;
+    // The smallest top set whose mass reaches top_p. Sort a growing prefix
+    // instead of the whole vocabulary: the set is small in practice.
+    const double target = params_.top_p * total;
+    size_t sorted_n = sorted ? n : 0;
     size_t keep = n;
-    for (size_t i = 0; i < n; ++i) {
-      cum += candidates_[i].first / total;
-      if (cum >= params_.top_p) {
+    for (size_t k = std::min<size_t>(64, n);; k = std::min(n, k * 4)) {
+      if (k > sorted_n) {
+        std::partial_sort(candidates_.begin() + sorted_n, candidates_.begin() + k,
+                          candidates_.begin() + n, by_prob);
+        sorted_n = k;
+      }
+      double cum = 0.0;
+      size_t i = 0;
+      for (; i < k; ++i) {
+        cum += candidates_[i].first;
+        if (cum >= target) break;
+      }
+      if (i < k) {
         keep = i + 1;
         break;
       }
+      if (k == n) break;
     }
     n = std::max<size_t>(1, keep);
+    sorted = true;
   }
   if (params_.min_p > 0.0f) {
-    const float threshold = params_.min_p * candidates_[0].first;  // relative to the top probability
-    size_t keep = 1;
-    while (keep < n && candidates_[keep].first >= threshold) ++keep;
-    n = keep;
+    // Relative to the top probability, which is exp(0) = 1 before any cut.
+    const float threshold = params_.min_p * (sorted ? candidates_[0].first : 1.0f);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (candidates_[i].first >= threshold) candidates_[kept++] = candidates_[i];
+    }
+    n = std::max<size_t>(1, kept);
   }
   double kept_total = 0.0;
   for (size_t i = 0; i < n; ++i) kept_total += candidates_[i].first;
