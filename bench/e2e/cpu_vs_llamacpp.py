@@ -282,7 +282,7 @@ def model_bytes(path):
 def rill_cmd(args, model, ids, max_tokens):
     return [args.rill, "run", model, "--prompt-ids", ",".join(map(str, ids)),
             "--max-tokens", str(max_tokens), "--json", "--threads", str(args.threads),
-            "--ignore-eos"]
+            "--ignore-eos", "--temperature", "0"]  # greedy, as llama.cpp's side (argmax)
 
 
 def run_rill(args, ids, short_ids, model):
