@@ -1,41 +1,38 @@
 #include "model/layers.h"
 
-#include "backend/cpu/quants.h"
 #include "core/half.h"
 
 namespace rill {
 
-void Linear::forward(const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
-                     cpu::Scratch& scratch) const {
-  cpu::matmul(w, x, n_tokens, y, pool, scratch);
-  if (bias.empty()) return;
-  for (int64_t t = 0; t < n_tokens; ++t) cpu::add_inplace(y + t * n_out(), bias.data(), n_out());
+namespace {
+
+void add_bias(const Linear& l, float* y, int64_t n_tokens, Backend& backend) {
+  for (int64_t t = 0; t < n_tokens; ++t) backend.add_inplace(y + t * l.n_out(), l.bias.data(), l.n_out());
+}
+
+}  // namespace
+
+void Linear::forward(const float* x, int64_t n_tokens, float* y, Backend& backend) const {
+  backend.matmul(w, x, n_tokens, y);
+  if (!bias.empty()) add_bias(*this, y, n_tokens, backend);
 }
 
 void forward_group(const Linear* const* ls, float* const* ys, int n, const float* x, int64_t n_tokens,
-                   ThreadPool& pool, cpu::Scratch& scratch) {
-  bool same_partner = n <= cpu::kMaxMatmulGroup;
-  for (int i = 1; i < n && same_partner; ++i) {
-    same_partner = cpu::vec_dot_partner(ls[i]->w.dtype) == cpu::vec_dot_partner(ls[0]->w.dtype) &&
-                   ls[i]->n_in() == ls[0]->n_in();
-  }
-  if (!same_partner) {
-    for (int i = 0; i < n; ++i) ls[i]->forward(x, n_tokens, ys[i], pool, scratch);
+                   Backend& backend) {
+  const WeightView* ws[cpu::kMaxMatmulGroup] = {};
+  if (n > cpu::kMaxMatmulGroup) {
+    for (int i = 0; i < n; ++i) ls[i]->forward(x, n_tokens, ys[i], backend);
     return;
   }
-  const cpu::WeightView* ws[cpu::kMaxMatmulGroup] = {};
   for (int i = 0; i < n; ++i) ws[i] = &ls[i]->w;
-  cpu::matmul_group(ws, ys, n, x, n_tokens, pool, scratch);
+  backend.matmul_group(ws, ys, n, x, n_tokens);
   for (int i = 0; i < n; ++i) {
-    if (ls[i]->bias.empty()) continue;
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      cpu::add_inplace(ys[i] + t * ls[i]->n_out(), ls[i]->bias.data(), ls[i]->n_out());
-    }
+    if (!ls[i]->bias.empty()) add_bias(*ls[i], ys[i], n_tokens, backend);
   }
 }
 
-cpu::WeightView weight_view(const TensorRef& t) {
-  cpu::WeightView v;
+WeightView weight_view(const TensorRef& t) {
+  WeightView v;
   v.dtype = t.dtype;
   v.n_rows = t.shape.size() == 1 ? 1 : t.shape[0];
   v.n_cols = t.shape.back();
@@ -44,7 +41,7 @@ cpu::WeightView weight_view(const TensorRef& t) {
   return v;
 }
 
-Result<cpu::WeightView> bind_matrix(const ModelFiles& files, const std::string& name,
+Result<WeightView> bind_matrix(const ModelFiles& files, const std::string& name,
                                     int64_t n_rows, int64_t n_cols) {
   RILL_ASSIGN_OR_RETURN(const TensorRef* t, files.require(name, {n_rows, n_cols}));
   if (n_cols % dtype_info(t->dtype).block_size != 0) {

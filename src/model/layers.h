@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/ops.h"
+#include "backend/backend.h"
 #include "core/result.h"
 #include "loader/model_files.h"
 
@@ -14,22 +14,20 @@ namespace rill {
 // y = x W^T (+ b). W: [n_out, n_in] in any supported dtype, left in the
 // mapped file; the bias (if any) is copied to f32.
 struct Linear {
-  cpu::WeightView w;
+  WeightView w;
   std::vector<float> bias;  // empty: no bias
   int64_t n_out() const { return w.n_rows; }
   int64_t n_in() const { return w.n_cols; }
 
   // x: [n_tokens, n_in], y: [n_tokens, n_out]
-  void forward(const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
-               cpu::Scratch& scratch) const;
+  void forward(const float* x, int64_t n_tokens, float* y, Backend& backend) const;
 };
 
-// Applies several Linears to the same x (q/k/v, gate/up). When their
-// weights share an activation type, x is quantized once and one pool job
-// runs them all (one synchronisation per group instead of per matrix);
-// results equal separate forward() calls bit for bit. ys[i]: [n_tokens, ls[i]->n_out()].
+// Applies several Linears to the same x (q/k/v, gate/up) through
+// Backend::matmul_group; results equal separate forward() calls bit for bit.
+// ys[i]: [n_tokens, ls[i]->n_out()].
 void forward_group(const Linear* const* ls, float* const* ys, int n, const float* x, int64_t n_tokens,
-                   ThreadPool& pool, cpu::Scratch& scratch);
+                   Backend& backend);
 
 enum class Bias { kNone, kOptional, kRequired };
 
@@ -41,10 +39,10 @@ Result<Linear> bind_linear(const ModelFiles& files, const std::string& name, int
 Result<std::vector<float>> load_vector(const ModelFiles& files, const std::string& name, int64_t n);
 
 // A weight viewed as a matrix (e.g. the embedding table [n_vocab, n_embd]).
-Result<cpu::WeightView> bind_matrix(const ModelFiles& files, const std::string& name,
+Result<WeightView> bind_matrix(const ModelFiles& files, const std::string& name,
                                     int64_t n_rows, int64_t n_cols);
 
-// The cpu::WeightView over a tensor already known to be [n_rows, n_cols].
-cpu::WeightView weight_view(const TensorRef& t);
+// The WeightView over a tensor already known to be [n_rows, n_cols].
+WeightView weight_view(const TensorRef& t);
 
 }  // namespace rill

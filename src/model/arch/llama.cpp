@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/attention_f16.h"
-#include "backend/cpu/ops.h"
+#include "backend/backend.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
 #include "model/layers.h"
@@ -31,13 +30,12 @@ struct LlamaLayer {
 // Activations for up to max_tokens tokens, allocated once.
 struct Activations {
   std::vector<float> x, h, q, k, v, attn, gate, up, final_rows;
-  cpu::Scratch scratch;
 };
 
 class LlamaModel final : public Model {
  public:
   LlamaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
-      : files_(std::move(files)), cfg_(files_->config), pool_(options.n_threads) {}
+      : files_(std::move(files)), cfg_(files_->config), backend_(make_cpu_backend(options.n_threads)) {}
 
   Status init(const ModelOptions& options);
 
@@ -54,15 +52,15 @@ class LlamaModel final : public Model {
 
   std::shared_ptr<const ModelFiles> files_;
   const ModelConfig& cfg_;
-  ThreadPool pool_;
+  std::unique_ptr<Backend> backend_;
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
   int max_tokens_ = 0;
-  cpu::WeightView embed_;    // [n_vocab, n_embd]
-  cpu::WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
+  WeightView embed_;    // [n_vocab, n_embd]
+  WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
   std::vector<float> final_norm_;
   std::vector<LlamaLayer> layers_;
-  cpu::RopeTable rope_;
-  cpu::AttentionParams attn_params_;
+  RopeTable rope_;
+  AttentionParams attn_params_;
   SlotKvCache kv_;
   Activations a_;
 };
@@ -110,7 +108,13 @@ Status LlamaModel::init(const ModelOptions& options) {
 
   const int64_t rot_dim = cfg_.rope_dim > 0 ? cfg_.rope_dim : hd_;
   cpu::RopeScalingParams rs;
-  rs.type = static_cast<cpu::RopeScalingParams::Type>(cfg_.rope_scaling.type);
+  using ScalingType = cpu::RopeScalingParams::Type;
+  switch (cfg_.rope_scaling.type) {
+    case RopeScaling::Type::kNone: rs.type = ScalingType::kNone; break;
+    case RopeScaling::Type::kLinear: rs.type = ScalingType::kLinear; break;
+    case RopeScaling::Type::kLlama3: rs.type = ScalingType::kLlama3; break;
+    case RopeScaling::Type::kYarn: rs.type = ScalingType::kYarn; break;
+  }
   rs.factor = cfg_.rope_scaling.factor;
   rs.low_freq_factor = cfg_.rope_scaling.low_freq_factor;
   rs.high_freq_factor = cfg_.rope_scaling.high_freq_factor;
@@ -161,14 +165,11 @@ Status LlamaModel::init(const ModelOptions& options) {
   a_.gate.resize(T * F);
   a_.up.resize(T * F);
   a_.final_rows.resize(T * E);
-  size_t scratch = 0;
+  std::vector<const WeightView*> weights = {&lm_head_};
   for (const LlamaLayer& L : layers_) {
-    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
-      scratch = std::max(scratch, cpu::matmul_scratch_bytes(l->w.dtype, l->n_in(), max_tokens_));
-    }
+    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) weights.push_back(&l->w);
   }
-  scratch = std::max(scratch, cpu::matmul_scratch_bytes(lm_head_.dtype, E, max_tokens_));
-  a_.scratch.reserve(scratch);
+  backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
   return {};
 }
 
@@ -176,32 +177,32 @@ void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& b
   const int64_t n = batch.n_tokens();
   const Linear* qkv[] = {&L.q, &L.k, &L.v};
   float* qkv_out[] = {a_.q.data(), a_.k.data(), a_.v.data()};
-  forward_group(qkv, qkv_out, 3, a_.h.data(), n, pool_, a_.scratch);
+  forward_group(qkv, qkv_out, 3, a_.h.data(), n, *backend_);
   if (!L.q_norm.empty()) {
-    cpu::rms_norm(a_.q.data(), L.q_norm.data(), n * cfg_.n_head, hd_, cfg_.rms_norm_eps, a_.q.data());
-    cpu::rms_norm(a_.k.data(), L.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a_.k.data());
+    backend_->rms_norm(a_.q.data(), L.q_norm.data(), n * cfg_.n_head, hd_, cfg_.rms_norm_eps, a_.q.data());
+    backend_->rms_norm(a_.k.data(), L.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a_.k.data());
   }
-  cpu::rope(a_.q.data(), batch.positions.data(), n, cfg_.n_head, hd_, rope_);
-  cpu::rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
+  backend_->rope(a_.q.data(), batch.positions.data(), n, cfg_.n_head, hd_, rope_);
+  backend_->rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
   for (const BatchSeq& s : batch.seqs) {
     const int64_t t0 = s.q_start;
     kv_.store(il, s.kv_slot, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
               batch.positions.data() + t0, s.q_len, kv_width_, kv_width_);
-    auto* attend = attn_params_.kv_dtype == DType::kF16 ? &cpu::attention_f16_rounded : &cpu::attention;
-    attend(a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.k(il, s.kv_slot),
-           kv_.v(il, s.kv_slot), s.kv_len, attn_params_, a_.attn.data() + t0 * q_width_, pool_);
+    backend_->attention(a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len,
+                        kv_.k(il, s.kv_slot), kv_.v(il, s.kv_slot), s.kv_len, attn_params_,
+                        a_.attn.data() + t0 * q_width_);
   }
-  L.o.forward(a_.attn.data(), n, a_.h.data(), pool_, a_.scratch);
-  cpu::add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
+  L.o.forward(a_.attn.data(), n, a_.h.data(), *backend_);
+  backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
 }
 
 void LlamaModel::mlp_block(const LlamaLayer& L, int64_t n) {
   const Linear* gate_up[] = {&L.gate, &L.up};
   float* gate_up_out[] = {a_.gate.data(), a_.up.data()};
-  forward_group(gate_up, gate_up_out, 2, a_.h.data(), n, pool_, a_.scratch);
-  cpu::silu_mul(a_.gate.data(), a_.up.data(), a_.gate.data(), n * cfg_.n_ff);
-  L.down.forward(a_.gate.data(), n, a_.h.data(), pool_, a_.scratch);
-  cpu::add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
+  forward_group(gate_up, gate_up_out, 2, a_.h.data(), n, *backend_);
+  backend_->silu_mul(a_.gate.data(), a_.up.data(), a_.gate.data(), n * cfg_.n_ff);
+  L.down.forward(a_.gate.data(), n, a_.h.data(), *backend_);
+  backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
 }
 
 Status LlamaModel::forward(const Batch& batch, float* logits) {
@@ -223,20 +224,20 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
                    " is outside the context (" + std::to_string(kv_.n_ctx()) + ")"};
     }
   }
-  cpu::get_rows(embed_, batch.token_ids.data(), n, a_.x.data());
+  backend_->get_rows(embed_, batch.token_ids.data(), n, a_.x.data());
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     const LlamaLayer& L = layers_[static_cast<size_t>(il)];
-    cpu::rms_norm(a_.x.data(), L.attn_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data());
+    backend_->rms_norm(a_.x.data(), L.attn_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data());
     attention_block(L, il, batch);
-    cpu::rms_norm(a_.x.data(), L.ffn_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data());
+    backend_->rms_norm(a_.x.data(), L.ffn_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data());
     mlp_block(L, n);
   }
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
   for (int64_t i = 0; i < n_sample; ++i) {
     const float* row = a_.x.data() + static_cast<int64_t>(batch.sample_rows[i]) * E;
-    cpu::rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a_.final_rows.data() + i * E);
+    backend_->rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a_.final_rows.data() + i * E);
   }
-  cpu::matmul(lm_head_, a_.final_rows.data(), n_sample, logits, pool_, a_.scratch);
+  backend_->matmul(lm_head_, a_.final_rows.data(), n_sample, logits);
   return {};
 }
 
