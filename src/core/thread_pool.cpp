@@ -42,14 +42,16 @@ void ThreadPool::help_with_job(uint64_t gen, int thread_index) {
     const int64_t n = job_n_.load(std::memory_order_relaxed);
     const int64_t grain = job_grain_.load(std::memory_order_relaxed);
     const auto n_chunks = static_cast<uint64_t>(job_n_chunks_.load(std::memory_order_relaxed));
-    if (job_one_per_thread_.load(std::memory_order_relaxed)) {
-      // Chunk i belongs to thread i; the job cannot end without this thread.
+    const bool one_per_thread = job_one_per_thread_.load(std::memory_order_relaxed);
+    if (index >= n_chunks) return;  // all claimed (or closed)
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+    if (one_per_thread) {
+      // Each thread takes one claim and runs its own index, so the job
+      // cannot end before every thread has run once.
       fn(ctx, thread_index, thread_index + 1);
       n_chunks_done_.fetch_add(1, std::memory_order_acq_rel);
       return;
     }
-    if (index >= n_chunks) return;  // all claimed (or closed)
-    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
     const int64_t begin = static_cast<int64_t>(index) * grain;
     fn(ctx, begin, std::min(n, begin + grain));
     n_chunks_done_.fetch_add(1, std::memory_order_acq_rel);

@@ -29,6 +29,7 @@ class ThreadPool {
 
   // Calls fn(begin, end) over [0, n) in chunks of at most `grain`, spread
   // across the threads; returns when every chunk is done. No allocation.
+  // fn must not throw: workers may still be inside the job.
   template <typename Fn>
   void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
     if (n <= 0) return;

@@ -53,7 +53,10 @@ void Sampler::apply_penalties(float* logits) const {
 
 int32_t Sampler::sample(float* logits) {
   apply_penalties(logits);
-  if (params_.temperature <= 0.0f || params_.top_k == 1) return argmax(logits, n_vocab_);
+  // Tiny, negative or non-finite temperatures mean greedy (1/T would overflow).
+  if (!(params_.temperature >= 1e-6f) || !std::isfinite(params_.temperature) || params_.top_k == 1) {
+    return argmax(logits, n_vocab_);
+  }
 
   // Probabilities (unnormalised) of the tempered logits: exp((l - max) / T).
   const float inv_t = 1.0f / params_.temperature;
@@ -110,10 +113,16 @@ int32_t Sampler::sample(float* logits) {
     // Relative to the top probability, which is exp(0) = 1 before any cut.
     const float threshold = params_.min_p * (sorted ? candidates_[0].first : 1.0f);
     size_t kept = 0;
+    size_t best = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (by_prob(candidates_[i], candidates_[best])) best = i;
+    }
+    const auto top = candidates_[best];
     for (size_t i = 0; i < n; ++i) {
       if (candidates_[i].first >= threshold) candidates_[kept++] = candidates_[i];
     }
-    n = std::max<size_t>(1, kept);
+    if (kept == 0) candidates_[kept++] = top;  // min_p > 1: only the most likely token is left
+    n = kept;
   }
   double kept_total = 0.0;
   for (size_t i = 0; i < n; ++i) kept_total += candidates_[i].first;

@@ -17,7 +17,14 @@ Result<SlotKvCache> SlotKvCache::create(int64_t n_layer, int64_t n_slots, int64_
   c.kv_width_ = kv_width;
   c.dtype_ = dtype;
   c.row_bytes_ = ::rill::row_bytes(dtype, kv_width);
-  const size_t total = static_cast<size_t>(n_layer * n_slots) * 2 * c.plane_bytes();
+  size_t total = 0;
+  if (n_layer <= 0 || n_slots <= 0 || n_ctx <= 0 ||
+      __builtin_mul_overflow(static_cast<size_t>(n_layer) * static_cast<size_t>(n_slots), 2 * c.plane_bytes(),
+                             &total) ||
+      c.plane_bytes() / c.row_bytes_ != static_cast<size_t>(n_ctx)) {
+    return Error{"KV cache of " + std::to_string(n_ctx) + " tokens x " + std::to_string(n_slots) +
+                 " slots is too large; lower the context size"};
+  }
   RILL_ASSIGN_OR_RETURN(c.buffer_, LazyBuffer::allocate(total));
   return c;
 }

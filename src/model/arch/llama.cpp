@@ -55,6 +55,7 @@ class LlamaModel final : public Model {
   std::unique_ptr<Backend> backend_;
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
   int max_tokens_ = 0;
+  int n_slots_ = 1;
   WeightView embed_;    // [n_vocab, n_embd]
   WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
   std::vector<float> final_norm_;
@@ -74,6 +75,12 @@ Status LlamaModel::init(const ModelOptions& options) {
                  std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
   }
   hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E / cfg_.n_head;
+  // The CPU kernels keep one head (and its RoPE angles) on the stack.
+  constexpr int64_t kMaxHeadDim = 512;
+  if (hd_ <= 0 || hd_ > kMaxHeadDim || hd_ % 2 != 0) {
+    return Error{f.path + ": head_dim " + std::to_string(hd_) + " is not supported (even, at most " +
+                 std::to_string(kMaxHeadDim) + ")"};
+  }
   q_width_ = cfg_.n_head * hd_;
   kv_width_ = cfg_.n_head_kv * hd_;
 
@@ -107,6 +114,10 @@ Status LlamaModel::init(const ModelOptions& options) {
   }
 
   const int64_t rot_dim = cfg_.rope_dim > 0 ? cfg_.rope_dim : hd_;
+  if (rot_dim > hd_ || rot_dim % 2 != 0) {
+    return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) +
+                 " must be even and at most head_dim " + std::to_string(hd_)};
+  }
   cpu::RopeScalingParams rs;
   using ScalingType = cpu::RopeScalingParams::Type;
   switch (cfg_.rope_scaling.type) {
@@ -151,7 +162,8 @@ Status LlamaModel::init(const ModelOptions& options) {
 
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
   if (n_ctx <= 0) n_ctx = 4096;
-  RILL_ASSIGN_OR_RETURN(kv_, SlotKvCache::create(cfg_.n_layer, std::max(1, options.n_kv_slots), n_ctx,
+  n_slots_ = std::max(1, options.n_kv_slots);
+  RILL_ASSIGN_OR_RETURN(kv_, SlotKvCache::create(cfg_.n_layer, n_slots_, n_ctx,
                                                  kv_width_, attn_params_.kv_dtype));
 
   max_tokens_ = std::max(1, options.max_batch_tokens);
@@ -212,6 +224,23 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
   if (n > max_tokens_) {
     return Error{"batch of " + std::to_string(n) + " tokens exceeds max_batch_tokens " +
                  std::to_string(max_tokens_)};
+  }
+  if (static_cast<int64_t>(batch.sample_rows.size()) > max_tokens_) {
+    return Error{"batch samples " + std::to_string(batch.sample_rows.size()) + " rows, more than " +
+                 std::to_string(max_tokens_)};
+  }
+  for (int32_t row : batch.sample_rows) {
+    if (row < 0 || row >= n) return Error{"sample row " + std::to_string(row) + " is outside the batch"};
+  }
+  for (const BatchSeq& s : batch.seqs) {
+    if (s.kv_len < 0 || s.kv_len > kv_.n_ctx()) {
+      return Error{"sequence length " + std::to_string(s.kv_len) + " is outside the context (" +
+                   std::to_string(kv_.n_ctx()) + ")"};
+    }
+    if (s.kv_slot < 0 || s.kv_slot >= n_slots_ || s.q_start < 0 || s.q_len < 0 || s.q_start + s.q_len > n) {
+      return Error{"batch sequence (slot " + std::to_string(s.kv_slot) + ", tokens [" +
+                   std::to_string(s.q_start) + ", +" + std::to_string(s.q_len) + ")) is inconsistent"};
+    }
   }
   for (int64_t i = 0; i < n; ++i) {
     const int32_t id = batch.token_ids[i];
