@@ -14,7 +14,12 @@ int main(int argc, char** argv) {
       rill::cli::add_score_command(app),
       rill::cli::add_inspect_command(app),
   };
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints and exits 0; every usage error exits 2.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   for (const auto& c : commands) {
     if (c.sub->parsed()) return c.run();
   }

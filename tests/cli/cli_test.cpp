@@ -141,7 +141,12 @@ TEST(Cli, BadArgumentsAreRejected) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("'x'"), std::string::npos) << r.err;
   Outcome both = run_rill("run --prompt hi --prompt-ids 1");
-  EXPECT_NE(both.exit_code, 0);
+  EXPECT_EQ(both.exit_code, 2);
+  Outcome unknown = run_rill("frobnicate");
+  EXPECT_EQ(unknown.exit_code, 2);
+  Outcome help = run_rill("run --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--prompt-ids"), std::string::npos);
 }
 
 TEST(Cli, PromptLongerThanTheContextIsRejectedBeforeWork) {
