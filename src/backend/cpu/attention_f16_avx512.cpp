@@ -62,6 +62,50 @@ inline float dot_qk(const uint16_t* q, const uint16_t* k, int64_t hd, bool singl
   return reduce16(_mm512_add_ps(_mm512_add_ps(x[0], x[2]), _mm512_add_ps(x[1], x[3])));
 }
 
+// The single-query q.k of 16 consecutive keys, each bit-identical to
+// dot_qk(q, k_j, hd, true): the per-key vectors are built as there, then the
+// 16 horizontal adds (reduce16's tree) run vertically across keys with
+// 128-bit-lane shuffles, instead of a serial shuffle chain per key.
+// out[t] = q . k_(j0 + t).
+inline void dot_qk16_single(const __m512* qf, const uint16_t* k, int64_t kv_stride, int64_t hd, float* out) {
+  __m512 c[16];
+  for (int t = 0; t < 16; ++t) {
+    const uint16_t* kr = k + t * kv_stride;
+    __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
+    for (int64_t d = 0, i = 0; d < hd; d += 64, i += 4) {
+      x0 = _mm512_fmadd_ps(load16(kr + d), qf[i], x0);
+      x1 = _mm512_fmadd_ps(load16(kr + d + 16), qf[i + 1], x1);
+      x2 = _mm512_fmadd_ps(load16(kr + d + 32), qf[i + 2], x2);
+      x3 = _mm512_fmadd_ps(load16(kr + d + 48), qf[i + 3], x3);
+    }
+    c[t] = _mm512_add_ps(_mm512_add_ps(x0, x2), _mm512_add_ps(x1, x3));
+  }
+  // t3 = hi8 + lo8, two keys per vector: [t3_a(0..7), t3_b(0..7)].
+  __m512 u[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 lo = _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 hi = _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i] = _mm512_add_ps(hi, lo);
+  }
+  // t6 = hi4 + lo4, one key per 128-bit lane: v[i] holds keys 4i..4i+3.
+  __m512 v[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 e = _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 o = _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1));
+    v[i] = _mm512_add_ps(o, e);
+  }
+  // t8 = (t6[0] + t6[2], t6[1] + t6[3]), then t8[0] + t8[1].
+  const __m512 w01 = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 w23 = _mm512_add_ps(_mm512_shuffle_ps(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
+  // r[4m + e] is key 4e + m (m: 128-bit lane, e: element); put keys in order.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
+}
+
 }  // namespace
 
 bool attend_f16_exact_supported(int64_t head_dim) { return head_dim % 64 == 0 && head_dim <= 256; }
@@ -71,12 +115,22 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
   const int64_t n = a.j_end;  // keys [0, j_end); those before j_begin are masked
   // Scores for keys 0..n-1 (masked: -inf), chunked from key 0 like llama.cpp's padded rows.
   float max = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    float s = -INFINITY;
-    if (j >= a.j_begin) {
-      s = dot_qk(a.q16, a.k + j * a.kv_stride, hd, a.single_query) * a.scale;
+  int64_t j = 0;
+  for (; j < a.j_begin; ++j) a.scores[j] = -INFINITY;
+  if (a.single_query) {
+    __m512 qf[16];  // head_dim <= 256
+    for (int64_t d = 0; d < hd; d += 16) qf[d / 16] = load16(a.q16 + d);
+    for (; j + 16 <= n; j += 16) dot_qk16_single(qf, a.k + j * a.kv_stride, a.kv_stride, hd, a.scores + j);
+    for (int64_t t = a.j_begin; t < j; ++t) {  // scale (and cap) the blocked scores
+      float s = a.scores[t] * a.scale;
       if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
+      a.scores[t] = s;
+      max = s > max ? s : max;
     }
+  }
+  for (; j < n; ++j) {
+    float s = dot_qk(a.q16, a.k + j * a.kv_stride, hd, a.single_query) * a.scale;
+    if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
     a.scores[j] = s;
     max = s > max ? s : max;
   }
