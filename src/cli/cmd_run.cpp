@@ -19,7 +19,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-SamplingParams resolve(const RunOptions& o, const GenerationDefaults& d) {
+}  // namespace
+
+SamplingParams resolve_sampling(const RunOptions& o, const GenerationDefaults& d) {
   SamplingParams p;
   const bool model_samples = d.do_sample.value_or(true);
   p.temperature = o.temperature.value_or(model_samples ? d.temperature.value_or(0.7f) : 0.0f);
@@ -32,6 +34,8 @@ SamplingParams resolve(const RunOptions& o, const GenerationDefaults& d) {
   p.seed = o.seed;
   return p;
 }
+
+namespace {
 
 int run_once(const RunOptions& o, Clock::time_point t_start) {
   const bool from_ids = !o.prompt_ids.empty();
@@ -69,7 +73,7 @@ int run_once(const RunOptions& o, Clock::time_point t_start) {
   GenerationOptions go;
   go.max_tokens = o.max_tokens;
   go.ignore_eos = o.ignore_eos;
-  go.sampling = resolve(o, m->files->config.generation);
+  go.sampling = resolve_sampling(o, m->files->config.generation);
   go.eos_ids = eos_ids(*m);
 
   std::optional<IncrementalDecoder> decoder;
@@ -120,8 +124,6 @@ int run_once(const RunOptions& o, Clock::time_point t_start) {
 }
 
 }  // namespace
-
-SamplingParams resolve_sampling(const RunOptions& o, const GenerationDefaults& d) { return resolve(o, d); }
 
 Command add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
