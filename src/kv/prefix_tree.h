@@ -1,0 +1,102 @@
+#pragma once
+// PrefixTree: the prefix cache's index. A radix tree over chained block
+// hashes: the key of a full block is
+//   key(parent) -> hash64(block_size token ids, seed = hash64({parent key, ns}))
+// (XXH3 via core/hash.h), with the per-namespace root key = hash64(ns). The
+// namespace (adapter set + model config fingerprint) is mixed into every key
+// and every namespace has its own root, so namespaces never share blocks.
+// Each node also keeps its token ids, so a hash collision is a miss, never
+// wrong KV.
+//
+// Only full blocks are ever cached. The tree owns the pool's "cached" flag:
+// a block is cached in the pool exactly when it is a node of this tree.
+// When the pool evicts a cached block (LRU, unreferenced) the tree drops its
+// node. Requests release chains tail-first (release_tail_first), so the
+// evicted block is normally a leaf; if it is an inner node its descendants
+// are unreachable and are dropped too (idle ones return to the free list at
+// once, referenced ones when released).
+//
+// Not thread-safe; the engine thread owns it. Requires the pool to outlive
+// the tree; the tree installs the pool's eviction callback and removes it
+// (uncaching every block it holds) when destroyed.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "core/result.h"
+#include "kv/block_pool.h"
+
+namespace rill {
+
+// The longest cached prefix of a token sequence.
+struct PrefixMatch {
+  std::vector<BlockLease> blocks;  // one lease per matched block, in order
+  int32_t n_tokens = 0;            // blocks.size() * block_size
+
+  std::vector<int32_t> block_ids() const;
+};
+
+class PrefixTree {
+ public:
+  explicit PrefixTree(BlockPool& pool);
+  ~PrefixTree();
+  PrefixTree(const PrefixTree&) = delete;
+  PrefixTree& operator=(const PrefixTree&) = delete;
+
+  // The longest chain of cached full blocks that prefixes `tokens` in
+  // namespace ns, with a lease on each (so none can be evicted while the
+  // caller holds them). Only whole blocks match: a trailing partial block is
+  // ignored. The caller trims: to keep at least one token to compute (there
+  // must be logits to sample) pass the prompt without its last token, so a
+  // fully cached prompt still recomputes its final token.
+  PrefixMatch match(uint64_t ns, std::span<const int32_t> tokens);
+
+  // Registers computed full blocks: block_ids[i] holds the KV of tokens
+  // [i*bs, (i+1)*bs). Requires block_ids.size() <= tokens.size() / bs and
+  // that the caller holds a lease on every block in block_ids (the ones it
+  // got from match() included). A block whose key is already cached under
+  // another block id is left alone (the caller's copy stays uncached and is
+  // freed on release); the chain continues below the existing node.
+  // Insertion stops early at a block id that is already cached elsewhere or
+  // at a hash collision. Returns the number of blocks newly cached.
+  int32_t insert(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> block_ids);
+
+  // Drops the node holding `block` and its descendants. Called by the pool's
+  // eviction callback (the block is then unreferenced and already free);
+  // requires that `block` is a node of this tree.
+  void evict(int32_t block);
+
+  // Number of cached blocks (nodes, roots excluded).
+  int32_t n_nodes() const { return n_nodes_; }
+  // Verifies: every node's key recomputes from its parent key, tokens and
+  // namespace; child/parent links agree; the block->node index matches the
+  // nodes; a block is cached in the pool exactly when it is a node.
+  Status check_integrity() const;
+
+ private:
+  struct Node {
+    uint64_t key = 0;
+    int32_t block = -1;  // -1 for a namespace root
+    Node* parent = nullptr;
+    std::vector<int32_t> tokens;  // block_size ids; empty for a root
+    std::unordered_map<uint64_t, std::unique_ptr<Node>> children;
+  };
+
+  uint64_t block_key(uint64_t parent_key, uint64_t ns, std::span<const int32_t> block_tokens) const;
+  Node* root(uint64_t ns, bool create);
+  // Unindexes and uncaches node and its descendants (does not free them).
+  void drop_subtree(Node* node);
+  static void destroy(std::unique_ptr<Node> node);
+  Status check_node(const Node& node, uint64_t ns, int32_t* n_seen) const;
+
+  BlockPool& pool_;
+  int32_t block_size_;
+  int32_t n_nodes_ = 0;
+  std::unordered_map<uint64_t, std::unique_ptr<Node>> roots_;  // by namespace
+  std::vector<Node*> node_of_block_;                           // by block id
+  std::vector<uint64_t> ns_of_block_;                          // by block id
+};
+
+}  // namespace rill
