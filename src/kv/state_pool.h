@@ -1,0 +1,96 @@
+#pragma once
+// StatePool: fixed-size per-sequence state slots for recurrent layer groups
+// (SSM / linear-attention state), plus checkpoint slots that snapshot a
+// sequence's state at a block boundary so a cached prefix can be resumed
+// without recomputing the recurrence from the start.
+//
+// This class is bookkeeping only: ids and ownership. The state tensors live
+// with the backend, indexed by slot id (live states) and checkpoint id
+// (snapshots); copying a live state into a checkpoint is the backend's job.
+//
+// A checkpoint is keyed by the id of the block whose end boundary it follows
+// (the state after the block's last token). Whoever owns the block's cache
+// entry must drop the checkpoint when the block leaves the prefix cache,
+// otherwise a reused block id would resolve to a stale state.
+//
+// Not thread-safe (engine thread). Neither copyable nor movable: StateSlot
+// leases point to the pool, which must outlive them.
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "core/result.h"
+
+namespace rill {
+
+class StatePool;
+
+// Exclusive ownership of one live state slot. Move-only; returns the slot
+// when destroyed or on release(). Default-constructed / moved-from: empty.
+class StateSlot {
+ public:
+  StateSlot() = default;
+  StateSlot(StateSlot&& other) noexcept : pool_(other.pool_), slot_(other.slot_) { other.pool_ = nullptr; }
+  StateSlot& operator=(StateSlot&& other) noexcept;
+  StateSlot(const StateSlot&) = delete;
+  StateSlot& operator=(const StateSlot&) = delete;
+  ~StateSlot() { release(); }
+
+  bool valid() const { return pool_ != nullptr; }
+  int32_t slot() const { return slot_; }  // requires valid()
+  void release();                         // no-op when empty
+
+ private:
+  friend class StatePool;
+  StateSlot(StatePool* pool, int32_t slot) : pool_(pool), slot_(slot) {}
+  StatePool* pool_ = nullptr;
+  int32_t slot_ = -1;
+};
+
+class StatePool {
+ public:
+  // n_slots >= 0 live slots, n_checkpoints >= 0 checkpoint slots.
+  StatePool(int32_t n_slots, int32_t n_checkpoints);
+  StatePool(const StatePool&) = delete;
+  StatePool& operator=(const StatePool&) = delete;
+
+  // A free live slot; an error (nothing changes) when all are leased.
+  Result<StateSlot> acquire();
+
+  int32_t n_slots() const { return static_cast<int32_t>(leased_.size()); }
+  int32_t n_free() const { return static_cast<int32_t>(free_.size()); }
+  int32_t n_leased() const { return n_slots() - n_free(); }
+  bool is_leased(int32_t slot) const { return leased_[slot] != 0; }
+
+  // The checkpoint slot to fill with the state after `block`'s last token.
+  // Reuses the block's existing checkpoint if any; otherwise takes a free
+  // checkpoint slot, and when none is free recycles the least recently
+  // taken or used one (its old block loses its checkpoint). Fails only when
+  // the pool has no checkpoint slots at all.
+  Result<int32_t> take_checkpoint(int32_t block);
+  // The checkpoint slot of `block`, if any; marks it recently used.
+  std::optional<int32_t> find_checkpoint(int32_t block);
+  // Forgets `block`'s checkpoint (no-op when it has none).
+  void drop_checkpoint(int32_t block);
+
+  int32_t n_checkpoints() const { return static_cast<int32_t>(ckpt_block_.size()); }
+  int32_t n_checkpoints_used() const { return static_cast<int32_t>(ckpt_of_block_.size()); }
+
+  // Verifies: free list and leased flags agree, no duplicates; the
+  // block->checkpoint index and checkpoint->block table are inverse.
+  Status check_integrity() const;
+
+ private:
+  friend class StateSlot;
+  void release(int32_t slot);
+
+  std::vector<uint8_t> leased_;
+  std::vector<int32_t> free_;  // stack of free live slots
+  std::vector<int32_t> ckpt_block_;                  // by checkpoint; -1 = free
+  std::vector<uint64_t> ckpt_stamp_;                 // last take/find time
+  std::unordered_map<int32_t, int32_t> ckpt_of_block_;
+  uint64_t clock_ = 0;
+};
+
+}  // namespace rill
