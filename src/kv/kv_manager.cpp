@@ -1,0 +1,276 @@
+#include "kv/kv_manager.h"
+
+#include <algorithm>
+#include <cassert>
+#include <string>
+
+#include "core/hash.h"
+
+namespace rill {
+namespace {
+
+std::string seq_name(int64_t seq) { return "kv manager: sequence " + std::to_string(seq); }
+
+}  // namespace
+
+KvManager::KvManager(KvSpec spec, BlockPool& pool, PrefixTree& tree, StatePool& states)
+    : spec_(std::move(spec)), pool_(pool), tree_(tree), states_(states), bs_(pool.block_size()) {
+  assert(!spec_.empty());
+  for ([[maybe_unused]] const auto& g : spec_) assert(g.kind != LayerKind::kSliding || g.window >= 1);
+}
+
+// Give everything back before the pool / tree / state pool go away.
+KvManager::~KvManager() {
+  while (!seqs_.empty()) release(seqs_.begin()->first);
+}
+
+uint64_t KvManager::group_ns(uint64_t ns, int32_t group) {
+  const uint64_t parts[2] = {ns, static_cast<uint64_t>(group)};
+  return hash64(parts, sizeof(parts));
+}
+
+int32_t KvManager::blocks_for(int32_t n_tokens) const { return (n_tokens + bs_ - 1) / bs_; }
+
+// The next token is at position n_tokens and attends to positions
+// >= n_tokens - window + 1; block b is dead when (b+1)*bs <= that bound.
+int32_t KvManager::n_dead_blocks(const LayerGroupSpec& g, int32_t n_tokens) const {
+  if (g.kind != LayerKind::kSliding) return 0;
+  return std::max(0, (n_tokens - g.window + 1) / bs_);
+}
+
+bool KvManager::has_recurrent() const {
+  return std::any_of(spec_.begin(), spec_.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
+}
+
+Result<Admission> KvManager::admit(int64_t seq, uint64_t ns, std::span<const int32_t> prompt) {
+  if (prompt.empty()) return Error{seq_name(seq) + ": empty prompt"};
+  if (contains(seq)) return Error{seq_name(seq) + ": already admitted"};
+  const auto n_prompt = static_cast<int32_t>(prompt.size());
+  // Never fits: the prompt prefilled in one step needs blocks_for(n_prompt)
+  // blocks in every attention group at once (sliding groups give blocks
+  // back only between steps).
+  int64_t need = 0;
+  for (const auto& g : spec_) need += g.is_attention() ? blocks_for(n_prompt) : 0;
+  if (need > pool_.n_blocks()) {
+    return Error{seq_name(seq) + ": a prompt of " + std::to_string(n_prompt) + " tokens needs " + std::to_string(need) +
+                 " KV blocks but the pool has only " + std::to_string(pool_.n_blocks())};
+  }
+  if (has_recurrent() && states_.n_slots() == 0) {
+    return Error{seq_name(seq) + ": the model has recurrent layers but the state pool has no slots"};
+  }
+
+  Sequence s;
+  s.ns = ns;
+  s.groups.resize(spec_.size());
+  for (size_t g = 0; g < spec_.size(); ++g) {
+    if (spec_[g].is_attention()) continue;
+    auto slot = states_.acquire();
+    if (!slot.ok()) return Error{seq_name(seq) + ": " + slot.error().message};  // s releases taken slots
+    s.groups[g].state = std::move(slot).value();
+  }
+
+  // Match everything but the last prompt token (there must be logits to
+  // sample). Recurrent state cannot be restored yet, so no reuse then.
+  int32_t common = 0;
+  std::vector<PrefixMatch> matches(spec_.size());
+  if (!has_recurrent()) {
+    common = n_prompt;
+    for (size_t g = 0; g < spec_.size(); ++g) {
+      matches[g] = tree_.match(group_ns(ns, static_cast<int32_t>(g)), prompt.first(prompt.size() - 1));
+      common = std::min(common, matches[g].n_tokens);
+    }
+  }
+  Admission out;
+  out.n_cached_tokens = common;
+  out.cached_blocks.resize(spec_.size());
+  const int32_t n_keep = common / bs_;
+  for (size_t g = 0; g < spec_.size(); ++g) {
+    auto& leases = matches[g].blocks;
+    if (static_cast<int32_t>(leases.size()) > n_keep) {  // beyond the common prefix: tail first
+      std::vector<BlockLease> extra(std::make_move_iterator(leases.begin() + n_keep),
+                                    std::make_move_iterator(leases.end()));
+      leases.resize(static_cast<size_t>(n_keep));
+      release_tail_first(extra);
+    }
+    for (auto& l : leases) out.cached_blocks[g].push_back(l.block());
+    Group& grp = s.groups[g];
+    grp.blocks = std::move(leases);
+    grp.n_offered = static_cast<int32_t>(grp.blocks.size());
+    const int32_t n_dead = n_dead_blocks(spec_[g], common);
+    for (int32_t b = std::min(n_dead, grp.n_offered) - 1; b >= 0; --b) grp.blocks[b].release();
+  }
+  s.n_tokens = common;
+  seqs_.emplace(seq, std::move(s));
+  return out;
+}
+
+int32_t KvManager::blocks_needed(int64_t seq, int32_t n_new_tokens) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return 0;
+  const int32_t n_after = blocks_for(it->second.n_tokens + n_new_tokens);
+  int32_t need = 0;
+  for (size_t g = 0; g < spec_.size(); ++g) {
+    if (spec_[g].is_attention()) need += n_after - static_cast<int32_t>(it->second.groups[g].blocks.size());
+  }
+  return need;
+}
+
+bool KvManager::can_allocate(int64_t seq, int32_t n_new_tokens) const {
+  return contains(seq) && n_new_tokens >= 0 && pool_.can_allocate(blocks_needed(seq, n_new_tokens));
+}
+
+Status KvManager::append(int64_t seq, int32_t n_tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return Error{seq_name(seq) + ": append to an unknown sequence"};
+  if (n_tokens < 0) return Error{seq_name(seq) + ": append of a negative token count"};
+  Sequence& s = it->second;
+  // Every appended token so far is computed, so blocks dead at the current
+  // length can go back now (last first), before allocating.
+  for (size_t g = 0; g < spec_.size(); ++g) {
+    auto& blocks = s.groups[g].blocks;
+    const int32_t n_dead = std::min(n_dead_blocks(spec_[g], s.n_tokens), static_cast<int32_t>(blocks.size()));
+    for (int32_t b = n_dead - 1; b >= 0; --b) blocks[b].release();
+  }
+  const int32_t need = blocks_needed(seq, n_tokens);
+  auto fresh = pool_.allocate(need);
+  if (!fresh.ok()) {
+    return Error{seq_name(seq) + ": cannot grow by " + std::to_string(n_tokens) + " tokens: " + fresh.error().message};
+  }
+  const int32_t n_after = blocks_for(s.n_tokens + n_tokens);
+  size_t next = 0;
+  for (size_t g = 0; g < spec_.size(); ++g) {
+    if (!spec_[g].is_attention()) continue;
+    auto& blocks = s.groups[g].blocks;
+    while (static_cast<int32_t>(blocks.size()) < n_after) blocks.push_back(std::move(fresh.value()[next++]));
+  }
+  assert(next == fresh.value().size());
+  s.n_tokens += n_tokens;
+  return Status::Ok();
+}
+
+Result<int32_t> KvManager::commit_full_blocks(int64_t seq, std::span<const int32_t> tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return Error{seq_name(seq) + ": commit for an unknown sequence"};
+  Sequence& s = it->second;
+  if (static_cast<int32_t>(tokens.size()) > s.n_tokens) {
+    return Error{seq_name(seq) + ": commit of " + std::to_string(tokens.size()) + " tokens but only " +
+                 std::to_string(s.n_tokens) + " were appended"};
+  }
+  const auto n_full = static_cast<int32_t>(tokens.size()) / bs_;
+  int32_t n_new = 0;
+  std::vector<int32_t> ids;
+  for (size_t g = 0; g < spec_.size(); ++g) {
+    Group& grp = s.groups[g];
+    if (!spec_[g].is_attention() || grp.n_offered >= n_full) continue;
+    const uint64_t gns = group_ns(s.ns, static_cast<int32_t>(g));
+    // The tree takes a chain from the root. A sliding group's holes are a
+    // prefix [0, n_holes): re-lease that part of the chain from the tree
+    // (held while inserting, as insert requires); if the cache lost part of
+    // it the chain is broken and nothing further can be offered.
+    int32_t n_holes = 0;
+    while (n_holes < n_full && !grp.blocks[n_holes].valid()) ++n_holes;
+    PrefixMatch head;
+    if (n_holes > 0) {
+      head = tree_.match(gns, tokens.first(static_cast<size_t>(n_holes) * static_cast<size_t>(bs_)));
+      if (head.n_tokens < n_holes * bs_) continue;
+    }
+    ids = head.block_ids();
+    for (int32_t b = n_holes; b < n_full && grp.blocks[b].valid(); ++b) ids.push_back(grp.blocks[b].block());
+    const auto n_ids = static_cast<int32_t>(ids.size());
+    if (n_ids > grp.n_offered) {
+      n_new += tree_.insert(gns, tokens.first(static_cast<size_t>(n_ids) * static_cast<size_t>(bs_)), ids);
+      grp.n_offered = n_ids;
+    }
+    release_tail_first(head.blocks);
+  }
+  return n_new;
+}
+
+void KvManager::release(int64_t seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  for (Group& grp : it->second.groups) {
+    release_tail_first(grp.blocks);
+    grp.state.release();
+  }
+  seqs_.erase(it);
+}
+
+int32_t KvManager::preempt(int64_t seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return 0;
+  int32_t n_cached = has_recurrent() ? 0 : it->second.n_tokens;
+  for (size_t g = 0; g < spec_.size(); ++g) {
+    if (spec_[g].is_attention()) n_cached = std::min(n_cached, it->second.groups[g].n_offered * bs_);
+  }
+  release(seq);
+  return n_cached;
+}
+
+int32_t KvManager::length(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.n_tokens;
+}
+
+std::vector<int32_t> KvManager::block_table(int64_t seq, int32_t group) const {
+  std::vector<int32_t> out;
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || group < 0 || group >= static_cast<int32_t>(spec_.size())) return out;
+  for (const auto& l : it->second.groups[group].blocks) out.push_back(l.valid() ? l.block() : -1);
+  return out;
+}
+
+int32_t KvManager::state_slot(int64_t seq, int32_t group) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || group < 0 || group >= static_cast<int32_t>(spec_.size())) return -1;
+  const StateSlot& st = it->second.groups[group].state;
+  return st.valid() ? st.slot() : -1;
+}
+
+Status KvManager::check_integrity() const {
+  RILL_TRY(pool_.check_integrity());
+  RILL_TRY(tree_.check_integrity());
+  RILL_TRY(states_.check_integrity());
+  std::vector<int32_t> held(static_cast<size_t>(pool_.n_blocks()), 0);
+  int32_t n_slots = 0;
+  for (const auto& [seq, s] : seqs_) {
+    for (size_t g = 0; g < spec_.size(); ++g) {
+      const Group& grp = s.groups[g];
+      const std::string where = seq_name(seq) + " group " + std::to_string(g);
+      if (!spec_[g].is_attention()) {
+        if (!grp.state.valid() || !states_.is_leased(grp.state.slot())) return Error{where + ": no leased state slot"};
+        if (!grp.blocks.empty()) return Error{where + ": recurrent group holds blocks"};
+        ++n_slots;
+        continue;
+      }
+      if (grp.state.valid()) return Error{where + ": attention group holds a state slot"};
+      if (static_cast<int32_t>(grp.blocks.size()) != blocks_for(s.n_tokens)) {
+        return Error{where + ": " + std::to_string(grp.blocks.size()) + " blocks for " +
+                     std::to_string(s.n_tokens) + " tokens"};
+      }
+      if (grp.n_offered > static_cast<int32_t>(grp.blocks.size())) return Error{where + ": offered past the table"};
+      const int32_t n_dead = n_dead_blocks(spec_[g], s.n_tokens);
+      for (size_t b = 0; b < grp.blocks.size(); ++b) {
+        if (!grp.blocks[b].valid()) {
+          if (static_cast<int32_t>(b) >= n_dead) return Error{where + ": hole at live block " + std::to_string(b)};
+          continue;
+        }
+        const int32_t id = grp.blocks[b].block();
+        if (pool_.is_free(id) || pool_.refcount(id) <= 0) {
+          return Error{where + ": block " + std::to_string(id) + " is not in use in the pool"};
+        }
+        ++held[static_cast<size_t>(id)];
+      }
+    }
+  }
+  for (int32_t b = 0; b < pool_.n_blocks(); ++b) {
+    if (held[static_cast<size_t>(b)] > pool_.refcount(b)) {
+      return Error{"kv manager: block " + std::to_string(b) + " held more times than its refcount"};
+    }
+  }
+  // The manager is the state pool's only client.
+  if (n_slots != states_.n_leased()) return Error{"kv manager: state slots leased outside any sequence"};
+  return Status::Ok();
+}
+
+}  // namespace rill

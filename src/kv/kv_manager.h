@@ -1,0 +1,132 @@
+#pragma once
+// KvManager: per-sequence KV bookkeeping over one BlockPool + PrefixTree +
+// StatePool, for any layout declared as a KvSpec (list of layer groups).
+//
+// Per sequence and per attention group (full / sliding) it keeps a block
+// table: entry i holds the KV of positions [i*bs, (i+1)*bs); -1 is a hole (a
+// sliding group's block wholly outside the window, already given back). Per
+// recurrent group it holds one StateSlot. Every attention group draws from
+// the same pool and caches in the same tree under its own namespace
+// (group_ns(ns, g)), so groups never share blocks.
+//
+// Protocol (engine thread, not thread-safe):
+//   admit(seq, ns, prompt)         matched prefix; the sequence's length is
+//                                  the matched token count
+//   append(seq, n)                 reserve slots for the next n tokens; all
+//                                  tokens appended before are computed
+//   commit_full_blocks(seq, toks)  after computing: cache the full blocks
+//   release(seq) / preempt(seq)    give everything back, tail first
+//
+// Prefix caching and layouts: a prefix is reused only when every attention
+// group matches it (the common length of the per-group matches). Recurrent
+// groups disable reuse (match 0) until checkpoint restore is wired: the
+// StatePool's checkpoints exist but the manager does not take them yet.
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "core/result.h"
+#include "kv/block_pool.h"
+#include "kv/kv_spec.h"
+#include "kv/prefix_tree.h"
+#include "kv/state_pool.h"
+
+namespace rill {
+
+struct Admission {
+  int32_t n_cached_tokens = 0;  // prompt tokens whose KV is reused (< prompt size)
+  // Matched block ids per group (empty for recurrent groups); the leases are
+  // held by the manager in the sequence's block tables.
+  std::vector<std::vector<int32_t>> cached_blocks;
+};
+
+class KvManager {
+ public:
+  // spec: at least one group; sliding windows >= 1. The pool, tree and state
+  // pool must outlive the manager; the tree must be over `pool`.
+  KvManager(KvSpec spec, BlockPool& pool, PrefixTree& tree, StatePool& states);
+  ~KvManager();
+  KvManager(const KvManager&) = delete;
+  KvManager& operator=(const KvManager&) = delete;
+
+  // Registers `seq` (must be new) in namespace ns and matches the longest
+  // cached prefix of `prompt` that leaves at least one token to compute.
+  // Errors (nothing changes): empty prompt, seq already present, a prompt
+  // that could never fit in the pool even alone, no free state slot.
+  Result<Admission> admit(int64_t seq, uint64_t ns, std::span<const int32_t> prompt);
+
+  // True when append(seq, n) would succeed. Conservative: blocks a sliding
+  // group will give back during the append are not counted as available.
+  bool can_allocate(int64_t seq, int32_t n_new_tokens) const;
+  // Blocks append(seq, n) would take from the pool (before sliding frees).
+  int32_t blocks_needed(int64_t seq, int32_t n_new_tokens) const;
+  // Grows the sequence by n >= 0 tokens: first gives back sliding blocks no
+  // future token can attend to, then allocates the missing blocks of every
+  // attention group. When blocks run out it fails without allocating (the
+  // dead sliding blocks are given back either way: that is always valid).
+  Status append(int64_t seq, int32_t n_tokens);
+
+  // `tokens` are the sequence's tokens so far (size <= length, all
+  // computed). Inserts each attention group's full blocks not offered
+  // before into the prefix tree. A sliding group's chain continues past its
+  // holes while the tree still holds the dropped blocks (commit every step
+  // so blocks are offered before they leave the window). Returns the number
+  // of blocks newly cached over all groups.
+  Result<int32_t> commit_full_blocks(int64_t seq, std::span<const int32_t> tokens);
+
+  // Gives back all of seq's blocks (tail first) and its state slots. No-op
+  // for an unknown seq.
+  void release(int64_t seq);
+  // release(), returning how many leading tokens were offered to the prefix
+  // cache in every group (an upper bound on what a resume will match: LRU
+  // eviction may take some; 0 with a recurrent group).
+  int32_t preempt(int64_t seq);
+
+  bool contains(int64_t seq) const { return seqs_.count(seq) != 0; }
+  int32_t n_sequences() const { return static_cast<int32_t>(seqs_.size()); }
+  int32_t length(int64_t seq) const;  // tokens; 0 for an unknown seq
+  // Block ids in position order, -1 for holes; empty for unknown seq or a
+  // recurrent group.
+  std::vector<int32_t> block_table(int64_t seq, int32_t group = 0) const;
+  // Live state slot of a recurrent group, -1 otherwise.
+  int32_t state_slot(int64_t seq, int32_t group) const;
+  // Blocks an allocation can take now (free + evictable cached).
+  int32_t n_free_blocks() const { return pool_.n_free() + pool_.n_cached(); }
+  const KvSpec& spec() const { return spec_; }
+  // The prefix-tree namespace of attention group g under request namespace ns.
+  static uint64_t group_ns(uint64_t ns, int32_t group);
+
+  // Verifies pool, tree, state pool, and the manager's own invariants:
+  // tables cover exactly ceil(length/bs) blocks, holes only in sliding
+  // groups and only outside the window, every held block is used in the
+  // pool with refcount >= the manager's leases on it, one state slot per
+  // sequence per recurrent group and no other leased slots.
+  Status check_integrity() const;
+
+ private:
+  struct Group {
+    std::vector<BlockLease> blocks;  // invalid lease = hole
+    int32_t n_offered = 0;           // leading blocks offered to the tree
+    StateSlot state;                 // recurrent groups only
+  };
+  struct Sequence {
+    uint64_t ns = 0;
+    int32_t n_tokens = 0;
+    std::vector<Group> groups;
+  };
+
+  int32_t blocks_for(int32_t n_tokens) const;
+  // Blocks of a sliding group that no token at position >= n_tokens attends to.
+  int32_t n_dead_blocks(const LayerGroupSpec& g, int32_t n_tokens) const;
+  bool has_recurrent() const;
+
+  KvSpec spec_;
+  BlockPool& pool_;
+  PrefixTree& tree_;
+  StatePool& states_;
+  int32_t bs_;
+  std::unordered_map<int64_t, Sequence> seqs_;
+};
+
+}  // namespace rill

@@ -1,0 +1,284 @@
+#include "kv/kv_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace rill {
+namespace {
+
+// One pool + tree + state pool + manager, as the engine wires them.
+struct Rig {
+  Rig(KvSpec spec, int32_t n_blocks, int32_t block_size, int32_t n_slots = 0)
+      : pool(n_blocks, block_size), tree(pool), states(n_slots, 2), kv(std::move(spec), pool, tree, states) {}
+  void expect_ok() const {
+    Status s = kv.check_integrity();
+    ASSERT_TRUE(s.ok()) << s.error().message;
+  }
+  BlockPool pool;
+  PrefixTree tree;
+  StatePool states;
+  KvManager kv;
+};
+
+std::vector<int32_t> iota(int32_t n, int32_t first = 0) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+int32_t n_holes(const std::vector<int32_t>& table) {
+  return static_cast<int32_t>(std::count(table.begin(), table.end(), -1));
+}
+
+TEST(KvManager, FullAttentionReusesCommittedPrefixes) {
+  Rig r({full()}, 16, 4);
+  const auto a = iota(10);
+  auto adm = r.kv.admit(1, 7, a);
+  ASSERT_TRUE(adm.ok()) << adm.error().message;
+  EXPECT_EQ(adm->n_cached_tokens, 0);
+  EXPECT_EQ(r.kv.length(1), 0);
+  ASSERT_TRUE(r.kv.append(1, 10).ok());
+  r.expect_ok();
+  const auto t1 = r.kv.block_table(1);
+  ASSERT_EQ(t1.size(), 3u);
+  EXPECT_EQ(r.kv.commit_full_blocks(1, a).value(), 2);  // the partial third block is never cached
+  EXPECT_EQ(r.kv.commit_full_blocks(1, a).value(), 0);  // idempotent
+  r.expect_ok();
+
+  auto b = a;
+  b.push_back(100);
+  b.push_back(101);  // 12 tokens: 3 full blocks, only 2 cached
+  adm = r.kv.admit(2, 7, b);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 8);
+  ASSERT_TRUE(r.kv.append(2, 4).ok());
+  const auto t2 = r.kv.block_table(2);
+  ASSERT_EQ(t2.size(), 3u);
+  EXPECT_EQ(t2[0], t1[0]);
+  EXPECT_EQ(t2[1], t1[1]);
+  EXPECT_NE(t2[2], t1[2]);
+  EXPECT_EQ(adm->cached_blocks[0], std::vector<int32_t>(t1.begin(), t1.begin() + 2));
+  EXPECT_EQ(r.pool.refcount(t1[0]), 2);
+  r.expect_ok();
+
+  // A prompt of exactly two cached blocks still computes its last token.
+  adm = r.kv.admit(3, 7, std::vector<int32_t>(a.begin(), a.begin() + 8));
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 4);
+  // Namespaces never share blocks.
+  adm = r.kv.admit(4, 8, a);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 0);
+  EXPECT_FALSE(r.kv.admit(4, 8, a).ok());  // already admitted
+  EXPECT_FALSE(r.kv.admit(5, 8, {}).ok());
+  r.expect_ok();
+
+  for (int64_t s : {1, 2, 3, 4}) {
+    r.kv.release(s);
+    r.expect_ok();
+  }
+  r.kv.release(99);  // unknown: no-op
+  EXPECT_EQ(r.pool.n_used(), 0);
+  EXPECT_EQ(r.pool.n_cached(), 2);
+  EXPECT_EQ(r.kv.n_free_blocks(), 16);
+}
+
+TEST(KvManager, AdmissionAccountingAndNeverFittingRequests) {
+  Rig r({full()}, 4, 4);
+  auto too_big = r.kv.admit(1, 0, iota(17));
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.error().message.find("only 4"), std::string::npos);
+  EXPECT_FALSE(r.kv.contains(1));
+  ASSERT_TRUE(r.kv.admit(1, 0, iota(16)).ok());
+  EXPECT_TRUE(r.kv.can_allocate(1, 16));
+  EXPECT_FALSE(r.kv.can_allocate(1, 17));
+  EXPECT_FALSE(r.kv.can_allocate(2, 1));  // unknown sequence
+  EXPECT_EQ(r.kv.blocks_needed(1, 5), 2);
+  ASSERT_TRUE(r.kv.append(1, 16).ok());
+  EXPECT_EQ(r.kv.n_free_blocks(), 0);
+  EXPECT_FALSE(r.kv.can_allocate(1, 1));
+  EXPECT_TRUE(r.kv.can_allocate(1, 0));
+  const auto before = r.kv.block_table(1);
+  EXPECT_FALSE(r.kv.append(1, 1).ok());  // out of blocks: an error, nothing changes
+  EXPECT_FALSE(r.kv.append(1, -1).ok());
+  EXPECT_FALSE(r.kv.append(9, 1).ok());
+  EXPECT_EQ(r.kv.block_table(1), before);
+  EXPECT_EQ(r.kv.length(1), 16);
+  EXPECT_FALSE(r.kv.commit_full_blocks(1, iota(17)).ok());  // more than appended
+  r.expect_ok();
+  r.kv.release(1);
+  EXPECT_EQ(r.kv.n_free_blocks(), 4);
+
+  // Every attention group needs its own blocks: 2 groups x 4 blocks > 6.
+  Rig two({sliding(4), full()}, 6, 4);
+  EXPECT_FALSE(two.kv.admit(1, 0, iota(16)).ok());
+  EXPECT_TRUE(two.kv.admit(1, 0, iota(12)).ok());
+  two.expect_ok();
+}
+
+TEST(KvManager, SlidingGroupsPunchHolesAndResumeFromTheCache) {
+  Rig r({sliding(4), full()}, 32, 2);
+  const auto toks = iota(13, 50);
+  ASSERT_TRUE(r.kv.admit(1, 0, std::vector<int32_t>(toks.begin(), toks.begin() + 1)).ok());
+  for (int32_t len = 1; len <= 12; ++len) {
+    const int32_t old_len = len - 1;
+    ASSERT_TRUE(r.kv.append(1, 1).ok());
+    // The token at old_len attends to positions >= old_len - 3.
+    const int32_t dead = std::max(0, (old_len - 3) / 2);
+    const auto sl = r.kv.block_table(1, 0);
+    EXPECT_EQ(static_cast<int32_t>(sl.size()), (len + 1) / 2);
+    EXPECT_EQ(n_holes(sl), std::min(dead, static_cast<int32_t>(sl.size())));
+    for (int32_t b = 0; b < n_holes(sl); ++b) EXPECT_EQ(sl[b], -1);  // holes are a prefix
+    EXPECT_EQ(n_holes(r.kv.block_table(1, 1)), 0);
+    ASSERT_TRUE(r.kv.commit_full_blocks(1, std::span(toks).first(len)).ok());
+    r.expect_ok();
+  }
+  EXPECT_EQ(r.kv.block_table(1, 0), (std::vector<int32_t>{-1, -1, -1, -1, r.kv.block_table(1, 0)[4],
+                                                         r.kv.block_table(1, 0)[5]}));
+  EXPECT_EQ(r.pool.n_used(), 2 + 6);
+  // Every block was committed before it left the window.
+  EXPECT_EQ(r.kv.preempt(1), 12);
+  r.expect_ok();
+  EXPECT_EQ(r.pool.n_used(), 0);
+  auto adm = r.kv.admit(2, 0, toks);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 12);
+  EXPECT_EQ(n_holes(r.kv.block_table(2, 0)), 4);  // only the window is re-leased
+  EXPECT_EQ(r.pool.n_used(), 2 + 6);
+  r.expect_ok();
+}
+
+TEST(KvManager, RecurrentGroupsTakeOneStateSlotPerSequence) {
+  Rig r({recurrent(), full()}, 16, 4, 2);
+  const auto p = iota(9);
+  ASSERT_TRUE(r.kv.admit(1, 0, p).ok());
+  ASSERT_TRUE(r.kv.append(1, 9).ok());
+  EXPECT_GE(r.kv.state_slot(1, 0), 0);
+  EXPECT_EQ(r.kv.state_slot(1, 1), -1);
+  EXPECT_TRUE(r.kv.block_table(1, 0).empty());
+  EXPECT_EQ(r.kv.block_table(1, 1).size(), 3u);
+  EXPECT_EQ(r.kv.commit_full_blocks(1, p).value(), 2);
+  ASSERT_TRUE(r.kv.admit(2, 0, p).ok());
+  EXPECT_NE(r.kv.state_slot(1, 0), r.kv.state_slot(2, 0));
+  EXPECT_FALSE(r.kv.admit(2, 0, p).ok());  // already admitted
+  auto third = r.kv.admit(3, 0, p);
+  ASSERT_FALSE(third.ok());  // no free state slot: an error, nothing taken
+  EXPECT_FALSE(r.kv.contains(3));
+  EXPECT_EQ(r.states.n_leased(), 2);
+  r.expect_ok();
+  EXPECT_EQ(r.kv.preempt(1), 0);  // recurrent state is not restorable yet
+  EXPECT_EQ(r.states.n_leased(), 1);
+  auto again = r.kv.admit(3, 0, p);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->n_cached_tokens, 0);
+  r.expect_ok();
+
+  Rig no_slots({recurrent()}, 4, 4, 0);
+  EXPECT_FALSE(no_slots.kv.admit(1, 0, p).ok());
+}
+
+// Many sequences with shared prefixes on a tiny pool, random operations;
+// the invariants hold after every step and everything comes back.
+void random_run(KvSpec spec, uint32_t seed) {
+  const bool has_recurrent = std::any_of(spec.begin(), spec.end(), [](auto& g) { return !g.is_attention(); });
+  Rig r(std::move(spec), 14, 2, 3);
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prefixes;
+  for (int32_t k = 0; k < 3; ++k) prefixes.push_back(iota(6, 100 * k));
+  std::map<int64_t, std::vector<int32_t>> live;  // seq -> all tokens (length() of them appended)
+  std::map<std::pair<size_t, int32_t>, std::vector<int32_t>> shadow;  // (group, block) -> committed tokens
+  const int32_t bs = r.pool.block_size();
+  int64_t next_seq = 0;
+  int32_t n_hits = 0, n_refused = 0, n_preempted_cached = 0;  // coverage of the run
+  for (int step = 0; step < 3000; ++step) {
+    const uint32_t op = rng() % 10;
+    if (op < 3 || live.empty()) {
+      auto toks = prefixes[rng() % prefixes.size()];
+      for (uint32_t i = rng() % 5; i > 0; --i) toks.push_back(static_cast<int32_t>(rng() % 4));
+      const int64_t seq = next_seq++;
+      auto adm = r.kv.admit(seq, 0, toks);
+      if (!adm.ok()) ++n_refused;
+      if (adm.ok()) {
+        n_hits += adm->n_cached_tokens > 0;
+        ASSERT_LT(adm->n_cached_tokens, static_cast<int32_t>(toks.size()));
+        for (size_t g = 0; g < adm->cached_blocks.size(); ++g) {
+          for (size_t i = 0; i < adm->cached_blocks[g].size(); ++i) {
+            auto want = std::vector<int32_t>(toks.begin() + static_cast<long>(i) * bs,
+                                             toks.begin() + static_cast<long>(i + 1) * bs);
+            ASSERT_EQ(shadow[std::make_pair(g, adm->cached_blocks[g][i])], want) << "matched a block with other tokens";
+          }
+        }
+        // Prefill the rest if it fits, else give up on it.
+        const int32_t rest = static_cast<int32_t>(toks.size()) - adm->n_cached_tokens;
+        if (r.kv.can_allocate(seq, rest)) {
+          ASSERT_TRUE(r.kv.append(seq, rest).ok());
+          live[seq] = toks;
+        } else {
+          r.kv.release(seq);
+        }
+      }
+    } else if (op < 7) {
+      auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+      auto& toks = it->second;
+      // The appended tokens are computed: commit, then grow by 1..3.
+      ASSERT_TRUE(r.kv.commit_full_blocks(it->first, toks).ok());
+      for (size_t g = 0; g < r.kv.spec().size(); ++g) {
+        const auto table = r.kv.block_table(it->first, static_cast<int32_t>(g));
+        for (size_t b = 0; b < table.size() && (b + 1) * bs <= toks.size(); ++b) {
+          if (table[b] >= 0 && r.pool.is_cached(table[b])) {
+            auto& sh = shadow[{g, table[b]}];
+            sh.assign(toks.begin() + static_cast<long>(b) * bs, toks.begin() + static_cast<long>(b + 1) * bs);
+          }
+        }
+      }
+      const int32_t n = 1 + static_cast<int32_t>(rng() % 3);
+      if (!r.kv.can_allocate(it->first, n)) ++n_refused;
+      if (r.kv.can_allocate(it->first, n)) {
+        ASSERT_TRUE(r.kv.append(it->first, n).ok());
+        for (int32_t i = 0; i < n; ++i) toks.push_back(static_cast<int32_t>(rng() % 4));
+      }
+    } else if (op < 8) {
+      auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+      const int32_t n_kept = r.kv.preempt(it->first);
+      ASSERT_LE(n_kept, static_cast<int32_t>(it->second.size()));
+      n_preempted_cached += n_kept > 0;
+      live.erase(it);
+    } else {
+      auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+      r.kv.release(it->first);
+      live.erase(it);
+    }
+    ASSERT_EQ(r.kv.n_sequences(), static_cast<int32_t>(live.size()));
+    Status s = r.kv.check_integrity();
+    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.error().message;
+  }
+  for (auto& [seq, toks] : live) r.kv.release(seq);
+  r.expect_ok();
+  EXPECT_EQ(r.pool.n_used(), 0);
+  EXPECT_EQ(r.pool.n_free() + r.pool.n_cached(), r.pool.n_blocks());
+  EXPECT_EQ(r.tree.n_nodes(), r.pool.n_cached());
+  EXPECT_EQ(r.states.n_leased(), 0);
+  EXPECT_GT(n_refused, 0);  // the pool (or the state pool) ran out at times
+  if (!has_recurrent) {
+    EXPECT_GT(n_hits, 50);  // shared prefixes were reused
+    EXPECT_GT(n_preempted_cached, 0);
+  }
+}
+
+TEST(KvManager, RandomizedFull) {
+  for (uint32_t seed : {1u, 2u, 3u}) random_run({full()}, seed);
+}
+TEST(KvManager, RandomizedSlidingAndFull) {
+  for (uint32_t seed : {4u, 5u, 6u}) random_run({sliding(3), full()}, seed);
+}
+TEST(KvManager, RandomizedRecurrentHybrid) {
+  for (uint32_t seed : {7u, 8u}) random_run({recurrent(), full()}, seed);
+}
+
+}  // namespace
+}  // namespace rill
