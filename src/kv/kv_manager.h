@@ -36,8 +36,9 @@ namespace rill {
 
 struct Admission {
   int32_t n_cached_tokens = 0;  // prompt tokens whose KV is reused (< prompt size)
-  // Matched block ids per group (empty for recurrent groups); the leases are
-  // held by the manager in the sequence's block tables.
+  // Matched block ids per group (empty for recurrent groups); the manager
+  // holds their leases in the sequence's block tables, except a sliding
+  // group's blocks already outside the window, given back at once (holes).
   std::vector<std::vector<int32_t>> cached_blocks;
 };
 
