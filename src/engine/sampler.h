@@ -3,13 +3,21 @@
 // sampling parameters. Each request owns one Sampler with its own seeded RNG
 // stream, so its tokens do not depend on what else runs in the batch.
 //
-// Order (as Hugging Face generate applies its processors): repetition
-// penalty, presence/frequency penalties, temperature, top-k, top-p, min-p,
-// then a draw. temperature <= 0 is greedy (argmax; ties go to the lowest id).
+// Order (as Hugging Face generate applies its processors, with OpenAI's
+// logit_bias first): logit bias, repetition penalty, presence/frequency
+// penalties, temperature, top-k, top-p, min-p, then a draw. temperature <= 0
+// is greedy (argmax; ties go to the lowest id).
+//
+// Logprobs are the log-softmax of the logits after logit bias and penalties
+// but BEFORE temperature, top-k, top-p and min-p (vLLM's "processed logits"
+// minus the temperature): they describe the model's distribution as adjusted
+// by the request, not the truncated distribution the token was drawn from.
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace rill {
@@ -23,6 +31,25 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // OpenAI-style, over output
   float frequency_penalty = 0.0f;   // OpenAI-style, over output
   std::optional<uint64_t> seed;     // unset: a random seed
+  // OpenAI logit_bias: (token id, bias) added to the logits before anything
+  // else. Ids outside [0, n_vocab) are ignored (the server validates them).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+};
+
+inline constexpr int kMaxTopLogprobs = 20;  // OpenAI's top_logprobs limit
+
+struct TokenLogprob {
+  int32_t id;
+  float logprob;
+};
+
+// The sampled token with its logprob and the n_top most likely tokens
+// (descending logprob, ties by lower id); top[n_top..] is unspecified.
+struct SampledToken {
+  int32_t id = -1;
+  float logprob = 0.0f;
+  int n_top = 0;
+  std::array<TokenLogprob, kMaxTopLogprobs> top{};
 };
 
 class Sampler {
@@ -35,13 +62,24 @@ class Sampler {
   void add_output_token(int32_t id);
 
   // Picks a token from logits[n_vocab]. The logits are modified in place
-  // (penalties and temperature). No allocation after construction.
-  int32_t sample(float* logits);
+  // (logit bias and penalties; temperature is not written back). No
+  // allocation after construction.
+  int32_t sample(float* logits) { return sample(logits, -1, nullptr); }
+
+  // Same draw as sample(logits) (the RNG stream does not depend on logprobs).
+  // n_top_logprobs < 0: logprobs off, `out` may be null. Otherwise `out`
+  // receives the token, its logprob and min(n_top_logprobs, kMaxTopLogprobs,
+  // n_vocab) top entries. Costs one extra pass over the vocabulary
+  // (log-sum-exp in double) and no allocation.
+  int32_t sample(float* logits, int n_top_logprobs, SampledToken* out);
 
   const SamplingParams& params() const { return params_; }
 
  private:
+  void apply_logit_bias(float* logits) const;
   void apply_penalties(float* logits) const;
+  int32_t draw(const float* logits);
+  void fill_logprobs(const float* logits, int32_t id, int n_top, SampledToken& out) const;
 
   SamplingParams params_;
   int64_t n_vocab_;

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
 #include <vector>
 
 namespace rill {
@@ -145,6 +148,162 @@ TEST(Sampler, PresenceAndFrequencyPenaltiesCountOutputTokensOnly) {
   EXPECT_FLOAT_EQ(l[0], 1.0f - 0.5f - 0.25f * 2);
   EXPECT_FLOAT_EQ(l[1], 1.0f - 0.5f - 0.25f * 1);
   EXPECT_FLOAT_EQ(l[2], 1.0f);
+}
+
+// Reference logprobs: log-softmax in double, all ids sorted by (logprob
+// descending, id ascending).
+std::vector<TokenLogprob> reference_logprobs(const std::vector<float>& logits) {
+  const double max_l = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(l - max_l);
+  const double lse = max_l + std::log(sum);
+  std::vector<TokenLogprob> all;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    all.push_back({static_cast<int32_t>(i), static_cast<float>(logits[i] - lse)});
+  }
+  std::sort(all.begin(), all.end(), [](const TokenLogprob& a, const TokenLogprob& b) {
+    return a.logprob > b.logprob || (a.logprob == b.logprob && a.id < b.id);
+  });
+  return all;
+}
+
+// Random logits on a 1/4 grid, so ties (broken by the lower id) are common.
+std::vector<float> random_logits(std::mt19937& rng, int n) {
+  std::uniform_int_distribution<int> q(-40, 40);
+  std::vector<float> l(static_cast<size_t>(n));
+  for (float& x : l) x = static_cast<float>(q(rng)) * 0.25f;
+  return l;
+}
+
+TEST(SamplerLogprobs, TopEntriesAndChosenLogprobMatchTheReference) {
+  std::mt19937 rng(99);
+  for (int iter = 0; iter < 200; ++iter) {
+    const int n_vocab = iter % 4 == 0 ? 3000 : 1 + static_cast<int>(rng() % 50);
+    const int n_top = static_cast<int>(rng() % 22);  // 0..21, clamped to 20 and n_vocab
+    SamplingParams p;
+    p.temperature = iter % 3 == 0 ? 0.0f : 0.7f;
+    p.top_k = iter % 5 == 0 ? 3 : 0;
+    p.top_p = iter % 7 == 0 ? 0.5f : 1.0f;
+    p.seed = static_cast<uint64_t>(iter);
+    Sampler s(p, n_vocab);
+    auto l = random_logits(rng, n_vocab);
+    const auto ref = reference_logprobs(l);
+    SampledToken out;
+    const int32_t id = s.sample(l.data(), n_top, &out);
+    EXPECT_EQ(out.id, id);
+    ASSERT_EQ(out.n_top, std::min({n_top, kMaxTopLogprobs, n_vocab}));
+    for (int k = 0; k < out.n_top; ++k) {
+      EXPECT_EQ(out.top[k].id, ref[k].id) << "iter " << iter << " rank " << k;
+      EXPECT_NEAR(out.top[k].logprob, ref[k].logprob, 1e-5f);
+    }
+    const auto chosen = std::find_if(ref.begin(), ref.end(), [&](const TokenLogprob& t) { return t.id == id; });
+    EXPECT_NEAR(out.logprob, chosen->logprob, 1e-5f);
+  }
+}
+
+TEST(SamplerLogprobs, GreedyPickHasTheMaxLogprob) {
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p, 6);
+  auto l = logits_of({0.5f, 3.0f, -2.0f, 3.0f, 1.0f, 0.0f});
+  const auto ref = reference_logprobs(l);
+  SampledToken out;
+  EXPECT_EQ(s.sample(l.data(), 2, &out), 1);
+  EXPECT_EQ(out.top[0].id, 1);
+  EXPECT_EQ(out.top[1].id, 3);  // same logit: the lower id ranks first
+  EXPECT_EQ(out.logprob, out.top[0].logprob);
+  EXPECT_NEAR(out.logprob, ref[0].logprob, 1e-6f);
+}
+
+TEST(SamplerLogprobs, TopCoveringTheVocabSumsToOne) {
+  SamplingParams p;
+  p.seed = 4;
+  Sampler s(p, 5);
+  auto l = logits_of({1.0f, -3.0f, 2.5f, 0.0f, 0.25f});
+  SampledToken out;
+  s.sample(l.data(), kMaxTopLogprobs, &out);
+  ASSERT_EQ(out.n_top, 5);
+  double total = 0.0;
+  for (int k = 0; k < out.n_top; ++k) total += std::exp(double(out.top[k].logprob));
+  EXPECT_NEAR(total, 1.0, 1e-6);
+  for (int k = 1; k < out.n_top; ++k) EXPECT_GE(out.top[k - 1].logprob, out.top[k].logprob);
+}
+
+TEST(SamplerLogprobs, AreTakenAfterPenaltiesAndBeforeTemperature) {
+  SamplingParams p;
+  p.temperature = 0.25f;
+  p.top_k = 2;
+  p.repetition_penalty = 2.0f;
+  p.seed = 8;
+  Sampler s(p, 4);
+  const int32_t prompt[] = {0};
+  s.add_prompt_tokens(prompt);
+  auto l = logits_of({4.0f, 1.0f, 2.0f, 0.5f});
+  // Penalised logits {2, 1, 2, 0.5}; the softmax is over all four tokens,
+  // untempered, though top-k keeps only two for the draw.
+  const auto ref = reference_logprobs(logits_of({2.0f, 1.0f, 2.0f, 0.5f}));
+  SampledToken out;
+  const int32_t id = s.sample(l.data(), 4, &out);
+  EXPECT_TRUE(id == 0 || id == 2);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(out.top[k].id, ref[k].id);
+    EXPECT_NEAR(out.top[k].logprob, ref[k].logprob, 1e-6f);
+  }
+}
+
+TEST(SamplerLogprobs, DoNotChangeTheDraws) {
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_p = 0.9f;
+  p.seed = 21;
+  Sampler plain(p, 64);
+  Sampler with_logprobs(p, 64);
+  std::mt19937 rng(5);
+  for (int i = 0; i < 500; ++i) {
+    auto a = random_logits(rng, 64);
+    auto b = a;
+    SampledToken out;
+    EXPECT_EQ(plain.sample(a.data()), with_logprobs.sample(b.data(), 5, &out));
+    EXPECT_EQ(a, b);
+  }
+}
+
+TEST(SamplerLogitBias, ForcesATokenUnderGreedyAndSampling) {
+  for (float temperature : {0.0f, 1.0f, 2.0f}) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.seed = 13;
+    p.logit_bias = {{3, 100.0f}, {1, -100.0f}};
+    Sampler s(p, 5);
+    for (int i = 0; i < 1000; ++i) {
+      auto l = logits_of({1.0f, 5.0f, 2.0f, -4.0f, 0.0f});
+      ASSERT_EQ(s.sample(l.data()), 3) << "temperature " << temperature;
+    }
+  }
+  // A large negative bias bans the argmax under greedy.
+  SamplingParams p;
+  p.temperature = 0;
+  p.logit_bias = {{1, -100.0f}};
+  Sampler s(p, 3);
+  auto l = logits_of({1.0f, 5.0f, 2.0f});
+  EXPECT_EQ(s.sample(l.data()), 2);
+  EXPECT_FLOAT_EQ(l[1], -95.0f);
+}
+
+TEST(SamplerLogitBias, IsAppliedBeforePenaltiesAndIgnoresInvalidIds) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;
+  p.logit_bias = {{-1, 50.0f}, {4, 50.0f}, {1 << 30, 50.0f}, {0, 1.0f}};
+  Sampler s(p, 4);
+  const int32_t prompt[] = {0};
+  s.add_prompt_tokens(prompt);
+  auto l = logits_of({3.0f, 1.0f, 2.0f, 0.5f});
+  EXPECT_EQ(s.sample(l.data()), 0);  // (3 + 1) / 2 = 2 ties token 2: lower id
+  EXPECT_FLOAT_EQ(l[0], 2.0f);
+  EXPECT_FLOAT_EQ(l[1], 1.0f);
+  EXPECT_FLOAT_EQ(l[2], 2.0f);
+  EXPECT_FLOAT_EQ(l[3], 0.5f);
 }
 
 }  // namespace
