@@ -1,9 +1,13 @@
 // Attention over an f16 KV cache on the default model's shapes (9 query
 // heads, 3 KV heads, head_dim 64): a 512-token prefill and one decode token
 // at 512 keys. GFLOP/s counts 4 * head_dim flops per visible (query, key,
-// head) triple (q.k and p.v). Args: {n_threads}.
+// head) triple (q.k and p.v). The _paged variants scatter the K/V rows over
+// 16-row blocks in shuffled order (a block table), as the paged cache does.
+// Args: {n_threads}.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -14,7 +18,7 @@
 namespace rill::cpu {
 namespace {
 
-void run(benchmark::State& state, int64_t n_q, int64_t n_kv) {
+void run(benchmark::State& state, int64_t n_q, int64_t n_kv, bool paged) {
   static ThreadPool pool2(2), pool1(1);
   ThreadPool& pool = state.range(0) == 1 ? pool1 : pool2;
   AttentionParams p;
@@ -34,18 +38,41 @@ void run(benchmark::State& state, int64_t n_q, int64_t n_kv) {
   for (int64_t i = 0; i < n_q; ++i) pos[i] = static_cast<int32_t>(n_kv - n_q + i);
   double visible = 0;
   for (int32_t ps : pos) visible += ps + 1;
+  const size_t row_b = 3 * 64 * sizeof(uint16_t);
+  PagedKv kv = make_contiguous_kv(k.data(), v.data(), row_b);
+  constexpr int32_t kShift = 4;
+  const int64_t n_blocks = (n_kv + 15) >> kShift;
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  std::vector<uint16_t> k_pool(static_cast<size_t>(n_blocks) * 16 * 3 * 64), v_pool(k_pool.size());
+  if (paged) {
+    for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>(b);
+    std::shuffle(table.begin(), table.end(), rng);
+    kv.k = reinterpret_cast<const uint8_t*>(k_pool.data());
+    kv.v = reinterpret_cast<const uint8_t*>(v_pool.data());
+    kv.table = table.data();
+    kv.block_shift = kShift;
+    kv.block_bytes = 16 * row_b;
+    for (int64_t j = 0; j < n_kv; ++j) {
+      std::memcpy(const_cast<uint8_t*>(kv.k_row(j)), k.data() + j * 3 * 64, row_b);
+      std::memcpy(const_cast<uint8_t*>(kv.v_row(j)), v.data() + j * 3 * 64, row_b);
+    }
+  }
   for (auto _ : state) {
-    attention_f16_rounded(q.data(), pos.data(), n_q, k.data(), v.data(), n_kv, p, out.data(), pool);
+    attention_f16_rounded(q.data(), pos.data(), n_q, kv, n_kv, p, out.data(), pool);
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(visible * 9 * 4 * 64 * state.iterations() / 1e9, benchmark::Counter::kIsRate);
   state.SetLabel(isa_name(best_isa()));
 }
 
-void BM_attention_prefill_512(benchmark::State& s) { run(s, 512, 512); }
-void BM_attention_decode_at_512(benchmark::State& s) { run(s, 1, 512); }
+void BM_attention_prefill_512(benchmark::State& s) { run(s, 512, 512, false); }
+void BM_attention_decode_at_512(benchmark::State& s) { run(s, 1, 512, false); }
+void BM_attention_prefill_512_paged(benchmark::State& s) { run(s, 512, 512, true); }
+void BM_attention_decode_at_512_paged(benchmark::State& s) { run(s, 1, 512, true); }
 BENCHMARK(BM_attention_prefill_512)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode_at_512)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_attention_prefill_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_decode_at_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace rill::cpu

@@ -19,6 +19,7 @@ namespace rill {
 using WeightView = cpu::WeightView;        // a [n_rows, n_cols] weight in any supported dtype
 using RopeTable = cpu::RopeTable;          // built once per model (backend/cpu/rope_table.h)
 using AttentionParams = cpu::AttentionParams;
+using PagedKv = cpu::PagedKv;              // one layer's K/V blocks + a sequence's block table
 
 class Backend {
  public:
@@ -42,9 +43,9 @@ class Backend {
   // x: [n_tokens, n_heads, head_dim], rotated in place.
   virtual void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
                     int64_t head_dim, const RopeTable& table) = 0;
-  // Causal attention of one sequence's queries over its KV (see cpu::attention).
-  virtual void attention(const float* q, const int32_t* q_pos, int64_t n_q, const void* k,
-                         const void* v, int64_t n_kv, const AttentionParams& p, float* out) = 0;
+  // Causal attention of one sequence's queries over its paged KV (see cpu::attention).
+  virtual void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv,
+                         int64_t n_kv, const AttentionParams& p, float* out) = 0;
   // out = silu(gate) * up over n floats; out may alias gate.
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
   // y += x over n floats.

@@ -2,8 +2,13 @@
 // formulas, and every ISA's kernels against the scalar reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
+#include <random>
+#include <utility>
+#include <vector>
 
 #include "backend/cpu/attention_f16.h"
 #include "backend/cpu/kernels.h"
@@ -234,10 +239,11 @@ TEST(Attention, MatchesNaive) {
     const auto want = naive_attention(q, pos, k, v, c.n_kv, p);
     const void* kp = c.kv == DType::kF16 ? static_cast<const void*>(k16.data()) : k.data();
     const void* vp = c.kv == DType::kF16 ? static_cast<const void*>(v16.data()) : v.data();
+    const PagedKv kv = make_contiguous_kv(kp, vp, row_bytes(c.kv, c.n_head_kv * c.head_dim));
     for (int threads : {1, 2}) {
       ThreadPool pool(threads);
       std::vector<float> out(want.size(), -9.0f);
-      attention(q.data(), pos.data(), c.n_q, kp, vp, c.n_kv, p, out.data(), pool);
+      attention(q.data(), pos.data(), c.n_q, kv, c.n_kv, p, out.data(), pool);
       for (size_t i = 0; i < want.size(); ++i)
         ASSERT_NEAR(out[i], want[i], 2e-5) << "case heads " << c.n_head << "/" << c.n_head_kv << " i " << i;
     }
@@ -246,9 +252,7 @@ TEST(Attention, MatchesNaive) {
       for (int64_t i = 0; i < c.n_q; i += std::max<int64_t>(1, c.n_q / 7)) {
         AttendRowArgs a;
         a.q = q.data() + i * c.n_head * c.head_dim;
-        a.k = kp;
-        a.v = vp;
-        a.kv_stride = c.n_head_kv * c.head_dim;
+        a.kv = kv;
         a.head_dim = c.head_dim;
         a.j_begin = c.window > 0 ? std::max<int64_t>(0, pos[i] - c.window + 1) : 0;
         a.j_end = pos[i] + 1;
@@ -288,7 +292,8 @@ TEST(Attention, F16RoundedMatchesNaive) {
     for (int64_t i = 0; i < n_q; ++i) pos[i] = static_cast<int32_t>(n_kv - n_q + i);
     ThreadPool pool(2);
     std::vector<float> out(q.size());
-    attention_f16_rounded(q.data(), pos.data(), n_q, k16.data(), v16.data(), n_kv, p, out.data(), pool);
+    const PagedKv kv = make_contiguous_kv(k16.data(), v16.data(), 3 * 64 * sizeof(uint16_t));
+    attention_f16_rounded(q.data(), pos.data(), n_q, kv, n_kv, p, out.data(), pool);
     for (int64_t i = 0; i < n_q; ++i) {
       for (int64_t h = 0; h < 9; ++h) {
         const float* qr = q.data() + (i * 9 + h) * 64;
@@ -314,12 +319,193 @@ TEST(Attention, F16RoundedMatchesNaive) {
   }
 }
 
+// The rows of a contiguous K/V region ([n_kv, row_bytes] each) scattered
+// over a pool of blocks in shuffled physical order, blocks `pad` bytes
+// apart beyond their rows, with the table entries of the first n_dead
+// logical blocks -1 (those rows are not copied). Unused pool bytes are
+// 0xFF (NaN in f32 and f16), so any read of a wrong row shows.
+struct ScatteredKv {
+  std::vector<uint8_t> k_pool, v_pool;
+  std::vector<int32_t> table;
+  PagedKv kv;
+};
+
+ScatteredKv scatter_kv(const void* k, const void* v, size_t row_b, int64_t n_kv, int32_t shift, int64_t n_dead,
+                       size_t pad, uint32_t seed) {
+  const int64_t bs = int64_t{1} << shift;
+  const int64_t n_blocks = (n_kv + bs - 1) / bs;
+  const int64_t n_phys = n_blocks + 3;  // spare blocks never referenced
+  ScatteredKv out;
+  out.kv.block_shift = shift;
+  out.kv.row_bytes = row_b;
+  out.kv.block_bytes = static_cast<size_t>(bs) * row_b + pad;
+  out.k_pool.assign(static_cast<size_t>(n_phys) * out.kv.block_bytes, 0xFF);
+  out.v_pool.assign(out.k_pool.size(), 0xFF);
+  std::vector<int32_t> perm(static_cast<size_t>(n_phys));
+  for (int64_t i = 0; i < n_phys; ++i) perm[i] = static_cast<int32_t>(i);
+  std::mt19937 rng(seed);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  out.table.resize(static_cast<size_t>(n_blocks));
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    out.table[b] = b < n_dead ? -1 : perm[b];
+    if (b < n_dead) continue;
+    for (int64_t r = 0; r < bs && b * bs + r < n_kv; ++r) {
+      const size_t dst = static_cast<size_t>(perm[b]) * out.kv.block_bytes + static_cast<size_t>(r) * row_b;
+      const size_t src = static_cast<size_t>(b * bs + r) * row_b;
+      std::memcpy(out.k_pool.data() + dst, static_cast<const uint8_t*>(k) + src, row_b);
+      std::memcpy(out.v_pool.data() + dst, static_cast<const uint8_t*>(v) + src, row_b);
+    }
+  }
+  out.kv.k = out.k_pool.data();
+  out.kv.v = out.v_pool.data();
+  out.kv.table = out.table.data();
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct PagedCase {
+  int64_t n_head, n_head_kv, head_dim, n_kv, n_q, window;
+  float softcap;
+  int32_t shift;  // block_size = 1 << shift
+  size_t pad;     // bytes between blocks beyond their rows
+};
+
+// Attention over K/V rows scattered across blocks must give the same bits as
+// over the same rows stored contiguously: the drivers (default ISA) and each
+// ISA's inner kernel, f32 and f16 KV, both f16 attentions.
+TEST(Attention, PagedBitIdenticalToContiguous) {
+  const PagedCase cases[] = {
+      {9, 3, 64, 150, 1, 0, 0.0f, 4, 0},       // SmolLM2 decode
+      {9, 3, 64, 150, 150, 0, 0.0f, 4, 0},     // prefill
+      {8, 2, 128, 77, 5, 20, 30.0f, 3, 64},    // window + softcap, block 8, padded pool
+      {4, 4, 32, 100, 20, 16, 0.0f, 5, 0},     // window, block 32
+      {8, 1, 80, 70, 70, 24, 30.0f, 4, 0},     // MQA, head_dim 80 (no exact avx512 path)
+      {6, 2, 256, 45, 1, 0, 50.0f, 2, 0},      // head_dim 256 decode, block 4
+      {4, 2, 64, 200, 1, 40, 0.0f, 4, 32},     // decode with window: dead blocks
+      {4, 2, 64, 200, 3, 33, 0.0f, 6, 0},      // window, block 64
+  };
+  ThreadPool pool(2);
+  for (const PagedCase& c : cases) {
+    for (DType dt : {DType::kF32, DType::kF16}) {
+      SCOPED_TRACE(::testing::Message() << "heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim
+                                        << " n_kv " << c.n_kv << " n_q " << c.n_q << " window " << c.window
+                                        << " block " << (1 << c.shift) << " " << dtype_info(dt).name);
+      AttentionParams p;
+      p.n_head = c.n_head;
+      p.n_head_kv = c.n_head_kv;
+      p.head_dim = c.head_dim;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+      p.window = c.window;
+      p.softcap = c.softcap;
+      p.kv_dtype = dt;
+      const int64_t width = c.n_head_kv * c.head_dim;
+      const size_t row_b = row_bytes(dt, width);
+      const auto q = random_floats(c.n_q * c.n_head * c.head_dim, 61, -2.0f, 2.0f);
+      auto k = random_floats(c.n_kv * width, 62, -2.0f, 2.0f);
+      auto v = random_floats(c.n_kv * width, 63);
+      std::vector<uint16_t> k16(k.size()), v16(v.size());
+      for (size_t i = 0; i < k.size(); ++i) k16[i] = f32_to_f16(k[i]), v16[i] = f32_to_f16(v[i]);
+      const void* kp = dt == DType::kF16 ? static_cast<const void*>(k16.data()) : k.data();
+      const void* vp = dt == DType::kF16 ? static_cast<const void*>(v16.data()) : v.data();
+      std::vector<int32_t> pos(static_cast<size_t>(c.n_q));
+      for (int64_t i = 0; i < c.n_q; ++i) pos[i] = static_cast<int32_t>(c.n_kv - c.n_q + i);
+      // Blocks wholly before the earliest query's window are never read.
+      const int64_t j_min = c.window > 0 ? std::max<int64_t>(0, pos[0] - c.window + 1) : 0;
+      const int64_t n_dead = j_min >> c.shift;
+      if (c.window == 40) {
+        ASSERT_GT(n_dead, 0);
+      }
+      const PagedKv contiguous = make_contiguous_kv(kp, vp, row_b);
+      const ScatteredKv paged = scatter_kv(kp, vp, row_b, c.n_kv, c.shift, n_dead, c.pad, 70 + c.shift);
+
+      using AttnFn = void (*)(const float*, const int32_t*, int64_t, const PagedKv&, int64_t,
+                              const AttentionParams&, float*, ThreadPool&);
+      std::vector<AttnFn> fns = {attention};
+      if (dt == DType::kF16) fns.push_back(attention_f16_rounded);
+      for (AttnFn fn : fns) {
+        std::vector<float> want(q.size(), -7.0f), got(q.size(), -9.0f);
+        fn(q.data(), pos.data(), c.n_q, contiguous, c.n_kv, p, want.data(), pool);
+        fn(q.data(), pos.data(), c.n_q, paged.kv, c.n_kv, p, got.data(), pool);
+        for (float x : want) ASSERT_TRUE(std::isfinite(x));
+        ASSERT_TRUE(same_bits(want, got)) << (fn == attention ? "attention" : "attention_f16_rounded");
+      }
+
+      // Each ISA's inner kernels on a sample of (query, head) pairs.
+      const int64_t group = c.n_head / c.n_head_kv;
+      std::vector<float> scores(static_cast<size_t>(c.n_kv));
+      std::vector<uint16_t> probs16(static_cast<size_t>(c.n_kv)), q16(static_cast<size_t>(c.head_dim));
+      for (int64_t i = 0; i < c.n_q; i += std::max<int64_t>(1, c.n_q / 5)) {
+        for (int64_t h = 0; h < c.n_head; h += std::max<int64_t>(1, c.n_head / 3)) {
+          const size_t head_off = static_cast<size_t>((h / group) * c.head_dim) * (dt == DType::kF16 ? 2 : 4);
+          auto at_head = [&](PagedKv kv) {
+            kv.k += head_off;
+            kv.v += head_off;
+            return kv;
+          };
+          const int64_t j_begin = c.window > 0 ? std::max<int64_t>(0, pos[i] - c.window + 1) : 0;
+          const int64_t j_end = std::min<int64_t>(pos[i] + 1, c.n_kv);
+          const float* qr = q.data() + (i * c.n_head + h) * c.head_dim;
+          for (Isa isa : available_isas()) {
+            AttendRowArgs a;
+            a.q = qr;
+            a.head_dim = c.head_dim;
+            a.j_begin = j_begin;
+            a.j_end = j_end;
+            a.scale = p.scale;
+            a.softcap = p.softcap;
+            a.kv_f16 = dt == DType::kF16;
+            std::vector<float> want(c.head_dim, -7.0f), got(c.head_dim, -9.0f);
+            a.kv = at_head(contiguous);
+            a.out = want.data();
+            kernels(isa).attend_row(a);
+            a.kv = at_head(paged.kv);
+            a.out = got.data();
+            kernels(isa).attend_row(a);
+            ASSERT_TRUE(same_bits(want, got)) << "attend_row " << isa_name(isa) << " query " << i << " head " << h;
+          }
+          if (dt != DType::kF16) continue;
+          for (int64_t d = 0; d < c.head_dim; ++d) q16[d] = f32_to_f16(qr[d]);
+          std::vector<std::pair<const char*, void (*)(const detail::F16AttendArgs&)>> f16_kernels = {
+              {"scalar", detail::attend_f16_rounded_scalar}};
+          if (cpu_features().avx2) f16_kernels.push_back({"avx2", detail::attend_f16_rounded_avx2});
+          if (cpu_features().avx512 && detail::attend_f16_exact_supported(c.head_dim))
+            f16_kernels.push_back({"avx512", detail::attend_f16_rounded_avx512});
+          for (const auto& [name, fn] : f16_kernels) {
+            detail::F16AttendArgs a;
+            a.q16 = q16.data();
+            a.head_dim = c.head_dim;
+            a.j_begin = j_begin;
+            a.j_end = j_end;
+            a.scale = p.scale;
+            a.softcap = p.softcap;
+            a.scores = scores.data();
+            a.probs16 = probs16.data();
+            a.single_query = c.n_q == 1;
+            std::vector<float> want(c.head_dim, -7.0f), got(c.head_dim, -9.0f);
+            a.kv = at_head(contiguous);
+            a.out = want.data();
+            fn(a);
+            a.kv = at_head(paged.kv);
+            a.out = got.data();
+            fn(a);
+            ASSERT_TRUE(same_bits(want, got)) << "f16 rounded " << name << " query " << i << " head " << h;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Attention, QueryWithNoVisibleKeyGetsZeros) {
   AttentionParams p{1, 1, 8, 1.0f, 0, 0.0f, DType::kF32};
   std::vector<float> q(8, 1.0f), k(8, 1.0f), v(8, 1.0f), out(8, -1.0f);
   const int32_t pos = 0;
   ThreadPool pool(1);
-  attention(q.data(), &pos, 1, k.data(), v.data(), /*n_kv=*/0, p, out.data(), pool);
+  attention(q.data(), &pos, 1, make_contiguous_kv(k.data(), v.data(), 8 * sizeof(float)), /*n_kv=*/0, p,
+            out.data(), pool);
   for (float o : out) EXPECT_EQ(o, 0.0f);
 }
 

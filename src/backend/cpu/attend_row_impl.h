@@ -21,10 +21,7 @@ template <typename Prims>
 void attend_row_impl(const AttendRowArgs& a) {
   constexpr int64_t kTile = 64;  // scores kept on the stack per tile of keys
   const int64_t n = a.head_dim;
-  const size_t elem = a.kv_f16 ? 2 : 4;
-  const auto* kb = static_cast<const uint8_t*>(a.k);
-  const auto* vb = static_cast<const uint8_t*>(a.v);
-  const size_t row_bytes = static_cast<size_t>(a.kv_stride) * elem;
+  const PagedKv& kv = a.kv;
 
   alignas(64) float acc[kMaxHeadDim];
   for (int64_t d = 0; d < n; ++d) acc[d] = 0.0f;
@@ -34,23 +31,23 @@ void attend_row_impl(const AttendRowArgs& a) {
   for (int64_t j0 = a.j_begin; j0 < a.j_end; j0 += kTile) {
     const int64_t nt = a.j_end - j0 < kTile ? a.j_end - j0 : kTile;
     float tile_max = -INFINITY;
-    for (int64_t t = 0; t < nt; ++t) {
-      float x = Prims::dot(a.q, kb + static_cast<size_t>(j0 + t) * row_bytes, n, a.kv_f16) * a.scale;
+    for_each_row(kv, kv.k, j0, j0 + nt, [&](int64_t j, const uint8_t* k_row) {
+      float x = Prims::dot(a.q, k_row, n, a.kv_f16) * a.scale;
       if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
-      s[t] = x;
+      s[j - j0] = x;
       tile_max = x > tile_max ? x : tile_max;
-    }
+    });
     if (tile_max > m) {
       const float corr = std::exp(m - tile_max);  // 0 on the first tile
       l *= corr;
       Prims::scale(acc, corr, n);
       m = tile_max;
     }
-    for (int64_t t = 0; t < nt; ++t) {
-      const float e = std::exp(s[t] - m);
+    for_each_row(kv, kv.v, j0, j0 + nt, [&](int64_t j, const uint8_t* v_row) {
+      const float e = std::exp(s[j - j0] - m);
       l += e;
-      Prims::axpy(acc, e, vb + static_cast<size_t>(j0 + t) * row_bytes, n, a.kv_f16);
-    }
+      Prims::axpy(acc, e, v_row, n, a.kv_f16);
+    });
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (int64_t d = 0; d < n; ++d) a.out[d] = acc[d] * inv;

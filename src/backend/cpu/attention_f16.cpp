@@ -28,33 +28,32 @@ void softmax_to_f16(float* s, uint16_t* p16, int64_t n) {
 
 void attend_f16_rounded_scalar(const F16AttendArgs& a) {
   const int64_t n = a.j_end - a.j_begin;
-  for (int64_t t = 0; t < n; ++t) {
-    const uint16_t* kr = a.k + (a.j_begin + t) * a.kv_stride;
+  for_each_row(a.kv, a.kv.k, a.j_begin, a.j_end, [&](int64_t j, const uint8_t* row) {
+    const auto* kr = reinterpret_cast<const uint16_t*>(row);
     float dot = 0.0f;
     for (int64_t d = 0; d < a.head_dim; ++d) dot += f16_to_f32(a.q16[d]) * f16_to_f32(kr[d]);
     float x = dot * a.scale;
     if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
-    a.scores[t] = x;
-  }
+    a.scores[j - a.j_begin] = x;
+  });
   softmax_to_f16(a.scores, a.probs16, n);
   for (int64_t d = 0; d < a.head_dim; ++d) a.out[d] = 0.0f;
-  for (int64_t t = 0; t < n; ++t) {
-    const float p = f16_to_f32(a.probs16[t]);
-    const uint16_t* vr = a.v + (a.j_begin + t) * a.kv_stride;
+  for_each_row(a.kv, a.kv.v, a.j_begin, a.j_end, [&](int64_t j, const uint8_t* row) {
+    const float p = f16_to_f32(a.probs16[j - a.j_begin]);
+    const auto* vr = reinterpret_cast<const uint16_t*>(row);
     for (int64_t d = 0; d < a.head_dim; ++d) a.out[d] += p * f16_to_f32(vr[d]);
-  }
+  });
 }
 
 }  // namespace detail
 
-void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const void* k,
-                           const void* v, int64_t n_kv, const AttentionParams& p, float* out,
-                           ThreadPool& pool) {
+void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv,
+                           int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool) {
   assert(p.kv_dtype == DType::kF16 && p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024);
   const bool avx2 = best_isa() != Isa::kScalar;
   const bool avx512 = best_isa() == Isa::kAvx512 && detail::attend_f16_exact_supported(p.head_dim);
   const int64_t group = p.n_head / p.n_head_kv;
-  const int64_t kv_stride = p.n_head_kv * p.head_dim;
+  assert(kv.row_bytes == static_cast<size_t>(p.n_head_kv * p.head_dim) * 2);
   const int64_t n_units = n_q * p.n_head;  // (query, head) pairs, head fastest
   const int64_t grain = std::max<int64_t>(1, n_units / (pool.n_threads() * 8));
   pool.parallel_for(n_units, grain, [&](int64_t begin, int64_t end) {
@@ -73,9 +72,10 @@ void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, co
       const int64_t pos = q_pos[i];
       detail::F16AttendArgs a;
       a.q16 = q16;
-      a.k = static_cast<const uint16_t*>(k) + (h / group) * p.head_dim;
-      a.v = static_cast<const uint16_t*>(v) + (h / group) * p.head_dim;
-      a.kv_stride = kv_stride;
+      const size_t head_off = static_cast<size_t>((h / group) * p.head_dim) * 2;  // bytes of f16
+      a.kv = kv;
+      a.kv.k += head_off;
+      a.kv.v += head_off;
       a.head_dim = p.head_dim;
       a.j_end = std::min<int64_t>(pos + 1, n_kv);
       a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;

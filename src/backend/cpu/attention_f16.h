@@ -12,17 +12,17 @@
 
 namespace rill::cpu {
 
-void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const void* k,
-                           const void* v, int64_t n_kv, const AttentionParams& p, float* out,
-                           ThreadPool& pool);
+void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv,
+                           int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool);
 
 namespace detail {
-// One (query, head): q16 [head_dim] f16, keys/values rows kv_stride apart.
+// One (query, head): q16 [head_dim] f16; key j's head_dim f16 elements at
+// kv.k_row(j), value at kv.v_row(j) (kv.k / kv.v point at this KV head's
+// first element of physical block 0). Only rows [j_begin, j_end) are read.
 struct F16AttendArgs {
   const uint16_t* q16;
-  const uint16_t* k;
-  const uint16_t* v;
-  int64_t kv_stride, head_dim, j_begin, j_end;
+  PagedKv kv;
+  int64_t head_dim, j_begin, j_end;
   float scale, softcap;
   float* scores;       // scratch [j_end - j_begin]
   uint16_t* probs16;   // scratch [j_end - j_begin]

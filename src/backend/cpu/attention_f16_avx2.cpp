@@ -32,24 +32,24 @@ void attend_f16_rounded_avx2(const F16AttendArgs& a) {
     attend_f16_rounded_scalar(a);
     return;
   }
-  for (int64_t t = 0; t < n; ++t) {
-    const uint16_t* kr = a.k + (a.j_begin + t) * a.kv_stride;
+  for_each_row(a.kv, a.kv.k, a.j_begin, a.j_end, [&](int64_t j, const uint8_t* row) {
+    const auto* kr = reinterpret_cast<const uint16_t*>(row);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(load_f16x8(a.q16 + d), load_f16x8(kr + d), acc);
     float x = hsum(acc) * a.scale;
     if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
-    a.scores[t] = x;
-  }
+    a.scores[j - a.j_begin] = x;
+  });
   softmax_to_f16(a.scores, a.probs16, n);
   for (int64_t d0 = 0; d0 < hd; d0 += 32) {
     // Up to 4 registers of output dims at a time, accumulated over all keys.
     const int n_reg = static_cast<int>(hd - d0 >= 32 ? 4 : (hd - d0) / 8);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t t = 0; t < n; ++t) {
-      const __m256 p = _mm256_set1_ps(_cvtsh_ss(a.probs16[t]));
-      const uint16_t* vr = a.v + (a.j_begin + t) * a.kv_stride + d0;
+    for_each_row(a.kv, a.kv.v, a.j_begin, a.j_end, [&](int64_t j, const uint8_t* row) {
+      const __m256 p = _mm256_set1_ps(_cvtsh_ss(a.probs16[j - a.j_begin]));
+      const uint16_t* vr = reinterpret_cast<const uint16_t*>(row) + d0;
       for (int r = 0; r < n_reg; ++r) acc[r] = _mm256_fmadd_ps(p, load_f16x8(vr + 8 * r), acc[r]);
-    }
+    });
     for (int r = 0; r < n_reg; ++r) _mm256_storeu_ps(a.out + d0 + 8 * r, acc[r]);
   }
 }

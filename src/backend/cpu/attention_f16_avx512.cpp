@@ -47,11 +47,11 @@ inline float dot_qk(const uint16_t* q, const uint16_t* k, int64_t hd, bool singl
 // dot_qk(q, k_j, hd, true): the per-key vectors are built as there, then the
 // 16 horizontal adds (reduce16's tree) run vertically across keys with
 // 128-bit-lane shuffles, instead of a serial shuffle chain per key.
-// out[t] = q . k_(j0 + t).
-inline void dot_qk16_single(const __m512* qf, const uint16_t* k, int64_t kv_stride, int64_t hd, float* out) {
+// out[t] = q . k_(j0 + t), each key's row found through the block table.
+inline void dot_qk16_single(const __m512* qf, const F16AttendArgs& a, int64_t j0, int64_t hd, float* out) {
   __m512 c[16];
-  for (int t = 0; t < 16; ++t) {
-    const uint16_t* kr = k + t * kv_stride;
+  for_each_row(a.kv, a.kv.k, j0, j0 + 16, [&](int64_t j, const uint8_t* row) {
+    const auto* kr = reinterpret_cast<const uint16_t*>(row);
     __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
     for (int64_t d = 0, i = 0; d < hd; d += 64, i += 4) {
       x0 = _mm512_fmadd_ps(load16(kr + d), qf[i], x0);
@@ -59,8 +59,8 @@ inline void dot_qk16_single(const __m512* qf, const uint16_t* k, int64_t kv_stri
       x2 = _mm512_fmadd_ps(load16(kr + d + 32), qf[i + 2], x2);
       x3 = _mm512_fmadd_ps(load16(kr + d + 48), qf[i + 3], x3);
     }
-    c[t] = _mm512_add_ps(_mm512_add_ps(x0, x2), _mm512_add_ps(x1, x3));
-  }
+    c[j - j0] = _mm512_add_ps(_mm512_add_ps(x0, x2), _mm512_add_ps(x1, x3));
+  });
   // t3 = hi8 + lo8, two keys per vector: [t3_a(0..7), t3_b(0..7)].
   __m512 u[8];
   for (int i = 0; i < 8; ++i) {
@@ -101,7 +101,7 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
   if (a.single_query) {
     __m512 qf[16];  // head_dim <= 256
     for (int64_t d = 0; d < hd; d += 16) qf[d / 16] = load16(a.q16 + d);
-    for (; j + 16 <= n; j += 16) dot_qk16_single(qf, a.k + j * a.kv_stride, a.kv_stride, hd, a.scores + j);
+    for (; j + 16 <= n; j += 16) dot_qk16_single(qf, a, j, hd, a.scores + j);
     for (int64_t t = a.j_begin; t < j; ++t) {  // scale (and cap) the blocked scores
       float s = a.scores[t] * a.scale;
       if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
@@ -109,12 +109,12 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
       max = s > max ? s : max;
     }
   }
-  for (; j < n; ++j) {
-    float s = dot_qk(a.q16, a.k + j * a.kv_stride, hd, a.single_query) * a.scale;
+  for_each_row(a.kv, a.kv.k, j, n, [&](int64_t jj, const uint8_t* row) {
+    float s = dot_qk(a.q16, reinterpret_cast<const uint16_t*>(row), hd, a.single_query) * a.scale;
     if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
-    a.scores[j] = s;
+    a.scores[jj] = s;
     max = s > max ? s : max;
-  }
+  });
   double sum = 0.0;
   const __m512 vmax = _mm512_set1_ps(max);
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
@@ -132,13 +132,13 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
   alignas(64) float acc[64][256];
   for (int l = 0; l < n_lanes; ++l)
     for (int64_t d = 0; d < hd; d += 16) _mm512_store_ps(acc[l] + d, _mm512_setzero_ps());
-  for (int64_t j = a.j_begin; j < n; ++j) {
+  for_each_row(a.kv, a.kv.v, a.j_begin, n, [&](int64_t j, const uint8_t* v_row) {
     const __m512 p = _mm512_set1_ps(_cvtsh_ss(a.probs16[j]));
     float* row = acc[j % n_lanes];
-    const uint16_t* vr = a.v + j * a.kv_stride;
+    const auto* vr = reinterpret_cast<const uint16_t*>(v_row);
     for (int64_t d = 0; d < hd; d += 16)
       _mm512_store_ps(row + d, _mm512_fmadd_ps(load16(vr + d), p, _mm512_load_ps(row + d)));
-  }
+  });
   for (int64_t d = 0; d < hd; d += 16) {
     __m512 lane[16];
     for (int l = 0; l < 16; ++l) {

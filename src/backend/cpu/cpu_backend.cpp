@@ -57,12 +57,12 @@ class CpuBackend final : public Backend {
     cpu::rope(x, positions, n_tokens, n_heads, head_dim, table);
   }
 
-  void attention(const float* q, const int32_t* q_pos, int64_t n_q, const void* k, const void* v,
-                 int64_t n_kv, const AttentionParams& p, float* out) override {
+  void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
+                 const AttentionParams& p, float* out) override {
     if (p.kv_dtype == DType::kF16) {
-      cpu::attention_f16_rounded(q, q_pos, n_q, k, v, n_kv, p, out, pool_);
+      cpu::attention_f16_rounded(q, q_pos, n_q, kv, n_kv, p, out, pool_);
     } else {
-      cpu::attention(q, q_pos, n_q, k, v, n_kv, p, out, pool_);
+      cpu::attention(q, q_pos, n_q, kv, n_kv, p, out, pool_);
     }
   }
 

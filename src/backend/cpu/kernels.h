@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/paged_kv.h"
 #include "core/dtype.h"
 
 namespace rill::cpu {
@@ -24,12 +25,12 @@ using QuantizeRowFn = void (*)(const float* x, void* y, int64_t n);
 
 
 // One query row of one head against keys [j_begin, j_end) of its KV head,
-// with online softmax. k/v rows are `kv_stride` elements apart, f32 or f16.
+// with online softmax. Key j's head_dim elements (f32 or f16) start at
+// kv.k_row(j) (value: kv.v_row(j)): the caller points kv.k / kv.v at this
+// KV head's first element of physical block 0.
 struct AttendRowArgs {
   const float* q = nullptr;  // [head_dim]
-  const void* k = nullptr;   // key j at k + j * kv_stride elements
-  const void* v = nullptr;
-  int64_t kv_stride = 0;
+  PagedKv kv;
   int64_t head_dim = 0;
   int64_t j_begin = 0;
   int64_t j_end = 0;

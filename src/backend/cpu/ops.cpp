@@ -62,7 +62,7 @@ void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
 }
 void add_inplace(float* y, const float* x, int64_t n) { kernels().add_inplace(y, x, n); }
 
-void attention(const float* q, const int32_t* q_pos, int64_t n_q, const void* k, const void* v, int64_t n_kv,
+void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
                const AttentionParams& p, float* out, ThreadPool& pool) {
   assert(p.n_head % p.n_head_kv == 0);
   assert(p.kv_dtype == DType::kF32 || p.kv_dtype == DType::kF16);
@@ -70,7 +70,7 @@ void attention(const float* q, const int32_t* q_pos, int64_t n_q, const void* k,
   const int64_t group = p.n_head / p.n_head_kv;
   const bool f16 = p.kv_dtype == DType::kF16;
   const size_t elem = f16 ? 2 : 4;
-  const int64_t kv_stride = p.n_head_kv * p.head_dim;
+  assert(kv.row_bytes == static_cast<size_t>(p.n_head_kv * p.head_dim) * elem);
   const int64_t n_units = n_q * p.n_head;  // (query, head) pairs, head fastest
   const int64_t grain = std::max<int64_t>(1, n_units / (pool.n_threads() * 8));
   pool.parallel_for(n_units, grain, [&](int64_t begin, int64_t end) {
@@ -79,9 +79,10 @@ void attention(const float* q, const int32_t* q_pos, int64_t n_q, const void* k,
       const int64_t pos = q_pos[i];
       AttendRowArgs a;
       a.q = q + u * p.head_dim;
-      a.k = static_cast<const uint8_t*>(k) + static_cast<size_t>((h / group) * p.head_dim) * elem;
-      a.v = static_cast<const uint8_t*>(v) + static_cast<size_t>((h / group) * p.head_dim) * elem;
-      a.kv_stride = kv_stride;
+      const size_t head_off = static_cast<size_t>((h / group) * p.head_dim) * elem;
+      a.kv = kv;
+      a.kv.k += head_off;
+      a.kv.v += head_off;
       a.head_dim = p.head_dim;
       a.j_end = std::min<int64_t>(pos + 1, n_kv);
       a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cpu/paged_kv.h"  // PagedKv, make_contiguous_kv
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
@@ -100,7 +101,9 @@ void add_inplace(float* y, const float* x, int64_t n);
 
 // Causal attention for the queries of one sequence over its KV.
 // q:   [n_q, n_head, head_dim] f32, query i at position q_pos[i]
-// k,v: [n_kv, n_head_kv, head_dim] in kv_dtype (F32 or F16), key j at position j
+// kv:  n_kv positions of [n_head_kv, head_dim] in kv_dtype (F32 or F16),
+//      key j at position j, rows addressed through kv's block table
+//      (kv.row_bytes == n_head_kv * head_dim * dtype size)
 // out: [n_q, n_head, head_dim] f32
 // Query at position p attends to keys j <= p, and j > p - window when window > 0.
 // score = scale * (q . k); softcap > 0 then applies softcap * tanh(score / softcap)
@@ -115,7 +118,7 @@ struct AttentionParams {
   float softcap = 0.0f;
   DType kv_dtype = DType::kF32;
 };
-void attention(const float* q, const int32_t* q_pos, int64_t n_q, const void* k, const void* v,
-               int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool);
+void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
+               const AttentionParams& p, float* out, ThreadPool& pool);
 
 }  // namespace rill::cpu

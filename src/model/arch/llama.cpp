@@ -200,9 +200,9 @@ void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& b
     const int64_t t0 = s.q_start;
     kv_.store(il, s.kv_slot, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
               batch.positions.data() + t0, s.q_len, kv_width_, kv_width_);
-    backend_->attention(a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len,
-                        kv_.k(il, s.kv_slot), kv_.v(il, s.kv_slot), s.kv_len, attn_params_,
-                        a_.attn.data() + t0 * q_width_);
+    const PagedKv kv = cpu::make_contiguous_kv(kv_.k(il, s.kv_slot), kv_.v(il, s.kv_slot), kv_.row_bytes());
+    backend_->attention(a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv, s.kv_len,
+                        attn_params_, a_.attn.data() + t0 * q_width_);
   }
   L.o.forward(a_.attn.data(), n, a_.h.data(), *backend_);
   backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
