@@ -15,5 +15,6 @@ struct Command {
 Command add_run_command(CLI::App& app);
 Command add_score_command(CLI::App& app);
 Command add_inspect_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
 
 }  // namespace rill::cli

@@ -13,16 +13,8 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAborted: return "abort";
-  }
-  return "unknown";
-}
-
-SequenceRunner::SequenceRunner(Model& model, int32_t kv_slot) : model_(model), slot_(kv_slot) {
+SequenceRunner::SequenceRunner(Model& model, int32_t kv_slot)
+    : model_(model), slot_(kv_slot), table_(slot_block_table(kv_slot, model.n_ctx(), model.kv_block_size())) {
   logits_.resize(static_cast<size_t>(model_.n_vocab()));
 }
 
@@ -34,8 +26,8 @@ Status SequenceRunner::prefill(std::span<const int32_t> ids, size_t from, bool w
     const size_t end = std::min(ids.size(), begin + chunk);
     const bool last_chunk = end == ids.size();
     batch_.clear();
-    batch_.add_sequence(slot_, ids.data() + begin, static_cast<int32_t>(end - begin),
-                        static_cast<int32_t>(begin), last_chunk && !want_all_rows);
+    batch_.add_sequence(ids.data() + begin, static_cast<int32_t>(end - begin), static_cast<int32_t>(begin),
+                        last_chunk && !want_all_rows, table_);
     float* out = logits_.data();
     if (want_all_rows) {
       batch_.sample_rows.clear();
@@ -82,7 +74,7 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
     if (n > 0) {
       const int32_t last = result.ids.back();
       batch_.clear();
-      batch_.add_sequence(slot_, &last, 1, static_cast<int32_t>(cached_.size()), true);
+      batch_.add_sequence(&last, 1, static_cast<int32_t>(cached_.size()), true, table_);
       Status st = model_.forward(batch_, logits_.data());
       if (!st.ok()) {
         cached_.clear();

@@ -5,8 +5,9 @@
 // (the next turn of a chat) recomputes only the new tokens; at least one
 // token is always recomputed so there are logits to sample.
 //
-// This is the foundation's generation loop; the batching engine (engine/
-// scheduler) drives many sequences through the same Model::forward.
+// The slot is a fixed carving of the model's KV pool (slot_block_table()):
+// slot s owns blocks [s * per_slot, (s + 1) * per_slot). Used by `rill
+// run/score` and tests; the Engine pages KV through its KvManager instead.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -16,11 +17,9 @@
 #include "core/result.h"
 #include "engine/sampler.h"
 #include "model/model.h"
+#include "rill/engine.h"
 
 namespace rill {
-
-enum class FinishReason { kStop, kLength, kAborted };
-const char* finish_reason_name(FinishReason r);
 
 struct GenerationOptions {
   int max_tokens = 256;
@@ -67,6 +66,7 @@ class SequenceRunner {
 
   Model& model_;
   int32_t slot_;
+  std::vector<int32_t> table_;   // the slot's blocks
   std::vector<int32_t> cached_;  // tokens whose KV the slot holds, in order
   Batch batch_;
   std::vector<float> logits_;    // [max_batch_tokens or 1, n_vocab]

@@ -220,6 +220,13 @@ std::vector<int32_t> KvManager::block_table(int64_t seq, int32_t group) const {
   return out;
 }
 
+int32_t KvManager::append_block_table(int64_t seq, int32_t group, std::vector<int32_t>& out) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || group < 0 || group >= static_cast<int32_t>(spec_.size())) return 0;
+  for (const auto& l : it->second.groups[group].blocks) out.push_back(l.valid() ? l.block() : -1);
+  return static_cast<int32_t>(it->second.groups[group].blocks.size());
+}
+
 int32_t KvManager::state_slot(int64_t seq, int32_t group) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end() || group < 0 || group >= static_cast<int32_t>(spec_.size())) return -1;

@@ -28,7 +28,7 @@
 
 #include "core/result.h"
 #include "kv/block_pool.h"
-#include "kv/kv_spec.h"
+#include "model/kv_spec.h"
 #include "kv/prefix_tree.h"
 #include "kv/state_pool.h"
 
@@ -90,6 +90,9 @@ class KvManager {
   // Block ids in position order, -1 for holes; empty for unknown seq or a
   // recurrent group.
   std::vector<int32_t> block_table(int64_t seq, int32_t group = 0) const;
+  // Appends the same entries to `out` (no allocation once `out` has grown);
+  // returns how many were appended.
+  int32_t append_block_table(int64_t seq, int32_t group, std::vector<int32_t>& out) const;
   // Live state slot of a recurrent group, -1 otherwise.
   int32_t state_slot(int64_t seq, int32_t group) const;
   // Blocks an allocation can take now (free + evictable cached).

@@ -1,20 +1,31 @@
 #pragma once
 // Model: one forward step over a flat Batch. Implementations live in
 // model/arch/ (one file per family) and are chosen by the registry.
+//
+// The model owns its KV storage: a pool of n_kv_blocks() blocks of
+// kv_block_size() tokens for every layer of every attention group of
+// kv_spec(). Which sequence owns which block is the caller's business (the
+// engine's KvManager, or a fixed carving via slot_block_table()); the model
+// only reads and writes the blocks the Batch's tables name.
 #include <cstdint>
 #include <memory>
 
 #include "core/result.h"
 #include "loader/model_config.h"
 #include "model/batch.h"
+#include "model/kv_spec.h"
 
 namespace rill {
 
 struct ModelOptions {
   int n_threads = 0;           // 0: one per core
-  int n_kv_slots = 1;          // sequences that can hold KV at once
-  int64_t n_ctx = 0;           // tokens per slot; 0: the model's max_position
+  int64_t n_ctx = 0;           // longest sequence; 0: the model's max_position
   int max_batch_tokens = 512;  // largest Batch::n_tokens() forward() accepts
+  int max_batch_seqs = 0;      // most sequences (and sample rows) per Batch; 0: max_batch_tokens
+  int32_t kv_block_size = 16;  // tokens per KV block, a power of two
+  // KV pool size: kv_cache_bytes when > 0, else n_kv_slots whole contexts.
+  int64_t kv_cache_bytes = 0;
+  int n_kv_slots = 1;
 };
 
 class Model {
@@ -24,15 +35,22 @@ class Model {
   virtual int64_t n_vocab() const = 0;
   virtual int64_t n_ctx() const = 0;
   virtual int max_batch_tokens() const = 0;
+  virtual int max_batch_seqs() const = 0;
+
+  // The KV layout: one entry per layer group (see model/kv_spec.h).
+  virtual const KvSpec& kv_spec() const = 0;
+  virtual int32_t kv_block_size() const = 0;
+  virtual int32_t n_kv_blocks() const = 0;
+  // Bytes of KV one token takes across all layers (for sizing and stats).
+  virtual size_t kv_bytes_per_token() const = 0;
 
   // Computes the batch and writes one row of n_vocab logits per sample row:
   // logits [batch.sample_rows.size(), n_vocab]. Requires every sequence's
-  // positions to continue its slot's cache (KV for [0, pos0) present) and
-  // n_tokens() <= max_batch_tokens(). Per step this allocates nothing.
+  // positions to continue its cache (KV for [0, pos0) present in the blocks
+  // its table names) and n_tokens() <= max_batch_tokens(). Tokens of one
+  // step never depend on the other sequences of the batch (batch
+  // invariance). Per step this allocates nothing.
   virtual Status forward(const Batch& batch, float* logits) = 0;
-
-  // Bytes of KV one token takes across all layers (for sizing and stats).
-  virtual size_t kv_bytes_per_token() const = 0;
 };
 
 }  // namespace rill

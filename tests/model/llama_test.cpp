@@ -28,6 +28,14 @@ std::vector<int32_t> prompt_of(const std::string& family) {
 
 class BatchInvariance : public ::testing::TestWithParam<std::string> {};
 
+// Scattered block tables (4 blocks of 16 = 64 tokens per sequence): paged
+// KV must not care where a sequence's blocks are.
+const std::vector<int32_t> kTables[3] = {{11, 2, 7, 4}, {0, 9, 5, 1}, {3, 10, 6, 8}};
+
+void add(Batch& b, int32_t slot, const int32_t* ids, int32_t n, int32_t pos0) {
+  b.add_sequence(ids, n, pos0, true, kTables[slot]);
+}
+
 // Two sequences of different lengths in one Batch give, row for row, the
 // logits each gives alone, on the prefill step and on a batched decode step.
 TEST_P(BatchInvariance, BatchedRowsEqualSingleSequenceRows) {
@@ -47,16 +55,16 @@ TEST_P(BatchInvariance, BatchedRowsEqualSingleSequenceRows) {
   // Alone: sequence A in slot 0, sequence B in slot 1.
   std::vector<float> alone_a(V), alone_b(V), batched(2 * V);
   Batch b;
-  b.add_sequence(0, ids.data(), n_a, 0, true);
+  add(b, 0, ids.data(), n_a, 0);
   ASSERT_TRUE(m.forward(b, alone_a.data()).ok());
   b.clear();
-  b.add_sequence(1, ids.data() + 3, n_b, 0, true);
+  add(b, 1, ids.data() + 3, n_b, 0);
   ASSERT_TRUE(m.forward(b, alone_b.data()).ok());
 
   // Together, into slot 2 (A) and slot 1 again (B overwrites its own KV).
   b.clear();
-  b.add_sequence(2, ids.data(), n_a, 0, true);
-  b.add_sequence(1, ids.data() + 3, n_b, 0, true);
+  add(b, 2, ids.data(), n_a, 0);
+  add(b, 1, ids.data() + 3, n_b, 0);
   ASSERT_TRUE(m.forward(b, batched.data()).ok());
   for (size_t i = 0; i < V; ++i) {
     ASSERT_EQ(batched[i], alone_a[i]) << "sequence A, logit " << i;
@@ -67,14 +75,14 @@ TEST_P(BatchInvariance, BatchedRowsEqualSingleSequenceRows) {
   const int32_t next_a = 5, next_b = 7;
   std::vector<float> step_a(V), step_b(V), step_ab(2 * V);
   b.clear();
-  b.add_sequence(0, &next_a, 1, n_a, true);
+  add(b, 0, &next_a, 1, n_a);
   ASSERT_TRUE(m.forward(b, step_a.data()).ok());
   b.clear();
-  b.add_sequence(2, &next_a, 1, n_a, true);
-  b.add_sequence(1, &next_b, 1, n_b, true);
+  add(b, 2, &next_a, 1, n_a);
+  add(b, 1, &next_b, 1, n_b);
   ASSERT_TRUE(m.forward(b, step_ab.data()).ok());
   b.clear();
-  b.add_sequence(1, &next_b, 1, n_b, true);  // recompute B's step alone (same position, same KV before)
+  add(b, 1, &next_b, 1, n_b);  // recompute B's step alone (same position, same KV before)
   ASSERT_TRUE(m.forward(b, step_b.data()).ok());
   for (size_t i = 0; i < V; ++i) {
     ASSERT_EQ(step_ab[i], step_a[i]) << "decode A, logit " << i;
@@ -119,13 +127,14 @@ TEST(LlamaModel, OutOfRangeTokensAndPositionsAreErrors) {
   std::vector<float> logits((*model)->n_vocab());
   Batch b;
   const int32_t bad_id = 100000;
-  b.add_sequence(0, &bad_id, 1, 0, true);
+  const auto table = slot_block_table(0, 16, (*model)->kv_block_size());
+  b.add_sequence(&bad_id, 1, 0, true, table);
   auto st = (*model)->forward(b, logits.data());
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().message.find("outside the vocabulary"), std::string::npos);
   b.clear();
   const int32_t ok_id = 1;
-  b.add_sequence(0, &ok_id, 1, 16, true);
+  b.add_sequence(&ok_id, 1, 16, true, table);
   st = (*model)->forward(b, logits.data());
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().message.find("outside the context"), std::string::npos);

@@ -14,7 +14,7 @@
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
 #include "model/layers.h"
-#include "model/slot_kv_cache.h"
+#include "model/paged_kv_cache.h"
 
 namespace rill {
 namespace {
@@ -41,28 +41,35 @@ class LlamaModel final : public Model {
 
   const ModelConfig& config() const override { return cfg_; }
   int64_t n_vocab() const override { return cfg_.n_vocab; }
-  int64_t n_ctx() const override { return kv_.n_ctx(); }
+  int64_t n_ctx() const override { return n_ctx_; }
   int max_batch_tokens() const override { return max_tokens_; }
+  int max_batch_seqs() const override { return max_seqs_; }
+  const KvSpec& kv_spec() const override { return kv_spec_; }
+  int32_t kv_block_size() const override { return kv_.block_size(); }
+  int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
   size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
   Status forward(const Batch& batch, float* logits) override;
 
  private:
   void attention_block(const LlamaLayer& L, int64_t il, const Batch& batch);
   void mlp_block(const LlamaLayer& L, int64_t n);
+  Status check_batch(const Batch& batch) const;
 
   std::shared_ptr<const ModelFiles> files_;
   const ModelConfig& cfg_;
   std::unique_ptr<Backend> backend_;
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
   int max_tokens_ = 0;
-  int n_slots_ = 1;
+  int max_seqs_ = 0;
+  int64_t n_ctx_ = 0;
+  KvSpec kv_spec_;
   WeightView embed_;    // [n_vocab, n_embd]
   WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
   std::vector<float> final_norm_;
   std::vector<LlamaLayer> layers_;
   RopeTable rope_;
   AttentionParams attn_params_;
-  SlotKvCache kv_;
+  PagedKvCache kv_;
   Activations a_;
 };
 
@@ -160,13 +167,27 @@ Status LlamaModel::init(const ModelOptions& options) {
   // f16 KV, as llama.cpp stores it.
   attn_params_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
 
-  int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
-  if (n_ctx <= 0) n_ctx = 4096;
-  n_slots_ = std::max(1, options.n_kv_slots);
-  RILL_ASSIGN_OR_RETURN(kv_, SlotKvCache::create(cfg_.n_layer, n_slots_, n_ctx,
-                                                 kv_width_, attn_params_.kv_dtype));
+  n_ctx_ = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
+  if (n_ctx_ <= 0) n_ctx_ = 4096;
+  kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
+  const int32_t bs = options.kv_block_size;
+  const size_t token_bytes = 2 * static_cast<size_t>(cfg_.n_layer) * row_bytes(attn_params_.kv_dtype, kv_width_);
+  int64_t n_blocks = 0;
+  if (options.kv_cache_bytes > 0) {
+    n_blocks = options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(std::max(1, bs)));
+  } else {
+    n_blocks = std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / std::max(1, bs));
+  }
+  if (n_blocks < 1 || n_blocks > INT32_MAX) {
+    return Error{f.path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) +
+                 " bytes holds no whole block of " + std::to_string(bs) + " tokens (" +
+                 std::to_string(token_bytes) + " bytes per token)"};
+  }
+  RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create(cfg_.n_layer, static_cast<int32_t>(n_blocks), bs,
+                                                  kv_width_, attn_params_.kv_dtype));
 
   max_tokens_ = std::max(1, options.max_batch_tokens);
+  max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
   const auto T = static_cast<size_t>(max_tokens_);
   a_.x.resize(T * E);
   a_.h.resize(T * E);
@@ -198,11 +219,11 @@ void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& b
   backend_->rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
   for (const BatchSeq& s : batch.seqs) {
     const int64_t t0 = s.q_start;
-    kv_.store(il, s.kv_slot, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
-              batch.positions.data() + t0, s.q_len, kv_width_, kv_width_);
-    const PagedKv kv = cpu::make_contiguous_kv(kv_.k(il, s.kv_slot), kv_.v(il, s.kv_slot), kv_.row_bytes());
-    backend_->attention(a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv, s.kv_len,
-                        attn_params_, a_.attn.data() + t0 * q_width_);
+    const std::span<const int32_t> table = batch.table(0, s);
+    kv_.store(il, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
+              batch.positions.data() + t0, s.q_len, kv_width_);
+    backend_->attention(a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
+                        s.kv_len, attn_params_, a_.attn.data() + t0 * q_width_);
   }
   L.o.forward(a_.attn.data(), n, a_.h.data(), *backend_);
   backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
@@ -217,29 +238,39 @@ void LlamaModel::mlp_block(const LlamaLayer& L, int64_t n) {
   backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
 }
 
-Status LlamaModel::forward(const Batch& batch, float* logits) {
+Status LlamaModel::check_batch(const Batch& batch) const {
   const int64_t n = batch.n_tokens();
-  const int64_t E = cfg_.n_embd;
-  if (n <= 0) return {};
   if (n > max_tokens_) {
     return Error{"batch of " + std::to_string(n) + " tokens exceeds max_batch_tokens " +
                  std::to_string(max_tokens_)};
   }
-  if (static_cast<int64_t>(batch.sample_rows.size()) > max_tokens_) {
+  if (static_cast<int64_t>(batch.sample_rows.size()) > max_seqs_) {
     return Error{"batch samples " + std::to_string(batch.sample_rows.size()) + " rows, more than " +
-                 std::to_string(max_tokens_)};
+                 std::to_string(max_seqs_)};
   }
   for (int32_t row : batch.sample_rows) {
     if (row < 0 || row >= n) return Error{"sample row " + std::to_string(row) + " is outside the batch"};
   }
+  const int32_t bs = kv_.block_size();
   for (const BatchSeq& s : batch.seqs) {
-    if (s.kv_len < 0 || s.kv_len > kv_.n_ctx()) {
+    if (s.kv_len < 0 || s.kv_len > n_ctx_) {
       return Error{"sequence length " + std::to_string(s.kv_len) + " is outside the context (" +
-                   std::to_string(kv_.n_ctx()) + ")"};
+                   std::to_string(n_ctx_) + ")"};
     }
-    if (s.kv_slot < 0 || s.kv_slot >= n_slots_ || s.q_start < 0 || s.q_len < 0 || s.q_start + s.q_len > n) {
-      return Error{"batch sequence (slot " + std::to_string(s.kv_slot) + ", tokens [" +
-                   std::to_string(s.q_start) + ", +" + std::to_string(s.q_len) + ")) is inconsistent"};
+    if (s.q_start < 0 || s.q_len < 0 || s.q_start + s.q_len > n || s.q_len > s.kv_len || s.table_start < 0 ||
+        s.table_len < (s.kv_len + bs - 1) / bs || static_cast<size_t>(s.table_start + s.table_len) > batch.block_table.size()) {
+      return Error{"batch sequence (tokens [" + std::to_string(s.q_start) + ", +" + std::to_string(s.q_len) +
+                   "), length " + std::to_string(s.kv_len) + ") is inconsistent with its block table"};
+    }
+    // Blocks the step's queries can attend to must exist (holes only outside the window).
+    const int64_t first_pos = s.kv_len - s.q_len;
+    const int64_t lo = attn_params_.window > 0 ? std::max<int64_t>(0, first_pos - attn_params_.window + 1) : 0;
+    const std::span<const int32_t> table = batch.table(0, s);
+    for (int64_t b = lo / bs; b < (s.kv_len + bs - 1) / bs; ++b) {
+      if (table[static_cast<size_t>(b)] < 0 || table[static_cast<size_t>(b)] >= kv_.n_blocks()) {
+        return Error{"block table entry " + std::to_string(b) + " (" + std::to_string(table[static_cast<size_t>(b)]) +
+                     ") is not a KV block (the cache has " + std::to_string(kv_.n_blocks()) + ")"};
+      }
     }
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -248,11 +279,25 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
       return Error{"token id " + std::to_string(id) + " is outside the vocabulary (" +
                    std::to_string(cfg_.n_vocab) + ")"};
     }
-    if (batch.positions[i] < 0 || batch.positions[i] >= kv_.n_ctx()) {
-      return Error{"position " + std::to_string(batch.positions[i]) +
-                   " is outside the context (" + std::to_string(kv_.n_ctx()) + ")"};
+    if (batch.seq_index[i] < 0 || static_cast<size_t>(batch.seq_index[i]) >= batch.seqs.size()) {
+      return Error{"token " + std::to_string(i) + " names sequence " + std::to_string(batch.seq_index[i]) +
+                   ", which is not in the batch"};
+    }
+    const BatchSeq& s = batch.seqs[static_cast<size_t>(batch.seq_index[i])];
+    if (batch.positions[i] < s.kv_len - s.q_len || batch.positions[i] >= s.kv_len) {
+      return Error{"position " + std::to_string(batch.positions[i]) + " of token " + std::to_string(i) +
+                   " is outside its sequence's step [" + std::to_string(s.kv_len - s.q_len) + ", " +
+                   std::to_string(s.kv_len) + ")"};
     }
   }
+  return Status::Ok();
+}
+
+Status LlamaModel::forward(const Batch& batch, float* logits) {
+  const int64_t n = batch.n_tokens();
+  const int64_t E = cfg_.n_embd;
+  if (n <= 0) return {};
+  RILL_TRY(check_batch(batch));
   backend_->get_rows(embed_, batch.token_ids.data(), n, a_.x.data());
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     const LlamaLayer& L = layers_[static_cast<size_t>(il)];

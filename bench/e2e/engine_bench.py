@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Continuous-batching benchmark of the rill engine (`rill bench`), one run.
+
+Scenarios on one model, same machine, same thread count:
+  single      1 stream                      -> decode tok/s of one stream
+  batched     N streams at once             -> aggregate decode tok/s, ratio to single
+  prefix      a cold request, then a warm one sharing a long prefix
+                                            -> TTFT of each, cached tokens, speed-up
+  long        streams decoding while a long prompt prefills
+                                            -> the streams' largest inter-token gap vs
+                                               two normal steps + one prefill chunk
+Prints a markdown table and writes the raw JSON (with the machine, date and
+commands) to --out. Needs only the rill binary (no Python packages).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+
+def rill_bench(rill, model, threads, *args):
+    cmd = [rill, "bench", model, "--threads", str(threads), "--json", *map(str, args)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return cmd, json.loads(out)
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rill", default="build/rill")
+    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--prefix-tokens", type=int, default=1024)
+    ap.add_argument("--long-prompt", type=int, default=4096)
+    ap.add_argument("--budget", type=int, default=512, help="token budget per step")
+    ap.add_argument("--out", default="build/bench/engine_bench.json")
+    a = ap.parse_args()
+
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": f"{cpu_name()}, {os.cpu_count()} logical CPUs", "threads": a.threads,
+           "load_avg_at_start": os.getloadavg(), "runs": {}}
+    pg = ["--prompt-tokens", a.prompt_tokens, "--gen-tokens", a.gen_tokens, "--max-batch-tokens", a.budget]
+    runs = res["runs"]
+    runs["single"] = rill_bench(a.rill, a.model, a.threads, "--concurrency", 1, *pg)
+    runs["batched"] = rill_bench(a.rill, a.model, a.threads, "--concurrency", a.streams, *pg)
+    runs["prefix"] = rill_bench(a.rill, a.model, a.threads, "--concurrency", 1, "--requests", 2,
+                                "--prompt-tokens", a.prefix_tokens + 16, "--shared-prefix", a.prefix_tokens,
+                                "--gen-tokens", 16, "--max-batch-tokens", a.budget)
+    runs["long"] = rill_bench(a.rill, a.model, a.threads, "--concurrency", 4, "--prompt-tokens", 64,
+                              "--gen-tokens", 256, "--long-prompt", a.long_prompt, "--max-batch-tokens", a.budget)
+    single, batched = runs["single"][1], runs["batched"][1]
+    prefix, long_ = runs["prefix"][1], runs["long"][1]
+    ratio = batched["decode_tok_s"] / single["decode_tok_s"]
+    cold, warm = prefix["ttft_ms_each"]
+    lp = long_["long_prompt"]
+    bound = 2 * lp["normal_step_ms"] + lp["chunk_ms"]
+    res["summary"] = {
+        "single_decode_tok_s": single["decode_tok_s"],
+        "batched_decode_tok_s": batched["decode_tok_s"],
+        "batched_over_single": ratio,
+        "prefix_cold_ttft_ms": cold, "prefix_warm_ttft_ms": warm, "prefix_speedup": cold / warm,
+        "prefix_cached_tokens": prefix["cached_tokens_each"],
+        "long_streams_max_gap_ms": lp["streams_max_gap_ms"], "long_gap_bound_ms": bound,
+    }
+    for k in runs:
+        runs[k] = {"command": " ".join(map(str, runs[k][0])), "result": runs[k][1]}
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=2)
+
+    s = res["summary"]
+    print(f"{res['date']} | {res['machine']} | {a.threads} threads | load {res['load_avg_at_start'][0]:.2f}")
+    print()
+    print("| measure | value |")
+    print("|---|---|")
+    print(f"| decode, 1 stream | {s['single_decode_tok_s']:.1f} tok/s |")
+    print(f"| decode, {a.streams} streams (aggregate) | {s['batched_decode_tok_s']:.1f} tok/s "
+          f"({ratio:.2f}x one stream) |")
+    print(f"| TTFT, cold {a.prefix_tokens + 16}-token prompt | {cold:.1f} ms |")
+    print(f"| TTFT, same {a.prefix_tokens}-token prefix warm | {warm:.1f} ms ({cold / warm:.1f}x faster; "
+          f"cached {prefix['cached_tokens_each'][1]} tokens) |")
+    print(f"| streams' largest gap while a {a.long_prompt}-token prompt prefills | {lp['streams_max_gap_ms']:.1f} ms "
+          f"(bound 2 x {lp['normal_step_ms']:.1f} + {lp['chunk_ms']:.1f} = {bound:.1f} ms) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

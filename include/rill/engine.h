@@ -1,0 +1,144 @@
+#pragma once
+// rill's engine API: load a model, submit generation requests from any
+// thread, stream their events, cancel them. Usable without the server.
+//
+// One engine thread owns the model and drives every running request a step
+// at a time (continuous batching over a paged KV cache with a prefix cache;
+// see docs/architecture.md). Submissions, cancellations and reads of a
+// request's stream are thread-safe.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "engine/sampler.h"
+
+namespace rill {
+
+class Model;
+class Tokenizer;
+
+enum class FinishReason { kStop, kLength, kAborted, kError };
+// "stop", "length", "abort", "error".
+const char* finish_reason_name(FinishReason r);
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;      // token ids, at least one
+  SamplingParams sampling;
+  int32_t max_tokens = 256;         // >= 1; prompt + max_tokens must fit the context
+  std::vector<std::string> stop;    // stop strings (need a tokenizer); never streamed
+  std::vector<int32_t> stop_token_ids;  // end generation besides the model's EOS ids
+  bool ignore_eos = false;          // keep going past the model's EOS ids
+  int32_t logprobs = -1;            // -1: off; 0..kMaxTopLogprobs alternatives per token
+  bool skip_special_tokens = true;  // in the streamed text
+  uint64_t cache_namespace = 0;     // prefix-cache isolation (adapters, tenants)
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;      // prompt tokens whose KV came from the prefix cache
+  int32_t completion_tokens = 0;
+  int32_t preemptions = 0;
+  double queue_s = 0;             // submit -> first scheduled
+  double prefill_s = 0;           // first scheduled -> first token
+  double decode_s = 0;            // first token -> finished
+  double first_token_s = 0;       // submit -> first token
+};
+
+// What a request's stream carries. Every event but the last carries at least
+// one new token; the last has `finished` set (and may carry tokens too).
+struct GenerationEvent {
+  std::vector<int32_t> token_ids;       // new tokens since the previous event
+  std::string text;                     // new text (stop strings held back and cut)
+  std::vector<SampledToken> logprobs;   // one per new token when requested
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kLength;
+  std::string stop_string;              // the stop string that ended it, if any
+  std::optional<int32_t> stop_token;    // the EOS / stop token that ended it, if any
+  std::string error;                    // kError: what failed
+  Usage usage;                          // set on the last event
+};
+
+// Called on the engine thread for each event of one request. Must not block.
+// If it throws, that request ends (its blocks are freed) and nothing else is
+// affected.
+using EventCallback = std::function<void(GenerationEvent&&)>;
+
+// A request's stream as a blocking queue, for callers that read from their
+// own thread. Destroying the handle before the last event cancels the request.
+class RequestHandle {
+ public:
+  struct Channel;
+  RequestHandle(std::shared_ptr<Channel> channel, uint64_t id, std::function<void(uint64_t)> cancel);
+  RequestHandle(RequestHandle&&) noexcept = default;
+  RequestHandle& operator=(RequestHandle&&) noexcept = default;
+  ~RequestHandle();
+
+  uint64_t id() const { return id_; }
+  // Waits for the next event; false once the last event was returned.
+  bool next(GenerationEvent& event);
+  // Cancels at the next step boundary; the stream still ends with a final
+  // event (finish reason abort).
+  void cancel();
+
+ private:
+  std::shared_ptr<Channel> channel_;
+  uint64_t id_ = 0;
+  std::function<void(uint64_t)> cancel_;
+  bool done_ = false;
+};
+
+struct EngineOptions {
+  int n_threads = 0;              // compute threads; 0: one per core
+  int64_t n_ctx = 0;              // longest sequence; 0: the model's
+  int max_batch_tokens = 512;     // token budget of one step
+  int max_running = 64;           // most requests in one step
+  int64_t kv_cache_mb = 0;        // KV pool; 0: see kv_cache_fraction
+  double kv_cache_fraction = 0;   // of physical RAM when kv_cache_mb is 0; 0: 4 full contexts
+  int32_t kv_block_size = 16;
+  bool check_integrity = false;   // verify the KV structures after every step (tests; slow)
+};
+
+struct EngineStats {
+  int64_t requests_submitted = 0, requests_finished = 0, requests_rejected = 0;
+  int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+  int64_t steps = 0, preemptions = 0;
+  int32_t running = 0, waiting = 0;
+  int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
+  int32_t kv_block_size = 0;
+  int64_t integrity_errors = 0;   // with EngineOptions::check_integrity
+  std::string last_integrity_error;
+};
+
+class Engine {
+ public:
+  // Loads a model file or directory with its tokenizer.
+  static Result<std::unique_ptr<Engine>> load(const std::string& model_path, const EngineOptions& options);
+  // Serves an already created model (its KV pool sizes the cache). The
+  // tokenizer may be null: then there is no text, no stop strings and EOS
+  // comes only from stop_token_ids.
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<Model> model,
+                                                std::shared_ptr<const Tokenizer> tokenizer,
+                                                const EngineOptions& options);
+  virtual ~Engine() = default;
+
+  // Validates and queues a request. Errors (nothing queued) name the field:
+  // an empty prompt, an id outside the vocabulary, prompt + max_tokens
+  // beyond the context, a request the KV pool could never hold, ...
+  virtual Result<uint64_t> submit(GenerationRequest request, EventCallback on_event) = 0;
+  Result<RequestHandle> submit(GenerationRequest request);
+  // Cancels at the next step boundary (no-op for an unknown or finished id).
+  virtual void cancel(uint64_t id) = 0;
+
+  virtual EngineStats stats() const = 0;
+  virtual const Model& model() const = 0;
+  virtual const Tokenizer* tokenizer() const = 0;
+  // The ids that end generation unless ignore_eos (tokenizer EOS/EOT ids and
+  // the model's generation_config eos ids).
+  virtual const std::vector<int32_t>& eos_ids() const = 0;
+};
+
+}  // namespace rill

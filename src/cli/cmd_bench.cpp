@@ -1,0 +1,278 @@
+// rill bench: drives the engine directly (no HTTP) with N concurrent
+// streams and reports aggregate throughput, TTFT and inter-token latency.
+//
+//   rill bench MODEL --concurrency N --prompt-tokens P --gen-tokens G
+//              [--requests R] [--shared-prefix S] [--long-prompt L] [--json]
+//
+// Prompts are random token ids (seeded), so results do not depend on text;
+// generation ignores EOS so every request produces exactly G tokens. With
+// --shared-prefix S the first S tokens of every prompt are the same (a
+// system prompt): later requests hit the prefix cache. --requests R > N
+// keeps N in flight until R have run (R = N, 1 in flight: a cold request
+// then warm ones, one after another). --long-prompt L submits one extra
+// L-token request once the streams are decoding and reports the running
+// streams' largest inter-token gap while it prefills.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/loaded_model.h"
+#include "model/model.h"
+#include "rill/engine.h"
+
+namespace rill::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  std::string model;
+  int concurrency = 1;
+  int requests = 0;  // 0: = concurrency
+  int prompt_tokens = 128;
+  int gen_tokens = 128;
+  int shared_prefix = 0;
+  int long_prompt = 0;
+  int threads = 0;
+  int max_batch_tokens = 512;
+  int64_t kv_cache_mb = 0;
+  int64_t ctx_size = 0;
+  bool json = false;
+  uint64_t seed = 1;
+};
+
+struct Trace {
+  Clock::time_point submitted, finished;
+  std::vector<Clock::time_point> token_times;
+  Usage usage;
+  FinishReason reason = FinishReason::kLength;
+  std::string error;
+  bool done = false;
+};
+
+double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double idx = p * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(idx);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
+}
+
+class Runner {
+ public:
+  Runner(Engine& e, const BenchOptions& o) : e_(e), o_(o), rng_(o.seed) {
+    const auto v = static_cast<int32_t>(e.model().n_vocab());
+    for (int i = 0; i < o.shared_prefix; ++i) prefix_.push_back(random_id(v));
+  }
+
+  // Submits request i; returns false on a submission error.
+  bool submit(size_t i, int n_prompt, Trace& t) {
+    const auto v = static_cast<int32_t>(e_.model().n_vocab());
+    GenerationRequest r;
+    r.prompt.assign(prefix_.begin(), prefix_.begin() + std::min<size_t>(prefix_.size(), static_cast<size_t>(n_prompt)));
+    while (static_cast<int>(r.prompt.size()) < n_prompt) r.prompt.push_back(random_id(v));
+    r.max_tokens = o_.gen_tokens;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0.0f;
+    t.submitted = Clock::now();
+    auto id = e_.submit(std::move(r), [this, &t](GenerationEvent&& ev) {
+      const auto now = Clock::now();
+      std::lock_guard lk(mu_);
+      for (size_t k = 0; k < ev.token_ids.size(); ++k) t.token_times.push_back(now);
+      if (ev.finished) {
+        t.finished = now;
+        t.usage = ev.usage;
+        t.reason = ev.finish_reason;
+        t.error = ev.error;
+        t.done = true;
+        ++n_done_;
+        done_.notify_all();
+      }
+    });
+    if (!id.ok()) {
+      std::fprintf(stderr, "rill bench: request %zu: %s\n", i, id.error().message.c_str());
+      return false;
+    }
+    return true;
+  }
+  void wait_done(int n) {
+    std::unique_lock lk(mu_);
+    done_.wait(lk, [&] { return n_done_ >= n; });
+  }
+  // Waits until every trace in `ts` has at least `n` tokens.
+  void wait_tokens(std::vector<Trace>& ts, size_t n) {
+    for (;;) {
+      {
+        std::lock_guard lk(mu_);
+        if (std::all_of(ts.begin(), ts.end(), [&](const Trace& t) { return t.done || t.token_times.size() >= n; })) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::mutex& mu() { return mu_; }
+
+ private:
+  int32_t random_id(int32_t v) { return static_cast<int32_t>(rng_() % static_cast<uint64_t>(v)); }
+  Engine& e_;
+  const BenchOptions& o_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> prefix_;
+  std::mutex mu_;
+  std::condition_variable done_;
+  int n_done_ = 0;
+};
+
+int run_bench(const BenchOptions& o) {
+  EngineOptions eo;
+  eo.n_threads = o.threads;
+  eo.max_batch_tokens = o.max_batch_tokens;
+  eo.max_running = std::max(o.concurrency + (o.long_prompt > 0 ? 1 : 0), 1);
+  eo.kv_cache_mb = o.kv_cache_mb;
+  eo.n_ctx = o.ctx_size;
+  const std::string path = o.model.empty() ? default_model_path() : o.model;
+  auto engine = Engine::load(path, eo);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "rill bench: %s\n", engine.error().message.c_str());
+    return 1;
+  }
+  Engine& e = **engine;
+  const int n_requests = o.requests > 0 ? o.requests : o.concurrency;
+  std::vector<Trace> traces(static_cast<size_t>(n_requests));
+  Runner runner(e, o);
+  const auto t0 = Clock::now();
+
+  // Keep `concurrency` requests in flight.
+  int submitted = 0;
+  for (; submitted < std::min(o.concurrency, n_requests); ++submitted) {
+    if (!runner.submit(static_cast<size_t>(submitted), o.prompt_tokens, traces[static_cast<size_t>(submitted)])) return 1;
+  }
+  Trace long_trace;
+  Clock::time_point long_submitted;
+  if (o.long_prompt > 0) {
+    // Once every stream is past a few tokens, inject the long prompt.
+    runner.wait_tokens(traces, 4);
+    long_submitted = Clock::now();
+    if (!runner.submit(static_cast<size_t>(n_requests), o.long_prompt, long_trace)) return 1;
+  }
+  while (submitted < n_requests) {
+    runner.wait_done(submitted - o.concurrency + 1);
+    if (!runner.submit(static_cast<size_t>(submitted), o.prompt_tokens, traces[static_cast<size_t>(submitted)])) return 1;
+    ++submitted;
+  }
+  runner.wait_done(n_requests + (o.long_prompt > 0 ? 1 : 0));
+  const auto t_end = Clock::now();
+
+  std::lock_guard lk(runner.mu());
+  std::vector<double> ttft, itl;
+  int64_t n_gen = 0, n_prompt = 0, n_cached = 0;
+  Clock::time_point first_token = t_end, last_token = t0;
+  for (const Trace& t : traces) {
+    if (t.reason == FinishReason::kError) {
+      std::fprintf(stderr, "rill bench: a request failed: %s\n", t.error.c_str());
+      return 1;
+    }
+    n_gen += t.usage.completion_tokens;
+    n_prompt += t.usage.prompt_tokens;
+    n_cached += t.usage.cached_tokens;
+    if (t.token_times.empty()) continue;
+    ttft.push_back(ms(t.token_times.front() - t.submitted));
+    for (size_t k = 1; k < t.token_times.size(); ++k) itl.push_back(ms(t.token_times[k] - t.token_times[k - 1]));
+    first_token = std::min(first_token, t.token_times.front());
+    last_token = std::max(last_token, t.token_times.back());
+  }
+  const double wall_s = ms(t_end - t0) / 1000.0;
+  // Decode throughput: tokens after each request's first, over the span
+  // from the first first-token to the last token.
+  const double decode_span_s = ms(last_token - first_token) / 1000.0;
+  const double decode_tok_s = decode_span_s > 0 ? static_cast<double>(n_gen - static_cast<int64_t>(ttft.size())) / decode_span_s : 0;
+
+  nlohmann::ordered_json j;
+  j["model"] = path;
+  j["concurrency"] = o.concurrency;
+  j["requests"] = n_requests;
+  j["prompt_tokens"] = o.prompt_tokens;
+  j["gen_tokens"] = o.gen_tokens;
+  j["shared_prefix"] = o.shared_prefix;
+  j["wall_s"] = wall_s;
+  j["generated_tokens"] = n_gen;
+  j["cached_tokens"] = n_cached;
+  j["output_tok_s"] = static_cast<double>(n_gen) / wall_s;
+  j["decode_tok_s"] = decode_tok_s;
+  j["ttft_ms"] = {{"p50", percentile(ttft, 0.5)}, {"p99", percentile(ttft, 0.99)}, {"max", percentile(ttft, 1.0)}};
+  j["ttft_ms_each"] = ttft;
+  j["cached_tokens_each"] = nlohmann::json::array();
+  for (const Trace& t : traces) j["cached_tokens_each"].push_back(t.usage.cached_tokens);
+  j["itl_ms"] = {{"p50", percentile(itl, 0.5)}, {"p99", percentile(itl, 0.99)}, {"max", percentile(itl, 1.0)}};
+  if (o.long_prompt > 0) {
+    // The streams' gaps between the long prompt's submission and its first token.
+    const Clock::time_point end = long_trace.token_times.empty() ? t_end : long_trace.token_times.front();
+    double max_gap = 0;
+    for (const Trace& t : traces) {
+      for (size_t k = 1; k < t.token_times.size(); ++k) {
+        if (t.token_times[k] > long_submitted && t.token_times[k - 1] < end) {
+          max_gap = std::max(max_gap, ms(t.token_times[k] - t.token_times[k - 1]));
+        }
+      }
+    }
+    const double prefill_ms = ms(end - long_submitted);
+    const double n_chunks = std::ceil(static_cast<double>(o.long_prompt) / o.max_batch_tokens);
+    j["long_prompt"] = {{"tokens", o.long_prompt},
+                        {"prefill_ms", prefill_ms},
+                        {"chunk_ms", prefill_ms / n_chunks},
+                        {"streams_max_gap_ms", max_gap},
+                        {"normal_step_ms", percentile(itl, 0.5)}};
+  }
+  const EngineStats s = e.stats();
+  j["preemptions"] = s.preemptions;
+  j["steps"] = s.steps;
+  if (o.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%d requests, %d concurrent, %d prompt + %d generated tokens each (%d shared)\n", n_requests,
+                o.concurrency, o.prompt_tokens, o.gen_tokens, o.shared_prefix);
+    std::printf("  wall %.2f s, output %.1f tok/s, decode %.1f tok/s, cached %lld tokens\n", wall_s,
+                static_cast<double>(n_gen) / wall_s, decode_tok_s, static_cast<long long>(n_cached));
+    std::printf("  TTFT p50 %.1f ms p99 %.1f ms; ITL p50 %.2f ms p99 %.2f ms max %.2f ms\n", percentile(ttft, 0.5),
+                percentile(ttft, 0.99), percentile(itl, 0.5), percentile(itl, 0.99), percentile(itl, 1.0));
+    if (o.long_prompt > 0) std::printf("  long prompt: %s\n", j["long_prompt"].dump().c_str());
+  }
+  (void)n_prompt;
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* sub = app.add_subcommand("bench", "Measure throughput and latency of the engine with concurrent streams");
+  sub->add_option("model", o->model, "a .gguf file or a Hugging Face model directory (default: the default model)");
+  sub->add_option("--concurrency", o->concurrency, "requests in flight")->check(CLI::Range(1, 4096));
+  sub->add_option("--requests", o->requests, "requests in all (default: --concurrency)")->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--prompt-tokens", o->prompt_tokens, "prompt length")->check(CLI::Range(1, 1 << 22));
+  sub->add_option("--gen-tokens", o->gen_tokens, "tokens generated per request")->check(CLI::Range(1, 1 << 22));
+  sub->add_option("--shared-prefix", o->shared_prefix, "leading prompt tokens shared by every request")
+      ->check(CLI::Range(0, 1 << 22));
+  sub->add_option("--long-prompt", o->long_prompt, "inject one prompt of this many tokens while the streams decode")
+      ->check(CLI::Range(0, 1 << 22));
+  sub->add_option("--threads,-t", o->threads, "CPU threads (default: one per core)");
+  sub->add_option("--max-batch-tokens", o->max_batch_tokens, "token budget per step")->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--kv-cache-mb", o->kv_cache_mb, "KV cache size (default: four full contexts)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  sub->add_option("--ctx-size,-c", o->ctx_size, "context tokens per sequence")->check(CLI::Range(16, 1 << 22));
+  sub->add_option("--seed", o->seed, "seed of the random prompts");
+  sub->add_flag("--json", o->json, "print the results as JSON");
+  return {sub, [o]() -> int { return run_bench(*o); }};
+}
+
+}  // namespace rill::cli

@@ -1,0 +1,374 @@
+#include "engine/engine_impl.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/hash.h"
+#include "model/fingerprint.h"
+
+namespace rill {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+int32_t blocks_for(int64_t n_tokens, int32_t block_size) {
+  return static_cast<int32_t>((n_tokens + block_size - 1) / block_size);
+}
+
+int32_t n_state_slots(const KvSpec& spec, int max_running) {
+  const bool recurrent = std::any_of(spec.begin(), spec.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
+  return recurrent ? max_running : 0;
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAborted: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "unknown";
+}
+
+EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
+                       const EngineOptions& options)
+    : model_(std::move(model)),
+      tokenizer_(std::move(tokenizer)),
+      options_(options),
+      pool_(model_->n_kv_blocks(), model_->kv_block_size()),
+      tree_(pool_),
+      states_(n_state_slots(model_->kv_spec(), std::max(1, options.max_running)), 0),
+      kv_(model_->kv_spec(), pool_, tree_, states_),
+      scheduler_(kv_, SchedulerOptions{std::min(std::max(1, options.max_batch_tokens), model_->max_batch_tokens()),
+                                       std::min(std::max(1, options.max_running), model_->max_batch_seqs())}),
+      runner_(*model_, kv_) {
+  eos_ids_ = model_->config().generation.eos_token_ids;
+  if (tokenizer_) {
+    for (int32_t id : tokenizer_->eos_ids()) {
+      if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
+    }
+  }
+  model_ns_ = hash64(config_fingerprint(model_->config()));
+  stats_.kv_blocks_total = pool_.n_blocks();
+  stats_.kv_block_size = pool_.block_size();
+  thread_ = std::thread([this] { loop(); });
+}
+
+EngineImpl::~EngineImpl() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status EngineImpl::validate(const GenerationRequest& r) const {
+  const int64_t n_vocab = model_->n_vocab();
+  if (r.prompt.empty()) return Error{"prompt: must contain at least one token"};
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= n_vocab) {
+      return Error{"prompt: token id " + std::to_string(r.prompt[i]) + " at index " + std::to_string(i) +
+                   " is outside the vocabulary (" + std::to_string(n_vocab) + " tokens)"};
+    }
+  }
+  for (int32_t id : r.stop_token_ids) {
+    if (id < 0 || id >= n_vocab) return Error{"stop_token_ids: " + std::to_string(id) + " is outside the vocabulary"};
+  }
+  if (r.max_tokens < 1) return Error{"max_tokens: must be at least 1"};
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
+  if (total > model_->n_ctx()) {
+    return Error{"prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +
+                 std::to_string(r.max_tokens) + ") exceeds the context of " + std::to_string(model_->n_ctx()) +
+                 " tokens"};
+  }
+  // Never fits: every attention group holds the whole sequence at the end
+  // (a sliding group only its window plus the largest step).
+  int64_t need = 0;
+  for (const LayerGroupSpec& g : model_->kv_spec()) {
+    if (g.kind == LayerKind::kFull) need += blocks_for(total, pool_.block_size());
+    if (g.kind == LayerKind::kSliding) {
+      need += std::min(blocks_for(total, pool_.block_size()),
+                       blocks_for(g.window + scheduler_.options().token_budget, pool_.block_size()) + 1);
+    }
+  }
+  if (need > pool_.n_blocks()) {
+    return Error{"prompt + max_tokens (" + std::to_string(total) + " tokens) need " + std::to_string(need) +
+                 " KV blocks but the cache holds " + std::to_string(pool_.n_blocks()) +
+                 "; lower max_tokens or give the KV cache more memory"};
+  }
+  if (!r.stop.empty() && !tokenizer_) return Error{"stop: stop strings need a model with a tokenizer"};
+  if (r.logprobs > kMaxTopLogprobs) {
+    return Error{"logprobs: at most " + std::to_string(kMaxTopLogprobs) + " alternatives per token"};
+  }
+  const SamplingParams& s = r.sampling;
+  if (!(s.temperature >= 0.0f)) return Error{"temperature: must be >= 0"};
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) return Error{"top_p: must be in (0, 1]"};
+  if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) return Error{"min_p: must be in [0, 1]"};
+  if (s.top_k < 0) return Error{"top_k: must be >= 0"};
+  if (!(s.repetition_penalty > 0.0f)) return Error{"repetition_penalty: must be > 0"};
+  return Status::Ok();
+}
+
+Result<uint64_t> EngineImpl::submit(GenerationRequest request, EventCallback on_event) {
+  if (Status st = validate(request); !st.ok()) {
+    std::lock_guard lk(stats_mu_);
+    ++stats_.requests_rejected;
+    return st.error();
+  }
+  auto r = std::make_unique<Request>();
+  r->params = std::move(request);
+  r->on_event = std::move(on_event);
+  r->tokens = r->params.prompt;
+  r->n_prompt = static_cast<int32_t>(r->tokens.size());
+  r->sampler.emplace(r->params.sampling, model_->n_vocab());
+  r->sampler->add_prompt_tokens(r->tokens);
+  if (tokenizer_) r->decoder.emplace(*tokenizer_, r->params.skip_special_tokens);
+  if (!r->params.stop.empty()) r->stops.emplace(r->params.stop);
+  const uint64_t user_ns = r->params.cache_namespace;
+  r->ns = hash64(&user_ns, sizeof user_ns, model_ns_);
+  r->submitted = Clock::now();
+  uint64_t id = 0;
+  {
+    std::lock_guard lk(mu_);
+    if (stopping_) return Error{"the engine is shutting down"};
+    id = next_id_++;
+    r->id = id;
+    r->arrival = id;
+    inbox_.push_back(std::move(r));
+  }
+  {
+    std::lock_guard lk(stats_mu_);
+    ++stats_.requests_submitted;
+  }
+  wake_.notify_one();
+  return id;
+}
+
+void EngineImpl::cancel(uint64_t id) {
+  {
+    std::lock_guard lk(mu_);
+    cancel_inbox_.push_back(id);
+  }
+  wake_.notify_one();
+}
+
+EngineStats EngineImpl::stats() const {
+  std::lock_guard lk(stats_mu_);
+  return stats_;
+}
+
+void EngineImpl::take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels) {
+  std::unique_lock lk(mu_);
+  wake_.wait(lk, [&] { return stopping_ || !inbox_.empty() || !cancel_inbox_.empty() || has_work(); });
+  incoming.swap(inbox_);
+  cancels.swap(cancel_inbox_);
+}
+
+void EngineImpl::loop() {
+  std::vector<std::unique_ptr<Request>> incoming;
+  std::vector<uint64_t> cancels;
+  for (;;) {
+    incoming.clear();
+    cancels.clear();
+    take_inbox(incoming, cancels);
+    bool stopping = false;
+    {
+      std::lock_guard lk(mu_);
+      stopping = stopping_;
+    }
+    for (auto& r : incoming) {
+      Request* p = r.get();
+      live_.emplace(p->id, std::move(r));
+      scheduler_.add(p);
+    }
+    if (stopping) {
+      for (auto& [id, r] : live_) {
+        if (!r->finished()) finish(*r, FinishReason::kAborted, GenerationEvent{}, "the engine is shutting down");
+      }
+      live_.clear();
+      publish_stats();
+      return;
+    }
+    for (uint64_t id : cancels) {
+      auto it = live_.find(id);
+      if (it != live_.end() && !it->second->finished()) finish(*it->second, FinishReason::kAborted, GenerationEvent{});
+    }
+    for (uint64_t id : finished_ids_) live_.erase(id);
+    finished_ids_.clear();
+    if (has_work()) run_step();
+    for (uint64_t id : finished_ids_) live_.erase(id);
+    finished_ids_.clear();
+    if (options_.check_integrity) {
+      Status st = kv_.check_integrity();
+      if (!st.ok()) {
+        std::lock_guard lk(stats_mu_);
+        ++stats_.integrity_errors;
+        stats_.last_integrity_error = st.error().message;
+      }
+    }
+    publish_stats();
+  }
+}
+
+void EngineImpl::run_step() {
+  const StepPlan& plan = scheduler_.schedule();
+  for (const auto& [r, message] : plan.failed) finish(*r, FinishReason::kError, GenerationEvent{}, message);
+  if (plan.empty()) {
+    // Unreachable when admission works as documented (every accepted request
+    // fits alone); fail the head rather than spin.
+    if (scheduler_.running().empty() && !scheduler_.waiting().empty()) {
+      finish(*scheduler_.waiting().front(), FinishReason::kError, GenerationEvent{},
+             "the request could not be scheduled (KV cache exhausted)");
+    }
+    return;
+  }
+  const auto now = Clock::now();
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.request->scheduled_once) {
+      c.request->scheduled_once = true;
+      c.request->first_scheduled = now;
+    }
+  }
+  Status st = runner_.run(plan);
+  if (st.ok()) st = scheduler_.step_computed();
+  if (!st.ok()) {
+    // A failed step fails exactly its requests; their KV is released.
+    const std::vector<ScheduledChunk> chunks = plan.chunks;
+    for (const ScheduledChunk& c : chunks) {
+      finish(*c.request, FinishReason::kError, GenerationEvent{}, "the forward pass failed: " + st.error().message);
+    }
+    return;
+  }
+  {
+    std::lock_guard lk(stats_mu_);
+    ++stats_.steps;
+  }
+  int32_t sample_index = 0;
+  const std::vector<ScheduledChunk> chunks = plan.chunks;  // finish() edits the plan
+  for (const ScheduledChunk& c : chunks) {
+    if (!c.samples) continue;
+    Request& r = *c.request;
+    float* logits = runner_.logits(sample_index++);
+    if (r.finished()) continue;
+    GenerationEvent event;
+    commit_token(r, logits, event);
+    if (!r.finished()) deliver(r, std::move(event));
+  }
+}
+
+void EngineImpl::commit_token(Request& r, float* logits, GenerationEvent& event) {
+  SampledToken sampled;
+  const int32_t id = r.sampler->sample(logits, r.params.logprobs, r.params.logprobs >= 0 ? &sampled : nullptr);
+  r.sampler->add_output_token(id);
+  r.tokens.push_back(id);
+  event.token_ids.push_back(id);
+  if (r.params.logprobs >= 0) event.logprobs.push_back(sampled);
+  if (r.n_output() == 1) r.first_token = Clock::now();
+
+  const bool is_stop_token =
+      std::find(r.params.stop_token_ids.begin(), r.params.stop_token_ids.end(), id) != r.params.stop_token_ids.end() ||
+      (!r.params.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end());
+  if (is_stop_token) {
+    event.stop_token = id;
+    finish(r, FinishReason::kStop, std::move(event));
+    return;
+  }
+  if (r.decoder) {
+    std::string piece;
+    r.decoder->push(id, piece);
+    if (r.stops) {
+      if (r.stops->push(piece, event.text)) {
+        event.stop_string = r.stops->matched();
+        finish(r, FinishReason::kStop, std::move(event));
+        return;
+      }
+    } else {
+      event.text += piece;
+    }
+  }
+  if (r.n_output() >= r.params.max_tokens) finish(r, FinishReason::kLength, std::move(event));
+}
+
+void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event, std::string error) {
+  if (r.finished()) return;
+  scheduler_.remove(&r);
+  r.state = RequestState::kFinished;
+  const auto now = Clock::now();
+  if (reason != FinishReason::kError && reason != FinishReason::kAborted && r.decoder) {
+    // Release held-back text: the stream is complete.
+    std::string rest;
+    if (!event.stop_string.empty()) {
+      // Text after a stop string is dropped.
+    } else {
+      r.decoder->flush(rest);
+      if (r.stops) {
+        r.stops->push(rest, event.text);
+        r.stops->flush(event.text);
+      } else {
+        event.text += rest;
+      }
+    }
+  }
+  event.finished = true;
+  event.finish_reason = reason;
+  event.error = std::move(error);
+  Usage& u = event.usage;
+  u.prompt_tokens = r.n_prompt;
+  u.cached_tokens = r.n_cached;
+  u.completion_tokens = r.n_output();
+  u.preemptions = r.n_preemptions;
+  if (r.scheduled_once) u.queue_s = seconds(r.submitted, r.first_scheduled);
+  if (r.n_output() > 0) {
+    u.first_token_s = seconds(r.submitted, r.first_token);
+    u.prefill_s = seconds(r.first_scheduled, r.first_token);
+    u.decode_s = seconds(r.first_token, now);
+  }
+  {
+    std::lock_guard lk(stats_mu_);
+    ++stats_.requests_finished;
+    stats_.prompt_tokens += u.prompt_tokens;
+    stats_.cached_tokens += u.cached_tokens;
+    stats_.completion_tokens += u.completion_tokens;
+  }
+  finished_ids_.push_back(r.id);
+  try {
+    if (r.on_event) r.on_event(std::move(event));
+  } catch (...) {
+    // The consumer is gone; the request is already over.
+  }
+}
+
+bool EngineImpl::deliver(Request& r, GenerationEvent&& event) {
+  try {
+    if (r.on_event) r.on_event(std::move(event));
+    return true;
+  } catch (const std::exception& e) {
+    finish(r, FinishReason::kError, GenerationEvent{}, std::string("the event consumer failed: ") + e.what());
+  } catch (...) {
+    finish(r, FinishReason::kError, GenerationEvent{}, "the event consumer failed");
+  }
+  return false;
+}
+
+void EngineImpl::publish_stats() {
+  std::lock_guard lk(stats_mu_);
+  stats_.running = static_cast<int32_t>(scheduler_.running().size());
+  stats_.waiting = static_cast<int32_t>(scheduler_.waiting().size());
+  stats_.kv_blocks_used = pool_.n_used();
+  stats_.kv_blocks_cached = pool_.n_cached();
+  stats_.preemptions = scheduler_.n_preemptions();
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
+                                               const EngineOptions& options) {
+  if (!model) return Error{"Engine::create: no model"};
+  if (model->n_kv_blocks() <= 0) return Error{"Engine::create: the model has no KV blocks"};
+  return std::unique_ptr<Engine>(new EngineImpl(std::move(model), std::move(tokenizer), options));
+}
+
+}  // namespace rill

@@ -1,0 +1,84 @@
+#pragma once
+// EngineImpl: the engine thread and everything it owns (see rill/engine.h).
+// Threads: submit()/cancel()/stats() from any thread touch only the
+// mutex-guarded inbox and stats; everything else belongs to the engine thread.
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/model_runner.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "kv/block_pool.h"
+#include "kv/kv_manager.h"
+#include "kv/prefix_tree.h"
+#include "kv/state_pool.h"
+#include "model/model.h"
+#include "rill/engine.h"
+#include "text/tokenizer.h"
+
+namespace rill {
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
+             const EngineOptions& options);
+  ~EngineImpl() override;
+
+  Result<uint64_t> submit(GenerationRequest request, EventCallback on_event) override;
+  void cancel(uint64_t id) override;
+  EngineStats stats() const override;
+  const Model& model() const override { return *model_; }
+  const Tokenizer* tokenizer() const override { return tokenizer_.get(); }
+  const std::vector<int32_t>& eos_ids() const override { return eos_ids_; }
+
+ private:
+  Status validate(const GenerationRequest& r) const;
+  void loop();
+  bool has_work() const { return !live_.empty(); }
+  void take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels);
+  void run_step();
+  // Samples one token for r from `logits` and appends to `event` what it
+  // produced; finishes r when it stops.
+  void commit_token(Request& r, float* logits, GenerationEvent& event);
+  // Ends r: frees its KV, sends the final event (merged into `event`).
+  void finish(Request& r, FinishReason reason, GenerationEvent&& event, std::string error = {});
+  // Delivers an event; false when the consumer threw (r is then finished).
+  bool deliver(Request& r, GenerationEvent&& event);
+  void publish_stats();
+
+  std::unique_ptr<Model> model_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  EngineOptions options_;
+  std::vector<int32_t> eos_ids_;
+  uint64_t model_ns_ = 0;  // hash of the model's config fingerprint
+
+  BlockPool pool_;
+  PrefixTree tree_;
+  StatePool states_;
+  KvManager kv_;
+  Scheduler scheduler_;
+  ModelRunner runner_;
+
+  // Engine thread only.
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> live_;
+  std::vector<uint64_t> finished_ids_;  // erased from live_ after the step
+
+  // Inbox, guarded by mu_.
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<std::unique_ptr<Request>> inbox_;
+  std::vector<uint64_t> cancel_inbox_;
+  bool stopping_ = false;
+  uint64_t next_id_ = 1;
+
+  mutable std::mutex stats_mu_;
+  EngineStats stats_;
+
+  std::thread thread_;
+};
+
+}  // namespace rill

@@ -1,0 +1,50 @@
+// Engine::load: model files + tokenizer + the registry's implementation,
+// with the KV pool sized from the options.
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "loader/model_files.h"
+#include "model/registry.h"
+#include "rill/engine.h"
+#include "text/tokenizer.h"
+
+namespace rill {
+namespace {
+
+int64_t physical_ram_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, const EngineOptions& options) {
+  RILL_ASSIGN_OR_RETURN(std::shared_ptr<ModelFiles> files, open_model_files(model_path));
+  std::shared_ptr<const Tokenizer> tokenizer;
+  if (files->gguf) {
+    RILL_ASSIGN_OR_RETURN(auto t, Tokenizer::from_gguf(*files->gguf));
+    tokenizer = std::move(t);
+  } else if (!files->tokenizer_json_path.empty()) {
+    RILL_ASSIGN_OR_RETURN(auto t, Tokenizer::from_tokenizer_json(files->tokenizer_json_path));
+    tokenizer = std::move(t);
+  }
+  ModelOptions mo;
+  mo.n_threads = options.n_threads;
+  mo.n_ctx = options.n_ctx;
+  mo.max_batch_tokens = std::max(1, options.max_batch_tokens);
+  mo.max_batch_seqs = std::max(1, options.max_running);
+  mo.kv_block_size = options.kv_block_size;
+  if (options.kv_cache_mb > 0) {
+    mo.kv_cache_bytes = options.kv_cache_mb << 20;
+  } else if (options.kv_cache_fraction > 0) {
+    if (options.kv_cache_fraction >= 1.0) return Error{"kv_cache_fraction must be below 1"};
+    mo.kv_cache_bytes = static_cast<int64_t>(static_cast<double>(physical_ram_bytes()) * options.kv_cache_fraction);
+  } else {
+    mo.n_kv_slots = 4;
+  }
+  RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
+  return create(std::move(model), std::move(tokenizer), options);
+}
+
+}  // namespace rill

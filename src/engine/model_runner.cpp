@@ -1,0 +1,32 @@
+#include "engine/model_runner.h"
+
+namespace rill {
+
+ModelRunner::ModelRunner(Model& model, const KvManager& kv) : model_(model), kv_(kv) {
+  const size_t n_groups = model_.kv_spec().size();
+  batch_.group_tables.resize(n_groups > 0 ? n_groups - 1 : 0);
+}
+
+Status ModelRunner::run(const StepPlan& plan) {
+  batch_.clear();
+  int32_t n_sample = 0;
+  const auto n_groups = static_cast<int32_t>(model_.kv_spec().size());
+  for (const ScheduledChunk& c : plan.chunks) {
+    const Request& r = *c.request;
+    const auto seq = static_cast<int64_t>(r.id);
+    const int32_t s = batch_.add_sequence(r.tokens.data() + r.n_computed, c.n_tokens, r.n_computed, c.samples, {});
+    BatchSeq& bs = batch_.seqs[static_cast<size_t>(s)];
+    bs.table_len = kv_.append_block_table(seq, 0, batch_.block_table);
+    for (int32_t g = 1; g < n_groups; ++g) {
+      auto& t = batch_.group_tables[static_cast<size_t>(g - 1)];
+      t.resize(static_cast<size_t>(bs.table_start));  // groups share the start
+      kv_.append_block_table(seq, g, t);
+    }
+    n_sample += c.samples;
+  }
+  const size_t need = static_cast<size_t>(n_sample) * static_cast<size_t>(model_.n_vocab());
+  if (logits_.size() < need) logits_.resize(need);
+  return model_.forward(batch_, logits_.data());
+}
+
+}  // namespace rill

@@ -1,0 +1,34 @@
+#pragma once
+// ModelRunner: turns a StepPlan into the flat Batch (tokens, positions,
+// block tables from the KvManager) and runs the model once. Buffers grow to
+// the largest step seen and are reused: no allocation per step after warm-up.
+#include <cstdint>
+#include <vector>
+
+#include "core/result.h"
+#include "engine/scheduler.h"
+#include "kv/kv_manager.h"
+#include "model/model.h"
+
+namespace rill {
+
+class ModelRunner {
+ public:
+  ModelRunner(Model& model, const KvManager& kv);
+
+  // Computes the plan's chunks. On success logits(i) is the row of the i-th
+  // sampling chunk (plan order).
+  Status run(const StepPlan& plan);
+  float* logits(int32_t sample_index) {
+    return logits_.data() + static_cast<size_t>(sample_index) * static_cast<size_t>(model_.n_vocab());
+  }
+  const Batch& batch() const { return batch_; }
+
+ private:
+  Model& model_;
+  const KvManager& kv_;
+  Batch batch_;
+  std::vector<float> logits_;
+};
+
+}  // namespace rill

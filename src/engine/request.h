@@ -1,0 +1,55 @@
+#pragma once
+// Request: the engine's state for one generation. State is counters, not
+// phases: `tokens` holds the prompt followed by the output so far, and
+// `n_computed` counts the leading tokens whose KV exists. Each step the
+// scheduler gives a request some of its uncomputed tokens; prefill, chunked
+// prefill, a prefix-cache hit (n_computed jumps forward at admission) and
+// preemption (n_computed drops to what the cache still holds) all follow
+// from that one rule. A request samples when a step computes its last token.
+//
+// Owned and touched only by the engine thread.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "rill/engine.h"
+#include "text/detokenizer.h"
+#include "text/stop_matcher.h"
+
+namespace rill {
+
+enum class RequestState { kWaiting, kRunning, kPreempted, kFinished };
+
+struct Request {
+  using Clock = std::chrono::steady_clock;
+
+  uint64_t id = 0;
+  GenerationRequest params;
+  EventCallback on_event;
+  RequestState state = RequestState::kWaiting;
+
+  std::vector<int32_t> tokens;  // prompt, then output
+  int32_t n_prompt = 0;
+  int32_t n_computed = 0;       // leading tokens whose KV exists
+  int32_t n_cached = 0;         // prompt tokens served by the prefix cache (first admission)
+  bool admitted_once = false;
+  int32_t n_preemptions = 0;
+  uint64_t arrival = 0;         // submission order; preemption picks the newest
+  uint64_t ns = 0;              // prefix-cache namespace (model fingerprint + cache_namespace)
+
+  std::optional<Sampler> sampler;
+  std::optional<IncrementalDecoder> decoder;
+  std::optional<StopMatcher> stops;
+
+  Clock::time_point submitted, first_scheduled, first_token;
+  bool scheduled_once = false;
+
+  int32_t n_output() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
+  int32_t n_uncomputed() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
+  bool finished() const { return state == RequestState::kFinished; }
+};
+
+}  // namespace rill

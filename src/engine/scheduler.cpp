@@ -1,0 +1,175 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace rill {
+
+Scheduler::Scheduler(KvManager& kv, SchedulerOptions options) : kv_(kv), options_(options) {
+  options_.token_budget = std::max(1, options_.token_budget);
+  options_.max_running = std::max(1, options_.max_running);
+}
+
+void Scheduler::add(Request* request) {
+  request->state = RequestState::kWaiting;
+  waiting_.push_back(request);
+}
+
+void Scheduler::remove(Request* request) {
+  std::erase(waiting_, request);
+  std::erase(running_, request);
+  std::erase_if(plan_.chunks, [&](const ScheduledChunk& c) { return c.request == request; });
+  kv_.release(static_cast<int64_t>(request->id));
+}
+
+int32_t Scheduler::fit(const Request& r, int32_t want, int32_t reserve) const {
+  const auto seq = static_cast<int64_t>(r.id);
+  const int32_t avail = kv_.n_free_blocks() - reserve;
+  auto fits = [&](int32_t n) { return kv_.blocks_needed(seq, n) <= avail; };
+  if (want <= 0 || !fits(1)) return 0;
+  if (fits(want)) return want;
+  int32_t lo = 1, hi = want;  // fits(lo), !fits(hi)
+  while (hi - lo > 1) {
+    const int32_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+void Scheduler::insert_running(Request* r) {
+  auto at = std::upper_bound(running_.begin(), running_.end(), r,
+                             [](const Request* a, const Request* b) { return a->arrival < b->arrival; });
+  running_.insert(at, r);
+}
+
+void Scheduler::preempt(Request* r) {
+  auto chunk = std::find_if(plan_.chunks.begin(), plan_.chunks.end(),
+                            [&](const ScheduledChunk& c) { return c.request == r; });
+  if (chunk != plan_.chunks.end()) {
+    budget_ += chunk->n_tokens;
+    plan_.n_tokens -= chunk->n_tokens;
+    plan_.chunks.erase(chunk);
+  }
+  std::erase(running_, r);
+  kv_.preempt(static_cast<int64_t>(r->id));
+  r->n_computed = 0;
+  r->state = RequestState::kPreempted;
+  ++r->n_preemptions;
+  ++n_preemptions_;
+  // Keep the front of the queue in arrival order: preempted requests are
+  // older than anything never admitted.
+  auto at = std::find_if(waiting_.begin(), waiting_.end(), [&](const Request* w) {
+    return w->state != RequestState::kPreempted || w->arrival > r->arrival;
+  });
+  waiting_.insert(at, r);
+  plan_.preempted.push_back(r);
+}
+
+bool Scheduler::preempt_newest(const Request* than) {
+  if (running_.empty()) return false;
+  Request* newest = running_.back();
+  if (newest == than || (than != nullptr && newest->arrival < than->arrival)) return false;
+  preempt(newest);
+  return true;
+}
+
+void Scheduler::schedule_chunk(Request* r, int32_t n) {
+  assert(n >= 1 && n <= r->n_uncomputed());
+  Status st = kv_.append(static_cast<int64_t>(r->id), n);
+  assert(st.ok());
+  (void)st;
+  plan_.chunks.push_back({r, n, r->n_computed + n == static_cast<int32_t>(r->tokens.size())});
+  plan_.n_tokens += n;
+  budget_ -= n;
+}
+
+int32_t Scheduler::n_decoding() const {
+  int32_t n = 0;
+  for (const Request* r : running_) n += r->n_uncomputed() == 1;
+  return n;
+}
+
+const StepPlan& Scheduler::schedule() {
+  plan_ = StepPlan{};
+  budget_ = options_.token_budget;
+
+  // 1. Decode tokens, oldest first. running_ may shrink while we walk it.
+  for (size_t i = 0; i < running_.size() && budget_ > 0;) {
+    Request* r = running_[i];
+    if (r->n_uncomputed() != 1) {
+      ++i;
+      continue;
+    }
+    while (fit(*r, 1, 0) == 0 && preempt_newest(r)) {
+    }
+    if (fit(*r, 1, 0) == 0) {
+      preempt(r);  // r is the newest: let the older ones run
+      continue;
+    }
+    schedule_chunk(r, 1);
+    ++i;
+  }
+
+  // 2. Prefill (and resume) chunks of running requests, oldest first.
+  for (size_t i = 0; i < running_.size() && budget_ > 0;) {
+    Request* r = running_[i];
+    const int32_t want = std::min(r->n_uncomputed(), budget_);
+    if (r->n_uncomputed() <= 1) {
+      ++i;
+      continue;
+    }
+    while (fit(*r, want, 0) < want && preempt_newest(r)) {
+    }
+    // Preemption may have removed requests after r only; r is still at i.
+    const int32_t n = fit(*r, std::min(want, budget_), 0);
+    if (n > 0) schedule_chunk(r, n);
+    ++i;
+  }
+
+  // 3. Admission, first come first served.
+  const int32_t max_running = options_.max_running;
+  while (budget_ > 0 && !waiting_.empty() && plan_.preempted.empty() &&
+         static_cast<int32_t>(running_.size()) < max_running) {
+    Request* r = waiting_.front();
+    const auto seq = static_cast<int64_t>(r->id);
+    auto admission = kv_.admit(seq, r->ns, r->tokens);
+    if (!admission.ok()) {
+      waiting_.pop_front();
+      plan_.failed.emplace_back(r, admission.error().message);
+      continue;
+    }
+    r->n_computed = admission->n_cached_tokens;
+    // Admit only when the whole remaining prompt fits beside one spare block
+    // per decoder, though only this step's chunk is allocated now: admitting
+    // on a chunk's worth would overcommit and end in preemption.
+    const bool fits = kv_.blocks_needed(seq, r->n_uncomputed()) + n_decoding() <= kv_.n_free_blocks();
+    const int32_t n = fits ? std::min(r->n_uncomputed(), budget_) : 0;
+    if (n == 0) {
+      kv_.release(seq);
+      r->n_computed = 0;
+      break;
+    }
+    if (!r->admitted_once) {
+      r->admitted_once = true;
+      r->n_cached = admission->n_cached_tokens;
+    }
+    waiting_.pop_front();
+    r->state = RequestState::kRunning;
+    insert_running(r);
+    schedule_chunk(r, n);
+  }
+  return plan_;
+}
+
+Status Scheduler::step_computed() {
+  for (ScheduledChunk& c : plan_.chunks) {
+    Request* r = c.request;
+    r->n_computed += c.n_tokens;
+    const std::span<const int32_t> computed(r->tokens.data(), static_cast<size_t>(r->n_computed));
+    auto cached = kv_.commit_full_blocks(static_cast<int64_t>(r->id), computed);
+    if (!cached.ok()) return cached.error();
+  }
+  return Status::Ok();
+}
+
+}  // namespace rill

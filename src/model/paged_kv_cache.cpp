@@ -1,0 +1,73 @@
+#include "model/paged_kv_cache.h"
+
+#include <bit>
+#include <cassert>
+#include <cstring>
+#include <string>
+
+#include "core/half.h"
+
+namespace rill {
+
+Result<PagedKvCache> PagedKvCache::create(int64_t n_layer, int32_t n_blocks, int32_t block_size,
+                                          int64_t kv_width, DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kF16) return Error{"KV cache dtype must be F32 or F16"};
+  if (block_size <= 0 || !std::has_single_bit(static_cast<uint32_t>(block_size))) {
+    return Error{"KV block size " + std::to_string(block_size) + " is not a power of two"};
+  }
+  PagedKvCache c;
+  c.n_layer_ = n_layer;
+  c.n_blocks_ = n_blocks;
+  c.block_size_ = block_size;
+  c.block_shift_ = std::countr_zero(static_cast<uint32_t>(block_size));
+  c.kv_width_ = kv_width;
+  c.dtype_ = dtype;
+  c.row_bytes_ = ::rill::row_bytes(dtype, kv_width);
+  size_t plane = 0, total = 0;
+  if (n_layer <= 0 || n_blocks <= 0 || kv_width <= 0 ||
+      __builtin_mul_overflow(static_cast<size_t>(n_blocks), c.block_bytes(), &plane) ||
+      __builtin_mul_overflow(static_cast<size_t>(n_layer) * 2, plane, &total)) {
+    return Error{"KV cache of " + std::to_string(n_blocks) + " blocks x " + std::to_string(block_size) +
+                 " tokens is too large; lower the KV cache size"};
+  }
+  RILL_ASSIGN_OR_RETURN(c.buffer_, LazyBuffer::allocate(total));
+  return c;
+}
+
+void PagedKvCache::store(int64_t layer, std::span<const int32_t> table, const float* k_rows,
+                         const float* v_rows, const int32_t* pos, int64_t n, int64_t src_stride) const {
+  uint8_t* kb = k_base(layer);
+  uint8_t* vb = v_base(layer);
+  for (int64_t i = 0; i < n; ++i) {
+    assert(pos[i] >= 0 && static_cast<size_t>(pos[i] >> block_shift_) < table.size());
+    assert(table[static_cast<size_t>(pos[i] >> block_shift_)] >= 0);
+    const float* ks = k_rows + i * src_stride;
+    const float* vs = v_rows + i * src_stride;
+    uint8_t* kd = row(kb, table, pos[i]);
+    uint8_t* vd = row(vb, table, pos[i]);
+    if (dtype_ == DType::kF32) {
+      std::memcpy(kd, ks, row_bytes_);
+      std::memcpy(vd, vs, row_bytes_);
+    } else {
+      auto* kh = reinterpret_cast<uint16_t*>(kd);
+      auto* vh = reinterpret_cast<uint16_t*>(vd);
+      for (int64_t j = 0; j < kv_width_; ++j) {
+        kh[j] = f32_to_f16(ks[j]);
+        vh[j] = f32_to_f16(vs[j]);
+      }
+    }
+  }
+}
+
+PagedKv PagedKvCache::view(int64_t layer, std::span<const int32_t> table) const {
+  PagedKv v;
+  v.k = k_base(layer);
+  v.v = v_base(layer);
+  v.table = table.data();
+  v.block_shift = block_shift_;
+  v.block_bytes = block_bytes();
+  v.row_bytes = row_bytes_;
+  return v;
+}
+
+}  // namespace rill

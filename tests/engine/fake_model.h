@@ -1,0 +1,124 @@
+#pragma once
+// FakeModel: a Model with real paged-KV bookkeeping and no arithmetic, for
+// engine and scheduler tests. Its "KV" is the (token, position) pair stored
+// in each block slot; a sampling row reads the whole sequence back through
+// the block table, fails the step if any slot holds the wrong position, and
+// returns logits that depend on every token of the sequence. So a request
+// continues exactly as it would alone (next_token()) only if its blocks were
+// written, shared, evicted and restored correctly.
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace rill::testing {
+
+class FakeModel final : public Model {
+ public:
+  struct Options {
+    int32_t n_vocab = 64;
+    int64_t n_ctx = 512;
+    int32_t block_size = 4;
+    int32_t n_blocks = 64;
+    int max_batch_tokens = 64;
+    int max_batch_seqs = 16;
+  };
+
+  explicit FakeModel(Options o) : o_(o), spec_{full()} {
+    cfg_.n_vocab = o.n_vocab;
+    cells_.assign(static_cast<size_t>(o.n_blocks) * static_cast<size_t>(o.block_size), Cell{});
+  }
+
+  // Logits for the context `tokens` (all of them, in order): a pseudo-random
+  // row whose argmax depends on every token.
+  static void logits_for(const std::vector<int32_t>& tokens, int32_t n_vocab, float* out) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t t : tokens) h = (h ^ static_cast<uint64_t>(t + 1)) * 1099511628211ull;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+      uint64_t x = h ^ (static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull);
+      x ^= x >> 29;
+      x *= 0xBF58476D1CE4E5B9ull;
+      x ^= x >> 32;
+      out[i] = static_cast<float>(x % 100000) / 1000.0f;
+    }
+  }
+  // The greedy continuation of `tokens` by one token.
+  static int32_t next_token(const std::vector<int32_t>& tokens, int32_t n_vocab) {
+    std::vector<float> l(static_cast<size_t>(n_vocab));
+    logits_for(tokens, n_vocab, l.data());
+    return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  }
+
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t n_vocab() const override { return o_.n_vocab; }
+  int64_t n_ctx() const override { return o_.n_ctx; }
+  int max_batch_tokens() const override { return o_.max_batch_tokens; }
+  int max_batch_seqs() const override { return o_.max_batch_seqs; }
+  const KvSpec& kv_spec() const override { return spec_; }
+  int32_t kv_block_size() const override { return o_.block_size; }
+  int32_t n_kv_blocks() const override { return o_.n_blocks; }
+  size_t kv_bytes_per_token() const override { return 8; }
+
+  Status forward(const Batch& batch, float* logits) override {
+    {
+      std::lock_guard lk(mu_);
+      step_tokens_.push_back(batch.n_tokens());
+      step_seqs_.push_back(static_cast<int32_t>(batch.seqs.size()));
+    }
+    if (fail_next_.exchange(false)) return Error{"injected forward failure"};
+    if (batch.n_tokens() > o_.max_batch_tokens) return Error{"batch too large"};
+    if (static_cast<int>(batch.sample_rows.size()) > o_.max_batch_seqs) return Error{"too many sample rows"};
+    const int32_t bs = o_.block_size;
+    size_t next_sample = 0;
+    for (const BatchSeq& s : batch.seqs) {
+      auto table = batch.table(0, s);
+      for (int32_t i = 0; i < s.q_len; ++i) {
+        const int32_t t = s.q_start + i, p = batch.positions[static_cast<size_t>(t)];
+        const int32_t block = table[static_cast<size_t>(p / bs)];
+        if (block < 0 || block >= o_.n_blocks) return Error{"bad block id " + std::to_string(block)};
+        cells_[static_cast<size_t>(block * bs + p % bs)] = {batch.token_ids[static_cast<size_t>(t)], p};
+      }
+      const int32_t last = s.q_start + s.q_len - 1;
+      if (next_sample < batch.sample_rows.size() && batch.sample_rows[next_sample] == last) {
+        std::vector<int32_t> context;
+        for (int32_t p = 0; p < s.kv_len; ++p) {
+          const Cell& c = cells_[static_cast<size_t>(table[static_cast<size_t>(p / bs)] * bs + p % bs)];
+          if (c.pos != p) return Error{"KV of position " + std::to_string(p) + " is missing or stale"};
+          context.push_back(c.token);
+        }
+        logits_for(context, o_.n_vocab, logits + next_sample * static_cast<size_t>(o_.n_vocab));
+        ++next_sample;
+      }
+    }
+    if (next_sample != batch.sample_rows.size()) return Error{"sample rows out of sequence order"};
+    return Status::Ok();
+  }
+
+  void fail_next_forward() { fail_next_ = true; }
+  std::vector<int32_t> step_tokens() const {
+    std::lock_guard lk(mu_);
+    return step_tokens_;
+  }
+  std::vector<int32_t> step_seqs() const {
+    std::lock_guard lk(mu_);
+    return step_seqs_;
+  }
+
+ private:
+  struct Cell {
+    int32_t token = -1;
+    int32_t pos = -1;
+  };
+  Options o_;
+  ModelConfig cfg_;
+  KvSpec spec_;
+  std::vector<Cell> cells_;
+  std::atomic<bool> fail_next_{false};
+  mutable std::mutex mu_;
+  std::vector<int32_t> step_tokens_, step_seqs_;
+};
+
+}  // namespace rill::testing

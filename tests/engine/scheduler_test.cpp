@@ -1,0 +1,234 @@
+// Scheduler policy over a real KvManager, with the "model" simulated: a
+// step's chunks are marked computed and each sampling chunk appends a token.
+// check_integrity() runs after every step.
+#include "engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
+
+namespace rill {
+namespace {
+
+struct Rig {
+  Rig(int32_t n_blocks, int32_t block_size, SchedulerOptions o)
+      : pool(n_blocks, block_size), tree(pool), states(0, 0), kv({full()}, pool, tree, states), sched(kv, o) {}
+
+  Request* add(std::vector<int32_t> prompt, int32_t max_tokens = 8) {
+    auto r = std::make_unique<Request>();
+    r->id = r->arrival = next_id++;
+    r->tokens = std::move(prompt);
+    r->n_prompt = static_cast<int32_t>(r->tokens.size());
+    r->params.max_tokens = max_tokens;
+    r->ns = 7;
+    Request* p = r.get();
+    owned.push_back(std::move(r));
+    sched.add(p);
+    return p;
+  }
+  // One step: schedule, "compute", sample a token per sampling chunk, finish
+  // requests that reached max_tokens. Returns the plan's (id, n_tokens).
+  std::vector<std::pair<uint64_t, int32_t>> step() {
+    const StepPlan& plan = sched.schedule();
+    EXPECT_TRUE(plan.failed.empty());
+    std::vector<std::pair<uint64_t, int32_t>> out;
+    for (const auto& c : plan.chunks) out.emplace_back(c.request->id, c.n_tokens);
+    const std::vector<ScheduledChunk> chunks = plan.chunks;
+    EXPECT_TRUE(sched.step_computed().ok());
+    for (const auto& c : chunks) {
+      if (!c.samples) continue;
+      c.request->tokens.push_back(1000 + c.request->n_output());
+      if (c.request->n_output() >= c.request->params.max_tokens) {
+        sched.remove(c.request);
+        c.request->state = RequestState::kFinished;
+      }
+    }
+    Status st = kv.check_integrity();
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    return out;
+  }
+
+  BlockPool pool;
+  PrefixTree tree;
+  StatePool states;
+  KvManager kv;
+  Scheduler sched;
+  uint64_t next_id = 1;
+  std::vector<std::unique_ptr<Request>> owned;
+};
+
+std::vector<int32_t> tokens(int32_t n, int32_t first = 0) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+TEST(Scheduler, LongPromptIsChunkedUnderTheBudget) {
+  Rig rig(64, 4, {16, 8});
+  Request* r = rig.add(tokens(40), 2);
+  EXPECT_EQ(rig.step(), (std::vector<std::pair<uint64_t, int32_t>>{{r->id, 16}}));
+  EXPECT_EQ(rig.step(), (std::vector<std::pair<uint64_t, int32_t>>{{r->id, 16}}));
+  EXPECT_EQ(r->n_output(), 0);
+  EXPECT_EQ(rig.step(), (std::vector<std::pair<uint64_t, int32_t>>{{r->id, 8}}));
+  EXPECT_EQ(r->n_output(), 1);  // the last chunk sampled
+  EXPECT_EQ(rig.step(), (std::vector<std::pair<uint64_t, int32_t>>{{r->id, 1}}));
+  EXPECT_TRUE(r->finished());
+  EXPECT_EQ(rig.pool.n_used(), 0);
+}
+
+TEST(Scheduler, DecodeTokensComeFirstAndPrefillTakesTheRestOfTheBudget) {
+  Rig rig(128, 4, {16, 8});
+  Request* a = rig.add(tokens(3, 100), 50);
+  Request* b = rig.add(tokens(3, 200), 50);
+  rig.step();  // both prefill (3 + 3 tokens)
+  ASSERT_EQ(a->n_output(), 1);
+  ASSERT_EQ(b->n_output(), 1);
+  Request* big = rig.add(tokens(60, 300), 1);
+  // Every step: a and b decode one token each; big gets the other 14.
+  for (int i = 0; i < 4; ++i) {
+    auto plan = rig.step();
+    ASSERT_EQ(plan.size(), 3u);
+    EXPECT_EQ(plan[0], (std::pair<uint64_t, int32_t>{a->id, 1}));
+    EXPECT_EQ(plan[1], (std::pair<uint64_t, int32_t>{b->id, 1}));
+    EXPECT_EQ(plan[2].first, big->id);
+    EXPECT_EQ(plan[2].second, i < 4 ? std::min(14, 60 - 14 * i) : 0);
+  }
+  // The prefilling request being older than a later decoder does not starve it.
+  Request* c = rig.add(tokens(2, 400), 50);
+  rig.step();
+  ASSERT_EQ(c->n_output(), 1);
+  auto plan = rig.step();
+  EXPECT_NE(std::find(plan.begin(), plan.end(), std::pair<uint64_t, int32_t>{c->id, 1}), plan.end());
+}
+
+TEST(Scheduler, RunningLimitAndBudgetBoundAdmission) {
+  Rig rig(256, 4, {8, 2});
+  Request* a = rig.add(tokens(4, 0), 10);
+  Request* b = rig.add(tokens(4, 10), 10);
+  Request* c = rig.add(tokens(4, 20), 10);
+  auto plan = rig.step();
+  ASSERT_EQ(plan.size(), 2u);  // max_running = 2
+  EXPECT_EQ(plan[0].first, a->id);
+  EXPECT_EQ(plan[1].first, b->id);
+  EXPECT_EQ(c->state, RequestState::kWaiting);
+  EXPECT_EQ(rig.sched.waiting().size(), 1u);
+}
+
+TEST(Scheduler, PrefixHitSkipsCachedTokens) {
+  Rig rig(64, 4, {64, 8});
+  std::vector<int32_t> shared = tokens(17);
+  Request* a = rig.add(shared, 1);
+  rig.step();
+  ASSERT_TRUE(a->finished());
+  std::vector<int32_t> p = shared;
+  p.push_back(99);
+  Request* b = rig.add(p, 1);
+  auto plan = rig.step();
+  // 16 of the 17 shared tokens are in full cached blocks; b computes 2.
+  EXPECT_EQ(b->n_cached, 16);
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].second, 2);
+}
+
+TEST(Scheduler, FullyCachedPromptStillComputesItsLastToken) {
+  Rig rig(64, 4, {64, 8});
+  Request* a = rig.add(tokens(16), 1);
+  rig.step();
+  ASSERT_TRUE(a->finished());
+  Request* b = rig.add(tokens(16), 1);
+  auto plan = rig.step();
+  EXPECT_EQ(b->n_cached, 12);  // the last block holds the token that must be recomputed
+  EXPECT_EQ(plan[0].second, 4);
+}
+
+TEST(Scheduler, AdmissionWaitsForBlocksAndKeepsArrivalOrder) {
+  // 8 blocks of 4 tokens; each request needs 3 blocks for its prompt.
+  Rig rig(8, 4, {64, 8});
+  Request* a = rig.add(tokens(12, 0), 4);
+  Request* b = rig.add(tokens(12, 100), 4);
+  Request* c = rig.add(tokens(12, 200), 4);
+  rig.step();
+  // a and b admitted (6 blocks); c's prompt needs 3 blocks, 2 are left: c
+  // waits rather than start a chunk it could not finish.
+  EXPECT_EQ(a->state, RequestState::kRunning);
+  EXPECT_EQ(b->state, RequestState::kRunning);
+  EXPECT_EQ(c->state, RequestState::kWaiting);
+  while (!c->finished()) rig.step();
+  EXPECT_TRUE(a->finished());
+  EXPECT_TRUE(b->finished());
+  EXPECT_EQ(rig.pool.n_used(), 0);
+}
+
+TEST(Scheduler, NewestRequestIsPreemptedWhenBlocksRunOutAndResumesFromTheCache) {
+  // 6 blocks of 4 tokens. a and b start with 8-token prompts (2 blocks each)
+  // and decode 10 tokens: together they need 10 blocks, so b must yield.
+  Rig rig(6, 4, {64, 8});
+  Request* a = rig.add(tokens(8, 0), 10);
+  Request* b = rig.add(tokens(8, 50), 10);
+  int steps = 0;
+  bool b_was_preempted = false;
+  while (!(a->finished() && b->finished()) && steps++ < 200) {
+    rig.step();
+    b_was_preempted = b_was_preempted || b->n_preemptions > 0;
+    EXPECT_EQ(a->n_preemptions, 0) << "the oldest request must never be preempted";
+  }
+  ASSERT_TRUE(a->finished() && b->finished());
+  EXPECT_TRUE(b_was_preempted);
+  EXPECT_GE(rig.sched.n_preemptions(), 1);
+  // b's output continued where it stopped (tokens are the simulated ids).
+  for (int32_t i = 0; i < b->n_output(); ++i) EXPECT_EQ(b->tokens[static_cast<size_t>(b->n_prompt + i)], 1000 + i);
+  EXPECT_EQ(rig.pool.n_used(), 0);
+}
+
+TEST(Scheduler, RemoveReleasesEverywhere) {
+  Rig rig(32, 4, {8, 8});
+  Request* a = rig.add(tokens(20, 0), 5);
+  Request* b = rig.add(tokens(5, 100), 5);
+  rig.step();  // a takes the whole budget; b waits
+  EXPECT_GT(rig.pool.n_used(), 0);
+  rig.sched.remove(a);  // cancelled mid-prefill
+  rig.sched.remove(b);  // cancelled while waiting
+  EXPECT_TRUE(rig.sched.running().empty());
+  EXPECT_TRUE(rig.sched.waiting().empty());
+  EXPECT_EQ(rig.pool.n_used(), 0);
+  EXPECT_TRUE(rig.kv.check_integrity().ok());
+  EXPECT_TRUE(rig.sched.schedule().empty());
+}
+
+// Random arrivals, lengths, shared prefixes and cancellations on a tiny
+// pool: every request ends, the pool is whole after every step, and all
+// blocks are back at the end.
+TEST(Scheduler, RandomizedRunsEndWithEveryBlockBack) {
+  for (uint32_t seed = 1; seed <= 5; ++seed) {
+    std::mt19937 rng(seed);
+    Rig rig(24, 4, {16, 6});
+    std::vector<int32_t> prefix = tokens(20, 500);
+    int added = 0, steps = 0;
+    while ((added < 300 || !rig.sched.running().empty() || !rig.sched.waiting().empty()) && steps < 20000) {
+      if (added < 300 && rng() % 3 == 0) {
+        const int32_t n = 1 + static_cast<int32_t>(rng() % 40);
+        std::vector<int32_t> p;
+        if (rng() % 2) p.assign(prefix.begin(), prefix.begin() + static_cast<int>(std::min<int32_t>(n, 20)));
+        while (static_cast<int32_t>(p.size()) < n) p.push_back(static_cast<int32_t>(rng() % 50));
+        rig.add(p, 1 + static_cast<int32_t>(rng() % 40));
+        ++added;
+      }
+      if (rng() % 17 == 0 && !rig.sched.running().empty()) {
+        Request* victim = rig.sched.running()[rng() % rig.sched.running().size()];
+        rig.sched.remove(victim);
+        victim->state = RequestState::kFinished;
+      }
+      rig.step();
+      ++steps;
+    }
+    for (const auto& r : rig.owned) EXPECT_TRUE(r->finished()) << "request " << r->id << " seed " << seed;
+    EXPECT_EQ(rig.pool.n_used(), 0);
+    EXPECT_EQ(rig.pool.n_free() + rig.pool.n_cached(), rig.pool.n_blocks());
+  }
+}
+
+}  // namespace
+}  // namespace rill
