@@ -9,7 +9,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-  libbenchmark-dev python3-venv unzip
+  libbenchmark-dev libboost-dev python3-venv unzip
 )
 
 missing=()

@@ -18,6 +18,7 @@
 
 namespace rill {
 
+class ChatTemplate;
 class Model;
 class Tokenizer;
 
@@ -122,7 +123,8 @@ class Engine {
   // comes only from stop_token_ids.
   static Result<std::unique_ptr<Engine>> create(std::unique_ptr<Model> model,
                                                 std::shared_ptr<const Tokenizer> tokenizer,
-                                                const EngineOptions& options);
+                                                const EngineOptions& options,
+                                                std::shared_ptr<const ChatTemplate> chat_template = nullptr);
   virtual ~Engine() = default;
 
   // Validates and queues a request. Errors (nothing queued) name the field:
@@ -136,6 +138,8 @@ class Engine {
   virtual EngineStats stats() const = 0;
   virtual const Model& model() const = 0;
   virtual const Tokenizer* tokenizer() const = 0;
+  // The model's chat template; null when it ships none.
+  virtual const ChatTemplate* chat_template() const = 0;
   // The ids that end generation unless ignore_eos (tokenizer EOS/EOT ids and
   // the model's generation_config eos ids).
   virtual const std::vector<int32_t>& eos_ids() const = 0;

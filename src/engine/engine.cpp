@@ -35,9 +35,10 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
-                       const EngineOptions& options)
+                       const EngineOptions& options, std::shared_ptr<const ChatTemplate> chat_template)
     : model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
+      chat_template_(std::move(chat_template)),
       options_(options),
       pool_(model_->n_kv_blocks(), model_->kv_block_size()),
       tree_(pool_),
@@ -365,10 +366,12 @@ void EngineImpl::publish_stats() {
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
-                                               const EngineOptions& options) {
+                                               const EngineOptions& options,
+                                               std::shared_ptr<const ChatTemplate> chat_template) {
   if (!model) return Error{"Engine::create: no model"};
   if (model->n_kv_blocks() <= 0) return Error{"Engine::create: the model has no KV blocks"};
-  return std::unique_ptr<Engine>(new EngineImpl(std::move(model), std::move(tokenizer), options));
+  return std::unique_ptr<Engine>(
+      new EngineImpl(std::move(model), std::move(tokenizer), options, std::move(chat_template)));
 }
 
 }  // namespace rill

@@ -18,6 +18,7 @@
 #include "kv/state_pool.h"
 #include "model/model.h"
 #include "rill/engine.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace rill {
@@ -25,7 +26,7 @@ namespace rill {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
-             const EngineOptions& options);
+             const EngineOptions& options, std::shared_ptr<const ChatTemplate> chat_template);
   ~EngineImpl() override;
 
   Result<uint64_t> submit(GenerationRequest request, EventCallback on_event) override;
@@ -33,6 +34,7 @@ class EngineImpl final : public Engine {
   EngineStats stats() const override;
   const Model& model() const override { return *model_; }
   const Tokenizer* tokenizer() const override { return tokenizer_.get(); }
+  const ChatTemplate* chat_template() const override { return chat_template_.get(); }
   const std::vector<int32_t>& eos_ids() const override { return eos_ids_; }
 
  private:
@@ -52,6 +54,7 @@ class EngineImpl final : public Engine {
 
   std::unique_ptr<Model> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
+  std::shared_ptr<const ChatTemplate> chat_template_;
   EngineOptions options_;
   std::vector<int32_t> eos_ids_;
   uint64_t model_ns_ = 0;  // hash of the model's config fingerprint

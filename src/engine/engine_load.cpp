@@ -7,6 +7,7 @@
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace rill {
@@ -29,6 +30,12 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
     RILL_ASSIGN_OR_RETURN(auto t, Tokenizer::from_tokenizer_json(files->tokenizer_json_path));
     tokenizer = std::move(t);
   }
+  std::shared_ptr<const ChatTemplate> chat_template;
+  if (!files->chat_template.empty()) {
+    auto t = ChatTemplate::parse(files->chat_template);
+    if (!t.ok()) return Error{files->path + ": " + t.error().message};
+    chat_template = std::make_shared<const ChatTemplate>(std::move(t).value());
+  }
   ModelOptions mo;
   mo.n_threads = options.n_threads;
   mo.n_ctx = options.n_ctx;
@@ -44,7 +51,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
     mo.n_kv_slots = 4;
   }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
-  return create(std::move(model), std::move(tokenizer), options);
+  return create(std::move(model), std::move(tokenizer), options, std::move(chat_template));
 }
 
 }  // namespace rill

@@ -1,0 +1,44 @@
+#pragma once
+// Error replies in the OpenAI shape:
+//   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+// (the Anthropic routes use anthropic_error() instead).
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/http.h"
+
+namespace rill::server {
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field, "" when none
+  std::string code;   // "" when none
+};
+
+inline nlohmann::json openai_error_body(const ApiError& e) {
+  nlohmann::json err = {{"message", e.message}, {"type", e.type}};
+  err["param"] = e.param.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.param);
+  err["code"] = e.code.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.code);
+  return {{"error", err}};
+}
+
+inline void send_error(Responder& r, const ApiError& e) {
+  r.send(e.status, "application/json", openai_error_body(e).dump());
+}
+
+// Anthropic: {"type": "error", "error": {"type": ..., "message": ...}}.
+inline void send_anthropic_error(Responder& r, const ApiError& e) {
+  std::string type = e.type;
+  if (e.status == 400) type = "invalid_request_error";
+  if (e.status == 401) type = "authentication_error";
+  if (e.status == 404) type = "not_found_error";
+  if (e.status == 413) type = "request_too_large";
+  if (e.status >= 500) type = "api_error";
+  nlohmann::json body = {{"type", "error"}, {"error", {{"type", type}, {"message", e.message}}}};
+  r.send(e.status, "application/json", body.dump());
+}
+
+}  // namespace rill::server
