@@ -11,6 +11,12 @@
 namespace rill::server {
 
 struct ApiError {
+  ApiError() = default;
+  ApiError(int status_, std::string message_, std::string type_ = "invalid_request_error", std::string param_ = "",
+           std::string code_ = "")
+      : status(status_), message(std::move(message_)), type(std::move(type_)), param(std::move(param_)),
+        code(std::move(code_)) {}
+
   int status = 400;
   std::string message;
   std::string type = "invalid_request_error";
