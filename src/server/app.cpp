@@ -1,0 +1,169 @@
+#include "server/app.h"
+
+#include <algorithm>
+#include <ctime>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+#include "server/api_handlers.h"
+#include "server/errors.h"
+#include "server/metrics.h"
+#include "server/response_store.h"
+#include "server/web/chat_page.h"
+
+namespace rill::server {
+namespace {
+
+// Adds the CORS headers to whatever the handler sends and counts the
+// response's status per route.
+class RouteResponder final : public Responder {
+ public:
+  RouteResponder(std::shared_ptr<Responder> inner, HeaderList extra, Metrics* metrics, std::string route)
+      : inner_(std::move(inner)), extra_(std::move(extra)), metrics_(metrics), route_(std::move(route)) {}
+  ~RouteResponder() override {
+    if (streaming_ && metrics_) metrics_->stream_closed();
+  }
+
+  void send(int status, std::string content_type, std::string body, HeaderList extra) override {
+    if (metrics_) metrics_->count_request(route_, status);
+    extra.insert(extra.end(), extra_.begin(), extra_.end());
+    inner_->send(status, std::move(content_type), std::move(body), std::move(extra));
+  }
+  void start_stream(std::string content_type, HeaderList extra) override {
+    if (metrics_) {
+      metrics_->count_request(route_, 200);
+      metrics_->stream_opened();
+    }
+    streaming_ = true;
+    extra.insert(extra.end(), extra_.begin(), extra_.end());
+    inner_->start_stream(std::move(content_type), std::move(extra));
+  }
+  void write(std::string chunk) override { inner_->write(std::move(chunk)); }
+  void end() override { inner_->end(); }
+  void on_disconnect(std::function<void()> f) override { inner_->on_disconnect(std::move(f)); }
+  bool disconnected() const override { return inner_->disconnected(); }
+
+ private:
+  std::shared_ptr<Responder> inner_;
+  HeaderList extra_;
+  Metrics* metrics_;
+  std::string route_;
+  bool streaming_ = false;
+};
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Constant-time comparison, so the key cannot be guessed byte by byte.
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+bool App::authorized(const HttpRequest& req) const {
+  const std::string& key = ctx_.options.api_key;
+  if (key.empty()) return true;
+  const std::string auth = req.header("authorization");
+  if (starts_with(auth, "Bearer ") && same_secret(auth.substr(7), key)) return true;
+  return same_secret(req.header("x-api-key"), key);
+}
+
+HeaderList App::cors_headers(const HttpRequest& req) const {
+  const auto& origins = ctx_.options.cors_origins;
+  if (origins.empty()) return {};
+  const std::string origin = req.header("origin");
+  const bool any = std::find(origins.begin(), origins.end(), "*") != origins.end();
+  if (!any && std::find(origins.begin(), origins.end(), origin) == origins.end()) return {};
+  return {{"Access-Control-Allow-Origin", any ? "*" : origin},
+          {"Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version"},
+          {"Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"},
+          {"Vary", "Origin"}};
+}
+
+void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
+  const std::string& p = req.path;
+  const bool anthropic = starts_with(p, "/v1/messages");
+  auto res = std::make_shared<RouteResponder>(std::move(raw), cors_headers(req), ctx_.metrics, p);
+  auto fail = [&](int status, std::string message, std::string type) {
+    ApiError e{status, std::move(message), std::move(type)};
+    anthropic ? send_anthropic_error(*res, e) : send_error(*res, e);
+  };
+  if (req.method == "OPTIONS") {  // CORS preflight
+    res->send(204, "text/plain", "", {});
+    return;
+  }
+  if (p == "/health") return health(res);
+  if (!authorized(req)) {
+    return fail(401, "invalid or missing API key (send Authorization: Bearer <key> or x-api-key)",
+                "authentication_error");
+  }
+  const bool get = req.method == "GET", post = req.method == "POST", del = req.method == "DELETE";
+  if (get && (p == "/" || p == "/index.html")) return res->send(200, "text/html; charset=utf-8", chat_page_html(), {});
+  if (get && p == "/v1/models") return models(res);
+  if (get && p == "/metrics") return metrics(res);
+  if (get && p == "/stats") return stats(res);
+  if (post && p == "/v1/chat/completions") return handle_chat_completions(ctx_, req, res);
+  if (post && p == "/v1/completions") return handle_completions(ctx_, req, res);
+  if (post && p == "/v1/responses") return handle_responses_create(ctx_, req, res);
+  if (get && starts_with(p, "/v1/responses/")) return handle_responses_get(ctx_, req, res);
+  if (del && starts_with(p, "/v1/responses/")) return handle_responses_delete(ctx_, req, res);
+  if (post && p == "/v1/messages") return handle_messages(ctx_, req, res);
+  if (post && p == "/v1/messages/count_tokens") return handle_count_tokens(ctx_, req, res);
+  const bool known = p == "/v1/models" || p == "/metrics" || p == "/stats" || p == "/v1/chat/completions" ||
+                     p == "/v1/completions" || p == "/v1/responses" || p == "/v1/messages" ||
+                     p == "/v1/messages/count_tokens" || p == "/";
+  if (known) return fail(405, "method " + req.method + " is not allowed on " + p, "invalid_request_error");
+  fail(404, "no route " + req.method + " " + p, "not_found_error");
+}
+
+void App::health(std::shared_ptr<Responder> res) { res->send(200, "application/json", R"({"status":"ok"})", {}); }
+
+void App::models(std::shared_ptr<Responder> res) {
+  const Model& m = ctx_.engine.model();
+  nlohmann::json model = {{"id", ctx_.options.model_id},
+                          {"object", "model"},
+                          {"created", static_cast<int64_t>(std::time(nullptr))},
+                          {"owned_by", "rill"},
+                          {"context_length", m.n_ctx()}};
+  nlohmann::json body = {{"object", "list"}, {"data", nlohmann::json::array({model})}};
+  res->send(200, "application/json", body.dump(), {});
+}
+
+void App::metrics(std::shared_ptr<Responder> res) {
+  std::string text = ctx_.metrics ? ctx_.metrics->render(ctx_.engine.stats()) : std::string();
+  res->send(200, "text/plain; version=0.0.4", std::move(text), {});
+}
+
+void App::stats(std::shared_ptr<Responder> res) {
+  const EngineStats s = ctx_.engine.stats();
+  const int64_t queried = s.prompt_tokens;
+  nlohmann::json engine = {
+      {"requests_submitted", s.requests_submitted},
+      {"requests_finished", s.requests_finished},
+      {"requests_rejected", s.requests_rejected},
+      {"running", s.running},
+      {"waiting", s.waiting},
+      {"active_requests", s.running + s.waiting},
+      {"steps", s.steps},
+      {"preemptions", s.preemptions},
+      {"prompt_tokens", s.prompt_tokens},
+      {"cached_tokens", s.cached_tokens},
+      {"completion_tokens", s.completion_tokens},
+      {"prefix_hit_rate", queried > 0 ? static_cast<double>(s.cached_tokens) / static_cast<double>(queried) : 0.0},
+  };
+  nlohmann::json kv = {{"block_size", s.kv_block_size},
+                       {"blocks_total", s.kv_blocks_total},
+                       {"blocks_used", s.kv_blocks_used},
+                       {"blocks_cached", s.kv_blocks_cached}};
+  nlohmann::json body = {{"model", ctx_.options.model_id}, {"engine", engine}, {"kv", kv}};
+  body["http"] = {{"open_connections", connections_ ? connections_() : 0},
+                  {"open_streams", ctx_.metrics ? ctx_.metrics->open_streams() : 0}};
+  if (ctx_.responses) body["response_store"] = to_json(ctx_.responses->stats());
+  res->send(200, "application/json", body.dump(), {});
+}
+
+}  // namespace rill::server

@@ -1,0 +1,33 @@
+#pragma once
+// App: the route table and the cross-cutting rules every request passes
+// through: API key (Bearer or x-api-key; /health stays open), CORS, request
+// counting; then the API handlers (server/api_handlers.h) and the small
+// endpoints (/health, /v1/models, /metrics, /stats, the chat page).
+#include <memory>
+
+#include "server/http.h"
+#include "server/server_context.h"
+
+namespace rill::server {
+
+class App {
+ public:
+  explicit App(ServerContext& ctx) : ctx_(ctx) {}
+  // Serves one request (on an I/O thread).
+  void dispatch(const HttpRequest& req, std::shared_ptr<Responder> res);
+  // Open HTTP connections, for /stats (set by the serve command).
+  void set_connection_counter(std::function<int64_t()> f) { connections_ = std::move(f); }
+
+ private:
+  bool authorized(const HttpRequest& req) const;
+  HeaderList cors_headers(const HttpRequest& req) const;
+  void health(std::shared_ptr<Responder> res);
+  void models(std::shared_ptr<Responder> res);
+  void metrics(std::shared_ptr<Responder> res);
+  void stats(std::shared_ptr<Responder> res);
+
+  ServerContext& ctx_;
+  std::function<int64_t()> connections_;
+};
+
+}  // namespace rill::server

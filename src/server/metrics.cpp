@@ -1,0 +1,83 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace rill::server {
+namespace {
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+void gauge(std::string& out, const char* name, const char* help, double v, const char* type = "gauge") {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + num(v) + "\n";
+}
+
+}  // namespace
+
+void Histogram::observe(double seconds) {
+  std::lock_guard lk(mu_);
+  size_t i = 0;
+  while (i < kBounds.size() && seconds > kBounds[i]) ++i;
+  ++counts_[i];
+  sum_ += seconds;
+  ++count_;
+}
+
+void Histogram::render(const std::string& name, const std::string& help, std::string& out) const {
+  std::lock_guard lk(mu_);
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < kBounds.size(); ++i) {
+    cumulative += counts_[i];
+    out += name + "_bucket{le=\"" + num(kBounds[i]) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  cumulative += counts_[kBounds.size()];
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cumulative) + "\n";
+  out += name + "_sum " + num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+}
+
+void Metrics::count_request(const std::string& route, int status) {
+  std::lock_guard lk(mu_);
+  ++requests_[{route, status}];
+}
+
+std::string Metrics::render(const EngineStats& s) const {
+  std::string out;
+  {
+    std::lock_guard lk(mu_);
+    out += "# HELP rill_http_requests_total HTTP responses by route and status\n# TYPE rill_http_requests_total counter\n";
+    for (const auto& [key, n] : requests_) {
+      out += "rill_http_requests_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
+             std::to_string(n) + "\n";
+    }
+  }
+  gauge(out, "rill_requests_submitted_total", "generation requests accepted by the engine",
+        static_cast<double>(s.requests_submitted), "counter");
+  gauge(out, "rill_requests_finished_total", "generation requests finished", static_cast<double>(s.requests_finished),
+        "counter");
+  gauge(out, "rill_requests_rejected_total", "generation requests rejected at submission",
+        static_cast<double>(s.requests_rejected), "counter");
+  gauge(out, "rill_prompt_tokens_total", "prompt tokens of finished requests", static_cast<double>(s.prompt_tokens),
+        "counter");
+  gauge(out, "rill_cached_prompt_tokens_total", "prompt tokens served from the prefix cache",
+        static_cast<double>(s.cached_tokens), "counter");
+  gauge(out, "rill_generation_tokens_total", "generated tokens", static_cast<double>(s.completion_tokens), "counter");
+  gauge(out, "rill_prefix_cache_hit_rate", "cached / prompt tokens",
+        s.prompt_tokens > 0 ? static_cast<double>(s.cached_tokens) / static_cast<double>(s.prompt_tokens) : 0.0);
+  gauge(out, "rill_engine_steps_total", "engine steps", static_cast<double>(s.steps), "counter");
+  gauge(out, "rill_preemptions_total", "requests preempted for KV blocks", static_cast<double>(s.preemptions), "counter");
+  gauge(out, "rill_requests_running", "requests in the running batch", s.running);
+  gauge(out, "rill_requests_waiting", "requests waiting for admission", s.waiting);
+  gauge(out, "rill_kv_blocks_total", "KV cache blocks", s.kv_blocks_total);
+  gauge(out, "rill_kv_blocks_used", "KV cache blocks held by requests", s.kv_blocks_used);
+  gauge(out, "rill_kv_blocks_cached", "unreferenced KV blocks kept for prefix reuse", s.kv_blocks_cached);
+  gauge(out, "rill_open_streams", "streaming HTTP responses in progress", static_cast<double>(open_streams_.load()));
+  ttft_.render("rill_time_to_first_token_seconds", "time from request to first token", out);
+  itl_.render("rill_inter_token_latency_seconds", "time between streamed tokens", out);
+  return out;
+}
+
+}  // namespace rill::server
