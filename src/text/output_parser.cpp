@@ -1,0 +1,303 @@
+#include "text/output_parser.h"
+
+#include <algorithm>
+#include <array>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+namespace rill {
+namespace {
+
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
+constexpr std::string_view kToolOpen = "<tool_call>";
+constexpr std::string_view kToolClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+
+bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+// Length of the longest suffix of `s` that is a proper prefix of `marker`
+// (the bytes that may still become the marker).
+size_t partial_suffix(std::string_view s, std::string_view marker) {
+  for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n) {
+    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
+  }
+  return 0;
+}
+
+// True when `s` is a proper prefix of `marker`.
+bool is_partial(std::string_view s, std::string_view marker) {
+  return s.size() < marker.size() && marker.substr(0, s.size()) == s;
+}
+
+std::string dump_compact(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+}  // namespace
+
+bool parse_tool_call_json(std::string_view json_text, bool require_arguments, ToolCall& call) {
+  auto j = nlohmann::ordered_json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  auto name = j.find("name");
+  if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return false;
+  auto args = j.find("arguments");
+  if (args == j.end()) args = j.find("parameters");
+  if (args == j.end() || args->is_null()) {
+    if (require_arguments) return false;
+    call.arguments = "{}";
+  } else if (args->is_string()) {
+    call.arguments = args->get<std::string>();  // already JSON text
+  } else if (args->is_object()) {
+    call.arguments = dump_compact(*args);
+  } else {
+    return false;
+  }
+  call.name = name->get<std::string>();
+  return true;
+}
+
+std::string make_tool_call_id() {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % (sizeof kAlphabet - 1)];
+  return id;
+}
+
+OutputParser::OutputParser(OutputParserOptions options) : options_(options) {
+  if (!options_.parse_reasoning) options_.starts_in_reasoning = false;
+  if (options_.starts_in_reasoning) {
+    mode_ = Mode::kReasoning;
+  } else if (!options_.parse_reasoning && !options_.parse_tool_calls) {
+    mode_ = Mode::kContent;
+  }
+}
+
+void OutputParser::push(std::string_view text, OutputDelta& out) {
+  buf_.append(text);
+  drain(false, out);
+}
+
+void OutputParser::finish(OutputDelta& out) {
+  drain(true, out);
+  buf_.clear();
+  reasoning_ws_.clear();
+  if (!saw_tool_calls_) out.content += content_ws_;
+  content_ws_.clear();
+}
+
+void OutputParser::drain(bool final, OutputDelta& out) {
+  for (;;) {
+    bool changed = false;
+    switch (mode_) {
+      case Mode::kStart: changed = step_start(final, out); break;
+      case Mode::kContent: changed = step_content(final, out); break;
+      case Mode::kReasoning: changed = step_reasoning(final, out); break;
+      case Mode::kToolCall: changed = step_tool_call(final, out); break;
+      case Mode::kJsonCalls: changed = step_json_calls(final, out); break;
+    }
+    if (!changed) return;
+  }
+}
+
+bool OutputParser::step_start(bool final, OutputDelta& out) {
+  size_t i = 0;
+  while (i < buf_.size() && is_space(buf_[i])) ++i;
+  if (i == buf_.size()) {
+    if (final) {
+      emit_content(buf_, out);
+      buf_.clear();
+    }
+    return false;  // only whitespace: wait for what follows
+  }
+  const std::string_view rest = std::string_view(buf_).substr(i);
+  if (options_.parse_reasoning && starts_with(rest, kThinkOpen)) {
+    buf_.erase(0, i + kThinkOpen.size());
+    mode_ = Mode::kReasoning;
+    return true;
+  }
+  if (options_.parse_tool_calls && (rest[0] == '{' || starts_with(rest, kPythonTag))) {
+    // The raw text stays in buf_ (it becomes content if no call comes of it).
+    json_scan_ = rest[0] == '{' ? i : i + kPythonTag.size();
+    json_object_ = std::string::npos;
+    json_depth_ = 0;
+    json_in_string_ = json_escape_ = json_any_call_ = false;
+    mode_ = Mode::kJsonCalls;
+    return true;
+  }
+  if (!final) {
+    const bool maybe = (options_.parse_reasoning && is_partial(rest, kThinkOpen)) ||
+                       (options_.parse_tool_calls && is_partial(rest, kPythonTag));
+    if (maybe) return false;
+  }
+  mode_ = Mode::kContent;
+  return true;
+}
+
+bool OutputParser::step_content(bool final, OutputDelta& out) {
+  if (!options_.parse_tool_calls) {
+    emit_content(buf_, out);
+    buf_.clear();
+    return false;
+  }
+  const size_t at = buf_.find(kToolOpen);
+  if (at != std::string::npos) {
+    emit_content(std::string_view(buf_).substr(0, at), out);  // whitespace before it stays held
+    buf_.erase(0, at + kToolOpen.size());
+    mode_ = Mode::kToolCall;
+    return true;
+  }
+  const size_t hold = final ? 0 : partial_suffix(buf_, kToolOpen);
+  emit_content(std::string_view(buf_).substr(0, buf_.size() - hold), out);
+  buf_.erase(0, buf_.size() - hold);
+  return false;
+}
+
+bool OutputParser::step_reasoning(bool final, OutputDelta& out) {
+  const size_t at = buf_.find(kThinkClose);
+  if (at != std::string::npos) {
+    emit_reasoning(std::string_view(buf_).substr(0, at), out);
+    reasoning_ws_.clear();
+    buf_.erase(0, at + kThinkClose.size());
+    trim_content_ = true;
+    mode_ = Mode::kContent;
+    return true;
+  }
+  const size_t hold = final ? 0 : partial_suffix(buf_, kThinkClose);
+  emit_reasoning(std::string_view(buf_).substr(0, buf_.size() - hold), out);
+  buf_.erase(0, buf_.size() - hold);
+  return false;
+}
+
+bool OutputParser::step_tool_call(bool final, OutputDelta& out) {
+  const size_t at = buf_.find(kToolClose);
+  if (at == std::string::npos && !final) return false;  // the body is not complete yet
+  const std::string_view body = std::string_view(buf_).substr(0, at == std::string::npos ? buf_.size() : at);
+  ToolCall call;
+  if (parse_tool_call_json(body, /*require_arguments=*/false, call)) {
+    call.id = make_tool_call_id();
+    out.tool_calls.push_back(std::move(call));
+    saw_tool_calls_ = true;
+    trim_content_ = true;
+    content_ws_.clear();  // whitespace before a call never shows
+  } else {
+    std::string raw(kToolOpen);
+    raw += at == std::string::npos ? std::string_view(buf_) : std::string_view(buf_).substr(0, at + kToolClose.size());
+    emit_content(raw, out);
+  }
+  buf_.erase(0, at == std::string::npos ? buf_.size() : at + kToolClose.size());
+  mode_ = Mode::kContent;
+  return true;
+}
+
+bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
+  // Gives up on calls: `from` on becomes content and the reply continues as content.
+  auto give_up = [&](size_t from) {
+    emit_content(std::string_view(buf_).substr(from), out);
+    buf_.clear();
+    mode_ = Mode::kContent;
+    return true;
+  };
+  while (json_scan_ < buf_.size()) {
+    const char c = buf_[json_scan_];
+    if (json_object_ == std::string::npos) {  // between objects
+      if (is_space(c) || (json_any_call_ && c == ';')) {
+        ++json_scan_;
+        continue;
+      }
+      if (c == '{') {
+        json_object_ = json_scan_++;
+        json_depth_ = 1;
+        json_in_string_ = json_escape_ = false;
+        continue;
+      }
+      if (!json_any_call_) return give_up(0);
+      // Text after the calls: content from here on.
+      buf_.erase(0, json_scan_);
+      trim_content_ = true;
+      mode_ = Mode::kContent;
+      return true;
+    }
+    ++json_scan_;
+    if (json_in_string_) {
+      if (json_escape_) {
+        json_escape_ = false;
+      } else if (c == '\\') {
+        json_escape_ = true;
+      } else if (c == '"') {
+        json_in_string_ = false;
+      }
+      continue;
+    }
+    if (c == '"') json_in_string_ = true;
+    if (c == '{' || c == '[') ++json_depth_;
+    if (c == '}' || c == ']') --json_depth_;
+    if (json_depth_ > 0) continue;
+    // The object [json_object_, json_scan_) is complete.
+    ToolCall call;
+    const std::string_view object = std::string_view(buf_).substr(json_object_, json_scan_ - json_object_);
+    if (!parse_tool_call_json(object, /*require_arguments=*/true, call)) {
+      return give_up(json_any_call_ ? json_object_ : 0);
+    }
+    call.id = make_tool_call_id();
+    out.tool_calls.push_back(std::move(call));
+    saw_tool_calls_ = json_any_call_ = true;
+    buf_.erase(0, json_scan_);
+    json_scan_ = 0;
+    json_object_ = std::string::npos;
+  }
+  if (!final) return false;
+  if (json_object_ != std::string::npos) return give_up(json_any_call_ ? json_object_ : 0);  // unfinished object
+  if (!json_any_call_) return give_up(0);  // e.g. only "<|python_tag|>"
+  buf_.clear();  // trailing separators
+  mode_ = Mode::kContent;
+  return false;
+}
+
+void OutputParser::emit_content(std::string_view s, OutputDelta& out) {
+  if (trim_content_) {
+    size_t i = 0;
+    while (i < s.size() && is_space(s[i])) ++i;
+    s.remove_prefix(i);
+    if (s.empty()) return;
+    trim_content_ = false;
+  }
+  if (!options_.parse_tool_calls) {
+    out.content += s;
+    return;
+  }
+  size_t end = s.size();
+  while (end > 0 && is_space(s[end - 1])) --end;
+  if (end == 0) {
+    content_ws_ += s;
+    return;
+  }
+  out.content += content_ws_;
+  out.content += s.substr(0, end);
+  content_ws_.assign(s.substr(end));
+}
+
+void OutputParser::emit_reasoning(std::string_view s, OutputDelta& out) {
+  if (trim_reasoning_) {
+    size_t i = 0;
+    while (i < s.size() && is_space(s[i])) ++i;
+    s.remove_prefix(i);
+    if (s.empty()) return;
+    trim_reasoning_ = false;
+  }
+  size_t end = s.size();
+  while (end > 0 && is_space(s[end - 1])) --end;
+  if (end == 0) {
+    reasoning_ws_ += s;
+    return;
+  }
+  out.reasoning += reasoning_ws_;
+  out.reasoning += s.substr(0, end);
+  reasoning_ws_.assign(s.substr(end));
+}
+
+}  // namespace rill

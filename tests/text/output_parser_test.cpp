@@ -1,0 +1,275 @@
+// OutputParser: expected splits of whole replies (reasoning, content, tool
+// calls in the Hermes/Qwen and Llama-3 forms, malformed calls that stay
+// content), and split invariance: for every case, any split of the text into
+// pushes (random cut points, one byte at a time) gives the same result as one
+// push, and nothing streamed is taken back (the concatenated content is the
+// final content, so no partial marker ever streamed as content).
+#include "text/output_parser.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace rill {
+namespace {
+
+struct Parsed {
+  std::string content, reasoning;
+  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments
+  bool saw_calls = false;
+  bool operator==(const Parsed&) const = default;
+};
+
+void append(Parsed& p, const OutputDelta& d) {
+  p.content += d.content;
+  p.reasoning += d.reasoning;
+  for (const ToolCall& c : d.tool_calls) {
+    EXPECT_EQ(c.id.rfind("call_", 0), 0u);
+    EXPECT_EQ(c.id.size(), 29u);
+    p.calls.emplace_back(c.name, c.arguments);
+  }
+}
+
+Parsed parse_pieces(const OutputParserOptions& o, const std::vector<std::string>& pieces) {
+  OutputParser parser(o);
+  Parsed p;
+  for (const std::string& s : pieces) {
+    OutputDelta d;
+    parser.push(s, d);
+    append(p, d);
+  }
+  OutputDelta d;
+  parser.finish(d);
+  append(p, d);
+  p.saw_calls = parser.saw_tool_calls();
+  return p;
+}
+
+Parsed parse_whole(const OutputParserOptions& o, const std::string& text) { return parse_pieces(o, {text}); }
+
+OutputParserOptions tools_on() {
+  OutputParserOptions o;
+  o.parse_tool_calls = true;
+  return o;
+}
+
+TEST(OutputParser, PlainTextIsContentVerbatim) {
+  OutputParserOptions o;
+  o.parse_reasoning = false;
+  const std::string text = "  Hello <think> {\"name\": \"x\", \"arguments\": {}}\n\n";
+  EXPECT_EQ(parse_whole(o, text).content, text);
+  // Reasoning parsing on but no think block: still verbatim.
+  EXPECT_EQ(parse_whole(OutputParserOptions{}, "Hello\n world\n").content, "Hello\n world\n");
+  EXPECT_EQ(parse_whole(OutputParserOptions{}, "\n<b>bold</b>").content, "\n<b>bold</b>");
+}
+
+TEST(OutputParser, ThinkBlockIsReasoning) {
+  Parsed p = parse_whole(OutputParserOptions{}, "<think>\nLet me see.\n2+2=4\n</think>\n\nThe answer is 4.");
+  EXPECT_EQ(p.reasoning, "Let me see.\n2+2=4");
+  EXPECT_EQ(p.content, "The answer is 4.");
+
+  OutputParserOptions open;
+  open.starts_in_reasoning = true;  // the template already wrote <think>
+  p = parse_whole(open, "\nhmm\n</think>\nDone");
+  EXPECT_EQ(p.reasoning, "hmm");
+  EXPECT_EQ(p.content, "Done");
+
+  // Unfinished think block: reasoning.
+  p = parse_whole(open, "still thinking ");
+  EXPECT_EQ(p.reasoning, "still thinking");
+  EXPECT_EQ(p.content, "");
+
+  // Reasoning off: the tags are content.
+  OutputParserOptions off;
+  off.parse_reasoning = false;
+  off.starts_in_reasoning = true;
+  p = parse_whole(off, "<think>x</think>y");
+  EXPECT_EQ(p.content, "<think>x</think>y");
+  EXPECT_EQ(p.reasoning, "");
+}
+
+TEST(OutputParser, HermesToolCalls) {
+  Parsed p = parse_whole(tools_on(),
+                         "I'll check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", "
+                         "\"days\": [1, 2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n"
+                         "</tool_call>\n");
+  EXPECT_EQ(p.content, "I'll check.");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].first, "get_weather");
+  EXPECT_EQ(p.calls[0].second, R"({"city":"Paris","days":[1,2]})");  // key order kept
+  EXPECT_EQ(p.calls[1].first, "now");
+  EXPECT_EQ(p.calls[1].second, "{}");
+  EXPECT_TRUE(p.saw_calls);
+
+  // Arguments given as JSON text, "parameters" instead of "arguments", none at all.
+  p = parse_whole(tools_on(), "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>"
+                              "<tool_call>{\"name\": \"g\", \"parameters\": {\"b\": true}}</tool_call>"
+                              "<tool_call>{\"name\": \"h\"}</tool_call>");
+  ASSERT_EQ(p.calls.size(), 3u);
+  EXPECT_EQ(p.calls[0].second, "{\"a\": 1}");
+  EXPECT_EQ(p.calls[1].second, R"({"b":true})");
+  EXPECT_EQ(p.calls[2].second, "{}");
+  EXPECT_EQ(p.content, "");
+
+  // Tool calls after a think block; text after the calls is content.
+  OutputParserOptions o = tools_on();
+  p = parse_whole(o, "<think>need weather</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>\n"
+                     "\nAnything else?");
+  EXPECT_EQ(p.reasoning, "need weather");
+  EXPECT_EQ(p.content, "Anything else?");
+  ASSERT_EQ(p.calls.size(), 1u);
+}
+
+TEST(OutputParser, MalformedHermesCallStaysContent) {
+  Parsed p = parse_whole(tools_on(), "A <tool_call>{\"name\": 3}</tool_call> B");
+  EXPECT_EQ(p.content, "A <tool_call>{\"name\": 3}</tool_call> B");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_FALSE(p.saw_calls);
+
+  p = parse_whole(tools_on(), "<tool_call>{not json</tool_call>");
+  EXPECT_EQ(p.content, "<tool_call>{not json</tool_call>");
+
+  // The stream ends inside a call: complete JSON is a call, a cut one content.
+  p = parse_whole(tools_on(), "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, R"({"x":1})");
+  p = parse_whole(tools_on(), "<tool_call>\n{\"name\": \"f\", \"argu");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "<tool_call>\n{\"name\": \"f\", \"argu");
+
+  // Without tool parsing the markup is plain content.
+  OutputParserOptions off;
+  p = parse_whole(off, "<tool_call>{\"name\": \"f\"}</tool_call>");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "<tool_call>{\"name\": \"f\"}</tool_call>");
+}
+
+TEST(OutputParser, Llama3JsonCalls) {
+  Parsed p = parse_whole(tools_on(), "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].first, "get_weather");
+  EXPECT_EQ(p.calls[0].second, R"({"city":"Oslo"})");
+  EXPECT_EQ(p.content, "");
+
+  p = parse_whole(tools_on(), "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"s\": \"}{\\\"\"}}; "
+                              "{\"name\": \"b\", \"arguments\": {}}\n");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].second, R"({"s":"}{\""})");  // braces inside strings do not count
+  EXPECT_EQ(p.calls[1].first, "b");
+  EXPECT_EQ(p.content, "");
+
+  // A JSON answer that is not a call stays content, verbatim.
+  p = parse_whole(tools_on(), " {\"name\": \"Bob\", \"age\": 3}");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, " {\"name\": \"Bob\", \"age\": 3}");
+  p = parse_whole(tools_on(), "{\"name\": \"f\", \"parameters\": {}");  // cut off
+  EXPECT_EQ(p.content, "{\"name\": \"f\", \"parameters\": {}");
+  p = parse_whole(tools_on(), "<|python_tag|>brave_search.call(query=\"x\")");
+  EXPECT_EQ(p.content, "<|python_tag|>brave_search.call(query=\"x\")");
+
+  // Text after a call is content.
+  p = parse_whole(tools_on(), "{\"name\": \"f\", \"parameters\": {}}\n\nDone.");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.content, "Done.");
+
+  // JSON later in the reply is not a call.
+  p = parse_whole(tools_on(), "Here: {\"name\": \"f\", \"parameters\": {}}");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "Here: {\"name\": \"f\", \"parameters\": {}}");
+}
+
+TEST(OutputParser, PartialMarkersAreHeldBack) {
+  OutputParser parser(tools_on());
+  OutputDelta d;
+  parser.push("Sure <tool", d);
+  EXPECT_EQ(d.content, "Sure");  // the space may precede a call, "<tool" may open one
+  parser.push("_ca", d);
+  EXPECT_EQ(d.content, "Sure");
+  parser.push("ll>{\"name\": \"f\", \"arguments\": {}}</tool_c", d);
+  EXPECT_TRUE(d.tool_calls.empty());
+  parser.push("all>", d);
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  parser.finish(d);
+  EXPECT_EQ(d.content, "Sure");
+
+  OutputParser think({});
+  OutputDelta t;
+  think.push("<th", t);
+  EXPECT_TRUE(t.empty());
+  think.push("ink>abc</thi", t);
+  EXPECT_EQ(t.reasoning, "abc");
+  think.push("nk>", t);
+  EXPECT_EQ(t.content, "");
+  think.push("x", t);
+  EXPECT_EQ(t.content, "x");
+}
+
+// Every case, under every option set, split at random points and byte by
+// byte, gives the single-push result.
+TEST(OutputParser, AnySplitGivesTheSameResult) {
+  const std::vector<std::string> texts = {
+      "Hello, world! Plain text with <b>tags</b> and {braces}.",
+      "  <think>\n step one \n</think>\n\n Answer: <tool_call>",
+      "<think>x</think><tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": \"a</tool_call>b\"}}\n</tool_call>",
+      "Text\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n \n<tool_call>{\"name\": \"g\"}</tool_call>",
+      "<tool_call>{bad}</tool_call> after <tool_call>{\"name\": \"ok\", \"arguments\": {\"n\": [1, {\"m\": 2}]}}",
+      "\n{\"name\": \"a\", \"parameters\": {\"x\": \"{[\\\"]}\"}};{\"name\": \"b\", \"arguments\": {}} trailing",
+      "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}",
+      "<|python_tag|>not json",
+      "{\"name\": \"a\", \"parameters\": {}}; {\"no\": 1}",
+      "{\"answer\": 42}",
+      "<thin>not a tag</thin> <tool_cal> <|python_ta",
+      "\xe2\x82\xac <think>euro \xf0\x9f\x98\x80</think> caf\xc3\xa9",
+      "<think>unfinished <tool_call>{\"name\": \"f\"}</tool_call>",
+      "   ",
+      "",
+  };
+  std::vector<OutputParserOptions> option_sets(5);
+  option_sets[0].parse_reasoning = false;
+  option_sets[2].parse_tool_calls = true;
+  option_sets[3].parse_tool_calls = true;
+  option_sets[3].starts_in_reasoning = true;
+  option_sets[4].parse_reasoning = false;
+  option_sets[4].parse_tool_calls = true;
+
+  std::mt19937 rng(1234);
+  for (const std::string& text : texts) {
+    for (size_t oi = 0; oi < option_sets.size(); ++oi) {
+      const OutputParserOptions& o = option_sets[oi];
+      SCOPED_TRACE("options " + std::to_string(oi) + ", text: " + text);
+      const Parsed whole = parse_whole(o, text);
+      std::vector<std::string> bytes;
+      for (char c : text) bytes.emplace_back(1, c);
+      EXPECT_EQ(parse_pieces(o, bytes), whole);
+      for (int trial = 0; trial < 60; ++trial) {
+        std::vector<std::string> pieces;
+        size_t pos = 0;
+        while (pos < text.size()) {
+          const size_t n = std::uniform_int_distribution<size_t>(0, 6)(rng);
+          pieces.push_back(text.substr(pos, n));
+          pos += n;
+        }
+        ASSERT_EQ(parse_pieces(o, pieces), whole) << "trial " << trial;
+      }
+    }
+  }
+}
+
+TEST(OutputParser, ParseToolCallJson) {
+  ToolCall c;
+  EXPECT_TRUE(parse_tool_call_json(R"({"name": "f", "arguments": {"z": 1, "a": 2}})", true, c));
+  EXPECT_EQ(c.arguments, R"({"z":1,"a":2})");
+  EXPECT_FALSE(parse_tool_call_json(R"({"name": "f"})", true, c));
+  EXPECT_TRUE(parse_tool_call_json(R"({"name": "f"})", false, c));
+  EXPECT_FALSE(parse_tool_call_json(R"({"name": ""})", false, c));
+  EXPECT_FALSE(parse_tool_call_json(R"([{"name": "f"}])", false, c));
+  EXPECT_FALSE(parse_tool_call_json(R"({"name": "f", "arguments": 3})", false, c));
+  EXPECT_NE(make_tool_call_id(), make_tool_call_id());
+}
+
+}  // namespace
+}  // namespace rill
