@@ -36,24 +36,54 @@ struct ChatResult {
   // "stop", "length", "tool_calls", "abort" or "error".
   std::string finish_reason;
   std::string error;  // finish_reason "error"
+  std::string stop_string;  // the stop string that ended it, "" when none
+  std::optional<int32_t> stop_token;  // the EOS / stop token that ended it (last of token_ids)
   Usage usage;
-  std::vector<int32_t> token_ids;
-  std::vector<SampledToken> logprobs;  // when requested
+  std::vector<int32_t> token_ids;      // every generated id, the EOS / stop token included
+  std::vector<SampledToken> logprobs;  // when requested; one per id of token_ids
 };
 
 struct ChatCallbacks {
-  // A parsed delta and the engine event it came from (token ids, logprobs).
-  // Called on the engine thread; may be empty of text (e.g. held back).
+  // A parsed delta and the engine event it came from (token ids, logprobs),
+  // for every event, the last one included (its delta holds what the parser
+  // released at the end). Called on the engine thread; may be empty of text
+  // (e.g. held back).
   std::function<void(const OutputDelta&, const GenerationEvent&)> on_delta;
-  // Exactly once, last.
+  // Exactly once, last (after the last on_delta).
   std::function<void(const ChatResult&)> on_done;
 };
 
 // Renders messages with the model's template (add_generation_prompt) and
 // tokenizes. Validates message shapes (400 naming e.g. "messages[2].role").
 // *starts_in_reasoning tells whether the rendered prompt ends inside <think>.
+// Error messages start with the offending field ("messages[1].content: ..."
+// ; api_error_from() turns that into an ApiError with `param`).
+// Context given to the template: messages (content flattened to a string,
+// text parts joined by "\n"; role developer -> system; assistant
+// tool_calls[].function.arguments parsed into objects; null content -> ""),
+// tools (null when absent or empty), add_generation_prompt true, bos_token,
+// eos_token, then every template_kwargs entry. A model without a template
+// gets ChatML.
 Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const ChatInput& in,
                                                 bool* starts_in_reasoning);
+
+// A 400 (or `status`) ApiError from an Error whose message starts with
+// "<field>: " (the field, e.g. "messages[0].role", becomes `param`).
+ApiError api_error_from(const Error& e, int status = 400);
+
+// A tokenized prompt with the way to parse what the model writes.
+struct ChatPrompt {
+  std::vector<int32_t> ids;
+  OutputParserOptions parser;
+  std::string param = "messages";  // named by "the prompt does not fit" errors
+};
+// render_chat_prompt + parser options (tool calls parsed when tools were
+// passed to the template). Errors are ApiErrors (400 naming the field).
+std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx, const ChatInput& in);
+
+// The most tokens a sequence may hold: the context, or the KV pool's share
+// per layer group when that is smaller.
+int64_t max_sequence_tokens(const Engine& engine);
 
 // Fills unset sampling fields: server flags, then generation_config, then
 // built-in defaults. Request values that are set win.
@@ -65,11 +95,24 @@ struct SamplingOverrides {
 SamplingParams resolve_sampling(const ServerContext& ctx, const SamplingOverrides& request);
 
 // One running chat generation. Keep the shared_ptr while it runs; cancel()
-// (e.g. on client disconnect) ends it with finish_reason "abort".
+// (e.g. on client disconnect) ends it with finish_reason "abort". The
+// generation does not depend on the ChatStream object staying alive.
+//
+// generation.max_tokens <= 0 means "as many as fit": the context left after
+// the prompt, capped by ServerOptions::default_max_tokens and max_tokens_cap.
+// A max_tokens that does not fit is a 400 naming "max_tokens"; a prompt that
+// fills the context a 400 naming ChatPrompt::param. Metrics (TTFT, ITL) go
+// to ctx.metrics when set.
 class ChatStream {
  public:
   // Renders, submits and returns; errors are ApiErrors (400 for bad input).
   static std::variant<std::shared_ptr<ChatStream>, ApiError> start(ServerContext& ctx, ChatInput input,
+                                                                   ChatCallbacks callbacks);
+  // Submits an already prepared prompt (n choices share one render; raw
+  // completions pass their ids with parsing off). generation.prompt is
+  // replaced by prompt.ids.
+  static std::variant<std::shared_ptr<ChatStream>, ApiError> start(ServerContext& ctx, const ChatPrompt& prompt,
+                                                                   GenerationRequest generation,
                                                                    ChatCallbacks callbacks);
   void cancel();
   uint64_t request_id() const { return id_; }
