@@ -32,9 +32,13 @@ namespace {
 // Serialized size plus a fixed allowance for the map/list nodes.
 constexpr int64_t kEntryOverhead = 256;
 
+size_t json_bytes(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).size();
+}
+
 int64_t entry_bytes(const std::string& id, const StoredResponse& e) {
-  return kEntryOverhead + int64_t(id.size()) + int64_t(e.response.dump().size()) +
-         int64_t(e.input_items.dump().size()) + int64_t(e.instructions.size());
+  return kEntryOverhead + int64_t(id.size()) + int64_t(json_bytes(e.response)) +
+         int64_t(json_bytes(e.input_items)) + int64_t(e.instructions.size());
 }
 
 }  // namespace
