@@ -19,7 +19,7 @@ build: setup
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
 run: build
-	@$(BUILD_DIR)/rill run $(MODEL)
+	@$(BUILD_DIR)/rill serve $(MODEL)
 
 ctest: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
       rill::cli::add_score_command(app),
       rill::cli::add_inspect_command(app),
       rill::cli::add_bench_command(app),
+      rill::cli::add_serve_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -21,21 +21,13 @@ class RouteResponder final : public Responder {
  public:
   RouteResponder(std::shared_ptr<Responder> inner, HeaderList extra, Metrics* metrics, std::string route)
       : inner_(std::move(inner)), extra_(std::move(extra)), metrics_(metrics), route_(std::move(route)) {}
-  ~RouteResponder() override {
-    if (streaming_ && metrics_) metrics_->stream_closed();
-  }
-
   void send(int status, std::string content_type, std::string body, HeaderList extra) override {
     if (metrics_) metrics_->count_request(route_, status);
     extra.insert(extra.end(), extra_.begin(), extra_.end());
     inner_->send(status, std::move(content_type), std::move(body), std::move(extra));
   }
   void start_stream(std::string content_type, HeaderList extra) override {
-    if (metrics_) {
-      metrics_->count_request(route_, 200);
-      metrics_->stream_opened();
-    }
-    streaming_ = true;
+    if (metrics_) metrics_->count_request(route_, 200);  // handlers count open streams themselves
     extra.insert(extra.end(), extra_.begin(), extra_.end());
     inner_->start_stream(std::move(content_type), std::move(extra));
   }
@@ -49,7 +41,6 @@ class RouteResponder final : public Responder {
   HeaderList extra_;
   Metrics* metrics_;
   std::string route_;
-  bool streaming_ = false;
 };
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }

@@ -1,0 +1,116 @@
+// rill serve: the OpenAI / Anthropic compatible HTTP server over the engine.
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/loaded_model.h"
+#include "model/model.h"
+#include "rill/engine.h"
+#include "server/app.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/response_store.h"
+
+namespace rill::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model;
+  server::ServerOptions server;
+  EngineOptions engine;
+  std::string api_key_file;
+};
+
+int run_serve(ServeOptions& o) {
+  // Signals are taken by sigwait below; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const std::string path = o.model.empty() ? default_model_path() : o.model;
+  auto engine = Engine::load(path, o.engine);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "rill serve: %s\n", engine.error().message.c_str());
+    return 1;
+  }
+  server::ServerOptions so = o.server;
+  if (so.model_id.empty()) so.model_id = std::filesystem::path(path).stem().string();
+  if (so.api_key.empty()) {
+    if (const char* k = std::getenv("RILL_API_KEY")) so.api_key = k;
+  }
+  server::Metrics metrics;
+  server::ResponseStore responses(so.response_ttl_s, std::max<int64_t>(0, so.response_store_mb) << 20);
+  server::ServerContext ctx{**engine, (*engine)->chat_template(), so, &metrics, &responses,
+                            &(*engine)->model().config().generation};
+  server::App app(ctx);
+  server::HttpServerOptions ho;
+  ho.host = so.host;
+  ho.port = so.port;
+  ho.io_threads = so.io_threads;
+  ho.max_body_bytes = so.max_body_bytes;
+  auto http = server::HttpServer::start(ho, [&app](const server::HttpRequest& req, std::shared_ptr<server::Responder> res) {
+    app.dispatch(req, std::move(res));
+  });
+  if (!http.ok()) {
+    std::fprintf(stderr, "rill serve: %s\n", http.error().message.c_str());
+    return 1;
+  }
+  app.set_connection_counter([h = http->get()] { return h->open_connections(); });
+  const Model& m = (*engine)->model();
+  std::printf("rill serve: %s (%lld-token context, %d KV blocks of %d tokens)\n", so.model_id.c_str(),
+              static_cast<long long>(m.n_ctx()), m.n_kv_blocks(), m.kv_block_size());
+  std::printf("rill serve: listening on http://%s:%d  (chat page at /, OpenAI API at /v1)\n", so.host.c_str(),
+              (*http)->port());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::printf("rill serve: stopping (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  (*http)->stop();
+  return 0;
+}
+
+}  // namespace
+
+Command add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* sub = app.add_subcommand("serve", "Serve a model over the OpenAI and Anthropic HTTP APIs");
+  auto& s = o->server;
+  auto& e = o->engine;
+  sub->add_option("model", o->model, "a .gguf file or a Hugging Face model directory (default: the default model)");
+  sub->add_option("--host", s.host, "address to bind (default 127.0.0.1: this machine only)");
+  sub->add_option("--port", s.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
+  sub->add_option("--api-key", s.api_key, "require this key (Authorization: Bearer or x-api-key); also $RILL_API_KEY");
+  sub->add_option("--cors-origin", s.cors_origins, "allow browser requests from this origin (repeatable; * for any)");
+  sub->add_option("--max-body-bytes", s.max_body_bytes, "largest request body (413 beyond)");
+  sub->add_option("--max-n", s.max_n, "largest n (choices per request)")->check(CLI::Range(1, 128));
+  sub->add_option("--max-tokens-cap", s.max_tokens_cap, "largest max_tokens a request may ask for (0: the context)");
+  sub->add_option("--default-max-tokens", s.default_max_tokens, "max_tokens when a request sets none (0: the context)");
+  sub->add_option("--response-ttl", s.response_ttl_s, "seconds a stored Responses API response lives");
+  sub->add_option("--response-store-mb", s.response_store_mb, "memory cap of the Responses store (LRU beyond)");
+  sub->add_option("--io-threads", s.io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
+  sub->add_option("--model-id", s.model_id, "the model name clients see (default: the file name)");
+  sub->add_option("--temperature", s.temperature, "default temperature");
+  sub->add_option("--top-p", s.top_p, "default top_p");
+  sub->add_option("--top-k", s.top_k, "default top_k");
+  sub->add_option("--min-p", s.min_p, "default min_p");
+  sub->add_option("--repeat-penalty", s.repetition_penalty, "default repetition penalty");
+  sub->add_option("--threads,-t", e.n_threads, "CPU threads (default: one per core)");
+  sub->add_option("--ctx-size,-c", e.n_ctx, "context tokens per sequence (default: the model's)")
+      ->check(CLI::Range(16, 1 << 22));
+  sub->add_option("--max-batch-tokens", e.max_batch_tokens, "token budget of one engine step")
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--max-running", e.max_running, "most requests in one step")->check(CLI::Range(1, 4096));
+  sub->add_option("--kv-cache-mb", e.kv_cache_mb, "KV cache size in MiB (default: four full contexts)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  sub->add_option("--kv-cache-fraction", e.kv_cache_fraction, "KV cache as a fraction of RAM")
+      ->check(CLI::Range(0.0, 0.95));
+  return {sub, [o]() -> int { return run_serve(*o); }};
+}
+
+}  // namespace rill::cli
