@@ -6,9 +6,11 @@
 namespace rill::server {
 
 nlohmann::json to_json(const ResponseStoreStats& s) {
-  return {{"entries", s.entries},         {"bytes", s.bytes},       {"max_bytes", s.max_bytes},
-          {"ttl_s", s.ttl_s},             {"hits", s.hits},         {"misses", s.misses},
-          {"evictions", s.evictions},     {"expirations", s.expirations}, {"rejected", s.rejected}};
+  return {{"entries", s.entries},     {"bytes", s.bytes},
+          {"max_bytes", s.max_bytes}, {"ttl_s", s.ttl_s},
+          {"hits", s.hits},           {"misses", s.misses},
+          {"evictions", s.evictions}, {"expirations", s.expirations},
+          {"rejected", s.rejected}};
 }
 
 std::string random_id(std::string_view prefix) {
@@ -44,7 +46,9 @@ int64_t entry_bytes(const std::string& id, const StoredResponse& e) {
 }  // namespace
 
 ResponseStore::ResponseStore(double ttl_s, int64_t max_bytes, NowFn now)
-    : ttl_s_(ttl_s), max_bytes_(max_bytes), now_(now ? std::move(now) : NowFn([] { return Clock::now(); })) {}
+    : ttl_s_(ttl_s),
+      max_bytes_(max_bytes),
+      now_(now ? std::move(now) : NowFn([] { return Clock::now(); })) {}
 
 void ResponseStore::remove_locked(std::unordered_map<std::string, Entry>::iterator it) {
   bytes_ -= it->second.bytes;
@@ -84,7 +88,8 @@ bool ResponseStore::put(const std::string& id, StoredResponse entry) {
   e.lru_pos = lru_.begin();
   e.expiry_pos = expiry_.end();
   if (ttl_s_ > 0) {
-    const auto ttl = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ttl_s_));
+    const auto ttl =
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ttl_s_));
     e.expiry_pos = expiry_.emplace(now + ttl, id);
   }
   entries_.emplace(id, std::move(e));

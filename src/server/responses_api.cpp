@@ -19,7 +19,8 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 int64_t unix_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -31,15 +32,16 @@ std::string path_id(const HttpRequest& req) {
 
 ApiError not_found(const std::string& id, const std::string& param) {
   return ApiError(404, "Response with id '" + id + "' not found (unknown, deleted or expired).",
-                  "invalid_request_error", param, param.empty() ? "" : "previous_response_not_found");
+                  "invalid_request_error", param,
+                  param.empty() ? "" : "previous_response_not_found");
 }
 
 // One POST /v1/responses call. The engine thread (callbacks) and the I/O
 // thread (the handler, after start returns) both write; `mu` orders their
 // frames, and whichever comes first opens the stream.
 struct ResponsesCall {
-  ResponsesCall(ServerContext& ctx, std::shared_ptr<Responder> res, bool streaming, bool store, Json skeleton,
-                Json effective_input, std::string instructions)
+  ResponsesCall(ServerContext& ctx, std::shared_ptr<Responder> res, bool streaming, bool store,
+                Json skeleton, Json effective_input, std::string instructions)
       : ctx(ctx),
         res(std::move(res)),
         streaming(streaming),
@@ -95,8 +97,8 @@ struct ResponsesCall {
       return send_error(*res, ApiError(500, message, "server_error", "", "server_error"));
     }
     Json response = skeleton;
-    const std::string frames =
-        encoder.finish(response, result.finish_reason == "length", responses_usage(result.usage, reasoning_tokens));
+    const std::string frames = encoder.finish(response, result.finish_reason == "length",
+                                              responses_usage(result.usage, reasoning_tokens));
     // Stored before the reply goes out, so a follow-up sent as soon as the
     // client sees it finds it.
     if (store && ctx.responses != nullptr) {
@@ -115,7 +117,7 @@ struct ResponsesCall {
   const bool streaming, store;
   const Json skeleton;  // the Response as of response.created
 
-  std::mutex mu;  // guards everything below
+  std::mutex mu;         // guards everything below
   Json effective_input;  // the conversation before this output (moved into the store)
   std::string instructions;
   ResponsesEncoder encoder;
@@ -126,7 +128,8 @@ struct ResponsesCall {
 
 }  // namespace
 
-void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res) {
+void handle_responses_create(ServerContext& ctx, const HttpRequest& req,
+                             std::shared_ptr<Responder> res) {
   auto parsed = parse_responses_request(req.body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*res, *e);
   ResponsesRequest& request = std::get<ResponsesRequest>(parsed);
@@ -138,15 +141,17 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::sh
   if (!request.previous_response_id.empty()) {
     std::shared_ptr<const StoredResponse> previous;
     if (ctx.responses != nullptr) previous = ctx.responses->get(request.previous_response_id);
-    if (previous == nullptr) return send_error(*res, not_found(request.previous_response_id, "previous_response_id"));
+    if (previous == nullptr)
+      return send_error(*res, not_found(request.previous_response_id, "previous_response_id"));
     effective_input = previous->input_items;
     for (const Json& item : previous->response["output"]) effective_input.push_back(item);
     if (!request.instructions) instructions = previous->instructions;
   }
   for (Json& item : request.input_items) effective_input.push_back(std::move(item));
 
-  if (effective_input.empty()) return send_error(*res, ApiError(400, "input: must contain at least one item",
-                                                                 "invalid_request_error", "input"));
+  if (effective_input.empty())
+    return send_error(*res, ApiError(400, "input: must contain at least one item",
+                                     "invalid_request_error", "input"));
   ChatInput chat;
   chat.messages = items_to_messages(instructions, effective_input);
   chat.tools = request.chat_tools;
@@ -162,12 +167,15 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::sh
 
   request.store = request.store && ctx.responses != nullptr;
   const std::string model = request.model.empty() ? ctx.options.model_id : request.model;
-  Json skeleton = response_skeleton(request, random_id("resp_"), unix_seconds(), model, instructions,
-                                    generation.sampling);
-  auto call = std::make_shared<ResponsesCall>(ctx, res, request.stream, request.store, std::move(skeleton),
-                                              std::move(effective_input), std::move(instructions));
+  Json skeleton = response_skeleton(request, random_id("resp_"), unix_seconds(), model,
+                                    instructions, generation.sampling);
+  auto call =
+      std::make_shared<ResponsesCall>(ctx, res, request.stream, request.store, std::move(skeleton),
+                                      std::move(effective_input), std::move(instructions));
   ChatCallbacks callbacks;
-  callbacks.on_delta = [call](const OutputDelta& d, const GenerationEvent& ev) { call->on_delta(d, ev); };
+  callbacks.on_delta = [call](const OutputDelta& d, const GenerationEvent& ev) {
+    call->on_delta(d, ev);
+  };
   callbacks.on_done = [call](const ChatResult& r) { call->on_done(r); };
 
   auto started = ChatStream::start(ctx, prompt, std::move(generation), std::move(callbacks));
@@ -192,7 +200,8 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::sh
   });
 }
 
-void handle_responses_get(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res) {
+void handle_responses_get(ServerContext& ctx, const HttpRequest& req,
+                          std::shared_ptr<Responder> res) {
   const std::string id = path_id(req);
   std::shared_ptr<const StoredResponse> stored;
   if (ctx.responses != nullptr) stored = ctx.responses->get(id);
@@ -200,9 +209,11 @@ void handle_responses_get(ServerContext& ctx, const HttpRequest& req, std::share
   res->send(200, "application/json", dump_responses_json(stored->response));
 }
 
-void handle_responses_delete(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res) {
+void handle_responses_delete(ServerContext& ctx, const HttpRequest& req,
+                             std::shared_ptr<Responder> res) {
   const std::string id = path_id(req);
-  if (ctx.responses == nullptr || !ctx.responses->erase(id)) return send_error(*res, not_found(id, ""));
+  if (ctx.responses == nullptr || !ctx.responses->erase(id))
+    return send_error(*res, not_found(id, ""));
   const Json body = {{"id", id}, {"object", "response.deleted"}, {"deleted", true}};
   res->send(200, "application/json", dump_responses_json(body));
 }

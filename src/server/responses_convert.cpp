@@ -17,7 +17,9 @@ ApiError bad_field(const std::string& field, const std::string& what) {
   return ApiError(400, field + ": " + what, "invalid_request_error", field);
 }
 
-std::string index_path(const std::string& base, size_t i) { return base + "[" + std::to_string(i) + "]"; }
+std::string index_path(const std::string& base, size_t i) {
+  return base + "[" + std::to_string(i) + "]";
+}
 
 // A field that is absent or null reads as unset.
 const Json* field(const Json& obj, const char* name) {
@@ -25,10 +27,11 @@ const Json* field(const Json& obj, const char* name) {
   return it == obj.end() || it->is_null() ? nullptr : &*it;
 }
 
-std::optional<ApiError> read_string(const Json& obj, const char* name, const std::string& path, std::string& out,
-                                    bool required) {
+std::optional<ApiError> read_string(const Json& obj, const char* name, const std::string& path,
+                                    std::string& out, bool required) {
   const Json* v = field(obj, name);
-  if (v == nullptr) return required ? std::optional(bad_field(path, "field required")) : std::nullopt;
+  if (v == nullptr)
+    return required ? std::optional(bad_field(path, "field required")) : std::nullopt;
   if (!v->is_string()) return bad_field(path, "expected a string");
   out = v->get<std::string>();
   return std::nullopt;
@@ -43,15 +46,16 @@ std::optional<ApiError> read_bool(const Json& obj, const char* name, bool& out) 
 }
 
 // A number in [lo, hi] (`lo_open`: lo itself excluded).
-std::optional<ApiError> read_float(const Json& obj, const char* name, double lo, double hi, bool lo_open,
-                                   std::optional<float>& out) {
+std::optional<ApiError> read_float(const Json& obj, const char* name, double lo, double hi,
+                                   bool lo_open, std::optional<float>& out) {
   const Json* v = field(obj, name);
   if (v == nullptr) return std::nullopt;
   if (!v->is_number()) return bad_field(name, "expected a number");
   const double x = v->get<double>();
   if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
     return bad_field(name, "must be " + std::string(lo_open ? "greater than " : "at least ") +
-                               nlohmann::json(lo).dump() + " and at most " + nlohmann::json(hi).dump());
+                               nlohmann::json(lo).dump() + " and at most " +
+                               nlohmann::json(hi).dump());
   }
   out = float(x);
   return std::nullopt;
@@ -62,14 +66,18 @@ std::optional<ApiError> read_int(const Json& obj, const char* name, int64_t lo, 
   const Json* v = field(obj, name);
   if (v == nullptr) return std::nullopt;
   if (!v->is_number_integer()) return bad_field(name, "expected an integer");
-  const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v->get<int64_t>();
-  if (x < lo || x > hi) return bad_field(name, "must be between " + std::to_string(lo) + " and " + std::to_string(hi));
+  const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)
+                        ? INT64_MAX
+                        : v->get<int64_t>();
+  if (x < lo || x > hi)
+    return bad_field(name, "must be between " + std::to_string(lo) + " and " + std::to_string(hi));
   out = x;
   return std::nullopt;
 }
 
 // Text parts of a message or function_call_output: [{type, text}].
-std::optional<ApiError> read_parts(const Json& parts, const std::string& path, bool allow_output_text, Json& out) {
+std::optional<ApiError> read_parts(const Json& parts, const std::string& path,
+                                   bool allow_output_text, Json& out) {
   for (size_t j = 0; j < parts.size(); ++j) {
     const std::string ppath = index_path(path, j);
     const Json& part = parts[j];
@@ -77,16 +85,19 @@ std::optional<ApiError> read_parts(const Json& parts, const std::string& path, b
     std::string type, text;
     if (auto e = read_string(part, "type", ppath + ".type", type, true)) return e;
     if (type == "input_image" || type == "input_file" || type == "input_audio") {
-      return bad_field(ppath + ".type", "content part type \"" + type + "\" is not supported (text only)");
+      return bad_field(ppath + ".type",
+                       "content part type \"" + type + "\" is not supported (text only)");
     }
     if (type == "refusal") {
       if (auto e = read_string(part, "refusal", ppath + ".refusal", text, true)) return e;
-    } else if (type == "input_text" || type == "text" || (allow_output_text && type == "output_text")) {
+    } else if (type == "input_text" || type == "text" ||
+               (allow_output_text && type == "output_text")) {
       if (auto e = read_string(part, "text", ppath + ".text", text, true)) return e;
     } else {
       return bad_field(ppath + ".type", "content part type \"" + type + "\" is not supported");
     }
-    out.push_back({{"type", type == "input_text" || type == "text" ? "input_text" : "output_text"}, {"text", text}});
+    out.push_back({{"type", type == "input_text" || type == "text" ? "input_text" : "output_text"},
+                   {"text", text}});
   }
   return std::nullopt;
 }
@@ -103,13 +114,15 @@ std::variant<Json, ApiError> normalize_item(const Json& item, const std::string&
     std::string role;
     if (auto e = read_string(item, "role", path + ".role", role, true)) return *e;
     if (role != "user" && role != "assistant" && role != "system" && role != "developer") {
-      return bad_field(path + ".role", "unknown role \"" + role + "\" (expected user, assistant, system or developer)");
+      return bad_field(path + ".role", "unknown role \"" + role +
+                                           "\" (expected user, assistant, system or developer)");
     }
     const Json* content = field(item, "content");
     if (content == nullptr) return bad_field(path + ".content", "field required");
     Json parts = Json::array();
     if (content->is_string()) {
-      parts.push_back({{"type", role == "assistant" ? "output_text" : "input_text"}, {"text", *content}});
+      parts.push_back(
+          {{"type", role == "assistant" ? "output_text" : "input_text"}, {"text", *content}});
     } else if (content->is_array()) {
       if (auto e = read_parts(*content, path + ".content", true, parts)) return *e;
     } else {
@@ -130,7 +143,8 @@ std::variant<Json, ApiError> normalize_item(const Json& item, const std::string&
     } else {
       return bad_field(path + ".arguments", "expected a JSON string");
     }
-    return Json{{"type", "function_call"}, {"call_id", call_id}, {"name", name}, {"arguments", arguments}};
+    return Json{
+        {"type", "function_call"}, {"call_id", call_id}, {"name", name}, {"arguments", arguments}};
   }
   if (type == "function_call_output") {
     std::string call_id, output;
@@ -142,7 +156,8 @@ std::variant<Json, ApiError> normalize_item(const Json& item, const std::string&
     } else if (out->is_array()) {
       Json parts = Json::array();
       if (auto e = read_parts(*out, path + ".output", false, parts)) return *e;
-      for (const Json& p : parts) output += (output.empty() ? "" : "\n") + p["text"].get<std::string>();
+      for (const Json& p : parts)
+        output += (output.empty() ? "" : "\n") + p["text"].get<std::string>();
     } else {
       return bad_field(path + ".output", "expected a string or an array of content parts");
     }
@@ -155,8 +170,11 @@ std::variant<Json, ApiError> normalize_item(const Json& item, const std::string&
       for (size_t j = 0; j < c->size(); ++j) {
         const Json& part = (*c)[j];
         std::string text;
-        if (!part.is_object()) return bad_field(index_path(path + ".content", j), "expected an object");
-        if (auto e = read_string(part, "text", index_path(path + ".content", j) + ".text", text, true)) return *e;
+        if (!part.is_object())
+          return bad_field(index_path(path + ".content", j), "expected an object");
+        if (auto e =
+                read_string(part, "text", index_path(path + ".content", j) + ".text", text, true))
+          return *e;
         content.push_back({{"type", "reasoning_text"}, {"text", text}});
       }
     }
@@ -173,7 +191,8 @@ std::variant<Json, ApiError> convert_tool(const Json& tool, const std::string& p
   std::string type;
   if (auto e = read_string(tool, "type", path + ".type", type, true)) return *e;
   if (type != "function") {
-    return bad_field(path + ".type", "tool type \"" + type + "\" is not supported (only function tools)");
+    return bad_field(path + ".type",
+                     "tool type \"" + type + "\" is not supported (only function tools)");
   }
   if (const Json* nested = field(tool, "function")) {  // the chat-completions shape, accepted too
     if (!nested->is_object()) return bad_field(path + ".function", "expected an object");
@@ -186,10 +205,12 @@ std::variant<Json, ApiError> convert_tool(const Json& tool, const std::string& p
   if (auto e = read_string(tool, "name", path + ".name", name, true)) return *e;
   fn["name"] = name;
   std::string description;
-  if (auto e = read_string(tool, "description", path + ".description", description, false)) return *e;
+  if (auto e = read_string(tool, "description", path + ".description", description, false))
+    return *e;
   if (!description.empty()) fn["description"] = description;
   if (const Json* params = field(tool, "parameters")) {
-    if (!params->is_object()) return bad_field(path + ".parameters", "expected a JSON schema object");
+    if (!params->is_object())
+      return bad_field(path + ".parameters", "expected a JSON schema object");
     fn["parameters"] = *params;
   }
   return Json{{"type", "function"}, {"function", std::move(fn)}};
@@ -207,7 +228,9 @@ std::string join_text(const Json& parts) {
   return out;
 }
 
-double round6(float x) { return std::round(double(x) * 1e6) / 1e6; }
+double round6(float x) {
+  return std::round(double(x) * 1e6) / 1e6;
+}
 
 }  // namespace
 
@@ -217,11 +240,13 @@ std::string dump_responses_json(const nlohmann::ordered_json& j) {
 
 std::variant<ResponsesRequest, ApiError> parse_responses_request(const std::string& body) {
   Json parsed = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) return ApiError(400, "invalid JSON in the request body", "invalid_request_error");
+  if (parsed.is_discarded())
+    return ApiError(400, "invalid JSON in the request body", "invalid_request_error");
   return parse_responses_request(parsed);
 }
 
-std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann::ordered_json& body) {
+std::variant<ResponsesRequest, ApiError> parse_responses_request(
+    const nlohmann::ordered_json& body) {
   if (!body.is_object()) return bad_field("body", "expected a JSON object");
   ResponsesRequest req;
   if (auto e = read_string(body, "model", "model", req.model, false)) return *e;
@@ -229,9 +254,10 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
   const Json* input = field(body, "input");
   if (input == nullptr) return bad_field("input", "field required");
   if (input->is_string()) {
-    req.input_items.push_back({{"type", "message"},
-                               {"role", "user"},
-                               {"content", Json::array({{{"type", "input_text"}, {"text", *input}}})}});
+    req.input_items.push_back(
+        {{"type", "message"},
+         {"role", "user"},
+         {"content", Json::array({{{"type", "input_text"}, {"text", *input}}})}});
   } else if (input->is_array()) {
     for (size_t i = 0; i < input->size(); ++i) {
       auto item = normalize_item((*input)[i], index_path("input", i));
@@ -246,7 +272,8 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
     if (!v->is_string()) return bad_field("instructions", "expected a string");
     req.instructions = v->get<std::string>();
   }
-  if (auto e = read_string(body, "previous_response_id", "previous_response_id", req.previous_response_id, false)) {
+  if (auto e = read_string(body, "previous_response_id", "previous_response_id",
+                           req.previous_response_id, false)) {
     return *e;
   }
   if (auto e = read_bool(body, "stream", req.stream)) return *e;
@@ -286,19 +313,22 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
     if (choice->is_string()) {
       const std::string c = choice->get<std::string>();
       if (c != "none" && c != "auto" && c != "required") {
-        return bad_field("tool_choice", "expected \"none\", \"auto\", \"required\" or {type: function, name}");
+        return bad_field("tool_choice",
+                         "expected \"none\", \"auto\", \"required\" or {type: function, name}");
       }
       if (c == "none") chat_tools = Json::array();
     } else if (choice->is_object()) {
       std::string type, name;
       if (auto e = read_string(*choice, "type", "tool_choice.type", type, true)) return *e;
-      if (type != "function") return bad_field("tool_choice.type", "only function tool choices are supported");
+      if (type != "function")
+        return bad_field("tool_choice.type", "only function tool choices are supported");
       if (auto e = read_string(*choice, "name", "tool_choice.name", name, true)) return *e;
       Json only = Json::array();
       for (const Json& t : chat_tools) {
         if (t["function"]["name"] == name) only.push_back(t);
       }
-      if (only.empty()) return bad_field("tool_choice.name", "no tool named \"" + name + "\" in tools");
+      if (only.empty())
+        return bad_field("tool_choice.name", "no tool named \"" + name + "\" in tools");
       chat_tools = std::move(only);
     } else {
       return bad_field("tool_choice", "expected a string or an object");
@@ -311,13 +341,14 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
     std::string effort;
     if (auto e = read_string(*r, "effort", "reasoning.effort", effort, false)) return *e;
     if (!effort.empty()) {
-      if (effort != "none" && effort != "minimal" && effort != "low" && effort != "medium" && effort != "high" &&
-          effort != "xhigh") {
+      if (effort != "none" && effort != "minimal" && effort != "low" && effort != "medium" &&
+          effort != "high" && effort != "xhigh") {
         return bad_field("reasoning.effort", "expected none, minimal, low, medium, high or xhigh");
       }
       req.enable_thinking = effort != "none" && effort != "minimal";
     }
-    req.reasoning = {{"effort", effort.empty() ? Json(nullptr) : Json(effort)}, {"summary", nullptr}};
+    req.reasoning = {{"effort", effort.empty() ? Json(nullptr) : Json(effort)},
+                     {"summary", nullptr}};
   }
   if (const Json* text = field(body, "text")) {
     if (!text->is_object()) return bad_field("text", "expected an object");
@@ -328,18 +359,20 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
       if (type != "text") return bad_field("text.format.type", "only \"text\" output is supported");
     }
   }
-  if (const Json* bg = field(body, "background"); bg != nullptr && bg->is_boolean() && bg->get<bool>()) {
+  if (const Json* bg = field(body, "background");
+      bg != nullptr && bg->is_boolean() && bg->get<bool>()) {
     return bad_field("background", "background responses are not supported");
   }
   return req;
 }
 
-nlohmann::ordered_json items_to_messages(const std::string& instructions, const nlohmann::ordered_json& items) {
+nlohmann::ordered_json items_to_messages(const std::string& instructions,
+                                         const nlohmann::ordered_json& items) {
   Json messages = Json::array();
   if (!instructions.empty()) messages.push_back({{"role", "system"}, {"content", instructions}});
   std::map<std::string, std::string> call_names;  // call_id -> function name
-  std::string reasoning;                           // for the next assistant message
-  bool last_is_assistant = false;                  // the previous item made messages.back()
+  std::string reasoning;                          // for the next assistant message
+  bool last_is_assistant = false;                 // the previous item made messages.back()
   for (const Json& item : items) {
     const std::string type = item.value("type", "message");
     if (type == "message") {
@@ -364,12 +397,14 @@ nlohmann::ordered_json items_to_messages(const std::string& instructions, const 
       }
       Json& msg = messages.back();
       if (!msg.contains("tool_calls")) msg["tool_calls"] = Json::array();
-      msg["tool_calls"].push_back({{"id", call_id},
-                                   {"type", "function"},
-                                   {"function", {{"name", name}, {"arguments", item.value("arguments", "{}")}}}});
+      msg["tool_calls"].push_back(
+          {{"id", call_id},
+           {"type", "function"},
+           {"function", {{"name", name}, {"arguments", item.value("arguments", "{}")}}}});
     } else if (type == "function_call_output") {
       const std::string call_id = item.value("call_id", "");
-      Json msg = {{"role", "tool"}, {"tool_call_id", call_id}, {"content", item.value("output", "")}};
+      Json msg = {
+          {"role", "tool"}, {"tool_call_id", call_id}, {"content", item.value("output", "")}};
       if (auto it = call_names.find(call_id); it != call_names.end()) msg["name"] = it->second;
       messages.push_back(std::move(msg));
       last_is_assistant = false;
@@ -381,8 +416,9 @@ nlohmann::ordered_json items_to_messages(const std::string& instructions, const 
   return messages;
 }
 
-nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std::string& id, int64_t created_at,
-                                         const std::string& model, const std::string& instructions,
+nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std::string& id,
+                                         int64_t created_at, const std::string& model,
+                                         const std::string& instructions,
                                          const SamplingParams& sampling) {
   Json r;
   r["id"] = id;
@@ -397,8 +433,10 @@ nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std:
   r["model"] = model;
   r["output"] = Json::array();
   r["parallel_tool_calls"] = req.parallel_tool_calls;
-  r["previous_response_id"] = req.previous_response_id.empty() ? Json(nullptr) : Json(req.previous_response_id);
-  r["reasoning"] = req.reasoning.is_null() ? Json{{"effort", nullptr}, {"summary", nullptr}} : req.reasoning;
+  r["previous_response_id"] =
+      req.previous_response_id.empty() ? Json(nullptr) : Json(req.previous_response_id);
+  r["reasoning"] =
+      req.reasoning.is_null() ? Json{{"effort", nullptr}, {"summary", nullptr}} : req.reasoning;
   r["store"] = req.store;
   r["temperature"] = round6(sampling.temperature);
   r["text"] = {{"format", {{"type", "text"}}}};
@@ -438,11 +476,17 @@ std::string ResponsesEncoder::created(const nlohmann::ordered_json& skeleton) {
 std::string ResponsesEncoder::open(Open kind) {
   Json item, part;
   if (kind == Open::kReasoning) {
-    item = {{"id", random_id("rs_")}, {"type", "reasoning"}, {"summary", Json::array()}, {"content", Json::array()},
+    item = {{"id", random_id("rs_")},
+            {"type", "reasoning"},
+            {"summary", Json::array()},
+            {"content", Json::array()},
             {"status", "in_progress"}};
     part = {{"type", "reasoning_text"}, {"text", ""}};
   } else {
-    item = {{"id", random_id("msg_")}, {"type", "message"}, {"status", "in_progress"}, {"content", Json::array()},
+    item = {{"id", random_id("msg_")},
+            {"type", "message"},
+            {"status", "in_progress"},
+            {"content", Json::array()},
             {"role", "assistant"}};
     part = {{"type", "output_text"}, {"annotations", Json::array()}, {"text", ""}};
     saw_message_ = true;
@@ -450,8 +494,9 @@ std::string ResponsesEncoder::open(Open kind) {
   const int64_t index = int64_t(output_.size());
   const std::string item_id = item["id"];
   std::string out = frame("response.output_item.added", {{"output_index", index}, {"item", item}});
-  out += frame("response.content_part.added",
-               {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+  out +=
+      frame("response.content_part.added",
+            {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
   item["content"].push_back(std::move(part));
   output_.push_back(std::move(item));
   open_ = kind;
@@ -466,8 +511,10 @@ std::string ResponsesEncoder::close(const char* status) {
   const Json part = item["content"][0];
   std::string out;
   if (open_ == Open::kReasoning) {
-    out += frame("response.reasoning_text.done",
-                 {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"text", part["text"]}});
+    out += frame("response.reasoning_text.done", {{"item_id", item_id},
+                                                  {"output_index", index},
+                                                  {"content_index", 0},
+                                                  {"text", part["text"]}});
   } else {
     out += frame("response.output_text.done", {{"item_id", item_id},
                                                {"output_index", index},
@@ -475,8 +522,9 @@ std::string ResponsesEncoder::close(const char* status) {
                                                {"text", part["text"]},
                                                {"logprobs", Json::array()}});
   }
-  out += frame("response.content_part.done",
-               {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+  out +=
+      frame("response.content_part.done",
+            {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
   item["status"] = status;
   out += frame("response.output_item.done", {{"output_index", index}, {"item", item}});
   open_ = Open::kNone;
@@ -494,7 +542,8 @@ std::string ResponsesEncoder::delta(const OutputDelta& d) {
     const int64_t index = int64_t(output_.size()) - 1;
     Json& item = output_.back();
     item["content"][0]["text"].get_ref<std::string&>() += piece;
-    Json body = {{"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"delta", piece}};
+    Json body = {
+        {"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"delta", piece}};
     if (kind == Open::kMessage) body["logprobs"] = Json::array();
     out += frame(event, std::move(body));
   };
@@ -505,7 +554,7 @@ std::string ResponsesEncoder::delta(const OutputDelta& d) {
     saw_call_ = true;
     const int64_t index = int64_t(output_.size());
     Json item = {{"id", random_id("fc_")}, {"type", "function_call"}, {"status", "in_progress"},
-                 {"arguments", ""},        {"call_id", call.id},        {"name", call.name}};
+                 {"arguments", ""},        {"call_id", call.id},      {"name", call.name}};
     const std::string item_id = item["id"];
     out += frame("response.output_item.added", {{"output_index", index}, {"item", item}});
     out += frame("response.function_call_arguments.delta",
@@ -529,7 +578,8 @@ std::string ResponsesEncoder::finish(nlohmann::ordered_json& response, bool inco
     out += close(item_status);
   }
   response["status"] = item_status;
-  response["incomplete_details"] = incomplete ? Json{{"reason", "max_output_tokens"}} : Json(nullptr);
+  response["incomplete_details"] =
+      incomplete ? Json{{"reason", "max_output_tokens"}} : Json(nullptr);
   response["output"] = output_;
   response["usage"] = usage;
   out += frame(incomplete ? "response.incomplete" : "response.completed", {{"response", response}});

@@ -46,10 +46,11 @@ struct ResponsesRequest {
   bool store = true;
   std::optional<int32_t> max_output_tokens;
   SamplingOverrides sampling;
-  nlohmann::ordered_json chat_tools;        // null or OpenAI chat tools (after tool_choice)
-  nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // as sent, echoed in the Response
-  nlohmann::ordered_json tool_choice = "auto";                     // as sent, echoed
-  nlohmann::ordered_json reasoning;         // null or {effort, summary}, echoed
+  nlohmann::ordered_json chat_tools;  // null or OpenAI chat tools (after tool_choice)
+  nlohmann::ordered_json tools =
+      nlohmann::ordered_json::array();          // as sent, echoed in the Response
+  nlohmann::ordered_json tool_choice = "auto";  // as sent, echoed
+  nlohmann::ordered_json reasoning;             // null or {effort, summary}, echoed
   std::optional<bool> enable_thinking;
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
   bool parallel_tool_calls = true;
@@ -58,16 +59,19 @@ struct ResponsesRequest {
 // Validates a request body. Errors are 400 invalid_request_error naming the
 // field ("input[2].content[0].type: ...").
 std::variant<ResponsesRequest, ApiError> parse_responses_request(const std::string& body);
-std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann::ordered_json& body);
+std::variant<ResponsesRequest, ApiError> parse_responses_request(
+    const nlohmann::ordered_json& body);
 
 // Chat messages for a conversation: instructions ("" = none) then the items
 // (normalized input items and Response output items).
-nlohmann::ordered_json items_to_messages(const std::string& instructions, const nlohmann::ordered_json& items);
+nlohmann::ordered_json items_to_messages(const std::string& instructions,
+                                         const nlohmann::ordered_json& items);
 
 // The Response object without output and usage (status "in_progress"):
 // what response.created carries and what the final object extends.
-nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std::string& id, int64_t created_at,
-                                         const std::string& model, const std::string& instructions,
+nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std::string& id,
+                                         int64_t created_at, const std::string& model,
+                                         const std::string& instructions,
                                          const SamplingParams& sampling);
 
 // {input_tokens, input_tokens_details {cached_tokens}, output_tokens,
@@ -93,7 +97,8 @@ class ResponsesEncoder {
   // (a copy of the skeleton) with status, incomplete_details, output and
   // usage, and returns the closing frames with response.completed or
   // response.incomplete. `incomplete`: the token limit ended it.
-  std::string finish(nlohmann::ordered_json& response, bool incomplete, const nlohmann::ordered_json& usage);
+  std::string finish(nlohmann::ordered_json& response, bool incomplete,
+                     const nlohmann::ordered_json& usage);
   // An `error` event {type: error, code: server_error, message, param: null}.
   std::string error(const std::string& message);
 

@@ -55,7 +55,7 @@ TEST(ResponseStore, EntriesExpireAfterTtlEvenWhenRecentlyUsed) {
   ASSERT_TRUE(store.put("old", entry_of(10)));
   clock.t += seconds(30);
   ASSERT_TRUE(store.put("young", entry_of(10)));
-  clock.t += seconds(29);  // old: 59 s, young: 29 s
+  clock.t += seconds(29);                // old: 59 s, young: 29 s
   ASSERT_NE(store.get("old"), nullptr);  // old is now the most recently used
   clock.t += seconds(1);                 // old: 60 s -> expired despite its LRU position
   EXPECT_EQ(store.get("old"), nullptr);
@@ -106,8 +106,8 @@ TEST(ResponseStore, ByteCapEvictsLeastRecentlyUsedAndGetRefreshes) {
   ASSERT_NE(store.get("a"), nullptr);  // order: a, c, b -> b is the LRU
   ASSERT_TRUE(store.put("d", entry_of(1000)));
   EXPECT_EQ(store.get("b"), nullptr);
-  EXPECT_NE(store.get("a"), nullptr);  // order: a, d, c
-  EXPECT_NE(store.get("d"), nullptr);  // order: d, a, c
+  EXPECT_NE(store.get("a"), nullptr);           // order: a, d, c
+  EXPECT_NE(store.get("d"), nullptr);           // order: d, a, c
   ASSERT_TRUE(store.put("e", entry_of(1000)));  // evicts c
   EXPECT_EQ(store.get("c"), nullptr);
   EXPECT_NE(store.get("a"), nullptr);

@@ -75,9 +75,12 @@ TEST(ResponsesConvert, ErrorsNameTheField) {
       {R"({"input": [{"role": "user"}]})", "input[0].content"},
       {R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]})",
        "input[0].content[0].type"},
-      {R"({"input": [{"role": "user", "content": [{"type": "input_text"}]}]})", "input[0].content[0].text"},
-      {R"({"input": ["ok", {"type": "function_call", "name": "f", "arguments": "{}"}]})", "input[0]"},
-      {R"({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]})", "input[0].call_id"},
+      {R"({"input": [{"role": "user", "content": [{"type": "input_text"}]}]})",
+       "input[0].content[0].text"},
+      {R"({"input": ["ok", {"type": "function_call", "name": "f", "arguments": "{}"}]})",
+       "input[0]"},
+      {R"({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]})",
+       "input[0].call_id"},
       {R"({"input": [{"type": "function_call_output", "call_id": "c"}]})", "input[0].output"},
       {R"({"input": [{"type": "item_reference", "id": "x"}]})", "input[0].type"},
       {R"({"input": [{"type": "web_search_call"}]})", "input[0].type"},
@@ -92,10 +95,12 @@ TEST(ResponsesConvert, ErrorsNameTheField) {
       {R"({"input": "x", "tools": {}})", "tools"},
       {R"({"input": "x", "tools": [{"type": "web_search"}]})", "tools[0].type"},
       {R"({"input": "x", "tools": [{"type": "function"}]})", "tools[0].name"},
-      {R"({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": 1}]})", "tools[0].parameters"},
+      {R"({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": 1}]})",
+       "tools[0].parameters"},
       {R"({"input": "x", "tool_choice": "sometimes"})", "tool_choice"},
       {R"({"input": "x", "tools": [{"type": "function", "name": "f"}],
-           "tool_choice": {"type": "function", "name": "g"}})", "tool_choice.name"},
+           "tool_choice": {"type": "function", "name": "g"}})",
+       "tool_choice.name"},
       {R"({"input": "x", "reasoning": {"effort": "max"}})", "reasoning.effort"},
       {R"({"input": "x", "text": {"format": {"type": "json_schema"}}})", "text.format.type"},
   };
@@ -124,13 +129,15 @@ TEST(ResponsesConvert, ToolsToolChoiceAndReasoning) {
   EXPECT_EQ(r.tools.size(), 2u);  // echoed as sent
   EXPECT_EQ(r.enable_thinking, false);
 
-  r = parse_ok(R"({"input": "x", "tools": [{"type": "function", "name": "a"}, {"type": "function", "name": "b"}],
+  r = parse_ok(
+      R"({"input": "x", "tools": [{"type": "function", "name": "a"}, {"type": "function", "name": "b"}],
                    "tool_choice": {"type": "function", "name": "b"}, "reasoning": {"effort": "high"}})");
   ASSERT_EQ(r.chat_tools.size(), 1u);
   EXPECT_EQ(r.chat_tools[0]["function"]["name"], "b");
   EXPECT_EQ(r.enable_thinking, true);
 
-  r = parse_ok(R"({"input": "x", "tools": [{"type": "function", "name": "a"}], "tool_choice": "none",
+  r = parse_ok(
+      R"({"input": "x", "tools": [{"type": "function", "name": "a"}], "tool_choice": "none",
                    "reasoning": {"effort": "none"}})");
   EXPECT_TRUE(r.chat_tools.is_null());
   EXPECT_EQ(r.enable_thinking, false);
@@ -206,17 +213,27 @@ TEST(ResponsesConvert, EncoderStreamsReasoningTextAndCallsInOrder) {
   sse += enc.finish(response, /*incomplete=*/true, responses_usage(usage, 2));
 
   const auto ev = frames(sse);
-  const std::vector<std::string> expected_names = {
-      "response.created", "response.in_progress",
-      "response.output_item.added", "response.content_part.added",  // reasoning
-      "response.reasoning_text.delta", "response.reasoning_text.delta", "response.reasoning_text.done",
-      "response.content_part.done", "response.output_item.done",
-      "response.output_item.added", "response.content_part.added",  // message
-      "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
-      "response.content_part.done", "response.output_item.done",
-      "response.output_item.added",  // function call
-      "response.function_call_arguments.delta", "response.function_call_arguments.done",
-      "response.output_item.done", "response.incomplete"};
+  const std::vector<std::string> expected_names = {"response.created",
+                                                   "response.in_progress",
+                                                   "response.output_item.added",
+                                                   "response.content_part.added",  // reasoning
+                                                   "response.reasoning_text.delta",
+                                                   "response.reasoning_text.delta",
+                                                   "response.reasoning_text.done",
+                                                   "response.content_part.done",
+                                                   "response.output_item.done",
+                                                   "response.output_item.added",
+                                                   "response.content_part.added",  // message
+                                                   "response.output_text.delta",
+                                                   "response.output_text.delta",
+                                                   "response.output_text.done",
+                                                   "response.content_part.done",
+                                                   "response.output_item.done",
+                                                   "response.output_item.added",  // function call
+                                                   "response.function_call_arguments.delta",
+                                                   "response.function_call_arguments.done",
+                                                   "response.output_item.done",
+                                                   "response.incomplete"};
   ASSERT_EQ(ev.size(), expected_names.size());
   for (size_t i = 0; i < ev.size(); ++i) {
     EXPECT_EQ(ev[i].first, expected_names[i]) << i;
@@ -232,7 +249,8 @@ TEST(ResponsesConvert, EncoderStreamsReasoningTextAndCallsInOrder) {
   EXPECT_EQ(ev[11].second["content_index"], 0);
   EXPECT_EQ(ev[11].second["item_id"], ev[9].second["item"]["id"]);
   EXPECT_EQ(ev[13].second["text"], "Hello world");
-  EXPECT_EQ(ev[14].second["part"], Json::parse(R"({"type":"output_text","annotations":[],"text":"Hello world"})"));
+  EXPECT_EQ(ev[14].second["part"],
+            Json::parse(R"({"type":"output_text","annotations":[],"text":"Hello world"})"));
   EXPECT_EQ(ev[17].second["delta"], "{\"a\":1}");
   EXPECT_EQ(ev[18].second["arguments"], "{\"a\":1}");
   EXPECT_EQ(ev[19].second["item"]["call_id"], "call_9");
@@ -249,7 +267,8 @@ TEST(ResponsesConvert, EncoderStreamsReasoningTextAndCallsInOrder) {
   EXPECT_EQ(response["output"][1], ev[15].second["item"]);
   EXPECT_EQ(response["output"][2], ev[19].second["item"]);
   EXPECT_EQ(response["output"][1]["content"][0]["text"], "Hello world");
-  EXPECT_EQ(response["usage"], Json::parse(R"({"input_tokens":10,"input_tokens_details":{"cached_tokens":4},
+  EXPECT_EQ(response["usage"],
+            Json::parse(R"({"input_tokens":10,"input_tokens_details":{"cached_tokens":4},
       "output_tokens":5,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":15})"));
 }
 
@@ -274,7 +293,8 @@ TEST(ResponsesConvert, EmptyOutputStillHasAMessageAndNonStreamingEmitsNothing) {
   const auto ev = frames(errors.error("boom"));
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].first, "error");
-  EXPECT_EQ(ev[0].second, Json::parse(R"({"type":"error","code":"server_error","message":"boom","param":null,
+  EXPECT_EQ(ev[0].second,
+            Json::parse(R"({"type":"error","code":"server_error","message":"boom","param":null,
                                           "sequence_number":0})"));
 }
 
