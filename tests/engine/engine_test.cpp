@@ -73,7 +73,7 @@ void expect_clean(const Engine& e) {
     const EngineStats s = e.stats();
     return s.requests_finished != s.requests_submitted || s.running != 0 || s.kv_blocks_used != 0;
   };
-  for (int i = 0; i < 400 && busy(); ++i) {
+  for (int i = 0; i < 4000 && busy(); ++i) {  // up to 20 s on a loaded machine
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const EngineStats s = e.stats();
