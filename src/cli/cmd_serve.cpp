@@ -72,6 +72,9 @@ int run_serve(ServeOptions& o) {
   sigwait(&signals, &sig);
   std::printf("rill serve: stopping (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
   (*http)->stop();
+  // The engine goes first: stopping it ends every open request, whose final
+  // events still reach the (stopped, but alive) I/O layer and the metrics.
+  engine->reset();
   return 0;
 }
 
