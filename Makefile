@@ -7,7 +7,7 @@ WERROR ?= $(if $(CI),ON,OFF)
 FUZZ_SECONDS ?= 15
 MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all setup build run test ctest pytest fuzz clean format bench-cpu
+.PHONY: all setup build run test ctest pytest fuzz clean format bench-cpu bench-serve
 
 all: build
 
@@ -50,6 +50,11 @@ test: ctest pytest fuzz
 # .venv-tools on first use); results in build/bench/ and docs/perf.md.
 bench-cpu: build
 	@bash bench/run_cpu_bench.sh --wait-quiet 600
+
+# rill serve vs rill bench direct (decode tok/s, TTFT), a load generator at
+# concurrency 1/8/32 and 1,024 open idle streams; JSON in build/bench/.
+bench-serve: build
+	@python3 bench/e2e/serve_bench.py --rill $(BUILD_DIR)/rill --model $(MODEL) --out $(BUILD_DIR)/bench/serve_bench.json
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')
