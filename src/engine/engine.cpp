@@ -126,8 +126,6 @@ Result<uint64_t> EngineImpl::submit(GenerationRequest request, EventCallback on_
   r->on_event = std::move(on_event);
   r->tokens = r->params.prompt;
   r->n_prompt = static_cast<int32_t>(r->tokens.size());
-  r->sampler.emplace(r->params.sampling, model_->n_vocab());
-  r->sampler->add_prompt_tokens(r->tokens);
   if (tokenizer_) r->decoder.emplace(*tokenizer_, r->params.skip_special_tokens);
   if (!r->params.stop.empty()) r->stops.emplace(r->params.stop);
   const uint64_t user_ns = r->params.cache_namespace;
@@ -230,9 +228,14 @@ void EngineImpl::run_step() {
   }
   const auto now = Clock::now();
   for (const ScheduledChunk& c : plan.chunks) {
-    if (!c.request->scheduled_once) {
-      c.request->scheduled_once = true;
-      c.request->first_scheduled = now;
+    Request& r = *c.request;
+    if (!r.scheduled_once) {
+      r.scheduled_once = true;
+      r.first_scheduled = now;
+      // The sampler's per-vocabulary state is built only once the request
+      // runs, so queued requests cost a few hundred bytes, not ~5 B x vocab.
+      r.sampler.emplace(r.params.sampling, model_->n_vocab());
+      r.sampler->add_prompt_tokens(std::span<const int32_t>(r.tokens.data(), static_cast<size_t>(r.n_prompt)));
     }
   }
   Status st = runner_.run(plan);
