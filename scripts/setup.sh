@@ -9,7 +9,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libboost-dev python3-venv unzip
+  libbenchmark-dev libboost-dev python3-venv unzip chromium
 )
 
 missing=()
@@ -28,9 +28,9 @@ fi
 # Anthropic SDKs (the server's integration tests drive rill with them).
 # Golden makers and peer benchmarks in tools/ and bench/ create their own
 # venv (.venv-tools) on demand.
-PY_TEST_PACKAGES=(pytest openai anthropic)
+PY_TEST_PACKAGES=(pytest openai anthropic playwright)
 [ -x .venv/bin/python ] || python3 -m venv .venv
-if ! .venv/bin/python -c "import pytest, openai, anthropic" 2>/dev/null; then
+if ! .venv/bin/python -c "import pytest, openai, anthropic, playwright" 2>/dev/null; then
   echo "setup: installing Python test tools: ${PY_TEST_PACKAGES[*]}"
   .venv/bin/pip install -q --disable-pip-version-check "${PY_TEST_PACKAGES[@]}"
 fi

@@ -66,7 +66,13 @@ async function send(text) {
   out.dataset.streaming = '1';
   controller = new AbortController();
   sendBtn.disabled = true; stopBtn.disabled = false;
-  let reply = '', n = 0, t0 = 0;
+  // Decode speed: tokens after the first over the time since the first
+  // arrived (the wait for the first token is prompt processing, not decode).
+  let reply = '', n = 0, t0 = 0, t1 = 0, failed = false;
+  const showSpeed = tokens => {
+    const s = (t1 - t0) / 1000;
+    if (tokens > 1 && s > 0) speed.textContent = ((tokens - 1) / s).toFixed(1) + ' tok/s';
+  };
   try {
     const r = await fetch('/v1/chat/completions', {
       method: 'POST', headers, signal: controller.signal,
@@ -89,17 +95,21 @@ async function send(text) {
         if (j.error) throw new Error(j.error.message);
         const d = j.choices && j.choices[0] && j.choices[0].delta;
         if (d && d.content) {
-          if (!t0) t0 = performance.now();
+          t1 = performance.now();
+          if (!t0) t0 = t1;
           reply += d.content; n++; out.textContent = reply; log.scrollTop = log.scrollHeight;
-          const s = (performance.now() - t0) / 1000;
-          if (s > 0) speed.textContent = (n / s).toFixed(1) + ' tok/s';
+          showSpeed(n);
         }
+        // The usage chunk counts tokens exactly (a delta may hold several).
+        if (j.usage && j.usage.completion_tokens) showSpeed(j.usage.completion_tokens);
       }
     }
   } catch (e) {
-    if (e.name !== 'AbortError') add('error', 'error: ' + e.message);
+    if (e.name !== 'AbortError') { failed = true; add('error', 'error: ' + e.message); }
   } finally {
-    history.push({ role: 'assistant', content: reply });
+    // A turn that failed, or was stopped before any text, leaves the history
+    // so that the next request does not carry it (an empty assistant turn).
+    if (failed || !reply) history.pop(); else history.push({ role: 'assistant', content: reply });
     delete out.dataset.streaming; out.dataset.done = '1';
     controller = null; sendBtn.disabled = false; stopBtn.disabled = true; input.focus();
   }
@@ -112,7 +122,7 @@ document.getElementById('form').addEventListener('submit', e => {
   input.value = ''; send(text);
 });
 input.addEventListener('keydown', e => {
-  if (e.key === 'Enter' && !e.shiftKey) { e.preventDefault(); document.getElementById('form').requestSubmit(); }
+  if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); document.getElementById('form').requestSubmit(); }
 });
 stopBtn.addEventListener('click', () => controller && controller.abort());
 document.getElementById('clear').addEventListener('click', () => { if (!controller) { history = []; log.innerHTML = ''; speed.textContent = ''; } });
