@@ -88,12 +88,16 @@ void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
     return;
   }
   if (p == "/health") return health(res);
+  // The chat page holds no secrets and a browser cannot attach a key when it
+  // opens a page; its API calls carry the key (?key=...).
+  if (req.method == "GET" && (p == "/" || p == "/index.html")) {
+    return res->send(200, "text/html; charset=utf-8", chat_page_html(), {});
+  }
   if (!authorized(req)) {
     return fail(401, "invalid or missing API key (send Authorization: Bearer <key> or x-api-key)",
                 "authentication_error");
   }
   const bool get = req.method == "GET", post = req.method == "POST", del = req.method == "DELETE";
-  if (get && (p == "/" || p == "/index.html")) return res->send(200, "text/html; charset=utf-8", chat_page_html(), {});
   if (get && p == "/v1/models") return models(res);
   if (get && p == "/metrics") return metrics(res);
   if (get && p == "/stats") return stats(res);
