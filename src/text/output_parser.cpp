@@ -195,10 +195,13 @@ bool OutputParser::step_tool_call(bool final, OutputDelta& out) {
 }
 
 bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
-  // Gives up on calls: `from` on becomes content and the reply continues as content.
+  // Gives up on calls: [from, json_scan_) becomes content and the reply
+  // continues as content from json_scan_. Only the scanned part is taken, so
+  // what follows is parsed the same way however the text was split.
   auto give_up = [&](size_t from) {
-    emit_content(std::string_view(buf_).substr(from), out);
-    buf_.clear();
+    const size_t upto = std::min(json_scan_, buf_.size());
+    emit_content(std::string_view(buf_).substr(from, upto - from), out);
+    buf_.erase(0, upto);
     mode_ = Mode::kContent;
     return true;
   };
