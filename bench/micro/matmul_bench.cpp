@@ -6,6 +6,7 @@
 // RILL_CPU_ISA=scalar|avx2 selects a lower kernel table.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -74,13 +75,24 @@ BENCHMARK(BM_Q4_1_attn_576x576)->Args({1, 2})->Args({512, 2})->UseRealTime();
 BENCHMARK(BM_Q4_1_ffn_down_576x1536)->Args({1, 2})->Args({512, 2})->UseRealTime();
 BENCHMARK(BM_Q8_0_lm_head_49152x576)->Args({1, 2})->Args({64, 2})->Args({1, 1})->UseRealTime();
 
+// Batched decode (continuous batching: 2..16 streams) and a short prefill,
+// 1 thread so the kernel is measured even when the machine is shared.
+void batch_args(benchmark::internal::Benchmark* b) {
+  for (int t : {1, 2, 3, 4, 8, 16, 64}) b->Args({t, 1});
+}
+BENCHMARK(BM_Q4_1_ffn_up_1536x576)->Name("BM_Q4_1_batch_1536x576")->Apply(batch_args)->UseRealTime();
+BENCHMARK(BM_Q4_1_ffn_down_576x1536)->Name("BM_Q4_1_batch_576x1536")->Apply(batch_args)->UseRealTime();
+BENCHMARK(BM_Q8_0_lm_head_49152x576)->Name("BM_Q8_0_batch_49152x576")->Apply(batch_args)->UseRealTime();
+
 // One decode token's matmuls of the whole model with distinct weights per
 // layer (30 x {q, k, v, o, gate, up, down} Q4_1 + the Q8_0 LM head, ~96 MB),
 // so weights stream from DRAM as in real decode, unlike the hot-cache
 // single-matrix runs above. Compare weight_GB/s with BM_ReadBandwidth.
+// Args: {n_threads, n_tokens} (n_tokens > 1: one step of batched decode).
 void BM_decode_token_all_layers(benchmark::State& state) {
   static ThreadPool pool2(kThreads), pool1(1);
   ThreadPool& pool = state.range(0) == 1 ? pool1 : pool2;
+  const int64_t n_tokens = state.range(1) > 0 ? state.range(1) : 1;
   struct Mat {
     DType t;
     int64_t rows, cols;
@@ -99,20 +111,31 @@ void BM_decode_token_all_layers(benchmark::State& state) {
       for (const Mat& m : layer) views.push_back({m.t, m.rows, m.cols, bufs[i++].data(), row_bytes(m.t, m.cols)});
     views.push_back({DType::kQ8_0, 49152, 576, bufs[i].data(), row_bytes(DType::kQ8_0, 576)});
   }
-  std::vector<float> x(1536, 0.5f), y(49152);
+  std::vector<float> x(1536 * n_tokens), y(49152 * n_tokens);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& v : x) v = u(rng);
   Scratch scratch;
-  scratch.reserve(matmul_scratch_bytes(DType::kQ4_1, 1536, 1));
+  scratch.reserve(std::max(matmul_scratch_bytes(DType::kQ4_1, 1536, n_tokens),
+                           matmul_scratch_bytes(DType::kQ8_0, 1536, n_tokens)));
   size_t bytes = 0;
   for (const auto& b : bufs) bytes += b.size();
   for (auto _ : state) {
-    for (const WeightView& v : views) matmul(v, x.data(), 1, y.data(), pool, scratch);
+    for (const WeightView& v : views) matmul(v, x.data(), n_tokens, y.data(), pool, scratch);
     benchmark::DoNotOptimize(y.data());
   }
   state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(bytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
-  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["tok/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * n_tokens), benchmark::Counter::kIsRate);
   state.SetLabel(std::string(isa_name(best_isa())) + " " + std::to_string(bytes >> 20) + " MiB");
 }
-BENCHMARK(BM_decode_token_all_layers)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_decode_token_all_layers)
+    ->Args({2, 1})
+    ->Args({1, 1})
+    ->Args({2, 8})
+    ->Args({1, 8})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // The decode ceiling: streaming reads of a buffer larger than the caches
 // (256 MiB) by the same 2 threads.

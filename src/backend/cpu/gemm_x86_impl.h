@@ -211,15 +211,20 @@ constexpr std::array<TileFn, sizeof...(I)> f_tiles(std::integer_sequence<int, I.
   return {&gemm_f_tile<Load, Dot, I / kMaxTileCols + 1, I % kMaxTileCols + 1>...};
 }
 
-// GemmTileFn entry points: pick the instantiation for (n_r, n_t), splitting
-// the token rows into groups of at most Dot::kMaxT (register budget).
+// GemmTileFn entry points: weight rows in tiles of kMaxTileRows, each against
+// the token rows in groups of at most Dot::kMaxT (register budget), picking
+// the instantiation for the tile's shape.
 template <const auto& kTiles, typename Dot>
 RILL_KERNEL_TARGET void gemm_tiles(int64_t n, const void* w, size_t w_stride, int n_r, const void* a, size_t a_stride, int n_t,
                 float* y, int64_t y_stride) {
-  for (int t0 = 0; t0 < n_t; t0 += Dot::kMaxT) {
-    const int nt = n_t - t0 < Dot::kMaxT ? n_t - t0 : Dot::kMaxT;
-    kTiles[(n_r - 1) * kMaxTileCols + (nt - 1)](n, w, w_stride, static_cast<const uint8_t*>(a) + t0 * a_stride,
-                                                a_stride, y + t0 * y_stride, y_stride);
+  for (int r0 = 0; r0 < n_r; r0 += kMaxTileRows) {
+    const int nr = n_r - r0 < kMaxTileRows ? n_r - r0 : kMaxTileRows;
+    const auto* wr = static_cast<const uint8_t*>(w) + static_cast<size_t>(r0) * w_stride;
+    for (int t0 = 0; t0 < n_t; t0 += Dot::kMaxT) {
+      const int nt = n_t - t0 < Dot::kMaxT ? n_t - t0 : Dot::kMaxT;
+      kTiles[(nr - 1) * kMaxTileCols + (nt - 1)](n, wr, w_stride, static_cast<const uint8_t*>(a) + t0 * a_stride,
+                                                 a_stride, y + t0 * y_stride + r0, y_stride);
+    }
   }
 }
 

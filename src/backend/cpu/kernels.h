@@ -11,12 +11,13 @@
 
 namespace rill::cpu {
 
-// Largest register tile a gemm tile function is asked for.
+// Largest register tile of the gemm functions (they tile larger calls).
 inline constexpr int kMaxTileRows = 4;  // weight rows
 inline constexpr int kMaxTileCols = 4;  // activation (token) rows
 
 // y[t * y_stride + r] = dot(weight row r, activation row t) for r < n_r and
-// t < n_t (both >= 1 and <= the kMaxTile limits). Weight row r starts at
+// t < n_t (both >= 1; a call may span many register tiles, which lets an
+// implementation share per-token work across rows). Weight row r starts at
 // w + r * w_stride bytes, activation row t at a + t * a_stride bytes; the
 // activation is of the weight's vec_dot_partner type. n: elements per row.
 using GemmTileFn = void (*)(int64_t n, const void* w, size_t w_stride, int n_r, const void* a,

@@ -54,14 +54,23 @@ MatJob plan(const Kernels& k, const WeightView& w, float* y, int64_t y_stride, i
   // Small enough that every thread gets several chunks (handed out dynamically).
   int64_t chunk = w.n_rows / (n_threads * (n_tokens == 1 ? 8 : 4));
   chunk = std::max<int64_t>(kMaxTileRows, chunk / kMaxTileRows * kMaxTileRows);
-  if (n_tokens > 1) chunk = std::min<int64_t>(chunk, 64);
+  if (n_tokens > 1 && chunk > 64) {
+    // At most 64 rows (they stay in cache across the token tiles), in a
+    // number of chunks that the threads share evenly: 576 rows on 2 threads
+    // are 10 chunks of 60 (5 each), not 9 of 64 (5 and 4).
+    const int64_t n_min = (w.n_rows + 63) / 64;
+    const int64_t n_even = (n_min + n_threads - 1) / n_threads * n_threads;
+    chunk = (w.n_rows + n_even - 1) / n_even;
+    chunk = (chunk + kMaxTileRows - 1) / kMaxTileRows * kMaxTileRows;
+  }
   j.chunk = chunk;
   j.n_chunks = (w.n_rows + chunk - 1) / chunk;
   return j;
 }
 
 // Rows [r0, r1) of one weight against all tokens. Tokens go in blocks so a
-// block's activations stay in cache while the chunk's rows stream over them.
+// block's activations stay in cache while the chunk's rows stream over them;
+// the gemm function tiles the chunk x token block itself.
 void run_chunk(const MatJob& j, int64_t c, const uint8_t* a, size_t a_stride, int64_t n_tokens) {
   constexpr int64_t kTokenBlock = 64;
   const WeightView& w = *j.w;
@@ -69,14 +78,9 @@ void run_chunk(const MatJob& j, int64_t c, const uint8_t* a, size_t a_stride, in
   const int64_t r0 = c * j.chunk, r1 = std::min(w.n_rows, r0 + j.chunk);
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
     const int64_t t1 = std::min(n_tokens, t0 + kTokenBlock);
-    for (int64_t r = r0; r < r1; r += kMaxTileRows) {
-      const int n_r = static_cast<int>(std::min<int64_t>(kMaxTileRows, r1 - r));
-      for (int64_t t = t0; t < t1; t += kMaxTileCols) {
-        const int n_t = static_cast<int>(std::min<int64_t>(kMaxTileCols, t1 - t));
-        j.gemm(w.n_cols, wb + static_cast<size_t>(r) * w.row_stride, w.row_stride, n_r,
-               a + static_cast<size_t>(t) * a_stride, a_stride, n_t, j.y + t * j.y_stride + r, j.y_stride);
-      }
-    }
+    j.gemm(w.n_cols, wb + static_cast<size_t>(r0) * w.row_stride, w.row_stride, static_cast<int>(r1 - r0),
+           a + static_cast<size_t>(t0) * a_stride, a_stride, static_cast<int>(t1 - t0), j.y + t0 * j.y_stride + r0,
+           j.y_stride);
   }
 }
 
