@@ -176,7 +176,6 @@ int run_bench(const BenchOptions& o) {
   std::lock_guard lk(runner.mu());
   std::vector<double> ttft, itl;
   int64_t n_gen = 0, n_prompt = 0, n_cached = 0;
-  Clock::time_point first_token = t_end, last_token = t0;
   for (const Trace& t : traces) {
     if (t.reason == FinishReason::kError) {
       std::fprintf(stderr, "rill bench: a request failed: %s\n", t.error.c_str());
@@ -188,14 +187,25 @@ int run_bench(const BenchOptions& o) {
     if (t.token_times.empty()) continue;
     ttft.push_back(ms(t.token_times.front() - t.submitted));
     for (size_t k = 1; k < t.token_times.size(); ++k) itl.push_back(ms(t.token_times[k] - t.token_times[k - 1]));
-    first_token = std::min(first_token, t.token_times.front());
-    last_token = std::max(last_token, t.token_times.back());
   }
   const double wall_s = ms(t_end - t0) / 1000.0;
-  // Decode throughput: tokens after each request's first, over the span
-  // from the first first-token to the last token.
-  const double decode_span_s = ms(last_token - first_token) / 1000.0;
-  const double decode_tok_s = decode_span_s > 0 ? static_cast<double>(n_gen - static_cast<int64_t>(ttft.size())) / decode_span_s : 0;
+  // Aggregate decode throughput in the steady state: from the moment every
+  // stream of the first wave has its first token (no prompt left to
+  // prefill) to the moment the first of them finishes, the tokens all
+  // streams produced over that window. With one stream: its own decode rate.
+  Clock::time_point window_begin = t0, window_end = t_end;
+  const size_t wave = std::min(traces.size(), static_cast<size_t>(o.concurrency));
+  for (size_t i = 0; i < wave; ++i) {
+    if (traces[i].token_times.empty()) continue;
+    window_begin = std::max(window_begin, traces[i].token_times.front());
+    window_end = std::min(window_end, traces[i].token_times.back());
+  }
+  int64_t n_window = 0;
+  for (const Trace& t : traces) {
+    for (const auto& tt : t.token_times) n_window += tt > window_begin && tt <= window_end;
+  }
+  const double window_s = ms(window_end - window_begin) / 1000.0;
+  const double decode_tok_s = window_s > 0 ? static_cast<double>(n_window) / window_s : 0;
 
   nlohmann::ordered_json j;
   j["model"] = path;

@@ -87,6 +87,28 @@ inline void dot_qk16_single(const __m512* qf, const F16AttendArgs& a, int64_t j0
   _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
 }
 
+// p.v accumulators: lane l sums the keys j = l (mod n_lanes) in key order,
+// acc_l = fma(v_j, p_j, acc_l), as llama.cpp's dot lanes do. Each lane's
+// NV vectors stay in registers over its keys; only the result is stored.
+template <int NV>
+inline void pv_lanes(const F16AttendArgs& a, int n_lanes, int64_t n, float (*acc)[256]) {
+  for (int l = 0; l < n_lanes; ++l) {
+    __m512 r[NV];  // fully unrolled so the accumulators live in registers
+#pragma GCC unroll 16
+    for (int i = 0; i < NV; ++i) r[i] = _mm512_setzero_ps();
+    int64_t j = l;
+    if (j < a.j_begin) j += (a.j_begin - l + n_lanes - 1) / n_lanes * n_lanes;
+    for (; j < n; j += n_lanes) {
+      const __m512 p = _mm512_set1_ps(_cvtsh_ss(a.probs16[j]));
+      const auto* vr = reinterpret_cast<const uint16_t*>(a.kv.v_row(j));
+#pragma GCC unroll 16
+      for (int i = 0; i < NV; ++i) r[i] = _mm512_fmadd_ps(load16(vr + 16 * i), p, r[i]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < NV; ++i) _mm512_store_ps(acc[l] + 16 * i, r[i]);
+  }
+}
+
 }  // namespace
 
 bool attend_f16_exact_supported(int64_t head_dim) { return head_dim % 64 == 0 && head_dim <= 256; }
@@ -125,20 +147,26 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
     sum += static_cast<double>(reduce16(e));
   }
   const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t j = 0; j < n; ++j) a.probs16[j] = f32_to_f16(a.scores[j] * inv);
+  // Rounded to f16 16 at a time: the conversion rounds to nearest even, as
+  // f32_to_f16 does (probabilities are finite, so NaN payloads never matter).
+  const __m512 vinv = _mm512_set1_ps(inv);
+  int64_t jp = 0;
+  for (; jp + 16 <= n; jp += 16) {
+    const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(a.scores + jp), vinv),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.probs16 + jp), h);
+  }
+  for (; jp < n; ++jp) a.probs16[jp] = f32_to_f16(a.scores[jp] * inv);
 
   // p.v: accumulator row (key % n_lanes) per key, each a vector over head dims.
   const int n_lanes = a.single_query ? 64 : 16;
   alignas(64) float acc[64][256];
-  for (int l = 0; l < n_lanes; ++l)
-    for (int64_t d = 0; d < hd; d += 16) _mm512_store_ps(acc[l] + d, _mm512_setzero_ps());
-  for_each_row(a.kv, a.kv.v, a.j_begin, n, [&](int64_t j, const uint8_t* v_row) {
-    const __m512 p = _mm512_set1_ps(_cvtsh_ss(a.probs16[j]));
-    float* row = acc[j % n_lanes];
-    const auto* vr = reinterpret_cast<const uint16_t*>(v_row);
-    for (int64_t d = 0; d < hd; d += 16)
-      _mm512_store_ps(row + d, _mm512_fmadd_ps(load16(vr + d), p, _mm512_load_ps(row + d)));
-  });
+  switch (hd / 16) {
+    case 4: pv_lanes<4>(a, n_lanes, n, acc); break;
+    case 8: pv_lanes<8>(a, n_lanes, n, acc); break;
+    case 12: pv_lanes<12>(a, n_lanes, n, acc); break;
+    default: pv_lanes<16>(a, n_lanes, n, acc); break;
+  }
   for (int64_t d = 0; d < hd; d += 16) {
     __m512 lane[16];
     for (int l = 0; l < 16; ++l) {
