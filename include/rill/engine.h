@@ -47,6 +47,8 @@ struct Usage {
   double prefill_s = 0;           // first scheduled -> first token
   double decode_s = 0;            // first token -> finished
   double first_token_s = 0;       // submit -> first token
+  int32_t prefill_steps = 0;      // engine steps that computed part of the prompt
+  double longest_prefill_step_s = 0;  // the longest of those steps (its whole duration)
 };
 
 // What a request's stream carries. Every event but the last carries at least

@@ -236,10 +236,10 @@ int run_bench(const BenchOptions& o) {
       }
     }
     const double prefill_ms = ms(end - long_submitted);
-    const double n_chunks = std::ceil(static_cast<double>(o.long_prompt) / o.max_batch_tokens);
     j["long_prompt"] = {{"tokens", o.long_prompt},
                         {"prefill_ms", prefill_ms},
-                        {"chunk_ms", prefill_ms / n_chunks},
+                        {"chunks", long_trace.usage.prefill_steps},
+                        {"longest_chunk_step_ms", long_trace.usage.longest_prefill_step_s * 1000.0},
                         {"streams_max_gap_ms", max_gap},
                         {"normal_step_ms", percentile(itl, 0.5)}};
   }

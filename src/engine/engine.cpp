@@ -252,6 +252,13 @@ void EngineImpl::run_step() {
     std::lock_guard lk(stats_mu_);
     ++stats_.steps;
   }
+  const double step_s = seconds(now, Clock::now());
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.request->n_computed - c.n_tokens < c.request->n_prompt) {  // this chunk computed prompt tokens
+      ++c.request->prefill_steps;
+      c.request->longest_prefill_step_s = std::max(c.request->longest_prefill_step_s, step_s);
+    }
+  }
   int32_t sample_index = 0;
   const std::vector<ScheduledChunk> chunks = plan.chunks;  // finish() edits the plan
   for (const ScheduledChunk& c : chunks) {
@@ -326,6 +333,8 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
   u.cached_tokens = r.n_cached;
   u.completion_tokens = r.n_output();
   u.preemptions = r.n_preemptions;
+  u.prefill_steps = r.prefill_steps;
+  u.longest_prefill_step_s = r.longest_prefill_step_s;
   if (r.scheduled_once) u.queue_s = seconds(r.submitted, r.first_scheduled);
   if (r.n_output() > 0) {
     u.first_token_s = seconds(r.submitted, r.first_token);

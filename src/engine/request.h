@@ -45,6 +45,8 @@ struct Request {
   std::optional<StopMatcher> stops;
 
   Clock::time_point submitted, first_scheduled, first_token;
+  int32_t prefill_steps = 0;
+  double longest_prefill_step_s = 0;
   bool scheduled_once = false;
 
   int32_t n_output() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
