@@ -46,6 +46,9 @@ class Backend {
   // Causal attention of one sequence's queries over its paged KV (see cpu::attention).
   virtual void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv,
                          int64_t n_kv, const AttentionParams& p, float* out) = 0;
+  // attention() for several sequences in one call (one parallel pass on the
+  // CPU); results equal separate calls bit for bit.
+  virtual void attention_batch(const cpu::AttentionSeq* seqs, int n_seqs, const AttentionParams& p) = 0;
   // out = silu(gate) * up over n floats; out may alias gate.
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
   // y += x over n floats.

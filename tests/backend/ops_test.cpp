@@ -511,3 +511,55 @@ TEST(Attention, QueryWithNoVisibleKeyGetsZeros) {
 
 }  // namespace
 }  // namespace rill::cpu
+
+namespace rill::cpu {
+namespace {
+
+// attention_f16_rounded_batch over several sequences (decode and prefill
+// rows, different lengths) equals one call per sequence, bit for bit.
+TEST(Attention, F16BatchEqualsSeparateCalls) {
+  AttentionParams p;
+  p.n_head = 9;
+  p.n_head_kv = 3;
+  p.head_dim = 64;
+  p.scale = 0.125f;
+  p.kv_dtype = DType::kF16;
+  const int64_t width = p.n_head_kv * p.head_dim;
+  struct Seq {
+    int64_t n_q, n_kv;
+  };
+  const Seq shapes[] = {{1, 37}, {5, 80}, {1, 1}, {16, 16}, {1, 150}};
+  ThreadPool pool(2);
+  std::vector<std::vector<float>> qs, outs_batch, outs_alone;
+  std::vector<std::vector<uint16_t>> ks, vs;
+  std::vector<std::vector<int32_t>> poss;
+  std::vector<AttentionSeq> seqs;
+  uint32_t seed = 100;
+  for (const Seq& sh : shapes) {
+    qs.push_back(random_floats(sh.n_q * p.n_head * p.head_dim, seed++, -2.0f, 2.0f));
+    const auto kf = random_floats(sh.n_kv * width, seed++, -2.0f, 2.0f);
+    const auto vf = random_floats(sh.n_kv * width, seed++);
+    ks.emplace_back(kf.size());
+    vs.emplace_back(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) ks.back()[i] = f32_to_f16(kf[i]);
+    for (size_t i = 0; i < vf.size(); ++i) vs.back()[i] = f32_to_f16(vf[i]);
+    poss.emplace_back();
+    for (int64_t i = 0; i < sh.n_q; ++i) poss.back().push_back(static_cast<int32_t>(sh.n_kv - sh.n_q + i));
+    outs_batch.emplace_back(qs.back().size(), 0.0f);
+    outs_alone.emplace_back(qs.back().size(), 0.0f);
+  }
+  for (size_t s = 0; s < qs.size(); ++s) {
+    const PagedKv kv = make_contiguous_kv(ks[s].data(), vs[s].data(), static_cast<size_t>(width) * 2);
+    seqs.push_back({qs[s].data(), poss[s].data(), shapes[s].n_q, kv, shapes[s].n_kv, outs_batch[s].data()});
+    attention_f16_rounded(qs[s].data(), poss[s].data(), shapes[s].n_q, kv, shapes[s].n_kv, p, outs_alone[s].data(),
+                          pool);
+  }
+  attention_f16_rounded_batch(seqs.data(), static_cast<int>(seqs.size()), p, pool);
+  for (size_t s = 0; s < qs.size(); ++s) {
+    ASSERT_EQ(0, std::memcmp(outs_batch[s].data(), outs_alone[s].data(), outs_alone[s].size() * sizeof(float)))
+        << "sequence " << s;
+  }
+}
+
+}  // namespace
+}  // namespace rill::cpu

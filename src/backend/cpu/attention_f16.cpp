@@ -49,42 +49,61 @@ void attend_f16_rounded_scalar(const F16AttendArgs& a) {
 
 void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv,
                            int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool) {
+  const AttentionSeq seq{q, q_pos, n_q, kv, n_kv, out};
+  attention_f16_rounded_batch(&seq, 1, p, pool);
+}
+
+void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const AttentionParams& p, ThreadPool& pool) {
   assert(p.kv_dtype == DType::kF16 && p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024);
   const bool avx2 = best_isa() != Isa::kScalar;
   const bool avx512 = best_isa() == Isa::kAvx512 && detail::attend_f16_exact_supported(p.head_dim);
   const int64_t group = p.n_head / p.n_head_kv;
-  assert(kv.row_bytes == static_cast<size_t>(p.n_head_kv * p.head_dim) * 2);
-  const int64_t n_units = n_q * p.n_head;  // (query, head) pairs, head fastest
+  // first_unit[s]: the first (query, head) pair of sequence s; grows only.
+  thread_local std::vector<int64_t> first_unit;
+  first_unit.resize(static_cast<size_t>(n_seqs) + 1);
+  int64_t max_kv = 0;
+  first_unit[0] = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    assert(seqs[s].kv.row_bytes == static_cast<size_t>(p.n_head_kv * p.head_dim) * 2);
+    first_unit[static_cast<size_t>(s) + 1] = first_unit[static_cast<size_t>(s)] + seqs[s].n_q * p.n_head;
+    max_kv = std::max(max_kv, seqs[s].n_kv);
+  }
+  const int64_t n_units = first_unit[static_cast<size_t>(n_seqs)];
+  const int64_t* starts = first_unit.data();
   const int64_t grain = std::max<int64_t>(1, n_units / (pool.n_threads() * 8));
   pool.parallel_for(n_units, grain, [&](int64_t begin, int64_t end) {
     // Per-thread scratch, grown to the longest context seen (not per step).
     thread_local std::vector<float> scores;
     thread_local std::vector<uint16_t> probs16;
-    if (static_cast<int64_t>(scores.size()) < n_kv) {
-      scores.resize(static_cast<size_t>(n_kv));
-      probs16.resize(static_cast<size_t>(n_kv));
+    if (static_cast<int64_t>(scores.size()) < max_kv) {
+      scores.resize(static_cast<size_t>(max_kv));
+      probs16.resize(static_cast<size_t>(max_kv));
     }
     uint16_t q16[1024];
+    int s = static_cast<int>(std::upper_bound(starts, starts + n_seqs + 1, begin) - starts) - 1;
     for (int64_t u = begin; u < end; ++u) {
-      const int64_t i = u / p.n_head, h = u % p.n_head;
-      const float* qr = q + u * p.head_dim;
+      while (u >= starts[s + 1]) ++s;
+      const AttentionSeq& seq = seqs[s];
+      const int64_t local = u - starts[s];  // (query, head) within the sequence, head fastest
+      const int64_t i = local / p.n_head, h = local % p.n_head;
+      const float* qr = seq.q + local * p.head_dim;
       for (int64_t d = 0; d < p.head_dim; ++d) q16[d] = f32_to_f16(qr[d]);
-      const int64_t pos = q_pos[i];
+      const int64_t pos = seq.q_pos[i];
       detail::F16AttendArgs a;
       a.q16 = q16;
       const size_t head_off = static_cast<size_t>((h / group) * p.head_dim) * 2;  // bytes of f16
-      a.kv = kv;
+      a.kv = seq.kv;
       a.kv.k += head_off;
       a.kv.v += head_off;
       a.head_dim = p.head_dim;
-      a.j_end = std::min<int64_t>(pos + 1, n_kv);
+      a.j_end = std::min<int64_t>(pos + 1, seq.n_kv);
       a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
       a.scale = p.scale;
       a.softcap = p.softcap;
       a.scores = scores.data();
       a.probs16 = probs16.data();
-      a.out = out + u * p.head_dim;
-      a.single_query = n_q == 1;
+      a.out = seq.out + local * p.head_dim;
+      a.single_query = seq.n_q == 1;
       if (avx512) {
         detail::attend_f16_rounded_avx512(a);
       } else if (avx2) {

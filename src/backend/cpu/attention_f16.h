@@ -14,6 +14,9 @@ namespace rill::cpu {
 
 void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv,
                            int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool);
+// The same for several sequences in one parallel pass over all their
+// (query, head) pairs; each pair's result is bit-identical to the call above.
+void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const AttentionParams& p, ThreadPool& pool);
 
 namespace detail {
 // One (query, head): q16 [head_dim] f16; key j's head_dim f16 elements at

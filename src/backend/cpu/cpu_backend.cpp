@@ -66,6 +66,17 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void attention_batch(const cpu::AttentionSeq* seqs, int n_seqs, const AttentionParams& p) override {
+    if (p.kv_dtype == DType::kF16) {
+      cpu::attention_f16_rounded_batch(seqs, n_seqs, p, pool_);
+      return;
+    }
+    for (int s = 0; s < n_seqs; ++s) {
+      const cpu::AttentionSeq& a = seqs[s];
+      cpu::attention(a.q, a.q_pos, a.n_q, a.kv, a.n_kv, p, a.out, pool_);
+    }
+  }
+
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
     cpu::silu_mul(gate, up, out, n);
   }

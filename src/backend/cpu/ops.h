@@ -121,4 +121,14 @@ struct AttentionParams {
 void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
                const AttentionParams& p, float* out, ThreadPool& pool);
 
+// One sequence's share of a batched attention call (arguments as above).
+struct AttentionSeq {
+  const float* q = nullptr;
+  const int32_t* q_pos = nullptr;
+  int64_t n_q = 0;
+  PagedKv kv;
+  int64_t n_kv = 0;
+  float* out = nullptr;
+};
+
 }  // namespace rill::cpu

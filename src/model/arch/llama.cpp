@@ -71,6 +71,7 @@ class LlamaModel final : public Model {
   AttentionParams attn_params_;
   PagedKvCache kv_;
   Activations a_;
+  std::vector<cpu::AttentionSeq> attn_seqs_;  // per step; capacity reserved at init
 };
 
 Status LlamaModel::init(const ModelOptions& options) {
@@ -188,6 +189,7 @@ Status LlamaModel::init(const ModelOptions& options) {
 
   max_tokens_ = std::max(1, options.max_batch_tokens);
   max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
+  attn_seqs_.reserve(static_cast<size_t>(max_tokens_));  // a batch has at most one sequence per token
   const auto T = static_cast<size_t>(max_tokens_);
   a_.x.resize(T * E);
   a_.h.resize(T * E);
@@ -217,14 +219,17 @@ void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& b
   }
   backend_->rope(a_.q.data(), batch.positions.data(), n, cfg_.n_head, hd_, rope_);
   backend_->rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
+  // Store every sequence's new K/V, then attend for all of them in one call.
+  attn_seqs_.clear();
   for (const BatchSeq& s : batch.seqs) {
     const int64_t t0 = s.q_start;
     const std::span<const int32_t> table = batch.table(0, s);
     kv_.store(il, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
               batch.positions.data() + t0, s.q_len, kv_width_);
-    backend_->attention(a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
-                        s.kv_len, attn_params_, a_.attn.data() + t0 * q_width_);
+    attn_seqs_.push_back({a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
+                          s.kv_len, a_.attn.data() + t0 * q_width_});
   }
+  backend_->attention_batch(attn_seqs_.data(), static_cast<int>(attn_seqs_.size()), attn_params_);
   L.o.forward(a_.attn.data(), n, a_.h.data(), *backend_);
   backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
 }
