@@ -242,8 +242,8 @@ void EngineImpl::run_step() {
   if (st.ok()) st = scheduler_.step_computed();
   if (!st.ok()) {
     // A failed step fails exactly its requests; their KV is released.
-    const std::vector<ScheduledChunk> chunks = plan.chunks;
-    for (const ScheduledChunk& c : chunks) {
+    step_chunks_.assign(plan.chunks.begin(), plan.chunks.end());  // finish() edits the plan
+    for (const ScheduledChunk& c : step_chunks_) {
       finish(*c.request, FinishReason::kError, GenerationEvent{}, "the forward pass failed: " + st.error().message);
     }
     return;
@@ -260,8 +260,8 @@ void EngineImpl::run_step() {
     }
   }
   int32_t sample_index = 0;
-  const std::vector<ScheduledChunk> chunks = plan.chunks;  // finish() edits the plan
-  for (const ScheduledChunk& c : chunks) {
+  step_chunks_.assign(plan.chunks.begin(), plan.chunks.end());  // finish() edits the plan; no allocation once grown
+  for (const ScheduledChunk& c : step_chunks_) {
     if (!c.samples) continue;
     Request& r = *c.request;
     float* logits = runner_.logits(sample_index++);

@@ -69,6 +69,7 @@ class EngineImpl final : public Engine {
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Request>> live_;
   std::vector<uint64_t> finished_ids_;  // erased from live_ after the step
+  std::vector<ScheduledChunk> step_chunks_;  // this step's plan, copied (finish() edits the plan)
 
   // Inbox, guarded by mu_.
   std::mutex mu_;

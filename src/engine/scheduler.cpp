@@ -90,7 +90,11 @@ int32_t Scheduler::n_decoding() const {
 }
 
 const StepPlan& Scheduler::schedule() {
-  plan_ = StepPlan{};
+  // Cleared, not replaced: the vectors keep their capacity across steps.
+  plan_.chunks.clear();
+  plan_.preempted.clear();
+  plan_.failed.clear();
+  plan_.n_tokens = 0;
   budget_ = options_.token_budget;
 
   // 1. Decode tokens, oldest first. running_ may shrink while we walk it.
