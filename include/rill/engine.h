@@ -6,6 +6,7 @@
 // at a time (continuous batching over a paged KV cache with a prefix cache;
 // see docs/architecture.md). Submissions, cancellations and reads of a
 // request's stream are thread-safe.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -109,6 +110,11 @@ struct EngineStats {
   int64_t requests_submitted = 0, requests_finished = 0, requests_rejected = 0;
   int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
   int64_t steps = 0, preemptions = 0;
+  // Sequences per step: counts of steps with at most kBatchSizeBounds[i]
+  // sequences (not cumulative), the last bucket for larger steps.
+  static constexpr std::array<int32_t, 8> kBatchSizeBounds = {1, 2, 4, 8, 16, 32, 64, 128};
+  std::array<int64_t, kBatchSizeBounds.size() + 1> batch_size_counts{};
+  int64_t batch_size_sum = 0;
   int32_t running = 0, waiting = 0;
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
   int32_t kv_block_size = 0;

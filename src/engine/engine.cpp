@@ -251,6 +251,11 @@ void EngineImpl::run_step() {
   {
     std::lock_guard lk(stats_mu_);
     ++stats_.steps;
+    const auto n_seqs = static_cast<int32_t>(plan.chunks.size());
+    size_t b = 0;
+    while (b < EngineStats::kBatchSizeBounds.size() && n_seqs > EngineStats::kBatchSizeBounds[b]) ++b;
+    ++stats_.batch_size_counts[b];
+    stats_.batch_size_sum += n_seqs;
   }
   const double step_s = seconds(now, Clock::now());
   for (const ScheduledChunk& c : plan.chunks) {

@@ -75,6 +75,17 @@ std::string Metrics::render(const EngineStats& s) const {
   gauge(out, "rill_kv_blocks_used", "KV cache blocks held by requests", s.kv_blocks_used);
   gauge(out, "rill_kv_blocks_cached", "unreferenced KV blocks kept for prefix reuse", s.kv_blocks_cached);
   gauge(out, "rill_open_streams", "streaming HTTP responses in progress", static_cast<double>(open_streams_.load()));
+  out += "# HELP rill_batch_size sequences per engine step\n# TYPE rill_batch_size histogram\n";
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < EngineStats::kBatchSizeBounds.size(); ++i) {
+    cumulative += s.batch_size_counts[i];
+    out += "rill_batch_size_bucket{le=\"" + std::to_string(EngineStats::kBatchSizeBounds[i]) + "\"} " +
+           std::to_string(cumulative) + "\n";
+  }
+  cumulative += s.batch_size_counts.back();
+  out += "rill_batch_size_bucket{le=\"+Inf\"} " + std::to_string(cumulative) + "\n";
+  out += "rill_batch_size_sum " + std::to_string(s.batch_size_sum) + "\nrill_batch_size_count " +
+         std::to_string(cumulative) + "\n";
   ttft_.render("rill_time_to_first_token_seconds", "time from request to first token", out);
   itl_.render("rill_inter_token_latency_seconds", "time between streamed tokens", out);
   return out;

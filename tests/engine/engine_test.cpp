@@ -113,6 +113,12 @@ TEST(Engine, ConcurrentRequestsGiveTheirAloneTokens) {
   const auto seqs = model->step_seqs();
   EXPECT_GT(*std::max_element(seqs.begin(), seqs.end()), 1) << "requests were never batched";
   expect_clean(*e);
+  // The batch-size histogram counts every step once, with the same total.
+  const EngineStats st = e->stats();
+  int64_t n_steps = 0;
+  for (int64_t c : st.batch_size_counts) n_steps += c;
+  EXPECT_EQ(n_steps, st.steps);
+  EXPECT_GT(st.batch_size_sum, st.steps);  // some steps held several sequences
 }
 
 TEST(Engine, StopTokenEndsWithStop) {

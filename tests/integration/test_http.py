@@ -96,7 +96,7 @@ def test_metrics_and_stats(server):
     assert status == 200
     for name in ["rill_http_requests_total", "rill_time_to_first_token_seconds_bucket",
                  "rill_inter_token_latency_seconds_count", "rill_kv_blocks_used", "rill_prefix_cache_hit_rate",
-                 "rill_requests_running"]:
+                 "rill_requests_running", "rill_batch_size_bucket", "rill_batch_size_count"]:
         assert name in text, name
     st = server.stats()
     assert st["engine"]["requests_finished"] >= 1
