@@ -43,24 +43,10 @@ inline float dot_qk(const uint16_t* q, const uint16_t* k, int64_t hd, bool singl
   return reduce16(_mm512_add_ps(_mm512_add_ps(x[0], x[2]), _mm512_add_ps(x[1], x[3])));
 }
 
-// The single-query q.k of 16 consecutive keys, each bit-identical to
-// dot_qk(q, k_j, hd, true): the per-key vectors are built as there, then the
-// 16 horizontal adds (reduce16's tree) run vertically across keys with
-// 128-bit-lane shuffles, instead of a serial shuffle chain per key.
-// out[t] = q . k_(j0 + t), each key's row found through the block table.
-inline void dot_qk16_single(const __m512* qf, const F16AttendArgs& a, int64_t j0, int64_t hd, float* out) {
-  __m512 c[16];
-  for_each_row(a.kv, a.kv.k, j0, j0 + 16, [&](int64_t j, const uint8_t* row) {
-    const auto* kr = reinterpret_cast<const uint16_t*>(row);
-    __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
-    for (int64_t d = 0, i = 0; d < hd; d += 64, i += 4) {
-      x0 = _mm512_fmadd_ps(load16(kr + d), qf[i], x0);
-      x1 = _mm512_fmadd_ps(load16(kr + d + 16), qf[i + 1], x1);
-      x2 = _mm512_fmadd_ps(load16(kr + d + 32), qf[i + 2], x2);
-      x3 = _mm512_fmadd_ps(load16(kr + d + 48), qf[i + 3], x3);
-    }
-    c[j - j0] = _mm512_add_ps(_mm512_add_ps(x0, x2), _mm512_add_ps(x1, x3));
-  });
+// out[t] = reduce16(c[t]) for 16 vectors at once: reduce16's tree (hi8 +
+// lo8, hi4 + lo4, the two pair sums, their sum) run vertically across the
+// vectors with 128-bit-lane shuffles, each result bit-identical.
+inline void reduce16x16(const __m512* c, float* out) {
   // t3 = hi8 + lo8, two keys per vector: [t3_a(0..7), t3_b(0..7)].
   __m512 u[8];
   for (int i = 0; i < 8; ++i) {
@@ -87,6 +73,27 @@ inline void dot_qk16_single(const __m512* qf, const F16AttendArgs& a, int64_t j0
   _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
 }
 
+// The single-query q.k of 16 consecutive keys, each bit-identical to
+// dot_qk(q, k_j, hd, true): the per-key vectors are built as there, then the
+// 16 horizontal adds (reduce16's tree) run vertically across keys with
+// 128-bit-lane shuffles, instead of a serial shuffle chain per key.
+// out[t] = q . k_(j0 + t), each key's row found through the block table.
+inline void dot_qk16_single(const __m512* qf, const F16AttendArgs& a, int64_t j0, int64_t hd, float* out) {
+  __m512 c[16];
+  for_each_row(a.kv, a.kv.k, j0, j0 + 16, [&](int64_t j, const uint8_t* row) {
+    const auto* kr = reinterpret_cast<const uint16_t*>(row);
+    __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
+    for (int64_t d = 0, i = 0; d < hd; d += 64, i += 4) {
+      x0 = _mm512_fmadd_ps(load16(kr + d), qf[i], x0);
+      x1 = _mm512_fmadd_ps(load16(kr + d + 16), qf[i + 1], x1);
+      x2 = _mm512_fmadd_ps(load16(kr + d + 32), qf[i + 2], x2);
+      x3 = _mm512_fmadd_ps(load16(kr + d + 48), qf[i + 3], x3);
+    }
+    c[j - j0] = _mm512_add_ps(_mm512_add_ps(x0, x2), _mm512_add_ps(x1, x3));
+  });
+  reduce16x16(c, out);
+}
+
 // p.v accumulators: lane l sums the keys j = l (mod n_lanes) in key order,
 // acc_l = fma(v_j, p_j, acc_l), as llama.cpp's dot lanes do. Each lane's
 // NV vectors stay in registers over its keys; only the result is stored.
@@ -109,6 +116,27 @@ inline void pv_lanes(const F16AttendArgs& a, int n_lanes, int64_t n, float (*acc
   }
 }
 
+// The multi-query q.k of 16 consecutive keys, each bit-identical to
+// dot_qk(q, k_j, hd, false): one 16-lane accumulator per key over 16-dim
+// steps, then the 16 horizontal adds done vertically.
+// The 16 keys' chains are interleaved (dims outer, keys inner) so they run
+// in parallel instead of one 4-cycle fma latency after another; each key
+// still adds its dims in order.
+inline void dot_qk16_multi(const __m512* qf, const F16AttendArgs& a, int64_t j0, int64_t hd, float* out) {
+  const uint16_t* rows[16];
+  for_each_row(a.kv, a.kv.k, j0, j0 + 16,
+               [&](int64_t j, const uint8_t* row) { rows[j - j0] = reinterpret_cast<const uint16_t*>(row); });
+  __m512 c[16];
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) c[t] = _mm512_setzero_ps();
+  for (int64_t d = 0, i = 0; d < hd; d += 16, ++i) {
+    const __m512 q = qf[i];
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t) c[t] = _mm512_fmadd_ps(load16(rows[t] + d), q, c[t]);
+  }
+  reduce16x16(c, out);
+}
+
 }  // namespace
 
 bool attend_f16_exact_supported(int64_t head_dim) { return head_dim % 64 == 0 && head_dim <= 256; }
@@ -120,11 +148,29 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
   float max = -INFINITY;
   int64_t j = 0;
   for (; j < a.j_begin; ++j) a.scores[j] = -INFINITY;
-  if (a.single_query) {
+  {
     __m512 qf[16];  // head_dim <= 256
     for (int64_t d = 0; d < hd; d += 16) qf[d / 16] = load16(a.q16 + d);
-    for (; j + 16 <= n; j += 16) dot_qk16_single(qf, a, j, hd, a.scores + j);
-    for (int64_t t = a.j_begin; t < j; ++t) {  // scale (and cap) the blocked scores
+    // Keys from j_begin on, 16 at a time (each key's dot is independent).
+    for (; j + 16 <= n; j += 16) {
+      if (a.single_query) {
+        dot_qk16_single(qf, a, j, hd, a.scores + j);
+      } else {
+        dot_qk16_multi(qf, a, j, hd, a.scores + j);
+      }
+    }
+    int64_t t = a.j_begin;  // scale (and cap) the blocked scores
+    if (a.softcap <= 0.0f) {  // vector form: the same products, and max is exact in any order
+      const __m512 vscale = _mm512_set1_ps(a.scale);
+      __m512 vmax = _mm512_set1_ps(-INFINITY);
+      for (; t + 16 <= j; t += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(a.scores + t), vscale);
+        _mm512_storeu_ps(a.scores + t, v);
+        vmax = _mm512_max_ps(vmax, v);
+      }
+      max = _mm512_reduce_max_ps(vmax);
+    }
+    for (; t < j; ++t) {
       float s = a.scores[t] * a.scale;
       if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
       a.scores[t] = s;
