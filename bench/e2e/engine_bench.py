@@ -18,26 +18,9 @@ import argparse
 import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 
-
-def rill_bench(rill, model, threads, *args):
-    cmd = [rill, "bench", model, "--threads", str(threads), "--json", *map(str, args)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return cmd, json.loads(out)
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+from bench_common import cpu_name, rill_bench
 
 
 def main():

@@ -33,7 +33,6 @@ import datetime
 import http.client
 import json
 import os
-import platform
 import random
 import re
 import resource
@@ -44,21 +43,12 @@ import sys
 import threading
 import time
 
+from bench_common import cpu_name
+
 now = time.perf_counter
 
 
 # ---------------------------------------------------------------- utilities
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
 
 def percentile(v, p):
     """Linear interpolation between closest ranks (as `rill bench` does)."""
