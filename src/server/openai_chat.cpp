@@ -141,12 +141,7 @@ class ChatCall final : public openai::OpenAiCall {
 
  private:
   ojson chunk(ojson choices) const {
-    ojson c = {{"id", id_},
-               {"object", "chat.completion.chunk"},
-               {"created", created_},
-               {"model", model_},
-               {"system_fingerprint", openai::kSystemFingerprint},
-               {"choices", std::move(choices)}};
+    ojson c = envelope("chat.completion.chunk", model_, std::move(choices));
     if (include_usage_) c["usage"] = nullptr;
     return c;
   }
@@ -210,13 +205,9 @@ class ChatCall final : public openai::OpenAiCall {
       choices.push_back(
           {{"index", i}, {"message", std::move(message)}, {"logprobs", std::move(logprobs)}, {"finish_reason", r.finish_reason}});
     }
-    return {{"id", id_},
-            {"object", "chat.completion"},
-            {"created", created_},
-            {"model", model_},
-            {"system_fingerprint", openai::kSystemFingerprint},
-            {"choices", std::move(choices)},
-            {"usage", openai::usage_json(results, n_choices_)}};
+    ojson reply = envelope("chat.completion", model_, std::move(choices));
+    reply["usage"] = openai::usage_json(results, n_choices_);
+    return reply;
   }
 
   const std::string model_;

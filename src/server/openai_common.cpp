@@ -299,6 +299,15 @@ ojson usage_json(const std::vector<ChatResult>& results, size_t per_prompt) {
 OpenAiCall::OpenAiCall(ServerContext& ctx, std::shared_ptr<Responder> res, bool stream, std::string id)
     : ctx_(ctx), stream_(stream), id_(std::move(id)), created_(unix_time()), res_(std::move(res)) {}
 
+ojson OpenAiCall::envelope(const char* object, const std::string& model, ojson choices) const {
+  return {{"id", id_},
+          {"object", object},
+          {"created", created_},
+          {"model", model},
+          {"system_fingerprint", kSystemFingerprint},
+          {"choices", std::move(choices)}};
+}
+
 void OpenAiCall::run(std::vector<Job> jobs) {
   std::weak_ptr<OpenAiCall> weak = shared_from_this();
   {

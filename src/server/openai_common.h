@@ -104,6 +104,10 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   virtual std::string close_frames(const std::vector<ChatResult>& results) = 0;
   virtual ojson response(const std::vector<ChatResult>& results) = 0;
 
+  // {id, object, created, model, system_fingerprint, choices}: the shell of
+  // every chunk and reply of this call.
+  ojson envelope(const char* object, const std::string& model, ojson choices) const;
+
   ServerContext& ctx_;
   const bool stream_;
   const std::string id_;

@@ -93,12 +93,7 @@ class CompletionCall final : public openai::OpenAiCall {
 
  private:
   ojson chunk(ojson choices) const {
-    ojson c = {{"id", id_},
-               {"object", "text_completion"},
-               {"created", created_},
-               {"model", model_},
-               {"system_fingerprint", openai::kSystemFingerprint},
-               {"choices", std::move(choices)}};
+    ojson c = envelope("text_completion", model_, std::move(choices));
     if (include_usage_) c["usage"] = nullptr;
     return c;
   }
@@ -159,13 +154,9 @@ class CompletionCall final : public openai::OpenAiCall {
                          {"logprobs", std::move(logprobs)},
                          {"finish_reason", r.finish_reason}});
     }
-    return {{"id", id_},
-            {"object", "text_completion"},
-            {"created", created_},
-            {"model", model_},
-            {"system_fingerprint", openai::kSystemFingerprint},
-            {"choices", std::move(choices)},
-            {"usage", openai::usage_json(results, n_per_prompt_)}};
+    ojson reply = envelope("text_completion", model_, std::move(choices));
+    reply["usage"] = openai::usage_json(results, n_per_prompt_);
+    return reply;
   }
 
   const std::string model_;
