@@ -1,0 +1,412 @@
+// Paged attention: split-KV decode (+ combine) and a tiled prefill kernel.
+// Both read K/V rows through the block tables; both keep scores and the
+// softmax in f32 with the CPU reference's order (scale, softcap, max
+// subtraction, exp, sum), and differ from it only by summation order.
+#include <cassert>
+#include <cmath>
+
+#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/ops.h"
+
+namespace rill::cuda {
+namespace {
+
+using detail::from_f32;
+using detail::to_f32;
+using detail::warp_max;
+using detail::warp_sum;
+
+constexpr int kMaxGroup = 8;       // q heads per KV head the decode kernel handles
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeChunk = 128;  // keys scored before each softmax update
+
+__device__ __forceinline__ int64_t cache_row(const AttentionArgs& a, const int32_t* table, int32_t j) {
+  const int32_t mask = (1 << a.block_shift) - 1;
+  return (static_cast<int64_t>(table[j >> a.block_shift]) << a.block_shift) + (j & mask);
+}
+
+__device__ __forceinline__ float softcap_score(float s, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+}
+
+// Loads 4 consecutive KV elements as f32.
+__device__ __forceinline__ void load4(const float* p, float* v) {
+  const float4 x = *reinterpret_cast<const float4*>(p);
+  v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+}
+__device__ __forceinline__ void load4(const __half* p, float* v) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const __half2 a = *reinterpret_cast<const __half2*>(&raw.x), b = *reinterpret_cast<const __half2*>(&raw.y);
+  const float2 fa = __half22float2(a), fb = __half22float2(b);
+  v[0] = fa.x; v[1] = fa.y; v[2] = fb.x; v[3] = fb.y;
+}
+
+__host__ __device__ __forceinline__ int32_t splits_for(int32_t len) {
+  int32_t s = (len + kMinSplitKeys - 1) / kMinSplitKeys;
+  return s < 1 ? 1 : s > kMaxSplits ? kMaxSplits : s;
+}
+
+// Partial results of split s of (decode token z, head h): m, l, then acc[head_dim].
+__device__ __forceinline__ float* partial_at(const AttentionArgs& a, int z, int h, int s) {
+  const int64_t rec = a.head_dim + 2;
+  return a.partial + ((static_cast<int64_t>(z) * a.n_head + h) * kMaxSplits + s) * rec;
+}
+
+// grid (n_head_kv, max splits, n_decode); 4 warps. Warp w scores keys
+// w, w+4, ... of each chunk (lanes split head_dim, 4 elements each), then
+// accumulates V for the same keys; the warps' sums meet in shared memory.
+// Requires head_dim % 4 == 0 and head_dim <= 256.
+template <typename KV>
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a) {
+  extern __shared__ float smem[];
+  const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
+  float* q_s = smem;                       // [G][hd]
+  float* sc = q_s + G * hd;                // [G][kDecodeChunk]
+  float* red = sc + G * kDecodeChunk;      // [4][G][hd]
+  __shared__ float m_s[kMaxGroup], corr_s[kMaxGroup], l_s[kMaxGroup];
+
+  const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int32_t t = a.decode_tokens[z];
+  const int32_t p = a.pos[t];
+  const int32_t len = p + 1;
+  const int32_t n_splits = splits_for(len);
+  if (split >= n_splits) return;
+  const int32_t split_len = (len + n_splits - 1) / n_splits;
+  const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
+  const int32_t k_begin = max(split * split_len, lo), k_end = min(len, (split + 1) * split_len);
+  if (k_begin >= k_end) {
+    if (threadIdx.x < G) {
+      float* part = partial_at(a, z, kvh * G + threadIdx.x, split);
+      part[0] = -INFINITY;
+      part[1] = 0.0f;
+    }
+    return;
+  }
+  const int32_t* table = a.block_tables + a.table_start[a.seq_of[t]];
+  const float* q = a.q + static_cast<int64_t>(t) * a.q_stride + static_cast<int64_t>(kvh) * G * hd;
+  for (int i = threadIdx.x; i < G * hd; i += kDecodeThreads) q_s[i] = q[i];
+  if (threadIdx.x < G) {
+    m_s[threadIdx.x] = -INFINITY;
+    l_s[threadIdx.x] = 0.0f;
+  }
+  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
+  const KV* kbase = static_cast<const KV*>(a.k_cache) + static_cast<int64_t>(kvh) * hd;
+  const KV* vbase = static_cast<const KV*>(a.v_cache) + static_cast<int64_t>(kvh) * hd;
+  const int n_chunks = (hd + 127) / 128;  // lane owns dims lane*4 + c*128 .. +3
+  float acc[kMaxGroup][2][4];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[g][c][e] = 0.0f;
+  __syncthreads();
+
+  for (int32_t c0 = k_begin; c0 < k_end; c0 += kDecodeChunk) {
+    const int n = min(kDecodeChunk, k_end - c0);
+    for (int jj = warp; jj < n; jj += 4) {
+      const KV* kr = kbase + cache_row(a, table, c0 + jj) * row_elems;
+      float dot[kMaxGroup];
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) dot[g] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int d = lane * 4 + c * 128;
+        if (c < n_chunks && d < hd) {
+          float kv[4];
+          load4(kr + d, kv);
+#pragma unroll
+          for (int g = 0; g < kMaxGroup; ++g) {
+            if (g < G) {
+              const float* qg = q_s + g * hd + d;
+              dot[g] += qg[0] * kv[0] + qg[1] * kv[1] + qg[2] * kv[2] + qg[3] * kv[3];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g < G) {
+          const float s = warp_sum(dot[g]);
+          if (lane == 0) sc[g * kDecodeChunk + jj] = softcap_score(s * a.scale, a.softcap);
+        }
+      }
+    }
+    __syncthreads();
+    // Softmax update: warp w owns heads w, w+4.
+    for (int g = warp; g < G; g += 4) {
+      float mx = -INFINITY;
+      for (int jj = lane; jj < n; jj += 32) mx = fmaxf(mx, sc[g * kDecodeChunk + jj]);
+      mx = warp_max(mx);
+      const float m_new = fmaxf(m_s[g], mx);
+      float sum = 0.0f;
+      for (int jj = lane; jj < n; jj += 32) {
+        const float e = expf(sc[g * kDecodeChunk + jj] - m_new);
+        sc[g * kDecodeChunk + jj] = e;
+        sum += e;
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        const float corr = expf(m_s[g] - m_new);  // 0 on the first chunk
+        corr_s[g] = corr;
+        l_s[g] = l_s[g] * corr + sum;
+        m_s[g] = m_new;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g < G) {
+        const float corr = corr_s[g];
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[g][c][e] *= corr;
+      }
+    }
+    for (int jj = warp; jj < n; jj += 4) {
+      const KV* vr = vbase + cache_row(a, table, c0 + jj) * row_elems;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int d = lane * 4 + c * 128;
+        if (c < n_chunks && d < hd) {
+          float v[4];
+          load4(vr + d, v);
+#pragma unroll
+          for (int g = 0; g < kMaxGroup; ++g) {
+            if (g < G) {
+              const float pr = sc[g * kDecodeChunk + jj];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[g][c][e] += pr * v[e];
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // sc is rewritten by the next chunk
+  }
+  // Sum the four warps' accumulators.
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g < G) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int d = lane * 4 + c * 128;
+        if (c < n_chunks && d < hd) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) red[(warp * G + g) * hd + d + e] = acc[g][c][e];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * hd; i += kDecodeThreads) {
+    const int g = i / hd, d = i % hd;
+    const float s = red[(0 * G + g) * hd + d] + red[(1 * G + g) * hd + d] + red[(2 * G + g) * hd + d] +
+                    red[(3 * G + g) * hd + d];
+    float* part = partial_at(a, z, kvh * G + g, split);
+    part[2 + d] = s;
+    if (d == 0) {
+      part[0] = m_s[g];
+      part[1] = l_s[g];
+    }
+  }
+}
+
+// grid (n_decode, n_head): merges a token's splits into out.
+template <typename Out>
+__global__ void combine_kernel(AttentionArgs a) {
+  const int z = blockIdx.x, h = blockIdx.y;
+  const int32_t t = a.decode_tokens[z];
+  const int32_t n_splits = splits_for(a.pos[t] + 1);
+  float m = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, partial_at(a, z, h, s)[0]);
+  float den = 0.0f;
+  for (int s = 0; s < n_splits; ++s) {
+    const float* part = partial_at(a, z, h, s);
+    if (part[1] > 0.0f) den += expf(part[0] - m) * part[1];
+  }
+  Out* out = static_cast<Out*>(a.out) + static_cast<int64_t>(t) * a.n_head * a.head_dim +
+             static_cast<int64_t>(h) * a.head_dim;
+  const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+  for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
+    float v = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float* part = partial_at(a, z, h, s);
+      if (part[1] > 0.0f) v += expf(part[0] - m) * part[2 + d];
+    }
+    out[d] = from_f32<Out>(v * inv);
+  }
+}
+
+// grid (n_tiles, n_head); 128 threads: thread (r = tid / 4, sub = tid % 4)
+// owns query row r of the tile and dims sub, sub + 4, ... of its output.
+// K/V tiles of 32 keys are staged in shared memory as f32.
+constexpr int kTileK = 32;
+template <typename KV, typename Out, int kDims>  // kDims = head_dim / 4 rounded up
+__global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a) {
+  extern __shared__ float smem[];
+  const int hd = a.head_dim, ld = hd + 1;
+  float* qs = smem;                   // [32][hd + 1]
+  float* ks = qs + kPrefillTileQ * ld;  // [32][hd + 1]
+  float* vs = ks + kTileK * ld;         // [32][hd]
+  float* ps = vs + kTileK * hd;         // [32][33]
+  const PrefillTile tile = a.tiles[blockIdx.x];
+  const int h = blockIdx.y, kvh = h / (a.n_head / a.n_head_kv);
+  const int r = threadIdx.x >> 2, sub = threadIdx.x & 3;
+  const int32_t* table = a.block_tables + a.table_start[tile.seq];
+  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
+  const KV* kbase = static_cast<const KV*>(a.k_cache) + static_cast<int64_t>(kvh) * hd;
+  const KV* vbase = static_cast<const KV*>(a.v_cache) + static_cast<int64_t>(kvh) * hd;
+
+  for (int i = threadIdx.x; i < kPrefillTileQ * hd; i += 128) {
+    const int rr = i / hd, d = i % hd;
+    qs[rr * ld + d] = rr < tile.n_q ? a.q[static_cast<int64_t>(tile.t0 + rr) * a.q_stride + static_cast<int64_t>(h) * hd + d] : 0.0f;
+  }
+  const bool row_ok = r < tile.n_q;
+  const int32_t p_row = row_ok ? a.pos[tile.t0 + r] : -1;
+  const int32_t lo_row = a.window > 0 ? max(0, p_row - a.window + 1) : 0;
+  const int32_t p_first = a.pos[tile.t0], p_last = a.pos[tile.t0 + tile.n_q - 1];
+  const int32_t k_lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0, k_hi = p_last + 1;
+
+  float acc[kDims];
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) acc[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int32_t kc = k_lo; kc < k_hi; kc += kTileK) {
+    __syncthreads();  // previous tile fully used (and q staged on the first pass)
+    for (int i = threadIdx.x; i < kTileK * hd; i += 128) {
+      const int jj = i / hd, d = i % hd;
+      const int32_t j = kc + jj;
+      float kv = 0.0f, vv = 0.0f;
+      if (j < k_hi) {
+        const int64_t row = cache_row(a, table, j) * row_elems;
+        kv = to_f32(kbase[row + d]);
+        vv = to_f32(vbase[row + d]);
+      }
+      ks[jj * ld + d] = kv;
+      vs[jj * hd + d] = vv;
+    }
+    __syncthreads();
+    float s[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] = 0.0f;
+    for (int d = 0; d < hd; ++d) {
+      const float qd = qs[r * ld + d];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] += qd * ks[(sub + 4 * i) * ld + d];
+    }
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int32_t j = kc + sub + 4 * i;
+      const bool ok = row_ok && j <= p_row && j >= lo_row && j < k_hi;
+      s[i] = ok ? softcap_score(s[i] * a.scale, a.softcap) : -INFINITY;
+      tile_max = fmaxf(tile_max, s[i]);
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float m_new = fmaxf(m, tile_max);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float e = s[i] == -INFINITY ? 0.0f : expf(s[i] - m_new);
+      ps[r * 33 + sub + 4 * i] = e;
+      sum += e;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
+    if (m_new != -INFINITY) {
+      l = l * corr + sum;
+      m = m_new;
+#pragma unroll
+      for (int i = 0; i < kDims; ++i) acc[i] *= corr;
+    }
+    __syncwarp();
+    for (int jj = 0; jj < kTileK; ++jj) {
+      const float pr = ps[r * 33 + jj];
+#pragma unroll
+      for (int i = 0; i < kDims; ++i) {
+        const int d = sub + 4 * i;
+        if (d < hd) acc[i] += pr * vs[jj * hd + d];
+      }
+    }
+  }
+  if (!row_ok) return;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  Out* out = static_cast<Out*>(a.out) + static_cast<int64_t>(tile.t0 + r) * a.n_head * hd + static_cast<int64_t>(h) * hd;
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) {
+    const int d = sub + 4 * i;
+    if (d < hd) out[d] = from_f32<Out>(acc[i] * inv);
+  }
+}
+
+template <typename KV, typename Out, int kDims>
+void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
+  const size_t smem = sizeof(float) * (static_cast<size_t>(kPrefillTileQ + kTileK) * (a.head_dim + 1) +
+                                       static_cast<size_t>(kTileK) * a.head_dim + 32 * 33);
+  static bool configured = false;  // the attribute is per function, set once
+  if (!configured) {
+    RILL_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<KV, Out, kDims>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(sizeof(float) * (64 * 257 + 32 * 256 + 32 * 33))));
+    configured = true;
+  }
+  const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
+  prefill_kernel<KV, Out, kDims><<<grid, 128, smem, stream>>>(a);
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+template <typename KV, typename Out>
+void launch(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.n_decode > 0) {
+    const int G = a.n_head / a.n_head_kv;
+    const size_t smem = sizeof(float) * (static_cast<size_t>(G) * a.head_dim + static_cast<size_t>(G) * kDecodeChunk +
+                                         4 * static_cast<size_t>(G) * a.head_dim);
+    static bool configured = false;
+    if (!configured) {
+      RILL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(sizeof(float) * (kMaxGroup * 256 * 5 + kMaxGroup * kDecodeChunk))));
+      configured = true;
+    }
+    const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(splits_for(a.max_decode_len)),
+                    static_cast<unsigned>(a.n_decode));
+    decode_kernel<KV><<<grid, kDecodeThreads, smem, stream>>>(a);
+    RILL_CUDA_CHECK_LAUNCH();
+    const dim3 cgrid(static_cast<unsigned>(a.n_decode), static_cast<unsigned>(a.n_head));
+    combine_kernel<Out><<<cgrid, a.head_dim >= 128 ? 128 : 32, 0, stream>>>(a);
+    RILL_CUDA_CHECK_LAUNCH();
+  }
+  if (a.n_tiles > 0) {
+    if (a.head_dim <= 64) {
+      launch_prefill<KV, Out, 16>(a, stream);
+    } else if (a.head_dim <= 128) {
+      launch_prefill<KV, Out, 32>(a, stream);
+    } else {
+      launch_prefill<KV, Out, 64>(a, stream);
+    }
+  }
+}
+
+}  // namespace
+
+int32_t decode_splits(int32_t len) { return splits_for(len); }
+
+size_t attention_partial_floats(int64_t n_decode, int32_t n_head, int32_t head_dim) {
+  return static_cast<size_t>(n_decode) * static_cast<size_t>(n_head) * kMaxSplits * static_cast<size_t>(head_dim + 2);
+}
+
+void attention(const AttentionArgs& a, cudaStream_t stream) {
+  assert(a.n_head % a.n_head_kv == 0 && a.n_head / a.n_head_kv <= kMaxGroup);
+  assert(a.head_dim % 4 == 0 && a.head_dim <= 256);
+  if (a.kv_dtype == DType::kF16) {
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<__half, T>(a, stream));
+  } else {
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<float, T>(a, stream));
+  }
+}
+
+}  // namespace rill::cuda

@@ -1,0 +1,59 @@
+#pragma once
+// Device-side helpers shared by the kernels: element conversions, warp and
+// block reductions, and the dtype -> C++ type dispatch of the launchers.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace rill::cuda::detail {
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread
+// gets the result. `red` is __shared__ float[32].
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // red may still be read by a previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float s = lane < n_warps ? red[lane] : 0.0f;
+  return warp_sum(s);
+}
+
+}  // namespace rill::cuda::detail
+
+// Calls MACRO(T) with T the C++ type of a float dtype (F32/F16/BF16).
+#define RILL_CUDA_DISPATCH_FLOAT(dtype, ...)                         \
+  do {                                                               \
+    switch (dtype) {                                                 \
+      case ::rill::DType::kF16: { using T = __half; __VA_ARGS__; } break;          \
+      case ::rill::DType::kBF16: { using T = __nv_bfloat16; __VA_ARGS__; } break;  \
+      default: { using T = float; __VA_ARGS__; } break;              \
+    }                                                                \
+  } while (0)

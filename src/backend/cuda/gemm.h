@@ -1,0 +1,42 @@
+#pragma once
+// GEMM through cuBLASLt: y[n, rows] (+)= x[n, cols] . W[rows, cols]^T with
+// W and x in one dtype (F32, F16 or BF16) and y in f32. F32 runs in true
+// f32 (CUBLAS_COMPUTE_32F: no TF32), so f32 checkpoints match the CPU.
+// One plan (descriptors + the heuristic's algorithm) per shape, made the
+// first time a shape is seen and reused after: the step path only looks
+// plans up.
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "backend/cuda/cuda_context.h"
+#include "core/dtype.h"
+#include "core/result.h"
+
+namespace rill::cuda {
+
+class Gemm {
+ public:
+  explicit Gemm(const Context& ctx);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // All pointers on the device; W rows contiguous (cols elements each).
+  Status run(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
+             bool accumulate);
+
+  // Matmul dispatch used by the models: the hand GEMV for n <= kGemvMaxTokens
+  // (f16/bf16), cuBLASLt otherwise.
+  Status matmul(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
+                bool accumulate);
+
+ private:
+  struct Plan;
+  Result<Plan*> plan(DType dtype, int64_t n, int64_t rows, int64_t cols);
+
+  const Context& ctx_;
+  std::unordered_map<uint64_t, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace rill::cuda

@@ -1,0 +1,130 @@
+// Hand GEMV for decode: y[t, r] (+)= W[r, :] . x[t, :] for up to 8 tokens,
+// W and x in f16/bf16. Memory bound: every weight byte is read once with
+// 16-byte loads, one warp per row, four loads in flight per lane; x rows
+// come through L1/L2 (at most 8 x 28 KB). Accumulation is f32 in a fixed
+// order per row, the same for every token count.
+#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/ops.h"
+
+namespace rill::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+__device__ __forceinline__ void unpack8(const uint4& u, const __half*, float* f) {
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __half22float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+__device__ __forceinline__ void unpack8(const uint4& u, const __nv_bfloat16*, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+// Streaming 16-byte load: weights are read once per step, keep them out of L1.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T* __restrict__ w, const T* __restrict__ x,
+                                                           int64_t n_rows, int64_t n_cols, float* __restrict__ y,
+                                                           bool accumulate) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (r >= n_rows) return;
+  const int64_t n_vec = n_cols / 8;  // 16-byte vectors per row
+  const uint4* wr = reinterpret_cast<const uint4*>(w + r * n_cols);
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  float acc[N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) acc[t] = 0.0f;
+  int64_t v = lane;
+  // Main loop: 4 independent weight loads per lane before any use.
+  for (; v + 96 < n_vec; v += 128) {
+    uint4 wv[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) wv[u] = load_stream(wr + v + 32 * u);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      float wf[8];
+      unpack8(wv[u], static_cast<const T*>(nullptr), wf);
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        float xf[8];
+        unpack8(xv[t * n_vec + v + 32 * u], static_cast<const T*>(nullptr), xf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[t] += wf[e] * xf[e];
+      }
+    }
+  }
+  for (; v < n_vec; v += 32) {
+    float wf[8];
+    unpack8(load_stream(wr + v), static_cast<const T*>(nullptr), wf);
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float xf[8];
+      unpack8(xv[t * n_vec + v], static_cast<const T*>(nullptr), xf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[t] += wf[e] * xf[e];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const float s = detail::warp_sum(acc[t]);
+    if (lane == 0) {
+      float* out = y + t * n_rows + r;
+      *out = accumulate ? *out + s : s;
+    }
+  }
+}
+
+template <typename T, int N>
+void launch(const void* w, const void* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
+            cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>((n_rows + kWarps - 1) / kWarps);
+  gemv_kernel<T, N><<<blocks, kWarps * 32, 0, stream>>>(static_cast<const T*>(w), static_cast<const T*>(x), n_rows,
+                                                        n_cols, y, accumulate);
+}
+
+template <typename T>
+void dispatch(int64_t n_tokens, const void* w, const void* x, int64_t n_rows, int64_t n_cols, float* y,
+              bool accumulate, cudaStream_t stream) {
+  switch (n_tokens) {
+    case 1: launch<T, 1>(w, x, n_rows, n_cols, y, accumulate, stream); break;
+    case 2: launch<T, 2>(w, x, n_rows, n_cols, y, accumulate, stream); break;
+    case 3: launch<T, 3>(w, x, n_rows, n_cols, y, accumulate, stream); break;
+    case 4: launch<T, 4>(w, x, n_rows, n_cols, y, accumulate, stream); break;
+    case 5: launch<T, 5>(w, x, n_rows, n_cols, y, accumulate, stream); break;
+    case 6: launch<T, 6>(w, x, n_rows, n_cols, y, accumulate, stream); break;
+    case 7: launch<T, 7>(w, x, n_rows, n_cols, y, accumulate, stream); break;
+    default: launch<T, 8>(w, x, n_rows, n_cols, y, accumulate, stream); break;
+  }
+}
+
+}  // namespace
+
+bool gemv_supported(DType w, int64_t n_cols) {
+  return (w == DType::kF16 || w == DType::kBF16) && n_cols % 8 == 0;
+}
+
+void gemv(DType w_dtype, const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
+          bool accumulate, cudaStream_t stream) {
+  if (n_tokens <= 0 || n_rows <= 0) return;
+  if (w_dtype == DType::kF16) {
+    dispatch<__half>(n_tokens, w, x, n_rows, n_cols, y, accumulate, stream);
+  } else {
+    dispatch<__nv_bfloat16>(n_tokens, w, x, n_rows, n_cols, y, accumulate, stream);
+  }
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace rill::cuda

@@ -1,0 +1,177 @@
+// Elementwise and per-row kernels: embedding gather, RMSNorm, SwiGLU, bias,
+// conversion, and RoPE fused with the paged K/V store.
+#include <cassert>
+
+#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/ops.h"
+
+namespace rill::cuda {
+namespace {
+
+using detail::block_sum;
+using detail::from_f32;
+using detail::to_f32;
+
+template <typename T>
+__global__ void embed_kernel(const T* table, int64_t n_cols, const int32_t* ids, float* out) {
+  const int64_t i = blockIdx.x;
+  const T* row = table + static_cast<int64_t>(ids[i]) * n_cols;
+  for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x) out[i * n_cols + c] = to_f32(row[c]);
+}
+
+// One block per row. Squares summed in f32 (the CPU sums in double: the
+// difference is far below the tests' tolerance); scale = 1 / sqrtf(mean + eps).
+template <typename Out>
+__global__ void rms_norm_kernel(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w, int64_t dim,
+                                float eps, float w_offset, Out* out) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + (row_ids ? row_ids[r] : r) * x_stride;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss, red);
+  const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+  Out* o = out + r * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = xr[i] * scale;
+    o[i] = from_f32<Out>(w ? v * (w_offset + w[i]) : v);
+  }
+}
+
+template <typename Out>
+__global__ void silu_mul_kernel(const float* gate_up, int64_t n_ff, Out* out) {
+  const int64_t r = blockIdx.y;
+  const float* g = gate_up + r * 2 * n_ff;
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n_ff; i += gridDim.x * blockDim.x) {
+    const float x = g[i];
+    out[r * n_ff + i] = from_f32<Out>(x / (1.0f + expf(-x)) * g[n_ff + i]);
+  }
+}
+
+__global__ void add_bias_kernel(float* y, const float* b, int64_t n_cols, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] += b[i % n_cols];
+  }
+}
+
+template <typename Out>
+__global__ void convert_kernel(const float* x, int64_t n, Out* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = from_f32<Out>(x[i]);
+  }
+}
+
+// One block per (token, head); heads [0, n_head) are q, then n_head_kv k
+// heads, then n_head_kv v heads. The head is staged in shared memory.
+template <typename KV>
+__global__ void rope_kv_kernel(RopeKvArgs a) {
+  extern __shared__ float h[];  // [head_dim]
+  __shared__ float red[32];
+  const int64_t t = blockIdx.x;
+  const int head = blockIdx.y;
+  const int hd = a.head_dim;
+  const bool is_q = head < a.n_head, is_k = !is_q && head < a.n_head + a.n_head_kv;
+  float* src = a.qkv + t * a.qkv_stride + static_cast<int64_t>(head) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) h[d] = src[d];
+  const float* norm_w = is_q ? a.q_norm : is_k ? a.k_norm : nullptr;
+  if (norm_w) {  // per-head RMSNorm (qwen3), as cpu::rms_norm over head_dim
+    __syncthreads();
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += h[d] * h[d];
+    ss = block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / static_cast<float>(hd) + a.norm_eps);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) h[d] = (h[d] * scale) * norm_w[d];
+  }
+  __syncthreads();
+  if (is_q || is_k) {
+    const int n_pairs = a.rot_dim / 2;
+    const float pos = static_cast<float>(a.positions[t]);
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+      float theta;
+      if (a.ggml_theta_scale > 0.0f) {  // llama.cpp's f32 recurrence theta_{i+1} = theta_i * scale
+        theta = pos;
+        for (int k = 0; k < i; ++k) theta *= a.ggml_theta_scale;
+        if (a.freq_divisor) theta = theta / a.freq_divisor[i];
+      } else {
+        theta = pos * a.inv_freq[i];
+      }
+      const float cs = cosf(theta) * a.attn_factor, sn = sinf(theta) * a.attn_factor;
+      const int i0 = a.interleaved ? 2 * i : i, i1 = a.interleaved ? 2 * i + 1 : i + n_pairs;
+      const float x0 = h[i0], x1 = h[i1];
+      h[i0] = x0 * cs - x1 * sn;
+      h[i1] = x0 * sn + x1 * cs;
+    }
+    __syncthreads();
+  }
+  if (is_q) {
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) src[d] = h[d];
+    return;
+  }
+  const int kv_head = is_k ? head - a.n_head : head - a.n_head - a.n_head_kv;
+  KV* cache = static_cast<KV*>(is_k ? a.k_cache : a.v_cache);
+  KV* dst = cache + static_cast<int64_t>(a.slots[t]) * a.n_head_kv * hd + static_cast<int64_t>(kv_head) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = from_f32<KV>(h[d]);
+}
+
+int grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
+}
+
+}  // namespace
+
+void embed_rows(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids, int64_t n_ids, float* out,
+                cudaStream_t stream) {
+  if (n_ids <= 0) return;
+  RILL_CUDA_DISPATCH_FLOAT(table_dtype, embed_kernel<T><<<static_cast<unsigned>(n_ids), 256, 0, stream>>>(
+                                            static_cast<const T*>(table), n_cols, ids, out));
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w, int64_t n_rows, int64_t dim,
+              float eps, float w_offset, DType out_dtype, void* out, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  const int threads = dim >= 1024 ? 512 : dim >= 256 ? 256 : 64;
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype, rms_norm_kernel<T><<<static_cast<unsigned>(n_rows), threads, 0, stream>>>(
+                                          x, x_stride > 0 ? x_stride : dim, row_ids, w, dim, eps, w_offset,
+                                          static_cast<T*>(out)));
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void silu_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype, void* out, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  const dim3 grid(static_cast<unsigned>(grid_for(n_ff, 256)), static_cast<unsigned>(n_rows));
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype,
+                           silu_mul_kernel<T><<<grid, 256, 0, stream>>>(gate_up, n_ff, static_cast<T*>(out)));
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void add_bias(float* y, const float* b, int64_t n_rows, int64_t n_cols, cudaStream_t stream) {
+  const int64_t n = n_rows * n_cols;
+  if (n <= 0) return;
+  add_bias_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, b, n_cols, n);
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  RILL_CUDA_DISPATCH_FLOAT(dtype, convert_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(x, n, static_cast<T*>(out)));
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
+  if (a.n_tokens <= 0) return;
+  assert(a.rot_dim <= a.head_dim && a.rot_dim % 2 == 0);
+  const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head + 2 * a.n_head_kv));
+  const int threads = a.head_dim >= 128 ? 64 : 32;
+  const size_t smem = static_cast<size_t>(a.head_dim) * sizeof(float);
+  if (a.kv_dtype == DType::kF16) {
+    rope_kv_kernel<__half><<<grid, threads, smem, stream>>>(a);
+  } else {
+    rope_kv_kernel<float><<<grid, threads, smem, stream>>>(a);
+  }
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace rill::cuda

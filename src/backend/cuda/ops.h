@@ -1,0 +1,146 @@
+#pragma once
+// CUDA ops: host functions that launch kernels on a stream. Every pointer
+// is a device pointer. Activations that feed a matmul are in the "act"
+// dtype (the weights' dtype: F32, F16 or BF16); the residual stream, matmul
+// outputs, q/k/v and logits are f32. Each op is held to its CPU reference
+// (backend/cpu) by tests/cuda/cuda_ops_test.cpp with the tolerances stated
+// there.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace rill::cuda {
+
+// out[i, :] = row ids[i] of table (F32/F16/BF16, [n_rows, n_cols]) as f32.
+void embed_rows(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids, int64_t n_ids, float* out,
+                cudaStream_t stream);
+
+// out[r, :] = x[r, :] / rms(x[r, :]) * (w_offset + w[:]) in out_dtype
+// (F32/F16/BF16). x: [n_rows, dim] f32 with rows x_stride floats apart
+// (0: dim). When row_ids is non-null, row r reads x row row_ids[r]
+// (gathers the sampled rows before the LM head).
+void rms_norm(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w, int64_t n_rows, int64_t dim,
+              float eps, float w_offset, DType out_dtype, void* out, cudaStream_t stream);
+
+// gate_up: [n_rows, 2 * n_ff] f32 (gate in [0, n_ff), up in [n_ff, 2 n_ff));
+// out[r, i] = silu(gate[r, i]) * up[r, i] in out_dtype, [n_rows, n_ff].
+void silu_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype, void* out, cudaStream_t stream);
+
+// y[r, c] += b[c] over y [n_rows, n_cols] f32.
+void add_bias(float* y, const float* b, int64_t n_rows, int64_t n_cols, cudaStream_t stream);
+
+// out[i] = x[i] converted to dtype (F32/F16/BF16).
+void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream);
+
+// RoPE (+ optional per-head RMSNorm, qwen3) on the q and k heads of a fused
+// qkv buffer, and K/V written into the paged cache.
+//   qkv: [n_tokens, qkv_stride] f32: q heads [n_head, head_dim], then k
+//        heads [n_head_kv, head_dim], then v heads; q is rotated in place.
+//   slots[t]: the cache row of token t (block * block_size + offset).
+//   k_cache / v_cache: one layer's rows [n_rows, n_head_kv * head_dim] in kv_dtype (F32/F16).
+// Angles as cpu::rope: theta_i = pos * inv_freq[i] (or the ggml recurrence
+// when ggml_theta_scale > 0), cos and sin in f32 times attn_factor.
+struct RopeKvArgs {
+  float* qkv = nullptr;
+  int64_t n_tokens = 0, qkv_stride = 0;
+  int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+  const int32_t* positions = nullptr;  // [n_tokens]
+  const int32_t* slots = nullptr;      // [n_tokens]
+  const float* q_norm = nullptr;       // [head_dim] or null
+  const float* k_norm = nullptr;       // [head_dim] or null
+  float norm_eps = 1e-6f;
+  const float* inv_freq = nullptr;     // [rot_dim / 2]
+  const float* freq_divisor = nullptr; // [rot_dim / 2] or null (ggml mode only)
+  int32_t rot_dim = 0;
+  bool interleaved = false;
+  float attn_factor = 1.0f;
+  float ggml_theta_scale = 0.0f;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  DType kv_dtype = DType::kF32;
+};
+void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
+
+// Attention of every query token of a step over the paged cache.
+// Query token t (row t of q, heads [n_head, head_dim] f32, rows q_stride
+// floats apart) belongs to sequence seq_of[t] at position pos[t]; it sees
+// keys j in [lo, pos[t]] with lo = max(0, pos - window + 1) when window > 0,
+// else 0; key j lives at cache row table[j >> block_shift] * block_size +
+// (j & (block_size - 1)) where table = block_tables + table_start[seq].
+// score = scale * q.k, softcap then f32 softmax (cpu::attention's order).
+// out: [n_tokens, n_head * head_dim] in out_dtype.
+//
+// Two kernels share the step: sequences with q_len > kDecodeMaxQ go through
+// a tiled kernel (prefill: one block per 32 queries and head, K/V tiles in
+// shared memory); the other tokens through split-KV decode (one block per
+// token, KV head and split: GQA heads share each K/V read; a token's split
+// count depends only on its own length, so results are batch invariant).
+inline constexpr int32_t kDecodeMaxQ = 4;
+inline constexpr int32_t kPrefillTileQ = 32;
+inline constexpr int32_t kMaxSplits = 32;
+inline constexpr int32_t kMinSplitKeys = 128;
+struct PrefillTile {
+  int32_t seq;
+  int32_t t0;   // first token (flat index) of the tile
+  int32_t n_q;  // tokens in the tile, <= kPrefillTileQ
+};
+struct AttentionArgs {
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+  float scale = 1.0f, softcap = 0.0f;
+  int32_t window = 0;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  DType kv_dtype = DType::kF32;
+  int32_t block_shift = 4;
+  const int32_t* block_tables = nullptr;
+  const int32_t* table_start = nullptr;  // [n_seqs]
+  const int32_t* seq_of = nullptr;       // [n_tokens]
+  const int32_t* pos = nullptr;          // [n_tokens]
+  // decode: tokens decode_tokens[0, n_decode); splits by the longest
+  const int32_t* decode_tokens = nullptr;
+  int32_t n_decode = 0;
+  int32_t max_decode_len = 0;  // largest pos + 1 among them
+  float* partial = nullptr;    // scratch, attention_partial_floats(...)
+  // prefill tiles
+  const PrefillTile* tiles = nullptr;
+  int32_t n_tiles = 0;
+  DType out_dtype = DType::kF32;
+  void* out = nullptr;
+};
+// Splits of a decode token whose keys span [0, len): a function of len only.
+int32_t decode_splits(int32_t len);
+// Scratch floats attention() needs for n_decode tokens.
+size_t attention_partial_floats(int64_t n_decode, int32_t n_head, int32_t head_dim);
+void attention(const AttentionArgs& a, cudaStream_t stream);
+
+// Routes sequence s (tokens [q_start, q_start + q_len)) to the decode
+// kernel (q_len <= kDecodeMaxQ: its tokens are appended to decode_tokens) or
+// to prefill tiles of kPrefillTileQ tokens. Outputs are appended; callers
+// reserve capacity once (n_tokens entries each suffice).
+template <typename TokenVec, typename TileVec>
+void route_attention(int32_t s, int32_t q_start, int32_t q_len, TokenVec& decode_tokens, TileVec& tiles) {
+  if (q_len <= kDecodeMaxQ) {
+    for (int32_t i = 0; i < q_len; ++i) decode_tokens.push_back(q_start + i);
+    return;
+  }
+  for (int32_t i = 0; i < q_len; i += kPrefillTileQ) {
+    tiles.push_back({s, q_start + i, q_len - i < kPrefillTileQ ? q_len - i : kPrefillTileQ});
+  }
+}
+
+// y[t, r] (+)= sum_c W[r, c] x[t, c] for n_tokens <= kGemvMaxTokens and
+// W, x both F16 or both BF16 ([n_rows, n_cols] and [n_tokens, n_cols],
+// n_cols a multiple of 8, 16-byte aligned rows); y: [n_tokens, n_rows] f32.
+// Each row is one warp's dot product in f32, so a row's result does not
+// depend on n_tokens.
+inline constexpr int kGemvMaxTokens = 8;
+bool gemv_supported(DType w, int64_t n_cols);
+void gemv(DType w_dtype, const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
+          bool accumulate, cudaStream_t stream);
+
+}  // namespace rill::cuda

@@ -1,0 +1,200 @@
+// Paged attention on the device (split-KV decode and tiled prefill) against
+// cpu::attention on the same paged cache: f32 and f16 KV, GQA groups 1/2/4,
+// head_dim 16/64/128/256, sliding window, softcap, shuffled block tables.
+// Tolerance: 2e-5 absolute on outputs of magnitude <= 1 (f32 softmax and
+// sums in another order; no rounding of q or probabilities on either side),
+// plus one output rounding for bf16 outputs. A decode token gives bitwise
+// the same result alone and inside a batch (its split count depends only on
+// its own length).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/ops.h"
+#include "cuda_test_util.h"
+
+namespace rill::cuda {
+namespace {
+
+using namespace testing;
+
+struct SeqSpec {
+  int32_t q_len, kv_len;
+};
+
+struct Case {
+  int32_t n_head, n_head_kv, head_dim, window;
+  float softcap;
+  DType kv;
+};
+
+class Paged {
+ public:
+  static constexpr int32_t kBlock = 16, kShift = 4;
+  Paged(const Case& c, const std::vector<SeqSpec>& seqs) : c_(c), seqs_(seqs) {
+    int32_t n_blocks = 0;
+    for (const SeqSpec& s : seqs) n_blocks += (s.kv_len + kBlock - 1) / kBlock;
+    n_blocks_ = n_blocks + 3;  // a few never-used blocks
+    std::vector<int32_t> perm(n_blocks_);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(42));
+    int32_t next = 0;
+    for (const SeqSpec& s : seqs) {
+      table_start_.push_back(static_cast<int32_t>(tables_.size()));
+      for (int32_t b = 0; b < (s.kv_len + kBlock - 1) / kBlock; ++b) tables_.push_back(perm[next++]);
+      // A hole (-1) for blocks wholly before the window of every query.
+      if (c.window > 0) {
+        const int32_t first_pos = s.kv_len - s.q_len;
+        const int32_t lo = std::max(0, first_pos - c.window + 1);
+        for (int32_t b = 0; b < lo / kBlock; ++b) tables_[table_start_.back() + b] = -1;
+      }
+      for (int32_t i = 0; i < s.q_len; ++i) {
+        seq_of_.push_back(static_cast<int32_t>(table_start_.size()) - 1);
+        pos_.push_back(s.kv_len - s.q_len + i);
+      }
+    }
+    row_elems_ = c.n_head_kv * c.head_dim;
+    k_ = encode(c.kv, random_floats(static_cast<size_t>(n_blocks_) * kBlock * row_elems_, 20));
+    v_ = encode(c.kv, random_floats(static_cast<size_t>(n_blocks_) * kBlock * row_elems_, 21));
+    q_ = random_floats(pos_.size() * c.n_head * c.head_dim, 22, -2, 2);
+  }
+
+  std::vector<float> cpu_out() const {
+    std::vector<float> out(q_.size());
+    ThreadPool pool(2);
+    cpu::AttentionParams p;
+    p.n_head = c_.n_head;
+    p.n_head_kv = c_.n_head_kv;
+    p.head_dim = c_.head_dim;
+    p.scale = 1.0f / std::sqrt(float(c_.head_dim));
+    p.window = c_.window;
+    p.softcap = c_.softcap;
+    p.kv_dtype = c_.kv;
+    const size_t es = c_.kv == DType::kF32 ? 4 : 2;
+    int32_t t0 = 0;
+    for (size_t s = 0; s < seqs_.size(); ++s) {
+      cpu::PagedKv kv;
+      kv.k = k_.data();
+      kv.v = v_.data();
+      kv.table = tables_.data() + table_start_[s];
+      kv.block_shift = kShift;
+      kv.row_bytes = row_elems_ * es;
+      kv.block_bytes = kBlock * kv.row_bytes;
+      const int64_t w = c_.n_head * c_.head_dim;
+      cpu::attention(q_.data() + t0 * w, pos_.data() + t0, seqs_[s].q_len, kv, seqs_[s].kv_len, p, out.data() + t0 * w,
+                     pool);
+      t0 += seqs_[s].q_len;
+    }
+    return out;
+  }
+
+  // Runs the device kernels over the sequences in `only` (all when empty).
+  std::vector<float> gpu_out(DType out_dtype, const std::vector<int>& only = {}) const {
+    std::vector<int32_t> decode_tokens;
+    std::vector<PrefillTile> tiles;
+    int32_t t0 = 0, max_len = 0;
+    for (size_t s = 0; s < seqs_.size(); ++s) {
+      if (only.empty() || std::find(only.begin(), only.end(), int(s)) != only.end()) {
+        route_attention(static_cast<int32_t>(s), t0, seqs_[s].q_len, decode_tokens, tiles);
+        if (seqs_[s].q_len <= kDecodeMaxQ) max_len = std::max(max_len, seqs_[s].kv_len);
+      }
+      t0 += seqs_[s].q_len;
+    }
+    auto dq = upload(q_);
+    auto dk = upload(k_), dv = upload(v_);
+    auto dt = upload(tables_), dts = upload(table_start_), dseq = upload(seq_of_), dpos = upload(pos_);
+    auto ddec = upload(decode_tokens.empty() ? std::vector<int32_t>{0} : decode_tokens);
+    auto dtiles = upload(tiles.empty() ? std::vector<PrefillTile>{{0, 0, 0}} : tiles);
+    auto dpart = poisoned(attention_partial_floats(std::max<size_t>(1, decode_tokens.size()), c_.n_head, c_.head_dim) * 4);
+    const size_t es = out_dtype == DType::kF32 ? 4 : 2;
+    auto dout = poisoned(q_.size() * es);
+    AttentionArgs a;
+    a.q = dq.as<float>();
+    a.q_stride = c_.n_head * c_.head_dim;
+    a.n_head = c_.n_head;
+    a.n_head_kv = c_.n_head_kv;
+    a.head_dim = c_.head_dim;
+    a.scale = 1.0f / std::sqrt(float(c_.head_dim));
+    a.softcap = c_.softcap;
+    a.window = c_.window;
+    a.k_cache = dk.data();
+    a.v_cache = dv.data();
+    a.kv_dtype = c_.kv;
+    a.block_shift = kShift;
+    a.block_tables = dt.as<int32_t>();
+    a.table_start = dts.as<int32_t>();
+    a.seq_of = dseq.as<int32_t>();
+    a.pos = dpos.as<int32_t>();
+    a.decode_tokens = ddec.as<int32_t>();
+    a.n_decode = static_cast<int32_t>(decode_tokens.size());
+    a.max_decode_len = max_len;
+    a.partial = dpart.as<float>();
+    a.tiles = dtiles.as<PrefillTile>();
+    a.n_tiles = static_cast<int32_t>(tiles.size());
+    a.out_dtype = out_dtype;
+    a.out = dout.data();
+    attention(a, nullptr);
+    return decode(out_dtype, download<uint8_t>(dout, q_.size() * es));
+  }
+
+  int32_t first_token(int s) const {
+    int32_t t = 0;
+    for (int i = 0; i < s; ++i) t += seqs_[static_cast<size_t>(i)].q_len;
+    return t;
+  }
+
+ private:
+  Case c_;
+  std::vector<SeqSpec> seqs_;
+  int32_t n_blocks_ = 0;
+  int64_t row_elems_ = 0;
+  std::vector<int32_t> tables_, table_start_, seq_of_, pos_;
+  std::vector<uint8_t> k_, v_;
+  std::vector<float> q_;
+};
+
+TEST(CudaAttention, MatchesCpuOnPagedKv) {
+  RILL_REQUIRE_GPU();
+  // decode (1 and 3 tokens, up to 8 splits), prefill with and without a prefix
+  const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {70, 70}, {1, 1}, {5, 133}};
+  const std::vector<Case> cases = {
+      {8, 2, 128, 0, 0.0f, DType::kF16},  {8, 2, 128, 0, 0.0f, DType::kF32}, {4, 2, 16, 0, 0.0f, DType::kF32},
+      {4, 4, 64, 37, 0.0f, DType::kF16},  {8, 1, 64, 0, 0.5f, DType::kF32},  {2, 1, 256, 100, 0.0f, DType::kF16},
+      {32, 8, 128, 0, 0.0f, DType::kF16},
+  };
+  for (const Case& c : cases) {
+    const Paged p(c, seqs);
+    const auto want = p.cpu_out();
+    const auto got = p.gpu_out(DType::kF32);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 2e-5) << "heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim
+                                         << " window " << c.window << " softcap " << c.softcap << " kv "
+                                         << dtype_name(c.kv) << " elem " << i;
+    }
+    const auto got_bf16 = p.gpu_out(DType::kBF16);
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got_bf16[i], want[i], 2e-5 + std::fabs(want[i]) / 128) << i;
+  }
+}
+
+TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
+  RILL_REQUIRE_GPU();
+  const std::vector<SeqSpec> seqs = {{1, 700}, {1, 4000}, {2, 65}, {1, 129}};
+  const Case c{32, 8, 128, 0, 0.0f, DType::kF16};
+  const Paged p(c, seqs);
+  const auto all = p.gpu_out(DType::kF32);
+  const int64_t w = c.n_head * c.head_dim;
+  for (int s = 0; s < 4; ++s) {
+    const auto alone = p.gpu_out(DType::kF32, {s});
+    const int32_t t0 = p.first_token(s);
+    for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i) {
+      ASSERT_EQ(alone[t0 * w + i], all[t0 * w + i]) << "seq " << s << " elem " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rill::cuda

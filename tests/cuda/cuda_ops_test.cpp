@@ -1,0 +1,269 @@
+// The backend-ops test: every CUDA op against the CPU reference
+// (backend/cpu) on seeded random inputs, several shapes and dtypes.
+// Tolerances (stated per op below) come from the arithmetic that differs:
+//  - f32 outputs of the same formula: summation order only, |err| <= 1e-5
+//    relative to the row's scale (attention, RMSNorm, GEMM in true f32);
+//  - outputs rounded to bf16/f16: one rounding of the output (2^-8 / 2^-11
+//    relative) on top of that;
+//  - RoPE: CUDA's cosf/sinf against glibc's, a few ulp: 2e-5 absolute at
+//    positions up to 5,000.
+// Skipped where no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu/rope_table.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/ops.h"
+#include "cuda_test_util.h"
+
+namespace rill::cuda {
+namespace {
+
+using namespace testing;
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(double(a[i]) - b[i]);
+    if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
+  }
+  return m;
+}
+double max_abs(const std::vector<float>& a) {
+  double m = 0;
+  for (float x : a) m = std::max(m, std::fabs(double(x)));
+  return m;
+}
+float rel_tol(DType out) { return out == DType::kBF16 ? 1.0f / 128 : out == DType::kF16 ? 1.0f / 1024 : 1e-5f; }
+
+TEST(CudaOps, EmbeddingGatherIsExact) {
+  RILL_REQUIRE_GPU();
+  const int64_t V = 300, E = 96;
+  const std::vector<int32_t> ids = {0, 299, 17, 17, 150};
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const auto table = encode(t, random_floats(V * E, 1));
+    cpu::WeightView w{t, V, E, table.data(), row_bytes(t, E)};
+    std::vector<float> want(ids.size() * E);
+    cpu::get_rows(w, ids.data(), static_cast<int64_t>(ids.size()), want.data());
+    auto d_table = upload(table);
+    auto d_ids = upload(ids);
+    auto d_out = poisoned(want.size() * 4);
+    embed_rows(t, d_table.data(), E, d_ids.as<int32_t>(), static_cast<int64_t>(ids.size()), d_out.as<float>(), nullptr);
+    EXPECT_EQ(download<float>(d_out, want.size()), want) << dtype_name(t);
+  }
+}
+
+TEST(CudaOps, RmsNormMatchesCpu) {
+  RILL_REQUIRE_GPU();
+  for (int64_t dim : {64, 96, 4096}) {
+    const int64_t n = 5;
+    const auto x = random_floats(n * dim, 2, -3, 3);
+    const auto w = random_floats(dim, 3);
+    std::vector<float> want(x.size());
+    cpu::rms_norm(x.data(), w.data(), n, dim, 1e-5f, want.data());
+    auto dx = upload(x);
+    auto dw = upload(w);
+    for (DType out : {DType::kF32, DType::kF16, DType::kBF16}) {
+      auto d_out = poisoned(x.size() * 4);
+      rms_norm(dx.as<float>(), dim, nullptr, dw.as<float>(), n, dim, 1e-5f, 0.0f, out, d_out.data(), nullptr);
+      const size_t es = out == DType::kF32 ? 4 : 2;
+      const auto got = decode(out, download<uint8_t>(d_out, x.size() * es));
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], rel_tol(out) * std::fabs(want[i]) + 1e-6) << dim << " " << dtype_name(out) << " " << i;
+      }
+    }
+    // Gathered rows (row_ids) with a stride: rows 4 and 1.
+    const std::vector<int32_t> rows = {4, 1};
+    auto d_rows = upload(rows);
+    auto d_out = poisoned(2 * dim * 4);
+    rms_norm(dx.as<float>(), dim, d_rows.as<int32_t>(), dw.as<float>(), 2, dim, 1e-5f, 0.0f, DType::kF32, d_out.data(),
+             nullptr);
+    const auto got = download<float>(d_out, 2 * dim);
+    for (int64_t i = 0; i < dim; ++i) {
+      ASSERT_NEAR(got[i], want[4 * dim + i], 1e-5 * std::fabs(want[4 * dim + i]) + 1e-6);
+      ASSERT_NEAR(got[dim + i], want[dim + i], 1e-5 * std::fabs(want[dim + i]) + 1e-6);
+    }
+  }
+}
+
+TEST(CudaOps, SiluMulAndBiasMatchCpu) {
+  RILL_REQUIRE_GPU();
+  const int64_t n = 3, F = 1000;
+  const auto gu = random_floats(n * 2 * F, 4, -12, 12);
+  std::vector<float> want(n * F);
+  for (int64_t r = 0; r < n; ++r) cpu::silu_mul(&gu[r * 2 * F], &gu[r * 2 * F + F], &want[r * F], F);
+  auto d_gu = upload(gu);
+  for (DType out : {DType::kF32, DType::kBF16}) {
+    auto d_out = poisoned(want.size() * 4);
+    silu_mul(d_gu.as<float>(), n, F, out, d_out.data(), nullptr);
+    const auto got = decode(out, download<uint8_t>(d_out, want.size() * (out == DType::kF32 ? 4 : 2)));
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], (rel_tol(out) + 4e-6) * std::fabs(want[i]) + 1e-6) << dtype_name(out) << " " << i;
+    }
+  }
+  auto y = random_floats(n * F, 5);
+  const auto b = random_floats(F, 6);
+  auto dy = upload(y);
+  auto db = upload(b);
+  add_bias(dy.as<float>(), db.as<float>(), n, F, nullptr);
+  const auto got = download<float>(dy, y.size());
+  for (int64_t r = 0; r < n; ++r) cpu::add_inplace(&y[r * F], b.data(), F);
+  EXPECT_EQ(got, y);
+}
+
+// RoPE (+ optional q/k RMSNorm) on a fused qkv buffer, K/V stored to slots.
+void check_rope_kv(const cpu::RopeTable& table, int64_t hd, bool qk_norm, DType kv_dtype) {
+  const int32_t n_head = 4, n_head_kv = 2;
+  const int64_t n_tok = 5, stride = (n_head + 2 * n_head_kv) * hd;
+  const std::vector<int32_t> pos = {0, 1, 17, 999, 4999};
+  const std::vector<int32_t> slots = {3, 0, 7, 1, 5};  // rows of an 8-row cache
+  const auto qkv = random_floats(n_tok * stride, 7);
+  const auto qn = random_floats(hd, 8), kn = random_floats(hd, 9);
+  // CPU: split, optional norm, rope.
+  std::vector<float> q(n_tok * n_head * hd), k(n_tok * n_head_kv * hd), v(k.size());
+  for (int64_t t = 0; t < n_tok; ++t) {
+    std::copy_n(&qkv[t * stride], n_head * hd, &q[t * n_head * hd]);
+    std::copy_n(&qkv[t * stride + n_head * hd], n_head_kv * hd, &k[t * n_head_kv * hd]);
+    std::copy_n(&qkv[t * stride + (n_head + n_head_kv) * hd], n_head_kv * hd, &v[t * n_head_kv * hd]);
+  }
+  if (qk_norm) {
+    cpu::rms_norm(q.data(), qn.data(), n_tok * n_head, hd, 1e-6f, q.data());
+    cpu::rms_norm(k.data(), kn.data(), n_tok * n_head_kv, hd, 1e-6f, k.data());
+  }
+  cpu::rope(q.data(), pos.data(), n_tok, n_head, hd, table);
+  cpu::rope(k.data(), pos.data(), n_tok, n_head_kv, hd, table);
+
+  auto d_qkv = upload(qkv);
+  auto d_pos = upload(pos);
+  auto d_slots = upload(slots);
+  auto d_inv = upload(table.inv_freq);
+  auto d_div = upload(table.ggml_freq_divisor.empty() ? std::vector<float>{0} : table.ggml_freq_divisor);
+  auto d_qn = upload(qn), d_kn = upload(kn);
+  const size_t es = kv_dtype == DType::kF32 ? 4 : 2;
+  auto d_k = poisoned(8 * n_head_kv * hd * es), d_v = poisoned(8 * n_head_kv * hd * es);
+  RopeKvArgs a;
+  a.qkv = d_qkv.as<float>();
+  a.n_tokens = n_tok;
+  a.qkv_stride = stride;
+  a.n_head = n_head;
+  a.n_head_kv = n_head_kv;
+  a.head_dim = static_cast<int32_t>(hd);
+  a.positions = d_pos.as<int32_t>();
+  a.slots = d_slots.as<int32_t>();
+  a.q_norm = qk_norm ? d_qn.as<float>() : nullptr;
+  a.k_norm = qk_norm ? d_kn.as<float>() : nullptr;
+  a.norm_eps = 1e-6f;
+  a.inv_freq = d_inv.as<float>();
+  a.freq_divisor = table.ggml_freq_divisor.empty() ? nullptr : d_div.as<float>();
+  a.rot_dim = static_cast<int32_t>(table.rot_dim);
+  a.interleaved = table.interleaved;
+  a.attn_factor = table.attn_factor;
+  a.ggml_theta_scale = table.ggml_theta_scale;
+  a.k_cache = d_k.data();
+  a.v_cache = d_v.data();
+  a.kv_dtype = kv_dtype;
+  rope_store_kv(a, nullptr);
+  const auto got_qkv = download<float>(d_qkv, qkv.size());
+  const auto got_k = decode(kv_dtype, download<uint8_t>(d_k, 8 * n_head_kv * hd * es));
+  const auto got_v = decode(kv_dtype, download<uint8_t>(d_v, 8 * n_head_kv * hd * es));
+  const float kv_tol = kv_dtype == DType::kF16 ? 1.0f / 1024 : 0.0f;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int64_t i = 0; i < n_head * hd; ++i) {
+      ASSERT_NEAR(got_qkv[t * stride + i], q[t * n_head * hd + i], 2e-5) << "q token " << t << " elem " << i;
+    }
+    for (int64_t i = 0; i < n_head_kv * hd; ++i) {
+      const float kw = k[t * n_head_kv * hd + i], vw = v[t * n_head_kv * hd + i];
+      const int64_t at = slots[t] * n_head_kv * hd + i;
+      ASSERT_NEAR(got_k[at], kw, 2e-5 + kv_tol * std::fabs(kw)) << "k token " << t << " elem " << i;
+      ASSERT_NEAR(got_v[at], vw, kv_tol * std::fabs(vw)) << "v token " << t << " elem " << i;
+    }
+  }
+}
+
+TEST(CudaOps, RopeAndKvStoreMatchCpuForEveryVariant) {
+  RILL_REQUIRE_GPU();
+  using S = cpu::RopeScalingParams;
+  S llama3;
+  llama3.type = S::Type::kLlama3;
+  llama3.factor = 8;
+  llama3.original_max_position = 8192;
+  S yarn;
+  yarn.type = S::Type::kYarn;
+  yarn.factor = 4;
+  yarn.original_max_position = 4096;
+  S linear;
+  linear.type = S::Type::kLinear;
+  linear.factor = 2;
+  for (DType kv : {DType::kF32, DType::kF16}) {
+    check_rope_kv(cpu::make_rope_table(10000.0f, 64, false), 64, false, kv);
+    check_rope_kv(cpu::make_rope_table(500000.0f, 128, false, llama3), 128, false, kv);
+    check_rope_kv(cpu::make_rope_table(10000.0f, 64, true, yarn), 64, false, kv);
+    check_rope_kv(cpu::make_rope_table(10000.0f, 32, false, linear), 64, true, kv);  // partial rotary + qk norm
+    cpu::RopeTable ggml = cpu::make_rope_table(10000.0f, 16, false);  // llama.cpp's angle recurrence
+    ggml.ggml_theta_scale = std::pow(10000.0f, -2.0f / 16);
+    check_rope_kv(ggml, 16, false, kv);
+    ggml.ggml_freq_divisor = random_floats(8, 10, 1.0f, 8.0f);
+    check_rope_kv(ggml, 16, true, kv);
+  }
+}
+
+// cuBLASLt GEMM and the hand GEMV against cpu::matmul on the same values.
+TEST(CudaOps, MatmulMatchesCpu) {
+  RILL_REQUIRE_GPU();
+  auto ctx = Context::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  Gemm gemm(**ctx);
+  ThreadPool pool(2);
+  cpu::Scratch scratch;
+  struct Shape { int64_t n, rows, cols; };
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (Shape s : {Shape{1, 200, 96}, Shape{3, 130, 256}, Shape{8, 64, 1000}, Shape{17, 300, 512},
+                    Shape{64, 256, 128}}) {
+      const auto w = encode(t, random_floats(s.rows * s.cols, 11));
+      auto x = random_floats(s.n * s.cols, 12);
+      for (float& v : x) v = round_to(t, v);  // the device sees x in the weights' dtype
+      cpu::WeightView wv{t, s.rows, s.cols, w.data(), row_bytes(t, s.cols)};
+      scratch.reserve(cpu::matmul_scratch_bytes(t, s.cols, s.n));
+      std::vector<float> want(s.n * s.rows);
+      cpu::matmul(wv, x.data(), s.n, want.data(), pool, scratch);
+      auto dw = upload(w);
+      auto dx = upload(encode(t, x));
+      auto dy = poisoned(want.size() * 4);
+      ASSERT_TRUE(gemm.matmul(t, dw.data(), dx.data(), s.n, s.rows, s.cols, dy.as<float>(), false).ok());
+      auto got = download<float>(dy, want.size());
+      const double tol = 1e-5 * std::sqrt(double(s.cols)) * max_abs(want) + 1e-6;
+      EXPECT_LT(max_abs_diff(got, want), tol) << dtype_name(t) << " n=" << s.n << " rows=" << s.rows;
+      // accumulate: y += W x
+      ASSERT_TRUE(gemm.matmul(t, dw.data(), dx.data(), s.n, s.rows, s.cols, dy.as<float>(), true).ok());
+      got = download<float>(dy, want.size());
+      for (float& v : want) v *= 2;
+      EXPECT_LT(max_abs_diff(got, want), 2 * tol) << dtype_name(t) << " accumulate n=" << s.n;
+    }
+  }
+}
+
+TEST(CudaOps, GemvRowsDoNotDependOnTokenCount) {
+  RILL_REQUIRE_GPU();
+  const int64_t rows = 77, cols = 4096;
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    auto dw = upload(encode(t, random_floats(rows * cols, 13)));
+    auto dx = upload(encode(t, random_floats(8 * cols, 14)));
+    auto y8 = poisoned(8 * rows * 4);
+    gemv(t, dw.data(), dx.data(), 8, rows, cols, y8.as<float>(), false, nullptr);
+    const auto all = download<float>(y8, 8 * rows);
+    for (int64_t n = 1; n < 8; ++n) {
+      auto yn = poisoned(n * rows * 4);
+      gemv(t, dw.data(), dx.data(), n, rows, cols, yn.as<float>(), false, nullptr);
+      const auto got = download<float>(yn, n * rows);
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), all.begin())) << dtype_name(t) << " n=" << n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rill::cuda

@@ -1,0 +1,92 @@
+#pragma once
+// Helpers of the CUDA tests: skip without a device, copy vectors to and
+// from the device, seeded random data, bf16/f16 rounding on the host.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_context.h"
+#include "core/dtype.h"
+#include "core/half.h"
+
+namespace rill::cuda::testing {
+
+#define RILL_REQUIRE_GPU()                                                   \
+  do {                                                                       \
+    if (!::rill::cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Values rounded to dtype and back (what the device sees after conversion).
+inline float round_to(DType t, float x) {
+  if (t == DType::kBF16) return bf16_to_f32(f32_to_bf16(x));
+  if (t == DType::kF16) return f16_to_f32(f32_to_f16(x));
+  return x;
+}
+
+// Host bytes of v in dtype (F32/F16/BF16).
+inline std::vector<uint8_t> encode(DType t, const std::vector<float>& v) {
+  const size_t es = t == DType::kF32 ? 4 : 2;
+  std::vector<uint8_t> out(v.size() * es);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &v[i], 4);
+    } else {
+      const uint16_t h = t == DType::kF16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+inline std::vector<float> decode(DType t, const std::vector<uint8_t>& b) {
+  const size_t es = t == DType::kF32 ? 4 : 2;
+  std::vector<float> v(b.size() / es);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::kF32) {
+      std::memcpy(&v[i], b.data() + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, b.data() + 2 * i, 2);
+      v[i] = t == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+    }
+  }
+  return v;
+}
+
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& v) {
+  auto b = DeviceBuffer::allocate(v.size() * sizeof(T) + 16, "test buffer");
+  EXPECT_TRUE(b.ok());
+  RILL_CUDA_CHECK(cudaMemcpy(b->data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return std::move(b).value();
+}
+
+template <typename T>
+std::vector<T> download(const DeviceBuffer& b, size_t n) {
+  std::vector<T> v(n);
+  RILL_CUDA_CHECK(cudaDeviceSynchronize());
+  RILL_CUDA_CHECK(cudaMemcpy(v.data(), b.data(), n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// A device buffer of n bytes filled with 0xff (NaN for f32/f16/bf16), so an
+// element a kernel forgets to write fails the comparison.
+inline DeviceBuffer poisoned(size_t bytes) {
+  auto b = DeviceBuffer::allocate(bytes + 16, "test buffer");
+  EXPECT_TRUE(b.ok());
+  RILL_CUDA_CHECK(cudaMemset(b->data(), 0xff, bytes + 16));
+  return std::move(b).value();
+}
+
+}  // namespace rill::cuda::testing
