@@ -17,7 +17,12 @@
 
 namespace rill {
 
+// Where the forward pass runs. kCuda needs a build with RILL_CUDA and a
+// device; otherwise model creation fails with a message saying so.
+enum class Device { kCpu, kCuda };
+
 struct ModelOptions {
+  Device device = Device::kCpu;
   int n_threads = 0;           // 0: one per core
   int64_t n_ctx = 0;           // longest sequence; 0: the model's max_position
   int max_batch_tokens = 512;  // largest Batch::n_tokens() forward() accepts
@@ -26,6 +31,9 @@ struct ModelOptions {
   // KV pool size: kv_cache_bytes when > 0, else n_kv_slots whole contexts.
   int64_t kv_cache_bytes = 0;
   int n_kv_slots = 1;
+  // kCuda only: when > 0 and kv_cache_bytes == 0, the KV pool takes what is
+  // left of this fraction of device memory after weights and activations.
+  double gpu_memory_fraction = 0;
 };
 
 class Model {

@@ -11,7 +11,10 @@ namespace rill {
 
 // Llama family: llama (incl. llama3 rope scaling, tied embeddings), mistral
 // (sliding window), qwen2 (qkv bias), qwen3 (q/k RMSNorm), smollm.
+// options.device == kCuda: the CUDA implementation (llama_cuda.cpp).
 Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                       const ModelOptions& options);
 
 }  // namespace rill

@@ -324,6 +324,7 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
 
 Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options) {
+  if (options.device == Device::kCuda) return create_llama_cuda_model(std::move(files), options);
   auto model = std::make_unique<LlamaModel>(std::move(files), options);
   RILL_TRY(model->init(options));
   return std::unique_ptr<Model>(std::move(model));

@@ -1,0 +1,243 @@
+// bench_cuda: the CUDA Llama's forward pass on one device, measured at the
+// model interface (Model::forward: upload of the step's indices, every
+// kernel, logits back to the host), next to the ceilings measured in the
+// same run: device-to-device copy bandwidth and the bf16 GEMM rate.
+//
+//   bench_cuda MODEL_DIR [--steps N] [--json OUT]
+//
+// Reports: decode tok/s at batch 1/8/32/64/128 (128-token prompts, then N
+// steps; median step), batch 1's fraction of the bandwidth roofline (bytes
+// read per step / measured copy bandwidth), prefill tok/s of one
+// 2,048-token prompt and its fraction of the GEMM peak, and the forward time
+// of a 128-token prompt (TTFT at the model, no queueing).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/gemm.h"
+#include "loader/model_files.h"
+#include "model/registry.h"
+
+namespace rill {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Device-to-device copy of 4 GiB, counting bytes read + written (GB/s).
+double copy_bandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  RILL_CUDA_CHECK(cudaMalloc(&a, bytes));
+  RILL_CUDA_CHECK(cudaMalloc(&b, bytes));
+  RILL_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> t;
+  for (int i = 0; i < 12; ++i) {
+    cudaEventRecord(e0);
+    RILL_CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 2) t.push_back(ms);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) / (median(t) * 1e-3) / 1e9;
+}
+
+// bf16 8192^3 through rill's cuBLASLt wrapper (f32 output), TFLOP/s.
+double gemm_peak(const cuda::Context& ctx) {
+  const int64_t n = 8192;
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  RILL_CUDA_CHECK(cudaMalloc(&a, n * n * 2));
+  RILL_CUDA_CHECK(cudaMalloc(&b, n * n * 2));
+  RILL_CUDA_CHECK(cudaMalloc(&c, n * n * 4));
+  // Random-ish bits (not zeros: zeros run faster than real data).
+  std::vector<uint16_t> h(static_cast<size_t>(n * n));
+  uint32_t s = 12345;
+  for (auto& x : h) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<uint16_t>(0x3c00 | ((s >> 16) & 0x3ff)) ^ static_cast<uint16_t>((s >> 31) << 15);
+  }
+  RILL_CUDA_CHECK(cudaMemcpy(a, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  RILL_CUDA_CHECK(cudaMemcpy(b, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  cuda::Gemm g(ctx);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> t;
+  for (int i = 0; i < 13; ++i) {
+    cudaEventRecord(e0, ctx.stream());
+    if (!g.run(DType::kBF16, a, b, n, n, n, static_cast<float*>(c), false).ok()) return 0;
+    cudaEventRecord(e1, ctx.stream());
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 3) t.push_back(ms);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * n * n / (median(t) * 1e-3) / 1e12;
+}
+
+std::vector<int32_t> range_table(int32_t first, int32_t n) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
+  return t;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: bench_cuda MODEL_DIR [--steps N] [--json OUT]\n");
+    return 2;
+  }
+  const std::string path = argv[1];
+  int steps = 32;
+  std::string json_out;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
+  }
+  const int kPrompt = 128, kPrefill = 2048, kMaxBatch = 128, kSlotTokens = 512;
+  auto t_load = Clock::now();
+  auto files = open_model_files(path);
+  if (!files.ok()) {
+    std::fprintf(stderr, "%s\n", files.error().message.c_str());
+    return 1;
+  }
+  ModelOptions o;
+  o.device = Device::kCuda;
+  o.n_ctx = 4096;
+  o.max_batch_tokens = kPrefill;
+  o.max_batch_seqs = kMaxBatch;
+  o.kv_block_size = 16;
+  const ModelConfig& c = (*files)->config;
+  const int64_t hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
+  const int64_t kv_token = 2 * c.n_layer * c.n_head_kv * hd * 2;  // f16 KV
+  const int32_t slot_blocks = kSlotTokens / 16;
+  const int32_t n_blocks = kMaxBatch * slot_blocks + kPrefill / 16 + 8;
+  o.kv_cache_bytes = static_cast<int64_t>(n_blocks) * 16 * kv_token;
+  auto created = create_model(builtin_registry(), infer_profile(**files), *files, o);
+  if (!created.ok()) {
+    std::fprintf(stderr, "%s\n", created.error().message.c_str());
+    return 1;
+  }
+  Model& m = **created;
+  const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
+  const int64_t V = m.n_vocab();
+
+  // Weight bytes a decode step reads: every matrix but the embedding table.
+  size_t weight_bytes = 0, matmul_params = 0;
+  for (const auto& [name, t] : (*files)->tensors) {
+    if (name == "model.embed_tokens.weight" && (*files)->find("lm_head.weight")) continue;
+    weight_bytes += t.n_bytes;
+    if (t.shape.size() == 2) matmul_params += static_cast<size_t>(t.n_elements());
+  }
+
+  auto ctx = cuda::Context::create(0);
+  if (!ctx.ok()) return 1;
+  const double bw = copy_bandwidth();
+  const double peak = gemm_peak(**ctx);
+  std::printf("device: %s\n", (*ctx)->describe().c_str());
+  std::printf("ceilings: copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n", bw, peak);
+  std::printf("model: %s, load + upload %.1f s, %.2f GB read per decode step (weights)\n", path.c_str(), load_s,
+              weight_bytes / 1e9);
+
+  std::vector<float> logits(static_cast<size_t>(kMaxBatch) * V);
+  Batch b;
+  nlohmann::ordered_json j;
+  j["device"] = (*ctx)->describe();
+  j["copy_gb_s"] = bw;
+  j["gemm_tflops"] = peak;
+  j["load_s"] = load_s;
+
+  // Prefill of one 2,048-token prompt, and a 128-token prompt (TTFT).
+  const int32_t prefill_first = kMaxBatch * slot_blocks;
+  auto prompt_time = [&](int n_tok) {
+    std::vector<int32_t> ids(static_cast<size_t>(n_tok));
+    for (int i = 0; i < n_tok; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % V);
+    const auto table = range_table(prefill_first, kPrefill / 16);
+    std::vector<double> t;
+    for (int rep = 0; rep < 5; ++rep) {
+      b.clear();
+      b.add_sequence(ids.data(), n_tok, 0, true, table);
+      const auto t0 = Clock::now();
+      if (!m.forward(b, logits.data()).ok()) return -1.0;
+      if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return median(t);
+  };
+  const double prefill_s = prompt_time(kPrefill);
+  const double ttft_s = prompt_time(kPrompt);
+  const double prefill_flops = 2.0 * static_cast<double>(matmul_params) * kPrefill;
+  std::printf("prefill %d tokens: %.1f ms, %.0f tok/s, %.0f TFLOP/s in matmuls (%.0f%% of the GEMM peak)\n", kPrefill,
+              prefill_s * 1e3, kPrefill / prefill_s, prefill_flops / prefill_s / 1e12,
+              100 * prefill_flops / prefill_s / 1e12 / peak);
+  std::printf("TTFT (forward of a %d-token prompt): %.1f ms\n", kPrompt, ttft_s * 1e3);
+  j["prefill"] = {{"tokens", kPrefill}, {"ms", prefill_s * 1e3}, {"tok_s", kPrefill / prefill_s},
+                  {"matmul_tflops", prefill_flops / prefill_s / 1e12}};
+  j["ttft_ms_prompt128"] = ttft_s * 1e3;
+
+  // Decode: B sequences of 128-token prompts, then `steps` one-token steps.
+  for (int B : {1, 8, 32, 64, 128}) {
+    std::vector<std::vector<int32_t>> tables;
+    for (int s = 0; s < B; ++s) tables.push_back(range_table(s * slot_blocks, slot_blocks));
+    for (int s0 = 0; s0 < B; s0 += kPrefill / kPrompt) {
+      b.clear();
+      for (int s = s0; s < std::min(B, s0 + kPrefill / kPrompt); ++s) {
+        std::vector<int32_t> ids(kPrompt);
+        for (int i = 0; i < kPrompt; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 31 + s * 101) % V);
+        b.add_sequence(ids.data(), kPrompt, 0, true, tables[static_cast<size_t>(s)]);
+      }
+      if (!m.forward(b, logits.data()).ok()) return 1;
+    }
+    std::vector<double> t;
+    for (int step = 0; step < steps + 3; ++step) {
+      b.clear();
+      for (int s = 0; s < B; ++s) {
+        const int32_t id = static_cast<int32_t>((step * 17 + s) % V);
+        b.add_sequence(&id, 1, kPrompt + step, true, tables[static_cast<size_t>(s)]);
+      }
+      const auto t0 = Clock::now();
+      auto st = m.forward(b, logits.data());
+      if (!st.ok()) {
+        std::fprintf(stderr, "decode: %s\n", st.error().message.c_str());
+        return 1;
+      }
+      if (step >= 3) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    const double step_s = median(t);
+    const double ctx_len = kPrompt + steps / 2.0;
+    const double bytes = static_cast<double>(weight_bytes) + B * ctx_len * static_cast<double>(m.kv_bytes_per_token());
+    const double roofline = bytes / (bw * 1e9);
+    std::printf("decode batch %3d: %.2f ms/step, %.0f tok/s; bytes/step %.2f GB, roofline %.2f ms (%.0f%% of it)\n", B,
+                step_s * 1e3, B / step_s, bytes / 1e9, roofline * 1e3, 100 * roofline / step_s);
+    j["decode"].push_back({{"batch", B}, {"ms_per_step", step_s * 1e3}, {"tok_s", B / step_s},
+                           {"bytes_per_step", bytes}, {"roofline_fraction", roofline / step_s}});
+  }
+  if (!json_out.empty()) std::ofstream(json_out) << j.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace rill
+
+int main(int argc, char** argv) { return rill::run(argc, argv); }

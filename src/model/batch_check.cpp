@@ -1,0 +1,62 @@
+#include "model/batch_check.h"
+
+#include <algorithm>
+#include <string>
+
+namespace rill {
+
+Status check_batch(const Batch& batch, const BatchLimits& lim) {
+  const int64_t n = batch.n_tokens();
+  if (n > lim.max_tokens) {
+    return Error{"batch of " + std::to_string(n) + " tokens exceeds max_batch_tokens " + std::to_string(lim.max_tokens)};
+  }
+  if (static_cast<int64_t>(batch.sample_rows.size()) > lim.max_sample_rows) {
+    return Error{"batch samples " + std::to_string(batch.sample_rows.size()) + " rows, more than " +
+                 std::to_string(lim.max_sample_rows)};
+  }
+  for (int32_t row : batch.sample_rows) {
+    if (row < 0 || row >= n) return Error{"sample row " + std::to_string(row) + " is outside the batch"};
+  }
+  const int32_t bs = lim.block_size;
+  for (const BatchSeq& s : batch.seqs) {
+    if (s.kv_len < 0 || s.kv_len > lim.n_ctx) {
+      return Error{"sequence length " + std::to_string(s.kv_len) + " is outside the context (" +
+                   std::to_string(lim.n_ctx) + ")"};
+    }
+    if (s.q_start < 0 || s.q_len < 0 || s.q_start + s.q_len > n || s.q_len > s.kv_len || s.table_start < 0 ||
+        s.table_len < (s.kv_len + bs - 1) / bs ||
+        static_cast<size_t>(s.table_start + s.table_len) > batch.block_table.size()) {
+      return Error{"batch sequence (tokens [" + std::to_string(s.q_start) + ", +" + std::to_string(s.q_len) +
+                   "), length " + std::to_string(s.kv_len) + ") is inconsistent with its block table"};
+    }
+    const int64_t first_pos = s.kv_len - s.q_len;
+    const int64_t lo = lim.window > 0 ? std::max<int64_t>(0, first_pos - lim.window + 1) : 0;
+    const std::span<const int32_t> table = batch.table(0, s);
+    for (int64_t b = lo / bs; b < (s.kv_len + bs - 1) / bs; ++b) {
+      const int32_t e = table[static_cast<size_t>(b)];
+      if (e < 0 || e >= lim.n_blocks) {
+        return Error{"block table entry " + std::to_string(b) + " (" + std::to_string(e) +
+                     ") is not a KV block (the cache has " + std::to_string(lim.n_blocks) + ")"};
+      }
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = batch.token_ids[i];
+    if (id < 0 || id >= lim.n_vocab) {
+      return Error{"token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(lim.n_vocab) + ")"};
+    }
+    if (batch.seq_index[i] < 0 || static_cast<size_t>(batch.seq_index[i]) >= batch.seqs.size()) {
+      return Error{"token " + std::to_string(i) + " names sequence " + std::to_string(batch.seq_index[i]) +
+                   ", which is not in the batch"};
+    }
+    const BatchSeq& s = batch.seqs[static_cast<size_t>(batch.seq_index[i])];
+    if (batch.positions[i] < s.kv_len - s.q_len || batch.positions[i] >= s.kv_len) {
+      return Error{"position " + std::to_string(batch.positions[i]) + " of token " + std::to_string(i) +
+                   " is outside its sequence's step [" + std::to_string(s.kv_len - s.q_len) + ", " +
+                   std::to_string(s.kv_len) + ")"};
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace rill

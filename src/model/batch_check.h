@@ -1,0 +1,24 @@
+#pragma once
+// Validation of a Batch against a model's limits, shared by the model
+// implementations (the CUDA Llama uses it; it is the CPU Llama's rules).
+#include <cstdint>
+
+#include "core/result.h"
+#include "model/batch.h"
+
+namespace rill {
+
+struct BatchLimits {
+  int64_t max_tokens = 0;
+  int64_t max_sample_rows = 0;
+  int64_t n_ctx = 0;
+  int64_t n_vocab = 0;
+  int32_t block_size = 16;
+  int32_t n_blocks = 0;
+  int64_t window = 0;  // > 0: blocks wholly before every query's window may be -1
+};
+
+// Errors say which token, sequence or table entry is wrong.
+Status check_batch(const Batch& batch, const BatchLimits& limits);
+
+}  // namespace rill
