@@ -3,10 +3,12 @@
 // kernel, logits back to the host), next to the ceilings measured in the
 // same run: device-to-device copy bandwidth and the bf16 GEMM rate.
 //
-//   bench_cuda MODEL_DIR [--steps N] [--json OUT]
+//   bench_cuda MODEL_DIR [--steps N] [--batches 1,8,...] [--json OUT]
+//   (RILL_CUDA_GRAPHS=0 in the environment: decode without CUDA graphs)
 //
 // Reports: decode tok/s at batch 1/8/32/64/128 (128-token prompts, then N
-// steps; median step), batch 1's fraction of the bandwidth roofline (bytes
+// steps; median step; greedy on the device, and with full logits copied
+// to the host as Model::forward does), batch 1's fraction of the bandwidth roofline (bytes
 // read per step / measured copy bandwidth), prefill tok/s of one
 // 2,048-token prompt and its fraction of the GEMM peak, and the forward time
 // of a 128-token prompt (TTFT at the model, no queueing).
@@ -112,9 +114,18 @@ int run(int argc, char** argv) {
   const std::string path = argv[1];
   int steps = 32;
   std::string json_out;
+  std::vector<int> batches = {1, 8, 32, 64, 128};
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
+    if (!std::strcmp(argv[i], "--batches")) {
+      batches.clear();
+      for (const char* p = argv[i + 1]; *p;) {
+        batches.push_back(std::atoi(p));
+        while (*p && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
+    }
   }
   const int kPrompt = 128, kPrefill = 2048, kMaxBatch = 128, kSlotTokens = 512;
   auto t_load = Clock::now();
@@ -197,7 +208,7 @@ int run(int argc, char** argv) {
   j["ttft_ms_prompt128"] = ttft_s * 1e3;
 
   // Decode: B sequences of 128-token prompts, then `steps` one-token steps.
-  for (int B : {1, 8, 32, 64, 128}) {
+  for (int B : batches) {
     std::vector<std::vector<int32_t>> tables;
     for (int s = 0; s < B; ++s) tables.push_back(range_table(s * slot_blocks, slot_blocks));
     for (int s0 = 0; s0 < B; s0 += kPrefill / kPrompt) {
@@ -209,29 +220,38 @@ int run(int argc, char** argv) {
       }
       if (!m.forward(b, logits.data()).ok()) return 1;
     }
-    std::vector<double> t;
-    for (int step = 0; step < steps + 3; ++step) {
+    // Steps alternate between greedy on the device (ids back) and full
+    // logits back to the host, at the same positions' lengths +- 1.
+    std::vector<double> t, t_logits;
+    std::vector<int32_t> ids(static_cast<size_t>(B));
+    for (int step = 0; step < 2 * steps + 4; ++step) {
       b.clear();
       for (int s = 0; s < B; ++s) {
-        const int32_t id = static_cast<int32_t>((step * 17 + s) % V);
+        const int32_t id = step == 0 ? static_cast<int32_t>(s % V) : ids[static_cast<size_t>(s)];
         b.add_sequence(&id, 1, kPrompt + step, true, tables[static_cast<size_t>(s)]);
       }
+      const bool greedy = step % 2 == 0;
       const auto t0 = Clock::now();
-      auto st = m.forward(b, logits.data());
+      auto st = greedy ? m.forward_greedy(b, ids.data()) : m.forward(b, logits.data());
       if (!st.ok()) {
         std::fprintf(stderr, "decode: %s\n", st.error().message.c_str());
         return 1;
       }
-      if (step >= 3) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (step >= 4) (greedy ? t : t_logits).push_back(dt);
     }
     const double step_s = median(t);
-    const double ctx_len = kPrompt + steps / 2.0;
+    const double logits_step_s = median(t_logits);
+    const double ctx_len = kPrompt + steps;
     const double bytes = static_cast<double>(weight_bytes) + B * ctx_len * static_cast<double>(m.kv_bytes_per_token());
     const double roofline = bytes / (bw * 1e9);
-    std::printf("decode batch %3d: %.2f ms/step, %.0f tok/s; bytes/step %.2f GB, roofline %.2f ms (%.0f%% of it)\n", B,
-                step_s * 1e3, B / step_s, bytes / 1e9, roofline * 1e3, 100 * roofline / step_s);
+    std::printf("decode batch %3d: %.2f ms/step, %.0f tok/s (greedy on device); %.2f ms, %.0f tok/s with logits to the "
+                "host; bytes/step %.2f GB, roofline %.2f ms (%.0f%% of it)\n",
+                B, step_s * 1e3, B / step_s, logits_step_s * 1e3, B / logits_step_s, bytes / 1e9, roofline * 1e3,
+                100 * roofline / step_s);
     j["decode"].push_back({{"batch", B}, {"ms_per_step", step_s * 1e3}, {"tok_s", B / step_s},
-                           {"bytes_per_step", bytes}, {"roofline_fraction", roofline / step_s}});
+                           {"ms_per_step_logits_to_host", logits_step_s * 1e3}, {"bytes_per_step", bytes},
+                           {"roofline_fraction", roofline / step_s}});
   }
   if (!json_out.empty()) std::ofstream(json_out) << j.dump(2) << "\n";
   return 0;

@@ -59,6 +59,17 @@ class Model {
   // step never depend on the other sequences of the batch (batch
   // invariance). Per step this allocates nothing.
   virtual Status forward(const Batch& batch, float* logits) = 0;
+
+  // forward() followed by a greedy pick per sample row, done where the model
+  // runs so that only ids[sample_rows.size()] cross to the host (argmax,
+  // lowest index on ties, as the CPU sampler). Optional: models that do not
+  // offer it return an error and callers sample from forward()'s logits.
+  virtual bool has_forward_greedy() const { return false; }
+  virtual Status forward_greedy(const Batch& batch, int32_t* ids) {
+    (void)batch;
+    (void)ids;
+    return Error{"this model has no forward_greedy; sample from forward()'s logits"};
+  }
 };
 
 }  // namespace rill

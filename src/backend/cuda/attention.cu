@@ -5,6 +5,7 @@
 #include <cassert>
 #include <cmath>
 
+#include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
@@ -380,7 +381,9 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
     combine_kernel<Out><<<cgrid, a.head_dim >= 128 ? 128 : 32, 0, stream>>>(a);
     RILL_CUDA_CHECK_LAUNCH();
   }
-  if (a.n_tiles > 0) {
+  if (a.n_tiles > 0 && prefill_mma_supported(a.kv_dtype, a.head_dim)) {
+    prefill_attention_mma(a, stream);
+  } else if (a.n_tiles > 0) {
     if (a.head_dim <= 64) {
       launch_prefill<KV, Out, 16>(a, stream);
     } else if (a.head_dim <= 128) {
@@ -394,6 +397,10 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 int32_t decode_splits(int32_t len) { return splits_for(len); }
+
+int32_t prefill_tile_q(DType kv_dtype, int32_t head_dim) {
+  return prefill_mma_supported(kv_dtype, head_dim) ? kPrefillTileQMma : kPrefillTileQ;
+}
 
 size_t attention_partial_floats(int64_t n_decode, int32_t n_head, int32_t head_dim) {
   return static_cast<size_t>(n_decode) * static_cast<size_t>(n_head) * kMaxSplits * static_cast<size_t>(head_dim + 2);

@@ -26,10 +26,20 @@ class Gemm {
   Status run(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
              bool accumulate);
 
-  // Matmul dispatch used by the models: the hand GEMV for n <= kGemvMaxTokens
-  // (f16/bf16), cuBLASLt otherwise.
+  // Matmul dispatch used by the models. F32 weights always take the hand
+  // GEMV (batch invariant; f32 checkpoints are for parity runs, not speed).
+  // F16/BF16 take it up to the token count tune() found it faster than
+  // cuBLASLt for this shape (1 when the shape was not tuned), cuBLASLt above.
   Status matmul(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
                 bool accumulate);
+
+  // Times the GEMV against cuBLASLt for 1..kGemvMaxTokens tokens on this
+  // weight and remembers the largest count below which the GEMV always
+  // wins. x: device scratch of [kGemvMaxTokens, cols] (dtype), y: of
+  // [kGemvMaxTokens, rows] f32. Call while planning (model load).
+  Status tune(DType dtype, const void* w, int64_t rows, int64_t cols, const void* x, float* y);
+  // The tuned limit for a shape (1 when not tuned).
+  int gemv_max_tokens(int64_t rows, int64_t cols) const;
 
  private:
   struct Plan;
@@ -37,6 +47,7 @@ class Gemm {
 
   const Context& ctx_;
   std::unordered_map<uint64_t, std::unique_ptr<Plan>> plans_;
+  std::unordered_map<uint64_t, int> gemv_max_;  // key: rows << 32 | cols
 };
 
 }  // namespace rill::cuda

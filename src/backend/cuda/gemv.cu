@@ -1,8 +1,8 @@
-// Hand GEMV for decode: y[t, r] (+)= W[r, :] . x[t, :] for up to 8 tokens,
-// W and x in f16/bf16. Memory bound: every weight byte is read once with
-// 16-byte loads, one warp per row, four loads in flight per lane; x rows
-// come through L1/L2 (at most 8 x 28 KB). Accumulation is f32 in a fixed
-// order per row, the same for every token count.
+// Hand GEMV for decode: y[t, r] (+)= W[r, :] . x[t, :] for up to 8 tokens
+// per launch, W and x in f32/f16/bf16. Memory bound: every weight byte is
+// read once with 16-byte loads, one warp per row, four loads in flight per
+// lane; x rows come through L1/L2. Accumulation is f32 in a fixed order per
+// row, the same for every token count (batch invariant).
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
@@ -12,6 +12,12 @@ namespace {
 
 constexpr int kWarps = 8;
 
+__device__ __forceinline__ void unpack8(const uint4& u, const float*, float* f) {
+  f[0] = __uint_as_float(u.x);
+  f[1] = __uint_as_float(u.y);
+  f[2] = __uint_as_float(u.z);
+  f[3] = __uint_as_float(u.w);
+}
 __device__ __forceinline__ void unpack8(const uint4& u, const __half*, float* f) {
   const __half2* h = reinterpret_cast<const __half2*>(&u);
 #pragma unroll
@@ -41,7 +47,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T* __restrict__
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (r >= n_rows) return;
-  const int64_t n_vec = n_cols / 8;  // 16-byte vectors per row
+  constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte vector
+  const int64_t n_vec = n_cols / kVec;
   const uint4* wr = reinterpret_cast<const uint4*>(w + r * n_cols);
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   float acc[N];
@@ -62,7 +69,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T* __restrict__
         float xf[8];
         unpack8(xv[t * n_vec + v + 32 * u], static_cast<const T*>(nullptr), xf);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[t] += wf[e] * xf[e];
+        for (int e = 0; e < kVec; ++e) acc[t] += wf[e] * xf[e];
       }
     }
   }
@@ -74,7 +81,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T* __restrict__
       float xf[8];
       unpack8(xv[t * n_vec + v], static_cast<const T*>(nullptr), xf);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[t] += wf[e] * xf[e];
+      for (int e = 0; e < kVec; ++e) acc[t] += wf[e] * xf[e];
     }
   }
 #pragma unroll
@@ -98,6 +105,11 @@ void launch(const void* w, const void* x, int64_t n_rows, int64_t n_cols, float*
 template <typename T>
 void dispatch(int64_t n_tokens, const void* w, const void* x, int64_t n_rows, int64_t n_cols, float* y,
               bool accumulate, cudaStream_t stream) {
+  for (; n_tokens > kGemvMaxTokens; n_tokens -= kGemvMaxTokens) {  // groups of 8: rows' results do not change
+    launch<T, kGemvMaxTokens>(w, x, n_rows, n_cols, y, accumulate, stream);
+    x = static_cast<const T*>(x) + kGemvMaxTokens * n_cols;
+    y += kGemvMaxTokens * n_rows;
+  }
   switch (n_tokens) {
     case 1: launch<T, 1>(w, x, n_rows, n_cols, y, accumulate, stream); break;
     case 2: launch<T, 2>(w, x, n_rows, n_cols, y, accumulate, stream); break;
@@ -113,13 +125,15 @@ void dispatch(int64_t n_tokens, const void* w, const void* x, int64_t n_rows, in
 }  // namespace
 
 bool gemv_supported(DType w, int64_t n_cols) {
-  return (w == DType::kF16 || w == DType::kBF16) && n_cols % 8 == 0;
+  return (w == DType::kF32 && n_cols % 4 == 0) || ((w == DType::kF16 || w == DType::kBF16) && n_cols % 8 == 0);
 }
 
 void gemv(DType w_dtype, const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
           bool accumulate, cudaStream_t stream) {
   if (n_tokens <= 0 || n_rows <= 0) return;
-  if (w_dtype == DType::kF16) {
+  if (w_dtype == DType::kF32) {
+    dispatch<float>(n_tokens, w, x, n_rows, n_cols, y, accumulate, stream);
+  } else if (w_dtype == DType::kF16) {
     dispatch<__half>(n_tokens, w, x, n_rows, n_cols, y, accumulate, stream);
   } else {
     dispatch<__nv_bfloat16>(n_tokens, w, x, n_rows, n_cols, y, accumulate, stream);

@@ -114,6 +114,48 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = from_f32<KV>(h[d]);
 }
 
+__global__ void argmax_kernel(const float* logits, int64_t n_cols, int32_t* ids) {
+  __shared__ float best_v[32];
+  __shared__ int64_t best_i[32];
+  const float* row = logits + blockIdx.x * n_cols;
+  float v = -INFINITY;
+  int64_t idx = n_cols;
+  for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x) {
+    if (row[c] > v) {  // strictly greater: the first index of a maximum within the thread
+      v = row[c];
+      idx = c;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ov > v || (ov == v && oi < idx)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    best_v[warp] = v;
+    best_i[warp] = idx;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int n_warps = blockDim.x >> 5;
+    v = lane < n_warps ? best_v[lane] : -INFINITY;
+    idx = lane < n_warps ? best_i[lane] : n_cols;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (ov > v || (ov == v && oi < idx)) {
+        v = ov;
+        idx = oi;
+      }
+    }
+    if (lane == 0) ids[blockIdx.x] = static_cast<int32_t>(idx < n_cols ? idx : 0);
+  }
+}
+
 int grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
@@ -157,6 +199,12 @@ void add_bias(float* y, const float* b, int64_t n_rows, int64_t n_cols, cudaStre
 void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream) {
   if (n <= 0) return;
   RILL_CUDA_DISPATCH_FLOAT(dtype, convert_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(x, n, static_cast<T*>(out)));
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int32_t* ids, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  argmax_kernel<<<static_cast<unsigned>(n_rows), 1024, 0, stream>>>(logits, n_cols, ids);
   RILL_CUDA_CHECK_LAUNCH();
 }
 

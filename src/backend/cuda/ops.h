@@ -79,7 +79,8 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 // token, KV head and split: GQA heads share each K/V read; a token's split
 // count depends only on its own length, so results are batch invariant).
 inline constexpr int32_t kDecodeMaxQ = 4;
-inline constexpr int32_t kPrefillTileQ = 32;
+inline constexpr int32_t kPrefillTileQ = 32;     // queries per tile of the f32 (SIMT) kernel
+inline constexpr int32_t kPrefillTileQMma = 64;  // of the tensor-core kernel (f16 KV, head_dim 64/128)
 inline constexpr int32_t kMaxSplits = 32;
 inline constexpr int32_t kMinSplitKeys = 128;
 struct PrefillTile {
@@ -114,32 +115,38 @@ struct AttentionArgs {
 };
 // Splits of a decode token whose keys span [0, len): a function of len only.
 int32_t decode_splits(int32_t len);
+// Queries per prefill tile attention() expects for this cache: kPrefillTileQMma
+// where the tensor-core kernel runs, else kPrefillTileQ.
+int32_t prefill_tile_q(DType kv_dtype, int32_t head_dim);
 // Scratch floats attention() needs for n_decode tokens.
 size_t attention_partial_floats(int64_t n_decode, int32_t n_head, int32_t head_dim);
 void attention(const AttentionArgs& a, cudaStream_t stream);
 
 // Routes sequence s (tokens [q_start, q_start + q_len)) to the decode
 // kernel (q_len <= kDecodeMaxQ: its tokens are appended to decode_tokens) or
-// to prefill tiles of kPrefillTileQ tokens. Outputs are appended; callers
-// reserve capacity once (n_tokens entries each suffice).
+// to prefill tiles of tile_q tokens (prefill_tile_q()). Outputs are
+// appended; callers reserve capacity once (n_tokens entries each suffice).
 template <typename TokenVec, typename TileVec>
-void route_attention(int32_t s, int32_t q_start, int32_t q_len, TokenVec& decode_tokens, TileVec& tiles) {
+void route_attention(int32_t s, int32_t q_start, int32_t q_len, int32_t tile_q, TokenVec& decode_tokens,
+                     TileVec& tiles) {
   if (q_len <= kDecodeMaxQ) {
     for (int32_t i = 0; i < q_len; ++i) decode_tokens.push_back(q_start + i);
     return;
   }
-  for (int32_t i = 0; i < q_len; i += kPrefillTileQ) {
-    tiles.push_back({s, q_start + i, q_len - i < kPrefillTileQ ? q_len - i : kPrefillTileQ});
-  }
+  for (int32_t i = 0; i < q_len; i += tile_q) tiles.push_back({s, q_start + i, q_len - i < tile_q ? q_len - i : tile_q});
 }
 
-// y[t, r] (+)= sum_c W[r, c] x[t, c] for n_tokens <= kGemvMaxTokens and
-// W, x both F16 or both BF16 ([n_rows, n_cols] and [n_tokens, n_cols],
-// n_cols a multiple of 8, 16-byte aligned rows); y: [n_tokens, n_rows] f32.
-// Each row is one warp's dot product in f32, so a row's result does not
-// depend on n_tokens.
+// y[t, r] (+)= sum_c W[r, c] x[t, c] with W, x in one dtype (F32, F16 or
+// BF16; [n_rows, n_cols] and [n_tokens, n_cols], rows a whole number of 16
+// bytes); y: [n_tokens, n_rows] f32. Each output is one warp's dot product
+// in f32 in a fixed order, so a row's result does not depend on n_tokens
+// (tokens go 8 per launch).
 inline constexpr int kGemvMaxTokens = 8;
 bool gemv_supported(DType w, int64_t n_cols);
+
+// Greedy: ids[r] = argmax_c logits[r, c] over [n_rows, n_cols] f32 (the
+// lowest index among equal maxima, as the CPU sampler).
+void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int32_t* ids, cudaStream_t stream);
 void gemv(DType w_dtype, const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
           bool accumulate, cudaStream_t stream);
 

@@ -14,8 +14,10 @@
 // uploads them with one copy; nothing is allocated.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "model/arch/families.h"
@@ -105,8 +107,15 @@ class LlamaCudaModel final : public Model {
   int32_t n_kv_blocks() const override { return n_blocks_; }
   size_t kv_bytes_per_token() const override { return kv_token_bytes_; }
   Status forward(const Batch& batch, float* logits) override;
+  bool has_forward_greedy() const override { return true; }
+  Status forward_greedy(const Batch& batch, int32_t* ids) override;
 
  private:
+  // Uploads the step's indices and computes logits_ for the sample rows;
+  // decode-only steps replay a CUDA graph per (padded batch, split count).
+  Status compute(const Batch& batch);
+  Status run_layers(int64_t n, int64_t n_sample, int32_t n_decode, int32_t max_decode_len, int32_t n_tiles);
+  Status tune_matmuls();
   Status upload_weights();
   Status build_rope();
   Status matmul(const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y, bool accumulate) {
@@ -150,6 +159,18 @@ class LlamaCudaModel final : public Model {
   PinnedBuffer meta_host_buf_;
   DeviceBuffer meta_dev_buf_;
   StepMeta meta_host_, meta_dev_;
+  int32_t* ids_dev_ = nullptr;   // [S] greedy ids
+  PinnedBuffer ids_host_;
+
+  // Decode graphs, keyed by padded batch size << 8 | split count. A key is
+  // run eagerly the first time (plans GEMMs, sets kernel attributes) and
+  // captured the second.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    bool seen = false;
+  };
+  std::unordered_map<uint32_t, Graph> graphs_;
+  bool use_graphs_ = true;
 };
 
 Status LlamaCudaModel::init(const ModelOptions& options) {
@@ -201,6 +222,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
     logits_ = a.take<float>(S * V_);
     partial_ = a.take<float>(cuda::attention_partial_floats(max_tokens_, static_cast<int32_t>(cfg_.n_head),
                                                              static_cast<int32_t>(hd_)));
+    ids_dev_ = a.take<int32_t>(S);
   };
   Arena sizing;
   carve(sizing);
@@ -210,7 +232,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
 
   // Step metadata: block tables for every sequence of a full batch at full context.
   const size_t blocks_per_seq = static_cast<size_t>((n_ctx_ + block_size_ - 1) / block_size_);
-  table_cap_ = std::min(T, S + 16) * blocks_per_seq;
+  table_cap_ = std::min(T, S + 16) * blocks_per_seq + 1;  // + the padding rows' scratch block
   Arena meta_sizing;
   meta_host_.carve(meta_sizing, T, S, table_cap_);
   RILL_ASSIGN_OR_RETURN(meta_host_buf_, PinnedBuffer::allocate(meta_sizing.used(), "step metadata"));
@@ -218,6 +240,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   Arena mh(meta_host_buf_.data()), md(meta_dev_buf_.data());
   meta_host_.carve(mh, T, S, table_cap_);
   meta_dev_.carve(md, T, S, table_cap_);
+  RILL_ASSIGN_OR_RETURN(ids_host_, PinnedBuffer::allocate(S * sizeof(int32_t), "greedy ids"));
 
   // KV pool: explicit bytes, else a share of device memory, else whole contexts.
   kv_token_bytes_ = 2 * static_cast<size_t>(cfg_.n_layer) * static_cast<size_t>(KV_) * dtype_size(kv_dtype_);
@@ -246,13 +269,35 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
                  std::to_string(block_size_) + " tokens (" + std::to_string(kv_token_bytes_) + " bytes per token)"};
   }
   n_blocks_ = static_cast<int32_t>(n_blocks);
-  RILL_ASSIGN_OR_RETURN(kv_, DeviceBuffer::allocate(static_cast<size_t>(n_blocks) * block_bytes, "the KV cache"));
-  const size_t plane = static_cast<size_t>(n_blocks) * static_cast<size_t>(block_size_) * static_cast<size_t>(KV_) *
-                       dtype_size(kv_dtype_);
+  // One block more than reported: the scratch block that padding rows of a
+  // decode graph write to and read from.
+  RILL_ASSIGN_OR_RETURN(kv_, DeviceBuffer::allocate(static_cast<size_t>(n_blocks + 1) * block_bytes, "the KV cache"));
+  const size_t plane = static_cast<size_t>(n_blocks + 1) * static_cast<size_t>(block_size_) *
+                       static_cast<size_t>(KV_) * dtype_size(kv_dtype_);
   for (size_t il = 0; il < layers_.size(); ++il) {
     layers_[il].k_cache = kv_.as<uint8_t>() + (2 * il) * plane;
     layers_[il].v_cache = kv_.as<uint8_t>() + (2 * il + 1) * plane;
   }
+  if (const char* g = std::getenv("RILL_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
+  RILL_TRY(tune_matmuls());
+  return ctx_->synchronize();
+}
+
+// GEMV or cuBLASLt per weight shape and token count, by timing both once.
+Status LlamaCudaModel::tune_matmuls() {
+  if (act_ == DType::kF32) return Status::Ok();
+  const DevLayer& L = layers_[0];
+  struct W { const void* w; int64_t rows, cols; };
+  const W ws[] = {{L.wqkv, QKV_, E_}, {L.wo, E_, Q_}, {L.w_gate_up, 2 * F_, E_}, {L.w_down, E_, F_}, {lm_head_, V_, E_}};
+  int64_t max_rows = 0, max_cols = 0;
+  for (const W& w : ws) {
+    max_rows = std::max(max_rows, w.rows);
+    max_cols = std::max(max_cols, w.cols);
+  }
+  RILL_ASSIGN_OR_RETURN(DeviceBuffer x, DeviceBuffer::allocate(cuda::kGemvMaxTokens * max_cols * dtype_size(act_), "GEMM tuning"));
+  RILL_ASSIGN_OR_RETURN(DeviceBuffer y, DeviceBuffer::allocate(cuda::kGemvMaxTokens * max_rows * sizeof(float), "GEMM tuning"));
+  RILL_CUDA_CHECK(cudaMemsetAsync(x.data(), 0, x.size(), ctx_->stream()));
+  for (const W& w : ws) RILL_TRY(gemm_->tune(act_, w.w, w.rows, w.cols, x.data(), y.as<float>()));
   return ctx_->synchronize();
 }
 
@@ -480,8 +525,32 @@ Status LlamaCudaModel::build_rope() {
 }
 
 Status LlamaCudaModel::forward(const Batch& batch, float* logits) {
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(compute(batch));
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  if (n_sample > 0) {
+    RILL_CUDA_CHECK(cudaMemcpyAsync(logits, logits_, static_cast<size_t>(n_sample * V_) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, ctx_->stream()));
+  }
+  return ctx_->synchronize();
+}
+
+Status LlamaCudaModel::forward_greedy(const Batch& batch, int32_t* ids) {
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(compute(batch));
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  if (n_sample > 0) {
+    cuda::argmax_rows(logits_, n_sample, V_, ids_dev_, ctx_->stream());
+    RILL_CUDA_CHECK(cudaMemcpyAsync(ids_host_.data(), ids_dev_, static_cast<size_t>(n_sample) * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, ctx_->stream()));
+  }
+  RILL_TRY(ctx_->synchronize());
+  std::memcpy(ids, ids_host_.data(), static_cast<size_t>(n_sample) * sizeof(int32_t));
+  return Status::Ok();
+}
+
+Status LlamaCudaModel::compute(const Batch& batch) {
   const int64_t n = batch.n_tokens();
-  if (n <= 0) return {};
   BatchLimits lim;
   lim.max_tokens = max_tokens_;
   lim.max_sample_rows = max_seqs_;
@@ -491,14 +560,14 @@ Status LlamaCudaModel::forward(const Batch& batch, float* logits) {
   lim.n_blocks = n_blocks_;
   lim.window = cfg_.sliding_window;
   RILL_TRY(check_batch(batch, lim));
-  if (batch.block_table.size() > table_cap_) {
+  if (batch.block_table.size() + 1 > table_cap_) {
     return Error{"batch block tables hold " + std::to_string(batch.block_table.size()) + " entries, more than the " +
-                 std::to_string(table_cap_) + " the CUDA model planned for"};
+                 std::to_string(table_cap_ - 1) + " the CUDA model planned for"};
   }
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
-  cudaStream_t st = ctx_->stream();
+  const auto n_seqs = static_cast<int32_t>(batch.seqs.size());
 
-  // Host: the step's index arrays, then one upload.
+  // Host: the step's index arrays.
   StepMeta& mh = meta_host_;
   std::memcpy(mh.ids, batch.token_ids.data(), static_cast<size_t>(n) * 4);
   std::memcpy(mh.pos, batch.positions.data(), static_cast<size_t>(n) * 4);
@@ -508,22 +577,82 @@ Status LlamaCudaModel::forward(const Batch& batch, float* logits) {
   Appender<int32_t> decode{mh.decode_tokens};
   Appender<cuda::PrefillTile> tiles{mh.tiles};
   int32_t max_decode_len = 0;
-  for (size_t s = 0; s < batch.seqs.size(); ++s) {
-    const BatchSeq& q = batch.seqs[s];
+  bool decode_only = n_sample == n;
+  const int32_t tile_q = cuda::prefill_tile_q(kv_dtype_, static_cast<int32_t>(hd_));
+  for (int32_t s = 0; s < n_seqs; ++s) {
+    const BatchSeq& q = batch.seqs[static_cast<size_t>(s)];
     mh.table_start[s] = q.table_start;
     const int32_t* table = batch.block_table.data() + q.table_start;
     for (int32_t i = q.q_start; i < q.q_start + q.q_len; ++i) {
       const int32_t p = batch.positions[static_cast<size_t>(i)];
       mh.slots[i] = table[p >> block_shift_] * block_size_ + (p & (block_size_ - 1));
     }
-    cuda::route_attention(static_cast<int32_t>(s), q.q_start, q.q_len, decode, tiles);
+    cuda::route_attention(s, q.q_start, q.q_len, tile_q, decode, tiles);
     if (q.q_len <= cuda::kDecodeMaxQ) max_decode_len = std::max(max_decode_len, q.kv_len);
+    decode_only = decode_only && q.q_len == 1;
   }
-  const size_t meta_bytes = reinterpret_cast<const uint8_t*>(mh.tables + batch.block_table.size()) -
-                            static_cast<const uint8_t*>(meta_host_buf_.data());
-  RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_buf_.data(), meta_host_buf_.data(), meta_bytes, cudaMemcpyHostToDevice, st));
-  const StepMeta& md = meta_dev_;
 
+  // Decode-only steps: pad to a bucket and replay that bucket's graph. The
+  // padding rows are one dummy sequence at position 0 in the scratch block.
+  int64_t n_run = n;
+  int32_t split_bucket = 0;
+  if (decode_only && use_graphs_) {
+    n_run = n <= 8 ? n : n <= 128 ? (n + 15) / 16 * 16 : (n + 31) / 32 * 32;
+    n_run = std::min<int64_t>(n_run, max_seqs_);
+    split_bucket = 1;
+    while (split_bucket < cuda::decode_splits(max_decode_len)) split_bucket *= 2;
+    max_decode_len = split_bucket * cuda::kMinSplitKeys;  // the kernel's grid: split_bucket splits
+    if (n_run > n) {
+      const auto pad_table = static_cast<int32_t>(batch.block_table.size());
+      mh.tables[pad_table] = n_blocks_;
+      mh.table_start[n_seqs] = pad_table;
+      for (int64_t i = n; i < n_run; ++i) {
+        mh.ids[i] = 0;
+        mh.pos[i] = 0;
+        mh.slots[i] = n_blocks_ * block_size_;
+        mh.seq_of[i] = n_seqs;
+        mh.sample_rows[i] = static_cast<int32_t>(i);
+        decode.push_back(static_cast<int32_t>(i));
+      }
+    }
+  }
+  const size_t n_table = batch.block_table.size() + (n_run > n ? 1 : 0);
+  const size_t meta_bytes = reinterpret_cast<const uint8_t*>(mh.tables + n_table) -
+                            static_cast<const uint8_t*>(meta_host_buf_.data());
+  cudaStream_t st = ctx_->stream();
+  RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_buf_.data(), meta_host_buf_.data(), meta_bytes, cudaMemcpyHostToDevice, st));
+
+  if (split_bucket == 0) return run_layers(n, n_sample, decode.n, max_decode_len, tiles.n);
+  Graph& g = graphs_[static_cast<uint32_t>(n_run) << 8 | static_cast<uint32_t>(split_bucket)];
+  if (g.exec) {
+    if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess) return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
+    return Status::Ok();
+  }
+  if (!g.seen) {
+    g.seen = true;
+    return run_layers(n_run, n_run, decode.n, max_decode_len, 0);
+  }
+  cudaGraph_t graph = nullptr;
+  if (cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal); e != cudaSuccess) {
+    return Error{cuda::cuda_error_text(e, "cudaStreamBeginCapture")};
+  }
+  const Status run = run_layers(n_run, n_run, decode.n, max_decode_len, 0);
+  const cudaError_t end = cudaStreamEndCapture(st, &graph);
+  if (!run.ok()) return run;
+  if (end != cudaSuccess) return Error{cuda::cuda_error_text(end, "cudaStreamEndCapture")};
+  const cudaError_t inst = cudaGraphInstantiate(&g.exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (inst != cudaSuccess) return Error{cuda::cuda_error_text(inst, "cudaGraphInstantiate")};
+  if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess) return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
+  return Status::Ok();
+}
+
+// Every kernel of the step over device metadata already uploaded: n tokens,
+// logits_ for the first n_sample entries of sample_rows.
+Status LlamaCudaModel::run_layers(int64_t n, int64_t n_sample, int32_t n_decode, int32_t max_decode_len,
+                                  int32_t n_tiles) {
+  cudaStream_t st = ctx_->stream();
+  const StepMeta& md = meta_dev_;
   cuda::embed_rows(act_, embed_, E_, md.ids, n, x_, st);
   cuda::RopeKvArgs rk;
   rk.qkv = qkv_;
@@ -557,11 +686,11 @@ Status LlamaCudaModel::forward(const Batch& batch, float* logits) {
   at.seq_of = md.seq_of;
   at.pos = md.pos;
   at.decode_tokens = md.decode_tokens;
-  at.n_decode = decode.n;
+  at.n_decode = n_decode;
   at.max_decode_len = max_decode_len;
   at.partial = partial_;
   at.tiles = md.tiles;
-  at.n_tiles = tiles.n;
+  at.n_tiles = n_tiles;
   at.out_dtype = act_;
   at.out = attn_;
 
@@ -588,10 +717,8 @@ Status LlamaCudaModel::forward(const Batch& batch, float* logits) {
   if (n_sample > 0) {
     cuda::rms_norm(x_, E_, md.sample_rows, final_norm_, n_sample, E_, eps, 0.0f, act_, final_, st);
     RILL_TRY(matmul(lm_head_, final_, n_sample, V_, E_, logits_, false));
-    RILL_CUDA_CHECK(cudaMemcpyAsync(logits, logits_, static_cast<size_t>(n_sample * V_) * sizeof(float),
-                                    cudaMemcpyDeviceToHost, st));
   }
-  return ctx_->synchronize();
+  return Status::Ok();
 }
 
 }  // namespace

@@ -1,0 +1,226 @@
+// Prefill attention on the tensor cores (WMMA, f16 in, f32 accumulate) for
+// an f16 KV cache and head_dim 64 or 128: FlashAttention-2's loop, one
+// block per 64 queries of one head, 4 warps of 16 query rows each, K/V tiles
+// of 64 keys in shared memory. Scores and the online softmax stay f32; q is
+// rounded to f16 before Q K^T and the probabilities to f16 before P V (as
+// llama.cpp's f16 attention does), so outputs differ from the f32 reference
+// by ~1e-3 relative (tests/cuda/cuda_attention_test.cpp).
+//
+// The output accumulator lives in shared memory (each warp owns its rows):
+// WMMA fragments have no documented element layout, so rows are rescaled
+// there between tiles.
+#include <mma.h>
+
+#include "backend/cuda/attention_mma.h"
+#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/device_math.cuh"
+
+namespace rill::cuda {
+namespace {
+
+using namespace nvcuda;
+using detail::from_f32;
+
+constexpr int kBQ = 64, kBK = 64, kWarps = 4;
+
+template <int HD>
+struct Smem {
+  static constexpr int kLdH = HD + 8;   // halves per Q/K/V row (pad: fewer bank conflicts; ldm % 8 == 0)
+  static constexpr int kLdS = kBK + 4;  // floats per score row
+  static constexpr int kLdP = kBK + 8;  // halves per probability row
+  static constexpr int kLdO = HD + 4;   // floats per output row
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + sizeof(half) * kBQ * kLdH;
+  static constexpr size_t kV = kK + sizeof(half) * kBK * kLdH;
+  static constexpr size_t kS = kV + sizeof(half) * kBK * kLdH;
+  static constexpr size_t kP = kS + sizeof(float) * kBQ * kLdS;
+  static constexpr size_t kO = kP + sizeof(half) * kBQ * kLdP;
+  static constexpr size_t kStats = kO + sizeof(float) * kBQ * kLdO;  // m, l, corr [kBQ] each
+  static constexpr size_t kBytes = kStats + sizeof(float) * 3 * kBQ;
+};
+
+__device__ __forceinline__ int64_t cache_row(const AttentionArgs& a, const int32_t* table, int32_t j) {
+  const int32_t mask = (1 << a.block_shift) - 1;
+  return (static_cast<int64_t>(table[j >> a.block_shift]) << a.block_shift) + (j & mask);
+}
+
+template <int HD, typename Out>
+__global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs a) {
+  using L = Smem<HD>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  half* qs = reinterpret_cast<half*>(smem + L::kQ);
+  half* ks = reinterpret_cast<half*>(smem + L::kK);
+  half* vs = reinterpret_cast<half*>(smem + L::kV);
+  float* ss = reinterpret_cast<float*>(smem + L::kS);
+  half* ps = reinterpret_cast<half*>(smem + L::kP);
+  float* os = reinterpret_cast<float*>(smem + L::kO);
+  float* m_s = reinterpret_cast<float*>(smem + L::kStats);
+  float* l_s = m_s + kBQ;
+  float* c_s = l_s + kBQ;
+
+  const PrefillTile tile = a.tiles[blockIdx.x];
+  const int h = blockIdx.y, kvh = h / (a.n_head / a.n_head_kv);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int32_t* table = a.block_tables + a.table_start[tile.seq];
+  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * HD;
+  const half* kbase = static_cast<const half*>(a.k_cache) + static_cast<int64_t>(kvh) * HD;
+  const half* vbase = static_cast<const half*>(a.v_cache) + static_cast<int64_t>(kvh) * HD;
+
+  for (int i = threadIdx.x; i < kBQ * HD; i += kWarps * 32) {
+    const int r = i / HD, d = i % HD;
+    const float q = r < tile.n_q ? a.q[static_cast<int64_t>(tile.t0 + r) * a.q_stride + static_cast<int64_t>(h) * HD + d] : 0.0f;
+    qs[r * L::kLdH + d] = __float2half_rn(q);
+  }
+  for (int i = threadIdx.x; i < kBQ * L::kLdO; i += kWarps * 32) os[i] = 0.0f;
+  if (threadIdx.x < kBQ) {
+    m_s[threadIdx.x] = -INFINITY;
+    l_s[threadIdx.x] = 0.0f;
+  }
+  const int32_t p_first = a.pos[tile.t0], p_last = a.pos[tile.t0 + tile.n_q - 1];
+  const int32_t k_lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0, k_hi = p_last + 1;
+  // This lane's softmax row (2 lanes per row, 32 columns each).
+  const int sr = warp * 16 + (lane >> 1), sc0 = (lane & 1) * 32;
+  const bool row_ok = sr < tile.n_q;
+  const int32_t p_row = row_ok ? a.pos[tile.t0 + sr] : -1;
+  const int32_t lo_row = a.window > 0 ? max(0, p_row - a.window + 1) : 0;
+  const bool warp_active = warp * 16 < tile.n_q;
+  float* s_w = ss + warp * 16 * L::kLdS;
+  half* p_w = ps + warp * 16 * L::kLdP;
+  float* o_w = os + warp * 16 * L::kLdO;
+  const half* q_w = qs + warp * 16 * L::kLdH;
+
+  for (int32_t kc = k_lo; kc < k_hi; kc += kBK) {
+    __syncthreads();  // the previous tile's K/V are no longer read
+    constexpr int kVecs = HD / 8;  // 16-byte vectors per row
+    for (int i = threadIdx.x; i < kBK * kVecs; i += kWarps * 32) {
+      const int jj = i / kVecs, v = i % kVecs;
+      const int32_t j = kc + jj;
+      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+      if (j < k_hi) {
+        const int64_t row = cache_row(a, table, j) * row_elems;
+        kv = *reinterpret_cast<const uint4*>(kbase + row + v * 8);
+        vv = *reinterpret_cast<const uint4*>(vbase + row + v * 8);
+      }
+      *reinterpret_cast<uint4*>(ks + jj * L::kLdH + v * 8) = kv;
+      *reinterpret_cast<uint4*>(vs + jj * L::kLdH + v * 8) = vv;
+    }
+    __syncthreads();
+    if (!warp_active) continue;
+
+    // S = Q K^T for this warp's 16 rows x 64 keys.
+    {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s[kBK / 16];
+#pragma unroll
+      for (int n = 0; n < kBK / 16; ++n) wmma::fill_fragment(s[n], 0.0f);
+#pragma unroll
+      for (int k = 0; k < HD / 16; ++k) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> qa;
+        wmma::load_matrix_sync(qa, q_w + k * 16, L::kLdH);
+#pragma unroll
+        for (int n = 0; n < kBK / 16; ++n) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> kb;
+          wmma::load_matrix_sync(kb, ks + n * 16 * L::kLdH + k * 16, L::kLdH);
+          wmma::mma_sync(s[n], qa, kb, s[n]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kBK / 16; ++n) wmma::store_matrix_sync(s_w + n * 16, s[n], L::kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Online softmax over the tile, f32; probabilities rounded to f16.
+    {
+      const int r = lane >> 1;
+      float sv[32];
+      float tmax = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < 32; ++c) {
+        const int32_t j = kc + sc0 + c;
+        const bool ok = row_ok && j < k_hi && j <= p_row && j >= lo_row;
+        float x = s_w[r * L::kLdS + sc0 + c] * a.scale;
+        if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+        sv[c] = ok ? x : -INFINITY;
+        tmax = fmaxf(tmax, sv[c]);
+      }
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+      const float m_old = m_s[warp * 16 + r];
+      const float m_new = fmaxf(m_old, tmax);
+      float sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 32; ++c) {
+        const half pv = __float2half_rn(sv[c] == -INFINITY ? 0.0f : __expf(sv[c] - m_new));
+        p_w[r * L::kLdP + sc0 + c] = pv;
+        sum += __half2float(pv);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      if ((lane & 1) == 0) {
+        const float corr = m_new == -INFINITY ? 1.0f : (m_old == -INFINITY ? 0.0f : __expf(m_old - m_new));
+        c_s[warp * 16 + r] = corr;
+        l_s[warp * 16 + r] = l_s[warp * 16 + r] * corr + sum;
+        m_s[warp * 16 + r] = m_new;
+      }
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * HD; i += 32) {
+      const int r = i / HD, d = i % HD;
+      o_w[r * L::kLdO + d] *= c_s[warp * 16 + r];
+    }
+    __syncwarp();
+
+    // O += P V.
+#pragma unroll
+    for (int n = 0; n < HD / 16; ++n) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
+      wmma::load_matrix_sync(o, o_w + n * 16, L::kLdO, wmma::mem_row_major);
+#pragma unroll
+      for (int k = 0; k < kBK / 16; ++k) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> pa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> vb;
+        wmma::load_matrix_sync(pa, p_w + k * 16, L::kLdP);
+        wmma::load_matrix_sync(vb, vs + k * 16 * L::kLdH + n * 16, L::kLdH);
+        wmma::mma_sync(o, pa, vb, o);
+      }
+      wmma::store_matrix_sync(o_w + n * 16, o, L::kLdO, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+  if (!warp_active) return;
+  for (int i = lane; i < 16 * HD; i += 32) {
+    const int r = i / HD, d = i % HD;
+    const int row = warp * 16 + r;
+    if (row >= tile.n_q) continue;
+    const float l = l_s[row];
+    Out* out = static_cast<Out*>(a.out) + static_cast<int64_t>(tile.t0 + row) * a.n_head * HD + static_cast<int64_t>(h) * HD;
+    out[d] = from_f32<Out>(l > 0.0f ? o_w[r * L::kLdO + d] / l : 0.0f);
+  }
+}
+
+template <int HD, typename Out>
+void launch(const AttentionArgs& a, cudaStream_t stream) {
+  static bool configured = false;
+  if (!configured) {
+    RILL_CUDA_CHECK(cudaFuncSetAttribute(prefill_mma_kernel<HD, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(Smem<HD>::kBytes)));
+    configured = true;
+  }
+  const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
+  prefill_mma_kernel<HD, Out><<<grid, kWarps * 32, Smem<HD>::kBytes, stream>>>(a);
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool prefill_mma_supported(DType kv_dtype, int32_t head_dim) {
+  return kv_dtype == DType::kF16 && (head_dim == 64 || head_dim == 128);
+}
+
+void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.n_tiles <= 0) return;
+  if (a.head_dim == 64) {
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<64, T>(a, stream));
+  } else {
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<128, T>(a, stream));
+  }
+}
+
+}  // namespace rill::cuda
