@@ -335,6 +335,40 @@ TEST(GemmaModel, ConfigErrorsNameTheFileAndField) {
   }
 }
 
+// gemma2's softcaps are read from config.json and applied: removing either
+// changes the logits (the final one by more than the tolerance; the
+// attention one, with this model's small scores, by less: see
+// tests/engine/gemma_parity_test.cpp).
+TEST(GemmaModel, LogitSoftcapsAreHonored) {
+  if (!fs::exists(kGoldens + "gemma2/golden.json")) GTEST_SKIP();
+  const auto ids = golden("gemma2")["prompt_ids"].get<std::vector<int32_t>>();
+  auto all_logits = [&](const std::function<void(nlohmann::json&)>& edit) {
+    const std::string dir = with_config("gemma2", edit);
+    auto model = open(dir, small_options());
+    EXPECT_TRUE(model.ok()) << model.error().message;
+    const auto n = static_cast<int32_t>(ids.size());
+    std::vector<float> out(static_cast<size_t>(n * (*model)->n_vocab()));
+    Batch b;
+    add(b, Tables{slot_block_table(0, 32, kBlock), slot_block_table(1, 32, kBlock)}, ids.data(), n, 0, true);
+    EXPECT_TRUE((*model)->forward(b, out.data()).ok());
+    fs::remove_all(dir);
+    return out;
+  };
+  auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0;
+    for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+    return d;
+  };
+  const auto capped = all_logits([](nlohmann::json&) {});
+  const auto no_final = all_logits([](nlohmann::json& c) { c["final_logit_softcapping"] = nullptr; });
+  const auto no_attn = all_logits([](nlohmann::json& c) { c["attn_logit_softcapping"] = nullptr; });
+  const auto tight_attn = all_logits([](nlohmann::json& c) { c["attn_logit_softcapping"] = 0.05; });
+  EXPECT_GT(max_diff(capped, no_final), 1e-3);
+  EXPECT_GT(max_diff(capped, no_attn), 1e-5);
+  EXPECT_GT(max_diff(capped, tight_attn), 1e-2);
+  for (float x : capped) EXPECT_LT(std::fabs(x), 30.0f);
+}
+
 // Without layer_types the pattern decides: every 2nd layer full (as the
 // golden), so the logits are the same; all-full layers change them.
 TEST(GemmaModel, SlidingWindowPatternWithoutLayerTypes) {
