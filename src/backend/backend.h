@@ -51,6 +51,8 @@ class Backend {
   virtual void attention_batch(const cpu::AttentionSeq* seqs, int n_seqs, const AttentionParams& p) = 0;
   // out = silu(gate) * up over n floats; out may alias gate.
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // out = gelu_tanh(gate) * up over n floats (GeGLU); out may alias gate.
+  virtual void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
   // y += x over n floats.
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
 };

@@ -16,6 +16,13 @@ double seconds_since(Clock::time_point t0) {
 SequenceRunner::SequenceRunner(Model& model, int32_t kv_slot)
     : model_(model), slot_(kv_slot), table_(slot_block_table(kv_slot, model.n_ctx(), model.kv_block_size())) {
   logits_.resize(static_cast<size_t>(model_.n_vocab()));
+  batch_.group_tables.resize(std::max<size_t>(model_.kv_spec().size(), 1) - 1);
+}
+
+void SequenceRunner::set_chunk(const int32_t* ids, int32_t n, int32_t pos0, bool sample_last) {
+  batch_.clear();
+  batch_.add_sequence(ids, n, pos0, sample_last, table_);
+  for (auto& t : batch_.group_tables) t.insert(t.end(), table_.begin(), table_.end());
 }
 
 Status SequenceRunner::prefill(std::span<const int32_t> ids, size_t from, bool want_all_rows) {
@@ -25,9 +32,8 @@ Status SequenceRunner::prefill(std::span<const int32_t> ids, size_t from, bool w
   for (size_t begin = from; begin < ids.size(); begin += chunk) {
     const size_t end = std::min(ids.size(), begin + chunk);
     const bool last_chunk = end == ids.size();
-    batch_.clear();
-    batch_.add_sequence(ids.data() + begin, static_cast<int32_t>(end - begin), static_cast<int32_t>(begin),
-                        last_chunk && !want_all_rows, table_);
+    set_chunk(ids.data() + begin, static_cast<int32_t>(end - begin), static_cast<int32_t>(begin),
+              last_chunk && !want_all_rows);
     float* out = logits_.data();
     if (want_all_rows) {
       batch_.sample_rows.clear();
@@ -73,8 +79,7 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
   for (int n = 0; n < options.max_tokens; ++n) {
     if (n > 0) {
       const int32_t last = result.ids.back();
-      batch_.clear();
-      batch_.add_sequence(&last, 1, static_cast<int32_t>(cached_.size()), true, table_);
+      set_chunk(&last, 1, static_cast<int32_t>(cached_.size()), true);
       Status st = model_.forward(batch_, logits_.data());
       if (!st.ok()) {
         cached_.clear();

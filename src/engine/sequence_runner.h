@@ -6,8 +6,10 @@
 // token is always recomputed so there are logits to sample.
 //
 // The slot is a fixed carving of the model's KV pool (slot_block_table()):
-// slot s owns blocks [s * per_slot, (s + 1) * per_slot). Used by `rill
-// run/score` and tests; the Engine pages KV through its KvManager instead.
+// slot s owns blocks [s * per_slot, (s + 1) * per_slot), in every KV group of
+// the model (a group's layers have KV planes of their own, so groups may
+// name the same block ids). Used by `rill run/score` and tests; the Engine
+// pages KV through its KvManager instead.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -63,6 +65,8 @@ class SequenceRunner {
   // Computes tokens [from, ids.size()) given KV for [0, from); fills logits_
   // with the last token's row when sample_last.
   Status prefill(std::span<const int32_t> ids, size_t from, bool want_all_rows);
+  // batch_ = one chunk of n tokens at [pos0, pos0 + n) with the slot's table in every group.
+  void set_chunk(const int32_t* ids, int32_t n, int32_t pos0, bool sample_last);
 
   Model& model_;
   int32_t slot_;

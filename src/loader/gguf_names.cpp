@@ -39,6 +39,17 @@ constexpr NamePair kLayerNames[] = {
     {"ffn_down.weight", "mlp.down_proj.weight"},
 };
 
+// Per-layer names that differ in the Gemma 2/3 files (sandwich norms): there
+// ffn_norm is the norm before the MLP and post_attention_norm the one after
+// attention. Looked up before kLayerNames for those architectures.
+constexpr NamePair kGemmaLayerNames[] = {
+    {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+};
+
+bool is_gemma(std::string_view arch) { return arch == "gemma2" || arch == "gemma3"; }
+
 struct ArchInfo {
   std::string_view gguf;   // general.architecture
   std::string_view hf;     // ModelConfig::architecture (HF model_type)
@@ -50,6 +61,8 @@ constexpr ArchInfo kArchs[] = {
     {"mistral", "mistral", RopeStyle::kInterleaved},
     {"qwen2", "qwen2", RopeStyle::kHalf},
     {"qwen3", "qwen3", RopeStyle::kHalf},
+    {"gemma2", "gemma2", RopeStyle::kHalf},
+    {"gemma3", "gemma3_text", RopeStyle::kHalf},
 };
 
 // Arrays this long are tokenizer tables, not configuration: left out of `raw`.
@@ -204,7 +217,7 @@ Status read_rope_scaling(const GgufFile& file, const ConfigReader& r, RopeScalin
 
 }  // namespace
 
-std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name) {
+std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::string_view arch) {
   for (const auto& p : kGlobalNames)
     if (name == p.gguf) return std::string(p.hf);
   constexpr std::string_view kBlk = "blk.";
@@ -217,6 +230,11 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name) {
   if (n_digits >= rest.size() || rest[n_digits] != '.') return std::nullopt;
   const std::string_view layer = rest.substr(0, n_digits);
   const std::string_view suffix = rest.substr(n_digits + 1);
+  if (is_gemma(arch)) {
+    for (const auto& p : kGemmaLayerNames) {
+      if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    }
+  }
   for (const auto& p : kLayerNames) {
     if (suffix == p.gguf)
       return "model.layers." + std::string(layer) + "." + std::string(p.hf);

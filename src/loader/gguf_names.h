@@ -14,7 +14,10 @@ namespace rill {
 // "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight",
 // "token_embd.weight" -> "model.embed_tokens.weight", "output.weight" -> "lm_head.weight", ...
 // nullopt for names with no canonical equivalent (they are kept under their GGUF name).
-std::optional<std::string> gguf_to_hf_tensor_name(std::string_view gguf_name);
+// `arch` (general.architecture) selects the names that differ by family:
+// gemma2/gemma3 "ffn_norm" is "pre_feedforward_layernorm", their
+// "post_attention_norm" / "post_ffw_norm" the post-attention / post-MLP norms.
+std::optional<std::string> gguf_to_hf_tensor_name(std::string_view gguf_name, std::string_view arch = {});
 
 // Builds the ModelConfig from `general.architecture` and the `<arch>.*` keys.
 // GGUF architectures map to Hugging Face model_type names (llama -> "llama",

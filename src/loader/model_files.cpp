@@ -75,12 +75,13 @@ Result<std::shared_ptr<ModelFiles>> open_gguf(const std::string& path) {
   auto files = std::make_shared<ModelFiles>();
   files->format = ModelFormat::kGguf;
   files->path = path;
+  const std::string arch = gguf->get_string("general.architecture").value_or("");
   for (const GgufTensorInfo& info : gguf->tensors()) {
     if (!dtype_info(info.type))
       return Error{path + ": tensor '" + info.name + "' has unsupported type " +
                    std::string(ggml_type_name(info.type))};
     TensorRef t;
-    t.name = gguf_to_hf_tensor_name(info.name).value_or(info.name);
+    t.name = gguf_to_hf_tensor_name(info.name, arch).value_or(info.name);
     t.file = path;
     t.dtype = static_cast<DType>(info.type);
     t.shape.assign(info.ne.rbegin(), info.ne.rend());  // GGML ne is innermost first

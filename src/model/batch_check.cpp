@@ -59,4 +59,38 @@ Status check_batch(const Batch& batch, const BatchLimits& lim) {
   return Status::Ok();
 }
 
+Status check_batch(const Batch& batch, const BatchLimits& limits, const KvSpec& spec) {
+  BatchLimits lim0 = limits;
+  lim0.window = !spec.empty() && spec[0].kind == LayerKind::kSliding ? spec[0].window : 0;
+  RILL_TRY(check_batch(batch, lim0));
+  if (batch.group_tables.size() + 1 < spec.size()) {
+    return Error{"batch has block tables for " + std::to_string(batch.group_tables.size() + 1) +
+                 " KV groups, the model has " + std::to_string(spec.size())};
+  }
+  const int32_t bs = limits.block_size;
+  for (size_t g = 1; g < spec.size(); ++g) {
+    if (!spec[g].is_attention()) continue;
+    const std::vector<int32_t>& t = batch.group_tables[g - 1];
+    const int64_t window = spec[g].kind == LayerKind::kSliding ? spec[g].window : 0;
+    for (const BatchSeq& s : batch.seqs) {
+      if (static_cast<size_t>(s.table_start + s.table_len) > t.size()) {
+        return Error{"KV group " + std::to_string(g) + "'s block table has " + std::to_string(t.size()) +
+                     " entries; a sequence needs [" + std::to_string(s.table_start) + ", +" +
+                     std::to_string(s.table_len) + ")"};
+      }
+      const int64_t first_pos = s.kv_len - s.q_len;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+      for (int64_t b = lo / bs; b < (s.kv_len + bs - 1) / bs; ++b) {
+        const int32_t e = t[static_cast<size_t>(s.table_start + b)];
+        if (e < 0 || e >= limits.n_blocks) {
+          return Error{"KV group " + std::to_string(g) + " block table entry " + std::to_string(b) + " (" +
+                       std::to_string(e) + ") is not a KV block (the cache has " +
+                       std::to_string(limits.n_blocks) + ")"};
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace rill

@@ -5,6 +5,7 @@
 
 #include "core/result.h"
 #include "model/batch.h"
+#include "model/kv_spec.h"
 
 namespace rill {
 
@@ -20,5 +21,12 @@ struct BatchLimits {
 
 // Errors say which token, sequence or table entry is wrong.
 Status check_batch(const Batch& batch, const BatchLimits& limits);
+
+// check_batch for a model with the KV groups of `spec` (limits.window is
+// ignored): group 0's table as above with spec[0]'s window, and each
+// attention group g >= 1's table in batch.group_tables[g - 1], with the same
+// start and length as group 0's, naming a KV block wherever a query of the
+// step can attend (holes only wholly before a sliding group's window).
+Status check_batch(const Batch& batch, const BatchLimits& limits, const KvSpec& spec);
 
 }  // namespace rill

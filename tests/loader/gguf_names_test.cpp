@@ -38,6 +38,31 @@ TEST(GgufNames, MapsLlamaFamilyNames) {
   for (const auto& [gguf, hf] : kCases) EXPECT_EQ(gguf_to_hf_tensor_name(gguf), hf) << gguf;
 }
 
+// Gemma 2/3 files name their sandwich norms differently: ffn_norm is the
+// norm before the MLP there, and the post norms have names of their own.
+TEST(GgufNames, MapsGemmaNamesPerArchitecture) {
+  const std::pair<const char*, const char*> kCases[] = {
+      {"blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"},
+      {"blk.0.post_attention_norm.weight", "model.layers.0.post_attention_layernorm.weight"},
+      {"blk.4.ffn_norm.weight", "model.layers.4.pre_feedforward_layernorm.weight"},
+      {"blk.4.post_ffw_norm.weight", "model.layers.4.post_feedforward_layernorm.weight"},
+      {"blk.2.attn_q_norm.weight", "model.layers.2.self_attn.q_norm.weight"},
+      {"blk.2.ffn_gate.weight", "model.layers.2.mlp.gate_proj.weight"},
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+  };
+  for (const char* arch : {"gemma2", "gemma3"}) {
+    std::set<std::string> seen;
+    for (const auto& [gguf, hf] : kCases) {
+      EXPECT_EQ(gguf_to_hf_tensor_name(gguf, arch), hf) << arch << " " << gguf;
+      EXPECT_TRUE(seen.insert(hf).second) << hf;
+    }
+  }
+  // Other architectures keep the Llama meaning of ffn_norm; Gemma-only names stay unmapped.
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.4.ffn_norm.weight", "llama"), "model.layers.4.post_attention_layernorm.weight");
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.4.post_ffw_norm.weight", "qwen2"), std::nullopt);
+}
+
 TEST(GgufNames, UnknownNamesStayUnmapped) {
   for (const char* name : {"rope_freqs.weight", "blk.x.attn_q.weight", "blk.01.attn_q.weight",
                            "blk.0.attn_q", "blk.0.unknown.weight", "blk.0", "blk..attn_q.weight",
@@ -150,6 +175,20 @@ TEST(GgufConfig, DefaultsAndExplicitKeys) {
   EXPECT_EQ(c3.head_dim, 128);
   EXPECT_EQ(c3.rope_dim, 64);  // partial rotary, as written
   EXPECT_EQ(c3.sliding_window, 4096);
+}
+
+TEST(GgufConfig, GemmaArchitecturesMapToTheirModelTypes) {
+  GgufWriter g2 = llama_file("gemma2");
+  g2.add_u32("gemma2.attention.sliding_window", 4096);
+  g2.add_f32("gemma2.attn_logit_softcapping", 50.0f);
+  const ModelConfig c2 = config_of(g2);
+  EXPECT_EQ(c2.architecture, "gemma2");
+  EXPECT_EQ(c2.rope_style, RopeStyle::kHalf);
+  EXPECT_EQ(c2.sliding_window, 4096);
+  EXPECT_EQ(c2.raw["gemma2.attn_logit_softcapping"], 50.0);
+  const ModelConfig c3 = config_of(llama_file("gemma3"));
+  EXPECT_EQ(c3.architecture, "gemma3_text");
+  EXPECT_EQ(c3.rope_style, RopeStyle::kHalf);
 }
 
 TEST(GgufConfig, RopeScaling) {

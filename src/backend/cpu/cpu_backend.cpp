@@ -81,6 +81,10 @@ class CpuBackend final : public Backend {
     cpu::silu_mul(gate, up, out, n);
   }
 
+  void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) override {
+    cpu::gelu_tanh_mul(gate, up, out, n);
+  }
+
   void add_inplace(float* y, const float* x, int64_t n) override { cpu::add_inplace(y, x, n); }
 
  private:

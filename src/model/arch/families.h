@@ -17,4 +17,9 @@ Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFil
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);
 
+// Gemma family (gemma.cpp): gemma2, gemma3_text and gemma3's text model;
+// sliding and full layers in two KV groups. CPU only.
+Result<std::unique_ptr<Model>> create_gemma_model(std::shared_ptr<const ModelFiles> files,
+                                                  const ModelOptions& options);
+
 }  // namespace rill

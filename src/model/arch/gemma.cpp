@@ -1,0 +1,477 @@
+// The Gemma 2 / Gemma 3 family: gemma2, gemma3_text and the text model of a
+// gemma3 (multimodal) checkpoint, from Hugging Face files or GGUF. Against
+// the Llama family:
+//   embeddings        scaled by sqrt(n_embd)
+//   RMSNorm           scales by (1 + w) for HF weights; GGUF converters store
+//                     1 + w already (norm_offset 0)
+//   sandwich norms    attention and MLP outputs are normed before each
+//                     residual add (post_attention / post_feedforward)
+//   GeGLU MLP         gelu_tanh(gate) * up
+//   attention         scale query_pre_attn_scalar^-1/2; gemma2: logit softcap
+//   layer kinds       sliding and full layers (layer_types, else every
+//                     `sliding_window_pattern`-th layer is full), each kind
+//                     with its own KV group and RoPE base (gemma3:
+//                     rope_parameters per layer type / rope_local_base_freq)
+//   q/k RMSNorm       over head_dim (gemma3)
+//   final logits      gemma2: softcap * tanh(logits / softcap)
+//   lm_head           tied to the embedding unless lm_head.weight exists
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/rope_table.h"
+#include "model/arch/families.h"
+#include "model/batch_check.h"
+#include "model/layers.h"
+#include "model/paged_kv_cache.h"
+
+namespace rill {
+namespace {
+
+using nlohmann::json;
+
+// Family parameters that ModelConfig does not carry, read from the raw
+// config (HF config.json, or GGUF metadata keys `<arch>.*`).
+struct GemmaParams {
+  std::vector<bool> sliding;  // [n_layer]: the layer attends to the last window tokens
+  float query_pre_attn_scalar = 0;
+  float attn_softcap = 0;   // 0: none
+  float final_softcap = 0;  // 0: none
+  float local_rope_theta = 10000.0f;
+  float norm_offset = 1.0f;
+};
+
+// HF multimodal wrappers keep the language model's fields in text_config.
+const json& text_config(const json& raw) {
+  auto tc = raw.find("text_config");
+  if (tc != raw.end() && tc->is_object() && !raw.contains("hidden_size")) return *tc;
+  return raw;
+}
+
+// A number field; nullopt when absent or null.
+Result<std::optional<double>> number(const json& obj, const std::string& key, const std::string& file) {
+  if (!obj.is_object()) return std::optional<double>{};
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::optional<double>{};
+  if (!it->is_number() || !std::isfinite(it->get<double>())) {
+    return Error{file + ": '" + key + "' must be a finite number"};
+  }
+  return std::optional<double>{it->get<double>()};
+}
+
+// Layer i is full when (i + 1) % pattern == 0 (Gemma's published layouts).
+std::vector<bool> pattern_layers(int64_t n_layer, int64_t pattern) {
+  std::vector<bool> s(static_cast<size_t>(n_layer));
+  for (int64_t i = 0; i < n_layer; ++i) s[static_cast<size_t>(i)] = pattern <= 0 || (i + 1) % pattern != 0;
+  return s;
+}
+
+Result<GemmaParams> read_hf_params(const ModelConfig& c, const std::string& file) {
+  const json& t = text_config(c.raw);
+  const bool gemma2 = c.architecture == "gemma2";
+  GemmaParams p;
+  p.norm_offset = 1.0f;
+  if (c.hidden_act != "gelu_pytorch_tanh" && c.hidden_act != "gelu_tanh") {
+    return Error{file + ": hidden_activation '" + c.hidden_act + "' is not supported (gelu_pytorch_tanh)"};
+  }
+  if (auto lt = t.find("layer_types"); lt != t.end() && !lt->is_null()) {
+    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c.n_layer) {
+      return Error{file + ": 'layer_types' must list " + std::to_string(c.n_layer) + " layer types"};
+    }
+    for (const json& e : *lt) {
+      if (e == "sliding_attention") {
+        p.sliding.push_back(true);
+      } else if (e == "full_attention") {
+        p.sliding.push_back(false);
+      } else {
+        return Error{file + ": layer type " + e.dump() + " is not supported (sliding_attention, full_attention)"};
+      }
+    }
+  } else {
+    RILL_ASSIGN_OR_RETURN(auto pattern, number(t, "sliding_window_pattern", file));
+    if (!pattern) { RILL_ASSIGN_OR_RETURN(pattern, number(t, "_sliding_window_pattern", file)); }
+    p.sliding = pattern_layers(c.n_layer, pattern ? static_cast<int64_t>(*pattern) : gemma2 ? 2 : 6);
+  }
+  RILL_ASSIGN_OR_RETURN(auto scalar, number(t, "query_pre_attn_scalar", file));
+  p.query_pre_attn_scalar = static_cast<float>(scalar.value_or(static_cast<double>(c.head_dim)));
+  RILL_ASSIGN_OR_RETURN(auto attn_cap, number(t, "attn_logit_softcapping", file));
+  RILL_ASSIGN_OR_RETURN(auto final_cap, number(t, "final_logit_softcapping", file));
+  p.attn_softcap = static_cast<float>(attn_cap.value_or(0));
+  p.final_softcap = static_cast<float>(final_cap.value_or(0));
+  // Local RoPE base: v5 rope_parameters.sliding_attention, v4
+  // rope_local_base_freq; gemma2 has one base for every layer.
+  p.local_rope_theta = c.rope_theta;
+  if (!gemma2) {
+    std::optional<double> local;
+    if (auto rp = t.find("rope_parameters"); rp != t.end() && rp->is_object()) {
+      if (auto sl = rp->find("sliding_attention"); sl != rp->end() && sl->is_object()) {
+        RILL_ASSIGN_OR_RETURN(local, number(*sl, "rope_theta", file));
+      }
+    }
+    if (!local) { RILL_ASSIGN_OR_RETURN(local, number(t, "rope_local_base_freq", file)); }
+    p.local_rope_theta = static_cast<float>(local.value_or(10000.0));
+  }
+  return p;
+}
+
+// GGUF: keys as llama.cpp writes and reads them. llama.cpp derives the
+// query scale from the model size (the 27B models use n_embd / n_head, the
+// others head_dim: google's published configs) and fixes gemma3's local
+// RoPE base to 10000 and its pattern to 6 when the file does not say.
+Result<GemmaParams> read_gguf_params(const ModelConfig& c, const std::string& file) {
+  const json& raw = c.raw;
+  const std::string arch = raw.value("general.architecture", std::string());
+  const bool gemma2 = arch == "gemma2";
+  GemmaParams p;
+  p.norm_offset = 0.0f;
+  int64_t pattern = gemma2 ? 2 : 6;
+  if (auto it = raw.find(arch + ".attention.sliding_window_pattern"); it != raw.end()) {
+    if (it->is_array() && static_cast<int64_t>(it->size()) == c.n_layer) {
+      for (const json& e : *it) p.sliding.push_back(e.is_boolean() && e.get<bool>());
+    } else if (it->is_number_integer()) {
+      pattern = it->get<int64_t>();
+    } else {
+      return Error{file + ": '" + arch + ".attention.sliding_window_pattern' must be an integer or " +
+                   std::to_string(c.n_layer) + " booleans"};
+    }
+  }
+  if (p.sliding.empty()) p.sliding = pattern_layers(c.n_layer, pattern);
+  const bool is_27b = (gemma2 && c.n_layer == 46) || (!gemma2 && c.n_layer == 62);
+  p.query_pre_attn_scalar = static_cast<float>(is_27b ? c.n_embd / c.n_head : c.head_dim);
+  RILL_ASSIGN_OR_RETURN(auto attn_cap, number(raw, arch + ".attn_logit_softcapping", file));
+  RILL_ASSIGN_OR_RETURN(auto final_cap, number(raw, arch + ".final_logit_softcapping", file));
+  p.attn_softcap = static_cast<float>(attn_cap.value_or(0));
+  p.final_softcap = static_cast<float>(final_cap.value_or(0));
+  RILL_ASSIGN_OR_RETURN(auto local, number(raw, arch + ".rope.freq_base_swa", file));
+  p.local_rope_theta = gemma2 ? c.rope_theta : static_cast<float>(local.value_or(10000.0));
+  return p;
+}
+
+struct GemmaLayer {
+  bool sliding = false;
+  std::vector<float> attn_norm, post_attn_norm;  // [n_embd]
+  Linear q, k, v, o;                  // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
+  std::vector<float> q_norm, k_norm;  // [head_dim], gemma3 only
+  std::vector<float> ffn_norm, post_ffn_norm;  // [n_embd]
+  Linear gate, up, down;              // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]
+};
+
+// Activations for up to max_tokens tokens, allocated once.
+struct Activations {
+  std::vector<float> x, h, q, k, v, attn, gate, up, final_rows;
+};
+
+class GemmaModel final : public Model {
+ public:
+  GemmaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
+      : files_(std::move(files)), cfg_(files_->config), backend_(make_cpu_backend(options.n_threads)) {}
+
+  Status init(const ModelOptions& options);
+
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t n_vocab() const override { return cfg_.n_vocab; }
+  int64_t n_ctx() const override { return n_ctx_; }
+  int max_batch_tokens() const override { return max_tokens_; }
+  int max_batch_seqs() const override { return max_seqs_; }
+  const KvSpec& kv_spec() const override { return kv_spec_; }
+  int32_t kv_block_size() const override { return kv_.block_size(); }
+  int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
+  size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
+  Status forward(const Batch& batch, float* logits) override;
+
+ private:
+  Status bind_weights();
+  void attention_block(const GemmaLayer& L, int64_t il, const Batch& batch);
+  void mlp_block(const GemmaLayer& L, int64_t n);
+  void norm(const float* x, const std::vector<float>& w, int64_t n_rows, int64_t dim, float* out) {
+    backend_->rms_norm(x, w.data(), n_rows, dim, cfg_.rms_norm_eps, out, params_.norm_offset);
+  }
+
+  std::shared_ptr<const ModelFiles> files_;
+  const ModelConfig& cfg_;
+  std::unique_ptr<Backend> backend_;
+  GemmaParams params_;
+  int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
+  int max_tokens_ = 0;
+  int max_seqs_ = 0;
+  int64_t n_ctx_ = 0;
+  float embed_scale_ = 1.0f;
+  KvSpec kv_spec_;
+  int32_t sliding_group_ = -1, full_group_ = -1;  // index into kv_spec_, -1: no such layers
+  WeightView embed_;    // [n_vocab, n_embd]
+  WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
+  std::vector<float> final_norm_;
+  std::vector<GemmaLayer> layers_;
+  RopeTable rope_local_, rope_global_;  // sliding layers, full layers
+  AttentionParams attn_local_, attn_global_;
+  PagedKvCache kv_;
+  Activations a_;
+  std::vector<cpu::AttentionSeq> attn_seqs_;  // per step; capacity reserved at init
+};
+
+Status GemmaModel::bind_weights() {
+  const ModelFiles& f = *files_;
+  const int64_t E = cfg_.n_embd, V = cfg_.n_vocab, F = cfg_.n_ff;
+  // Text-only checkpoints name tensors model.*; gemma3 multimodal ones
+  // model.language_model.* (transformers v5) or language_model.model.* (v4).
+  std::string base = "model.", head = "lm_head.weight";
+  if (f.find("model.language_model.embed_tokens.weight")) {
+    base = "model.language_model.";
+  } else if (f.find("language_model.model.embed_tokens.weight")) {
+    base = "language_model.model.";
+    head = "language_model.lm_head.weight";
+  }
+  RILL_ASSIGN_OR_RETURN(embed_, bind_matrix(f, base + "embed_tokens.weight", V, E));
+  if (f.find(head)) {
+    RILL_ASSIGN_OR_RETURN(lm_head_, bind_matrix(f, head, V, E));
+  } else {
+    lm_head_ = embed_;
+  }
+  RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, base + "norm.weight", E));
+  layers_.resize(static_cast<size_t>(cfg_.n_layer));
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    const std::string p = base + "layers." + std::to_string(il) + ".";
+    GemmaLayer& L = layers_[static_cast<size_t>(il)];
+    L.sliding = params_.sliding[static_cast<size_t>(il)] && cfg_.sliding_window > 0;
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", q_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", kv_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", kv_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", E, q_width_, Bias::kOptional));
+    if (f.find(p + "self_attn.q_norm.weight")) {
+      RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
+      RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
+    }
+    RILL_ASSIGN_OR_RETURN(L.post_attn_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "pre_feedforward_layernorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(L.post_ffn_norm, load_vector(f, p + "post_feedforward_layernorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", F, E));
+    RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", F, E));
+    RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, F));
+  }
+  return {};
+}
+
+Status GemmaModel::init(const ModelOptions& options) {
+  const ModelFiles& f = *files_;
+  const int64_t E = cfg_.n_embd, F = cfg_.n_ff;
+  if (E <= 0 || cfg_.n_vocab <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 || F <= 0 ||
+      cfg_.n_head % cfg_.n_head_kv != 0) {
+    return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
+                 std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
+  }
+  hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E / cfg_.n_head;
+  constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
+  if (hd_ <= 0 || hd_ > kMaxHeadDim || hd_ % 2 != 0) {
+    return Error{f.path + ": head_dim " + std::to_string(hd_) + " is not supported (even, at most " +
+                 std::to_string(kMaxHeadDim) + ")"};
+  }
+  if (cfg_.rope_dim > 0 && cfg_.rope_dim != hd_) {
+    return Error{f.path + ": partial rotary (" + std::to_string(cfg_.rope_dim) + " of " + std::to_string(hd_) +
+                 " dims) is not part of the Gemma family"};
+  }
+  q_width_ = cfg_.n_head * hd_;
+  kv_width_ = cfg_.n_head_kv * hd_;
+  if (f.format == ModelFormat::kGguf) {
+    RILL_ASSIGN_OR_RETURN(params_, read_gguf_params(cfg_, f.path));
+  } else {
+    RILL_ASSIGN_OR_RETURN(params_, read_hf_params(cfg_, f.path + "/config.json"));
+  }
+  if (!(params_.query_pre_attn_scalar > 0) || params_.attn_softcap < 0 || params_.final_softcap < 0) {
+    return Error{f.path + ": query_pre_attn_scalar must be positive and the logit softcaps non-negative"};
+  }
+  RILL_TRY(bind_weights());
+
+  bool all_f32 = embed_.dtype == DType::kF32;
+  for (const GemmaLayer& L : layers_) all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
+  // HF multiplies by sqrt(hidden_size) in the activation dtype (f32 here).
+  embed_scale_ = std::sqrt(static_cast<float>(E));
+
+  cpu::RopeScalingParams rs;  // full layers only: the local base is never scaled
+  using ScalingType = cpu::RopeScalingParams::Type;
+  switch (cfg_.rope_scaling.type) {
+    case RopeScaling::Type::kNone: rs.type = ScalingType::kNone; break;
+    case RopeScaling::Type::kLinear: rs.type = ScalingType::kLinear; break;
+    case RopeScaling::Type::kLlama3: rs.type = ScalingType::kLlama3; break;
+    case RopeScaling::Type::kYarn: rs.type = ScalingType::kYarn; break;
+  }
+  rs.factor = cfg_.rope_scaling.factor;
+  rs.low_freq_factor = cfg_.rope_scaling.low_freq_factor;
+  rs.high_freq_factor = cfg_.rope_scaling.high_freq_factor;
+  rs.original_max_position = cfg_.rope_scaling.original_max_position;
+  rs.beta_fast = cfg_.rope_scaling.beta_fast;
+  rs.beta_slow = cfg_.rope_scaling.beta_slow;
+  rs.attention_factor = cfg_.rope_scaling.attention_factor;
+  const bool interleaved = cfg_.rope_style == RopeStyle::kInterleaved;
+  rope_global_ = cpu::make_rope_table(cfg_.rope_theta, hd_, interleaved, rs);
+  rope_local_ = cfg_.architecture == "gemma2" ? rope_global_
+                                              : cpu::make_rope_table(params_.local_rope_theta, hd_, interleaved);
+  if (f.format == ModelFormat::kGguf) {
+    // Angles as llama.cpp builds them for GGUF files (see llama.cpp in this folder).
+    const float d = -2.0f / static_cast<float>(hd_);
+    if (cfg_.rope_scaling.type == RopeScaling::Type::kNone) rope_global_.ggml_theta_scale = std::pow(cfg_.rope_theta, d);
+    if (cfg_.architecture == "gemma2") {
+      rope_local_ = rope_global_;
+    } else {
+      rope_local_.ggml_theta_scale = std::pow(params_.local_rope_theta, d);
+    }
+  }
+
+  attn_global_.n_head = cfg_.n_head;
+  attn_global_.n_head_kv = cfg_.n_head_kv;
+  attn_global_.head_dim = hd_;
+  attn_global_.scale = 1.0f / std::sqrt(params_.query_pre_attn_scalar);
+  attn_global_.softcap = params_.attn_softcap;
+  // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise
+  // f16 KV, as llama.cpp stores it.
+  attn_global_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
+  attn_local_ = attn_global_;
+  attn_local_.window = cfg_.sliding_window;
+
+  // KV groups: sliding layers share one block table per sequence, full
+  // layers another (only the kinds present).
+  const bool any_sliding = std::any_of(layers_.begin(), layers_.end(), [](const GemmaLayer& L) { return L.sliding; });
+  const bool any_full = std::any_of(layers_.begin(), layers_.end(), [](const GemmaLayer& L) { return !L.sliding; });
+  if (any_sliding) {
+    sliding_group_ = static_cast<int32_t>(kv_spec_.size());
+    kv_spec_.push_back(sliding(static_cast<int32_t>(cfg_.sliding_window)));
+  }
+  if (any_full) {
+    full_group_ = static_cast<int32_t>(kv_spec_.size());
+    kv_spec_.push_back(full());
+  }
+
+  n_ctx_ = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
+  if (n_ctx_ <= 0) n_ctx_ = 4096;
+  const int32_t bs = options.kv_block_size;
+  // Every layer has a plane of n_blocks blocks; a block id belongs to one
+  // group, so only that group's layers ever touch (make resident) its pages.
+  const size_t token_bytes = 2 * static_cast<size_t>(cfg_.n_layer) * row_bytes(attn_global_.kv_dtype, kv_width_);
+  int64_t n_blocks = 0;
+  if (options.kv_cache_bytes > 0) {
+    n_blocks = options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(std::max(1, bs)));
+  } else {
+    n_blocks = std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / std::max(1, bs));
+  }
+  if (n_blocks < 1 || n_blocks > INT32_MAX) {
+    return Error{f.path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) +
+                 " bytes holds no whole block of " + std::to_string(bs) + " tokens (" +
+                 std::to_string(token_bytes) + " bytes per token)"};
+  }
+  RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create(cfg_.n_layer, static_cast<int32_t>(n_blocks), bs, kv_width_,
+                                                  attn_global_.kv_dtype));
+
+  max_tokens_ = std::max(1, options.max_batch_tokens);
+  max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
+  attn_seqs_.reserve(static_cast<size_t>(max_tokens_));
+  const auto T = static_cast<size_t>(max_tokens_);
+  a_.x.resize(T * E);
+  a_.h.resize(T * E);
+  a_.q.resize(T * q_width_);
+  a_.k.resize(T * kv_width_);
+  a_.v.resize(T * kv_width_);
+  a_.attn.resize(T * q_width_);
+  a_.gate.resize(T * F);
+  a_.up.resize(T * F);
+  a_.final_rows.resize(T * E);
+  std::vector<const WeightView*> weights = {&lm_head_};
+  for (const GemmaLayer& L : layers_) {
+    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) weights.push_back(&l->w);
+  }
+  backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
+  return {};
+}
+
+void GemmaModel::attention_block(const GemmaLayer& L, int64_t il, const Batch& batch) {
+  const int64_t n = batch.n_tokens();
+  const Linear* qkv[] = {&L.q, &L.k, &L.v};
+  float* qkv_out[] = {a_.q.data(), a_.k.data(), a_.v.data()};
+  forward_group(qkv, qkv_out, 3, a_.h.data(), n, *backend_);
+  if (!L.q_norm.empty()) {
+    norm(a_.q.data(), L.q_norm, n * cfg_.n_head, hd_, a_.q.data());
+    norm(a_.k.data(), L.k_norm, n * cfg_.n_head_kv, hd_, a_.k.data());
+  }
+  const RopeTable& rope = L.sliding ? rope_local_ : rope_global_;
+  backend_->rope(a_.q.data(), batch.positions.data(), n, cfg_.n_head, hd_, rope);
+  backend_->rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope);
+  // Store every sequence's new K/V through its table of this layer's
+  // group, then attend for all of them in one call. A sliding group's
+  // table may have holes before the window; attention reads none of them.
+  const int32_t group = L.sliding ? sliding_group_ : full_group_;
+  attn_seqs_.clear();
+  for (const BatchSeq& s : batch.seqs) {
+    const int64_t t0 = s.q_start;
+    const std::span<const int32_t> table = batch.table(group, s);
+    kv_.store(il, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
+              batch.positions.data() + t0, s.q_len, kv_width_);
+    attn_seqs_.push_back({a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
+                          s.kv_len, a_.attn.data() + t0 * q_width_});
+  }
+  backend_->attention_batch(attn_seqs_.data(), static_cast<int>(attn_seqs_.size()),
+                            L.sliding ? attn_local_ : attn_global_);
+  L.o.forward(a_.attn.data(), n, a_.h.data(), *backend_);
+  norm(a_.h.data(), L.post_attn_norm, n, cfg_.n_embd, a_.h.data());
+  backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
+}
+
+void GemmaModel::mlp_block(const GemmaLayer& L, int64_t n) {
+  const Linear* gate_up[] = {&L.gate, &L.up};
+  float* gate_up_out[] = {a_.gate.data(), a_.up.data()};
+  forward_group(gate_up, gate_up_out, 2, a_.h.data(), n, *backend_);
+  backend_->gelu_tanh_mul(a_.gate.data(), a_.up.data(), a_.gate.data(), n * cfg_.n_ff);
+  L.down.forward(a_.gate.data(), n, a_.h.data(), *backend_);
+  norm(a_.h.data(), L.post_ffn_norm, n, cfg_.n_embd, a_.h.data());
+  backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
+}
+
+Status GemmaModel::forward(const Batch& batch, float* logits) {
+  const int64_t n = batch.n_tokens();
+  const int64_t E = cfg_.n_embd;
+  if (n <= 0) return {};
+  BatchLimits lim;
+  lim.max_tokens = max_tokens_;
+  lim.max_sample_rows = max_seqs_;
+  lim.n_ctx = n_ctx_;
+  lim.n_vocab = cfg_.n_vocab;
+  lim.block_size = kv_.block_size();
+  lim.n_blocks = kv_.n_blocks();
+  RILL_TRY(check_batch(batch, lim, kv_spec_));
+
+  backend_->get_rows(embed_, batch.token_ids.data(), n, a_.x.data());
+  for (int64_t i = 0; i < n * E; ++i) a_.x[static_cast<size_t>(i)] *= embed_scale_;
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    const GemmaLayer& L = layers_[static_cast<size_t>(il)];
+    norm(a_.x.data(), L.attn_norm, n, E, a_.h.data());
+    attention_block(L, il, batch);
+    norm(a_.x.data(), L.ffn_norm, n, E, a_.h.data());
+    mlp_block(L, n);
+  }
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  for (int64_t i = 0; i < n_sample; ++i) {
+    const float* row = a_.x.data() + static_cast<int64_t>(batch.sample_rows[static_cast<size_t>(i)]) * E;
+    norm(row, final_norm_, 1, E, a_.final_rows.data() + i * E);
+  }
+  backend_->matmul(lm_head_, a_.final_rows.data(), n_sample, logits);
+  if (params_.final_softcap > 0) {
+    const float cap = params_.final_softcap;
+    for (int64_t i = 0; i < n_sample * cfg_.n_vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> create_gemma_model(std::shared_ptr<const ModelFiles> files,
+                                                  const ModelOptions& options) {
+  if (options.device != Device::kCpu) {
+    return Error{files->path + ": the Gemma family runs on the CPU only (no CUDA implementation yet)"};
+  }
+  auto model = std::make_unique<GemmaModel>(std::move(files), options);
+  RILL_TRY(model->init(options));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace rill

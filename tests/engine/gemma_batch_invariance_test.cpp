@@ -1,0 +1,221 @@
+// Batch invariance of the Gemma family through the engine: prompts of
+// different lengths (most longer than the sliding window of 8) run alone,
+// batched, and again from the prefix cache give exactly the tokens the
+// unpaged SequenceRunner gives. Blocks of 4 tokens and a step budget of 10
+// make batched prompts split into chunks at other places than alone, and
+// make the sliding group give back blocks that left its window: the model
+// sees those holes (-1 entries) in its sliding table, and the blocks go to
+// other sequences, so reading one would change tokens.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "engine/sequence_runner.h"
+#include "loader/model_files.h"
+#include "model/registry.h"
+#include "rill/engine.h"
+
+namespace rill {
+namespace {
+
+const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
+constexpr int kMaxTokens = 12;
+
+Result<std::unique_ptr<Model>> open(const std::string& dir, int n_kv_slots = 1) {
+  RILL_ASSIGN_OR_RETURN(auto files, open_model_files(dir));
+  ModelOptions opts;
+  opts.n_threads = 2;
+  opts.n_ctx = 64;
+  opts.max_batch_tokens = 10;
+  opts.kv_block_size = 4;
+  opts.n_kv_slots = n_kv_slots;  // of 16 blocks
+  return create_model(builtin_registry(), infer_profile(*files), files, opts);
+}
+
+// Forwards to the model and records what the engine's batches held.
+class RecordingModel final : public Model {
+ public:
+  explicit RecordingModel(std::unique_ptr<Model> m) : m_(std::move(m)) {}
+  const ModelConfig& config() const override { return m_->config(); }
+  int64_t n_vocab() const override { return m_->n_vocab(); }
+  int64_t n_ctx() const override { return m_->n_ctx(); }
+  int max_batch_tokens() const override { return m_->max_batch_tokens(); }
+  int max_batch_seqs() const override { return m_->max_batch_seqs(); }
+  const KvSpec& kv_spec() const override { return m_->kv_spec(); }
+  int32_t kv_block_size() const override { return m_->kv_block_size(); }
+  int32_t n_kv_blocks() const override { return m_->n_kv_blocks(); }
+  size_t kv_bytes_per_token() const override { return m_->kv_bytes_per_token(); }
+  Status forward(const Batch& batch, float* logits) override {
+    max_seqs = std::max(max_seqs, static_cast<int>(batch.seqs.size()));
+    for (const BatchSeq& s : batch.seqs) {
+      const auto sliding = batch.table(0, s), full = batch.table(1, s);
+      for (size_t i = 0; i < sliding.size(); ++i) {
+        sliding_holes += sliding[i] < 0;
+        full_holes += full[i] < 0;
+        same_block += sliding[i] >= 0 && sliding[i] == full[i];
+      }
+    }
+    return m_->forward(batch, logits);
+  }
+
+  int max_seqs = 0;
+  int64_t sliding_holes = 0, full_holes = 0, same_block = 0;
+
+ private:
+  std::unique_ptr<Model> m_;
+};
+
+// Deterministic prompts of these lengths over the golden's vocabulary.
+std::vector<std::vector<int32_t>> make_prompts(int64_t n_vocab) {
+  std::vector<std::vector<int32_t>> out;
+  uint32_t state = 12345;
+  for (int len : {3, 9, 17, 26, 33, 12, 41, 5}) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < len; ++i) {
+      state = state * 1664525u + 1013904223u;
+      p.push_back(static_cast<int32_t>((state >> 8) % static_cast<uint32_t>(n_vocab)));
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> generate(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
+                                           const SamplingParams& sampling, bool concurrent, uint64_t ns) {
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  auto request = [&](size_t i) {
+    GenerationRequest r;
+    r.prompt = prompts[i];
+    r.max_tokens = kMaxTokens;
+    r.ignore_eos = true;
+    r.sampling = sampling;
+    r.cache_namespace = ns;
+    auto h = e.submit(std::move(r));
+    EXPECT_TRUE(h.ok()) << h.error().message;
+    return std::move(h).value();
+  };
+  auto drain = [&](RequestHandle& h, size_t i) {
+    GenerationEvent ev;
+    while (h.next(ev)) {
+      out[i].insert(out[i].end(), ev.token_ids.begin(), ev.token_ids.end());
+      EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
+    }
+  };
+  if (concurrent) {
+    std::vector<RequestHandle> hs;
+    for (size_t i = 0; i < prompts.size(); ++i) hs.push_back(request(i));
+    for (size_t i = 0; i < prompts.size(); ++i) drain(hs[i], i);
+  } else {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestHandle h = request(i);
+      drain(h, i);
+    }
+  }
+  return out;
+}
+
+class GemmaBatchInvariance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = kGoldens + GetParam();
+    if (!std::filesystem::exists(dir_ + "/golden.json")) GTEST_SKIP() << dir_ << " not found";
+  }
+
+  // n_kv_slots = 3: 48 blocks, fewer than the prompts' steps need at once
+  // (blocks are reused, requests wait for blocks); 9: 144, more than all
+  // eight requests ever allocate (130), so a second run hits the cache.
+  void start_engine(int n_kv_slots) {
+    auto model = open(dir_, n_kv_slots);
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    ASSERT_EQ((*model)->kv_spec().size(), 2u);
+    ASSERT_EQ((*model)->kv_spec()[0].kind, LayerKind::kSliding);
+    auto recording = std::make_unique<RecordingModel>(std::move(model).value());
+    recording_ = recording.get();
+    prompts_ = make_prompts(recording->n_vocab());
+    EngineOptions o;
+    o.max_batch_tokens = 10;
+    o.max_running = 8;
+    o.check_integrity = true;
+    auto e = Engine::create(std::move(recording), nullptr, o);
+    ASSERT_TRUE(e.ok()) << e.error().message;
+    engine_ = std::move(e).value();
+  }
+
+  // The tokens SequenceRunner (one fixed slot, no paging, no holes) gives.
+  std::vector<std::vector<int32_t>> reference(const SamplingParams& sampling) {
+    auto model = open(dir_);
+    EXPECT_TRUE(model.ok()) << model.error().message;
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& p : prompts_) {
+      SequenceRunner runner(**model);
+      GenerationOptions go;
+      go.max_tokens = kMaxTokens;
+      go.ignore_eos = true;
+      go.sampling = sampling;
+      auto r = runner.generate(p, go, [](int32_t) { return true; });
+      EXPECT_TRUE(r.ok()) << r.error().message;
+      out.push_back(r.ok() ? r->ids : std::vector<int32_t>{});
+    }
+    return out;
+  }
+
+  std::string dir_;
+  RecordingModel* recording_ = nullptr;
+  std::unique_ptr<Engine> engine_;
+  std::vector<std::vector<int32_t>> prompts_;
+};
+
+TEST_P(GemmaBatchInvariance, GreedyTokensAreTheSameAloneBatchedAndUnpaged) {
+  start_engine(3);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const auto want = reference(greedy);
+  const auto alone = generate(*engine_, prompts_, greedy, false, 1);
+  const auto batched = generate(*engine_, prompts_, greedy, true, 2);
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    ASSERT_EQ(want[i].size(), static_cast<size_t>(kMaxTokens));
+    EXPECT_EQ(alone[i], want[i]) << "prompt " << i << " (" << prompts_[i].size() << " tokens) alone";
+    EXPECT_EQ(batched[i], want[i]) << "prompt " << i << " (" << prompts_[i].size() << " tokens) batched";
+  }
+  EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
+  EXPECT_GT(recording_->max_seqs, 1) << "prompts never shared a step";
+  EXPECT_GT(recording_->sliding_holes, 0) << "the sliding group never gave a block back";
+  EXPECT_EQ(recording_->full_holes, 0);
+  EXPECT_EQ(recording_->same_block, 0) << "groups must hold distinct blocks";
+}
+
+// A prefix hit resumes both groups: the full group from its blocks, the
+// sliding group from the blocks still inside the window (holes before it).
+TEST_P(GemmaBatchInvariance, PrefixCacheHitsGiveTheSameTokens) {
+  start_engine(9);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const auto alone = generate(*engine_, prompts_, greedy, false, 1);
+  const int64_t cached_before = engine_->stats().cached_tokens;
+  const auto cached = generate(*engine_, prompts_, greedy, true, 1);
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    EXPECT_EQ(cached[i], alone[i]) << "prompt " << i << " (" << prompts_[i].size() << " tokens) from the cache";
+  }
+  const EngineStats st = engine_->stats();
+  EXPECT_EQ(cached_before, 0);
+  // Every prompt but the 3-token one has a whole block to reuse.
+  EXPECT_GE(st.cached_tokens, 4 * static_cast<int64_t>(prompts_.size() - 1));
+  EXPECT_EQ(st.integrity_errors, 0) << st.last_integrity_error;
+}
+
+TEST_P(GemmaBatchInvariance, SeededSamplingIsTheSameAloneAndBatched) {
+  start_engine(3);
+  SamplingParams s;
+  s.temperature = 0.8f;
+  s.top_p = 0.95f;
+  s.seed = 7;
+  const auto alone = generate(*engine_, prompts_, s, false, 1);
+  const auto batched = generate(*engine_, prompts_, s, true, 2);
+  for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(batched[i], alone[i]) << "prompt " << i;
+  EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
+}
+
+INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaBatchInvariance, ::testing::Values("gemma2", "gemma3"));
+
+}  // namespace
+}  // namespace rill
