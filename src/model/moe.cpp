@@ -76,9 +76,9 @@ bool is_moe_layer(const ModelConfig& c, int64_t il) {
   return c.moe_layer_step <= 1 || (il + 1) % c.moe_layer_step == 0;
 }
 
-Result<MoeFfn> MoeFfn::create(const MoeParams& p, MoeWeights weights, int64_t max_tokens) {
+Result<MoeFfn> MoeFfn::create(const MoeParams& p, MoeWeights weights) {
   if (p.n_embd <= 0 || p.n_expert <= 0 || p.n_ff <= 0 || p.n_expert_used < 1 || p.n_expert_used > p.n_expert ||
-      p.n_ff_shared < 0 || max_tokens < 1) {
+      p.n_ff_shared < 0) {
     return Error{"MoE layer: inconsistent parameters (embd " + str(p.n_embd) + ", " + str(p.n_expert_used) + " of " +
                  str(p.n_expert) + " experts of width " + str(p.n_ff) + ", shared " + str(p.n_ff_shared) + ")"};
   }
@@ -97,31 +97,42 @@ Result<MoeFfn> MoeFfn::create(const MoeParams& p, MoeWeights weights, int64_t ma
   } else if (weights.shared) {
     return Error{"MoE layer: shared expert weights given but n_ff_shared is 0"};
   }
-
   MoeFfn m;
   m.p_ = p;
   m.w_ = std::move(weights);
-  m.max_tokens_ = max_tokens;
-  const auto T = static_cast<size_t>(max_tokens);
-  const auto K = static_cast<size_t>(p.n_expert_used);
-  const auto E = static_cast<size_t>(p.n_embd);
-  m.logits_.resize(T * static_cast<size_t>(p.n_expert));
-  m.top_ids_.resize(T * K);
-  m.top_w_.resize(T * K);
-  m.offsets_.resize(static_cast<size_t>(p.n_expert) + 1);
-  m.row_token_.resize(T * K);
-  m.row_weight_.resize(T * K);
-  m.xg_.resize(T * E);
-  m.yg_.resize(T * E);
-  const auto F = static_cast<size_t>(std::max(p.n_ff, p.n_ff_shared));
-  m.gate_.resize(T * F);
-  m.up_.resize(T * F);
-  m.shared_logit_.resize(T);
   return m;
 }
 
+void MoeScratch::reserve(const MoeParams& p, int64_t max_tokens) {
+  const auto T = static_cast<size_t>(std::max<int64_t>(1, max_tokens));
+  const auto K = static_cast<size_t>(p.n_expert_used);
+  const auto E = static_cast<size_t>(p.n_embd);
+  const auto F = static_cast<size_t>(std::max(p.n_ff, p.n_ff_shared));
+  auto grow = [](auto& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+  };
+  grow(logits, T * static_cast<size_t>(p.n_expert));
+  grow(top_ids, T * K);
+  grow(top_w, T * K);
+  grow(offsets, static_cast<size_t>(p.n_expert) + 1);
+  grow(row_token, T * K);
+  grow(row_weight, T * K);
+  grow(xg, T * E);
+  grow(yg, T * E);
+  grow(gate, T * F);
+  grow(up, T * F);
+  grow(shared_logit, T);
+}
+
+bool MoeScratch::fits(const MoeParams& p, int64_t n_tokens) const {
+  const auto T = static_cast<size_t>(n_tokens);
+  return logits.size() >= T * static_cast<size_t>(p.n_expert) && top_ids.size() >= T * static_cast<size_t>(p.n_expert_used) &&
+         offsets.size() >= static_cast<size_t>(p.n_expert) + 1 && xg.size() >= T * static_cast<size_t>(p.n_embd) &&
+         gate.size() >= T * static_cast<size_t>(std::max(p.n_ff, p.n_ff_shared)) && shared_logit.size() >= T;
+}
+
 Result<MoeFfn> MoeFfn::bind(const ModelFiles& files, const std::string& prefix, const MoeParams& p,
-                            int64_t max_tokens, const MoeNames& names) {
+                            const MoeNames& names) {
   if (p.n_expert <= 0 || p.n_expert > (int64_t{1} << 20)) {
     return Error{files.path + ": MoE layer '" + prefix + "' with " + str(p.n_expert) + " experts"};
   }
@@ -150,7 +161,7 @@ Result<MoeFfn> MoeFfn::bind(const ModelFiles& files, const std::string& prefix, 
       RILL_ASSIGN_OR_RETURN(w.shared_gate.w, bind_matrix(files, gate_name, 1, p.n_embd));
     }
   }
-  auto m = create(p, std::move(w), max_tokens);
+  auto m = create(p, std::move(w));
   if (!m.ok()) return Error{files.path + ": '" + prefix + "': " + m.error().message};
   return m;
 }
@@ -167,12 +178,12 @@ void MoeFfn::collect_weights(std::vector<const WeightView*>* out) const {
   }
 }
 
-// Fills top_ids_/top_w_ from the router logits in logits_, then the
-// per-expert row lists (offsets_, row_token_, row_weight_).
-void MoeFfn::route(int64_t n_tokens) {
+// Fills s.top_ids/s.top_w from the router logits in s.logits, then the
+// per-expert row lists (s.offsets, s.row_token, s.row_weight).
+void MoeFfn::route(int64_t n_tokens, MoeScratch& s) const {
   const int64_t X = p_.n_expert, K = p_.n_expert_used;
   for (int64_t t = 0; t < n_tokens; ++t) {
-    float* pr = logits_.data() + t * X;
+    float* pr = s.logits.data() + t * X;
     float mx = pr[0];
     for (int64_t e = 1; e < X; ++e) mx = std::max(mx, pr[e]);
     float sum = 0;
@@ -182,8 +193,8 @@ void MoeFfn::route(int64_t n_tokens) {
     }
     for (int64_t e = 0; e < X; ++e) pr[e] /= sum;
     // Selection by repeated arg-max: K passes over X experts (K and X are small).
-    int32_t* ids = top_ids_.data() + t * K;
-    float* ws = top_w_.data() + t * K;
+    int32_t* ids = s.top_ids.data() + t * K;
+    float* ws = s.top_w.data() + t * K;
     float picked_sum = 0;
     for (int64_t k = 0; k < K; ++k) {
       int32_t best = -1;
@@ -200,71 +211,72 @@ void MoeFfn::route(int64_t n_tokens) {
     }
   }
   // Counting sort by expert; within an expert, tokens stay in ascending order.
-  std::fill(offsets_.begin(), offsets_.end(), 0);
-  for (int64_t i = 0; i < n_tokens * K; ++i) ++offsets_[static_cast<size_t>(top_ids_[i]) + 1];
-  for (int64_t e = 0; e < X; ++e) offsets_[e + 1] += offsets_[e];
-  // offsets_[e] is used as the fill cursor of expert e, then restored.
+  std::fill(s.offsets.begin(), s.offsets.end(), 0);
+  for (int64_t i = 0; i < n_tokens * K; ++i) ++s.offsets[static_cast<size_t>(s.top_ids[i]) + 1];
+  for (int64_t e = 0; e < X; ++e) s.offsets[e + 1] += s.offsets[e];
+  // s.offsets[e] is used as the fill cursor of expert e, then restored.
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t k = 0; k < K; ++k) {
-      const int32_t e = top_ids_[t * K + k];
-      const int32_t row = offsets_[e]++;
-      row_token_[row] = static_cast<int32_t>(t);
-      row_weight_[row] = top_w_[t * K + k];
+      const int32_t e = s.top_ids[t * K + k];
+      const int32_t row = s.offsets[e]++;
+      s.row_token[row] = static_cast<int32_t>(t);
+      s.row_weight[row] = s.top_w[t * K + k];
     }
   }
-  for (int64_t e = X; e > 0; --e) offsets_[e] = offsets_[e - 1];
-  offsets_[0] = 0;
+  for (int64_t e = X; e > 0; --e) s.offsets[e] = s.offsets[e - 1];
+  s.offsets[0] = 0;
 }
 
 // y = down(silu(gate x) * up x) for n_rows rows. x: [n_rows, n_embd], y: [n_rows, n_embd].
-void MoeFfn::run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, Backend& backend) {
+void MoeFfn::run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, MoeScratch& s,
+                     Backend& backend) const {
   if (w.gate.w.dtype == w.up.w.dtype) {
     const Linear* gate_up[] = {&w.gate, &w.up};
-    float* outs[] = {gate_.data(), up_.data()};
+    float* outs[] = {s.gate.data(), s.up.data()};
     forward_group(gate_up, outs, 2, x, n_rows, backend);
   } else {
-    w.gate.forward(x, n_rows, gate_.data(), backend);
-    w.up.forward(x, n_rows, up_.data(), backend);
+    w.gate.forward(x, n_rows, s.gate.data(), backend);
+    w.up.forward(x, n_rows, s.up.data(), backend);
   }
   // Row by row: the SIMD silu and its scalar tail round differently, so one
   // call over all rows would make a row's result depend on where it lands.
   const int64_t F = w.gate.n_out();
   for (int64_t r = 0; r < n_rows; ++r) {
-    backend.silu_mul(gate_.data() + r * F, up_.data() + r * F, gate_.data() + r * F, F);
+    backend.silu_mul(s.gate.data() + r * F, s.up.data() + r * F, s.gate.data() + r * F, F);
   }
-  w.down.forward(gate_.data(), n_rows, y, backend);
+  w.down.forward(s.gate.data(), n_rows, y, backend);
 }
 
-void MoeFfn::forward(const float* x, int64_t n_tokens, float* out, Backend& backend) {
-  assert(n_tokens <= max_tokens_ && out != x);
+void MoeFfn::forward(const float* x, int64_t n_tokens, float* out, MoeScratch& s, Backend& backend) const {
+  assert(s.fits(p_, n_tokens) && out != x);
   if (n_tokens <= 0) return;
   const int64_t E = p_.n_embd;
-  w_.router.forward(x, n_tokens, logits_.data(), backend);
-  route(n_tokens);
+  w_.router.forward(x, n_tokens, s.logits.data(), backend);
+  route(n_tokens, s);
   std::memset(out, 0, static_cast<size_t>(n_tokens * E) * sizeof(float));
   // Experts in increasing id, so every token adds its experts in that order.
   for (int64_t e = 0; e < p_.n_expert; ++e) {
-    const int32_t r0 = offsets_[e], n_rows = offsets_[e + 1] - r0;
+    const int32_t r0 = s.offsets[e], n_rows = s.offsets[e + 1] - r0;
     if (n_rows == 0) continue;
     for (int32_t i = 0; i < n_rows; ++i) {
-      std::memcpy(xg_.data() + i * E, x + static_cast<int64_t>(row_token_[r0 + i]) * E,
+      std::memcpy(s.xg.data() + i * E, x + static_cast<int64_t>(s.row_token[r0 + i]) * E,
                   static_cast<size_t>(E) * sizeof(float));
     }
-    run_ffn(w_.experts[static_cast<size_t>(e)], xg_.data(), n_rows, yg_.data(), backend);
+    run_ffn(w_.experts[static_cast<size_t>(e)], s.xg.data(), n_rows, s.yg.data(), s, backend);
     for (int32_t i = 0; i < n_rows; ++i) {
-      float* o = out + static_cast<int64_t>(row_token_[r0 + i]) * E;
-      const float* y = yg_.data() + i * E;
-      const float wgt = row_weight_[r0 + i];
+      float* o = out + static_cast<int64_t>(s.row_token[r0 + i]) * E;
+      const float* y = s.yg.data() + i * E;
+      const float wgt = s.row_weight[r0 + i];
       for (int64_t j = 0; j < E; ++j) o[j] += wgt * y[j];
     }
   }
   if (w_.shared) {
-    run_ffn(*w_.shared, x, n_tokens, yg_.data(), backend);
-    w_.shared_gate.forward(x, n_tokens, shared_logit_.data(), backend);
+    run_ffn(*w_.shared, x, n_tokens, s.yg.data(), s, backend);
+    w_.shared_gate.forward(x, n_tokens, s.shared_logit.data(), backend);
     for (int64_t t = 0; t < n_tokens; ++t) {
-      const float g = sigmoid(shared_logit_[t]);
+      const float g = sigmoid(s.shared_logit[t]);
       float* o = out + t * E;
-      const float* y = yg_.data() + t * E;
+      const float* y = s.yg.data() + t * E;
       for (int64_t j = 0; j < E; ++j) o[j] += g * y[j];
     }
   }

@@ -65,12 +65,33 @@ struct MoeNames {
   std::string shared_expert_gate = "shared_expert_gate";
 };
 
+// Working memory of MoeFfn::forward, shared by all MoE layers of a model
+// (they run one at a time). Grow-only: reserve() allocates, forward() never.
+class MoeScratch {
+ public:
+  // Makes room for n_tokens tokens through a layer with parameters p.
+  void reserve(const MoeParams& p, int64_t max_tokens);
+  bool fits(const MoeParams& p, int64_t n_tokens) const;
+
+ private:
+  friend class MoeFfn;
+  std::vector<float> logits;      // [n_tokens, n_expert]: router logits, then probabilities
+  std::vector<int32_t> top_ids;   // [n_tokens, n_expert_used]
+  std::vector<float> top_w;       // [n_tokens, n_expert_used]
+  std::vector<int32_t> offsets;   // [n_expert + 1]: start of each expert's rows in the lists below
+  std::vector<int32_t> row_token;  // [n_tokens * n_expert_used]: rows grouped by expert, tokens ascending
+  std::vector<float> row_weight;  // [n_tokens * n_expert_used]
+  std::vector<float> xg, yg;      // [n_tokens, n_embd]: gathered inputs, expert outputs
+  std::vector<float> gate, up;    // [n_tokens, max(n_ff, n_ff_shared)]
+  std::vector<float> shared_logit;  // [n_tokens]
+};
+
+// One layer's weights; immutable after creation.
 class MoeFfn {
  public:
   MoeFfn() = default;
-  // Checks the weights' shapes against p; reserves scratch for max_tokens
-  // tokens (the only allocation: forward() allocates nothing).
-  static Result<MoeFfn> create(const MoeParams& p, MoeWeights weights, int64_t max_tokens);
+  // Checks the weights' shapes against p.
+  static Result<MoeFfn> create(const MoeParams& p, MoeWeights weights);
 
   // Binds the weights under `prefix` (e.g. "model.layers.3.mlp.") and creates.
   // Routed experts are either one tensor per expert,
@@ -79,33 +100,23 @@ class MoeFfn {
   //   <experts>.<gate|up|down>.weight       [n_expert, n_ff, n_embd] / [n_expert, n_embd, n_ff].
   // The shared expert gate may be [1, n_embd] or [n_embd] (GGUF).
   static Result<MoeFfn> bind(const ModelFiles& files, const std::string& prefix, const MoeParams& p,
-                             int64_t max_tokens, const MoeNames& names = {});
+                             const MoeNames& names = {});
 
   const MoeParams& params() const { return p_; }
   // Every weight forward() multiplies by, for Backend::reserve.
   void collect_weights(std::vector<const WeightView*>* out) const;
 
   // x: [n_tokens, n_embd], out: [n_tokens, n_embd] (overwritten; must not
-  // alias x). Requires n_tokens <= the max_tokens given at creation.
-  void forward(const float* x, int64_t n_tokens, float* out, Backend& backend);
+  // alias x). Requires scratch.fits(params(), n_tokens).
+  void forward(const float* x, int64_t n_tokens, float* out, MoeScratch& scratch, Backend& backend) const;
 
  private:
-  void route(int64_t n_tokens);
-  void run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, Backend& backend);
+  void route(int64_t n_tokens, MoeScratch& s) const;
+  void run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, MoeScratch& s,
+               Backend& backend) const;
 
   MoeParams p_;
   MoeWeights w_;
-  int64_t max_tokens_ = 0;
-  // Scratch, sized once by create().
-  std::vector<float> logits_;      // [max_tokens, n_expert]: router logits, then probabilities
-  std::vector<int32_t> top_ids_;   // [max_tokens, n_expert_used]
-  std::vector<float> top_w_;       // [max_tokens, n_expert_used]
-  std::vector<int32_t> offsets_;   // [n_expert + 1]: start of each expert's rows in the lists below
-  std::vector<int32_t> row_token_;  // [max_tokens * n_expert_used]: rows grouped by expert, tokens ascending
-  std::vector<float> row_weight_;  // [max_tokens * n_expert_used]
-  std::vector<float> xg_, yg_;     // [max_tokens, n_embd]: gathered inputs, expert outputs
-  std::vector<float> gate_, up_;   // [max_tokens, max(n_ff, n_ff_shared)]
-  std::vector<float> shared_logit_;  // [max_tokens]
 };
 
 }  // namespace rill

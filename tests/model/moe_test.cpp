@@ -179,12 +179,14 @@ MoeParams params(bool norm, int64_t n_ff_shared = 0) {
 void expect_near_reference(const MoeParams& p, uint32_t seed) {
   const RandomMoe m(p, seed);
   const int64_t n = 13;
-  auto moe = MoeFfn::create(p, m.weights(), n);
+  auto moe = MoeFfn::create(p, m.weights());
+  MoeScratch scratch;
+  scratch.reserve(p, n);
   ASSERT_TRUE(moe.ok()) << moe.error().message;
   auto backend = make_cpu_backend(2);
   const std::vector<float> x = random_input(n, p.n_embd, seed + 1);
   std::vector<float> out(x.size());
-  moe->forward(x.data(), n, out.data(), *backend);
+  moe->forward(x.data(), n, out.data(), scratch, *backend);
   const std::vector<float> ref = reference(m, x, n);
   double max_err = 0, max_ref = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -209,14 +211,16 @@ TEST(MoeFfn, TokenOutputsDoNotDependOnTheBatch) {
   const MoeParams p = params(true, 24);
   const RandomMoe m(p, 5);
   const int64_t n = 21, E = p.n_embd;
-  auto moe = MoeFfn::create(p, m.weights(), n);
+  auto moe = MoeFfn::create(p, m.weights());
+  MoeScratch scratch;
+  scratch.reserve(p, n);
   ASSERT_TRUE(moe.ok()) << moe.error().message;
   auto backend = make_cpu_backend(2);
   const std::vector<float> x = random_input(n, E, 6);
   std::vector<float> batched(x.size()), alone(static_cast<size_t>(E));
-  moe->forward(x.data(), n, batched.data(), *backend);
+  moe->forward(x.data(), n, batched.data(), scratch, *backend);
   for (int64_t t = 0; t < n; ++t) {
-    moe->forward(x.data() + t * E, 1, alone.data(), *backend);
+    moe->forward(x.data() + t * E, 1, alone.data(), scratch, *backend);
     EXPECT_EQ(0, std::memcmp(alone.data(), batched.data() + t * E, static_cast<size_t>(E) * sizeof(float)))
         << "token " << t;
   }
@@ -224,7 +228,7 @@ TEST(MoeFfn, TokenOutputsDoNotDependOnTheBatch) {
   const int64_t sub[] = {17, 3, 9, 3, 20};
   std::vector<float> xs, ys(std::size(sub) * static_cast<size_t>(E));
   for (int64_t t : sub) xs.insert(xs.end(), x.begin() + t * E, x.begin() + (t + 1) * E);
-  moe->forward(xs.data(), std::ssize(sub), ys.data(), *backend);
+  moe->forward(xs.data(), std::ssize(sub), ys.data(), scratch, *backend);
   for (size_t i = 0; i < std::size(sub); ++i) {
     EXPECT_EQ(0, std::memcmp(ys.data() + i * E, batched.data() + sub[i] * E, static_cast<size_t>(E) * sizeof(float)))
         << "sub-batch row " << i;
@@ -237,13 +241,15 @@ TEST(MoeFfn, ComputesOnlyTheRoutedExperts) {
   p.n_expert = 16;
   const RandomMoe m(p, 7);
   const int64_t n = 3;
-  auto moe = MoeFfn::create(p, m.weights(), n);
+  auto moe = MoeFfn::create(p, m.weights());
+  MoeScratch scratch;
+  scratch.reserve(p, n);
   ASSERT_TRUE(moe.ok()) << moe.error().message;
   auto cpu = make_cpu_backend(1);
   CountingBackend counting(*cpu);
   const std::vector<float> x = random_input(n, p.n_embd, 8);
   std::vector<float> out(x.size());
-  moe->forward(x.data(), n, out.data(), counting);
+  moe->forward(x.data(), n, out.data(), scratch, counting);
   const int64_t per_row = 2 * p.n_ff + p.n_embd;  // gate + up + down rows per routed token
   EXPECT_EQ(counting.rows_, n * p.n_expert + n * p.n_expert_used * per_row);
 }
@@ -297,22 +303,24 @@ TEST(MoeFfn, StackedAndPerExpertTensorsGiveTheSameResult) {
       ref("mlp.experts.down_proj.weight", {p.n_expert, p.n_embd, p.n_ff}, downs.data());
 
   const int64_t n = 9;
-  auto a = MoeFfn::bind(per_expert, "mlp.", p, n);
-  auto b = MoeFfn::bind(stacked, "mlp.", p, n);
+  auto a = MoeFfn::bind(per_expert, "mlp.", p);
+  auto b = MoeFfn::bind(stacked, "mlp.", p);
+  MoeScratch scratch;
+  scratch.reserve(p, n);
   ASSERT_TRUE(a.ok()) << a.error().message;
   ASSERT_TRUE(b.ok()) << b.error().message;
   auto backend = make_cpu_backend(2);
   const std::vector<float> x = random_input(n, p.n_embd, 10);
   std::vector<float> ya(x.size()), yb(x.size());
-  a->forward(x.data(), n, ya.data(), *backend);
-  b->forward(x.data(), n, yb.data(), *backend);
+  a->forward(x.data(), n, ya.data(), scratch, *backend);
+  b->forward(x.data(), n, yb.data(), scratch, *backend);
   EXPECT_EQ(ya, yb);
   const std::vector<float> r = reference(m, x, n);
   for (size_t i = 0; i < r.size(); ++i) ASSERT_NEAR(ya[i], r[i], 1e-5) << i;
 
   // A wrong shape is an error naming the tensor.
   stacked.tensors["mlp.experts.up_proj.weight"].shape = {p.n_expert, p.n_ff + 1, p.n_embd};
-  auto bad = MoeFfn::bind(stacked, "mlp.", p, n);
+  auto bad = MoeFfn::bind(stacked, "mlp.", p);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("mlp.experts.up_proj.weight"), std::string::npos) << bad.error().message;
 }
@@ -321,11 +329,11 @@ TEST(MoeFfn, RejectsInconsistentParameters) {
   MoeParams p = params(true);
   const RandomMoe m(p, 11);
   p.n_expert_used = p.n_expert + 1;
-  EXPECT_FALSE(MoeFfn::create(p, m.weights(), 4).ok());
+  EXPECT_FALSE(MoeFfn::create(p, m.weights()).ok());
   p = params(true);
   MoeWeights w = m.weights();
   w.experts.pop_back();
-  auto r = MoeFfn::create(p, std::move(w), 4);
+  auto r = MoeFfn::create(p, std::move(w));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("experts"), std::string::npos) << r.error().message;
 }
