@@ -338,5 +338,35 @@ TEST(MoeFfn, RejectsInconsistentParameters) {
   EXPECT_NE(r.error().message.find("experts"), std::string::npos) << r.error().message;
 }
 
+// transformers' Qwen3-MoE rule: sparse when (il + 1) % decoder_sparse_step
+// == 0 and il is not in mlp_only_layers.
+TEST(MoeFfn, LayerRuleAndParamsFromConfig) {
+  ModelConfig c;
+  c.n_embd = 64;
+  c.n_ff = 128;
+  c.n_layer = 6;
+  EXPECT_FALSE(is_moe_layer(c, 0));
+  c.n_expert = 8;
+  c.n_expert_used = 2;
+  for (int64_t il = 0; il < c.n_layer; ++il) EXPECT_TRUE(is_moe_layer(c, il)) << il;
+  c.moe_layer_step = 2;
+  c.dense_layers = {3};
+  const bool expected[] = {false, true, false, false, false, true};
+  for (int64_t il = 0; il < c.n_layer; ++il) EXPECT_EQ(is_moe_layer(c, il), expected[il]) << il;
+
+  MoeParams p = moe_params(c);
+  EXPECT_EQ(p.n_ff, 128);  // Mixtral: experts as wide as intermediate_size
+  c.n_ff_expert = 32;
+  c.n_ff_shared_expert = 16;
+  c.norm_topk_prob = false;
+  p = moe_params(c);
+  EXPECT_EQ(p.n_embd, 64);
+  EXPECT_EQ(p.n_expert, 8);
+  EXPECT_EQ(p.n_expert_used, 2);
+  EXPECT_EQ(p.n_ff, 32);
+  EXPECT_EQ(p.n_ff_shared, 16);
+  EXPECT_FALSE(p.norm_topk_prob);
+}
+
 }  // namespace
 }  // namespace rill
