@@ -222,8 +222,8 @@ Status parse_moe(const Fields& f, ModelConfig& c) {
   c.n_expert = *n_expert;
   RILL_ASSIGN_OR_RETURN(c.n_expert_used, f.req_dim("num_experts_per_tok"));
   if (c.n_expert_used > c.n_expert)
-    return f.invalid("num_experts_per_tok", "(" + std::to_string(c.n_expert_used) + ") exceeds " + experts_key +
-                                                " (" + std::to_string(c.n_expert) + ")");
+    return f.invalid("num_experts_per_tok", "(" + std::to_string(c.n_expert_used) + ") exceeds " +
+                                                experts_key + " (" + std::to_string(c.n_expert) + ")");
   RILL_ASSIGN_OR_RETURN(auto n_ff_expert, f.opt_dim("moe_intermediate_size", 1));
   c.n_ff_expert = n_ff_expert.value_or(c.n_ff);
   if (c.n_ff_expert <= 0) return f.missing("moe_intermediate_size");

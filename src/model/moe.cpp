@@ -126,9 +126,12 @@ void MoeScratch::reserve(const MoeParams& p, int64_t max_tokens) {
 
 bool MoeScratch::fits(const MoeParams& p, int64_t n_tokens) const {
   const auto T = static_cast<size_t>(n_tokens);
-  return logits.size() >= T * static_cast<size_t>(p.n_expert) && top_ids.size() >= T * static_cast<size_t>(p.n_expert_used) &&
-         offsets.size() >= static_cast<size_t>(p.n_expert) + 1 && xg.size() >= T * static_cast<size_t>(p.n_embd) &&
-         gate.size() >= T * static_cast<size_t>(std::max(p.n_ff, p.n_ff_shared)) && shared_logit.size() >= T;
+  const auto K = static_cast<size_t>(p.n_expert_used);
+  const auto F = static_cast<size_t>(std::max(p.n_ff, p.n_ff_shared));
+  return logits.size() >= T * static_cast<size_t>(p.n_expert) && top_ids.size() >= T * K &&
+         row_token.size() >= T * K && offsets.size() >= static_cast<size_t>(p.n_expert) + 1 &&
+         xg.size() >= T * static_cast<size_t>(p.n_embd) && gate.size() >= T * F &&
+         shared_logit.size() >= T;
 }
 
 Result<MoeFfn> MoeFfn::bind(const ModelFiles& files, const std::string& prefix, const MoeParams& p,
@@ -152,7 +155,8 @@ Result<MoeFfn> MoeFfn::bind(const ModelFiles& files, const std::string& prefix, 
     }
   }
   if (p.n_ff_shared > 0) {
-    RILL_ASSIGN_OR_RETURN(w.shared, bind_ffn(files, prefix + names.shared_expert + ".", names, p.n_ff_shared, p.n_embd));
+    RILL_ASSIGN_OR_RETURN(w.shared, bind_ffn(files, prefix + names.shared_expert + ".", names,
+                                             p.n_ff_shared, p.n_embd));
     const std::string gate_name = prefix + names.shared_expert_gate + ".weight";
     const TensorRef* g = files.find(gate_name);
     if (g && g->shape.size() == 1 && g->shape[0] == p.n_embd) {

@@ -106,7 +106,8 @@ std::vector<float> reference(const RandomMoe& m, const std::vector<float>& x, in
     for (int64_t k = 0; k < p.n_expert_used; ++k) top_sum += pr[order[k]];
     std::vector<double> acc(static_cast<size_t>(p.n_embd));
     for (int64_t e = 0; e < p.n_expert; ++e) {  // dense: every expert, weight 0 unless chosen
-      const bool chosen = std::find(order.begin(), order.begin() + p.n_expert_used, e) != order.begin() + p.n_expert_used;
+      const auto top_end = order.begin() + p.n_expert_used;
+      const bool chosen = std::find(order.begin(), top_end, e) != top_end;
       const double w = chosen ? (p.norm_topk_prob ? pr[e] / top_sum : pr[e]) : 0.0;
       const std::vector<double> y = ffn_ref(m.experts[e], xt);
       for (int64_t j = 0; j < p.n_embd; ++j) acc[j] += w * y[j];
@@ -143,7 +144,9 @@ class CountingBackend final : public Backend {
     for (int i = 0; i < n_w; ++i) rows_ += n * ws[i]->n_rows;
     b_.matmul_group(ws, ys, n_w, x, n);
   }
-  void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override { b_.get_rows(w, ids, n, out); }
+  void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
+    b_.get_rows(w, ids, n, out);
+  }
   void rms_norm(const float* x, const float* w, int64_t r, int64_t d, float eps, float* out, float off) override {
     b_.rms_norm(x, w, r, d, eps, out, off);
   }

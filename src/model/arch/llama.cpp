@@ -371,7 +371,8 @@ Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFil
                                                   const ModelOptions& options) {
   if (options.device == Device::kCuda) {
     if (files->config.n_expert > 0) {
-      return Error{files->path + ": " + files->config.architecture + " (mixture of experts) runs on the CPU only for now"};
+      return Error{files->path + ": " + files->config.architecture +
+                   " (mixture of experts) runs on the CPU only for now"};
     }
     return create_llama_cuda_model(std::move(files), options);
   }
