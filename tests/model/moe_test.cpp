@@ -161,6 +161,7 @@ class CountingBackend final : public Backend {
     b_.attention_batch(s, n, p);
   }
   void silu_mul(const float* g, const float* u, float* out, int64_t n) override { b_.silu_mul(g, u, out, n); }
+  void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) override { b_.gelu_tanh_mul(g, u, out, n); }
   void add_inplace(float* y, const float* x, int64_t n) override { b_.add_inplace(y, x, n); }
   int64_t rows_ = 0;
 
