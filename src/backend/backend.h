@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "backend/cpu/gated_delta.h"
 #include "backend/cpu/ops.h"
 
 namespace rill {
@@ -53,6 +54,12 @@ class Backend {
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
   // y += x over n floats.
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
+  // Gated DeltaNet (see backend/cpu/gated_delta.h): the depthwise causal
+  // conv1d + SiLU and the gated delta rule over several sequences in one
+  // pass, each sequence's tokens in order.
+  virtual void causal_conv1d_silu_batch(const cpu::ConvSeq* seqs, int n_seqs, const float* weight,
+                                        int64_t n_channels, int64_t kernel, int64_t x_stride) = 0;
+  virtual void gated_delta_batch(const cpu::GatedDeltaSeq* seqs, int n_seqs, const cpu::GatedDeltaParams& p) = 0;
 };
 
 // The CPU backend: n_threads <= 0 means one thread per core.
