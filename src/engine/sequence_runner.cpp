@@ -28,6 +28,7 @@ Status SequenceRunner::prefill(std::span<const int32_t> ids, size_t from, bool w
     batch_.clear();
     batch_.add_sequence(ids.data() + begin, static_cast<int32_t>(end - begin), static_cast<int32_t>(begin),
                         last_chunk && !want_all_rows, table_);
+    batch_.seqs.back().state_slot = slot_;  // read only by models with recurrent layers
     float* out = logits_.data();
     if (want_all_rows) {
       batch_.sample_rows.clear();
@@ -62,6 +63,11 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
   // Longest cached prefix, leaving at least one token to compute.
   size_t reuse = 0;
   while (reuse < cached_.size() && reuse + 1 < prompt.size() && cached_[reuse] == prompt[reuse]) ++reuse;
+  // A recurrent state only moves forward: it continues the whole cached
+  // sequence or starts again from position 0.
+  const auto& spec = model_.kv_spec();
+  const bool recurrent = std::any_of(spec.begin(), spec.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
+  if (recurrent && reuse < cached_.size()) reuse = 0;
   result.timings.n_cached = static_cast<int>(reuse);
   logits_.resize(static_cast<size_t>(model_.n_vocab()));
   RILL_TRY(prefill(prompt, reuse, /*want_all_rows=*/false));
@@ -75,6 +81,7 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
       const int32_t last = result.ids.back();
       batch_.clear();
       batch_.add_sequence(&last, 1, static_cast<int32_t>(cached_.size()), true, table_);
+      batch_.seqs.back().state_slot = slot_;
       Status st = model_.forward(batch_, logits_.data());
       if (!st.ok()) {
         cached_.clear();

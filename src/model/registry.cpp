@@ -86,6 +86,8 @@ const ImplementationRegistry& builtin_registry() {
     std::vector<Implementation> impls;
     impls.push_back({"cpu.llama", {"llama", "mistral", "qwen2", "qwen3", "smollm"}, {"gguf", "hf"},
                      "autoregressive", &create_llama_model});
+    impls.push_back({"cpu.qwen3_next", {"qwen3_5_text", "qwen3_next"}, {"hf"}, "autoregressive",
+                     &create_qwen3_next_model});
     auto r = ImplementationRegistry::create(std::move(impls));
     return std::move(r).value();
   }();
