@@ -66,11 +66,17 @@ class StatePool {
   // The checkpoint slot to fill with the state after `block`'s last token.
   // Reuses the block's existing checkpoint if any; otherwise takes a free
   // checkpoint slot, and when none is free recycles the least recently
-  // taken or used one (its old block loses its checkpoint). Fails only when
-  // the pool has no checkpoint slots at all.
-  Result<int32_t> take_checkpoint(int32_t block);
+  // taken or used one (its old block loses its checkpoint), never one
+  // taken or used at or after clock stamp `keep_since` (a step's own
+  // checkpoints: two saves of one step must not share a slot). Fails when
+  // the pool has no checkpoint slots or every one is kept.
+  Result<int32_t> take_checkpoint(int32_t block, uint64_t keep_since = UINT64_MAX);
   // The checkpoint slot of `block`, if any; marks it recently used.
   std::optional<int32_t> find_checkpoint(int32_t block);
+  // The same without marking (for checks).
+  std::optional<int32_t> checkpoint_of(int32_t block) const;
+  // Stamps of later takes and finds are > clock().
+  uint64_t clock() const { return clock_; }
   // Forgets `block`'s checkpoint (no-op when it has none).
   void drop_checkpoint(int32_t block);
 
