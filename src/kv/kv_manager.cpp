@@ -235,6 +235,7 @@ Result<int32_t> KvManager::commit_full_blocks(int64_t seq, std::span<const int32
     const auto n_ids = static_cast<int32_t>(ids.size());
     if (n_ids > grp.n_offered) {
       n_new += tree_.insert(gns, tokens.first(static_cast<size_t>(n_ids) * static_cast<size_t>(bs_)), ids);
+      if (static_cast<int32_t>(g) == key_group_) move_duplicate_checkpoints(grp, gns, tokens, grp.n_offered, n_ids);
       grp.n_offered = n_ids;
     }
     release_tail_first(head.blocks);
@@ -281,6 +282,21 @@ int32_t KvManager::append_block_table(int64_t seq, int32_t group, std::vector<in
   if (it == seqs_.end() || group < 0 || group >= static_cast<int32_t>(spec_.size())) return 0;
   for (const auto& l : it->second.groups[group].blocks) out.push_back(l.valid() ? l.block() : -1);
   return static_cast<int32_t>(it->second.groups[group].blocks.size());
+}
+
+// Blocks [first, end) of the key group were just offered. One the tree
+// already held under another id (the same tokens computed twice, e.g. after
+// a hit trimmed to an earlier checkpoint) stays uncached: its checkpoint
+// moves to the cached twin, where a later match can find it.
+void KvManager::move_duplicate_checkpoints(const Group& grp, uint64_t gns, std::span<const int32_t> tokens,
+                                           int32_t first, int32_t end) {
+  for (int32_t b = first; b < end; ++b) {
+    const BlockLease& l = grp.blocks[static_cast<size_t>(b)];
+    if (!l.valid() || pool_.is_cached(l.block()) || !states_.checkpoint_of(l.block())) continue;
+    PrefixMatch twin = tree_.match(gns, tokens.first(static_cast<size_t>(b + 1) * static_cast<size_t>(bs_)));
+    if (twin.n_tokens == (b + 1) * bs_) states_.move_checkpoint(l.block(), twin.blocks.back().block());
+    release_tail_first(twin.blocks);
+  }
 }
 
 int32_t KvManager::state_restore(int64_t seq) const {

@@ -167,6 +167,8 @@ class KvManager {
   // Whether the boundary after block k (1-based count of full blocks) gets a checkpoint.
   bool wants_checkpoint(const Sequence& s, int32_t k) const;
   void plan_checkpoints(Sequence& s, int32_t n_before);
+  void move_duplicate_checkpoints(const Group& grp, uint64_t gns, std::span<const int32_t> tokens, int32_t first,
+                                  int32_t end);
 
   KvSpec spec_;
   int32_t key_group_ = -1;  // first full (else attention) group; -1: none

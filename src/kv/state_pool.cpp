@@ -82,6 +82,19 @@ std::optional<int32_t> StatePool::checkpoint_of(int32_t block) const {
   return it->second;
 }
 
+void StatePool::move_checkpoint(int32_t from, int32_t to) {
+  auto it = ckpt_of_block_.find(from);
+  if (it == ckpt_of_block_.end() || from == to) return;
+  const int32_t c = it->second;
+  ckpt_of_block_.erase(it);
+  if (ckpt_of_block_.count(to) != 0) {
+    ckpt_block_[c] = -1;
+    return;
+  }
+  ckpt_block_[c] = to;
+  ckpt_of_block_[to] = c;
+}
+
 void StatePool::drop_checkpoint(int32_t block) {
   auto it = ckpt_of_block_.find(block);
   if (it == ckpt_of_block_.end()) return;

@@ -79,6 +79,9 @@ class StatePool {
   uint64_t clock() const { return clock_; }
   // Forgets `block`'s checkpoint (no-op when it has none).
   void drop_checkpoint(int32_t block);
+  // Re-keys `from`'s checkpoint to `to` (a block holding the same tokens);
+  // when `to` already has one, `from`'s is dropped. No-op when `from` has none.
+  void move_checkpoint(int32_t from, int32_t to);
 
   int32_t n_checkpoints() const { return static_cast<int32_t>(ckpt_block_.size()); }
   int32_t n_checkpoints_used() const { return static_cast<int32_t>(ckpt_of_block_.size()); }

@@ -242,8 +242,22 @@ TEST(KvManager, HybridPrefixesResumeAtCheckpointedBoundaries) {
   EXPECT_EQ(adm->n_cached_tokens, 8);
   EXPECT_EQ(adm->state_restore, s1[0].checkpoint);
   EXPECT_EQ(adm->cached_blocks[1].size(), 2u);  // the matched third block went back
+  // Its recomputed copy takes the prompt's last-full-block checkpoint; the
+  // tree keeps the first copy, so the checkpoint moves there at commit.
+  ASSERT_TRUE(r.kv.append(3, 7).ok());
+  const auto s3 = saves(r.kv, 3);
+  ASSERT_EQ(s3.size(), 1u);
+  EXPECT_EQ(s3[0].pos, 11);
+  ASSERT_TRUE(r.kv.commit_full_blocks(3, q).ok());
+  EXPECT_EQ(r.states.checkpoint_of(table[2]), s3[0].checkpoint);
+  EXPECT_FALSE(r.states.checkpoint_of(r.kv.block_table(3, 1)[2]).has_value());
+  r.kv.release(2);  // frees a state slot
+  adm = r.kv.admit(6, 0, q);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 12);
+  EXPECT_EQ(adm->state_restore, s3[0].checkpoint);
   r.expect_ok();
-  for (int64_t s : {1, 2, 3}) r.kv.release(s);
+  for (int64_t s : {1, 3, 6}) r.kv.release(s);
   r.expect_ok();
 
   // Reallocating a block id drops its checkpoint: fill the pool with other
