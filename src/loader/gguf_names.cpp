@@ -39,6 +39,26 @@ constexpr NamePair kLayerNames[] = {
     {"ffn_down.weight", "mlp.down_proj.weight"},
 };
 
+// Mixture-of-experts tensors (llama.cpp's names). Routed experts are stacked
+// in one 3-D tensor per projection: ffn_gate_exps [n_expert, n_ff, n_embd].
+constexpr NamePair kMoeLayerNames[] = {
+    {"ffn_gate_inp.weight", "mlp.gate.weight"},  // router [n_expert, n_embd]
+    {"ffn_gate_exps.weight", "mlp.experts.gate_proj.weight"},
+    {"ffn_up_exps.weight", "mlp.experts.up_proj.weight"},
+    {"ffn_down_exps.weight", "mlp.experts.down_proj.weight"},
+    {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
+    {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
+    {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
+    {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"},  // [n_embd]
+};
+
+// Older Mixtral files keep one tensor per expert: "ffn_gate.<e>.weight".
+constexpr NamePair kPerExpertNames[] = {
+    {"ffn_gate.", "gate_proj.weight"},
+    {"ffn_up.", "up_proj.weight"},
+    {"ffn_down.", "down_proj.weight"},
+};
+
 struct ArchInfo {
   std::string_view gguf;   // general.architecture
   std::string_view hf;     // ModelConfig::architecture (HF model_type)
@@ -50,6 +70,7 @@ constexpr ArchInfo kArchs[] = {
     {"mistral", "mistral", RopeStyle::kInterleaved},
     {"qwen2", "qwen2", RopeStyle::kHalf},
     {"qwen3", "qwen3", RopeStyle::kHalf},
+    {"qwen3moe", "qwen3_moe", RopeStyle::kHalf},
 };
 
 // Arrays this long are tokenizer tables, not configuration: left out of `raw`.
@@ -202,6 +223,27 @@ Status read_rope_scaling(const GgufFile& file, const ConfigReader& r, RopeScalin
   return Status::Ok();
 }
 
+// `<arch>.expert_*` keys. A "llama" file with experts is Mixtral. llama.cpp
+// renormalises the top-k weights of both Mixtral and Qwen3-MoE.
+Status read_experts(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  RILL_ASSIGN_OR_RETURN(c->n_expert, r.count_or("expert_count", 0));
+  if (c->n_expert == 0) return Status::Ok();
+  if (c->architecture == "llama") c->architecture = "mixtral";
+  RILL_ASSIGN_OR_RETURN(c->n_expert_used, r.positive("expert_used_count"));
+  if (c->n_expert_used > c->n_expert)
+    return Error{file.path() + ": '" + r.key("expert_used_count") + "' (" + std::to_string(c->n_expert_used) +
+                 ") exceeds '" + r.key("expert_count") + "' (" + std::to_string(c->n_expert) + ")"};
+  RILL_ASSIGN_OR_RETURN(c->n_ff_expert, r.positive_or("expert_feed_forward_length", 0));
+  RILL_ASSIGN_OR_RETURN(c->n_ff_shared_expert, r.count_or("expert_shared_feed_forward_length", 0));
+  c->norm_topk_prob = true;
+  if (const GgufValue* norm = file.find(r.key("expert_weights_norm"))) {
+    const bool* b = std::get_if<bool>(&norm->v);
+    if (!b) return Error{file.path() + ": '" + r.key("expert_weights_norm") + "' must be a boolean"};
+    c->norm_topk_prob = *b;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name) {
@@ -220,6 +262,22 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name) {
   for (const auto& p : kLayerNames) {
     if (suffix == p.gguf)
       return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+  }
+  for (const auto& p : kMoeLayerNames) {
+    if (suffix == p.gguf)
+      return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+  }
+  for (const auto& p : kPerExpertNames) {
+    if (!suffix.starts_with(p.gguf)) continue;
+    const std::string_view tail = suffix.substr(p.gguf.size());  // "<e>.weight"
+    const size_t dot = tail.find('.');
+    if (dot == 0 || dot == std::string_view::npos || dot > 9 || tail.substr(dot) != ".weight" ||
+        (dot > 1 && tail[0] == '0'))
+      return std::nullopt;
+    for (size_t i = 0; i < dot; ++i)
+      if (tail[i] < '0' || tail[i] > '9') return std::nullopt;
+    return "model.layers." + std::string(layer) + ".mlp.experts." + std::string(tail.substr(0, dot)) + "." +
+           std::string(p.hf);
   }
   return std::nullopt;
 }
@@ -248,7 +306,16 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
   if (c.head_dim <= 0)
     return Error{file.path() + ": embedding_length " + std::to_string(c.n_embd) +
                  " is smaller than head_count " + std::to_string(c.n_head)};
-  RILL_ASSIGN_OR_RETURN(c.n_ff, r.positive("feed_forward_length"));
+  RILL_TRY(read_experts(file, r, &c));
+  if (c.n_expert > 0) {  // every FFN may be a mixture of experts
+    RILL_ASSIGN_OR_RETURN(c.n_ff, r.positive_or("feed_forward_length", 0));
+  } else {
+    RILL_ASSIGN_OR_RETURN(c.n_ff, r.positive("feed_forward_length"));
+  }
+  if (c.n_expert > 0 && c.n_ff_expert == 0) {
+    if (c.n_ff == 0) return Error{file.path() + ": missing metadata key '" + r.key("expert_feed_forward_length") + "'"};
+    c.n_ff_expert = c.n_ff;
+  }
   RILL_ASSIGN_OR_RETURN(c.max_position, r.positive("context_length"));
   RILL_ASSIGN_OR_RETURN(c.rms_norm_eps, r.positive_float_or("attention.layer_norm_rms_epsilon", 1e-5f));
   RILL_ASSIGN_OR_RETURN(c.rope_theta, r.positive_float_or("rope.freq_base", 10000.0f));

@@ -210,6 +210,43 @@ Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
   return Status::Ok();
 }
 
+// Mixture-of-experts fields (Mixtral, Qwen3-MoE, Qwen3-Next); none: dense.
+Status parse_moe(const Fields& f, ModelConfig& c) {
+  RILL_ASSIGN_OR_RETURN(auto n_expert, f.opt_dim("num_local_experts"));
+  const char* experts_key = "num_local_experts";
+  if (!n_expert) {
+    RILL_ASSIGN_OR_RETURN(n_expert, f.opt_dim("num_experts"));
+    experts_key = "num_experts";
+  }
+  if (!n_expert || *n_expert == 0) return Status::Ok();
+  c.n_expert = *n_expert;
+  RILL_ASSIGN_OR_RETURN(c.n_expert_used, f.req_dim("num_experts_per_tok"));
+  if (c.n_expert_used > c.n_expert)
+    return f.invalid("num_experts_per_tok", "(" + std::to_string(c.n_expert_used) + ") exceeds " +
+                                                experts_key + " (" + std::to_string(c.n_expert) + ")");
+  RILL_ASSIGN_OR_RETURN(auto n_ff_expert, f.opt_dim("moe_intermediate_size", 1));
+  c.n_ff_expert = n_ff_expert.value_or(c.n_ff);
+  if (c.n_ff_expert <= 0) return f.missing("moe_intermediate_size");
+  RILL_ASSIGN_OR_RETURN(auto n_ff_shared, f.opt_dim("shared_expert_intermediate_size"));
+  c.n_ff_shared_expert = n_ff_shared.value_or(0);
+  // transformers: Mixtral always renormalises the top-k weights; the
+  // config's default is false for Qwen3-MoE and true for Qwen3-Next.
+  RILL_ASSIGN_OR_RETURN(auto norm, f.opt_bool("norm_topk_prob"));
+  c.norm_topk_prob = c.architecture == "mixtral" || norm.value_or(c.architecture == "qwen3_next");
+  RILL_ASSIGN_OR_RETURN(auto step, f.opt_dim("decoder_sparse_step", 1));
+  c.moe_layer_step = step.value_or(1);
+  if (const json* dense = f.get("mlp_only_layers")) {
+    if (!dense->is_array()) return f.wrong("mlp_only_layers", "a list of layer indices", *dense);
+    for (const json& v : *dense) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.n_layer)
+        return f.invalid("mlp_only_layers", "must list layer indices below num_hidden_layers (" +
+                                                std::to_string(c.n_layer) + ")");
+      c.dense_layers.push_back(v.get<int64_t>());
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status apply_generation_config(const json& gen, const std::string& name, GenerationDefaults* out) {
@@ -298,6 +335,7 @@ Result<ModelConfig> parse_hf_config(const json& config, const std::string& name)
     c.sliding_window = (use_window && !*use_window) ? 0 : window.value_or(0);
 
     RILL_TRY(parse_rope(f, name, c));
+    RILL_TRY(parse_moe(f, c));
 
     RILL_ASSIGN_OR_RETURN(auto eos, f.opt_token_ids("eos_token_id"));
     if (!eos && src != &config) { RILL_ASSIGN_OR_RETURN(eos, top.opt_token_ids("eos_token_id")); }

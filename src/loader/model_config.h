@@ -69,6 +69,17 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   std::string hidden_act = "silu";
 
+  // Mixture of experts (model/moe.h); n_expert == 0: every FFN is dense.
+  // Layer il has the MoE FFN when n_expert > 0, (il + 1) % moe_layer_step
+  // == 0 and il is not in dense_layers (transformers' Qwen3-MoE rule).
+  int64_t n_expert = 0;            // num_local_experts / num_experts
+  int64_t n_expert_used = 0;       // num_experts_per_tok (top-k)
+  int64_t n_ff_expert = 0;         // moe_intermediate_size, else intermediate_size
+  int64_t n_ff_shared_expert = 0;  // shared_expert_intermediate_size; 0: no shared expert
+  bool norm_topk_prob = true;      // renormalise the top-k weights (Mixtral always does)
+  int64_t moe_layer_step = 1;      // decoder_sparse_step
+  std::vector<int64_t> dense_layers;  // mlp_only_layers
+
   GenerationDefaults generation;
 
   // The whole source config (config.json, or GGUF metadata as JSON without

@@ -29,6 +29,10 @@ std::string config_fingerprint(const ModelConfig& c) {
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"hidden_act", c.hidden_act},
   };
+  if (c.n_expert > 0) {  // only then, so dense models keep their fingerprints
+    j["moe"] = {c.n_expert, c.n_expert_used, c.n_ff_expert, c.n_ff_shared_expert, c.norm_topk_prob,
+                c.moe_layer_step, c.dense_layers};
+  }
   // Family-specific graph fields of later architectures live in `raw`;
   // generation settings and tokenizer keys do not shape the graph.
   nlohmann::json raw = c.raw.is_object() ? c.raw : nlohmann::json::object();

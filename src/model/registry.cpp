@@ -84,7 +84,7 @@ Result<const Implementation*> ImplementationRegistry::select(const ModelProfile&
 const ImplementationRegistry& builtin_registry() {
   static const ImplementationRegistry registry = [] {
     std::vector<Implementation> impls;
-    impls.push_back({"cpu.llama", {"llama", "mistral", "qwen2", "qwen3", "smollm"}, {"gguf", "hf"},
+    impls.push_back({"cpu.llama", {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe"}, {"gguf", "hf"},
                      "autoregressive", &create_llama_model});
     impls.push_back({"cpu.qwen3_next", {"qwen3_5_text", "qwen3_next"}, {"hf"}, "autoregressive",
                      &create_qwen3_next_model});

@@ -10,7 +10,8 @@
 namespace rill {
 
 // Llama family: llama (incl. llama3 rope scaling, tied embeddings), mistral
-// (sliding window), qwen2 (qkv bias), qwen3 (q/k RMSNorm), smollm.
+// (sliding window), qwen2 (qkv bias), qwen3 (q/k RMSNorm), smollm, and with
+// the MoE FFN (model/moe.h) mixtral and qwen3_moe (CPU only).
 // options.device == kCuda: the CUDA implementation (llama_cuda.cpp).
 Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options);

@@ -1,12 +1,16 @@
-// The Llama family, one implementation for llama, mistral, qwen2, qwen3 and
-// smollm. Differences are data, read from the config and the tensors present:
+// The Llama family, one implementation for llama, mistral, qwen2, qwen3,
+// smollm and their mixtures of experts (mixtral, qwen3_moe). Differences are
+// data, read from the config and the tensors present:
 //   qkv bias (qwen2)            q_proj.bias present
 //   q/k RMSNorm (qwen3)         self_attn.q_norm.weight present (over head_dim)
 //   sliding window (mistral)    config.sliding_window > 0
 //   tied embeddings             lm_head.weight absent
 //   rope variants               config.rope_scaling (see backend/cpu/rope_table.h)
+//   MoE FFN (mixtral, qwen3_moe) config.n_expert > 0, per layer is_moe_layer()
+//                               (model/moe.h); Mixtral names it block_sparse_moe
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +18,7 @@
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
 #include "model/layers.h"
+#include "model/moe.h"
 #include "model/paged_kv_cache.h"
 
 namespace rill {
@@ -24,12 +29,15 @@ struct LlamaLayer {
   Linear q, k, v, o;             // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
   std::vector<float> q_norm, k_norm;  // [head_dim], qwen3 only
   std::vector<float> ffn_norm;   // [n_embd]
-  Linear gate, up, down;         // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]
+  Linear gate, up, down;         // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]; dense layers
+  std::optional<MoeFfn> moe;     // MoE layers, instead of gate/up/down
 };
 
 // Activations for up to max_tokens tokens, allocated once.
 struct Activations {
   std::vector<float> x, h, q, k, v, attn, gate, up, final_rows;
+  std::vector<float> moe_out;  // [max_tokens, n_embd] when some layer is MoE
+  MoeScratch moe;
 };
 
 class LlamaModel final : public Model {
@@ -53,6 +61,7 @@ class LlamaModel final : public Model {
  private:
   void attention_block(const LlamaLayer& L, int64_t il, const Batch& batch);
   void mlp_block(const LlamaLayer& L, int64_t n);
+  Status bind_moe(LlamaLayer& L, const std::string& p);
   Status check_batch(const Batch& batch) const;
 
   std::shared_ptr<const ModelFiles> files_;
@@ -77,7 +86,8 @@ class LlamaModel final : public Model {
 Status LlamaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
   const int64_t E = cfg_.n_embd, V = cfg_.n_vocab, F = cfg_.n_ff;
-  if (E <= 0 || V <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 || F <= 0 ||
+  if (E <= 0 || V <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 ||
+      (F <= 0 && cfg_.n_expert == 0) ||
       cfg_.n_head % cfg_.n_head_kv != 0) {
     return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
                  std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
@@ -99,6 +109,7 @@ Status LlamaModel::init(const ModelOptions& options) {
     lm_head_ = embed_;
   }
   RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, "model.norm.weight", E));
+  max_tokens_ = std::max(1, options.max_batch_tokens);
 
   bool all_f32 = embed_.dtype == DType::kF32;
   layers_.resize(static_cast<size_t>(cfg_.n_layer));
@@ -115,9 +126,13 @@ Status LlamaModel::init(const ModelOptions& options) {
       RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
     }
     RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
-    RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", F, E));
-    RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", F, E));
-    RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, F));
+    if (is_moe_layer(cfg_, il)) {
+      RILL_TRY(bind_moe(L, p));
+    } else {
+      RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", F, E));
+      RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", F, E));
+      RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, F));
+    }
     all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
   }
 
@@ -187,7 +202,6 @@ Status LlamaModel::init(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create(cfg_.n_layer, static_cast<int32_t>(n_blocks), bs,
                                                   kv_width_, attn_params_.kv_dtype));
 
-  max_tokens_ = std::max(1, options.max_batch_tokens);
   max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
   attn_seqs_.reserve(static_cast<size_t>(max_tokens_));  // a batch has at most one sequence per token
   const auto T = static_cast<size_t>(max_tokens_);
@@ -202,7 +216,14 @@ Status LlamaModel::init(const ModelOptions& options) {
   a_.final_rows.resize(T * E);
   std::vector<const WeightView*> weights = {&lm_head_};
   for (const LlamaLayer& L : layers_) {
-    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) weights.push_back(&l->w);
+    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o}) weights.push_back(&l->w);
+    if (L.moe) {
+      L.moe->collect_weights(&weights);
+      a_.moe.reserve(L.moe->params(), max_tokens_);
+      a_.moe_out.resize(T * E);
+    } else {
+      for (const Linear* l : {&L.gate, &L.up, &L.down}) weights.push_back(&l->w);
+    }
   }
   backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
   return {};
@@ -234,7 +255,31 @@ void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& b
   backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
 }
 
+// Mixtral: block_sparse_moe.{gate, experts.<e>.w1|w3|w2}; otherwise (Qwen3-MoE,
+// and every GGUF file) mlp.{gate, experts...} with gate/up/down_proj.
+Status LlamaModel::bind_moe(LlamaLayer& L, const std::string& p) {
+  MoeNames names;
+  std::string prefix = p + "mlp.";
+  if (files_->find(p + "block_sparse_moe.gate.weight")) {
+    prefix = p + "block_sparse_moe.";
+    names.gate = "w1";
+    names.up = "w3";
+    names.down = "w2";
+  }
+  MoeParams mp = moe_params(cfg_);
+  if (mp.n_ff_shared > 0) {
+    return Error{files_->path + ": shared experts are not part of the " + cfg_.architecture + " graph"};
+  }
+  RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind(*files_, prefix, mp, names));
+  return Status::Ok();
+}
+
 void LlamaModel::mlp_block(const LlamaLayer& L, int64_t n) {
+  if (L.moe) {
+    L.moe->forward(a_.h.data(), n, a_.moe_out.data(), a_.moe, *backend_);
+    backend_->add_inplace(a_.x.data(), a_.moe_out.data(), n * cfg_.n_embd);
+    return;
+  }
   const Linear* gate_up[] = {&L.gate, &L.up};
   float* gate_up_out[] = {a_.gate.data(), a_.up.data()};
   forward_group(gate_up, gate_up_out, 2, a_.h.data(), n, *backend_);
@@ -324,7 +369,13 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
 
 Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options) {
-  if (options.device == Device::kCuda) return create_llama_cuda_model(std::move(files), options);
+  if (options.device == Device::kCuda) {
+    if (files->config.n_expert > 0) {
+      return Error{files->path + ": " + files->config.architecture +
+                   " (mixture of experts) runs on the CPU only for now"};
+    }
+    return create_llama_cuda_model(std::move(files), options);
+  }
   auto model = std::make_unique<LlamaModel>(std::move(files), options);
   RILL_TRY(model->init(options));
   return std::unique_ptr<Model>(std::move(model));
