@@ -173,7 +173,7 @@ TEST_P(HybridParity, ResumingFromACheckpointMatchesTheColdRun) {
   EXPECT_FALSE(model_->forward(bad, logits.data()).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Hybrid, HybridParity, ::testing::Values("qwen3_5"), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Hybrid, HybridParity, ::testing::Values("qwen3_5", "qwen3-next"), [](const auto& info) {
   std::string n = info.param;
   for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;

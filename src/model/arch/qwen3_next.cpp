@@ -12,6 +12,7 @@
 // the state slots of the linear-attention layers.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "model/batch_check.h"
 #include "model/gated_delta.h"
 #include "model/layers.h"
+#include "model/moe.h"
 #include "model/paged_kv_cache.h"
 
 namespace rill {
@@ -97,11 +99,14 @@ struct Layer {
   std::vector<float> in_norm, post_norm;  // [E], (1 + w)
   GatedDeltaNet gdn;
   GatedAttention attn;
-  Linear gate, up, down;  // dense FFN
+  Linear gate, up, down;     // dense FFN
+  std::optional<MoeFfn> moe;  // Qwen3-Next MoE layers, instead of gate/up/down
 };
 
 struct Activations {
   std::vector<float> x, h, qg, q, gate, k, v, attn, ff_gate, ff_up, final_rows;
+  std::vector<float> moe_out;  // [max_tokens, n_embd] when some layer is MoE
+  MoeScratch moe;
 };
 
 class HybridModel final : public Model {
@@ -128,7 +133,8 @@ class HybridModel final : public Model {
  private:
   Status bind_layer(const std::string& p, int64_t il, Layer& L);
   void attention_block(const Layer& L, const Batch& batch);
-  void ffn_block(const Layer& L, int64_t n);
+  // The FFN of h; returns where its output [n, E] is.
+  const float* ffn_block(const Layer& L, int64_t n);
 
   std::shared_ptr<const ModelFiles> files_;
   const ModelConfig& cfg_;
@@ -166,8 +172,9 @@ Status HybridModel::bind_layer(const std::string& p, int64_t il, Layer& L) {
     RILL_ASSIGN_OR_RETURN(A.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
     RILL_ASSIGN_OR_RETURN(A.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
   }
-  if (f.find(p + "mlp.gate.weight")) {
-    return Error{f.path + ": layer " + std::to_string(il) + " has a mixture-of-experts FFN, not supported yet"};
+  if (is_moe_layer(cfg_, il)) {
+    RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind(f, p + "mlp.", moe_params(cfg_)));
+    return {};
   }
   RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", cfg_.n_ff, E));
   RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", cfg_.n_ff, E));
@@ -210,7 +217,7 @@ Status HybridModel::init(const ModelOptions& options) {
     L.linear = hybrid_.is_linear[static_cast<size_t>(il)] != 0;
     L.index = L.linear ? n_linear++ : n_attn++;
     RILL_TRY(bind_layer(root + "layers." + std::to_string(il) + ".", il, L));
-    all_f32 = all_f32 && L.gate.w.dtype == DType::kF32;
+    all_f32 = all_f32 && (L.linear ? (L.gdn.fused ? L.gdn.qkvz : L.gdn.qkv).w : L.attn.q.w).dtype == DType::kF32;
   }
   if (n_attn == 0 || n_linear == 0) {
     return Error{f.path + ": a hybrid model needs both linear_attention and full_attention layers"};
@@ -261,6 +268,11 @@ Status HybridModel::init(const ModelOptions& options) {
   a_.ff_gate.resize(T * cfg_.n_ff);
   a_.ff_up.resize(T * cfg_.n_ff);
   a_.final_rows.resize(T * E);
+  for (const Layer& L : layers_) {
+    if (!L.moe) continue;
+    a_.moe.reserve(L.moe->params(), max_tokens_);
+    a_.moe_out.resize(T * E);
+  }
   const bool fused = std::any_of(layers_.begin(), layers_.end(), [](const Layer& L) { return L.linear && L.gdn.fused; });
   gdn_scratch_.reserve(hybrid_.gdn, fused, max_tokens_, max_tokens_);
 
@@ -270,6 +282,7 @@ Status HybridModel::init(const ModelOptions& options) {
                             &L.attn.k, &L.attn.v, &L.attn.o, &L.gate, &L.up, &L.down}) {
       if (l->w.data) weights.push_back(&l->w);
     }
+    if (L.moe) L.moe->collect_weights(&weights);
   }
   backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
   return {};
@@ -308,12 +321,17 @@ void HybridModel::attention_block(const Layer& L, const Batch& batch) {
   A.o.forward(attn, n, a_.h.data(), *backend_);
 }
 
-void HybridModel::ffn_block(const Layer& L, int64_t n) {
+const float* HybridModel::ffn_block(const Layer& L, int64_t n) {
+  if (L.moe) {
+    L.moe->forward(a_.h.data(), n, a_.moe_out.data(), a_.moe, *backend_);
+    return a_.moe_out.data();
+  }
   const Linear* gate_up[] = {&L.gate, &L.up};
   float* gate_up_out[] = {a_.ff_gate.data(), a_.ff_up.data()};
   forward_group(gate_up, gate_up_out, 2, a_.h.data(), n, *backend_);
   backend_->silu_mul(a_.ff_gate.data(), a_.ff_up.data(), a_.ff_gate.data(), n * cfg_.n_ff);
   L.down.forward(a_.ff_gate.data(), n, a_.h.data(), *backend_);
+  return a_.h.data();
 }
 
 Status HybridModel::forward(const Batch& batch, float* logits) {
@@ -342,8 +360,7 @@ Status HybridModel::forward(const Batch& batch, float* logits) {
     }
     backend_->add_inplace(a_.x.data(), a_.h.data(), n * E);
     backend_->rms_norm(a_.x.data(), L.post_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data(), 1.0f);
-    ffn_block(L, n);
-    backend_->add_inplace(a_.x.data(), a_.h.data(), n * E);
+    backend_->add_inplace(a_.x.data(), ffn_block(L, n), n * E);
   }
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
   for (int64_t i = 0; i < n_sample; ++i) {
