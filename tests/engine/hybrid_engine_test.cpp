@@ -12,6 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/sequence_runner.h"
+#include "loader/model_files.h"
+#include "model/registry.h"
 #include "rill/engine.h"
 
 namespace rill {
@@ -171,6 +174,50 @@ TEST_P(HybridEngine, PrefixHitResumesFromACheckpointAndMatchesTheColdRun) {
     EXPECT_EQ(got.ids, want.ids) << tail;
     EXPECT_EQ(got.logprobs, want.logprobs) << tail;
   }
+}
+
+// SequenceRunner (rill run / score): chunked prefill of 7-token steps and
+// decode on its slot's recurrent state; a follow-up continues the state, a
+// prompt that leaves the cached sequence starts it again.
+TEST_P(HybridEngine, SequenceRunnerContinuesOrRestartsTheState) {
+  auto files = open_model_files(dir_);
+  ASSERT_TRUE(files.ok());
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.n_ctx = 128;
+  mo.max_batch_tokens = 7;
+  mo.n_kv_slots = 2;  // slot 1: the fresh runner
+  auto model = create_model(builtin_registry(), infer_profile(**files), *files, mo);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  SequenceRunner runner(**model), fresh(**model, 1);
+  GenerationOptions go;
+  go.max_tokens = static_cast<int>(golden_greedy_.size());
+  go.ignore_eos = true;
+  go.sampling.temperature = 0;
+  auto ignore = [](int32_t) { return true; };
+  auto first = runner.generate(golden_prompt_, go, ignore);
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  EXPECT_EQ(first->ids, golden_greedy_);
+  // Continues everything cached (prompt + all but the last output token).
+  auto follow = golden_prompt_;
+  follow.insert(follow.end(), golden_greedy_.begin(), golden_greedy_.end());
+  follow.push_back(42);
+  go.max_tokens = 6;
+  auto cont = runner.generate(follow, go, ignore);
+  ASSERT_TRUE(cont.ok());
+  EXPECT_EQ(cont->timings.n_cached, static_cast<int>(golden_prompt_.size() + golden_greedy_.size() - 1));
+  auto want = fresh.generate(follow, go, ignore);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(cont->ids, want->ids);
+  // Leaves the cached sequence: the state starts again from position 0.
+  std::vector<int32_t> diverge(golden_prompt_.begin(), golden_prompt_.begin() + 10);
+  diverge.push_back(7);
+  auto restart = runner.generate(diverge, go, ignore);
+  ASSERT_TRUE(restart.ok());
+  EXPECT_EQ(restart->timings.n_cached, 0);
+  fresh.reset();
+  want = fresh.generate(diverge, go, ignore);
+  EXPECT_EQ(restart->ids, want->ids);
 }
 
 INSTANTIATE_TEST_SUITE_P(Hybrid, HybridEngine, ::testing::Values("qwen3_5", "qwen3-next"), [](const auto& info) {
