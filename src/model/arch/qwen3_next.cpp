@@ -63,6 +63,9 @@ Result<HybridConfig> read_hybrid_config(const ModelConfig& cfg, const std::strin
                  std::to_string(h.gdn.head_v_dim) + " dims, conv kernel " + std::to_string(h.gdn.conv_kernel) +
                  " is not supported"};
   }
+  if (cfg.hidden_act != "silu") {
+    return Error{path + ": hidden_act '" + cfg.hidden_act + "' is not supported (the conv and FFN use silu)"};
+  }
   h.is_linear.assign(static_cast<size_t>(cfg.n_layer), 0);
   if (auto lt = j->find("layer_types"); lt != j->end() && !lt->is_null()) {
     if (!lt->is_array() || static_cast<int64_t>(lt->size()) != cfg.n_layer) {
