@@ -9,9 +9,9 @@
 // (snapshots); copying a live state into a checkpoint is the backend's job.
 //
 // A checkpoint is keyed by the id of the block whose end boundary it follows
-// (the state after the block's last token). Whoever owns the block's cache
-// entry must drop the checkpoint when the block leaves the prefix cache,
-// otherwise a reused block id would resolve to a stale state.
+// (the state after the block's last token). A checkpoint must be dropped
+// before its block id holds other tokens, otherwise the id would resolve to
+// a stale state (the KvManager drops it when the id is allocated again).
 //
 // Not thread-safe (engine thread). Neither copyable nor movable: StateSlot
 // leases point to the pool, which must outlive them.
