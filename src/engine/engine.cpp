@@ -17,9 +17,16 @@ int32_t blocks_for(int64_t n_tokens, int32_t block_size) {
   return static_cast<int32_t>((n_tokens + block_size - 1) / block_size);
 }
 
-int32_t n_state_slots(const KvSpec& spec, int max_running) {
-  const bool recurrent = std::any_of(spec.begin(), spec.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
-  return recurrent ? max_running : 0;
+bool has_recurrent(const Model& m) {
+  const KvSpec& spec = m.kv_spec();
+  return std::any_of(spec.begin(), spec.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
+}
+
+// At most one running request per recurrent state slot.
+int max_running(const Model& m, const EngineOptions& o) {
+  int n = std::min(std::max(1, o.max_running), m.max_batch_seqs());
+  if (has_recurrent(m)) n = std::min(n, std::max(1, m.n_state_slots()));
+  return n;
 }
 
 }  // namespace
@@ -42,10 +49,11 @@ EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Token
       options_(options),
       pool_(model_->n_kv_blocks(), model_->kv_block_size()),
       tree_(pool_),
-      states_(n_state_slots(model_->kv_spec(), std::max(1, options.max_running)), 0),
+      states_(has_recurrent(*model_) ? model_->n_state_slots() : 0,
+              has_recurrent(*model_) ? model_->n_state_checkpoints() : 0),
       kv_(model_->kv_spec(), pool_, tree_, states_),
       scheduler_(kv_, SchedulerOptions{std::min(std::max(1, options.max_batch_tokens), model_->max_batch_tokens()),
-                                       std::min(std::max(1, options.max_running), model_->max_batch_seqs())}),
+                                       max_running(*model_, options)}),
       runner_(*model_, kv_) {
   eos_ids_ = model_->config().generation.eos_token_ids;
   if (tokenizer_) {

@@ -5,6 +5,9 @@ namespace rill {
 ModelRunner::ModelRunner(Model& model, const KvManager& kv) : model_(model), kv_(kv) {
   const size_t n_groups = model_.kv_spec().size();
   batch_.group_tables.resize(n_groups > 0 ? n_groups - 1 : 0);
+  for (size_t g = 0; g < n_groups && recurrent_group_ < 0; ++g) {
+    if (!model_.kv_spec()[g].is_attention()) recurrent_group_ = static_cast<int32_t>(g);
+  }
 }
 
 Status ModelRunner::run(const StepPlan& plan) {
@@ -21,6 +24,11 @@ Status ModelRunner::run(const StepPlan& plan) {
       auto& t = batch_.group_tables[static_cast<size_t>(g - 1)];
       t.resize(static_cast<size_t>(bs.table_start));  // groups share the start
       kv_.append_block_table(seq, g, t);
+    }
+    if (recurrent_group_ >= 0) {
+      bs.state_slot = kv_.state_slot(seq, recurrent_group_);
+      bs.state_restore = kv_.state_restore(seq);
+      for (const CheckpointSave& v : kv_.state_saves(seq)) batch_.state_saves.push_back({s, v.pos, v.checkpoint});
     }
     n_sample += c.samples;
   }

@@ -1,6 +1,7 @@
 #pragma once
 // ModelRunner: turns a StepPlan into the flat Batch (tokens, positions,
-// block tables from the KvManager) and runs the model once. Buffers grow to
+// block tables, recurrent state slots, checkpoint restores and saves from the
+// KvManager) and runs the model once. Buffers grow to
 // the largest step seen and are reused: no allocation per step after warm-up.
 #include <cstdint>
 #include <vector>
@@ -27,6 +28,7 @@ class ModelRunner {
  private:
   Model& model_;
   const KvManager& kv_;
+  int32_t recurrent_group_ = -1;  // the kv spec's recurrent group; -1: none
   Batch batch_;
   std::vector<float> logits_;
 };

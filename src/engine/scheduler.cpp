@@ -96,6 +96,7 @@ const StepPlan& Scheduler::schedule() {
   plan_.failed.clear();
   plan_.n_tokens = 0;
   budget_ = options_.token_budget;
+  kv_.begin_step();
 
   // 1. Decode tokens, oldest first. running_ may shrink while we walk it.
   for (size_t i = 0; i < running_.size() && budget_ > 0;) {

@@ -22,6 +22,7 @@ SequenceRunner::SequenceRunner(Model& model, int32_t kv_slot)
 void SequenceRunner::set_chunk(const int32_t* ids, int32_t n, int32_t pos0, bool sample_last) {
   batch_.clear();
   batch_.add_sequence(ids, n, pos0, sample_last, table_);
+  batch_.seqs.back().state_slot = slot_;  // read only by models with recurrent layers
   for (auto& t : batch_.group_tables) t.insert(t.end(), table_.begin(), table_.end());
 }
 
@@ -68,6 +69,11 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
   // Longest cached prefix, leaving at least one token to compute.
   size_t reuse = 0;
   while (reuse < cached_.size() && reuse + 1 < prompt.size() && cached_[reuse] == prompt[reuse]) ++reuse;
+  // A recurrent state only moves forward: it continues the whole cached
+  // sequence or starts again from position 0.
+  const auto& spec = model_.kv_spec();
+  const bool recurrent = std::any_of(spec.begin(), spec.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
+  if (recurrent && reuse < cached_.size()) reuse = 0;
   result.timings.n_cached = static_cast<int>(reuse);
   logits_.resize(static_cast<size_t>(model_.n_vocab()));
   RILL_TRY(prefill(prompt, reuse, /*want_all_rows=*/false));

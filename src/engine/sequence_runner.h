@@ -3,7 +3,9 @@
 // Model: chunked prefill, then decode a token per step. It remembers which
 // tokens the slot holds, so a follow-up prompt that extends the previous one
 // (the next turn of a chat) recomputes only the new tokens; at least one
-// token is always recomputed so there are logits to sample.
+// token is always recomputed so there are logits to sample. Models with
+// recurrent layers use state slot `kv_slot` and reuse only a follow-up that
+// continues everything the slot holds (the state cannot step back).
 //
 // The slot is a fixed carving of the model's KV pool (slot_block_table()):
 // slot s owns blocks [s * per_slot, (s + 1) * per_slot), in every KV group of

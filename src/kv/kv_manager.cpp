@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <optional>
 #include <string>
 
 #include "core/hash.h"
@@ -13,10 +14,22 @@ std::string seq_name(int64_t seq) { return "kv manager: sequence " + std::to_str
 
 }  // namespace
 
-KvManager::KvManager(KvSpec spec, BlockPool& pool, PrefixTree& tree, StatePool& states)
-    : spec_(std::move(spec)), pool_(pool), tree_(tree), states_(states), bs_(pool.block_size()) {
+KvManager::KvManager(KvSpec spec, BlockPool& pool, PrefixTree& tree, StatePool& states, int32_t checkpoint_every)
+    : spec_(std::move(spec)),
+      checkpoint_every_(std::max(1, checkpoint_every)),
+      pool_(pool),
+      tree_(tree),
+      states_(states),
+      bs_(pool.block_size()) {
   assert(!spec_.empty());
   for ([[maybe_unused]] const auto& g : spec_) assert(g.kind != LayerKind::kSliding || g.window >= 1);
+  for (size_t g = 0; g < spec_.size(); ++g) {
+    if (spec_[g].kind == LayerKind::kFull) {
+      key_group_ = static_cast<int32_t>(g);
+      break;
+    }
+    if (spec_[g].is_attention() && key_group_ < 0) key_group_ = static_cast<int32_t>(g);
+  }
 }
 
 // Give everything back before the pool / tree / state pool go away.
@@ -40,6 +53,30 @@ int32_t KvManager::n_dead_blocks(const LayerGroupSpec& g, int32_t n_tokens) cons
 
 bool KvManager::has_recurrent() const {
   return std::any_of(spec_.begin(), spec_.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
+}
+
+bool KvManager::checkpoints_enabled() const {
+  const auto n_recurrent =
+      std::count_if(spec_.begin(), spec_.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
+  return n_recurrent == 1 && key_group_ >= 0 && states_.n_checkpoints() > 0;
+}
+
+bool KvManager::wants_checkpoint(const Sequence& s, int32_t k) const {
+  return k % checkpoint_every_ == 0 || k == s.n_prompt / bs_;
+}
+
+// The boundaries after positions k*bs - 1 in (n_before, n_tokens] that want
+// a checkpoint, keyed by the key group's block k - 1. A failed take (every
+// slot already used this step) skips that checkpoint.
+void KvManager::plan_checkpoints(Sequence& s, int32_t n_before) {
+  s.saves.clear();
+  if (!checkpoints_enabled()) return;
+  const auto& blocks = s.groups[static_cast<size_t>(key_group_)].blocks;
+  for (int32_t k = n_before / bs_ + 1; k <= s.n_tokens / bs_; ++k) {
+    if (!wants_checkpoint(s, k) || !blocks[static_cast<size_t>(k - 1)].valid()) continue;
+    auto c = states_.take_checkpoint(blocks[static_cast<size_t>(k - 1)].block(), step_stamp_);
+    if (c.ok()) s.saves.push_back({k * bs_ - 1, *c});
+  }
 }
 
 Result<Admission> KvManager::admit(int64_t seq, uint64_t ns, std::span<const int32_t> prompt) {
@@ -70,17 +107,30 @@ Result<Admission> KvManager::admit(int64_t seq, uint64_t ns, std::span<const int
   }
 
   // Match everything but the last prompt token (there must be logits to
-  // sample). Recurrent state cannot be restored yet, so no reuse then.
+  // sample). A recurrent state resumes only at a checkpointed boundary.
   int32_t common = 0;
   std::vector<PrefixMatch> matches(spec_.size());
-  if (!has_recurrent()) {
+  Admission out;
+  if (!has_recurrent() || checkpoints_enabled()) {
     common = n_prompt;
     for (size_t g = 0; g < spec_.size(); ++g) {
+      if (!spec_[g].is_attention()) continue;
       matches[g] = tree_.match(group_ns(ns, static_cast<int32_t>(g)), prompt.first(prompt.size() - 1));
       common = std::min(common, matches[g].n_tokens);
     }
   }
-  Admission out;
+  if (has_recurrent() && common > 0) {
+    const auto& key = matches[static_cast<size_t>(key_group_)].blocks;
+    int32_t k = common / bs_;
+    std::optional<int32_t> ckpt;
+    for (; k > 0; --k) {
+      if ((ckpt = states_.find_checkpoint(key[static_cast<size_t>(k - 1)].block()))) break;
+    }
+    common = k * bs_;
+    out.state_restore = k > 0 ? *ckpt : -1;
+  }
+  s.restore = out.state_restore;
+  s.n_prompt = n_prompt;
   out.n_cached_tokens = common;
   out.cached_blocks.resize(spec_.size());
   const int32_t n_keep = common / bs_;
@@ -144,7 +194,11 @@ Status KvManager::append(int64_t seq, int32_t n_tokens) {
     while (static_cast<int32_t>(blocks.size()) < n_after) blocks.push_back(std::move(fresh.value()[next++]));
   }
   assert(next == fresh.value().size());
+  // A fresh block id may still key a checkpoint of its previous contents.
+  for (const BlockLease& l : fresh.value()) states_.drop_checkpoint(l.block());
+  const int32_t n_before = s.n_tokens;
   s.n_tokens += n_tokens;
+  plan_checkpoints(s, n_before);
   return Status::Ok();
 }
 
@@ -156,6 +210,8 @@ Result<int32_t> KvManager::commit_full_blocks(int64_t seq, std::span<const int32
     return Error{seq_name(seq) + ": commit of " + std::to_string(tokens.size()) + " tokens but only " +
                  std::to_string(s.n_tokens) + " were appended"};
   }
+  s.restore = -1;  // the step that needed it (and took the saves) has run
+  s.saves.clear();
   const auto n_full = static_cast<int32_t>(tokens.size()) / bs_;
   int32_t n_new = 0;
   std::vector<int32_t> ids;
@@ -179,6 +235,7 @@ Result<int32_t> KvManager::commit_full_blocks(int64_t seq, std::span<const int32
     const auto n_ids = static_cast<int32_t>(ids.size());
     if (n_ids > grp.n_offered) {
       n_new += tree_.insert(gns, tokens.first(static_cast<size_t>(n_ids) * static_cast<size_t>(bs_)), ids);
+      if (static_cast<int32_t>(g) == key_group_) move_duplicate_checkpoints(grp, gns, tokens, grp.n_offered, n_ids);
       grp.n_offered = n_ids;
     }
     release_tail_first(head.blocks);
@@ -199,7 +256,7 @@ void KvManager::release(int64_t seq) {
 int32_t KvManager::preempt(int64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return 0;
-  int32_t n_cached = has_recurrent() ? 0 : it->second.n_tokens;
+  int32_t n_cached = has_recurrent() && !checkpoints_enabled() ? 0 : it->second.n_tokens;
   for (size_t g = 0; g < spec_.size(); ++g) {
     if (spec_[g].is_attention()) n_cached = std::min(n_cached, it->second.groups[g].n_offered * bs_);
   }
@@ -225,6 +282,32 @@ int32_t KvManager::append_block_table(int64_t seq, int32_t group, std::vector<in
   if (it == seqs_.end() || group < 0 || group >= static_cast<int32_t>(spec_.size())) return 0;
   for (const auto& l : it->second.groups[group].blocks) out.push_back(l.valid() ? l.block() : -1);
   return static_cast<int32_t>(it->second.groups[group].blocks.size());
+}
+
+// Blocks [first, end) of the key group were just offered. One the tree
+// already held under another id (the same tokens computed twice, e.g. after
+// a hit trimmed to an earlier checkpoint) stays uncached: its checkpoint
+// moves to the cached twin, where a later match can find it.
+void KvManager::move_duplicate_checkpoints(const Group& grp, uint64_t gns, std::span<const int32_t> tokens,
+                                           int32_t first, int32_t end) {
+  for (int32_t b = first; b < end; ++b) {
+    const BlockLease& l = grp.blocks[static_cast<size_t>(b)];
+    if (!l.valid() || pool_.is_cached(l.block()) || !states_.checkpoint_of(l.block())) continue;
+    PrefixMatch twin = tree_.match(gns, tokens.first(static_cast<size_t>(b + 1) * static_cast<size_t>(bs_)));
+    if (twin.n_tokens == (b + 1) * bs_) states_.move_checkpoint(l.block(), twin.blocks.back().block());
+    release_tail_first(twin.blocks);
+  }
+}
+
+int32_t KvManager::state_restore(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? -1 : it->second.restore;
+}
+
+std::span<const CheckpointSave> KvManager::state_saves(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return {};
+  return it->second.saves;
 }
 
 int32_t KvManager::state_slot(int64_t seq, int32_t group) const {
@@ -267,6 +350,17 @@ Status KvManager::check_integrity() const {
           return Error{where + ": block " + std::to_string(id) + " is not in use in the pool"};
         }
         ++held[static_cast<size_t>(id)];
+      }
+    }
+  }
+  for (const auto& [seq, s] : seqs_) {
+    if (s.restore < -1 || s.restore >= states_.n_checkpoints()) {
+      return Error{seq_name(seq) + ": pending restore of checkpoint " + std::to_string(s.restore) + " does not exist"};
+    }
+    for (const CheckpointSave& v : s.saves) {
+      if (v.checkpoint < 0 || v.checkpoint >= states_.n_checkpoints() || v.pos >= s.n_tokens || (v.pos + 1) % bs_ != 0) {
+        return Error{seq_name(seq) + ": planned checkpoint " + std::to_string(v.checkpoint) + " after position " +
+                     std::to_string(v.pos) + " is not at a block boundary of the sequence"};
       }
     }
   }

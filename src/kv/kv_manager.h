@@ -10,6 +10,7 @@
 // (group_ns(ns, g)), so groups never share blocks.
 //
 // Protocol (engine thread, not thread-safe):
+//   begin_step()                   a new step is being planned
 //   admit(seq, ns, prompt)         matched prefix; the sequence's length is
 //                                  the matched token count
 //   append(seq, n)                 reserve slots for the next n tokens; all
@@ -18,9 +19,22 @@
 //   release(seq) / preempt(seq)    give everything back, tail first
 //
 // Prefix caching and layouts: a prefix is reused only when every attention
-// group matches it (the common length of the per-group matches). Recurrent
-// groups disable reuse (match 0) until checkpoint restore is wired: the
-// StatePool's checkpoints exist but the manager does not take them yet.
+// group matches it (the common length of the per-group matches).
+//
+// Recurrent groups (at most one is checkpointed) resume from checkpoints:
+// the StatePool's checkpoint slots hold snapshots of a sequence's state at
+// block boundaries, keyed by the block id of the first full-attention group
+// (the "key group") that ends there. append() plans which boundaries of the
+// new tokens get one (state_saves(): every checkpoint_every-th block, and
+// the prompt's last full block) and the model fills them while computing
+// the step; a block's checkpoint is dropped when the block id is allocated
+// again. admit() then trims the attention match down to the longest prefix
+// whose last block has a checkpoint and reports it (state_restore()) so the
+// model loads it into the sequence's state slot before its first step
+// (which the scheduler runs in the admitting step). Without checkpoint
+// slots, or without an attention group, a recurrent model reuses nothing.
+// Checkpoint slots are recycled least recently used, never two in one step
+// (begin_step()); memory stays at n_checkpoints states.
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -40,13 +54,23 @@ struct Admission {
   // holds their leases in the sequence's block tables, except a sliding
   // group's blocks already outside the window, given back at once (holes).
   std::vector<std::vector<int32_t>> cached_blocks;
+  int32_t state_restore = -1;  // checkpoint holding the recurrent state after the cached prefix; -1: none
+};
+
+// A recurrent-state checkpoint the planned step must take: the state right
+// after position `pos` goes into checkpoint slot `checkpoint`.
+struct CheckpointSave {
+  int32_t pos = 0;
+  int32_t checkpoint = 0;
 };
 
 class KvManager {
  public:
   // spec: at least one group; sliding windows >= 1. The pool, tree and state
   // pool must outlive the manager; the tree must be over `pool`.
-  KvManager(KvSpec spec, BlockPool& pool, PrefixTree& tree, StatePool& states);
+  // checkpoint_every: recurrent checkpoints at every n-th block boundary
+  // (>= 1) besides the prompt's last full block.
+  KvManager(KvSpec spec, BlockPool& pool, PrefixTree& tree, StatePool& states, int32_t checkpoint_every = 8);
   ~KvManager();
   KvManager(const KvManager&) = delete;
   KvManager& operator=(const KvManager&) = delete;
@@ -81,8 +105,21 @@ class KvManager {
   void release(int64_t seq);
   // release(), returning how many leading tokens were offered to the prefix
   // cache in every group (an upper bound on what a resume will match: LRU
-  // eviction may take some; 0 with a recurrent group).
+  // eviction may take some, and a recurrent group resumes only at a
+  // checkpoint; 0 with a recurrent group that cannot be checkpointed).
   int32_t preempt(int64_t seq);
+
+  // Starts planning a step: checkpoints taken from now on are never
+  // recycled by another save of the same step.
+  void begin_step() { step_stamp_ = states_.clock() + 1; }
+  // The checkpoint to load into seq's recurrent state before its next step
+  // (set by admit() on a hit, cleared by commit_full_blocks()); -1: none.
+  int32_t state_restore(int64_t seq) const;
+  // The checkpoints seq's planned step (its last append) must take, by
+  // position; cleared by commit_full_blocks().
+  std::span<const CheckpointSave> state_saves(int64_t seq) const;
+  // True when recurrent prefixes can be reused (see above).
+  bool checkpoints_enabled() const;
 
   bool contains(int64_t seq) const { return seqs_.count(seq) != 0; }
   int32_t n_sequences() const { return static_cast<int32_t>(seqs_.size()); }
@@ -117,6 +154,9 @@ class KvManager {
   struct Sequence {
     uint64_t ns = 0;
     int32_t n_tokens = 0;
+    int32_t n_prompt = 0;
+    int32_t restore = -1;  // pending checkpoint restore
+    std::vector<CheckpointSave> saves;  // of the planned step
     std::vector<Group> groups;
   };
 
@@ -124,8 +164,16 @@ class KvManager {
   // Blocks of a sliding group that no token at position >= n_tokens attends to.
   int32_t n_dead_blocks(const LayerGroupSpec& g, int32_t n_tokens) const;
   bool has_recurrent() const;
+  // Whether the boundary after block k (1-based count of full blocks) gets a checkpoint.
+  bool wants_checkpoint(const Sequence& s, int32_t k) const;
+  void plan_checkpoints(Sequence& s, int32_t n_before);
+  void move_duplicate_checkpoints(const Group& grp, uint64_t gns, std::span<const int32_t> tokens, int32_t first,
+                                  int32_t end);
 
   KvSpec spec_;
+  int32_t key_group_ = -1;  // first full (else attention) group; -1: none
+  int32_t checkpoint_every_ = 8;
+  uint64_t step_stamp_ = UINT64_MAX;
   BlockPool& pool_;
   PrefixTree& tree_;
   StatePool& states_;

@@ -47,19 +47,21 @@ void StatePool::release(int32_t slot) {
   free_.push_back(slot);
 }
 
-Result<int32_t> StatePool::take_checkpoint(int32_t block) {
+Result<int32_t> StatePool::take_checkpoint(int32_t block, uint64_t keep_since) {
   if (auto it = ckpt_of_block_.find(block); it != ckpt_of_block_.end()) {
     ckpt_stamp_[it->second] = ++clock_;
     return it->second;
   }
   if (ckpt_block_.empty()) return Error{"state pool: no checkpoint slots configured"};
-  // A free checkpoint if any, else the least recently used one. O(n) over
-  // checkpoint slots: taken once per completed block, not per token.
-  int32_t pick = 0;
+  // A free checkpoint if any, else the least recently used one not kept.
+  // O(n) over checkpoint slots: taken once per checkpointed block, not per token.
+  int32_t pick = -1;
   for (int32_t c = 0; c < n_checkpoints(); ++c) {
     if (ckpt_block_[c] < 0) { pick = c; break; }
-    if (ckpt_stamp_[c] < ckpt_stamp_[pick]) pick = c;
+    if (ckpt_stamp_[c] >= keep_since) continue;
+    if (pick < 0 || ckpt_stamp_[c] < ckpt_stamp_[pick]) pick = c;
   }
+  if (pick < 0) return Error{"state pool: every checkpoint slot is in use by this step"};
   if (ckpt_block_[pick] >= 0) ckpt_of_block_.erase(ckpt_block_[pick]);
   ckpt_block_[pick] = block;
   ckpt_stamp_[pick] = ++clock_;
@@ -72,6 +74,25 @@ std::optional<int32_t> StatePool::find_checkpoint(int32_t block) {
   if (it == ckpt_of_block_.end()) return std::nullopt;
   ckpt_stamp_[it->second] = ++clock_;
   return it->second;
+}
+
+std::optional<int32_t> StatePool::checkpoint_of(int32_t block) const {
+  auto it = ckpt_of_block_.find(block);
+  if (it == ckpt_of_block_.end()) return std::nullopt;
+  return it->second;
+}
+
+void StatePool::move_checkpoint(int32_t from, int32_t to) {
+  auto it = ckpt_of_block_.find(from);
+  if (it == ckpt_of_block_.end() || from == to) return;
+  const int32_t c = it->second;
+  ckpt_of_block_.erase(it);
+  if (ckpt_of_block_.count(to) != 0) {
+    ckpt_block_[c] = -1;
+    return;
+  }
+  ckpt_block_[c] = to;
+  ckpt_of_block_[to] = c;
 }
 
 void StatePool::drop_checkpoint(int32_t block) {

@@ -9,9 +9,9 @@
 // (snapshots); copying a live state into a checkpoint is the backend's job.
 //
 // A checkpoint is keyed by the id of the block whose end boundary it follows
-// (the state after the block's last token). Whoever owns the block's cache
-// entry must drop the checkpoint when the block leaves the prefix cache,
-// otherwise a reused block id would resolve to a stale state.
+// (the state after the block's last token). A checkpoint must be dropped
+// before its block id holds other tokens, otherwise the id would resolve to
+// a stale state (the KvManager drops it when the id is allocated again).
 //
 // Not thread-safe (engine thread). Neither copyable nor movable: StateSlot
 // leases point to the pool, which must outlive them.
@@ -66,13 +66,22 @@ class StatePool {
   // The checkpoint slot to fill with the state after `block`'s last token.
   // Reuses the block's existing checkpoint if any; otherwise takes a free
   // checkpoint slot, and when none is free recycles the least recently
-  // taken or used one (its old block loses its checkpoint). Fails only when
-  // the pool has no checkpoint slots at all.
-  Result<int32_t> take_checkpoint(int32_t block);
+  // taken or used one (its old block loses its checkpoint), never one
+  // taken or used at or after clock stamp `keep_since` (a step's own
+  // checkpoints: two saves of one step must not share a slot). Fails when
+  // the pool has no checkpoint slots or every one is kept.
+  Result<int32_t> take_checkpoint(int32_t block, uint64_t keep_since = UINT64_MAX);
   // The checkpoint slot of `block`, if any; marks it recently used.
   std::optional<int32_t> find_checkpoint(int32_t block);
+  // The same without marking (for checks).
+  std::optional<int32_t> checkpoint_of(int32_t block) const;
+  // Stamps of later takes and finds are > clock().
+  uint64_t clock() const { return clock_; }
   // Forgets `block`'s checkpoint (no-op when it has none).
   void drop_checkpoint(int32_t block);
+  // Re-keys `from`'s checkpoint to `to` (a block holding the same tokens);
+  // when `to` already has one, `from`'s is dropped. No-op when `from` has none.
+  void move_checkpoint(int32_t from, int32_t to);
 
   int32_t n_checkpoints() const { return static_cast<int32_t>(ckpt_block_.size()); }
   int32_t n_checkpoints_used() const { return static_cast<int32_t>(ckpt_of_block_.size()); }

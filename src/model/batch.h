@@ -22,6 +22,14 @@ struct BatchSeq {
   int32_t kv_len = 0;       // tokens in the cache after this step (= last position + 1)
   int32_t table_start = 0;  // first entry of this sequence's block table
   int32_t table_len = 0;    // entries, >= ceil(kv_len / block size)
+  int32_t state_slot = -1;     // recurrent groups: the live state slot; -1 without
+  int32_t state_restore = -1;  // checkpoint to load before the step; -1: none
+};
+
+struct StateSave {
+  int32_t seq = 0;         // index into Batch::seqs
+  int32_t pos = 0;         // the state right after this position (within the step)
+  int32_t checkpoint = 0;  // the model's checkpoint slot to fill
 };
 
 struct Batch {
@@ -32,6 +40,7 @@ struct Batch {
   std::vector<int32_t> sample_rows;  // token indices whose logits are returned, in order
   std::vector<int32_t> block_table;  // group 0: all sequences' tables end to end
   std::vector<std::vector<int32_t>> group_tables;  // groups 1.. (same layout)
+  std::vector<StateSave> state_saves;  // recurrent checkpoints to take this step
 
   int32_t n_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   std::span<const int32_t> table(int32_t group, const BatchSeq& s) const {
@@ -46,6 +55,7 @@ struct Batch {
     sample_rows.clear();
     block_table.clear();
     for (auto& t : group_tables) t.clear();
+    state_saves.clear();
   }
   // Appends `n` tokens of one sequence at positions [pos0, pos0 + n) with
   // its group-0 block table; the last token samples when `sample_last`.

@@ -34,6 +34,10 @@ struct ModelOptions {
   // kCuda only: when > 0 and kv_cache_bytes == 0, the KV pool takes what is
   // left of this fraction of device memory after weights and activations.
   double gpu_memory_fraction = 0;
+  // Models with recurrent layers: checkpoint slots of recurrent state (each
+  // as large as a live state, see Model::state_bytes()) for prefix caching;
+  // -1: as many as live state slots; 0: no checkpoints (no hybrid prefix reuse).
+  int n_state_checkpoints = -1;
 };
 
 class Model {
@@ -51,6 +55,14 @@ class Model {
   virtual int32_t n_kv_blocks() const = 0;
   // Bytes of KV one token takes across all layers (for sizing and stats).
   virtual size_t kv_bytes_per_token() const = 0;
+
+  // Recurrent state (models with a kRecurrent group; 0 otherwise): live
+  // slots (at least max(max_batch_seqs, n_kv_slots), Batch::state_slot),
+  // checkpoint slots (Batch::state_restore / state_saves) and the bytes of
+  // one state (every recurrent layer's conv + recurrent state).
+  virtual int32_t n_state_slots() const { return 0; }
+  virtual int32_t n_state_checkpoints() const { return 0; }
+  virtual size_t state_bytes() const { return 0; }
 
   // Computes the batch and writes one row of n_vocab logits per sample row:
   // logits [batch.sample_rows.size(), n_vocab]. Requires every sequence's

@@ -88,6 +88,8 @@ const ImplementationRegistry& builtin_registry() {
                      "autoregressive", &create_llama_model});
     impls.push_back({"cpu.gemma", {"gemma2", "gemma3_text", "gemma3"}, {"gguf", "hf"}, "autoregressive",
                      &create_gemma_model});
+    impls.push_back({"cpu.qwen3_next", {"qwen3_5_text", "qwen3_next"}, {"hf"}, "autoregressive",
+                     &create_qwen3_next_model});
     auto r = ImplementationRegistry::create(std::move(impls));
     return std::move(r).value();
   }();

@@ -13,8 +13,12 @@ namespace {
 
 // One pool + tree + state pool + manager, as the engine wires them.
 struct Rig {
-  Rig(KvSpec spec, int32_t n_blocks, int32_t block_size, int32_t n_slots = 0)
-      : pool(n_blocks, block_size), tree(pool), states(n_slots, 2), kv(std::move(spec), pool, tree, states) {}
+  Rig(KvSpec spec, int32_t n_blocks, int32_t block_size, int32_t n_slots = 0, int32_t n_checkpoints = 2,
+      int32_t checkpoint_every = 8)
+      : pool(n_blocks, block_size),
+        tree(pool),
+        states(n_slots, n_checkpoints),
+        kv(std::move(spec), pool, tree, states, checkpoint_every) {}
   void expect_ok() const {
     Status s = kv.check_integrity();
     ASSERT_TRUE(s.ok()) << s.error().message;
@@ -171,23 +175,149 @@ TEST(KvManager, RecurrentGroupsTakeOneStateSlotPerSequence) {
   EXPECT_FALSE(r.kv.contains(3));
   EXPECT_EQ(r.states.n_leased(), 2);
   r.expect_ok();
-  EXPECT_EQ(r.kv.preempt(1), 0);  // recurrent state is not restorable yet
+  EXPECT_EQ(r.kv.preempt(1), 8);  // an upper bound: a resume needs a checkpoint too
   EXPECT_EQ(r.states.n_leased(), 1);
   auto again = r.kv.admit(3, 0, p);
   ASSERT_TRUE(again.ok());
-  EXPECT_EQ(again->n_cached_tokens, 0);
+  EXPECT_EQ(again->n_cached_tokens, 8);  // the prompt's last full block was checkpointed
+  EXPECT_GE(again->state_restore, 0);
   r.expect_ok();
 
   Rig no_slots({recurrent()}, 4, 4, 0);
   EXPECT_FALSE(no_slots.kv.admit(1, 0, p).ok());
 }
 
+std::vector<CheckpointSave> saves(const KvManager& kv, int64_t seq) {
+  auto s = kv.state_saves(seq);
+  return {s.begin(), s.end()};
+}
+
+TEST(KvManager, HybridPrefixesResumeAtCheckpointedBoundaries) {
+  // Block size 4, a checkpoint every 2nd block and at the prompt's last full block.
+  Rig r({recurrent(), full()}, 12, 4, 3, 4, 2);
+  ASSERT_TRUE(r.kv.checkpoints_enabled());
+  const auto p = iota(22);  // 5 full blocks + 2
+  r.kv.begin_step();
+  auto adm = r.kv.admit(1, 0, p);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 0);
+  EXPECT_EQ(adm->state_restore, -1);
+  ASSERT_TRUE(r.kv.append(1, 10).ok());  // chunked prefill: boundaries after blocks 1, 2
+  const auto s1 = saves(r.kv, 1);
+  ASSERT_EQ(s1.size(), 1u);
+  EXPECT_EQ(s1[0].pos, 7);
+  r.expect_ok();
+  ASSERT_TRUE(r.kv.commit_full_blocks(1, std::span(p).first(10)).ok());
+  EXPECT_TRUE(saves(r.kv, 1).empty());  // taken by the step
+  r.kv.begin_step();
+  ASSERT_TRUE(r.kv.append(1, 12).ok());  // blocks 3, 4 (every 2nd) and 5 (the prompt's last full one)
+  const auto s2 = saves(r.kv, 1);
+  ASSERT_EQ(s2.size(), 2u);
+  EXPECT_EQ(s2[0].pos, 15);
+  EXPECT_EQ(s2[1].pos, 19);
+  EXPECT_EQ(r.states.n_checkpoints_used(), 3);
+  ASSERT_TRUE(r.kv.commit_full_blocks(1, p).ok());
+  const auto table = r.kv.block_table(1, 1);
+  EXPECT_EQ(r.states.checkpoint_of(table[1]), s1[0].checkpoint);
+  EXPECT_EQ(r.states.checkpoint_of(table[4]), s2[1].checkpoint);
+  r.expect_ok();
+
+  // The whole prompt again: 5 blocks match, the last has a checkpoint.
+  r.kv.begin_step();
+  adm = r.kv.admit(2, 0, p);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 20);
+  EXPECT_EQ(adm->state_restore, s2[1].checkpoint);
+  EXPECT_EQ(r.kv.state_restore(2), s2[1].checkpoint);
+  EXPECT_EQ(adm->cached_blocks[1], std::vector<int32_t>(table.begin(), table.begin() + 5));
+  ASSERT_TRUE(r.kv.append(2, 2).ok());
+  EXPECT_TRUE(saves(r.kv, 2).empty());  // no new boundary
+  ASSERT_TRUE(r.kv.commit_full_blocks(2, p).ok());
+  EXPECT_EQ(r.kv.state_restore(2), -1);  // consumed by the step
+  // A prompt sharing 3 blocks and a bit: block 3 has no checkpoint, block 2 has.
+  auto q = std::vector<int32_t>(p.begin(), p.begin() + 14);
+  q.push_back(99);
+  adm = r.kv.admit(3, 0, q);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 8);
+  EXPECT_EQ(adm->state_restore, s1[0].checkpoint);
+  EXPECT_EQ(adm->cached_blocks[1].size(), 2u);  // the matched third block went back
+  // Its recomputed copy takes the prompt's last-full-block checkpoint; the
+  // tree keeps the first copy, so the checkpoint moves there at commit.
+  ASSERT_TRUE(r.kv.append(3, 7).ok());
+  const auto s3 = saves(r.kv, 3);
+  ASSERT_EQ(s3.size(), 1u);
+  EXPECT_EQ(s3[0].pos, 11);
+  ASSERT_TRUE(r.kv.commit_full_blocks(3, q).ok());
+  EXPECT_EQ(r.states.checkpoint_of(table[2]), s3[0].checkpoint);
+  EXPECT_FALSE(r.states.checkpoint_of(r.kv.block_table(3, 1)[2]).has_value());
+  r.kv.release(2);  // frees a state slot
+  adm = r.kv.admit(6, 0, q);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 12);
+  EXPECT_EQ(adm->state_restore, s3[0].checkpoint);
+  r.expect_ok();
+  for (int64_t s : {1, 3, 6}) r.kv.release(s);
+  r.expect_ok();
+
+  // Reallocating a block id drops its checkpoint: fill the pool with other
+  // tokens (evicting the cached prompt), then the prompt matches nothing.
+  r.kv.begin_step();
+  ASSERT_TRUE(r.kv.admit(4, 0, iota(48, 1000)).ok());
+  ASSERT_TRUE(r.kv.append(4, 48).ok());
+  r.kv.release(4);
+  adm = r.kv.admit(5, 0, p);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 0);
+  EXPECT_EQ(adm->state_restore, -1);
+  r.expect_ok();
+}
+
+TEST(KvManager, OneStepNeverRecyclesItsOwnCheckpoints) {
+  Rig r({full(), recurrent()}, 16, 4, 2, 2, 1);  // 2 checkpoint slots, one per block wanted
+  r.kv.begin_step();
+  const auto p = iota(17);
+  ASSERT_TRUE(r.kv.admit(1, 0, p).ok());
+  ASSERT_TRUE(r.kv.append(1, 17).ok());
+  auto s = saves(r.kv, 1);
+  ASSERT_EQ(s.size(), 2u);  // 4 boundaries, 2 slots: the step keeps the first two
+  EXPECT_EQ(s[0].pos, 3);
+  EXPECT_EQ(s[1].pos, 7);
+  EXPECT_NE(s[0].checkpoint, s[1].checkpoint);
+  ASSERT_TRUE(r.kv.commit_full_blocks(1, p).ok());
+  // The next step recycles the least recently used ones.
+  r.kv.begin_step();
+  ASSERT_TRUE(r.kv.admit(2, 0, iota(9, 50)).ok());
+  ASSERT_TRUE(r.kv.append(2, 9).ok());
+  EXPECT_EQ(saves(r.kv, 2).size(), 2u);
+  r.expect_ok();
+
+  // Without checkpoint slots a hybrid reuses nothing.
+  Rig none({full(), recurrent()}, 16, 4, 2, 0);
+  EXPECT_FALSE(none.kv.checkpoints_enabled());
+  ASSERT_TRUE(none.kv.admit(1, 0, p).ok());
+  ASSERT_TRUE(none.kv.append(1, 17).ok());
+  EXPECT_TRUE(saves(none.kv, 1).empty());
+  ASSERT_TRUE(none.kv.commit_full_blocks(1, p).ok());
+  auto adm = none.kv.admit(2, 0, p);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 0);
+  EXPECT_EQ(none.kv.preempt(1), 0);
+}
+
 // Many sequences with shared prefixes on a tiny pool, random operations;
 // the invariants hold after every step and everything comes back.
 void random_run(KvSpec spec, uint32_t seed) {
   const bool has_recurrent = std::any_of(spec.begin(), spec.end(), [](auto& g) { return !g.is_attention(); });
-  Rig r(std::move(spec), 14, 2, 3);
+  Rig r(std::move(spec), 14, 2, 3, 3, 2);
   std::mt19937 rng(seed);
+  // checkpoint -> the tokens whose state it holds (filled when its step is planned)
+  std::map<int32_t, std::vector<int32_t>> shadow_ckpt;
+  auto record_saves = [&](int64_t seq, const std::vector<int32_t>& toks) {
+    for (const CheckpointSave& v : r.kv.state_saves(seq)) {
+      shadow_ckpt[v.checkpoint].assign(toks.begin(), toks.begin() + v.pos + 1);
+    }
+  };
   std::vector<std::vector<int32_t>> prefixes;
   for (int32_t k = 0; k < 3; ++k) prefixes.push_back(iota(6, 100 * k));
   std::map<int64_t, std::vector<int32_t>> live;  // seq -> all tokens (length() of them appended)
@@ -196,6 +326,7 @@ void random_run(KvSpec spec, uint32_t seed) {
   int64_t next_seq = 0;
   int32_t n_hits = 0, n_refused = 0, n_preempted_cached = 0;  // coverage of the run
   for (int step = 0; step < 3000; ++step) {
+    r.kv.begin_step();
     const uint32_t op = rng() % 10;
     if (op < 3 || live.empty()) {
       auto toks = prefixes[rng() % prefixes.size()];
@@ -206,6 +337,13 @@ void random_run(KvSpec spec, uint32_t seed) {
       if (adm.ok()) {
         n_hits += adm->n_cached_tokens > 0;
         ASSERT_LT(adm->n_cached_tokens, static_cast<int32_t>(toks.size()));
+        if (has_recurrent) {  // a hit resumes from the state of exactly the cached tokens
+          ASSERT_EQ(adm->state_restore >= 0, adm->n_cached_tokens > 0);
+          if (adm->state_restore >= 0) {
+            ASSERT_EQ(shadow_ckpt[adm->state_restore],
+                      std::vector<int32_t>(toks.begin(), toks.begin() + adm->n_cached_tokens));
+          }
+        }
         for (size_t g = 0; g < adm->cached_blocks.size(); ++g) {
           for (size_t i = 0; i < adm->cached_blocks[g].size(); ++i) {
             auto want = std::vector<int32_t>(toks.begin() + static_cast<long>(i) * bs,
@@ -217,6 +355,7 @@ void random_run(KvSpec spec, uint32_t seed) {
         const int32_t rest = static_cast<int32_t>(toks.size()) - adm->n_cached_tokens;
         if (r.kv.can_allocate(seq, rest)) {
           ASSERT_TRUE(r.kv.append(seq, rest).ok());
+          record_saves(seq, toks);
           live[seq] = toks;
         } else {
           r.kv.release(seq);
@@ -241,6 +380,7 @@ void random_run(KvSpec spec, uint32_t seed) {
       if (r.kv.can_allocate(it->first, n)) {
         ASSERT_TRUE(r.kv.append(it->first, n).ok());
         for (int32_t i = 0; i < n; ++i) toks.push_back(static_cast<int32_t>(rng() % 4));
+        record_saves(it->first, toks);
       }
     } else if (op < 8) {
       auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
@@ -264,10 +404,8 @@ void random_run(KvSpec spec, uint32_t seed) {
   EXPECT_EQ(r.tree.n_nodes(), r.pool.n_cached());
   EXPECT_EQ(r.states.n_leased(), 0);
   EXPECT_GT(n_refused, 0);  // the pool (or the state pool) ran out at times
-  if (!has_recurrent) {
-    EXPECT_GT(n_hits, 50);  // shared prefixes were reused
-    EXPECT_GT(n_preempted_cached, 0);
-  }
+  EXPECT_GT(n_hits, has_recurrent ? 20 : 50);  // shared prefixes were reused
+  EXPECT_GT(n_preempted_cached, 0);
 }
 
 TEST(KvManager, RandomizedFull) {

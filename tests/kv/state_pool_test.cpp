@@ -78,6 +78,23 @@ TEST(StatePool, CheckpointsAreKeyedByBlockAndRecycledLru) {
   expect_ok(pool);
 }
 
+TEST(StatePool, CheckpointsOfTheCurrentStepAreNotRecycled) {
+  StatePool pool(1, 2);
+  const uint64_t step = pool.clock() + 1;
+  const int32_t a = pool.take_checkpoint(10, step).value();
+  const int32_t b = pool.take_checkpoint(11, step).value();
+  EXPECT_NE(a, b);
+  EXPECT_FALSE(pool.take_checkpoint(12, step).ok());  // both kept: nothing recycled
+  EXPECT_EQ(pool.checkpoint_of(10), a);
+  EXPECT_EQ(pool.checkpoint_of(11), b);
+  EXPECT_EQ(pool.take_checkpoint(11, step).value(), b);  // a block's own checkpoint is reused
+  // A later step may recycle them, least recently used first (10).
+  EXPECT_EQ(pool.take_checkpoint(12, pool.clock() + 1).value(), a);
+  EXPECT_FALSE(pool.checkpoint_of(10).has_value());
+  EXPECT_EQ(pool.checkpoint_of(12), a);
+  expect_ok(pool);
+}
+
 TEST(StatePool, RandomizedLeasesAndCheckpointsStayConsistent) {
   StatePool pool(4, 3);
   std::mt19937 rng(11);

@@ -23,4 +23,9 @@ Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const Mod
 Result<std::unique_ptr<Model>> create_gemma_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options);
 
+// Hybrid gated DeltaNet: qwen3_5_text (Qwen3.5, dense FFN) and qwen3_next
+// (Qwen3-Next, MoE FFN with a shared expert); CPU only (qwen3_next.cpp).
+Result<std::unique_ptr<Model>> create_qwen3_next_model(std::shared_ptr<const ModelFiles> files,
+                                                       const ModelOptions& options);
+
 }  // namespace rill

@@ -1,0 +1,389 @@
+// The hybrid gated-DeltaNet family: Qwen3.5 (qwen3_5_text, dense FFN) and
+// Qwen3-Next (qwen3_next, MoE FFN with a shared expert). Layers alternate
+// between two token mixers, per config.layer_types (or, in older Qwen3-Next
+// configs, every full_attention_interval-th layer is full attention):
+//   linear_attention  the Gated DeltaNet layer (model/gated_delta.h), with a
+//                     recurrent state per sequence in a state slot
+//   full_attention    gated attention: q_proj yields per head [query | gate],
+//                     q/k RMSNorm over head_dim, partial rotary
+//                     (partial_rotary_factor), out = o_proj(attn * sigmoid(gate))
+// Every RMSNorm but the gated one scales by (1 + w). KV layout:
+// {full(), recurrent()}: group 0 pages the attention layers' K/V, group 1 is
+// the state slots of the linear-attention layers.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/rope_table.h"
+#include "model/arch/families.h"
+#include "model/batch_check.h"
+#include "model/gated_delta.h"
+#include "model/layers.h"
+#include "model/moe.h"
+#include "model/paged_kv_cache.h"
+
+namespace rill {
+namespace {
+
+using nlohmann::json;
+
+struct HybridConfig {
+  GatedDeltaDims gdn;
+  std::vector<uint8_t> is_linear;  // [n_layer]
+};
+
+Result<int64_t> read_dim(const json& j, const char* key, const std::string& path) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > (1 << 20)) {
+    return Error{path + ": field '" + key + "' must be a positive integer"};
+  }
+  return it->get<int64_t>();
+}
+
+// The linear-attention fields transformers reads (configuration_qwen3_5 /
+// configuration_qwen3_next), from config.json or its text_config.
+Result<HybridConfig> read_hybrid_config(const ModelConfig& cfg, const std::string& path) {
+  const json* j = &cfg.raw;
+  if (auto tc = cfg.raw.find("text_config"); tc != cfg.raw.end() && tc->is_object() && !cfg.raw.contains("hidden_size")) {
+    j = &*tc;
+  }
+  HybridConfig h;
+  RILL_ASSIGN_OR_RETURN(h.gdn.n_k_heads, read_dim(*j, "linear_num_key_heads", path));
+  RILL_ASSIGN_OR_RETURN(h.gdn.n_v_heads, read_dim(*j, "linear_num_value_heads", path));
+  RILL_ASSIGN_OR_RETURN(h.gdn.head_k_dim, read_dim(*j, "linear_key_head_dim", path));
+  RILL_ASSIGN_OR_RETURN(h.gdn.head_v_dim, read_dim(*j, "linear_value_head_dim", path));
+  RILL_ASSIGN_OR_RETURN(h.gdn.conv_kernel, read_dim(*j, "linear_conv_kernel_dim", path));
+  if (h.gdn.n_v_heads % h.gdn.n_k_heads != 0 || h.gdn.head_k_dim > cpu::kMaxHeadKDim ||
+      h.gdn.head_v_dim > cpu::kMaxHeadVDim || h.gdn.conv_kernel < 2 || h.gdn.conv_kernel > cpu::kMaxConvKernel) {
+    return Error{path + ": linear attention of " + std::to_string(h.gdn.n_k_heads) + " key / " +
+                 std::to_string(h.gdn.n_v_heads) + " value heads of " + std::to_string(h.gdn.head_k_dim) + "/" +
+                 std::to_string(h.gdn.head_v_dim) + " dims, conv kernel " + std::to_string(h.gdn.conv_kernel) +
+                 " is not supported"};
+  }
+  if (cfg.hidden_act != "silu") {
+    return Error{path + ": hidden_act '" + cfg.hidden_act + "' is not supported (the conv and FFN use silu)"};
+  }
+  h.is_linear.assign(static_cast<size_t>(cfg.n_layer), 0);
+  if (auto lt = j->find("layer_types"); lt != j->end() && !lt->is_null()) {
+    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != cfg.n_layer) {
+      return Error{path + ": field 'layer_types' must list num_hidden_layers layer types"};
+    }
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& t = (*lt)[i];
+      if (t == "linear_attention") {
+        h.is_linear[i] = 1;
+      } else if (t != "full_attention") {
+        return Error{path + ": layer_types[" + std::to_string(i) + "] must be linear_attention or full_attention"};
+      }
+    }
+  } else {
+    int64_t interval = 4;
+    if (j->contains("full_attention_interval")) {
+      RILL_ASSIGN_OR_RETURN(interval, read_dim(*j, "full_attention_interval", path));
+    }
+    for (int64_t i = 0; i < cfg.n_layer; ++i) h.is_linear[static_cast<size_t>(i)] = (i + 1) % interval != 0;
+  }
+  return h;
+}
+
+struct GatedAttention {
+  Linear q;  // [n_head * 2 * hd, E]: per head [query (hd) | gate (hd)]
+  Linear k, v;  // [n_head_kv * hd, E]
+  Linear o;     // [E, n_head * hd]
+  std::vector<float> q_norm, k_norm;  // [hd], (1 + w)
+};
+
+struct Layer {
+  bool linear = false;
+  int64_t index = 0;  // among the linear layers (state) or the attention layers (KV)
+  std::vector<float> in_norm, post_norm;  // [E], (1 + w)
+  GatedDeltaNet gdn;
+  GatedAttention attn;
+  Linear gate, up, down;     // dense FFN
+  std::optional<MoeFfn> moe;  // Qwen3-Next MoE layers, instead of gate/up/down
+};
+
+struct Activations {
+  std::vector<float> x, h, qg, q, gate, k, v, attn, ff_gate, ff_up, final_rows;
+  std::vector<float> moe_out;  // [max_tokens, n_embd] when some layer is MoE
+  MoeScratch moe;
+};
+
+class HybridModel final : public Model {
+ public:
+  HybridModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
+      : files_(std::move(files)), cfg_(files_->config), backend_(make_cpu_backend(options.n_threads)) {}
+
+  Status init(const ModelOptions& options);
+
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t n_vocab() const override { return cfg_.n_vocab; }
+  int64_t n_ctx() const override { return n_ctx_; }
+  int max_batch_tokens() const override { return max_tokens_; }
+  int max_batch_seqs() const override { return max_seqs_; }
+  const KvSpec& kv_spec() const override { return kv_spec_; }
+  int32_t kv_block_size() const override { return kv_.block_size(); }
+  int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
+  size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
+  int32_t n_state_slots() const override { return states_.n_slots(); }
+  int32_t n_state_checkpoints() const override { return states_.n_checkpoints(); }
+  size_t state_bytes() const override { return states_.bytes_per_state(); }
+  Status forward(const Batch& batch, float* logits) override;
+
+ private:
+  Status bind_layer(const std::string& p, int64_t il, Layer& L);
+  void attention_block(const Layer& L, const Batch& batch);
+  // The FFN of h; returns where its output [n, E] is.
+  const float* ffn_block(const Layer& L, int64_t n);
+
+  std::shared_ptr<const ModelFiles> files_;
+  const ModelConfig& cfg_;
+  std::unique_ptr<Backend> backend_;
+  HybridConfig hybrid_;
+  int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
+  int max_tokens_ = 0, max_seqs_ = 0;
+  int64_t n_ctx_ = 0;
+  KvSpec kv_spec_;
+  WeightView embed_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<Layer> layers_;
+  RopeTable rope_;
+  AttentionParams attn_params_;
+  PagedKvCache kv_;
+  RecurrentStates states_;
+  Activations a_;
+  GatedDeltaScratch gdn_scratch_;
+  std::vector<cpu::AttentionSeq> attn_seqs_;
+};
+
+Status HybridModel::bind_layer(const std::string& p, int64_t il, Layer& L) {
+  const ModelFiles& f = *files_;
+  const int64_t E = cfg_.n_embd;
+  RILL_ASSIGN_OR_RETURN(L.in_norm, load_vector(f, p + "input_layernorm.weight", E));
+  RILL_ASSIGN_OR_RETURN(L.post_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
+  if (L.linear) {
+    RILL_ASSIGN_OR_RETURN(L.gdn, bind_gated_delta_net(f, p + "linear_attn.", hybrid_.gdn, E, cfg_.rms_norm_eps));
+  } else {
+    GatedAttention& A = L.attn;
+    RILL_ASSIGN_OR_RETURN(A.q, bind_linear(f, p + "self_attn.q_proj", 2 * q_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(A.k, bind_linear(f, p + "self_attn.k_proj", kv_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(A.v, bind_linear(f, p + "self_attn.v_proj", kv_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(A.o, bind_linear(f, p + "self_attn.o_proj", E, q_width_, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(A.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
+    RILL_ASSIGN_OR_RETURN(A.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
+  }
+  if (is_moe_layer(cfg_, il)) {
+    RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind(f, p + "mlp.", moe_params(cfg_)));
+    return {};
+  }
+  RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", cfg_.n_ff, E));
+  RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", cfg_.n_ff, E));
+  RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, cfg_.n_ff));
+  return {};
+}
+
+Status HybridModel::init(const ModelOptions& options) {
+  const ModelFiles& f = *files_;
+  const int64_t E = cfg_.n_embd, V = cfg_.n_vocab;
+  if (E <= 0 || V <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 ||
+      cfg_.n_head % cfg_.n_head_kv != 0) {
+    return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
+                 std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
+  }
+  RILL_ASSIGN_OR_RETURN(hybrid_, read_hybrid_config(cfg_, f.path + "/config.json"));
+  hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E / cfg_.n_head;
+  constexpr int64_t kMaxHeadDim = 512;
+  if (hd_ <= 0 || hd_ > kMaxHeadDim || hd_ % 2 != 0) {
+    return Error{f.path + ": head_dim " + std::to_string(hd_) + " is not supported (even, at most 512)"};
+  }
+  q_width_ = cfg_.n_head * hd_;
+  kv_width_ = cfg_.n_head_kv * hd_;
+
+  // Qwen3.5 multimodal checkpoints keep the language model under model.language_model.
+  const std::string root = f.find("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+  RILL_ASSIGN_OR_RETURN(embed_, bind_matrix(f, root + "embed_tokens.weight", V, E));
+  if (f.find("lm_head.weight")) {
+    RILL_ASSIGN_OR_RETURN(lm_head_, bind_matrix(f, "lm_head.weight", V, E));
+  } else {
+    lm_head_ = embed_;
+  }
+  RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, root + "norm.weight", E));
+
+  bool all_f32 = embed_.dtype == DType::kF32;
+  int64_t n_linear = 0, n_attn = 0;
+  layers_.resize(static_cast<size_t>(cfg_.n_layer));
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    Layer& L = layers_[static_cast<size_t>(il)];
+    L.linear = hybrid_.is_linear[static_cast<size_t>(il)] != 0;
+    L.index = L.linear ? n_linear++ : n_attn++;
+    RILL_TRY(bind_layer(root + "layers." + std::to_string(il) + ".", il, L));
+    all_f32 = all_f32 && (L.linear ? (L.gdn.fused ? L.gdn.qkvz : L.gdn.qkv).w : L.attn.q.w).dtype == DType::kF32;
+  }
+  if (n_attn == 0 || n_linear == 0) {
+    return Error{f.path + ": a hybrid model needs both linear_attention and full_attention layers"};
+  }
+
+  const int64_t rot_dim = cfg_.rope_dim > 0 ? cfg_.rope_dim : hd_;
+  if (rot_dim > hd_ || rot_dim % 2 != 0 || cfg_.rope_scaling.type != RopeScaling::Type::kNone) {
+    return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) +
+                 " must be even and at most head_dim, without rope scaling"};
+  }
+  rope_ = cpu::make_rope_table(cfg_.rope_theta, rot_dim, false);
+  attn_params_.n_head = cfg_.n_head;
+  attn_params_.n_head_kv = cfg_.n_head_kv;
+  attn_params_.head_dim = hd_;
+  attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  attn_params_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
+
+  n_ctx_ = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
+  if (n_ctx_ <= 0) n_ctx_ = 4096;
+  kv_spec_ = {full(), recurrent()};
+  const int32_t bs = options.kv_block_size;
+  const size_t token_bytes = 2 * static_cast<size_t>(n_attn) * row_bytes(attn_params_.kv_dtype, kv_width_);
+  int64_t n_blocks = options.kv_cache_bytes > 0
+                         ? options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(std::max(1, bs)))
+                         : std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / std::max(1, bs));
+  if (n_blocks < 1 || n_blocks > INT32_MAX) {
+    return Error{f.path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) + " bytes holds no whole block"};
+  }
+  RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create(n_attn, static_cast<int32_t>(n_blocks), bs, kv_width_,
+                                                  attn_params_.kv_dtype));
+
+  max_tokens_ = std::max(1, options.max_batch_tokens);
+  max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
+  const int32_t n_slots = std::max(max_seqs_, std::max(1, options.n_kv_slots));
+  const int32_t n_ckpt = options.n_state_checkpoints < 0 ? n_slots : options.n_state_checkpoints;
+  RILL_ASSIGN_OR_RETURN(states_, RecurrentStates::create(n_linear, hybrid_.gdn, n_slots, n_ckpt));
+
+  attn_seqs_.reserve(static_cast<size_t>(max_tokens_));
+  const auto T = static_cast<size_t>(max_tokens_);
+  a_.x.resize(T * E);
+  a_.h.resize(T * E);
+  a_.qg.resize(T * 2 * q_width_);
+  a_.q.resize(T * q_width_);
+  a_.gate.resize(T * q_width_);
+  a_.k.resize(T * kv_width_);
+  a_.v.resize(T * kv_width_);
+  a_.attn.resize(T * q_width_);
+  a_.ff_gate.resize(T * cfg_.n_ff);
+  a_.ff_up.resize(T * cfg_.n_ff);
+  a_.final_rows.resize(T * E);
+  for (const Layer& L : layers_) {
+    if (!L.moe) continue;
+    a_.moe.reserve(L.moe->params(), max_tokens_);
+    a_.moe_out.resize(T * E);
+  }
+  const bool fused = std::any_of(layers_.begin(), layers_.end(), [](const Layer& L) { return L.linear && L.gdn.fused; });
+  gdn_scratch_.reserve(hybrid_.gdn, fused, max_tokens_, max_tokens_);
+
+  std::vector<const WeightView*> weights = {&lm_head_};
+  for (const Layer& L : layers_) {
+    for (const Linear* l : {&L.gdn.qkv, &L.gdn.z, &L.gdn.b, &L.gdn.a, &L.gdn.qkvz, &L.gdn.ba, &L.gdn.out, &L.attn.q,
+                            &L.attn.k, &L.attn.v, &L.attn.o, &L.gate, &L.up, &L.down}) {
+      if (l->w.data) weights.push_back(&l->w);
+    }
+    if (L.moe) L.moe->collect_weights(&weights);
+  }
+  backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
+  return {};
+}
+
+void HybridModel::attention_block(const Layer& L, const Batch& batch) {
+  const GatedAttention& A = L.attn;
+  const int64_t n = batch.n_tokens(), H = cfg_.n_head;
+  const Linear* qkv[] = {&A.q, &A.k, &A.v};
+  float* qkv_out[] = {a_.qg.data(), a_.k.data(), a_.v.data()};
+  forward_group(qkv, qkv_out, 3, a_.h.data(), n, *backend_);
+  for (int64_t t = 0; t < n; ++t) {  // per head [query | gate] -> q, gate
+    for (int64_t hh = 0; hh < H; ++hh) {
+      const float* src = a_.qg.data() + (t * H + hh) * 2 * hd_;
+      std::copy(src, src + hd_, a_.q.data() + (t * H + hh) * hd_);
+      std::copy(src + hd_, src + 2 * hd_, a_.gate.data() + (t * H + hh) * hd_);
+    }
+  }
+  backend_->rms_norm(a_.q.data(), A.q_norm.data(), n * H, hd_, cfg_.rms_norm_eps, a_.q.data(), 1.0f);
+  backend_->rms_norm(a_.k.data(), A.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a_.k.data(), 1.0f);
+  backend_->rope(a_.q.data(), batch.positions.data(), n, H, hd_, rope_);
+  backend_->rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
+  attn_seqs_.clear();
+  for (const BatchSeq& s : batch.seqs) {
+    const int64_t t0 = s.q_start;
+    const std::span<const int32_t> table = batch.table(0, s);
+    kv_.store(L.index, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
+              batch.positions.data() + t0, s.q_len, kv_width_);
+    attn_seqs_.push_back({a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(L.index, table),
+                          s.kv_len, a_.attn.data() + t0 * q_width_});
+  }
+  backend_->attention_batch(attn_seqs_.data(), static_cast<int>(attn_seqs_.size()), attn_params_);
+  float* attn = a_.attn.data();
+  const float* gate = a_.gate.data();
+  for (int64_t i = 0; i < n * q_width_; ++i) attn[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+  A.o.forward(attn, n, a_.h.data(), *backend_);
+}
+
+const float* HybridModel::ffn_block(const Layer& L, int64_t n) {
+  if (L.moe) {
+    L.moe->forward(a_.h.data(), n, a_.moe_out.data(), a_.moe, *backend_);
+    return a_.moe_out.data();
+  }
+  const Linear* gate_up[] = {&L.gate, &L.up};
+  float* gate_up_out[] = {a_.ff_gate.data(), a_.ff_up.data()};
+  forward_group(gate_up, gate_up_out, 2, a_.h.data(), n, *backend_);
+  backend_->silu_mul(a_.ff_gate.data(), a_.ff_up.data(), a_.ff_gate.data(), n * cfg_.n_ff);
+  L.down.forward(a_.ff_gate.data(), n, a_.h.data(), *backend_);
+  return a_.h.data();
+}
+
+Status HybridModel::forward(const Batch& batch, float* logits) {
+  const int64_t n = batch.n_tokens(), E = cfg_.n_embd;
+  if (n <= 0) return {};
+  BatchLimits lim;
+  lim.max_tokens = max_tokens_;
+  lim.max_sample_rows = max_seqs_;
+  lim.n_ctx = n_ctx_;
+  lim.n_vocab = cfg_.n_vocab;
+  lim.block_size = kv_.block_size();
+  lim.n_blocks = kv_.n_blocks();
+  RILL_TRY(check_batch(batch, lim));
+  RILL_TRY(check_batch_states(batch, states_.n_slots(), states_.n_checkpoints()));
+  prepare_states(batch, states_);
+
+  backend_->get_rows(embed_, batch.token_ids.data(), n, a_.x.data());
+  for (const Layer& L : layers_) {
+    backend_->rms_norm(a_.x.data(), L.in_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data(), 1.0f);
+    if (L.linear) {
+      // The layer reads h and writes its output to h: its projections are
+      // done before the output is written.
+      gated_delta_forward(L.gdn, L.index, batch, a_.h.data(), a_.h.data(), gdn_scratch_, states_, *backend_);
+    } else {
+      attention_block(L, batch);
+    }
+    backend_->add_inplace(a_.x.data(), a_.h.data(), n * E);
+    backend_->rms_norm(a_.x.data(), L.post_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data(), 1.0f);
+    backend_->add_inplace(a_.x.data(), ffn_block(L, n), n * E);
+  }
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  for (int64_t i = 0; i < n_sample; ++i) {
+    const float* row = a_.x.data() + static_cast<int64_t>(batch.sample_rows[i]) * E;
+    backend_->rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a_.final_rows.data() + i * E, 1.0f);
+  }
+  backend_->matmul(lm_head_, a_.final_rows.data(), n_sample, logits);
+  return {};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> create_qwen3_next_model(std::shared_ptr<const ModelFiles> files,
+                                                       const ModelOptions& options) {
+  if (options.device != Device::kCpu) {
+    return Error{files->path + ": the hybrid gated-DeltaNet family runs on the CPU only for now"};
+  }
+  auto model = std::make_unique<HybridModel>(std::move(files), options);
+  RILL_TRY(model->init(options));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace rill
