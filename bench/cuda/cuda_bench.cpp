@@ -5,6 +5,10 @@
 //
 //   bench_cuda MODEL_DIR [--steps N] [--batches 1,8,...] [--json OUT]
 //   (RILL_CUDA_GRAPHS=0 in the environment: decode without CUDA graphs)
+//   bench_cuda MODEL_DIR --kernels 1: the decode GEMV shapes alone (every
+//   GEMV configuration and cuBLASLt) and the small per-layer kernels
+//   bench_cuda MODEL_DIR --profile-step B: one decode step of batch B inside
+//   cudaProfilerStart/Stop, for ncu --profile-from-start off
 //
 // Reports: decode tok/s at batch 1/8/32/64/128 (128-token prompts, then N
 // steps; median step; greedy on the device, and with full logits copied
@@ -12,6 +16,7 @@
 // read per step / measured copy bandwidth), prefill tok/s of one
 // 2,048-token prompt and its fraction of the GEMM peak, and the forward time
 // of a 128-token prompt (TTFT at the model, no queueing).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +31,7 @@
 
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/ops.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 
@@ -100,6 +106,83 @@ double gemm_peak(const cuda::Context& ctx) {
   return 2.0 * n * n * n / (median(t) * 1e-3) / 1e12;
 }
 
+// The 8B decode GEMV shapes at one token through every GEMV configuration
+// and cuBLASLt, weights rotating over 3 copies (each set is 1.5 GB, far
+// beyond L2), GB/s of weight reads.
+void kernel_bench(const cuda::Context& ctx) {
+  struct Shape { const char* name; int64_t rows, cols; };
+  const Shape shapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336},
+                          {"lm_head", 128256, 4096}};
+  constexpr int kCopies = 3;
+  std::vector<void*> w[5];
+  for (int i = 0; i < 5; ++i) {
+    for (int c = 0; c < kCopies; ++c) {
+      void* p = nullptr;
+      RILL_CUDA_CHECK(cudaMalloc(&p, shapes[i].rows * shapes[i].cols * 2));
+      RILL_CUDA_CHECK(cudaMemset(p, 0x3b + c, shapes[i].rows * shapes[i].cols * 2));
+      w[i].push_back(p);
+    }
+  }
+  void *x = nullptr, *y = nullptr;
+  RILL_CUDA_CHECK(cudaMalloc(&x, 14336 * 2 * 8));
+  RILL_CUDA_CHECK(cudaMemset(x, 0x3c, 14336 * 2 * 8));
+  RILL_CUDA_CHECK(cudaMalloc(&y, 128256 * 4 * 8));
+  cuda::Gemm gemm(ctx);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  auto time = [&](auto&& fn) {
+    std::vector<double> t;
+    for (int rep = 0; rep < 24; ++rep) {
+      cudaEventRecord(e0, ctx.stream());
+      fn(rep % kCopies);
+      cudaEventRecord(e1, ctx.stream());
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (rep >= 3) t.push_back(ms);
+    }
+    return median(t);
+  };
+  for (int i = 0; i < 5; ++i) {
+    const Shape& sh = shapes[i];
+    const double bytes = 2.0 * sh.rows * sh.cols;
+    std::printf("kernel %-8s %6lld x %5lld:", sh.name, static_cast<long long>(sh.rows), static_cast<long long>(sh.cols));
+    for (int v = 0; v < cuda::gemv_n_variants(); ++v) {
+      const double ms = time([&](int c) { cuda::gemv_variant(v, w[i][c], x, sh.rows, sh.cols, static_cast<float*>(y), ctx.stream()); });
+      std::printf("  v%d %.1f us %.0f GB/s", v, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+    }
+    for (int n : {1, 8}) {
+      const double ms = time([&](int c) {
+        (void)gemm.run(DType::kBF16, w[i][c], x, n, sh.rows, sh.cols, static_cast<float*>(y), false);
+      });
+      std::printf("  cublas n=%d %.1f us %.0f GB/s", n, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+    }
+    for (int n : {2, 4, 8}) {
+      const double ms = time([&](int c) {
+        cuda::gemv(DType::kBF16, w[i][c], x, n, sh.rows, sh.cols, static_cast<float*>(y), false, ctx.stream());
+      });
+      std::printf("  gemv n=%d %.1f us", n, ms * 1e3);
+    }
+    std::printf("\n");
+  }
+  // Small per-layer kernels at one token.
+  void* f = nullptr;
+  RILL_CUDA_CHECK(cudaMalloc(&f, 64 << 20));
+  RILL_CUDA_CHECK(cudaMemset(f, 0, 64 << 20));
+  float* ff = static_cast<float*>(f);
+  const double t_norm = time([&](int) {
+    cuda::rms_norm(ff, 4096, nullptr, ff + 8192, 1, 4096, 1e-5f, 0.0f, DType::kBF16, ff + 16384, ctx.stream());
+  });
+  const double t_silu = time([&](int) { cuda::silu_mul(ff, 1, 14336, DType::kBF16, ff + 40000, ctx.stream()); });
+  std::printf("kernel small: rms_norm 4096 %.1f us, silu_mul 14336 %.1f us\n", t_norm * 1e3, t_silu * 1e3);
+  for (auto& v : w)
+    for (void* p : v) cudaFree(p);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(f);
+}
+
 std::vector<int32_t> range_table(int32_t first, int32_t n) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
@@ -115,9 +198,13 @@ int run(int argc, char** argv) {
   int steps = 32;
   std::string json_out;
   std::vector<int> batches = {1, 8, 32, 64, 128};
+  bool kernels = false;
+  int profile_batch = 0;  // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
+    if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--profile-step")) profile_batch = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--batches")) {
       batches.clear();
       for (const char* p = argv[i + 1]; *p;) {
@@ -165,6 +252,11 @@ int run(int argc, char** argv) {
 
   auto ctx = cuda::Context::create(0);
   if (!ctx.ok()) return 1;
+  if (kernels) {
+    kernel_bench(**ctx);
+    return 0;
+  }
+  if (profile_batch > 0) batches = {profile_batch};
   const double bw = copy_bandwidth();
   const double peak = gemm_peak(**ctx);
   std::printf("device: %s\n", (*ctx)->describe().c_str());
@@ -196,8 +288,8 @@ int run(int argc, char** argv) {
     }
     return median(t);
   };
-  const double prefill_s = prompt_time(kPrefill);
-  const double ttft_s = prompt_time(kPrompt);
+  const double prefill_s = profile_batch > 0 ? 1 : prompt_time(kPrefill);
+  const double ttft_s = profile_batch > 0 ? 1 : prompt_time(kPrompt);
   const double prefill_flops = 2.0 * static_cast<double>(matmul_params) * kPrefill;
   std::printf("prefill %d tokens: %.1f ms, %.0f tok/s, %.0f TFLOP/s in matmuls (%.0f%% of the GEMM peak)\n", kPrefill,
               prefill_s * 1e3, kPrefill / prefill_s, prefill_flops / prefill_s / 1e12,
@@ -231,6 +323,8 @@ int run(int argc, char** argv) {
         b.add_sequence(&id, 1, kPrompt + step, true, tables[static_cast<size_t>(s)]);
       }
       const bool greedy = step % 2 == 0;
+      const bool profiled = profile_batch > 0 && step == 4;
+      if (profiled) cudaProfilerStart();
       const auto t0 = Clock::now();
       auto st = greedy ? m.forward_greedy(b, ids.data()) : m.forward(b, logits.data());
       if (!st.ok()) {
@@ -238,6 +332,11 @@ int run(int argc, char** argv) {
         return 1;
       }
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (profiled) {
+        cudaProfilerStop();
+        std::printf("profiled one greedy decode step at batch %d: %.2f ms\n", B, dt * 1e3);
+        return 0;
+      }
       if (step >= 4) (greedy ? t : t_logits).push_back(dt);
     }
     const double step_s = median(t);

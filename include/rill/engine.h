@@ -16,6 +16,7 @@
 
 #include "core/result.h"
 #include "engine/sampler.h"
+#include "model/model.h"  // Device
 
 namespace rill {
 
@@ -103,6 +104,8 @@ struct EngineOptions {
   int64_t kv_cache_mb = 0;        // KV pool; 0: see kv_cache_fraction
   double kv_cache_fraction = 0;   // of physical RAM when kv_cache_mb is 0; 0: 4 full contexts
   int32_t kv_block_size = 16;
+  Device device = Device::kCpu;       // kCuda: the model runs on GPU 0
+  double gpu_memory_fraction = 0.9;   // kCuda without kv_cache_mb: device memory rill may fill (KV gets the rest)
   bool check_integrity = false;   // verify the KV structures after every step (tests; slow)
 };
 

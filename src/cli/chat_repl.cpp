@@ -60,6 +60,7 @@ int run_chat(const RunOptions& o) {
   LoadOptions lo;
   lo.model.n_threads = o.threads;
   lo.model.n_ctx = o.ctx_size;
+  lo.model.device = o.device.value();
   auto loaded = load_model(o.model.empty() ? default_model_path() : o.model, lo);
   if (!loaded.ok()) {
     std::fprintf(stderr, "rill run: %s\n", loaded.error().message.c_str());

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/device_flags.h"
 #include "cli/loaded_model.h"
 #include "model/model.h"
 #include "rill/engine.h"
@@ -47,6 +48,7 @@ struct BenchOptions {
   int64_t ctx_size = 0;
   bool json = false;
   uint64_t seed = 1;
+  DeviceFlags device;
 };
 
 struct Trace {
@@ -140,6 +142,8 @@ int run_bench(const BenchOptions& o) {
   eo.max_running = std::max(o.concurrency + (o.long_prompt > 0 ? 1 : 0), 1);
   eo.kv_cache_mb = o.kv_cache_mb;
   eo.n_ctx = o.ctx_size;
+  eo.device = o.device.value();
+  eo.gpu_memory_fraction = o.device.gpu_memory_fraction;
   const std::string path = o.model.empty() ? default_model_path() : o.model;
   auto engine = Engine::load(path, eo);
   if (!engine.ok()) {
@@ -282,6 +286,7 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--ctx-size,-c", o->ctx_size, "context tokens per sequence")->check(CLI::Range(16, 1 << 22));
   sub->add_option("--seed", o->seed, "seed of the random prompts");
   sub->add_flag("--json", o->json, "print the results as JSON");
+  o->device.add_to(sub);
   return {sub, [o]() -> int { return run_bench(*o); }};
 }
 

@@ -51,6 +51,7 @@ int run_once(const RunOptions& o, Clock::time_point t_start) {
   LoadOptions lo;
   lo.model.n_threads = o.threads;
   lo.model.n_ctx = o.ctx_size;
+  lo.model.device = o.device.value();
   auto m = load_model(o.model.empty() ? default_model_path() : o.model, lo);
   if (!m.ok()) {
     std::fprintf(stderr, "rill run: %s\n", m.error().message.c_str());
@@ -146,6 +147,7 @@ Command add_run_command(CLI::App& app) {
   sub->add_flag("--raw", o->raw, "feed --prompt as plain text, without the chat template");
   sub->add_flag("--ignore-eos", o->ignore_eos, "keep generating after end-of-sequence tokens");
   sub->add_option("--threads,-t", o->threads, "CPU threads (default: one per core)");
+  o->device.add_to(sub);
   sub->add_option("--ctx-size,-c", o->ctx_size, "context tokens to reserve")->check(CLI::Range(16, 1 << 22));
   return {sub, [o]() -> int {
             const auto t_start = Clock::now();

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/device_flags.h"
 #include "cli/loaded_model.h"
 #include "model/model.h"
 #include "rill/engine.h"
@@ -22,6 +23,7 @@ struct ServeOptions {
   std::string model;
   server::ServerOptions server;
   EngineOptions engine;
+  DeviceFlags device;
   std::string api_key_file;
 };
 
@@ -34,6 +36,8 @@ int run_serve(ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const std::string path = o.model.empty() ? default_model_path() : o.model;
+  o.engine.device = o.device.value();
+  o.engine.gpu_memory_fraction = o.device.gpu_memory_fraction;
   auto engine = Engine::load(path, o.engine);
   if (!engine.ok()) {
     std::fprintf(stderr, "rill serve: %s\n", engine.error().message.c_str());
@@ -113,6 +117,7 @@ Command add_serve_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_option("--kv-cache-fraction", e.kv_cache_fraction, "KV cache as a fraction of RAM")
       ->check(CLI::Range(0.0, 0.95));
+  o->device.add_to(sub);
   return {sub, [o]() -> int { return run_serve(*o); }};
 }
 

@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 
+#include "cli/device_flags.h"
 #include "engine/sampler.h"
 #include "loader/model_config.h"
 
@@ -23,6 +24,7 @@ struct RunOptions {
   bool ignore_eos = false;
   int threads = 0;
   int64_t ctx_size = 4096;
+  DeviceFlags device;
 };
 
 // Flags first, then the model's generation_config defaults, then rill's

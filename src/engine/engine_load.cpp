@@ -50,6 +50,11 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   } else {
     mo.n_kv_slots = 4;
   }
+  mo.device = options.device;
+  if (options.device == Device::kCuda && options.kv_cache_mb <= 0) {  // size KV from device memory, not RAM
+    mo.kv_cache_bytes = 0;
+    mo.gpu_memory_fraction = options.gpu_memory_fraction;
+  }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
   return create(std::move(model), std::move(tokenizer), options, std::move(chat_template));
 }

@@ -223,7 +223,7 @@ TEST(CudaOps, MatmulMatchesCpu) {
   struct Shape { int64_t n, rows, cols; };
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (Shape s : {Shape{1, 200, 96}, Shape{3, 130, 256}, Shape{8, 64, 1000}, Shape{17, 300, 512},
-                    Shape{64, 256, 128}}) {
+                    Shape{64, 256, 128}, Shape{1, 70, 8192}, Shape{5, 70, 4096}}) {  // the last two: split-K GEMV
       const auto w = encode(t, random_floats(s.rows * s.cols, 11));
       auto x = random_floats(s.n * s.cols, 12);
       for (float& v : x) v = round_to(t, v);  // the device sees x in the weights' dtype
@@ -249,7 +249,7 @@ TEST(CudaOps, MatmulMatchesCpu) {
 
 TEST(CudaOps, GemvRowsDoNotDependOnTokenCount) {
   RILL_REQUIRE_GPU();
-  const int64_t rows = 77, cols = 4096;
+  const int64_t rows = 77, cols = 8192;  // long rows: the split-K GEMV
   for (DType t : {DType::kF16, DType::kBF16}) {
     auto dw = upload(encode(t, random_floats(rows * cols, 13)));
     auto dx = upload(encode(t, random_floats(8 * cols, 14)));

@@ -5,7 +5,10 @@
 //  - the same models converted to bf16 in memory: GPU (bf16 activations)
 //    against CPU (f32 activations over the same bf16 weights) within bf16
 //    error: 3% of the largest |logit|;
-//  - batch invariance of a decode row's logits (alone vs. with others).
+//  - batch invariance of a decode row's logits (alone vs. with others) for
+//    f32 weights, whose matmuls all run in the fixed-order GEMV. (bf16
+//    weights use the GEMV for one token and cuBLASLt for more, whose kernel
+//    choice depends on the batch: not invariant, see docs/perf.md.)
 // RILL_SHARED_DIR in the environment overrides the build-time path (the
 // GPU machine gets a copy of the goldens). Skipped without a CUDA device.
 #include <gtest/gtest.h>
@@ -129,7 +132,7 @@ TEST_P(CudaHf, Bf16WeightsMatchTheCpuWithinBf16Error) {
 
 // Decode logits of one sequence alone and beside two others (same KV).
 TEST_P(CudaHf, DecodeRowIsBatchInvariant) {
-  for (bool bf16 : {false, true}) {
+  for (bool bf16 : {false}) {
     std::vector<std::vector<uint16_t>> store;
     auto files = open_model_files(dir_);
     ASSERT_TRUE(files.ok()) << files.error().message;

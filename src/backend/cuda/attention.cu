@@ -18,7 +18,7 @@ using detail::to_f32;
 using detail::warp_max;
 using detail::warp_sum;
 
-constexpr int kMaxGroup = 8;       // q heads per KV head the decode kernel handles
+[[maybe_unused]] constexpr int kMaxGroup = 8;       // q heads per KV head the decode kernel handles
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeChunk = 128;  // keys scored before each softmax update
 
@@ -55,17 +55,22 @@ __device__ __forceinline__ float* partial_at(const AttentionArgs& a, int z, int 
 }
 
 // grid (n_head_kv, max splits, n_decode); 4 warps. Warp w scores keys
-// w, w+4, ... of each chunk (lanes split head_dim, 4 elements each), then
-// accumulates V for the same keys; the warps' sums meet in shared memory.
-// Requires head_dim % 4 == 0 and head_dim <= 256.
-template <typename KV>
+// w, w+4, ... of each chunk (lanes split head_dim, 4 elements each; kChunks
+// = head_dim / 128 rounded up), kKeys keys' loads issued before any use so
+// a warp has several rows in flight; then it accumulates V for the same
+// keys the same way; the warps' sums meet in shared memory.
+// Requires head_dim % 4 == 0 and head_dim <= 128 * kChunks.
+// kG >= the q heads per KV head (a compile-time bound keeps the per-head
+// accumulators in registers and the register count, hence occupancy, low).
+constexpr int kKeys = 4;
+template <typename KV, int kChunks, int kG>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a) {
   extern __shared__ float smem[];
   const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
   float* q_s = smem;                       // [G][hd]
   float* sc = q_s + G * hd;                // [G][kDecodeChunk]
   float* red = sc + G * kDecodeChunk;      // [4][G][hd]
-  __shared__ float m_s[kMaxGroup], corr_s[kMaxGroup], l_s[kMaxGroup];
+  __shared__ float m_s[kG], corr_s[kG], l_s[kG];
 
   const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -95,43 +100,57 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
   const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
   const KV* kbase = static_cast<const KV*>(a.k_cache) + static_cast<int64_t>(kvh) * hd;
   const KV* vbase = static_cast<const KV*>(a.v_cache) + static_cast<int64_t>(kvh) * hd;
-  const int n_chunks = (hd + 127) / 128;  // lane owns dims lane*4 + c*128 .. +3
-  float acc[kMaxGroup][2][4];
+  float acc[kG][kChunks][4];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g)
+  for (int g = 0; g < kG; ++g)
 #pragma unroll
-    for (int c = 0; c < 2; ++c)
+    for (int c = 0; c < kChunks; ++c)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[g][c][e] = 0.0f;
   __syncthreads();
 
   for (int32_t c0 = k_begin; c0 < k_end; c0 += kDecodeChunk) {
     const int n = min(kDecodeChunk, k_end - c0);
-    for (int jj = warp; jj < n; jj += 4) {
-      const KV* kr = kbase + cache_row(a, table, c0 + jj) * row_elems;
-      float dot[kMaxGroup];
+    for (int base = warp; base < n; base += 4 * kKeys) {
+      float kv[kKeys][kChunks][4];
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) dot[g] = 0.0f;
+      for (int u = 0; u < kKeys; ++u) {
+        const int jj = base + 4 * u;
+        if (jj < n) {
+          const KV* kr = kbase + cache_row(a, table, c0 + jj) * row_elems;
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int d = lane * 4 + c * 128;
-        if (c < n_chunks && d < hd) {
-          float kv[4];
-          load4(kr + d, kv);
-#pragma unroll
-          for (int g = 0; g < kMaxGroup; ++g) {
-            if (g < G) {
-              const float* qg = q_s + g * hd + d;
-              dot[g] += qg[0] * kv[0] + qg[1] * kv[1] + qg[2] * kv[2] + qg[3] * kv[3];
-            }
+          for (int c = 0; c < kChunks; ++c) {
+            const int d = lane * 4 + c * 128;
+            if (d < hd) load4(kr + d, kv[u][c]);
           }
         }
       }
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g < G) {
-          const float s = warp_sum(dot[g]);
-          if (lane == 0) sc[g * kDecodeChunk + jj] = softcap_score(s * a.scale, a.softcap);
+      for (int u = 0; u < kKeys; ++u) {
+        const int jj = base + 4 * u;
+        if (jj >= n) break;
+        float dot[kG];
+#pragma unroll
+        for (int g = 0; g < kG; ++g) dot[g] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int d = lane * 4 + c * 128;
+          if (d < hd) {
+#pragma unroll
+            for (int g = 0; g < kG; ++g) {
+              if (g < G) {
+                const float* qg = q_s + g * hd + d;
+                dot[g] += qg[0] * kv[u][c][0] + qg[1] * kv[u][c][1] + qg[2] * kv[u][c][2] + qg[3] * kv[u][c][3];
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          if (g < G) {
+            const float s = warp_sum(dot[g]);
+            if (lane == 0) sc[g * kDecodeChunk + jj] = softcap_score(s * a.scale, a.softcap);
+          }
         }
       }
     }
@@ -158,29 +177,44 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
     }
     __syncthreads();
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
+    for (int g = 0; g < kG; ++g) {
       if (g < G) {
         const float corr = corr_s[g];
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
+        for (int c = 0; c < kChunks; ++c)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[g][c][e] *= corr;
       }
     }
-    for (int jj = warp; jj < n; jj += 4) {
-      const KV* vr = vbase + cache_row(a, table, c0 + jj) * row_elems;
+    for (int base = warp; base < n; base += 4 * kKeys) {
+      float vv[kKeys][kChunks][4];
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int d = lane * 4 + c * 128;
-        if (c < n_chunks && d < hd) {
-          float v[4];
-          load4(vr + d, v);
+      for (int u = 0; u < kKeys; ++u) {
+        const int jj = base + 4 * u;
+        if (jj < n) {
+          const KV* vr = vbase + cache_row(a, table, c0 + jj) * row_elems;
 #pragma unroll
-          for (int g = 0; g < kMaxGroup; ++g) {
-            if (g < G) {
-              const float pr = sc[g * kDecodeChunk + jj];
+          for (int c = 0; c < kChunks; ++c) {
+            const int d = lane * 4 + c * 128;
+            if (d < hd) load4(vr + d, vv[u][c]);
+          }
+        }
+      }
 #pragma unroll
-              for (int e = 0; e < 4; ++e) acc[g][c][e] += pr * v[e];
+      for (int u = 0; u < kKeys; ++u) {
+        const int jj = base + 4 * u;
+        if (jj >= n) break;
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int d = lane * 4 + c * 128;
+          if (d < hd) {
+#pragma unroll
+            for (int g = 0; g < kG; ++g) {
+              if (g < G) {
+                const float pr = sc[g * kDecodeChunk + jj];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[g][c][e] += pr * vv[u][c][e];
+              }
             }
           }
         }
@@ -190,12 +224,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
   }
   // Sum the four warps' accumulators.
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < kG; ++g) {
     if (g < G) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < kChunks; ++c) {
         const int d = lane * 4 + c * 128;
-        if (c < n_chunks && d < hd) {
+        if (d < hd) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) red[(warp * G + g) * hd + d + e] = acc[g][c][e];
         }
@@ -361,22 +395,45 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   RILL_CUDA_CHECK_LAUNCH();
 }
 
+template <typename KV, int kChunks, int kG>
+void launch_decode_g(const AttentionArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
+  static bool configured = false;  // the attribute is per function, set once
+  if (!configured) {
+    RILL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<KV, kChunks, kG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(sizeof(float) * (kG * 256 * 5 + kG * kDecodeChunk))));
+    configured = true;
+  }
+  decode_kernel<KV, kChunks, kG><<<grid, kDecodeThreads, smem, stream>>>(a);
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+template <typename KV, int kChunks>
+void launch_decode(const AttentionArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
+  const int G = a.n_head / a.n_head_kv;
+  if (G <= 1) {
+    launch_decode_g<KV, kChunks, 1>(a, grid, smem, stream);
+  } else if (G <= 2) {
+    launch_decode_g<KV, kChunks, 2>(a, grid, smem, stream);
+  } else if (G <= 4) {
+    launch_decode_g<KV, kChunks, 4>(a, grid, smem, stream);
+  } else {
+    launch_decode_g<KV, kChunks, 8>(a, grid, smem, stream);
+  }
+}
+
 template <typename KV, typename Out>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_decode > 0) {
     const int G = a.n_head / a.n_head_kv;
     const size_t smem = sizeof(float) * (static_cast<size_t>(G) * a.head_dim + static_cast<size_t>(G) * kDecodeChunk +
                                          4 * static_cast<size_t>(G) * a.head_dim);
-    static bool configured = false;
-    if (!configured) {
-      RILL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(sizeof(float) * (kMaxGroup * 256 * 5 + kMaxGroup * kDecodeChunk))));
-      configured = true;
-    }
     const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(splits_for(a.max_decode_len)),
                     static_cast<unsigned>(a.n_decode));
-    decode_kernel<KV><<<grid, kDecodeThreads, smem, stream>>>(a);
-    RILL_CUDA_CHECK_LAUNCH();
+    if (a.head_dim <= 128) {
+      launch_decode<KV, 1>(a, grid, smem, stream);
+    } else {
+      launch_decode<KV, 2>(a, grid, smem, stream);
+    }
     const dim3 cgrid(static_cast<unsigned>(a.n_decode), static_cast<unsigned>(a.n_head));
     combine_kernel<Out><<<cgrid, a.head_dim >= 128 ? 128 : 32, 0, stream>>>(a);
     RILL_CUDA_CHECK_LAUNCH();

@@ -2,8 +2,6 @@
 
 #include <cublasLt.h>
 
-#include <algorithm>
-
 #include "backend/cuda/ops.h"
 
 namespace rill::cuda {
@@ -93,50 +91,9 @@ Status Gemm::run(DType dtype, const void* w, const void* x, int64_t n, int64_t r
   return Status::Ok();
 }
 
-int Gemm::gemv_max_tokens(int64_t rows, int64_t cols) const {
-  const auto it = gemv_max_.find(static_cast<uint64_t>(rows) << 32 | static_cast<uint64_t>(cols));
-  return it == gemv_max_.end() ? 1 : it->second;
-}
-
-Status Gemm::tune(DType dtype, const void* w, int64_t rows, int64_t cols, const void* x, float* y) {
-  if (!gemv_supported(dtype, cols) || dtype == DType::kF32) return Status::Ok();
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  auto time = [&](auto&& fn) -> Result<float> {
-    float best = 1e30f;
-    for (int rep = 0; rep < 4; ++rep) {
-      cudaEventRecord(e0, ctx_.stream());
-      RILL_TRY(fn());
-      cudaEventRecord(e1, ctx_.stream());
-      if (cudaError_t e = cudaEventSynchronize(e1); e != cudaSuccess) return Error{cuda_error_text(e, "GEMM tuning")};
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      if (rep > 0) best = std::min(best, ms);
-    }
-    return best;
-  };
-  int limit = 0;
-  for (int n = 1; n <= kGemvMaxTokens; ++n) {
-    auto t_gemv = time([&]() -> Status {
-      gemv(dtype, w, x, n, rows, cols, y, false, ctx_.stream());
-      return Status::Ok();
-    });
-    auto t_blas = time([&]() { return run(dtype, w, x, n, rows, cols, y, false); });
-    if (!t_gemv.ok()) return t_gemv.error();
-    if (!t_blas.ok()) return t_blas.error();
-    if (*t_gemv > *t_blas) break;
-    limit = n;
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  gemv_max_[static_cast<uint64_t>(rows) << 32 | static_cast<uint64_t>(cols)] = limit;
-  return Status::Ok();
-}
-
 Status Gemm::matmul(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
                     bool accumulate) {
-  if (gemv_supported(dtype, cols) && (dtype == DType::kF32 || n <= gemv_max_tokens(rows, cols))) {
+  if (gemv_supported(dtype, cols) && (dtype == DType::kF32 || n == 1)) {
     gemv(dtype, w, x, n, rows, cols, y, accumulate, ctx_.stream());
     return Status::Ok();
   }

@@ -28,18 +28,11 @@ class Gemm {
 
   // Matmul dispatch used by the models. F32 weights always take the hand
   // GEMV (batch invariant; f32 checkpoints are for parity runs, not speed).
-  // F16/BF16 take it up to the token count tune() found it faster than
-  // cuBLASLt for this shape (1 when the shape was not tuned), cuBLASLt above.
+  // F16/BF16 take it for one token and cuBLASLt for more: on the H200 the
+  // GEMV streams the 8B shapes' weights as fast as cuBLASLt or faster at one
+  // token and loses from two tokens on (docs/perf.md, bench_cuda --kernels).
   Status matmul(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
                 bool accumulate);
-
-  // Times the GEMV against cuBLASLt for 1..kGemvMaxTokens tokens on this
-  // weight and remembers the largest count below which the GEMV always
-  // wins. x: device scratch of [kGemvMaxTokens, cols] (dtype), y: of
-  // [kGemvMaxTokens, rows] f32. Call while planning (model load).
-  Status tune(DType dtype, const void* w, int64_t rows, int64_t cols, const void* x, float* y);
-  // The tuned limit for a shape (1 when not tuned).
-  int gemv_max_tokens(int64_t rows, int64_t cols) const;
 
  private:
   struct Plan;
@@ -47,7 +40,6 @@ class Gemm {
 
   const Context& ctx_;
   std::unordered_map<uint64_t, std::unique_ptr<Plan>> plans_;
-  std::unordered_map<uint64_t, int> gemv_max_;  // key: rows << 32 | cols
 };
 
 }  // namespace rill::cuda

@@ -22,17 +22,41 @@ __global__ void embed_kernel(const T* table, int64_t n_cols, const int32_t* ids,
 
 // One block per row. Squares summed in f32 (the CPU sums in double: the
 // difference is far below the tests' tolerance); scale = 1 / sqrtf(mean + eps).
+// Rows whose length is a multiple of 4 are read as float4 (one load per
+// thread per pass for 4,096 wide rows at 1,024 threads).
 template <typename Out>
 __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w, int64_t dim,
                                 float eps, float w_offset, Out* out) {
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const float* xr = x + (row_ids ? row_ids[r] : r) * x_stride;
+  Out* o = out + r * dim;
+  const bool vec = (dim & 3) == 0 && (x_stride & 3) == 0;
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+  if (vec) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int64_t i = threadIdx.x; i < dim / 4; i += blockDim.x) {
+      const float4 v = x4[i];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+  }
   ss = block_sum(ss, red);
   const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
-  Out* o = out + r * dim;
+  if (vec) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int64_t i = threadIdx.x; i < dim / 4; i += blockDim.x) {
+      const float4 v = x4[i];
+      const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float y = e[k] * scale;
+        o[4 * i + k] = from_f32<Out>(w ? y * (w_offset + w[4 * i + k]) : y);
+      }
+    }
+    return;
+  }
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     const float v = xr[i] * scale;
     o[i] = from_f32<Out>(w ? v * (w_offset + w[i]) : v);
@@ -174,7 +198,7 @@ void embed_rows(DType table_dtype, const void* table, int64_t n_cols, const int3
 void rms_norm(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w, int64_t n_rows, int64_t dim,
               float eps, float w_offset, DType out_dtype, void* out, cudaStream_t stream) {
   if (n_rows <= 0) return;
-  const int threads = dim >= 1024 ? 512 : dim >= 256 ? 256 : 64;
+  const int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 256 : 64;
   RILL_CUDA_DISPATCH_FLOAT(out_dtype, rms_norm_kernel<T><<<static_cast<unsigned>(n_rows), threads, 0, stream>>>(
                                           x, x_stride > 0 ? x_stride : dim, row_ids, w, dim, eps, w_offset,
                                           static_cast<T*>(out)));

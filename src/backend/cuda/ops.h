@@ -82,7 +82,7 @@ inline constexpr int32_t kDecodeMaxQ = 4;
 inline constexpr int32_t kPrefillTileQ = 32;     // queries per tile of the f32 (SIMT) kernel
 inline constexpr int32_t kPrefillTileQMma = 64;  // of the tensor-core kernel (f16 KV, head_dim 64/128)
 inline constexpr int32_t kMaxSplits = 32;
-inline constexpr int32_t kMinSplitKeys = 128;
+inline constexpr int32_t kMinSplitKeys = 64;  // short contexts still spread over several blocks
 struct PrefillTile {
   int32_t seq;
   int32_t t0;   // first token (flat index) of the tile
@@ -143,6 +143,11 @@ void route_attention(int32_t s, int32_t q_start, int32_t q_len, int32_t tile_q, 
 // (tokens go 8 per launch).
 inline constexpr int kGemvMaxTokens = 8;
 bool gemv_supported(DType w, int64_t n_cols);
+// Benchmarks only: one bf16 token through GEMV configuration `variant`
+// (rows per warp, loads in flight, warps per block; bench_cuda --kernels).
+int gemv_n_variants();
+void gemv_variant(int variant, const void* w, const void* x, int64_t n_rows, int64_t n_cols, float* y,
+                  cudaStream_t stream);
 
 // Greedy: ids[r] = argmax_c logits[r, c] over [n_rows, n_cols] f32 (the
 // lowest index among equal maxima, as the CPU sampler).

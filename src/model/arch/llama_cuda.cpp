@@ -115,7 +115,6 @@ class LlamaCudaModel final : public Model {
   // decode-only steps replay a CUDA graph per (padded batch, split count).
   Status compute(const Batch& batch);
   Status run_layers(int64_t n, int64_t n_sample, int32_t n_decode, int32_t max_decode_len, int32_t n_tiles);
-  Status tune_matmuls();
   Status upload_weights();
   Status build_rope();
   Status matmul(const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y, bool accumulate) {
@@ -279,25 +278,6 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
     layers_[il].v_cache = kv_.as<uint8_t>() + (2 * il + 1) * plane;
   }
   if (const char* g = std::getenv("RILL_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
-  RILL_TRY(tune_matmuls());
-  return ctx_->synchronize();
-}
-
-// GEMV or cuBLASLt per weight shape and token count, by timing both once.
-Status LlamaCudaModel::tune_matmuls() {
-  if (act_ == DType::kF32) return Status::Ok();
-  const DevLayer& L = layers_[0];
-  struct W { const void* w; int64_t rows, cols; };
-  const W ws[] = {{L.wqkv, QKV_, E_}, {L.wo, E_, Q_}, {L.w_gate_up, 2 * F_, E_}, {L.w_down, E_, F_}, {lm_head_, V_, E_}};
-  int64_t max_rows = 0, max_cols = 0;
-  for (const W& w : ws) {
-    max_rows = std::max(max_rows, w.rows);
-    max_cols = std::max(max_cols, w.cols);
-  }
-  RILL_ASSIGN_OR_RETURN(DeviceBuffer x, DeviceBuffer::allocate(cuda::kGemvMaxTokens * max_cols * dtype_size(act_), "GEMM tuning"));
-  RILL_ASSIGN_OR_RETURN(DeviceBuffer y, DeviceBuffer::allocate(cuda::kGemvMaxTokens * max_rows * sizeof(float), "GEMM tuning"));
-  RILL_CUDA_CHECK(cudaMemsetAsync(x.data(), 0, x.size(), ctx_->stream()));
-  for (const W& w : ws) RILL_TRY(gemm_->tune(act_, w.w, w.rows, w.cols, x.data(), y.as<float>()));
   return ctx_->synchronize();
 }
 

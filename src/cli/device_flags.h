@@ -1,0 +1,26 @@
+#pragma once
+// --device and --gpu-memory-fraction, shared by rill run, bench and serve.
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "model/model.h"
+
+namespace rill::cli {
+
+struct DeviceFlags {
+  std::string device = "cpu";
+  double gpu_memory_fraction = 0.9;
+
+  Device value() const { return device == "cuda" ? Device::kCuda : Device::kCpu; }
+  void add_to(CLI::App* app) {
+    app->add_option("--device", device, "where the model runs: cpu or cuda (GPU 0; needs a CUDA build)")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
+    app->add_option("--gpu-memory-fraction", gpu_memory_fraction,
+                    "with --device cuda: share of GPU memory rill may use; the KV cache gets what weights and "
+                    "activations leave (default 0.9)")
+        ->check(CLI::Range(0.05, 0.99));
+  }
+};
+
+}  // namespace rill::cli
