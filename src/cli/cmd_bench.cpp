@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cache_tier_options.h"
 #include "cli/commands.h"
 #include "cli/loaded_model.h"
 #include "model/model.h"
@@ -47,6 +48,7 @@ struct BenchOptions {
   int64_t ctx_size = 0;
   bool json = false;
   uint64_t seed = 1;
+  EngineOptions tiers;  // only the cache tier fields (--cache-ram-mb, --cache-dir, ...)
 };
 
 struct Trace {
@@ -140,6 +142,10 @@ int run_bench(const BenchOptions& o) {
   eo.max_running = std::max(o.concurrency + (o.long_prompt > 0 ? 1 : 0), 1);
   eo.kv_cache_mb = o.kv_cache_mb;
   eo.n_ctx = o.ctx_size;
+  eo.cache_ram_mb = o.tiers.cache_ram_mb;
+  eo.cache_dir = o.tiers.cache_dir;
+  eo.cache_disk_mb = o.tiers.cache_disk_mb;
+  eo.kv_verify = o.tiers.kv_verify;
   const std::string path = o.model.empty() ? default_model_path() : o.model;
   auto engine = Engine::load(path, eo);
   if (!engine.ok()) {
@@ -246,6 +252,11 @@ int run_bench(const BenchOptions& o) {
   const EngineStats s = e.stats();
   j["preemptions"] = s.preemptions;
   j["steps"] = s.steps;
+  if (s.ram_tier.enabled || s.disk_tier.enabled) {
+    j["tier_restored_tokens"] = s.tier_restored_tokens;
+    j["ram_tier_hits"] = s.ram_tier.hits;
+    j["disk_tier_hits"] = s.disk_tier.hits;
+  }
   if (o.json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -282,6 +293,7 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--ctx-size,-c", o->ctx_size, "context tokens per sequence")->check(CLI::Range(16, 1 << 22));
   sub->add_option("--seed", o->seed, "seed of the random prompts");
   sub->add_flag("--json", o->json, "print the results as JSON");
+  add_cache_tier_options(*sub, o->tiers);
   return {sub, [o]() -> int { return run_bench(*o); }};
 }
 
