@@ -47,6 +47,7 @@ struct Usage {
   int32_t cached_tokens = 0;      // prompt tokens whose KV came from the prefix cache
   int32_t completion_tokens = 0;
   int32_t preemptions = 0;
+  int32_t persisted_tokens = 0;   // persist_prefix: prompt tokens written to the disk tier
   double queue_s = 0;             // submit -> first scheduled
   double prefill_s = 0;           // first scheduled -> first token
   double decode_s = 0;            // first token -> finished

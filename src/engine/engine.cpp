@@ -345,6 +345,9 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
       if (!saved.ok()) {
         reason = FinishReason::kError;
         error = saved.error().message;
+      } else {
+        event.usage.persisted_tokens = *saved;
+        publish_stats();  // the new disk entry shows in stats() before the caller hears back
       }
     }
   }

@@ -1,13 +1,9 @@
 #include "kv/disk_tier.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -30,26 +26,13 @@ std::string kv_run_file_name(uint64_t last_key) { return hex64(last_key) + kSuff
 
 Result<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierOptions& options) {
   std::unique_ptr<DiskTier> t(new DiskTier(options));
-  std::error_code ec;
-  fs::create_directories(options.dir, ec);
-  if (ec) return Error{options.dir + ": cannot create the cache directory: " + ec.message()};
-  const std::string lock = (fs::path(options.dir) / "LOCK").string();
-  t->lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (t->lock_fd_ < 0) return Error{lock + ": cannot open: " + std::strerror(errno)};
-  if (::flock(t->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    const bool busy = errno == EWOULDBLOCK;
-    ::close(t->lock_fd_);
-    t->lock_fd_ = -1;
-    return Error{options.dir + (busy ? ": the cache directory is in use by another rill process"
-                                     : std::string(": cannot lock: ") + std::strerror(errno))};
-  }
+  RILL_ASSIGN_OR_RETURN(KvDirLock lock, KvDirLock::acquire(options.dir));
+  t->lock_.emplace(std::move(lock));
   RILL_TRY(t->scan());
   return t;
 }
 
-DiskTier::~DiskTier() {
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
-}
+DiskTier::~DiskTier() = default;
 
 Status DiskTier::scan() {
   struct Found {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/result.h"
+#include "kv/kv_dir.h"
 #include "kv/kv_run.h"
 
 namespace rill {
@@ -77,7 +78,7 @@ class DiskTier {
   void remove(uint64_t id, bool unlink_file);
 
   DiskTierOptions options_;
-  int lock_fd_ = -1;
+  std::optional<KvDirLock> lock_;  // held for the tier's lifetime
   uint64_t bytes_ = 0, next_id_ = 1;
   std::unordered_map<uint64_t, Entry> entries_;
   std::list<uint64_t> lru_;  // front: least recently used

@@ -37,6 +37,7 @@ struct GenRun {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;  // chosen token, then its top-5, per step
   int32_t cached = 0;
+  int32_t persisted = 0;  // Usage::persisted_tokens
 };
 
 GenRun generate(Engine& e, const std::vector<int32_t>& prompt, int32_t max_tokens, bool persist = false) {
@@ -59,7 +60,10 @@ GenRun generate(Engine& e, const std::vector<int32_t>& prompt, int32_t max_token
       out.logprobs.push_back(s.logprob);
       for (int i = 0; i < s.n_top; ++i) out.logprobs.push_back(s.top[static_cast<size_t>(i)].logprob);
     }
-    if (ev.finished) out.cached = ev.usage.cached_tokens;
+    if (ev.finished) {
+      out.cached = ev.usage.cached_tokens;
+      out.persisted = ev.usage.persisted_tokens;
+    }
   }
   return out;
 }
@@ -126,6 +130,7 @@ void disk_round_trip(const std::string& model, int vocab, int prompt_len, int ex
     ASSERT_TRUE(e);
     const GenRun warmup = generate(*e, prompt, 1, /*persist=*/true);
     EXPECT_EQ(warmup.tokens.size(), 1u);
+    EXPECT_EQ(warmup.persisted, expect_cached) << "the prompt's whole blocks were written";
     EXPECT_EQ(e->stats().disk_tier.entries, 1);
   }
   auto e = load(model, o);  // a restart
