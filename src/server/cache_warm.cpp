@@ -23,7 +23,6 @@ Result<std::vector<int32_t>> cache_warm_text_ids(const Engine& engine, const std
 }
 
 Result<std::vector<int32_t>> cache_warm_chat_ids(const ServerContext& ctx, const nlohmann::ordered_json& messages) {
-  if (!messages.is_array() || messages.empty()) return Error{"messages: expected a non-empty array of messages"};
   ChatInput in;
   in.messages = messages;
   in.add_generation_prompt = false;
