@@ -155,6 +155,12 @@ void App::stats(std::shared_ptr<Responder> res) {
                        {"blocks_total", s.kv_blocks_total},
                        {"blocks_used", s.kv_blocks_used},
                        {"blocks_cached", s.kv_blocks_cached}};
+  auto tier = [](const CacheTierStats& t) {
+    return nlohmann::json{{"enabled", t.enabled}, {"bytes", t.bytes},   {"entries", t.entries},
+                          {"hits", t.hits},       {"misses", t.misses}, {"evictions", t.evictions},
+                          {"errors", t.errors},   {"loads", t.loads},   {"load_seconds", t.load_seconds}};
+  };
+  kv["tiers"] = {{"ram", tier(s.ram_tier)}, {"disk", tier(s.disk_tier)}, {"restored_tokens", s.tier_restored_tokens}};
   nlohmann::json body = {{"model", ctx_.options.model_id}, {"engine", engine}, {"kv", kv}};
   body["http"] = {{"open_connections", connections_ ? connections_() : 0},
                   {"open_streams", ctx_.metrics ? ctx_.metrics->open_streams() : 0}};

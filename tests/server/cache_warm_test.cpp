@@ -10,6 +10,7 @@
 #include <random>
 
 #include "kv/kv_dir.h"
+#include "server/app.h"
 #include "server/cache_warm.h"
 #include "server/chat_stream.h"
 #include "server_test_util.h"
@@ -144,6 +145,35 @@ TEST_F(CacheWarm, BadInputNamesTheField) {
   handle_cache_warm(*ctx_, req, res);
   ASSERT_TRUE(res->wait(std::chrono::seconds(5)));
   EXPECT_EQ(res->status(), 400);
+}
+
+// /stats and /metrics through the App show the disk tier after a warm-up.
+TEST_F(CacheWarm, StatsAndMetricsShowTheDiskTier) {
+  ASSERT_EQ(post(&handle_cache_warm, {{"prompt", long_text(60)}})->status(), 200);
+  Metrics metrics;
+  ctx_->metrics = &metrics;
+  App app(*ctx_);
+  auto get = [&](const std::string& path) {
+    HttpRequest req;
+    req.method = "GET";
+    req.path = path;
+    auto res = std::make_shared<FakeResponder>();
+    app.dispatch(req, res);
+    EXPECT_TRUE(res->wait(std::chrono::seconds(5)));
+    return res;
+  };
+  const json st = get("/stats")->json();
+  const json& disk = st["kv"]["tiers"]["disk"];
+  EXPECT_EQ(disk["enabled"], true);
+  EXPECT_GE(disk["entries"].get<int>(), 1);
+  EXPECT_GT(disk["bytes"].get<int64_t>(), 0);
+  for (const char* k : {"hits", "misses", "evictions", "errors", "loads", "load_seconds"}) EXPECT_TRUE(disk.contains(k)) << k;
+  EXPECT_EQ(st["kv"]["tiers"]["ram"]["enabled"], false);
+  EXPECT_TRUE(st["kv"]["tiers"].contains("restored_tokens"));
+  const std::string text = get("/metrics")->body();
+  EXPECT_NE(text.find("rill_kv_tier_enabled{tier=\"disk\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("rill_kv_tier_entries{tier=\"disk\"} " + std::to_string(disk["entries"].get<int>()) + "\n"),
+            std::string::npos);
 }
 
 // The shared default engine of ServerTest has no disk tier.
