@@ -236,5 +236,22 @@ TEST(KvFile, WriterKilledMidWriteLeavesOnlyATmp) {
   EXPECT_TRUE(fs::exists(path + ".tmp"));
 }
 
+// The fuzz seed corpus (tests/fuzz/corpus/kv_file/) holds a real file of
+// the current format, so mutations start from the accepted shape; if the
+// format changes, rewrite it with write_kv_file (16 tokens, one full layer
+// of K and V, 16 x 4 f16).
+TEST(KvFile, FuzzSeedIsAValidFile) {
+  const std::string dir = std::string(RILL_SOURCE_DIR) + "/tests/fuzz/corpus/kv_file/";
+  auto h = read_kv_header(dir + "valid.rkv");
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_EQ(h->tokens.size(), 16u);
+  ASSERT_EQ(h->layers.size(), 1u);
+  EXPECT_EQ(h->layers[0].tensors.size(), 2u);
+  auto f = KvFile::open(dir + "valid.rkv", nullptr, /*verify_tensors=*/true);
+  EXPECT_TRUE(f.ok()) << f.error().message;
+  EXPECT_FALSE(read_kv_header(dir + "flipped_header_byte.rkv").ok());
+  EXPECT_FALSE(read_kv_header(dir + "header_only_truncated.rkv").ok());
+}
+
 }  // namespace
 }  // namespace rill
