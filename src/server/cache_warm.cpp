@@ -1,4 +1,4 @@
-// POST /v1/cache/warm: {"prompt": "text"} or {"messages": [...]}
+// POST /v1/cache/warm: {"prompt": "text" | [token ids]} or {"messages": [...]}
 //   -> 200 {"object": "cache.warm", "tokens": M, "cached_tokens": N}
 // 400 naming the field for bad input or a server without a disk tier.
 #include "server/cache_warm.h"
@@ -9,6 +9,7 @@
 #include "server/api_handlers.h"
 #include "server/chat_stream.h"
 #include "server/errors.h"
+#include "model/model.h"
 #include "server/openai_common.h"
 #include "text/tokenizer.h"
 
@@ -28,6 +29,28 @@ Result<std::vector<int32_t>> cache_warm_chat_ids(const ServerContext& ctx, const
   in.add_generation_prompt = false;
   return render_chat_prompt(ctx, in, nullptr);
 }
+
+namespace {
+
+// prompt: [id, ...], every id inside the vocabulary.
+Result<std::vector<int32_t>> cache_warm_id_prompt(const Engine& engine, const nlohmann::ordered_json& prompt) {
+  if (prompt.empty()) return Error{"prompt: the prompt is empty"};
+  const int64_t n_vocab = engine.model().n_vocab();
+  std::vector<int32_t> ids;
+  ids.reserve(prompt.size());
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const auto& x = prompt[i];
+    if (!x.is_number_integer() || (x.is_number_unsigned() ? x.get<uint64_t>() >= uint64_t(n_vocab)
+                                                          : (x.get<int64_t>() < 0 || x.get<int64_t>() >= n_vocab))) {
+      return Error{"prompt: element " + std::to_string(i) + " (" + x.dump() + ") is not a token id of this model (0.." +
+                   std::to_string(n_vocab - 1) + ")"};
+    }
+    ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  }
+  return ids;
+}
+
+}  // namespace
 
 Status submit_cache_warm(Engine& engine, std::vector<int32_t> ids, std::function<void(Result<CacheWarmResult>)> done) {
   GenerationRequest r;
@@ -57,14 +80,18 @@ void handle_cache_warm(ServerContext& ctx, const HttpRequest& req, std::shared_p
   const bool has_messages = body.contains("messages") && !body["messages"].is_null();
   if (has_prompt == has_messages) {
     return send_error(*res, openai::bad_field(has_prompt ? "messages" : "prompt",
-                                              "send exactly one of prompt (a string) or messages (chat messages)"));
+                                              "send exactly one of prompt (a string or token ids) or messages (chat messages)"));
   }
   if (!ctx.engine.stats().disk_tier.enabled) {
     return send_error(*res, ApiError(400, "this server has no disk cache tier: start rill serve with --cache-dir"));
   }
   Result<std::vector<int32_t>> ids = Error{""};
-  if (has_prompt) {
-    if (!body["prompt"].is_string()) return send_error(*res, openai::bad_field("prompt", "expected a string"));
+  if (has_prompt && body["prompt"].is_array()) {
+    ids = cache_warm_id_prompt(ctx.engine, body["prompt"]);
+  } else if (has_prompt) {
+    if (!body["prompt"].is_string()) {
+      return send_error(*res, openai::bad_field("prompt", "expected a string or an array of token ids"));
+    }
     ids = cache_warm_text_ids(ctx.engine, body["prompt"].get<std::string>());
   } else {
     ids = cache_warm_chat_ids(ctx, body["messages"]);

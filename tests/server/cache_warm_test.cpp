@@ -86,6 +86,11 @@ TEST_F(CacheWarm, TextPromptIsStoredAndThenHit) {
   EXPECT_TRUE(found) << "a file holding the warmed prefix";
   EXPECT_GE(engine_->stats().disk_tier.entries, 1);
 
+  // The same prompt as token ids stores the same prefix.
+  auto by_ids = post(&handle_cache_warm, {{"prompt", ids}});
+  ASSERT_EQ(by_ids->status(), 200) << by_ids->body();
+  EXPECT_EQ(by_ids->json()["cached_tokens"], cached);
+
   // A completion that continues the text starts from the cached blocks.
   auto done = post(&handle_completions, {{"prompt", text + " and then"}, {"max_tokens", 2}, {"temperature", 0}});
   ASSERT_EQ(done->status(), 200) << done->body();
@@ -127,6 +132,9 @@ TEST_F(CacheWarm, BadInputNamesTheField) {
       {json::object(), "prompt"},
       {{{"prompt", "x"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}}, "messages"},
       {{{"prompt", 42}}, "prompt"},
+      {{{"prompt", json::array({1, 2, 49152})}}, "prompt"},  // outside the vocabulary
+      {{{"prompt", json::array({1, "two"})}}, "prompt"},
+      {{{"prompt", json::array()}}, "prompt"},
       {{{"prompt", ""}}, "prompt"},
       {{{"messages", "hello"}}, "messages"},
       {{{"messages", json::array()}}, "messages"},
