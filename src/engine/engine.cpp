@@ -347,7 +347,6 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
         error = saved.error().message;
       } else {
         event.usage.persisted_tokens = *saved;
-        publish_stats();  // the new disk entry shows in stats() before the caller hears back
       }
     }
   }
@@ -391,6 +390,9 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
     stats_.completion_tokens += u.completion_tokens;
   }
   finished_ids_.push_back(r.id);
+  // Whoever hears that the request ended may read stats() next: they must
+  // already show what it did (a tier restore or persist, its KV blocks).
+  publish_stats();
   try {
     if (r.on_event) r.on_event(std::move(event));
   } catch (...) {
