@@ -124,10 +124,14 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
   const std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, usable, bs);
   const auto t0 = std::chrono::steady_clock::now();
   std::optional<std::pair<KvRunPtr, int32_t>> hit;
+  bool from_disk = false;
   if (ram_) hit = ram_->find(keys);
   if (disk_ && (!hit || hit->second < n_full)) {
-    auto from_disk = disk_->find(keys, ns);
-    if (from_disk && (!hit || from_disk->second > hit->second)) hit = std::move(from_disk);
+    auto disk_hit = disk_->find(keys, ns);
+    if (disk_hit && (!hit || disk_hit->second > hit->second)) {
+      hit = std::move(disk_hit);
+      from_disk = true;
+    }
   }
   if (!hit || hit->second <= m) return 0;
   const KvRun& run = *hit->first;
@@ -163,7 +167,12 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
   release_tail_first(all);
   const int32_t tokens = (n - m) * bs;
   restored_tokens_ += tokens;
-  (void)t0;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (from_disk) {
+    disk_->count_load(seconds);
+  } else {
+    ram_->count_load(seconds);
+  }
   return tokens;
 }
 

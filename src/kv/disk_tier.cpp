@@ -155,7 +155,6 @@ std::optional<std::pair<KvRunPtr, int32_t>> DiskTier::find(std::span<const uint6
     return std::nullopt;
   }
   Entry& e = entries_.at(hit->entry);
-  const auto t0 = std::chrono::steady_clock::now();
   KvFileIdentity want = options_.identity;
   want.ns = ns;
   auto file = KvFile::open(e.path, &want, options_.verify_tensors);
@@ -194,8 +193,6 @@ std::optional<std::pair<KvRunPtr, int32_t>> DiskTier::find(std::span<const uint6
   }
   lru_.splice(lru_.end(), lru_, e.lru);
   ++stats_.hits;
-  ++stats_.loads;
-  stats_.load_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::make_pair(KvRunPtr(std::move(run)), hit->n_blocks);
 }
 

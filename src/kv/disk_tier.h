@@ -60,6 +60,11 @@ class DiskTier {
   // Removes every file.
   void clear();
   const TierStats& stats() const { return stats_; }
+  // A restore served from this tier took `seconds` (TierStats::loads).
+  void count_load(double seconds) {
+    ++stats_.loads;
+    stats_.load_seconds += seconds;
+  }
   // Files removed by open() (orphans, corrupt, other identity).
   int64_t removed_at_open() const { return removed_at_open_; }
   const std::string& dir() const { return options_.dir; }

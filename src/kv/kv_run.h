@@ -84,6 +84,9 @@ class TierIndex {
 struct TierStats {
   int64_t bytes = 0, entries = 0;
   int64_t hits = 0, misses = 0, evictions = 0, errors = 0;
+  // Restores this tier served (KvTiers::restore) and their time from the
+  // lookup to the KV in device blocks: mapping, page-in and copy (and, for
+  // the disk tier with verify on, hashing).
   int64_t loads = 0;
   double load_seconds = 0;
 };

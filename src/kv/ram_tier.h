@@ -34,6 +34,11 @@ class RamTier {
   // Drops every run.
   void clear();
   const TierStats& stats() const { return stats_; }
+  // A restore served from this tier took `seconds` (TierStats::loads).
+  void count_load(double seconds) {
+    ++stats_.loads;
+    stats_.load_seconds += seconds;
+  }
 
  private:
   struct Entry {

@@ -103,6 +103,8 @@ TEST(KvTiers, EvictedPrefixComesBackFromTheRamTier) {
   const EngineStats s = e->stats();
   EXPECT_TRUE(s.ram_tier.enabled);
   EXPECT_GE(s.ram_tier.hits, 1);
+  EXPECT_GE(s.ram_tier.loads, 1) << "the restore is counted against the tier that served it";
+  EXPECT_GT(s.ram_tier.load_seconds, 0);
   EXPECT_GT(s.tier_restored_tokens, 0);
   EXPECT_EQ(warm.cached, 160) << "every full block of the prompt (all but its last token)";
   EXPECT_EQ(warm.tokens, cold.tokens);
@@ -142,6 +144,8 @@ void disk_round_trip(const std::string& model, int vocab, int prompt_len, int ex
   EXPECT_EQ(warm.tokens, device_hit.tokens);
   EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "KV read back from disk must be bit-identical";
   EXPECT_EQ(e->stats().disk_tier.hits, 1);
+  EXPECT_EQ(e->stats().disk_tier.loads, 1);
+  EXPECT_GT(e->stats().disk_tier.load_seconds, 0);
 }
 
 TEST(KvTiers, DiskPrefixSurvivesARestartF16Kv) {
