@@ -19,11 +19,14 @@ under a millisecond). Each row is the median over --runs fresh prefixes:
           /v1/cache/warm), stops; a new server on the same directory serves
           prefix + suffix b from disk (the file mapped and copied in).
           The files were just written, so they are in the OS page cache.
+          These servers' pools (--kv-cache-mb) hold every run, so nothing
+          is evicted (and written to disk) while they are measured.
   disk+verify  the same after another restart with --kv-verify (every
           tensor hash checked on load)
 
 Every hit is checked (usage.prompt_tokens_details.cached_tokens >= P) and
-the tiers' own load times come from /stats. Prints a markdown table and
+the tiers' own restore times (lookup to KV in device blocks) come from
+/stats. Prints a markdown table and
 writes JSON (date, machine, load average, commands, every sample) to --out.
 Python 3 standard library only.
 """
@@ -114,6 +117,8 @@ def main():
     ap.add_argument("--ram-kv-cache-mb", type=int, default=64,
                     help="device KV pool of the RAM-tier server: must hold one prompt, not two")
     ap.add_argument("--cache-ram-mb", type=int, default=1024)
+    ap.add_argument("--kv-cache-mb", type=int, default=1024,
+                    help="device KV pool of the other servers: room for every run, so none evicts (or spills)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "bench", "cache_tier_bench.json"))
     a = ap.parse_args()
@@ -144,7 +149,7 @@ def main():
         cached[row].append(result[1])
 
     # cold and device: one server without tiers.
-    s = serve("cold/device")
+    s = serve("cold/device", "--kv-cache-mb", a.kv_cache_mb)
     try:
         for p in prefixes:
             record("cold", s.complete(p + ids(SUFFIX)))
@@ -166,19 +171,19 @@ def main():
     # disk: warm, restart, request; then once more with --kv-verify.
     cache_dir = tempfile.mkdtemp(prefix="rill-cache-tier-bench-")
     try:
-        s = serve("disk warm", "--cache-dir", cache_dir)
+        s = serve("disk warm", "--kv-cache-mb", a.kv_cache_mb, "--cache-dir", cache_dir)
         try:
             warm_s = [s.post("/v1/cache/warm", {"prompt": p})[0] for p in prefixes]
         finally:
             s.stop()
-        s = serve("disk", "--cache-dir", cache_dir)
+        s = serve("disk", "--kv-cache-mb", a.kv_cache_mb, "--cache-dir", cache_dir)
         try:
             for p in prefixes:
                 record("disk", s.complete(p + ids(SUFFIX)))
             disk_stats = s.stats()["kv"]["tiers"]
         finally:
             s.stop()
-        s = serve("disk+verify", "--cache-dir", cache_dir, "--kv-verify")
+        s = serve("disk+verify", "--kv-cache-mb", a.kv_cache_mb, "--cache-dir", cache_dir, "--kv-verify")
         try:
             for p in prefixes:
                 record("disk_verify", s.complete(p + ids(SUFFIX)))
