@@ -65,6 +65,57 @@ void run(benchmark::State& state, int64_t n_q, int64_t n_kv, bool paged) {
   state.SetLabel(isa_name(best_isa()));
 }
 
+// Decode as an 8-stream engine step sees it: 8 sequences of 256 keys, one
+// query each, cycling through 30 layers' paged pools (47 MB of K/V, more
+// than the caches hold), so K/V come from memory as they do in serving.
+void BM_attention_decode_8x256_cold(benchmark::State& state) {
+  static ThreadPool pool2(2), pool1(1);
+  ThreadPool& pool = state.range(0) == 1 ? pool1 : pool2;
+  constexpr int kSeqs = 8, kLayers = 30;
+  constexpr int64_t kKv = 256, kRowElems = 3 * 64, kBlocks = kKv / 16;
+  AttentionParams p;
+  p.n_head = 9;
+  p.n_head_kv = 3;
+  p.head_dim = 64;
+  p.scale = 0.125f;
+  p.kv_dtype = DType::kF16;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const size_t pool_elems = static_cast<size_t>(kSeqs * kBlocks * 16 * kRowElems);
+  std::vector<std::vector<uint16_t>> k_pool(kLayers), v_pool(kLayers);
+  for (int l = 0; l < kLayers; ++l) {
+    k_pool[l].resize(pool_elems);
+    v_pool[l].resize(pool_elems);
+    for (auto& x : k_pool[l]) x = f32_to_f16(u(rng));
+    for (auto& x : v_pool[l]) x = f32_to_f16(u(rng));
+  }
+  std::vector<int32_t> table(kSeqs * kBlocks);
+  for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<float> q(kSeqs * 9 * 64), out(q.size());
+  for (auto& x : q) x = u(rng);
+  const int32_t pos = kKv - 1;
+  std::vector<AttentionSeq> seqs(kSeqs);
+  int layer = 0;
+  for (auto _ : state) {
+    for (int s = 0; s < kSeqs; ++s) {
+      PagedKv kv;
+      kv.k = reinterpret_cast<const uint8_t*>(k_pool[layer].data());
+      kv.v = reinterpret_cast<const uint8_t*>(v_pool[layer].data());
+      kv.table = table.data() + s * kBlocks;
+      kv.block_shift = 4;
+      kv.row_bytes = kRowElems * 2;
+      kv.block_bytes = 16 * kv.row_bytes;
+      seqs[s] = AttentionSeq{q.data() + s * 9 * 64, &pos, 1, kv, kKv, out.data() + s * 9 * 64};
+    }
+    attention_f16_rounded_batch(seqs.data(), kSeqs, p, pool);
+    benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % kLayers;
+  }
+  state.SetLabel(isa_name(best_isa()));
+}
+BENCHMARK(BM_attention_decode_8x256_cold)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
+
 void BM_attention_prefill_512(benchmark::State& s) { run(s, 512, 512, false); }
 void BM_attention_decode_at_512(benchmark::State& s) { run(s, 1, 512, false); }
 void BM_attention_prefill_512_paged(benchmark::State& s) { run(s, 512, 512, true); }

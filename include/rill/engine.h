@@ -38,6 +38,9 @@ struct GenerationRequest {
   int32_t logprobs = -1;            // -1: off; 0..kMaxTopLogprobs alternatives per token
   bool skip_special_tokens = true;  // in the streamed text
   uint64_t cache_namespace = 0;     // prefix-cache isolation (adapters, tenants)
+  // Cache warm-up: when the request ends, its prompt's cached prefix is
+  // also written to the disk tier (needs EngineOptions::cache_dir).
+  bool persist_prefix = false;
 };
 
 struct Usage {
@@ -45,6 +48,7 @@ struct Usage {
   int32_t cached_tokens = 0;      // prompt tokens whose KV came from the prefix cache
   int32_t completion_tokens = 0;
   int32_t preemptions = 0;
+  int32_t persisted_tokens = 0;   // persist_prefix: prompt tokens written to the disk tier
   double queue_s = 0;             // submit -> first scheduled
   double prefill_s = 0;           // first scheduled -> first token
   double decode_s = 0;            // first token -> finished
@@ -107,6 +111,21 @@ struct EngineOptions {
   Device device = Device::kCpu;       // kCuda: the model runs on GPU 0
   double gpu_memory_fraction = 0.9;   // kCuda without kv_cache_mb: device memory rill may fill (KV gets the rest)
   bool check_integrity = false;   // verify the KV structures after every step (tests; slow)
+  // Prefix-cache tiers below the device cache (see engine/kv_tiers.h).
+  int64_t cache_ram_mb = 0;       // host-RAM tier; 0: off
+  std::string cache_dir;          // disk tier directory; empty: off
+  int64_t cache_disk_mb = 8192;   // disk tier cap
+  bool kv_verify = false;         // check every tensor hash when a disk entry loads
+  // The model artifact's identity for disk entries; Engine::load sets it
+  // (artifact fingerprint), Engine::create callers may.
+  std::string model_id;
+};
+
+// One prefix-cache tier's counters.
+struct CacheTierStats {
+  bool enabled = false;
+  int64_t bytes = 0, entries = 0, hits = 0, misses = 0, evictions = 0, errors = 0, loads = 0;
+  double load_seconds = 0;
 };
 
 struct EngineStats {
@@ -121,6 +140,8 @@ struct EngineStats {
   int32_t running = 0, waiting = 0;
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
   int32_t kv_block_size = 0;
+  CacheTierStats ram_tier, disk_tier;
+  int64_t tier_restored_tokens = 0;  // prompt tokens loaded back from the RAM / disk tiers
   int64_t integrity_errors = 0;   // with EngineOptions::check_integrity
   std::string last_integrity_error;
 };

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cache_tier_options.h"
 #include "cli/commands.h"
 #include "cli/device_flags.h"
 #include "cli/loaded_model.h"
@@ -49,6 +50,7 @@ struct BenchOptions {
   bool json = false;
   uint64_t seed = 1;
   DeviceFlags device;
+  EngineOptions tiers;  // only the cache tier fields (--cache-ram-mb, --cache-dir, ...)
 };
 
 struct Trace {
@@ -144,6 +146,10 @@ int run_bench(const BenchOptions& o) {
   eo.n_ctx = o.ctx_size;
   eo.device = o.device.value();
   eo.gpu_memory_fraction = o.device.gpu_memory_fraction;
+  eo.cache_ram_mb = o.tiers.cache_ram_mb;
+  eo.cache_dir = o.tiers.cache_dir;
+  eo.cache_disk_mb = o.tiers.cache_disk_mb;
+  eo.kv_verify = o.tiers.kv_verify;
   const std::string path = o.model.empty() ? default_model_path() : o.model;
   auto engine = Engine::load(path, eo);
   if (!engine.ok()) {
@@ -250,6 +256,11 @@ int run_bench(const BenchOptions& o) {
   const EngineStats s = e.stats();
   j["preemptions"] = s.preemptions;
   j["steps"] = s.steps;
+  if (s.ram_tier.enabled || s.disk_tier.enabled) {
+    j["tier_restored_tokens"] = s.tier_restored_tokens;
+    j["ram_tier_hits"] = s.ram_tier.hits;
+    j["disk_tier_hits"] = s.disk_tier.hits;
+  }
   if (o.json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -287,6 +298,7 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--seed", o->seed, "seed of the random prompts");
   sub->add_flag("--json", o->json, "print the results as JSON");
   o->device.add_to(sub);
+  add_cache_tier_options(*sub, o->tiers);
   return {sub, [o]() -> int { return run_bench(*o); }};
 }
 

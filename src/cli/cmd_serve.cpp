@@ -6,6 +6,7 @@
 #include <memory>
 #include <thread>
 
+#include "cli/cache_tier_options.h"
 #include "cli/commands.h"
 #include "cli/device_flags.h"
 #include "cli/loaded_model.h"
@@ -71,6 +72,15 @@ int run_serve(ServeOptions& o) {
               static_cast<long long>(m.n_ctx()), m.n_kv_blocks(), m.kv_block_size());
   std::printf("rill serve: listening on http://%s:%d  (chat page at /, OpenAI API at /v1)\n", so.host.c_str(),
               (*http)->port());
+  const EngineStats st = (*engine)->stats();
+  if (st.ram_tier.enabled) {
+    std::printf("rill serve: host-RAM cache tier of %lld MiB\n", static_cast<long long>(o.engine.cache_ram_mb));
+  }
+  if (st.disk_tier.enabled) {
+    std::printf("rill serve: disk cache tier %s: %lld entries, %.1f MiB (cap %lld MiB)\n", o.engine.cache_dir.c_str(),
+                static_cast<long long>(st.disk_tier.entries), static_cast<double>(st.disk_tier.bytes) / (1 << 20),
+                static_cast<long long>(o.engine.cache_disk_mb));
+  }
   std::fflush(stdout);
   int sig = 0;
   sigwait(&signals, &sig);
@@ -118,6 +128,7 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--kv-cache-fraction", e.kv_cache_fraction, "KV cache as a fraction of RAM")
       ->check(CLI::Range(0.0, 0.95));
   o->device.add_to(sub);
+  add_cache_tier_options(*sub, e);
   return {sub, [o]() -> int { return run_serve(*o); }};
 }
 

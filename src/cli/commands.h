@@ -17,5 +17,6 @@ Command add_score_command(CLI::App& app);
 Command add_inspect_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
+Command add_cache_command(CLI::App& app);
 
 }  // namespace rill::cli

@@ -1,5 +1,4 @@
-// rill: the command line. `rill run | score | inspect` (serve and bench come
-// with the server and engine).
+// rill: the command line. `rill run | score | inspect | bench | serve | cache`.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -15,6 +14,7 @@ int main(int argc, char** argv) {
       rill::cli::add_inspect_command(app),
       rill::cli::add_bench_command(app),
       rill::cli::add_serve_command(app),
+      rill::cli::add_cache_command(app),
   };
   try {
     app.parse(argc, argv);

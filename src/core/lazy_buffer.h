@@ -1,7 +1,9 @@
 #pragma once
 // LazyBuffer: a large zero-initialised anonymous mapping whose pages cost
 // memory only once touched. Used for KV caches sized for the full context,
-// so resident memory follows the tokens actually cached. RAII.
+// so resident memory follows the tokens actually cached. The region is 2 MiB
+// aligned and advised for transparent huge pages (MADV_HUGEPAGE): pages
+// become resident 2 MiB at a time where the kernel allows it. RAII.
 #include <cstddef>
 #include <cstdint>
 
@@ -11,6 +13,7 @@ namespace rill {
 
 class LazyBuffer {
  public:
+  static constexpr size_t kHugePage = size_t{2} << 20;
   static Result<LazyBuffer> allocate(size_t bytes);
   LazyBuffer() = default;
   LazyBuffer(LazyBuffer&& o) noexcept;

@@ -64,7 +64,23 @@ EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Token
   model_ns_ = hash64(config_fingerprint(model_->config()));
   stats_.kv_blocks_total = pool_.n_blocks();
   stats_.kv_block_size = pool_.block_size();
+}
+
+Status EngineImpl::start() {
+  if (options_.cache_ram_mb > 0 || !options_.cache_dir.empty()) {
+    KvTierConfig c;
+    c.ram_bytes = options_.cache_ram_mb << 20;
+    c.disk_dir = options_.cache_dir;
+    c.disk_bytes = options_.cache_disk_mb << 20;
+    c.verify = options_.kv_verify;
+    c.identity.model_id = options_.model_id.empty() ? config_fingerprint(model_->config()) : options_.model_id;
+    c.identity.config_fingerprint = config_fingerprint(model_->config());
+    c.identity.tokenizer_hash = tokenizer_ ? hash64(tokenizer_->fingerprint()) : 0;
+    RILL_ASSIGN_OR_RETURN(tiers_, KvTiers::open(c, *model_, pool_, tree_));
+  }
+  publish_stats();  // the tiers' contents are known before the first step
   thread_ = std::thread([this] { loop(); });
+  return {};
 }
 
 EngineImpl::~EngineImpl() {
@@ -190,6 +206,9 @@ void EngineImpl::loop() {
     }
     for (auto& r : incoming) {
       Request* p = r.get();
+      // A prefix held by a lower cache tier goes back into the device cache
+      // first, so admission matches it like any cached prefix.
+      if (tiers_ && !stopping) tiers_->restore(KvManager::group_ns(p->ns, 0), p->tokens);
       live_.emplace(p->id, std::move(r));
       scheduler_.add(p);
     }
@@ -322,6 +341,23 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
   if (r.finished()) return;
   scheduler_.remove(&r);
   r.state = RequestState::kFinished;
+  if (r.params.persist_prefix && reason != FinishReason::kError && reason != FinishReason::kAborted) {
+    // Cache warm-up: the prompt's blocks are cached in the tree (released
+    // just now, nothing allocated since); write them to disk.
+    if (!tiers_) {
+      reason = FinishReason::kError;
+      error = "persist_prefix: no disk cache tier is configured (--cache-dir)";
+    } else {
+      auto saved = tiers_->persist(KvManager::group_ns(r.ns, 0), std::span<const int32_t>(r.tokens).first(
+                                                                     static_cast<size_t>(r.n_prompt)));
+      if (!saved.ok()) {
+        reason = FinishReason::kError;
+        error = saved.error().message;
+      } else {
+        event.usage.persisted_tokens = *saved;
+      }
+    }
+  }
   const auto now = Clock::now();
   if (reason != FinishReason::kError && reason != FinishReason::kAborted && r.decoder) {
     // Release held-back text: the stream is complete.
@@ -362,6 +398,9 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
     stats_.completion_tokens += u.completion_tokens;
   }
   finished_ids_.push_back(r.id);
+  // Whoever hears that the request ended may read stats() next: they must
+  // already show what it did (a tier restore or persist, its KV blocks).
+  publish_stats();
   try {
     if (r.on_event) r.on_event(std::move(event));
   } catch (...) {
@@ -385,6 +424,22 @@ void EngineImpl::publish_stats() {
   std::lock_guard lk(stats_mu_);
   stats_.running = static_cast<int32_t>(scheduler_.running().size());
   stats_.waiting = static_cast<int32_t>(scheduler_.waiting().size());
+  if (tiers_) {
+    auto fill = [](CacheTierStats& o, const TierStats& t) {
+      o.enabled = true;
+      o.bytes = t.bytes;
+      o.entries = t.entries;
+      o.hits = t.hits;
+      o.misses = t.misses;
+      o.evictions = t.evictions;
+      o.errors = t.errors;
+      o.loads = t.loads;
+      o.load_seconds = t.load_seconds;
+    };
+    if (tiers_->ram()) fill(stats_.ram_tier, tiers_->ram()->stats());
+    if (tiers_->disk()) fill(stats_.disk_tier, tiers_->disk()->stats());
+    stats_.tier_restored_tokens = tiers_->restored_tokens();
+  }
   stats_.kv_blocks_used = pool_.n_used();
   stats_.kv_blocks_cached = pool_.n_cached();
   stats_.preemptions = scheduler_.n_preemptions();
@@ -395,8 +450,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, std
                                                std::shared_ptr<const ChatTemplate> chat_template) {
   if (!model) return Error{"Engine::create: no model"};
   if (model->n_kv_blocks() <= 0) return Error{"Engine::create: the model has no KV blocks"};
-  return std::unique_ptr<Engine>(
-      new EngineImpl(std::move(model), std::move(tokenizer), options, std::move(chat_template)));
+  std::unique_ptr<EngineImpl> e(new EngineImpl(std::move(model), std::move(tokenizer), options, std::move(chat_template)));
+  RILL_TRY(e->start());
+  return std::unique_ptr<Engine>(std::move(e));
 }
 
 }  // namespace rill

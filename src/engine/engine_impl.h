@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/kv_tiers.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -28,6 +29,8 @@ class EngineImpl final : public Engine {
   EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
              const EngineOptions& options, std::shared_ptr<const ChatTemplate> chat_template);
   ~EngineImpl() override;
+  // Opens the cache tiers and starts the engine thread.
+  Status start();
 
   Result<uint64_t> submit(GenerationRequest request, EventCallback on_event) override;
   void cancel(uint64_t id) override;
@@ -65,6 +68,7 @@ class EngineImpl final : public Engine {
   KvManager kv_;
   Scheduler scheduler_;
   ModelRunner runner_;
+  std::unique_ptr<KvTiers> tiers_;  // null without --cache-ram-mb / --cache-dir
 
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Request>> live_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "model/fingerprint.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
@@ -56,7 +57,9 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
     mo.gpu_memory_fraction = options.gpu_memory_fraction;
   }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
-  return create(std::move(model), std::move(tokenizer), options, std::move(chat_template));
+  EngineOptions eo = options;
+  if (eo.model_id.empty()) eo.model_id = artifact_fingerprint(*files);
+  return create(std::move(model), std::move(tokenizer), eo, std::move(chat_template));
 }
 
 }  // namespace rill

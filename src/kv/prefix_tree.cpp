@@ -47,7 +47,19 @@ void PrefixTree::destroy(std::unique_ptr<Node> node) {
   }
 }
 
-uint64_t PrefixTree::block_key(uint64_t parent_key, uint64_t ns, std::span<const int32_t> block_tokens) const {
+uint64_t PrefixTree::root_key(uint64_t ns) { return hash64(&ns, sizeof ns, kRootSeed); }
+
+std::vector<uint64_t> PrefixTree::chain_keys(uint64_t ns, std::span<const int32_t> tokens, int32_t block_size) {
+  std::vector<uint64_t> keys;
+  uint64_t key = root_key(ns);
+  for (size_t i = 0; block_size > 0 && i + static_cast<size_t>(block_size) <= tokens.size(); i += static_cast<size_t>(block_size)) {
+    key = block_key(key, ns, tokens.subspan(i, static_cast<size_t>(block_size)));
+    keys.push_back(key);
+  }
+  return keys;
+}
+
+uint64_t PrefixTree::block_key(uint64_t parent_key, uint64_t ns, std::span<const int32_t> block_tokens) {
   const uint64_t seed_parts[2] = {parent_key, ns};
   const uint64_t seed = hash64(seed_parts, sizeof seed_parts);
   return hash64(block_tokens.data(), block_tokens.size_bytes(), seed);
@@ -58,7 +70,7 @@ PrefixTree::Node* PrefixTree::root(uint64_t ns, bool create) {
   if (it != roots_.end()) return it->second.get();
   if (!create) return nullptr;
   auto node = std::make_unique<Node>();
-  node->key = hash64(&ns, sizeof ns, kRootSeed);
+  node->key = root_key(ns);
   Node* raw = node.get();
   roots_.emplace(ns, std::move(node));
   return raw;
@@ -135,6 +147,20 @@ void PrefixTree::evict(int32_t block) {
   assert(node != nullptr && "evict of a block the tree does not hold");
   if (node == nullptr) return;
   const uint64_t ns = ns_of_block_[block];
+  if (spill_) {
+    // The chain root -> node, in order.
+    int32_t depth = 0;
+    for (const Node* n = node; n->parent != nullptr; n = n->parent) ++depth;
+    spill_tokens_.resize(static_cast<size_t>(depth) * static_cast<size_t>(block_size_));
+    spill_blocks_.resize(static_cast<size_t>(depth));
+    int32_t i = depth;
+    for (const Node* n = node; n->parent != nullptr; n = n->parent) {
+      --i;
+      spill_blocks_[static_cast<size_t>(i)] = n->block;
+      std::copy(n->tokens.begin(), n->tokens.end(), spill_tokens_.begin() + static_cast<ptrdiff_t>(i) * block_size_);
+    }
+    spill_(ns, spill_tokens_, spill_blocks_);
+  }
   drop_subtree(node);  // the pool already cleared `block`'s cached flag
   Node* parent = node->parent;
   auto it = parent->children.find(node->key);

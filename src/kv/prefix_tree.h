@@ -20,6 +20,7 @@
 // the tree; the tree installs the pool's eviction callback and removes it
 // (uncaching every block it holds) when destroyed.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -65,8 +66,23 @@ class PrefixTree {
 
   // Drops the node holding `block` and its descendants. Called by the pool's
   // eviction callback (the block is then unreferenced and already free);
-  // requires that `block` is a node of this tree.
+  // requires that `block` is a node of this tree. The spill hook, when set,
+  // sees the chain from the root to `block` first.
   void evict(int32_t block);
+
+  // Called on eviction, before the node is dropped, with its namespace and
+  // the whole chain from the root down to the evicted block: tokens
+  // [n * block_size] and block ids [n] (the evicted block last). Every block
+  // of the chain still holds its KV (the evicted one is free but not yet
+  // handed out). The hook may read KV; it must not allocate or change the
+  // pool or the tree.
+  using SpillHook = std::function<void(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks)>;
+  void set_spill_hook(SpillHook hook) { spill_ = std::move(hook); }
+
+  // The key of each full block of `tokens` under ns, as the tree computes
+  // them: keys[i] identifies the chain of blocks 0..i. Cache tiers index
+  // their runs by these keys.
+  static std::vector<uint64_t> chain_keys(uint64_t ns, std::span<const int32_t> tokens, int32_t block_size);
 
   // Number of cached blocks (nodes, roots excluded).
   int32_t n_nodes() const { return n_nodes_; }
@@ -84,7 +100,8 @@ class PrefixTree {
     std::unordered_map<uint64_t, std::unique_ptr<Node>> children;
   };
 
-  uint64_t block_key(uint64_t parent_key, uint64_t ns, std::span<const int32_t> block_tokens) const;
+  static uint64_t block_key(uint64_t parent_key, uint64_t ns, std::span<const int32_t> block_tokens);
+  static uint64_t root_key(uint64_t ns);
   Node* root(uint64_t ns, bool create);
   // Unindexes and uncaches node and its descendants (does not free them).
   void drop_subtree(Node* node);
@@ -97,6 +114,8 @@ class PrefixTree {
   std::unordered_map<uint64_t, std::unique_ptr<Node>> roots_;  // by namespace
   std::vector<Node*> node_of_block_;                           // by block id
   std::vector<uint64_t> ns_of_block_;                          // by block id
+  SpillHook spill_;
+  std::vector<int32_t> spill_tokens_, spill_blocks_;  // scratch for the hook
 };
 
 }  // namespace rill

@@ -9,7 +9,9 @@
 // only reads and writes the blocks the Batch's tables name.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "core/dtype.h"
 #include "core/result.h"
 #include "loader/model_config.h"
 #include "model/batch.h"
@@ -81,6 +83,26 @@ class Model {
     (void)batch;
     (void)ids;
     return Error{"this model has no forward_greedy; sample from forward()'s logits"};
+  }
+
+  // KV export and import for the prefix cache's RAM and disk tiers. One
+  // entry per layer that keeps KV, in layer order; empty when the model
+  // does not support it (the tiers then stay off).
+  struct KvLayer {
+    int32_t group = 0;     // its kv_spec() group
+    DType dtype = DType::kF16;
+    size_t row_bytes = 0;  // one token's K (or V) row of this layer
+  };
+  virtual std::vector<KvLayer> kv_layers() const { return {}; }
+  // Copies the K and V rows of KV layer `layer` in block `block`
+  // (kv_block_size() rows of row_bytes each) out to k / v, or in from them.
+  virtual Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const {
+    (void)layer, (void)block, (void)k, (void)v;
+    return Error{"this model does not export its KV"};
+  }
+  virtual Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) {
+    (void)layer, (void)block, (void)k, (void)v;
+    return Error{"this model does not import KV"};
   }
 };
 

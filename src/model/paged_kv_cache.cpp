@@ -23,10 +23,10 @@ Result<PagedKvCache> PagedKvCache::create(int64_t n_layer, int32_t n_blocks, int
   c.kv_width_ = kv_width;
   c.dtype_ = dtype;
   c.row_bytes_ = ::rill::row_bytes(dtype, kv_width);
-  size_t plane = 0, total = 0;
+  size_t total = 0;
   if (n_layer <= 0 || n_blocks <= 0 || kv_width <= 0 ||
-      __builtin_mul_overflow(static_cast<size_t>(n_blocks), c.block_bytes(), &plane) ||
-      __builtin_mul_overflow(static_cast<size_t>(n_layer) * 2, plane, &total)) {
+      __builtin_mul_overflow(static_cast<size_t>(n_layer) * 2, c.block_bytes(), &total) ||
+      __builtin_mul_overflow(static_cast<size_t>(n_blocks), total, &total)) {
     return Error{"KV cache of " + std::to_string(n_blocks) + " blocks x " + std::to_string(block_size) +
                  " tokens is too large; lower the KV cache size"};
   }
@@ -59,13 +59,25 @@ void PagedKvCache::store(int64_t layer, std::span<const int32_t> table, const fl
   }
 }
 
+void PagedKvCache::copy_block_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const {
+  const size_t off = static_cast<size_t>(block) * span_bytes();
+  std::memcpy(k, k_base(layer) + off, block_bytes());
+  std::memcpy(v, v_base(layer) + off, block_bytes());
+}
+
+void PagedKvCache::copy_block_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) const {
+  const size_t off = static_cast<size_t>(block) * span_bytes();
+  std::memcpy(k_base(layer) + off, k, block_bytes());
+  std::memcpy(v_base(layer) + off, v, block_bytes());
+}
+
 PagedKv PagedKvCache::view(int64_t layer, std::span<const int32_t> table) const {
   PagedKv v;
   v.k = k_base(layer);
   v.v = v_base(layer);
   v.table = table.data();
   v.block_shift = block_shift_;
-  v.block_bytes = block_bytes();
+  v.block_bytes = span_bytes();
   v.row_bytes = row_bytes_;
   return v;
 }

@@ -3,10 +3,14 @@
 // Block b of layer l holds block_size consecutive positions of whichever
 // sequence the caller's block table assigns it to.
 //
-// Layout per layer: K [n_blocks, block_size, kv_width], then V the same, in
-// `dtype` (F32 or F16). Memory is reserved lazily (LazyBuffer): pages become
+// Layout, block-major: block b is one span of every layer's K then V rows,
+// [n_blocks][n_layer][K, V][block_size, kv_width] in `dtype` (F32 or F16),
+// so a sequence's KV for all layers sits in a few large regions. Memory is
+// reserved lazily in transparent huge pages (LazyBuffer): pages become
 // resident as blocks are first written, and the pool hands out low block ids
-// first, so resident size follows the peak number of blocks in use.
+// first, so resident size follows the peak number of blocks in use (in 2 MiB
+// steps), and decode attention at many streams walks a handful of TLB
+// entries instead of one per 4 KiB of K/V.
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -36,16 +40,24 @@ class PagedKvCache {
   void store(int64_t layer, std::span<const int32_t> table, const float* k_rows, const float* v_rows,
              const int32_t* pos, int64_t n, int64_t src_stride) const;
 
+  // Copies one layer's K and V rows of one block (block_size rows of
+  // row_bytes()) out to k / v, or in from them (prefix-cache tiers).
+  void copy_block_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const;
+  void copy_block_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) const;
+
   // The view attention reads for one sequence of one layer.
   PagedKv view(int64_t layer, std::span<const int32_t> table) const;
 
  private:
+  // Bytes of one layer's K (or V) rows of one block.
   size_t block_bytes() const { return static_cast<size_t>(block_size_) * row_bytes_; }
-  size_t plane_bytes() const { return static_cast<size_t>(n_blocks_) * block_bytes(); }
-  uint8_t* k_base(int64_t layer) const { return buffer_.data() + static_cast<size_t>(layer) * 2 * plane_bytes(); }
-  uint8_t* v_base(int64_t layer) const { return k_base(layer) + plane_bytes(); }
+  // Bytes of one block across all layers: the distance between blocks.
+  size_t span_bytes() const { return static_cast<size_t>(n_layer_) * 2 * block_bytes(); }
+  // K (V) rows of `layer` in block 0.
+  uint8_t* k_base(int64_t layer) const { return buffer_.data() + static_cast<size_t>(layer) * 2 * block_bytes(); }
+  uint8_t* v_base(int64_t layer) const { return k_base(layer) + block_bytes(); }
   uint8_t* row(uint8_t* base, std::span<const int32_t> table, int32_t pos) const {
-    return base + static_cast<size_t>(table[static_cast<size_t>(pos >> block_shift_)]) * block_bytes() +
+    return base + static_cast<size_t>(table[static_cast<size_t>(pos >> block_shift_)]) * span_bytes() +
            static_cast<size_t>(pos & (block_size_ - 1)) * row_bytes_;
   }
 

@@ -108,9 +108,10 @@ void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
   if (del && starts_with(p, "/v1/responses/")) return handle_responses_delete(ctx_, req, res);
   if (post && p == "/v1/messages") return handle_messages(ctx_, req, res);
   if (post && p == "/v1/messages/count_tokens") return handle_count_tokens(ctx_, req, res);
+  if (post && p == "/v1/cache/warm") return handle_cache_warm(ctx_, req, res);
   const bool known = p == "/v1/models" || p == "/metrics" || p == "/stats" || p == "/v1/chat/completions" ||
                      p == "/v1/completions" || p == "/v1/responses" || p == "/v1/messages" ||
-                     p == "/v1/messages/count_tokens" || p == "/";
+                     p == "/v1/messages/count_tokens" || p == "/v1/cache/warm" || p == "/";
   if (known) return fail(405, "method " + req.method + " is not allowed on " + p, "invalid_request_error");
   fail(404, "no route " + req.method + " " + p, "not_found_error");
 }
@@ -154,6 +155,12 @@ void App::stats(std::shared_ptr<Responder> res) {
                        {"blocks_total", s.kv_blocks_total},
                        {"blocks_used", s.kv_blocks_used},
                        {"blocks_cached", s.kv_blocks_cached}};
+  auto tier = [](const CacheTierStats& t) {
+    return nlohmann::json{{"enabled", t.enabled}, {"bytes", t.bytes},   {"entries", t.entries},
+                          {"hits", t.hits},       {"misses", t.misses}, {"evictions", t.evictions},
+                          {"errors", t.errors},   {"loads", t.loads},   {"load_seconds", t.load_seconds}};
+  };
+  kv["tiers"] = {{"ram", tier(s.ram_tier)}, {"disk", tier(s.disk_tier)}, {"restored_tokens", s.tier_restored_tokens}};
   nlohmann::json body = {{"model", ctx_.options.model_id}, {"engine", engine}, {"kv", kv}};
   body["http"] = {{"open_connections", connections_ ? connections_() : 0},
                   {"open_streams", ctx_.metrics ? ctx_.metrics->open_streams() : 0}};

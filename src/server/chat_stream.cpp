@@ -115,12 +115,12 @@ Result<ojson> convert_messages(const ojson& messages) {
 }
 
 // ChatML, for models that ship no template.
-std::string render_chatml(const ojson& messages) {
+std::string render_chatml(const ojson& messages, bool add_generation_prompt) {
   std::string text;
   for (const ojson& m : messages) {
     text += "<|im_start|>" + m["role"].get<std::string>() + "\n" + m["content"].get<std::string>() + "<|im_end|>\n";
   }
-  return text + "<|im_start|>assistant\n";
+  return add_generation_prompt ? text + "<|im_start|>assistant\n" : text;
 }
 
 bool ends_inside_think(std::string_view text) {
@@ -216,12 +216,12 @@ Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const 
   RILL_ASSIGN_OR_RETURN(ojson messages, convert_messages(in.messages));
   std::string text;
   if (ctx.chat_template == nullptr) {
-    text = render_chatml(messages);
+    text = render_chatml(messages, in.add_generation_prompt);
   } else {
     ojson context = ojson::object();
     context["messages"] = std::move(messages);
     context["tools"] = in.tools.is_array() && !in.tools.empty() ? in.tools : ojson(nullptr);
-    context["add_generation_prompt"] = true;
+    context["add_generation_prompt"] = in.add_generation_prompt;
     context["bos_token"] = token_string(*tok, tok->bos_id());
     context["eos_token"] = token_string(*tok, tok->eos_id());
     if (in.template_kwargs.is_object()) {

@@ -28,6 +28,9 @@ struct ChatInput {
   nlohmann::ordered_json tools;            // null or OpenAI tools [{type: function, function: {...}}]
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // e.g. enable_thinking
   GenerationRequest generation;            // everything but the prompt
+  // False for a prefix meant to be continued (cache warm-up): the template
+  // renders the messages only, without the assistant turn's opening.
+  bool add_generation_prompt = true;
 };
 
 struct ChatResult {
@@ -61,7 +64,7 @@ struct ChatCallbacks {
 // Context given to the template: messages (content flattened to a string,
 // text parts joined by "\n"; role developer -> system; assistant
 // tool_calls[].function.arguments parsed into objects; null content -> ""),
-// tools (null when absent or empty), add_generation_prompt true, bos_token,
+// tools (null when absent or empty), add_generation_prompt, bos_token,
 // eos_token, then every template_kwargs entry. A model without a template
 // gets ChatML.
 Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const ChatInput& in,

@@ -15,6 +15,38 @@ void gauge(std::string& out, const char* name, const char* help, double v, const
   out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + num(v) + "\n";
 }
 
+// One series per prefix-cache tier: `name`{tier="ram"|"disk"}.
+void tier_family(std::string& out, const char* name, const char* help, const char* type, const EngineStats& s,
+                 double (*value)(const CacheTierStats&)) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  out += std::string(name) + "{tier=\"ram\"} " + num(value(s.ram_tier)) + "\n";
+  out += std::string(name) + "{tier=\"disk\"} " + num(value(s.disk_tier)) + "\n";
+}
+
+void render_tiers(const EngineStats& s, std::string& out) {
+  using T = const CacheTierStats&;
+  tier_family(out, "rill_kv_tier_enabled", "1 when the prefix-cache tier is configured", "gauge", s,
+              [](T t) { return t.enabled ? 1.0 : 0.0; });
+  tier_family(out, "rill_kv_tier_bytes", "bytes held by the prefix-cache tier", "gauge", s,
+              [](T t) { return static_cast<double>(t.bytes); });
+  tier_family(out, "rill_kv_tier_entries", "prefix runs held by the tier", "gauge", s,
+              [](T t) { return static_cast<double>(t.entries); });
+  tier_family(out, "rill_kv_tier_hits_total", "lookups that found a prefix in the tier", "counter", s,
+              [](T t) { return static_cast<double>(t.hits); });
+  tier_family(out, "rill_kv_tier_misses_total", "lookups that found nothing in the tier", "counter", s,
+              [](T t) { return static_cast<double>(t.misses); });
+  tier_family(out, "rill_kv_tier_evictions_total", "runs evicted by the tier's byte cap", "counter", s,
+              [](T t) { return static_cast<double>(t.evictions); });
+  tier_family(out, "rill_kv_tier_errors_total", "entries refused and removed on load (corrupt, foreign, failed)",
+              "counter", s, [](T t) { return static_cast<double>(t.errors); });
+  tier_family(out, "rill_kv_tier_loads_total", "runs loaded from the tier", "counter", s,
+              [](T t) { return static_cast<double>(t.loads); });
+  tier_family(out, "rill_kv_tier_load_seconds_total", "time spent loading runs from the tier", "counter", s,
+              [](T t) { return t.load_seconds; });
+  gauge(out, "rill_kv_tier_restored_tokens_total", "prompt tokens loaded back into the device cache from a tier",
+        static_cast<double>(s.tier_restored_tokens), "counter");
+}
+
 }  // namespace
 
 void Histogram::observe(double seconds) {
@@ -74,6 +106,7 @@ std::string Metrics::render(const EngineStats& s) const {
   gauge(out, "rill_kv_blocks_total", "KV cache blocks", s.kv_blocks_total);
   gauge(out, "rill_kv_blocks_used", "KV cache blocks held by requests", s.kv_blocks_used);
   gauge(out, "rill_kv_blocks_cached", "unreferenced KV blocks kept for prefix reuse", s.kv_blocks_cached);
+  render_tiers(s, out);
   gauge(out, "rill_open_streams", "streaming HTTP responses in progress", static_cast<double>(open_streams_.load()));
   out += "# HELP rill_batch_size sequences per engine step\n# TYPE rill_batch_size histogram\n";
   int64_t cumulative = 0;

@@ -1,5 +1,6 @@
 #pragma once
 // Server metrics: request counters per route and status, token counters,
+// the prefix-cache tiers' counters (rill_kv_tier_*{tier="ram"|"disk"}),
 // TTFT / inter-token latency / batch-size histograms; rendered as Prometheus
 // text (GET /metrics) together with the engine's stats. Thread-safe.
 #include <array>

@@ -96,11 +96,14 @@ def test_metrics_and_stats(server):
     assert status == 200
     for name in ["rill_http_requests_total", "rill_time_to_first_token_seconds_bucket",
                  "rill_inter_token_latency_seconds_count", "rill_kv_blocks_used", "rill_prefix_cache_hit_rate",
-                 "rill_requests_running", "rill_batch_size_bucket", "rill_batch_size_count"]:
+                 "rill_requests_running", "rill_batch_size_bucket", "rill_batch_size_count",
+                 'rill_kv_tier_enabled{tier="ram"} 0', 'rill_kv_tier_bytes{tier="disk"}',
+                 'rill_kv_tier_load_seconds_total{tier="ram"}', "rill_kv_tier_restored_tokens_total"]:
         assert name in text, name
     st = server.stats()
     assert st["engine"]["requests_finished"] >= 1
     assert "response_store" in st and "kv" in st
+    assert st["kv"]["tiers"]["disk"]["enabled"] is False and st["kv"]["tiers"]["ram"]["hits"] == 0
 
 
 def test_client_disconnect_cancels_the_generation(server):

@@ -58,14 +58,21 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   const bool avx2 = best_isa() != Isa::kScalar;
   const bool avx512 = best_isa() == Isa::kAvx512 && detail::attend_f16_exact_supported(p.head_dim);
   const int64_t group = p.n_head / p.n_head_kv;
-  // first_unit[s]: the first (query, head) pair of sequence s; grows only.
+  // A single-query sequence (decode) on AVX-512 is cut by KV head instead:
+  // one unit is up to gmax query heads sharing a KV head, so each K/V row
+  // is read once for them (attend_f16_rounded_group_avx512).
+  const int gmax = avx512 ? detail::attend_f16_group_max_heads(p.head_dim) : 0;
+  const int64_t parts = gmax > 0 ? (group + gmax - 1) / gmax : 0;  // units per KV head
+  auto by_kv_head = [&](const AttentionSeq& seq) { return gmax > 0 && seq.n_q == 1; };
+  // first_unit[s]: the first unit of sequence s; grows only.
   thread_local std::vector<int64_t> first_unit;
   first_unit.resize(static_cast<size_t>(n_seqs) + 1);
   int64_t max_kv = 0;
   first_unit[0] = 0;
   for (int s = 0; s < n_seqs; ++s) {
     assert(seqs[s].kv.row_bytes == static_cast<size_t>(p.n_head_kv * p.head_dim) * 2);
-    first_unit[static_cast<size_t>(s) + 1] = first_unit[static_cast<size_t>(s)] + seqs[s].n_q * p.n_head;
+    const int64_t units = by_kv_head(seqs[s]) ? p.n_head_kv * parts : seqs[s].n_q * p.n_head;
+    first_unit[static_cast<size_t>(s) + 1] = first_unit[static_cast<size_t>(s)] + units;
     max_kv = std::max(max_kv, seqs[s].n_kv);
   }
   const int64_t n_units = first_unit[static_cast<size_t>(n_seqs)];
@@ -75,16 +82,43 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
     // Per-thread scratch, grown to the longest context seen (not per step).
     thread_local std::vector<float> scores;
     thread_local std::vector<uint16_t> probs16;
-    if (static_cast<int64_t>(scores.size()) < max_kv) {
-      scores.resize(static_cast<size_t>(max_kv));
-      probs16.resize(static_cast<size_t>(max_kv));
+    const size_t scratch = static_cast<size_t>(max_kv) * detail::kMaxGroupHeads;
+    if (scores.size() < scratch) {
+      scores.resize(scratch);
+      probs16.resize(scratch);
     }
     uint16_t q16[1024];
     int s = static_cast<int>(std::upper_bound(starts, starts + n_seqs + 1, begin) - starts) - 1;
     for (int64_t u = begin; u < end; ++u) {
       while (u >= starts[s + 1]) ++s;
       const AttentionSeq& seq = seqs[s];
-      const int64_t local = u - starts[s];  // (query, head) within the sequence, head fastest
+      const int64_t local = u - starts[s];  // the unit within the sequence
+      if (by_kv_head(seq)) {
+        const int64_t kvh = local / parts, h0 = kvh * group + (local % parts) * gmax;
+        const int nh = static_cast<int>(std::min<int64_t>(gmax, (kvh + 1) * group - h0));
+        const float* qr = seq.q + h0 * p.head_dim;
+        for (int64_t d = 0; d < nh * p.head_dim; ++d) q16[d] = f32_to_f16(qr[d]);
+        const int64_t pos = seq.q_pos[0];
+        detail::F16GroupArgs g;
+        g.q16 = q16;
+        const size_t head_off = static_cast<size_t>(kvh * p.head_dim) * 2;  // bytes of f16
+        g.kv = seq.kv;
+        g.kv.k += head_off;
+        g.kv.v += head_off;
+        g.head_dim = p.head_dim;
+        g.j_end = std::min<int64_t>(pos + 1, seq.n_kv);
+        g.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+        g.n_heads = nh;
+        g.scale = p.scale;
+        g.softcap = p.softcap;
+        g.scores = scores.data();
+        g.probs16 = probs16.data();
+        g.scratch_stride = max_kv;
+        g.out = seq.out + h0 * p.head_dim;
+        detail::attend_f16_rounded_group_avx512(g);
+        continue;
+      }
+      // (query, head) within the sequence, head fastest
       const int64_t i = local / p.n_head, h = local % p.n_head;
       const float* qr = seq.q + local * p.head_dim;
       for (int64_t d = 0; d < p.head_dim; ++d) q16[d] = f32_to_f16(qr[d]);

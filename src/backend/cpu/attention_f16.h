@@ -38,6 +38,25 @@ void attend_f16_rounded_avx2(const F16AttendArgs& a);
 // needs scores/probs16 for keys [0, j_end) and head_dim supported below.
 void attend_f16_rounded_avx512(const F16AttendArgs& a);
 bool attend_f16_exact_supported(int64_t head_dim);
+
+// The single-query form for n_heads consecutive query heads that share one
+// KV head: each head's output bit-identical to attend_f16_rounded_avx512
+// with single_query, every K/V row read once for all of them.
+inline constexpr int kMaxGroupHeads = 4;
+struct F16GroupArgs {
+  const uint16_t* q16;  // [n_heads, head_dim] f16
+  PagedKv kv;           // at the shared KV head (as F16AttendArgs::kv)
+  int64_t head_dim, j_begin, j_end;
+  int n_heads;
+  float scale, softcap;
+  float* scores;           // scratch [n_heads, scratch_stride]
+  uint16_t* probs16;       // scratch [n_heads, scratch_stride]
+  int64_t scratch_stride;  // >= j_end
+  float* out;              // [n_heads, head_dim]
+};
+// Most heads one call takes for this head_dim; 0 when the form is unsupported.
+int attend_f16_group_max_heads(int64_t head_dim);
+void attend_f16_rounded_group_avx512(const F16GroupArgs& a);
 }  // namespace detail
 
 }  // namespace rill::cpu

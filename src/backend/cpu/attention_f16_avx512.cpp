@@ -10,134 +10,9 @@
 //  - p.v: the same two dot structures over the keys (lane = key % 16, or
 //    key % 64 for a single query), per output dim.
 // The horizontal add is GCC's _mm512_reduce_add_ps order, written out.
-#include <immintrin.h>
-
-#include <cmath>
-
-#include "backend/cpu/attention_f16.h"
-#include "backend/cpu/exp_ggml_avx512.h"
-#include "core/half.h"
+#include "backend/cpu/attention_f16_avx512_impl.h"
 
 namespace rill::cpu::detail {
-namespace {
-
-inline float reduce16(__m512 v) {
-  const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
-  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
-  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
-}
-
-inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-
-// q.k for one key (head_dim % 64 == 0 for the single-query form, % 16 otherwise).
-inline float dot_qk(const uint16_t* q, const uint16_t* k, int64_t hd, bool single_query) {
-  if (!single_query) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t d = 0; d < hd; d += 16) acc = _mm512_fmadd_ps(load16(k + d), load16(q + d), acc);
-    return reduce16(acc);
-  }
-  __m512 x[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int64_t d = 0; d < hd; d += 64)
-    for (int r = 0; r < 4; ++r) x[r] = _mm512_fmadd_ps(load16(k + d + 16 * r), load16(q + d + 16 * r), x[r]);
-  return reduce16(_mm512_add_ps(_mm512_add_ps(x[0], x[2]), _mm512_add_ps(x[1], x[3])));
-}
-
-// out[t] = reduce16(c[t]) for 16 vectors at once: reduce16's tree (hi8 +
-// lo8, hi4 + lo4, the two pair sums, their sum) run vertically across the
-// vectors with 128-bit-lane shuffles, each result bit-identical.
-inline void reduce16x16(const __m512* c, float* out) {
-  // t3 = hi8 + lo8, two keys per vector: [t3_a(0..7), t3_b(0..7)].
-  __m512 u[8];
-  for (int i = 0; i < 8; ++i) {
-    const __m512 lo = _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512 hi = _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2));
-    u[i] = _mm512_add_ps(hi, lo);
-  }
-  // t6 = hi4 + lo4, one key per 128-bit lane: v[i] holds keys 4i..4i+3.
-  __m512 v[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m512 e = _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 o = _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1));
-    v[i] = _mm512_add_ps(o, e);
-  }
-  // t8 = (t6[0] + t6[2], t6[1] + t6[3]), then t8[0] + t8[1].
-  const __m512 w01 = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 w23 = _mm512_add_ps(_mm512_shuffle_ps(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_ps(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
-  // r[4m + e] is key 4e + m (m: 128-bit lane, e: element); put keys in order.
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
-}
-
-// The single-query q.k of 16 consecutive keys, each bit-identical to
-// dot_qk(q, k_j, hd, true): the per-key vectors are built as there, then the
-// 16 horizontal adds (reduce16's tree) run vertically across keys with
-// 128-bit-lane shuffles, instead of a serial shuffle chain per key.
-// out[t] = q . k_(j0 + t), each key's row found through the block table.
-inline void dot_qk16_single(const __m512* qf, const F16AttendArgs& a, int64_t j0, int64_t hd, float* out) {
-  __m512 c[16];
-  for_each_row(a.kv, a.kv.k, j0, j0 + 16, [&](int64_t j, const uint8_t* row) {
-    const auto* kr = reinterpret_cast<const uint16_t*>(row);
-    __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
-    for (int64_t d = 0, i = 0; d < hd; d += 64, i += 4) {
-      x0 = _mm512_fmadd_ps(load16(kr + d), qf[i], x0);
-      x1 = _mm512_fmadd_ps(load16(kr + d + 16), qf[i + 1], x1);
-      x2 = _mm512_fmadd_ps(load16(kr + d + 32), qf[i + 2], x2);
-      x3 = _mm512_fmadd_ps(load16(kr + d + 48), qf[i + 3], x3);
-    }
-    c[j - j0] = _mm512_add_ps(_mm512_add_ps(x0, x2), _mm512_add_ps(x1, x3));
-  });
-  reduce16x16(c, out);
-}
-
-// p.v accumulators: lane l sums the keys j = l (mod n_lanes) in key order,
-// acc_l = fma(v_j, p_j, acc_l), as llama.cpp's dot lanes do. Each lane's
-// NV vectors stay in registers over its keys; only the result is stored.
-template <int NV>
-inline void pv_lanes(const F16AttendArgs& a, int n_lanes, int64_t n, float (*acc)[256]) {
-  for (int l = 0; l < n_lanes; ++l) {
-    __m512 r[NV];  // fully unrolled so the accumulators live in registers
-#pragma GCC unroll 16
-    for (int i = 0; i < NV; ++i) r[i] = _mm512_setzero_ps();
-    int64_t j = l;
-    if (j < a.j_begin) j += (a.j_begin - l + n_lanes - 1) / n_lanes * n_lanes;
-    for (; j < n; j += n_lanes) {
-      const __m512 p = _mm512_set1_ps(_cvtsh_ss(a.probs16[j]));
-      const auto* vr = reinterpret_cast<const uint16_t*>(a.kv.v_row(j));
-#pragma GCC unroll 16
-      for (int i = 0; i < NV; ++i) r[i] = _mm512_fmadd_ps(load16(vr + 16 * i), p, r[i]);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < NV; ++i) _mm512_store_ps(acc[l] + 16 * i, r[i]);
-  }
-}
-
-// The multi-query q.k of 16 consecutive keys, each bit-identical to
-// dot_qk(q, k_j, hd, false): one 16-lane accumulator per key over 16-dim
-// steps, then the 16 horizontal adds done vertically.
-// The 16 keys' chains are interleaved (dims outer, keys inner) so they run
-// in parallel instead of one 4-cycle fma latency after another; each key
-// still adds its dims in order.
-inline void dot_qk16_multi(const __m512* qf, const F16AttendArgs& a, int64_t j0, int64_t hd, float* out) {
-  const uint16_t* rows[16];
-  for_each_row(a.kv, a.kv.k, j0, j0 + 16,
-               [&](int64_t j, const uint8_t* row) { rows[j - j0] = reinterpret_cast<const uint16_t*>(row); });
-  __m512 c[16];
-#pragma GCC unroll 16
-  for (int t = 0; t < 16; ++t) c[t] = _mm512_setzero_ps();
-  for (int64_t d = 0, i = 0; d < hd; d += 16, ++i) {
-    const __m512 q = qf[i];
-#pragma GCC unroll 16
-    for (int t = 0; t < 16; ++t) c[t] = _mm512_fmadd_ps(load16(rows[t] + d), q, c[t]);
-  }
-  reduce16x16(c, out);
-}
-
-}  // namespace
 
 bool attend_f16_exact_supported(int64_t head_dim) { return head_dim % 64 == 0 && head_dim <= 256; }
 
@@ -145,7 +20,6 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
   const int64_t hd = a.head_dim;
   const int64_t n = a.j_end;  // keys [0, j_end); those before j_begin are masked
   // Scores for keys 0..n-1 (masked: -inf), chunked from key 0 like llama.cpp's padded rows.
-  float max = -INFINITY;
   int64_t j = 0;
   for (; j < a.j_begin; ++j) a.scores[j] = -INFINITY;
   {
@@ -159,50 +33,9 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
         dot_qk16_multi(qf, a, j, hd, a.scores + j);
       }
     }
-    int64_t t = a.j_begin;  // scale (and cap) the blocked scores
-    if (a.softcap <= 0.0f) {  // vector form: the same products, and max is exact in any order
-      const __m512 vscale = _mm512_set1_ps(a.scale);
-      __m512 vmax = _mm512_set1_ps(-INFINITY);
-      for (; t + 16 <= j; t += 16) {
-        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(a.scores + t), vscale);
-        _mm512_storeu_ps(a.scores + t, v);
-        vmax = _mm512_max_ps(vmax, v);
-      }
-      max = _mm512_reduce_max_ps(vmax);
-    }
-    for (; t < j; ++t) {
-      float s = a.scores[t] * a.scale;
-      if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
-      a.scores[t] = s;
-      max = s > max ? s : max;
-    }
   }
-  for_each_row(a.kv, a.kv.k, j, n, [&](int64_t jj, const uint8_t* row) {
-    float s = dot_qk(a.q16, reinterpret_cast<const uint16_t*>(row), hd, a.single_query) * a.scale;
-    if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
-    a.scores[jj] = s;
-    max = s > max ? s : max;
-  });
-  double sum = 0.0;
-  const __m512 vmax = _mm512_set1_ps(max);
-  for (int64_t j0 = 0; j0 < n; j0 += 16) {
-    const __mmask16 m = n - j0 >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j0)) - 1);
-    const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, a.scores + j0);
-    const __m512 e = exp_ggml512(_mm512_sub_ps(s, vmax));
-    _mm512_mask_storeu_ps(a.scores + j0, m, e);
-    sum += static_cast<double>(reduce16(e));
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  // Rounded to f16 16 at a time: the conversion rounds to nearest even, as
-  // f32_to_f16 does (probabilities are finite, so NaN payloads never matter).
-  const __m512 vinv = _mm512_set1_ps(inv);
-  int64_t jp = 0;
-  for (; jp + 16 <= n; jp += 16) {
-    const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(a.scores + jp), vinv),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.probs16 + jp), h);
-  }
-  for (; jp < n; ++jp) a.probs16[jp] = f32_to_f16(a.scores[jp] * inv);
+  const float max = finish_scores(a.q16, a.kv, hd, a.j_begin, j, n, a.scale, a.softcap, a.single_query, a.scores);
+  softmax_probs16(a.scores, a.probs16, n, max);
 
   // p.v: accumulator row (key % n_lanes) per key, each a vector over head dims.
   const int n_lanes = a.single_query ? 64 : 16;
@@ -213,23 +46,7 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
     case 12: pv_lanes<12>(a, n_lanes, n, acc); break;
     default: pv_lanes<16>(a, n_lanes, n, acc); break;
   }
-  for (int64_t d = 0; d < hd; d += 16) {
-    __m512 lane[16];
-    for (int l = 0; l < 16; ++l) {
-      lane[l] = _mm512_load_ps(acc[l] + d);
-      if (a.single_query) {  // (x0 + x2) + (x1 + x3) per lane, the 4 accumulators 16 keys apart
-        const __m512 x0 = lane[l], x1 = _mm512_load_ps(acc[16 + l] + d);
-        const __m512 x2 = _mm512_load_ps(acc[32 + l] + d), x3 = _mm512_load_ps(acc[48 + l] + d);
-        lane[l] = _mm512_add_ps(_mm512_add_ps(x0, x2), _mm512_add_ps(x1, x3));
-      }
-    }
-    // reduce16 across the 16 lanes, vectorised over 16 dims
-    __m512 t3[8], t6[4];
-    for (int l = 0; l < 8; ++l) t3[l] = _mm512_add_ps(lane[l + 8], lane[l]);
-    for (int l = 0; l < 4; ++l) t6[l] = _mm512_add_ps(t3[l + 4], t3[l]);
-    const __m512 t8_0 = _mm512_add_ps(t6[0], t6[2]), t8_1 = _mm512_add_ps(t6[1], t6[3]);
-    _mm512_storeu_ps(a.out + d, _mm512_add_ps(t8_0, t8_1));
-  }
+  reduce_lanes(&acc[0][0], 256, hd, a.single_query, a.out);
 }
 
 }  // namespace rill::cpu::detail

@@ -57,12 +57,31 @@ class LlamaModel final : public Model {
   int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
   size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
   Status forward(const Batch& batch, float* logits) override;
+  std::vector<KvLayer> kv_layers() const override {
+    return std::vector<KvLayer>(static_cast<size_t>(cfg_.n_layer), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
+  }
+  Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const override {
+    RILL_TRY(check_kv_block(layer, block));
+    kv_.copy_block_out(layer, block, k, v);
+    return {};
+  }
+  Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) override {
+    RILL_TRY(check_kv_block(layer, block));
+    kv_.copy_block_in(layer, block, k, v);
+    return {};
+  }
 
  private:
   void attention_block(const LlamaLayer& L, int64_t il, const Batch& batch);
   void mlp_block(const LlamaLayer& L, int64_t n);
   Status bind_moe(LlamaLayer& L, const std::string& p);
   Status check_batch(const Batch& batch) const;
+  Status check_kv_block(int64_t layer, int32_t block) const {
+    if (layer < 0 || layer >= cfg_.n_layer || block < 0 || block >= kv_.n_blocks()) {
+      return Error{"KV layer " + std::to_string(layer) + " block " + std::to_string(block) + " does not exist"};
+    }
+    return {};
+  }
 
   std::shared_ptr<const ModelFiles> files_;
   const ModelConfig& cfg_;

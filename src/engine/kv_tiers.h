@@ -1,0 +1,85 @@
+#pragma once
+// KvTiers: the prefix cache's host-RAM and disk tiers under the device
+// prefix tree (ARCHITECTURE.md, "Prefix cache").
+//
+//  - Spill: when the block pool evicts a cached block, the prefix tree hands
+//    over the chain root -> that block (spill hook). Unless a tier already
+//    holds that chain, its KV is copied out of the model into a run (KvRun)
+//    that goes to the RAM tier; runs the RAM tier evicts go to the disk tier
+//    (or straight to disk without a RAM tier). A chain is stored whole, so
+//    one run serves every prompt that shares any prefix of it.
+//  - Restore: before a request is scheduled, the longest prefix of its
+//    prompt that a tier holds beyond what the device cache matches is copied
+//    into fresh device blocks and inserted into the prefix tree; admission
+//    then matches it like any cached prefix (and reports it as cached
+//    tokens). If the pool has no room the prompt is simply computed.
+//  - Persist: a finished warm-up request's prefix is written to disk now.
+//
+// Supported layouts: one attention group (full or sliding); models with
+// several groups or recurrent state get a clear error when tiers are asked
+// for. Everything runs on the engine thread. Disk writes are synchronous.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/result.h"
+#include "kv/block_pool.h"
+#include "kv/disk_tier.h"
+#include "kv/prefix_tree.h"
+#include "kv/ram_tier.h"
+#include "model/model.h"
+
+namespace rill {
+
+struct KvTierConfig {
+  int64_t ram_bytes = 0;   // 0: no RAM tier
+  std::string disk_dir;    // empty: no disk tier
+  int64_t disk_bytes = 0;  // cap of the disk tier
+  bool verify = false;     // check tensor hashes on every disk load
+  KvFileIdentity identity; // model, config, tokenizer (ns per run)
+};
+
+class KvTiers {
+ public:
+  // Opens the configured tiers and installs the spill hook on `tree`.
+  static Result<std::unique_ptr<KvTiers>> open(const KvTierConfig& config, Model& model, BlockPool& pool,
+                                               PrefixTree& tree);
+  ~KvTiers();
+
+  // The spill hook (see PrefixTree::SpillHook).
+  void spill(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks);
+  // Loads the longest tier-held prefix of prompt (all but its last token)
+  // beyond the device match into the device cache; returns the tokens
+  // loaded (0 on a miss or without room).
+  int32_t restore(uint64_t ns, std::span<const int32_t> prompt);
+  // Writes the device-cached chain that prefixes `tokens` to the disk tier.
+  // Errors: no disk tier, nothing cached, a write failure.
+  Result<int32_t> persist(uint64_t ns, std::span<const int32_t> tokens);
+
+  const RamTier* ram() const { return ram_.get(); }
+  const DiskTier* disk() const { return disk_.get(); }
+  int64_t restored_tokens() const { return restored_tokens_; }
+  int64_t spill_errors() const { return spill_errors_; }
+  const std::string& last_error() const { return last_error_; }
+
+ private:
+  KvTiers(Model& model, BlockPool& pool, PrefixTree& tree) : model_(model), pool_(pool), tree_(tree) {}
+  // Copies blocks' KV out of the model into a new run.
+  Result<KvRunPtr> build_run(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks,
+                             std::vector<uint64_t> keys) const;
+  bool run_fits_model(const KvRun& run) const;
+  void to_disk(const KvRun& run);
+
+  Model& model_;
+  BlockPool& pool_;
+  PrefixTree& tree_;
+  std::vector<Model::KvLayer> layers_;
+  LayerKind kind_ = LayerKind::kFull;
+  std::unique_ptr<RamTier> ram_;
+  std::unique_ptr<DiskTier> disk_;
+  int64_t restored_tokens_ = 0, spill_errors_ = 0;
+  std::string last_error_;
+};
+
+}  // namespace rill

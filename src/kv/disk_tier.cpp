@@ -1,0 +1,212 @@
+#include "kv/disk_tier.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <system_error>
+
+#include "core/hash.h"
+#include "kv/prefix_tree.h"
+
+namespace rill {
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kSuffix = ".rkv";
+
+size_t dtype_bytes(DType t) {
+  const DTypeInfo info = dtype_info(t);
+  return static_cast<size_t>(info.block_bytes) / static_cast<size_t>(info.block_size);
+}
+}  // namespace
+
+std::string kv_run_file_name(uint64_t last_key) { return hex64(last_key) + kSuffix; }
+
+Result<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierOptions& options) {
+  std::unique_ptr<DiskTier> t(new DiskTier(options));
+  RILL_ASSIGN_OR_RETURN(KvDirLock lock, KvDirLock::acquire(options.dir));
+  t->lock_.emplace(std::move(lock));
+  RILL_TRY(t->scan());
+  return t;
+}
+
+DiskTier::~DiskTier() = default;
+
+Status DiskTier::scan() {
+  struct Found {
+    Entry e;
+    fs::file_time_type mtime;
+  };
+  std::vector<Found> found;
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(options_.dir, ec)) {
+    const fs::path p = de.path();
+    const std::string name = p.filename().string();
+    if (name.size() > 4 && name.ends_with(".tmp")) {  // a writer died mid-write
+      fs::remove(p, ec);
+      ++removed_at_open_;
+      continue;
+    }
+    if (!name.ends_with(kSuffix) || !de.is_regular_file(ec)) continue;
+    auto header = read_kv_header(p.string());
+    bool ok = header.ok() && kv_identity_mismatch(
+                                 KvFileIdentity{options_.identity.model_id, options_.identity.config_fingerprint,
+                                                header->identity.ns, options_.identity.tokenizer_hash},
+                                 header->identity)
+                                 .empty();
+    Entry e;
+    if (ok) {
+      const auto n_tok = static_cast<int64_t>(header->tokens.size());
+      ok = n_tok >= options_.block_size && n_tok % options_.block_size == 0;
+      if (ok) {
+        e.keys = PrefixTree::chain_keys(header->identity.ns, header->tokens, options_.block_size);
+        ok = name == kv_run_file_name(e.keys.back());  // a renamed or foreign file is not trusted
+      }
+      e.tokens = n_tok;
+      e.created_at = header->created_at;
+    }
+    if (!ok) {
+      fs::remove(p, ec);
+      ++removed_at_open_;
+      continue;
+    }
+    e.path = p.string();
+    e.bytes = static_cast<uint64_t>(de.file_size(ec));
+    found.push_back({std::move(e), de.last_write_time(ec)});
+  }
+  if (ec) return Error{options_.dir + ": cannot scan the cache directory: " + ec.message()};
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
+  for (Found& f : found) add(std::move(f.e));
+  while (bytes_ > options_.cap_bytes && !lru_.empty()) {  // the cap may have shrunk since
+    remove(lru_.front(), /*unlink_file=*/true);
+    ++stats_.evictions;
+  }
+  return Status::Ok();
+}
+
+void DiskTier::add(Entry e) {
+  // A file for the same chain replaces the old entry.
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->second.path == e.path) {
+      remove(it->first, /*unlink_file=*/false);
+      break;
+    }
+  }
+  const uint64_t id = next_id_++;
+  lru_.push_back(id);
+  e.lru = std::prev(lru_.end());
+  index_.add(id, e.keys);
+  bytes_ += e.bytes;
+  entries_.emplace(id, std::move(e));
+  stats_.bytes = static_cast<int64_t>(bytes_);
+  stats_.entries = static_cast<int64_t>(entries_.size());
+}
+
+void DiskTier::remove(uint64_t id, bool unlink_file) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  index_.remove(id, it->second.keys);
+  bytes_ -= it->second.bytes;
+  lru_.erase(it->second.lru);
+  if (unlink_file) ::unlink(it->second.path.c_str());
+  entries_.erase(it);
+  stats_.bytes = static_cast<int64_t>(bytes_);
+  stats_.entries = static_cast<int64_t>(entries_.size());
+}
+
+Status DiskTier::put(const KvRun& run) {
+  const size_t b = run.bytes();
+  if (b > options_.cap_bytes || run.keys.empty()) return Status::Ok();
+  std::vector<KvLayerData> layers(run.k.size());
+  const auto n_tok = static_cast<int64_t>(run.tokens.size());
+  for (size_t l = 0; l < run.k.size(); ++l) {
+    const auto width = static_cast<int64_t>(run.row_bytes[l] / dtype_bytes(run.dtypes[l]));
+    layers[l].kind = run.kinds[l];
+    layers[l].tensors.push_back({"k", {n_tok, width}, run.dtypes[l], run.k[l]});
+    layers[l].tensors.push_back({"v", {n_tok, width}, run.dtypes[l], run.v[l]});
+  }
+  KvFileIdentity id = options_.identity;
+  id.ns = run.ns;
+  const std::string path = (fs::path(options_.dir) / kv_run_file_name(run.keys.back())).string();
+  RILL_TRY(write_kv_file(path, id, run.tokens, layers));
+  std::error_code ec;
+  Entry e;
+  e.path = path;
+  e.bytes = static_cast<uint64_t>(fs::file_size(path, ec));
+  e.tokens = n_tok;
+  e.created_at = static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                          std::chrono::system_clock::now().time_since_epoch())
+                                          .count());
+  e.keys = run.keys;
+  add(std::move(e));
+  while (bytes_ > options_.cap_bytes && lru_.size() > 1) {
+    remove(lru_.front(), /*unlink_file=*/true);
+    ++stats_.evictions;
+  }
+  return Status::Ok();
+}
+
+std::optional<std::pair<KvRunPtr, int32_t>> DiskTier::find(std::span<const uint64_t> keys, uint64_t ns) {
+  const auto hit = index_.longest(keys);
+  if (!hit) {
+    ++stats_.misses;
+    return std::nullopt;
+  }
+  Entry& e = entries_.at(hit->entry);
+  KvFileIdentity want = options_.identity;
+  want.ns = ns;
+  auto file = KvFile::open(e.path, &want, options_.verify_tensors);
+  bool ok = file.ok();
+  auto run = std::make_shared<KvRun>();
+  if (ok) {
+    const KvFileHeader& h = file->header();
+    run->ns = ns;
+    run->block_size = options_.block_size;
+    run->tokens = h.tokens;
+    run->keys = PrefixTree::chain_keys(ns, h.tokens, options_.block_size);
+    ok = run->keys.size() > static_cast<size_t>(hit->n_blocks - 1) && run->keys == e.keys;
+  }
+  if (ok) {
+    auto shared = std::make_shared<const KvFile>(std::move(*file));
+    run->file = shared;
+    for (size_t l = 0; ok && l < shared->header().layers.size(); ++l) {
+      const KvLayerDesc& d = shared->header().layers[l];
+      ok = d.tensors.size() == 2 && d.tensors[0].name == "k" && d.tensors[1].name == "v" &&
+           d.tensors[0].shape.size() == 2 && d.tensors[0].shape == d.tensors[1].shape &&
+           d.tensors[0].dtype == d.tensors[1].dtype &&
+           d.tensors[0].shape[0] == static_cast<int64_t>(run->tokens.size());
+      if (!ok) break;
+      run->kinds.push_back(d.kind);
+      run->dtypes.push_back(d.tensors[0].dtype);
+      run->row_bytes.push_back(static_cast<size_t>(d.tensors[0].shape[1]) * dtype_bytes(d.tensors[0].dtype));
+      run->k.push_back(shared->tensor(l, 0));
+      run->v.push_back(shared->tensor(l, 1));
+    }
+  }
+  if (!ok) {
+    remove(hit->entry, /*unlink_file=*/true);
+    ++stats_.errors;
+    ++stats_.misses;
+    return std::nullopt;
+  }
+  lru_.splice(lru_.end(), lru_, e.lru);
+  ++stats_.hits;
+  return std::make_pair(KvRunPtr(std::move(run)), hit->n_blocks);
+}
+
+std::vector<DiskTier::Listing> DiskTier::list() const {
+  std::vector<Listing> out;
+  for (uint64_t id : lru_) {
+    const Entry& e = entries_.at(id);
+    out.push_back({e.path, e.bytes, e.tokens, e.created_at});
+  }
+  return out;
+}
+
+void DiskTier::clear() {
+  while (!lru_.empty()) remove(lru_.front(), /*unlink_file=*/true);
+}
+
+}  // namespace rill

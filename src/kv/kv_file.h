@@ -1,0 +1,115 @@
+#pragma once
+// KV file format v2: one run of cached prefix KV on disk (the cold tier).
+//
+//   bytes 0..7    magic "RILLKV2\n"
+//   u32           header length (bytes of JSON)
+//   u32           data start (first tensor byte; a multiple of 16 KiB)
+//   u64           XXH3-64 of the header JSON
+//   header JSON   {formatVersion: 2, modelId, configFingerprint, ns,
+//                  tokenizerHash, createdAt, tokens: [ids],
+//                  layers: [{kind, tensors: [{name, off, bytes, shape,
+//                  dtype, hash}]}]}
+//   tensor data   each tensor at an absolute offset that is a multiple of
+//                 16 KiB (so the mapping can be handed to a device as is)
+//
+// All integers little-endian. ns, tokenizerHash and every tensor hash are
+// 16 hex digits (XXH3-64; JSON numbers would lose bits in many readers).
+// Writes are atomic: `<path>.tmp`, fsync, rename, fsync of the directory.
+// Reading always verifies the magic, the bounds and the header hash; tensor
+// hashes only on request (verifying reads every byte, which defeats lazy
+// page-in). A file whose identity (model, config fingerprint, namespace,
+// tokenizer) differs from the expected one is refused with an error naming
+// the file and the field.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/mapped_file.h"
+#include "core/result.h"
+#include "model/kv_spec.h"
+
+namespace rill {
+
+inline constexpr uint32_t kKvFileFormatVersion = 2;
+inline constexpr uint64_t kKvFileAlignment = 16 * 1024;
+
+// What a file must match to be used.
+struct KvFileIdentity {
+  std::string model_id;            // the model's artifact fingerprint
+  std::string config_fingerprint;  // model/fingerprint.h
+  uint64_t ns = 0;                 // prefix-tree namespace of the run
+  uint64_t tokenizer_hash = 0;
+
+  bool operator==(const KvFileIdentity&) const = default;
+};
+
+struct KvTensorDesc {
+  std::string name;            // "k", "v", or a state tensor's name
+  uint64_t off = 0, bytes = 0;  // absolute file offset, size
+  std::vector<int64_t> shape;  // e.g. [tokens, kv_width]
+  DType dtype = DType::kF16;
+  uint64_t hash = 0;           // XXH3-64 of the bytes
+};
+
+struct KvLayerDesc {
+  LayerKind kind = LayerKind::kFull;
+  std::vector<KvTensorDesc> tensors;
+};
+
+struct KvFileHeader {
+  KvFileIdentity identity;
+  int64_t created_at = 0;  // unix seconds
+  std::vector<int32_t> tokens;
+  std::vector<KvLayerDesc> layers;
+};
+
+// A tensor to write: its bytes (any alignment) and description.
+struct KvTensorData {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kF16;
+  std::span<const uint8_t> bytes;
+};
+struct KvLayerData {
+  LayerKind kind = LayerKind::kFull;
+  std::vector<KvTensorData> tensors;
+};
+
+// Writes the file atomically (see above). Errors name the path.
+Status write_kv_file(const std::string& path, const KvFileIdentity& identity, std::span<const int32_t> tokens,
+                     std::span<const KvLayerData> layers);
+
+// Parses and validates a header from the first bytes of a file of
+// `file_size` bytes (`prefix` may be the whole file). Checks the magic,
+// lengths, the header hash, the JSON schema, and that every tensor lies
+// inside the file at an aligned offset with bytes == its shape's size.
+// `name` is used in error messages.
+Result<KvFileHeader> parse_kv_header(std::span<const uint8_t> prefix, uint64_t file_size, const std::string& name);
+
+// An open, validated file with its tensors mapped in place.
+class KvFile {
+ public:
+  // Maps and validates `path`; with `expect`, refuses a different identity;
+  // with verify_tensors, also checks every tensor's hash.
+  static Result<KvFile> open(const std::string& path, const KvFileIdentity* expect, bool verify_tensors);
+
+  const KvFileHeader& header() const { return header_; }
+  const std::string& path() const { return map_.path(); }
+  // Requires layer < header().layers.size(), t < that layer's tensors.
+  std::span<const uint8_t> tensor(size_t layer, size_t t) const;
+
+ private:
+  MappedFile map_;
+  KvFileHeader header_;
+};
+
+// Reads only the header of `path` (for directory scans): validated as in
+// parse_kv_header, tensors not touched.
+Result<KvFileHeader> read_kv_header(const std::string& path);
+
+// "" when `got` matches `want`, else the first differing field's name.
+std::string kv_identity_mismatch(const KvFileIdentity& want, const KvFileIdentity& got);
+
+}  // namespace rill

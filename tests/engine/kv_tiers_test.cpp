@@ -1,0 +1,220 @@
+// The prefix cache's RAM and disk tiers through the engine, on real models:
+// a prefix evicted from the device cache comes back from the RAM tier, and a
+// prefix written to disk comes back after a restart (a new engine), counted
+// as cached tokens, giving the cold run's tokens and exactly the logprobs
+// of a device-cache hit (the round trip is bit-exact, so the continuation's
+// logits are too).
+// Covered: the default model (f16 KV, full attention), the HF llama golden
+// (f32 KV) and mistral-swa (a sliding-window layer group). A corrupt disk
+// entry is removed at start and the prompt is computed normally.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "engine/sampler.h"
+#include "rill/engine.h"
+
+namespace rill {
+namespace {
+namespace fs = std::filesystem;
+
+const std::string kSmol = std::string(RILL_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
+
+struct TmpDir {
+  fs::path path;
+  TmpDir() {
+    path = fs::temp_directory_path() / ("rill_tiers_" + std::to_string(::getpid()) + "_" +
+                                         std::to_string(std::random_device{}()));
+  }
+  ~TmpDir() { fs::remove_all(path); }
+};
+
+struct GenRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // chosen token, then its top-5, per step
+  int32_t cached = 0;
+  int32_t persisted = 0;  // Usage::persisted_tokens
+};
+
+GenRun generate(Engine& e, const std::vector<int32_t>& prompt, int32_t max_tokens, bool persist = false) {
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.logprobs = 5;
+  r.sampling.temperature = 0.0f;  // greedy: the tokens must match exactly
+  r.persist_prefix = persist;
+  auto h = e.submit(std::move(r));
+  EXPECT_TRUE(h.ok()) << h.error().message;
+  GenRun out;
+  if (!h.ok()) return out;
+  GenerationEvent ev;
+  while (h->next(ev)) {
+    EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
+    out.tokens.insert(out.tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+    for (const SampledToken& s : ev.logprobs) {
+      out.logprobs.push_back(s.logprob);
+      for (int i = 0; i < s.n_top; ++i) out.logprobs.push_back(s.top[static_cast<size_t>(i)].logprob);
+    }
+    if (ev.finished) {
+      out.cached = ev.usage.cached_tokens;
+      out.persisted = ev.usage.persisted_tokens;
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (auto& t : p) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return p;
+}
+
+std::unique_ptr<Engine> load(const std::string& model, EngineOptions o) {
+  o.n_threads = 2;
+  auto e = Engine::load(model, o);
+  EXPECT_TRUE(e.ok()) << e.error().message;
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+TEST(KvTiers, EvictedPrefixComesBackFromTheRamTier) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  EngineOptions o;
+  o.kv_cache_mb = 9;  // ~24 blocks of 16 tokens: three 160-token prompts cannot all stay
+  o.cache_ram_mb = 256;
+  auto e = load(kSmol, o);
+  ASSERT_TRUE(e);
+  const auto a = random_prompt(161, 49152, 1);
+  const GenRun cold = generate(*e, a, 8);
+  EXPECT_EQ(cold.cached, 0);
+  // The same prompt again hits the device cache: the reference for a hit
+  // (one query computed instead of 161 sums in another order, so its
+  // logprobs differ from the cold run's in the last bits).
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, 160);
+  generate(*e, random_prompt(161, 49152, 2), 8);  // these evict a's blocks
+  generate(*e, random_prompt(161, 49152, 3), 8);
+  const GenRun warm = generate(*e, a, 8);
+  const EngineStats s = e->stats();
+  EXPECT_TRUE(s.ram_tier.enabled);
+  EXPECT_GE(s.ram_tier.hits, 1);
+  EXPECT_GE(s.ram_tier.loads, 1) << "the restore is counted against the tier that served it";
+  EXPECT_GT(s.ram_tier.load_seconds, 0);
+  EXPECT_GT(s.tier_restored_tokens, 0);
+  EXPECT_EQ(warm.cached, 160) << "every full block of the prompt (all but its last token)";
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.tokens, device_hit.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored KV must be bit-identical";
+}
+
+// Writes `prompt`'s prefix to disk with one engine, then checks a second
+// engine over the same directory serves it (and a cold engine agrees).
+void disk_round_trip(const std::string& model, int vocab, int prompt_len, int expect_cached) {
+  TmpDir dir;
+  const auto prompt = random_prompt(prompt_len, vocab, 11);
+  GenRun cold, device_hit;  // computed; then the same prompt from the device cache
+  {
+    auto e = load(model, EngineOptions{});
+    ASSERT_TRUE(e);
+    cold = generate(*e, prompt, 6);
+    device_hit = generate(*e, prompt, 6);
+    EXPECT_EQ(device_hit.cached, expect_cached);
+  }
+  EngineOptions o;
+  o.cache_dir = dir.path.string();
+  {
+    auto e = load(model, o);
+    ASSERT_TRUE(e);
+    const GenRun warmup = generate(*e, prompt, 1, /*persist=*/true);
+    EXPECT_EQ(warmup.tokens.size(), 1u);
+    EXPECT_EQ(warmup.persisted, expect_cached) << "the prompt's whole blocks were written";
+    EXPECT_EQ(e->stats().disk_tier.entries, 1);
+  }
+  auto e = load(model, o);  // a restart
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->stats().disk_tier.entries, 1);
+  const GenRun warm = generate(*e, prompt, 6);
+  EXPECT_EQ(warm.cached, expect_cached);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.tokens, device_hit.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "KV read back from disk must be bit-identical";
+  EXPECT_EQ(e->stats().disk_tier.hits, 1);
+  EXPECT_EQ(e->stats().disk_tier.loads, 1);
+  EXPECT_GT(e->stats().disk_tier.load_seconds, 0);
+}
+
+TEST(KvTiers, DiskPrefixSurvivesARestartF16Kv) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  disk_round_trip(kSmol, 49152, 100, 96);
+}
+
+TEST(KvTiers, DiskPrefixSurvivesARestartF32Kv) { disk_round_trip(kGoldens + "llama", 512, 40, 32); }
+
+TEST(KvTiers, DiskPrefixSurvivesARestartSlidingWindow) { disk_round_trip(kGoldens + "mistral-swa", 512, 40, 32); }
+
+TEST(KvTiers, CorruptDiskEntryIsRemovedAndThePromptComputed) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir dir;
+  const auto prompt = random_prompt(60, 49152, 5);
+  EngineOptions o;
+  o.cache_dir = dir.path.string();
+  GenRun first;
+  {
+    auto e = load(kSmol, o);
+    ASSERT_TRUE(e);
+    first = generate(*e, prompt, 4, /*persist=*/true);
+  }
+  std::vector<fs::path> files;
+  for (const auto& de : fs::directory_iterator(dir.path)) {
+    if (de.path().extension() == ".rkv") files.push_back(de.path());
+  }
+  ASSERT_EQ(files.size(), 1u);
+  {
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(30);
+    f.put('!');
+  }
+  auto e = load(kSmol, o);
+  ASSERT_TRUE(e);
+  EXPECT_FALSE(fs::exists(files[0]));
+  const GenRun again = generate(*e, prompt, 4);
+  EXPECT_EQ(again.cached, 0);
+  EXPECT_EQ(again.tokens, first.tokens);
+}
+
+TEST(KvTiers, ASecondEngineCannotShareTheDirectory) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir dir;
+  EngineOptions o;
+  o.cache_dir = dir.path.string();
+  auto first = load(kSmol, o);
+  ASSERT_TRUE(first);
+  o.n_threads = 1;
+  auto second = Engine::load(kSmol, o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.error().message.find("in use"), std::string::npos) << second.error().message;
+}
+
+TEST(KvTiers, PersistWithoutADiskTierIsAnError) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  auto e = load(kSmol, EngineOptions{});
+  ASSERT_TRUE(e);
+  GenerationRequest r;
+  r.prompt = random_prompt(40, 49152, 9);
+  r.max_tokens = 1;
+  r.persist_prefix = true;
+  auto h = e->submit(std::move(r));
+  ASSERT_TRUE(h.ok());
+  GenerationEvent ev, last;
+  while (h->next(ev)) last = ev;
+  EXPECT_EQ(last.finish_reason, FinishReason::kError);
+  EXPECT_NE(last.error.find("--cache-dir"), std::string::npos) << last.error;
+}
+
+}  // namespace
+}  // namespace rill

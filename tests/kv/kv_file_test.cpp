@@ -1,0 +1,257 @@
+// KV file format v2: round trip, and every fault named in the format's
+// contract is refused with an error naming the file: a flipped header byte,
+// a flipped tensor byte (with verification on), a truncated file, an empty
+// file, bad magic, another model / config / namespace / tokenizer. A writer
+// stopped and killed mid-write (SIGKILL) leaves only a `.tmp`, never an entry.
+#include "kv/kv_file.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+namespace rill {
+namespace {
+namespace fs = std::filesystem;
+
+struct TmpDir {
+  fs::path path;
+  TmpDir() {
+    path = fs::temp_directory_path() / ("rill_kvfile_" + std::to_string(::getpid()) + "_" +
+                                         std::to_string(std::random_device{}()));
+    fs::create_directories(path);
+  }
+  ~TmpDir() { fs::remove_all(path); }
+};
+
+KvFileIdentity identity() { return {"model-abc", "config-123", 0x1122334455667788ull, 0x99aabbccddeeff00ull}; }
+
+std::vector<uint8_t> bytes(size_t n, uint32_t seed) {
+  std::vector<uint8_t> b(n);
+  std::mt19937 rng(seed);
+  for (auto& x : b) x = static_cast<uint8_t>(rng());
+  return b;
+}
+
+// Two layers, K and V of 32 tokens x 8 f16 each.
+struct Sample {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<KvLayerData> layers;
+  Sample() {
+    for (int i = 0; i < 32; ++i) tokens.push_back(100 + i);
+    for (int i = 0; i < 4; ++i) data.push_back(bytes(32 * 8 * 2, static_cast<uint32_t>(i + 1)));
+    for (int l = 0; l < 2; ++l) {
+      KvLayerData d;
+      d.kind = l == 0 ? LayerKind::kFull : LayerKind::kSliding;
+      d.tensors.push_back({"k", {32, 8}, DType::kF16, data[2 * l]});
+      d.tensors.push_back({"v", {32, 8}, DType::kF16, data[2 * l + 1]});
+      layers.push_back(std::move(d));
+    }
+  }
+};
+
+std::string write_sample(const fs::path& dir, const Sample& s) {
+  const std::string path = (dir / "run.rkv").string();
+  Status st = write_kv_file(path, identity(), s.tokens, s.layers);
+  EXPECT_TRUE(st.ok()) << st.error().message;
+  return path;
+}
+
+void flip_byte(const std::string& path, uint64_t off) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(off));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x40);
+  f.seekp(static_cast<std::streamoff>(off));
+  f.write(&c, 1);
+}
+
+TEST(KvFile, RoundTripKeepsEveryTensorAndField) {
+  TmpDir dir;
+  Sample s;
+  const std::string path = write_sample(dir.path, s);
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  auto f = KvFile::open(path, nullptr, /*verify_tensors=*/true);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  const KvFileHeader& h = f->header();
+  EXPECT_EQ(h.identity, identity());
+  EXPECT_EQ(h.tokens, s.tokens);
+  EXPECT_GT(h.created_at, 0);
+  ASSERT_EQ(h.layers.size(), 2u);
+  EXPECT_EQ(h.layers[0].kind, LayerKind::kFull);
+  EXPECT_EQ(h.layers[1].kind, LayerKind::kSliding);
+  for (size_t l = 0; l < 2; ++l) {
+    for (size_t t = 0; t < 2; ++t) {
+      const KvTensorDesc& d = h.layers[l].tensors[t];
+      EXPECT_EQ(d.off % kKvFileAlignment, 0u);
+      EXPECT_EQ(d.shape, (std::vector<int64_t>{32, 8}));
+      const auto span = f->tensor(l, t);
+      ASSERT_EQ(span.size(), s.data[2 * l + t].size());
+      EXPECT_EQ(0, std::memcmp(span.data(), s.data[2 * l + t].data(), span.size()));
+    }
+  }
+  auto header_only = read_kv_header(path);
+  ASSERT_TRUE(header_only.ok()) << header_only.error().message;
+  EXPECT_EQ(header_only->tokens, s.tokens);
+  const KvFileIdentity want = identity();
+  EXPECT_TRUE(KvFile::open(path, &want, false).ok());
+}
+
+// A long prompt makes the header much smaller than the writer's first size
+// bound: the tensors must still sit exactly where the header says.
+TEST(KvFile, LongTokenListKeepsThePromisedOffsets) {
+  TmpDir dir;
+  std::vector<int32_t> tokens(3000, 7);
+  const auto k = bytes(3000 * 4, 1), v = bytes(3000 * 4, 2);
+  KvLayerData l;
+  l.tensors.push_back({"k", {3000, 2}, DType::kF16, k});
+  l.tensors.push_back({"v", {3000, 2}, DType::kF16, v});
+  const KvLayerData layers[1] = {l};
+  const std::string path = (dir.path / "long.rkv").string();
+  ASSERT_TRUE(write_kv_file(path, identity(), tokens, layers).ok());
+  auto f = KvFile::open(path, nullptr, /*verify_tensors=*/true);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_EQ(0, std::memcmp(f->tensor(0, 1).data(), v.data(), v.size()));
+}
+
+TEST(KvFile, FlippedHeaderByteIsRefused) {
+  TmpDir dir;
+  Sample s;
+  const std::string path = write_sample(dir.path, s);
+  flip_byte(path, 24 + 10);  // inside the JSON
+  auto f = KvFile::open(path, nullptr, false);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.error().message.find(path), std::string::npos);
+  EXPECT_NE(f.error().message.find("header hash"), std::string::npos) << f.error().message;
+  EXPECT_FALSE(read_kv_header(path).ok());
+}
+
+TEST(KvFile, FlippedTensorByteIsRefusedWhenVerifying) {
+  TmpDir dir;
+  Sample s;
+  const std::string path = write_sample(dir.path, s);
+  auto ok = KvFile::open(path, nullptr, false);
+  ASSERT_TRUE(ok.ok());
+  const uint64_t off = ok->header().layers[1].tensors[1].off + 5;
+  flip_byte(path, off);
+  auto lazy = KvFile::open(path, nullptr, /*verify_tensors=*/false);
+  EXPECT_TRUE(lazy.ok()) << "without verification only the header is checked";
+  auto f = KvFile::open(path, nullptr, /*verify_tensors=*/true);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.error().message.find("tensor v of layer 1"), std::string::npos) << f.error().message;
+}
+
+TEST(KvFile, TruncatedEmptyAndForeignFilesAreRefused) {
+  TmpDir dir;
+  Sample s;
+  const std::string path = write_sample(dir.path, s);
+  const auto size = fs::file_size(path);
+  fs::resize_file(path, size - 100);
+  EXPECT_FALSE(KvFile::open(path, nullptr, false).ok());
+  fs::resize_file(path, 30);
+  EXPECT_FALSE(KvFile::open(path, nullptr, false).ok());
+  EXPECT_FALSE(read_kv_header(path).ok());
+  fs::resize_file(path, 0);
+  auto empty = KvFile::open(path, nullptr, false);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.error().message.find(path), std::string::npos);
+  { std::ofstream(path, std::ios::binary) << "GGUF this is another format entirely, padded to be long enough"; }
+  auto magic = KvFile::open(path, nullptr, false);
+  ASSERT_FALSE(magic.ok());
+  EXPECT_NE(magic.error().message.find("magic"), std::string::npos);
+}
+
+TEST(KvFile, AnotherIdentityIsRefusedNamingTheField) {
+  TmpDir dir;
+  Sample s;
+  const std::string path = write_sample(dir.path, s);
+  struct Case {
+    KvFileIdentity id;
+    const char* field;
+  };
+  std::vector<Case> cases;
+  KvFileIdentity id = identity();
+  id.model_id = "other";
+  cases.push_back({id, "modelId"});
+  id = identity();
+  id.config_fingerprint = "other";
+  cases.push_back({id, "configFingerprint"});
+  id = identity();
+  id.ns ^= 1;
+  cases.push_back({id, "ns"});
+  id = identity();
+  id.tokenizer_hash ^= 1;
+  cases.push_back({id, "tokenizerHash"});
+  for (const Case& c : cases) {
+    auto f = KvFile::open(path, &c.id, false);
+    ASSERT_FALSE(f.ok()) << c.field;
+    EXPECT_NE(f.error().message.find(c.field), std::string::npos) << f.error().message;
+  }
+}
+
+TEST(KvFile, WriterKilledMidWriteLeavesOnlyATmp) {
+  TmpDir dir;
+  const std::string path = (dir.path / "big.rkv").string();
+  // 256 MiB of zero pages: long enough to write that the parent catches the
+  // child inside write_kv_file.
+  const size_t n = size_t{256} << 20;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) ::_exit(3);
+    std::vector<int32_t> tokens(16, 1);
+    KvLayerData l;
+    l.tensors.push_back({"k", {static_cast<int64_t>(n / 2)}, DType::kF16, {static_cast<const uint8_t*>(p), n}});
+    const KvLayerData layers[1] = {l};
+    (void)write_kv_file(path, identity(), tokens, layers);
+    ::_exit(0);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool caught = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(path + ".tmp")) {
+      ::kill(child, SIGSTOP);  // freeze it mid-write, then kill it there
+      caught = fs::exists(path + ".tmp") && !fs::exists(path);
+      ::kill(child, SIGKILL);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(caught) << "the writer finished before it could be killed";
+  EXPECT_TRUE(WIFSIGNALED(status));
+  EXPECT_FALSE(fs::exists(path)) << "a killed writer must leave no visible entry";
+  EXPECT_TRUE(fs::exists(path + ".tmp"));
+}
+
+// The fuzz seed corpus (tests/fuzz/corpus/kv_file/) holds a real file of
+// the current format, so mutations start from the accepted shape; if the
+// format changes, rewrite it with write_kv_file (16 tokens, one full layer
+// of K and V, 16 x 4 f16).
+TEST(KvFile, FuzzSeedIsAValidFile) {
+  const std::string dir = std::string(RILL_SOURCE_DIR) + "/tests/fuzz/corpus/kv_file/";
+  auto h = read_kv_header(dir + "valid.rkv");
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_EQ(h->tokens.size(), 16u);
+  ASSERT_EQ(h->layers.size(), 1u);
+  EXPECT_EQ(h->layers[0].tensors.size(), 2u);
+  auto f = KvFile::open(dir + "valid.rkv", nullptr, /*verify_tensors=*/true);
+  EXPECT_TRUE(f.ok()) << f.error().message;
+  EXPECT_FALSE(read_kv_header(dir + "flipped_header_byte.rkv").ok());
+  EXPECT_FALSE(read_kv_header(dir + "header_only_truncated.rkv").ok());
+}
+
+}  // namespace
+}  // namespace rill
