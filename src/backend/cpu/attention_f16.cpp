@@ -77,7 +77,14 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   }
   const int64_t n_units = first_unit[static_cast<size_t>(n_seqs)];
   const int64_t* starts = first_unit.data();
-  const int64_t grain = std::max<int64_t>(1, n_units / (pool.n_threads() * 8));
+  int64_t grain = std::max<int64_t>(1, n_units / (pool.n_threads() * 8));
+  // With enough decoding sequences, one thread takes all of a sequence's KV
+  // heads: their K/V rows interleave in memory (a row holds every KV head),
+  // so a sequence read by one core comes from DRAM once; split across cores
+  // each core would fetch the same lines.
+  bool all_by_kv_head = gmax > 0;
+  for (int s = 0; s < n_seqs && all_by_kv_head; ++s) all_by_kv_head = by_kv_head(seqs[s]);
+  if (all_by_kv_head && n_seqs >= 2 * pool.n_threads()) grain = p.n_head_kv * parts;
   pool.parallel_for(n_units, grain, [&](int64_t begin, int64_t end) {
     // Per-thread scratch, grown to the longest context seen (not per step).
     thread_local std::vector<float> scores;
