@@ -4,7 +4,8 @@
 //
 // Contract shared by every implementation (it is NCCL's): every rank of the
 // group calls the same collectives in the same order with the same counts;
-// a collective returns on a rank once that rank's output is complete. A rank
+// a rank's output is complete for the rank's next work (on the CPU when the
+// call returns; on a GPU in the order of the rank's stream). A rank
 // that skips a collective stalls the others: the model code keeps every
 // rank's sequence of calls identical by running the same step on all of them.
 // Buffers are addressable by the rank's device (host memory for the CPU).
