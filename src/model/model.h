@@ -40,6 +40,12 @@ struct ModelOptions {
   // as large as a live state, see Model::state_bytes()) for prefix caching;
   // -1: as many as live state slots; 0: no checkpoints (no hybrid prefix reuse).
   int n_state_checkpoints = -1;
+  // Tensor parallelism: the model split over this many ranks (see
+  // model/tensor_split.h), each holding its share of the weights and KV
+  // heads. kCpu: simulated ranks in one process (SimulatedGroup), the
+  // reference the device runs are held to; kCuda: one GPU per rank over
+  // NCCL. Implementations without it refuse values above 1.
+  int tensor_parallel = 1;
 };
 
 class Model {

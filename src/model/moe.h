@@ -103,6 +103,7 @@ class MoeFfn {
                              const MoeNames& names = {});
 
   const MoeParams& params() const { return p_; }
+  const MoeWeights& weights() const { return w_; }
   // Every weight forward() multiplies by, for Backend::reserve.
   void collect_weights(std::vector<const WeightView*>* out) const;
 

@@ -85,7 +85,7 @@ const ImplementationRegistry& builtin_registry() {
   static const ImplementationRegistry registry = [] {
     std::vector<Implementation> impls;
     impls.push_back({"cpu.llama", {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe"}, {"gguf", "hf"},
-                     "autoregressive", &create_llama_model});
+                     "autoregressive", &create_llama_model, /*tensor_parallel=*/true});
     impls.push_back({"cpu.gemma", {"gemma2", "gemma3_text", "gemma3"}, {"gguf", "hf"}, "autoregressive",
                      &create_gemma_model});
     impls.push_back({"cpu.qwen3_next", {"qwen3_5_text", "qwen3_next"}, {"hf"}, "autoregressive",
@@ -115,6 +115,9 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
     }
   }
   RILL_ASSIGN_OR_RETURN(const Implementation* impl, registry.select(profile));
+  if (options.tensor_parallel > 1 && !impl->tensor_parallel) {
+    return Error{files->path + ": " + impl->id + " (" + profile.graph + ") has no tensor-parallel implementation; run it with --tensor-parallel 1"};
+  }
   return impl->create(std::move(files), options);
 }
 

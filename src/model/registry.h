@@ -40,6 +40,9 @@ struct Implementation {
   std::vector<std::string> loaders;  // loaders it accepts
   std::string generation_loop = "autoregressive";
   ModelFactory create;
+  // Whether create() accepts ModelOptions::tensor_parallel > 1; create_model
+  // refuses such options for implementations without it.
+  bool tensor_parallel = false;
 };
 
 class ImplementationRegistry {

@@ -15,6 +15,9 @@ namespace rill {
 // options.device == kCuda: the CUDA implementation (llama_cuda.cpp).
 Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options);
+// options.tensor_parallel != 1: split over that many ranks (llama_tp.cpp).
+Result<std::unique_ptr<Model>> create_llama_tp_model(std::shared_ptr<const ModelFiles> files,
+                                                     const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);
 

@@ -388,6 +388,7 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
 
 Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options) {
+  if (options.tensor_parallel != 1) return create_llama_tp_model(std::move(files), options);
   if (options.device == Device::kCuda) {
     if (files->config.n_expert > 0) {
       return Error{files->path + ": " + files->config.architecture +

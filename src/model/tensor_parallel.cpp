@@ -1,0 +1,66 @@
+#include "model/tensor_parallel.h"
+
+#include <cassert>
+
+namespace rill {
+
+TensorParallelModel::TensorParallelModel(std::unique_ptr<CommunicatorGroup> group,
+                                         std::vector<std::unique_ptr<Model>> shards)
+    : group_(std::move(group)), shards_(std::move(shards)), status_(shards_.size()) {
+  assert(!shards_.empty() && group_ && group_->size() == n_ranks());
+  for (int r = 1; r < n_ranks(); ++r) workers_.emplace_back([this, r] { worker(r); });
+}
+
+TensorParallelModel::~TensorParallelModel() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+size_t TensorParallelModel::kv_bytes_per_token() const {
+  size_t total = 0;
+  for (const auto& s : shards_) total += s->kv_bytes_per_token();
+  return total;
+}
+
+void TensorParallelModel::worker(int r) {
+  uint64_t seen = 0;
+  for (;;) {
+    const Batch* batch = nullptr;
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      batch = batch_;
+    }
+    Status s = shards_[static_cast<size_t>(r)]->forward(*batch, nullptr);
+    std::lock_guard lock(mu_);
+    status_[static_cast<size_t>(r)] = std::move(s);
+    if (--n_running_ == 0) done_.notify_one();
+  }
+}
+
+Status TensorParallelModel::forward(const Batch& batch, float* logits) {
+  {
+    std::lock_guard lock(mu_);
+    batch_ = &batch;
+    n_running_ = n_ranks() - 1;
+    ++generation_;
+  }
+  wake_.notify_all();
+  status_[0] = shards_[0]->forward(batch, logits);
+  {
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [&] { return n_running_ == 0; });
+  }
+  for (const Status& s : status_) {
+    if (!s.ok()) return s.error();
+  }
+  return Status::Ok();
+}
+
+}  // namespace rill

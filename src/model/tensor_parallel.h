@@ -1,0 +1,69 @@
+#pragma once
+// TensorParallelModel: one Model made of N rank models (shards) that run
+// every step together, one thread per rank, exchanging partial results
+// through their group's collectives (parallel/communicator.h). The
+// scheduler sees a single model: one forward() per step, one KV block
+// space (block b of every rank holds that rank's heads of the same tokens).
+//
+// Shards are Models with two extra duties: rank r's forward() takes part in
+// the collectives of rank r of the group, and writes the full logits
+// [sample_rows.size(), n_vocab] when given a buffer (ranks other than 0 are
+// given none: their copy of the gathered logits stays in their scratch).
+// Every shard reports the same config, limits and KV block geometry.
+//
+// Threads: rank 0 runs on the caller's thread; ranks 1..N-1 each on a
+// worker created once and parked between steps. A step costs one wake-up
+// per worker and allocates nothing.
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "model/model.h"
+#include "parallel/communicator.h"
+
+namespace rill {
+
+class TensorParallelModel final : public Model {
+ public:
+  // Requires shards.size() == group->size() >= 1, shard r built on group->rank(r).
+  TensorParallelModel(std::unique_ptr<CommunicatorGroup> group, std::vector<std::unique_ptr<Model>> shards);
+  ~TensorParallelModel() override;
+  TensorParallelModel(const TensorParallelModel&) = delete;
+  TensorParallelModel& operator=(const TensorParallelModel&) = delete;
+
+  int n_ranks() const { return static_cast<int>(shards_.size()); }
+
+  const ModelConfig& config() const override { return shards_[0]->config(); }
+  int64_t n_vocab() const override { return shards_[0]->n_vocab(); }
+  int64_t n_ctx() const override { return shards_[0]->n_ctx(); }
+  int max_batch_tokens() const override { return shards_[0]->max_batch_tokens(); }
+  int max_batch_seqs() const override { return shards_[0]->max_batch_seqs(); }
+  const KvSpec& kv_spec() const override { return shards_[0]->kv_spec(); }
+  int32_t kv_block_size() const override { return shards_[0]->kv_block_size(); }
+  int32_t n_kv_blocks() const override { return shards_[0]->n_kv_blocks(); }
+  // All ranks' KV together (replicated KV heads count once per rank holding them).
+  size_t kv_bytes_per_token() const override;
+  // Runs the step on every rank; the first failing rank's error, else Ok.
+  Status forward(const Batch& batch, float* logits) override;
+
+ private:
+  void worker(int r);
+
+  std::unique_ptr<CommunicatorGroup> group_;  // destroyed after the shards that use it
+  std::vector<std::unique_ptr<Model>> shards_;
+  std::vector<Status> status_;  // [n_ranks]: the last step's result per rank
+
+  // The step handed to the workers: generation_ counts steps posted,
+  // n_running_ the workers not yet done with the current one.
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  const Batch* batch_ = nullptr;
+  uint64_t generation_ = 0;
+  int n_running_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;  // ranks 1..N-1
+};
+
+}  // namespace rill
