@@ -1,23 +1,34 @@
 #include "engine/kv_tiers.h"
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+
+#include "kv/kv_manager.h"
 
 namespace rill {
 
 Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model& model, BlockPool& pool,
                                                PrefixTree& tree) {
   std::unique_ptr<KvTiers> t(new KvTiers(model, pool, tree));
-  const KvSpec& spec = model.kv_spec();
+  t->spec_ = model.kv_spec();
   t->layers_ = model.kv_layers();
-  if (spec.size() != 1 || !spec[0].is_attention() || t->layers_.empty()) {
-    return Error{"--cache-ram-mb / --cache-dir: the prefix cache tiers support models with one attention layer "
-                 "group and KV export; this model has " +
-                 std::to_string(spec.size()) + " layer group(s)"};
+  for (size_t g = 0; g < t->spec_.size(); ++g) {
+    if (t->spec_[g].is_attention()) t->attention_groups_.push_back(static_cast<int32_t>(g));
   }
-  t->kind_ = spec[0].kind;
+  const bool recurrent = t->attention_groups_.size() != t->spec_.size();
+  if (recurrent || t->layers_.empty()) {
+    return Error{std::string("--cache-ram-mb / --cache-dir: the prefix cache tiers support attention models that ") +
+                 "export their KV; this model " + (recurrent ? "has recurrent layers" : "does not export its KV")};
+  }
+  for (const Model::KvLayer& l : t->layers_) {
+    if (l.group < 0 || l.group >= static_cast<int32_t>(t->spec_.size()) || !t->spec_[l.group].is_attention()) {
+      return Error{"--cache-ram-mb / --cache-dir: a KV layer names group " + std::to_string(l.group) +
+                   ", which is not an attention group of the model"};
+    }
+  }
   if (config.ram_bytes > 0) t->ram_ = std::make_unique<RamTier>(static_cast<size_t>(config.ram_bytes));
   if (!config.disk_dir.empty()) {
     DiskTierOptions o;
@@ -41,13 +52,24 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
 
 KvTiers::~KvTiers() { tree_.set_spill_hook(nullptr); }
 
-Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks,
-                                    std::vector<uint64_t> keys) const {
+void KvTiers::learn_ns(uint64_t ns) {
+  for (int32_t g : attention_groups_) group_of_ns_[KvManager::group_ns(ns, g)] = {ns, g};
+}
+
+std::vector<PrefixMatch> KvTiers::match_groups(uint64_t ns, std::span<const int32_t> tokens) {
+  std::vector<PrefixMatch> out(spec_.size());
+  for (int32_t g : attention_groups_) out[static_cast<size_t>(g)] = tree_.match(KvManager::group_ns(ns, g), tokens);
+  return out;
+}
+
+Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens,
+                                    const std::vector<std::vector<int32_t>>& blocks, std::vector<uint64_t> keys) const {
   auto run = std::make_shared<KvRun>();
   const int32_t bs = pool_.block_size();
+  const size_t n_blocks = keys.size();
   run->ns = ns;
   run->block_size = bs;
-  run->tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(blocks.size()) * bs);
+  run->tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n_blocks) * bs);
   run->keys = std::move(keys);
   size_t total = 0;
   for (const Model::KvLayer& l : layers_) total += 2 * l.row_bytes * run->tokens.size();
@@ -56,12 +78,14 @@ Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens
   for (size_t l = 0; l < layers_.size(); ++l) {
     const size_t tensor = layers_[l].row_bytes * run->tokens.size();
     const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
+    const std::vector<int32_t>& ids = blocks[static_cast<size_t>(layers_[l].group)];
+    assert(ids.size() >= n_blocks);
     uint8_t* k = p;
     uint8_t* v = p + tensor;
-    for (size_t b = 0; b < blocks.size(); ++b) {
-      RILL_TRY(model_.copy_kv_out(static_cast<int64_t>(l), blocks[b], k + b * block_bytes, v + b * block_bytes));
+    for (size_t b = 0; b < n_blocks; ++b) {
+      RILL_TRY(model_.copy_kv_out(static_cast<int64_t>(l), ids[b], k + b * block_bytes, v + b * block_bytes));
     }
-    run->kinds.push_back(kind_);
+    run->kinds.push_back(spec_[static_cast<size_t>(layers_[l].group)].kind);
     run->dtypes.push_back(layers_[l].dtype);
     run->row_bytes.push_back(layers_[l].row_bytes);
     run->k.emplace_back(k, tensor);
@@ -81,13 +105,32 @@ void KvTiers::to_disk(const KvRun& run) {
   }
 }
 
-void KvTiers::spill(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks) {
+void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks) {
   if (blocks.empty()) return;
-  std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens, pool_.block_size());
-  if (keys.size() != blocks.size()) return;
+  auto owner = group_of_ns_.find(group_ns);
+  if (owner == group_of_ns_.end()) return;  // a namespace no request of ours used
+  const uint64_t ns = owner->second.ns;
+  // The prefix every group's chain covers: the evicted group's chain, the
+  // others as the tree holds them now (read without leases: no allocation
+  // or pool change may happen inside the hook).
+  std::vector<std::vector<int32_t>> ids(spec_.size());
+  size_t n = blocks.size();
+  for (int32_t g : attention_groups_) {
+    auto& mine = ids[static_cast<size_t>(g)];
+    if (g == owner->second.group) {
+      mine.assign(blocks.begin(), blocks.end());
+    } else {
+      mine = tree_.find_chain(KvManager::group_ns(ns, g), tokens.first(n * static_cast<size_t>(pool_.block_size())));
+    }
+    n = std::min(n, mine.size());
+  }
+  if (n == 0) return;
+  std::vector<uint64_t> keys =
+      PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(pool_.block_size())), pool_.block_size());
+  if (keys.size() != n) return;
   const uint64_t last = keys.back();
   if ((ram_ && ram_->covers(last)) || (disk_ && disk_->covers(last))) return;  // already held below
-  auto run = build_run(ns, tokens, blocks, std::move(keys));
+  auto run = build_run(ns, tokens, ids, std::move(keys));
   if (!run.ok()) {
     ++spill_errors_;
     last_error_ = run.error().message;
@@ -104,7 +147,8 @@ bool KvTiers::run_fits_model(const KvRun& run) const {
   if (run.k.size() != layers_.size() || run.block_size != pool_.block_size()) return false;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const size_t tensor = layers_[l].row_bytes * run.tokens.size();
-    if (run.dtypes[l] != layers_[l].dtype || run.row_bytes[l] != layers_[l].row_bytes || run.k[l].size() != tensor ||
+    if (run.kinds[l] != spec_[static_cast<size_t>(layers_[l].group)].kind || run.dtypes[l] != layers_[l].dtype ||
+        run.row_bytes[l] != layers_[l].row_bytes || run.k[l].size() != tensor ||
         run.v[l].size() != tensor) {
       return false;
     }
@@ -113,13 +157,17 @@ bool KvTiers::run_fits_model(const KvRun& run) const {
 }
 
 int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
+  learn_ns(ns);
   const int32_t bs = pool_.block_size();
   if (prompt.size() < 2) return 0;
   const auto n_full = static_cast<int32_t>((prompt.size() - 1) / static_cast<size_t>(bs));
   if (n_full == 0) return 0;
   const std::span<const int32_t> usable = prompt.first(static_cast<size_t>(n_full) * static_cast<size_t>(bs));
-  PrefixMatch device = tree_.match(ns, usable);
-  const int32_t m = static_cast<int32_t>(device.blocks.size());
+  // Every group's device match stays leased until the end, so the
+  // allocation below cannot evict it.
+  std::vector<PrefixMatch> device = match_groups(ns, usable);
+  int32_t m = n_full;
+  for (int32_t g : attention_groups_) m = std::min(m, static_cast<int32_t>(device[static_cast<size_t>(g)].blocks.size()));
   if (m >= n_full) return 0;
   const std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, usable, bs);
   const auto t0 = std::chrono::steady_clock::now();
@@ -142,29 +190,49 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
       !run_fits_model(run)) {
     return 0;
   }
-  if (!pool_.can_allocate(n - m)) return 0;
-  auto fresh = pool_.allocate(n - m);  // may evict (and spill) other cached blocks
+  // Per group: blocks [m_g, n) come from the run into fresh blocks.
+  std::vector<int32_t> first(spec_.size(), n);
+  int32_t need = 0;
+  for (int32_t g : attention_groups_) {
+    first[static_cast<size_t>(g)] = std::min(n, static_cast<int32_t>(device[static_cast<size_t>(g)].blocks.size()));
+    need += n - first[static_cast<size_t>(g)];
+  }
+  if (!pool_.can_allocate(need)) return 0;
+  auto fresh = pool_.allocate(need);  // may evict (and spill) other cached blocks
   if (!fresh.ok()) return 0;
-  for (int32_t b = m; b < n; ++b) {
-    const int32_t block = (*fresh)[static_cast<size_t>(b - m)].block();
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
+  std::vector<std::vector<int32_t>> ids(spec_.size());
+  size_t next = 0;
+  for (int32_t g : attention_groups_) {
+    ids[static_cast<size_t>(g)] = device[static_cast<size_t>(g)].block_ids();
+    ids[static_cast<size_t>(g)].resize(static_cast<size_t>(first[static_cast<size_t>(g)]));
+    for (int32_t b = first[static_cast<size_t>(g)]; b < n; ++b) ids[static_cast<size_t>(g)].push_back((*fresh)[next++].block());
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const auto g = static_cast<size_t>(layers_[l].group);
+    const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
+    for (int32_t b = first[g]; b < n; ++b) {
       const size_t off = static_cast<size_t>(b) * block_bytes;
-      Status st = model_.copy_kv_in(static_cast<int64_t>(l), block, run.k[l].data() + off, run.v[l].data() + off);
+      Status st = model_.copy_kv_in(static_cast<int64_t>(l), ids[g][static_cast<size_t>(b)], run.k[l].data() + off,
+                                    run.v[l].data() + off);
       if (!st.ok()) {
         last_error_ = st.error().message;
         return 0;
       }
     }
   }
-  std::vector<int32_t> ids = device.block_ids();
-  for (const BlockLease& lease : *fresh) ids.push_back(lease.block());
-  tree_.insert(ns, usable.first(static_cast<size_t>(n) * static_cast<size_t>(bs)), ids);
+  for (int32_t g : attention_groups_) {
+    if (first[static_cast<size_t>(g)] < n) {
+      tree_.insert(KvManager::group_ns(ns, g), usable.first(static_cast<size_t>(n) * static_cast<size_t>(bs)),
+                   ids[static_cast<size_t>(g)]);
+    }
+  }
   // Leases go back tail first: the restored blocks stay cached (LRU) for
   // the admission that follows.
-  std::vector<BlockLease> all = std::move(device.blocks);
-  for (BlockLease& lease : *fresh) all.push_back(std::move(lease));
-  release_tail_first(all);
+  for (int32_t g : attention_groups_) {
+    std::vector<BlockLease> all = std::move(device[static_cast<size_t>(g)].blocks);
+    release_tail_first(all);
+  }
+  release_tail_first(*fresh);
   const int32_t tokens = (n - m) * bs;
   restored_tokens_ += tokens;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -178,15 +246,21 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
 
 Result<int32_t> KvTiers::persist(uint64_t ns, std::span<const int32_t> tokens) {
   if (!disk_) return Error{"cache warm: no disk tier (--cache-dir) is configured"};
+  learn_ns(ns);
   const int32_t bs = pool_.block_size();
-  PrefixMatch device = tree_.match(ns, tokens);
-  if (device.blocks.empty()) return Error{"cache warm: the prompt has no full block of " + std::to_string(bs) + " tokens cached"};
-  const std::vector<int32_t> ids = device.block_ids();
-  std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens.first(ids.size() * static_cast<size_t>(bs)), bs);
+  std::vector<PrefixMatch> device = match_groups(ns, tokens);
+  size_t n = SIZE_MAX;
+  std::vector<std::vector<int32_t>> ids(spec_.size());
+  for (int32_t g : attention_groups_) {
+    ids[static_cast<size_t>(g)] = device[static_cast<size_t>(g)].block_ids();
+    n = std::min(n, ids[static_cast<size_t>(g)].size());
+  }
+  if (n == 0) return Error{"cache warm: the prompt has no full block of " + std::to_string(bs) + " tokens cached"};
+  std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(bs)), bs);
   RILL_ASSIGN_OR_RETURN(KvRunPtr run, build_run(ns, tokens, ids, std::move(keys)));
   RILL_TRY(disk_->put(*run));
-  release_tail_first(device.blocks);
-  return device.n_tokens;
+  for (PrefixMatch& d : device) release_tail_first(d.blocks);
+  return static_cast<int32_t>(n) * bs;
 }
 
 }  // namespace rill
