@@ -76,7 +76,7 @@ Status EngineImpl::start() {
     c.identity.model_id = options_.model_id.empty() ? config_fingerprint(model_->config()) : options_.model_id;
     c.identity.config_fingerprint = config_fingerprint(model_->config());
     c.identity.tokenizer_hash = tokenizer_ ? hash64(tokenizer_->fingerprint()) : 0;
-    RILL_ASSIGN_OR_RETURN(tiers_, KvTiers::open(c, *model_, pool_, tree_));
+    RILL_ASSIGN_OR_RETURN(tiers_, KvTiers::open(c, *model_, pool_, tree_, &states_));
   }
   publish_stats();  // the tiers' contents are known before the first step
   thread_ = std::thread([this] { loop(); });

@@ -11,17 +11,31 @@
 namespace rill {
 
 Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model& model, BlockPool& pool,
-                                               PrefixTree& tree) {
+                                               PrefixTree& tree, StatePool* states) {
   std::unique_ptr<KvTiers> t(new KvTiers(model, pool, tree));
+  t->states_ = states;
   t->spec_ = model.kv_spec();
   t->layers_ = model.kv_layers();
   for (size_t g = 0; g < t->spec_.size(); ++g) {
     if (t->spec_[g].is_attention()) t->attention_groups_.push_back(static_cast<int32_t>(g));
   }
-  const bool recurrent = t->attention_groups_.size() != t->spec_.size();
-  if (recurrent || t->layers_.empty()) {
-    return Error{std::string("--cache-ram-mb / --cache-dir: the prefix cache tiers support attention models that ") +
-                 "export their KV; this model " + (recurrent ? "has recurrent layers" : "does not export its KV")};
+  const size_t n_recurrent = t->spec_.size() - t->attention_groups_.size();
+  if (t->layers_.empty() || t->attention_groups_.empty()) {
+    return Error{"--cache-ram-mb / --cache-dir: this model does not export its KV, so the prefix cache tiers are off"};
+  }
+  if (n_recurrent > 0) {
+    t->state_layers_ = model.state_layers();
+    if (n_recurrent > 1 || t->state_layers_.empty() || states == nullptr || states->n_checkpoints() == 0) {
+      return Error{"--cache-ram-mb / --cache-dir: a model with recurrent layers needs one recurrent group, state "
+                   "export and recurrent checkpoint slots for the prefix cache tiers"};
+    }
+    t->key_group_ = t->attention_groups_.front();
+    for (int32_t g : t->attention_groups_) {
+      if (t->spec_[static_cast<size_t>(g)].kind == LayerKind::kFull) {
+        t->key_group_ = g;
+        break;
+      }
+    }
   }
   for (const Model::KvLayer& l : t->layers_) {
     if (l.group < 0 || l.group >= static_cast<int32_t>(t->spec_.size()) || !t->spec_[l.group].is_attention()) {
@@ -52,6 +66,23 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
 
 KvTiers::~KvTiers() { tree_.set_spill_hook(nullptr); }
 
+size_t KvTiers::state_layer_bytes(size_t layer) const {
+  size_t total = 0;
+  for (const Model::StateTensor& st : state_layers_[layer]) {
+    size_t bytes = sizeof(float);
+    for (int64_t d : st.shape) bytes *= static_cast<size_t>(d);
+    total += bytes;
+  }
+  return total;
+}
+
+int32_t KvTiers::trim_to_checkpoint(std::span<const int32_t> key_blocks, size_t* n_blocks) const {
+  for (; *n_blocks > 0; --*n_blocks) {
+    if (auto c = states_->checkpoint_of(key_blocks[*n_blocks - 1])) return *c;
+  }
+  return -1;
+}
+
 void KvTiers::learn_ns(uint64_t ns) {
   for (int32_t g : attention_groups_) group_of_ns_[KvManager::group_ns(ns, g)] = {ns, g};
 }
@@ -63,7 +94,8 @@ std::vector<PrefixMatch> KvTiers::match_groups(uint64_t ns, std::span<const int3
 }
 
 Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens,
-                                    const std::vector<std::vector<int32_t>>& blocks, std::vector<uint64_t> keys) const {
+                                    const std::vector<std::vector<int32_t>>& blocks, std::vector<uint64_t> keys,
+                                    int32_t checkpoint) const {
   auto run = std::make_shared<KvRun>();
   const int32_t bs = pool_.block_size();
   const size_t n_blocks = keys.size();
@@ -73,6 +105,9 @@ Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens
   run->keys = std::move(keys);
   size_t total = 0;
   for (const Model::KvLayer& l : layers_) total += 2 * l.row_bytes * run->tokens.size();
+  if (checkpoint >= 0) {
+    for (size_t sl = 0; sl < state_layers_.size(); ++sl) total += state_layer_bytes(sl);
+  }
   run->storage.resize(total);
   uint8_t* p = run->storage.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -91,6 +126,19 @@ Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens
     run->k.emplace_back(k, tensor);
     run->v.emplace_back(v, tensor);
     p += 2 * tensor;
+  }
+  if (checkpoint >= 0) {
+    for (size_t sl = 0; sl < state_layers_.size(); ++sl) {
+      RILL_TRY(model_.copy_state_out(checkpoint, static_cast<int64_t>(sl), p));
+      KvLayerData layer{LayerKind::kRecurrent, {}};
+      for (const Model::StateTensor& st : state_layers_[sl]) {
+        size_t bytes = sizeof(float);
+        for (int64_t d : st.shape) bytes *= static_cast<size_t>(d);
+        layer.tensors.push_back({st.name, st.shape, DType::kF32, {p, bytes}});
+        p += bytes;
+      }
+      run->state.push_back(std::move(layer));
+    }
   }
   return KvRunPtr(std::move(run));
 }
@@ -124,13 +172,14 @@ void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::spa
     }
     n = std::min(n, mine.size());
   }
+  const int32_t checkpoint = hybrid() ? trim_to_checkpoint(ids[static_cast<size_t>(key_group_)], &n) : -1;
   if (n == 0) return;
   std::vector<uint64_t> keys =
       PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(pool_.block_size())), pool_.block_size());
   if (keys.size() != n) return;
   const uint64_t last = keys.back();
   if ((ram_ && ram_->covers(last)) || (disk_ && disk_->covers(last))) return;  // already held below
-  auto run = build_run(ns, tokens, ids, std::move(keys));
+  auto run = build_run(ns, tokens, ids, std::move(keys), checkpoint);
   if (!run.ok()) {
     ++spill_errors_;
     last_error_ = run.error().message;
@@ -145,6 +194,20 @@ void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::spa
 
 bool KvTiers::run_fits_model(const KvRun& run) const {
   if (run.k.size() != layers_.size() || run.block_size != pool_.block_size()) return false;
+  if (run.state.size() != state_layers_.size()) return false;
+  for (size_t sl = 0; sl < run.state.size(); ++sl) {
+    const auto& want = state_layers_[sl];
+    const auto& got = run.state[sl].tensors;
+    if (run.state[sl].kind != LayerKind::kRecurrent || got.size() != want.size()) return false;
+    for (size_t t = 0; t < got.size(); ++t) {
+      size_t bytes = sizeof(float);
+      for (int64_t d : want[t].shape) bytes *= static_cast<size_t>(d);
+      if (got[t].name != want[t].name || got[t].shape != want[t].shape || got[t].dtype != DType::kF32 ||
+          got[t].bytes.size() != bytes) {
+        return false;
+      }
+    }
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const size_t tensor = layers_[l].row_bytes * run.tokens.size();
     if (run.kinds[l] != spec_[static_cast<size_t>(layers_[l].group)].kind || run.dtypes[l] != layers_[l].dtype ||
@@ -190,6 +253,7 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
       !run_fits_model(run)) {
     return 0;
   }
+  if (hybrid() && n != run.n_blocks()) return 0;  // the state is at the run's end only
   // Per group: blocks [m_g, n) come from the run into fresh blocks.
   std::vector<int32_t> first(spec_.size(), n);
   int32_t need = 0;
@@ -200,6 +264,10 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
   if (!pool_.can_allocate(need)) return 0;
   auto fresh = pool_.allocate(need);  // may evict (and spill) other cached blocks
   if (!fresh.ok()) return 0;
+  // A fresh block id may still key a checkpoint of its previous contents.
+  if (hybrid()) {
+    for (const BlockLease& lease : *fresh) states_->drop_checkpoint(lease.block());
+  }
   std::vector<std::vector<int32_t>> ids(spec_.size());
   size_t next = 0;
   for (int32_t g : attention_groups_) {
@@ -215,6 +283,22 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
       Status st = model_.copy_kv_in(static_cast<int64_t>(l), ids[g][static_cast<size_t>(b)], run.k[l].data() + off,
                                     run.v[l].data() + off);
       if (!st.ok()) {
+        last_error_ = st.error().message;
+        return 0;
+      }
+    }
+  }
+  if (hybrid()) {
+    // The state after the run's last token becomes that block's checkpoint.
+    auto c = states_->take_checkpoint(ids[static_cast<size_t>(key_group_)][static_cast<size_t>(n - 1)]);
+    if (!c.ok()) return 0;
+    std::vector<uint8_t> layer_state;
+    for (size_t sl = 0; sl < run.state.size(); ++sl) {
+      layer_state.clear();
+      for (const KvTensorData& t : run.state[sl].tensors) layer_state.insert(layer_state.end(), t.bytes.begin(), t.bytes.end());
+      Status st = model_.copy_state_in(*c, static_cast<int64_t>(sl), layer_state.data());
+      if (!st.ok()) {
+        states_->drop_checkpoint(ids[static_cast<size_t>(key_group_)][static_cast<size_t>(n - 1)]);
         last_error_ = st.error().message;
         return 0;
       }
@@ -255,9 +339,13 @@ Result<int32_t> KvTiers::persist(uint64_t ns, std::span<const int32_t> tokens) {
     ids[static_cast<size_t>(g)] = device[static_cast<size_t>(g)].block_ids();
     n = std::min(n, ids[static_cast<size_t>(g)].size());
   }
-  if (n == 0) return Error{"cache warm: the prompt has no full block of " + std::to_string(bs) + " tokens cached"};
+  const int32_t checkpoint = hybrid() ? trim_to_checkpoint(ids[static_cast<size_t>(key_group_)], &n) : -1;
+  if (n == 0) {
+    return Error{"cache warm: the prompt has no full block of " + std::to_string(bs) + " tokens cached" +
+                 (hybrid() ? " with a recurrent-state checkpoint" : "")};
+  }
   std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(bs)), bs);
-  RILL_ASSIGN_OR_RETURN(KvRunPtr run, build_run(ns, tokens, ids, std::move(keys)));
+  RILL_ASSIGN_OR_RETURN(KvRunPtr run, build_run(ns, tokens, ids, std::move(keys), checkpoint));
   RILL_TRY(disk_->put(*run));
   for (PrefixMatch& d : device) release_tail_first(d.blocks);
   return static_cast<int32_t>(n) * bs;
