@@ -76,7 +76,7 @@ Status EngineImpl::start() {
     c.identity.model_id = options_.model_id.empty() ? config_fingerprint(model_->config()) : options_.model_id;
     c.identity.config_fingerprint = config_fingerprint(model_->config());
     c.identity.tokenizer_hash = tokenizer_ ? hash64(tokenizer_->fingerprint()) : 0;
-    RILL_ASSIGN_OR_RETURN(tiers_, KvTiers::open(c, *model_, pool_, tree_));
+    RILL_ASSIGN_OR_RETURN(tiers_, KvTiers::open(c, *model_, pool_, tree_, &states_));
   }
   publish_stats();  // the tiers' contents are known before the first step
   thread_ = std::thread([this] { loop(); });
@@ -208,7 +208,7 @@ void EngineImpl::loop() {
       Request* p = r.get();
       // A prefix held by a lower cache tier goes back into the device cache
       // first, so admission matches it like any cached prefix.
-      if (tiers_ && !stopping) tiers_->restore(KvManager::group_ns(p->ns, 0), p->tokens);
+      if (tiers_ && !stopping) tiers_->restore(p->ns, p->tokens);
       live_.emplace(p->id, std::move(r));
       scheduler_.add(p);
     }
@@ -348,7 +348,7 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
       reason = FinishReason::kError;
       error = "persist_prefix: no disk cache tier is configured (--cache-dir)";
     } else {
-      auto saved = tiers_->persist(KvManager::group_ns(r.ns, 0), std::span<const int32_t>(r.tokens).first(
+      auto saved = tiers_->persist(r.ns, std::span<const int32_t>(r.tokens).first(
                                                                      static_cast<size_t>(r.n_prompt)));
       if (!saved.ok()) {
         reason = FinishReason::kError;

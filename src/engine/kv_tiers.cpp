@@ -1,23 +1,48 @@
 #include "engine/kv_tiers.h"
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 
+#include "kv/kv_manager.h"
+
 namespace rill {
 
 Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model& model, BlockPool& pool,
-                                               PrefixTree& tree) {
+                                               PrefixTree& tree, StatePool* states) {
   std::unique_ptr<KvTiers> t(new KvTiers(model, pool, tree));
-  const KvSpec& spec = model.kv_spec();
+  t->states_ = states;
+  t->spec_ = model.kv_spec();
   t->layers_ = model.kv_layers();
-  if (spec.size() != 1 || !spec[0].is_attention() || t->layers_.empty()) {
-    return Error{"--cache-ram-mb / --cache-dir: the prefix cache tiers support models with one attention layer "
-                 "group and KV export; this model has " +
-                 std::to_string(spec.size()) + " layer group(s)"};
+  for (size_t g = 0; g < t->spec_.size(); ++g) {
+    if (t->spec_[g].is_attention()) t->attention_groups_.push_back(static_cast<int32_t>(g));
   }
-  t->kind_ = spec[0].kind;
+  const size_t n_recurrent = t->spec_.size() - t->attention_groups_.size();
+  if (t->layers_.empty() || t->attention_groups_.empty()) {
+    return Error{"--cache-ram-mb / --cache-dir: this model does not export its KV, so the prefix cache tiers are off"};
+  }
+  if (n_recurrent > 0) {
+    t->state_layers_ = model.state_layers();
+    if (n_recurrent > 1 || t->state_layers_.empty() || states == nullptr || states->n_checkpoints() == 0) {
+      return Error{"--cache-ram-mb / --cache-dir: a model with recurrent layers needs one recurrent group, state "
+                   "export and recurrent checkpoint slots for the prefix cache tiers"};
+    }
+    t->key_group_ = t->attention_groups_.front();
+    for (int32_t g : t->attention_groups_) {
+      if (t->spec_[static_cast<size_t>(g)].kind == LayerKind::kFull) {
+        t->key_group_ = g;
+        break;
+      }
+    }
+  }
+  for (const Model::KvLayer& l : t->layers_) {
+    if (l.group < 0 || l.group >= static_cast<int32_t>(t->spec_.size()) || !t->spec_[l.group].is_attention()) {
+      return Error{"--cache-ram-mb / --cache-dir: a KV layer names group " + std::to_string(l.group) +
+                   ", which is not an attention group of the model"};
+    }
+  }
   if (config.ram_bytes > 0) t->ram_ = std::make_unique<RamTier>(static_cast<size_t>(config.ram_bytes));
   if (!config.disk_dir.empty()) {
     DiskTierOptions o;
@@ -41,32 +66,79 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
 
 KvTiers::~KvTiers() { tree_.set_spill_hook(nullptr); }
 
-Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks,
-                                    std::vector<uint64_t> keys) const {
+size_t KvTiers::state_layer_bytes(size_t layer) const {
+  size_t total = 0;
+  for (const Model::StateTensor& st : state_layers_[layer]) {
+    size_t bytes = sizeof(float);
+    for (int64_t d : st.shape) bytes *= static_cast<size_t>(d);
+    total += bytes;
+  }
+  return total;
+}
+
+int32_t KvTiers::trim_to_checkpoint(std::span<const int32_t> key_blocks, size_t* n_blocks) const {
+  for (; *n_blocks > 0; --*n_blocks) {
+    if (auto c = states_->checkpoint_of(key_blocks[*n_blocks - 1])) return *c;
+  }
+  return -1;
+}
+
+void KvTiers::learn_ns(uint64_t ns) {
+  for (int32_t g : attention_groups_) group_of_ns_[KvManager::group_ns(ns, g)] = {ns, g};
+}
+
+std::vector<PrefixMatch> KvTiers::match_groups(uint64_t ns, std::span<const int32_t> tokens) {
+  std::vector<PrefixMatch> out(spec_.size());
+  for (int32_t g : attention_groups_) out[static_cast<size_t>(g)] = tree_.match(KvManager::group_ns(ns, g), tokens);
+  return out;
+}
+
+Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens,
+                                    const std::vector<std::vector<int32_t>>& blocks, std::vector<uint64_t> keys,
+                                    int32_t checkpoint) const {
   auto run = std::make_shared<KvRun>();
   const int32_t bs = pool_.block_size();
+  const size_t n_blocks = keys.size();
   run->ns = ns;
   run->block_size = bs;
-  run->tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(blocks.size()) * bs);
+  run->tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n_blocks) * bs);
   run->keys = std::move(keys);
   size_t total = 0;
   for (const Model::KvLayer& l : layers_) total += 2 * l.row_bytes * run->tokens.size();
+  if (checkpoint >= 0) {
+    for (size_t sl = 0; sl < state_layers_.size(); ++sl) total += state_layer_bytes(sl);
+  }
   run->storage.resize(total);
   uint8_t* p = run->storage.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
     const size_t tensor = layers_[l].row_bytes * run->tokens.size();
     const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
+    const std::vector<int32_t>& ids = blocks[static_cast<size_t>(layers_[l].group)];
+    assert(ids.size() >= n_blocks);
     uint8_t* k = p;
     uint8_t* v = p + tensor;
-    for (size_t b = 0; b < blocks.size(); ++b) {
-      RILL_TRY(model_.copy_kv_out(static_cast<int64_t>(l), blocks[b], k + b * block_bytes, v + b * block_bytes));
+    for (size_t b = 0; b < n_blocks; ++b) {
+      RILL_TRY(model_.copy_kv_out(static_cast<int64_t>(l), ids[b], k + b * block_bytes, v + b * block_bytes));
     }
-    run->kinds.push_back(kind_);
+    run->kinds.push_back(spec_[static_cast<size_t>(layers_[l].group)].kind);
     run->dtypes.push_back(layers_[l].dtype);
     run->row_bytes.push_back(layers_[l].row_bytes);
     run->k.emplace_back(k, tensor);
     run->v.emplace_back(v, tensor);
     p += 2 * tensor;
+  }
+  if (checkpoint >= 0) {
+    for (size_t sl = 0; sl < state_layers_.size(); ++sl) {
+      RILL_TRY(model_.copy_state_out(checkpoint, static_cast<int64_t>(sl), p));
+      KvLayerData layer{LayerKind::kRecurrent, {}};
+      for (const Model::StateTensor& st : state_layers_[sl]) {
+        size_t bytes = sizeof(float);
+        for (int64_t d : st.shape) bytes *= static_cast<size_t>(d);
+        layer.tensors.push_back({st.name, st.shape, DType::kF32, {p, bytes}});
+        p += bytes;
+      }
+      run->state.push_back(std::move(layer));
+    }
   }
   return KvRunPtr(std::move(run));
 }
@@ -81,13 +153,33 @@ void KvTiers::to_disk(const KvRun& run) {
   }
 }
 
-void KvTiers::spill(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks) {
+void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks) {
   if (blocks.empty()) return;
-  std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens, pool_.block_size());
-  if (keys.size() != blocks.size()) return;
+  auto owner = group_of_ns_.find(group_ns);
+  if (owner == group_of_ns_.end()) return;  // a namespace no request of ours used
+  const uint64_t ns = owner->second.ns;
+  // The prefix every group's chain covers: the evicted group's chain, the
+  // others as the tree holds them now (read without leases: no allocation
+  // or pool change may happen inside the hook).
+  std::vector<std::vector<int32_t>> ids(spec_.size());
+  size_t n = blocks.size();
+  for (int32_t g : attention_groups_) {
+    auto& mine = ids[static_cast<size_t>(g)];
+    if (g == owner->second.group) {
+      mine.assign(blocks.begin(), blocks.end());
+    } else {
+      mine = tree_.find_chain(KvManager::group_ns(ns, g), tokens.first(n * static_cast<size_t>(pool_.block_size())));
+    }
+    n = std::min(n, mine.size());
+  }
+  const int32_t checkpoint = hybrid() ? trim_to_checkpoint(ids[static_cast<size_t>(key_group_)], &n) : -1;
+  if (n == 0) return;
+  std::vector<uint64_t> keys =
+      PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(pool_.block_size())), pool_.block_size());
+  if (keys.size() != n) return;
   const uint64_t last = keys.back();
   if ((ram_ && ram_->covers(last)) || (disk_ && disk_->covers(last))) return;  // already held below
-  auto run = build_run(ns, tokens, blocks, std::move(keys));
+  auto run = build_run(ns, tokens, ids, std::move(keys), checkpoint);
   if (!run.ok()) {
     ++spill_errors_;
     last_error_ = run.error().message;
@@ -102,9 +194,24 @@ void KvTiers::spill(uint64_t ns, std::span<const int32_t> tokens, std::span<cons
 
 bool KvTiers::run_fits_model(const KvRun& run) const {
   if (run.k.size() != layers_.size() || run.block_size != pool_.block_size()) return false;
+  if (run.state.size() != state_layers_.size()) return false;
+  for (size_t sl = 0; sl < run.state.size(); ++sl) {
+    const auto& want = state_layers_[sl];
+    const auto& got = run.state[sl].tensors;
+    if (run.state[sl].kind != LayerKind::kRecurrent || got.size() != want.size()) return false;
+    for (size_t t = 0; t < got.size(); ++t) {
+      size_t bytes = sizeof(float);
+      for (int64_t d : want[t].shape) bytes *= static_cast<size_t>(d);
+      if (got[t].name != want[t].name || got[t].shape != want[t].shape || got[t].dtype != DType::kF32 ||
+          got[t].bytes.size() != bytes) {
+        return false;
+      }
+    }
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const size_t tensor = layers_[l].row_bytes * run.tokens.size();
-    if (run.dtypes[l] != layers_[l].dtype || run.row_bytes[l] != layers_[l].row_bytes || run.k[l].size() != tensor ||
+    if (run.kinds[l] != spec_[static_cast<size_t>(layers_[l].group)].kind || run.dtypes[l] != layers_[l].dtype ||
+        run.row_bytes[l] != layers_[l].row_bytes || run.k[l].size() != tensor ||
         run.v[l].size() != tensor) {
       return false;
     }
@@ -113,13 +220,17 @@ bool KvTiers::run_fits_model(const KvRun& run) const {
 }
 
 int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
+  learn_ns(ns);
   const int32_t bs = pool_.block_size();
   if (prompt.size() < 2) return 0;
   const auto n_full = static_cast<int32_t>((prompt.size() - 1) / static_cast<size_t>(bs));
   if (n_full == 0) return 0;
   const std::span<const int32_t> usable = prompt.first(static_cast<size_t>(n_full) * static_cast<size_t>(bs));
-  PrefixMatch device = tree_.match(ns, usable);
-  const int32_t m = static_cast<int32_t>(device.blocks.size());
+  // Every group's device match stays leased until the end, so the
+  // allocation below cannot evict it.
+  std::vector<PrefixMatch> device = match_groups(ns, usable);
+  int32_t m = n_full;
+  for (int32_t g : attention_groups_) m = std::min(m, static_cast<int32_t>(device[static_cast<size_t>(g)].blocks.size()));
   if (m >= n_full) return 0;
   const std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, usable, bs);
   const auto t0 = std::chrono::steady_clock::now();
@@ -142,29 +253,70 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
       !run_fits_model(run)) {
     return 0;
   }
-  if (!pool_.can_allocate(n - m)) return 0;
-  auto fresh = pool_.allocate(n - m);  // may evict (and spill) other cached blocks
+  if (hybrid() && n != run.n_blocks()) return 0;  // the state is at the run's end only
+  // Per group: blocks [m_g, n) come from the run into fresh blocks.
+  std::vector<int32_t> first(spec_.size(), n);
+  int32_t need = 0;
+  for (int32_t g : attention_groups_) {
+    first[static_cast<size_t>(g)] = std::min(n, static_cast<int32_t>(device[static_cast<size_t>(g)].blocks.size()));
+    need += n - first[static_cast<size_t>(g)];
+  }
+  if (!pool_.can_allocate(need)) return 0;
+  auto fresh = pool_.allocate(need);  // may evict (and spill) other cached blocks
   if (!fresh.ok()) return 0;
-  for (int32_t b = m; b < n; ++b) {
-    const int32_t block = (*fresh)[static_cast<size_t>(b - m)].block();
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
+  // A fresh block id may still key a checkpoint of its previous contents.
+  if (hybrid()) {
+    for (const BlockLease& lease : *fresh) states_->drop_checkpoint(lease.block());
+  }
+  std::vector<std::vector<int32_t>> ids(spec_.size());
+  size_t next = 0;
+  for (int32_t g : attention_groups_) {
+    ids[static_cast<size_t>(g)] = device[static_cast<size_t>(g)].block_ids();
+    ids[static_cast<size_t>(g)].resize(static_cast<size_t>(first[static_cast<size_t>(g)]));
+    for (int32_t b = first[static_cast<size_t>(g)]; b < n; ++b) ids[static_cast<size_t>(g)].push_back((*fresh)[next++].block());
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const auto g = static_cast<size_t>(layers_[l].group);
+    const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
+    for (int32_t b = first[g]; b < n; ++b) {
       const size_t off = static_cast<size_t>(b) * block_bytes;
-      Status st = model_.copy_kv_in(static_cast<int64_t>(l), block, run.k[l].data() + off, run.v[l].data() + off);
+      Status st = model_.copy_kv_in(static_cast<int64_t>(l), ids[g][static_cast<size_t>(b)], run.k[l].data() + off,
+                                    run.v[l].data() + off);
       if (!st.ok()) {
         last_error_ = st.error().message;
         return 0;
       }
     }
   }
-  std::vector<int32_t> ids = device.block_ids();
-  for (const BlockLease& lease : *fresh) ids.push_back(lease.block());
-  tree_.insert(ns, usable.first(static_cast<size_t>(n) * static_cast<size_t>(bs)), ids);
+  if (hybrid()) {
+    // The state after the run's last token becomes that block's checkpoint.
+    auto c = states_->take_checkpoint(ids[static_cast<size_t>(key_group_)][static_cast<size_t>(n - 1)]);
+    if (!c.ok()) return 0;
+    std::vector<uint8_t> layer_state;
+    for (size_t sl = 0; sl < run.state.size(); ++sl) {
+      layer_state.clear();
+      for (const KvTensorData& t : run.state[sl].tensors) layer_state.insert(layer_state.end(), t.bytes.begin(), t.bytes.end());
+      Status st = model_.copy_state_in(*c, static_cast<int64_t>(sl), layer_state.data());
+      if (!st.ok()) {
+        states_->drop_checkpoint(ids[static_cast<size_t>(key_group_)][static_cast<size_t>(n - 1)]);
+        last_error_ = st.error().message;
+        return 0;
+      }
+    }
+  }
+  for (int32_t g : attention_groups_) {
+    if (first[static_cast<size_t>(g)] < n) {
+      tree_.insert(KvManager::group_ns(ns, g), usable.first(static_cast<size_t>(n) * static_cast<size_t>(bs)),
+                   ids[static_cast<size_t>(g)]);
+    }
+  }
   // Leases go back tail first: the restored blocks stay cached (LRU) for
   // the admission that follows.
-  std::vector<BlockLease> all = std::move(device.blocks);
-  for (BlockLease& lease : *fresh) all.push_back(std::move(lease));
-  release_tail_first(all);
+  for (int32_t g : attention_groups_) {
+    std::vector<BlockLease> all = std::move(device[static_cast<size_t>(g)].blocks);
+    release_tail_first(all);
+  }
+  release_tail_first(*fresh);
   const int32_t tokens = (n - m) * bs;
   restored_tokens_ += tokens;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -178,15 +330,25 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
 
 Result<int32_t> KvTiers::persist(uint64_t ns, std::span<const int32_t> tokens) {
   if (!disk_) return Error{"cache warm: no disk tier (--cache-dir) is configured"};
+  learn_ns(ns);
   const int32_t bs = pool_.block_size();
-  PrefixMatch device = tree_.match(ns, tokens);
-  if (device.blocks.empty()) return Error{"cache warm: the prompt has no full block of " + std::to_string(bs) + " tokens cached"};
-  const std::vector<int32_t> ids = device.block_ids();
-  std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens.first(ids.size() * static_cast<size_t>(bs)), bs);
-  RILL_ASSIGN_OR_RETURN(KvRunPtr run, build_run(ns, tokens, ids, std::move(keys)));
+  std::vector<PrefixMatch> device = match_groups(ns, tokens);
+  size_t n = SIZE_MAX;
+  std::vector<std::vector<int32_t>> ids(spec_.size());
+  for (int32_t g : attention_groups_) {
+    ids[static_cast<size_t>(g)] = device[static_cast<size_t>(g)].block_ids();
+    n = std::min(n, ids[static_cast<size_t>(g)].size());
+  }
+  const int32_t checkpoint = hybrid() ? trim_to_checkpoint(ids[static_cast<size_t>(key_group_)], &n) : -1;
+  if (n == 0) {
+    return Error{"cache warm: the prompt has no full block of " + std::to_string(bs) + " tokens cached" +
+                 (hybrid() ? " with a recurrent-state checkpoint" : "")};
+  }
+  std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(bs)), bs);
+  RILL_ASSIGN_OR_RETURN(KvRunPtr run, build_run(ns, tokens, ids, std::move(keys), checkpoint));
   RILL_TRY(disk_->put(*run));
-  release_tail_first(device.blocks);
-  return device.n_tokens;
+  for (PrefixMatch& d : device) release_tail_first(d.blocks);
+  return static_cast<int32_t>(n) * bs;
 }
 
 }  // namespace rill

@@ -15,19 +15,34 @@
 //    tokens). If the pool has no room the prompt is simply computed.
 //  - Persist: a finished warm-up request's prefix is written to disk now.
 //
-// Supported layouts: one attention group (full or sliding); models with
-// several groups or recurrent state get a clear error when tiers are asked
-// for. Everything runs on the engine thread. Disk writes are synchronous.
+// Layer groups: a run is keyed by the request-level namespace and holds
+// every attention group's blocks of the chain (per KV layer, its group's
+// blocks). The tree caches each group under KvManager::group_ns(ns, g); a
+// spill of any group's chain stores the prefix that every group's chain
+// covers, and a restore puts every group's blocks back so admission's
+// common match covers them.
+//
+// Hybrid models (one recurrent group): a run ends at a block boundary whose
+// recurrent-state checkpoint (StatePool, keyed by the key group's block, as
+// KvManager keys them) exists, and holds that state (kind "recurrent" in the
+// file). A restore installs it as the checkpoint of the restored last block,
+// so admission resumes the recurrence there. Such a run serves only prompts
+// that extend its whole prefix (there is no state at its inner boundaries).
+//
+// Everything runs on the engine thread. Disk writes are synchronous.
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "core/result.h"
 #include "kv/block_pool.h"
 #include "kv/disk_tier.h"
 #include "kv/prefix_tree.h"
 #include "kv/ram_tier.h"
+#include "kv/state_pool.h"
 #include "model/model.h"
 
 namespace rill {
@@ -43,18 +58,23 @@ struct KvTierConfig {
 class KvTiers {
  public:
   // Opens the configured tiers and installs the spill hook on `tree`.
+  // states: the engine's state pool (required for models with recurrent
+  // layers, which also need checkpoint slots and state export).
   static Result<std::unique_ptr<KvTiers>> open(const KvTierConfig& config, Model& model, BlockPool& pool,
-                                               PrefixTree& tree);
+                                               PrefixTree& tree, StatePool* states);
   ~KvTiers();
 
-  // The spill hook (see PrefixTree::SpillHook).
-  void spill(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks);
+  // The spill hook (see PrefixTree::SpillHook); group_ns is a group's
+  // namespace (KvManager::group_ns) of a request namespace seen before by
+  // restore() or persist().
+  void spill(uint64_t group_ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks);
   // Loads the longest tier-held prefix of prompt (all but its last token)
-  // beyond the device match into the device cache; returns the tokens
-  // loaded (0 on a miss or without room).
+  // beyond the device match (of every group) into the device cache; returns
+  // the tokens loaded (0 on a miss or without room). ns: the request's
+  // namespace.
   int32_t restore(uint64_t ns, std::span<const int32_t> prompt);
-  // Writes the device-cached chain that prefixes `tokens` to the disk tier.
-  // Errors: no disk tier, nothing cached, a write failure.
+  // Writes the device-cached chain (of every group) that prefixes `tokens`
+  // to the disk tier. Errors: no disk tier, nothing cached, a write failure.
   Result<int32_t> persist(uint64_t ns, std::span<const int32_t> tokens);
 
   const RamTier* ram() const { return ram_.get(); }
@@ -65,17 +85,39 @@ class KvTiers {
 
  private:
   KvTiers(Model& model, BlockPool& pool, PrefixTree& tree) : model_(model), pool_(pool), tree_(tree) {}
-  // Copies blocks' KV out of the model into a new run.
-  Result<KvRunPtr> build_run(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks,
-                             std::vector<uint64_t> keys) const;
+  // Copies the KV of blocks[g][0, keys.size()) of every attention group g
+  // out of the model into a new run, and (hybrid models) the recurrent
+  // state of checkpoint slot `checkpoint`.
+  Result<KvRunPtr> build_run(uint64_t ns, std::span<const int32_t> tokens,
+                             const std::vector<std::vector<int32_t>>& blocks, std::vector<uint64_t> keys,
+                             int32_t checkpoint = -1) const;
+  // Hybrid models: shortens *n_blocks to the deepest boundary of the key
+  // group's chain `key_blocks` that has a checkpoint; returns its slot, -1
+  // when there is none (then *n_blocks is 0).
+  int32_t trim_to_checkpoint(std::span<const int32_t> key_blocks, size_t* n_blocks) const;
+  bool hybrid() const { return !state_layers_.empty(); }
+  size_t state_layer_bytes(size_t layer) const;
+  // Remembers which request namespace and group each group namespace is.
+  void learn_ns(uint64_t ns);
+  // Each attention group's device match of `tokens` (leases held).
+  std::vector<PrefixMatch> match_groups(uint64_t ns, std::span<const int32_t> tokens);
   bool run_fits_model(const KvRun& run) const;
   void to_disk(const KvRun& run);
 
   Model& model_;
   BlockPool& pool_;
   PrefixTree& tree_;
+  KvSpec spec_;
+  std::vector<int32_t> attention_groups_;  // indices into spec_
   std::vector<Model::KvLayer> layers_;
-  LayerKind kind_ = LayerKind::kFull;
+  StatePool* states_ = nullptr;
+  std::vector<std::vector<Model::StateTensor>> state_layers_;  // empty: no recurrent state
+  int32_t key_group_ = 0;  // the attention group checkpoints are keyed by (KvManager's)
+  struct GroupOf {
+    uint64_t ns = 0;
+    int32_t group = 0;
+  };
+  std::unordered_map<uint64_t, GroupOf> group_of_ns_;  // by group namespace
   std::unique_ptr<RamTier> ram_;
   std::unique_ptr<DiskTier> disk_;
   int64_t restored_tokens_ = 0, spill_errors_ = 0;

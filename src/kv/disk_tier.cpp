@@ -127,6 +127,7 @@ Status DiskTier::put(const KvRun& run) {
     layers[l].tensors.push_back({"k", {n_tok, width}, run.dtypes[l], run.k[l]});
     layers[l].tensors.push_back({"v", {n_tok, width}, run.dtypes[l], run.v[l]});
   }
+  layers.insert(layers.end(), run.state.begin(), run.state.end());
   KvFileIdentity id = options_.identity;
   id.ns = run.ns;
   const std::string path = (fs::path(options_.dir) / kv_run_file_name(run.keys.back())).string();
@@ -173,6 +174,14 @@ std::optional<std::pair<KvRunPtr, int32_t>> DiskTier::find(std::span<const uint6
     run->file = shared;
     for (size_t l = 0; ok && l < shared->header().layers.size(); ++l) {
       const KvLayerDesc& d = shared->header().layers[l];
+      if (d.kind == LayerKind::kRecurrent) {  // a state: its tensors as they are
+        KvLayerData st{d.kind, {}};
+        for (size_t t = 0; t < d.tensors.size(); ++t) {
+          st.tensors.push_back({d.tensors[t].name, d.tensors[t].shape, d.tensors[t].dtype, shared->tensor(l, t)});
+        }
+        run->state.push_back(std::move(st));
+        continue;
+      }
       ok = d.tensors.size() == 2 && d.tensors[0].name == "k" && d.tensors[1].name == "v" &&
            d.tensors[0].shape.size() == 2 && d.tensors[0].shape == d.tensors[1].shape &&
            d.tensors[0].dtype == d.tensors[1].dtype &&

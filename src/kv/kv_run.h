@@ -2,7 +2,7 @@
 // KvRun: the KV of one cached prefix, tokens [0, n_blocks * block_size) of
 // a sequence in one namespace, as the host-RAM and disk tiers hold it:
 // per KV layer, K and V rows [n_tokens, row_bytes] (layer-major, the KV
-// file's tensor layout). A RAM run owns its bytes; a disk run points into
+// file's tensor layout), and for hybrid models the recurrent state at its end. A RAM run owns its bytes; a disk run points into
 // its mapped file. Runs are immutable once built and shared by pointer, so
 // a tier may drop one while a restore is still copying from it.
 //
@@ -29,6 +29,10 @@ struct KvRun {
   std::vector<size_t> row_bytes;                    // per KV layer
   std::vector<DType> dtypes;                        // per KV layer
   std::vector<std::span<const uint8_t>> k, v;       // per KV layer
+  // Hybrid models: per recurrent layer (kind kRecurrent), the state right
+  // after the run's last token; empty otherwise. Such a run resumes only
+  // the whole prefix it holds, never a shorter one.
+  std::vector<KvLayerData> state;
   std::vector<uint8_t> storage;                     // RAM runs: owns k / v
   std::shared_ptr<const KvFile> file;               // disk runs: owns k / v
 
@@ -36,6 +40,9 @@ struct KvRun {
   size_t bytes() const {
     size_t b = 0;
     for (size_t l = 0; l < k.size(); ++l) b += k[l].size() + v[l].size();
+    for (const KvLayerData& l : state) {
+      for (const KvTensorData& t : l.tensors) b += t.bytes.size();
+    }
     return b;
   }
 };

@@ -76,6 +76,40 @@ PrefixTree::Node* PrefixTree::root(uint64_t ns, bool create) {
   return raw;
 }
 
+int32_t PrefixTree::height(const Node& node) {
+  int32_t h = 0;
+  for (const auto& [key, child] : node.children) h = std::max(h, 1 + height(*child));
+  return h;
+}
+
+const PrefixTree::Node* PrefixTree::deepest_child(const Node& node) {
+  const Node* best = nullptr;
+  int32_t best_height = -1;
+  for (const auto& [key, child] : node.children) {
+    const int32_t h = height(*child);
+    if (h > best_height) best = child.get(), best_height = h;
+  }
+  return best;
+}
+
+std::vector<int32_t> PrefixTree::find_chain(uint64_t ns, std::span<const int32_t> tokens) const {
+  std::vector<int32_t> ids;
+  auto r = roots_.find(ns);
+  if (r == roots_.end()) return ids;
+  const Node* node = r->second.get();
+  const size_t n_full = tokens.size() / block_size_;
+  for (size_t i = 0; i < n_full; ++i) {
+    auto block_tokens = tokens.subspan(i * block_size_, block_size_);
+    auto it = node->children.find(block_key(node->key, ns, block_tokens));
+    if (it == node->children.end()) break;
+    const Node* child = it->second.get();
+    if (!std::equal(block_tokens.begin(), block_tokens.end(), child->tokens.begin())) break;  // collision
+    ids.push_back(child->block);
+    node = child;
+  }
+  return ids;
+}
+
 PrefixMatch PrefixTree::match(uint64_t ns, std::span<const int32_t> tokens) {
   PrefixMatch m;
   Node* node = root(ns, /*create=*/false);
@@ -148,7 +182,10 @@ void PrefixTree::evict(int32_t block) {
   if (node == nullptr) return;
   const uint64_t ns = ns_of_block_[block];
   if (spill_) {
-    // The chain root -> node, in order.
+    // The chain root -> node, in order, then on down node's deepest
+    // descendant path: those blocks are dropped with node, and they still
+    // hold their KV (a sliding group gives its oldest blocks back first, so
+    // its chains are evicted from the root).
     int32_t depth = 0;
     for (const Node* n = node; n->parent != nullptr; n = n->parent) ++depth;
     spill_tokens_.resize(static_cast<size_t>(depth) * static_cast<size_t>(block_size_));
@@ -158,6 +195,10 @@ void PrefixTree::evict(int32_t block) {
       --i;
       spill_blocks_[static_cast<size_t>(i)] = n->block;
       std::copy(n->tokens.begin(), n->tokens.end(), spill_tokens_.begin() + static_cast<ptrdiff_t>(i) * block_size_);
+    }
+    for (const Node* n = deepest_child(*node); n != nullptr; n = deepest_child(*n)) {
+      spill_blocks_.push_back(n->block);
+      spill_tokens_.insert(spill_tokens_.end(), n->tokens.begin(), n->tokens.end());
     }
     spill_(ns, spill_tokens_, spill_blocks_);
   }

@@ -54,6 +54,11 @@ class PrefixTree {
   // fully cached prompt still recomputes its final token.
   PrefixMatch match(uint64_t ns, std::span<const int32_t> tokens);
 
+  // The block ids of the same chain as match() finds, without leases and
+  // without touching the pool: for a spill hook, which must not change the
+  // pool. The ids are valid only until the pool next evicts.
+  std::vector<int32_t> find_chain(uint64_t ns, std::span<const int32_t> tokens) const;
+
   // Registers computed full blocks: block_ids[i] holds the KV of tokens
   // [i*bs, (i+1)*bs). Requires block_ids.size() <= tokens.size() / bs and
   // that the caller holds a lease on every block in block_ids (the ones it
@@ -71,11 +76,12 @@ class PrefixTree {
   void evict(int32_t block);
 
   // Called on eviction, before the node is dropped, with its namespace and
-  // the whole chain from the root down to the evicted block: tokens
-  // [n * block_size] and block ids [n] (the evicted block last). Every block
-  // of the chain still holds its KV (the evicted one is free but not yet
-  // handed out). The hook may read KV; it must not allocate or change the
-  // pool or the tree.
+  // the whole chain from the root down to the evicted block, continued down
+  // its deepest descendant path (dropped with it): tokens [n * block_size]
+  // and block ids [n]. Every block of the chain still holds its KV (the
+  // evicted one is free but not yet handed out). The hook may read KV and
+  // the tree (find_chain); it must not allocate or change the pool or the
+  // tree.
   using SpillHook = std::function<void(uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks)>;
   void set_spill_hook(SpillHook hook) { spill_ = std::move(hook); }
 
@@ -102,6 +108,10 @@ class PrefixTree {
 
   static uint64_t block_key(uint64_t parent_key, uint64_t ns, std::span<const int32_t> block_tokens);
   static uint64_t root_key(uint64_t ns);
+  // Blocks on node's longest path down (0 for a leaf), and its first child
+  // on such a path (nullptr for a leaf).
+  static int32_t height(const Node& node);
+  static const Node* deepest_child(const Node& node);
   Node* root(uint64_t ns, bool create);
   // Unindexes and uncaches node and its descendants (does not free them).
   void drop_subtree(Node* node);

@@ -9,6 +9,7 @@
 // only reads and writes the blocks the Batch's tables name.
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -109,6 +110,26 @@ class Model {
   virtual Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) {
     (void)layer, (void)block, (void)k, (void)v;
     return Error{"this model does not import KV"};
+  }
+
+  // Recurrent-state export and import for the same tiers (models with a
+  // kRecurrent group): per recurrent layer, the f32 tensors of one state in
+  // memory order (tensor t's bytes follow tensor t-1's); empty when the
+  // model does not support it.
+  struct StateTensor {
+    std::string name;
+    std::vector<int64_t> shape;  // f32 elements
+  };
+  virtual std::vector<std::vector<StateTensor>> state_layers() const { return {}; }
+  // Copies recurrent layer `layer`'s state (all its tensors, contiguous) in
+  // checkpoint slot `checkpoint` out to `out`, or in from `in`.
+  virtual Status copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const {
+    (void)checkpoint, (void)layer, (void)out;
+    return Error{"this model does not export its recurrent state"};
+  }
+  virtual Status copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) {
+    (void)checkpoint, (void)layer, (void)in;
+    return Error{"this model does not import recurrent state"};
   }
 };
 

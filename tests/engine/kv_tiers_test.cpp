@@ -5,7 +5,9 @@
 // of a device-cache hit (the round trip is bit-exact, so the continuation's
 // logits are too).
 // Covered: the default model (f16 KV, full attention), the HF llama golden
-// (f32 KV) and mistral-swa (a sliding-window layer group). A corrupt disk
+// (f32 KV), mistral-swa (a sliding-window layer group) and gemma2 / gemma3
+// (a sliding and a full group in one run), qwen3_5 / qwen3-next (recurrent
+// state at the run's end). A corrupt disk
 // entry is removed at start and the prompt is computed normally.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -156,6 +158,62 @@ TEST(KvTiers, DiskPrefixSurvivesARestartF16Kv) {
 TEST(KvTiers, DiskPrefixSurvivesARestartF32Kv) { disk_round_trip(kGoldens + "llama", 512, 40, 32); }
 
 TEST(KvTiers, DiskPrefixSurvivesARestartSlidingWindow) { disk_round_trip(kGoldens + "mistral-swa", 512, 40, 32); }
+
+// Gemma: a sliding group (window 8) and a full group; a run holds both.
+TEST(KvTiers, DiskPrefixSurvivesARestartGemma2TwoGroups) { disk_round_trip(kGoldens + "gemma2", 512, 40, 32); }
+TEST(KvTiers, DiskPrefixSurvivesARestartGemma3TwoGroups) { disk_round_trip(kGoldens + "gemma3", 512, 70, 64); }
+
+// A two-group prefix evicted from the device cache comes back from RAM. The
+// sliding group gives its oldest blocks back first, so its chain is evicted
+// from the root: the spill must still keep the whole prefix.
+TEST(KvTiers, EvictedTwoGroupPrefixComesBackFromTheRamTier) {
+  EngineOptions o;
+  o.cache_ram_mb = 64;
+  // 1 MiB holds 64 blocks of this model's f32 KV (1 KiB a token); a
+  // 241-token prompt (+8 generated) takes 16 blocks in each group, so the
+  // later prompts evict the first's blocks.
+  o.kv_cache_mb = 1;
+  auto e = load(kGoldens + "gemma3", o);
+  ASSERT_TRUE(e);
+  const auto a = random_prompt(241, 512, 1);
+  const GenRun cold = generate(*e, a, 8);
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, 240);
+  generate(*e, random_prompt(241, 512, 2), 8);  // these evict a's blocks
+  generate(*e, random_prompt(241, 512, 3), 8);
+  const GenRun warm = generate(*e, a, 8);
+  const EngineStats s = e->stats();
+  EXPECT_GE(s.ram_tier.hits, 1);
+  EXPECT_GT(s.tier_restored_tokens, 0);
+  EXPECT_EQ(warm.cached, 240) << "every full block of the prompt, in both groups";
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored KV must be bit-identical";
+}
+
+// Hybrids (linear attention + full attention): a run also holds the
+// recurrent state checkpoint at its last block boundary.
+TEST(KvTiers, DiskPrefixSurvivesARestartQwen35Hybrid) { disk_round_trip(kGoldens + "qwen3_5", 512, 40, 32); }
+TEST(KvTiers, DiskPrefixSurvivesARestartQwen3NextHybrid) { disk_round_trip(kGoldens + "qwen3-next", 512, 70, 64); }
+
+TEST(KvTiers, EvictedHybridPrefixComesBackFromTheRamTier) {
+  EngineOptions o;
+  o.cache_ram_mb = 64;
+  o.kv_cache_mb = 1;  // 128 blocks of this model's f32 KV (2 attention layers)
+  auto e = load(kGoldens + "qwen3_5", o);
+  ASSERT_TRUE(e);
+  const auto a = random_prompt(401, 512, 1);  // 26 blocks; five such prompts cannot all stay
+  const GenRun cold = generate(*e, a, 8);
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, 400) << "the prompt's last full block has a checkpoint";
+  for (uint32_t seed = 2; seed < 7; ++seed) generate(*e, random_prompt(401, 512, seed), 8);
+  const GenRun warm = generate(*e, a, 8);
+  const EngineStats s = e->stats();
+  EXPECT_GE(s.ram_tier.hits, 1);
+  EXPECT_GT(s.tier_restored_tokens, 0);
+  EXPECT_EQ(warm.cached, 400);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored KV and state must be bit-identical";
+}
 
 TEST(KvTiers, CorruptDiskEntryIsRemovedAndThePromptComputed) {
   if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;

@@ -244,5 +244,32 @@ TEST(PrefixTree, RandomizedStress) {
   ASSERT_TRUE(pool.check_integrity().ok());
 }
 
+// A chain evicted from its root (a sliding group gives its oldest blocks
+// back first) is handed to the spill hook whole: the evicted node's chain
+// continued down its deepest descendant path, which is dropped with it.
+TEST(PrefixTree, SpillHookSeesTheDroppedDescendants) {
+  BlockPool pool(4, kBs);
+  PrefixTree tree(pool);
+  const auto tokens = iota_tokens(12);  // 3 full blocks
+  auto chain = compute(pool, tree, 7, tokens);
+  const std::vector<int32_t> ids = {chain[0].block(), chain[1].block(), chain[2].block()};
+  EXPECT_EQ(tree.find_chain(7, tokens), ids);
+  EXPECT_EQ(pool.refcount(ids[0]), 1) << "find_chain takes no leases";
+  std::vector<int32_t> seen_tokens, seen_blocks;
+  tree.set_spill_hook([&](uint64_t ns, std::span<const int32_t> t, std::span<const int32_t> b) {
+    EXPECT_EQ(ns, 7u);
+    seen_tokens.assign(t.begin(), t.end());
+    seen_blocks.assign(b.begin(), b.end());
+  });
+  for (auto& l : chain) l.release();  // head first: block 0 is the least recently used
+  auto taken = pool.allocate(2);      // one free block, then evicts block 0
+  ASSERT_TRUE(taken.ok());
+  EXPECT_EQ(seen_blocks, ids);
+  EXPECT_EQ(seen_tokens, tokens);
+  EXPECT_TRUE(tree.find_chain(7, tokens).empty());
+  tree.set_spill_hook(nullptr);
+  expect_ok(pool, tree);
+}
+
 }  // namespace
 }  // namespace rill

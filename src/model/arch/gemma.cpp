@@ -182,7 +182,33 @@ class GemmaModel final : public Model {
   size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
   Status forward(const Batch& batch, float* logits) override;
 
+  // Every layer keeps KV; a layer's rows live in the blocks its group's
+  // tables name (sliding or full), all in the one PagedKvCache.
+  std::vector<KvLayer> kv_layers() const override {
+    std::vector<KvLayer> out;
+    for (const GemmaLayer& L : layers_) {
+      out.push_back({L.sliding ? sliding_group_ : full_group_, kv_.dtype(), kv_.row_bytes()});
+    }
+    return out;
+  }
+  Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const override {
+    RILL_TRY(check_kv_block(layer, block));
+    kv_.copy_block_out(layer, block, k, v);
+    return {};
+  }
+  Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) override {
+    RILL_TRY(check_kv_block(layer, block));
+    kv_.copy_block_in(layer, block, k, v);
+    return {};
+  }
+
  private:
+  Status check_kv_block(int64_t layer, int32_t block) const {
+    if (layer < 0 || layer >= cfg_.n_layer || block < 0 || block >= kv_.n_blocks()) {
+      return Error{"KV layer " + std::to_string(layer) + " block " + std::to_string(block) + " does not exist"};
+    }
+    return {};
+  }
   Status bind_weights();
   void attention_block(const GemmaLayer& L, int64_t il, const Batch& batch);
   void mlp_block(const GemmaLayer& L, int64_t n);

@@ -12,6 +12,7 @@
 // the state slots of the linear-attention layers.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -133,11 +134,59 @@ class HybridModel final : public Model {
   size_t state_bytes() const override { return states_.bytes_per_state(); }
   Status forward(const Batch& batch, float* logits) override;
 
+  // KV export: the attention layers (group 0), by their index among them.
+  std::vector<KvLayer> kv_layers() const override {
+    return std::vector<KvLayer>(static_cast<size_t>(n_attn_), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
+  }
+  Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const override {
+    if (layer < 0 || layer >= n_attn_ || block < 0 || block >= kv_.n_blocks()) return kv_range_error(layer, block);
+    kv_.copy_block_out(layer, block, k, v);
+    return {};
+  }
+  Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) override {
+    if (layer < 0 || layer >= n_attn_ || block < 0 || block >= kv_.n_blocks()) return kv_range_error(layer, block);
+    kv_.copy_block_in(layer, block, k, v);
+    return {};
+  }
+  // State export: per linear layer (by its index among them) its conv
+  // window [conv_dim, K-1] then its delta state [n_v_heads, dk, dv].
+  std::vector<std::vector<StateTensor>> state_layers() const override {
+    const GatedDeltaDims& d = hybrid_.gdn;
+    const std::vector<StateTensor> one = {{"conv", {d.conv_dim(), d.conv_kernel - 1}},
+                                          {"delta", {d.n_v_heads, d.head_k_dim, d.head_v_dim}}};
+    return std::vector<std::vector<StateTensor>>(static_cast<size_t>(n_linear_), one);
+  }
+  Status copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const override {
+    RILL_TRY(check_state(checkpoint, layer));
+    std::memcpy(out, states_.conv(layer, states_.checkpoint_id(checkpoint)), layer_state_bytes());
+    return {};
+  }
+  Status copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) override {
+    RILL_TRY(check_state(checkpoint, layer));
+    std::memcpy(states_.conv(layer, states_.checkpoint_id(checkpoint)), in, layer_state_bytes());
+    return {};
+  }
+
  private:
   Status bind_layer(const std::string& p, int64_t il, Layer& L);
   void attention_block(const Layer& L, const Batch& batch);
   // The FFN of h; returns where its output [n, E] is.
   const float* ffn_block(const Layer& L, int64_t n);
+
+  static Status kv_range_error(int64_t layer, int32_t block) {
+    return Error{"KV layer " + std::to_string(layer) + " block " + std::to_string(block) + " does not exist"};
+  }
+  // Bytes of one linear layer's state (its conv window and delta state are adjacent).
+  size_t layer_state_bytes() const {
+    return static_cast<size_t>(hybrid_.gdn.conv_state_floats() + hybrid_.gdn.delta_state_floats()) * sizeof(float);
+  }
+  Status check_state(int32_t checkpoint, int64_t layer) const {
+    if (checkpoint < 0 || checkpoint >= states_.n_checkpoints() || layer < 0 || layer >= n_linear_) {
+      return Error{"recurrent state of checkpoint " + std::to_string(checkpoint) + " layer " + std::to_string(layer) +
+                   " does not exist"};
+    }
+    return {};
+  }
 
   std::shared_ptr<const ModelFiles> files_;
   const ModelConfig& cfg_;
@@ -147,6 +196,7 @@ class HybridModel final : public Model {
   int max_tokens_ = 0, max_seqs_ = 0;
   int64_t n_ctx_ = 0;
   KvSpec kv_spec_;
+  int64_t n_attn_ = 0, n_linear_ = 0;  // attention and linear-attention layers
   WeightView embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
@@ -222,6 +272,8 @@ Status HybridModel::init(const ModelOptions& options) {
     RILL_TRY(bind_layer(root + "layers." + std::to_string(il) + ".", il, L));
     all_f32 = all_f32 && (L.linear ? (L.gdn.fused ? L.gdn.qkvz : L.gdn.qkv).w : L.attn.q.w).dtype == DType::kF32;
   }
+  n_attn_ = n_attn;
+  n_linear_ = n_linear;
   if (n_attn == 0 || n_linear == 0) {
     return Error{f.path + ": a hybrid model needs both linear_attention and full_attention layers"};
   }
