@@ -7,7 +7,7 @@ ModelRunner::ModelRunner(Model& model, const KvManager& kv) : model_(model), kv_
   batch_.group_tables.resize(n_groups > 0 ? n_groups - 1 : 0);
 }
 
-Status ModelRunner::run(const StepPlan& plan) {
+Status ModelRunner::run(const StepPlan& plan, bool greedy_ids) {
   batch_.clear();
   int32_t n_sample = 0;
   const auto n_groups = static_cast<int32_t>(model_.kv_spec().size());
@@ -23,6 +23,10 @@ Status ModelRunner::run(const StepPlan& plan) {
       kv_.append_block_table(seq, g, t);
     }
     n_sample += c.samples;
+  }
+  if (greedy_ids) {
+    if (ids_.size() < static_cast<size_t>(n_sample)) ids_.resize(static_cast<size_t>(n_sample));
+    return model_.forward_greedy(batch_, ids_.data());
   }
   const size_t need = static_cast<size_t>(n_sample) * static_cast<size_t>(model_.n_vocab());
   if (logits_.size() < need) logits_.resize(need);
