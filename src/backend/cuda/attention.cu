@@ -115,17 +115,16 @@ __device__ void merge_heads(const AttentionArgs& a, int z, int32_t t, int h0, in
 
 constexpr int kKeys = 4;
 
-// rows[u] = cache rows of keys c0 + base + 4 u (those below n), this lane's
+// rows[u] = cache rows cache_rows[base + 4 u] (those below n), this lane's
 // 4 * kChunks elements of each.
 template <typename KV, int kRowsN, int kChunks>
-__device__ __forceinline__ void load_rows(const KV* base_ptr, const AttentionArgs& a, const int32_t* table, int32_t c0,
-                                          int base, int n, int64_t row_elems, int hd, int lane,
-                                          float (&rows)[kRowsN][kChunks][4]) {
+__device__ __forceinline__ void load_rows(const KV* base_ptr, const int32_t* cache_rows, int base, int n,
+                                          int64_t row_elems, int hd, int lane, float (&rows)[kRowsN][kChunks][4]) {
 #pragma unroll
   for (int u = 0; u < kRowsN; ++u) {
     const int jj = base + 4 * u;
     if (jj < n) {
-      const KV* r = base_ptr + cache_row(a, table, c0 + jj) * row_elems;
+      const KV* r = base_ptr + cache_rows[jj] * row_elems;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const int d = lane * 4 + c * 128;
@@ -139,8 +138,8 @@ __device__ __forceinline__ void load_rows(const KV* base_ptr, const AttentionArg
 // all threads of the block (it synchronizes).
 template <typename KV, int kChunks, int kG>
 __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem, float* m_s, float* corr_s,
-                                             float* l_s, int kvh, int split, int z, int32_t t, int32_t k_begin,
-                                             int32_t k_end) {
+                                             float* l_s, int32_t* rows_s, int kvh, int split, int z, int32_t t,
+                                             int32_t k_begin, int32_t k_end) {
   const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* q_s = smem;                       // [G][hd]
@@ -167,13 +166,17 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
 
   for (int32_t c0 = k_begin; c0 < k_end; c0 += kDecodeChunk) {
     const int n = min(kDecodeChunk, k_end - c0);
+    // The chunk's cache rows, looked up once: otherwise a block-table load
+    // would precede every K and V row load (two latencies per round).
+    for (int jj = threadIdx.x; jj < n; jj += kDecodeThreads) rows_s[jj] = static_cast<int32_t>(cache_row(a, table, c0 + jj));
+    __syncthreads();
     for (int base = warp; base < n; base += 4 * kKeys) {
       float kv[kKeys][kChunks][4];
 #pragma unroll
       for (int u = 0; u < kKeys; ++u) {
         const int jj = base + 4 * u;
         if (jj < n) {
-          const KV* kr = kbase + cache_row(a, table, c0 + jj) * row_elems;
+          const KV* kr = kbase + rows_s[jj] * row_elems;
 #pragma unroll
           for (int c = 0; c < kChunks; ++c) {
             const int d = lane * 4 + c * 128;
@@ -246,7 +249,7 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
       // (Loading the first round of V before the softmax overlaps its
       // latency but costs 11 registers: 6 -> 5 blocks per SM; not taken.)
       float vv[kKeys][kChunks][4];
-      load_rows<KV, kKeys, kChunks>(vbase, a, table, c0, base, n, row_elems, hd, lane, vv);
+      load_rows<KV, kKeys, kChunks>(vbase, rows_s, base, n, row_elems, hd, lane, vv);
 #pragma unroll
       for (int u = 0; u < kKeys; ++u) {
         const int jj = base + 4 * u;
@@ -312,6 +315,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
   extern __shared__ float smem[];  // [G][hd] q, [G][kDecodeChunk] scores, [4][G][hd] sums
   __shared__ float m_s[kG], corr_s[kG], l_s[kG];
   __shared__ bool is_last;
+  __shared__ int32_t rows_s[kDecodeChunk];
   detail::pdl_wait();
   detail::pdl_trigger();
   const int G = a.n_head / a.n_head_kv;
@@ -331,7 +335,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
       part[1] = 0.0f;
     }
   } else {
-    decode_split<KV, kChunks, kG>(a, smem, m_s, corr_s, l_s, kvh, split, z, t, k_begin, k_end);
+    decode_split<KV, kChunks, kG>(a, smem, m_s, corr_s, l_s, rows_s, kvh, split, z, t, k_begin, k_end);
   }
   if (!a.split_counts) return;  // the combine kernel merges the splits
   // The last split block of (token, KV head) to finish merges its heads'
