@@ -1,19 +1,33 @@
 #!/bin/bash
 # One device run (see make_carry.sh): GPU tests, then the 8B benchmark (model level and through
-# the engine) and the transformers baseline. $1: "tests" stops after tests.
+# the engine). With bin/bench_cuda_base and bin/rill_base (an earlier build, make_carry.sh's
+# BASE_DIR) the same decode and engine measurements of that build follow in the same run.
+# RILL_CUDA_PDL=0 / RILL_CUDA_SPLIT_MERGE=0 rows: this build without programmatic launch / with
+# the separate split-combine kernel.
+# $1: "tests" stops after the tests. $2: "short" skips the PDL/merge rows and the GEMV kernel
+# table; "hf" adds the transformers baseline; "ncu" adds ncu
+# kernel times of one decode step at batch 1 and 64 (no graphs; ncu serializes kernels).
 cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
 export RILL_SHARED_DIR=$PWD/shared PYTHONUNBUFFERED=1
+M=/tmp/llama8b
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-for t in bin/test_cuda_*; do $t > /tmp/$(basename $t).log 2>&1; rc=$?; echo "$t rc=$rc"; [ $rc != 0 ] && cp /tmp/$(basename $t).log $OUT/; grep -E "^\[ cuda|FAILED|Failure|Expected|Which is|max \||differ" /tmp/$(basename $t).log | head -30; done
+for t in bin/test_cuda_*; do timeout 120 $t > /tmp/$(basename $t).log 2>&1; rc=$?; echo "$t rc=$rc"; [ $rc != 0 ] && cp /tmp/$(basename $t).log $OUT/; grep -E "^\[ cuda|FAILED|Failure|Expected|Which is|max \||differ|PASSED" /tmp/$(basename $t).log | head -30; done
 bin/rill run shared/goldens/hf/llama --device cuda --prompt-ids 1,5,9,200,7 --max-tokens 8 --temperature 0 --json 2>&1 | tail -3
 [ "$1" = "tests" ] && exit 0
-t0=$(date +%s); python3 shared/tools/make_random_model.py llama-3.1-8b /tmp/llama8b > /tmp/make.log 2>&1; echo "make model rc=$? $(( $(date +%s) - t0 )) s"
-bin/bench_cuda /tmp/llama8b --steps 32 --json $OUT/bench.json 2>&1 | tee $OUT/bench.log
-RILL_CUDA_GRAPHS=0 bin/bench_cuda /tmp/llama8b --steps 32 --batches 1,64 2>&1 | grep decode | sed 's/^/no graphs: /'
-bin/bench_cuda /tmp/llama8b --kernels 1 2>&1 | tee $OUT/kernels.log | cut -c1-200
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-[ -n "$NCU_ON" ] && for b in 1 64; do RILL_CUDA_GRAPHS=0 timeout 120 $NCU --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv bin/bench_cuda /tmp/llama8b --profile-step $b > $OUT/ncu_b$b.csv 2>/dev/null; echo "ncu b=$b rc=$?"; done
-for c in 1 64; do bin/rill bench /tmp/llama8b --device cuda --concurrency $c --prompt-tokens 128 --gen-tokens 128 --json > /tmp/rill_bench_c$c.json 2>/tmp/rill_bench_c$c.err; echo "rill bench c=$c rc=$?"; python3 -c "import json;d=json.load(open('/tmp/rill_bench_c$c.json'));print({k:d[k] for k in ['decode_tok_s','output_tok_s','ttft_ms','itl_ms']})"; done
-[ "$2" = "nohf" ] && exit 0
-python3 bench/hf_baseline.py /tmp/llama8b --json /tmp/hf.json 2>&1 | grep -v Warning | tee $OUT/hf.log
+t0=$(date +%s); python3 shared/tools/make_random_model.py llama-3.1-8b $M > /tmp/make.log 2>&1; echo "make model rc=$? $(( $(date +%s) - t0 )) s"
+timeout 150 bin/bench_cuda $M --steps 32 --json $OUT/bench.json 2>&1 | tee $OUT/bench.log
+if [ "$2" != "short" ]; then
+  RILL_CUDA_PDL=0 timeout 60 bin/bench_cuda $M --steps 32 --batches 1,64 2>&1 | grep decode | sed 's/^/no PDL: /'
+  RILL_CUDA_SPLIT_MERGE=1 timeout 60 bin/bench_cuda $M --steps 32 --batches 1,64 2>&1 | grep decode | sed 's/^/merge in decode kernel: /'
+fi
+[ -x bin/bench_cuda_base ] && timeout 60 bin/bench_cuda_base $M --steps 32 --batches 1,64 2>&1 | grep decode | sed 's/^/base: /'
+bench() { timeout 60 $1 bench $M --device cuda --concurrency $2 --prompt-tokens 128 --gen-tokens 128 --json > /tmp/rb.json 2>/tmp/rb.err; echo "$1 bench c=$2 rc=$?"; python3 -c "import json;d=json.load(open('/tmp/rb.json'));print({k:d[k] for k in ['decode_tok_s','output_tok_s','ttft_ms','itl_ms']})"; }
+for c in 1 64; do bench bin/rill $c; [ -x bin/rill_base ] && bench bin/rill_base $c; done
+[ "$2" != "short" ] && timeout 60 bin/bench_cuda $M --kernels 1 2>&1 | tee $OUT/kernels.log | cut -c1-160
+if [ "$2" = "ncu" ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for b in 1 64; do RILL_CUDA_GRAPHS=0 timeout 45 $NCU --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv bin/bench_cuda $M --profile-step $b > $OUT/ncu_b$b.csv 2>/dev/null; echo "ncu b=$b rc=$?"; done
+fi
+[ "$2" = "hf" ] && python3 bench/hf_baseline.py $M --json /tmp/hf.json 2>&1 | grep -v Warning | tee $OUT/hf.log
+exit 0

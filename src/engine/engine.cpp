@@ -265,7 +265,16 @@ void EngineImpl::run_step() {
       r.sampler->add_prompt_tokens(std::span<const int32_t>(r.tokens.data(), static_cast<size_t>(r.n_prompt)));
     }
   }
-  Status st = runner_.run(plan);
+  // Steps whose every sampling row is plain greedy without logprobs take
+  // only token ids from the model (argmax where it runs: on a GPU the logit
+  // rows never cross to the host); any other row needs the logits here.
+  bool greedy_ids = model_->has_forward_greedy();
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!greedy_ids) break;
+    const Request& r = *c.request;
+    if (c.samples && (r.params.logprobs >= 0 || !r.sampler->is_plain_greedy())) greedy_ids = false;
+  }
+  Status st = runner_.run(plan, greedy_ids);
   if (st.ok()) st = scheduler_.step_computed();
   if (!st.ok()) {
     // A failed step fails exactly its requests; their KV is released.
@@ -296,21 +305,26 @@ void EngineImpl::run_step() {
   for (const ScheduledChunk& c : step_chunks_) {
     if (!c.samples) continue;
     Request& r = *c.request;
-    float* logits = runner_.logits(sample_index++);
+    const int32_t row = sample_index++;
     if (r.finished()) continue;
     GenerationEvent event;
-    commit_token(r, logits, event);
+    if (greedy_ids) {
+      commit_token(r, runner_.token(row), nullptr, event);
+    } else {
+      SampledToken sampled;
+      const bool want_logprobs = r.params.logprobs >= 0;
+      const int32_t id = r.sampler->sample(runner_.logits(row), r.params.logprobs, want_logprobs ? &sampled : nullptr);
+      commit_token(r, id, want_logprobs ? &sampled : nullptr, event);
+    }
     if (!r.finished()) deliver(r, std::move(event));
   }
 }
 
-void EngineImpl::commit_token(Request& r, float* logits, GenerationEvent& event) {
-  SampledToken sampled;
-  const int32_t id = r.sampler->sample(logits, r.params.logprobs, r.params.logprobs >= 0 ? &sampled : nullptr);
+void EngineImpl::commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event) {
   r.sampler->add_output_token(id);
   r.tokens.push_back(id);
   event.token_ids.push_back(id);
-  if (r.params.logprobs >= 0) event.logprobs.push_back(sampled);
+  if (sampled) event.logprobs.push_back(*sampled);
   if (r.n_output() == 1) r.first_token = Clock::now();
 
   const bool is_stop_token =

@@ -46,9 +46,9 @@ class EngineImpl final : public Engine {
   bool has_work() const { return !live_.empty(); }
   void take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels);
   void run_step();
-  // Samples one token for r from `logits` and appends to `event` what it
-  // produced; finishes r when it stops.
-  void commit_token(Request& r, float* logits, GenerationEvent& event);
+  // Appends the sampled token `id` (with its logprobs when the request asked
+  // for them) to r and to `event`; finishes r when it stops.
+  void commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event);
   // Ends r: frees its KV, sends the final event (merged into `event`).
   void finish(Request& r, FinishReason reason, GenerationEvent&& event, std::string error = {});
   // Delivers an event; false when the consumer threw (r is then finished).

@@ -10,7 +10,7 @@ ModelRunner::ModelRunner(Model& model, const KvManager& kv) : model_(model), kv_
   }
 }
 
-Status ModelRunner::run(const StepPlan& plan) {
+Status ModelRunner::run(const StepPlan& plan, bool greedy_ids) {
   batch_.clear();
   int32_t n_sample = 0;
   const auto n_groups = static_cast<int32_t>(model_.kv_spec().size());
@@ -31,6 +31,10 @@ Status ModelRunner::run(const StepPlan& plan) {
       for (const CheckpointSave& v : kv_.state_saves(seq)) batch_.state_saves.push_back({s, v.pos, v.checkpoint});
     }
     n_sample += c.samples;
+  }
+  if (greedy_ids) {
+    if (ids_.size() < static_cast<size_t>(n_sample)) ids_.resize(static_cast<size_t>(n_sample));
+    return model_.forward_greedy(batch_, ids_.data());
   }
   const size_t need = static_cast<size_t>(n_sample) * static_cast<size_t>(model_.n_vocab());
   if (logits_.size() < need) logits_.resize(need);

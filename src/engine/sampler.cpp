@@ -38,6 +38,23 @@ void Sampler::add_output_token(int32_t id) {
   ++output_counts_[id];
 }
 
+namespace {
+
+// The draw is an argmax: tiny, negative or non-finite temperatures (1/T
+// would overflow) or top_k == 1.
+bool draw_is_argmax(const SamplingParams& p) {
+  return !(p.temperature >= 1e-6f) || !std::isfinite(p.temperature) || p.top_k == 1;
+}
+
+}  // namespace
+
+bool Sampler::is_plain_greedy() const {
+  const SamplingParams& p = params_;
+  const bool penalties = (p.repetition_penalty != 1.0f && p.repetition_penalty > 0.0f) ||
+                         p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  return draw_is_argmax(p) && p.logit_bias.empty() && !penalties;
+}
+
 void Sampler::apply_penalties(float* logits) const {
   const float rep = params_.repetition_penalty;
   const bool use_rep = rep != 1.0f && rep > 0.0f;
@@ -100,10 +117,7 @@ void Sampler::fill_logprobs(const float* logits, int32_t id, int n_top, SampledT
 }
 
 int32_t Sampler::draw(const float* logits) {
-  // Tiny, negative or non-finite temperatures mean greedy (1/T would overflow).
-  if (!(params_.temperature >= 1e-6f) || !std::isfinite(params_.temperature) || params_.top_k == 1) {
-    return argmax(logits, n_vocab_);
-  }
+  if (draw_is_argmax(params_)) return argmax(logits, n_vocab_);
 
   // Probabilities (unnormalised) of the tempered logits: exp((l - max) / T).
   const float inv_t = 1.0f / params_.temperature;

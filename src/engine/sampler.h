@@ -75,6 +75,12 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
+  // True when sample() is exactly argmax(logits) (lowest id on ties) and
+  // consumes no randomness: greedy temperature or top_k == 1, no logit bias,
+  // no penalties. Such rows may be picked where the model runs
+  // (Model::forward_greedy) with the same token.
+  bool is_plain_greedy() const;
+
  private:
   void apply_logit_bias(float* logits) const;
   void apply_penalties(float* logits) const;

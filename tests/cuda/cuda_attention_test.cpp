@@ -94,7 +94,9 @@ class Paged {
   }
 
   // Runs the device kernels over the sequences in `only` (all when empty).
-  std::vector<float> gpu_out(DType out_dtype, const std::vector<int>& only = {}) const {
+  // counts: split counters for the decode kernel's own merge (null: the
+  // combine kernel merges).
+  std::vector<float> gpu_out(DType out_dtype, const std::vector<int>& only = {}, int32_t* counts = nullptr) const {
     std::vector<int32_t> decode_tokens;
     std::vector<PrefillTile> tiles;
     int32_t t0 = 0, max_len = 0;
@@ -135,6 +137,7 @@ class Paged {
     a.n_decode = static_cast<int32_t>(decode_tokens.size());
     a.max_decode_len = max_len;
     a.partial = dpart.as<float>();
+    a.split_counts = counts;
     a.tiles = dtiles.as<PrefillTile>();
     a.n_tiles = static_cast<int32_t>(tiles.size());
     a.out_dtype = out_dtype;
@@ -193,6 +196,33 @@ TEST(CudaAttention, MatchesCpuOnPagedKv) {
     }
     const auto got_bf16 = p.gpu_out(DType::kBF16);
     for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << i;
+  }
+}
+
+// The decode kernel's last-block merge gives the combine kernel's outputs
+// bit for bit, and leaves its counters zero for the next call.
+TEST(CudaAttention, InKernelSplitMergeEqualsTheCombineKernel) {
+  RILL_REQUIRE_GPU();
+  const std::vector<SeqSpec> seqs = {{1, 1000}, {1, 1}, {3, 300}, {1, 64}, {2, 129}, {1, 2050}};
+  const std::vector<Case> cases = {{32, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 64, 37, 0.0f, DType::kF32},
+                                   {4, 4, 128, 0, 0.5f, DType::kF16}};
+  for (const Case& c : cases) {
+    const Paged p(c, seqs);
+    int32_t n_decode = 0;
+    for (const SeqSpec& s : seqs) n_decode += s.q_len;
+    auto counts = upload(std::vector<int32_t>(static_cast<size_t>(n_decode * c.n_head_kv), 0));
+    for (DType out : {DType::kF32, DType::kBF16}) {
+      const auto want = p.gpu_out(out);
+      for (int rep = 0; rep < 2; ++rep) {
+        const auto got = p.gpu_out(out, {}, counts.as<int32_t>());
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(got[i], want[i]) << "heads " << c.n_head << "/" << c.n_head_kv << " elem " << i << " call " << rep;
+        }
+      }
+    }
+    const auto left = download<int32_t>(counts, static_cast<size_t>(n_decode * c.n_head_kv));
+    for (int32_t v : left) ASSERT_EQ(v, 0);
   }
 }
 

@@ -116,6 +116,35 @@ TEST(CudaOps, SiluMulAndBiasMatchCpu) {
   EXPECT_EQ(got, y);
 }
 
+// Greedy picks: the first index of the row maximum, as the CPU sampler's
+// argmax; rows of whole float4s (the vocabulary of Llama-3) and not, ties
+// planted across and inside threads' stretches, maxima at either end.
+TEST(CudaOps, ArgmaxRowsIsTheFirstMaximum) {
+  RILL_REQUIRE_GPU();
+  for (int64_t V : {128256, 1001, 7}) {
+    const int64_t n = 5;
+    auto x = random_floats(n * V, 11, -30, 30);
+    x[0 * V + V - 1] = 100.0f;  // row 0: at the end
+    x[1 * V + 0] = 100.0f;      // row 1: at the start, tied later
+    x[1 * V + V / 2] = 100.0f;
+    if (V > 4100) {  // row 2: ties 4096 apart (the same thread's float4 lane), and 1 apart
+      x[2 * V + 5] = 50.0f;
+      x[2 * V + 5 + 4096] = 50.0f;
+      x[3 * V + 4001] = 60.0f;
+      x[3 * V + 4000] = 60.0f;
+    }
+    std::vector<int32_t> want;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* row = &x[r * V];
+      want.push_back(static_cast<int32_t>(std::max_element(row, row + V) - row));  // first maximum
+    }
+    auto dx = upload(x);
+    auto dids = upload(std::vector<int32_t>(n, -1));
+    argmax_rows(dx.as<float>(), n, V, dids.as<int32_t>(), nullptr);
+    EXPECT_EQ(download<int32_t>(dids, n), want) << "V " << V;
+  }
+}
+
 // RoPE (+ optional q/k RMSNorm) on a fused qkv buffer, K/V stored to slots.
 void check_rope_kv(const cpu::RopeTable& table, int64_t hd, bool qk_norm, DType kv_dtype) {
   const int32_t n_head = 4, n_head_kv = 2;

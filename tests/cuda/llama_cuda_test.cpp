@@ -5,6 +5,9 @@
 //  - the same models converted to bf16 in memory: GPU (bf16 activations)
 //    against CPU (f32 activations over the same bf16 weights) within bf16
 //    error: 3% of the largest |logit|;
+//  - the engine with greedy requests (ids picked on the device through
+//    Model::forward_greedy, no logits to the host) gives the golden greedy
+//    continuation, three requests at once;
 //  - batch invariance of a decode row's logits (alone vs. with others) for
 //    f32 weights, whose matmuls all run in the fixed-order GEMV. (bf16
 //    weights use the GEMV for one token and cuBLASLt for more, whose kernel
@@ -24,6 +27,7 @@
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
+#include "rill/engine.h"
 #include "cuda_test_util.h"
 
 namespace rill {
@@ -128,6 +132,41 @@ TEST_P(CudaHf, Bf16WeightsMatchTheCpuWithinBf16Error) {
   }
   EXPECT_LT(max_err, 0.03 * max_ref) << GetParam();
   std::printf("[ cuda bf16 ] %s: max |gpu - cpu| = %.3g (max |logit| %.3g)\n", GetParam().c_str(), max_err, max_ref);
+}
+
+TEST_P(CudaHf, EngineGreedyOnTheDeviceGivesTheGoldenTokens) {
+  const Golden g = read_golden(dir_);
+  auto files = open_model_files(dir_);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  ModelOptions o = options(Device::kCuda);
+  o.n_kv_slots = 4;
+  o.max_batch_tokens = 64;
+  auto model = create_model(builtin_registry(), infer_profile(**files), *files, o);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  ASSERT_TRUE((*model)->has_forward_greedy());
+  auto engine = Engine::create(std::move(model).value(), nullptr, EngineOptions{});
+  ASSERT_TRUE(engine.ok()) << engine.error().message;
+  const auto n = static_cast<int32_t>(g.greedy_ids.size());
+  std::vector<RequestHandle> hs;
+  for (int32_t i = 0; i < 3; ++i) {
+    GenerationRequest r;
+    r.prompt = g.prompt_ids;
+    r.max_tokens = n - i;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0.0f;
+    auto h = (*engine)->submit(std::move(r));
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    hs.push_back(std::move(h).value());
+  }
+  for (int32_t i = 0; i < 3; ++i) {
+    std::vector<int32_t> ids;
+    GenerationEvent ev;
+    while (hs[static_cast<size_t>(i)].next(ev)) {
+      EXPECT_TRUE(ev.error.empty()) << ev.error;
+      ids.insert(ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+    }
+    EXPECT_EQ(ids, std::vector<int32_t>(g.greedy_ids.begin(), g.greedy_ids.begin() + (n - i))) << GetParam() << " request " << i;
+  }
 }
 
 // Decode logits of one sequence alone and beside two others (same KV).

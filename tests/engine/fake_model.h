@@ -25,6 +25,9 @@ class FakeModel final : public Model {
     int32_t n_blocks = 64;
     int max_batch_tokens = 64;
     int max_batch_seqs = 16;
+    // Offer forward_greedy (ids only, as a GPU model does); it counts its
+    // calls apart from forward()'s.
+    bool device_greedy = false;
   };
 
   explicit FakeModel(Options o) : o_(o), spec_{full()} {
@@ -62,7 +65,30 @@ class FakeModel final : public Model {
   int32_t n_kv_blocks() const override { return o_.n_blocks; }
   size_t kv_bytes_per_token() const override { return 8; }
 
+  bool has_forward_greedy() const override { return o_.device_greedy; }
+  // The rows' argmax (first maximum: the lowest id on ties) from a scratch
+  // copy of forward()'s logits.
+  Status forward_greedy(const Batch& batch, int32_t* ids) override {
+    if (!o_.device_greedy) return Error{"forward_greedy not offered"};
+    ++n_greedy_calls_;
+    const size_t n_rows = batch.sample_rows.size(), V = static_cast<size_t>(o_.n_vocab);
+    std::vector<float> rows(n_rows * V);
+    RILL_TRY(compute(batch, rows.data()));
+    for (size_t i = 0; i < n_rows; ++i) {
+      ids[i] = static_cast<int32_t>(std::max_element(rows.begin() + i * V, rows.begin() + (i + 1) * V) -
+                                    (rows.begin() + i * V));
+    }
+    return Status::Ok();
+  }
+
   Status forward(const Batch& batch, float* logits) override {
+    ++n_logit_calls_;
+    return compute(batch, logits);
+  }
+  int n_greedy_calls() const { return n_greedy_calls_; }
+  int n_logit_calls() const { return n_logit_calls_; }
+
+  Status compute(const Batch& batch, float* logits) {
     {
       std::lock_guard lk(mu_);
       step_tokens_.push_back(batch.n_tokens());
@@ -117,6 +143,7 @@ class FakeModel final : public Model {
   KvSpec spec_;
   std::vector<Cell> cells_;
   std::atomic<bool> fail_next_{false};
+  std::atomic<int> n_greedy_calls_{0}, n_logit_calls_{0};
   mutable std::mutex mu_;
   std::vector<int32_t> step_tokens_, step_seqs_;
 };

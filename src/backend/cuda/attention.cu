@@ -54,42 +54,97 @@ __device__ __forceinline__ float* partial_at(const AttentionArgs& a, int z, int 
   return a.partial + ((static_cast<int64_t>(z) * a.n_head + h) * kMaxSplits + s) * rec;
 }
 
-// grid (n_head_kv, max splits, n_decode); 4 warps. Warp w scores keys
-// w, w+4, ... of each chunk (lanes split head_dim, 4 elements each; kChunks
-// = head_dim / 128 rounded up), kKeys keys' loads issued before any use so
-// a warp has several rows in flight; then it accumulates V for the same
-// keys the same way; the warps' sums meet in shared memory.
-// Requires head_dim % 4 == 0 and head_dim <= 128 * kChunks.
-// kG >= the q heads per KV head (a compile-time bound keeps the per-head
-// accumulators in registers and the register count, hence occupancy, low).
+__device__ __forceinline__ void store_out(DType dtype, void* out, int64_t i, float v) {
+  if (dtype == DType::kBF16) {
+    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+  } else if (dtype == DType::kF16) {
+    static_cast<__half*>(out)[i] = __float2half_rn(v);
+  } else {
+    static_cast<float*>(out)[i] = v;
+  }
+}
+
+// The log-sum-exp merge of the n_splits partials of heads [h0, h0 +
+// n_heads) of decode token z (flat token t) into out, in split order, by
+// the whole block (every thread calls it; kHeads >= n_heads). The combine
+// kernel and the decode kernel's last block both use it, so their outputs
+// are equal. Partials are read through L2 (__ldcg): other blocks of the
+// same launch may have written them; each pass issues its loads together.
+template <int kHeads>
+__device__ void merge_heads(const AttentionArgs& a, int z, int32_t t, int h0, int n_heads, int32_t n_splits) {
+  __shared__ float ms[kHeads][kMaxSplits], ls[kHeads][kMaxSplits], ws[kHeads][kMaxSplits], inv_s[kHeads];
+  for (int i = threadIdx.x; i < n_heads * n_splits; i += blockDim.x) {
+    const int g = i / n_splits, s = i % n_splits;
+    const float* part = partial_at(a, z, h0 + g, s);
+    ms[g][s] = __ldcg(part);
+    ls[g][s] = __ldcg(part + 1);
+  }
+  __syncthreads();
+  for (int g = threadIdx.x; g < n_heads; g += blockDim.x) {
+    float m = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) m = fmaxf(m, ms[g][s]);
+    float den = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float l = ls[g][s], w = expf(ms[g][s] - m);
+      ws[g][s] = l > 0.0f ? w : -1.0f;  // -1: an empty split, skipped
+      if (l > 0.0f) den += w * l;
+    }
+    inv_s[g] = den > 0.0f ? 1.0f / den : 0.0f;
+  }
+  __syncthreads();
+  const int hd = a.head_dim;
+  const int64_t out_base = static_cast<int64_t>(t) * a.n_head * hd + static_cast<int64_t>(h0) * hd;
+  for (int i = threadIdx.x; i < n_heads * hd; i += blockDim.x) {
+    const int g = i / hd, d = i % hd;
+    float v = 0.0f;
+    for (int s0 = 0; s0 < n_splits; s0 += 8) {
+      float x[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const bool use = s0 + k < n_splits && ws[g][s0 + k] >= 0.0f;
+        x[k] = use ? __ldcg(partial_at(a, z, h0 + g, s0 + k) + 2 + d) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if (s0 + k < n_splits && ws[g][s0 + k] >= 0.0f) v += ws[g][s0 + k] * x[k];
+      }
+    }
+    store_out(a.out_dtype, a.out, out_base + i, v * inv_s[g]);
+  }
+}
+
 constexpr int kKeys = 4;
+
+// rows[u] = cache rows cache_rows[base + 4 u] (those below n), this lane's
+// 4 * kChunks elements of each.
+template <typename KV, int kRowsN, int kChunks>
+__device__ __forceinline__ void load_rows(const KV* base_ptr, const int32_t* cache_rows, int base, int n,
+                                          int64_t row_elems, int hd, int lane, float (&rows)[kRowsN][kChunks][4]) {
+#pragma unroll
+  for (int u = 0; u < kRowsN; ++u) {
+    const int jj = base + 4 * u;
+    if (jj < n) {
+      const KV* r = base_ptr + cache_rows[jj] * row_elems;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int d = lane * 4 + c * 128;
+        if (d < hd) load4(r + d, rows[u][c]);
+      }
+    }
+  }
+}
+// One split of the decode kernel below: keys [k_begin, k_end) of token t's
+// KV head kvh for its G query heads; writes the split's partials. Called by
+// all threads of the block (it synchronizes).
 template <typename KV, int kChunks, int kG>
-__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a) {
-  extern __shared__ float smem[];
+__device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem, float* m_s, float* corr_s,
+                                             float* l_s, int32_t* rows_s, int kvh, int split, int z, int32_t t,
+                                             int32_t k_begin, int32_t k_end) {
   const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* q_s = smem;                       // [G][hd]
   float* sc = q_s + G * hd;                // [G][kDecodeChunk]
   float* red = sc + G * kDecodeChunk;      // [4][G][hd]
-  __shared__ float m_s[kG], corr_s[kG], l_s[kG];
-
-  const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int32_t t = a.decode_tokens[z];
-  const int32_t p = a.pos[t];
-  const int32_t len = p + 1;
-  const int32_t n_splits = splits_for(len);
-  if (split >= n_splits) return;
-  const int32_t split_len = (len + n_splits - 1) / n_splits;
-  const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
-  const int32_t k_begin = max(split * split_len, lo), k_end = min(len, (split + 1) * split_len);
-  if (k_begin >= k_end) {
-    if (threadIdx.x < G) {
-      float* part = partial_at(a, z, kvh * G + threadIdx.x, split);
-      part[0] = -INFINITY;
-      part[1] = 0.0f;
-    }
-    return;
-  }
   const int32_t* table = a.block_tables + a.table_start[a.seq_of[t]];
   const float* q = a.q + static_cast<int64_t>(t) * a.q_stride + static_cast<int64_t>(kvh) * G * hd;
   for (int i = threadIdx.x; i < G * hd; i += kDecodeThreads) q_s[i] = q[i];
@@ -111,13 +166,17 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
 
   for (int32_t c0 = k_begin; c0 < k_end; c0 += kDecodeChunk) {
     const int n = min(kDecodeChunk, k_end - c0);
+    // The chunk's cache rows, looked up once: otherwise a block-table load
+    // would precede every K and V row load (two latencies per round).
+    for (int jj = threadIdx.x; jj < n; jj += kDecodeThreads) rows_s[jj] = static_cast<int32_t>(cache_row(a, table, c0 + jj));
+    __syncthreads();
     for (int base = warp; base < n; base += 4 * kKeys) {
       float kv[kKeys][kChunks][4];
 #pragma unroll
       for (int u = 0; u < kKeys; ++u) {
         const int jj = base + 4 * u;
         if (jj < n) {
-          const KV* kr = kbase + cache_row(a, table, c0 + jj) * row_elems;
+          const KV* kr = kbase + rows_s[jj] * row_elems;
 #pragma unroll
           for (int c = 0; c < kChunks; ++c) {
             const int d = lane * 4 + c * 128;
@@ -187,19 +246,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
       }
     }
     for (int base = warp; base < n; base += 4 * kKeys) {
+      // (Loading the first round of V before the softmax overlaps its
+      // latency but costs 11 registers: 6 -> 5 blocks per SM; not taken.)
       float vv[kKeys][kChunks][4];
-#pragma unroll
-      for (int u = 0; u < kKeys; ++u) {
-        const int jj = base + 4 * u;
-        if (jj < n) {
-          const KV* vr = vbase + cache_row(a, table, c0 + jj) * row_elems;
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c) {
-            const int d = lane * 4 + c * 128;
-            if (d < hd) load4(vr + d, vv[u][c]);
-          }
-        }
-      }
+      load_rows<KV, kKeys, kChunks>(vbase, rows_s, base, n, row_elems, hd, lane, vv);
 #pragma unroll
       for (int u = 0; u < kKeys; ++u) {
         const int jj = base + 4 * u;
@@ -250,30 +300,70 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
   }
 }
 
+// grid (n_head_kv, max splits, n_decode); 4 warps. Warp w scores keys
+// w, w+4, ... of each chunk (lanes split head_dim, 4 elements each; kChunks
+// = head_dim / 128 rounded up), kKeys keys' loads issued before any use so
+// a warp has several rows in flight; then it accumulates V for the same
+// keys the same way; the warps' sums meet in shared memory.
+// Requires head_dim % 4 == 0 and head_dim <= 128 * kChunks.
+// kG >= the q heads per KV head (a compile-time bound keeps the per-head
+// accumulators in registers and the register count, hence occupancy, low).
+// With a.split_counts the last block of each (token, KV head) also merges
+// the splits into out (no combine kernel).
+template <typename KV, int kChunks, int kG>
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a) {
+  extern __shared__ float smem[];  // [G][hd] q, [G][kDecodeChunk] scores, [4][G][hd] sums
+  __shared__ float m_s[kG], corr_s[kG], l_s[kG];
+  __shared__ bool is_last;
+  __shared__ int32_t rows_s[kDecodeChunk];
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int G = a.n_head / a.n_head_kv;
+  const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
+  const int32_t t = a.decode_tokens[z];
+  const int32_t p = a.pos[t];
+  const int32_t len = p + 1;
+  const int32_t n_splits = splits_for(len);
+  if (split >= n_splits) return;
+  const int32_t split_len = (len + n_splits - 1) / n_splits;
+  const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
+  const int32_t k_begin = max(split * split_len, lo), k_end = min(len, (split + 1) * split_len);
+  if (k_begin >= k_end) {
+    if (threadIdx.x < G) {
+      float* part = partial_at(a, z, kvh * G + threadIdx.x, split);
+      part[0] = -INFINITY;
+      part[1] = 0.0f;
+    }
+  } else {
+    decode_split<KV, kChunks, kG>(a, smem, m_s, corr_s, l_s, rows_s, kvh, split, z, t, k_begin, k_end);
+  }
+  if (!a.split_counts) return;  // the combine kernel merges the splits
+  // The last split block of (token, KV head) to finish merges its heads'
+  // splits. The block's partial stores are ordered before the count by the
+  // barrier and one thread's fence (as a grid barrier does); the count is
+  // reset for the next launch.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    int32_t* count = a.split_counts + static_cast<int64_t>(z) * a.n_head_kv + kvh;
+    is_last = atomicAdd(count, 1) == n_splits - 1;
+    if (is_last) {
+      *count = 0;
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  if (is_last) merge_heads<kG>(a, z, t, kvh * G, G, n_splits);
+}
+
 // grid (n_decode, n_head): merges a token's splits into out.
-template <typename Out>
 __global__ void combine_kernel(AttentionArgs a) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
   const int z = blockIdx.x, h = blockIdx.y;
   const int32_t t = a.decode_tokens[z];
   const int32_t n_splits = splits_for(a.pos[t] + 1);
-  float m = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, partial_at(a, z, h, s)[0]);
-  float den = 0.0f;
-  for (int s = 0; s < n_splits; ++s) {
-    const float* part = partial_at(a, z, h, s);
-    if (part[1] > 0.0f) den += expf(part[0] - m) * part[1];
-  }
-  Out* out = static_cast<Out*>(a.out) + static_cast<int64_t>(t) * a.n_head * a.head_dim +
-             static_cast<int64_t>(h) * a.head_dim;
-  const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-  for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
-    float v = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
-      const float* part = partial_at(a, z, h, s);
-      if (part[1] > 0.0f) v += expf(part[0] - m) * part[2 + d];
-    }
-    out[d] = from_f32<Out>(v * inv);
-  }
+  merge_heads<1>(a, z, t, h, 1, n_splits);
 }
 
 // grid (n_tiles, n_head); 128 threads: thread (r = tid / 4, sub = tid % 4)
@@ -403,8 +493,7 @@ void launch_decode_g(const AttentionArgs& a, dim3 grid, size_t smem, cudaStream_
                                          static_cast<int>(sizeof(float) * (kG * 256 * 5 + kG * kDecodeChunk))));
     configured = true;
   }
-  decode_kernel<KV, kChunks, kG><<<grid, kDecodeThreads, smem, stream>>>(a);
-  RILL_CUDA_CHECK_LAUNCH();
+  launch_pdl(decode_kernel<KV, kChunks, kG>, grid, kDecodeThreads, smem, stream, a);
 }
 
 template <typename KV, int kChunks>
@@ -434,9 +523,10 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
     } else {
       launch_decode<KV, 2>(a, grid, smem, stream);
     }
-    const dim3 cgrid(static_cast<unsigned>(a.n_decode), static_cast<unsigned>(a.n_head));
-    combine_kernel<Out><<<cgrid, a.head_dim >= 128 ? 128 : 32, 0, stream>>>(a);
-    RILL_CUDA_CHECK_LAUNCH();
+    if (!a.split_counts) {
+      const dim3 cgrid(static_cast<unsigned>(a.n_decode), static_cast<unsigned>(a.n_head));
+      launch_pdl(combine_kernel, cgrid, a.head_dim >= 128 ? 128 : 32, 0, stream, a);
+    }
   }
   if (a.n_tiles > 0 && prefill_mma_supported(a.kv_dtype, a.head_dim)) {
     prefill_attention_mma(a, stream);

@@ -29,6 +29,12 @@ void check_or_die(cudaError_t e, const char* what, const char* file, int line);
 #define RILL_CUDA_CHECK(expr) ::rill::cuda::check_or_die((expr), #expr, __FILE__, __LINE__)
 #define RILL_CUDA_CHECK_LAUNCH() ::rill::cuda::check_or_die(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
+// Programmatic dependent launch (Hopper): kernels that allow it are launched
+// while their predecessor drains, do the work that reads nothing the
+// predecessor writes (weight prefetch), then wait for it (pdl_wait in
+// device_math.cuh). On unless RILL_CUDA_PDL=0 (read once).
+bool pdl_enabled();
+
 // Owns one cudaMalloc'd region.
 class DeviceBuffer {
  public:

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_context.h"
 #include "core/dtype.h"
 
 namespace rill::cuda::detail {
@@ -46,7 +47,47 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(s);
 }
 
+// Programmatic dependent launch, device side. pdl_wait() blocks until the
+// grid this one was launched behind has completed and its writes are
+// visible; a kernel must call it before touching anything its predecessor
+// reads or writes, and every block must reach it before exiting (so that a
+// kernel never completes before its predecessor: the chain stays
+// transitive). pdl_trigger() lets the next kernel start launching.
+// Without a programmatic launch both return at once.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 }  // namespace rill::cuda::detail
+
+namespace rill::cuda {
+
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic
+// dependent launch allowed when pdl_enabled(): the kernel must call
+// detail::pdl_wait() as described above. Aborts on a launch error.
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  check_or_die(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), "cudaLaunchKernelEx", __FILE__, __LINE__);
+}
+
+}  // namespace rill::cuda
 
 // Calls MACRO(T) with T the C++ type of a float dtype (F32/F16/BF16).
 #define RILL_CUDA_DISPATCH_FLOAT(dtype, ...)                         \

@@ -49,7 +49,10 @@ __global__ void __launch_bounds__(kBlockWarps * 32) gemv_kernel(const T* __restr
                                                                 bool accumulate) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kBlockWarps + warp) * kRows;
-  if (r0 >= n_rows) return;
+  if (r0 >= n_rows) {
+    detail::pdl_wait();
+    return;
+  }
   constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte vector
   const int64_t n_vec = n_cols / kVec;
   const uint4* wr[kRows];
@@ -65,12 +68,28 @@ __global__ void __launch_bounds__(kBlockWarps * 32) gemv_kernel(const T* __restr
 #pragma unroll
     for (int t = 0; t < N; ++t) acc[k][t] = 0.0f;
   int64_t v = lane;
-  for (; v + 32 * (kUnroll - 1) < n_vec; v += 32 * kUnroll) {
-    uint4 wv[kRows][kUnroll];
+  // The first round of weight loads goes out before waiting for the kernel
+  // that writes x (weights are never written): under programmatic launch it
+  // overlaps that kernel's tail.
+  uint4 wv[kRows][kUnroll];
+  bool loaded = false;
+  if (v + 32 * (kUnroll - 1) < n_vec) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
       for (int k = 0; k < kRows; ++k) wv[k][u] = load_stream(wr[k] + v + 32 * u);
+    loaded = true;
+  }
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  for (; v + 32 * (kUnroll - 1) < n_vec; v += 32 * kUnroll) {
+    if (!loaded) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int k = 0; k < kRows; ++k) wv[k][u] = load_stream(wr[k] + v + 32 * u);
+    }
+    loaded = false;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
@@ -137,10 +156,21 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_splitk_kernel(const T* __res
 #pragma unroll
   for (int t = 0; t < N; ++t) acc[t] = 0.0f;
   int64_t v = part * per + lane;
-  for (; v + 96 < v_end; v += 128) {
-    uint4 wv[4];
+  uint4 wv[4];
+  bool loaded = false;
+  if (v + 96 < v_end) {  // first round before the wait (see gemv_kernel)
 #pragma unroll
     for (int u = 0; u < 4; ++u) wv[u] = load_stream(wr + v + 32 * u);
+    loaded = true;
+  }
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  for (; v + 96 < v_end; v += 128) {
+    if (!loaded) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) wv[u] = load_stream(wr + v + 32 * u);
+    }
+    loaded = false;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       float wf[8];
@@ -189,14 +219,14 @@ void launch(const void* w, const void* x, int64_t n_rows, int64_t n_cols, float*
   if (kRows == kRowsPerWarp && kUnroll == kUnrollLoads && kBlockWarps == kWarps &&
       n_cols / (16 / static_cast<int64_t>(sizeof(T))) >= kSplitMinVecs) {
     const auto blocks = static_cast<unsigned>((n_rows + kWarps / kSplit - 1) / (kWarps / kSplit));
-    gemv_splitk_kernel<T, N><<<blocks, kWarps * 32, 0, stream>>>(static_cast<const T*>(w), static_cast<const T*>(x),
-                                                                 n_rows, n_cols, y, accumulate);
+    launch_pdl(gemv_splitk_kernel<T, N>, blocks, kWarps * 32, 0, stream, static_cast<const T*>(w),
+               static_cast<const T*>(x), n_rows, n_cols, y, accumulate);
     return;
   }
   const int64_t rows_per_block = int64_t{kBlockWarps} * kRows;
   const auto blocks = static_cast<unsigned>((n_rows + rows_per_block - 1) / rows_per_block);
-  gemv_kernel<T, N, kRows, kUnroll, kBlockWarps><<<blocks, kBlockWarps * 32, 0, stream>>>(
-      static_cast<const T*>(w), static_cast<const T*>(x), n_rows, n_cols, y, accumulate);
+  launch_pdl(gemv_kernel<T, N, kRows, kUnroll, kBlockWarps>, blocks, kBlockWarps * 32, 0, stream,
+             static_cast<const T*>(w), static_cast<const T*>(x), n_rows, n_cols, y, accumulate);
 }
 
 template <typename T>

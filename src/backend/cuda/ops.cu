@@ -28,6 +28,8 @@ template <typename Out>
 __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w, int64_t dim,
                                 float eps, float w_offset, Out* out) {
   __shared__ float red[32];
+  detail::pdl_wait();
+  detail::pdl_trigger();
   const int64_t r = blockIdx.x;
   const float* xr = x + (row_ids ? row_ids[r] : r) * x_stride;
   Out* o = out + r * dim;
@@ -65,6 +67,8 @@ __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const int32_t*
 
 template <typename Out>
 __global__ void silu_mul_kernel(const float* gate_up, int64_t n_ff, Out* out) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
   const int64_t r = blockIdx.y;
   const float* g = gate_up + r * 2 * n_ff;
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n_ff; i += gridDim.x * blockDim.x) {
@@ -74,6 +78,8 @@ __global__ void silu_mul_kernel(const float* gate_up, int64_t n_ff, Out* out) {
 }
 
 __global__ void add_bias_kernel(float* y, const float* b, int64_t n_cols, int64_t n) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     y[i] += b[i % n_cols];
   }
@@ -92,6 +98,8 @@ template <typename KV>
 __global__ void rope_kv_kernel(RopeKvArgs a) {
   extern __shared__ float h[];  // [head_dim]
   __shared__ float red[32];
+  detail::pdl_wait();
+  detail::pdl_trigger();
   const int64_t t = blockIdx.x;
   const int head = blockIdx.y;
   const int hd = a.head_dim;
@@ -141,10 +149,50 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
 __global__ void argmax_kernel(const float* logits, int64_t n_cols, int32_t* ids) {
   __shared__ float best_v[32];
   __shared__ int64_t best_i[32];
+  detail::pdl_wait();
+  detail::pdl_trigger();
   const float* row = logits + blockIdx.x * n_cols;
   float v = -INFINITY;
   int64_t idx = n_cols;
-  for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x) {
+  // Each thread visits its elements in increasing index order and keeps the
+  // first maximum (strictly greater). Rows of whole float4s are read four
+  // float4 loads at a time: one load in flight per thread left a 128k-wide
+  // row latency-bound.
+  int64_t c = threadIdx.x;
+  if ((n_cols & 3) == 0) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    const int64_t n4 = n_cols / 4, step = blockDim.x;
+    int64_t i = threadIdx.x;
+    for (; i + 3 * step < n4; i += 4 * step) {
+      float4 q[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) q[u] = row4[i + u * step];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float e[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (e[k] > v) {
+            v = e[k];
+            idx = 4 * (i + u * step) + k;
+          }
+        }
+      }
+    }
+    for (; i < n4; i += step) {
+      const float4 q = row4[i];
+      const float e[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (e[k] > v) {
+          v = e[k];
+          idx = 4 * i + k;
+        }
+      }
+    }
+    c = n_cols;  // done
+  }
+  for (; c < n_cols; c += blockDim.x) {
     if (row[c] > v) {  // strictly greater: the first index of a maximum within the thread
       v = row[c];
       idx = c;
@@ -199,25 +247,22 @@ void rms_norm(const float* x, int64_t x_stride, const int32_t* row_ids, const fl
               float eps, float w_offset, DType out_dtype, void* out, cudaStream_t stream) {
   if (n_rows <= 0) return;
   const int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 256 : 64;
-  RILL_CUDA_DISPATCH_FLOAT(out_dtype, rms_norm_kernel<T><<<static_cast<unsigned>(n_rows), threads, 0, stream>>>(
-                                          x, x_stride > 0 ? x_stride : dim, row_ids, w, dim, eps, w_offset,
-                                          static_cast<T*>(out)));
-  RILL_CUDA_CHECK_LAUNCH();
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(rms_norm_kernel<T>, static_cast<unsigned>(n_rows), threads, 0, stream,
+                                                x, x_stride > 0 ? x_stride : dim, row_ids, w, dim, eps, w_offset,
+                                                static_cast<T*>(out)));
 }
 
 void silu_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype, void* out, cudaStream_t stream) {
   if (n_rows <= 0) return;
   const dim3 grid(static_cast<unsigned>(grid_for(n_ff, 256)), static_cast<unsigned>(n_rows));
-  RILL_CUDA_DISPATCH_FLOAT(out_dtype,
-                           silu_mul_kernel<T><<<grid, 256, 0, stream>>>(gate_up, n_ff, static_cast<T*>(out)));
-  RILL_CUDA_CHECK_LAUNCH();
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(silu_mul_kernel<T>, grid, 256, 0, stream, gate_up, n_ff,
+                                                static_cast<T*>(out)));
 }
 
 void add_bias(float* y, const float* b, int64_t n_rows, int64_t n_cols, cudaStream_t stream) {
   const int64_t n = n_rows * n_cols;
   if (n <= 0) return;
-  add_bias_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, b, n_cols, n);
-  RILL_CUDA_CHECK_LAUNCH();
+  launch_pdl(add_bias_kernel, grid_for(n, 256), 256, 0, stream, y, b, n_cols, n);
 }
 
 void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream) {
@@ -228,6 +273,7 @@ void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t
 
 void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int32_t* ids, cudaStream_t stream) {
   if (n_rows <= 0) return;
+  // A plain launch: it follows a graph launch, not a kernel.
   argmax_kernel<<<static_cast<unsigned>(n_rows), 1024, 0, stream>>>(logits, n_cols, ids);
   RILL_CUDA_CHECK_LAUNCH();
 }
@@ -239,11 +285,10 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
   const int threads = a.head_dim >= 128 ? 64 : 32;
   const size_t smem = static_cast<size_t>(a.head_dim) * sizeof(float);
   if (a.kv_dtype == DType::kF16) {
-    rope_kv_kernel<__half><<<grid, threads, smem, stream>>>(a);
+    launch_pdl(rope_kv_kernel<__half>, grid, threads, smem, stream, a);
   } else {
-    rope_kv_kernel<float><<<grid, threads, smem, stream>>>(a);
+    launch_pdl(rope_kv_kernel<float>, grid, threads, smem, stream, a);
   }
-  RILL_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace rill::cuda

@@ -107,6 +107,11 @@ struct AttentionArgs {
   int32_t n_decode = 0;
   int32_t max_decode_len = 0;  // largest pos + 1 among them
   float* partial = nullptr;    // scratch, attention_partial_floats(...)
+  // [n_decode * n_head_kv] int32, zero before the first call (each call
+  // leaves it zero): the decode kernel's last split block per (token, KV
+  // head) merges the splits. Null: a separate combine kernel does (same
+  // results, bitwise).
+  int32_t* split_counts = nullptr;
   // prefill tiles
   const PrefillTile* tiles = nullptr;
   int32_t n_tiles = 0;

@@ -154,6 +154,7 @@ class LlamaCudaModel final : public Model {
   void* final_ = nullptr;   // [S, E] act
   float* logits_ = nullptr; // [S, V]
   float* partial_ = nullptr;
+  int32_t* split_counts_ = nullptr;  // [T, n_head_kv] decode split merge counters, kept zero between launches
 
   PinnedBuffer meta_host_buf_;
   DeviceBuffer meta_dev_buf_;
@@ -170,6 +171,10 @@ class LlamaCudaModel final : public Model {
   };
   std::unordered_map<uint32_t, Graph> graphs_;
   bool use_graphs_ = true;
+  // RILL_CUDA_SPLIT_MERGE=1: decode attention's last split block merges the
+  // splits (no combine kernel). Off by default: on the H200 it was slower
+  // (8B bf16, 2026-11-29: 5.17 vs 5.10 ms at batch 1, 7.62 vs 7.50 ms at 64).
+  bool use_split_merge_ = false;
 };
 
 Status LlamaCudaModel::init(const ModelOptions& options) {
@@ -222,12 +227,17 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
     partial_ = a.take<float>(cuda::attention_partial_floats(max_tokens_, static_cast<int32_t>(cfg_.n_head),
                                                              static_cast<int32_t>(hd_)));
     ids_dev_ = a.take<int32_t>(S);
+    split_counts_ = a.take<int32_t>(T * static_cast<size_t>(cfg_.n_head_kv));
   };
   Arena sizing;
   carve(sizing);
   RILL_ASSIGN_OR_RETURN(act_buf_, DeviceBuffer::allocate(sizing.used(), "activations"));
   Arena real(act_buf_.data());
   carve(real);
+  if (cudaError_t e = cudaMemset(split_counts_, 0, T * static_cast<size_t>(cfg_.n_head_kv) * sizeof(int32_t));
+      e != cudaSuccess) {
+    return Error{cuda::cuda_error_text(e, "zeroing the attention split counters")};
+  }
 
   // Step metadata: block tables for every sequence of a full batch at full context.
   const size_t blocks_per_seq = static_cast<size_t>((n_ctx_ + block_size_ - 1) / block_size_);
@@ -278,6 +288,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
     layers_[il].v_cache = kv_.as<uint8_t>() + (2 * il + 1) * plane;
   }
   if (const char* g = std::getenv("RILL_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
+  if (const char* g = std::getenv("RILL_CUDA_SPLIT_MERGE")) use_split_merge_ = std::string(g) == "1";
   return ctx_->synchronize();
 }
 
@@ -669,6 +680,7 @@ Status LlamaCudaModel::run_layers(int64_t n, int64_t n_sample, int32_t n_decode,
   at.n_decode = n_decode;
   at.max_decode_len = max_decode_len;
   at.partial = partial_;
+  at.split_counts = use_split_merge_ ? split_counts_ : nullptr;
   at.tiles = md.tiles;
   at.n_tiles = n_tiles;
   at.out_dtype = act_;
