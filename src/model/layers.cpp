@@ -4,6 +4,25 @@
 
 namespace rill {
 
+cpu::RopeScalingParams rope_scaling_params(const RopeScaling& s) {
+  cpu::RopeScalingParams rs;
+  using ScalingType = cpu::RopeScalingParams::Type;
+  switch (s.type) {
+    case RopeScaling::Type::kNone: rs.type = ScalingType::kNone; break;
+    case RopeScaling::Type::kLinear: rs.type = ScalingType::kLinear; break;
+    case RopeScaling::Type::kLlama3: rs.type = ScalingType::kLlama3; break;
+    case RopeScaling::Type::kYarn: rs.type = ScalingType::kYarn; break;
+  }
+  rs.factor = s.factor;
+  rs.low_freq_factor = s.low_freq_factor;
+  rs.high_freq_factor = s.high_freq_factor;
+  rs.original_max_position = s.original_max_position;
+  rs.beta_fast = s.beta_fast;
+  rs.beta_slow = s.beta_slow;
+  rs.attention_factor = s.attention_factor;
+  return rs;
+}
+
 namespace {
 
 void add_bias(const Linear& l, float* y, int64_t n_tokens, Backend& backend) {

@@ -6,10 +6,14 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/rope_table.h"
 #include "core/result.h"
 #include "loader/model_files.h"
 
 namespace rill {
+
+// The config's RoPE scaling as the backend's RoPE table takes it.
+cpu::RopeScalingParams rope_scaling_params(const RopeScaling& s);
 
 // y = x W^T (+ b). W: [n_out, n_in] in any supported dtype, left in the
 // mapped file; the bias (if any) is copied to f32.

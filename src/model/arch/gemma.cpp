@@ -316,21 +316,8 @@ Status GemmaModel::init(const ModelOptions& options) {
   // HF multiplies by sqrt(hidden_size) in the activation dtype (f32 here).
   embed_scale_ = std::sqrt(static_cast<float>(E));
 
-  cpu::RopeScalingParams rs;  // full layers only: the local base is never scaled
-  using ScalingType = cpu::RopeScalingParams::Type;
-  switch (cfg_.rope_scaling.type) {
-    case RopeScaling::Type::kNone: rs.type = ScalingType::kNone; break;
-    case RopeScaling::Type::kLinear: rs.type = ScalingType::kLinear; break;
-    case RopeScaling::Type::kLlama3: rs.type = ScalingType::kLlama3; break;
-    case RopeScaling::Type::kYarn: rs.type = ScalingType::kYarn; break;
-  }
-  rs.factor = cfg_.rope_scaling.factor;
-  rs.low_freq_factor = cfg_.rope_scaling.low_freq_factor;
-  rs.high_freq_factor = cfg_.rope_scaling.high_freq_factor;
-  rs.original_max_position = cfg_.rope_scaling.original_max_position;
-  rs.beta_fast = cfg_.rope_scaling.beta_fast;
-  rs.beta_slow = cfg_.rope_scaling.beta_slow;
-  rs.attention_factor = cfg_.rope_scaling.attention_factor;
+  // Full layers only: the local base is never scaled.
+  const cpu::RopeScalingParams rs = rope_scaling_params(cfg_.rope_scaling);
   const bool interleaved = cfg_.rope_style == RopeStyle::kInterleaved;
   rope_global_ = cpu::make_rope_table(cfg_.rope_theta, hd_, interleaved, rs);
   rope_local_ = cfg_.architecture == "gemma2" ? rope_global_

@@ -477,21 +477,7 @@ Status LlamaCudaModel::build_rope() {
     return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) + " must be even and at most head_dim " +
                  std::to_string(hd_)};
   }
-  cpu::RopeScalingParams rs;
-  using ScalingType = cpu::RopeScalingParams::Type;
-  switch (cfg_.rope_scaling.type) {
-    case RopeScaling::Type::kNone: rs.type = ScalingType::kNone; break;
-    case RopeScaling::Type::kLinear: rs.type = ScalingType::kLinear; break;
-    case RopeScaling::Type::kLlama3: rs.type = ScalingType::kLlama3; break;
-    case RopeScaling::Type::kYarn: rs.type = ScalingType::kYarn; break;
-  }
-  rs.factor = cfg_.rope_scaling.factor;
-  rs.low_freq_factor = cfg_.rope_scaling.low_freq_factor;
-  rs.high_freq_factor = cfg_.rope_scaling.high_freq_factor;
-  rs.original_max_position = cfg_.rope_scaling.original_max_position;
-  rs.beta_fast = cfg_.rope_scaling.beta_fast;
-  rs.beta_slow = cfg_.rope_scaling.beta_slow;
-  rs.attention_factor = cfg_.rope_scaling.attention_factor;
+  const cpu::RopeScalingParams rs = rope_scaling_params(cfg_.rope_scaling);
   rope_ = cpu::make_rope_table(cfg_.rope_theta, rot_dim, cfg_.rope_style == RopeStyle::kInterleaved, rs);
   if (const TensorRef* freqs = f.find("rope_freqs.weight")) {
     if (freqs->dtype != DType::kF32 || freqs->n_elements() != rot_dim / 2) {
