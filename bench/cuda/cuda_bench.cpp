@@ -106,6 +106,8 @@ double gemm_peak(const cuda::Context& ctx) {
   return 2.0 * n * n * n / (median(t) * 1e-3) / 1e12;
 }
 
+void attention_bench(const cuda::Context& ctx);
+
 // The 8B decode GEMV shapes at one token through every GEMV configuration
 // and cuBLASLt, weights rotating over 3 copies (each set is 1.5 GB, far
 // beyond L2), GB/s of weight reads.
@@ -169,18 +171,108 @@ void kernel_bench(const cuda::Context& ctx) {
   // Small per-layer kernels at one token.
   void* f = nullptr;
   RILL_CUDA_CHECK(cudaMalloc(&f, 64 << 20));
-  RILL_CUDA_CHECK(cudaMemset(f, 0, 64 << 20));
+  RILL_CUDA_CHECK(cudaMemset(f, 0x3c, 64 << 20));  // f32 ~0.0115 everywhere
   float* ff = static_cast<float*>(f);
   const double t_norm = time([&](int) {
     cuda::rms_norm(ff, 4096, nullptr, ff + 8192, 1, 4096, 1e-5f, 0.0f, DType::kBF16, ff + 16384, ctx.stream());
   });
   const double t_silu = time([&](int) { cuda::silu_mul(ff, 1, 14336, DType::kBF16, ff + 40000, ctx.stream()); });
   std::printf("kernel small: rms_norm 4096 %.1f us, silu_mul 14336 %.1f us\n", t_norm * 1e3, t_silu * 1e3);
+  attention_bench(ctx);
   for (auto& v : w)
     for (void* p : v) cudaFree(p);
   cudaFree(x);
   cudaFree(y);
   cudaFree(f);
+}
+
+// Decode attention alone, Llama-3.1-8B's heads (32 q / 8 KV, head_dim 128,
+// f16 KV in 16-token blocks): B sequences of L keys, the fast and the
+// general kernel, 32 launches back to back rotating over copies of the
+// cache (several times the L2 in all), per launch; GB/s of K and V read.
+void attention_bench(const cuda::Context& ctx) {
+  constexpr int32_t kHeads = 32, kKvHeads = 8, kHd = 128, kRowElems = kKvHeads * kHd, kQkv = 6144;
+  const size_t cache_bytes = size_t{1} << 30;  // per K and V, all copies
+  void *k = nullptr, *v = nullptr, *q = nullptr, *part = nullptr, *out = nullptr, *meta = nullptr;
+  RILL_CUDA_CHECK(cudaMalloc(&k, cache_bytes));
+  RILL_CUDA_CHECK(cudaMalloc(&v, cache_bytes));
+  RILL_CUDA_CHECK(cudaMemset(k, 0x2e, cache_bytes));  // f16 ~0.1: the timing's data, not zeros
+  RILL_CUDA_CHECK(cudaMemset(v, 0x3a, cache_bytes));
+  RILL_CUDA_CHECK(cudaMalloc(&q, 64 * kQkv * 4));
+  RILL_CUDA_CHECK(cudaMemset(q, 0x3e, 64 * kQkv * 4));
+  RILL_CUDA_CHECK(cudaMalloc(&part, cuda::attention_partial_floats(64, kHeads, kHd) * 4));
+  RILL_CUDA_CHECK(cudaMalloc(&out, 64 * kHeads * kHd * 2));
+  const size_t meta_ints = 5 * 64 + 64 * 256;
+  RILL_CUDA_CHECK(cudaMalloc(&meta, meta_ints * 4));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int B : {1, 64}) {
+    for (int L : {160, 1000, 4000}) {
+      const int32_t blocks_per_seq = (L + 15) / 16;
+      const size_t copy_rows = static_cast<size_t>(B) * blocks_per_seq * 16;
+      const int n_copies = static_cast<int>(std::min<size_t>(1024, cache_bytes / (copy_rows * kRowElems * 2)));
+      std::vector<int32_t> h(meta_ints, 0);
+      int32_t* dec = h.data();
+      int32_t* pos = dec + 64;
+      int32_t* seq = pos + 64;
+      int32_t* tstart = seq + 64;
+      int32_t* tables = tstart + 128;
+      for (int s = 0; s < B; ++s) {
+        dec[s] = s;
+        pos[s] = L - 1;
+        seq[s] = s;
+        tstart[s] = s * blocks_per_seq;
+        for (int b = 0; b < blocks_per_seq; ++b) tables[s * blocks_per_seq + b] = s * blocks_per_seq + b;
+      }
+      RILL_CUDA_CHECK(cudaMemcpy(meta, h.data(), meta_ints * 4, cudaMemcpyHostToDevice));
+      const auto* dm = static_cast<const int32_t*>(meta);
+      cuda::AttentionArgs a;
+      a.q = static_cast<const float*>(q);
+      a.q_stride = kQkv;
+      a.n_head = kHeads;
+      a.n_head_kv = kKvHeads;
+      a.head_dim = kHd;
+      a.scale = 0.088f;
+      a.kv_dtype = DType::kF16;
+      a.block_shift = 4;
+      a.decode_tokens = dm;
+      a.pos = dm + 64;
+      a.seq_of = dm + 128;
+      a.table_start = dm + 192;
+      a.block_tables = dm + 320;
+      a.n_decode = B;
+      a.max_decode_len = L;
+      a.partial = static_cast<float*>(part);
+      a.out_dtype = DType::kBF16;
+      a.out = out;
+      double us[2];
+      for (int general = 0; general < 2; ++general) {
+        a.general_decode = general == 1;
+        std::vector<double> t;
+        for (int rep = 0; rep < 8; ++rep) {
+          cudaEventRecord(e0, ctx.stream());
+          for (int i = 0; i < 32; ++i) {
+            const size_t off = static_cast<size_t>((rep * 32 + i) % n_copies) * copy_rows * kRowElems * 2;
+            a.k_cache = static_cast<const uint8_t*>(k) + off;
+            a.v_cache = static_cast<const uint8_t*>(v) + off;
+            cuda::attention(a, ctx.stream());
+          }
+          cudaEventRecord(e1, ctx.stream());
+          cudaEventSynchronize(e1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (rep >= 2) t.push_back(ms * 1e3 / 32);
+        }
+        us[general] = median(t);
+      }
+      const double kv_bytes = 2.0 * B * L * kRowElems * 2;
+      std::printf("kernel attention decode B=%2d L=%4d (%2d splits): fast %.1f us (%.0f GB/s), general %.1f us (%.0f GB/s)\n",
+                  B, L, cuda::decode_splits(L), us[0], kv_bytes / (us[0] * 1e-6) / 1e9, us[1],
+                  kv_bytes / (us[1] * 1e-6) / 1e9);
+    }
+  }
+  for (void* p : {k, v, q, part, out, meta}) cudaFree(p);
 }
 
 std::vector<int32_t> range_table(int32_t first, int32_t n) {

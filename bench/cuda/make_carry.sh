@@ -20,6 +20,7 @@ rm -f $C/bin/*.cmake
 cp $B/bench/bench_cuda $B/rill $C/bin/
 if [ -n "${BASE_DIR:-}" ]; then cp $BASE_DIR/bench_cuda $C/bin/bench_cuda_base; cp $BASE_DIR/rill $C/bin/rill_base; fi
 strip $C/bin/*
+gzip -6 $C/bin/*  # the working tree and the carry travel within 64 MiB; device_run.sh unpacks
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l $C/lib/; done
 for g in llama llama3-tied mistral-swa qwen2 qwen3; do cp -r $SHARED/goldens/hf/$g $C/shared/goldens/hf/; done
 cp $SHARED/tools/make_random_model.py $C/shared/tools/

@@ -1,6 +1,7 @@
 // Paged attention on the device (split-KV decode and tiled prefill) against
-// cpu::attention on the same paged cache: f32 and f16 KV, GQA groups 1/2/4,
-// head_dim 16/64/128/256, sliding window, softcap, shuffled block tables.
+// cpu::attention on the same paged cache: f32 and f16 KV, GQA groups
+// 1/2/3/4/8, head_dim 16/64/96/128/256, sliding window, softcap, shuffled
+// block tables; decode through both the fast and the general kernel.
 // Tolerance: 2e-5 absolute on outputs of magnitude <= 1 (f32 softmax and
 // sums in another order; no rounding of q or probabilities on either side),
 // plus one output rounding for bf16 outputs; 3e-3 for prefill rows on the
@@ -96,7 +97,9 @@ class Paged {
   // Runs the device kernels over the sequences in `only` (all when empty).
   // counts: split counters for the decode kernel's own merge (null: the
   // combine kernel merges).
-  std::vector<float> gpu_out(DType out_dtype, const std::vector<int>& only = {}, int32_t* counts = nullptr) const {
+  // general: decode through the general kernel.
+  std::vector<float> gpu_out(DType out_dtype, const std::vector<int>& only = {}, int32_t* counts = nullptr,
+                             bool general = false) const {
     std::vector<int32_t> decode_tokens;
     std::vector<PrefillTile> tiles;
     int32_t t0 = 0, max_len = 0;
@@ -142,6 +145,7 @@ class Paged {
     a.n_tiles = static_cast<int32_t>(tiles.size());
     a.out_dtype = out_dtype;
     a.out = dout.data();
+    a.general_decode = general;
     attention(a, nullptr);
     return decode(out_dtype, download<uint8_t>(dout, q_.size() * es));
   }
@@ -177,12 +181,16 @@ class Paged {
 
 TEST(CudaAttention, MatchesCpuOnPagedKv) {
   RILL_REQUIRE_GPU();
-  // decode (1 and 3 tokens, up to 8 splits), prefill with and without a prefix
-  const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {70, 70}, {1, 1}, {5, 133}, {150, 400}};
+  // decode (1 and 3 tokens; 1 to 32 splits, the last 8,300 keys: splits of
+  // more than kSplitKeys), prefill with and without a prefix
+  const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {70, 70}, {1, 1}, {5, 133}, {150, 400}, {1, 8300}};
+  // head_dim 16 and 96 (3 q heads per KV head) take the general decode
+  // kernel, the others attention_decode.cu's; each case runs both.
   const std::vector<Case> cases = {
       {8, 2, 128, 0, 0.0f, DType::kF16},  {8, 2, 128, 0, 0.0f, DType::kF32}, {4, 2, 16, 0, 0.0f, DType::kF32},
       {4, 4, 64, 37, 0.0f, DType::kF16},  {8, 1, 64, 0, 0.5f, DType::kF32},  {2, 1, 256, 100, 0.0f, DType::kF16},
       {32, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 128, 0, 0.5f, DType::kF16}, {8, 2, 128, 90, 0.0f, DType::kF16},
+      {12, 4, 96, 0, 0.0f, DType::kF16},  {16, 2, 128, 0, 0.0f, DType::kF16}, {4, 2, 64, 0, 0.0f, DType::kF16},
   };
   for (const Case& c : cases) {
     const Paged p(c, seqs);
@@ -196,10 +204,15 @@ TEST(CudaAttention, MatchesCpuOnPagedKv) {
     }
     const auto got_bf16 = p.gpu_out(DType::kBF16);
     for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << i;
+    const auto general = p.gpu_out(DType::kF32, {}, nullptr, true);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(general[i], want[i], p.tolerance(i)) << "general kernel, heads " << c.n_head << "/" << c.n_head_kv
+                                             << " hd " << c.head_dim << " elem " << i;
+    }
   }
 }
 
-// The decode kernel's last-block merge gives the combine kernel's outputs
+// The decode kernels' last-block merge gives the combine kernel's outputs
 // bit for bit, and leaves its counters zero for the next call.
 TEST(CudaAttention, InKernelSplitMergeEqualsTheCombineKernel) {
   RILL_REQUIRE_GPU();
@@ -211,13 +224,16 @@ TEST(CudaAttention, InKernelSplitMergeEqualsTheCombineKernel) {
     int32_t n_decode = 0;
     for (const SeqSpec& s : seqs) n_decode += s.q_len;
     auto counts = upload(std::vector<int32_t>(static_cast<size_t>(n_decode * c.n_head_kv), 0));
-    for (DType out : {DType::kF32, DType::kBF16}) {
-      const auto want = p.gpu_out(out);
-      for (int rep = 0; rep < 2; ++rep) {
-        const auto got = p.gpu_out(out, {}, counts.as<int32_t>());
-        ASSERT_EQ(got.size(), want.size());
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_EQ(got[i], want[i]) << "heads " << c.n_head << "/" << c.n_head_kv << " elem " << i << " call " << rep;
+    for (bool general : {false, true}) {
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        const auto want = p.gpu_out(out, {}, nullptr, general);
+        for (int rep = 0; rep < 2; ++rep) {
+          const auto got = p.gpu_out(out, {}, counts.as<int32_t>(), general);
+          ASSERT_EQ(got.size(), want.size());
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_EQ(got[i], want[i]) << "heads " << c.n_head << "/" << c.n_head_kv << " elem " << i << " call " << rep
+                                       << (general ? " general" : " fast");
+          }
         }
       }
     }
@@ -231,13 +247,15 @@ TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
   const std::vector<SeqSpec> seqs = {{1, 700}, {1, 4000}, {2, 65}, {1, 129}};
   const Case c{32, 8, 128, 0, 0.0f, DType::kF16};
   const Paged p(c, seqs);
-  const auto all = p.gpu_out(DType::kF32);
   const int64_t w = c.n_head * c.head_dim;
-  for (int s = 0; s < 4; ++s) {
-    const auto alone = p.gpu_out(DType::kF32, {s});
-    const int32_t t0 = p.first_token(s);
-    for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i) {
-      ASSERT_EQ(alone[t0 * w + i], all[t0 * w + i]) << "seq " << s << " elem " << i;
+  for (bool general : {false, true}) {
+    const auto all = p.gpu_out(DType::kF32, {}, nullptr, general);
+    for (int s = 0; s < 4; ++s) {
+      const auto alone = p.gpu_out(DType::kF32, {s}, nullptr, general);
+      const int32_t t0 = p.first_token(s);
+      for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i) {
+        ASSERT_EQ(alone[t0 * w + i], all[t0 * w + i]) << "seq " << s << " elem " << i << (general ? " general" : " fast");
+      }
     }
   }
 }

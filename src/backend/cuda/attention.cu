@@ -1,10 +1,15 @@
 // Paged attention: split-KV decode (+ combine) and a tiled prefill kernel.
 // Both read K/V rows through the block tables; both keep scores and the
 // softmax in f32 with the CPU reference's order (scale, softcap, max
-// subtraction, exp, sum), and differ from it only by summation order.
+// subtraction, exp, sum), and differ from it only by summation order (and
+// exp2 for expf in attention_decode.cu's main path).
+// Decode goes to attention_decode.cu's kernel where it supports the cache
+// (f16/f32, head_dim 64/128/256), else to the general kernel here.
 #include <cassert>
 #include <cmath>
 
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/attention_decode.h"
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
@@ -13,7 +18,12 @@
 namespace rill::cuda {
 namespace {
 
+using detail::cache_row;
 using detail::from_f32;
+using detail::partial_at;
+using detail::softcap_score;
+using detail::splits_for;
+using detail::store_out;
 using detail::to_f32;
 using detail::warp_max;
 using detail::warp_sum;
@@ -21,15 +31,6 @@ using detail::warp_sum;
 [[maybe_unused]] constexpr int kMaxGroup = 8;       // q heads per KV head the decode kernel handles
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeChunk = 128;  // keys scored before each softmax update
-
-__device__ __forceinline__ int64_t cache_row(const AttentionArgs& a, const int32_t* table, int32_t j) {
-  const int32_t mask = (1 << a.block_shift) - 1;
-  return (static_cast<int64_t>(table[j >> a.block_shift]) << a.block_shift) + (j & mask);
-}
-
-__device__ __forceinline__ float softcap_score(float s, float softcap) {
-  return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
-}
 
 // Loads 4 consecutive KV elements as f32.
 __device__ __forceinline__ void load4(const float* p, float* v) {
@@ -41,76 +42,6 @@ __device__ __forceinline__ void load4(const __half* p, float* v) {
   const __half2 a = *reinterpret_cast<const __half2*>(&raw.x), b = *reinterpret_cast<const __half2*>(&raw.y);
   const float2 fa = __half22float2(a), fb = __half22float2(b);
   v[0] = fa.x; v[1] = fa.y; v[2] = fb.x; v[3] = fb.y;
-}
-
-__host__ __device__ __forceinline__ int32_t splits_for(int32_t len) {
-  int32_t s = (len + kMinSplitKeys - 1) / kMinSplitKeys;
-  return s < 1 ? 1 : s > kMaxSplits ? kMaxSplits : s;
-}
-
-// Partial results of split s of (decode token z, head h): m, l, then acc[head_dim].
-__device__ __forceinline__ float* partial_at(const AttentionArgs& a, int z, int h, int s) {
-  const int64_t rec = a.head_dim + 2;
-  return a.partial + ((static_cast<int64_t>(z) * a.n_head + h) * kMaxSplits + s) * rec;
-}
-
-__device__ __forceinline__ void store_out(DType dtype, void* out, int64_t i, float v) {
-  if (dtype == DType::kBF16) {
-    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
-  } else if (dtype == DType::kF16) {
-    static_cast<__half*>(out)[i] = __float2half_rn(v);
-  } else {
-    static_cast<float*>(out)[i] = v;
-  }
-}
-
-// The log-sum-exp merge of the n_splits partials of heads [h0, h0 +
-// n_heads) of decode token z (flat token t) into out, in split order, by
-// the whole block (every thread calls it; kHeads >= n_heads). The combine
-// kernel and the decode kernel's last block both use it, so their outputs
-// are equal. Partials are read through L2 (__ldcg): other blocks of the
-// same launch may have written them; each pass issues its loads together.
-template <int kHeads>
-__device__ void merge_heads(const AttentionArgs& a, int z, int32_t t, int h0, int n_heads, int32_t n_splits) {
-  __shared__ float ms[kHeads][kMaxSplits], ls[kHeads][kMaxSplits], ws[kHeads][kMaxSplits], inv_s[kHeads];
-  for (int i = threadIdx.x; i < n_heads * n_splits; i += blockDim.x) {
-    const int g = i / n_splits, s = i % n_splits;
-    const float* part = partial_at(a, z, h0 + g, s);
-    ms[g][s] = __ldcg(part);
-    ls[g][s] = __ldcg(part + 1);
-  }
-  __syncthreads();
-  for (int g = threadIdx.x; g < n_heads; g += blockDim.x) {
-    float m = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) m = fmaxf(m, ms[g][s]);
-    float den = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
-      const float l = ls[g][s], w = expf(ms[g][s] - m);
-      ws[g][s] = l > 0.0f ? w : -1.0f;  // -1: an empty split, skipped
-      if (l > 0.0f) den += w * l;
-    }
-    inv_s[g] = den > 0.0f ? 1.0f / den : 0.0f;
-  }
-  __syncthreads();
-  const int hd = a.head_dim;
-  const int64_t out_base = static_cast<int64_t>(t) * a.n_head * hd + static_cast<int64_t>(h0) * hd;
-  for (int i = threadIdx.x; i < n_heads * hd; i += blockDim.x) {
-    const int g = i / hd, d = i % hd;
-    float v = 0.0f;
-    for (int s0 = 0; s0 < n_splits; s0 += 8) {
-      float x[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const bool use = s0 + k < n_splits && ws[g][s0 + k] >= 0.0f;
-        x[k] = use ? __ldcg(partial_at(a, z, h0 + g, s0 + k) + 2 + d) : 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        if (s0 + k < n_splits && ws[g][s0 + k] >= 0.0f) v += ws[g][s0 + k] * x[k];
-      }
-    }
-    store_out(a.out_dtype, a.out, out_base + i, v * inv_s[g]);
-  }
 }
 
 constexpr int kKeys = 4;
@@ -134,12 +65,13 @@ __device__ __forceinline__ void load_rows(const KV* base_ptr, const int32_t* cac
   }
 }
 // One split of the decode kernel below: keys [k_begin, k_end) of token t's
-// KV head kvh for its G query heads; writes the split's partials. Called by
-// all threads of the block (it synchronizes).
+// KV head kvh for its G query heads; writes the split's partials, or the
+// output itself when the token has one split. Called by all threads of the
+// block (it synchronizes).
 template <typename KV, int kChunks, int kG>
 __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem, float* m_s, float* corr_s,
                                              float* l_s, int32_t* rows_s, int kvh, int split, int z, int32_t t,
-                                             int32_t k_begin, int32_t k_end) {
+                                             int32_t k_begin, int32_t k_end, int32_t n_splits) {
   const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* q_s = smem;                       // [G][hd]
@@ -291,6 +223,11 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
     const int g = i / hd, d = i % hd;
     const float s = red[(0 * G + g) * hd + d] + red[(1 * G + g) * hd + d] + red[(2 * G + g) * hd + d] +
                     red[(3 * G + g) * hd + d];
+    if (n_splits == 1) {
+      const int64_t h = kvh * G + g;
+      store_out(a.out_dtype, a.out, (static_cast<int64_t>(t) * a.n_head + h) * hd + d, s / l_s[g]);
+      continue;
+    }
     float* part = partial_at(a, z, kvh * G + g, split);
     part[2 + d] = s;
     if (d == 0) {
@@ -308,13 +245,12 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
 // Requires head_dim % 4 == 0 and head_dim <= 128 * kChunks.
 // kG >= the q heads per KV head (a compile-time bound keeps the per-head
 // accumulators in registers and the register count, hence occupancy, low).
-// With a.split_counts the last block of each (token, KV head) also merges
-// the splits into out (no combine kernel).
+// A token with one split writes out; with more, a.split_counts lets the
+// last block of each (token, KV head) merge the splits (no combine kernel).
 template <typename KV, int kChunks, int kG>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a) {
   extern __shared__ float smem[];  // [G][hd] q, [G][kDecodeChunk] scores, [4][G][hd] sums
   __shared__ float m_s[kG], corr_s[kG], l_s[kG];
-  __shared__ bool is_last;
   __shared__ int32_t rows_s[kDecodeChunk];
   detail::pdl_wait();
   detail::pdl_trigger();
@@ -335,35 +271,20 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
       part[1] = 0.0f;
     }
   } else {
-    decode_split<KV, kChunks, kG>(a, smem, m_s, corr_s, l_s, rows_s, kvh, split, z, t, k_begin, k_end);
+    decode_split<KV, kChunks, kG>(a, smem, m_s, corr_s, l_s, rows_s, kvh, split, z, t, k_begin, k_end, n_splits);
   }
-  if (!a.split_counts) return;  // the combine kernel merges the splits
-  // The last split block of (token, KV head) to finish merges its heads'
-  // splits. The block's partial stores are ordered before the count by the
-  // barrier and one thread's fence (as a grid barrier does); the count is
-  // reset for the next launch.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    int32_t* count = a.split_counts + static_cast<int64_t>(z) * a.n_head_kv + kvh;
-    is_last = atomicAdd(count, 1) == n_splits - 1;
-    if (is_last) {
-      *count = 0;
-      __threadfence();
-    }
-  }
-  __syncthreads();
-  if (is_last) merge_heads<kG>(a, z, t, kvh * G, G, n_splits);
+  if (a.split_counts && n_splits > 1) detail::merge_if_last<kG>(a, z, t, kvh, G, n_splits);
 }
 
-// grid (n_decode, n_head): merges a token's splits into out.
+// grid (n_decode, n_head): merges the splits of a token that has several
+// (a token with one split was written by the decode kernel).
 __global__ void combine_kernel(AttentionArgs a) {
   detail::pdl_wait();
   detail::pdl_trigger();
   const int z = blockIdx.x, h = blockIdx.y;
   const int32_t t = a.decode_tokens[z];
   const int32_t n_splits = splits_for(a.pos[t] + 1);
-  merge_heads<1>(a, z, t, h, 1, n_splits);
+  if (n_splits > 1) detail::merge_heads<1>(a, z, t, h, 1, n_splits);
 }
 
 // grid (n_tiles, n_head); 128 threads: thread (r = tid / 4, sub = tid % 4)
@@ -516,14 +437,17 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
     const int G = a.n_head / a.n_head_kv;
     const size_t smem = sizeof(float) * (static_cast<size_t>(G) * a.head_dim + static_cast<size_t>(G) * kDecodeChunk +
                                          4 * static_cast<size_t>(G) * a.head_dim);
-    const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(splits_for(a.max_decode_len)),
+    const int32_t n_splits = splits_for(a.max_decode_len);
+    const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_splits),
                     static_cast<unsigned>(a.n_decode));
-    if (a.head_dim <= 128) {
+    if (!a.general_decode && decode_fast_supported(a.kv_dtype, a.head_dim, G)) {
+      decode_attention_fast(a, n_splits, stream);
+    } else if (a.head_dim <= 128) {
       launch_decode<KV, 1>(a, grid, smem, stream);
     } else {
       launch_decode<KV, 2>(a, grid, smem, stream);
     }
-    if (!a.split_counts) {
+    if (!a.split_counts && n_splits > 1) {
       const dim3 cgrid(static_cast<unsigned>(a.n_decode), static_cast<unsigned>(a.n_head));
       launch_pdl(combine_kernel, cgrid, a.head_dim >= 128 ? 128 : 32, 0, stream, a);
     }

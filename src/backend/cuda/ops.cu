@@ -28,12 +28,18 @@ template <typename Out>
 __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w, int64_t dim,
                                 float eps, float w_offset, Out* out) {
   __shared__ float red[32];
+  const bool vec = (dim & 3) == 0 && (x_stride & 3) == 0;
+  // The weights (never written) of a row of at most one float4 per thread,
+  // and the row id (step metadata), are read before waiting for x.
+  const bool w_pre = vec && w && dim / 4 <= blockDim.x;
+  float4 wv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (w_pre && threadIdx.x < dim / 4) wv = reinterpret_cast<const float4*>(w)[threadIdx.x];
+  const int64_t r = blockIdx.x;
+  const int64_t row = row_ids ? row_ids[r] : r;
   detail::pdl_wait();
   detail::pdl_trigger();
-  const int64_t r = blockIdx.x;
-  const float* xr = x + (row_ids ? row_ids[r] : r) * x_stride;
+  const float* xr = x + row * x_stride;
   Out* o = out + r * dim;
-  const bool vec = (dim & 3) == 0 && (x_stride & 3) == 0;
   float ss = 0.0f;
   if (vec) {
     const float4* x4 = reinterpret_cast<const float4*>(xr);
@@ -51,10 +57,12 @@ __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const int32_t*
     for (int64_t i = threadIdx.x; i < dim / 4; i += blockDim.x) {
       const float4 v = x4[i];
       const float e[4] = {v.x, v.y, v.z, v.w};
+      const float we[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float y = e[k] * scale;
-        o[4 * i + k] = from_f32<Out>(w ? y * (w_offset + w[4 * i + k]) : y);
+        const float wk = w_pre ? we[k] : w ? w[4 * i + k] : 0.0f;
+        o[4 * i + k] = from_f32<Out>(w ? y * (w_offset + wk) : y);
       }
     }
     return;
@@ -92,18 +100,40 @@ __global__ void convert_kernel(const float* x, int64_t n, Out* out) {
   }
 }
 
+// cos and sin (times attn_factor) of pair i at position p.
+__device__ __forceinline__ void rope_angle(const RopeKvArgs& a, int32_t p, int i, float* cs, float* sn) {
+  const float pos = static_cast<float>(p);
+  float theta;
+  if (a.ggml_theta_scale > 0.0f) {  // llama.cpp's f32 recurrence theta_{i+1} = theta_i * scale
+    theta = pos;
+    for (int k = 0; k < i; ++k) theta *= a.ggml_theta_scale;
+    if (a.freq_divisor) theta = theta / a.freq_divisor[i];
+  } else {
+    theta = pos * a.inv_freq[i];
+  }
+  *cs = cosf(theta) * a.attn_factor;
+  *sn = sinf(theta) * a.attn_factor;
+}
+
 // One block per (token, head); heads [0, n_head) are q, then n_head_kv k
 // heads, then n_head_kv v heads. The head is staged in shared memory.
 template <typename KV>
 __global__ void rope_kv_kernel(RopeKvArgs a) {
   extern __shared__ float h[];  // [head_dim]
   __shared__ float red[32];
-  detail::pdl_wait();
-  detail::pdl_trigger();
   const int64_t t = blockIdx.x;
   const int head = blockIdx.y;
   const int hd = a.head_dim;
   const bool is_q = head < a.n_head, is_k = !is_q && head < a.n_head + a.n_head_kv;
+  const int n_pairs = a.rot_dim / 2;
+  // The angle of this thread's pair (a function of the position, step
+  // metadata, and constants) before waiting for the qkv rows, when every
+  // thread has at most one pair.
+  const bool pre = (is_q || is_k) && n_pairs <= static_cast<int>(blockDim.x);
+  float pre_cs = 0.0f, pre_sn = 0.0f;
+  if (pre && static_cast<int>(threadIdx.x) < n_pairs) rope_angle(a, a.positions[t], threadIdx.x, &pre_cs, &pre_sn);
+  detail::pdl_wait();
+  detail::pdl_trigger();
   float* src = a.qkv + t * a.qkv_stride + static_cast<int64_t>(head) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) h[d] = src[d];
   const float* norm_w = is_q ? a.q_norm : is_k ? a.k_norm : nullptr;
@@ -117,18 +147,9 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   }
   __syncthreads();
   if (is_q || is_k) {
-    const int n_pairs = a.rot_dim / 2;
-    const float pos = static_cast<float>(a.positions[t]);
     for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
-      float theta;
-      if (a.ggml_theta_scale > 0.0f) {  // llama.cpp's f32 recurrence theta_{i+1} = theta_i * scale
-        theta = pos;
-        for (int k = 0; k < i; ++k) theta *= a.ggml_theta_scale;
-        if (a.freq_divisor) theta = theta / a.freq_divisor[i];
-      } else {
-        theta = pos * a.inv_freq[i];
-      }
-      const float cs = cosf(theta) * a.attn_factor, sn = sinf(theta) * a.attn_factor;
+      float cs = pre_cs, sn = pre_sn;
+      if (!pre) rope_angle(a, a.positions[t], i, &cs, &sn);
       const int i0 = a.interleaved ? 2 * i : i, i1 = a.interleaved ? 2 * i + 1 : i + n_pairs;
       const float x0 = h[i0], x1 = h[i1];
       h[i0] = x0 * cs - x1 * sn;

@@ -78,11 +78,15 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 // shared memory); the other tokens through split-KV decode (one block per
 // token, KV head and split: GQA heads share each K/V read; a token's split
 // count depends only on its own length, so results are batch invariant).
+// A token with one split (up to kSplitKeys keys) needs no combine pass.
+// Decode reads the index arrays and block tables before waiting for the
+// preceding kernel (programmatic launch): they must be written before the
+// step's first kernel (q and K/V may come from the kernel just before).
 inline constexpr int32_t kDecodeMaxQ = 4;
 inline constexpr int32_t kPrefillTileQ = 32;     // queries per tile of the f32 (SIMT) kernel
 inline constexpr int32_t kPrefillTileQMma = 64;  // of the tensor-core kernel (f16 KV, head_dim 64/128)
 inline constexpr int32_t kMaxSplits = 32;
-inline constexpr int32_t kMinSplitKeys = 64;  // short contexts still spread over several blocks
+inline constexpr int32_t kSplitKeys = 256;  // keys per split (until kMaxSplits)
 struct PrefillTile {
   int32_t seq;
   int32_t t0;   // first token (flat index) of the tile
@@ -117,6 +121,9 @@ struct AttentionArgs {
   int32_t n_tiles = 0;
   DType out_dtype = DType::kF32;
   void* out = nullptr;
+  // Decode through the general kernel even where attention_decode.cu's
+  // applies (tests and benchmarks compare the two).
+  bool general_decode = false;
 };
 // Splits of a decode token whose keys span [0, len): a function of len only.
 int32_t decode_splits(int32_t len);

@@ -175,6 +175,9 @@ class LlamaCudaModel final : public Model {
   // splits (no combine kernel). Off by default: on the H200 it was slower
   // (8B bf16, 2026-11-29: 5.17 vs 5.10 ms at batch 1, 7.62 vs 7.50 ms at 64).
   bool use_split_merge_ = false;
+  // RILL_CUDA_FAST_DECODE=0: decode attention through the general kernel
+  // (benchmarks compare the two).
+  bool general_decode_ = false;
 };
 
 Status LlamaCudaModel::init(const ModelOptions& options) {
@@ -289,6 +292,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   }
   if (const char* g = std::getenv("RILL_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
   if (const char* g = std::getenv("RILL_CUDA_SPLIT_MERGE")) use_split_merge_ = std::string(g) == "1";
+  if (const char* g = std::getenv("RILL_CUDA_FAST_DECODE")) general_decode_ = std::string(g) == "0";
   return ctx_->synchronize();
 }
 
@@ -578,7 +582,7 @@ Status LlamaCudaModel::compute(const Batch& batch) {
     n_run = std::min<int64_t>(n_run, max_seqs_);
     split_bucket = 1;
     while (split_bucket < cuda::decode_splits(max_decode_len)) split_bucket *= 2;
-    max_decode_len = split_bucket * cuda::kMinSplitKeys;  // the kernel's grid: split_bucket splits
+    max_decode_len = split_bucket * cuda::kSplitKeys;  // the kernel's grid: split_bucket splits
     if (n_run > n) {
       const auto pad_table = static_cast<int32_t>(batch.block_table.size());
       mh.tables[pad_table] = n_blocks_;
@@ -671,6 +675,7 @@ Status LlamaCudaModel::run_layers(int64_t n, int64_t n_sample, int32_t n_decode,
   at.n_tiles = n_tiles;
   at.out_dtype = act_;
   at.out = attn_;
+  at.general_decode = general_decode_;
 
   const float eps = cfg_.rms_norm_eps;
   for (const DevLayer& L : layers_) {

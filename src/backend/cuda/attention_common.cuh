@@ -1,0 +1,116 @@
+#pragma once
+// Device helpers shared by the decode attention kernels (attention.cu's
+// general one and attention_decode.cu's fast path): cache-row lookup, the
+// split rule, the partial-result layout and the split merge.
+#include <cmath>
+
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/ops.h"
+
+namespace rill::cuda::detail {
+
+__device__ __forceinline__ int64_t cache_row(const AttentionArgs& a, const int32_t* table, int32_t j) {
+  const int32_t mask = (1 << a.block_shift) - 1;
+  return (static_cast<int64_t>(table[j >> a.block_shift]) << a.block_shift) + (j & mask);
+}
+
+__device__ __forceinline__ float softcap_score(float s, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+}
+
+// Splits of a decode token whose keys span [0, len): a function of len only
+// (batch invariance). Split s covers keys [s * split_len, (s + 1) * split_len).
+__host__ __device__ __forceinline__ int32_t splits_for(int32_t len) {
+  int32_t s = (len + kSplitKeys - 1) / kSplitKeys;
+  return s < 1 ? 1 : s > kMaxSplits ? kMaxSplits : s;
+}
+
+// Partial results of split s of (decode token z, head h): m, l, then acc[head_dim].
+__device__ __forceinline__ float* partial_at(const AttentionArgs& a, int z, int h, int s) {
+  const int64_t rec = a.head_dim + 2;
+  return a.partial + ((static_cast<int64_t>(z) * a.n_head + h) * kMaxSplits + s) * rec;
+}
+
+__device__ __forceinline__ void store_out(DType dtype, void* out, int64_t i, float v) {
+  if (dtype == DType::kBF16) {
+    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+  } else if (dtype == DType::kF16) {
+    static_cast<__half*>(out)[i] = __float2half_rn(v);
+  } else {
+    static_cast<float*>(out)[i] = v;
+  }
+}
+
+// The log-sum-exp merge of the n_splits partials of heads [h0, h0 +
+// n_heads) of decode token z (flat token t) into out, in split order, by
+// the whole block (every thread calls it; kHeads >= n_heads). The combine
+// kernel and the decode kernels' last blocks all use it, so their outputs
+// are equal. Partials are read through L2 (__ldcg): other blocks of the
+// same launch may have written them; each pass issues its loads together.
+template <int kHeads>
+__device__ void merge_heads(const AttentionArgs& a, int z, int32_t t, int h0, int n_heads, int32_t n_splits) {
+  __shared__ float ms[kHeads][kMaxSplits], ls[kHeads][kMaxSplits], ws[kHeads][kMaxSplits], inv_s[kHeads];
+  for (int i = threadIdx.x; i < n_heads * n_splits; i += blockDim.x) {
+    const int g = i / n_splits, s = i % n_splits;
+    const float* part = partial_at(a, z, h0 + g, s);
+    ms[g][s] = __ldcg(part);
+    ls[g][s] = __ldcg(part + 1);
+  }
+  __syncthreads();
+  for (int g = threadIdx.x; g < n_heads; g += blockDim.x) {
+    float m = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) m = fmaxf(m, ms[g][s]);
+    float den = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float l = ls[g][s], w = expf(ms[g][s] - m);
+      ws[g][s] = l > 0.0f ? w : -1.0f;  // -1: an empty split, skipped
+      if (l > 0.0f) den += w * l;
+    }
+    inv_s[g] = den > 0.0f ? 1.0f / den : 0.0f;
+  }
+  __syncthreads();
+  const int hd = a.head_dim;
+  const int64_t out_base = static_cast<int64_t>(t) * a.n_head * hd + static_cast<int64_t>(h0) * hd;
+  for (int i = threadIdx.x; i < n_heads * hd; i += blockDim.x) {
+    const int g = i / hd, d = i % hd;
+    float v = 0.0f;
+    for (int s0 = 0; s0 < n_splits; s0 += 8) {
+      float x[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const bool use = s0 + k < n_splits && ws[g][s0 + k] >= 0.0f;
+        x[k] = use ? __ldcg(partial_at(a, z, h0 + g, s0 + k) + 2 + d) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if (s0 + k < n_splits && ws[g][s0 + k] >= 0.0f) v += ws[g][s0 + k] * x[k];
+      }
+    }
+    store_out(a.out_dtype, a.out, out_base + i, v * inv_s[g]);
+  }
+}
+
+// With a.split_counts, the last split block of (token z, KV head kvh) to
+// finish merges its heads' splits into out (no combine kernel). Called by
+// every thread of each block after its partial stores. The stores are
+// ordered before the count by the barrier and one thread's fence (as a grid
+// barrier does); the count is reset for the next launch.
+template <int kG>
+__device__ __forceinline__ void merge_if_last(const AttentionArgs& a, int z, int32_t t, int kvh, int n_group,
+                                              int32_t n_splits) {
+  __shared__ bool is_last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    int32_t* count = a.split_counts + static_cast<int64_t>(z) * a.n_head_kv + kvh;
+    is_last = atomicAdd(count, 1) == n_splits - 1;
+    if (is_last) {
+      *count = 0;
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  if (is_last) merge_heads<kG>(a, z, t, kvh * n_group, n_group, n_splits);
+}
+
+}  // namespace rill::cuda::detail

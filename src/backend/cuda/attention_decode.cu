@@ -1,0 +1,449 @@
+// Split-KV decode attention for the common caches. One block of 8 warps per
+// (decode token, KV head, split); a split holds up to kSplitKeys keys, so a
+// short context is one block per KV head that writes the output itself (no
+// partials, no combine kernel).
+//
+// Latency, not bandwidth, bounds decode attention at small batches, so:
+//  - the step metadata and block table (uploaded before the step's first
+//    kernel) are read, and every K/V row of the split is prefetched into
+//    L2, before waiting for the preceding kernel (rope_store_kv, which
+//    writes q and the step's own K/V rows): the lookups and most of the
+//    DRAM latency overlap that kernel;
+//  - the prefetch happens only for grids that fit on the GPU at once
+//    (small batches); at large batches the lines would be evicted before use;
+//  - each warp streams its rounds (8 keys for f16 KV, head_dim 128) through
+//    a ring of kStages shared-memory stages with cp.async: the loads of the
+//    next kStages - 1 rounds are in flight while it computes one, so a warp
+//    pays about one memory latency per split, not one per round. Each lane
+//    reads back only the 16-byte pieces it copied itself (no barrier).
+// Layout of a round: a K/V row is kL lanes of 16-byte loads (kL = head_dim /
+// elements per 16 bytes), so one warp-wide load covers kR = 32 / kL rows.
+// Lane (rr, c) holds elements [c * kE, (c + 1) * kE) of its q heads and
+// accumulators and scores rows rr, rr + kR, ... of the round; a score is a
+// sum over the kL lanes of its row (shuffles), the softmax max is shared by
+// the warp, and l and the output accumulators stay per-lane partials until
+// the end. The 8 warps' (m, l, acc) meet in shared memory in warp order.
+// Scores, softmax and sums are f32 (the contract in ops.h; the kOwn path
+// below takes exp2 of log2(e)-scaled scores, within an ulp or two of expf);
+// the order of every sum depends only on the sequence length, never on the
+// batch.
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/attention_decode.h"
+#include "backend/cuda/cuda_context.h"
+
+namespace rill::cuda {
+namespace {
+
+using detail::cache_row;
+using detail::partial_at;
+using detail::softcap_score;
+using detail::splits_for;
+using detail::store_out;
+
+constexpr int kWarps = 8;
+constexpr int kChunkKeys = kSplitKeys;  // cache rows staged in shared memory per pass
+constexpr int kStages = 3;              // rounds in flight per warp
+constexpr unsigned kPrefetchMaxBlocks = 264;  // 2 blocks per SM on an H200: every block resident at once
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+template <typename KV, int kHd, int kG>
+struct Shape {
+  static constexpr int kE = 16 / static_cast<int>(sizeof(KV));  // elements per 16-byte load
+  static constexpr int kL = kHd / kE;                             // lanes per row
+  static constexpr int kR = 32 / kL;                              // rows per warp-wide load
+  // K (and V) loads per lane per round: registers for 2 blocks per SM at up
+  // to 4 q heads (q and the accumulators take 2 * kG * kE of them).
+  static constexpr int kLoads = kG >= 8 ? 2 : 4;
+  static constexpr int kMinBlocks = kG >= 8 ? 1 : 2;
+  // kOwn: a round's kLoads * kG scores are exactly one per lane of a row
+  // (head_dim 128 f16 KV with 4 or 8 q heads): the score sums are reduced
+  // with halving exchanges (15 shuffles instead of 64 for 16 scores) and
+  // each lane then keeps the softmax state of the one (key, head) it holds.
+  static constexpr bool kOwn = kLoads * kG == kL;
+  static constexpr int kRoundKeys = kR * kLoads;
+  static constexpr int kRowLines = (kHd * static_cast<int>(sizeof(KV)) + 127) / 128;  // 128-byte lines per row
+  static_assert(kL >= 1 && kL <= 32 && 32 % kL == 0, "a row must be a power-of-two number of lanes");
+  // Shared memory: per warp kStages stages of K then V pieces [kLoads][32 lanes]
+  // of 16 bytes; after the rounds the same bytes hold the warps' accumulators.
+  static constexpr size_t kStageBytes = 2 * kLoads * 32 * 16;
+  static constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kStageBytes;
+  static constexpr size_t kAccBytes = sizeof(float) * kWarps * kG * kHd;
+  static constexpr size_t kSmemBytes = kRingBytes > kAccBytes ? kRingBytes : kAccBytes;
+};
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// 16 bytes global -> shared, bypassing L1; zeros when !valid (src unread).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
+
+__device__ __forceinline__ void unpack(const uint4& u, const __half*, float* f) {
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __half22float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+__device__ __forceinline__ void unpack(const uint4& u, const float*, float* f) {
+  f[0] = __uint_as_float(u.x);
+  f[1] = __uint_as_float(u.y);
+  f[2] = __uint_as_float(u.z);
+  f[3] = __uint_as_float(u.w);
+}
+
+// Sums v[0, 2 kO) over the lanes of a row of 2 kO lanes, halving the values
+// each step: at offset o a lane keeps the half its bit o selects and adds
+// the partner's copy of it. Lane c of the row ends with v[0] = the row's
+// sum of the original v[c].
+template <int kO, int kN>
+__device__ __forceinline__ void halving_sum(float (&v)[kN], int lane) {
+  if constexpr (kO >= 1) {
+    const bool upper = (lane & kO) != 0;
+#pragma unroll
+    for (int j = 0; j < kO; ++j) {
+      const float send = upper ? v[j] : v[j + kO];
+      const float keep = upper ? v[j + kO] : v[j];
+      v[j] = keep + __shfl_xor_sync(0xffffffffu, send, kO);
+    }
+    halving_sum<kO / 2>(v, lane);
+  }
+}
+
+template <typename KV, int kHd, int kG>
+__global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks)) decode_fast_kernel(AttentionArgs a) {
+  using S = Shape<KV, kHd, kG>;
+  constexpr int kE = S::kE, kL = S::kL, kR = S::kR, kLoads = S::kLoads;
+  extern __shared__ __align__(16) uint8_t smem[];  // S::kSmemBytes: the warps' rings, then acc_s
+  __shared__ int32_t rows_s[kChunkKeys];
+  __shared__ float m_s[kWarps][kG], l_s[kWarps][kG];
+  __shared__ __align__(16) float p_all[kWarps][32 + kG];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint8_t* ring = smem + static_cast<size_t>(warp) * kStages * S::kStageBytes + lane * 16;
+  const int rr = lane / kL, c = lane % kL;
+  const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
+
+  const int32_t t = a.decode_tokens[z];
+  const int32_t p = a.pos[t];
+  const int32_t len = p + 1;
+  const int32_t n_splits = splits_for(len);
+  if (split >= n_splits) {
+    detail::pdl_wait();
+    return;
+  }
+  const int32_t split_len = (len + n_splits - 1) / n_splits;
+  const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
+  const int32_t k_begin = max(split * split_len, lo), k_end = min(len, (split + 1) * split_len);
+  const int32_t* table = a.block_tables + a.table_start[a.seq_of[t]];
+  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * kHd;
+  const KV* kbase = static_cast<const KV*>(a.k_cache) + static_cast<int64_t>(kvh) * kHd;
+  const KV* vbase = static_cast<const KV*>(a.v_cache) + static_cast<int64_t>(kvh) * kHd;
+
+  float q[kG][kE], m[kG], l[kG], acc[kG][kE];
+  // kOwn: lane (rr, c) holds the score of key rr + (c / kG) kR of the round
+  // and head c % kG; its running max (log2 units, the same in every lane of
+  // that head) and its share of the head's sum.
+  float m_own = -INFINITY, l_own = 0.0f;
+  float* p_s = p_all[warp];  // [32] this round's probabilities by lane, then [kG] rescale factors
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) acc[g][e] = 0.0f;
+  }
+  bool waited = false;
+  const bool prefetch = gridDim.x * gridDim.y * gridDim.z <= kPrefetchMaxBlocks;
+  for (int32_t c0 = k_begin; c0 < k_end; c0 += kChunkKeys) {
+    const int n = min(kChunkKeys, k_end - c0);
+    for (int jj = threadIdx.x; jj < n; jj += kWarps * 32) {
+      const int64_t row = cache_row(a, table, c0 + jj);
+      rows_s[jj] = static_cast<int32_t>(row);
+      if (prefetch) {
+        const char* kp = reinterpret_cast<const char*>(kbase + row * row_elems);
+        const char* vp = reinterpret_cast<const char*>(vbase + row * row_elems);
+#pragma unroll
+        for (int li = 0; li < S::kRowLines; ++li) {
+          prefetch_l2(kp + 128 * li);
+          prefetch_l2(vp + 128 * li);
+        }
+      }
+    }
+    if (!waited) {  // q and this step's K/V rows come from the preceding kernel
+      detail::pdl_wait();
+      detail::pdl_trigger();
+      waited = true;
+      const float* qp = a.q + static_cast<int64_t>(t) * a.q_stride + static_cast<int64_t>(kvh) * kG * kHd + c * kE;
+#pragma unroll
+      for (int g = 0; g < kG; ++g)
+#pragma unroll
+        for (int e = 0; e < kE; e += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(qp + g * kHd + e);
+          q[g][e] = v.x;
+          q[g][e + 1] = v.y;
+          q[g][e + 2] = v.z;
+          q[g][e + 3] = v.w;
+        }
+    }
+    __syncthreads();
+    // This warp's rounds of the chunk: k = 0, 1, ... start at key (warp + k
+    // kWarps) kRoundKeys; round k streams through stage k % kStages.
+    const int n_rounds = (n + S::kRoundKeys - 1) / S::kRoundKeys;
+    const int my_rounds = n_rounds > warp ? (n_rounds - warp + kWarps - 1) / kWarps : 0;
+    auto issue = [&](int k) {
+      const int base = (warp + k * kWarps) * S::kRoundKeys + rr;
+      uint8_t* st = ring + (k % kStages) * S::kStageBytes;
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        const int jj = base + i * kR;
+        const int64_t off = jj < n ? static_cast<int64_t>(rows_s[jj]) * row_elems + c * kE : 0;
+        cp_async16(st + i * 512, kbase + off, jj < n);
+        cp_async16(st + (kLoads + i) * 512, vbase + off, jj < n);
+      }
+    };
+#pragma unroll
+    for (int k = 0; k < kStages - 1; ++k) {
+      if (k < my_rounds) issue(k);
+      cp_async_commit();
+    }
+    for (int k = 0; k < my_rounds; ++k) {
+      if (k + kStages - 1 < my_rounds) issue(k + kStages - 1);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();  // round k's copies (this thread's) have landed
+      const int base = (warp + k * kWarps) * S::kRoundKeys + rr;  // this lane's first row (chunk-relative)
+      const uint8_t* st = ring + (k % kStages) * S::kStageBytes;
+      uint4 kr[kLoads], vr[kLoads];
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        kr[i] = *reinterpret_cast<const uint4*>(st + i * 512);
+        vr[i] = *reinterpret_cast<const uint4*>(st + (kLoads + i) * 512);
+      }
+      float s[kLoads][kG];
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        float kf[kE];
+        unpack(kr[i], static_cast<const KV*>(nullptr), kf);
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          float d = 0.0f;
+#pragma unroll
+          for (int e = 0; e < kE; ++e) d += q[g][e] * kf[e];
+          s[i][g] = d;
+        }
+      }
+      if constexpr (S::kOwn) {
+        // Lane c ends with score index c = i * kG + g, summed over its row.
+        float v[S::kL];
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i)
+#pragma unroll
+          for (int g = 0; g < kG; ++g) v[i * kG + g] = s[i][g];
+        halving_sum<kL / 2>(v, lane);
+        const bool valid = base + (c / kG) * kR < n;
+        const float x = valid ? softcap_score(v[0] * a.scale, a.softcap) * kLog2e : -INFINITY;
+        float mx = x;
+#pragma unroll
+        for (int o = kG; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_new = fmaxf(m_own, mx);
+        const float corr = exp2f(m_own - m_new);  // 0 on the warp's first round
+        const float pr = exp2f(x - m_new);
+        m_own = m_new;
+        l_own = l_own * corr + pr;
+        p_s[lane] = pr;
+        if (lane < kG) p_s[32 + lane] = corr;
+        __syncwarp();
+        if (__any_sync(0xffffffffu, corr != 1.0f)) {  // the max moved for some head: rescale
+#pragma unroll
+          for (int g = 0; g < kG; ++g) {
+            const float cg = p_s[32 + g];
+#pragma unroll
+            for (int e = 0; e < kE; ++e) acc[g][e] *= cg;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+          float vf[kE], pg[kG];
+          unpack(vr[i], static_cast<const KV*>(nullptr), vf);
+          const float* pp = p_s + rr * kL + i * kG;
+          if constexpr (kG % 4 == 0) {
+#pragma unroll
+            for (int g = 0; g < kG; g += 4) {
+              const float4 p4 = *reinterpret_cast<const float4*>(pp + g);
+              pg[g] = p4.x;
+              pg[g + 1] = p4.y;
+              pg[g + 2] = p4.z;
+              pg[g + 3] = p4.w;
+            }
+          } else {
+#pragma unroll
+            for (int g = 0; g < kG; ++g) pg[g] = pp[g];
+          }
+#pragma unroll
+          for (int g = 0; g < kG; ++g)
+#pragma unroll
+            for (int e = 0; e < kE; ++e) acc[g][e] += pg[g] * vf[e];
+        }
+        __syncwarp();  // p_s is rewritten by the next round
+      } else {
+#pragma unroll
+      for (int o = kL / 2; o >= 1; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i)
+#pragma unroll
+          for (int g = 0; g < kG; ++g) s[i][g] += __shfl_xor_sync(0xffffffffu, s[i][g], o);
+      float m_new[kG];
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+          s[i][g] = base + i * kR < n ? softcap_score(s[i][g] * a.scale, a.softcap) : -INFINITY;
+          mx = fmaxf(mx, s[i][g]);
+        }
+#pragma unroll
+        for (int o = kL; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        m_new[g] = fmaxf(m[g], mx);
+        const float corr = expf(m[g] - m_new[g]);  // 0 on the warp's first round
+        m[g] = m_new[g];
+        l[g] *= corr;
+#pragma unroll
+        for (int e = 0; e < kE; ++e) acc[g][e] *= corr;
+      }
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        float vf[kE];
+        unpack(vr[i], static_cast<const KV*>(nullptr), vf);
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          const float pr = expf(s[i][g] - m_new[g]);
+          l[g] += pr;
+#pragma unroll
+          for (int e = 0; e < kE; ++e) acc[g][e] += pr * vf[e];
+        }
+      }
+      }
+    }
+    __syncthreads();  // rows_s and the rings are reused by the next pass (and the merge)
+  }
+  if (!waited) {  // an empty split (all its keys before the window)
+    detail::pdl_wait();
+    detail::pdl_trigger();
+  }
+  // The warp's rows meet in lanes rr == 0, then the warps in shared memory.
+  auto acc_s = reinterpret_cast<float(*)[kG][kHd]>(smem);  // [kWarps][kG][kHd]
+#pragma unroll
+  for (int o = kL; o < 32; o <<= 1) {
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      if constexpr (!S::kOwn) l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
+#pragma unroll
+      for (int e = 0; e < kE; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+    }
+  }
+  if constexpr (S::kOwn) {  // a head's sum over the lanes holding it; lane g (rr 0, key 0) reports head g
+#pragma unroll
+    for (int o = kG; o < 32; o <<= 1) l_own += __shfl_xor_sync(0xffffffffu, l_own, o);
+    if (lane < kG) {
+      m_s[warp][lane] = m_own * kLn2;  // natural units, as the partials and merge_heads use
+      l_s[warp][lane] = l_own;
+    }
+  }
+  if (rr == 0) {
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+#pragma unroll
+      for (int e = 0; e < kE; ++e) acc_s[warp][g][c * kE + e] = acc[g][e];
+      if (!S::kOwn && c == 0) {
+        m_s[warp][g] = m[g];
+        l_s[warp][g] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kG * kHd; i += kWarps * 32) {
+    const int g = i / kHd, d = i % kHd;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, m_s[w][g]);
+    float den = 0.0f, num = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (l_s[w][g] > 0.0f) {
+        const float wt = expf(m_s[w][g] - mx);
+        den += wt * l_s[w][g];
+        num += wt * acc_s[w][g][d];
+      }
+    }
+    const int h = kvh * kG + g;
+    if (n_splits == 1) {
+      store_out(a.out_dtype, a.out, (static_cast<int64_t>(t) * a.n_head + h) * kHd + d, num / den);
+    } else {
+      float* part = partial_at(a, z, h, split);
+      part[2 + d] = num;
+      if (d == 0) {
+        part[0] = mx;
+        part[1] = den;
+      }
+    }
+  }
+  if (a.split_counts && n_splits > 1) detail::merge_if_last<kG>(a, z, t, kvh, kG, n_splits);
+}
+
+template <typename KV, int kHd, int kG>
+void launch_one(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
+  constexpr size_t smem = Shape<KV, kHd, kG>::kSmemBytes;
+  static bool configured = false;  // the attribute is per function, set once
+  if (!configured) {
+    RILL_CUDA_CHECK(cudaFuncSetAttribute(decode_fast_kernel<KV, kHd, kG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+    configured = true;
+  }
+  launch_pdl(decode_fast_kernel<KV, kHd, kG>, grid, kWarps * 32, smem, stream, a);
+}
+
+template <typename KV, int kHd>
+void launch_g(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
+  switch (a.n_head / a.n_head_kv) {
+    case 1: launch_one<KV, kHd, 1>(a, grid, stream); break;
+    case 2: launch_one<KV, kHd, 2>(a, grid, stream); break;
+    case 4: launch_one<KV, kHd, 4>(a, grid, stream); break;
+    default:
+      if constexpr (kHd <= 128) launch_one<KV, kHd, 8>(a, grid, stream);
+      break;
+  }
+}
+
+}  // namespace
+
+bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group) {
+  const bool group_ok = group == 1 || group == 2 || group == 4 || (group == 8 && head_dim <= 128);
+  if (kv_dtype == DType::kF16) return group_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  if (kv_dtype == DType::kF32) return group_ok && (head_dim == 64 || head_dim == 128);
+  return false;
+}
+
+void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_splits_grid),
+                  static_cast<unsigned>(a.n_decode));
+  if (a.kv_dtype == DType::kF16) {
+    if (a.head_dim == 64) {
+      launch_g<__half, 64>(a, grid, stream);
+    } else if (a.head_dim == 128) {
+      launch_g<__half, 128>(a, grid, stream);
+    } else {
+      launch_g<__half, 256>(a, grid, stream);
+    }
+  } else if (a.head_dim == 64) {
+    launch_g<float, 64>(a, grid, stream);
+  } else {
+    launch_g<float, 128>(a, grid, stream);
+  }
+}
+
+}  // namespace rill::cuda
