@@ -265,16 +265,26 @@ void EngineImpl::run_step() {
       r.sampler->add_prompt_tokens(std::span<const int32_t>(r.tokens.data(), static_cast<size_t>(r.n_prompt)));
     }
   }
-  // Steps whose every sampling row is plain greedy without logprobs take
-  // only token ids from the model (argmax where it runs: on a GPU the logit
-  // rows never cross to the host); any other row needs the logits here.
-  bool greedy_ids = model_->has_forward_greedy();
+  // Steps whose every sampling row can be drawn where the model runs take
+  // only token ids from the model (on a GPU the logit rows never cross to
+  // the host): an argmax when every row is plain greedy, else a draw under
+  // each row's parameters, which gives the token the Sampler would. A row
+  // with logprobs, logit bias or penalties needs its logits here, and then
+  // the whole step samples here.
+  bool all_greedy = true, all_device = true;
   for (const ScheduledChunk& c : plan.chunks) {
-    if (!greedy_ids) break;
+    if (!c.samples) continue;
     const Request& r = *c.request;
-    if (c.samples && (r.params.logprobs >= 0 || !r.sampler->is_plain_greedy())) greedy_ids = false;
+    all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits();
+    all_greedy = all_greedy && r.sampler->is_plain_greedy();
   }
-  Status st = runner_.run(plan, greedy_ids);
+  StepIds ids = StepIds::kHost;
+  if (all_device && all_greedy && model_->has_forward_greedy()) {
+    ids = StepIds::kGreedy;
+  } else if (all_device && model_->has_forward_sample()) {
+    ids = StepIds::kSample;
+  }
+  Status st = runner_.run(plan, ids);
   if (st.ok()) st = scheduler_.step_computed();
   if (!st.ok()) {
     // A failed step fails exactly its requests; their KV is released.
@@ -308,7 +318,7 @@ void EngineImpl::run_step() {
     const int32_t row = sample_index++;
     if (r.finished()) continue;
     GenerationEvent event;
-    if (greedy_ids) {
+    if (ids != StepIds::kHost) {
       commit_token(r, runner_.token(row), nullptr, event);
     } else {
       SampledToken sampled;

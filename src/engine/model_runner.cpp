@@ -10,8 +10,9 @@ ModelRunner::ModelRunner(Model& model, const KvManager& kv) : model_(model), kv_
   }
 }
 
-Status ModelRunner::run(const StepPlan& plan, bool greedy_ids) {
+Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
   batch_.clear();
+  rows_.clear();
   int32_t n_sample = 0;
   const auto n_groups = static_cast<int32_t>(model_.kv_spec().size());
   for (const ScheduledChunk& c : plan.chunks) {
@@ -31,10 +32,12 @@ Status ModelRunner::run(const StepPlan& plan, bool greedy_ids) {
       for (const CheckpointSave& v : kv_.state_saves(seq)) batch_.state_saves.push_back({s, v.pos, v.checkpoint});
     }
     n_sample += c.samples;
+    if (mode == StepIds::kSample && c.samples) rows_.push_back(c.request->sampler->take_device_draw());
   }
-  if (greedy_ids) {
+  if (mode != StepIds::kHost) {
     if (ids_.size() < static_cast<size_t>(n_sample)) ids_.resize(static_cast<size_t>(n_sample));
-    return model_.forward_greedy(batch_, ids_.data());
+    if (mode == StepIds::kGreedy) return model_.forward_greedy(batch_, ids_.data());
+    return model_.forward_sample(batch_, rows_.data(), ids_.data());
   }
   const size_t need = static_cast<size_t>(n_sample) * static_cast<size_t>(model_.n_vocab());
   if (logits_.size() < need) logits_.resize(need);

@@ -13,16 +13,25 @@
 
 namespace rill {
 
+// Where a step's sampled tokens are chosen.
+enum class StepIds {
+  kHost,    // logits come back; the engine samples them
+  kGreedy,  // the model takes each row's argmax (Model::forward_greedy)
+  kSample,  // the model draws each row under its request's parameters (Model::forward_sample)
+};
+
 class ModelRunner {
  public:
   ModelRunner(Model& model, const KvManager& kv);
 
-  // Computes the plan's chunks. With greedy_ids false, on success logits(i)
-  // is the row of the i-th sampling chunk (plan order). With greedy_ids true
-  // (only when model().has_forward_greedy()) the model picks each row's
-  // argmax where it runs and only token(i) is valid: no logits cross to the
-  // host.
-  Status run(const StepPlan& plan, bool greedy_ids = false);
+  // Computes the plan's chunks. kHost: on success logits(i) is the row of
+  // the i-th sampling chunk (plan order). kGreedy (only when
+  // model().has_forward_greedy()) and kSample (only when
+  // model().has_forward_sample(); every sampling chunk's request has a
+  // sampler whose logits are not edited, and each takes one draw of it) pick
+  // the token where the model runs and only token(i) is valid: no logits
+  // cross to the host.
+  Status run(const StepPlan& plan, StepIds mode = StepIds::kHost);
   float* logits(int32_t sample_index) {
     return logits_.data() + static_cast<size_t>(sample_index) * static_cast<size_t>(model_.n_vocab());
   }
@@ -35,7 +44,8 @@ class ModelRunner {
   int32_t recurrent_group_ = -1;  // the kv spec's recurrent group; -1: none
   Batch batch_;
   std::vector<float> logits_;  // [n_sample, n_vocab]
-  std::vector<int32_t> ids_;   // [n_sample], greedy_ids steps
+  std::vector<int32_t> ids_;   // [n_sample], kGreedy and kSample steps
+  std::vector<DeviceSamplingParams> rows_;  // [n_sample], kSample steps
 };
 
 }  // namespace rill

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 namespace rill {
 
@@ -17,10 +18,11 @@ int32_t argmax(const float* x, int64_t n) {
 Sampler::Sampler(const SamplingParams& params, int64_t n_vocab)
     : params_(params),
       n_vocab_(n_vocab),
-      rng_(params.seed ? *params.seed : std::random_device{}()),
+      seed_(params.seed ? *params.seed : (uint64_t{std::random_device{}()} << 32 | std::random_device{}())),
       output_counts_(static_cast<size_t>(n_vocab), 0),
       seen_(static_cast<size_t>(n_vocab), 0) {
   candidates_.reserve(static_cast<size_t>(n_vocab));
+  if (!sampling_is_argmax(params.temperature, params.top_k)) probs_.resize(static_cast<size_t>(n_vocab));
 }
 
 void Sampler::add_prompt_tokens(std::span<const int32_t> ids) {
@@ -40,19 +42,29 @@ void Sampler::add_output_token(int32_t id) {
 
 namespace {
 
-// The draw is an argmax: tiny, negative or non-finite temperatures (1/T
-// would overflow) or top_k == 1.
-bool draw_is_argmax(const SamplingParams& p) {
-  return !(p.temperature >= 1e-6f) || !std::isfinite(p.temperature) || p.top_k == 1;
-}
+bool draw_is_argmax(const SamplingParams& p) { return sampling_is_argmax(p.temperature, p.top_k); }
 
 }  // namespace
 
-bool Sampler::is_plain_greedy() const {
+bool Sampler::edits_logits() const {
   const SamplingParams& p = params_;
   const bool penalties = (p.repetition_penalty != 1.0f && p.repetition_penalty > 0.0f) ||
                          p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-  return draw_is_argmax(p) && p.logit_bias.empty() && !penalties;
+  return !p.logit_bias.empty() || penalties;
+}
+
+bool Sampler::is_plain_greedy() const { return draw_is_argmax(params_) && !edits_logits(); }
+
+DeviceSamplingParams Sampler::take_device_draw() {
+  DeviceSamplingParams d;
+  d.temperature = params_.temperature;
+  d.top_k = params_.top_k;
+  d.top_p = params_.top_p;
+  d.min_p = params_.min_p;
+  d.seed = seed_;
+  d.counter = n_draws_;
+  if (!draw_is_argmax(params_)) ++n_draws_;
+  return d;
 }
 
 void Sampler::apply_penalties(float* logits) const {
@@ -116,25 +128,44 @@ void Sampler::fill_logprobs(const float* logits, int32_t id, int n_top, SampledT
   std::sort_heap(top, top + n_top, better);
 }
 
-int32_t Sampler::draw(const float* logits) {
-  if (draw_is_argmax(params_)) return argmax(logits, n_vocab_);
+int32_t Sampler::reference_draw(const DeviceSamplingParams& row, const float* logits, int64_t n_vocab) {
+  SamplingParams p;
+  p.temperature = row.temperature;
+  p.top_k = row.top_k;
+  p.top_p = row.top_p;
+  p.min_p = row.min_p;
+  p.seed = row.seed;
+  Sampler s(p, n_vocab);
+  s.n_draws_ = row.counter;
+  std::vector<float> copy(logits, logits + n_vocab);
+  return s.sample(copy.data());
+}
 
-  // Probabilities (unnormalised) of the tempered logits: exp((l - max) / T).
+uint64_t Sampler::kept_bound(const float* logits) {
+  // Tempered probabilities (unnormalised, the maximum exactly 1), kept in id
+  // order in probs_ and as (p, id) candidates for the filters.
   const float inv_t = 1.0f / params_.temperature;
   float max_l = logits[0];
   for (int64_t i = 1; i < n_vocab_; ++i) max_l = std::max(max_l, logits[i]);
+  probs_.resize(static_cast<size_t>(n_vocab_));
   candidates_.clear();
   double total = 0.0;
+  uint64_t top = 0;  // the first-ranked candidate's key
   for (int64_t i = 0; i < n_vocab_; ++i) {
-    const float p = std::exp((logits[i] - max_l) * inv_t);
+    const float p = sampling_prob(logits[i], max_l, inv_t);
+    probs_[static_cast<size_t>(i)] = p;
     candidates_.emplace_back(p, static_cast<int32_t>(i));
     total += p;
+    top = std::max(top, sampling_key(p, static_cast<int32_t>(i)));
   }
   auto by_prob = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  // n: the kept prefix of candidates_; sorted: whether that prefix is sorted.
+  auto key_of = [](const std::pair<float, int32_t>& c) { return sampling_key(c.first, c.second); };
+  // n: the kept prefix of candidates_ (sorted by by_prob when a filter cut
+  // it); bound: the key of its last entry (0: nothing cut).
   size_t n = candidates_.size();
+  uint64_t bound = 0;
   bool sorted = false;
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
     n = static_cast<size_t>(params_.top_k);
@@ -142,6 +173,7 @@ int32_t Sampler::draw(const float* logits) {
     sorted = true;
     total = 0.0;
     for (size_t i = 0; i < n; ++i) total += candidates_[i].first;
+    bound = key_of(candidates_[n - 1]);
   }
   if (params_.top_p < 1.0f) {
     // The smallest top set whose mass reaches top_p. Sort a growing prefix
@@ -167,33 +199,36 @@ int32_t Sampler::draw(const float* logits) {
       }
       if (k == n) break;
     }
-    n = std::max<size_t>(1, keep);
-    sorted = true;
+    if (keep < n) bound = key_of(candidates_[keep - 1]);
   }
-  if (params_.min_p > 0.0f) {
-    // Relative to the top probability, which is exp(0) = 1 before any cut.
-    const float threshold = params_.min_p * (sorted ? candidates_[0].first : 1.0f);
-    size_t kept = 0;
-    size_t best = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (by_prob(candidates_[i], candidates_[best])) best = i;
-    }
-    const auto top = candidates_[best];
-    for (size_t i = 0; i < n; ++i) {
-      if (candidates_[i].first >= threshold) candidates_[kept++] = candidates_[i];
-    }
-    if (kept == 0) candidates_[kept++] = top;  // min_p > 1: only the most likely token is left
-    n = kept;
-  }
+  // min-p relative to the top probability, which is exactly 1. When it cuts
+  // everything (min_p > 1) only the top candidate is left.
+  if (params_.min_p > 0.0f) bound = std::max(bound, sampling_min_p_bound(params_.min_p));
+  return std::min(bound, top);
+}
+
+int32_t Sampler::draw(const float* logits) {
+  if (draw_is_argmax(params_)) return argmax(logits, n_vocab_);
+  const uint64_t bound = kept_bound(logits);
+  const double u = sampling_uniform(seed_, n_draws_++);
+  // Inverse CDF over the kept set in id order: the first id whose running
+  // mass exceeds u * (kept mass); the last kept id if rounding leaves none.
   double kept_total = 0.0;
-  for (size_t i = 0; i < n; ++i) kept_total += candidates_[i].first;
-  std::uniform_real_distribution<double> uni(0.0, kept_total);
-  double r = uni(rng_);
-  for (size_t i = 0; i < n; ++i) {
-    r -= candidates_[i].first;
-    if (r < 0) return candidates_[i].second;
+  for (int64_t i = 0; i < n_vocab_; ++i) {
+    const float p = probs_[static_cast<size_t>(i)];
+    if (sampling_key(p, static_cast<int32_t>(i)) >= bound) kept_total += p;
   }
-  return candidates_[n - 1].second;
+  const double r = u * kept_total;
+  double cum = 0.0;
+  int32_t last = -1;
+  for (int64_t i = 0; i < n_vocab_; ++i) {
+    const float p = probs_[static_cast<size_t>(i)];
+    if (sampling_key(p, static_cast<int32_t>(i)) < bound) continue;
+    cum += p;
+    last = static_cast<int32_t>(i);
+    if (cum > r) return last;
+  }
+  return last;
 }
 
 }  // namespace rill

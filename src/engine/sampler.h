@@ -8,6 +8,14 @@
 // penalties, temperature, top-k, top-p, min-p, then a draw. temperature <= 0
 // is greedy (argmax; ties go to the lowest id).
 //
+// The draw follows backend/sampling.h, the rule the CUDA sampler shares:
+// candidates rank by tempered probability then lower id; top-k, top-p and
+// min-p each keep a prefix of that ranking; the token is found by inverse
+// CDF over the kept set in increasing id order with the uniform number of
+// Philox(seed, draw index). So a request whose logits are not edited (no
+// bias, no penalties) gets the same tokens whether its rows are sampled here
+// or on the device (Model::forward_sample).
+//
 // Logprobs are the log-softmax of the logits after logit bias and penalties
 // but BEFORE temperature, top-k, top-p and min-p (vLLM's "processed logits"
 // minus the temperature): they describe the model's distribution as adjusted
@@ -15,10 +23,11 @@
 #include <array>
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <span>
 #include <utility>
 #include <vector>
+
+#include "backend/sampling.h"
 
 namespace rill {
 
@@ -75,11 +84,35 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
+  // True when logit bias or penalties change the logits before the draw:
+  // such a request's rows must be sampled here, from its logits.
+  bool edits_logits() const;
+
   // True when sample() is exactly argmax(logits) (lowest id on ties) and
   // consumes no randomness: greedy temperature or top_k == 1, no logit bias,
   // no penalties. Such rows may be picked where the model runs
   // (Model::forward_greedy) with the same token.
   bool is_plain_greedy() const;
+
+  // The next draw for a sampler where the model runs (Model::forward_sample),
+  // which picks the token sample() would pick from the same logits. Takes
+  // the draw: the stream advances as in sample(). Requires !edits_logits();
+  // the caller still records the chosen token with add_output_token().
+  DeviceSamplingParams take_device_draw();
+
+  // The kept set of a draw from logits[n_vocab] (after bias and penalties):
+  // token i may be drawn iff sampling_key(p_i, i) >= the result, p_i =
+  // sampling_prob(logits[i], max, 1 / temperature). Meaningful when the draw
+  // is not an argmax; takes no draw. For tests of other samplers.
+  uint64_t kept_bound(const float* logits);
+
+  // The token Model::forward_sample must give for `row` and logits[n_vocab]
+  // (not modified): a Sampler of row's parameters at draw index
+  // row.counter. The host reference for device samplers and fakes; allocates.
+  static int32_t reference_draw(const DeviceSamplingParams& row, const float* logits, int64_t n_vocab);
+
+  uint64_t seed() const { return seed_; }
+  uint64_t n_draws() const { return n_draws_; }
 
  private:
   void apply_logit_bias(float* logits) const;
@@ -89,10 +122,12 @@ class Sampler {
 
   SamplingParams params_;
   int64_t n_vocab_;
-  std::mt19937_64 rng_;
+  uint64_t seed_;
+  uint64_t n_draws_ = 0;  // random draws taken (argmax draws take none)
   std::vector<int32_t> output_counts_;  // [n_vocab]
   std::vector<uint8_t> seen_;           // [n_vocab] prompt or output
   std::vector<int32_t> touched_;        // ids with a nonzero count or seen flag
+  std::vector<float> probs_;            // [n_vocab] tempered probabilities, reused per call
   std::vector<std::pair<float, int32_t>> candidates_;  // reused per call
 };
 

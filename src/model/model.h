@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/sampling.h"
 #include "core/dtype.h"
 #include "core/result.h"
 #include "loader/model_config.h"
@@ -90,6 +91,19 @@ class Model {
     (void)batch;
     (void)ids;
     return Error{"this model has no forward_greedy; sample from forward()'s logits"};
+  }
+
+  // forward() followed by one draw per sample row under rows[i] (the rule
+  // of backend/sampling.h: the host Sampler's, same token for the same
+  // logits, parameters and (seed, counter)), done where the model runs so
+  // that only ids[sample_rows.size()] cross to the host. Rows whose draw is
+  // an argmax behave as in forward_greedy. Optional, like forward_greedy.
+  virtual bool has_forward_sample() const { return false; }
+  virtual Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) {
+    (void)batch;
+    (void)rows;
+    (void)ids;
+    return Error{"this model has no forward_sample; sample from forward()'s logits"};
   }
 
   // KV export and import for the prefix cache's RAM and disk tiers. One

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "model/model.h"
 
 namespace rill::testing {
@@ -28,6 +29,9 @@ class FakeModel final : public Model {
     // Offer forward_greedy (ids only, as a GPU model does); it counts its
     // calls apart from forward()'s.
     bool device_greedy = false;
+    // Offer forward_sample (ids drawn by the host reference of the device
+    // rule, Sampler::reference_draw); it counts its calls too.
+    bool device_sample = false;
   };
 
   explicit FakeModel(Options o) : o_(o), spec_{full()} {
@@ -81,12 +85,24 @@ class FakeModel final : public Model {
     return Status::Ok();
   }
 
+  bool has_forward_sample() const override { return o_.device_sample; }
+  Status forward_sample(const Batch& batch, const DeviceSamplingParams* params, int32_t* ids) override {
+    if (!o_.device_sample) return Error{"forward_sample not offered"};
+    ++n_sample_calls_;
+    const size_t n_rows = batch.sample_rows.size(), V = static_cast<size_t>(o_.n_vocab);
+    std::vector<float> rows(n_rows * V);
+    RILL_TRY(compute(batch, rows.data()));
+    for (size_t i = 0; i < n_rows; ++i) ids[i] = Sampler::reference_draw(params[i], rows.data() + i * V, o_.n_vocab);
+    return Status::Ok();
+  }
+
   Status forward(const Batch& batch, float* logits) override {
     ++n_logit_calls_;
     return compute(batch, logits);
   }
   int n_greedy_calls() const { return n_greedy_calls_; }
   int n_logit_calls() const { return n_logit_calls_; }
+  int n_sample_calls() const { return n_sample_calls_; }
 
   Status compute(const Batch& batch, float* logits) {
     {
@@ -143,7 +159,7 @@ class FakeModel final : public Model {
   KvSpec spec_;
   std::vector<Cell> cells_;
   std::atomic<bool> fail_next_{false};
-  std::atomic<int> n_greedy_calls_{0}, n_logit_calls_{0};
+  std::atomic<int> n_greedy_calls_{0}, n_logit_calls_{0}, n_sample_calls_{0};
   mutable std::mutex mu_;
   std::vector<int32_t> step_tokens_, step_seqs_;
 };

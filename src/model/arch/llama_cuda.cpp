@@ -27,6 +27,7 @@
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/sampling.h"
 #include "core/half.h"
 #include "model/batch_check.h"
 #include "model/layers.h"
@@ -109,8 +110,12 @@ class LlamaCudaModel final : public Model {
   Status forward(const Batch& batch, float* logits) override;
   bool has_forward_greedy() const override { return true; }
   Status forward_greedy(const Batch& batch, int32_t* ids) override;
+  bool has_forward_sample() const override { return device_sampling_; }
+  Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) override;
 
  private:
+  // Copies the ids of the step's n_sample rows (in ids_dev_) to `ids`.
+  Status read_ids(int64_t n_sample, int32_t* ids);
   // Uploads the step's indices and computes logits_ for the sample rows;
   // decode-only steps replay a CUDA graph per (padded batch, split count).
   Status compute(const Batch& batch);
@@ -159,8 +164,10 @@ class LlamaCudaModel final : public Model {
   PinnedBuffer meta_host_buf_;
   DeviceBuffer meta_dev_buf_;
   StepMeta meta_host_, meta_dev_;
-  int32_t* ids_dev_ = nullptr;   // [S] greedy ids
+  int32_t* ids_dev_ = nullptr;   // [S] greedy or sampled ids
   PinnedBuffer ids_host_;
+  DeviceSamplingParams* sample_params_dev_ = nullptr;  // [S] forward_sample's rows
+  PinnedBuffer sample_params_host_;
 
   // Decode graphs, keyed by padded batch size << 8 | split count. A key is
   // run eagerly the first time (plans GEMMs, sets kernel attributes) and
@@ -178,6 +185,9 @@ class LlamaCudaModel final : public Model {
   // RILL_CUDA_FAST_DECODE=0: decode attention through the general kernel
   // (benchmarks compare the two).
   bool general_decode_ = false;
+  // RILL_CUDA_SAMPLE=0: no forward_sample, so sampled rows go to the host
+  // as logits (benchmarks compare the two).
+  bool device_sampling_ = true;
 };
 
 Status LlamaCudaModel::init(const ModelOptions& options) {
@@ -230,6 +240,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
     partial_ = a.take<float>(cuda::attention_partial_floats(max_tokens_, static_cast<int32_t>(cfg_.n_head),
                                                              static_cast<int32_t>(hd_)));
     ids_dev_ = a.take<int32_t>(S);
+    sample_params_dev_ = a.take<DeviceSamplingParams>(S);
     split_counts_ = a.take<int32_t>(T * static_cast<size_t>(cfg_.n_head_kv));
   };
   Arena sizing;
@@ -253,6 +264,8 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   meta_host_.carve(mh, T, S, table_cap_);
   meta_dev_.carve(md, T, S, table_cap_);
   RILL_ASSIGN_OR_RETURN(ids_host_, PinnedBuffer::allocate(S * sizeof(int32_t), "greedy ids"));
+  RILL_ASSIGN_OR_RETURN(sample_params_host_,
+                        PinnedBuffer::allocate(S * sizeof(DeviceSamplingParams), "sampling parameters"));
 
   // KV pool: explicit bytes, else a share of device memory, else whole contexts.
   kv_token_bytes_ = 2 * static_cast<size_t>(cfg_.n_layer) * static_cast<size_t>(KV_) * dtype_size(kv_dtype_);
@@ -293,6 +306,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   if (const char* g = std::getenv("RILL_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
   if (const char* g = std::getenv("RILL_CUDA_SPLIT_MERGE")) use_split_merge_ = std::string(g) == "1";
   if (const char* g = std::getenv("RILL_CUDA_FAST_DECODE")) general_decode_ = std::string(g) == "0";
+  if (const char* g = std::getenv("RILL_CUDA_SAMPLE")) device_sampling_ = std::string(g) != "0";
   return ctx_->synchronize();
 }
 
@@ -520,8 +534,28 @@ Status LlamaCudaModel::forward_greedy(const Batch& batch, int32_t* ids) {
   if (batch.n_tokens() <= 0) return {};
   RILL_TRY(compute(batch));
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  if (n_sample > 0) cuda::argmax_rows(logits_, n_sample, V_, ids_dev_, ctx_->stream());
+  return read_ids(n_sample, ids);
+}
+
+Status LlamaCudaModel::forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) {
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(compute(batch));
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
   if (n_sample > 0) {
-    cuda::argmax_rows(logits_, n_sample, V_, ids_dev_, ctx_->stream());
+    // The previous step's copy out of the pinned rows finished at its
+    // synchronize, so they may be rewritten now.
+    const size_t bytes = static_cast<size_t>(n_sample) * sizeof(DeviceSamplingParams);
+    std::memcpy(sample_params_host_.data(), rows, bytes);
+    RILL_CUDA_CHECK(cudaMemcpyAsync(sample_params_dev_, sample_params_host_.data(), bytes, cudaMemcpyHostToDevice,
+                                    ctx_->stream()));
+    cuda::sample_rows(logits_, n_sample, V_, sample_params_dev_, ids_dev_, nullptr, ctx_->stream());
+  }
+  return read_ids(n_sample, ids);
+}
+
+Status LlamaCudaModel::read_ids(int64_t n_sample, int32_t* ids) {
+  if (n_sample > 0) {
     RILL_CUDA_CHECK(cudaMemcpyAsync(ids_host_.data(), ids_dev_, static_cast<size_t>(n_sample) * sizeof(int32_t),
                                     cudaMemcpyDeviceToHost, ctx_->stream()));
   }
