@@ -49,6 +49,11 @@ struct BenchOptions {
   int64_t ctx_size = 0;
   bool json = false;
   uint64_t seed = 1;
+  // Every request's sampling (default greedy); request i is seeded seed + i.
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
   DeviceFlags device;
   EngineOptions tiers;  // only the cache tier fields (--cache-ram-mb, --cache-dir, ...)
 };
@@ -88,7 +93,11 @@ class Runner {
     while (static_cast<int>(r.prompt.size()) < n_prompt) r.prompt.push_back(random_id(v));
     r.max_tokens = o_.gen_tokens;
     r.ignore_eos = true;
-    r.sampling.temperature = 0.0f;
+    r.sampling.temperature = o_.temperature;
+    r.sampling.top_k = o_.top_k;
+    r.sampling.top_p = o_.top_p;
+    r.sampling.min_p = o_.min_p;
+    r.sampling.seed = o_.seed + i;
     t.submitted = Clock::now();
     auto id = e_.submit(std::move(r), [this, &t](GenerationEvent&& ev) {
       const auto now = Clock::now();
@@ -224,6 +233,7 @@ int run_bench(const BenchOptions& o) {
   j["prompt_tokens"] = o.prompt_tokens;
   j["gen_tokens"] = o.gen_tokens;
   j["shared_prefix"] = o.shared_prefix;
+  j["sampling"] = {{"temperature", o.temperature}, {"top_k", o.top_k}, {"top_p", o.top_p}, {"min_p", o.min_p}};
   j["wall_s"] = wall_s;
   j["generated_tokens"] = n_gen;
   j["cached_tokens"] = n_cached;
@@ -295,7 +305,12 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--kv-cache-mb", o->kv_cache_mb, "KV cache size (default: four full contexts)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_option("--ctx-size,-c", o->ctx_size, "context tokens per sequence")->check(CLI::Range(16, 1 << 22));
-  sub->add_option("--seed", o->seed, "seed of the random prompts");
+  sub->add_option("--seed", o->seed, "seed of the random prompts (and of request i's sampling: seed + i)");
+  sub->add_option("--temperature", o->temperature, "sampling temperature of every request (0: greedy)")
+      ->check(CLI::Range(0.0, 100.0));
+  sub->add_option("--top-k", o->top_k, "top-k of every request (0: off)")->check(CLI::Range(0, 1 << 30));
+  sub->add_option("--top-p", o->top_p, "top-p of every request (1: off)")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--min-p", o->min_p, "min-p of every request (0: off)")->check(CLI::Range(0.0, 1.0));
   sub->add_flag("--json", o->json, "print the results as JSON");
   o->device.add_to(sub);
   add_cache_tier_options(*sub, o->tiers);

@@ -135,10 +135,18 @@ __device__ uint64_t select_bound(const float* p, int64_t n, uint64_t lo, u128 co
     for (int64_t i = tid; i < n; i += kThreads) {
       const float pi = p[i];
       const uint32_t b = fbits(pi);
-      if ((b & mask) != prefix || sampling_key(pi, static_cast<int32_t>(i)) < lo) continue;
-      const u128 w = kMass ? mass_of(pi) : u128{1};
+      const bool skip = (b & mask) != prefix || sampling_key(pi, static_cast<int32_t>(i)) < lo;
+      const int bin = skip ? -1 : static_cast<int>((b >> shift) & static_cast<uint32_t>(n_bins - 1));
+      if (!kMass) {
+        // Counts: one atomic per distinct bin of the warp (rows of equal
+        // probabilities, e.g. underflowed zeros, would serialise otherwise).
+        const unsigned peers = __match_any_sync(__activemask(), bin);
+        if (bin >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sh.bins.lo[bin], 1ull * __popc(peers));
+        continue;
+      }
+      if (skip) continue;
+      const u128 w = mass_of(pi);
       if (w == 0) continue;
-      const int bin = static_cast<int>((b >> shift) & static_cast<uint32_t>(n_bins - 1));
       const auto wlo = static_cast<unsigned long long>(w);
       const auto whi = static_cast<unsigned long long>(w >> 64);
       if (wlo) {
