@@ -1,5 +1,8 @@
 #!/bin/bash
-# Device side of make_carry_q.sh (see there). $1: "stash" (call 1) or "all" (call 2).
+# Device side of make_carry_q.sh (see there). $1: "stash" (call 1: unpack, the kernel tests
+# under compute-sanitizer memcheck) or "all" (call 2: join the model, its GPU test and the
+# binaries named in $TESTS, e.g. "test_cuda_llama_cuda_test test_cuda_cuda_ops_test", rill run
+# and rill bench timings).
 cd "$(dirname "$0")"
 Q=/tmp/q6
 M=$Q/models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -9,14 +12,15 @@ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,no
 show() { grep -E "^\[ cuda|FAILED|Failure|Expected|Which is|error|PASSED|Skipped|SKIPPED" "$1" | head -${2:-60}; }
 if [ "$1" = "stash" ]; then
   mkdir -p $Q/models && tar xJf bins.tar.xz -C $Q && cp model.part1 $Q/ || exit 2
-  timeout 200 $Q/bin/test_cuda_cuda_quant_test > $OUT/quant_test.log 2>&1; echo "quant kernels rc=$?"
-  show $OUT/quant_test.log
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  timeout 200 $CS --tool memcheck --leak-check none $Q/bin/test_cuda_cuda_quant_test > $OUT/quant_memcheck.log 2>&1
+  echo "quant kernels under memcheck rc=$?"; show $OUT/quant_memcheck.log; grep -E "ERROR SUMMARY" $OUT/quant_memcheck.log
   exit 0
 fi
 [ -f $Q/model.part1 ] || { echo "part 1 is not on this machine (a fresh one?)"; exit 3; }
 cat $Q/model.part1 model.part2 > $M
 [ "$(sha256sum $M | cut -d' ' -f1)" = "$(cat model.sha256)" ] || { echo "model checksum differs"; exit 4; }
-for t in test_cuda_llama_cuda_quant_test test_cuda_cuda_quant_test test_cuda_llama_cuda_test test_cuda_cuda_ops_test; do
+for t in test_cuda_llama_cuda_quant_test ${TESTS:-}; do
   timeout 240 $Q/bin/$t > $OUT/$t.log 2>&1; echo "$t rc=$?"; show $OUT/$t.log 40
 done
 timeout 60 $Q/bin/rill run $M --device cuda --prompt "The capital of France is" --max-tokens 24 --temperature 0 2>&1 | tail -4

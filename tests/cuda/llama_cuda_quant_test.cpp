@@ -1,20 +1,24 @@
 // The default model, SmolLM2-135M-Instruct Q4_1 (Q4_1 layer matrices, a
 // Q8_0 embedding table tied to the LM head), on CUDA with its weights kept
-// quantized, against the CPU Llama on the same file:
-//  - first-step logits (the prompt's last row; prompts of 5 to 20 tokens,
-//    so prefill takes both the GEMV and the dequantize-then-GEMM path) within
-//    5% of the largest |logit|. Why they differ at all: both use exactly the
-//    same weight values, but the CPU rounds every matmul input to 8-bit
-//    blocks (Q8_0/Q8_1/Q8_K, llama.cpp's scheme, step = amax/127) and the GPU
-//    to bf16 (8 significant bits); each adds ~0.2-0.4% noise per matmul
-//    over 30 layers. The test also prints both against a third run with f32
-//    activations (the CPU over the weights dequantized to f32) to show the
-//    GPU's error is of the CPU's own size;
-//  - greedy continuations of 32 tokens identical. Should one differ, the
-//    test checks at that step that the two tokens were a near-tie: the
-//    CPU's margin between them is within the CPU/GPU logit difference at
-//    that step (printed as NEAR-TIE, never hidden);
-//  - the decode row of one sequence is the same bits alone and beside two
+// quantized, against the CPU Llama on the same file and against a third
+// run, the reference: the CPU over the same weights dequantized to f32
+// (f32 activations, so only rounding of activations separates the three).
+//  - First-step logits (the prompt's last row; prompts of 5 to 17 tokens,
+//    so prefill takes both the GEMV and the dequantize-then-GEMM path; the
+//    LM head over every prompt row also takes the row-chunked GEMM): the
+//    GPU within 2% of the largest |logit| of the reference, closer to it
+//    than the CPU is, and within 10% of the CPU. Why the CPU and GPU differ
+//    that much with identical weights: the CPU rounds every matmul input to
+//    8-bit blocks (Q8_0/Q8_1/Q8_K, llama.cpp's scheme: step amax/127), the
+//    GPU to bf16 (8 significant bits, step <= |x|/256), over 30 layers.
+//    Measured on the H200 (2026-11-29): max |gpu - reference| 0.4-1.1% of
+//    the largest |logit|, |cpu - reference| 1.8-6.1%, |gpu - cpu| 1.7-6.2%.
+//  - Greedy continuations of 32 tokens identical, or where they differ a
+//    near-tie: at that step the CPU's margin between the two tokens (and
+//    the GPU's) is within the CPU/GPU logit difference; printed as NEAR-TIE
+//    with the reference's choice, never hidden (2 of the 4 prompts diverge,
+//    at steps 5 and 6, margins 0.19 and 0.06 of logits up to 34).
+//  - The decode row of one sequence is the same bits alone and beside two
 //    others (batch invariance of the quantized GEMV path).
 // The model comes from $RILL_MODEL_DIR (else the build's models/); skipped
 // when absent or without a CUDA device.
@@ -105,6 +109,19 @@ class CudaQuantSmol : public ::testing::Test {
     cpu_ = std::move(cpu).value();
     gpu_ = std::move(gpu).value();
   }
+  // The CPU over the weights dequantized to f32 (made on first use).
+  Model& reference() {
+    if (!ref_) {
+      auto files = open_model_files(model_path());
+      EXPECT_TRUE(files.ok());
+      to_f32(**files, ref_store_);
+      auto ref =
+          create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCpu));
+      EXPECT_TRUE(ref.ok()) << ref.error().message;
+      ref_ = std::move(ref).value();
+    }
+    return *ref_;
+  }
   // Logits of the last position of `ids` on `m` ([n_vocab]).
   static std::vector<float> last_logits(Model& m, const std::vector<int32_t>& ids) {
     SequenceRunner r(m);
@@ -118,34 +135,29 @@ class CudaQuantSmol : public ::testing::Test {
   std::shared_ptr<ModelFiles> files_;
   std::vector<std::vector<int32_t>> prompts_;
   std::unique_ptr<Model> cpu_, gpu_;
+  std::vector<std::vector<float>> ref_store_;
+  std::unique_ptr<Model> ref_;
 };
 
 TEST_F(CudaQuantSmol, FirstStepLogitsMatchTheCpu) {
-  // The f32-activation reference: the CPU over the weights dequantized to f32.
-  std::vector<std::vector<float>> store;
-  auto f32_files = open_model_files(model_path());
-  ASSERT_TRUE(f32_files.ok());
-  to_f32(**f32_files, store);
-  auto ref = create_model(builtin_registry(), infer_profile(**f32_files), *f32_files,
-                          options(Device::kCpu));
-  ASSERT_TRUE(ref.ok()) << ref.error().message;
   const int64_t V = cpu_->n_vocab();
   for (size_t p = 0; p < prompts_.size(); ++p) {
     const auto lc = last_logits(*cpu_, prompts_[p]);
     const auto lg = last_logits(*gpu_, prompts_[p]);
-    const auto lr = last_logits(**ref, prompts_[p]);
+    const auto lr = last_logits(reference(), prompts_[p]);
     ASSERT_EQ(lc.size(), size_t(V));
     ASSERT_EQ(lg.size(), size_t(V));
     ASSERT_EQ(lr.size(), size_t(V));
-    const double scale = max_abs(lc.data(), V);
+    const double scale = max_abs(lr.data(), V);
     const double gc = max_diff(lg.data(), lc.data(), V), gr = max_diff(lg.data(), lr.data(), V),
                  cr = max_diff(lc.data(), lr.data(), V);
     std::printf(
         "[ cuda q4_1 ] prompt %zu (%zu tokens): max|logit| %.2f; max |gpu-cpu| %.4f (%.2f%%), "
         "vs f32 activations: gpu %.4f, cpu %.4f\n",
         p, prompts_[p].size(), scale, gc, 100 * gc / scale, gr, cr);
-    EXPECT_LT(gc, 0.05 * scale) << "prompt " << p;
-    EXPECT_LT(gr, 0.05 * scale) << "prompt " << p;
+    EXPECT_LT(gr, 0.02 * scale) << "prompt " << p;
+    EXPECT_LT(gr, cr) << "prompt " << p << ": the GPU is further from the reference than the CPU";
+    EXPECT_LT(gc, 0.10 * scale) << "prompt " << p;
     const auto top = [&](const std::vector<float>& l) {
       return std::max_element(l.begin(), l.end()) - l.begin();
     };
@@ -179,14 +191,15 @@ TEST_F(CudaQuantSmol, GreedyContinuationsMatchTheCpu) {
     prefix.insert(prefix.end(), c->ids.begin(), c->ids.begin() + k);
     const auto lc = last_logits(*cpu_, prefix);
     const auto lg = last_logits(*gpu_, prefix);
+    const auto lr = last_logits(reference(), prefix);
     const int32_t a = *diff.first, b = *diff.second;
     const double cpu_margin = double(lc[a]) - lc[b], gpu_margin = double(lg[b]) - lg[a];
     const double noise = max_diff(lc.data(), lg.data(), cpu_->n_vocab());
     std::printf(
-        "[ cuda q4_1 ] NEAR-TIE? prompt %zu diverges at step %td: cpu picks %d, gpu %d; cpu margin "
-        "%.4f, "
-        "gpu margin %.4f, max |gpu-cpu| logit at this step %.4f\n",
-        p, k, a, b, cpu_margin, gpu_margin, noise);
+        "[ cuda q4_1 ] NEAR-TIE prompt %zu diverges at step %td: cpu picks %d, gpu %d; margins: "
+        "cpu %.4f, gpu %.4f (gpu scored on the prefix), reference logit[%d] - logit[%d] = %.4f; "
+        "max |gpu-cpu| logit at this step %.4f\n",
+        p, k, a, b, cpu_margin, gpu_margin, a, b, double(lr[a]) - lr[b], noise);
     EXPECT_LE(cpu_margin, noise) << "prompt " << p << ": not a near-tie at step " << k;
     EXPECT_LE(gpu_margin, noise) << "prompt " << p << ": not a near-tie at step " << k;
   }
