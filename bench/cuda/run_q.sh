@@ -13,7 +13,7 @@ show() { grep -E "^\[ cuda|FAILED|Failure|Expected|Which is|error|PASSED|Skipped
 if [ "$1" = "stash" ]; then
   mkdir -p $Q/models && tar xJf bins.tar.xz -C $Q && cp model.part1 $Q/ || exit 2
   CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-  timeout 200 $CS --tool memcheck --leak-check none $Q/bin/test_cuda_cuda_quant_test > $OUT/quant_memcheck.log 2>&1
+  timeout 200 $CS --tool memcheck $Q/bin/test_cuda_cuda_quant_test > $OUT/quant_memcheck.log 2>&1
   echo "quant kernels under memcheck rc=$?"; show $OUT/quant_memcheck.log; grep -E "ERROR SUMMARY" $OUT/quant_memcheck.log
   exit 0
 fi
