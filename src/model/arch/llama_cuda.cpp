@@ -9,7 +9,9 @@
 //    beta = 1 / GEMV +=), so the residual add costs nothing;
 //  - RoPE, the qwen3 q/k norms and the K/V store are one kernel;
 //  - matmul inputs are in the weights' dtype (bf16 for bf16 checkpoints, f32
-//    for f32 ones, which then match the CPU within f32 rounding), outputs f32.
+//    for f32 ones, which then match the CPU within f32 rounding), outputs f32;
+//  - GGUF block types stay quantized in device memory (cuda/quant.h: GEMV
+//    from the blocks, dequantize-then-GEMM for prefill); activations bf16.
 // Per step the host writes the batch's index arrays into pinned memory and
 // uploads them with one copy; nothing is allocated.
 #include <algorithm>
@@ -27,6 +29,7 @@
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/quant.h"
 #include "core/half.h"
 #include "model/batch_check.h"
 #include "model/layers.h"
@@ -45,15 +48,15 @@ size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 struct DevLayer {
   const float* attn_norm = nullptr;  // [E]
-  const void* wqkv = nullptr;        // [Q + 2 KV, E] act dtype
+  cuda::DeviceWeight wqkv;           // [Q + 2 KV, E] act dtype or quantized
   const float* bqkv = nullptr;       // [Q + 2 KV] or null (qwen2)
   const float* q_norm = nullptr;     // [hd] or null (qwen3)
   const float* k_norm = nullptr;
-  const void* wo = nullptr;          // [E, Q]
+  cuda::DeviceWeight wo;             // [E, Q]
   const float* bo = nullptr;         // [E] or null
   const float* ffn_norm = nullptr;   // [E]
-  const void* w_gate_up = nullptr;   // [2F, E]
-  const void* w_down = nullptr;      // [E, F]
+  cuda::DeviceWeight w_gate_up;      // [2F, E]
+  cuda::DeviceWeight w_down;         // [E, F]
   void* k_cache = nullptr;           // [n_blocks * bs, KV] kv dtype
   void* v_cache = nullptr;
 };
@@ -117,8 +120,13 @@ class LlamaCudaModel final : public Model {
   Status run_layers(int64_t n, int64_t n_sample, int32_t n_decode, int32_t max_decode_len, int32_t n_tiles);
   Status upload_weights();
   Status build_rope();
-  Status matmul(const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y, bool accumulate) {
-    return gemm_->matmul(act_, w, x, n, rows, cols, y, accumulate);
+  Status matmul(const cuda::DeviceWeight& w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
+                bool accumulate) {
+    if (cuda::quant_supported(w.dtype)) {
+      return cuda::quant_matmul(*gemm_, qscratch_, w.dtype, w.data, act_, x, n, rows, cols, y, accumulate,
+                                ctx_->stream());
+    }
+    return gemm_->matmul(act_, w.data, x, n, rows, cols, y, accumulate);
   }
 
   std::shared_ptr<const ModelFiles> files_;
@@ -135,8 +143,12 @@ class LlamaCudaModel final : public Model {
   size_t table_cap_ = 0;
 
   DeviceBuffer weights_;
-  const void* embed_ = nullptr;
-  const void* lm_head_ = nullptr;
+  cuda::DeviceWeight embed_, lm_head_;
+  // Quantized matrices: the largest kept in blocks (elements), and whether
+  // the LM head is one (its GEMM goes in row chunks of the scratch).
+  int64_t quant_max_elems_ = 0;
+  bool quant_head_ = false;
+  cuda::QuantScratch qscratch_;
   const float* final_norm_ = nullptr;
   std::vector<DevLayer> layers_;
 
@@ -231,6 +243,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
                                                              static_cast<int32_t>(hd_)));
     ids_dev_ = a.take<int32_t>(S);
     split_counts_ = a.take<int32_t>(T * static_cast<size_t>(cfg_.n_head_kv));
+    qscratch_.carve(a, act_, max_tokens_, quant_max_elems_, quant_head_ ? V_ : 0, E_, max_seqs_);
   };
   Arena sizing;
   carve(sizing);
@@ -332,23 +345,25 @@ Status LlamaCudaModel::upload_weights() {
     RILL_ASSIGN_OR_RETURN(h.down, bind_linear(f, p + "mlp.down_proj", E_, F_));
   }
   act_ = hl[0].q.w.dtype;
-  bool all_f32 = true;
+  bool all_f32 = true, any_quant = false;
   for (const HostLayer& h : hl) {
     for (const Linear* l : {&h.q, &h.k, &h.v, &h.o, &h.gate, &h.up, &h.down}) {
       const DType t = l->w.dtype;
-      if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) {
-        return Error{f.path + ": the CUDA backend runs F32, F16 and BF16 weights; this model has " +
-                     std::string(dtype_name(t)) + " (quantized GGUF types run on the CPU for now)"};
+      if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16 && !cuda::quant_supported(t)) {
+        return Error{f.path + ": the CUDA backend runs F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K "
+                     "and Q6_K weights; this model has " + std::string(dtype_name(t))};
       }
       all_f32 = all_f32 && t == DType::kF32;
+      any_quant = any_quant || cuda::quant_supported(t);
     }
   }
-  if (act_ != DType::kF32 && act_ != DType::kF16 && act_ != DType::kBF16) act_ = DType::kBF16;
+  // Quantized layers: bf16 activations (what their GEMV reads and their
+  // dequantize-then-GEMM path multiplies in).
+  if (any_quant || (act_ != DType::kF32 && act_ != DType::kF16 && act_ != DType::kBF16)) act_ = DType::kBF16;
   all_f32 = all_f32 && embed.dtype == DType::kF32;
   kv_dtype_ = all_f32 ? DType::kF32 : DType::kF16;  // as the CPU Llama: f32 checkpoints keep f32 KV
 
   // Layout pass, then the copies.
-  const size_t as = dtype_size(act_);
   const bool has_qkv_bias = !hl[0].q.bias.empty() || !hl[0].k.bias.empty() || !hl[0].v.bias.empty();
   const bool has_o_bias = !hl[0].o.bias.empty();
   const bool has_qk_norm = !hl[0].q_norm.empty();
@@ -357,29 +372,38 @@ Status LlamaCudaModel::upload_weights() {
     const void* src;  // host
     DType src_dtype;
     int64_t n;        // elements
-    DType dst_dtype;
+    DType dst_dtype;  // act_ or F32, or src_dtype for a matrix kept quantized
   };
   std::vector<Copy> copies;
   size_t off = 0;
+  std::unordered_map<size_t, DType> mat_dtype;  // offset of a matrix -> its dtype on the device
   auto place = [&](const void* src, DType src_dtype, int64_t n, DType dst_dtype) {
     off = (off + 255) / 256 * 256;
     copies.push_back({off, src, src_dtype, n, dst_dtype});
     const size_t at = off;
-    off += static_cast<size_t>(n) * dtype_size(dst_dtype);
+    off += row_bytes(dst_dtype, n);
+    mat_dtype[at] = dst_dtype;
     return at;
   };
   auto place_vec = [&](const std::vector<float>& v) { return place(v.data(), DType::kF32, static_cast<int64_t>(v.size()), DType::kF32); };
+  // Matrices of a quant_supported type stay in their blocks; others go in act_.
   auto place_mat = [&](const WeightView& w) {
-    const size_t at = place(w.data, w.dtype, w.n_rows * w.n_cols, act_);
+    const DType t = cuda::quant_supported(w.dtype) ? w.dtype : act_;
+    const size_t at = place(w.data, w.dtype, w.n_rows * w.n_cols, t);
     return at;
   };
-  // Concatenated matrices: rows of each part in sequence (no padding between).
+  // Concatenated matrices: rows of each part in sequence (no padding
+  // between); quantized when every part has the same quantized type.
   auto place_cat = [&](std::initializer_list<const WeightView*> parts) {
+    DType t = (*parts.begin())->dtype;
+    for (const WeightView* w : parts) t = w->dtype == t ? t : act_;
+    t = cuda::quant_supported(t) ? t : act_;
     off = (off + 255) / 256 * 256;
     const size_t at = off;
+    mat_dtype[at] = t;
     for (const WeightView* w : parts) {
-      copies.push_back({off, w->data, w->dtype, w->n_rows * w->n_cols, act_});
-      off += static_cast<size_t>(w->n_rows * w->n_cols) * as;
+      copies.push_back({off, w->data, w->dtype, w->n_rows * w->n_cols, t});
+      off += row_bytes(t, w->n_rows * w->n_cols);
     }
     return at;
   };
@@ -420,7 +444,7 @@ Status LlamaCudaModel::upload_weights() {
   for (const Copy& c : copies) {
     uint8_t* dst = weights_.as<uint8_t>() + c.off;
     if (c.src_dtype == c.dst_dtype) {
-      const size_t bytes = static_cast<size_t>(c.n) * dtype_size(c.dst_dtype);
+      const size_t bytes = row_bytes(c.dst_dtype, c.n);
       if (cudaError_t e = cudaMemcpy(dst, c.src, bytes, cudaMemcpyHostToDevice); e != cudaSuccess) {
         return Error{cuda::cuda_error_text(e, "uploading weights")};
       }
@@ -431,8 +455,7 @@ Status LlamaCudaModel::upload_weights() {
     for (int64_t i = 0; i < c.n; i += kChunk) {
       const int64_t m = std::min(kChunk, c.n - i);
       tmp.resize(static_cast<size_t>(m));
-      cpu::dequantize_row(c.src_dtype, static_cast<const uint8_t*>(c.src) + static_cast<size_t>(i) * dtype_size(c.src_dtype),
-                          tmp.data(), m);
+      cpu::dequantize_row(c.src_dtype, static_cast<const uint8_t*>(c.src) + row_bytes(c.src_dtype, i), tmp.data(), m);
       conv.resize(static_cast<size_t>(m) * dtype_size(c.dst_dtype));
       for (int64_t j = 0; j < m; ++j) {
         const float v = tmp[static_cast<size_t>(j)];
@@ -451,23 +474,30 @@ Status LlamaCudaModel::upload_weights() {
     }
   }
   const uint8_t* base = weights_.as<uint8_t>();
-  embed_ = base + embed_off;
-  lm_head_ = base + lm_off;
+  // A matrix's device dtype; quantized layer matrices size the dequantize scratch.
+  auto weight = [&](size_t at, int64_t n_elems) {
+    const DType t = mat_dtype.at(at);
+    if (cuda::quant_supported(t)) quant_max_elems_ = std::max(quant_max_elems_, n_elems);
+    return cuda::DeviceWeight{base + at, t};
+  };
+  embed_ = {base + embed_off, mat_dtype.at(embed_off)};
+  lm_head_ = {base + lm_off, mat_dtype.at(lm_off)};
+  quant_head_ = cuda::quant_supported(lm_head_.dtype);
   final_norm_ = reinterpret_cast<const float*>(base + final_off);
   layers_.resize(static_cast<size_t>(L));
   for (size_t il = 0; il < hl.size(); ++il) {
     const Offs& o = offs[il];
     DevLayer& d = layers_[il];
     d.attn_norm = reinterpret_cast<const float*>(base + o.attn_norm);
-    d.wqkv = base + o.wqkv;
+    d.wqkv = weight(o.wqkv, QKV_ * E_);
     d.bqkv = has_qkv_bias ? reinterpret_cast<const float*>(base + o.bqkv) : nullptr;
     d.q_norm = has_qk_norm ? reinterpret_cast<const float*>(base + o.q_norm) : nullptr;
     d.k_norm = has_qk_norm ? reinterpret_cast<const float*>(base + o.k_norm) : nullptr;
-    d.wo = base + o.wo;
+    d.wo = weight(o.wo, E_ * Q_);
     d.bo = has_o_bias ? reinterpret_cast<const float*>(base + o.bo) : nullptr;
     d.ffn_norm = reinterpret_cast<const float*>(base + o.ffn_norm);
-    d.w_gate_up = base + o.wgu;
-    d.w_down = base + o.wdown;
+    d.w_gate_up = weight(o.wgu, 2 * F_ * E_);
+    d.w_down = weight(o.wdown, E_ * F_);
   }
   return Status::Ok();
 }
@@ -634,7 +664,7 @@ Status LlamaCudaModel::run_layers(int64_t n, int64_t n_sample, int32_t n_decode,
                                   int32_t n_tiles) {
   cudaStream_t st = ctx_->stream();
   const StepMeta& md = meta_dev_;
-  cuda::embed_rows(act_, embed_, E_, md.ids, n, x_, st);
+  cuda::embed_rows_any(embed_.dtype, embed_.data, E_, md.ids, n, x_, st);
   cuda::RopeKvArgs rk;
   rk.qkv = qkv_;
   rk.n_tokens = n;
