@@ -10,8 +10,9 @@ export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export RILL_SHARED_DIR=$PWD/shared
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 summary=""
-for t in $G/bin/test_cuda_*; do
-  n=$(basename $t)
+for n in test_cuda_gemma_cuda_test test_cuda_llama_cuda_test test_cuda_cuda_ops_test test_cuda_cuda_attention_test \
+         test_cuda_cuda_quant_test test_cuda_llama_cuda_quant_test test_cuda_nccl_group_test; do
+  t=$G/bin/$n
   start=$(date +%s%N)
   timeout ${TEST_TIMEOUT:-120} $t > $OUT/$n.log 2>&1
   rc=$?
