@@ -61,12 +61,16 @@ TEST(GemmBatch, BatchedCallsEqualOneTokenCalls) {
   }
 }
 
-// 8224 columns = 257 blocks of 32: past the AVX-512 token table (256 blocks).
+// 8224 columns = 257 blocks of 32: past the AVX-512 token scale table (256
+// blocks); 2080 = 65 blocks: past the signed types' start table (64 blocks)
+// but within the scale table.
 TEST(GemmBatch, LongRowsEqualOneTokenCalls) {
   for (Isa isa : available_isas()) {
     if (isa == Isa::kScalar) continue;
-    for (DType t : {DType::kQ4_1, DType::kQ8_0}) {
-      for (int n_t : {2, 5, 8}) expect_batched_equals_single(isa, t, 8224, 6, n_t, 100 + static_cast<uint32_t>(n_t));
+    for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
+      for (int64_t n : {2080, 8224}) {
+        for (int n_t : {2, 5, 8}) expect_batched_equals_single(isa, t, n, 6, n_t, 100 + static_cast<uint32_t>(n_t));
+      }
     }
   }
 }

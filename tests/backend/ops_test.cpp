@@ -46,6 +46,25 @@ TEST(RmsNorm, MatchesFormulaAndEveryIsa) {
   }
 }
 
+// rms_norm() runs four rows' sums interleaved: every row must still be the
+// per-row kernel's bits, for any row count and with out aliasing x.
+TEST(RmsNorm, BatchedRowsEqualTheRowKernelBitForBit) {
+  const int64_t dim = 576;
+  for (int64_t n_rows : {1, 3, 4, 5, 8, 9, 13}) {
+    const auto x = random_floats(dim * n_rows, 10 + static_cast<uint32_t>(n_rows), -4.0f, 4.0f);
+    const auto w = random_floats(dim, 11);
+    for (const float* wp : {w.data(), static_cast<const float*>(nullptr)}) {
+      std::vector<float> got(x);
+      rms_norm(got.data(), wp, n_rows, dim, 1e-5f, got.data(), 1.0f);
+      for (int64_t r = 0; r < n_rows; ++r) {
+        std::vector<float> want(dim);
+        kernels().rms_norm_row(x.data() + r * dim, wp, dim, 1e-5f, 1.0f, want.data());
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * dim, dim * sizeof(float))) << n_rows << " rows, row " << r;
+      }
+    }
+  }
+}
+
 TEST(Activations, MatchFormulasAndEveryIsa) {
   const int64_t n = 1000;  // not a multiple of any vector width
   const auto g = random_floats(n, 3, -12.0f, 12.0f);

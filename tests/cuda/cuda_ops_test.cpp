@@ -7,6 +7,8 @@
 //    relative) on top of that;
 //  - RoPE: CUDA's cosf/sinf against glibc's, a few ulp: 2e-5 absolute at
 //    positions up to 5,000.
+// The Gemma family's ops (GeGLU, the sandwich norm's fused residual add,
+// softcap, scale) are held to the same CPU functions the CPU Gemma uses.
 // Skipped where no CUDA device is present.
 #include <gtest/gtest.h>
 
@@ -145,8 +147,9 @@ TEST(CudaOps, ArgmaxRowsIsTheFirstMaximum) {
   }
 }
 
-// RoPE (+ optional q/k RMSNorm) on a fused qkv buffer, K/V stored to slots.
-void check_rope_kv(const cpu::RopeTable& table, int64_t hd, bool qk_norm, DType kv_dtype) {
+// RoPE (+ optional q/k RMSNorm, weights (norm_offset + w)) on a fused qkv
+// buffer, K/V stored to slots.
+void check_rope_kv(const cpu::RopeTable& table, int64_t hd, bool qk_norm, DType kv_dtype, float norm_offset = 0.0f) {
   const int32_t n_head = 4, n_head_kv = 2;
   const int64_t n_tok = 5, stride = (n_head + 2 * n_head_kv) * hd;
   const std::vector<int32_t> pos = {0, 1, 17, 999, 4999};
@@ -161,8 +164,8 @@ void check_rope_kv(const cpu::RopeTable& table, int64_t hd, bool qk_norm, DType 
     std::copy_n(&qkv[t * stride + (n_head + n_head_kv) * hd], n_head_kv * hd, &v[t * n_head_kv * hd]);
   }
   if (qk_norm) {
-    cpu::rms_norm(q.data(), qn.data(), n_tok * n_head, hd, 1e-6f, q.data());
-    cpu::rms_norm(k.data(), kn.data(), n_tok * n_head_kv, hd, 1e-6f, k.data());
+    cpu::rms_norm(q.data(), qn.data(), n_tok * n_head, hd, 1e-6f, q.data(), norm_offset);
+    cpu::rms_norm(k.data(), kn.data(), n_tok * n_head_kv, hd, 1e-6f, k.data(), norm_offset);
   }
   cpu::rope(q.data(), pos.data(), n_tok, n_head, hd, table);
   cpu::rope(k.data(), pos.data(), n_tok, n_head_kv, hd, table);
@@ -187,6 +190,7 @@ void check_rope_kv(const cpu::RopeTable& table, int64_t hd, bool qk_norm, DType 
   a.q_norm = qk_norm ? d_qn.as<float>() : nullptr;
   a.k_norm = qk_norm ? d_kn.as<float>() : nullptr;
   a.norm_eps = 1e-6f;
+  a.norm_offset = norm_offset;
   a.inv_freq = d_inv.as<float>();
   a.freq_divisor = table.ggml_freq_divisor.empty() ? nullptr : d_div.as<float>();
   a.rot_dim = static_cast<int32_t>(table.rot_dim);
@@ -238,6 +242,7 @@ TEST(CudaOps, RopeAndKvStoreMatchCpuForEveryVariant) {
     check_rope_kv(ggml, 16, false, kv);
     ggml.ggml_freq_divisor = random_floats(8, 10, 1.0f, 8.0f);
     check_rope_kv(ggml, 16, true, kv);
+    check_rope_kv(cpu::make_rope_table(1000000.0f, 16, false), 16, true, kv, 1.0f);  // gemma3: (1 + w) q/k norms
   }
 }
 
@@ -292,6 +297,81 @@ TEST(CudaOps, GemvRowsDoNotDependOnTokenCount) {
       ASSERT_TRUE(std::equal(got.begin(), got.end(), all.begin())) << dtype_name(t) << " n=" << n;
     }
   }
+}
+
+// --- The Gemma family's ops --------------------------------------------------
+
+// GeGLU: the formula of cpu::gelu_tanh_mul; tanhf against glibc's tanh, a
+// few ulp.
+TEST(CudaOps, GeluTanhMulMatchesCpu) {
+  RILL_REQUIRE_GPU();
+  const int64_t n = 3, F = 1000;
+  const auto gu = random_floats(n * 2 * F, 21, -8, 8);
+  std::vector<float> want(n * F);
+  for (int64_t r = 0; r < n; ++r) cpu::gelu_tanh_mul(&gu[r * 2 * F], &gu[r * 2 * F + F], &want[r * F], F);
+  auto d_gu = upload(gu);
+  for (DType out : {DType::kF32, DType::kF16, DType::kBF16}) {
+    auto d_out = poisoned(want.size() * 4);
+    gelu_tanh_mul(d_gu.as<float>(), n, F, out, d_out.data(), nullptr);
+    const auto got = decode(out, download<uint8_t>(d_out, want.size() * (out == DType::kF32 ? 4 : 2)));
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], (rel_tol(out) + 4e-6) * std::fabs(want[i]) + 1e-6) << dtype_name(out) << " " << i;
+    }
+  }
+}
+
+// The sandwich norm: x += rms_norm(y) (offset + w_post), then the next
+// pre-norm of x; against cpu::rms_norm + add_inplace + rms_norm, with the
+// HF offset (1) and the GGUF one (0), rows of float4s and not.
+TEST(CudaOps, PostNormAddMatchesCpu) {
+  RILL_REQUIRE_GPU();
+  for (int64_t dim : {64, 98, 4096}) {
+    for (float off : {1.0f, 0.0f}) {
+      const int64_t n = 4;
+      const auto y = random_floats(n * dim, 22, -3, 3);
+      const auto x = random_floats(n * dim, 23, -5, 5);
+      const auto w_post = random_floats(dim, 24), w_next = random_floats(dim, 25);
+      std::vector<float> want_x = x, normed(y.size()), want(y.size());
+      cpu::rms_norm(y.data(), w_post.data(), n, dim, 1e-6f, normed.data(), off);
+      cpu::add_inplace(want_x.data(), normed.data(), n * dim);
+      cpu::rms_norm(want_x.data(), w_next.data(), n, dim, 1e-6f, want.data(), off);
+      auto dy = upload(y), dwp = upload(w_post), dwn = upload(w_next);
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        auto dx = upload(x);
+        auto d_out = poisoned(y.size() * 4);
+        post_norm_add(dy.as<float>(), dwp.as<float>(), dx.as<float>(), dwn.as<float>(), n, dim, 1e-6f, off, out,
+                      d_out.data(), nullptr);
+        const auto got_x = download<float>(dx, x.size());
+        const auto got = decode(out, download<uint8_t>(d_out, y.size() * (out == DType::kF32 ? 4 : 2)));
+        for (size_t i = 0; i < x.size(); ++i) {
+          ASSERT_NEAR(got_x[i], want_x[i], 1e-5 * (std::fabs(want_x[i]) + 1)) << dim << " x " << i;
+          ASSERT_NEAR(got[i], want[i], (rel_tol(out) + 2e-5) * std::fabs(want[i]) + 1e-5)
+              << dim << " " << dtype_name(out) << " out " << i;
+        }
+      }
+      auto dx = upload(x);  // no next norm: only the residual add
+      post_norm_add(dy.as<float>(), dwp.as<float>(), dx.as<float>(), nullptr, n, dim, 1e-6f, off, DType::kF32, nullptr,
+                    nullptr);
+      EXPECT_LT(max_abs_diff(download<float>(dx, x.size()), want_x), 1e-4) << dim;
+    }
+  }
+}
+
+TEST(CudaOps, SoftcapAndScaleMatchCpu) {
+  RILL_REQUIRE_GPU();
+  const auto x = random_floats(5000, 26, -200, 200);
+  auto dx = upload(x);
+  softcap(dx.as<float>(), static_cast<int64_t>(x.size()), 30.0f, nullptr);
+  auto got = download<float>(dx, x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = 30.0f * std::tanh(x[i] / 30.0f);
+    ASSERT_NEAR(got[i], want, 4e-6 * 30) << i;
+    ASSERT_LT(std::fabs(got[i]), 30.0f + 1e-4f);
+  }
+  auto ds = upload(x);
+  scale(ds.as<float>(), static_cast<int64_t>(x.size()), 8.0f, nullptr);
+  got = download<float>(ds, x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], x[i] * 8.0f) << i;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -21,6 +22,36 @@ TEST(Sampler, GreedyTakesTheArgmaxAndTheLowestIdOnTies) {
   auto l = logits_of({0.1f, 2.0f, -1.0f, 2.0f, 1.9f});
   EXPECT_EQ(s.sample(l.data()), 1);
   EXPECT_EQ(argmax(l.data(), 5), 1);
+}
+
+// The reference: the plain scan argmax() must equal on every input.
+int32_t scalar_argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+TEST(Sampler, ArgmaxEqualsTheScalarScanOnTiesNansInfinitiesAndTails) {
+  std::mt19937 rng(7);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 200);
+    std::vector<float> x(static_cast<size_t>(n));
+    const int kind = trial % 5;
+    for (auto& v : x) {
+      const uint32_t r = rng() % 100;
+      if (kind == 0) v = static_cast<float>(static_cast<int>(rng() % 7) - 3);  // many ties
+      else v = std::uniform_real_distribution<float>(-5, 5)(rng);
+      if (kind >= 2 && r < 5) v = nan;
+      if (kind >= 3 && r >= 95) v = r % 2 ? inf : -inf;
+      if (kind == 4 && r >= 90 && r < 95) v = r % 2 ? 0.0f : -0.0f;
+    }
+    if (trial % 17 == 0) x[0] = nan;
+    if (trial % 19 == 0) std::fill(x.begin(), x.end(), -inf);
+    ASSERT_EQ(argmax(x.data(), n), scalar_argmax(x.data(), n)) << "trial " << trial << " n " << n;
+  }
 }
 
 TEST(Sampler, TopKOfOneIsGreedyEvenWithTemperature) {

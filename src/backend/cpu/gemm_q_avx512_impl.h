@@ -70,10 +70,36 @@ RILL_KERNEL_TARGET void fill_token_scales(TokenScales& ts, int64_t nb, const voi
   }
 }
 
-// ts: the tokens' scales (fill_token_scales), or null to convert them here.
+// For the signed weight types: each token's starting lanes per block,
+// bias - 128 * (sum of the lane's 4 activations), computed once per call
+// instead of once per row tile (a vpdpbusd and a subtract per token and
+// block, about an eighth of the multiply pipes' work in the tile). Sized
+// for rows of up to kStartBlocks blocks (the LM head and FFN rows of small
+// models); longer rows compute them per tile.
+inline constexpr int kStartBlocks = 64;
+struct TokenStarts {
+  alignas(32) int32_t v[kStartBlocks][4][8];
+};
+
+template <typename ABlock>
+RILL_KERNEL_TARGET void fill_token_starts(TokenStarts& st, int64_t nb, const void* a, size_t a_stride, int n_t) {
+  const __m256i bias = _mm256_set1_epi32(0x4B400000);
+  for (int t = 0; t < n_t; ++t) {
+    const ABlock* ar = reinterpret_cast<const ABlock*>(static_cast<const uint8_t*>(a) + t * a_stride);
+    for (int64_t ib = 0; ib < nb; ++ib) {
+      const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar[ib].qs));
+      const __m256i sum128 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)), qa);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(st.v[ib][t]), _mm256_sub_epi32(bias, sum128));
+    }
+  }
+}
+
+// ts: the tokens' scales (fill_token_scales), or null to convert them here;
+// starts: the signed types' start lanes (fill_token_starts), or null.
 template <typename Dec, int R, int T>
 RILL_KERNEL_TARGET void gemm_q_tile_vnni(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride,
-                                         const TokenScales* ts, float* y, int64_t y_stride) {
+                                         const TokenScales* ts, const TokenStarts* starts, float* y,
+                                         int64_t y_stride) {
   static_assert(R >= 1 && R <= 4 && T >= 1 && T <= 4);
   using WBlock = typename Dec::Block;
   using ABlock = std::conditional_t<Dec::kMin, BlockQ8_1, BlockQ8_0>;
@@ -143,8 +169,13 @@ RILL_KERNEL_TARGET void gemm_q_tile_vnni(int64_t n, const void* w, size_t w_stri
       for (int t = 0; t < T; ++t) {
         qa[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar[t][ib].qs));
         if constexpr (Dec::kSigned) {
-          const __m256i sum128 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)), qa[t]);
-          start[t] = _mm256_sub_epi32(bias, sum128);
+          if (starts) {
+            start[t] = _mm256_load_si256(reinterpret_cast<const __m256i*>(starts->v[ib][t]));
+          } else {
+            const __m256i sum128 =
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)), qa[t]);
+            start[t] = _mm256_sub_epi32(bias, sum128);
+          }
         } else {
           start[t] = bias;
         }
@@ -170,7 +201,8 @@ RILL_KERNEL_TARGET void gemm_q_tile_vnni(int64_t n, const void* w, size_t w_stri
     for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(acc[r][t]) + (Dec::kMin ? m[4 * r + t] : 0.0f);
 }
 
-using TileFnTs = void (*)(int64_t, const void*, size_t, const void*, size_t, const TokenScales*, float*, int64_t);
+using TileFnTs = void (*)(int64_t, const void*, size_t, const void*, size_t, const TokenScales*, const TokenStarts*,
+                          float*, int64_t);
 template <typename Dec, int... I>
 constexpr std::array<TileFnTs, sizeof...(I)> q_tiles_vnni(std::integer_sequence<int, I...>) {
   return {&gemm_q_tile_vnni<Dec, I / kMaxTileCols + 1, I % kMaxTileCols + 1>...};
@@ -191,6 +223,7 @@ RILL_KERNEL_TARGET void gemm_q_vnni_entry(int64_t n, const void* w, size_t w_str
   const auto* ab = static_cast<const uint8_t*>(a);
   const auto* wb = static_cast<const uint8_t*>(w);
   TokenScales ts[2];
+  TokenStarts st[2];
   for (int t0 = 0; t0 < n_t; t0 += 2 * kMaxTileCols) {
     const int nt = n_t - t0 < 2 * kMaxTileCols ? n_t - t0 : 2 * kMaxTileCols;
     const int nt0 = nt < kMaxTileCols ? nt : kMaxTileCols, nt1 = nt - nt0;
@@ -199,6 +232,9 @@ RILL_KERNEL_TARGET void gemm_q_vnni_entry(int64_t n, const void* w, size_t w_str
     const bool tab = nb <= kTableBlocks;
     if (tab && nt0 > 1) fill_token_scales<ABlock>(ts[0], nb, a0, a_stride, nt0);
     if (tab && nt1 > 1) fill_token_scales<ABlock>(ts[1], nb, a1, a_stride, nt1);
+    const bool st_tab = Dec::kSigned && nb <= kStartBlocks;
+    if (st_tab && nt0 > 1) fill_token_starts<ABlock>(st[0], nb, a0, a_stride, nt0);
+    if (st_tab && nt1 > 1) fill_token_starts<ABlock>(st[1], nb, a1, a_stride, nt1);
     for (int r0 = 0; r0 < n_r; r0 += kMaxTileRows) {
       const int nr = n_r - r0 < kMaxTileRows ? n_r - r0 : kMaxTileRows;
       const uint8_t* wr = wb + static_cast<size_t>(r0) * w_stride;
@@ -207,13 +243,14 @@ RILL_KERNEL_TARGET void gemm_q_vnni_entry(int64_t n, const void* w, size_t w_str
         kQTiles<Dec, Dot>[(nr - 1) * kMaxTileCols](n, wr, w_stride, a0, a_stride, yr, y_stride);
       } else {
         kQTilesVnni<Dec>[(nr - 1) * kMaxTileCols + (nt0 - 1)](n, wr, w_stride, a0, a_stride, tab ? &ts[0] : nullptr,
-                                                              yr, y_stride);
+                                                              st_tab ? &st[0] : nullptr, yr, y_stride);
       }
       if (nt1 == 1) {
         kQTiles<Dec, Dot>[(nr - 1) * kMaxTileCols](n, wr, w_stride, a1, a_stride, yr + nt0 * y_stride, y_stride);
       } else if (nt1 > 1) {
         kQTilesVnni<Dec>[(nr - 1) * kMaxTileCols + (nt1 - 1)](n, wr, w_stride, a1, a_stride, tab ? &ts[1] : nullptr,
-                                                              yr + nt0 * y_stride, y_stride);
+                                                              st_tab ? &st[1] : nullptr, yr + nt0 * y_stride,
+                                                              y_stride);
       }
     }
   }

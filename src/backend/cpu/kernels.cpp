@@ -33,6 +33,7 @@ Kernels make_scalar() {
   k.quantize[id(DType::kQ8_1)] = ref::quantize_row_q8_1;
   k.quantize[id(DType::kQ8_K)] = ref::quantize_row_q8_k;
   k.rms_norm_row = ref::rms_norm_row;
+  k.rms_scale_row = ref::rms_scale_row;
   k.silu_mul = ref::silu_mul;
   k.gelu_tanh_mul = ref::gelu_tanh_mul;
   k.add_inplace = ref::add_inplace;

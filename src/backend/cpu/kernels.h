@@ -2,6 +2,7 @@
 // Per-ISA kernel table. The scalar table (built from quants_ref.cpp and
 // ops_ref.cpp) is the reference; the AVX2 and AVX-512 tables override the
 // entries they accelerate and are used only on CPUs that support them.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -50,6 +51,10 @@ struct Kernels {
   QuantizeRowFn quantize[kNumDTypeIds] = {};  // by activation (partner) dtype id
   void (*rms_norm_row)(const float* x, const float* w, int64_t dim, float eps, float w_offset,
                        float* out) = nullptr;
+  // The second half of rms_norm_row: out = (x * scale) * (w_offset + w)
+  // (x * scale without w), for a scale from rms_norm_scale().
+  void (*rms_scale_row)(const float* x, const float* w, int64_t dim, float scale, float w_offset,
+                        float* out) = nullptr;
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
   void (*gelu_tanh_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
   void (*add_inplace)(float* y, const float* x, int64_t n) = nullptr;
@@ -73,11 +78,25 @@ void fill_kernels_avx512(Kernels& k);
 void fill_ops_avx2(Kernels& k);    // elementwise ops and attention (ops_avx2.cpp)
 void fill_ops_avx512(Kernels& k);  // SiLU with ggml's AVX-512 exp (ops_avx512.cpp)
 
+// RMSNorm's scale from a row's sum of squares, as ggml: squares in f32
+// summed in double in element order (rms_sum_squares), the mean rounded to
+// f32, then 1 / sqrt(mean + eps) in f32.
+inline double rms_sum_squares(const float* x, int64_t dim) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(x[i] * x[i]);
+  return sum;
+}
+inline float rms_norm_scale(double sum, int64_t dim, float eps) {
+  const float mean = static_cast<float>(sum / static_cast<double>(dim));
+  return 1.0f / std::sqrt(mean + eps);
+}
+
 namespace ref {
 // Scalar entries, also used by tests as the reference.
 void gemm_tile(DType w, int64_t n, const void* wp, size_t w_stride, int n_r, const void* a,
                size_t a_stride, int n_t, float* y, int64_t y_stride);
 void rms_norm_row(const float* x, const float* w, int64_t dim, float eps, float w_offset, float* out);
+void rms_scale_row(const float* x, const float* w, int64_t dim, float scale, float w_offset, float* out);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);

@@ -9,13 +9,9 @@
 namespace rill::cpu {
 namespace {
 
-// Squares in f32 summed in double in element order, exactly as ggml (the
-// sum is a few hundred adds; order matters for bit parity, speed does not).
-void rms_norm_row(const float* x, const float* w, int64_t dim, float eps, float w_offset, float* out) {
-  double sum = 0.0;
-  for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(x[i] * x[i]);
-  const float mean = static_cast<float>(sum / static_cast<double>(dim));
-  const float scale = 1.0f / std::sqrt(mean + eps);
+// out = (x * scale) * (w_offset + w), 8 lanes at a time (the scale comes
+// from kernels.h's rms_norm_scale, computed as ggml does).
+void rms_scale_row(const float* x, const float* w, int64_t dim, float scale, float w_offset, float* out) {
   const __m256 vs = _mm256_set1_ps(scale), vo = _mm256_set1_ps(w_offset);
   int64_t i = 0;
   if (w) {
@@ -42,6 +38,10 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
     _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
   }
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void rms_norm_row(const float* x, const float* w, int64_t dim, float eps, float w_offset, float* out) {
+  rms_scale_row(x, w, dim, rms_norm_scale(rms_sum_squares(x, dim), dim, eps), w_offset, out);
 }
 
 // 0.5 x (1 + tanh(u)) == x * sigmoid(2u) == x / (1 + exp(-2u))
@@ -125,6 +125,7 @@ void attend_row(const AttendRowArgs& args) { attend_row_impl<Avx2Prims>(args); }
 
 void fill_ops_avx2(Kernels& k) {
   k.rms_norm_row = rms_norm_row;
+  k.rms_scale_row = rms_scale_row;
   k.silu_mul = silu_mul;
   k.gelu_tanh_mul = gelu_tanh_mul;
   k.add_inplace = add_inplace;

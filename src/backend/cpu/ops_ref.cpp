@@ -42,10 +42,10 @@ void gemm_tile(DType w, int64_t n, const void* wp, size_t w_stride, int n_r, con
 // As ggml_compute_forward_rms_norm_f32: squares in f32, summed in double;
 // the scale multiplies first, then the weight (ggml's separate mul op).
 void rms_norm_row(const float* x, const float* w, int64_t dim, float eps, float w_offset, float* out) {
-  double sum = 0.0;
-  for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(x[i] * x[i]);
-  const float mean = static_cast<float>(sum / static_cast<double>(dim));
-  const float scale = 1.0f / std::sqrt(mean + eps);
+  rms_scale_row(x, w, dim, rms_norm_scale(rms_sum_squares(x, dim), dim, eps), w_offset, out);
+}
+
+void rms_scale_row(const float* x, const float* w, int64_t dim, float scale, float w_offset, float* out) {
   if (w) {
     for (int64_t i = 0; i < dim; ++i) out[i] = (x[i] * scale) * (w_offset + w[i]);
   } else {

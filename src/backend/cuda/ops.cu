@@ -137,13 +137,13 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   float* src = a.qkv + t * a.qkv_stride + static_cast<int64_t>(head) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) h[d] = src[d];
   const float* norm_w = is_q ? a.q_norm : is_k ? a.k_norm : nullptr;
-  if (norm_w) {  // per-head RMSNorm (qwen3), as cpu::rms_norm over head_dim
+  if (norm_w) {  // per-head RMSNorm (qwen3, gemma3), as cpu::rms_norm over head_dim
     __syncthreads();
     float ss = 0.0f;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += h[d] * h[d];
     ss = block_sum(ss, red);
     const float scale = 1.0f / sqrtf(ss / static_cast<float>(hd) + a.norm_eps);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) h[d] = (h[d] * scale) * norm_w[d];
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) h[d] = (h[d] * scale) * (a.norm_offset + norm_w[d]);
   }
   __syncthreads();
   if (is_q || is_k) {

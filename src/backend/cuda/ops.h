@@ -35,7 +35,7 @@ void add_bias(float* y, const float* b, int64_t n_rows, int64_t n_cols, cudaStre
 // out[i] = x[i] converted to dtype (F32/F16/BF16).
 void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream);
 
-// RoPE (+ optional per-head RMSNorm, qwen3) on the q and k heads of a fused
+// RoPE (+ optional per-head RMSNorm: qwen3, gemma3) on the q and k heads of a fused
 // qkv buffer, and K/V written into the paged cache.
 //   qkv: [n_tokens, qkv_stride] f32: q heads [n_head, head_dim], then k
 //        heads [n_head_kv, head_dim], then v heads; q is rotated in place.
@@ -52,6 +52,7 @@ struct RopeKvArgs {
   const float* q_norm = nullptr;       // [head_dim] or null
   const float* k_norm = nullptr;       // [head_dim] or null
   float norm_eps = 1e-6f;
+  float norm_offset = 0.0f;            // q/k norms scale by (norm_offset + w): gemma's HF weights 1
   const float* inv_freq = nullptr;     // [rot_dim / 2]
   const float* freq_divisor = nullptr; // [rot_dim / 2] or null (ggml mode only)
   int32_t rot_dim = 0;
@@ -166,5 +167,26 @@ void gemv_variant(int variant, const void* w, const void* x, int64_t n_rows, int
 void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int32_t* ids, cudaStream_t stream);
 void gemv(DType w_dtype, const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
           bool accumulate, cudaStream_t stream);
+
+// --- The Gemma family's ops (ops_gemma.cu) ---------------------------------
+
+// gate_up: [n_rows, 2 * n_ff] f32 as silu_mul; out[r, i] = gelu_tanh(gate) *
+// up in out_dtype (GeGLU, cpu::gelu_tanh_mul's formula).
+void gelu_tanh_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype, void* out,
+                   cudaStream_t stream);
+
+// The sandwich norm's residual add, fused with the next pre-norm. Per row r
+// of [n_rows, dim] f32:
+//   x[r] += rms_norm(y[r]) * (w_offset + w_post)        (cpu: norm, then add)
+//   out[r] = rms_norm(x[r]) * (w_offset + w_next)       in out_dtype
+// w_next null: only the first line (out unused).
+void post_norm_add(const float* y, const float* w_post, float* x, const float* w_next, int64_t n_rows, int64_t dim,
+                   float eps, float w_offset, DType out_dtype, void* out, cudaStream_t stream);
+
+// x[i] = cap * tanh(x[i] / cap) over n floats (final logit softcapping).
+void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
+
+// x[i] *= s over n floats (Gemma's embedding scale).
+void scale(float* x, int64_t n, float s, cudaStream_t stream);
 
 }  // namespace rill::cuda

@@ -22,9 +22,12 @@ Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const Mod
                                                        const ModelOptions& options);
 
 // Gemma family (gemma.cpp): gemma2, gemma3_text and gemma3's text model;
-// sliding and full layers in two KV groups. CPU only.
+// sliding and full layers in two KV groups.
+// options.device == kCuda: the CUDA implementation (gemma_cuda.cpp).
 Result<std::unique_ptr<Model>> create_gemma_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_gemma_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                       const ModelOptions& options);
 
 // Hybrid gated DeltaNet: qwen3_5_text (Qwen3.5, dense FFN) and qwen3_next
 // (Qwen3-Next, MoE FFN with a shared expert); CPU only (qwen3_next.cpp).

@@ -17,138 +17,19 @@
 //   lm_head           tied to the embedding unless lm_head.weight exists
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
+#include "model/arch/gemma_config.h"
 #include "model/batch_check.h"
 #include "model/layers.h"
 #include "model/paged_kv_cache.h"
 
 namespace rill {
 namespace {
-
-using nlohmann::json;
-
-// Family parameters that ModelConfig does not carry, read from the raw
-// config (HF config.json, or GGUF metadata keys `<arch>.*`).
-struct GemmaParams {
-  std::vector<bool> sliding;  // [n_layer]: the layer attends to the last window tokens
-  float query_pre_attn_scalar = 0;
-  float attn_softcap = 0;   // 0: none
-  float final_softcap = 0;  // 0: none
-  float local_rope_theta = 10000.0f;
-  float norm_offset = 1.0f;
-};
-
-// HF multimodal wrappers keep the language model's fields in text_config.
-const json& text_config(const json& raw) {
-  auto tc = raw.find("text_config");
-  if (tc != raw.end() && tc->is_object() && !raw.contains("hidden_size")) return *tc;
-  return raw;
-}
-
-// A number field; nullopt when absent or null.
-Result<std::optional<double>> number(const json& obj, const std::string& key, const std::string& file) {
-  if (!obj.is_object()) return std::optional<double>{};
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return std::optional<double>{};
-  if (!it->is_number() || !std::isfinite(it->get<double>())) {
-    return Error{file + ": '" + key + "' must be a finite number"};
-  }
-  return std::optional<double>{it->get<double>()};
-}
-
-// Layer i is full when (i + 1) % pattern == 0 (Gemma's published layouts).
-std::vector<bool> pattern_layers(int64_t n_layer, int64_t pattern) {
-  std::vector<bool> s(static_cast<size_t>(n_layer));
-  for (int64_t i = 0; i < n_layer; ++i) s[static_cast<size_t>(i)] = pattern <= 0 || (i + 1) % pattern != 0;
-  return s;
-}
-
-Result<GemmaParams> read_hf_params(const ModelConfig& c, const std::string& file) {
-  const json& t = text_config(c.raw);
-  const bool gemma2 = c.architecture == "gemma2";
-  GemmaParams p;
-  p.norm_offset = 1.0f;
-  if (c.hidden_act != "gelu_pytorch_tanh" && c.hidden_act != "gelu_tanh") {
-    return Error{file + ": hidden_activation '" + c.hidden_act + "' is not supported (gelu_pytorch_tanh)"};
-  }
-  if (auto lt = t.find("layer_types"); lt != t.end() && !lt->is_null()) {
-    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c.n_layer) {
-      return Error{file + ": 'layer_types' must list " + std::to_string(c.n_layer) + " layer types"};
-    }
-    for (const json& e : *lt) {
-      if (e == "sliding_attention") {
-        p.sliding.push_back(true);
-      } else if (e == "full_attention") {
-        p.sliding.push_back(false);
-      } else {
-        return Error{file + ": layer type " + e.dump() + " is not supported (sliding_attention, full_attention)"};
-      }
-    }
-  } else {
-    RILL_ASSIGN_OR_RETURN(auto pattern, number(t, "sliding_window_pattern", file));
-    if (!pattern) { RILL_ASSIGN_OR_RETURN(pattern, number(t, "_sliding_window_pattern", file)); }
-    p.sliding = pattern_layers(c.n_layer, pattern ? static_cast<int64_t>(*pattern) : gemma2 ? 2 : 6);
-  }
-  RILL_ASSIGN_OR_RETURN(auto scalar, number(t, "query_pre_attn_scalar", file));
-  p.query_pre_attn_scalar = static_cast<float>(scalar.value_or(static_cast<double>(c.head_dim)));
-  RILL_ASSIGN_OR_RETURN(auto attn_cap, number(t, "attn_logit_softcapping", file));
-  RILL_ASSIGN_OR_RETURN(auto final_cap, number(t, "final_logit_softcapping", file));
-  p.attn_softcap = static_cast<float>(attn_cap.value_or(0));
-  p.final_softcap = static_cast<float>(final_cap.value_or(0));
-  // Local RoPE base: v5 rope_parameters.sliding_attention, v4
-  // rope_local_base_freq; gemma2 has one base for every layer.
-  p.local_rope_theta = c.rope_theta;
-  if (!gemma2) {
-    std::optional<double> local;
-    if (auto rp = t.find("rope_parameters"); rp != t.end() && rp->is_object()) {
-      if (auto sl = rp->find("sliding_attention"); sl != rp->end() && sl->is_object()) {
-        RILL_ASSIGN_OR_RETURN(local, number(*sl, "rope_theta", file));
-      }
-    }
-    if (!local) { RILL_ASSIGN_OR_RETURN(local, number(t, "rope_local_base_freq", file)); }
-    p.local_rope_theta = static_cast<float>(local.value_or(10000.0));
-  }
-  return p;
-}
-
-// GGUF: keys as llama.cpp writes and reads them. llama.cpp derives the
-// query scale from the model size (the 27B models use n_embd / n_head, the
-// others head_dim: google's published configs) and fixes gemma3's local
-// RoPE base to 10000 and its pattern to 6 when the file does not say.
-Result<GemmaParams> read_gguf_params(const ModelConfig& c, const std::string& file) {
-  const json& raw = c.raw;
-  const std::string arch = raw.value("general.architecture", std::string());
-  const bool gemma2 = arch == "gemma2";
-  GemmaParams p;
-  p.norm_offset = 0.0f;
-  int64_t pattern = gemma2 ? 2 : 6;
-  if (auto it = raw.find(arch + ".attention.sliding_window_pattern"); it != raw.end()) {
-    if (it->is_array() && static_cast<int64_t>(it->size()) == c.n_layer) {
-      for (const json& e : *it) p.sliding.push_back(e.is_boolean() && e.get<bool>());
-    } else if (it->is_number_integer()) {
-      pattern = it->get<int64_t>();
-    } else {
-      return Error{file + ": '" + arch + ".attention.sliding_window_pattern' must be an integer or " +
-                   std::to_string(c.n_layer) + " booleans"};
-    }
-  }
-  if (p.sliding.empty()) p.sliding = pattern_layers(c.n_layer, pattern);
-  const bool is_27b = (gemma2 && c.n_layer == 46) || (!gemma2 && c.n_layer == 62);
-  p.query_pre_attn_scalar = static_cast<float>(is_27b ? c.n_embd / c.n_head : c.head_dim);
-  RILL_ASSIGN_OR_RETURN(auto attn_cap, number(raw, arch + ".attn_logit_softcapping", file));
-  RILL_ASSIGN_OR_RETURN(auto final_cap, number(raw, arch + ".final_logit_softcapping", file));
-  p.attn_softcap = static_cast<float>(attn_cap.value_or(0));
-  p.final_softcap = static_cast<float>(final_cap.value_or(0));
-  RILL_ASSIGN_OR_RETURN(auto local, number(raw, arch + ".rope.freq_base_swa", file));
-  p.local_rope_theta = gemma2 ? c.rope_theta : static_cast<float>(local.value_or(10000.0));
-  return p;
-}
 
 struct GemmaLayer {
   bool sliding = false;
@@ -241,15 +122,9 @@ class GemmaModel final : public Model {
 Status GemmaModel::bind_weights() {
   const ModelFiles& f = *files_;
   const int64_t E = cfg_.n_embd, V = cfg_.n_vocab, F = cfg_.n_ff;
-  // Text-only checkpoints name tensors model.*; gemma3 multimodal ones
-  // model.language_model.* (transformers v5) or language_model.model.* (v4).
-  std::string base = "model.", head = "lm_head.weight";
-  if (f.find("model.language_model.embed_tokens.weight")) {
-    base = "model.language_model.";
-  } else if (f.find("language_model.model.embed_tokens.weight")) {
-    base = "language_model.model.";
-    head = "language_model.lm_head.weight";
-  }
+  const GemmaNames names = gemma_tensor_names(f);
+  const std::string& base = names.base;
+  const std::string& head = names.head;
   RILL_ASSIGN_OR_RETURN(embed_, bind_matrix(f, base + "embed_tokens.weight", V, E));
   if (f.find(head)) {
     RILL_ASSIGN_OR_RETURN(lm_head_, bind_matrix(f, head, V, E));
@@ -301,14 +176,7 @@ Status GemmaModel::init(const ModelOptions& options) {
   }
   q_width_ = cfg_.n_head * hd_;
   kv_width_ = cfg_.n_head_kv * hd_;
-  if (f.format == ModelFormat::kGguf) {
-    RILL_ASSIGN_OR_RETURN(params_, read_gguf_params(cfg_, f.path));
-  } else {
-    RILL_ASSIGN_OR_RETURN(params_, read_hf_params(cfg_, f.path + "/config.json"));
-  }
-  if (!(params_.query_pre_attn_scalar > 0) || params_.attn_softcap < 0 || params_.final_softcap < 0) {
-    return Error{f.path + ": query_pre_attn_scalar must be positive and the logit softcaps non-negative"};
-  }
+  RILL_ASSIGN_OR_RETURN(params_, read_gemma_params(f));
   RILL_TRY(bind_weights());
 
   bool all_f32 = embed_.dtype == DType::kF32;
@@ -316,22 +184,9 @@ Status GemmaModel::init(const ModelOptions& options) {
   // HF multiplies by sqrt(hidden_size) in the activation dtype (f32 here).
   embed_scale_ = std::sqrt(static_cast<float>(E));
 
-  // Full layers only: the local base is never scaled.
-  const cpu::RopeScalingParams rs = rope_scaling_params(cfg_.rope_scaling);
-  const bool interleaved = cfg_.rope_style == RopeStyle::kInterleaved;
-  rope_global_ = cpu::make_rope_table(cfg_.rope_theta, hd_, interleaved, rs);
-  rope_local_ = cfg_.architecture == "gemma2" ? rope_global_
-                                              : cpu::make_rope_table(params_.local_rope_theta, hd_, interleaved);
-  if (f.format == ModelFormat::kGguf) {
-    // Angles as llama.cpp builds them for GGUF files (see llama.cpp in this folder).
-    const float d = -2.0f / static_cast<float>(hd_);
-    if (cfg_.rope_scaling.type == RopeScaling::Type::kNone) rope_global_.ggml_theta_scale = std::pow(cfg_.rope_theta, d);
-    if (cfg_.architecture == "gemma2") {
-      rope_local_ = rope_global_;
-    } else {
-      rope_local_.ggml_theta_scale = std::pow(params_.local_rope_theta, d);
-    }
-  }
+  GemmaRope rope = gemma_rope_tables(f, params_, hd_);
+  rope_local_ = std::move(rope.local);
+  rope_global_ = std::move(rope.global);
 
   attn_global_.n_head = cfg_.n_head;
   attn_global_.n_head_kv = cfg_.n_head_kv;
@@ -479,9 +334,7 @@ Status GemmaModel::forward(const Batch& batch, float* logits) {
 
 Result<std::unique_ptr<Model>> create_gemma_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options) {
-  if (options.device != Device::kCpu) {
-    return Error{files->path + ": the Gemma family runs on the CPU only (no CUDA implementation yet)"};
-  }
+  if (options.device == Device::kCuda) return create_gemma_cuda_model(std::move(files), options);
   auto model = std::make_unique<GemmaModel>(std::move(files), options);
   RILL_TRY(model->init(options));
   return std::unique_ptr<Model>(std::move(model));

@@ -1,0 +1,106 @@
+// Dequantization of GGUF blocks on the device: whole rows into a scratch
+// matrix for the GEMM path, and the embedding gather. One thread per item
+// (8 values, quant_blocks.cuh), grid-stride; writes are two runs of 4
+// contiguous outputs.
+#include <cassert>
+
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/quant.h"
+#include "backend/cuda/quant_blocks.cuh"
+
+namespace rill::cuda {
+namespace {
+
+template <typename Out>
+__device__ __forceinline__ void store4(Out* p, const float* v) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) p[i] = detail::from_f32<Out>(v[i]);
+}
+template <>
+__device__ __forceinline__ void store4<float>(float* p, const float* v) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+// out[r, :] = W[src row, :], src row = ids ? ids[r] : row0 + r.
+template <class Q, typename Out>
+__global__ void dequant_kernel(const uint8_t* __restrict__ w, const int32_t* __restrict__ ids,
+                               int64_t row0, int64_t n_rows, int64_t n_cols,
+                               Out* __restrict__ out) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int64_t n_blocks = n_cols / Q::kElems;
+  const int64_t items_per_row = n_blocks * Q::kItems;
+  const int64_t total = n_rows * items_per_row;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / items_per_row, it = i % items_per_row;
+    const int64_t b = it / Q::kItems;
+    const int k = static_cast<int>(it % Q::kItems);
+    const int64_t src = ids ? ids[r] : row0 + r;
+    float v[8];
+    Q::decode(w + (src * n_blocks + b) * Q::kBytes, k, v);
+    Out* o = out + r * n_cols + b * Q::kElems;
+    store4(o + Q::col0(k), v);
+    store4(o + Q::col1(k), v + 4);
+  }
+}
+
+unsigned grid_for(int64_t n_threads) {
+  constexpr int64_t kMaxBlocks = 132 * 16;
+  const int64_t b = (n_threads + 255) / 256;
+  return static_cast<unsigned>(b < 1 ? 1 : b > kMaxBlocks ? kMaxBlocks : b);
+}
+
+template <typename Out>
+void dequant(DType w_dtype, const void* w, const int32_t* ids, int64_t row0, int64_t n_rows,
+             int64_t n_cols, Out* out, cudaStream_t stream) {
+  const auto* wq = static_cast<const uint8_t*>(w);
+  RILL_CUDA_DISPATCH_QUANT(
+      w_dtype, launch_pdl(dequant_kernel<Q, Out>, grid_for(n_rows * (n_cols / 8)), 256, 0, stream,
+                          wq, ids, row0, n_rows, n_cols, out));
+}
+
+__global__ void add_columns_kernel(const float* __restrict__ part, int64_t n_tokens, int64_t n_part,
+                                   float* y, int64_t y_stride, int64_t col0, bool accumulate) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n_tokens * n_part; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / n_part, j = i % n_part;
+    float* o = y + t * y_stride + col0 + j;
+    *o = accumulate ? *o + part[i] : part[i];
+  }
+}
+
+}  // namespace
+
+void dequantize_rows(DType w_dtype, const void* w, int64_t n_cols, int64_t row0, int64_t n_rows,
+                     DType out_dtype, void* out, cudaStream_t stream) {
+  assert(quant_supported(w_dtype));
+  if (n_rows <= 0) return;
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype, dequant<T>(w_dtype, w, nullptr, row0, n_rows, n_cols,
+                                                 static_cast<T*>(out), stream));
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids,
+                    int64_t n_ids, float* out, cudaStream_t stream) {
+  if (!quant_supported(table_dtype)) {
+    embed_rows(table_dtype, table, n_cols, ids, n_ids, out, stream);
+    return;
+  }
+  if (n_ids <= 0) return;
+  dequant<float>(table_dtype, table, ids, 0, n_ids, n_cols, out, stream);
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void add_columns(const float* part, int64_t n_tokens, int64_t n_part, float* y, int64_t y_stride,
+                 int64_t col0, bool accumulate, cudaStream_t stream) {
+  if (n_tokens <= 0 || n_part <= 0) return;
+  launch_pdl(add_columns_kernel, grid_for(n_tokens * n_part), 256, 0, stream, part, n_tokens,
+             n_part, y, y_stride, col0, accumulate);
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace rill::cuda

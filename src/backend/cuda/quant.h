@@ -1,0 +1,89 @@
+#pragma once
+// Quantized GGUF weights on the device, kept in their block layout
+// (backend/cpu/quants.h; values as cpu::ref::dequantize_row defines them):
+//  - quant_gemv: decode GEMV straight from the blocks, f32 accumulation in
+//    one fixed order per row whatever the token count (batch invariant);
+//  - dequantize_rows + cuBLASLt: prefill, through a bf16/f16/f32 scratch
+//    copy of the matrix (quant_matmul picks the path by token count);
+//  - embed_rows_any: the embedding gather from a quantized table.
+// Every pointer is a device pointer. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q4_K, Q5_K, Q6_K (quant_supported); rows are whole blocks (GGUF's rule).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_context.h"
+#include "core/dtype.h"
+#include "core/result.h"
+
+namespace rill::cuda {
+
+class Gemm;
+
+// A weight matrix in device memory: F32/F16/BF16 or a quant_supported type.
+struct DeviceWeight {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
+// Whether the CUDA kernels read this GGUF block type in place.
+bool quant_supported(DType t);
+
+// y[t, r] (+)= sum_c W[r, c] x[t, c]; W [n_rows, n_cols] of type w_dtype,
+// x [n_tokens, n_cols] in x_dtype (F32 or BF16), y [n_tokens, n_rows] f32.
+// One warp per row (four for rows of more than 8,192 elements, partial sums
+// added in a fixed order); a row's result for one token is the same bits
+// whatever n_tokens is (tokens go 8 per launch).
+void quant_gemv(DType w_dtype, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
+                int64_t n_rows, int64_t n_cols, float* y, bool accumulate, cudaStream_t stream);
+
+// out[r, :] = W[row0 + r, :] for r in [0, n_rows), dequantized exactly as
+// cpu::ref::dequantize_row (bit for bit in F32) and rounded to out_dtype
+// (F32/F16/BF16, round to nearest even). out: [n_rows, n_cols].
+void dequantize_rows(DType w_dtype, const void* w, int64_t n_cols, int64_t row0, int64_t n_rows,
+                     DType out_dtype, void* out, cudaStream_t stream);
+
+// out[i, :] = row ids[i] of table [*, n_cols] as f32; the table quantized
+// (dequantized as above) or F32/F16/BF16 (embed_rows).
+void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids,
+                    int64_t n_ids, float* out, cudaStream_t stream);
+
+// Scratch of quant_matmul's dequantize-then-GEMM path, carved from a
+// model's activation arena: `w` holds w_elems dequantized weights (a whole
+// matrix, or a chunk of rows of a larger one), `y` the f32 GEMM output of
+// one such chunk ([n_tokens, chunk rows]) before it is added into place.
+struct QuantScratch {
+  void* w = nullptr;
+  int64_t w_elems = 0;
+  float* y = nullptr;
+  int64_t y_floats = 0;
+  // Carves (from `a`, sizing pass included: see Arena) what matmuls in act
+  // need over quantized matrices of up to max_elems elements with up to
+  // max_tokens tokens, and over a quantized LM head [head_rows, head_cols]
+  // (head_rows 0: none) with up to max_head_tokens: whole matrices, but a
+  // head larger than both the layers' largest and kQuantChunkElems goes in
+  // row chunks. Nothing where the GEMV takes every call.
+  void carve(Arena& a, DType act, int64_t max_tokens, int64_t max_elems, int64_t head_rows,
+             int64_t head_cols, int64_t max_head_tokens);
+};
+// A quantized LM head larger than this (and than every layer matrix) is
+// dequantized in row chunks of this many elements (32 MiB in bf16).
+inline constexpr int64_t kQuantChunkElems = int64_t{16} << 20;
+
+// y[t, r] (+)= sum_c W[r, c] x[t, c], x [n_tokens, n_cols] in x_dtype
+// (F32/F16/BF16). Up to kGemvMaxTokens tokens with x in F32/BF16:
+// quant_gemv. Otherwise W (in row chunks when it exceeds scratch.w_elems)
+// is dequantized to x_dtype into the scratch and multiplied by cuBLASLt
+// (f32 accumulation; its order depends on cuBLASLt's kernel choice, as for
+// bf16 weights). Errors when the scratch cannot hold one row chunk for
+// n_tokens.
+Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, const void* w,
+                    DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+                    float* y, bool accumulate, cudaStream_t stream);
+
+// y[t, col0 + j] (+)= part[t, j] over part [n_tokens, n_part] f32, y rows
+// y_stride floats apart.
+void add_columns(const float* part, int64_t n_tokens, int64_t n_part, float* y, int64_t y_stride,
+                 int64_t col0, bool accumulate, cudaStream_t stream);
+
+}  // namespace rill::cuda

@@ -1,0 +1,466 @@
+#include "model/cuda_model_base.h"
+
+#if RILL_HAVE_CUDA
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/sampling.h"
+#include "core/half.h"
+#include "model/batch_check.h"
+
+namespace rill {
+namespace {
+
+// push_back over a raw array (capacity checked by the caller's sizing).
+template <typename T>
+struct Appender {
+  T* data;
+  int32_t n = 0;
+  void push_back(const T& v) { data[n++] = v; }
+};
+
+}  // namespace
+
+Result<CudaDtypes> pick_cuda_dtypes(const std::string& path, const std::vector<const WeightView*>& layer_mats,
+                                    const WeightView& embed) {
+  CudaDtypes d;
+  d.act = layer_mats.empty() ? DType::kBF16 : layer_mats.front()->dtype;
+  bool all_f32 = true, any_quant = false;
+  for (const WeightView* w : layer_mats) {
+    const DType t = w->dtype;
+    if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16 && !cuda::quant_supported(t)) {
+      return Error{path + ": the CUDA backend runs F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K "
+                   "and Q6_K weights; this model has " + std::string(dtype_name(t))};
+    }
+    all_f32 = all_f32 && t == DType::kF32;
+    any_quant = any_quant || cuda::quant_supported(t);
+  }
+  // Quantized layers: bf16 activations (what their GEMV reads and their
+  // dequantize-then-GEMM path multiplies in).
+  if (any_quant || (d.act != DType::kF32 && d.act != DType::kF16 && d.act != DType::kBF16)) d.act = DType::kBF16;
+  d.kv = all_f32 && embed.dtype == DType::kF32 ? DType::kF32 : DType::kF16;
+  return d;
+}
+
+// --- WeightUpload -----------------------------------------------------------
+
+size_t WeightUpload::place(const void* src, DType src_dtype, int64_t n, DType dst_dtype) {
+  off_ = (off_ + 255) / 256 * 256;
+  copies_.push_back({off_, src, src_dtype, n, dst_dtype});
+  const size_t at = off_;
+  off_ += row_bytes(dst_dtype, n);
+  dtype_[at] = dst_dtype;
+  return at;
+}
+
+size_t WeightUpload::vec(std::vector<float> v) {
+  vecs_.push_back(std::move(v));  // the moved buffer keeps its address
+  const std::vector<float>& h = vecs_.back();
+  return place(h.data(), DType::kF32, static_cast<int64_t>(h.size()), DType::kF32);
+}
+
+size_t WeightUpload::mat(const WeightView& w) {
+  return place(w.data, w.dtype, w.n_rows * w.n_cols, cuda::quant_supported(w.dtype) ? w.dtype : act_);
+}
+
+size_t WeightUpload::cat(std::initializer_list<const WeightView*> parts) {
+  DType t = (*parts.begin())->dtype;
+  for (const WeightView* w : parts) t = w->dtype == t ? t : act_;
+  t = cuda::quant_supported(t) ? t : act_;
+  off_ = (off_ + 255) / 256 * 256;
+  const size_t at = off_;
+  dtype_[at] = t;
+  for (const WeightView* w : parts) {
+    copies_.push_back({off_, w->data, w->dtype, w->n_rows * w->n_cols, t});
+    off_ += row_bytes(t, w->n_rows * w->n_cols);
+  }
+  return at;
+}
+
+cuda::DeviceWeight WeightUpload::layer_weight(size_t at, int64_t n_elems) {
+  const cuda::DeviceWeight w = weight(at);
+  if (cuda::quant_supported(w.dtype)) quant_max_elems_ = std::max(quant_max_elems_, n_elems);
+  return w;
+}
+
+// Same dtype: straight from the mapped file; others converted in chunks
+// through a host buffer.
+Status WeightUpload::upload(const std::string& what) {
+  RILL_ASSIGN_OR_RETURN(buf_, cuda::DeviceBuffer::allocate(off_, what));
+  std::vector<uint8_t> conv;
+  std::vector<float> tmp;
+  for (const Copy& c : copies_) {
+    uint8_t* dst = buf_.as<uint8_t>() + c.off;
+    if (c.src_dtype == c.dst_dtype) {
+      if (cudaError_t e = cudaMemcpy(dst, c.src, row_bytes(c.dst_dtype, c.n), cudaMemcpyHostToDevice);
+          e != cudaSuccess) {
+        return Error{cuda::cuda_error_text(e, "uploading weights")};
+      }
+      continue;
+    }
+    constexpr int64_t kChunk = int64_t{1} << 22;
+    const size_t es = cuda_dtype_size(c.dst_dtype);
+    for (int64_t i = 0; i < c.n; i += kChunk) {
+      const int64_t m = std::min(kChunk, c.n - i);
+      tmp.resize(static_cast<size_t>(m));
+      cpu::dequantize_row(c.src_dtype, static_cast<const uint8_t*>(c.src) + row_bytes(c.src_dtype, i), tmp.data(), m);
+      conv.resize(static_cast<size_t>(m) * es);
+      for (int64_t j = 0; j < m; ++j) {
+        const float v = tmp[static_cast<size_t>(j)];
+        if (c.dst_dtype == DType::kF32) {
+          std::memcpy(conv.data() + 4 * j, &v, 4);
+        } else {
+          const uint16_t hv = c.dst_dtype == DType::kF16 ? f32_to_f16(v) : f32_to_bf16(v);
+          std::memcpy(conv.data() + 2 * j, &hv, 2);
+        }
+      }
+      if (cudaError_t e = cudaMemcpy(dst + static_cast<size_t>(i) * es, conv.data(), conv.size(), cudaMemcpyHostToDevice);
+          e != cudaSuccess) {
+        return Error{cuda::cuda_error_text(e, "uploading weights")};
+      }
+    }
+  }
+  copies_.clear();
+  vecs_.clear();
+  return Status::Ok();
+}
+
+// --- DeviceRope / StepMeta --------------------------------------------------
+
+Result<DeviceRope> DeviceRope::upload(cpu::RopeTable table) {
+  DeviceRope r;
+  r.table = std::move(table);
+  const int64_t rot = r.table.rot_dim;
+  std::vector<float> host(static_cast<size_t>(std::max<int64_t>(rot, 1)), 0.0f);
+  std::copy(r.table.inv_freq.begin(), r.table.inv_freq.end(), host.begin());
+  std::copy(r.table.ggml_freq_divisor.begin(), r.table.ggml_freq_divisor.end(), host.begin() + rot / 2);
+  RILL_ASSIGN_OR_RETURN(r.buf, cuda::DeviceBuffer::allocate(host.size() * sizeof(float), "the RoPE table"));
+  if (cudaError_t e = cudaMemcpy(r.buf.data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
+      e != cudaSuccess) {
+    return Error{cuda::cuda_error_text(e, "uploading the RoPE table")};
+  }
+  return r;
+}
+
+void DeviceRope::apply(cuda::RopeKvArgs& rk) const {
+  rk.inv_freq = buf.as<float>();
+  rk.freq_divisor = table.ggml_freq_divisor.empty() ? nullptr : buf.as<float>() + table.rot_dim / 2;
+  rk.rot_dim = static_cast<int32_t>(table.rot_dim);
+  rk.interleaved = table.interleaved;
+  rk.attn_factor = table.attn_factor;
+  rk.ggml_theta_scale = table.ggml_theta_scale;
+}
+
+void StepMeta::carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n_groups) {
+  for (int g = 1; g < n_groups; ++g) tables[g] = a.take<int32_t>(table_cap);
+  ids = a.take<int32_t>(T);
+  pos = a.take<int32_t>(T);
+  seq_of = a.take<int32_t>(T);
+  decode_tokens = a.take<int32_t>(T);
+  sample_rows = a.take<int32_t>(S);
+  table_start = a.take<int32_t>(T);
+  tiles = a.take<cuda::PrefillTile>(T);
+  for (int g = 0; g < n_groups; ++g) slots[g] = a.take<int32_t>(T);
+  tables[0] = a.take<int32_t>(table_cap);
+}
+
+// --- CudaModelBase: init ----------------------------------------------------
+
+Status CudaModelBase::create_context() {
+  RILL_ASSIGN_OR_RETURN(ctx_, cuda::Context::create(0));
+  gemm_ = std::make_unique<cuda::Gemm>(*ctx_);
+  return Status::Ok();
+}
+
+Status CudaModelBase::init_runtime(const ModelOptions& options) {
+  const ModelFiles& f = *files_;
+  const int n_groups = static_cast<int>(kv_spec_.size());
+  if (n_groups < 1 || n_groups > kMaxKvGroups) {
+    return Error{f.path + ": the CUDA models take 1 to " + std::to_string(kMaxKvGroups) + " KV groups"};
+  }
+  n_ctx_ = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
+  if (n_ctx_ <= 0) n_ctx_ = 4096;
+  block_size_ = options.kv_block_size;
+  if (block_size_ <= 0 || (block_size_ & (block_size_ - 1)) != 0) {
+    return Error{"KV block size " + std::to_string(block_size_) + " is not a power of two"};
+  }
+  block_shift_ = __builtin_ctz(static_cast<unsigned>(block_size_));
+  max_tokens_ = std::max(1, options.max_batch_tokens);
+  max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
+
+  // Activations for max_tokens_ rows (and max_seqs_ sampled rows).
+  const auto T = static_cast<size_t>(max_tokens_), S = static_cast<size_t>(max_seqs_);
+  auto carve = [&](cuda::Arena& a) {
+    carve_activations(a);
+    logits_ = a.take<float>(S * V_);
+    partial_ = a.take<float>(cuda::attention_partial_floats(max_tokens_, static_cast<int32_t>(cfg_.n_head),
+                                                             static_cast<int32_t>(hd_)));
+    ids_dev_ = a.take<int32_t>(S);
+    sample_params_dev_ = a.take<DeviceSamplingParams>(S);
+    split_counts_ = a.take<int32_t>(T * static_cast<size_t>(cfg_.n_head_kv));
+    qscratch_.carve(a, act_, max_tokens_, quant_max_elems_, quant_head_ ? V_ : 0, E_, max_seqs_);
+  };
+  cuda::Arena sizing;
+  carve(sizing);
+  RILL_ASSIGN_OR_RETURN(act_buf_, cuda::DeviceBuffer::allocate(sizing.used(), "activations"));
+  cuda::Arena real(act_buf_.data());
+  carve(real);
+  if (cudaError_t e = cudaMemset(split_counts_, 0, T * static_cast<size_t>(cfg_.n_head_kv) * sizeof(int32_t));
+      e != cudaSuccess) {
+    return Error{cuda::cuda_error_text(e, "zeroing the attention split counters")};
+  }
+
+  // Step metadata: block tables for every sequence of a full batch at full context.
+  const size_t blocks_per_seq = static_cast<size_t>((n_ctx_ + block_size_ - 1) / block_size_);
+  table_cap_ = std::min(T, S + 16) * blocks_per_seq + 1;  // + the padding rows' scratch block
+  cuda::Arena meta_sizing;
+  meta_host_.carve(meta_sizing, T, S, table_cap_, n_groups);
+  RILL_ASSIGN_OR_RETURN(meta_host_buf_, cuda::PinnedBuffer::allocate(meta_sizing.used(), "step metadata"));
+  RILL_ASSIGN_OR_RETURN(meta_dev_buf_, cuda::DeviceBuffer::allocate(meta_sizing.used(), "step metadata"));
+  cuda::Arena mh(meta_host_buf_.data()), md(meta_dev_buf_.data());
+  meta_host_.carve(mh, T, S, table_cap_, n_groups);
+  meta_dev_.carve(md, T, S, table_cap_, n_groups);
+  RILL_ASSIGN_OR_RETURN(ids_host_, cuda::PinnedBuffer::allocate(S * sizeof(int32_t), "greedy ids"));
+  RILL_ASSIGN_OR_RETURN(sample_params_host_,
+                        cuda::PinnedBuffer::allocate(S * sizeof(DeviceSamplingParams), "sampling parameters"));
+
+  // KV pool: explicit bytes, else a share of device memory, else whole contexts.
+  kv_token_bytes_ = 2 * static_cast<size_t>(cfg_.n_layer) * static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_);
+  const size_t block_bytes = kv_token_bytes_ * static_cast<size_t>(block_size_);
+  int64_t n_blocks = 0;
+  if (options.kv_cache_bytes > 0) {
+    n_blocks = options.kv_cache_bytes / static_cast<int64_t>(block_bytes);
+  } else if (options.gpu_memory_fraction > 0) {
+    size_t free_b = 0, total_b = 0;
+    ctx_->mem_info(&free_b, &total_b);
+    const double budget = options.gpu_memory_fraction * static_cast<double>(total_b) -
+                          static_cast<double>(total_b - free_b);
+    n_blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
+    if (n_blocks < 1) {
+      return Error{f.path + ": --gpu-memory-fraction " + std::to_string(options.gpu_memory_fraction) +
+                   " leaves no room for the KV cache after weights and activations (" +
+                   std::to_string((total_b - free_b) >> 20) + " MiB in use of " + std::to_string(total_b >> 20) +
+                   " MiB)"};
+    }
+  } else {
+    n_blocks = std::max(1, options.n_kv_slots) * static_cast<int64_t>(blocks_per_seq);
+  }
+  n_blocks = std::min<int64_t>(n_blocks, (int64_t{1} << 31) / block_size_ - 1);  // slots are int32
+  if (n_blocks < 1) {
+    return Error{f.path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) + " bytes holds no whole block of " +
+                 std::to_string(block_size_) + " tokens (" + std::to_string(kv_token_bytes_) + " bytes per token)"};
+  }
+  n_blocks_ = static_cast<int32_t>(n_blocks);
+  // One block more than reported: the scratch block that padding rows of a
+  // decode graph write to and read from.
+  RILL_ASSIGN_OR_RETURN(kv_, cuda::DeviceBuffer::allocate(static_cast<size_t>(n_blocks + 1) * block_bytes, "the KV cache"));
+  kv_plane_ = static_cast<size_t>(n_blocks + 1) * static_cast<size_t>(block_size_) * static_cast<size_t>(KV_) *
+              cuda_dtype_size(kv_dtype_);
+  if (const char* g = std::getenv("RILL_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
+  if (const char* g = std::getenv("RILL_CUDA_SPLIT_MERGE")) use_split_merge_ = std::string(g) == "1";
+  if (const char* g = std::getenv("RILL_CUDA_FAST_DECODE")) general_decode_ = std::string(g) == "0";
+  if (const char* g = std::getenv("RILL_CUDA_SAMPLE")) device_sampling_ = std::string(g) != "0";
+  return ctx_->synchronize();
+}
+
+CudaModelBase::~CudaModelBase() {
+  for (auto& [key, g] : graphs_) {
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  }
+}
+
+// --- CudaModelBase: steps ---------------------------------------------------
+
+cuda::AttentionArgs CudaModelBase::attention_args(const Step& s) const {
+  cuda::AttentionArgs at;
+  at.n_head = static_cast<int32_t>(cfg_.n_head);
+  at.n_head_kv = static_cast<int32_t>(cfg_.n_head_kv);
+  at.head_dim = static_cast<int32_t>(hd_);
+  at.kv_dtype = kv_dtype_;
+  at.block_shift = block_shift_;
+  at.block_tables = meta_dev_.tables[0];
+  at.table_start = meta_dev_.table_start;
+  at.seq_of = meta_dev_.seq_of;
+  at.pos = meta_dev_.pos;
+  at.decode_tokens = meta_dev_.decode_tokens;
+  at.n_decode = s.n_decode;
+  at.max_decode_len = s.max_decode_len;
+  at.partial = partial_;
+  at.split_counts = use_split_merge_ ? split_counts_ : nullptr;
+  at.tiles = meta_dev_.tiles;
+  at.n_tiles = s.n_tiles;
+  at.out_dtype = act_;
+  at.general_decode = general_decode_;
+  return at;
+}
+
+cuda::RopeKvArgs CudaModelBase::rope_args(const Step& s) const {
+  cuda::RopeKvArgs rk;
+  rk.n_tokens = s.n;
+  rk.n_head = static_cast<int32_t>(cfg_.n_head);
+  rk.n_head_kv = static_cast<int32_t>(cfg_.n_head_kv);
+  rk.head_dim = static_cast<int32_t>(hd_);
+  rk.positions = meta_dev_.pos;
+  rk.slots = meta_dev_.slots[0];
+  rk.norm_eps = cfg_.rms_norm_eps;
+  rk.kv_dtype = kv_dtype_;
+  return rk;
+}
+
+Status CudaModelBase::forward(const Batch& batch, float* logits) {
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(compute(batch));
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  if (n_sample > 0) {
+    RILL_CUDA_CHECK(cudaMemcpyAsync(logits, logits_, static_cast<size_t>(n_sample * V_) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, ctx_->stream()));
+  }
+  return ctx_->synchronize();
+}
+
+Status CudaModelBase::forward_greedy(const Batch& batch, int32_t* ids) {
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(compute(batch));
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  if (n_sample > 0) cuda::argmax_rows(logits_, n_sample, V_, ids_dev_, ctx_->stream());
+  return read_ids(n_sample, ids);
+}
+
+Status CudaModelBase::forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) {
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(compute(batch));
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  if (n_sample > 0) {
+    // The previous step's upload from the pinned rows finished at its
+    // synchronize, so they may be rewritten now.
+    const size_t bytes = static_cast<size_t>(n_sample) * sizeof(DeviceSamplingParams);
+    std::memcpy(sample_params_host_.data(), rows, bytes);
+    RILL_CUDA_CHECK(cudaMemcpyAsync(sample_params_dev_, sample_params_host_.data(), bytes, cudaMemcpyHostToDevice,
+                                    ctx_->stream()));
+    cuda::sample_rows(logits_, n_sample, V_, sample_params_dev_, ids_dev_, nullptr, ctx_->stream());
+  }
+  return read_ids(n_sample, ids);
+}
+
+Status CudaModelBase::read_ids(int64_t n_sample, int32_t* ids) {
+  if (n_sample > 0) {
+    RILL_CUDA_CHECK(cudaMemcpyAsync(ids_host_.data(), ids_dev_, static_cast<size_t>(n_sample) * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, ctx_->stream()));
+  }
+  RILL_TRY(ctx_->synchronize());
+  std::memcpy(ids, ids_host_.data(), static_cast<size_t>(n_sample) * sizeof(int32_t));
+  return Status::Ok();
+}
+
+Status CudaModelBase::compute(const Batch& batch) {
+  const int64_t n = batch.n_tokens();
+  const int n_groups = static_cast<int>(kv_spec_.size());
+  BatchLimits lim;
+  lim.max_tokens = max_tokens_;
+  lim.max_sample_rows = max_seqs_;
+  lim.n_ctx = n_ctx_;
+  lim.n_vocab = V_;
+  lim.block_size = block_size_;
+  lim.n_blocks = n_blocks_;
+  RILL_TRY(check_batch(batch, lim, kv_spec_));
+  if (batch.block_table.size() + 1 > table_cap_) {
+    return Error{"batch block tables hold " + std::to_string(batch.block_table.size()) + " entries, more than the " +
+                 std::to_string(table_cap_ - 1) + " the CUDA model planned for"};
+  }
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  const auto n_seqs = static_cast<int32_t>(batch.seqs.size());
+  const size_t n_table = batch.block_table.size();
+
+  // Host: the step's index arrays.
+  StepMeta& mh = meta_host_;
+  std::memcpy(mh.ids, batch.token_ids.data(), static_cast<size_t>(n) * 4);
+  std::memcpy(mh.pos, batch.positions.data(), static_cast<size_t>(n) * 4);
+  std::memcpy(mh.seq_of, batch.seq_index.data(), static_cast<size_t>(n) * 4);
+  std::memcpy(mh.sample_rows, batch.sample_rows.data(), static_cast<size_t>(n_sample) * 4);
+  for (int g = 0; g < n_groups; ++g) {
+    const std::vector<int32_t>& t = g == 0 ? batch.block_table : batch.group_tables[static_cast<size_t>(g - 1)];
+    std::memcpy(mh.tables[g], t.data(), n_table * 4);
+  }
+  Appender<int32_t> decode{mh.decode_tokens};
+  Appender<cuda::PrefillTile> tiles{mh.tiles};
+  int32_t max_decode_len = 0;
+  bool decode_only = n_sample == n;
+  const int32_t tile_q = cuda::prefill_tile_q(kv_dtype_, static_cast<int32_t>(hd_));
+  for (int32_t s = 0; s < n_seqs; ++s) {
+    const BatchSeq& q = batch.seqs[static_cast<size_t>(s)];
+    mh.table_start[s] = q.table_start;
+    for (int g = 0; g < n_groups; ++g) {
+      const int32_t* table = mh.tables[g] + q.table_start;
+      for (int32_t i = q.q_start; i < q.q_start + q.q_len; ++i) {
+        const int32_t p = batch.positions[static_cast<size_t>(i)];
+        mh.slots[g][i] = table[p >> block_shift_] * block_size_ + (p & (block_size_ - 1));
+      }
+    }
+    cuda::route_attention(s, q.q_start, q.q_len, tile_q, decode, tiles);
+    if (q.q_len <= cuda::kDecodeMaxQ) max_decode_len = std::max(max_decode_len, q.kv_len);
+    decode_only = decode_only && q.q_len == 1;
+  }
+
+  // Decode-only steps: pad to a bucket and replay that bucket's graph. The
+  // padding rows are one dummy sequence at position 0 in the scratch block.
+  int64_t n_run = n;
+  int32_t split_bucket = 0;
+  if (decode_only && use_graphs_) {
+    n_run = n <= 8 ? n : n <= 128 ? (n + 15) / 16 * 16 : (n + 31) / 32 * 32;
+    n_run = std::min<int64_t>(n_run, max_seqs_);
+    split_bucket = 1;
+    while (split_bucket < cuda::decode_splits(max_decode_len)) split_bucket *= 2;
+    max_decode_len = split_bucket * cuda::kSplitKeys;  // the kernel's grid: split_bucket splits
+    if (n_run > n) {
+      const auto pad_table = static_cast<int32_t>(n_table);
+      for (int g = 0; g < n_groups; ++g) mh.tables[g][pad_table] = n_blocks_;
+      mh.table_start[n_seqs] = pad_table;
+      for (int64_t i = n; i < n_run; ++i) {
+        mh.ids[i] = 0;
+        mh.pos[i] = 0;
+        for (int g = 0; g < n_groups; ++g) mh.slots[g][i] = n_blocks_ * block_size_;
+        mh.seq_of[i] = n_seqs;
+        mh.sample_rows[i] = static_cast<int32_t>(i);
+        decode.push_back(static_cast<int32_t>(i));
+      }
+    }
+  }
+  const size_t n_used = n_table + (n_run > n ? 1 : 0);
+  const size_t meta_bytes = reinterpret_cast<const uint8_t*>(mh.tables[0] + n_used) -
+                            reinterpret_cast<const uint8_t*>(mh.ids);
+  cudaStream_t st = ctx_->stream();
+  RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_.ids, mh.ids, meta_bytes, cudaMemcpyHostToDevice, st));
+  for (int g = 1; g < n_groups; ++g) {
+    RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_.tables[g], mh.tables[g], n_used * 4, cudaMemcpyHostToDevice, st));
+  }
+
+  if (split_bucket == 0) return run_layers({n, n_sample, decode.n, max_decode_len, tiles.n});
+  const Step step{n_run, n_run, decode.n, max_decode_len, 0};
+  Graph& g = graphs_[static_cast<uint32_t>(n_run) << 8 | static_cast<uint32_t>(split_bucket)];
+  if (g.exec) {
+    if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess) return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
+    return Status::Ok();
+  }
+  if (!g.seen) {
+    g.seen = true;
+    return run_layers(step);
+  }
+  cudaGraph_t graph = nullptr;
+  if (cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal); e != cudaSuccess) {
+    return Error{cuda::cuda_error_text(e, "cudaStreamBeginCapture")};
+  }
+  const Status run = run_layers(step);
+  const cudaError_t end = cudaStreamEndCapture(st, &graph);
+  if (!run.ok()) return run;
+  if (end != cudaSuccess) return Error{cuda::cuda_error_text(end, "cudaStreamEndCapture")};
+  const cudaError_t inst = cudaGraphInstantiate(&g.exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (inst != cudaSuccess) return Error{cuda::cuda_error_text(inst, "cudaGraphInstantiate")};
+  if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess) return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
+  return Status::Ok();
+}
+
+}  // namespace rill
+#endif  // RILL_HAVE_CUDA

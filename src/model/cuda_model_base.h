@@ -1,0 +1,244 @@
+#pragma once
+// What the CUDA model families (model/arch/llama_cuda.cpp, gemma_cuda.cpp)
+// share: weight upload into one device buffer, the activation arena, the
+// paged KV pool (one K and one V plane per layer), the step's index arrays
+// uploaded with one copy from pinned memory, decode steps replayed as CUDA
+// graphs, and forward / forward_greedy / forward_sample (ids drawn on the
+// device, backend/cuda/sampling.h). A family supplies its weights, its
+// activations and run_layers() (every kernel of one step).
+//
+// KV groups (Model::kv_spec()): every layer has a plane of n_kv_blocks()
+// blocks; a block id belongs to one group, whose layers alone write it.
+// A step's slots and block tables are uploaded per group (at most
+// kMaxKvGroups), so a family reads group g's through meta().slots[g] and
+// meta().tables[g].
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "loader/model_files.h"
+#include "model/model.h"
+
+#if RILL_HAVE_CUDA
+#include <initializer_list>
+
+#include "backend/backend.h"  // WeightView
+#include "backend/cpu/rope_table.h"
+#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/quant.h"
+
+namespace rill {
+
+inline constexpr int kMaxKvGroups = 2;
+
+// Bytes of one element of a float dtype on the device (F32: 4, F16/BF16: 2).
+inline size_t cuda_dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// The dtypes a CUDA model computes in, from its layer matrices (layer 0's
+// first matrix first) and embedding: act is that first matrix's dtype (bf16
+// where any matrix is quantized, or for a dtype the kernels do not take);
+// KV is f32 when every matrix and the embedding are f32 (f32 checkpoints
+// match the CPU within f32 rounding), else f16. Errors name an unsupported
+// weight dtype.
+struct CudaDtypes {
+  DType act = DType::kBF16;
+  DType kv = DType::kF16;
+};
+Result<CudaDtypes> pick_cuda_dtypes(const std::string& path, const std::vector<const WeightView*>& layer_mats,
+                                    const WeightView& embed);
+
+// Weights into one device buffer: a layout pass (vec / mat / cat return
+// each tensor's offset), then upload() allocates and copies, converting on
+// the host where the device dtype differs. Matrices go in the activation
+// dtype unless their GGUF block type stays quantized (cuda/quant.h);
+// vectors (norms, biases) in f32.
+class WeightUpload {
+ public:
+  explicit WeightUpload(DType act) : act_(act) {}
+  size_t vec(std::vector<float> v);  // kept until upload()
+  size_t mat(const WeightView& w);
+  // Rows of each part in sequence (no padding between); quantized when
+  // every part has the same quantized type, else in act.
+  size_t cat(std::initializer_list<const WeightView*> parts);
+  Status upload(const std::string& what);
+
+  // After upload(): device addresses.
+  cuda::DeviceWeight weight(size_t at) const { return {base() + at, dtype_.at(at)}; }
+  // A layer matrix of n_elems: quantized ones size the dequantize scratch.
+  cuda::DeviceWeight layer_weight(size_t at, int64_t n_elems);
+  const float* f32(size_t at) const { return reinterpret_cast<const float*>(base() + at); }
+  int64_t quant_max_elems() const { return quant_max_elems_; }
+  cuda::DeviceBuffer take_buffer() { return std::move(buf_); }
+
+ private:
+  struct Copy {
+    size_t off;
+    const void* src;  // host
+    DType src_dtype;
+    int64_t n;        // elements
+    DType dst_dtype;
+  };
+  size_t place(const void* src, DType src_dtype, int64_t n, DType dst_dtype);
+  const uint8_t* base() const { return buf_.as<uint8_t>(); }
+
+  DType act_;
+  size_t off_ = 0;
+  std::vector<Copy> copies_;
+  std::vector<std::vector<float>> vecs_;
+  std::unordered_map<size_t, DType> dtype_;  // offset of a tensor -> its device dtype
+  int64_t quant_max_elems_ = 0;
+  cuda::DeviceBuffer buf_;
+};
+
+// A RoPE table on the device: inv_freq [rot_dim / 2], then the ggml
+// divisors [rot_dim / 2] (zeros when none).
+struct DeviceRope {
+  cpu::RopeTable table;
+  cuda::DeviceBuffer buf;
+  static Result<DeviceRope> upload(cpu::RopeTable table);
+  // Sets rk's angle fields (inv_freq, divisors, rot_dim, style, factors).
+  void apply(cuda::RopeKvArgs& rk) const;
+};
+
+// Step metadata: the same layout in pinned host memory and on the device,
+// so one copy uploads it. Groups >= 1's block tables come first (one copy
+// each, of the used prefix), then the per-token arrays and group 0's tables
+// last: one copy moves those up to group 0's used prefix.
+struct StepMeta {
+  int32_t* ids = nullptr;            // [T]
+  int32_t* pos = nullptr;            // [T]
+  int32_t* seq_of = nullptr;         // [T]
+  int32_t* decode_tokens = nullptr;  // [T]
+  int32_t* sample_rows = nullptr;    // [S]
+  int32_t* table_start = nullptr;    // [T] (a batch has at most one sequence per token)
+  cuda::PrefillTile* tiles = nullptr;      // [T]
+  int32_t* slots[kMaxKvGroups] = {};       // [T] cache row of each token, per group
+  int32_t* tables[kMaxKvGroups] = {};      // [table_cap] per group
+
+  void carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n_groups);
+};
+
+class CudaModelBase : public Model {
+ public:
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t n_vocab() const override { return cfg_.n_vocab; }
+  int64_t n_ctx() const override { return n_ctx_; }
+  int max_batch_tokens() const override { return max_tokens_; }
+  int max_batch_seqs() const override { return max_seqs_; }
+  const KvSpec& kv_spec() const override { return kv_spec_; }
+  int32_t kv_block_size() const override { return block_size_; }
+  int32_t n_kv_blocks() const override { return n_blocks_; }
+  size_t kv_bytes_per_token() const override { return kv_token_bytes_; }
+  Status forward(const Batch& batch, float* logits) override;
+  bool has_forward_greedy() const override { return true; }
+  Status forward_greedy(const Batch& batch, int32_t* ids) override;
+  bool has_forward_sample() const override { return device_sampling_; }
+  Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) override;
+  ~CudaModelBase() override;
+
+ protected:
+  explicit CudaModelBase(std::shared_ptr<const ModelFiles> files)
+      : files_(std::move(files)), cfg_(files_->config) {}
+
+  // One step as run_layers() sees it: n tokens (decode graphs: padded),
+  // logits for the first n_sample sample rows, decode and prefill routing.
+  struct Step {
+    int64_t n = 0, n_sample = 0;
+    int32_t n_decode = 0, max_decode_len = 0, n_tiles = 0;
+  };
+
+  // Init, first: the device context and cuBLASLt.
+  Status create_context();
+  // Init, last (after weights, act_, kv_dtype_, the dims and kv_spec_):
+  // options, the arena (carve_activations() plus the shared buffers), the
+  // step metadata and the KV pool.
+  Status init_runtime(const ModelOptions& options);
+  // The family's activation buffers; called twice (sizing pass, then real).
+  virtual void carve_activations(cuda::Arena& a) = 0;
+  // Every kernel of the step over metadata already uploaded (meta()),
+  // logits_ for the first s.n_sample entries of sample_rows. Captured in a
+  // graph for decode steps: no host synchronization, nothing that varies
+  // between replays except through meta().
+  virtual Status run_layers(const Step& s) = 0;
+
+  const StepMeta& meta() const { return meta_dev_; }
+  // Attention and RoPE arguments with the step's common fields set; the
+  // family sets caches, tables, slots, scale, window, softcap and norms.
+  cuda::AttentionArgs attention_args(const Step& s) const;
+  cuda::RopeKvArgs rope_args(const Step& s) const;
+  Status matmul(const cuda::DeviceWeight& w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
+                bool accumulate) {
+    if (cuda::quant_supported(w.dtype)) {
+      return cuda::quant_matmul(*gemm_, qscratch_, w.dtype, w.data, act_, x, n, rows, cols, y, accumulate,
+                                ctx_->stream());
+    }
+    return gemm_->matmul(act_, w.data, x, n, rows, cols, y, accumulate);
+  }
+  void* k_cache(size_t layer) const { return kv_.as<uint8_t>() + (2 * layer) * kv_plane_; }
+  void* v_cache(size_t layer) const { return kv_.as<uint8_t>() + (2 * layer + 1) * kv_plane_; }
+  cudaStream_t stream() const { return ctx_->stream(); }
+
+  std::shared_ptr<const ModelFiles> files_;
+  const ModelConfig& cfg_;
+  std::unique_ptr<cuda::Context> ctx_;
+  std::unique_ptr<cuda::Gemm> gemm_;
+  DType act_ = DType::kBF16, kv_dtype_ = DType::kF16;
+  int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
+  KvSpec kv_spec_;
+  // Quantized matrices: the largest kept in blocks (elements), and whether
+  // the LM head is one (its GEMM goes in row chunks of the scratch).
+  int64_t quant_max_elems_ = 0;
+  bool quant_head_ = false;
+  float* logits_ = nullptr;  // [S, V]
+
+ private:
+  // Uploads the step's indices and computes logits_ for the sample rows;
+  // decode-only steps replay a CUDA graph per (padded batch, split count).
+  Status compute(const Batch& batch);
+  // Copies the ids of the step's n_sample rows (in ids_dev_) to `ids`.
+  Status read_ids(int64_t n_sample, int32_t* ids);
+
+  int max_tokens_ = 0, max_seqs_ = 0;
+  int64_t n_ctx_ = 0;
+  int32_t block_size_ = 16, block_shift_ = 4, n_blocks_ = 0;
+  size_t kv_token_bytes_ = 0, kv_plane_ = 0;
+  size_t table_cap_ = 0;
+  cuda::QuantScratch qscratch_;
+
+  cuda::DeviceBuffer kv_;
+  cuda::DeviceBuffer act_buf_;
+  float* partial_ = nullptr;
+  int32_t* split_counts_ = nullptr;  // [T, n_head_kv] decode split merge counters, kept zero between launches
+  int32_t* ids_dev_ = nullptr;       // [S] greedy or sampled ids
+  DeviceSamplingParams* sample_params_dev_ = nullptr;  // [S] forward_sample's rows
+
+  cuda::PinnedBuffer meta_host_buf_, ids_host_, sample_params_host_;
+  cuda::DeviceBuffer meta_dev_buf_;
+  StepMeta meta_host_, meta_dev_;
+
+  // Decode graphs, keyed by padded batch size << 8 | split count. A key is
+  // run eagerly the first time (plans GEMMs, sets kernel attributes) and
+  // captured the second.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    bool seen = false;
+  };
+  std::unordered_map<uint32_t, Graph> graphs_;
+  bool use_graphs_ = true;
+  // RILL_CUDA_SPLIT_MERGE=1: decode attention's last split block merges the
+  // splits (no combine kernel). Off by default: on the H200 it was slower
+  // (8B bf16, 2026-11-29: 5.17 vs 5.10 ms at batch 1, 7.62 vs 7.50 ms at 64).
+  bool use_split_merge_ = false;
+  // RILL_CUDA_FAST_DECODE=0: decode attention through the general kernel
+  // (benchmarks compare the two).
+  bool general_decode_ = false;
+  // RILL_CUDA_SAMPLE=0: no forward_sample, so sampled rows go to the host
+  // as logits (benchmarks compare the two).
+  bool device_sampling_ = true;
+};
+
+}  // namespace rill
+#endif  // RILL_HAVE_CUDA
