@@ -93,9 +93,18 @@ std::vector<PrefixMatch> KvTiers::match_groups(uint64_t ns, std::span<const int3
   return out;
 }
 
+size_t KvTiers::run_bytes(size_t n_tokens, bool with_state) const {
+  size_t total = 0;
+  for (const Model::KvLayer& l : layers_) total += 2 * l.row_bytes * n_tokens;
+  if (with_state) {
+    for (size_t sl = 0; sl < state_layers_.size(); ++sl) total += state_layer_bytes(sl);
+  }
+  return total;
+}
+
 Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens,
                                     const std::vector<std::vector<int32_t>>& blocks, std::vector<uint64_t> keys,
-                                    int32_t checkpoint) const {
+                                    int32_t checkpoint, HostBytes memory) const {
   auto run = std::make_shared<KvRun>();
   const int32_t bs = pool_.block_size();
   const size_t n_blocks = keys.size();
@@ -103,13 +112,12 @@ Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens
   run->block_size = bs;
   run->tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n_blocks) * bs);
   run->keys = std::move(keys);
-  size_t total = 0;
-  for (const Model::KvLayer& l : layers_) total += 2 * l.row_bytes * run->tokens.size();
-  if (checkpoint >= 0) {
-    for (size_t sl = 0; sl < state_layers_.size(); ++sl) total += state_layer_bytes(sl);
+  const size_t total = run_bytes(run->tokens.size(), checkpoint >= 0);
+  if (!memory || memory.size() < total) {
+    RILL_ASSIGN_OR_RETURN(memory, HostBytes::own(total));
   }
-  run->storage.resize(total);
-  uint8_t* p = run->storage.data();
+  run->host = std::move(memory);
+  uint8_t* p = run->host.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
     const size_t tensor = layers_[l].row_bytes * run->tokens.size();
     const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
@@ -179,13 +187,23 @@ void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::spa
   if (keys.size() != n) return;
   const uint64_t last = keys.back();
   if ((ram_ && ram_->covers(last)) || (disk_ && disk_->covers(last))) return;  // already held below
-  auto run = build_run(ns, tokens, ids, std::move(keys), checkpoint);
+  // A run the RAM tier keeps is copied straight into arena bytes: make room
+  // first (the runs it evicts go down, and their bytes come back), so the
+  // copy needs no fresh memory.
+  const size_t total = run_bytes(n * static_cast<size_t>(pool_.block_size()), checkpoint >= 0);
+  const bool keep_in_ram = ram_ && total <= ram_->cap_bytes();
+  HostBytes memory;
+  if (keep_in_ram) {
+    for (const KvRunPtr& evicted : ram_->make_room(total)) to_disk(*evicted);
+    memory = ram_->allocate(total);
+  }
+  auto run = build_run(ns, tokens, ids, std::move(keys), checkpoint, std::move(memory));
   if (!run.ok()) {
     ++spill_errors_;
     last_error_ = run.error().message;
     return;
   }
-  if (!ram_) {
+  if (!keep_in_ram) {
     to_disk(**run);
     return;
   }

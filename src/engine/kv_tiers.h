@@ -88,9 +88,13 @@ class KvTiers {
   // Copies the KV of blocks[g][0, keys.size()) of every attention group g
   // out of the model into a new run, and (hybrid models) the recurrent
   // state of checkpoint slot `checkpoint`.
+  // The run's bytes go into `memory` when it holds them (else a mapping of
+  // its own).
   Result<KvRunPtr> build_run(uint64_t ns, std::span<const int32_t> tokens,
                              const std::vector<std::vector<int32_t>>& blocks, std::vector<uint64_t> keys,
-                             int32_t checkpoint = -1) const;
+                             int32_t checkpoint = -1, HostBytes memory = HostBytes()) const;
+  // Bytes of a run of n_tokens (with the recurrent state: with_state).
+  size_t run_bytes(size_t n_tokens, bool with_state) const;
   // Hybrid models: shortens *n_blocks to the deepest boundary of the key
   // group's chain `key_blocks` that has a checkpoint; returns its slot, -1
   // when there is none (then *n_blocks is 0).

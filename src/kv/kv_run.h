@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kv/host_arena.h"
 #include "kv/kv_file.h"
 
 namespace rill {
@@ -33,7 +34,8 @@ struct KvRun {
   // after the run's last token; empty otherwise. Such a run resumes only
   // the whole prefix it holds, never a shorter one.
   std::vector<KvLayerData> state;
-  std::vector<uint8_t> storage;                     // RAM runs: owns k / v
+  HostBytes host;                                   // RAM runs: owns k / v (and state)
+  std::vector<uint8_t> storage;                     // or this (runs built by hand, tests)
   std::shared_ptr<const KvFile> file;               // disk runs: owns k / v
 
   int32_t n_blocks() const { return static_cast<int32_t>(keys.size()); }
