@@ -6,8 +6,10 @@
 //    over the chain root -> that block (spill hook). Unless a tier already
 //    holds that chain, its KV is copied out of the model into a run (KvRun)
 //    that goes to the RAM tier; runs the RAM tier evicts go to the disk tier
-//    (or straight to disk without a RAM tier). A chain is stored whole, so
-//    one run serves every prompt that shares any prefix of it.
+//    (or straight to disk without a RAM tier). A chain is stored from its
+//    root, so one run serves every prompt that shares a prefix of it that
+//    the run can resume at (below). The RAM tier's runs live in its
+//    pre-faulted arena: the spill makes room first, then copies once.
 //  - Restore: before a request is scheduled, the longest prefix of its
 //    prompt that a tier holds beyond what the device cache matches is copied
 //    into fresh device blocks and inserted into the prefix tree; admission
@@ -21,6 +23,14 @@
 // spill of any group's chain stores the prefix that every group's chain
 // covers, and a restore puts every group's blocks back so admission's
 // common match covers them.
+//
+// Sliding groups: a run of n blocks keeps only blocks [first_needed_block
+// (model/kv_spec.h), n) of a sliding group: what resuming at n reads. So it
+// can resume a prompt only at depths where it holds what that resume reads
+// (KvRun::min_resume_blocks; the tiers index only those), and a restore
+// inserts the blocks it lacks as hollow tree nodes (PrefixTree), before the
+// window of the restored prefix, which admission never resumes into. A
+// chain with hollow nodes is stored only as deep as its kept blocks exist.
 //
 // Hybrid models (one recurrent group): a run ends at a block boundary whose
 // recurrent-state checkpoint (StatePool, keyed by the key group's block, as
@@ -93,8 +103,17 @@ class KvTiers {
   Result<KvRunPtr> build_run(uint64_t ns, std::span<const int32_t> tokens,
                              const std::vector<std::vector<int32_t>>& blocks, std::vector<uint64_t> keys,
                              int32_t checkpoint = -1, HostBytes memory = HostBytes()) const;
-  // Bytes of a run of n_tokens (with the recurrent state: with_state).
-  size_t run_bytes(size_t n_tokens, bool with_state) const;
+  // Bytes of a run of n_blocks (with the recurrent state: with_state).
+  size_t run_bytes(int32_t n_blocks, bool with_state) const;
+  // The first block of `group` a run of n_blocks keeps (and a resume at
+  // n_blocks reads): first_needed_block (model/kv_spec.h).
+  int32_t first_kept(int32_t group, int32_t n_blocks) const;
+  // The deepest n' <= n at which every group's chain `ids` (-1: a hollow
+  // node, no KV) holds the blocks a run of n' keeps.
+  size_t deepest_storable(const std::vector<std::vector<int32_t>>& ids, size_t n) const;
+  // deepest_storable, and for hybrid models also ending at a checkpoint
+  // (*checkpoint: its slot, else -1).
+  size_t storable_prefix(std::vector<std::vector<int32_t>>& ids, size_t n, int32_t* checkpoint) const;
   // Hybrid models: shortens *n_blocks to the deepest boundary of the key
   // group's chain `key_blocks` that has a checkpoint; returns its slot, -1
   // when there is none (then *n_blocks is 0).

@@ -28,7 +28,7 @@ std::vector<KvRunPtr> RamTier::put(KvRunPtr run) {
   }
   const uint64_t id = next_id_++;
   lru_.push_back(id);
-  index_.add(id, run->keys);
+  index_.add(id, run->keys, run->min_resume_blocks());
   entries_.emplace(id, Entry{std::move(run), std::prev(lru_.end())});
   bytes_ += b;
   while (bytes_ > cap_ && !lru_.empty()) {

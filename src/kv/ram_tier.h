@@ -40,7 +40,8 @@ class RamTier {
   std::vector<KvRunPtr> put(KvRunPtr run);
 
   // The run holding the longest prefix of `keys` (chain keys of a prompt)
-  // and how many of its blocks match, or nullopt. A hit becomes the most
+  // that it can resume at (KvRun::min_resume_blocks) and how many of its
+  // blocks match, or nullopt. A hit becomes the most
   // recently used. Counts a hit or a miss.
   std::optional<std::pair<KvRunPtr, int32_t>> find(std::span<const uint64_t> keys);
 

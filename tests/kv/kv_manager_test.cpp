@@ -157,6 +157,37 @@ TEST(KvManager, SlidingGroupsPunchHolesAndResumeFromTheCache) {
   r.expect_ok();
 }
 
+// A sliding group's chain with hollow nodes (restored from a cache tier that
+// kept only the window): a match resumes only where the blocks the next
+// token reads hold KV, in every group.
+TEST(KvManager, HollowBlocksAreResumedOnlyWhereTheyAreDead) {
+  Rig r({sliding(4), full()}, 32, 2);
+  const auto toks = iota(13, 50);  // 6 full blocks of 2
+  // Group 0 (sliding): blocks 0..3 hollow, 4..5 real; group 1 (full): all real.
+  auto fresh = r.pool.allocate(2 + 6);
+  ASSERT_TRUE(fresh.ok());
+  std::vector<int32_t> sl = {-1, -1, -1, -1, (*fresh)[0].block(), (*fresh)[1].block()}, fl;
+  for (int i = 2; i < 8; ++i) fl.push_back((*fresh)[static_cast<size_t>(i)].block());
+  r.tree.insert(KvManager::group_ns(0, 0), std::span(toks).first(12), sl);
+  r.tree.insert(KvManager::group_ns(0, 1), std::span(toks).first(12), fl);
+  release_tail_first(*fresh);
+  // Resuming at 12 reads positions 9..12: blocks 4, 5 (and the new token).
+  auto adm = r.kv.admit(1, 0, toks);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 12);
+  EXPECT_EQ(n_holes(r.kv.block_table(1, 0)), 4);
+  r.expect_ok();
+  // Resuming at 8 would read block 3 (position 5): hollow, so step down; at
+  // 6, 4, 2 blocks 2, 1, 0 are hollow as well: nothing is reused.
+  std::vector<int32_t> short_prompt(toks.begin(), toks.begin() + 8);
+  short_prompt.push_back(999);
+  auto miss = r.kv.admit(2, 0, short_prompt);
+  ASSERT_TRUE(miss.ok());
+  EXPECT_EQ(miss->n_cached_tokens, 0);
+  EXPECT_EQ(r.kv.length(2), 0);
+  r.expect_ok();
+}
+
 TEST(KvManager, RecurrentGroupsTakeOneStateSlotPerSequence) {
   Rig r({recurrent(), full()}, 16, 4, 2);
   const auto p = iota(9);
