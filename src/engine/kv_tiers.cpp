@@ -52,6 +52,7 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
     o.identity = config.identity;
     o.block_size = pool.block_size();
     RILL_ASSIGN_OR_RETURN(t->disk_, DiskTier::open(o));
+    t->writer_ = std::make_unique<DiskWriter>(*t->disk_, kMaxPendingDiskBytes);
     if (t->disk_->removed_at_open() > 0) {
       std::fprintf(stderr, "kv cache %s: removed %lld stale, corrupt or unfinished file(s)\n", o.dir.c_str(),
                    static_cast<long long>(t->disk_->removed_at_open()));
@@ -64,7 +65,21 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
   return t;
 }
 
-KvTiers::~KvTiers() { tree_.set_spill_hook(nullptr); }
+KvTiers::~KvTiers() {
+  tree_.set_spill_hook(nullptr);
+  writer_.reset();  // finishes the queued writes
+}
+
+void KvTiers::poll() {
+  if (!writer_) return;
+  for (const Error& e : writer_->collect()) note_disk_error(e);
+}
+
+void KvTiers::note_disk_error(const Error& e) {
+  ++spill_errors_;
+  last_error_ = e.message;
+  std::fprintf(stderr, "kv cache: %s\n", last_error_.c_str());
+}
 
 size_t KvTiers::state_layer_bytes(size_t layer) const {
   size_t total = 0;
@@ -169,14 +184,8 @@ Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens
   return KvRunPtr(std::move(run));
 }
 
-void KvTiers::to_disk(const KvRun& run) {
-  if (!disk_) return;
-  Status st = disk_->put(run);
-  if (!st.ok()) {
-    ++spill_errors_;
-    last_error_ = st.error().message;
-    std::fprintf(stderr, "kv cache: %s\n", last_error_.c_str());
-  }
+void KvTiers::to_disk(KvRunPtr run) {
+  if (writer_) writer_->push(std::move(run));
 }
 
 size_t KvTiers::storable_prefix(std::vector<std::vector<int32_t>>& ids, size_t n, int32_t* checkpoint) const {
@@ -192,6 +201,7 @@ size_t KvTiers::storable_prefix(std::vector<std::vector<int32_t>>& ids, size_t n
 
 void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks) {
   if (blocks.empty()) return;
+  poll();
   auto owner = group_of_ns_.find(group_ns);
   if (owner == group_of_ns_.end()) return;  // a namespace no request of ours used
   const uint64_t ns = owner->second.ns;
@@ -221,7 +231,7 @@ void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::spa
   // counts too: otherwise a chain evicted tail first would be stored once
   // per block.
   const uint64_t last = keys.back();
-  if ((ram_ && ram_->covers(last)) || (disk_ && disk_->covers(last))) return;
+  if ((ram_ && ram_->covers(last)) || (disk_ && (disk_->covers(last) || writer_->covers(last)))) return;
   // A run the RAM tier keeps is copied straight into arena bytes: make room
   // first (the runs it evicts go down, and their bytes come back), so the
   // copy needs no fresh memory.
@@ -229,7 +239,7 @@ void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::spa
   const bool keep_in_ram = ram_ && total <= ram_->cap_bytes();
   HostBytes memory;
   if (keep_in_ram) {
-    for (const KvRunPtr& evicted : ram_->make_room(total)) to_disk(*evicted);
+    for (KvRunPtr& evicted : ram_->make_room(total)) to_disk(std::move(evicted));
     memory = ram_->allocate(total);
   }
   auto run = build_run(ns, tokens, ids, std::move(keys), checkpoint, std::move(memory));
@@ -239,10 +249,10 @@ void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::spa
     return;
   }
   if (!keep_in_ram) {
-    to_disk(**run);
+    to_disk(std::move(*run));
     return;
   }
-  for (const KvRunPtr& evicted : ram_->put(std::move(*run))) to_disk(*evicted);
+  for (KvRunPtr& evicted : ram_->put(std::move(*run))) to_disk(std::move(evicted));
 }
 
 bool KvTiers::run_fits_model(const KvRun& run) const {
@@ -284,6 +294,7 @@ bool KvTiers::run_fits_model(const KvRun& run) const {
 
 int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
   learn_ns(ns);
+  poll();
   const int32_t bs = pool_.block_size();
   if (prompt.size() < 2) return 0;
   const auto n_full = static_cast<int32_t>((prompt.size() - 1) / static_cast<size_t>(bs));
@@ -301,6 +312,15 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
   bool from_disk = false;
   if (ram_) hit = ram_->find(keys);
   if (disk_ && (!hit || hit->second < n_full)) {
+    // A run still on its way to disk that holds more of the prompt than
+    // what we have is worth waiting for (a write, not a prefill).
+    const int32_t have = hit ? hit->second : m;
+    for (int32_t b = n_full - 1; b >= have; --b) {
+      if (writer_->covers(keys[static_cast<size_t>(b)])) {
+        for (const Error& e : writer_->flush()) note_disk_error(e);
+        break;
+      }
+    }
     auto disk_hit = disk_->find(keys, ns);
     if (disk_hit && (!hit || disk_hit->second > hit->second)) {
       hit = std::move(disk_hit);
@@ -424,6 +444,7 @@ Result<int32_t> KvTiers::persist(uint64_t ns, std::span<const int32_t> tokens) {
   }
   std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(bs)), bs);
   RILL_ASSIGN_OR_RETURN(KvRunPtr run, build_run(ns, tokens, ids, std::move(keys), checkpoint));
+  for (const Error& e : writer_->flush()) note_disk_error(e);  // one writer per file name at a time
   RILL_TRY(disk_->put(*run));
   for (PrefixMatch& d : device) release_tail_first(d.blocks);
   return static_cast<int32_t>(n) * bs;

@@ -39,7 +39,10 @@
 // so admission resumes the recurrence there. Such a run serves only prompts
 // that extend its whole prefix (there is no state at its inner boundaries).
 //
-// Everything runs on the engine thread. Disk writes are synchronous.
+// Everything runs on the engine thread, except writing spilled runs to disk:
+// a DiskWriter thread does that off the request's path, and poll() (the
+// engine calls it every loop) indexes the finished files. A warm-up's
+// persist() writes synchronously (its request reports what was written).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -50,6 +53,7 @@
 #include "core/result.h"
 #include "kv/block_pool.h"
 #include "kv/disk_tier.h"
+#include "kv/disk_writer.h"
 #include "kv/prefix_tree.h"
 #include "kv/ram_tier.h"
 #include "kv/state_pool.h"
@@ -86,6 +90,9 @@ class KvTiers {
   // Writes the device-cached chain (of every group) that prefixes `tokens`
   // to the disk tier. Errors: no disk tier, nothing cached, a write failure.
   Result<int32_t> persist(uint64_t ns, std::span<const int32_t> tokens);
+
+  // Indexes the disk writes finished since the last call (engine thread).
+  void poll();
 
   const RamTier* ram() const { return ram_.get(); }
   const DiskTier* disk() const { return disk_.get(); }
@@ -125,7 +132,11 @@ class KvTiers {
   // Each attention group's device match of `tokens` (leases held).
   std::vector<PrefixMatch> match_groups(uint64_t ns, std::span<const int32_t> tokens);
   bool run_fits_model(const KvRun& run) const;
-  void to_disk(const KvRun& run);
+  // Queues a run for the disk tier (no-op without one).
+  void to_disk(KvRunPtr run);
+  void note_disk_error(const Error& e);
+  // Spilled runs queued for disk beyond this wait for older writes.
+  static constexpr size_t kMaxPendingDiskBytes = size_t{256} << 20;
 
   Model& model_;
   BlockPool& pool_;
@@ -143,6 +154,7 @@ class KvTiers {
   std::unordered_map<uint64_t, GroupOf> group_of_ns_;  // by group namespace
   std::unique_ptr<RamTier> ram_;
   std::unique_ptr<DiskTier> disk_;
+  std::unique_ptr<DiskWriter> writer_;  // with disk_
   int64_t restored_tokens_ = 0, spill_errors_ = 0;
   std::string last_error_;
 };

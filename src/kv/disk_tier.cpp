@@ -138,9 +138,9 @@ void DiskTier::remove(uint64_t id, bool unlink_file) {
   stats_.entries = static_cast<int64_t>(entries_.size());
 }
 
-Status DiskTier::put(const KvRun& run) {
-  const size_t b = run.bytes();
-  if (b > options_.cap_bytes || run.keys.empty()) return Status::Ok();
+Result<DiskTier::Written> DiskTier::write_file(const KvRun& run) const {
+  Written w;
+  if (run.bytes() > options_.cap_bytes || run.keys.empty()) return w;  // not kept: nothing to write
   std::vector<KvLayerData> layers(run.k.size());
   const auto n_tok = static_cast<int64_t>(run.tokens.size());
   for (size_t l = 0; l < run.k.size(); ++l) {
@@ -155,16 +155,22 @@ Status DiskTier::put(const KvRun& run) {
   layers.insert(layers.end(), run.state.begin(), run.state.end());
   KvFileIdentity id = options_.identity;
   id.ns = run.ns;
-  const std::string path = (fs::path(options_.dir) / kv_run_file_name(run.keys.back())).string();
-  RILL_TRY(write_kv_file(path, id, run.tokens, layers));
+  w.path = (fs::path(options_.dir) / kv_run_file_name(run.keys.back())).string();
+  RILL_TRY(write_kv_file(w.path, id, run.tokens, layers));
   std::error_code ec;
+  w.bytes = static_cast<uint64_t>(fs::file_size(w.path, ec));
+  w.created_at = static_cast<int64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  return w;
+}
+
+void DiskTier::add_written(const KvRun& run, const Written& w) {
+  if (w.path.empty()) return;
   Entry e;
-  e.path = path;
-  e.bytes = static_cast<uint64_t>(fs::file_size(path, ec));
-  e.tokens = n_tok;
-  e.created_at = static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(
-                                          std::chrono::system_clock::now().time_since_epoch())
-                                          .count());
+  e.path = w.path;
+  e.bytes = w.bytes;
+  e.tokens = static_cast<int64_t>(run.tokens.size());
+  e.created_at = w.created_at;
   e.keys = run.keys;
   e.min_resume = run.min_resume_blocks();
   add(std::move(e));
@@ -172,6 +178,11 @@ Status DiskTier::put(const KvRun& run) {
     remove(lru_.front(), /*unlink_file=*/true);
     ++stats_.evictions;
   }
+}
+
+Status DiskTier::put(const KvRun& run) {
+  RILL_ASSIGN_OR_RETURN(Written w, write_file(run));
+  add_written(run, w);
   return Status::Ok();
 }
 

@@ -336,6 +336,38 @@ TEST(KvTiers, EvictedTwoGroupPrefixComesBackFromTheRamTier) {
   EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored KV must be bit-identical";
 }
 
+// RAM tier overflow: runs the RAM tier evicts are written to disk off the
+// engine thread, and a prompt whose run went there comes back from disk
+// (waiting for its write if it is still queued), bit for bit. The llama
+// golden: f32 KV of 768 bytes a token, so a 401-token prompt's run is 300
+// KiB and a 1 MiB RAM tier holds three.
+TEST(KvTiers, RunsTheRamTierEvictsGoToDiskAndComeBack) {
+  TmpDir dir;
+  EngineOptions o;
+  o.cache_ram_mb = 1;
+  o.kv_cache_mb = 1;
+  o.cache_dir = dir.path.string();
+  o.check_integrity = true;
+  auto e = load(kGoldens + "llama", o);
+  ASSERT_TRUE(e);
+  const auto a = random_prompt(401, 512, 1);
+  const GenRun cold = generate(*e, a, 8);
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, 400);
+  for (uint32_t seed = 2; seed < 10; ++seed) generate(*e, random_prompt(401, 512, seed), 8);
+  EngineStats s = e->stats();
+  EXPECT_GE(s.ram_tier.evictions, 1);
+  const GenRun warm = generate(*e, a, 8);
+  s = e->stats();
+  EXPECT_GE(s.disk_tier.entries, 1);
+  EXPECT_GE(s.disk_tier.hits, 1) << "a's run left the RAM tier for the disk";
+  EXPECT_EQ(warm.cached, 400);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "KV written and read back must be bit-identical";
+  EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
+  EXPECT_FALSE(kv_files(dir.path).empty());
+}
+
 // Hybrids (linear attention + full attention): a run also holds the
 // recurrent state checkpoint at its last block boundary.
 TEST(KvTiers, DiskPrefixSurvivesARestartQwen35Hybrid) { disk_round_trip(kGoldens + "qwen3_5", 512, 40, 32); }
