@@ -84,7 +84,7 @@ Status DiskTier::scan() {
         e.keys = PrefixTree::chain_keys(header->identity.ns, header->tokens, options_.block_size);
         ok = name == kv_run_file_name(e.keys.back());  // a renamed or foreign file is not trusted
         e.min_resume = header_min_resume(*header, options_.block_size);
-        ok = ok && e.min_resume >= 1;
+        ok = ok && e.min_resume >= 1 && e.min_resume <= static_cast<int32_t>(e.keys.size());  // it can resume somewhere
       }
       e.tokens = n_tok;
       e.created_at = header->created_at;
