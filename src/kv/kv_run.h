@@ -11,9 +11,9 @@
 // copying from it.
 //
 // Where a run can resume a sequence: at m of its blocks only if every
-// sliding layer holds what resuming at m reads, so a run whose sliding
-// layers dropped blocks resumes only near its end (min_resume_blocks), and
-// a run with a recurrent state only at its end.
+// sliding layer holds what resuming at m reads; the first block that needs
+// moves with m, so a run whose sliding layers dropped blocks resumes only at
+// its end (min_resume_blocks), as does a run with a recurrent state.
 //
 // TierIndex maps the prefix tree's chain keys (PrefixTree::chain_keys) to
 // the run holding that block, so a tier answers "the longest prefix of
