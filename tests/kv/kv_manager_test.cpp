@@ -355,7 +355,7 @@ void random_run(KvSpec spec, uint32_t seed) {
   std::map<std::pair<size_t, int32_t>, std::vector<int32_t>> shadow;  // (group, block) -> committed tokens
   const int32_t bs = r.pool.block_size();
   int64_t next_seq = 0;
-  int32_t n_hits = 0, n_refused = 0, n_preempted_cached = 0;  // coverage of the run
+  int32_t n_hits = 0, n_refused = 0, n_preempted_cached = 0, n_restored = 0, max_hollow = 0;  // coverage of the run
   for (int step = 0; step < 3000; ++step) {
     r.kv.begin_step();
     const uint32_t op = rng() % 10;
@@ -377,6 +377,7 @@ void random_run(KvSpec spec, uint32_t seed) {
         }
         for (size_t g = 0; g < adm->cached_blocks.size(); ++g) {
           for (size_t i = 0; i < adm->cached_blocks[g].size(); ++i) {
+            if (adm->cached_blocks[g][i] < 0) continue;  // a hollow node, dead at the resume point
             auto want = std::vector<int32_t>(toks.begin() + static_cast<long>(i) * bs,
                                              toks.begin() + static_cast<long>(i + 1) * bs);
             ASSERT_EQ(shadow[std::make_pair(g, adm->cached_blocks[g][i])], want) << "matched a block with other tokens";
@@ -413,6 +414,45 @@ void random_run(KvSpec spec, uint32_t seed) {
         for (int32_t i = 0; i < n; ++i) toks.push_back(static_cast<int32_t>(rng() % 4));
         record_saves(it->first, toks);
       }
+    } else if (op == 9 && !has_recurrent && rng() % 2 == 0) {
+      // What a cache tier's restore does: a prefix goes (back) into the tree,
+      // each group's blocks beyond its match fresh, except a sliding group's
+      // blocks before the window of the prefix's end: hollow nodes.
+      auto toks = prefixes[rng() % prefixes.size()];
+      for (uint32_t i = rng() % 5; i > 0; --i) toks.push_back(static_cast<int32_t>(rng() % 4));
+      const auto n = static_cast<int32_t>(toks.size()) / bs;
+      std::vector<PrefixMatch> m(r.kv.spec().size());
+      int32_t need = 0;
+      bool usable = true;
+      for (size_t g = 0; g < m.size(); ++g) {
+        m[g] = r.tree.match(KvManager::group_ns(0, static_cast<int32_t>(g)), std::span(toks).first(static_cast<size_t>(n * bs)));
+        const int32_t have = static_cast<int32_t>(m[g].blocks.size());
+        const int32_t first = first_needed_block(r.kv.spec()[g], n * bs, bs);
+        need += n - std::max(have, first);
+        for (int32_t b = first; b < have; ++b) usable = usable && m[g].blocks[static_cast<size_t>(b)].valid();
+      }
+      if (usable && need > 0 && r.pool.can_allocate(need)) {
+        auto fresh = r.pool.allocate(need);
+        ASSERT_TRUE(fresh.ok());
+        size_t next = 0;
+        for (size_t g = 0; g < m.size(); ++g) {
+          std::vector<int32_t> ids = m[g].block_ids();
+          const int32_t first = first_needed_block(r.kv.spec()[g], n * bs, bs);
+          for (int32_t b = static_cast<int32_t>(ids.size()); b < n; ++b) {
+            ids.push_back(b < first ? -1 : (*fresh)[next++].block());
+          }
+          r.tree.insert(KvManager::group_ns(0, static_cast<int32_t>(g)), std::span(toks).first(static_cast<size_t>(n * bs)), ids);
+          for (int32_t b = 0; b < n; ++b) {
+            const int32_t id = ids[static_cast<size_t>(b)];
+            if (id >= 0 && r.pool.is_cached(id)) {
+              shadow[{g, id}].assign(toks.begin() + static_cast<long>(b) * bs, toks.begin() + static_cast<long>(b + 1) * bs);
+            }
+          }
+          release_tail_first(m[g].blocks);
+        }
+        release_tail_first(*fresh);
+        ++n_restored;
+      }
     } else if (op < 8) {
       auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
       const int32_t n_kept = r.kv.preempt(it->first);
@@ -425,6 +465,7 @@ void random_run(KvSpec spec, uint32_t seed) {
       live.erase(it);
     }
     ASSERT_EQ(r.kv.n_sequences(), static_cast<int32_t>(live.size()));
+    max_hollow = std::max(max_hollow, r.tree.n_hollow());
     Status s = r.kv.check_integrity();
     ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.error().message;
   }
@@ -437,6 +478,12 @@ void random_run(KvSpec spec, uint32_t seed) {
   EXPECT_GT(n_refused, 0);  // the pool (or the state pool) ran out at times
   EXPECT_GT(n_hits, has_recurrent ? 20 : 50);  // shared prefixes were reused
   EXPECT_GT(n_preempted_cached, 0);
+  if (!has_recurrent) {
+    EXPECT_GT(n_restored, 10);
+  }
+  if (r.kv.spec()[0].kind == LayerKind::kSliding) {
+    EXPECT_GT(max_hollow, 0) << "restores made hollow nodes";
+  }
 }
 
 TEST(KvManager, RandomizedFull) {
