@@ -237,6 +237,7 @@ void EngineImpl::loop() {
         stats_.last_integrity_error = st.error().message;
       }
     }
+    if (tiers_) tiers_->poll();  // disk writes finished off the engine thread
     publish_stats();
   }
 }

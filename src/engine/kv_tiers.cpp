@@ -52,6 +52,7 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
     o.identity = config.identity;
     o.block_size = pool.block_size();
     RILL_ASSIGN_OR_RETURN(t->disk_, DiskTier::open(o));
+    t->writer_ = std::make_unique<DiskWriter>(*t->disk_, kMaxPendingDiskBytes);
     if (t->disk_->removed_at_open() > 0) {
       std::fprintf(stderr, "kv cache %s: removed %lld stale, corrupt or unfinished file(s)\n", o.dir.c_str(),
                    static_cast<long long>(t->disk_->removed_at_open()));
@@ -64,7 +65,21 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
   return t;
 }
 
-KvTiers::~KvTiers() { tree_.set_spill_hook(nullptr); }
+KvTiers::~KvTiers() {
+  tree_.set_spill_hook(nullptr);
+  writer_.reset();  // finishes the queued writes
+}
+
+void KvTiers::poll() {
+  if (!writer_) return;
+  for (const Error& e : writer_->collect()) note_disk_error(e);
+}
+
+void KvTiers::note_disk_error(const Error& e) {
+  ++spill_errors_;
+  last_error_ = e.message;
+  std::fprintf(stderr, "kv cache: %s\n", last_error_.c_str());
+}
 
 size_t KvTiers::state_layer_bytes(size_t layer) const {
   size_t total = 0;
@@ -93,34 +108,60 @@ std::vector<PrefixMatch> KvTiers::match_groups(uint64_t ns, std::span<const int3
   return out;
 }
 
+int32_t KvTiers::first_kept(int32_t group, int32_t n_blocks) const {
+  return first_needed_block(spec_[static_cast<size_t>(group)], n_blocks * pool_.block_size(), pool_.block_size());
+}
+
+size_t KvTiers::deepest_storable(const std::vector<std::vector<int32_t>>& ids, size_t n) const {
+  return static_cast<size_t>(deepest_resumable(spec_, static_cast<int32_t>(n), pool_.block_size(),
+                                               [&](size_t g, int32_t b) { return ids[g][static_cast<size_t>(b)] >= 0; }));
+}
+
+size_t KvTiers::run_bytes(int32_t n_blocks, bool with_state) const {
+  size_t total = 0;
+  for (const Model::KvLayer& l : layers_) {
+    const auto rows = static_cast<size_t>(n_blocks - first_kept(l.group, n_blocks)) * static_cast<size_t>(pool_.block_size());
+    total += 2 * l.row_bytes * rows;
+  }
+  if (with_state) {
+    for (size_t sl = 0; sl < state_layers_.size(); ++sl) total += state_layer_bytes(sl);
+  }
+  return total;
+}
+
 Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens,
                                     const std::vector<std::vector<int32_t>>& blocks, std::vector<uint64_t> keys,
-                                    int32_t checkpoint) const {
+                                    int32_t checkpoint, HostBytes memory) const {
   auto run = std::make_shared<KvRun>();
   const int32_t bs = pool_.block_size();
-  const size_t n_blocks = keys.size();
+  const auto n_blocks = static_cast<int32_t>(keys.size());
   run->ns = ns;
   run->block_size = bs;
   run->tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n_blocks) * bs);
   run->keys = std::move(keys);
-  size_t total = 0;
-  for (const Model::KvLayer& l : layers_) total += 2 * l.row_bytes * run->tokens.size();
-  if (checkpoint >= 0) {
-    for (size_t sl = 0; sl < state_layers_.size(); ++sl) total += state_layer_bytes(sl);
+  const size_t total = run_bytes(n_blocks, checkpoint >= 0);
+  if (!memory || memory.size() < total) {
+    RILL_ASSIGN_OR_RETURN(memory, HostBytes::own(total));
   }
-  run->storage.resize(total);
-  uint8_t* p = run->storage.data();
+  run->host = std::move(memory);
+  uint8_t* p = run->host.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const size_t tensor = layers_[l].row_bytes * run->tokens.size();
+    const int32_t g = layers_[l].group;
+    const int32_t first = first_kept(g, n_blocks);
     const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
-    const std::vector<int32_t>& ids = blocks[static_cast<size_t>(layers_[l].group)];
-    assert(ids.size() >= n_blocks);
+    const size_t tensor = block_bytes * static_cast<size_t>(n_blocks - first);
+    const std::vector<int32_t>& ids = blocks[static_cast<size_t>(g)];
+    assert(static_cast<int32_t>(ids.size()) >= n_blocks);
     uint8_t* k = p;
     uint8_t* v = p + tensor;
-    for (size_t b = 0; b < n_blocks; ++b) {
-      RILL_TRY(model_.copy_kv_out(static_cast<int64_t>(l), ids[b], k + b * block_bytes, v + b * block_bytes));
+    for (int32_t b = first; b < n_blocks; ++b) {
+      const size_t off = static_cast<size_t>(b - first) * block_bytes;
+      RILL_TRY(model_.copy_kv_out(static_cast<int64_t>(l), ids[static_cast<size_t>(b)], k + off, v + off));
     }
-    run->kinds.push_back(spec_[static_cast<size_t>(layers_[l].group)].kind);
+    const LayerGroupSpec& spec = spec_[static_cast<size_t>(g)];
+    run->kinds.push_back(spec.kind);
+    run->windows.push_back(spec.kind == LayerKind::kSliding ? spec.window : 0);
+    run->first_block.push_back(first);
     run->dtypes.push_back(layers_[l].dtype);
     run->row_bytes.push_back(layers_[l].row_bytes);
     run->k.emplace_back(k, tensor);
@@ -143,21 +184,28 @@ Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens
   return KvRunPtr(std::move(run));
 }
 
-void KvTiers::to_disk(const KvRun& run) {
-  if (!disk_) return;
-  Status st = disk_->put(run);
-  if (!st.ok()) {
-    ++spill_errors_;
-    last_error_ = st.error().message;
-    std::fprintf(stderr, "kv cache: %s\n", last_error_.c_str());
+void KvTiers::to_disk(KvRunPtr run) {
+  if (writer_) writer_->push(std::move(run));
+}
+
+size_t KvTiers::storable_prefix(std::vector<std::vector<int32_t>>& ids, size_t n, int32_t* checkpoint) const {
+  *checkpoint = -1;
+  for (;;) {
+    const size_t resumable = deepest_storable(ids, n);
+    n = resumable;
+    if (!hybrid() || n == 0) return n;
+    *checkpoint = trim_to_checkpoint(ids[static_cast<size_t>(key_group_)], &n);
+    if (n == resumable) return n;
   }
 }
 
 void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks) {
   if (blocks.empty()) return;
+  poll();
   auto owner = group_of_ns_.find(group_ns);
   if (owner == group_of_ns_.end()) return;  // a namespace no request of ours used
   const uint64_t ns = owner->second.ns;
+  const int32_t bs = pool_.block_size();
   // The prefix every group's chain covers: the evicted group's chain, the
   // others as the tree holds them now (read without leases: no allocation
   // or pool change may happen inside the hook).
@@ -168,32 +216,51 @@ void KvTiers::spill(uint64_t group_ns, std::span<const int32_t> tokens, std::spa
     if (g == owner->second.group) {
       mine.assign(blocks.begin(), blocks.end());
     } else {
-      mine = tree_.find_chain(KvManager::group_ns(ns, g), tokens.first(n * static_cast<size_t>(pool_.block_size())));
+      mine = tree_.find_chain(KvManager::group_ns(ns, g), tokens.first(n * static_cast<size_t>(bs)));
     }
     n = std::min(n, mine.size());
   }
-  const int32_t checkpoint = hybrid() ? trim_to_checkpoint(ids[static_cast<size_t>(key_group_)], &n) : -1;
+  // Hollow nodes (-1) hold no KV: store the longest prefix whose kept
+  // blocks are all there (and, hybrid, that ends at a checkpoint).
+  int32_t checkpoint = -1;
+  n = storable_prefix(ids, n, &checkpoint);
   if (n == 0) return;
-  std::vector<uint64_t> keys =
-      PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(pool_.block_size())), pool_.block_size());
+  std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(bs)), bs);
   if (keys.size() != n) return;
+  // Already held below. A run holding this block but unable to resume here
+  // counts too: otherwise a chain evicted tail first would be stored once
+  // per block.
   const uint64_t last = keys.back();
-  if ((ram_ && ram_->covers(last)) || (disk_ && disk_->covers(last))) return;  // already held below
-  auto run = build_run(ns, tokens, ids, std::move(keys), checkpoint);
+  if ((ram_ && ram_->covers(last)) || (disk_ && (disk_->covers(last) || writer_->covers(last)))) return;
+  // A run the RAM tier keeps is copied straight into arena bytes: make room
+  // first (the runs it evicts go down, and their bytes come back), so the
+  // copy needs no fresh memory.
+  const size_t total = run_bytes(static_cast<int32_t>(n), checkpoint >= 0);
+  const bool keep_in_ram = ram_ && total <= ram_->cap_bytes();
+  HostBytes memory;
+  if (keep_in_ram) {
+    for (KvRunPtr& evicted : ram_->make_room(total)) to_disk(std::move(evicted));
+    memory = ram_->allocate(total);
+  }
+  auto run = build_run(ns, tokens, ids, std::move(keys), checkpoint, std::move(memory));
   if (!run.ok()) {
     ++spill_errors_;
     last_error_ = run.error().message;
     return;
   }
-  if (!ram_) {
-    to_disk(**run);
+  if (!keep_in_ram) {
+    to_disk(std::move(*run));
     return;
   }
-  for (const KvRunPtr& evicted : ram_->put(std::move(*run))) to_disk(*evicted);
+  for (KvRunPtr& evicted : ram_->put(std::move(*run))) to_disk(std::move(evicted));
 }
 
 bool KvTiers::run_fits_model(const KvRun& run) const {
   if (run.k.size() != layers_.size() || run.block_size != pool_.block_size()) return false;
+  if (run.kinds.size() != layers_.size() || run.windows.size() != layers_.size() ||
+      run.first_block.size() != layers_.size()) {
+    return false;
+  }
   if (run.state.size() != state_layers_.size()) return false;
   for (size_t sl = 0; sl < run.state.size(); ++sl) {
     const auto& want = state_layers_[sl];
@@ -208,11 +275,17 @@ bool KvTiers::run_fits_model(const KvRun& run) const {
       }
     }
   }
+  const int32_t n_blocks = run.n_blocks();
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const size_t tensor = layers_[l].row_bytes * run.tokens.size();
-    if (run.kinds[l] != spec_[static_cast<size_t>(layers_[l].group)].kind || run.dtypes[l] != layers_[l].dtype ||
-        run.row_bytes[l] != layers_[l].row_bytes || run.k[l].size() != tensor ||
-        run.v[l].size() != tensor) {
+    const LayerGroupSpec& spec = spec_[static_cast<size_t>(layers_[l].group)];
+    const int32_t first = run.first_block[l];
+    // A layer that dropped blocks must have dropped them by this model's window.
+    if (first < 0 || first > n_blocks || (first > 0 && (spec.kind != LayerKind::kSliding || run.windows[l] != spec.window))) {
+      return false;
+    }
+    const size_t tensor = layers_[l].row_bytes * static_cast<size_t>(n_blocks - first) * static_cast<size_t>(run.block_size);
+    if (run.kinds[l] != spec.kind || run.dtypes[l] != layers_[l].dtype || run.row_bytes[l] != layers_[l].row_bytes ||
+        run.k[l].size() != tensor || run.v[l].size() != tensor) {
       return false;
     }
   }
@@ -221,6 +294,7 @@ bool KvTiers::run_fits_model(const KvRun& run) const {
 
 int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
   learn_ns(ns);
+  poll();
   const int32_t bs = pool_.block_size();
   if (prompt.size() < 2) return 0;
   const auto n_full = static_cast<int32_t>((prompt.size() - 1) / static_cast<size_t>(bs));
@@ -238,6 +312,15 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
   bool from_disk = false;
   if (ram_) hit = ram_->find(keys);
   if (disk_ && (!hit || hit->second < n_full)) {
+    // A run still on its way to disk that holds more of the prompt than
+    // what we have is worth waiting for (a write, not a prefill).
+    const int32_t have = hit ? hit->second : m;
+    for (int32_t b = n_full - 1; b >= have; --b) {
+      if (writer_->covers(keys[static_cast<size_t>(b)])) {
+        for (const Error& e : writer_->flush()) note_disk_error(e);
+        break;
+      }
+    }
     auto disk_hit = disk_->find(keys, ns);
     if (disk_hit && (!hit || disk_hit->second > hit->second)) {
       hit = std::move(disk_hit);
@@ -254,12 +337,24 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
     return 0;
   }
   if (hybrid() && n != run.n_blocks()) return 0;  // the state is at the run's end only
-  // Per group: blocks [m_g, n) come from the run into fresh blocks.
+  // Per group: the device keeps its blocks [0, first[g]); blocks [first[g], n)
+  // come from the run into fresh blocks, except those resuming at n does not
+  // read (first_kept), which a sliding layer's run may lack: hollow nodes.
   std::vector<int32_t> first(spec_.size(), n);
   int32_t need = 0;
   for (int32_t g : attention_groups_) {
-    first[static_cast<size_t>(g)] = std::min(n, static_cast<int32_t>(device[static_cast<size_t>(g)].blocks.size()));
-    need += n - first[static_cast<size_t>(g)];
+    const auto gi = static_cast<size_t>(g);
+    first[gi] = std::min(n, static_cast<int32_t>(device[gi].blocks.size()));
+    need += n - std::max(first[gi], first_kept(g, n));
+    // Resuming at n reads blocks [first_kept, n): the device's part of them
+    // must hold KV, the run must hold the rest.
+    for (int32_t b = first_kept(g, n); b < first[gi]; ++b) {
+      if (!device[gi].blocks[static_cast<size_t>(b)].valid()) return 0;
+    }
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const int32_t g = layers_[l].group;
+    if (run.first_block[l] > std::max(first[static_cast<size_t>(g)], first_kept(g, n))) return 0;
   }
   if (!pool_.can_allocate(need)) return 0;
   auto fresh = pool_.allocate(need);  // may evict (and spill) other cached blocks
@@ -271,16 +366,18 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
   std::vector<std::vector<int32_t>> ids(spec_.size());
   size_t next = 0;
   for (int32_t g : attention_groups_) {
-    ids[static_cast<size_t>(g)] = device[static_cast<size_t>(g)].block_ids();
-    ids[static_cast<size_t>(g)].resize(static_cast<size_t>(first[static_cast<size_t>(g)]));
-    for (int32_t b = first[static_cast<size_t>(g)]; b < n; ++b) ids[static_cast<size_t>(g)].push_back((*fresh)[next++].block());
+    const auto gi = static_cast<size_t>(g);
+    ids[gi] = device[gi].block_ids();
+    ids[gi].resize(static_cast<size_t>(first[gi]));
+    for (int32_t b = first[gi]; b < n; ++b) ids[gi].push_back(b < first_kept(g, n) ? -1 : (*fresh)[next++].block());
   }
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const auto g = static_cast<size_t>(layers_[l].group);
+    const int32_t g = layers_[l].group;
+    const auto gi = static_cast<size_t>(g);
     const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
-    for (int32_t b = first[g]; b < n; ++b) {
-      const size_t off = static_cast<size_t>(b) * block_bytes;
-      Status st = model_.copy_kv_in(static_cast<int64_t>(l), ids[g][static_cast<size_t>(b)], run.k[l].data() + off,
+    for (int32_t b = std::max(first[gi], first_kept(g, n)); b < n; ++b) {
+      const size_t off = static_cast<size_t>(b - run.first_block[l]) * block_bytes;
+      Status st = model_.copy_kv_in(static_cast<int64_t>(l), ids[gi][static_cast<size_t>(b)], run.k[l].data() + off,
                                     run.v[l].data() + off);
       if (!st.ok()) {
         last_error_ = st.error().message;
@@ -339,13 +436,15 @@ Result<int32_t> KvTiers::persist(uint64_t ns, std::span<const int32_t> tokens) {
     ids[static_cast<size_t>(g)] = device[static_cast<size_t>(g)].block_ids();
     n = std::min(n, ids[static_cast<size_t>(g)].size());
   }
-  const int32_t checkpoint = hybrid() ? trim_to_checkpoint(ids[static_cast<size_t>(key_group_)], &n) : -1;
+  int32_t checkpoint = -1;
+  n = storable_prefix(ids, n, &checkpoint);
   if (n == 0) {
     return Error{"cache warm: the prompt has no full block of " + std::to_string(bs) + " tokens cached" +
                  (hybrid() ? " with a recurrent-state checkpoint" : "")};
   }
   std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(bs)), bs);
   RILL_ASSIGN_OR_RETURN(KvRunPtr run, build_run(ns, tokens, ids, std::move(keys), checkpoint));
+  for (const Error& e : writer_->flush()) note_disk_error(e);  // one writer per file name at a time
   RILL_TRY(disk_->put(*run));
   for (PrefixMatch& d : device) release_tail_first(d.blocks);
   return static_cast<int32_t>(n) * bs;

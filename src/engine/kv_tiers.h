@@ -6,8 +6,10 @@
 //    over the chain root -> that block (spill hook). Unless a tier already
 //    holds that chain, its KV is copied out of the model into a run (KvRun)
 //    that goes to the RAM tier; runs the RAM tier evicts go to the disk tier
-//    (or straight to disk without a RAM tier). A chain is stored whole, so
-//    one run serves every prompt that shares any prefix of it.
+//    (or straight to disk without a RAM tier). A chain is stored from its
+//    root, so one run serves every prompt that shares a prefix of it that
+//    the run can resume at (below). The RAM tier's runs live in its
+//    pre-faulted arena: the spill makes room first, then copies once.
 //  - Restore: before a request is scheduled, the longest prefix of its
 //    prompt that a tier holds beyond what the device cache matches is copied
 //    into fresh device blocks and inserted into the prefix tree; admission
@@ -22,6 +24,14 @@
 // covers, and a restore puts every group's blocks back so admission's
 // common match covers them.
 //
+// Sliding groups: a run of n blocks keeps only blocks [first_needed_block
+// (model/kv_spec.h), n) of a sliding group: what resuming at n reads. So it
+// can resume a prompt only at depths where it holds what that resume reads
+// (KvRun::min_resume_blocks; the tiers index only those), and a restore
+// inserts the blocks it lacks as hollow tree nodes (PrefixTree), before the
+// window of the restored prefix, which admission never resumes into. A
+// chain with hollow nodes is stored only as deep as its kept blocks exist.
+//
 // Hybrid models (one recurrent group): a run ends at a block boundary whose
 // recurrent-state checkpoint (StatePool, keyed by the key group's block, as
 // KvManager keys them) exists, and holds that state (kind "recurrent" in the
@@ -29,7 +39,10 @@
 // so admission resumes the recurrence there. Such a run serves only prompts
 // that extend its whole prefix (there is no state at its inner boundaries).
 //
-// Everything runs on the engine thread. Disk writes are synchronous.
+// Everything runs on the engine thread, except writing spilled runs to disk:
+// a DiskWriter thread does that off the request's path, and poll() (the
+// engine calls it every loop) indexes the finished files. A warm-up's
+// persist() writes synchronously (its request reports what was written).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -40,6 +53,7 @@
 #include "core/result.h"
 #include "kv/block_pool.h"
 #include "kv/disk_tier.h"
+#include "kv/disk_writer.h"
 #include "kv/prefix_tree.h"
 #include "kv/ram_tier.h"
 #include "kv/state_pool.h"
@@ -77,6 +91,9 @@ class KvTiers {
   // to the disk tier. Errors: no disk tier, nothing cached, a write failure.
   Result<int32_t> persist(uint64_t ns, std::span<const int32_t> tokens);
 
+  // Indexes the disk writes finished since the last call (engine thread).
+  void poll();
+
   const RamTier* ram() const { return ram_.get(); }
   const DiskTier* disk() const { return disk_.get(); }
   int64_t restored_tokens() const { return restored_tokens_; }
@@ -88,9 +105,22 @@ class KvTiers {
   // Copies the KV of blocks[g][0, keys.size()) of every attention group g
   // out of the model into a new run, and (hybrid models) the recurrent
   // state of checkpoint slot `checkpoint`.
+  // The run's bytes go into `memory` when it holds them (else a mapping of
+  // its own).
   Result<KvRunPtr> build_run(uint64_t ns, std::span<const int32_t> tokens,
                              const std::vector<std::vector<int32_t>>& blocks, std::vector<uint64_t> keys,
-                             int32_t checkpoint = -1) const;
+                             int32_t checkpoint = -1, HostBytes memory = HostBytes()) const;
+  // Bytes of a run of n_blocks (with the recurrent state: with_state).
+  size_t run_bytes(int32_t n_blocks, bool with_state) const;
+  // The first block of `group` a run of n_blocks keeps (and a resume at
+  // n_blocks reads): first_needed_block (model/kv_spec.h).
+  int32_t first_kept(int32_t group, int32_t n_blocks) const;
+  // The deepest n' <= n at which every group's chain `ids` (-1: a hollow
+  // node, no KV) holds the blocks a run of n' keeps.
+  size_t deepest_storable(const std::vector<std::vector<int32_t>>& ids, size_t n) const;
+  // deepest_storable, and for hybrid models also ending at a checkpoint
+  // (*checkpoint: its slot, else -1).
+  size_t storable_prefix(std::vector<std::vector<int32_t>>& ids, size_t n, int32_t* checkpoint) const;
   // Hybrid models: shortens *n_blocks to the deepest boundary of the key
   // group's chain `key_blocks` that has a checkpoint; returns its slot, -1
   // when there is none (then *n_blocks is 0).
@@ -102,7 +132,11 @@ class KvTiers {
   // Each attention group's device match of `tokens` (leases held).
   std::vector<PrefixMatch> match_groups(uint64_t ns, std::span<const int32_t> tokens);
   bool run_fits_model(const KvRun& run) const;
-  void to_disk(const KvRun& run);
+  // Queues a run for the disk tier (no-op without one).
+  void to_disk(KvRunPtr run);
+  void note_disk_error(const Error& e);
+  // Spilled runs queued for disk beyond this wait for older writes.
+  static constexpr size_t kMaxPendingDiskBytes = size_t{256} << 20;
 
   Model& model_;
   BlockPool& pool_;
@@ -120,6 +154,7 @@ class KvTiers {
   std::unordered_map<uint64_t, GroupOf> group_of_ns_;  // by group namespace
   std::unique_ptr<RamTier> ram_;
   std::unique_ptr<DiskTier> disk_;
+  std::unique_ptr<DiskWriter> writer_;  // with disk_
   int64_t restored_tokens_ = 0, spill_errors_ = 0;
   std::string last_error_;
 };

@@ -20,6 +20,26 @@ size_t dtype_bytes(DType t) {
   const DTypeInfo info = dtype_info(t);
   return static_cast<size_t>(info.block_bytes) / static_cast<size_t>(info.block_size);
 }
+
+// The run's resume rule (kv_min_resume_blocks) from a file's header; 0 when
+// a layer's firstToken is not on a block boundary (not a file we wrote).
+int32_t header_min_resume(const KvFileHeader& h, int32_t block_size) {
+  std::vector<LayerKind> kinds;
+  std::vector<int32_t> windows, first_block;
+  bool has_state = false;
+  for (const KvLayerDesc& l : h.layers) {
+    if (l.kind == LayerKind::kRecurrent) {
+      has_state = true;
+      continue;
+    }
+    if (l.first_token % block_size != 0) return 0;
+    kinds.push_back(l.kind);
+    windows.push_back(l.window);
+    first_block.push_back(static_cast<int32_t>(l.first_token / block_size));
+  }
+  const auto n_blocks = static_cast<int32_t>(h.tokens.size() / static_cast<size_t>(block_size));
+  return kv_min_resume_blocks(n_blocks, block_size, has_state, kinds, windows, first_block);
+}
 }  // namespace
 
 std::string kv_run_file_name(uint64_t last_key) { return hex64(last_key) + kSuffix; }
@@ -63,6 +83,8 @@ Status DiskTier::scan() {
       if (ok) {
         e.keys = PrefixTree::chain_keys(header->identity.ns, header->tokens, options_.block_size);
         ok = name == kv_run_file_name(e.keys.back());  // a renamed or foreign file is not trusted
+        e.min_resume = header_min_resume(*header, options_.block_size);
+        ok = ok && e.min_resume >= 1 && e.min_resume <= static_cast<int32_t>(e.keys.size());  // it can resume somewhere
       }
       e.tokens = n_tok;
       e.created_at = header->created_at;
@@ -97,7 +119,7 @@ void DiskTier::add(Entry e) {
   const uint64_t id = next_id_++;
   lru_.push_back(id);
   e.lru = std::prev(lru_.end());
-  index_.add(id, e.keys);
+  index_.add(id, e.keys, e.min_resume);
   bytes_ += e.bytes;
   entries_.emplace(id, std::move(e));
   stats_.bytes = static_cast<int64_t>(bytes_);
@@ -116,36 +138,51 @@ void DiskTier::remove(uint64_t id, bool unlink_file) {
   stats_.entries = static_cast<int64_t>(entries_.size());
 }
 
-Status DiskTier::put(const KvRun& run) {
-  const size_t b = run.bytes();
-  if (b > options_.cap_bytes || run.keys.empty()) return Status::Ok();
+Result<DiskTier::Written> DiskTier::write_file(const KvRun& run) const {
+  Written w;
+  if (run.bytes() > options_.cap_bytes || run.keys.empty()) return w;  // not kept: nothing to write
   std::vector<KvLayerData> layers(run.k.size());
   const auto n_tok = static_cast<int64_t>(run.tokens.size());
   for (size_t l = 0; l < run.k.size(); ++l) {
     const auto width = static_cast<int64_t>(run.row_bytes[l] / dtype_bytes(run.dtypes[l]));
+    const int64_t first = static_cast<int64_t>(run.first_block[l]) * run.block_size;
     layers[l].kind = run.kinds[l];
-    layers[l].tensors.push_back({"k", {n_tok, width}, run.dtypes[l], run.k[l]});
-    layers[l].tensors.push_back({"v", {n_tok, width}, run.dtypes[l], run.v[l]});
+    layers[l].window = run.windows[l];
+    layers[l].first_token = first;
+    layers[l].tensors.push_back({"k", {n_tok - first, width}, run.dtypes[l], run.k[l]});
+    layers[l].tensors.push_back({"v", {n_tok - first, width}, run.dtypes[l], run.v[l]});
   }
   layers.insert(layers.end(), run.state.begin(), run.state.end());
   KvFileIdentity id = options_.identity;
   id.ns = run.ns;
-  const std::string path = (fs::path(options_.dir) / kv_run_file_name(run.keys.back())).string();
-  RILL_TRY(write_kv_file(path, id, run.tokens, layers));
+  w.path = (fs::path(options_.dir) / kv_run_file_name(run.keys.back())).string();
+  RILL_TRY(write_kv_file(w.path, id, run.tokens, layers));
   std::error_code ec;
+  w.bytes = static_cast<uint64_t>(fs::file_size(w.path, ec));
+  w.created_at = static_cast<int64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  return w;
+}
+
+void DiskTier::add_written(const KvRun& run, const Written& w) {
+  if (w.path.empty()) return;
   Entry e;
-  e.path = path;
-  e.bytes = static_cast<uint64_t>(fs::file_size(path, ec));
-  e.tokens = n_tok;
-  e.created_at = static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(
-                                          std::chrono::system_clock::now().time_since_epoch())
-                                          .count());
+  e.path = w.path;
+  e.bytes = w.bytes;
+  e.tokens = static_cast<int64_t>(run.tokens.size());
+  e.created_at = w.created_at;
   e.keys = run.keys;
+  e.min_resume = run.min_resume_blocks();
   add(std::move(e));
   while (bytes_ > options_.cap_bytes && lru_.size() > 1) {
     remove(lru_.front(), /*unlink_file=*/true);
     ++stats_.evictions;
   }
+}
+
+Status DiskTier::put(const KvRun& run) {
+  RILL_ASSIGN_OR_RETURN(Written w, write_file(run));
+  add_written(run, w);
   return Status::Ok();
 }
 
@@ -184,10 +221,12 @@ std::optional<std::pair<KvRunPtr, int32_t>> DiskTier::find(std::span<const uint6
       }
       ok = d.tensors.size() == 2 && d.tensors[0].name == "k" && d.tensors[1].name == "v" &&
            d.tensors[0].shape.size() == 2 && d.tensors[0].shape == d.tensors[1].shape &&
-           d.tensors[0].dtype == d.tensors[1].dtype &&
-           d.tensors[0].shape[0] == static_cast<int64_t>(run->tokens.size());
+           d.tensors[0].dtype == d.tensors[1].dtype && d.first_token % options_.block_size == 0 &&
+           d.tensors[0].shape[0] + d.first_token == static_cast<int64_t>(run->tokens.size());
       if (!ok) break;
       run->kinds.push_back(d.kind);
+      run->windows.push_back(d.window);
+      run->first_block.push_back(static_cast<int32_t>(d.first_token / options_.block_size));
       run->dtypes.push_back(d.tensors[0].dtype);
       run->row_bytes.push_back(static_cast<size_t>(d.tensors[0].shape[1]) * dtype_bytes(d.tensors[0].dtype));
       run->k.push_back(shared->tensor(l, 0));

@@ -45,8 +45,22 @@ class DiskTier {
   // Writes `run` as a file (atomically) and evicts least recently used files
   // beyond the cap. A run larger than the cap is not written.
   Status put(const KvRun& run);
+  // put() in two halves, so the write can leave the engine thread
+  // (DiskWriter): write_file touches only the file system and the tier's
+  // options, so another thread may run it while the engine thread uses the
+  // tier (one write per file name at a time); add_written (engine thread)
+  // then indexes the file and evicts beyond the cap. An empty path: the run
+  // was not written (larger than the cap).
+  struct Written {
+    std::string path;
+    uint64_t bytes = 0;
+    int64_t created_at = 0;
+  };
+  Result<Written> write_file(const KvRun& run) const;
+  void add_written(const KvRun& run, const Written& w);
   // The run (mapped from its file) holding the longest prefix of `keys` in
-  // namespace ns, and how many blocks match; nullopt on a miss or when the
+  // namespace ns that it can resume at (KvRun::min_resume_blocks), and how
+  // many blocks match; nullopt on a miss or when the
   // file fails (then it is removed and counted as an error).
   std::optional<std::pair<KvRunPtr, int32_t>> find(std::span<const uint64_t> keys, uint64_t ns);
 
@@ -75,6 +89,7 @@ class DiskTier {
     uint64_t bytes = 0;
     int64_t tokens = 0, created_at = 0;
     std::vector<uint64_t> keys;
+    int32_t min_resume = 1;  // KvRun::min_resume_blocks of the file's run
     std::list<uint64_t>::iterator lru;
   };
   explicit DiskTier(DiskTierOptions options) : options_(std::move(options)) {}

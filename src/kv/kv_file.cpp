@@ -136,7 +136,10 @@ Status write_kv_file(const std::string& path, const KvFileIdentity& identity, st
                       {"hash", hex64(hash64(t.bytes.data(), t.bytes.size()))}});
         off = align_up(off + t.bytes.size());
       }
-      jl.push_back({{"kind", kind_name(l.kind)}, {"tensors", std::move(jt)}});
+      json layer = {{"kind", kind_name(l.kind)}, {"tensors", std::move(jt)}};
+      if (l.window > 0) layer["window"] = l.window;
+      if (l.first_token > 0) layer["firstToken"] = l.first_token;
+      jl.push_back(std::move(layer));
     }
     h["layers"] = jl;
     text = h.dump();
@@ -250,6 +253,20 @@ Result<KvFileHeader> parse_kv_header(std::span<const uint8_t> prefix, uint64_t f
     if (!jl.is_object() || !jl.contains("kind") || !jl["kind"].is_string() ||
         !parse_kind(jl["kind"].get<std::string>(), &l.kind) || !jl.contains("tensors") || !jl["tensors"].is_array()) {
       return bad(name, "layer " + std::to_string(out.layers.size()));
+    }
+    if (jl.contains("window")) {
+      const json& w = jl["window"];
+      if (!w.is_number_unsigned() || w.get<uint64_t>() > INT32_MAX) {
+        return bad(name, "layer " + std::to_string(out.layers.size()) + " window");
+      }
+      l.window = static_cast<int32_t>(w.get<uint64_t>());
+    }
+    if (jl.contains("firstToken")) {
+      const json& f = jl["firstToken"];
+      if (!f.is_number_unsigned() || f.get<uint64_t>() > out.tokens.size()) {
+        return bad(name, "layer " + std::to_string(out.layers.size()) + " firstToken");
+      }
+      l.first_token = static_cast<int64_t>(f.get<uint64_t>());
     }
     for (const json& jt : jl["tensors"]) {
       KvTensorDesc t;

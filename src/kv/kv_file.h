@@ -7,10 +7,17 @@
 //   u64           XXH3-64 of the header JSON
 //   header JSON   {formatVersion: 2, modelId, configFingerprint, ns,
 //                  tokenizerHash, createdAt, tokens: [ids],
-//                  layers: [{kind, tensors: [{name, off, bytes, shape,
-//                  dtype, hash}]}]}
+//                  layers: [{kind, window?, firstToken?, tensors: [{name,
+//                  off, bytes, shape, dtype, hash}]}]}
 //   tensor data   each tensor at an absolute offset that is a multiple of
 //                 16 KiB (so the mapping can be handed to a device as is)
+//
+// A layer may hold fewer rows than `tokens`: a sliding-window layer keeps
+// only what resuming after the last token reads. Such a layer says so with
+// "window" (its sliding window in tokens) and "firstToken" (the position of
+// its tensors' first row; its K / V have tokens.length - firstToken rows).
+// Both are optional members of a layer object (absent: 0, every row), so a
+// file without them is the same v2 file as before.
 //
 // All integers little-endian. ns, tokenizerHash and every tensor hash are
 // 16 hex digits (XXH3-64; JSON numbers would lose bits in many readers).
@@ -55,6 +62,8 @@ struct KvTensorDesc {
 
 struct KvLayerDesc {
   LayerKind kind = LayerKind::kFull;
+  int32_t window = 0;       // "window": sliding layers, tokens
+  int64_t first_token = 0;  // "firstToken": position of the first row held
   std::vector<KvTensorDesc> tensors;
 };
 
@@ -75,6 +84,8 @@ struct KvTensorData {
 struct KvLayerData {
   LayerKind kind = LayerKind::kFull;
   std::vector<KvTensorData> tensors;
+  int32_t window = 0;       // written when > 0
+  int64_t first_token = 0;  // written when > 0
 };
 
 // Writes the file atomically (see above). Errors name the path.

@@ -47,8 +47,7 @@ int32_t KvManager::blocks_for(int32_t n_tokens) const { return (n_tokens + bs_ -
 // The next token is at position n_tokens and attends to positions
 // >= n_tokens - window + 1; block b is dead when (b+1)*bs <= that bound.
 int32_t KvManager::n_dead_blocks(const LayerGroupSpec& g, int32_t n_tokens) const {
-  if (g.kind != LayerKind::kSliding) return 0;
-  return std::max(0, (n_tokens - g.window + 1) / bs_);
+  return first_needed_block(g, n_tokens, bs_);
 }
 
 bool KvManager::has_recurrent() const {
@@ -119,16 +118,25 @@ Result<Admission> KvManager::admit(int64_t seq, uint64_t ns, std::span<const int
       common = std::min(common, matches[g].n_tokens);
     }
   }
-  if (has_recurrent() && common > 0) {
+  // Resume where every group holds the blocks the next token reads (a
+  // match may pass hollow nodes a cache tier restored) and, with a
+  // recurrent group, where a checkpoint is; each trim may call for the other.
+  int32_t k = common / bs_;
+  std::optional<int32_t> ckpt;
+  for (;;) {
+    const int32_t resumable = deepest_resumable(matches, k);
+    k = resumable;
+    if (!has_recurrent() || k == 0) break;
     const auto& key = matches[static_cast<size_t>(key_group_)].blocks;
-    int32_t k = common / bs_;
-    std::optional<int32_t> ckpt;
     for (; k > 0; --k) {
-      if ((ckpt = states_.find_checkpoint(key[static_cast<size_t>(k - 1)].block()))) break;
+      const BlockLease& l = key[static_cast<size_t>(k - 1)];
+      if (l.valid() && (ckpt = states_.find_checkpoint(l.block()))) break;
     }
-    common = k * bs_;
-    out.state_restore = k > 0 ? *ckpt : -1;
+    if (k == resumable) break;
+    ckpt.reset();
   }
+  common = k * bs_;
+  if (has_recurrent()) out.state_restore = k > 0 && ckpt ? *ckpt : -1;
   s.restore = out.state_restore;
   s.n_prompt = n_prompt;
   out.n_cached_tokens = common;
@@ -152,6 +160,12 @@ Result<Admission> KvManager::admit(int64_t seq, uint64_t ns, std::span<const int
   s.n_tokens = common;
   seqs_.emplace(seq, std::move(s));
   return out;
+}
+
+int32_t KvManager::deepest_resumable(const std::vector<PrefixMatch>& matches, int32_t k) const {
+  return rill::deepest_resumable(spec_, k, bs_, [&](size_t g, int32_t b) {
+    return matches[g].blocks[static_cast<size_t>(b)].valid();
+  });
 }
 
 int32_t KvManager::blocks_needed(int64_t seq, int32_t n_new_tokens) const {

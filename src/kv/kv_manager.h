@@ -164,6 +164,10 @@ class KvManager {
   // Blocks of a sliding group that no token at position >= n_tokens attends to.
   int32_t n_dead_blocks(const LayerGroupSpec& g, int32_t n_tokens) const;
   bool has_recurrent() const;
+  // The deepest m <= k at which every attention group's match holds the
+  // blocks resuming at m reads (first_needed_block): holes (hollow nodes)
+  // may only lie before them.
+  int32_t deepest_resumable(const std::vector<PrefixMatch>& matches, int32_t k) const;
   // Whether the boundary after block k (1-based count of full blocks) gets a checkpoint.
   bool wants_checkpoint(const Sequence& s, int32_t k) const;
   void plan_checkpoints(Sequence& s, int32_t n_before);

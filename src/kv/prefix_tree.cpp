@@ -15,7 +15,7 @@ constexpr uint64_t kRootSeed = 0x72696c6c2d6b7630ull;  // "rill-kv0"
 std::vector<int32_t> PrefixMatch::block_ids() const {
   std::vector<int32_t> ids;
   ids.reserve(blocks.size());
-  for (const auto& l : blocks) ids.push_back(l.block());
+  for (const auto& l : blocks) ids.push_back(l.valid() ? l.block() : -1);
   return ids;
 }
 
@@ -121,7 +121,7 @@ PrefixMatch PrefixTree::match(uint64_t ns, std::span<const int32_t> tokens) {
     if (it == node->children.end()) break;
     Node* child = it->second.get();
     if (!std::equal(block_tokens.begin(), block_tokens.end(), child->tokens.begin())) break;  // collision
-    m.blocks.push_back(pool_.acquire(child->block));
+    m.blocks.push_back(hollow(*child) ? BlockLease() : pool_.acquire(child->block));
     node = child;
   }
   m.n_tokens = static_cast<int32_t>(m.blocks.size()) * block_size_;
@@ -134,33 +134,57 @@ int32_t PrefixTree::insert(uint64_t ns, std::span<const int32_t> tokens, std::sp
   int32_t n_inserted = 0;
   for (size_t i = 0; i < block_ids.size(); ++i) {
     const int32_t block = block_ids[i];
-    assert(pool_.refcount(block) > 0 && "insert requires a lease on every block");
+    assert((block < 0 || pool_.refcount(block) > 0) && "insert requires a lease on every block");
     auto block_tokens = tokens.subspan(i * block_size_, block_size_);
     const uint64_t key = block_key(node->key, ns, block_tokens);
     auto it = node->children.find(key);
     if (it != node->children.end()) {
       Node* child = it->second.get();
       if (!std::equal(block_tokens.begin(), block_tokens.end(), child->tokens.begin())) break;  // collision
+      if (hollow(*child) && block >= 0 && !pool_.is_cached(block)) {  // computed KV fills a hollow node
+        child->block = block;
+        node_of_block_[block] = child;
+        ns_of_block_[block] = ns;
+        pool_.mark_cached(block);
+        --n_hollow_;
+        ++n_nodes_;
+        ++n_inserted;
+      }
       node = child;  // already cached (maybe under another block id)
       continue;
     }
-    if (pool_.is_cached(block)) break;  // this id is a node elsewhere
+    if (block >= 0 && pool_.is_cached(block)) break;  // this id is a node elsewhere
     auto child = std::make_unique<Node>();
     child->key = key;
     child->block = block;
     child->parent = node;
     child->tokens.assign(block_tokens.begin(), block_tokens.end());
-    node_of_block_[block] = child.get();
-    ns_of_block_[block] = ns;
-    pool_.mark_cached(block);
-    ++n_nodes_;
-    ++n_inserted;
+    if (block >= 0) {
+      node_of_block_[block] = child.get();
+      ns_of_block_[block] = ns;
+      pool_.mark_cached(block);
+      ++n_nodes_;
+      ++n_inserted;
+    } else {
+      ++n_hollow_;
+    }
     Node* raw = child.get();
     node->children.emplace(key, std::move(child));
     node = raw;
   }
-  if (node->parent == nullptr && node->children.empty()) roots_.erase(ns);  // nothing was added
+  prune_hollow(node, ns);  // a chain may not end in hollow nodes; drops an unused root too
   return n_inserted;
+}
+
+void PrefixTree::prune_hollow(Node* node, uint64_t ns) {
+  while (hollow(*node) && node->children.empty()) {
+    Node* parent = node->parent;
+    const uint64_t key = node->key;
+    parent->children.erase(key);  // frees node
+    --n_hollow_;
+    node = parent;
+  }
+  if (node->parent == nullptr && node->children.empty()) roots_.erase(ns);
 }
 
 void PrefixTree::drop_subtree(Node* node) {
@@ -170,6 +194,10 @@ void PrefixTree::drop_subtree(Node* node) {
     Node* n = stack.back();
     stack.pop_back();
     for (auto& [key, child] : n->children) stack.push_back(child.get());
+    if (hollow(*n)) {
+      --n_hollow_;
+      continue;
+    }
     node_of_block_[n->block] = nullptr;
     if (pool_.is_cached(n->block)) pool_.uncache(n->block);
     --n_nodes_;
@@ -208,33 +236,43 @@ void PrefixTree::evict(int32_t block) {
   std::unique_ptr<Node> owned = std::move(it->second);
   parent->children.erase(it);
   destroy(std::move(owned));
-  if (parent->parent == nullptr && parent->children.empty()) roots_.erase(ns);
+  prune_hollow(parent, ns);
 }
 
-Status PrefixTree::check_node(const Node& node, uint64_t ns, int32_t* n_seen) const {
+Status PrefixTree::check_node(const Node& node, uint64_t ns, int32_t* n_seen, int32_t* n_hollow_seen) const {
   auto fail = [](const std::string& what) { return Status(Error{"kv prefix tree integrity: " + what}); };
   for (const auto& [key, child] : node.children) {
     const std::string id = "block " + std::to_string(child->block);
     if (child->key != key) return fail(id + " is filed under the wrong key");
     if (child->parent != &node) return fail(id + " has a wrong parent link");
-    if (child->block < 0 || child->block >= pool_.n_blocks()) return fail(id + " is out of range");
     if (static_cast<int32_t>(child->tokens.size()) != block_size_) return fail(id + " does not hold a full block");
     if (block_key(node.key, ns, child->tokens) != key) return fail(id + " key does not match its tokens and parent");
+    if (hollow(*child)) {
+      if (child->children.empty()) return fail("a hollow node is a leaf");
+      ++*n_hollow_seen;
+      RILL_TRY(check_node(*child, ns, n_seen, n_hollow_seen));
+      continue;
+    }
+    if (child->block >= pool_.n_blocks()) return fail(id + " is out of range");
     if (node_of_block_[child->block] != child.get()) return fail(id + " is not indexed (or indexed twice)");
     if (ns_of_block_[child->block] != ns) return fail(id + " has the wrong namespace");
     if (!pool_.is_cached(child->block)) return fail(id + " is a node but not cached in the pool");
     ++*n_seen;
-    RILL_TRY(check_node(*child, ns, n_seen));
+    RILL_TRY(check_node(*child, ns, n_seen, n_hollow_seen));
   }
   return Status::Ok();
 }
 
 Status PrefixTree::check_integrity() const {
-  int32_t n_seen = 0;
+  int32_t n_seen = 0, n_hollow_seen = 0;
   for (const auto& [ns, root] : roots_) {
     if (root->parent != nullptr || root->block != -1) return Status(Error{"kv prefix tree integrity: bad root"});
     if (root->children.empty()) return Status(Error{"kv prefix tree integrity: empty root kept"});
-    RILL_TRY(check_node(*root, ns, &n_seen));
+    RILL_TRY(check_node(*root, ns, &n_seen, &n_hollow_seen));
+  }
+  if (n_hollow_seen != n_hollow_) {
+    return Status(Error{"kv prefix tree integrity: " + std::to_string(n_hollow_seen) + " hollow nodes reachable, " +
+                        std::to_string(n_hollow_) + " counted"});
   }
   if (n_seen != n_nodes_) {
     return Status(Error{"kv prefix tree integrity: " + std::to_string(n_seen) + " nodes reachable, " +

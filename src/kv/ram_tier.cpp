@@ -2,6 +2,23 @@
 
 namespace rill {
 
+RamTier::RamTier(size_t cap_bytes, bool prefault) : cap_(cap_bytes) {
+  // One huge page of slack: extents round up to pages, the cap counts bytes.
+  auto arena = HostArena::create(cap_bytes + LazyBuffer::kHugePage, prefault);
+  if (arena.ok()) arena_ = std::move(arena).value();
+}
+
+std::vector<KvRunPtr> RamTier::make_room(size_t bytes) {
+  std::vector<KvRunPtr> out;
+  while (bytes_ + bytes > cap_ && !lru_.empty()) {
+    const uint64_t victim = lru_.front();
+    out.push_back(entries_.at(victim).run);
+    drop(victim);
+    ++stats_.evictions;
+  }
+  return out;
+}
+
 std::vector<KvRunPtr> RamTier::put(KvRunPtr run) {
   std::vector<KvRunPtr> out;
   const size_t b = run->bytes();
@@ -11,7 +28,7 @@ std::vector<KvRunPtr> RamTier::put(KvRunPtr run) {
   }
   const uint64_t id = next_id_++;
   lru_.push_back(id);
-  index_.add(id, run->keys);
+  index_.add(id, run->keys, run->min_resume_blocks());
   entries_.emplace(id, Entry{std::move(run), std::prev(lru_.end())});
   bytes_ += b;
   while (bytes_ > cap_ && !lru_.empty()) {

@@ -5,7 +5,9 @@
 // table per sequence (attention groups) or one state slot per sequence
 // (recurrent groups). The KvManager only looks at these specs; it never
 // special-cases a model.
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace rill {
@@ -28,5 +30,51 @@ inline LayerGroupSpec sliding(int32_t window) { return {LayerKind::kSliding, win
 inline LayerGroupSpec recurrent() { return {LayerKind::kRecurrent, 0}; }
 
 using KvSpec = std::vector<LayerGroupSpec>;
+
+// The first block a sequence of n_tokens tokens still reads in a group of
+// this spec when it goes on (computes position n_tokens next): that token
+// attends to [n_tokens - window + 1, n_tokens] in a sliding group, so every
+// block wholly before that position is dead; a full group reads from 0. The
+// one rule for what resuming needs: the KV manager gives dead blocks back by
+// it, and the cache tiers store, match and restore a sliding group's blocks
+// by it (a prefix of m blocks resumes only where every group holds its
+// blocks [first_needed_block(g, m * block_size), m)).
+inline int32_t first_needed_block(const LayerGroupSpec& g, int32_t n_tokens, int32_t block_size) {
+  if (g.kind != LayerKind::kSliding) return 0;
+  return std::max(0, (n_tokens - g.window + 1) / block_size);
+}
+
+// The deepest m <= k at which a chain of blocks can resume: every attention
+// group g holds its blocks [first_needed_block(g, m * block_size), m), where
+// has(g, b) says whether group g holds block b (b < k). Blocks before that
+// may be missing (dropped from a sliding group). O(groups * k).
+template <typename Has>
+int32_t deepest_resumable(const KvSpec& spec, int32_t k, int32_t block_size, Has&& has) {
+  // Per group with a missing block: last_missing[m] = the last missing block
+  // among [0, m), -1 if none. Groups trim in turn until none has to (a lower
+  // m may need blocks another group lacks).
+  std::vector<std::pair<size_t, std::vector<int32_t>>> gaps;
+  for (size_t g = 0; g < spec.size(); ++g) {
+    if (!spec[g].is_attention()) continue;
+    std::vector<int32_t> last_missing(static_cast<size_t>(std::max(k, 0)) + 1, -1);
+    bool any = false;
+    for (int32_t b = 0; b < k; ++b) {
+      const bool missing = !has(g, b);
+      any = any || missing;
+      last_missing[static_cast<size_t>(b) + 1] = missing ? b : last_missing[static_cast<size_t>(b)];
+    }
+    if (any) gaps.emplace_back(g, std::move(last_missing));
+  }
+  for (bool changed = !gaps.empty(); changed;) {
+    changed = false;
+    for (const auto& [g, last_missing] : gaps) {
+      while (k > 0 && last_missing[static_cast<size_t>(k)] >= first_needed_block(spec[g], k * block_size, block_size)) {
+        --k;
+        changed = true;
+      }
+    }
+  }
+  return k;
+}
 
 }  // namespace rill

@@ -7,8 +7,11 @@
 // Covered: the default model (f16 KV, full attention), the HF llama golden
 // (f32 KV), mistral-swa (a sliding-window layer group) and gemma2 / gemma3
 // (a sliding and a full group in one run), qwen3_5 / qwen3-next (recurrent
-// state at the run's end). A corrupt disk
-// entry is removed at start and the prompt is computed normally.
+// state at the run's end). A sliding layer stores only the blocks resuming at
+// the run's end reads (file header and RAM bytes checked), and a prompt that
+// shares only part of such a run (it would need dropped blocks) is computed,
+// correctly, instead. A corrupt disk entry is removed at start and the prompt
+// is computed normally.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -17,6 +20,7 @@
 #include <random>
 
 #include "engine/sampler.h"
+#include "kv/kv_file.h"
 #include "rill/engine.h"
 
 namespace rill {
@@ -114,6 +118,35 @@ TEST(KvTiers, EvictedPrefixComesBackFromTheRamTier) {
   EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored KV must be bit-identical";
 }
 
+std::vector<fs::path> kv_files(const fs::path& dir) {
+  std::vector<fs::path> files;
+  for (const auto& de : fs::directory_iterator(dir)) {
+    if (de.path().extension() == ".rkv") files.push_back(de.path());
+  }
+  return files;
+}
+
+// Every layer of a run file holds what resuming after its last token reads:
+// a full layer every row, a sliding layer the rows from the first block its
+// window reaches (block size 16) on.
+void expect_window_only_layers(const fs::path& file, int n_tokens) {
+  auto h = read_kv_header(file.string());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_EQ(static_cast<int>(h->tokens.size()), n_tokens);
+  for (size_t l = 0; l < h->layers.size(); ++l) {
+    const KvLayerDesc& d = h->layers[l];
+    if (d.kind == LayerKind::kRecurrent) continue;
+    int64_t first = 0;
+    if (d.kind == LayerKind::kSliding) {
+      EXPECT_GT(d.window, 0) << "layer " << l;
+      first = std::max(0, (n_tokens - d.window + 1) / 16) * 16;
+    }
+    EXPECT_EQ(d.first_token, first) << "layer " << l;
+    ASSERT_EQ(d.tensors.size(), 2u);
+    EXPECT_EQ(d.tensors[0].shape[0], n_tokens - first) << "layer " << l << " rows";
+  }
+}
+
 // Writes `prompt`'s prefix to disk with one engine, then checks a second
 // engine over the same directory serves it (and a cold engine agrees).
 void disk_round_trip(const std::string& model, int vocab, int prompt_len, int expect_cached) {
@@ -137,6 +170,9 @@ void disk_round_trip(const std::string& model, int vocab, int prompt_len, int ex
     EXPECT_EQ(warmup.persisted, expect_cached) << "the prompt's whole blocks were written";
     EXPECT_EQ(e->stats().disk_tier.entries, 1);
   }
+  const auto files = kv_files(dir.path);
+  ASSERT_EQ(files.size(), 1u);
+  expect_window_only_layers(files[0], expect_cached);
   auto e = load(model, o);  // a restart
   ASSERT_TRUE(e);
   EXPECT_EQ(e->stats().disk_tier.entries, 1);
@@ -158,6 +194,116 @@ TEST(KvTiers, DiskPrefixSurvivesARestartF16Kv) {
 TEST(KvTiers, DiskPrefixSurvivesARestartF32Kv) { disk_round_trip(kGoldens + "llama", 512, 40, 32); }
 
 TEST(KvTiers, DiskPrefixSurvivesARestartSlidingWindow) { disk_round_trip(kGoldens + "mistral-swa", 512, 40, 32); }
+
+// mistral-swa: every layer slides (window 8, f32 KV rows of 128 bytes, 3
+// layers). A 401-token prompt's run holds 25 blocks of tokens, but its layers
+// only the last block: resuming at 400 reads positions 393..399. Restored, it
+// continues exactly as a device hit; a prompt sharing 20 of its blocks would
+// need blocks the run dropped, so it is computed (correctly) instead.
+TEST(KvTiers, SlidingWindowRunKeepsOnlyTheWindowAndComesBackFromRam) {
+  const std::string model = kGoldens + "mistral-swa";
+  EngineOptions o;
+  o.cache_ram_mb = 64;
+  o.kv_cache_mb = 1;  // 85 blocks of 12 KiB: four 26-block prompts cannot all stay
+  o.check_integrity = true;
+  auto e = load(model, o);
+  ASSERT_TRUE(e);
+  const auto a = random_prompt(401, 512, 1);
+  std::vector<int32_t> shares_20(a.begin(), a.begin() + 320);  // 20 of a's blocks, then other tokens
+  std::vector<int32_t> also_shares_20 = shares_20;
+  const auto tail = random_prompt(81, 512, 99), other_tail = random_prompt(81, 512, 98);
+  shares_20.insert(shares_20.end(), tail.begin(), tail.end());
+  also_shares_20.insert(also_shares_20.end(), other_tail.begin(), other_tail.end());
+  GenRun cold_shares_20, cold_also_shares_20;
+  {
+    auto ref = load(model, EngineOptions{});
+    ASSERT_TRUE(ref);
+    cold_shares_20 = generate(*ref, shares_20, 8);
+    cold_also_shares_20 = generate(*ref, also_shares_20, 8);
+  }
+  const GenRun cold = generate(*e, a, 8);
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, 400);
+  // Evict all of a (a spill of its whole chain, then its other blocks).
+  for (uint32_t seed = 2; seed < 7; ++seed) generate(*e, random_prompt(401, 512, seed), 8);
+  EngineStats s = e->stats();
+  ASSERT_GE(s.ram_tier.entries, 1) << "a's chain was spilled to RAM";
+  constexpr int64_t kRunBytes = 3 * 2 * 16 * 128;  // layers * (K, V) * one block's rows * row bytes
+  EXPECT_EQ(s.ram_tier.bytes, s.ram_tier.entries * kRunBytes) << "sliding layers keep only the last block";
+  const GenRun warm = generate(*e, a, 8);
+  s = e->stats();
+  EXPECT_GE(s.ram_tier.hits, 1);
+  EXPECT_EQ(warm.cached, 400);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored KV must be bit-identical";
+  // The device now holds a's chain with its first 24 blocks hollow, the RAM
+  // tier a run that resumes only at 25 blocks: neither may serve 20.
+  const int64_t restored = s.tier_restored_tokens;
+  const GenRun partial = generate(*e, shares_20, 8);
+  s = e->stats();
+  EXPECT_EQ(partial.cached, 0) << "resuming at 20 blocks reads block 19, which nobody holds";
+  EXPECT_EQ(s.tier_restored_tokens, restored);
+  EXPECT_EQ(partial.tokens, cold_shares_20.tokens);
+  EXPECT_EQ(partial.logprobs, cold_shares_20.logprobs);
+  // Computing it filled the hollow nodes of the 20 shared blocks: another
+  // prompt sharing them now resumes there from the device.
+  const GenRun again = generate(*e, also_shares_20, 8);
+  EXPECT_EQ(again.cached, 320);
+  EXPECT_EQ(again.tokens, cold_also_shares_20.tokens);
+  EXPECT_EQ(e->stats().integrity_errors, 0) << e->stats().last_integrity_error;
+}
+
+// The same through the disk tier after a restart: the file's layers hold one
+// block; a prompt sharing three of its six blocks is refused (a miss) and
+// computed exactly as cold, the prompt itself resumes bit for bit.
+TEST(KvTiers, SlidingWindowDiskRunResumesOnlyWhereItHoldsTheWindow) {
+  const std::string model = kGoldens + "mistral-swa";
+  TmpDir dir;
+  const auto prompt = random_prompt(100, 512, 21);
+  std::vector<int32_t> shares_3(prompt.begin(), prompt.begin() + 48);
+  const auto tail = random_prompt(52, 512, 22);
+  shares_3.insert(shares_3.end(), tail.begin(), tail.end());
+  GenRun device_hit, cold_shares_3;
+  {
+    auto e = load(model, EngineOptions{});
+    ASSERT_TRUE(e);
+    cold_shares_3 = generate(*e, shares_3, 6);
+    generate(*e, prompt, 6);
+    device_hit = generate(*e, prompt, 6);
+    EXPECT_EQ(device_hit.cached, 96);
+  }
+  EngineOptions o;
+  o.cache_dir = dir.path.string();
+  o.check_integrity = true;
+  {
+    auto e = load(model, o);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(generate(*e, prompt, 1, /*persist=*/true).persisted, 96);
+  }
+  const auto files = kv_files(dir.path);
+  ASSERT_EQ(files.size(), 1u);
+  expect_window_only_layers(files[0], 96);
+  auto h = read_kv_header(files[0].string());
+  ASSERT_TRUE(h.ok());
+  for (const KvLayerDesc& d : h->layers) {
+    EXPECT_EQ(d.window, 8);
+    EXPECT_EQ(d.first_token, 80) << "resuming at 96 reads positions 89..95: block 5 only";
+    EXPECT_EQ(d.tensors[0].bytes, 16u * 128u);
+  }
+  auto e = load(model, o);  // a restart
+  ASSERT_TRUE(e);
+  const GenRun partial = generate(*e, shares_3, 6);
+  EXPECT_EQ(partial.cached, 0);
+  EXPECT_EQ(e->stats().disk_tier.hits, 0) << "the run cannot resume at 3 blocks";
+  EXPECT_EQ(partial.tokens, cold_shares_3.tokens);
+  EXPECT_EQ(partial.logprobs, cold_shares_3.logprobs);
+  const GenRun warm = generate(*e, prompt, 6);
+  EXPECT_EQ(warm.cached, 96);
+  EXPECT_EQ(e->stats().disk_tier.hits, 1);
+  EXPECT_EQ(warm.tokens, device_hit.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "KV read back from disk must be bit-identical";
+  EXPECT_EQ(e->stats().integrity_errors, 0) << e->stats().last_integrity_error;
+}
 
 // Gemma: a sliding group (window 8) and a full group; a run holds both.
 TEST(KvTiers, DiskPrefixSurvivesARestartGemma2TwoGroups) { disk_round_trip(kGoldens + "gemma2", 512, 40, 32); }
@@ -188,6 +334,38 @@ TEST(KvTiers, EvictedTwoGroupPrefixComesBackFromTheRamTier) {
   EXPECT_EQ(warm.cached, 240) << "every full block of the prompt, in both groups";
   EXPECT_EQ(warm.tokens, cold.tokens);
   EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored KV must be bit-identical";
+}
+
+// RAM tier overflow: runs the RAM tier evicts are written to disk off the
+// engine thread, and a prompt whose run went there comes back from disk
+// (waiting for its write if it is still queued), bit for bit. The llama
+// golden: f32 KV of 768 bytes a token, so a 401-token prompt's run is 300
+// KiB and a 1 MiB RAM tier holds three.
+TEST(KvTiers, RunsTheRamTierEvictsGoToDiskAndComeBack) {
+  TmpDir dir;
+  EngineOptions o;
+  o.cache_ram_mb = 1;
+  o.kv_cache_mb = 1;
+  o.cache_dir = dir.path.string();
+  o.check_integrity = true;
+  auto e = load(kGoldens + "llama", o);
+  ASSERT_TRUE(e);
+  const auto a = random_prompt(401, 512, 1);
+  const GenRun cold = generate(*e, a, 8);
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, 400);
+  for (uint32_t seed = 2; seed < 10; ++seed) generate(*e, random_prompt(401, 512, seed), 8);
+  EngineStats s = e->stats();
+  EXPECT_GE(s.ram_tier.evictions, 1);
+  const GenRun warm = generate(*e, a, 8);
+  s = e->stats();
+  EXPECT_GE(s.disk_tier.entries, 1);
+  EXPECT_GE(s.disk_tier.hits, 1) << "a's run left the RAM tier for the disk";
+  EXPECT_EQ(warm.cached, 400);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "KV written and read back must be bit-identical";
+  EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
+  EXPECT_FALSE(kv_files(dir.path).empty());
 }
 
 // Hybrids (linear attention + full attention): a run also holds the

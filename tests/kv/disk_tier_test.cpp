@@ -50,6 +50,8 @@ KvRunPtr make_run(std::vector<int32_t> tokens, uint8_t seed) {
   r->storage.resize(2 * tensor);
   for (size_t i = 0; i < r->storage.size(); ++i) r->storage[i] = static_cast<uint8_t>(seed + i);
   r->kinds = {LayerKind::kFull};
+  r->windows = {0};
+  r->first_block = {0};
   r->dtypes = {DType::kF16};
   r->row_bytes = {2};
   r->k = {std::span<const uint8_t>(r->storage.data(), tensor)};
@@ -90,6 +92,40 @@ TEST(DiskTier, FindsTheLongestPrefixAndSurvivesReopening) {
   EXPECT_EQ((*tier)->stats().hits, 1);
   EXPECT_FALSE((*tier)->find(PrefixTree::chain_keys(kNs + 1, prompt, kBs), kNs + 1).has_value());
   EXPECT_EQ((*tier)->stats().misses, 1);
+}
+
+// A run whose sliding layer kept only its window (window 4: resuming at 3
+// blocks of 4 reads positions 9..12, so block 2 only) resumes only at its
+// end, before and after reopening; its other keys still count as held.
+TEST(DiskTier, AWindowOnlyRunResumesOnlyAtItsEnd) {
+  TmpDir dir;
+  auto r = std::const_pointer_cast<KvRun>(make_run(seq(12), 3));
+  const size_t block = kBs * 2;  // one block's rows of the run's 2-byte layer
+  r->kinds = {LayerKind::kSliding};
+  r->windows = {4};
+  r->first_block = {2};
+  r->k = {std::span<const uint8_t>(r->storage.data() + 2 * block, block)};  // K's block 2
+  r->v = {std::span<const uint8_t>(r->storage.data() + 5 * block, block)};  // V's block 2
+  ASSERT_EQ(r->min_resume_blocks(), 3);
+  std::vector<int32_t> shares_two = seq(8);
+  for (int i = 0; i < 8; ++i) shares_two.push_back(700 + i);
+  for (int reopen = 0; reopen < 2; ++reopen) {
+    auto tier = DiskTier::open(options(dir.path));
+    ASSERT_TRUE(tier.ok()) << tier.error().message;
+    if (reopen == 0) {
+      ASSERT_TRUE((*tier)->put(*r).ok());
+    }
+    EXPECT_TRUE((*tier)->covers(r->keys[1]));
+    EXPECT_FALSE((*tier)->find(PrefixTree::chain_keys(kNs, shares_two, kBs), kNs).has_value());
+    auto hit = (*tier)->find(r->keys, kNs);
+    ASSERT_TRUE(hit.has_value());
+    EXPECT_EQ(hit->second, 3);
+    const KvRun& got = *hit->first;
+    EXPECT_EQ(got.first_block, (std::vector<int32_t>{2}));
+    EXPECT_EQ(got.windows, (std::vector<int32_t>{4}));
+    ASSERT_EQ(got.k[0].size(), block);
+    EXPECT_TRUE(std::equal(got.k[0].begin(), got.k[0].end(), r->k[0].begin()));
+  }
 }
 
 TEST(DiskTier, OpenRemovesOrphansCorruptForeignAndMisnamedFiles) {

@@ -107,6 +107,35 @@ TEST(KvFile, RoundTripKeepsEveryTensorAndField) {
   EXPECT_TRUE(KvFile::open(path, &want, false).ok());
 }
 
+// A sliding layer that keeps only its window: "window" and "firstToken" in
+// its layer record round-trip; a firstToken beyond the tokens is refused.
+TEST(KvFile, SlidingLayerWindowAndFirstTokenRoundTrip) {
+  TmpDir dir;
+  Sample s;
+  const auto window_k = bytes(16 * 8 * 2, 7), window_v = bytes(16 * 8 * 2, 8);
+  s.layers[1].window = 4;
+  s.layers[1].first_token = 16;
+  s.layers[1].tensors[0] = {"k", {16, 8}, DType::kF16, window_k};
+  s.layers[1].tensors[1] = {"v", {16, 8}, DType::kF16, window_v};
+  const std::string path = write_sample(dir.path, s);
+  auto h = read_kv_header(path);
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_EQ(h->layers[0].window, 0);
+  EXPECT_EQ(h->layers[0].first_token, 0);
+  EXPECT_EQ(h->layers[1].window, 4);
+  EXPECT_EQ(h->layers[1].first_token, 16);
+  EXPECT_EQ(h->layers[1].tensors[0].shape, (std::vector<int64_t>{16, 8}));
+  auto f = KvFile::open(path, nullptr, /*verify_tensors=*/true);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_EQ(0, std::memcmp(f->tensor(1, 0).data(), window_k.data(), window_k.size()));
+
+  s.layers[1].first_token = 33;  // past the 32 tokens
+  const std::string bad_path = write_sample(dir.path, s);
+  auto bad = read_kv_header(bad_path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("firstToken"), std::string::npos) << bad.error().message;
+}
+
 // A long prompt makes the header much smaller than the writer's first size
 // bound: the tensors must still sit exactly where the header says.
 TEST(KvFile, LongTokenListKeepsThePromisedOffsets) {

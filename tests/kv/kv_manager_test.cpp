@@ -157,6 +157,37 @@ TEST(KvManager, SlidingGroupsPunchHolesAndResumeFromTheCache) {
   r.expect_ok();
 }
 
+// A sliding group's chain with hollow nodes (restored from a cache tier that
+// kept only the window): a match resumes only where the blocks the next
+// token reads hold KV, in every group.
+TEST(KvManager, HollowBlocksAreResumedOnlyWhereTheyAreDead) {
+  Rig r({sliding(4), full()}, 32, 2);
+  const auto toks = iota(13, 50);  // 6 full blocks of 2
+  // Group 0 (sliding): blocks 0..3 hollow, 4..5 real; group 1 (full): all real.
+  auto fresh = r.pool.allocate(2 + 6);
+  ASSERT_TRUE(fresh.ok());
+  std::vector<int32_t> sl = {-1, -1, -1, -1, (*fresh)[0].block(), (*fresh)[1].block()}, fl;
+  for (int i = 2; i < 8; ++i) fl.push_back((*fresh)[static_cast<size_t>(i)].block());
+  r.tree.insert(KvManager::group_ns(0, 0), std::span(toks).first(12), sl);
+  r.tree.insert(KvManager::group_ns(0, 1), std::span(toks).first(12), fl);
+  release_tail_first(*fresh);
+  // Resuming at 12 reads positions 9..12: blocks 4, 5 (and the new token).
+  auto adm = r.kv.admit(1, 0, toks);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->n_cached_tokens, 12);
+  EXPECT_EQ(n_holes(r.kv.block_table(1, 0)), 4);
+  r.expect_ok();
+  // Resuming at 8 would read block 3 (position 5): hollow, so step down; at
+  // 6, 4, 2 blocks 2, 1, 0 are hollow as well: nothing is reused.
+  std::vector<int32_t> short_prompt(toks.begin(), toks.begin() + 8);
+  short_prompt.push_back(999);
+  auto miss = r.kv.admit(2, 0, short_prompt);
+  ASSERT_TRUE(miss.ok());
+  EXPECT_EQ(miss->n_cached_tokens, 0);
+  EXPECT_EQ(r.kv.length(2), 0);
+  r.expect_ok();
+}
+
 TEST(KvManager, RecurrentGroupsTakeOneStateSlotPerSequence) {
   Rig r({recurrent(), full()}, 16, 4, 2);
   const auto p = iota(9);
@@ -324,7 +355,7 @@ void random_run(KvSpec spec, uint32_t seed) {
   std::map<std::pair<size_t, int32_t>, std::vector<int32_t>> shadow;  // (group, block) -> committed tokens
   const int32_t bs = r.pool.block_size();
   int64_t next_seq = 0;
-  int32_t n_hits = 0, n_refused = 0, n_preempted_cached = 0;  // coverage of the run
+  int32_t n_hits = 0, n_refused = 0, n_preempted_cached = 0, n_restored = 0, max_hollow = 0;  // coverage of the run
   for (int step = 0; step < 3000; ++step) {
     r.kv.begin_step();
     const uint32_t op = rng() % 10;
@@ -346,6 +377,7 @@ void random_run(KvSpec spec, uint32_t seed) {
         }
         for (size_t g = 0; g < adm->cached_blocks.size(); ++g) {
           for (size_t i = 0; i < adm->cached_blocks[g].size(); ++i) {
+            if (adm->cached_blocks[g][i] < 0) continue;  // a hollow node, dead at the resume point
             auto want = std::vector<int32_t>(toks.begin() + static_cast<long>(i) * bs,
                                              toks.begin() + static_cast<long>(i + 1) * bs);
             ASSERT_EQ(shadow[std::make_pair(g, adm->cached_blocks[g][i])], want) << "matched a block with other tokens";
@@ -382,6 +414,45 @@ void random_run(KvSpec spec, uint32_t seed) {
         for (int32_t i = 0; i < n; ++i) toks.push_back(static_cast<int32_t>(rng() % 4));
         record_saves(it->first, toks);
       }
+    } else if (op == 9 && !has_recurrent && rng() % 2 == 0) {
+      // What a cache tier's restore does: a prefix goes (back) into the tree,
+      // each group's blocks beyond its match fresh, except a sliding group's
+      // blocks before the window of the prefix's end: hollow nodes.
+      auto toks = prefixes[rng() % prefixes.size()];
+      for (uint32_t i = rng() % 5; i > 0; --i) toks.push_back(static_cast<int32_t>(rng() % 4));
+      const auto n = static_cast<int32_t>(toks.size()) / bs;
+      std::vector<PrefixMatch> m(r.kv.spec().size());
+      int32_t need = 0;
+      bool usable = true;
+      for (size_t g = 0; g < m.size(); ++g) {
+        m[g] = r.tree.match(KvManager::group_ns(0, static_cast<int32_t>(g)), std::span(toks).first(static_cast<size_t>(n * bs)));
+        const int32_t have = static_cast<int32_t>(m[g].blocks.size());
+        const int32_t first = first_needed_block(r.kv.spec()[g], n * bs, bs);
+        need += n - std::max(have, first);
+        for (int32_t b = first; b < have; ++b) usable = usable && m[g].blocks[static_cast<size_t>(b)].valid();
+      }
+      if (usable && need > 0 && r.pool.can_allocate(need)) {
+        auto fresh = r.pool.allocate(need);
+        ASSERT_TRUE(fresh.ok());
+        size_t next = 0;
+        for (size_t g = 0; g < m.size(); ++g) {
+          std::vector<int32_t> ids = m[g].block_ids();
+          const int32_t first = first_needed_block(r.kv.spec()[g], n * bs, bs);
+          for (int32_t b = static_cast<int32_t>(ids.size()); b < n; ++b) {
+            ids.push_back(b < first ? -1 : (*fresh)[next++].block());
+          }
+          r.tree.insert(KvManager::group_ns(0, static_cast<int32_t>(g)), std::span(toks).first(static_cast<size_t>(n * bs)), ids);
+          for (int32_t b = 0; b < n; ++b) {
+            const int32_t id = ids[static_cast<size_t>(b)];
+            if (id >= 0 && r.pool.is_cached(id)) {
+              shadow[{g, id}].assign(toks.begin() + static_cast<long>(b) * bs, toks.begin() + static_cast<long>(b + 1) * bs);
+            }
+          }
+          release_tail_first(m[g].blocks);
+        }
+        release_tail_first(*fresh);
+        ++n_restored;
+      }
     } else if (op < 8) {
       auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
       const int32_t n_kept = r.kv.preempt(it->first);
@@ -394,6 +465,7 @@ void random_run(KvSpec spec, uint32_t seed) {
       live.erase(it);
     }
     ASSERT_EQ(r.kv.n_sequences(), static_cast<int32_t>(live.size()));
+    max_hollow = std::max(max_hollow, r.tree.n_hollow());
     Status s = r.kv.check_integrity();
     ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.error().message;
   }
@@ -406,6 +478,12 @@ void random_run(KvSpec spec, uint32_t seed) {
   EXPECT_GT(n_refused, 0);  // the pool (or the state pool) ran out at times
   EXPECT_GT(n_hits, has_recurrent ? 20 : 50);  // shared prefixes were reused
   EXPECT_GT(n_preempted_cached, 0);
+  if (!has_recurrent) {
+    EXPECT_GT(n_restored, 10);
+  }
+  if (r.kv.spec()[0].kind == LayerKind::kSliding) {
+    EXPECT_GT(max_hollow, 0) << "restores made hollow nodes";
+  }
 }
 
 TEST(KvManager, RandomizedFull) {

@@ -271,5 +271,57 @@ TEST(PrefixTree, SpillHookSeesTheDroppedDescendants) {
   expect_ok(pool, tree);
 }
 
+// Hollow nodes (a restored sliding-window run's dropped blocks): matched as
+// empty leases, never left as leaves, filled by computed blocks, and gone
+// with the last real block below them.
+TEST(PrefixTree, HollowNodesMatchAsHolesAndGoWithTheirLastChild) {
+  BlockPool pool(8, kBs);
+  PrefixTree tree(pool);
+  const auto tokens = iota_tokens(16);  // 4 full blocks
+  auto fresh = pool.allocate(2);
+  ASSERT_TRUE(fresh.ok());
+  const int32_t b2 = (*fresh)[0].block(), b3 = (*fresh)[1].block();
+  EXPECT_EQ(tree.insert(5, tokens, std::vector<int32_t>{-1, -1, b2, b3}), 2);
+  EXPECT_EQ(tree.n_nodes(), 2);
+  EXPECT_EQ(tree.n_hollow(), 2);
+  expect_ok(pool, tree);
+  {
+    PrefixMatch m = tree.match(5, tokens);
+    EXPECT_EQ(m.n_tokens, 16);
+    EXPECT_FALSE(m.blocks[0].valid());
+    EXPECT_FALSE(m.blocks[1].valid());
+    EXPECT_EQ(m.block_ids(), (std::vector<int32_t>{-1, -1, b2, b3}));
+    EXPECT_EQ(tree.find_chain(5, tokens), m.block_ids());
+  }
+  // A chain that would end hollow leaves nothing behind.
+  const auto other = iota_tokens(8, 900);
+  EXPECT_EQ(tree.insert(5, other, std::vector<int32_t>{-1, -1}), 0);
+  EXPECT_EQ(tree.n_hollow(), 2);
+  expect_ok(pool, tree);
+  // A computed block fills a hollow node in place.
+  auto filler = pool.allocate(1);
+  ASSERT_TRUE(filler.ok());
+  const int32_t b0 = (*filler)[0].block();
+  EXPECT_EQ(tree.insert(5, std::span<const int32_t>(tokens).first(4), std::vector<int32_t>{b0}), 1);
+  EXPECT_EQ(tree.n_hollow(), 1);
+  EXPECT_EQ(tree.find_chain(5, tokens), (std::vector<int32_t>{b0, -1, b2, b3}));
+  expect_ok(pool, tree);
+  // Evicting the real blocks below the hollow one drops it too; the spill
+  // hook sees it as -1.
+  std::vector<int32_t> seen;
+  tree.set_spill_hook([&](uint64_t, std::span<const int32_t>, std::span<const int32_t> b) {
+    if (seen.empty()) seen.assign(b.begin(), b.end());
+  });
+  release_tail_first(*fresh);  // b3 then b2 become the least recently used
+  (*filler)[0].release();
+  auto all = pool.allocate(8);  // evicts b3, b2 (and with them the hollow node), then b0
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(seen, (std::vector<int32_t>{b0, -1, b2, b3}));
+  EXPECT_EQ(tree.n_nodes(), 0);
+  EXPECT_EQ(tree.n_hollow(), 0);
+  tree.set_spill_hook(nullptr);
+  expect_ok(pool, tree);
+}
+
 }  // namespace
 }  // namespace rill
