@@ -168,6 +168,27 @@ void StepMeta::carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n
 
 // --- CudaModelBase: init ----------------------------------------------------
 
+Status CudaModelBase::read_dims() {
+  const std::string& path = files_->path;
+  E_ = cfg_.n_embd;
+  V_ = cfg_.n_vocab;
+  F_ = cfg_.n_ff;
+  if (E_ <= 0 || V_ <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 || F_ <= 0 ||
+      cfg_.n_head % cfg_.n_head_kv != 0) {
+    return Error{path + ": inconsistent model config (embd " + std::to_string(E_) + ", heads " +
+                 std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
+  }
+  hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E_ / cfg_.n_head;
+  if (hd_ <= 0 || hd_ > 256 || hd_ % 4 != 0 || cfg_.n_head / cfg_.n_head_kv > 8) {
+    return Error{path + ": the CUDA backend supports head_dim a multiple of 4 up to 256 and at most 8 query heads "
+                 "per KV head (model: head_dim " + std::to_string(hd_) + ", " +
+                 std::to_string(cfg_.n_head / cfg_.n_head_kv) + " per KV head)"};
+  }
+  Q_ = cfg_.n_head * hd_;
+  KV_ = cfg_.n_head_kv * hd_;
+  return Status::Ok();
+}
+
 Status CudaModelBase::create_context() {
   RILL_ASSIGN_OR_RETURN(ctx_, cuda::Context::create(0));
   gemm_ = std::make_unique<cuda::Gemm>(*ctx_);

@@ -150,7 +150,10 @@ class CudaModelBase : public Model {
     int32_t n_decode = 0, max_decode_len = 0, n_tiles = 0;
   };
 
-  // Init, first: the device context and cuBLASLt.
+  // Init, first: E_, V_, F_, hd_, Q_, KV_ from cfg_, refusing configs the
+  // CUDA kernels do not take (errors name the model file).
+  Status read_dims();
+  // Init, next: the device context and cuBLASLt.
   Status create_context();
   // Init, last (after weights, act_, kv_dtype_, the dims and kv_spec_):
   // options, the arena (carve_activations() plus the shared buffers), the

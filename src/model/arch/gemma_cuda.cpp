@@ -82,26 +82,11 @@ class GemmaCudaModel final : public CudaModelBase {
 
 Status GemmaCudaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
-  E_ = cfg_.n_embd;
-  V_ = cfg_.n_vocab;
-  F_ = cfg_.n_ff;
-  if (E_ <= 0 || V_ <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 || F_ <= 0 ||
-      cfg_.n_head % cfg_.n_head_kv != 0) {
-    return Error{f.path + ": inconsistent model config (embd " + std::to_string(E_) + ", heads " +
-                 std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
-  }
-  hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E_ / cfg_.n_head;
-  if (hd_ <= 0 || hd_ > 256 || hd_ % 4 != 0 || cfg_.n_head / cfg_.n_head_kv > 8) {
-    return Error{f.path + ": the CUDA backend supports head_dim a multiple of 4 up to 256 and at most 8 query heads "
-                 "per KV head (model: head_dim " + std::to_string(hd_) + ", " +
-                 std::to_string(cfg_.n_head / cfg_.n_head_kv) + " per KV head)"};
-  }
+  RILL_TRY(read_dims());
   if (cfg_.rope_dim > 0 && cfg_.rope_dim != hd_) {
     return Error{f.path + ": partial rotary (" + std::to_string(cfg_.rope_dim) + " of " + std::to_string(hd_) +
                  " dims) is not part of the Gemma family"};
   }
-  Q_ = cfg_.n_head * hd_;
-  KV_ = cfg_.n_head_kv * hd_;
   QKV_ = Q_ + 2 * KV_;
   RILL_ASSIGN_OR_RETURN(params_, read_gemma_params(f));
   // HF multiplies by sqrt(hidden_size) in the activation dtype (f32 here).
