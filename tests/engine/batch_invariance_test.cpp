@@ -8,6 +8,7 @@
 
 #include <filesystem>
 
+#include "golden_util.h"
 #include "rill/engine.h"
 #include "text/tokenizer.h"
 
@@ -35,40 +36,6 @@ const char* const kPrompts[16] = {
     "Dear hiring manager, I am writing to apply for",
 };
 
-std::vector<std::vector<int32_t>> generate(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
-                                           const SamplingParams& sampling, bool concurrent, uint64_t ns) {
-  std::vector<std::vector<int32_t>> out(prompts.size());
-  auto request = [&](size_t i) {
-    GenerationRequest r;
-    r.prompt = prompts[i];
-    r.max_tokens = 20;
-    r.ignore_eos = true;
-    r.sampling = sampling;
-    r.cache_namespace = ns;  // a fresh namespace computes every prompt again
-    auto h = e.submit(std::move(r));
-    EXPECT_TRUE(h.ok()) << h.error().message;
-    return std::move(h).value();
-  };
-  auto drain = [&](RequestHandle& h, size_t i) {
-    GenerationEvent ev;
-    while (h.next(ev)) {
-      out[i].insert(out[i].end(), ev.token_ids.begin(), ev.token_ids.end());
-      EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
-    }
-  };
-  if (concurrent) {
-    std::vector<RequestHandle> hs;
-    for (size_t i = 0; i < prompts.size(); ++i) hs.push_back(request(i));
-    for (size_t i = 0; i < prompts.size(); ++i) drain(hs[i], i);
-  } else {
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      RequestHandle h = request(i);
-      drain(h, i);
-    }
-  }
-  return out;
-}
-
 class DefaultModelBatchInvariance : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -92,9 +59,9 @@ class DefaultModelBatchInvariance : public ::testing::Test {
 TEST_F(DefaultModelBatchInvariance, GreedyTokensAreTheSameAloneAndBatched) {
   SamplingParams greedy;
   greedy.temperature = 0.0f;
-  const auto alone = generate(*engine_, prompts_, greedy, false, 1);
-  const auto batched = generate(*engine_, prompts_, greedy, true, 2);
-  const auto cached = generate(*engine_, prompts_, greedy, true, 1);  // prefix-cache hits
+  const auto alone = test::generate_all(*engine_, prompts_, greedy, false, 1, 20);
+  const auto batched = test::generate_all(*engine_, prompts_, greedy, true, 2, 20);
+  const auto cached = test::generate_all(*engine_, prompts_, greedy, true, 1, 20);  // prefix-cache hits
   for (size_t i = 0; i < prompts_.size(); ++i) {
     ASSERT_EQ(alone[i].size(), 20u);
     EXPECT_EQ(batched[i], alone[i]) << "prompt " << i << ": " << kPrompts[i];
@@ -109,8 +76,8 @@ TEST_F(DefaultModelBatchInvariance, SeededSamplingIsTheSameAloneAndBatched) {
   s.temperature = 0.8f;
   s.top_p = 0.95f;
   s.seed = 7;
-  const auto alone = generate(*engine_, prompts_, s, false, 1);
-  const auto batched = generate(*engine_, prompts_, s, true, 2);
+  const auto alone = test::generate_all(*engine_, prompts_, s, false, 1, 20);
+  const auto batched = test::generate_all(*engine_, prompts_, s, true, 2, 20);
   for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(batched[i], alone[i]) << "prompt " << i;
   EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
 }

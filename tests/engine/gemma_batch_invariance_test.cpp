@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "engine/sequence_runner.h"
+#include "golden_util.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
@@ -18,7 +19,6 @@
 namespace rill {
 namespace {
 
-const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
 constexpr int kMaxTokens = 12;
 
 Result<std::unique_ptr<Model>> open(const std::string& dir, int n_kv_slots = 1) {
@@ -80,44 +80,10 @@ std::vector<std::vector<int32_t>> make_prompts(int64_t n_vocab) {
   return out;
 }
 
-std::vector<std::vector<int32_t>> generate(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
-                                           const SamplingParams& sampling, bool concurrent, uint64_t ns) {
-  std::vector<std::vector<int32_t>> out(prompts.size());
-  auto request = [&](size_t i) {
-    GenerationRequest r;
-    r.prompt = prompts[i];
-    r.max_tokens = kMaxTokens;
-    r.ignore_eos = true;
-    r.sampling = sampling;
-    r.cache_namespace = ns;
-    auto h = e.submit(std::move(r));
-    EXPECT_TRUE(h.ok()) << h.error().message;
-    return std::move(h).value();
-  };
-  auto drain = [&](RequestHandle& h, size_t i) {
-    GenerationEvent ev;
-    while (h.next(ev)) {
-      out[i].insert(out[i].end(), ev.token_ids.begin(), ev.token_ids.end());
-      EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
-    }
-  };
-  if (concurrent) {
-    std::vector<RequestHandle> hs;
-    for (size_t i = 0; i < prompts.size(); ++i) hs.push_back(request(i));
-    for (size_t i = 0; i < prompts.size(); ++i) drain(hs[i], i);
-  } else {
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      RequestHandle h = request(i);
-      drain(h, i);
-    }
-  }
-  return out;
-}
-
 class GemmaBatchInvariance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = kGoldens + GetParam();
+    dir_ = test::hf_golden_dir(GetParam());
     if (!std::filesystem::exists(dir_ + "/golden.json")) GTEST_SKIP() << dir_ << " not found";
   }
 
@@ -170,8 +136,8 @@ TEST_P(GemmaBatchInvariance, GreedyTokensAreTheSameAloneBatchedAndUnpaged) {
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   const auto want = reference(greedy);
-  const auto alone = generate(*engine_, prompts_, greedy, false, 1);
-  const auto batched = generate(*engine_, prompts_, greedy, true, 2);
+  const auto alone = test::generate_all(*engine_, prompts_, greedy, false, 1, kMaxTokens);
+  const auto batched = test::generate_all(*engine_, prompts_, greedy, true, 2, kMaxTokens);
   for (size_t i = 0; i < prompts_.size(); ++i) {
     ASSERT_EQ(want[i].size(), static_cast<size_t>(kMaxTokens));
     EXPECT_EQ(alone[i], want[i]) << "prompt " << i << " (" << prompts_[i].size() << " tokens) alone";
@@ -190,9 +156,9 @@ TEST_P(GemmaBatchInvariance, PrefixCacheHitsGiveTheSameTokens) {
   start_engine(9);
   SamplingParams greedy;
   greedy.temperature = 0.0f;
-  const auto alone = generate(*engine_, prompts_, greedy, false, 1);
+  const auto alone = test::generate_all(*engine_, prompts_, greedy, false, 1, kMaxTokens);
   const int64_t cached_before = engine_->stats().cached_tokens;
-  const auto cached = generate(*engine_, prompts_, greedy, true, 1);
+  const auto cached = test::generate_all(*engine_, prompts_, greedy, true, 1, kMaxTokens);
   for (size_t i = 0; i < prompts_.size(); ++i) {
     EXPECT_EQ(cached[i], alone[i]) << "prompt " << i << " (" << prompts_[i].size() << " tokens) from the cache";
   }
@@ -209,8 +175,8 @@ TEST_P(GemmaBatchInvariance, SeededSamplingIsTheSameAloneAndBatched) {
   s.temperature = 0.8f;
   s.top_p = 0.95f;
   s.seed = 7;
-  const auto alone = generate(*engine_, prompts_, s, false, 1);
-  const auto batched = generate(*engine_, prompts_, s, true, 2);
+  const auto alone = test::generate_all(*engine_, prompts_, s, false, 1, kMaxTokens);
+  const auto batched = test::generate_all(*engine_, prompts_, s, true, 2, kMaxTokens);
   for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(batched[i], alone[i]) << "prompt " << i;
   EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
 }

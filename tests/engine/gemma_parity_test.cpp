@@ -13,34 +13,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "engine/sequence_runner.h"
+#include "golden_util.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 
 namespace rill {
 namespace {
-
-const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
-
-struct Golden {
-  std::vector<int32_t> prompt_ids;
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> greedy_ids;
-};
-
-Golden read_golden(const std::string& dir) {
-  std::ifstream in(dir + "/golden.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  return {j["prompt_ids"].get<std::vector<int32_t>>(), j["logits"].get<std::vector<std::vector<float>>>(),
-          j["greedy_ids"].get<std::vector<int32_t>>()};
-}
 
 Result<std::unique_ptr<Model>> open(const std::string& dir, int max_batch_tokens) {
   RILL_ASSIGN_OR_RETURN(auto files, open_model_files(dir));
@@ -55,9 +37,9 @@ Result<std::unique_ptr<Model>> open(const std::string& dir, int max_batch_tokens
 class GemmaParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GemmaParity, LogitsMatchTransformersAtEveryPositionWholeAndChunked) {
-  const std::string dir = kGoldens + GetParam();
-  if (!std::filesystem::exists(dir + "/golden.json")) GTEST_SKIP() << dir << " not found";
-  const Golden g = read_golden(dir);
+  const std::string dir = test::hf_golden_dir(GetParam());
+  if (!test::has_hf_golden(dir)) GTEST_SKIP() << dir << " not found";
+  const test::HfGolden g = test::read_hf_golden(dir);
   for (int chunk : {64, 7, 5, 1}) {
     auto model = open(dir, chunk);
     ASSERT_TRUE(model.ok()) << model.error().message;
@@ -78,9 +60,9 @@ TEST_P(GemmaParity, LogitsMatchTransformersAtEveryPositionWholeAndChunked) {
 }
 
 TEST_P(GemmaParity, GreedyTokensMatchTransformers) {
-  const std::string dir = kGoldens + GetParam();
-  if (!std::filesystem::exists(dir + "/golden.json")) GTEST_SKIP() << dir << " not found";
-  const Golden g = read_golden(dir);
+  const std::string dir = test::hf_golden_dir(GetParam());
+  if (!test::has_hf_golden(dir)) GTEST_SKIP() << dir << " not found";
+  const test::HfGolden g = test::read_hf_golden(dir);
   auto model = open(dir, 7);
   ASSERT_TRUE(model.ok()) << model.error().message;
   SequenceRunner runner(**model);

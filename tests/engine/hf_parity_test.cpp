@@ -4,44 +4,23 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "engine/sequence_runner.h"
+#include "golden_util.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 
 namespace rill {
 namespace {
 
-const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
-
-struct Golden {
-  std::vector<int32_t> prompt_ids;
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> greedy_ids;
-};
-
-Golden read_golden(const std::string& dir) {
-  std::ifstream in(dir + "/golden.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  Golden g;
-  g.prompt_ids = j["prompt_ids"].get<std::vector<int32_t>>();
-  g.logits = j["logits"].get<std::vector<std::vector<float>>>();
-  g.greedy_ids = j["greedy_ids"].get<std::vector<int32_t>>();
-  return g;
-}
-
 class HfParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfParity, LogitsAndGreedyMatchTransformers) {
-  const std::string dir = kGoldens + GetParam();
-  if (!std::filesystem::exists(dir + "/golden.json")) GTEST_SKIP() << dir << " not found";
-  const Golden g = read_golden(dir);
+  const std::string dir = test::hf_golden_dir(GetParam());
+  if (!test::has_hf_golden(dir)) GTEST_SKIP() << dir << " not found";
+  const test::HfGolden g = test::read_hf_golden(dir);
 
   auto files = open_model_files(dir);
   ASSERT_TRUE(files.ok()) << files.error().message;

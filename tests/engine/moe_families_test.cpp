@@ -7,42 +7,26 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
+#include "golden_util.h"
 #include "rill/engine.h"
 
 namespace rill {
 namespace {
 
-const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
-
-struct Golden {
-  std::vector<int32_t> prompt_ids;
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> greedy_ids;
-};
-
-Golden read_golden(const std::string& dir) {
-  std::ifstream in(dir + "/golden.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  return {j["prompt_ids"].get<std::vector<int32_t>>(), j["logits"].get<std::vector<std::vector<float>>>(),
-          j["greedy_ids"].get<std::vector<int32_t>>()};
-}
+using test::HfGolden;
 
 class MoeParity : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = kGoldens + GetParam();
-    if (!std::filesystem::exists(dir_ + "/golden.json")) GTEST_SKIP() << dir_ << " not found";
-    golden_ = read_golden(dir_);
+    dir_ = test::hf_golden_dir(GetParam());
+    if (!test::has_hf_golden(dir_)) GTEST_SKIP() << dir_ << " not found";
+    golden_ = test::read_hf_golden(dir_);
     auto files = open_model_files(dir_);
     ASSERT_TRUE(files.ok()) << files.error().message;
     files_ = *files;
@@ -60,7 +44,7 @@ class MoeParity : public ::testing::TestWithParam<std::string> {
   }
 
   std::string dir_;
-  Golden golden_;
+  HfGolden golden_;
   std::shared_ptr<ModelFiles> files_;
 };
 
@@ -97,56 +81,6 @@ TEST_P(MoeParity, GreedyIdsMatchTransformers) {
   EXPECT_EQ(gen->ids, golden_.greedy_ids) << GetParam();
 }
 
-// Prompts of 3..24 tokens (slices and rotations of the golden prompt), run
-// one by one and all at once under a 10-token step budget, so batched
-// prompts are chunked at other places and share MoE steps with other
-// sequences' tokens.
-std::vector<std::vector<int32_t>> prompts_from(const std::vector<int32_t>& ids) {
-  std::vector<std::vector<int32_t>> out;
-  const size_t n = ids.size();
-  for (size_t len : {3u, 24u, 11u, 5u, 17u, 8u}) {
-    const size_t start = (out.size() * 5) % n;
-    std::vector<int32_t> p;
-    for (size_t i = 0; i < std::min(len, n); ++i) p.push_back(ids[(start + i) % n]);
-    out.push_back(std::move(p));
-  }
-  return out;
-}
-
-std::vector<std::vector<int32_t>> generate(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
-                                           const SamplingParams& sampling, bool concurrent, uint64_t ns) {
-  std::vector<std::vector<int32_t>> out(prompts.size());
-  auto request = [&](size_t i) {
-    GenerationRequest r;
-    r.prompt = prompts[i];
-    r.max_tokens = 12;
-    r.ignore_eos = true;
-    r.sampling = sampling;
-    r.cache_namespace = ns;
-    auto h = e.submit(std::move(r));
-    EXPECT_TRUE(h.ok()) << h.error().message;
-    return std::move(h).value();
-  };
-  auto drain = [&](RequestHandle& h, size_t i) {
-    GenerationEvent ev;
-    while (h.next(ev)) {
-      out[i].insert(out[i].end(), ev.token_ids.begin(), ev.token_ids.end());
-      EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
-    }
-  };
-  if (concurrent) {
-    std::vector<RequestHandle> hs;
-    for (size_t i = 0; i < prompts.size(); ++i) hs.push_back(request(i));
-    for (size_t i = 0; i < prompts.size(); ++i) drain(hs[i], i);
-  } else {
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      RequestHandle h = request(i);
-      drain(h, i);
-    }
-  }
-  return out;
-}
-
 TEST_P(MoeParity, EngineTokensAreTheSameAloneAndBatched) {
   EngineOptions o;
   o.n_threads = 2;
@@ -158,16 +92,16 @@ TEST_P(MoeParity, EngineTokensAreTheSameAloneAndBatched) {
   auto engine = Engine::load(dir_, o);
   ASSERT_TRUE(engine.ok()) << engine.error().message;
   Engine& e = **engine;
-  const auto prompts = prompts_from(golden_.prompt_ids);
+  const auto prompts = test::prompts_from(golden_.prompt_ids);
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   SamplingParams seeded;
   seeded.temperature = 0.9f;
   seeded.seed = 11;
   for (const SamplingParams& s : {greedy, seeded}) {
-    const auto alone = generate(e, prompts, s, false, 1);
-    const auto batched = generate(e, prompts, s, true, 2);
-    const auto cached = generate(e, prompts, s, true, 1);  // prefix-cache hits
+    const auto alone = test::generate_all(e, prompts, s, false, 1, 12);
+    const auto batched = test::generate_all(e, prompts, s, true, 2, 12);
+    const auto cached = test::generate_all(e, prompts, s, true, 1, 12);  // prefix-cache hits
     for (size_t i = 0; i < prompts.size(); ++i) {
       ASSERT_EQ(alone[i].size(), 12u);
       EXPECT_EQ(batched[i], alone[i]) << GetParam() << ", prompt " << i << ", temperature " << s.temperature;

@@ -6,39 +6,16 @@
 // when sampling with a seed.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "golden_util.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
 
 namespace rill {
 namespace {
-
-const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
-
-std::vector<int32_t> golden_prompt(const std::string& family) {
-  std::ifstream in(kGoldens + family + "/golden.json");
-  return nlohmann::json::parse(in)["prompt_ids"].get<std::vector<int32_t>>();
-}
-
-// Prompts of 3..24 tokens: slices and rotations of the golden prompt.
-std::vector<std::vector<int32_t>> prompts_from(const std::vector<int32_t>& ids) {
-  std::vector<std::vector<int32_t>> out;
-  const size_t n = ids.size();
-  for (size_t len : {3u, 24u, 11u, 5u, 17u, 8u}) {
-    const size_t start = (out.size() * 5) % n;
-    std::vector<int32_t> p;
-    for (size_t i = 0; i < std::min(len, n); ++i) p.push_back(ids[(start + i) % n]);
-    out.push_back(std::move(p));
-  }
-  return out;
-}
 
 std::unique_ptr<Engine> make_engine(const std::string& family, int tensor_parallel) {
   EngineOptions o;
@@ -48,7 +25,7 @@ std::unique_ptr<Engine> make_engine(const std::string& family, int tensor_parall
   o.max_running = 8;
   o.kv_cache_mb = 4;
   o.check_integrity = true;
-  auto files = open_model_files(kGoldens + family);
+  auto files = open_model_files(test::hf_golden_dir(family));
   EXPECT_TRUE(files.ok()) << files.error().message;
   ModelOptions mo;
   mo.n_threads = o.n_threads;
@@ -65,40 +42,6 @@ std::unique_ptr<Engine> make_engine(const std::string& family, int tensor_parall
   return engine.ok() ? std::move(engine).value() : nullptr;
 }
 
-std::vector<std::vector<int32_t>> generate(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
-                                           const SamplingParams& sampling, bool concurrent, uint64_t ns) {
-  std::vector<std::vector<int32_t>> out(prompts.size());
-  auto request = [&](size_t i) {
-    GenerationRequest r;
-    r.prompt = prompts[i];
-    r.max_tokens = 12;
-    r.ignore_eos = true;
-    r.sampling = sampling;
-    r.cache_namespace = ns;
-    auto h = e.submit(std::move(r));
-    EXPECT_TRUE(h.ok()) << h.error().message;
-    return std::move(h).value();
-  };
-  auto drain = [&](RequestHandle& h, size_t i) {
-    GenerationEvent ev;
-    while (h.next(ev)) {
-      out[i].insert(out[i].end(), ev.token_ids.begin(), ev.token_ids.end());
-      EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
-    }
-  };
-  if (concurrent) {
-    std::vector<RequestHandle> hs;
-    for (size_t i = 0; i < prompts.size(); ++i) hs.push_back(request(i));
-    for (size_t i = 0; i < prompts.size(); ++i) drain(hs[i], i);
-  } else {
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      RequestHandle h = request(i);
-      drain(h, i);
-    }
-  }
-  return out;
-}
-
 struct Case {
   std::string family;
   int n_ranks;
@@ -109,21 +52,22 @@ class TensorParallelEngine : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallelEngine, TokensMatchOneDeviceAndAreBatchInvariant) {
   const auto [family, n_ranks] = GetParam();
-  if (!std::filesystem::exists(kGoldens + family)) GTEST_SKIP() << "no golden " << family;
+  if (!test::has_hf_golden(test::hf_golden_dir(family))) GTEST_SKIP() << "no golden " << family;
   auto one = make_engine(family, 1);
   auto tp = make_engine(family, n_ranks);
   ASSERT_TRUE(one && tp);
-  const auto prompts = prompts_from(golden_prompt(family));
+  const auto prompts = test::prompts_from(test::read_hf_golden(test::hf_golden_dir(family)).prompt_ids);
   SamplingParams greedy;
   greedy.temperature = 0.0f;
-  EXPECT_EQ(generate(*tp, prompts, greedy, true, 1), generate(*one, prompts, greedy, true, 1));
+  EXPECT_EQ(test::generate_all(*tp, prompts, greedy, true, 1, 12),
+            test::generate_all(*one, prompts, greedy, true, 1, 12));
 
   SamplingParams seeded;
   seeded.temperature = 0.9f;
   seeded.seed = 11;
-  const auto alone = generate(*tp, prompts, seeded, false, 2);
-  const auto batched = generate(*tp, prompts, seeded, true, 3);
-  const auto cached = generate(*tp, prompts, seeded, true, 2);  // prefix-cache hits
+  const auto alone = test::generate_all(*tp, prompts, seeded, false, 2, 12);
+  const auto batched = test::generate_all(*tp, prompts, seeded, true, 3, 12);
+  const auto cached = test::generate_all(*tp, prompts, seeded, true, 2, 12);  // prefix-cache hits
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(alone[i].size(), 12u);
     EXPECT_EQ(batched[i], alone[i]) << "prompt " << i;

@@ -6,34 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "../engine/golden_util.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 
 namespace rill {
 namespace {
 
-const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
 constexpr int64_t kCtx = 64;
-
-struct Golden {
-  std::vector<int32_t> prompt;
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> greedy;
-};
-
-Golden read_golden(const std::string& dir) {
-  std::ifstream in(dir + "/golden.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  return {j["prompt_ids"].get<std::vector<int32_t>>(), j["logits"].get<std::vector<std::vector<float>>>(),
-          j["greedy_ids"].get<std::vector<int32_t>>()};
-}
 
 // One sequence's step: tokens [pos0, pos0 + n) of `ids`, every row sampled,
 // in state slot `slot` and the KV blocks of slot `kv_slot` (default: the same).
@@ -67,9 +50,9 @@ std::vector<float> run(Model& m, const std::vector<int32_t>& ids, int32_t chunk,
 class HybridParity : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = kGoldens + GetParam();
-    if (!std::filesystem::exists(dir_ + "/golden.json")) GTEST_SKIP() << dir_ << " not found";
-    golden_ = read_golden(dir_);
+    dir_ = test::hf_golden_dir(GetParam());
+    if (!test::has_hf_golden(dir_)) GTEST_SKIP() << dir_ << " not found";
+    golden_ = test::read_hf_golden(dir_);
     auto files = open_model_files(dir_);
     ASSERT_TRUE(files.ok()) << files.error().message;
     ModelOptions o;
@@ -83,7 +66,7 @@ class HybridParity : public ::testing::TestWithParam<std::string> {
     model_ = std::move(model).value();
   }
   std::string dir_;
-  Golden golden_;
+  test::HfGolden golden_;
   std::unique_ptr<Model> model_;
 };
 
@@ -92,35 +75,35 @@ TEST_P(HybridParity, LogitsMatchTransformersAtEveryPositionWhateverTheChunking) 
   ASSERT_EQ(model_->kv_spec().size(), 2u);
   EXPECT_EQ(model_->kv_spec()[1].kind, LayerKind::kRecurrent);
   EXPECT_GT(model_->state_bytes(), 0u);
-  const std::vector<float> whole = run(*model_, golden_.prompt, 48, 0);
+  const std::vector<float> whole = run(*model_, golden_.prompt_ids, 48, 0);
   double max_err = 0;
-  for (size_t t = 0; t < golden_.prompt.size(); ++t) {
+  for (size_t t = 0; t < golden_.prompt_ids.size(); ++t) {
     ASSERT_EQ(golden_.logits[t].size(), V);
     for (size_t i = 0; i < V; ++i) max_err = std::max(max_err, std::fabs(double(whole[t * V + i]) - golden_.logits[t][i]));
   }
   EXPECT_LT(max_err, 1e-3) << GetParam();
   // Chunked prefill and token-by-token decode give the same state: bit-identical logits.
-  for (int32_t chunk : {1, 5, 7}) EXPECT_EQ(run(*model_, golden_.prompt, chunk, 1), whole) << "chunk " << chunk;
+  for (int32_t chunk : {1, 5, 7}) EXPECT_EQ(run(*model_, golden_.prompt_ids, chunk, 1), whole) << "chunk " << chunk;
 }
 
 TEST_P(HybridParity, GreedyContinuationMatchesTransformers) {
-  std::vector<int32_t> ids = golden_.prompt;
+  std::vector<int32_t> ids = golden_.prompt_ids;
   std::vector<float> last = run(*model_, ids, 7, 0);
   std::vector<int32_t> got;
   const auto V = static_cast<size_t>(model_->n_vocab());
-  for (size_t n = 0; n < golden_.greedy.size(); ++n) {
+  for (size_t n = 0; n < golden_.greedy_ids.size(); ++n) {
     const float* row = last.data() + last.size() - V;
     const auto id = static_cast<int32_t>(std::max_element(row, row + V) - row);
     got.push_back(id);
     ids.push_back(id);
     last = run(*model_, ids, 1, 0, static_cast<int32_t>(ids.size()) - 1);
   }
-  EXPECT_EQ(got, golden_.greedy) << GetParam();
+  EXPECT_EQ(got, golden_.greedy_ids) << GetParam();
 }
 
 TEST_P(HybridParity, BatchedSequencesGiveTheirAloneLogits) {
   const auto V = static_cast<size_t>(model_->n_vocab());
-  const std::vector<int32_t>& a = golden_.prompt;
+  const std::vector<int32_t>& a = golden_.prompt_ids;
   const std::vector<int32_t> b(a.rbegin(), a.rbegin() + 11);
   const auto alone_a = run(*model_, a, 48, 0);
   const auto alone_b = run(*model_, b, 48, 1);
@@ -146,7 +129,7 @@ TEST_P(HybridParity, BatchedSequencesGiveTheirAloneLogits) {
 
 TEST_P(HybridParity, ResumingFromACheckpointMatchesTheColdRun) {
   const auto V = static_cast<size_t>(model_->n_vocab());
-  const std::vector<int32_t>& p = golden_.prompt;
+  const std::vector<int32_t>& p = golden_.prompt_ids;
   const auto cold = run(*model_, p, 48, 0);
   // Saves after positions 7 and 15 in one 24-token step (mid-step snapshots).
   Batch batch;

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../engine/golden_util.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "model/tensor_parallel.h"
@@ -31,16 +32,6 @@ namespace fs = std::filesystem;
 const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
 constexpr double kLogitTolerance = 1e-4;
 constexpr int64_t kCtx = 64;
-
-struct Golden {
-  std::vector<int32_t> prompt_ids, greedy_ids;
-};
-
-Golden read_golden(const std::string& family) {
-  std::ifstream in(kGoldens + family + "/golden.json");
-  const auto j = nlohmann::json::parse(in);
-  return {j["prompt_ids"].get<std::vector<int32_t>>(), j["greedy_ids"].get<std::vector<int32_t>>()};
-}
 
 Result<std::unique_ptr<Model>> open_dir(const std::string& dir, int tensor_parallel) {
   RILL_ASSIGN_OR_RETURN(auto files, open_model_files(dir));
@@ -118,7 +109,7 @@ TEST_P(TensorParallel, MatchesOneDevice) {
   EXPECT_EQ(dynamic_cast<TensorParallelModel&>(**tp).n_ranks(), n_ranks);
   EXPECT_EQ((*tp)->n_kv_blocks(), (*one)->n_kv_blocks());
   EXPECT_EQ((*tp)->n_vocab(), (*one)->n_vocab());
-  const Golden g = read_golden(family);
+  const test::HfGolden g = test::read_hf_golden(kGoldens + family);
 
   // Prefill, every position.
   const std::vector<float> ref = prefill_all_rows(**one, g.prompt_ids, 0);
@@ -154,7 +145,7 @@ TEST_P(TensorParallel, BatchedStepMatchesOneDevice) {
   auto one = open(family, 1);
   auto tp = open(family, n_ranks);
   ASSERT_TRUE(one.ok() && tp.ok());
-  const Golden g = read_golden(family);
+  const test::HfGolden g = test::read_hf_golden(kGoldens + family);
   const std::vector<int32_t> table_a = {7, 2, 9, 4}, table_b = {0, 11, 5, 1};
   std::vector<std::vector<float>> out;
   for (Model* m : {one->get(), tp->get()}) {
@@ -233,7 +224,7 @@ TEST(TensorParallelVocab, UnevenVocabularyMatchesOneDevice) {
   if (!fs::exists(kGoldens + "llama")) GTEST_SKIP();
   const fs::path dir = fs::temp_directory_path() / ("rill_tp_vocab_" + std::to_string(::getpid()));
   write_trimmed_vocab_model(kGoldens + "llama", 509, dir);
-  const Golden g = read_golden("llama");
+  const test::HfGolden g = test::read_hf_golden(kGoldens + "llama");
   auto one = open_dir(dir.string(), 1);
   ASSERT_TRUE(one.ok()) << one.error().message;
   ASSERT_EQ((*one)->n_vocab(), 509);
