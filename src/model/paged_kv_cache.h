@@ -28,6 +28,7 @@ class PagedKvCache {
   static Result<PagedKvCache> create(int64_t n_layer, int32_t n_blocks, int32_t block_size,
                                      int64_t kv_width, DType dtype);
 
+  int64_t n_layers() const { return n_layer_; }
   int32_t n_blocks() const { return n_blocks_; }
   int32_t block_size() const { return block_size_; }
   DType dtype() const { return dtype_; }

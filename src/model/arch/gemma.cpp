@@ -25,8 +25,8 @@
 #include "model/arch/families.h"
 #include "model/arch/gemma_config.h"
 #include "model/batch_check.h"
+#include "model/cpu_paged_model.h"
 #include "model/layers.h"
-#include "model/paged_kv_cache.h"
 
 namespace rill {
 namespace {
@@ -45,22 +45,13 @@ struct Activations {
   std::vector<float> x, h, q, k, v, attn, gate, up, final_rows;
 };
 
-class GemmaModel final : public Model {
+class GemmaModel final : public CpuPagedModel {
  public:
   GemmaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
-      : files_(std::move(files)), cfg_(files_->config), backend_(make_cpu_backend(options.n_threads)) {}
+      : CpuPagedModel(std::move(files), options.n_threads) {}
 
   Status init(const ModelOptions& options);
 
-  const ModelConfig& config() const override { return cfg_; }
-  int64_t n_vocab() const override { return cfg_.n_vocab; }
-  int64_t n_ctx() const override { return n_ctx_; }
-  int max_batch_tokens() const override { return max_tokens_; }
-  int max_batch_seqs() const override { return max_seqs_; }
-  const KvSpec& kv_spec() const override { return kv_spec_; }
-  int32_t kv_block_size() const override { return kv_.block_size(); }
-  int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
-  size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
   Status forward(const Batch& batch, float* logits) override;
 
   // Every layer keeps KV; a layer's rows live in the blocks its group's
@@ -72,24 +63,7 @@ class GemmaModel final : public Model {
     }
     return out;
   }
-  Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const override {
-    RILL_TRY(check_kv_block(layer, block));
-    kv_.copy_block_out(layer, block, k, v);
-    return {};
-  }
-  Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) override {
-    RILL_TRY(check_kv_block(layer, block));
-    kv_.copy_block_in(layer, block, k, v);
-    return {};
-  }
-
  private:
-  Status check_kv_block(int64_t layer, int32_t block) const {
-    if (layer < 0 || layer >= cfg_.n_layer || block < 0 || block >= kv_.n_blocks()) {
-      return Error{"KV layer " + std::to_string(layer) + " block " + std::to_string(block) + " does not exist"};
-    }
-    return {};
-  }
   Status bind_weights();
   void attention_block(const GemmaLayer& L, int64_t il, const Batch& batch);
   void mlp_block(const GemmaLayer& L, int64_t n);
@@ -97,16 +71,9 @@ class GemmaModel final : public Model {
     backend_->rms_norm(x, w.data(), n_rows, dim, cfg_.rms_norm_eps, out, params_.norm_offset);
   }
 
-  std::shared_ptr<const ModelFiles> files_;
-  const ModelConfig& cfg_;
-  std::unique_ptr<Backend> backend_;
   GemmaParams params_;
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
-  int max_tokens_ = 0;
-  int max_seqs_ = 0;
-  int64_t n_ctx_ = 0;
   float embed_scale_ = 1.0f;
-  KvSpec kv_spec_;
   int32_t sliding_group_ = -1, full_group_ = -1;  // index into kv_spec_, -1: no such layers
   WeightView embed_;    // [n_vocab, n_embd]
   WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
@@ -114,7 +81,6 @@ class GemmaModel final : public Model {
   std::vector<GemmaLayer> layers_;
   RopeTable rope_local_, rope_global_;  // sliding layers, full layers
   AttentionParams attn_local_, attn_global_;
-  PagedKvCache kv_;
   Activations a_;
   std::vector<cpu::AttentionSeq> attn_seqs_;  // per step; capacity reserved at init
 };
@@ -212,28 +178,10 @@ Status GemmaModel::init(const ModelOptions& options) {
     kv_spec_.push_back(full());
   }
 
-  n_ctx_ = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
-  if (n_ctx_ <= 0) n_ctx_ = 4096;
-  const int32_t bs = options.kv_block_size;
-  // Every layer has a plane of n_blocks blocks; a block id belongs to one
-  // group, so only that group's layers ever touch (make resident) its pages.
-  const size_t token_bytes = 2 * static_cast<size_t>(cfg_.n_layer) * row_bytes(attn_global_.kv_dtype, kv_width_);
-  int64_t n_blocks = 0;
-  if (options.kv_cache_bytes > 0) {
-    n_blocks = options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(std::max(1, bs)));
-  } else {
-    n_blocks = std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / std::max(1, bs));
-  }
-  if (n_blocks < 1 || n_blocks > INT32_MAX) {
-    return Error{f.path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) +
-                 " bytes holds no whole block of " + std::to_string(bs) + " tokens (" +
-                 std::to_string(token_bytes) + " bytes per token)"};
-  }
-  RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create(cfg_.n_layer, static_cast<int32_t>(n_blocks), bs, kv_width_,
-                                                  attn_global_.kv_dtype));
-
-  max_tokens_ = std::max(1, options.max_batch_tokens);
-  max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
+  set_limits(options);
+  // Every layer has a plane of blocks; a block id belongs to one group, so
+  // only that group's layers ever touch (make resident) its pages.
+  RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, attn_global_.kv_dtype));
   attn_seqs_.reserve(static_cast<size_t>(max_tokens_));
   const auto T = static_cast<size_t>(max_tokens_);
   a_.x.resize(T * E);

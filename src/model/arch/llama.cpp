@@ -17,9 +17,9 @@
 #include "backend/backend.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
+#include "model/cpu_paged_model.h"
 #include "model/layers.h"
 #include "model/moe.h"
-#include "model/paged_kv_cache.h"
 
 namespace rill {
 namespace {
@@ -40,35 +40,16 @@ struct Activations {
   MoeScratch moe;
 };
 
-class LlamaModel final : public Model {
+class LlamaModel final : public CpuPagedModel {
  public:
   LlamaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
-      : files_(std::move(files)), cfg_(files_->config), backend_(make_cpu_backend(options.n_threads)) {}
+      : CpuPagedModel(std::move(files), options.n_threads) {}
 
   Status init(const ModelOptions& options);
 
-  const ModelConfig& config() const override { return cfg_; }
-  int64_t n_vocab() const override { return cfg_.n_vocab; }
-  int64_t n_ctx() const override { return n_ctx_; }
-  int max_batch_tokens() const override { return max_tokens_; }
-  int max_batch_seqs() const override { return max_seqs_; }
-  const KvSpec& kv_spec() const override { return kv_spec_; }
-  int32_t kv_block_size() const override { return kv_.block_size(); }
-  int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
-  size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
   Status forward(const Batch& batch, float* logits) override;
   std::vector<KvLayer> kv_layers() const override {
     return std::vector<KvLayer>(static_cast<size_t>(cfg_.n_layer), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
-  }
-  Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const override {
-    RILL_TRY(check_kv_block(layer, block));
-    kv_.copy_block_out(layer, block, k, v);
-    return {};
-  }
-  Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) override {
-    RILL_TRY(check_kv_block(layer, block));
-    kv_.copy_block_in(layer, block, k, v);
-    return {};
   }
 
  private:
@@ -76,28 +57,14 @@ class LlamaModel final : public Model {
   void mlp_block(const LlamaLayer& L, int64_t n);
   Status bind_moe(LlamaLayer& L, const std::string& p);
   Status check_batch(const Batch& batch) const;
-  Status check_kv_block(int64_t layer, int32_t block) const {
-    if (layer < 0 || layer >= cfg_.n_layer || block < 0 || block >= kv_.n_blocks()) {
-      return Error{"KV layer " + std::to_string(layer) + " block " + std::to_string(block) + " does not exist"};
-    }
-    return {};
-  }
 
-  std::shared_ptr<const ModelFiles> files_;
-  const ModelConfig& cfg_;
-  std::unique_ptr<Backend> backend_;
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
-  int max_tokens_ = 0;
-  int max_seqs_ = 0;
-  int64_t n_ctx_ = 0;
-  KvSpec kv_spec_;
   WeightView embed_;    // [n_vocab, n_embd]
   WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
   std::vector<float> final_norm_;
   std::vector<LlamaLayer> layers_;
   RopeTable rope_;
   AttentionParams attn_params_;
-  PagedKvCache kv_;
   Activations a_;
   std::vector<cpu::AttentionSeq> attn_seqs_;  // per step; capacity reserved at init
 };
@@ -128,7 +95,7 @@ Status LlamaModel::init(const ModelOptions& options) {
     lm_head_ = embed_;
   }
   RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, "model.norm.weight", E));
-  max_tokens_ = std::max(1, options.max_batch_tokens);
+  set_limits(options);
 
   bool all_f32 = embed_.dtype == DType::kF32;
   layers_.resize(static_cast<size_t>(cfg_.n_layer));
@@ -188,26 +155,9 @@ Status LlamaModel::init(const ModelOptions& options) {
   // f16 KV, as llama.cpp stores it.
   attn_params_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
 
-  n_ctx_ = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
-  if (n_ctx_ <= 0) n_ctx_ = 4096;
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
-  const int32_t bs = options.kv_block_size;
-  const size_t token_bytes = 2 * static_cast<size_t>(cfg_.n_layer) * row_bytes(attn_params_.kv_dtype, kv_width_);
-  int64_t n_blocks = 0;
-  if (options.kv_cache_bytes > 0) {
-    n_blocks = options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(std::max(1, bs)));
-  } else {
-    n_blocks = std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / std::max(1, bs));
-  }
-  if (n_blocks < 1 || n_blocks > INT32_MAX) {
-    return Error{f.path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) +
-                 " bytes holds no whole block of " + std::to_string(bs) + " tokens (" +
-                 std::to_string(token_bytes) + " bytes per token)"};
-  }
-  RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create(cfg_.n_layer, static_cast<int32_t>(n_blocks), bs,
-                                                  kv_width_, attn_params_.kv_dtype));
+  RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, attn_params_.kv_dtype));
 
-  max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
   attn_seqs_.reserve(static_cast<size_t>(max_tokens_));  // a batch has at most one sequence per token
   const auto T = static_cast<size_t>(max_tokens_);
   a_.x.resize(T * E);

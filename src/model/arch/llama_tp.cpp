@@ -29,9 +29,9 @@
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
 #include "model/batch_check.h"
+#include "model/cpu_paged_model.h"
 #include "model/layers.h"
 #include "model/moe.h"
-#include "model/paged_kv_cache.h"
 #include "model/tensor_parallel.h"
 #include "model/tensor_split.h"
 #include "parallel/simulated_group.h"
@@ -85,22 +85,13 @@ Result<RopeTable> build_rope(const ModelFiles& f, const ModelConfig& cfg, int64_
   return rope;
 }
 
-class LlamaShard final : public Model {
+class LlamaShard final : public CpuPagedModel {
  public:
   LlamaShard(std::shared_ptr<const ModelFiles> files, Communicator& comm, int n_threads)
-      : files_(std::move(files)), cfg_(files_->config), comm_(comm), backend_(make_cpu_backend(n_threads)) {}
+      : CpuPagedModel(std::move(files), n_threads), comm_(comm) {}
 
   Status init(const ModelOptions& options);
 
-  const ModelConfig& config() const override { return cfg_; }
-  int64_t n_vocab() const override { return cfg_.n_vocab; }
-  int64_t n_ctx() const override { return n_ctx_; }
-  int max_batch_tokens() const override { return max_tokens_; }
-  int max_batch_seqs() const override { return max_seqs_; }
-  const KvSpec& kv_spec() const override { return kv_spec_; }
-  int32_t kv_block_size() const override { return kv_.block_size(); }
-  int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
-  size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
   // logits: [sample_rows, n_vocab], or null (this rank's copy is not wanted).
   Status forward(const Batch& batch, float* logits) override;
 
@@ -111,16 +102,10 @@ class LlamaShard final : public Model {
   Status mlp_block(const ShardLayer& L, int64_t n);
   Status lm_head(const Batch& batch, float* logits);
 
-  std::shared_ptr<const ModelFiles> files_;
-  const ModelConfig& cfg_;
   Communicator& comm_;
-  std::unique_ptr<Backend> backend_;
   TensorSplit split_;
   SplitRange ff_;  // dense layers' intermediate rows of this rank
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;  // this rank's widths
-  int max_tokens_ = 0, max_seqs_ = 0;
-  int64_t n_ctx_ = 0;
-  KvSpec kv_spec_;
   BatchLimits limits_;
   WeightView embed_;    // [Vr, E]: this rank's vocabulary rows
   WeightView lm_head_;  // [Vr, E]
@@ -128,7 +113,6 @@ class LlamaShard final : public Model {
   std::vector<ShardLayer> layers_;
   RopeTable rope_;
   AttentionParams attn_params_;  // this rank's heads
-  PagedKvCache kv_;
   ShardActivations a_;
   std::vector<cpu::AttentionSeq> attn_seqs_;
 };
@@ -212,7 +196,7 @@ Status LlamaShard::init(const ModelOptions& options) {
   embed_ = slice_rows(embed, split_.vocab);
   lm_head_ = slice_rows(lm_head, split_.vocab);
   RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, "model.norm.weight", E));
-  max_tokens_ = std::max(1, options.max_batch_tokens);
+  set_limits(options);
 
   bool all_f32 = embed.dtype == DType::kF32;
   layers_.resize(static_cast<size_t>(cfg_.n_layer));
@@ -230,28 +214,10 @@ Status LlamaShard::init(const ModelOptions& options) {
   attn_params_.window = cfg_.sliding_window;
   attn_params_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;  // as the one-device model
 
-  n_ctx_ = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
-  if (n_ctx_ <= 0) n_ctx_ = 4096;
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
-  const int32_t bs = options.kv_block_size;
   // kv_cache_bytes is the budget of all ranks together; every rank has the
   // same per-token bytes, so every rank gets the same number of blocks.
-  const size_t token_bytes = 2 * static_cast<size_t>(cfg_.n_layer) * row_bytes(attn_params_.kv_dtype, kv_width_);
-  const size_t group_token_bytes = token_bytes * static_cast<size_t>(split_.size);
-  int64_t n_blocks = 0;
-  if (options.kv_cache_bytes > 0) {
-    n_blocks = options.kv_cache_bytes / static_cast<int64_t>(group_token_bytes * static_cast<size_t>(std::max(1, bs)));
-  } else {
-    n_blocks = std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / std::max(1, bs));
-  }
-  if (n_blocks < 1 || n_blocks > INT32_MAX) {
-    return Error{f.path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) + " bytes holds no whole block of " +
-                 std::to_string(bs) + " tokens (" + std::to_string(group_token_bytes) + " bytes per token over " +
-                 std::to_string(split_.size) + " ranks)"};
-  }
-  RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create(cfg_.n_layer, static_cast<int32_t>(n_blocks), bs, kv_width_,
-                                                  attn_params_.kv_dtype));
-  max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
+  RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, attn_params_.kv_dtype, split_.size));
   limits_ = {max_tokens_, max_seqs_, n_ctx_, V, kv_.block_size(), kv_.n_blocks(), cfg_.sliding_window};
 
   attn_seqs_.reserve(static_cast<size_t>(max_tokens_));

@@ -21,10 +21,10 @@
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
 #include "model/batch_check.h"
+#include "model/cpu_paged_model.h"
 #include "model/gated_delta.h"
 #include "model/layers.h"
 #include "model/moe.h"
-#include "model/paged_kv_cache.h"
 
 namespace rill {
 namespace {
@@ -113,22 +113,13 @@ struct Activations {
   MoeScratch moe;
 };
 
-class HybridModel final : public Model {
+class HybridModel final : public CpuPagedModel {
  public:
   HybridModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
-      : files_(std::move(files)), cfg_(files_->config), backend_(make_cpu_backend(options.n_threads)) {}
+      : CpuPagedModel(std::move(files), options.n_threads) {}
 
   Status init(const ModelOptions& options);
 
-  const ModelConfig& config() const override { return cfg_; }
-  int64_t n_vocab() const override { return cfg_.n_vocab; }
-  int64_t n_ctx() const override { return n_ctx_; }
-  int max_batch_tokens() const override { return max_tokens_; }
-  int max_batch_seqs() const override { return max_seqs_; }
-  const KvSpec& kv_spec() const override { return kv_spec_; }
-  int32_t kv_block_size() const override { return kv_.block_size(); }
-  int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
-  size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
   int32_t n_state_slots() const override { return states_.n_slots(); }
   int32_t n_state_checkpoints() const override { return states_.n_checkpoints(); }
   size_t state_bytes() const override { return states_.bytes_per_state(); }
@@ -137,16 +128,6 @@ class HybridModel final : public Model {
   // KV export: the attention layers (group 0), by their index among them.
   std::vector<KvLayer> kv_layers() const override {
     return std::vector<KvLayer>(static_cast<size_t>(n_attn_), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
-  }
-  Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const override {
-    if (layer < 0 || layer >= n_attn_ || block < 0 || block >= kv_.n_blocks()) return kv_range_error(layer, block);
-    kv_.copy_block_out(layer, block, k, v);
-    return {};
-  }
-  Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) override {
-    if (layer < 0 || layer >= n_attn_ || block < 0 || block >= kv_.n_blocks()) return kv_range_error(layer, block);
-    kv_.copy_block_in(layer, block, k, v);
-    return {};
   }
   // State export: per linear layer (by its index among them) its conv
   // window [conv_dim, K-1] then its delta state [n_v_heads, dk, dv].
@@ -173,9 +154,6 @@ class HybridModel final : public Model {
   // The FFN of h; returns where its output [n, E] is.
   const float* ffn_block(const Layer& L, int64_t n);
 
-  static Status kv_range_error(int64_t layer, int32_t block) {
-    return Error{"KV layer " + std::to_string(layer) + " block " + std::to_string(block) + " does not exist"};
-  }
   // Bytes of one linear layer's state (its conv window and delta state are adjacent).
   size_t layer_state_bytes() const {
     return static_cast<size_t>(hybrid_.gdn.conv_state_floats() + hybrid_.gdn.delta_state_floats()) * sizeof(float);
@@ -188,21 +166,14 @@ class HybridModel final : public Model {
     return {};
   }
 
-  std::shared_ptr<const ModelFiles> files_;
-  const ModelConfig& cfg_;
-  std::unique_ptr<Backend> backend_;
   HybridConfig hybrid_;
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
-  int max_tokens_ = 0, max_seqs_ = 0;
-  int64_t n_ctx_ = 0;
-  KvSpec kv_spec_;
   int64_t n_attn_ = 0, n_linear_ = 0;  // attention and linear-attention layers
   WeightView embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   RopeTable rope_;
   AttentionParams attn_params_;
-  PagedKvCache kv_;
   RecurrentStates states_;
   Activations a_;
   GatedDeltaScratch gdn_scratch_;
@@ -290,22 +261,9 @@ Status HybridModel::init(const ModelOptions& options) {
   attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(hd_));
   attn_params_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
 
-  n_ctx_ = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
-  if (n_ctx_ <= 0) n_ctx_ = 4096;
+  set_limits(options);
   kv_spec_ = {full(), recurrent()};
-  const int32_t bs = options.kv_block_size;
-  const size_t token_bytes = 2 * static_cast<size_t>(n_attn) * row_bytes(attn_params_.kv_dtype, kv_width_);
-  int64_t n_blocks = options.kv_cache_bytes > 0
-                         ? options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(std::max(1, bs)))
-                         : std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / std::max(1, bs));
-  if (n_blocks < 1 || n_blocks > INT32_MAX) {
-    return Error{f.path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) + " bytes holds no whole block"};
-  }
-  RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create(n_attn, static_cast<int32_t>(n_blocks), bs, kv_width_,
-                                                  attn_params_.kv_dtype));
-
-  max_tokens_ = std::max(1, options.max_batch_tokens);
-  max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
+  RILL_TRY(create_kv(options, n_attn, kv_width_, attn_params_.kv_dtype));
   const int32_t n_slots = std::max(max_seqs_, std::max(1, options.n_kv_slots));
   const int32_t n_ckpt = options.n_state_checkpoints < 0 ? n_slots : options.n_state_checkpoints;
   RILL_ASSIGN_OR_RETURN(states_, RecurrentStates::create(n_linear, hybrid_.gdn, n_slots, n_ckpt));

@@ -1,0 +1,60 @@
+#pragma once
+// What the CPU model families (model/arch/llama.cpp, llama_tp.cpp, gemma.cpp,
+// qwen3_next.cpp) share: their files and config, a CPU backend, the batch
+// limits, the paged KV cache of their attention layers sized from the
+// options, and the Model accessors and KV-block export over them. A family
+// adds its weights, activations, kv_spec_ and forward().
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "loader/model_files.h"
+#include "model/model.h"
+#include "model/paged_kv_cache.h"
+
+namespace rill {
+
+class CpuPagedModel : public Model {
+ public:
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t n_vocab() const override { return cfg_.n_vocab; }
+  int64_t n_ctx() const override { return n_ctx_; }
+  int max_batch_tokens() const override { return max_tokens_; }
+  int max_batch_seqs() const override { return max_seqs_; }
+  const KvSpec& kv_spec() const override { return kv_spec_; }
+  int32_t kv_block_size() const override { return kv_.block_size(); }
+  int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
+  size_t kv_bytes_per_token() const override { return kv_.bytes_per_token(); }
+
+  // `layer` counts the cache's layers (a family's kv_layers() says which
+  // model layers those are); errors name a layer or block that is not there.
+  Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const override;
+  Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) override;
+
+ protected:
+  CpuPagedModel(std::shared_ptr<const ModelFiles> files, int n_threads)
+      : files_(std::move(files)), cfg_(files_->config), backend_(make_cpu_backend(n_threads)) {}
+
+  // n_ctx_: options.n_ctx, else the config's max_position, else 4096;
+  // max_tokens_: options.max_batch_tokens (at least 1); max_seqs_:
+  // options.max_batch_seqs capped at max_tokens_ (0: max_tokens_).
+  void set_limits(const ModelOptions& options);
+
+  // kv_: n_layers planes of kv_width-element rows in dtype, with as many
+  // blocks as options.kv_cache_bytes holds when it is set (shared by
+  // n_ranks ranks of equal per-token bytes), else n_kv_slots whole
+  // contexts. Call after set_limits(). The error names the model file.
+  Status create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype, int n_ranks = 1);
+
+  Status check_kv_block(int64_t layer, int32_t block) const;
+
+  std::shared_ptr<const ModelFiles> files_;
+  const ModelConfig& cfg_;
+  std::unique_ptr<Backend> backend_;
+  int max_tokens_ = 0, max_seqs_ = 0;
+  int64_t n_ctx_ = 0;
+  KvSpec kv_spec_;
+  PagedKvCache kv_;
+};
+
+}  // namespace rill
