@@ -31,13 +31,8 @@
 namespace rill {
 namespace {
 
-struct GemmaLayer {
+struct GemmaLayer : GemmaLayerWeights {
   bool sliding = false;
-  std::vector<float> attn_norm, post_attn_norm;  // [n_embd]
-  Linear q, k, v, o;                  // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
-  std::vector<float> q_norm, k_norm;  // [head_dim], gemma3 only
-  std::vector<float> ffn_norm, post_ffn_norm;  // [n_embd]
-  Linear gate, up, down;              // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]
 };
 
 // Activations for up to max_tokens tokens, allocated once.
@@ -99,25 +94,11 @@ Status GemmaModel::bind_weights() {
   }
   RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, base + "norm.weight", E));
   layers_.resize(static_cast<size_t>(cfg_.n_layer));
+  const GemmaLayerDims dims{E, q_width_, kv_width_, F, hd_};
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    const std::string p = base + "layers." + std::to_string(il) + ".";
     GemmaLayer& L = layers_[static_cast<size_t>(il)];
     L.sliding = params_.sliding[static_cast<size_t>(il)] && cfg_.sliding_window > 0;
-    RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", E));
-    RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", q_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", kv_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", kv_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", E, q_width_, Bias::kOptional));
-    if (f.find(p + "self_attn.q_norm.weight")) {
-      RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
-      RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
-    }
-    RILL_ASSIGN_OR_RETURN(L.post_attn_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
-    RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "pre_feedforward_layernorm.weight", E));
-    RILL_ASSIGN_OR_RETURN(L.post_ffn_norm, load_vector(f, p + "post_feedforward_layernorm.weight", E));
-    RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", F, E));
-    RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", F, E));
-    RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, F));
+    RILL_TRY(bind_gemma_layer(f, names, il, dims, L));
   }
   return {};
 }

@@ -142,6 +142,28 @@ GemmaNames gemma_tensor_names(const ModelFiles& f) {
   return n;
 }
 
+Status bind_gemma_layer(const ModelFiles& f, const GemmaNames& names, int64_t il, const GemmaLayerDims& d,
+                        GemmaLayerWeights& L) {
+  const std::string p = names.base + "layers." + std::to_string(il) + ".";
+  const int64_t E = d.n_embd;
+  RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", E));
+  RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", d.q_width, E, Bias::kOptional));
+  RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", d.kv_width, E, Bias::kOptional));
+  RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", d.kv_width, E, Bias::kOptional));
+  RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", E, d.q_width, Bias::kOptional));
+  if (f.find(p + "self_attn.q_norm.weight")) {
+    RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", d.head_dim));
+    RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", d.head_dim));
+  }
+  RILL_ASSIGN_OR_RETURN(L.post_attn_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
+  RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "pre_feedforward_layernorm.weight", E));
+  RILL_ASSIGN_OR_RETURN(L.post_ffn_norm, load_vector(f, p + "post_feedforward_layernorm.weight", E));
+  RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", d.n_ff, E));
+  RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", d.n_ff, E));
+  RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, d.n_ff));
+  return {};
+}
+
 GemmaRope gemma_rope_tables(const ModelFiles& f, const GemmaParams& p, int64_t hd) {
   const ModelConfig& c = f.config;
   const cpu::RopeScalingParams rs = rope_scaling_params(c.rope_scaling);

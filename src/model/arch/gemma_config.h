@@ -1,14 +1,16 @@
 #pragma once
 // The Gemma family's configuration, shared by the CPU model (gemma.cpp) and
 // the CUDA one (gemma_cuda.cpp): the parameters ModelConfig does not carry,
-// the tensor names of text-only and multimodal checkpoints, and the two
-// RoPE tables (sliding and full layers).
+// the tensor names of text-only and multimodal checkpoints, one layer's
+// weights as the files hold them, and the two RoPE tables (sliding and full
+// layers).
 #include <string>
 #include <vector>
 
 #include "backend/cpu/rope_table.h"
 #include "core/result.h"
 #include "loader/model_files.h"
+#include "model/layers.h"
 
 namespace rill {
 
@@ -34,6 +36,22 @@ struct GemmaNames {
   std::string head = "lm_head.weight";
 };
 GemmaNames gemma_tensor_names(const ModelFiles& files);
+
+// One layer's weights bound from the files (matrices view the mapping,
+// norms and biases are f32 copies); q/k/v/o take an optional bias.
+struct GemmaLayerWeights {
+  std::vector<float> attn_norm, post_attn_norm;  // [n_embd]
+  Linear q, k, v, o;                  // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
+  std::vector<float> q_norm, k_norm;  // [head_dim], gemma3 only (empty otherwise)
+  std::vector<float> ffn_norm, post_ffn_norm;  // [n_embd]
+  Linear gate, up, down;              // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]
+};
+struct GemmaLayerDims {
+  int64_t n_embd, q_width, kv_width, n_ff, head_dim;
+};
+// Errors name the file and the tensor that is missing or misshapen.
+Status bind_gemma_layer(const ModelFiles& files, const GemmaNames& names, int64_t il, const GemmaLayerDims& d,
+                        GemmaLayerWeights& out);
 
 // RoPE over the whole head (rot_dim = head_dim): full layers at rope_theta
 // (scaled as the config says), sliding layers at the local base, never

@@ -130,11 +130,7 @@ void GemmaCudaModel::carve_activations(cuda::Arena& a) {
 Status GemmaCudaModel::upload_weights() {
   const ModelFiles& f = *files_;
   const GemmaNames names = gemma_tensor_names(f);
-  struct HostLayer {
-    std::vector<float> attn_norm, post_attn_norm, ffn_norm, post_ffn_norm, q_norm, k_norm;
-    Linear q, k, v, o, gate, up, down;
-  };
-  std::vector<HostLayer> hl(static_cast<size_t>(cfg_.n_layer));
+  std::vector<GemmaLayerWeights> hl(static_cast<size_t>(cfg_.n_layer));
   RILL_ASSIGN_OR_RETURN(WeightView embed, bind_matrix(f, names.base + "embed_tokens.weight", V_, E_));
   WeightView lm_head = embed;
   const bool tied = !f.find(names.head);
@@ -142,27 +138,10 @@ Status GemmaCudaModel::upload_weights() {
     RILL_ASSIGN_OR_RETURN(lm_head, bind_matrix(f, names.head, V_, E_));
   }
   RILL_ASSIGN_OR_RETURN(std::vector<float> final_norm, load_vector(f, names.base + "norm.weight", E_));
-  for (size_t il = 0; il < hl.size(); ++il) {
-    const std::string p = names.base + "layers." + std::to_string(il) + ".";
-    HostLayer& h = hl[il];
-    RILL_ASSIGN_OR_RETURN(h.attn_norm, load_vector(f, p + "input_layernorm.weight", E_));
-    RILL_ASSIGN_OR_RETURN(h.q, bind_linear(f, p + "self_attn.q_proj", Q_, E_, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(h.k, bind_linear(f, p + "self_attn.k_proj", KV_, E_, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(h.v, bind_linear(f, p + "self_attn.v_proj", KV_, E_, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(h.o, bind_linear(f, p + "self_attn.o_proj", E_, Q_, Bias::kOptional));
-    if (f.find(p + "self_attn.q_norm.weight")) {
-      RILL_ASSIGN_OR_RETURN(h.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
-      RILL_ASSIGN_OR_RETURN(h.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
-    }
-    RILL_ASSIGN_OR_RETURN(h.post_attn_norm, load_vector(f, p + "post_attention_layernorm.weight", E_));
-    RILL_ASSIGN_OR_RETURN(h.ffn_norm, load_vector(f, p + "pre_feedforward_layernorm.weight", E_));
-    RILL_ASSIGN_OR_RETURN(h.post_ffn_norm, load_vector(f, p + "post_feedforward_layernorm.weight", E_));
-    RILL_ASSIGN_OR_RETURN(h.gate, bind_linear(f, p + "mlp.gate_proj", F_, E_));
-    RILL_ASSIGN_OR_RETURN(h.up, bind_linear(f, p + "mlp.up_proj", F_, E_));
-    RILL_ASSIGN_OR_RETURN(h.down, bind_linear(f, p + "mlp.down_proj", E_, F_));
-  }
+  const GemmaLayerDims dims{E_, Q_, KV_, F_, hd_};
+  for (size_t il = 0; il < hl.size(); ++il) RILL_TRY(bind_gemma_layer(f, names, static_cast<int64_t>(il), dims, hl[il]));
   std::vector<const WeightView*> mats;
-  for (const HostLayer& h : hl) {
+  for (const GemmaLayerWeights& h : hl) {
     for (const Linear* l : {&h.q, &h.k, &h.v, &h.o, &h.gate, &h.up, &h.down}) mats.push_back(&l->w);
   }
   RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(f.path, mats, embed));
@@ -178,7 +157,7 @@ Status GemmaCudaModel::upload_weights() {
   };
   std::vector<Offs> offs(hl.size());
   for (size_t il = 0; il < hl.size(); ++il) {
-    HostLayer& h = hl[il];
+    GemmaLayerWeights& h = hl[il];
     Offs& o = offs[il];
     o.attn_norm = up.vec(std::move(h.attn_norm));
     o.wqkv = up.cat({&h.q.w, &h.k.w, &h.v.w});
