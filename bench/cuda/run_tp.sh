@@ -6,6 +6,8 @@
 # the model is made, bench_cuda at N = 1, 2 (and 4 with 4 GPUs) in one
 # process (decode at batch 1 and 64, the scaling table last) and the engine
 # (`rill bench`) at N = 1 and 2. $1 = "tests": stop after the tests.
+# VARIANTS (default "NCCL_PROTO=LL RILL_CUDA_GRAPHS=0"): environment settings,
+# each timed at N=2, batch 1 and 64 ("A=1+B=2": two settings in one row).
 # One split-model case runs first; if it fails, it runs again without CUDA
 # graphs and with NCCL's graph buffer registration off, to locate the
 # fault, and the run stops there.
@@ -16,6 +18,7 @@ NCCL_DIR=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$NCCL_DIR
 export RILL_SHARED_DIR=$PWD/shared NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 M=/tmp/llama8b
+VARIANTS=${VARIANTS-"NCCL_PROTO=LL RILL_CUDA_GRAPHS=0"}
 NG=$(nvidia-smi -L | wc -l)
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m | head -6
 ldd $G/bin/bench_cuda | grep -E "nccl|not found"
@@ -50,7 +53,10 @@ $G/bin/rill run shared/goldens/hf/llama --device cuda --tensor-parallel $((NG + 
 [ "$1" = "tests" ] && exit 0
 while [ ! -f /tmp/make.done ]; do sleep 2; done; cat /tmp/make.done; tail -2 /tmp/make.log
 TPS=1,2; [ "$NG" -ge 4 ] && TPS=1,2,4
-timeout 300 $G/bin/bench_cuda $M --steps 32 --batches ${BATCHES:-1,64} --tensor-parallel $TPS --json $OUT/bench_tp.json 2>&1 | tee $OUT/bench_tp.log
+timeout 300 $G/bin/bench_cuda $M --steps 32 --batches ${BATCHES:-1,8,32,64,128} --tensor-parallel $TPS --json $OUT/bench_tp.json 2>&1 | tee $OUT/bench_tp.log
+for v in $VARIANTS; do
+  env ${v//+/ } timeout 60 $G/bin/bench_cuda $M --steps 32 --batches 1,64 --tensor-parallel 2 2>&1 | grep decode | sed "s/^/$v N=2: /"
+done
 if [ "${ENGINE:-1}" = 1 ]; then
   for tp in 1 2; do for c in 1 64; do
     timeout 90 $G/bin/rill bench $M --device cuda --tensor-parallel $tp --concurrency $c --prompt-tokens 128 --gen-tokens 128 --json > /tmp/rb.json 2>/tmp/rb.err
