@@ -9,6 +9,10 @@
 //   GEMV configuration and cuBLASLt) and the small per-layer kernels
 //   bench_cuda MODEL_DIR --profile-step B: one decode step of batch B inside
 //   cudaProfilerStart/Stop, for ncu --profile-from-start off
+//   bench_cuda MODEL_DIR --tensor-parallel 1,2,4: the same measurements for
+//   the model split over each number of GPUs in turn (one model at a time,
+//   in this one run), then the decode scaling: tok/s at N over tok/s at the
+//   first N, and that speedup's efficiency (speedup / N * first N)
 //
 // Reports: decode tok/s at batch 1/8/32/64/128 (128-token prompts, then N
 // steps; median step; greedy on the device, and with full logits copied
@@ -281,15 +285,26 @@ std::vector<int32_t> range_table(int32_t first, int32_t n) {
   return t;
 }
 
+std::vector<int> parse_list(const char* p) {
+  std::vector<int> v;
+  while (*p) {
+    v.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_cuda MODEL_DIR [--steps N] [--json OUT]\n");
+    std::fprintf(stderr, "usage: bench_cuda MODEL_DIR [--steps N] [--batches B,..] [--tensor-parallel N,..] [--json OUT]\n");
     return 2;
   }
   const std::string path = argv[1];
   int steps = 32;
   std::string json_out;
   std::vector<int> batches = {1, 8, 32, 64, 128};
+  std::vector<int> tps = {1};
   bool kernels = false;
   int profile_batch = 0;  // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -297,14 +312,8 @@ int run(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
     if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--profile-step")) profile_batch = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--batches")) {
-      batches.clear();
-      for (const char* p = argv[i + 1]; *p;) {
-        batches.push_back(std::atoi(p));
-        while (*p && *p != ',') ++p;
-        if (*p == ',') ++p;
-      }
-    }
+    if (!std::strcmp(argv[i], "--batches")) batches = parse_list(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--tensor-parallel")) tps = parse_list(argv[i + 1]);
   }
   const int kPrompt = 128, kPrefill = 2048, kMaxBatch = 128, kSlotTokens = 512;
   auto t_load = Clock::now();
@@ -313,6 +322,7 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", files.error().message.c_str());
     return 1;
   }
+  const double open_s = std::chrono::duration<double>(Clock::now() - t_load).count();
   ModelOptions o;
   o.device = Device::kCuda;
   o.n_ctx = 4096;
@@ -324,15 +334,7 @@ int run(int argc, char** argv) {
   const int64_t kv_token = 2 * c.n_layer * c.n_head_kv * hd * 2;  // f16 KV
   const int32_t slot_blocks = kSlotTokens / 16;
   const int32_t n_blocks = kMaxBatch * slot_blocks + kPrefill / 16 + 8;
-  o.kv_cache_bytes = static_cast<int64_t>(n_blocks) * 16 * kv_token;
-  auto created = create_model(builtin_registry(), infer_profile(**files), *files, o);
-  if (!created.ok()) {
-    std::fprintf(stderr, "%s\n", created.error().message.c_str());
-    return 1;
-  }
-  Model& m = **created;
-  const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
-  const int64_t V = m.n_vocab();
+  o.kv_cache_bytes = static_cast<int64_t>(n_blocks) * 16 * kv_token;  // tensor parallel: split over the GPUs
 
   // Weight bytes a decode step reads: every matrix but the embedding table.
   size_t weight_bytes = 0, matmul_params = 0;
@@ -352,97 +354,138 @@ int run(int argc, char** argv) {
   const double bw = copy_bandwidth();
   const double peak = gemm_peak(**ctx);
   std::printf("device: %s\n", (*ctx)->describe().c_str());
-  std::printf("ceilings: copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n", bw, peak);
-  std::printf("model: %s, load + upload %.1f s, %.2f GB read per decode step (weights)\n", path.c_str(), load_s,
-              weight_bytes / 1e9);
+  std::printf("ceilings: copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s (GPU 0)\n", bw, peak);
 
-  std::vector<float> logits(static_cast<size_t>(kMaxBatch) * V);
-  Batch b;
   nlohmann::ordered_json j;
   j["device"] = (*ctx)->describe();
   j["copy_gb_s"] = bw;
   j["gemm_tflops"] = peak;
-  j["load_s"] = load_s;
+  std::vector<std::vector<double>> tok_s(tps.size());  // [tp][batch] greedy decode tok/s
+  for (size_t ti = 0; ti < tps.size(); ++ti) {
+    const int n_gpus = tps[ti];
+    o.tensor_parallel = n_gpus;
+    const auto t_create = Clock::now();
+    auto created = create_model(builtin_registry(), infer_profile(**files), *files, o);
+    if (!created.ok()) {
+      std::fprintf(stderr, "%s\n", created.error().message.c_str());
+      return 1;
+    }
+    Model& m = **created;
+    const double load_s = std::chrono::duration<double>(Clock::now() - t_create).count() + (ti == 0 ? open_s : 0);
+    const int64_t V = m.n_vocab();
+    if (tps.size() > 1) std::printf("--- tensor parallel: %d GPU%s ---\n", n_gpus, n_gpus > 1 ? "s" : "");
+    std::printf("model: %s, load + upload %.1f s, %.2f GB read per decode step (weights%s)\n", path.c_str(), load_s,
+                weight_bytes / 1e9, n_gpus > 1 ? ", all GPUs together" : "");
 
-  // Prefill of one 2,048-token prompt, and a 128-token prompt (TTFT).
-  const int32_t prefill_first = kMaxBatch * slot_blocks;
-  auto prompt_time = [&](int n_tok) {
-    std::vector<int32_t> ids(static_cast<size_t>(n_tok));
-    for (int i = 0; i < n_tok; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % V);
-    const auto table = range_table(prefill_first, kPrefill / 16);
-    std::vector<double> t;
-    for (int rep = 0; rep < 5; ++rep) {
-      b.clear();
-      b.add_sequence(ids.data(), n_tok, 0, true, table);
-      const auto t0 = Clock::now();
-      if (!m.forward(b, logits.data()).ok()) return -1.0;
-      if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    return median(t);
-  };
-  const double prefill_s = profile_batch > 0 ? 1 : prompt_time(kPrefill);
-  const double ttft_s = profile_batch > 0 ? 1 : prompt_time(kPrompt);
-  const double prefill_flops = 2.0 * static_cast<double>(matmul_params) * kPrefill;
-  std::printf("prefill %d tokens: %.1f ms, %.0f tok/s, %.0f TFLOP/s in matmuls (%.0f%% of the GEMM peak)\n", kPrefill,
-              prefill_s * 1e3, kPrefill / prefill_s, prefill_flops / prefill_s / 1e12,
-              100 * prefill_flops / prefill_s / 1e12 / peak);
-  std::printf("TTFT (forward of a %d-token prompt): %.1f ms\n", kPrompt, ttft_s * 1e3);
-  j["prefill"] = {{"tokens", kPrefill}, {"ms", prefill_s * 1e3}, {"tok_s", kPrefill / prefill_s},
-                  {"matmul_tflops", prefill_flops / prefill_s / 1e12}};
-  j["ttft_ms_prompt128"] = ttft_s * 1e3;
+    std::vector<float> logits(static_cast<size_t>(kMaxBatch) * V);
+    Batch b;
+    nlohmann::ordered_json jr;
+    jr["tensor_parallel"] = n_gpus;
+    jr["load_s"] = load_s;
 
-  // Decode: B sequences of 128-token prompts, then `steps` one-token steps.
-  for (int B : batches) {
-    std::vector<std::vector<int32_t>> tables;
-    for (int s = 0; s < B; ++s) tables.push_back(range_table(s * slot_blocks, slot_blocks));
-    for (int s0 = 0; s0 < B; s0 += kPrefill / kPrompt) {
-      b.clear();
-      for (int s = s0; s < std::min(B, s0 + kPrefill / kPrompt); ++s) {
-        std::vector<int32_t> ids(kPrompt);
-        for (int i = 0; i < kPrompt; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 31 + s * 101) % V);
-        b.add_sequence(ids.data(), kPrompt, 0, true, tables[static_cast<size_t>(s)]);
+    // Prefill of one 2,048-token prompt, and a 128-token prompt (TTFT).
+    const int32_t prefill_first = kMaxBatch * slot_blocks;
+    auto prompt_time = [&](int n_tok) {
+      std::vector<int32_t> ids(static_cast<size_t>(n_tok));
+      for (int i = 0; i < n_tok; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % V);
+      const auto table = range_table(prefill_first, kPrefill / 16);
+      std::vector<double> t;
+      for (int rep = 0; rep < 5; ++rep) {
+        b.clear();
+        b.add_sequence(ids.data(), n_tok, 0, true, table);
+        const auto t0 = Clock::now();
+        if (!m.forward(b, logits.data()).ok()) return -1.0;
+        if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       }
-      if (!m.forward(b, logits.data()).ok()) return 1;
+      return median(t);
+    };
+    const double prefill_s = profile_batch > 0 ? 1 : prompt_time(kPrefill);
+    const double ttft_s = profile_batch > 0 ? 1 : prompt_time(kPrompt);
+    const double prefill_flops = 2.0 * static_cast<double>(matmul_params) * kPrefill;
+    std::printf("prefill %d tokens: %.1f ms, %.0f tok/s, %.0f TFLOP/s in matmuls (%.0f%% of the GEMM peak%s)\n",
+                kPrefill, prefill_s * 1e3, kPrefill / prefill_s, prefill_flops / prefill_s / 1e12,
+                100 * prefill_flops / prefill_s / 1e12 / (peak * n_gpus), n_gpus > 1 ? " times the GPUs" : "");
+    std::printf("TTFT (forward of a %d-token prompt): %.1f ms\n", kPrompt, ttft_s * 1e3);
+    jr["prefill"] = {{"tokens", kPrefill}, {"ms", prefill_s * 1e3}, {"tok_s", kPrefill / prefill_s},
+                     {"matmul_tflops", prefill_flops / prefill_s / 1e12}};
+    jr["ttft_ms_prompt128"] = ttft_s * 1e3;
+
+    // Decode: B sequences of 128-token prompts, then `steps` one-token steps.
+    for (int B : batches) {
+      std::vector<std::vector<int32_t>> tables;
+      for (int s = 0; s < B; ++s) tables.push_back(range_table(s * slot_blocks, slot_blocks));
+      for (int s0 = 0; s0 < B; s0 += kPrefill / kPrompt) {
+        b.clear();
+        for (int s = s0; s < std::min(B, s0 + kPrefill / kPrompt); ++s) {
+          std::vector<int32_t> ids(kPrompt);
+          for (int i = 0; i < kPrompt; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 31 + s * 101) % V);
+          b.add_sequence(ids.data(), kPrompt, 0, true, tables[static_cast<size_t>(s)]);
+        }
+        if (!m.forward(b, logits.data()).ok()) return 1;
+      }
+      // Steps alternate between greedy on the device (ids back) and full
+      // logits back to the host, at the same positions' lengths +- 1.
+      std::vector<double> t, t_logits;
+      std::vector<int32_t> ids(static_cast<size_t>(B));
+      for (int step = 0; step < 2 * steps + 4; ++step) {
+        b.clear();
+        for (int s = 0; s < B; ++s) {
+          const int32_t id = step == 0 ? static_cast<int32_t>(s % V) : ids[static_cast<size_t>(s)];
+          b.add_sequence(&id, 1, kPrompt + step, true, tables[static_cast<size_t>(s)]);
+        }
+        const bool greedy = step % 2 == 0;
+        const bool profiled = profile_batch > 0 && step == 4;
+        if (profiled) cudaProfilerStart();
+        const auto t0 = Clock::now();
+        auto st = greedy ? m.forward_greedy(b, ids.data()) : m.forward(b, logits.data());
+        if (!st.ok()) {
+          std::fprintf(stderr, "decode: %s\n", st.error().message.c_str());
+          return 1;
+        }
+        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (profiled) {
+          cudaProfilerStop();
+          std::printf("profiled one greedy decode step at batch %d: %.2f ms\n", B, dt * 1e3);
+          return 0;
+        }
+        if (step >= 4) (greedy ? t : t_logits).push_back(dt);
+      }
+      const double step_s = median(t);
+      const double logits_step_s = median(t_logits);
+      const double ctx_len = kPrompt + steps;
+      // Every GPU reads its share: the roofline is against their bandwidth together.
+      const double bytes = static_cast<double>(weight_bytes) + B * ctx_len * static_cast<double>(m.kv_bytes_per_token());
+      const double roofline = bytes / (bw * 1e9 * n_gpus);
+      std::printf("decode batch %3d: %.2f ms/step, %.0f tok/s (greedy on device); %.2f ms, %.0f tok/s with logits to "
+                  "the host; bytes/step %.2f GB, roofline %.2f ms (%.0f%% of it)\n",
+                  B, step_s * 1e3, B / step_s, logits_step_s * 1e3, B / logits_step_s, bytes / 1e9, roofline * 1e3,
+                  100 * roofline / step_s);
+      jr["decode"].push_back({{"batch", B}, {"ms_per_step", step_s * 1e3}, {"tok_s", B / step_s},
+                              {"ms_per_step_logits_to_host", logits_step_s * 1e3}, {"bytes_per_step", bytes},
+                              {"roofline_fraction", roofline / step_s}});
+      tok_s[ti].push_back(B / step_s);
     }
-    // Steps alternate between greedy on the device (ids back) and full
-    // logits back to the host, at the same positions' lengths +- 1.
-    std::vector<double> t, t_logits;
-    std::vector<int32_t> ids(static_cast<size_t>(B));
-    for (int step = 0; step < 2 * steps + 4; ++step) {
-      b.clear();
-      for (int s = 0; s < B; ++s) {
-        const int32_t id = step == 0 ? static_cast<int32_t>(s % V) : ids[static_cast<size_t>(s)];
-        b.add_sequence(&id, 1, kPrompt + step, true, tables[static_cast<size_t>(s)]);
+    if (tps.size() == 1) {
+      for (auto& [k, v] : jr.items()) {
+        if (k != "tensor_parallel") j[k] = v;
       }
-      const bool greedy = step % 2 == 0;
-      const bool profiled = profile_batch > 0 && step == 4;
-      if (profiled) cudaProfilerStart();
-      const auto t0 = Clock::now();
-      auto st = greedy ? m.forward_greedy(b, ids.data()) : m.forward(b, logits.data());
-      if (!st.ok()) {
-        std::fprintf(stderr, "decode: %s\n", st.error().message.c_str());
-        return 1;
-      }
-      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (profiled) {
-        cudaProfilerStop();
-        std::printf("profiled one greedy decode step at batch %d: %.2f ms\n", B, dt * 1e3);
-        return 0;
-      }
-      if (step >= 4) (greedy ? t : t_logits).push_back(dt);
+    } else {
+      j["runs"].push_back(jr);
     }
-    const double step_s = median(t);
-    const double logits_step_s = median(t_logits);
-    const double ctx_len = kPrompt + steps;
-    const double bytes = static_cast<double>(weight_bytes) + B * ctx_len * static_cast<double>(m.kv_bytes_per_token());
-    const double roofline = bytes / (bw * 1e9);
-    std::printf("decode batch %3d: %.2f ms/step, %.0f tok/s (greedy on device); %.2f ms, %.0f tok/s with logits to the "
-                "host; bytes/step %.2f GB, roofline %.2f ms (%.0f%% of it)\n",
-                B, step_s * 1e3, B / step_s, logits_step_s * 1e3, B / logits_step_s, bytes / 1e9, roofline * 1e3,
-                100 * roofline / step_s);
-    j["decode"].push_back({{"batch", B}, {"ms_per_step", step_s * 1e3}, {"tok_s", B / step_s},
-                           {"ms_per_step_logits_to_host", logits_step_s * 1e3}, {"bytes_per_step", bytes},
-                           {"roofline_fraction", roofline / step_s}});
+  }
+  if (tps.size() > 1) {
+    std::printf("--- decode scaling (greedy on device; against %d GPU%s) ---\n", tps[0], tps[0] > 1 ? "s" : "");
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      std::printf("batch %3d:", batches[bi]);
+      for (size_t ti = 0; ti < tps.size(); ++ti) {
+        const double speedup = tok_s[ti][bi] / tok_s[0][bi];
+        const double eff = speedup * tps[0] / tps[ti];
+        std::printf("  N=%d %.0f tok/s (x%.2f, efficiency %.0f%%)", tps[ti], tok_s[ti][bi], speedup, 100 * eff);
+        j["scaling"].push_back({{"batch", batches[bi]}, {"tensor_parallel", tps[ti]}, {"tok_s", tok_s[ti][bi]},
+                                {"speedup", speedup}, {"efficiency", eff}});
+      }
+      std::printf("\n");
+    }
   }
   if (!json_out.empty()) std::ofstream(json_out) << j.dump(2) << "\n";
   return 0;

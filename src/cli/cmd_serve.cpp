@@ -39,6 +39,7 @@ int run_serve(ServeOptions& o) {
   const std::string path = o.model.empty() ? default_model_path() : o.model;
   o.engine.device = o.device.value();
   o.engine.gpu_memory_fraction = o.device.gpu_memory_fraction;
+  o.engine.tensor_parallel = o.device.tensor_parallel;
   auto engine = Engine::load(path, o.engine);
   if (!engine.ok()) {
     std::fprintf(stderr, "rill serve: %s\n", engine.error().message.c_str());

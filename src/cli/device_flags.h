@@ -1,5 +1,6 @@
 #pragma once
-// --device and --gpu-memory-fraction, shared by rill run, bench and serve.
+// --device, --gpu-memory-fraction and --tensor-parallel, shared by rill run,
+// bench and serve.
 #include <CLI/CLI.hpp>
 
 #include <string>
@@ -11,6 +12,7 @@ namespace rill::cli {
 struct DeviceFlags {
   std::string device = "cpu";
   double gpu_memory_fraction = 0.9;
+  int tensor_parallel = 1;
 
   Device value() const { return device == "cuda" ? Device::kCuda : Device::kCpu; }
   void add_to(CLI::App* app) {
@@ -20,6 +22,10 @@ struct DeviceFlags {
                     "with --device cuda: share of GPU memory rill may use; the KV cache gets what weights and "
                     "activations leave (default 0.9)")
         ->check(CLI::Range(0.05, 0.99));
+    app->add_option("--tensor-parallel", tensor_parallel,
+                    "split the model over this many devices: with --device cuda, GPUs 0..N-1 over NCCL (heads, "
+                    "KV heads and vocabulary divided evenly); on the CPU, simulated ranks (a reference, not faster)")
+        ->check(CLI::Range(1, 64));
   }
 };
 

@@ -52,6 +52,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
     mo.n_kv_slots = 4;
   }
   mo.device = options.device;
+  mo.tensor_parallel = options.tensor_parallel;
   if (options.device == Device::kCuda && options.kv_cache_mb <= 0) {  // size KV from device memory, not RAM
     mo.kv_cache_bytes = 0;
     mo.gpu_memory_fraction = options.gpu_memory_fraction;

@@ -9,6 +9,7 @@
 #include "backend/cuda/sampling.h"
 #include "core/half.h"
 #include "model/batch_check.h"
+#include "parallel/nccl_group.h"
 
 namespace rill {
 namespace {
@@ -46,11 +47,12 @@ Result<CudaDtypes> pick_cuda_dtypes(const std::string& path, const std::vector<c
 
 // --- WeightUpload -----------------------------------------------------------
 
-size_t WeightUpload::place(const void* src, DType src_dtype, int64_t n, DType dst_dtype) {
+size_t WeightUpload::place(const void* src, DType src_dtype, int64_t n, DType dst_dtype, int64_t rows,
+                           size_t src_pitch) {
   off_ = (off_ + 255) / 256 * 256;
-  copies_.push_back({off_, src, src_dtype, n, dst_dtype});
+  copies_.push_back({off_, src, src_dtype, n, dst_dtype, rows, src_pitch});
   const size_t at = off_;
-  off_ += row_bytes(dst_dtype, n);
+  off_ += static_cast<size_t>(rows) * row_bytes(dst_dtype, n);
   dtype_[at] = dst_dtype;
   return at;
 }
@@ -62,7 +64,11 @@ size_t WeightUpload::vec(std::vector<float> v) {
 }
 
 size_t WeightUpload::mat(const WeightView& w) {
-  return place(w.data, w.dtype, w.n_rows * w.n_cols, cuda::quant_supported(w.dtype) ? w.dtype : act_);
+  const DType dst = cuda::quant_supported(w.dtype) ? w.dtype : act_;
+  if (w.n_rows > 1 && w.row_stride != row_bytes(w.dtype, w.n_cols)) {
+    return place(w.data, w.dtype, w.n_cols, dst, w.n_rows, w.row_stride);
+  }
+  return place(w.data, w.dtype, w.n_rows * w.n_cols, dst);
 }
 
 size_t WeightUpload::cat(std::initializer_list<const WeightView*> parts) {
@@ -85,45 +91,64 @@ cuda::DeviceWeight WeightUpload::layer_weight(size_t at, int64_t n_elems) {
   return w;
 }
 
-// Same dtype: straight from the mapped file; others converted in chunks
-// through a host buffer.
+// Same dtype: straight from the mapped file (strided rows in one 2-D
+// copy); others converted in chunks through a host buffer, row by row.
 Status WeightUpload::upload(const std::string& what) {
   RILL_ASSIGN_OR_RETURN(buf_, cuda::DeviceBuffer::allocate(off_, what));
-  std::vector<uint8_t> conv;
-  std::vector<float> tmp;
   for (const Copy& c : copies_) {
     uint8_t* dst = buf_.as<uint8_t>() + c.off;
-    if (c.src_dtype == c.dst_dtype) {
-      if (cudaError_t e = cudaMemcpy(dst, c.src, row_bytes(c.dst_dtype, c.n), cudaMemcpyHostToDevice);
+    const size_t dst_row = row_bytes(c.dst_dtype, c.n);
+    if (c.rows > 1 && c.src_dtype == c.dst_dtype) {
+      if (cudaError_t e = cudaMemcpy2D(dst, dst_row, c.src, c.src_pitch, dst_row, static_cast<size_t>(c.rows),
+                                       cudaMemcpyHostToDevice);
           e != cudaSuccess) {
         return Error{cuda::cuda_error_text(e, "uploading weights")};
       }
       continue;
     }
-    constexpr int64_t kChunk = int64_t{1} << 22;
-    const size_t es = cuda_dtype_size(c.dst_dtype);
-    for (int64_t i = 0; i < c.n; i += kChunk) {
-      const int64_t m = std::min(kChunk, c.n - i);
-      tmp.resize(static_cast<size_t>(m));
-      cpu::dequantize_row(c.src_dtype, static_cast<const uint8_t*>(c.src) + row_bytes(c.src_dtype, i), tmp.data(), m);
-      conv.resize(static_cast<size_t>(m) * es);
-      for (int64_t j = 0; j < m; ++j) {
-        const float v = tmp[static_cast<size_t>(j)];
-        if (c.dst_dtype == DType::kF32) {
-          std::memcpy(conv.data() + 4 * j, &v, 4);
-        } else {
-          const uint16_t hv = c.dst_dtype == DType::kF16 ? f32_to_f16(v) : f32_to_bf16(v);
-          std::memcpy(conv.data() + 2 * j, &hv, 2);
-        }
-      }
-      if (cudaError_t e = cudaMemcpy(dst + static_cast<size_t>(i) * es, conv.data(), conv.size(), cudaMemcpyHostToDevice);
-          e != cudaSuccess) {
-        return Error{cuda::cuda_error_text(e, "uploading weights")};
-      }
+    for (int64_t r = 0; r < c.rows; ++r) {
+      RILL_TRY(copy_packed(dst + static_cast<size_t>(r) * dst_row,
+                           static_cast<const uint8_t*>(c.src) + static_cast<size_t>(r) * c.src_pitch, c.src_dtype, c.n,
+                           c.dst_dtype));
     }
   }
   copies_.clear();
   vecs_.clear();
+  conv_.clear();
+  conv_.shrink_to_fit();
+  tmp_.clear();
+  tmp_.shrink_to_fit();
+  return Status::Ok();
+}
+
+Status WeightUpload::copy_packed(uint8_t* dst, const void* src, DType src_dtype, int64_t n, DType dst_dtype) {
+  if (src_dtype == dst_dtype) {
+    if (cudaError_t e = cudaMemcpy(dst, src, row_bytes(dst_dtype, n), cudaMemcpyHostToDevice); e != cudaSuccess) {
+      return Error{cuda::cuda_error_text(e, "uploading weights")};
+    }
+    return Status::Ok();
+  }
+  constexpr int64_t kChunk = int64_t{1} << 22;
+  const size_t es = cuda_dtype_size(dst_dtype);
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t m = std::min(kChunk, n - i);
+    tmp_.resize(static_cast<size_t>(m));
+    cpu::dequantize_row(src_dtype, static_cast<const uint8_t*>(src) + row_bytes(src_dtype, i), tmp_.data(), m);
+    conv_.resize(static_cast<size_t>(m) * es);
+    for (int64_t j = 0; j < m; ++j) {
+      const float v = tmp_[static_cast<size_t>(j)];
+      if (dst_dtype == DType::kF32) {
+        std::memcpy(conv_.data() + 4 * j, &v, 4);
+      } else {
+        const uint16_t hv = dst_dtype == DType::kF16 ? f32_to_f16(v) : f32_to_bf16(v);
+        std::memcpy(conv_.data() + 2 * j, &hv, 2);
+      }
+    }
+    if (cudaError_t e = cudaMemcpy(dst + static_cast<size_t>(i) * es, conv_.data(), conv_.size(), cudaMemcpyHostToDevice);
+        e != cudaSuccess) {
+      return Error{cuda::cuda_error_text(e, "uploading weights")};
+    }
+  }
   return Status::Ok();
 }
 
@@ -186,12 +211,30 @@ Status CudaModelBase::read_dims() {
   }
   Q_ = cfg_.n_head * hd_;
   KV_ = cfg_.n_head_kv * hd_;
+  n_head_ = cfg_.n_head;
+  n_head_kv_ = cfg_.n_head_kv;
+  if (shard_.group) {
+    const int n_ranks = shard_.group->size();
+    RILL_ASSIGN_OR_RETURN(split_, plan_tensor_split(cfg_, shard_.rank, n_ranks, path));
+    RILL_ASSIGN_OR_RETURN(ff_split_, split_evenly(F_, shard_.rank, n_ranks, "intermediate_size", path));
+    n_head_ = split_.heads.n;
+    n_head_kv_ = split_.kv_heads.n;
+    comm_ = &shard_.group->rank(shard_.rank);
+  }
   return Status::Ok();
 }
 
+void CudaModelBase::narrow_dims() {
+  if (!sharded()) return;
+  Q_ = n_head_ * hd_;
+  KV_ = n_head_kv_ * hd_;
+  F_ = ff_split_.n;
+}
+
 Status CudaModelBase::create_context() {
-  RILL_ASSIGN_OR_RETURN(ctx_, cuda::Context::create(0));
+  RILL_ASSIGN_OR_RETURN(ctx_, cuda::Context::create(shard_.group ? shard_.group->device(shard_.rank) : 0));
   gemm_ = std::make_unique<cuda::Gemm>(*ctx_);
+  if (shard_.group) shard_.group->set_stream(shard_.rank, ctx_->stream());
   return Status::Ok();
 }
 
@@ -216,11 +259,15 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   auto carve = [&](cuda::Arena& a) {
     carve_activations(a);
     logits_ = a.take<float>(S * V_);
-    partial_ = a.take<float>(cuda::attention_partial_floats(max_tokens_, static_cast<int32_t>(cfg_.n_head),
+    partial_ = a.take<float>(cuda::attention_partial_floats(max_tokens_, static_cast<int32_t>(n_head_),
                                                              static_cast<int32_t>(hd_)));
     ids_dev_ = a.take<int32_t>(S);
     sample_params_dev_ = a.take<DeviceSamplingParams>(S);
-    split_counts_ = a.take<int32_t>(T * static_cast<size_t>(cfg_.n_head_kv));
+    split_counts_ = a.take<int32_t>(T * static_cast<size_t>(n_head_kv_));
+    if (sharded()) {
+      vocab_local_ = a.take<float>(S * static_cast<size_t>(split_.vocab_stride));
+      vocab_all_ = a.take<float>(static_cast<size_t>(split_.size) * S * static_cast<size_t>(split_.vocab_stride));
+    }
     qscratch_.carve(a, act_, max_tokens_, quant_max_elems_, quant_head_ ? V_ : 0, E_, max_seqs_);
   };
   cuda::Arena sizing;
@@ -228,7 +275,7 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(act_buf_, cuda::DeviceBuffer::allocate(sizing.used(), "activations"));
   cuda::Arena real(act_buf_.data());
   carve(real);
-  if (cudaError_t e = cudaMemset(split_counts_, 0, T * static_cast<size_t>(cfg_.n_head_kv) * sizeof(int32_t));
+  if (cudaError_t e = cudaMemset(split_counts_, 0, T * static_cast<size_t>(n_head_kv_) * sizeof(int32_t));
       e != cudaSuccess) {
     return Error{cuda::cuda_error_text(e, "zeroing the attention split counters")};
   }
@@ -287,6 +334,7 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
 }
 
 CudaModelBase::~CudaModelBase() {
+  if (sharded() && ctx_) cudaSetDevice(ctx_->device());  // the members below free on it
   for (auto& [key, g] : graphs_) {
     if (g.exec) cudaGraphExecDestroy(g.exec);
   }
@@ -296,8 +344,8 @@ CudaModelBase::~CudaModelBase() {
 
 cuda::AttentionArgs CudaModelBase::attention_args(const Step& s) const {
   cuda::AttentionArgs at;
-  at.n_head = static_cast<int32_t>(cfg_.n_head);
-  at.n_head_kv = static_cast<int32_t>(cfg_.n_head_kv);
+  at.n_head = static_cast<int32_t>(n_head_);
+  at.n_head_kv = static_cast<int32_t>(n_head_kv_);
   at.head_dim = static_cast<int32_t>(hd_);
   at.kv_dtype = kv_dtype_;
   at.block_shift = block_shift_;
@@ -320,8 +368,8 @@ cuda::AttentionArgs CudaModelBase::attention_args(const Step& s) const {
 cuda::RopeKvArgs CudaModelBase::rope_args(const Step& s) const {
   cuda::RopeKvArgs rk;
   rk.n_tokens = s.n;
-  rk.n_head = static_cast<int32_t>(cfg_.n_head);
-  rk.n_head_kv = static_cast<int32_t>(cfg_.n_head_kv);
+  rk.n_head = static_cast<int32_t>(n_head_);
+  rk.n_head_kv = static_cast<int32_t>(n_head_kv_);
   rk.head_dim = static_cast<int32_t>(hd_);
   rk.positions = meta_dev_.pos;
   rk.slots = meta_dev_.slots[0];
@@ -330,11 +378,36 @@ cuda::RopeKvArgs CudaModelBase::rope_args(const Step& s) const {
   return rk;
 }
 
+Status CudaModelBase::reduce_residual(float* x, int64_t n) {
+  return comm_ ? comm_->all_reduce_sum(x, n * E_) : Status::Ok();
+}
+
+Status CudaModelBase::lm_head(const cuda::DeviceWeight& w, const void* x, int64_t n_sample) {
+  if (!comm_) return matmul(w, x, n_sample, V_, E_, logits_, false);
+  // Rank r's rows are [r Vp, r Vp + n_r) (the last ranks' may be short or
+  // empty); its slice goes out as [n_sample, n_r] in an [n_sample, Vp] send.
+  const int64_t Vp = split_.vocab_stride;
+  if (split_.vocab.n > 0) RILL_TRY(matmul(w, x, n_sample, split_.vocab.n, E_, vocab_local_, false));
+  RILL_TRY(comm_->all_gather(vocab_local_, n_sample * Vp, vocab_all_));
+  if (split_.rank != 0) return Status::Ok();
+  for (int r = 0; r < split_.size; ++r) {
+    const int64_t v0 = std::min(V_, r * Vp), n_r = std::min(V_, v0 + Vp) - v0;
+    if (n_r <= 0) continue;
+    RILL_CUDA_CHECK(cudaMemcpy2DAsync(logits_ + v0, static_cast<size_t>(V_) * sizeof(float),
+                                      vocab_all_ + r * n_sample * Vp, static_cast<size_t>(n_r) * sizeof(float),
+                                      static_cast<size_t>(n_r) * sizeof(float), static_cast<size_t>(n_sample),
+                                      cudaMemcpyDeviceToDevice, ctx_->stream()));
+  }
+  return Status::Ok();
+}
+
+// Shards other than rank 0 are called with logits == nullptr (their part
+// of the step is the collectives; TensorParallelModel reads rank 0).
 Status CudaModelBase::forward(const Batch& batch, float* logits) {
   if (batch.n_tokens() <= 0) return {};
   RILL_TRY(compute(batch));
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
-  if (n_sample > 0) {
+  if (n_sample > 0 && logits) {
     RILL_CUDA_CHECK(cudaMemcpyAsync(logits, logits_, static_cast<size_t>(n_sample * V_) * sizeof(float),
                                     cudaMemcpyDeviceToHost, ctx_->stream()));
   }
@@ -376,6 +449,9 @@ Status CudaModelBase::read_ids(int64_t n_sample, int32_t* ids) {
 }
 
 Status CudaModelBase::compute(const Batch& batch) {
+  // A shard's step runs on a thread that may have last used another
+  // device (the ranks of a group are built on one thread).
+  if (sharded()) RILL_CUDA_CHECK(cudaSetDevice(ctx_->device()));
   const int64_t n = batch.n_tokens();
   const int n_groups = static_cast<int>(kv_spec_.size());
   BatchLimits lim;

@@ -12,13 +12,24 @@
 // A step's slots and block tables are uploaded per group (at most
 // kMaxKvGroups), so a family reads group g's through meta().slots[g] and
 // meta().tables[g].
+//
+// Tensor parallelism (a CudaShard with a group, model/cuda_shard.h): the
+// model is one rank's share (model/tensor_split.h's cut) on the group's
+// device for that rank. read_dims() plans the split; the family binds the
+// full tensors, slices them and calls narrow_dims(); run_layers() lets only
+// rank 0 accumulate the row-parallel o/down outputs into the residual
+// (owns_residual()) and calls reduce_residual() after each, and ends with
+// lm_head() (vocabulary-parallel, gathered). All of it sits inside the
+// decode graphs: the collectives are enqueued on the rank's stream.
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "loader/model_files.h"
+#include "model/cuda_shard.h"
 #include "model/model.h"
+#include "model/tensor_split.h"
 
 #if RILL_HAVE_CUDA
 #include <initializer_list>
@@ -31,6 +42,8 @@
 #include "backend/cuda/quant.h"
 
 namespace rill {
+
+class Communicator;
 
 inline constexpr int kMaxKvGroups = 2;
 
@@ -59,6 +72,8 @@ class WeightUpload {
  public:
   explicit WeightUpload(DType act) : act_(act) {}
   size_t vec(std::vector<float> v);  // kept until upload()
+  // w's rows packed; a view with a longer row_stride (a column slice,
+  // tensor_split.h's slice_cols) is gathered row by row.
   size_t mat(const WeightView& w);
   // Rows of each part in sequence (no padding between); quantized when
   // every part has the same quantized type, else in act.
@@ -78,16 +93,21 @@ class WeightUpload {
     size_t off;
     const void* src;  // host
     DType src_dtype;
-    int64_t n;        // elements
+    int64_t n;        // elements (of each row when rows > 1)
     DType dst_dtype;
+    int64_t rows = 1;
+    size_t src_pitch = 0;  // bytes from one source row to the next (rows > 1)
   };
-  size_t place(const void* src, DType src_dtype, int64_t n, DType dst_dtype);
+  size_t place(const void* src, DType src_dtype, int64_t n, DType dst_dtype, int64_t rows = 1, size_t src_pitch = 0);
+  Status copy_packed(uint8_t* dst, const void* src, DType src_dtype, int64_t n, DType dst_dtype);
   const uint8_t* base() const { return buf_.as<uint8_t>(); }
 
   DType act_;
   size_t off_ = 0;
   std::vector<Copy> copies_;
   std::vector<std::vector<float>> vecs_;
+  std::vector<uint8_t> conv_;  // upload(): conversion buffers
+  std::vector<float> tmp_;
   std::unordered_map<size_t, DType> dtype_;  // offset of a tensor -> its device dtype
   int64_t quant_max_elems_ = 0;
   cuda::DeviceBuffer buf_;
@@ -140,8 +160,8 @@ class CudaModelBase : public Model {
   ~CudaModelBase() override;
 
  protected:
-  explicit CudaModelBase(std::shared_ptr<const ModelFiles> files)
-      : files_(std::move(files)), cfg_(files_->config) {}
+  explicit CudaModelBase(std::shared_ptr<const ModelFiles> files, CudaShard shard = {})
+      : files_(std::move(files)), cfg_(files_->config), shard_(shard) {}
 
   // One step as run_layers() sees it: n tokens (decode graphs: padded),
   // logits for the first n_sample sample rows, decode and prefill routing.
@@ -150,11 +170,17 @@ class CudaModelBase : public Model {
     int32_t n_decode = 0, max_decode_len = 0, n_tiles = 0;
   };
 
-  // Init, first: E_, V_, F_, hd_, Q_, KV_ from cfg_, refusing configs the
-  // CUDA kernels do not take (errors name the model file).
+  // Init, first: E_, V_, F_, hd_, Q_, KV_ from cfg_ (the whole model's),
+  // refusing configs the CUDA kernels do not take (errors name the model
+  // file); a shard also plans split_ and ff_split_ (errors when they do
+  // not divide).
   Status read_dims();
-  // Init, next: the device context and cuBLASLt.
+  // Init, next: the device context and cuBLASLt (on the shard's device;
+  // the group's collectives of this rank go on its stream).
   Status create_context();
+  // Shards, once the full tensors are bound and sliced: Q_, KV_, F_ become
+  // this rank's (its heads', KV heads' and intermediate slice's).
+  void narrow_dims();
   // Init, last (after weights, act_, kv_dtype_, the dims and kv_spec_):
   // options, the arena (carve_activations() plus the shared buffers), the
   // step metadata and the KV pool.
@@ -166,6 +192,20 @@ class CudaModelBase : public Model {
   // graph for decode steps: no host synchronization, nothing that varies
   // between replays except through meta().
   virtual Status run_layers(const Step& s) = 0;
+
+  // Tensor parallelism. sharded(): this model is one rank of a group.
+  // Row-parallel matmuls (o, down) accumulate into the residual stream x on
+  // rank 0 only and overwrite it on the others; reduce_residual() then sums
+  // x over the ranks, so every rank holds x + the full product (the same
+  // bits on every rank). Unsharded: owns_residual() and a no-op.
+  bool sharded() const { return comm_ != nullptr; }
+  bool owns_residual() const { return split_.rank == 0; }
+  Status reduce_residual(float* x, int64_t n);  // x: [n, E_]
+  // logits_ [n_sample, V_] = x [n_sample, E_] times the LM head w. Shards:
+  // w holds this rank's vocabulary rows (split_.vocab); the slices are
+  // all-gathered and rank 0 lays them out as full rows (logits_ is complete
+  // on rank 0 only, where forward/greedy/sample read it).
+  Status lm_head(const cuda::DeviceWeight& w, const void* x, int64_t n_sample);
 
   const StepMeta& meta() const { return meta_dev_; }
   // Attention and RoPE arguments with the step's common fields set; the
@@ -196,6 +236,11 @@ class CudaModelBase : public Model {
   int64_t quant_max_elems_ = 0;
   bool quant_head_ = false;
   float* logits_ = nullptr;  // [S, V]
+  CudaShard shard_;
+  Communicator* comm_ = nullptr;  // shards: rank shard_.rank of shard_.group
+  TensorSplit split_;             // shards: this rank's heads, KV heads and vocabulary rows
+  SplitRange ff_split_;           // shards: this rank's rows of gate/up (columns of down)
+  int64_t n_head_ = 0, n_head_kv_ = 0;  // this rank's (all of them unsharded)
 
  private:
   // Uploads the step's indices and computes logits_ for the sample rows;
@@ -214,6 +259,8 @@ class CudaModelBase : public Model {
   cuda::DeviceBuffer kv_;
   cuda::DeviceBuffer act_buf_;
   float* partial_ = nullptr;
+  float* vocab_local_ = nullptr;  // shards: [S, split_.vocab_stride] this rank's logits
+  float* vocab_all_ = nullptr;    // shards: [N, S, split_.vocab_stride] gathered
   int32_t* split_counts_ = nullptr;  // [T, n_head_kv] decode split merge counters, kept zero between launches
   int32_t* ids_dev_ = nullptr;       // [S] greedy or sampled ids
   DeviceSamplingParams* sample_params_dev_ = nullptr;  // [S] forward_sample's rows

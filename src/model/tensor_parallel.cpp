@@ -44,7 +44,8 @@ void TensorParallelModel::worker(int r) {
   }
 }
 
-Status TensorParallelModel::forward(const Batch& batch, float* logits) {
+template <typename Rank0>
+Status TensorParallelModel::run_step(const Batch& batch, Rank0&& rank0) {
   {
     std::lock_guard lock(mu_);
     batch_ = &batch;
@@ -52,7 +53,7 @@ Status TensorParallelModel::forward(const Batch& batch, float* logits) {
     ++generation_;
   }
   wake_.notify_all();
-  status_[0] = shards_[0]->forward(batch, logits);
+  status_[0] = rank0();
   {
     std::unique_lock lock(mu_);
     done_.wait(lock, [&] { return n_running_ == 0; });
@@ -61,6 +62,18 @@ Status TensorParallelModel::forward(const Batch& batch, float* logits) {
     if (!s.ok()) return s.error();
   }
   return Status::Ok();
+}
+
+Status TensorParallelModel::forward(const Batch& batch, float* logits) {
+  return run_step(batch, [&] { return shards_[0]->forward(batch, logits); });
+}
+
+Status TensorParallelModel::forward_greedy(const Batch& batch, int32_t* ids) {
+  return run_step(batch, [&] { return shards_[0]->forward_greedy(batch, ids); });
+}
+
+Status TensorParallelModel::forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) {
+  return run_step(batch, [&] { return shards_[0]->forward_sample(batch, rows, ids); });
 }
 
 }  // namespace rill

@@ -14,6 +14,10 @@
 // Threads: rank 0 runs on the caller's thread; ranks 1..N-1 each on a
 // worker created once and parked between steps. A step costs one wake-up
 // per worker and allocates nothing.
+//
+// forward_greedy / forward_sample are offered when rank 0 offers them
+// (the CUDA shards: rank 0 holds the gathered logits and picks on its
+// device); the other ranks then run forward(batch, nullptr).
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -47,9 +51,17 @@ class TensorParallelModel final : public Model {
   size_t kv_bytes_per_token() const override;
   // Runs the step on every rank; the first failing rank's error, else Ok.
   Status forward(const Batch& batch, float* logits) override;
+  bool has_forward_greedy() const override { return shards_[0]->has_forward_greedy(); }
+  Status forward_greedy(const Batch& batch, int32_t* ids) override;
+  bool has_forward_sample() const override { return shards_[0]->has_forward_sample(); }
+  Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) override;
 
  private:
   void worker(int r);
+  // Posts the step to the workers (forward(batch, nullptr) on ranks
+  // 1..N-1), runs rank0() here, waits for the workers.
+  template <typename Rank0>
+  Status run_step(const Batch& batch, Rank0&& rank0);
 
   std::unique_ptr<CommunicatorGroup> group_;  // destroyed after the shards that use it
   std::vector<std::unique_ptr<Model>> shards_;

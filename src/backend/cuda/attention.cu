@@ -12,6 +12,7 @@
 #include "backend/cuda/attention_decode.h"
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/smem_opt_in.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
 
@@ -395,12 +396,9 @@ template <typename KV, typename Out, int kDims>
 void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   const size_t smem = sizeof(float) * (static_cast<size_t>(kPrefillTileQ + kTileK) * (a.head_dim + 1) +
                                        static_cast<size_t>(kTileK) * a.head_dim + 32 * 33);
-  static bool configured = false;  // the attribute is per function, set once
-  if (!configured) {
-    RILL_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<KV, Out, kDims>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(sizeof(float) * (64 * 257 + 32 * 256 + 32 * 33))));
-    configured = true;
-  }
+  static SmemOptIn opt_in;
+  opt_in.ensure(reinterpret_cast<const void*>(prefill_kernel<KV, Out, kDims>),
+                sizeof(float) * (64 * 257 + 32 * 256 + 32 * 33));
   const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
   prefill_kernel<KV, Out, kDims><<<grid, 128, smem, stream>>>(a);
   RILL_CUDA_CHECK_LAUNCH();
@@ -408,12 +406,9 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
 
 template <typename KV, int kChunks, int kG>
 void launch_decode_g(const AttentionArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
-  static bool configured = false;  // the attribute is per function, set once
-  if (!configured) {
-    RILL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<KV, kChunks, kG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(sizeof(float) * (kG * 256 * 5 + kG * kDecodeChunk))));
-    configured = true;
-  }
+  static SmemOptIn opt_in;
+  opt_in.ensure(reinterpret_cast<const void*>(decode_kernel<KV, kChunks, kG>),
+                sizeof(float) * (kG * 256 * 5 + kG * kDecodeChunk));
   launch_pdl(decode_kernel<KV, kChunks, kG>, grid, kDecodeThreads, smem, stream, a);
 }
 

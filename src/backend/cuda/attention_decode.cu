@@ -30,6 +30,7 @@
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_decode.h"
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/smem_opt_in.h"
 
 namespace rill::cuda {
 namespace {
@@ -398,12 +399,8 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
 template <typename KV, int kHd, int kG>
 void launch_one(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
   constexpr size_t smem = Shape<KV, kHd, kG>::kSmemBytes;
-  static bool configured = false;  // the attribute is per function, set once
-  if (!configured) {
-    RILL_CUDA_CHECK(cudaFuncSetAttribute(decode_fast_kernel<KV, kHd, kG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
-    configured = true;
-  }
+  static SmemOptIn opt_in;
+  opt_in.ensure(reinterpret_cast<const void*>(decode_fast_kernel<KV, kHd, kG>), smem);
   launch_pdl(decode_fast_kernel<KV, kHd, kG>, grid, kWarps * 32, smem, stream, a);
 }
 

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/smem_opt_in.h"
 #include "backend/cuda/device_math.cuh"
 
 namespace rill::cuda {
@@ -197,12 +198,8 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
 
 template <int HD, typename Out>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
-  static bool configured = false;
-  if (!configured) {
-    RILL_CUDA_CHECK(cudaFuncSetAttribute(prefill_mma_kernel<HD, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(Smem<HD>::kBytes)));
-    configured = true;
-  }
+  static SmemOptIn opt_in;
+  opt_in.ensure(reinterpret_cast<const void*>(prefill_mma_kernel<HD, Out>), Smem<HD>::kBytes);
   const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
   prefill_mma_kernel<HD, Out><<<grid, kWarps * 32, Smem<HD>::kBytes, stream>>>(a);
   RILL_CUDA_CHECK_LAUNCH();

@@ -20,6 +20,10 @@ Result<std::unique_ptr<Model>> create_llama_tp_model(std::shared_ptr<const Model
                                                      const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);
+// options.device == kCuda and options.tensor_parallel > 1: one shard of the
+// CUDA Llama per GPU over NCCL (llama_cuda_tp.cpp); dense models only.
+Result<std::unique_ptr<Model>> create_llama_cuda_tp_model(std::shared_ptr<const ModelFiles> files,
+                                                          const ModelOptions& options);
 
 // Gemma family (gemma.cpp): gemma2, gemma3_text and gemma3's text model;
 // sliding and full layers in two KV groups.

@@ -14,12 +14,21 @@
 //    from the blocks, dequantize-then-GEMM for prefill); activations bf16.
 // The device plumbing (weight upload, arena, KV pool, step metadata, decode
 // graphs) is model/cuda_model_base.h's, shared with the CUDA Gemma.
+//
+// As a tensor-parallel shard (create_llama_cuda_shard, model/cuda_shard.h)
+// it holds its heads' q/k/v rows and o columns, its slice of gate/up rows
+// and down columns and its LM head rows (tensor_split.h), and adds the
+// all-reduce after o and down and the logits gather (cuda_model_base.h).
+// The embedding stays whole on every rank: a step reads only its n rows,
+// so a vocabulary-parallel gather would save memory (1 GB for the 8B) at
+// the cost of one more all-reduce of [n, E] per step.
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "model/arch/families.h"
+#include "model/cuda_shard.h"
 
 #if RILL_HAVE_CUDA
 #include "model/cuda_model_base.h"
@@ -46,7 +55,8 @@ struct DevLayer {
 
 class LlamaCudaModel final : public CudaModelBase {
  public:
-  explicit LlamaCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
+  explicit LlamaCudaModel(std::shared_ptr<const ModelFiles> files, CudaShard shard = {})
+      : CudaModelBase(std::move(files), shard) {}
   Status init(const ModelOptions& options);
 
  private:
@@ -129,6 +139,26 @@ Status LlamaCudaModel::upload_weights() {
     RILL_ASSIGN_OR_RETURN(h.up, bind_linear(f, p + "mlp.up_proj", F_, E_));
     RILL_ASSIGN_OR_RETURN(h.down, bind_linear(f, p + "mlp.down_proj", E_, F_));
   }
+  if (sharded()) {  // this rank's slices (views of the mapped tensors)
+    const SplitRange q{split_.heads.begin * hd_, split_.heads.n * hd_};
+    const SplitRange kv{split_.kv_heads.begin * hd_, split_.kv_heads.n * hd_};
+    for (size_t il = 0; il < hl.size(); ++il) {
+      HostLayer& h = hl[il];
+      const std::string p = f.path + ": layer " + std::to_string(il) + " ";
+      h.q = slice_rows(h.q, q);
+      h.k = slice_rows(h.k, kv);
+      h.v = slice_rows(h.v, kv);
+      std::vector<float> o_bias = std::move(h.o.bias);  // added once, after the all-reduce
+      RILL_ASSIGN_OR_RETURN(h.o, slice_cols(h.o, q, p + "o_proj"));
+      h.o.bias = std::move(o_bias);
+      h.gate = slice_rows(h.gate, ff_split_);
+      h.up = slice_rows(h.up, ff_split_);
+      RILL_ASSIGN_OR_RETURN(h.down, slice_cols(h.down, ff_split_, p + "down_proj"));
+    }
+    lm_head = slice_rows(lm_head, split_.vocab);
+    narrow_dims();
+    QKV_ = Q_ + 2 * KV_;
+  }
   for (const HostLayer& h : hl) {
     for (const Linear* l : {&h.q, &h.k, &h.v, &h.o, &h.gate, &h.up, &h.down}) mats.push_back(&l->w);
   }
@@ -142,7 +172,7 @@ Status LlamaCudaModel::upload_weights() {
   const bool has_qk_norm = !hl[0].q_norm.empty();
   WeightUpload up(act_);
   const size_t embed_off = up.mat(embed);
-  const size_t lm_off = tied ? embed_off : up.mat(lm_head);
+  const size_t lm_off = tied && !sharded() ? embed_off : up.mat(lm_head);
   const size_t final_off = up.vec(std::move(final_norm));
   struct Offs { size_t attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, ffn_norm, wgu, wdown; };
   std::vector<Offs> offs(static_cast<size_t>(L));
@@ -251,16 +281,18 @@ Status LlamaCudaModel::run_layers(const Step& s) {
     at.k_cache = rk.k_cache;
     at.v_cache = rk.v_cache;
     cuda::attention(at, st);
-    RILL_TRY(matmul(L.wo, attn_, n, E_, Q_, x_, true));
+    RILL_TRY(matmul(L.wo, attn_, n, E_, Q_, x_, owns_residual()));
+    RILL_TRY(reduce_residual(x_, n));
     if (L.bo) cuda::add_bias(x_, L.bo, n, E_, st);
     cuda::rms_norm(x_, E_, nullptr, L.ffn_norm, n, E_, eps, 0.0f, act_, h_, st);
     RILL_TRY(matmul(L.w_gate_up, h_, n, 2 * F_, E_, gu_, false));
     cuda::silu_mul(gu_, n, F_, act_, mlp_, st);
-    RILL_TRY(matmul(L.w_down, mlp_, n, E_, F_, x_, true));
+    RILL_TRY(matmul(L.w_down, mlp_, n, E_, F_, x_, owns_residual()));
+    RILL_TRY(reduce_residual(x_, n));
   }
   if (s.n_sample > 0) {
     cuda::rms_norm(x_, E_, md.sample_rows, final_norm_, s.n_sample, E_, eps, 0.0f, act_, final_, st);
-    RILL_TRY(matmul(lm_head_, final_, s.n_sample, V_, E_, logits_, false));
+    RILL_TRY(lm_head(lm_head_, final_, s.n_sample));
   }
   return Status::Ok();
 }
@@ -270,13 +302,19 @@ Status LlamaCudaModel::run_layers(const Step& s) {
 
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options) {
+  return create_llama_cuda_shard(std::move(files), options, CudaShard{});
+}
+
+Result<std::unique_ptr<Model>> create_llama_cuda_shard(std::shared_ptr<const ModelFiles> files,
+                                                       const ModelOptions& options, const CudaShard& shard) {
 #if RILL_HAVE_CUDA
-  auto model = std::make_unique<LlamaCudaModel>(std::move(files));
+  auto model = std::make_unique<LlamaCudaModel>(std::move(files), shard);
   RILL_TRY(model->init(options));
   return std::unique_ptr<Model>(std::move(model));
 #else
   (void)files;
   (void)options;
+  (void)shard;
   return Error{"this rill was built without CUDA (configure with -DRILL_CUDA=ON where nvcc is installed)"};
 #endif
 }
