@@ -49,6 +49,31 @@ constexpr NamePair kGemmaLayerNames[] = {
 };
 
 bool is_gemma(std::string_view arch) { return arch == "gemma2" || arch == "gemma3"; }
+
+// The hybrid gated-DeltaNet families (llama.cpp's qwen35 and qwen3next).
+// Their linear-attention layers use llama.cpp's ssm_* names; attn_qkv /
+// attn_gate are the linear layers' in_proj_qkv / in_proj_z (full-attention
+// layers keep attn_q/k/v). What the converter changed besides names is
+// undone by the model (model/arch/qwen3_next.cpp, model/gated_delta.cpp):
+// the (1 + w) norms hold 1 + w, ssm_a holds A = -exp(A_log) (hence its
+// name "A"), conv1d is [conv_dim, K], and qwen35's value heads are tiled.
+// Looked up before kLayerNames for those architectures.
+constexpr NamePair kHybridLayerNames[] = {
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"attn_qkv.weight", "linear_attn.in_proj_qkv.weight"},    // [2*key_dim + value_dim, E]
+    {"attn_gate.weight", "linear_attn.in_proj_z.weight"},     // [value_dim, E]
+    {"ssm_beta.weight", "linear_attn.in_proj_b.weight"},      // qwen35 [n_v_heads, E]
+    {"ssm_alpha.weight", "linear_attn.in_proj_a.weight"},     // qwen35 [n_v_heads, E]
+    {"ssm_ba.weight", "linear_attn.in_proj_ba.weight"},       // qwen3next, grouped per key head
+    {"ssm_in.weight", "linear_attn.in_proj_qkvz.weight"},     // older qwen3next files
+    {"ssm_conv1d.weight", "linear_attn.conv1d.weight"},       // [conv_dim, K]
+    {"ssm_dt.bias", "linear_attn.dt_bias"},                   // [n_v_heads]
+    {"ssm_a", "linear_attn.A"},                               // -exp(A_log) [n_v_heads]
+    {"ssm_norm.weight", "linear_attn.norm.weight"},           // [head_v_dim]
+    {"ssm_out.weight", "linear_attn.out_proj.weight"},        // [E, value_dim]
+};
+
+bool is_hybrid(std::string_view arch) { return arch == "qwen35" || arch == "qwen3next"; }
 // Mixture-of-experts tensors (llama.cpp's names). Routed experts are stacked
 // in one 3-D tensor per projection: ffn_gate_exps [n_expert, n_ff, n_embd].
 constexpr NamePair kMoeLayerNames[] = {
@@ -83,6 +108,8 @@ constexpr ArchInfo kArchs[] = {
     {"gemma2", "gemma2", RopeStyle::kHalf},
     {"gemma3", "gemma3_text", RopeStyle::kHalf},
     {"qwen3moe", "qwen3_moe", RopeStyle::kHalf},
+    {"qwen35", "qwen3_5_text", RopeStyle::kHalf},  // text positions: MRoPE sections all equal
+    {"qwen3next", "qwen3_next", RopeStyle::kHalf},
 };
 
 // Arrays this long are tokenizer tables, not configuration: left out of `raw`.
@@ -256,6 +283,54 @@ Status read_experts(const GgufFile& file, const ConfigReader& r, ModelConfig* c)
   return Status::Ok();
 }
 
+// The hybrid families' `<arch>.ssm.*` keys, written into `raw` under the
+// Hugging Face names the model reads (linear_num_key_heads, ...,
+// layer_types), as llama.cpp's loader reads them: head_k_dim = state_size,
+// head_v_dim = inner_size / time_step_rank, layer il is linear attention
+// when attention.recurrent_layers[il] (else when (il + 1) %
+// full_attention_interval != 0). Blocks past block_count -
+// nextn_predict_layers are multi-token-prediction heads rill does not run.
+Status read_hybrid(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  RILL_ASSIGN_OR_RETURN(const int64_t n_nextn, r.count_or("nextn_predict_layers", 0));
+  if (n_nextn >= c->n_layer)
+    return Error{file.path() + ": '" + r.key("nextn_predict_layers") + "' (" + std::to_string(n_nextn) +
+                 ") leaves no decoder layers of '" + r.key("block_count") + "' (" + std::to_string(c->n_layer) + ")"};
+  const int64_t n_blocks = c->n_layer;
+  c->n_layer -= n_nextn;
+  RILL_ASSIGN_OR_RETURN(const int64_t conv_kernel, r.positive("ssm.conv_kernel"));
+  RILL_ASSIGN_OR_RETURN(const int64_t head_k_dim, r.positive("ssm.state_size"));
+  RILL_ASSIGN_OR_RETURN(const int64_t n_k_heads, r.positive("ssm.group_count"));
+  RILL_ASSIGN_OR_RETURN(const int64_t n_v_heads, r.positive("ssm.time_step_rank"));
+  RILL_ASSIGN_OR_RETURN(const int64_t inner, r.positive("ssm.inner_size"));
+  if (inner % n_v_heads != 0)
+    return Error{file.path() + ": '" + r.key("ssm.inner_size") + "' (" + std::to_string(inner) +
+                 ") is not a multiple of '" + r.key("ssm.time_step_rank") + "' (" + std::to_string(n_v_heads) + ")"};
+  nlohmann::json types = nlohmann::json::array();
+  const std::string layers_key = r.key("attention.recurrent_layers");
+  if (const GgufArray* a = file.get_array(layers_key)) {
+    if (static_cast<int64_t>(a->size()) != n_blocks)
+      return Error{file.path() + ": '" + layers_key + "' has " + std::to_string(a->size()) + " entries, expected " +
+                   std::to_string(n_blocks) + " ('" + r.key("block_count") + "')"};
+    for (int64_t il = 0; il < c->n_layer; ++il) {
+      const auto recurrent = (*a)[static_cast<size_t>(il)].as_int();  // bool (or integer)
+      if (!recurrent) return Error{file.path() + ": '" + layers_key + "' must hold booleans"};
+      types.push_back(*recurrent != 0 ? "linear_attention" : "full_attention");
+    }
+  } else {
+    RILL_ASSIGN_OR_RETURN(const int64_t interval, r.positive_or("full_attention_interval", 4));
+    for (int64_t il = 0; il < c->n_layer; ++il)
+      types.push_back((il + 1) % interval != 0 ? "linear_attention" : "full_attention");
+  }
+  c->hidden_act = "silu";
+  c->raw["linear_conv_kernel_dim"] = conv_kernel;
+  c->raw["linear_key_head_dim"] = head_k_dim;
+  c->raw["linear_value_head_dim"] = inner / n_v_heads;
+  c->raw["linear_num_key_heads"] = n_k_heads;
+  c->raw["linear_num_value_heads"] = n_v_heads;
+  c->raw["layer_types"] = std::move(types);
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::string_view arch) {
@@ -273,6 +348,11 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::st
   const std::string_view suffix = rest.substr(n_digits + 1);
   if (is_gemma(arch)) {
     for (const auto& p : kGemmaLayerNames) {
+      if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    }
+  }
+  if (is_hybrid(arch)) {
+    for (const auto& p : kHybridLayerNames) {
       if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
     }
   }
@@ -372,6 +452,7 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
     if (const GgufArray* a = value.as_array(); a && a->size() > kMaxRawArray) continue;
     c.raw[valid_utf8(key)] = to_json(value);
   }
+  if (is_hybrid(*arch_name)) RILL_TRY(read_hybrid(file, r, &c));
   return c;
 }
 

@@ -83,34 +83,75 @@ void prepare_states(const Batch& batch, const RecurrentStates& states) {
   }
 }
 
+namespace {
+
+// One row's value heads between the tiled order (head j*n_k + g) and
+// Hugging Face's grouped order (head g*r + j, r = n_v/n_k); each head is
+// `width` floats. tmp: [n_v_heads * width].
+void reorder_value_heads(float* row, const GatedDeltaDims& d, int64_t width, bool to_grouped, float* tmp) {
+  const int64_t nk = d.n_k_heads, r = d.n_v_heads / d.n_k_heads;
+  for (int64_t g = 0; g < nk; ++g) {
+    for (int64_t j = 0; j < r; ++j) {
+      const int64_t tiled = (j * nk + g) * width, grouped = (g * r + j) * width;
+      const float* src = row + (to_grouped ? tiled : grouped);
+      std::copy(src, src + width, tmp + (to_grouped ? grouped : tiled));
+    }
+  }
+  std::copy(tmp, tmp + d.n_v_heads * width, row);
+}
+
+}  // namespace
+
 Result<GatedDeltaNet> bind_gated_delta_net(const ModelFiles& f, const std::string& p, const GatedDeltaDims& d,
-                                           int64_t n_embd, float eps) {
+                                           int64_t n_embd, float eps, bool v_tiled) {
   GatedDeltaNet L;
   L.dims = d;
   L.eps = eps;
+  L.v_tiled = v_tiled && d.n_v_heads != d.n_k_heads;  // with r == 1 both orders agree
   const int64_t E = n_embd, nv = d.n_v_heads;
   if (f.find(p + "in_proj_qkvz.weight")) {
     L.fused = true;
     RILL_ASSIGN_OR_RETURN(L.qkvz, bind_linear(f, p + "in_proj_qkvz", 2 * d.key_dim() + 2 * d.value_dim(), E));
-    RILL_ASSIGN_OR_RETURN(L.ba, bind_linear(f, p + "in_proj_ba", 2 * nv, E));
   } else {
     RILL_ASSIGN_OR_RETURN(L.qkv, bind_linear(f, p + "in_proj_qkv", d.conv_dim(), E));
     RILL_ASSIGN_OR_RETURN(L.z, bind_linear(f, p + "in_proj_z", d.value_dim(), E));
+  }
+  if (L.fused || f.find(p + "in_proj_ba.weight")) {
+    L.fused_ba = true;
+    RILL_ASSIGN_OR_RETURN(L.ba, bind_linear(f, p + "in_proj_ba", 2 * nv, E));
+  } else {
     RILL_ASSIGN_OR_RETURN(L.b, bind_linear(f, p + "in_proj_b", nv, E));
     RILL_ASSIGN_OR_RETURN(L.a, bind_linear(f, p + "in_proj_a", nv, E));
   }
-  RILL_ASSIGN_OR_RETURN(const TensorRef* conv, f.require(p + "conv1d.weight", {d.conv_dim(), 1, d.conv_kernel}));
+  // Hugging Face keeps conv1d's channel axis [conv_dim, 1, K]; GGUF squeezes it.
+  const TensorRef* found = f.find(p + "conv1d.weight");
+  std::vector<int64_t> conv_shape = {d.conv_dim(), 1, d.conv_kernel};
+  if (found && found->shape.size() == 2) conv_shape = {d.conv_dim(), d.conv_kernel};
+  RILL_ASSIGN_OR_RETURN(const TensorRef* conv, f.require(p + "conv1d.weight", conv_shape));
   if (conv->dtype != DType::kF32 && conv->dtype != DType::kF16 && conv->dtype != DType::kBF16) {
     return Error{conv->file + ": tensor '" + conv->name + "' must be F32, F16 or BF16"};
   }
   L.conv_w.resize(static_cast<size_t>(d.conv_dim() * d.conv_kernel));
   cpu::dequantize_row(conv->dtype, conv->data, L.conv_w.data(), static_cast<int64_t>(L.conv_w.size()));
-  RILL_ASSIGN_OR_RETURN(std::vector<float> a_log, load_vector(f, p + "A_log", nv));
-  L.neg_a.resize(static_cast<size_t>(nv));
-  for (int64_t h = 0; h < nv; ++h) L.neg_a[h] = -std::exp(a_log[h]);
+  if (f.find(p + "A")) {  // GGUF: A = -exp(A_log) already
+    RILL_ASSIGN_OR_RETURN(L.neg_a, load_vector(f, p + "A", nv));
+  } else if (f.find(p + "A_log")) {
+    RILL_ASSIGN_OR_RETURN(std::vector<float> a_log, load_vector(f, p + "A_log", nv));
+    L.neg_a.resize(static_cast<size_t>(nv));
+    for (int64_t h = 0; h < nv; ++h) L.neg_a[h] = -std::exp(a_log[h]);
+  } else {
+    return Error{f.path + ": missing tensor '" + p + "A_log' (GGUF: '" + p + "A', blk.N.ssm_a)"};
+  }
   RILL_ASSIGN_OR_RETURN(L.dt_bias, load_vector(f, p + "dt_bias", nv));
   RILL_ASSIGN_OR_RETURN(L.norm_w, load_vector(f, p + "norm.weight", d.head_v_dim));
   RILL_ASSIGN_OR_RETURN(L.out, bind_linear(f, p + "out_proj", E, d.value_dim()));
+  if (L.v_tiled) {  // the small per-head tensors are kept in Hugging Face's order
+    std::vector<float> tmp(static_cast<size_t>(d.value_dim() * d.conv_kernel));
+    reorder_value_heads(L.conv_w.data() + 2 * d.key_dim() * d.conv_kernel, d, d.head_v_dim * d.conv_kernel, true,
+                        tmp.data());
+    reorder_value_heads(L.neg_a.data(), d, 1, true, tmp.data());
+    reorder_value_heads(L.dt_bias.data(), d, 1, true, tmp.data());
+  }
   return L;
 }
 
@@ -123,10 +164,9 @@ void GatedDeltaScratch::reserve(const GatedDeltaDims& d, bool with_fused, int64_
   g.resize(T * d.n_v_heads);
   beta.resize(T * d.n_v_heads);
   core.resize(T * d.value_dim());
-  if (with_fused) {
-    fused.resize(T * (2 * d.key_dim() + 2 * d.value_dim()));
-    fused_ba.resize(T * 2 * d.n_v_heads);
-  }
+  if (with_fused) fused.resize(T * (2 * d.key_dim() + 2 * d.value_dim()));
+  fused_ba.resize(T * 2 * d.n_v_heads);
+  head_row.resize(static_cast<size_t>(d.value_dim()));
   conv_seqs.reserve(static_cast<size_t>(max_seqs));
   delta_seqs.reserve(static_cast<size_t>(max_seqs));
   // At most one save per token of a step.
@@ -136,12 +176,11 @@ void GatedDeltaScratch::reserve(const GatedDeltaDims& d, bool with_fused, int64_
 
 namespace {
 
-// Qwen3-Next's per-key-head groups -> the Qwen3.5 order (qkv, z, b, a).
-void ungroup(const GatedDeltaNet& L, int64_t n, GatedDeltaScratch& s) {
-  const GatedDeltaDims& d = L.dims;
+// Qwen3-Next's per-key-head groups of in_proj_qkvz -> the Qwen3.5 order (qkv, z).
+void ungroup_qkvz(const GatedDeltaDims& d, int64_t n, GatedDeltaScratch& s) {
   const int64_t dk = d.head_k_dim, r = d.n_v_heads / d.n_k_heads, rdv = r * d.head_v_dim;
   const int64_t width = 2 * d.key_dim() + 2 * d.value_dim(), group = 2 * dk + 2 * rdv;
-  const int64_t cd = d.conv_dim(), vd = d.value_dim(), nv = d.n_v_heads;
+  const int64_t cd = d.conv_dim(), vd = d.value_dim();
   for (int64_t t = 0; t < n; ++t) {
     const float* src = s.fused.data() + t * width;
     float* qkv = s.qkv.data() + t * cd;
@@ -152,6 +191,15 @@ void ungroup(const GatedDeltaNet& L, int64_t n, GatedDeltaScratch& s) {
       std::copy(grp + dk, grp + 2 * dk, qkv + d.key_dim() + g * dk);
       std::copy(grp + 2 * dk, grp + 2 * dk + rdv, qkv + 2 * d.key_dim() + g * rdv);
       std::copy(grp + 2 * dk + rdv, grp + group, z + g * rdv);
+    }
+  }
+}
+
+// The per-key-head groups (b, a) of in_proj_ba -> b, a.
+void ungroup_ba(const GatedDeltaDims& d, int64_t n, GatedDeltaScratch& s) {
+  const int64_t r = d.n_v_heads / d.n_k_heads, nv = d.n_v_heads;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t g = 0; g < d.n_k_heads; ++g) {
       const float* ba = s.fused_ba.data() + t * 2 * nv + g * 2 * r;
       std::copy(ba, ba + r, s.b.data() + t * nv + g * r);
       std::copy(ba + r, ba + 2 * r, s.a.data() + t * nv + g * r);
@@ -169,15 +217,38 @@ void gated_delta_forward(const GatedDeltaNet& L, int64_t layer, const Batch& bat
   const GatedDeltaDims& d = L.dims;
   const int64_t n = batch.n_tokens();
   const int64_t cd = d.conv_dim(), vd = d.value_dim(), nv = d.n_v_heads;
-  if (L.fused) {
-    const Linear* ls[] = {&L.qkvz, &L.ba};
-    float* ys[] = {s.fused.data(), s.fused_ba.data()};
-    forward_group(ls, ys, 2, h, n, backend);
-    ungroup(L, n, s);
-  } else {
-    const Linear* ls[] = {&L.qkv, &L.z, &L.b, &L.a};
-    float* ys[] = {s.qkv.data(), s.z.data(), s.b.data(), s.a.data()};
-    forward_group(ls, ys, 4, h, n, backend);
+  {
+    const Linear* ls[4];
+    float* ys[4];
+    int n_proj = 0;
+    auto add = [&](const Linear& l, std::vector<float>& y) {
+      ls[n_proj] = &l;
+      ys[n_proj++] = y.data();
+    };
+    if (L.fused) {
+      add(L.qkvz, s.fused);
+    } else {
+      add(L.qkv, s.qkv);
+      add(L.z, s.z);
+    }
+    if (L.fused_ba) {
+      add(L.ba, s.fused_ba);
+    } else {
+      add(L.b, s.b);
+      add(L.a, s.a);
+    }
+    forward_group(ls, ys, n_proj, h, n, backend);
+  }
+  if (L.fused) ungroup_qkvz(d, n, s);
+  if (L.fused_ba) ungroup_ba(d, n, s);
+  if (L.v_tiled) {
+    float* tmp = s.head_row.data();
+    for (int64_t t = 0; t < n; ++t) {
+      reorder_value_heads(s.qkv.data() + t * cd + 2 * d.key_dim(), d, d.head_v_dim, true, tmp);
+      reorder_value_heads(s.z.data() + t * vd, d, d.head_v_dim, true, tmp);
+      reorder_value_heads(s.b.data() + t * nv, d, 1, true, tmp);
+      reorder_value_heads(s.a.data() + t * nv, d, 1, true, tmp);
+    }
   }
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t i = 0; i < nv; ++i) {
@@ -230,6 +301,9 @@ void gated_delta_forward(const GatedDeltaNet& L, int64_t layer, const Batch& bat
   // Per head: RMSNorm(core) * w, gated by silu(z).
   backend.rms_norm(s.core.data(), L.norm_w.data(), n * nv, d.head_v_dim, L.eps, s.core.data());
   backend.silu_mul(s.z.data(), s.core.data(), s.z.data(), n * vd);
+  if (L.v_tiled) {  // out_proj's columns are in the tiled order
+    for (int64_t t = 0; t < n; ++t) reorder_value_heads(s.z.data() + t * vd, d, d.head_v_dim, false, s.head_row.data());
+  }
   L.out.forward(s.z.data(), n, out, backend);
 }
 

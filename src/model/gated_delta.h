@@ -15,6 +15,16 @@
 //               head (q, k, v, z of the head's value heads), in_proj_ba
 //               [2*n_v_heads, E] grouped the same way (b, a); the rows are
 //               gathered into the Qwen3.5 order after the matmul.
+// and, from GGUF files (llama.cpp's converter; names in loader/gguf_names.cpp):
+//   qwen3next   in_proj_qkv + in_proj_z (the Qwen3.5 order) with the grouped
+//               in_proj_ba; older files keep in_proj_qkvz
+//   qwen35      the Qwen3.5 tensors with the value heads tiled (head j*n_k + g
+//               is Hugging Face's head g*r + j, r = n_v/n_k) in every tensor
+//               indexed by value head; the projections' outputs are put back
+//               in Hugging Face's order after the matmul and the gated output
+//               in the tiled order before out_proj, so the state and every
+//               kernel see one layout
+//   both        A = -exp(A_log) instead of A_log, conv1d [conv_dim, K]
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -83,7 +93,9 @@ void prepare_states(const Batch& batch, const RecurrentStates& states);
 
 struct GatedDeltaNet {
   GatedDeltaDims dims;
-  bool fused = false;           // Qwen3-Next layout
+  bool fused = false;           // in_proj_qkvz (Qwen3-Next checkpoints)
+  bool fused_ba = false;        // in_proj_ba (Qwen3-Next checkpoints and qwen3next GGUF)
+  bool v_tiled = false;         // value heads tiled (qwen35 GGUF with n_v_heads != n_k_heads)
   Linear qkv, z, b, a;          // Qwen3.5: [conv_dim|value_dim|n_v_heads|n_v_heads, E]
   Linear qkvz, ba;              // Qwen3-Next: [2*key_dim + 2*value_dim, E], [2*n_v_heads, E]
   std::vector<float> conv_w;    // [conv_dim, K]
@@ -94,13 +106,16 @@ struct GatedDeltaNet {
   float eps = 1e-6f;
 };
 
-// Binds "<prefix>in_proj_*", conv1d, A_log, dt_bias, norm, out_proj.
+// Binds "<prefix>in_proj_*", conv1d, A_log (or A), dt_bias, norm, out_proj.
+// v_tiled: the file's value heads are in the tiled order (qwen35 GGUF).
 Result<GatedDeltaNet> bind_gated_delta_net(const ModelFiles& files, const std::string& prefix,
-                                           const GatedDeltaDims& dims, int64_t n_embd, float eps);
+                                           const GatedDeltaDims& dims, int64_t n_embd, float eps,
+                                           bool v_tiled = false);
 
 // Activations of the layer for up to max_tokens tokens, allocated once.
 struct GatedDeltaScratch {
   std::vector<float> qkv, z, b, a, g, beta, core, fused, fused_ba;
+  std::vector<float> head_row;  // [value_dim], for reordering value heads
   std::vector<cpu::ConvSeq> conv_seqs;
   std::vector<cpu::GatedDeltaSeq> delta_seqs;
   std::vector<cpu::StateSnapshot> conv_snaps, delta_snaps;

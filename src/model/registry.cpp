@@ -88,7 +88,7 @@ const ImplementationRegistry& builtin_registry() {
                      "autoregressive", &create_llama_model, /*tensor_parallel=*/true});
     impls.push_back({"cpu.gemma", {"gemma2", "gemma3_text", "gemma3"}, {"gguf", "hf"}, "autoregressive",
                      &create_gemma_model});
-    impls.push_back({"cpu.qwen3_next", {"qwen3_5_text", "qwen3_next"}, {"hf"}, "autoregressive",
+    impls.push_back({"cpu.qwen3_next", {"qwen3_5_text", "qwen3_next"}, {"gguf", "hf"}, "autoregressive",
                      &create_qwen3_next_model});
     auto r = ImplementationRegistry::create(std::move(impls));
     return std::move(r).value();

@@ -16,8 +16,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Touch every byte the reader claims is tensor data, so a bad bound shows
   // up under AddressSanitizer.
   volatile uint8_t sink = 0;
+  const std::string arch = f.get_string("general.architecture").value_or("");
   for (const auto& t : f.tensors()) {
-    (void)rill::gguf_to_hf_tensor_name(t.name);
+    (void)rill::gguf_to_hf_tensor_name(t.name, arch);
     (void)t.n_elements();
     if (t.data && t.n_bytes) sink = sink ^ t.data[0] ^ t.data[t.n_bytes - 1];
   }

@@ -308,5 +308,112 @@ TEST(GgufConfig, DefaultModel) {
   EXPECT_TRUE(names.count("model.layers.29.mlp.down_proj.weight"));
 }
 
+// llama.cpp's qwen35 / qwen3next names: the linear-attention layers' ssm_*
+// tensors and attn_qkv / attn_gate map to Hugging Face's linear_attn.*;
+// other architectures leave them unmapped.
+TEST(GgufNames, MapsHybridNames) {
+  const std::pair<const char*, const char*> kCases[] = {
+      {"blk.0.attn_qkv.weight", "model.layers.0.linear_attn.in_proj_qkv.weight"},
+      {"blk.0.attn_gate.weight", "model.layers.0.linear_attn.in_proj_z.weight"},
+      {"blk.0.ssm_beta.weight", "model.layers.0.linear_attn.in_proj_b.weight"},
+      {"blk.0.ssm_alpha.weight", "model.layers.0.linear_attn.in_proj_a.weight"},
+      {"blk.0.ssm_ba.weight", "model.layers.0.linear_attn.in_proj_ba.weight"},
+      {"blk.0.ssm_in.weight", "model.layers.0.linear_attn.in_proj_qkvz.weight"},
+      {"blk.0.ssm_conv1d.weight", "model.layers.0.linear_attn.conv1d.weight"},
+      {"blk.0.ssm_dt.bias", "model.layers.0.linear_attn.dt_bias"},
+      {"blk.0.ssm_a", "model.layers.0.linear_attn.A"},
+      {"blk.0.ssm_norm.weight", "model.layers.0.linear_attn.norm.weight"},
+      {"blk.0.ssm_out.weight", "model.layers.0.linear_attn.out_proj.weight"},
+      {"blk.3.post_attention_norm.weight", "model.layers.3.post_attention_layernorm.weight"},
+      {"blk.3.attn_norm.weight", "model.layers.3.input_layernorm.weight"},
+      {"blk.3.attn_q.weight", "model.layers.3.self_attn.q_proj.weight"},
+      {"blk.3.ffn_gate_exps.weight", "model.layers.3.mlp.experts.gate_proj.weight"},
+      {"blk.3.ffn_gate_inp_shexp.weight", "model.layers.3.mlp.shared_expert_gate.weight"},
+  };
+  for (const char* arch : {"qwen35", "qwen3next"}) {
+    std::set<std::string> seen;
+    for (const auto& [gguf, hf] : kCases) {
+      EXPECT_EQ(gguf_to_hf_tensor_name(gguf, arch), hf) << arch << " " << gguf;
+      EXPECT_TRUE(seen.insert(hf).second) << hf;
+    }
+  }
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.0.ssm_a", "qwen3"), std::nullopt);
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.0.attn_gate.weight", "llama"), std::nullopt);
+}
+
+GgufWriter hybrid_file(uint32_t n_blocks = 4, uint32_t inner_size = 64) {
+  GgufWriter w;
+  w.add_string("general.architecture", "qwen35");
+  w.add_u32("qwen35.context_length", 512);
+  w.add_u32("qwen35.embedding_length", 64);
+  w.add_u32("qwen35.block_count", n_blocks);
+  w.add_u32("qwen35.feed_forward_length", 128);
+  w.add_u32("qwen35.attention.head_count", 4);
+  w.add_u32("qwen35.attention.head_count_kv", 2);
+  w.add_u32("qwen35.attention.key_length", 16);
+  w.add_u32("qwen35.rope.dimension_count", 4);
+  w.add_u32("qwen35.vocab_size", 512);
+  w.add_u32("qwen35.ssm.conv_kernel", 4);
+  w.add_u32("qwen35.ssm.state_size", 16);
+  w.add_u32("qwen35.ssm.group_count", 2);
+  w.add_u32("qwen35.ssm.time_step_rank", 4);
+  w.add_u32("qwen35.ssm.inner_size", inner_size);
+  return w;
+}
+
+TEST(GgufConfig, HybridKeysBecomeTheHuggingFaceFields) {
+  GgufWriter w = hybrid_file();
+  w.add_array<uint8_t>("qwen35.attention.recurrent_layers", GgufType::kBool, {1, 0, 1, 0});
+  ModelConfig c = config_of(w);
+  EXPECT_EQ(c.architecture, "qwen3_5_text");
+  EXPECT_EQ(c.n_layer, 4);
+  EXPECT_EQ(c.rope_dim, 4);
+  EXPECT_EQ(c.hidden_act, "silu");
+  EXPECT_EQ(c.raw["linear_conv_kernel_dim"], 4);
+  EXPECT_EQ(c.raw["linear_key_head_dim"], 16);
+  EXPECT_EQ(c.raw["linear_value_head_dim"], 16);
+  EXPECT_EQ(c.raw["linear_num_key_heads"], 2);
+  EXPECT_EQ(c.raw["linear_num_value_heads"], 4);
+  EXPECT_EQ(c.raw["layer_types"],
+            nlohmann::json({"linear_attention", "full_attention", "linear_attention", "full_attention"}));
+
+  // Without the list: every full_attention_interval-th layer is full attention.
+  w = hybrid_file();
+  w.add_u32("qwen35.full_attention_interval", 2);
+  EXPECT_EQ(config_of(w).raw["layer_types"], c.raw["layer_types"]);
+
+  // Multi-token-prediction blocks come last and are not decoder layers.
+  w = hybrid_file(5);
+  w.add_u32("qwen35.nextn_predict_layers", 1);
+  w.add_array<uint8_t>("qwen35.attention.recurrent_layers", GgufType::kBool, {1, 0, 1, 0, 0});
+  c = config_of(w);
+  EXPECT_EQ(c.n_layer, 4);
+  EXPECT_EQ(c.raw["layer_types"].size(), 4u);
+}
+
+TEST(GgufConfig, HybridErrorsNameTheFileAndKey) {
+  GgufWriter w;
+  w.add_string("general.architecture", "qwen3next");
+  for (const char* k : {"context_length", "embedding_length", "block_count", "feed_forward_length",
+                        "attention.head_count", "vocab_size"}) {
+    w.add_u32(std::string("qwen3next.") + k, 64);
+  }
+  EXPECT_EQ(config_error(w), "x.gguf: missing metadata key 'qwen3next.ssm.conv_kernel'");
+
+  w = hybrid_file();
+  w.add_array<uint8_t>("qwen35.attention.recurrent_layers", GgufType::kBool, {1, 0, 1});
+  EXPECT_EQ(config_error(w), "x.gguf: 'qwen35.attention.recurrent_layers' has 3 entries, expected 4 "
+                             "('qwen35.block_count')");
+  w = hybrid_file();
+  w.add_array<float>("qwen35.attention.recurrent_layers", GgufType::kF32, {1, 0, 1, 0});
+  EXPECT_EQ(config_error(w), "x.gguf: 'qwen35.attention.recurrent_layers' must hold booleans");
+  w = hybrid_file();
+  w.add_u32("qwen35.nextn_predict_layers", 4);
+  EXPECT_EQ(config_error(w), "x.gguf: 'qwen35.nextn_predict_layers' (4) leaves no decoder layers of "
+                             "'qwen35.block_count' (4)");
+  EXPECT_EQ(config_error(hybrid_file(4, 63)),
+            "x.gguf: 'qwen35.ssm.inner_size' (63) is not a multiple of 'qwen35.ssm.time_step_rank' (4)");
+}
+
 }  // namespace
 }  // namespace rill

@@ -10,6 +10,10 @@
 // Every RMSNorm but the gated one scales by (1 + w). KV layout:
 // {full(), recurrent()}: group 0 pages the attention layers' K/V, group 1 is
 // the state slots of the linear-attention layers.
+// GGUF files (llama.cpp's qwen35 / qwen3next; names and config keys mapped in
+// loader/gguf_names.cpp) differ in what a name mapping cannot undo: the
+// (1 + w) norms are stored with the 1 added (norm offset 0 here), and qwen35
+// tiles the linear layers' value heads (model/gated_delta.h undoes it).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -167,6 +171,8 @@ class HybridModel final : public CpuPagedModel {
   }
 
   HybridConfig hybrid_;
+  float norm_offset_ = 1.0f;  // RMSNorm scale is (norm_offset_ + w): 1 for HF, 0 for GGUF
+  bool v_tiled_ = false;      // qwen35 GGUF: value heads tiled
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
   int64_t n_attn_ = 0, n_linear_ = 0;  // attention and linear-attention layers
   WeightView embed_, lm_head_;
@@ -186,7 +192,8 @@ Status HybridModel::bind_layer(const std::string& p, int64_t il, Layer& L) {
   RILL_ASSIGN_OR_RETURN(L.in_norm, load_vector(f, p + "input_layernorm.weight", E));
   RILL_ASSIGN_OR_RETURN(L.post_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
   if (L.linear) {
-    RILL_ASSIGN_OR_RETURN(L.gdn, bind_gated_delta_net(f, p + "linear_attn.", hybrid_.gdn, E, cfg_.rms_norm_eps));
+    RILL_ASSIGN_OR_RETURN(L.gdn,
+                          bind_gated_delta_net(f, p + "linear_attn.", hybrid_.gdn, E, cfg_.rms_norm_eps, v_tiled_));
   } else {
     GatedAttention& A = L.attn;
     RILL_ASSIGN_OR_RETURN(A.q, bind_linear(f, p + "self_attn.q_proj", 2 * q_width_, E, Bias::kOptional));
@@ -214,7 +221,10 @@ Status HybridModel::init(const ModelOptions& options) {
     return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
                  std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
   }
-  RILL_ASSIGN_OR_RETURN(hybrid_, read_hybrid_config(cfg_, f.path + "/config.json"));
+  const bool gguf = f.format == ModelFormat::kGguf;
+  RILL_ASSIGN_OR_RETURN(hybrid_, read_hybrid_config(cfg_, gguf ? f.path : f.path + "/config.json"));
+  norm_offset_ = gguf ? 0.0f : 1.0f;
+  v_tiled_ = gguf && cfg_.architecture == "qwen3_5_text";
   hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E / cfg_.n_head;
   constexpr int64_t kMaxHeadDim = 512;
   if (hd_ <= 0 || hd_ > kMaxHeadDim || hd_ % 2 != 0) {
@@ -314,8 +324,9 @@ void HybridModel::attention_block(const Layer& L, const Batch& batch) {
       std::copy(src + hd_, src + 2 * hd_, a_.gate.data() + (t * H + hh) * hd_);
     }
   }
-  backend_->rms_norm(a_.q.data(), A.q_norm.data(), n * H, hd_, cfg_.rms_norm_eps, a_.q.data(), 1.0f);
-  backend_->rms_norm(a_.k.data(), A.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a_.k.data(), 1.0f);
+  backend_->rms_norm(a_.q.data(), A.q_norm.data(), n * H, hd_, cfg_.rms_norm_eps, a_.q.data(), norm_offset_);
+  backend_->rms_norm(a_.k.data(), A.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a_.k.data(),
+                     norm_offset_);
   backend_->rope(a_.q.data(), batch.positions.data(), n, H, hd_, rope_);
   backend_->rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
   attn_seqs_.clear();
@@ -363,7 +374,7 @@ Status HybridModel::forward(const Batch& batch, float* logits) {
 
   backend_->get_rows(embed_, batch.token_ids.data(), n, a_.x.data());
   for (const Layer& L : layers_) {
-    backend_->rms_norm(a_.x.data(), L.in_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data(), 1.0f);
+    backend_->rms_norm(a_.x.data(), L.in_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data(), norm_offset_);
     if (L.linear) {
       // The layer reads h and writes its output to h: its projections are
       // done before the output is written.
@@ -372,13 +383,13 @@ Status HybridModel::forward(const Batch& batch, float* logits) {
       attention_block(L, batch);
     }
     backend_->add_inplace(a_.x.data(), a_.h.data(), n * E);
-    backend_->rms_norm(a_.x.data(), L.post_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data(), 1.0f);
+    backend_->rms_norm(a_.x.data(), L.post_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data(), norm_offset_);
     backend_->add_inplace(a_.x.data(), ffn_block(L, n), n * E);
   }
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
   for (int64_t i = 0; i < n_sample; ++i) {
     const float* row = a_.x.data() + static_cast<int64_t>(batch.sample_rows[i]) * E;
-    backend_->rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a_.final_rows.data() + i * E, 1.0f);
+    backend_->rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a_.final_rows.data() + i * E, norm_offset_);
   }
   backend_->matmul(lm_head_, a_.final_rows.data(), n_sample, logits);
   return {};
