@@ -15,7 +15,10 @@
 // to the host as Model::forward does), batch 1's fraction of the bandwidth roofline (bytes
 // read per step / measured copy bandwidth), prefill tok/s of one
 // 2,048-token prompt and its fraction of the GEMM peak, and the forward time
-// of a 128-token prompt (TTFT at the model, no queueing).
+// of a 128-token prompt (TTFT at the model, no queueing). Hybrid models
+// (a recurrent KV group: qwen3.5) get a state slot per sequence; their
+// decode bytes count each sequence's state read and written, and the
+// report gives the memory of one state (a live slot or a checkpoint).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -331,6 +334,15 @@ int run(int argc, char** argv) {
     return 1;
   }
   Model& m = **created;
+  // Hybrids: the sequence on blocks `table` runs in state slot `slot`;
+  // every group after the first is the recurrent one (no tables read).
+  const bool recurrent = m.n_state_slots() > 0;
+  auto add = [&](Batch& batch, const int32_t* ids, int n, int32_t pos0, const std::vector<int32_t>& table,
+                 int32_t slot) {
+    batch.add_sequence(ids, n, pos0, true, table);
+    batch.group_tables.resize(m.kv_spec().size() - 1);
+    if (recurrent) batch.seqs.back().state_slot = slot;
+  };
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
   const int64_t V = m.n_vocab();
 
@@ -355,6 +367,12 @@ int run(int argc, char** argv) {
   std::printf("ceilings: copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n", bw, peak);
   std::printf("model: %s, load + upload %.1f s, %.2f GB read per decode step (weights)\n", path.c_str(), load_s,
               weight_bytes / 1e9);
+  const double state_bytes = static_cast<double>(m.state_bytes());
+  if (recurrent) {
+    std::printf("recurrent state: %.1f MiB per sequence (conv + delta of every linear layer, f32); %d live slots + %d "
+                "checkpoints = %.2f GiB on the device\n", state_bytes / (1 << 20), m.n_state_slots(),
+                m.n_state_checkpoints(), state_bytes * (m.n_state_slots() + m.n_state_checkpoints()) / (1 << 30));
+  }
 
   std::vector<float> logits(static_cast<size_t>(kMaxBatch) * V);
   Batch b;
@@ -363,6 +381,7 @@ int run(int argc, char** argv) {
   j["copy_gb_s"] = bw;
   j["gemm_tflops"] = peak;
   j["load_s"] = load_s;
+  if (recurrent) j["state_bytes"] = state_bytes;
 
   // Prefill of one 2,048-token prompt, and a 128-token prompt (TTFT).
   const int32_t prefill_first = kMaxBatch * slot_blocks;
@@ -373,7 +392,7 @@ int run(int argc, char** argv) {
     std::vector<double> t;
     for (int rep = 0; rep < 5; ++rep) {
       b.clear();
-      b.add_sequence(ids.data(), n_tok, 0, true, table);
+      add(b, ids.data(), n_tok, 0, table, 0);
       const auto t0 = Clock::now();
       if (!m.forward(b, logits.data()).ok()) return -1.0;
       if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -400,7 +419,7 @@ int run(int argc, char** argv) {
       for (int s = s0; s < std::min(B, s0 + kPrefill / kPrompt); ++s) {
         std::vector<int32_t> ids(kPrompt);
         for (int i = 0; i < kPrompt; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 31 + s * 101) % V);
-        b.add_sequence(ids.data(), kPrompt, 0, true, tables[static_cast<size_t>(s)]);
+        add(b, ids.data(), kPrompt, 0, tables[static_cast<size_t>(s)], s);
       }
       if (!m.forward(b, logits.data()).ok()) return 1;
     }
@@ -412,7 +431,7 @@ int run(int argc, char** argv) {
       b.clear();
       for (int s = 0; s < B; ++s) {
         const int32_t id = step == 0 ? static_cast<int32_t>(s % V) : ids[static_cast<size_t>(s)];
-        b.add_sequence(&id, 1, kPrompt + step, true, tables[static_cast<size_t>(s)]);
+        add(b, &id, 1, kPrompt + step, tables[static_cast<size_t>(s)], s);
       }
       const bool greedy = step % 2 == 0;
       const bool profiled = profile_batch > 0 && step == 4;
@@ -434,7 +453,8 @@ int run(int argc, char** argv) {
     const double step_s = median(t);
     const double logits_step_s = median(t_logits);
     const double ctx_len = kPrompt + steps;
-    const double bytes = static_cast<double>(weight_bytes) + B * ctx_len * static_cast<double>(m.kv_bytes_per_token());
+    const double bytes = static_cast<double>(weight_bytes) + B * ctx_len * static_cast<double>(m.kv_bytes_per_token()) +
+                         2.0 * B * state_bytes;  // a hybrid's states, read and written
     const double roofline = bytes / (bw * 1e9);
     std::printf("decode batch %3d: %.2f ms/step, %.0f tok/s (greedy on device); %.2f ms, %.0f tok/s with logits to the "
                 "host; bytes/step %.2f GB, roofline %.2f ms (%.0f%% of it)\n",

@@ -30,8 +30,11 @@ Result<std::unique_ptr<Model>> create_gemma_cuda_model(std::shared_ptr<const Mod
                                                        const ModelOptions& options);
 
 // Hybrid gated DeltaNet: qwen3_5_text (Qwen3.5, dense FFN) and qwen3_next
-// (Qwen3-Next, MoE FFN with a shared expert); CPU only (qwen3_next.cpp).
+// (Qwen3-Next, MoE FFN with a shared expert) (qwen3_next.cpp).
+// options.device == kCuda: the CUDA implementation (qwen3_next_cuda.cpp).
 Result<std::unique_ptr<Model>> create_qwen3_next_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_qwen3_next_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                            const ModelOptions& options);
 
 }  // namespace rill
