@@ -15,15 +15,23 @@
 // to the host as Model::forward does), batch 1's fraction of the bandwidth roofline (bytes
 // read per step / measured copy bandwidth), prefill tok/s of one
 // 2,048-token prompt and its fraction of the GEMM peak, and the forward time
-// of a 128-token prompt (TTFT at the model, no queueing). Hybrid models
-// (a recurrent KV group: qwen3.5) get a state slot per sequence; their
-// decode bytes count each sequence's state read and written, and the
-// report gives the memory of one state (a live slot or a checkpoint).
+// of a 128-token prompt (TTFT at the model, no queueing).
+//
+// Mixtures of experts (config n_expert > 0): a token reads and multiplies
+// only its K of X experts. Prefill FLOPs count the routed experts only
+// (K / X of the expert matrices); decode bytes per step count the experts
+// a batch of B touches as X (1 - (1 - K/X)^B) per layer, the expected
+// number under uniform routing (random weights route nearly uniformly).
+// Hybrid models (a recurrent KV group: qwen3.5) get a state slot per
+// sequence; their decode bytes count each sequence's state read and
+// written, and the report gives the memory of one state (a live slot or a
+// checkpoint).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -346,13 +354,19 @@ int run(int argc, char** argv) {
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
   const int64_t V = m.n_vocab();
 
-  // Weight bytes a decode step reads: every matrix but the embedding table.
-  size_t weight_bytes = 0, matmul_params = 0;
+  // Weight bytes a decode step reads: every matrix but the embedding table
+  // (MoE: the routed experts' matrices apart, see expert_fraction).
+  size_t weight_bytes = 0, matmul_params = 0, expert_bytes = 0, expert_params = 0;
   for (const auto& [name, t] : (*files)->tensors) {
     if (name == "model.embed_tokens.weight" && (*files)->find("lm_head.weight")) continue;
-    weight_bytes += t.n_bytes;
-    if (t.shape.size() == 2) matmul_params += static_cast<size_t>(t.n_elements());
+    const bool expert = c.n_expert > 0 && name.find(".experts.") != std::string::npos;
+    (expert ? expert_bytes : weight_bytes) += t.n_bytes;
+    if (t.shape.size() == 2 || expert) (expert ? expert_params : matmul_params) += static_cast<size_t>(t.n_elements());
   }
+  const double used_share = c.n_expert > 0 ? double(c.n_expert_used) / double(c.n_expert) : 1.0;
+  // Expected share of the experts a batch of B tokens touches (uniform routing).
+  auto expert_fraction = [&](int B) { return 1.0 - std::pow(1.0 - used_share, B); };
+  matmul_params += static_cast<size_t>(static_cast<double>(expert_params) * used_share);
 
   auto ctx = cuda::Context::create(0);
   if (!ctx.ok()) return 1;
@@ -366,7 +380,13 @@ int run(int argc, char** argv) {
   std::printf("device: %s\n", (*ctx)->describe().c_str());
   std::printf("ceilings: copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n", bw, peak);
   std::printf("model: %s, load + upload %.1f s, %.2f GB read per decode step (weights)\n", path.c_str(), load_s,
-              weight_bytes / 1e9);
+              (weight_bytes + expert_bytes * expert_fraction(1)) / 1e9);
+  if (c.n_expert > 0) {
+    std::printf("MoE: %lld of %lld experts per token; expert matrices %.2f GB (decode bytes count X (1 - (1 - K/X)^B) "
+                "experts per layer), other weights %.2f GB\n",
+                static_cast<long long>(c.n_expert_used), static_cast<long long>(c.n_expert), expert_bytes / 1e9,
+                weight_bytes / 1e9);
+  }
   const double state_bytes = static_cast<double>(m.state_bytes());
   if (recurrent) {
     std::printf("recurrent state: %.1f MiB per sequence (conv + delta of every linear layer, f32); %d live slots + %d "
@@ -453,7 +473,8 @@ int run(int argc, char** argv) {
     const double step_s = median(t);
     const double logits_step_s = median(t_logits);
     const double ctx_len = kPrompt + steps;
-    const double bytes = static_cast<double>(weight_bytes) + B * ctx_len * static_cast<double>(m.kv_bytes_per_token()) +
+    const double bytes = static_cast<double>(weight_bytes) + static_cast<double>(expert_bytes) * expert_fraction(B) +
+                         B * ctx_len * static_cast<double>(m.kv_bytes_per_token()) +
                          2.0 * B * state_bytes;  // a hybrid's states, read and written
     const double roofline = bytes / (bw * 1e9);
     std::printf("decode batch %3d: %.2f ms/step, %.0f tok/s (greedy on device); %.2f ms, %.0f tok/s with logits to the "
