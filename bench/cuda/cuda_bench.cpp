@@ -9,6 +9,8 @@
 //   GEMV configuration and cuBLASLt) and the small per-layer kernels
 //   bench_cuda MODEL_DIR --profile-step B: one decode step of batch B inside
 //   cudaProfilerStart/Stop, for ncu --profile-from-start off
+//   bench_cuda MODEL_DIR --profile-prefill 1: the same for the forward of
+//   one 2,048-token prompt (after a warm-up forward)
 //
 // Reports: decode tok/s at batch 1/8/32/64/128 (128-token prompts, then N
 // steps; median step; greedy on the device, and with full logits copied
@@ -33,6 +35,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -303,11 +306,13 @@ int run(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 32, 64, 128};
   bool kernels = false;
   int profile_batch = 0;  // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
+  bool profile_prefill = false;  // the second 2,048-token prefill between cudaProfilerStart/Stop, then exit
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
     if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--profile-step")) profile_batch = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--profile-prefill")) profile_prefill = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--batches")) {
       batches.clear();
       for (const char* p = argv[i + 1]; *p;) {
@@ -413,9 +418,16 @@ int run(int argc, char** argv) {
     for (int rep = 0; rep < 5; ++rep) {
       b.clear();
       add(b, ids.data(), n_tok, 0, table, 0);
+      const bool profiled = profile_prefill && rep == 1;
+      if (profiled) cudaProfilerStart();
       const auto t0 = Clock::now();
       if (!m.forward(b, logits.data()).ok()) return -1.0;
       if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (profiled) {
+        cudaProfilerStop();
+        std::printf("profiled one %d-token prefill: %.2f ms\n", n_tok, t.back() * 1e3);
+        std::exit(0);
+      }
     }
     return median(t);
   };

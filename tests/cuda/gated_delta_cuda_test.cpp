@@ -10,7 +10,8 @@
 //    chunked prefill) give bit-identical outputs, states and snapshots;
 //  - the gated RMSNorm and the sigmoid output gate (f32 and bf16 outputs).
 // Dims: the goldens' (dk = dv = 16) and dk 40 / dv 24 (rows masked in the
-// warp, several column groups) and dk 128 / dv 64.
+// warp, several column groups) and dk 128 / dv 64, each with 8 and 4 value
+// columns per warp of the recurrence.
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -33,6 +34,7 @@ using testing::upload;
 
 struct Dims {
   int32_t nk, nv, dk, dv, K;
+  int32_t columns;  // value columns per warp of the recurrence
   int64_t kd() const { return int64_t{nk} * dk; }
   int64_t vd() const { return int64_t{nv} * dv; }
   int64_t cd() const { return 2 * kd() + vd(); }
@@ -121,6 +123,7 @@ class Harness {
     a.g = g.as<float>();
     a.beta = beta.as<float>();
     a.core = core.as<float>();
+    a.columns = d_.columns;
     gdn_conv(a, nullptr);
     gdn_recurrence(a, nullptr);
     RILL_CUDA_CHECK(cudaGetLastError());
@@ -279,8 +282,8 @@ TEST_P(GatedDeltaCuda, ConvAndRecurrenceMatchTheCpu) {
   for (float v : core) max_core = std::max(max_core, double(std::fabs(v)));
   // Slots 0-2 and checkpoints 5-7 were written; 3 and 4 keep their contents.
   const double e_states = max_abs_diff(gpu_states.data(), st.data(), st.size());
-  std::printf("[ cuda gdn ] dk %d dv %d: max |gpu - cpu| mixed %.3g g %.3g beta %.3g core %.3g (max |core| %.3g) "
-              "states %.3g\n", d.dk, d.dv, e_mixed, e_g, e_beta, e_core, max_core, e_states);
+  std::printf("[ cuda gdn ] dk %d dv %d, %d columns per warp: max |gpu - cpu| mixed %.3g g %.3g beta %.3g core %.3g "
+              "(max |core| %.3g) states %.3g\n", d.dk, d.dv, d.columns, e_mixed, e_g, e_beta, e_core, max_core, e_states);
   EXPECT_LT(e_mixed, 1e-5);
   EXPECT_LT(e_g, 1e-5);
   EXPECT_LT(e_beta, 1e-6);
@@ -305,7 +308,9 @@ TEST_P(GatedDeltaCuda, StepsOfAnySizeGiveBitIdenticalResults) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GatedDeltaCuda,
-                         ::testing::Values(Dims{2, 4, 16, 16, 4}, Dims{2, 4, 40, 24, 4}, Dims{1, 2, 128, 64, 3}));
+                         ::testing::Values(Dims{2, 4, 16, 16, 4, 8}, Dims{2, 4, 40, 24, 4, 8}, Dims{1, 2, 128, 64, 3, 8},
+                                           Dims{2, 4, 16, 16, 4, 4}, Dims{2, 4, 40, 24, 4, 4},
+                                           Dims{1, 2, 128, 64, 3, 4}));
 
 // The gated RMSNorm and the sigmoid gate against their host formulas.
 TEST(GatedDeltaCudaOps, GatedNormAndSigmoidGate) {

@@ -1,7 +1,10 @@
 // Gated DeltaNet kernels (see gated_delta.h): the causal conv1d with its
 // window state, the q/k l2 norms and gates, the delta-rule recurrence, the
 // gated RMSNorm, and the gated attention's sigmoid output gate.
+#include <cuda_pipeline.h>
+
 #include <cassert>
+#include <cstdlib>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gated_delta.h"
@@ -96,19 +99,30 @@ __global__ void conv_state_kernel(GdnArgs a) {
   for (int m = 0; m < km1; ++m) dst[m] = input(s.q_len + m);
 }
 
-// The recurrence: one warp per (sequence, value head, 8 value columns).
-// Lane l holds rows i = l + 32 r (r < RPL) of those columns of S [dk, dv]
-// in registers for the whole step; the column sums over i (k'^T S, q'^T S)
-// are warp butterflies, which leave the same value in every lane. Loads of
-// token t + 1 are issued before token t's arithmetic.
+// The recurrence: one warp per (sequence, value head, C value columns).
+// Lane (rg, c) = (lane / C, lane % C) holds column c of the warp's C and
+// rows [rg * RPL, (rg + 1) * RPL) of S [dk, dv] in registers for the whole
+// step, so k'^T S and q'^T S are RPL in-lane FMAs and log2(32 / C) shuffles
+// over the row groups; with C = 8 each state load or store moves whole
+// 32-byte sectors (8 lanes read one row's 8 columns). C = 4 doubles the
+// warps (more latency hidden when few sequences run) with half the rows per lane. Each warp streams its tokens' q', k',
+// v, g and beta through a ring of kStages shared-memory slots filled by
+// cp.async kStages - 1 tokens ahead. Rows past dk read zeros.
 constexpr int kWarpsPerBlock = 4;
+constexpr int kStages = 4;
 
-template <int RPL>
+// Floats of one ring slot: q' [DK4] | k' [DK4] | v [C] | g | beta | pad 2,
+// DK4 = (32 / C) * RPL rows (>= dk).
+__host__ __device__ constexpr int slot_floats(int rpl, int c) { return 2 * (32 / c) * rpl + c + 4; }
+
+template <int RPL, int C>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) delta_kernel(GdnArgs a) {
+  extern __shared__ float4 smem4[];
   detail::pdl_wait();
   detail::pdl_trigger();
-  constexpr int C = kGdnColumns;
-  const int lane = static_cast<int>(threadIdx.x & 31);
+  constexpr int DK4 = (32 / C) * RPL, SLOT = slot_floats(RPL, C);
+  const int lane = static_cast<int>(threadIdx.x & 31), rg = lane / C, col = lane % C;
+  float* ring = reinterpret_cast<float*>(smem4) + (threadIdx.x >> 5) * kStages * SLOT;
   const int64_t w = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
   const int dk = a.head_k_dim, dv = a.head_v_dim, nv = a.n_v_heads;
   const int ncg = dv / C;
@@ -118,101 +132,160 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) delta_kernel(GdnArgs a) {
   const GdnSeq s = a.seqs[w / (int64_t{ncg} * nv)];
   const int kh = h / (nv / a.n_k_heads);
   const int64_t kd = a.key_dim(), vd = a.value_dim(), cd = a.conv_dim();
-  // This warp's columns of head h's state, relative to a state's layer base.
-  const int64_t head_off = a.conv_floats() + int64_t{h} * dk * dv + cg * C;
+  // This lane's column of head h's state, relative to a state's layer base; its rows are i = rg * RPL + r.
+  const int64_t lane_off = a.conv_floats() + int64_t{h} * dk * dv + cg * C + col;
 
-  float S[RPL][C];
+  // Rows past dk stay zero in every slot (the copies never write them).
+  for (int i = dk + lane; i < DK4; i += 32) {
+    for (int st = 0; st < kStages; ++st) ring[st * SLOT + i] = ring[st * SLOT + DK4 + i] = 0.0f;
+  }
+  auto issue = [&](int t) {  // token t's inputs into slot t % kStages, one commit group per token
+    float* dst = ring + (t % kStages) * SLOT;
+    const int64_t T = s.q_start + t;
+    const float* row = a.mixed + T * cd;
+    const int n4 = dk / 4;
+    for (int i = lane; i < 2 * n4 + C / 4; i += 32) {
+      const float* src = i < n4 ? row + int64_t{kh} * dk + 4 * i
+                                : i < 2 * n4 ? row + kd + int64_t{kh} * dk + 4 * (i - n4)
+                                             : row + 2 * kd + int64_t{h} * dv + cg * C + 4 * (i - 2 * n4);
+      float* d = i < n4 ? dst + 4 * i : i < 2 * n4 ? dst + DK4 + 4 * (i - n4) : dst + 2 * DK4 + 4 * (i - 2 * n4);
+      __pipeline_memcpy_async(d, src, 16);
+    }
+    if (lane == 0) {
+      __pipeline_memcpy_async(dst + 2 * DK4 + C, a.g + T * nv + h, 4);
+      __pipeline_memcpy_async(dst + 2 * DK4 + C + 1, a.beta + T * nv + h, 4);
+    }
+    __pipeline_commit();
+  };
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < s.q_len) {
+      issue(t);
+    } else {
+      __pipeline_commit();
+    }
+  }
+
+  float S[RPL];
   {
-    const float* src = s.src >= 0 ? state_of(a, s.src) + head_off : nullptr;
+    const float* src = s.src >= 0 ? state_of(a, s.src) + lane_off : nullptr;
 #pragma unroll
     for (int r = 0; r < RPL; ++r) {
-      const int i = lane + 32 * r;
-      float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
-      if (src && i < dk) {
-        const float4* p = reinterpret_cast<const float4*>(src + int64_t{i} * dv);
-        x0 = p[0];
-        x1 = p[1];
-      }
-      S[r][0] = x0.x, S[r][1] = x0.y, S[r][2] = x0.z, S[r][3] = x0.w;
-      S[r][4] = x1.x, S[r][5] = x1.y, S[r][6] = x1.z, S[r][7] = x1.w;
+      const int i = rg * RPL + r;
+      S[r] = src && i < dk ? src[int64_t{i} * dv] : 0.0f;
     }
   }
   auto store = [&](int32_t id) {
-    float* dst = state_of(a, id) + head_off;
+    float* dst = state_of(a, id) + lane_off;
 #pragma unroll
     for (int r = 0; r < RPL; ++r) {
-      const int i = lane + 32 * r;
-      if (i < dk) {
-        float4* p = reinterpret_cast<float4*>(dst + int64_t{i} * dv);
-        p[0] = make_float4(S[r][0], S[r][1], S[r][2], S[r][3]);
-        p[1] = make_float4(S[r][4], S[r][5], S[r][6], S[r][7]);
-      }
+      const int i = rg * RPL + r;
+      if (i < dk) dst[int64_t{i} * dv] = S[r];
     }
-  };
-
-  struct Tok {
-    float q[RPL], k[RPL], v[C], g, beta;
-  };
-  auto load = [&](int64_t T) {
-    Tok x;
-    const float* row = a.mixed + T * cd;
-#pragma unroll
-    for (int r = 0; r < RPL; ++r) {
-      const int i = lane + 32 * r;
-      x.q[r] = i < dk ? row[int64_t{kh} * dk + i] : 0.0f;
-      x.k[r] = i < dk ? row[kd + int64_t{kh} * dk + i] : 0.0f;
-    }
-    const float4* vp = reinterpret_cast<const float4*>(row + 2 * kd + int64_t{h} * dv + cg * C);
-    const float4 v0 = vp[0], v1 = vp[1];
-    x.v[0] = v0.x, x.v[1] = v0.y, x.v[2] = v0.z, x.v[3] = v0.w;
-    x.v[4] = v1.x, x.v[5] = v1.y, x.v[6] = v1.z, x.v[7] = v1.w;
-    x.g = a.g[T * nv + h];
-    x.beta = a.beta[T * nv + h];
-    return x;
   };
 
   int next_save = 0;
   int32_t save_at = s.n_saves > 0 ? a.saves[s.save_begin].after_token : -1;
-  Tok cur{};
-  if (s.q_len > 0) cur = load(s.q_start);
   for (int t = 0; t < s.q_len; ++t) {
-    const int64_t T = s.q_start + t;
-    Tok nxt = cur;
-    if (t + 1 < s.q_len) nxt = load(T + 1);
-    const float decay = expf(cur.g);
-    float acc[C];
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      float p = 0.0f;
-#pragma unroll
-      for (int r = 0; r < RPL; ++r) p += cur.k[r] * S[r][c];
-      acc[c] = warp_sum(p);
+    if (t + kStages - 1 < s.q_len) {
+      issue(t + kStages - 1);
+    } else {
+      __pipeline_commit();
     }
-    float o[C];
+    __pipeline_wait_prior(kStages - 1);
+    __syncwarp();
+    const float* slot = ring + (t % kStages) * SLOT;
+    const float* qs = slot + rg * RPL;  // this lane's rows of q' and k'
+    const float* ks = slot + DK4 + rg * RPL;
+    float k[RPL];
+    if constexpr (RPL % 4 == 0) {
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const float delta = (cur.v[c] - decay * acc[c]) * cur.beta;
-      float p = 0.0f;
-#pragma unroll
-      for (int r = 0; r < RPL; ++r) {
-        S[r][c] = decay * S[r][c] + cur.k[r] * delta;
-        p += cur.q[r] * S[r][c];
+      for (int r = 0; r < RPL; r += 4) {
+        const float4 kv = *reinterpret_cast<const float4*>(ks + r);
+        k[r] = kv.x, k[r + 1] = kv.y, k[r + 2] = kv.z, k[r + 3] = kv.w;
       }
-      o[c] = warp_sum(p);
+    } else {
+#pragma unroll
+      for (int r = 0; r < RPL; ++r) k[r] = ks[r];
     }
-    if (lane == 0) {
-      float4* op = reinterpret_cast<float4*>(a.core + T * vd + int64_t{h} * dv + cg * C);
-      op[0] = make_float4(o[0], o[1], o[2], o[3]);
-      op[1] = make_float4(o[4], o[5], o[6], o[7]);
+    const float v = slot[2 * DK4 + col], decay = expf(slot[2 * DK4 + C]), beta = slot[2 * DK4 + C + 1];
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < RPL; ++r) p[r % 4] += k[r] * S[r];
+    float acc = (p[0] + p[1]) + (p[2] + p[3]);
+#pragma unroll
+    for (int x = C; x < 32; x *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, x);
+    const float delta = (v - decay * acc) * beta;
+    float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int r0 = 0; r0 < RPL; r0 += 4) {  // q' read 4 rows at a time (fewer live registers)
+      float q[4];
+      if constexpr (RPL % 4 == 0) {
+        const float4 qv = *reinterpret_cast<const float4*>(qs + r0);
+        q[0] = qv.x, q[1] = qv.y, q[2] = qv.z, q[3] = qv.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[j] = r0 + j < RPL ? qs[r0 + j] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 4 && r0 + j < RPL; ++j) {
+        const int r = r0 + j;
+        S[r] = decay * S[r] + k[r] * delta;
+        o4[j] += q[j] * S[r];
+      }
     }
+    float o = (o4[0] + o4[1]) + (o4[2] + o4[3]);
+#pragma unroll
+    for (int x = C; x < 32; x *= 2) o += __shfl_xor_sync(0xffffffffu, o, x);
+    const int64_t T = s.q_start + t;
+    if (rg == 0) a.core[T * vd + int64_t{h} * dv + cg * C + col] = o;
     while (save_at == t) {
       store(a.saves[s.save_begin + next_save].state);
       ++next_save;
       save_at = next_save < s.n_saves ? a.saves[s.save_begin + next_save].after_token : -1;
     }
-    cur = nxt;
+    __syncwarp();  // this slot is refilled by the next iteration's copy
   }
   store(s.dst);
+}
+
+template <int RPL, int C>
+void launch_delta(const GdnArgs& a, cudaStream_t stream) {
+  constexpr size_t kSmem = sizeof(float) * kWarpsPerBlock * kStages * slot_floats(RPL, C);
+  if constexpr (kSmem > 48 * 1024) {
+    static bool configured = false;
+    if (!configured) {
+      RILL_CUDA_CHECK(cudaFuncSetAttribute(delta_kernel<RPL, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kSmem)));
+      configured = true;
+    }
+  }
+  const int64_t warps = int64_t{a.n_seqs} * a.n_v_heads * (a.head_v_dim / C);
+  const auto blocks = static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  launch_pdl(delta_kernel<RPL, C>, blocks, kWarpsPerBlock * 32, kSmem, stream, a);
+}
+
+// Rows per lane: dk / (32 / C), rounded up to a power of two.
+template <int C>
+void launch_delta_for(const GdnArgs& a, cudaStream_t stream) {
+  const int rows = (a.head_k_dim + 32 / C - 1) / (32 / C);
+  if (rows <= 1) {
+    launch_delta<1, C>(a, stream);
+  } else if (rows <= 2) {
+    launch_delta<2, C>(a, stream);
+  } else if (rows <= 4) {
+    launch_delta<4, C>(a, stream);
+  } else if (rows <= 8) {
+    launch_delta<8, C>(a, stream);
+  } else if (rows <= 16) {
+    launch_delta<16, C>(a, stream);
+  } else if (rows <= 32) {
+    launch_delta<32, C>(a, stream);
+  } else if (rows <= 64) {
+    launch_delta<64, C>(a, stream);
+  } else {
+    assert(rows <= 128);
+    launch_delta<128, C>(a, stream);
+  }
 }
 
 // One block per (token, head).
@@ -250,12 +323,20 @@ int round_up_warp(int n) { return (n + 31) / 32 * 32; }
 
 }  // namespace
 
+int32_t gdn_columns() {
+  static const int32_t columns = [] {
+    const char* e = std::getenv("RILL_GDN_COLUMNS");
+    return e && e[0] == '4' && e[1] == 0 ? 4 : 8;
+  }();
+  return columns;
+}
+
 bool gdn_supported(int32_t n_k_heads, int32_t n_v_heads, int32_t head_k_dim, int32_t head_v_dim,
                    int32_t conv_kernel) {
   const int64_t key_dim = int64_t{n_k_heads} * head_k_dim;
   const int64_t conv_dim = 2 * key_dim + int64_t{n_v_heads} * head_v_dim;
   return n_k_heads > 0 && n_v_heads % n_k_heads == 0 && head_k_dim > 0 && head_k_dim <= kGdnMaxHeadDim &&
-         head_v_dim > 0 && head_v_dim <= kGdnMaxHeadDim && head_v_dim % kGdnColumns == 0 && key_dim % 2 == 0 &&
+         head_k_dim % 4 == 0 && head_v_dim > 0 && head_v_dim <= kGdnMaxHeadDim && head_v_dim % kGdnColumns == 0 &&
          conv_dim % 4 == 0 && conv_kernel >= 2 && conv_kernel <= kGdnMaxConvKernel;
 }
 
@@ -271,20 +352,11 @@ void gdn_conv(const GdnArgs& a, cudaStream_t stream) {
 
 void gdn_recurrence(const GdnArgs& a, cudaStream_t stream) {
   if (a.n_seqs <= 0) return;
-  const int64_t warps = int64_t{a.n_seqs} * a.n_v_heads * (a.head_v_dim / kGdnColumns);
-  const auto blocks = static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  const int rpl = (a.head_k_dim + 31) / 32;
-  if (rpl <= 1) {
-    launch_pdl(delta_kernel<1>, blocks, kWarpsPerBlock * 32, 0, stream, a);
-  } else if (rpl <= 2) {
-    launch_pdl(delta_kernel<2>, blocks, kWarpsPerBlock * 32, 0, stream, a);
-  } else if (rpl <= 4) {
-    launch_pdl(delta_kernel<4>, blocks, kWarpsPerBlock * 32, 0, stream, a);
-  } else if (rpl <= 8) {
-    launch_pdl(delta_kernel<8>, blocks, kWarpsPerBlock * 32, 0, stream, a);
+  if (a.columns == 4) {
+    launch_delta_for<4>(a, stream);
   } else {
-    assert(rpl <= 16);
-    launch_pdl(delta_kernel<16>, blocks, kWarpsPerBlock * 32, 0, stream, a);
+    assert(a.columns == 8);
+    launch_delta_for<8>(a, stream);
   }
 }
 

@@ -70,12 +70,18 @@ struct GdnArgs {
   float* g = nullptr;      // [n_tokens, n_v_heads] log decay: neg_a * softplus(a + dt_bias)
   float* beta = nullptr;   // [n_tokens, n_v_heads] sigmoid(b)
   float* core = nullptr;   // [n_tokens, n_v_heads * dv] the recurrence's output
+  // Value columns per warp of the recurrence, 8 or 4 (gdn_columns()). The
+  // sums' order depends on it: keep one value per model (batch invariance).
+  int32_t columns = 8;
 
   __host__ __device__ int64_t key_dim() const { return int64_t{n_k_heads} * head_k_dim; }
   __host__ __device__ int64_t value_dim() const { return int64_t{n_v_heads} * head_v_dim; }
   __host__ __device__ int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
   __host__ __device__ int64_t conv_floats() const { return conv_dim() * (conv_kernel - 1); }
 };
+
+// Columns per warp for a model: RILL_GDN_COLUMNS (4 or 8, read once), else 8.
+int32_t gdn_columns();
 
 // Whether the kernels take these dims: dk, dv <= 512, dv a multiple of 8,
 // key_dim even and conv_dim a multiple of 4 (16-byte state and value rows),
@@ -92,7 +98,9 @@ void gdn_conv(const GdnArgs& a, cudaStream_t stream);
 // The gated delta rule over mixed/g/beta, per value head h (key head
 // h / (n_v_heads / n_k_heads)): S = exp(g) S; S += k' (x) ((v - k'^T S) beta);
 // out = q'^T S. Starts from src's delta state, ends in dst's, snapshots into
-// the saves' states. One warp per (sequence, value head, 8 value columns).
+// the saves' states. One warp per (sequence, value head, `columns` value
+// columns), the state slice in registers through the step, tokens streamed
+// through shared memory with cp.async a few tokens ahead.
 void gdn_recurrence(const GdnArgs& a, cudaStream_t stream);
 
 // The gated RMSNorm: out[t, h, :] = rms_norm(core[t, h, :]) * w * silu(z[t, h, :])

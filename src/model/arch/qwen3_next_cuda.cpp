@@ -1,6 +1,8 @@
-// The hybrid gated-DeltaNet family (Qwen3.5, qwen3_5_text) on a CUDA device:
-// the graph of qwen3_next.cpp over the CUDA plumbing of cuda_model_base.h
-// and the kernels of backend/cuda/gated_delta.h. Against the CPU model:
+// The hybrid gated-DeltaNet family (Qwen3.5, qwen3_5_text; Qwen3-Next,
+// qwen3_next, whose FFN is a mixture of experts with a shared expert) on a
+// CUDA device: the graph of qwen3_next.cpp over the CUDA plumbing of
+// cuda_model_base.h and the kernels of backend/cuda/gated_delta.h. Against
+// the CPU model:
 //  - linear-attention layers: one matmul for every in-projection, the
 //    weight rows in the order [q | k | v | z | b | a] (Qwen3.5 uploads its
 //    four tensors end to end; Qwen3-Next's per-key-head groups are
@@ -9,7 +11,8 @@
 //    upload into [q heads | k | v | gate heads], so RoPE + the (1 + w) q/k
 //    norms + the K/V store run as for qwen3 on the first Q + 2 KV columns,
 //    attention writes f32 and one kernel applies sigmoid(gate);
-//  - o_proj, out_proj and down_proj accumulate into the f32 residual;
+//  - o_proj, out_proj and down_proj accumulate into the f32 residual, and so
+//    does Qwen3-Next's MoE FFN (model/cuda_moe.h, shared expert included);
 //  - KV spec {full(), recurrent()} as the CPU: group 0's blocks hold only
 //    the attention layers' K/V planes (n_kv_layers_), the recurrent states
 //    live in a device pool sized at load (live slots, checkpoints, one
@@ -20,10 +23,10 @@
 //    write the slot, so a reset or restore costs no extra copy; checkpoints
 //    are written by the kernels at the saved positions. Decode steps,
 //    restores and saves included, replay CUDA graphs like the other families.
-// Qwen3-Next's MoE FFN is not on the device yet: such checkpoints are refused.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,7 @@
 #include "backend/cuda/gated_delta.h"
 #include "model/arch/qwen3_next_config.h"
 #include "model/cuda_model_base.h"
+#include "model/cuda_moe.h"
 #include "model/layers.h"
 #include "model/moe.h"
 #endif
@@ -63,6 +67,7 @@ struct DevLayer {
   // dense FFN
   cuda::DeviceWeight w_gate_up;       // [2F, E]
   cuda::DeviceWeight w_down;          // [E, F]
+  std::optional<CudaMoeWeights> moe;  // Qwen3-Next's MoE layers, instead of w_gate_up / w_down
 };
 
 // Rows [r0, r0 + n) of w (packed rows) appended to out.
@@ -109,6 +114,7 @@ class Qwen3NextCudaModel final : public CudaModelBase {
 
   HybridConfig hybrid_;
   int64_t n_linear_ = 0, n_attn_ = 0;
+  int32_t gdn_columns_ = 8;  // value columns per warp of the recurrence, fixed at load
   int64_t P_ = 0;     // linear layers' projection row: conv_dim + vd + 2 nv
   int64_t QKVG_ = 0;  // attention layers': Q + 2 KV + Q
   cuda::DeviceBuffer weights_;
@@ -116,6 +122,8 @@ class Qwen3NextCudaModel final : public CudaModelBase {
   const float* final_norm_ = nullptr;
   std::vector<DevLayer> layers_;
   DeviceRope rope_;
+  bool has_dense_ffn_ = true;  // some layer has the dense FFN (gu_, mlp_)
+  CudaMoe moe_;                // the MoE layers' scratch
 
   // Recurrent states: ids [0, n_slots_) live, then n_ckpt_ checkpoints, then the scratch.
   cuda::DeviceBuffer states_;
@@ -157,12 +165,7 @@ Status Qwen3NextCudaModel::init(const ModelOptions& options) {
     return Error{f.path + ": the CUDA gated DeltaNet takes key/value head dims up to 512 (value dims a multiple "
                  "of 8, an even key width, conv channels a multiple of 4) and conv kernels of 2 to 8"};
   }
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    if (is_moe_layer(cfg_, il)) {
-      return Error{f.path + ": the mixture-of-experts FFN of this hybrid model does not run on CUDA yet "
-                   "(use --device cpu)"};
-    }
-  }
+  gdn_columns_ = cuda::gdn_columns();
   P_ = d.conv_dim() + d.value_dim() + 2 * d.n_v_heads;
   QKVG_ = 2 * Q_ + 2 * KV_;
   RILL_TRY(create_context());
@@ -234,9 +237,11 @@ void Qwen3NextCudaModel::carve_activations(cuda::Arena& a) {
   core_ = a.take<float>(T * d.value_dim());
   attn_ = a.take<float>(T * Q_);
   mix_act_ = a.take<uint8_t>(T * static_cast<size_t>(std::max(d.value_dim(), Q_)) * as);
-  gu_ = a.take<float>(T * 2 * F_);
-  mlp_ = a.take<uint8_t>(T * F_ * as);
+  const size_t F = has_dense_ffn_ ? static_cast<size_t>(F_) : 0;
+  gu_ = a.take<float>(T * 2 * F);
+  mlp_ = a.take<uint8_t>(T * F * as);
   final_ = a.take<uint8_t>(S * E_ * as);
+  if (cfg_.n_expert > 0) moe_.carve(a, max_batch_tokens());
 }
 
 // Weights in one device buffer (WeightUpload): the reordered in-projection
@@ -250,6 +255,7 @@ Status Qwen3NextCudaModel::upload_weights() {
     GatedDeltaNet gdn;
     WeightView w_in, w_qkvg;  // the fused in-projection (Qwen3.5: null, cat of gdn's four)
     Linear q, k, v, o, gate, up, down;
+    std::optional<MoeFfn> moe;  // host views of an MoE layer's weights
   };
   std::vector<std::vector<uint8_t>> assembled;  // host rows of reordered matrices
   std::vector<HostLayer> hl(static_cast<size_t>(cfg_.n_layer));
@@ -304,9 +310,13 @@ Status Qwen3NextCudaModel::upload_weights() {
       for (int64_t hh = 0; hh < cfg_.n_head; ++hh) append_rows(h.q.w, hh * 2 * hd_ + hd_, hd_, buf);
       h.w_qkvg = {h.q.w.dtype, QKVG_, E_, buf.data(), row_bytes(h.q.w.dtype, E_)};
     }
-    RILL_ASSIGN_OR_RETURN(h.gate, bind_linear(f, p + "mlp.gate_proj", F_, E_));
-    RILL_ASSIGN_OR_RETURN(h.up, bind_linear(f, p + "mlp.up_proj", F_, E_));
-    RILL_ASSIGN_OR_RETURN(h.down, bind_linear(f, p + "mlp.down_proj", E_, F_));
+    if (is_moe_layer(cfg_, static_cast<int64_t>(il))) {
+      RILL_ASSIGN_OR_RETURN(h.moe, MoeFfn::bind(f, p + "mlp.", moe_params(cfg_)));
+    } else {
+      RILL_ASSIGN_OR_RETURN(h.gate, bind_linear(f, p + "mlp.gate_proj", F_, E_));
+      RILL_ASSIGN_OR_RETURN(h.up, bind_linear(f, p + "mlp.up_proj", F_, E_));
+      RILL_ASSIGN_OR_RETURN(h.down, bind_linear(f, p + "mlp.down_proj", E_, F_));
+    }
     if (L.linear) {
       mats.push_back(h.gdn.fused ? &h.w_in : &h.gdn.qkv.w);
       mats.push_back(&h.gdn.out.w);
@@ -314,8 +324,13 @@ Status Qwen3NextCudaModel::upload_weights() {
       mats.push_back(&h.w_qkvg);
       mats.push_back(&h.o.w);
     }
-    for (const Linear* l : {&h.gate, &h.up, &h.down}) mats.push_back(&l->w);
+    if (h.moe) {
+      h.moe->collect_weights(&mats);
+    } else {
+      for (const Linear* l : {&h.gate, &h.up, &h.down}) mats.push_back(&l->w);
+    }
   }
+  has_dense_ffn_ = std::any_of(hl.begin(), hl.end(), [](const HostLayer& h) { return !h.moe; });
   RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(f.path, mats, embed));
   act_ = dt.act;
   kv_dtype_ = dt.kv;  // as the CPU model: f32 checkpoints keep f32 KV
@@ -326,6 +341,7 @@ Status Qwen3NextCudaModel::upload_weights() {
   const size_t final_off = up.vec(std::move(final_norm));
   struct Offs {
     size_t in_norm, post_norm, w_in, conv_w, neg_a, dt_bias, gdn_norm, w_out, w_qkvg, q_norm, k_norm, w_o, wgu, wdown;
+    std::optional<CudaMoePlacement> moe;
   };
   std::vector<Offs> offs(hl.size());
   for (size_t il = 0; il < hl.size(); ++il) {
@@ -346,6 +362,10 @@ Status Qwen3NextCudaModel::upload_weights() {
       o.q_norm = up.vec(std::move(h.q_norm));
       o.k_norm = up.vec(std::move(h.k_norm));
       o.w_o = up.mat(h.o.w);
+    }
+    if (h.moe) {
+      RILL_ASSIGN_OR_RETURN(o.moe, CudaMoePlacement::place(*h.moe, up, f.path + ": layer " + std::to_string(il)));
+      continue;
     }
     o.wgu = up.cat({&h.gate.w, &h.up.w});
     o.wdown = up.mat(h.down.w);
@@ -375,9 +395,14 @@ Status Qwen3NextCudaModel::upload_weights() {
       L.k_norm = up.f32(o.k_norm);
       L.w_o = up.layer_weight(o.w_o, E_ * Q_);
     }
+    if (o.moe) {
+      L.moe = o.moe->resolve(up);
+      continue;
+    }
     L.w_gate_up = up.layer_weight(o.wgu, 2 * F_ * E_);
     L.w_down = up.layer_weight(o.wdown, E_ * F_);
   }
+  if (cfg_.n_expert > 0) RILL_TRY(moe_.init(moe_params(cfg_), act_, f.path));
   quant_max_elems_ = up.quant_max_elems();
   weights_ = up.take_buffer();
   return Status::Ok();
@@ -464,6 +489,7 @@ Status Qwen3NextCudaModel::run_layers(const Step& s) {
   ga.g = g_;
   ga.beta = beta_;
   ga.core = core_;
+  ga.columns = gdn_columns_;
 
   for (const DevLayer& L : layers_) {
     cuda::rms_norm(x_, E_, nullptr, L.in_norm, n, E_, eps, 1.0f, act_, h_, st);
@@ -492,6 +518,10 @@ Status Qwen3NextCudaModel::run_layers(const Step& s) {
       RILL_TRY(matmul(L.w_o, mix_act_, n, E_, Q_, x_, true));
     }
     cuda::rms_norm(x_, E_, nullptr, L.post_norm, n, E_, eps, 1.0f, act_, h_, st);
+    if (L.moe) {
+      RILL_TRY(moe_.forward(*L.moe, h_, n, s.n_tiles == 0, x_, *gemm_, st));
+      continue;
+    }
     RILL_TRY(matmul(L.w_gate_up, h_, n, 2 * F_, E_, gu_, false));
     cuda::silu_mul(gu_, n, F_, act_, mlp_, st);
     RILL_TRY(matmul(L.w_down, mlp_, n, E_, F_, x_, true));
