@@ -13,6 +13,8 @@
 //   the model split over each number of GPUs in turn (one model at a time,
 //   in this one run), then the decode scaling: tok/s at N over tok/s at the
 //   first N, and that speedup's efficiency (speedup / N * first N)
+//   bench_cuda MODEL_DIR --profile-prefill 1: the same for the forward of
+//   one 2,048-token prompt (after a warm-up forward)
 //
 // Reports: decode tok/s at batch 1/8/32/64/128 (128-token prompts, then N
 // steps; median step; greedy on the device, and with full logits copied
@@ -20,12 +22,24 @@
 // read per step / measured copy bandwidth), prefill tok/s of one
 // 2,048-token prompt and its fraction of the GEMM peak, and the forward time
 // of a 128-token prompt (TTFT at the model, no queueing).
+//
+// Mixtures of experts (config n_expert > 0): a token reads and multiplies
+// only its K of X experts. Prefill FLOPs count the routed experts only
+// (K / X of the expert matrices); decode bytes per step count the experts
+// a batch of B touches as X (1 - (1 - K/X)^B) per layer, the expected
+// number under uniform routing (random weights route nearly uniformly).
+// Hybrid models (a recurrent KV group: qwen3.5) get a state slot per
+// sequence; their decode bytes count each sequence's state read and
+// written, and the report gives the memory of one state (a live slot or a
+// checkpoint).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -307,11 +321,13 @@ int run(int argc, char** argv) {
   std::vector<int> tps = {1};
   bool kernels = false;
   int profile_batch = 0;  // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
+  bool profile_prefill = false;  // the second 2,048-token prefill between cudaProfilerStart/Stop, then exit
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
     if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--profile-step")) profile_batch = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--profile-prefill")) profile_prefill = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--batches")) batches = parse_list(argv[i + 1]);
     if (!std::strcmp(argv[i], "--tensor-parallel")) tps = parse_list(argv[i + 1]);
   }
@@ -336,13 +352,19 @@ int run(int argc, char** argv) {
   const int32_t n_blocks = kMaxBatch * slot_blocks + kPrefill / 16 + 8;
   o.kv_cache_bytes = static_cast<int64_t>(n_blocks) * 16 * kv_token;  // tensor parallel: split over the GPUs
 
-  // Weight bytes a decode step reads: every matrix but the embedding table.
-  size_t weight_bytes = 0, matmul_params = 0;
+  // Weight bytes a decode step reads: every matrix but the embedding table
+  // (MoE: the routed experts' matrices apart, see expert_fraction).
+  size_t weight_bytes = 0, matmul_params = 0, expert_bytes = 0, expert_params = 0;
   for (const auto& [name, t] : (*files)->tensors) {
     if (name == "model.embed_tokens.weight" && (*files)->find("lm_head.weight")) continue;
-    weight_bytes += t.n_bytes;
-    if (t.shape.size() == 2) matmul_params += static_cast<size_t>(t.n_elements());
+    const bool expert = c.n_expert > 0 && name.find(".experts.") != std::string::npos;
+    (expert ? expert_bytes : weight_bytes) += t.n_bytes;
+    if (t.shape.size() == 2 || expert) (expert ? expert_params : matmul_params) += static_cast<size_t>(t.n_elements());
   }
+  const double used_share = c.n_expert > 0 ? double(c.n_expert_used) / double(c.n_expert) : 1.0;
+  // Expected share of the experts a batch of B tokens touches (uniform routing).
+  auto expert_fraction = [&](int B) { return 1.0 - std::pow(1.0 - used_share, B); };
+  matmul_params += static_cast<size_t>(static_cast<double>(expert_params) * used_share);
 
   auto ctx = cuda::Context::create(0);
   if (!ctx.ok()) return 1;
@@ -375,13 +397,35 @@ int run(int argc, char** argv) {
     const int64_t V = m.n_vocab();
     if (tps.size() > 1) std::printf("--- tensor parallel: %d GPU%s ---\n", n_gpus, n_gpus > 1 ? "s" : "");
     std::printf("model: %s, load + upload %.1f s, %.2f GB read per decode step (weights%s)\n", path.c_str(), load_s,
-                weight_bytes / 1e9, n_gpus > 1 ? ", all GPUs together" : "");
+                (weight_bytes + expert_bytes * expert_fraction(1)) / 1e9, n_gpus > 1 ? ", all GPUs together" : "");
+    if (c.n_expert > 0) {
+      std::printf("MoE: %lld of %lld experts per token; expert matrices %.2f GB (decode bytes count X (1 - (1 - K/X)^B) "
+                  "experts per layer), other weights %.2f GB\n",
+                  static_cast<long long>(c.n_expert_used), static_cast<long long>(c.n_expert), expert_bytes / 1e9,
+                  weight_bytes / 1e9);
+    }
+    // Hybrids: the sequence on blocks `table` runs in state slot `slot`;
+    // every group after the first is the recurrent one (no tables read).
+    const bool recurrent = m.n_state_slots() > 0;
+    auto add = [&](Batch& batch, const int32_t* ids, int n, int32_t pos0, const std::vector<int32_t>& table,
+                   int32_t slot) {
+      batch.add_sequence(ids, n, pos0, true, table);
+      batch.group_tables.resize(m.kv_spec().size() - 1);
+      if (recurrent) batch.seqs.back().state_slot = slot;
+    };
+    const double state_bytes = static_cast<double>(m.state_bytes());
+    if (recurrent) {
+      std::printf("recurrent state: %.1f MiB per sequence (conv + delta of every linear layer, f32); %d live slots + "
+                  "%d checkpoints = %.2f GiB on the device\n", state_bytes / (1 << 20), m.n_state_slots(),
+                  m.n_state_checkpoints(), state_bytes * (m.n_state_slots() + m.n_state_checkpoints()) / (1 << 30));
+    }
 
     std::vector<float> logits(static_cast<size_t>(kMaxBatch) * V);
     Batch b;
     nlohmann::ordered_json jr;
     jr["tensor_parallel"] = n_gpus;
     jr["load_s"] = load_s;
+    if (recurrent) jr["state_bytes"] = state_bytes;
 
     // Prefill of one 2,048-token prompt, and a 128-token prompt (TTFT).
     const int32_t prefill_first = kMaxBatch * slot_blocks;
@@ -392,10 +436,17 @@ int run(int argc, char** argv) {
       std::vector<double> t;
       for (int rep = 0; rep < 5; ++rep) {
         b.clear();
-        b.add_sequence(ids.data(), n_tok, 0, true, table);
+        add(b, ids.data(), n_tok, 0, table, 0);
+        const bool profiled = profile_prefill && rep == 1;
+        if (profiled) cudaProfilerStart();
         const auto t0 = Clock::now();
         if (!m.forward(b, logits.data()).ok()) return -1.0;
         if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        if (profiled) {
+          cudaProfilerStop();
+          std::printf("profiled one %d-token prefill: %.2f ms\n", n_tok, t.back() * 1e3);
+          std::exit(0);
+        }
       }
       return median(t);
     };
@@ -419,7 +470,7 @@ int run(int argc, char** argv) {
         for (int s = s0; s < std::min(B, s0 + kPrefill / kPrompt); ++s) {
           std::vector<int32_t> ids(kPrompt);
           for (int i = 0; i < kPrompt; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 31 + s * 101) % V);
-          b.add_sequence(ids.data(), kPrompt, 0, true, tables[static_cast<size_t>(s)]);
+          add(b, ids.data(), kPrompt, 0, tables[static_cast<size_t>(s)], s);
         }
         if (!m.forward(b, logits.data()).ok()) return 1;
       }
@@ -431,7 +482,7 @@ int run(int argc, char** argv) {
         b.clear();
         for (int s = 0; s < B; ++s) {
           const int32_t id = step == 0 ? static_cast<int32_t>(s % V) : ids[static_cast<size_t>(s)];
-          b.add_sequence(&id, 1, kPrompt + step, true, tables[static_cast<size_t>(s)]);
+          add(b, &id, 1, kPrompt + step, tables[static_cast<size_t>(s)], s);
         }
         const bool greedy = step % 2 == 0;
         const bool profiled = profile_batch > 0 && step == 4;
@@ -454,7 +505,9 @@ int run(int argc, char** argv) {
       const double logits_step_s = median(t_logits);
       const double ctx_len = kPrompt + steps;
       // Every GPU reads its share: the roofline is against their bandwidth together.
-      const double bytes = static_cast<double>(weight_bytes) + B * ctx_len * static_cast<double>(m.kv_bytes_per_token());
+      const double bytes = static_cast<double>(weight_bytes) + static_cast<double>(expert_bytes) * expert_fraction(B) +
+                           B * ctx_len * static_cast<double>(m.kv_bytes_per_token()) +
+                           2.0 * B * state_bytes;  // a hybrid's states, read and written
       const double roofline = bytes / (bw * 1e9 * n_gpus);
       std::printf("decode batch %3d: %.2f ms/step, %.0f tok/s (greedy on device); %.2f ms, %.0f tok/s with logits to "
                   "the host; bytes/step %.2f GB, roofline %.2f ms (%.0f%% of it)\n",

@@ -238,9 +238,18 @@ Status CudaModelBase::create_context() {
   return Status::Ok();
 }
 
+int CudaModelBase::n_table_groups() const {
+  int n = 0;
+  while (n < static_cast<int>(kv_spec_.size()) && kv_spec_[static_cast<size_t>(n)].is_attention()) ++n;
+  return n;
+}
+
 Status CudaModelBase::init_runtime(const ModelOptions& options) {
   const ModelFiles& f = *files_;
-  const int n_groups = static_cast<int>(kv_spec_.size());
+  const int n_groups = n_table_groups();
+  for (size_t g = static_cast<size_t>(n_groups); g < kv_spec_.size(); ++g) {
+    if (kv_spec_[g].is_attention()) return Error{f.path + ": the CUDA models take recurrent KV groups last"};
+  }
   if (n_groups < 1 || n_groups > kMaxKvGroups) {
     return Error{f.path + ": the CUDA models take 1 to " + std::to_string(kMaxKvGroups) + " KV groups"};
   }
@@ -295,7 +304,8 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
                         cuda::PinnedBuffer::allocate(S * sizeof(DeviceSamplingParams), "sampling parameters"));
 
   // KV pool: explicit bytes, else a share of device memory, else whole contexts.
-  kv_token_bytes_ = 2 * static_cast<size_t>(cfg_.n_layer) * static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_);
+  const int64_t n_kv_layers = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
+  kv_token_bytes_ = 2 * static_cast<size_t>(n_kv_layers) * static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_);
   const size_t block_bytes = kv_token_bytes_ * static_cast<size_t>(block_size_);
   int64_t n_blocks = 0;
   if (options.kv_cache_bytes > 0) {
@@ -453,7 +463,7 @@ Status CudaModelBase::compute(const Batch& batch) {
   // device (the ranks of a group are built on one thread).
   if (sharded()) RILL_CUDA_CHECK(cudaSetDevice(ctx_->device()));
   const int64_t n = batch.n_tokens();
-  const int n_groups = static_cast<int>(kv_spec_.size());
+  const int n_groups = n_table_groups();
   BatchLimits lim;
   lim.max_tokens = max_tokens_;
   lim.max_sample_rows = max_seqs_;
@@ -532,6 +542,7 @@ Status CudaModelBase::compute(const Batch& batch) {
   for (int g = 1; g < n_groups; ++g) {
     RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_.tables[g], mh.tables[g], n_used * 4, cudaMemcpyHostToDevice, st));
   }
+  RILL_TRY(prepare_step(batch, n_run));
 
   if (split_bucket == 0) return run_layers({n, n_sample, decode.n, max_decode_len, tiles.n});
   const Step step{n_run, n_run, decode.n, max_decode_len, 0};

@@ -187,6 +187,15 @@ class CudaModelBase : public Model {
   Status init_runtime(const ModelOptions& options);
   // The family's activation buffers; called twice (sizing pass, then real).
   virtual void carve_activations(cuda::Arena& a) = 0;
+  // Once per step, after the step metadata is uploaded and before
+  // run_layers() or a graph replay: families with per-step device data of
+  // their own (the hybrid's recurrent-state indices) upload it on stream().
+  // n_run >= batch.n_tokens(): a decode graph's padded token count (the
+  // padding rows are tokens [n_tokens, n_run), one per padding sequence).
+  virtual Status prepare_step(const Batch& batch, int64_t n_run) {
+    (void)batch, (void)n_run;
+    return Status::Ok();
+  }
   // Every kernel of the step over metadata already uploaded (meta()),
   // logits_ for the first s.n_sample entries of sample_rows. Captured in a
   // graph for decode steps: no host synchronization, nothing that varies
@@ -230,7 +239,11 @@ class CudaModelBase : public Model {
   std::unique_ptr<cuda::Gemm> gemm_;
   DType act_ = DType::kBF16, kv_dtype_ = DType::kF16;
   int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
+  // Attention groups (with block tables) first; a recurrent group, whose
+  // states the family keeps itself, after them.
   KvSpec kv_spec_;
+  // Layers with K/V planes (k_cache(i) for i < n_kv_layers_); 0: every layer.
+  int64_t n_kv_layers_ = 0;
   // Quantized matrices: the largest kept in blocks (elements), and whether
   // the LM head is one (its GEMM goes in row chunks of the scratch).
   int64_t quant_max_elems_ = 0;
@@ -248,6 +261,8 @@ class CudaModelBase : public Model {
   Status compute(const Batch& batch);
   // Copies the ids of the step's n_sample rows (in ids_dev_) to `ids`.
   Status read_ids(int64_t n_sample, int32_t* ids);
+  // kv_spec_'s groups with block tables: those before the first recurrent one.
+  int n_table_groups() const;
 
   int max_tokens_ = 0, max_seqs_ = 0;
   int64_t n_ctx_ = 0;

@@ -170,6 +170,22 @@ Result<MoeFfn> MoeFfn::bind(const ModelFiles& files, const std::string& prefix, 
   return m;
 }
 
+Result<MoeFfn> MoeFfn::bind_llama(const ModelFiles& files, const std::string& layer_prefix) {
+  MoeNames names;
+  std::string prefix = layer_prefix + "mlp.";
+  if (files.find(layer_prefix + "block_sparse_moe.gate.weight")) {
+    prefix = layer_prefix + "block_sparse_moe.";
+    names.gate = "w1";
+    names.up = "w3";
+    names.down = "w2";
+  }
+  const MoeParams mp = moe_params(files.config);
+  if (mp.n_ff_shared > 0) {
+    return Error{files.path + ": shared experts are not part of the " + files.config.architecture + " graph"};
+  }
+  return bind(files, prefix, mp, names);
+}
+
 void MoeFfn::collect_weights(std::vector<const WeightView*>* out) const {
   out->push_back(&w_.router.w);
   auto add = [&](const GluFfnWeights& f) {

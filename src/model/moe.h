@@ -101,6 +101,11 @@ class MoeFfn {
   // The shared expert gate may be [1, n_embd] or [n_embd] (GGUF).
   static Result<MoeFfn> bind(const ModelFiles& files, const std::string& prefix, const MoeParams& p,
                              const MoeNames& names = {});
+  // The Llama family's MoE block of the layer under layer_prefix
+  // ("model.layers.3."): Mixtral's block_sparse_moe.{gate, experts.<e>.w1|w3|w2},
+  // otherwise (Qwen3-MoE, every GGUF file) mlp.{gate, experts...} with
+  // gate/up/down_proj. Shared experts are refused (not part of that graph).
+  static Result<MoeFfn> bind_llama(const ModelFiles& files, const std::string& layer_prefix);
 
   const MoeParams& params() const { return p_; }
   const MoeWeights& weights() const { return w_; }

@@ -1,5 +1,5 @@
 // Prefill attention on the tensor cores (WMMA, f16 in, f32 accumulate) for
-// an f16 KV cache and head_dim 64 or 128: FlashAttention-2's loop, one
+// an f16 KV cache and head_dim 64, 128 or 256: FlashAttention-2's loop, one
 // block per 64 queries of one head, 4 warps of 16 query rows each, K/V tiles
 // of 64 keys in shared memory. Scores and the online softmax stay f32; q is
 // rounded to f16 before Q K^T and the probabilities to f16 before P V (as
@@ -208,15 +208,17 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool prefill_mma_supported(DType kv_dtype, int32_t head_dim) {
-  return kv_dtype == DType::kF16 && (head_dim == 64 || head_dim == 128);
+  return kv_dtype == DType::kF16 && (head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
 void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles <= 0) return;
   if (a.head_dim == 64) {
     RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<64, T>(a, stream));
-  } else {
+  } else if (a.head_dim == 128) {
     RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<128, T>(a, stream));
+  } else {  // 256 (Qwen3.5, Gemma 3): 195 KB of shared memory, one block per SM
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<256, T>(a, stream));
   }
 }
 

@@ -85,7 +85,7 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 // step's first kernel (q and K/V may come from the kernel just before).
 inline constexpr int32_t kDecodeMaxQ = 4;
 inline constexpr int32_t kPrefillTileQ = 32;     // queries per tile of the f32 (SIMT) kernel
-inline constexpr int32_t kPrefillTileQMma = 64;  // of the tensor-core kernel (f16 KV, head_dim 64/128)
+inline constexpr int32_t kPrefillTileQMma = 64;  // of the tensor-core kernel (f16 KV, head_dim 64/128/256)
 inline constexpr int32_t kMaxSplits = 32;
 inline constexpr int32_t kSplitKeys = 256;  // keys per split (until kMaxSplits)
 struct PrefillTile {

@@ -11,8 +11,9 @@ namespace rill {
 
 // Llama family: llama (incl. llama3 rope scaling, tied embeddings), mistral
 // (sliding window), qwen2 (qkv bias), qwen3 (q/k RMSNorm), smollm, and with
-// the MoE FFN (model/moe.h) mixtral and qwen3_moe (CPU only).
-// options.device == kCuda: the CUDA implementation (llama_cuda.cpp).
+// the MoE FFN (model/moe.h) mixtral and qwen3_moe.
+// options.device == kCuda: the CUDA implementation (llama_cuda.cpp; MoE
+// layers through model/cuda_moe.h; quantized GGUF experts are refused there).
 Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options);
 // options.tensor_parallel != 1: split over that many ranks (llama_tp.cpp).
@@ -35,8 +36,11 @@ Result<std::unique_ptr<Model>> create_gemma_cuda_model(std::shared_ptr<const Mod
 
 // Hybrid gated DeltaNet: qwen3_5_text (Qwen3.5, dense FFN) and qwen3_next
 // (Qwen3-Next, MoE FFN with a shared expert), from Hugging Face checkpoints
-// or llama.cpp's qwen35 / qwen3next GGUF files; CPU only (qwen3_next.cpp).
+// or llama.cpp's qwen35 / qwen3next GGUF files (qwen3_next.cpp).
+// options.device == kCuda: the CUDA implementation (qwen3_next_cuda.cpp).
 Result<std::unique_ptr<Model>> create_qwen3_next_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_qwen3_next_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                            const ModelOptions& options);
 
 }  // namespace rill

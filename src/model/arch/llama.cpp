@@ -210,22 +210,9 @@ void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& b
   backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
 }
 
-// Mixtral: block_sparse_moe.{gate, experts.<e>.w1|w3|w2}; otherwise (Qwen3-MoE,
-// and every GGUF file) mlp.{gate, experts...} with gate/up/down_proj.
+// MoeFfn::bind_llama: Mixtral's block_sparse_moe or mlp.{gate, experts...}.
 Status LlamaModel::bind_moe(LlamaLayer& L, const std::string& p) {
-  MoeNames names;
-  std::string prefix = p + "mlp.";
-  if (files_->find(p + "block_sparse_moe.gate.weight")) {
-    prefix = p + "block_sparse_moe.";
-    names.gate = "w1";
-    names.up = "w3";
-    names.down = "w2";
-  }
-  MoeParams mp = moe_params(cfg_);
-  if (mp.n_ff_shared > 0) {
-    return Error{files_->path + ": shared experts are not part of the " + cfg_.architecture + " graph"};
-  }
-  RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind(*files_, prefix, mp, names));
+  RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind_llama(*files_, p));
   return Status::Ok();
 }
 
@@ -325,13 +312,7 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
 Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options) {
   if (options.tensor_parallel != 1) return create_llama_tp_model(std::move(files), options);
-  if (options.device == Device::kCuda) {
-    if (files->config.n_expert > 0) {
-      return Error{files->path + ": " + files->config.architecture +
-                   " (mixture of experts) runs on the CPU only for now"};
-    }
-    return create_llama_cuda_model(std::move(files), options);
-  }
+  if (options.device == Device::kCuda) return create_llama_cuda_model(std::move(files), options);
   auto model = std::make_unique<LlamaModel>(std::move(files), options);
   RILL_TRY(model->init(options));
   return std::unique_ptr<Model>(std::move(model));

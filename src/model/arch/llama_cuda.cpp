@@ -11,7 +11,9 @@
 //  - matmul inputs are in the weights' dtype (bf16 for bf16 checkpoints, f32
 //    for f32 ones, which then match the CPU within f32 rounding), outputs f32;
 //  - GGUF block types stay quantized in device memory (cuda/quant.h: GEMV
-//    from the blocks, dequantize-then-GEMM for prefill); activations bf16.
+//    from the blocks, dequantize-then-GEMM for prefill); activations bf16;
+//  - mixtral / qwen3_moe layers run model/cuda_moe.h's MoE FFN, which adds
+//    into the residual stream like down_proj.
 // The device plumbing (weight upload, arena, KV pool, step metadata, decode
 // graphs) is model/cuda_model_base.h's, shared with the CUDA Gemma.
 //
@@ -24,6 +26,7 @@
 // the cost of one more all-reduce of [n, E] per step.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,7 @@
 
 #if RILL_HAVE_CUDA
 #include "model/cuda_model_base.h"
+#include "model/cuda_moe.h"
 #include "model/layers.h"
 #endif
 
@@ -51,6 +55,7 @@ struct DevLayer {
   const float* ffn_norm = nullptr;   // [E]
   cuda::DeviceWeight w_gate_up;      // [2F, E]
   cuda::DeviceWeight w_down;         // [E, F]
+  std::optional<CudaMoeWeights> moe;  // MoE layers, instead of w_gate_up / w_down
 };
 
 class LlamaCudaModel final : public CudaModelBase {
@@ -71,6 +76,8 @@ class LlamaCudaModel final : public CudaModelBase {
   const float* final_norm_ = nullptr;
   std::vector<DevLayer> layers_;
   DeviceRope rope_;
+  bool has_dense_ffn_ = true;  // some layer has the dense FFN (gu_, mlp_)
+  CudaMoe moe_;                // the MoE layers' scratch
 
   float* x_ = nullptr;      // [T, E] residual stream
   void* h_ = nullptr;       // [T, E] act: normed
@@ -98,9 +105,11 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   h_ = a.take<uint8_t>(T * E_ * as);
   qkv_ = a.take<float>(T * QKV_);
   attn_ = a.take<uint8_t>(T * Q_ * as);
-  gu_ = a.take<float>(T * 2 * F_);
-  mlp_ = a.take<uint8_t>(T * F_ * as);
+  const size_t F = has_dense_ffn_ ? static_cast<size_t>(F_) : 0;
+  gu_ = a.take<float>(T * 2 * F);
+  mlp_ = a.take<uint8_t>(T * F * as);
   final_ = a.take<uint8_t>(S * E_ * as);
+  if (cfg_.n_expert > 0) moe_.carve(a, max_batch_tokens());
 }
 
 // Weights in one device buffer. Matrices go in the activation dtype (the
@@ -112,6 +121,7 @@ Status LlamaCudaModel::upload_weights() {
   struct HostLayer {
     std::vector<float> attn_norm, ffn_norm, q_norm, k_norm;
     Linear q, k, v, o, gate, up, down;
+    std::optional<MoeFfn> moe;  // host views of the MoE layers' weights
   };
   std::vector<HostLayer> hl(static_cast<size_t>(L));
   RILL_ASSIGN_OR_RETURN(WeightView embed, bind_matrix(f, "model.embed_tokens.weight", V_, E_));
@@ -135,6 +145,10 @@ Status LlamaCudaModel::upload_weights() {
       RILL_ASSIGN_OR_RETURN(h.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
     }
     RILL_ASSIGN_OR_RETURN(h.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", E_));
+    if (is_moe_layer(cfg_, il)) {
+      RILL_ASSIGN_OR_RETURN(h.moe, MoeFfn::bind_llama(f, p));
+      continue;
+    }
     RILL_ASSIGN_OR_RETURN(h.gate, bind_linear(f, p + "mlp.gate_proj", F_, E_));
     RILL_ASSIGN_OR_RETURN(h.up, bind_linear(f, p + "mlp.up_proj", F_, E_));
     RILL_ASSIGN_OR_RETURN(h.down, bind_linear(f, p + "mlp.down_proj", E_, F_));
@@ -159,8 +173,15 @@ Status LlamaCudaModel::upload_weights() {
     narrow_dims();
     QKV_ = Q_ + 2 * KV_;
   }
+  has_dense_ffn_ = false;
   for (const HostLayer& h : hl) {
-    for (const Linear* l : {&h.q, &h.k, &h.v, &h.o, &h.gate, &h.up, &h.down}) mats.push_back(&l->w);
+    for (const Linear* l : {&h.q, &h.k, &h.v, &h.o}) mats.push_back(&l->w);
+    if (h.moe) {
+      h.moe->collect_weights(&mats);
+    } else {
+      for (const Linear* l : {&h.gate, &h.up, &h.down}) mats.push_back(&l->w);
+      has_dense_ffn_ = true;
+    }
   }
   RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(f.path, mats, embed));
   act_ = dt.act;
@@ -174,7 +195,10 @@ Status LlamaCudaModel::upload_weights() {
   const size_t embed_off = up.mat(embed);
   const size_t lm_off = tied && !sharded() ? embed_off : up.mat(lm_head);
   const size_t final_off = up.vec(std::move(final_norm));
-  struct Offs { size_t attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, ffn_norm, wgu, wdown; };
+  struct Offs {
+    size_t attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, ffn_norm, wgu, wdown;
+    std::optional<CudaMoePlacement> moe;
+  };
   std::vector<Offs> offs(static_cast<size_t>(L));
   for (size_t il = 0; il < hl.size(); ++il) {
     HostLayer& h = hl[il];
@@ -195,6 +219,10 @@ Status LlamaCudaModel::upload_weights() {
     o.wo = up.mat(h.o.w);
     if (has_o_bias) o.bo = up.vec(std::move(h.o.bias));
     o.ffn_norm = up.vec(std::move(h.ffn_norm));
+    if (h.moe) {
+      RILL_ASSIGN_OR_RETURN(o.moe, CudaMoePlacement::place(*h.moe, up, f.path + ": layer " + std::to_string(il)));
+      continue;
+    }
     o.wgu = up.cat({&h.gate.w, &h.up.w});
     o.wdown = up.mat(h.down.w);
   }
@@ -216,9 +244,14 @@ Status LlamaCudaModel::upload_weights() {
     d.wo = up.layer_weight(o.wo, E_ * Q_);
     d.bo = has_o_bias ? up.f32(o.bo) : nullptr;
     d.ffn_norm = up.f32(o.ffn_norm);
+    if (o.moe) {
+      d.moe = o.moe->resolve(up);
+      continue;
+    }
     d.w_gate_up = up.layer_weight(o.wgu, 2 * F_ * E_);
     d.w_down = up.layer_weight(o.wdown, E_ * F_);
   }
+  if (cfg_.n_expert > 0) RILL_TRY(moe_.init(moe_params(cfg_), act_, f.path));
   quant_max_elems_ = up.quant_max_elems();
   weights_ = up.take_buffer();
   return Status::Ok();
@@ -285,6 +318,10 @@ Status LlamaCudaModel::run_layers(const Step& s) {
     RILL_TRY(reduce_residual(x_, n));
     if (L.bo) cuda::add_bias(x_, L.bo, n, E_, st);
     cuda::rms_norm(x_, E_, nullptr, L.ffn_norm, n, E_, eps, 0.0f, act_, h_, st);
+    if (L.moe) {
+      RILL_TRY(moe_.forward(*L.moe, h_, n, s.n_tiles == 0, x_, *gemm_, st));
+      continue;
+    }
     RILL_TRY(matmul(L.w_gate_up, h_, n, 2 * F_, E_, gu_, false));
     cuda::silu_mul(gu_, n, F_, act_, mlp_, st);
     RILL_TRY(matmul(L.w_down, mlp_, n, E_, F_, x_, owns_residual()));

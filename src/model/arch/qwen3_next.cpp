@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
+#include "model/arch/qwen3_next_config.h"
 #include "model/batch_check.h"
 #include "model/cpu_paged_model.h"
 #include "model/gated_delta.h"
@@ -32,67 +33,6 @@
 
 namespace rill {
 namespace {
-
-using nlohmann::json;
-
-struct HybridConfig {
-  GatedDeltaDims gdn;
-  std::vector<uint8_t> is_linear;  // [n_layer]
-};
-
-Result<int64_t> read_dim(const json& j, const char* key, const std::string& path) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > (1 << 20)) {
-    return Error{path + ": field '" + key + "' must be a positive integer"};
-  }
-  return it->get<int64_t>();
-}
-
-// The linear-attention fields transformers reads (configuration_qwen3_5 /
-// configuration_qwen3_next), from config.json or its text_config.
-Result<HybridConfig> read_hybrid_config(const ModelConfig& cfg, const std::string& path) {
-  const json* j = &cfg.raw;
-  if (auto tc = cfg.raw.find("text_config"); tc != cfg.raw.end() && tc->is_object() && !cfg.raw.contains("hidden_size")) {
-    j = &*tc;
-  }
-  HybridConfig h;
-  RILL_ASSIGN_OR_RETURN(h.gdn.n_k_heads, read_dim(*j, "linear_num_key_heads", path));
-  RILL_ASSIGN_OR_RETURN(h.gdn.n_v_heads, read_dim(*j, "linear_num_value_heads", path));
-  RILL_ASSIGN_OR_RETURN(h.gdn.head_k_dim, read_dim(*j, "linear_key_head_dim", path));
-  RILL_ASSIGN_OR_RETURN(h.gdn.head_v_dim, read_dim(*j, "linear_value_head_dim", path));
-  RILL_ASSIGN_OR_RETURN(h.gdn.conv_kernel, read_dim(*j, "linear_conv_kernel_dim", path));
-  if (h.gdn.n_v_heads % h.gdn.n_k_heads != 0 || h.gdn.head_k_dim > cpu::kMaxHeadKDim ||
-      h.gdn.head_v_dim > cpu::kMaxHeadVDim || h.gdn.conv_kernel < 2 || h.gdn.conv_kernel > cpu::kMaxConvKernel) {
-    return Error{path + ": linear attention of " + std::to_string(h.gdn.n_k_heads) + " key / " +
-                 std::to_string(h.gdn.n_v_heads) + " value heads of " + std::to_string(h.gdn.head_k_dim) + "/" +
-                 std::to_string(h.gdn.head_v_dim) + " dims, conv kernel " + std::to_string(h.gdn.conv_kernel) +
-                 " is not supported"};
-  }
-  if (cfg.hidden_act != "silu") {
-    return Error{path + ": hidden_act '" + cfg.hidden_act + "' is not supported (the conv and FFN use silu)"};
-  }
-  h.is_linear.assign(static_cast<size_t>(cfg.n_layer), 0);
-  if (auto lt = j->find("layer_types"); lt != j->end() && !lt->is_null()) {
-    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != cfg.n_layer) {
-      return Error{path + ": field 'layer_types' must list num_hidden_layers layer types"};
-    }
-    for (size_t i = 0; i < lt->size(); ++i) {
-      const json& t = (*lt)[i];
-      if (t == "linear_attention") {
-        h.is_linear[i] = 1;
-      } else if (t != "full_attention") {
-        return Error{path + ": layer_types[" + std::to_string(i) + "] must be linear_attention or full_attention"};
-      }
-    }
-  } else {
-    int64_t interval = 4;
-    if (j->contains("full_attention_interval")) {
-      RILL_ASSIGN_OR_RETURN(interval, read_dim(*j, "full_attention_interval", path));
-    }
-    for (int64_t i = 0; i < cfg.n_layer; ++i) h.is_linear[static_cast<size_t>(i)] = (i + 1) % interval != 0;
-  }
-  return h;
-}
 
 struct GatedAttention {
   Linear q;  // [n_head * 2 * hd, E]: per head [query (hd) | gate (hd)]
@@ -233,8 +173,7 @@ Status HybridModel::init(const ModelOptions& options) {
   q_width_ = cfg_.n_head * hd_;
   kv_width_ = cfg_.n_head_kv * hd_;
 
-  // Qwen3.5 multimodal checkpoints keep the language model under model.language_model.
-  const std::string root = f.find("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+  const std::string root = hybrid_tensor_root(f);
   RILL_ASSIGN_OR_RETURN(embed_, bind_matrix(f, root + "embed_tokens.weight", V, E));
   if (f.find("lm_head.weight")) {
     RILL_ASSIGN_OR_RETURN(lm_head_, bind_matrix(f, "lm_head.weight", V, E));
@@ -399,9 +338,7 @@ Status HybridModel::forward(const Batch& batch, float* logits) {
 
 Result<std::unique_ptr<Model>> create_qwen3_next_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options) {
-  if (options.device != Device::kCpu) {
-    return Error{files->path + ": the hybrid gated-DeltaNet family runs on the CPU only for now"};
-  }
+  if (options.device == Device::kCuda) return create_qwen3_next_cuda_model(std::move(files), options);
   auto model = std::make_unique<HybridModel>(std::move(files), options);
   RILL_TRY(model->init(options));
   return std::unique_ptr<Model>(std::move(model));

@@ -1,0 +1,83 @@
+#pragma once
+// Mixture-of-experts kernels (moe.cu): routing and grouping on the device,
+// the expert-indexed GEMV of decode steps, the gather of prefill rows for
+// per-expert GEMMs, and the fixed-order weighted sum per token. Together
+// they compute model/moe.h's MoeFfn (the CPU reference) without the host
+// seeing the routing, so decode steps can be captured in CUDA graphs.
+//
+// Pairs: token t's k-th routed expert is pair p = t * K + k (K =
+// n_expert_used). moe_route() orders each token's K experts by increasing
+// id, so summing the pairs of a token in k order adds its experts in the
+// CPU's order.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace rill::cuda {
+
+inline constexpr int kMoeMaxExperts = 1024;   // n_expert
+inline constexpr int kMoeMaxExpertsUsed = 32;  // n_expert_used
+
+// Routing and grouping of n tokens. One block; deterministic.
+//   logits: [n, X] f32 router outputs.
+//   ids, weights: [n, K]: per token the K experts of largest softmax
+//     probability (ties: the lower id), ordered by increasing id, with
+//     their probabilities (divided by the K's sum when norm_topk_prob).
+//   offsets: [X + 1]: expert e's pairs are sorted_pairs[offsets[e],
+//     offsets[e + 1]), in increasing pair index.
+//   active: [X]: the experts with at least one pair, increasing; n_active: [1].
+//   padded: [X + 1] and row_of_pair: [n * K]: the same grouping with each
+//     expert's rows rounded up to a multiple of pad (a prefill GEMM's rows):
+//     pair p's row is row_of_pair[p] in [padded[e], padded[e + 1]).
+// Requires X <= kMoeMaxExperts, K <= min(X, kMoeMaxExpertsUsed), pad >= 1.
+struct MoeRouting {
+  int32_t* ids = nullptr;
+  float* weights = nullptr;
+  int32_t* offsets = nullptr;
+  int32_t* active = nullptr;
+  int32_t* n_active = nullptr;
+  int32_t* sorted_pairs = nullptr;
+  int32_t* padded = nullptr;
+  int32_t* row_of_pair = nullptr;
+};
+void moe_route(const float* logits, int64_t n, int32_t n_expert, int32_t n_expert_used, bool norm_topk_prob,
+               int32_t pad, const MoeRouting& r, cudaStream_t stream);
+
+// The experts' matrices of one projection in one buffer: expert e's
+// [n_rows, n_cols] matrix (dtype F32/F16/BF16, rows contiguous) at
+// data + e * stride bytes.
+struct MoeExperts {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  size_t stride = 0;
+  int64_t n_rows = 0, n_cols = 0;
+};
+
+// Expert-indexed GEMV over the pairs grouped by moe_route():
+//   y[p, r] = sum_c W_{e(p)}[r, c] * x[p / x_div, c]   for every pair p,
+// x: [*, n_cols] in w.dtype, y: [n_pairs, n_rows] f32. Each expert's
+// weights are read once per 8 of its pairs; each output is one warp's dot
+// product in a fixed order (ascending 16-byte vectors per lane, then a warp
+// sum), whatever the other pairs are: a token's result does not depend on
+// the batch. max_active: an upper bound of *n_active known on the host
+// (min(n_pairs, X)), the launch's grid.
+bool moe_gemv_supported(DType w, int64_t n_cols);
+void moe_gemv(const MoeExperts& w, const void* x, int32_t x_div, const MoeRouting& r, int32_t max_active, float* y,
+              cudaStream_t stream);
+
+// Prefill: xg[row_of_pair[p], :] = x[p / K, :] for the n * K pairs
+// (rows of n_cols elements of a float dtype; padding rows are left as they are).
+void moe_gather(DType dtype, const void* x, int64_t n, int32_t n_expert_used, int64_t n_cols,
+                const int32_t* row_of_pair, void* xg, cudaStream_t stream);
+
+// out[t, j] += sum_k weights[t, k] * y[row(t, k), j]           (k ascending)
+//              + sigmoid(shared_logit[t]) * shared_y[t, j]    (when shared_y)
+// with row(t, k) = row_of_pair[t K + k], or t K + k when row_of_pair is
+// null. The sum starts from 0 and is added to out last (cpu MoeFfn's order).
+// y: [*, dim] f32, shared_y: [n, dim] f32 or null, out: [n, dim] f32.
+void moe_combine(const float* y, const int32_t* row_of_pair, const float* weights, int64_t n, int32_t n_expert_used,
+                 int64_t dim, const float* shared_y, const float* shared_logit, float* out, cudaStream_t stream);
+
+}  // namespace rill::cuda

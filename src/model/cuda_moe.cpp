@@ -1,0 +1,208 @@
+#include "model/cuda_moe.h"
+
+#if RILL_HAVE_CUDA
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include "backend/cuda/ops.h"
+#include "backend/cuda/quant.h"
+
+namespace rill {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+Status check_unquantized(const WeightView& w, const std::string& what, const char* name) {
+  if (cuda::quant_supported(w.dtype) || (w.dtype != DType::kF32 && w.dtype != DType::kF16 && w.dtype != DType::kBF16)) {
+    return Error{what + ": the CUDA MoE layer takes F32, F16 or BF16 weights; its " + name + " is " +
+                 std::string(dtype_name(w.dtype))};
+  }
+  return Status::Ok();
+}
+
+// Places n matrices one after another (each from `place_one`) and returns
+// the first's offset and the constant distance between them.
+template <typename Fn>
+Result<std::pair<size_t, size_t>> place_strided(int64_t n, Fn place_one, const std::string& what) {
+  const size_t first = place_one(0);
+  size_t stride = 0;
+  for (int64_t e = 1; e < n; ++e) {
+    const size_t at = place_one(e);
+    if (e == 1) stride = at - first;
+    if (at != first + static_cast<size_t>(e) * stride) {
+      return Error{what + ": expert matrices were not placed at a constant stride"};
+    }
+  }
+  return std::pair{first, stride};
+}
+
+}  // namespace
+
+Result<CudaMoePlacement> CudaMoePlacement::place(const MoeFfn& host, WeightUpload& up, const std::string& what) {
+  const MoeParams& p = host.params();
+  const MoeWeights& w = host.weights();
+  if (p.n_expert > cuda::kMoeMaxExperts || p.n_expert_used > cuda::kMoeMaxExpertsUsed) {
+    return Error{what + ": the CUDA MoE layer takes up to " + str(cuda::kMoeMaxExperts) + " experts and " +
+                 str(cuda::kMoeMaxExpertsUsed) + " per token (model: " + str(p.n_expert_used) + " of " +
+                 str(p.n_expert) + ")"};
+  }
+  // The expert GEMV reads rows as 16-byte vectors: 8 bf16/f16 or 4 f32.
+  if (p.n_embd % 8 != 0 || p.n_ff % 8 != 0) {
+    return Error{what + ": the CUDA MoE layer needs hidden and expert sizes that are multiples of 8 (model: " +
+                 str(p.n_embd) + ", " + str(p.n_ff) + ")"};
+  }
+  RILL_TRY(check_unquantized(w.router.w, what, "router"));
+  for (const GluFfnWeights& f : w.experts) {
+    RILL_TRY(check_unquantized(f.gate.w, what, "expert gate"));
+    RILL_TRY(check_unquantized(f.up.w, what, "expert up"));
+    RILL_TRY(check_unquantized(f.down.w, what, "expert down"));
+  }
+  CudaMoePlacement pl;
+  pl.p = p;
+  pl.router = up.mat(w.router.w);
+  auto gu = place_strided(
+      p.n_expert,
+      [&](int64_t e) {
+        const GluFfnWeights& f = w.experts[static_cast<size_t>(e)];
+        return up.cat({&f.gate.w, &f.up.w});
+      },
+      what);
+  if (!gu.ok()) return gu.error();
+  auto dn = place_strided(
+      p.n_expert, [&](int64_t e) { return up.mat(w.experts[static_cast<size_t>(e)].down.w); }, what);
+  if (!dn.ok()) return dn.error();
+  std::tie(pl.gate_up, pl.gate_up_stride) = *gu;
+  std::tie(pl.down, pl.down_stride) = *dn;
+  if (w.shared) {
+    RILL_TRY(check_unquantized(w.shared->gate.w, what, "shared expert gate"));
+    RILL_TRY(check_unquantized(w.shared->up.w, what, "shared expert up"));
+    RILL_TRY(check_unquantized(w.shared->down.w, what, "shared expert down"));
+    RILL_TRY(check_unquantized(w.shared_gate.w, what, "shared expert's sigmoid gate"));
+    pl.shared_gate_up = up.cat({&w.shared->gate.w, &w.shared->up.w});
+    pl.shared_down = up.mat(w.shared->down.w);
+    pl.shared_gate = up.mat(w.shared_gate.w);
+  }
+  return pl;
+}
+
+CudaMoeWeights CudaMoePlacement::resolve(const WeightUpload& up) const {
+  CudaMoeWeights d;
+  d.p = p;
+  d.router = up.weight(router);
+  const cuda::DeviceWeight gu = up.weight(gate_up), dn = up.weight(down);
+  d.gate_up = {gu.data, gu.dtype, gate_up_stride, 2 * p.n_ff, p.n_embd};
+  d.down = {dn.data, dn.dtype, down_stride, p.n_embd, p.n_ff};
+  if (p.n_ff_shared > 0) {
+    d.shared_gate_up = up.weight(shared_gate_up);
+    d.shared_down = up.weight(shared_down);
+    d.shared_gate = up.weight(shared_gate);
+  }
+  return d;
+}
+
+Status CudaMoe::init(const MoeParams& p, DType act, const std::string& path) {
+  p_ = p;
+  act_ = act;
+  RILL_ASSIGN_OR_RETURN(padded_host_, cuda::PinnedBuffer::allocate(static_cast<size_t>(p.n_expert + 1) * 4,
+                                                                    path + ": MoE row counts"));
+  return Status::Ok();
+}
+
+void CudaMoe::carve(cuda::Arena& a, int64_t max_tokens) {
+  const int64_t X = p_.n_expert, K = p_.n_expert_used, E = p_.n_embd, F = p_.n_ff, Fs = p_.n_ff_shared;
+  // silu_mul launches one grid row per expert row: at most 65,535.
+  chunk_ = std::clamp<int64_t>(max_tokens, 1, std::min<int64_t>(kMaxChunk, (60000 - X * kPad) / K));
+  rows_ = chunk_ * K + X * kPad;
+  const size_t as = cuda_dtype_size(act_);
+  const auto C = static_cast<size_t>(chunk_), R = static_cast<size_t>(rows_);
+  const auto pairs = C * static_cast<size_t>(K), ne = static_cast<size_t>(X);
+  logits_ = a.take<float>(C * ne);
+  routing_.ids = a.take<int32_t>(pairs);
+  routing_.weights = a.take<float>(pairs);
+  routing_.sorted_pairs = a.take<int32_t>(pairs);
+  routing_.row_of_pair = a.take<int32_t>(pairs);
+  routing_.offsets = a.take<int32_t>(ne + 1);
+  routing_.padded = a.take<int32_t>(ne + 1);
+  routing_.active = a.take<int32_t>(ne);
+  routing_.n_active = a.take<int32_t>(1);
+  xg_ = a.take<uint8_t>(R * static_cast<size_t>(E) * as);
+  gu_ = a.take<float>(R * static_cast<size_t>(2 * F));
+  mid_ = a.take<uint8_t>(R * static_cast<size_t>(F) * as);
+  y_ = a.take<float>(R * static_cast<size_t>(E));
+  if (Fs > 0) {
+    shared_gu_ = a.take<float>(C * static_cast<size_t>(2 * Fs));
+    shared_mid_ = a.take<uint8_t>(C * static_cast<size_t>(Fs) * as);
+    shared_y_ = a.take<float>(C * static_cast<size_t>(E));
+    shared_logit_ = a.take<float>(C);
+  }
+}
+
+Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool decode_only, float* x,
+                        cuda::Gemm& gemm, cudaStream_t stream, bool grouped) {
+  const MoeParams& p = w.p;
+  const bool device_routing = !grouped && (decode_only || act_ == DType::kF32);
+  const int64_t X = p.n_expert, K = p.n_expert_used, E = p.n_embd, F = p.n_ff, Fs = p.n_ff_shared;
+  const size_t as = cuda_dtype_size(act_);
+  for (int64_t t0 = 0; t0 < n; t0 += chunk_) {
+    const int64_t m = std::min(chunk_, n - t0);
+    const void* hc = static_cast<const uint8_t*>(h) + static_cast<size_t>(t0 * E) * as;
+    float* xc = x + t0 * E;
+    RILL_TRY(gemm.matmul(act_, w.router.data, hc, m, X, E, logits_, false));
+    cuda::moe_route(logits_, m, static_cast<int32_t>(X), static_cast<int32_t>(K), p.norm_topk_prob, kPad, routing_,
+                    stream);
+    if (Fs > 0) {
+      RILL_TRY(gemm.matmul(act_, w.shared_gate_up.data, hc, m, 2 * Fs, E, shared_gu_, false));
+      cuda::silu_mul(shared_gu_, m, Fs, act_, shared_mid_, stream);
+      RILL_TRY(gemm.matmul(act_, w.shared_down.data, shared_mid_, m, E, Fs, shared_y_, false));
+      RILL_TRY(gemm.matmul(act_, w.shared_gate.data, hc, m, 1, E, shared_logit_, false));
+    }
+    if (device_routing) {
+      const auto max_active = static_cast<int32_t>(std::min(m * K, X));
+      cuda::moe_gemv(w.gate_up, hc, static_cast<int32_t>(K), routing_, max_active, gu_, stream);
+      cuda::silu_mul(gu_, m * K, F, act_, mid_, stream);
+      cuda::moe_gemv(w.down, mid_, 1, routing_, max_active, y_, stream);
+    } else {
+      RILL_TRY(experts_grouped(w, hc, m, gemm, stream));
+    }
+    cuda::moe_combine(y_, device_routing ? nullptr : routing_.row_of_pair, routing_.weights, m,
+                      static_cast<int32_t>(K), E, Fs > 0 ? shared_y_ : nullptr, shared_logit_, xc, stream);
+  }
+  return Status::Ok();
+}
+
+// y_ rows (padded layout) of the m tokens' pairs: one GEMM per active expert
+// and projection over its gathered rows.
+Status CudaMoe::experts_grouped(const CudaMoeWeights& w, const void* h, int64_t m, cuda::Gemm& gemm,
+                                cudaStream_t stream) {
+  const int64_t X = w.p.n_expert, K = w.p.n_expert_used, E = w.p.n_embd, F = w.p.n_ff;
+  const size_t as = cuda_dtype_size(act_);
+  auto* padded = static_cast<int32_t*>(padded_host_.data());
+  RILL_CUDA_CHECK(cudaMemcpyAsync(padded, routing_.padded, static_cast<size_t>(X + 1) * 4, cudaMemcpyDeviceToHost,
+                                  stream));
+  if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+    return Error{cuda::cuda_error_text(e, "MoE routing")};
+  }
+  cuda::moe_gather(act_, h, m, static_cast<int32_t>(K), E, routing_.row_of_pair, xg_, stream);
+  auto* xg = static_cast<uint8_t*>(xg_);
+  auto* mid = static_cast<uint8_t*>(mid_);
+  const auto* wgu = static_cast<const uint8_t*>(w.gate_up.data);
+  const auto* wdn = static_cast<const uint8_t*>(w.down.data);
+  for (int64_t e = 0; e < X; ++e) {
+    const int64_t r0 = padded[e], rows = padded[e + 1] - r0;
+    if (rows == 0) continue;
+    RILL_TRY(gemm.matmul(act_, wgu + static_cast<size_t>(e) * w.gate_up.stride, xg + static_cast<size_t>(r0 * E) * as,
+                         rows, 2 * F, E, gu_ + r0 * 2 * F, false));
+  }
+  cuda::silu_mul(gu_, padded[X], F, act_, mid_, stream);
+  for (int64_t e = 0; e < X; ++e) {
+    const int64_t r0 = padded[e], rows = padded[e + 1] - r0;
+    if (rows == 0) continue;
+    RILL_TRY(gemm.matmul(act_, wdn + static_cast<size_t>(e) * w.down.stride, mid + static_cast<size_t>(r0 * F) * as,
+                         rows, E, F, y_ + r0 * E, false));
+  }
+  return Status::Ok();
+}
+
+}  // namespace rill
+#endif  // RILL_HAVE_CUDA
