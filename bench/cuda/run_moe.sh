@@ -3,7 +3,9 @@
 # (make_random_model.py, bf16, 14.6 GB) in the background while the GPU
 # tests run (logs under $OUT; their measured errors and pass/fail lines are
 # printed), then bench_cuda on that model: prefill of a 2,048-token prompt,
-# decode at batch 1, 8, 32, 64 and 128. $1 = "tests": the tests only.
+# decode at batch 1, 8, 32, 64 and 128; then VARIANTS (environment
+# settings, "A=1+B=2" for two in one row) timed at VARIANT_BATCHES.
+# $1 = "tests": the tests only.
 cd "$(dirname "$0")"
 G=/tmp/gmoe
 M=/tmp/moe-7b-a1b
@@ -28,4 +30,7 @@ grep -h -E "^\[  (PASSED|FAILED|SKIPPED) " $OUT/test_*.log
 wait $maker
 tail -3 $OUT/make.log
 timeout ${BENCH_TIMEOUT:-200} $G/bin/bench_cuda $M --steps 32 --json $OUT/bench.json 2>&1 | tee $OUT/bench.log
+for v in ${VARIANTS:-RILL_CUDA_MOE_MMA=0 RILL_CUDA_MOE_MMA=1}; do
+  env ${v//+/ } timeout 90 $G/bin/bench_cuda $M --steps 32 --batches ${VARIANT_BATCHES:-1,8,16,64} 2>&1 | grep -E "decode" | sed "s/^/$v: /"
+done
 exit 0

@@ -7,10 +7,14 @@
 //
 // Two ways through a layer:
 //  - device routing (decode steps, CUDA-graph safe): the router GEMM, then
-//    backend/cuda/moe.h's route-and-group kernel, the expert-indexed GEMV
-//    for gate/up and down (each expert's weights read once per 8 of its
-//    tokens), and the weighted sum per token. No host synchronization; a
-//    token's output does not depend on the other tokens of the step.
+//    backend/cuda/moe.h's route-and-group kernel, the expert-indexed
+//    products for gate/up and down (each expert's weights read once per 8
+//    of its tokens by a GEMV, or per 32 on tensor cores: bf16/f16 steps of
+//    kMmaMinTokens tokens or more), and the weighted sum per token. No host
+//    synchronization; with f32 weights (always the GEMV) a token's output
+//    does not depend on the other tokens of the step. bf16/f16 follow the
+//    Llama layers' rule (cuda/gemm.h: a GEMV for one token, else tensor
+//    cores), so there one token alone and in a batch may differ in rounding.
 //  - grouped GEMMs (prefill): the same routing, then the expert row counts
 //    come to the host (one stream synchronization per layer), the tokens'
 //    rows are gathered per expert (each expert's rows padded to a multiple
@@ -60,6 +64,7 @@ class CudaMoe {
  public:
   static constexpr int32_t kPad = 16;         // rows per expert in a prefill GEMM: a multiple of this
   static constexpr int64_t kMaxChunk = 2048;  // tokens per pass
+  static constexpr int64_t kMmaMinTokens = 2;
 
   // p: the model's MoE parameters (every MoE layer has the same); act: the
   // activation dtype. Allocates the pinned row counts.
@@ -81,6 +86,12 @@ class CudaMoe {
 
   MoeParams p_;
   DType act_ = DType::kBF16;
+  // The decode path's bf16/f16 experts: tensor cores from kMmaMinTokens
+  // tokens on (-1; on the H200 with moe-7b-a1b the GEMV was 2.4% faster at
+  // one token, tensor cores 6% faster at 8 and 2.4x at 64: docs/perf.md),
+  // RILL_CUDA_MOE_MMA=0 never, =1 always (then a token's expert outputs are
+  // the same at every batch size in bf16 too; benchmarks compare them).
+  int mma_mode_ = -1;
   int64_t chunk_ = 0, rows_ = 0;  // tokens per pass; expert rows of one pass (padded)
   cuda::MoeRouting routing_;
   float* logits_ = nullptr;     // [chunk, X]

@@ -4,8 +4,9 @@
 //    without norm_topk_prob), and its grouping: each expert's pairs in
 //    increasing order, padded rows inside the expert's padded range;
 //  - moe_gemv: every (token, slot) pair's rows against a double reference
-//    (f32, f16, bf16), with experts that get more than 8 pairs (several
-//    passes), and a token's outputs bit-identical alone and in a batch;
+//    (f32, f16, bf16; the CUDA-core GEMV and the tensor-core kernel), with
+//    experts that get more pairs than one pass takes, and a token's outputs
+//    bit-identical alone and in a batch;
 //  - CudaMoe::forward against MoeFfn::forward (the CPU reference) with and
 //    without a shared expert, through device routing and grouped GEMMs,
 //    f32 within 1e-5 and bf16 weights within bf16 error.
@@ -131,7 +132,8 @@ TEST(CudaMoe, RouteMatchesHostTopK) {
 
 // y[p] = W_{ids[p]} x[p / K] for n tokens through moe_gemv (after moe_route).
 std::vector<float> run_gemv(DType dt, const std::vector<float>& w, int32_t X, int64_t rows, int64_t cols,
-                            const std::vector<float>& x, const std::vector<float>& logits, int64_t n, int32_t K) {
+                            const std::vector<float>& x, const std::vector<float>& logits, int64_t n, int32_t K,
+                            bool tensor_cores) {
   cuda::DeviceBuffer dw = upload(cuda::testing::encode(dt, w));
   cuda::DeviceBuffer dx = upload(cuda::testing::encode(dt, std::vector<float>(x.begin(), x.begin() + n * cols)));
   cuda::DeviceBuffer dl = upload(std::vector<float>(logits.begin(), logits.begin() + n * X));
@@ -140,37 +142,46 @@ std::vector<float> run_gemv(DType dt, const std::vector<float>& w, int32_t X, in
   cuda::DeviceBuffer y = poisoned(static_cast<size_t>(n * K * rows) * 4);
   const size_t es = dt == DType::kF32 ? 4 : 2;
   const cuda::MoeExperts ex{dw.data(), dt, static_cast<size_t>(rows * cols) * es, rows, cols};
-  cuda::moe_gemv(ex, dx.data(), K, d.r, static_cast<int32_t>(std::min<int64_t>(n * K, X)), y.as<float>(), nullptr);
+  cuda::moe_gemv(ex, dx.data(), K, d.r, static_cast<int32_t>(std::min<int64_t>(n * K, X)), y.as<float>(),
+                 tensor_cores, nullptr);
   return download<float>(y, static_cast<size_t>(n * K * rows));
 }
 
 TEST(CudaMoe, ExpertGemvMatchesReferenceAndIsBatchInvariant) {
   RILL_REQUIRE_GPU();
   const int32_t X = 4, K = 2;
-  const int64_t rows = 40, cols = 264, n = 30;  // 60 pairs over 4 experts: several passes of 8
-  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    std::vector<float> w = random_floats(static_cast<size_t>(X * rows * cols), 11);
-    std::vector<float> x = random_floats(static_cast<size_t>(n * cols), 12);
-    for (float& v : w) v = round_to(dt, v);
-    for (float& v : x) v = round_to(dt, v);
-    const std::vector<float> logits = random_floats(static_cast<size_t>(n * X), 13, -2.0f, 2.0f);
-    const std::vector<float> y = run_gemv(dt, w, X, rows, cols, x, logits, n, K);
-    std::vector<int32_t> ids(static_cast<size_t>(n * K));
-    std::vector<float> ws(ids.size());
-    for (int64_t t = 0; t < n; ++t) host_route(&logits[t * X], X, K, true, &ids[t * K], &ws[t * K]);
-    double max_err = 0;
-    for (int64_t p = 0; p < n * K; ++p) {
-      const float* we = &w[static_cast<size_t>(ids[p]) * rows * cols];
-      for (int64_t r = 0; r < rows; ++r) {
-        double ref = 0;
-        for (int64_t c = 0; c < cols; ++c) ref += double(we[r * cols + c]) * x[(p / K) * cols + c];
-        max_err = std::max(max_err, std::fabs(ref - y[p * rows + r]));
+  const int64_t rows = 40, n = 80;  // 160 pairs over 4 experts: several passes of 8 (GEMV) or 32 (tensor cores)
+  struct Case { int64_t cols; bool tensor_cores; };
+  for (const Case cs : {Case{264, true}, Case{256, true}, Case{256, false}}) {  // 264: not a multiple of 32
+    const int64_t cols = cs.cols;
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const bool mma = cs.tensor_cores && cuda::moe_mma_supported(dt, cols);
+      std::vector<float> w = random_floats(static_cast<size_t>(X * rows * cols), 11);
+      std::vector<float> x = random_floats(static_cast<size_t>(n * cols), 12);
+      for (float& v : w) v = round_to(dt, v);
+      for (float& v : x) v = round_to(dt, v);
+      const std::vector<float> logits = random_floats(static_cast<size_t>(n * X), 13, -2.0f, 2.0f);
+      const std::vector<float> y = run_gemv(dt, w, X, rows, cols, x, logits, n, K, cs.tensor_cores);
+      std::vector<int32_t> ids(static_cast<size_t>(n * K));
+      std::vector<float> ws(ids.size());
+      for (int64_t t = 0; t < n; ++t) host_route(&logits[t * X], X, K, true, &ids[t * K], &ws[t * K]);
+      double max_err = 0;
+      for (int64_t p = 0; p < n * K; ++p) {
+        const float* we = &w[static_cast<size_t>(ids[p]) * rows * cols];
+        for (int64_t r = 0; r < rows; ++r) {
+          double ref = 0;
+          for (int64_t c = 0; c < cols; ++c) ref += double(we[r * cols + c]) * x[(p / K) * cols + c];
+          max_err = std::max(max_err, std::fabs(ref - y[p * rows + r]));
+        }
+      }
+      EXPECT_LT(max_err, 1e-4) << dtype_name(dt) << " cols " << cols << (mma ? " tensor cores" : " GEMV");
+      // Token 0 alone, and tokens 0..2: the same bits as in the batch of 80.
+      for (int64_t m : {int64_t{1}, int64_t{3}}) {
+        const std::vector<float> few = run_gemv(dt, w, X, rows, cols, x, logits, m, K, cs.tensor_cores);
+        EXPECT_TRUE(std::equal(few.begin(), few.end(), y.begin()))
+            << dtype_name(dt) << " cols " << cols << (mma ? " tensor cores" : " GEMV") << ": " << m << " tokens";
       }
     }
-    EXPECT_LT(max_err, 1e-4) << dtype_name(dt);
-    // Token 0 alone: the same bits as in the batch of 30.
-    const std::vector<float> alone = run_gemv(dt, w, X, rows, cols, x, logits, 1, K);
-    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), y.begin())) << dtype_name(dt);
   }
 }
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cfloat>
+#include <type_traits>
 
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
@@ -321,6 +322,118 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// --- expert-indexed product on tensor cores (bf16 / f16) ----------------------
+
+// One block per 16 weight rows of one active expert; its 8 warps split the
+// columns (each a contiguous range of 64-column chunks) and their partial
+// sums meet in shared memory in warp order. Pairs go 32 per pass, as four
+// 8-column tiles of mma.m16n8k16 (f32 accumulation).
+//
+// Fragments straight from global memory: lane (g = lane / 4, c = lane % 4)
+// loads 32 bytes of weight rows g and g + 8 and of its tile's pair g, at
+// columns 16c .. 16c + 15 of the chunk (each row's 128 bytes come from one
+// quad of lanes). A chunk's 64 columns are four k16 steps under one
+// permutation of k shared by A and B (a dot product does not care which k
+// goes where): step s takes each lane's columns 16c + 4s .. 16c + 4s + 3.
+// Every output is the same sequence of mma steps and the same warp-order
+// sum whatever the other pairs are (an mma output element reads only its
+// own row and column), so results do not depend on the batch.
+constexpr int kMmaWarps = 8, kMmaTiles = 4, kMmaRows = 16, kMmaChunk = 64;
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  if constexpr (sizeof(T) == 2 && std::is_same_v<T, __half>) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    moe_mma_kernel(const uint8_t* __restrict__ w, size_t stride, int64_t n_rows, int64_t n_cols,
+                   const T* __restrict__ x, int32_t x_div, const int32_t* __restrict__ offsets,
+                   const int32_t* __restrict__ active, const int32_t* __restrict__ n_active,
+                   const int32_t* __restrict__ pairs, float* __restrict__ y) {
+  __shared__ float4 red[kMmaWarps][kMmaTiles][32];
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int a = blockIdx.y;
+  if (a >= *n_active) return;
+  const int32_t e = active[a];
+  const int32_t p0 = offsets[e], p1 = offsets[e + 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  const T* we = reinterpret_cast<const T*>(w + static_cast<size_t>(e) * stride);
+  const int64_t ra = min(r0 + g, n_rows - 1), rb = min(r0 + g + 8, n_rows - 1);  // short last block: re-read
+  const uint4* wa = reinterpret_cast<const uint4*>(we + ra * n_cols);
+  const uint4* wb = reinterpret_cast<const uint4*>(we + rb * n_cols);
+  const int64_t n_chunks = n_cols / kMmaChunk, per = (n_chunks + kMmaWarps - 1) / kMmaWarps;
+  const int64_t k0 = min(n_chunks, warp * per), k1 = min(n_chunks, k0 + per);
+  const bool streaming = p1 - p0 <= kMmaTiles * 8;  // weights read once: past L1
+  for (int32_t q = p0; q < p1; q += kMmaTiles * 8) {
+    const int32_t cnt = min(kMmaTiles * 8, p1 - q), tiles = (cnt + 7) / 8;
+    const uint4* xr[kMmaTiles];
+#pragma unroll
+    for (int j = 0; j < kMmaTiles; ++j) {
+      const int32_t i = j * 8 + g;
+      xr[j] = i < cnt ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(pairs[q + i] / x_div) * n_cols)
+                      : nullptr;
+    }
+    float acc[kMmaTiles][4];
+#pragma unroll
+    for (int j = 0; j < kMmaTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll 2
+    for (int64_t ch = k0; ch < k1; ++ch) {
+      const int64_t v = ch * 8 + 2 * c;  // 16-byte vectors
+      const uint4 A0 = load_w(wa + v, streaming), A1 = load_w(wa + v + 1, streaming);
+      const uint4 B0 = load_w(wb + v, streaming), B1 = load_w(wb + v + 1, streaming);
+#pragma unroll
+      for (int j = 0; j < kMmaTiles; ++j) {
+        if (j >= tiles) break;
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        const uint4 X0 = xr[j] ? __ldg(xr[j] + v) : zero, X1 = xr[j] ? __ldg(xr[j] + v + 1) : zero;
+        mma_16816<T>(acc[j], A0.x, B0.x, A0.y, B0.y, X0.x, X0.y);
+        mma_16816<T>(acc[j], A0.z, B0.z, A0.w, B0.w, X0.z, X0.w);
+        mma_16816<T>(acc[j], A1.x, B1.x, A1.y, B1.y, X1.x, X1.y);
+        mma_16816<T>(acc[j], A1.z, B1.z, A1.w, B1.w, X1.z, X1.w);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMmaTiles; ++j) {
+      if (j < tiles) red[warp][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    }
+    __syncthreads();
+    if (warp < tiles) {  // warp j sums tile j over the warps, in warp order
+      float4 s = red[0][warp][lane];
+      for (int k = 1; k < kMmaWarps; ++k) {
+        const float4 o = red[k][warp][lane];
+        s.x += o.x;
+        s.y += o.y;
+        s.z += o.z;
+        s.w += o.w;
+      }
+      // s: rows g and g + 8, pairs 2c and 2c + 1 of tile `warp`.
+      const int32_t i = warp * 8 + 2 * c;
+      auto put = [&](int32_t pi, int64_t row, float v) {
+        if (pi < cnt && row < n_rows) y[static_cast<int64_t>(pairs[q + pi]) * n_rows + row] = v;
+      };
+      put(i, r0 + g, s.x);
+      put(i + 1, r0 + g, s.y);
+      put(i, r0 + g + 8, s.z);
+      put(i + 1, r0 + g + 8, s.w);
+    }
+    __syncthreads();
+  }
+}
+
 // --- gather and combine -------------------------------------------------------
 
 // One block per pair: 16-byte copies of its token's row.
@@ -371,14 +484,34 @@ void moe_route(const float* logits, int64_t n, int32_t n_expert, int32_t n_exper
              norm_topk_prob, pad, r);
 }
 
+bool moe_mma_supported(DType w, int64_t n_cols) {
+  return (w == DType::kF16 || w == DType::kBF16) && n_cols % kMmaChunk == 0;
+}
+
 bool moe_gemv_supported(DType w, int64_t n_cols) {
   return (w == DType::kF32 && n_cols % 4 == 0) || ((w == DType::kF16 || w == DType::kBF16) && n_cols % 8 == 0);
 }
 
 void moe_gemv(const MoeExperts& w, const void* x, int32_t x_div, const MoeRouting& r, int32_t max_active, float* y,
-              cudaStream_t stream) {
+              bool tensor_cores, cudaStream_t stream) {
   assert(moe_gemv_supported(w.dtype, w.n_cols) && w.stride % 16 == 0);
   if (max_active <= 0 || w.n_rows <= 0) return;
+  if (tensor_cores && moe_mma_supported(w.dtype, w.n_cols)) {
+    const dim3 grid(static_cast<unsigned>((w.n_rows + kMmaRows - 1) / kMmaRows), static_cast<unsigned>(max_active));
+    const auto* base = static_cast<const uint8_t*>(w.data);
+    const auto* off = static_cast<const int32_t*>(r.offsets);
+    const auto* act = static_cast<const int32_t*>(r.active);
+    const auto* n_act = static_cast<const int32_t*>(r.n_active);
+    const auto* pairs = static_cast<const int32_t*>(r.sorted_pairs);
+    if (w.dtype == DType::kF16) {
+      launch_pdl(moe_mma_kernel<__half>, grid, kMmaWarps * 32, 0, stream, base, w.stride, w.n_rows, w.n_cols,
+                 static_cast<const __half*>(x), x_div, off, act, n_act, pairs, y);
+    } else {
+      launch_pdl(moe_mma_kernel<__nv_bfloat16>, grid, kMmaWarps * 32, 0, stream, base, w.stride, w.n_rows, w.n_cols,
+                 static_cast<const __nv_bfloat16*>(x), x_div, off, act, n_act, pairs, y);
+    }
+    return;
+  }
   const int64_t rows_per_block = int64_t{kWarps} * kRowsPerWarp;
   const dim3 grid(static_cast<unsigned>((w.n_rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(max_active));

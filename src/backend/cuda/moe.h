@@ -55,17 +55,20 @@ struct MoeExperts {
   int64_t n_rows = 0, n_cols = 0;
 };
 
-// Expert-indexed GEMV over the pairs grouped by moe_route():
+// Expert-indexed product over the pairs grouped by moe_route():
 //   y[p, r] = sum_c W_{e(p)}[r, c] * x[p / x_div, c]   for every pair p,
 // x: [*, n_cols] in w.dtype, y: [n_pairs, n_rows] f32. Each expert's
-// weights are read once per 8 of its pairs; each output is one warp's dot
-// product in a fixed order (ascending 16-byte vectors per lane, then a warp
-// sum), whatever the other pairs are: a token's result does not depend on
-// the batch. max_active: an upper bound of *n_active known on the host
-// (min(n_pairs, X)), the launch's grid.
+// weights are read once per pass over its pairs: bf16/f16 weights with
+// n_cols a multiple of 64 (moe_mma_supported) on tensor cores, 32 pairs a
+// pass, when tensor_cores; otherwise a GEMV on the CUDA cores, 8 pairs a
+// pass. Either way each output is computed in an order fixed by the shape
+// alone (see moe.cu), whatever the other pairs are: a token's result does
+// not depend on the batch. max_active: an upper bound of *n_active known on
+// the host (min(n_pairs, X)), the launch's grid.
 bool moe_gemv_supported(DType w, int64_t n_cols);
+bool moe_mma_supported(DType w, int64_t n_cols);
 void moe_gemv(const MoeExperts& w, const void* x, int32_t x_div, const MoeRouting& r, int32_t max_active, float* y,
-              cudaStream_t stream);
+              bool tensor_cores, cudaStream_t stream);
 
 // Prefill: xg[row_of_pair[p], :] = x[p / K, :] for the n * K pairs
 // (rows of n_cols elements of a float dtype; padding rows are left as they are).
