@@ -1,9 +1,10 @@
 #!/bin/bash
-# Assembles the carry folder of the CUDA Gemma device run (issues 6 and 7):
-# every GPU test binary of BUILD_DIR (gzipped: a call carries at most
-# 64 MiB), the Debian libraries they need (libxxhash, libutf8proc,
-# libpcre2-8), the HF goldens of the Llama and Gemma families and run_g.sh.
-# Then, with carry [".cuda-carry-g"]:
+# Assembles the carry folder of a run of every GPU test (issues 6, 7, 8):
+# every test_cuda_* binary of BUILD_DIR (stripped and gzipped: a call
+# carries at most 64 MiB), the Debian libraries they need (libxxhash,
+# libutf8proc, libpcre2-8; NCCL comes from the device's CUDA install), every
+# HF golden and run_g.sh. Then, with carry [".cuda-carry-g"] (on
+# nvidia-h200-x2 the tensor-parallel tests run too; with one GPU they skip):
 #   bash .cuda-carry-g/run_g.sh     # every GPU test, a summary table last
 # Usage: make_carry_g.sh BUILD_DIR [DEST] (DEST default: /work/main/.cuda-carry-g,
 # which /work/main/.git/info/exclude must ignore: "/.cuda-carry-g/")
@@ -20,7 +21,7 @@ done
 strip "$D"/bin/*
 gzip -6 "$D"/bin/*
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$D/lib/"; done
-for g in llama llama3-tied mistral-swa qwen2 qwen3 gemma2 gemma3; do cp -r "$SHARED/goldens/hf/$g" "$D/shared/goldens/hf/"; done
+for g in "$SHARED"/goldens/hf/*/; do cp -r "$g" "$D/shared/goldens/hf/"; done
 cp "$SRC/bench/cuda/run_g.sh" "$D/"
 chmod -R u+w "$D"
 du -sh "$D"
