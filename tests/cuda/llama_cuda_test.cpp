@@ -28,28 +28,11 @@
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
+#include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 
 namespace rill {
 namespace {
-
-std::string goldens_dir() {
-  const char* env = std::getenv("RILL_SHARED_DIR");
-  return std::string(env ? env : RILL_SHARED_DIR) + "/goldens/hf/";
-}
-
-struct Golden {
-  std::vector<int32_t> prompt_ids;
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> greedy_ids;
-};
-
-Golden read_golden(const std::string& dir) {
-  std::ifstream in(dir + "/golden.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  return {j["prompt_ids"].get<std::vector<int32_t>>(), j["logits"].get<std::vector<std::vector<float>>>(),
-          j["greedy_ids"].get<std::vector<int32_t>>()};
-}
 
 ModelOptions options(Device d) {
   ModelOptions o;
@@ -61,31 +44,18 @@ ModelOptions options(Device d) {
 }
 
 // Every 2-D tensor of `files` converted to bf16 (buffers kept in `store`).
-void to_bf16(ModelFiles& files, std::vector<std::vector<uint16_t>>& store) {
-  for (auto& [name, t] : files.tensors) {
-    if (t.shape.size() != 2 || t.dtype != DType::kF32) continue;
-    const auto* src = reinterpret_cast<const float*>(t.data);
-    std::vector<uint16_t> b(static_cast<size_t>(t.n_elements()));
-    for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(src[i]);
-    store.push_back(std::move(b));
-    t.dtype = DType::kBF16;
-    t.data = reinterpret_cast<const uint8_t*>(store.back().data());
-    t.n_bytes = store.back().size() * 2;
-  }
-}
-
 class CudaHf : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     RILL_REQUIRE_GPU();
-    dir_ = goldens_dir() + GetParam();
+    dir_ = test::hf_golden_dir(GetParam());
     if (!std::filesystem::exists(dir_ + "/golden.json")) GTEST_SKIP() << dir_ << " not found";
   }
   std::string dir_;
 };
 
 TEST_P(CudaHf, LogitsAndGreedyMatchTransformers) {
-  const Golden g = read_golden(dir_);
+  const test::HfGolden g = test::read_hf_golden(dir_);
   auto files = open_model_files(dir_);
   ASSERT_TRUE(files.ok()) << files.error().message;
   auto model = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCuda));
@@ -112,11 +82,11 @@ TEST_P(CudaHf, LogitsAndGreedyMatchTransformers) {
 }
 
 TEST_P(CudaHf, Bf16WeightsMatchTheCpuWithinBf16Error) {
-  const Golden g = read_golden(dir_);
+  const test::HfGolden g = test::read_hf_golden(dir_);
   std::vector<std::vector<uint16_t>> store;
   auto files = open_model_files(dir_);
   ASSERT_TRUE(files.ok()) << files.error().message;
-  to_bf16(**files, store);
+  test::to_bf16(**files, store);
   auto cpu = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCpu));
   auto gpu = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCuda));
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;
@@ -135,7 +105,7 @@ TEST_P(CudaHf, Bf16WeightsMatchTheCpuWithinBf16Error) {
 }
 
 TEST_P(CudaHf, EngineGreedyOnTheDeviceGivesTheGoldenTokens) {
-  const Golden g = read_golden(dir_);
+  const test::HfGolden g = test::read_hf_golden(dir_);
   auto files = open_model_files(dir_);
   ASSERT_TRUE(files.ok()) << files.error().message;
   ModelOptions o = options(Device::kCuda);
@@ -175,7 +145,7 @@ TEST_P(CudaHf, DecodeRowIsBatchInvariant) {
     std::vector<std::vector<uint16_t>> store;
     auto files = open_model_files(dir_);
     ASSERT_TRUE(files.ok()) << files.error().message;
-    if (bf16) to_bf16(**files, store);
+    if (bf16) test::to_bf16(**files, store);
     ModelOptions o = options(Device::kCuda);
     o.n_kv_slots = 3;
     o.max_batch_tokens = 64;

@@ -31,6 +31,7 @@
 #include "model/registry.h"
 #include "model/tensor_parallel.h"
 #include "rill/engine.h"
+#include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 
 namespace rill {
@@ -45,24 +46,6 @@ int device_count() {
   return n;
 }
 
-std::string goldens_dir() {
-  const char* env = std::getenv("RILL_SHARED_DIR");
-  return std::string(env ? env : RILL_SHARED_DIR) + "/goldens/hf/";
-}
-
-struct Golden {
-  std::vector<int32_t> prompt_ids;
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> greedy_ids;
-};
-
-Golden read_golden(const std::string& dir) {
-  std::ifstream in(dir + "/golden.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  return {j["prompt_ids"].get<std::vector<int32_t>>(), j["logits"].get<std::vector<std::vector<float>>>(),
-          j["greedy_ids"].get<std::vector<int32_t>>()};
-}
-
 ModelOptions options(int n_ranks) {
   ModelOptions o;
   o.device = Device::kCuda;
@@ -73,27 +56,8 @@ ModelOptions options(int n_ranks) {
 }
 
 // Every 2-D f32 tensor of `files` converted to bf16 (buffers kept in `store`).
-void to_bf16(ModelFiles& files, std::vector<std::vector<uint16_t>>& store) {
-  for (auto& [name, t] : files.tensors) {
-    if (t.shape.size() != 2 || t.dtype != DType::kF32) continue;
-    const auto* src = reinterpret_cast<const float*>(t.data);
-    std::vector<uint16_t> b(static_cast<size_t>(t.n_elements()));
-    for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(src[i]);
-    store.push_back(std::move(b));
-    t.dtype = DType::kBF16;
-    t.data = reinterpret_cast<const uint8_t*>(store.back().data());
-    t.n_bytes = store.back().size() * 2;
-  }
-}
-
 Result<std::unique_ptr<Model>> open(const std::shared_ptr<ModelFiles>& files, const ModelOptions& o) {
   return create_model(builtin_registry(), infer_profile(*files), files, o);
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
 }
 
 // (family, N)
@@ -103,7 +67,7 @@ class CudaTp : public ::testing::TestWithParam<std::tuple<std::string, int>> {
     family_ = std::get<0>(GetParam());
     n_ranks_ = std::get<1>(GetParam());
     if (device_count() < n_ranks_) GTEST_SKIP() << "needs " << n_ranks_ << " CUDA devices";
-    dir_ = goldens_dir() + family_;
+    dir_ = test::hf_golden_dir(family_);
     if (!std::filesystem::exists(dir_ + "/golden.json")) GTEST_SKIP() << dir_ << " not found";
   }
   std::string family_, dir_;
@@ -111,7 +75,7 @@ class CudaTp : public ::testing::TestWithParam<std::tuple<std::string, int>> {
 };
 
 TEST_P(CudaTp, LogitsAndGreedyMatchTransformersAndOneGpu) {
-  const Golden g = read_golden(dir_);
+  const test::HfGolden g = test::read_hf_golden(dir_);
   auto files = open_model_files(dir_);
   ASSERT_TRUE(files.ok()) << files.error().message;
   auto tp = open(*files, options(n_ranks_));
@@ -133,7 +97,7 @@ TEST_P(CudaTp, LogitsAndGreedyMatchTransformersAndOneGpu) {
   for (size_t t = 0; t < g.prompt_ids.size(); ++t) {
     for (int64_t i = 0; i < V; ++i) max_err = std::max(max_err, std::fabs(double((*lt)[t * V + i]) - g.logits[t][i]));
   }
-  const double vs_one = max_abs_diff(*lt, *l1);
+  const double vs_one = test::max_abs_diff(*lt, *l1);
   EXPECT_LT(max_err, 1e-3) << family_ << " N=" << n_ranks_ << ": max |logit - transformers| = " << max_err;
   EXPECT_LT(vs_one, 1e-3) << family_ << " N=" << n_ranks_;
   std::printf("[ cuda tp ] %s N=%d: max |logit - transformers| = %.3g, max |N GPUs - 1 GPU| = %.3g\n",
@@ -150,11 +114,11 @@ TEST_P(CudaTp, LogitsAndGreedyMatchTransformersAndOneGpu) {
 }
 
 TEST_P(CudaTp, Bf16MatchesOneGpuWithinBf16Error) {
-  const Golden g = read_golden(dir_);
+  const test::HfGolden g = test::read_hf_golden(dir_);
   std::vector<std::vector<uint16_t>> store;
   auto files = open_model_files(dir_);
   ASSERT_TRUE(files.ok()) << files.error().message;
-  to_bf16(**files, store);
+  test::to_bf16(**files, store);
   auto tp = open(*files, options(n_ranks_));
   auto one = open(*files, options(1));
   ASSERT_TRUE(tp.ok()) << tp.error().message;
@@ -165,7 +129,7 @@ TEST_P(CudaTp, Bf16MatchesOneGpuWithinBf16Error) {
   ASSERT_TRUE(lt.ok() && l1.ok());
   double max_ref = 0;
   for (float v : *l1) max_ref = std::max(max_ref, std::fabs(double(v)));
-  const double err = max_abs_diff(*lt, *l1);
+  const double err = test::max_abs_diff(*lt, *l1);
   EXPECT_LT(err, 0.03 * max_ref) << family_ << " N=" << n_ranks_;
   std::printf("[ cuda tp bf16 ] %s N=%d: max |N GPUs - 1 GPU| = %.3g (max |logit| %.3g)\n", family_.c_str(),
               n_ranks_, err, max_ref);
@@ -210,7 +174,7 @@ std::vector<std::vector<int32_t>> engine_tokens(const std::string& dir, int n_ra
 }
 
 TEST_P(CudaTp, EngineGreedyAndSampledTokensMatch) {
-  const Golden g = read_golden(dir_);
+  const test::HfGolden g = test::read_hf_golden(dir_);
   const auto n = static_cast<int32_t>(g.greedy_ids.size());
   std::vector<GenerationRequest> reqs;
   for (int32_t i = 0; i < 10; ++i) {  // 10 decode rows: the graph bucket of 16, padded
@@ -253,7 +217,7 @@ INSTANTIATE_TEST_SUITE_P(LlamaFamily, CudaTp,
                          });
 
 std::shared_ptr<ModelFiles> golden_files(const std::string& family) {
-  const std::string dir = goldens_dir() + family;
+  const std::string dir = test::hf_golden_dir(family);
   if (!std::filesystem::exists(dir + "/golden.json")) return nullptr;
   auto files = open_model_files(dir);
   EXPECT_TRUE(files.ok()) << files.error().message;

@@ -40,6 +40,7 @@
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
+#include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 
 namespace rill {
@@ -47,24 +48,6 @@ namespace {
 
 constexpr int32_t kBlock = 4;
 constexpr int64_t kCtx = 64;
-
-std::string goldens_dir() {
-  const char* env = std::getenv("RILL_SHARED_DIR");
-  return std::string(env ? env : RILL_SHARED_DIR) + "/goldens/hf/";
-}
-
-struct Golden {
-  std::vector<int32_t> prompt;
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> greedy;
-};
-
-Golden read_golden(const std::string& dir) {
-  std::ifstream in(dir + "/golden.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  return {j["prompt_ids"].get<std::vector<int32_t>>(), j["logits"].get<std::vector<std::vector<float>>>(),
-          j["greedy_ids"].get<std::vector<int32_t>>()};
-}
 
 ModelOptions options(Device d, int max_batch_tokens = 48) {
   ModelOptions o;
@@ -76,13 +59,6 @@ ModelOptions options(Device d, int max_batch_tokens = 48) {
   o.n_kv_slots = 3;
   o.n_state_checkpoints = 3;
   return o;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
 }
 
 // One sequence's step: tokens [pos0, pos0 + n) of ids, every row sampled,
@@ -99,9 +75,9 @@ class CudaHybrid : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     RILL_REQUIRE_GPU();
-    dir_ = goldens_dir() + GetParam();
+    dir_ = test::hf_golden_dir(GetParam());
     if (!std::filesystem::exists(dir_ + "/golden.json")) GTEST_SKIP() << dir_ << " not found";
-    g_ = read_golden(dir_);
+    g_ = test::read_hf_golden(dir_);
   }
   Result<std::unique_ptr<Model>> open(const ModelOptions& o) {
     RILL_ASSIGN_OR_RETURN(auto files, open_model_files(dir_));
@@ -139,7 +115,7 @@ class CudaHybrid : public ::testing::TestWithParam<std::string> {
     return all;
   }
   std::string dir_;
-  Golden g_;
+  test::HfGolden g_;
 };
 
 TEST_P(CudaHybrid, LogitsMatchTransformersAtEveryPositionChunked) {
@@ -149,11 +125,11 @@ TEST_P(CudaHybrid, LogitsMatchTransformersAtEveryPositionChunked) {
     ASSERT_EQ((*model)->kv_spec().size(), 2u);
     EXPECT_EQ((*model)->kv_spec()[1].kind, LayerKind::kRecurrent);
     SequenceRunner runner(**model);
-    auto logits = runner.score(g_.prompt);
+    auto logits = runner.score(g_.prompt_ids);
     ASSERT_TRUE(logits.ok()) << logits.error().message;
     const int64_t V = (*model)->n_vocab();
     double max_err = 0;
-    for (size_t t = 0; t < g_.prompt.size(); ++t) {
+    for (size_t t = 0; t < g_.prompt_ids.size(); ++t) {
       for (int64_t i = 0; i < V; ++i) max_err = std::max(max_err, std::fabs(double((*logits)[t * V + i]) - g_.logits[t][i]));
     }
     EXPECT_LT(max_err, 1e-3) << "chunks of " << chunk;
@@ -166,12 +142,12 @@ TEST_P(CudaHybrid, GreedyTokensMatchTransformers) {
   ASSERT_TRUE(model.ok()) << model.error().message;
   SequenceRunner runner(**model);
   GenerationOptions go;
-  go.max_tokens = static_cast<int>(g_.greedy.size());
+  go.max_tokens = static_cast<int>(g_.greedy_ids.size());
   go.ignore_eos = true;
   go.sampling.temperature = 0;
-  auto gen = runner.generate(g_.prompt, go, [](int32_t) { return true; });
+  auto gen = runner.generate(g_.prompt_ids, go, [](int32_t) { return true; });
   ASSERT_TRUE(gen.ok()) << gen.error().message;
-  EXPECT_EQ(gen->ids, g_.greedy);
+  EXPECT_EQ(gen->ids, g_.greedy_ids);
 }
 
 TEST_P(CudaHybrid, ChunkedPrefillGivesTheTokenByTokenState) {
@@ -179,7 +155,7 @@ TEST_P(CudaHybrid, ChunkedPrefillGivesTheTokenByTokenState) {
   ASSERT_TRUE(model.ok()) << model.error().message;
   Model& m = **model;
   const auto V = static_cast<size_t>(m.n_vocab());
-  const std::vector<int32_t>& p = g_.prompt;
+  const std::vector<int32_t>& p = g_.prompt_ids;
   const auto last = static_cast<int32_t>(p.size()) - 1;
   // Chunk 48 (one step) into checkpoint 0; then 5 and 1 into checkpoint 1, each against 0.
   const std::vector<float> whole = run(m, p, 48, 0, 0, -1, -1, {{0, last, 0}});
@@ -197,7 +173,7 @@ TEST_P(CudaHybrid, ChunkedPrefillGivesTheTokenByTokenState) {
     std::vector<float> logits(b.sample_rows.size() * V);
     ASSERT_TRUE(m.forward(b, logits.data()).ok());
     got.insert(got.end(), logits.begin(), logits.end());
-    const double e_state = max_abs_diff(state_of(m, 1), want), e_logits = max_abs_diff(got, whole);
+    const double e_state = test::max_abs_diff(state_of(m, 1), want), e_logits = test::max_abs_diff(got, whole);
     std::printf("[ cuda gdn ] %s chunks of %d vs one step: max |state diff| %.3g (max |state| %.3g), max |logit diff| "
                 "%.3g\n", GetParam().c_str(), chunk, e_state, max_state, e_logits);
     EXPECT_LT(e_state, 1e-5 * std::max(1.0, max_state)) << "chunk " << chunk;
@@ -210,7 +186,7 @@ TEST_P(CudaHybrid, BatchedSequencesGiveTheirAloneLogitsBitForBit) {
   ASSERT_TRUE(model.ok()) << model.error().message;
   Model& m = **model;
   const auto V = static_cast<size_t>(m.n_vocab());
-  const std::vector<int32_t>& a = g_.prompt;
+  const std::vector<int32_t>& a = g_.prompt_ids;
   const std::vector<int32_t> b(a.rbegin(), a.rbegin() + 11);
   const auto alone_a = run(m, a, 9, 0);
   const auto alone_b = run(m, b, 4, 1);
@@ -260,7 +236,7 @@ TEST_P(CudaHybrid, ResumingFromACheckpointMatchesTheColdRun) {
   ASSERT_TRUE(model.ok()) << model.error().message;
   Model& m = **model;
   const auto V = static_cast<size_t>(m.n_vocab());
-  const std::vector<int32_t>& p = g_.prompt;
+  const std::vector<int32_t>& p = g_.prompt_ids;
   // Saves after positions 7 and 15 in one 24-token step (mid-step snapshots).
   const auto cold = run(m, p, 48, 1, 0, -1, -1, {{0, 7, 0}, {0, 15, 1}});
   // Slot 2, restored from either checkpoint, computes the rest over slot 1's
@@ -269,7 +245,7 @@ TEST_P(CudaHybrid, ResumingFromACheckpointMatchesTheColdRun) {
     for (int32_t chunk : {48, 1}) {
       const auto resumed = run(m, p, chunk, 2, from, ckpt, /*kv_slot=*/1);
       const std::vector<float> want(cold.begin() + static_cast<long>(from * V), cold.end());
-      const double e = max_abs_diff(resumed, want);
+      const double e = test::max_abs_diff(resumed, want);
       std::printf("[ cuda gdn ] %s resume from %d in steps of %d: max |logit - cold| %.3g%s\n", GetParam().c_str(), from,
                   chunk, e, resumed == want ? " (bit for bit)" : "");
       EXPECT_LT(e, chunk == 48 ? 1e-5 : 1e-4) << "from " << from << ", steps of " << chunk;
@@ -321,15 +297,15 @@ TEST_P(CudaHybrid, EngineOnTheDeviceGivesGoldenTokensAndResumesPrefixes) {
     }
     return ids;
   };
-  const auto n = static_cast<int32_t>(g_.greedy.size());
+  const auto n = static_cast<int32_t>(g_.greedy_ids.size());
   std::vector<RequestHandle> hs;
   for (int32_t i = 0; i < 3; ++i) {
-    auto h = e.submit(request(g_.prompt, 1 + static_cast<uint64_t>(i), n - i));
+    auto h = e.submit(request(g_.prompt_ids, 1 + static_cast<uint64_t>(i), n - i));
     ASSERT_TRUE(h.ok()) << h.error().message;
     hs.push_back(std::move(h).value());
   }
   for (int32_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(collect(hs[static_cast<size_t>(i)]), std::vector<int32_t>(g_.greedy.begin(), g_.greedy.begin() + (n - i)))
+    EXPECT_EQ(collect(hs[static_cast<size_t>(i)]), std::vector<int32_t>(g_.greedy_ids.begin(), g_.greedy_ids.begin() + (n - i)))
         << "request " << i;
   }
   // A 47-token prompt, then one extending it: the second resumes at the
@@ -356,24 +332,11 @@ TEST_P(CudaHybrid, EngineOnTheDeviceGivesGoldenTokensAndResumesPrefixes) {
 }
 
 // Every 2-D f32 tensor of `files` converted to bf16 (buffers kept in `store`).
-void to_bf16(ModelFiles& files, std::vector<std::vector<uint16_t>>& store) {
-  for (auto& [name, t] : files.tensors) {
-    if (t.shape.size() != 2 || t.dtype != DType::kF32) continue;
-    const auto* src = reinterpret_cast<const float*>(t.data);
-    std::vector<uint16_t> b(static_cast<size_t>(t.n_elements()));
-    for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(src[i]);
-    store.push_back(std::move(b));
-    t.dtype = DType::kBF16;
-    t.data = reinterpret_cast<const uint8_t*>(store.back().data());
-    t.n_bytes = store.back().size() * 2;
-  }
-}
-
 TEST_P(CudaHybrid, Bf16WeightsMatchTheCpuWithinBf16Error) {
   std::vector<std::vector<uint16_t>> store;
   auto files = open_model_files(dir_);
   ASSERT_TRUE(files.ok()) << files.error().message;
-  to_bf16(**files, store);
+  test::to_bf16(**files, store);
   auto cpu = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCpu, 7));
   auto gpu = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCuda, 7));
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;
@@ -385,7 +348,7 @@ TEST_P(CudaHybrid, Bf16WeightsMatchTheCpuWithinBf16Error) {
   // 0.71, H200 2026-11-29), so the MoE model is compared on another prompt
   // (there: at most 0.052 at any position, and the device-routing and
   // grouped-GEMM paths agree within 2.4e-7).
-  std::vector<int32_t> prompt = g_.prompt;
+  std::vector<int32_t> prompt = g_.prompt_ids;
   if (GetParam() == "qwen3-next") {
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 37) % 500);
   }

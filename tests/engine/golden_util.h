@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -18,9 +19,11 @@
 
 namespace rill::test {
 
-// ../shared/goldens/hf/<family>
+// ../shared/goldens/hf/<family>; RILL_SHARED_DIR in the environment
+// overrides the build-time path (a GPU machine gets a copy of the goldens).
 inline std::string hf_golden_dir(const std::string& family) {
-  return std::string(RILL_SHARED_DIR) + "/goldens/hf/" + family;
+  const char* env = std::getenv("RILL_SHARED_DIR");
+  return std::string(env ? env : RILL_SHARED_DIR) + "/goldens/hf/" + family;
 }
 
 inline bool has_hf_golden(const std::string& dir) { return std::filesystem::exists(dir + "/golden.json"); }
