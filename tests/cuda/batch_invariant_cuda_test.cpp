@@ -2,7 +2,7 @@
 // CudaModelBase::batch_invariant_), on HF goldens converted in memory to
 // bf16 weights (Llama, Gemma 2, the Qwen3 MoE) and to Q8_0 (Llama):
 //  1. a decode row's logits are bit-identical alone and in steps of 3, 9 and
-//     40 sequences; with the mode off the test only logs how many logits of
+//     40 sequences and beside a 100-token prompt; with the mode off the test only logs how many logits of
 //     the 9- and 40-sequence rows differ (what the mode buys);
 //  2. through the Engine, 12 prompts of different lengths, each run alone
 //     and all at once under a 16-token step budget (chunked prefill, mixed
@@ -45,7 +45,7 @@ void convert(ModelFiles& files, DType to, std::vector<std::vector<uint8_t>>& sto
     const bool q8 = to == DType::kQ8_0 && cols % 32 == 0;
     std::vector<uint8_t> b(static_cast<size_t>(q8 ? n / 32 * 34 : n * 2));
     if (q8) {
-      for (int64_t r = 0; r < n / cols; ++r) cpu::quantize_row_q8_0(src + r * cols, b.data() + r * (cols / 32) * 34, cols);
+      for (int64_t r = 0; r < n / cols; ++r) cpu::ref::quantize_row_q8_0(src + r * cols, b.data() + r * (cols / 32) * 34, cols);
     } else {
       auto* d = reinterpret_cast<uint16_t*>(b.data());
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
@@ -88,6 +88,17 @@ class CudaBatchInvariant : public ::testing::TestWithParam<Case> {
   std::vector<std::vector<uint8_t>> store_;
 };
 
+// Adds a sequence on `table` in every attention group (Gemma's sliding
+// group too: groups have KV planes of their own, so they may share ids).
+void add(Batch& b, const Model& m, const int32_t* ids, int32_t n, int32_t pos0, const std::vector<int32_t>& table) {
+  const int32_t s = b.add_sequence(ids, n, pos0, true, table);
+  b.group_tables.resize(m.kv_spec().size() - 1);
+  for (auto& g : b.group_tables) {
+    g.resize(static_cast<size_t>(b.seqs[static_cast<size_t>(s)].table_start));
+    g.insert(g.end(), table.begin(), table.end());
+  }
+}
+
 // Logits of sequence 0's decode token alone and in steps of 3, 9 and 40
 // sequences (every sequence prefilled alone first, prompts of 6..45 tokens).
 std::vector<std::vector<float>> decode_rows(Model& m) {
@@ -102,8 +113,9 @@ std::vector<std::vector<float>> decode_rows(Model& m) {
     std::vector<int32_t> ids(static_cast<size_t>(6 + s));
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + s * 11 + 1) % V);
     b.clear();
-    b.add_sequence(ids.data(), static_cast<int32_t>(ids.size()), 0, true, tables.back());
-    EXPECT_TRUE(m.forward(b, logits.data()).ok());
+    add(b, m, ids.data(), static_cast<int32_t>(ids.size()), 0, tables.back());
+    const Status st = m.forward(b, logits.data());
+    EXPECT_TRUE(st.ok()) << st.error().message;
     len.push_back(static_cast<int32_t>(ids.size()));
   }
   std::vector<std::vector<float>> rows;
@@ -111,11 +123,24 @@ std::vector<std::vector<float>> decode_rows(Model& m) {
     b.clear();
     for (int32_t s = 0; s < n; ++s) {
       const int32_t next = (5 + s) % static_cast<int32_t>(V);
-      b.add_sequence(&next, 1, len[static_cast<size_t>(s)], true, tables[static_cast<size_t>(s)]);
+      add(b, m, &next, 1, len[static_cast<size_t>(s)], tables[static_cast<size_t>(s)]);
     }
-    EXPECT_TRUE(m.forward(b, logits.data()).ok());
+    const Status st = m.forward(b, logits.data());
+    EXPECT_TRUE(st.ok()) << st.error().message;
     rows.emplace_back(logits.begin(), logits.begin() + V);
   }
+  // A mixed step of 101 tokens: row 0's decode token beside a 100-token
+  // prompt in slot kSeqs (the GEMM's two-row-group path, two token blocks).
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 29 + 3) % V);
+  const auto extra = slot_block_table(kSeqs, m.n_ctx(), m.kv_block_size());
+  b.clear();
+  const int32_t next = 5;
+  add(b, m, &next, 1, len[0], tables[0]);
+  add(b, m, prompt.data(), 100, 0, extra);
+  const Status st = m.forward(b, logits.data());
+  EXPECT_TRUE(st.ok()) << st.error().message;
+  rows.emplace_back(logits.begin(), logits.begin() + V);
   return rows;
 }
 
@@ -126,15 +151,15 @@ int n_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST_P(CudaBatchInvariant, DecodeRowIsBitIdenticalAtAnyBatchSize) {
-  auto inv = model(true, 64, 40);
+  auto inv = model(true, 128, 41);
   ASSERT_TRUE(inv);
   const auto on = decode_rows(*inv);
   inv.reset();
-  const int sizes[] = {1, 3, 9, 40};
+  const int sizes[] = {1, 3, 9, 40, 101};
   for (size_t k = 1; k < on.size(); ++k) {
     EXPECT_EQ(n_diff(on[0], on[k]), 0) << name() << ": row 0 alone vs in a step of " << sizes[k];
   }
-  auto def = model(false, 64, 40);
+  auto def = model(false, 128, 41);
   ASSERT_TRUE(def);
   const auto off = decode_rows(*def);
   double max_err = 0, max_abs = 0;
@@ -142,9 +167,10 @@ TEST_P(CudaBatchInvariant, DecodeRowIsBitIdenticalAtAnyBatchSize) {
     max_err = std::max(max_err, static_cast<double>(std::fabs(off[0][i] - on[0][i])));
     max_abs = std::max(max_abs, static_cast<double>(std::fabs(off[0][i])));
   }
-  std::printf("[ cuda batch-invariant ] %s: mode off, row 0 alone vs steps of 3/9/40: %d/%d/%d of %zu logits "
-              "differ; mode on vs off alone: max |diff| %.3g (max |logit| %.3g)\n",
-              name().c_str(), n_diff(off[0], off[1]), n_diff(off[0], off[2]), n_diff(off[0], off[3]), off[0].size(),
+  std::printf("[ cuda batch-invariant ] %s: mode off, row 0 alone vs steps of 3/9/40/101: %d/%d/%d/%d of %zu "
+              "logits differ; mode on vs off alone: max |diff| %.3g (max |logit| %.3g)\n",
+              name().c_str(), n_diff(off[0], off[1]), n_diff(off[0], off[2]), n_diff(off[0], off[3]),
+              n_diff(off[0], off[4]), off[0].size(),
               max_err, max_abs);
   // Both modes round activations to bf16 between layers, in different orders.
   EXPECT_LE(max_err, 0.03 * (1.0 + max_abs)) << name();

@@ -48,7 +48,10 @@ __device__ __forceinline__ uint4 load_or_zero(const uint4* p, int64_t v, int64_t
   return v < n_vec ? __ldg(p + v) : make_uint4(0, 0, 0, 0);
 }
 
-template <typename T>
+// R row groups of 16 rows per warp (R = 2 for long token counts: each token
+// fragment then feeds two weight fragments). R and the token tiling change
+// which outputs a block computes, never the order of any output's sum.
+template <typename T, int R>
 __global__ void __launch_bounds__(kWarps * 32)
     gemm_invariant_kernel(const T* __restrict__ w, const T* __restrict__ x, int64_t n, int64_t n_rows,
                           int64_t n_cols, float* __restrict__ y, bool accumulate) {
@@ -56,13 +59,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   detail::pdl_wait();
   detail::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * (kRows * R);
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * (kTiles * 8);
   const int64_t cnt = min(static_cast<int64_t>(kTiles * 8), n - t0);
   const int tiles = static_cast<int>((cnt + 7) / 8);
-  const int64_t ra = min(r0 + g, n_rows - 1), rb = min(r0 + g + 8, n_rows - 1);  // short last block: re-read
-  const uint4* wa = reinterpret_cast<const uint4*>(w + ra * n_cols);
-  const uint4* wb = reinterpret_cast<const uint4*>(w + rb * n_cols);
+  const uint4* wa[R];
+  const uint4* wb[R];
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    const int64_t rq = r0 + q * kRows;  // short last block: re-read the last row
+    wa[q] = reinterpret_cast<const uint4*>(w + min(rq + g, n_rows - 1) * n_cols);
+    wb[q] = reinterpret_cast<const uint4*>(w + min(rq + g + 8, n_rows - 1) * n_cols);
+  }
   const int64_t n_vec = n_cols / 8;  // 16-byte vectors of a row
   const int64_t n_chunks = (n_cols + kChunk - 1) / kChunk, per = (n_chunks + kWarps - 1) / kWarps;
   const int64_t k0 = min(n_chunks, warp * per), k1 = min(n_chunks, k0 + per);
@@ -72,49 +80,82 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t i = j * 8 + g;
     xr[j] = reinterpret_cast<const uint4*>(x + (t0 + min(i, cnt - 1)) * n_cols);  // past cnt: not stored
   }
-  float acc[kTiles][4];
+  float acc[R][kTiles][4];
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int q = 0; q < R; ++q) {
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) acc[q][j][0] = acc[q][j][1] = acc[q][j][2] = acc[q][j][3] = 0.0f;
+  }
+#pragma unroll 2
   for (int64_t ch = k0; ch < k1; ++ch) {
     const int64_t v = ch * 8 + 2 * c;
-    const uint4 A0 = load_or_zero(wa, v, n_vec), A1 = load_or_zero(wa, v + 1, n_vec);
-    const uint4 B0 = load_or_zero(wb, v, n_vec), B1 = load_or_zero(wb, v + 1, n_vec);
+    uint4 A0[R], A1[R], B0[R], B1[R];
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      A0[q] = load_or_zero(wa[q], v, n_vec), A1[q] = load_or_zero(wa[q], v + 1, n_vec);
+      B0[q] = load_or_zero(wb[q], v, n_vec), B1[q] = load_or_zero(wb[q], v + 1, n_vec);
+    }
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       if (j >= tiles) break;
       const uint4 X0 = load_or_zero(xr[j], v, n_vec), X1 = load_or_zero(xr[j], v + 1, n_vec);
-      mma_16816<T>(acc[j], A0.x, B0.x, A0.y, B0.y, X0.x, X0.y);
-      mma_16816<T>(acc[j], A0.z, B0.z, A0.w, B0.w, X0.z, X0.w);
-      mma_16816<T>(acc[j], A1.x, B1.x, A1.y, B1.y, X1.x, X1.y);
-      mma_16816<T>(acc[j], A1.z, B1.z, A1.w, B1.w, X1.z, X1.w);
+#pragma unroll
+      for (int q = 0; q < R; ++q) {
+        mma_16816<T>(acc[q][j], A0[q].x, B0[q].x, A0[q].y, B0[q].y, X0.x, X0.y);
+        mma_16816<T>(acc[q][j], A0[q].z, B0[q].z, A0[q].w, B0[q].w, X0.z, X0.w);
+        mma_16816<T>(acc[q][j], A1[q].x, B1[q].x, A1[q].y, B1[q].y, X1.x, X1.y);
+        mma_16816<T>(acc[q][j], A1[q].z, B1[q].z, A1[q].w, B1[q].w, X1.z, X1.w);
+      }
     }
   }
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-    if (j < tiles) red[warp][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-  }
-  __syncthreads();
-  if (warp < tiles) {  // warp j sums tile j over the warps, in warp order
-    float4 s = red[0][warp][lane];
-    for (int k = 1; k < kWarps; ++k) {
-      const float4 o = red[k][warp][lane];
-      s.x += o.x;
-      s.y += o.y;
-      s.z += o.z;
-      s.w += o.w;
+  for (int q = 0; q < R; ++q) {
+    if (q > 0) __syncthreads();  // the previous group's sums are read
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      if (j < tiles) red[warp][j][lane] = make_float4(acc[q][j][0], acc[q][j][1], acc[q][j][2], acc[q][j][3]);
     }
-    // s: rows g and g + 8, tokens 2c and 2c + 1 of tile `warp`.
-    const int64_t i = warp * 8 + 2 * c;
-    auto put = [&](int64_t ti, int64_t row, float v) {
-      if (ti < cnt && row < n_rows) {
-        float* o = y + (t0 + ti) * n_rows + row;
-        *o = accumulate ? *o + v : v;
+    __syncthreads();
+    if (warp < tiles) {  // warp j sums tile j over the warps, in warp order
+      float4 s = red[0][warp][lane];
+      for (int k = 1; k < kWarps; ++k) {
+        const float4 o = red[k][warp][lane];
+        s.x += o.x;
+        s.y += o.y;
+        s.z += o.z;
+        s.w += o.w;
       }
-    };
-    put(i, r0 + g, s.x);
-    put(i + 1, r0 + g, s.y);
-    put(i, r0 + g + 8, s.z);
-    put(i + 1, r0 + g + 8, s.w);
+      // s: rows g and g + 8 of group q, tokens 2c and 2c + 1 of tile `warp`.
+      const int64_t i = warp * 8 + 2 * c, rq = r0 + q * kRows;
+      auto put = [&](int64_t ti, int64_t row, float v) {
+        if (ti < cnt && row < n_rows) {
+          float* o = y + (t0 + ti) * n_rows + row;
+          *o = accumulate ? *o + v : v;
+        }
+      };
+      put(i, rq + g, s.x);
+      put(i + 1, rq + g, s.y);
+      put(i, rq + g + 8, s.z);
+      put(i + 1, rq + g + 8, s.w);
+    }
+  }
+}
+
+template <typename T>
+void launch(const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y, bool accumulate,
+            cudaStream_t stream) {
+  // Up to one token block: one row group per warp (more blocks to stream
+  // the weights at decode sizes); beyond: two.
+  const bool two = n > kTiles * 8;
+  const int64_t block_rows = kRows * (two ? 2 : 1);
+  const dim3 grid(static_cast<unsigned>((rows + block_rows - 1) / block_rows),
+                  static_cast<unsigned>((n + kTiles * 8 - 1) / (kTiles * 8)));
+  const auto* wt = static_cast<const T*>(w);
+  const auto* xt = static_cast<const T*>(x);
+  if (two) {
+    launch_pdl(gemm_invariant_kernel<T, 2>, grid, kWarps * 32, 0, stream, wt, xt, n, rows, cols, y, accumulate);
+  } else {
+    launch_pdl(gemm_invariant_kernel<T, 1>, grid, kWarps * 32, 0, stream, wt, xt, n, rows, cols, y, accumulate);
   }
 }
 
@@ -128,15 +169,10 @@ void gemm_invariant(DType dtype, const void* w, const void* x, int64_t n, int64_
                     bool accumulate, cudaStream_t stream) {
   assert(gemm_invariant_supported(dtype, cols));
   if (n <= 0 || rows <= 0) return;
-  const dim3 grid(static_cast<unsigned>((rows + kRows - 1) / kRows),
-                  static_cast<unsigned>((n + kTiles * 8 - 1) / (kTiles * 8)));
   if (dtype == DType::kF16) {
-    launch_pdl(gemm_invariant_kernel<__half>, grid, kWarps * 32, 0, stream, static_cast<const __half*>(w),
-               static_cast<const __half*>(x), n, rows, cols, y, accumulate);
+    launch<__half>(w, x, n, rows, cols, y, accumulate, stream);
   } else {
-    launch_pdl(gemm_invariant_kernel<__nv_bfloat16>, grid, kWarps * 32, 0, stream,
-               static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x), n, rows, cols, y,
-               accumulate);
+    launch<__nv_bfloat16>(w, x, n, rows, cols, y, accumulate, stream);
   }
 }
 
