@@ -13,6 +13,8 @@
 //   the model split over each number of GPUs in turn (one model at a time,
 //   in this one run), then the decode scaling: tok/s at N over tok/s at the
 //   first N, and that speedup's efficiency (speedup / N * first N)
+//   bench_cuda MODEL_DIR --batch-invariant 0,1: the same measurements with
+//   ModelOptions::batch_invariant off, then on (one model at a time)
 //   bench_cuda MODEL_DIR --profile-prefill 1: the same for the forward of
 //   one 2,048-token prompt (after a warm-up forward)
 //
@@ -311,7 +313,7 @@ std::vector<int> parse_list(const char* p) {
 
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_cuda MODEL_DIR [--steps N] [--batches B,..] [--tensor-parallel N,..] [--json OUT]\n");
+    std::fprintf(stderr, "usage: bench_cuda MODEL_DIR [--steps N] [--batches B,..] [--tensor-parallel N,..] [--batch-invariant 0,1] [--json OUT]\n");
     return 2;
   }
   const std::string path = argv[1];
@@ -319,6 +321,7 @@ int run(int argc, char** argv) {
   std::string json_out;
   std::vector<int> batches = {1, 8, 32, 64, 128};
   std::vector<int> tps = {1};
+  std::vector<int> invs = {0};  // --batch-invariant 0,1: both modes in one run
   bool kernels = false;
   int profile_batch = 0;  // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
   bool profile_prefill = false;  // the second 2,048-token prefill between cudaProfilerStart/Stop, then exit
@@ -330,6 +333,16 @@ int run(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--profile-prefill")) profile_prefill = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--batches")) batches = parse_list(argv[i + 1]);
     if (!std::strcmp(argv[i], "--tensor-parallel")) tps = parse_list(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--batch-invariant")) invs = parse_list(argv[i + 1]);
+  }
+  // One measured run per (tensor-parallel size, batch-invariant mode).
+  struct RunCfg {
+    int tp;
+    bool invariant;
+  };
+  std::vector<RunCfg> cfgs;
+  for (int tp : tps) {
+    for (int inv : invs) cfgs.push_back({tp, inv != 0});
   }
   const int kPrompt = 128, kPrefill = 2048, kMaxBatch = 128, kSlotTokens = 512;
   auto t_load = Clock::now();
@@ -382,10 +395,11 @@ int run(int argc, char** argv) {
   j["device"] = (*ctx)->describe();
   j["copy_gb_s"] = bw;
   j["gemm_tflops"] = peak;
-  std::vector<std::vector<double>> tok_s(tps.size());  // [tp][batch] greedy decode tok/s
-  for (size_t ti = 0; ti < tps.size(); ++ti) {
-    const int n_gpus = tps[ti];
+  std::vector<std::vector<double>> tok_s(cfgs.size());  // [run][batch] greedy decode tok/s
+  for (size_t ti = 0; ti < cfgs.size(); ++ti) {
+    const int n_gpus = cfgs[ti].tp;
     o.tensor_parallel = n_gpus;
+    o.batch_invariant = cfgs[ti].invariant;
     const auto t_create = Clock::now();
     auto created = create_model(builtin_registry(), infer_profile(**files), *files, o);
     if (!created.ok()) {
@@ -395,7 +409,10 @@ int run(int argc, char** argv) {
     Model& m = **created;
     const double load_s = std::chrono::duration<double>(Clock::now() - t_create).count() + (ti == 0 ? open_s : 0);
     const int64_t V = m.n_vocab();
-    if (tps.size() > 1) std::printf("--- tensor parallel: %d GPU%s ---\n", n_gpus, n_gpus > 1 ? "s" : "");
+    if (cfgs.size() > 1) {
+      std::printf("--- tensor parallel: %d GPU%s, batch invariant %s ---\n", n_gpus, n_gpus > 1 ? "s" : "",
+                  cfgs[ti].invariant ? "on" : "off");
+    }
     std::printf("model: %s, load + upload %.1f s, %.2f GB read per decode step (weights%s)\n", path.c_str(), load_s,
                 (weight_bytes + expert_bytes * expert_fraction(1)) / 1e9, n_gpus > 1 ? ", all GPUs together" : "");
     if (c.n_expert > 0) {
@@ -424,6 +441,7 @@ int run(int argc, char** argv) {
     Batch b;
     nlohmann::ordered_json jr;
     jr["tensor_parallel"] = n_gpus;
+    jr["batch_invariant"] = cfgs[ti].invariant;
     jr["load_s"] = load_s;
     if (recurrent) jr["state_bytes"] = state_bytes;
 
@@ -518,15 +536,15 @@ int run(int argc, char** argv) {
                               {"roofline_fraction", roofline / step_s}});
       tok_s[ti].push_back(B / step_s);
     }
-    if (tps.size() == 1) {
+    if (cfgs.size() == 1) {
       for (auto& [k, v] : jr.items()) {
-        if (k != "tensor_parallel") j[k] = v;
+        if (k != "tensor_parallel" && k != "batch_invariant") j[k] = v;
       }
     } else {
       j["runs"].push_back(jr);
     }
   }
-  if (tps.size() > 1) {
+  if (tps.size() > 1 && invs.size() == 1) {
     std::printf("--- decode scaling (greedy on device; against %d GPU%s) ---\n", tps[0], tps[0] > 1 ? "s" : "");
     for (size_t bi = 0; bi < batches.size(); ++bi) {
       std::printf("batch %3d:", batches[bi]);

@@ -111,6 +111,7 @@ struct EngineOptions {
   Device device = Device::kCpu;       // kCuda: the model runs on GPU 0
   double gpu_memory_fraction = 0.9;   // kCuda without kv_cache_mb: device memory rill may fill (KV gets the rest)
   int tensor_parallel = 1;            // > 1: the model split over that many ranks (kCuda: GPUs 0..N-1, NCCL)
+  bool batch_invariant = false;       // kCuda: a request's tokens do not depend on the batch (ModelOptions)
   bool check_integrity = false;   // verify the KV structures after every step (tests; slow)
   // Prefix-cache tiers below the device cache (see engine/kv_tiers.h).
   int64_t cache_ram_mb = 0;       // host-RAM tier; 0: off

@@ -62,6 +62,7 @@ int run_chat(const RunOptions& o) {
   lo.model.n_ctx = o.ctx_size;
   lo.model.device = o.device.value();
   lo.model.tensor_parallel = o.device.tensor_parallel;
+  lo.model.batch_invariant = o.device.batch_invariant;
   auto loaded = load_model(o.model.empty() ? default_model_path() : o.model, lo);
   if (!loaded.ok()) {
     std::fprintf(stderr, "rill run: %s\n", loaded.error().message.c_str());

@@ -53,6 +53,7 @@ int run_once(const RunOptions& o, Clock::time_point t_start) {
   lo.model.n_ctx = o.ctx_size;
   lo.model.device = o.device.value();
   lo.model.tensor_parallel = o.device.tensor_parallel;
+  lo.model.batch_invariant = o.device.batch_invariant;
   auto m = load_model(o.model.empty() ? default_model_path() : o.model, lo);
   if (!m.ok()) {
     std::fprintf(stderr, "rill run: %s\n", m.error().message.c_str());

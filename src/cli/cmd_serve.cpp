@@ -40,6 +40,7 @@ int run_serve(ServeOptions& o) {
   o.engine.device = o.device.value();
   o.engine.gpu_memory_fraction = o.device.gpu_memory_fraction;
   o.engine.tensor_parallel = o.device.tensor_parallel;
+  o.engine.batch_invariant = o.device.batch_invariant;
   auto engine = Engine::load(path, o.engine);
   if (!engine.ok()) {
     std::fprintf(stderr, "rill serve: %s\n", engine.error().message.c_str());

@@ -1,5 +1,5 @@
 #pragma once
-// --device, --gpu-memory-fraction and --tensor-parallel, shared by rill run,
+// --device, --gpu-memory-fraction, --tensor-parallel and --batch-invariant, shared by rill run,
 // bench and serve.
 #include <CLI/CLI.hpp>
 
@@ -13,6 +13,7 @@ struct DeviceFlags {
   std::string device = "cpu";
   double gpu_memory_fraction = 0.9;
   int tensor_parallel = 1;
+  bool batch_invariant = false;
 
   Device value() const { return device == "cuda" ? Device::kCuda : Device::kCpu; }
   void add_to(CLI::App* app) {
@@ -26,6 +27,9 @@ struct DeviceFlags {
                     "split the model over this many devices: with --device cuda, GPUs 0..N-1 over NCCL (heads, "
                     "KV heads and vocabulary divided evenly); on the CPU, simulated ranks (a reference, not faster)")
         ->check(CLI::Range(1, 64));
+    app->add_flag("--batch-invariant", batch_invariant,
+                  "with --device cuda: every matmul in a fixed order per token, so a request's output does not "
+                  "depend on what else runs with it (slower; the CPU is always batch invariant)");
   }
 };
 

@@ -263,6 +263,9 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   max_tokens_ = std::max(1, options.max_batch_tokens);
   max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
 
+  batch_invariant_ = options.batch_invariant;
+  gemm_->set_batch_invariant(batch_invariant_);
+
   // Activations for max_tokens_ rows (and max_seqs_ sampled rows).
   const auto T = static_cast<size_t>(max_tokens_), S = static_cast<size_t>(max_seqs_);
   auto carve = [&](cuda::Arena& a) {
@@ -277,7 +280,8 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
       vocab_local_ = a.take<float>(S * static_cast<size_t>(split_.vocab_stride));
       vocab_all_ = a.take<float>(static_cast<size_t>(split_.size) * S * static_cast<size_t>(split_.vocab_stride));
     }
-    qscratch_.carve(a, act_, max_tokens_, quant_max_elems_, quant_head_ ? V_ : 0, E_, max_seqs_);
+    qscratch_.carve(a, act_, max_tokens_, quant_max_elems_, quant_head_ ? V_ : 0, E_, max_seqs_,
+                      batch_invariant_);
   };
   cuda::Arena sizing;
   carve(sizing);
@@ -505,8 +509,13 @@ Status CudaModelBase::compute(const Batch& batch) {
         mh.slots[g][i] = table[p >> block_shift_] * block_size_ + (p & (block_size_ - 1));
       }
     }
-    cuda::route_attention(s, q.q_start, q.q_len, tile_q, decode, tiles);
-    if (q.q_len <= cuda::kDecodeMaxQ) max_decode_len = std::max(max_decode_len, q.kv_len);
+    if (batch_invariant_) {  // every token through split-KV decode attention (see cuda_model_base.h)
+      for (int32_t i = q.q_start; i < q.q_start + q.q_len; ++i) decode.push_back(i);
+      max_decode_len = std::max(max_decode_len, q.kv_len);
+    } else {
+      cuda::route_attention(s, q.q_start, q.q_len, tile_q, decode, tiles);
+      if (q.q_len <= cuda::kDecodeMaxQ) max_decode_len = std::max(max_decode_len, q.kv_len);
+    }
     decode_only = decode_only && q.q_len == 1;
   }
 

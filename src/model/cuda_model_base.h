@@ -300,6 +300,24 @@ class CudaModelBase : public Model {
   // RILL_CUDA_FAST_DECODE=0: decode attention through the general kernel
   // (benchmarks compare the two).
   bool general_decode_ = false;
+  // ModelOptions::batch_invariant. What it guarantees: a token's logits
+  // (and so its greedy or seeded sample: sampling is per row) are the same
+  // bits whatever else shares its step and however its prompt was chunked.
+  // How: every matmul goes through gemm_'s invariant mode (bf16/f16 and
+  // dequantized weights: gemm_invariant; f32: the GEMV; never cuBLASLt nor a
+  // switch by token count), the MoE experts through device routing and the
+  // fixed-order expert kernels at every token count (cuda_moe.h), and every
+  // token's attention through the split-KV decode kernel, whose splits
+  // depend on the token's own length (the prefill tile kernel would make a
+  // prompt token's bits depend on its chunk's length). The rest is per
+  // token or per row already: norms, RoPE, activations, sampling. What it
+  // does not: bits equal to the default mode (it is a different kernel, so
+  // logits differ from it within bf16 rounding), to other GPUs or builds,
+  // or across tensor-parallel sizes. (The hybrid family's gated DeltaNet
+  // layers are invariant in either mode: cuda/gated_delta.h.) Cost: slower prefill and large batches
+  // (gemm_invariant is far below cuBLASLt's peak), and quantized weights
+  // are dequantized at every step, one token too.
+  bool batch_invariant_ = false;
   // RILL_CUDA_SAMPLE=0: no forward_sample, so sampled rows go to the host
   // as logits (benchmarks compare the two).
   bool device_sampling_ = true;

@@ -143,7 +143,11 @@ void CudaMoe::carve(cuda::Arena& a, int64_t max_tokens) {
 Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool decode_only, float* x,
                         cuda::Gemm& gemm, cudaStream_t stream, bool grouped) {
   const MoeParams& p = w.p;
-  const bool device_routing = !grouped && (decode_only || act_ == DType::kF32);
+  // Batch-invariant mode (gemm.batch_invariant()): device routing and the
+  // fixed-order expert kernels (tensor cores where moe_mma_supported) at
+  // every token count, never the grouped cuBLASLt GEMMs.
+  const bool invariant = gemm.batch_invariant();
+  const bool device_routing = invariant || (!grouped && (decode_only || act_ == DType::kF32));
   const int64_t X = p.n_expert, K = p.n_expert_used, E = p.n_embd, F = p.n_ff, Fs = p.n_ff_shared;
   const size_t as = cuda_dtype_size(act_);
   for (int64_t t0 = 0; t0 < n; t0 += chunk_) {
@@ -161,7 +165,7 @@ Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool 
     }
     if (device_routing) {
       const auto max_active = static_cast<int32_t>(std::min(m * K, X));
-      const bool tensor_cores = mma_mode_ == 1 || (mma_mode_ < 0 && m >= kMmaMinTokens);
+      const bool tensor_cores = invariant || mma_mode_ == 1 || (mma_mode_ < 0 && m >= kMmaMinTokens);
       cuda::moe_gemv(w.gate_up, hc, static_cast<int32_t>(K), routing_, max_active, gu_, tensor_cores, stream);
       cuda::silu_mul(gu_, m * K, F, act_, mid_, stream);
       cuda::moe_gemv(w.down, mid_, 1, routing_, max_active, y_, tensor_cores, stream);

@@ -19,6 +19,11 @@
 //    come to the host (one stream synchronization per layer), the tokens'
 //    rows are gathered per expert (each expert's rows padded to a multiple
 //    of kPad) and each active expert runs two GEMMs (cuBLASLt for bf16).
+// Batch-invariant mode (the model's Gemm in its invariant mode) takes the
+// first at every token count with tensor cores whenever the shape allows
+// (a choice by shape, not by token count), so bf16/f16 tokens are then
+// batch invariant too; the router and shared expert go through gemm.matmul
+// (gemm_invariant).
 // F32 weights always take the first: every f32 matmul is the fixed-order
 // GEMV anyway (cuda/gemm.h), so a token's result is then the same in a
 // decode step, a prefill chunk or a mixed step.

@@ -48,6 +48,11 @@ struct ModelOptions {
   // reference the device runs are held to; kCuda: one GPU per rank over
   // NCCL. Implementations without it refuse values above 1.
   int tensor_parallel = 1;
+  // kCuda only: batch-invariant mode (CudaModelBase::batch_invariant_ says
+  // what it guarantees): a token's logits do not depend on the other tokens
+  // of its step nor on its prompt's chunking, at some cost in speed. The
+  // CPU models are batch invariant always and ignore it.
+  bool batch_invariant = false;
 };
 
 class Model {

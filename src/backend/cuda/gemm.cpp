@@ -93,7 +93,18 @@ Status Gemm::run(DType dtype, const void* w, const void* x, int64_t n, int64_t r
 
 Status Gemm::matmul(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
                     bool accumulate) {
-  if (gemv_supported(dtype, cols) && (dtype == DType::kF32 || n == 1)) {
+  if (batch_invariant_ && dtype != DType::kF32) {
+    if (!gemm_invariant_supported(dtype, cols)) {
+      return Error{"batch-invariant matmul: " + std::to_string(cols) + " " + std::string(dtype_name(dtype)) +
+                   " columns are not a whole number of 16 bytes"};
+    }
+    gemm_invariant(dtype, w, x, n, rows, cols, y, accumulate, ctx_.stream());
+    return Status::Ok();
+  }
+  if (batch_invariant_ && !gemv_supported(dtype, cols)) {
+    return Error{"batch-invariant matmul: " + std::to_string(cols) + " f32 columns are not a multiple of 4"};
+  }
+  if (gemv_supported(dtype, cols) && (dtype == DType::kF32 || n == 1 || batch_invariant_)) {
     gemv(dtype, w, x, n, rows, cols, y, accumulate, ctx_.stream());
     return Status::Ok();
   }

@@ -31,8 +31,14 @@ class Gemm {
   // F16/BF16 take it for one token and cuBLASLt for more: on the H200 the
   // GEMV streams the 8B shapes' weights as fast as cuBLASLt or faster at one
   // token and loses from two tokens on (docs/perf.md, bench_cuda --kernels).
+  // Batch-invariant mode (set_batch_invariant(true)): F16/BF16 take
+  // gemm_invariant at every token count (one token too) and F32 the GEMV,
+  // never cuBLASLt, so y[t, r] depends only on W's row r and x's row t.
   Status matmul(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
                 bool accumulate);
+
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
 
  private:
   struct Plan;
@@ -40,6 +46,18 @@ class Gemm {
 
   const Context& ctx_;
   std::unordered_map<uint64_t, std::unique_ptr<Plan>> plans_;
+  bool batch_invariant_ = false;
 };
+
+// The batch-invariant GEMM (gemm_invariant.cu): y[t, r] (+)= sum_c W[r, c]
+// x[t, c] for W [rows, cols], x [n, cols] in one dtype (F16 or BF16, rows a
+// whole number of 16 bytes: gemm_invariant_supported), y [n, rows] f32. On
+// tensor cores (mma.m16n8k16, f32 accumulation) in an order fixed by cols
+// alone: each output is the same bits whatever n is and whichever other
+// tokens share the call. Slower than cuBLASLt at large n (no shared-memory
+// tiling) and than the GEMV at one token; used only in batch-invariant mode.
+bool gemm_invariant_supported(DType dtype, int64_t n_cols);
+void gemm_invariant(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
+                    bool accumulate, cudaStream_t stream);
 
 }  // namespace rill::cuda

@@ -62,9 +62,10 @@ struct QuantScratch {
   // max_tokens tokens, and over a quantized LM head [head_rows, head_cols]
   // (head_rows 0: none) with up to max_head_tokens: whole matrices, but a
   // head larger than both the layers' largest and kQuantChunkElems goes in
-  // row chunks. Nothing where the GEMV takes every call.
+  // row chunks. Nothing where the GEMV takes every call (never in
+  // batch-invariant mode, which always dequantizes).
   void carve(Arena& a, DType act, int64_t max_tokens, int64_t max_elems, int64_t head_rows,
-             int64_t head_cols, int64_t max_head_tokens);
+             int64_t head_cols, int64_t max_head_tokens, bool batch_invariant = false);
 };
 // A quantized LM head larger than this (and than every layer matrix) is
 // dequantized in row chunks of this many elements (32 MiB in bf16).
@@ -75,8 +76,9 @@ inline constexpr int64_t kQuantChunkElems = int64_t{16} << 20;
 // quant_gemv. Otherwise W (in row chunks when it exceeds scratch.w_elems)
 // is dequantized to x_dtype into the scratch and multiplied by cuBLASLt
 // (f32 accumulation; its order depends on cuBLASLt's kernel choice, as for
-// bf16 weights). Errors when the scratch cannot hold one row chunk for
-// n_tokens.
+// bf16 weights). In batch-invariant mode (gemm.batch_invariant()) every
+// call dequantizes and multiplies through gemm.matmul (gemm_invariant).
+// Errors when the scratch cannot hold one row chunk for n_tokens.
 Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, const void* w,
                     DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                     float* y, bool accumulate, cudaStream_t stream);

@@ -10,8 +10,8 @@
 namespace rill::cuda {
 
 void QuantScratch::carve(Arena& a, DType act, int64_t max_tokens, int64_t max_elems,
-                         int64_t head_rows, int64_t head_cols, int64_t max_head_tokens) {
-  const int64_t gemv_max = act == DType::kF32 || act == DType::kBF16 ? kGemvMaxTokens : 0;
+                         int64_t head_rows, int64_t head_cols, int64_t max_head_tokens, bool batch_invariant) {
+  const int64_t gemv_max = !batch_invariant && (act == DType::kF32 || act == DType::kBF16) ? kGemvMaxTokens : 0;
   w_elems = max_tokens > gemv_max ? max_elems : 0;
   y_floats = 0;
   if (head_rows > 0 && max_head_tokens > gemv_max) {
@@ -31,7 +31,10 @@ Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, cons
                     DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                     float* y, bool accumulate, cudaStream_t stream) {
   if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
-  if (n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) {
+  // Batch-invariant mode: never the block GEMV (its order differs from the
+  // GEMM's); always dequantize, then gemm.matmul's invariant kernel.
+  const bool invariant = gemm.batch_invariant();
+  if (!invariant && n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) {
     quant_gemv(w_dtype, w, x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
     return Status::Ok();
   }
@@ -44,6 +47,7 @@ Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, cons
   }
   if (chunk == n_rows) {
     dequantize_rows(w_dtype, w, n_cols, 0, n_rows, x_dtype, scratch.w, stream);
+    if (invariant) return gemm.matmul(x_dtype, scratch.w, x, n_tokens, n_rows, n_cols, y, accumulate);
     return gemm.run(x_dtype, scratch.w, x, n_tokens, n_rows, n_cols, y, accumulate);
   }
   // A matrix larger than the scratch (the LM head): row chunks, each
@@ -51,7 +55,8 @@ Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, cons
   for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
     const int64_t rc = std::min(chunk, n_rows - r0);
     dequantize_rows(w_dtype, w, n_cols, r0, rc, x_dtype, scratch.w, stream);
-    RILL_TRY(gemm.run(x_dtype, scratch.w, x, n_tokens, rc, n_cols, scratch.y, false));
+    RILL_TRY(invariant ? gemm.matmul(x_dtype, scratch.w, x, n_tokens, rc, n_cols, scratch.y, false)
+                       : gemm.run(x_dtype, scratch.w, x, n_tokens, rc, n_cols, scratch.y, false));
     add_columns(scratch.y, n_tokens, rc, y, n_rows, r0, accumulate, stream);
   }
   return Status::Ok();
