@@ -5,7 +5,7 @@
 # 98 MB model does not travel here; see make_carry_q.sh).
 cd "$(dirname "$0")"
 G=/tmp/g7
-mkdir -p $G/bin && cp bin/*.gz $G/bin/ && gunzip -f $G/bin/*.gz && chmod +x $G/bin/*
+mkdir -p $G/bin && tar -C $G/bin -xJf bins.tar.xz && chmod +x $G/bin/*
 NCCL_DIR=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
 export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$NCCL_DIR
 export NCCL_NVLS_ENABLE=0

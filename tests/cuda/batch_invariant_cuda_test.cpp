@@ -20,15 +20,11 @@
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
+#include "../engine/golden_util.h"
 #include "cuda_test_util.h"
 
 namespace rill {
 namespace {
-
-std::string goldens_dir() {
-  const char* env = std::getenv("RILL_SHARED_DIR");
-  return std::string(env ? env : RILL_SHARED_DIR) + "/goldens/hf/";
-}
 
 struct Case {
   std::string golden;
@@ -61,7 +57,7 @@ class CudaBatchInvariant : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     RILL_REQUIRE_GPU();
-    dir_ = goldens_dir() + GetParam().golden;
+    dir_ = test::hf_golden_dir(GetParam().golden);
     if (!std::filesystem::exists(dir_ + "/config.json")) GTEST_SKIP() << dir_ << " not found";
     auto files = open_model_files(dir_);
     ASSERT_TRUE(files.ok()) << files.error().message;
