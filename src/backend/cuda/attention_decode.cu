@@ -83,22 +83,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
 
-__device__ __forceinline__ void unpack(const uint4& u, const __half*, float* f) {
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __half22float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
-__device__ __forceinline__ void unpack(const uint4& u, const float*, float* f) {
-  f[0] = __uint_as_float(u.x);
-  f[1] = __uint_as_float(u.y);
-  f[2] = __uint_as_float(u.z);
-  f[3] = __uint_as_float(u.w);
-}
-
 // Sums v[0, 2 kO) over the lanes of a row of 2 kO lanes, halving the values
 // each step: at offset o a lane keeps the half its bit o selects and adds
 // the partner's copy of it. Lane c of the row ends with v[0] = the row's
@@ -229,7 +213,7 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) {
         float kf[kE];
-        unpack(kr[i], static_cast<const KV*>(nullptr), kf);
+        unpack8(kr[i], static_cast<const KV*>(nullptr), kf);
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
           float d = 0.0f;
@@ -270,7 +254,7 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
 #pragma unroll
         for (int i = 0; i < kLoads; ++i) {
           float vf[kE], pg[kG];
-          unpack(vr[i], static_cast<const KV*>(nullptr), vf);
+          unpack8(vr[i], static_cast<const KV*>(nullptr), vf);
           const float* pp = p_s + rr * kL + i * kG;
           if constexpr (kG % 4 == 0) {
 #pragma unroll
@@ -319,7 +303,7 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) {
         float vf[kE];
-        unpack(vr[i], static_cast<const KV*>(nullptr), vf);
+        unpack8(vr[i], static_cast<const KV*>(nullptr), vf);
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
           const float pr = expf(s[i][g] - m_new[g]);

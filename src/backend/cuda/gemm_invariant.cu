@@ -28,21 +28,6 @@ namespace {
 
 constexpr int kWarps = 8, kTiles = 8, kRows = 16, kChunk = 64;
 
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
 
 __device__ __forceinline__ uint4 load_or_zero(const uint4* p, int64_t v, int64_t n_vec) {
   return v < n_vec ? __ldg(p + v) : make_uint4(0, 0, 0, 0);
@@ -101,10 +86,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       const uint4 X0 = load_or_zero(xr[j], v, n_vec), X1 = load_or_zero(xr[j], v + 1, n_vec);
 #pragma unroll
       for (int q = 0; q < R; ++q) {
-        mma_16816<T>(acc[q][j], A0[q].x, B0[q].x, A0[q].y, B0[q].y, X0.x, X0.y);
-        mma_16816<T>(acc[q][j], A0[q].z, B0[q].z, A0[q].w, B0[q].w, X0.z, X0.w);
-        mma_16816<T>(acc[q][j], A1[q].x, B1[q].x, A1[q].y, B1[q].y, X1.x, X1.y);
-        mma_16816<T>(acc[q][j], A1[q].z, B1[q].z, A1[q].w, B1[q].w, X1.z, X1.w);
+        mma_m16n8k16<T>(acc[q][j], A0[q].x, B0[q].x, A0[q].y, B0[q].y, X0.x, X0.y);
+        mma_m16n8k16<T>(acc[q][j], A0[q].z, B0[q].z, A0[q].w, B0[q].w, X0.z, X0.w);
+        mma_m16n8k16<T>(acc[q][j], A1[q].x, B1[q].x, A1[q].y, B1[q].y, X1.x, X1.y);
+        mma_m16n8k16<T>(acc[q][j], A1[q].z, B1[q].z, A1[q].w, B1[q].w, X1.z, X1.w);
       }
     }
   }

@@ -12,30 +12,6 @@ namespace {
 
 constexpr int kWarps = 8;
 
-__device__ __forceinline__ void unpack8(const uint4& u, const float*, float* f) {
-  f[0] = __uint_as_float(u.x);
-  f[1] = __uint_as_float(u.y);
-  f[2] = __uint_as_float(u.z);
-  f[3] = __uint_as_float(u.w);
-}
-__device__ __forceinline__ void unpack8(const uint4& u, const __half*, float* f) {
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __half22float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
-__device__ __forceinline__ void unpack8(const uint4& u, const __nv_bfloat16*, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
 
 // Streaming 16-byte load: weights are read once per step, keep them out of L1.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }

@@ -172,30 +172,6 @@ constexpr int kWarps = 8;          // warps per block
 constexpr int kRowsPerWarp = 2;    // each x vector load serves two weight rows
 constexpr int kPairsPerPass = 8;   // pairs per read of the weights
 
-__device__ __forceinline__ void unpack(const uint4& u, const float*, float* f) {
-  f[0] = __uint_as_float(u.x);
-  f[1] = __uint_as_float(u.y);
-  f[2] = __uint_as_float(u.z);
-  f[3] = __uint_as_float(u.w);
-}
-__device__ __forceinline__ void unpack(const uint4& u, const __half*, float* f) {
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __half22float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
-__device__ __forceinline__ void unpack(const uint4& u, const __nv_bfloat16*, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
 
 __device__ __forceinline__ uint4 load_w(const uint4* p, bool streaming) { return streaming ? __ldcs(p) : __ldg(p); }
 
@@ -222,11 +198,11 @@ __device__ __forceinline__ void gemv_pass(const uint4* const (&wr)[kRowsPerWarp]
 #pragma unroll
       for (int t = 0; t < N; ++t) {
         float xf[8];
-        unpack(xs[t][v + 32 * u], static_cast<const T*>(nullptr), xf);
+        unpack8(xs[t][v + 32 * u], static_cast<const T*>(nullptr), xf);
 #pragma unroll
         for (int k = 0; k < kRowsPerWarp; ++k) {
           float wf[8];
-          unpack(wv[k][u], static_cast<const T*>(nullptr), wf);
+          unpack8(wv[k][u], static_cast<const T*>(nullptr), wf);
 #pragma unroll
           for (int e = 0; e < kVec; ++e) acc[k][t] += wf[e] * xf[e];
         }
@@ -240,11 +216,11 @@ __device__ __forceinline__ void gemv_pass(const uint4* const (&wr)[kRowsPerWarp]
 #pragma unroll
     for (int t = 0; t < N; ++t) {
       float xf[8];
-      unpack(xs[t][v], static_cast<const T*>(nullptr), xf);
+      unpack8(xs[t][v], static_cast<const T*>(nullptr), xf);
 #pragma unroll
       for (int k = 0; k < kRowsPerWarp; ++k) {
         float wf[8];
-        unpack(wv[k], static_cast<const T*>(nullptr), wf);
+        unpack8(wv[k], static_cast<const T*>(nullptr), wf);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc[k][t] += wf[e] * xf[e];
       }
@@ -340,21 +316,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 // own row and column), so results do not depend on the batch.
 constexpr int kMmaWarps = 8, kMmaTiles = 4, kMmaRows = 16, kMmaChunk = 64;
 
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  if constexpr (sizeof(T) == 2 && std::is_same_v<T, __half>) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kMmaWarps * 32)
@@ -400,10 +361,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
         if (j >= tiles) break;
         const uint4 zero = make_uint4(0, 0, 0, 0);
         const uint4 X0 = xr[j] ? __ldg(xr[j] + v) : zero, X1 = xr[j] ? __ldg(xr[j] + v + 1) : zero;
-        mma_16816<T>(acc[j], A0.x, B0.x, A0.y, B0.y, X0.x, X0.y);
-        mma_16816<T>(acc[j], A0.z, B0.z, A0.w, B0.w, X0.z, X0.w);
-        mma_16816<T>(acc[j], A1.x, B1.x, A1.y, B1.y, X1.x, X1.y);
-        mma_16816<T>(acc[j], A1.z, B1.z, A1.w, B1.w, X1.z, X1.w);
+        mma_m16n8k16<T>(acc[j], A0.x, B0.x, A0.y, B0.y, X0.x, X0.y);
+        mma_m16n8k16<T>(acc[j], A0.z, B0.z, A0.w, B0.w, X0.z, X0.w);
+        mma_m16n8k16<T>(acc[j], A1.x, B1.x, A1.y, B1.y, X1.x, X1.y);
+        mma_m16n8k16<T>(acc[j], A1.z, B1.z, A1.w, B1.w, X1.z, X1.w);
       }
     }
 #pragma unroll
