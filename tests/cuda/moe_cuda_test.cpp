@@ -63,11 +63,7 @@ TEST_P(CudaMoeHf, LogitsAndGreedyMatchTransformers) {
   SequenceRunner runner(**model);
   auto logits = runner.score(g.prompt_ids);
   ASSERT_TRUE(logits.ok()) << logits.error().message;
-  const int64_t V = (*model)->n_vocab();
-  double max_err = 0;
-  for (size_t t = 0; t < g.prompt_ids.size(); ++t) {
-    for (int64_t i = 0; i < V; ++i) max_err = std::max(max_err, std::fabs(double((*logits)[t * V + i]) - g.logits[t][i]));
-  }
+  const double max_err = test::max_golden_error((*logits), g);
   EXPECT_LT(max_err, 1e-3) << GetParam() << ": max |logit - reference| = " << max_err;
   std::printf("[ cuda moe hf ] %s: max |logit - transformers| = %.3g\n", GetParam().c_str(), max_err);
 
@@ -116,28 +112,7 @@ TEST_P(CudaMoeHf, EngineGreedyOnTheDeviceGivesTheGoldenTokens) {
   ASSERT_TRUE(model.ok()) << model.error().message;
   auto engine = Engine::create(std::move(model).value(), nullptr, EngineOptions{});
   ASSERT_TRUE(engine.ok()) << engine.error().message;
-  const auto n = static_cast<int32_t>(g.greedy_ids.size());
-  std::vector<RequestHandle> hs;
-  for (int32_t i = 0; i < 3; ++i) {
-    GenerationRequest r;
-    r.prompt = g.prompt_ids;
-    r.max_tokens = n - i;
-    r.ignore_eos = true;
-    r.sampling.temperature = 0.0f;
-    auto h = (*engine)->submit(std::move(r));
-    ASSERT_TRUE(h.ok()) << h.error().message;
-    hs.push_back(std::move(h).value());
-  }
-  for (int32_t i = 0; i < 3; ++i) {
-    std::vector<int32_t> ids;
-    GenerationEvent ev;
-    while (hs[static_cast<size_t>(i)].next(ev)) {
-      EXPECT_TRUE(ev.error.empty()) << ev.error;
-      ids.insert(ids.end(), ev.token_ids.begin(), ev.token_ids.end());
-    }
-    EXPECT_EQ(ids, std::vector<int32_t>(g.greedy_ids.begin(), g.greedy_ids.begin() + (n - i)))
-        << GetParam() << " request " << i;
-  }
+  test::expect_greedy_prefixes(**engine, g, 3, GetParam());
 }
 
 // Decode logits of sequence 0 alone and beside 39 others (same KV), over

@@ -127,11 +127,7 @@ TEST_P(CudaHybrid, LogitsMatchTransformersAtEveryPositionChunked) {
     SequenceRunner runner(**model);
     auto logits = runner.score(g_.prompt_ids);
     ASSERT_TRUE(logits.ok()) << logits.error().message;
-    const int64_t V = (*model)->n_vocab();
-    double max_err = 0;
-    for (size_t t = 0; t < g_.prompt_ids.size(); ++t) {
-      for (int64_t i = 0; i < V; ++i) max_err = std::max(max_err, std::fabs(double((*logits)[t * V + i]) - g_.logits[t][i]));
-    }
+    const double max_err = test::max_golden_error((*logits), g_);
     EXPECT_LT(max_err, 1e-3) << "chunks of " << chunk;
     std::printf("[ cuda hf ] %s chunks of %d: max |logit - transformers| = %.3g\n", GetParam().c_str(), chunk, max_err);
   }

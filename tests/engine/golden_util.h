@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -42,6 +43,22 @@ inline HfGolden read_hf_golden(const std::string& dir) {
   const nlohmann::json j = nlohmann::json::parse(in);
   return {j["prompt_ids"].get<std::vector<int32_t>>(), j["logits"].get<std::vector<std::vector<float>>>(),
           j["greedy_ids"].get<std::vector<int32_t>>()};
+}
+
+// max |logits - g.logits| over every prompt position; logits: [prompt
+// positions, n_vocab] as SequenceRunner::score gives them. A shape that
+// does not match the golden fails the test (and counts as infinite).
+inline double max_golden_error(const std::vector<float>& logits, const HfGolden& g) {
+  const size_t n = g.prompt_ids.size(), V = g.logits.empty() ? 0 : g.logits[0].size();
+  EXPECT_EQ(g.logits.size(), n);
+  EXPECT_EQ(logits.size(), n * V);
+  if (g.logits.size() != n || logits.size() != n * V) return INFINITY;
+  double m = 0;
+  for (size_t t = 0; t < n; ++t) {
+    EXPECT_EQ(g.logits[t].size(), V) << "golden row " << t;
+    for (size_t i = 0; i < V && i < g.logits[t].size(); ++i) m = std::max(m, std::fabs(double(logits[t * V + i]) - g.logits[t][i]));
+  }
+  return m;
 }
 
 // Six prompts of 3..24 tokens: slices and rotations of a golden prompt.
@@ -93,6 +110,34 @@ inline std::vector<std::vector<int32_t>> generate_all(Engine& e, const std::vect
     }
   }
   return out;
+}
+
+// n_requests greedy requests for the golden prompt submitted at once,
+// request i asking for all but i of the golden continuation's tokens (so
+// they finish at different steps); each must give that prefix of it.
+inline void expect_greedy_prefixes(Engine& e, const HfGolden& g, int n_requests, const std::string& what) {
+  const auto n = static_cast<int32_t>(g.greedy_ids.size());
+  std::vector<RequestHandle> hs;
+  for (int32_t i = 0; i < n_requests; ++i) {
+    GenerationRequest r;
+    r.prompt = g.prompt_ids;
+    r.max_tokens = n - i;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0.0f;
+    auto h = e.submit(std::move(r));
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    hs.push_back(std::move(h).value());
+  }
+  for (int32_t i = 0; i < n_requests; ++i) {
+    std::vector<int32_t> ids;
+    GenerationEvent ev;
+    while (hs[static_cast<size_t>(i)].next(ev)) {
+      EXPECT_TRUE(ev.error.empty()) << ev.error;
+      ids.insert(ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+    }
+    EXPECT_EQ(ids, std::vector<int32_t>(g.greedy_ids.begin(), g.greedy_ids.begin() + (n - i)))
+        << what << " request " << i;
+  }
 }
 
 }  // namespace rill::test
