@@ -394,6 +394,9 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
 
   RILL_ASSIGN_OR_RETURN(c.n_embd, r.positive("embedding_length"));
   RILL_ASSIGN_OR_RETURN(c.n_layer, r.positive("block_count"));
+  if (c.n_layer > kMaxLayers)
+    return Error{file.path() + ": '" + r.key("block_count") + "' (" + std::to_string(c.n_layer) +
+                 ") exceeds " + std::to_string(kMaxLayers) + " layers"};
   RILL_ASSIGN_OR_RETURN(c.n_head, r.positive("attention.head_count"));
   RILL_ASSIGN_OR_RETURN(c.n_head_kv, r.positive_or("attention.head_count_kv", c.n_head));
   if (c.n_head % c.n_head_kv != 0)

@@ -296,6 +296,9 @@ Result<ModelConfig> parse_hf_config(const json& config, const std::string& name)
     RILL_ASSIGN_OR_RETURN(c.n_vocab, f.req_dim("vocab_size"));
     RILL_ASSIGN_OR_RETURN(c.n_embd, f.req_dim("hidden_size"));
     RILL_ASSIGN_OR_RETURN(c.n_layer, f.req_dim("num_hidden_layers"));
+    if (c.n_layer > kMaxLayers)
+      return f.invalid("num_hidden_layers", "is out of range (" + std::to_string(c.n_layer) + "; at most " +
+                                                std::to_string(kMaxLayers) + ")");
     RILL_ASSIGN_OR_RETURN(c.n_head, f.req_dim("num_attention_heads"));
     RILL_ASSIGN_OR_RETURN(auto n_head_kv, f.opt_dim("num_key_value_heads", 1));
     c.n_head_kv = n_head_kv ? *n_head_kv : c.n_head;

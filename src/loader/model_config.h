@@ -45,6 +45,11 @@ struct GenerationDefaults {
   std::optional<int32_t> bos_token_id;
 };
 
+// The most decoder layers a config may declare. Real models have at most a
+// few hundred; the bound keeps a hostile file's layer count from driving
+// per-layer loops (layer types, KV specs) for hours before the tensor check.
+inline constexpr int64_t kMaxLayers = 4096;
+
 struct ModelConfig {
   // Registry key: the Hugging Face model_type ("llama", "mistral", "qwen2",
   // "qwen3", ...) or, for GGUF, general.architecture mapped to the same names.

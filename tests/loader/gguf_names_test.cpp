@@ -411,6 +411,9 @@ TEST(GgufConfig, HybridErrorsNameTheFileAndKey) {
   w.add_u32("qwen35.nextn_predict_layers", 4);
   EXPECT_EQ(config_error(w), "x.gguf: 'qwen35.nextn_predict_layers' (4) leaves no decoder layers of "
                              "'qwen35.block_count' (4)");
+  // A hostile layer count is refused before any per-layer loop runs.
+  EXPECT_EQ(config_error(hybrid_file(0xFFFFFFFFu)),
+            "x.gguf: 'qwen35.block_count' (4294967295) exceeds 4096 layers");
   EXPECT_EQ(config_error(hybrid_file(4, 63)),
             "x.gguf: 'qwen35.ssm.inner_size' (63) is not a multiple of 'qwen35.ssm.time_step_rank' (4)");
 }

@@ -264,6 +264,7 @@ TEST(HfConfig, ErrorsNameFileAndField) {
       {"hidden_size", "64", "field 'hidden_size' must be an integer, got string"},
       {"num_hidden_layers", 2.5, "field 'num_hidden_layers' must be an integer, got float"},
       {"num_attention_heads", 0, "field 'num_attention_heads' is out of range"},
+      {"num_hidden_layers", 1 << 30, "field 'num_hidden_layers' is out of range (1073741824; at most 4096)"},
       {"num_key_value_heads", 3, "field 'num_key_value_heads' (3) must divide num_attention_heads (4)"},
       {"rms_norm_eps", true, "field 'rms_norm_eps' must be a number, got boolean"},
       {"tie_word_embeddings", 1, "field 'tie_word_embeddings' must be a boolean, got integer"},
