@@ -54,6 +54,7 @@ void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, co
 }
 
 void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const AttentionParams& p, ThreadPool& pool) {
+  constexpr int64_t kMaxQ16 = 1024;  // f16 query elements one unit converts
   assert(p.kv_dtype == DType::kF16 && p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024);
   const bool avx2 = best_isa() != Isa::kScalar;
   const bool avx512 = best_isa() == Isa::kAvx512 && detail::attend_f16_exact_supported(p.head_dim);
@@ -64,6 +65,17 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   const int gmax = avx512 ? detail::attend_f16_group_max_heads(p.head_dim) : 0;
   const int64_t parts = gmax > 0 ? (group + gmax - 1) / gmax : 0;  // units per KV head
   auto by_kv_head = [&](const AttentionSeq& seq) { return gmax > 0 && seq.n_q == 1; };
+  // With enough decoding sequences, one thread takes all of a sequence's KV
+  // heads: their K/V rows interleave in memory (a row holds every KV head),
+  // so a sequence read by one core comes from DRAM once; split across cores
+  // each core would fetch the same lines. Where one call can take them all
+  // (parts == 1), it does, reading each row whole and in order.
+  bool all_by_kv_head = gmax > 0;
+  for (int s = 0; s < n_seqs && all_by_kv_head; ++s) all_by_kv_head = by_kv_head(seqs[s]);
+  const bool seq_per_thread = all_by_kv_head && n_seqs >= 2 * pool.n_threads();
+  const bool fused = seq_per_thread && parts == 1 && p.n_head_kv <= detail::kMaxFusedKvHeads &&
+                     p.n_head * p.head_dim <= kMaxQ16;
+  const int64_t units_per_kv_seq = fused ? 1 : p.n_head_kv * parts;
   // first_unit[s]: the first unit of sequence s; grows only.
   thread_local std::vector<int64_t> first_unit;
   first_unit.resize(static_cast<size_t>(n_seqs) + 1);
@@ -71,40 +83,36 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   first_unit[0] = 0;
   for (int s = 0; s < n_seqs; ++s) {
     assert(seqs[s].kv.row_bytes == static_cast<size_t>(p.n_head_kv * p.head_dim) * 2);
-    const int64_t units = by_kv_head(seqs[s]) ? p.n_head_kv * parts : seqs[s].n_q * p.n_head;
+    const int64_t units = by_kv_head(seqs[s]) ? units_per_kv_seq : seqs[s].n_q * p.n_head;
     first_unit[static_cast<size_t>(s) + 1] = first_unit[static_cast<size_t>(s)] + units;
     max_kv = std::max(max_kv, seqs[s].n_kv);
   }
   const int64_t n_units = first_unit[static_cast<size_t>(n_seqs)];
   const int64_t* starts = first_unit.data();
   int64_t grain = std::max<int64_t>(1, n_units / (pool.n_threads() * 8));
-  // With enough decoding sequences, one thread takes all of a sequence's KV
-  // heads: their K/V rows interleave in memory (a row holds every KV head),
-  // so a sequence read by one core comes from DRAM once; split across cores
-  // each core would fetch the same lines.
-  bool all_by_kv_head = gmax > 0;
-  for (int s = 0; s < n_seqs && all_by_kv_head; ++s) all_by_kv_head = by_kv_head(seqs[s]);
-  if (all_by_kv_head && n_seqs >= 2 * pool.n_threads()) grain = p.n_head_kv * parts;
+  if (seq_per_thread) grain = units_per_kv_seq;
   pool.parallel_for(n_units, grain, [&](int64_t begin, int64_t end) {
     // Per-thread scratch, grown to the longest context seen (not per step).
     thread_local std::vector<float> scores;
     thread_local std::vector<uint16_t> probs16;
-    const size_t scratch = static_cast<size_t>(max_kv) * detail::kMaxGroupHeads;
+    const size_t scratch =
+        static_cast<size_t>(max_kv) * (fused ? static_cast<size_t>(p.n_head) : detail::kMaxGroupHeads);
     if (scores.size() < scratch) {
       scores.resize(scratch);
       probs16.resize(scratch);
     }
-    uint16_t q16[1024];
+    uint16_t q16[kMaxQ16];
     int s = static_cast<int>(std::upper_bound(starts, starts + n_seqs + 1, begin) - starts) - 1;
     for (int64_t u = begin; u < end; ++u) {
       while (u >= starts[s + 1]) ++s;
       const AttentionSeq& seq = seqs[s];
       const int64_t local = u - starts[s];  // the unit within the sequence
       if (by_kv_head(seq)) {
-        const int64_t kvh = local / parts, h0 = kvh * group + (local % parts) * gmax;
-        const int nh = static_cast<int>(std::min<int64_t>(gmax, (kvh + 1) * group - h0));
+        const int64_t kvh = fused ? 0 : local / parts, h0 = fused ? 0 : kvh * group + (local % parts) * gmax;
+        const int nh = static_cast<int>(fused ? group : std::min<int64_t>(gmax, (kvh + 1) * group - h0));
+        const int n_kvh = fused ? static_cast<int>(p.n_head_kv) : 1;
         const float* qr = seq.q + h0 * p.head_dim;
-        for (int64_t d = 0; d < nh * p.head_dim; ++d) q16[d] = f32_to_f16(qr[d]);
+        for (int64_t d = 0; d < n_kvh * nh * p.head_dim; ++d) q16[d] = f32_to_f16(qr[d]);
         const int64_t pos = seq.q_pos[0];
         detail::F16GroupArgs g;
         g.q16 = q16;
@@ -122,6 +130,7 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
         g.probs16 = probs16.data();
         g.scratch_stride = max_kv;
         g.out = seq.out + h0 * p.head_dim;
+        g.n_kv_heads = n_kvh;
         detail::attend_f16_rounded_group_avx512(g);
         continue;
       }

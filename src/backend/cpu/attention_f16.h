@@ -43,17 +43,26 @@ bool attend_f16_exact_supported(int64_t head_dim);
 // KV head: each head's output bit-identical to attend_f16_rounded_avx512
 // with single_query, every K/V row read once for all of them.
 inline constexpr int kMaxGroupHeads = 4;
+//
+// n_kv_heads > 1 takes that many consecutive KV heads (each with n_heads
+// query heads, the same arithmetic per head) in one pass: a K/V row holds
+// every KV head, so the pass reads each row whole and in order, which the
+// hardware prefetchers follow, where one KV head at a time reads a third of
+// each row at a stride. q16, scores, probs16 and out then hold
+// n_kv_heads * n_heads heads, KV head h's query heads at h * n_heads.
 struct F16GroupArgs {
-  const uint16_t* q16;  // [n_heads, head_dim] f16
-  PagedKv kv;           // at the shared KV head (as F16AttendArgs::kv)
+  const uint16_t* q16;  // [n_kv_heads * n_heads, head_dim] f16
+  PagedKv kv;           // at the (first) KV head (as F16AttendArgs::kv)
   int64_t head_dim, j_begin, j_end;
   int n_heads;
   float scale, softcap;
-  float* scores;           // scratch [n_heads, scratch_stride]
-  uint16_t* probs16;       // scratch [n_heads, scratch_stride]
+  float* scores;           // scratch [n_kv_heads * n_heads, scratch_stride]
+  uint16_t* probs16;       // scratch [n_kv_heads * n_heads, scratch_stride]
   int64_t scratch_stride;  // >= j_end
-  float* out;              // [n_heads, head_dim]
+  float* out;              // [n_kv_heads * n_heads, head_dim]
+  int n_kv_heads = 1;      // at most kMaxFusedKvHeads
 };
+inline constexpr int kMaxFusedKvHeads = 8;
 // Most heads one call takes for this head_dim; 0 when the form is unsupported.
 int attend_f16_group_max_heads(int64_t head_dim);
 void attend_f16_rounded_group_avx512(const F16GroupArgs& a);

@@ -6,6 +6,8 @@
 // decode at several streams K/V come from memory, so this also takes G - 1
 // passes over each KV head out of the step.
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 
 #include "backend/cpu/attention_f16_avx512_impl.h"
 
@@ -17,6 +19,10 @@
 
 namespace rill::cpu::detail {
 namespace {
+
+struct AlignedFree {
+  void operator()(float* p) const { std::free(p); }
+};
 
 // Raw single-query q.k of 16 consecutive keys for G heads: per key the NV
 // vectors of its K row are converted once; per head the 4 accumulators of
@@ -80,8 +86,103 @@ inline void pv_group(const PagedKv& kv, int64_t j_begin, int64_t n, const uint16
   }
 }
 
+// pv_group for H KV heads at once: per lane, each head's rows in turn, so
+// the rows a lane visits are read whole (every KV head's part) before the
+// next lane's. head_bytes: the offset of KV head h + 1 from head h in a row.
+// acc: [H * G][64][hd] floats.
+template <int G, int NV>
+inline void pv_heads(const PagedKv& kv, int H, size_t head_bytes, int64_t j_begin, int64_t n,
+                     const uint16_t* const* probs16, float* acc) {
+  constexpr int64_t hd = 16 * NV;
+  for (int l = 0; l < 64; ++l) {
+    int64_t j0 = l;
+    if (j0 < j_begin) j0 += (j_begin - l + 63) / 64 * 64;
+    for (int h = 0; h < H; ++h) {
+      __m512 r[G][NV];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+        for (int i = 0; i < NV; ++i) r[g][i] = _mm512_setzero_ps();
+      const uint16_t* const* ph = probs16 + h * G;
+      for (int64_t j = j0; j < n; j += 64) {
+        const auto* vr = reinterpret_cast<const uint16_t*>(kv.v_row(j) + h * head_bytes);
+        __m512 v[NV];
+#pragma GCC unroll 16
+        for (int i = 0; i < NV; ++i) v[i] = load16(vr + 16 * i);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+          const __m512 p = _mm512_set1_ps(_cvtsh_ss(ph[g][j]));
+#pragma GCC unroll 16
+          for (int i = 0; i < NV; ++i) r[g][i] = _mm512_fmadd_ps(v[i], p, r[g][i]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+        for (int i = 0; i < NV; ++i) _mm512_store_ps(acc + ((h * G + g) * 64 + l) * hd + 16 * i, r[g][i]);
+    }
+  }
+}
+
+// F16GroupArgs::n_kv_heads > 1: attend_group's steps for every KV head,
+// interleaved per 16-key block (q.k) and per lane (p.v).
+template <int G, int NV>
+void attend_heads(const F16GroupArgs& a) {
+  constexpr int64_t hd = 16 * NV;
+  const int H = a.n_kv_heads;
+  const size_t head_bytes = static_cast<size_t>(hd) * 2;
+  const int64_t n = a.j_end;
+  float* scores[kMaxFusedKvHeads * G];
+  const uint16_t* probs[kMaxFusedKvHeads * G];
+  for (int g = 0; g < H * G; ++g) {
+    scores[g] = a.scores + g * a.scratch_stride;
+    probs[g] = a.probs16 + g * a.scratch_stride;
+    for (int64_t j = 0; j < a.j_begin; ++j) scores[g][j] = -INFINITY;
+  }
+  auto head_kv = [&](int h) {
+    PagedKv kv = a.kv;
+    kv.k += h * head_bytes;
+    kv.v += h * head_bytes;
+    return kv;
+  };
+  int64_t j = a.j_begin;
+  {
+    alignas(64) __m512 qf[kMaxFusedKvHeads][G][NV];
+    for (int h = 0; h < H; ++h)
+      for (int g = 0; g < G; ++g)
+        for (int i = 0; i < NV; ++i) qf[h][g][i] = load16(a.q16 + (h * G + g) * hd + 16 * i);
+    const int64_t row_elems = H * hd;  // prefetch whole rows: every head's part
+    prefetch_rows(a.kv, a.kv.k, j, std::min(j + 32, n), row_elems);
+    for (; j + 16 <= n; j += 16) {
+      if (j + 32 < n) prefetch_rows(a.kv, a.kv.k, j + 32, std::min(j + 48, n), row_elems);
+      for (int h = 0; h < H; ++h) qk16_group<G, NV>(qf[h], head_kv(h), j, scores + h * G);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const PagedKv kv = head_kv(h);
+    for (int g = 0; g < G; ++g) {
+      const int hg = h * G + g;
+      const float max = finish_scores(a.q16 + hg * hd, kv, hd, a.j_begin, j, n, a.scale, a.softcap,
+                                      /*single_query=*/true, scores[hg]);
+      softmax_probs16(scores[hg], a.probs16 + hg * a.scratch_stride, n, max);
+    }
+  }
+  // Per-thread lane accumulators, grown to the largest call (not per step).
+  thread_local std::unique_ptr<float[], AlignedFree> acc;
+  thread_local size_t acc_floats = 0;
+  const size_t need = static_cast<size_t>(H * G) * 64 * hd;
+  if (acc_floats < need) {
+    acc.reset(static_cast<float*>(std::aligned_alloc(64, need * sizeof(float))));
+    acc_floats = need;
+  }
+  pv_heads<G, NV>(a.kv, H, head_bytes, a.j_begin, n, probs, acc.get());
+  for (int hg = 0; hg < H * G; ++hg)
+    reduce_lanes(acc.get() + hg * 64 * hd, hd, hd, /*single_query=*/true, a.out + hg * hd);
+}
+
 template <int G, int NV>
 void attend_group(const F16GroupArgs& a) {
+  if (a.n_kv_heads > 1) return attend_heads<G, NV>(a);
   constexpr int64_t hd = 16 * NV;
   const int64_t n = a.j_end;
   float* scores[G];
