@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/rope_table.h"
+#include "core/thread_pool.h"
 #include "model/arch/families.h"
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
@@ -40,10 +41,29 @@ struct Activations {
   MoeScratch moe;
 };
 
+// What one forward pass runs on: a backend and its activations. The model
+// has one for whole batches and, on several threads, one per decode lane.
+struct Exec {
+  Backend* backend;
+  Activations* a;
+  std::vector<cpu::AttentionSeq>* attn_seqs;
+};
+
+// A decode lane: a single-threaded backend with its own activations that
+// runs a share of a decode step's sequences on its own core (see forward()).
+struct DecodeLane {
+  std::unique_ptr<Backend> backend;
+  Activations a;
+  std::vector<cpu::AttentionSeq> attn_seqs;
+  Batch sub;           // this lane's sequences of the step
+  int32_t first = 0;   // its first sequence (= token and logits row) in the step
+  Status status;
+};
+
 class LlamaModel final : public CpuPagedModel {
  public:
   LlamaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
-      : CpuPagedModel(std::move(files), options.n_threads) {}
+      : CpuPagedModel(std::move(files), options.n_threads), lane_pool_(options.n_threads) {}
 
   Status init(const ModelOptions& options);
 
@@ -53,8 +73,12 @@ class LlamaModel final : public CpuPagedModel {
   }
 
  private:
-  void attention_block(const LlamaLayer& L, int64_t il, const Batch& batch);
-  void mlp_block(const LlamaLayer& L, int64_t n);
+  Status run(const Exec& e, const Batch& batch, float* logits);
+  void attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const Batch& batch);
+  void mlp_block(const Exec& e, const LlamaLayer& L, int64_t n);
+  void size_activations(Activations& a, int64_t max_tokens) const;
+  // Whether forward() runs `batch` as one sub-batch per lane.
+  bool split_into_lanes(const Batch& batch) const;
   Status bind_moe(LlamaLayer& L, const std::string& p);
   Status check_batch(const Batch& batch) const;
 
@@ -67,7 +91,17 @@ class LlamaModel final : public CpuPagedModel {
   AttentionParams attn_params_;
   Activations a_;
   std::vector<cpu::AttentionSeq> attn_seqs_;  // per step; capacity reserved at init
+  ThreadPool lane_pool_;                      // one thread per lane
+  std::vector<DecodeLane> lanes_;             // empty: no lanes (one thread, or MoE)
 };
+
+// Decode steps of at least kLaneMinSeqs sequences per lane, at most
+// kLaneMaxSeqs, run as lanes. A lane's GEMM costs the same per (row, token)
+// as the shared one from 4 tokens up, while the lanes drift apart in time,
+// so one core's memory-bound attention overlaps the other's compute-bound
+// matmuls; in lockstep both cores wait on memory together. Measured with
+// SmolLM2-135M Q4_1 on 2 cores (docs/perf.md).
+constexpr int32_t kLaneMinSeqs = 4, kLaneMaxSeqs = 64;
 
 Status LlamaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
@@ -159,55 +193,76 @@ Status LlamaModel::init(const ModelOptions& options) {
   RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, attn_params_.kv_dtype));
 
   attn_seqs_.reserve(static_cast<size_t>(max_tokens_));  // a batch has at most one sequence per token
-  const auto T = static_cast<size_t>(max_tokens_);
-  a_.x.resize(T * E);
-  a_.h.resize(T * E);
-  a_.q.resize(T * q_width_);
-  a_.k.resize(T * kv_width_);
-  a_.v.resize(T * kv_width_);
-  a_.attn.resize(T * q_width_);
-  a_.gate.resize(T * F);
-  a_.up.resize(T * F);
-  a_.final_rows.resize(T * E);
+  size_activations(a_, max_tokens_);
   std::vector<const WeightView*> weights = {&lm_head_};
+  bool any_moe = false;
   for (const LlamaLayer& L : layers_) {
     for (const Linear* l : {&L.q, &L.k, &L.v, &L.o}) weights.push_back(&l->w);
     if (L.moe) {
+      any_moe = true;
       L.moe->collect_weights(&weights);
       a_.moe.reserve(L.moe->params(), max_tokens_);
-      a_.moe_out.resize(T * E);
+      a_.moe_out.resize(static_cast<size_t>(max_tokens_ * E));
     } else {
       for (const Linear* l : {&L.gate, &L.up, &L.down}) weights.push_back(&l->w);
     }
   }
   backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
+  const int n_lanes = lane_pool_.n_threads();
+  if (n_lanes > 1 && !any_moe) {
+    const int64_t lane_tokens = std::min<int64_t>(max_tokens_, kLaneMaxSeqs);
+    lanes_.resize(static_cast<size_t>(n_lanes));
+    for (DecodeLane& lane : lanes_) {
+      lane.backend = make_cpu_backend(1);
+      lane.backend->reserve(weights.data(), static_cast<int>(weights.size()), lane_tokens);
+      size_activations(lane.a, lane_tokens);
+      lane.attn_seqs.reserve(static_cast<size_t>(lane_tokens));
+    }
+  }
   return {};
 }
 
-void LlamaModel::attention_block(const LlamaLayer& L, int64_t il, const Batch& batch) {
+void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
+  const auto T = static_cast<size_t>(max_tokens);
+  const auto E = static_cast<size_t>(cfg_.n_embd), F = static_cast<size_t>(std::max<int64_t>(cfg_.n_ff, 0));
+  a.x.resize(T * E);
+  a.h.resize(T * E);
+  a.q.resize(T * static_cast<size_t>(q_width_));
+  a.k.resize(T * static_cast<size_t>(kv_width_));
+  a.v.resize(T * static_cast<size_t>(kv_width_));
+  a.attn.resize(T * static_cast<size_t>(q_width_));
+  a.gate.resize(T * F);
+  a.up.resize(T * F);
+  a.final_rows.resize(T * E);
+}
+
+void LlamaModel::attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const Batch& batch) {
   const int64_t n = batch.n_tokens();
+  Activations& a = *e.a;
+  Backend& backend = *e.backend;
+  std::vector<cpu::AttentionSeq>& seqs = *e.attn_seqs;
   const Linear* qkv[] = {&L.q, &L.k, &L.v};
-  float* qkv_out[] = {a_.q.data(), a_.k.data(), a_.v.data()};
-  forward_group(qkv, qkv_out, 3, a_.h.data(), n, *backend_);
+  float* qkv_out[] = {a.q.data(), a.k.data(), a.v.data()};
+  forward_group(qkv, qkv_out, 3, a.h.data(), n, backend);
   if (!L.q_norm.empty()) {
-    backend_->rms_norm(a_.q.data(), L.q_norm.data(), n * cfg_.n_head, hd_, cfg_.rms_norm_eps, a_.q.data());
-    backend_->rms_norm(a_.k.data(), L.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a_.k.data());
+    backend.rms_norm(a.q.data(), L.q_norm.data(), n * cfg_.n_head, hd_, cfg_.rms_norm_eps, a.q.data());
+    backend.rms_norm(a.k.data(), L.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a.k.data());
   }
-  backend_->rope(a_.q.data(), batch.positions.data(), n, cfg_.n_head, hd_, rope_);
-  backend_->rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
+  backend.rope(a.q.data(), batch.positions.data(), n, cfg_.n_head, hd_, rope_);
+  backend.rope(a.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
   // Store every sequence's new K/V, then attend for all of them in one call.
-  attn_seqs_.clear();
+  seqs.clear();
   for (const BatchSeq& s : batch.seqs) {
     const int64_t t0 = s.q_start;
     const std::span<const int32_t> table = batch.table(0, s);
-    kv_.store(il, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
+    kv_.store(il, table, a.k.data() + t0 * kv_width_, a.v.data() + t0 * kv_width_,
               batch.positions.data() + t0, s.q_len, kv_width_);
-    attn_seqs_.push_back({a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
-                          s.kv_len, a_.attn.data() + t0 * q_width_});
+    seqs.push_back({a.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
+                    s.kv_len, a.attn.data() + t0 * q_width_});
   }
-  backend_->attention_batch(attn_seqs_.data(), static_cast<int>(attn_seqs_.size()), attn_params_);
-  L.o.forward(a_.attn.data(), n, a_.h.data(), *backend_);
-  backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
+  backend.attention_batch(seqs.data(), static_cast<int>(seqs.size()), attn_params_);
+  L.o.forward(a.attn.data(), n, a.h.data(), backend);
+  backend.add_inplace(a.x.data(), a.h.data(), n * cfg_.n_embd);
 }
 
 // MoeFfn::bind_llama: Mixtral's block_sparse_moe or mlp.{gate, experts...}.
@@ -216,18 +271,20 @@ Status LlamaModel::bind_moe(LlamaLayer& L, const std::string& p) {
   return Status::Ok();
 }
 
-void LlamaModel::mlp_block(const LlamaLayer& L, int64_t n) {
+void LlamaModel::mlp_block(const Exec& e, const LlamaLayer& L, int64_t n) {
+  Activations& a = *e.a;
+  Backend& backend = *e.backend;
   if (L.moe) {
-    L.moe->forward(a_.h.data(), n, a_.moe_out.data(), a_.moe, *backend_);
-    backend_->add_inplace(a_.x.data(), a_.moe_out.data(), n * cfg_.n_embd);
+    L.moe->forward(a.h.data(), n, a.moe_out.data(), a.moe, backend);
+    backend.add_inplace(a.x.data(), a.moe_out.data(), n * cfg_.n_embd);
     return;
   }
   const Linear* gate_up[] = {&L.gate, &L.up};
-  float* gate_up_out[] = {a_.gate.data(), a_.up.data()};
-  forward_group(gate_up, gate_up_out, 2, a_.h.data(), n, *backend_);
-  backend_->silu_mul(a_.gate.data(), a_.up.data(), a_.gate.data(), n * cfg_.n_ff);
-  L.down.forward(a_.gate.data(), n, a_.h.data(), *backend_);
-  backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
+  float* gate_up_out[] = {a.gate.data(), a.up.data()};
+  forward_group(gate_up, gate_up_out, 2, a.h.data(), n, backend);
+  backend.silu_mul(a.gate.data(), a.up.data(), a.gate.data(), n * cfg_.n_ff);
+  L.down.forward(a.gate.data(), n, a.h.data(), backend);
+  backend.add_inplace(a.x.data(), a.h.data(), n * cfg_.n_embd);
 }
 
 Status LlamaModel::check_batch(const Batch& batch) const {
@@ -285,25 +342,68 @@ Status LlamaModel::check_batch(const Batch& batch) const {
   return Status::Ok();
 }
 
+bool LlamaModel::split_into_lanes(const Batch& batch) const {
+  const auto n_lanes = static_cast<int32_t>(lanes_.size());
+  const int32_t n = batch.n_tokens();
+  if (n_lanes < 2 || n < n_lanes * kLaneMinSeqs || n > n_lanes * kLaneMaxSeqs) return false;
+  if (static_cast<int32_t>(batch.seqs.size()) != n || static_cast<int32_t>(batch.sample_rows.size()) != n) return false;
+  // Decode only: sequence i is token i, and every token samples in order.
+  for (int32_t i = 0; i < n; ++i) {
+    const BatchSeq& s = batch.seqs[static_cast<size_t>(i)];
+    if (s.q_start != i || s.q_len != 1 || batch.sample_rows[static_cast<size_t>(i)] != i) return false;
+  }
+  return true;
+}
+
+// Every (row, token) product, norm and attention head computes the same
+// bits alone, in a lane or in the whole batch, so how a step is split does
+// not change any token's logits.
 Status LlamaModel::forward(const Batch& batch, float* logits) {
   const int64_t n = batch.n_tokens();
-  const int64_t E = cfg_.n_embd;
   if (n <= 0) return {};
   RILL_TRY(check_batch(batch));
-  backend_->get_rows(embed_, batch.token_ids.data(), n, a_.x.data());
+  if (!split_into_lanes(batch)) return run(Exec{backend_.get(), &a_, &attn_seqs_}, batch, logits);
+
+  const auto n_lanes = static_cast<int32_t>(lanes_.size());
+  for (int32_t l = 0; l < n_lanes; ++l) {
+    DecodeLane& lane = lanes_[static_cast<size_t>(l)];
+    const int32_t first = static_cast<int32_t>(n * l / n_lanes), last = static_cast<int32_t>(n * (l + 1) / n_lanes);
+    lane.first = first;
+    lane.sub.clear();
+    for (int32_t i = first; i < last; ++i) {
+      const BatchSeq& s = batch.seqs[static_cast<size_t>(i)];
+      lane.sub.add_sequence(&batch.token_ids[static_cast<size_t>(i)], 1, s.kv_len - 1, /*sample_last=*/true,
+                            batch.table(0, s));
+    }
+  }
+  lane_pool_.for_each_thread([&](int l) {
+    DecodeLane& lane = lanes_[static_cast<size_t>(l)];
+    lane.status = run(Exec{lane.backend.get(), &lane.a, &lane.attn_seqs}, lane.sub,
+                      logits + static_cast<int64_t>(lane.first) * cfg_.n_vocab);
+  });
+  for (const DecodeLane& lane : lanes_) RILL_TRY(lane.status);
+  return {};
+}
+
+Status LlamaModel::run(const Exec& e, const Batch& batch, float* logits) {
+  const int64_t n = batch.n_tokens();
+  const int64_t E = cfg_.n_embd;
+  Activations& a = *e.a;
+  Backend& backend = *e.backend;
+  backend.get_rows(embed_, batch.token_ids.data(), n, a.x.data());
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     const LlamaLayer& L = layers_[static_cast<size_t>(il)];
-    backend_->rms_norm(a_.x.data(), L.attn_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data());
-    attention_block(L, il, batch);
-    backend_->rms_norm(a_.x.data(), L.ffn_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data());
-    mlp_block(L, n);
+    backend.rms_norm(a.x.data(), L.attn_norm.data(), n, E, cfg_.rms_norm_eps, a.h.data());
+    attention_block(e, L, il, batch);
+    backend.rms_norm(a.x.data(), L.ffn_norm.data(), n, E, cfg_.rms_norm_eps, a.h.data());
+    mlp_block(e, L, n);
   }
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
   for (int64_t i = 0; i < n_sample; ++i) {
-    const float* row = a_.x.data() + static_cast<int64_t>(batch.sample_rows[i]) * E;
-    backend_->rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a_.final_rows.data() + i * E);
+    const float* row = a.x.data() + static_cast<int64_t>(batch.sample_rows[i]) * E;
+    backend.rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a.final_rows.data() + i * E);
   }
-  backend_->matmul(lm_head_, a_.final_rows.data(), n_sample, logits);
+  backend.matmul(lm_head_, a.final_rows.data(), n_sample, logits);
   return {};
 }
 
