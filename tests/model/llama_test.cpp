@@ -90,6 +90,49 @@ TEST_P(BatchInvariance, BatchedRowsEqualSingleSequenceRows) {
   }
 }
 
+// A decode step of 10 sequences on 2 threads runs as two lanes of 5
+// (forward() splits decode steps of 8+); every row must still be the
+// sequence's alone logits, bit for bit, including the lane boundary.
+TEST_P(BatchInvariance, DecodeLanesGiveEachSequenceItsAloneLogits) {
+  const std::string dir = kGoldens + GetParam();
+  if (!fs::exists(dir)) GTEST_SKIP();
+  constexpr int32_t kSeqs = 10, kBlocksPerSeq = 4;
+  ModelOptions opts;
+  opts.n_threads = 2;
+  opts.n_ctx = 64;
+  opts.n_kv_slots = kSeqs;
+  auto model = open(dir, opts);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  Model& m = **model;
+  ASSERT_GE(m.n_kv_blocks(), kSeqs * kBlocksPerSeq);
+  const auto ids = prompt_of(GetParam());
+  const size_t V = static_cast<size_t>(m.n_vocab());
+  // Sequence i: its own blocks (reversed, so tables are not in order), a
+  // prompt of 6 + i tokens from the golden prompt, then one decode token.
+  std::vector<std::vector<int32_t>> tables(kSeqs);
+  for (int32_t i = 0; i < kSeqs; ++i)
+    for (int32_t b = kBlocksPerSeq - 1; b >= 0; --b) tables[i].push_back(i * kBlocksPerSeq + b);
+  std::vector<float> logits(V * kSeqs);
+  Batch b;
+  for (int32_t i = 0; i < kSeqs; ++i) {
+    b.clear();
+    b.add_sequence(ids.data(), 6 + i, 0, true, tables[i]);
+    ASSERT_TRUE(m.forward(b, logits.data()).ok());
+  }
+  const int32_t next[kSeqs] = {5, 7, 11, 13, 17, 19, 23, 29, 31, 37};
+  std::vector<float> alone(V * kSeqs), together(V * kSeqs);
+  for (int32_t i = 0; i < kSeqs; ++i) {
+    b.clear();
+    b.add_sequence(&next[i], 1, 6 + i, true, tables[i]);
+    ASSERT_TRUE(m.forward(b, alone.data() + i * V).ok());
+  }
+  b.clear();  // the same step batched (each rewrites the K/V row it wrote alone)
+  for (int32_t i = 0; i < kSeqs; ++i) b.add_sequence(&next[i], 1, 6 + i, true, tables[i]);
+  ASSERT_TRUE(m.forward(b, together.data()).ok());
+  for (int32_t i = 0; i < kSeqs; ++i)
+    for (size_t j = 0; j < V; ++j) ASSERT_EQ(together[i * V + j], alone[i * V + j]) << "sequence " << i << ", logit " << j;
+}
+
 INSTANTIATE_TEST_SUITE_P(LlamaFamily, BatchInvariance,
                          ::testing::Values("llama", "qwen3", "mistral-swa"),
                          [](const auto& info) {

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -49,21 +51,23 @@ struct Exec {
   std::vector<cpu::AttentionSeq>* attn_seqs;
 };
 
-// A decode lane: a single-threaded backend with its own activations that
-// runs a share of a decode step's sequences on its own core (see forward()).
+// A decode lane: a backend on its share of the threads, with its own
+// activations, that runs a share of a decode step's sequences (see
+// forward()).
 struct DecodeLane {
   std::unique_ptr<Backend> backend;
   Activations a;
   std::vector<cpu::AttentionSeq> attn_seqs;
   Batch sub;           // this lane's sequences of the step
   int32_t first = 0;   // its first sequence (= token and logits row) in the step
+  int thread_share = 0;  // threads before this lane's; its sequences are in that proportion
   Status status;
 };
 
 class LlamaModel final : public CpuPagedModel {
  public:
   LlamaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
-      : CpuPagedModel(std::move(files), options.n_threads), lane_pool_(options.n_threads) {}
+      : CpuPagedModel(std::move(files), options.n_threads) {}
 
   Status init(const ModelOptions& options);
 
@@ -79,6 +83,8 @@ class LlamaModel final : public CpuPagedModel {
   void size_activations(Activations& a, int64_t max_tokens) const;
   // Whether forward() runs `batch` as one sub-batch per lane.
   bool split_into_lanes(const Batch& batch) const;
+  // Lane l's sequences [first, last) of a split step of n: in proportion to its threads.
+  std::pair<int32_t, int32_t> lane_range(int32_t l, int32_t n) const;
   Status bind_moe(LlamaLayer& L, const std::string& p);
   Status check_batch(const Batch& batch) const;
 
@@ -91,16 +97,21 @@ class LlamaModel final : public CpuPagedModel {
   AttentionParams attn_params_;
   Activations a_;
   std::vector<cpu::AttentionSeq> attn_seqs_;  // per step; capacity reserved at init
-  ThreadPool lane_pool_;                      // one thread per lane
-  std::vector<DecodeLane> lanes_;             // empty: no lanes (one thread, or MoE)
+  int n_threads_ = 1;                      // the backend's threads, shared out among the lanes
+  int64_t lane_tokens_ = 0;                // the most sequences a lane takes
+  std::unique_ptr<ThreadPool> lane_pool_;  // one thread per lane; null without lanes
+  std::vector<DecodeLane> lanes_;          // empty: no lanes (one thread, or MoE)
 };
 
 // Decode steps of at least kLaneMinSeqs sequences per lane, at most
-// kLaneMaxSeqs, run as lanes. A lane's GEMM costs the same per (row, token)
-// as the shared one from 4 tokens up, while the lanes drift apart in time,
-// so one core's memory-bound attention overlaps the other's compute-bound
-// matmuls; in lockstep both cores wait on memory together. Measured with
+// kLaneMaxSeqs, run as two lanes, each on half of the threads with half of
+// the sequences. A lane's GEMM costs the same per (row, token) as the
+// shared one from 4 tokens up (the weights are read twice, which a
+// compute-bound step can afford), while the lanes drift apart in time, so
+// one lane's memory-bound attention overlaps the other's compute-bound
+// matmuls; in lockstep every core waits on memory together. Measured with
 // SmolLM2-135M Q4_1 on 2 cores (docs/perf.md).
+constexpr int kLanes = 2;
 constexpr int32_t kLaneMinSeqs = 4, kLaneMaxSeqs = 64;
 
 Status LlamaModel::init(const ModelOptions& options) {
@@ -208,12 +219,17 @@ Status LlamaModel::init(const ModelOptions& options) {
     }
   }
   backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
-  const int n_lanes = lane_pool_.n_threads();
-  if (n_lanes > 1 && !any_moe) {
-    const int64_t lane_tokens = std::min<int64_t>(max_tokens_, kLaneMaxSeqs);
-    lanes_.resize(static_cast<size_t>(n_lanes));
-    for (DecodeLane& lane : lanes_) {
-      lane.backend = make_cpu_backend(1);
+  n_threads_ =
+      options.n_threads > 0 ? options.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int n_threads = n_threads_;
+  if (n_threads >= kLanes && !any_moe) {
+    const int64_t lane_tokens = lane_tokens_ = std::min<int64_t>(max_tokens_, kLaneMaxSeqs);
+    lane_pool_ = std::make_unique<ThreadPool>(kLanes);
+    lanes_.resize(kLanes);
+    for (int l = 0; l < kLanes; ++l) {
+      DecodeLane& lane = lanes_[static_cast<size_t>(l)];
+      lane.thread_share = n_threads * l / kLanes;
+      lane.backend = make_cpu_backend(n_threads * (l + 1) / kLanes - lane.thread_share);
       lane.backend->reserve(weights.data(), static_cast<int>(weights.size()), lane_tokens);
       size_activations(lane.a, lane_tokens);
       lane.attn_seqs.reserve(static_cast<size_t>(lane_tokens));
@@ -342,10 +358,21 @@ Status LlamaModel::check_batch(const Batch& batch) const {
   return Status::Ok();
 }
 
+std::pair<int32_t, int32_t> LlamaModel::lane_range(int32_t l, int32_t n) const {
+  const auto n_lanes = static_cast<int32_t>(lanes_.size());
+  const int64_t share = lanes_[static_cast<size_t>(l)].thread_share;
+  const int64_t next = l + 1 < n_lanes ? lanes_[static_cast<size_t>(l) + 1].thread_share : n_threads_;
+  return {static_cast<int32_t>(n * share / n_threads_), static_cast<int32_t>(n * next / n_threads_)};
+}
+
 bool LlamaModel::split_into_lanes(const Batch& batch) const {
   const auto n_lanes = static_cast<int32_t>(lanes_.size());
   const int32_t n = batch.n_tokens();
   if (n_lanes < 2 || n < n_lanes * kLaneMinSeqs || n > n_lanes * kLaneMaxSeqs) return false;
+  for (int32_t l = 0; l < n_lanes; ++l) {
+    const auto [first, last] = lane_range(l, n);
+    if (last - first < kLaneMinSeqs || last - first > lane_tokens_) return false;
+  }
   if (static_cast<int32_t>(batch.seqs.size()) != n || static_cast<int32_t>(batch.sample_rows.size()) != n) return false;
   // Decode only: sequence i is token i, and every token samples in order.
   for (int32_t i = 0; i < n; ++i) {
@@ -367,7 +394,7 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
   const auto n_lanes = static_cast<int32_t>(lanes_.size());
   for (int32_t l = 0; l < n_lanes; ++l) {
     DecodeLane& lane = lanes_[static_cast<size_t>(l)];
-    const int32_t first = static_cast<int32_t>(n * l / n_lanes), last = static_cast<int32_t>(n * (l + 1) / n_lanes);
+    const auto [first, last] = lane_range(l, static_cast<int32_t>(n));
     lane.first = first;
     lane.sub.clear();
     for (int32_t i = first; i < last; ++i) {
@@ -376,7 +403,7 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
                             batch.table(0, s));
     }
   }
-  lane_pool_.for_each_thread([&](int l) {
+  lane_pool_->for_each_thread([&](int l) {
     DecodeLane& lane = lanes_[static_cast<size_t>(l)];
     lane.status = run(Exec{lane.backend.get(), &lane.a, &lane.attn_seqs}, lane.sub,
                       logits + static_cast<int64_t>(lane.first) * cfg_.n_vocab);
