@@ -52,41 +52,9 @@ inline void qk16_group(const __m512 (&qf)[G][NV], const PagedKv& kv, int64_t j0,
   for (int g = 0; g < G; ++g) reduce16x16(c[g], scores[g] + j0);
 }
 
-// p.v lanes (key % 64) for G heads: each V row converted once, then one fma
-// per head per vector into that head's lane accumulators (as pv_lanes).
-// acc: [G][64][hd] floats.
-template <int G, int NV>
-inline void pv_group(const PagedKv& kv, int64_t j_begin, int64_t n, const uint16_t* const* probs16, float* acc) {
-  constexpr int64_t hd = 16 * NV;
-  if (j_begin < n) prefetch_rows(kv, kv.v, j_begin, n, hd);
-  for (int l = 0; l < 64; ++l) {
-    __m512 r[G][NV];
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-      for (int i = 0; i < NV; ++i) r[g][i] = _mm512_setzero_ps();
-    int64_t j = l;
-    if (j < j_begin) j += (j_begin - l + 63) / 64 * 64;
-    for (; j < n; j += 64) {
-      const auto* vr = reinterpret_cast<const uint16_t*>(kv.v_row(j));
-      __m512 v[NV];
-#pragma GCC unroll 16
-      for (int i = 0; i < NV; ++i) v[i] = load16(vr + 16 * i);
-#pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) {
-        const __m512 p = _mm512_set1_ps(_cvtsh_ss(probs16[g][j]));
-#pragma GCC unroll 16
-        for (int i = 0; i < NV; ++i) r[g][i] = _mm512_fmadd_ps(v[i], p, r[g][i]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-      for (int i = 0; i < NV; ++i) _mm512_store_ps(acc + (g * 64 + l) * hd + 16 * i, r[g][i]);
-  }
-}
-
-// pv_group for H KV heads at once: per lane, each head's rows in turn, so
+// p.v lanes (key % 64) for G query heads of each of H KV heads: each V row
+// converted once, then one fma per query head per vector into that head's
+// lane accumulators (as pv_lanes). Per lane each KV head's rows in turn, so
 // the rows a lane visits are read whole (every KV head's part) before the
 // next lane's. head_bytes: the offset of KV head h + 1 from head h in a row.
 // acc: [H * G][64][hd] floats.
@@ -122,6 +90,14 @@ inline void pv_heads(const PagedKv& kv, int H, size_t head_bytes, int64_t j_begi
         for (int i = 0; i < NV; ++i) _mm512_store_ps(acc + ((h * G + g) * 64 + l) * hd + 16 * i, r[g][i]);
     }
   }
+}
+
+// One KV head (H = 1), its V rows prefetched first: the p.v rows are 64
+// keys apart, which the hardware prefetcher does not follow.
+template <int G, int NV>
+inline void pv_group(const PagedKv& kv, int64_t j_begin, int64_t n, const uint16_t* const* probs16, float* acc) {
+  if (j_begin < n) prefetch_rows(kv, kv.v, j_begin, n, 16 * NV);
+  pv_heads<G, NV>(kv, 1, 0, j_begin, n, probs16, acc);
 }
 
 // F16GroupArgs::n_kv_heads > 1: attend_group's steps for every KV head,
