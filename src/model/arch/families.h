@@ -2,12 +2,25 @@
 // Factories of the model families, one per file in model/arch/. The
 // registry (model/registry.cpp) binds them to implementation ids.
 #include <memory>
+#include <utility>
 
 #include "core/result.h"
 #include "loader/model_files.h"
 #include "model/model.h"
 
 namespace rill {
+
+// The factories' common tail: init a freshly made model and hand it out.
+template <typename M>
+Result<std::unique_ptr<Model>> init_model(std::unique_ptr<M> model, const ModelOptions& options) {
+  RILL_TRY(model->init(options));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+// What a CUDA factory returns in a build without CUDA.
+inline Error cuda_not_built() {
+  return Error{"this rill was built without CUDA (configure with -DRILL_CUDA=ON where nvcc is installed)"};
+}
 
 // Llama family: llama (incl. llama3 rope scaling, tied embeddings), mistral
 // (sliding window), qwen2 (qkv bias), qwen3 (q/k RMSNorm), smollm, and with

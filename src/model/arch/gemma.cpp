@@ -264,9 +264,7 @@ Status GemmaModel::forward(const Batch& batch, float* logits) {
 Result<std::unique_ptr<Model>> create_gemma_model(std::shared_ptr<const ModelFiles> files,
                                                   const ModelOptions& options) {
   if (options.device == Device::kCuda) return create_gemma_cuda_model(std::move(files), options);
-  auto model = std::make_unique<GemmaModel>(std::move(files), options);
-  RILL_TRY(model->init(options));
-  return std::unique_ptr<Model>(std::move(model));
+  return init_model(std::make_unique<GemmaModel>(std::move(files), options), options);
 }
 
 }  // namespace rill

@@ -271,13 +271,11 @@ Status GemmaCudaModel::run_layers(const Step& s) {
 Result<std::unique_ptr<Model>> create_gemma_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options) {
 #if RILL_HAVE_CUDA
-  auto model = std::make_unique<GemmaCudaModel>(std::move(files));
-  RILL_TRY(model->init(options));
-  return std::unique_ptr<Model>(std::move(model));
+  return init_model(std::make_unique<GemmaCudaModel>(std::move(files)), options);
 #else
   (void)files;
   (void)options;
-  return Error{"this rill was built without CUDA (configure with -DRILL_CUDA=ON where nvcc is installed)"};
+  return cuda_not_built();
 #endif
 }
 

@@ -440,9 +440,7 @@ Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFil
                                                   const ModelOptions& options) {
   if (options.tensor_parallel != 1) return create_llama_tp_model(std::move(files), options);
   if (options.device == Device::kCuda) return create_llama_cuda_model(std::move(files), options);
-  auto model = std::make_unique<LlamaModel>(std::move(files), options);
-  RILL_TRY(model->init(options));
-  return std::unique_ptr<Model>(std::move(model));
+  return init_model(std::make_unique<LlamaModel>(std::move(files), options), options);
 }
 
 }  // namespace rill

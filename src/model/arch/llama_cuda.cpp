@@ -345,14 +345,12 @@ Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const Mod
 Result<std::unique_ptr<Model>> create_llama_cuda_shard(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options, const CudaShard& shard) {
 #if RILL_HAVE_CUDA
-  auto model = std::make_unique<LlamaCudaModel>(std::move(files), shard);
-  RILL_TRY(model->init(options));
-  return std::unique_ptr<Model>(std::move(model));
+  return init_model(std::make_unique<LlamaCudaModel>(std::move(files), shard), options);
 #else
   (void)files;
   (void)options;
   (void)shard;
-  return Error{"this rill was built without CUDA (configure with -DRILL_CUDA=ON where nvcc is installed)"};
+  return cuda_not_built();
 #endif
 }
 

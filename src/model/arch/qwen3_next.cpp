@@ -339,9 +339,7 @@ Status HybridModel::forward(const Batch& batch, float* logits) {
 Result<std::unique_ptr<Model>> create_qwen3_next_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options) {
   if (options.device == Device::kCuda) return create_qwen3_next_cuda_model(std::move(files), options);
-  auto model = std::make_unique<HybridModel>(std::move(files), options);
-  RILL_TRY(model->init(options));
-  return std::unique_ptr<Model>(std::move(model));
+  return init_model(std::make_unique<HybridModel>(std::move(files), options), options);
 }
 
 }  // namespace rill

@@ -555,13 +555,11 @@ Status Qwen3NextCudaModel::copy_state_in(int32_t checkpoint, int64_t layer, cons
 Result<std::unique_ptr<Model>> create_qwen3_next_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                             const ModelOptions& options) {
 #if RILL_HAVE_CUDA
-  auto model = std::make_unique<Qwen3NextCudaModel>(std::move(files));
-  RILL_TRY(model->init(options));
-  return std::unique_ptr<Model>(std::move(model));
+  return init_model(std::make_unique<Qwen3NextCudaModel>(std::move(files)), options);
 #else
   (void)files;
   (void)options;
-  return Error{"this rill was built without CUDA (configure with -DRILL_CUDA=ON where nvcc is installed)"};
+  return cuda_not_built();
 #endif
 }
 
