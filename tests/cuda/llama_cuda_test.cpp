@@ -1,5 +1,7 @@
 // The CUDA Llama against Hugging Face and against the CPU Llama:
-//  - the ../shared/goldens/hf families (f32 weights): logits within 1e-3 of
+//  - the ../shared/goldens/hf Llama families, mixtures of experts included
+//    (mixtral, qwen3-moe: routed through model/cuda_moe.h; their many-token
+//    batch invariance is moe_cuda_test.cpp) (f32 weights): logits within 1e-3 of
 //    transformers at every prompt position (prompt prefilled in chunks of
 //    7 tokens) and the greedy continuation identical, as on the CPU;
 //  - the same models converted to bf16 in memory: GPU (bf16 activations)
@@ -43,7 +45,6 @@ ModelOptions options(Device d) {
   return o;
 }
 
-// Every 2-D tensor of `files` converted to bf16 (buffers kept in `store`).
 class CudaHf : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -157,7 +158,8 @@ TEST_P(CudaHf, DecodeRowIsBatchInvariant) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaFamily, CudaHf,
-                         ::testing::Values("llama", "llama3-tied", "mistral-swa", "qwen2", "qwen3"),
+                         ::testing::Values("llama", "llama3-tied", "mistral-swa", "qwen2", "qwen3", "mixtral",
+                                           "qwen3-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
