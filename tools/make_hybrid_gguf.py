@@ -42,11 +42,11 @@ itself (re-executing under that interpreter) when they are not importable.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENV_PY = os.path.join(ROOT, ".venv-tools", "bin", "python")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import tools_venv  # noqa: E402
 SHARED = os.environ.get("RILL_SHARED_DIR", os.path.join(os.path.dirname(ROOT), "shared"))
 if not os.path.isdir(SHARED):
     SHARED = "/work/shared"
@@ -58,20 +58,8 @@ MODELS = [("qwen3_5", "qwen3_5", "qwen35"), ("qwen3_next", "qwen3-next", "qwen3n
 
 
 def ensure_venv():
-    try:
-        import gguf  # noqa: F401
-        import llama_cpp  # noqa: F401
-        import numpy  # noqa: F401
-        import safetensors  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("RILL_TOOLS_REEXEC"):
-        sys.exit("gguf/llama_cpp/numpy/safetensors still not importable under " + sys.executable)
-    subprocess.check_call([os.path.join(ROOT, "tools", "tools_venv.sh"),
-                           "gguf", "numpy", "safetensors", "llama-cpp-python"])
-    os.environ["RILL_TOOLS_REEXEC"] = "1"
-    os.execv(VENV_PY, [VENV_PY] + sys.argv)
+    tools_venv.ensure(["gguf", "llama_cpp", "numpy", "safetensors"],
+                      ["gguf", "numpy", "safetensors", "llama-cpp-python"])
 
 
 def tiled_order(n_k, r, width, np):

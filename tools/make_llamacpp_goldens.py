@@ -22,30 +22,18 @@ import datetime
 import hashlib
 import json
 import os
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENV_PY = os.path.join(ROOT, ".venv-tools", "bin", "python")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import tools_venv  # noqa: E402
 DEFAULT_MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_OUT = os.path.join(ROOT, "tests", "data", "llamacpp", "smollm2_greedy.json")
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
 def ensure_venv():
-    """Re-executes this script under .venv-tools when llama_cpp is missing here."""
-    try:
-        import llama_cpp  # noqa: F401
-        import numpy  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("RILL_TOOLS_REEXEC"):
-        sys.exit("llama_cpp/numpy still not importable under " + sys.executable)
-    subprocess.check_call([os.path.join(ROOT, "tools", "tools_venv.sh"),
-                           "llama-cpp-python", "numpy"])
-    os.environ["RILL_TOOLS_REEXEC"] = "1"
-    os.execv(VENV_PY, [VENV_PY] + sys.argv)
+    tools_venv.ensure(["llama_cpp", "numpy"], ["llama-cpp-python", "numpy"])
 
 
 def chat(user, system=SYSTEM):

@@ -40,7 +40,8 @@ import time
 
 T_START = time.perf_counter()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-VENV_PY = os.path.join(ROOT, ".venv-tools", "bin", "python")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import tools_venv  # noqa: E402
 DEFAULT_MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 LLAMACPP_N_CTX = 1024  # >= 512 prompt + 128 generated; KV f16: 23 MB for this model
 SHORT_PROMPT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
@@ -60,20 +61,7 @@ PARAGRAPH = (
 
 
 def ensure_venv():
-    """Re-executes under .venv-tools (creating it) when llama_cpp is missing."""
-    try:
-        import gguf  # noqa: F401
-        import llama_cpp  # noqa: F401
-        import numpy  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("RILL_TOOLS_REEXEC"):
-        sys.exit("llama_cpp/numpy/gguf still not importable under " + sys.executable)
-    subprocess.check_call([os.path.join(ROOT, "tools", "tools_venv.sh"),
-                           "llama-cpp-python", "numpy", "gguf"])
-    os.environ["RILL_TOOLS_REEXEC"] = "1"
-    os.execv(VENV_PY, [VENV_PY] + sys.argv)
+    tools_venv.ensure(["gguf", "llama_cpp", "numpy"], ["llama-cpp-python", "numpy", "gguf"])
 
 
 def rss_now_kb():
