@@ -168,6 +168,11 @@ class Engine {
   Result<RequestHandle> submit(GenerationRequest request);
   // Cancels at the next step boundary (no-op for an unknown or finished id).
   virtual void cancel(uint64_t id) = 0;
+  // Graceful shutdown's last step: at the next step boundary every queued and
+  // running request ends with FinishReason::kError and `reason` as its error
+  // (so each API sends its error event), and submit() refuses from now on
+  // with `reason`. Idempotent; stats() and the cache tiers keep working.
+  virtual void shut_down(std::string reason) = 0;
 
   virtual EngineStats stats() const = 0;
   virtual const Model& model() const = 0;

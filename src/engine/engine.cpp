@@ -159,6 +159,7 @@ Result<uint64_t> EngineImpl::submit(GenerationRequest request, EventCallback on_
   {
     std::lock_guard lk(mu_);
     if (stopping_) return Error{"the engine is shutting down"};
+    if (shut_down_) return Error{*shut_down_};
     id = next_id_++;
     r->id = id;
     r->arrival = id;
@@ -180,6 +181,15 @@ void EngineImpl::cancel(uint64_t id) {
   wake_.notify_one();
 }
 
+void EngineImpl::shut_down(std::string reason) {
+  {
+    std::lock_guard lk(mu_);
+    if (shut_down_) return;
+    shut_down_ = std::move(reason);
+  }
+  wake_.notify_one();
+}
+
 EngineStats EngineImpl::stats() const {
   std::lock_guard lk(stats_mu_);
   return stats_;
@@ -187,7 +197,9 @@ EngineStats EngineImpl::stats() const {
 
 void EngineImpl::take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels) {
   std::unique_lock lk(mu_);
-  wake_.wait(lk, [&] { return stopping_ || !inbox_.empty() || !cancel_inbox_.empty() || has_work(); });
+  wake_.wait(lk, [&] {
+    return stopping_ || !inbox_.empty() || !cancel_inbox_.empty() || has_work() || (shut_down_ && !shut_down_done_);
+  });
   incoming.swap(inbox_);
   cancels.swap(cancel_inbox_);
 }
@@ -200,15 +212,17 @@ void EngineImpl::loop() {
     cancels.clear();
     take_inbox(incoming, cancels);
     bool stopping = false;
+    std::optional<std::string> shut_down;
     {
       std::lock_guard lk(mu_);
       stopping = stopping_;
+      shut_down = shut_down_;
     }
     for (auto& r : incoming) {
       Request* p = r.get();
       // A prefix held by a lower cache tier goes back into the device cache
       // first, so admission matches it like any cached prefix.
-      if (tiers_ && !stopping) tiers_->restore(p->ns, p->tokens);
+      if (tiers_ && !stopping && !shut_down) tiers_->restore(p->ns, p->tokens);
       live_.emplace(p->id, std::move(r));
       scheduler_.add(p);
     }
@@ -219,6 +233,14 @@ void EngineImpl::loop() {
       live_.clear();
       publish_stats();
       return;
+    }
+    if (shut_down) {
+      // Every request submitted before shut_down() is in live_ by now.
+      for (auto& [id, r] : live_) {
+        if (!r->finished()) finish(*r, FinishReason::kError, GenerationEvent{}, *shut_down);
+      }
+      std::lock_guard lk(mu_);
+      shut_down_done_ = true;
     }
     for (uint64_t id : cancels) {
       auto it = live_.find(id);

@@ -17,6 +17,8 @@
 #include "kv/kv_manager.h"
 #include "kv/prefix_tree.h"
 #include "kv/state_pool.h"
+#include <optional>
+
 #include "model/model.h"
 #include "rill/engine.h"
 #include "text/chat_template.h"
@@ -34,6 +36,7 @@ class EngineImpl final : public Engine {
 
   Result<uint64_t> submit(GenerationRequest request, EventCallback on_event) override;
   void cancel(uint64_t id) override;
+  void shut_down(std::string reason) override;
   EngineStats stats() const override;
   const Model& model() const override { return *model_; }
   const Tokenizer* tokenizer() const override { return tokenizer_.get(); }
@@ -81,6 +84,8 @@ class EngineImpl final : public Engine {
   std::vector<std::unique_ptr<Request>> inbox_;
   std::vector<uint64_t> cancel_inbox_;
   bool stopping_ = false;
+  std::optional<std::string> shut_down_;  // shut_down()'s reason; submissions refused
+  bool shut_down_done_ = false;           // the engine thread ended every request
   uint64_t next_id_ = 1;
 
   mutable std::mutex stats_mu_;

@@ -191,6 +191,29 @@ TEST(Engine, DroppingTheHandleCancels) {
   EXPECT_EQ(e->stats().requests_finished, 1);
 }
 
+TEST(Engine, ShutDownEndsRunningAndQueuedRequestsWithItsErrorAndRefusesNewOnes) {
+  // One running request, and more queued than may run at once.
+  auto e = make_engine({.n_ctx = 4096, .n_blocks = 1024}, {.max_running = 1});
+  auto running = e->submit(greedy(prompt_of(5, 3), 4000));
+  ASSERT_TRUE(running.ok());
+  GenerationEvent ev;
+  ASSERT_TRUE(running->next(ev));
+  auto queued = e->submit(greedy(prompt_of(6, 5), 4000));
+  ASSERT_TRUE(queued.ok());
+  e->shut_down("the server is shutting down");
+  for (RequestHandle* h : {&*running, &*queued}) {
+    Collected c = drain(*h);
+    EXPECT_EQ(c.last.finish_reason, FinishReason::kError);
+    EXPECT_EQ(c.last.error, "the server is shutting down");
+    EXPECT_LT(c.last.usage.completion_tokens, 4000);
+  }
+  auto late = e->submit(greedy(prompt_of(4, 1), 4));
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.error().message, "the server is shutting down");
+  e->shut_down("again");  // idempotent
+  expect_clean(*e);
+}
+
 TEST(Engine, AThrowingConsumerEndsOnlyItsRequest) {
   auto e = make_engine({.n_blocks = 256});
   std::atomic<int> calls{0};

@@ -54,6 +54,7 @@ class FailingEngine final : public Engine {
     return uint64_t(1);
   }
   void cancel(uint64_t) override {}
+  void shut_down(std::string) override {}
   EngineStats stats() const override { return real_.stats(); }
   const Model& model() const override { return real_.model(); }
   const Tokenizer* tokenizer() const override { return real_.tokenizer(); }
