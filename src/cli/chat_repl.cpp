@@ -63,7 +63,12 @@ int run_chat(const RunOptions& o) {
   lo.model.device = o.device.value();
   lo.model.tensor_parallel = o.device.tensor_parallel;
   lo.model.batch_invariant = o.device.batch_invariant;
-  auto loaded = load_model(o.model.empty() ? default_model_path() : o.model, lo);
+  auto path = resolve_model_path(o.model);
+  if (!path.ok()) {
+    std::fprintf(stderr, "rill run: %s\n", path.error().message.c_str());
+    return 1;
+  }
+  auto loaded = load_model(*path, lo);
   if (!loaded.ok()) {
     std::fprintf(stderr, "rill run: %s\n", loaded.error().message.c_str());
     return 1;

@@ -161,8 +161,12 @@ int run_bench(const BenchOptions& o) {
   eo.cache_dir = o.tiers.cache_dir;
   eo.cache_disk_mb = o.tiers.cache_disk_mb;
   eo.kv_verify = o.tiers.kv_verify;
-  const std::string path = o.model.empty() ? default_model_path() : o.model;
-  auto engine = Engine::load(path, eo);
+  auto path = resolve_model_path(o.model);
+  if (!path.ok()) {
+    std::fprintf(stderr, "rill bench: %s\n", path.error().message.c_str());
+    return 1;
+  }
+  auto engine = Engine::load(*path, eo);
   if (!engine.ok()) {
     std::fprintf(stderr, "rill bench: %s\n", engine.error().message.c_str());
     return 1;
@@ -229,7 +233,7 @@ int run_bench(const BenchOptions& o) {
   const double decode_tok_s = window_s > 0 ? static_cast<double>(n_window) / window_s : 0;
 
   nlohmann::ordered_json j;
-  j["model"] = path;
+  j["model"] = *path;
   j["concurrency"] = o.concurrency;
   j["requests"] = n_requests;
   j["prompt_tokens"] = o.prompt_tokens;

@@ -53,8 +53,12 @@ int run_warm(const CacheOptions& o) {
     return 1;
   }
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string path = o.model.empty() ? default_model_path() : o.model;
-  auto engine = Engine::load(path, o.engine);
+  auto path = resolve_model_path(o.model);
+  if (!path.ok()) {
+    std::fprintf(stderr, "rill cache warm: %s\n", path.error().message.c_str());
+    return 1;
+  }
+  auto engine = Engine::load(*path, o.engine);
   if (!engine.ok()) {
     std::fprintf(stderr, "rill cache warm: %s\n", engine.error().message.c_str());
     return 1;

@@ -38,7 +38,12 @@ Command add_inspect_command(CLI::App& app) {
   return {sub, [o]() -> int {
     LoadOptions lo;
     lo.need_model = false;
-    auto m = load_model(o->model.empty() ? default_model_path() : o->model, lo);
+    auto path = resolve_model_path(o->model);
+    if (!path.ok()) {
+      std::fprintf(stderr, "rill inspect: %s\n", path.error().message.c_str());
+      return 1;
+    }
+    auto m = load_model(*path, lo);
     if (!m.ok()) {
       std::fprintf(stderr, "rill inspect: %s\n", m.error().message.c_str());
       return 1;

@@ -54,7 +54,12 @@ int run_once(const RunOptions& o, Clock::time_point t_start) {
   lo.model.device = o.device.value();
   lo.model.tensor_parallel = o.device.tensor_parallel;
   lo.model.batch_invariant = o.device.batch_invariant;
-  auto m = load_model(o.model.empty() ? default_model_path() : o.model, lo);
+  auto path = resolve_model_path(o.model);
+  if (!path.ok()) {
+    std::fprintf(stderr, "rill run: %s\n", path.error().message.c_str());
+    return 1;
+  }
+  auto m = load_model(*path, lo);
   if (!m.ok()) {
     std::fprintf(stderr, "rill run: %s\n", m.error().message.c_str());
     return 1;

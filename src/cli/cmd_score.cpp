@@ -34,7 +34,12 @@ Command add_score_command(CLI::App& app) {
     lo.need_tokenizer = false;
     lo.model.n_threads = o->threads;
     lo.model.n_ctx = static_cast<int64_t>(ids->size());
-    auto m = load_model(o->model.empty() ? default_model_path() : o->model, lo);
+    auto path = resolve_model_path(o->model);
+    if (!path.ok()) {
+      std::fprintf(stderr, "rill score: %s\n", path.error().message.c_str());
+      return 1;
+    }
+    auto m = load_model(*path, lo);
     if (!m.ok()) {
       std::fprintf(stderr, "rill score: %s\n", m.error().message.c_str());
       return 1;

@@ -10,19 +10,57 @@
 
 namespace rill::cli {
 
-std::string default_model_path() {
-  if (const char* env = std::getenv("RILL_MODEL"); env && *env) return env;
-  const std::string rel = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (std::filesystem::exists(rel)) return rel;
+ModelSearchEnv ModelSearchEnv::current() {
+  ModelSearchEnv env;
+  auto var = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::string(v) : std::string();
+  };
+  env.rill_model = var("RILL_MODEL");
+  env.xdg_data_home = var("XDG_DATA_HOME");
+  env.home = var("HOME");
+  std::error_code ec;
+  env.cwd = std::filesystem::current_path(ec);
   char exe[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    exe[n] = 0;
-    // build/rill -> <repo>/models/...
-    auto candidate = std::filesystem::path(exe).parent_path().parent_path() / rel;
-    if (std::filesystem::exists(candidate)) return candidate.string();
+  if (n > 0) env.exe = std::string(exe, static_cast<size_t>(n));
+  return env;
+}
+
+std::vector<std::filesystem::path> default_model_candidates(const ModelSearchEnv& env) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> out;
+  if (!env.rill_model.empty()) out.emplace_back(env.rill_model);
+  if (!env.cwd.empty()) out.push_back(env.cwd / "models" / kDefaultModelFile);
+  if (!env.exe.empty()) {
+    const fs::path prefix = env.exe.parent_path().parent_path();
+    out.push_back(prefix / "models" / kDefaultModelFile);
+    out.push_back(prefix / "share" / "rill" / "models" / kDefaultModelFile);
   }
-  return rel;
+  // XDG: an unset or relative $XDG_DATA_HOME means ~/.local/share.
+  if (!env.xdg_data_home.empty() && fs::path(env.xdg_data_home).is_absolute()) {
+    out.push_back(fs::path(env.xdg_data_home) / "rill" / "models" / kDefaultModelFile);
+  } else if (!env.home.empty()) {
+    out.push_back(fs::path(env.home) / ".local" / "share" / "rill" / "models" / kDefaultModelFile);
+  }
+  return out;
+}
+
+Result<std::string> resolve_model_path(const std::string& given, const ModelSearchEnv& env) {
+  if (!given.empty()) return given;
+  // $RILL_MODEL names a model (a file or a directory) explicitly: the loader
+  // reports it if it is missing.
+  if (!env.rill_model.empty()) return env.rill_model;
+  const auto candidates = default_model_candidates(env);
+  std::string searched;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(candidates[i], ec)) return candidates[i].string();
+    searched += "\n  " + candidates[i].string();
+  }
+  return Error{std::string("no model given and the default model (") + kDefaultModelFile +
+               ") was not found; searched:" + searched +
+               "\n(pass a .gguf file or a Hugging Face model directory, or run `make run` to fetch the default)"};
 }
 
 Result<LoadedModel> load_model(const std::string& path, const LoadOptions& options) {

@@ -1,8 +1,10 @@
 #pragma once
 // Everything `rill run/score/inspect` need from a model path: files, the
 // chosen implementation, tokenizer and chat template.
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/result.h"
 #include "loader/model_files.h"
@@ -12,9 +14,27 @@
 
 namespace rill::cli {
 
-// The default model: $RILL_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf
-// under the working directory or beside the executable's parent directory.
-std::string default_model_path();
+inline constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// What the default-model search reads from the process (a struct so tests
+// can pass their own).
+struct ModelSearchEnv {
+  std::string rill_model;            // $RILL_MODEL
+  std::filesystem::path cwd;         // the working directory
+  std::filesystem::path exe;         // this executable
+  std::string xdg_data_home, home;   // $XDG_DATA_HOME, $HOME
+  static ModelSearchEnv current();
+};
+
+// The places the default model is looked for, in order: $RILL_MODEL;
+// ./models/; <exe>/../models/ (the build tree: build/rill); <exe>/../share/
+// rill/models/ (an install prefix: PREFIX/bin/rill); $XDG_DATA_HOME/rill/
+// models/ (default ~/.local/share/rill/models/).
+std::vector<std::filesystem::path> default_model_candidates(const ModelSearchEnv& env);
+
+// `given` when not empty, else the first default candidate that exists; the
+// error lists every place searched.
+Result<std::string> resolve_model_path(const std::string& given, const ModelSearchEnv& env = ModelSearchEnv::current());
 
 struct LoadedModel {
   std::shared_ptr<ModelFiles> files;

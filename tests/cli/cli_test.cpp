@@ -136,6 +136,64 @@ TEST(Cli, CorruptModelFileIsAClearErrorNotACrash) {
   EXPECT_NE(missing.err.find("/nonexistent/model.gguf"), std::string::npos) << missing.err;
 }
 
+// Runs `cmd` with sh in `dir` and returns its exit code and merged output.
+Outcome run_in(const std::filesystem::path& dir, const std::string& cmd) {
+  Outcome r;
+  const std::string full = "cd '" + dir.string() + "' && " + cmd + " 2>&1";
+  FILE* p = ::popen(full.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 65536> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(Cli, DefaultModelIsFoundUnderTheInstallPrefixAndXdgDataHomeOrTheSearchIsNamed) {
+  namespace fs = std::filesystem;
+  // An installed layout away from the repository: PREFIX/bin/rill.
+  const fs::path root = fs::temp_directory_path() / ("rill_default_model_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "prefix" / "bin");
+  fs::create_directories(root / "home");
+  fs::copy_file(kRill, root / "prefix" / "bin" / "rill");
+  const std::string rill = "env -u RILL_MODEL -u XDG_DATA_HOME HOME='" + (root / "home").string() + "' " +
+                           (root / "prefix" / "bin" / "rill").string() + " inspect --json";
+  Outcome missing = run_in(root, rill);
+  EXPECT_EQ(missing.exit_code, 1) << missing.out;
+  for (const fs::path& place : {root / "models", root / "prefix" / "models", root / "prefix" / "share" / "rill" / "models",
+                                root / "home" / ".local" / "share" / "rill" / "models"}) {
+    EXPECT_NE(missing.out.find((place / "SmolLM2-135M-Instruct.Q4_1.gguf").string()), std::string::npos)
+        << place << " not named in: " << missing.out;
+  }
+  // ~/.local/share/rill/models (XDG's default data home).
+  fs::create_directories(root / "home" / ".local" / "share" / "rill" / "models");
+  fs::create_symlink(kDefaultModel, root / "home" / ".local" / "share" / "rill" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf");
+  Outcome xdg = run_in(root, rill);
+  EXPECT_EQ(xdg.exit_code, 0) << xdg.out;
+  EXPECT_NE(xdg.out.find(".local/share/rill/models"), std::string::npos) << xdg.out;
+  // PREFIX/share/rill/models comes before the data home.
+  fs::create_directories(root / "prefix" / "share" / "rill" / "models");
+  fs::create_symlink(kDefaultModel, root / "prefix" / "share" / "rill" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf");
+  Outcome prefix = run_in(root, rill);
+  EXPECT_EQ(prefix.exit_code, 0) << prefix.out;
+  EXPECT_NE(prefix.out.find("prefix/share/rill/models"), std::string::npos) << prefix.out;
+  fs::remove_all(root);
+}
+
+TEST(Cli, AnEmptyApiKeyRefusesToStart) {
+  // An empty key would serve without authentication, silently. (`timeout`:
+  // a server that starts anyway must not hang the test.)
+  const std::string serve = "timeout 60 " + kRill + " serve " + kDefaultModel + " --port 0";
+  Outcome flag = run_in(std::filesystem::temp_directory_path(), "env -u RILL_API_KEY " + serve + " --api-key ''");
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_NE(flag.out.find("--api-key: the key is empty"), std::string::npos) << flag.out;
+  Outcome env = run_in(std::filesystem::temp_directory_path(), "RILL_API_KEY= " + serve);
+  EXPECT_EQ(env.exit_code, 2);
+  EXPECT_NE(env.out.find("$RILL_API_KEY is set but empty"), std::string::npos) << env.out;
+}
+
 TEST(Cli, BadArgumentsAreRejected) {
   Outcome r = run_rill("score " + kLlamaGolden + " --ids 1,x,3 --json");
   EXPECT_EQ(r.exit_code, 2);
