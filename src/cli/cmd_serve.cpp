@@ -26,6 +26,7 @@ struct ServeOptions {
   EngineOptions engine;
   DeviceFlags device;
   std::string api_key_file;
+  server::HttpServerOptions http;  // the connection limits below (host, port, io threads, body cap: `server`)
 };
 
 int run_serve(ServeOptions& o) {
@@ -56,7 +57,7 @@ int run_serve(ServeOptions& o) {
   server::ServerContext ctx{**engine, (*engine)->chat_template(), so, &metrics, &responses,
                             &(*engine)->model().config().generation};
   server::App app(ctx);
-  server::HttpServerOptions ho;
+  server::HttpServerOptions ho = o.http;
   ho.host = so.host;
   ho.port = so.port;
   ho.io_threads = so.io_threads;
@@ -113,6 +114,27 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--response-ttl", s.response_ttl_s, "seconds a stored Responses API response lives");
   sub->add_option("--response-store-mb", s.response_store_mb, "memory cap of the Responses store (LRU beyond)");
   sub->add_option("--io-threads", s.io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
+  // HTTP connection limits and timeouts (server/http_server.h; docs/limits.md).
+  auto& h = o->http;
+  sub->add_option("--handler-threads", h.handler_threads, "threads that run request handlers (parse, template, tokenize)")
+      ->check(CLI::Range(1, 256));
+  sub->add_option("--max-connections", h.max_connections,
+                  "open connections beyond which new ones get 503 (0: the fd limit less 64, at most 4096)")
+      ->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--max-header-bytes", h.max_header_bytes, "largest request header block or chunked trailer (431)")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 20));
+  sub->add_option("--header-timeout", h.header_timeout_s, "seconds to receive a request header (408 beyond)")
+      ->check(CLI::Range(0.01, 86400.0));
+  sub->add_option("--body-timeout", h.body_timeout_s, "seconds to receive a request body (408 beyond)")
+      ->check(CLI::Range(0.01, 86400.0));
+  sub->add_option("--idle-timeout", h.idle_timeout_s, "seconds a kept-alive connection may wait for its next request")
+      ->check(CLI::Range(0.01, 86400.0));
+  sub->add_option("--send-timeout", h.send_timeout_s,
+                  "seconds a client may take no response bytes before its response is abandoned")
+      ->check(CLI::Range(0.01, 86400.0));
+  sub->add_option("--max-write-queue-bytes", h.max_write_queue_bytes,
+                  "response bytes queued for a slow client beyond which its response is abandoned")
+      ->check(CLI::Range(size_t{4096}, size_t{1} << 32));
   sub->add_option("--model-id", s.model_id, "the model name clients see (default: the file name)");
   sub->add_option("--temperature", s.temperature, "default temperature");
   sub->add_option("--top-p", s.top_p, "default top_p");

@@ -1,6 +1,7 @@
 #include "server/app.h"
 
 #include <algorithm>
+#include <cstring>
 #include <ctime>
 
 #include <nlohmann/json.hpp>
@@ -19,7 +20,7 @@ namespace {
 // response's status per route.
 class RouteResponder final : public Responder {
  public:
-  RouteResponder(std::shared_ptr<Responder> inner, HeaderList extra, Metrics* metrics, std::string route)
+  RouteResponder(std::shared_ptr<Responder> inner, HeaderList extra, Metrics* metrics, const char* route)
       : inner_(std::move(inner)), extra_(std::move(extra)), metrics_(metrics), route_(std::move(route)) {}
   void send(int status, std::string content_type, std::string body, HeaderList extra) override {
     if (metrics_) metrics_->count_request(route_, status);
@@ -35,6 +36,8 @@ class RouteResponder final : public Responder {
   void end() override { inner_->end(); }
   void on_disconnect(std::function<void()> f) override { inner_->on_disconnect(std::move(f)); }
   bool disconnected() const override { return inner_->disconnected(); }
+  // Before the first send / start_stream only.
+  void add_header(std::string name, std::string value) { extra_.emplace_back(std::move(name), std::move(value)); }
 
  private:
   std::shared_ptr<Responder> inner_;
@@ -45,6 +48,41 @@ class RouteResponder final : public Responder {
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
+struct Route {
+  const char* label;
+  const char* allow;
+};
+
+// Every route the server answers. A path maps to exactly one entry.
+constexpr Route kRoutes[] = {
+    {"/", "GET, HEAD, OPTIONS"},
+    {"/health", "GET, HEAD, OPTIONS"},
+    {"/v1/models", "GET, HEAD, OPTIONS"},
+    {"/metrics", "GET, HEAD, OPTIONS"},
+    {"/stats", "GET, HEAD, OPTIONS"},
+    {"/v1/chat/completions", "POST, OPTIONS"},
+    {"/v1/completions", "POST, OPTIONS"},
+    {"/v1/responses", "POST, OPTIONS"},
+    {"/v1/responses/{id}", "GET, HEAD, DELETE, OPTIONS"},
+    {"/v1/messages", "POST, OPTIONS"},
+    {"/v1/messages/count_tokens", "POST, OPTIONS"},
+    {"/v1/cache/warm", "POST, OPTIONS"},
+};
+constexpr const char* kOtherRoute = "other";
+
+bool allows(const char* route, const std::string& method) {
+  const std::string allow = App::allowed_methods(route);
+  size_t pos = 0;
+  while (pos < allow.size()) {
+    const size_t comma = allow.find(',', pos);
+    const std::string item = allow.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (item == method) return true;
+    if (comma == std::string::npos) break;
+    pos = comma + 2;  // ", "
+  }
+  return false;
+}
+
 // Constant-time comparison, so the key cannot be guessed byte by byte.
 bool same_secret(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
@@ -54,6 +92,22 @@ bool same_secret(const std::string& a, const std::string& b) {
 }
 
 }  // namespace
+
+const char* App::route_label(const std::string& p) {
+  if (p == "/index.html") return "/";
+  if (starts_with(p, "/v1/responses/") && p.size() > std::strlen("/v1/responses/")) return "/v1/responses/{id}";
+  for (const Route& r : kRoutes) {
+    if (p == r.label) return r.label;
+  }
+  return kOtherRoute;
+}
+
+const char* App::allowed_methods(const char* route) {
+  for (const Route& r : kRoutes) {
+    if (std::strcmp(route, r.label) == 0) return r.allow;
+  }
+  return "";
+}
 
 bool App::authorized(const HttpRequest& req) const {
   const std::string& key = ctx_.options.api_key;
@@ -78,7 +132,8 @@ HeaderList App::cors_headers(const HttpRequest& req) const {
 void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
   const std::string& p = req.path;
   const bool anthropic = starts_with(p, "/v1/messages");
-  auto res = std::make_shared<RouteResponder>(std::move(raw), cors_headers(req), ctx_.metrics, p);
+  const char* route = route_label(p);
+  auto res = std::make_shared<RouteResponder>(std::move(raw), cors_headers(req), ctx_.metrics, route);
   auto fail = [&](int status, std::string message, std::string type) {
     ApiError e{status, std::move(message), std::move(type)};
     anthropic ? send_anthropic_error(*res, e) : send_error(*res, e);
@@ -87,33 +142,41 @@ void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
     res->send(204, "text/plain", "", {});
     return;
   }
-  if (p == "/health") return health(res);
+  const bool known = std::strcmp(route, kOtherRoute) != 0;
+  auto method_not_allowed = [&] {
+    res->add_header("Allow", allowed_methods(route));
+    fail(405, "method " + req.method + " is not allowed on " + p + " (allowed: " + allowed_methods(route) + ")",
+         "invalid_request_error");
+  };
+  // HEAD is answered as GET; the server drops the body (server/http_server.h).
+  const bool get = req.method == "GET" || req.method == "HEAD";
+  const bool open_route = std::strcmp(route, "/health") == 0 || std::strcmp(route, "/") == 0;
+  // The open routes need no key, so their method is checked first.
+  if (open_route && !allows(route, req.method)) return method_not_allowed();
+  if (std::strcmp(route, "/health") == 0) return health(res);
   // The chat page holds no secrets and a browser cannot attach a key when it
   // opens a page; its API calls carry the key (?key=...).
-  if (req.method == "GET" && (p == "/" || p == "/index.html")) {
-    return res->send(200, "text/html; charset=utf-8", chat_page_html(), {});
-  }
+  if (std::strcmp(route, "/") == 0) return res->send(200, "text/html; charset=utf-8", chat_page_html(), {});
   if (!authorized(req)) {
     return fail(401, "invalid or missing API key (send Authorization: Bearer <key> or x-api-key)",
                 "authentication_error");
   }
-  const bool get = req.method == "GET", post = req.method == "POST", del = req.method == "DELETE";
-  if (get && p == "/v1/models") return models(res);
-  if (get && p == "/metrics") return metrics(res);
-  if (get && p == "/stats") return stats(res);
-  if (post && p == "/v1/chat/completions") return handle_chat_completions(ctx_, req, res);
-  if (post && p == "/v1/completions") return handle_completions(ctx_, req, res);
-  if (post && p == "/v1/responses") return handle_responses_create(ctx_, req, res);
-  if (get && starts_with(p, "/v1/responses/")) return handle_responses_get(ctx_, req, res);
-  if (del && starts_with(p, "/v1/responses/")) return handle_responses_delete(ctx_, req, res);
-  if (post && p == "/v1/messages") return handle_messages(ctx_, req, res);
-  if (post && p == "/v1/messages/count_tokens") return handle_count_tokens(ctx_, req, res);
-  if (post && p == "/v1/cache/warm") return handle_cache_warm(ctx_, req, res);
-  const bool known = p == "/v1/models" || p == "/metrics" || p == "/stats" || p == "/v1/chat/completions" ||
-                     p == "/v1/completions" || p == "/v1/responses" || p == "/v1/messages" ||
-                     p == "/v1/messages/count_tokens" || p == "/v1/cache/warm" || p == "/";
-  if (known) return fail(405, "method " + req.method + " is not allowed on " + p, "invalid_request_error");
-  fail(404, "no route " + req.method + " " + p, "not_found_error");
+  if (!known) return fail(404, "no route " + req.method + " " + p, "not_found_error");
+  if (!allows(route, req.method)) return method_not_allowed();
+  const bool post = req.method == "POST", del = req.method == "DELETE";
+  const std::string r = route;
+  if (get && r == "/v1/models") return models(res);
+  if (get && r == "/metrics") return metrics(res);
+  if (get && r == "/stats") return stats(res);
+  if (post && r == "/v1/chat/completions") return handle_chat_completions(ctx_, req, res);
+  if (post && r == "/v1/completions") return handle_completions(ctx_, req, res);
+  if (post && r == "/v1/responses") return handle_responses_create(ctx_, req, res);
+  if (get && r == "/v1/responses/{id}") return handle_responses_get(ctx_, req, res);
+  if (del && r == "/v1/responses/{id}") return handle_responses_delete(ctx_, req, res);
+  if (post && r == "/v1/messages") return handle_messages(ctx_, req, res);
+  if (post && r == "/v1/messages/count_tokens") return handle_count_tokens(ctx_, req, res);
+  if (post && r == "/v1/cache/warm") return handle_cache_warm(ctx_, req, res);
+  method_not_allowed();  // unreachable while kRoutes and the table above agree
 }
 
 void App::health(std::shared_ptr<Responder> res) { res->send(200, "application/json", R"({"status":"ok"})", {}); }

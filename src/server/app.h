@@ -3,7 +3,9 @@
 // through: API key (Bearer or x-api-key; /health stays open), CORS, request
 // counting; then the API handlers (server/api_handlers.h) and the small
 // endpoints (/health, /v1/models, /metrics, /stats, the chat page).
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "server/http.h"
 #include "server/server_context.h"
@@ -13,8 +15,15 @@ namespace rill::server {
 class App {
  public:
   explicit App(ServerContext& ctx) : ctx_(ctx) {}
-  // Serves one request (on an I/O thread).
+  // Serves one request (on a handler thread; see server/http_server.h).
   void dispatch(const HttpRequest& req, std::shared_ptr<Responder> res);
+  // The route template a path is counted under in /metrics, from a fixed
+  // set ("/v1/responses/{id}"; "other" for every unknown path), so a client
+  // cannot add series by inventing paths.
+  static const char* route_label(const std::string& path);
+  // The Allow header of a route template ("" for "other"). HEAD goes with
+  // GET (the server sends the headers only); OPTIONS is the CORS preflight.
+  static const char* allowed_methods(const char* route);
   // Open HTTP connections, for /stats (set by the serve command).
   void set_connection_counter(std::function<int64_t()> f) { connections_ = std::move(f); }
 

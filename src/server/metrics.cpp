@@ -49,6 +49,23 @@ void render_tiers(const EngineStats& s, std::string& out) {
 
 }  // namespace
 
+std::string escape_label_value(const std::string& value) {
+  std::string out;
+  out.reserve(value.size());
+  for (const char c : value) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 void Histogram::observe(double seconds) {
   std::lock_guard lk(mu_);
   size_t i = 0;
@@ -73,7 +90,10 @@ void Histogram::render(const std::string& name, const std::string& help, std::st
 
 void Metrics::count_request(const std::string& route, int status) {
   std::lock_guard lk(mu_);
-  ++requests_[{route, status}];
+  auto it = requests_.find({route, status});
+  if (it == requests_.end() && requests_.size() >= kMaxRequestSeries) it = requests_.try_emplace({"other", status}).first;
+  if (it == requests_.end()) it = requests_.try_emplace({route, status}).first;
+  ++it->second;
 }
 
 std::string Metrics::render(const EngineStats& s) const {
@@ -82,7 +102,7 @@ std::string Metrics::render(const EngineStats& s) const {
     std::lock_guard lk(mu_);
     out += "# HELP rill_http_requests_total HTTP responses by route and status\n# TYPE rill_http_requests_total counter\n";
     for (const auto& [key, n] : requests_) {
-      out += "rill_http_requests_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
+      out += "rill_http_requests_total{route=\"" + escape_label_value(key.first) + "\",status=\"" + std::to_string(key.second) + "\"} " +
              std::to_string(n) + "\n";
     }
   }

@@ -30,8 +30,16 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
+// A label value escaped for the Prometheus text format (\\, \", \n).
+std::string escape_label_value(const std::string& value);
+
 class Metrics {
  public:
+  // Distinct (route, status) series kept; later new ones count under
+  // route="other", so the exposition stays bounded whatever callers pass.
+  static constexpr size_t kMaxRequestSeries = 512;
+  // `route` is a route template from a fixed set (App::route_label), never a
+  // raw path.
   void count_request(const std::string& route, int status);
   void observe_ttft(double seconds) { ttft_.observe(seconds); }
   void observe_itl(double seconds) { itl_.observe(seconds); }

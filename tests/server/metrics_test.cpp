@@ -2,6 +2,8 @@
 // with the engine's numbers (Prometheus text: HELP, TYPE, then samples).
 #include "server/metrics.h"
 
+#include "server/app.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -71,6 +73,42 @@ TEST(Metrics, DisabledTiersReportZeros) {
   EXPECT_DOUBLE_EQ(p.samples.at("rill_kv_tier_enabled{tier=\"disk\"}"), 0);
   EXPECT_DOUBLE_EQ(p.samples.at("rill_kv_tier_bytes{tier=\"disk\"}"), 0);
   EXPECT_DOUBLE_EQ(p.samples.at("rill_kv_tier_restored_tokens_total"), 0);
+}
+
+// Issue 15: a '"' in a label value broke the exposition format.
+TEST(Metrics, LabelValuesAreEscaped) {
+  EXPECT_EQ(escape_label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+  Metrics m;
+  m.count_request("/x\"y", 200);
+  const std::string text = m.render(EngineStats{});
+  EXPECT_NE(text.find("rill_http_requests_total{route=\"/x\\\"y\",status=\"200\"} 1\n"), std::string::npos) << text;
+}
+
+// Issue 15: every raw path became a series kept forever (3,000 long paths
+// added 172 MiB); the label is now a route template from a fixed set.
+TEST(Metrics, RoutesAreLabelledByTemplate) {
+  EXPECT_STREQ(App::route_label("/v1/chat/completions"), "/v1/chat/completions");
+  EXPECT_STREQ(App::route_label("/v1/responses/resp_123"), "/v1/responses/{id}");
+  EXPECT_STREQ(App::route_label("/index.html"), "/");
+  EXPECT_STREQ(App::route_label("/v1/chat/completions/"), "other");
+  EXPECT_STREQ(App::route_label("/\"" + std::string(5000, 'a')), "other");
+  EXPECT_STREQ(App::allowed_methods("/health"), "GET, HEAD, OPTIONS");
+  EXPECT_STREQ(App::allowed_methods("/v1/responses/{id}"), "GET, HEAD, DELETE, OPTIONS");
+  Metrics m;
+  for (int i = 0; i < 3000; ++i) m.count_request(App::route_label("/junk/" + std::to_string(i)), 401);
+  const std::string text = m.render(EngineStats{});
+  EXPECT_NE(text.find("rill_http_requests_total{route=\"other\",status=\"401\"} 3000\n"), std::string::npos);
+  EXPECT_EQ(text.find("/junk/"), std::string::npos);
+}
+
+TEST(Metrics, RequestSeriesAreBounded) {
+  Metrics m;
+  for (size_t i = 0; i < Metrics::kMaxRequestSeries + 100; ++i) m.count_request("/r" + std::to_string(i), 200);
+  const std::string text = m.render(EngineStats{});
+  size_t n_series = 0;
+  for (size_t pos = 0; (pos = text.find("rill_http_requests_total{", pos)) != std::string::npos; ++pos) ++n_series;
+  EXPECT_LE(n_series, Metrics::kMaxRequestSeries + 1);
+  EXPECT_NE(text.find("route=\"other\",status=\"200\"} 100\n"), std::string::npos);
 }
 
 }  // namespace
