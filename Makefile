@@ -7,7 +7,7 @@ WERROR ?= $(if $(CI),ON,OFF)
 FUZZ_SECONDS ?= 15
 MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all setup build run test ctest pytest fuzz clean format bench-cpu bench-serve
+.PHONY: all setup build run test ctest pytest san-build sanitize fuzz clean format bench-cpu bench-serve
 
 all: build
 
@@ -28,12 +28,22 @@ pytest: build
 	@if ls tests/integration/test_*.py >/dev/null 2>&1; then \
 	  RILL_BINARY=$(abspath $(BUILD_DIR))/rill .venv/bin/pytest -q tests/integration; fi
 
-fuzz: setup
-	@# Every library is instrumented (coverage + ASan + UBSan), not just the harness.
-	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
-	  -DRILL_FUZZ=ON -DRILL_TESTS=OFF -DRILL_BENCH=OFF >/dev/null
-	@cmake --build $(FUZZ_DIR) -j $(JOBS) --target $$(cd tests/fuzz && ls *_fuzz.cpp | sed 's/_fuzz.cpp//; s/^/fuzz_/')
+# One clang build with ASan + UBSan (and libFuzzer's coverage hooks) on every
+# library serves both the sanitized test run and the fuzzers: the unit tests
+# and the server integration tests run on it, then each fuzz target.
+SAN_FLAGS := -gline-tables-only -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+san-build: setup
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="$(SAN_FLAGS)" \
+	  -DRILL_FUZZ=ON -DRILL_TESTS=ON -DRILL_BENCH=OFF -DRILL_CUDA=OFF -DRILL_WERROR=$(WERROR) >/dev/null
+	@cmake --build $(FUZZ_DIR) -j $(JOBS)
+
+# Sanitizer findings abort the test that hit them (halt_on_error).
+SAN_ENV := ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+sanitize: san-build
+	@cd $(FUZZ_DIR) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) -LE gpu
+	@$(SAN_ENV) RILL_BINARY=$(abspath $(FUZZ_DIR))/rill RILL_SANITIZED=1 .venv/bin/pytest -q tests/integration
+
+fuzz: san-build
 	@for f in tests/fuzz/*_fuzz.cpp; do \
 	  name=$$(basename $$f _fuzz.cpp); mkdir -p $(FUZZ_DIR)/corpus/$$name; \
 	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
@@ -44,7 +54,7 @@ fuzz: setup
 	  fi; grep -E "^Done [0-9]+ runs" $(FUZZ_DIR)/fuzz_$$name.log; \
 	done
 
-test: ctest pytest fuzz
+test: ctest pytest sanitize fuzz
 
 # Side-by-side CPU benchmark with llama.cpp (installs llama-cpp-python into
 # .venv-tools on first use); results in build/bench/ and docs/perf.md.

@@ -1,7 +1,9 @@
 // rill serve: the OpenAI / Anthropic compatible HTTP server over the engine.
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -25,9 +27,67 @@ struct ServeOptions {
   server::ServerOptions server;
   EngineOptions engine;
   DeviceFlags device;
-  std::string api_key_file;
   server::HttpServerOptions http;  // the connection limits below (host, port, io threads, body cap: `server`)
+  double shutdown_grace_s = 30;
+  bool api_key_given = false;  // --api-key was on the command line (maybe as '')
 };
+
+// An empty key would turn authentication off without a word: refuse it,
+// whether it came from --api-key '' or from an empty $RILL_API_KEY (a shell
+// variable that was never set, expanded into it).
+Result<std::string> api_key_of(const ServeOptions& o) {
+  if (o.api_key_given) {
+    if (o.server.api_key.empty()) return Error{"--api-key: the key is empty (leave the flag out to serve without a key)"};
+    return o.server.api_key;
+  }
+  if (const char* k = std::getenv("RILL_API_KEY")) {
+    if (*k == 0) return Error{"$RILL_API_KEY is set but empty (unset it to serve without a key)"};
+    return std::string(k);
+  }
+  return std::string();
+}
+
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
+// Waits for SIGINT/SIGTERM, then shuts down gracefully: stop accepting, let
+// running requests finish for `grace_s` seconds, end what is left with each
+// API's error event (Engine::shut_down), wait for those replies to leave,
+// then stop. A second signal at any point exits at once (128 + signal).
+// Returns the process's exit code.
+int shut_down(const sigset_t& signals, server::HttpServer& http, Engine& engine, double grace_s) {
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::printf("rill serve: %s: no new requests; %lld running get up to %.0f s to finish (a second signal exits now)\n",
+              signal_name(sig), static_cast<long long>(http.active_responses()), grace_s);
+  std::fflush(stdout);
+  http.stop_accepting();
+  using Clock = std::chrono::steady_clock;
+  // Polls for a second signal while `done` is false, up to `seconds`; false
+  // when a signal came.
+  auto wait_until = [&](auto done, double seconds) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    while (!done() && Clock::now() < deadline) {
+      const timespec tick{0, 50'000'000};
+      if (sigtimedwait(&signals, nullptr, &tick) > 0) return false;
+    }
+    return true;
+  };
+  auto idle = [&] { return http.active_responses() == 0; };
+  if (!wait_until(idle, grace_s)) {
+    std::printf("rill serve: second signal: exiting now\n");
+    std::fflush(stdout);
+    std::_Exit(128 + sig);
+  }
+  if (!idle()) {
+    std::printf("rill serve: grace period over: ending %lld requests\n", static_cast<long long>(http.active_responses()));
+    engine.shut_down("the server is shutting down");
+    // The error events are written by the I/O threads; give them a moment.
+    if (!wait_until(idle, 5.0)) std::_Exit(128 + sig);
+  }
+  http.stop();
+  std::printf("rill serve: stopped\n");
+  return 0;
+}
 
 int run_serve(ServeOptions& o) {
   // Signals are taken by sigwait below; block them before any thread starts.
@@ -37,7 +97,17 @@ int run_serve(ServeOptions& o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const std::string path = o.model.empty() ? default_model_path() : o.model;
+  auto key = api_key_of(o);
+  if (!key.ok()) {
+    std::fprintf(stderr, "rill serve: %s\n", key.error().message.c_str());
+    return 2;
+  }
+  auto resolved = resolve_model_path(o.model);
+  if (!resolved.ok()) {
+    std::fprintf(stderr, "rill serve: %s\n", resolved.error().message.c_str());
+    return 1;
+  }
+  const std::string& path = *resolved;
   o.engine.device = o.device.value();
   o.engine.gpu_memory_fraction = o.device.gpu_memory_fraction;
   o.engine.tensor_parallel = o.device.tensor_parallel;
@@ -49,9 +119,7 @@ int run_serve(ServeOptions& o) {
   }
   server::ServerOptions so = o.server;
   if (so.model_id.empty()) so.model_id = std::filesystem::path(path).stem().string();
-  if (so.api_key.empty()) {
-    if (const char* k = std::getenv("RILL_API_KEY")) so.api_key = k;
-  }
+  so.api_key = *key;
   server::Metrics metrics;
   server::ResponseStore responses(so.response_ttl_s, std::max<int64_t>(0, so.response_store_mb) << 20);
   server::ServerContext ctx{**engine, (*engine)->chat_template(), so, &metrics, &responses,
@@ -85,14 +153,7 @@ int run_serve(ServeOptions& o) {
                 static_cast<long long>(o.engine.cache_disk_mb));
   }
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&signals, &sig);
-  std::printf("rill serve: stopping (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-  (*http)->stop();
-  // The engine goes first: stopping it ends every open request, whose final
-  // events still reach the (stopped, but alive) I/O layer and the metrics.
-  engine->reset();
-  return 0;
+  return shut_down(signals, **http, **engine, o.shutdown_grace_s);
 }
 
 }  // namespace
@@ -105,7 +166,8 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("model", o->model, "a .gguf file or a Hugging Face model directory (default: the default model)");
   sub->add_option("--host", s.host, "address to bind (default 127.0.0.1: this machine only)");
   sub->add_option("--port", s.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
-  sub->add_option("--api-key", s.api_key, "require this key (Authorization: Bearer or x-api-key); also $RILL_API_KEY");
+  CLI::Option* api_key =
+      sub->add_option("--api-key", s.api_key, "require this key (Authorization: Bearer or x-api-key); also $RILL_API_KEY");
   sub->add_option("--cors-origin", s.cors_origins, "allow browser requests from this origin (repeatable; * for any)");
   sub->add_option("--max-body-bytes", s.max_body_bytes, "largest request body (413 beyond)");
   sub->add_option("--max-n", s.max_n, "largest n (choices per request)")->check(CLI::Range(1, 128));
@@ -151,9 +213,15 @@ Command add_serve_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_option("--kv-cache-fraction", e.kv_cache_fraction, "KV cache as a fraction of RAM")
       ->check(CLI::Range(0.0, 0.95));
+  sub->add_option("--shutdown-grace", o->shutdown_grace_s,
+                  "seconds running requests get to finish after SIGTERM/SIGINT before they end with an error")
+      ->check(CLI::Range(0.0, 86400.0));
   o->device.add_to(sub);
   add_cache_tier_options(*sub, e);
-  return {sub, [o]() -> int { return run_serve(*o); }};
+  return {sub, [o, api_key]() -> int {
+            o->api_key_given = api_key->count() > 0;
+            return run_serve(*o);
+          }};
 }
 
 }  // namespace rill::cli
