@@ -35,6 +35,7 @@ class EngineImpl final : public Engine {
   Result<uint64_t> submit(GenerationRequest request, EventCallback on_event) override;
   void cancel(uint64_t id) override;
   EngineStats stats() const override;
+  int64_t flush_cache_tiers(std::chrono::steady_clock::time_point deadline) override;
   const Model& model() const override { return *model_; }
   const Tokenizer* tokenizer() const override { return tokenizer_.get(); }
   const ChatTemplate* chat_template() const override { return chat_template_.get(); }
