@@ -7,6 +7,7 @@
 // see docs/architecture.md). Submissions, cancellations and reads of a
 // request's stream are thread-safe.
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -117,7 +118,11 @@ struct EngineOptions {
   int64_t cache_ram_mb = 0;       // host-RAM tier; 0: off
   std::string cache_dir;          // disk tier directory; empty: off
   int64_t cache_disk_mb = 8192;   // disk tier cap
-  bool kv_verify = false;         // check every tensor hash when a disk entry loads
+  bool kv_verify = false;         // at start, check every disk file's tensor hashes (loads always check theirs)
+  // Disk tier write-behind: a finished request's computed KV (whole blocks,
+  // prompt and output) of at least this many tokens is queued for disk, so
+  // a restart finds it; <= 0: off (only evictions and warm-ups reach disk).
+  int64_t cache_write_behind_min_tokens = 256;
   // The model artifact's identity for disk entries; Engine::load sets it
   // (artifact fingerprint), Engine::create callers may.
   std::string model_id;
@@ -128,6 +133,11 @@ struct CacheTierStats {
   bool enabled = false;
   int64_t bytes = 0, entries = 0, hits = 0, misses = 0, evictions = 0, errors = 0, loads = 0;
   double load_seconds = 0;
+  // Disk tier writes: runs queued or being written now, files written
+  // (spills and write-behind), runs dropped unwritten (write-behind with the
+  // queue full, or the queue closed at shutdown), files replaced by a newer
+  // file holding their whole chain.
+  int64_t queued = 0, written = 0, dropped = 0, replaced = 0;
 };
 
 struct EngineStats {
@@ -173,6 +183,18 @@ class Engine {
   // (so each API sends its error event), and submit() refuses from now on
   // with `reason`. Idempotent; stats() and the cache tiers keep working.
   virtual void shut_down(std::string reason) = 0;
+
+  // For graceful shutdown, from any thread, once requests have ended: waits
+  // until every queued disk-tier write (spills, write-behind) is on disk or
+  // `deadline` passes, then closes the queue (what is still queued, and
+  // anything queued later, is dropped; the one write in progress finishes
+  // in the destructor). Returns the runs dropped at the deadline; 0 when
+  // everything reached disk or there is no disk tier. Without this call the
+  // destructor writes the whole queue, however long that takes.
+  virtual int64_t flush_cache_tiers(std::chrono::steady_clock::time_point deadline) {
+    (void)deadline;
+    return 0;
+  }
 
   virtual EngineStats stats() const = 0;
   virtual const Model& model() const = 0;

@@ -1,7 +1,7 @@
 #pragma once
 // The prefix-cache tier flags `rill serve`, `rill bench` and `rill cache warm`
 // share (engine/kv_tiers.h): --cache-ram-mb, --cache-dir, --cache-disk-mb,
-// --kv-verify, written straight into EngineOptions.
+// --cache-write-behind-min-tokens, --kv-verify, written straight into EngineOptions.
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
@@ -21,7 +21,13 @@ inline void add_cache_tier_options(CLI::App& sub, EngineOptions& e, bool with_di
   }
   sub.add_option("--cache-disk-mb", e.cache_disk_mb, "cap of the disk tier in MiB (least recently used out)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  sub.add_flag("--kv-verify", e.kv_verify, "check every tensor hash when a disk-tier entry loads (slower)");
+  sub.add_option("--cache-write-behind-min-tokens", e.cache_write_behind_min_tokens,
+                 "disk tier: write a finished request's KV of at least this many tokens to disk behind it, so a "
+                 "restart finds it (0: off; only evicted prefixes and warm-ups reach disk)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  sub.add_flag("--kv-verify", e.kv_verify,
+               "at start, read every disk-tier file and remove those whose tensor hashes fail (slower start; "
+               "every load checks its file's tensor hashes anyway)");
 }
 
 }  // namespace rill::cli

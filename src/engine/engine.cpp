@@ -76,6 +76,7 @@ Status EngineImpl::start() {
     c.identity.model_id = options_.model_id.empty() ? config_fingerprint(model_->config()) : options_.model_id;
     c.identity.config_fingerprint = config_fingerprint(model_->config());
     c.identity.tokenizer_hash = tokenizer_ ? hash64(tokenizer_->fingerprint()) : 0;
+    c.write_behind_min_tokens = options_.cache_write_behind_min_tokens;
     RILL_ASSIGN_OR_RETURN(tiers_, KvTiers::open(c, *model_, pool_, tree_, &states_));
   }
   publish_stats();  // the tiers' contents are known before the first step
@@ -191,8 +192,18 @@ void EngineImpl::shut_down(std::string reason) {
 }
 
 EngineStats EngineImpl::stats() const {
-  std::lock_guard lk(stats_mu_);
-  return stats_;
+  EngineStats s;
+  {
+    std::lock_guard lk(stats_mu_);
+    s = stats_;
+  }
+  // The disk writer's counters move while the engine thread sleeps: live.
+  if (tiers_ && tiers_->disk()) {
+    s.disk_tier.queued = tiers_->disk_queue_depth();
+    s.disk_tier.written = tiers_->disk_written();
+    s.disk_tier.dropped = tiers_->disk_dropped();
+  }
+  return s;
 }
 
 void EngineImpl::take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels) {
@@ -445,6 +456,11 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
     stats_.completion_tokens += u.completion_tokens;
   }
   finished_ids_.push_back(r.id);
+  // Queued before the final event (so whoever hears it finds the run queued,
+  // and a flush after it writes it); the write itself is off this thread.
+  if (tiers_ && !r.params.persist_prefix && (reason == FinishReason::kStop || reason == FinishReason::kLength)) {
+    tiers_->write_behind(r.ns, std::span<const int32_t>(r.tokens).first(static_cast<size_t>(r.n_computed)));
+  }
   // Whoever hears that the request ended may read stats() next: they must
   // already show what it did (a tier restore or persist, its KV blocks).
   publish_stats();
@@ -453,6 +469,10 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
   } catch (...) {
     // The consumer is gone; the request is already over.
   }
+}
+
+int64_t EngineImpl::flush_cache_tiers(std::chrono::steady_clock::time_point deadline) {
+  return tiers_ ? tiers_->close_disk_queue(deadline) : 0;  // tiers_ is set before the engine thread starts
 }
 
 bool EngineImpl::deliver(Request& r, GenerationEvent&& event) {
@@ -484,7 +504,10 @@ void EngineImpl::publish_stats() {
       o.load_seconds = t.load_seconds;
     };
     if (tiers_->ram()) fill(stats_.ram_tier, tiers_->ram()->stats());
-    if (tiers_->disk()) fill(stats_.disk_tier, tiers_->disk()->stats());
+    if (tiers_->disk()) {
+      fill(stats_.disk_tier, tiers_->disk()->stats());
+      stats_.disk_tier.replaced = tiers_->disk()->stats().replaced;
+    }
     stats_.tier_restored_tokens = tiers_->restored_tokens();
   }
   stats_.kv_blocks_used = pool_.n_used();

@@ -38,6 +38,7 @@ class EngineImpl final : public Engine {
   void cancel(uint64_t id) override;
   void shut_down(std::string reason) override;
   EngineStats stats() const override;
+  int64_t flush_cache_tiers(std::chrono::steady_clock::time_point deadline) override;
   const Model& model() const override { return *model_; }
   const Tokenizer* tokenizer() const override { return tokenizer_.get(); }
   const ChatTemplate* chat_template() const override { return chat_template_.get(); }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "model/fingerprint.h"
 #include "loader/model_files.h"
@@ -13,6 +14,10 @@
 
 namespace rill {
 namespace {
+
+// The sidecar of artifact fingerprints in a disk tier's directory (the
+// tier indexes only *.rkv files, so it leaves this one alone).
+constexpr const char* kModelFingerprintSidecar = "model-fingerprints.json";
 
 int64_t physical_ram_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
@@ -60,7 +65,15 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
   EngineOptions eo = options;
-  if (eo.model_id.empty()) eo.model_id = artifact_fingerprint(*files);
+  // The artifact fingerprint keys only the disk tier's files, and reads
+  // every weight byte: computed only for a disk tier, and remembered in its
+  // directory's sidecar so a restart on unchanged files does not rehash
+  // (model/fingerprint.h; the cost is in docs/limits.md).
+  if (eo.model_id.empty() && !eo.cache_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(eo.cache_dir, ec);  // DiskTier::open reports a bad directory
+    eo.model_id = artifact_fingerprint_cached(*files, (std::filesystem::path(eo.cache_dir) / kModelFingerprintSidecar).string());
+  }
   return create(std::move(model), std::move(tokenizer), eo, std::move(chat_template));
 }
 

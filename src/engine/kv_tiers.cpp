@@ -48,7 +48,7 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
     DiskTierOptions o;
     o.dir = config.disk_dir;
     o.cap_bytes = static_cast<size_t>(std::max<int64_t>(0, config.disk_bytes));
-    o.verify_tensors = config.verify;
+    o.verify_at_open = config.verify;
     o.identity = config.identity;
     o.block_size = pool.block_size();
     RILL_ASSIGN_OR_RETURN(t->disk_, DiskTier::open(o));
@@ -58,6 +58,7 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
                    static_cast<long long>(t->disk_->removed_at_open()));
     }
   }
+  t->write_behind_min_tokens_ = config.write_behind_min_tokens;
   KvTiers* raw = t.get();
   tree.set_spill_hook([raw](uint64_t ns, std::span<const int32_t> tokens, std::span<const int32_t> blocks) {
     raw->spill(ns, tokens, blocks);
@@ -423,6 +424,49 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
     ram_->count_load(seconds);
   }
   return tokens;
+}
+
+int32_t KvTiers::write_behind(uint64_t ns, std::span<const int32_t> tokens) {
+  if (!disk_ || write_behind_min_tokens_ <= 0 || static_cast<int64_t>(tokens.size()) < write_behind_min_tokens_) {
+    return 0;
+  }
+  learn_ns(ns);
+  poll();
+  const int32_t bs = pool_.block_size();
+  std::vector<PrefixMatch> device = match_groups(ns, tokens);
+  size_t n = SIZE_MAX;
+  std::vector<std::vector<int32_t>> ids(spec_.size());
+  for (int32_t g : attention_groups_) {
+    ids[static_cast<size_t>(g)] = device[static_cast<size_t>(g)].block_ids();
+    n = std::min(n, ids[static_cast<size_t>(g)].size());
+  }
+  int32_t checkpoint = -1;
+  n = storable_prefix(ids, n, &checkpoint);
+  if (n == 0 || static_cast<int64_t>(n) * bs < write_behind_min_tokens_) return 0;
+  std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(bs)), bs);
+  const uint64_t last = keys.back();
+  if (disk_->covers(last) || writer_->covers(last)) return 0;  // on disk or on its way: written once
+  // Dropped before anything is copied when the queue has no room.
+  if (!writer_->has_room(run_bytes(static_cast<int32_t>(n), checkpoint >= 0), kMaxWriteBehindBytes)) {
+    ++write_behind_dropped_;
+    return 0;
+  }
+  auto run = build_run(ns, tokens, ids, std::move(keys), checkpoint);
+  if (!run.ok()) {
+    note_disk_error(run.error());
+    return 0;
+  }
+  if (!writer_->try_push(std::move(*run), kMaxWriteBehindBytes)) {
+    ++write_behind_dropped_;
+    return 0;
+  }
+  ++write_behind_queued_;
+  for (PrefixMatch& d : device) release_tail_first(d.blocks);
+  return static_cast<int32_t>(n) * bs;
+}
+
+int64_t KvTiers::close_disk_queue(std::chrono::steady_clock::time_point deadline) {
+  return writer_ ? writer_->close(deadline) : 0;
 }
 
 Result<int32_t> KvTiers::persist(uint64_t ns, std::span<const int32_t> tokens) {

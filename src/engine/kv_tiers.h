@@ -16,6 +16,13 @@
 //    then matches it like any cached prefix (and reports it as cached
 //    tokens). If the pool has no room the prompt is simply computed.
 //  - Persist: a finished warm-up request's prefix is written to disk now.
+//  - Write-behind: a finished request's computed prefix (prompt and output,
+//    whole blocks, at least write_behind_min_tokens) is copied out of the
+//    device cache and queued for the disk tier's writer, unless the tier
+//    (or its queue) already holds that chain, so a restarted server finds
+//    ordinary traffic on disk, not only evicted blocks and warm-ups. The
+//    queue is bounded (kMaxWriteBehindBytes): a run that does not fit is
+//    dropped (counted) before anything is copied, and never waits.
 //
 // Layer groups: a run is keyed by the request-level namespace and holds
 // every attention group's blocks of the chain (per KV layer, its group's
@@ -43,6 +50,8 @@
 // a DiskWriter thread does that off the request's path, and poll() (the
 // engine calls it every loop) indexes the finished files. A warm-up's
 // persist() writes synchronously (its request reports what was written).
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -65,8 +74,9 @@ struct KvTierConfig {
   int64_t ram_bytes = 0;   // 0: no RAM tier
   std::string disk_dir;    // empty: no disk tier
   int64_t disk_bytes = 0;  // cap of the disk tier
-  bool verify = false;     // check tensor hashes on every disk load
+  bool verify = false;     // --kv-verify: check every disk file's tensor hashes at open (loads always do)
   KvFileIdentity identity; // model, config, tokenizer (ns per run)
+  int64_t write_behind_min_tokens = 256;  // write-behind of finished requests; <= 0: off
 };
 
 class KvTiers {
@@ -91,8 +101,23 @@ class KvTiers {
   // to the disk tier. Errors: no disk tier, nothing cached, a write failure.
   Result<int32_t> persist(uint64_t ns, std::span<const int32_t> tokens);
 
+  // Write-behind (engine thread): queues the device-cached chain prefixing
+  // `tokens` (every token's KV computed) for the disk tier. Returns the
+  // tokens queued: 0 without a disk tier, below the minimum, already held
+  // on disk or queued, or dropped because the queue is full.
+  int32_t write_behind(uint64_t ns, std::span<const int32_t> tokens);
   // Indexes the disk writes finished since the last call (engine thread).
   void poll();
+  // Any thread, for shutdown: DiskWriter::close(deadline): waits until the
+  // queued disk writes are on disk or the deadline passes, then drops the
+  // rest and everything queued later. Returns the runs dropped at the
+  // deadline; 0 without a disk tier.
+  int64_t close_disk_queue(std::chrono::steady_clock::time_point deadline);
+  // The disk writer's counters (0 without a disk tier); any thread.
+  int64_t disk_queue_depth() const { return writer_ ? writer_->queue_depth() : 0; }
+  int64_t disk_written() const { return writer_ ? writer_->n_written() : 0; }
+  int64_t disk_dropped() const { return (writer_ ? writer_->n_dropped() : 0) + write_behind_dropped_; }
+  int64_t write_behind_queued() const { return write_behind_queued_; }
 
   const RamTier* ram() const { return ram_.get(); }
   const DiskTier* disk() const { return disk_.get(); }
@@ -137,6 +162,9 @@ class KvTiers {
   void note_disk_error(const Error& e);
   // Spilled runs queued for disk beyond this wait for older writes.
   static constexpr size_t kMaxPendingDiskBytes = size_t{256} << 20;
+  // Write-behind queues only within this much pending, so the spills that
+  // must reach disk keep half of the queue.
+  static constexpr size_t kMaxWriteBehindBytes = kMaxPendingDiskBytes / 2;
 
   Model& model_;
   BlockPool& pool_;
@@ -156,6 +184,9 @@ class KvTiers {
   std::unique_ptr<DiskTier> disk_;
   std::unique_ptr<DiskWriter> writer_;  // with disk_
   int64_t restored_tokens_ = 0, spill_errors_ = 0;
+  int64_t write_behind_min_tokens_ = 0;
+  int64_t write_behind_queued_ = 0;
+  std::atomic<int64_t> write_behind_dropped_{0};  // read by stats() on any thread
   std::string last_error_;
 };
 

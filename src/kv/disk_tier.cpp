@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <filesystem>
 #include <system_error>
@@ -71,6 +72,13 @@ Status DiskTier::scan() {
     }
     if (!name.ends_with(kSuffix) || !de.is_regular_file(ec)) continue;
     auto header = read_kv_header(p.string());
+    if (header.ok() && options_.verify_at_open) {
+      auto whole = KvFile::open(p.string(), nullptr, /*verify_tensors=*/true);
+      if (!whole.ok()) {
+        std::fprintf(stderr, "kv cache %s: %s; removed\n", options_.dir.c_str(), whole.error().message.c_str());
+        header = whole.error();
+      }
+    }
     bool ok = header.ok() && kv_identity_mismatch(
                                  KvFileIdentity{options_.identity.model_id, options_.identity.config_fingerprint,
                                                 header->identity.ns, options_.identity.tokenizer_hash},
@@ -109,14 +117,24 @@ Status DiskTier::scan() {
 }
 
 void DiskTier::add(Entry e) {
-  // A file for the same chain replaces the old entry.
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->second.path == e.path) {
-      remove(it->first, /*unlink_file=*/false);
-      break;
+  // A file for the same chain replaces the old entry (same name: the file
+  // itself was replaced). A file whose whole chain the new one holds, and
+  // which resumes nowhere the new one cannot, is redundant: removed, so a
+  // conversation written behind turn after turn keeps one file.
+  for (size_t i = 0; i < e.keys.size(); ++i) {
+    auto it = by_last_key_.find(e.keys[i]);
+    if (it == by_last_key_.end()) continue;
+    const uint64_t old = it->second;
+    const Entry& o = entries_.at(old);
+    if (i + 1 == e.keys.size()) {
+      remove(old, /*unlink_file=*/o.path != e.path);
+    } else if (e.min_resume <= o.min_resume && o.keys.size() == i + 1) {
+      remove(old, /*unlink_file=*/true);
+      ++stats_.replaced;
     }
   }
   const uint64_t id = next_id_++;
+  by_last_key_[e.keys.back()] = id;
   lru_.push_back(id);
   e.lru = std::prev(lru_.end());
   index_.add(id, e.keys, e.min_resume);
@@ -126,10 +144,22 @@ void DiskTier::add(Entry e) {
   stats_.entries = static_cast<int64_t>(entries_.size());
 }
 
+void DiskTier::drop_failed(uint64_t id, const std::string& reason) {
+  last_error_ = reason;
+  std::fprintf(stderr, "kv cache %s: %s; entry removed, its prefix is recomputed\n", options_.dir.c_str(),
+               reason.c_str());
+  remove(id, /*unlink_file=*/true);
+  ++stats_.errors;
+  ++stats_.misses;
+}
+
 void DiskTier::remove(uint64_t id, bool unlink_file) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   index_.remove(id, it->second.keys);
+  if (auto last = by_last_key_.find(it->second.keys.back()); last != by_last_key_.end() && last->second == id) {
+    by_last_key_.erase(last);
+  }
   bytes_ -= it->second.bytes;
   lru_.erase(it->second.lru);
   if (unlink_file) ::unlink(it->second.path.c_str());
@@ -195,8 +225,13 @@ std::optional<std::pair<KvRunPtr, int32_t>> DiskTier::find(std::span<const uint6
   Entry& e = entries_.at(hit->entry);
   KvFileIdentity want = options_.identity;
   want.ns = ns;
-  auto file = KvFile::open(e.path, &want, options_.verify_tensors);
-  bool ok = file.ok();
+  // Every tensor's hash, always: corrupt KV must be a miss, never an answer.
+  auto file = KvFile::open(e.path, &want, /*verify_tensors=*/true);
+  if (!file.ok()) {
+    drop_failed(hit->entry, file.error().message);
+    return std::nullopt;
+  }
+  bool ok = true;
   auto run = std::make_shared<KvRun>();
   if (ok) {
     const KvFileHeader& h = file->header();
@@ -234,9 +269,7 @@ std::optional<std::pair<KvRunPtr, int32_t>> DiskTier::find(std::span<const uint6
     }
   }
   if (!ok) {
-    remove(hit->entry, /*unlink_file=*/true);
-    ++stats_.errors;
-    ++stats_.misses;
+    drop_failed(hit->entry, e.path + ": KV file does not match its name or the model's KV layout");
     return std::nullopt;
   }
   lru_.splice(lru_.end(), lru_, e.lru);

@@ -29,7 +29,9 @@ namespace rill {
 struct DiskTierOptions {
   std::string dir;
   size_t cap_bytes = 0;
-  bool verify_tensors = false;  // --kv-verify: check every tensor hash on load
+  // --kv-verify: at open, also check every tensor hash of every file (reads
+  // the whole directory) and remove the files that fail. Loads always check.
+  bool verify_at_open = false;
   KvFileIdentity identity;      // model, config, tokenizer (ns is per run)
   int32_t block_size = 16;
 };
@@ -81,6 +83,8 @@ class DiskTier {
   }
   // Files removed by open() (orphans, corrupt, other identity).
   int64_t removed_at_open() const { return removed_at_open_; }
+  // The reason the last file was dropped at a load ("" if none was).
+  const std::string& last_error() const { return last_error_; }
   const std::string& dir() const { return options_.dir; }
 
  private:
@@ -96,6 +100,8 @@ class DiskTier {
   Status scan();
   void add(Entry e);
   void remove(uint64_t id, bool unlink_file);
+  // Drops a file that failed at a load: logged, counted, removed.
+  void drop_failed(uint64_t id, const std::string& reason);
 
   DiskTierOptions options_;
   std::optional<KvDirLock> lock_;  // held for the tier's lifetime
@@ -103,8 +109,10 @@ class DiskTier {
   std::unordered_map<uint64_t, Entry> entries_;
   std::list<uint64_t> lru_;  // front: least recently used
   TierIndex index_;
+  std::unordered_map<uint64_t, uint64_t> by_last_key_;  // an entry's last chain key -> its id
   TierStats stats_;
   int64_t removed_at_open_ = 0;
+  std::string last_error_;
 };
 
 // The file name of a run: the hex chain key of its last block.

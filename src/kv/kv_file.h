@@ -23,8 +23,9 @@
 // 16 hex digits (XXH3-64; JSON numbers would lose bits in many readers).
 // Writes are atomic: `<path>.tmp`, fsync, rename, fsync of the directory.
 // Reading always verifies the magic, the bounds and the header hash; tensor
-// hashes only on request (verifying reads every byte, which defeats lazy
-// page-in). A file whose identity (model, config fingerprint, namespace,
+// hashes on request (verify_tensors reads every byte). The disk tier asks
+// for them on every load (a restore reads every byte anyway) and, with
+// --kv-verify, for every file at open. A file whose identity (model, config fingerprint, namespace,
 // tokenizer) differs from the expected one is refused with an error naming
 // the file and the field.
 #include <cstdint>

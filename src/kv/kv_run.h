@@ -142,6 +142,9 @@ struct TierStats {
   // the disk tier with verify on, hashing).
   int64_t loads = 0;
   double load_seconds = 0;
+  // Disk tier: files removed because a newer file holds their whole chain
+  // and resumes everywhere they did (DiskTier::add).
+  int64_t replaced = 0;
 };
 
 }  // namespace rill

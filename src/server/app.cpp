@@ -221,7 +221,9 @@ void App::stats(std::shared_ptr<Responder> res) {
   auto tier = [](const CacheTierStats& t) {
     return nlohmann::json{{"enabled", t.enabled}, {"bytes", t.bytes},   {"entries", t.entries},
                           {"hits", t.hits},       {"misses", t.misses}, {"evictions", t.evictions},
-                          {"errors", t.errors},   {"loads", t.loads},   {"load_seconds", t.load_seconds}};
+                          {"errors", t.errors},   {"loads", t.loads},   {"load_seconds", t.load_seconds},
+                          {"queued", t.queued},   {"written", t.written}, {"dropped", t.dropped},
+                          {"replaced", t.replaced}};
   };
   kv["tiers"] = {{"ram", tier(s.ram_tier)}, {"disk", tier(s.disk_tier)}, {"restored_tokens", s.tier_restored_tokens}};
   nlohmann::json body = {{"model", ctx_.options.model_id}, {"engine", engine}, {"kv", kv}};

@@ -11,10 +11,12 @@
 // the run's end reads (file header and RAM bytes checked), and a prompt that
 // shares only part of such a run (it would need dropped blocks) is computed,
 // correctly, instead. A corrupt disk entry is removed at start and the prompt
-// is computed normally.
+// is computed normally; corrupt tensor data is caught at the load (always).
+// Write-behind puts an ordinary request on disk once; flush_cache_tiers.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -421,6 +423,106 @@ TEST(KvTiers, CorruptDiskEntryIsRemovedAndThePromptComputed) {
   const GenRun again = generate(*e, prompt, 4);
   EXPECT_EQ(again.cached, 0);
   EXPECT_EQ(again.tokens, first.tokens);
+}
+
+// Waits until the disk tier's write queue is empty (written off thread).
+void wait_for_disk_writes(const Engine& e) {
+  for (int i = 0; i < 2000 && e.stats().disk_tier.queued > 0; ++i) ::usleep(5000);
+}
+
+// Corrupt tensor data (16 KiB overwritten in the middle of a K tensor)
+// without --kv-verify: the load checks the tensor hashes, so the entry is a
+// miss, counted and removed, and the prompt is computed: the cold answer.
+TEST(KvTiers, CorruptTensorDataOnDiskIsAMissAndTheAnswerIsCold) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir dir;
+  const auto prompt = random_prompt(100, 49152, 21);
+  EngineOptions o;
+  o.cache_dir = dir.path.string();
+  o.cache_write_behind_min_tokens = 0;  // only the warm-up writes
+  GenRun cold;
+  {
+    auto e = load(kSmol, o);
+    ASSERT_TRUE(e);
+    cold = generate(*e, prompt, 6);
+    EXPECT_EQ(generate(*e, prompt, 1, /*persist=*/true).persisted, 96);
+  }
+  const auto files = kv_files(dir.path);
+  ASSERT_EQ(files.size(), 1u);
+  {
+    auto h = read_kv_header(files[0].string());
+    ASSERT_TRUE(h.ok());
+    const KvTensorDesc& k = h->layers[h->layers.size() / 2].tensors[0];
+    ASSERT_GT(k.bytes, 32u << 10);
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(k.off + k.bytes / 2 - (8u << 10)));
+    const std::string junk(16u << 10, '\x5a');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  auto e = load(kSmol, o);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->stats().disk_tier.entries, 1) << "open reads headers only (no --kv-verify)";
+  const GenRun again = generate(*e, prompt, 6);
+  EXPECT_EQ(again.cached, 0);
+  EXPECT_EQ(again.tokens, cold.tokens);
+  EXPECT_EQ(e->stats().disk_tier.errors, 1);
+  EXPECT_EQ(e->stats().disk_tier.hits, 0);
+  EXPECT_FALSE(fs::exists(files[0]));
+}
+
+// Write-behind: an ordinary request (no warm-up, no eviction) reaches disk
+// once, off the request path, and a restart answers it from disk with the
+// cold tokens and the device hit's logprobs.
+TEST(KvTiers, WriteBehindMakesARestartWarmAndWritesARunOnce) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir dir;
+  const auto prompt = random_prompt(100, 49152, 23);
+  EngineOptions o;
+  o.cache_dir = dir.path.string();
+  o.cache_write_behind_min_tokens = 64;
+  GenRun cold, device_hit;
+  {
+    auto e = load(kSmol, o);
+    ASSERT_TRUE(e);
+    cold = generate(*e, prompt, 6);
+    EXPECT_EQ(cold.cached, 0);
+    wait_for_disk_writes(*e);
+    device_hit = generate(*e, prompt, 6);  // the same chain: not written again
+    EXPECT_EQ(device_hit.cached, 96);
+    generate(*e, random_prompt(40, 49152, 24), 4);  // below the minimum: not written
+    wait_for_disk_writes(*e);
+    const EngineStats s = e->stats();
+    EXPECT_EQ(s.disk_tier.written, 1);
+    EXPECT_EQ(s.disk_tier.queued, 0);
+    EXPECT_EQ(s.disk_tier.dropped, 0);
+  }
+  ASSERT_EQ(kv_files(dir.path).size(), 1u);
+  auto e = load(kSmol, o);  // a restart
+  ASSERT_TRUE(e);
+  const GenRun warm = generate(*e, prompt, 6);
+  EXPECT_EQ(warm.cached, 96);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "KV read back from disk must be bit-identical";
+  EXPECT_EQ(e->stats().disk_tier.hits, 1);
+}
+
+// flush_cache_tiers: the queue is on disk when it returns, and closed after.
+TEST(KvTiers, FlushCacheTiersWritesTheQueueThenClosesIt) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir dir;
+  EngineOptions o;
+  o.cache_dir = dir.path.string();
+  o.cache_write_behind_min_tokens = 32;
+  auto e = load(kSmol, o);
+  ASSERT_TRUE(e);
+  generate(*e, random_prompt(80, 49152, 31), 4);
+  EXPECT_EQ(e->flush_cache_tiers(std::chrono::steady_clock::now() + std::chrono::seconds(60)), 0);
+  EXPECT_EQ(e->stats().disk_tier.queued, 0);
+  EXPECT_EQ(e->stats().disk_tier.written, 1);
+  EXPECT_EQ(kv_files(dir.path).size(), 1u) << "on disk before the engine is gone";
+  generate(*e, random_prompt(80, 49152, 32), 4);
+  EXPECT_EQ(e->stats().disk_tier.written, 1) << "closed: nothing more is written";
+  EXPECT_EQ(kv_files(dir.path).size(), 1u);
 }
 
 TEST(KvTiers, ASecondEngineCannotShareTheDirectory) {

@@ -1,8 +1,9 @@
 // DiskTier: runs written as KV files are found by their chain keys (longest
 // prefix), survive reopening, are evicted LRU beyond the cap; opening reaps
 // `.tmp` orphans and removes corrupt, foreign and misnamed files; a file
-// that fails when loaded (tensor hash with verify on) is removed and the
-// lookup is a miss; the directory is locked against a second owner.
+// that fails when loaded (tensor hash, always checked) is removed and the
+// lookup is a miss; --kv-verify removes such files at open; a run holding
+// another's whole chain replaces it; the directory is locked against a second owner.
 #include "kv/disk_tier.h"
 
 #include <gtest/gtest.h>
@@ -167,11 +168,12 @@ TEST(DiskTier, OpenRemovesOrphansCorruptForeignAndMisnamedFiles) {
   EXPECT_FALSE(fs::exists(dir.path / "0000000000000001.rkv"));
 }
 
-TEST(DiskTier, CorruptTensorWithVerifyIsAMissAndIsRemoved) {
+// Every load checks the tensor hashes (no option): corrupt KV data is a
+// miss, named in the error, counted, and the file is gone.
+TEST(DiskTier, CorruptTensorIsAMissAndIsRemovedWithoutAnyOption) {
   TmpDir dir;
   const KvRunPtr run = make_run(seq(8), 9);
   DiskTierOptions o = options(dir.path);
-  o.verify_tensors = true;
   auto tier = DiskTier::open(o);
   ASSERT_TRUE(tier.ok());
   ASSERT_TRUE((*tier)->put(*run).ok());
@@ -183,8 +185,67 @@ TEST(DiskTier, CorruptTensorWithVerifyIsAMissAndIsRemoved) {
   }
   EXPECT_FALSE((*tier)->find(run->keys, kNs).has_value());
   EXPECT_EQ((*tier)->stats().errors, 1);
+  EXPECT_NE((*tier)->last_error().find(file.filename().string()), std::string::npos) << (*tier)->last_error();
+  EXPECT_NE((*tier)->last_error().find("hash"), std::string::npos) << (*tier)->last_error();
   EXPECT_FALSE(fs::exists(file));
   EXPECT_EQ((*tier)->stats().entries, 0);
+  EXPECT_FALSE((*tier)->find(run->keys, kNs).has_value()) << "a plain miss now";
+  EXPECT_EQ((*tier)->stats().errors, 1) << "logged and counted once";
+}
+
+// --kv-verify: open reads every file and removes one whose tensor fails;
+// without it open reads headers only (the load catches it, above).
+TEST(DiskTier, VerifyAtOpenRemovesAFileWithACorruptTensor) {
+  TmpDir dir;
+  const KvRunPtr run = make_run(seq(8), 9);
+  const fs::path file = dir.path / kv_run_file_name(run->keys.back());
+  {
+    auto tier = DiskTier::open(options(dir.path));
+    ASSERT_TRUE(tier.ok());
+    ASSERT_TRUE((*tier)->put(*run).ok());
+  }
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(kKvFileAlignment + 1));
+    f.put('\x01');
+  }
+  {
+    auto lazy = DiskTier::open(options(dir.path));
+    ASSERT_TRUE(lazy.ok());
+    EXPECT_EQ((*lazy)->stats().entries, 1) << "headers only";
+  }
+  DiskTierOptions o = options(dir.path);
+  o.verify_at_open = true;
+  auto eager = DiskTier::open(o);
+  ASSERT_TRUE(eager.ok());
+  EXPECT_EQ((*eager)->stats().entries, 0);
+  EXPECT_EQ((*eager)->removed_at_open(), 1);
+  EXPECT_FALSE(fs::exists(file));
+}
+
+// A newer run holding an older run's whole chain replaces its file (a
+// conversation written behind turn after turn keeps one file); a run that
+// only shares part of a chain does not.
+TEST(DiskTier, ARunHoldingAnotherRunsWholeChainReplacesIt) {
+  TmpDir dir;
+  auto tier = DiskTier::open(options(dir.path));
+  ASSERT_TRUE(tier.ok());
+  const KvRunPtr short_run = make_run(seq(8), 1);
+  std::vector<int32_t> other = seq(8);
+  other[6] = 999;  // shares the first block only
+  const KvRunPtr sibling = make_run(other, 2);
+  const KvRunPtr long_run = make_run(seq(16), 3);
+  ASSERT_TRUE((*tier)->put(*short_run).ok());
+  ASSERT_TRUE((*tier)->put(*sibling).ok());
+  ASSERT_TRUE((*tier)->put(*long_run).ok());
+  EXPECT_FALSE(fs::exists(dir.path / kv_run_file_name(short_run->keys.back())));
+  EXPECT_TRUE(fs::exists(dir.path / kv_run_file_name(sibling->keys.back())));
+  EXPECT_EQ((*tier)->stats().entries, 2);
+  EXPECT_EQ((*tier)->stats().replaced, 1);
+  auto hit = (*tier)->find(short_run->keys, kNs);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->second, 2);
+  EXPECT_EQ(hit->first->tokens.size(), 16u) << "served by the longer run";
 }
 
 TEST(DiskTier, EvictsLeastRecentlyUsedBeyondTheCap) {

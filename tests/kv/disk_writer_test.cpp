@@ -1,12 +1,14 @@
 // DiskWriter: queued runs are written off the caller's thread, held
 // (covers) until collected, indexed in the disk tier by collect()/flush(),
 // finished by the destructor (a reopened tier finds them), and a failed
-// write comes back as an error naming the file.
+// write comes back as an error naming the file; try_push never waits and
+// drops beyond its limit; close() drains with a deadline, then refuses.
 #include "kv/disk_writer.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <random>
 
@@ -93,6 +95,57 @@ TEST(DiskWriter, AFailedWriteIsAnErrorNamingTheFile) {
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].message.find(".rkv"), std::string::npos) << errors[0].message;
   EXPECT_EQ((*tier)->stats().entries, 0);
+}
+
+// Write-behind's push: never waits, queues only within its limit (one run
+// always fits an empty queue; pending bytes last until collect). close()
+// waits for the queue and then drops whatever is pushed later.
+TEST(DiskWriter, TryPushNeverWaitsAndCloseDrainsThenRefuses) {
+  TmpDir dir;
+  const KvRunPtr a = make_run(3, 10), b = make_run(2, 500), c = make_run(2, 900);
+  {
+    auto tier = DiskTier::open(options(dir.path));
+    ASSERT_TRUE(tier.ok());
+    DiskWriter w(**tier, size_t{1} << 20);
+    EXPECT_TRUE(w.has_room(a->bytes(), 1));
+    EXPECT_TRUE(w.try_push(a, 1)) << "an empty queue takes one run of any size";
+    EXPECT_FALSE(w.has_room(b->bytes(), 1));
+    EXPECT_FALSE(w.try_push(b, 1)) << "a is pending until collected";
+    EXPECT_FALSE(w.covers(b->keys.back()));
+    EXPECT_TRUE(w.try_push(b, size_t{1} << 20));
+    EXPECT_TRUE(w.covers(b->keys.back()));
+    EXPECT_EQ(w.close(std::chrono::steady_clock::now() + std::chrono::seconds(60)), 0);
+    EXPECT_EQ(w.queue_depth(), 0);
+    EXPECT_EQ(w.n_written(), 2) << "both on disk before close returned";
+    EXPECT_FALSE(w.try_push(c, size_t{1} << 20)) << "closed";
+    w.push(c);  // a spill after close: dropped, not written
+    EXPECT_EQ(w.n_dropped(), 1);
+    EXPECT_TRUE(w.collect().empty());
+    EXPECT_FALSE(w.covers(c->keys.back()));
+    EXPECT_EQ((*tier)->stats().entries, 2);
+  }
+  auto reopened = DiskTier::open(options(dir.path));
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->stats().entries, 2);
+}
+
+// A deadline already past: what is still queued is dropped (the write in
+// progress finishes), so what reaches disk is exactly what was not dropped.
+TEST(DiskWriter, CloseAtADeadlineDropsWhatIsStillQueued) {
+  TmpDir dir;
+  int64_t dropped = 0;
+  {
+    auto tier = DiskTier::open(options(dir.path));
+    ASSERT_TRUE(tier.ok());
+    DiskWriter w(**tier, size_t{1} << 20);
+    for (int i = 0; i < 6; ++i) w.push(make_run(8, 1000 * (i + 1)));
+    dropped = w.close(std::chrono::steady_clock::now());
+    EXPECT_EQ(w.n_dropped(), dropped);
+    EXPECT_EQ(w.queue_depth() <= 1, true) << "at most the write in progress";
+  }
+  auto reopened = DiskTier::open(options(dir.path));
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->stats().entries, 6 - dropped);
 }
 
 }  // namespace
