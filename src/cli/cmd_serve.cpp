@@ -1,6 +1,7 @@
 // rill serve: the OpenAI / Anthropic compatible HTTP server over the engine.
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -84,6 +85,18 @@ int shut_down(const sigset_t& signals, server::HttpServer& http, Engine& engine,
     // The error events are written by the I/O threads; give them a moment.
     if (!wait_until(idle, 5.0)) std::_Exit(128 + sig);
   }
+  // Write-behind and spills still queued for the disk tier reach the disk
+  // (bounded: what is left at the deadline is dropped and counted); the
+  // flush runs on its own thread so a second signal still exits at once.
+  std::atomic<bool> flushed{false};
+  int64_t dropped = 0;
+  std::thread flusher([&] {
+    dropped = engine.flush_cache_tiers(Clock::now() + std::chrono::seconds(60));
+    flushed = true;
+  });
+  if (!wait_until([&] { return flushed.load(); }, 3600)) std::_Exit(128 + sig);
+  flusher.join();
+  if (dropped > 0) std::printf("rill serve: %lld disk-tier writes dropped at the flush deadline\n", static_cast<long long>(dropped));
   http.stop();
   std::printf("rill serve: stopped\n");
   return 0;
