@@ -29,7 +29,6 @@ std::optional<ApiError> read_tools(const FieldReader& body, ChatInput& in) {
     for (size_t i = 0; i < tools.size(); ++i) {
       const FieldReader t = tools_reader->at(i);
       if (!t.value().is_object()) return t.error("expected an object {\"type\": \"function\", \"function\": {...}}");
-      std::string type;
       if (const ojson* v = t.find("type"); v == nullptr || !v->is_string() || *v != "function") {
         return t.error("type", "expected \"function\"");
       }
