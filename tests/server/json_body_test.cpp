@@ -106,7 +106,9 @@ TEST(JsonBody, BasePathAndLongKeys) {
 }
 
 // Timings, printed (never asserted): the old parser (nlohmann::ordered_json::parse,
-// which scans every object's keys per insert) against parse_json.
+// which scans every object's keys per insert) against parse_json. The old
+// parser is not run on 200k keys here: it took 83.9 s on the shared dev box
+// (34 s in the report); parse_json takes ~0.2 s.
 double seconds_to_parse(const std::string& text, bool old_parser) {
   const auto t0 = std::chrono::steady_clock::now();
   size_t n = 0;  // used, so the parse is not optimized away
