@@ -241,7 +241,7 @@ std::optional<ApiError> parse_generation(const FieldReader& body, AnthropicReque
     }
   }
   if (auto e = body.read_number("temperature", {0.0, 2.0}, req.sampling.temperature)) return e;
-  if (auto e = body.read_number("top_p", {0.0, 1.0, /*lo_open=*/true}, req.sampling.top_p)) return e;
+  if (auto e = body.read_number("top_p", {0.0, 1.0}, req.sampling.top_p)) return e;
   std::optional<int64_t> top_k;
   if (auto e = body.read_int("top_k", 0, INT32_MAX, top_k)) return e;
   if (top_k) req.sampling.top_k = static_cast<int>(*top_k);
