@@ -4,6 +4,8 @@
 #include <map>
 #include <random>
 
+#include "server/field_reader.h"
+#include "server/json_body.h"
 #include "server/sse.h"
 
 namespace rill::server {
@@ -12,16 +14,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-ApiError bad_field(const std::string& field, const std::string& what) {
-  ApiError e;
-  e.status = 400;
-  e.message = field + ": " + what;
-  e.param = field;
-  return e;
-}
-
-std::string index_path(const std::string& base, size_t i) { return base + "[" + std::to_string(i) + "]"; }
-
 void append_text(std::string& out, const std::string& text) {
   if (text.empty()) return;
   if (!out.empty()) out += "\n";
@@ -29,43 +21,38 @@ void append_text(std::string& out, const std::string& text) {
 }
 
 // A content block's type, or an error naming it.
-std::optional<ApiError> block_type(const Json& block, const std::string& path, std::string& type) {
-  if (!block.is_object()) return bad_field(path, "expected a content block object");
-  auto it = block.find("type");
-  if (it == block.end()) return bad_field(path + ".type", "field required");
-  if (!it->is_string()) return bad_field(path + ".type", "expected a string");
-  type = it->get<std::string>();
-  return std::nullopt;
+std::optional<ApiError> block_type(const FieldReader& block, std::string& type) {
+  if (!block.value().is_object()) return block.type_error("a content block object");
+  return block.require_string("type", type);
 }
 
-std::optional<ApiError> unsupported_block(const std::string& type, const std::string& path) {
-  if (type == "image") return bad_field(path, "images are not supported");
-  if (type == "document") return bad_field(path, "documents are not supported");
-  return bad_field(path + ".type", "content block type \"" + type + "\" is not supported");
+ApiError unsupported_block(const std::string& type, const FieldReader& block) {
+  if (type == "image") return block.error("images are not supported");
+  if (type == "document") return block.error("documents are not supported");
+  return block.error("type", "content block type \"" + type + "\" is not supported");
 }
 
 // A text block's text, appended to `out`.
-std::optional<ApiError> text_block(const Json& block, const std::string& path, std::string& out) {
-  auto it = block.find("text");
-  if (it == block.end()) return bad_field(path + ".text", "field required");
-  if (!it->is_string()) return bad_field(path + ".text", "expected a string");
-  append_text(out, it->get<std::string>());
+std::optional<ApiError> text_block(const FieldReader& block, std::string& out) {
+  std::string text;
+  if (auto e = block.require_string("text", text)) return e;
+  append_text(out, text);
   return std::nullopt;
 }
 
 // system, and tool_result content: a string or an array of text blocks.
-std::optional<ApiError> string_or_text_blocks(const Json& value, const std::string& path, std::string& out) {
-  if (value.is_string()) {
-    out = value.get<std::string>();
+std::optional<ApiError> string_or_text_blocks(const FieldReader& value, std::string& out) {
+  if (value.value().is_string()) {
+    out = value.value().get<std::string>();
     return std::nullopt;
   }
-  if (!value.is_array()) return bad_field(path, "expected a string or an array of text blocks");
-  for (size_t j = 0; j < value.size(); ++j) {
-    const std::string bpath = index_path(path, j);
+  if (!value.value().is_array()) return value.type_error("a string or an array of text blocks");
+  for (size_t j = 0; j < value.value().size(); ++j) {
+    const FieldReader block = value.at(j);
     std::string type;
-    if (auto e = block_type(value[j], bpath, type)) return e;
-    if (type != "text") return unsupported_block(type, bpath);
-    if (auto e = text_block(value[j], bpath, out)) return e;
+    if (auto e = block_type(block, type)) return e;
+    if (type != "text") return unsupported_block(type, block);
+    if (auto e = text_block(block, out)) return e;
   }
   return std::nullopt;
 }
@@ -95,110 +82,101 @@ struct Translator {
     messages.push_back(std::move(m));
   }
 
-  std::optional<ApiError> message(const Json& msg, size_t i) {
-    const std::string path = index_path("messages", i);
-    if (!msg.is_object()) return bad_field(path, "expected a message object");
-    auto role_it = msg.find("role");
-    if (role_it == msg.end()) return bad_field(path + ".role", "field required");
-    if (!role_it->is_string() || (*role_it != "user" && *role_it != "assistant"))
-      return bad_field(path + ".role", "must be \"user\" or \"assistant\"");
-    const std::string role = role_it->get<std::string>();
-    auto content_it = msg.find("content");
-    if (content_it == msg.end()) return bad_field(path + ".content", "field required");
-    const Json& content = *content_it;
-    if (content.is_string()) {
-      push_turn(role, content.get<std::string>(), Json::array());
+  std::optional<ApiError> message(const FieldReader& msg) {
+    if (!msg.value().is_object()) return msg.type_error("a message object");
+    const Json* role_v = msg.find("role");
+    if (role_v == nullptr) return msg.error("role", "field required");
+    if (!role_v->is_string() || (*role_v != "user" && *role_v != "assistant"))
+      return msg.error("role", "must be \"user\" or \"assistant\"");
+    const std::string role = role_v->get<std::string>();
+    const Json* content_v = msg.find("content");
+    if (content_v == nullptr) return msg.error("content", "field required");
+    if (content_v->is_string()) {
+      push_turn(role, content_v->get<std::string>(), Json::array());
       return std::nullopt;
     }
-    if (!content.is_array()) return bad_field(path + ".content", "expected a string or an array of content blocks");
+    if (!content_v->is_array()) return msg.type_error("content", "a string or an array of content blocks");
+    const FieldReader content = msg.at("content");
 
     std::string text;
     Json tool_calls = Json::array();
     bool had_tool_results = false;
-    for (size_t j = 0; j < content.size(); ++j) {
-      const std::string bpath = index_path(path + ".content", j);
-      const Json& block = content[j];
+    for (size_t j = 0; j < content_v->size(); ++j) {
+      const FieldReader block = content.at(j);
       std::string type;
-      if (auto e = block_type(block, bpath, type)) return e;
+      if (auto e = block_type(block, type)) return e;
       if (type == "text") {
-        if (auto e = text_block(block, bpath, text)) return e;
+        if (auto e = text_block(block, text)) return e;
       } else if (type == "thinking" || type == "redacted_thinking") {
         continue;  // the model's earlier reasoning is not replayed
       } else if (type == "tool_use") {
-        if (role != "assistant") return bad_field(bpath + ".type", "tool_use blocks belong to assistant messages");
-        if (auto e = tool_use(block, bpath, tool_calls)) return e;
+        if (role != "assistant") return block.error("type", "tool_use blocks belong to assistant messages");
+        if (auto e = tool_use(block, tool_calls)) return e;
       } else if (type == "tool_result") {
-        if (role != "user") return bad_field(bpath + ".type", "tool_result blocks belong to user messages");
-        if (auto e = tool_result(block, bpath)) return e;
+        if (role != "user") return block.error("type", "tool_result blocks belong to user messages");
+        if (auto e = tool_result(block)) return e;
         had_tool_results = true;
       } else {
-        return unsupported_block(type, bpath);
+        return unsupported_block(type, block);
       }
     }
     if (!had_tool_results || !text.empty() || !tool_calls.empty()) push_turn(role, std::move(text), std::move(tool_calls));
     return std::nullopt;
   }
 
-  std::optional<ApiError> tool_use(const Json& block, const std::string& path, Json& tool_calls) {
-    auto id = block.find("id");
-    auto name = block.find("name");
-    if (id == block.end() || !id->is_string()) return bad_field(path + ".id", "expected a string");
-    if (name == block.end() || !name->is_string()) return bad_field(path + ".name", "expected a string");
-    Json input = Json::object();
-    if (auto it = block.find("input"); it != block.end()) {
-      if (!it->is_object()) return bad_field(path + ".input", "expected an object");
-      input = *it;
-    }
-    tool_names[id->get<std::string>()] = name->get<std::string>();
-    tool_calls.push_back({{"id", *id},
+  std::optional<ApiError> tool_use(const FieldReader& block, Json& tool_calls) {
+    std::string id, name;
+    if (auto e = block.require_string("id", id)) return e;
+    if (auto e = block.require_string("name", name)) return e;
+    std::optional<FieldReader> input_r;
+    if (auto e = block.read_object("input", input_r)) return e;
+    const Json input = input_r ? input_r->value() : Json::object();
+    tool_names[id] = name;
+    tool_calls.push_back({{"id", id},
                           {"type", "function"},
-                          {"function", {{"name", *name}, {"arguments", dump_json(input)}}}});
+                          {"function", {{"name", name}, {"arguments", dump_json(input)}}}});
     return std::nullopt;
   }
 
   // A role "tool" message, emitted at once: tool results go before the
   // user's text of the same turn.
-  std::optional<ApiError> tool_result(const Json& block, const std::string& path) {
-    auto id = block.find("tool_use_id");
-    if (id == block.end()) return bad_field(path + ".tool_use_id", "field required");
-    if (!id->is_string()) return bad_field(path + ".tool_use_id", "expected a string");
+  std::optional<ApiError> tool_result(const FieldReader& block) {
+    std::string id;
+    if (auto e = block.require_string("tool_use_id", id)) return e;
     std::string text;
-    if (auto it = block.find("content"); it != block.end() && !it->is_null()) {
-      if (auto e = string_or_text_blocks(*it, path + ".content", text)) return e;
+    if (block.find("content") != nullptr) {
+      if (auto e = string_or_text_blocks(block.at("content"), text)) return e;
     }
-    if (auto it = block.find("is_error"); it != block.end()) {
-      if (!it->is_boolean()) return bad_field(path + ".is_error", "expected a boolean");
-      if (it->get<bool>()) text = "Error: " + text;
-    }
-    Json m = {{"role", "tool"}, {"tool_call_id", *id}, {"content", std::move(text)}};
-    if (auto n = tool_names.find(id->get<std::string>()); n != tool_names.end()) m["name"] = n->second;
+    std::optional<bool> is_error;
+    if (auto e = block.read_bool("is_error", is_error)) return e;
+    if (is_error.value_or(false)) text = "Error: " + text;
+    Json m = {{"role", "tool"}, {"tool_call_id", id}, {"content", std::move(text)}};
+    if (auto n = tool_names.find(id); n != tool_names.end()) m["name"] = n->second;
     messages.push_back(std::move(m));
     return std::nullopt;
   }
 };
 
-std::optional<ApiError> parse_tools(const Json& body, Json& tools) {
-  auto it = body.find("tools");
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_array()) return bad_field("tools", "expected an array");
-  for (size_t i = 0; i < it->size(); ++i) {
-    const Json& t = (*it)[i];
-    const std::string path = index_path("tools", i);
-    if (!t.is_object()) return bad_field(path, "expected a tool object");
-    if (auto type = t.find("type"); type != t.end() && !type->is_null() && *type != "custom")
-      return bad_field(path + ".type", "only client tools (type \"custom\") are supported");
-    auto name = t.find("name");
-    if (name == t.end()) return bad_field(path + ".name", "field required");
-    if (!name->is_string() || name->get<std::string>().empty()) return bad_field(path + ".name", "expected a non-empty string");
-    auto schema = t.find("input_schema");
-    if (schema == t.end()) return bad_field(path + ".input_schema", "field required");
-    if (!schema->is_object()) return bad_field(path + ".input_schema", "expected an object");
-    Json fn = {{"name", *name}};
-    if (auto d = t.find("description"); d != t.end() && !d->is_null()) {
-      if (!d->is_string()) return bad_field(path + ".description", "expected a string");
-      fn["description"] = *d;
-    }
-    fn["parameters"] = *schema;
+std::optional<ApiError> parse_tools(const FieldReader& body, Json& tools) {
+  std::optional<FieldReader> list;
+  if (auto e = body.read_array("tools", list)) return e;
+  if (!list) return std::nullopt;
+  for (size_t i = 0; i < list->value().size(); ++i) {
+    const FieldReader t = list->at(i);
+    if (!t.value().is_object()) return t.type_error("a tool object");
+    if (const Json* type = t.find("type"); type != nullptr && *type != "custom")
+      return t.error("type", "only client tools (type \"custom\") are supported");
+    std::string name;
+    if (auto e = t.require_string("name", name)) return e;
+    if (name.empty()) return t.error("name", "expected a non-empty string");
+    if (t.find("input_schema") == nullptr) return t.error("input_schema", "field required");
+    std::optional<FieldReader> schema;
+    if (auto e = t.read_object("input_schema", schema)) return e;
+    Json fn = {{"name", name}};
+    std::optional<std::string> description;
+    if (auto e = t.read_string("description", description)) return e;
+    if (description) fn["description"] = *description;
+    fn["parameters"] = schema->value();
     if (tools.is_null()) tools = Json::array();
     tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
   }
@@ -206,86 +184,70 @@ std::optional<ApiError> parse_tools(const Json& body, Json& tools) {
 }
 
 // Applies tool_choice to the translated tools (see the header).
-std::optional<ApiError> apply_tool_choice(const Json& body, Json& tools) {
-  auto it = body.find("tool_choice");
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_object()) return bad_field("tool_choice", "expected an object");
-  auto type = it->find("type");
-  if (type == it->end()) return bad_field("tool_choice.type", "field required");
-  if (*type == "auto" || *type == "any") return std::nullopt;
-  if (*type == "none") {
+std::optional<ApiError> apply_tool_choice(const FieldReader& body, Json& tools) {
+  std::optional<FieldReader> choice;
+  if (auto e = body.read_object("tool_choice", choice)) return e;
+  if (!choice) return std::nullopt;
+  std::string type;
+  if (auto e = choice->require_string("type", type)) return e;
+  if (type == "auto" || type == "any") return std::nullopt;
+  if (type == "none") {
     tools = nullptr;
     return std::nullopt;
   }
-  if (*type != "tool") return bad_field("tool_choice.type", "must be one of \"auto\", \"any\", \"tool\", \"none\"");
-  auto name = it->find("name");
-  if (name == it->end() || !name->is_string()) return bad_field("tool_choice.name", "expected a string");
+  if (type != "tool") return choice->error("type", "must be one of \"auto\", \"any\", \"tool\", \"none\"");
+  std::string name;
+  if (auto e = choice->require_string("name", name)) return e;
   if (tools.is_array()) {
     for (const auto& t : tools) {
-      if (t["function"]["name"] == *name) {
+      if (t["function"]["name"] == name) {
         tools = Json::array({t});
         return std::nullopt;
       }
     }
   }
-  return bad_field("tool_choice.name", "no tool named \"" + name->get<std::string>() + "\" in tools");
+  return choice->error("name", "no tool named \"" + name + "\" in tools");
 }
 
-std::optional<ApiError> parse_thinking(const Json& body, Json& template_kwargs) {
-  auto it = body.find("thinking");
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_object()) return bad_field("thinking", "expected an object");
-  auto type = it->find("type");
-  if (type == it->end()) return bad_field("thinking.type", "field required");
+std::optional<ApiError> parse_thinking(const FieldReader& body, Json& template_kwargs) {
+  std::optional<FieldReader> thinking;
+  if (auto e = body.read_object("thinking", thinking)) return e;
+  if (!thinking) return std::nullopt;
+  const Json* type = thinking->find("type");
+  if (type == nullptr) return thinking->error("type", "field required");
   if (*type == "enabled" || *type == "adaptive") {
     template_kwargs["enable_thinking"] = true;
   } else if (*type == "disabled") {
     template_kwargs["enable_thinking"] = false;
   } else {
-    return bad_field("thinking.type", "must be \"enabled\", \"adaptive\" or \"disabled\"");
+    return thinking->error("type", "must be \"enabled\", \"adaptive\" or \"disabled\"");
   }
   return std::nullopt;
 }
 
-std::optional<ApiError> optional_number(const Json& body, const char* field, double lo, double hi,
-                                        std::optional<float>& out) {
-  auto it = body.find(field);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number()) return bad_field(field, "expected a number");
-  const double v = it->get<double>();
-  if (!(v >= lo && v <= hi))
-    return bad_field(field, "must be between " + dump_json(Json(lo)) + " and " + dump_json(Json(hi)));
-  out = static_cast<float>(v);
-  return std::nullopt;
-}
+std::optional<ApiError> parse_generation(const FieldReader& body, AnthropicRequest& req) {
+  int64_t max_tokens = 0;
+  if (auto e = body.require_int("max_tokens", 1, INT32_MAX, max_tokens)) return e;
+  req.chat.generation.max_tokens = static_cast<int32_t>(max_tokens);
 
-std::optional<ApiError> parse_generation(const Json& body, AnthropicRequest& req) {
-  auto mt = body.find("max_tokens");
-  if (mt == body.end() || mt->is_null()) return bad_field("max_tokens", "field required");
-  if (!mt->is_number_integer()) return bad_field("max_tokens", "expected an integer");
-  if (mt->get<int64_t>() < 1 || mt->get<int64_t>() > INT32_MAX) return bad_field("max_tokens", "must be at least 1");
-  req.chat.generation.max_tokens = static_cast<int32_t>(mt->get<int64_t>());
-
-  if (auto it = body.find("stop_sequences"); it != body.end() && !it->is_null()) {
-    if (!it->is_array()) return bad_field("stop_sequences", "expected an array of strings");
-    for (size_t i = 0; i < it->size(); ++i) {
-      const Json& s = (*it)[i];
-      if (!s.is_string()) return bad_field(index_path("stop_sequences", i), "expected a string");
-      if (s.get<std::string>().empty()) return bad_field(index_path("stop_sequences", i), "must not be empty");
-      req.chat.generation.stop.push_back(s.get<std::string>());
+  std::optional<FieldReader> stops;
+  if (auto e = body.read_array("stop_sequences", stops)) return e;
+  if (stops) {
+    for (size_t i = 0; i < stops->value().size(); ++i) {
+      const FieldReader s = stops->at(i);
+      if (!s.value().is_string()) return s.type_error("a string");
+      if (s.value().get_ref<const std::string&>().empty()) return s.error("must not be empty");
+      req.chat.generation.stop.push_back(s.value().get<std::string>());
     }
   }
-  if (auto e = optional_number(body, "temperature", 0.0, 2.0, req.sampling.temperature)) return e;
-  if (auto e = optional_number(body, "top_p", 0.0, 1.0, req.sampling.top_p)) return e;
-  if (auto it = body.find("top_k"); it != body.end() && !it->is_null()) {
-    if (!it->is_number_integer()) return bad_field("top_k", "expected an integer");
-    if (it->get<int64_t>() < 0 || it->get<int64_t>() > INT32_MAX) return bad_field("top_k", "must be at least 0");
-    req.sampling.top_k = static_cast<int>(it->get<int64_t>());
-  }
-  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean()) return bad_field("stream", "expected a boolean");
-    req.stream = it->get<bool>();
-  }
+  if (auto e = body.read_number("temperature", {0.0, 2.0}, req.sampling.temperature)) return e;
+  if (auto e = body.read_number("top_p", {0.0, 1.0}, req.sampling.top_p)) return e;
+  std::optional<int64_t> top_k;
+  if (auto e = body.read_int("top_k", 0, INT32_MAX, top_k)) return e;
+  if (top_k) req.sampling.top_k = static_cast<int>(*top_k);
+  std::optional<bool> stream;
+  if (auto e = body.read_bool("stream", stream)) return e;
+  req.stream = stream.value_or(false);
   return std::nullopt;
 }
 
@@ -295,33 +257,33 @@ std::string dump_json(const nlohmann::ordered_json& j) {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-std::variant<AnthropicRequest, ApiError> parse_anthropic_request(const nlohmann::ordered_json& body,
+std::variant<AnthropicRequest, ApiError> parse_anthropic_request(const nlohmann::ordered_json& json_body,
                                                                  bool count_tokens) {
-  if (!body.is_object()) return bad_field("body", "expected a JSON object");
+  if (!json_body.is_object()) {
+    return ApiError(400, std::string("the request body must be a JSON object, got ") + json_type_name(json_body));
+  }
+  const FieldReader body(json_body);
   AnthropicRequest req;
 
-  auto model = body.find("model");
-  if (model == body.end() || model->is_null()) return bad_field("model", "field required");
-  if (!model->is_string()) return bad_field("model", "expected a string");
-  req.model = model->get<std::string>();
+  if (auto e = body.require_string("model", req.model)) return *e;
 
   if (!count_tokens) {
     if (auto e = parse_generation(body, req)) return *e;
   }
 
   Json& messages = req.chat.messages;
-  if (auto it = body.find("system"); it != body.end() && !it->is_null()) {
+  if (body.find("system") != nullptr) {
     std::string system;
-    if (auto e = string_or_text_blocks(*it, "system", system)) return *e;
+    if (auto e = string_or_text_blocks(body.at("system"), system)) return *e;
     if (!system.empty()) messages.push_back({{"role", "system"}, {"content", std::move(system)}});
   }
-  auto msgs = body.find("messages");
-  if (msgs == body.end() || msgs->is_null()) return bad_field("messages", "field required");
-  if (!msgs->is_array()) return bad_field("messages", "expected an array");
-  if (msgs->empty()) return bad_field("messages", "must contain at least one message");
+  if (body.find("messages") == nullptr) return body.error("messages", "field required");
+  std::optional<FieldReader> msgs;
+  if (auto e = body.read_array("messages", msgs)) return *e;
+  if (msgs->value().empty()) return msgs->error("must contain at least one message");
   Translator translator{messages, {}};
-  for (size_t i = 0; i < msgs->size(); ++i) {
-    if (auto e = translator.message((*msgs)[i], i)) return *e;
+  for (size_t i = 0; i < msgs->value().size(); ++i) {
+    if (auto e = translator.message(msgs->at(i))) return *e;
   }
 
   req.chat.tools = nullptr;
@@ -332,13 +294,12 @@ std::variant<AnthropicRequest, ApiError> parse_anthropic_request(const nlohmann:
 }
 
 std::variant<AnthropicRequest, ApiError> parse_anthropic_request(const std::string& body, bool count_tokens) {
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    ApiError e;
-    e.message = "invalid JSON in the request body";
-    return e;
+  auto parsed = parse_json(body);
+  if (auto* e = std::get_if<JsonParseError>(&parsed)) {
+    if (e->kind == JsonParseError::Kind::kTooDeep) return field_error(e->path, e->message);
+    return ApiError(400, "the request body is " + e->message);
   }
-  return parse_anthropic_request(j, count_tokens);
+  return parse_anthropic_request(std::get<Json>(parsed), count_tokens);
 }
 
 std::string new_anthropic_id(const char* prefix) {
@@ -371,8 +332,10 @@ Json stop_sequence_json(const AnthropicStop& stop) {
 }
 
 Json tool_use_block(const ToolCall& call) {
-  Json input = Json::parse(call.arguments, nullptr, false);
-  if (input.is_discarded() || !input.is_object()) input = Json::object();
+  // The model's text: depth-limited like everything else that is parsed.
+  auto parsed = parse_json(call.arguments);
+  Json input = Json::object();
+  if (auto* j = std::get_if<Json>(&parsed); j != nullptr && j->is_object()) input = std::move(*j);
   return {{"type", "tool_use"}, {"id", new_anthropic_id("toolu_")}, {"name", call.name}, {"input", std::move(input)}};
 }
 

@@ -9,6 +9,7 @@
 #include "server/api_handlers.h"
 #include "server/chat_stream.h"
 #include "server/errors.h"
+#include "server/field_reader.h"
 #include "model/model.h"
 #include "server/openai_common.h"
 #include "text/tokenizer.h"
@@ -40,12 +41,12 @@ Result<std::vector<int32_t>> cache_warm_id_prompt(const Engine& engine, const nl
   ids.reserve(prompt.size());
   for (size_t i = 0; i < prompt.size(); ++i) {
     const auto& x = prompt[i];
-    if (!x.is_number_integer() || (x.is_number_unsigned() ? x.get<uint64_t>() >= uint64_t(n_vocab)
-                                                          : (x.get<int64_t>() < 0 || x.get<int64_t>() >= n_vocab))) {
+    const std::optional<int64_t> id = json_integer(x);  // the integer rule (field_reader.h)
+    if (!id || *id < 0 || *id >= n_vocab) {
       return Error{"prompt: element " + std::to_string(i) + " (" + x.dump() + ") is not a token id of this model (0.." +
                    std::to_string(n_vocab - 1) + ")"};
     }
-    ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+    ids.push_back(static_cast<int32_t>(*id));
   }
   return ids;
 }
@@ -79,7 +80,7 @@ void handle_cache_warm(ServerContext& ctx, const HttpRequest& req, std::shared_p
   const bool has_prompt = body.contains("prompt") && !body["prompt"].is_null();
   const bool has_messages = body.contains("messages") && !body["messages"].is_null();
   if (has_prompt == has_messages) {
-    return send_error(*res, openai::bad_field(has_prompt ? "messages" : "prompt",
+    return send_error(*res, field_error(has_prompt ? "messages" : "prompt",
                                               "send exactly one of prompt (a string or token ids) or messages (chat messages)"));
   }
   if (!ctx.engine.stats().disk_tier.enabled) {
@@ -90,7 +91,7 @@ void handle_cache_warm(ServerContext& ctx, const HttpRequest& req, std::shared_p
     ids = cache_warm_id_prompt(ctx.engine, body["prompt"]);
   } else if (has_prompt) {
     if (!body["prompt"].is_string()) {
-      return send_error(*res, openai::bad_field("prompt", "expected a string or an array of token ids"));
+      return send_error(*res, field_error("prompt", "expected a string or an array of token ids"));
     }
     ids = cache_warm_text_ids(ctx.engine, body["prompt"].get<std::string>());
   } else {

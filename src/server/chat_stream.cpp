@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "model/model.h"
+#include "server/json_body.h"
 #include "server/metrics.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -63,8 +64,14 @@ Result<ojson> convert_tool_calls(const ojson& calls, const std::string& param) {
     if (args == fn->end() || args->is_null()) {
       (*fn)["arguments"] = ojson::object();
     } else if (args->is_string()) {
-      ojson parsed = ojson::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
-      if (!parsed.is_discarded()) *args = std::move(parsed);  // else the template sees the text
+      // Depth-limited like the body (json_body.h): the template walks it recursively.
+      const std::string args_path = p + ".function.arguments";
+      auto parsed = parse_json(args->get_ref<const std::string&>(), {args_path});
+      if (auto* j = std::get_if<ojson>(&parsed)) {
+        *args = std::move(*j);
+      } else if (auto& e = std::get<JsonParseError>(parsed); e.kind == JsonParseError::Kind::kTooDeep) {
+        return Error{e.message};
+      }  // else not JSON: the template sees the text
     } else if (!args->is_object()) {
       return bad(p + ".function.arguments", "expected a JSON string");
     }

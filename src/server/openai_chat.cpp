@@ -12,72 +12,64 @@
 namespace rill::server {
 namespace {
 
-using openai::bad_field;
 using openai::ojson;
 
-const char* type_name(const ojson& v) {
-  if (v.is_null()) return "null";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  if (v.is_boolean()) return "a boolean";
-  return "a number";
-}
+// chat_template_kwargs are template globals; a template reads a few, so more
+// than this is a mistake (and the template's globals are a linear list).
+constexpr size_t kMaxTemplateKwargs = 64;
 
 // tools and tool_choice -> ChatInput::tools ("none": no tools; a named
 // function: only that one).
-std::optional<ApiError> read_tools(const ojson& body, ChatInput& in) {
-  auto tools_it = body.find("tools");
-  ojson tools = tools_it == body.end() ? ojson(nullptr) : *tools_it;
+std::optional<ApiError> read_tools(const FieldReader& body, ChatInput& in) {
+  std::optional<FieldReader> tools_reader;
+  if (auto e = body.read_array("tools", tools_reader)) return e;
+  ojson tools = tools_reader ? tools_reader->value() : ojson(nullptr);
   std::set<std::string> names;
-  if (!tools.is_null()) {
-    if (!tools.is_array()) return bad_field("tools", std::string("expected an array, got ") + type_name(tools));
+  if (tools_reader) {
     for (size_t i = 0; i < tools.size(); ++i) {
-      const std::string p = "tools[" + std::to_string(i) + "]";
-      const ojson& t = tools[i];
-      if (!t.is_object()) return bad_field(p, "expected an object {\"type\": \"function\", \"function\": {...}}");
-      auto type = t.find("type");
-      if (type == t.end() || !type->is_string() || *type != "function") {
-        return bad_field(p + ".type", "expected \"function\"");
+      const FieldReader t = tools_reader->at(i);
+      if (!t.value().is_object()) return t.error("expected an object {\"type\": \"function\", \"function\": {...}}");
+      if (const ojson* v = t.find("type"); v == nullptr || !v->is_string() || *v != "function") {
+        return t.error("type", "expected \"function\"");
       }
-      auto fn = t.find("function");
-      if (fn == t.end() || !fn->is_object()) return bad_field(p + ".function", "expected an object");
-      auto name = fn->find("name");
-      if (name == fn->end() || !name->is_string() || name->get_ref<const std::string&>().empty()) {
-        return bad_field(p + ".function.name", "expected a non-empty string");
+      std::optional<FieldReader> fn;
+      if (auto e = t.read_object("function", fn)) return e;
+      if (!fn) return t.error("function", "field required");
+      std::string name;
+      if (auto e = fn->require_string("name", name)) return e;
+      if (name.empty()) return fn->error("name", "expected a non-empty string");
+      if (const ojson* params = fn->find("parameters"); params != nullptr && !params->is_object()) {
+        return fn->error("parameters", "expected a JSON Schema object");
       }
-      if (auto params = fn->find("parameters"); params != fn->end() && !params->is_null() && !params->is_object()) {
-        return bad_field(p + ".function.parameters", "expected a JSON Schema object");
-      }
-      names.insert(name->get<std::string>());
+      names.insert(std::move(name));
     }
   }
-  auto choice_it = body.find("tool_choice");
-  if (choice_it != body.end() && !choice_it->is_null()) {
-    const ojson& choice = *choice_it;
-    if (choice.is_string()) {
-      const std::string& c = choice.get_ref<const std::string&>();
+  if (const ojson* choice = body.find("tool_choice")) {
+    if (choice->is_string()) {
+      const std::string& c = choice->get_ref<const std::string&>();
       if (c == "none") {
         tools = nullptr;
       } else if (c != "auto" && c != "required") {
-        return bad_field("tool_choice", "expected \"none\", \"auto\", \"required\" or a named function");
+        return body.error("tool_choice", "expected \"none\", \"auto\", \"required\" or a named function");
       } else if (c == "required" && names.empty()) {
-        return bad_field("tool_choice", "\"required\" needs tools");
+        return body.error("tool_choice", "\"required\" needs tools");
       }
-    } else if (choice.is_object()) {
-      auto fn = choice.find("function");
-      if (fn == choice.end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
-        return bad_field("tool_choice", "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    } else if (choice->is_object()) {
+      const FieldReader cr = body.at("tool_choice");
+      const ojson* fn = cr.find("function");
+      const ojson* name = fn != nullptr && fn->is_object() ? FieldReader(*fn).find("name") : nullptr;
+      if (name == nullptr || !name->is_string()) {
+        return cr.error("expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
       }
-      const std::string name = (*fn)["name"].get<std::string>();
-      if (!names.count(name)) return bad_field("tool_choice", "no tool named '" + name + "' in tools");
+      const std::string& wanted = name->get_ref<const std::string&>();
+      if (!names.count(wanted)) return cr.error("no tool named '" + wanted + "' in tools");
       ojson only = ojson::array();
       for (const ojson& t : tools) {
-        if (t["function"]["name"] == name) only.push_back(t);
+        if (t["function"]["name"] == wanted) only.push_back(t);
       }
       tools = std::move(only);
     } else {
-      return bad_field("tool_choice", std::string("expected a string or an object, got ") + type_name(choice));
+      return body.type_error("tool_choice", "a string or an object");
     }
   }
   in.tools = tools.is_array() && !tools.empty() ? tools : ojson(nullptr);
@@ -85,17 +77,21 @@ std::optional<ApiError> read_tools(const ojson& body, ChatInput& in) {
 }
 
 // reasoning_effort and chat_template_kwargs -> ChatInput::template_kwargs.
-std::optional<ApiError> read_template_kwargs(const ojson& body, ChatInput& in) {
-  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return bad_field("chat_template_kwargs", std::string("expected an object, got ") + type_name(*it));
-    in.template_kwargs = *it;
+std::optional<ApiError> read_template_kwargs(const FieldReader& body, ChatInput& in) {
+  std::optional<FieldReader> kwargs;
+  if (auto e = body.read_object("chat_template_kwargs", kwargs)) return e;
+  if (kwargs) {
+    if (kwargs->value().size() > kMaxTemplateKwargs) {
+      return kwargs->error("at most " + std::to_string(kMaxTemplateKwargs) + " entries");
+    }
+    in.template_kwargs = kwargs->value();
   }
   std::optional<std::string> effort;
-  if (auto e = openai::read_string(body, "reasoning_effort", effort)) return e;
+  if (auto e = body.read_string("reasoning_effort", effort)) return e;
   if (effort) {
     static const std::set<std::string> kEfforts = {"none", "minimal", "low", "medium", "high"};
     if (!kEfforts.count(*effort)) {
-      return bad_field("reasoning_effort", "expected one of none, minimal, low, medium, high");
+      return body.error("reasoning_effort", "expected one of none, minimal, low, medium, high");
     }
     // An explicit chat_template_kwargs.enable_thinking wins.
     if (!in.template_kwargs.contains("enable_thinking")) in.template_kwargs["enable_thinking"] = *effort != "none";
@@ -104,14 +100,13 @@ std::optional<ApiError> read_template_kwargs(const ojson& body, ChatInput& in) {
   return std::nullopt;
 }
 
-std::optional<ApiError> read_response_format(const ojson& body) {
-  auto it = body.find("response_format");
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_object()) return bad_field("response_format", "expected an object");
-  auto type = it->find("type");
-  if (type == it->end() || !type->is_string() ||
-      (*type != "text" && *type != "json_object" && *type != "json_schema")) {
-    return bad_field("response_format.type", "expected \"text\", \"json_object\" or \"json_schema\"");
+std::optional<ApiError> read_response_format(const FieldReader& body) {
+  std::optional<FieldReader> format;
+  if (auto e = body.read_object("response_format", format)) return e;
+  if (!format) return std::nullopt;
+  const ojson* type = format->find("type");
+  if (type == nullptr || !type->is_string() || (*type != "text" && *type != "json_object" && *type != "json_schema")) {
+    return format->error("type", "expected \"text\", \"json_object\" or \"json_schema\"");
   }
   return std::nullopt;
 }
@@ -218,34 +213,43 @@ class ChatCall final : public openai::OpenAiCall {
 
 }  // namespace
 
+std::variant<openai::ChatRequest, ApiError> openai::parse_chat_request(const RequestLimits& limits,
+                                                                       const ojson& json_body) {
+  const FieldReader body(json_body);
+  ChatRequest r;
+  if (auto e = read_common(limits, body, r.common)) return *e;
+  const ojson* messages = body.find("messages");
+  if (messages == nullptr) return body.error("messages", "field required");
+  r.input.messages = *messages;
+  if (auto e = read_tools(body, r.input)) return *e;
+  if (auto e = read_template_kwargs(body, r.input)) return *e;
+  if (auto e = read_response_format(body)) return *e;
+  std::optional<bool> logprobs;
+  std::optional<int64_t> top_logprobs;
+  if (auto e = body.read_bool("logprobs", logprobs)) return *e;
+  if (auto e = body.read_int("top_logprobs", 0, kMaxTopLogprobs, top_logprobs)) return *e;
+  if (top_logprobs && !logprobs.value_or(false)) {
+    return body.error("top_logprobs", "logprobs must be true when top_logprobs is set");
+  }
+  r.logprobs = logprobs.value_or(false);
+  r.common.generation.logprobs = r.logprobs ? static_cast<int32_t>(top_logprobs.value_or(0)) : -1;
+  return r;
+}
+
 void handle_chat_completions(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res) {
   auto parsed = openai::parse_body(req.body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*res, *e);
-  const ojson& body = std::get<ojson>(parsed);
-
-  openai::CommonFields f;
-  if (auto e = openai::read_common(ctx, body, f)) return send_error(*res, *e);
-  auto messages = body.find("messages");
-  if (messages == body.end() || messages->is_null()) return send_error(*res, bad_field("messages", "field required"));
-  ChatInput input;
-  input.messages = *messages;
-  if (auto e = read_tools(body, input)) return send_error(*res, *e);
-  if (auto e = read_template_kwargs(body, input)) return send_error(*res, *e);
-  if (auto e = read_response_format(body)) return send_error(*res, *e);
-  std::optional<bool> logprobs;
-  std::optional<int64_t> top_logprobs;
-  if (auto e = openai::read_bool(body, "logprobs", logprobs)) return send_error(*res, *e);
-  if (auto e = openai::read_int(body, "top_logprobs", 0, kMaxTopLogprobs, top_logprobs)) return send_error(*res, *e);
-  if (top_logprobs && !logprobs.value_or(false)) {
-    return send_error(*res, bad_field("top_logprobs", "logprobs must be true when top_logprobs is set"));
-  }
-  f.generation.logprobs = logprobs.value_or(false) ? static_cast<int32_t>(top_logprobs.value_or(0)) : -1;
+  auto request = openai::parse_chat_request(openai::request_limits(ctx), std::get<ojson>(parsed));
+  if (auto* e = std::get_if<ApiError>(&request)) return send_error(*res, *e);
+  openai::ChatRequest& r = std::get<openai::ChatRequest>(request);
+  const openai::CommonFields& f = r.common;
+  const ChatInput& input = r.input;
 
   auto prompt = prepare_chat_prompt(ctx, input);
   if (auto* e = std::get_if<ApiError>(&prompt)) return send_error(*res, *e);
   const ChatPrompt& chat_prompt = std::get<ChatPrompt>(prompt);
 
-  auto call = std::make_shared<ChatCall>(ctx, res, f, logprobs.value_or(false));
+  auto call = std::make_shared<ChatCall>(ctx, res, f, r.logprobs);
   std::vector<openai::OpenAiCall::Job> jobs;
   for (int i = 0; i < f.n; ++i) jobs.push_back({&chat_prompt, openai::choice_request(ctx, f, i)});
   call->run(std::move(jobs));

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "model/model.h"
+#include "server/json_body.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 #include "text/tokenizer.h"
@@ -13,64 +14,54 @@
 namespace rill::server::openai {
 namespace {
 
-const char* type_name(const ojson& v) {
-  switch (v.type()) {
-    case ojson::value_t::null: return "null";
-    case ojson::value_t::boolean: return "a boolean";
-    case ojson::value_t::string: return "a string";
-    case ojson::value_t::array: return "an array";
-    case ojson::value_t::object: return "an object";
-    default: return "a number";
-  }
-}
-
-const ojson* find(const ojson& body, const char* key) {
-  auto it = body.find(key);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::string fmt_number(double x) {
-  nlohmann::json j = x;
-  return j.dump();
-}
-
-std::optional<ApiError> read_stop(const ojson& body, std::vector<std::string>& out) {
-  const ojson* v = find(body, "stop");
+std::optional<ApiError> read_stop(const FieldReader& body, std::vector<std::string>& out) {
+  const ojson* v = body.find("stop");
   if (v == nullptr) return std::nullopt;
   constexpr size_t kMaxStops = 16;
   if (v->is_string()) {
     if (!v->get_ref<const std::string&>().empty()) out.push_back(v->get<std::string>());
     return std::nullopt;
   }
-  if (!v->is_array()) return bad_field("stop", std::string("expected a string or an array of strings, got ") + type_name(*v));
-  if (v->size() > kMaxStops) return bad_field("stop", "at most " + std::to_string(kMaxStops) + " stop strings");
+  if (!v->is_array()) return body.type_error("stop", "a string or an array of strings");
+  if (v->size() > kMaxStops) return body.error("stop", "at most " + std::to_string(kMaxStops) + " stop strings");
+  const FieldReader stops = body.at("stop");
   for (size_t i = 0; i < v->size(); ++i) {
-    if (!(*v)[i].is_string()) return bad_field("stop[" + std::to_string(i) + "]", "expected a string");
+    if (!(*v)[i].is_string()) return stops.at(i).type_error("a string");
     if (!(*v)[i].get_ref<const std::string&>().empty()) out.push_back((*v)[i].get<std::string>());
   }
   return std::nullopt;
 }
 
-std::optional<ApiError> read_logit_bias(const ServerContext& ctx, const ojson& body,
+std::optional<ApiError> read_logit_bias(const RequestLimits& limits, const FieldReader& body,
                                         std::vector<std::pair<int32_t, float>>& out) {
-  const ojson* v = find(body, "logit_bias");
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_object()) return bad_field("logit_bias", std::string("expected an object, got ") + type_name(*v));
-  const int64_t n_vocab = ctx.engine.model().n_vocab();
-  for (auto it = v->begin(); it != v->end(); ++it) {
+  std::optional<FieldReader> bias;
+  if (auto e = body.read_object("logit_bias", bias)) return e;
+  if (!bias) return std::nullopt;
+  const int64_t n_vocab = limits.n_vocab;
+  const ojson& v = bias->value();
+  // One entry per token id: "1" and "01" name the same token (the last wins).
+  std::vector<int32_t> slot_of;  // id -> position in out + 1, sized on first use
+  for (auto it = v.begin(); it != v.end(); ++it) {
     const std::string& key = it.key();
     int64_t id = -1;
     auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
     if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= n_vocab) {
-      return bad_field("logit_bias", "'" + key + "' is not a token id of this model (0.." +
-                                         std::to_string(n_vocab - 1) + ")");
+      return body.error("logit_bias", "'" + key + "' is not a token id of this model (0.." +
+                                          std::to_string(n_vocab - 1) + ")");
     }
-    if (!it.value().is_number()) return bad_field("logit_bias", "the bias of token " + key + " must be a number");
-    const double bias = it.value().get<double>();
-    if (!(bias >= -100.0 && bias <= 100.0)) {
-      return bad_field("logit_bias", "the bias of token " + key + " must be in [-100, 100]");
+    if (!it.value().is_number()) return body.error("logit_bias", "the bias of token " + key + " must be a number");
+    const double b = it.value().get<double>();
+    if (!(b >= -100.0 && b <= 100.0)) {
+      return body.error("logit_bias", "the bias of token " + key + " must be in [-100, 100]");
     }
-    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+    if (slot_of.empty()) slot_of.assign(size_t(n_vocab), 0);
+    int32_t& slot = slot_of[size_t(id)];
+    if (slot > 0) {
+      out[size_t(slot - 1)].second = static_cast<float>(b);
+    } else {
+      out.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+      slot = static_cast<int32_t>(out.size());
+    }
   }
   return std::nullopt;
 }
@@ -85,124 +76,70 @@ double shown_logprob(float lp) { return std::isfinite(lp) ? double(lp) : -9999.0
 
 }  // namespace
 
-ApiError bad_field(const std::string& param, const std::string& message) {
-  ApiError e;
-  e.status = 400;
-  e.message = param + ": " + message;
-  e.param = param;
-  return e;
-}
-
 std::variant<ojson, ApiError> parse_body(const std::string& body) {
-  ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    ApiError e;
-    e.message = "the request body is not valid JSON";
-    return e;
+  auto parsed = parse_json(body);
+  if (auto* e = std::get_if<JsonParseError>(&parsed)) {
+    if (e->kind == JsonParseError::Kind::kTooDeep) return field_error(e->path, e->message);
+    return ApiError(400, "the request body is " + e->message);
   }
+  ojson& j = std::get<ojson>(parsed);
   if (!j.is_object()) {
-    ApiError e;
-    e.message = std::string("the request body must be a JSON object, got ") + type_name(j);
-    return e;
+    return ApiError(400, std::string("the request body must be a JSON object, got ") + json_type_name(j));
   }
-  return j;
+  return std::move(j);
 }
 
-std::optional<ApiError> read_bool(const ojson& body, const char* key, std::optional<bool>& out) {
-  const ojson* v = find(body, key);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_boolean()) return bad_field(key, std::string("expected a boolean, got ") + type_name(*v));
-  out = v->get<bool>();
-  return std::nullopt;
+RequestLimits request_limits(const ServerContext& ctx) {
+  RequestLimits l;
+  l.model_id = ctx.options.model_id;
+  l.max_n = ctx.options.max_n;
+  l.max_tokens_cap = ctx.options.max_tokens_cap;
+  l.n_vocab = ctx.engine.model().n_vocab();
+  return l;
 }
 
-std::optional<ApiError> read_number(const ojson& body, const char* key, double lo, double hi,
-                                    std::optional<float>& out) {
-  const ojson* v = find(body, key);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_number()) return bad_field(key, std::string("expected a number, got ") + type_name(*v));
-  const double x = v->get<double>();
-  if (!(x >= lo && x <= hi)) return bad_field(key, "must be in [" + fmt_number(lo) + ", " + fmt_number(hi) + "]");
-  out = static_cast<float>(x);
-  return std::nullopt;
-}
-
-std::optional<ApiError> read_int(const ojson& body, const char* key, int64_t lo, int64_t hi,
-                                 std::optional<int64_t>& out) {
-  const ojson* v = find(body, key);
-  if (v == nullptr) return std::nullopt;
-  int64_t x = 0;
-  if (v->is_number_integer()) {
-    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) {
-      return bad_field(key, "must be at most " + std::to_string(hi));
-    }
-    x = v->get<int64_t>();
-  } else if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
-             std::fabs(v->get<double>()) < 9e15) {
-    x = static_cast<int64_t>(v->get<double>());  // 5.0 is an integer in JSON Schema
-  } else {
-    return bad_field(key, std::string("expected an integer, got ") + type_name(*v));
-  }
-  if (x < lo || x > hi) {
-    return bad_field(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  out = x;
-  return std::nullopt;
-}
-
-std::optional<ApiError> read_string(const ojson& body, const char* key, std::optional<std::string>& out) {
-  const ojson* v = find(body, key);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_string()) return bad_field(key, std::string("expected a string, got ") + type_name(*v));
-  out = v->get<std::string>();
-  return std::nullopt;
-}
-
-std::optional<ApiError> read_common(const ServerContext& ctx, const ojson& body, CommonFields& out) {
+std::optional<ApiError> read_common(const RequestLimits& limits, const FieldReader& body, CommonFields& out) {
 #define RILL_READ(expr) \
   if (auto e = (expr)) return e
   std::optional<std::string> model;
-  RILL_READ(read_string(body, "model", model));
-  out.model = model && !model->empty() ? *model : ctx.options.model_id;
+  RILL_READ(body.read_string("model", model));
+  out.model = model && !model->empty() ? *model : limits.model_id;
   std::optional<bool> stream, ignore_eos;
-  RILL_READ(read_bool(body, "stream", stream));
+  RILL_READ(body.read_bool("stream", stream));
   out.stream = stream.value_or(false);
-  if (const ojson* so = find(body, "stream_options")) {
-    if (!so->is_object()) return bad_field("stream_options", std::string("expected an object, got ") + type_name(*so));
+  std::optional<FieldReader> so;
+  RILL_READ(body.read_object("stream_options", so));
+  if (so) {
     std::optional<bool> include_usage;
-    if (auto e = read_bool(*so, "include_usage", include_usage)) {
-      e->param = "stream_options.include_usage";
-      e->message = "stream_options." + e->message;
-      return e;
-    }
+    RILL_READ(so->read_bool("include_usage", include_usage));
     out.include_usage = include_usage.value_or(false);
   }
   std::optional<int64_t> n, top_k, seed, max_tokens, max_completion_tokens;
-  RILL_READ(read_int(body, "n", 1, ctx.options.max_n, n));
+  RILL_READ(body.read_int("n", 1, limits.max_n, n));
   out.n = static_cast<int>(n.value_or(1));
   SamplingOverrides& s = out.sampling;
-  RILL_READ(read_number(body, "temperature", 0.0, 100.0, s.temperature));
-  RILL_READ(read_number(body, "top_p", 1e-9, 1.0, s.top_p));
-  RILL_READ(read_number(body, "min_p", 0.0, 1.0, s.min_p));
-  RILL_READ(read_number(body, "presence_penalty", -2.0, 2.0, s.presence_penalty));
-  RILL_READ(read_number(body, "frequency_penalty", -2.0, 2.0, s.frequency_penalty));
-  RILL_READ(read_number(body, "repetition_penalty", 1e-6, 100.0, s.repetition_penalty));
-  RILL_READ(read_int(body, "top_k", -1, INT32_MAX, top_k));
+  RILL_READ(body.read_number("temperature", {0.0, 100.0}, s.temperature));
+  RILL_READ(body.read_number("top_p", {0.0, 1.0, /*lo_open=*/true}, s.top_p));
+  RILL_READ(body.read_number("min_p", {0.0, 1.0}, s.min_p));
+  RILL_READ(body.read_number("presence_penalty", {-2.0, 2.0}, s.presence_penalty));
+  RILL_READ(body.read_number("frequency_penalty", {-2.0, 2.0}, s.frequency_penalty));
+  RILL_READ(body.read_number("repetition_penalty", {0.0, 100.0, /*lo_open=*/true}, s.repetition_penalty));
+  RILL_READ(body.read_int("top_k", -1, INT32_MAX, top_k));
   if (top_k) s.top_k = static_cast<int>(std::max<int64_t>(*top_k, 0));  // -1: off (vLLM)
-  RILL_READ(read_int(body, "seed", INT64_MIN, INT64_MAX, seed));
+  RILL_READ(body.read_int("seed", INT64_MIN, INT64_MAX, seed));
   if (seed) s.seed = static_cast<uint64_t>(*seed);
-  RILL_READ(read_int(body, "max_tokens", 1, INT32_MAX, max_tokens));
-  RILL_READ(read_int(body, "max_completion_tokens", 1, INT32_MAX, max_completion_tokens));
+  RILL_READ(body.read_int("max_tokens", 1, INT32_MAX, max_tokens));
+  RILL_READ(body.read_int("max_completion_tokens", 1, INT32_MAX, max_completion_tokens));
   if (max_completion_tokens) max_tokens = max_completion_tokens;
-  const int32_t cap = ctx.options.max_tokens_cap;
+  const int32_t cap = limits.max_tokens_cap;
   if (max_tokens && cap > 0 && *max_tokens > cap) {
-    return bad_field(max_completion_tokens ? "max_completion_tokens" : "max_tokens",
-                     "must be at most " + std::to_string(cap) + " on this server");
+    return body.error(max_completion_tokens ? "max_completion_tokens" : "max_tokens",
+                      "must be at most " + std::to_string(cap) + " on this server");
   }
   out.generation.max_tokens = static_cast<int32_t>(max_tokens.value_or(0));
   RILL_READ(read_stop(body, out.generation.stop));
-  RILL_READ(read_logit_bias(ctx, body, out.logit_bias));
-  RILL_READ(read_bool(body, "ignore_eos", ignore_eos));
+  RILL_READ(read_logit_bias(limits, body, out.logit_bias));
+  RILL_READ(body.read_bool("ignore_eos", ignore_eos));
   out.generation.ignore_eos = ignore_eos.value_or(false);
 #undef RILL_READ
   return std::nullopt;

@@ -16,6 +16,7 @@
 
 #include "server/chat_stream.h"
 #include "server/errors.h"
+#include "server/field_reader.h"
 #include "server/http.h"
 #include "server/server_context.h"
 
@@ -23,19 +24,20 @@ namespace rill::server::openai {
 
 using ojson = nlohmann::ordered_json;
 
-// The request body as a JSON object (400 for malformed JSON or a non-object).
+// The request body as a JSON object, parsed by parse_json (depth-limited,
+// linear): 400 for malformed JSON, nesting deeper than kMaxJsonDepth (naming
+// the path) or a non-object.
 std::variant<ojson, ApiError> parse_body(const std::string& body);
 
-ApiError bad_field(const std::string& param, const std::string& message);
-
-// Typed reads of optional fields: absent or null leave `out` unset and
-// return nullopt; a wrong type or a value outside [lo, hi] is an ApiError.
-std::optional<ApiError> read_bool(const ojson& body, const char* key, std::optional<bool>& out);
-std::optional<ApiError> read_number(const ojson& body, const char* key, double lo, double hi,
-                                    std::optional<float>& out);
-std::optional<ApiError> read_int(const ojson& body, const char* key, int64_t lo, int64_t hi,
-                                 std::optional<int64_t>& out);
-std::optional<ApiError> read_string(const ojson& body, const char* key, std::optional<std::string>& out);
+// What reading a request needs from the server (so the readers run, and are
+// fuzzed, without a loaded model).
+struct RequestLimits {
+  std::string model_id;        // reported when the request names no model
+  int max_n = 8;               // choices per request
+  int32_t max_tokens_cap = 0;  // 0: none
+  int64_t n_vocab = 0;         // logit_bias token ids are in [0, n_vocab)
+};
+RequestLimits request_limits(const ServerContext& ctx);
 
 // The fields both endpoints accept.
 struct CommonFields {
@@ -50,7 +52,16 @@ struct CommonFields {
 // model, stream, stream_options, n, temperature, top_p, top_k, min_p, seed,
 // presence/frequency/repetition_penalty, max_tokens/max_completion_tokens,
 // stop, logit_bias, ignore_eos.
-std::optional<ApiError> read_common(const ServerContext& ctx, const ojson& body, CommonFields& out);
+std::optional<ApiError> read_common(const RequestLimits& limits, const FieldReader& body, CommonFields& out);
+
+// A /v1/chat/completions request, read and validated (the messages
+// themselves are checked when the prompt is rendered: chat_stream.h).
+struct ChatRequest {
+  CommonFields common;
+  ChatInput input;       // messages, tools (after tool_choice), template_kwargs
+  bool logprobs = false;  // common.generation.logprobs holds top_logprobs
+};
+std::variant<ChatRequest, ApiError> parse_chat_request(const RequestLimits& limits, const ojson& body);
 
 // The request for choice `index`: sampling resolved, seed + index when a
 // seed was given.

@@ -11,7 +11,6 @@
 namespace rill::server {
 namespace {
 
-using openai::bad_field;
 using openai::ojson;
 
 constexpr size_t kMaxPrompts = 64;
@@ -24,15 +23,15 @@ struct RawPrompt {
 bool is_id_array(const ojson& v) {
   if (!v.is_array() || v.empty()) return false;
   for (const ojson& x : v) {
-    if (!x.is_number_integer()) return false;
+    if (!json_integer(x)) return false;  // the integer rule (field_reader.h)
   }
   return true;
 }
 
 // prompt: "text" | ["text", ...] | [id, ...] | [[id, ...], ...].
-std::variant<std::vector<RawPrompt>, ApiError> read_prompts(const ServerContext& ctx, const ojson& body) {
-  auto it = body.find("prompt");
-  if (it == body.end() || it->is_null()) return bad_field("prompt", "field required");
+std::variant<std::vector<RawPrompt>, ApiError> read_prompts(const ServerContext& ctx, const FieldReader& body) {
+  const ojson* it = body.find("prompt");
+  if (it == nullptr) return body.error("prompt", "field required");
   const Tokenizer* tok = ctx.engine.tokenizer();
   const int64_t n_vocab = ctx.engine.model().n_vocab();
   std::vector<ojson> items;
@@ -41,9 +40,9 @@ std::variant<std::vector<RawPrompt>, ApiError> read_prompts(const ServerContext&
   } else if (it->is_array() && !it->empty()) {
     for (const ojson& x : *it) items.push_back(x);
   } else {
-    return bad_field("prompt", "expected a string, an array of strings, an array of token ids or an array of those");
+    return body.error("prompt", "expected a string, an array of strings, an array of token ids or an array of those");
   }
-  if (items.size() > kMaxPrompts) return bad_field("prompt", "at most " + std::to_string(kMaxPrompts) + " prompts");
+  if (items.size() > kMaxPrompts) return body.error("prompt", "at most " + std::to_string(kMaxPrompts) + " prompts");
   std::vector<RawPrompt> out;
   for (size_t i = 0; i < items.size(); ++i) {
     const std::string param = items.size() == 1 && (it->is_string() || is_id_array(*it))
@@ -54,24 +53,25 @@ std::variant<std::vector<RawPrompt>, ApiError> read_prompts(const ServerContext&
     p.prompt.parser.parse_reasoning = false;
     p.prompt.parser.parse_tool_calls = false;
     if (items[i].is_string()) {
-      if (tok == nullptr) return bad_field(param, "this model has no tokenizer; send token ids");
+      if (tok == nullptr) return field_error(param, "this model has no tokenizer; send token ids");
       p.text = items[i].get<std::string>();
       // As vLLM / transformers: BOS as the model adds it, special tokens in the text recognised.
       p.prompt.ids = tok->encode(p.text, /*add_special=*/true, /*parse_special=*/true);
     } else if (is_id_array(items[i])) {
       for (size_t k = 0; k < items[i].size(); ++k) {
         const ojson& x = items[i][k];
-        if (x.is_number_unsigned() ? x.get<uint64_t>() >= uint64_t(n_vocab) : (x.get<int64_t>() < 0 || x.get<int64_t>() >= n_vocab)) {
-          return bad_field(param, "token id " + x.dump() + " at index " + std::to_string(k) +
-                                      " is outside the vocabulary (" + std::to_string(n_vocab) + " tokens)");
+        const int64_t id = *json_integer(x);
+        if (id < 0 || id >= n_vocab) {
+          return field_error(param, "token id " + x.dump() + " at index " + std::to_string(k) +
+                                        " is outside the vocabulary (" + std::to_string(n_vocab) + " tokens)");
         }
-        p.prompt.ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+        p.prompt.ids.push_back(static_cast<int32_t>(id));
       }
       if (tok != nullptr) p.text = tok->decode(p.prompt.ids, /*skip_special=*/false);
     } else {
-      return bad_field(param, "expected a string or an array of token ids");
+      return field_error(param, "expected a string or an array of token ids");
     }
-    if (p.prompt.ids.empty()) return bad_field(param, "the prompt is empty");
+    if (p.prompt.ids.empty()) return field_error(param, "the prompt is empty");
     out.push_back(std::move(p));
   }
   return out;
@@ -171,18 +171,19 @@ class CompletionCall final : public openai::OpenAiCall {
 void handle_completions(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res) {
   auto parsed = openai::parse_body(req.body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*res, *e);
-  const ojson& body = std::get<ojson>(parsed);
+
+  const FieldReader body(std::get<ojson>(parsed));
 
   openai::CommonFields f;
-  if (auto e = openai::read_common(ctx, body, f)) return send_error(*res, *e);
+  if (auto e = openai::read_common(openai::request_limits(ctx), body, f)) return send_error(*res, *e);
   std::optional<bool> echo;
   std::optional<int64_t> logprobs, best_of;
   std::optional<std::string> suffix;
-  if (auto e = openai::read_bool(body, "echo", echo)) return send_error(*res, *e);
-  if (auto e = openai::read_int(body, "logprobs", 0, kMaxTopLogprobs, logprobs)) return send_error(*res, *e);
-  if (auto e = openai::read_int(body, "best_of", 1, f.n, best_of)) return send_error(*res, *e);
-  if (auto e = openai::read_string(body, "suffix", suffix)) return send_error(*res, *e);
-  if (suffix && !suffix->empty()) return send_error(*res, bad_field("suffix", "not supported"));
+  if (auto e = body.read_bool("echo", echo)) return send_error(*res, *e);
+  if (auto e = body.read_int("logprobs", 0, kMaxTopLogprobs, logprobs)) return send_error(*res, *e);
+  if (auto e = body.read_int("best_of", 1, f.n, best_of)) return send_error(*res, *e);
+  if (auto e = body.read_string("suffix", suffix)) return send_error(*res, *e);
+  if (suffix && !suffix->empty()) return send_error(*res, body.error("suffix", "not supported"));
   f.generation.logprobs = logprobs ? static_cast<int32_t>(*logprobs) : -1;
 
   auto prompts = read_prompts(ctx, body);

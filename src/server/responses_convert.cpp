@@ -4,6 +4,8 @@
 #include <cmath>
 #include <map>
 
+#include "server/field_reader.h"
+#include "server/json_body.h"
 #include "server/response_store.h"
 #include "server/sse.h"
 
@@ -13,88 +15,55 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-ApiError bad_field(const std::string& field, const std::string& what) {
-  return ApiError(400, field + ": " + what, "invalid_request_error", field);
+// OpenAI's documented metadata shape: at most 16 pairs, keys up to 64
+// characters, string values up to 512 characters.
+constexpr size_t kMaxMetadataPairs = 16;
+constexpr size_t kMaxMetadataKeyChars = 64;
+constexpr size_t kMaxMetadataValueChars = 512;
+
+size_t utf8_chars(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
 }
 
-std::string index_path(const std::string& base, size_t i) {
-  return base + "[" + std::to_string(i) + "]";
-}
-
-// A field that is absent or null reads as unset.
-const Json* field(const Json& obj, const char* name) {
-  auto it = obj.find(name);
-  return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::optional<ApiError> read_string(const Json& obj, const char* name, const std::string& path,
-                                    std::string& out, bool required) {
-  const Json* v = field(obj, name);
-  if (v == nullptr)
-    return required ? std::optional(bad_field(path, "field required")) : std::nullopt;
-  if (!v->is_string()) return bad_field(path, "expected a string");
-  out = v->get<std::string>();
-  return std::nullopt;
-}
-
-std::optional<ApiError> read_bool(const Json& obj, const char* name, bool& out) {
-  const Json* v = field(obj, name);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_boolean()) return bad_field(name, "expected a boolean");
-  out = v->get<bool>();
-  return std::nullopt;
-}
-
-// A number in [lo, hi] (`lo_open`: lo itself excluded).
-std::optional<ApiError> read_float(const Json& obj, const char* name, double lo, double hi,
-                                   bool lo_open, std::optional<float>& out) {
-  const Json* v = field(obj, name);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_number()) return bad_field(name, "expected a number");
-  const double x = v->get<double>();
-  if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
-    return bad_field(name, "must be " + std::string(lo_open ? "greater than " : "at least ") +
-                               nlohmann::json(lo).dump() + " and at most " +
-                               nlohmann::json(hi).dump());
+std::optional<ApiError> read_metadata(const FieldReader& body, Json& out) {
+  std::optional<FieldReader> metadata;
+  if (auto e = body.read_object("metadata", metadata)) return e;
+  if (!metadata) return std::nullopt;
+  const Json& m = metadata->value();
+  if (m.size() > kMaxMetadataPairs) {
+    return metadata->error("at most " + std::to_string(kMaxMetadataPairs) + " key-value pairs");
   }
-  out = float(x);
-  return std::nullopt;
-}
-
-std::optional<ApiError> read_int(const Json& obj, const char* name, int64_t lo, int64_t hi,
-                                 std::optional<int64_t>& out) {
-  const Json* v = field(obj, name);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_number_integer()) return bad_field(name, "expected an integer");
-  const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)
-                        ? INT64_MAX
-                        : v->get<int64_t>();
-  if (x < lo || x > hi)
-    return bad_field(name, "must be between " + std::to_string(lo) + " and " + std::to_string(hi));
-  out = x;
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    if (utf8_chars(it.key()) > kMaxMetadataKeyChars) {
+      return metadata->error("keys must be at most " + std::to_string(kMaxMetadataKeyChars) + " characters");
+    }
+    if (!it.value().is_string()) return metadata->type_error(it.key(), "a string");
+    if (utf8_chars(it.value().get_ref<const std::string&>()) > kMaxMetadataValueChars) {
+      return metadata->error(it.key(), "must be at most " + std::to_string(kMaxMetadataValueChars) + " characters");
+    }
+  }
+  out = m;
   return std::nullopt;
 }
 
 // Text parts of a message or function_call_output: [{type, text}].
-std::optional<ApiError> read_parts(const Json& parts, const std::string& path,
-                                   bool allow_output_text, Json& out) {
-  for (size_t j = 0; j < parts.size(); ++j) {
-    const std::string ppath = index_path(path, j);
-    const Json& part = parts[j];
-    if (!part.is_object()) return bad_field(ppath, "expected a content part object");
+std::optional<ApiError> read_parts(const FieldReader& parts, bool allow_output_text, Json& out) {
+  for (size_t j = 0; j < parts.value().size(); ++j) {
+    const FieldReader part = parts.at(j);
+    if (!part.value().is_object()) return part.type_error("a content part object");
     std::string type, text;
-    if (auto e = read_string(part, "type", ppath + ".type", type, true)) return e;
+    if (auto e = part.require_string("type", type)) return e;
     if (type == "input_image" || type == "input_file" || type == "input_audio") {
-      return bad_field(ppath + ".type",
-                       "content part type \"" + type + "\" is not supported (text only)");
+      return part.error("type", "content part type \"" + type + "\" is not supported (text only)");
     }
     if (type == "refusal") {
-      if (auto e = read_string(part, "refusal", ppath + ".refusal", text, true)) return e;
-    } else if (type == "input_text" || type == "text" ||
-               (allow_output_text && type == "output_text")) {
-      if (auto e = read_string(part, "text", ppath + ".text", text, true)) return e;
+      if (auto e = part.require_string("refusal", text)) return e;
+    } else if (type == "input_text" || type == "text" || (allow_output_text && type == "output_text")) {
+      if (auto e = part.require_string("text", text)) return e;
     } else {
-      return bad_field(ppath + ".type", "content part type \"" + type + "\" is not supported");
+      return part.error("type", "content part type \"" + type + "\" is not supported");
     }
     out.push_back({{"type", type == "input_text" || type == "text" ? "input_text" : "output_text"},
                    {"text", text}});
@@ -102,115 +71,110 @@ std::optional<ApiError> read_parts(const Json& parts, const std::string& path,
   return std::nullopt;
 }
 
-std::variant<Json, ApiError> normalize_item(const Json& item, const std::string& path) {
-  if (!item.is_object()) return bad_field(path, "expected an input item object");
+std::variant<Json, ApiError> normalize_item(const FieldReader& item) {
+  if (!item.value().is_object()) return item.type_error("an input item object");
   std::string type;
-  if (field(item, "type") == nullptr && field(item, "role") != nullptr) {
+  if (item.find("type") == nullptr && item.find("role") != nullptr) {
     type = "message";  // EasyInputMessage: {role, content}
-  } else if (auto e = read_string(item, "type", path + ".type", type, true)) {
+  } else if (auto e = item.require_string("type", type)) {
     return *e;
   }
   if (type == "message") {
     std::string role;
-    if (auto e = read_string(item, "role", path + ".role", role, true)) return *e;
+    if (auto e = item.require_string("role", role)) return *e;
     if (role != "user" && role != "assistant" && role != "system" && role != "developer") {
-      return bad_field(path + ".role", "unknown role \"" + role +
-                                           "\" (expected user, assistant, system or developer)");
+      return item.error("role", "unknown role \"" + role + "\" (expected user, assistant, system or developer)");
     }
-    const Json* content = field(item, "content");
-    if (content == nullptr) return bad_field(path + ".content", "field required");
+    const Json* content = item.find("content");
+    if (content == nullptr) return item.error("content", "field required");
     Json parts = Json::array();
     if (content->is_string()) {
-      parts.push_back(
-          {{"type", role == "assistant" ? "output_text" : "input_text"}, {"text", *content}});
+      parts.push_back({{"type", role == "assistant" ? "output_text" : "input_text"}, {"text", *content}});
     } else if (content->is_array()) {
-      if (auto e = read_parts(*content, path + ".content", true, parts)) return *e;
+      if (auto e = read_parts(item.at("content"), true, parts)) return *e;
     } else {
-      return bad_field(path + ".content", "expected a string or an array of content parts");
+      return item.type_error("content", "a string or an array of content parts");
     }
     return Json{{"type", "message"}, {"role", role}, {"content", std::move(parts)}};
   }
   if (type == "function_call") {
     std::string call_id, name, arguments;
-    if (auto e = read_string(item, "call_id", path + ".call_id", call_id, true)) return *e;
-    if (auto e = read_string(item, "name", path + ".name", name, true)) return *e;
-    const Json* args = field(item, "arguments");
-    if (args == nullptr) return bad_field(path + ".arguments", "field required");
+    if (auto e = item.require_string("call_id", call_id)) return *e;
+    if (auto e = item.require_string("name", name)) return *e;
+    const Json* args = item.find("arguments");
+    if (args == nullptr) return item.error("arguments", "field required");
     if (args->is_string()) {
       arguments = args->get<std::string>();
+      // The template will see these parsed (chat_stream.h): refuse here,
+      // naming this field, what the depth limit would refuse there.
+      auto parsed = parse_json(arguments, {item.path_of("arguments")});
+      if (auto* pe = std::get_if<JsonParseError>(&parsed); pe != nullptr && pe->kind == JsonParseError::Kind::kTooDeep) {
+        return field_error(pe->path, pe->message);
+      }
     } else if (args->is_object()) {
       arguments = dump_responses_json(*args);  // lenient: clients that send the object itself
     } else {
-      return bad_field(path + ".arguments", "expected a JSON string");
+      return item.type_error("arguments", "a JSON string");
     }
-    return Json{
-        {"type", "function_call"}, {"call_id", call_id}, {"name", name}, {"arguments", arguments}};
+    return Json{{"type", "function_call"}, {"call_id", call_id}, {"name", name}, {"arguments", arguments}};
   }
   if (type == "function_call_output") {
     std::string call_id, output;
-    if (auto e = read_string(item, "call_id", path + ".call_id", call_id, true)) return *e;
-    const Json* out = field(item, "output");
-    if (out == nullptr) return bad_field(path + ".output", "field required");
+    if (auto e = item.require_string("call_id", call_id)) return *e;
+    const Json* out = item.find("output");
+    if (out == nullptr) return item.error("output", "field required");
     if (out->is_string()) {
       output = out->get<std::string>();
     } else if (out->is_array()) {
       Json parts = Json::array();
-      if (auto e = read_parts(*out, path + ".output", false, parts)) return *e;
-      for (const Json& p : parts)
-        output += (output.empty() ? "" : "\n") + p["text"].get<std::string>();
+      if (auto e = read_parts(item.at("output"), false, parts)) return *e;
+      for (const Json& p : parts) output += (output.empty() ? "" : "\n") + p["text"].get<std::string>();
     } else {
-      return bad_field(path + ".output", "expected a string or an array of content parts");
+      return item.type_error("output", "a string or an array of content parts");
     }
     return Json{{"type", "function_call_output"}, {"call_id", call_id}, {"output", output}};
   }
   if (type == "reasoning") {
     Json content = Json::array();
-    if (const Json* c = field(item, "content")) {
-      if (!c->is_array()) return bad_field(path + ".content", "expected an array");
-      for (size_t j = 0; j < c->size(); ++j) {
-        const Json& part = (*c)[j];
+    std::optional<FieldReader> c;
+    if (auto e = item.read_array("content", c)) return *e;
+    if (c) {
+      for (size_t j = 0; j < c->value().size(); ++j) {
+        const FieldReader part = c->at(j);
+        if (!part.value().is_object()) return part.type_error("an object");
         std::string text;
-        if (!part.is_object())
-          return bad_field(index_path(path + ".content", j), "expected an object");
-        if (auto e =
-                read_string(part, "text", index_path(path + ".content", j) + ".text", text, true))
-          return *e;
+        if (auto e = part.require_string("text", text)) return *e;
         content.push_back({{"type", "reasoning_text"}, {"text", text}});
       }
     }
     return Json{{"type", "reasoning"}, {"summary", Json::array()}, {"content", std::move(content)}};
   }
   if (type == "item_reference") {
-    return bad_field(path + ".type", "item references are not supported; use previous_response_id");
+    return item.error("type", "item references are not supported; use previous_response_id");
   }
-  return bad_field(path + ".type", "input item type \"" + type + "\" is not supported");
+  return item.error("type", "input item type \"" + type + "\" is not supported");
 }
 
-std::variant<Json, ApiError> convert_tool(const Json& tool, const std::string& path) {
-  if (!tool.is_object()) return bad_field(path, "expected a tool object");
+std::variant<Json, ApiError> convert_tool(const FieldReader& tool) {
+  if (!tool.value().is_object()) return tool.type_error("a tool object");
   std::string type;
-  if (auto e = read_string(tool, "type", path + ".type", type, true)) return *e;
+  if (auto e = tool.require_string("type", type)) return *e;
   if (type != "function") {
-    return bad_field(path + ".type",
-                     "tool type \"" + type + "\" is not supported (only function tools)");
+    return tool.error("type", "tool type \"" + type + "\" is not supported (only function tools)");
   }
-  if (const Json* nested = field(tool, "function")) {  // the chat-completions shape, accepted too
-    if (!nested->is_object()) return bad_field(path + ".function", "expected an object");
-    Json flat = {{"type", "function"}};
-    flat.update(*nested);
-    return convert_tool(flat, path + ".function");
-  }
+  // The chat-completions shape {type, function: {name, ...}} is accepted too.
+  std::optional<FieldReader> nested;
+  if (auto e = tool.read_object("function", nested)) return *e;
+  const FieldReader& fields = nested ? *nested : tool;
   Json fn = Json::object();
   std::string name;
-  if (auto e = read_string(tool, "name", path + ".name", name, true)) return *e;
+  if (auto e = fields.require_string("name", name)) return *e;
   fn["name"] = name;
-  std::string description;
-  if (auto e = read_string(tool, "description", path + ".description", description, false))
-    return *e;
-  if (!description.empty()) fn["description"] = description;
-  if (const Json* params = field(tool, "parameters")) {
-    if (!params->is_object())
-      return bad_field(path + ".parameters", "expected a JSON schema object");
+  std::optional<std::string> description;
+  if (auto e = fields.read_string("description", description)) return *e;
+  if (description && !description->empty()) fn["description"] = *description;
+  if (const Json* params = fields.find("parameters")) {
+    if (!params->is_object()) return fields.error("parameters", "expected a JSON schema object");
     fn["parameters"] = *params;
   }
   return Json{{"type", "function"}, {"function", std::move(fn)}};
@@ -239,129 +203,133 @@ std::string dump_responses_json(const nlohmann::ordered_json& j) {
 }
 
 std::variant<ResponsesRequest, ApiError> parse_responses_request(const std::string& body) {
-  Json parsed = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded())
-    return ApiError(400, "invalid JSON in the request body", "invalid_request_error");
-  return parse_responses_request(parsed);
+  auto parsed = parse_json(body);
+  if (auto* e = std::get_if<JsonParseError>(&parsed)) {
+    if (e->kind == JsonParseError::Kind::kTooDeep) return field_error(e->path, e->message);
+    return ApiError(400, "the request body is " + e->message, "invalid_request_error");
+  }
+  return parse_responses_request(std::get<Json>(parsed));
 }
 
-std::variant<ResponsesRequest, ApiError> parse_responses_request(
-    const nlohmann::ordered_json& body) {
-  if (!body.is_object()) return bad_field("body", "expected a JSON object");
+std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann::ordered_json& json_body) {
+  if (!json_body.is_object()) {
+    return ApiError(400, std::string("the request body must be a JSON object, got ") + json_type_name(json_body));
+  }
+  const FieldReader body(json_body);
   ResponsesRequest req;
-  if (auto e = read_string(body, "model", "model", req.model, false)) return *e;
+  std::optional<std::string> model;
+  if (auto e = body.read_string("model", model)) return *e;
+  req.model = model.value_or("");
 
-  const Json* input = field(body, "input");
-  if (input == nullptr) return bad_field("input", "field required");
+  const Json* input = body.find("input");
+  if (input == nullptr) return body.error("input", "field required");
   if (input->is_string()) {
     req.input_items.push_back(
         {{"type", "message"},
          {"role", "user"},
          {"content", Json::array({{{"type", "input_text"}, {"text", *input}}})}});
   } else if (input->is_array()) {
+    const FieldReader items = body.at("input");
     for (size_t i = 0; i < input->size(); ++i) {
-      auto item = normalize_item((*input)[i], index_path("input", i));
+      auto item = normalize_item(items.at(i));
       if (auto* e = std::get_if<ApiError>(&item)) return *e;
       req.input_items.push_back(std::move(std::get<Json>(item)));
     }
   } else {
-    return bad_field("input", "expected a string or an array of input items");
+    return body.type_error("input", "a string or an array of input items");
   }
 
-  if (const Json* v = field(body, "instructions")) {
-    if (!v->is_string()) return bad_field("instructions", "expected a string");
-    req.instructions = v->get<std::string>();
-  }
-  if (auto e = read_string(body, "previous_response_id", "previous_response_id",
-                           req.previous_response_id, false)) {
-    return *e;
-  }
-  if (auto e = read_bool(body, "stream", req.stream)) return *e;
-  if (auto e = read_bool(body, "store", req.store)) return *e;
-  if (auto e = read_bool(body, "parallel_tool_calls", req.parallel_tool_calls)) return *e;
-  if (const Json* v = field(body, "metadata")) {
-    if (!v->is_object()) return bad_field("metadata", "expected an object");
-    req.metadata = *v;
-  }
+  if (auto e = body.read_string("instructions", req.instructions)) return *e;
+  std::optional<std::string> previous;
+  if (auto e = body.read_string("previous_response_id", previous)) return *e;
+  req.previous_response_id = previous.value_or("");
+  std::optional<bool> stream, store, parallel_tool_calls;
+  if (auto e = body.read_bool("stream", stream)) return *e;
+  if (auto e = body.read_bool("store", store)) return *e;
+  if (auto e = body.read_bool("parallel_tool_calls", parallel_tool_calls)) return *e;
+  req.stream = stream.value_or(req.stream);
+  req.store = store.value_or(req.store);
+  req.parallel_tool_calls = parallel_tool_calls.value_or(req.parallel_tool_calls);
+  if (auto e = read_metadata(body, req.metadata)) return *e;
 
   SamplingOverrides& s = req.sampling;
-  if (auto e = read_float(body, "temperature", 0, 2, false, s.temperature)) return *e;
-  if (auto e = read_float(body, "top_p", 0, 1, true, s.top_p)) return *e;
-  if (auto e = read_float(body, "min_p", 0, 1, false, s.min_p)) return *e;
-  if (auto e = read_float(body, "repetition_penalty", 0, 10, true, s.repetition_penalty)) return *e;
+  if (auto e = body.read_number("temperature", {0, 2}, s.temperature)) return *e;
+  if (auto e = body.read_number("top_p", {0, 1, /*lo_open=*/true}, s.top_p)) return *e;
+  if (auto e = body.read_number("min_p", {0, 1}, s.min_p)) return *e;
+  if (auto e = body.read_number("repetition_penalty", {0, 10, /*lo_open=*/true}, s.repetition_penalty)) return *e;
   std::optional<int64_t> top_k, seed, max_output_tokens;
-  if (auto e = read_int(body, "top_k", 0, INT32_MAX, top_k)) return *e;
+  if (auto e = body.read_int("top_k", 0, INT32_MAX, top_k)) return *e;
   if (top_k) s.top_k = int(*top_k);
-  if (auto e = read_int(body, "seed", INT64_MIN, INT64_MAX, seed)) return *e;
+  if (auto e = body.read_int("seed", INT64_MIN, INT64_MAX, seed)) return *e;
   if (seed) s.seed = uint64_t(*seed);
-  if (auto e = read_int(body, "max_output_tokens", 1, INT32_MAX, max_output_tokens)) return *e;
+  if (auto e = body.read_int("max_output_tokens", 1, INT32_MAX, max_output_tokens)) return *e;
   if (max_output_tokens) req.max_output_tokens = int32_t(*max_output_tokens);
 
   // tools and tool_choice
   Json chat_tools = Json::array();
-  if (const Json* tools = field(body, "tools")) {
-    if (!tools->is_array()) return bad_field("tools", "expected an array of tools");
-    req.tools = *tools;
-    for (size_t i = 0; i < tools->size(); ++i) {
-      auto tool = convert_tool((*tools)[i], index_path("tools", i));
+  std::optional<FieldReader> tools;
+  if (auto e = body.read_array("tools", tools)) return *e;
+  if (tools) {
+    req.tools = tools->value();
+    for (size_t i = 0; i < tools->value().size(); ++i) {
+      auto tool = convert_tool(tools->at(i));
       if (auto* e = std::get_if<ApiError>(&tool)) return *e;
       chat_tools.push_back(std::move(std::get<Json>(tool)));
     }
   }
-  if (const Json* choice = field(body, "tool_choice")) {
+  if (const Json* choice = body.find("tool_choice")) {
     req.tool_choice = *choice;
     if (choice->is_string()) {
       const std::string c = choice->get<std::string>();
       if (c != "none" && c != "auto" && c != "required") {
-        return bad_field("tool_choice",
-                         "expected \"none\", \"auto\", \"required\" or {type: function, name}");
+        return body.error("tool_choice", "expected \"none\", \"auto\", \"required\" or {type: function, name}");
       }
       if (c == "none") chat_tools = Json::array();
     } else if (choice->is_object()) {
+      const FieldReader cr = body.at("tool_choice");
       std::string type, name;
-      if (auto e = read_string(*choice, "type", "tool_choice.type", type, true)) return *e;
-      if (type != "function")
-        return bad_field("tool_choice.type", "only function tool choices are supported");
-      if (auto e = read_string(*choice, "name", "tool_choice.name", name, true)) return *e;
+      if (auto e = cr.require_string("type", type)) return *e;
+      if (type != "function") return cr.error("type", "only function tool choices are supported");
+      if (auto e = cr.require_string("name", name)) return *e;
       Json only = Json::array();
       for (const Json& t : chat_tools) {
         if (t["function"]["name"] == name) only.push_back(t);
       }
-      if (only.empty())
-        return bad_field("tool_choice.name", "no tool named \"" + name + "\" in tools");
+      if (only.empty()) return cr.error("name", "no tool named \"" + name + "\" in tools");
       chat_tools = std::move(only);
     } else {
-      return bad_field("tool_choice", "expected a string or an object");
+      return body.type_error("tool_choice", "a string or an object");
     }
   }
   if (!chat_tools.empty()) req.chat_tools = std::move(chat_tools);
 
-  if (const Json* r = field(body, "reasoning")) {
-    if (!r->is_object()) return bad_field("reasoning", "expected an object");
-    std::string effort;
-    if (auto e = read_string(*r, "effort", "reasoning.effort", effort, false)) return *e;
-    if (!effort.empty()) {
-      if (effort != "none" && effort != "minimal" && effort != "low" && effort != "medium" &&
-          effort != "high" && effort != "xhigh") {
-        return bad_field("reasoning.effort", "expected none, minimal, low, medium, high or xhigh");
+  std::optional<FieldReader> reasoning;
+  if (auto e = body.read_object("reasoning", reasoning)) return *e;
+  if (reasoning) {
+    std::optional<std::string> effort;
+    if (auto e = reasoning->read_string("effort", effort)) return *e;
+    if (effort && !effort->empty()) {
+      if (*effort != "none" && *effort != "minimal" && *effort != "low" && *effort != "medium" &&
+          *effort != "high" && *effort != "xhigh") {
+        return reasoning->error("effort", "expected none, minimal, low, medium, high or xhigh");
       }
-      req.enable_thinking = effort != "none" && effort != "minimal";
+      req.enable_thinking = *effort != "none" && *effort != "minimal";
     }
-    req.reasoning = {{"effort", effort.empty() ? Json(nullptr) : Json(effort)},
-                     {"summary", nullptr}};
+    req.reasoning = {{"effort", effort && !effort->empty() ? Json(*effort) : Json(nullptr)}, {"summary", nullptr}};
   }
-  if (const Json* text = field(body, "text")) {
-    if (!text->is_object()) return bad_field("text", "expected an object");
-    if (const Json* format = field(*text, "format")) {
+  std::optional<FieldReader> text;
+  if (auto e = body.read_object("text", text)) return *e;
+  if (text) {
+    std::optional<FieldReader> format;
+    if (auto e = text->read_object("format", format)) return *e;
+    if (format) {
       std::string type;
-      if (!format->is_object()) return bad_field("text.format", "expected an object");
-      if (auto e = read_string(*format, "type", "text.format.type", type, true)) return *e;
-      if (type != "text") return bad_field("text.format.type", "only \"text\" output is supported");
+      if (auto e = format->require_string("type", type)) return *e;
+      if (type != "text") return format->error("type", "only \"text\" output is supported");
     }
   }
-  if (const Json* bg = field(body, "background");
-      bg != nullptr && bg->is_boolean() && bg->get<bool>()) {
-    return bad_field("background", "background responses are not supported");
+  if (const Json* bg = body.find("background"); bg != nullptr && bg->is_boolean() && bg->get<bool>()) {
+    return body.error("background", "background responses are not supported");
   }
   return req;
 }

@@ -366,7 +366,11 @@ Result<List> iterate(const Value& v) {
 }
 
 template <typename Json>
-static Value json_to_value(const Json& j) {
+static Value json_to_value(const Json& j, int depth) {
+  if (depth > kMaxFromJsonDepth && (j.is_array() || j.is_object())) {
+    return Value::undefined("a template value is nested deeper than " + std::to_string(kMaxFromJsonDepth) +
+                            " levels");
+  }
   switch (j.type()) {
     case Json::value_t::boolean: return Value::boolean(j.template get<bool>());
     case Json::value_t::number_integer: return Value::integer(j.template get<int64_t>());
@@ -380,21 +384,21 @@ static Value json_to_value(const Json& j) {
     case Json::value_t::array: {
       List items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(json_to_value(e));
+      for (const auto& e : j) items.push_back(json_to_value(e, depth + 1));
       return Value::make_list(std::move(items));
     }
     case Json::value_t::object: {
       Dict d;
       d.items.reserve(j.size());
-      for (const auto& [k, e] : j.items()) d.items.emplace_back(Value::string(k), json_to_value(e));
+      for (const auto& [k, e] : j.items()) d.items.emplace_back(Value::string(k), json_to_value(e, depth + 1));
       return Value::make_dict(std::move(d));
     }
     default: return Value::none();
   }
 }
 
-Value from_json(const nlohmann::ordered_json& j) { return json_to_value(j); }
-Value from_json(const nlohmann::json& j) { return json_to_value(j); }
+Value from_json(const nlohmann::ordered_json& j) { return json_to_value(j, 1); }
+Value from_json(const nlohmann::json& j) { return json_to_value(j, 1); }
 
 // ---- json.dumps ----
 

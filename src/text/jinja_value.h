@@ -153,6 +153,11 @@ Result<bool> less_than(const Value& a, const Value& b);
 // Undefined: nothing); an Error for non-iterables.
 Result<List> iterate(const Value& v);
 
+// JSON -> template values. Recursion is bounded: a container nested deeper
+// than kMaxFromJsonDepth becomes an Undefined whose use is an error (the
+// server limits request JSON to 128 levels; 512 is the same bound as tojson
+// and printing use, leaving room for the render context around it).
+inline constexpr int kMaxFromJsonDepth = 512;
 Value from_json(const nlohmann::ordered_json& j);
 Value from_json(const nlohmann::json& j);  // object keys arrive sorted
 

@@ -130,17 +130,17 @@ TEST(AnthropicConvert, ErrorsNameTheField) {
     b[key] = std::move(v);
     return b;
   };
-  EXPECT_EQ(message_of(with("max_tokens", "16")), "max_tokens: expected an integer");
+  EXPECT_EQ(message_of(with("max_tokens", "16")), "max_tokens: expected an integer, got a string");
   EXPECT_EQ(message_of(with("max_tokens", 0)), "max_tokens: must be at least 1");
-  EXPECT_EQ(message_of(with("max_tokens", 1.5)), "max_tokens: expected an integer");
-  EXPECT_EQ(message_of(with("temperature", "hot")), "temperature: expected a number");
+  EXPECT_EQ(message_of(with("max_tokens", 1.5)), "max_tokens: expected an integer, got a number");
+  EXPECT_EQ(message_of(with("temperature", "hot")), "temperature: expected a number, got a string");
   EXPECT_EQ(message_of(with("top_k", -1)), "top_k: must be at least 0");
-  EXPECT_EQ(message_of(with("stream", "yes")), "stream: expected a boolean");
-  EXPECT_EQ(message_of(with("stop_sequences", Json::array({1}))), "stop_sequences[0]: expected a string");
-  EXPECT_EQ(message_of(with("system", 3)), "system: expected a string or an array of text blocks");
+  EXPECT_EQ(message_of(with("stream", "yes")), "stream: expected a boolean, got a string");
+  EXPECT_EQ(message_of(with("stop_sequences", Json::array({1}))), "stop_sequences[0]: expected a string, got a number");
+  EXPECT_EQ(message_of(with("system", 3)), "system: expected a string or an array of text blocks, got a number");
   EXPECT_EQ(message_of(with("messages", Json::array())), "messages: must contain at least one message");
-  EXPECT_EQ(message_of(with("messages", "hi")), "messages: expected an array");
-  EXPECT_EQ(message_of(with("model", 7)), "model: expected a string");
+  EXPECT_EQ(message_of(with("messages", "hi")), "messages: expected an array, got a string");
+  EXPECT_EQ(message_of(with("model", 7)), "model: expected a string, got a number");
   EXPECT_EQ(message_of(with("tools", Json::parse(R"([{"name": "t"}])"))), "tools[0].input_schema: field required");
   EXPECT_EQ(message_of(with("tools", Json::parse(R"([{"type": "web_search_20250305", "name": "web_search"}])"))),
             "tools[0].type: only client tools (type \"custom\") are supported");
@@ -151,7 +151,7 @@ TEST(AnthropicConvert, ErrorsNameTheField) {
   EXPECT_EQ(message_of(base(Json::parse(R"([{"content": "x"}])"))), "messages[0].role: field required");
   EXPECT_EQ(message_of(base(Json::parse(R"([{"role": "user"}])"))), "messages[0].content: field required");
   EXPECT_EQ(message_of(base(Json::parse(R"([{"role": "user", "content": 5}])"))),
-            "messages[0].content: expected a string or an array of content blocks");
+            "messages[0].content: expected a string or an array of content blocks, got a number");
   EXPECT_EQ(message_of(base(Json::parse(R"([{"role": "user", "content": [
               {"type": "text", "text": "look"},
               {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])"))),
@@ -164,18 +164,19 @@ TEST(AnthropicConvert, ErrorsNameTheField) {
             "messages[0].content[0].type: tool_use blocks belong to assistant messages");
   EXPECT_EQ(message_of(base(Json::parse(R"([{"role": "assistant", "content": [{"type": "tool_use", "id": "t",
               "name": "n", "input": [1]}]}])"))),
-            "messages[0].content[0].input: expected an object");
+            "messages[0].content[0].input: expected an object, got an array");
   EXPECT_EQ(message_of(base(Json::parse(R"([{"role": "user", "content": [{"text": "x"}]}])"))),
             "messages[0].content[0].type: field required");
   EXPECT_EQ(message_of(base(Json::parse(R"([{"role": "user", "content": [{"type": "text", "text": 1}]}])"))),
-            "messages[0].content[0].text: expected a string");
+            "messages[0].content[0].text: expected a string, got a number");
 
   ApiError e = parse_err(with("max_tokens", nullptr));
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.param, "max_tokens");
   auto bad_json = parse_anthropic_request(std::string("{\"model\": "), false);
   ASSERT_TRUE(std::holds_alternative<ApiError>(bad_json));
-  EXPECT_EQ(std::get<ApiError>(bad_json).message, "invalid JSON in the request body");
+  EXPECT_EQ(std::get<ApiError>(bad_json).message.rfind("the request body is not valid JSON: ", 0), 0u)
+      << std::get<ApiError>(bad_json).message;
 }
 
 ChatResult result_of(std::string finish, std::string content = "", std::string reasoning = "",

@@ -66,7 +66,6 @@ TEST(ResponsesConvert, ErrorsNameTheField) {
     const char* body;
     const char* param;
   } cases[] = {
-      {R"([1])", "body"},
       {R"({})", "input"},
       {R"({"input": 5})", "input"},
       {R"({"input": [7]})", "input[0]"},
@@ -111,6 +110,10 @@ TEST(ResponsesConvert, ErrorsNameTheField) {
     EXPECT_EQ(e.param, c.param) << c.body;
     EXPECT_EQ(e.message.rfind(std::string(c.param) + ": ", 0), 0u) << e.message;
   }
+  // The body itself: no param, as on the chat and Anthropic routes.
+  ApiError not_object = parse_err("[1]");
+  EXPECT_EQ(not_object.param, "");
+  EXPECT_EQ(not_object.message, "the request body must be a JSON object, got an array");
   ApiError bad_json = parse_err("{\"input\": ");
   EXPECT_EQ(bad_json.status, 400);
   EXPECT_NE(bad_json.message.find("JSON"), std::string::npos);
