@@ -5,7 +5,7 @@
 #include <random>
 
 #include "server/field_reader.h"
-#include "server/json_body.h"
+#include "core/json_parse.h"
 #include "server/sse.h"
 
 namespace rill::server {

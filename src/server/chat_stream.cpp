@@ -5,7 +5,7 @@
 #include <mutex>
 
 #include "model/model.h"
-#include "server/json_body.h"
+#include "core/json_parse.h"
 #include "server/metrics.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"

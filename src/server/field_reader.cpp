@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "server/json_body.h"
+#include "core/json_parse.h"
 
 namespace rill::server {
 namespace {

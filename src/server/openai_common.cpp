@@ -6,7 +6,7 @@
 #include <random>
 
 #include "model/model.h"
-#include "server/json_body.h"
+#include "core/json_parse.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 #include "text/tokenizer.h"

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "server/field_reader.h"
-#include "server/json_body.h"
+#include "core/json_parse.h"
 #include "server/response_store.h"
 #include "server/sse.h"
 

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_parse.h"
+
 namespace rill {
 namespace {
 
@@ -40,8 +42,13 @@ std::string dump_compact(const nlohmann::ordered_json& j) {
 }  // namespace
 
 bool parse_tool_call_json(std::string_view json_text, bool require_arguments, ToolCall& call) {
-  auto j = nlohmann::ordered_json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return false;
+  // The model's text is as untrusted as a request (a prompt can ask for ten
+  // thousand nested brackets): the bounded parser keeps the dump below from
+  // recursing without limit; a call nested deeper stays plain text.
+  auto parsed = parse_json(json_text);
+  auto* value = std::get_if<nlohmann::ordered_json>(&parsed);
+  if (value == nullptr || !value->is_object()) return false;
+  const nlohmann::ordered_json& j = *value;
   auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return false;
   auto args = j.find("arguments");

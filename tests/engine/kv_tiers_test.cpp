@@ -349,6 +349,7 @@ TEST(KvTiers, RunsTheRamTierEvictsGoToDiskAndComeBack) {
   o.cache_ram_mb = 1;
   o.kv_cache_mb = 1;
   o.cache_dir = dir.path.string();
+  o.cache_write_behind_min_tokens = 0;  // only RAM-tier evictions reach the disk here
   o.check_integrity = true;
   auto e = load(kGoldens + "llama", o);
   ASSERT_TRUE(e);

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/errors.h"
-#include "server/json_body.h"
+#include "core/json_parse.h"
 
 #define FUZZ_CHECK(cond)                                                     \
   do {                                                                       \
@@ -34,7 +34,7 @@ inline void check_request_error(const server::ApiError& e) {
 // accept (duplicate keys included), a syntax error exactly when nlohmann
 // refuses, and never anything deeper than the limit.
 inline void check_parse_json(std::string_view text) {
-  auto mine = server::parse_json(text);
+  auto mine = parse_json(text);
   const auto theirs = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (auto* j = std::get_if<nlohmann::ordered_json>(&mine)) {
     FUZZ_CHECK(!theirs.is_discarded());
@@ -42,8 +42,8 @@ inline void check_parse_json(std::string_view text) {
     FUZZ_CHECK(j->dump() == theirs.dump());  // member order too
     return;
   }
-  const auto& e = std::get<server::JsonParseError>(mine);
-  if (e.kind == server::JsonParseError::Kind::kSyntax) FUZZ_CHECK(theirs.is_discarded());
+  const auto& e = std::get<JsonParseError>(mine);
+  if (e.kind == JsonParseError::Kind::kSyntax) FUZZ_CHECK(theirs.is_discarded());
   (void)nlohmann::json(e.message).dump();  // valid UTF-8
 }
 

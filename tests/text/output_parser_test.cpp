@@ -124,6 +124,21 @@ TEST(OutputParser, HermesToolCalls) {
   ASSERT_EQ(p.calls.size(), 1u);
 }
 
+TEST(OutputParser, AToolCallNestedBeyondTheJsonLimitStaysContentWithoutRecursing) {
+  // A prompt can make the model write this; dumping it recursively would
+  // overflow the stack.
+  const std::string deep = std::string(50000, '[') + std::string(50000, ']');
+  const std::string text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": " + deep + "}}</tool_call>";
+  Parsed p = parse_whole(tools_on(), text);
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, text);
+  // Within the limit it is a call as usual.
+  const std::string ok = std::string(20, '[') + std::string(20, ']');
+  p = parse_whole(tools_on(), "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": " + ok + "}}</tool_call>");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, "{\"x\":" + ok + "}");
+}
+
 TEST(OutputParser, MalformedHermesCallStaysContent) {
   Parsed p = parse_whole(tools_on(), "A <tool_call>{\"name\": 3}</tool_call> B");
   EXPECT_EQ(p.content, "A <tool_call>{\"name\": 3}</tool_call> B");

@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace rill::server {
+namespace rill {
 
 // 128 levels: the deepest thing real clients send is a JSON Schema in tool
 // parameters (nested objects/arrays/anyOf: rarely past 20 levels; OpenAI's
@@ -51,4 +51,4 @@ std::variant<nlohmann::ordered_json, JsonParseError> parse_json(std::string_view
 std::string json_path_key(std::string_view base, std::string_view key);
 std::string json_path_index(std::string_view base, size_t index);
 
-}  // namespace rill::server
+}  // namespace rill

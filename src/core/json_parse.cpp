@@ -1,10 +1,10 @@
-#include "server/json_body.h"
+#include "core/json_parse.h"
 
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
-namespace rill::server {
+namespace rill {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -210,4 +210,4 @@ std::variant<nlohmann::ordered_json, JsonParseError> parse_json(std::string_view
   return builder.take_result();
 }
 
-}  // namespace rill::server
+}  // namespace rill

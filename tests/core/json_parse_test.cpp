@@ -1,4 +1,4 @@
-#include "server/json_body.h"
+#include "core/json_parse.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-namespace rill::server {
+namespace rill {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -164,4 +164,4 @@ TEST(JsonBody, PrintsTimings) {
 }
 
 }  // namespace
-}  // namespace rill::server
+}  // namespace rill
