@@ -193,7 +193,9 @@ TEST(Engine, DroppingTheHandleCancels) {
 
 TEST(Engine, ShutDownEndsRunningAndQueuedRequestsWithItsErrorAndRefusesNewOnes) {
   // One running request, and more queued than may run at once.
-  auto e = make_engine({.n_ctx = 4096, .n_blocks = 1024}, {.max_running = 1});
+  EngineOptions one_at_a_time;
+  one_at_a_time.max_running = 1;
+  auto e = make_engine({.n_ctx = 4096, .n_blocks = 1024}, one_at_a_time);
   auto running = e->submit(greedy(prompt_of(5, 3), 4000));
   ASSERT_TRUE(running.ok());
   GenerationEvent ev;
