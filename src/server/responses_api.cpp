@@ -93,7 +93,10 @@ struct ResponsesCall {
       const std::string message = result.finish_reason == "abort"
                                       ? "the generation was cancelled"
                                       : (result.error.empty() ? "generation failed" : result.error);
-      if (streaming) return end_stream(encoder.error(message));
+      if (streaming) {
+        Json response = skeleton;
+        return end_stream(encoder.failed(response, message, responses_usage(result.usage, reasoning_tokens)));
+      }
       return send_error(*res, ApiError(500, message, "server_error", "", "server_error"));
     }
     Json response = skeleton;

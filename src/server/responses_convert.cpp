@@ -554,8 +554,15 @@ std::string ResponsesEncoder::finish(nlohmann::ordered_json& response, bool inco
   return out;
 }
 
-std::string ResponsesEncoder::error(const std::string& message) {
-  return frame("error", {{"code", "server_error"}, {"message", message}, {"param", nullptr}});
+std::string ResponsesEncoder::failed(nlohmann::ordered_json& response, const std::string& message,
+                                     const nlohmann::ordered_json& usage) {
+  std::string out = close("incomplete");
+  response["status"] = "failed";
+  response["error"] = {{"code", "server_error"}, {"message", message}};
+  response["output"] = output_;
+  response["usage"] = usage;
+  out += frame("response.failed", {{"response", response}});
+  return out;
 }
 
 }  // namespace rill::server

@@ -99,8 +99,13 @@ class ResponsesEncoder {
   // response.incomplete. `incomplete`: the token limit ended it.
   std::string finish(nlohmann::ordered_json& response, bool incomplete,
                      const nlohmann::ordered_json& usage);
-  // An `error` event {type: error, code: server_error, message, param: null}.
-  std::string error(const std::string& message);
+  // The generation failed (or the server is shutting down): closes the open
+  // item as incomplete, fills `response` (a copy of the skeleton) with
+  // status "failed", error {code: server_error, message}, the output so far
+  // and usage, and returns the closing frames with response.failed, the
+  // Responses stream's terminal failure event.
+  std::string failed(nlohmann::ordered_json& response, const std::string& message,
+                     const nlohmann::ordered_json& usage);
 
   const nlohmann::ordered_json& output() const { return output_; }
 

@@ -424,7 +424,7 @@ TEST_F(ResponsesApi, DisconnectCancelsTheGeneration) {
   EXPECT_EQ(store_->stats().entries, 0);
 }
 
-TEST_F(ResponsesApi, EngineFailureBecomesAnErrorEvent) {
+TEST_F(ResponsesApi, EngineFailureEndsTheStreamWithResponseFailed) {
   FailingEngine failing(*engine_);
   ServerContext ctx{failing, engine_->chat_template(), ctx_->options, nullptr, store_.get(),
                     nullptr};
@@ -437,12 +437,16 @@ TEST_F(ResponsesApi, EngineFailureBecomesAnErrorEvent) {
   const std::vector<std::string> expected = {
       "response.created",           "response.in_progress",
       "response.output_item.added", "response.content_part.added",
-      "response.output_text.delta", "error"};
+      "response.output_text.delta", "response.output_text.done",
+      "response.content_part.done", "response.output_item.done",
+      "response.failed"};
   EXPECT_EQ(names, expected);
-  const Json error = Json::parse(events.back().second);
-  EXPECT_EQ(error["code"], "server_error");
-  EXPECT_EQ(error["message"], "injected failure");
-  EXPECT_EQ(error["sequence_number"], 5);
+  const Json failed = Json::parse(events.back().second);
+  EXPECT_EQ(failed["response"]["status"], "failed");
+  EXPECT_EQ(failed["response"]["error"]["code"], "server_error");
+  EXPECT_EQ(failed["response"]["error"]["message"], "injected failure");
+  EXPECT_EQ(failed["response"]["output"][0]["status"], "incomplete");
+  EXPECT_EQ(failed["sequence_number"], 8);
 
   auto plain = call("POST", "/v1/responses", R"({"input": "Hi", "max_output_tokens": 4})", &ctx);
   const Json e = error_of(plain, 500, "");

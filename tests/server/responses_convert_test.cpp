@@ -293,12 +293,15 @@ TEST(ResponsesConvert, EmptyOutputStillHasAMessageAndNonStreamingEmitsNothing) {
   EXPECT_EQ(response["output"][0]["content"][0]["text"], "");
 
   ResponsesEncoder errors(true);
-  const auto ev = frames(errors.error("boom"));
-  ASSERT_EQ(ev.size(), 1u);
-  EXPECT_EQ(ev[0].first, "error");
-  EXPECT_EQ(ev[0].second,
-            Json::parse(R"({"type":"error","code":"server_error","message":"boom","param":null,
-                                          "sequence_number":0})"));
+  Json failed = skeleton;
+  const auto ev = frames(errors.failed(failed, "boom", responses_usage(Usage{}, 0)));
+  ASSERT_EQ(ev.size(), 1u);  // nothing was open
+  EXPECT_EQ(ev[0].first, "response.failed");
+  EXPECT_EQ(ev[0].second["type"], "response.failed");
+  EXPECT_EQ(ev[0].second["sequence_number"], 0);
+  EXPECT_EQ(ev[0].second["response"]["status"], "failed");
+  EXPECT_EQ(ev[0].second["response"]["error"], Json::parse(R"({"code":"server_error","message":"boom"})"));
+  EXPECT_EQ(failed["status"], "failed");
 }
 
 }  // namespace
