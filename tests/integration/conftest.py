@@ -25,8 +25,13 @@ class Server:
     def __init__(self, *extra):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        args = [RILL, "serve", MODEL, "--port", str(self.port), "--threads", "2", "--ctx-size", "2048",
-                "--kv-cache-mb", "256", "--max-running", "64", *map(str, extra)]
+        extra = list(map(str, extra))
+        defaults = [("--threads", "2"), ("--ctx-size", "2048"), ("--kv-cache-mb", "256"), ("--max-running", "64")]
+        args = [RILL, "serve", MODEL, "--port", str(self.port)]
+        for flag, value in defaults:  # a test's own value replaces the default
+            if flag not in extra:
+                args += [flag, value]
+        args += extra
         self.log = open(os.path.join(ROOT, "build", f"serve-{self.port}.log"), "w")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
