@@ -150,7 +150,7 @@ int run_serve(ServeOptions& o) {
     std::fprintf(stderr, "rill serve: %s\n", http.error().message.c_str());
     return 1;
   }
-  app.set_connection_counter([h = http->get()] { return h->open_connections(); });
+  app.set_http_server(http->get());
   const Model& m = (*engine)->model();
   std::printf("rill serve: %s (%lld-token context, %d KV blocks of %d tokens)\n", so.model_id.c_str(),
               static_cast<long long>(m.n_ctx()), m.n_kv_blocks(), m.kv_block_size());

@@ -227,8 +227,21 @@ void App::stats(std::shared_ptr<Responder> res) {
   };
   kv["tiers"] = {{"ram", tier(s.ram_tier)}, {"disk", tier(s.disk_tier)}, {"restored_tokens", s.tier_restored_tokens}};
   nlohmann::json body = {{"model", ctx_.options.model_id}, {"engine", engine}, {"kv", kv}};
-  body["http"] = {{"open_connections", connections_ ? connections_() : 0},
-                  {"open_streams", ctx_.metrics ? ctx_.metrics->open_streams() : 0}};
+  nlohmann::json http = {{"open_streams", ctx_.metrics ? ctx_.metrics->open_streams() : 0}};
+  if (http_ != nullptr) {
+    const HttpServerCounters c = http_->counters();
+    http["open_connections"] = http_->open_connections();
+    http["active_responses"] = http_->active_responses();
+    http["rejected_at_capacity"] = c.rejected_at_capacity;
+    http["accept_backoffs"] = c.accept_backoffs;
+    http["request_timeouts"] = c.request_timeouts;
+    http["idle_closes"] = c.idle_closes;
+    http["abandoned_responses"] = c.abandoned_responses;
+    http["connection_errors"] = c.connection_errors;
+  } else {
+    http["open_connections"] = 0;
+  }
+  body["http"] = std::move(http);
   if (ctx_.responses) body["response_store"] = to_json(ctx_.responses->stats());
   res->send(200, "application/json", body.dump(), {});
 }

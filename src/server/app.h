@@ -8,6 +8,7 @@
 #include <string>
 
 #include "server/http.h"
+#include "server/http_server.h"
 #include "server/server_context.h"
 
 namespace rill::server {
@@ -24,8 +25,9 @@ class App {
   // The Allow header of a route template ("" for "other"). HEAD goes with
   // GET (the server sends the headers only); OPTIONS is the CORS preflight.
   static const char* allowed_methods(const char* route);
-  // Open HTTP connections, for /stats (set by the serve command).
-  void set_connection_counter(std::function<int64_t()> f) { connections_ = std::move(f); }
+  // The HTTP server whose connections and counters /stats shows (set by the
+  // serve command; must outlive the App's requests).
+  void set_http_server(const HttpServer* http) { http_ = http; }
 
  private:
   bool authorized(const HttpRequest& req) const;
@@ -36,7 +38,7 @@ class App {
   void stats(std::shared_ptr<Responder> res);
 
   ServerContext& ctx_;
-  std::function<int64_t()> connections_;
+  const HttpServer* http_ = nullptr;
 };
 
 }  // namespace rill::server
