@@ -20,6 +20,7 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
     const auto seq = static_cast<int64_t>(r.id);
     const int32_t s = batch_.add_sequence(r.tokens.data() + r.n_computed, c.n_tokens, r.n_computed, c.samples, {});
     BatchSeq& bs = batch_.seqs[static_cast<size_t>(s)];
+    bs.decode_from = r.n_prompt;  // so a recomputed output token is computed as it was decoded
     bs.table_len = kv_.append_block_table(seq, 0, batch_.block_table);
     for (int32_t g = 1; g < n_groups; ++g) {
       auto& t = batch_.group_tables[static_cast<size_t>(g - 1)];

@@ -1,6 +1,7 @@
 #include "engine/sequence_runner.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 namespace rill {
@@ -23,6 +24,7 @@ void SequenceRunner::set_chunk(const int32_t* ids, int32_t n, int32_t pos0, bool
   batch_.clear();
   batch_.add_sequence(ids, n, pos0, sample_last, table_);
   batch_.seqs.back().state_slot = slot_;  // read only by models with recurrent layers
+  batch_.seqs.back().decode_from = decode_from_;
   for (auto& t : batch_.group_tables) t.insert(t.end(), table_.begin(), table_.end());
 }
 
@@ -76,6 +78,7 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
   if (recurrent && reuse < cached_.size()) reuse = 0;
   result.timings.n_cached = static_cast<int>(reuse);
   logits_.resize(static_cast<size_t>(model_.n_vocab()));
+  decode_from_ = static_cast<int32_t>(prompt.size());
   RILL_TRY(prefill(prompt, reuse, /*want_all_rows=*/false));
   result.timings.prefill_s = seconds_since(t0);
 
@@ -119,6 +122,7 @@ Result<std::vector<float>> SequenceRunner::score(std::span<const int32_t> ids) {
                  std::to_string(model_.n_ctx()) + " tokens"};
   }
   logits_.assign(ids.size() * static_cast<size_t>(model_.n_vocab()), 0.0f);
+  decode_from_ = std::numeric_limits<int32_t>::max();  // every id is prompt
   RILL_TRY(prefill(ids, 0, /*want_all_rows=*/true));
   std::vector<float> out = std::move(logits_);
   logits_.assign(static_cast<size_t>(model_.n_vocab()), 0.0f);

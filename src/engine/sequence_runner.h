@@ -74,6 +74,9 @@ class SequenceRunner {
   int32_t slot_;
   std::vector<int32_t> table_;   // the slot's blocks
   std::vector<int32_t> cached_;  // tokens whose KV the slot holds, in order
+  // BatchSeq::decode_from of the chunks: the prompt's length while
+  // generating (its output tokens decode), unbounded while scoring.
+  int32_t decode_from_ = -1;
   Batch batch_;
   std::vector<float> logits_;    // [max_batch_tokens or 1, n_vocab]
 };

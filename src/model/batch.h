@@ -24,6 +24,14 @@ struct BatchSeq {
   int32_t table_len = 0;    // entries, >= ceil(kv_len / block size)
   int32_t state_slot = -1;     // recurrent groups: the live state slot; -1 without
   int32_t state_restore = -1;  // checkpoint to load before the step; -1: none
+  // Where the sequence's generated tokens start (its prompt length): a query
+  // at a position >= decode_from is computed in the decode form of the ops
+  // that have two (the llama.cpp-exact f16 attention on AVX-512), the others
+  // in the prefill form, whatever the step's make-up. So a token's rows do
+  // not depend on how its sequence was chunked, batched or recomputed after
+  // preemption. -1 (callers that do not know): a one-token step is decode,
+  // a longer one prefill, which is not batch invariant.
+  int32_t decode_from = -1;
 };
 
 struct StateSave {

@@ -82,5 +82,122 @@ TEST_F(DefaultModelBatchInvariance, SeededSamplingIsTheSameAloneAndBatched) {
   EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
 }
 
+// Real traffic's shape (issue 15): six long generations, three greedy and
+// three seeded, submitted together into a KV pool too small for them, so
+// requests are preempted and recomputed as prefills of prompt + output so
+// far; and prompts of 16k + 1 tokens served again from the prefix cache, so
+// their last prompt token is computed in a step of its own. Every output
+// must be token-identical to the request's alone run. On AVX-512 the f16
+// attention has a decode and a prefill arithmetic (llama.cpp's); before a
+// token's form followed its position (BatchSeq::decode_from) rather than its
+// step's size, a recomputed output token got prefill bits and a re-forwarded
+// prompt token decode bits, and the tokens after them changed.
+struct TrafficRun {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<int32_t> preemptions;
+};
+
+// Prompts `which` of `prompts`, prompt i greedy when i is even, else seeded.
+TrafficRun run_traffic(Engine& e, const std::vector<std::vector<int32_t>>& prompts, const std::vector<size_t>& which,
+                       bool concurrent, uint64_t ns, int max_tokens) {
+  const size_t n = which.size();
+  TrafficRun out{std::vector<std::vector<int32_t>>(n), std::vector<int32_t>(n, 0)};
+  auto request = [&](size_t k) {
+    const size_t i = which[k];
+    GenerationRequest r;
+    r.prompt = prompts[i];
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.cache_namespace = ns;
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_p = 0.95f;
+      r.sampling.seed = 100 + i;
+    } else {
+      r.sampling.temperature = 0.0f;
+    }
+    auto h = e.submit(std::move(r));
+    EXPECT_TRUE(h.ok()) << h.error().message;
+    return std::move(h).value();
+  };
+  auto drain = [&](RequestHandle& h, size_t k) {
+    GenerationEvent ev;
+    while (h.next(ev)) {
+      out.ids[k].insert(out.ids[k].end(), ev.token_ids.begin(), ev.token_ids.end());
+      EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
+      if (ev.finished) out.preemptions[k] = ev.usage.preemptions;
+    }
+  };
+  std::vector<RequestHandle> hs;
+  for (size_t k = 0; k < n; ++k) {
+    hs.push_back(request(k));
+    if (!concurrent) drain(hs.back(), k);
+  }
+  if (concurrent) {
+    for (size_t k = 0; k < n; ++k) drain(hs[k], k);
+  }
+  return out;
+}
+
+size_t first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return i;
+}
+
+TEST(DefaultModelTraffic, LongConcurrentPreemptedAndCachedRunsMatchAlone) {
+  if (!std::filesystem::exists(kModel)) GTEST_SKIP() << kModel << " not found (run scripts/setup.sh)";
+  // Past where the old code diverged: from token 20 when preempted, from
+  // token 2 for a re-forwarded prompt token.
+  constexpr int kTokens = 96;
+  EngineOptions o;
+  o.n_threads = 2;
+  o.n_ctx = 512;
+  o.max_running = 8;
+  // 6 MiB: 17 blocks of 16 tokens (23 KiB of KV per token), room for any
+  // one of the requests alone but not for six together.
+  o.kv_cache_mb = 6;
+  auto loaded = Engine::load(kModel, o);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  Engine& e = **loaded;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i : {0, 3, 4, 6, 10, 15}) prompts.push_back(e.tokenizer()->encode(kPrompts[i], true, false));
+  // Prompts 1 and 2: BOS + 16 tokens (a full block of the prefix cache and
+  // one token after it), cut from a longer text.
+  std::string text;
+  for (const char* p : kPrompts) text += std::string(p) + " ";
+  const std::vector<int32_t> long_ids = e.tokenizer()->encode(text, true, false);
+  ASSERT_GE(long_ids.size(), 32u);
+  for (size_t i : {1u, 2u}) {
+    const size_t off = i == 1 ? 8 : 16;
+    prompts[i] = {long_ids[0]};
+    prompts[i].insert(prompts[i].end(), long_ids.begin() + static_cast<ptrdiff_t>(off),
+                      long_ids.begin() + static_cast<ptrdiff_t>(off + 16));
+  }
+  const std::vector<size_t> all = {0, 1, 2, 3, 4, 5};
+
+  const TrafficRun alone = run_traffic(e, prompts, all, /*concurrent=*/false, 1, kTokens);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(alone.ids[i].size(), static_cast<size_t>(kTokens));
+    ASSERT_EQ(alone.preemptions[i], 0) << "prompt " << i << " must fit the pool alone";
+  }
+  const int64_t preempted_before = e.stats().preemptions;
+  const TrafficRun batched = run_traffic(e, prompts, all, /*concurrent=*/true, 2, kTokens);
+  EXPECT_GT(e.stats().preemptions, preempted_before) << "the pool was meant to force preemption";
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(batched.ids[i], alone.ids[i]) << "prompt " << i << " (" << (i % 2 ? "seeded" : "greedy") << ", "
+                                            << batched.preemptions[i] << " preemptions): first difference at token "
+                                            << first_difference(batched.ids[i], alone.ids[i]);
+  }
+  for (size_t i : {1u, 2u}) {
+    const int64_t cached_before = e.stats().cached_tokens;
+    run_traffic(e, prompts, {i}, false, 3, kTokens);  // fills the cache (namespace 3)
+    const TrafficRun again = run_traffic(e, prompts, {i}, false, 3, kTokens);
+    EXPECT_EQ(e.stats().cached_tokens - cached_before, 16) << "prompt " << i << ": one block from the prefix cache";
+    EXPECT_EQ(again.ids[0], alone.ids[i]) << "prompt " << i << " from the prefix cache: first difference at token "
+                                          << first_difference(again.ids[0], alone.ids[i]);
+  }
+}
+
 }  // namespace
 }  // namespace rill

@@ -64,7 +64,14 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   // is read once for them (attend_f16_rounded_group_avx512).
   const int gmax = avx512 ? detail::attend_f16_group_max_heads(p.head_dim) : 0;
   const int64_t parts = gmax > 0 ? (group + gmax - 1) / gmax : 0;  // units per KV head
-  auto by_kv_head = [&](const AttentionSeq& seq) { return gmax > 0 && seq.n_q == 1; };
+  // Whether query i of seq takes the single-query (decode) form: by its
+  // position when the caller says where decoding starts, so that a token's
+  // arithmetic does not depend on the step it is in (a recomputed output
+  // token after preemption, a one-token prompt chunk), else by n_q.
+  auto decode_form = [](const AttentionSeq& seq, int64_t i) {
+    return seq.decode_from >= 0 ? seq.q_pos[i] >= seq.decode_from : seq.n_q == 1;
+  };
+  auto by_kv_head = [&](const AttentionSeq& seq) { return gmax > 0 && seq.n_q == 1 && decode_form(seq, 0); };
   // With enough decoding sequences, one thread takes all of a sequence's KV
   // heads: their K/V rows interleave in memory (a row holds every KV head),
   // so a sequence read by one core comes from DRAM once; split across cores
@@ -153,7 +160,7 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
       a.scores = scores.data();
       a.probs16 = probs16.data();
       a.out = seq.out + local * p.head_dim;
-      a.single_query = seq.n_q == 1;
+      a.single_query = decode_form(seq, i);
       if (avx512) {
         detail::attend_f16_rounded_avx512(a);
       } else if (avx2) {

@@ -16,6 +16,10 @@ void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, co
                            int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool);
 // The same for several sequences in one parallel pass over all their
 // (query, head) pairs; each pair's result is bit-identical to the call above.
+// On AVX-512 a query takes llama.cpp's single-query (decode) arithmetic or
+// its batched (prefill) arithmetic, which round differently: the call above
+// picks by n_q == 1, this one by AttentionSeq::decode_from when it is set,
+// so the bits of a (query, head) depend only on its position and KV.
 void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const AttentionParams& p, ThreadPool& pool);
 
 namespace detail {

@@ -122,6 +122,9 @@ void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv&
                const AttentionParams& p, float* out, ThreadPool& pool);
 
 // One sequence's share of a batched attention call (arguments as above).
+// decode_from: as BatchSeq::decode_from, queries at positions >= it take the
+// decode form where a kernel has two forms (attention_f16.h); -1: the form
+// follows n_q (1: decode).
 struct AttentionSeq {
   const float* q = nullptr;
   const int32_t* q_pos = nullptr;
@@ -129,6 +132,7 @@ struct AttentionSeq {
   PagedKv kv;
   int64_t n_kv = 0;
   float* out = nullptr;
+  int64_t decode_from = -1;
 };
 
 }  // namespace rill::cpu

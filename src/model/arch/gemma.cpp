@@ -205,7 +205,7 @@ void GemmaModel::attention_block(const GemmaLayer& L, int64_t il, const Batch& b
     kv_.store(il, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
               batch.positions.data() + t0, s.q_len, kv_width_);
     attn_seqs_.push_back({a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
-                          s.kv_len, a_.attn.data() + t0 * q_width_});
+                          s.kv_len, a_.attn.data() + t0 * q_width_, s.decode_from});
   }
   backend_->attention_batch(attn_seqs_.data(), static_cast<int>(attn_seqs_.size()),
                             L.sliding ? attn_local_ : attn_global_);

@@ -274,7 +274,7 @@ void LlamaModel::attention_block(const Exec& e, const LlamaLayer& L, int64_t il,
     kv_.store(il, table, a.k.data() + t0 * kv_width_, a.v.data() + t0 * kv_width_,
               batch.positions.data() + t0, s.q_len, kv_width_);
     seqs.push_back({a.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
-                    s.kv_len, a.attn.data() + t0 * q_width_});
+                    s.kv_len, a.attn.data() + t0 * q_width_, s.decode_from});
   }
   backend.attention_batch(seqs.data(), static_cast<int>(seqs.size()), attn_params_);
   L.o.forward(a.attn.data(), n, a.h.data(), backend);
@@ -401,6 +401,7 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
       const BatchSeq& s = batch.seqs[static_cast<size_t>(i)];
       lane.sub.add_sequence(&batch.token_ids[static_cast<size_t>(i)], 1, s.kv_len - 1, /*sample_last=*/true,
                             batch.table(0, s));
+      lane.sub.seqs.back().decode_from = s.decode_from;
     }
   }
   lane_pool_->for_each_thread([&](int l) {

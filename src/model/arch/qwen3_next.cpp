@@ -275,7 +275,7 @@ void HybridModel::attention_block(const Layer& L, const Batch& batch) {
     kv_.store(L.index, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
               batch.positions.data() + t0, s.q_len, kv_width_);
     attn_seqs_.push_back({a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(L.index, table),
-                          s.kv_len, a_.attn.data() + t0 * q_width_});
+                          s.kv_len, a_.attn.data() + t0 * q_width_, s.decode_from});
   }
   backend_->attention_batch(attn_seqs_.data(), static_cast<int>(attn_seqs_.size()), attn_params_);
   float* attn = a_.attn.data();
