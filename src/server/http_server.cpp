@@ -102,7 +102,7 @@ class HttpServerImpl final : public HttpServer {
  public:
   HttpServerImpl(const HttpServerOptions& options, Dispatch dispatch)
       : shared_(std::make_shared<ServerShared>()),
-        accept_strand_(asio::make_strand(ioc_)),
+        accept_strand_(asio::make_strand(shared_->ioc)),
         acceptor_(accept_strand_),
         backoff_timer_(accept_strand_) {
     shared_->options = options;
@@ -170,11 +170,26 @@ class HttpServerImpl final : public HttpServer {
       boost::system::error_code ec;
       acceptor_.close(ec);
     });
-    ioc_.stop();
+    shared_->ioc.stop();
     for (auto& t : threads_) {
       if (t.joinable()) t.join();
     }
     pool_.stop();
+    // Pending I/O handlers hold their Sessions, which hold the io_context
+    // (ServerShared): close every session and run the aborted handlers out,
+    // so that cycle breaks. Sessions a Responder still holds (a handler, the
+    // engine) go when it lets go, the io_context with the last of them.
+    std::vector<std::shared_ptr<Session>> live;
+    {
+      std::lock_guard lk(shared_->sessions_mu);
+      for (auto& [key, weak] : shared_->sessions) {
+        if (auto session = weak.lock()) live.push_back(std::move(session));
+      }
+    }
+    for (const auto& session : live) close_session(session);
+    live.clear();
+    shared_->ioc.restart();
+    shared_->ioc.run_for(std::chrono::seconds(5));
     stopped_cv_.notify_all();
   }
 
@@ -190,7 +205,7 @@ class HttpServerImpl final : public HttpServer {
   void run_io() {
     for (;;) {
       try {
-        ioc_.run();
+        shared_->ioc.run();
         return;
       } catch (const std::exception& e) {
         ++shared_->counters.connection_errors;
@@ -200,7 +215,7 @@ class HttpServerImpl final : public HttpServer {
   }
 
   void accept() {
-    acceptor_.async_accept(asio::make_strand(ioc_), [this](boost::system::error_code ec, tcp::socket socket) {
+    acceptor_.async_accept(asio::make_strand(shared_->ioc), [this](boost::system::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
       if (ec) {
         if (out_of_descriptors(ec)) return back_off(ec);
@@ -242,7 +257,6 @@ class HttpServerImpl final : public HttpServer {
   }
 
   std::shared_ptr<ServerShared> shared_;
-  asio::io_context ioc_;
   asio::strand<asio::io_context::executor_type> accept_strand_;  // the acceptor and its back-off timer
   tcp::acceptor acceptor_;
   asio::steady_timer backoff_timer_;

@@ -58,8 +58,8 @@ class SessionResponder;
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, std::shared_ptr<ServerShared> shared)
-      : socket_(std::move(socket)),
-        shared_(std::move(shared)),
+      : shared_(std::move(shared)),
+        socket_(std::move(socket)),
         read_timer_(socket_.get_executor()),
         write_timer_(socket_.get_executor()),
         hangup_timer_(socket_.get_executor()) {
@@ -87,6 +87,11 @@ class Session : public std::enable_shared_from_this<Session> {
         }
       });
     });
+  }
+
+  // Closes the connection on its strand (hard stop).
+  void close_now() {
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->close(); });
   }
 
   void drain() {
@@ -151,8 +156,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void drain_input();
   void close();
 
-  tcp::socket socket_;
+  // First member, so destroyed last: it owns the io_context, whose services
+  // the socket and timers below need when they are destroyed (a Session can
+  // outlive the HttpServer, held by a Responder in a handler or the engine).
   std::shared_ptr<ServerShared> shared_;
+  tcp::socket socket_;
   asio::steady_timer read_timer_, write_timer_, hangup_timer_;
   uint64_t read_seq_ = 0, write_seq_ = 0;  // a timer handler from an older arming is stale
   beast::flat_buffer buffer_;
@@ -501,5 +509,7 @@ void start_session(tcp::socket socket, std::shared_ptr<ServerShared> shared, int
 }
 
 void drain_session(const std::shared_ptr<Session>& session) { session->drain(); }
+
+void close_session(const std::shared_ptr<Session>& session) { session->close_now(); }
 
 }  // namespace rill::server

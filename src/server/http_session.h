@@ -10,6 +10,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
 #include "server/http.h"
@@ -23,6 +24,10 @@ class Session;
 // State every connection shares with the server. Held by shared_ptr so a
 // connection can count itself out whatever the order of destruction.
 struct ServerShared {
+  // Owned here, not by the HttpServer: every Session holds this struct, so
+  // the io_context (and the services its sockets and timers are destroyed
+  // through) lives until the last Session is gone.
+  boost::asio::io_context ioc;
   HttpServerOptions options;
   HttpLimits limits;
   // Hands a complete request to the handler pool (thread-safe).
@@ -48,5 +53,8 @@ void start_session(boost::asio::ip::tcp::socket socket, std::shared_ptr<ServerSh
 
 // Posts drain() to a session's strand: closes it when idle (stop_accepting).
 void drain_session(const std::shared_ptr<Session>& session);
+
+// Posts close() to a session's strand (HttpServer::stop).
+void close_session(const std::shared_ptr<Session>& session);
 
 }  // namespace rill::server
