@@ -57,8 +57,9 @@ struct MessagesCall {
       } else if (result.finish_reason != "abort") {
         res->write(encoder.finish(result, stop));
       }
-      res->end();
+      // Closed first: the context may be gone once the reply has ended.
       if (ctx.metrics != nullptr) ctx.metrics->stream_closed();
+      res->end();
       return;
     }
     if (result.finish_reason == "error" || result.finish_reason == "abort") {

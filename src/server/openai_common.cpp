@@ -306,8 +306,9 @@ void OpenAiCall::on_done(size_t index, const ChatResult& result) {
     if (stream_) {
       res_->write(sse_data(json_text(openai_error_body(e))));
       res_->write(sse_data("[DONE]"));
-      res_->end();
+      // Closed first: the context may be gone once the reply has ended.
       if (ctx_.metrics != nullptr) ctx_.metrics->stream_closed();
+      res_->end();
     } else {
       send_error(*res_, e);
     }
@@ -324,8 +325,9 @@ void OpenAiCall::on_done(size_t index, const ChatResult& result) {
     std::string frames = close_frames(results_);
     frames += sse_data("[DONE]");
     res_->write(std::move(frames));
-    res_->end();
+    // Closed first: the context may be gone once the reply has ended.
     if (ctx_.metrics != nullptr) ctx_.metrics->stream_closed();
+    res_->end();
     return;
   }
   for (const ChatResult& r : results_) {

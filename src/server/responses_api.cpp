@@ -64,8 +64,9 @@ struct ResponsesCall {
   void end_stream(std::string frames) {
     begin_stream();
     if (!frames.empty()) res->write(std::move(frames));
-    res->end();
+    // Closed first: the context may be gone once the reply has ended.
     if (ctx.metrics != nullptr) ctx.metrics->stream_closed();
+    res->end();
   }
 
   void on_delta(const OutputDelta& delta, const GenerationEvent& event) {

@@ -15,8 +15,13 @@ namespace {
 class ScriptedEngine final : public Engine {
  public:
   ScriptedEngine(Engine& real, std::vector<GenerationEvent> script) : real_(real), script_(std::move(script)) {}
-  ~ScriptedEngine() override {
-    for (auto& t : threads_) t.join();
+  ~ScriptedEngine() override { join(); }
+  // Waits for every script to be delivered (their callbacks use the
+  // caller's ServerContext: join before it goes).
+  void join() {
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
   }
   Result<uint64_t> submit(GenerationRequest, EventCallback on_event) override {
     threads_.emplace_back([script = script_, on_event = std::move(on_event)]() mutable {
@@ -58,7 +63,8 @@ class OpenAiScripted : public ServerTest {
     auto res = std::make_shared<FakeResponder>();
     handle_chat_completions(ctx, req, res);
     EXPECT_TRUE(res->wait(std::chrono::seconds(10)));
-    return res;  // ~ScriptedEngine joins its threads
+    scripted.join();  // a script may still run after the reply ended; ctx must outlive it
+    return res;
   }
   static std::vector<GenerationEvent> tool_script() {
     std::vector<GenerationEvent> s = {text_event("<think>\nplan it"), text_event("\n</think>\n\nSure.\n<tool"),
