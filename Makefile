@@ -34,7 +34,7 @@ pytest: build
 SAN_FLAGS := -gline-tables-only -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
 san-build: setup
 	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="$(SAN_FLAGS)" \
-	  -DRILL_FUZZ=ON -DRILL_TESTS=ON -DRILL_BENCH=OFF -DRILL_CUDA=OFF -DRILL_WERROR=$(WERROR) >/dev/null
+	  -DRILL_FUZZ=ON -DRILL_TESTS=ON -DRILL_BENCH=OFF -DRILL_CUDA=OFF >/dev/null
 	@cmake --build $(FUZZ_DIR) -j $(JOBS)
 
 # Sanitizer findings abort the test that hit them (halt_on_error).

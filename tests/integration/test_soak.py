@@ -101,6 +101,8 @@ def test_64_streaming_clients_with_random_disconnects_leave_nothing_behind():
         assert st["engine"]["active_requests"] == 0
         assert st["kv"]["blocks_used"] == 0
         assert st["http"]["open_streams"] == 0
+        if os.environ.get("RILL_SANITIZED"):
+            return  # ASan's quarantine holds freed memory by design: RSS says nothing there
         rss_after = rss_kib(s.proc.pid)
         # Flat: the round's buffers come back; a leak of tens of KiB per
         # request over the round's hundreds of requests would exceed this.
