@@ -25,10 +25,8 @@ struct Outcome {
   std::string err;  // stderr
 };
 
-Outcome run_rill(const std::string& args) {
-  const std::string err_file = std::filesystem::temp_directory_path() /
-                               ("rill_cli_test_" + std::to_string(::getpid()) + ".err");
-  const std::string cmd = kRill + " 2>" + err_file + " " + args;  // args may end in a here-document
+// Runs a shell command line; its stdout into out, exit code (-1: killed).
+Outcome run_shell(const std::string& cmd) {
   Outcome r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -37,6 +35,13 @@ Outcome run_rill(const std::string& args) {
   while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
   const int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+Outcome run_rill(const std::string& args) {
+  const std::string err_file = std::filesystem::temp_directory_path() /
+                               ("rill_cli_test_" + std::to_string(::getpid()) + ".err");
+  Outcome r = run_shell(kRill + " 2>" + err_file + " " + args);  // args may end in a here-document
   std::ifstream in(err_file);
   r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   std::filesystem::remove(err_file);
@@ -136,18 +141,9 @@ TEST(Cli, CorruptModelFileIsAClearErrorNotACrash) {
   EXPECT_NE(missing.err.find("/nonexistent/model.gguf"), std::string::npos) << missing.err;
 }
 
-// Runs `cmd` with sh in `dir` and returns its exit code and merged output.
+// Runs `cmd` with sh in `dir`; stdout and stderr merged into out.
 Outcome run_in(const std::filesystem::path& dir, const std::string& cmd) {
-  Outcome r;
-  const std::string full = "cd '" + dir.string() + "' && " + cmd + " 2>&1";
-  FILE* p = ::popen(full.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return run_shell("cd '" + dir.string() + "' && " + cmd + " 2>&1");
 }
 
 TEST(Cli, DefaultModelIsFoundUnderTheInstallPrefixAndXdgDataHomeOrTheSearchIsNamed) {

@@ -5,14 +5,12 @@ directory the same greedy request is answered from disk (cached tokens in
 usage) with the text the cold server gave."""
 import json
 import os
-import subprocess
 import time
-import urllib.error
 import urllib.request
 
 import pytest
 
-from conftest import API_KEY, MODEL, RILL, ROOT, free_port
+from conftest import API_KEY, MODEL, Server
 
 WORDS = ("river stone light maps quiet engine north paper salt glass harbor field winter copper garden "
          "signal lantern market thread orchard").split()
@@ -24,28 +22,13 @@ def long_prompt(n_words=3700):
     return "Notes for the assistant. " + body + "\nQuestion: which word comes first? Answer:"
 
 
-class CacheServer:
+class CacheServer(Server):
     """`rill serve` with a context long enough for the prompt (the shared
-    fixture's server uses 2,048 tokens)."""
+    fixture's server uses 2,048 tokens) on `cache_dir`."""
 
     def __init__(self, cache_dir):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        args = [RILL, "serve", MODEL, "--port", str(self.port), "--threads", "2", "--ctx-size", "8192",
-                "--kv-cache-mb", "512", "--api-key", API_KEY, "--cache-dir", cache_dir]
-        self.log = open(os.path.join(ROOT, "build", f"serve-restart-{self.port}.log"), "w")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"rill serve exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                with urllib.request.urlopen(self.base + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("rill serve did not become healthy")
+        super().__init__("--ctx-size", "8192", "--kv-cache-mb", "512", "--api-key", API_KEY,
+                         "--cache-dir", cache_dir)
 
     def request(self, path, body=None):
         data = json.dumps(body).encode() if body is not None else None
@@ -65,13 +48,7 @@ class CacheServer:
         return body["choices"][0]["text"], usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
 
     def stop(self):
-        self.proc.terminate()  # SIGTERM
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        super().stop()  # SIGTERM: the graceful shutdown flushes the disk tier
 
 
 @pytest.fixture()
