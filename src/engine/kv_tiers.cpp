@@ -426,6 +426,19 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
   return tokens;
 }
 
+KvTiers::DevicePrefix KvTiers::device_prefix(uint64_t ns, std::span<const int32_t> tokens) {
+  DevicePrefix p;
+  p.matches = match_groups(ns, tokens);
+  p.ids.resize(spec_.size());
+  size_t n = SIZE_MAX;
+  for (int32_t g : attention_groups_) {
+    p.ids[static_cast<size_t>(g)] = p.matches[static_cast<size_t>(g)].block_ids();
+    n = std::min(n, p.ids[static_cast<size_t>(g)].size());
+  }
+  p.n_blocks = storable_prefix(p.ids, n, &p.checkpoint);
+  return p;
+}
+
 int32_t KvTiers::write_behind(uint64_t ns, std::span<const int32_t> tokens) {
   if (!disk_ || write_behind_min_tokens_ <= 0 || static_cast<int64_t>(tokens.size()) < write_behind_min_tokens_) {
     return 0;
@@ -433,15 +446,11 @@ int32_t KvTiers::write_behind(uint64_t ns, std::span<const int32_t> tokens) {
   learn_ns(ns);
   poll();
   const int32_t bs = pool_.block_size();
-  std::vector<PrefixMatch> device = match_groups(ns, tokens);
-  size_t n = SIZE_MAX;
-  std::vector<std::vector<int32_t>> ids(spec_.size());
-  for (int32_t g : attention_groups_) {
-    ids[static_cast<size_t>(g)] = device[static_cast<size_t>(g)].block_ids();
-    n = std::min(n, ids[static_cast<size_t>(g)].size());
-  }
-  int32_t checkpoint = -1;
-  n = storable_prefix(ids, n, &checkpoint);
+  DevicePrefix prefix = device_prefix(ns, tokens);
+  std::vector<PrefixMatch>& device = prefix.matches;
+  std::vector<std::vector<int32_t>>& ids = prefix.ids;
+  const size_t n = prefix.n_blocks;
+  const int32_t checkpoint = prefix.checkpoint;
   if (n == 0 || static_cast<int64_t>(n) * bs < write_behind_min_tokens_) return 0;
   std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, tokens.first(n * static_cast<size_t>(bs)), bs);
   const uint64_t last = keys.back();
@@ -473,15 +482,11 @@ Result<int32_t> KvTiers::persist(uint64_t ns, std::span<const int32_t> tokens) {
   if (!disk_) return Error{"cache warm: no disk tier (--cache-dir) is configured"};
   learn_ns(ns);
   const int32_t bs = pool_.block_size();
-  std::vector<PrefixMatch> device = match_groups(ns, tokens);
-  size_t n = SIZE_MAX;
-  std::vector<std::vector<int32_t>> ids(spec_.size());
-  for (int32_t g : attention_groups_) {
-    ids[static_cast<size_t>(g)] = device[static_cast<size_t>(g)].block_ids();
-    n = std::min(n, ids[static_cast<size_t>(g)].size());
-  }
-  int32_t checkpoint = -1;
-  n = storable_prefix(ids, n, &checkpoint);
+  DevicePrefix prefix = device_prefix(ns, tokens);
+  std::vector<PrefixMatch>& device = prefix.matches;
+  std::vector<std::vector<int32_t>>& ids = prefix.ids;
+  const size_t n = prefix.n_blocks;
+  const int32_t checkpoint = prefix.checkpoint;
   if (n == 0) {
     return Error{"cache warm: the prompt has no full block of " + std::to_string(bs) + " tokens cached" +
                  (hybrid() ? " with a recurrent-state checkpoint" : "")};

@@ -156,6 +156,16 @@ class KvTiers {
   void learn_ns(uint64_t ns);
   // Each attention group's device match of `tokens` (leases held).
   std::vector<PrefixMatch> match_groups(uint64_t ns, std::span<const int32_t> tokens);
+  // What of `tokens` the device cache holds that a run can store: the
+  // matches (leases held until the run is built), each group's block ids,
+  // the storable block count (storable_prefix) and its checkpoint slot.
+  struct DevicePrefix {
+    std::vector<PrefixMatch> matches;
+    std::vector<std::vector<int32_t>> ids;
+    size_t n_blocks = 0;
+    int32_t checkpoint = -1;
+  };
+  DevicePrefix device_prefix(uint64_t ns, std::span<const int32_t> tokens);
   bool run_fits_model(const KvRun& run) const;
   // Queues a run for the disk tier (no-op without one).
   void to_disk(KvRunPtr run);
