@@ -132,8 +132,14 @@ void attention_bench(const cuda::Context& ctx);
 // and cuBLASLt, weights rotating over 3 copies (each set is 1.5 GB, far
 // beyond L2), GB/s of weight reads.
 void kernel_bench(const cuda::Context& ctx) {
-  struct Shape { const char* name; int64_t rows, cols; };
-  const Shape shapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336},
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{"qkv", 6144, 4096},
+                          {"o", 4096, 4096},
+                          {"gate_up", 28672, 4096},
+                          {"down", 4096, 14336},
                           {"lm_head", 128256, 4096}};
   constexpr int kCopies = 3;
   std::vector<void*> w[5];
@@ -169,15 +175,16 @@ void kernel_bench(const cuda::Context& ctx) {
   for (int i = 0; i < 5; ++i) {
     const Shape& sh = shapes[i];
     const double bytes = 2.0 * sh.rows * sh.cols;
-    std::printf("kernel %-8s %6lld x %5lld:", sh.name, static_cast<long long>(sh.rows), static_cast<long long>(sh.cols));
+    std::printf("kernel %-8s %6lld x %5lld:", sh.name, static_cast<long long>(sh.rows),
+                static_cast<long long>(sh.cols));
     for (int v = 0; v < cuda::gemv_n_variants(); ++v) {
-      const double ms = time([&](int c) { cuda::gemv_variant(v, w[i][c], x, sh.rows, sh.cols, static_cast<float*>(y), ctx.stream()); });
+      const double ms = time(
+          [&](int c) { cuda::gemv_variant(v, w[i][c], x, sh.rows, sh.cols, static_cast<float*>(y), ctx.stream()); });
       std::printf("  v%d %.1f us %.0f GB/s", v, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
     }
     for (int n : {1, 8}) {
-      const double ms = time([&](int c) {
-        (void)gemm.run(DType::kBF16, w[i][c], x, n, sh.rows, sh.cols, static_cast<float*>(y), false);
-      });
+      const double ms = time(
+          [&](int c) { (void)gemm.run(DType::kBF16, w[i][c], x, n, sh.rows, sh.cols, static_cast<float*>(y), false); });
       std::printf("  cublas n=%d %.1f us %.0f GB/s", n, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
     }
     for (int n : {2, 4, 8}) {
@@ -287,9 +294,9 @@ void attention_bench(const cuda::Context& ctx) {
         us[general] = median(t);
       }
       const double kv_bytes = 2.0 * B * L * kRowElems * 2;
-      std::printf("kernel attention decode B=%2d L=%4d (%2d splits): fast %.1f us (%.0f GB/s), general %.1f us (%.0f GB/s)\n",
-                  B, L, cuda::decode_splits(L), us[0], kv_bytes / (us[0] * 1e-6) / 1e9, us[1],
-                  kv_bytes / (us[1] * 1e-6) / 1e9);
+      std::printf(
+          "kernel attention decode B=%2d L=%4d (%2d splits): fast %.1f us (%.0f GB/s), general %.1f us (%.0f GB/s)\n",
+          B, L, cuda::decode_splits(L), us[0], kv_bytes / (us[0] * 1e-6) / 1e9, us[1], kv_bytes / (us[1] * 1e-6) / 1e9);
     }
   }
   for (void* p : {k, v, q, part, out, meta}) cudaFree(p);
@@ -313,7 +320,9 @@ std::vector<int> parse_list(const char* p) {
 
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_cuda MODEL_DIR [--steps N] [--batches B,..] [--tensor-parallel N,..] [--batch-invariant 0,1] [--json OUT]\n");
+    std::fprintf(stderr,
+                 "usage: bench_cuda MODEL_DIR [--steps N] [--batches B,..] [--tensor-parallel N,..] [--batch-invariant "
+                 "0,1] [--json OUT]\n");
     return 2;
   }
   const std::string path = argv[1];
@@ -323,7 +332,7 @@ int run(int argc, char** argv) {
   std::vector<int> tps = {1};
   std::vector<int> invs = {0};  // --batch-invariant 0,1: both modes in one run
   bool kernels = false;
-  int profile_batch = 0;  // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
+  int profile_batch = 0;         // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
   bool profile_prefill = false;  // the second 2,048-token prefill between cudaProfilerStart/Stop, then exit
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
@@ -416,10 +425,11 @@ int run(int argc, char** argv) {
     std::printf("model: %s, load + upload %.1f s, %.2f GB read per decode step (weights%s)\n", path.c_str(), load_s,
                 (weight_bytes + expert_bytes * expert_fraction(1)) / 1e9, n_gpus > 1 ? ", all GPUs together" : "");
     if (c.n_expert > 0) {
-      std::printf("MoE: %lld of %lld experts per token; expert matrices %.2f GB (decode bytes count X (1 - (1 - K/X)^B) "
-                  "experts per layer), other weights %.2f GB\n",
-                  static_cast<long long>(c.n_expert_used), static_cast<long long>(c.n_expert), expert_bytes / 1e9,
-                  weight_bytes / 1e9);
+      std::printf(
+          "MoE: %lld of %lld experts per token; expert matrices %.2f GB (decode bytes count X (1 - (1 - K/X)^B) "
+          "experts per layer), other weights %.2f GB\n",
+          static_cast<long long>(c.n_expert_used), static_cast<long long>(c.n_expert), expert_bytes / 1e9,
+          weight_bytes / 1e9);
     }
     // Hybrids: the sequence on blocks `table` runs in state slot `slot`;
     // every group after the first is the recurrent one (no tables read).
@@ -432,9 +442,11 @@ int run(int argc, char** argv) {
     };
     const double state_bytes = static_cast<double>(m.state_bytes());
     if (recurrent) {
-      std::printf("recurrent state: %.1f MiB per sequence (conv + delta of every linear layer, f32); %d live slots + "
-                  "%d checkpoints = %.2f GiB on the device\n", state_bytes / (1 << 20), m.n_state_slots(),
-                  m.n_state_checkpoints(), state_bytes * (m.n_state_slots() + m.n_state_checkpoints()) / (1 << 30));
+      std::printf(
+          "recurrent state: %.1f MiB per sequence (conv + delta of every linear layer, f32); %d live slots + "
+          "%d checkpoints = %.2f GiB on the device\n",
+          state_bytes / (1 << 20), m.n_state_slots(), m.n_state_checkpoints(),
+          state_bytes * (m.n_state_slots() + m.n_state_checkpoints()) / (1 << 30));
     }
 
     std::vector<float> logits(static_cast<size_t>(kMaxBatch) * V);
@@ -475,7 +487,9 @@ int run(int argc, char** argv) {
                 kPrefill, prefill_s * 1e3, kPrefill / prefill_s, prefill_flops / prefill_s / 1e12,
                 100 * prefill_flops / prefill_s / 1e12 / (peak * n_gpus), n_gpus > 1 ? " times the GPUs" : "");
     std::printf("TTFT (forward of a %d-token prompt): %.1f ms\n", kPrompt, ttft_s * 1e3);
-    jr["prefill"] = {{"tokens", kPrefill}, {"ms", prefill_s * 1e3}, {"tok_s", kPrefill / prefill_s},
+    jr["prefill"] = {{"tokens", kPrefill},
+                     {"ms", prefill_s * 1e3},
+                     {"tok_s", kPrefill / prefill_s},
                      {"matmul_tflops", prefill_flops / prefill_s / 1e12}};
     jr["ttft_ms_prompt128"] = ttft_s * 1e3;
 
@@ -527,12 +541,16 @@ int run(int argc, char** argv) {
                            B * ctx_len * static_cast<double>(m.kv_bytes_per_token()) +
                            2.0 * B * state_bytes;  // a hybrid's states, read and written
       const double roofline = bytes / (bw * 1e9 * n_gpus);
-      std::printf("decode batch %3d: %.2f ms/step, %.0f tok/s (greedy on device); %.2f ms, %.0f tok/s with logits to "
-                  "the host; bytes/step %.2f GB, roofline %.2f ms (%.0f%% of it)\n",
-                  B, step_s * 1e3, B / step_s, logits_step_s * 1e3, B / logits_step_s, bytes / 1e9, roofline * 1e3,
-                  100 * roofline / step_s);
-      jr["decode"].push_back({{"batch", B}, {"ms_per_step", step_s * 1e3}, {"tok_s", B / step_s},
-                              {"ms_per_step_logits_to_host", logits_step_s * 1e3}, {"bytes_per_step", bytes},
+      std::printf(
+          "decode batch %3d: %.2f ms/step, %.0f tok/s (greedy on device); %.2f ms, %.0f tok/s with logits to "
+          "the host; bytes/step %.2f GB, roofline %.2f ms (%.0f%% of it)\n",
+          B, step_s * 1e3, B / step_s, logits_step_s * 1e3, B / logits_step_s, bytes / 1e9, roofline * 1e3,
+          100 * roofline / step_s);
+      jr["decode"].push_back({{"batch", B},
+                              {"ms_per_step", step_s * 1e3},
+                              {"tok_s", B / step_s},
+                              {"ms_per_step_logits_to_host", logits_step_s * 1e3},
+                              {"bytes_per_step", bytes},
                               {"roofline_fraction", roofline / step_s}});
       tok_s[ti].push_back(B / step_s);
     }
@@ -552,8 +570,11 @@ int run(int argc, char** argv) {
         const double speedup = tok_s[ti][bi] / tok_s[0][bi];
         const double eff = speedup * tps[0] / tps[ti];
         std::printf("  N=%d %.0f tok/s (x%.2f, efficiency %.0f%%)", tps[ti], tok_s[ti][bi], speedup, 100 * eff);
-        j["scaling"].push_back({{"batch", batches[bi]}, {"tensor_parallel", tps[ti]}, {"tok_s", tok_s[ti][bi]},
-                                {"speedup", speedup}, {"efficiency", eff}});
+        j["scaling"].push_back({{"batch", batches[bi]},
+                                {"tensor_parallel", tps[ti]},
+                                {"tok_s", tok_s[ti][bi]},
+                                {"speedup", speedup},
+                                {"efficiency", eff}});
       }
       std::printf("\n");
     }
@@ -565,4 +586,6 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace rill
 
-int main(int argc, char** argv) { return rill::run(argc, argv); }
+int main(int argc, char** argv) {
+  return rill::run(argc, argv);
+}

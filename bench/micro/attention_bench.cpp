@@ -61,7 +61,8 @@ void run(benchmark::State& state, int64_t n_q, int64_t n_kv, bool paged) {
     attention_f16_rounded(q.data(), pos.data(), n_q, kv, n_kv, p, out.data(), pool);
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(visible * 9 * 4 * 64 * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(visible * 9 * 4 * 64 * state.iterations() / 1e9, benchmark::Counter::kIsRate);
   state.SetLabel(isa_name(best_isa()));
 }
 
@@ -116,10 +117,18 @@ void BM_attention_decode_8x256_cold(benchmark::State& state) {
 }
 BENCHMARK(BM_attention_decode_8x256_cold)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
 
-void BM_attention_prefill_512(benchmark::State& s) { run(s, 512, 512, false); }
-void BM_attention_decode_at_512(benchmark::State& s) { run(s, 1, 512, false); }
-void BM_attention_prefill_512_paged(benchmark::State& s) { run(s, 512, 512, true); }
-void BM_attention_decode_at_512_paged(benchmark::State& s) { run(s, 1, 512, true); }
+void BM_attention_prefill_512(benchmark::State& s) {
+  run(s, 512, 512, false);
+}
+void BM_attention_decode_at_512(benchmark::State& s) {
+  run(s, 1, 512, false);
+}
+void BM_attention_prefill_512_paged(benchmark::State& s) {
+  run(s, 512, 512, true);
+}
+void BM_attention_decode_at_512_paged(benchmark::State& s) {
+  run(s, 1, 512, true);
+}
 BENCHMARK(BM_attention_prefill_512)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode_at_512)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_attention_prefill_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -51,20 +51,33 @@ void run_matmul(benchmark::State& state, DType t, int64_t rows, int64_t cols) {
     benchmark::DoNotOptimize(y.data());
   }
   const double iters = static_cast<double>(state.iterations());
-  state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(w.size()) * iters / 1e9, benchmark::Counter::kIsRate);
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(static_cast<double>(w.size()) * iters / 1e9, benchmark::Counter::kIsRate);
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * rows * cols * n_tokens * iters / 1e9, benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(isa_name(best_isa())) + " " + std::string(dtype_name(t)) + " [" +
-                 std::to_string(rows) + "x" + std::to_string(cols) + "]");
+  state.SetLabel(std::string(isa_name(best_isa())) + " " + std::string(dtype_name(t)) + " [" + std::to_string(rows) +
+                 "x" + std::to_string(cols) + "]");
 }
 
-void BM_Q4_1_ffn_up_1536x576(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 1536, 576); }
-void BM_Q4_1_attn_576x576(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 576, 576); }
-void BM_Q4_1_ffn_down_576x1536(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 576, 1536); }
-void BM_Q8_0_lm_head_49152x576(benchmark::State& s) { run_matmul(s, DType::kQ8_0, 49152, 576); }
+void BM_Q4_1_ffn_up_1536x576(benchmark::State& s) {
+  run_matmul(s, DType::kQ4_1, 1536, 576);
+}
+void BM_Q4_1_attn_576x576(benchmark::State& s) {
+  run_matmul(s, DType::kQ4_1, 576, 576);
+}
+void BM_Q4_1_ffn_down_576x1536(benchmark::State& s) {
+  run_matmul(s, DType::kQ4_1, 576, 1536);
+}
+void BM_Q8_0_lm_head_49152x576(benchmark::State& s) {
+  run_matmul(s, DType::kQ8_0, 49152, 576);
+}
 // Larger than the L3 cache (32 MiB): weights stream from DRAM every call.
-void BM_Q4_1_cold_180000x576(benchmark::State& s) { run_matmul(s, DType::kQ4_1, 180000, 576); }
-void BM_Q8_0_cold_98304x576(benchmark::State& s) { run_matmul(s, DType::kQ8_0, 98304, 576); }
+void BM_Q4_1_cold_180000x576(benchmark::State& s) {
+  run_matmul(s, DType::kQ4_1, 180000, 576);
+}
+void BM_Q8_0_cold_98304x576(benchmark::State& s) {
+  run_matmul(s, DType::kQ8_0, 98304, 576);
+}
 BENCHMARK(BM_Q4_1_cold_180000x576)->Args({1, 1})->Args({1, 2})->UseRealTime();
 BENCHMARK(BM_Q8_0_cold_98304x576)->Args({1, 1})->Args({1, 2})->UseRealTime();
 
@@ -97,8 +110,8 @@ void BM_decode_token_all_layers(benchmark::State& state) {
     DType t;
     int64_t rows, cols;
   };
-  const Mat layer[] = {{DType::kQ4_1, 576, 576},  {DType::kQ4_1, 192, 576},  {DType::kQ4_1, 192, 576},
-                       {DType::kQ4_1, 576, 576},  {DType::kQ4_1, 1536, 576}, {DType::kQ4_1, 1536, 576},
+  const Mat layer[] = {{DType::kQ4_1, 576, 576}, {DType::kQ4_1, 192, 576},  {DType::kQ4_1, 192, 576},
+                       {DType::kQ4_1, 576, 576}, {DType::kQ4_1, 1536, 576}, {DType::kQ4_1, 1536, 576},
                        {DType::kQ4_1, 576, 1536}};
   static std::vector<std::vector<uint8_t>> bufs;
   static std::vector<WeightView> views;
@@ -116,15 +129,16 @@ void BM_decode_token_all_layers(benchmark::State& state) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (auto& v : x) v = u(rng);
   Scratch scratch;
-  scratch.reserve(std::max(matmul_scratch_bytes(DType::kQ4_1, 1536, n_tokens),
-                           matmul_scratch_bytes(DType::kQ8_0, 1536, n_tokens)));
+  scratch.reserve(
+      std::max(matmul_scratch_bytes(DType::kQ4_1, 1536, n_tokens), matmul_scratch_bytes(DType::kQ8_0, 1536, n_tokens)));
   size_t bytes = 0;
   for (const auto& b : bufs) bytes += b.size();
   for (auto _ : state) {
     for (const WeightView& v : views) matmul(v, x.data(), n_tokens, y.data(), pool, scratch);
     benchmark::DoNotOptimize(y.data());
   }
-  state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(bytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(static_cast<double>(bytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
   state.counters["tok/s"] =
       benchmark::Counter(static_cast<double>(state.iterations() * n_tokens), benchmark::Counter::kIsRate);
   state.SetLabel(std::string(isa_name(best_isa())) + " " + std::to_string(bytes >> 20) + " MiB");

@@ -56,8 +56,8 @@ void run(benchmark::State& state) {
     for (auto& t : ts) t.join();
   }
   benchmark::DoNotOptimize(sink.load());
-  state.counters["int8_GOP/s"] = benchmark::Counter(*OpsPerIter * kIters * n_threads * state.iterations() / 1e9,
-                                                    benchmark::Counter::kIsRate);
+  state.counters["int8_GOP/s"] =
+      benchmark::Counter(*OpsPerIter * kIters * n_threads * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
 constexpr double kVnni = kVnniOpsPerIter, kAvx2 = kAvx2OpsPerIter;
@@ -68,7 +68,9 @@ void BM_Int8PeakVnni(benchmark::State& s) {
   }
   run<vnni_loop, &kVnni>(s);
 }
-void BM_Int8PeakAvx2(benchmark::State& s) { run<avx2_loop, &kAvx2>(s); }
+void BM_Int8PeakAvx2(benchmark::State& s) {
+  run<avx2_loop, &kAvx2>(s);
+}
 
 BENCHMARK(BM_Int8PeakVnni)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Int8PeakAvx2)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);

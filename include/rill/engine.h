@@ -30,15 +30,15 @@ enum class FinishReason { kStop, kLength, kAborted, kError };
 const char* finish_reason_name(FinishReason r);
 
 struct GenerationRequest {
-  std::vector<int32_t> prompt;      // token ids, at least one
+  std::vector<int32_t> prompt;  // token ids, at least one
   SamplingParams sampling;
-  int32_t max_tokens = 256;         // >= 1; prompt + max_tokens must fit the context
-  std::vector<std::string> stop;    // stop strings (need a tokenizer); never streamed
+  int32_t max_tokens = 256;             // >= 1; prompt + max_tokens must fit the context
+  std::vector<std::string> stop;        // stop strings (need a tokenizer); never streamed
   std::vector<int32_t> stop_token_ids;  // end generation besides the model's EOS ids
-  bool ignore_eos = false;          // keep going past the model's EOS ids
-  int32_t logprobs = -1;            // -1: off; 0..kMaxTopLogprobs alternatives per token
-  bool skip_special_tokens = true;  // in the streamed text
-  uint64_t cache_namespace = 0;     // prefix-cache isolation (adapters, tenants)
+  bool ignore_eos = false;              // keep going past the model's EOS ids
+  int32_t logprobs = -1;                // -1: off; 0..kMaxTopLogprobs alternatives per token
+  bool skip_special_tokens = true;      // in the streamed text
+  uint64_t cache_namespace = 0;         // prefix-cache isolation (adapters, tenants)
   // Cache warm-up: when the request ends, its prompt's cached prefix is
   // also written to the disk tier (needs EngineOptions::cache_dir).
   bool persist_prefix = false;
@@ -46,30 +46,30 @@ struct GenerationRequest {
 
 struct Usage {
   int32_t prompt_tokens = 0;
-  int32_t cached_tokens = 0;      // prompt tokens whose KV came from the prefix cache
+  int32_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
   int32_t completion_tokens = 0;
   int32_t preemptions = 0;
-  int32_t persisted_tokens = 0;   // persist_prefix: prompt tokens written to the disk tier
-  double queue_s = 0;             // submit -> first scheduled
-  double prefill_s = 0;           // first scheduled -> first token
-  double decode_s = 0;            // first token -> finished
-  double first_token_s = 0;       // submit -> first token
-  int32_t prefill_steps = 0;      // engine steps that computed part of the prompt
+  int32_t persisted_tokens = 0;       // persist_prefix: prompt tokens written to the disk tier
+  double queue_s = 0;                 // submit -> first scheduled
+  double prefill_s = 0;               // first scheduled -> first token
+  double decode_s = 0;                // first token -> finished
+  double first_token_s = 0;           // submit -> first token
+  int32_t prefill_steps = 0;          // engine steps that computed part of the prompt
   double longest_prefill_step_s = 0;  // the longest of those steps (its whole duration)
 };
 
 // What a request's stream carries. Every event but the last carries at least
 // one new token; the last has `finished` set (and may carry tokens too).
 struct GenerationEvent {
-  std::vector<int32_t> token_ids;       // new tokens since the previous event
-  std::string text;                     // new text (stop strings held back and cut)
-  std::vector<SampledToken> logprobs;   // one per new token when requested
+  std::vector<int32_t> token_ids;      // new tokens since the previous event
+  std::string text;                    // new text (stop strings held back and cut)
+  std::vector<SampledToken> logprobs;  // one per new token when requested
   bool finished = false;
   FinishReason finish_reason = FinishReason::kLength;
-  std::string stop_string;              // the stop string that ended it, if any
-  std::optional<int32_t> stop_token;    // the EOS / stop token that ended it, if any
-  std::string error;                    // kError: what failed
-  Usage usage;                          // set on the last event
+  std::string stop_string;            // the stop string that ended it, if any
+  std::optional<int32_t> stop_token;  // the EOS / stop token that ended it, if any
+  std::string error;                  // kError: what failed
+  Usage usage;                        // set on the last event
 };
 
 // Called on the engine thread for each event of one request. Must not block.
@@ -102,23 +102,23 @@ class RequestHandle {
 };
 
 struct EngineOptions {
-  int n_threads = 0;              // compute threads; 0: one per core
-  int64_t n_ctx = 0;              // longest sequence; 0: the model's
-  int max_batch_tokens = 512;     // token budget of one step
-  int max_running = 64;           // most requests in one step
-  int64_t kv_cache_mb = 0;        // KV pool; 0: see kv_cache_fraction
-  double kv_cache_fraction = 0;   // of physical RAM when kv_cache_mb is 0; 0: 4 full contexts
+  int n_threads = 0;             // compute threads; 0: one per core
+  int64_t n_ctx = 0;             // longest sequence; 0: the model's
+  int max_batch_tokens = 512;    // token budget of one step
+  int max_running = 64;          // most requests in one step
+  int64_t kv_cache_mb = 0;       // KV pool; 0: see kv_cache_fraction
+  double kv_cache_fraction = 0;  // of physical RAM when kv_cache_mb is 0; 0: 4 full contexts
   int32_t kv_block_size = 16;
-  Device device = Device::kCpu;       // kCuda: the model runs on GPU 0
-  double gpu_memory_fraction = 0.9;   // kCuda without kv_cache_mb: device memory rill may fill (KV gets the rest)
-  int tensor_parallel = 1;            // > 1: the model split over that many ranks (kCuda: GPUs 0..N-1, NCCL)
-  bool batch_invariant = false;       // kCuda: a request's tokens do not depend on the batch (ModelOptions)
-  bool check_integrity = false;   // verify the KV structures after every step (tests; slow)
+  Device device = Device::kCpu;      // kCuda: the model runs on GPU 0
+  double gpu_memory_fraction = 0.9;  // kCuda without kv_cache_mb: device memory rill may fill (KV gets the rest)
+  int tensor_parallel = 1;           // > 1: the model split over that many ranks (kCuda: GPUs 0..N-1, NCCL)
+  bool batch_invariant = false;      // kCuda: a request's tokens do not depend on the batch (ModelOptions)
+  bool check_integrity = false;      // verify the KV structures after every step (tests; slow)
   // Prefix-cache tiers below the device cache (see engine/kv_tiers.h).
-  int64_t cache_ram_mb = 0;       // host-RAM tier; 0: off
-  std::string cache_dir;          // disk tier directory; empty: off
-  int64_t cache_disk_mb = 8192;   // disk tier cap
-  bool kv_verify = false;         // at start, check every disk file's tensor hashes (loads always check theirs)
+  int64_t cache_ram_mb = 0;      // host-RAM tier; 0: off
+  std::string cache_dir;         // disk tier directory; empty: off
+  int64_t cache_disk_mb = 8192;  // disk tier cap
+  bool kv_verify = false;        // at start, check every disk file's tensor hashes (loads always check theirs)
   // Disk tier write-behind: a finished request's computed KV (whole blocks,
   // prompt and output) of at least this many tokens is queued for disk, so
   // a restart finds it; <= 0: off (only evictions and warm-ups reach disk).
@@ -154,7 +154,7 @@ struct EngineStats {
   int32_t kv_block_size = 0;
   CacheTierStats ram_tier, disk_tier;
   int64_t tier_restored_tokens = 0;  // prompt tokens loaded back from the RAM / disk tiers
-  int64_t integrity_errors = 0;   // with EngineOptions::check_integrity
+  int64_t integrity_errors = 0;      // with EngineOptions::check_integrity
   std::string last_integrity_error;
 };
 

@@ -17,10 +17,10 @@
 
 namespace rill {
 
-using WeightView = cpu::WeightView;        // a [n_rows, n_cols] weight in any supported dtype
-using RopeTable = cpu::RopeTable;          // built once per model (backend/cpu/rope_table.h)
+using WeightView = cpu::WeightView;  // a [n_rows, n_cols] weight in any supported dtype
+using RopeTable = cpu::RopeTable;    // built once per model (backend/cpu/rope_table.h)
 using AttentionParams = cpu::AttentionParams;
-using PagedKv = cpu::PagedKv;              // one layer's K/V blocks + a sequence's block table
+using PagedKv = cpu::PagedKv;  // one layer's K/V blocks + a sequence's block table
 
 class Backend {
  public:
@@ -34,19 +34,19 @@ class Backend {
   // y[t, r] = sum_c W[r, c] x[t, c]. x: [n_tokens, n_cols], y: [n_tokens, n_rows].
   virtual void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y) = 0;
   // Several weights over the same x (q/k/v, gate/up). ys[i]: [n_tokens, ws[i]->n_rows].
-  virtual void matmul_group(const WeightView* const* ws, float* const* ys, int n_weights,
-                            const float* x, int64_t n_tokens) = 0;
+  virtual void matmul_group(const WeightView* const* ws, float* const* ys, int n_weights, const float* x,
+                            int64_t n_tokens) = 0;
   // out[i, :] = row ids[i] of W, dequantized. out: [n_ids, n_cols].
   virtual void get_rows(const WeightView& w, const int32_t* ids, int64_t n_ids, float* out) = 0;
   // out[r, :] = x[r, :] / rms(x[r, :]) * (weight_offset + w). out may alias x.
-  virtual void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps,
-                        float* out, float weight_offset = 0.0f) = 0;
+  virtual void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps, float* out,
+                        float weight_offset = 0.0f) = 0;
   // x: [n_tokens, n_heads, head_dim], rotated in place.
-  virtual void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
-                    int64_t head_dim, const RopeTable& table) = 0;
+  virtual void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                    const RopeTable& table) = 0;
   // Causal attention of one sequence's queries over its paged KV (see cpu::attention).
-  virtual void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv,
-                         int64_t n_kv, const AttentionParams& p, float* out) = 0;
+  virtual void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
+                         const AttentionParams& p, float* out) = 0;
   // attention() for several sequences in one call (one parallel pass on the
   // CPU); results equal separate calls bit for bit.
   virtual void attention_batch(const cpu::AttentionSeq* seqs, int n_seqs, const AttentionParams& p) = 0;
@@ -61,8 +61,8 @@ class Backend {
   // pass, each sequence's tokens in order. The defaults (for backends
   // without their own, e.g. test doubles) run the CPU code on the caller's
   // thread.
-  virtual void causal_conv1d_silu_batch(const cpu::ConvSeq* seqs, int n_seqs, const float* weight,
-                                        int64_t n_channels, int64_t kernel, int64_t x_stride) {
+  virtual void causal_conv1d_silu_batch(const cpu::ConvSeq* seqs, int n_seqs, const float* weight, int64_t n_channels,
+                                        int64_t kernel, int64_t x_stride) {
     ThreadPool caller_only(1);
     cpu::causal_conv1d_silu_batch(seqs, n_seqs, weight, n_channels, kernel, x_stride, caller_only);
   }

@@ -48,17 +48,37 @@ namespace sampling_detail {
 
 // IEEE round-to-nearest float operations that no compiler fuses.
 #ifdef __CUDA_ARCH__
-RILL_HD float mul(float a, float b) { return __fmul_rn(a, b); }
-RILL_HD float add(float a, float b) { return __fadd_rn(a, b); }
-RILL_HD float sub(float a, float b) { return __fsub_rn(a, b); }
-RILL_HD float rint(float a) { return rintf(a); }
-RILL_HD uint32_t bits(float a) { return __float_as_uint(a); }
-RILL_HD float from_bits(uint32_t b) { return __uint_as_float(b); }
+RILL_HD float mul(float a, float b) {
+  return __fmul_rn(a, b);
+}
+RILL_HD float add(float a, float b) {
+  return __fadd_rn(a, b);
+}
+RILL_HD float sub(float a, float b) {
+  return __fsub_rn(a, b);
+}
+RILL_HD float rint(float a) {
+  return rintf(a);
+}
+RILL_HD uint32_t bits(float a) {
+  return __float_as_uint(a);
+}
+RILL_HD float from_bits(uint32_t b) {
+  return __uint_as_float(b);
+}
 #else
-inline float mul(float a, float b) { return a * b; }
-inline float add(float a, float b) { return a + b; }
-inline float sub(float a, float b) { return a - b; }
-inline float rint(float a) { return std::rint(a); }
+inline float mul(float a, float b) {
+  return a * b;
+}
+inline float add(float a, float b) {
+  return a + b;
+}
+inline float sub(float a, float b) {
+  return a - b;
+}
+inline float rint(float a) {
+  return std::rint(a);
+}
 inline uint32_t bits(float a) {
   uint32_t b;
   std::memcpy(&b, &a, 4);

@@ -34,8 +34,8 @@ Result<std::vector<int32_t>> encode_conversation(const LoadedModel& m, const nlo
 
 }  // namespace
 
-Result<std::vector<int32_t>> encode_prompt(const LoadedModel& m, const std::string& user,
-                                           const std::string& system, bool raw) {
+Result<std::vector<int32_t>> encode_prompt(const LoadedModel& m, const std::string& user, const std::string& system,
+                                           bool raw) {
   if (raw || !m.chat_template) {
     return m.tokenizer->encode(system.empty() ? user : system + "\n" + user, /*add_special=*/true,
                                /*parse_special=*/false);

@@ -12,8 +12,8 @@ namespace rill::cli {
 // Renders one user turn (plus an optional system message) with the model's
 // chat template, or takes the text as it is when `raw` or when the model has
 // no template; then tokenizes.
-Result<std::vector<int32_t>> encode_prompt(const LoadedModel& m, const std::string& user,
-                                           const std::string& system, bool raw);
+Result<std::vector<int32_t>> encode_prompt(const LoadedModel& m, const std::string& user, const std::string& system,
+                                           bool raw);
 
 // The ids that end a turn: the config's eos ids plus the tokenizer's.
 std::vector<int32_t> eos_ids(const LoadedModel& m);

@@ -67,7 +67,9 @@ struct Trace {
   bool done = false;
 };
 
-double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+double ms(Clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
 
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -128,7 +130,8 @@ class Runner {
     for (;;) {
       {
         std::lock_guard lk(mu_);
-        if (std::all_of(ts.begin(), ts.end(), [&](const Trace& t) { return t.done || t.token_times.size() >= n; })) return;
+        if (std::all_of(ts.begin(), ts.end(), [&](const Trace& t) { return t.done || t.token_times.size() >= n; }))
+          return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -180,7 +183,8 @@ int run_bench(const BenchOptions& o) {
   // Keep `concurrency` requests in flight.
   int submitted = 0;
   for (; submitted < std::min(o.concurrency, n_requests); ++submitted) {
-    if (!runner.submit(static_cast<size_t>(submitted), o.prompt_tokens, traces[static_cast<size_t>(submitted)])) return 1;
+    if (!runner.submit(static_cast<size_t>(submitted), o.prompt_tokens, traces[static_cast<size_t>(submitted)]))
+      return 1;
   }
   Trace long_trace;
   Clock::time_point long_submitted;
@@ -192,7 +196,8 @@ int run_bench(const BenchOptions& o) {
   }
   while (submitted < n_requests) {
     runner.wait_done(submitted - o.concurrency + 1);
-    if (!runner.submit(static_cast<size_t>(submitted), o.prompt_tokens, traces[static_cast<size_t>(submitted)])) return 1;
+    if (!runner.submit(static_cast<size_t>(submitted), o.prompt_tokens, traces[static_cast<size_t>(submitted)]))
+      return 1;
     ++submitted;
   }
   runner.wait_done(n_requests + (o.long_prompt > 0 ? 1 : 0));

@@ -79,9 +79,8 @@ int run_warm(const CacheOptions& o) {
   }
   std::promise<Result<server::CacheWarmResult>> promise;
   auto future = promise.get_future();
-  Status st = server::submit_cache_warm(e, std::move(ids).value(), [&promise](Result<server::CacheWarmResult> r) {
-    promise.set_value(std::move(r));
-  });
+  Status st = server::submit_cache_warm(
+      e, std::move(ids).value(), [&promise](Result<server::CacheWarmResult> r) { promise.set_value(std::move(r)); });
   if (!st.ok()) {
     std::fprintf(stderr, "rill cache warm: %s: %s\n", o.file.c_str(), st.error().message.c_str());
     return 1;

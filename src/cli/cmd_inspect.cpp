@@ -18,8 +18,8 @@ namespace {
 std::string tokenizer_kind(const ModelFiles& f, bool loaded) {
   if (!loaded) return "none";
   if (f.gguf) {
-    return "gguf " + f.gguf->get_string("tokenizer.ggml.model").value_or("?") + " (pre: " +
-           f.gguf->get_string("tokenizer.ggml.pre").value_or("default") + ")";
+    return "gguf " + f.gguf->get_string("tokenizer.ggml.model").value_or("?") +
+           " (pre: " + f.gguf->get_string("tokenizer.ggml.pre").value_or("default") + ")";
   }
   return "tokenizer.json";
 }
@@ -36,57 +36,57 @@ Command add_inspect_command(CLI::App& app) {
   sub->add_option("model", o->model, "a .gguf file or a Hugging Face model directory (default: the default model)");
   sub->add_flag("--json", o->json, "print JSON");
   return {sub, [o]() -> int {
-    LoadOptions lo;
-    lo.need_model = false;
-    auto path = resolve_model_path(o->model);
-    if (!path.ok()) {
-      std::fprintf(stderr, "rill inspect: %s\n", path.error().message.c_str());
-      return 1;
-    }
-    auto m = load_model(*path, lo);
-    if (!m.ok()) {
-      std::fprintf(stderr, "rill inspect: %s\n", m.error().message.c_str());
-      return 1;
-    }
-    const ModelFiles& f = *m->files;
-    const ModelConfig& c = f.config;
-    int64_t n_params = 0;
-    std::map<std::string, int> types;
-    for (const auto& [name, t] : f.tensors) {
-      n_params += t.n_elements();
-      ++types[std::string(dtype_name(t.dtype))];
-    }
-    auto impl = builtin_registry().select(infer_profile(f));
-    nlohmann::json j = {
-        {"path", f.path},
-        {"format", f.format == ModelFormat::kGguf ? "gguf" : "huggingface"},
-        {"architecture", c.architecture},
-        {"implementation", impl.ok() ? (*impl)->id : "none: " + impl.error().message},
-        {"parameters", n_params},
-        {"tensor_types", types},
-        {"n_tensors", f.tensors.size()},
-        {"context_length", c.max_position},
-        {"n_layer", c.n_layer},
-        {"n_embd", c.n_embd},
-        {"n_head", c.n_head},
-        {"n_head_kv", c.n_head_kv},
-        {"n_vocab", c.n_vocab},
-        {"tokenizer", tokenizer_kind(f, m->tokenizer != nullptr)},
-        {"chat_template", m->chat_template.has_value()},
-        {"config_fingerprint", config_fingerprint(c)},
-    };
-    if (o->json) {
-      std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-      return 0;
-    }
-    for (const auto& [k, v] : j.items()) {
-      std::cout << k << ": "
-                << (v.is_string() ? v.get<std::string>()
-                                  : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
-                << "\n";
-    }
-    return 0;
-  }};
+            LoadOptions lo;
+            lo.need_model = false;
+            auto path = resolve_model_path(o->model);
+            if (!path.ok()) {
+              std::fprintf(stderr, "rill inspect: %s\n", path.error().message.c_str());
+              return 1;
+            }
+            auto m = load_model(*path, lo);
+            if (!m.ok()) {
+              std::fprintf(stderr, "rill inspect: %s\n", m.error().message.c_str());
+              return 1;
+            }
+            const ModelFiles& f = *m->files;
+            const ModelConfig& c = f.config;
+            int64_t n_params = 0;
+            std::map<std::string, int> types;
+            for (const auto& [name, t] : f.tensors) {
+              n_params += t.n_elements();
+              ++types[std::string(dtype_name(t.dtype))];
+            }
+            auto impl = builtin_registry().select(infer_profile(f));
+            nlohmann::json j = {
+                {"path", f.path},
+                {"format", f.format == ModelFormat::kGguf ? "gguf" : "huggingface"},
+                {"architecture", c.architecture},
+                {"implementation", impl.ok() ? (*impl)->id : "none: " + impl.error().message},
+                {"parameters", n_params},
+                {"tensor_types", types},
+                {"n_tensors", f.tensors.size()},
+                {"context_length", c.max_position},
+                {"n_layer", c.n_layer},
+                {"n_embd", c.n_embd},
+                {"n_head", c.n_head},
+                {"n_head_kv", c.n_head_kv},
+                {"n_vocab", c.n_vocab},
+                {"tokenizer", tokenizer_kind(f, m->tokenizer != nullptr)},
+                {"chat_template", m->chat_template.has_value()},
+                {"config_fingerprint", config_fingerprint(c)},
+            };
+            if (o->json) {
+              std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+              return 0;
+            }
+            for (const auto& [k, v] : j.items()) {
+              std::cout << k << ": "
+                        << (v.is_string() ? v.get<std::string>()
+                                          : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+                        << "\n";
+            }
+            return 0;
+          }};
 }
 
 }  // namespace rill::cli

@@ -137,7 +137,8 @@ Command add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* sub = app.add_subcommand("run", "Complete a prompt, or chat in the terminal when no prompt is given");
   sub->add_option("model", o->model, "a .gguf file or a Hugging Face model directory (default: the default model)");
-  auto* p = sub->add_option("--prompt", o->prompt, "prompt text (rendered with the model's chat template unless --raw)");
+  auto* p =
+      sub->add_option("--prompt", o->prompt, "prompt text (rendered with the model's chat template unless --raw)");
   auto* pi = sub->add_option("--prompt-ids", o->prompt_ids, "comma-separated token ids fed as they are (no template)");
   p->excludes(pi);
   sub->add_option("--system", o->system, "system message for the chat template");

@@ -25,39 +25,39 @@ Command add_score_command(CLI::App& app) {
   sub->add_flag("--json", o->json, "print {\"logits\": [[...], ...]} (the only output format)");
   sub->add_option("--threads", o->threads, "CPU threads (default: one per core)");
   return {sub, [o]() -> int {
-    auto ids = parse_ids(o->ids);
-    if (!ids.ok()) {
-      std::fprintf(stderr, "rill score: --ids: %s\n", ids.error().message.c_str());
-      return 2;
-    }
-    LoadOptions lo;
-    lo.need_tokenizer = false;
-    lo.model.n_threads = o->threads;
-    lo.model.n_ctx = static_cast<int64_t>(ids->size());
-    auto path = resolve_model_path(o->model);
-    if (!path.ok()) {
-      std::fprintf(stderr, "rill score: %s\n", path.error().message.c_str());
-      return 1;
-    }
-    auto m = load_model(*path, lo);
-    if (!m.ok()) {
-      std::fprintf(stderr, "rill score: %s\n", m.error().message.c_str());
-      return 1;
-    }
-    SequenceRunner runner(*m->model);
-    auto logits = runner.score(*ids);
-    if (!logits.ok()) {
-      std::fprintf(stderr, "rill score: %s\n", logits.error().message.c_str());
-      return 1;
-    }
-    const auto V = static_cast<size_t>(m->model->n_vocab());
-    nlohmann::json rows = nlohmann::json::array();
-    for (size_t t = 0; t < ids->size(); ++t) {
-      rows.push_back(std::vector<float>(logits->begin() + t * V, logits->begin() + (t + 1) * V));
-    }
-    std::cout << nlohmann::json{{"logits", rows}}.dump() << "\n";
-    return 0;
-  }};
+            auto ids = parse_ids(o->ids);
+            if (!ids.ok()) {
+              std::fprintf(stderr, "rill score: --ids: %s\n", ids.error().message.c_str());
+              return 2;
+            }
+            LoadOptions lo;
+            lo.need_tokenizer = false;
+            lo.model.n_threads = o->threads;
+            lo.model.n_ctx = static_cast<int64_t>(ids->size());
+            auto path = resolve_model_path(o->model);
+            if (!path.ok()) {
+              std::fprintf(stderr, "rill score: %s\n", path.error().message.c_str());
+              return 1;
+            }
+            auto m = load_model(*path, lo);
+            if (!m.ok()) {
+              std::fprintf(stderr, "rill score: %s\n", m.error().message.c_str());
+              return 1;
+            }
+            SequenceRunner runner(*m->model);
+            auto logits = runner.score(*ids);
+            if (!logits.ok()) {
+              std::fprintf(stderr, "rill score: %s\n", logits.error().message.c_str());
+              return 1;
+            }
+            const auto V = static_cast<size_t>(m->model->n_vocab());
+            nlohmann::json rows = nlohmann::json::array();
+            for (size_t t = 0; t < ids->size(); ++t) {
+              rows.push_back(std::vector<float>(logits->begin() + t * V, logits->begin() + (t + 1) * V));
+            }
+            std::cout << nlohmann::json{{"logits", rows}}.dump() << "\n";
+            return 0;
+          }};
 }
 
 }  // namespace rill::cli

@@ -38,7 +38,8 @@ struct ServeOptions {
 // variable that was never set, expanded into it).
 Result<std::string> api_key_of(const ServeOptions& o) {
   if (o.api_key_given) {
-    if (o.server.api_key.empty()) return Error{"--api-key: the key is empty (leave the flag out to serve without a key)"};
+    if (o.server.api_key.empty())
+      return Error{"--api-key: the key is empty (leave the flag out to serve without a key)"};
     return o.server.api_key;
   }
   if (const char* k = std::getenv("RILL_API_KEY")) {
@@ -48,7 +49,9 @@ Result<std::string> api_key_of(const ServeOptions& o) {
   return std::string();
 }
 
-const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+const char* signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
+}
 
 // Waits for SIGINT/SIGTERM, then shuts down gracefully: stop accepting, let
 // running requests finish for `grace_s` seconds, end what is left with each
@@ -66,7 +69,8 @@ int shut_down(const sigset_t& signals, server::HttpServer& http, Engine& engine,
   // Polls for a second signal while `done` is false, up to `seconds`; false
   // when a signal came.
   auto wait_until = [&](auto done, double seconds) {
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
     while (!done() && Clock::now() < deadline) {
       const timespec tick{0, 50'000'000};
       if (sigtimedwait(&signals, nullptr, &tick) > 0) return false;
@@ -80,7 +84,8 @@ int shut_down(const sigset_t& signals, server::HttpServer& http, Engine& engine,
     std::_Exit(128 + sig);
   }
   if (!idle()) {
-    std::printf("rill serve: grace period over: ending %lld requests\n", static_cast<long long>(http.active_responses()));
+    std::printf("rill serve: grace period over: ending %lld requests\n",
+                static_cast<long long>(http.active_responses()));
     engine.shut_down("the server is shutting down");
     // The error events are written by the I/O threads; give them a moment.
     if (!wait_until(idle, 5.0)) std::_Exit(128 + sig);
@@ -96,7 +101,8 @@ int shut_down(const sigset_t& signals, server::HttpServer& http, Engine& engine,
   });
   if (!wait_until([&] { return flushed.load(); }, 3600)) std::_Exit(128 + sig);
   flusher.join();
-  if (dropped > 0) std::printf("rill serve: %lld disk-tier writes dropped at the flush deadline\n", static_cast<long long>(dropped));
+  if (dropped > 0)
+    std::printf("rill serve: %lld disk-tier writes dropped at the flush deadline\n", static_cast<long long>(dropped));
   http.stop();
   std::printf("rill serve: stopped\n");
   return 0;
@@ -135,17 +141,18 @@ int run_serve(ServeOptions& o) {
   so.api_key = *key;
   server::Metrics metrics;
   server::ResponseStore responses(so.response_ttl_s, std::max<int64_t>(0, so.response_store_mb) << 20);
-  server::ServerContext ctx{**engine, (*engine)->chat_template(), so, &metrics, &responses,
-                            &(*engine)->model().config().generation};
+  server::ServerContext ctx{
+      **engine, (*engine)->chat_template(), so, &metrics, &responses, &(*engine)->model().config().generation};
   server::App app(ctx);
   server::HttpServerOptions ho = o.http;
   ho.host = so.host;
   ho.port = so.port;
   ho.io_threads = so.io_threads;
   ho.max_body_bytes = so.max_body_bytes;
-  auto http = server::HttpServer::start(ho, [&app](const server::HttpRequest& req, std::shared_ptr<server::Responder> res) {
-    app.dispatch(req, std::move(res));
-  });
+  auto http =
+      server::HttpServer::start(ho, [&app](const server::HttpRequest& req, std::shared_ptr<server::Responder> res) {
+        app.dispatch(req, std::move(res));
+      });
   if (!http.ok()) {
     std::fprintf(stderr, "rill serve: %s\n", http.error().message.c_str());
     return 1;
@@ -179,8 +186,8 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("model", o->model, "a .gguf file or a Hugging Face model directory (default: the default model)");
   sub->add_option("--host", s.host, "address to bind (default 127.0.0.1: this machine only)");
   sub->add_option("--port", s.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
-  CLI::Option* api_key =
-      sub->add_option("--api-key", s.api_key, "require this key (Authorization: Bearer or x-api-key); also $RILL_API_KEY");
+  CLI::Option* api_key = sub->add_option("--api-key", s.api_key,
+                                         "require this key (Authorization: Bearer or x-api-key); also $RILL_API_KEY");
   sub->add_option("--cors-origin", s.cors_origins, "allow browser requests from this origin (repeatable; * for any)");
   sub->add_option("--max-body-bytes", s.max_body_bytes, "largest request body (413 beyond)");
   sub->add_option("--max-n", s.max_n, "largest n (choices per request)")->check(CLI::Range(1, 128));
@@ -191,7 +198,8 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--io-threads", s.io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
   // HTTP connection limits and timeouts (server/http_server.h; docs/limits.md).
   auto& h = o->http;
-  sub->add_option("--handler-threads", h.handler_threads, "threads that run request handlers (parse, template, tokenize)")
+  sub->add_option("--handler-threads", h.handler_threads,
+                  "threads that run request handlers (parse, template, tokenize)")
       ->check(CLI::Range(1, 256));
   sub->add_option("--max-connections", h.max_connections,
                   "open connections beyond which new ones get 503 (0: the fd limit less 64, at most 4096)")

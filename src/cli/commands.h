@@ -8,8 +8,8 @@
 namespace rill::cli {
 
 struct Command {
-  CLI::App* sub = nullptr;      // the parsed subcommand
-  std::function<int()> run;     // returns the exit code
+  CLI::App* sub = nullptr;   // the parsed subcommand
+  std::function<int()> run;  // returns the exit code
 };
 
 Command add_run_command(CLI::App& app);

@@ -77,8 +77,7 @@ Result<LoadedModel> load_model(const std::string& path, const LoadOptions& optio
     }
   }
   if (options.need_model) {
-    RILL_ASSIGN_OR_RETURN(m.model, create_model(builtin_registry(), infer_profile(*m.files), m.files,
-                                                options.model));
+    RILL_ASSIGN_OR_RETURN(m.model, create_model(builtin_registry(), infer_profile(*m.files), m.files, options.model));
   }
   return m;
 }

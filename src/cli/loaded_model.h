@@ -19,10 +19,10 @@ inline constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.ggu
 // What the default-model search reads from the process (a struct so tests
 // can pass their own).
 struct ModelSearchEnv {
-  std::string rill_model;            // $RILL_MODEL
-  std::filesystem::path cwd;         // the working directory
-  std::filesystem::path exe;         // this executable
-  std::string xdg_data_home, home;   // $XDG_DATA_HOME, $HOME
+  std::string rill_model;           // $RILL_MODEL
+  std::filesystem::path cwd;        // the working directory
+  std::filesystem::path exe;        // this executable
+  std::string xdg_data_home, home;  // $XDG_DATA_HOME, $HOME
   static ModelSearchEnv current();
 };
 
@@ -39,8 +39,8 @@ Result<std::string> resolve_model_path(const std::string& given, const ModelSear
 struct LoadedModel {
   std::shared_ptr<ModelFiles> files;
   std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;              // null when the model ships none
-  std::optional<ChatTemplate> chat_template;         // unset when the model ships none
+  std::unique_ptr<Tokenizer> tokenizer;       // null when the model ships none
+  std::optional<ChatTemplate> chat_template;  // unset when the model ships none
 };
 
 struct LoadOptions {

@@ -9,12 +9,8 @@ int main(int argc, char** argv) {
   CLI::App app{"rill: a local-first LLM inference engine"};
   app.require_subcommand(1);
   const rill::cli::Command commands[] = {
-      rill::cli::add_run_command(app),
-      rill::cli::add_score_command(app),
-      rill::cli::add_inspect_command(app),
-      rill::cli::add_bench_command(app),
-      rill::cli::add_serve_command(app),
-      rill::cli::add_cache_command(app),
+      rill::cli::add_run_command(app),   rill::cli::add_score_command(app), rill::cli::add_inspect_command(app),
+      rill::cli::add_bench_command(app), rill::cli::add_serve_command(app), rill::cli::add_cache_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -20,7 +20,7 @@ struct RunOptions {
   std::optional<uint64_t> seed;
   float presence_penalty = 0, frequency_penalty = 0;
   bool json = false;
-  bool raw = false;         // --prompt without the chat template
+  bool raw = false;  // --prompt without the chat template
   bool ignore_eos = false;
   int threads = 0;
   int64_t ctx_size = 4096;

@@ -12,20 +12,33 @@ constexpr int kQKK = 256;  // block size of the K-quants
 
 std::optional<DTypeInfo> dtype_info(uint32_t id) {
   switch (static_cast<DType>(id)) {
-    case DType::kF32: return DTypeInfo{"F32", 1, 4, false};
-    case DType::kF16: return DTypeInfo{"F16", 1, 2, false};
-    case DType::kBF16: return DTypeInfo{"BF16", 1, 2, false};
-    case DType::kQ4_0: return DTypeInfo{"Q4_0", kQK, 2 + kQK / 2, true};
-    case DType::kQ4_1: return DTypeInfo{"Q4_1", kQK, 4 + kQK / 2, true};
-    case DType::kQ5_0: return DTypeInfo{"Q5_0", kQK, 2 + 4 + kQK / 2, true};
-    case DType::kQ5_1: return DTypeInfo{"Q5_1", kQK, 4 + 4 + kQK / 2, true};
-    case DType::kQ8_0: return DTypeInfo{"Q8_0", kQK, 2 + kQK, true};
-    case DType::kQ8_1: return DTypeInfo{"Q8_1", kQK, 4 + kQK, true};
+    case DType::kF32:
+      return DTypeInfo{"F32", 1, 4, false};
+    case DType::kF16:
+      return DTypeInfo{"F16", 1, 2, false};
+    case DType::kBF16:
+      return DTypeInfo{"BF16", 1, 2, false};
+    case DType::kQ4_0:
+      return DTypeInfo{"Q4_0", kQK, 2 + kQK / 2, true};
+    case DType::kQ4_1:
+      return DTypeInfo{"Q4_1", kQK, 4 + kQK / 2, true};
+    case DType::kQ5_0:
+      return DTypeInfo{"Q5_0", kQK, 2 + 4 + kQK / 2, true};
+    case DType::kQ5_1:
+      return DTypeInfo{"Q5_1", kQK, 4 + 4 + kQK / 2, true};
+    case DType::kQ8_0:
+      return DTypeInfo{"Q8_0", kQK, 2 + kQK, true};
+    case DType::kQ8_1:
+      return DTypeInfo{"Q8_1", kQK, 4 + kQK, true};
     // K-quants: super-blocks of 256 (see backend/cpu/quants.h for layouts).
-    case DType::kQ4_K: return DTypeInfo{"Q4_K", kQKK, 2 + 2 + 12 + kQKK / 2, true};
-    case DType::kQ5_K: return DTypeInfo{"Q5_K", kQKK, 2 + 2 + 12 + kQKK / 8 + kQKK / 2, true};
-    case DType::kQ6_K: return DTypeInfo{"Q6_K", kQKK, kQKK / 2 + kQKK / 4 + kQKK / 16 + 2, true};
-    case DType::kQ8_K: return DTypeInfo{"Q8_K", kQKK, 4 + kQKK + kQKK / 16 * 2, true};
+    case DType::kQ4_K:
+      return DTypeInfo{"Q4_K", kQKK, 2 + 2 + 12 + kQKK / 2, true};
+    case DType::kQ5_K:
+      return DTypeInfo{"Q5_K", kQKK, 2 + 2 + 12 + kQKK / 8 + kQKK / 2, true};
+    case DType::kQ6_K:
+      return DTypeInfo{"Q6_K", kQKK, kQKK / 2 + kQKK / 4 + kQKK / 16 + 2, true};
+    case DType::kQ8_K:
+      return DTypeInfo{"Q8_K", kQKK, 4 + kQKK + kQKK / 16 * 2, true};
   }
   return std::nullopt;
 }
@@ -36,7 +49,9 @@ DTypeInfo dtype_info(DType t) {
   return *info;
 }
 
-std::string_view dtype_name(DType t) { return dtype_info(t).name; }
+std::string_view dtype_name(DType t) {
+  return dtype_info(t).name;
+}
 
 size_t row_bytes(DType t, int64_t n) {
   DTypeInfo info = dtype_info(t);
@@ -46,10 +61,10 @@ size_t row_bytes(DType t, int64_t n) {
 
 std::string_view ggml_type_name(uint32_t id) {
   static constexpr std::string_view kNames[] = {
-      "F32",  "F16",  "Q4_0", "Q4_1", "Q4_2",  "Q4_3",    "Q5_0",    "Q5_1",   "Q8_0",
-      "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",  "Q6_K",    "Q8_K",    "IQ2_XXS", "IQ2_XS",
-      "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32",
-      "I64",  "F64",  "IQ1_M", "BF16", "Q4_0_4_4", "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0"};
+      "F32",     "F16",   "Q4_0",   "Q4_1",  "Q4_2",     "Q4_3",     "Q5_0",     "Q5_1",    "Q8_0",
+      "Q8_1",    "Q2_K",  "Q3_K",   "Q4_K",  "Q5_K",     "Q6_K",     "Q8_K",     "IQ2_XXS", "IQ2_XS",
+      "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S",    "IQ4_XS",   "I8",       "I16",     "I32",
+      "I64",     "F64",   "IQ1_M",  "BF16",  "Q4_0_4_4", "Q4_0_4_8", "Q4_0_8_8", "TQ1_0",   "TQ2_0"};
   if (id < std::size(kNames)) return kNames[id];
   return "unknown";
 }

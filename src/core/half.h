@@ -50,9 +50,9 @@ inline uint16_t f32_to_f16(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000;
   x &= 0x7fffffff;
-  if (x > 0x7f800000) return static_cast<uint16_t>(sign | 0x7e00);  // NaN
+  if (x > 0x7f800000) return static_cast<uint16_t>(sign | 0x7e00);   // NaN
   if (x >= 0x477ff000) return static_cast<uint16_t>(sign | 0x7c00);  // overflow -> inf
-  if (x < 0x38800000) {                                               // subnormal or zero
+  if (x < 0x38800000) {                                              // subnormal or zero
     if (x < 0x33000000) return static_cast<uint16_t>(sign);
     const uint32_t e = x >> 23;
     uint32_t m = (x & 0x7fffff) | 0x800000;

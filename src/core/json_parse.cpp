@@ -38,10 +38,10 @@ std::string ascii_only(std::string s) {
 // scans or deep copies happen on growth.
 struct Frame {
   bool is_object = false;
-  std::vector<Json> items;                          // arrays
+  std::vector<Json> items;                            // arrays
   std::vector<std::pair<std::string, Json>> members;  // objects, in first-seen order
-  std::unordered_map<std::string, size_t> index;    // key -> members position, once large
-  std::string key;                                  // objects: the key of the value being read
+  std::unordered_map<std::string, size_t> index;      // key -> members position, once large
+  std::string key;                                    // objects: the key of the value being read
 };
 
 class DomBuilder final : public nlohmann::json_sax<Json> {

@@ -34,7 +34,8 @@ struct JsonParseError {
   enum class Kind { kSyntax, kTooDeep };
   Kind kind = Kind::kSyntax;
   std::string path;     // too deep: where the limit was crossed; "" for the body root
-  std::string message;  // kSyntax: "not valid JSON: parse error at line L, column C: ..."; kTooDeep: "<path>: nested deeper than 128 levels"
+  std::string message;  // kSyntax: "not valid JSON: parse error at line L, column C: ..."; kTooDeep: "<path>: nested
+                        // deeper than 128 levels"
 };
 
 struct JsonParseOptions {

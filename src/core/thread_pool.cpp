@@ -93,9 +93,7 @@ void ThreadPool::worker_loop(int index) {
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
       n_sleeping_.fetch_add(1, std::memory_order_acq_rel);
-      cv_.wait(lock, [&] {
-        return generation_.load(std::memory_order_acquire) != seen || stop_.load();
-      });
+      cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen || stop_.load(); });
       n_sleeping_.fetch_sub(1, std::memory_order_acq_rel);
       gen = generation_.load(std::memory_order_acquire);
     }

@@ -11,7 +11,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 int32_t blocks_for(int64_t n_tokens, int32_t block_size) {
   return static_cast<int32_t>((n_tokens + block_size - 1) / block_size);
@@ -33,10 +35,14 @@ int max_running(const Model& m, const EngineOptions& o) {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAborted: return "abort";
-    case FinishReason::kError: return "error";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAborted:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -406,8 +412,7 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
       reason = FinishReason::kError;
       error = "persist_prefix: no disk cache tier is configured (--cache-dir)";
     } else {
-      auto saved = tiers_->persist(r.ns, std::span<const int32_t>(r.tokens).first(
-                                                                     static_cast<size_t>(r.n_prompt)));
+      auto saved = tiers_->persist(r.ns, std::span<const int32_t>(r.tokens).first(static_cast<size_t>(r.n_prompt)));
       if (!saved.ok()) {
         reason = FinishReason::kError;
         error = saved.error().message;
@@ -520,7 +525,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, std
                                                std::shared_ptr<const ChatTemplate> chat_template) {
   if (!model) return Error{"Engine::create: no model"};
   if (model->n_kv_blocks() <= 0) return Error{"Engine::create: the model has no KV blocks"};
-  std::unique_ptr<EngineImpl> e(new EngineImpl(std::move(model), std::move(tokenizer), options, std::move(chat_template)));
+  std::unique_ptr<EngineImpl> e(
+      new EngineImpl(std::move(model), std::move(tokenizer), options, std::move(chat_template)));
   RILL_TRY(e->start());
   return std::unique_ptr<Engine>(std::move(e));
 }

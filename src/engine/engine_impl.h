@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <optional>
 #include "engine/kv_tiers.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
@@ -17,7 +18,6 @@
 #include "kv/kv_manager.h"
 #include "kv/prefix_tree.h"
 #include "kv/state_pool.h"
-#include <optional>
 
 #include "model/model.h"
 #include "rill/engine.h"
@@ -28,8 +28,8 @@ namespace rill {
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
-             const EngineOptions& options, std::shared_ptr<const ChatTemplate> chat_template);
+  EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer, const EngineOptions& options,
+             std::shared_ptr<const ChatTemplate> chat_template);
   ~EngineImpl() override;
   // Opens the cache tiers and starts the engine thread.
   Status start();
@@ -76,7 +76,7 @@ class EngineImpl final : public Engine {
 
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Request>> live_;
-  std::vector<uint64_t> finished_ids_;  // erased from live_ after the step
+  std::vector<uint64_t> finished_ids_;       // erased from live_ after the step
   std::vector<ScheduledChunk> step_chunks_;  // this step's plan, copied (finish() edits the plan)
 
   // Inbox, guarded by mu_.

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "model/fingerprint.h"
 #include "loader/model_files.h"
+#include "model/fingerprint.h"
 #include "model/registry.h"
 #include "rill/engine.h"
 #include "text/chat_template.h"
@@ -72,7 +72,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   if (eo.model_id.empty() && !eo.cache_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(eo.cache_dir, ec);  // DiskTier::open reports a bad directory
-    eo.model_id = artifact_fingerprint_cached(*files, (std::filesystem::path(eo.cache_dir) / kModelFingerprintSidecar).string());
+    eo.model_id =
+        artifact_fingerprint_cached(*files, (std::filesystem::path(eo.cache_dir) / kModelFingerprintSidecar).string());
   }
   return create(std::move(model), std::move(tokenizer), eo, std::move(chat_template));
 }

@@ -26,8 +26,9 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
   if (n_recurrent > 0) {
     t->state_layers_ = model.state_layers();
     if (n_recurrent > 1 || t->state_layers_.empty() || states == nullptr || states->n_checkpoints() == 0) {
-      return Error{"--cache-ram-mb / --cache-dir: a model with recurrent layers needs one recurrent group, state "
-                   "export and recurrent checkpoint slots for the prefix cache tiers"};
+      return Error{
+          "--cache-ram-mb / --cache-dir: a model with recurrent layers needs one recurrent group, state "
+          "export and recurrent checkpoint slots for the prefix cache tiers"};
     }
     t->key_group_ = t->attention_groups_.front();
     for (int32_t g : t->attention_groups_) {
@@ -114,14 +115,16 @@ int32_t KvTiers::first_kept(int32_t group, int32_t n_blocks) const {
 }
 
 size_t KvTiers::deepest_storable(const std::vector<std::vector<int32_t>>& ids, size_t n) const {
-  return static_cast<size_t>(deepest_resumable(spec_, static_cast<int32_t>(n), pool_.block_size(),
-                                               [&](size_t g, int32_t b) { return ids[g][static_cast<size_t>(b)] >= 0; }));
+  return static_cast<size_t>(
+      deepest_resumable(spec_, static_cast<int32_t>(n), pool_.block_size(),
+                        [&](size_t g, int32_t b) { return ids[g][static_cast<size_t>(b)] >= 0; }));
 }
 
 size_t KvTiers::run_bytes(int32_t n_blocks, bool with_state) const {
   size_t total = 0;
   for (const Model::KvLayer& l : layers_) {
-    const auto rows = static_cast<size_t>(n_blocks - first_kept(l.group, n_blocks)) * static_cast<size_t>(pool_.block_size());
+    const auto rows =
+        static_cast<size_t>(n_blocks - first_kept(l.group, n_blocks)) * static_cast<size_t>(pool_.block_size());
     total += 2 * l.row_bytes * rows;
   }
   if (with_state) {
@@ -281,10 +284,12 @@ bool KvTiers::run_fits_model(const KvRun& run) const {
     const LayerGroupSpec& spec = spec_[static_cast<size_t>(layers_[l].group)];
     const int32_t first = run.first_block[l];
     // A layer that dropped blocks must have dropped them by this model's window.
-    if (first < 0 || first > n_blocks || (first > 0 && (spec.kind != LayerKind::kSliding || run.windows[l] != spec.window))) {
+    if (first < 0 || first > n_blocks ||
+        (first > 0 && (spec.kind != LayerKind::kSliding || run.windows[l] != spec.window))) {
       return false;
     }
-    const size_t tensor = layers_[l].row_bytes * static_cast<size_t>(n_blocks - first) * static_cast<size_t>(run.block_size);
+    const size_t tensor =
+        layers_[l].row_bytes * static_cast<size_t>(n_blocks - first) * static_cast<size_t>(run.block_size);
     if (run.kinds[l] != spec.kind || run.dtypes[l] != layers_[l].dtype || run.row_bytes[l] != layers_[l].row_bytes ||
         run.k[l].size() != tensor || run.v[l].size() != tensor) {
       return false;
@@ -305,7 +310,8 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
   // allocation below cannot evict it.
   std::vector<PrefixMatch> device = match_groups(ns, usable);
   int32_t m = n_full;
-  for (int32_t g : attention_groups_) m = std::min(m, static_cast<int32_t>(device[static_cast<size_t>(g)].blocks.size()));
+  for (int32_t g : attention_groups_)
+    m = std::min(m, static_cast<int32_t>(device[static_cast<size_t>(g)].blocks.size()));
   if (m >= n_full) return 0;
   const std::vector<uint64_t> keys = PrefixTree::chain_keys(ns, usable, bs);
   const auto t0 = std::chrono::steady_clock::now();
@@ -393,7 +399,8 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
     std::vector<uint8_t> layer_state;
     for (size_t sl = 0; sl < run.state.size(); ++sl) {
       layer_state.clear();
-      for (const KvTensorData& t : run.state[sl].tensors) layer_state.insert(layer_state.end(), t.bytes.begin(), t.bytes.end());
+      for (const KvTensorData& t : run.state[sl].tensors)
+        layer_state.insert(layer_state.end(), t.bytes.begin(), t.bytes.end());
       Status st = model_.copy_state_in(*c, static_cast<int64_t>(sl), layer_state.data());
       if (!st.ok()) {
         states_->drop_checkpoint(ids[static_cast<size_t>(key_group_)][static_cast<size_t>(n - 1)]);

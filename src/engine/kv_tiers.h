@@ -71,11 +71,11 @@
 namespace rill {
 
 struct KvTierConfig {
-  int64_t ram_bytes = 0;   // 0: no RAM tier
-  std::string disk_dir;    // empty: no disk tier
-  int64_t disk_bytes = 0;  // cap of the disk tier
-  bool verify = false;     // --kv-verify: check every disk file's tensor hashes at open (loads always do)
-  KvFileIdentity identity; // model, config, tokenizer (ns per run)
+  int64_t ram_bytes = 0;    // 0: no RAM tier
+  std::string disk_dir;     // empty: no disk tier
+  int64_t disk_bytes = 0;   // cap of the disk tier
+  bool verify = false;      // --kv-verify: check every disk file's tensor hashes at open (loads always do)
+  KvFileIdentity identity;  // model, config, tokenizer (ns per run)
   int64_t write_behind_min_tokens = 256;  // write-behind of finished requests; <= 0: off
 };
 

@@ -43,8 +43,8 @@ class ModelRunner {
   const KvManager& kv_;
   int32_t recurrent_group_ = -1;  // the kv spec's recurrent group; -1: none
   Batch batch_;
-  std::vector<float> logits_;  // [n_sample, n_vocab]
-  std::vector<int32_t> ids_;   // [n_sample], kGreedy and kSample steps
+  std::vector<float> logits_;               // [n_sample, n_vocab]
+  std::vector<int32_t> ids_;                // [n_sample], kGreedy and kSample steps
   std::vector<DeviceSamplingParams> rows_;  // [n_sample], kSample steps
 };
 

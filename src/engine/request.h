@@ -33,12 +33,12 @@ struct Request {
 
   std::vector<int32_t> tokens;  // prompt, then output
   int32_t n_prompt = 0;
-  int32_t n_computed = 0;       // leading tokens whose KV exists
-  int32_t n_cached = 0;         // prompt tokens served by the prefix cache (first admission)
+  int32_t n_computed = 0;  // leading tokens whose KV exists
+  int32_t n_cached = 0;    // prompt tokens served by the prefix cache (first admission)
   bool admitted_once = false;
   int32_t n_preemptions = 0;
-  uint64_t arrival = 0;         // submission order; preemption picks the newest
-  uint64_t ns = 0;              // prefix-cache namespace (model fingerprint + cache_namespace)
+  uint64_t arrival = 0;  // submission order; preemption picks the newest
+  uint64_t ns = 0;       // prefix-cache namespace (model fingerprint + cache_namespace)
 
   std::optional<Sampler> sampler;
   std::optional<IncrementalDecoder> decoder;

@@ -79,18 +79,22 @@ void Sampler::add_output_token(int32_t id) {
 
 namespace {
 
-bool draw_is_argmax(const SamplingParams& p) { return sampling_is_argmax(p.temperature, p.top_k); }
+bool draw_is_argmax(const SamplingParams& p) {
+  return sampling_is_argmax(p.temperature, p.top_k);
+}
 
 }  // namespace
 
 bool Sampler::edits_logits() const {
   const SamplingParams& p = params_;
-  const bool penalties = (p.repetition_penalty != 1.0f && p.repetition_penalty > 0.0f) ||
-                         p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  const bool penalties = (p.repetition_penalty != 1.0f && p.repetition_penalty > 0.0f) || p.presence_penalty != 0.0f ||
+                         p.frequency_penalty != 0.0f;
   return !p.logit_bias.empty() || penalties;
 }
 
-bool Sampler::is_plain_greedy() const { return draw_is_argmax(params_) && !edits_logits(); }
+bool Sampler::is_plain_greedy() const {
+  return draw_is_argmax(params_) && !edits_logits();
+}
 
 DeviceSamplingParams Sampler::take_device_draw() {
   DeviceSamplingParams d;
@@ -220,8 +224,7 @@ uint64_t Sampler::kept_bound(const float* logits) {
     size_t keep = n;
     for (size_t k = std::min<size_t>(64, n);; k = std::min(n, k * 4)) {
       if (k > sorted_n) {
-        std::partial_sort(candidates_.begin() + sorted_n, candidates_.begin() + k,
-                          candidates_.begin() + n, by_prob);
+        std::partial_sort(candidates_.begin() + sorted_n, candidates_.begin() + k, candidates_.begin() + n, by_prob);
         sorted_n = k;
       }
       double cum = 0.0;

@@ -33,9 +33,9 @@ namespace rill {
 
 struct SamplingParams {
   float temperature = 1.0f;
-  int top_k = 0;        // 0: off
-  float top_p = 1.0f;   // 1: off
-  float min_p = 0.0f;   // 0: off
+  int top_k = 0;                    // 0: off
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off
   float repetition_penalty = 1.0f;  // CTRL-style, over prompt + output
   float presence_penalty = 0.0f;    // OpenAI-style, over output
   float frequency_penalty = 0.0f;   // OpenAI-style, over output
@@ -123,11 +123,11 @@ class Sampler {
   SamplingParams params_;
   int64_t n_vocab_;
   uint64_t seed_;
-  uint64_t n_draws_ = 0;  // random draws taken (argmax draws take none)
-  std::vector<int32_t> output_counts_;  // [n_vocab]
-  std::vector<uint8_t> seen_;           // [n_vocab] prompt or output
-  std::vector<int32_t> touched_;        // ids with a nonzero count or seen flag
-  std::vector<float> probs_;            // [n_vocab] tempered probabilities, reused per call
+  uint64_t n_draws_ = 0;                               // random draws taken (argmax draws take none)
+  std::vector<int32_t> output_counts_;                 // [n_vocab]
+  std::vector<uint8_t> seen_;                          // [n_vocab] prompt or output
+  std::vector<int32_t> touched_;                       // ids with a nonzero count or seen flag
+  std::vector<float> probs_;                           // [n_vocab] tempered probabilities, reused per call
   std::vector<std::pair<float, int32_t>> candidates_;  // reused per call
 };
 

@@ -43,8 +43,8 @@ void Scheduler::insert_running(Request* r) {
 }
 
 void Scheduler::preempt(Request* r) {
-  auto chunk = std::find_if(plan_.chunks.begin(), plan_.chunks.end(),
-                            [&](const ScheduledChunk& c) { return c.request == r; });
+  auto chunk =
+      std::find_if(plan_.chunks.begin(), plan_.chunks.end(), [&](const ScheduledChunk& c) { return c.request == r; });
   if (chunk != plan_.chunks.end()) {
     budget_ += chunk->n_tokens;
     plan_.n_tokens -= chunk->n_tokens;

@@ -54,15 +54,14 @@ Status SequenceRunner::prefill(std::span<const int32_t> ids, size_t from, bool w
   return {};
 }
 
-Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> prompt,
-                                                  const GenerationOptions& options,
+Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> prompt, const GenerationOptions& options,
                                                   const std::function<bool(int32_t)>& on_token) {
   if (prompt.empty()) return Error{"the prompt is empty"};
   const int64_t needed = static_cast<int64_t>(prompt.size()) + std::max(0, options.max_tokens);
   if (needed > model_.n_ctx()) {
     return Error{"prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
-                 std::to_string(options.max_tokens) + ") exceeds the context of " +
-                 std::to_string(model_.n_ctx()) + " tokens"};
+                 std::to_string(options.max_tokens) + ") exceeds the context of " + std::to_string(model_.n_ctx()) +
+                 " tokens"};
   }
   const auto t0 = Clock::now();
   GenerationResult result;
@@ -74,7 +73,8 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
   // A recurrent state only moves forward: it continues the whole cached
   // sequence or starts again from position 0.
   const auto& spec = model_.kv_spec();
-  const bool recurrent = std::any_of(spec.begin(), spec.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
+  const bool recurrent =
+      std::any_of(spec.begin(), spec.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
   if (recurrent && reuse < cached_.size()) reuse = 0;
   result.timings.n_cached = static_cast<int>(reuse);
   logits_.resize(static_cast<size_t>(model_.n_vocab()));
@@ -104,8 +104,7 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
       result.finish = FinishReason::kAborted;
       break;
     }
-    if (!options.ignore_eos &&
-        std::find(options.eos_ids.begin(), options.eos_ids.end(), id) != options.eos_ids.end()) {
+    if (!options.ignore_eos && std::find(options.eos_ids.begin(), options.eos_ids.end(), id) != options.eos_ids.end()) {
       result.finish = FinishReason::kStop;
       break;
     }
@@ -118,8 +117,8 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
 Result<std::vector<float>> SequenceRunner::score(std::span<const int32_t> ids) {
   if (ids.empty()) return Error{"no token ids to score"};
   if (static_cast<int64_t>(ids.size()) > model_.n_ctx()) {
-    return Error{std::to_string(ids.size()) + " ids exceed the context of " +
-                 std::to_string(model_.n_ctx()) + " tokens"};
+    return Error{std::to_string(ids.size()) + " ids exceed the context of " + std::to_string(model_.n_ctx()) +
+                 " tokens"};
   }
   logits_.assign(ids.size() * static_cast<size_t>(model_.n_vocab()), 0.0f);
   decode_from_ = std::numeric_limits<int32_t>::max();  // every id is prompt

@@ -33,11 +33,11 @@ struct GenerationOptions {
 };
 
 struct GenerationTimings {
-  int n_prompt = 0;       // prompt tokens
-  int n_cached = 0;       // of those, reused from the slot
+  int n_prompt = 0;  // prompt tokens
+  int n_cached = 0;  // of those, reused from the slot
   int n_generated = 0;
-  double prefill_s = 0;   // computing the prompt up to the first sampled token
-  double decode_s = 0;    // every later step
+  double prefill_s = 0;      // computing the prompt up to the first sampled token
+  double decode_s = 0;       // every later step
   double first_token_s = 0;  // from the call to the first token
 };
 
@@ -78,7 +78,7 @@ class SequenceRunner {
   // generating (its output tokens decode), unbounded while scoring.
   int32_t decode_from_ = -1;
   Batch batch_;
-  std::vector<float> logits_;    // [max_batch_tokens or 1, n_vocab]
+  std::vector<float> logits_;  // [max_batch_tokens or 1, n_vocab]
 };
 
 }  // namespace rill

@@ -74,9 +74,8 @@ void BlockPool::evict_one() {
 Result<std::vector<BlockLease>> BlockPool::allocate(int32_t n) {
   assert(!in_evict_callback_ && n >= 0);
   if (!can_allocate(n)) {
-    return Error{"kv block pool: cannot allocate " + std::to_string(n) + " blocks: " +
-                 std::to_string(n_free()) + " free + " + std::to_string(n_cached()) +
-                 " evictable of " + std::to_string(n_blocks())};
+    return Error{"kv block pool: cannot allocate " + std::to_string(n) + " blocks: " + std::to_string(n_free()) +
+                 " free + " + std::to_string(n_cached()) + " evictable of " + std::to_string(n_blocks())};
   }
   std::vector<BlockLease> out;
   out.reserve(n);

@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
@@ -43,7 +43,9 @@ int32_t header_min_resume(const KvFileHeader& h, int32_t block_size) {
 }
 }  // namespace
 
-std::string kv_run_file_name(uint64_t last_key) { return hex64(last_key) + kSuffix; }
+std::string kv_run_file_name(uint64_t last_key) {
+  return hex64(last_key) + kSuffix;
+}
 
 Result<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierOptions& options) {
   std::unique_ptr<DiskTier> t(new DiskTier(options));
@@ -79,11 +81,11 @@ Status DiskTier::scan() {
         header = whole.error();
       }
     }
-    bool ok = header.ok() && kv_identity_mismatch(
-                                 KvFileIdentity{options_.identity.model_id, options_.identity.config_fingerprint,
-                                                header->identity.ns, options_.identity.tokenizer_hash},
-                                 header->identity)
-                                 .empty();
+    bool ok = header.ok() &&
+              kv_identity_mismatch(KvFileIdentity{options_.identity.model_id, options_.identity.config_fingerprint,
+                                                  header->identity.ns, options_.identity.tokenizer_hash},
+                                   header->identity)
+                  .empty();
     Entry e;
     if (ok) {
       const auto n_tok = static_cast<int64_t>(header->tokens.size());

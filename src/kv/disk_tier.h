@@ -32,7 +32,7 @@ struct DiskTierOptions {
   // --kv-verify: at open, also check every tensor hash of every file (reads
   // the whole directory) and remove the files that fail. Loads always check.
   bool verify_at_open = false;
-  KvFileIdentity identity;      // model, config, tokenizer (ns is per run)
+  KvFileIdentity identity;  // model, config, tokenizer (ns is per run)
   int32_t block_size = 16;
 };
 

@@ -136,7 +136,9 @@ void DiskWriter::forget_keys(const KvRun& run) {
   }
 }
 
-bool DiskWriter::covers(uint64_t key) const { return pending_keys_.count(key) != 0; }
+bool DiskWriter::covers(uint64_t key) const {
+  return pending_keys_.count(key) != 0;
+}
 
 size_t DiskWriter::pending_bytes() const {
   std::lock_guard lk(mu_);

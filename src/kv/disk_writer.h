@@ -89,9 +89,9 @@ class DiskWriter {
   std::vector<Done> done_;      // written (or failed), not yet indexed
   size_t pending_bytes_ = 0;    // queued + being written + not yet indexed
   bool stop_ = false;
-  bool closed_ = false;       // close(): nothing more is written
-  int64_t n_dropped_ = 0;     // guarded by mu_
-  int64_t n_written_ = 0;     // guarded by mu_
+  bool closed_ = false;    // close(): nothing more is written
+  int64_t n_dropped_ = 0;  // guarded by mu_
+  int64_t n_written_ = 0;  // guarded by mu_
   // Engine thread only: chain keys of every pending run (count per key).
   std::unordered_map<uint64_t, int32_t> pending_keys_;
   std::thread thread_;

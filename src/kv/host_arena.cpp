@@ -32,7 +32,9 @@ HostBytes& HostBytes::operator=(HostBytes&& o) noexcept {
   return *this;
 }
 
-HostBytes::~HostBytes() { reset(); }
+HostBytes::~HostBytes() {
+  reset();
+}
 
 void HostBytes::reset() {
   if (extents_) extents_->give_back(off_, span_);
@@ -121,8 +123,12 @@ HostBytes HostArena::allocate(size_t bytes) {
   return out;
 }
 
-size_t HostArena::capacity() const { return extents_->memory.size(); }
-size_t HostArena::free_bytes() const { return extents_->n_free; }
+size_t HostArena::capacity() const {
+  return extents_->memory.size();
+}
+size_t HostArena::free_bytes() const {
+  return extents_->n_free;
+}
 size_t HostArena::largest_free() const {
   size_t best = 0;
   for (const auto& [off, len] : extents_->free) best = std::max(best, len);

@@ -54,8 +54,8 @@ class HostBytes {
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   std::shared_ptr<Extents> extents_;  // arena allocations
-  size_t off_ = 0, span_ = 0;          // the extent (span_ >= size_, aligned)
-  LazyBuffer own_;                     // own mappings
+  size_t off_ = 0, span_ = 0;         // the extent (span_ >= size_, aligned)
+  LazyBuffer own_;                    // own mappings
 };
 
 class HostArena {

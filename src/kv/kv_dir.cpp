@@ -16,7 +16,9 @@ namespace rill {
 namespace fs = std::filesystem;
 
 namespace {
-std::string lock_path(const std::string& dir) { return (fs::path(dir) / "LOCK").string(); }
+std::string lock_path(const std::string& dir) {
+  return (fs::path(dir) / "LOCK").string();
+}
 }  // namespace
 
 Result<KvDirLock> KvDirLock::acquire(const std::string& dir) {

@@ -32,7 +32,7 @@ class KvDirLock {
 bool kv_dir_locked(const std::string& dir);
 
 struct KvDirEntry {
-  std::string file;        // the file name inside the directory
+  std::string file;  // the file name inside the directory
   uint64_t bytes = 0;
   int64_t tokens = 0;
   int64_t created_at = 0;  // unix seconds, from the header

@@ -25,18 +25,25 @@ constexpr uint32_t kMaxHeaderBytes = 64u << 20;
 
 const char* kind_name(LayerKind k) {
   switch (k) {
-    case LayerKind::kFull: return "full";
-    case LayerKind::kSliding: return "sliding";
-    case LayerKind::kRecurrent: return "recurrent";
+    case LayerKind::kFull:
+      return "full";
+    case LayerKind::kSliding:
+      return "sliding";
+    case LayerKind::kRecurrent:
+      return "recurrent";
   }
   return "full";
 }
 
 bool parse_kind(const std::string& s, LayerKind* k) {
-  if (s == "full") *k = LayerKind::kFull;
-  else if (s == "sliding") *k = LayerKind::kSliding;
-  else if (s == "recurrent") *k = LayerKind::kRecurrent;
-  else return false;
+  if (s == "full")
+    *k = LayerKind::kFull;
+  else if (s == "sliding")
+    *k = LayerKind::kSliding;
+  else if (s == "recurrent")
+    *k = LayerKind::kRecurrent;
+  else
+    return false;
   return true;
 }
 
@@ -47,9 +54,12 @@ bool parse_hex64(const json& j, uint64_t* out) {
   uint64_t v = 0;
   for (char c : s) {
     int d = 0;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return false;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return false;
     v = v << 4 | static_cast<uint64_t>(d);
   }
   *out = v;
@@ -77,7 +87,9 @@ uint64_t load_u64(const uint8_t* p) {
   return v;
 }
 
-uint64_t align_up(uint64_t x) { return (x + kKvFileAlignment - 1) / kKvFileAlignment * kKvFileAlignment; }
+uint64_t align_up(uint64_t x) {
+  return (x + kKvFileAlignment - 1) / kKvFileAlignment * kKvFileAlignment;
+}
 
 Status write_all(int fd, const void* data, size_t n, const std::string& path) {
   const auto* p = static_cast<const uint8_t*>(data);
@@ -94,7 +106,9 @@ Status write_all(int fd, const void* data, size_t n, const std::string& path) {
 }
 
 // Fails with `what` naming the file.
-Error bad(const std::string& name, const std::string& what) { return Error{name + ": not a valid KV file: " + what}; }
+Error bad(const std::string& name, const std::string& what) {
+  return Error{name + ": not a valid KV file: " + what};
+}
 
 }  // namespace
 
@@ -270,7 +284,8 @@ Result<KvFileHeader> parse_kv_header(std::span<const uint8_t> prefix, uint64_t f
     }
     for (const json& jt : jl["tensors"]) {
       KvTensorDesc t;
-      const std::string where = "layer " + std::to_string(out.layers.size()) + " tensor " + std::to_string(l.tensors.size());
+      const std::string where =
+          "layer " + std::to_string(out.layers.size()) + " tensor " + std::to_string(l.tensors.size());
       if (!jt.is_object() || !jt.contains("name") || !jt["name"].is_string() || !jt.contains("off") ||
           !jt["off"].is_number_unsigned() || !jt.contains("bytes") || !jt["bytes"].is_number_unsigned() ||
           !jt.contains("shape") || !jt["shape"].is_array() || !jt.contains("dtype") || !jt["dtype"].is_string() ||
@@ -334,7 +349,7 @@ std::span<const uint8_t> KvFile::tensor(size_t layer, size_t t) const {
 Result<KvFileHeader> read_kv_header(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Error{path + ": cannot open: " + std::strerror(errno)};
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     return Error{path + ": cannot stat: " + std::strerror(errno)};

@@ -54,11 +54,11 @@ struct KvFileIdentity {
 };
 
 struct KvTensorDesc {
-  std::string name;            // "k", "v", or a state tensor's name
+  std::string name;             // "k", "v", or a state tensor's name
   uint64_t off = 0, bytes = 0;  // absolute file offset, size
-  std::vector<int64_t> shape;  // e.g. [tokens, kv_width]
+  std::vector<int64_t> shape;   // e.g. [tokens, kv_width]
   DType dtype = DType::kF16;
-  uint64_t hash = 0;           // XXH3-64 of the bytes
+  uint64_t hash = 0;  // XXH3-64 of the bytes
 };
 
 struct KvLayerDesc {

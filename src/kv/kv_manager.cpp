@@ -10,7 +10,9 @@
 namespace rill {
 namespace {
 
-std::string seq_name(int64_t seq) { return "kv manager: sequence " + std::to_string(seq); }
+std::string seq_name(int64_t seq) {
+  return "kv manager: sequence " + std::to_string(seq);
+}
 
 }  // namespace
 
@@ -42,7 +44,9 @@ uint64_t KvManager::group_ns(uint64_t ns, int32_t group) {
   return hash64(parts, sizeof(parts));
 }
 
-int32_t KvManager::blocks_for(int32_t n_tokens) const { return (n_tokens + bs_ - 1) / bs_; }
+int32_t KvManager::blocks_for(int32_t n_tokens) const {
+  return (n_tokens + bs_ - 1) / bs_;
+}
 
 // The next token is at position n_tokens and attends to positions
 // >= n_tokens - window + 1; block b is dead when (b+1)*bs <= that bound.
@@ -163,9 +167,8 @@ Result<Admission> KvManager::admit(int64_t seq, uint64_t ns, std::span<const int
 }
 
 int32_t KvManager::deepest_resumable(const std::vector<PrefixMatch>& matches, int32_t k) const {
-  return rill::deepest_resumable(spec_, k, bs_, [&](size_t g, int32_t b) {
-    return matches[g].blocks[static_cast<size_t>(b)].valid();
-  });
+  return rill::deepest_resumable(
+      spec_, k, bs_, [&](size_t g, int32_t b) { return matches[g].blocks[static_cast<size_t>(b)].valid(); });
 }
 
 int32_t KvManager::blocks_needed(int64_t seq, int32_t n_new_tokens) const {
@@ -349,8 +352,8 @@ Status KvManager::check_integrity() const {
       }
       if (grp.state.valid()) return Error{where + ": attention group holds a state slot"};
       if (static_cast<int32_t>(grp.blocks.size()) != blocks_for(s.n_tokens)) {
-        return Error{where + ": " + std::to_string(grp.blocks.size()) + " blocks for " +
-                     std::to_string(s.n_tokens) + " tokens"};
+        return Error{where + ": " + std::to_string(grp.blocks.size()) + " blocks for " + std::to_string(s.n_tokens) +
+                     " tokens"};
       }
       if (grp.n_offered > static_cast<int32_t>(grp.blocks.size())) return Error{where + ": offered past the table"};
       const int32_t n_dead = n_dead_blocks(spec_[g], s.n_tokens);
@@ -372,7 +375,8 @@ Status KvManager::check_integrity() const {
       return Error{seq_name(seq) + ": pending restore of checkpoint " + std::to_string(s.restore) + " does not exist"};
     }
     for (const CheckpointSave& v : s.saves) {
-      if (v.checkpoint < 0 || v.checkpoint >= states_.n_checkpoints() || v.pos >= s.n_tokens || (v.pos + 1) % bs_ != 0) {
+      if (v.checkpoint < 0 || v.checkpoint >= states_.n_checkpoints() || v.pos >= s.n_tokens ||
+          (v.pos + 1) % bs_ != 0) {
         return Error{seq_name(seq) + ": planned checkpoint " + std::to_string(v.checkpoint) + " after position " +
                      std::to_string(v.pos) + " is not at a block boundary of the sequence"};
       }

@@ -42,9 +42,9 @@
 
 #include "core/result.h"
 #include "kv/block_pool.h"
-#include "model/kv_spec.h"
 #include "kv/prefix_tree.h"
 #include "kv/state_pool.h"
+#include "model/kv_spec.h"
 
 namespace rill {
 
@@ -155,7 +155,7 @@ class KvManager {
     uint64_t ns = 0;
     int32_t n_tokens = 0;
     int32_t n_prompt = 0;
-    int32_t restore = -1;  // pending checkpoint restore
+    int32_t restore = -1;               // pending checkpoint restore
     std::vector<CheckpointSave> saves;  // of the planned step
     std::vector<Group> groups;
   };

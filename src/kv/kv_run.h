@@ -34,21 +34,21 @@ namespace rill {
 struct KvRun {
   uint64_t ns = 0;
   int32_t block_size = 16;
-  std::vector<int32_t> tokens;  // n_blocks * block_size ids
-  std::vector<uint64_t> keys;   // chain key of each block
-  std::vector<LayerKind> kinds;                     // per KV layer
-  std::vector<int32_t> windows;                     // per KV layer: sliding window (tokens), 0 for full
-  std::vector<int32_t> first_block;                 // per KV layer: k / v hold blocks [first_block, n_blocks)
-  std::vector<size_t> row_bytes;                    // per KV layer
-  std::vector<DType> dtypes;                        // per KV layer
-  std::vector<std::span<const uint8_t>> k, v;       // per KV layer
+  std::vector<int32_t> tokens;                 // n_blocks * block_size ids
+  std::vector<uint64_t> keys;                  // chain key of each block
+  std::vector<LayerKind> kinds;                // per KV layer
+  std::vector<int32_t> windows;                // per KV layer: sliding window (tokens), 0 for full
+  std::vector<int32_t> first_block;            // per KV layer: k / v hold blocks [first_block, n_blocks)
+  std::vector<size_t> row_bytes;               // per KV layer
+  std::vector<DType> dtypes;                   // per KV layer
+  std::vector<std::span<const uint8_t>> k, v;  // per KV layer
   // Hybrid models: per recurrent layer (kind kRecurrent), the state right
   // after the run's last token; empty otherwise. Such a run resumes only
   // the whole prefix it holds, never a shorter one.
   std::vector<KvLayerData> state;
-  HostBytes host;                                   // RAM runs: owns k / v (and state)
-  std::vector<uint8_t> storage;                     // or this (runs built by hand, tests)
-  std::shared_ptr<const KvFile> file;               // disk runs: owns k / v
+  HostBytes host;                      // RAM runs: owns k / v (and state)
+  std::vector<uint8_t> storage;        // or this (runs built by hand, tests)
+  std::shared_ptr<const KvFile> file;  // disk runs: owns k / v
 
   int32_t n_blocks() const { return static_cast<int32_t>(keys.size()); }
   int32_t min_resume_blocks() const;

@@ -47,12 +47,15 @@ void PrefixTree::destroy(std::unique_ptr<Node> node) {
   }
 }
 
-uint64_t PrefixTree::root_key(uint64_t ns) { return hash64(&ns, sizeof ns, kRootSeed); }
+uint64_t PrefixTree::root_key(uint64_t ns) {
+  return hash64(&ns, sizeof ns, kRootSeed);
+}
 
 std::vector<uint64_t> PrefixTree::chain_keys(uint64_t ns, std::span<const int32_t> tokens, int32_t block_size) {
   std::vector<uint64_t> keys;
   uint64_t key = root_key(ns);
-  for (size_t i = 0; block_size > 0 && i + static_cast<size_t>(block_size) <= tokens.size(); i += static_cast<size_t>(block_size)) {
+  for (size_t i = 0; block_size > 0 && i + static_cast<size_t>(block_size) <= tokens.size();
+       i += static_cast<size_t>(block_size)) {
     key = block_key(key, ns, tokens.subspan(i, static_cast<size_t>(block_size)));
     keys.push_back(key);
   }
@@ -284,9 +287,8 @@ Status PrefixTree::check_integrity() const {
     n_cached += pool_.is_cached(b);
   }
   if (n_indexed != n_seen || n_cached != n_seen) {
-    return Status(Error{"kv prefix tree integrity: " + std::to_string(n_seen) + " nodes, " +
-                        std::to_string(n_indexed) + " indexed blocks, " + std::to_string(n_cached) +
-                        " cached blocks in the pool"});
+    return Status(Error{"kv prefix tree integrity: " + std::to_string(n_seen) + " nodes, " + std::to_string(n_indexed) +
+                        " indexed blocks, " + std::to_string(n_cached) + " cached blocks in the pool"});
   }
   return Status::Ok();
 }

@@ -57,7 +57,10 @@ Result<int32_t> StatePool::take_checkpoint(int32_t block, uint64_t keep_since) {
   // O(n) over checkpoint slots: taken once per checkpointed block, not per token.
   int32_t pick = -1;
   for (int32_t c = 0; c < n_checkpoints(); ++c) {
-    if (ckpt_block_[c] < 0) { pick = c; break; }
+    if (ckpt_block_[c] < 0) {
+      pick = c;
+      break;
+    }
     if (ckpt_stamp_[c] >= keep_since) continue;
     if (pick < 0 || ckpt_stamp_[c] < ckpt_stamp_[pick]) pick = c;
   }

@@ -95,9 +95,9 @@ class StatePool {
   void release(int32_t slot);
 
   std::vector<uint8_t> leased_;
-  std::vector<int32_t> free_;  // stack of free live slots
-  std::vector<int32_t> ckpt_block_;                  // by checkpoint; -1 = free
-  std::vector<uint64_t> ckpt_stamp_;                 // last take/find time
+  std::vector<int32_t> free_;         // stack of free live slots
+  std::vector<int32_t> ckpt_block_;   // by checkpoint; -1 = free
+  std::vector<uint64_t> ckpt_stamp_;  // last take/find time
   std::unordered_map<int32_t, int32_t> ckpt_of_block_;
   uint64_t clock_ = 0;
 };

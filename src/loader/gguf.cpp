@@ -23,7 +23,9 @@ std::optional<double> GgufValue::as_float() const {
   return std::nullopt;
 }
 
-const std::string* GgufValue::as_string() const { return std::get_if<std::string>(&v); }
+const std::string* GgufValue::as_string() const {
+  return std::get_if<std::string>(&v);
+}
 
 const GgufArray* GgufValue::as_array() const {
   const auto* a = std::get_if<std::shared_ptr<GgufArray>>(&v);
@@ -45,17 +47,32 @@ constexpr uint64_t kDefaultAlignment = 32;
 // allocating: a count can never exceed remaining bytes / min size.
 uint64_t min_encoded_size(GgufType t) {
   switch (t) {
-    case GgufType::kU8: case GgufType::kI8: case GgufType::kBool: return 1;
-    case GgufType::kU16: case GgufType::kI16: return 2;
-    case GgufType::kU32: case GgufType::kI32: case GgufType::kF32: return 4;
-    case GgufType::kU64: case GgufType::kI64: case GgufType::kF64: return 8;
-    case GgufType::kString: return 8;       // u64 length
-    case GgufType::kArray: return 4 + 8;    // element type + count
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kU16:
+    case GgufType::kI16:
+      return 2;
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kF32:
+      return 4;
+    case GgufType::kU64:
+    case GgufType::kI64:
+    case GgufType::kF64:
+      return 8;
+    case GgufType::kString:
+      return 8;  // u64 length
+    case GgufType::kArray:
+      return 4 + 8;  // element type + count
   }
   return 1;
 }
 
-bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::kF64); }
+bool valid_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(GgufType::kF64);
+}
 
 }  // namespace
 
@@ -63,8 +80,7 @@ bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::kF64);
 // that remain; every error names the file and the item being read.
 class GgufParser {
  public:
-  GgufParser(const uint8_t* data, size_t size, const std::string& name)
-      : data_(data), size_(size), name_(name) {}
+  GgufParser(const uint8_t* data, size_t size, const std::string& name) : data_(data), size_(size), name_(name) {}
 
   Status parse(GgufFile* f) {
     uint32_t magic = 0;
@@ -75,8 +91,7 @@ class GgufParser {
     if (version == 1) return fail("GGUF version 1 is not supported (convert the file to v3)");
     if (version != 2 && version != 3) {
       // A big-endian file has its version byte-swapped (e.g. 0x03000000).
-      if ((version & 0xffff) == 0 && version != 0)
-        return fail("big-endian GGUF files are not supported");
+      if ((version & 0xffff) == 0 && version != 0) return fail("big-endian GGUF files are not supported");
       return fail("unsupported GGUF version " + std::to_string(version) + " (expected 2 or 3)");
     }
     f->version_ = version;
@@ -89,8 +104,8 @@ class GgufParser {
       return fail("tensor count " + std::to_string(n_tensors) + " is impossible for a file of " +
                   std::to_string(size_) + " bytes");
     if (n_kv > remaining() / 13)
-      return fail("metadata count " + std::to_string(n_kv) + " is impossible for a file of " +
-                  std::to_string(size_) + " bytes");
+      return fail("metadata count " + std::to_string(n_kv) + " is impossible for a file of " + std::to_string(size_) +
+                  " bytes");
 
     for (uint64_t i = 0; i < n_kv; ++i) RILL_TRY(read_kv(f, i));
     RILL_TRY(read_alignment(f));
@@ -119,8 +134,8 @@ class GgufParser {
 
   Error fail(const std::string& what) const { return Error{name_ + ": " + what}; }
   Error truncated(const std::string& what) const {
-    return fail("truncated at byte " + std::to_string(pos_) + " while reading " + what +
-                " (file has " + std::to_string(size_) + " bytes)");
+    return fail("truncated at byte " + std::to_string(pos_) + " while reading " + what + " (file has " +
+                std::to_string(size_) + " bytes)");
   }
 
   // `what` is built only on error (hot path: 50k+ token strings).
@@ -129,9 +144,8 @@ class GgufParser {
     uint64_t len = 0;
     if (!read(&len)) return truncated(what() + " (string length)");
     if (len > remaining())
-      return fail(what() + ": string length " + std::to_string(len) + " at byte " +
-                  std::to_string(pos_ - 8) + " runs past the end of the file (" +
-                  std::to_string(size_) + " bytes)");
+      return fail(what() + ": string length " + std::to_string(len) + " at byte " + std::to_string(pos_ - 8) +
+                  " runs past the end of the file (" + std::to_string(size_) + " bytes)");
     out->assign(reinterpret_cast<const char*>(data_ + pos_), len);
     pos_ += len;
     return Status::Ok();
@@ -142,8 +156,7 @@ class GgufParser {
     RILL_TRY(read_string(&key, [&] { return "metadata key #" + std::to_string(index); }));
     uint32_t type = 0;
     if (!read(&type)) return truncated("the type of metadata '" + key + "'");
-    if (!valid_type(type))
-      return fail("metadata '" + key + "': unknown value type " + std::to_string(type));
+    if (!valid_type(type)) return fail("metadata '" + key + "': unknown value type " + std::to_string(type));
     GgufValue value;
     RILL_TRY(read_value(static_cast<GgufType>(type), key, 0, &value));
     if (f->metadata_.count(key)) return fail("duplicate metadata key '" + key + "'");
@@ -155,16 +168,26 @@ class GgufParser {
     out->type = type;
     auto item = [&] { return "metadata '" + key + "'"; };
     switch (type) {
-      case GgufType::kU8: return read_scalar<uint8_t, uint64_t>(out, key);
-      case GgufType::kI8: return read_scalar<int8_t, int64_t>(out, key);
-      case GgufType::kU16: return read_scalar<uint16_t, uint64_t>(out, key);
-      case GgufType::kI16: return read_scalar<int16_t, int64_t>(out, key);
-      case GgufType::kU32: return read_scalar<uint32_t, uint64_t>(out, key);
-      case GgufType::kI32: return read_scalar<int32_t, int64_t>(out, key);
-      case GgufType::kU64: return read_scalar<uint64_t, uint64_t>(out, key);
-      case GgufType::kI64: return read_scalar<int64_t, int64_t>(out, key);
-      case GgufType::kF32: return read_scalar<float, double>(out, key);
-      case GgufType::kF64: return read_scalar<double, double>(out, key);
+      case GgufType::kU8:
+        return read_scalar<uint8_t, uint64_t>(out, key);
+      case GgufType::kI8:
+        return read_scalar<int8_t, int64_t>(out, key);
+      case GgufType::kU16:
+        return read_scalar<uint16_t, uint64_t>(out, key);
+      case GgufType::kI16:
+        return read_scalar<int16_t, int64_t>(out, key);
+      case GgufType::kU32:
+        return read_scalar<uint32_t, uint64_t>(out, key);
+      case GgufType::kI32:
+        return read_scalar<int32_t, int64_t>(out, key);
+      case GgufType::kU64:
+        return read_scalar<uint64_t, uint64_t>(out, key);
+      case GgufType::kI64:
+        return read_scalar<int64_t, int64_t>(out, key);
+      case GgufType::kF32:
+        return read_scalar<float, double>(out, key);
+      case GgufType::kF64:
+        return read_scalar<double, double>(out, key);
       case GgufType::kBool: {
         uint8_t b = 0;
         if (!read(&b)) return truncated(item());
@@ -178,7 +201,8 @@ class GgufParser {
         out->v = std::move(s);
         return Status::Ok();
       }
-      case GgufType::kArray: return read_array(key, depth, out);
+      case GgufType::kArray:
+        return read_array(key, depth, out);
     }
     return fail(item() + ": unknown value type");
   }
@@ -193,8 +217,8 @@ class GgufParser {
 
   Status read_array(const std::string& key, int depth, GgufValue* out) {
     if (depth >= kGgufMaxArrayDepth)
-      return fail("metadata '" + key + "': arrays nested deeper than " +
-                  std::to_string(kGgufMaxArrayDepth) + " levels");
+      return fail("metadata '" + key + "': arrays nested deeper than " + std::to_string(kGgufMaxArrayDepth) +
+                  " levels");
     uint32_t elem_type = 0;
     if (!read(&elem_type)) return truncated("the element type of metadata '" + key + "'");
     if (!valid_type(elem_type))
@@ -203,12 +227,11 @@ class GgufParser {
     if (!read(&count)) return truncated("the length of metadata '" + key + "'");
     const auto et = static_cast<GgufType>(elem_type);
     if (count > remaining() / min_encoded_size(et))
-      return fail("metadata '" + key + "': array length " + std::to_string(count) +
-                  " runs past the end of the file (" + std::to_string(remaining()) +
-                  " bytes remain)");
+      return fail("metadata '" + key + "': array length " + std::to_string(count) + " runs past the end of the file (" +
+                  std::to_string(remaining()) + " bytes remain)");
     if (count > kGgufMaxArrayElements - n_array_elements_)
-      return fail("metadata '" + key + "': arrays hold more than " +
-                  std::to_string(kGgufMaxArrayElements) + " elements in total");
+      return fail("metadata '" + key + "': arrays hold more than " + std::to_string(kGgufMaxArrayElements) +
+                  " elements in total");
     n_array_elements_ += count;
     out->array_type = et;
     auto arr = std::make_shared<GgufArray>(count);
@@ -222,11 +245,9 @@ class GgufParser {
     const GgufValue* v = f->find("general.alignment");
     if (!v) return Status::Ok();
     auto a = v->as_int();
-    if (!a || v->type == GgufType::kBool)
-      return fail("general.alignment must be an integer");
+    if (!a || v->type == GgufType::kBool) return fail("general.alignment must be an integer");
     if (*a <= 0 || (*a & (*a - 1)) != 0 || *a > (int64_t{1} << 30))
-      return fail("general.alignment " + std::to_string(*a) +
-                  " is not a power of two between 1 and 2^30");
+      return fail("general.alignment " + std::to_string(*a) + " is not a power of two between 1 and 2^30");
     f->alignment_ = static_cast<size_t>(*a);
     return Status::Ok();
   }
@@ -245,15 +266,14 @@ class GgufParser {
       int64_t ne = 0;
       if (!read(&ne)) return truncated("the shape of " + item());
       if (ne < 0) return fail(item() + ": negative dimension " + std::to_string(ne));
-      if (__builtin_mul_overflow(n_elements, ne, &n_elements))
-        return fail(item() + ": element count overflows");
+      if (__builtin_mul_overflow(n_elements, ne, &n_elements)) return fail(item() + ": element count overflows");
       t.ne.push_back(ne);
     }
     if (!read(&t.type)) return truncated("the type of " + item());
     if (!read(&t.offset)) return truncated("the data offset of " + item());
     if (t.offset % f->alignment_ != 0)
-      return fail(item() + ": data offset " + std::to_string(t.offset) +
-                  " is not a multiple of the alignment " + std::to_string(f->alignment_));
+      return fail(item() + ": data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+                  std::to_string(f->alignment_));
     if (auto info = dtype_info(t.type)) {
       if (t.ne[0] % info->block_size != 0)
         return fail(item() + ": row length " + std::to_string(t.ne[0]) + " is not a multiple of " +
@@ -262,8 +282,7 @@ class GgufParser {
       // block_size >= 1, so only the byte count can overflow.
       const uint64_t n_blocks = static_cast<uint64_t>(n_elements / info->block_size);
       uint64_t n_bytes = 0;
-      if (__builtin_mul_overflow(n_blocks, static_cast<uint64_t>(info->block_bytes), &n_bytes) ||
-          n_bytes > SIZE_MAX)
+      if (__builtin_mul_overflow(n_blocks, static_cast<uint64_t>(info->block_bytes), &n_bytes) || n_bytes > SIZE_MAX)
         return fail(item() + ": data size overflows");
       t.n_bytes = static_cast<size_t>(n_bytes);
     }
@@ -279,8 +298,8 @@ class GgufParser {
       if (!dtype_info(t.type)) continue;  // unsupported: recorded without data
       if (t.offset > data_size || t.n_bytes > data_size - t.offset)
         return fail("tensor '" + t.name + "': data [offset " + std::to_string(t.offset) + ", " +
-                    std::to_string(t.n_bytes) + " bytes] runs past the end of the file (" +
-                    std::to_string(size_) + " bytes)");
+                    std::to_string(t.n_bytes) + " bytes] runs past the end of the file (" + std::to_string(size_) +
+                    " bytes)");
       // A zero-byte tensor may sit at (or, with no data section, past) the end.
       t.data = data_ + std::min<uint64_t>(f->data_start_ + t.offset, size_);
     }
@@ -294,8 +313,7 @@ class GgufParser {
   uint64_t n_array_elements_ = 0;
 };
 
-Result<std::shared_ptr<GgufFile>> GgufFile::parse(const uint8_t* data, size_t size,
-                                                  const std::string& name) {
+Result<std::shared_ptr<GgufFile>> GgufFile::parse(const uint8_t* data, size_t size, const std::string& name) {
   std::shared_ptr<GgufFile> f(new GgufFile());
   f->path_ = name;
   GgufParser parser(data, size, name);
@@ -305,8 +323,7 @@ Result<std::shared_ptr<GgufFile>> GgufFile::parse(const uint8_t* data, size_t si
 
 Result<std::shared_ptr<GgufFile>> GgufFile::open(const std::string& path) {
   RILL_ASSIGN_OR_RETURN(MappedFile mapping, MappedFile::open(path));
-  RILL_ASSIGN_OR_RETURN(std::shared_ptr<GgufFile> f,
-                        parse(mapping.data(), mapping.size(), path));
+  RILL_ASSIGN_OR_RETURN(std::shared_ptr<GgufFile> f, parse(mapping.data(), mapping.size(), path));
   f->file_ = std::move(mapping);  // the mapping's address does not change on move
   return f;
 }

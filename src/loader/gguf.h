@@ -19,13 +19,24 @@ namespace rill {
 
 // Limits a file must respect (anything beyond is an Error, never a crash):
 constexpr int kGgufMaxDims = 4;
-constexpr int kGgufMaxArrayDepth = 8;                 // nesting of array values
+constexpr int kGgufMaxArrayDepth = 8;                   // nesting of array values
 constexpr uint64_t kGgufMaxArrayElements = 1ull << 24;  // all arrays of a file together (~1 GiB of GgufValue)
 
 // GGUF metadata value types, numbered as in the file format.
 enum class GgufType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6,
-  kBool = 7, kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 
 struct GgufValue;
@@ -37,19 +48,19 @@ struct GgufValue {
   std::variant<uint64_t, int64_t, double, bool, std::string, std::shared_ptr<GgufArray>> v;
   GgufType array_type = GgufType::kU8;  // element type when type == kArray
 
-  std::optional<int64_t> as_int() const;     // any integer type (or bool)
-  std::optional<double> as_float() const;    // any numeric type
-  const std::string* as_string() const;      // nullptr unless kString
-  const GgufArray* as_array() const;         // nullptr unless kArray
+  std::optional<int64_t> as_int() const;   // any integer type (or bool)
+  std::optional<double> as_float() const;  // any numeric type
+  const std::string* as_string() const;    // nullptr unless kString
+  const GgufArray* as_array() const;       // nullptr unless kArray
 };
 
 struct GgufTensorInfo {
-  std::string name;                 // the GGUF name ("blk.0.attn_q.weight")
-  uint32_t type = 0;                // raw GGML type id
-  std::vector<int64_t> ne;          // GGML order: ne[0] is the innermost (row length)
-  uint64_t offset = 0;              // relative to data_start
-  const uint8_t* data = nullptr;    // into the mapping; null if the type is unsupported
-  size_t n_bytes = 0;               // 0 if the type is unsupported
+  std::string name;               // the GGUF name ("blk.0.attn_q.weight")
+  uint32_t type = 0;              // raw GGML type id
+  std::vector<int64_t> ne;        // GGML order: ne[0] is the innermost (row length)
+  uint64_t offset = 0;            // relative to data_start
+  const uint8_t* data = nullptr;  // into the mapping; null if the type is unsupported
+  size_t n_bytes = 0;             // 0 if the type is unsupported
 
   int64_t n_elements() const;
 };
@@ -62,8 +73,7 @@ class GgufFile {
   // Parses an in-memory image (used by the fuzz target and tests). `name` is
   // used in errors. The image is not copied: tensor `data` pointers point
   // into it, so it must outlive the returned file.
-  static Result<std::shared_ptr<GgufFile>> parse(const uint8_t* data, size_t size,
-                                                 const std::string& name);
+  static Result<std::shared_ptr<GgufFile>> parse(const uint8_t* data, size_t size, const std::string& name);
 
   uint32_t version() const { return version_; }
   const std::string& path() const { return path_; }

@@ -48,7 +48,9 @@ constexpr NamePair kGemmaLayerNames[] = {
     {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
 };
 
-bool is_gemma(std::string_view arch) { return arch == "gemma2" || arch == "gemma3"; }
+bool is_gemma(std::string_view arch) {
+  return arch == "gemma2" || arch == "gemma3";
+}
 
 // The hybrid gated-DeltaNet families (llama.cpp's qwen35 and qwen3next).
 // Their linear-attention layers use llama.cpp's ssm_* names; attn_qkv /
@@ -60,20 +62,22 @@ bool is_gemma(std::string_view arch) { return arch == "gemma2" || arch == "gemma
 // Looked up before kLayerNames for those architectures.
 constexpr NamePair kHybridLayerNames[] = {
     {"post_attention_norm.weight", "post_attention_layernorm.weight"},
-    {"attn_qkv.weight", "linear_attn.in_proj_qkv.weight"},    // [2*key_dim + value_dim, E]
-    {"attn_gate.weight", "linear_attn.in_proj_z.weight"},     // [value_dim, E]
-    {"ssm_beta.weight", "linear_attn.in_proj_b.weight"},      // qwen35 [n_v_heads, E]
-    {"ssm_alpha.weight", "linear_attn.in_proj_a.weight"},     // qwen35 [n_v_heads, E]
-    {"ssm_ba.weight", "linear_attn.in_proj_ba.weight"},       // qwen3next, grouped per key head
-    {"ssm_in.weight", "linear_attn.in_proj_qkvz.weight"},     // older qwen3next files
-    {"ssm_conv1d.weight", "linear_attn.conv1d.weight"},       // [conv_dim, K]
-    {"ssm_dt.bias", "linear_attn.dt_bias"},                   // [n_v_heads]
-    {"ssm_a", "linear_attn.A"},                               // -exp(A_log) [n_v_heads]
-    {"ssm_norm.weight", "linear_attn.norm.weight"},           // [head_v_dim]
-    {"ssm_out.weight", "linear_attn.out_proj.weight"},        // [E, value_dim]
+    {"attn_qkv.weight", "linear_attn.in_proj_qkv.weight"},  // [2*key_dim + value_dim, E]
+    {"attn_gate.weight", "linear_attn.in_proj_z.weight"},   // [value_dim, E]
+    {"ssm_beta.weight", "linear_attn.in_proj_b.weight"},    // qwen35 [n_v_heads, E]
+    {"ssm_alpha.weight", "linear_attn.in_proj_a.weight"},   // qwen35 [n_v_heads, E]
+    {"ssm_ba.weight", "linear_attn.in_proj_ba.weight"},     // qwen3next, grouped per key head
+    {"ssm_in.weight", "linear_attn.in_proj_qkvz.weight"},   // older qwen3next files
+    {"ssm_conv1d.weight", "linear_attn.conv1d.weight"},     // [conv_dim, K]
+    {"ssm_dt.bias", "linear_attn.dt_bias"},                 // [n_v_heads]
+    {"ssm_a", "linear_attn.A"},                             // -exp(A_log) [n_v_heads]
+    {"ssm_norm.weight", "linear_attn.norm.weight"},         // [head_v_dim]
+    {"ssm_out.weight", "linear_attn.out_proj.weight"},      // [E, value_dim]
 };
 
-bool is_hybrid(std::string_view arch) { return arch == "qwen35" || arch == "qwen3next"; }
+bool is_hybrid(std::string_view arch) {
+  return arch == "qwen35" || arch == "qwen3next";
+}
 // Mixture-of-experts tensors (llama.cpp's names). Routed experts are stacked
 // in one 3-D tensor per projection: ffn_gate_exps [n_expert, n_ff, n_embd].
 constexpr NamePair kMoeLayerNames[] = {
@@ -95,9 +99,9 @@ constexpr NamePair kPerExpertNames[] = {
 };
 
 struct ArchInfo {
-  std::string_view gguf;   // general.architecture
-  std::string_view hf;     // ModelConfig::architecture (HF model_type)
-  RopeStyle rope_style;    // llama-converted files had q/k rows permuted
+  std::string_view gguf;  // general.architecture
+  std::string_view hf;    // ModelConfig::architecture (HF model_type)
+  RopeStyle rope_style;   // llama-converted files had q/k rows permuted
 };
 
 constexpr ArchInfo kArchs[] = {
@@ -216,8 +220,7 @@ class ConfigReader {
  private:
   Result<int64_t> check_positive(const std::string& k, const GgufValue& v) const {
     auto i = v.type == GgufType::kBool ? std::nullopt : v.as_int();
-    if (!i || *i <= 0)
-      return Error{file_.path() + ": '" + k + "' must be a positive integer"};
+    if (!i || *i <= 0) return Error{file_.path() + ": '" + k + "' must be a positive integer"};
     return *i;
   }
 
@@ -257,8 +260,7 @@ Status read_rope_scaling(const GgufFile& file, const ConfigReader& r, RopeScalin
     return Error{file.path() + ": unsupported '" + type_key + "' value '" + *type + "'"};
   }
   RILL_ASSIGN_OR_RETURN(out->factor, r.positive_float_or("rope.scaling.factor", 1.0f));
-  RILL_ASSIGN_OR_RETURN(out->original_max_position,
-                        r.count_or("rope.scaling.original_context_length", 0));
+  RILL_ASSIGN_OR_RETURN(out->original_max_position, r.count_or("rope.scaling.original_context_length", 0));
   return Status::Ok();
 }
 
@@ -357,12 +359,10 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::st
     }
   }
   for (const auto& p : kLayerNames) {
-    if (suffix == p.gguf)
-      return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
   }
   for (const auto& p : kMoeLayerNames) {
-    if (suffix == p.gguf)
-      return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
   }
   for (const auto& p : kPerExpertNames) {
     if (!suffix.starts_with(p.gguf)) continue;
@@ -395,8 +395,8 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
   RILL_ASSIGN_OR_RETURN(c.n_embd, r.positive("embedding_length"));
   RILL_ASSIGN_OR_RETURN(c.n_layer, r.positive("block_count"));
   if (c.n_layer > kMaxLayers)
-    return Error{file.path() + ": '" + r.key("block_count") + "' (" + std::to_string(c.n_layer) +
-                 ") exceeds " + std::to_string(kMaxLayers) + " layers"};
+    return Error{file.path() + ": '" + r.key("block_count") + "' (" + std::to_string(c.n_layer) + ") exceeds " +
+                 std::to_string(kMaxLayers) + " layers"};
   RILL_ASSIGN_OR_RETURN(c.n_head, r.positive("attention.head_count"));
   RILL_ASSIGN_OR_RETURN(c.n_head_kv, r.positive_or("attention.head_count_kv", c.n_head));
   if (c.n_head % c.n_head_kv != 0)
@@ -404,8 +404,8 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
                  " is not a multiple of head_count_kv " + std::to_string(c.n_head_kv)};
   RILL_ASSIGN_OR_RETURN(c.head_dim, r.positive_or("attention.key_length", c.n_embd / c.n_head));
   if (c.head_dim <= 0)
-    return Error{file.path() + ": embedding_length " + std::to_string(c.n_embd) +
-                 " is smaller than head_count " + std::to_string(c.n_head)};
+    return Error{file.path() + ": embedding_length " + std::to_string(c.n_embd) + " is smaller than head_count " +
+                 std::to_string(c.n_head)};
   RILL_TRY(read_experts(file, r, &c));
   if (c.n_expert > 0) {  // every FFN may be a mixture of experts
     RILL_ASSIGN_OR_RETURN(c.n_ff, r.positive_or("feed_forward_length", 0));
@@ -421,8 +421,8 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
   RILL_ASSIGN_OR_RETURN(c.rope_theta, r.positive_float_or("rope.freq_base", 10000.0f));
   RILL_ASSIGN_OR_RETURN(c.rope_dim, r.positive_or("rope.dimension_count", c.head_dim));
   if (c.rope_dim > c.head_dim)
-    return Error{file.path() + ": rope.dimension_count " + std::to_string(c.rope_dim) +
-                 " exceeds the head size " + std::to_string(c.head_dim)};
+    return Error{file.path() + ": rope.dimension_count " + std::to_string(c.rope_dim) + " exceeds the head size " +
+                 std::to_string(c.head_dim)};
   // llama3-style rope scaling is baked into the 'rope_freqs.weight' tensor by
   // the converter, so it needs no RopeScaling here.
   RILL_TRY(read_rope_scaling(file, r, &c.rope_scaling));
@@ -431,8 +431,7 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
   // n_vocab: the explicit key, else the token list, else the embedding's rows.
   if (file.find(r.key("vocab_size"))) {
     RILL_ASSIGN_OR_RETURN(c.n_vocab, r.positive("vocab_size"));
-  } else if (const GgufArray* tokens = file.get_array("tokenizer.ggml.tokens");
-             tokens && !tokens->empty()) {
+  } else if (const GgufArray* tokens = file.get_array("tokenizer.ggml.tokens"); tokens && !tokens->empty()) {
     c.n_vocab = static_cast<int64_t>(tokens->size());
   } else if (const GgufTensorInfo* embd = file.find_tensor("token_embd.weight");
              embd && embd->ne.size() == 2 && embd->ne[1] > 0) {

@@ -17,15 +17,23 @@ constexpr int64_t kMaxDim = int64_t{1} << 31;
 
 const char* type_name(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "object";
-    case json::value_t::array: return "array";
-    case json::value_t::string: return "string";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::number_float: return "float";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::object:
+      return "object";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::number_float:
+      return "float";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer";
-    default: return "value";
+    case json::value_t::number_unsigned:
+      return "integer";
+    default:
+      return "value";
   }
 }
 
@@ -138,7 +146,11 @@ Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
     } else if (!params->contains("rope_theta") && !params->contains("rope_type") && !params->empty()) {
       // Keyed by some other layer type only: take the first dict.
       for (auto it = params->begin(); it != params->end(); ++it)
-        if (it->is_object()) { prefix += it.key() + "."; params = &*it; break; }
+        if (it->is_object()) {
+          prefix += it.key() + ".";
+          params = &*it;
+          break;
+        }
     }
   }
   const json* scaling = params;
@@ -150,8 +162,12 @@ Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
   }
 
   std::optional<double> theta;
-  if (params) { RILL_ASSIGN_OR_RETURN(theta, Fields(*params, name, prefix).opt_float("rope_theta")); }
-  if (!theta) { RILL_ASSIGN_OR_RETURN(theta, top.opt_float("rope_theta")); }
+  if (params) {
+    RILL_ASSIGN_OR_RETURN(theta, Fields(*params, name, prefix).opt_float("rope_theta"));
+  }
+  if (!theta) {
+    RILL_ASSIGN_OR_RETURN(theta, top.opt_float("rope_theta"));
+  }
   if (theta) {
     if (*theta <= 0) return top.invalid("rope_theta", "must be positive");
     c.rope_theta = static_cast<float>(*theta);
@@ -159,7 +175,9 @@ Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
 
   std::optional<double> partial;
   RILL_ASSIGN_OR_RETURN(partial, top.opt_float("partial_rotary_factor"));
-  if (!partial && params) { RILL_ASSIGN_OR_RETURN(partial, Fields(*params, name, prefix).opt_float("partial_rotary_factor")); }
+  if (!partial && params) {
+    RILL_ASSIGN_OR_RETURN(partial, Fields(*params, name, prefix).opt_float("partial_rotary_factor"));
+  }
   c.rope_dim = c.head_dim;
   if (partial) {
     if (!(*partial > 0 && *partial <= 1)) return top.invalid("partial_rotary_factor", "must be in (0, 1]");
@@ -173,16 +191,22 @@ Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
   if (!scaling) return Status::Ok();
   Fields s(*scaling, name, scaling_prefix);
   RILL_ASSIGN_OR_RETURN(auto type, s.opt_string("rope_type"));
-  if (!type) { RILL_ASSIGN_OR_RETURN(type, s.opt_string("type")); }
+  if (!type) {
+    RILL_ASSIGN_OR_RETURN(type, s.opt_string("type"));
+  }
   RopeScaling& r = c.rope_scaling;
   if (!type || *type == "default") {
     r.type = RopeScaling::Type::kNone;
     return Status::Ok();
   }
-  if (*type == "linear") r.type = RopeScaling::Type::kLinear;
-  else if (*type == "llama3") r.type = RopeScaling::Type::kLlama3;
-  else if (*type == "yarn") r.type = RopeScaling::Type::kYarn;
-  else return s.invalid("rope_type", "'" + *type + "' is not supported (default, linear, llama3, yarn)");
+  if (*type == "linear")
+    r.type = RopeScaling::Type::kLinear;
+  else if (*type == "llama3")
+    r.type = RopeScaling::Type::kLlama3;
+  else if (*type == "yarn")
+    r.type = RopeScaling::Type::kYarn;
+  else
+    return s.invalid("rope_type", "'" + *type + "' is not supported (default, linear, llama3, yarn)");
 
   RILL_ASSIGN_OR_RETURN(auto factor, s.opt_float("factor"));
   if (factor) {
@@ -222,8 +246,8 @@ Status parse_moe(const Fields& f, ModelConfig& c) {
   c.n_expert = *n_expert;
   RILL_ASSIGN_OR_RETURN(c.n_expert_used, f.req_dim("num_experts_per_tok"));
   if (c.n_expert_used > c.n_expert)
-    return f.invalid("num_experts_per_tok", "(" + std::to_string(c.n_expert_used) + ") exceeds " +
-                                                experts_key + " (" + std::to_string(c.n_expert) + ")");
+    return f.invalid("num_experts_per_tok", "(" + std::to_string(c.n_expert_used) + ") exceeds " + experts_key + " (" +
+                                                std::to_string(c.n_expert) + ")");
   RILL_ASSIGN_OR_RETURN(auto n_ff_expert, f.opt_dim("moe_intermediate_size", 1));
   c.n_ff_expert = n_ff_expert.value_or(c.n_ff);
   if (c.n_ff_expert <= 0) return f.missing("moe_intermediate_size");
@@ -239,8 +263,8 @@ Status parse_moe(const Fields& f, ModelConfig& c) {
     if (!dense->is_array()) return f.wrong("mlp_only_layers", "a list of layer indices", *dense);
     for (const json& v : *dense) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.n_layer)
-        return f.invalid("mlp_only_layers", "must list layer indices below num_hidden_layers (" +
-                                                std::to_string(c.n_layer) + ")");
+        return f.invalid("mlp_only_layers",
+                         "must list layer indices below num_hidden_layers (" + std::to_string(c.n_layer) + ")");
       c.dense_layers.push_back(v.get<int64_t>());
     }
   }
@@ -289,7 +313,9 @@ Result<ModelConfig> parse_hf_config(const json& config, const std::string& name)
 
     ModelConfig c;
     RILL_ASSIGN_OR_RETURN(auto model_type, f.opt_string("model_type"));
-    if (!model_type) { RILL_ASSIGN_OR_RETURN(model_type, top.opt_string("model_type")); }
+    if (!model_type) {
+      RILL_ASSIGN_OR_RETURN(model_type, top.opt_string("model_type"));
+    }
     if (!model_type) return top.missing("model_type");
     c.architecture = *model_type;
 
@@ -303,9 +329,9 @@ Result<ModelConfig> parse_hf_config(const json& config, const std::string& name)
     RILL_ASSIGN_OR_RETURN(auto n_head_kv, f.opt_dim("num_key_value_heads", 1));
     c.n_head_kv = n_head_kv ? *n_head_kv : c.n_head;
     if (c.n_head % c.n_head_kv != 0)
-      return f.invalid("num_key_value_heads", "(" + std::to_string(c.n_head_kv) +
-                                                  ") must divide num_attention_heads (" +
-                                                  std::to_string(c.n_head) + ")");
+      return f.invalid(
+          "num_key_value_heads",
+          "(" + std::to_string(c.n_head_kv) + ") must divide num_attention_heads (" + std::to_string(c.n_head) + ")");
     RILL_ASSIGN_OR_RETURN(auto head_dim, f.opt_dim("head_dim", 1));
     if (head_dim) {
       c.head_dim = *head_dim;
@@ -325,12 +351,16 @@ Result<ModelConfig> parse_hf_config(const json& config, const std::string& name)
       c.rms_norm_eps = static_cast<float>(*eps);
     }
     RILL_ASSIGN_OR_RETURN(auto tie, f.opt_bool("tie_word_embeddings"));
-    if (!tie && src != &config) { RILL_ASSIGN_OR_RETURN(tie, top.opt_bool("tie_word_embeddings")); }
+    if (!tie && src != &config) {
+      RILL_ASSIGN_OR_RETURN(tie, top.opt_bool("tie_word_embeddings"));
+    }
     c.tie_word_embeddings = tie.value_or(false);
 
     // Gemma names it hidden_activation (and its hidden_act, when both exist, is stale).
     RILL_ASSIGN_OR_RETURN(auto act, f.opt_string("hidden_activation"));
-    if (!act) { RILL_ASSIGN_OR_RETURN(act, f.opt_string("hidden_act")); }
+    if (!act) {
+      RILL_ASSIGN_OR_RETURN(act, f.opt_string("hidden_act"));
+    }
     if (act) c.hidden_act = *act;
 
     RILL_ASSIGN_OR_RETURN(auto window, f.opt_dim("sliding_window"));
@@ -341,7 +371,9 @@ Result<ModelConfig> parse_hf_config(const json& config, const std::string& name)
     RILL_TRY(parse_moe(f, c));
 
     RILL_ASSIGN_OR_RETURN(auto eos, f.opt_token_ids("eos_token_id"));
-    if (!eos && src != &config) { RILL_ASSIGN_OR_RETURN(eos, top.opt_token_ids("eos_token_id")); }
+    if (!eos && src != &config) {
+      RILL_ASSIGN_OR_RETURN(eos, top.opt_token_ids("eos_token_id"));
+    }
     if (eos) c.generation.eos_token_ids = std::move(*eos);
     RILL_ASSIGN_OR_RETURN(auto bos, f.opt_token_ids("bos_token_id"));
     if (bos && bos->size() == 1) c.generation.bos_token_id = (*bos)[0];

@@ -24,8 +24,7 @@ Result<ModelConfig> parse_hf_config(const nlohmann::json& config, const std::str
 Result<ModelConfig> parse_hf_config_text(std::string_view text, const std::string& name);
 
 // Overlays generation_config.json onto `out` (fields present there win).
-Status apply_generation_config(const nlohmann::json& gen, const std::string& name,
-                               GenerationDefaults* out);
+Status apply_generation_config(const nlohmann::json& gen, const std::string& name, GenerationDefaults* out);
 
 // Reads dir/config.json and, when present, dir/generation_config.json.
 Result<ModelConfig> load_hf_config(const std::string& dir);

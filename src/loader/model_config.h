@@ -56,13 +56,13 @@ struct ModelConfig {
   std::string architecture;
 
   int64_t n_vocab = 0;
-  int64_t n_embd = 0;       // hidden_size
-  int64_t n_layer = 0;      // num_hidden_layers
-  int64_t n_head = 0;       // num_attention_heads
-  int64_t n_head_kv = 0;    // num_key_value_heads
-  int64_t head_dim = 0;     // explicit head_dim, else n_embd / n_head
-  int64_t n_ff = 0;         // intermediate_size
-  int64_t max_position = 0; // max_position_embeddings / context_length
+  int64_t n_embd = 0;        // hidden_size
+  int64_t n_layer = 0;       // num_hidden_layers
+  int64_t n_head = 0;        // num_attention_heads
+  int64_t n_head_kv = 0;     // num_key_value_heads
+  int64_t head_dim = 0;      // explicit head_dim, else n_embd / n_head
+  int64_t n_ff = 0;          // intermediate_size
+  int64_t max_position = 0;  // max_position_embeddings / context_length
   float rms_norm_eps = 1e-6f;
 
   float rope_theta = 10000.0f;
@@ -77,12 +77,12 @@ struct ModelConfig {
   // Mixture of experts (model/moe.h); n_expert == 0: every FFN is dense.
   // Layer il has the MoE FFN when n_expert > 0, (il + 1) % moe_layer_step
   // == 0 and il is not in dense_layers (transformers' Qwen3-MoE rule).
-  int64_t n_expert = 0;            // num_local_experts / num_experts
-  int64_t n_expert_used = 0;       // num_experts_per_tok (top-k)
-  int64_t n_ff_expert = 0;         // moe_intermediate_size, else intermediate_size
-  int64_t n_ff_shared_expert = 0;  // shared_expert_intermediate_size; 0: no shared expert
-  bool norm_topk_prob = true;      // renormalise the top-k weights (Mixtral always does)
-  int64_t moe_layer_step = 1;      // decoder_sparse_step
+  int64_t n_expert = 0;               // num_local_experts / num_experts
+  int64_t n_expert_used = 0;          // num_experts_per_tok (top-k)
+  int64_t n_ff_expert = 0;            // moe_intermediate_size, else intermediate_size
+  int64_t n_ff_shared_expert = 0;     // shared_expert_intermediate_size; 0: no shared expert
+  bool norm_topk_prob = true;         // renormalise the top-k weights (Mixtral always does)
+  int64_t moe_layer_step = 1;         // decoder_sparse_step
   std::vector<int64_t> dense_layers;  // mlp_only_layers
 
   GenerationDefaults generation;

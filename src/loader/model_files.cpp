@@ -35,8 +35,7 @@ const TensorRef* ModelFiles::find(std::string_view name) const {
   return it == tensors.end() ? nullptr : &it->second;
 }
 
-Result<const TensorRef*> ModelFiles::require(std::string_view name,
-                                             const std::vector<int64_t>& shape) const {
+Result<const TensorRef*> ModelFiles::require(std::string_view name, const std::vector<int64_t>& shape) const {
   const TensorRef* t = find(name);
   if (!t) return Error{path + ": missing tensor '" + std::string(name) + "'"};
   if (t->shape != shape) {

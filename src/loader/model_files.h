@@ -23,10 +23,10 @@ namespace rill {
 class GgufFile;
 
 struct TensorRef {
-  std::string name;             // canonical name
-  std::string file;             // the file that holds it (for error messages)
+  std::string name;  // canonical name
+  std::string file;  // the file that holds it (for error messages)
   DType dtype = DType::kF32;
-  std::vector<int64_t> shape;   // outermost first
+  std::vector<int64_t> shape;  // outermost first
   const uint8_t* data = nullptr;
   size_t n_bytes = 0;
 
@@ -49,7 +49,7 @@ struct ModelFiles {
   std::string tokenizer_config_path;
   std::string chat_template;  // empty if none
 
-  std::vector<MappedFile> mappings;             // keep the tensor data alive
+  std::vector<MappedFile> mappings;  // keep the tensor data alive
   std::map<std::string, TensorRef, std::less<>> tensors;
 
   // nullptr when absent.

@@ -18,19 +18,33 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 constexpr size_t kMaxRank = 8;
 
-Error err(const std::string& name, const std::string& what) { return Error{name + ": " + what}; }
+Error err(const std::string& name, const std::string& what) {
+  return Error{name + ": " + what};
+}
 
 // Supported dtypes; others get an error naming the dtype and the tensor.
 bool parse_dtype(const std::string& s, DType* out) {
-  if (s == "F32") { *out = DType::kF32; return true; }
-  if (s == "F16") { *out = DType::kF16; return true; }
-  if (s == "BF16") { *out = DType::kBF16; return true; }
+  if (s == "F32") {
+    *out = DType::kF32;
+    return true;
+  }
+  if (s == "F16") {
+    *out = DType::kF16;
+    return true;
+  }
+  if (s == "BF16") {
+    *out = DType::kBF16;
+    return true;
+  }
   return false;
 }
 
 // Reads a non-negative JSON integer; false when it is not one.
 bool read_u64(const nlohmann::json& j, uint64_t* out) {
-  if (j.is_number_unsigned()) { *out = j.get<uint64_t>(); return true; }
+  if (j.is_number_unsigned()) {
+    *out = j.get<uint64_t>();
+    return true;
+  }
   if (j.is_number_integer()) {
     int64_t v = j.get<int64_t>();
     if (v < 0) return false;
@@ -41,8 +55,8 @@ bool read_u64(const nlohmann::json& j, uint64_t* out) {
 }
 
 Result<SafetensorsTensor> parse_entry(const std::string& tensor, const nlohmann::json& info,
-                                      const uint8_t* data_section, uint64_t data_size,
-                                      const std::string& name, uint64_t* begin_out) {
+                                      const uint8_t* data_section, uint64_t data_size, const std::string& name,
+                                      uint64_t* begin_out) {
   auto bad = [&](const std::string& what) { return err(name, "tensor '" + tensor + "' " + what); };
   if (!info.is_object()) return bad("entry is not an object");
   auto dt = info.find("dtype");
@@ -92,8 +106,7 @@ Result<SafetensorsTensor> parse_entry(const std::string& tensor, const nlohmann:
 
 }  // namespace
 
-Result<std::vector<SafetensorsTensor>> parse_safetensors(const uint8_t* data, size_t size,
-                                                         const std::string& name) {
+Result<std::vector<SafetensorsTensor>> parse_safetensors(const uint8_t* data, size_t size, const std::string& name) {
   if (size < 8) return err(name, "file too short for a safetensors header (" + std::to_string(size) + " bytes)");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];  // little-endian
@@ -163,8 +176,7 @@ Result<SafetensorsIndex> parse_safetensors_index(const std::string& text, const 
   SafetensorsIndex index;
   std::set<std::string> shards;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
-    if (!it.value().is_string())
-      return err(name, "weight_map entry for tensor '" + it.key() + "' is not a string");
+    if (!it.value().is_string()) return err(name, "weight_map entry for tensor '" + it.key() + "' is not a string");
     std::string shard = it.value().get<std::string>();
     if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos ||
         shard.find('\\') != std::string::npos || shard.find('\0') != std::string::npos)
@@ -211,8 +223,7 @@ Result<SafetensorsCheckpoint> open_safetensors_checkpoint(const std::string& dir
   std::error_code ec;
   if (!fs::exists(index_path, ec)) {
     const std::string single = (fs::path(dir) / "model.safetensors").string();
-    if (!fs::exists(single, ec))
-      return Error{dir + ": no model.safetensors or model.safetensors.index.json"};
+    if (!fs::exists(single, ec)) return Error{dir + ": no model.safetensors or model.safetensors.index.json"};
     auto file = open_safetensors(single);
     if (!file.ok()) return file.error();
     ck.files.push_back(std::move(file).value());

@@ -18,8 +18,8 @@ namespace rill {
 
 struct SafetensorsTensor {
   std::string name;
-  DType dtype = DType::kF32;    // F32, F16 or BF16
-  std::vector<int64_t> shape;   // outermost first; [] is a scalar
+  DType dtype = DType::kF32;      // F32, F16 or BF16
+  std::vector<int64_t> shape;     // outermost first; [] is a scalar
   const uint8_t* data = nullptr;  // into the parsed buffer; null when n_bytes == 0
   size_t n_bytes = 0;
 };
@@ -27,8 +27,7 @@ struct SafetensorsTensor {
 // Parses an in-memory safetensors image. Tensors point into `data` and are
 // sorted by name. `name` (the file name) prefixes every error message.
 // Never throws; any malformed input is an Error.
-Result<std::vector<SafetensorsTensor>> parse_safetensors(const uint8_t* data, size_t size,
-                                                         const std::string& name);
+Result<std::vector<SafetensorsTensor>> parse_safetensors(const uint8_t* data, size_t size, const std::string& name);
 
 struct SafetensorsFile {
   MappedFile mapping;  // owns the bytes the tensors point into

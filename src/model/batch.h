@@ -17,11 +17,11 @@
 namespace rill {
 
 struct BatchSeq {
-  int32_t q_start = 0;      // first token of this sequence in the flat arrays
-  int32_t q_len = 0;        // tokens computed this step
-  int32_t kv_len = 0;       // tokens in the cache after this step (= last position + 1)
-  int32_t table_start = 0;  // first entry of this sequence's block table
-  int32_t table_len = 0;    // entries, >= ceil(kv_len / block size)
+  int32_t q_start = 0;         // first token of this sequence in the flat arrays
+  int32_t q_len = 0;           // tokens computed this step
+  int32_t kv_len = 0;          // tokens in the cache after this step (= last position + 1)
+  int32_t table_start = 0;     // first entry of this sequence's block table
+  int32_t table_len = 0;       // entries, >= ceil(kv_len / block size)
   int32_t state_slot = -1;     // recurrent groups: the live state slot; -1 without
   int32_t state_restore = -1;  // checkpoint to load before the step; -1: none
   // Where the sequence's generated tokens start (its prompt length): a query
@@ -41,14 +41,14 @@ struct StateSave {
 };
 
 struct Batch {
-  std::vector<int32_t> token_ids;    // [n_tokens]
-  std::vector<int32_t> positions;    // [n_tokens]
-  std::vector<int32_t> seq_index;    // [n_tokens] -> index into seqs
-  std::vector<BatchSeq> seqs;        // [n_seqs]
-  std::vector<int32_t> sample_rows;  // token indices whose logits are returned, in order
-  std::vector<int32_t> block_table;  // group 0: all sequences' tables end to end
+  std::vector<int32_t> token_ids;                  // [n_tokens]
+  std::vector<int32_t> positions;                  // [n_tokens]
+  std::vector<int32_t> seq_index;                  // [n_tokens] -> index into seqs
+  std::vector<BatchSeq> seqs;                      // [n_seqs]
+  std::vector<int32_t> sample_rows;                // token indices whose logits are returned, in order
+  std::vector<int32_t> block_table;                // group 0: all sequences' tables end to end
   std::vector<std::vector<int32_t>> group_tables;  // groups 1.. (same layout)
-  std::vector<StateSave> state_saves;  // recurrent checkpoints to take this step
+  std::vector<StateSave> state_saves;              // recurrent checkpoints to take this step
 
   int32_t n_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   std::span<const int32_t> table(int32_t group, const BatchSeq& s) const {
@@ -69,11 +69,10 @@ struct Batch {
   // its group-0 block table; the last token samples when `sample_last`.
   // Returns the sequence's index (callers of multi-group models then append
   // the same number of entries to each group_tables[g]).
-  int32_t add_sequence(const int32_t* ids, int32_t n, int32_t pos0, bool sample_last,
-                       std::span<const int32_t> table) {
+  int32_t add_sequence(const int32_t* ids, int32_t n, int32_t pos0, bool sample_last, std::span<const int32_t> table) {
     const int32_t s = static_cast<int32_t>(seqs.size());
-    seqs.push_back({n_tokens(), n, pos0 + n, static_cast<int32_t>(block_table.size()),
-                    static_cast<int32_t>(table.size())});
+    seqs.push_back(
+        {n_tokens(), n, pos0 + n, static_cast<int32_t>(block_table.size()), static_cast<int32_t>(table.size())});
     block_table.insert(block_table.end(), table.begin(), table.end());
     for (int32_t i = 0; i < n; ++i) {
       token_ids.push_back(ids[i]);

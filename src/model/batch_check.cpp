@@ -8,7 +8,8 @@ namespace rill {
 Status check_batch(const Batch& batch, const BatchLimits& lim) {
   const int64_t n = batch.n_tokens();
   if (n > lim.max_tokens) {
-    return Error{"batch of " + std::to_string(n) + " tokens exceeds max_batch_tokens " + std::to_string(lim.max_tokens)};
+    return Error{"batch of " + std::to_string(n) + " tokens exceeds max_batch_tokens " +
+                 std::to_string(lim.max_tokens)};
   }
   if (static_cast<int64_t>(batch.sample_rows.size()) > lim.max_sample_rows) {
     return Error{"batch samples " + std::to_string(batch.sample_rows.size()) + " rows, more than " +
@@ -43,7 +44,8 @@ Status check_batch(const Batch& batch, const BatchLimits& lim) {
   for (int64_t i = 0; i < n; ++i) {
     const int32_t id = batch.token_ids[i];
     if (id < 0 || id >= lim.n_vocab) {
-      return Error{"token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(lim.n_vocab) + ")"};
+      return Error{"token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(lim.n_vocab) +
+                   ")"};
     }
     if (batch.seq_index[i] < 0 || static_cast<size_t>(batch.seq_index[i]) >= batch.seqs.size()) {
       return Error{"token " + std::to_string(i) + " names sequence " + std::to_string(batch.seq_index[i]) +
@@ -84,8 +86,8 @@ Status check_batch(const Batch& batch, const BatchLimits& limits, const KvSpec& 
         const int32_t e = t[static_cast<size_t>(s.table_start + b)];
         if (e < 0 || e >= limits.n_blocks) {
           return Error{"KV group " + std::to_string(g) + " block table entry " + std::to_string(b) + " (" +
-                       std::to_string(e) + ") is not a KV block (the cache has " +
-                       std::to_string(limits.n_blocks) + ")"};
+                       std::to_string(e) + ") is not a KV block (the cache has " + std::to_string(limits.n_blocks) +
+                       ")"};
         }
       }
     }

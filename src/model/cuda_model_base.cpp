@@ -32,8 +32,10 @@ Result<CudaDtypes> pick_cuda_dtypes(const std::string& path, const std::vector<c
   for (const WeightView* w : layer_mats) {
     const DType t = w->dtype;
     if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16 && !cuda::quant_supported(t)) {
-      return Error{path + ": the CUDA backend runs F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K "
-                   "and Q6_K weights; this model has " + std::string(dtype_name(t))};
+      return Error{path +
+                   ": the CUDA backend runs F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K "
+                   "and Q6_K weights; this model has " +
+                   std::string(dtype_name(t))};
     }
     all_f32 = all_f32 && t == DType::kF32;
     any_quant = any_quant || cuda::quant_supported(t);
@@ -144,7 +146,8 @@ Status WeightUpload::copy_packed(uint8_t* dst, const void* src, DType src_dtype,
         std::memcpy(conv_.data() + 2 * j, &hv, 2);
       }
     }
-    if (cudaError_t e = cudaMemcpy(dst + static_cast<size_t>(i) * es, conv_.data(), conv_.size(), cudaMemcpyHostToDevice);
+    if (cudaError_t e =
+            cudaMemcpy(dst + static_cast<size_t>(i) * es, conv_.data(), conv_.size(), cudaMemcpyHostToDevice);
         e != cudaSuccess) {
       return Error{cuda::cuda_error_text(e, "uploading weights")};
     }
@@ -205,9 +208,10 @@ Status CudaModelBase::read_dims() {
   }
   hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E_ / cfg_.n_head;
   if (hd_ <= 0 || hd_ > 256 || hd_ % 4 != 0 || cfg_.n_head / cfg_.n_head_kv > 8) {
-    return Error{path + ": the CUDA backend supports head_dim a multiple of 4 up to 256 and at most 8 query heads "
-                 "per KV head (model: head_dim " + std::to_string(hd_) + ", " +
-                 std::to_string(cfg_.n_head / cfg_.n_head_kv) + " per KV head)"};
+    return Error{path +
+                 ": the CUDA backend supports head_dim a multiple of 4 up to 256 and at most 8 query heads "
+                 "per KV head (model: head_dim " +
+                 std::to_string(hd_) + ", " + std::to_string(cfg_.n_head / cfg_.n_head_kv) + " per KV head)"};
   }
   Q_ = cfg_.n_head * hd_;
   KV_ = cfg_.n_head_kv * hd_;
@@ -271,8 +275,8 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   auto carve = [&](cuda::Arena& a) {
     carve_activations(a);
     logits_ = a.take<float>(S * V_);
-    partial_ = a.take<float>(cuda::attention_partial_floats(max_tokens_, static_cast<int32_t>(n_head_),
-                                                             static_cast<int32_t>(hd_)));
+    partial_ = a.take<float>(
+        cuda::attention_partial_floats(max_tokens_, static_cast<int32_t>(n_head_), static_cast<int32_t>(hd_)));
     ids_dev_ = a.take<int32_t>(S);
     sample_params_dev_ = a.take<DeviceSamplingParams>(S);
     split_counts_ = a.take<int32_t>(T * static_cast<size_t>(n_head_kv_));
@@ -280,8 +284,7 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
       vocab_local_ = a.take<float>(S * static_cast<size_t>(split_.vocab_stride));
       vocab_all_ = a.take<float>(static_cast<size_t>(split_.size) * S * static_cast<size_t>(split_.vocab_stride));
     }
-    qscratch_.carve(a, act_, max_tokens_, quant_max_elems_, quant_head_ ? V_ : 0, E_, max_seqs_,
-                      batch_invariant_);
+    qscratch_.carve(a, act_, max_tokens_, quant_max_elems_, quant_head_ ? V_ : 0, E_, max_seqs_, batch_invariant_);
   };
   cuda::Arena sizing;
   carve(sizing);
@@ -317,8 +320,8 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   } else if (options.gpu_memory_fraction > 0) {
     size_t free_b = 0, total_b = 0;
     ctx_->mem_info(&free_b, &total_b);
-    const double budget = options.gpu_memory_fraction * static_cast<double>(total_b) -
-                          static_cast<double>(total_b - free_b);
+    const double budget =
+        options.gpu_memory_fraction * static_cast<double>(total_b) - static_cast<double>(total_b - free_b);
     n_blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
     if (n_blocks < 1) {
       return Error{f.path + ": --gpu-memory-fraction " + std::to_string(options.gpu_memory_fraction) +
@@ -331,13 +334,15 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   }
   n_blocks = std::min<int64_t>(n_blocks, (int64_t{1} << 31) / block_size_ - 1);  // slots are int32
   if (n_blocks < 1) {
-    return Error{f.path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) + " bytes holds no whole block of " +
-                 std::to_string(block_size_) + " tokens (" + std::to_string(kv_token_bytes_) + " bytes per token)"};
+    return Error{f.path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) +
+                 " bytes holds no whole block of " + std::to_string(block_size_) + " tokens (" +
+                 std::to_string(kv_token_bytes_) + " bytes per token)"};
   }
   n_blocks_ = static_cast<int32_t>(n_blocks);
   // One block more than reported: the scratch block that padding rows of a
   // decode graph write to and read from.
-  RILL_ASSIGN_OR_RETURN(kv_, cuda::DeviceBuffer::allocate(static_cast<size_t>(n_blocks + 1) * block_bytes, "the KV cache"));
+  RILL_ASSIGN_OR_RETURN(kv_,
+                        cuda::DeviceBuffer::allocate(static_cast<size_t>(n_blocks + 1) * block_bytes, "the KV cache"));
   kv_plane_ = static_cast<size_t>(n_blocks + 1) * static_cast<size_t>(block_size_) * static_cast<size_t>(KV_) *
               cuda_dtype_size(kv_dtype_);
   if (const char* g = std::getenv("RILL_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
@@ -445,8 +450,8 @@ Status CudaModelBase::forward_sample(const Batch& batch, const DeviceSamplingPar
     // synchronize, so they may be rewritten now.
     const size_t bytes = static_cast<size_t>(n_sample) * sizeof(DeviceSamplingParams);
     std::memcpy(sample_params_host_.data(), rows, bytes);
-    RILL_CUDA_CHECK(cudaMemcpyAsync(sample_params_dev_, sample_params_host_.data(), bytes, cudaMemcpyHostToDevice,
-                                    ctx_->stream()));
+    RILL_CUDA_CHECK(
+        cudaMemcpyAsync(sample_params_dev_, sample_params_host_.data(), bytes, cudaMemcpyHostToDevice, ctx_->stream()));
     cuda::sample_rows(logits_, n_sample, V_, sample_params_dev_, ids_dev_, nullptr, ctx_->stream());
   }
   return read_ids(n_sample, ids);
@@ -544,8 +549,8 @@ Status CudaModelBase::compute(const Batch& batch) {
     }
   }
   const size_t n_used = n_table + (n_run > n ? 1 : 0);
-  const size_t meta_bytes = reinterpret_cast<const uint8_t*>(mh.tables[0] + n_used) -
-                            reinterpret_cast<const uint8_t*>(mh.ids);
+  const size_t meta_bytes =
+      reinterpret_cast<const uint8_t*>(mh.tables[0] + n_used) - reinterpret_cast<const uint8_t*>(mh.ids);
   cudaStream_t st = ctx_->stream();
   RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_.ids, mh.ids, meta_bytes, cudaMemcpyHostToDevice, st));
   for (int g = 1; g < n_groups; ++g) {
@@ -557,7 +562,8 @@ Status CudaModelBase::compute(const Batch& batch) {
   const Step step{n_run, n_run, decode.n, max_decode_len, 0};
   Graph& g = graphs_[static_cast<uint32_t>(n_run) << 8 | static_cast<uint32_t>(split_bucket)];
   if (g.exec) {
-    if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess) return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
+    if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess)
+      return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
     return Status::Ok();
   }
   if (!g.seen) {
@@ -575,7 +581,8 @@ Status CudaModelBase::compute(const Batch& batch) {
   const cudaError_t inst = cudaGraphInstantiate(&g.exec, graph, 0);
   cudaGraphDestroy(graph);
   if (inst != cudaSuccess) return Error{cuda::cuda_error_text(inst, "cudaGraphInstantiate")};
-  if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess) return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
+  if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess)
+    return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
   return Status::Ok();
 }
 

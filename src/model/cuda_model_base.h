@@ -48,7 +48,9 @@ class Communicator;
 inline constexpr int kMaxKvGroups = 2;
 
 // Bytes of one element of a float dtype on the device (F32: 4, F16/BF16: 2).
-inline size_t cuda_dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline size_t cuda_dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
 
 // The dtypes a CUDA model computes in, from its layer matrices (layer 0's
 // first matrix first) and embedding: act is that first matrix's dtype (bf16
@@ -93,7 +95,7 @@ class WeightUpload {
     size_t off;
     const void* src;  // host
     DType src_dtype;
-    int64_t n;        // elements (of each row when rows > 1)
+    int64_t n;  // elements (of each row when rows > 1)
     DType dst_dtype;
     int64_t rows = 1;
     size_t src_pitch = 0;  // bytes from one source row to the next (rows > 1)
@@ -128,15 +130,15 @@ struct DeviceRope {
 // each, of the used prefix), then the per-token arrays and group 0's tables
 // last: one copy moves those up to group 0's used prefix.
 struct StepMeta {
-  int32_t* ids = nullptr;            // [T]
-  int32_t* pos = nullptr;            // [T]
-  int32_t* seq_of = nullptr;         // [T]
-  int32_t* decode_tokens = nullptr;  // [T]
-  int32_t* sample_rows = nullptr;    // [S]
-  int32_t* table_start = nullptr;    // [T] (a batch has at most one sequence per token)
-  cuda::PrefillTile* tiles = nullptr;      // [T]
-  int32_t* slots[kMaxKvGroups] = {};       // [T] cache row of each token, per group
-  int32_t* tables[kMaxKvGroups] = {};      // [table_cap] per group
+  int32_t* ids = nullptr;              // [T]
+  int32_t* pos = nullptr;              // [T]
+  int32_t* seq_of = nullptr;           // [T]
+  int32_t* decode_tokens = nullptr;    // [T]
+  int32_t* sample_rows = nullptr;      // [S]
+  int32_t* table_start = nullptr;      // [T] (a batch has at most one sequence per token)
+  cuda::PrefillTile* tiles = nullptr;  // [T]
+  int32_t* slots[kMaxKvGroups] = {};   // [T] cache row of each token, per group
+  int32_t* tables[kMaxKvGroups] = {};  // [table_cap] per group
 
   void carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n_groups);
 };
@@ -250,9 +252,9 @@ class CudaModelBase : public Model {
   bool quant_head_ = false;
   float* logits_ = nullptr;  // [S, V]
   CudaShard shard_;
-  Communicator* comm_ = nullptr;  // shards: rank shard_.rank of shard_.group
-  TensorSplit split_;             // shards: this rank's heads, KV heads and vocabulary rows
-  SplitRange ff_split_;           // shards: this rank's rows of gate/up (columns of down)
+  Communicator* comm_ = nullptr;        // shards: rank shard_.rank of shard_.group
+  TensorSplit split_;                   // shards: this rank's heads, KV heads and vocabulary rows
+  SplitRange ff_split_;                 // shards: this rank's rows of gate/up (columns of down)
   int64_t n_head_ = 0, n_head_kv_ = 0;  // this rank's (all of them unsharded)
 
  private:
@@ -274,8 +276,8 @@ class CudaModelBase : public Model {
   cuda::DeviceBuffer kv_;
   cuda::DeviceBuffer act_buf_;
   float* partial_ = nullptr;
-  float* vocab_local_ = nullptr;  // shards: [S, split_.vocab_stride] this rank's logits
-  float* vocab_all_ = nullptr;    // shards: [N, S, split_.vocab_stride] gathered
+  float* vocab_local_ = nullptr;     // shards: [S, split_.vocab_stride] this rank's logits
+  float* vocab_all_ = nullptr;       // shards: [N, S, split_.vocab_stride] gathered
   int32_t* split_counts_ = nullptr;  // [T, n_head_kv] decode split merge counters, kept zero between launches
   int32_t* ids_dev_ = nullptr;       // [S] greedy or sampled ids
   DeviceSamplingParams* sample_params_dev_ = nullptr;  // [S] forward_sample's rows

@@ -12,7 +12,9 @@
 namespace rill {
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
+std::string str(int64_t v) {
+  return std::to_string(v);
+}
 
 Status check_unquantized(const WeightView& w, const std::string& what, const char* name) {
   if (cuda::quant_supported(w.dtype) || (w.dtype != DType::kF32 && w.dtype != DType::kF16 && w.dtype != DType::kBF16)) {
@@ -106,8 +108,8 @@ Status CudaMoe::init(const MoeParams& p, DType act, const std::string& path) {
   p_ = p;
   act_ = act;
   if (const char* v = std::getenv("RILL_CUDA_MOE_MMA")) mma_mode_ = std::string(v) == "0" ? 0 : 1;
-  RILL_ASSIGN_OR_RETURN(padded_host_, cuda::PinnedBuffer::allocate(static_cast<size_t>(p.n_expert + 1) * 4,
-                                                                    path + ": MoE row counts"));
+  RILL_ASSIGN_OR_RETURN(
+      padded_host_, cuda::PinnedBuffer::allocate(static_cast<size_t>(p.n_expert + 1) * 4, path + ": MoE row counts"));
   return Status::Ok();
 }
 
@@ -140,8 +142,8 @@ void CudaMoe::carve(cuda::Arena& a, int64_t max_tokens) {
   }
 }
 
-Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool decode_only, float* x,
-                        cuda::Gemm& gemm, cudaStream_t stream, bool grouped) {
+Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool decode_only, float* x, cuda::Gemm& gemm,
+                        cudaStream_t stream, bool grouped) {
   const MoeParams& p = w.p;
   // Batch-invariant mode (gemm.batch_invariant()): device routing and the
   // fixed-order expert kernels (tensor cores where moe_mma_supported) at
@@ -172,8 +174,8 @@ Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool 
     } else {
       RILL_TRY(experts_grouped(w, hc, m, gemm, stream));
     }
-    cuda::moe_combine(y_, device_routing ? nullptr : routing_.row_of_pair, routing_.weights, m,
-                      static_cast<int32_t>(K), E, Fs > 0 ? shared_y_ : nullptr, shared_logit_, xc, stream);
+    cuda::moe_combine(y_, device_routing ? nullptr : routing_.row_of_pair, routing_.weights, m, static_cast<int32_t>(K),
+                      E, Fs > 0 ? shared_y_ : nullptr, shared_logit_, xc, stream);
   }
   return Status::Ok();
 }
@@ -185,8 +187,8 @@ Status CudaMoe::experts_grouped(const CudaMoeWeights& w, const void* h, int64_t 
   const int64_t X = w.p.n_expert, K = w.p.n_expert_used, E = w.p.n_embd, F = w.p.n_ff;
   const size_t as = cuda_dtype_size(act_);
   auto* padded = static_cast<int32_t*>(padded_host_.data());
-  RILL_CUDA_CHECK(cudaMemcpyAsync(padded, routing_.padded, static_cast<size_t>(X + 1) * 4, cudaMemcpyDeviceToHost,
-                                  stream));
+  RILL_CUDA_CHECK(
+      cudaMemcpyAsync(padded, routing_.padded, static_cast<size_t>(X + 1) * 4, cudaMemcpyDeviceToHost, stream));
   if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
     return Error{cuda::cuda_error_text(e, "MoE routing")};
   }

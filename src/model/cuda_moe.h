@@ -99,15 +99,15 @@ class CudaMoe {
   int mma_mode_ = -1;
   int64_t chunk_ = 0, rows_ = 0;  // tokens per pass; expert rows of one pass (padded)
   cuda::MoeRouting routing_;
-  float* logits_ = nullptr;     // [chunk, X]
-  void* xg_ = nullptr;          // [rows, E] act: gathered inputs (grouped path)
-  float* gu_ = nullptr;         // [rows, 2F]
-  void* mid_ = nullptr;         // [rows, F] act: silu(gate) * up
-  float* y_ = nullptr;          // [rows, E]: expert outputs
-  float* shared_gu_ = nullptr;  // [chunk, 2 Fs]
-  void* shared_mid_ = nullptr;  // [chunk, Fs] act
-  float* shared_y_ = nullptr;   // [chunk, E]
-  float* shared_logit_ = nullptr;  // [chunk]
+  float* logits_ = nullptr;         // [chunk, X]
+  void* xg_ = nullptr;              // [rows, E] act: gathered inputs (grouped path)
+  float* gu_ = nullptr;             // [rows, 2F]
+  void* mid_ = nullptr;             // [rows, F] act: silu(gate) * up
+  float* y_ = nullptr;              // [rows, E]: expert outputs
+  float* shared_gu_ = nullptr;      // [chunk, 2 Fs]
+  void* shared_mid_ = nullptr;      // [chunk, Fs] act
+  float* shared_y_ = nullptr;       // [chunk, E]
+  float* shared_logit_ = nullptr;   // [chunk]
   cuda::PinnedBuffer padded_host_;  // [X + 1]
 };
 

@@ -41,14 +41,14 @@ std::string config_fingerprint(const ModelConfig& c) {
       {"hidden_act", c.hidden_act},
   };
   if (c.n_expert > 0) {  // only then, so dense models keep their fingerprints
-    j["moe"] = {c.n_expert, c.n_expert_used, c.n_ff_expert, c.n_ff_shared_expert, c.norm_topk_prob,
-                c.moe_layer_step, c.dense_layers};
+    j["moe"] = {c.n_expert,       c.n_expert_used,  c.n_ff_expert, c.n_ff_shared_expert,
+                c.norm_topk_prob, c.moe_layer_step, c.dense_layers};
   }
   // Family-specific graph fields of later architectures live in `raw`;
   // generation settings and tokenizer keys do not shape the graph.
   nlohmann::json raw = c.raw.is_object() ? c.raw : nlohmann::json::object();
-  for (const char* k : {"generation_config", "transformers_version", "torch_dtype", "dtype",
-                        "_name_or_path", "bos_token_id", "eos_token_id", "pad_token_id"}) {
+  for (const char* k : {"generation_config", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
+                        "bos_token_id", "eos_token_id", "pad_token_id"}) {
     raw.erase(k);
   }
   j["raw"] = raw;
@@ -94,7 +94,7 @@ std::string file_identity_key(const ModelFiles& files) {
   for (const auto& [name, t] : files.tensors) paths.insert(t.file);
   std::string key = "v1";  // bump with artifact_fingerprint's definition
   for (const std::string& p : paths) {
-    struct stat st{};
+    struct stat st {};
     if (::stat(p.c_str(), &st) != 0) return "";
     char buf[256];
     std::snprintf(buf, sizeof buf, "|%llu:%llu:%lld:%lld.%09ld:%lld.%09ld", static_cast<unsigned long long>(st.st_dev),
@@ -118,7 +118,8 @@ std::string artifact_fingerprint_cached(const ModelFiles& files, const std::stri
     std::ifstream in(sidecar_path);
     if (in) {
       side = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-      if (!side.is_object() || !side.contains("entries") || !side["entries"].is_array()) side = nlohmann::json::object();
+      if (!side.is_object() || !side.contains("entries") || !side["entries"].is_array())
+        side = nlohmann::json::object();
     }
   }
   if (!side.contains("entries")) side["entries"] = nlohmann::json::array();

@@ -16,8 +16,8 @@ Result<RecurrentStates> RecurrentStates::create(int64_t n_layers, const GatedDel
   s.floats_per_state_ = n_layers * (s.conv_floats_ + s.delta_floats_);
   size_t total = 0;
   if (n_layers <= 0 || n_slots <= 0 || n_checkpoints < 0 ||
-      __builtin_mul_overflow(static_cast<size_t>(n_slots) + static_cast<size_t>(n_checkpoints),
-                             s.bytes_per_state(), &total)) {
+      __builtin_mul_overflow(static_cast<size_t>(n_slots) + static_cast<size_t>(n_checkpoints), s.bytes_per_state(),
+                             &total)) {
     return Error{"recurrent state of " + std::to_string(n_slots) + " slots + " + std::to_string(n_checkpoints) +
                  " checkpoints is too large"};
   }
@@ -55,8 +55,8 @@ Status check_batch_states(const Batch& batch, int32_t n_slots, int32_t n_checkpo
     const StateSave& v = batch.state_saves[k];
     if (v.seq < 0 || static_cast<size_t>(v.seq) >= batch.seqs.size() || v.checkpoint < 0 ||
         v.checkpoint >= n_checkpoints) {
-      return Error{"state save " + std::to_string(k) + " names sequence " + std::to_string(v.seq) +
-                   " / checkpoint " + std::to_string(v.checkpoint) + ", which do not exist"};
+      return Error{"state save " + std::to_string(k) + " names sequence " + std::to_string(v.seq) + " / checkpoint " +
+                   std::to_string(v.checkpoint) + ", which do not exist"};
     }
     const BatchSeq& s = batch.seqs[static_cast<size_t>(v.seq)];
     if (v.pos < s.kv_len - s.q_len || v.pos >= s.kv_len) {
@@ -208,7 +208,9 @@ void ungroup_ba(const GatedDeltaDims& d, int64_t n, GatedDeltaScratch& s) {
 }
 
 // torch.nn.functional.softplus (beta 1, threshold 20).
-inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+inline float softplus(float x) {
+  return x > 20.0f ? x : std::log1p(std::exp(x));
+}
 
 }  // namespace
 

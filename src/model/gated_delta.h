@@ -48,7 +48,7 @@ struct GatedDeltaDims {
   int64_t key_dim() const { return n_k_heads * head_k_dim; }
   int64_t value_dim() const { return n_v_heads * head_v_dim; }
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
-  int64_t conv_state_floats() const { return conv_dim() * (conv_kernel - 1); }  // [conv_dim, K-1]
+  int64_t conv_state_floats() const { return conv_dim() * (conv_kernel - 1); }        // [conv_dim, K-1]
   int64_t delta_state_floats() const { return n_v_heads * head_k_dim * head_v_dim; }  // [n_v_heads, dk, dv]
 };
 
@@ -93,24 +93,23 @@ void prepare_states(const Batch& batch, const RecurrentStates& states);
 
 struct GatedDeltaNet {
   GatedDeltaDims dims;
-  bool fused = false;           // in_proj_qkvz (Qwen3-Next checkpoints)
-  bool fused_ba = false;        // in_proj_ba (Qwen3-Next checkpoints and qwen3next GGUF)
-  bool v_tiled = false;         // value heads tiled (qwen35 GGUF with n_v_heads != n_k_heads)
-  Linear qkv, z, b, a;          // Qwen3.5: [conv_dim|value_dim|n_v_heads|n_v_heads, E]
-  Linear qkvz, ba;              // Qwen3-Next: [2*key_dim + 2*value_dim, E], [2*n_v_heads, E]
-  std::vector<float> conv_w;    // [conv_dim, K]
-  std::vector<float> neg_a;     // -exp(A_log) [n_v_heads]
-  std::vector<float> dt_bias;   // [n_v_heads]
-  std::vector<float> norm_w;    // [head_v_dim], plain weight (not 1 + w)
-  Linear out;                   // [E, value_dim]
+  bool fused = false;          // in_proj_qkvz (Qwen3-Next checkpoints)
+  bool fused_ba = false;       // in_proj_ba (Qwen3-Next checkpoints and qwen3next GGUF)
+  bool v_tiled = false;        // value heads tiled (qwen35 GGUF with n_v_heads != n_k_heads)
+  Linear qkv, z, b, a;         // Qwen3.5: [conv_dim|value_dim|n_v_heads|n_v_heads, E]
+  Linear qkvz, ba;             // Qwen3-Next: [2*key_dim + 2*value_dim, E], [2*n_v_heads, E]
+  std::vector<float> conv_w;   // [conv_dim, K]
+  std::vector<float> neg_a;    // -exp(A_log) [n_v_heads]
+  std::vector<float> dt_bias;  // [n_v_heads]
+  std::vector<float> norm_w;   // [head_v_dim], plain weight (not 1 + w)
+  Linear out;                  // [E, value_dim]
   float eps = 1e-6f;
 };
 
 // Binds "<prefix>in_proj_*", conv1d, A_log (or A), dt_bias, norm, out_proj.
 // v_tiled: the file's value heads are in the tiled order (qwen35 GGUF).
 Result<GatedDeltaNet> bind_gated_delta_net(const ModelFiles& files, const std::string& prefix,
-                                           const GatedDeltaDims& dims, int64_t n_embd, float eps,
-                                           bool v_tiled = false);
+                                           const GatedDeltaDims& dims, int64_t n_embd, float eps, bool v_tiled = false);
 
 // Activations of the layer for up to max_tokens tokens, allocated once.
 struct GatedDeltaScratch {

@@ -25,9 +25,15 @@ struct LayerGroupSpec {
   bool is_attention() const { return kind != LayerKind::kRecurrent; }
 };
 
-inline LayerGroupSpec full() { return {LayerKind::kFull, 0}; }
-inline LayerGroupSpec sliding(int32_t window) { return {LayerKind::kSliding, window}; }
-inline LayerGroupSpec recurrent() { return {LayerKind::kRecurrent, 0}; }
+inline LayerGroupSpec full() {
+  return {LayerKind::kFull, 0};
+}
+inline LayerGroupSpec sliding(int32_t window) {
+  return {LayerKind::kSliding, window};
+}
+inline LayerGroupSpec recurrent() {
+  return {LayerKind::kRecurrent, 0};
+}
 
 using KvSpec = std::vector<LayerGroupSpec>;
 

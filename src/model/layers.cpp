@@ -8,10 +8,18 @@ cpu::RopeScalingParams rope_scaling_params(const RopeScaling& s) {
   cpu::RopeScalingParams rs;
   using ScalingType = cpu::RopeScalingParams::Type;
   switch (s.type) {
-    case RopeScaling::Type::kNone: rs.type = ScalingType::kNone; break;
-    case RopeScaling::Type::kLinear: rs.type = ScalingType::kLinear; break;
-    case RopeScaling::Type::kLlama3: rs.type = ScalingType::kLlama3; break;
-    case RopeScaling::Type::kYarn: rs.type = ScalingType::kYarn; break;
+    case RopeScaling::Type::kNone:
+      rs.type = ScalingType::kNone;
+      break;
+    case RopeScaling::Type::kLinear:
+      rs.type = ScalingType::kLinear;
+      break;
+    case RopeScaling::Type::kLlama3:
+      rs.type = ScalingType::kLlama3;
+      break;
+    case RopeScaling::Type::kYarn:
+      rs.type = ScalingType::kYarn;
+      break;
   }
   rs.factor = s.factor;
   rs.low_freq_factor = s.low_freq_factor;
@@ -60,13 +68,11 @@ WeightView weight_view(const TensorRef& t) {
   return v;
 }
 
-Result<WeightView> bind_matrix(const ModelFiles& files, const std::string& name,
-                                    int64_t n_rows, int64_t n_cols) {
+Result<WeightView> bind_matrix(const ModelFiles& files, const std::string& name, int64_t n_rows, int64_t n_cols) {
   RILL_ASSIGN_OR_RETURN(const TensorRef* t, files.require(name, {n_rows, n_cols}));
   if (n_cols % dtype_info(t->dtype).block_size != 0) {
     return Error{t->file + ": tensor '" + name + "' rows of " + std::to_string(n_cols) +
-                 " elements are not a whole number of " + std::string(dtype_name(t->dtype)) +
-                 " blocks"};
+                 " elements are not a whole number of " + std::string(dtype_name(t->dtype)) + " blocks"};
   }
   return weight_view(*t);
 }
@@ -81,13 +87,12 @@ Result<std::vector<float>> load_vector(const ModelFiles& files, const std::strin
       cpu::dequantize_row(t->dtype, t->data, out.data(), n);
       return out;
     default:
-      return Error{t->file + ": tensor '" + name + "' has type " +
-                   std::string(dtype_name(t->dtype)) + ", expected F32, F16 or BF16"};
+      return Error{t->file + ": tensor '" + name + "' has type " + std::string(dtype_name(t->dtype)) +
+                   ", expected F32, F16 or BF16"};
   }
 }
 
-Result<Linear> bind_linear(const ModelFiles& files, const std::string& name, int64_t n_out,
-                           int64_t n_in, Bias bias) {
+Result<Linear> bind_linear(const ModelFiles& files, const std::string& name, int64_t n_out, int64_t n_in, Bias bias) {
   Linear l;
   RILL_ASSIGN_OR_RETURN(l.w, bind_matrix(files, name + ".weight", n_out, n_in));
   if (bias != Bias::kNone) {

@@ -115,7 +115,7 @@ class Model {
   // entry per layer that keeps KV, in layer order; empty when the model
   // does not support it (the tiers then stay off).
   struct KvLayer {
-    int32_t group = 0;     // its kv_spec() group
+    int32_t group = 0;  // its kv_spec() group
     DType dtype = DType::kF16;
     size_t row_bytes = 0;  // one token's K (or V) row of this layer
   };

@@ -8,7 +8,9 @@
 namespace rill {
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
+std::string str(int64_t v) {
+  return std::to_string(v);
+}
 
 Status check_linear(const Linear& l, int64_t n_out, int64_t n_in, const std::string& what) {
   if (l.w.data == nullptr || l.w.n_rows != n_out || l.w.n_cols != n_in) {
@@ -55,7 +57,9 @@ Result<GluFfnWeights> bind_ffn(const ModelFiles& files, const std::string& p, co
   return f;
 }
 
-float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+float sigmoid(float v) {
+  return 1.0f / (1.0f + std::exp(-v));
+}
 
 }  // namespace
 
@@ -128,10 +132,9 @@ bool MoeScratch::fits(const MoeParams& p, int64_t n_tokens) const {
   const auto T = static_cast<size_t>(n_tokens);
   const auto K = static_cast<size_t>(p.n_expert_used);
   const auto F = static_cast<size_t>(std::max(p.n_ff, p.n_ff_shared));
-  return logits.size() >= T * static_cast<size_t>(p.n_expert) && top_ids.size() >= T * K &&
-         row_token.size() >= T * K && offsets.size() >= static_cast<size_t>(p.n_expert) + 1 &&
-         xg.size() >= T * static_cast<size_t>(p.n_embd) && gate.size() >= T * F &&
-         shared_logit.size() >= T;
+  return logits.size() >= T * static_cast<size_t>(p.n_expert) && top_ids.size() >= T * K && row_token.size() >= T * K &&
+         offsets.size() >= static_cast<size_t>(p.n_expert) + 1 && xg.size() >= T * static_cast<size_t>(p.n_embd) &&
+         gate.size() >= T * F && shared_logit.size() >= T;
 }
 
 Result<MoeFfn> MoeFfn::bind(const ModelFiles& files, const std::string& prefix, const MoeParams& p,
@@ -155,8 +158,8 @@ Result<MoeFfn> MoeFfn::bind(const ModelFiles& files, const std::string& prefix, 
     }
   }
   if (p.n_ff_shared > 0) {
-    RILL_ASSIGN_OR_RETURN(w.shared, bind_ffn(files, prefix + names.shared_expert + ".", names,
-                                             p.n_ff_shared, p.n_embd));
+    RILL_ASSIGN_OR_RETURN(w.shared,
+                          bind_ffn(files, prefix + names.shared_expert + ".", names, p.n_ff_shared, p.n_embd));
     const std::string gate_name = prefix + names.shared_expert_gate + ".weight";
     const TensorRef* g = files.find(gate_name);
     if (g && g->shape.size() == 1 && g->shape[0] == p.n_embd) {

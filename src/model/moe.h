@@ -49,10 +49,10 @@ struct GluFfnWeights {
 };
 
 struct MoeWeights {
-  Linear router;                      // [n_expert, n_embd]
-  std::vector<GluFfnWeights> experts;  // n_expert of them
+  Linear router;                        // [n_expert, n_embd]
+  std::vector<GluFfnWeights> experts;   // n_expert of them
   std::optional<GluFfnWeights> shared;  // with n_ff_shared
-  Linear shared_gate;                 // [1, n_embd]; with `shared`
+  Linear shared_gate;                   // [1, n_embd]; with `shared`
 };
 
 // Names under a layer prefix. Defaults: the Qwen layout ("mlp." prefix);
@@ -75,14 +75,14 @@ class MoeScratch {
 
  private:
   friend class MoeFfn;
-  std::vector<float> logits;      // [n_tokens, n_expert]: router logits, then probabilities
-  std::vector<int32_t> top_ids;   // [n_tokens, n_expert_used]
-  std::vector<float> top_w;       // [n_tokens, n_expert_used]
-  std::vector<int32_t> offsets;   // [n_expert + 1]: start of each expert's rows in the lists below
-  std::vector<int32_t> row_token;  // [n_tokens * n_expert_used]: rows grouped by expert, tokens ascending
-  std::vector<float> row_weight;  // [n_tokens * n_expert_used]
-  std::vector<float> xg, yg;      // [n_tokens, n_embd]: gathered inputs, expert outputs
-  std::vector<float> gate, up;    // [n_tokens, max(n_ff, n_ff_shared)]
+  std::vector<float> logits;        // [n_tokens, n_expert]: router logits, then probabilities
+  std::vector<int32_t> top_ids;     // [n_tokens, n_expert_used]
+  std::vector<float> top_w;         // [n_tokens, n_expert_used]
+  std::vector<int32_t> offsets;     // [n_expert + 1]: start of each expert's rows in the lists below
+  std::vector<int32_t> row_token;   // [n_tokens * n_expert_used]: rows grouped by expert, tokens ascending
+  std::vector<float> row_weight;    // [n_tokens * n_expert_used]
+  std::vector<float> xg, yg;        // [n_tokens, n_embd]: gathered inputs, expert outputs
+  std::vector<float> gate, up;      // [n_tokens, max(n_ff, n_ff_shared)]
   std::vector<float> shared_logit;  // [n_tokens]
 };
 
@@ -118,8 +118,7 @@ class MoeFfn {
 
  private:
   void route(int64_t n_tokens, MoeScratch& s) const;
-  void run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, MoeScratch& s,
-               Backend& backend) const;
+  void run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, MoeScratch& s, Backend& backend) const;
 
   MoeParams p_;
   MoeWeights w_;

@@ -9,8 +9,8 @@
 
 namespace rill {
 
-Result<PagedKvCache> PagedKvCache::create(int64_t n_layer, int32_t n_blocks, int32_t block_size,
-                                          int64_t kv_width, DType dtype) {
+Result<PagedKvCache> PagedKvCache::create(int64_t n_layer, int32_t n_blocks, int32_t block_size, int64_t kv_width,
+                                          DType dtype) {
   if (dtype != DType::kF32 && dtype != DType::kF16) return Error{"KV cache dtype must be F32 or F16"};
   if (block_size <= 0 || !std::has_single_bit(static_cast<uint32_t>(block_size))) {
     return Error{"KV block size " + std::to_string(block_size) + " is not a power of two"};
@@ -34,8 +34,8 @@ Result<PagedKvCache> PagedKvCache::create(int64_t n_layer, int32_t n_blocks, int
   return c;
 }
 
-void PagedKvCache::store(int64_t layer, std::span<const int32_t> table, const float* k_rows,
-                         const float* v_rows, const int32_t* pos, int64_t n, int64_t src_stride) const {
+void PagedKvCache::store(int64_t layer, std::span<const int32_t> table, const float* k_rows, const float* v_rows,
+                         const int32_t* pos, int64_t n, int64_t src_stride) const {
   uint8_t* kb = k_base(layer);
   uint8_t* vb = v_base(layer);
   for (int64_t i = 0; i < n; ++i) {

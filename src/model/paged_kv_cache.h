@@ -25,8 +25,8 @@ namespace rill {
 class PagedKvCache {
  public:
   // block_size: a power of two.
-  static Result<PagedKvCache> create(int64_t n_layer, int32_t n_blocks, int32_t block_size,
-                                     int64_t kv_width, DType dtype);
+  static Result<PagedKvCache> create(int64_t n_layer, int32_t n_blocks, int32_t block_size, int64_t kv_width,
+                                     DType dtype);
 
   int64_t n_layers() const { return n_layer_; }
   int32_t n_blocks() const { return n_blocks_; }

@@ -57,8 +57,8 @@ Result<const Implementation*> ImplementationRegistry::select(const ModelProfile&
     for (const Implementation& impl : impls_) {
       if (impl.id != *profile.implementation_id) continue;
       if (!fits(impl)) {
-        return Error{"model registry: implementation '" + impl.id + "' does not implement " +
-                     describe(profile) + "; refusing to fall back to another implementation"};
+        return Error{"model registry: implementation '" + impl.id + "' does not implement " + describe(profile) +
+                     "; refusing to fall back to another implementation"};
       }
       return &impl;
     }
@@ -69,14 +69,13 @@ Result<const Implementation*> ImplementationRegistry::select(const ModelProfile&
   for (const Implementation& impl : impls_) {
     if (!fits(impl)) continue;
     if (found) {
-      return Error{"model registry: both '" + found->id + "' and '" + impl.id + "' implement " +
-                   describe(profile) + "; the profile must declare implementation_id"};
+      return Error{"model registry: both '" + found->id + "' and '" + impl.id + "' implement " + describe(profile) +
+                   "; the profile must declare implementation_id"};
     }
     found = &impl;
   }
   if (!found) {
-    return Error{"model registry: no implementation for " + describe(profile) +
-                 " (unsupported architecture)"};
+    return Error{"model registry: no implementation for " + describe(profile) + " (unsupported architecture)"};
   }
   return found;
 }
@@ -84,22 +83,24 @@ Result<const Implementation*> ImplementationRegistry::select(const ModelProfile&
 const ImplementationRegistry& builtin_registry() {
   static const ImplementationRegistry registry = [] {
     std::vector<Implementation> impls;
-    impls.push_back({"cpu.llama", {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe"}, {"gguf", "hf"},
-                     "autoregressive", &create_llama_model, /*tensor_parallel=*/true});
-    impls.push_back({"cpu.gemma", {"gemma2", "gemma3_text", "gemma3"}, {"gguf", "hf"}, "autoregressive",
-                     &create_gemma_model});
-    impls.push_back({"cpu.qwen3_next", {"qwen3_5_text", "qwen3_next"}, {"gguf", "hf"}, "autoregressive",
-                     &create_qwen3_next_model});
+    impls.push_back({"cpu.llama",
+                     {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe"},
+                     {"gguf", "hf"},
+                     "autoregressive",
+                     &create_llama_model,
+                     /*tensor_parallel=*/true});
+    impls.push_back(
+        {"cpu.gemma", {"gemma2", "gemma3_text", "gemma3"}, {"gguf", "hf"}, "autoregressive", &create_gemma_model});
+    impls.push_back(
+        {"cpu.qwen3_next", {"qwen3_5_text", "qwen3_next"}, {"gguf", "hf"}, "autoregressive", &create_qwen3_next_model});
     auto r = ImplementationRegistry::create(std::move(impls));
     return std::move(r).value();
   }();
   return registry;
 }
 
-Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& registry,
-                                            const ModelProfile& profile,
-                                            std::shared_ptr<const ModelFiles> files,
-                                            const ModelOptions& options) {
+Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& registry, const ModelProfile& profile,
+                                            std::shared_ptr<const ModelFiles> files, const ModelOptions& options) {
   if (profile.config_fingerprint) {
     const std::string actual = config_fingerprint(files->config);
     if (actual != *profile.config_fingerprint) {
@@ -116,7 +117,8 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   }
   RILL_ASSIGN_OR_RETURN(const Implementation* impl, registry.select(profile));
   if (options.tensor_parallel > 1 && !impl->tensor_parallel) {
-    return Error{files->path + ": " + impl->id + " (" + profile.graph + ") has no tensor-parallel implementation; run it with --tensor-parallel 1"};
+    return Error{files->path + ": " + impl->id + " (" + profile.graph +
+                 ") has no tensor-parallel implementation; run it with --tensor-parallel 1"};
   }
   return impl->create(std::move(files), options);
 }

@@ -31,8 +31,8 @@ struct ModelProfile {
 // The profile a model's files imply (no pinned implementation or fingerprints).
 ModelProfile infer_profile(const ModelFiles& files);
 
-using ModelFactory = std::function<Result<std::unique_ptr<Model>>(
-    std::shared_ptr<const ModelFiles>, const ModelOptions&)>;
+using ModelFactory =
+    std::function<Result<std::unique_ptr<Model>>(std::shared_ptr<const ModelFiles>, const ModelOptions&)>;
 
 struct Implementation {
   std::string id;                    // unique, e.g. "cpu.llama"
@@ -68,9 +68,7 @@ class ImplementationRegistry {
 const ImplementationRegistry& builtin_registry();
 
 // Checks the profile's pinned fingerprints against `files`, selects, creates.
-Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& registry,
-                                            const ModelProfile& profile,
-                                            std::shared_ptr<const ModelFiles> files,
-                                            const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& registry, const ModelProfile& profile,
+                                            std::shared_ptr<const ModelFiles> files, const ModelOptions& options);
 
 }  // namespace rill

@@ -5,12 +5,13 @@
 namespace rill {
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
+std::string str(int64_t v) {
+  return std::to_string(v);
+}
 
 }  // namespace
 
-Result<SplitRange> split_evenly(int64_t total, int rank, int size, const std::string& what,
-                                const std::string& where) {
+Result<SplitRange> split_evenly(int64_t total, int rank, int size, const std::string& what, const std::string& where) {
   if (size < 1 || rank < 0 || rank >= size) {
     return Error{where + ": rank " + str(rank) + " of a tensor-parallel group of " + str(size)};
   }
@@ -96,8 +97,8 @@ Result<MoeFfn> slice_moe(const MoeFfn& full, int rank, int size, const std::stri
   }
   p.n_ff = ff.n;
   if (w.shared) {
-    RILL_ASSIGN_OR_RETURN(const SplitRange sff, split_evenly(p.n_ff_shared, rank, size,
-                                                             "the shared expert's intermediate size", where));
+    RILL_ASSIGN_OR_RETURN(const SplitRange sff,
+                          split_evenly(p.n_ff_shared, rank, size, "the shared expert's intermediate size", where));
     RILL_ASSIGN_OR_RETURN(local.shared, slice_ffn(*w.shared, sff, "shared expert"));
     local.shared_gate = w.shared_gate;
     p.n_ff_shared = sff.n;

@@ -41,9 +41,9 @@ struct SplitRange {
 
 struct TensorSplit {
   int rank = 0, size = 1;
-  SplitRange heads;     // query heads of this rank
-  SplitRange kv_heads;  // KV heads this rank stores and attends with
-  SplitRange vocab;     // embedding / LM head rows of this rank
+  SplitRange heads;          // query heads of this rank
+  SplitRange kv_heads;       // KV heads this rank stores and attends with
+  SplitRange vocab;          // embedding / LM head rows of this rank
   int64_t vocab_stride = 0;  // Vp: rank r's rows start at r * Vp (gathered logits are [N, rows, Vp])
 };
 
@@ -53,8 +53,7 @@ Result<TensorSplit> plan_tensor_split(const ModelConfig& cfg, int rank, int size
 
 // [begin, begin + n) of `total` split evenly; errors when size does not divide
 // total (`what` names the dimension, e.g. "intermediate_size").
-Result<SplitRange> split_evenly(int64_t total, int rank, int size, const std::string& what,
-                                const std::string& where);
+Result<SplitRange> split_evenly(int64_t total, int rank, int size, const std::string& what, const std::string& where);
 
 // Rows [r.begin, r.begin + r.n) of w (column-parallel: a slice of the outputs).
 WeightView slice_rows(const WeightView& w, SplitRange r);

@@ -75,7 +75,9 @@ NcclGroup::~NcclGroup() {
   }
 }
 
-void NcclGroup::set_stream(int r, CUstream_st* stream) { ranks_[static_cast<size_t>(r)]->set_stream(stream); }
+void NcclGroup::set_stream(int r, CUstream_st* stream) {
+  ranks_[static_cast<size_t>(r)]->set_stream(stream);
+}
 
 #else  // no NCCL in this build
 

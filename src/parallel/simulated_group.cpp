@@ -44,9 +44,12 @@ SimulatedGroup::~SimulatedGroup() = default;
 
 const char* SimulatedGroup::op_name(int op) {
   switch (static_cast<Op>(op)) {
-    case Op::kAllReduceSum: return "all_reduce_sum";
-    case Op::kAllGather: return "all_gather";
-    case Op::kBroadcast: return "broadcast";
+    case Op::kAllReduceSum:
+      return "all_reduce_sum";
+    case Op::kAllGather:
+      return "all_gather";
+    case Op::kBroadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -85,7 +88,8 @@ Status SimulatedGroup::run(int r, Op op, const float* send, float* recv, int64_t
         }
         break;
       case Op::kBroadcast:
-        if (r != root) std::memcpy(recv, posts_[static_cast<size_t>(root)].send, static_cast<size_t>(n) * sizeof(float));
+        if (r != root)
+          std::memcpy(recv, posts_[static_cast<size_t>(root)].send, static_cast<size_t>(n) * sizeof(float));
         break;
     }
   }

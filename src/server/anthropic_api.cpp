@@ -98,8 +98,8 @@ void handle_messages(ServerContext& ctx, const HttpRequest& req, std::shared_ptr
   const ChatPrompt& chat_prompt = std::get<ChatPrompt>(prompt);
 
   const std::string model = request.model.empty() ? ctx.options.model_id : request.model;
-  auto call = std::make_shared<MessagesCall>(ctx, res, model, request.stream,
-                                             static_cast<int32_t>(chat_prompt.ids.size()));
+  auto call =
+      std::make_shared<MessagesCall>(ctx, res, model, request.stream, static_cast<int32_t>(chat_prompt.ids.size()));
   ChatCallbacks callbacks;
   callbacks.on_delta = [call](const OutputDelta& d, const GenerationEvent&) { call->on_delta(d); };
   callbacks.on_done = [call](const ChatResult& r) { call->on_done(r); };

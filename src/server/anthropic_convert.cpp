@@ -4,8 +4,8 @@
 #include <map>
 #include <random>
 
-#include "server/field_reader.h"
 #include "core/json_parse.h"
+#include "server/field_reader.h"
 #include "server/sse.h"
 
 namespace rill::server {
@@ -120,7 +120,8 @@ struct Translator {
         return unsupported_block(type, block);
       }
     }
-    if (!had_tool_results || !text.empty() || !tool_calls.empty()) push_turn(role, std::move(text), std::move(tool_calls));
+    if (!had_tool_results || !text.empty() || !tool_calls.empty())
+      push_turn(role, std::move(text), std::move(tool_calls));
     return std::nullopt;
   }
 
@@ -132,9 +133,8 @@ struct Translator {
     if (auto e = block.read_object("input", input_r)) return e;
     const Json input = input_r ? input_r->value() : Json::object();
     tool_names[id] = name;
-    tool_calls.push_back({{"id", id},
-                          {"type", "function"},
-                          {"function", {{"name", name}, {"arguments", dump_json(input)}}}});
+    tool_calls.push_back(
+        {{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", dump_json(input)}}}});
     return std::nullopt;
   }
 
@@ -376,9 +376,9 @@ std::string AnthropicStreamEncoder::open(Block kind) {
   open_index_ = n_blocks_++;
   Json block = kind == Block::kThinking ? Json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
                                         : Json{{"type", "text"}, {"text", ""}};
-  return sse_event("content_block_start", dump_json({{"type", "content_block_start"},
-                                                     {"index", open_index_},
-                                                     {"content_block", std::move(block)}}));
+  return sse_event(
+      "content_block_start",
+      dump_json({{"type", "content_block_start"}, {"index", open_index_}, {"content_block", std::move(block)}}));
 }
 
 std::string AnthropicStreamEncoder::close() {
@@ -413,9 +413,9 @@ std::string AnthropicStreamEncoder::delta(const OutputDelta& delta) {
     Json block = tool_use_block(call);
     const std::string arguments = dump_json(block["input"]);
     block["input"] = Json::object();
-    out += sse_event("content_block_start", dump_json({{"type", "content_block_start"},
-                                                       {"index", index},
-                                                       {"content_block", std::move(block)}}));
+    out +=
+        sse_event("content_block_start",
+                  dump_json({{"type", "content_block_start"}, {"index", index}, {"content_block", std::move(block)}}));
     block_delta(index, {{"type", "input_json_delta"}, {"partial_json", arguments}});
     out += sse_event("content_block_stop", dump_json({{"type", "content_block_stop"}, {"index", index}}));
   }
@@ -427,9 +427,9 @@ std::string AnthropicStreamEncoder::finish(const ChatResult& result, const Anthr
   if (n_blocks_ == 0) out += open(Block::kText);
   out += close();
   Json delta = {{"stop_reason", stop.reason}, {"stop_sequence", stop_sequence_json(stop)}};
-  out += sse_event("message_delta", dump_json({{"type", "message_delta"},
-                                               {"delta", std::move(delta)},
-                                               {"usage", anthropic_usage(result.usage)}}));
+  out += sse_event(
+      "message_delta",
+      dump_json({{"type", "message_delta"}, {"delta", std::move(delta)}, {"usage", anthropic_usage(result.usage)}}));
   out += sse_event("message_stop", dump_json({{"type", "message_stop"}}));
   return out;
 }

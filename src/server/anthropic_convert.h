@@ -37,8 +37,8 @@
 namespace rill::server {
 
 struct AnthropicRequest {
-  ChatInput chat;                // messages, tools, template_kwargs, generation (max_tokens, stop)
-  SamplingOverrides sampling;    // temperature, top_p, top_k as sent
+  ChatInput chat;              // messages, tools, template_kwargs, generation (max_tokens, stop)
+  SamplingOverrides sampling;  // temperature, top_p, top_k as sent
   std::string model;
   bool stream = false;
 };
@@ -47,8 +47,7 @@ struct AnthropicRequest {
 // /v1/messages/count_tokens shape (no max_tokens, no sampling, no stream).
 // Errors are 400 invalid_request_error whose message names the field
 // ("messages[1].content[0].type: ...").
-std::variant<AnthropicRequest, ApiError> parse_anthropic_request(const nlohmann::ordered_json& body,
-                                                                 bool count_tokens);
+std::variant<AnthropicRequest, ApiError> parse_anthropic_request(const nlohmann::ordered_json& body, bool count_tokens);
 // Parses the body text first ("invalid JSON: ...").
 std::variant<AnthropicRequest, ApiError> parse_anthropic_request(const std::string& body, bool count_tokens);
 
@@ -56,8 +55,8 @@ std::variant<AnthropicRequest, ApiError> parse_anthropic_request(const std::stri
 std::string new_anthropic_id(const char* prefix);
 
 struct AnthropicStop {
-  std::string reason;                    // end_turn | max_tokens | stop_sequence | tool_use
-  std::optional<std::string> sequence;   // the matched stop sequence (stop_sequence only)
+  std::string reason;                   // end_turn | max_tokens | stop_sequence | tool_use
+  std::optional<std::string> sequence;  // the matched stop sequence (stop_sequence only)
 };
 // From finish_reason, tool_calls and stop_string.
 AnthropicStop anthropic_stop(const ChatResult& result);

@@ -46,7 +46,9 @@ class RouteResponder final : public Responder {
   std::string route_;
 };
 
-bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+bool starts_with(const std::string& s, const char* prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
 
 struct Route {
   const char* label;
@@ -179,7 +181,9 @@ void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
   method_not_allowed();  // unreachable while kRoutes and the table above agree
 }
 
-void App::health(std::shared_ptr<Responder> res) { res->send(200, "application/json", R"({"status":"ok"})", {}); }
+void App::health(std::shared_ptr<Responder> res) {
+  res->send(200, "application/json", R"({"status":"ok"})", {});
+}
 
 void App::models(std::shared_ptr<Responder> res) {
   const Model& m = ctx_.engine.model();
@@ -219,10 +223,10 @@ void App::stats(std::shared_ptr<Responder> res) {
                        {"blocks_used", s.kv_blocks_used},
                        {"blocks_cached", s.kv_blocks_cached}};
   auto tier = [](const CacheTierStats& t) {
-    return nlohmann::json{{"enabled", t.enabled}, {"bytes", t.bytes},   {"entries", t.entries},
-                          {"hits", t.hits},       {"misses", t.misses}, {"evictions", t.evictions},
-                          {"errors", t.errors},   {"loads", t.loads},   {"load_seconds", t.load_seconds},
-                          {"queued", t.queued},   {"written", t.written}, {"dropped", t.dropped},
+    return nlohmann::json{{"enabled", t.enabled},  {"bytes", t.bytes},     {"entries", t.entries},
+                          {"hits", t.hits},        {"misses", t.misses},   {"evictions", t.evictions},
+                          {"errors", t.errors},    {"loads", t.loads},     {"load_seconds", t.load_seconds},
+                          {"queued", t.queued},    {"written", t.written}, {"dropped", t.dropped},
                           {"replaced", t.replaced}};
   };
   kv["tiers"] = {{"ram", tier(s.ram_tier)}, {"disk", tier(s.disk_tier)}, {"restored_tokens", s.tier_restored_tokens}};

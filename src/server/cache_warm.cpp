@@ -6,11 +6,11 @@
 #include <memory>
 #include <utility>
 
+#include "model/model.h"
 #include "server/api_handlers.h"
 #include "server/chat_stream.h"
 #include "server/errors.h"
 #include "server/field_reader.h"
-#include "model/model.h"
 #include "server/openai_common.h"
 #include "text/tokenizer.h"
 
@@ -80,8 +80,9 @@ void handle_cache_warm(ServerContext& ctx, const HttpRequest& req, std::shared_p
   const bool has_prompt = body.contains("prompt") && !body["prompt"].is_null();
   const bool has_messages = body.contains("messages") && !body["messages"].is_null();
   if (has_prompt == has_messages) {
-    return send_error(*res, field_error(has_prompt ? "messages" : "prompt",
-                                              "send exactly one of prompt (a string or token ids) or messages (chat messages)"));
+    return send_error(*res,
+                      field_error(has_prompt ? "messages" : "prompt",
+                                  "send exactly one of prompt (a string or token ids) or messages (chat messages)"));
   }
   if (!ctx.engine.stats().disk_tier.enabled) {
     return send_error(*res, ApiError(400, "this server has no disk cache tier: start rill serve with --cache-dir"));

@@ -34,7 +34,6 @@ Result<std::vector<int32_t>> cache_warm_chat_ids(const ServerContext& ctx, const
 // runs exactly once, on the engine thread, with the result or the engine's
 // error. A refused submission (e.g. the prompt does not fit) is returned and
 // `done` never runs.
-Status submit_cache_warm(Engine& engine, std::vector<int32_t> ids,
-                         std::function<void(Result<CacheWarmResult>)> done);
+Status submit_cache_warm(Engine& engine, std::vector<int32_t> ids, std::function<void(Result<CacheWarmResult>)> done);
 
 }  // namespace rill::server

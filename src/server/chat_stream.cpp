@@ -4,8 +4,8 @@
 #include <chrono>
 #include <mutex>
 
-#include "model/model.h"
 #include "core/json_parse.h"
+#include "model/model.h"
 #include "server/metrics.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -16,9 +16,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using ojson = nlohmann::ordered_json;
 
-std::string field(std::string_view base, size_t i) { return std::string(base) + "[" + std::to_string(i) + "]"; }
+std::string field(std::string_view base, size_t i) {
+  return std::string(base) + "[" + std::to_string(i) + "]";
+}
 
-Error bad(const std::string& param, const std::string& message) { return Error{param + ": " + message}; }
+Error bad(const std::string& param, const std::string& message) {
+  return Error{param + ": " + message};
+}
 
 // Content as one string: a string as is, text parts joined by "\n", null "".
 Result<std::string> flatten_content(const ojson& content, const std::string& param, bool allow_null) {
@@ -144,10 +148,14 @@ std::string token_string(const Tokenizer& tok, std::optional<int32_t> id) {
 
 const char* finish_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAborted: return "abort";
-    case FinishReason::kError: return "error";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAborted:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
   }
   return "error";
 }

@@ -7,8 +7,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -25,9 +25,9 @@ struct ChatInput {
   // OpenAI chat messages: {role: system|developer|user|assistant|tool,
   // content: string | [{type: "text", text}] | null, tool_calls?, tool_call_id?, name?}.
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  nlohmann::ordered_json tools;            // null or OpenAI tools [{type: function, function: {...}}]
+  nlohmann::ordered_json tools;  // null or OpenAI tools [{type: function, function: {...}}]
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // e.g. enable_thinking
-  GenerationRequest generation;            // everything but the prompt
+  GenerationRequest generation;                                               // everything but the prompt
   // False for a prefix meant to be continued (cache warm-up): the template
   // renders the messages only, without the assistant turn's opening.
   bool add_generation_prompt = true;
@@ -38,8 +38,8 @@ struct ChatResult {
   std::vector<ToolCall> tool_calls;
   // "stop", "length", "tool_calls", "abort" or "error".
   std::string finish_reason;
-  std::string error;  // finish_reason "error"
-  std::string stop_string;  // the stop string that ended it, "" when none
+  std::string error;                  // finish_reason "error"
+  std::string stop_string;            // the stop string that ended it, "" when none
   std::optional<int32_t> stop_token;  // the EOS / stop token that ended it (last of token_ids)
   Usage usage;
   std::vector<int32_t> token_ids;      // every generated id, the EOS / stop token included

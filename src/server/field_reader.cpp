@@ -28,12 +28,18 @@ std::string int_range_text(int64_t lo, int64_t hi) {
 
 const char* json_type_name(const Json& v) {
   switch (v.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return "a boolean";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::object: return "an object";
-    default: return "a number";
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "a boolean";
+    case Json::value_t::string:
+      return "a string";
+    case Json::value_t::array:
+      return "an array";
+    case Json::value_t::object:
+      return "an object";
+    default:
+      return "a number";
   }
 }
 
@@ -56,8 +62,12 @@ std::optional<int64_t> json_integer(const Json& v) {
   return std::nullopt;
 }
 
-std::string FieldReader::path_of(std::string_view key) const { return json_path_key(path_, key); }
-std::string FieldReader::path_of(size_t index) const { return json_path_index(path_, index); }
+std::string FieldReader::path_of(std::string_view key) const {
+  return json_path_key(path_, key);
+}
+std::string FieldReader::path_of(size_t index) const {
+  return json_path_index(path_, index);
+}
 
 const Json* FieldReader::find(std::string_view key) const {
   if (!value_->is_object()) return nullptr;
@@ -115,8 +125,8 @@ FieldReader::Check FieldReader::read_number(std::string_view key, NumberRange r,
   if (!v->is_number()) return type_error(key, "a number");
   const double x = v->get<double>();
   if (!(r.lo_open ? x > r.lo : x >= r.lo) || !(x <= r.hi)) {
-    return error(key, "must be in " + std::string(r.lo_open ? "(" : "[") + number_text(r.lo) + ", " +
-                          number_text(r.hi) + "]");
+    return error(
+        key, "must be in " + std::string(r.lo_open ? "(" : "[") + number_text(r.lo) + ", " + number_text(r.hi) + "]");
   }
   out = static_cast<float>(x);
   return std::nullopt;

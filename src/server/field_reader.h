@@ -62,9 +62,7 @@ class FieldReader {
   FieldReader at(size_t index) const;
 
   ApiError error(const std::string& message) const { return field_error(path_, message); }
-  ApiError error(std::string_view key, const std::string& message) const {
-    return field_error(path_of(key), message);
-  }
+  ApiError error(std::string_view key, const std::string& message) const { return field_error(path_of(key), message); }
   // "expected <what>, got <type>" for the value itself / a member.
   ApiError type_error(const char* what) const;
   ApiError type_error(std::string_view key, const char* what) const;

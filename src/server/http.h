@@ -14,9 +14,9 @@
 namespace rill::server {
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", "OPTIONS", ...
-  std::string path;    // without the query string
-  std::string query;   // after '?', undecoded
+  std::string method;                          // "GET", "POST", "OPTIONS", ...
+  std::string path;                            // without the query string
+  std::string query;                           // after '?', undecoded
   std::map<std::string, std::string> headers;  // names in lower case
   std::string body;
 

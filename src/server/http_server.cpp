@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include <boost/asio.hpp>
 #include <spdlog/spdlog.h>
+#include <boost/asio.hpp>
 
 #include "server/errors.h"
 #include "server/http_session.h"
@@ -138,7 +138,7 @@ class HttpServerImpl final : public HttpServer {
 
   HttpServerCounters counters() const override {
     const auto& c = shared_->counters;
-    return {c.rejected_at_capacity, c.accept_backoffs, c.request_timeouts,
+    return {c.rejected_at_capacity, c.accept_backoffs,     c.request_timeouts,
             c.idle_closes,          c.abandoned_responses, c.connection_errors};
   }
 

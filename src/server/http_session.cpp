@@ -8,9 +8,9 @@
 #include <optional>
 #include <string>
 
+#include <spdlog/spdlog.h>
 #include <boost/asio.hpp>
 #include <boost/beast/http/status.hpp>
-#include <spdlog/spdlog.h>
 
 #include "server/errors.h"
 
@@ -98,7 +98,8 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::dispatch(socket_.get_executor(), [self = shared_from_this()] {
       self->guard([&] {
         if (self->closed_) return;
-        const bool no_request = self->phase_ == Phase::Idle || (self->phase_ == Phase::Header && self->buffer_.size() == 0);
+        const bool no_request =
+            self->phase_ == Phase::Idle || (self->phase_ == Phase::Header && self->buffer_.size() == 0);
         if (no_request && !self->bytes_waiting()) {
           self->close();
         }
@@ -190,9 +191,8 @@ class SessionResponder final : public Responder, public std::enable_shared_from_
       if (finished_ || streaming_ || disconnected_) return;
       finished_ = true;
       const bool keep_alive = s.keep_alive_now(shape_.keep_alive);
-      std::string bytes =
-          status_line_and_headers(status, ct, extra, "Content-Length: " + std::to_string(body.size()) + "\r\n",
-                                  keep_alive);
+      std::string bytes = status_line_and_headers(
+          status, ct, extra, "Content-Length: " + std::to_string(body.size()) + "\r\n", keep_alive);
       if (!shape_.head) bytes += body;
       s.queue_write(std::move(bytes), true, !keep_alive);
     });
@@ -317,10 +317,9 @@ void Session::parse() {
 
 void Session::read_more() {
   const size_t room = read_buffer_limit(shared_->limits) - buffer_.size();
-  socket_.async_read_some(buffer_.prepare(std::min<size_t>(room, 16 << 10)),
-                          [self = shared_from_this()](beast::error_code ec, size_t n) {
-                            self->guard([&] { self->on_read(ec, n); });
-                          });
+  socket_.async_read_some(
+      buffer_.prepare(std::min<size_t>(room, 16 << 10)),
+      [self = shared_from_this()](beast::error_code ec, size_t n) { self->guard([&] { self->on_read(ec, n); }); });
 }
 
 void Session::on_read(beast::error_code ec, size_t n) {
@@ -430,10 +429,9 @@ void Session::write_next() {
     self->close();
   });
   const Write& w = writes_.front();
-  socket_.async_write_some(asio::buffer(w.bytes.data() + w.offset, w.bytes.size() - w.offset),
-                           [self = shared_from_this()](beast::error_code ec, size_t n) {
-                             self->guard([&] { self->on_write(ec, n); });
-                           });
+  socket_.async_write_some(
+      asio::buffer(w.bytes.data() + w.offset, w.bytes.size() - w.offset),
+      [self = shared_from_this()](beast::error_code ec, size_t n) { self->guard([&] { self->on_write(ec, n); }); });
 }
 
 void Session::on_write(beast::error_code ec, size_t n) {
@@ -508,8 +506,12 @@ void start_session(tcp::socket socket, std::shared_ptr<ServerShared> shared, int
   std::make_shared<Session>(std::move(socket), std::move(shared))->start(reject_status, std::move(reject_message));
 }
 
-void drain_session(const std::shared_ptr<Session>& session) { session->drain(); }
+void drain_session(const std::shared_ptr<Session>& session) {
+  session->drain();
+}
 
-void close_session(const std::shared_ptr<Session>& session) { session->close_now(); }
+void close_session(const std::shared_ptr<Session>& session) {
+  session->close_now();
+}
 
 }  // namespace rill::server

@@ -12,7 +12,8 @@ std::string num(double v) {
 }
 
 void gauge(std::string& out, const char* name, const char* help, double v, const char* type = "gauge") {
-  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + num(v) + "\n";
+  out +=
+      std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + num(v) + "\n";
 }
 
 // One series per prefix-cache tier: `name`{tier="ram"|"disk"}.
@@ -91,7 +92,8 @@ void Histogram::render(const std::string& name, const std::string& help, std::st
 void Metrics::count_request(const std::string& route, int status) {
   std::lock_guard lk(mu_);
   auto it = requests_.find({route, status});
-  if (it == requests_.end() && requests_.size() >= kMaxRequestSeries) it = requests_.try_emplace({"other", status}).first;
+  if (it == requests_.end() && requests_.size() >= kMaxRequestSeries)
+    it = requests_.try_emplace({"other", status}).first;
   if (it == requests_.end()) it = requests_.try_emplace({route, status}).first;
   ++it->second;
 }
@@ -100,10 +102,11 @@ std::string Metrics::render(const EngineStats& s) const {
   std::string out;
   {
     std::lock_guard lk(mu_);
-    out += "# HELP rill_http_requests_total HTTP responses by route and status\n# TYPE rill_http_requests_total counter\n";
+    out +=
+        "# HELP rill_http_requests_total HTTP responses by route and status\n# TYPE rill_http_requests_total counter\n";
     for (const auto& [key, n] : requests_) {
-      out += "rill_http_requests_total{route=\"" + escape_label_value(key.first) + "\",status=\"" + std::to_string(key.second) + "\"} " +
-             std::to_string(n) + "\n";
+      out += "rill_http_requests_total{route=\"" + escape_label_value(key.first) + "\",status=\"" +
+             std::to_string(key.second) + "\"} " + std::to_string(n) + "\n";
     }
   }
   gauge(out, "rill_requests_submitted_total", "generation requests accepted by the engine",
@@ -120,7 +123,8 @@ std::string Metrics::render(const EngineStats& s) const {
   gauge(out, "rill_prefix_cache_hit_rate", "cached / prompt tokens",
         s.prompt_tokens > 0 ? static_cast<double>(s.cached_tokens) / static_cast<double>(s.prompt_tokens) : 0.0);
   gauge(out, "rill_engine_steps_total", "engine steps", static_cast<double>(s.steps), "counter");
-  gauge(out, "rill_preemptions_total", "requests preempted for KV blocks", static_cast<double>(s.preemptions), "counter");
+  gauge(out, "rill_preemptions_total", "requests preempted for KV blocks", static_cast<double>(s.preemptions),
+        "counter");
   gauge(out, "rill_requests_running", "requests in the running batch", s.running);
   gauge(out, "rill_requests_waiting", "requests waiting for admission", s.waiting);
   gauge(out, "rill_kv_blocks_total", "KV cache blocks", s.kv_blocks_total);

@@ -197,8 +197,10 @@ class ChatCall final : public openai::OpenAiCall {
         logprobs = {{"content", openai::chat_logprobs(*ctx_.engine.tokenizer(), openai::shown_logprobs(r))},
                     {"refusal", nullptr}};
       }
-      choices.push_back(
-          {{"index", i}, {"message", std::move(message)}, {"logprobs", std::move(logprobs)}, {"finish_reason", r.finish_reason}});
+      choices.push_back({{"index", i},
+                         {"message", std::move(message)},
+                         {"logprobs", std::move(logprobs)},
+                         {"finish_reason", r.finish_reason}});
     }
     ojson reply = envelope("chat.completion", model_, std::move(choices));
     reply["usage"] = openai::usage_json(results, n_choices_);

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <random>
 
-#include "model/model.h"
 #include "core/json_parse.h"
+#include "model/model.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 #include "text/tokenizer.h"
@@ -46,8 +46,8 @@ std::optional<ApiError> read_logit_bias(const RequestLimits& limits, const Field
     int64_t id = -1;
     auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
     if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= n_vocab) {
-      return body.error("logit_bias", "'" + key + "' is not a token id of this model (0.." +
-                                          std::to_string(n_vocab - 1) + ")");
+      return body.error("logit_bias",
+                        "'" + key + "' is not a token id of this model (0.." + std::to_string(n_vocab - 1) + ")");
     }
     if (!it.value().is_number()) return body.error("logit_bias", "the bias of token " + key + " must be a number");
     const double b = it.value().get<double>();
@@ -72,7 +72,9 @@ ojson token_bytes(const std::string& piece) {
   return bytes;
 }
 
-double shown_logprob(float lp) { return std::isfinite(lp) ? double(lp) : -9999.0; }
+double shown_logprob(float lp) {
+  return std::isfinite(lp) ? double(lp) : -9999.0;
+}
 
 }  // namespace
 
@@ -166,7 +168,9 @@ int64_t unix_time() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string json_text(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+std::string json_text(const ojson& j) {
+  return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
 
 std::span<const SampledToken> shown_logprobs(const GenerationEvent& event) {
   std::span<const SampledToken> s(event.logprobs);

@@ -58,7 +58,7 @@ std::optional<ApiError> read_common(const RequestLimits& limits, const FieldRead
 // themselves are checked when the prompt is rendered: chat_stream.h).
 struct ChatRequest {
   CommonFields common;
-  ChatInput input;       // messages, tools (after tool_choice), template_kwargs
+  ChatInput input;        // messages, tools (after tool_choice), template_kwargs
   bool logprobs = false;  // common.generation.logprobs holds top_logprobs
 };
 std::variant<ChatRequest, ApiError> parse_chat_request(const RequestLimits& limits, const ojson& body);

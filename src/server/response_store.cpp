@@ -6,10 +6,8 @@
 namespace rill::server {
 
 nlohmann::json to_json(const ResponseStoreStats& s) {
-  return {{"entries", s.entries},     {"bytes", s.bytes},
-          {"max_bytes", s.max_bytes}, {"ttl_s", s.ttl_s},
-          {"hits", s.hits},           {"misses", s.misses},
-          {"evictions", s.evictions}, {"expirations", s.expirations},
+  return {{"entries", s.entries},  {"bytes", s.bytes},   {"max_bytes", s.max_bytes}, {"ttl_s", s.ttl_s},
+          {"hits", s.hits},        {"misses", s.misses}, {"evictions", s.evictions}, {"expirations", s.expirations},
           {"rejected", s.rejected}};
 }
 
@@ -39,16 +37,14 @@ size_t json_bytes(const nlohmann::ordered_json& j) {
 }
 
 int64_t entry_bytes(const std::string& id, const StoredResponse& e) {
-  return kEntryOverhead + int64_t(id.size()) + int64_t(json_bytes(e.response)) +
-         int64_t(json_bytes(e.input_items)) + int64_t(e.instructions.size());
+  return kEntryOverhead + int64_t(id.size()) + int64_t(json_bytes(e.response)) + int64_t(json_bytes(e.input_items)) +
+         int64_t(e.instructions.size());
 }
 
 }  // namespace
 
 ResponseStore::ResponseStore(double ttl_s, int64_t max_bytes, NowFn now)
-    : ttl_s_(ttl_s),
-      max_bytes_(max_bytes),
-      now_(now ? std::move(now) : NowFn([] { return Clock::now(); })) {}
+    : ttl_s_(ttl_s), max_bytes_(max_bytes), now_(now ? std::move(now) : NowFn([] { return Clock::now(); })) {}
 
 void ResponseStore::remove_locked(std::unordered_map<std::string, Entry>::iterator it) {
   bytes_ -= it->second.bytes;
@@ -88,8 +84,7 @@ bool ResponseStore::put(const std::string& id, StoredResponse entry) {
   e.lru_pos = lru_.begin();
   e.expiry_pos = expiry_.end();
   if (ttl_s_ > 0) {
-    const auto ttl =
-        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ttl_s_));
+    const auto ttl = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ttl_s_));
     e.expiry_pos = expiry_.emplace(now + ttl, id);
   }
   entries_.emplace(id, std::move(e));

@@ -33,9 +33,8 @@ namespace rill::server {
 
 struct StoredResponse {
   nlohmann::ordered_json response;  // the Response object as returned to the client
-  nlohmann::ordered_json input_items =
-      nlohmann::ordered_json::array();  // effective input, without this output
-  std::string instructions;             // "" when none
+  nlohmann::ordered_json input_items = nlohmann::ordered_json::array();  // effective input, without this output
+  std::string instructions;                                              // "" when none
 };
 
 // For GET /stats. Counters are totals since the store was created.

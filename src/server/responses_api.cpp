@@ -19,9 +19,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 int64_t unix_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // The path's last segment: /v1/responses/{id}.
@@ -32,16 +30,15 @@ std::string path_id(const HttpRequest& req) {
 
 ApiError not_found(const std::string& id, const std::string& param) {
   return ApiError(404, "Response with id '" + id + "' not found (unknown, deleted or expired).",
-                  "invalid_request_error", param,
-                  param.empty() ? "" : "previous_response_not_found");
+                  "invalid_request_error", param, param.empty() ? "" : "previous_response_not_found");
 }
 
 // One POST /v1/responses call. The engine thread (callbacks) and the I/O
 // thread (the handler, after start returns) both write; `mu` orders their
 // frames, and whichever comes first opens the stream.
 struct ResponsesCall {
-  ResponsesCall(ServerContext& ctx, std::shared_ptr<Responder> res, bool streaming, bool store,
-                Json skeleton, Json effective_input, std::string instructions)
+  ResponsesCall(ServerContext& ctx, std::shared_ptr<Responder> res, bool streaming, bool store, Json skeleton,
+                Json effective_input, std::string instructions)
       : ctx(ctx),
         res(std::move(res)),
         streaming(streaming),
@@ -101,8 +98,8 @@ struct ResponsesCall {
       return send_error(*res, ApiError(500, message, "server_error", "", "server_error"));
     }
     Json response = skeleton;
-    const std::string frames = encoder.finish(response, result.finish_reason == "length",
-                                              responses_usage(result.usage, reasoning_tokens));
+    const std::string frames =
+        encoder.finish(response, result.finish_reason == "length", responses_usage(result.usage, reasoning_tokens));
     // Stored before the reply goes out, so a follow-up sent as soon as the
     // client sees it finds it.
     if (store && ctx.responses != nullptr) {
@@ -132,8 +129,7 @@ struct ResponsesCall {
 
 }  // namespace
 
-void handle_responses_create(ServerContext& ctx, const HttpRequest& req,
-                             std::shared_ptr<Responder> res) {
+void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res) {
   auto parsed = parse_responses_request(req.body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*res, *e);
   ResponsesRequest& request = std::get<ResponsesRequest>(parsed);
@@ -145,8 +141,7 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req,
   if (!request.previous_response_id.empty()) {
     std::shared_ptr<const StoredResponse> previous;
     if (ctx.responses != nullptr) previous = ctx.responses->get(request.previous_response_id);
-    if (previous == nullptr)
-      return send_error(*res, not_found(request.previous_response_id, "previous_response_id"));
+    if (previous == nullptr) return send_error(*res, not_found(request.previous_response_id, "previous_response_id"));
     effective_input = previous->input_items;
     for (const Json& item : previous->response["output"]) effective_input.push_back(item);
     if (!request.instructions) instructions = previous->instructions;
@@ -154,8 +149,7 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req,
   for (Json& item : request.input_items) effective_input.push_back(std::move(item));
 
   if (effective_input.empty())
-    return send_error(*res, ApiError(400, "input: must contain at least one item",
-                                     "invalid_request_error", "input"));
+    return send_error(*res, ApiError(400, "input: must contain at least one item", "invalid_request_error", "input"));
   ChatInput chat;
   chat.messages = items_to_messages(instructions, effective_input);
   chat.tools = request.chat_tools;
@@ -171,15 +165,12 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req,
 
   request.store = request.store && ctx.responses != nullptr;
   const std::string model = request.model.empty() ? ctx.options.model_id : request.model;
-  Json skeleton = response_skeleton(request, random_id("resp_"), unix_seconds(), model,
-                                    instructions, generation.sampling);
-  auto call =
-      std::make_shared<ResponsesCall>(ctx, res, request.stream, request.store, std::move(skeleton),
-                                      std::move(effective_input), std::move(instructions));
+  Json skeleton =
+      response_skeleton(request, random_id("resp_"), unix_seconds(), model, instructions, generation.sampling);
+  auto call = std::make_shared<ResponsesCall>(ctx, res, request.stream, request.store, std::move(skeleton),
+                                              std::move(effective_input), std::move(instructions));
   ChatCallbacks callbacks;
-  callbacks.on_delta = [call](const OutputDelta& d, const GenerationEvent& ev) {
-    call->on_delta(d, ev);
-  };
+  callbacks.on_delta = [call](const OutputDelta& d, const GenerationEvent& ev) { call->on_delta(d, ev); };
   callbacks.on_done = [call](const ChatResult& r) { call->on_done(r); };
 
   auto started = ChatStream::start(ctx, prompt, std::move(generation), std::move(callbacks));
@@ -204,8 +195,7 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req,
   });
 }
 
-void handle_responses_get(ServerContext& ctx, const HttpRequest& req,
-                          std::shared_ptr<Responder> res) {
+void handle_responses_get(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res) {
   const std::string id = path_id(req);
   std::shared_ptr<const StoredResponse> stored;
   if (ctx.responses != nullptr) stored = ctx.responses->get(id);
@@ -213,11 +203,9 @@ void handle_responses_get(ServerContext& ctx, const HttpRequest& req,
   res->send(200, "application/json", dump_responses_json(stored->response));
 }
 
-void handle_responses_delete(ServerContext& ctx, const HttpRequest& req,
-                             std::shared_ptr<Responder> res) {
+void handle_responses_delete(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res) {
   const std::string id = path_id(req);
-  if (ctx.responses == nullptr || !ctx.responses->erase(id))
-    return send_error(*res, not_found(id, ""));
+  if (ctx.responses == nullptr || !ctx.responses->erase(id)) return send_error(*res, not_found(id, ""));
   const Json body = {{"id", id}, {"object", "response.deleted"}, {"deleted", true}};
   res->send(200, "application/json", dump_responses_json(body));
 }

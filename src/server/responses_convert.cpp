@@ -4,8 +4,8 @@
 #include <cmath>
 #include <map>
 
-#include "server/field_reader.h"
 #include "core/json_parse.h"
+#include "server/field_reader.h"
 #include "server/response_store.h"
 #include "server/sse.h"
 
@@ -65,8 +65,7 @@ std::optional<ApiError> read_parts(const FieldReader& parts, bool allow_output_t
     } else {
       return part.error("type", "content part type \"" + type + "\" is not supported");
     }
-    out.push_back({{"type", type == "input_text" || type == "text" ? "input_text" : "output_text"},
-                   {"text", text}});
+    out.push_back({{"type", type == "input_text" || type == "text" ? "input_text" : "output_text"}, {"text", text}});
   }
   return std::nullopt;
 }
@@ -108,7 +107,8 @@ std::variant<Json, ApiError> normalize_item(const FieldReader& item) {
       // The template will see these parsed (chat_stream.h): refuse here,
       // naming this field, what the depth limit would refuse there.
       auto parsed = parse_json(arguments, {item.path_of("arguments")});
-      if (auto* pe = std::get_if<JsonParseError>(&parsed); pe != nullptr && pe->kind == JsonParseError::Kind::kTooDeep) {
+      if (auto* pe = std::get_if<JsonParseError>(&parsed);
+          pe != nullptr && pe->kind == JsonParseError::Kind::kTooDeep) {
         return field_error(pe->path, pe->message);
       }
     } else if (args->is_object()) {
@@ -224,10 +224,9 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
   const Json* input = body.find("input");
   if (input == nullptr) return body.error("input", "field required");
   if (input->is_string()) {
-    req.input_items.push_back(
-        {{"type", "message"},
-         {"role", "user"},
-         {"content", Json::array({{{"type", "input_text"}, {"text", *input}}})}});
+    req.input_items.push_back({{"type", "message"},
+                               {"role", "user"},
+                               {"content", Json::array({{{"type", "input_text"}, {"text", *input}}})}});
   } else if (input->is_array()) {
     const FieldReader items = body.at("input");
     for (size_t i = 0; i < input->size(); ++i) {
@@ -309,8 +308,8 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
     std::optional<std::string> effort;
     if (auto e = reasoning->read_string("effort", effort)) return *e;
     if (effort && !effort->empty()) {
-      if (*effort != "none" && *effort != "minimal" && *effort != "low" && *effort != "medium" &&
-          *effort != "high" && *effort != "xhigh") {
+      if (*effort != "none" && *effort != "minimal" && *effort != "low" && *effort != "medium" && *effort != "high" &&
+          *effort != "xhigh") {
         return reasoning->error("effort", "expected none, minimal, low, medium, high or xhigh");
       }
       req.enable_thinking = *effort != "none" && *effort != "minimal";
@@ -334,8 +333,7 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
   return req;
 }
 
-nlohmann::ordered_json items_to_messages(const std::string& instructions,
-                                         const nlohmann::ordered_json& items) {
+nlohmann::ordered_json items_to_messages(const std::string& instructions, const nlohmann::ordered_json& items) {
   Json messages = Json::array();
   if (!instructions.empty()) messages.push_back({{"role", "system"}, {"content", instructions}});
   std::map<std::string, std::string> call_names;  // call_id -> function name
@@ -365,14 +363,12 @@ nlohmann::ordered_json items_to_messages(const std::string& instructions,
       }
       Json& msg = messages.back();
       if (!msg.contains("tool_calls")) msg["tool_calls"] = Json::array();
-      msg["tool_calls"].push_back(
-          {{"id", call_id},
-           {"type", "function"},
-           {"function", {{"name", name}, {"arguments", item.value("arguments", "{}")}}}});
+      msg["tool_calls"].push_back({{"id", call_id},
+                                   {"type", "function"},
+                                   {"function", {{"name", name}, {"arguments", item.value("arguments", "{}")}}}});
     } else if (type == "function_call_output") {
       const std::string call_id = item.value("call_id", "");
-      Json msg = {
-          {"role", "tool"}, {"tool_call_id", call_id}, {"content", item.value("output", "")}};
+      Json msg = {{"role", "tool"}, {"tool_call_id", call_id}, {"content", item.value("output", "")}};
       if (auto it = call_names.find(call_id); it != call_names.end()) msg["name"] = it->second;
       messages.push_back(std::move(msg));
       last_is_assistant = false;
@@ -384,9 +380,8 @@ nlohmann::ordered_json items_to_messages(const std::string& instructions,
   return messages;
 }
 
-nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std::string& id,
-                                         int64_t created_at, const std::string& model,
-                                         const std::string& instructions,
+nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std::string& id, int64_t created_at,
+                                         const std::string& model, const std::string& instructions,
                                          const SamplingParams& sampling) {
   Json r;
   r["id"] = id;
@@ -401,10 +396,8 @@ nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std:
   r["model"] = model;
   r["output"] = Json::array();
   r["parallel_tool_calls"] = req.parallel_tool_calls;
-  r["previous_response_id"] =
-      req.previous_response_id.empty() ? Json(nullptr) : Json(req.previous_response_id);
-  r["reasoning"] =
-      req.reasoning.is_null() ? Json{{"effort", nullptr}, {"summary", nullptr}} : req.reasoning;
+  r["previous_response_id"] = req.previous_response_id.empty() ? Json(nullptr) : Json(req.previous_response_id);
+  r["reasoning"] = req.reasoning.is_null() ? Json{{"effort", nullptr}, {"summary", nullptr}} : req.reasoning;
   r["store"] = req.store;
   r["temperature"] = round6(sampling.temperature);
   r["text"] = {{"format", {{"type", "text"}}}};
@@ -462,9 +455,8 @@ std::string ResponsesEncoder::open(Open kind) {
   const int64_t index = int64_t(output_.size());
   const std::string item_id = item["id"];
   std::string out = frame("response.output_item.added", {{"output_index", index}, {"item", item}});
-  out +=
-      frame("response.content_part.added",
-            {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+  out += frame("response.content_part.added",
+               {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
   item["content"].push_back(std::move(part));
   output_.push_back(std::move(item));
   open_ = kind;
@@ -479,10 +471,8 @@ std::string ResponsesEncoder::close(const char* status) {
   const Json part = item["content"][0];
   std::string out;
   if (open_ == Open::kReasoning) {
-    out += frame("response.reasoning_text.done", {{"item_id", item_id},
-                                                  {"output_index", index},
-                                                  {"content_index", 0},
-                                                  {"text", part["text"]}});
+    out += frame("response.reasoning_text.done",
+                 {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"text", part["text"]}});
   } else {
     out += frame("response.output_text.done", {{"item_id", item_id},
                                                {"output_index", index},
@@ -490,9 +480,8 @@ std::string ResponsesEncoder::close(const char* status) {
                                                {"text", part["text"]},
                                                {"logprobs", Json::array()}});
   }
-  out +=
-      frame("response.content_part.done",
-            {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+  out += frame("response.content_part.done",
+               {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
   item["status"] = status;
   out += frame("response.output_item.done", {{"output_index", index}, {"item", item}});
   open_ = Open::kNone;
@@ -510,8 +499,7 @@ std::string ResponsesEncoder::delta(const OutputDelta& d) {
     const int64_t index = int64_t(output_.size()) - 1;
     Json& item = output_.back();
     item["content"][0]["text"].get_ref<std::string&>() += piece;
-    Json body = {
-        {"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"delta", piece}};
+    Json body = {{"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"delta", piece}};
     if (kind == Open::kMessage) body["logprobs"] = Json::array();
     out += frame(event, std::move(body));
   };
@@ -546,8 +534,7 @@ std::string ResponsesEncoder::finish(nlohmann::ordered_json& response, bool inco
     out += close(item_status);
   }
   response["status"] = item_status;
-  response["incomplete_details"] =
-      incomplete ? Json{{"reason", "max_output_tokens"}} : Json(nullptr);
+  response["incomplete_details"] = incomplete ? Json{{"reason", "max_output_tokens"}} : Json(nullptr);
   response["output"] = output_;
   response["usage"] = usage;
   out += frame(incomplete ? "response.incomplete" : "response.completed", {{"response", response}});

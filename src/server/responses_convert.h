@@ -39,18 +39,17 @@ namespace rill::server {
 
 struct ResponsesRequest {
   nlohmann::ordered_json input_items = nlohmann::ordered_json::array();  // normalized new input
-  std::optional<std::string> instructions;  // unset (absent or null): carried over
-  std::string previous_response_id;         // "" when none
+  std::optional<std::string> instructions;                               // unset (absent or null): carried over
+  std::string previous_response_id;                                      // "" when none
   std::string model;
   bool stream = false;
   bool store = true;
   std::optional<int32_t> max_output_tokens;
   SamplingOverrides sampling;
-  nlohmann::ordered_json chat_tools;  // null or OpenAI chat tools (after tool_choice)
-  nlohmann::ordered_json tools =
-      nlohmann::ordered_json::array();          // as sent, echoed in the Response
-  nlohmann::ordered_json tool_choice = "auto";  // as sent, echoed
-  nlohmann::ordered_json reasoning;             // null or {effort, summary}, echoed
+  nlohmann::ordered_json chat_tools;                               // null or OpenAI chat tools (after tool_choice)
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // as sent, echoed in the Response
+  nlohmann::ordered_json tool_choice = "auto";                     // as sent, echoed
+  nlohmann::ordered_json reasoning;                                // null or {effort, summary}, echoed
   std::optional<bool> enable_thinking;
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
   bool parallel_tool_calls = true;
@@ -59,19 +58,16 @@ struct ResponsesRequest {
 // Validates a request body. Errors are 400 invalid_request_error naming the
 // field ("input[2].content[0].type: ...").
 std::variant<ResponsesRequest, ApiError> parse_responses_request(const std::string& body);
-std::variant<ResponsesRequest, ApiError> parse_responses_request(
-    const nlohmann::ordered_json& body);
+std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann::ordered_json& body);
 
 // Chat messages for a conversation: instructions ("" = none) then the items
 // (normalized input items and Response output items).
-nlohmann::ordered_json items_to_messages(const std::string& instructions,
-                                         const nlohmann::ordered_json& items);
+nlohmann::ordered_json items_to_messages(const std::string& instructions, const nlohmann::ordered_json& items);
 
 // The Response object without output and usage (status "in_progress"):
 // what response.created carries and what the final object extends.
-nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std::string& id,
-                                         int64_t created_at, const std::string& model,
-                                         const std::string& instructions,
+nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std::string& id, int64_t created_at,
+                                         const std::string& model, const std::string& instructions,
                                          const SamplingParams& sampling);
 
 // {input_tokens, input_tokens_details {cached_tokens}, output_tokens,
@@ -97,15 +93,13 @@ class ResponsesEncoder {
   // (a copy of the skeleton) with status, incomplete_details, output and
   // usage, and returns the closing frames with response.completed or
   // response.incomplete. `incomplete`: the token limit ended it.
-  std::string finish(nlohmann::ordered_json& response, bool incomplete,
-                     const nlohmann::ordered_json& usage);
+  std::string finish(nlohmann::ordered_json& response, bool incomplete, const nlohmann::ordered_json& usage);
   // The generation failed (or the server is shutting down): closes the open
   // item as incomplete, fills `response` (a copy of the skeleton) with
   // status "failed", error {code: server_error, message}, the output so far
   // and usage, and returns the closing frames with response.failed, the
   // Responses stream's terminal failure event.
-  std::string failed(nlohmann::ordered_json& response, const std::string& message,
-                     const nlohmann::ordered_json& usage);
+  std::string failed(nlohmann::ordered_json& response, const std::string& message, const nlohmann::ordered_json& usage);
 
   const nlohmann::ordered_json& output() const { return output_; }
 

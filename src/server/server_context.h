@@ -27,7 +27,7 @@ struct ServerOptions {
   double response_ttl_s = 3600;
   int64_t response_store_mb = 64;
   int io_threads = 1;
-  std::string model_id;                   // name reported in /v1/models and responses
+  std::string model_id;  // name reported in /v1/models and responses
   // Sampling defaults from the command line; unset fields fall back to the
   // model's generation_config.json, then the built-in defaults.
   std::optional<float> temperature, top_p, min_p, repetition_penalty;

@@ -29,8 +29,8 @@ size_t utf8_char_len(std::string_view s, size_t i) {
 BpeModel::BpeModel(const TokenIndex* vocab, BpeOptions options)
     : vocab_(vocab), options_(std::move(options)), byte_ids_(find_byte_tokens(*vocab)) {}
 
-Status BpeModel::add_merge(std::string_view left, std::string_view right, int32_t rank,
-                           bool replace, const std::string& where) {
+Status BpeModel::add_merge(std::string_view left, std::string_view right, int32_t rank, bool replace,
+                           const std::string& where) {
   const auto a = find_token(*vocab_, left);
   const auto b = find_token(*vocab_, right);
   if (!a || !b) {
@@ -74,8 +74,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
 
   int32_t unk_id = -1;  // pending unknown symbol (id, byte length), -1 when none
   size_t unk_len = 0;
-  const bool affixes =
-      !options_.continuing_subword_prefix.empty() || !options_.end_of_word_suffix.empty();
+  const bool affixes = !options_.continuing_subword_prefix.empty() || !options_.end_of_word_suffix.empty();
   std::string affixed;
   for (size_t i = 0; i < word.size();) {
     const size_t len = utf8_char_len(word, i);
@@ -122,8 +121,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   std::priority_queue<Candidate> queue;
   auto lookup = [&](int32_t a, int32_t b) { return merges_.find(pair_key(a, b)); };
   for (size_t k = 0; k + 1 < symbols.size(); ++k) {
-    if (const auto* m = lookup(symbols[k].id, symbols[k + 1].id))
-      queue.push({m->rank, static_cast<int32_t>(k), m->id});
+    if (const auto* m = lookup(symbols[k].id, symbols[k + 1].id)) queue.push({m->rank, static_cast<int32_t>(k), m->id});
   }
   while (!queue.empty()) {
     const Candidate top = queue.top();
@@ -140,24 +138,18 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
     symbols[next_pos].len = 0;
     if (right.next >= 0) symbols[right.next].prev = top.pos;
     if (cur.prev >= 0) {
-      if (const auto* pm = lookup(symbols[cur.prev].id, cur.id))
-        queue.push({pm->rank, cur.prev, pm->id});
+      if (const auto* pm = lookup(symbols[cur.prev].id, cur.id)) queue.push({pm->rank, cur.prev, pm->id});
     }
     if (cur.next >= 0) {
-      if (const auto* nm = lookup(cur.id, symbols[cur.next].id))
-        queue.push({nm->rank, top.pos, nm->id});
+      if (const auto* nm = lookup(cur.id, symbols[cur.next].id)) queue.push({nm->rank, top.pos, nm->id});
     }
   }
   for (const auto& s : symbols)
     if (s.len != 0) out.push_back(s.id);
 }
 
-SpmModel::SpmModel(const TokenIndex* vocab, std::vector<float> scores,
-                   std::optional<int32_t> unk_id)
-    : vocab_(vocab),
-      scores_(std::move(scores)),
-      unk_id_(unk_id),
-      byte_ids_(find_byte_tokens(*vocab)) {
+SpmModel::SpmModel(const TokenIndex* vocab, std::vector<float> scores, std::optional<int32_t> unk_id)
+    : vocab_(vocab), scores_(std::move(scores)), unk_id_(unk_id), byte_ids_(find_byte_tokens(*vocab)) {
   for (int b = 0; b < 256; ++b) {
     if (byte_ids_[b] < 0) {  // llama.cpp falls back to the byte itself as a token
       const char c = static_cast<char>(b);
@@ -189,8 +181,7 @@ void SpmModel::encode(std::string_view text, std::vector<int32_t>& out) const {
   std::priority_queue<Bigram> queue;
   auto try_add = [&](int32_t left, int32_t right) {
     if (left == -1 || right == -1) return;
-    const std::string_view merged =
-        text.substr(symbols[left].begin, symbols[left].n + symbols[right].n);
+    const std::string_view merged = text.substr(symbols[left].begin, symbols[left].n + symbols[right].n);
     const auto id = find_token(*vocab_, merged);
     if (!id || static_cast<size_t>(*id) >= scores_.size()) return;
     queue.push({left, right, scores_[*id], merged.size()});

@@ -33,8 +33,7 @@ class BpeModel {
   // A repeated pair keeps the last rank when `replace` (tokenizers builds a
   // map from the list), else the first (llama.cpp). Errors name `where` when
   // a part or the merged token is not in the vocabulary.
-  Status add_merge(std::string_view left, std::string_view right, int32_t rank, bool replace,
-                   const std::string& where);
+  Status add_merge(std::string_view left, std::string_view right, int32_t rank, bool replace, const std::string& where);
   size_t n_merges() const { return merges_.size(); }
   void reserve_merges(size_t n) { merges_.reserve(n); }
 

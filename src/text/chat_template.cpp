@@ -16,8 +16,7 @@ Result<ChatTemplate> ChatTemplate::parse(std::string source) {
 }
 
 template <typename Json>
-Result<std::string> ChatTemplate::render_impl(const Json& context,
-                                              const ChatTemplateRenderOptions& options) const {
+Result<std::string> ChatTemplate::render_impl(const Json& context, const ChatTemplateRenderOptions& options) const {
   if (!context.is_object()) return Error{"chat template error: the render context must be a JSON object"};
   auto globals = std::make_shared<jinja::Frame>(nullptr);
   jinja::install_globals(*globals);

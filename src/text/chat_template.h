@@ -48,8 +48,8 @@ struct ChatTemplateRenderOptions {
   // strftime_now() reads this instead of the local clock when set (tests,
   // reproducible prompts).
   std::optional<std::tm> fixed_now;
-  int64_t max_steps = 10'000'000;   // expression/statement evaluations
-  int max_call_depth = 100;         // nested macro calls and recursive loops
+  int64_t max_steps = 10'000'000;       // expression/statement evaluations
+  int max_call_depth = 100;             // nested macro calls and recursive loops
   size_t max_bytes = size_t(64) << 20;  // largest string or output
 };
 
@@ -62,8 +62,7 @@ class ChatTemplate {
   // in the template yields "chat template error: line N: msg".
   Result<std::string> render(const nlohmann::ordered_json& context,
                              const ChatTemplateRenderOptions& options = {}) const;
-  Result<std::string> render(const nlohmann::json& context,
-                             const ChatTemplateRenderOptions& options = {}) const;
+  Result<std::string> render(const nlohmann::json& context, const ChatTemplateRenderOptions& options = {}) const;
 
   const std::string& source() const { return source_; }
 

@@ -17,8 +17,7 @@ void IncrementalDecoder::reset() {
 void IncrementalDecoder::mark_output(std::string& out, size_t before) {
   if (output_started_ || out.size() == before) return;
   output_started_ = true;
-  if (tok_->leading_space_ == Tokenizer::LeadingSpace::kOutputStart && out[before] == ' ')
-    out.erase(before, 1);
+  if (tok_->leading_space_ == Tokenizer::LeadingSpace::kOutputStart && out[before] == ' ') out.erase(before, 1);
 }
 
 void IncrementalDecoder::flush_run(std::string& out) {
@@ -38,10 +37,9 @@ void IncrementalDecoder::push(int32_t id, std::string& out) {
   const bool first = n_pushed_++ == 0;
   if (id < 0 || id >= t.n_vocab()) return;
   if (skip_special_ && (t.flags_[id] & Tokenizer::kSpecial)) return;
-  std::string_view piece(t.pieces_.data() + t.piece_offsets_[id],
-                         t.piece_offsets_[id + 1] - t.piece_offsets_[id]);
-  if (first && t.leading_space_ == Tokenizer::LeadingSpace::kFirstToken && id != t.bos_id_ &&
-      !piece.empty() && piece[0] == ' ')
+  std::string_view piece(t.pieces_.data() + t.piece_offsets_[id], t.piece_offsets_[id + 1] - t.piece_offsets_[id]);
+  if (first && t.leading_space_ == Tokenizer::LeadingSpace::kFirstToken && id != t.bos_id_ && !piece.empty() &&
+      piece[0] == ' ')
     piece.remove_prefix(1);
 
   if (t.decode_style_ == Tokenizer::DecodeStyle::kByteFallbackRuns) {

@@ -23,9 +23,7 @@ class Builtin : public Object {
   std::string type_name() const override { return "builtin_function_or_method"; }
   std::string repr() const override { return "<built-in function " + name_ + ">"; }
   bool callable() const override { return true; }
-  Result<Value> call(Interpreter& interp, const CallArgs& args) const override {
-    return fn_(interp, args);
-  }
+  Result<Value> call(Interpreter& interp, const CallArgs& args) const override { return fn_(interp, args); }
 
  private:
   std::string name_;
@@ -50,10 +48,8 @@ class Namespace : public Object {
 };
 
 // Filters and tests by name; an Error for unknown names.
-Result<Value> apply_filter(Interpreter& interp, std::string_view name, const Value& v,
-                           const CallArgs& args);
-Result<bool> apply_test(Interpreter& interp, std::string_view name, const Value& v,
-                        const CallArgs& args);
+Result<Value> apply_filter(Interpreter& interp, std::string_view name, const Value& v, const CallArgs& args);
+Result<bool> apply_test(Interpreter& interp, std::string_view name, const Value& v, const CallArgs& args);
 bool has_test(std::string_view name);
 bool has_filter(std::string_view name);
 

@@ -25,8 +25,8 @@ Value no_element(const Value& obj, const Value& key) {
 }
 
 // Python's slice.indices(): clamps start/stop for a sequence of length n.
-void slice_indices(int64_t n, std::optional<int64_t> start, std::optional<int64_t> stop,
-                   int64_t step, int64_t* out_start, int64_t* out_stop) {
+void slice_indices(int64_t n, std::optional<int64_t> start, std::optional<int64_t> stop, int64_t step,
+                   int64_t* out_start, int64_t* out_stop) {
   auto clamp = [&](std::optional<int64_t> v, int64_t dflt) {
     if (!v) return dflt;
     int64_t x = *v;
@@ -42,11 +42,13 @@ void slice_indices(int64_t n, std::optional<int64_t> start, std::optional<int64_
   *out_stop = clamp(stop, step < 0 ? -1 : n);
 }
 
-bool mul_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool mul_overflows(int64_t a, int64_t b, int64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
 
 Error type_error(std::string_view op, const Value& a, const Value& b) {
-  return Error{"unsupported operand type(s) for " + std::string(op) + ": '" + type_name(a) +
-               "' and '" + type_name(b) + "'"};
+  return Error{"unsupported operand type(s) for " + std::string(op) + ": '" + type_name(a) + "' and '" + type_name(b) +
+               "'"};
 }
 
 }  // namespace
@@ -57,8 +59,12 @@ Error type_error(std::string_view op, const Value& a, const Value& b) {
 // Undefined instead of raising (see slice()).
 bool is_const_expr(const Expr& e) {
   switch (e.kind) {
-    case ExprKind::kConst: return true;
-    case ExprKind::kName: case ExprKind::kNsRef: case ExprKind::kCall: return false;
+    case ExprKind::kConst:
+      return true;
+    case ExprKind::kName:
+    case ExprKind::kNsRef:
+    case ExprKind::kCall:
+      return false;
     case ExprKind::kFilter:
       if (e.name == "map" || e.name == "select" || e.name == "reject" || e.name == "selectattr" ||
           e.name == "rejectattr" || !e.args[0] || !has_filter(e.name))
@@ -70,7 +76,8 @@ bool is_const_expr(const Expr& e) {
     case ExprKind::kCondExpr:
       if (!e.args[2]) return false;
       break;
-    default: break;
+    default:
+      break;
   }
   if (e.dyn_args || e.dyn_kwargs) return false;
   for (const auto& a : e.args)
@@ -96,13 +103,15 @@ Result<Value> Interpreter::eval(const Expr& e, const FramePtr& frame) {
 Result<Value> Interpreter::eval_inner(const Expr& e, const FramePtr& frame) {
   RILL_TRY(count_step());
   switch (e.kind) {
-    case ExprKind::kConst: return e.value;
+    case ExprKind::kConst:
+      return e.value;
     case ExprKind::kName: {
       const Value* v = frame->lookup(e.name);
       if (!v) return Value::undefined("'" + e.name + "' is undefined");
       return *v;
     }
-    case ExprKind::kNsRef: return Error{"namespace reference used as a value"};
+    case ExprKind::kNsRef:
+      return Error{"namespace reference used as a value"};
     case ExprKind::kList:
     case ExprKind::kTuple: {
       List items;
@@ -111,8 +120,7 @@ Result<Value> Interpreter::eval_inner(const Expr& e, const FramePtr& frame) {
         RILL_ASSIGN_OR_RETURN(Value v, eval(*a, frame));
         items.push_back(std::move(v));
       }
-      return e.kind == ExprKind::kList ? Value::make_list(std::move(items))
-                                       : Value::make_tuple(std::move(items));
+      return e.kind == ExprKind::kList ? Value::make_list(std::move(items)) : Value::make_tuple(std::move(items));
     }
     case ExprKind::kDict: {
       Dict d;
@@ -135,9 +143,12 @@ Result<Value> Interpreter::eval_inner(const Expr& e, const FramePtr& frame) {
       RILL_ASSIGN_OR_RETURN(Value key, eval(*e.args[1], frame));
       return get_item(obj, key);
     }
-    case ExprKind::kSlice: return Error{"slice used outside a subscript"};
-    case ExprKind::kCall: return eval_call(e, frame, nullptr);
-    case ExprKind::kFilter: return eval_filter(e, frame, nullptr);
+    case ExprKind::kSlice:
+      return Error{"slice used outside a subscript"};
+    case ExprKind::kCall:
+      return eval_call(e, frame, nullptr);
+    case ExprKind::kFilter:
+      return eval_filter(e, frame, nullptr);
     case ExprKind::kTest: {
       RILL_ASSIGN_OR_RETURN(Value subject, eval(*e.args[0], frame));
       RILL_ASSIGN_OR_RETURN(CallArgs args, eval_args(e, 1, frame));
@@ -153,8 +164,8 @@ Result<Value> Interpreter::eval_inner(const Expr& e, const FramePtr& frame) {
       RILL_ASSIGN_OR_RETURN(Value v, eval(*e.args[0], frame));
       if (v.is_undefined()) return Error{v.undefined_message()};
       if (!v.is_number())
-        return Error{"bad operand type for unary " + std::string(e.kind == ExprKind::kNeg ? "-" : "+") +
-                     ": '" + type_name(v) + "'"};
+        return Error{"bad operand type for unary " + std::string(e.kind == ExprKind::kNeg ? "-" : "+") + ": '" +
+                     type_name(v) + "'"};
       if (e.kind == ExprKind::kPos) return v.kind == Kind::kBool ? Value::integer(v.as_int()) : v;
       if (v.kind == Kind::kFloat) return Value::number(-v.f);
       if (v.as_int() == INT64_MIN) return Error{"integer overflow"};
@@ -174,7 +185,8 @@ Result<Value> Interpreter::eval_inner(const Expr& e, const FramePtr& frame) {
       }
       return Value::string(std::move(out));
     }
-    case ExprKind::kCompare: return eval_compare(e, frame);
+    case ExprKind::kCompare:
+      return eval_compare(e, frame);
     case ExprKind::kAnd:
     case ExprKind::kOr: {
       RILL_ASSIGN_OR_RETURN(Value a, eval(*e.args[0], frame));
@@ -249,11 +261,15 @@ Result<Value> Interpreter::eval_compare(const Expr& e, const FramePtr& frame) {
     RILL_ASSIGN_OR_RETURN(Value right, eval(*e.args[k + 1], frame));
     const std::string& op = e.ops[k];
     bool ok = false;
-    if (op == "eq") ok = equals(left, right);
-    else if (op == "ne") ok = !equals(left, right);
-    else if (op == "lt") { RILL_ASSIGN_OR_RETURN(ok, less_than(left, right)); }
-    else if (op == "gt") { RILL_ASSIGN_OR_RETURN(ok, less_than(right, left)); }
-    else if (op == "lteq") {
+    if (op == "eq")
+      ok = equals(left, right);
+    else if (op == "ne")
+      ok = !equals(left, right);
+    else if (op == "lt") {
+      RILL_ASSIGN_OR_RETURN(ok, less_than(left, right));
+    } else if (op == "gt") {
+      RILL_ASSIGN_OR_RETURN(ok, less_than(right, left));
+    } else if (op == "lteq") {
       RILL_ASSIGN_OR_RETURN(bool gt, less_than(right, left));
       ok = !gt;
     } else if (op == "gteq") {
@@ -291,8 +307,7 @@ Result<Value> Interpreter::slice(const Value& obj, const Expr& s, const FramePtr
   std::optional<int64_t> parts[3];
   for (int k = 0; k < 3; ++k) {
     if (parts_v[k].is_none()) continue;
-    if (!parts_v[k].is_int())
-      return type_error("slice indices must be integers or None or have an __index__ method");
+    if (!parts_v[k].is_int()) return type_error("slice indices must be integers or None or have an __index__ method");
     parts[k] = parts_v[k].as_int();
   }
   const int64_t step = std::max<int64_t>(parts[2].value_or(1), -INT64_MAX);
@@ -328,13 +343,16 @@ Result<Value> Interpreter::call(const Value& callee, const CallArgs& args) {
 
 Result<Value> Interpreter::get_attr(const Value& obj, std::string_view name) {
   switch (obj.kind) {
-    case Kind::kUndefined: return Error{obj.undefined_message()};
+    case Kind::kUndefined:
+      return Error{obj.undefined_message()};
     case Kind::kDict: {
       if (auto m = method_of(obj, name)) return *m;
       if (const Value* v = obj.dict->find(name)) return *v;
       return no_attribute(obj, name);
     }
-    case Kind::kString: case Kind::kList: case Kind::kTuple: {
+    case Kind::kString:
+    case Kind::kList:
+    case Kind::kTuple: {
       if (auto m = method_of(obj, name)) return *m;
       return no_attribute(obj, name);
     }
@@ -342,21 +360,24 @@ Result<Value> Interpreter::get_attr(const Value& obj, std::string_view name) {
       if (auto v = obj.obj->attr(name)) return *v;
       return no_attribute(obj, name);
     }
-    default: return no_attribute(obj, name);
+    default:
+      return no_attribute(obj, name);
   }
 }
 
 Result<Value> Interpreter::get_item(const Value& obj, const Value& key) {
   switch (obj.kind) {
-    case Kind::kUndefined: return Error{obj.undefined_message()};
+    case Kind::kUndefined:
+      return Error{obj.undefined_message()};
     case Kind::kDict: {
       if (const Value* v = obj.dict->find(key)) return *v;
       break;
     }
-    case Kind::kString: case Kind::kList: case Kind::kTuple: {
+    case Kind::kString:
+    case Kind::kList:
+    case Kind::kTuple: {
       if (!key.is_int()) break;
-      const int64_t n = obj.kind == Kind::kString ? int64_t(n_code_points(obj.s()))
-                                                  : int64_t(obj.list->size());
+      const int64_t n = obj.kind == Kind::kString ? int64_t(n_code_points(obj.s())) : int64_t(obj.list->size());
       int64_t i = key.as_int();
       if (i < 0) i += n;
       if (i < 0 || i >= n) return no_element(obj, key);
@@ -365,7 +386,8 @@ Result<Value> Interpreter::get_item(const Value& obj, const Value& key) {
       append_utf8(decode_utf8(obj.s())[size_t(i)], one);
       return Value::string(std::move(one));
     }
-    default: break;
+    default:
+      break;
   }
   if (key.kind == Kind::kString) return get_attr(obj, key.s());
   return no_element(obj, key);
@@ -381,12 +403,14 @@ Result<bool> Interpreter::test(std::string_view name, const Value& v, const Call
 
 Result<bool> Interpreter::contains(const Value& container, const Value& item) {
   switch (container.kind) {
-    case Kind::kUndefined: return false;
+    case Kind::kUndefined:
+      return false;
     case Kind::kString:
       if (item.kind != Kind::kString)
         return Error{"'in <string>' requires string as left operand, not " + type_name(item)};
       return container.s().find(item.s()) != std::string::npos;
-    case Kind::kList: case Kind::kTuple:
+    case Kind::kList:
+    case Kind::kTuple:
       for (const auto& x : *container.list)
         if (equals(x, item)) return true;
       return false;
@@ -396,7 +420,8 @@ Result<bool> Interpreter::contains(const Value& container, const Value& item) {
         if (!x) return false;
         if (equals(*x, item)) return true;
       }
-    case Kind::kDict: return container.dict->find(item) != nullptr;
+    case Kind::kDict:
+      return container.dict->find(item) != nullptr;
     default:
       return Error{"argument of type '" + type_name(container) + "' is not iterable"};
   }
@@ -424,10 +449,8 @@ Result<Value> Interpreter::binary(std::string_view op, const Value& a, const Val
       out.insert(out.end(), b.list->begin(), b.list->end());
       return a.kind == Kind::kList ? Value::make_list(std::move(out)) : Value::make_tuple(std::move(out));
     }
-    if (a.kind == Kind::kString)
-      return Error{"can only concatenate str (not \"" + type_name(b) + "\") to str"};
-    if (a.kind == Kind::kList)
-      return Error{"can only concatenate list (not \"" + type_name(b) + "\") to list"};
+    if (a.kind == Kind::kString) return Error{"can only concatenate str (not \"" + type_name(b) + "\") to str"};
+    if (a.kind == Kind::kList) return Error{"can only concatenate list (not \"" + type_name(b) + "\") to list"};
     return type_error("+", a, b);
   }
   if (op == "-") {
@@ -448,8 +471,7 @@ Result<Value> Interpreter::binary(std::string_view op, const Value& a, const Val
     if (both_num) return Value::number(a.as_double() * b.as_double());
     const Value* seq = a.is_int() ? &b : &a;
     const Value* count = a.is_int() ? &a : &b;
-    if (count->is_int() && (seq->kind == Kind::kString || seq->kind == Kind::kList ||
-                            seq->kind == Kind::kTuple)) {
+    if (count->is_int() && (seq->kind == Kind::kString || seq->kind == Kind::kList || seq->kind == Kind::kTuple)) {
       const int64_t n = std::max<int64_t>(0, count->as_int());
       const size_t unit = seq->kind == Kind::kString ? seq->s().size() : seq->list->size();
       int64_t total;
@@ -522,8 +544,7 @@ Result<Value> Interpreter::binary(std::string_view op, const Value& a, const Val
       }
       return Value::integer(r);
     }
-    if (a.as_double() == 0.0 && b.as_double() < 0)
-      return Error{"0.0 cannot be raised to a negative power"};
+    if (a.as_double() == 0.0 && b.as_double() < 0) return Error{"0.0 cannot be raised to a negative power"};
     return Value::number(std::pow(a.as_double(), b.as_double()));
   }
   return Error{"unknown operator " + std::string(op)};

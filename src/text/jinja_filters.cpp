@@ -25,8 +25,9 @@ Result<int64_t> arg_int(const CallArgs& a, size_t i, std::string_view name, int6
   return v->as_int();
 }
 
-std::string text_of(const Value& v) { return v.kind == Kind::kString ? v.s() : to_str(v); }
-
+std::string text_of(const Value& v) {
+  return v.kind == Kind::kString ? v.s() : to_str(v);
+}
 
 Result<Value> f_abs(Interpreter&, const Value& v, const CallArgs&) {
   if (v.kind == Kind::kFloat) return Value::number(std::fabs(v.f));
@@ -74,12 +75,23 @@ Result<Value> f_escape(Interpreter&, const Value& v, const CallArgs&) {
   std::string out;
   for (char c : text_of(v)) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return Value::string(std::move(out));
@@ -308,29 +320,49 @@ struct FilterDef {
 
 const std::vector<FilterDef>& filters() {
   static const std::vector<FilterDef> kFilters = {
-      {"abs", f_abs, {}}, {"attr", f_attr, {"name"}},
-      {"batch", f_batch, {"linecount", "fill_with"}}, {"capitalize", f_capitalize, {}},
-      {"center", f_center, {"width"}}, {"count", f_length, {}},
+      {"abs", f_abs, {}},
+      {"attr", f_attr, {"name"}},
+      {"batch", f_batch, {"linecount", "fill_with"}},
+      {"capitalize", f_capitalize, {}},
+      {"center", f_center, {"width"}},
+      {"count", f_length, {}},
       {"d", f_default, {"default_value", "boolean"}},
       {"default", f_default, {"default_value", "boolean"}},
-      {"dictsort", f_dictsort, {"case_sensitive", "by", "reverse"}}, {"e", f_escape, {}},
-      {"escape", f_escape, {}}, {"first", f_first, {}}, {"float", f_float, {"default"}},
-      {"forceescape", f_escape, {}}, {"format", f_format, {}, true},
-      {"indent", f_indent, {"width", "first", "blank"}}, {"int", f_int, {"default", "base"}},
-      {"items", f_items, {}}, {"join", f_join, {"d", "attribute"}}, {"last", f_last, {}},
-      {"length", f_length, {}}, {"list", f_list, {}}, {"lower", f_lower, {}},
-      {"map", f_map, {}, true}, {"max", f_max, {"case_sensitive", "attribute"}},
-      {"min", f_min, {"case_sensitive", "attribute"}}, {"reject", f_reject, {}, true},
-      {"rejectattr", f_rejectattr, {}, true}, {"replace", f_replace, {"old", "new", "count"}},
-      {"reverse", f_reverse, {}}, {"round", f_round, {"precision", "method"}},
-      {"safe", f_safe, {}}, {"select", f_select, {}, true},
+      {"dictsort", f_dictsort, {"case_sensitive", "by", "reverse"}},
+      {"e", f_escape, {}},
+      {"escape", f_escape, {}},
+      {"first", f_first, {}},
+      {"float", f_float, {"default"}},
+      {"forceescape", f_escape, {}},
+      {"format", f_format, {}, true},
+      {"indent", f_indent, {"width", "first", "blank"}},
+      {"int", f_int, {"default", "base"}},
+      {"items", f_items, {}},
+      {"join", f_join, {"d", "attribute"}},
+      {"last", f_last, {}},
+      {"length", f_length, {}},
+      {"list", f_list, {}},
+      {"lower", f_lower, {}},
+      {"map", f_map, {}, true},
+      {"max", f_max, {"case_sensitive", "attribute"}},
+      {"min", f_min, {"case_sensitive", "attribute"}},
+      {"reject", f_reject, {}, true},
+      {"rejectattr", f_rejectattr, {}, true},
+      {"replace", f_replace, {"old", "new", "count"}},
+      {"reverse", f_reverse, {}},
+      {"round", f_round, {"precision", "method"}},
+      {"safe", f_safe, {}},
+      {"select", f_select, {}, true},
       {"selectattr", f_selectattr, {}, true},
-      {"sort", f_sort, {"reverse", "case_sensitive", "attribute"}}, {"string", f_string, {}},
-      {"sum", f_sum, {"attribute", "start"}}, {"title", f_title, {}},
+      {"sort", f_sort, {"reverse", "case_sensitive", "attribute"}},
+      {"string", f_string, {}},
+      {"sum", f_sum, {"attribute", "start"}},
+      {"title", f_title, {}},
       {"tojson", f_tojson, {"ensure_ascii", "indent", "separators", "sort_keys"}},
       {"trim", f_trim, {"chars"}},
       {"truncate", f_truncate, {"length", "killwords", "end", "leeway"}},
-      {"unique", f_unique, {"case_sensitive", "attribute"}}, {"upper", f_upper, {}},
+      {"unique", f_unique, {"case_sensitive", "attribute"}},
+      {"upper", f_upper, {}},
       {"wordcount", f_wordcount, {}},
   };
   return kFilters;
@@ -340,9 +372,8 @@ const std::vector<FilterDef>& filters() {
 Status check_signature(const FilterDef& f, const CallArgs& args) {
   if (f.variadic) return {};
   if (args.positional.size() > f.params.size())
-    return Error{"filter '" + std::string(f.name) + "' takes at most " +
-                 std::to_string(f.params.size()) + " argument(s), " +
-                 std::to_string(args.positional.size()) + " given"};
+    return Error{"filter '" + std::string(f.name) + "' takes at most " + std::to_string(f.params.size()) +
+                 " argument(s), " + std::to_string(args.positional.size()) + " given"};
   for (const auto& [key, value] : args.keyword) {
     const auto it = std::find(f.params.begin(), f.params.end(), key);
     if (it == f.params.end())
@@ -361,8 +392,7 @@ bool has_filter(std::string_view name) {
   return false;
 }
 
-Result<Value> apply_filter(Interpreter& interp, std::string_view name, const Value& v,
-                           const CallArgs& args) {
+Result<Value> apply_filter(Interpreter& interp, std::string_view name, const Value& v, const CallArgs& args) {
   for (const auto& f : filters::filters()) {
     if (f.name != name) continue;
     RILL_TRY(filters::check_signature(f, args));

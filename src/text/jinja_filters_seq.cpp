@@ -10,8 +10,7 @@ namespace {
 
 // jinja's make_attrgetter: "a.b.0" looks up each dotted part as an item
 // (integer parts as indexes); Undefined results fall back to `dflt`.
-Result<Value> attribute_of(Interpreter& in, const Value& item, const Value& attribute,
-                           const Value* dflt) {
+Result<Value> attribute_of(Interpreter& in, const Value& item, const Value& attribute, const Value* dflt) {
   Value cur = item;
   if (attribute.kind != Kind::kString) {
     RILL_ASSIGN_OR_RETURN(cur, in.get_item(cur, attribute));
@@ -31,8 +30,7 @@ Value ignore_case(const Value& v) {
 }
 
 // Sort keys of `items` (attribute lookup and case folding as the filters ask).
-Result<List> sort_keys(Interpreter& in, const List& items, const CallArgs& a, size_t attr_index,
-                       size_t case_index) {
+Result<List> sort_keys(Interpreter& in, const List& items, const CallArgs& a, size_t attr_index, size_t case_index) {
   const Value* attribute = a.get(attr_index, "attribute");
   const bool case_sensitive = arg_true(a, case_index, "case_sensitive");
   List keys;
@@ -220,11 +218,17 @@ Result<Value> f_join(Interpreter& in, const Value& v, const CallArgs& a) {
 
 Result<int64_t> py_len(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return 0;
-    case Kind::kString: return int64_t(n_code_points(v.s()));
-    case Kind::kList: case Kind::kTuple: return int64_t(v.list->size());
-    case Kind::kDict: return int64_t(v.dict->items.size());
-    default: return Error{"object of type '" + type_name(v) + "' has no len()"};
+    case Kind::kUndefined:
+      return 0;
+    case Kind::kString:
+      return int64_t(n_code_points(v.s()));
+    case Kind::kList:
+    case Kind::kTuple:
+      return int64_t(v.list->size());
+    case Kind::kDict:
+      return int64_t(v.dict->items.size());
+    default:
+      return Error{"object of type '" + type_name(v) + "' has no len()"};
   }
 }
 
@@ -273,17 +277,29 @@ Result<Value> f_map(Interpreter& in, const Value& v, const CallArgs& a) {
   });
 }
 
-Result<Value> f_max(Interpreter& in, const Value& v, const CallArgs& a) { return min_max(in, v, a, true); }
+Result<Value> f_max(Interpreter& in, const Value& v, const CallArgs& a) {
+  return min_max(in, v, a, true);
+}
 
-Result<Value> f_min(Interpreter& in, const Value& v, const CallArgs& a) { return min_max(in, v, a, false); }
+Result<Value> f_min(Interpreter& in, const Value& v, const CallArgs& a) {
+  return min_max(in, v, a, false);
+}
 
-Result<Value> f_select(Interpreter& in, const Value& v, const CallArgs& a) { return select_impl(in, v, a, true, false); }
+Result<Value> f_select(Interpreter& in, const Value& v, const CallArgs& a) {
+  return select_impl(in, v, a, true, false);
+}
 
-Result<Value> f_reject(Interpreter& in, const Value& v, const CallArgs& a) { return select_impl(in, v, a, false, false); }
+Result<Value> f_reject(Interpreter& in, const Value& v, const CallArgs& a) {
+  return select_impl(in, v, a, false, false);
+}
 
-Result<Value> f_selectattr(Interpreter& in, const Value& v, const CallArgs& a) { return select_impl(in, v, a, true, true); }
+Result<Value> f_selectattr(Interpreter& in, const Value& v, const CallArgs& a) {
+  return select_impl(in, v, a, true, true);
+}
 
-Result<Value> f_rejectattr(Interpreter& in, const Value& v, const CallArgs& a) { return select_impl(in, v, a, false, true); }
+Result<Value> f_rejectattr(Interpreter& in, const Value& v, const CallArgs& a) {
+  return select_impl(in, v, a, false, true);
+}
 
 Result<Value> f_reverse(Interpreter&, const Value& v, const CallArgs&) {
   if (v.kind == Kind::kString) {

@@ -42,8 +42,10 @@ std::string truncate_code_points(const std::string& s, int64_t n) {
 Result<std::string> percent_format(Interpreter& interp, std::string_view fmt, const Value& args) {
   List positional;
   const Dict* mapping = nullptr;
-  if (args.kind == Kind::kTuple) positional = *args.list;
-  else positional.push_back(args);
+  if (args.kind == Kind::kTuple)
+    positional = *args.list;
+  else
+    positional.push_back(args);
   if (args.kind == Kind::kDict) mapping = args.dict.get();
   // Python treats any non-tuple, non-str object with __getitem__ (dict,
   // list) as a mapping: leftover arguments are then not an error.
@@ -100,15 +102,23 @@ Result<std::string> percent_format(Interpreter& interp, std::string_view fmt, co
     const bool left = flags.find('-') != std::string::npos;
     std::string piece;
     switch (conv) {
-      case 's': case 'r': case 'a': {
+      case 's':
+      case 'r':
+      case 'a': {
         piece = conv == 's' ? to_str(*value) : repr(*value);
         if (precision >= 0) piece = truncate_code_points(piece, precision);
         piece = pad_to(piece, width, left);
         break;
       }
-      case 'd': case 'i': case 'u': case 'x': case 'X': case 'o': {
+      case 'd':
+      case 'i':
+      case 'u':
+      case 'x':
+      case 'X':
+      case 'o': {
         long long n = 0;
-        if (value->is_int()) n = value->as_int();
+        if (value->is_int())
+          n = value->as_int();
         else if (value->kind == Kind::kFloat && (conv == 'd' || conv == 'i' || conv == 'u') &&
                  std::isfinite(value->f) && std::fabs(value->f) < 9.2e18)
           n = (long long)value->f;
@@ -121,19 +131,25 @@ Result<std::string> percent_format(Interpreter& interp, std::string_view fmt, co
         piece = c_format_int(spec, n);
         break;
       }
-      case 'e': case 'E': case 'f': case 'F': case 'g': case 'G': {
+      case 'e':
+      case 'E':
+      case 'f':
+      case 'F':
+      case 'g':
+      case 'G': {
         if (!value->is_number()) return Error{"must be real number, not " + type_name(*value)};
-        std::string spec = "%" + flags + std::to_string(width) + "." +
-                           std::to_string(precision < 0 ? 6 : precision);
+        std::string spec = "%" + flags + std::to_string(width) + "." + std::to_string(precision < 0 ? 6 : precision);
         spec.push_back(conv);
         piece = c_format(spec, value->as_double());
         break;
       }
       case 'c': {
-        if (value->kind == Kind::kString && n_code_points(value->s()) == 1) piece = value->s();
+        if (value->kind == Kind::kString && n_code_points(value->s()) == 1)
+          piece = value->s();
         else if (value->is_int() && value->as_int() >= 0 && value->as_int() <= 0x10FFFF)
           append_utf8(char32_t(value->as_int()), piece);
-        else return Error{"%c requires int or char"};
+        else
+          return Error{"%c requires int or char"};
         piece = pad_to(piece, width, left);
         break;
       }
@@ -198,8 +214,9 @@ Result<std::string> format_field(const Value& v, std::string_view spec) {
       return Error{"Unknown format code 's' for object of type '" + type_name(v) + "'"};
     if (v.is_number() && type == 0 && (precision >= 0 || !sign.empty())) {
       numeric = true;
-      body = v.kind == Kind::kFloat ? c_format("%" + sign + "." + std::to_string(precision < 0 ? 12 : precision) + "g", v.f)
-                                    : c_format_int("%" + sign + "lld", v.as_int());
+      body = v.kind == Kind::kFloat
+                 ? c_format("%" + sign + "." + std::to_string(precision < 0 ? 12 : precision) + "g", v.f)
+                 : c_format_int("%" + sign + "lld", v.as_int());
     } else {
       numeric = v.is_number();
       body = to_str(v);
@@ -214,9 +231,7 @@ Result<std::string> format_field(const Value& v, std::string_view spec) {
       return Error{std::string("Unknown format code '") + type + "' for object of type '" + type_name(v) + "'"};
     numeric = true;
     const double x = type == '%' ? v.as_double() * 100 : v.as_double();
-    body = c_format("%" + sign + "." + std::to_string(precision < 0 ? 6 : precision) +
-                        (type == '%' ? 'f' : type),
-                    x);
+    body = c_format("%" + sign + "." + std::to_string(precision < 0 ? 6 : precision) + (type == '%' ? 'f' : type), x);
     if (type == '%') body += "%";
   } else {
     return Error{std::string("unsupported format code '") + type + "'"};
@@ -291,9 +306,12 @@ Result<std::string> brace_format(std::string_view fmt, const CallArgs& args) {
       if (!value) return Error{"KeyError: '" + std::string(field) + "'"};
     }
     Value converted = *value;
-    if (conversion == "r" || conversion == "a") converted = Value::string(repr(*value));
-    else if (conversion == "s") converted = Value::string(to_str(*value));
-    else if (!conversion.empty()) return Error{"Unknown conversion specifier " + std::string(conversion)};
+    if (conversion == "r" || conversion == "a")
+      converted = Value::string(repr(*value));
+    else if (conversion == "s")
+      converted = Value::string(to_str(*value));
+    else if (!conversion.empty())
+      return Error{"Unknown conversion specifier " + std::string(conversion)};
     RILL_ASSIGN_OR_RETURN(std::string piece, format_field(converted, spec));
     out += piece;
   }

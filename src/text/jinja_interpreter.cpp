@@ -29,8 +29,8 @@ bool expr_mentions(const Expr* e, std::string_view name);
 
 bool body_mentions(const Body& body, std::string_view name) {
   for (const auto& s : body) {
-    if (expr_mentions(s->expr.get(), name) || expr_mentions(s->cond.get(), name) ||
-        body_mentions(s->body, name) || body_mentions(s->else_body, name))
+    if (expr_mentions(s->expr.get(), name) || expr_mentions(s->cond.get(), name) || body_mentions(s->body, name) ||
+        body_mentions(s->else_body, name))
       return true;
     for (const auto& d : s->defaults)
       if (expr_mentions(d.get(), name)) return true;
@@ -55,7 +55,9 @@ bool expr_mentions(const Expr* e, std::string_view name) {
 class Macro : public Object {
  public:
   Macro(const Stmt& def, std::string name, std::weak_ptr<Frame> closure)
-      : def_(def), name_(std::move(name)), closure_(std::move(closure)),
+      : def_(def),
+        name_(std::move(name)),
+        closure_(std::move(closure)),
         takes_varargs_(body_mentions(def.body, "varargs")),
         takes_kwargs_(body_mentions(def.body, "kwargs")),
         takes_caller_(body_mentions(def.body, "caller")) {}
@@ -81,8 +83,7 @@ class Macro : public Object {
     const size_t n_params = def_.params.size();
     const size_t first_default = n_params - def_.defaults.size();
     if (args.positional.size() > n_params && !takes_varargs_)
-      return Error{"macro '" + name_ + "' takes not more than " + std::to_string(n_params) +
-                   " argument(s)"};
+      return Error{"macro '" + name_ + "' takes not more than " + std::to_string(n_params) + " argument(s)"};
     std::vector<bool> used(args.keyword.size(), false);
     for (size_t k = 0; k < n_params; ++k) {
       const std::string& param = def_.params[k];
@@ -135,8 +136,7 @@ class Macro : public Object {
 // The `loop` variable: one object per loop, updated every iteration.
 class LoopContext : public Object {
  public:
-  LoopContext(std::shared_ptr<const List> items, const Stmt& stmt, std::weak_ptr<Frame> frame,
-              int depth)
+  LoopContext(std::shared_ptr<const List> items, const Stmt& stmt, std::weak_ptr<Frame> frame, int depth)
       : items_(std::move(items)), stmt_(stmt), frame_(std::move(frame)), depth_(depth) {}
   std::string type_name() const override { return "LoopContext"; }
   std::string repr() const override {
@@ -156,10 +156,8 @@ class LoopContext : public Object {
     if (name == "length") return Value::integer(n);
     if (name == "depth") return Value::integer(depth_);
     if (name == "depth0") return Value::integer(depth_ - 1);
-    if (name == "previtem")
-      return i > 0 ? (*items_)[size_t(i - 1)] : Value::undefined("there is no previous item");
-    if (name == "nextitem")
-      return i + 1 < n ? (*items_)[size_t(i + 1)] : Value::undefined("there is no next item");
+    if (name == "previtem") return i > 0 ? (*items_)[size_t(i - 1)] : Value::undefined("there is no previous item");
+    if (name == "nextitem") return i + 1 < n ? (*items_)[size_t(i + 1)] : Value::undefined("there is no next item");
     if (name == "cycle") {
       const size_t at = index0;
       return make_builtin("cycle", [at](Interpreter&, const CallArgs& args) -> Result<Value> {
@@ -221,8 +219,7 @@ Interpreter::~Interpreter() {
 
 Status Interpreter::count_step() {
   if (++n_steps_ > limits_.max_steps)
-    return Error{"template exceeded the step limit (" + std::to_string(limits_.max_steps) +
-                 " evaluation steps)"};
+    return Error{"template exceeded the step limit (" + std::to_string(limits_.max_steps) + " evaluation steps)"};
   return {};
 }
 
@@ -287,8 +284,7 @@ Status Interpreter::assign(const Expr& target, const Value& value, const FramePt
   // Tuple unpacking.
   RILL_ASSIGN_OR_RETURN(List items, iterate(value));
   const size_t n = target.args.size();
-  if (items.size() > n)
-    return Error{"too many values to unpack (expected " + std::to_string(n) + ")"};
+  if (items.size() > n) return Error{"too many values to unpack (expected " + std::to_string(n) + ")"};
   if (items.size() < n)
     return Error{"not enough values to unpack (expected " + std::to_string(n) + ", got " +
                  std::to_string(items.size()) + ")"};
@@ -296,8 +292,7 @@ Status Interpreter::assign(const Expr& target, const Value& value, const FramePt
   return {};
 }
 
-Status Interpreter::run_for(const Stmt& s, const Value& iterable, const FramePtr& frame,
-                            int depth, std::string& out) {
+Status Interpreter::run_for(const Stmt& s, const Value& iterable, const FramePtr& frame, int depth, std::string& out) {
   RILL_ASSIGN_OR_RETURN(List items, iterate(iterable));
   if (s.cond) {  // {% for x in xs if cond %}: filtered before loop.length is known
     List kept;
@@ -341,8 +336,10 @@ Status Interpreter::exec_one(const Stmt& s, const FramePtr& frame, std::string& 
       auto r = eval(*s.expr, frame);
       folding_constant_ = false;
       RILL_ASSIGN_OR_RETURN(Value v, std::move(r));
-      if (v.kind == Kind::kString) out += v.s();
-      else out += to_str(v);
+      if (v.kind == Kind::kString)
+        out += v.s();
+      else
+        out += to_str(v);
       return check_bytes(out.size());
     }
     case StmtKind::kIf: {
@@ -361,8 +358,8 @@ Status Interpreter::exec_one(const Stmt& s, const FramePtr& frame, std::string& 
       RILL_ASSIGN_OR_RETURN(std::string text, render_body(s.body, frame));
       Value v = Value::string(std::move(text));
       if (s.expr) {
-      RILL_ASSIGN_OR_RETURN(v, eval_filter(*s.expr, frame, &v));
-    }
+        RILL_ASSIGN_OR_RETURN(v, eval_filter(*s.expr, frame, &v));
+      }
       return assign(*s.target, v, frame);
     }
     case StmtKind::kMacro:

@@ -88,8 +88,7 @@ class Interpreter {
   const FramePtr& root() const { return root_; }
 
   // Runs a for loop over `iterable` (also the body of recursive loop calls).
-  Status run_for(const Stmt& s, const Value& iterable, const FramePtr& frame, int depth,
-                 std::string& out);
+  Status run_for(const Stmt& s, const Value& iterable, const FramePtr& frame, int depth, std::string& out);
 
  private:
   Status exec_one(const Stmt& s, const FramePtr& frame, std::string& out, Flow* flow);

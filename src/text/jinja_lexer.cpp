@@ -51,17 +51,26 @@ bool is_all_whitespace(std::string_view s) {
   return true;
 }
 
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
-bool is_name_char(char c) { return is_name_start(c) || is_digit(c); }
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+bool is_name_start(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+bool is_name_char(char c) {
+  return is_name_start(c) || is_digit(c);
+}
 
 // Digits with single underscores between them: (\d+_)*\d+. Returns the end or npos.
 size_t match_digits(std::string_view s, size_t p) {
   if (p >= s.size() || !is_digit(s[p])) return std::string_view::npos;
   while (p < s.size()) {
-    if (is_digit(s[p])) ++p;
-    else if (s[p] == '_' && p + 1 < s.size() && is_digit(s[p + 1])) p += 2;
-    else break;
+    if (is_digit(s[p]))
+      ++p;
+    else if (s[p] == '_' && p + 1 < s.size() && is_digit(s[p + 1]))
+      p += 2;
+    else
+      break;
   }
   return p;
 }
@@ -102,17 +111,28 @@ size_t match_integer(std::string_view s, size_t p, int* base) {
   auto run = [&](size_t q, auto is_ok) {  // (_?X)+
     size_t end = npos;
     while (q < s.size()) {
-      if (is_ok(s[q])) { ++q; end = q; }
-      else if (s[q] == '_' && q + 1 < s.size() && is_ok(s[q + 1])) { q += 2; end = q; }
-      else break;
+      if (is_ok(s[q])) {
+        ++q;
+        end = q;
+      } else if (s[q] == '_' && q + 1 < s.size() && is_ok(s[q + 1])) {
+        q += 2;
+        end = q;
+      } else
+        break;
     }
     return end;
   };
   if (s[p] == '0' && p + 1 < s.size()) {
     const char x = char(s[p + 1] | 0x20);
     size_t end = npos;
-    if (x == 'b') { *base = 2; end = run(p + 2, [](char c) { return c == '0' || c == '1'; }); }
-    if (x == 'o') { *base = 8; end = run(p + 2, [](char c) { return c >= '0' && c <= '7'; }); }
+    if (x == 'b') {
+      *base = 2;
+      end = run(p + 2, [](char c) { return c == '0' || c == '1'; });
+    }
+    if (x == 'o') {
+      *base = 8;
+      end = run(p + 2, [](char c) { return c >= '0' && c <= '7'; });
+    }
     if (x == 'x') {
       *base = 16;
       end = run(p + 2, [](char c) { return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); });
@@ -143,7 +163,10 @@ class Lexer {
       size_t t = pos;
       while (true) {
         t = s.find('{', t);
-        if (t == std::string_view::npos || t + 1 >= s.size()) { t = std::string_view::npos; break; }
+        if (t == std::string_view::npos || t + 1 >= s.size()) {
+          t = std::string_view::npos;
+          break;
+        }
         const char k = s[t + 1];
         if (k == '{' || k == '%' || k == '#') break;
         ++t;
@@ -162,10 +185,9 @@ class Lexer {
       if (sign == '-') {
         const std::string stripped = py_strip(text, std::nullopt, false, true);
         text = text.substr(0, stripped.size());
-      } else if (sign != '+' && kind != '{') {  // lstrip_blocks: blocks and comments only
+      } else if (sign != '+' && kind != '{') {      // lstrip_blocks: blocks and comments only
         const size_t l_pos = text.rfind('\n') + 1;  // npos + 1 == 0
-        if ((l_pos > 0 || line_starting) && l_pos < text.size() &&
-            is_all_whitespace(text.substr(l_pos)))
+        if ((l_pos > 0 || line_starting) && l_pos < text.size() && is_all_whitespace(text.substr(l_pos)))
           text = text.substr(0, l_pos);
       }
       emit_data(text, pos);
@@ -240,17 +262,20 @@ class Lexer {
       if (s.compare(p, 6, "endraw") != 0) continue;
       p = skip_whitespace(s, p + 6);
       size_t end;
-      if (s.compare(p, 3, "+%}") == 0) end = p + 3;
-      else if (s.compare(p, 3, "-%}") == 0) end = skip_whitespace(s, p + 3);
-      else if (s.compare(p, 2, "%}") == 0) end = p + 2 + (p + 2 < s.size() && s[p + 2] == '\n');
-      else continue;
+      if (s.compare(p, 3, "+%}") == 0)
+        end = p + 3;
+      else if (s.compare(p, 3, "-%}") == 0)
+        end = skip_whitespace(s, p + 3);
+      else if (s.compare(p, 2, "%}") == 0)
+        end = p + 2 + (p + 2 < s.size() && s[p + 2] == '\n');
+      else
+        continue;
       std::string_view text = s.substr(body, t - body);
       if (sign == '-') {
         text = text.substr(0, py_strip(text, std::nullopt, false, true).size());
       } else if (sign != '+') {
         const size_t l_pos = text.rfind('\n') + 1;
-        if (l_pos > 0 && l_pos < text.size() && is_all_whitespace(text.substr(l_pos)))
-          text = text.substr(0, l_pos);
+        if (l_pos > 0 && l_pos < text.size() && is_all_whitespace(text.substr(l_pos))) text = text.substr(0, l_pos);
       }
       emit_data(text, body);
       return end;
@@ -278,12 +303,17 @@ class Lexer {
       if (balance.empty()) {
         size_t end = std::string_view::npos;
         if (is_block) {
-          if (s.compare(p, 3, "+%}") == 0) end = p + 3;
-          else if (s.compare(p, 3, "-%}") == 0) end = skip_whitespace(s, p + 3);
-          else if (s.compare(p, 2, "%}") == 0) end = p + 2 + (p + 2 < s.size() && s[p + 2] == '\n');
+          if (s.compare(p, 3, "+%}") == 0)
+            end = p + 3;
+          else if (s.compare(p, 3, "-%}") == 0)
+            end = skip_whitespace(s, p + 3);
+          else if (s.compare(p, 2, "%}") == 0)
+            end = p + 2 + (p + 2 < s.size() && s[p + 2] == '\n');
         } else {
-          if (s.compare(p, 3, "-}}") == 0) end = skip_whitespace(s, p + 3);
-          else if (s.compare(p, 2, "}}") == 0) end = p + 2;
+          if (s.compare(p, 3, "-}}") == 0)
+            end = skip_whitespace(s, p + 3);
+          else if (s.compare(p, 2, "}}") == 0)
+            end = p + 2;
         }
         if (end != std::string_view::npos) {
           emit(is_block ? TokenType::kBlockEnd : TokenType::kVariableEnd, "", p);
@@ -349,8 +379,7 @@ class Lexer {
         balance.push_back(op == "(" ? ')' : op == "[" ? ']' : '}');
       } else if (op == ")" || op == "]" || op == "}") {
         if (balance.empty()) return fail(p, "unexpected '" + op + "'");
-        if (balance.back() != op[0])
-          return fail(p, "unexpected '" + op + "', expected '" + balance.back() + "'");
+        if (balance.back() != op[0]) return fail(p, "unexpected '" + op + "', expected '" + balance.back() + "'");
         balance.pop_back();
       }
       emit(TokenType::kOperator, op, p);

@@ -20,10 +20,10 @@ enum class TokenType : uint8_t {
   kBlockBegin,     // {%
   kBlockEnd,       // %}
   kName,
-  kString,         // text is the decoded value
+  kString,  // text is the decoded value
   kInteger,
   kFloat,
-  kOperator,       // text is the operator ("+", "//", "(", ...)
+  kOperator,  // text is the operator ("+", "//", "(", ...)
   kEof,
 };
 

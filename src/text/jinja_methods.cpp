@@ -35,18 +35,16 @@ Status Namespace::set_attr(std::string_view name, Value value) {
 
 namespace {
 
-Result<std::string> str_arg(const CallArgs& args, size_t index, std::string_view name,
-                            std::string_view method) {
+Result<std::string> str_arg(const CallArgs& args, size_t index, std::string_view name, std::string_view method) {
   const Value* v = args.get(index, name);
   if (!v) return Error{std::string(method) + "() missing required argument '" + std::string(name) + "'"};
-  if (v->kind != Kind::kString)
-    return Error{std::string(method) + "() argument must be str, not " + type_name(*v)};
+  if (v->kind != Kind::kString) return Error{std::string(method) + "() argument must be str, not " + type_name(*v)};
   return v->s();
 }
 
 // None or absent -> nullopt (Python's chars=None / sep=None).
-Result<std::optional<std::string>> opt_str_arg(const CallArgs& args, size_t index,
-                                               std::string_view name, std::string_view method) {
+Result<std::optional<std::string>> opt_str_arg(const CallArgs& args, size_t index, std::string_view name,
+                                               std::string_view method) {
   const Value* v = args.get(index, name);
   if (!v || v->is_none()) return std::optional<std::string>();
   if (v->kind != Kind::kString)
@@ -73,15 +71,16 @@ Result<Value> affix_test(const std::string& self, const CallArgs& args, bool pre
   const Value* a = args.get(0, "prefix");
   if (!a) return Error{std::string(method) + "() takes at least 1 argument (0 given)"};
   List candidates;
-  if (a->kind == Kind::kTuple) candidates = *a->list;
-  else candidates.push_back(*a);
+  if (a->kind == Kind::kTuple)
+    candidates = *a->list;
+  else
+    candidates.push_back(*a);
   for (const auto& c : candidates) {
     if (c.kind != Kind::kString)
       return Error{std::string(method) + " first arg must be str or a tuple of str, not " + type_name(c)};
     const std::string& x = c.s();
     const bool hit = prefix ? self.compare(0, x.size(), x) == 0 && self.size() >= x.size()
-                            : self.size() >= x.size() &&
-                                  self.compare(self.size() - x.size(), x.size(), x) == 0;
+                            : self.size() >= x.size() && self.compare(self.size() - x.size(), x.size(), x) == 0;
     if (hit) return Value::boolean(true);
   }
   return Value::boolean(false);
@@ -166,9 +165,8 @@ std::optional<Value> string_method(const Value& self_value, std::string_view nam
   if (name == "title") unary = py_title;
   if (name == "capitalize") unary = py_capitalize;
   if (unary) {
-    return bind([keep, unary](Interpreter&, const CallArgs&) -> Result<Value> {
-      return Value::string(unary(keep.s()));
-    });
+    return bind(
+        [keep, unary](Interpreter&, const CallArgs&) -> Result<Value> { return Value::string(unary(keep.s())); });
   }
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
     const std::string method(name);
@@ -195,8 +193,8 @@ std::optional<Value> string_method(const Value& self_value, std::string_view nam
       std::string out;
       for (size_t k = 0; k < items.size(); ++k) {
         if (items[k].kind != Kind::kString)
-          return Error{"sequence item " + std::to_string(k) + ": expected str instance, " +
-                       type_name(items[k]) + " found"};
+          return Error{"sequence item " + std::to_string(k) + ": expected str instance, " + type_name(items[k]) +
+                       " found"};
         if (k) out += keep.s();
         out += items[k].s();
         RILL_TRY(in.check_bytes(out.size()));
@@ -229,8 +227,8 @@ std::optional<Value> string_method(const Value& self_value, std::string_view nam
       if (at == std::string::npos)
         return Value::make_tuple(from_right ? List{Value::string(""), Value::string(""), keep}
                                             : List{keep, Value::string(""), Value::string("")});
-      return Value::make_tuple({Value::string(s.substr(0, at)), Value::string(sep),
-                                Value::string(s.substr(at + sep.size()))});
+      return Value::make_tuple(
+          {Value::string(s.substr(0, at)), Value::string(sep), Value::string(s.substr(at + sep.size()))});
     });
   }
   using Pred = bool (*)(char32_t);
@@ -241,9 +239,8 @@ std::optional<Value> string_method(const Value& self_value, std::string_view nam
     pred = [](char32_t c) { return c >= '0' && c <= '9'; };
   if (name == "isalpha") pred = [](char32_t c) { return py_isalnum(c) && !(c >= '0' && c <= '9'); };
   if (pred) {
-    return bind([keep, pred](Interpreter&, const CallArgs&) -> Result<Value> {
-      return all_code_points(keep.s(), pred);
-    });
+    return bind(
+        [keep, pred](Interpreter&, const CallArgs&) -> Result<Value> { return all_code_points(keep.s(), pred); });
   }
   if (name == "isupper" || name == "islower") {
     const bool upper = name == "isupper";
@@ -310,8 +307,8 @@ std::optional<Value> list_method(const Value& self, std::string_view name) {
   }
   if (self.kind == Kind::kList) {
     if (name == "copy") return bind([self](Interpreter&, const CallArgs&) -> Result<Value> { return self; });
-    if (name == "append" || name == "clear" || name == "extend" || name == "insert" ||
-        name == "pop" || name == "remove" || name == "reverse" || name == "sort")
+    if (name == "append" || name == "clear" || name == "extend" || name == "insert" || name == "pop" ||
+        name == "remove" || name == "reverse" || name == "sort")
       return unsafe(self, name);
   }
   return std::nullopt;
@@ -321,10 +318,15 @@ std::optional<Value> list_method(const Value& self, std::string_view name) {
 
 std::optional<Value> method_of(const Value& self, std::string_view name) {
   switch (self.kind) {
-    case Kind::kString: return string_method(self, name);
-    case Kind::kDict: return dict_method(self, name);
-    case Kind::kList: case Kind::kTuple: return list_method(self, name);
-    default: return std::nullopt;
+    case Kind::kString:
+      return string_method(self, name);
+    case Kind::kDict:
+      return dict_method(self, name);
+    case Kind::kList:
+    case Kind::kTuple:
+      return list_method(self, name);
+    default:
+      return std::nullopt;
   }
 }
 
@@ -375,8 +377,7 @@ std::optional<double> parse_py_float(std::string_view s) {
     const double v = body == "nan" ? NAN : INFINITY;
     return lower[0] == '-' ? -v : v;
   }
-  if (body.empty() || !(std::isdigit(static_cast<unsigned char>(body[0])) || body[0] == '.'))
-    return std::nullopt;
+  if (body.empty() || !(std::isdigit(static_cast<unsigned char>(body[0])) || body[0] == '.')) return std::nullopt;
   char* end = nullptr;
   const double v = std::strtod(t.c_str(), &end);
   if (*end != '\0') return std::nullopt;

@@ -76,8 +76,8 @@ ExprPtr Parser::parse_compare() {
   const int line = cur().line;
   ExprPtr expr = parse_math1();
   PARSE_TRY(expr);
-  static const std::pair<std::string_view, const char*> kOps[] = {
-      {"==", "eq"}, {"!=", "ne"}, {"<", "lt"}, {"<=", "lteq"}, {">", "gt"}, {">=", "gteq"}};
+  static const std::pair<std::string_view, const char*> kOps[] = {{"==", "eq"},   {"!=", "ne"}, {"<", "lt"},
+                                                                  {"<=", "lteq"}, {">", "gt"},  {">=", "gteq"}};
   ExprPtr cmp;
   while (true) {
     std::string op;
@@ -124,8 +124,7 @@ ExprPtr Parser::parse_binary_level(int level) {
     }
     return e;
   }
-  static const std::vector<std::vector<std::string_view>> kLevelOps = {
-      {"+", "-"}, {}, {"*", "/", "//", "%"}, {"**"}};
+  static const std::vector<std::vector<std::string_view>> kLevelOps = {{"+", "-"}, {}, {"*", "/", "//", "%"}, {"**"}};
   while (true) {
     std::string op;
     for (std::string_view candidate : kLevelOps[level])
@@ -194,8 +193,7 @@ ExprPtr Parser::parse_primary(bool with_namespace) {
   }
   if (tok.type == TokenType::kInteger || tok.type == TokenType::kFloat) {
     auto e = make(ExprKind::kConst, line);
-    e->value = tok.type == TokenType::kInteger ? Value::integer(tok.int_value)
-                                               : Value::number(tok.float_value);
+    e->value = tok.type == TokenType::kInteger ? Value::integer(tok.int_value) : Value::number(tok.float_value);
     next();
     return e;
   }
@@ -235,8 +233,8 @@ bool Parser::is_tuple_end(std::string_view extra_end) const {
   return !extra_end.empty() && is_name(extra_end);
 }
 
-ExprPtr Parser::parse_tuple(bool simplified, bool with_condexpr, std::string_view extra_end,
-                    bool explicit_parentheses, bool with_namespace) {
+ExprPtr Parser::parse_tuple(bool simplified, bool with_condexpr, std::string_view extra_end, bool explicit_parentheses,
+                            bool with_namespace) {
   const int line = cur().line;
   std::vector<ExprPtr> args;
   bool is_tuple = false;
@@ -277,10 +275,14 @@ ExprPtr Parser::parse_filter_expr(ExprPtr node) {
   ChainGuard chain(*this);
   while (true) {
     PARSE_TRY(chain.add());
-    if (is_op("|")) node = parse_filter(std::move(node), false);
-    else if (is_name("is")) node = parse_test(std::move(node));
-    else if (is_op("(")) node = parse_call(std::move(node));
-    else return node;
+    if (is_op("|"))
+      node = parse_filter(std::move(node), false);
+    else if (is_name("is"))
+      node = parse_test(std::move(node));
+    else if (is_op("("))
+      node = parse_call(std::move(node));
+    else
+      return node;
     PARSE_TRY(node);
   }
 }
@@ -363,14 +365,22 @@ bool Parser::parse_call_args(Expr& e) {
       if (is_op(")")) break;
     }
     if (skip_op("*")) {
-      if (e.dyn_args || e.dyn_kwargs) { fail("invalid syntax for function call expression", line); return false; }
+      if (e.dyn_args || e.dyn_kwargs) {
+        fail("invalid syntax for function call expression", line);
+        return false;
+      }
       if (!(e.dyn_args = parse_expression(true))) return false;
     } else if (skip_op("**")) {
-      if (e.dyn_kwargs) { fail("invalid syntax for function call expression", line); return false; }
+      if (e.dyn_kwargs) {
+        fail("invalid syntax for function call expression", line);
+        return false;
+      }
       if (!(e.dyn_kwargs = parse_expression(true))) return false;
-    } else if (cur().type == TokenType::kName && look().type == TokenType::kOperator &&
-               look().text == "=") {
-      if (e.dyn_kwargs) { fail("invalid syntax for function call expression", line); return false; }
+    } else if (cur().type == TokenType::kName && look().type == TokenType::kOperator && look().text == "=") {
+      if (e.dyn_kwargs) {
+        fail("invalid syntax for function call expression", line);
+        return false;
+      }
       std::string key = next().text;
       next();
       ExprPtr value = parse_expression(true);
@@ -378,8 +388,10 @@ bool Parser::parse_call_args(Expr& e) {
       e.kwargs.emplace_back(std::move(key), std::move(value));
       has_kwargs = true;
     } else {
-      if (e.dyn_args || e.dyn_kwargs || has_kwargs)
-        { fail("invalid syntax for function call expression", line); return false; }
+      if (e.dyn_args || e.dyn_kwargs || has_kwargs) {
+        fail("invalid syntax for function call expression", line);
+        return false;
+      }
       ExprPtr arg = parse_expression(true);
       if (!arg) return false;
       e.args.push_back(std::move(arg));
@@ -434,9 +446,8 @@ ExprPtr Parser::parse_test(ExprPtr node) {
   const TokenType type = cur().type;
   if (is_op("(")) {
     PARSE_TRY(parse_call_args(*e));
-  } else if ((type == TokenType::kName || type == TokenType::kString ||
-              type == TokenType::kInteger || type == TokenType::kFloat || is_op("[") ||
-              is_op("{")) &&
+  } else if ((type == TokenType::kName || type == TokenType::kString || type == TokenType::kInteger ||
+              type == TokenType::kFloat || is_op("[") || is_op("{")) &&
              !is_name("else") && !is_name("or") && !is_name("and")) {
     if (is_name("is")) return fail("You cannot chain multiple tests with is");
     ExprPtr arg = parse_primary(false);

@@ -18,8 +18,8 @@ namespace rill::jinja::detail {
 // exhaust the stack.
 constexpr int kMaxDepth = 200;
 
-#define PARSE_TRY(x) \
-  do {               \
+#define PARSE_TRY(x)     \
+  do {                   \
     if (!(x)) return {}; \
   } while (0)
 
@@ -39,12 +39,8 @@ class Parser {
     if (pos_ + 1 < t_.size()) ++pos_;
     return tok;
   }
-  bool is_op(std::string_view op) const {
-    return cur().type == TokenType::kOperator && cur().text == op;
-  }
-  bool is_name(std::string_view name) const {
-    return cur().type == TokenType::kName && cur().text == name;
-  }
+  bool is_op(std::string_view op) const { return cur().type == TokenType::kOperator && cur().text == op; }
+  bool is_name(std::string_view name) const { return cur().type == TokenType::kName && cur().text == name; }
   bool skip_op(std::string_view op) {
     if (!is_op(op)) return false;
     next();
@@ -57,21 +53,30 @@ class Parser {
   }
   static std::string describe(const Token& tok) {
     switch (tok.type) {
-      case TokenType::kEof: return "end of template";
-      case TokenType::kBlockBegin: return "begin of statement block";
-      case TokenType::kBlockEnd: return "end of statement block";
-      case TokenType::kVariableBegin: return "begin of print statement";
-      case TokenType::kVariableEnd: return "end of print statement";
-      case TokenType::kData: return "template data";
-      case TokenType::kInteger: return std::to_string(tok.int_value);
-      case TokenType::kFloat: return "float literal";
-      case TokenType::kString: return "string literal";
-      default: return tok.text;
+      case TokenType::kEof:
+        return "end of template";
+      case TokenType::kBlockBegin:
+        return "begin of statement block";
+      case TokenType::kBlockEnd:
+        return "end of statement block";
+      case TokenType::kVariableBegin:
+        return "begin of print statement";
+      case TokenType::kVariableEnd:
+        return "end of print statement";
+      case TokenType::kData:
+        return "template data";
+      case TokenType::kInteger:
+        return std::to_string(tok.int_value);
+      case TokenType::kFloat:
+        return "float literal";
+      case TokenType::kString:
+        return "string literal";
+      default:
+        return tok.text;
     }
   }
   std::nullptr_t fail(const std::string& message, int line = 0) {
-    if (!error_)
-      error_ = Error{"line " + std::to_string(line ? line : cur().line) + ": " + message};
+    if (!error_) error_ = Error{"line " + std::to_string(line ? line : cur().line) + ": " + message};
     return nullptr;
   }
   bool expect_op(std::string_view op) {
@@ -171,8 +176,8 @@ class Parser {
   ExprPtr parse_unary(bool with_filter);
   ExprPtr parse_primary(bool with_namespace);
   bool is_tuple_end(std::string_view extra_end) const;
-  ExprPtr parse_tuple(bool simplified, bool with_condexpr, std::string_view extra_end,
-                      bool explicit_parentheses, bool with_namespace);
+  ExprPtr parse_tuple(bool simplified, bool with_condexpr, std::string_view extra_end, bool explicit_parentheses,
+                      bool with_namespace);
   ExprPtr parse_postfix(ExprPtr node);
   ExprPtr parse_filter_expr(ExprPtr node);
   ExprPtr parse_subscript(ExprPtr node);

@@ -64,7 +64,13 @@ size_t n_code_points(std::string_view s) {
 bool py_isspace(char32_t cp) {
   if (cp < 0x80) return cp == ' ' || (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x1F);
   switch (cp) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
     case 0x3000:
       return true;
     default:
@@ -87,9 +93,14 @@ bool py_isalnum(char32_t cp) {
 bool py_isprintable(char32_t cp) {
   if (cp < 0x80) return cp >= 0x20 && cp < 0x7F;
   switch (category(cp)) {
-    case UTF8PROC_CATEGORY_CC: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_CS:
-    case UTF8PROC_CATEGORY_CO: case UTF8PROC_CATEGORY_CN: case UTF8PROC_CATEGORY_ZL:
-    case UTF8PROC_CATEGORY_ZP: case UTF8PROC_CATEGORY_ZS:
+    case UTF8PROC_CATEGORY_CC:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_CS:
+    case UTF8PROC_CATEGORY_CO:
+    case UTF8PROC_CATEGORY_CN:
+    case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP:
+    case UTF8PROC_CATEGORY_ZS:
       return false;
     default:
       return true;
@@ -127,22 +138,21 @@ static bool is_cased(char32_t cp) {
   return py_is_cased_upper(cp) || py_is_cased_lower(cp) || category(cp) == UTF8PROC_CATEGORY_LT;
 }
 
-std::string py_strip(std::string_view s, const std::optional<std::string>& chars, bool left,
-                     bool right) {
+std::string py_strip(std::string_view s, const std::optional<std::string>& chars, bool left, bool right) {
   const std::u32string cps = decode_utf8(s);
   std::u32string set;
   if (chars) set = decode_utf8(*chars);
-  auto strip_it = [&](char32_t cp) {
-    return chars ? set.find(cp) != std::u32string::npos : py_isspace(cp);
-  };
+  auto strip_it = [&](char32_t cp) { return chars ? set.find(cp) != std::u32string::npos : py_isspace(cp); };
   size_t begin = 0, end = cps.size();
-  if (left) while (begin < end && strip_it(cps[begin])) ++begin;
-  if (right) while (end > begin && strip_it(cps[end - 1])) --end;
+  if (left)
+    while (begin < end && strip_it(cps[begin])) ++begin;
+  if (right)
+    while (end > begin && strip_it(cps[end - 1])) --end;
   return encode_utf8(std::u32string_view(cps).substr(begin, end - begin));
 }
 
-std::vector<std::string> py_split(std::string_view s, const std::optional<std::string>& sep,
-                                  int64_t maxsplit, bool from_right) {
+std::vector<std::string> py_split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit,
+                                  bool from_right) {
   std::vector<std::string> parts;
   if (maxsplit < 0) maxsplit = INT64_MAX;
   if (sep) {
@@ -215,8 +225,8 @@ std::vector<std::string> py_split(std::string_view s, const std::optional<std::s
 }
 
 static bool is_line_break(char32_t cp) {
-  return cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) ||
-         cp == 0x85 || cp == 0x2028 || cp == 0x2029;
+  return cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) || cp == 0x85 ||
+         cp == 0x2028 || cp == 0x2029;
 }
 
 std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
@@ -224,7 +234,10 @@ std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
   std::vector<std::string> lines;
   size_t i = 0, start = 0;
   while (i < cps.size()) {
-    if (!is_line_break(cps[i])) { ++i; continue; }
+    if (!is_line_break(cps[i])) {
+      ++i;
+      continue;
+    }
     size_t eol = i + 1;
     if (cps[i] == '\r' && eol < cps.size() && cps[eol] == '\n') ++eol;
     const size_t end = keepends ? eol : i;
@@ -235,15 +248,17 @@ std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
   return lines;
 }
 
-std::string py_replace(std::string_view s, std::string_view old, std::string_view repl,
-                       int64_t count) {
+std::string py_replace(std::string_view s, std::string_view old, std::string_view repl, int64_t count) {
   if (count < 0) count = INT64_MAX;
   std::string out;
   if (old.empty()) {  // inserts repl before every code point and at the end
     const std::u32string cps = decode_utf8(s);
     int64_t n = 0;
     for (char32_t cp : cps) {
-      if (n < count) { out += repl; ++n; }
+      if (n < count) {
+        out += repl;
+        ++n;
+      }
       append_utf8(cp, out);
     }
     if (n < count) out += repl;
@@ -267,14 +282,37 @@ static bool special_case(char32_t cp, bool title, std::string& out) {
   const char* upper = nullptr;
   const char* titled = nullptr;
   switch (cp) {
-    case 0x00DF: upper = "SS"; titled = "Ss"; break;
-    case 0xFB00: upper = "FF"; titled = "Ff"; break;
-    case 0xFB01: upper = "FI"; titled = "Fi"; break;
-    case 0xFB02: upper = "FL"; titled = "Fl"; break;
-    case 0xFB03: upper = "FFI"; titled = "Ffi"; break;
-    case 0xFB04: upper = "FFL"; titled = "Ffl"; break;
-    case 0xFB05: case 0xFB06: upper = "ST"; titled = "St"; break;
-    default: return false;
+    case 0x00DF:
+      upper = "SS";
+      titled = "Ss";
+      break;
+    case 0xFB00:
+      upper = "FF";
+      titled = "Ff";
+      break;
+    case 0xFB01:
+      upper = "FI";
+      titled = "Fi";
+      break;
+    case 0xFB02:
+      upper = "FL";
+      titled = "Fl";
+      break;
+    case 0xFB03:
+      upper = "FFI";
+      titled = "Ffi";
+      break;
+    case 0xFB04:
+      upper = "FFL";
+      titled = "Ffl";
+      break;
+    case 0xFB05:
+    case 0xFB06:
+      upper = "ST";
+      titled = "St";
+      break;
+    default:
+      return false;
   }
   out += title ? titled : upper;
   return true;
@@ -305,8 +343,10 @@ std::string py_title(std::string_view s) {
   std::string out;
   bool previous_cased = false;
   for (char32_t cp : decode_utf8(s)) {
-    if (previous_cased) append_lower(cp, out);
-    else if (!special_case(cp, true, out)) append_utf8(py_titlecase(cp), out);
+    if (previous_cased)
+      append_lower(cp, out);
+    else if (!special_case(cp, true, out))
+      append_utf8(py_titlecase(cp), out);
     previous_cased = is_cased(cp);
   }
   return out;
@@ -316,8 +356,10 @@ std::string py_capitalize(std::string_view s) {
   std::string out;
   bool first = true;
   for (char32_t cp : decode_utf8(s)) {
-    if (!first) append_lower(cp, out);
-    else if (!special_case(cp, true, out)) append_utf8(py_titlecase(cp), out);
+    if (!first)
+      append_lower(cp, out);
+    else if (!special_case(cp, true, out))
+      append_utf8(py_titlecase(cp), out);
     first = false;
   }
   return out;
@@ -332,8 +374,7 @@ int64_t py_find(std::string_view s, std::string_view sub, bool from_right) {
 int64_t py_count(std::string_view s, std::string_view sub) {
   if (sub.empty()) return int64_t(n_code_points(s)) + 1;
   int64_t n = 0;
-  for (size_t pos = s.find(sub); pos != std::string_view::npos; pos = s.find(sub, pos + sub.size()))
-    ++n;
+  for (size_t pos = s.find(sub); pos != std::string_view::npos; pos = s.find(sub, pos + sub.size())) ++n;
   return n;
 }
 
@@ -390,18 +431,41 @@ std::string decode_string_literal(std::string_view body) {
     const char e = body[i + 1];
     i += 2;
     switch (e) {
-      case '\n': break;  // line continuation
-      case '\\': out.push_back('\\'); break;
-      case '\'': out.push_back('\''); break;
-      case '"': out.push_back('"'); break;
-      case 'a': out.push_back('\a'); break;
-      case 'b': out.push_back('\b'); break;
-      case 'f': out.push_back('\f'); break;
-      case 'n': out.push_back('\n'); break;
-      case 'r': out.push_back('\r'); break;
-      case 't': out.push_back('\t'); break;
-      case 'v': out.push_back('\v'); break;
-      case 'x': case 'u': case 'U': {
+      case '\n':
+        break;  // line continuation
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '\'':
+        out.push_back('\'');
+        break;
+      case '"':
+        out.push_back('"');
+        break;
+      case 'a':
+        out.push_back('\a');
+        break;
+      case 'b':
+        out.push_back('\b');
+        break;
+      case 'f':
+        out.push_back('\f');
+        break;
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
+      case 'v':
+        out.push_back('\v');
+        break;
+      case 'x':
+      case 'u':
+      case 'U': {
         const size_t n_digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
         char32_t cp = 0;
         size_t k = 0;

@@ -18,7 +18,7 @@ size_t n_code_points(std::string_view s);
 bool is_ascii(std::string_view s);
 
 bool py_isspace(char32_t cp);
-bool py_isalnum(char32_t cp);    // str.isalnum for one code point (letters + digits)
+bool py_isalnum(char32_t cp);  // str.isalnum for one code point (letters + digits)
 bool py_isprintable(char32_t cp);
 char32_t py_upper(char32_t cp);
 char32_t py_lower(char32_t cp);
@@ -26,15 +26,13 @@ bool py_is_cased_upper(char32_t cp);
 bool py_is_cased_lower(char32_t cp);
 
 // str.strip/lstrip/rstrip; chars == nullopt strips whitespace.
-std::string py_strip(std::string_view s, const std::optional<std::string>& chars, bool left,
-                     bool right);
+std::string py_strip(std::string_view s, const std::optional<std::string>& chars, bool left, bool right);
 // str.split / str.rsplit; sep == nullopt splits on runs of whitespace.
 // Requires sep to be non-empty (the caller raises ValueError).
-std::vector<std::string> py_split(std::string_view s, const std::optional<std::string>& sep,
-                                  int64_t maxsplit, bool from_right);
+std::vector<std::string> py_split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit,
+                                  bool from_right);
 std::vector<std::string> py_splitlines(std::string_view s, bool keepends);
-std::string py_replace(std::string_view s, std::string_view old, std::string_view repl,
-                       int64_t count);
+std::string py_replace(std::string_view s, std::string_view old, std::string_view repl, int64_t count);
 std::string py_upper_str(std::string_view s);
 std::string py_lower_str(std::string_view s);
 std::string py_title(std::string_view s);       // str.title()

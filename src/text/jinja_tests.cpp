@@ -16,43 +16,76 @@ Result<const Value*> operand(const CallArgs& a, std::string_view test) {
   return other;
 }
 
-Result<bool> t_defined(Interpreter&, const Value& v, const CallArgs&) { return !v.is_undefined(); }
-Result<bool> t_undefined(Interpreter&, const Value& v, const CallArgs&) { return v.is_undefined(); }
-Result<bool> t_none(Interpreter&, const Value& v, const CallArgs&) { return v.is_none(); }
-Result<bool> t_boolean(Interpreter&, const Value& v, const CallArgs&) { return v.kind == Kind::kBool; }
-Result<bool> t_true(Interpreter&, const Value& v, const CallArgs&) { return v.kind == Kind::kBool && v.b; }
-Result<bool> t_false(Interpreter&, const Value& v, const CallArgs&) { return v.kind == Kind::kBool && !v.b; }
-Result<bool> t_integer(Interpreter&, const Value& v, const CallArgs&) { return v.kind == Kind::kInt; }
-Result<bool> t_float(Interpreter&, const Value& v, const CallArgs&) { return v.kind == Kind::kFloat; }
-Result<bool> t_number(Interpreter&, const Value& v, const CallArgs&) { return v.is_number(); }
-Result<bool> t_string(Interpreter&, const Value& v, const CallArgs&) { return v.is_string(); }
-Result<bool> t_mapping(Interpreter&, const Value& v, const CallArgs&) { return v.kind == Kind::kDict; }
+Result<bool> t_defined(Interpreter&, const Value& v, const CallArgs&) {
+  return !v.is_undefined();
+}
+Result<bool> t_undefined(Interpreter&, const Value& v, const CallArgs&) {
+  return v.is_undefined();
+}
+Result<bool> t_none(Interpreter&, const Value& v, const CallArgs&) {
+  return v.is_none();
+}
+Result<bool> t_boolean(Interpreter&, const Value& v, const CallArgs&) {
+  return v.kind == Kind::kBool;
+}
+Result<bool> t_true(Interpreter&, const Value& v, const CallArgs&) {
+  return v.kind == Kind::kBool && v.b;
+}
+Result<bool> t_false(Interpreter&, const Value& v, const CallArgs&) {
+  return v.kind == Kind::kBool && !v.b;
+}
+Result<bool> t_integer(Interpreter&, const Value& v, const CallArgs&) {
+  return v.kind == Kind::kInt;
+}
+Result<bool> t_float(Interpreter&, const Value& v, const CallArgs&) {
+  return v.kind == Kind::kFloat;
+}
+Result<bool> t_number(Interpreter&, const Value& v, const CallArgs&) {
+  return v.is_number();
+}
+Result<bool> t_string(Interpreter&, const Value& v, const CallArgs&) {
+  return v.is_string();
+}
+Result<bool> t_mapping(Interpreter&, const Value& v, const CallArgs&) {
+  return v.kind == Kind::kDict;
+}
 Result<bool> t_iterable(Interpreter&, const Value& v, const CallArgs&) {
-  return v.kind == Kind::kUndefined || v.kind == Kind::kString || v.is_iterable_list() ||
-         v.kind == Kind::kDict;
+  return v.kind == Kind::kUndefined || v.kind == Kind::kString || v.is_iterable_list() || v.kind == Kind::kDict;
 }
 Result<bool> t_sequence(Interpreter&, const Value& v, const CallArgs&) {
-  return v.kind == Kind::kUndefined || v.kind == Kind::kString || v.is_sequence() ||
-         v.kind == Kind::kDict;
+  return v.kind == Kind::kUndefined || v.kind == Kind::kString || v.is_sequence() || v.kind == Kind::kDict;
 }
 Result<bool> t_callable(Interpreter&, const Value& v, const CallArgs&) {
   return v.is_undefined() || (v.kind == Kind::kObject && v.obj->callable());
 }
-Result<bool> t_escaped(Interpreter&, const Value&, const CallArgs&) { return false; }
+Result<bool> t_escaped(Interpreter&, const Value&, const CallArgs&) {
+  return false;
+}
 
 Result<bool> t_sameas(Interpreter&, const Value& v, const CallArgs& a) {
   RILL_ASSIGN_OR_RETURN(const Value* o, operand(a, "sameas"));
   if (v.kind != o->kind) return false;
   switch (v.kind) {
-    case Kind::kNone: case Kind::kUndefined: return v.kind == Kind::kNone || v.str == o->str;
-    case Kind::kBool: return v.b == o->b;
-    case Kind::kInt: return v.i == o->i && v.i >= -5 && v.i <= 256;  // CPython's small-int cache
-    case Kind::kString: return v.str == o->str;
-    case Kind::kList: case Kind::kTuple: return v.list == o->list;
-    case Kind::kGenerator: return v.gen == o->gen;
-    case Kind::kDict: return v.dict == o->dict;
-    case Kind::kObject: return v.obj == o->obj;
-    default: return false;
+    case Kind::kNone:
+    case Kind::kUndefined:
+      return v.kind == Kind::kNone || v.str == o->str;
+    case Kind::kBool:
+      return v.b == o->b;
+    case Kind::kInt:
+      return v.i == o->i && v.i >= -5 && v.i <= 256;  // CPython's small-int cache
+    case Kind::kString:
+      return v.str == o->str;
+    case Kind::kList:
+    case Kind::kTuple:
+      return v.list == o->list;
+    case Kind::kGenerator:
+      return v.gen == o->gen;
+    case Kind::kDict:
+      return v.dict == o->dict;
+    case Kind::kObject:
+      return v.obj == o->obj;
+    default:
+      return false;
   }
 }
 
@@ -113,8 +146,12 @@ Result<bool> case_test(const Value& v, bool upper) {
   }
   return any_cased;
 }
-Result<bool> t_lower(Interpreter&, const Value& v, const CallArgs&) { return case_test(v, false); }
-Result<bool> t_upper(Interpreter&, const Value& v, const CallArgs&) { return case_test(v, true); }
+Result<bool> t_lower(Interpreter&, const Value& v, const CallArgs&) {
+  return case_test(v, false);
+}
+Result<bool> t_upper(Interpreter&, const Value& v, const CallArgs&) {
+  return case_test(v, true);
+}
 Result<bool> t_filter(Interpreter&, const Value& v, const CallArgs&) {
   return v.is_string() && has_filter(v.s());
 }
@@ -123,16 +160,45 @@ Result<bool> t_test(Interpreter&, const Value& v, const CallArgs&) {
 }
 
 const std::pair<std::string_view, TestFn> kTests[] = {
-    {"defined", t_defined}, {"undefined", t_undefined}, {"none", t_none},
-    {"boolean", t_boolean}, {"true", t_true}, {"false", t_false}, {"integer", t_integer},
-    {"float", t_float}, {"number", t_number}, {"string", t_string}, {"mapping", t_mapping},
-    {"iterable", t_iterable}, {"sequence", t_sequence}, {"callable", t_callable},
-    {"escaped", t_escaped}, {"sameas", t_sameas}, {"in", t_in}, {"eq", t_eq},
-    {"equalto", t_eq}, {"==", t_eq}, {"ne", t_ne}, {"!=", t_ne}, {"lt", t_lt},
-    {"lessthan", t_lt}, {"<", t_lt}, {"le", t_le}, {"<=", t_le}, {"gt", t_gt},
-    {"greaterthan", t_gt}, {">", t_gt}, {"ge", t_ge}, {">=", t_ge},
-    {"divisibleby", t_divisibleby}, {"even", t_even}, {"odd", t_odd}, {"lower", t_lower},
-    {"upper", t_upper}, {"filter", t_filter}, {"test", t_test},
+    {"defined", t_defined},
+    {"undefined", t_undefined},
+    {"none", t_none},
+    {"boolean", t_boolean},
+    {"true", t_true},
+    {"false", t_false},
+    {"integer", t_integer},
+    {"float", t_float},
+    {"number", t_number},
+    {"string", t_string},
+    {"mapping", t_mapping},
+    {"iterable", t_iterable},
+    {"sequence", t_sequence},
+    {"callable", t_callable},
+    {"escaped", t_escaped},
+    {"sameas", t_sameas},
+    {"in", t_in},
+    {"eq", t_eq},
+    {"equalto", t_eq},
+    {"==", t_eq},
+    {"ne", t_ne},
+    {"!=", t_ne},
+    {"lt", t_lt},
+    {"lessthan", t_lt},
+    {"<", t_lt},
+    {"le", t_le},
+    {"<=", t_le},
+    {"gt", t_gt},
+    {"greaterthan", t_gt},
+    {">", t_gt},
+    {"ge", t_ge},
+    {">=", t_ge},
+    {"divisibleby", t_divisibleby},
+    {"even", t_even},
+    {"odd", t_odd},
+    {"lower", t_lower},
+    {"upper", t_upper},
+    {"filter", t_filter},
+    {"test", t_test},
 };
 
 // ---- globals ----
@@ -153,10 +219,9 @@ Result<Value> g_range(Interpreter&, const CallArgs& a) {
     return Error{"range expected 1 to 3 arguments, got " + std::to_string(a.positional.size())};
   }
   if (step == 0) return Error{"range() arg 3 must not be zero"};
-  const long double n_items = step > 0 ? ((long double)stop - start + step - 1) / step
-                                       : ((long double)start - stop - step - 1) / -step;
-  if (n_items > kMaxRange)
-    return Error{"Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000)."};
+  const long double n_items =
+      step > 0 ? ((long double)stop - start + step - 1) / step : ((long double)start - stop - step - 1) / -step;
+  if (n_items > kMaxRange) return Error{"Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000)."};
   List out;
   for (__int128 i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Value::integer(int64_t(i)));
   return Value::make_list(std::move(out));
@@ -246,15 +311,14 @@ bool has_test(std::string_view name) {
 // Tests whose signature takes an argument besides the value.
 bool test_takes_argument(std::string_view name) {
   static const std::string_view kWithArg[] = {
-      "sameas", "in", "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=",
-      "gt", "greaterthan", ">", "ge", ">=", "divisibleby"};
+      "sameas", "in", "eq", "equalto", "==",          "ne", "!=", "lt", "lessthan",
+      "<",      "le", "<=", "gt",      "greaterthan", ">",  "ge", ">=", "divisibleby"};
   for (std::string_view n : kWithArg)
     if (n == name) return true;
   return false;
 }
 
-Result<bool> apply_test(Interpreter& interp, std::string_view name, const Value& v,
-                        const CallArgs& args) {
+Result<bool> apply_test(Interpreter& interp, std::string_view name, const Value& v, const CallArgs& args) {
   const size_t n_args = args.positional.size() + args.keyword.size();
   const size_t max_args = test_takes_argument(name) ? 1 : 0;
   for (const auto& [n, fn] : kTests) {

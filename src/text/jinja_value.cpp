@@ -17,10 +17,29 @@ Value Value::undefined(std::string error_on_use) {
   v.str = std::make_shared<const std::string>(std::move(error_on_use));
   return v;
 }
-Value Value::none() { Value v; v.kind = Kind::kNone; return v; }
-Value Value::boolean(bool x) { Value v; v.kind = Kind::kBool; v.b = x; return v; }
-Value Value::integer(int64_t x) { Value v; v.kind = Kind::kInt; v.i = x; return v; }
-Value Value::number(double x) { Value v; v.kind = Kind::kFloat; v.f = x; return v; }
+Value Value::none() {
+  Value v;
+  v.kind = Kind::kNone;
+  return v;
+}
+Value Value::boolean(bool x) {
+  Value v;
+  v.kind = Kind::kBool;
+  v.b = x;
+  return v;
+}
+Value Value::integer(int64_t x) {
+  Value v;
+  v.kind = Kind::kInt;
+  v.i = x;
+  return v;
+}
+Value Value::number(double x) {
+  Value v;
+  v.kind = Kind::kFloat;
+  v.f = x;
+  return v;
+}
 Value Value::string(std::string x) {
   Value v;
   v.kind = Kind::kString;
@@ -40,8 +59,12 @@ static Value list_like(Kind kind, List x) {
   v.list = std::make_shared<const List>(std::move(x));
   return v;
 }
-Value Value::make_list(List x) { return list_like(Kind::kList, std::move(x)); }
-Value Value::make_tuple(List x) { return list_like(Kind::kTuple, std::move(x)); }
+Value Value::make_list(List x) {
+  return list_like(Kind::kList, std::move(x));
+}
+Value Value::make_tuple(List x) {
+  return list_like(Kind::kTuple, std::move(x));
+}
 Value Value::generator(std::shared_ptr<Generator> g) {
   Value v;
   v.kind = Kind::kGenerator;
@@ -68,7 +91,9 @@ Result<std::optional<Value>> Generator::next() {
   return r;
 }
 
-int generator_chain(const Value& v) { return v.kind == Kind::kGenerator ? v.gen->chain() : 0; }
+int generator_chain(const Value& v) {
+  return v.kind == Kind::kGenerator ? v.gen->chain() : 0;
+}
 
 Generator::Step iterator_of(const Value& v) {
   if (v.kind == Kind::kGenerator) {
@@ -150,14 +175,25 @@ Status Object::set_attr(std::string_view, Value) {
 
 bool truthy(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: case Kind::kNone: return false;
-    case Kind::kBool: return v.b;
-    case Kind::kInt: return v.i != 0;
-    case Kind::kFloat: return v.f != 0.0;
-    case Kind::kString: return !v.str->empty();
-    case Kind::kList: case Kind::kTuple: return !v.list->empty();
-    case Kind::kDict: return !v.dict->items.empty();
-    case Kind::kGenerator: case Kind::kObject: return true;
+    case Kind::kUndefined:
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return v.b;
+    case Kind::kInt:
+      return v.i != 0;
+    case Kind::kFloat:
+      return v.f != 0.0;
+    case Kind::kString:
+      return !v.str->empty();
+    case Kind::kList:
+    case Kind::kTuple:
+      return !v.list->empty();
+    case Kind::kDict:
+      return !v.dict->items.empty();
+    case Kind::kGenerator:
+    case Kind::kObject:
+      return true;
   }
   return false;
 }
@@ -206,8 +242,7 @@ std::string float_repr(double d) {
   return out;
 }
 
-static std::string join_repr(const List& items, const char* open, const char* close,
-                             bool one_tuple) {
+static std::string join_repr(const List& items, const char* open, const char* close, bool one_tuple) {
   std::string out = open;
   for (size_t k = 0; k < items.size(); ++k) {
     if (k) out += ", ";
@@ -243,17 +278,28 @@ std::string to_str(const Value& v) {
   PrintDepth guard;
   if (print_depth > kMaxPrintDepth) return "...";
   switch (v.kind) {
-    case Kind::kUndefined: return "";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return v.b ? "True" : "False";
-    case Kind::kInt: return std::to_string(v.i);
-    case Kind::kFloat: return float_repr(v.f);
-    case Kind::kString: return *v.str;
-    case Kind::kList: return join_repr(*v.list, "[", "]", false);
-    case Kind::kTuple: return join_repr(*v.list, "(", ")", true);
-    case Kind::kDict: return dict_repr(*v.dict);
-    case Kind::kGenerator: return "<generator object>";
-    case Kind::kObject: return v.obj->repr();
+    case Kind::kUndefined:
+      return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return v.b ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(v.i);
+    case Kind::kFloat:
+      return float_repr(v.f);
+    case Kind::kString:
+      return *v.str;
+    case Kind::kList:
+      return join_repr(*v.list, "[", "]", false);
+    case Kind::kTuple:
+      return join_repr(*v.list, "(", ")", true);
+    case Kind::kDict:
+      return dict_repr(*v.dict);
+    case Kind::kGenerator:
+      return "<generator object>";
+    case Kind::kObject:
+      return v.obj->repr();
   }
   return "";
 }
@@ -266,17 +312,28 @@ std::string repr(const Value& v) {
 
 std::string type_name(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return "list";
-    case Kind::kTuple: return "tuple";
-    case Kind::kDict: return "dict";
-    case Kind::kGenerator: return "generator";
-    case Kind::kObject: return v.obj->type_name();
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return "list";
+    case Kind::kTuple:
+      return "tuple";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kGenerator:
+      return "generator";
+    case Kind::kObject:
+      return v.obj->type_name();
   }
   return "object";
 }
@@ -295,9 +352,14 @@ bool equals(const Value& a, const Value& b) {
   }
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case Kind::kUndefined: case Kind::kNone: return true;
-    case Kind::kString: return *a.str == *b.str;
-    case Kind::kList: case Kind::kTuple: return lists_equal(*a.list, *b.list);
+    case Kind::kUndefined:
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return *a.str == *b.str;
+    case Kind::kList:
+    case Kind::kTuple:
+      return lists_equal(*a.list, *b.list);
     case Kind::kDict: {
       if (a.dict->items.size() != b.dict->items.size()) return false;
       for (const auto& [k, v] : a.dict->items) {
@@ -306,9 +368,12 @@ bool equals(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Kind::kGenerator: return a.gen == b.gen;
-    case Kind::kObject: return a.obj == b.obj;
-    default: return false;
+    case Kind::kGenerator:
+      return a.gen == b.gen;
+    case Kind::kObject:
+      return a.obj == b.obj;
+    default:
+      return false;
   }
 }
 
@@ -329,13 +394,13 @@ Result<bool> less_than(const Value& a, const Value& b) {
       return x.size() < y.size();
     }
   }
-  return Error{"'<' not supported between instances of '" + type_name(a) + "' and '" +
-               type_name(b) + "'"};
+  return Error{"'<' not supported between instances of '" + type_name(a) + "' and '" + type_name(b) + "'"};
 }
 
 Result<List> iterate(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return List{};
+    case Kind::kUndefined:
+      return List{};
     case Kind::kString: {
       List out;
       for (char32_t cp : decode_utf8(*v.str)) {
@@ -345,7 +410,9 @@ Result<List> iterate(const Value& v) {
       }
       return out;
     }
-    case Kind::kList: case Kind::kTuple: return *v.list;
+    case Kind::kList:
+    case Kind::kTuple:
+      return *v.list;
     case Kind::kGenerator: {  // consumes what is left of it
       List out;
       while (true) {
@@ -361,26 +428,30 @@ Result<List> iterate(const Value& v) {
       for (const auto& kv : v.dict->items) out.push_back(kv.first);
       return out;
     }
-    default: return Error{"'" + type_name(v) + "' object is not iterable"};
+    default:
+      return Error{"'" + type_name(v) + "' object is not iterable"};
   }
 }
 
 template <typename Json>
 static Value json_to_value(const Json& j, int depth) {
   if (depth > kMaxFromJsonDepth && (j.is_array() || j.is_object())) {
-    return Value::undefined("a template value is nested deeper than " + std::to_string(kMaxFromJsonDepth) +
-                            " levels");
+    return Value::undefined("a template value is nested deeper than " + std::to_string(kMaxFromJsonDepth) + " levels");
   }
   switch (j.type()) {
-    case Json::value_t::boolean: return Value::boolean(j.template get<bool>());
-    case Json::value_t::number_integer: return Value::integer(j.template get<int64_t>());
+    case Json::value_t::boolean:
+      return Value::boolean(j.template get<bool>());
+    case Json::value_t::number_integer:
+      return Value::integer(j.template get<int64_t>());
     case Json::value_t::number_unsigned: {
       const uint64_t u = j.template get<uint64_t>();
       if (u <= uint64_t(INT64_MAX)) return Value::integer(int64_t(u));
       return Value::number(double(u));
     }
-    case Json::value_t::number_float: return Value::number(j.template get<double>());
-    case Json::value_t::string: return Value::string(j.template get<std::string>());
+    case Json::value_t::number_float:
+      return Value::number(j.template get<double>());
+    case Json::value_t::string:
+      return Value::string(j.template get<std::string>());
     case Json::value_t::array: {
       List items;
       items.reserve(j.size());
@@ -393,12 +464,17 @@ static Value json_to_value(const Json& j, int depth) {
       for (const auto& [k, e] : j.items()) d.items.emplace_back(Value::string(k), json_to_value(e, depth + 1));
       return Value::make_dict(std::move(d));
     }
-    default: return Value::none();
+    default:
+      return Value::none();
   }
 }
 
-Value from_json(const nlohmann::ordered_json& j) { return json_to_value(j, 1); }
-Value from_json(const nlohmann::json& j) { return json_to_value(j, 1); }
+Value from_json(const nlohmann::ordered_json& j) {
+  return json_to_value(j, 1);
+}
+Value from_json(const nlohmann::json& j) {
+  return json_to_value(j, 1);
+}
 
 // ---- json.dumps ----
 
@@ -410,16 +486,32 @@ static void append_u_escape(char32_t unit, std::string& out) {
 
 static void json_escape_byte(char c, std::string& out) {
   switch (c) {
-    case '"': out += "\\\""; break;
-    case '\\': out += "\\\\"; break;
-    case '\n': out += "\\n"; break;
-    case '\r': out += "\\r"; break;
-    case '\t': out += "\\t"; break;
-    case '\b': out += "\\b"; break;
-    case '\f': out += "\\f"; break;
+    case '"':
+      out += "\\\"";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    case '\n':
+      out += "\\n";
+      break;
+    case '\r':
+      out += "\\r";
+      break;
+    case '\t':
+      out += "\\t";
+      break;
+    case '\b':
+      out += "\\b";
+      break;
+    case '\f':
+      out += "\\f";
+      break;
     default:
-      if (static_cast<unsigned char>(c) < 0x20) append_u_escape(char32_t(c), out);
-      else out.push_back(c);
+      if (static_cast<unsigned char>(c) < 0x20)
+        append_u_escape(char32_t(c), out);
+      else
+        out.push_back(c);
   }
 }
 
@@ -455,11 +547,21 @@ struct JsonWriter {
 
   Status key(const Value& k) {
     switch (k.kind) {
-      case Kind::kString: json_escape(*k.str, opt.ensure_ascii, out); return {};
-      case Kind::kNone: out += "\"null\""; return {};
-      case Kind::kBool: out += k.b ? "\"true\"" : "\"false\""; return {};
-      case Kind::kInt: out += "\"" + std::to_string(k.i) + "\""; return {};
-      case Kind::kFloat: out += "\"" + float_repr(k.f) + "\""; return {};
+      case Kind::kString:
+        json_escape(*k.str, opt.ensure_ascii, out);
+        return {};
+      case Kind::kNone:
+        out += "\"null\"";
+        return {};
+      case Kind::kBool:
+        out += k.b ? "\"true\"" : "\"false\"";
+        return {};
+      case Kind::kInt:
+        out += "\"" + std::to_string(k.i) + "\"";
+        return {};
+      case Kind::kFloat:
+        out += "\"" + float_repr(k.f) + "\"";
+        return {};
       default:
         return Error{"keys must be str, int, float, bool or None, not " + type_name(k)};
     }
@@ -468,17 +570,32 @@ struct JsonWriter {
   Status write(const Value& v, int depth) {
     if (depth > 512) return Error{"tojson: value nested too deeply"};
     switch (v.kind) {
-      case Kind::kNone: out += "null"; return {};
-      case Kind::kBool: out += v.b ? "true" : "false"; return {};
-      case Kind::kInt: out += std::to_string(v.i); return {};
-      case Kind::kFloat:
-        if (std::isnan(v.f)) out += "NaN";
-        else if (std::isinf(v.f)) out += v.f < 0 ? "-Infinity" : "Infinity";
-        else out += float_repr(v.f);
+      case Kind::kNone:
+        out += "null";
         return {};
-      case Kind::kString: json_escape(*v.str, opt.ensure_ascii, out); return {};
-      case Kind::kList: case Kind::kTuple: {
-        if (v.list->empty()) { out += "[]"; return {}; }
+      case Kind::kBool:
+        out += v.b ? "true" : "false";
+        return {};
+      case Kind::kInt:
+        out += std::to_string(v.i);
+        return {};
+      case Kind::kFloat:
+        if (std::isnan(v.f))
+          out += "NaN";
+        else if (std::isinf(v.f))
+          out += v.f < 0 ? "-Infinity" : "Infinity";
+        else
+          out += float_repr(v.f);
+        return {};
+      case Kind::kString:
+        json_escape(*v.str, opt.ensure_ascii, out);
+        return {};
+      case Kind::kList:
+      case Kind::kTuple: {
+        if (v.list->empty()) {
+          out += "[]";
+          return {};
+        }
         out.push_back('[');
         for (size_t k = 0; k < v.list->size(); ++k) {
           if (k) out += opt.item_sep;
@@ -490,14 +607,20 @@ struct JsonWriter {
         return {};
       }
       case Kind::kDict: {
-        if (v.dict->items.empty()) { out += "{}"; return {}; }
+        if (v.dict->items.empty()) {
+          out += "{}";
+          return {};
+        }
         std::vector<const std::pair<Value, Value>*> items;
         for (const auto& kv : v.dict->items) items.push_back(&kv);
         if (opt.sort_keys) {
           Status failed;
           std::stable_sort(items.begin(), items.end(), [&](auto* x, auto* y) {
             auto lt = less_than(x->first, y->first);
-            if (!lt.ok()) { failed = lt.error(); return false; }
+            if (!lt.ok()) {
+              failed = lt.error();
+              return false;
+            }
             return lt.value();
           });
           RILL_TRY(failed);

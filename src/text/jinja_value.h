@@ -28,7 +28,17 @@ class Object;
 struct Value;
 
 enum class Kind : uint8_t {
-  kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict, kGenerator, kObject
+  kUndefined,
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kList,
+  kTuple,
+  kDict,
+  kGenerator,
+  kObject
 };
 
 using List = std::vector<Value>;

@@ -17,9 +17,13 @@ constexpr std::string_view kToolOpen = "<tool_call>";
 constexpr std::string_view kToolClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
 
-bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
 
 // Length of the longest suffix of `s` that is a proper prefix of `marker`
 // (the bytes that may still become the marker).
@@ -101,11 +105,21 @@ void OutputParser::drain(bool final, OutputDelta& out) {
   for (;;) {
     bool changed = false;
     switch (mode_) {
-      case Mode::kStart: changed = step_start(final, out); break;
-      case Mode::kContent: changed = step_content(final, out); break;
-      case Mode::kReasoning: changed = step_reasoning(final, out); break;
-      case Mode::kToolCall: changed = step_tool_call(final, out); break;
-      case Mode::kJsonCalls: changed = step_json_calls(final, out); break;
+      case Mode::kStart:
+        changed = step_start(final, out);
+        break;
+      case Mode::kContent:
+        changed = step_content(final, out);
+        break;
+      case Mode::kReasoning:
+        changed = step_reasoning(final, out);
+        break;
+      case Mode::kToolCall:
+        changed = step_tool_call(final, out);
+        break;
+      case Mode::kJsonCalls:
+        changed = step_json_calls(final, out);
+        break;
     }
     if (!changed) return;
   }
@@ -263,7 +277,7 @@ bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
   if (!final) return false;
   if (json_object_ != std::string::npos) return give_up(json_any_call_ ? json_object_ : 0);  // unfinished object
   if (!json_any_call_) return give_up(0);  // e.g. only "<|python_tag|>"
-  buf_.clear();  // trailing separators
+  buf_.clear();                            // trailing separators
   mode_ = Mode::kContent;
   return false;
 }

@@ -34,7 +34,7 @@
 namespace rill {
 
 struct ToolCall {
-  std::string id;         // "call_<random>", assigned by the parser
+  std::string id;  // "call_<random>", assigned by the parser
   std::string name;
   std::string arguments;  // JSON object text (compact)
 };
@@ -64,7 +64,7 @@ class OutputParser {
 
  private:
   enum class Mode {
-    kStart,      // only whitespace so far: <think>, <|python_tag|> or '{' may open the reply
+    kStart,  // only whitespace so far: <think>, <|python_tag|> or '{' may open the reply
     kContent,
     kReasoning,  // inside <think>
     kToolCall,   // inside <tool_call>; buf_ holds the body
@@ -83,9 +83,9 @@ class OutputParser {
 
   OutputParserOptions options_;
   Mode mode_ = Mode::kStart;
-  std::string buf_;           // undecided text
-  std::string content_ws_;    // trailing whitespace of content not yet emitted
-  std::string reasoning_ws_;  // trailing whitespace of reasoning not yet emitted
+  std::string buf_;             // undecided text
+  std::string content_ws_;      // trailing whitespace of content not yet emitted
+  std::string reasoning_ws_;    // trailing whitespace of reasoning not yet emitted
   bool trim_content_ = false;   // drop the next leading whitespace of content
   bool trim_reasoning_ = true;  // drop the next leading whitespace of reasoning
   bool saw_tool_calls_ = false;

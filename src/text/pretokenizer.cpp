@@ -55,8 +55,8 @@ struct Segment {
 
 // Applies a split behaviour to the (gap, match) segmentation of `text`,
 // exactly as tokenizers' NormalizedString::split does; empty pieces dropped.
-void emit_split(std::string_view text, std::vector<Segment> segs, SplitBehavior behavior,
-                bool invert, std::vector<std::string>& out) {
+void emit_split(std::string_view text, std::vector<Segment> segs, SplitBehavior behavior, bool invert,
+                std::vector<std::string>& out) {
   if (invert)
     for (auto& s : segs) s.is_match = !s.is_match;
   std::vector<Segment> merged;
@@ -120,8 +120,7 @@ std::vector<Segment> segments_from_matches(size_t n, const std::vector<Regex::Ma
 
 void find_literal(std::string_view text, std::string_view lit, std::vector<Regex::Match>& out) {
   if (lit.empty()) return;
-  for (size_t pos = text.find(lit); pos != std::string_view::npos;
-       pos = text.find(lit, pos + lit.size()))
+  for (size_t pos = text.find(lit); pos != std::string_view::npos; pos = text.find(lit, pos + lit.size()))
     out.push_back({pos, pos + lit.size()});
 }
 
@@ -147,8 +146,8 @@ Result<std::shared_ptr<const Regex>> Regex::compile(std::string_view pattern) {
   if (code == nullptr) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
-    return Error{"regex '" + std::string(pattern) + "' at offset " + std::to_string(err_off) +
-                 ": " + reinterpret_cast<const char*>(msg)};
+    return Error{"regex '" + std::string(pattern) + "' at offset " + std::to_string(err_off) + ": " +
+                 reinterpret_cast<const char*>(msg)};
   }
   auto re = std::shared_ptr<Regex>(new Regex());
   re->code_ = code;
@@ -170,8 +169,7 @@ void Regex::find_all(std::string_view text, std::vector<Match>& out) const {
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
       // The interpreter backtracks on the heap, so it handles inputs the
       // default 32 KiB JIT stack cannot.
-      rc = pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md,
-                       nullptr);
+      rc = pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
     }
     if (rc < 0) break;  // no match (or a resource limit: the rest is one gap)
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
@@ -222,8 +220,7 @@ Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j, const std:
     }
   } else if (type == "Metaspace") {
     step.kind = PreTokenizerStep::Kind::kMetaspace;
-    const std::string scheme =
-        j.value("prepend_scheme", j.value("add_prefix_space", true) ? "always" : "never");
+    const std::string scheme = j.value("prepend_scheme", j.value("add_prefix_space", true) ? "always" : "never");
     step.prepend = scheme == "first"   ? PreTokenizerStep::Prepend::kFirst
                    : scheme == "never" ? PreTokenizerStep::Prepend::kNever
                                        : PreTokenizerStep::Prepend::kAlways;
@@ -245,8 +242,7 @@ Result<PreTokenizer> PreTokenizer::for_gguf_pre(const std::string& name, bool* i
       R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   static constexpr std::string_view kQwen2 =
       R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  static constexpr std::string_view kGpt2 =
-      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
+  static constexpr std::string_view kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
   std::vector<std::string_view> patterns;
   *ignore_merges = false;
   if (name == "llama3" || name == "llama-v3" || name == "llama-bpe" || name == "falcon3") {
@@ -256,10 +252,9 @@ Result<PreTokenizer> PreTokenizer::for_gguf_pre(const std::string& name, bool* i
     patterns = {kLlama3};
   } else if (name == "qwen2" || name == "stablelm2" || name == "megrez") {
     patterns = {kQwen2};
-  } else if (name == "gpt-2" || name == "phi-2" || name == "roberta-bpe" || name == "mpt" ||
-             name == "olmo" || name == "jais" || name == "jina-es" || name == "jina-de" ||
-             name == "jina-v1-en" || name == "jina-v2-es" || name == "jina-v2-de" ||
-             name == "jina-v2-code" || name == "gigachat") {
+  } else if (name == "gpt-2" || name == "phi-2" || name == "roberta-bpe" || name == "mpt" || name == "olmo" ||
+             name == "jais" || name == "jina-es" || name == "jina-de" || name == "jina-v1-en" || name == "jina-v2-es" ||
+             name == "jina-v2-de" || name == "jina-v2-code" || name == "gigachat") {
     patterns = {kGpt2};
   } else if (name == "starcoder" || name == "refact" || name == "command-r" || name == "smollm" ||
              name == "codeshell" || name == "exaone" || name == "minerva-7b") {
@@ -282,8 +277,7 @@ Result<PreTokenizer> PreTokenizer::for_gguf_pre(const std::string& name, bool* i
   return pt;
 }
 
-void PreTokenizer::split(std::string_view text, bool is_first,
-                         std::vector<std::string>& pieces) const {
+void PreTokenizer::split(std::string_view text, bool is_first, std::vector<std::string>& pieces) const {
   pieces.clear();
   if (text.empty()) return;
   pieces.emplace_back(text);
@@ -297,20 +291,17 @@ void PreTokenizer::split(std::string_view text, bool is_first,
       switch (step.kind) {
         case PreTokenizerStep::Kind::kSplitRegex:
           step.regex->find_all(piece, matches);
-          emit_split(piece, segments_from_matches(piece.size(), matches), step.behavior,
-                     step.invert, next);
+          emit_split(piece, segments_from_matches(piece.size(), matches), step.behavior, step.invert, next);
           break;
         case PreTokenizerStep::Kind::kSplitString:
           find_literal(piece, step.literal, matches);
-          emit_split(piece, segments_from_matches(piece.size(), matches), step.behavior,
-                     step.invert, next);
+          emit_split(piece, segments_from_matches(piece.size(), matches), step.behavior, step.invert, next);
           break;
         case PreTokenizerStep::Kind::kDigits: {
           for (size_t i = 0; i < piece.size(); ++i)
             if (piece[i] >= '0' && piece[i] <= '9') matches.push_back({i, i + 1});
           emit_split(piece, segments_from_matches(piece.size(), matches),
-                     step.individual_digits ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
-                     false, next);
+                     step.individual_digits ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, false, next);
           break;
         }
         case PreTokenizerStep::Kind::kByteLevel: {
@@ -319,8 +310,7 @@ void PreTokenizer::split(std::string_view text, bool is_first,
           std::vector<std::string> parts;
           if (step.regex) {
             step.regex->find_all(src, matches);
-            emit_split(src, segments_from_matches(src.size(), matches), SplitBehavior::kIsolated,
-                       false, parts);
+            emit_split(src, segments_from_matches(src.size(), matches), SplitBehavior::kIsolated, false, parts);
           } else {
             parts.push_back(std::move(src));
           }
@@ -340,14 +330,12 @@ void PreTokenizer::split(std::string_view text, bool is_first,
               s += c;
           }
           const bool starts = s.compare(0, kMetaspace.size(), kMetaspace) == 0;
-          const bool prepend =
-              step.prepend == PreTokenizerStep::Prepend::kAlways ||
-              (step.prepend == PreTokenizerStep::Prepend::kFirst && is_first && k == 0);
+          const bool prepend = step.prepend == PreTokenizerStep::Prepend::kAlways ||
+                               (step.prepend == PreTokenizerStep::Prepend::kFirst && is_first && k == 0);
           if (prepend && !starts) s.insert(0, kMetaspace);
           if (step.metaspace_split) {
             find_literal(s, kMetaspace, matches);
-            emit_split(s, segments_from_matches(s.size(), matches), SplitBehavior::kMergedWithNext,
-                       false, next);
+            emit_split(s, segments_from_matches(s.size(), matches), SplitBehavior::kMergedWithNext, false, next);
           } else {
             next.push_back(std::move(s));
           }

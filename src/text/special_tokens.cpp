@@ -11,8 +11,7 @@ namespace {
 
 bool is_white_space(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-         cp == 0x205F || cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 // Start of the run of whitespace characters that ends at `end`.
@@ -74,9 +73,8 @@ void AddedTokenMatcher::build(std::vector<AddedToken> tokens, Rule rule) {
   }
   by_length_.resize(tokens_.size());
   for (size_t k = 0; k < tokens_.size(); ++k) by_length_[k] = static_cast<int32_t>(k);
-  std::stable_sort(by_length_.begin(), by_length_.end(), [&](int32_t a, int32_t b) {
-    return tokens_[a].content.size() > tokens_[b].content.size();
-  });
+  std::stable_sort(by_length_.begin(), by_length_.end(),
+                   [&](int32_t a, int32_t b) { return tokens_[a].content.size() > tokens_[b].content.size(); });
 }
 
 int32_t AddedTokenMatcher::longest_at(std::string_view text, size_t pos) const {
@@ -90,8 +88,7 @@ int32_t AddedTokenMatcher::longest_at(std::string_view text, size_t pos) const {
   return best;
 }
 
-void AddedTokenMatcher::split(std::string_view text, bool parse_special,
-                              std::vector<Fragment>& out) const {
+void AddedTokenMatcher::split(std::string_view text, bool parse_special, std::vector<Fragment>& out) const {
   out.clear();
   if (text.empty()) return;
   if (tokens_.empty()) {
@@ -122,8 +119,7 @@ void AddedTokenMatcher::split_leftmost_longest(std::string_view text, bool parse
     size_t start = i, stop = i + tok.content.size();
     i = stop;  // matching resumes after this match whether or not it is used
     if (tok.special && !parse_special) continue;
-    if (tok.single_word && (is_word_char(text, start, true) || is_word_char(text, stop, false)))
-      continue;
+    if (tok.single_word && (is_word_char(text, start, true) || is_word_char(text, stop, false))) continue;
     if (tok.lstrip) start = std::max(whitespace_run_start(text, start), start_offset);
     if (tok.rstrip) stop = whitespace_run_end(text, stop);
     if (start > start_offset) out.push_back({text.substr(start_offset, start - start_offset), -1});
@@ -158,14 +154,12 @@ void AddedTokenMatcher::split_longest_first(std::string_view text, bool parse_sp
         // llama.cpp's lstrip/rstrip trim ASCII spaces from the neighbours.
         size_t left_len = m;
         if (tok.lstrip)
-          while (left_len > 0 && std::isspace(static_cast<unsigned char>(rest[left_len - 1])))
-            --left_len;
+          while (left_len > 0 && std::isspace(static_cast<unsigned char>(rest[left_len - 1]))) --left_len;
         if (left_len > 0) next.push_back({rest.substr(0, left_len), -1});
         next.push_back({rest.substr(m, tok.content.size()), tok.id});
         size_t right = m + tok.content.size();
         if (tok.rstrip)
-          while (right < rest.size() && std::isspace(static_cast<unsigned char>(rest[right])))
-            ++right;
+          while (right < rest.size() && std::isspace(static_cast<unsigned char>(rest[right]))) ++right;
         rest = rest.substr(right);
       }
       if (!rest.empty()) next.push_back({rest, -1});

@@ -42,10 +42,8 @@ class AddedTokenMatcher {
  private:
   // Longest token starting at text[pos]: index into tokens_, or -1.
   int32_t longest_at(std::string_view text, size_t pos) const;
-  void split_leftmost_longest(std::string_view text, bool parse_special,
-                              std::vector<Fragment>& out) const;
-  void split_longest_first(std::string_view text, bool parse_special,
-                           std::vector<Fragment>& out) const;
+  void split_leftmost_longest(std::string_view text, bool parse_special, std::vector<Fragment>& out) const;
+  void split_longest_first(std::string_view text, bool parse_special, std::vector<Fragment>& out) const;
 
   Rule rule_ = Rule::kLeftmostLongest;
   std::vector<AddedToken> tokens_;

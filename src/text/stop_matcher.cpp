@@ -23,8 +23,8 @@ StopMatcher::StopMatcher(std::vector<std::string> stops) {
         n.depth = nodes_[node].depth + 1;
         nodes_.push_back(std::move(n));
         auto& edges = nodes_[node].edges;
-        const auto at = std::lower_bound(edges.begin(), edges.end(), byte,
-                                         [](const Edge& e, uint8_t b) { return e.byte < b; });
+        const auto at =
+            std::lower_bound(edges.begin(), edges.end(), byte, [](const Edge& e, uint8_t b) { return e.byte < b; });
         edges.insert(at, Edge{byte, next});
       }
       node = next;
@@ -94,8 +94,7 @@ bool StopMatcher::push(std::string_view delta, std::string& emit) {
   // front of a continuation byte (a stop can only start at a lead byte, so
   // this moves only for invalid UTF-8).
   size_t cut = held_.size() - static_cast<size_t>(nodes_[state_].depth);
-  for (int back = 0; back < 3 && cut > 0 && cut < held_.size() &&
-                     (static_cast<uint8_t>(held_[cut]) & 0xC0) == 0x80;
+  for (int back = 0; back < 3 && cut > 0 && cut < held_.size() && (static_cast<uint8_t>(held_[cut]) & 0xC0) == 0x80;
        ++back) {
     --cut;
   }

@@ -59,7 +59,7 @@ class StopMatcher {
     std::vector<Edge> edges;  // sorted by byte
     int32_t fail = 0;         // longest proper suffix that is also a trie node
     int32_t depth = 0;
-    int32_t out = -1;         // longest stop ending here (self or via fail), index into stops_
+    int32_t out = -1;  // longest stop ending here (self or via fail), index into stops_
   };
 
   int32_t child(int32_t node, uint8_t byte) const;

@@ -7,8 +7,7 @@
 
 namespace rill {
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
-                                       bool parse_special) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
   std::string sanitized;
   if (!text::is_valid_utf8(text)) {
     sanitized = text::utf8_lossy(text);
@@ -128,13 +127,12 @@ void Tokenizer::finish_eos_ids() {
   eos_ids_.clear();
   if (eos_id_) eos_ids_.push_back(*eos_id_);
   // The end-of-turn names llama.cpp recognises, plus the common EOS names.
-  static constexpr std::string_view kEndNames[] = {
-      "<|eot_id|>", "<|im_end|>", "<|end|>",         "<end_of_turn>", "<|endoftext|>",
-      "<|eom_id|>", "<EOT>",      "<|end_of_text|>", "<eos>",         "</s>"};
+  static constexpr std::string_view kEndNames[] = {"<|eot_id|>",    "<|im_end|>", "<|end|>", "<end_of_turn>",
+                                                   "<|endoftext|>", "<|eom_id|>", "<EOT>",   "<|end_of_text|>",
+                                                   "<eos>",         "</s>"};
   for (auto name : kEndNames) {
     auto id = token_id(name);
-    if (id && std::find(eos_ids_.begin(), eos_ids_.end(), *id) == eos_ids_.end())
-      eos_ids_.push_back(*id);
+    if (id && std::find(eos_ids_.begin(), eos_ids_.end(), *id) == eos_ids_.end()) eos_ids_.push_back(*id);
   }
 }
 
@@ -145,14 +143,11 @@ Status Tokenizer::validate(const std::string& where) const {
     return Error{where + ": internal error building the decoding tables"};
   for (const auto& id : {bos_id_, eos_id_})
     if (id && (*id < 0 || static_cast<size_t>(*id) >= n))
-      return Error{where + ": special token id " + std::to_string(*id) +
-                   " is outside the vocabulary"};
+      return Error{where + ": special token id " + std::to_string(*id) + " is outside the vocabulary"};
   for (int32_t id : prefix_ids_)
-    if (id < 0 || static_cast<size_t>(id) >= n)
-      return Error{where + ": BOS/prefix token outside the vocabulary"};
+    if (id < 0 || static_cast<size_t>(id) >= n) return Error{where + ": BOS/prefix token outside the vocabulary"};
   for (int32_t id : suffix_ids_)
-    if (id < 0 || static_cast<size_t>(id) >= n)
-      return Error{where + ": EOS/suffix token outside the vocabulary"};
+    if (id < 0 || static_cast<size_t>(id) >= n) return Error{where + ": EOS/suffix token outside the vocabulary"};
   return Status::Ok();
 }
 

@@ -86,8 +86,7 @@ class Tokenizer {
 
   // `is_first`: the segment starts the input; `after_token_or_start`: it
   // follows a token or starts the input (llama.cpp SPM space prefix).
-  void encode_segment(std::string_view text, bool is_first, bool after_token_or_start,
-                      std::vector<int32_t>& out) const;
+  void encode_segment(std::string_view text, bool is_first, bool after_token_or_start, std::vector<int32_t>& out) const;
   std::string normalize(std::string_view text) const;
   // Fills the decoding tables from token_text_ and the flags.
   void set_piece(int32_t id, std::string_view piece, int byte_value);

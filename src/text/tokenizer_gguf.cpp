@@ -46,15 +46,12 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
   }
 
   const GgufArray* tokens = gguf.get_array("tokenizer.ggml.tokens");
-  if (tokens == nullptr || tokens->empty())
-    return Error{where + ": tokenizer.ggml.tokens is missing"};
+  if (tokens == nullptr || tokens->empty()) return Error{where + ": tokenizer.ggml.tokens is missing"};
   const size_t n = tokens->size();
   const GgufArray* types = gguf.get_array("tokenizer.ggml.token_type");
   const GgufArray* scores = gguf.get_array("tokenizer.ggml.scores");
-  if (types && types->size() != n)
-    return Error{where + ": tokenizer.ggml.token_type has the wrong length"};
-  if (scores && scores->size() != n)
-    return Error{where + ": tokenizer.ggml.scores has the wrong length"};
+  if (types && types->size() != n) return Error{where + ": tokenizer.ggml.token_type has the wrong length"};
+  if (scores && scores->size() != n) return Error{where + ": tokenizer.ggml.scores has the wrong length"};
 
   std::vector<int64_t> type(n, kTypeNormal);
   std::vector<float> score(n, 0.0f);
@@ -63,8 +60,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
   t->vocab_.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     const std::string* s = (*tokens)[i].as_string();
-    if (s == nullptr)
-      return Error{where + ": tokenizer.ggml.tokens[" + std::to_string(i) + "] is not a string"};
+    if (s == nullptr) return Error{where + ": tokenizer.ggml.tokens[" + std::to_string(i) + "] is not a string"};
     t->token_text_[i] = s->empty() ? "[EMPTY_" + std::to_string(i) + "]" : *s;
     t->vocab_.insert_or_assign(t->token_text_[i], static_cast<int32_t>(i));
     if (types) type[i] = (*types)[i].as_int().value_or(kTypeNormal);
@@ -81,8 +77,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
     t->spm_add_space_prefix_ = true;
   } else {
     bos = 11, eos = 11;
-    add_bos = pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "falcon3" ||
-              pre == "tekken" || pre == "chameleon";
+    add_bos = pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "falcon3" || pre == "tekken" ||
+              pre == "chameleon";
   }
   auto key_id = [&](const char* key, std::optional<int64_t>& id) {
     if (auto v = gguf.get_int(key); v && *v >= 0 && static_cast<size_t>(*v) < n) id = *v;
@@ -108,8 +104,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
   }
 
   // llama.cpp treats these end-of-turn names as control tokens whatever their type.
-  for (std::string_view name : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                                "<|endoftext|>", "<|eom_id|>", "<EOT>"}) {
+  for (std::string_view name :
+       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>"}) {
     if (auto id = text::find_token(t->vocab_, name)) type[*id] = kTypeControl;
   }
 
@@ -128,13 +124,12 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
       const size_t sp = s ? s->find(' ', 1) : std::string::npos;
       if (sp == std::string::npos) continue;  // llama.cpp: such a merge can never apply
       // A merge naming unknown tokens can never apply either; skip it.
-      (void)t->bpe_->add_merge(std::string_view(*s).substr(0, sp),
-                               std::string_view(*s).substr(sp + 1), static_cast<int32_t>(r), false,
-                               where);
+      (void)t->bpe_->add_merge(std::string_view(*s).substr(0, sp), std::string_view(*s).substr(sp + 1),
+                               static_cast<int32_t>(r), false, where);
     }
   } else {
-    t->spm_ = std::make_unique<text::SpmModel>(
-        &t->vocab_, score, unk ? std::optional<int32_t>(static_cast<int32_t>(*unk)) : std::nullopt);
+    t->spm_ = std::make_unique<text::SpmModel>(&t->vocab_, score,
+                                               unk ? std::optional<int32_t>(static_cast<int32_t>(*unk)) : std::nullopt);
     if (t->spm_add_space_prefix_) t->leading_space_ = LeadingSpace::kFirstToken;
   }
 
@@ -204,8 +199,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& gguf) {
 
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
-  const std::string header = "gguf/" + model + "/" + pre + "/" + std::to_string(add_bos) +
-                             std::to_string(add_eos) + std::to_string(t->spm_add_space_prefix_);
+  const std::string header = "gguf/" + model + "/" + pre + "/" + std::to_string(add_bos) + std::to_string(add_eos) +
+                             std::to_string(t->spm_add_space_prefix_);
   XXH3_64bits_update(st, header.data(), header.size());
   for (const auto& tt : t->token_text_) XXH3_64bits_update(st, tt.data(), tt.size() + 1);
   XXH3_64bits_update(st, type.data(), type.size() * sizeof(int64_t));

@@ -32,12 +32,8 @@ class TokenizerJsonSax : public nlohmann::json_sax<json> {
 
   bool null() override { return value(json(nullptr)); }
   bool boolean(bool v) override { return value(json(v)); }
-  bool number_integer(number_integer_t v) override {
-    return number(static_cast<int64_t>(v), json(v));
-  }
-  bool number_unsigned(number_unsigned_t v) override {
-    return number(static_cast<int64_t>(v), json(v));
-  }
+  bool number_integer(number_integer_t v) override { return number(static_cast<int64_t>(v), json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return number(static_cast<int64_t>(v), json(v)); }
   bool number_float(number_float_t v, const string_t&) override { return value(json(v)); }
   bool binary(binary_t&) override { return false; }
   bool string(string_t& v) override {
@@ -65,8 +61,7 @@ class TokenizerJsonSax : public nlohmann::json_sax<json> {
     key_ = std::move(k);
     return true;
   }
-  bool parse_error(std::size_t position, const std::string&,
-                   const nlohmann::detail::exception& e) override {
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
     error_ = "JSON error at byte " + std::to_string(position) + ": " + e.what();
     return false;
   }
@@ -103,8 +98,7 @@ class TokenizerJsonSax : public nlohmann::json_sax<json> {
       return true;
     }
     // model.vocab / model.merges: the containers two levels below the root.
-    if (stack_.size() == 2 && keys_.size() == 2 && keys_[1] == "model" &&
-        (key_ == "vocab" || key_ == "merges")) {
+    if (stack_.size() == 2 && keys_.size() == 2 && keys_[1] == "model" && (key_ == "vocab" || key_ == "merges")) {
       capture_ = key_ == "vocab" ? Capture::kVocab : Capture::kMerges;
       capture_depth_ = 1;
       return true;
@@ -170,8 +164,7 @@ std::optional<std::string> token_string(const json& config, const char* key) {
   if (!config.contains(key)) return std::nullopt;
   const json& v = config[key];
   if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string())
-    return v["content"].get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
   return std::nullopt;
 }
 
@@ -218,15 +211,13 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
     if (!root.is_object() || !root.contains("model")) return Error{path + ": no \"model\" object"};
     const json& model = root.at("model");
     const std::string type = model.value("type", "BPE");
-    if (type != "BPE")
-      return Error{path + ": model type '" + type + "' is not supported (only BPE)"};
+    if (type != "BPE") return Error{path + ": model type '" + type + "' is not supported (only BPE)"};
     if (tj.merges_malformed) return Error{path + ": model.merges has an entry that is not a pair"};
 
     // Vocabulary and added tokens.
     int64_t max_id = -1;
     for (const auto& [text, id] : tj.vocab) {
-      if (id < 0 || id > (1 << 24))
-        return Error{path + ": vocab entry '" + text + "' has id " + std::to_string(id)};
+      if (id < 0 || id > (1 << 24)) return Error{path + ": vocab entry '" + text + "' has id " + std::to_string(id)};
       max_id = std::max(max_id, id);
     }
     std::vector<text::AddedToken> added;
@@ -268,16 +259,14 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
       const std::string unk = model.at("unk_token").get<std::string>();
       opt.unk_id = text::find_token(t->vocab_, unk);
     }
-    if (model.contains("continuing_subword_prefix") &&
-        model.at("continuing_subword_prefix").is_string())
+    if (model.contains("continuing_subword_prefix") && model.at("continuing_subword_prefix").is_string())
       opt.continuing_subword_prefix = model.at("continuing_subword_prefix").get<std::string>();
     if (model.contains("end_of_word_suffix") && model.at("end_of_word_suffix").is_string())
       opt.end_of_word_suffix = model.at("end_of_word_suffix").get<std::string>();
     t->bpe_ = std::make_unique<text::BpeModel>(&t->vocab_, opt);
     t->bpe_->reserve_merges(tj.merges.size());
     for (size_t r = 0; r < tj.merges.size(); ++r)
-      RILL_TRY(t->bpe_->add_merge(tj.merges[r].first, tj.merges[r].second, static_cast<int32_t>(r),
-                                  true, path));
+      RILL_TRY(t->bpe_->add_merge(tj.merges[r].first, tj.merges[r].second, static_cast<int32_t>(r), true, path));
 
     // Normalizer.
     std::vector<const json*> norm_stack;
@@ -298,8 +287,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
       if (nt == "NFC") {
         t->normalizer_.push_back({NormalizerStep::Kind::kNfc, "", ""});
       } else if (nt == "Replace" && j->at("pattern").contains("String")) {
-        t->normalizer_.push_back({NormalizerStep::Kind::kReplace,
-                                  j->at("pattern").at("String").get<std::string>(),
+        t->normalizer_.push_back({NormalizerStep::Kind::kReplace, j->at("pattern").at("String").get<std::string>(),
                                   j->value("content", "")});
       } else if (nt == "Prepend") {
         t->normalizer_.push_back({NormalizerStep::Kind::kPrepend, "", j->value("prepend", "")});
@@ -309,8 +297,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
     }
 
     // Pre-tokenizer.
-    RILL_ASSIGN_OR_RETURN(t->pre_tokenizer_,
-                          text::PreTokenizer::from_json(member(root, "pre_tokenizer"), path));
+    RILL_ASSIGN_OR_RETURN(t->pre_tokenizer_, text::PreTokenizer::from_json(member(root, "pre_tokenizer"), path));
 
     // Post-processor: the ids add_special adds around a single sequence.
     bool template_given = false;
@@ -348,14 +335,12 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
     }
 
     // tokenizer_config.json: BOS/EOS strings and add_bos_token.
-    const std::string config_path =
-        (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
+    const std::string config_path = (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
     json config = json::object();
     if (std::filesystem::exists(config_path)) {
       RILL_ASSIGN_OR_RETURN(std::string cbytes, read_file(config_path));
       config = json::parse(cbytes, nullptr, false);
-      if (config.is_discarded() || !config.is_object())
-        return Error{config_path + ": not valid JSON"};
+      if (config.is_discarded() || !config.is_object()) return Error{config_path + ": not valid JSON"};
     }
     if (auto bos = token_string(config, "bos_token")) t->bos_id_ = t->token_id(*bos);
     if (auto eos = token_string(config, "eos_token")) t->eos_id_ = t->token_id(*eos);
@@ -385,8 +370,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
         byte_fallback = true;
       } else if (dt == "Fuse") {
       } else if (dt == "Replace" && d->at("pattern").contains("String")) {
-        replacements.emplace_back(d->at("pattern").at("String").get<std::string>(),
-                                  d->value("content", ""));
+        replacements.emplace_back(d->at("pattern").at("String").get<std::string>(), d->value("content", ""));
       } else if (dt == "Strip" && d->value("content", "") == " " && d->value("start", 0) == 1 &&
                  d->value("stop", 0) == 0) {
         t->leading_space_ = LeadingSpace::kOutputStart;
@@ -418,8 +402,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
       if (!mapped) piece = tt;  // tokenizers keeps a token with unmapped chars as is
       for (const auto& [from, to] : replacements) {
         if (from.empty()) continue;
-        for (size_t pos = piece.find(from); pos != std::string::npos;
-             pos = piece.find(from, pos + to.size()))
+        for (size_t pos = piece.find(from); pos != std::string::npos; pos = piece.find(from, pos + to.size()))
           piece.replace(pos, from.size(), to);
       }
       int byte_value = byte_fallback ? byte_fallback_value(piece) : -1;
@@ -433,17 +416,15 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
     XXH3_state_t* st = XXH3_createState();
     XXH3_64bits_reset(st);
     XXH3_64bits_update(st, "tokenizer.json/bpe", 18);
-    for (const auto& tt : t->token_text_)
-      XXH3_64bits_update(st, tt.data(), tt.size() + 1);  // + NUL
+    for (const auto& tt : t->token_text_) XXH3_64bits_update(st, tt.data(), tt.size() + 1);  // + NUL
     for (const auto& [a, b] : tj.merges) {
       XXH3_64bits_update(st, a.data(), a.size() + 1);
       XXH3_64bits_update(st, b.data(), b.size() + 1);
     }
     XXH3_64bits_update(st, t->flags_.data(), t->flags_.size());
-    const std::string settings =
-        member(root, "normalizer").dump() + member(root, "pre_tokenizer").dump() +
-        member(root, "post_processor").dump() + member(root, "decoder").dump() +
-        model.dump();  // model without vocab/merges: options only
+    const std::string settings = member(root, "normalizer").dump() + member(root, "pre_tokenizer").dump() +
+                                 member(root, "post_processor").dump() + member(root, "decoder").dump() +
+                                 model.dump();  // model without vocab/merges: options only
     XXH3_64bits_update(st, settings.data(), settings.size());
     t->fingerprint_ = hex64(XXH3_64bits_digest(st));
     XXH3_freeState(st);

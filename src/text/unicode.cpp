@@ -167,9 +167,9 @@ std::string nfc(std::string_view s) {
   for (char c : s) ascii = ascii && static_cast<uint8_t>(c) < 0x80;
   if (ascii) return std::string(s);
   utf8proc_uint8_t* mapped = nullptr;
-  const utf8proc_ssize_t n = utf8proc_map(
-      reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
-      &mapped, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                   &mapped, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
   if (n < 0) return std::string(s);
   std::string out(reinterpret_cast<const char*>(mapped), static_cast<size_t>(n));
   std::free(mapped);

@@ -62,8 +62,8 @@ TEST(AttentionF16Form, RowsDoNotDependOnHowManyQueriesShareTheCall) {
     std::vector<AttentionSeq> seqs;
     seqs.push_back({q.data() + i * kHeads * kHd, pos.data() + i, 1, kv, i + 1, one.data(), kDecodeFrom});
     for (int s = 0; s < 4; ++s) {  // enough sequences for the one-thread-per-sequence form
-      seqs.push_back({q.data() + s * kHeads * kHd, pos.data() + kN - 1, 1, kv, kN, other.data() + s * per_q,
-                      kDecodeFrom});
+      seqs.push_back(
+          {q.data() + s * kHeads * kHd, pos.data() + kN - 1, 1, kv, kN, other.data() + s * per_q, kDecodeFrom});
     }
     for (int n_seqs : {1, 5}) {
       std::fill(one.begin(), one.end(), -9.0f);

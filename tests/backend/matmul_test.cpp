@@ -56,7 +56,8 @@ void check_matmul(DType t, const Shape& s, int n_threads) {
       ref::quantize_row(p, x.data() + i * s.n_cols, qa.data(), s.n_cols);
       dequantize_row(p, qa.data(), af.data() + i * s.n_cols, s.n_cols);
       if (has_m)
-        for (int64_t b = 0; b < n_blocks; ++b) as[i * n_blocks + b] = f16_to_f32(reinterpret_cast<BlockQ8_1*>(qa.data())[b].s);
+        for (int64_t b = 0; b < n_blocks; ++b)
+          as[i * n_blocks + b] = f16_to_f32(reinterpret_cast<BlockQ8_1*>(qa.data())[b].s);
     }
   }
 
@@ -81,8 +82,8 @@ void check_matmul(DType t, const Shape& s, int n_threads) {
         mag += std::fabs(prod);
       }
       ASSERT_NEAR(y[i * y_stride + r], want, 1e-5 * mag + 1e-6)
-          << dtype_name(t) << " " << s.n_rows << "x" << s.n_cols << " tokens " << s.n_tokens << " threads "
-          << n_threads << " at token " << i << " row " << r;
+          << dtype_name(t) << " " << s.n_rows << "x" << s.n_cols << " tokens " << s.n_tokens << " threads " << n_threads
+          << " at token " << i << " row " << r;
     }
     for (int64_t r = s.n_rows; r < y_stride; ++r) ASSERT_EQ(y[i * y_stride + r], -7.0f) << "wrote past n_rows";
   }

@@ -41,7 +41,8 @@ TEST(RmsNorm, MatchesFormulaAndEveryIsa) {
       std::vector<float> want(dim), got(x.begin(), x.begin() + dim);
       ref::rms_norm_row(x.data(), wp, dim, 1e-6f, 1.0f, want.data());
       kernels(isa).rms_norm_row(got.data(), wp, dim, 1e-6f, 1.0f, got.data());
-      for (int64_t i = 0; i < dim; ++i) ASSERT_NEAR(got[i], want[i], 2e-6f * std::fabs(want[i]) + 1e-7f) << isa_name(isa);
+      for (int64_t i = 0; i < dim; ++i)
+        ASSERT_NEAR(got[i], want[i], 2e-6f * std::fabs(want[i]) + 1e-7f) << isa_name(isa);
     }
   }
 }
@@ -59,7 +60,8 @@ TEST(RmsNorm, BatchedRowsEqualTheRowKernelBitForBit) {
       for (int64_t r = 0; r < n_rows; ++r) {
         std::vector<float> want(dim);
         kernels().rms_norm_row(x.data() + r * dim, wp, dim, 1e-5f, 1.0f, want.data());
-        ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * dim, dim * sizeof(float))) << n_rows << " rows, row " << r;
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * dim, dim * sizeof(float)))
+            << n_rows << " rows, row " << r;
       }
     }
   }
@@ -82,9 +84,11 @@ TEST(Activations, MatchFormulasAndEveryIsa) {
     const Kernels& k = kernels(isa);
     std::vector<float> got(n), y(u);
     k.silu_mul(g.data(), u.data(), got.data(), n);
-    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], s[i], 4e-6f * std::fabs(s[i]) + 1e-7f) << isa_name(isa) << " silu " << i;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(got[i], s[i], 4e-6f * std::fabs(s[i]) + 1e-7f) << isa_name(isa) << " silu " << i;
     k.gelu_tanh_mul(g.data(), u.data(), got.data(), n);
-    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], ge[i], 4e-6f * std::fabs(ge[i]) + 1e-6f) << isa_name(isa) << " gelu " << i;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(got[i], ge[i], 4e-6f * std::fabs(ge[i]) + 1e-6f) << isa_name(isa) << " gelu " << i;
     k.add_inplace(y.data(), g.data(), n);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], u[i] + g[i]);
   }
@@ -203,7 +207,8 @@ std::vector<double> naive_attention(const std::vector<float>& q, const std::vect
         if (j > pos[i] || (p.window > 0 && j <= pos[i] - p.window)) continue;
         double s = 0.0;
         for (int64_t d = 0; d < p.head_dim; ++d)
-          s += static_cast<double>(q[(i * p.n_head + h) * p.head_dim + d]) * k[(j * p.n_head_kv + kvh) * p.head_dim + d];
+          s +=
+              static_cast<double>(q[(i * p.n_head + h) * p.head_dim + d]) * k[(j * p.n_head_kv + kvh) * p.head_dim + d];
         s *= p.scale;
         if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
         sc[j] = s;
@@ -230,11 +235,11 @@ struct AttnCase {
 
 TEST(Attention, MatchesNaive) {
   const AttnCase cases[] = {
-      {9, 3, 64, 150, 150, 0, 0.0f, DType::kF32},   // prefill, GQA (SmolLM2 heads)
-      {9, 3, 64, 150, 1, 0, 0.0f, DType::kF32},     // decode
-      {4, 4, 32, 100, 20, 16, 0.0f, DType::kF32},   // sliding window
-      {8, 2, 128, 90, 10, 0, 50.0f, DType::kF16},   // softcap, f16 kv
-      {8, 1, 80, 70, 70, 24, 30.0f, DType::kF16},   // MQA, window, softcap, odd head_dim
+      {9, 3, 64, 150, 150, 0, 0.0f, DType::kF32},  // prefill, GQA (SmolLM2 heads)
+      {9, 3, 64, 150, 1, 0, 0.0f, DType::kF32},    // decode
+      {4, 4, 32, 100, 20, 16, 0.0f, DType::kF32},  // sliding window
+      {8, 2, 128, 90, 10, 0, 50.0f, DType::kF16},  // softcap, f16 kv
+      {8, 1, 80, 70, 70, 24, 30.0f, DType::kF16},  // MQA, window, softcap, odd head_dim
   };
   for (const AttnCase& c : cases) {
     AttentionParams p;
@@ -321,7 +326,8 @@ TEST(Attention, F16RoundedMatchesNaive) {
         double mx = -INFINITY;
         for (int64_t j = j0; j <= pos[i]; ++j) {
           double d = 0.0;
-          for (int64_t c = 0; c < 64; ++c) d += static_cast<double>(f16_to_f32(f32_to_f16(qr[c]))) * k[(j * 3 + h / 3) * 64 + c];
+          for (int64_t c = 0; c < 64; ++c)
+            d += static_cast<double>(f16_to_f32(f32_to_f16(qr[c]))) * k[(j * 3 + h / 3) * 64 + c];
           s.push_back(d * p.scale);
           mx = std::max(mx, s.back());
         }
@@ -330,7 +336,8 @@ TEST(Attention, F16RoundedMatchesNaive) {
         for (int64_t c = 0; c < 64; ++c) {
           double o = 0.0;
           for (size_t t = 0; t < s.size(); ++t)
-            o += static_cast<double>(f16_to_f32(f32_to_f16(static_cast<float>(s[t] / sum)))) * v[((j0 + t) * 3 + h / 3) * 64 + c];
+            o += static_cast<double>(f16_to_f32(f32_to_f16(static_cast<float>(s[t] / sum)))) *
+                 v[((j0 + t) * 3 + h / 3) * 64 + c];
           ASSERT_NEAR(out[(i * 9 + h) * 64 + c], o, 2e-5) << "n_q " << n_q << " query " << i << " head " << h;
         }
       }
@@ -397,21 +404,21 @@ struct PagedCase {
 // ISA's inner kernel, f32 and f16 KV, both f16 attentions.
 TEST(Attention, PagedBitIdenticalToContiguous) {
   const PagedCase cases[] = {
-      {9, 3, 64, 150, 1, 0, 0.0f, 4, 0},       // SmolLM2 decode
-      {9, 3, 64, 150, 150, 0, 0.0f, 4, 0},     // prefill
-      {8, 2, 128, 77, 5, 20, 30.0f, 3, 64},    // window + softcap, block 8, padded pool
-      {4, 4, 32, 100, 20, 16, 0.0f, 5, 0},     // window, block 32
-      {8, 1, 80, 70, 70, 24, 30.0f, 4, 0},     // MQA, head_dim 80 (no exact avx512 path)
-      {6, 2, 256, 45, 1, 0, 50.0f, 2, 0},      // head_dim 256 decode, block 4
-      {4, 2, 64, 200, 1, 40, 0.0f, 4, 32},     // decode with window: dead blocks
-      {4, 2, 64, 200, 3, 33, 0.0f, 6, 0},      // window, block 64
+      {9, 3, 64, 150, 1, 0, 0.0f, 4, 0},     // SmolLM2 decode
+      {9, 3, 64, 150, 150, 0, 0.0f, 4, 0},   // prefill
+      {8, 2, 128, 77, 5, 20, 30.0f, 3, 64},  // window + softcap, block 8, padded pool
+      {4, 4, 32, 100, 20, 16, 0.0f, 5, 0},   // window, block 32
+      {8, 1, 80, 70, 70, 24, 30.0f, 4, 0},   // MQA, head_dim 80 (no exact avx512 path)
+      {6, 2, 256, 45, 1, 0, 50.0f, 2, 0},    // head_dim 256 decode, block 4
+      {4, 2, 64, 200, 1, 40, 0.0f, 4, 32},   // decode with window: dead blocks
+      {4, 2, 64, 200, 3, 33, 0.0f, 6, 0},    // window, block 64
   };
   ThreadPool pool(2);
   for (const PagedCase& c : cases) {
     for (DType dt : {DType::kF32, DType::kF16}) {
       SCOPED_TRACE(::testing::Message() << "heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim
-                                        << " n_kv " << c.n_kv << " n_q " << c.n_q << " window " << c.window
-                                        << " block " << (1 << c.shift) << " " << dtype_info(dt).name);
+                                        << " n_kv " << c.n_kv << " n_q " << c.n_q << " window " << c.window << " block "
+                                        << (1 << c.shift) << " " << dtype_info(dt).name);
       AttentionParams p;
       p.n_head = c.n_head;
       p.n_head_kv = c.n_head_kv;
@@ -440,8 +447,8 @@ TEST(Attention, PagedBitIdenticalToContiguous) {
       const PagedKv contiguous = make_contiguous_kv(kp, vp, row_b);
       const ScatteredKv paged = scatter_kv(kp, vp, row_b, c.n_kv, c.shift, n_dead, c.pad, 70 + c.shift);
 
-      using AttnFn = void (*)(const float*, const int32_t*, int64_t, const PagedKv&, int64_t,
-                              const AttentionParams&, float*, ThreadPool&);
+      using AttnFn = void (*)(const float*, const int32_t*, int64_t, const PagedKv&, int64_t, const AttentionParams&,
+                              float*, ThreadPool&);
       std::vector<AttnFn> fns = {attention};
       if (dt == DType::kF16) fns.push_back(attention_f16_rounded);
       for (AttnFn fn : fns) {
@@ -523,8 +530,8 @@ TEST(Attention, QueryWithNoVisibleKeyGetsZeros) {
   std::vector<float> q(8, 1.0f), k(8, 1.0f), v(8, 1.0f), out(8, -1.0f);
   const int32_t pos = 0;
   ThreadPool pool(1);
-  attention(q.data(), &pos, 1, make_contiguous_kv(k.data(), v.data(), 8 * sizeof(float)), /*n_kv=*/0, p,
-            out.data(), pool);
+  attention(q.data(), &pos, 1, make_contiguous_kv(k.data(), v.data(), 8 * sizeof(float)), /*n_kv=*/0, p, out.data(),
+            pool);
   for (float o : out) EXPECT_EQ(o, 0.0f);
 }
 

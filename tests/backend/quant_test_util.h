@@ -36,7 +36,8 @@ inline std::vector<uint8_t> random_weight_rows(DType t, int64_t n_rows, int64_t 
   if (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) {
     for (int64_t i = 0; i < n_rows * n_cols; ++i) {
       const float v = real(rng);
-      if (t == DType::kF32) std::memcpy(buf.data() + 4 * i, &v, 4);
+      if (t == DType::kF32)
+        std::memcpy(buf.data() + 4 * i, &v, 4);
       else {
         const uint16_t h = t == DType::kF16 ? f32_to_f16(v) : f32_to_bf16(v);
         std::memcpy(buf.data() + 2 * i, &h, 2);
@@ -52,7 +53,9 @@ inline std::vector<uint8_t> random_weight_rows(DType t, int64_t n_rows, int64_t 
     switch (t) {
       case DType::kQ4_0:
       case DType::kQ5_0:
-      case DType::kQ8_0: put_f16(blk, scale * real(rng)); break;
+      case DType::kQ8_0:
+        put_f16(blk, scale * real(rng));
+        break;
       case DType::kQ4_1:
       case DType::kQ5_1:
       case DType::kQ4_K:
@@ -60,8 +63,11 @@ inline std::vector<uint8_t> random_weight_rows(DType t, int64_t n_rows, int64_t 
         put_f16(blk, scale * real(rng));
         put_f16(blk + 2, scale * real(rng));
         break;
-      case DType::kQ6_K: put_f16(blk + offsetof(BlockQ6_K, d), scale * real(rng) * 0.1f); break;
-      default: break;
+      case DType::kQ6_K:
+        put_f16(blk + offsetof(BlockQ6_K, d), scale * real(rng) * 0.1f);
+        break;
+      default:
+        break;
     }
   }
   return buf;

@@ -220,7 +220,8 @@ TEST(Quantize, Q8_KFollowsLlamaCpp) {
       for (int l = 0; l < 16; ++l) s += q[b].qs[16 * j + l];
       EXPECT_EQ(q[b].bsums[j], s);
     }
-    for (int e = 0; e < 256; ++e) EXPECT_LE(std::fabs(q[b].d * q[b].qs[e] - x[b * 256 + e]), std::fabs(q[b].d) * 0.5f + 1e-6f);
+    for (int e = 0; e < 256; ++e)
+      EXPECT_LE(std::fabs(q[b].d * q[b].qs[e] - x[b * 256 + e]), std::fabs(q[b].d) * 0.5f + 1e-6f);
   }
   EXPECT_EQ(q[1].qs[300 - 256], -127);
   EXPECT_FLOAT_EQ(q[1].d, -5.0f / 127.0f);
@@ -300,8 +301,8 @@ TEST(FastPaths, GemmTilesMatchReference) {
             for (int c = 0; c < n_t; ++c)
               for (int r = 0; r < n_r; ++r)
                 EXPECT_NEAR(got[c][r], want[c][r], 1e-6f * mag[c][r] + 1e-6f)
-                    << isa_name(isa) << " " << dtype_name(t) << " n=" << n << " tile " << n_r << "x" << n_t
-                    << " at " << r << "," << c;
+                    << isa_name(isa) << " " << dtype_name(t) << " n=" << n << " tile " << n_r << "x" << n_t << " at "
+                    << r << "," << c;
             // Outside the tile nothing is written.
             for (int c = 0; c < cols; ++c)
               for (int r = 0; r < rows; ++r)

@@ -39,8 +39,8 @@ Outcome run_shell(const std::string& cmd) {
 }
 
 Outcome run_rill(const std::string& args) {
-  const std::string err_file = std::filesystem::temp_directory_path() /
-                               ("rill_cli_test_" + std::to_string(::getpid()) + ".err");
+  const std::string err_file =
+      std::filesystem::temp_directory_path() / ("rill_cli_test_" + std::to_string(::getpid()) + ".err");
   Outcome r = run_shell(kRill + " 2>" + err_file + " " + args);  // args may end in a here-document
   std::ifstream in(err_file);
   r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -83,7 +83,7 @@ TEST(Cli, RunPromptIdsGivesTheReferenceGreedyIds) {
   const auto g = golden(kLlamaGolden);
   const auto greedy = g["greedy_ids"].get<std::vector<int>>();
   Outcome r = run_rill("run " + kLlamaGolden + " --prompt-ids " + join(g["prompt_ids"].get<std::vector<int>>()) +
-              " --max-tokens " + std::to_string(greedy.size()) + " --temperature 0 --ignore-eos --json");
+                       " --max-tokens " + std::to_string(greedy.size()) + " --temperature 0 --ignore-eos --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("ids").get<std::vector<int>>(), greedy);
@@ -119,7 +119,8 @@ TEST(Cli, SameSeedSameTokens) {
 TEST(Cli, ChatReadsTurnsFromStdinAndStreamsReplies) {
   if (!std::filesystem::exists(kDefaultModel)) GTEST_SKIP() << "run scripts/setup.sh";
   // /bin/sh runs the command: a here-document feeds two turns, then /exit.
-  Outcome r = run_rill("run " + kDefaultModel + " --max-tokens 8 --temperature 0 <<'EOF'\nHi\nWhat is 2+2?\n/exit\nEOF\n");
+  Outcome r =
+      run_rill("run " + kDefaultModel + " --max-tokens 8 --temperature 0 <<'EOF'\nHi\nWhat is 2+2?\n/exit\nEOF\n");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_GE(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;  // one reply line per turn
   EXPECT_NE(r.err.find("chatting with"), std::string::npos) << r.err;
@@ -158,14 +159,16 @@ TEST(Cli, DefaultModelIsFoundUnderTheInstallPrefixAndXdgDataHomeOrTheSearchIsNam
                            (root / "prefix" / "bin" / "rill").string() + " inspect --json";
   Outcome missing = run_in(root, rill);
   EXPECT_EQ(missing.exit_code, 1) << missing.out;
-  for (const fs::path& place : {root / "models", root / "prefix" / "models", root / "prefix" / "share" / "rill" / "models",
-                                root / "home" / ".local" / "share" / "rill" / "models"}) {
+  for (const fs::path& place :
+       {root / "models", root / "prefix" / "models", root / "prefix" / "share" / "rill" / "models",
+        root / "home" / ".local" / "share" / "rill" / "models"}) {
     EXPECT_NE(missing.out.find((place / "SmolLM2-135M-Instruct.Q4_1.gguf").string()), std::string::npos)
         << place << " not named in: " << missing.out;
   }
   // ~/.local/share/rill/models (XDG's default data home).
   fs::create_directories(root / "home" / ".local" / "share" / "rill" / "models");
-  fs::create_symlink(kDefaultModel, root / "home" / ".local" / "share" / "rill" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf");
+  fs::create_symlink(kDefaultModel,
+                     root / "home" / ".local" / "share" / "rill" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf");
   Outcome xdg = run_in(root, rill);
   EXPECT_EQ(xdg.exit_code, 0) << xdg.out;
   EXPECT_NE(xdg.out.find(".local/share/rill/models"), std::string::npos) << xdg.out;

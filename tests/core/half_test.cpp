@@ -19,7 +19,7 @@ TEST(Half, F16KnownValues) {
   EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
   EXPECT_EQ(f16_to_f32(0xc000), -2.0f);
   EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));
-  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);  // rounds to inf
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);                      // rounds to inf
   EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
 }
 

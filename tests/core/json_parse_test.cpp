@@ -80,8 +80,9 @@ TEST(JsonBody, DepthLimitIsExact) {
 TEST(JsonBody, DepthErrorNamesThePath) {
   // The 27 KiB, ~13,800-level shape of the crash report, in a tool-call's arguments.
   const std::string deep = nested(13800, "{\"a\":", "}");
-  const std::string body = R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"function": {"arguments": )" +
-                           deep.substr(0, deep.size() - 13800) + "1" + deep.substr(deep.size() - 13800) + "}}]}]}";
+  const std::string body =
+      R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"function": {"arguments": )" +
+      deep.substr(0, deep.size() - 13800) + "1" + deep.substr(deep.size() - 13800) + "}}]}]}";
   const JsonParseError e = fails(body);
   ASSERT_EQ(e.kind, JsonParseError::Kind::kTooDeep);
   // Depth 128 is crossed at the 123rd "a" below arguments (6 containers above it).

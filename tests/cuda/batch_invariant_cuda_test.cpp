@@ -14,14 +14,14 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "../engine/golden_util.h"
 #include "backend/cpu/quants.h"
 #include "core/half.h"
+#include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
-#include "../engine/golden_util.h"
-#include "cuda_test_util.h"
 
 namespace rill {
 namespace {
@@ -41,7 +41,8 @@ void convert(ModelFiles& files, DType to, std::vector<std::vector<uint8_t>>& sto
     const bool q8 = to == DType::kQ8_0 && cols % 32 == 0;
     std::vector<uint8_t> b(static_cast<size_t>(q8 ? n / 32 * 34 : n * 2));
     if (q8) {
-      for (int64_t r = 0; r < n / cols; ++r) cpu::ref::quantize_row_q8_0(src + r * cols, b.data() + r * (cols / 32) * 34, cols);
+      for (int64_t r = 0; r < n / cols; ++r)
+        cpu::ref::quantize_row_q8_0(src + r * cols, b.data() + r * (cols / 32) * 34, cols);
     } else {
       auto* d = reinterpret_cast<uint16_t*>(b.data());
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
@@ -64,9 +65,7 @@ class CudaBatchInvariant : public ::testing::TestWithParam<Case> {
     files_ = std::move(files).value();
     convert(*files_, GetParam().weights, store_);
   }
-  std::string name() const {
-    return GetParam().golden + (GetParam().weights == DType::kQ8_0 ? " q8_0" : " bf16");
-  }
+  std::string name() const { return GetParam().golden + (GetParam().weights == DType::kQ8_0 ? " q8_0" : " bf16"); }
   std::unique_ptr<Model> model(bool invariant, int max_tokens, int n_slots) {
     ModelOptions o;
     o.device = Device::kCuda;
@@ -163,11 +162,11 @@ TEST_P(CudaBatchInvariant, DecodeRowIsBitIdenticalAtAnyBatchSize) {
     max_err = std::max(max_err, static_cast<double>(std::fabs(off[0][i] - on[0][i])));
     max_abs = std::max(max_abs, static_cast<double>(std::fabs(off[0][i])));
   }
-  std::printf("[ cuda batch-invariant ] %s: mode off, row 0 alone vs steps of 3/9/40/101: %d/%d/%d/%d of %zu "
-              "logits differ; mode on vs off alone: max |diff| %.3g (max |logit| %.3g)\n",
-              name().c_str(), n_diff(off[0], off[1]), n_diff(off[0], off[2]), n_diff(off[0], off[3]),
-              n_diff(off[0], off[4]), off[0].size(),
-              max_err, max_abs);
+  std::printf(
+      "[ cuda batch-invariant ] %s: mode off, row 0 alone vs steps of 3/9/40/101: %d/%d/%d/%d of %zu "
+      "logits differ; mode on vs off alone: max |diff| %.3g (max |logit| %.3g)\n",
+      name().c_str(), n_diff(off[0], off[1]), n_diff(off[0], off[2]), n_diff(off[0], off[3]), n_diff(off[0], off[4]),
+      off[0].size(), max_err, max_abs);
   // Both modes round activations to bf16 between layers, in different orders.
   EXPECT_LE(max_err, 0.03 * (1.0 + max_abs)) << name();
 }
@@ -233,7 +232,8 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaBatchInvariant,
                                            Case{"mixtral", DType::kBF16}),
                          [](const auto& info) {
                            std::string n = info.param.golden + (info.param.weights == DType::kQ8_0 ? "_q8" : "_bf16");
-                           for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
                          });
 

@@ -105,8 +105,8 @@ class Paged {
     int32_t t0 = 0, max_len = 0;
     for (size_t s = 0; s < seqs_.size(); ++s) {
       if (only.empty() || std::find(only.begin(), only.end(), int(s)) != only.end()) {
-        route_attention(static_cast<int32_t>(s), t0, seqs_[s].q_len, prefill_tile_q(c_.kv, c_.head_dim),
-                        decode_tokens, tiles);
+        route_attention(static_cast<int32_t>(s), t0, seqs_[s].q_len, prefill_tile_q(c_.kv, c_.head_dim), decode_tokens,
+                        tiles);
         if (seqs_[s].q_len <= kDecodeMaxQ) max_len = std::max(max_len, seqs_[s].kv_len);
       }
       t0 += seqs_[s].q_len;
@@ -116,7 +116,8 @@ class Paged {
     auto dt = upload(tables_), dts = upload(table_start_), dseq = upload(seq_of_), dpos = upload(pos_);
     auto ddec = upload(decode_tokens.empty() ? std::vector<int32_t>{0} : decode_tokens);
     auto dtiles = upload(tiles.empty() ? std::vector<PrefillTile>{{0, 0, 0}} : tiles);
-    auto dpart = poisoned(attention_partial_floats(std::max<size_t>(1, decode_tokens.size()), c_.n_head, c_.head_dim) * 4);
+    auto dpart =
+        poisoned(attention_partial_floats(std::max<size_t>(1, decode_tokens.size()), c_.n_head, c_.head_dim) * 4);
     const size_t es = out_dtype == DType::kF32 ? 4 : 2;
     auto dout = poisoned(q_.size() * es);
     AttentionArgs a;
@@ -187,9 +188,9 @@ TEST(CudaAttention, MatchesCpuOnPagedKv) {
   // head_dim 16 and 96 (3 q heads per KV head) take the general decode
   // kernel, the others attention_decode.cu's; each case runs both.
   const std::vector<Case> cases = {
-      {8, 2, 128, 0, 0.0f, DType::kF16},  {8, 2, 128, 0, 0.0f, DType::kF32}, {4, 2, 16, 0, 0.0f, DType::kF32},
-      {4, 4, 64, 37, 0.0f, DType::kF16},  {8, 1, 64, 0, 0.5f, DType::kF32},  {2, 1, 256, 100, 0.0f, DType::kF16},
-      {32, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 128, 0, 0.5f, DType::kF16}, {8, 2, 128, 90, 0.0f, DType::kF16},
+      {8, 2, 128, 0, 0.0f, DType::kF16},  {8, 2, 128, 0, 0.0f, DType::kF32},  {4, 2, 16, 0, 0.0f, DType::kF32},
+      {4, 4, 64, 37, 0.0f, DType::kF16},  {8, 1, 64, 0, 0.5f, DType::kF32},   {2, 1, 256, 100, 0.0f, DType::kF16},
+      {32, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 128, 0, 0.5f, DType::kF16},  {8, 2, 128, 90, 0.0f, DType::kF16},
       {12, 4, 96, 0, 0.0f, DType::kF16},  {16, 2, 128, 0, 0.0f, DType::kF16}, {4, 2, 64, 0, 0.0f, DType::kF16},
   };
   for (const Case& c : cases) {
@@ -198,16 +199,17 @@ TEST(CudaAttention, MatchesCpuOnPagedKv) {
     const auto got = p.gpu_out(DType::kF32);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_NEAR(got[i], want[i], p.tolerance(i)) << "heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim
-                                         << " window " << c.window << " softcap " << c.softcap << " kv "
-                                         << dtype_name(c.kv) << " elem " << i;
+      ASSERT_NEAR(got[i], want[i], p.tolerance(i))
+          << "heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim << " window " << c.window << " softcap "
+          << c.softcap << " kv " << dtype_name(c.kv) << " elem " << i;
     }
     const auto got_bf16 = p.gpu_out(DType::kBF16);
-    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << i;
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << i;
     const auto general = p.gpu_out(DType::kF32, {}, nullptr, true);
     for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_NEAR(general[i], want[i], p.tolerance(i)) << "general kernel, heads " << c.n_head << "/" << c.n_head_kv
-                                             << " hd " << c.head_dim << " elem " << i;
+      ASSERT_NEAR(general[i], want[i], p.tolerance(i))
+          << "general kernel, heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim << " elem " << i;
     }
   }
 }
@@ -217,8 +219,8 @@ TEST(CudaAttention, MatchesCpuOnPagedKv) {
 TEST(CudaAttention, InKernelSplitMergeEqualsTheCombineKernel) {
   RILL_REQUIRE_GPU();
   const std::vector<SeqSpec> seqs = {{1, 1000}, {1, 1}, {3, 300}, {1, 64}, {2, 129}, {1, 2050}};
-  const std::vector<Case> cases = {{32, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 64, 37, 0.0f, DType::kF32},
-                                   {4, 4, 128, 0, 0.5f, DType::kF16}};
+  const std::vector<Case> cases = {
+      {32, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 64, 37, 0.0f, DType::kF32}, {4, 4, 128, 0, 0.5f, DType::kF16}};
   for (const Case& c : cases) {
     const Paged p(c, seqs);
     int32_t n_decode = 0;
@@ -254,7 +256,8 @@ TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
       const auto alone = p.gpu_out(DType::kF32, {s}, nullptr, general);
       const int32_t t0 = p.first_token(s);
       for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i) {
-        ASSERT_EQ(alone[t0 * w + i], all[t0 * w + i]) << "seq " << s << " elem " << i << (general ? " general" : " fast");
+        ASSERT_EQ(alone[t0 * w + i], all[t0 * w + i])
+            << "seq " << s << " elem " << i << (general ? " general" : " fast");
       }
     }
   }

@@ -21,9 +21,9 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/moe.h"
+#include "cuda_test_util.h"
 #include "model/cuda_moe.h"
 #include "model/moe.h"
-#include "cuda_test_util.h"
 
 namespace rill {
 namespace {
@@ -48,8 +48,8 @@ struct DeviceRouting {
     sorted = poisoned(pairs * 4);
     padded = poisoned((X + 1) * 4);
     rows = poisoned(pairs * 4);
-    r = {ids.as<int32_t>(), weights.as<float>(), offsets.as<int32_t>(), active.as<int32_t>(),
-         n_active.as<int32_t>(), sorted.as<int32_t>(), padded.as<int32_t>(), rows.as<int32_t>()};
+    r = {ids.as<int32_t>(),      weights.as<float>(),  offsets.as<int32_t>(), active.as<int32_t>(),
+         n_active.as<int32_t>(), sorted.as<int32_t>(), padded.as<int32_t>(),  rows.as<int32_t>()};
   }
 };
 
@@ -142,8 +142,8 @@ std::vector<float> run_gemv(DType dt, const std::vector<float>& w, int32_t X, in
   cuda::DeviceBuffer y = poisoned(static_cast<size_t>(n * K * rows) * 4);
   const size_t es = dt == DType::kF32 ? 4 : 2;
   const cuda::MoeExperts ex{dw.data(), dt, static_cast<size_t>(rows * cols) * es, rows, cols};
-  cuda::moe_gemv(ex, dx.data(), K, d.r, static_cast<int32_t>(std::min<int64_t>(n * K, X)), y.as<float>(),
-                 tensor_cores, nullptr);
+  cuda::moe_gemv(ex, dx.data(), K, d.r, static_cast<int32_t>(std::min<int64_t>(n * K, X)), y.as<float>(), tensor_cores,
+                 nullptr);
   return download<float>(y, static_cast<size_t>(n * K * rows));
 }
 
@@ -151,7 +151,10 @@ TEST(CudaMoe, ExpertGemvMatchesReferenceAndIsBatchInvariant) {
   RILL_REQUIRE_GPU();
   const int32_t X = 4, K = 2;
   const int64_t rows = 40, n = 80;  // 160 pairs over 4 experts: several passes of 8 (GEMV) or 32 (tensor cores)
-  struct Case { int64_t cols; bool tensor_cores; };
+  struct Case {
+    int64_t cols;
+    bool tensor_cores;
+  };
   for (const Case cs : {Case{264, true}, Case{256, true}, Case{256, false}}) {  // 264: not a multiple of 32
     const int64_t cols = cs.cols;
     for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {

@@ -41,7 +41,9 @@ double max_abs(const std::vector<float>& a) {
   for (float x : a) m = std::max(m, std::fabs(double(x)));
   return m;
 }
-float rel_tol(DType out) { return out == DType::kBF16 ? 1.0f / 128 : out == DType::kF16 ? 1.0f / 1024 : 1e-5f; }
+float rel_tol(DType out) {
+  return out == DType::kBF16 ? 1.0f / 128 : out == DType::kF16 ? 1.0f / 1024 : 1e-5f;
+}
 
 TEST(CudaOps, EmbeddingGatherIsExact) {
   RILL_REQUIRE_GPU();
@@ -76,7 +78,8 @@ TEST(CudaOps, RmsNormMatchesCpu) {
       const size_t es = out == DType::kF32 ? 4 : 2;
       const auto got = decode(out, download<uint8_t>(d_out, x.size() * es));
       for (size_t i = 0; i < x.size(); ++i) {
-        ASSERT_NEAR(got[i], want[i], rel_tol(out) * std::fabs(want[i]) + 1e-6) << dim << " " << dtype_name(out) << " " << i;
+        ASSERT_NEAR(got[i], want[i], rel_tol(out) * std::fabs(want[i]) + 1e-6)
+            << dim << " " << dtype_name(out) << " " << i;
       }
     }
     // Gathered rows (row_ids) with a stride: rows 4 and 1.
@@ -237,7 +240,7 @@ TEST(CudaOps, RopeAndKvStoreMatchCpuForEveryVariant) {
     check_rope_kv(cpu::make_rope_table(500000.0f, 128, false, llama3), 128, false, kv);
     check_rope_kv(cpu::make_rope_table(10000.0f, 64, true, yarn), 64, false, kv);
     check_rope_kv(cpu::make_rope_table(10000.0f, 32, false, linear), 64, true, kv);  // partial rotary + qk norm
-    cpu::RopeTable ggml = cpu::make_rope_table(10000.0f, 16, false);  // llama.cpp's angle recurrence
+    cpu::RopeTable ggml = cpu::make_rope_table(10000.0f, 16, false);                 // llama.cpp's angle recurrence
     ggml.ggml_theta_scale = std::pow(10000.0f, -2.0f / 16);
     check_rope_kv(ggml, 16, false, kv);
     ggml.ggml_freq_divisor = random_floats(8, 10, 1.0f, 8.0f);
@@ -254,10 +257,12 @@ TEST(CudaOps, MatmulMatchesCpu) {
   Gemm gemm(**ctx);
   ThreadPool pool(2);
   cpu::Scratch scratch;
-  struct Shape { int64_t n, rows, cols; };
+  struct Shape {
+    int64_t n, rows, cols;
+  };
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (Shape s : {Shape{1, 200, 96}, Shape{3, 130, 256}, Shape{8, 64, 1000}, Shape{17, 300, 512},
-                    Shape{64, 256, 128}, Shape{1, 70, 8192}, Shape{5, 70, 4096}}) {  // the last two: split-K GEMV
+    for (Shape s : {Shape{1, 200, 96}, Shape{3, 130, 256}, Shape{8, 64, 1000}, Shape{17, 300, 512}, Shape{64, 256, 128},
+                    Shape{1, 70, 8192}, Shape{5, 70, 4096}}) {  // the last two: split-K GEMV
       const auto w = encode(t, random_floats(s.rows * s.cols, 11));
       auto x = random_floats(s.n * s.cols, 12);
       for (float& v : x) v = round_to(t, v);  // the device sees x in the weights' dtype

@@ -53,24 +53,22 @@ std::vector<Shape> shapes(DType t) {
 std::vector<float> dequant_ref(DType t, const std::vector<uint8_t>& w, int64_t rows, int64_t cols) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) {
-    cpu::ref::dequantize_row(t, w.data() + static_cast<size_t>(r) * row_bytes(t, cols),
-                             out.data() + r * cols, cols);
+    cpu::ref::dequantize_row(t, w.data() + static_cast<size_t>(r) * row_bytes(t, cols), out.data() + r * cols, cols);
   }
   return out;
 }
 
 // Largest |y - sum w x| / sum |w x| over all outputs, w = deq (optionally
 // rounded to wt), x as given; y [n, rows].
-double max_rel_err(const std::vector<float>& y, const std::vector<float>& deq,
-                   const std::vector<float>& x, int64_t n, int64_t rows, int64_t cols,
-                   DType wt = DType::kF32, const std::vector<float>* y0 = nullptr) {
+double max_rel_err(const std::vector<float>& y, const std::vector<float>& deq, const std::vector<float>& x, int64_t n,
+                   int64_t rows, int64_t cols, DType wt = DType::kF32, const std::vector<float>* y0 = nullptr) {
   double worst = 0;
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t r = 0; r < rows; ++r) {
       double s = y0 ? (*y0)[static_cast<size_t>(t * rows + r)] : 0.0, a = std::fabs(s);
       for (int64_t c = 0; c < cols; ++c) {
-        const double p = double(round_to(wt, deq[static_cast<size_t>(r * cols + c)])) *
-                         x[static_cast<size_t>(t * cols + c)];
+        const double p =
+            double(round_to(wt, deq[static_cast<size_t>(r * cols + c)])) * x[static_cast<size_t>(t * cols + c)];
         s += p;
         a += std::fabs(p);
       }
@@ -113,13 +111,11 @@ TEST(CudaQuant, EmbeddingGatherMatchesTheCpuReference) {
     const auto dw = upload(w);
     const auto di = upload(ids);
     auto d = poisoned(ids.size() * static_cast<size_t>(cols) * 4);
-    embed_rows_any(t, dw.data(), cols, di.as<int32_t>(), static_cast<int64_t>(ids.size()),
-                   d.as<float>(), nullptr);
+    embed_rows_any(t, dw.data(), cols, di.as<int32_t>(), static_cast<int64_t>(ids.size()), d.as<float>(), nullptr);
     const auto got = download<float>(d, ids.size() * static_cast<size_t>(cols));
     int64_t n_diff = 0;
     for (size_t i = 0; i < ids.size(); ++i)
-      for (int64_t c = 0; c < cols; ++c)
-        n_diff += got[i * cols + c] != ref[static_cast<size_t>(ids[i] * cols + c)];
+      for (int64_t c = 0; c < cols; ++c) n_diff += got[i * cols + c] != ref[static_cast<size_t>(ids[i] * cols + c)];
     EXPECT_EQ(n_diff, 0) << dtype_name(t);
   }
 }
@@ -129,28 +125,26 @@ TEST(CudaQuant, GemvMatchesTheCpuReferenceAndIsBatchInvariant) {
   for (DType t : kTypes) {
     double worst = 0;
     for (const Shape& s : shapes(t)) {
-      const auto w = cpu::testing::random_weight_rows(
-          t, s.rows, s.cols, 21 + static_cast<uint32_t>(t) + static_cast<uint32_t>(s.cols));
+      const auto w = cpu::testing::random_weight_rows(t, s.rows, s.cols,
+                                                      21 + static_cast<uint32_t>(t) + static_cast<uint32_t>(s.cols));
       const auto deq = dequant_ref(t, w, s.rows, s.cols);
       const auto dw = upload(w);
       for (DType xt : {DType::kF32, DType::kBF16}) {
         const int64_t n_max = 11;
-        auto x = testing::random_floats(static_cast<size_t>(n_max * s.cols),
-                                        5 + static_cast<uint32_t>(s.rows));
+        auto x = testing::random_floats(static_cast<size_t>(n_max * s.cols), 5 + static_cast<uint32_t>(s.rows));
         for (float& v : x) v = round_to(xt, v);
         const auto dx = upload(encode(xt, x));
         std::vector<float> alone;  // token t computed alone: [n_max, rows]
         for (int64_t t0 = 0; t0 < n_max; ++t0) {
           auto dy = poisoned(static_cast<size_t>(s.rows) * 4);
           const size_t es = xt == DType::kF32 ? 4 : 2;
-          quant_gemv(t, dw.data(), xt, dx.as<uint8_t>() + static_cast<size_t>(t0 * s.cols) * es, 1,
-                     s.rows, s.cols, dy.as<float>(), false, nullptr);
+          quant_gemv(t, dw.data(), xt, dx.as<uint8_t>() + static_cast<size_t>(t0 * s.cols) * es, 1, s.rows, s.cols,
+                     dy.as<float>(), false, nullptr);
           const auto y = download<float>(dy, static_cast<size_t>(s.rows));
           alone.insert(alone.end(), y.begin(), y.end());
         }
         const double e1 = max_rel_err(alone, deq, x, n_max, s.rows, s.cols);
-        EXPECT_LT(e1, 1e-5) << dtype_name(t) << " " << s.rows << "x" << s.cols << " x "
-                            << dtype_name(xt);
+        EXPECT_LT(e1, 1e-5) << dtype_name(t) << " " << s.rows << "x" << s.cols << " x " << dtype_name(xt);
         worst = std::max(worst, e1);
         for (int64_t n : {3, 8, 11}) {
           // accumulate = true onto known values; then the batch's rows vs alone.
@@ -161,8 +155,7 @@ TEST(CudaQuant, GemvMatchesTheCpuReferenceAndIsBatchInvariant) {
           const double e = max_rel_err(y, deq, x, n, s.rows, s.cols, DType::kF32, &y0);
           EXPECT_LT(e, 1e-5) << dtype_name(t) << " n=" << n;
           auto dz = poisoned(static_cast<size_t>(n * s.rows) * 4);
-          quant_gemv(t, dw.data(), xt, dx.data(), n, s.rows, s.cols, dz.as<float>(), false,
-                     nullptr);
+          quant_gemv(t, dw.data(), xt, dx.data(), n, s.rows, s.cols, dz.as<float>(), false, nullptr);
           const auto z = download<float>(dz, static_cast<size_t>(n * s.rows));
           int64_t n_diff = 0;
           for (size_t i = 0; i < z.size(); ++i) n_diff += std::memcmp(&z[i], &alone[i], 4) != 0;
@@ -171,8 +164,8 @@ TEST(CudaQuant, GemvMatchesTheCpuReferenceAndIsBatchInvariant) {
         }
       }
     }
-    std::printf("[ cuda quant ] %-5s gemv: max |y - ref| / sum|w x| = %.3g\n",
-                std::string(dtype_name(t)).c_str(), worst);
+    std::printf("[ cuda quant ] %-5s gemv: max |y - ref| / sum|w x| = %.3g\n", std::string(dtype_name(t)).c_str(),
+                worst);
   }
 }
 
@@ -185,14 +178,13 @@ TEST(CudaQuant, DequantizeThenGemmMatchesTheCpuReference) {
   for (DType t : kTypes) {
     double worst_path = 0, worst_exact = 0;
     for (const Shape& s : shapes(t)) {
-      const auto w = cpu::testing::random_weight_rows(
-          t, s.rows, s.cols, 31 + static_cast<uint32_t>(t) + static_cast<uint32_t>(s.cols));
+      const auto w = cpu::testing::random_weight_rows(t, s.rows, s.cols,
+                                                      31 + static_cast<uint32_t>(t) + static_cast<uint32_t>(s.cols));
       const auto deq = dequant_ref(t, w, s.rows, s.cols);
       const auto dw = upload(w);
       for (DType xt : {DType::kBF16, DType::kF32}) {
         for (int64_t n : {17, 40}) {
-          auto x =
-              testing::random_floats(static_cast<size_t>(n * s.cols), 3 + static_cast<uint32_t>(n));
+          auto x = testing::random_floats(static_cast<size_t>(n * s.cols), 3 + static_cast<uint32_t>(n));
           for (float& v : x) v = round_to(xt, v);
           const auto dx = upload(encode(xt, x));
           // Whole matrix, then row chunks of a third (at least one row).
@@ -204,16 +196,15 @@ TEST(CudaQuant, DequantizeThenGemmMatchesTheCpuReference) {
             QuantScratch scratch{sw.data(), w_elems, sy.as<float>(), n * chunk};
             const auto y0 = testing::random_floats(static_cast<size_t>(n * s.rows), 77);
             const auto dy = upload(y0);
-            const Status st_mm = quant_matmul(gemm, scratch, t, dw.data(), xt, dx.data(), n, s.rows,
-                                              s.cols, dy.as<float>(), true, st);
+            const Status st_mm =
+                quant_matmul(gemm, scratch, t, dw.data(), xt, dx.data(), n, s.rows, s.cols, dy.as<float>(), true, st);
             ASSERT_TRUE(st_mm.ok()) << st_mm.error().message;
             const auto y = download<float>(dy, static_cast<size_t>(n * s.rows));
             const double ep = max_rel_err(y, deq, x, n, s.rows, s.cols, xt, &y0);
             const double ee = max_rel_err(y, deq, x, n, s.rows, s.cols, DType::kF32, &y0);
-            EXPECT_LT(ep, 1e-5) << dtype_name(t) << " " << s.rows << "x" << s.cols << " n=" << n
-                                << " x " << dtype_name(xt) << " scratch " << w_elems;
-            EXPECT_LT(ee, xt == DType::kF32 ? 1e-5 : 4e-3)
-                << dtype_name(t) << " n=" << n << " " << dtype_name(xt);
+            EXPECT_LT(ep, 1e-5) << dtype_name(t) << " " << s.rows << "x" << s.cols << " n=" << n << " x "
+                                << dtype_name(xt) << " scratch " << w_elems;
+            EXPECT_LT(ee, xt == DType::kF32 ? 1e-5 : 4e-3) << dtype_name(t) << " n=" << n << " " << dtype_name(xt);
             worst_path = std::max(worst_path, ep);
             if (xt == DType::kBF16) worst_exact = std::max(worst_exact, ee);
           }
@@ -233,8 +224,8 @@ TEST(CudaQuant, TooSmallAScratchIsAnError) {
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
   Gemm gemm(**ctx);
   QuantScratch none;
-  const Status s = quant_matmul(gemm, none, DType::kQ4_0, nullptr, DType::kBF16, nullptr, 16, 64,
-                                64, nullptr, false, (*ctx)->stream());
+  const Status s = quant_matmul(gemm, none, DType::kQ4_0, nullptr, DType::kBF16, nullptr, 16, 64, 64, nullptr, false,
+                                (*ctx)->stream());
   EXPECT_FALSE(s.ok());
 }
 

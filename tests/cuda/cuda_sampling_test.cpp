@@ -26,11 +26,11 @@
 
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
+#include "cuda_test_util.h"
 #include "engine/sampler.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
-#include "cuda_test_util.h"
 
 namespace rill {
 namespace {
@@ -88,11 +88,20 @@ std::vector<DeviceSamplingParams> param_set(int64_t V) {
     d.min_p = m;
     return d;
   };
-  return {make(1.0f, 0, 1.0f, 0.0f),    make(0.7f, 50, 1.0f, 0.0f),   make(0.8f, 0, 0.9f, 0.0f),
-          make(1.0f, 0, 1.0f, 0.05f),   make(0.6f, 40, 0.95f, 0.02f), make(1.3f, 1000, 0.99f, 0.0f),
-          make(0.0f, 0, 1.0f, 0.0f),    make(0.9f, 1, 1.0f, 0.0f),    make(1.0f, 0, 0.0f, 0.0f),
-          make(1.0f, 0, 1.0f, 1.5f),    make(2.0f, static_cast<int32_t>(V - 1), 0.5f, 0.0f),
-          make(1e-3f, 0, 0.9f, 0.0f),   make(5.0f, 3, 1.0f, 0.0f),    make(0.5f, 0, 0.3f, 0.2f)};
+  return {make(1.0f, 0, 1.0f, 0.0f),
+          make(0.7f, 50, 1.0f, 0.0f),
+          make(0.8f, 0, 0.9f, 0.0f),
+          make(1.0f, 0, 1.0f, 0.05f),
+          make(0.6f, 40, 0.95f, 0.02f),
+          make(1.3f, 1000, 0.99f, 0.0f),
+          make(0.0f, 0, 1.0f, 0.0f),
+          make(0.9f, 1, 1.0f, 0.0f),
+          make(1.0f, 0, 0.0f, 0.0f),
+          make(1.0f, 0, 1.0f, 1.5f),
+          make(2.0f, static_cast<int32_t>(V - 1), 0.5f, 0.0f),
+          make(1e-3f, 0, 0.9f, 0.0f),
+          make(5.0f, 3, 1.0f, 0.0f),
+          make(0.5f, 0, 0.3f, 0.2f)};
 }
 
 TEST(CudaSampling, KeptSetsProbabilitiesAndDrawsMatchTheHost) {
@@ -341,7 +350,8 @@ TEST(CudaSampling, DISABLED_KernelTimes) {
       auto dp = upload(params);
       std::vector<float> t;
       for (int it = 0; it < 25; ++it) {
-        RILL_CUDA_CHECK(cudaMemcpy(work.data(), pristine.data(), static_cast<size_t>(B * V) * 4, cudaMemcpyDeviceToDevice));
+        RILL_CUDA_CHECK(
+            cudaMemcpy(work.data(), pristine.data(), static_cast<size_t>(B * V) * 4, cudaMemcpyDeviceToDevice));
         cudaEventRecord(e0);
         cuda::sample_rows(work.as<float>(), B, V, dp.as<DeviceSamplingParams>(), ids.as<int32_t>(), nullptr, nullptr);
         cudaEventRecord(e1);

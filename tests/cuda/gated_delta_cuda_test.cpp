@@ -155,9 +155,8 @@ class Harness {
 // and 6 into states 6 and 7. States 0-3: slots, 4-7: checkpoints.
 constexpr int32_t kStates = 8;
 std::vector<StepSeq> whole_step() {
-  return {{{0, 1, 2, 3, 4}, -1, 0, {{4, 5}}},
-          {{5}, 1, 1, {}},
-          {{6, 7, 8, 9, 10, 11, 12, 13, 14}, 4, 2, {{2, 6}, {6, 7}}}};
+  return {
+      {{0, 1, 2, 3, 4}, -1, 0, {{4, 5}}}, {{5}, 1, 1, {}}, {{6, 7, 8, 9, 10, 11, 12, 13, 14}, 4, 2, {{2, 6}, {6, 7}}}};
 }
 constexpr int64_t kTokens = 15;
 
@@ -282,8 +281,10 @@ TEST_P(GatedDeltaCuda, ConvAndRecurrenceMatchTheCpu) {
   for (float v : core) max_core = std::max(max_core, double(std::fabs(v)));
   // Slots 0-2 and checkpoints 5-7 were written; 3 and 4 keep their contents.
   const double e_states = max_abs_diff(gpu_states.data(), st.data(), st.size());
-  std::printf("[ cuda gdn ] dk %d dv %d, %d columns per warp: max |gpu - cpu| mixed %.3g g %.3g beta %.3g core %.3g "
-              "(max |core| %.3g) states %.3g\n", d.dk, d.dv, d.columns, e_mixed, e_g, e_beta, e_core, max_core, e_states);
+  std::printf(
+      "[ cuda gdn ] dk %d dv %d, %d columns per warp: max |gpu - cpu| mixed %.3g g %.3g beta %.3g core %.3g "
+      "(max |core| %.3g) states %.3g\n",
+      d.dk, d.dv, d.columns, e_mixed, e_g, e_beta, e_core, max_core, e_states);
   EXPECT_LT(e_mixed, 1e-5);
   EXPECT_LT(e_g, 1e-5);
   EXPECT_LT(e_beta, 1e-6);
@@ -308,9 +309,9 @@ TEST_P(GatedDeltaCuda, StepsOfAnySizeGiveBitIdenticalResults) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GatedDeltaCuda,
-                         ::testing::Values(Dims{2, 4, 16, 16, 4, 8}, Dims{2, 4, 40, 24, 4, 8}, Dims{1, 2, 128, 64, 3, 8},
-                                           Dims{2, 4, 16, 16, 4, 4}, Dims{2, 4, 40, 24, 4, 4},
-                                           Dims{1, 2, 128, 64, 3, 4}));
+                         ::testing::Values(Dims{2, 4, 16, 16, 4, 8}, Dims{2, 4, 40, 24, 4, 8},
+                                           Dims{1, 2, 128, 64, 3, 8}, Dims{2, 4, 16, 16, 4, 4},
+                                           Dims{2, 4, 40, 24, 4, 4}, Dims{1, 2, 128, 64, 3, 4}));
 
 // The gated RMSNorm and the sigmoid gate against their host formulas.
 TEST(GatedDeltaCudaOps, GatedNormAndSigmoidGate) {

@@ -31,12 +31,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/half.h"
+#include "cuda_model_test_util.h"
+#include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
-#include "cuda_model_test_util.h"
-#include "cuda_test_util.h"
 
 namespace rill {
 namespace {

@@ -102,10 +102,8 @@ class CudaQuantSmol : public ::testing::Test {
     auto tok = Tokenizer::from_gguf(*files_->gguf);
     ASSERT_TRUE(tok.ok()) << tok.error().message;
     for (const char* p : kPrompts) prompts_.push_back((*tok)->encode(p, true, false));
-    auto cpu =
-        create_model(builtin_registry(), infer_profile(*files_), files_, options(Device::kCpu));
-    auto gpu =
-        create_model(builtin_registry(), infer_profile(*files_), files_, options(Device::kCuda));
+    auto cpu = create_model(builtin_registry(), infer_profile(*files_), files_, options(Device::kCpu));
+    auto gpu = create_model(builtin_registry(), infer_profile(*files_), files_, options(Device::kCuda));
     ASSERT_TRUE(cpu.ok()) << cpu.error().message;
     ASSERT_TRUE(gpu.ok()) << gpu.error().message;
     cpu_ = std::move(cpu).value();
@@ -117,8 +115,7 @@ class CudaQuantSmol : public ::testing::Test {
       auto files = open_model_files(model_path());
       EXPECT_TRUE(files.ok());
       to_f32(**files, ref_store_);
-      auto ref =
-          create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCpu));
+      auto ref = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCpu));
       EXPECT_TRUE(ref.ok()) << ref.error().message;
       ref_ = std::move(ref).value();
     }
@@ -160,9 +157,7 @@ TEST_F(CudaQuantSmol, FirstStepLogitsMatchTheCpu) {
     EXPECT_LT(gr, 0.02 * scale) << "prompt " << p;
     EXPECT_LT(gr, cr) << "prompt " << p << ": the GPU is further from the reference than the CPU";
     EXPECT_LT(gc, 0.10 * scale) << "prompt " << p;
-    const auto top = [&](const std::vector<float>& l) {
-      return std::max_element(l.begin(), l.end()) - l.begin();
-    };
+    const auto top = [&](const std::vector<float>& l) { return std::max_element(l.begin(), l.end()) - l.begin(); };
     std::printf("[ cuda q4_1 ]   top-1 cpu %td gpu %td f32 %td\n", top(lc), top(lg), top(lr));
   }
 }
@@ -205,8 +200,8 @@ TEST_F(CudaQuantSmol, GreedyContinuationsMatchTheCpu) {
     EXPECT_LE(cpu_margin, noise) << "prompt " << p << ": not a near-tie at step " << k;
     EXPECT_LE(gpu_margin, noise) << "prompt " << p << ": not a near-tie at step " << k;
   }
-  std::printf("[ cuda q4_1 ] %d of %zu prompts: greedy identical over %d steps\n", n_identical,
-              prompts_.size(), kSteps);
+  std::printf("[ cuda q4_1 ] %d of %zu prompts: greedy identical over %d steps\n", n_identical, prompts_.size(),
+              kSteps);
 }
 
 // Decode logits of one sequence alone and beside two others (same KV).
@@ -225,15 +220,13 @@ TEST_F(CudaQuantSmol, DecodeRowIsBatchInvariant) {
   }
   const int32_t next[3] = {5, 6, 7};
   int32_t pos[3];
-  for (int s = 0; s < 3; ++s)
-    pos[s] = static_cast<int32_t>(prompts_[static_cast<size_t>(s)].size());
+  for (int s = 0; s < 3; ++s) pos[s] = static_cast<int32_t>(prompts_[static_cast<size_t>(s)].size());
   std::vector<float> alone(V), together(3 * V);
   b.clear();
   b.add_sequence(&next[0], 1, pos[0], true, tables[0]);
   ASSERT_TRUE(m.forward(b, alone.data()).ok());
   b.clear();
-  for (int s = 0; s < 3; ++s)
-    b.add_sequence(&next[s], 1, pos[s], true, tables[static_cast<size_t>(s)]);
+  for (int s = 0; s < 3; ++s) b.add_sequence(&next[s], 1, pos[s], true, tables[static_cast<size_t>(s)]);
   ASSERT_TRUE(m.forward(b, together.data()).ok());
   int n_diff = 0;
   for (int64_t i = 0; i < V; ++i) n_diff += alone[i] != together[i];

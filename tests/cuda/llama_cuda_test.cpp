@@ -26,12 +26,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/half.h"
+#include "cuda_model_test_util.h"
+#include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
-#include "cuda_model_test_util.h"
-#include "cuda_test_util.h"
 
 namespace rill {
 namespace {
@@ -162,7 +162,8 @@ INSTANTIATE_TEST_SUITE_P(LlamaFamily, CudaHf,
                                            "qwen3-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
                          });
 

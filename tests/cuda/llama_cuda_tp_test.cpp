@@ -26,13 +26,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/half.h"
+#include "cuda_model_test_util.h"
+#include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "model/tensor_parallel.h"
 #include "rill/engine.h"
-#include "cuda_model_test_util.h"
-#include "cuda_test_util.h"
 
 namespace rill {
 namespace {
@@ -97,8 +97,8 @@ TEST_P(CudaTp, LogitsAndGreedyMatchTransformersAndOneGpu) {
   const double vs_one = test::max_abs_diff(*lt, *l1);
   EXPECT_LT(max_err, 1e-3) << family_ << " N=" << n_ranks_ << ": max |logit - transformers| = " << max_err;
   EXPECT_LT(vs_one, 1e-3) << family_ << " N=" << n_ranks_;
-  std::printf("[ cuda tp ] %s N=%d: max |logit - transformers| = %.3g, max |N GPUs - 1 GPU| = %.3g\n",
-              family_.c_str(), n_ranks_, max_err, vs_one);
+  std::printf("[ cuda tp ] %s N=%d: max |logit - transformers| = %.3g, max |N GPUs - 1 GPU| = %.3g\n", family_.c_str(),
+              n_ranks_, max_err, vs_one);
 
   rt.reset();
   GenerationOptions go;
@@ -128,8 +128,8 @@ TEST_P(CudaTp, Bf16MatchesOneGpuWithinBf16Error) {
   for (float v : *l1) max_ref = std::max(max_ref, std::fabs(double(v)));
   const double err = test::max_abs_diff(*lt, *l1);
   EXPECT_LT(err, 0.03 * max_ref) << family_ << " N=" << n_ranks_;
-  std::printf("[ cuda tp bf16 ] %s N=%d: max |N GPUs - 1 GPU| = %.3g (max |logit| %.3g)\n", family_.c_str(),
-              n_ranks_, err, max_ref);
+  std::printf("[ cuda tp bf16 ] %s N=%d: max |N GPUs - 1 GPU| = %.3g (max |logit| %.3g)\n", family_.c_str(), n_ranks_,
+              err, max_ref);
 }
 
 // The tokens of `requests` (greedy unless sampled) through an engine over a
@@ -209,7 +209,8 @@ INSTANTIATE_TEST_SUITE_P(LlamaFamily, CudaTp,
                                             ::testing::Values(2, 4)),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_N" + std::to_string(std::get<1>(info.param));
-                           for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
                          });
 

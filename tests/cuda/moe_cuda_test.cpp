@@ -11,10 +11,10 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "loader/model_files.h"
-#include "model/registry.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
+#include "loader/model_files.h"
+#include "model/registry.h"
 
 namespace rill {
 namespace {
@@ -108,7 +108,8 @@ TEST_P(CudaMoeHf, DecodeAndPrefillAreBatchInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(MoeFamily, CudaMoeHf, ::testing::Values("mixtral", "qwen3-moe"), [](const auto& info) {
   std::string n = info.param;
-  for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
 });
 

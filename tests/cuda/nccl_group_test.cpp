@@ -26,8 +26,8 @@ int device_count() {
   return n;
 }
 
-#define REQUIRE_TWO_GPUS()                                        \
-  do {                                                            \
+#define REQUIRE_TWO_GPUS()                                          \
+  do {                                                              \
     if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices"; \
   } while (0)
 
@@ -90,8 +90,7 @@ TEST(NcclGroup, CollectivesMatchTheHost) {
     ASSERT_TRUE(c.all_gather(buf, kN, all).ok());
     ASSERT_TRUE(c.all_reduce_sum(buf, kN).ok());  // in stream order: after the gather read buf
     ASSERT_EQ(cudaMemcpyAsync(reduced[r].data(), buf, kN * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
-    ASSERT_EQ(cudaMemcpyAsync(gathered[r].data(), all, 2 * kN * sizeof(float), cudaMemcpyDeviceToHost, s),
-              cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(gathered[r].data(), all, 2 * kN * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
     ASSERT_EQ(cudaMemcpyAsync(buf, in[r].data(), kN * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
     ASSERT_TRUE(c.broadcast(buf, kN, 1).ok());
     ASSERT_EQ(cudaMemcpyAsync(broadcast[r].data(), buf, kN * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);

@@ -36,12 +36,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/half.h"
+#include "cuda_model_test_util.h"
+#include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
-#include "cuda_model_test_util.h"
-#include "cuda_test_util.h"
 
 namespace rill {
 namespace {
@@ -170,8 +170,10 @@ TEST_P(CudaHybrid, ChunkedPrefillGivesTheTokenByTokenState) {
     ASSERT_TRUE(m.forward(b, logits.data()).ok());
     got.insert(got.end(), logits.begin(), logits.end());
     const double e_state = test::max_abs_diff(state_of(m, 1), want), e_logits = test::max_abs_diff(got, whole);
-    std::printf("[ cuda gdn ] %s chunks of %d vs one step: max |state diff| %.3g (max |state| %.3g), max |logit diff| "
-                "%.3g\n", GetParam().c_str(), chunk, e_state, max_state, e_logits);
+    std::printf(
+        "[ cuda gdn ] %s chunks of %d vs one step: max |state diff| %.3g (max |state| %.3g), max |logit diff| "
+        "%.3g\n",
+        GetParam().c_str(), chunk, e_state, max_state, e_logits);
     EXPECT_LT(e_state, 1e-5 * std::max(1.0, max_state)) << "chunk " << chunk;
     EXPECT_LT(e_logits, 1e-4) << "chunk " << chunk;
   }
@@ -242,8 +244,8 @@ TEST_P(CudaHybrid, ResumingFromACheckpointMatchesTheColdRun) {
       const auto resumed = run(m, p, chunk, 2, from, ckpt, /*kv_slot=*/1);
       const std::vector<float> want(cold.begin() + static_cast<long>(from * V), cold.end());
       const double e = test::max_abs_diff(resumed, want);
-      std::printf("[ cuda gdn ] %s resume from %d in steps of %d: max |logit - cold| %.3g%s\n", GetParam().c_str(), from,
-                  chunk, e, resumed == want ? " (bit for bit)" : "");
+      std::printf("[ cuda gdn ] %s resume from %d in steps of %d: max |logit - cold| %.3g%s\n", GetParam().c_str(),
+                  from, chunk, e, resumed == want ? " (bit for bit)" : "");
       EXPECT_LT(e, chunk == 48 ? 1e-5 : 1e-4) << "from " << from << ", steps of " << chunk;
     }
   }
@@ -301,7 +303,8 @@ TEST_P(CudaHybrid, EngineOnTheDeviceGivesGoldenTokensAndResumesPrefixes) {
     hs.push_back(std::move(h).value());
   }
   for (int32_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(collect(hs[static_cast<size_t>(i)]), std::vector<int32_t>(g_.greedy_ids.begin(), g_.greedy_ids.begin() + (n - i)))
+    EXPECT_EQ(collect(hs[static_cast<size_t>(i)]),
+              std::vector<int32_t>(g_.greedy_ids.begin(), g_.greedy_ids.begin() + (n - i)))
         << "request " << i;
   }
   // A 47-token prompt, then one extending it: the second resumes at the
@@ -362,7 +365,8 @@ TEST_P(CudaHybrid, Bf16WeightsMatchTheCpuWithinBf16Error) {
 
 INSTANTIATE_TEST_SUITE_P(Hybrid, CudaHybrid, ::testing::Values("qwen3_5", "qwen3-next"), [](const auto& info) {
   std::string n = info.param;
-  for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
 });
 

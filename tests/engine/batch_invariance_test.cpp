@@ -185,9 +185,9 @@ TEST(DefaultModelTraffic, LongConcurrentPreemptedAndCachedRunsMatchAlone) {
   const TrafficRun batched = run_traffic(e, prompts, all, /*concurrent=*/true, 2, kTokens);
   EXPECT_GT(e.stats().preemptions, preempted_before) << "the pool was meant to force preemption";
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(batched.ids[i], alone.ids[i]) << "prompt " << i << " (" << (i % 2 ? "seeded" : "greedy") << ", "
-                                            << batched.preemptions[i] << " preemptions): first difference at token "
-                                            << first_difference(batched.ids[i], alone.ids[i]);
+    EXPECT_EQ(batched.ids[i], alone.ids[i])
+        << "prompt " << i << " (" << (i % 2 ? "seeded" : "greedy") << ", " << batched.preemptions[i]
+        << " preemptions): first difference at token " << first_difference(batched.ids[i], alone.ids[i]);
   }
   for (size_t i : {1u, 2u}) {
     const int64_t cached_before = e.stats().cached_tokens;

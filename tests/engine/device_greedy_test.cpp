@@ -17,7 +17,7 @@ namespace {
 using testing::FakeModel;
 
 struct Outcome {
-  std::vector<std::vector<int32_t>> ids;         // per request
+  std::vector<std::vector<int32_t>> ids;  // per request
   std::vector<std::vector<SampledToken>> logprobs;
   int n_greedy_calls = 0, n_logit_calls = 0;
 };

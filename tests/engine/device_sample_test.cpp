@@ -66,10 +66,17 @@ GenerationRequest seeded(int32_t salt, int32_t max_tokens) {
   r.sampling.temperature = 1.5f + 0.5f * static_cast<float>(salt % 4);  // FakeModel's top logits are ~1 apart
   r.sampling.seed = 1000 + static_cast<uint64_t>(salt);
   switch (salt % 4) {
-    case 1: r.sampling.top_k = 5; break;
-    case 2: r.sampling.top_p = 0.8f; break;
-    case 3: r.sampling.top_k = 20, r.sampling.top_p = 0.9f, r.sampling.min_p = 0.05f; break;
-    default: break;
+    case 1:
+      r.sampling.top_k = 5;
+      break;
+    case 2:
+      r.sampling.top_p = 0.8f;
+      break;
+    case 3:
+      r.sampling.top_k = 20, r.sampling.top_p = 0.9f, r.sampling.min_p = 0.05f;
+      break;
+    default:
+      break;
   }
   return r;
 }
@@ -134,8 +141,10 @@ TEST(DeviceSample, KeptBoundIsTheFiltersPrefixOfTheRanking) {
     for (float x : l) mx = std::max(mx, x);
     const float inv_t = 1.0f / p.temperature;
     std::vector<std::pair<float, int32_t>> c;
-    for (int64_t i = 0; i < V; ++i) c.emplace_back(sampling_prob(l[static_cast<size_t>(i)], mx, inv_t), static_cast<int32_t>(i));
-    std::sort(c.begin(), c.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    for (int64_t i = 0; i < V; ++i)
+      c.emplace_back(sampling_prob(l[static_cast<size_t>(i)], mx, inv_t), static_cast<int32_t>(i));
+    std::sort(c.begin(), c.end(),
+              [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
     size_t n = c.size();
     if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) n = static_cast<size_t>(p.top_k);
     if (p.top_p < 1.0f) {

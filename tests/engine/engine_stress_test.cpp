@@ -102,7 +102,8 @@ TEST(EngineStress, RandomRequestsCancellationsAndPreemptionOnATinyPool) {
       EXPECT_EQ(o.ids, ref) << "request " << i;
     }
   }
-  for (int t = 0; t < 200 && e.stats().kv_blocks_used != 0; ++t) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int t = 0; t < 200 && e.stats().kv_blocks_used != 0; ++t)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const EngineStats s = e.stats();
   EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
   EXPECT_EQ(s.kv_blocks_used, 0);

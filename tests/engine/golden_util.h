@@ -27,7 +27,9 @@ inline std::string hf_golden_dir(const std::string& family) {
   return std::string(env ? env : RILL_SHARED_DIR) + "/goldens/hf/" + family;
 }
 
-inline bool has_hf_golden(const std::string& dir) { return std::filesystem::exists(dir + "/golden.json"); }
+inline bool has_hf_golden(const std::string& dir) {
+  return std::filesystem::exists(dir + "/golden.json");
+}
 
 // golden.json as tools/make_hf_goldens.py writes it: the prompt's ids, the
 // logits transformers gives at every prompt position, its greedy
@@ -56,7 +58,8 @@ inline double max_golden_error(const std::vector<float>& logits, const HfGolden&
   double m = 0;
   for (size_t t = 0; t < n; ++t) {
     EXPECT_EQ(g.logits[t].size(), V) << "golden row " << t;
-    for (size_t i = 0; i < V && i < g.logits[t].size(); ++i) m = std::max(m, std::fabs(double(logits[t * V + i]) - g.logits[t][i]));
+    for (size_t i = 0; i < V && i < g.logits[t].size(); ++i)
+      m = std::max(m, std::fabs(double(logits[t * V + i]) - g.logits[t][i]));
   }
   return m;
 }

@@ -51,7 +51,8 @@ INSTANTIATE_TEST_SUITE_P(LlamaFamily, HfParity,
                          ::testing::Values("llama", "llama3-tied", "mistral-swa", "qwen2", "qwen3"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
                          });
 

@@ -222,7 +222,8 @@ TEST_P(HybridEngine, SequenceRunnerContinuesOrRestartsTheState) {
 
 INSTANTIATE_TEST_SUITE_P(Hybrid, HybridEngine, ::testing::Values("qwen3_5", "qwen3-next"), [](const auto& info) {
   std::string n = info.param;
-  for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
 });
 

@@ -123,8 +123,8 @@ TEST_P(HybridGguf, LogitsMatchLlamaCppAndTransformersGreedyIdsToo) {
     EXPECT_LT(vs_llamacpp, 1e-4) << c.name << " chunk " << chunk << ": max |rill - llama.cpp| = " << vs_llamacpp;
     EXPECT_LT(vs_transformers, 1e-3) << c.name << " chunk " << chunk
                                      << ": max |rill - transformers| = " << vs_transformers;
-    std::printf("%s.gguf, prefill chunk %d: max |logit diff| vs llama.cpp %.2e, vs transformers %.2e\n",
-                c.name.c_str(), chunk, vs_llamacpp, vs_transformers);
+    std::printf("%s.gguf, prefill chunk %d: max |logit diff| vs llama.cpp %.2e, vs transformers %.2e\n", c.name.c_str(),
+                chunk, vs_llamacpp, vs_transformers);
 
     runner.reset();
     GenerationOptions go;

@@ -35,8 +35,8 @@ const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
 struct TmpDir {
   fs::path path;
   TmpDir() {
-    path = fs::temp_directory_path() / ("rill_tiers_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(std::random_device{}()));
+    path = fs::temp_directory_path() /
+           ("rill_tiers_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
   }
   ~TmpDir() { fs::remove_all(path); }
 };
@@ -193,9 +193,13 @@ TEST(KvTiers, DiskPrefixSurvivesARestartF16Kv) {
   disk_round_trip(kSmol, 49152, 100, 96);
 }
 
-TEST(KvTiers, DiskPrefixSurvivesARestartF32Kv) { disk_round_trip(kGoldens + "llama", 512, 40, 32); }
+TEST(KvTiers, DiskPrefixSurvivesARestartF32Kv) {
+  disk_round_trip(kGoldens + "llama", 512, 40, 32);
+}
 
-TEST(KvTiers, DiskPrefixSurvivesARestartSlidingWindow) { disk_round_trip(kGoldens + "mistral-swa", 512, 40, 32); }
+TEST(KvTiers, DiskPrefixSurvivesARestartSlidingWindow) {
+  disk_round_trip(kGoldens + "mistral-swa", 512, 40, 32);
+}
 
 // mistral-swa: every layer slides (window 8, f32 KV rows of 128 bytes, 3
 // layers). A 401-token prompt's run holds 25 blocks of tokens, but its layers
@@ -308,8 +312,12 @@ TEST(KvTiers, SlidingWindowDiskRunResumesOnlyWhereItHoldsTheWindow) {
 }
 
 // Gemma: a sliding group (window 8) and a full group; a run holds both.
-TEST(KvTiers, DiskPrefixSurvivesARestartGemma2TwoGroups) { disk_round_trip(kGoldens + "gemma2", 512, 40, 32); }
-TEST(KvTiers, DiskPrefixSurvivesARestartGemma3TwoGroups) { disk_round_trip(kGoldens + "gemma3", 512, 70, 64); }
+TEST(KvTiers, DiskPrefixSurvivesARestartGemma2TwoGroups) {
+  disk_round_trip(kGoldens + "gemma2", 512, 40, 32);
+}
+TEST(KvTiers, DiskPrefixSurvivesARestartGemma3TwoGroups) {
+  disk_round_trip(kGoldens + "gemma3", 512, 70, 64);
+}
 
 // A two-group prefix evicted from the device cache comes back from RAM. The
 // sliding group gives its oldest blocks back first, so its chain is evicted
@@ -373,8 +381,12 @@ TEST(KvTiers, RunsTheRamTierEvictsGoToDiskAndComeBack) {
 
 // Hybrids (linear attention + full attention): a run also holds the
 // recurrent state checkpoint at its last block boundary.
-TEST(KvTiers, DiskPrefixSurvivesARestartQwen35Hybrid) { disk_round_trip(kGoldens + "qwen3_5", 512, 40, 32); }
-TEST(KvTiers, DiskPrefixSurvivesARestartQwen3NextHybrid) { disk_round_trip(kGoldens + "qwen3-next", 512, 70, 64); }
+TEST(KvTiers, DiskPrefixSurvivesARestartQwen35Hybrid) {
+  disk_round_trip(kGoldens + "qwen3_5", 512, 40, 32);
+}
+TEST(KvTiers, DiskPrefixSurvivesARestartQwen3NextHybrid) {
+  disk_round_trip(kGoldens + "qwen3-next", 512, 70, 64);
+}
 
 TEST(KvTiers, EvictedHybridPrefixComesBackFromTheRamTier) {
   EngineOptions o;

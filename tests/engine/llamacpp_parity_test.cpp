@@ -54,8 +54,7 @@ class LlamaCppParity : public ::testing::Test {
   void SetUp() override {
     if (!model_) GTEST_SKIP() << kModel << " not found (run scripts/setup.sh)";
     if (cpu::best_isa() != cpu::Isa::kAvx512) {
-      GTEST_SKIP() << "the llama.cpp goldens were made on AVX-512; this CPU path is "
-                   << cpu::isa_name(cpu::best_isa());
+      GTEST_SKIP() << "the llama.cpp goldens were made on AVX-512; this CPU path is " << cpu::isa_name(cpu::best_isa());
     }
   }
   static Model* model_;
@@ -82,8 +81,8 @@ TEST_F(LlamaCppParity, GreedyIdsMatchOnEveryPrompt) {
            got->ids[first_diff] == expected[first_diff]) {
       ++first_diff;
     }
-    EXPECT_EQ(got->ids, expected) << p["name"].get<std::string>() << ": first difference at step "
-                                  << first_diff << " (llama.cpp margin there: "
+    EXPECT_EQ(got->ids, expected) << p["name"].get<std::string>() << ": first difference at step " << first_diff
+                                  << " (llama.cpp margin there: "
                                   << (first_diff < p["steps"].size() ? p["steps"][first_diff]["margin"].dump() : "-")
                                   << ")";
     ++n_prompts;

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "engine/sequence_runner.h"
+#include "golden_util.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
-#include "golden_util.h"
 #include "rill/engine.h"
 
 namespace rill {
@@ -104,12 +104,12 @@ TEST_P(MoeParity, EngineTokensAreTheSameAloneAndBatched) {
   EXPECT_EQ(e.stats().integrity_errors, 0) << e.stats().last_integrity_error;
 }
 
-INSTANTIATE_TEST_SUITE_P(MoeFamilies, MoeParity, ::testing::Values("mixtral", "qwen3-moe"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(MoeFamilies, MoeParity, ::testing::Values("mixtral", "qwen3-moe"), [](const auto& info) {
+  std::string n = info.param;
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+});
 
 }  // namespace
 }  // namespace rill

@@ -23,7 +23,9 @@ namespace {
 const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
 constexpr uint32_t kGgmlF32 = 0;
 
-std::vector<uint8_t> bytes_of(const TensorRef& t) { return {t.data, t.data + t.n_bytes}; }
+std::vector<uint8_t> bytes_of(const TensorRef& t) {
+  return {t.data, t.data + t.n_bytes};
+}
 
 // Rows of q or k reordered per head as llama.cpp's converter does for
 // "llama" files: row h*hd + 2i + j takes row h*hd + j*hd/2 + i.
@@ -92,8 +94,8 @@ std::string convert(const ModelFiles& hf, bool mixtral) {
     }
     add_as(b + "ffn_norm.weight", p + "post_attention_layernorm.weight");
     add_as(b + "ffn_gate_inp.weight", p + moe + "gate.weight");
-    for (auto [gguf, proj] : {std::pair{"ffn_gate_exps.weight", gate}, {"ffn_up_exps.weight", up},
-                              {"ffn_down_exps.weight", down}}) {
+    for (auto [gguf, proj] :
+         {std::pair{"ffn_gate_exps.weight", gate}, {"ffn_up_exps.weight", up}, {"ffn_down_exps.weight", down}}) {
       TensorRef stacked;
       std::vector<uint8_t> data;
       for (int64_t e = 0; e < c.n_expert; ++e) {
@@ -159,12 +161,12 @@ TEST_P(MoeGguf, ConvertedFileMatchesTransformers) {
   std::filesystem::remove(path);
 }
 
-INSTANTIATE_TEST_SUITE_P(MoeFamilies, MoeGguf, ::testing::Values("mixtral", "qwen3-moe"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(MoeFamilies, MoeGguf, ::testing::Values("mixtral", "qwen3-moe"), [](const auto& info) {
+  std::string n = info.param;
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+});
 
 }  // namespace
 }  // namespace rill

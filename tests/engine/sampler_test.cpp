@@ -13,7 +13,9 @@
 namespace rill {
 namespace {
 
-std::vector<float> logits_of(std::initializer_list<float> v) { return std::vector<float>(v); }
+std::vector<float> logits_of(std::initializer_list<float> v) {
+  return std::vector<float>(v);
+}
 
 TEST(Sampler, GreedyTakesTheArgmaxAndTheLowestIdOnTies) {
   SamplingParams p;
@@ -42,8 +44,10 @@ TEST(Sampler, ArgmaxEqualsTheScalarScanOnTiesNansInfinitiesAndTails) {
     const int kind = trial % 5;
     for (auto& v : x) {
       const uint32_t r = rng() % 100;
-      if (kind == 0) v = static_cast<float>(static_cast<int>(rng() % 7) - 3);  // many ties
-      else v = std::uniform_real_distribution<float>(-5, 5)(rng);
+      if (kind == 0)
+        v = static_cast<float>(static_cast<int>(rng() % 7) - 3);  // many ties
+      else
+        v = std::uniform_real_distribution<float>(-5, 5)(rng);
       if (kind >= 2 && r < 5) v = nan;
       if (kind >= 3 && r >= 95) v = r % 2 ? inf : -inf;
       if (kind == 4 && r >= 90 && r < 95) v = r % 2 ? 0.0f : -0.0f;

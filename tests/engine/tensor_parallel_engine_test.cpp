@@ -46,7 +46,9 @@ struct Case {
   std::string family;
   int n_ranks;
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << c.family << " N=" << c.n_ranks; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.family << " N=" << c.n_ranks;
+}
 
 class TensorParallelEngine : public ::testing::TestWithParam<Case> {};
 
@@ -81,7 +83,8 @@ INSTANTIATE_TEST_SUITE_P(Families, TensorParallelEngine,
                                            Case{"mixtral", 4}),
                          [](const auto& info) {
                            std::string n = info.param.family + "_N" + std::to_string(info.param.n_ranks);
-                           for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
                          });
 

@@ -31,7 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto& r = std::get<openai::ChatRequest>(request);
   FUZZ_CHECK(r.common.n >= 1 && r.common.n <= limits.max_n);
   FUZZ_CHECK(r.common.generation.max_tokens >= 0 && r.common.generation.max_tokens <= limits.max_tokens_cap);
-  for (const auto& [id, bias] : r.common.logit_bias) FUZZ_CHECK(id >= 0 && id < limits.n_vocab && bias >= -100 && bias <= 100);
+  for (const auto& [id, bias] : r.common.logit_bias)
+    FUZZ_CHECK(id >= 0 && id < limits.n_vocab && bias >= -100 && bias <= 100);
   FUZZ_CHECK(r.input.tools.is_null() || (r.input.tools.is_array() && !r.input.tools.empty()));
   (void)openai::json_text(r.input.messages);
   (void)openai::json_text(r.input.template_kwargs);

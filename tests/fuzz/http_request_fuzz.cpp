@@ -5,10 +5,10 @@
 // refusal is one of the framing statuses; a buffer past its cap is refused;
 // an accepted request's body stays within the body limit; keep-alive
 // requests on one connection parse one after another.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string_view>
@@ -27,7 +27,9 @@ namespace {
     }                                                                        \
   } while (0)
 
-bool framing_status(int s) { return s == 400 || s == 413 || s == 417 || s == 431 || s == 501; }
+bool framing_status(int s) {
+  return s == 400 || s == 413 || s == 417 || s == 431 || s == 501;
+}
 
 }  // namespace
 

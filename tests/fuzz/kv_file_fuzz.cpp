@@ -39,8 +39,12 @@ void check(std::span<const uint8_t> prefix, uint64_t file_size) {
   (void)rill::kv_identity_mismatch(rill::KvFileIdentity{}, header->identity);
 }
 
-void put_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }  // x86-64: little-endian
-void put_u64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+void put_u32(uint8_t* p, uint32_t v) {
+  std::memcpy(p, &v, 4);
+}  // x86-64: little-endian
+void put_u64(uint8_t* p, uint64_t v) {
+  std::memcpy(p, &v, 8);
+}
 
 }  // namespace
 
@@ -50,8 +54,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   check(in, uint64_t{1} << 40);  // a prefix of a (claimed) 1 TiB file
   if (size > 0 && size < (1u << 20) && data[0] == '{') {
     // Framed as a header: the data start is the first aligned offset after it.
-    const uint64_t data_start = (kFixedBytes + size + rill::kKvFileAlignment - 1) / rill::kKvFileAlignment *
-                                rill::kKvFileAlignment;
+    const uint64_t data_start =
+        (kFixedBytes + size + rill::kKvFileAlignment - 1) / rill::kKvFileAlignment * rill::kKvFileAlignment;
     std::vector<uint8_t> file(kFixedBytes + size);
     std::memcpy(file.data(), "RILLKV2\n", 8);
     put_u32(file.data() + 8, static_cast<uint32_t>(size));

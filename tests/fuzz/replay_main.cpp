@@ -34,12 +34,16 @@ int main(int argc, char** argv) {
     for (int m = 0; m < n_mutations; ++m) {
       std::vector<uint8_t> buf = seed;
       switch (m % 4) {
-        case 0: buf.resize(rng() % buf.size()); break;                    // truncate
-        case 1: buf[rng() % buf.size()] ^= uint8_t(1u << (rng() % 8)); break;  // flip a bit
-        case 2:                                                             // overwrite bytes
+        case 0:
+          buf.resize(rng() % buf.size());
+          break;  // truncate
+        case 1:
+          buf[rng() % buf.size()] ^= uint8_t(1u << (rng() % 8));
+          break;  // flip a bit
+        case 2:   // overwrite bytes
           for (int k = 0; k < 4; ++k) buf[rng() % buf.size()] = uint8_t(rng());
           break;
-        case 3: {                                                           // write a large int
+        case 3: {  // write a large int
           size_t at = rng() % buf.size();
           for (size_t k = 0; k < 8 && at + k < buf.size(); ++k) buf[at + k] = k < 4 ? 0xff : 0x7f;
           break;

@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/errors.h"
 #include "core/json_parse.h"
+#include "server/errors.h"
 
 #define FUZZ_CHECK(cond)                                                     \
   do {                                                                       \

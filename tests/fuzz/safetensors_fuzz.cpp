@@ -16,8 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       sink = sink ^ t.data[0] ^ t.data[t.n_bytes - 1];
     }
   }
-  auto index = rill::parse_safetensors_index(std::string(reinterpret_cast<const char*>(data), size),
-                                             "fuzz.index.json");
+  auto index = rill::parse_safetensors_index(std::string(reinterpret_cast<const char*>(data), size), "fuzz.index.json");
   (void)index.ok();
   return 0;
 }

@@ -47,9 +47,8 @@ json byte_level_json() {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
   const std::vector<std::pair<std::string, std::string>> pairs = {
-      {"Ġ", "t"}, {"h", "e"}, {"Ġt", "he"}, {"i", "n"},   {"Ġ", "a"}, {"e", "r"},
-      {"o", "n"}, {"r", "e"}, {"Ġ", "Ġ"},   {"ĠĠ", "ĠĠ"}, {"Ċ", "Ċ"}, {"in", "g"},
-      {"Ġ", "s"}, {"a", "n"}, {"Ã", "©"},   {"1", "2"}};
+      {"Ġ", "t"}, {"h", "e"},   {"Ġt", "he"}, {"i", "n"},  {"Ġ", "a"}, {"e", "r"}, {"o", "n"}, {"r", "e"},
+      {"Ġ", "Ġ"}, {"ĠĠ", "ĠĠ"}, {"Ċ", "Ċ"},   {"in", "g"}, {"Ġ", "s"}, {"a", "n"}, {"Ã", "©"}, {"1", "2"}};
   json merges = json::array();
   int next = 256;
   for (const auto& [a, b] : pairs) {
@@ -86,26 +85,17 @@ json byte_level_json() {
       {"pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
-         json::array(
-             {{{"type", "Split"},
-               {"pattern", {{"Regex", regex}}},
-               {"behavior", "Isolated"},
-               {"invert", false}},
-              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
+         json::array({{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+                      {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
       {"post_processor",
        {{"type", "TemplateProcessing"},
         {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
                                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
         {"special_tokens",
-         {{"<s>",
-           {{"id", "<s>"}, {"ids", json::array({next})}, {"tokens", json::array({"<s>"})}}}}}}},
+         {{"<s>", {{"id", "<s>"}, {"ids", json::array({next})}, {"tokens", json::array({"<s>"})}}}}}}},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model",
-       {{"type", "BPE"},
-        {"ignore_merges", true},
-        {"byte_fallback", false},
-        {"vocab", vocab},
-        {"merges", merges}}},
+       {{"type", "BPE"}, {"ignore_merges", true}, {"byte_fallback", false}, {"vocab", vocab}, {"merges", merges}}},
   };
 }
 
@@ -114,8 +104,7 @@ json sentencepiece_json() {
   json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
   int next = 3;
   char name[8];
-  for (int b = 0; b < 256; ++b)
-    std::snprintf(name, sizeof(name), "<0x%02X>", b), vocab[name] = next++;
+  for (int b = 0; b < 256; ++b) std::snprintf(name, sizeof(name), "<0x%02X>", b), vocab[name] = next++;
   for (const char* t : {"a", "b", "c", "e", "h", "t", "\xC3\xA9"}) vocab[t] = next++;
   vocab[ws] = next++;
   json merges = json::array();
@@ -143,18 +132,16 @@ json sentencepiece_json() {
       {"added_tokens", added},
       {"normalizer",
        {{"type", "Sequence"},
-        {"normalizers",
-         json::array({{{"type", "Prepend"}, {"prepend", ws}},
-                      {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", ws}}})}}},
+        {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", ws}},
+                                     {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", ws}}})}}},
       {"pre_tokenizer", nullptr},
       {"post_processor", nullptr},
       {"decoder",
        {{"type", "Sequence"},
-        {"decoders",
-         json::array({{{"type", "Replace"}, {"pattern", {{"String", ws}}}, {"content", " "}},
-                      {{"type", "ByteFallback"}},
-                      {{"type", "Fuse"}},
-                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+        {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", ws}}}, {"content", " "}},
+                                  {{"type", "ByteFallback"}},
+                                  {{"type", "Fuse"}},
+                                  {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
       {"model",
        {{"type", "BPE"},
         {"byte_fallback", true},
@@ -168,9 +155,7 @@ json sentencepiece_json() {
 // A GGUF image with only tokenizer metadata (SPM vocabulary with scores).
 std::vector<uint8_t> spm_gguf() {
   std::vector<uint8_t> out;
-  auto put = [&](const void* p, size_t n) {
-    out.insert(out.end(), (const uint8_t*)p, (const uint8_t*)p + n);
-  };
+  auto put = [&](const void* p, size_t n) { out.insert(out.end(), (const uint8_t*)p, (const uint8_t*)p + n); };
   auto u32 = [&](uint32_t x) { put(&x, 4); };
   auto u64 = [&](uint64_t x) { put(&x, 8); };
   auto str = [&](const std::string& s) { u64(s.size()), put(s.data(), s.size()); };
@@ -180,9 +165,9 @@ std::vector<uint8_t> spm_gguf() {
   for (int b = 0; b < 256; ++b)
     std::snprintf(name, sizeof(name), "<0x%02X>", b), tokens.push_back(name), types.push_back(6);
   const std::string ws = "\xE2\x96\x81";
-  for (const std::string& t : {ws, std::string("a"), std::string("b"), std::string("t"),
-                               std::string("h"), std::string("e"), ws + "t", std::string("he"),
-                               ws + "the", ws + "a", std::string("ab"), ws + ws}) {
+  for (const std::string& t :
+       {ws, std::string("a"), std::string("b"), std::string("t"), std::string("h"), std::string("e"), ws + "t",
+        std::string("he"), ws + "the", ws + "a", std::string("ab"), ws + ws}) {
     tokens.push_back(t), types.push_back(1);
   }
   tokens.push_back("<user>"), types.push_back(4);
@@ -221,11 +206,9 @@ struct Tokenizers {
     t[1] = load_json(sentencepiece_json());
     const std::vector<uint8_t> image = spm_gguf();
     auto gguf = rill::GgufFile::parse(image.data(), image.size(), "fuzz.gguf");
-    if (!gguf.ok())
-      std::fprintf(stderr, "fuzz setup: %s\n", gguf.error().message.c_str()), std::abort();
+    if (!gguf.ok()) std::fprintf(stderr, "fuzz setup: %s\n", gguf.error().message.c_str()), std::abort();
     auto spm = rill::Tokenizer::from_gguf(*gguf.value());
-    if (!spm.ok())
-      std::fprintf(stderr, "fuzz setup: %s\n", spm.error().message.c_str()), std::abort();
+    if (!spm.ok()) std::fprintf(stderr, "fuzz setup: %s\n", spm.error().message.c_str()), std::abort();
     t[2] = std::move(spm).value();
   }
 };

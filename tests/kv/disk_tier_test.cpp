@@ -25,8 +25,8 @@ constexpr uint64_t kNs = 77;
 struct TmpDir {
   fs::path path;
   TmpDir() {
-    path = fs::temp_directory_path() / ("rill_disktier_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(std::random_device{}()));
+    path = fs::temp_directory_path() /
+           ("rill_disktier_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
   }
   ~TmpDir() { fs::remove_all(path); }
 };

@@ -24,8 +24,8 @@ constexpr uint64_t kNs = 5;
 struct TmpDir {
   fs::path path;
   TmpDir() {
-    path = fs::temp_directory_path() / ("rill_diskwriter_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(std::random_device{}()));
+    path = fs::temp_directory_path() /
+           ("rill_diskwriter_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
   }
   ~TmpDir() { fs::remove_all(path); }
 };
@@ -88,7 +88,7 @@ TEST(DiskWriter, AFailedWriteIsAnErrorNamingTheFile) {
   TmpDir dir;
   auto tier = DiskTier::open(options(dir.path));
   ASSERT_TRUE(tier.ok());
-  DiskWriter w(**tier, 0);  // every push waits for the previous write
+  DiskWriter w(**tier, 0);   // every push waits for the previous write
   fs::remove_all(dir.path);  // the directory is gone: the write fails
   w.push(make_run(2, 1));
   const auto errors = w.flush();

@@ -21,8 +21,8 @@ namespace fs = std::filesystem;
 struct TmpDir {
   fs::path path;
   TmpDir() {
-    path = fs::temp_directory_path() / ("rill_kvdir_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(std::random_device{}()));
+    path = fs::temp_directory_path() /
+           ("rill_kvdir_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
     fs::create_directories(path);
   }
   ~TmpDir() { fs::remove_all(path); }
@@ -40,7 +40,9 @@ void write_run(const fs::path& path) {
   ASSERT_TRUE(st.ok()) << st.error().message;
 }
 
-void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 TEST(KvDir, LockExcludesASecondOwner) {
   TmpDir dir;

@@ -25,14 +25,16 @@ namespace fs = std::filesystem;
 struct TmpDir {
   fs::path path;
   TmpDir() {
-    path = fs::temp_directory_path() / ("rill_kvfile_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(std::random_device{}()));
+    path = fs::temp_directory_path() /
+           ("rill_kvfile_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
     fs::create_directories(path);
   }
   ~TmpDir() { fs::remove_all(path); }
 };
 
-KvFileIdentity identity() { return {"model-abc", "config-123", 0x1122334455667788ull, 0x99aabbccddeeff00ull}; }
+KvFileIdentity identity() {
+  return {"model-abc", "config-123", 0x1122334455667788ull, 0x99aabbccddeeff00ull};
+}
 
 std::vector<uint8_t> bytes(size_t n, uint32_t seed) {
   std::vector<uint8_t> b(n);

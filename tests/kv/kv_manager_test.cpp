@@ -142,8 +142,8 @@ TEST(KvManager, SlidingGroupsPunchHolesAndResumeFromTheCache) {
     ASSERT_TRUE(r.kv.commit_full_blocks(1, std::span(toks).first(len)).ok());
     r.expect_ok();
   }
-  EXPECT_EQ(r.kv.block_table(1, 0), (std::vector<int32_t>{-1, -1, -1, -1, r.kv.block_table(1, 0)[4],
-                                                         r.kv.block_table(1, 0)[5]}));
+  EXPECT_EQ(r.kv.block_table(1, 0),
+            (std::vector<int32_t>{-1, -1, -1, -1, r.kv.block_table(1, 0)[4], r.kv.block_table(1, 0)[5]}));
   EXPECT_EQ(r.pool.n_used(), 2 + 6);
   // Every block was committed before it left the window.
   EXPECT_EQ(r.kv.preempt(1), 12);
@@ -351,7 +351,7 @@ void random_run(KvSpec spec, uint32_t seed) {
   };
   std::vector<std::vector<int32_t>> prefixes;
   for (int32_t k = 0; k < 3; ++k) prefixes.push_back(iota(6, 100 * k));
-  std::map<int64_t, std::vector<int32_t>> live;  // seq -> all tokens (length() of them appended)
+  std::map<int64_t, std::vector<int32_t>> live;                       // seq -> all tokens (length() of them appended)
   std::map<std::pair<size_t, int32_t>, std::vector<int32_t>> shadow;  // (group, block) -> committed tokens
   const int32_t bs = r.pool.block_size();
   int64_t next_seq = 0;
@@ -425,7 +425,8 @@ void random_run(KvSpec spec, uint32_t seed) {
       int32_t need = 0;
       bool usable = true;
       for (size_t g = 0; g < m.size(); ++g) {
-        m[g] = r.tree.match(KvManager::group_ns(0, static_cast<int32_t>(g)), std::span(toks).first(static_cast<size_t>(n * bs)));
+        m[g] = r.tree.match(KvManager::group_ns(0, static_cast<int32_t>(g)),
+                            std::span(toks).first(static_cast<size_t>(n * bs)));
         const int32_t have = static_cast<int32_t>(m[g].blocks.size());
         const int32_t first = first_needed_block(r.kv.spec()[g], n * bs, bs);
         need += n - std::max(have, first);
@@ -441,11 +442,13 @@ void random_run(KvSpec spec, uint32_t seed) {
           for (int32_t b = static_cast<int32_t>(ids.size()); b < n; ++b) {
             ids.push_back(b < first ? -1 : (*fresh)[next++].block());
           }
-          r.tree.insert(KvManager::group_ns(0, static_cast<int32_t>(g)), std::span(toks).first(static_cast<size_t>(n * bs)), ids);
+          r.tree.insert(KvManager::group_ns(0, static_cast<int32_t>(g)),
+                        std::span(toks).first(static_cast<size_t>(n * bs)), ids);
           for (int32_t b = 0; b < n; ++b) {
             const int32_t id = ids[static_cast<size_t>(b)];
             if (id >= 0 && r.pool.is_cached(id)) {
-              shadow[{g, id}].assign(toks.begin() + static_cast<long>(b) * bs, toks.begin() + static_cast<long>(b + 1) * bs);
+              shadow[{g, id}].assign(toks.begin() + static_cast<long>(b) * bs,
+                                     toks.begin() + static_cast<long>(b + 1) * bs);
             }
           }
           release_tail_first(m[g].blocks);
@@ -475,7 +478,7 @@ void random_run(KvSpec spec, uint32_t seed) {
   EXPECT_EQ(r.pool.n_free() + r.pool.n_cached(), r.pool.n_blocks());
   EXPECT_EQ(r.tree.n_nodes(), r.pool.n_cached());
   EXPECT_EQ(r.states.n_leased(), 0);
-  EXPECT_GT(n_refused, 0);  // the pool (or the state pool) ran out at times
+  EXPECT_GT(n_refused, 0);                     // the pool (or the state pool) ran out at times
   EXPECT_GT(n_hits, has_recurrent ? 20 : 50);  // shared prefixes were reused
   EXPECT_GT(n_preempted_cached, 0);
   if (!has_recurrent) {

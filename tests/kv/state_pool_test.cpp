@@ -64,7 +64,7 @@ TEST(StatePool, CheckpointsAreKeyedByBlockAndRecycledLru) {
   EXPECT_NE(*c9, *c7);
   EXPECT_EQ(pool.n_checkpoints_used(), 2);
   ASSERT_TRUE(pool.find_checkpoint(7).has_value());  // 7 now more recent than 9
-  auto c4 = pool.take_checkpoint(4);                  // recycles 9's slot
+  auto c4 = pool.take_checkpoint(4);                 // recycles 9's slot
   ASSERT_TRUE(c4.ok());
   EXPECT_EQ(*c4, *c9);
   EXPECT_FALSE(pool.find_checkpoint(9).has_value());
@@ -110,8 +110,12 @@ TEST(StatePool, RandomizedLeasesAndCheckpointsStayConsistent) {
       case 1:
         if (!held.empty()) held.erase(held.begin() + static_cast<long>(rng() % held.size()));
         break;
-      case 2: ASSERT_TRUE(pool.take_checkpoint(static_cast<int32_t>(rng() % 8)).ok()); break;
-      default: pool.drop_checkpoint(static_cast<int32_t>(rng() % 8)); break;
+      case 2:
+        ASSERT_TRUE(pool.take_checkpoint(static_cast<int32_t>(rng() % 8)).ok());
+        break;
+      default:
+        pool.drop_checkpoint(static_cast<int32_t>(rng() % 8));
+        break;
     }
     ASSERT_EQ(pool.n_leased(), static_cast<int32_t>(held.size()));
     ASSERT_LE(pool.n_checkpoints_used(), 3);

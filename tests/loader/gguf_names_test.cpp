@@ -64,10 +64,9 @@ TEST(GgufNames, MapsGemmaNamesPerArchitecture) {
 }
 
 TEST(GgufNames, UnknownNamesStayUnmapped) {
-  for (const char* name : {"rope_freqs.weight", "blk.x.attn_q.weight", "blk.01.attn_q.weight",
-                           "blk.0.attn_q", "blk.0.unknown.weight", "blk.0", "blk..attn_q.weight",
-                           "blk.-1.attn_q.weight", "blk.1234567890.attn_q.weight", "", "blk.",
-                           "token_embd.weight.x", "xblk.0.attn_q.weight"}) {
+  for (const char* name : {"rope_freqs.weight", "blk.x.attn_q.weight", "blk.01.attn_q.weight", "blk.0.attn_q",
+                           "blk.0.unknown.weight", "blk.0", "blk..attn_q.weight", "blk.-1.attn_q.weight",
+                           "blk.1234567890.attn_q.weight", "", "blk.", "token_embd.weight.x", "xblk.0.attn_q.weight"}) {
     EXPECT_EQ(gguf_to_hf_tensor_name(name), std::nullopt) << name;
   }
 }
@@ -157,9 +156,9 @@ TEST(GgufConfig, DefaultsAndExplicitKeys) {
   const ModelConfig c = config_of(with_output);
   EXPECT_EQ(c.architecture, "qwen2");
   EXPECT_EQ(c.rope_style, RopeStyle::kHalf);
-  EXPECT_EQ(c.n_head_kv, 8);      // = head_count
-  EXPECT_EQ(c.head_dim, 32);      // n_embd / n_head
-  EXPECT_EQ(c.rope_dim, 32);      // = head_dim
+  EXPECT_EQ(c.n_head_kv, 8);  // = head_count
+  EXPECT_EQ(c.head_dim, 32);  // n_embd / n_head
+  EXPECT_EQ(c.rope_dim, 32);  // = head_dim
   EXPECT_EQ(c.rope_theta, 10000.0f);
   EXPECT_EQ(c.n_vocab, 100);
   EXPECT_FALSE(c.tie_word_embeddings);
@@ -233,9 +232,8 @@ TEST(GgufConfig, ErrorsNameTheFileAndKey) {
     GgufWriter b;
     b.add_string("general.architecture", "llama");
     const std::pair<const char*, uint32_t> kKeys[] = {
-        {"llama.context_length", 8192}, {"llama.embedding_length", 576},
-        {"llama.block_count", 30}, {"llama.feed_forward_length", 1536},
-        {"llama.attention.head_count", 9}, {"llama.attention.head_count_kv", 3}};
+        {"llama.context_length", 8192},      {"llama.embedding_length", 576},   {"llama.block_count", 30},
+        {"llama.feed_forward_length", 1536}, {"llama.attention.head_count", 9}, {"llama.attention.head_count_kv", 3}};
     for (const auto& [k, v] : kKeys)
       if (key != k) b.add_u32(k, v);
     b.add(key, type, value);
@@ -255,8 +253,7 @@ TEST(GgufConfig, ErrorsNameTheFileAndKey) {
   // A NaN epsilon.
   GgufWriter bad_eps = broken("llama.attention.layer_norm_rms_epsilon", std::nanf(""), GgufType::kF32);
   bad_eps.add_u32("llama.vocab_size", 10);
-  EXPECT_EQ(config_error(bad_eps),
-            "x.gguf: 'llama.attention.layer_norm_rms_epsilon' must be a positive number");
+  EXPECT_EQ(config_error(bad_eps), "x.gguf: 'llama.attention.layer_norm_rms_epsilon' must be a positive number");
 }
 
 TEST(GgufConfig, RawMetadataIsValidJsonEvenForBadUtf8) {
@@ -402,18 +399,19 @@ TEST(GgufConfig, HybridErrorsNameTheFileAndKey) {
 
   w = hybrid_file();
   w.add_array<uint8_t>("qwen35.attention.recurrent_layers", GgufType::kBool, {1, 0, 1});
-  EXPECT_EQ(config_error(w), "x.gguf: 'qwen35.attention.recurrent_layers' has 3 entries, expected 4 "
-                             "('qwen35.block_count')");
+  EXPECT_EQ(config_error(w),
+            "x.gguf: 'qwen35.attention.recurrent_layers' has 3 entries, expected 4 "
+            "('qwen35.block_count')");
   w = hybrid_file();
   w.add_array<float>("qwen35.attention.recurrent_layers", GgufType::kF32, {1, 0, 1, 0});
   EXPECT_EQ(config_error(w), "x.gguf: 'qwen35.attention.recurrent_layers' must hold booleans");
   w = hybrid_file();
   w.add_u32("qwen35.nextn_predict_layers", 4);
-  EXPECT_EQ(config_error(w), "x.gguf: 'qwen35.nextn_predict_layers' (4) leaves no decoder layers of "
-                             "'qwen35.block_count' (4)");
+  EXPECT_EQ(config_error(w),
+            "x.gguf: 'qwen35.nextn_predict_layers' (4) leaves no decoder layers of "
+            "'qwen35.block_count' (4)");
   // A hostile layer count is refused before any per-layer loop runs.
-  EXPECT_EQ(config_error(hybrid_file(0xFFFFFFFFu)),
-            "x.gguf: 'qwen35.block_count' (4294967295) exceeds 4096 layers");
+  EXPECT_EQ(config_error(hybrid_file(0xFFFFFFFFu)), "x.gguf: 'qwen35.block_count' (4294967295) exceeds 4096 layers");
   EXPECT_EQ(config_error(hybrid_file(4, 63)),
             "x.gguf: 'qwen35.ssm.inner_size' (63) is not a multiple of 'qwen35.ssm.time_step_rank' (4)");
 }

@@ -302,8 +302,10 @@ TEST(Gguf, TensorInfoErrors) {
   w.add_tensor("a", kF32, {8}, bytes_of(32));
   w.add_tensor_at("blk.0.attn_q.weight", kF16, {2048}, 64);
   const auto image = w.build();
-  expect_error(image, "x.gguf: tensor 'blk.0.attn_q.weight': data [offset 64, 4096 bytes] runs past "
-                      "the end of the file (" + std::to_string(image.size()) + " bytes)");
+  expect_error(image,
+               "x.gguf: tensor 'blk.0.attn_q.weight': data [offset 64, 4096 bytes] runs past "
+               "the end of the file (" +
+                   std::to_string(image.size()) + " bytes)");
 
   w = GgufWriter();
   w.add_tensor("a", kF32, {8}, bytes_of(32));
@@ -380,10 +382,14 @@ TEST(Gguf, DefaultModelMatchesReferenceReader) {
     ASSERT_NE(v, nullptr);
     EXPECT_EQ(static_cast<int>(v->type), s["type"].get<int>());
     const auto& want = s["value"];
-    if (want.is_string()) EXPECT_EQ(f.get_string(key), want.get<std::string>());
-    else if (want.is_boolean()) EXPECT_EQ(v->as_int(), want.get<bool>() ? 1 : 0);
-    else if (want.is_number_float()) EXPECT_EQ(v->as_float(), want.get<double>());
-    else EXPECT_EQ(v->as_int(), want.get<int64_t>());
+    if (want.is_string())
+      EXPECT_EQ(f.get_string(key), want.get<std::string>());
+    else if (want.is_boolean())
+      EXPECT_EQ(v->as_int(), want.get<bool>() ? 1 : 0);
+    else if (want.is_number_float())
+      EXPECT_EQ(v->as_float(), want.get<double>());
+    else
+      EXPECT_EQ(v->as_int(), want.get<int64_t>());
   }
   for (const auto& [key, a] : g["arrays"].items()) {
     SCOPED_TRACE(key);

@@ -43,7 +43,7 @@ class GgufWriter {
  public:
   uint32_t magic = 0x46554747;  // "GGUF"
   uint32_t version = 3;
-  size_t alignment = 32;        // padding used; set_alignment() also writes the key
+  size_t alignment = 32;  // padding used; set_alignment() also writes the key
 
   // Scalars: `T` is the stored C type matching `type`.
   template <typename T>
@@ -93,8 +93,7 @@ class GgufWriter {
     return *this;
   }
   // A tensor info only, with an explicit offset (no data written).
-  GgufWriter& add_tensor_at(std::string_view name, uint32_t type, const std::vector<int64_t>& ne,
-                            uint64_t offset) {
+  GgufWriter& add_tensor_at(std::string_view name, uint32_t type, const std::vector<int64_t>& ne, uint64_t offset) {
     infos_.put_str(name).put<uint32_t>(static_cast<uint32_t>(ne.size()));
     for (int64_t d : ne) infos_.put(d);
     infos_.put(type).put(offset);

@@ -148,8 +148,11 @@ TEST(HfConfig, V4AndV5RopeFormsAgree) {
   json v4 = v5;
   v4.erase("rope_parameters");
   v4["rope_theta"] = 500000.0;
-  v4["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  v4["rope_scaling"] = {{"rope_type", "llama3"},
+                        {"factor", 8.0},
+                        {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0},
+                        {"original_max_position_embeddings", 64}};
   json v4_type = v4;  // older configs spell it "type"
   v4_type["rope_scaling"].erase("rope_type");
   v4_type["rope_scaling"]["type"] = "llama3";
@@ -170,9 +173,14 @@ TEST(HfConfig, V4AndV5RopeFormsAgree) {
 
   // Yarn in both forms, with the v5 per-layer-type layout.
   json y5 = v5;
-  y5["rope_parameters"] = {{"full_attention", {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0},
-                                               {"beta_fast", 16.0}, {"beta_slow", 2.0}, {"attention_factor", 0.5},
-                                               {"original_max_position_embeddings", 128}}},
+  y5["rope_parameters"] = {{"full_attention",
+                            {{"rope_type", "yarn"},
+                             {"rope_theta", 1e6},
+                             {"factor", 4.0},
+                             {"beta_fast", 16.0},
+                             {"beta_slow", 2.0},
+                             {"attention_factor", 0.5},
+                             {"original_max_position_embeddings", 128}}},
                            {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
   json y4 = v5;
   y4.erase("rope_parameters");
@@ -192,8 +200,9 @@ TEST(HfConfig, V4AndV5RopeFormsAgree) {
 }
 
 TEST(HfConfig, DefaultsAndSlidingWindowRules) {
-  json j = {{"model_type", "qwen2"}, {"vocab_size", 100}, {"hidden_size", 64}, {"num_hidden_layers", 2},
-            {"num_attention_heads", 8}, {"sliding_window", 4096}, {"use_sliding_window", false}};
+  json j = {{"model_type", "qwen2"},      {"vocab_size", 100},        {"hidden_size", 64},
+            {"num_hidden_layers", 2},     {"num_attention_heads", 8}, {"sliding_window", 4096},
+            {"use_sliding_window", false}};
   auto c = parse_hf_config(j, "m/config.json");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->n_head_kv, 8);
@@ -210,9 +219,15 @@ TEST(HfConfig, DefaultsAndSlidingWindowRules) {
 }
 
 TEST(HfConfig, TextConfigOfMultimodalWrappers) {
-  json j = {{"model_type", "wrapper"}, {"tie_word_embeddings", true}, {"eos_token_id", {7, 8}},
-            {"text_config", {{"model_type", "qwen3_5_text"}, {"vocab_size", 100}, {"hidden_size", 64},
-                             {"num_hidden_layers", 2}, {"num_attention_heads", 4}}}};
+  json j = {{"model_type", "wrapper"},
+            {"tie_word_embeddings", true},
+            {"eos_token_id", {7, 8}},
+            {"text_config",
+             {{"model_type", "qwen3_5_text"},
+              {"vocab_size", 100},
+              {"hidden_size", 64},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4}}}};
   auto c = parse_hf_config(j, "m/config.json");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->architecture, "qwen3_5_text");
@@ -284,7 +299,10 @@ TEST(HfConfig, ErrorsNameFileAndField) {
   };
   for (const Case& k : cases) {
     json j = base;
-    if (k.value.is_null()) j.erase(k.key); else j[k.key] = k.value;
+    if (k.value.is_null())
+      j.erase(k.key);
+    else
+      j[k.key] = k.value;
     TempDir d("err");
     d.write("config.json", j.dump());
     auto c = load_hf_config(d.path.string());

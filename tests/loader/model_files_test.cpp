@@ -33,7 +33,9 @@ std::vector<uint8_t> read_bytes(const fs::path& path) {
 void write_bytes(const fs::path& path, const std::vector<uint8_t>& b) {
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), long(b.size()));
 }
-void write_text(const fs::path& path, const std::string& s) { std::ofstream(path, std::ios::binary) << s; }
+void write_text(const fs::path& path, const std::string& s) {
+  std::ofstream(path, std::ios::binary) << s;
+}
 
 struct TempDir {
   fs::path path;
@@ -54,7 +56,8 @@ void copy_configs(const std::string& family, const fs::path& to) {
 
 // Writes a safetensors file holding `names` taken from the parsed golden
 // header `header` and its data section `data` (read here without rill).
-void write_subset(const fs::path& path, const json& header, const uint8_t* data, const std::vector<std::string>& names) {
+void write_subset(const fs::path& path, const json& header, const uint8_t* data,
+                  const std::vector<std::string>& names) {
   json h = json::object();
   std::vector<uint8_t> out_data;
   for (const auto& n : names) {
@@ -178,8 +181,10 @@ TEST(ModelFiles, ShardErrorsNameFilesAndTensor) {
     fs::remove(d.path / "model-00002-of-00002.safetensors");
     auto r = open_model_files(d.str());
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.error().message.find("model.safetensors.index.json: shard 'model-00002-of-00002.safetensors' does not exist"),
-              std::string::npos) << r.error().message;
+    EXPECT_NE(
+        r.error().message.find("model.safetensors.index.json: shard 'model-00002-of-00002.safetensors' does not exist"),
+        std::string::npos)
+        << r.error().message;
   }
   {
     TempDir d("missingtensor");
@@ -191,7 +196,8 @@ TEST(ModelFiles, ShardErrorsNameFilesAndTensor) {
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.error().message.find("tensor 'model.extra.weight' is missing from its shard " +
                                      (d.path / "model-00001-of-00002.safetensors").string()),
-              std::string::npos) << r.error().message;
+              std::string::npos)
+        << r.error().message;
   }
   {
     TempDir d("badindex");
@@ -273,19 +279,21 @@ TEST(ModelFiles, TokenizerPathsAndChatTemplateSources) {
 // A minimal GGUF v3 image: no metadata, one 256x1 tensor of GGML type 16 (IQ2_XXS).
 TEST(ModelFiles, GgufUnsupportedTensorTypeIsNamed) {
   std::vector<uint8_t> b;
-  auto put = [&](uint64_t v, int n) { for (int i = 0; i < n; ++i) b.push_back(uint8_t(v >> (8 * i))); };
+  auto put = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b.push_back(uint8_t(v >> (8 * i)));
+  };
   const std::string name = "blk.0.attn_q.weight";
   b.insert(b.end(), {'G', 'G', 'U', 'F'});
-  put(3, 4);            // version
-  put(1, 8);            // n_tensors
-  put(0, 8);            // n_kv
+  put(3, 4);  // version
+  put(1, 8);  // n_tensors
+  put(0, 8);  // n_kv
   put(name.size(), 8);
   b.insert(b.end(), name.begin(), name.end());
-  put(2, 4);            // n_dims
+  put(2, 4);  // n_dims
   put(256, 8);
   put(1, 8);
-  put(16, 4);           // IQ2_XXS
-  put(0, 8);            // offset
+  put(16, 4);  // IQ2_XXS
+  put(0, 8);   // offset
   while (b.size() % 32) b.push_back(0);
   b.resize(b.size() + 66);
   TempDir d("iq2");

@@ -43,9 +43,9 @@ TEST(MoeConfig, GoldenConfigs) {
 }
 
 json qwen3_moe() {
-  return {{"model_type", "qwen3_moe"}, {"vocab_size", 100}, {"hidden_size", 64}, {"num_hidden_layers", 4},
-          {"num_attention_heads", 4}, {"intermediate_size", 128}, {"num_experts", 8},
-          {"num_experts_per_tok", 2}, {"moe_intermediate_size", 32}};
+  return {{"model_type", "qwen3_moe"}, {"vocab_size", 100},        {"hidden_size", 64},
+          {"num_hidden_layers", 4},    {"num_attention_heads", 4}, {"intermediate_size", 128},
+          {"num_experts", 8},          {"num_experts_per_tok", 2}, {"moe_intermediate_size", 32}};
 }
 
 TEST(MoeConfig, DefaultsAndLayerRules) {

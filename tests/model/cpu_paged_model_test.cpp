@@ -67,8 +67,8 @@ TEST_F(CpuPagedModelTest, BlockExportRefusesWhatIsNotThere) {
   std::vector<uint8_t> v(k.size());
   EXPECT_TRUE(model.copy_kv_out(0, 0, k.data(), v.data()).ok());
   EXPECT_TRUE(model.copy_kv_in(0, model.n_kv_blocks() - 1, k.data(), v.data()).ok());
-  for (auto [layer, block] : {std::pair<int64_t, int32_t>{-1, 0}, {model.config().n_layer, 0}, {0, -1},
-                              {0, model.n_kv_blocks()}}) {
+  for (auto [layer, block] :
+       {std::pair<int64_t, int32_t>{-1, 0}, {model.config().n_layer, 0}, {0, -1}, {0, model.n_kv_blocks()}}) {
     Status out = model.copy_kv_out(layer, block, k.data(), v.data());
     ASSERT_FALSE(out.ok());
     EXPECT_NE(out.error().message.find("does not exist"), std::string::npos) << out.error().message;

@@ -25,8 +25,8 @@ const std::string kSmol = std::string(RILL_MODEL_DIR) + "/SmolLM2-135M-Instruct.
 struct TmpDir {
   fs::path path;
   TmpDir() {
-    path = fs::temp_directory_path() / ("rill_fingerprint_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(std::random_device{}()));
+    path = fs::temp_directory_path() /
+           ("rill_fingerprint_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
     fs::create_directories(path);
   }
   ~TmpDir() { fs::remove_all(path); }

@@ -130,14 +130,15 @@ TEST_P(BatchInvariance, DecodeLanesGiveEachSequenceItsAloneLogits) {
   for (int32_t i = 0; i < kSeqs; ++i) b.add_sequence(&next[i], 1, 6 + i, true, tables[i]);
   ASSERT_TRUE(m.forward(b, together.data()).ok());
   for (int32_t i = 0; i < kSeqs; ++i)
-    for (size_t j = 0; j < V; ++j) ASSERT_EQ(together[i * V + j], alone[i * V + j]) << "sequence " << i << ", logit " << j;
+    for (size_t j = 0; j < V; ++j)
+      ASSERT_EQ(together[i * V + j], alone[i * V + j]) << "sequence " << i << ", logit " << j;
 }
 
-INSTANTIATE_TEST_SUITE_P(LlamaFamily, BatchInvariance,
-                         ::testing::Values("llama", "qwen3", "mistral-swa"),
+INSTANTIATE_TEST_SUITE_P(LlamaFamily, BatchInvariance, ::testing::Values("llama", "qwen3", "mistral-swa"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           for (char& c : n) if (c == '-') c = '_';
+                           for (char& c : n)
+                             if (c == '-') c = '_';
                            return n;
                          });
 

@@ -201,9 +201,15 @@ void expect_near_reference(const MoeParams& p, uint32_t seed) {
   EXPECT_LT(max_err, 1e-5) << "max |moe - reference| over outputs up to " << max_ref;
 }
 
-TEST(MoeFfn, MatchesDenseReferenceWithRenormalisedTopK) { expect_near_reference(params(true), 1); }
-TEST(MoeFfn, MatchesDenseReferenceWithRawTopKProbabilities) { expect_near_reference(params(false), 2); }
-TEST(MoeFfn, MatchesDenseReferenceWithSharedExpert) { expect_near_reference(params(true, 24), 3); }
+TEST(MoeFfn, MatchesDenseReferenceWithRenormalisedTopK) {
+  expect_near_reference(params(true), 1);
+}
+TEST(MoeFfn, MatchesDenseReferenceWithRawTopKProbabilities) {
+  expect_near_reference(params(false), 2);
+}
+TEST(MoeFfn, MatchesDenseReferenceWithSharedExpert) {
+  expect_near_reference(params(true, 24), 3);
+}
 TEST(MoeFfn, MatchesDenseReferenceWhenEveryExpertIsUsed) {
   MoeParams p = params(true);
   p.n_expert_used = p.n_expert;

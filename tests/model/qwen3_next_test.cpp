@@ -153,7 +153,8 @@ TEST_P(HybridParity, ResumingFromACheckpointMatchesTheColdRun) {
 
 INSTANTIATE_TEST_SUITE_P(Hybrid, HybridParity, ::testing::Values("qwen3_5", "qwen3-next"), [](const auto& info) {
   std::string n = info.param;
-  for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
 });
 

@@ -12,11 +12,11 @@
 // embedding rows) is exact, so a MoE's routing is the same on every rank.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -60,7 +60,9 @@ std::vector<float> prefill_all_rows(Model& m, const std::vector<int32_t>& ids, i
   return logits;
 }
 
-int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+int32_t argmax(const float* row, int64_t n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
 
 // Greedy continuation of the prompt in slot 0, token by token through the
 // KV cache; every step's logits appended to *step_logits.
@@ -94,7 +96,9 @@ struct Case {
   int n_ranks;
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.family << " N=" << c.n_ranks; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.family << " N=" << c.n_ranks;
+}
 
 class TensorParallel : public ::testing::TestWithParam<Case> {};
 
@@ -134,8 +138,8 @@ TEST_P(TensorParallel, MatchesOneDevice) {
   EXPECT_EQ(tp_ids, g.greedy_ids);
   const double decode_err = max_abs_diff(tp_steps, ref_steps);
   EXPECT_LE(decode_err, kLogitTolerance);
-  std::printf("[ info ] %s N=%d: max |logit diff| prefill %.3g, decode %.3g\n", family.c_str(), n_ranks,
-              prefill_err, decode_err);
+  std::printf("[ info ] %s N=%d: max |logit diff| prefill %.3g, decode %.3g\n", family.c_str(), n_ranks, prefill_err,
+              decode_err);
 }
 
 // Two sequences of different lengths in one step, in scattered KV blocks.
@@ -208,7 +212,8 @@ void write_trimmed_vocab_model(const fs::path& src, int64_t n_vocab, const fs::p
       end = begin + (end - begin) / shape[0].get<size_t>() * static_cast<size_t>(n_vocab);
       shape[0] = n_vocab;
     }
-    out_h[name] = {{"dtype", t["dtype"]}, {"shape", shape}, {"data_offsets", {out_data.size(), out_data.size() + end - begin}}};
+    out_h[name] = {
+        {"dtype", t["dtype"]}, {"shape", shape}, {"data_offsets", {out_data.size(), out_data.size() + end - begin}}};
     out_data += data.substr(begin, end - begin);
   }
   const std::string out_header = out_h.dump();

@@ -61,7 +61,9 @@ TEST(TensorSplit, UnevenVocabularyPadsTheStride) {
 TEST(TensorSplit, RefusesWhatDoesNotDivide) {
   auto heads = plan_tensor_split(config(6, 6, 64), 0, 4, "models/x");
   ASSERT_FALSE(heads.ok());
-  EXPECT_EQ(heads.error().message, "models/x: num_attention_heads 6 does not divide over 4 tensor-parallel ranks; use a rank count that divides it");
+  EXPECT_EQ(
+      heads.error().message,
+      "models/x: num_attention_heads 6 does not divide over 4 tensor-parallel ranks; use a rank count that divides it");
   auto kv = plan_tensor_split(config(12, 3, 64), 0, 2, "models/x");
   ASSERT_FALSE(kv.ok());
   EXPECT_NE(kv.error().message.find("num_key_value_heads 3 and 2 tensor-parallel ranks"), std::string::npos);

@@ -78,7 +78,8 @@ TEST(AnthropicConvert, ToolUseAndToolResultRoundTrip) {
     {"role": "tool", "tool_call_id": "toolu_1", "content": "22 C", "name": "get_weather"},
     {"role": "tool", "tool_call_id": "toolu_9", "content": "Error: boom"},
     {"role": "user", "content": "Here you go"}
-  ])")) << r.chat.messages.dump(2);
+  ])"))
+      << r.chat.messages.dump(2);
 }
 
 TEST(AnthropicConvert, ConsecutiveTurnsMerge) {
@@ -278,11 +279,11 @@ TEST(AnthropicConvert, StreamGrammar) {
 
   std::vector<std::string> names;
   std::vector<Json> ev = frames(sse, &names);
-  EXPECT_EQ(names, (std::vector<std::string>{
-                       "message_start", "content_block_start", "content_block_delta", "content_block_delta",
-                       "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop",
-                       "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
-                       "message_stop"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"message_start", "content_block_start", "content_block_delta",
+                                      "content_block_delta", "content_block_stop", "content_block_start",
+                                      "content_block_delta", "content_block_stop", "content_block_start",
+                                      "content_block_delta", "content_block_stop", "message_delta", "message_stop"}));
   EXPECT_EQ(ev[0]["message"]["id"], "msg_x");
   EXPECT_EQ(ev[0]["message"]["content"], Json::array());
   EXPECT_TRUE(ev[0]["message"]["stop_reason"].is_null());

@@ -23,8 +23,8 @@ namespace fs = std::filesystem;
 class CacheWarm : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() / ("rill_warm_" + std::to_string(::getpid()) + "_" +
-                                                     std::to_string(std::random_device{}())));
+    dir_ = new fs::path(fs::temp_directory_path() /
+                        ("rill_warm_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}())));
     EngineOptions eo;
     eo.n_threads = 2;
     eo.n_ctx = 1024;
@@ -63,7 +63,8 @@ class CacheWarm : public ::testing::Test {
 };
 
 std::string long_text(int n_words) {
-  static const char* kWords[] = {"river", "stone", "light", "maps", "quiet", "engine", "north", "paper", "salt", "glass"};
+  static const char* kWords[] = {"river",  "stone", "light", "maps", "quiet",
+                                 "engine", "north", "paper", "salt", "glass"};
   std::string s = "Background for every answer:";
   for (int i = 0; i < n_words; ++i) s += std::string(" ") + kWords[(i * 7 + i / 3) % 10];
   return s;
@@ -175,7 +176,8 @@ TEST_F(CacheWarm, StatsAndMetricsShowTheDiskTier) {
   EXPECT_EQ(disk["enabled"], true);
   EXPECT_GE(disk["entries"].get<int>(), 1);
   EXPECT_GT(disk["bytes"].get<int64_t>(), 0);
-  for (const char* k : {"hits", "misses", "evictions", "errors", "loads", "load_seconds"}) EXPECT_TRUE(disk.contains(k)) << k;
+  for (const char* k : {"hits", "misses", "evictions", "errors", "loads", "load_seconds"})
+    EXPECT_TRUE(disk.contains(k)) << k;
   EXPECT_EQ(st["kv"]["tiers"]["ram"]["enabled"], false);
   EXPECT_TRUE(st["kv"]["tiers"].contains("restored_tokens"));
   const std::string text = get("/metrics")->body();
@@ -190,8 +192,7 @@ class CacheWarmWithoutDiskTier : public ServerTest {};
 TEST_F(CacheWarmWithoutDiskTier, IsRefusedNamingTheFlag) {
   auto res = call(&handle_cache_warm, json({{"prompt", "hello there"}}).dump());
   EXPECT_EQ(res->status(), 400) << res->body();
-  EXPECT_NE(res->json()["error"]["message"].get<std::string>().find("--cache-dir"), std::string::npos)
-      << res->body();
+  EXPECT_NE(res->json()["error"]["message"].get<std::string>().find("--cache-dir"), std::string::npos) << res->body();
 }
 
 }  // namespace

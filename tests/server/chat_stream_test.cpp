@@ -50,14 +50,16 @@ TEST_F(ChatStreamTest, TemplateContext) {
   const std::string eos = tok.eos_id() ? tok.token_to_piece(*tok.eos_id()) : "";
   EXPECT_EQ(render_with(source, in),
             "[system|S][user|a\nb][assistant||Paris{\"city\": \"Paris\", \"days\": 2}][tool|sunny|c1]"
-            " tools=null think= gen=True bos=" + bos + " eos=" + eos);
+            " tools=null think= gen=True bos=" +
+                bos + " eos=" + eos);
 
   in.tools = ojson::parse(R"([{"type": "function", "function": {"name": "w", "parameters": {"z": 1, "a": 2}}}])");
   in.template_kwargs = {{"enable_thinking", false}};
   EXPECT_EQ(render_with(source, in),
             "[system|S][user|a\nb][assistant||Paris{\"city\": \"Paris\", \"days\": 2}][tool|sunny|c1]"
             " tools=[{\"type\": \"function\", \"function\": {\"name\": \"w\", \"parameters\": {\"z\": 1, \"a\": 2}}}]"
-            " think=False gen=True bos=" + bos + " eos=" + eos);
+            " think=False gen=True bos=" +
+                bos + " eos=" + eos);
 
   // The prepared prompt parses tool calls when tools were passed, and knows
   // when the template opened a think block.
@@ -185,7 +187,8 @@ TEST_F(ChatStreamTest, StreamCallbacksAndMaxTokens) {
   EXPECT_GE(seen->n_deltas, 5);
 
   // A prompt ending inside <think>: the output is reasoning.
-  auto t = ChatTemplate::parse("<|im_start|>user\n{{ messages[0].content }}<|im_end|>\n<|im_start|>assistant\n<think>\n");
+  auto t =
+      ChatTemplate::parse("<|im_start|>user\n{{ messages[0].content }}<|im_end|>\n<|im_start|>assistant\n<think>\n");
   ASSERT_TRUE(t.ok());
   ctx_->chat_template = &t.value();
   seen->n_done = 0;

@@ -1,8 +1,8 @@
 #pragma once
 // FakeResponder: a Responder that records what a handler sent, for handler
 // unit tests without a network. wait() blocks until the response ended.
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -64,10 +64,22 @@ class FakeResponder final : public Responder {
     std::unique_lock lk(mu_);
     return cv_.wait_for(lk, timeout, [&] { return done_; });
   }
-  int status() const { std::lock_guard lk(mu_); return status_; }
-  bool streaming() const { std::lock_guard lk(mu_); return streaming_; }
-  std::string body() const { std::lock_guard lk(mu_); return body_; }
-  std::string content_type() const { std::lock_guard lk(mu_); return content_type_; }
+  int status() const {
+    std::lock_guard lk(mu_);
+    return status_;
+  }
+  bool streaming() const {
+    std::lock_guard lk(mu_);
+    return streaming_;
+  }
+  std::string body() const {
+    std::lock_guard lk(mu_);
+    return body_;
+  }
+  std::string content_type() const {
+    std::lock_guard lk(mu_);
+    return content_type_;
+  }
   nlohmann::json json() const { return nlohmann::json::parse(body()); }
   // SSE frames: the "data:" payloads in order (and event names when present).
   std::vector<std::pair<std::string, std::string>> events() const {

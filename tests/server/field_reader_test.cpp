@@ -35,7 +35,8 @@ TEST(FieldReader, AbsentAndNullAreUnset) {
 }
 
 TEST(FieldReader, IntegerRuleIsJsonSchemas) {
-  const Json body = Json::parse(R"({"a": 5.0, "b": 5.5, "c": "5", "d": -0.0, "e": 1e300, "f": 18446744073709551615, "g": true})");
+  const Json body =
+      Json::parse(R"({"a": 5.0, "b": 5.5, "c": "5", "d": -0.0, "e": 1e300, "f": 18446744073709551615, "g": true})");
   const FieldReader r(body);
   std::optional<int64_t> x;
   EXPECT_FALSE(r.read_int("a", 0, 10, x));

@@ -128,8 +128,9 @@ struct Held {
 
 TEST(HttpServer, AnswersAndKeepsTheConnectionAlive) {
   Server srv(echo);
-  const std::string two = "GET /a?x=1 HTTP/1.1\r\nHost: x\r\nX-Test: yes\r\n\r\n"
-                          "POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
+  const std::string two =
+      "GET /a?x=1 HTTP/1.1\r\nHost: x\r\nX-Test: yes\r\n\r\n"
+      "POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
   const std::string out = exchange(srv.port(), two, "body=hello");
   EXPECT_NE(out.find("GET /a q=x=1 body= h=yes"), std::string::npos) << out;
   EXPECT_NE(out.find("POST /b q= body=hello h="), std::string::npos) << out;
@@ -165,8 +166,10 @@ TEST(HttpServer, OversizedBodyIs413AndGarbageIs400) {
 // the process; oversized headers were a 413 about the body.
 TEST(HttpServer, HugeTrailerAndHeaderAre431AndTheServerLives) {
   Server srv(echo);
-  const std::string trailer = "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                              "3\r\nabc\r\n0\r\nX-Trailer: " + std::string(70 << 10, 't') + "\r\n\r\n";
+  const std::string trailer =
+      "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "3\r\nabc\r\n0\r\nX-Trailer: " +
+      std::string(70 << 10, 't') + "\r\n\r\n";
   const std::string out = exchange(srv.port(), trailer);
   EXPECT_NE(out.find("HTTP/1.1 431"), std::string::npos) << out.substr(0, 200);
   const std::string header = "GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(70 << 10, 'h') + "\r\n\r\n";
@@ -179,12 +182,13 @@ TEST(HttpServer, HugeTrailerAndHeaderAre431AndTheServerLives) {
 
 TEST(HttpServer, BadTransferEncodingIs400) {
   Server srv(echo);
-  const std::string x = exchange(srv.port(),
-                                 "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\nContent-Length: 3\r\n\r\nabc");
+  const std::string x = exchange(
+      srv.port(), "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\nContent-Length: 3\r\n\r\nabc");
   EXPECT_NE(x.find("HTTP/1.1 400"), std::string::npos) << x;
   const std::string x2 = exchange(srv.port(), "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n");
   EXPECT_NE(x2.find("HTTP/1.1 400"), std::string::npos) << x2;
-  const std::string both = exchange(srv.port(),
+  const std::string both = exchange(
+      srv.port(),
       "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
   EXPECT_NE(both.find("HTTP/1.1 400"), std::string::npos) << both;
   const std::string chunked = exchange(

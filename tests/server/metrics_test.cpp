@@ -49,10 +49,14 @@ TEST(Metrics, TierFamiliesCarryEachTiersNumbers) {
     double ram, disk;
   };
   const Want wants[] = {
-      {"rill_kv_tier_enabled", "gauge", 1, 1},          {"rill_kv_tier_bytes", "gauge", 4096, 1 << 20},
-      {"rill_kv_tier_entries", "gauge", 2, 7},          {"rill_kv_tier_hits_total", "counter", 5, 2},
-      {"rill_kv_tier_misses_total", "counter", 3, 6},   {"rill_kv_tier_evictions_total", "counter", 1, 4},
-      {"rill_kv_tier_errors_total", "counter", 0, 1},   {"rill_kv_tier_loads_total", "counter", 5, 2},
+      {"rill_kv_tier_enabled", "gauge", 1, 1},
+      {"rill_kv_tier_bytes", "gauge", 4096, 1 << 20},
+      {"rill_kv_tier_entries", "gauge", 2, 7},
+      {"rill_kv_tier_hits_total", "counter", 5, 2},
+      {"rill_kv_tier_misses_total", "counter", 3, 6},
+      {"rill_kv_tier_evictions_total", "counter", 1, 4},
+      {"rill_kv_tier_errors_total", "counter", 0, 1},
+      {"rill_kv_tier_loads_total", "counter", 5, 2},
       {"rill_kv_tier_load_seconds_total", "counter", 0.25, 0.5},
   };
   for (const Want& w : wants) {

@@ -147,7 +147,8 @@ TEST_F(OpenAiChat, StopStringNeverStreams) {
 }
 
 TEST_F(OpenAiChat, Logprobs) {
-  json body = {{"messages", user("Hi")}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}};
+  json body = {
+      {"messages", user("Hi")}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}};
   auto res = chat(body);
   ASSERT_EQ(res->status(), 200) << res->body();
   json j = res->json();
@@ -192,7 +193,10 @@ TEST_F(OpenAiChat, Logprobs) {
 TEST_F(OpenAiChat, LogitBiasSteersTheChoice) {
   // A +100 bias on one token makes greedy decoding pick it every time.
   const int32_t id = 28;  // a plain byte-level token of the vocabulary
-  json body = {{"messages", user("Hi")}, {"max_tokens", 3}, {"temperature", 0}, {"logprobs", true},
+  json body = {{"messages", user("Hi")},
+               {"max_tokens", 3},
+               {"temperature", 0},
+               {"logprobs", true},
                {"logit_bias", {{std::to_string(id), 100}}}};
   json j = chat(body)->json();
   const std::string piece = engine_->tokenizer()->token_to_piece(id);
@@ -200,16 +204,18 @@ TEST_F(OpenAiChat, LogitBiasSteersTheChoice) {
 }
 
 TEST_F(OpenAiChat, ToolsAndToolRoundTrip) {
-  json tools = json::array({{{"type", "function"},
-                             {"function",
-                              {{"name", "get_weather"},
-                               {"description", "Weather of a city"},
-                               {"parameters",
-                                {{"type", "object"},
-                                 {"properties", {{"city", {{"type", "string"}}}}},
-                                 {"required", {"city"}}}}}}}});
-  auto res = chat({{"messages", user("Weather in Paris?")}, {"tools", tools}, {"tool_choice", "auto"},
-                   {"max_tokens", 8}, {"temperature", 0}});
+  json tools = json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "get_weather"},
+          {"description", "Weather of a city"},
+          {"parameters",
+           {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}}}}}}});
+  auto res = chat({{"messages", user("Weather in Paris?")},
+                   {"tools", tools},
+                   {"tool_choice", "auto"},
+                   {"max_tokens", 8},
+                   {"temperature", 0}});
   ASSERT_EQ(res->status(), 200) << res->body();
   json j = res->json();
   const std::string finish = j["choices"][0]["finish_reason"];
@@ -221,14 +227,19 @@ TEST_F(OpenAiChat, ToolsAndToolRoundTrip) {
       {{"role", "assistant"},
        {"content", nullptr},
        {"tool_calls",
-        {{{"id", "call_1"}, {"type", "function"},
+        {{{"id", "call_1"},
+          {"type", "function"},
           {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}}}},
       {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "{\"temp_c\": 21}"}},
   });
   res = chat({{"messages", messages}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}});
   EXPECT_EQ(res->status(), 200) << res->body();
-  res = chat({{"messages", messages}, {"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
-              {"max_tokens", 4}, {"temperature", 0}, {"reasoning_effort", "none"}});
+  res = chat({{"messages", messages},
+              {"tools", tools},
+              {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
+              {"max_tokens", 4},
+              {"temperature", 0},
+              {"reasoning_effort", "none"}});
   EXPECT_EQ(res->status(), 200) << res->body();
 }
 
@@ -267,7 +278,8 @@ TEST_F(OpenAiChat, BadRequestsNameTheField) {
       {"{" + msgs + R"(, "logprobs": true, "top_logprobs": 21})", "top_logprobs"},
       {"{" + msgs + R"(, "top_logprobs": 2})", "top_logprobs"},
       {"{" + msgs + R"(, "tools": {}})", "tools"},
-      {"{" + msgs + R"(, "tools": [{"type": "function", "function": {"description": "x"}}]})", "tools[0].function.name"},
+      {"{" + msgs + R"(, "tools": [{"type": "function", "function": {"description": "x"}}]})",
+       "tools[0].function.name"},
       {"{" + msgs + R"(, "tool_choice": "sometimes"})", "tool_choice"},
       {"{" + msgs + R"(, "reasoning_effort": "extreme"})", "reasoning_effort"},
       {"{" + msgs + R"(, "stream_options": {"include_usage": 1}})", "stream_options.include_usage"},
@@ -290,8 +302,8 @@ TEST_F(OpenAiChat, BadRequestsNameTheField) {
 
 TEST_F(OpenAiChat, ClientDisconnectCancels) {
   // Streaming: disconnect after the first content delta.
-  json body = {{"messages", user("Tell me a long story.")}, {"max_tokens", 400}, {"ignore_eos", true},
-               {"stream", true}};
+  json body = {
+      {"messages", user("Tell me a long story.")}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true}};
   auto res = chat(body, /*wait=*/false);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (res->events().size() < 3) {  // the role chunk and two deltas

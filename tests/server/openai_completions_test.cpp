@@ -35,7 +35,8 @@ TEST_F(OpenAiCompletions, TextPromptStreamAndIds) {
   EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
   const std::vector<int32_t> ids = engine_->tokenizer()->encode("The capital of France is", true, true);
   EXPECT_EQ(j["usage"]["prompt_tokens"], ids.size());
-  EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>());
+  EXPECT_EQ(j["usage"]["total_tokens"],
+            j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>());
 
   // Streamed: the same text, then usage and [DONE].
   body["stream"] = true;
@@ -62,8 +63,11 @@ TEST_F(OpenAiCompletions, TextPromptStreamAndIds) {
 }
 
 TEST_F(OpenAiCompletions, LogprobsAndBatches) {
-  json body = {{"prompt", json::array({"One, two,", "Red, green,"})}, {"max_tokens", 4}, {"temperature", 0},
-               {"logprobs", 2}, {"n", 2}};
+  json body = {{"prompt", json::array({"One, two,", "Red, green,"})},
+               {"max_tokens", 4},
+               {"temperature", 0},
+               {"logprobs", 2},
+               {"n", 2}};
   auto res = completions(body);
   ASSERT_EQ(res->status(), 200) << res->body();
   json j = res->json();

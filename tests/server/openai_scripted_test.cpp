@@ -50,8 +50,8 @@ GenerationEvent text_event(std::string text) {
   return ev;
 }
 
-const json kTools = json::array({{{"type", "function"},
-                                  {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
+const json kTools = json::array(
+    {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
 
 class OpenAiScripted : public ServerTest {
  protected:

@@ -47,12 +47,14 @@ TEST_F(RequestLimits, ChatFreeFormFields) {
   expect_too_deep(call(&handle_chat_completions,
                        R"({"max_tokens": 1, "messages": [{"role": "user", "content": "hi", "extra": )" + kDeep + "}]}"),
                   "messages[0].extra[0][0]");
-  expect_too_deep(call(&handle_chat_completions, R"({"max_tokens": 1, "messages": [)" + kUser +
-                                                     R"(], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"p": )" +
-                                                     kDeep + "}}}]}"),
-                  "tools[0].function.parameters.p[0]");
-  const std::string call_prefix = R"({"max_tokens": 1, "messages": [)" + kUser +
-                                  R"(, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": )";
+  expect_too_deep(
+      call(&handle_chat_completions,
+           R"({"max_tokens": 1, "messages": [)" + kUser +
+               R"(], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"p": )" + kDeep + "}}}]}"),
+      "tools[0].function.parameters.p[0]");
+  const std::string call_prefix =
+      R"({"max_tokens": 1, "messages": [)" + kUser +
+      R"(, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": )";
   expect_too_deep(call(&handle_chat_completions, call_prefix + R"({"p": )" + kDeep + "}}}]}]}"),
                   "messages[1].tool_calls[0].function.arguments.p[0]");
   // The same value sent as a JSON string, which the server parses for the template.
@@ -66,9 +68,10 @@ TEST_F(RequestLimits, ChatFreeFormFields) {
 }
 
 TEST_F(RequestLimits, AnthropicFreeFormFields) {
-  const std::string tool_use = R"({"model": "m", "max_tokens": 1, "messages": [)" + kUser +
-                               R"(, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"p": )" +
-                               kDeep + "}}]}]}";
+  const std::string tool_use =
+      R"({"model": "m", "max_tokens": 1, "messages": [)" + kUser +
+      R"(, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"p": )" + kDeep +
+      "}}]}]}";
   const std::string schema = R"({"model": "m", "max_tokens": 1, "messages": [)" + kUser +
                              R"(], "tools": [{"name": "f", "input_schema": {"p": )" + kDeep + "}}]}";
   for (auto handler : {&handle_messages, &handle_count_tokens}) {
@@ -78,12 +81,14 @@ TEST_F(RequestLimits, AnthropicFreeFormFields) {
 }
 
 TEST_F(RequestLimits, ResponsesFreeFormFields) {
-  expect_too_deep(call(&handle_responses_create,
-                       R"({"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {"p": )" + kDeep + "}}]}"),
-                  "tools[0].parameters.p[0]");
+  expect_too_deep(
+      call(&handle_responses_create,
+           R"({"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {"p": )" + kDeep + "}}]}"),
+      "tools[0].parameters.p[0]");
   // metadata nested 64k deep used to crash the engine thread when the response was stored.
   const std::string very_deep = std::string(65536, '[') + std::string(65536, ']');
-  expect_too_deep(call(&handle_responses_create, R"({"input": "hi", "max_output_tokens": 1, "metadata": {"m": )" + very_deep + "}}"),
+  expect_too_deep(call(&handle_responses_create,
+                       R"({"input": "hi", "max_output_tokens": 1, "metadata": {"m": )" + very_deep + "}}"),
                   "metadata.m[0]");
   expect_too_deep(call(&handle_responses_create,
                        R"({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": )" +
@@ -94,9 +99,10 @@ TEST_F(RequestLimits, ResponsesFreeFormFields) {
 TEST_F(RequestLimits, DeepButWithinTheLimitIsServed) {
   // 120 levels in tool parameters (the body adds 4 around them): accepted.
   const std::string schema = std::string(120, '[') + std::string(120, ']');
-  auto res = call(&handle_chat_completions, R"({"max_tokens": 1, "messages": [)" + kUser +
-                                                R"(], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"p": )" +
-                                                schema + "}}}]}");
+  auto res = call(&handle_chat_completions,
+                  R"({"max_tokens": 1, "messages": [)" + kUser +
+                      R"(], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"p": )" + schema +
+                      "}}}]}");
   EXPECT_EQ(res->status(), 200) << res->body().substr(0, 300);
 }
 

@@ -91,8 +91,8 @@ class ResponsesApi : public ::testing::Test {
         ServerContext{*engine_, engine_->chat_template(), options, nullptr, store_.get(), nullptr});
   }
 
-  std::shared_ptr<FakeResponder> call(const char* method, const std::string& path,
-                                      const std::string& body, ServerContext* ctx = nullptr) {
+  std::shared_ptr<FakeResponder> call(const char* method, const std::string& path, const std::string& body,
+                                      ServerContext* ctx = nullptr) {
     if (ctx == nullptr) ctx = ctx_.get();
     HttpRequest req;
     req.method = method;
@@ -168,8 +168,7 @@ class ResponsesApi : public ::testing::Test {
 Engine* ResponsesApi::engine_ = nullptr;
 
 TEST_F(ResponsesApi, PlainResponseMatchesTheEngineAndIsStored) {
-  const Json r = post(
-      {{"input", "What is the capital of France?"}, {"max_output_tokens", 8}, {"temperature", 0}});
+  const Json r = post({{"input", "What is the capital of France?"}, {"max_output_tokens", 8}, {"temperature", 0}});
   EXPECT_EQ(r["object"], "response");
   EXPECT_EQ(r["id"].get<std::string>().rfind("resp_", 0), 0u);
   EXPECT_EQ(r["model"], "smollm2-test");
@@ -186,8 +185,7 @@ TEST_F(ResponsesApi, PlainResponseMatchesTheEngineAndIsStored) {
   EXPECT_EQ(msg["content"][0]["type"], "output_text");
   EXPECT_EQ(msg["content"][0]["annotations"], Json::array());
 
-  const Json messages =
-      Json::parse(R"([{"role": "user", "content": "What is the capital of France?"}])");
+  const Json messages = Json::parse(R"([{"role": "user", "content": "What is the capital of France?"}])");
   EXPECT_EQ(output_text(r), greedy_text(messages, 8));
   const Json& usage = r["usage"];
   EXPECT_EQ(usage["input_tokens"], prompt_tokens(messages));
@@ -211,15 +209,13 @@ TEST_F(ResponsesApi, PlainResponseMatchesTheEngineAndIsStored) {
   EXPECT_EQ(Json::parse(got->body()), r);
   auto del = call("DELETE", "/v1/responses/" + id, "");
   EXPECT_EQ(del->status(), 200);
-  EXPECT_EQ(Json::parse(del->body()),
-            (Json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}}));
+  EXPECT_EQ(Json::parse(del->body()), (Json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}}));
   error_of(call("GET", "/v1/responses/" + id, ""), 404, "");
   error_of(call("DELETE", "/v1/responses/" + id, ""), 404, "");
 }
 
 TEST_F(ResponsesApi, StreamFollowsTheEventGrammarAndMatchesThePlainReply) {
-  const Json body = {
-      {"input", "Name three colors."}, {"max_output_tokens", 10}, {"temperature", 0}};
+  const Json body = {{"input", "Name three colors."}, {"max_output_tokens", 10}, {"temperature", 0}};
   const Json plain = post(body);
   Json streamed_body = body;
   streamed_body["stream"] = true;
@@ -242,13 +238,11 @@ TEST_F(ResponsesApi, StreamFollowsTheEventGrammarAndMatchesThePlainReply) {
       EXPECT_EQ(data["content_index"], 0);
       EXPECT_TRUE(data["item_id"].is_string());
     }
-    if (names.empty() || names.back() != events[i].first ||
-        events[i].first != "response.output_text.delta") {
+    if (names.empty() || names.back() != events[i].first || events[i].first != "response.output_text.delta") {
       names.push_back(events[i].first);
     }
   }
-  const std::string last =
-      plain["status"] == "completed" ? "response.completed" : "response.incomplete";
+  const std::string last = plain["status"] == "completed" ? "response.completed" : "response.incomplete";
   const std::vector<std::string> expected = {"response.created",
                                              "response.in_progress",
                                              "response.output_item.added",
@@ -316,19 +310,17 @@ TEST_F(ResponsesApi, ChainsCarryTheConversationAndInstructions) {
   messages.push_back({{"role", "user"}, {"content", "Again?"}});
   EXPECT_EQ(r3["usage"]["input_tokens"], prompt_tokens(messages));
 
-  const Json r4 =
-      post({{"input", "Thanks."}, {"previous_response_id", r3["id"]}, {"max_output_tokens", 4}});
+  const Json r4 = post({{"input", "Thanks."}, {"previous_response_id", r3["id"]}, {"max_output_tokens", 4}});
   EXPECT_EQ(r4["instructions"], "Answer in French.");
   messages.push_back({{"role", "assistant"}, {"content", output_text(r3)}});
   messages.push_back({{"role", "user"}, {"content", "Thanks."}});
   EXPECT_EQ(r4["usage"]["input_tokens"], prompt_tokens(messages));
 
   // A chain may also start from a streamed response.
-  auto streamed = call("POST", "/v1/responses",
-                       Json{{"input", "Hi"}, {"stream", true}, {"max_output_tokens", 4}}.dump());
+  auto streamed =
+      call("POST", "/v1/responses", Json{{"input", "Hi"}, {"stream", true}, {"max_output_tokens", 4}}.dump());
   const Json s = Json::parse(streamed->events().back().second)["response"];
-  const Json r5 =
-      post({{"input", "Bye"}, {"previous_response_id", s["id"]}, {"max_output_tokens", 4}});
+  const Json r5 = post({{"input", "Bye"}, {"previous_response_id", s["id"]}, {"max_output_tokens", 4}});
   EXPECT_EQ(r5["usage"]["input_tokens"],
             prompt_tokens(Json::array({{{"role", "user"}, {"content", "Hi"}},
                                        {{"role", "assistant"}, {"content", output_text(s)}},
@@ -341,8 +333,7 @@ TEST_F(ResponsesApi, ExpiredOrUnstoredResponsesAre404) {
   now_ += std::chrono::seconds(int(kTtlS) - 1);
   EXPECT_EQ(call("GET", "/v1/responses/" + id, "")->status(), 200);
   now_ += std::chrono::seconds(1);  // exactly the TTL: expired
-  const Json body =
-      Json{{"input", "Again"}, {"previous_response_id", id}, {"max_output_tokens", 4}};
+  const Json body = Json{{"input", "Again"}, {"previous_response_id", id}, {"max_output_tokens", 4}};
   const Json e = error_of(call("POST", "/v1/responses", body.dump()), 404, "previous_response_id");
   EXPECT_EQ(e["error"]["code"], "previous_response_not_found");
   EXPECT_NE(e["error"]["message"].get<std::string>().find(id), std::string::npos);
@@ -361,19 +352,16 @@ TEST_F(ResponsesApi, ErrorsNameTheField) {
   error_of(call("POST", "/v1/responses", "{\"input\": "), 400, "");
   error_of(call("POST", "/v1/responses", R"({"max_output_tokens": 4})"), 400, "input");
   error_of(call("POST", "/v1/responses", R"({"input": []})"), 400, "input");
-  error_of(call("POST", "/v1/responses", R"({"input": [{"role": "robot", "content": "x"}]})"), 400,
-           "input[0].role");
-  error_of(call("POST", "/v1/responses", R"({"input": "x", "temperature": "hot"})"), 400,
-           "temperature");
-  error_of(call("POST", "/v1/responses", R"({"input": "x", "tools": [{"type": "file_search"}]})"),
-           400, "tools[0].type");
+  error_of(call("POST", "/v1/responses", R"({"input": [{"role": "robot", "content": "x"}]})"), 400, "input[0].role");
+  error_of(call("POST", "/v1/responses", R"({"input": "x", "temperature": "hot"})"), 400, "temperature");
+  error_of(call("POST", "/v1/responses", R"({"input": "x", "tools": [{"type": "file_search"}]})"), 400,
+           "tools[0].type");
   // More output than the 1,024-token context holds.
   const Json e =
-      error_of(call("POST", "/v1/responses", R"({"input": "x", "max_output_tokens": 5000})"), 400,
-               "max_output_tokens");
+      error_of(call("POST", "/v1/responses", R"({"input": "x", "max_output_tokens": 5000})"), 400, "max_output_tokens");
   EXPECT_EQ(e["error"]["message"].get<std::string>().rfind("max_output_tokens: ", 0), 0u);
-  error_of(call("POST", "/v1/responses", R"({"input": "x", "previous_response_id": "resp_nope"})"),
-           404, "previous_response_id");
+  error_of(call("POST", "/v1/responses", R"({"input": "x", "previous_response_id": "resp_nope"})"), 404,
+           "previous_response_id");
   EXPECT_EQ(store_->stats().entries, 0);
 }
 
@@ -426,20 +414,21 @@ TEST_F(ResponsesApi, DisconnectCancelsTheGeneration) {
 
 TEST_F(ResponsesApi, EngineFailureEndsTheStreamWithResponseFailed) {
   FailingEngine failing(*engine_);
-  ServerContext ctx{failing, engine_->chat_template(), ctx_->options, nullptr, store_.get(),
-                    nullptr};
-  auto res = call("POST", "/v1/responses",
-                  R"({"input": "Hi", "stream": true, "max_output_tokens": 4})", &ctx);
+  ServerContext ctx{failing, engine_->chat_template(), ctx_->options, nullptr, store_.get(), nullptr};
+  auto res = call("POST", "/v1/responses", R"({"input": "Hi", "stream": true, "max_output_tokens": 4})", &ctx);
   const auto events = res->events();
   ASSERT_FALSE(events.empty());
   std::vector<std::string> names;
   for (const auto& [name, data] : events) names.push_back(name);
-  const std::vector<std::string> expected = {
-      "response.created",           "response.in_progress",
-      "response.output_item.added", "response.content_part.added",
-      "response.output_text.delta", "response.output_text.done",
-      "response.content_part.done", "response.output_item.done",
-      "response.failed"};
+  const std::vector<std::string> expected = {"response.created",
+                                             "response.in_progress",
+                                             "response.output_item.added",
+                                             "response.content_part.added",
+                                             "response.output_text.delta",
+                                             "response.output_text.done",
+                                             "response.content_part.done",
+                                             "response.output_item.done",
+                                             "response.failed"};
   EXPECT_EQ(names, expected);
   const Json failed = Json::parse(events.back().second);
   EXPECT_EQ(failed["response"]["status"], "failed");

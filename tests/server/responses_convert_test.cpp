@@ -74,12 +74,9 @@ TEST(ResponsesConvert, ErrorsNameTheField) {
       {R"({"input": [{"role": "user"}]})", "input[0].content"},
       {R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]})",
        "input[0].content[0].type"},
-      {R"({"input": [{"role": "user", "content": [{"type": "input_text"}]}]})",
-       "input[0].content[0].text"},
-      {R"({"input": ["ok", {"type": "function_call", "name": "f", "arguments": "{}"}]})",
-       "input[0]"},
-      {R"({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]})",
-       "input[0].call_id"},
+      {R"({"input": [{"role": "user", "content": [{"type": "input_text"}]}]})", "input[0].content[0].text"},
+      {R"({"input": ["ok", {"type": "function_call", "name": "f", "arguments": "{}"}]})", "input[0]"},
+      {R"({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]})", "input[0].call_id"},
       {R"({"input": [{"type": "function_call_output", "call_id": "c"}]})", "input[0].output"},
       {R"({"input": [{"type": "item_reference", "id": "x"}]})", "input[0].type"},
       {R"({"input": [{"type": "web_search_call"}]})", "input[0].type"},
@@ -94,8 +91,7 @@ TEST(ResponsesConvert, ErrorsNameTheField) {
       {R"({"input": "x", "tools": {}})", "tools"},
       {R"({"input": "x", "tools": [{"type": "web_search"}]})", "tools[0].type"},
       {R"({"input": "x", "tools": [{"type": "function"}]})", "tools[0].name"},
-      {R"({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": 1}]})",
-       "tools[0].parameters"},
+      {R"({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": 1}]})", "tools[0].parameters"},
       {R"({"input": "x", "tool_choice": "sometimes"})", "tool_choice"},
       {R"({"input": "x", "tools": [{"type": "function", "name": "f"}],
            "tool_choice": {"type": "function", "name": "g"}})",
@@ -252,8 +248,7 @@ TEST(ResponsesConvert, EncoderStreamsReasoningTextAndCallsInOrder) {
   EXPECT_EQ(ev[11].second["content_index"], 0);
   EXPECT_EQ(ev[11].second["item_id"], ev[9].second["item"]["id"]);
   EXPECT_EQ(ev[13].second["text"], "Hello world");
-  EXPECT_EQ(ev[14].second["part"],
-            Json::parse(R"({"type":"output_text","annotations":[],"text":"Hello world"})"));
+  EXPECT_EQ(ev[14].second["part"], Json::parse(R"({"type":"output_text","annotations":[],"text":"Hello world"})"));
   EXPECT_EQ(ev[17].second["delta"], "{\"a\":1}");
   EXPECT_EQ(ev[18].second["arguments"], "{\"a\":1}");
   EXPECT_EQ(ev[19].second["item"]["call_id"], "call_9");
@@ -270,8 +265,7 @@ TEST(ResponsesConvert, EncoderStreamsReasoningTextAndCallsInOrder) {
   EXPECT_EQ(response["output"][1], ev[15].second["item"]);
   EXPECT_EQ(response["output"][2], ev[19].second["item"]);
   EXPECT_EQ(response["output"][1]["content"][0]["text"], "Hello world");
-  EXPECT_EQ(response["usage"],
-            Json::parse(R"({"input_tokens":10,"input_tokens_details":{"cached_tokens":4},
+  EXPECT_EQ(response["usage"], Json::parse(R"({"input_tokens":10,"input_tokens_details":{"cached_tokens":4},
       "output_tokens":5,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":15})"));
 }
 

@@ -85,9 +85,7 @@ class ServerTest : public ::testing::Test {
     }
     return false;
   }
-  static json user(const std::string& text) {
-    return json::array({{{"role", "user"}, {"content", text}}});
-  }
+  static json user(const std::string& text) { return json::array({{{"role", "user"}, {"content", text}}}); }
 
   static inline Engine* engine_ = nullptr;
   static inline Metrics* metrics_ = nullptr;

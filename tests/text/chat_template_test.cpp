@@ -54,8 +54,7 @@ TEST_P(RealTemplates, MatchTransformersRendering) {
     ASSERT_FALSE(out.ok()) << "jinja2 raised " << error << "\nrill rendered:\n" << out.value();
     const std::string kRaised = "TemplateError: ";  // raise_exception(message)
     if (error.rfind(kRaised, 0) == 0) {
-      EXPECT_NE(out.error().message.find(error.substr(kRaised.size())), std::string::npos)
-          << out.error().message;
+      EXPECT_NE(out.error().message.find(error.substr(kRaised.size())), std::string::npos) << out.error().message;
     }
   }
 }
@@ -72,8 +71,7 @@ TEST(ChatTemplate, SmolLM2FromGgufMetadataText) {
       "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
       "{{ '<|im_start|>assistant\n' }}{% endif %}");
   ASSERT_TRUE(tmpl.ok()) << tmpl.error().message;
-  nlohmann::json context = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
-                            {"add_generation_prompt", true}};
+  nlohmann::json context = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"add_generation_prompt", true}};
   auto out = tmpl->render(context);  // the nlohmann::json overload
   ASSERT_TRUE(out.ok()) << out.error().message;
   EXPECT_EQ(out.value(),
@@ -106,8 +104,7 @@ TEST(ChatTemplate, RaiseExceptionCarriesTheMessage) {
 }
 
 TEST(ChatTemplate, StepLimitStopsRunawayLoops) {
-  auto tmpl = ChatTemplate::parse(
-      "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}");
+  auto tmpl = ChatTemplate::parse("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}");
   ASSERT_TRUE(tmpl.ok());
   ChatTemplateRenderOptions options;
   options.max_steps = 20000;

@@ -98,8 +98,7 @@ TEST(IncrementalDecoder, HoldsSplitCharacterByteLevel) {
 TEST(IncrementalDecoder, ByteFallbackRuns) {
   const Tokenizer* tok = load_tokenizer("gemma3");
   if (tok == nullptr) GTEST_SKIP();
-  const int32_t e2 = *tok->token_id("<0xE2>"), x82 = *tok->token_id("<0x82>"),
-                xac = *tok->token_id("<0xAC>");
+  const int32_t e2 = *tok->token_id("<0xE2>"), x82 = *tok->token_id("<0x82>"), xac = *tok->token_id("<0xAC>");
   const int32_t the = *tok->token_id("\xE2\x96\x81the");
   IncrementalDecoder dec(*tok);
   EXPECT_EQ(dec.push(the), " the");

@@ -49,7 +49,9 @@ Parsed parse_pieces(const OutputParserOptions& o, const std::vector<std::string>
   return p;
 }
 
-Parsed parse_whole(const OutputParserOptions& o, const std::string& text) { return parse_pieces(o, {text}); }
+Parsed parse_whole(const OutputParserOptions& o, const std::string& text) {
+  return parse_pieces(o, {text});
+}
 
 OutputParserOptions tools_on() {
   OutputParserOptions o;
@@ -106,9 +108,10 @@ TEST(OutputParser, HermesToolCalls) {
   EXPECT_TRUE(p.saw_calls);
 
   // Arguments given as JSON text, "parameters" instead of "arguments", none at all.
-  p = parse_whole(tools_on(), "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>"
-                              "<tool_call>{\"name\": \"g\", \"parameters\": {\"b\": true}}</tool_call>"
-                              "<tool_call>{\"name\": \"h\"}</tool_call>");
+  p = parse_whole(tools_on(),
+                  "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>"
+                  "<tool_call>{\"name\": \"g\", \"parameters\": {\"b\": true}}</tool_call>"
+                  "<tool_call>{\"name\": \"h\"}</tool_call>");
   ASSERT_EQ(p.calls.size(), 3u);
   EXPECT_EQ(p.calls[0].second, "{\"a\": 1}");
   EXPECT_EQ(p.calls[1].second, R"({"b":true})");
@@ -117,8 +120,9 @@ TEST(OutputParser, HermesToolCalls) {
 
   // Tool calls after a think block; text after the calls is content.
   OutputParserOptions o = tools_on();
-  p = parse_whole(o, "<think>need weather</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>\n"
-                     "\nAnything else?");
+  p = parse_whole(o,
+                  "<think>need weather</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>\n"
+                  "\nAnything else?");
   EXPECT_EQ(p.reasoning, "need weather");
   EXPECT_EQ(p.content, "Anything else?");
   ASSERT_EQ(p.calls.size(), 1u);
@@ -170,8 +174,9 @@ TEST(OutputParser, Llama3JsonCalls) {
   EXPECT_EQ(p.calls[0].second, R"({"city":"Oslo"})");
   EXPECT_EQ(p.content, "");
 
-  p = parse_whole(tools_on(), "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"s\": \"}{\\\"\"}}; "
-                              "{\"name\": \"b\", \"arguments\": {}}\n");
+  p = parse_whole(tools_on(),
+                  "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"s\": \"}{\\\"\"}}; "
+                  "{\"name\": \"b\", \"arguments\": {}}\n");
   ASSERT_EQ(p.calls.size(), 2u);
   EXPECT_EQ(p.calls[0].second, R"({"s":"}{\""})");  // braces inside strings do not count
   EXPECT_EQ(p.calls[1].first, "b");

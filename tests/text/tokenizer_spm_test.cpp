@@ -107,8 +107,7 @@ TEST(SpmGguf, DecodeMatchesLlamaCpp) {
   for (const auto& c : golden["decode"]) {
     const auto ids = c["ids"].get<std::vector<int32_t>>();
     const bool skip = c["skip_special"];
-    EXPECT_EQ(tok->decode(ids, skip), c["text"].get<std::string>())
-        << show(ids) << " skip " << skip;
+    EXPECT_EQ(tok->decode(ids, skip), c["text"].get<std::string>()) << show(ids) << " skip " << skip;
     IncrementalDecoder dec(*tok, skip);
     std::string streamed;
     for (int32_t id : ids) dec.push(id, streamed);

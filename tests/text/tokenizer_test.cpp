@@ -29,8 +29,7 @@ class TokenizerGolden : public ::testing::TestWithParam<std::string> {
     std::string error;
     tok_ = load_tokenizer(GetParam(), &error);
     ASSERT_TRUE(error.empty()) << error;
-    if (tok_ == nullptr)
-      GTEST_SKIP() << "tokenizer files for " << GetParam() << " are not available";
+    if (tok_ == nullptr) GTEST_SKIP() << "tokenizer files for " << GetParam() << " are not available";
     golden_ = load_golden(GetParam());
   }
   const Tokenizer* tok_ = nullptr;
@@ -49,10 +48,8 @@ TEST_P(TokenizerGolden, EncodeMatchesReference) {
     const auto want_add = c["ids_add_special"].get<std::vector<int32_t>>();
     const auto want_plain = c["ids_no_parse"].get<std::vector<int32_t>>();
     EXPECT_EQ(show(tok_->encode(text, false, true)), show(want)) << "text: " << text;
-    EXPECT_EQ(show(tok_->encode(text, true, true)), show(want_add))
-        << "add_special, text: " << text;
-    EXPECT_EQ(show(tok_->encode(text, false, false)), show(want_plain))
-        << "no parse_special, text: " << text;
+    EXPECT_EQ(show(tok_->encode(text, true, true)), show(want_add)) << "add_special, text: " << text;
+    EXPECT_EQ(show(tok_->encode(text, false, false)), show(want_plain)) << "no parse_special, text: " << text;
     ++n_checked;
   }
   EXPECT_GE(n_checked, 40);
@@ -62,8 +59,7 @@ TEST_P(TokenizerGolden, DecodeMatchesReference) {
   for (const auto& c : golden_["decode"]) {
     const auto ids = c["ids"].get<std::vector<int32_t>>();
     const bool skip = c["skip_special"];
-    EXPECT_EQ(tok_->decode(ids, skip), c["text"].get<std::string>())
-        << "ids " << show(ids) << " skip " << skip;
+    EXPECT_EQ(tok_->decode(ids, skip), c["text"].get<std::string>()) << "ids " << show(ids) << " skip " << skip;
   }
 }
 
@@ -89,14 +85,12 @@ TEST_P(TokenizerGolden, IncrementalDecodeEqualsDecode) {
 TEST_P(TokenizerGolden, RoundTrip) {
   for (const auto& c : golden_["encode"]) {
     const std::string text = c["text"];
-    if (text.find("\xCC\x81") != std::string::npos || text.find("\xCC\x8A") != std::string::npos)
-      continue;
+    if (text.find("\xCC\x81") != std::string::npos || text.find("\xCC\x8A") != std::string::npos) continue;
     EXPECT_EQ(tok_->decode(tok_->encode(text, false, true), false), text);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TokenizerGolden,
-                         ::testing::Values("llama3", "qwen3", "gemma3", "smollm2"));
+INSTANTIATE_TEST_SUITE_P(Models, TokenizerGolden, ::testing::Values("llama3", "qwen3", "gemma3", "smollm2"));
 
 TEST(SmolLM2Tokenizer, PiecesMatchLlamaCpp) {
   const Tokenizer* tok = load_tokenizer("smollm2");
@@ -181,8 +175,7 @@ TEST(TokenizerErrors, MissingOrBrokenFiles) {
 
   const std::string dir = testing::tokenizer_temp_dir();
   const std::string broken = dir + "/broken.json";
-  std::ofstream(broken)
-      << "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}";
+  std::ofstream(broken) << "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}";
   auto r = Tokenizer::from_tokenizer_json(broken);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("merge"), std::string::npos) << r.error().message;

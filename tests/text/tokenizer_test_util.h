@@ -44,8 +44,7 @@ inline std::string shared_tokenizer_json(const std::string& name) {
   const std::filesystem::path json = dst / "tokenizer.json";
   if (std::filesystem::exists(json)) return json.string();
   std::filesystem::create_directories(dst);
-  const std::string cmd =
-      "gunzip -c '" + (src / "tokenizer.json.gz").string() + "' > '" + json.string() + "'";
+  const std::string cmd = "gunzip -c '" + (src / "tokenizer.json.gz").string() + "' > '" + json.string() + "'";
   if (std::system(cmd.c_str()) != 0) return "";
   if (std::filesystem::exists(src / "tokenizer_config.json"))
     std::filesystem::copy_file(src / "tokenizer_config.json", dst / "tokenizer_config.json",

@@ -47,8 +47,8 @@ void attend_f16_rounded_scalar(const F16AttendArgs& a) {
 
 }  // namespace detail
 
-void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv,
-                           int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool) {
+void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
+                           const AttentionParams& p, float* out, ThreadPool& pool) {
   const AttentionSeq seq{q, q_pos, n_q, kv, n_kv, out};
   attention_f16_rounded_batch(&seq, 1, p, pool);
 }
@@ -80,8 +80,8 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   bool all_by_kv_head = gmax > 0;
   for (int s = 0; s < n_seqs && all_by_kv_head; ++s) all_by_kv_head = by_kv_head(seqs[s]);
   const bool seq_per_thread = all_by_kv_head && n_seqs >= 2 * pool.n_threads();
-  const bool fused = seq_per_thread && parts == 1 && p.n_head_kv <= detail::kMaxFusedKvHeads &&
-                     p.n_head * p.head_dim <= kMaxQ16;
+  const bool fused =
+      seq_per_thread && parts == 1 && p.n_head_kv <= detail::kMaxFusedKvHeads && p.n_head * p.head_dim <= kMaxQ16;
   const int64_t units_per_kv_seq = fused ? 1 : p.n_head_kv * parts;
   // first_unit[s]: the first unit of sequence s; grows only.
   thread_local std::vector<int64_t> first_unit;

@@ -12,8 +12,8 @@
 
 namespace rill::cpu {
 
-void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv,
-                           int64_t n_kv, const AttentionParams& p, float* out, ThreadPool& pool);
+void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
+                           const AttentionParams& p, float* out, ThreadPool& pool);
 // The same for several sequences in one parallel pass over all their
 // (query, head) pairs; each pair's result is bit-identical to the call above.
 // On AVX-512 a query takes llama.cpp's single-query (decode) arithmetic or
@@ -31,9 +31,9 @@ struct F16AttendArgs {
   PagedKv kv;
   int64_t head_dim, j_begin, j_end;
   float scale, softcap;
-  float* scores;       // scratch [j_end - j_begin]
-  uint16_t* probs16;   // scratch [j_end - j_begin]
-  float* out;          // [head_dim]
+  float* scores;              // scratch [j_end - j_begin]
+  uint16_t* probs16;          // scratch [j_end - j_begin]
+  float* out;                 // [head_dim]
   bool single_query = false;  // the batch has one query (llama.cpp's vec_dot form)
 };
 void attend_f16_rounded_scalar(const F16AttendArgs& a);

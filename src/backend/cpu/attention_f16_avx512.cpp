@@ -14,7 +14,9 @@
 
 namespace rill::cpu::detail {
 
-bool attend_f16_exact_supported(int64_t head_dim) { return head_dim % 64 == 0 && head_dim <= 256; }
+bool attend_f16_exact_supported(int64_t head_dim) {
+  return head_dim % 64 == 0 && head_dim <= 256;
+}
 
 void attend_f16_rounded_avx512(const F16AttendArgs& a) {
   const int64_t hd = a.head_dim;
@@ -41,10 +43,18 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
   const int n_lanes = a.single_query ? 64 : 16;
   alignas(64) float acc[64][256];
   switch (hd / 16) {
-    case 4: pv_lanes<4>(a, n_lanes, n, acc); break;
-    case 8: pv_lanes<8>(a, n_lanes, n, acc); break;
-    case 12: pv_lanes<12>(a, n_lanes, n, acc); break;
-    default: pv_lanes<16>(a, n_lanes, n, acc); break;
+    case 4:
+      pv_lanes<4>(a, n_lanes, n, acc);
+      break;
+    case 8:
+      pv_lanes<8>(a, n_lanes, n, acc);
+      break;
+    case 12:
+      pv_lanes<12>(a, n_lanes, n, acc);
+      break;
+    default:
+      pv_lanes<16>(a, n_lanes, n, acc);
+      break;
   }
   reduce_lanes(&acc[0][0], 256, hd, a.single_query, a.out);
 }

@@ -25,7 +25,6 @@ inline void prefetch_rows(const PagedKv& kv, const uint8_t* base, int64_t j_begi
   });
 }
 
-
 inline float reduce16(__m512 v) {
   const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
   const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
@@ -33,7 +32,9 @@ inline float reduce16(__m512 v) {
   return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
 }
 
-inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 
 // q.k for one key (head_dim % 64 == 0 for the single-query form, % 16 otherwise).
 inline float dot_qk(const uint16_t* q, const uint16_t* k, int64_t hd, bool single_query) {

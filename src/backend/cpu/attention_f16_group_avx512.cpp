@@ -199,15 +199,24 @@ int attend_f16_group_max_heads(int64_t head_dim) {
 
 void attend_f16_rounded_group_avx512(const F16GroupArgs& a) {
   switch (a.head_dim / 16 * 8 + a.n_heads) {
-    case 4 * 8 + 1: return attend_group<1, 4>(a);
-    case 4 * 8 + 2: return attend_group<2, 4>(a);
-    case 4 * 8 + 3: return attend_group<3, 4>(a);
-    case 4 * 8 + 4: return attend_group<4, 4>(a);
-    case 8 * 8 + 1: return attend_group<1, 8>(a);
-    case 8 * 8 + 2: return attend_group<2, 8>(a);
-    case 12 * 8 + 1: return attend_group<1, 12>(a);
-    case 16 * 8 + 1: return attend_group<1, 16>(a);
-    default: break;
+    case 4 * 8 + 1:
+      return attend_group<1, 4>(a);
+    case 4 * 8 + 2:
+      return attend_group<2, 4>(a);
+    case 4 * 8 + 3:
+      return attend_group<3, 4>(a);
+    case 4 * 8 + 4:
+      return attend_group<4, 4>(a);
+    case 8 * 8 + 1:
+      return attend_group<1, 8>(a);
+    case 8 * 8 + 2:
+      return attend_group<2, 8>(a);
+    case 12 * 8 + 1:
+      return attend_group<1, 12>(a);
+    case 16 * 8 + 1:
+      return attend_group<1, 16>(a);
+    default:
+      break;
   }
   // Shapes attend_f16_group_max_heads() never hands out.
   __builtin_trap();

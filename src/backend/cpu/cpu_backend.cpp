@@ -33,8 +33,8 @@ class CpuBackend final : public Backend {
     // with the same activation type.
     bool shared = n_weights <= cpu::kMaxMatmulGroup;
     for (int i = 1; i < n_weights && shared; ++i) {
-      shared = cpu::vec_dot_partner(ws[i]->dtype) == cpu::vec_dot_partner(ws[0]->dtype) &&
-               ws[i]->n_cols == ws[0]->n_cols;
+      shared =
+          cpu::vec_dot_partner(ws[i]->dtype) == cpu::vec_dot_partner(ws[0]->dtype) && ws[i]->n_cols == ws[0]->n_cols;
     }
     if (!shared) {
       for (int i = 0; i < n_weights; ++i) matmul(*ws[i], x, n_tokens, ys[i]);
@@ -77,9 +77,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
-    cpu::silu_mul(gate, up, out, n);
-  }
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override { cpu::silu_mul(gate, up, out, n); }
 
   void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) override {
     cpu::gelu_tanh_mul(gate, up, out, n);
@@ -103,6 +101,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
+  return std::make_unique<CpuBackend>(n_threads);
+}
 
 }  // namespace rill

@@ -33,8 +33,10 @@ Isa best_isa() {
     const CpuFeatures& f = cpu_features();
     Isa best = f.avx512 ? Isa::kAvx512 : f.avx2 ? Isa::kAvx2 : Isa::kScalar;
     if (const char* env = std::getenv("RILL_CPU_ISA")) {
-      if (std::strcmp(env, "scalar") == 0) best = Isa::kScalar;
-      else if (std::strcmp(env, "avx2") == 0 && f.avx2) best = Isa::kAvx2;
+      if (std::strcmp(env, "scalar") == 0)
+        best = Isa::kScalar;
+      else if (std::strcmp(env, "avx2") == 0 && f.avx2)
+        best = Isa::kAvx2;
     }
     return best;
   }();
@@ -43,9 +45,12 @@ Isa best_isa() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return "scalar";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
   }
   return "?";
 }

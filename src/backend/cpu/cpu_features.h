@@ -7,7 +7,7 @@ namespace rill::cpu {
 enum class Isa { kScalar, kAvx2, kAvx512 };
 
 struct CpuFeatures {
-  bool avx2 = false;  // with FMA and F16C
+  bool avx2 = false;    // with FMA and F16C
   bool avx512 = false;  // F, BW, VL, DQ
   bool avx512_vnni = false;
 };

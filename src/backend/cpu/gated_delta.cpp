@@ -12,7 +12,9 @@ namespace {
 // few enough that a decode step of one sequence still spreads over threads.
 constexpr int64_t kConvBlock = 64;
 
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
 
 void conv_unit(const ConvSeq& s, const float* weight, int64_t c0, int64_t c1, int64_t kernel, int64_t x_stride) {
   const int64_t km1 = kernel - 1;
@@ -97,8 +99,8 @@ void delta_unit(const GatedDeltaSeq& s, const GatedDeltaParams& p, int64_t h) {
 
 }  // namespace
 
-void causal_conv1d_silu_batch(const ConvSeq* seqs, int n_seqs, const float* weight, int64_t n_channels,
-                              int64_t kernel, int64_t x_stride, ThreadPool& pool) {
+void causal_conv1d_silu_batch(const ConvSeq* seqs, int n_seqs, const float* weight, int64_t n_channels, int64_t kernel,
+                              int64_t x_stride, ThreadPool& pool) {
   assert(kernel >= 2 && kernel <= kMaxConvKernel);
   const int64_t n_blocks = (n_channels + kConvBlock - 1) / kConvBlock;
   pool.parallel_for(static_cast<int64_t>(n_seqs) * n_blocks, 1, [&](int64_t begin, int64_t end) {

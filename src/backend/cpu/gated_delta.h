@@ -42,8 +42,8 @@ struct ConvSeq {
 };
 inline constexpr int64_t kMaxConvKernel = 8;
 // weight: [n_channels, kernel], 2 <= kernel <= kMaxConvKernel.
-void causal_conv1d_silu_batch(const ConvSeq* seqs, int n_seqs, const float* weight, int64_t n_channels,
-                              int64_t kernel, int64_t x_stride, ThreadPool& pool);
+void causal_conv1d_silu_batch(const ConvSeq* seqs, int n_seqs, const float* weight, int64_t n_channels, int64_t kernel,
+                              int64_t x_stride, ThreadPool& pool);
 
 // The gated delta rule, per value head h with its key head kh = h / (n_v_heads / n_k_heads):
 //   q' = l2norm(q[kh]) / sqrt(dk), k' = l2norm(k[kh])   (l2norm: x * rsqrt(sum x^2 + 1e-6))
@@ -53,9 +53,9 @@ void causal_conv1d_silu_batch(const ConvSeq* seqs, int n_seqs, const float* weig
 // (transformers' torch_recurrent_gated_delta_rule with use_qk_l2norm_in_kernel).
 struct GatedDeltaParams {
   int64_t n_k_heads = 0;
-  int64_t n_v_heads = 0;  // a multiple of n_k_heads
-  int64_t head_k_dim = 0; // <= kMaxHeadKDim
-  int64_t head_v_dim = 0; // <= kMaxHeadVDim
+  int64_t n_v_heads = 0;    // a multiple of n_k_heads
+  int64_t head_k_dim = 0;   // <= kMaxHeadKDim
+  int64_t head_v_dim = 0;   // <= kMaxHeadVDim
   int64_t in_stride = 0;    // floats between consecutive tokens of q, k and v
   int64_t gate_stride = 0;  // floats between consecutive tokens of g and beta
   int64_t out_stride = 0;   // floats between consecutive tokens of out
@@ -71,7 +71,7 @@ struct GatedDeltaSeq {
   const float* beta = nullptr;  // [n_tokens, n_v_heads]
   float* out = nullptr;         // [n_tokens, n_v_heads, dv]
   int64_t n_tokens = 0;
-  float* state = nullptr;       // [n_v_heads, dk, dv]
+  float* state = nullptr;                    // [n_v_heads, dk, dv]
   const StateSnapshot* snapshots = nullptr;  // ascending after_token
   int n_snapshots = 0;
 };

@@ -35,7 +35,8 @@ struct KDecQ4 {
     for (int g = 0; g < 4; ++g) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * g));
       _mm256_store_si256(reinterpret_cast<__m256i*>(out->q[2 * g]), _mm256_and_si256(raw, low));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out->q[2 * g + 1]), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out->q[2 * g + 1]),
+                         _mm256_and_si256(_mm256_srli_epi16(raw, 4), low));
     }
     for (int k = 0; k < 8; ++k) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(out->sc[k]), _mm256_set1_epi16(sc[k]));
@@ -80,11 +81,10 @@ struct KDecQ6 {
       const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
       const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * half));
-      const __m256i hi[4] = {
-          _mm256_slli_epi16(_mm256_and_si256(qh, two), 4),
-          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4),
-          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4),
-          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4)};
+      const __m256i hi[4] = {_mm256_slli_epi16(_mm256_and_si256(qh, two), 4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4)};
       const __m256i lo[4] = {_mm256_and_si256(ql0, low), _mm256_and_si256(ql1, low),
                              _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
                              _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
@@ -102,8 +102,8 @@ struct KDecQ6 {
 };
 
 template <typename Dec, int R, int T>
-RILL_KERNEL_TARGET void gemm_k_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride,
-                                    float* y, int64_t y_stride) {
+RILL_KERNEL_TARGET void gemm_k_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride, float* y,
+                                    int64_t y_stride) {
   using WBlock = typename Dec::Block;
   const int64_t nb = n / kQKK;
   float acc[R][T] = {};
@@ -147,7 +147,9 @@ struct KMaxT {
   static constexpr int kMaxT = kMaxTileCols;
 };
 template <typename Dec>
-constexpr GemmTileFn gemm_k() { return &gemm_tiles<kKTiles<Dec>, KMaxT>; }
+constexpr GemmTileFn gemm_k() {
+  return &gemm_tiles<kKTiles<Dec>, KMaxT>;
+}
 
 }  // namespace
 }  // namespace rill::cpu

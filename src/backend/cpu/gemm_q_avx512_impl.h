@@ -46,8 +46,8 @@ static inline uint32_t load_u32(const void* p) {
 // 4 x u32 (each the first 4 bytes of a block: its f16 d, then m / s or
 // quants) -> 8 f32: (d0, x0, d1, x1, d2, x2, d3, x3).
 static inline RILL_KERNEL_TARGET __m256 f16_pairs(uint32_t p0, uint32_t p1, uint32_t p2, uint32_t p3) {
-  return _mm256_cvtph_ps(_mm_setr_epi32(static_cast<int>(p0), static_cast<int>(p1), static_cast<int>(p2),
-                                        static_cast<int>(p3)));
+  return _mm256_cvtph_ps(
+      _mm_setr_epi32(static_cast<int>(p0), static_cast<int>(p1), static_cast<int>(p2), static_cast<int>(p3)));
 }
 
 // The d (and s) of up to 4 token rows as f32, per block: d_0..d_3, s_0..s_3
@@ -98,8 +98,7 @@ RILL_KERNEL_TARGET void fill_token_starts(TokenStarts& st, int64_t nb, const voi
 // starts: the signed types' start lanes (fill_token_starts), or null.
 template <typename Dec, int R, int T>
 RILL_KERNEL_TARGET void gemm_q_tile_vnni(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride,
-                                         const TokenScales* ts, const TokenStarts* starts, float* y,
-                                         int64_t y_stride) {
+                                         const TokenScales* ts, const TokenStarts* starts, float* y, int64_t y_stride) {
   static_assert(R >= 1 && R <= 4 && T >= 1 && T <= 4);
   using WBlock = typename Dec::Block;
   using ABlock = std::conditional_t<Dec::kMin, BlockQ8_1, BlockQ8_0>;
@@ -114,7 +113,7 @@ RILL_KERNEL_TARGET void gemm_q_tile_vnni(int64_t n, const void* w, size_t w_stri
   // Lane l = 4 * r + t of the scale vectors (lanes with r >= R or t >= T are
   // computed but unused): the row's and the token's element of the f16 pairs.
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i idx_w = _mm512_slli_epi32(_mm512_srli_epi32(lane, 2), 1);                  // 2 * r
+  const __m512i idx_w = _mm512_slli_epi32(_mm512_srli_epi32(lane, 2), 1);                    // 2 * r
   const __m512i idx_a = _mm512_slli_epi32(_mm512_and_si512(lane, _mm512_set1_epi32(3)), 1);  // 2 * t
   const __m512i one = _mm512_set1_epi32(1);
   const __m256i bias = _mm256_set1_epi32(0x4B400000);
@@ -123,9 +122,8 @@ RILL_KERNEL_TARGET void gemm_q_tile_vnni(int64_t n, const void* w, size_t w_stri
   __m512 macc = _mm512_setzero_ps();  // lane 4 * r + t
   __m256 acc[R][T];
   RILL_UNROLL
-  for (int r = 0; r < R; ++r)
-    RILL_UNROLL
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r) RILL_UNROLL
+  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
 
   // The R rows of the tile are one contiguous region, read R blocks per
   // step: prefetch it kPrefetchBytes ahead (as the 1-token tile does).
@@ -155,7 +153,8 @@ RILL_KERNEL_TARGET void gemm_q_tile_vnni(int64_t n, const void* w, size_t w_stri
         sa = _mm512_permutexvar_ps(_mm512_add_epi32(idx_a, one), tv);
       }
       _mm512_store_ps(scale[j], _mm512_mul_ps(_mm512_permutexvar_ps(idx_w, rv), da));
-      if constexpr (Dec::kMin) macc = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_add_epi32(idx_w, one), rv), sa, macc);
+      if constexpr (Dec::kMin)
+        macc = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_add_epi32(idx_w, one), rv), sa, macc);
     }
     // The dot pass reads the products back as broadcast loads (keeps the
     // compiler from turning them into lane permutes).
@@ -196,9 +195,8 @@ RILL_KERNEL_TARGET void gemm_q_tile_vnni(int64_t n, const void* w, size_t w_stri
   alignas(64) float m[16];
   _mm512_store_ps(m, macc);
   RILL_UNROLL
-  for (int t = 0; t < T; ++t)
-    RILL_UNROLL
-    for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(acc[r][t]) + (Dec::kMin ? m[4 * r + t] : 0.0f);
+  for (int t = 0; t < T; ++t) RILL_UNROLL
+  for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(acc[r][t]) + (Dec::kMin ? m[4 * r + t] : 0.0f);
 }
 
 using TileFnTs = void (*)(int64_t, const void*, size_t, const void*, size_t, const TokenScales*, const TokenStarts*,
@@ -249,14 +247,15 @@ RILL_KERNEL_TARGET void gemm_q_vnni_entry(int64_t n, const void* w, size_t w_str
         kQTiles<Dec, Dot>[(nr - 1) * kMaxTileCols](n, wr, w_stride, a1, a_stride, yr + nt0 * y_stride, y_stride);
       } else if (nt1 > 1) {
         kQTilesVnni<Dec>[(nr - 1) * kMaxTileCols + (nt1 - 1)](n, wr, w_stride, a1, a_stride, tab ? &ts[1] : nullptr,
-                                                              st_tab ? &st[1] : nullptr, yr + nt0 * y_stride,
-                                                              y_stride);
+                                                              st_tab ? &st[1] : nullptr, yr + nt0 * y_stride, y_stride);
       }
     }
   }
 }
 template <typename Dec, typename Dot>
-constexpr GemmTileFn gemm_q_vnni() { return &gemm_q_vnni_entry<Dec, Dot>; }
+constexpr GemmTileFn gemm_q_vnni() {
+  return &gemm_q_vnni_entry<Dec, Dot>;
+}
 
 }  // namespace
 }  // namespace rill::cpu

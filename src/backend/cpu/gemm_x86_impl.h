@@ -69,7 +69,7 @@ inline constexpr size_t kPrefetchBytes = 2048;
 
 template <typename Dec, typename Dot, int R, int T>
 RILL_KERNEL_TARGET void gemm_q_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride, float* y,
-                 int64_t y_stride) {
+                                    int64_t y_stride) {
   using WBlock = typename Dec::Block;
   using ABlock = std::conditional_t<Dec::kMin, BlockQ8_1, BlockQ8_0>;
   const int64_t nb = n / kQK;
@@ -82,9 +82,8 @@ RILL_KERNEL_TARGET void gemm_q_tile(int64_t n, const void* w, size_t w_stride, c
   __m256 acc[R][T];
   float macc[R][T];
   RILL_UNROLL
-  for (int r = 0; r < R; ++r)
-    RILL_UNROLL
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
+  for (int r = 0; r < R; ++r) RILL_UNROLL
+  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.0f;
 
   // Decode streams weights from DRAM: the R rows of a tile are one
   // contiguous region read R blocks at a time, a pattern too short per row
@@ -134,9 +133,8 @@ RILL_KERNEL_TARGET void gemm_q_tile(int64_t n, const void* w, size_t w_stride, c
     }
   }
   RILL_UNROLL
-  for (int t = 0; t < T; ++t)
-    RILL_UNROLL
-    for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(acc[r][t]) + macc[r][t];
+  for (int t = 0; t < T; ++t) RILL_UNROLL
+  for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(acc[r][t]) + macc[r][t];
 }
 
 // Float weights (F32, F16, BF16) against f32 activations, 8 columns at a time.
@@ -165,7 +163,7 @@ struct LoadBF16 {
 
 template <typename Load, typename Dot, int R, int T>
 RILL_KERNEL_TARGET void gemm_f_tile(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride, float* y,
-                 int64_t y_stride) {
+                                    int64_t y_stride) {
   const uint8_t* wr[R];
   const float* ar[T];
   RILL_UNROLL
@@ -174,9 +172,8 @@ RILL_KERNEL_TARGET void gemm_f_tile(int64_t n, const void* w, size_t w_stride, c
   for (int t = 0; t < T; ++t) ar[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a) + t * a_stride);
   __m256 acc[R][T];
   RILL_UNROLL
-  for (int r = 0; r < R; ++r)
-    RILL_UNROLL
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r) RILL_UNROLL
+  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 av[T];
@@ -215,8 +212,8 @@ constexpr std::array<TileFn, sizeof...(I)> f_tiles(std::integer_sequence<int, I.
 // the token rows in groups of at most Dot::kMaxT (register budget), picking
 // the instantiation for the tile's shape.
 template <const auto& kTiles, typename Dot>
-RILL_KERNEL_TARGET void gemm_tiles(int64_t n, const void* w, size_t w_stride, int n_r, const void* a, size_t a_stride, int n_t,
-                float* y, int64_t y_stride) {
+RILL_KERNEL_TARGET void gemm_tiles(int64_t n, const void* w, size_t w_stride, int n_r, const void* a, size_t a_stride,
+                                   int n_t, float* y, int64_t y_stride) {
   for (int r0 = 0; r0 < n_r; r0 += kMaxTileRows) {
     const int nr = n_r - r0 < kMaxTileRows ? n_r - r0 : kMaxTileRows;
     const auto* wr = static_cast<const uint8_t*>(w) + static_cast<size_t>(r0) * w_stride;
@@ -234,10 +231,13 @@ template <typename Load, typename Dot>
 inline constexpr auto kFTiles = f_tiles<Load, Dot>(std::make_integer_sequence<int, kMaxTileRows * kMaxTileCols>{});
 
 template <typename Dec, typename Dot>
-constexpr GemmTileFn gemm_q() { return &gemm_tiles<kQTiles<Dec, Dot>, Dot>; }
+constexpr GemmTileFn gemm_q() {
+  return &gemm_tiles<kQTiles<Dec, Dot>, Dot>;
+}
 template <typename Load, typename Dot>
-constexpr GemmTileFn gemm_f() { return &gemm_tiles<kFTiles<Load, Dot>, Dot>; }
+constexpr GemmTileFn gemm_f() {
+  return &gemm_tiles<kFTiles<Load, Dot>, Dot>;
+}
 
 }  // namespace
 }  // namespace rill::cpu
-

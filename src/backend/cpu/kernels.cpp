@@ -8,12 +8,14 @@ namespace rill::cpu {
 namespace {
 
 template <DType W>
-void ref_gemm(int64_t n, const void* w, size_t w_stride, int n_r, const void* a, size_t a_stride,
-              int n_t, float* y, int64_t y_stride) {
+void ref_gemm(int64_t n, const void* w, size_t w_stride, int n_r, const void* a, size_t a_stride, int n_t, float* y,
+              int64_t y_stride) {
   ref::gemm_tile(W, n, w, w_stride, n_r, a, a_stride, n_t, y, y_stride);
 }
 
-constexpr size_t id(DType t) { return static_cast<size_t>(t); }
+constexpr size_t id(DType t) {
+  return static_cast<size_t>(t);
+}
 
 Kernels make_scalar() {
   Kernels k;
@@ -59,9 +61,14 @@ const Kernels& kernels(Isa isa) {
     return &k;
   }();
   switch (isa) {
-    case Isa::kScalar: return scalar;
-    case Isa::kAvx2: assert(avx2); return *avx2;
-    case Isa::kAvx512: assert(avx512); return *avx512;
+    case Isa::kScalar:
+      return scalar;
+    case Isa::kAvx2:
+      assert(avx2);
+      return *avx2;
+    case Isa::kAvx512:
+      assert(avx512);
+      return *avx512;
   }
   return scalar;
 }

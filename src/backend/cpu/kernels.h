@@ -21,10 +21,9 @@ inline constexpr int kMaxTileCols = 4;  // activation (token) rows
 // implementation share per-token work across rows). Weight row r starts at
 // w + r * w_stride bytes, activation row t at a + t * a_stride bytes; the
 // activation is of the weight's vec_dot_partner type. n: elements per row.
-using GemmTileFn = void (*)(int64_t n, const void* w, size_t w_stride, int n_r, const void* a,
-                            size_t a_stride, int n_t, float* y, int64_t y_stride);
+using GemmTileFn = void (*)(int64_t n, const void* w, size_t w_stride, int n_r, const void* a, size_t a_stride, int n_t,
+                            float* y, int64_t y_stride);
 using QuantizeRowFn = void (*)(const float* x, void* y, int64_t n);
-
 
 // One query row of one head against keys [j_begin, j_end) of its KV head,
 // with online softmax. Key j's head_dim elements (f32 or f16) start at
@@ -49,20 +48,18 @@ struct Kernels {
   Isa isa = Isa::kScalar;
   GemmTileFn gemm[kNumDTypeIds] = {};         // by weight dtype id
   QuantizeRowFn quantize[kNumDTypeIds] = {};  // by activation (partner) dtype id
-  void (*rms_norm_row)(const float* x, const float* w, int64_t dim, float eps, float w_offset,
-                       float* out) = nullptr;
+  void (*rms_norm_row)(const float* x, const float* w, int64_t dim, float eps, float w_offset, float* out) = nullptr;
   // The second half of rms_norm_row: out = (x * scale) * (w_offset + w)
   // (x * scale without w), for a scale from rms_norm_scale().
-  void (*rms_scale_row)(const float* x, const float* w, int64_t dim, float scale, float w_offset,
-                        float* out) = nullptr;
+  void (*rms_scale_row)(const float* x, const float* w, int64_t dim, float scale, float w_offset, float* out) = nullptr;
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
   void (*gelu_tanh_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
   void (*add_inplace)(float* y, const float* x, int64_t n) = nullptr;
   // Rotates the first 2 * n_pairs dims of each of n_heads heads of v
   // ([n_heads, head_dim]) by the per-pair cos/sin: interleaved pairs
   // (2i, 2i+1), else (i, i + n_pairs).
-  void (*rope_rotate)(float* v, int64_t n_heads, int64_t head_dim, int64_t n_pairs, bool interleaved,
-                      const float* cs, const float* sn) = nullptr;
+  void (*rope_rotate)(float* v, int64_t n_heads, int64_t head_dim, int64_t n_pairs, bool interleaved, const float* cs,
+                      const float* sn) = nullptr;
   AttendRowFn attend_row = nullptr;
 };
 
@@ -93,8 +90,8 @@ inline float rms_norm_scale(double sum, int64_t dim, float eps) {
 
 namespace ref {
 // Scalar entries, also used by tests as the reference.
-void gemm_tile(DType w, int64_t n, const void* wp, size_t w_stride, int n_r, const void* a,
-               size_t a_stride, int n_t, float* y, int64_t y_stride);
+void gemm_tile(DType w, int64_t n, const void* wp, size_t w_stride, int n_r, const void* a, size_t a_stride, int n_t,
+               float* y, int64_t y_stride);
 void rms_norm_row(const float* x, const float* w, int64_t dim, float eps, float w_offset, float* out);
 void rms_scale_row(const float* x, const float* w, int64_t dim, float scale, float w_offset, float* out);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);

@@ -33,8 +33,10 @@ const uint8_t* prepare_activations(const Kernels& k, DType partner, const float*
   auto quantize_rows = [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) quantize(x + t * n, q + static_cast<size_t>(t) * stride, n);
   };
-  if (n_tokens < 8) quantize_rows(0, n_tokens);
-  else pool.parallel_for(n_tokens, 4, quantize_rows);
+  if (n_tokens < 8)
+    quantize_rows(0, n_tokens);
+  else
+    pool.parallel_for(n_tokens, 4, quantize_rows);
   return q;
 }
 
@@ -44,7 +46,7 @@ struct MatJob {
   GemmTileFn gemm;
   float* y;
   int64_t y_stride;
-  int64_t chunk;     // rows per chunk: a multiple of the tile height
+  int64_t chunk;  // rows per chunk: a multiple of the tile height
   int64_t n_chunks;
 };
 
@@ -93,8 +95,7 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
   if (n_tokens <= 0 || w.n_rows <= 0) return;
   const Kernels& k = kernels();
   size_t a_stride = 0;
-  const uint8_t* a =
-      prepare_activations(k, vec_dot_partner(w.dtype), x, w.n_cols, n_tokens, pool, scratch, &a_stride);
+  const uint8_t* a = prepare_activations(k, vec_dot_partner(w.dtype), x, w.n_cols, n_tokens, pool, scratch, &a_stride);
   const MatJob j = plan(k, w, y, y_stride, n_tokens, pool.n_threads());
   pool.parallel_for(j.n_chunks, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t c = cb; c < ce; ++c) run_chunk(j, c, a, a_stride, n_tokens);

@@ -14,15 +14,15 @@ void get_rows(const WeightView& w, const int32_t* ids, int64_t n_ids, float* out
   const auto* base = static_cast<const uint8_t*>(w.data);
   for (int64_t i = 0; i < n_ids; ++i) {
     assert(ids[i] >= 0 && ids[i] < w.n_rows);
-    ref::dequantize_row(w.dtype, base + static_cast<size_t>(ids[i]) * w.row_stride, out + i * w.n_cols,
-                        w.n_cols);
+    ref::dequantize_row(w.dtype, base + static_cast<size_t>(ids[i]) * w.row_stride, out + i * w.n_cols, w.n_cols);
   }
 }
 
-void dequantize_row(DType t, const void* src, float* dst, int64_t n) { ref::dequantize_row(t, src, dst, n); }
+void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
+  ref::dequantize_row(t, src, dst, n);
+}
 
-void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps, float* out,
-              float weight_offset) {
+void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps, float* out, float weight_offset) {
   const Kernels& k = kernels();
   // Each row's sum of squares is a chain of dependent double adds (ggml's
   // order, kept for bit parity): four rows' chains run interleaved, so a
@@ -41,8 +41,7 @@ void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float
     }
     const double sums[4] = {s0, s1, s2, s3};
     for (int q = 0; q < 4; ++q) {
-      k.rms_scale_row(x + (r + q) * dim, w, dim, rms_norm_scale(sums[q], dim, eps), weight_offset,
-                      out + (r + q) * dim);
+      k.rms_scale_row(x + (r + q) * dim, w, dim, rms_norm_scale(sums[q], dim, eps), weight_offset, out + (r + q) * dim);
     }
   }
   for (; r < n_rows; ++r) k.rms_norm_row(x + r * dim, w, dim, eps, weight_offset, out + r * dim);
@@ -59,9 +58,8 @@ void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
     if (table.ggml_theta_scale > 0.0f) {
       float theta_base = pos;
       for (int64_t i = 0; i < n_pairs; ++i) {
-        const float theta = table.ggml_freq_divisor.empty()
-                                ? theta_base
-                                : theta_base / table.ggml_freq_divisor[static_cast<size_t>(i)];
+        const float theta =
+            table.ggml_freq_divisor.empty() ? theta_base : theta_base / table.ggml_freq_divisor[static_cast<size_t>(i)];
         cs[i] = std::cos(theta) * table.attn_factor;
         sn[i] = std::sin(theta) * table.attn_factor;
         theta_base *= table.ggml_theta_scale;
@@ -77,11 +75,15 @@ void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
   }
 }
 
-void silu_mul(const float* gate, const float* up, float* out, int64_t n) { kernels().silu_mul(gate, up, out, n); }
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  kernels().silu_mul(gate, up, out, n);
+}
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
   kernels().gelu_tanh_mul(gate, up, out, n);
 }
-void add_inplace(float* y, const float* x, int64_t n) { kernels().add_inplace(y, x, n); }
+void add_inplace(float* y, const float* x, int64_t n) {
+  kernels().add_inplace(y, x, n);
+}
 
 void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
                const AttentionParams& p, float* out, ThreadPool& pool) {

@@ -48,8 +48,8 @@ size_t matmul_scratch_bytes(DType w, int64_t n_cols, int64_t n_tokens);
 // 0 means n_rows). For quantized W, x is first quantized to the dot-product
 // partner type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants)
 // exactly as llama.cpp does, so results match it bit-for-bit up to summation order.
-void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
-            Scratch& scratch, int64_t y_stride = 0);
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, Scratch& scratch,
+            int64_t y_stride = 0);
 
 // Several weights applied to the same x (q/k/v, gate/up): x is quantized
 // once and all their rows go through the pool in one job, so a decode step
@@ -79,7 +79,7 @@ struct RopeTable {
   std::vector<float> inv_freq;  // [rot_dim / 2]
   float attn_factor = 1.0f;     // multiplies cos and sin (yarn mscale)
   int64_t rot_dim = 0;
-  bool interleaved = false;     // RopeStyle::kInterleaved
+  bool interleaved = false;  // RopeStyle::kInterleaved
   // When > 0, angles are computed as llama.cpp does for GGUF models: theta_0 =
   // pos, theta_{i+1} = theta_i * ggml_theta_scale in f32 (then divided by
   // ggml_freq_divisor[i] when present), instead of pos * inv_freq[i].

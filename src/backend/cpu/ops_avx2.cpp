@@ -84,7 +84,8 @@ void rope_rotate(float* v, int64_t n_heads, int64_t head_dim, int64_t n_pairs, b
 }
 
 inline __m256 load8(const void* row, int64_t i, bool f16) {
-  if (f16) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i)));
+  if (f16)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i)));
   return _mm256_loadu_ps(static_cast<const float*>(row) + i);
 }
 inline float load1(const void* row, int64_t i, bool f16) {
@@ -119,7 +120,9 @@ struct Avx2Prims {
   }
 };
 
-void attend_row(const AttendRowArgs& args) { attend_row_impl<Avx2Prims>(args); }
+void attend_row(const AttendRowArgs& args) {
+  attend_row_impl<Avx2Prims>(args);
+}
 
 }  // namespace
 

@@ -24,6 +24,8 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
 
 }  // namespace
 
-void fill_ops_avx512(Kernels& k) { k.silu_mul = silu_mul; }
+void fill_ops_avx512(Kernels& k) {
+  k.silu_mul = silu_mul;
+}
 
 }  // namespace rill::cpu

@@ -30,13 +30,12 @@ struct ScalarPrims {
 
 }  // namespace
 
-void gemm_tile(DType w, int64_t n, const void* wp, size_t w_stride, int n_r, const void* a,
-               size_t a_stride, int n_t, float* y, int64_t y_stride) {
+void gemm_tile(DType w, int64_t n, const void* wp, size_t w_stride, int n_r, const void* a, size_t a_stride, int n_t,
+               float* y, int64_t y_stride) {
   const auto* wb = static_cast<const uint8_t*>(wp);
   const auto* ab = static_cast<const uint8_t*>(a);
   for (int t = 0; t < n_t; ++t)
-    for (int r = 0; r < n_r; ++r)
-      y[t * y_stride + r] = vec_dot(w, n, wb + r * w_stride, ab + t * a_stride);
+    for (int r = 0; r < n_r; ++r) y[t * y_stride + r] = vec_dot(w, n, wb + r * w_stride, ab + t * a_stride);
 }
 
 // As ggml_compute_forward_rms_norm_f32: squares in f32, summed in double;

@@ -54,7 +54,9 @@ void quantize_q8_1(const float* x, void* out, int64_t n) {
   }
 }
 
-constexpr size_t id(DType t) { return static_cast<size_t>(t); }
+constexpr size_t id(DType t) {
+  return static_cast<size_t>(t);
+}
 
 }  // namespace
 

@@ -5,8 +5,8 @@
 // (same arithmetic per dot, fewer multiply-pipe instructions). Installed only
 // when the CPU has AVX512_VNNI; otherwise the AVX2 table stays.
 #define RILL_KERNEL_TARGET __attribute__((target("avx512vnni")))
-#include "backend/cpu/gemm_x86_impl.h"
 #include "backend/cpu/gemm_q_avx512_impl.h"
+#include "backend/cpu/gemm_x86_impl.h"
 
 namespace rill::cpu {
 namespace {
@@ -18,7 +18,9 @@ struct DotVnni {
   }
 };
 
-constexpr size_t id(DType t) { return static_cast<size_t>(t); }
+constexpr size_t id(DType t) {
+  return static_cast<size_t>(t);
+}
 
 }  // namespace
 

@@ -13,20 +13,26 @@ DType vec_dot_partner(DType w) {
   switch (w) {
     case DType::kQ4_0:
     case DType::kQ5_0:
-    case DType::kQ8_0: return DType::kQ8_0;
+    case DType::kQ8_0:
+      return DType::kQ8_0;
     case DType::kQ4_1:
-    case DType::kQ5_1: return DType::kQ8_1;
+    case DType::kQ5_1:
+      return DType::kQ8_1;
     case DType::kQ4_K:
     case DType::kQ5_K:
-    case DType::kQ6_K: return DType::kQ8_K;
-    default: return DType::kF32;
+    case DType::kQ6_K:
+      return DType::kQ8_K;
+    default:
+      return DType::kF32;
   }
 }
 
 namespace ref {
 namespace {
 
-inline float h2f(uint16_t h) { return f16_to_f32(h); }
+inline float h2f(uint16_t h) {
+  return f16_to_f32(h);
+}
 
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
@@ -131,10 +137,8 @@ void dequant_q5_k(const BlockQ5_K* b, float* y, int64_t nb) {
       const float d1 = d * sc, m1 = dmin * mn;
       unpack_scale_min_k4(j / 32 + 1, b[i].scales, &sc, &mn);
       const float d2 = d * sc, m2 = dmin * mn;
-      for (int l = 0; l < 32; ++l)
-        *y++ = d1 * static_cast<float>((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-      for (int l = 0; l < 32; ++l)
-        *y++ = d2 * static_cast<float>((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
     }
   }
 }
@@ -185,7 +189,9 @@ inline int block_isum(GetW get_w, const int8_t* a) {
   return s;
 }
 
-inline int q4_nib(const uint8_t* qs, int j) { return j < 16 ? (qs[j] & 0xF) : (qs[j - 16] >> 4); }
+inline int q4_nib(const uint8_t* qs, int j) {
+  return j < 16 ? (qs[j] & 0xF) : (qs[j - 16] >> 4);
+}
 inline int q5_val(const uint8_t* qs, uint32_t qh, int j) {
   return q4_nib(qs, j) | static_cast<int>(((qh >> j) & 1) << 4);
 }
@@ -240,8 +246,7 @@ float dot_q8_0(int64_t nb, const BlockQ8_0* x, const BlockQ8_0* y) {
 // Q4_K/Q5_K: sum_j sc[j] * (q . a over sub-block j) scaled by d*y.d, minus
 // dmin*y.d * sum_j mn[j] * (bsums of sub-block j).
 template <typename GetQ>
-inline float k4_superblock(const uint8_t* scales, uint16_t dh, uint16_t dminh, const BlockQ8_K& y,
-                           GetQ get_q) {
+inline float k4_superblock(const uint8_t* scales, uint16_t dh, uint16_t dminh, const BlockQ8_K& y, GetQ get_q) {
   int isum = 0, msum = 0;
   for (int j = 0; j < 8; ++j) {
     uint8_t sc, mn;
@@ -300,7 +305,9 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   assert(n % bs == 0);
   const int64_t nb = n / bs;
   switch (t) {
-    case DType::kF32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
     case DType::kF16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
@@ -311,16 +318,26 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
       return;
     }
-    case DType::kQ4_0: return dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, nb);
-    case DType::kQ4_1: return dequant_q4_1(static_cast<const BlockQ4_1*>(src), dst, nb);
-    case DType::kQ5_0: return dequant_q5_0(static_cast<const BlockQ5_0*>(src), dst, nb);
-    case DType::kQ5_1: return dequant_q5_1(static_cast<const BlockQ5_1*>(src), dst, nb);
-    case DType::kQ8_0: return dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, nb);
-    case DType::kQ8_1: return dequant_q8_1(static_cast<const BlockQ8_1*>(src), dst, nb);
-    case DType::kQ4_K: return dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb);
-    case DType::kQ5_K: return dequant_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb);
-    case DType::kQ6_K: return dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb);
-    case DType::kQ8_K: return dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb);
+    case DType::kQ4_0:
+      return dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, nb);
+    case DType::kQ4_1:
+      return dequant_q4_1(static_cast<const BlockQ4_1*>(src), dst, nb);
+    case DType::kQ5_0:
+      return dequant_q5_0(static_cast<const BlockQ5_0*>(src), dst, nb);
+    case DType::kQ5_1:
+      return dequant_q5_1(static_cast<const BlockQ5_1*>(src), dst, nb);
+    case DType::kQ8_0:
+      return dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, nb);
+    case DType::kQ8_1:
+      return dequant_q8_1(static_cast<const BlockQ8_1*>(src), dst, nb);
+    case DType::kQ4_K:
+      return dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb);
+    case DType::kQ5_K:
+      return dequant_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb);
+    case DType::kQ6_K:
+      return dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb);
+    case DType::kQ8_K:
+      return dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb);
   }
   assert(false && "dequantize_row: unsupported dtype");
 }
@@ -378,11 +395,17 @@ void quantize_row_q8_k(const float* x, void* out, int64_t n) {
 
 void quantize_row(DType partner, const float* x, void* y, int64_t n) {
   switch (partner) {
-    case DType::kQ8_0: return quantize_row_q8_0(x, y, n);
-    case DType::kQ8_1: return quantize_row_q8_1(x, y, n);
-    case DType::kQ8_K: return quantize_row_q8_k(x, y, n);
-    case DType::kF32: std::memcpy(y, x, static_cast<size_t>(n) * 4); return;
-    default: assert(false && "quantize_row: not an activation type");
+    case DType::kQ8_0:
+      return quantize_row_q8_0(x, y, n);
+    case DType::kQ8_1:
+      return quantize_row_q8_1(x, y, n);
+    case DType::kQ8_K:
+      return quantize_row_q8_k(x, y, n);
+    case DType::kF32:
+      std::memcpy(y, x, static_cast<size_t>(n) * 4);
+      return;
+    default:
+      assert(false && "quantize_row: not an activation type");
   }
 }
 
@@ -398,22 +421,34 @@ float vec_dot(DType w, int64_t n, const void* wrow, const void* arow) {
       float sum = 0.0f;
       for (int64_t i = 0; i < n; ++i) {
         float wv;
-        if (w == DType::kF32) wv = static_cast<const float*>(wrow)[i];
-        else if (w == DType::kF16) wv = f16_to_f32(static_cast<const uint16_t*>(wrow)[i]);
-        else wv = bf16_to_f32(static_cast<const uint16_t*>(wrow)[i]);
+        if (w == DType::kF32)
+          wv = static_cast<const float*>(wrow)[i];
+        else if (w == DType::kF16)
+          wv = f16_to_f32(static_cast<const uint16_t*>(wrow)[i]);
+        else
+          wv = bf16_to_f32(static_cast<const uint16_t*>(wrow)[i]);
         sum += wv * a[i];
       }
       return sum;
     }
-    case DType::kQ4_0: return dot_q4_0(nb, static_cast<const BlockQ4_0*>(wrow), static_cast<const BlockQ8_0*>(arow));
-    case DType::kQ4_1: return dot_q4_1(nb, static_cast<const BlockQ4_1*>(wrow), static_cast<const BlockQ8_1*>(arow));
-    case DType::kQ5_0: return dot_q5_0(nb, static_cast<const BlockQ5_0*>(wrow), static_cast<const BlockQ8_0*>(arow));
-    case DType::kQ5_1: return dot_q5_1(nb, static_cast<const BlockQ5_1*>(wrow), static_cast<const BlockQ8_1*>(arow));
-    case DType::kQ8_0: return dot_q8_0(nb, static_cast<const BlockQ8_0*>(wrow), static_cast<const BlockQ8_0*>(arow));
-    case DType::kQ4_K: return dot_q4_k(nb, static_cast<const BlockQ4_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
-    case DType::kQ5_K: return dot_q5_k(nb, static_cast<const BlockQ5_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
-    case DType::kQ6_K: return dot_q6_k(nb, static_cast<const BlockQ6_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
-    default: assert(false && "vec_dot: unsupported weight dtype");
+    case DType::kQ4_0:
+      return dot_q4_0(nb, static_cast<const BlockQ4_0*>(wrow), static_cast<const BlockQ8_0*>(arow));
+    case DType::kQ4_1:
+      return dot_q4_1(nb, static_cast<const BlockQ4_1*>(wrow), static_cast<const BlockQ8_1*>(arow));
+    case DType::kQ5_0:
+      return dot_q5_0(nb, static_cast<const BlockQ5_0*>(wrow), static_cast<const BlockQ8_0*>(arow));
+    case DType::kQ5_1:
+      return dot_q5_1(nb, static_cast<const BlockQ5_1*>(wrow), static_cast<const BlockQ8_1*>(arow));
+    case DType::kQ8_0:
+      return dot_q8_0(nb, static_cast<const BlockQ8_0*>(wrow), static_cast<const BlockQ8_0*>(arow));
+    case DType::kQ4_K:
+      return dot_q4_k(nb, static_cast<const BlockQ4_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
+    case DType::kQ5_K:
+      return dot_q5_k(nb, static_cast<const BlockQ5_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
+    case DType::kQ6_K:
+      return dot_q6_k(nb, static_cast<const BlockQ6_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
+    default:
+      assert(false && "vec_dot: unsupported weight dtype");
   }
   return 0.0f;
 }

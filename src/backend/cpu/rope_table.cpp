@@ -58,8 +58,11 @@ RopeTable make_rope_table(float theta, int64_t rot_dim, bool interleaved, const 
     const double inv = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(rot_dim));
     double f = inv;
     switch (s.type) {
-      case RopeScalingParams::Type::kNone: break;
-      case RopeScalingParams::Type::kLinear: f = inv / s.factor; break;
+      case RopeScalingParams::Type::kNone:
+        break;
+      case RopeScalingParams::Type::kLinear:
+        f = inv / s.factor;
+        break;
       case RopeScalingParams::Type::kLlama3:
         assert(s.original_max_position > 0);
         f = llama3_inv_freq(inv, s);

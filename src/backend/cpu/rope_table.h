@@ -26,7 +26,6 @@ struct RopeScalingParams {
 };
 
 // theta: rope base; rot_dim: rotated dims per head (even).
-RopeTable make_rope_table(float theta, int64_t rot_dim, bool interleaved,
-                          const RopeScalingParams& scaling = {});
+RopeTable make_rope_table(float theta, int64_t rot_dim, bool interleaved, const RopeScalingParams& scaling = {});
 
 }  // namespace rill::cpu

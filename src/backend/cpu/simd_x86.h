@@ -31,7 +31,9 @@ static inline int hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+static inline float f16(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 // 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..15) then
 // high nibbles (elements 16..31), values 0..15.
@@ -75,8 +77,8 @@ static inline __m256 exp_ggml(__m256 x) {
   const __m256 shifter = _mm256_set1_ps(0x1.8p23f);
   const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shifter);
   const __m256 n = _mm256_sub_ps(z, shifter);
-  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
-                                    _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+  const __m256 b =
+      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
   const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
   const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0f))));
   const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);

@@ -12,9 +12,9 @@
 #include "backend/cuda/attention_decode.h"
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
-#include "backend/cuda/smem_opt_in.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/smem_opt_in.h"
 
 namespace rill::cuda {
 namespace {
@@ -29,20 +29,26 @@ using detail::to_f32;
 using detail::warp_max;
 using detail::warp_sum;
 
-[[maybe_unused]] constexpr int kMaxGroup = 8;       // q heads per KV head the decode kernel handles
+[[maybe_unused]] constexpr int kMaxGroup = 8;  // q heads per KV head the decode kernel handles
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeChunk = 128;  // keys scored before each softmax update
 
 // Loads 4 consecutive KV elements as f32.
 __device__ __forceinline__ void load4(const float* p, float* v) {
   const float4 x = *reinterpret_cast<const float4*>(p);
-  v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+  v[0] = x.x;
+  v[1] = x.y;
+  v[2] = x.z;
+  v[3] = x.w;
 }
 __device__ __forceinline__ void load4(const __half* p, float* v) {
   const uint2 raw = *reinterpret_cast<const uint2*>(p);
   const __half2 a = *reinterpret_cast<const __half2*>(&raw.x), b = *reinterpret_cast<const __half2*>(&raw.y);
   const float2 fa = __half22float2(a), fb = __half22float2(b);
-  v[0] = fa.x; v[1] = fa.y; v[2] = fb.x; v[3] = fb.y;
+  v[0] = fa.x;
+  v[1] = fa.y;
+  v[2] = fb.x;
+  v[3] = fb.y;
 }
 
 constexpr int kKeys = 4;
@@ -70,14 +76,14 @@ __device__ __forceinline__ void load_rows(const KV* base_ptr, const int32_t* cac
 // output itself when the token has one split. Called by all threads of the
 // block (it synchronizes).
 template <typename KV, int kChunks, int kG>
-__device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem, float* m_s, float* corr_s,
-                                             float* l_s, int32_t* rows_s, int kvh, int split, int z, int32_t t,
-                                             int32_t k_begin, int32_t k_end, int32_t n_splits) {
+__device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem, float* m_s, float* corr_s, float* l_s,
+                                             int32_t* rows_s, int kvh, int split, int z, int32_t t, int32_t k_begin,
+                                             int32_t k_end, int32_t n_splits) {
   const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* q_s = smem;                       // [G][hd]
-  float* sc = q_s + G * hd;                // [G][kDecodeChunk]
-  float* red = sc + G * kDecodeChunk;      // [4][G][hd]
+  float* q_s = smem;                   // [G][hd]
+  float* sc = q_s + G * hd;            // [G][kDecodeChunk]
+  float* red = sc + G * kDecodeChunk;  // [4][G][hd]
   const int32_t* table = a.block_tables + a.table_start[a.seq_of[t]];
   const float* q = a.q + static_cast<int64_t>(t) * a.q_stride + static_cast<int64_t>(kvh) * G * hd;
   for (int i = threadIdx.x; i < G * hd; i += kDecodeThreads) q_s[i] = q[i];
@@ -101,7 +107,8 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
     const int n = min(kDecodeChunk, k_end - c0);
     // The chunk's cache rows, looked up once: otherwise a block-table load
     // would precede every K and V row load (two latencies per round).
-    for (int jj = threadIdx.x; jj < n; jj += kDecodeThreads) rows_s[jj] = static_cast<int32_t>(cache_row(a, table, c0 + jj));
+    for (int jj = threadIdx.x; jj < n; jj += kDecodeThreads)
+      rows_s[jj] = static_cast<int32_t>(cache_row(a, table, c0 + jj));
     __syncthreads();
     for (int base = warp; base < n; base += 4 * kKeys) {
       float kv[kKeys][kChunks][4];
@@ -222,8 +229,8 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
   __syncthreads();
   for (int i = threadIdx.x; i < G * hd; i += kDecodeThreads) {
     const int g = i / hd, d = i % hd;
-    const float s = red[(0 * G + g) * hd + d] + red[(1 * G + g) * hd + d] + red[(2 * G + g) * hd + d] +
-                    red[(3 * G + g) * hd + d];
+    const float s =
+        red[(0 * G + g) * hd + d] + red[(1 * G + g) * hd + d] + red[(2 * G + g) * hd + d] + red[(3 * G + g) * hd + d];
     if (n_splits == 1) {
       const int64_t h = kvh * G + g;
       store_out(a.out_dtype, a.out, (static_cast<int64_t>(t) * a.n_head + h) * hd + d, s / l_s[g]);
@@ -296,7 +303,7 @@ template <typename KV, typename Out, int kDims>  // kDims = head_dim / 4 rounded
 __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a) {
   extern __shared__ float smem[];
   const int hd = a.head_dim, ld = hd + 1;
-  float* qs = smem;                   // [32][hd + 1]
+  float* qs = smem;                     // [32][hd + 1]
   float* ks = qs + kPrefillTileQ * ld;  // [32][hd + 1]
   float* vs = ks + kTileK * ld;         // [32][hd]
   float* ps = vs + kTileK * hd;         // [32][33]
@@ -310,7 +317,8 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a) {
 
   for (int i = threadIdx.x; i < kPrefillTileQ * hd; i += 128) {
     const int rr = i / hd, d = i % hd;
-    qs[rr * ld + d] = rr < tile.n_q ? a.q[static_cast<int64_t>(tile.t0 + rr) * a.q_stride + static_cast<int64_t>(h) * hd + d] : 0.0f;
+    qs[rr * ld + d] =
+        rr < tile.n_q ? a.q[static_cast<int64_t>(tile.t0 + rr) * a.q_stride + static_cast<int64_t>(h) * hd + d] : 0.0f;
   }
   const bool row_ok = r < tile.n_q;
   const int32_t p_row = row_ok ? a.pos[tile.t0 + r] : -1;
@@ -384,7 +392,8 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a) {
   }
   if (!row_ok) return;
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  Out* out = static_cast<Out*>(a.out) + static_cast<int64_t>(tile.t0 + r) * a.n_head * hd + static_cast<int64_t>(h) * hd;
+  Out* out =
+      static_cast<Out*>(a.out) + static_cast<int64_t>(tile.t0 + r) * a.n_head * hd + static_cast<int64_t>(h) * hd;
 #pragma unroll
   for (int i = 0; i < kDims; ++i) {
     const int d = sub + 4 * i;
@@ -462,7 +471,9 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-int32_t decode_splits(int32_t len) { return splits_for(len); }
+int32_t decode_splits(int32_t len) {
+  return splits_for(len);
+}
 
 int32_t prefill_tile_q(DType kv_dtype, int32_t head_dim) {
   return prefill_mma_supported(kv_dtype, head_dim) ? kPrefillTileQMma : kPrefillTileQ;

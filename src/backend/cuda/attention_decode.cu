@@ -42,16 +42,16 @@ using detail::splits_for;
 using detail::store_out;
 
 constexpr int kWarps = 8;
-constexpr int kChunkKeys = kSplitKeys;  // cache rows staged in shared memory per pass
-constexpr int kStages = 3;              // rounds in flight per warp
+constexpr int kChunkKeys = kSplitKeys;        // cache rows staged in shared memory per pass
+constexpr int kStages = 3;                    // rounds in flight per warp
 constexpr unsigned kPrefetchMaxBlocks = 264;  // 2 blocks per SM on an H200: every block resident at once
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 template <typename KV, int kHd, int kG>
 struct Shape {
   static constexpr int kE = 16 / static_cast<int>(sizeof(KV));  // elements per 16-byte load
-  static constexpr int kL = kHd / kE;                             // lanes per row
-  static constexpr int kR = 32 / kL;                              // rows per warp-wide load
+  static constexpr int kL = kHd / kE;                           // lanes per row
+  static constexpr int kR = 32 / kL;                            // rows per warp-wide load
   // K (and V) loads per lane per round: registers for 2 blocks per SM at up
   // to 4 q heads (q and the accumulators take 2 * kG * kE of them).
   static constexpr int kLoads = kG >= 8 ? 2 : 4;
@@ -72,16 +72,22 @@ struct Shape {
   static constexpr size_t kSmemBytes = kRingBytes > kAccBytes ? kRingBytes : kAccBytes;
 };
 
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 
 // 16 bytes global -> shared, bypassing L1; zeros when !valid (src unread).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 template <int kPending>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
 
 // Sums v[0, 2 kO) over the lanes of a row of 2 kO lanes, halving the values
 // each step: at offset o a lane keeps the half its bit o selects and adds
@@ -200,7 +206,7 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
     for (int k = 0; k < my_rounds; ++k) {
       if (k + kStages - 1 < my_rounds) issue(k + kStages - 1);
       cp_async_commit();
-      cp_async_wait<kStages - 1>();  // round k's copies (this thread's) have landed
+      cp_async_wait<kStages - 1>();                               // round k's copies (this thread's) have landed
       const int base = (warp + k * kWarps) * S::kRoundKeys + rr;  // this lane's first row (chunk-relative)
       const uint8_t* st = ring + (k % kStages) * S::kStageBytes;
       uint4 kr[kLoads], vr[kLoads];
@@ -277,41 +283,41 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
         __syncwarp();  // p_s is rewritten by the next round
       } else {
 #pragma unroll
-      for (int o = kL / 2; o >= 1; o >>= 1)
+        for (int o = kL / 2; o >= 1; o >>= 1)
 #pragma unroll
-        for (int i = 0; i < kLoads; ++i)
+          for (int i = 0; i < kLoads; ++i)
 #pragma unroll
-          for (int g = 0; g < kG; ++g) s[i][g] += __shfl_xor_sync(0xffffffffu, s[i][g], o);
-      float m_new[kG];
-#pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < kLoads; ++i) {
-          s[i][g] = base + i * kR < n ? softcap_score(s[i][g] * a.scale, a.softcap) : -INFINITY;
-          mx = fmaxf(mx, s[i][g]);
-        }
-#pragma unroll
-        for (int o = kL; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        m_new[g] = fmaxf(m[g], mx);
-        const float corr = expf(m[g] - m_new[g]);  // 0 on the warp's first round
-        m[g] = m_new[g];
-        l[g] *= corr;
-#pragma unroll
-        for (int e = 0; e < kE; ++e) acc[g][e] *= corr;
-      }
-#pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        float vf[kE];
-        unpack8(vr[i], static_cast<const KV*>(nullptr), vf);
+            for (int g = 0; g < kG; ++g) s[i][g] += __shfl_xor_sync(0xffffffffu, s[i][g], o);
+        float m_new[kG];
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
-          const float pr = expf(s[i][g] - m_new[g]);
-          l[g] += pr;
+          float mx = -INFINITY;
 #pragma unroll
-          for (int e = 0; e < kE; ++e) acc[g][e] += pr * vf[e];
+          for (int i = 0; i < kLoads; ++i) {
+            s[i][g] = base + i * kR < n ? softcap_score(s[i][g] * a.scale, a.softcap) : -INFINITY;
+            mx = fmaxf(mx, s[i][g]);
+          }
+#pragma unroll
+          for (int o = kL; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          m_new[g] = fmaxf(m[g], mx);
+          const float corr = expf(m[g] - m_new[g]);  // 0 on the warp's first round
+          m[g] = m_new[g];
+          l[g] *= corr;
+#pragma unroll
+          for (int e = 0; e < kE; ++e) acc[g][e] *= corr;
         }
-      }
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+          float vf[kE];
+          unpack8(vr[i], static_cast<const KV*>(nullptr), vf);
+#pragma unroll
+          for (int g = 0; g < kG; ++g) {
+            const float pr = expf(s[i][g] - m_new[g]);
+            l[g] += pr;
+#pragma unroll
+            for (int e = 0; e < kE; ++e) acc[g][e] += pr * vf[e];
+          }
+        }
       }
     }
     __syncthreads();  // rows_s and the rings are reused by the next pass (and the merge)
@@ -391,9 +397,15 @@ void launch_one(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
 template <typename KV, int kHd>
 void launch_g(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
   switch (a.n_head / a.n_head_kv) {
-    case 1: launch_one<KV, kHd, 1>(a, grid, stream); break;
-    case 2: launch_one<KV, kHd, 2>(a, grid, stream); break;
-    case 4: launch_one<KV, kHd, 4>(a, grid, stream); break;
+    case 1:
+      launch_one<KV, kHd, 1>(a, grid, stream);
+      break;
+    case 2:
+      launch_one<KV, kHd, 2>(a, grid, stream);
+      break;
+    case 4:
+      launch_one<KV, kHd, 4>(a, grid, stream);
+      break;
     default:
       if constexpr (kHd <= 128) launch_one<KV, kHd, 8>(a, grid, stream);
       break;

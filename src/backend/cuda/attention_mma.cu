@@ -13,8 +13,8 @@
 
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
-#include "backend/cuda/smem_opt_in.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/smem_opt_in.h"
 
 namespace rill::cuda {
 namespace {
@@ -69,7 +69,8 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
 
   for (int i = threadIdx.x; i < kBQ * HD; i += kWarps * 32) {
     const int r = i / HD, d = i % HD;
-    const float q = r < tile.n_q ? a.q[static_cast<int64_t>(tile.t0 + r) * a.q_stride + static_cast<int64_t>(h) * HD + d] : 0.0f;
+    const float q =
+        r < tile.n_q ? a.q[static_cast<int64_t>(tile.t0 + r) * a.q_stride + static_cast<int64_t>(h) * HD + d] : 0.0f;
     qs[r * L::kLdH + d] = __float2half_rn(q);
   }
   for (int i = threadIdx.x; i < kBQ * L::kLdO; i += kWarps * 32) os[i] = 0.0f;
@@ -91,7 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
   const half* q_w = qs + warp * 16 * L::kLdH;
 
   for (int32_t kc = k_lo; kc < k_hi; kc += kBK) {
-    __syncthreads();  // the previous tile's K/V are no longer read
+    __syncthreads();               // the previous tile's K/V are no longer read
     constexpr int kVecs = HD / 8;  // 16-byte vectors per row
     for (int i = threadIdx.x; i < kBK * kVecs; i += kWarps * 32) {
       const int jj = i / kVecs, v = i % kVecs;
@@ -191,7 +192,8 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
     const int row = warp * 16 + r;
     if (row >= tile.n_q) continue;
     const float l = l_s[row];
-    Out* out = static_cast<Out*>(a.out) + static_cast<int64_t>(tile.t0 + row) * a.n_head * HD + static_cast<int64_t>(h) * HD;
+    Out* out =
+        static_cast<Out*>(a.out) + static_cast<int64_t>(tile.t0 + row) * a.n_head * HD + static_cast<int64_t>(h) * HD;
     out[d] = from_f32<Out>(l > 0.0f ? o_w[r * L::kLdO + d] / l : 0.0f);
   }
 }

@@ -104,7 +104,8 @@ Result<std::unique_ptr<Context>> Context::create(int device) {
   int n = 0;
   if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess || n == 0) {
     cudaGetLastError();
-    return Error{"CUDA: no usable device (" + std::string(e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")"};
+    return Error{"CUDA: no usable device (" + std::string(e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") +
+                 ")"};
   }
   if (device < 0 || device >= n) {
     return Error{"CUDA: device " + std::to_string(device) + " does not exist (" + std::to_string(n) + " present)"};

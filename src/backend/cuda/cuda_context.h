@@ -41,7 +41,10 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   // Errors name `what` and the size, and say how much memory was free.
   static Result<DeviceBuffer> allocate(size_t bytes, const std::string& what);
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -50,7 +53,9 @@ class DeviceBuffer {
   void* data() const { return ptr_; }
   size_t size() const { return bytes_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
 
  private:
   void* ptr_ = nullptr;
@@ -62,7 +67,10 @@ class PinnedBuffer {
  public:
   PinnedBuffer() = default;
   static Result<PinnedBuffer> allocate(size_t bytes, const std::string& what);
-  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;

@@ -24,9 +24,8 @@ __device__ __forceinline__ void store4<float>(float* p, const float* v) {
 
 // out[r, :] = W[src row, :], src row = ids ? ids[r] : row0 + r.
 template <class Q, typename Out>
-__global__ void dequant_kernel(const uint8_t* __restrict__ w, const int32_t* __restrict__ ids,
-                               int64_t row0, int64_t n_rows, int64_t n_cols,
-                               Out* __restrict__ out) {
+__global__ void dequant_kernel(const uint8_t* __restrict__ w, const int32_t* __restrict__ ids, int64_t row0,
+                               int64_t n_rows, int64_t n_cols, Out* __restrict__ out) {
   detail::pdl_wait();
   detail::pdl_trigger();
   const int64_t n_blocks = n_cols / Q::kElems;
@@ -53,20 +52,19 @@ unsigned grid_for(int64_t n_threads) {
 }
 
 template <typename Out>
-void dequant(DType w_dtype, const void* w, const int32_t* ids, int64_t row0, int64_t n_rows,
-             int64_t n_cols, Out* out, cudaStream_t stream) {
+void dequant(DType w_dtype, const void* w, const int32_t* ids, int64_t row0, int64_t n_rows, int64_t n_cols, Out* out,
+             cudaStream_t stream) {
   const auto* wq = static_cast<const uint8_t*>(w);
-  RILL_CUDA_DISPATCH_QUANT(
-      w_dtype, launch_pdl(dequant_kernel<Q, Out>, grid_for(n_rows * (n_cols / 8)), 256, 0, stream,
-                          wq, ids, row0, n_rows, n_cols, out));
+  RILL_CUDA_DISPATCH_QUANT(w_dtype, launch_pdl(dequant_kernel<Q, Out>, grid_for(n_rows * (n_cols / 8)), 256, 0, stream,
+                                               wq, ids, row0, n_rows, n_cols, out));
 }
 
-__global__ void add_columns_kernel(const float* __restrict__ part, int64_t n_tokens, int64_t n_part,
-                                   float* y, int64_t y_stride, int64_t col0, bool accumulate) {
+__global__ void add_columns_kernel(const float* __restrict__ part, int64_t n_tokens, int64_t n_part, float* y,
+                                   int64_t y_stride, int64_t col0, bool accumulate) {
   detail::pdl_wait();
   detail::pdl_trigger();
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n_tokens * n_part; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_tokens * n_part;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / n_part, j = i % n_part;
     float* o = y + t * y_stride + col0 + j;
     *o = accumulate ? *o + part[i] : part[i];
@@ -75,17 +73,17 @@ __global__ void add_columns_kernel(const float* __restrict__ part, int64_t n_tok
 
 }  // namespace
 
-void dequantize_rows(DType w_dtype, const void* w, int64_t n_cols, int64_t row0, int64_t n_rows,
-                     DType out_dtype, void* out, cudaStream_t stream) {
+void dequantize_rows(DType w_dtype, const void* w, int64_t n_cols, int64_t row0, int64_t n_rows, DType out_dtype,
+                     void* out, cudaStream_t stream) {
   assert(quant_supported(w_dtype));
   if (n_rows <= 0) return;
-  RILL_CUDA_DISPATCH_FLOAT(out_dtype, dequant<T>(w_dtype, w, nullptr, row0, n_rows, n_cols,
-                                                 static_cast<T*>(out), stream));
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype,
+                           dequant<T>(w_dtype, w, nullptr, row0, n_rows, n_cols, static_cast<T*>(out), stream));
   RILL_CUDA_CHECK_LAUNCH();
 }
 
-void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids,
-                    int64_t n_ids, float* out, cudaStream_t stream) {
+void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids, int64_t n_ids, float* out,
+                    cudaStream_t stream) {
   if (!quant_supported(table_dtype)) {
     embed_rows(table_dtype, table, n_cols, ids, n_ids, out, stream);
     return;
@@ -95,11 +93,11 @@ void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const 
   RILL_CUDA_CHECK_LAUNCH();
 }
 
-void add_columns(const float* part, int64_t n_tokens, int64_t n_part, float* y, int64_t y_stride,
-                 int64_t col0, bool accumulate, cudaStream_t stream) {
+void add_columns(const float* part, int64_t n_tokens, int64_t n_part, float* y, int64_t y_stride, int64_t col0,
+                 bool accumulate, cudaStream_t stream) {
   if (n_tokens <= 0 || n_part <= 0) return;
-  launch_pdl(add_columns_kernel, grid_for(n_tokens * n_part), 256, 0, stream, part, n_tokens,
-             n_part, y, y_stride, col0, accumulate);
+  launch_pdl(add_columns_kernel, grid_for(n_tokens * n_part), 256, 0, stream, part, n_tokens, n_part, y, y_stride, col0,
+             accumulate);
   RILL_CUDA_CHECK_LAUNCH();
 }
 

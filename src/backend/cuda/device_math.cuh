@@ -12,18 +12,30 @@
 
 namespace rill::cuda::detail {
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_f32(__half x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_f32(float x);
 template <>
-__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_f32<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -85,7 +97,8 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  check_or_die(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), "cudaLaunchKernelEx", __FILE__, __LINE__);
+  check_or_die(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), "cudaLaunchKernelEx", __FILE__,
+               __LINE__);
 }
 
 // The 8 elements of 16 bytes of T (f32: 4, f16/bf16: 8; the overload is
@@ -122,26 +135,37 @@ template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                              uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, __half>) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
 }
 
 }  // namespace rill::cuda
 
 // Calls MACRO(T) with T the C++ type of a float dtype (F32/F16/BF16).
-#define RILL_CUDA_DISPATCH_FLOAT(dtype, ...)                         \
-  do {                                                               \
-    switch (dtype) {                                                 \
-      case ::rill::DType::kF16: { using T = __half; __VA_ARGS__; } break;          \
-      case ::rill::DType::kBF16: { using T = __nv_bfloat16; __VA_ARGS__; } break;  \
-      default: { using T = float; __VA_ARGS__; } break;              \
-    }                                                                \
+#define RILL_CUDA_DISPATCH_FLOAT(dtype, ...) \
+  do {                                       \
+    switch (dtype) {                         \
+      case ::rill::DType::kF16: {            \
+        using T = __half;                    \
+        __VA_ARGS__;                         \
+      } break;                               \
+      case ::rill::DType::kBF16: {           \
+        using T = __nv_bfloat16;             \
+        __VA_ARGS__;                         \
+      } break;                               \
+      default: {                             \
+        using T = float;                     \
+        __VA_ARGS__;                         \
+      } break;                               \
+    }                                        \
   } while (0)

@@ -16,9 +16,13 @@ using detail::block_sum;
 using detail::from_f32;
 using detail::warp_sum;
 
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
 // torch.nn.functional.softplus (beta 1, threshold 20), as the CPU.
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+__device__ __forceinline__ float softplus(float x) {
+  return x > 20.0f ? x : log1pf(expf(x));
+}
 
 __device__ __forceinline__ float* state_of(const GdnArgs& a, int32_t id) {
   return a.states + static_cast<int64_t>(id) * a.state_stride;
@@ -37,8 +41,9 @@ __global__ void conv_out_kernel(GdnArgs a) {
   const int nk = a.n_k_heads, dk = a.head_k_dim, dv = a.head_v_dim;
   const bool is_q = hb < nk, is_k = !is_q && hb < 2 * nk;
   const int width = is_q || is_k ? dk : dv;
-  const int64_t ch0 = is_q ? int64_t{hb} * dk
-                           : is_k ? a.key_dim() + int64_t{hb - nk} * dk : 2 * a.key_dim() + int64_t{hb - 2 * nk} * dv;
+  const int64_t ch0 = is_q   ? int64_t{hb} * dk
+                      : is_k ? a.key_dim() + int64_t{hb - nk} * dk
+                             : 2 * a.key_dim() + int64_t{hb - 2 * nk} * dv;
   const GdnSeq s = a.seqs[a.tok_seq[t]];
   const int i = static_cast<int>(t - s.q_start);
   const int K = a.conv_kernel, km1 = K - 1;
@@ -113,7 +118,9 @@ constexpr int kStages = 4;
 
 // Floats of one ring slot: q' [DK4] | k' [DK4] | v [C] | g | beta | pad 2,
 // DK4 = (32 / C) * RPL rows (>= dk).
-__host__ __device__ constexpr int slot_floats(int rpl, int c) { return 2 * (32 / c) * rpl + c + 4; }
+__host__ __device__ constexpr int slot_floats(int rpl, int c) {
+  return 2 * (32 / c) * rpl + c + 4;
+}
 
 template <int RPL, int C>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) delta_kernel(GdnArgs a) {
@@ -145,9 +152,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) delta_kernel(GdnArgs a) {
     const float* row = a.mixed + T * cd;
     const int n4 = dk / 4;
     for (int i = lane; i < 2 * n4 + C / 4; i += 32) {
-      const float* src = i < n4 ? row + int64_t{kh} * dk + 4 * i
-                                : i < 2 * n4 ? row + kd + int64_t{kh} * dk + 4 * (i - n4)
-                                             : row + 2 * kd + int64_t{h} * dv + cg * C + 4 * (i - 2 * n4);
+      const float* src = i < n4       ? row + int64_t{kh} * dk + 4 * i
+                         : i < 2 * n4 ? row + kd + int64_t{kh} * dk + 4 * (i - n4)
+                                      : row + 2 * kd + int64_t{h} * dv + cg * C + 4 * (i - 2 * n4);
       float* d = i < n4 ? dst + 4 * i : i < 2 * n4 ? dst + DK4 + 4 * (i - n4) : dst + 2 * DK4 + 4 * (i - 2 * n4);
       __pipeline_memcpy_async(d, src, 16);
     }
@@ -319,7 +326,9 @@ __global__ void sigmoid_gate_kernel(const float* x, const float* gate, int64_t g
   }
 }
 
-int round_up_warp(int n) { return (n + 31) / 32 * 32; }
+int round_up_warp(int n) {
+  return (n + 31) / 32 * 32;
+}
 
 }  // namespace
 
@@ -331,8 +340,7 @@ int32_t gdn_columns() {
   return columns;
 }
 
-bool gdn_supported(int32_t n_k_heads, int32_t n_v_heads, int32_t head_k_dim, int32_t head_v_dim,
-                   int32_t conv_kernel) {
+bool gdn_supported(int32_t n_k_heads, int32_t n_v_heads, int32_t head_k_dim, int32_t head_v_dim, int32_t conv_kernel) {
   const int64_t key_dim = int64_t{n_k_heads} * head_k_dim;
   const int64_t conv_dim = 2 * key_dim + int64_t{n_v_heads} * head_v_dim;
   return n_k_heads > 0 && n_v_heads % n_k_heads == 0 && head_k_dim > 0 && head_k_dim <= kGdnMaxHeadDim &&
@@ -366,7 +374,7 @@ void gdn_gated_norm(const float* core, const float* z, int64_t z_stride, const f
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_heads));
   const int threads = dim >= 128 ? 128 : round_up_warp(dim);
   RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(gated_norm_kernel<T>, grid, threads, 0, stream, core, z, z_stride, w,
-                                                dim, eps, static_cast<T*>(out)));
+                                                 dim, eps, static_cast<T*>(out)));
 }
 
 void sigmoid_gate_mul(const float* x, const float* gate, int64_t gate_stride, int64_t n_tokens, int64_t width,
@@ -377,7 +385,7 @@ void sigmoid_gate_mul(const float* x, const float* gate, int64_t gate_stride, in
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   const auto grid = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
   RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(sigmoid_gate_kernel<T>, grid, kThreads, 0, stream, x, gate,
-                                                gate_stride, width, n, static_cast<T*>(out)));
+                                                 gate_stride, width, n, static_cast<T*>(out)));
 }
 
 }  // namespace rill::cuda

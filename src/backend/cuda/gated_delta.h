@@ -30,9 +30,9 @@
 namespace rill::cuda {
 
 struct GdnSeq {
-  int32_t q_start = 0, q_len = 0;  // tokens [q_start, q_start + q_len) of the step
-  int32_t src = -1;                // state id the step starts from; -1: zeros
-  int32_t dst = 0;                 // state id it ends in
+  int32_t q_start = 0, q_len = 0;       // tokens [q_start, q_start + q_len) of the step
+  int32_t src = -1;                     // state id the step starts from; -1: zeros
+  int32_t dst = 0;                      // state id it ends in
   int32_t save_begin = 0, n_saves = 0;  // its snapshots: saves[save_begin, + n_saves), ascending after_token
 };
 
@@ -86,8 +86,7 @@ int32_t gdn_columns();
 // Whether the kernels take these dims: dk, dv <= 512, dv a multiple of 8,
 // key_dim even and conv_dim a multiple of 4 (16-byte state and value rows),
 // 2 <= K <= 8, n_v_heads a multiple of n_k_heads.
-bool gdn_supported(int32_t n_k_heads, int32_t n_v_heads, int32_t head_k_dim, int32_t head_v_dim,
-                   int32_t conv_kernel);
+bool gdn_supported(int32_t n_k_heads, int32_t n_v_heads, int32_t head_k_dim, int32_t head_v_dim, int32_t conv_kernel);
 
 // The causal conv1d + silu over q|k|v with each sequence's window from src,
 // the q/k l2 norms, g and beta (mixed, g, beta); then every sequence's

@@ -9,9 +9,12 @@ namespace {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::kF16: return CUDA_R_16F;
-    case DType::kBF16: return CUDA_R_16BF;
-    default: return CUDA_R_32F;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
   }
 }
 

@@ -28,7 +28,6 @@ namespace {
 
 constexpr int kWarps = 8, kTiles = 8, kRows = 16, kChunk = 64;
 
-
 __device__ __forceinline__ uint4 load_or_zero(const uint4* p, int64_t v, int64_t n_vec) {
   return v < n_vec ? __ldg(p + v) : make_uint4(0, 0, 0, 0);
 }
@@ -38,8 +37,8 @@ __device__ __forceinline__ uint4 load_or_zero(const uint4* p, int64_t v, int64_t
 // which outputs a block computes, never the order of any output's sum.
 template <typename T, int R>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemm_invariant_kernel(const T* __restrict__ w, const T* __restrict__ x, int64_t n, int64_t n_rows,
-                          int64_t n_cols, float* __restrict__ y, bool accumulate) {
+    gemm_invariant_kernel(const T* __restrict__ w, const T* __restrict__ x, int64_t n, int64_t n_rows, int64_t n_cols,
+                          float* __restrict__ y, bool accumulate) {
   __shared__ float4 red[kWarps][kTiles][32];
   detail::pdl_wait();
   detail::pdl_trigger();

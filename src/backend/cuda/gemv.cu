@@ -12,17 +12,18 @@ namespace {
 
 constexpr int kWarps = 8;
 
-
 // Streaming 16-byte load: weights are read once per step, keep them out of L1.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  return __ldcs(p);
+}
 
 // One warp per kRows rows (their loads interleaved), kUnroll 16-byte loads
 // per row in flight per lane. Every row accumulates its vectors in the same
 // ascending order whatever kRows, kUnroll and N are.
 template <typename T, int N, int kRows, int kUnroll, int kBlockWarps>
-__global__ void __launch_bounds__(kBlockWarps * 32) gemv_kernel(const T* __restrict__ w, const T* __restrict__ x,
-                                                                int64_t n_rows, int64_t n_cols, float* __restrict__ y,
-                                                                bool accumulate) {
+__global__ void __launch_bounds__(kBlockWarps * 32)
+    gemv_kernel(const T* __restrict__ w, const T* __restrict__ x, int64_t n_rows, int64_t n_cols, float* __restrict__ y,
+                bool accumulate) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kBlockWarps + warp) * kRows;
   if (r0 >= n_rows) {
@@ -115,9 +116,9 @@ __global__ void __launch_bounds__(kBlockWarps * 32) gemv_kernel(const T* __restr
 // would walk its row in many dependent rounds and leave bandwidth unused.
 constexpr int kSplit = 4, kSplitMinVecs = 1024;
 template <typename T, int N>
-__global__ void __launch_bounds__(kWarps * 32) gemv_splitk_kernel(const T* __restrict__ w, const T* __restrict__ x,
-                                                                  int64_t n_rows, int64_t n_cols,
-                                                                  float* __restrict__ y, bool accumulate) {
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_splitk_kernel(const T* __restrict__ w, const T* __restrict__ x, int64_t n_rows, int64_t n_cols,
+                       float* __restrict__ y, bool accumulate) {
   __shared__ float red[kWarps][N];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (kWarps / kSplit) + warp / kSplit;
@@ -206,22 +207,38 @@ void launch(const void* w, const void* x, int64_t n_rows, int64_t n_cols, float*
 }
 
 template <typename T>
-void dispatch(int64_t n_tokens, const void* w, const void* x, int64_t n_rows, int64_t n_cols, float* y,
-              bool accumulate, cudaStream_t stream) {
+void dispatch(int64_t n_tokens, const void* w, const void* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
+              cudaStream_t stream) {
   for (; n_tokens > kGemvMaxTokens; n_tokens -= kGemvMaxTokens) {  // groups of 8: rows' results do not change
     launch<T, kGemvMaxTokens>(w, x, n_rows, n_cols, y, accumulate, stream);
     x = static_cast<const T*>(x) + kGemvMaxTokens * n_cols;
     y += kGemvMaxTokens * n_rows;
   }
   switch (n_tokens) {
-    case 1: launch<T, 1>(w, x, n_rows, n_cols, y, accumulate, stream); break;
-    case 2: launch<T, 2>(w, x, n_rows, n_cols, y, accumulate, stream); break;
-    case 3: launch<T, 3>(w, x, n_rows, n_cols, y, accumulate, stream); break;
-    case 4: launch<T, 4>(w, x, n_rows, n_cols, y, accumulate, stream); break;
-    case 5: launch<T, 5>(w, x, n_rows, n_cols, y, accumulate, stream); break;
-    case 6: launch<T, 6>(w, x, n_rows, n_cols, y, accumulate, stream); break;
-    case 7: launch<T, 7>(w, x, n_rows, n_cols, y, accumulate, stream); break;
-    default: launch<T, 8>(w, x, n_rows, n_cols, y, accumulate, stream); break;
+    case 1:
+      launch<T, 1>(w, x, n_rows, n_cols, y, accumulate, stream);
+      break;
+    case 2:
+      launch<T, 2>(w, x, n_rows, n_cols, y, accumulate, stream);
+      break;
+    case 3:
+      launch<T, 3>(w, x, n_rows, n_cols, y, accumulate, stream);
+      break;
+    case 4:
+      launch<T, 4>(w, x, n_rows, n_cols, y, accumulate, stream);
+      break;
+    case 5:
+      launch<T, 5>(w, x, n_rows, n_cols, y, accumulate, stream);
+      break;
+    case 6:
+      launch<T, 6>(w, x, n_rows, n_cols, y, accumulate, stream);
+      break;
+    case 7:
+      launch<T, 7>(w, x, n_rows, n_cols, y, accumulate, stream);
+      break;
+    default:
+      launch<T, 8>(w, x, n_rows, n_cols, y, accumulate, stream);
+      break;
   }
 }
 
@@ -231,19 +248,35 @@ bool gemv_supported(DType w, int64_t n_cols) {
   return (w == DType::kF32 && n_cols % 4 == 0) || ((w == DType::kF16 || w == DType::kBF16) && n_cols % 8 == 0);
 }
 
-int gemv_n_variants() { return 7; }
+int gemv_n_variants() {
+  return 7;
+}
 
 void gemv_variant(int variant, const void* w, const void* x, int64_t n_rows, int64_t n_cols, float* y,
                   cudaStream_t stream) {
   using T = __nv_bfloat16;
   switch (variant) {
-    case 0: launch<T, 1, 1, 4, 8>(w, x, n_rows, n_cols, y, false, stream); break;
-    case 1: launch<T, 1, 2, 4, 8>(w, x, n_rows, n_cols, y, false, stream); break;
-    case 2: launch<T, 1, 1, 8, 8>(w, x, n_rows, n_cols, y, false, stream); break;
-    case 3: launch<T, 1, 1, 4, 4>(w, x, n_rows, n_cols, y, false, stream); break;
-    case 4: launch<T, 1, 4, 2, 4>(w, x, n_rows, n_cols, y, false, stream); break;
-    case 5: launch<T, 1, 2, 8, 4>(w, x, n_rows, n_cols, y, false, stream); break;
-    default: launch<T, 1>(w, x, n_rows, n_cols, y, false, stream); break;  // what gemv() runs (split-K for long rows)
+    case 0:
+      launch<T, 1, 1, 4, 8>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 1:
+      launch<T, 1, 2, 4, 8>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 2:
+      launch<T, 1, 1, 8, 8>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 3:
+      launch<T, 1, 1, 4, 4>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 4:
+      launch<T, 1, 4, 2, 4>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 5:
+      launch<T, 1, 2, 8, 4>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    default:
+      launch<T, 1>(w, x, n_rows, n_cols, y, false, stream);
+      break;  // what gemv() runs (split-K for long rows)
   }
   RILL_CUDA_CHECK_LAUNCH();
 }

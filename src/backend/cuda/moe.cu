@@ -28,10 +28,10 @@ constexpr int kRouteProbBytes = 24 * 1024;
 // on every run.
 __global__ void route_kernel(const float* __restrict__ logits, int32_t n, int32_t X, int32_t K, bool norm, int32_t pad,
                              MoeRouting r) {
-  extern __shared__ float probs_all[];  // [n_warps, X]
-  __shared__ int32_t cnt[kMoeMaxExperts];     // pairs per expert, then the fill cursor
-  __shared__ int32_t off_s[kMoeMaxExperts];   // offsets[e]
-  __shared__ int32_t pad_s[kMoeMaxExperts];   // padded[e]
+  extern __shared__ float probs_all[];       // [n_warps, X]
+  __shared__ int32_t cnt[kMoeMaxExperts];    // pairs per expert, then the fill cursor
+  __shared__ int32_t off_s[kMoeMaxExperts];  // offsets[e]
+  __shared__ int32_t pad_s[kMoeMaxExperts];  // padded[e]
   detail::pdl_wait();
   detail::pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
@@ -168,12 +168,13 @@ __global__ void route_kernel(const float* __restrict__ logits, int32_t n, int32_
 
 // --- expert-indexed GEMV ------------------------------------------------------
 
-constexpr int kWarps = 8;          // warps per block
-constexpr int kRowsPerWarp = 2;    // each x vector load serves two weight rows
-constexpr int kPairsPerPass = 8;   // pairs per read of the weights
+constexpr int kWarps = 8;         // warps per block
+constexpr int kRowsPerWarp = 2;   // each x vector load serves two weight rows
+constexpr int kPairsPerPass = 8;  // pairs per read of the weights
 
-
-__device__ __forceinline__ uint4 load_w(const uint4* p, bool streaming) { return streaming ? __ldcs(p) : __ldg(p); }
+__device__ __forceinline__ uint4 load_w(const uint4* p, bool streaming) {
+  return streaming ? __ldcs(p) : __ldg(p);
+}
 
 // N pairs (x rows xs[0, N)) through kRowsPerWarp rows wr of one expert.
 // Lane L accumulates vectors L, L + 32, ... in that order, 4 loads in
@@ -286,14 +287,30 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int32_t c = p0; c < p1; c += kPairsPerPass) {
     const int32_t* ps = pairs + c;
     switch (min(kPairsPerPass, p1 - c)) {
-      case 1: gemv_pairs<T, 1>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y); break;
-      case 2: gemv_pairs<T, 2>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y); break;
-      case 3: gemv_pairs<T, 3>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y); break;
-      case 4: gemv_pairs<T, 4>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y); break;
-      case 5: gemv_pairs<T, 5>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y); break;
-      case 6: gemv_pairs<T, 6>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y); break;
-      case 7: gemv_pairs<T, 7>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y); break;
-      default: gemv_pairs<T, 8>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y); break;
+      case 1:
+        gemv_pairs<T, 1>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y);
+        break;
+      case 2:
+        gemv_pairs<T, 2>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y);
+        break;
+      case 3:
+        gemv_pairs<T, 3>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y);
+        break;
+      case 4:
+        gemv_pairs<T, 4>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y);
+        break;
+      case 5:
+        gemv_pairs<T, 5>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y);
+        break;
+      case 6:
+        gemv_pairs<T, 6>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y);
+        break;
+      case 7:
+        gemv_pairs<T, 7>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y);
+        break;
+      default:
+        gemv_pairs<T, 8>(wr, x, x_div, ps, n_rows, n_cols, r0, streaming, lane, y);
+        break;
     }
   }
 }
@@ -315,7 +332,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 // sum whatever the other pairs are (an mma output element reads only its
 // own row and column), so results do not depend on the batch.
 constexpr int kMmaWarps = 8, kMmaTiles = 4, kMmaRows = 16, kMmaChunk = 64;
-
 
 template <typename T>
 __global__ void __launch_bounds__(kMmaWarps * 32)
@@ -345,8 +361,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 #pragma unroll
     for (int j = 0; j < kMmaTiles; ++j) {
       const int32_t i = j * 8 + g;
-      xr[j] = i < cnt ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(pairs[q + i] / x_div) * n_cols)
-                      : nullptr;
+      xr[j] =
+          i < cnt ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(pairs[q + i] / x_div) * n_cols) : nullptr;
     }
     float acc[kMmaTiles][4];
 #pragma unroll
@@ -477,12 +493,11 @@ void moe_gemv(const MoeExperts& w, const void* x, int32_t x_div, const MoeRoutin
   const dim3 grid(static_cast<unsigned>((w.n_rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(max_active));
   const auto* base = static_cast<const uint8_t*>(w.data);
-  RILL_CUDA_DISPATCH_FLOAT(w.dtype, launch_pdl(moe_gemv_kernel<T>, grid, kWarps * 32, 0, stream, base, w.stride,
-                                               w.n_rows, w.n_cols, static_cast<const T*>(x), x_div,
-                                               static_cast<const int32_t*>(r.offsets),
-                                               static_cast<const int32_t*>(r.active),
-                                               static_cast<const int32_t*>(r.n_active),
-                                               static_cast<const int32_t*>(r.sorted_pairs), y));
+  RILL_CUDA_DISPATCH_FLOAT(
+      w.dtype, launch_pdl(moe_gemv_kernel<T>, grid, kWarps * 32, 0, stream, base, w.stride, w.n_rows, w.n_cols,
+                          static_cast<const T*>(x), x_div, static_cast<const int32_t*>(r.offsets),
+                          static_cast<const int32_t*>(r.active), static_cast<const int32_t*>(r.n_active),
+                          static_cast<const int32_t*>(r.sorted_pairs), y));
 }
 
 void moe_gather(DType dtype, const void* x, int64_t n, int32_t n_expert_used, int64_t n_cols,

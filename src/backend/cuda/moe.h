@@ -17,7 +17,7 @@
 
 namespace rill::cuda {
 
-inline constexpr int kMoeMaxExperts = 1024;   // n_expert
+inline constexpr int kMoeMaxExperts = 1024;    // n_expert
 inline constexpr int kMoeMaxExpertsUsed = 32;  // n_expert_used
 
 // Routing and grouping of n tokens. One block; deterministic.

@@ -268,16 +268,16 @@ void rms_norm(const float* x, int64_t x_stride, const int32_t* row_ids, const fl
               float eps, float w_offset, DType out_dtype, void* out, cudaStream_t stream) {
   if (n_rows <= 0) return;
   const int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 256 : 64;
-  RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(rms_norm_kernel<T>, static_cast<unsigned>(n_rows), threads, 0, stream,
-                                                x, x_stride > 0 ? x_stride : dim, row_ids, w, dim, eps, w_offset,
-                                                static_cast<T*>(out)));
+  RILL_CUDA_DISPATCH_FLOAT(
+      out_dtype, launch_pdl(rms_norm_kernel<T>, static_cast<unsigned>(n_rows), threads, 0, stream, x,
+                            x_stride > 0 ? x_stride : dim, row_ids, w, dim, eps, w_offset, static_cast<T*>(out)));
 }
 
 void silu_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype, void* out, cudaStream_t stream) {
   if (n_rows <= 0) return;
   const dim3 grid(static_cast<unsigned>(grid_for(n_ff, 256)), static_cast<unsigned>(n_rows));
-  RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(silu_mul_kernel<T>, grid, 256, 0, stream, gate_up, n_ff,
-                                                static_cast<T*>(out)));
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype,
+                           launch_pdl(silu_mul_kernel<T>, grid, 256, 0, stream, gate_up, n_ff, static_cast<T*>(out)));
 }
 
 void add_bias(float* y, const float* b, int64_t n_rows, int64_t n_cols, cudaStream_t stream) {

@@ -52,9 +52,9 @@ struct RopeKvArgs {
   const float* q_norm = nullptr;       // [head_dim] or null
   const float* k_norm = nullptr;       // [head_dim] or null
   float norm_eps = 1e-6f;
-  float norm_offset = 0.0f;            // q/k norms scale by (norm_offset + w): gemma's HF weights 1
-  const float* inv_freq = nullptr;     // [rot_dim / 2]
-  const float* freq_divisor = nullptr; // [rot_dim / 2] or null (ggml mode only)
+  float norm_offset = 0.0f;             // q/k norms scale by (norm_offset + w): gemma's HF weights 1
+  const float* inv_freq = nullptr;      // [rot_dim / 2]
+  const float* freq_divisor = nullptr;  // [rot_dim / 2] or null (ggml mode only)
   int32_t rot_dim = 0;
   bool interleaved = false;
   float attn_factor = 1.0f;
@@ -146,7 +146,8 @@ void route_attention(int32_t s, int32_t q_start, int32_t q_len, int32_t tile_q, 
     for (int32_t i = 0; i < q_len; ++i) decode_tokens.push_back(q_start + i);
     return;
   }
-  for (int32_t i = 0; i < q_len; i += tile_q) tiles.push_back({s, q_start + i, q_len - i < tile_q ? q_len - i : tile_q});
+  for (int32_t i = 0; i < q_len; i += tile_q)
+    tiles.push_back({s, q_start + i, q_len - i < tile_q ? q_len - i : tile_q});
 }
 
 // y[t, r] (+)= sum_c W[r, c] x[t, c] with W, x in one dtype (F32, F16 or
@@ -172,8 +173,7 @@ void gemv(DType w_dtype, const void* w, const void* x, int64_t n_tokens, int64_t
 
 // gate_up: [n_rows, 2 * n_ff] f32 as silu_mul; out[r, i] = gelu_tanh(gate) *
 // up in out_dtype (GeGLU, cpu::gelu_tanh_mul's formula).
-void gelu_tanh_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype, void* out,
-                   cudaStream_t stream);
+void gelu_tanh_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype, void* out, cudaStream_t stream);
 
 // The sandwich norm's residual add, fused with the next pre-norm. Per row r
 // of [n_rows, dim] f32:

@@ -20,8 +20,8 @@ __global__ void gelu_tanh_mul_kernel(const float* gate_up, int64_t n_ff, Out* ou
   const float* g = gate_up + r * 2 * n_ff;
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n_ff; i += gridDim.x * blockDim.x) {
     const float x = g[i];
-    out[r * n_ff + i] = from_f32<Out>(0.5f * x * (1.0f + tanhf(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x))) *
-                                      g[n_ff + i]);
+    out[r * n_ff + i] =
+        from_f32<Out>(0.5f * x * (1.0f + tanhf(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x))) * g[n_ff + i]);
   }
 }
 
@@ -80,17 +80,17 @@ void gelu_tanh_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out
                    cudaStream_t stream) {
   if (n_rows <= 0) return;
   const dim3 grid(blocks_for(n_ff, 256), static_cast<unsigned>(n_rows));
-  RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(gelu_tanh_mul_kernel<T>, grid, 256, 0, stream, gate_up, n_ff,
-                                                static_cast<T*>(out)));
+  RILL_CUDA_DISPATCH_FLOAT(
+      out_dtype, launch_pdl(gelu_tanh_mul_kernel<T>, grid, 256, 0, stream, gate_up, n_ff, static_cast<T*>(out)));
 }
 
 void post_norm_add(const float* y, const float* w_post, float* x, const float* w_next, int64_t n_rows, int64_t dim,
                    float eps, float w_offset, DType out_dtype, void* out, cudaStream_t stream) {
   if (n_rows <= 0) return;
   const int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 256 : 64;
-  RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(post_norm_add_kernel<T>, static_cast<unsigned>(n_rows), threads, 0,
-                                                stream, y, w_post, x, w_next, dim, eps, w_offset,
-                                                static_cast<T*>(out)));
+  RILL_CUDA_DISPATCH_FLOAT(
+      out_dtype, launch_pdl(post_norm_add_kernel<T>, static_cast<unsigned>(n_rows), threads, 0, stream, y, w_post, x,
+                            w_next, dim, eps, w_offset, static_cast<T*>(out)));
 }
 
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {

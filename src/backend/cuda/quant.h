@@ -34,19 +34,19 @@ bool quant_supported(DType t);
 // One warp per row (four for rows of more than 8,192 elements, partial sums
 // added in a fixed order); a row's result for one token is the same bits
 // whatever n_tokens is (tokens go 8 per launch).
-void quant_gemv(DType w_dtype, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
-                int64_t n_rows, int64_t n_cols, float* y, bool accumulate, cudaStream_t stream);
+void quant_gemv(DType w_dtype, const void* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows,
+                int64_t n_cols, float* y, bool accumulate, cudaStream_t stream);
 
 // out[r, :] = W[row0 + r, :] for r in [0, n_rows), dequantized exactly as
 // cpu::ref::dequantize_row (bit for bit in F32) and rounded to out_dtype
 // (F32/F16/BF16, round to nearest even). out: [n_rows, n_cols].
-void dequantize_rows(DType w_dtype, const void* w, int64_t n_cols, int64_t row0, int64_t n_rows,
-                     DType out_dtype, void* out, cudaStream_t stream);
+void dequantize_rows(DType w_dtype, const void* w, int64_t n_cols, int64_t row0, int64_t n_rows, DType out_dtype,
+                     void* out, cudaStream_t stream);
 
 // out[i, :] = row ids[i] of table [*, n_cols] as f32; the table quantized
 // (dequantized as above) or F32/F16/BF16 (embed_rows).
-void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids,
-                    int64_t n_ids, float* out, cudaStream_t stream);
+void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids, int64_t n_ids, float* out,
+                    cudaStream_t stream);
 
 // Scratch of quant_matmul's dequantize-then-GEMM path, carved from a
 // model's activation arena: `w` holds w_elems dequantized weights (a whole
@@ -64,8 +64,8 @@ struct QuantScratch {
   // head larger than both the layers' largest and kQuantChunkElems goes in
   // row chunks. Nothing where the GEMV takes every call (never in
   // batch-invariant mode, which always dequantizes).
-  void carve(Arena& a, DType act, int64_t max_tokens, int64_t max_elems, int64_t head_rows,
-             int64_t head_cols, int64_t max_head_tokens, bool batch_invariant = false);
+  void carve(Arena& a, DType act, int64_t max_tokens, int64_t max_elems, int64_t head_rows, int64_t head_cols,
+             int64_t max_head_tokens, bool batch_invariant = false);
 };
 // A quantized LM head larger than this (and than every layer matrix) is
 // dequantized in row chunks of this many elements (32 MiB in bf16).
@@ -79,13 +79,12 @@ inline constexpr int64_t kQuantChunkElems = int64_t{16} << 20;
 // bf16 weights). In batch-invariant mode (gemm.batch_invariant()) every
 // call dequantizes and multiplies through gemm.matmul (gemm_invariant).
 // Errors when the scratch cannot hold one row chunk for n_tokens.
-Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, const void* w,
-                    DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
-                    float* y, bool accumulate, cudaStream_t stream);
+Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, const void* w, DType x_dtype, const void* x,
+                    int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate, cudaStream_t stream);
 
 // y[t, col0 + j] (+)= part[t, j] over part [n_tokens, n_part] f32, y rows
 // y_stride floats apart.
-void add_columns(const float* part, int64_t n_tokens, int64_t n_part, float* y, int64_t y_stride,
-                 int64_t col0, bool accumulate, cudaStream_t stream);
+void add_columns(const float* part, int64_t n_tokens, int64_t n_part, float* y, int64_t y_stride, int64_t col0,
+                 bool accumulate, cudaStream_t stream);
 
 }  // namespace rill::cuda

@@ -33,10 +33,18 @@ __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
 __device__ __forceinline__ uint32_t ld_u32_a4(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
-__device__ __forceinline__ int byte_at(uint32_t w, int i) { return static_cast<int>((w >> (8 * i)) & 0xffu); }
-__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ int byte_at(uint32_t w, int i) {
+  return static_cast<int>((w >> (8 * i)) & 0xffu);
+}
+__device__ __forceinline__ float mul(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ float add(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ float sub(float a, float b) {
+  return __fsub_rn(a, b);
+}
 
 // x = d * (q - 8); byte j of qs: element j (low nibble), j + 16 (high).
 struct Q4_0 {
@@ -206,17 +214,42 @@ struct Q6_K {
 
 // Calls the statement list with Q the decoder of a quant_supported dtype
 // (other dtypes: nothing).
-#define RILL_CUDA_DISPATCH_QUANT(dtype, ...)                                     \
-  do {                                                                           \
-    switch (dtype) {                                                             \
-      case ::rill::DType::kQ4_0: { using Q = ::rill::cuda::quant::Q4_0; __VA_ARGS__; } break; \
-      case ::rill::DType::kQ4_1: { using Q = ::rill::cuda::quant::Q4_1; __VA_ARGS__; } break; \
-      case ::rill::DType::kQ5_0: { using Q = ::rill::cuda::quant::Q5_0; __VA_ARGS__; } break; \
-      case ::rill::DType::kQ5_1: { using Q = ::rill::cuda::quant::Q5_1; __VA_ARGS__; } break; \
-      case ::rill::DType::kQ8_0: { using Q = ::rill::cuda::quant::Q8_0; __VA_ARGS__; } break; \
-      case ::rill::DType::kQ4_K: { using Q = ::rill::cuda::quant::Q4_K; __VA_ARGS__; } break; \
-      case ::rill::DType::kQ5_K: { using Q = ::rill::cuda::quant::Q5_K; __VA_ARGS__; } break; \
-      case ::rill::DType::kQ6_K: { using Q = ::rill::cuda::quant::Q6_K; __VA_ARGS__; } break; \
-      default: break;                                                            \
-    }                                                                            \
+#define RILL_CUDA_DISPATCH_QUANT(dtype, ...) \
+  do {                                       \
+    switch (dtype) {                         \
+      case ::rill::DType::kQ4_0: {           \
+        using Q = ::rill::cuda::quant::Q4_0; \
+        __VA_ARGS__;                         \
+      } break;                               \
+      case ::rill::DType::kQ4_1: {           \
+        using Q = ::rill::cuda::quant::Q4_1; \
+        __VA_ARGS__;                         \
+      } break;                               \
+      case ::rill::DType::kQ5_0: {           \
+        using Q = ::rill::cuda::quant::Q5_0; \
+        __VA_ARGS__;                         \
+      } break;                               \
+      case ::rill::DType::kQ5_1: {           \
+        using Q = ::rill::cuda::quant::Q5_1; \
+        __VA_ARGS__;                         \
+      } break;                               \
+      case ::rill::DType::kQ8_0: {           \
+        using Q = ::rill::cuda::quant::Q8_0; \
+        __VA_ARGS__;                         \
+      } break;                               \
+      case ::rill::DType::kQ4_K: {           \
+        using Q = ::rill::cuda::quant::Q4_K; \
+        __VA_ARGS__;                         \
+      } break;                               \
+      case ::rill::DType::kQ5_K: {           \
+        using Q = ::rill::cuda::quant::Q5_K; \
+        __VA_ARGS__;                         \
+      } break;                               \
+      case ::rill::DType::kQ6_K: {           \
+        using Q = ::rill::cuda::quant::Q6_K; \
+        __VA_ARGS__;                         \
+      } break;                               \
+      default:                               \
+        break;                               \
+    }                                        \
   } while (0)

@@ -44,9 +44,8 @@ __device__ __forceinline__ void load4(const __nv_bfloat16* p, float* v) {
 // n_tok <= kMaxN tokens; n_split warps per row (1 or kSplit).
 template <class Q, typename T, int kMaxN>
 __global__ void __launch_bounds__(kWarps * 32)
-    quant_gemv_kernel(const uint8_t* __restrict__ w, const T* __restrict__ x, int n_tok,
-                      int64_t n_rows, int64_t n_cols, int n_split, float* __restrict__ y,
-                      bool accumulate) {
+    quant_gemv_kernel(const uint8_t* __restrict__ w, const T* __restrict__ x, int n_tok, int64_t n_rows, int64_t n_cols,
+                      int n_split, float* __restrict__ y, bool accumulate) {
   __shared__ float red[kWarps][kMaxN];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kWarps / n_split) + warp / n_split;
@@ -55,8 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int n_items = n_blocks * Q::kItems;
   const int per = (n_items + n_split - 1) / n_split;
   const int end = min(n_items, (part + 1) * per);
-  const uint8_t* wr =
-      w + (row < n_rows ? row : n_rows - 1) * static_cast<int64_t>(n_blocks) * Q::kBytes;
+  const uint8_t* wr = w + (row < n_rows ? row : n_rows - 1) * static_cast<int64_t>(n_blocks) * Q::kBytes;
   detail::pdl_wait();
   detail::pdl_trigger();
   float acc[kMaxN];
@@ -97,8 +95,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <class Q, typename T>
-void launch(const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
-            float* y, bool accumulate, cudaStream_t stream) {
+void launch(const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
+            cudaStream_t stream) {
   const int64_t n_items = n_cols / Q::kElems * Q::kItems;
   const int n_split = n_items >= kSplitMinItems ? kSplit : 1;
   const int rows_per_block = kWarps / n_split;
@@ -108,11 +106,11 @@ void launch(const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int6
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kGemvMaxTokens) {
     const int n = static_cast<int>(n_tokens - t0 < kGemvMaxTokens ? n_tokens - t0 : kGemvMaxTokens);
     if (n == 1) {
-      launch_pdl(quant_gemv_kernel<Q, T, 1>, blocks, kWarps * 32, 0, stream, wq, xt + t0 * n_cols,
-                 n, n_rows, n_cols, n_split, y + t0 * n_rows, accumulate);
+      launch_pdl(quant_gemv_kernel<Q, T, 1>, blocks, kWarps * 32, 0, stream, wq, xt + t0 * n_cols, n, n_rows, n_cols,
+                 n_split, y + t0 * n_rows, accumulate);
     } else {
-      launch_pdl(quant_gemv_kernel<Q, T, kGemvMaxTokens>, blocks, kWarps * 32, 0, stream, wq,
-                 xt + t0 * n_cols, n, n_rows, n_cols, n_split, y + t0 * n_rows, accumulate);
+      launch_pdl(quant_gemv_kernel<Q, T, kGemvMaxTokens>, blocks, kWarps * 32, 0, stream, wq, xt + t0 * n_cols, n,
+                 n_rows, n_cols, n_split, y + t0 * n_rows, accumulate);
     }
   }
 }
@@ -135,15 +133,13 @@ bool quant_supported(DType t) {
   }
 }
 
-void quant_gemv(DType w_dtype, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
-                int64_t n_rows, int64_t n_cols, float* y, bool accumulate, cudaStream_t stream) {
+void quant_gemv(DType w_dtype, const void* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows,
+                int64_t n_cols, float* y, bool accumulate, cudaStream_t stream) {
   if (n_tokens <= 0 || n_rows <= 0) return;
   if (x_dtype == DType::kF32) {
-    RILL_CUDA_DISPATCH_QUANT(
-        w_dtype, launch<Q, float>(w, x, n_tokens, n_rows, n_cols, y, accumulate, stream));
+    RILL_CUDA_DISPATCH_QUANT(w_dtype, launch<Q, float>(w, x, n_tokens, n_rows, n_cols, y, accumulate, stream));
   } else {
-    RILL_CUDA_DISPATCH_QUANT(
-        w_dtype, launch<Q, __nv_bfloat16>(w, x, n_tokens, n_rows, n_cols, y, accumulate, stream));
+    RILL_CUDA_DISPATCH_QUANT(w_dtype, launch<Q, __nv_bfloat16>(w, x, n_tokens, n_rows, n_cols, y, accumulate, stream));
   }
   RILL_CUDA_CHECK_LAUNCH();
 }

@@ -9,8 +9,8 @@
 
 namespace rill::cuda {
 
-void QuantScratch::carve(Arena& a, DType act, int64_t max_tokens, int64_t max_elems,
-                         int64_t head_rows, int64_t head_cols, int64_t max_head_tokens, bool batch_invariant) {
+void QuantScratch::carve(Arena& a, DType act, int64_t max_tokens, int64_t max_elems, int64_t head_rows,
+                         int64_t head_cols, int64_t max_head_tokens, bool batch_invariant) {
   const int64_t gemv_max = !batch_invariant && (act == DType::kF32 || act == DType::kBF16) ? kGemvMaxTokens : 0;
   w_elems = max_tokens > gemv_max ? max_elems : 0;
   y_floats = 0;
@@ -27,9 +27,8 @@ void QuantScratch::carve(Arena& a, DType act, int64_t max_tokens, int64_t max_el
   y = a.take<float>(static_cast<size_t>(y_floats));
 }
 
-Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, const void* w,
-                    DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
-                    float* y, bool accumulate, cudaStream_t stream) {
+Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, const void* w, DType x_dtype, const void* x,
+                    int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate, cudaStream_t stream) {
   if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
   // Batch-invariant mode: never the block GEMV (its order differs from the
   // GEMM's); always dequantize, then gemm.matmul's invariant kernel.
@@ -40,9 +39,8 @@ Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, cons
   }
   const int64_t chunk = std::min(n_rows, scratch.w_elems / n_cols);
   if (chunk <= 0 || (chunk < n_rows && n_tokens * chunk > scratch.y_floats)) {
-    return Error{"quantized matmul of " + std::to_string(n_tokens) + " x " +
-                 std::to_string(n_rows) + " x " + std::to_string(n_cols) + " (" +
-                 std::string(dtype_name(w_dtype)) +
+    return Error{"quantized matmul of " + std::to_string(n_tokens) + " x " + std::to_string(n_rows) + " x " +
+                 std::to_string(n_cols) + " (" + std::string(dtype_name(w_dtype)) +
                  "): the dequantization scratch was planned for fewer elements or tokens"};
   }
   if (chunk == n_rows) {

@@ -27,7 +27,9 @@ struct Shared {
   int32_t result;
 };
 
-__device__ __forceinline__ uint32_t fbits(float p) { return __float_as_uint(p); }
+__device__ __forceinline__ uint32_t fbits(float p) {
+  return __float_as_uint(p);
+}
 
 // A probability's weight for top-p: floor(p * 2^64). Sums of these are exact
 // and order-free (fixed point), so masses do not depend on thread timing.
@@ -36,8 +38,7 @@ __device__ __forceinline__ u128 mass_of(float p) {
   return __float2ull_rz(__fmul_rn(p, 18446744073709551616.0f));
 }
 __device__ __forceinline__ double to_double(u128 v) {
-  return static_cast<double>(static_cast<uint64_t>(v >> 64)) +
-         static_cast<double>(static_cast<uint64_t>(v)) * 0x1p-64;
+  return static_cast<double>(static_cast<uint64_t>(v >> 64)) + static_cast<double>(static_cast<uint64_t>(v)) * 0x1p-64;
 }
 // ceil(x * 2^64) for 0 <= x < 2^63.
 __device__ __forceinline__ u128 fixed_ceil(double x) {
@@ -49,7 +50,9 @@ __device__ __forceinline__ u128 fixed_ceil(double x) {
   return r;
 }
 
-__device__ __forceinline__ double shfl_up(double v, int o) { return __shfl_up_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ double shfl_up(double v, int o) {
+  return __shfl_up_sync(0xffffffffu, v, o);
+}
 __device__ __forceinline__ u128 shfl_up(u128 v, int o) {
   const auto lo = __shfl_up_sync(0xffffffffu, static_cast<unsigned long long>(v), o);
   const auto hi = __shfl_up_sync(0xffffffffu, static_cast<unsigned long long>(v >> 64), o);
@@ -262,8 +265,8 @@ __device__ int32_t draw(const float* p, int64_t n, uint64_t bound, double u, Sha
   return sh.result;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int64_t n, const DeviceSamplingParams* params,
-                                                          int32_t* ids, uint64_t* kept_bounds) {
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(float* logits, int64_t n, const DeviceSamplingParams* params, int32_t* ids, uint64_t* kept_bounds) {
   __shared__ Shared sh;
   const int tid = threadIdx.x;
   const DeviceSamplingParams P = params[blockIdx.x];

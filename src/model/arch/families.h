@@ -27,8 +27,7 @@ inline Error cuda_not_built() {
 // the MoE FFN (model/moe.h) mixtral and qwen3_moe.
 // options.device == kCuda: the CUDA implementation (llama_cuda.cpp; MoE
 // layers through model/cuda_moe.h; quantized GGUF experts are refused there).
-Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
-                                                  const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files, const ModelOptions& options);
 // options.tensor_parallel != 1: split over that many ranks (llama_tp.cpp).
 Result<std::unique_ptr<Model>> create_llama_tp_model(std::shared_ptr<const ModelFiles> files,
                                                      const ModelOptions& options);
@@ -42,8 +41,7 @@ Result<std::unique_ptr<Model>> create_llama_cuda_tp_model(std::shared_ptr<const 
 // Gemma family (gemma.cpp): gemma2, gemma3_text and gemma3's text model;
 // sliding and full layers in two KV groups.
 // options.device == kCuda: the CUDA implementation (gemma_cuda.cpp).
-Result<std::unique_ptr<Model>> create_gemma_model(std::shared_ptr<const ModelFiles> files,
-                                                  const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_gemma_model(std::shared_ptr<const ModelFiles> files, const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_gemma_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);
 

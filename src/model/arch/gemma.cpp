@@ -58,6 +58,7 @@ class GemmaModel final : public CpuPagedModel {
     }
     return out;
   }
+
  private:
   Status bind_weights();
   void attention_block(const GemmaLayer& L, int64_t il, const Batch& batch);
@@ -70,8 +71,8 @@ class GemmaModel final : public CpuPagedModel {
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
   float embed_scale_ = 1.0f;
   int32_t sliding_group_ = -1, full_group_ = -1;  // index into kv_spec_, -1: no such layers
-  WeightView embed_;    // [n_vocab, n_embd]
-  WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
+  WeightView embed_;                              // [n_vocab, n_embd]
+  WeightView lm_head_;                            // [n_vocab, n_embd]; the embedding when tied
   std::vector<float> final_norm_;
   std::vector<GemmaLayer> layers_;
   RopeTable rope_local_, rope_global_;  // sliding layers, full layers
@@ -202,8 +203,8 @@ void GemmaModel::attention_block(const GemmaLayer& L, int64_t il, const Batch& b
   for (const BatchSeq& s : batch.seqs) {
     const int64_t t0 = s.q_start;
     const std::span<const int32_t> table = batch.table(group, s);
-    kv_.store(il, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
-              batch.positions.data() + t0, s.q_len, kv_width_);
+    kv_.store(il, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_, batch.positions.data() + t0,
+              s.q_len, kv_width_);
     attn_seqs_.push_back({a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
                           s.kv_len, a_.attn.data() + t0 * q_width_, s.decode_from});
   }

@@ -58,7 +58,9 @@ Result<GemmaParams> read_hf_params(const ModelConfig& c, const std::string& file
     }
   } else {
     RILL_ASSIGN_OR_RETURN(auto pattern, number(t, "sliding_window_pattern", file));
-    if (!pattern) { RILL_ASSIGN_OR_RETURN(pattern, number(t, "_sliding_window_pattern", file)); }
+    if (!pattern) {
+      RILL_ASSIGN_OR_RETURN(pattern, number(t, "_sliding_window_pattern", file));
+    }
     p.sliding = pattern_layers(c.n_layer, pattern ? static_cast<int64_t>(*pattern) : gemma2 ? 2 : 6);
   }
   RILL_ASSIGN_OR_RETURN(auto scalar, number(t, "query_pre_attn_scalar", file));
@@ -77,7 +79,9 @@ Result<GemmaParams> read_hf_params(const ModelConfig& c, const std::string& file
         RILL_ASSIGN_OR_RETURN(local, number(*sl, "rope_theta", file));
       }
     }
-    if (!local) { RILL_ASSIGN_OR_RETURN(local, number(t, "rope_local_base_freq", file)); }
+    if (!local) {
+      RILL_ASSIGN_OR_RETURN(local, number(t, "rope_local_base_freq", file));
+    }
     p.local_rope_theta = static_cast<float>(local.value_or(10000.0));
   }
   return p;

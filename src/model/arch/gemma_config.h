@@ -32,7 +32,7 @@ Result<GemmaParams> read_gemma_params(const ModelFiles& files);
 // multimodal ones model.language_model.* (transformers v5) or
 // language_model.model.* (v4), with the LM head (when not tied) beside.
 struct GemmaNames {
-  std::string base = "model.";           // + "embed_tokens.weight", "layers.N...", "norm.weight"
+  std::string base = "model.";  // + "embed_tokens.weight", "layers.N...", "norm.weight"
   std::string head = "lm_head.weight";
 };
 GemmaNames gemma_tensor_names(const ModelFiles& files);
@@ -44,7 +44,7 @@ struct GemmaLayerWeights {
   Linear q, k, v, o;                  // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
   std::vector<float> q_norm, k_norm;  // [head_dim], gemma3 only (empty otherwise)
   std::vector<float> ffn_norm, post_ffn_norm;  // [n_embd]
-  Linear gate, up, down;              // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]
+  Linear gate, up, down;                       // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]
 };
 struct GemmaLayerDims {
   int64_t n_embd, q_width, kv_width, n_ff, head_dim;

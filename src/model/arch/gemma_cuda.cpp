@@ -36,10 +36,10 @@ namespace {
 
 struct DevLayer {
   bool sliding = false;
-  const float* attn_norm = nullptr;       // [E]
-  cuda::DeviceWeight wqkv;                // [Q + 2 KV, E] act dtype or quantized
-  const float* bqkv = nullptr;            // [Q + 2 KV] or null
-  const float* q_norm = nullptr;          // [hd] or null (gemma3)
+  const float* attn_norm = nullptr;  // [E]
+  cuda::DeviceWeight wqkv;           // [Q + 2 KV, E] act dtype or quantized
+  const float* bqkv = nullptr;       // [Q + 2 KV] or null
+  const float* q_norm = nullptr;     // [hd] or null (gemma3)
   const float* k_norm = nullptr;
   cuda::DeviceWeight wo;                  // [E, Q]
   const float* bo = nullptr;              // [E] or null
@@ -70,14 +70,14 @@ class GemmaCudaModel final : public CudaModelBase {
   std::vector<DevLayer> layers_;
   DeviceRope rope_local_, rope_global_;
 
-  float* x_ = nullptr;      // [T, E] residual stream
-  void* h_ = nullptr;       // [T, E] act: normed
-  float* qkv_ = nullptr;    // [T, QKV]
-  void* attn_ = nullptr;    // [T, Q] act
-  float* y_ = nullptr;      // [T, E] o_proj / down_proj output before its post-norm
-  float* gu_ = nullptr;     // [T, 2F]
-  void* mlp_ = nullptr;     // [T, F] act
-  void* final_ = nullptr;   // [S, E] act
+  float* x_ = nullptr;     // [T, E] residual stream
+  void* h_ = nullptr;      // [T, E] act: normed
+  float* qkv_ = nullptr;   // [T, QKV]
+  void* attn_ = nullptr;   // [T, Q] act
+  float* y_ = nullptr;     // [T, E] o_proj / down_proj output before its post-norm
+  float* gu_ = nullptr;    // [T, 2F]
+  void* mlp_ = nullptr;    // [T, F] act
+  void* final_ = nullptr;  // [S, E] act
 };
 
 Status GemmaCudaModel::init(const ModelOptions& options) {
@@ -139,7 +139,8 @@ Status GemmaCudaModel::upload_weights() {
   }
   RILL_ASSIGN_OR_RETURN(std::vector<float> final_norm, load_vector(f, names.base + "norm.weight", E_));
   const GemmaLayerDims dims{E_, Q_, KV_, F_, hd_};
-  for (size_t il = 0; il < hl.size(); ++il) RILL_TRY(bind_gemma_layer(f, names, static_cast<int64_t>(il), dims, hl[il]));
+  for (size_t il = 0; il < hl.size(); ++il)
+    RILL_TRY(bind_gemma_layer(f, names, static_cast<int64_t>(il), dims, hl[il]));
   std::vector<const WeightView*> mats;
   for (const GemmaLayerWeights& h : hl) {
     for (const Linear* l : {&h.q, &h.k, &h.v, &h.o, &h.gate, &h.up, &h.down}) mats.push_back(&l->w);

@@ -28,12 +28,12 @@ namespace rill {
 namespace {
 
 struct LlamaLayer {
-  std::vector<float> attn_norm;  // [n_embd]
-  Linear q, k, v, o;             // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
+  std::vector<float> attn_norm;       // [n_embd]
+  Linear q, k, v, o;                  // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
   std::vector<float> q_norm, k_norm;  // [head_dim], qwen3 only
-  std::vector<float> ffn_norm;   // [n_embd]
-  Linear gate, up, down;         // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]; dense layers
-  std::optional<MoeFfn> moe;     // MoE layers, instead of gate/up/down
+  std::vector<float> ffn_norm;        // [n_embd]
+  Linear gate, up, down;              // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]; dense layers
+  std::optional<MoeFfn> moe;          // MoE layers, instead of gate/up/down
 };
 
 // Activations for up to max_tokens tokens, allocated once.
@@ -58,8 +58,8 @@ struct DecodeLane {
   std::unique_ptr<Backend> backend;
   Activations a;
   std::vector<cpu::AttentionSeq> attn_seqs;
-  Batch sub;           // this lane's sequences of the step
-  int32_t first = 0;   // its first sequence (= token and logits row) in the step
+  Batch sub;             // this lane's sequences of the step
+  int32_t first = 0;     // its first sequence (= token and logits row) in the step
   int thread_share = 0;  // threads before this lane's; its sequences are in that proportion
   Status status;
 };
@@ -97,10 +97,10 @@ class LlamaModel final : public CpuPagedModel {
   AttentionParams attn_params_;
   Activations a_;
   std::vector<cpu::AttentionSeq> attn_seqs_;  // per step; capacity reserved at init
-  int n_threads_ = 1;                      // the backend's threads, shared out among the lanes
-  int64_t lane_tokens_ = 0;                // the most sequences a lane takes
-  std::unique_ptr<ThreadPool> lane_pool_;  // one thread per lane; null without lanes
-  std::vector<DecodeLane> lanes_;          // empty: no lanes (one thread, or MoE)
+  int n_threads_ = 1;                         // the backend's threads, shared out among the lanes
+  int64_t lane_tokens_ = 0;                   // the most sequences a lane takes
+  std::unique_ptr<ThreadPool> lane_pool_;     // one thread per lane; null without lanes
+  std::vector<DecodeLane> lanes_;             // empty: no lanes (one thread, or MoE)
 };
 
 // Decode steps of at least kLaneMinSeqs sequences per lane, at most
@@ -118,8 +118,7 @@ Status LlamaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
   const int64_t E = cfg_.n_embd, V = cfg_.n_vocab, F = cfg_.n_ff;
   if (E <= 0 || V <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 ||
-      (F <= 0 && cfg_.n_expert == 0) ||
-      cfg_.n_head % cfg_.n_head_kv != 0) {
+      (F <= 0 && cfg_.n_expert == 0) || cfg_.n_head % cfg_.n_head_kv != 0) {
     return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
                  std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
   }
@@ -169,16 +168,15 @@ Status LlamaModel::init(const ModelOptions& options) {
 
   const int64_t rot_dim = cfg_.rope_dim > 0 ? cfg_.rope_dim : hd_;
   if (rot_dim > hd_ || rot_dim % 2 != 0) {
-    return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) +
-                 " must be even and at most head_dim " + std::to_string(hd_)};
+    return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) + " must be even and at most head_dim " +
+                 std::to_string(hd_)};
   }
   const cpu::RopeScalingParams rs = rope_scaling_params(cfg_.rope_scaling);
   rope_ = cpu::make_rope_table(cfg_.rope_theta, rot_dim, cfg_.rope_style == RopeStyle::kInterleaved, rs);
   if (const TensorRef* freqs = f.find("rope_freqs.weight")) {
     // GGUF llama3 models bake the scaling into per-frequency divisors.
     if (freqs->dtype != DType::kF32 || freqs->n_elements() != rot_dim / 2) {
-      return Error{freqs->file + ": tensor 'rope_freqs.weight' must be F32 [" +
-                   std::to_string(rot_dim / 2) + "]"};
+      return Error{freqs->file + ": tensor 'rope_freqs.weight' must be F32 [" + std::to_string(rot_dim / 2) + "]"};
     }
     const float* d = reinterpret_cast<const float*>(freqs->data);
     for (int64_t i = 0; i < rot_dim / 2; ++i) rope_.inv_freq[i] /= d[i];
@@ -271,10 +269,10 @@ void LlamaModel::attention_block(const Exec& e, const LlamaLayer& L, int64_t il,
   for (const BatchSeq& s : batch.seqs) {
     const int64_t t0 = s.q_start;
     const std::span<const int32_t> table = batch.table(0, s);
-    kv_.store(il, table, a.k.data() + t0 * kv_width_, a.v.data() + t0 * kv_width_,
-              batch.positions.data() + t0, s.q_len, kv_width_);
-    seqs.push_back({a.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
-                    s.kv_len, a.attn.data() + t0 * q_width_, s.decode_from});
+    kv_.store(il, table, a.k.data() + t0 * kv_width_, a.v.data() + t0 * kv_width_, batch.positions.data() + t0, s.q_len,
+              kv_width_);
+    seqs.push_back({a.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table), s.kv_len,
+                    a.attn.data() + t0 * q_width_, s.decode_from});
   }
   backend.attention_batch(seqs.data(), static_cast<int>(seqs.size()), attn_params_);
   L.o.forward(a.attn.data(), n, a.h.data(), backend);
@@ -306,8 +304,7 @@ void LlamaModel::mlp_block(const Exec& e, const LlamaLayer& L, int64_t n) {
 Status LlamaModel::check_batch(const Batch& batch) const {
   const int64_t n = batch.n_tokens();
   if (n > max_tokens_) {
-    return Error{"batch of " + std::to_string(n) + " tokens exceeds max_batch_tokens " +
-                 std::to_string(max_tokens_)};
+    return Error{"batch of " + std::to_string(n) + " tokens exceeds max_batch_tokens " + std::to_string(max_tokens_)};
   }
   if (static_cast<int64_t>(batch.sample_rows.size()) > max_seqs_) {
     return Error{"batch samples " + std::to_string(batch.sample_rows.size()) + " rows, more than " +
@@ -323,7 +320,8 @@ Status LlamaModel::check_batch(const Batch& batch) const {
                    std::to_string(n_ctx_) + ")"};
     }
     if (s.q_start < 0 || s.q_len < 0 || s.q_start + s.q_len > n || s.q_len > s.kv_len || s.table_start < 0 ||
-        s.table_len < (s.kv_len + bs - 1) / bs || static_cast<size_t>(s.table_start + s.table_len) > batch.block_table.size()) {
+        s.table_len < (s.kv_len + bs - 1) / bs ||
+        static_cast<size_t>(s.table_start + s.table_len) > batch.block_table.size()) {
       return Error{"batch sequence (tokens [" + std::to_string(s.q_start) + ", +" + std::to_string(s.q_len) +
                    "), length " + std::to_string(s.kv_len) + ") is inconsistent with its block table"};
     }
@@ -341,8 +339,8 @@ Status LlamaModel::check_batch(const Batch& batch) const {
   for (int64_t i = 0; i < n; ++i) {
     const int32_t id = batch.token_ids[i];
     if (id < 0 || id >= cfg_.n_vocab) {
-      return Error{"token id " + std::to_string(id) + " is outside the vocabulary (" +
-                   std::to_string(cfg_.n_vocab) + ")"};
+      return Error{"token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(cfg_.n_vocab) +
+                   ")"};
     }
     if (batch.seq_index[i] < 0 || static_cast<size_t>(batch.seq_index[i]) >= batch.seqs.size()) {
       return Error{"token " + std::to_string(i) + " names sequence " + std::to_string(batch.seq_index[i]) +

@@ -50,11 +50,11 @@ struct DevLayer {
   const float* bqkv = nullptr;       // [Q + 2 KV] or null (qwen2)
   const float* q_norm = nullptr;     // [hd] or null (qwen3)
   const float* k_norm = nullptr;
-  cuda::DeviceWeight wo;             // [E, Q]
-  const float* bo = nullptr;         // [E] or null
-  const float* ffn_norm = nullptr;   // [E]
-  cuda::DeviceWeight w_gate_up;      // [2F, E]
-  cuda::DeviceWeight w_down;         // [E, F]
+  cuda::DeviceWeight wo;              // [E, Q]
+  const float* bo = nullptr;          // [E] or null
+  const float* ffn_norm = nullptr;    // [E]
+  cuda::DeviceWeight w_gate_up;       // [2F, E]
+  cuda::DeviceWeight w_down;          // [E, F]
   std::optional<CudaMoeWeights> moe;  // MoE layers, instead of w_gate_up / w_down
 };
 
@@ -79,13 +79,13 @@ class LlamaCudaModel final : public CudaModelBase {
   bool has_dense_ffn_ = true;  // some layer has the dense FFN (gu_, mlp_)
   CudaMoe moe_;                // the MoE layers' scratch
 
-  float* x_ = nullptr;      // [T, E] residual stream
-  void* h_ = nullptr;       // [T, E] act: normed
-  float* qkv_ = nullptr;    // [T, QKV]
-  void* attn_ = nullptr;    // [T, Q] act
-  float* gu_ = nullptr;     // [T, 2F]
-  void* mlp_ = nullptr;     // [T, F] act
-  void* final_ = nullptr;   // [S, E] act
+  float* x_ = nullptr;     // [T, E] residual stream
+  void* h_ = nullptr;      // [T, E] act: normed
+  float* qkv_ = nullptr;   // [T, QKV]
+  void* attn_ = nullptr;   // [T, Q] act
+  float* gu_ = nullptr;    // [T, 2F]
+  void* mlp_ = nullptr;    // [T, F] act
+  void* final_ = nullptr;  // [S, E] act
 };
 
 Status LlamaCudaModel::init(const ModelOptions& options) {

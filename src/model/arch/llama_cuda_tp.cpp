@@ -37,7 +37,8 @@ Result<std::unique_ptr<Model>> create_llama_cuda_tp_model(std::shared_ptr<const 
   const std::string& path = files->path;
   if (n_ranks < 1) return Error{"--tensor-parallel " + std::to_string(n_ranks) + ": expected 1 or more GPUs"};
   if (cfg.n_expert > 0) {
-    return Error{path + ": " + cfg.architecture + " is a mixture of experts; tensor parallelism on CUDA is built for "
+    return Error{path + ": " + cfg.architecture +
+                 " is a mixture of experts; tensor parallelism on CUDA is built for "
                  "the dense Llama family only (run it with --tensor-parallel 1, or split on the CPU)"};
   }
   // The split's errors (heads, KV heads, intermediate size) first: they
@@ -67,8 +68,8 @@ Result<std::unique_ptr<Model>> create_llama_cuda_tp_model(std::shared_ptr<const 
     if (!shard.ok()) return Error{"GPU " + std::to_string(r) + ": " + shard.error().message};
     if (r == 0) {  // the others take rank 0's block count (their KV rows are as long)
       const Model& m = **shard;
-      o.kv_cache_bytes = static_cast<int64_t>(m.n_kv_blocks()) * m.kv_block_size() *
-                         static_cast<int64_t>(m.kv_bytes_per_token());
+      o.kv_cache_bytes =
+          static_cast<int64_t>(m.n_kv_blocks()) * m.kv_block_size() * static_cast<int64_t>(m.kv_bytes_per_token());
       o.gpu_memory_fraction = 0;
     } else if ((*shard)->n_kv_blocks() != shards[0]->n_kv_blocks()) {
       return Error{path + ": GPU " + std::to_string(r) + " holds " + std::to_string((*shard)->n_kv_blocks()) +

@@ -41,24 +41,24 @@ namespace {
 
 struct ShardLayer {
   std::vector<float> attn_norm, ffn_norm;  // [E], replicated
-  Linear q, k, v;              // rows of this rank's heads: [Hr*hd, E], [KVr*hd, E]
-  Linear o;                    // columns of this rank's heads: [E, Hr*hd], no bias
-  std::vector<float> o_bias;   // [E] or empty; added once, after the all-reduce
-  std::vector<float> q_norm, k_norm;  // [hd], qwen3 only
-  Linear gate, up, down;       // dense: [F/N, E], [F/N, E], [E, F/N]
-  std::optional<MoeFfn> moe;   // MoE layers: every expert's n_ff split (slice_moe)
+  Linear q, k, v;                          // rows of this rank's heads: [Hr*hd, E], [KVr*hd, E]
+  Linear o;                                // columns of this rank's heads: [E, Hr*hd], no bias
+  std::vector<float> o_bias;               // [E] or empty; added once, after the all-reduce
+  std::vector<float> q_norm, k_norm;       // [hd], qwen3 only
+  Linear gate, up, down;                   // dense: [F/N, E], [F/N, E], [E, F/N]
+  std::optional<MoeFfn> moe;               // MoE layers: every expert's n_ff split (slice_moe)
 };
 
 struct ShardActivations {
-  std::vector<float> x, h;            // [T, E]; x replicated across ranks
-  std::vector<float> q, k, v, attn;   // [T, Hr*hd], [T, KVr*hd]
-  std::vector<float> gate, up;        // [T, F/N]
-  std::vector<float> moe_out;         // [T, E]
-  std::vector<int32_t> local_ids;     // [T]: token ids within this rank's vocabulary slice
-  std::vector<float> final_rows;      // [S, E]
-  std::vector<float> local_logits;    // [S, Vr]
-  std::vector<float> logits_send;     // [S, Vp]: this rank's logits, padded to the common stride
-  std::vector<float> logits_all;      // [N, S, Vp]: everyone's, after the gather
+  std::vector<float> x, h;           // [T, E]; x replicated across ranks
+  std::vector<float> q, k, v, attn;  // [T, Hr*hd], [T, KVr*hd]
+  std::vector<float> gate, up;       // [T, F/N]
+  std::vector<float> moe_out;        // [T, E]
+  std::vector<int32_t> local_ids;    // [T]: token ids within this rank's vocabulary slice
+  std::vector<float> final_rows;     // [S, E]
+  std::vector<float> local_logits;   // [S, Vr]
+  std::vector<float> logits_send;    // [S, Vp]: this rank's logits, padded to the common stride
+  std::vector<float> logits_all;     // [N, S, Vp]: everyone's, after the gather
   MoeScratch moe;
 };
 
@@ -104,7 +104,7 @@ class LlamaShard final : public CpuPagedModel {
 
   Communicator& comm_;
   TensorSplit split_;
-  SplitRange ff_;  // dense layers' intermediate rows of this rank
+  SplitRange ff_;                                // dense layers' intermediate rows of this rank
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;  // this rank's widths
   BatchLimits limits_;
   WeightView embed_;    // [Vr, E]: this rank's vocabulary rows

@@ -35,19 +35,19 @@ namespace rill {
 namespace {
 
 struct GatedAttention {
-  Linear q;  // [n_head * 2 * hd, E]: per head [query (hd) | gate (hd)]
-  Linear k, v;  // [n_head_kv * hd, E]
-  Linear o;     // [E, n_head * hd]
+  Linear q;                           // [n_head * 2 * hd, E]: per head [query (hd) | gate (hd)]
+  Linear k, v;                        // [n_head_kv * hd, E]
+  Linear o;                           // [E, n_head * hd]
   std::vector<float> q_norm, k_norm;  // [hd], (1 + w)
 };
 
 struct Layer {
   bool linear = false;
-  int64_t index = 0;  // among the linear layers (state) or the attention layers (KV)
+  int64_t index = 0;                      // among the linear layers (state) or the attention layers (KV)
   std::vector<float> in_norm, post_norm;  // [E], (1 + w)
   GatedDeltaNet gdn;
   GatedAttention attn;
-  Linear gate, up, down;     // dense FFN
+  Linear gate, up, down;      // dense FFN
   std::optional<MoeFfn> moe;  // Qwen3-Next MoE layers, instead of gate/up/down
 };
 
@@ -235,7 +235,8 @@ Status HybridModel::init(const ModelOptions& options) {
     a_.moe.reserve(L.moe->params(), max_tokens_);
     a_.moe_out.resize(T * E);
   }
-  const bool fused = std::any_of(layers_.begin(), layers_.end(), [](const Layer& L) { return L.linear && L.gdn.fused; });
+  const bool fused =
+      std::any_of(layers_.begin(), layers_.end(), [](const Layer& L) { return L.linear && L.gdn.fused; });
   gdn_scratch_.reserve(hybrid_.gdn, fused, max_tokens_, max_tokens_);
 
   std::vector<const WeightView*> weights = {&lm_head_};
@@ -272,8 +273,8 @@ void HybridModel::attention_block(const Layer& L, const Batch& batch) {
   for (const BatchSeq& s : batch.seqs) {
     const int64_t t0 = s.q_start;
     const std::span<const int32_t> table = batch.table(0, s);
-    kv_.store(L.index, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_,
-              batch.positions.data() + t0, s.q_len, kv_width_);
+    kv_.store(L.index, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_, batch.positions.data() + t0,
+              s.q_len, kv_width_);
     attn_seqs_.push_back({a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(L.index, table),
                           s.kv_len, a_.attn.data() + t0 * q_width_, s.decode_from});
   }

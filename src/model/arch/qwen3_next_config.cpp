@@ -19,7 +19,8 @@ Result<int64_t> read_dim(const json& j, const char* key, const std::string& path
 
 Result<HybridConfig> read_hybrid_config(const ModelConfig& cfg, const std::string& path) {
   const json* j = &cfg.raw;
-  if (auto tc = cfg.raw.find("text_config"); tc != cfg.raw.end() && tc->is_object() && !cfg.raw.contains("hidden_size")) {
+  if (auto tc = cfg.raw.find("text_config");
+      tc != cfg.raw.end() && tc->is_object() && !cfg.raw.contains("hidden_size")) {
     j = &*tc;
   }
   HybridConfig h;

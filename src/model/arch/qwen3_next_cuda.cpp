@@ -48,22 +48,22 @@ namespace {
 
 struct DevLayer {
   bool linear = false;
-  int64_t index = 0;                  // among the linear layers (state) or the attention layers (KV plane)
-  const float* in_norm = nullptr;     // [E], (1 + w)
-  const float* post_norm = nullptr;   // [E], (1 + w)
+  int64_t index = 0;                 // among the linear layers (state) or the attention layers (KV plane)
+  const float* in_norm = nullptr;    // [E], (1 + w)
+  const float* post_norm = nullptr;  // [E], (1 + w)
   // linear attention
-  cuda::DeviceWeight w_in;            // [P, E]: q|k|v (conv_dim), z (vd), b, a (nv each)
-  const float* conv_w = nullptr;      // [conv_dim, K]
-  const float* neg_a = nullptr;       // [nv] -exp(A_log)
-  const float* dt_bias = nullptr;     // [nv]
-  const float* gdn_norm = nullptr;    // [dv], plain weight
-  cuda::DeviceWeight w_out;           // [E, vd]
+  cuda::DeviceWeight w_in;          // [P, E]: q|k|v (conv_dim), z (vd), b, a (nv each)
+  const float* conv_w = nullptr;    // [conv_dim, K]
+  const float* neg_a = nullptr;     // [nv] -exp(A_log)
+  const float* dt_bias = nullptr;   // [nv]
+  const float* gdn_norm = nullptr;  // [dv], plain weight
+  cuda::DeviceWeight w_out;         // [E, vd]
   float gdn_eps = 1e-6f;
   // gated attention
-  cuda::DeviceWeight w_qkvg;          // [Q + 2 KV + Q, E]: q heads | k | v | gate heads
-  const float* q_norm = nullptr;      // [hd], (1 + w)
+  cuda::DeviceWeight w_qkvg;      // [Q + 2 KV + Q, E]: q heads | k | v | gate heads
+  const float* q_norm = nullptr;  // [hd], (1 + w)
   const float* k_norm = nullptr;
-  cuda::DeviceWeight w_o;             // [E, Q]
+  cuda::DeviceWeight w_o;  // [E, Q]
   // dense FFN
   cuda::DeviceWeight w_gate_up;       // [2F, E]
   cuda::DeviceWeight w_down;          // [E, F]
@@ -115,8 +115,8 @@ class Qwen3NextCudaModel final : public CudaModelBase {
   HybridConfig hybrid_;
   int64_t n_linear_ = 0, n_attn_ = 0;
   int32_t gdn_columns_ = 8;  // value columns per warp of the recurrence, fixed at load
-  int64_t P_ = 0;     // linear layers' projection row: conv_dim + vd + 2 nv
-  int64_t QKVG_ = 0;  // attention layers': Q + 2 KV + Q
+  int64_t P_ = 0;            // linear layers' projection row: conv_dim + vd + 2 nv
+  int64_t QKVG_ = 0;         // attention layers': Q + 2 KV + Q
   cuda::DeviceBuffer weights_;
   cuda::DeviceWeight embed_, lm_head_;
   const float* final_norm_ = nullptr;
@@ -162,7 +162,8 @@ Status Qwen3NextCudaModel::init(const ModelOptions& options) {
   if (!cuda::gdn_supported(static_cast<int32_t>(d.n_k_heads), static_cast<int32_t>(d.n_v_heads),
                            static_cast<int32_t>(d.head_k_dim), static_cast<int32_t>(d.head_v_dim),
                            static_cast<int32_t>(d.conv_kernel))) {
-    return Error{f.path + ": the CUDA gated DeltaNet takes key/value head dims up to 512 (value dims a multiple "
+    return Error{f.path +
+                 ": the CUDA gated DeltaNet takes key/value head dims up to 512 (value dims a multiple "
                  "of 8, an even key width, conv channels a multiple of 4) and conv kernels of 2 to 8"};
   }
   gdn_columns_ = cuda::gdn_columns();
@@ -196,11 +197,11 @@ Status Qwen3NextCudaModel::create_states(const ModelOptions& options) {
   layer_floats_ = d.conv_state_floats() + d.delta_state_floats();
   state_floats_ = n_linear_ * layer_floats_;
   const size_t n_states = static_cast<size_t>(n_slots_) + static_cast<size_t>(n_ckpt_) + 1;  // + the scratch
-  RILL_ASSIGN_OR_RETURN(states_, cuda::DeviceBuffer::allocate(n_states * state_bytes(),
-                                                              "the recurrent states (" + std::to_string(n_slots_) +
-                                                                  " slots + " + std::to_string(n_ckpt_) +
-                                                                  " checkpoints of " +
-                                                                  std::to_string(state_bytes() >> 10) + " KiB)"));
+  RILL_ASSIGN_OR_RETURN(states_,
+                        cuda::DeviceBuffer::allocate(n_states * state_bytes(),
+                                                     "the recurrent states (" + std::to_string(n_slots_) + " slots + " +
+                                                         std::to_string(n_ckpt_) + " checkpoints of " +
+                                                         std::to_string(state_bytes() >> 10) + " KiB)"));
 
   // Step indices: seqs and saves are at most one per token, tok_seq one per token.
   const auto T = static_cast<size_t>(max_tokens);
@@ -280,7 +281,8 @@ Status Qwen3NextCudaModel::upload_weights() {
       RILL_ASSIGN_OR_RETURN(h.gdn, bind_gated_delta_net(f, p + "linear_attn.", d, E_, cfg_.rms_norm_eps));
       if (h.gdn.fused) {  // per key head g: [q | k | v (r dv) | z (r dv)] and [b (r) | a (r)]
         const WeightView &qkvz = h.gdn.qkvz.w, &ba = h.gdn.ba.w;
-        if (qkvz.dtype != ba.dtype) return Error{f.path + ": " + p + "linear_attn in_proj_qkvz and in_proj_ba differ in dtype"};
+        if (qkvz.dtype != ba.dtype)
+          return Error{f.path + ": " + p + "linear_attn in_proj_qkvz and in_proj_ba differ in dtype"};
         const int64_t dk = d.head_k_dim, r = d.n_v_heads / d.n_k_heads, rdv = r * d.head_v_dim;
         const int64_t group = 2 * dk + 2 * rdv;
         std::vector<uint8_t>& buf = assembled.emplace_back();
@@ -425,7 +427,8 @@ Status Qwen3NextCudaModel::prepare_step(const Batch& batch, int64_t n_run) {
     s.src = first_pos == 0 ? -1 : q.state_restore >= 0 ? n_slots_ + q.state_restore : q.state_slot;
     s.dst = q.state_slot;
     s.save_begin = n_saves;
-    while (n_saves < static_cast<int32_t>(batch.state_saves.size()) && batch.state_saves[static_cast<size_t>(n_saves)].seq == i) {
+    while (n_saves < static_cast<int32_t>(batch.state_saves.size()) &&
+           batch.state_saves[static_cast<size_t>(n_saves)].seq == i) {
       const StateSave& v = batch.state_saves[static_cast<size_t>(n_saves)];
       saves_host_[n_saves++] = {v.pos - first_pos, n_slots_ + v.checkpoint};
     }
@@ -439,13 +442,13 @@ Status Qwen3NextCudaModel::prepare_step(const Batch& batch, int64_t n_run) {
     tok_seq_host_[t] = n_step_seqs_++;
   }
   cudaStream_t st = stream();
-  RILL_CUDA_CHECK(cudaMemcpyAsync(seqs_dev_, seqs_host_,
-                                  static_cast<size_t>(n_step_seqs_) * sizeof(cuda::GdnSeq), cudaMemcpyHostToDevice, st));
-  RILL_CUDA_CHECK(cudaMemcpyAsync(tok_seq_dev_, tok_seq_host_,
-                                  static_cast<size_t>(n_run) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  RILL_CUDA_CHECK(cudaMemcpyAsync(seqs_dev_, seqs_host_, static_cast<size_t>(n_step_seqs_) * sizeof(cuda::GdnSeq),
+                                  cudaMemcpyHostToDevice, st));
+  RILL_CUDA_CHECK(cudaMemcpyAsync(tok_seq_dev_, tok_seq_host_, static_cast<size_t>(n_run) * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, st));
   if (n_saves > 0) {
-    RILL_CUDA_CHECK(cudaMemcpyAsync(saves_dev_, saves_host_,
-                                    static_cast<size_t>(n_saves) * sizeof(cuda::GdnSave), cudaMemcpyHostToDevice, st));
+    RILL_CUDA_CHECK(cudaMemcpyAsync(saves_dev_, saves_host_, static_cast<size_t>(n_saves) * sizeof(cuda::GdnSave),
+                                    cudaMemcpyHostToDevice, st));
   }
   return Status::Ok();
 }
@@ -501,8 +504,8 @@ Status Qwen3NextCudaModel::run_layers(const Step& s) {
       ga.dt_bias = L.dt_bias;
       cuda::gdn_conv(ga, st);
       cuda::gdn_recurrence(ga, st);
-      cuda::gdn_gated_norm(core_, proj_ + d.conv_dim(), P_, L.gdn_norm, n, ga.n_v_heads, ga.head_v_dim, L.gdn_eps,
-                           act_, mix_act_, st);
+      cuda::gdn_gated_norm(core_, proj_ + d.conv_dim(), P_, L.gdn_norm, n, ga.n_v_heads, ga.head_v_dim, L.gdn_eps, act_,
+                           mix_act_, st);
       RILL_TRY(matmul(L.w_out, mix_act_, n, E_, d.value_dim(), x_, true));
     } else {
       RILL_TRY(matmul(L.w_qkvg, h_, n, QKVG_, E_, proj_, false));
@@ -536,16 +539,16 @@ Status Qwen3NextCudaModel::run_layers(const Step& s) {
 Status Qwen3NextCudaModel::copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const {
   RILL_TRY(check_state(checkpoint, layer));
   const float* src = layer_states(layer) + static_cast<int64_t>(n_slots_ + checkpoint) * state_floats_;
-  RILL_CUDA_CHECK(cudaMemcpyAsync(out, src, static_cast<size_t>(layer_floats_) * sizeof(float), cudaMemcpyDeviceToHost,
-                                  stream()));
+  RILL_CUDA_CHECK(
+      cudaMemcpyAsync(out, src, static_cast<size_t>(layer_floats_) * sizeof(float), cudaMemcpyDeviceToHost, stream()));
   return ctx_->synchronize();
 }
 
 Status Qwen3NextCudaModel::copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) {
   RILL_TRY(check_state(checkpoint, layer));
   float* dst = layer_states(layer) + static_cast<int64_t>(n_slots_ + checkpoint) * state_floats_;
-  RILL_CUDA_CHECK(cudaMemcpyAsync(dst, in, static_cast<size_t>(layer_floats_) * sizeof(float), cudaMemcpyHostToDevice,
-                                  stream()));
+  RILL_CUDA_CHECK(
+      cudaMemcpyAsync(dst, in, static_cast<size_t>(layer_floats_) * sizeof(float), cudaMemcpyHostToDevice, stream()));
   return ctx_->synchronize();
 }
 
