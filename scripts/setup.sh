@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEB_PACKAGES=(
-  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+  build-essential cmake ninja-build pkg-config clang clang-format libclang-rt-14-dev
   nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libbenchmark-dev libboost-dev python3-venv unzip chromium
