@@ -20,6 +20,8 @@
 #include "backend/cpu/rope_table.h"
 #include "core/thread_pool.h"
 #include "model/arch/families.h"
+#include "model/arch/llama_weights.h"
+#include "model/batch_check.h"
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
 #include "model/moe.h"
@@ -27,14 +29,7 @@
 namespace rill {
 namespace {
 
-struct LlamaLayer {
-  std::vector<float> attn_norm;       // [n_embd]
-  Linear q, k, v, o;                  // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
-  std::vector<float> q_norm, k_norm;  // [head_dim], qwen3 only
-  std::vector<float> ffn_norm;        // [n_embd]
-  Linear gate, up, down;              // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]; dense layers
-  std::optional<MoeFfn> moe;          // MoE layers, instead of gate/up/down
-};
+using LlamaLayer = LlamaLayerWeights;
 
 // Activations for up to max_tokens tokens, allocated once.
 struct Activations {
@@ -85,7 +80,6 @@ class LlamaModel final : public CpuPagedModel {
   bool split_into_lanes(const Batch& batch) const;
   // Lane l's sequences [first, last) of a split step of n: in proportion to its threads.
   std::pair<int32_t, int32_t> lane_range(int32_t l, int32_t n) const;
-  Status bind_moe(LlamaLayer& L, const std::string& p);
   Status check_batch(const Batch& batch) const;
 
   int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
@@ -116,78 +110,20 @@ constexpr int32_t kLaneMinSeqs = 4, kLaneMaxSeqs = 64;
 
 Status LlamaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
-  const int64_t E = cfg_.n_embd, V = cfg_.n_vocab, F = cfg_.n_ff;
-  if (E <= 0 || V <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 ||
-      (F <= 0 && cfg_.n_expert == 0) || cfg_.n_head % cfg_.n_head_kv != 0) {
-    return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
-                 std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
-  }
-  hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E / cfg_.n_head;
-  // The CPU kernels keep one head (and its RoPE angles) on the stack.
-  constexpr int64_t kMaxHeadDim = 512;
-  if (hd_ <= 0 || hd_ > kMaxHeadDim || hd_ % 2 != 0) {
-    return Error{f.path + ": head_dim " + std::to_string(hd_) + " is not supported (even, at most " +
-                 std::to_string(kMaxHeadDim) + ")"};
-  }
-  q_width_ = cfg_.n_head * hd_;
-  kv_width_ = cfg_.n_head_kv * hd_;
-
-  RILL_ASSIGN_OR_RETURN(embed_, bind_matrix(f, "model.embed_tokens.weight", V, E));
-  if (f.find("lm_head.weight")) {
-    RILL_ASSIGN_OR_RETURN(lm_head_, bind_matrix(f, "lm_head.weight", V, E));
-  } else {
-    lm_head_ = embed_;
-  }
-  RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, "model.norm.weight", E));
+  constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head (and its RoPE angles) on the stack
+  RILL_ASSIGN_OR_RETURN(const LlamaDims d, llama_dims(f, kMaxHeadDim));
+  const int64_t E = d.E;
+  hd_ = d.hd;
+  q_width_ = d.Q;
+  kv_width_ = d.KV;
+  RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, d));
+  const bool all_f32 = w.all_f32();
+  embed_ = w.embed;
+  lm_head_ = w.lm_head;
+  final_norm_ = std::move(w.final_norm);
+  layers_ = std::move(w.layers);
+  RILL_ASSIGN_OR_RETURN(rope_, build_llama_rope(f, hd_));
   set_limits(options);
-
-  bool all_f32 = embed_.dtype == DType::kF32;
-  layers_.resize(static_cast<size_t>(cfg_.n_layer));
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    const std::string p = "model.layers." + std::to_string(il) + ".";
-    LlamaLayer& L = layers_[static_cast<size_t>(il)];
-    RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", E));
-    RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", q_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", kv_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", kv_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", E, q_width_, Bias::kOptional));
-    if (f.find(p + "self_attn.q_norm.weight")) {
-      RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
-      RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
-    }
-    RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
-    if (is_moe_layer(cfg_, il)) {
-      RILL_TRY(bind_moe(L, p));
-    } else {
-      RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", F, E));
-      RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", F, E));
-      RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, F));
-    }
-    all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
-  }
-
-  const int64_t rot_dim = cfg_.rope_dim > 0 ? cfg_.rope_dim : hd_;
-  if (rot_dim > hd_ || rot_dim % 2 != 0) {
-    return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) + " must be even and at most head_dim " +
-                 std::to_string(hd_)};
-  }
-  const cpu::RopeScalingParams rs = rope_scaling_params(cfg_.rope_scaling);
-  rope_ = cpu::make_rope_table(cfg_.rope_theta, rot_dim, cfg_.rope_style == RopeStyle::kInterleaved, rs);
-  if (const TensorRef* freqs = f.find("rope_freqs.weight")) {
-    // GGUF llama3 models bake the scaling into per-frequency divisors.
-    if (freqs->dtype != DType::kF32 || freqs->n_elements() != rot_dim / 2) {
-      return Error{freqs->file + ": tensor 'rope_freqs.weight' must be F32 [" + std::to_string(rot_dim / 2) + "]"};
-    }
-    const float* d = reinterpret_cast<const float*>(freqs->data);
-    for (int64_t i = 0; i < rot_dim / 2; ++i) rope_.inv_freq[i] /= d[i];
-    rope_.ggml_freq_divisor.assign(d, d + rot_dim / 2);
-  }
-  if (f.format == ModelFormat::kGguf && cfg_.rope_scaling.type == RopeScaling::Type::kNone) {
-    // GGUF models are held to llama.cpp, which builds angles by repeated f32
-    // multiplication; pos * inv_freq differs in the last bits, and quantized
-    // activations turn such bits into visible logit differences.
-    rope_.ggml_theta_scale = std::pow(cfg_.rope_theta, -2.0f / static_cast<float>(rot_dim));
-  }
 
   attn_params_.n_head = cfg_.n_head;
   attn_params_.n_head_kv = cfg_.n_head_kv;
@@ -279,12 +215,6 @@ void LlamaModel::attention_block(const Exec& e, const LlamaLayer& L, int64_t il,
   backend.add_inplace(a.x.data(), a.h.data(), n * cfg_.n_embd);
 }
 
-// MoeFfn::bind_llama: Mixtral's block_sparse_moe or mlp.{gate, experts...}.
-Status LlamaModel::bind_moe(LlamaLayer& L, const std::string& p) {
-  RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind_llama(*files_, p));
-  return Status::Ok();
-}
-
 void LlamaModel::mlp_block(const Exec& e, const LlamaLayer& L, int64_t n) {
   Activations& a = *e.a;
   Backend& backend = *e.backend;
@@ -302,58 +232,8 @@ void LlamaModel::mlp_block(const Exec& e, const LlamaLayer& L, int64_t n) {
 }
 
 Status LlamaModel::check_batch(const Batch& batch) const {
-  const int64_t n = batch.n_tokens();
-  if (n > max_tokens_) {
-    return Error{"batch of " + std::to_string(n) + " tokens exceeds max_batch_tokens " + std::to_string(max_tokens_)};
-  }
-  if (static_cast<int64_t>(batch.sample_rows.size()) > max_seqs_) {
-    return Error{"batch samples " + std::to_string(batch.sample_rows.size()) + " rows, more than " +
-                 std::to_string(max_seqs_)};
-  }
-  for (int32_t row : batch.sample_rows) {
-    if (row < 0 || row >= n) return Error{"sample row " + std::to_string(row) + " is outside the batch"};
-  }
-  const int32_t bs = kv_.block_size();
-  for (const BatchSeq& s : batch.seqs) {
-    if (s.kv_len < 0 || s.kv_len > n_ctx_) {
-      return Error{"sequence length " + std::to_string(s.kv_len) + " is outside the context (" +
-                   std::to_string(n_ctx_) + ")"};
-    }
-    if (s.q_start < 0 || s.q_len < 0 || s.q_start + s.q_len > n || s.q_len > s.kv_len || s.table_start < 0 ||
-        s.table_len < (s.kv_len + bs - 1) / bs ||
-        static_cast<size_t>(s.table_start + s.table_len) > batch.block_table.size()) {
-      return Error{"batch sequence (tokens [" + std::to_string(s.q_start) + ", +" + std::to_string(s.q_len) +
-                   "), length " + std::to_string(s.kv_len) + ") is inconsistent with its block table"};
-    }
-    // Blocks the step's queries can attend to must exist (holes only outside the window).
-    const int64_t first_pos = s.kv_len - s.q_len;
-    const int64_t lo = attn_params_.window > 0 ? std::max<int64_t>(0, first_pos - attn_params_.window + 1) : 0;
-    const std::span<const int32_t> table = batch.table(0, s);
-    for (int64_t b = lo / bs; b < (s.kv_len + bs - 1) / bs; ++b) {
-      if (table[static_cast<size_t>(b)] < 0 || table[static_cast<size_t>(b)] >= kv_.n_blocks()) {
-        return Error{"block table entry " + std::to_string(b) + " (" + std::to_string(table[static_cast<size_t>(b)]) +
-                     ") is not a KV block (the cache has " + std::to_string(kv_.n_blocks()) + ")"};
-      }
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t id = batch.token_ids[i];
-    if (id < 0 || id >= cfg_.n_vocab) {
-      return Error{"token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(cfg_.n_vocab) +
-                   ")"};
-    }
-    if (batch.seq_index[i] < 0 || static_cast<size_t>(batch.seq_index[i]) >= batch.seqs.size()) {
-      return Error{"token " + std::to_string(i) + " names sequence " + std::to_string(batch.seq_index[i]) +
-                   ", which is not in the batch"};
-    }
-    const BatchSeq& s = batch.seqs[static_cast<size_t>(batch.seq_index[i])];
-    if (batch.positions[i] < s.kv_len - s.q_len || batch.positions[i] >= s.kv_len) {
-      return Error{"position " + std::to_string(batch.positions[i]) + " of token " + std::to_string(i) +
-                   " is outside its sequence's step [" + std::to_string(s.kv_len - s.q_len) + ", " +
-                   std::to_string(s.kv_len) + ")"};
-    }
-  }
-  return Status::Ok();
+  return rill::check_batch(
+      batch, {max_tokens_, max_seqs_, n_ctx_, cfg_.n_vocab, kv_.block_size(), kv_.n_blocks(), attn_params_.window});
 }
 
 std::pair<int32_t, int32_t> LlamaModel::lane_range(int32_t l, int32_t n) const {

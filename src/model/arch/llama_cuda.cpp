@@ -34,6 +34,7 @@
 #include "model/cuda_shard.h"
 
 #if RILL_HAVE_CUDA
+#include "model/arch/llama_weights.h"
 #include "model/cuda_model_base.h"
 #include "model/cuda_moe.h"
 #include "model/layers.h"
@@ -118,63 +119,21 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
 Status LlamaCudaModel::upload_weights() {
   const ModelFiles& f = *files_;
   const int64_t L = cfg_.n_layer;
-  struct HostLayer {
-    std::vector<float> attn_norm, ffn_norm, q_norm, k_norm;
-    Linear q, k, v, o, gate, up, down;
-    std::optional<MoeFfn> moe;  // host views of the MoE layers' weights
-  };
-  std::vector<HostLayer> hl(static_cast<size_t>(L));
-  RILL_ASSIGN_OR_RETURN(WeightView embed, bind_matrix(f, "model.embed_tokens.weight", V_, E_));
-  WeightView lm_head = embed;
-  const bool tied = !f.find("lm_head.weight");
-  if (!tied) {
-    RILL_ASSIGN_OR_RETURN(lm_head, bind_matrix(f, "lm_head.weight", V_, E_));
-  }
-  RILL_ASSIGN_OR_RETURN(std::vector<float> final_norm, load_vector(f, "model.norm.weight", E_));
+  RILL_ASSIGN_OR_RETURN(LlamaWeights hw, bind_llama_weights(f, LlamaDims{E_, V_, F_, hd_, Q_, KV_}));
+  std::vector<LlamaLayerWeights>& hl = hw.layers;
+  const WeightView embed = hw.embed;
+  WeightView lm_head = hw.lm_head;
+  const bool tied = hw.tied;
+  std::vector<float> final_norm = std::move(hw.final_norm);
   std::vector<const WeightView*> mats;
-  for (int64_t il = 0; il < L; ++il) {
-    const std::string p = "model.layers." + std::to_string(il) + ".";
-    HostLayer& h = hl[static_cast<size_t>(il)];
-    RILL_ASSIGN_OR_RETURN(h.attn_norm, load_vector(f, p + "input_layernorm.weight", E_));
-    RILL_ASSIGN_OR_RETURN(h.q, bind_linear(f, p + "self_attn.q_proj", Q_, E_, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(h.k, bind_linear(f, p + "self_attn.k_proj", KV_, E_, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(h.v, bind_linear(f, p + "self_attn.v_proj", KV_, E_, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(h.o, bind_linear(f, p + "self_attn.o_proj", E_, Q_, Bias::kOptional));
-    if (f.find(p + "self_attn.q_norm.weight")) {
-      RILL_ASSIGN_OR_RETURN(h.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
-      RILL_ASSIGN_OR_RETURN(h.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
-    }
-    RILL_ASSIGN_OR_RETURN(h.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", E_));
-    if (is_moe_layer(cfg_, il)) {
-      RILL_ASSIGN_OR_RETURN(h.moe, MoeFfn::bind_llama(f, p));
-      continue;
-    }
-    RILL_ASSIGN_OR_RETURN(h.gate, bind_linear(f, p + "mlp.gate_proj", F_, E_));
-    RILL_ASSIGN_OR_RETURN(h.up, bind_linear(f, p + "mlp.up_proj", F_, E_));
-    RILL_ASSIGN_OR_RETURN(h.down, bind_linear(f, p + "mlp.down_proj", E_, F_));
-  }
-  if (sharded()) {  // this rank's slices (views of the mapped tensors)
-    const SplitRange q{split_.heads.begin * hd_, split_.heads.n * hd_};
-    const SplitRange kv{split_.kv_heads.begin * hd_, split_.kv_heads.n * hd_};
-    for (size_t il = 0; il < hl.size(); ++il) {
-      HostLayer& h = hl[il];
-      const std::string p = f.path + ": layer " + std::to_string(il) + " ";
-      h.q = slice_rows(h.q, q);
-      h.k = slice_rows(h.k, kv);
-      h.v = slice_rows(h.v, kv);
-      std::vector<float> o_bias = std::move(h.o.bias);  // added once, after the all-reduce
-      RILL_ASSIGN_OR_RETURN(h.o, slice_cols(h.o, q, p + "o_proj"));
-      h.o.bias = std::move(o_bias);
-      h.gate = slice_rows(h.gate, ff_split_);
-      h.up = slice_rows(h.up, ff_split_);
-      RILL_ASSIGN_OR_RETURN(h.down, slice_cols(h.down, ff_split_, p + "down_proj"));
-    }
+  if (sharded()) {  // this rank's slices (views of the mapped tensors); o's bias is added after the all-reduce
+    RILL_TRY(shard_llama_layers(hw, split_, ff_split_, hd_, f.path));
     lm_head = slice_rows(lm_head, split_.vocab);
     narrow_dims();
     QKV_ = Q_ + 2 * KV_;
   }
   has_dense_ffn_ = false;
-  for (const HostLayer& h : hl) {
+  for (const LlamaLayerWeights& h : hl) {
     for (const Linear* l : {&h.q, &h.k, &h.v, &h.o}) mats.push_back(&l->w);
     if (h.moe) {
       h.moe->collect_weights(&mats);
@@ -201,7 +160,7 @@ Status LlamaCudaModel::upload_weights() {
   };
   std::vector<Offs> offs(static_cast<size_t>(L));
   for (size_t il = 0; il < hl.size(); ++il) {
-    HostLayer& h = hl[il];
+    LlamaLayerWeights& h = hl[il];
     Offs& o = offs[il];
     o.attn_norm = up.vec(std::move(h.attn_norm));
     o.wqkv = up.cat({&h.q.w, &h.k.w, &h.v.w});
@@ -257,28 +216,9 @@ Status LlamaCudaModel::upload_weights() {
   return Status::Ok();
 }
 
-// The CPU Llama's RoPE table (HF inv_freq for default/linear/llama3/yarn;
-// GGUF rope_freqs divisors and llama.cpp's angle recurrence), uploaded.
+// The Llama RoPE table (model/arch/llama_weights.h), uploaded.
 Status LlamaCudaModel::build_rope() {
-  const ModelFiles& f = *files_;
-  const int64_t rot_dim = cfg_.rope_dim > 0 ? cfg_.rope_dim : hd_;
-  if (rot_dim > hd_ || rot_dim % 2 != 0) {
-    return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) + " must be even and at most head_dim " +
-                 std::to_string(hd_)};
-  }
-  const cpu::RopeScalingParams rs = rope_scaling_params(cfg_.rope_scaling);
-  cpu::RopeTable table = cpu::make_rope_table(cfg_.rope_theta, rot_dim, cfg_.rope_style == RopeStyle::kInterleaved, rs);
-  if (const TensorRef* freqs = f.find("rope_freqs.weight")) {
-    if (freqs->dtype != DType::kF32 || freqs->n_elements() != rot_dim / 2) {
-      return Error{freqs->file + ": tensor 'rope_freqs.weight' must be F32 [" + std::to_string(rot_dim / 2) + "]"};
-    }
-    const float* d = reinterpret_cast<const float*>(freqs->data);
-    for (int64_t i = 0; i < rot_dim / 2; ++i) table.inv_freq[static_cast<size_t>(i)] /= d[i];
-    table.ggml_freq_divisor.assign(d, d + rot_dim / 2);
-  }
-  if (f.format == ModelFormat::kGguf && cfg_.rope_scaling.type == RopeScaling::Type::kNone) {
-    table.ggml_theta_scale = std::pow(cfg_.rope_theta, -2.0f / static_cast<float>(rot_dim));
-  }
+  RILL_ASSIGN_OR_RETURN(cpu::RopeTable table, build_llama_rope(*files_, hd_));
   RILL_ASSIGN_OR_RETURN(rope_, DeviceRope::upload(std::move(table)));
   return Status::Ok();
 }

@@ -28,6 +28,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
+#include "model/arch/llama_weights.h"
 #include "model/batch_check.h"
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
@@ -39,15 +40,8 @@
 namespace rill {
 namespace {
 
-struct ShardLayer {
-  std::vector<float> attn_norm, ffn_norm;  // [E], replicated
-  Linear q, k, v;                          // rows of this rank's heads: [Hr*hd, E], [KVr*hd, E]
-  Linear o;                                // columns of this rank's heads: [E, Hr*hd], no bias
-  std::vector<float> o_bias;               // [E] or empty; added once, after the all-reduce
-  std::vector<float> q_norm, k_norm;       // [hd], qwen3 only
-  Linear gate, up, down;                   // dense: [F/N, E], [F/N, E], [E, F/N]
-  std::optional<MoeFfn> moe;               // MoE layers: every expert's n_ff split (slice_moe)
-};
+// One rank's layer: shard_llama_layers' cut (o.bias whole, added after the all-reduce).
+using ShardLayer = LlamaLayerWeights;
 
 struct ShardActivations {
   std::vector<float> x, h;           // [T, E]; x replicated across ranks
@@ -62,29 +56,6 @@ struct ShardActivations {
   MoeScratch moe;
 };
 
-Result<RopeTable> build_rope(const ModelFiles& f, const ModelConfig& cfg, int64_t hd) {
-  const int64_t rot_dim = cfg.rope_dim > 0 ? cfg.rope_dim : hd;
-  if (rot_dim > hd || rot_dim % 2 != 0) {
-    return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) + " must be even and at most head_dim " +
-                 std::to_string(hd)};
-  }
-  const cpu::RopeScalingParams rs = rope_scaling_params(cfg.rope_scaling);
-  RopeTable rope = cpu::make_rope_table(cfg.rope_theta, rot_dim, cfg.rope_style == RopeStyle::kInterleaved, rs);
-  if (const TensorRef* freqs = f.find("rope_freqs.weight")) {
-    if (freqs->dtype != DType::kF32 || freqs->n_elements() != rot_dim / 2) {
-      return Error{freqs->file + ": tensor 'rope_freqs.weight' must be F32 [" + std::to_string(rot_dim / 2) + "]"};
-    }
-    const float* d = reinterpret_cast<const float*>(freqs->data);
-    for (int64_t i = 0; i < rot_dim / 2; ++i) rope.inv_freq[i] /= d[i];
-    rope.ggml_freq_divisor.assign(d, d + rot_dim / 2);
-  }
-  if (f.format == ModelFormat::kGguf && cfg.rope_scaling.type == RopeScaling::Type::kNone) {
-    // llama.cpp's angle recurrence, as the one-device model (arch/llama.cpp says why).
-    rope.ggml_theta_scale = std::pow(cfg.rope_theta, -2.0f / static_cast<float>(rot_dim));
-  }
-  return rope;
-}
-
 class LlamaShard final : public CpuPagedModel {
  public:
   LlamaShard(std::shared_ptr<const ModelFiles> files, Communicator& comm, int n_threads)
@@ -96,7 +67,6 @@ class LlamaShard final : public CpuPagedModel {
   Status forward(const Batch& batch, float* logits) override;
 
  private:
-  Status bind_layer(ShardLayer& L, int64_t il);
   Status embed(const Batch& batch);
   Status attention_block(const ShardLayer& L, int64_t il, const Batch& batch);
   Status mlp_block(const ShardLayer& L, int64_t n);
@@ -117,95 +87,30 @@ class LlamaShard final : public CpuPagedModel {
   std::vector<cpu::AttentionSeq> attn_seqs_;
 };
 
-Status LlamaShard::bind_layer(ShardLayer& L, int64_t il) {
-  const ModelFiles& f = *files_;
-  const int64_t E = cfg_.n_embd, Q = cfg_.n_head * hd_, KV = cfg_.n_head_kv * hd_;
-  const std::string p = "model.layers." + std::to_string(il) + ".";
-  const SplitRange q_rows{split_.heads.begin * hd_, q_width_};
-  const SplitRange kv_rows{split_.kv_heads.begin * hd_, kv_width_};
-  RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", E));
-  RILL_ASSIGN_OR_RETURN(const Linear q, bind_linear(f, p + "self_attn.q_proj", Q, E, Bias::kOptional));
-  RILL_ASSIGN_OR_RETURN(const Linear k, bind_linear(f, p + "self_attn.k_proj", KV, E, Bias::kOptional));
-  RILL_ASSIGN_OR_RETURN(const Linear v, bind_linear(f, p + "self_attn.v_proj", KV, E, Bias::kOptional));
-  RILL_ASSIGN_OR_RETURN(const Linear o, bind_linear(f, p + "self_attn.o_proj", E, Q, Bias::kOptional));
-  L.q = slice_rows(q, q_rows);
-  L.k = slice_rows(k, kv_rows);
-  L.v = slice_rows(v, kv_rows);
-  RILL_ASSIGN_OR_RETURN(L.o, slice_cols(o, q_rows, f.path + ": " + p + "self_attn.o_proj"));
-  L.o_bias = o.bias;
-  if (f.find(p + "self_attn.q_norm.weight")) {
-    RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
-    RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
-  }
-  RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
-  if (is_moe_layer(cfg_, il)) {
-    MoeNames names;
-    std::string prefix = p + "mlp.";
-    if (f.find(p + "block_sparse_moe.gate.weight")) {  // Mixtral
-      prefix = p + "block_sparse_moe.";
-      names.gate = "w1";
-      names.up = "w3";
-      names.down = "w2";
-    }
-    const MoeParams mp = moe_params(cfg_);
-    if (mp.n_ff_shared > 0) {
-      return Error{f.path + ": shared experts are not part of the " + cfg_.architecture + " graph"};
-    }
-    RILL_ASSIGN_OR_RETURN(const MoeFfn full, MoeFfn::bind(f, prefix, mp, names));
-    RILL_ASSIGN_OR_RETURN(L.moe, slice_moe(full, split_.rank, split_.size, f.path + ": " + prefix));
-    return Status::Ok();
-  }
-  const int64_t F = cfg_.n_ff;
-  RILL_ASSIGN_OR_RETURN(const Linear gate, bind_linear(f, p + "mlp.gate_proj", F, E));
-  RILL_ASSIGN_OR_RETURN(const Linear up, bind_linear(f, p + "mlp.up_proj", F, E));
-  RILL_ASSIGN_OR_RETURN(const Linear down, bind_linear(f, p + "mlp.down_proj", E, F));
-  L.gate = slice_rows(gate, ff_);
-  L.up = slice_rows(up, ff_);
-  RILL_ASSIGN_OR_RETURN(L.down, slice_cols(down, ff_, f.path + ": " + p + "mlp.down_proj"));
-  return Status::Ok();
-}
-
 Status LlamaShard::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
-  const int64_t E = cfg_.n_embd, V = cfg_.n_vocab;
-  if (E <= 0 || V <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 ||
-      (cfg_.n_ff <= 0 && cfg_.n_expert == 0)) {
-    return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
-                 std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
-  }
+  constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
+  RILL_ASSIGN_OR_RETURN(const LlamaDims d, llama_dims(f, kMaxHeadDim));
+  const int64_t E = d.E;
   RILL_ASSIGN_OR_RETURN(split_, plan_tensor_split(cfg_, comm_.rank(), comm_.size(), f.path));
   bool any_dense = false;
   for (int64_t il = 0; il < cfg_.n_layer; ++il) any_dense = any_dense || !is_moe_layer(cfg_, il);
   if (any_dense) {
     RILL_ASSIGN_OR_RETURN(ff_, split_evenly(cfg_.n_ff, split_.rank, split_.size, "intermediate_size", f.path));
   }
-  hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E / cfg_.n_head;
-  constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
-  if (hd_ <= 0 || hd_ > kMaxHeadDim || hd_ % 2 != 0) {
-    return Error{f.path + ": head_dim " + std::to_string(hd_) + " is not supported (even, at most " +
-                 std::to_string(kMaxHeadDim) + ")"};
-  }
+  hd_ = d.hd;
   q_width_ = split_.heads.n * hd_;
   kv_width_ = split_.kv_heads.n * hd_;
 
-  RILL_ASSIGN_OR_RETURN(const WeightView embed, bind_matrix(f, "model.embed_tokens.weight", V, E));
-  WeightView lm_head = embed;
-  if (f.find("lm_head.weight")) {
-    RILL_ASSIGN_OR_RETURN(lm_head, bind_matrix(f, "lm_head.weight", V, E));
-  }
-  embed_ = slice_rows(embed, split_.vocab);
-  lm_head_ = slice_rows(lm_head, split_.vocab);
-  RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, "model.norm.weight", E));
+  RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, d));
+  const bool all_f32 = w.all_f32();
+  RILL_TRY(shard_llama_layers(w, split_, ff_, hd_, f.path));
+  embed_ = slice_rows(w.embed, split_.vocab);
+  lm_head_ = slice_rows(w.lm_head, split_.vocab);
+  final_norm_ = std::move(w.final_norm);
+  layers_ = std::move(w.layers);
+  RILL_ASSIGN_OR_RETURN(rope_, build_llama_rope(f, hd_));
   set_limits(options);
-
-  bool all_f32 = embed.dtype == DType::kF32;
-  layers_.resize(static_cast<size_t>(cfg_.n_layer));
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    ShardLayer& L = layers_[static_cast<size_t>(il)];
-    RILL_TRY(bind_layer(L, il));
-    all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && (L.moe || L.gate.w.dtype == DType::kF32);
-  }
-  RILL_ASSIGN_OR_RETURN(rope_, build_rope(f, cfg_, hd_));
 
   attn_params_.n_head = split_.heads.n;
   attn_params_.n_head_kv = split_.kv_heads.n;
@@ -218,7 +123,7 @@ Status LlamaShard::init(const ModelOptions& options) {
   // kv_cache_bytes is the budget of all ranks together; every rank has the
   // same per-token bytes, so every rank gets the same number of blocks.
   RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, attn_params_.kv_dtype, split_.size));
-  limits_ = {max_tokens_, max_seqs_, n_ctx_, V, kv_.block_size(), kv_.n_blocks(), cfg_.sliding_window};
+  limits_ = {max_tokens_, max_seqs_, n_ctx_, d.V, kv_.block_size(), kv_.n_blocks(), cfg_.sliding_window};
 
   attn_seqs_.reserve(static_cast<size_t>(max_tokens_));
   const auto T = static_cast<size_t>(max_tokens_), S = static_cast<size_t>(max_seqs_);
@@ -293,10 +198,10 @@ Status LlamaShard::attention_block(const ShardLayer& L, int64_t il, const Batch&
                           s.kv_len, a_.attn.data() + t0 * q_width_, s.decode_from});
   }
   backend_->attention_batch(attn_seqs_.data(), static_cast<int>(attn_seqs_.size()), attn_params_);
-  L.o.forward(a_.attn.data(), n, a_.h.data(), *backend_);  // this rank's heads' share of o
+  backend_->matmul(L.o.w, a_.attn.data(), n, a_.h.data());  // this rank's heads' share of o (no bias)
   RILL_TRY(comm_.all_reduce_sum(a_.h.data(), n * E));
-  if (!L.o_bias.empty()) {
-    for (int64_t t = 0; t < n; ++t) backend_->add_inplace(a_.h.data() + t * E, L.o_bias.data(), E);
+  if (!L.o.bias.empty()) {
+    for (int64_t t = 0; t < n; ++t) backend_->add_inplace(a_.h.data() + t * E, L.o.bias.data(), E);
   }
   backend_->add_inplace(a_.x.data(), a_.h.data(), n * E);
   return Status::Ok();

@@ -1,0 +1,125 @@
+#include "model/arch/llama_weights.h"
+
+#include <cmath>
+#include <utility>
+
+namespace rill {
+
+Result<LlamaDims> llama_dims(const ModelFiles& f, int64_t max_head_dim) {
+  const ModelConfig& c = f.config;
+  LlamaDims d;
+  d.E = c.n_embd;
+  d.V = c.n_vocab;
+  d.F = c.n_ff;
+  if (d.E <= 0 || d.V <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || (d.F <= 0 && c.n_expert == 0) ||
+      c.n_head % c.n_head_kv != 0) {
+    return Error{f.path + ": inconsistent model config (embd " + std::to_string(d.E) + ", heads " +
+                 std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + ")"};
+  }
+  d.hd = c.head_dim > 0 ? c.head_dim : d.E / c.n_head;
+  if (d.hd <= 0 || d.hd > max_head_dim || d.hd % 2 != 0) {
+    return Error{f.path + ": head_dim " + std::to_string(d.hd) + " is not supported (even, at most " +
+                 std::to_string(max_head_dim) + ")"};
+  }
+  d.Q = c.n_head * d.hd;
+  d.KV = c.n_head_kv * d.hd;
+  return d;
+}
+
+bool LlamaWeights::all_f32() const {
+  if (embed.dtype != DType::kF32) return false;
+  for (const LlamaLayerWeights& L : layers) {
+    if (L.q.w.dtype != DType::kF32) return false;
+    if (!L.moe && L.gate.w.dtype != DType::kF32) return false;
+  }
+  return true;
+}
+
+Result<LlamaWeights> bind_llama_weights(const ModelFiles& f, const LlamaDims& d) {
+  const ModelConfig& c = f.config;
+  LlamaWeights w;
+  RILL_ASSIGN_OR_RETURN(w.embed, bind_matrix(f, "model.embed_tokens.weight", d.V, d.E));
+  w.tied = !f.find("lm_head.weight");
+  if (w.tied) {
+    w.lm_head = w.embed;
+  } else {
+    RILL_ASSIGN_OR_RETURN(w.lm_head, bind_matrix(f, "lm_head.weight", d.V, d.E));
+  }
+  RILL_ASSIGN_OR_RETURN(w.final_norm, load_vector(f, "model.norm.weight", d.E));
+  w.layers.resize(static_cast<size_t>(c.n_layer));
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    const std::string p = "model.layers." + std::to_string(il) + ".";
+    LlamaLayerWeights& L = w.layers[static_cast<size_t>(il)];
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", d.E));
+    RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", d.Q, d.E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", d.KV, d.E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", d.KV, d.E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", d.E, d.Q, Bias::kOptional));
+    if (f.find(p + "self_attn.q_norm.weight")) {
+      RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", d.hd));
+      RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", d.hd));
+    }
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", d.E));
+    if (is_moe_layer(c, il)) {
+      RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind_llama(f, p));  // Mixtral's block_sparse_moe or mlp.experts
+      continue;
+    }
+    RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", d.F, d.E));
+    RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", d.F, d.E));
+    RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", d.E, d.F));
+  }
+  return w;
+}
+
+Status shard_llama_layers(LlamaWeights& w, const TensorSplit& split, const SplitRange& ff, int64_t hd,
+                          const std::string& path) {
+  const SplitRange q_rows{split.heads.begin * hd, split.heads.n * hd};
+  const SplitRange kv_rows{split.kv_heads.begin * hd, split.kv_heads.n * hd};
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    LlamaLayerWeights& L = w.layers[il];
+    const std::string where = path + ": layer " + std::to_string(il) + " ";
+    L.q = slice_rows(L.q, q_rows);
+    L.k = slice_rows(L.k, kv_rows);
+    L.v = slice_rows(L.v, kv_rows);
+    std::vector<float> o_bias = std::move(L.o.bias);
+    RILL_ASSIGN_OR_RETURN(L.o, slice_cols(L.o, q_rows, where + "o_proj"));
+    L.o.bias = std::move(o_bias);
+    if (L.moe) {
+      RILL_ASSIGN_OR_RETURN(L.moe, slice_moe(*L.moe, split.rank, split.size, where + "experts"));
+      continue;
+    }
+    L.gate = slice_rows(L.gate, ff);
+    L.up = slice_rows(L.up, ff);
+    RILL_ASSIGN_OR_RETURN(L.down, slice_cols(L.down, ff, where + "down_proj"));
+  }
+  return Status::Ok();
+}
+
+Result<cpu::RopeTable> build_llama_rope(const ModelFiles& f, int64_t hd) {
+  const ModelConfig& c = f.config;
+  const int64_t rot_dim = c.rope_dim > 0 ? c.rope_dim : hd;
+  if (rot_dim > hd || rot_dim % 2 != 0) {
+    return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) + " must be even and at most head_dim " +
+                 std::to_string(hd)};
+  }
+  const cpu::RopeScalingParams rs = rope_scaling_params(c.rope_scaling);
+  cpu::RopeTable rope = cpu::make_rope_table(c.rope_theta, rot_dim, c.rope_style == RopeStyle::kInterleaved, rs);
+  if (const TensorRef* freqs = f.find("rope_freqs.weight")) {
+    // GGUF llama3 models bake the scaling into per-frequency divisors.
+    if (freqs->dtype != DType::kF32 || freqs->n_elements() != rot_dim / 2) {
+      return Error{freqs->file + ": tensor 'rope_freqs.weight' must be F32 [" + std::to_string(rot_dim / 2) + "]"};
+    }
+    const float* div = reinterpret_cast<const float*>(freqs->data);
+    for (int64_t i = 0; i < rot_dim / 2; ++i) rope.inv_freq[static_cast<size_t>(i)] /= div[i];
+    rope.ggml_freq_divisor.assign(div, div + rot_dim / 2);
+  }
+  if (f.format == ModelFormat::kGguf && c.rope_scaling.type == RopeScaling::Type::kNone) {
+    // GGUF models are held to llama.cpp, which builds angles by repeated f32
+    // multiplication; pos * inv_freq differs in the last bits, and quantized
+    // activations turn such bits into visible logit differences.
+    rope.ggml_theta_scale = std::pow(c.rope_theta, -2.0f / static_cast<float>(rot_dim));
+  }
+  return rope;
+}
+
+}  // namespace rill

@@ -1,0 +1,70 @@
+#pragma once
+// The Llama family's weights, bound once for every implementation of the
+// graph (llama.cpp on the CPU, llama_tp.cpp's simulated ranks and
+// llama_cuda.cpp on the device): tensor names, shapes, the optional parts
+// (qkv bias, q/k norm, tied LM head, MoE FFN), a rank's slices, the RoPE
+// table and the KV dtype rule. Host views only: the weights stay in the
+// mapped files until an implementation places them (the CUDA one uploads).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/rope_table.h"
+#include "core/result.h"
+#include "loader/model_files.h"
+#include "model/layers.h"
+#include "model/moe.h"
+#include "model/tensor_split.h"
+
+namespace rill {
+
+// The whole model's widths, from the config. llama_dims refuses
+// inconsistent configs and head sizes above max_head_dim (the backend's
+// limit); errors name the model file.
+struct LlamaDims {
+  int64_t E = 0, V = 0, F = 0;  // embedding, vocabulary, dense FFN width (0: every layer MoE)
+  int64_t hd = 0;               // head_dim
+  int64_t Q = 0, KV = 0;        // q rows (n_head * hd), k or v rows (n_head_kv * hd)
+};
+Result<LlamaDims> llama_dims(const ModelFiles& files, int64_t max_head_dim);
+
+struct LlamaLayerWeights {
+  std::vector<float> attn_norm;       // [E]
+  Linear q, k, v, o;                  // [Q, E], [KV, E], [KV, E], [E, Q]; biases optional (qwen2)
+  std::vector<float> q_norm, k_norm;  // [hd], qwen3 only (empty otherwise)
+  std::vector<float> ffn_norm;        // [E]
+  Linear gate, up, down;              // dense layers: [F, E], [F, E], [E, F]
+  std::optional<MoeFfn> moe;          // MoE layers (mixtral, qwen3_moe), instead of gate/up/down
+};
+
+struct LlamaWeights {
+  WeightView embed;    // [V, E]
+  WeightView lm_head;  // [V, E]; the embedding when tied
+  bool tied = false;   // lm_head.weight absent
+  std::vector<float> final_norm;
+  std::vector<LlamaLayerWeights> layers;
+
+  // Whether every matrix (and the embedding) is f32: such checkpoints keep
+  // f32 KV so logits match the f32 reference; everything else stores f16
+  // KV, as llama.cpp does.
+  bool all_f32() const;
+};
+Result<LlamaWeights> bind_llama_weights(const ModelFiles& files, const LlamaDims& d);
+
+// Cuts every layer to one rank's share (model/tensor_split.h): q/k/v rows
+// of its heads and KV heads, o columns of its heads, gate/up rows and down
+// columns of its `ff` slice, every expert's slice of a MoE layer. o's bias
+// stays whole in o.bias: a row-parallel product is partial on each rank, so
+// callers add it once, after the all-reduce. The embedding and LM head are
+// the caller's (the CPU ranks slice both, the CUDA ranks only the head).
+Status shard_llama_layers(LlamaWeights& w, const TensorSplit& split, const SplitRange& ff, int64_t hd,
+                          const std::string& path);
+
+// The RoPE table: Hugging Face inv_freq for default / linear / llama3 /
+// yarn scaling, GGUF rope_freqs divisors, and llama.cpp's angle recurrence
+// for unscaled GGUF models (their logits are held to llama.cpp's bits).
+Result<cpu::RopeTable> build_llama_rope(const ModelFiles& files, int64_t hd);
+
+}  // namespace rill
