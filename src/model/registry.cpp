@@ -147,7 +147,9 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
     return Error{files->path + ": " + impl->id + " (" + profile.graph +
                  ") has no tensor-parallel implementation; run it with --tensor-parallel 1"};
   }
-  return impl->create(std::move(files), options);
+  RILL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, impl->create(std::move(files), options));
+  model->set_numerics(numerics_fingerprint(impl->id, impl->device, options));
+  return model;
 }
 
 }  // namespace rill
