@@ -270,7 +270,7 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   gemm_->set_batch_invariant(batch_invariant_);
 
   // Activations for max_tokens_ rows (and max_seqs_ sampled rows).
-  const auto S = static_cast<size_t>(max_seqs_);
+  const auto T = static_cast<size_t>(max_tokens_), S = static_cast<size_t>(max_seqs_);
   auto carve = [&](cuda::Arena& a) {
     carve_activations(a);
     logits_ = a.take<float>(S * V_);
