@@ -4,7 +4,7 @@
 // same run: device-to-device copy bandwidth and the bf16 GEMM rate.
 //
 //   bench_cuda MODEL_DIR [--steps N] [--batches 1,8,...] [--json OUT]
-//   (RILL_CUDA_GRAPHS=0 in the environment: decode without CUDA graphs)
+//   (--graphs 0: decode without CUDA graphs, ModelOptions::cuda_graphs)
 //   bench_cuda MODEL_DIR --kernels 1: the decode GEMV shapes alone (every
 //   GEMV configuration and cuBLASLt) and the small per-layer kernels
 //   bench_cuda MODEL_DIR --profile-step B: one decode step of batch B inside
@@ -322,7 +322,7 @@ int run(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: bench_cuda MODEL_DIR [--steps N] [--batches B,..] [--tensor-parallel N,..] [--batch-invariant "
-                 "0,1] [--json OUT]\n");
+                 "0,1] [--graphs 0|1] [--json OUT]\n");
     return 2;
   }
   const std::string path = argv[1];
@@ -332,6 +332,7 @@ int run(int argc, char** argv) {
   std::vector<int> tps = {1};
   std::vector<int> invs = {0};  // --batch-invariant 0,1: both modes in one run
   bool kernels = false;
+  bool graphs = true;
   int profile_batch = 0;         // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
   bool profile_prefill = false;  // the second 2,048-token prefill between cudaProfilerStart/Stop, then exit
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -343,6 +344,7 @@ int run(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--batches")) batches = parse_list(argv[i + 1]);
     if (!std::strcmp(argv[i], "--tensor-parallel")) tps = parse_list(argv[i + 1]);
     if (!std::strcmp(argv[i], "--batch-invariant")) invs = parse_list(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--graphs")) graphs = std::atoi(argv[i + 1]) != 0;
   }
   // One measured run per (tensor-parallel size, batch-invariant mode).
   struct RunCfg {
@@ -367,6 +369,7 @@ int run(int argc, char** argv) {
   o.max_batch_tokens = kPrefill;
   o.max_batch_seqs = kMaxBatch;
   o.kv_block_size = 16;
+  o.cuda_graphs = graphs;
   const ModelConfig& c = (*files)->config;
   const int64_t hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
   const int64_t kv_token = 2 * c.n_layer * c.n_head_kv * hd * 2;  // f16 KV

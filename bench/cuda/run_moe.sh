@@ -30,7 +30,7 @@ grep -h -E "^\[  (PASSED|FAILED|SKIPPED) " $OUT/test_*.log
 wait $maker
 tail -3 $OUT/make.log
 timeout ${BENCH_TIMEOUT:-200} $G/bin/bench_cuda $M --steps 32 --json $OUT/bench.json 2>&1 | tee $OUT/bench.log
-for v in ${VARIANTS:-RILL_CUDA_MOE_MMA=0 RILL_CUDA_MOE_MMA=1}; do
+for v in ${VARIANTS-}; do  # environment settings ("A=1+B=2": two in one row)
   env ${v//+/ } timeout 90 $G/bin/bench_cuda $M --steps 32 --batches ${VARIANT_BATCHES:-1,8,16,64} 2>&1 | grep -E "decode" | sed "s/^/$v: /"
 done
 exit 0

@@ -6,11 +6,13 @@
 # the model is made, bench_cuda at N = 1, 2 (and 4 with 4 GPUs) in one
 # process (decode at batch 1 and 64, the scaling table last) and the engine
 # (`rill bench`) at N = 1 and 2. $1 = "tests": stop after the tests.
-# VARIANTS (default "NCCL_PROTO=LL RILL_CUDA_GRAPHS=0"): environment settings,
-# each timed at N=2, batch 1 and 64 ("A=1+B=2": two settings in one row).
-# One split-model case runs first; if it fails, it runs again without CUDA
-# graphs and with NCCL's graph buffer registration off, to locate the
-# fault, and the run stops there.
+# VARIANTS (default "NCCL_PROTO=LL --graphs=0"): settings, each timed at N=2,
+# batch 1 and 64 (NAME=VALUE an environment setting, --flag=VALUE a
+# bench_cuda flag; "A=1+--flag=2": two settings in one row).
+# One split-model case runs first; if it fails, it runs again with NCCL's
+# graph buffer registration off, to locate the fault, and the run stops
+# there (a step runs eagerly before it is captured, so a fault in eager
+# steps fails before any graph is made).
 cd "$(dirname "$0")"
 G=/tmp/tp
 mkdir -p $G/bin && cp bin/*.gz $G/bin/ && gunzip -f $G/bin/*.gz && chmod +x $G/bin/*
@@ -18,7 +20,7 @@ NCCL_DIR=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$NCCL_DIR
 export RILL_SHARED_DIR=$PWD/shared NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 M=/tmp/llama8b
-VARIANTS=${VARIANTS-"NCCL_PROTO=LL RILL_CUDA_GRAPHS=0"}
+VARIANTS=${VARIANTS-"NCCL_PROTO=LL --graphs=0"}
 NG=$(nvidia-smi -L | wc -l)
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m | head -6
 ldd $G/bin/bench_cuda | grep -E "nccl|not found"
@@ -31,9 +33,8 @@ T=$G/bin/test_cuda_llama_cuda_tp_test
 NCCL_DEBUG=WARN timeout 60 $T --gtest_filter='*LogitsAndGreedy*/llama_N2' > $OUT/tp_first.log 2>&1; rc=$?
 echo "tp first case rc=$rc"; grep -E "^\[ cuda|OK \]|FAILED|rror|NCCL WARN" $OUT/tp_first.log | head -20
 if [ $rc != 0 ]; then
-  RILL_CUDA_GRAPHS=0 timeout 45 $T --gtest_filter='*LogitsAndGreedy*/llama_N2' > $OUT/tp_nographs.log 2>&1; echo "without graphs rc=$?"
   NCCL_GRAPH_REGISTER=0 NCCL_DEBUG=INFO timeout 45 $T --gtest_filter='*LogitsAndGreedy*/llama_N2' > $OUT/tp_noreg.log 2>&1; echo "NCCL_GRAPH_REGISTER=0 rc=$?"
-  grep -h -E "FAILED|rror|NCCL WARN" $OUT/tp_nographs.log $OUT/tp_noreg.log | head -20
+  grep -h -E "FAILED|rror|NCCL WARN" $OUT/tp_noreg.log | head -20
   exit 0
 fi
 summary=""
@@ -55,7 +56,8 @@ while [ ! -f /tmp/make.done ]; do sleep 2; done; cat /tmp/make.done; tail -2 /tm
 TPS=1,2; [ "$NG" -ge 4 ] && TPS=1,2,4
 timeout 300 $G/bin/bench_cuda $M --steps 32 --batches ${BATCHES:-1,8,32,64,128} --tensor-parallel $TPS --json $OUT/bench_tp.json 2>&1 | tee $OUT/bench_tp.log
 for v in $VARIANTS; do
-  env ${v//+/ } timeout 60 $G/bin/bench_cuda $M --steps 32 --batches 1,64 --tensor-parallel 2 2>&1 | grep decode | sed "s/^/$v N=2: /"
+  envs=""; flags=""; for p in ${v//+/ }; do case $p in --*) flags="$flags ${p/=/ }" ;; *) envs="$envs $p" ;; esac; done
+  env $envs timeout 60 $G/bin/bench_cuda $M --steps 32 --batches 1,64 --tensor-parallel 2 $flags 2>&1 | grep decode | sed "s/^/$v N=2: /"
 done
 if [ "${ENGINE:-1}" = 1 ]; then
   for tp in 1 2; do for c in 1 64; do

@@ -3,7 +3,7 @@
 # GPU sampling tests and the llama CUDA tests, the sampler's kernel times at
 # a 128k vocabulary, then `rill bench --device cuda` on a small 128k-vocab
 # Llama (make_small_model.py): greedy, temperature sampling on the device,
-# and the same with RILL_CUDA_SAMPLE=0 (logits to the host, host sampler).
+# and the same with --host-sampling (logits to the host, host sampler).
 # $1 = "tests": stop after the tests.
 cd "$(dirname "$0")"
 ls bin/*.gz > /dev/null 2>&1 && gunzip -f bin/*.gz
@@ -30,6 +30,6 @@ bench() {  # label, env, flags
 for C in 1 64; do
   bench greedy "" ""
   bench "T0.8 p0.95 device" "" "--temperature 0.8 --top-p 0.95"
-  bench "T0.8 p0.95 host" "RILL_CUDA_SAMPLE=0" "--temperature 0.8 --top-p 0.95"
+  bench "T0.8 p0.95 host" "" "--temperature 0.8 --top-p 0.95 --host-sampling"
 done
 exit 0

@@ -3,7 +3,7 @@
 // Counters: weight GB/s (weight bytes read per call / time) and GFLOP/s
 // (2 * rows * cols * tokens / time). The ceiling for decode is the memory
 // read bandwidth that BM_ReadBandwidth measures on the same run.
-// RILL_CPU_ISA=scalar|avx2 selects a lower kernel table.
+// Runs the best kernel table of this CPU (cpu::best_isa(), in each label).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>

@@ -29,11 +29,14 @@ std::string tokenizer_kind(const ModelFiles& f, bool loaded) {
 Command add_inspect_command(CLI::App& app) {
   struct Opts {
     std::string model;
+    std::string device = "cpu";
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* sub = app.add_subcommand("inspect", "Describe a model: architecture, parameters, tensor types, tokenizer");
   sub->add_option("model", o->model, "a .gguf file or a Hugging Face model directory (default: the default model)");
+  sub->add_option("--device", o->device, "the device whose implementation to name: cpu or cuda (default cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_flag("--json", o->json, "print JSON");
   return {sub, [o]() -> int {
             LoadOptions lo;
@@ -56,7 +59,8 @@ Command add_inspect_command(CLI::App& app) {
               n_params += t.n_elements();
               ++types[std::string(dtype_name(t.dtype))];
             }
-            auto impl = builtin_registry().select(infer_profile(f));
+            const Device device = o->device == "cuda" ? Device::kCuda : Device::kCpu;
+            auto impl = builtin_registry().select(infer_profile(f), device);
             nlohmann::json j = {
                 {"path", f.path},
                 {"format", f.format == ModelFormat::kGguf ? "gguf" : "huggingface"},

@@ -54,6 +54,7 @@ int run_once(const RunOptions& o, Clock::time_point t_start) {
   lo.model.device = o.device.value();
   lo.model.tensor_parallel = o.device.tensor_parallel;
   lo.model.batch_invariant = o.device.batch_invariant;
+  lo.model.cuda_device_sampling = !o.device.host_sampling;
   auto path = resolve_model_path(o.model);
   if (!path.ok()) {
     std::fprintf(stderr, "rill run: %s\n", path.error().message.c_str());

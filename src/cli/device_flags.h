@@ -1,6 +1,6 @@
 #pragma once
-// --device, --gpu-memory-fraction, --tensor-parallel and --batch-invariant, shared by rill run,
-// bench and serve.
+// --device, --gpu-memory-fraction, --tensor-parallel, --batch-invariant and --host-sampling,
+// shared by rill run, bench and serve.
 #include <CLI/CLI.hpp>
 
 #include <string>
@@ -14,6 +14,7 @@ struct DeviceFlags {
   double gpu_memory_fraction = 0.9;
   int tensor_parallel = 1;
   bool batch_invariant = false;
+  bool host_sampling = false;
 
   Device value() const { return device == "cuda" ? Device::kCuda : Device::kCpu; }
   void add_to(CLI::App* app) {
@@ -30,6 +31,9 @@ struct DeviceFlags {
     app->add_flag("--batch-invariant", batch_invariant,
                   "with --device cuda: every matmul in a fixed order per token, so a request's output does not "
                   "depend on what else runs with it (slower; the CPU is always batch invariant)");
+    app->add_flag("--host-sampling", host_sampling,
+                  "with --device cuda: copy the logits of sampled (non-greedy) rows to the host and sample there "
+                  "instead of on the device (the same tokens; for comparing the two)");
   }
 };
 

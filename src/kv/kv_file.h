@@ -46,7 +46,7 @@ inline constexpr uint64_t kKvFileAlignment = 16 * 1024;
 // What a file must match to be used.
 struct KvFileIdentity {
   std::string model_id;            // the model's artifact fingerprint
-  std::string config_fingerprint;  // model/fingerprint.h
+  std::string config_fingerprint;  // model/fingerprint.h: kv_fingerprint (config + numerics)
   uint64_t ns = 0;                 // prefix-tree namespace of the run
   uint64_t tokenizer_hash = 0;
 

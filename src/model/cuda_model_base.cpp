@@ -2,7 +2,6 @@
 
 #if RILL_HAVE_CUDA
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/ops.h"
@@ -279,7 +278,6 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
         cuda::attention_partial_floats(max_tokens_, static_cast<int32_t>(n_head_), static_cast<int32_t>(hd_)));
     ids_dev_ = a.take<int32_t>(S);
     sample_params_dev_ = a.take<DeviceSamplingParams>(S);
-    split_counts_ = a.take<int32_t>(T * static_cast<size_t>(n_head_kv_));
     if (sharded()) {
       vocab_local_ = a.take<float>(S * static_cast<size_t>(split_.vocab_stride));
       vocab_all_ = a.take<float>(static_cast<size_t>(split_.size) * S * static_cast<size_t>(split_.vocab_stride));
@@ -291,10 +289,6 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(act_buf_, cuda::DeviceBuffer::allocate(sizing.used(), "activations"));
   cuda::Arena real(act_buf_.data());
   carve(real);
-  if (cudaError_t e = cudaMemset(split_counts_, 0, T * static_cast<size_t>(n_head_kv_) * sizeof(int32_t));
-      e != cudaSuccess) {
-    return Error{cuda::cuda_error_text(e, "zeroing the attention split counters")};
-  }
 
   // Step metadata: block tables for every sequence of a full batch at full context.
   const size_t blocks_per_seq = static_cast<size_t>((n_ctx_ + block_size_ - 1) / block_size_);
@@ -345,10 +339,8 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
                         cuda::DeviceBuffer::allocate(static_cast<size_t>(n_blocks + 1) * block_bytes, "the KV cache"));
   kv_plane_ = static_cast<size_t>(n_blocks + 1) * static_cast<size_t>(block_size_) * static_cast<size_t>(KV_) *
               cuda_dtype_size(kv_dtype_);
-  if (const char* g = std::getenv("RILL_CUDA_GRAPHS")) use_graphs_ = std::string(g) != "0";
-  if (const char* g = std::getenv("RILL_CUDA_SPLIT_MERGE")) use_split_merge_ = std::string(g) == "1";
-  if (const char* g = std::getenv("RILL_CUDA_FAST_DECODE")) general_decode_ = std::string(g) == "0";
-  if (const char* g = std::getenv("RILL_CUDA_SAMPLE")) device_sampling_ = std::string(g) != "0";
+  use_graphs_ = options.cuda_graphs;
+  device_sampling_ = options.cuda_device_sampling;
   return ctx_->synchronize();
 }
 
@@ -376,11 +368,11 @@ cuda::AttentionArgs CudaModelBase::attention_args(const Step& s) const {
   at.n_decode = s.n_decode;
   at.max_decode_len = s.max_decode_len;
   at.partial = partial_;
-  at.split_counts = use_split_merge_ ? split_counts_ : nullptr;
+  at.split_counts = nullptr;  // splits combined by their own kernel (the in-kernel merge was slower: cuda_model_base.h)
   at.tiles = meta_dev_.tiles;
   at.n_tiles = s.n_tiles;
   at.out_dtype = act_;
-  at.general_decode = general_decode_;
+  at.general_decode = false;
   return at;
 }
 

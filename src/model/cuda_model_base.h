@@ -276,10 +276,9 @@ class CudaModelBase : public Model {
   cuda::DeviceBuffer kv_;
   cuda::DeviceBuffer act_buf_;
   float* partial_ = nullptr;
-  float* vocab_local_ = nullptr;     // shards: [S, split_.vocab_stride] this rank's logits
-  float* vocab_all_ = nullptr;       // shards: [N, S, split_.vocab_stride] gathered
-  int32_t* split_counts_ = nullptr;  // [T, n_head_kv] decode split merge counters, kept zero between launches
-  int32_t* ids_dev_ = nullptr;       // [S] greedy or sampled ids
+  float* vocab_local_ = nullptr;                       // shards: [S, split_.vocab_stride] this rank's logits
+  float* vocab_all_ = nullptr;                         // shards: [N, S, split_.vocab_stride] gathered
+  int32_t* ids_dev_ = nullptr;                         // [S] greedy or sampled ids
   DeviceSamplingParams* sample_params_dev_ = nullptr;  // [S] forward_sample's rows
 
   cuda::PinnedBuffer meta_host_buf_, ids_host_, sample_params_host_;
@@ -294,14 +293,14 @@ class CudaModelBase : public Model {
     bool seen = false;
   };
   std::unordered_map<uint32_t, Graph> graphs_;
-  bool use_graphs_ = true;
-  // RILL_CUDA_SPLIT_MERGE=1: decode attention's last split block merges the
-  // splits (no combine kernel). Off by default: on the H200 it was slower
-  // (8B bf16, 2026-11-29: 5.17 vs 5.10 ms at batch 1, 7.62 vs 7.50 ms at 64).
-  bool use_split_merge_ = false;
-  // RILL_CUDA_FAST_DECODE=0: decode attention through the general kernel
-  // (benchmarks compare the two).
-  bool general_decode_ = false;
+  bool use_graphs_ = true;  // ModelOptions::cuda_graphs
+  // Decode attention always combines its splits in a combine kernel and
+  // takes the fast kernel where it applies. The switches that forced the
+  // alternatives are gone, their comparisons done: the in-kernel split
+  // merge was slower on the H200 (8B bf16, 2026-11-29, 26cac1b: 5.17 vs
+  // 5.10 ms at batch 1, 7.62 vs 7.50 ms at 64) and the general kernel far
+  // slower (158 / 8,255 tok/s at batch 1 / 64; docs/perf.md). Both paths
+  // stay in the kernels and their tests (tests/cuda/cuda_attention_test).
   // ModelOptions::batch_invariant. What it guarantees: a token's logits
   // (and so its greedy or seeded sample: sampling is per row) are the same
   // bits whatever else shares its step and however its prompt was chunked.
@@ -320,8 +319,8 @@ class CudaModelBase : public Model {
   // (gemm_invariant is far below cuBLASLt's peak), and quantized weights
   // are dequantized at every step, one token too.
   bool batch_invariant_ = false;
-  // RILL_CUDA_SAMPLE=0: no forward_sample, so sampled rows go to the host
-  // as logits (benchmarks compare the two).
+  // ModelOptions::cuda_device_sampling: false offers no forward_sample, so
+  // sampled rows go to the host as logits (benchmarks compare the two).
   bool device_sampling_ = true;
 };
 

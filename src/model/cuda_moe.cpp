@@ -2,7 +2,6 @@
 
 #if RILL_HAVE_CUDA
 #include <algorithm>
-#include <cstdlib>
 #include <tuple>
 #include <utility>
 
@@ -107,7 +106,6 @@ CudaMoeWeights CudaMoePlacement::resolve(const WeightUpload& up) const {
 Status CudaMoe::init(const MoeParams& p, DType act, const std::string& path) {
   p_ = p;
   act_ = act;
-  if (const char* v = std::getenv("RILL_CUDA_MOE_MMA")) mma_mode_ = std::string(v) == "0" ? 0 : 1;
   RILL_ASSIGN_OR_RETURN(
       padded_host_, cuda::PinnedBuffer::allocate(static_cast<size_t>(p.n_expert + 1) * 4, path + ": MoE row counts"));
   return Status::Ok();
@@ -167,7 +165,7 @@ Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool 
     }
     if (device_routing) {
       const auto max_active = static_cast<int32_t>(std::min(m * K, X));
-      const bool tensor_cores = invariant || mma_mode_ == 1 || (mma_mode_ < 0 && m >= kMmaMinTokens);
+      const bool tensor_cores = invariant || m >= kMmaMinTokens;
       cuda::moe_gemv(w.gate_up, hc, static_cast<int32_t>(K), routing_, max_active, gu_, tensor_cores, stream);
       cuda::silu_mul(gu_, m * K, F, act_, mid_, stream);
       cuda::moe_gemv(w.down, mid_, 1, routing_, max_active, y_, tensor_cores, stream);

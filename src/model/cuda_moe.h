@@ -91,12 +91,13 @@ class CudaMoe {
 
   MoeParams p_;
   DType act_ = DType::kBF16;
-  // The decode path's bf16/f16 experts: tensor cores from kMmaMinTokens
-  // tokens on (-1; on the H200 with moe-7b-a1b the GEMV was 2.4% faster at
-  // one token, tensor cores 6% faster at 8 and 2.4x at 64: docs/perf.md),
-  // RILL_CUDA_MOE_MMA=0 never, =1 always (then a token's expert outputs are
-  // the same at every batch size in bf16 too; benchmarks compare them).
-  int mma_mode_ = -1;
+  // The decode path's bf16/f16 experts run on tensor cores from
+  // kMmaMinTokens tokens on, the CUDA-core GEMV below (on the H200 with
+  // moe-7b-a1b the GEMV was 2.4% faster at one token, tensor cores 6%
+  // faster at 8 and 2.4x at 64: docs/perf.md, the run that set
+  // kMmaMinTokens), and on tensor cores at every count in batch-invariant
+  // mode. The switch that forced either (RILL_CUDA_MOE_MMA) is gone: that
+  // comparison is done, and batch_invariant gives the one order per token.
   int64_t chunk_ = 0, rows_ = 0;  // tokens per pass; expert rows of one pass (padded)
   cuda::MoeRouting routing_;
   float* logits_ = nullptr;         // [chunk, X]

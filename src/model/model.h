@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/sampling.h"
@@ -53,11 +54,31 @@ struct ModelOptions {
   // of its step nor on its prompt's chunking, at some cost in speed. The
   // CPU models are batch invariant always and ignore it.
   bool batch_invariant = false;
+  // kCuda only: decode steps replayed from CUDA graphs (CudaModelBase).
+  // Off runs the same kernels eagerly, so numerics do not change; for
+  // profilers that serialize kernels and for locating a fault in a
+  // captured step (bench_cuda --graphs 0).
+  bool cuda_graphs = true;
+  // kCuda only: forward_sample draws on the device (the host Sampler's
+  // rule: the same token for the same logits, so numerics do not change).
+  // Off: the model offers no forward_sample and sampled rows go to the host
+  // as logits (--host-sampling; benchmarks compare the two).
+  bool cuda_device_sampling = true;
 };
 
 class Model {
  public:
   virtual ~Model() = default;
+
+  // What decides this model's arithmetic beyond config(): its registry
+  // implementation and the numerics-changing ModelOptions it was built with
+  // (model/fingerprint.h's numerics_fingerprint; create_model sets it, so
+  // it is empty for a model made outside the registry). Part of the KV
+  // cache fingerprint (kv_fingerprint), so KV written under one setting is
+  // never restored under another.
+  const std::string& numerics() const { return numerics_; }
+  void set_numerics(std::string numerics) { numerics_ = std::move(numerics); }
+
   virtual const ModelConfig& config() const = 0;
   virtual int64_t n_vocab() const = 0;
   virtual int64_t n_ctx() const = 0;
@@ -150,6 +171,9 @@ class Model {
     (void)checkpoint, (void)layer, (void)in;
     return Error{"this model does not import recurrent state"};
   }
+
+ private:
+  std::string numerics_;
 };
 
 }  // namespace rill

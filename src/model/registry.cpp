@@ -19,6 +19,10 @@ std::string describe(const ModelProfile& p) {
 
 }  // namespace
 
+const char* device_name(Device device) {
+  return device == Device::kCuda ? "cuda" : "cpu";
+}
+
 ModelProfile infer_profile(const ModelFiles& files) {
   ModelProfile p;
   p.graph = files.config.architecture;
@@ -48,11 +52,12 @@ Result<ImplementationRegistry> ImplementationRegistry::with(Implementation impl)
   return create(std::move(all));
 }
 
-Result<const Implementation*> ImplementationRegistry::select(const ModelProfile& profile) const {
+Result<const Implementation*> ImplementationRegistry::select(const ModelProfile& profile, Device device) const {
   auto fits = [&](const Implementation& impl) {
     return contains(impl.graphs, profile.graph) && contains(impl.loaders, profile.loader) &&
            impl.generation_loop == profile.generation_loop;
   };
+  const std::string on = std::string(device_name(device));
   if (profile.implementation_id) {
     for (const Implementation& impl : impls_) {
       if (impl.id != *profile.implementation_id) continue;
@@ -60,19 +65,32 @@ Result<const Implementation*> ImplementationRegistry::select(const ModelProfile&
         return Error{"model registry: implementation '" + impl.id + "' does not implement " + describe(profile) +
                      "; refusing to fall back to another implementation"};
       }
+      if (impl.device != device) {
+        return Error{"model registry: implementation '" + impl.id + "' runs on " + device_name(impl.device) +
+                     ", not on " + on + "; refusing to fall back to another implementation"};
+      }
       return &impl;
     }
     return Error{"model registry: declared implementation '" + *profile.implementation_id +
                  "' is not registered; refusing to fall back to another implementation"};
   }
   const Implementation* found = nullptr;
+  std::string elsewhere;  // implementations of the profile on other devices, for the error
   for (const Implementation& impl : impls_) {
     if (!fits(impl)) continue;
+    if (impl.device != device) {
+      elsewhere += (elsewhere.empty() ? "'" : ", '") + impl.id + "'";
+      continue;
+    }
     if (found) {
       return Error{"model registry: both '" + found->id + "' and '" + impl.id + "' implement " + describe(profile) +
-                   "; the profile must declare implementation_id"};
+                   " on " + on + "; the profile must declare implementation_id"};
     }
     found = &impl;
+  }
+  if (!found && !elsewhere.empty()) {
+    return Error{"model registry: no " + on + " implementation of " + describe(profile) + " (there is " + elsewhere +
+                 "); refusing to fall back to another device"};
   }
   if (!found) {
     return Error{"model registry: no implementation for " + describe(profile) + " (unsupported architecture)"};
@@ -82,17 +100,26 @@ Result<const Implementation*> ImplementationRegistry::select(const ModelProfile&
 
 const ImplementationRegistry& builtin_registry() {
   static const ImplementationRegistry registry = [] {
-    std::vector<Implementation> impls;
-    impls.push_back({"cpu.llama",
-                     {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe"},
-                     {"gguf", "hf"},
-                     "autoregressive",
-                     &create_llama_model,
-                     /*tensor_parallel=*/true});
-    impls.push_back(
-        {"cpu.gemma", {"gemma2", "gemma3_text", "gemma3"}, {"gguf", "hf"}, "autoregressive", &create_gemma_model});
-    impls.push_back(
-        {"cpu.qwen3_next", {"qwen3_5_text", "qwen3_next"}, {"gguf", "hf"}, "autoregressive", &create_qwen3_next_model});
+    const std::vector<std::string> llama = {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe"};
+    const std::vector<std::string> gemma = {"gemma2", "gemma3_text", "gemma3"};
+    const std::vector<std::string> qwen3_next = {"qwen3_5_text", "qwen3_next"};
+    const std::vector<std::string> loaders = {"gguf", "hf"};
+    // A CUDA implementation is registered in every build: in one without
+    // CUDA its factory says so (cuda_not_built) rather than the id missing.
+    std::vector<Implementation> impls = {
+        {"llama.cpu", llama, loaders, "autoregressive", Device::kCpu, &create_llama_cpu_model,
+         /*tensor_parallel=*/true},
+        {"llama.cuda", llama, loaders, "autoregressive", Device::kCuda, &create_llama_cuda_model,
+         /*tensor_parallel=*/true},
+        {"gemma.cpu", gemma, loaders, "autoregressive", Device::kCpu, &create_gemma_cpu_model,
+         /*tensor_parallel=*/false},
+        {"gemma.cuda", gemma, loaders, "autoregressive", Device::kCuda, &create_gemma_cuda_model,
+         /*tensor_parallel=*/false},
+        {"qwen3_next.cpu", qwen3_next, loaders, "autoregressive", Device::kCpu, &create_qwen3_next_cpu_model,
+         /*tensor_parallel=*/false},
+        {"qwen3_next.cuda", qwen3_next, loaders, "autoregressive", Device::kCuda, &create_qwen3_next_cuda_model,
+         /*tensor_parallel=*/false},
+    };
     auto r = ImplementationRegistry::create(std::move(impls));
     return std::move(r).value();
   }();
@@ -115,12 +142,14 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
                    *profile.artifact_fingerprint + "; refusing to fall back"};
     }
   }
-  RILL_ASSIGN_OR_RETURN(const Implementation* impl, registry.select(profile));
+  RILL_ASSIGN_OR_RETURN(const Implementation* impl, registry.select(profile, options.device));
   if (options.tensor_parallel > 1 && !impl->tensor_parallel) {
     return Error{files->path + ": " + impl->id + " (" + profile.graph +
                  ") has no tensor-parallel implementation; run it with --tensor-parallel 1"};
   }
-  return impl->create(std::move(files), options);
+  RILL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, impl->create(std::move(files), options));
+  model->set_numerics(numerics_fingerprint(impl->id, impl->device, options));
+  return model;
 }
 
 }  // namespace rill

@@ -97,12 +97,16 @@ TEST(Cli, InspectDescribesTheDefaultModel) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["architecture"], "llama");
-  EXPECT_EQ(j["implementation"], "cpu.llama");
+  EXPECT_EQ(j["implementation"], "llama.cpu");
   EXPECT_EQ(j["n_layer"], 30);
   EXPECT_EQ(j["context_length"], 8192);
   EXPECT_EQ(j["tensor_types"]["Q4_1"], 210);
   EXPECT_EQ(j["chat_template"], true);
   EXPECT_EQ(j["parameters"].get<int64_t>(), 134515008);
+  // The registry names an implementation per device; naming one builds nothing.
+  Outcome cuda = run_rill("inspect " + kDefaultModel + " --json --device cuda");
+  ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+  EXPECT_EQ(nlohmann::json::parse(cuda.out)["implementation"], "llama.cuda");
 }
 
 TEST(Cli, SameSeedSameTokens) {

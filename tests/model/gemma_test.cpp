@@ -293,9 +293,12 @@ TEST(GemmaModel, RegistryBindsEveryGemmaModelType) {
   for (const char* graph : {"gemma2", "gemma3_text", "gemma3"}) {
     for (const char* loader : {"hf", "gguf"}) {
       ModelProfile p{graph, loader, "autoregressive", std::nullopt, std::nullopt, std::nullopt};
-      auto impl = builtin_registry().select(p);
-      ASSERT_TRUE(impl.ok()) << graph << ": " << impl.error().message;
-      EXPECT_EQ((*impl)->id, "cpu.gemma");
+      auto cpu = builtin_registry().select(p, Device::kCpu);
+      ASSERT_TRUE(cpu.ok()) << graph << ": " << cpu.error().message;
+      EXPECT_EQ((*cpu)->id, "gemma.cpu");
+      auto cuda = builtin_registry().select(p, Device::kCuda);
+      ASSERT_TRUE(cuda.ok()) << graph << ": " << cuda.error().message;
+      EXPECT_EQ((*cuda)->id, "gemma.cuda");
     }
   }
 }

@@ -11,8 +11,8 @@ Result<std::unique_ptr<Model>> no_model(std::shared_ptr<const ModelFiles>, const
   return Error{"test factory"};
 }
 
-Implementation impl(std::string id, std::vector<std::string> graphs) {
-  return {std::move(id), std::move(graphs), {"gguf", "hf"}, "autoregressive", &no_model};
+Implementation impl(std::string id, std::vector<std::string> graphs, Device device = Device::kCpu) {
+  return {std::move(id), std::move(graphs), {"gguf", "hf"}, "autoregressive", device, &no_model, false};
 }
 
 ModelProfile profile(std::string graph, std::optional<std::string> id = std::nullopt) {
@@ -24,59 +24,212 @@ ModelProfile profile(std::string graph, std::optional<std::string> id = std::nul
   return p;
 }
 
+bool has(const Error& e, const std::string& part) {
+  return e.message.find(part) != std::string::npos;
+}
+
 TEST(Registry, RejectsEmptyAndDuplicateIds) {
   auto empty = ImplementationRegistry::create({impl("", {"llama"})});
   ASSERT_FALSE(empty.ok());
-  EXPECT_NE(empty.error().message.find("empty id"), std::string::npos);
+  EXPECT_TRUE(has(empty.error(), "empty id"));
   auto dup = ImplementationRegistry::create({impl("a", {"llama"}), impl("a", {"qwen2"})});
   ASSERT_FALSE(dup.ok());
-  EXPECT_NE(dup.error().message.find("duplicate implementation id 'a'"), std::string::npos);
+  EXPECT_TRUE(has(dup.error(), "duplicate implementation id 'a'"));
 }
 
 TEST(Registry, SelectsExactlyTheDeclaredImplementation) {
-  auto r = ImplementationRegistry::create({impl("cpu.a", {"llama"}), impl("cpu.b", {"llama"})});
+  auto r = ImplementationRegistry::create({impl("a.cpu", {"llama"}), impl("b.cpu", {"llama"})});
   ASSERT_TRUE(r.ok());
-  auto a = r->select(profile("llama", "cpu.b"));
+  auto a = r->select(profile("llama", "b.cpu"), Device::kCpu);
   ASSERT_TRUE(a.ok());
-  EXPECT_EQ((*a)->id, "cpu.b");
-  // Two candidates and none declared: ambiguous, not a guess.
-  auto ambiguous = r->select(profile("llama"));
+  EXPECT_EQ((*a)->id, "b.cpu");
+  // Two candidates on the device and none declared: ambiguous, not a guess.
+  auto ambiguous = r->select(profile("llama"), Device::kCpu);
   ASSERT_FALSE(ambiguous.ok());
-  EXPECT_NE(ambiguous.error().message.find("must declare"), std::string::npos);
+  EXPECT_TRUE(has(ambiguous.error(), "must declare"));
 }
 
 TEST(Registry, RefusesToFallBack) {
-  auto r = ImplementationRegistry::create({impl("cpu.llama", {"llama"})});
+  auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"})});
   ASSERT_TRUE(r.ok());
-  auto missing = r->select(profile("llama", "cuda.llama"));
+  auto missing = r->select(profile("llama", "llama.tpu"), Device::kCpu);
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.error().message.find("refusing to fall back"), std::string::npos);
-  auto wrong_graph = r->select(profile("gemma3", "cpu.llama"));
+  EXPECT_TRUE(has(missing.error(), "refusing to fall back"));
+  auto wrong_graph = r->select(profile("gemma3", "llama.cpu"), Device::kCpu);
   ASSERT_FALSE(wrong_graph.ok());
-  EXPECT_NE(wrong_graph.error().message.find("refusing to fall back"), std::string::npos);
-  auto unknown = r->select(profile("gemma3"));
+  EXPECT_TRUE(has(wrong_graph.error(), "refusing to fall back"));
+  auto unknown = r->select(profile("gemma3"), Device::kCpu);
   ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.error().message.find("no implementation"), std::string::npos);
+  EXPECT_TRUE(has(unknown.error(), "no implementation"));
+}
+
+TEST(Registry, SelectsPerDevice) {
+  auto r = ImplementationRegistry::create(
+      {impl("llama.cpu", {"llama"}, Device::kCpu), impl("llama.cuda", {"llama"}, Device::kCuda)});
+  ASSERT_TRUE(r.ok());
+  // One implementation per device is not ambiguous: the device picks it.
+  auto cpu = r->select(profile("llama"), Device::kCpu);
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+  EXPECT_EQ((*cpu)->id, "llama.cpu");
+  auto cuda = r->select(profile("llama"), Device::kCuda);
+  ASSERT_TRUE(cuda.ok()) << cuda.error().message;
+  EXPECT_EQ((*cuda)->id, "llama.cuda");
+  EXPECT_EQ((*cuda)->device, Device::kCuda);
+}
+
+TEST(Registry, RefusesADeclaredIdOfAnotherDevice) {
+  auto r = ImplementationRegistry::create(
+      {impl("llama.cpu", {"llama"}, Device::kCpu), impl("llama.cuda", {"llama"}, Device::kCuda)});
+  ASSERT_TRUE(r.ok());
+  auto cuda_on_cpu = r->select(profile("llama", "llama.cuda"), Device::kCpu);
+  ASSERT_FALSE(cuda_on_cpu.ok());
+  EXPECT_TRUE(has(cuda_on_cpu.error(), "'llama.cuda' runs on cuda, not on cpu"));
+  EXPECT_TRUE(has(cuda_on_cpu.error(), "refusing to fall back"));
+  auto cpu_on_cuda = r->select(profile("llama", "llama.cpu"), Device::kCuda);
+  ASSERT_FALSE(cpu_on_cuda.ok());
+  EXPECT_TRUE(has(cpu_on_cuda.error(), "'llama.cpu' runs on cpu, not on cuda"));
+  EXPECT_TRUE(has(cpu_on_cuda.error(), "refusing to fall back"));
+}
+
+TEST(Registry, NeverFallsBackToAnotherDevice) {
+  auto cpu_only = ImplementationRegistry::create({impl("gemma.cpu", {"gemma3"}, Device::kCpu)});
+  ASSERT_TRUE(cpu_only.ok());
+  auto on_cuda = cpu_only->select(profile("gemma3"), Device::kCuda);
+  ASSERT_FALSE(on_cuda.ok());
+  EXPECT_TRUE(has(on_cuda.error(), "no cuda implementation"));
+  EXPECT_TRUE(has(on_cuda.error(), "'gemma.cpu'"));
+  EXPECT_TRUE(has(on_cuda.error(), "refusing to fall back to another device"));
+  auto cuda_only = ImplementationRegistry::create({impl("gemma.cuda", {"gemma3"}, Device::kCuda)});
+  ASSERT_TRUE(cuda_only.ok());
+  auto on_cpu = cuda_only->select(profile("gemma3"), Device::kCpu);
+  ASSERT_FALSE(on_cpu.ok());
+  EXPECT_TRUE(has(on_cpu.error(), "no cpu implementation"));
+}
+
+// create_model builds with the factory of options.device's implementation.
+TEST(Registry, CreateModelCallsTheFactoryOfTheOptionsDevice) {
+  auto tagged = [](std::string id, Device device) {
+    Implementation i = impl(id, {"llama"}, device);
+    i.create = [id](std::shared_ptr<const ModelFiles>, const ModelOptions&) -> Result<std::unique_ptr<Model>> {
+      return Error{"factory " + id};
+    };
+    return i;
+  };
+  auto r = ImplementationRegistry::create({tagged("llama.cpu", Device::kCpu), tagged("llama.cuda", Device::kCuda)});
+  ASSERT_TRUE(r.ok());
+  auto files = std::make_shared<ModelFiles>();
+  ModelOptions o;
+  o.device = Device::kCuda;
+  auto cuda = create_model(*r, profile("llama"), files, o);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_EQ(cuda.error().message, "factory llama.cuda");
+  o.device = Device::kCpu;
+  auto cpu = create_model(*r, profile("llama"), files, o);
+  ASSERT_FALSE(cpu.ok());
+  EXPECT_EQ(cpu.error().message, "factory llama.cpu");
 }
 
 TEST(Registry, WithReturnsANewRegistryAndLeavesTheOriginal) {
-  auto r = ImplementationRegistry::create({impl("cpu.llama", {"llama"})});
+  auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"})});
   ASSERT_TRUE(r.ok());
-  auto r2 = r->with(impl("cpu.gemma", {"gemma3"}));
+  auto r2 = r->with(impl("gemma.cpu", {"gemma3"}));
   ASSERT_TRUE(r2.ok());
   EXPECT_EQ(r->implementations().size(), 1u);
   EXPECT_EQ(r2->implementations().size(), 2u);
-  EXPECT_TRUE(r2->select(profile("gemma3")).ok());
-  EXPECT_FALSE(r->select(profile("gemma3")).ok());
-  EXPECT_FALSE(r->with(impl("cpu.llama", {"qwen2"})).ok());  // duplicate through with()
+  EXPECT_TRUE(r2->select(profile("gemma3"), Device::kCpu).ok());
+  EXPECT_FALSE(r->select(profile("gemma3"), Device::kCpu).ok());
+  EXPECT_FALSE(r->with(impl("llama.cpu", {"qwen2"})).ok());  // duplicate through with()
 }
 
-TEST(Registry, BuiltinServesTheLlamaFamily) {
-  for (const char* graph : {"llama", "mistral", "qwen2", "qwen3", "smollm"}) {
-    auto sel = builtin_registry().select(profile(graph));
-    ASSERT_TRUE(sel.ok()) << graph;
-    EXPECT_EQ((*sel)->id, "cpu.llama");
+TEST(Registry, BuiltinNamesOneImplementationPerFamilyAndDevice) {
+  struct Family {
+    const char* name;
+    std::vector<const char*> graphs;
+    bool tensor_parallel;
+  };
+  const std::vector<Family> families = {
+      {"llama", {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe"}, true},
+      {"gemma", {"gemma2", "gemma3_text", "gemma3"}, false},
+      {"qwen3_next", {"qwen3_5_text", "qwen3_next"}, false},
+  };
+  EXPECT_EQ(builtin_registry().implementations().size(), 2 * families.size());
+  for (const Family& f : families) {
+    for (const char* graph : f.graphs) {
+      for (Device device : {Device::kCpu, Device::kCuda}) {
+        auto sel = builtin_registry().select(profile(graph), device);
+        ASSERT_TRUE(sel.ok()) << graph << ": " << sel.error().message;
+        EXPECT_EQ((*sel)->id, std::string(f.name) + "." + device_name(device)) << graph;
+        EXPECT_EQ((*sel)->device, device);
+        EXPECT_EQ((*sel)->tensor_parallel, f.tensor_parallel) << (*sel)->id;
+      }
+    }
   }
+}
+
+#if !RILL_HAVE_CUDA
+// A CUDA id is registered in every build; without CUDA its factory says so
+// (before reading the files, so none are needed here).
+TEST(Registry, CudaIdInABuildWithoutCudaSaysSo) {
+  auto files = std::make_shared<ModelFiles>();
+  files->config.n_head = 4;  // splits over 2 ranks, so tensor parallelism reaches the build check
+  files->config.n_head_kv = 2;
+  files->config.n_ff = 128;
+  for (const char* graph : {"llama", "gemma3", "qwen3_next"}) {
+    for (int tp : {1, 2}) {
+      if (tp == 2 && std::string(graph) != "llama") continue;
+      ModelOptions o;
+      o.device = Device::kCuda;
+      o.tensor_parallel = tp;
+      files->config.architecture = graph;
+      auto m = create_model(builtin_registry(), profile(graph, std::nullopt), files, o);
+      ASSERT_FALSE(m.ok()) << graph;
+      EXPECT_TRUE(has(m.error(), "built without CUDA") || has(m.error(), "needs a build with CUDA"))
+          << graph << " tp " << tp << ": " << m.error().message;
+    }
+  }
+}
+#endif
+
+TEST(Fingerprint, NumericsCoverTheSettingsThatChangeArithmeticOnly) {
+  const ModelOptions base;
+  const std::string cpu = numerics_fingerprint("llama.cpu", Device::kCpu, base);
+  EXPECT_EQ(cpu.rfind("llama.cpu tp=1 isa=", 0), 0u) << cpu;
+  ModelOptions cuda_opts;
+  cuda_opts.device = Device::kCuda;
+  const std::string cuda = numerics_fingerprint("llama.cuda", Device::kCuda, cuda_opts);
+  EXPECT_EQ(cuda, "llama.cuda tp=1 batch_invariant=0");
+  auto differs = [&](auto mutate) {
+    ModelOptions o = cuda_opts;
+    mutate(o);
+    return numerics_fingerprint("llama.cuda", Device::kCuda, o) != cuda;
+  };
+  EXPECT_TRUE(differs([](ModelOptions& o) { o.tensor_parallel = 2; }));
+  EXPECT_TRUE(differs([](ModelOptions& o) { o.batch_invariant = true; }));
+  // Same kernels, same order: no new fingerprint.
+  EXPECT_FALSE(differs([](ModelOptions& o) { o.cuda_graphs = false; }));
+  EXPECT_FALSE(differs([](ModelOptions& o) { o.cuda_device_sampling = false; }));
+  EXPECT_FALSE(differs([](ModelOptions& o) { o.n_threads = 3; }));
+  EXPECT_FALSE(differs([](ModelOptions& o) { o.kv_cache_bytes = 1 << 20; }));
+
+  ModelConfig c;
+  c.architecture = "llama";
+  EXPECT_EQ(kv_fingerprint(c, ""), config_fingerprint(c));  // a model made outside the registry
+  EXPECT_NE(kv_fingerprint(c, cpu), config_fingerprint(c));
+  EXPECT_NE(kv_fingerprint(c, cpu), kv_fingerprint(c, cuda));
+  EXPECT_EQ(kv_fingerprint(c, cuda), kv_fingerprint(c, cuda));
+}
+
+// create_model stamps the model with its numerics.
+TEST(Registry, CreateModelSetsTheModelsNumerics) {
+  const std::string path = std::string(RILL_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  auto files = open_model_files(path);
+  if (!files.ok()) GTEST_SKIP() << path << ": " << files.error().message;
+  ModelOptions o;
+  o.n_ctx = 64;
+  o.max_batch_tokens = 8;
+  auto m = create_model(builtin_registry(), infer_profile(**files), *files, o);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ((*m)->numerics(), numerics_fingerprint("llama.cpu", Device::kCpu, o));
 }
 
 TEST(Fingerprint, ChangesWithEveryGraphFieldButNotWithGenerationDefaults) {

@@ -1,8 +1,5 @@
 #include "backend/cpu/cpu_features.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -31,14 +28,7 @@ const CpuFeatures& cpu_features() {
 Isa best_isa() {
   static const Isa isa = [] {
     const CpuFeatures& f = cpu_features();
-    Isa best = f.avx512 ? Isa::kAvx512 : f.avx2 ? Isa::kAvx2 : Isa::kScalar;
-    if (const char* env = std::getenv("RILL_CPU_ISA")) {
-      if (std::strcmp(env, "scalar") == 0)
-        best = Isa::kScalar;
-      else if (std::strcmp(env, "avx2") == 0 && f.avx2)
-        best = Isa::kAvx2;
-    }
-    return best;
+    return f.avx512 ? Isa::kAvx512 : f.avx2 ? Isa::kAvx2 : Isa::kScalar;
   }();
   return isa;
 }

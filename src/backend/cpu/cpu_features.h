@@ -14,8 +14,12 @@ struct CpuFeatures {
 
 const CpuFeatures& cpu_features();
 
-// The best ISA this CPU supports, lowered by the environment variable
-// RILL_CPU_ISA=scalar|avx2 (for testing and benchmarking the other paths).
+// The best ISA this CPU supports: the kernel table every model uses. The
+// lower tables are tested through kernels(Isa) (tests/backend); the
+// environment switch that lowered this one for whole runs (RILL_CPU_ISA)
+// is gone: the tables are process-wide, so it could not be a ModelOptions
+// field, and no script, benchmark or test set it. model/fingerprint.h's
+// numerics_fingerprint names the ISA, since the tables' sums differ.
 Isa best_isa();
 const char* isa_name(Isa isa);
 

@@ -31,14 +31,6 @@ bool device_available() {
   return n > 0;
 }
 
-bool pdl_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("RILL_CUDA_PDL");
-    return !(e && std::string(e) == "0");
-  }();
-  return on;
-}
-
 void check_or_die(cudaError_t e, const char* what, const char* file, int line) {
   if (e == cudaSuccess) return;
   std::fprintf(stderr, "rill: CUDA error at %s:%d: %s\n", file, line, cuda_error_text(e, what).c_str());

@@ -32,8 +32,9 @@ void check_or_die(cudaError_t e, const char* what, const char* file, int line);
 // Programmatic dependent launch (Hopper): kernels that allow it are launched
 // while their predecessor drains, do the work that reads nothing the
 // predecessor writes (weight prefetch), then wait for it (pdl_wait in
-// device_math.cuh). On unless RILL_CUDA_PDL=0 (read once).
-bool pdl_enabled();
+// device_math.cuh). Always on: it saved 0.16 ms a step at batch 1 and cost
+// nothing at 64 (H200, 26cac1b, docs/perf.md), so the switch that turned it
+// off for that comparison (RILL_CUDA_PDL) is gone.
 
 // Owns one cudaMalloc'd region.
 class DeviceBuffer {

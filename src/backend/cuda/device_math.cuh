@@ -83,7 +83,7 @@ __device__ __forceinline__ void pdl_trigger() {
 namespace rill::cuda {
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic
-// dependent launch allowed when pdl_enabled(): the kernel must call
+// dependent launch allowed: the kernel must call
 // detail::pdl_wait() as described above. Aborts on a launch error.
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
@@ -96,7 +96,7 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = 1;
   check_or_die(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), "cudaLaunchKernelEx", __FILE__,
                __LINE__);
 }

@@ -4,7 +4,6 @@
 #include <cuda_pipeline.h>
 
 #include <cassert>
-#include <cstdlib>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gated_delta.h"
@@ -333,11 +332,7 @@ int round_up_warp(int n) {
 }  // namespace
 
 int32_t gdn_columns() {
-  static const int32_t columns = [] {
-    const char* e = std::getenv("RILL_GDN_COLUMNS");
-    return e && e[0] == '4' && e[1] == 0 ? 4 : 8;
-  }();
-  return columns;
+  return 8;
 }
 
 bool gdn_supported(int32_t n_k_heads, int32_t n_v_heads, int32_t head_k_dim, int32_t head_v_dim, int32_t conv_kernel) {

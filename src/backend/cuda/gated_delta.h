@@ -80,7 +80,11 @@ struct GdnArgs {
   __host__ __device__ int64_t conv_floats() const { return conv_dim() * (conv_kernel - 1); }
 };
 
-// Columns per warp for a model: RILL_GDN_COLUMNS (4 or 8, read once), else 8.
+// Columns per warp for a model: 8. Four (twice the warps) was measured once
+// against it on the H200 (the hybrid benchmark of docs/perf.md: prefill
+// 85.2 vs 80.5 ms, decode batch 64 9,222 vs 9,064 tok/s) and not taken, so
+// the switch that chose it (RILL_GDN_COLUMNS) is gone; the kernels keep 4,
+// held to the reference by tests/cuda/gated_delta_cuda_test.
 int32_t gdn_columns();
 
 // Whether the kernels take these dims: dk, dv <= 512, dv a multiple of 8,

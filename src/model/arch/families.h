@@ -22,35 +22,45 @@ inline Error cuda_not_built() {
   return Error{"this rill was built without CUDA (configure with -DRILL_CUDA=ON where nvcc is installed)"};
 }
 
+// One factory per (family, device): the registry binds each to its id
+// (model/registry.cpp: "llama.cpu" -> create_llama_cpu_model, ...) and only
+// calls it with options.device equal to the implementation's device; the
+// factories never look at options.device. Tensor parallelism is a mode of
+// an implementation: the Llama factories split over options.tensor_parallel
+// ranks when it is above 1, the others are registered without it.
+
 // Llama family: llama (incl. llama3 rope scaling, tied embeddings), mistral
 // (sliding window), qwen2 (qkv bias), qwen3 (q/k RMSNorm), smollm, and with
 // the MoE FFN (model/moe.h) mixtral and qwen3_moe.
-// options.device == kCuda: the CUDA implementation (llama_cuda.cpp; MoE
-// layers through model/cuda_moe.h; quantized GGUF experts are refused there).
-Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files, const ModelOptions& options);
-// options.tensor_parallel != 1: split over that many ranks (llama_tp.cpp).
+// llama.cpu (llama.cpp); options.tensor_parallel != 1: simulated ranks in
+// one process (create_llama_tp_model, llama_tp.cpp).
+Result<std::unique_ptr<Model>> create_llama_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                      const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_llama_tp_model(std::shared_ptr<const ModelFiles> files,
                                                      const ModelOptions& options);
+// llama.cuda (llama_cuda.cpp; MoE layers through model/cuda_moe.h; quantized
+// GGUF experts are refused there); options.tensor_parallel > 1: one shard
+// per GPU over NCCL (create_llama_cuda_tp_model, llama_cuda_tp.cpp), dense
+// models only.
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);
-// options.device == kCuda and options.tensor_parallel > 1: one shard of the
-// CUDA Llama per GPU over NCCL (llama_cuda_tp.cpp); dense models only.
 Result<std::unique_ptr<Model>> create_llama_cuda_tp_model(std::shared_ptr<const ModelFiles> files,
                                                           const ModelOptions& options);
 
-// Gemma family (gemma.cpp): gemma2, gemma3_text and gemma3's text model;
-// sliding and full layers in two KV groups.
-// options.device == kCuda: the CUDA implementation (gemma_cuda.cpp).
-Result<std::unique_ptr<Model>> create_gemma_model(std::shared_ptr<const ModelFiles> files, const ModelOptions& options);
+// Gemma family: gemma2, gemma3_text and gemma3's text model; sliding and
+// full layers in two KV groups. gemma.cpu (gemma.cpp), gemma.cuda
+// (gemma_cuda.cpp).
+Result<std::unique_ptr<Model>> create_gemma_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                      const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_gemma_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);
 
 // Hybrid gated DeltaNet: qwen3_5_text (Qwen3.5, dense FFN) and qwen3_next
 // (Qwen3-Next, MoE FFN with a shared expert), from Hugging Face checkpoints
-// or llama.cpp's qwen35 / qwen3next GGUF files (qwen3_next.cpp).
-// options.device == kCuda: the CUDA implementation (qwen3_next_cuda.cpp).
-Result<std::unique_ptr<Model>> create_qwen3_next_model(std::shared_ptr<const ModelFiles> files,
-                                                       const ModelOptions& options);
+// or llama.cpp's qwen35 / qwen3next GGUF files. qwen3_next.cpu
+// (qwen3_next.cpp), qwen3_next.cuda (qwen3_next_cuda.cpp).
+Result<std::unique_ptr<Model>> create_qwen3_next_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                           const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_qwen3_next_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                             const ModelOptions& options);
 

@@ -262,9 +262,8 @@ Status GemmaModel::forward(const Batch& batch, float* logits) {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> create_gemma_model(std::shared_ptr<const ModelFiles> files,
-                                                  const ModelOptions& options) {
-  if (options.device == Device::kCuda) return create_gemma_cuda_model(std::move(files), options);
+Result<std::unique_ptr<Model>> create_gemma_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                      const ModelOptions& options) {
   return init_model(std::make_unique<GemmaModel>(std::move(files), options), options);
 }
 

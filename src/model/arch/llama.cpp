@@ -315,10 +315,9 @@ Status LlamaModel::run(const Exec& e, const Batch& batch, float* logits) {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> create_llama_model(std::shared_ptr<const ModelFiles> files,
-                                                  const ModelOptions& options) {
+Result<std::unique_ptr<Model>> create_llama_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                      const ModelOptions& options) {
   if (options.tensor_parallel != 1) return create_llama_tp_model(std::move(files), options);
-  if (options.device == Device::kCuda) return create_llama_cuda_model(std::move(files), options);
   return init_model(std::make_unique<LlamaModel>(std::move(files), options), options);
 }
 

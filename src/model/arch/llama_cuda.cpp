@@ -279,6 +279,7 @@ Status LlamaCudaModel::run_layers(const Step& s) {
 
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options) {
+  if (options.tensor_parallel != 1) return create_llama_cuda_tp_model(std::move(files), options);
   return create_llama_cuda_shard(std::move(files), options, CudaShard{});
 }
 

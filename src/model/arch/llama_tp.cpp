@@ -274,7 +274,6 @@ Status LlamaShard::forward(const Batch& batch, float* logits) {
 Result<std::unique_ptr<Model>> create_llama_tp_model(std::shared_ptr<const ModelFiles> files,
                                                      const ModelOptions& options) {
   const int n_ranks = options.tensor_parallel;
-  if (options.device == Device::kCuda) return create_llama_cuda_tp_model(std::move(files), options);
   RILL_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedGroup> group, SimulatedGroup::create(n_ranks));
   // The ranks share the cores.
   const int n_cores = options.n_threads > 0 ? options.n_threads : static_cast<int>(std::thread::hardware_concurrency());

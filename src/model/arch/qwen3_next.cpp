@@ -337,9 +337,8 @@ Status HybridModel::forward(const Batch& batch, float* logits) {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> create_qwen3_next_model(std::shared_ptr<const ModelFiles> files,
-                                                       const ModelOptions& options) {
-  if (options.device == Device::kCuda) return create_qwen3_next_cuda_model(std::move(files), options);
+Result<std::unique_ptr<Model>> create_qwen3_next_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                           const ModelOptions& options) {
   return init_model(std::make_unique<HybridModel>(std::move(files), options), options);
 }
 
