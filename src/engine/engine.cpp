@@ -81,6 +81,7 @@ Status EngineImpl::start() {
     c.verify = options_.kv_verify;
     c.identity.model_id = options_.model_id.empty() ? config_fingerprint(model_->config()) : options_.model_id;
     c.identity.config_fingerprint = config_fingerprint(model_->config());
+    c.identity.numerics = model_->kv_numerics();
     c.identity.tokenizer_hash = tokenizer_ ? hash64(tokenizer_->fingerprint()) : 0;
     c.write_behind_min_tokens = options_.cache_write_behind_min_tokens;
     RILL_ASSIGN_OR_RETURN(tiers_, KvTiers::open(c, *model_, pool_, tree_, &states_));

@@ -96,6 +96,10 @@ class Qwen3NextCudaModel final : public CudaModelBase {
   }
   Status copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const override;
   Status copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) override;
+  // The recurrence's sums' order depends on its value columns per warp.
+  std::string kv_numerics() const override {
+    return CudaModelBase::kv_numerics() + " gdn-columns=" + std::to_string(gdn_columns_);
+  }
 
  private:
   void carve_activations(cuda::Arena& a) override;
