@@ -9,6 +9,7 @@
 // and the host waits once per staging chunk. Consecutive block ids (the
 // common case: the pool hands out runs of ids) go as one copy.
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <string>
 
@@ -31,8 +32,9 @@ std::vector<Model::KvLayer> CudaModelBase::kv_layers() const {
 
 std::string CudaModelBase::kv_numerics() const {
   const cudaDeviceProp& p = ctx_->props();
-  std::string s =
-      "cuda sm_" + std::to_string(p.major) + std::to_string(p.minor) + " act=" + std::string(dtype_name(act_));
+  std::string act(dtype_name(act_));  // "BF16" -> "bf16"
+  for (char& c : act) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string s = "cuda sm_" + std::to_string(p.major) + std::to_string(p.minor) + " act=" + act;
   if (batch_invariant_) s += " batch-invariant";
   if (general_decode_) s += " general-decode";
   if (use_split_merge_) s += " split-merge";

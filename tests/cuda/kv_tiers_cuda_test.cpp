@@ -307,8 +307,8 @@ TEST(CudaKvExport, KvHasTheCpuLayout) {
   EXPECT_GT(max_ref, 1e-3);
   EXPECT_LT(err, 1e-4 * std::max(1.0, max_ref));
   EXPECT_NE((*cpu)->kv_numerics(), (*gpu)->kv_numerics());
-  std::printf("[ cuda tiers ] llama f32 KV, GPU vs CPU export: max |diff| %.3g (max |kv| %.3g); numerics \"%s\"\n",
-              err, max_ref, (*gpu)->kv_numerics().c_str());
+  std::printf("[ cuda tiers ] llama f32 KV, GPU vs CPU export: max |diff| %.3g (max |kv| %.3g); numerics \"%s\"\n", err,
+              max_ref, (*gpu)->kv_numerics().c_str());
 }
 
 TEST(CudaKvExport, BlockCopiesRoundTripAndRefuseWhatIsNotThere) {
