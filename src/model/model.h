@@ -135,7 +135,7 @@ class Model {
   // v + i * block_bytes (block_bytes: kv_block_size() rows of the layer's
   // row_bytes, so a tier's run is one call per layer). The bytes are in
   // place when the call returns; implementations may batch the copies (the
-  // CUDA runtime: one synchronization per call). Default: copy_kv_* per block.
+  // CUDA runtime: one synchronization per 16 MiB). Default: copy_kv_* per block.
   virtual Status copy_kv_blocks_out(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, uint8_t* k,
                                     uint8_t* v) const {
     for (size_t i = 0; i < blocks.size(); ++i)
