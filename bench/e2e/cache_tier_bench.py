@@ -119,6 +119,8 @@ def main():
     ap.add_argument("--cache-ram-mb", type=int, default=1024)
     ap.add_argument("--kv-cache-mb", type=int, default=1024,
                     help="device KV pool of the other servers: room for every run, so none evicts (or spills)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where every server runs the model (the tiers export KV on both)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "bench", "cache_tier_bench.json"))
     a = ap.parse_args()
@@ -139,7 +141,7 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc)
 
     def serve(name, *extra):
-        s = Server(a.rill, a.model, a.threads, ctx, extra, log_dir)
+        s = Server(a.rill, a.model, a.threads, ctx, ("--device", a.device, *extra), log_dir)
         servers[name] = " ".join(s.argv[1:])
         s.complete(warm_up)
         return s
@@ -207,7 +209,7 @@ def main():
     report = {
         "date": started.isoformat(timespec="seconds"),
         "commit": commit,
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "device": a.device},
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "command": " ".join(sys.argv),

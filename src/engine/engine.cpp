@@ -67,7 +67,7 @@ EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Token
       if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
     }
   }
-  model_ns_ = hash64(kv_fingerprint(model_->config(), model_->numerics()));
+  model_ns_ = hash64(config_fingerprint(model_->config()));
   stats_.kv_blocks_total = pool_.n_blocks();
   stats_.kv_block_size = pool_.block_size();
 }
@@ -79,9 +79,9 @@ Status EngineImpl::start() {
     c.disk_dir = options_.cache_dir;
     c.disk_bytes = options_.cache_disk_mb << 20;
     c.verify = options_.kv_verify;
-    const std::string kv_fp = kv_fingerprint(model_->config(), model_->numerics());
-    c.identity.model_id = options_.model_id.empty() ? kv_fp : options_.model_id;
-    c.identity.config_fingerprint = kv_fp;
+    c.identity.model_id = options_.model_id.empty() ? config_fingerprint(model_->config()) : options_.model_id;
+    c.identity.config_fingerprint = config_fingerprint(model_->config());
+    c.identity.numerics = model_->kv_numerics();
     c.identity.tokenizer_hash = tokenizer_ ? hash64(tokenizer_->fingerprint()) : 0;
     c.write_behind_min_tokens = options_.cache_write_behind_min_tokens;
     RILL_ASSIGN_OR_RETURN(tiers_, KvTiers::open(c, *model_, pool_, tree_, &states_));

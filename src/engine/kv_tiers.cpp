@@ -21,7 +21,8 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
   }
   const size_t n_recurrent = t->spec_.size() - t->attention_groups_.size();
   if (t->layers_.empty() || t->attention_groups_.empty()) {
-    return Error{"--cache-ram-mb / --cache-dir: this model does not export its KV, so the prefix cache tiers are off"};
+    return Error{"--cache-ram-mb / --cache-dir: this model (" + model.config().architecture +
+                 ") does not export its KV, so the prefix cache tiers are off (tensor-parallel models do not yet)"};
   }
   if (n_recurrent > 0) {
     t->state_layers_ = model.state_layers();
@@ -158,10 +159,10 @@ Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens
     assert(static_cast<int32_t>(ids.size()) >= n_blocks);
     uint8_t* k = p;
     uint8_t* v = p + tensor;
-    for (int32_t b = first; b < n_blocks; ++b) {
-      const size_t off = static_cast<size_t>(b - first) * block_bytes;
-      RILL_TRY(model_.copy_kv_out(static_cast<int64_t>(l), ids[static_cast<size_t>(b)], k + off, v + off));
-    }
+    RILL_TRY(model_.copy_kv_blocks_out(
+        static_cast<int64_t>(l),
+        std::span<const int32_t>(ids).subspan(static_cast<size_t>(first), static_cast<size_t>(n_blocks - first)),
+        block_bytes, k, v));
     const LayerGroupSpec& spec = spec_[static_cast<size_t>(g)];
     run->kinds.push_back(spec.kind);
     run->windows.push_back(spec.kind == LayerKind::kSliding ? spec.window : 0);
@@ -382,14 +383,16 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
     const int32_t g = layers_[l].group;
     const auto gi = static_cast<size_t>(g);
     const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
-    for (int32_t b = std::max(first[gi], first_kept(g, n)); b < n; ++b) {
-      const size_t off = static_cast<size_t>(b - run.first_block[l]) * block_bytes;
-      Status st = model_.copy_kv_in(static_cast<int64_t>(l), ids[gi][static_cast<size_t>(b)], run.k[l].data() + off,
-                                    run.v[l].data() + off);
-      if (!st.ok()) {
-        last_error_ = st.error().message;
-        return 0;
-      }
+    const int32_t b0 = std::max(first[gi], first_kept(g, n));
+    if (b0 >= n) continue;
+    const size_t off = static_cast<size_t>(b0 - run.first_block[l]) * block_bytes;
+    Status st = model_.copy_kv_blocks_in(
+        static_cast<int64_t>(l),
+        std::span<const int32_t>(ids[gi]).subspan(static_cast<size_t>(b0), static_cast<size_t>(n - b0)), block_bytes,
+        run.k[l].data() + off, run.v[l].data() + off);
+    if (!st.ok()) {
+      last_error_ = st.error().message;
+      return 0;
     }
   }
   if (hybrid()) {

@@ -17,6 +17,12 @@ namespace fs = std::filesystem;
 namespace {
 constexpr const char* kSuffix = ".rkv";
 
+// This tier's identity for a run of namespace ns.
+KvFileIdentity with_ns(KvFileIdentity id, uint64_t ns) {
+  id.ns = ns;
+  return id;
+}
+
 size_t dtype_bytes(DType t) {
   const DTypeInfo info = dtype_info(t);
   return static_cast<size_t>(info.block_bytes) / static_cast<size_t>(info.block_size);
@@ -81,11 +87,8 @@ Status DiskTier::scan() {
         header = whole.error();
       }
     }
-    bool ok = header.ok() &&
-              kv_identity_mismatch(KvFileIdentity{options_.identity.model_id, options_.identity.config_fingerprint,
-                                                  header->identity.ns, options_.identity.tokenizer_hash},
-                                   header->identity)
-                  .empty();
+    bool ok =
+        header.ok() && kv_identity_mismatch(with_ns(options_.identity, header->identity.ns), header->identity).empty();
     Entry e;
     if (ok) {
       const auto n_tok = static_cast<int64_t>(header->tokens.size());

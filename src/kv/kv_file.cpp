@@ -115,6 +115,7 @@ Error bad(const std::string& name, const std::string& what) {
 std::string kv_identity_mismatch(const KvFileIdentity& want, const KvFileIdentity& got) {
   if (want.model_id != got.model_id) return "modelId";
   if (want.config_fingerprint != got.config_fingerprint) return "configFingerprint";
+  if (want.numerics != got.numerics) return "numerics";
   if (want.ns != got.ns) return "ns";
   if (want.tokenizer_hash != got.tokenizer_hash) return "tokenizerHash";
   return "";
@@ -126,6 +127,7 @@ Status write_kv_file(const std::string& path, const KvFileIdentity& identity, st
   h["formatVersion"] = kKvFileFormatVersion;
   h["modelId"] = identity.model_id;
   h["configFingerprint"] = identity.config_fingerprint;
+  h["numerics"] = identity.numerics;
   h["ns"] = hex64(identity.ns);
   h["tokenizerHash"] = hex64(identity.tokenizer_hash);
   h["createdAt"] = static_cast<int64_t>(std::time(nullptr));
@@ -246,6 +248,10 @@ Result<KvFileHeader> parse_kv_header(std::span<const uint8_t> prefix, uint64_t f
   if (!mid || !mid->is_string() || !cfp || !cfp->is_string()) return bad(name, "modelId/configFingerprint");
   out.identity.model_id = mid->get<std::string>();
   out.identity.config_fingerprint = cfp->get<std::string>();
+  if (const json* num = field("numerics")) {  // absent: written before numerics were recorded ("")
+    if (!num->is_string()) return bad(name, "numerics");
+    out.identity.numerics = num->get<std::string>();
+  }
   const json* ns = field("ns");
   const json* th = field("tokenizerHash");
   if (!ns || !parse_hex64(*ns, &out.identity.ns)) return bad(name, "ns");

@@ -5,8 +5,8 @@
 //   u32           header length (bytes of JSON)
 //   u32           data start (first tensor byte; a multiple of 16 KiB)
 //   u64           XXH3-64 of the header JSON
-//   header JSON   {formatVersion: 2, modelId, configFingerprint, ns,
-//                  tokenizerHash, createdAt, tokens: [ids],
+//   header JSON   {formatVersion: 2, modelId, configFingerprint, numerics?,
+//                  ns, tokenizerHash, createdAt, tokens: [ids],
 //                  layers: [{kind, window?, firstToken?, tensors: [{name,
 //                  off, bytes, shape, dtype, hash}]}]}
 //   tensor data   each tensor at an absolute offset that is a multiple of
@@ -19,15 +19,21 @@
 // Both are optional members of a layer object (absent: 0, every row), so a
 // file without them is the same v2 file as before.
 //
+// "numerics" (Model::kv_numerics(): the device and arithmetic that computed
+// the KV, e.g. "cpu avx512", "cuda sm_90 act=bf16") is optional too: files
+// written before it existed read as "", which matches no model, so they are
+// refused (and the disk tier removes them at open) rather than resumed by a
+// device whose numbers may differ.
+//
 // All integers little-endian. ns, tokenizerHash and every tensor hash are
 // 16 hex digits (XXH3-64; JSON numbers would lose bits in many readers).
 // Writes are atomic: `<path>.tmp`, fsync, rename, fsync of the directory.
 // Reading always verifies the magic, the bounds and the header hash; tensor
 // hashes on request (verify_tensors reads every byte). The disk tier asks
 // for them on every load (a restore reads every byte anyway) and, with
-// --kv-verify, for every file at open. A file whose identity (model, config fingerprint, namespace,
-// tokenizer) differs from the expected one is refused with an error naming
-// the file and the field.
+// --kv-verify, for every file at open. A file whose identity (model, config
+// fingerprint, numerics, namespace, tokenizer) differs from the expected one
+// is refused with an error naming the file and the field.
 #include <cstdint>
 #include <span>
 #include <string>
@@ -46,9 +52,10 @@ inline constexpr uint64_t kKvFileAlignment = 16 * 1024;
 // What a file must match to be used.
 struct KvFileIdentity {
   std::string model_id;            // the model's artifact fingerprint
-  std::string config_fingerprint;  // model/fingerprint.h: kv_fingerprint (config + numerics)
+  std::string config_fingerprint;  // model/fingerprint.h
   uint64_t ns = 0;                 // prefix-tree namespace of the run
   uint64_t tokenizer_hash = 0;
+  std::string numerics;  // Model::kv_numerics() of the model that computed the KV
 
   bool operator==(const KvFileIdentity&) const = default;
 };

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <climits>
 
+#include "backend/cpu/cpu_features.h"
+
 namespace rill {
 
 void CpuPagedModel::set_limits(const ModelOptions& options) {
@@ -47,6 +49,10 @@ Status CpuPagedModel::copy_kv_in(int64_t layer, int32_t block, const uint8_t* k,
   RILL_TRY(check_kv_block(layer, block));
   kv_.copy_block_in(layer, block, k, v);
   return {};
+}
+
+std::string CpuPagedModel::kv_numerics() const {
+  return std::string("cpu ") + cpu::isa_name(cpu::best_isa());
 }
 
 }  // namespace rill

@@ -30,6 +30,9 @@ class CpuPagedModel : public Model {
   // model layers those are); errors name a layer or block that is not there.
   Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const override;
   Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) override;
+  // "cpu <isa>": the kernels' instruction set (backend/cpu/cpu_features.h)
+  // changes results within rounding, the thread count does not.
+  std::string kv_numerics() const override;
 
  protected:
   CpuPagedModel(std::shared_ptr<const ModelFiles> files, int n_threads)

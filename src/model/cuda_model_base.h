@@ -161,6 +161,26 @@ class CudaModelBase : public Model {
   Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) override;
   ~CudaModelBase() override;
 
+  // KV export and import for the prefix cache tiers (model/cuda_kv_export.cpp):
+  // layer i < n_kv_layers_ is plane pair i, rows in kv_dtype_ (f16; f32 for
+  // f32 checkpoints), one token's K (or V) row KV_ elements, head-major: the
+  // layout the CPU models' PagedKvCache exports. Every layer is in group 0;
+  // families with several groups (Gemma) say which group each layer is in.
+  // The copies go on stream(), so they are ordered after any step queued
+  // there, and through a pinned staging buffer (allocated at the first
+  // copy): one synchronization per staging chunk, not one per block. Like
+  // forward(), they are for one thread at a time (the engine's).
+  std::vector<KvLayer> kv_layers() const override;
+  Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const override;
+  Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) override;
+  Status copy_kv_blocks_out(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, uint8_t* k,
+                            uint8_t* v) const override;
+  Status copy_kv_blocks_in(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, const uint8_t* k,
+                           const uint8_t* v) override;
+  // "cuda sm_<cc> act=<dtype>", then the numerics-changing modes in use
+  // (batch-invariant) and, for a shard, tp=<n>.
+  std::string kv_numerics() const override;
+
  protected:
   explicit CudaModelBase(std::shared_ptr<const ModelFiles> files, CudaShard shard = {})
       : files_(std::move(files)), cfg_(files_->config), shard_(shard) {}
@@ -265,6 +285,13 @@ class CudaModelBase : public Model {
   Status read_ids(int64_t n_sample, int32_t* ids);
   // kv_spec_'s groups with block tables: those before the first recurrent one.
   int n_table_groups() const;
+  // KV export: the checks shared by the copies, and the staging buffer.
+  Status check_kv_blocks(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes) const;
+  // Device -> out[0] (K), out[1] (V) when out is set, else in -> device.
+  Status copy_kv_blocks(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, uint8_t* const out[2],
+                        const uint8_t* const in[2]) const;
+  size_t kv_block_bytes() const;  // one block's K (or V) rows of one layer
+  mutable cuda::PinnedBuffer kv_staging_;
 
   int max_tokens_ = 0, max_seqs_ = 0;
   int64_t n_ctx_ = 0;

@@ -13,7 +13,6 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cpu/cpu_features.h"
 #include "core/hash.h"
 
 namespace rill {
@@ -54,21 +53,6 @@ std::string config_fingerprint(const ModelConfig& c) {
   }
   j["raw"] = raw;
   return hex64(hash64(j.dump()));
-}
-
-std::string numerics_fingerprint(const std::string& implementation_id, Device device, const ModelOptions& options) {
-  std::string s = implementation_id + " tp=" + std::to_string(options.tensor_parallel);
-  if (device == Device::kCuda) {
-    s += std::string(" batch_invariant=") + (options.batch_invariant ? "1" : "0");
-  } else {
-    s += std::string(" isa=") + cpu::isa_name(cpu::best_isa());
-  }
-  return s;
-}
-
-std::string kv_fingerprint(const ModelConfig& config, const std::string& numerics) {
-  const std::string c = config_fingerprint(config);
-  return numerics.empty() ? c : hex64(hash64(c + "|" + numerics));
 }
 
 std::string artifact_fingerprint(const ModelFiles& files, unsigned n_threads) {

@@ -5,7 +5,6 @@
 #include "core/result.h"
 #include "loader/model_config.h"
 #include "loader/model_files.h"
-#include "model/model.h"
 
 namespace rill {
 
@@ -13,22 +12,6 @@ namespace rill {
 // configs with the same fingerprint build the same graph; part of every KV
 // cache namespace, so a changed config never reuses stale KV.
 std::string config_fingerprint(const ModelConfig& config);
-
-// The settings, beyond the config, that change a model's arithmetic, as a
-// readable string (Model::numerics()): the implementation id (and so the
-// device), ModelOptions::tensor_parallel (the all-reduce order), on CUDA
-// ModelOptions::batch_invariant (other kernels), on the CPU the kernel ISA
-// in use (cpu::best_isa(): the scalar, AVX2 and AVX-512 tables sum in
-// different orders, so KV from another host's disk tier may differ). Not
-// the options that leave numerics alone: threads, batch limits, KV pool
-// size, cuda_graphs, cuda_device_sampling.
-std::string numerics_fingerprint(const std::string& implementation_id, Device device, const ModelOptions& options);
-
-// The fingerprint that keys KV caches: config_fingerprint(config) when
-// `numerics` is empty (a model made outside the registry), else a hash of
-// both, so KV written under one numerics setting is never restored under
-// another.
-std::string kv_fingerprint(const ModelConfig& config, const std::string& numerics);
 
 // Hash of the artifact's tensor table (names, dtypes, shapes) and of every
 // byte of every tensor (XXH3), so it changes when any weight byte changes.

@@ -9,6 +9,7 @@
 // only reads and writes the blocks the Batch's tables name.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,14 +71,6 @@ class Model {
  public:
   virtual ~Model() = default;
 
-  // What decides this model's arithmetic beyond config(): its registry
-  // implementation and the numerics-changing ModelOptions it was built with
-  // (model/fingerprint.h's numerics_fingerprint; create_model sets it, so
-  // it is empty for a model made outside the registry). Part of the KV
-  // cache fingerprint (kv_fingerprint), so KV written under one setting is
-  // never restored under another.
-  const std::string& numerics() const { return numerics_; }
-  void set_numerics(std::string numerics) { numerics_ = std::move(numerics); }
 
   virtual const ModelConfig& config() const = 0;
   virtual int64_t n_vocab() const = 0;
@@ -151,6 +144,30 @@ class Model {
     (void)layer, (void)block, (void)k, (void)v;
     return Error{"this model does not import KV"};
   }
+  // copy_kv_out / copy_kv_in of blocks[i] to / from k + i * block_bytes and
+  // v + i * block_bytes (block_bytes: kv_block_size() rows of the layer's
+  // row_bytes, so a tier's run is one call per layer). The bytes are in
+  // place when the call returns; implementations may batch the copies (the
+  // CUDA runtime: one synchronization per 16 MiB). Default: copy_kv_* per block.
+  virtual Status copy_kv_blocks_out(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, uint8_t* k,
+                                    uint8_t* v) const {
+    for (size_t i = 0; i < blocks.size(); ++i)
+      RILL_TRY(copy_kv_out(layer, blocks[i], k + i * block_bytes, v + i * block_bytes));
+    return {};
+  }
+  virtual Status copy_kv_blocks_in(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, const uint8_t* k,
+                                   const uint8_t* v) {
+    for (size_t i = 0; i < blocks.size(); ++i)
+      RILL_TRY(copy_kv_in(layer, blocks[i], k + i * block_bytes, v + i * block_bytes));
+    return {};
+  }
+  // What decides the bits of this model's KV (and recurrent state) beyond
+  // its config and weights: the device, its kernels' instruction set or
+  // architecture, compute dtypes and the options that change the arithmetic
+  // (e.g. "cpu avx512", "cuda sm_90 act=bf16"). The disk tier records it in
+  // every file and restores only files of equal numerics, so KV computed by
+  // one device is never silently resumed by another.
+  virtual std::string kv_numerics() const { return "unspecified"; }
 
   // Recurrent-state export and import for the same tiers (models with a
   // kRecurrent group): per recurrent layer, the f32 tensors of one state in
@@ -172,8 +189,6 @@ class Model {
     return Error{"this model does not import recurrent state"};
   }
 
- private:
-  std::string numerics_;
 };
 
 }  // namespace rill

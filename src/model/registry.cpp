@@ -147,9 +147,7 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
     return Error{files->path + ": " + impl->id + " (" + profile.graph +
                  ") has no tensor-parallel implementation; run it with --tensor-parallel 1"};
   }
-  RILL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, impl->create(std::move(files), options));
-  model->set_numerics(numerics_fingerprint(impl->id, impl->device, options));
-  return model;
+  return impl->create(std::move(files), options);
 }
 
 }  // namespace rill

@@ -23,6 +23,8 @@
 
 #include "engine/sampler.h"
 #include "kv/kv_file.h"
+#include "loader/model_files.h"
+#include "model/registry.h"
 #include "rill/engine.h"
 
 namespace rill {
@@ -549,6 +551,27 @@ TEST(KvTiers, ASecondEngineCannotShareTheDirectory) {
   auto second = Engine::load(kSmol, o);
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.error().message.find("in use"), std::string::npos) << second.error().message;
+}
+
+// A model that does not export its KV (tensor parallelism, for now) cannot
+// have tiers: the engine refuses to start, saying why.
+TEST(KvTiers, AModelWithoutKvExportIsRefusedNamingWhy) {
+  auto files = open_model_files(kGoldens + "llama");
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.n_ctx = 64;
+  mo.tensor_parallel = 2;
+  auto model = create_model(builtin_registry(), infer_profile(**files), *files, mo);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  EXPECT_TRUE((*model)->kv_layers().empty());
+  EngineOptions o;
+  o.cache_ram_mb = 16;
+  auto e = Engine::create(std::move(model).value(), nullptr, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("--cache-ram-mb / --cache-dir"), std::string::npos) << e.error().message;
+  EXPECT_NE(e.error().message.find("does not export its KV"), std::string::npos) << e.error().message;
+  EXPECT_NE(e.error().message.find("tensor-parallel"), std::string::npos) << e.error().message;
 }
 
 TEST(KvTiers, PersistWithoutADiskTierIsAnError) {

@@ -35,7 +35,7 @@ DiskTierOptions options(const fs::path& dir, size_t cap = size_t{1} << 30) {
   DiskTierOptions o;
   o.dir = dir.string();
   o.cap_bytes = cap;
-  o.identity = {"model", "config", 0, 42};
+  o.identity = {"model", "config", 0, 42, "cpu"};
   o.block_size = kBs;
   return o;
 }
@@ -170,6 +170,35 @@ TEST(DiskTier, OpenRemovesOrphansCorruptForeignAndMisnamedFiles) {
 
 // Every load checks the tensor hashes (no option): corrupt KV data is a
 // miss, named in the error, counted, and the file is gone.
+// KV computed by another device (or instruction set) is not this model's:
+// a tier of other numerics removes the file at open, as a foreign model's.
+TEST(DiskTier, OpenRemovesFilesOfOtherNumerics) {
+  TmpDir dir;
+  const KvRunPtr run = make_run(seq(8), 1);
+  {
+    DiskTierOptions o = options(dir.path);
+    o.identity.numerics = "cpu avx512";
+    auto tier = DiskTier::open(o);
+    ASSERT_TRUE(tier.ok());
+    ASSERT_TRUE((*tier)->put(*run).ok());
+  }
+  DiskTierOptions o = options(dir.path);
+  o.identity.numerics = "cpu avx512";
+  {  // the same numerics: kept
+    auto tier = DiskTier::open(o);
+    ASSERT_TRUE(tier.ok());
+    EXPECT_EQ((*tier)->stats().entries, 1);
+    EXPECT_TRUE((*tier)->find(run->keys, kNs).has_value());
+  }
+  o.identity.numerics = "cuda sm_90 act=bf16";
+  auto tier = DiskTier::open(o);
+  ASSERT_TRUE(tier.ok());
+  EXPECT_EQ((*tier)->removed_at_open(), 1);
+  EXPECT_EQ((*tier)->stats().entries, 0);
+  EXPECT_FALSE((*tier)->find(run->keys, kNs).has_value());
+  EXPECT_FALSE(fs::exists(dir.path / kv_run_file_name(run->keys.back())));
+}
+
 TEST(DiskTier, CorruptTensorIsAMissAndIsRemovedWithoutAnyOption) {
   TmpDir dir;
   const KvRunPtr run = make_run(seq(8), 9);

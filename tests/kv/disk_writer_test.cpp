@@ -34,7 +34,7 @@ DiskTierOptions options(const fs::path& dir) {
   DiskTierOptions o;
   o.dir = dir.string();
   o.cap_bytes = size_t{1} << 30;
-  o.identity = {"model", "config", 0, 42};
+  o.identity = {"model", "config", 0, 42, "cpu"};
   o.block_size = kBs;
   return o;
 }

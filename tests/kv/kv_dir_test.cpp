@@ -36,7 +36,7 @@ void write_run(const fs::path& path) {
   KvLayerData layer;
   layer.tensors.push_back({"k", {32, 8}, DType::kF16, k});
   layer.tensors.push_back({"v", {32, 8}, DType::kF16, v});
-  Status st = write_kv_file(path.string(), KvFileIdentity{"m", "c", 1, 2}, tokens, std::span(&layer, 1));
+  Status st = write_kv_file(path.string(), KvFileIdentity{"m", "c", 1, 2, "cpu"}, tokens, std::span(&layer, 1));
   ASSERT_TRUE(st.ok()) << st.error().message;
 }
 

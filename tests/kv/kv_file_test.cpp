@@ -33,7 +33,7 @@ struct TmpDir {
 };
 
 KvFileIdentity identity() {
-  return {"model-abc", "config-123", 0x1122334455667788ull, 0x99aabbccddeeff00ull};
+  return {"model-abc", "config-123", 0x1122334455667788ull, 0x99aabbccddeeff00ull, "cpu avx512"};
 }
 
 std::vector<uint8_t> bytes(size_t n, uint32_t seed) {
@@ -218,6 +218,9 @@ TEST(KvFile, AnotherIdentityIsRefusedNamingTheField) {
   id.config_fingerprint = "other";
   cases.push_back({id, "configFingerprint"});
   id = identity();
+  id.numerics = "cuda sm_90 act=bf16";
+  cases.push_back({id, "numerics"});
+  id = identity();
   id.ns ^= 1;
   cases.push_back({id, "ns"});
   id = identity();
@@ -282,6 +285,21 @@ TEST(KvFile, FuzzSeedIsAValidFile) {
   EXPECT_TRUE(f.ok()) << f.error().message;
   EXPECT_FALSE(read_kv_header(dir + "flipped_header_byte.rkv").ok());
   EXPECT_FALSE(read_kv_header(dir + "header_only_truncated.rkv").ok());
+}
+
+// A file written before "numerics" existed (the fuzz seed is one) reads as
+// numerics "", so no model's identity matches it: it is refused, never
+// resumed by a device whose numbers may differ from the one that wrote it.
+TEST(KvFile, AFileWithoutNumericsIsRefusedNamingNumerics) {
+  const std::string path = std::string(RILL_SOURCE_DIR) + "/tests/fuzz/corpus/kv_file/valid.rkv";
+  auto h = read_kv_header(path);
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_EQ(h->identity.numerics, "");
+  KvFileIdentity want = h->identity;
+  want.numerics = "cpu avx512";
+  auto f = KvFile::open(path, &want, false);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.error().message.find("numerics"), std::string::npos) << f.error().message;
 }
 
 }  // namespace

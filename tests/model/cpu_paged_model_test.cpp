@@ -1,13 +1,16 @@
 // The limits and KV cache every CPU family gets from CpuPagedModel, seen
 // through the Llama family on the tiny golden model: a KV budget too small
 // for one block is an error naming the file, the cache sizes from the
-// budget or from whole contexts, and block export refuses what is not there.
+// budget or from whole contexts, block export refuses what is not there, the
+// batched block copies move the bytes the per-block ones do, and the KV
+// numerics name the CPU and its instruction set.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "../engine/golden_util.h"
+#include "backend/cpu/cpu_features.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 
@@ -74,6 +77,45 @@ TEST_F(CpuPagedModelTest, BlockExportRefusesWhatIsNotThere) {
     EXPECT_NE(out.error().message.find("does not exist"), std::string::npos) << out.error().message;
     EXPECT_FALSE(model.copy_kv_in(layer, block, k.data(), v.data()).ok());
   }
+}
+
+// The batched copies (Model's defaults over copy_kv_out / copy_kv_in) move
+// blocks[i] to and from offset i * block_bytes: written in as a batch into
+// scattered blocks, each reads back alone, and a batch out gives the same.
+TEST_F(CpuPagedModelTest, BatchedBlockCopiesMoveWhatPerBlockCopiesDo) {
+  ModelOptions o;
+  o.n_ctx = 64;
+  o.kv_block_size = 4;
+  auto m = open_llama(o);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  Model& model = **m;
+  const size_t bb = model.kv_layers()[0].row_bytes * static_cast<size_t>(model.kv_block_size());
+  const std::vector<int32_t> blocks = {5, 2, 3, 11};
+  std::vector<uint8_t> k(blocks.size() * bb), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<uint8_t>(i * 7 + 1);
+    v[i] = static_cast<uint8_t>(i * 13 + 5);
+  }
+  const int64_t layer = model.config().n_layer - 1;
+  ASSERT_TRUE(model.copy_kv_blocks_in(layer, blocks, bb, k.data(), v.data()).ok());
+  std::vector<uint8_t> one_k(bb), one_v(bb);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_TRUE(model.copy_kv_out(layer, blocks[i], one_k.data(), one_v.data()).ok());
+    EXPECT_TRUE(std::equal(one_k.begin(), one_k.end(), k.begin() + static_cast<ptrdiff_t>(i * bb))) << i;
+    EXPECT_TRUE(std::equal(one_v.begin(), one_v.end(), v.begin() + static_cast<ptrdiff_t>(i * bb))) << i;
+  }
+  std::vector<uint8_t> k2(k.size()), v2(v.size());
+  ASSERT_TRUE(model.copy_kv_blocks_out(layer, blocks, bb, k2.data(), v2.data()).ok());
+  EXPECT_EQ(k2, k);
+  EXPECT_EQ(v2, v);
+  const std::vector<int32_t> bad = {1, model.n_kv_blocks()};
+  EXPECT_FALSE(model.copy_kv_blocks_out(layer, bad, bb, k2.data(), v2.data()).ok());
+}
+
+TEST_F(CpuPagedModelTest, KvNumericsNameTheCpuAndItsInstructionSet) {
+  auto m = open_llama(ModelOptions{});
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ((*m)->kv_numerics(), std::string("cpu ") + cpu::isa_name(cpu::best_isa()));
 }
 
 }  // namespace

@@ -190,48 +190,6 @@ TEST(Registry, CudaIdInABuildWithoutCudaSaysSo) {
 }
 #endif
 
-TEST(Fingerprint, NumericsCoverTheSettingsThatChangeArithmeticOnly) {
-  const ModelOptions base;
-  const std::string cpu = numerics_fingerprint("llama.cpu", Device::kCpu, base);
-  EXPECT_EQ(cpu.rfind("llama.cpu tp=1 isa=", 0), 0u) << cpu;
-  ModelOptions cuda_opts;
-  cuda_opts.device = Device::kCuda;
-  const std::string cuda = numerics_fingerprint("llama.cuda", Device::kCuda, cuda_opts);
-  EXPECT_EQ(cuda, "llama.cuda tp=1 batch_invariant=0");
-  auto differs = [&](auto mutate) {
-    ModelOptions o = cuda_opts;
-    mutate(o);
-    return numerics_fingerprint("llama.cuda", Device::kCuda, o) != cuda;
-  };
-  EXPECT_TRUE(differs([](ModelOptions& o) { o.tensor_parallel = 2; }));
-  EXPECT_TRUE(differs([](ModelOptions& o) { o.batch_invariant = true; }));
-  // Same kernels, same order: no new fingerprint.
-  EXPECT_FALSE(differs([](ModelOptions& o) { o.cuda_graphs = false; }));
-  EXPECT_FALSE(differs([](ModelOptions& o) { o.cuda_device_sampling = false; }));
-  EXPECT_FALSE(differs([](ModelOptions& o) { o.n_threads = 3; }));
-  EXPECT_FALSE(differs([](ModelOptions& o) { o.kv_cache_bytes = 1 << 20; }));
-
-  ModelConfig c;
-  c.architecture = "llama";
-  EXPECT_EQ(kv_fingerprint(c, ""), config_fingerprint(c));  // a model made outside the registry
-  EXPECT_NE(kv_fingerprint(c, cpu), config_fingerprint(c));
-  EXPECT_NE(kv_fingerprint(c, cpu), kv_fingerprint(c, cuda));
-  EXPECT_EQ(kv_fingerprint(c, cuda), kv_fingerprint(c, cuda));
-}
-
-// create_model stamps the model with its numerics.
-TEST(Registry, CreateModelSetsTheModelsNumerics) {
-  const std::string path = std::string(RILL_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  auto files = open_model_files(path);
-  if (!files.ok()) GTEST_SKIP() << path << ": " << files.error().message;
-  ModelOptions o;
-  o.n_ctx = 64;
-  o.max_batch_tokens = 8;
-  auto m = create_model(builtin_registry(), infer_profile(**files), *files, o);
-  ASSERT_TRUE(m.ok()) << m.error().message;
-  EXPECT_EQ((*m)->numerics(), numerics_fingerprint("llama.cpu", Device::kCpu, o));
-}
-
 TEST(Fingerprint, ChangesWithEveryGraphFieldButNotWithGenerationDefaults) {
   ModelConfig c;
   c.architecture = "llama";

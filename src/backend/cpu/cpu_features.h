@@ -18,8 +18,8 @@ const CpuFeatures& cpu_features();
 // lower tables are tested through kernels(Isa) (tests/backend); the
 // environment switch that lowered this one for whole runs (RILL_CPU_ISA)
 // is gone: the tables are process-wide, so it could not be a ModelOptions
-// field, and no script, benchmark or test set it. model/fingerprint.h's
-// numerics_fingerprint names the ISA, since the tables' sums differ.
+// field, and no script, benchmark or test set it. The CPU models'
+// Model::kv_numerics() names the ISA, since the tables' sums differ.
 Isa best_isa();
 const char* isa_name(Isa isa);
 

@@ -55,6 +55,13 @@ class GemmaCudaModel final : public CudaModelBase {
   explicit GemmaCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
   Status init(const ModelOptions& options);
 
+  // As the CPU Gemma: every layer keeps KV, in its group's blocks (sliding or full).
+  std::vector<KvLayer> kv_layers() const override {
+    std::vector<KvLayer> out = CudaModelBase::kv_layers();
+    for (size_t i = 0; i < out.size(); ++i) out[i].group = layers_[i].sliding ? sliding_group_ : full_group_;
+    return out;
+  }
+
  private:
   void carve_activations(cuda::Arena& a) override;
   Status run_layers(const Step& s) override;

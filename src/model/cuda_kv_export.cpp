@@ -1,0 +1,130 @@
+// KV export and import of the CUDA runtime (CudaModelBase, see
+// cuda_model_base.h): the prefix cache tiers' copies of whole blocks between
+// the device KV planes and host memory.
+//
+// Why a pinned staging buffer: a tier's run copies every block of every
+// layer (a 4,096-token prefix of a 32-layer model is 8,192 block copies per
+// plane). A copy to or from pageable memory is synchronous, so each would
+// pay a full round trip; copies to pinned memory are queued on the stream
+// and the host waits once per staging chunk. Consecutive block ids (the
+// common case: the pool hands out runs of ids) go as one copy.
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <string>
+
+#include "model/cuda_model_base.h"
+
+#if RILL_HAVE_CUDA
+namespace rill {
+
+namespace {
+// Staging size: both planes of a 4,096-token layer of an 8-KV-head,
+// 128-dim f16 model (16 MiB) in one chunk.
+constexpr size_t kStagingBytes = size_t{16} << 20;
+}  // namespace
+
+std::vector<Model::KvLayer> CudaModelBase::kv_layers() const {
+  const int64_t n = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
+  const size_t row = static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_);
+  return std::vector<KvLayer>(static_cast<size_t>(n), KvLayer{0, kv_dtype_, row});
+}
+
+std::string CudaModelBase::kv_numerics() const {
+  const cudaDeviceProp& p = ctx_->props();
+  std::string act(dtype_name(act_));  // "BF16" -> "bf16"
+  for (char& c : act) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string s = "cuda sm_" + std::to_string(p.major) + std::to_string(p.minor) + " act=" + act;
+  if (batch_invariant_) s += " batch-invariant";
+  if (sharded()) s += " tp=" + std::to_string(split_.size);
+  return s;
+}
+
+Status CudaModelBase::check_kv_blocks(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes) const {
+  const int64_t n_layers = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
+  if (layer < 0 || layer >= n_layers) {
+    return Error{"KV layer " + std::to_string(layer) + " does not exist (" + std::to_string(n_layers) + " layers)"};
+  }
+  const size_t want = kv_block_bytes();
+  if (block_bytes != want) {
+    return Error{"KV layer " + std::to_string(layer) + ": a block is " + std::to_string(want) + " bytes, not " +
+                 std::to_string(block_bytes)};
+  }
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= n_blocks_) {
+      return Error{"KV layer " + std::to_string(layer) + " block " + std::to_string(b) + " does not exist"};
+    }
+  }
+  return Status::Ok();
+}
+
+Status CudaModelBase::copy_kv_blocks(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes,
+                                     uint8_t* const out[2], const uint8_t* const in[2]) const {
+  RILL_TRY(check_kv_blocks(layer, blocks, block_bytes));
+  if (blocks.empty()) return Status::Ok();
+  if (sharded()) cudaSetDevice(ctx_->device());
+  if (!kv_staging_.data()) {
+    RILL_ASSIGN_OR_RETURN(kv_staging_,
+                          cuda::PinnedBuffer::allocate(std::max(kStagingBytes, 2 * block_bytes), "KV export staging"));
+  }
+  const bool to_host = out != nullptr;
+  uint8_t* const planes[2] = {static_cast<uint8_t*>(k_cache(static_cast<size_t>(layer))),
+                              static_cast<uint8_t*>(v_cache(static_cast<size_t>(layer)))};
+  const size_t per_chunk = kv_staging_.size() / (2 * block_bytes);
+  auto* staging = static_cast<uint8_t*>(kv_staging_.data());
+  for (size_t c0 = 0; c0 < blocks.size(); c0 += per_chunk) {
+    const size_t n = std::min(per_chunk, blocks.size() - c0);
+    const size_t chunk_bytes = n * block_bytes;
+    // Staging holds the chunk's K blocks, then its V blocks, in order.
+    if (!to_host) {
+      for (int p = 0; p < 2; ++p) std::memcpy(staging + p * chunk_bytes, in[p] + c0 * block_bytes, chunk_bytes);
+    }
+    for (int p = 0; p < 2; ++p) {
+      for (size_t i = 0; i < n;) {
+        size_t run = 1;  // consecutive block ids: one copy
+        while (i + run < n && blocks[c0 + i + run] == blocks[c0 + i] + static_cast<int32_t>(run)) ++run;
+        uint8_t* dev = planes[p] + static_cast<size_t>(blocks[c0 + i]) * block_bytes;
+        uint8_t* stage = staging + p * chunk_bytes + i * block_bytes;
+        const cudaError_t e = to_host
+                                  ? cudaMemcpyAsync(stage, dev, run * block_bytes, cudaMemcpyDeviceToHost, stream())
+                                  : cudaMemcpyAsync(dev, stage, run * block_bytes, cudaMemcpyHostToDevice, stream());
+        if (e != cudaSuccess) return Error{cuda::cuda_error_text(e, to_host ? "copying KV out" : "copying KV in")};
+        i += run;
+      }
+    }
+    RILL_TRY(ctx_->synchronize());  // before staging is read (out) or refilled (in)
+    if (to_host) {
+      for (int p = 0; p < 2; ++p) std::memcpy(out[p] + c0 * block_bytes, staging + p * chunk_bytes, chunk_bytes);
+    }
+  }
+  return Status::Ok();
+}
+
+size_t CudaModelBase::kv_block_bytes() const {
+  return static_cast<size_t>(block_size_) * static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_);
+}
+
+Status CudaModelBase::copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const {
+  uint8_t* const out[2] = {k, v};
+  return copy_kv_blocks(layer, std::span<const int32_t>(&block, 1), kv_block_bytes(), out, nullptr);
+}
+
+Status CudaModelBase::copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) {
+  const uint8_t* const in[2] = {k, v};
+  return copy_kv_blocks(layer, std::span<const int32_t>(&block, 1), kv_block_bytes(), nullptr, in);
+}
+
+Status CudaModelBase::copy_kv_blocks_out(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, uint8_t* k,
+                                         uint8_t* v) const {
+  uint8_t* const out[2] = {k, v};
+  return copy_kv_blocks(layer, blocks, block_bytes, out, nullptr);
+}
+
+Status CudaModelBase::copy_kv_blocks_in(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes,
+                                        const uint8_t* k, const uint8_t* v) {
+  const uint8_t* const in[2] = {k, v};
+  return copy_kv_blocks(layer, blocks, block_bytes, nullptr, in);
+}
+
+}  // namespace rill
+#endif  // RILL_HAVE_CUDA

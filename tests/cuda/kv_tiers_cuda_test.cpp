@@ -1,0 +1,382 @@
+// The prefix cache's RAM and disk tiers with the model on the GPU (KV export
+// of the CUDA runtime, model/cuda_kv_export.cpp), on the tiny
+// ../shared/goldens/hf models (block size 16, context 512):
+//  - a long prefix (400 of a 401-token prompt) written to disk by one engine
+//    comes back after a restart (a new model and engine on the same
+//    directory): cached_tokens reported, the cold run's tokens, and the
+//    logprobs of a device-cache hit bit for bit (the round trip copies
+//    bytes). Llama with f32 weights (f32 KV), the same converted to bf16 in
+//    memory (bf16 activations, f16 KV), gemma2 (a sliding and a full KV
+//    group) and qwen3_5 (recurrent state at the run's end);
+//  - an evicted prefix comes back from the RAM tier (bf16 Llama);
+//  - the exported KV has the CPU models' layout: the f32 Llama's K and V
+//    blocks after the same prompt agree with the CPU's within f32 rounding
+//    (so a file's bytes mean the same on both devices);
+//  - block copies: scattered blocks written as a batch read back one by
+//    one; a block or layer that is not there is an error;
+//  - a cache written on the CPU is removed, not restored, by the device
+//    engine (another "numerics"), and the reverse: the prompt is computed.
+// RILL_SHARED_DIR in the environment overrides the build-time path.
+// Skipped without a CUDA device.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include "core/half.h"
+#include "cuda_model_test_util.h"
+#include "cuda_test_util.h"
+#include "engine/sequence_runner.h"
+#include "loader/model_files.h"
+#include "model/registry.h"
+#include "rill/engine.h"
+
+namespace rill {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int kPrompt = 401;  // 25 whole blocks of 16 cached, the last token computed
+constexpr int kCached = 400;
+
+struct TmpDir {
+  fs::path path;
+  TmpDir() {
+    path = fs::temp_directory_path() /
+           ("rill_cuda_tiers_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
+  }
+  ~TmpDir() { fs::remove_all(path); }
+};
+
+struct GenRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // chosen token, then its top-5, per step
+  int32_t cached = 0, persisted = 0;
+};
+
+GenRun generate(Engine& e, const std::vector<int32_t>& prompt, int32_t max_tokens, bool persist = false) {
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.logprobs = 5;
+  r.sampling.temperature = 0.0f;
+  r.persist_prefix = persist;
+  auto h = e.submit(std::move(r));
+  EXPECT_TRUE(h.ok()) << h.error().message;
+  GenRun out;
+  if (!h.ok()) return out;
+  GenerationEvent ev;
+  while (h->next(ev)) {
+    EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
+    out.tokens.insert(out.tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+    for (const SampledToken& s : ev.logprobs) {
+      out.logprobs.push_back(s.logprob);
+      for (int i = 0; i < s.n_top; ++i) out.logprobs.push_back(s.top[static_cast<size_t>(i)].logprob);
+    }
+    if (ev.finished) {
+      out.cached = ev.usage.cached_tokens;
+      out.persisted = ev.usage.persisted_tokens;
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (auto& t : p) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return p;
+}
+
+size_t n_kv_files(const fs::path& dir) {
+  size_t n = 0;
+  for (const auto& de : fs::directory_iterator(dir)) n += de.path().extension() == ".rkv";
+  return n;
+}
+
+EngineOptions engine_options(Device d, const std::string& cache_dir = "", int64_t ram_mb = 0) {
+  EngineOptions o;
+  o.device = d;
+  o.n_threads = 2;
+  o.n_ctx = 512;
+  o.max_batch_tokens = 128;  // the prompt in chunks
+  o.kv_cache_mb = 16;
+  o.cache_dir = cache_dir;
+  o.cache_ram_mb = ram_mb;
+  o.cache_write_behind_min_tokens = 0;  // only the warm-up's persist writes
+  o.check_integrity = true;
+  return o;
+}
+
+// A golden model, or (bf16) the same with its matrices converted to bf16 in
+// memory, on `device`: Engine::load for the files as they are, else
+// Engine::create over the converted files (kept in `store`).
+class Models {
+ public:
+  Models(std::string name, bool bf16) : dir_(test::hf_golden_dir(name)), bf16_(bf16) {}
+  bool present() const { return fs::exists(dir_ + "/golden.json"); }
+  std::unique_ptr<Engine> engine(const EngineOptions& eo) {
+    Result<std::unique_ptr<Engine>> e = Error{"unset"};
+    if (!bf16_) {
+      e = Engine::load(dir_, eo);
+    } else {
+      if (!files_) {
+        auto f = open_model_files(dir_);
+        EXPECT_TRUE(f.ok()) << f.error().message;
+        if (!f.ok()) return nullptr;
+        test::to_bf16(**f, store_);
+        files_ = *f;
+      }
+      ModelOptions mo;
+      mo.device = eo.device;
+      mo.n_threads = eo.n_threads;
+      mo.n_ctx = eo.n_ctx;
+      mo.max_batch_tokens = eo.max_batch_tokens;
+      mo.kv_cache_bytes = eo.kv_cache_mb << 20;
+      auto m = create_model(builtin_registry(), infer_profile(*files_), files_, mo);
+      EXPECT_TRUE(m.ok()) << m.error().message;
+      if (!m.ok()) return nullptr;
+      EngineOptions o = eo;
+      o.model_id = "bf16 " + dir_;
+      e = Engine::create(std::move(m).value(), nullptr, o);
+    }
+    EXPECT_TRUE(e.ok()) << e.error().message;
+    return e.ok() ? std::move(e).value() : nullptr;
+  }
+
+ private:
+  std::string dir_;
+  bool bf16_;
+  std::shared_ptr<ModelFiles> files_;
+  std::vector<std::vector<uint16_t>> store_;
+};
+
+struct Case {
+  std::string model;
+  bool bf16;
+};
+
+class CudaKvTiers : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { RILL_REQUIRE_GPU(); }
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string s = info.param.model + (info.param.bf16 ? "_bf16" : "");
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return s;
+}
+
+TEST_P(CudaKvTiers, DiskPrefixSurvivesARestart) {
+  Models models(GetParam().model, GetParam().bf16);
+  if (!models.present()) GTEST_SKIP() << GetParam().model << " golden not found";
+  TmpDir dir;
+  const auto prompt = random_prompt(kPrompt, 512, 11);
+  GenRun cold, device_hit;
+  {
+    auto e = models.engine(engine_options(Device::kCuda));
+    ASSERT_TRUE(e);
+    cold = generate(*e, prompt, 6);
+    device_hit = generate(*e, prompt, 6);
+    EXPECT_EQ(cold.cached, 0);
+    EXPECT_EQ(device_hit.cached, kCached);
+  }
+  const EngineOptions o = engine_options(Device::kCuda, dir.path.string());
+  {
+    auto e = models.engine(o);
+    ASSERT_TRUE(e);
+    const GenRun warmup = generate(*e, prompt, 1, /*persist=*/true);
+    EXPECT_EQ(warmup.persisted, kCached) << "the prompt's whole blocks were written";
+    EXPECT_EQ(e->stats().disk_tier.entries, 1);
+  }
+  ASSERT_EQ(n_kv_files(dir.path), 1u);
+  auto e = models.engine(o);  // a restart
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->stats().disk_tier.entries, 1);
+  const GenRun warm = generate(*e, prompt, 6);
+  EXPECT_EQ(warm.cached, kCached);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.tokens, device_hit.tokens);
+  double max_diff = 0;
+  for (size_t i = 0; i < std::min(warm.logprobs.size(), device_hit.logprobs.size()); ++i) {
+    max_diff = std::max(max_diff, std::fabs(double(warm.logprobs[i]) - device_hit.logprobs[i]));
+  }
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "KV read back from disk must be bit-identical";
+  const EngineStats s = e->stats();
+  EXPECT_EQ(s.disk_tier.hits, 1);
+  EXPECT_EQ(s.disk_tier.loads, 1);
+  EXPECT_EQ(s.tier_restored_tokens, kCached);
+  EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
+  std::printf(
+      "[ cuda tiers ] %s%s: restart restored %d cached tokens from disk in %.3f ms, tokens %s, max |logprob - "
+      "device hit| %.3g\n",
+      GetParam().model.c_str(), GetParam().bf16 ? " bf16" : "", warm.cached, s.disk_tier.load_seconds * 1e3,
+      warm.tokens == cold.tokens ? "= cold" : "DIFFER", max_diff);
+}
+
+INSTANTIATE_TEST_SUITE_P(Goldens, CudaKvTiers,
+                         ::testing::Values(Case{"llama", false}, Case{"llama", true}, Case{"gemma2", false},
+                                           Case{"qwen3_5", false}),
+                         case_name);
+
+TEST(CudaKvTiersRam, EvictedPrefixComesBackFromTheRamTier) {
+  RILL_REQUIRE_GPU();
+  Models models("llama", /*bf16=*/true);
+  if (!models.present()) GTEST_SKIP() << "llama golden not found";
+  EngineOptions o = engine_options(Device::kCuda, "", /*ram_mb=*/64);
+  o.kv_cache_mb = 1;  // 170 blocks of this model's f16 KV (384 bytes a token)
+  auto e = models.engine(o);
+  ASSERT_TRUE(e);
+  const auto a = random_prompt(kPrompt, 512, 1);
+  const GenRun cold = generate(*e, a, 8);
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, kCached);
+  // A prompt and its 8 tokens take 26 blocks: this many others evict a's.
+  const int n_others = e->stats().kv_blocks_total / 26 + 1;
+  for (int i = 0; i < n_others; ++i) generate(*e, random_prompt(kPrompt, 512, 2 + static_cast<uint32_t>(i)), 8);
+  const GenRun warm = generate(*e, a, 8);
+  const EngineStats s = e->stats();
+  EXPECT_GE(s.ram_tier.hits, 1);
+  EXPECT_GT(s.tier_restored_tokens, 0);
+  EXPECT_EQ(warm.cached, kCached);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored KV must be bit-identical";
+  EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
+  std::printf("[ cuda tiers ] llama bf16: RAM tier restored %lld tokens (%lld hits)\n",
+              static_cast<long long>(s.tier_restored_tokens), static_cast<long long>(s.ram_tier.hits));
+}
+
+ModelOptions model_options(Device d) {
+  ModelOptions o;
+  o.device = d;
+  o.n_threads = 2;
+  o.n_ctx = 64;
+  o.max_batch_tokens = 64;
+  o.kv_block_size = 16;
+  o.n_kv_slots = 2;
+  return o;
+}
+
+Result<std::unique_ptr<Model>> open_llama(Device d) {
+  RILL_ASSIGN_OR_RETURN(auto files, open_model_files(test::hf_golden_dir("llama")));
+  return create_model(builtin_registry(), infer_profile(*files), files, model_options(d));
+}
+
+// K and V of every layer's blocks [0, n) of slot 0 as f32.
+std::vector<float> exported_kv(const Model& m, int32_t n_blocks) {
+  const std::vector<Model::KvLayer> layers = m.kv_layers();
+  std::vector<float> out;
+  std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
+  for (int32_t b = 0; b < n_blocks; ++b) blocks[static_cast<size_t>(b)] = b;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    EXPECT_EQ(layers[l].dtype, DType::kF32);
+    const size_t bb = layers[l].row_bytes * static_cast<size_t>(m.kv_block_size());
+    std::vector<float> k(bb * blocks.size() / sizeof(float)), v(k.size());
+    Status st = m.copy_kv_blocks_out(static_cast<int64_t>(l), blocks, bb, reinterpret_cast<uint8_t*>(k.data()),
+                                     reinterpret_cast<uint8_t*>(v.data()));
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    out.insert(out.end(), k.begin(), k.end());
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST(CudaKvExport, KvHasTheCpuLayout) {
+  RILL_REQUIRE_GPU();
+  if (!fs::exists(test::hf_golden_dir("llama") + "/golden.json")) GTEST_SKIP() << "llama golden not found";
+  auto cpu = open_llama(Device::kCpu);
+  auto gpu = open_llama(Device::kCuda);
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
+  ASSERT_EQ((*cpu)->kv_layers().size(), (*gpu)->kv_layers().size());
+  EXPECT_EQ((*cpu)->kv_layers()[0].row_bytes, (*gpu)->kv_layers()[0].row_bytes);
+  const auto prompt = random_prompt(48, 512, 5);  // three whole blocks
+  SequenceRunner rc(**cpu), rg(**gpu);
+  ASSERT_TRUE(rc.score(prompt).ok());
+  ASSERT_TRUE(rg.score(prompt).ok());
+  const std::vector<float> want = exported_kv(**cpu, 3), got = exported_kv(**gpu, 3);
+  double max_ref = 0;
+  for (float x : want) max_ref = std::max(max_ref, double(std::fabs(x)));
+  const double err = test::max_abs_diff(got, want);
+  EXPECT_GT(max_ref, 1e-3);
+  EXPECT_LT(err, 1e-4 * std::max(1.0, max_ref));
+  EXPECT_NE((*cpu)->kv_numerics(), (*gpu)->kv_numerics());
+  std::printf("[ cuda tiers ] llama f32 KV, GPU vs CPU export: max |diff| %.3g (max |kv| %.3g); numerics \"%s\"\n", err,
+              max_ref, (*gpu)->kv_numerics().c_str());
+}
+
+TEST(CudaKvExport, BlockCopiesRoundTripAndRefuseWhatIsNotThere) {
+  RILL_REQUIRE_GPU();
+  if (!fs::exists(test::hf_golden_dir("llama") + "/golden.json")) GTEST_SKIP() << "llama golden not found";
+  auto m = open_llama(Device::kCuda);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  Model& model = **m;
+  const int64_t last = static_cast<int64_t>(model.kv_layers().size()) - 1;
+  const size_t bb = model.kv_layers()[0].row_bytes * static_cast<size_t>(model.kv_block_size());
+  const std::vector<int32_t> blocks = {5, 2, 3, 4, 0};  // a run of three, two alone
+  std::vector<uint8_t> k(blocks.size() * bb), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<uint8_t>(i * 7 + 1);
+    v[i] = static_cast<uint8_t>(i * 13 + 5);
+  }
+  ASSERT_TRUE(model.copy_kv_blocks_in(last, blocks, bb, k.data(), v.data()).ok());
+  std::vector<uint8_t> one_k(bb), one_v(bb);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_TRUE(model.copy_kv_out(last, blocks[i], one_k.data(), one_v.data()).ok());
+    EXPECT_TRUE(std::equal(one_k.begin(), one_k.end(), k.begin() + static_cast<ptrdiff_t>(i * bb))) << i;
+    EXPECT_TRUE(std::equal(one_v.begin(), one_v.end(), v.begin() + static_cast<ptrdiff_t>(i * bb))) << i;
+  }
+  std::vector<uint8_t> k2(k.size()), v2(v.size());
+  ASSERT_TRUE(model.copy_kv_blocks_out(last, blocks, bb, k2.data(), v2.data()).ok());
+  EXPECT_EQ(k2, k);
+  EXPECT_EQ(v2, v);
+  EXPECT_FALSE(model.copy_kv_out(last + 1, 0, one_k.data(), one_v.data()).ok());
+  EXPECT_FALSE(model.copy_kv_out(0, model.n_kv_blocks(), one_k.data(), one_v.data()).ok());
+  EXPECT_FALSE(model.copy_kv_in(0, -1, one_k.data(), one_v.data()).ok());
+  Status wrong = model.copy_kv_blocks_out(0, blocks, bb / 2, k2.data(), v2.data());
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.error().message.find("bytes"), std::string::npos) << wrong.error().message;
+}
+
+// A directory written on one device is another device's foreign cache: its
+// files are removed at open (their numerics differ) and the prompt is
+// computed, giving that device's cold tokens.
+TEST(CudaKvTiersCrossDevice, ACacheOfTheOtherDeviceIsRemovedNotRestored) {
+  RILL_REQUIRE_GPU();
+  Models models("llama", /*bf16=*/false);
+  if (!models.present()) GTEST_SKIP() << "llama golden not found";
+  const auto prompt = random_prompt(kPrompt, 512, 21);
+  for (Device writer : {Device::kCpu, Device::kCuda}) {
+    const Device reader = writer == Device::kCpu ? Device::kCuda : Device::kCpu;
+    TmpDir dir;
+    GenRun reader_cold;
+    {
+      auto e = models.engine(engine_options(reader));
+      ASSERT_TRUE(e);
+      reader_cold = generate(*e, prompt, 6);
+    }
+    {
+      auto e = models.engine(engine_options(writer, dir.path.string()));
+      ASSERT_TRUE(e);
+      EXPECT_EQ(generate(*e, prompt, 1, /*persist=*/true).persisted, kCached);
+    }
+    ASSERT_EQ(n_kv_files(dir.path), 1u);
+    auto e = models.engine(engine_options(reader, dir.path.string()));
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->stats().disk_tier.entries, 0);
+    EXPECT_EQ(n_kv_files(dir.path), 0u) << "the other device's file is removed at open";
+    const GenRun got = generate(*e, prompt, 6);
+    EXPECT_EQ(got.cached, 0);
+    EXPECT_EQ(got.tokens, reader_cold.tokens);
+    EXPECT_EQ(e->stats().disk_tier.hits, 0);
+  }
+}
+
+}  // namespace
+}  // namespace rill
