@@ -1,6 +1,7 @@
 #include "engine/engine_impl.h"
 
 #include <algorithm>
+#include <cassert>
 #include <string>
 
 #include "core/hash.h"
@@ -371,6 +372,7 @@ void EngineImpl::run_step() {
 }
 
 void EngineImpl::commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event) {
+  assert(r.n_draft == 0);  // nothing verifies drafts yet: no speculator appends them
   r.sampler->add_output_token(id);
   r.tokens.push_back(id);
   event.token_ids.push_back(id);

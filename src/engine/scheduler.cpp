@@ -53,6 +53,7 @@ void Scheduler::preempt(Request* r) {
   std::erase(running_, r);
   kv_.preempt(static_cast<int64_t>(r->id));
   r->n_computed = 0;
+  r->drop_draft(r->n_draft);  // a resume recomputes accepted tokens only
   r->state = RequestState::kPreempted;
   ++r->n_preemptions;
   ++n_preemptions_;
@@ -78,14 +79,27 @@ void Scheduler::schedule_chunk(Request* r, int32_t n) {
   Status st = kv_.append(static_cast<int64_t>(r->id), n);
   assert(st.ok());
   (void)st;
-  plan_.chunks.push_back({r, n, r->n_computed + n == static_cast<int32_t>(r->tokens.size())});
+  const int32_t end = r->n_computed + n;
+  const int32_t n_draft = std::max(0, end - (r->n_target() - r->n_draft));
+  plan_.chunks.push_back({r, n, n_draft, end == r->n_target()});
   plan_.n_tokens += n;
   budget_ -= n;
 }
 
-int32_t Scheduler::n_decoding() const {
+void Scheduler::schedule_round(Request* r, size_t index) {
+  assert(r->decoding() && fit(*r, 1, 0) == 1 && budget_ > 0);
+  int32_t n = 1;
+  if (r->n_draft > 0) {
+    const int32_t room = std::max(1, budget_ - n_decoding(index + 1));
+    n = fit(*r, std::min(r->n_uncomputed(), room), 0);
+    r->drop_draft(r->n_uncomputed() - n);
+  }
+  schedule_chunk(r, n);
+}
+
+int32_t Scheduler::n_decoding(size_t from) const {
   int32_t n = 0;
-  for (const Request* r : running_) n += r->n_uncomputed() == 1;
+  for (size_t i = from; i < running_.size(); ++i) n += running_[i]->decoding();
   return n;
 }
 
@@ -98,20 +112,21 @@ const StepPlan& Scheduler::schedule() {
   budget_ = options_.token_budget;
   kv_.begin_step();
 
-  // 1. Decode tokens, oldest first. running_ may shrink while we walk it.
+  // 1. Decode rounds, oldest first. running_ may shrink while we walk it.
   for (size_t i = 0; i < running_.size() && budget_ > 0;) {
     Request* r = running_[i];
-    if (r->n_uncomputed() != 1) {
+    if (!r->decoding()) {
       ++i;
       continue;
     }
+    // Blocks for the owed token only: drafts take what is free.
     while (fit(*r, 1, 0) == 0 && preempt_newest(r)) {
     }
     if (fit(*r, 1, 0) == 0) {
       preempt(r);  // r is the newest: let the older ones run
       continue;
     }
-    schedule_chunk(r, 1);
+    schedule_round(r, i);
     ++i;
   }
 
@@ -119,7 +134,7 @@ const StepPlan& Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget_ > 0;) {
     Request* r = running_[i];
     const int32_t want = std::min(r->n_uncomputed(), budget_);
-    if (r->n_uncomputed() <= 1) {
+    if (r->decoding() || r->n_uncomputed() == 0) {
       ++i;
       continue;
     }

@@ -2,12 +2,22 @@
 // Scheduler: decides, before every step, which requests run and how many of
 // their uncomputed tokens each computes (iteration-level scheduling).
 //
+// A request's work in a step is its target minus its computed tokens
+// (Request::n_uncomputed): there is no prefill or decode phase, only how far
+// each request is from its target. A request is *decoding* when what is left
+// is one decode round: its last sampled token plus any draft tokens a
+// speculator appended (1 + k tokens, verified in one step). Everything else
+// with tokens left is prefilling (a prompt, or a resume after preemption).
+//
 // Policy, under a token budget per step and the KV pool:
-//  1. Every running request with one token left (decoding) gets it, oldest
-//     first, so streams keep flowing whatever else happens.
-//  2. Running requests with more tokens left (prefilling, or resuming after
-//     preemption) get chunks of the remaining budget, oldest first: a long
-//     prompt is split over steps interleaved with the decode tokens.
+//  1. Every decoding request gets its round, oldest first, so streams keep
+//     flowing whatever else happens. Its first token is owed (older requests
+//     preempt newer ones for its block); its drafts are budgeted like
+//     prefill tokens and get only what the budget holds beyond one token per
+//     later decoder and what the free blocks hold: drafts never cause a
+//     preemption, and drafts that do not fit are dropped from the request.
+//  2. Prefilling requests get chunks of the remaining budget, oldest first:
+//     a long prompt is split over steps interleaved with the decode rounds.
 //  3. Waiting requests are admitted in arrival order while the budget, the
 //     running limit and the pool allow; admission matches the prefix cache
 //     first (matched tokens are not computed again) and requires blocks for
@@ -16,8 +26,8 @@
 //     of the queue blocks the rest (first come, first served). Nothing is
 //     admitted in a step that had to preempt.
 // When a running request cannot get blocks, the newest running request is
-// preempted (its blocks go back to the pool, full ones into the prefix
-// cache; it returns to the front of the queue and resumes from what the
+// preempted (its drafts are dropped, its blocks go back to the pool, full
+// ones into the prefix cache; it returns to the front of the queue and resumes from what the
 // cache still holds). The oldest request always progresses: a request is
 // only accepted if it fits the pool alone, so nothing waits forever.
 //
@@ -41,7 +51,8 @@ struct SchedulerOptions {
 struct ScheduledChunk {
   Request* request = nullptr;
   int32_t n_tokens = 0;  // tokens [n_computed, n_computed + n_tokens) compute this step
-  bool samples = false;  // the chunk ends at the request's last token
+  int32_t n_draft = 0;   // of those, the trailing draft tokens the step verifies
+  bool samples = false;  // the chunk ends at the request's target (its last token)
 };
 
 struct StepPlan {
@@ -86,8 +97,11 @@ class Scheduler {
   bool preempt_newest(const Request* than);
   void preempt(Request* r);
   void schedule_chunk(Request* r, int32_t n);
+  // Schedules decoding r's round: its owed token, then the drafts that fit.
+  void schedule_round(Request* r, size_t index);
   void insert_running(Request* r);  // keeps running_ in arrival order
-  int32_t n_decoding() const;
+  // Decoding requests in running_[from, end).
+  int32_t n_decoding(size_t from = 0) const;
 
   KvManager& kv_;
   SchedulerOptions options_;
