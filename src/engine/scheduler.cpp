@@ -8,6 +8,7 @@ namespace rill {
 Scheduler::Scheduler(KvManager& kv, SchedulerOptions options) : kv_(kv), options_(options) {
   options_.token_budget = std::max(1, options_.token_budget);
   options_.max_running = std::max(1, options_.max_running);
+  options_.min_prefill_tokens = std::max(1, options_.min_prefill_tokens);
 }
 
 void Scheduler::add(Request* request) {
@@ -97,6 +98,18 @@ void Scheduler::schedule_round(Request* r, size_t index) {
   schedule_chunk(r, n);
 }
 
+void Scheduler::cap_prefill_share() {
+  const SchedulerOptions& o = options_;
+  if (plan_.n_decode_tokens == 0 || (o.max_step_s <= 0 && o.max_step_factor <= 0) || !cost_.ready()) return;
+  plan_.target_s = o.max_step_s > 0 ? o.max_step_s : o.max_step_factor * cost_.predict_s(plan_.n_decode_tokens);
+  const int32_t within = cost_.max_tokens_within(plan_.target_s);  // may be INT32_MAX
+  const int32_t share = std::max(o.min_prefill_tokens, within - std::min(within, plan_.n_decode_tokens));
+  if (share < budget_) {
+    budget_ = share;
+    plan_.prefill_cap = share;
+  }
+}
+
 int32_t Scheduler::n_decoding(size_t from) const {
   int32_t n = 0;
   for (size_t i = from; i < running_.size(); ++i) n += running_[i]->decoding();
@@ -109,6 +122,9 @@ const StepPlan& Scheduler::schedule() {
   plan_.preempted.clear();
   plan_.failed.clear();
   plan_.n_tokens = 0;
+  plan_.n_decode_tokens = 0;
+  plan_.target_s = 0;
+  plan_.prefill_cap = -1;
   budget_ = options_.token_budget;
   kv_.begin_step();
 
@@ -129,6 +145,8 @@ const StepPlan& Scheduler::schedule() {
     schedule_round(r, i);
     ++i;
   }
+  plan_.n_decode_tokens = plan_.n_tokens;
+  cap_prefill_share();
 
   // 2. Prefill (and resume) chunks of running requests, oldest first.
   for (size_t i = 0; i < running_.size() && budget_ > 0;) {

@@ -391,5 +391,115 @@ TEST(Scheduler, RandomizedRunsWithDraftsKeepTheBudgetAndEveryBlock) {
   }
 }
 
+// Latency-aware planning with the step cost injected: the cost model gets
+// steps that cost 10 ms + 1 ms per token.
+void teach_cost(Scheduler& s) {
+  for (int32_t n : {1, 10, 40, 5, 20, 64}) s.cost_model().observe(n, 0.010 + 0.001 * n);
+  ASSERT_TRUE(s.cost_model().ready());
+}
+
+SchedulerOptions latency_options(double max_step_s, double factor) {
+  SchedulerOptions o;
+  o.token_budget = 64;
+  o.max_running = 8;
+  o.max_step_s = max_step_s;
+  o.max_step_factor = factor;
+  o.min_prefill_tokens = 4;
+  return o;
+}
+
+TEST(Scheduler, PrefillShareIsSizedToTheStepTarget) {
+  Rig rig(256, 4, latency_options(0.030, 0));
+  Request* a = rig.add(tokens(2, 100), 50);
+  Request* b = rig.add(tokens(2, 200), 50);
+  rig.step();
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(60, 300), 1);
+  // 30 ms holds 20 tokens: 2 decode tokens, 18 of prefill.
+  const StepPlan& plan = rig.sched.schedule();
+  EXPECT_EQ(chunks_of(plan), (std::vector<Chunk>{{a->id, 1, 0, true}, {b->id, 1, 0, true}, {big->id, 18, 0, false}}));
+  EXPECT_EQ(plan.n_decode_tokens, 2);
+  EXPECT_DOUBLE_EQ(plan.target_s, 0.030);
+  EXPECT_EQ(plan.prefill_cap, 18);
+}
+
+TEST(Scheduler, TheDefaultTargetIsAMultipleOfTheDecodeRounds) {
+  Rig rig(256, 4, latency_options(0, 2.5));
+  std::vector<Request*> d;
+  for (int i = 0; i < 4; ++i) d.push_back(rig.add(tokens(2, 100 * i), 50));
+  rig.step();
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(60, 500), 1);
+  // 4 decode tokens predict 14 ms; 2.5 x 14 = 35 ms holds 25 tokens: 21 of prefill.
+  const StepPlan& plan = rig.sched.schedule();
+  ASSERT_EQ(plan.chunks.size(), 5u);
+  EXPECT_EQ(plan.chunks[4].request, big);
+  EXPECT_EQ(plan.chunks[4].n_tokens, 21);
+  EXPECT_NEAR(plan.target_s, 0.035, 1e-9);
+  EXPECT_EQ(plan.prefill_cap, 21);
+}
+
+TEST(Scheduler, WithNothingDecodingPrefillTakesTheWholeBudget) {
+  Rig rig(256, 4, latency_options(0.030, 0));
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(100, 0), 1);
+  Request* next = rig.add(tokens(30, 200), 1);
+  const StepPlan& plan = rig.sched.schedule();
+  // Admission fills the idle step at once: no decode round to protect.
+  EXPECT_EQ(chunks_of(plan), (std::vector<Chunk>{{big->id, 64, 0, false}}));
+  EXPECT_EQ(plan.prefill_cap, -1);
+  EXPECT_EQ(plan.target_s, 0.0);
+  (void)next;
+}
+
+TEST(Scheduler, ThePrefillShareNeverDropsBelowItsFloor) {
+  Rig rig(256, 4, latency_options(0.005, 0));  // below the 10 ms fixed cost
+  Request* a = rig.add(tokens(2, 100), 50);
+  rig.step();
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(60, 300), 1);
+  EXPECT_EQ(chunks_of(rig.sched.schedule()), (std::vector<Chunk>{{a->id, 1, 0, true}, {big->id, 4, 0, false}}));
+}
+
+TEST(Scheduler, NoCapUntilTheCostModelHasSeenSteps) {
+  Rig rig(256, 4, latency_options(0.030, 0));
+  Request* a = rig.add(tokens(2, 100), 50);
+  rig.step();
+  Request* big = rig.add(tokens(100, 300), 1);
+  EXPECT_FALSE(rig.sched.cost_model().ready());
+  const StepPlan& plan = rig.sched.schedule();
+  EXPECT_EQ(chunks_of(plan), (std::vector<Chunk>{{a->id, 1, 0, true}, {big->id, 63, 0, false}}));
+  EXPECT_EQ(plan.prefill_cap, -1);
+}
+
+TEST(Scheduler, OffMeansTheWholeBudget) {
+  Rig rig(256, 4, latency_options(0, 0));
+  Request* a = rig.add(tokens(2, 100), 50);
+  rig.step();
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(100, 300), 1);
+  EXPECT_EQ(chunks_of(rig.sched.schedule()), (std::vector<Chunk>{{a->id, 1, 0, true}, {big->id, 63, 0, false}}));
+}
+
+TEST(Scheduler, ALongPromptAdvancesOverSeveralStepsWhileStreamsDecode) {
+  Rig rig(256, 4, latency_options(0.030, 0));
+  Request* a = rig.add(tokens(2, 100), 50);
+  Request* b = rig.add(tokens(2, 200), 50);
+  rig.step();
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(60, 300), 2);
+  // Every step: both streams decode, big takes 18 tokens (60 = 18 + 18 + 18 + 6).
+  const std::vector<int32_t> want = {18, 18, 18, 6};
+  for (int32_t n : want) {
+    auto plan = rig.step();
+    ASSERT_EQ(plan.size(), 3u);
+    EXPECT_EQ(plan[0], (std::pair<uint64_t, int32_t>{a->id, 1}));
+    EXPECT_EQ(plan[1], (std::pair<uint64_t, int32_t>{b->id, 1}));
+    EXPECT_EQ(plan[2], (std::pair<uint64_t, int32_t>{big->id, n}));
+  }
+  EXPECT_EQ(big->n_output(), 1);     // the last chunk sampled
+  EXPECT_EQ(big->prefill_steps, 0);  // (counted by the engine, not the scheduler)
+}
+
 }  // namespace
 }  // namespace rill
