@@ -36,6 +36,7 @@ import os
 import random
 import re
 import resource
+import shlex
 import socket
 import statistics
 import subprocess
@@ -531,6 +532,8 @@ def main():
     ap.add_argument("--idle-hold-s", type=float, default=2.0, help="how long the idle streams stay open")
     ap.add_argument("--timeout", type=float, default=300, help="seconds for any one request or command")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: compare,load,idle")
+    ap.add_argument("--server-args", default="", help="extra `rill serve` flags for the compare/load server, "
+                    "e.g. '--max-step-ms 0'")
     ap.add_argument("--out", default="build/bench/serve_bench.json")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
@@ -548,7 +551,7 @@ def main():
            "command": " ".join(sys.argv)}
 
     if not {"compare", "load"} <= skip:
-        with Server(a.rill, a.model, a.threads, [], log_path) as srv:
+        with Server(a.rill, a.model, a.threads, shlex.split(a.server_args), log_path) as srv:
             rng = random.Random(42)
             if "compare" not in skip:
                 print("direct (rill bench) vs served (/v1/completions), concurrency 1 ...", file=sys.stderr)

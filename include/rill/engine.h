@@ -102,10 +102,15 @@ class RequestHandle {
 };
 
 struct EngineOptions {
-  int n_threads = 0;             // compute threads; 0: one per core
-  int64_t n_ctx = 0;             // longest sequence; 0: the model's
-  int max_batch_tokens = 512;    // token budget of one step
-  int max_running = 64;          // most requests in one step
+  int n_threads = 0;           // compute threads; 0: one per core
+  int64_t n_ctx = 0;           // longest sequence; 0: the model's
+  int max_batch_tokens = 512;  // token budget of one step
+  int max_running = 64;        // most requests in one step
+  // Latency-aware step planning: while requests decode, a step's prefill
+  // share is cut so the step's predicted time (a cost model fitted to
+  // measured steps) stays within this many ms. < 0: 2.5x the predicted time
+  // of the step's decode rounds alone; 0: off (the whole token budget).
+  double max_step_ms = -1;
   int64_t kv_cache_mb = 0;       // KV pool; 0: see kv_cache_fraction
   double kv_cache_fraction = 0;  // of physical RAM when kv_cache_mb is 0; 0: 4 full contexts
   int32_t kv_block_size = 16;
@@ -156,6 +161,14 @@ struct EngineStats {
   CacheTierStats ram_tier, disk_tier;
   int64_t tier_restored_tokens = 0;  // prompt tokens loaded back from the RAM / disk tiers
   int64_t integrity_errors = 0;      // with EngineOptions::check_integrity
+  // Latency-aware step planning (EngineOptions::max_step_ms): the step cost
+  // model's fit (ms = fixed + per token x tokens), the target and prefill
+  // cap of the last step with decode rounds (0 and -1: none), steps whose
+  // prefill share the target cut.
+  double step_fixed_ms = 0, step_ms_per_token = 0;
+  double step_target_ms = 0;
+  int32_t prefill_cap_tokens = -1;
+  int64_t steps_prefill_capped = 0;
   std::string last_integrity_error;
 };
 

@@ -45,6 +45,7 @@ struct BenchOptions {
   int long_prompt = 0;
   int threads = 0;
   int max_batch_tokens = 512;
+  double max_step_ms = -1;  // EngineOptions::max_step_ms
   int64_t kv_cache_mb = 0;
   int64_t ctx_size = 0;
   bool json = false;
@@ -153,6 +154,7 @@ int run_bench(const BenchOptions& o) {
   EngineOptions eo;
   eo.n_threads = o.threads;
   eo.max_batch_tokens = o.max_batch_tokens;
+  eo.max_step_ms = o.max_step_ms;
   eo.max_running = std::max(o.concurrency + (o.long_prompt > 0 ? 1 : 0), 1);
   eo.kv_cache_mb = o.kv_cache_mb;
   eo.n_ctx = o.ctx_size;
@@ -314,6 +316,10 @@ Command add_bench_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 22));
   sub->add_option("--threads,-t", o->threads, "CPU threads (default: one per core)");
   sub->add_option("--max-batch-tokens", o->max_batch_tokens, "token budget per step")->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--max-step-ms", o->max_step_ms,
+                  "ms a step may take while requests decode: longer prefills are chunked to fit (default: 2.5x the "
+                  "measured decode step; 0: no limit)")
+      ->check(CLI::Range(0.0, 600000.0));
   sub->add_option("--kv-cache-mb", o->kv_cache_mb, "KV cache size (default: four full contexts)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_option("--ctx-size,-c", o->ctx_size, "context tokens per sequence")->check(CLI::Range(16, 1 << 22));

@@ -231,6 +231,10 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--max-batch-tokens", e.max_batch_tokens, "token budget of one engine step")
       ->check(CLI::Range(1, 1 << 16));
   sub->add_option("--max-running", e.max_running, "most requests in one step")->check(CLI::Range(1, 4096));
+  sub->add_option("--max-step-ms", e.max_step_ms,
+                  "ms a step may take while requests decode: longer prefills are chunked to fit (default: 2.5x the "
+                  "measured decode step; 0: no limit)")
+      ->check(CLI::Range(0.0, 600000.0));
   sub->add_option("--kv-cache-mb", e.kv_cache_mb, "KV cache size in MiB (default: four full contexts)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_option("--kv-cache-fraction", e.kv_cache_fraction, "KV cache as a fraction of RAM")

@@ -1,6 +1,7 @@
 #include "engine/engine_impl.h"
 
 #include <algorithm>
+#include <cassert>
 #include <string>
 
 #include "core/hash.h"
@@ -31,6 +32,21 @@ int max_running(const Model& m, const EngineOptions& o) {
   return n;
 }
 
+// EngineOptions::max_step_ms < 0: the step time target is this x the
+// predicted time of a step's decode rounds alone (issue 19 asks for 2-3x a
+// decode step: 2.5 bounds the inter-token gap a prefill can cause while the
+// prefill share stays about 1.5x the decode tokens' cost).
+constexpr double kAutoStepFactor = 2.5;
+
+SchedulerOptions scheduler_options(const Model& m, const EngineOptions& o) {
+  SchedulerOptions s;
+  s.token_budget = std::min(std::max(1, o.max_batch_tokens), m.max_batch_tokens());
+  s.max_running = max_running(m, o);
+  s.max_step_s = o.max_step_ms > 0 ? o.max_step_ms / 1000 : 0;
+  s.max_step_factor = o.max_step_ms < 0 ? kAutoStepFactor : 0;
+  return s;
+}
+
 }  // namespace
 
 const char* finish_reason_name(FinishReason r) {
@@ -58,8 +74,7 @@ EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Token
       states_(has_recurrent(*model_) ? model_->n_state_slots() : 0,
               has_recurrent(*model_) ? model_->n_state_checkpoints() : 0),
       kv_(model_->kv_spec(), pool_, tree_, states_),
-      scheduler_(kv_, SchedulerOptions{std::min(std::max(1, options.max_batch_tokens), model_->max_batch_tokens()),
-                                       max_running(*model_, options)}),
+      scheduler_(kv_, scheduler_options(*model_, options)),
       runner_(*model_, kv_) {
   eos_ids_ = model_->config().generation.eos_token_ids;
   if (tokenizer_) {
@@ -325,6 +340,7 @@ void EngineImpl::run_step() {
   } else if (all_device && model_->has_forward_sample()) {
     ids = StepIds::kSample;
   }
+  const int32_t n_step_tokens = plan.n_tokens;  // finish() edits the plan's chunks
   Status st = runner_.run(plan, ids);
   if (st.ok()) st = scheduler_.step_computed();
   if (!st.ok()) {
@@ -343,6 +359,11 @@ void EngineImpl::run_step() {
     while (b < EngineStats::kBatchSizeBounds.size() && n_seqs > EngineStats::kBatchSizeBounds[b]) ++b;
     ++stats_.batch_size_counts[b];
     stats_.batch_size_sum += n_seqs;
+    if (plan.target_s > 0) {
+      stats_.step_target_ms = plan.target_s * 1e3;
+      stats_.prefill_cap_tokens = plan.prefill_cap;
+    }
+    stats_.steps_prefill_capped += plan.prefill_cap >= 0;
   }
   const double step_s = seconds(now, Clock::now());
   for (const ScheduledChunk& c : plan.chunks) {
@@ -369,9 +390,13 @@ void EngineImpl::run_step() {
     }
     if (!r.finished()) deliver(r, std::move(event));
   }
+  // The wall time a decoding stream waited for this step's token: the
+  // forward, sampling and delivery (what latency-aware planning bounds).
+  scheduler_.cost_model().observe(n_step_tokens, seconds(now, Clock::now()));
 }
 
 void EngineImpl::commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event) {
+  assert(r.n_draft == 0);  // nothing verifies drafts yet: no speculator appends them
   r.sampler->add_output_token(id);
   r.tokens.push_back(id);
   event.token_ids.push_back(id);
@@ -519,6 +544,9 @@ void EngineImpl::publish_stats() {
   stats_.kv_blocks_used = pool_.n_used();
   stats_.kv_blocks_cached = pool_.n_cached();
   stats_.preemptions = scheduler_.n_preemptions();
+  const StepCostModel& cost = scheduler_.cost_model();
+  stats_.step_fixed_ms = cost.fixed_s() * 1e3;
+  stats_.step_ms_per_token = cost.per_token_s() * 1e3;
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,

@@ -5,9 +5,17 @@
 // scheduler gives a request some of its uncomputed tokens; prefill, chunked
 // prefill, a prefix-cache hit (n_computed jumps forward at admission) and
 // preemption (n_computed drops to what the cache still holds) all follow
-// from that one rule. A request samples when a step computes its last token.
+// from that one rule: a step's work for a request is target minus computed
+// tokens. A request samples when a step computes its last token.
+//
+// Draft tokens (speculative decoding): the last n_draft entries of `tokens`
+// are a speculator's guesses following the last sampled token. They count
+// toward the target (their KV is computed by the step that verifies them)
+// but not toward the output; whoever verifies them keeps the accepted ones
+// and truncates the rest. Without speculation n_draft is 0.
 //
 // Owned and touched only by the engine thread.
+#include <cassert>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -39,6 +47,7 @@ struct Request {
   int32_t n_preemptions = 0;
   uint64_t arrival = 0;  // submission order; preemption picks the newest
   uint64_t ns = 0;       // prefix-cache namespace (model fingerprint + cache_namespace)
+  int32_t n_draft = 0;   // trailing draft tokens of `tokens` (see above)
 
   std::optional<Sampler> sampler;
   std::optional<IncrementalDecoder> decoder;
@@ -49,8 +58,20 @@ struct Request {
   double longest_prefill_step_s = 0;
   bool scheduled_once = false;
 
-  int32_t n_output() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
-  int32_t n_uncomputed() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
+  int32_t n_output() const { return static_cast<int32_t>(tokens.size()) - n_prompt - n_draft; }
+  // Tokens whose KV the request wants: prompt, output and drafts.
+  int32_t n_target() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t n_uncomputed() const { return n_target() - n_computed; }
+  // Everything before the last sampled token is computed: what is left is
+  // one decode round, that token and its drafts (1 + n_draft tokens).
+  bool decoding() const { return n_uncomputed() - n_draft == 1; }
+  // Forgets the last n of the drafts (not scheduled, or rejected). Requires
+  // their KV not to be counted as computed (roll n_computed back first).
+  void drop_draft(int32_t n) {
+    assert(n >= 0 && n <= n_draft && n_target() - n >= n_computed);
+    n_draft -= n;
+    tokens.resize(tokens.size() - static_cast<size_t>(n));
+  }
   bool finished() const { return state == RequestState::kFinished; }
 };
 

@@ -8,6 +8,7 @@ namespace rill {
 Scheduler::Scheduler(KvManager& kv, SchedulerOptions options) : kv_(kv), options_(options) {
   options_.token_budget = std::max(1, options_.token_budget);
   options_.max_running = std::max(1, options_.max_running);
+  options_.min_prefill_tokens = std::max(1, options_.min_prefill_tokens);
 }
 
 void Scheduler::add(Request* request) {
@@ -53,6 +54,7 @@ void Scheduler::preempt(Request* r) {
   std::erase(running_, r);
   kv_.preempt(static_cast<int64_t>(r->id));
   r->n_computed = 0;
+  r->drop_draft(r->n_draft);  // a resume recomputes accepted tokens only
   r->state = RequestState::kPreempted;
   ++r->n_preemptions;
   ++n_preemptions_;
@@ -78,14 +80,39 @@ void Scheduler::schedule_chunk(Request* r, int32_t n) {
   Status st = kv_.append(static_cast<int64_t>(r->id), n);
   assert(st.ok());
   (void)st;
-  plan_.chunks.push_back({r, n, r->n_computed + n == static_cast<int32_t>(r->tokens.size())});
+  const int32_t end = r->n_computed + n;
+  const int32_t n_draft = std::max(0, end - (r->n_target() - r->n_draft));
+  plan_.chunks.push_back({r, n, n_draft, end == r->n_target()});
   plan_.n_tokens += n;
   budget_ -= n;
 }
 
-int32_t Scheduler::n_decoding() const {
+void Scheduler::schedule_round(Request* r, size_t index) {
+  assert(r->decoding() && fit(*r, 1, 0) == 1 && budget_ > 0);
+  int32_t n = 1;
+  if (r->n_draft > 0) {
+    const int32_t room = std::max(1, budget_ - n_decoding(index + 1));
+    n = fit(*r, std::min(r->n_uncomputed(), room), 0);
+    r->drop_draft(r->n_uncomputed() - n);
+  }
+  schedule_chunk(r, n);
+}
+
+void Scheduler::cap_prefill_share() {
+  const SchedulerOptions& o = options_;
+  if (plan_.n_decode_tokens == 0 || (o.max_step_s <= 0 && o.max_step_factor <= 0) || !cost_.ready()) return;
+  plan_.target_s = o.max_step_s > 0 ? o.max_step_s : o.max_step_factor * cost_.predict_s(plan_.n_decode_tokens);
+  const int32_t within = cost_.max_tokens_within(plan_.target_s);  // may be INT32_MAX
+  const int32_t share = std::max(o.min_prefill_tokens, within - std::min(within, plan_.n_decode_tokens));
+  if (share < budget_) {
+    budget_ = share;
+    plan_.prefill_cap = share;
+  }
+}
+
+int32_t Scheduler::n_decoding(size_t from) const {
   int32_t n = 0;
-  for (const Request* r : running_) n += r->n_uncomputed() == 1;
+  for (size_t i = from; i < running_.size(); ++i) n += running_[i]->decoding();
   return n;
 }
 
@@ -95,31 +122,37 @@ const StepPlan& Scheduler::schedule() {
   plan_.preempted.clear();
   plan_.failed.clear();
   plan_.n_tokens = 0;
+  plan_.n_decode_tokens = 0;
+  plan_.target_s = 0;
+  plan_.prefill_cap = -1;
   budget_ = options_.token_budget;
   kv_.begin_step();
 
-  // 1. Decode tokens, oldest first. running_ may shrink while we walk it.
+  // 1. Decode rounds, oldest first. running_ may shrink while we walk it.
   for (size_t i = 0; i < running_.size() && budget_ > 0;) {
     Request* r = running_[i];
-    if (r->n_uncomputed() != 1) {
+    if (!r->decoding()) {
       ++i;
       continue;
     }
+    // Blocks for the owed token only: drafts take what is free.
     while (fit(*r, 1, 0) == 0 && preempt_newest(r)) {
     }
     if (fit(*r, 1, 0) == 0) {
       preempt(r);  // r is the newest: let the older ones run
       continue;
     }
-    schedule_chunk(r, 1);
+    schedule_round(r, i);
     ++i;
   }
+  plan_.n_decode_tokens = plan_.n_tokens;
+  cap_prefill_share();
 
   // 2. Prefill (and resume) chunks of running requests, oldest first.
   for (size_t i = 0; i < running_.size() && budget_ > 0;) {
     Request* r = running_[i];
     const int32_t want = std::min(r->n_uncomputed(), budget_);
-    if (r->n_uncomputed() <= 1) {
+    if (r->decoding() || r->n_uncomputed() == 0) {
       ++i;
       continue;
     }

@@ -2,12 +2,22 @@
 // Scheduler: decides, before every step, which requests run and how many of
 // their uncomputed tokens each computes (iteration-level scheduling).
 //
+// A request's work in a step is its target minus its computed tokens
+// (Request::n_uncomputed): there is no prefill or decode phase, only how far
+// each request is from its target. A request is *decoding* when what is left
+// is one decode round: its last sampled token plus any draft tokens a
+// speculator appended (1 + k tokens, verified in one step). Everything else
+// with tokens left is prefilling (a prompt, or a resume after preemption).
+//
 // Policy, under a token budget per step and the KV pool:
-//  1. Every running request with one token left (decoding) gets it, oldest
-//     first, so streams keep flowing whatever else happens.
-//  2. Running requests with more tokens left (prefilling, or resuming after
-//     preemption) get chunks of the remaining budget, oldest first: a long
-//     prompt is split over steps interleaved with the decode tokens.
+//  1. Every decoding request gets its round, oldest first, so streams keep
+//     flowing whatever else happens. Its first token is owed (older requests
+//     preempt newer ones for its block); its drafts are budgeted like
+//     prefill tokens and get only what the budget holds beyond one token per
+//     later decoder and what the free blocks hold: drafts never cause a
+//     preemption, and drafts that do not fit are dropped from the request.
+//  2. Prefilling requests get chunks of the remaining budget, oldest first:
+//     a long prompt is split over steps interleaved with the decode rounds.
 //  3. Waiting requests are admitted in arrival order while the budget, the
 //     running limit and the pool allow; admission matches the prefix cache
 //     first (matched tokens are not computed again) and requires blocks for
@@ -15,9 +25,17 @@
 //     (so they need not be preempted next step). The head
 //     of the queue blocks the rest (first come, first served). Nothing is
 //     admitted in a step that had to preempt.
+// Latency-aware planning: in a step with decode rounds, phases 2 and 3 (the
+// prefill share) get only the tokens that keep the step's predicted time
+// within a target (max_step_s, or max_step_factor x the predicted time of
+// the rounds alone), at least min_prefill_tokens so prompts always advance;
+// the prediction is the StepCostModel the engine feeds with measured steps.
+// With nothing decoding the whole budget goes to prefill and admission, so
+// idle capacity fills at once. Chunking never changes a request's tokens:
+// the attention form is chosen by position (BatchSeq::decode_from).
 // When a running request cannot get blocks, the newest running request is
-// preempted (its blocks go back to the pool, full ones into the prefix
-// cache; it returns to the front of the queue and resumes from what the
+// preempted (its drafts are dropped, its blocks go back to the pool, full
+// ones into the prefix cache; it returns to the front of the queue and resumes from what the
 // cache still holds). The oldest request always progresses: a request is
 // only accepted if it fits the pool alone, so nothing waits forever.
 //
@@ -29,6 +47,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "engine/step_cost_model.h"
 #include "kv/kv_manager.h"
 
 namespace rill {
@@ -36,12 +55,18 @@ namespace rill {
 struct SchedulerOptions {
   int32_t token_budget = 512;  // tokens per step (<= the model's max_batch_tokens)
   int32_t max_running = 64;    // sequences per step
+  // Latency-aware planning (see above); both 0: off, the prefill share is
+  // the whole budget left after the decode rounds.
+  double max_step_s = 0;            // > 0: the step time target in seconds
+  double max_step_factor = 0;       // else, > 0: the target as this x the rounds' predicted time
+  int32_t min_prefill_tokens = 16;  // the prefill share never drops below this
 };
 
 struct ScheduledChunk {
   Request* request = nullptr;
   int32_t n_tokens = 0;  // tokens [n_computed, n_computed + n_tokens) compute this step
-  bool samples = false;  // the chunk ends at the request's last token
+  int32_t n_draft = 0;   // of those, the trailing draft tokens the step verifies
+  bool samples = false;  // the chunk ends at the request's target (its last token)
 };
 
 struct StepPlan {
@@ -51,6 +76,9 @@ struct StepPlan {
   // them with the message.
   std::vector<std::pair<Request*, std::string>> failed;
   int32_t n_tokens = 0;
+  int32_t n_decode_tokens = 0;  // of n_tokens, the decode rounds' (phase 1)
+  double target_s = 0;          // the step time target latency-aware planning used; 0: none
+  int32_t prefill_cap = -1;     // the prefill share it allowed when below the budget left; -1: not capped
   bool empty() const { return chunks.empty(); }
 };
 
@@ -76,6 +104,10 @@ class Scheduler {
   const std::vector<Request*>& running() const { return running_; }
   int64_t n_preemptions() const { return n_preemptions_; }
   const SchedulerOptions& options() const { return options_; }
+  // What latency-aware planning predicts with; the engine observes each
+  // computed step (its n_tokens and wall time) here.
+  StepCostModel& cost_model() { return cost_; }
+  const StepCostModel& cost_model() const { return cost_; }
 
  private:
   // Tokens of `r` (up to `want`) whose blocks fit now, keeping `reserve`
@@ -86,13 +118,19 @@ class Scheduler {
   bool preempt_newest(const Request* than);
   void preempt(Request* r);
   void schedule_chunk(Request* r, int32_t n);
+  // Schedules decoding r's round: its owed token, then the drafts that fit.
+  void schedule_round(Request* r, size_t index);
   void insert_running(Request* r);  // keeps running_ in arrival order
-  int32_t n_decoding() const;
+  // Decoding requests in running_[from, end).
+  int32_t n_decoding(size_t from = 0) const;
+  // After phase 1: lowers budget_ to the prefill share the target allows.
+  void cap_prefill_share();
 
   KvManager& kv_;
   SchedulerOptions options_;
   std::deque<Request*> waiting_;   // arrival order; preempted requests go to the front
   std::vector<Request*> running_;  // arrival order, oldest first
+  StepCostModel cost_;
   StepPlan plan_;
   int32_t budget_ = 0;
   int64_t n_preemptions_ = 0;

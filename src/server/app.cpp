@@ -218,6 +218,12 @@ void App::stats(std::shared_ptr<Responder> res) {
       {"completion_tokens", s.completion_tokens},
       {"prefix_hit_rate", queried > 0 ? static_cast<double>(s.cached_tokens) / static_cast<double>(queried) : 0.0},
   };
+  // What latency-aware step planning decided (--max-step-ms).
+  engine["step_planning"] = {{"fixed_ms", s.step_fixed_ms},
+                             {"ms_per_token", s.step_ms_per_token},
+                             {"last_target_ms", s.step_target_ms},
+                             {"last_prefill_cap_tokens", s.prefill_cap_tokens},
+                             {"steps_prefill_capped", s.steps_prefill_capped}};
   nlohmann::json kv = {{"block_size", s.kv_block_size},
                        {"blocks_total", s.kv_blocks_total},
                        {"blocks_used", s.kv_blocks_used},

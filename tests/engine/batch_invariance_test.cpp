@@ -139,6 +139,37 @@ TrafficRun run_traffic(Engine& e, const std::vector<std::vector<int32_t>>& promp
   return out;
 }
 
+// Latency-aware planning sizes prefill chunks by measured step time, so the
+// chunking changes from run to run: a 1 ms target holds every prefill share
+// at its floor while streams decode, and each prompt's tokens are still
+// those it produces alone.
+TEST(DefaultModelStepPlanning, ATightStepTargetChunksPromptsWithoutChangingTokens) {
+  if (!std::filesystem::exists(kModel)) GTEST_SKIP() << kModel << " not found (run scripts/setup.sh)";
+  EngineOptions o;
+  o.n_threads = 2;
+  o.n_ctx = 512;
+  o.max_batch_tokens = 48;
+  o.max_running = 16;
+  o.kv_cache_mb = 64;
+  o.max_step_ms = 1;
+  auto loaded = Engine::load(kModel, o);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  Engine& e = **loaded;
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* p : kPrompts) prompts.push_back(e.tokenizer()->encode(p, true, false));
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const auto alone = test::generate_all(e, prompts, greedy, false, 1, 12);
+  const int64_t capped_before = e.stats().steps_prefill_capped;
+  const auto batched = test::generate_all(e, prompts, greedy, true, 2, 12);
+  EXPECT_GT(e.stats().steps_prefill_capped, capped_before) << "the target was meant to cut prefill shares";
+  EXPECT_GT(e.stats().step_ms_per_token, 0.0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(alone[i].size(), 12u);
+    EXPECT_EQ(batched[i], alone[i]) << "prompt " << i << ": " << kPrompts[i];
+  }
+}
+
 size_t first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   size_t i = 0;
   while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;

@@ -230,5 +230,276 @@ TEST(Scheduler, RandomizedRunsEndWithEveryBlockBack) {
   }
 }
 
+// Speculative decoding's shape: a decoding request carries k draft tokens
+// after its last sampled token, so its round is k + 1 tokens.
+void add_draft(Request* r, int32_t k) {
+  for (int32_t i = 0; i < k; ++i) r->tokens.push_back(2000 + i);
+  r->n_draft += k;
+}
+
+struct Chunk {
+  uint64_t id;
+  int32_t n_tokens, n_draft;
+  bool samples;
+  bool operator==(const Chunk&) const = default;
+};
+
+std::vector<Chunk> chunks_of(const StepPlan& plan) {
+  std::vector<Chunk> out;
+  for (const auto& c : plan.chunks) out.push_back({c.request->id, c.n_tokens, c.n_draft, c.samples});
+  return out;
+}
+
+TEST(Scheduler, DecodeRoundOfKPlusOneTokensIsScheduledWholeBesidePrefill) {
+  Rig rig(128, 4, {16, 8});
+  Request* a = rig.add(tokens(3, 100), 50);
+  Request* b = rig.add(tokens(3, 200), 50);
+  rig.step();
+  Request* big = rig.add(tokens(60, 300), 1);
+  add_draft(a, 3);
+  ASSERT_TRUE(a->decoding());
+  ASSERT_EQ(a->n_uncomputed(), 4);
+  EXPECT_EQ(a->n_output(), 1);  // drafts are not output
+  const StepPlan& plan = rig.sched.schedule();
+  // a's round (its token + 3 drafts) is budgeted like prefill tokens: big gets 16 - 4 - 1.
+  EXPECT_EQ(chunks_of(plan), (std::vector<Chunk>{{a->id, 4, 3, true}, {b->id, 1, 0, true}, {big->id, 11, 0, false}}));
+  EXPECT_EQ(plan.n_tokens, 16);
+  ASSERT_TRUE(rig.sched.step_computed().ok());
+  EXPECT_EQ(a->n_computed, a->n_target());  // the drafts' KV exists: verification reads it
+  EXPECT_TRUE(rig.kv.check_integrity().ok());
+  // The verifier accepts every draft and appends the bonus token: a decodes one token again.
+  a->n_draft = 0;
+  a->tokens.push_back(1999);
+  b->tokens.push_back(1998);
+  EXPECT_EQ(chunks_of(rig.sched.schedule()),
+            (std::vector<Chunk>{{a->id, 1, 0, true}, {b->id, 1, 0, true}, {big->id, 14, 0, false}}));
+}
+
+TEST(Scheduler, DraftsGetOnlyTheBudgetBeyondOneTokenPerLaterDecoder) {
+  Rig rig(128, 4, {6, 8});
+  Request* a = rig.add(tokens(2, 100), 50);
+  Request* b = rig.add(tokens(2, 200), 50);
+  Request* c = rig.add(tokens(2, 300), 50);
+  rig.step();
+  add_draft(a, 5);
+  add_draft(c, 5);
+  // a may take 6 - 2 (b's and c's owed tokens): its token and 3 drafts; c,
+  // last, gets what is left: its owed token, no draft.
+  EXPECT_EQ(chunks_of(rig.sched.schedule()),
+            (std::vector<Chunk>{{a->id, 4, 3, true}, {b->id, 1, 0, true}, {c->id, 1, 0, true}}));
+  // Drafts that were not scheduled are dropped from the request.
+  EXPECT_EQ(a->n_draft, 3);
+  EXPECT_EQ(a->n_target(), 2 + 1 + 3);
+  EXPECT_EQ(c->n_draft, 0);
+  EXPECT_EQ(c->n_target(), 2 + 1);
+  EXPECT_EQ(rig.sched.n_preemptions(), 0);
+}
+
+TEST(Scheduler, DraftsTakeOnlyFreeBlocksAndNeverPreempt) {
+  // 4 blocks of 4 tokens: a holds 2 (7-token prompt), b 1 (3-token prompt), 1 is free.
+  Rig rig(4, 4, {64, 8});
+  Request* a = rig.add(tokens(7, 100), 50);
+  Request* b = rig.add(tokens(3, 200), 50);
+  rig.step();
+  ASSERT_EQ(rig.kv.n_free_blocks(), 1);
+  add_draft(a, 6);  // positions 7..13: the free block holds 8..11
+  const StepPlan& plan = rig.sched.schedule();
+  EXPECT_EQ(chunks_of(plan), (std::vector<Chunk>{{a->id, 5, 4, true}, {b->id, 1, 0, true}}));
+  EXPECT_TRUE(plan.preempted.empty());
+  EXPECT_EQ(rig.sched.n_preemptions(), 0);
+}
+
+TEST(Scheduler, PrefillingRequestWithKPlusOneTokensLeftIsChunkedNotDecoded) {
+  Rig rig(64, 4, {8, 8});
+  Request* a = rig.add(tokens(2, 100), 50);
+  rig.step();
+  Request* r = rig.add(tokens(12, 300), 4);
+  EXPECT_EQ(rig.step(), (std::vector<std::pair<uint64_t, int32_t>>{{a->id, 1}, {r->id, 7}}));
+  // r has 5 prompt tokens left, a (decoding) its token and 4 drafts: both 5
+  // tokens of work; a's round comes first and whole, r takes the rest.
+  ASSERT_EQ(r->n_uncomputed(), 5);
+  EXPECT_FALSE(r->decoding());
+  add_draft(a, 4);
+  EXPECT_EQ(chunks_of(rig.sched.schedule()), (std::vector<Chunk>{{a->id, 5, 4, true}, {r->id, 3, 0, false}}));
+  ASSERT_TRUE(rig.sched.step_computed().ok());
+  a->n_draft = 0;  // all accepted, plus the bonus token
+  a->tokens.push_back(1999);
+  EXPECT_EQ(chunks_of(rig.sched.schedule()), (std::vector<Chunk>{{a->id, 1, 0, true}, {r->id, 2, 0, true}}));
+}
+
+TEST(Scheduler, PreemptionDropsTheDrafts) {
+  // 4 blocks of 4: a (8-token prompt) and b (7) hold 2 each; a's next token
+  // needs a block, so b, the newest, yields it and its drafts go.
+  Rig rig(4, 4, {64, 8});
+  Request* a = rig.add(tokens(8, 100), 50);
+  Request* b = rig.add(tokens(7, 200), 50);
+  rig.step();
+  ASSERT_EQ(rig.kv.n_free_blocks(), 0);
+  add_draft(b, 2);
+  const StepPlan& plan = rig.sched.schedule();
+  EXPECT_EQ(chunks_of(plan), (std::vector<Chunk>{{a->id, 1, 0, true}}));
+  ASSERT_EQ(plan.preempted, (std::vector<Request*>{b}));
+  EXPECT_EQ(b->state, RequestState::kPreempted);
+  EXPECT_EQ(b->n_draft, 0);
+  EXPECT_EQ(b->n_target(), 8);  // prompt + the one sampled token, recomputed on resume
+  EXPECT_EQ(b->n_computed, 0);
+}
+
+// Random traffic where decoders carry 0-6 drafts and the "verifier" accepts
+// them all: rounds are whole or trimmed, never split, the budget holds, the
+// pool is whole after every step and every request ends.
+TEST(Scheduler, RandomizedRunsWithDraftsKeepTheBudgetAndEveryBlock) {
+  for (uint32_t seed = 1; seed <= 5; ++seed) {
+    std::mt19937 rng(seed);
+    Rig rig(24, 4, {16, 6});
+    int added = 0, steps = 0;
+    while ((added < 200 || !rig.sched.running().empty() || !rig.sched.waiting().empty()) && steps < 20000) {
+      if (added < 200 && rng() % 3 == 0) {
+        rig.add(tokens(1 + static_cast<int32_t>(rng() % 30), static_cast<int32_t>(rng() % 50)),
+                1 + static_cast<int32_t>(rng() % 30));
+        ++added;
+      }
+      for (Request* r : rig.sched.running()) {
+        if (r->decoding() && r->n_draft == 0) add_draft(r, static_cast<int32_t>(rng() % 7));
+      }
+      const StepPlan& plan = rig.sched.schedule();
+      ASSERT_TRUE(plan.failed.empty());
+      ASSERT_LE(plan.n_tokens, 16);
+      const std::vector<ScheduledChunk> chunks = plan.chunks;
+      for (const auto& c : chunks) {
+        if (c.n_draft > 0) {
+          EXPECT_TRUE(c.samples) << "a round is never split";
+        }
+        EXPECT_EQ(c.n_draft, c.samples ? c.request->n_draft : 0);
+      }
+      ASSERT_TRUE(rig.sched.step_computed().ok());
+      for (const auto& c : chunks) {
+        if (!c.samples) continue;
+        c.request->n_draft = 0;  // accepted
+        c.request->tokens.push_back(1000 + c.request->n_output());
+        if (c.request->n_output() >= c.request->params.max_tokens) {
+          rig.sched.remove(c.request);
+          c.request->state = RequestState::kFinished;
+        }
+      }
+      Status st = rig.kv.check_integrity();
+      ASSERT_TRUE(st.ok()) << st.error().message;
+      ++steps;
+    }
+    for (const auto& r : rig.owned) EXPECT_TRUE(r->finished()) << "request " << r->id << " seed " << seed;
+    EXPECT_EQ(rig.pool.n_used(), 0);
+  }
+}
+
+// Latency-aware planning with the step cost injected: the cost model gets
+// steps that cost 10 ms + 1 ms per token.
+void teach_cost(Scheduler& s) {
+  for (int32_t n : {1, 10, 40, 5, 20, 64}) s.cost_model().observe(n, 0.010 + 0.001 * n);
+  ASSERT_TRUE(s.cost_model().ready());
+}
+
+SchedulerOptions latency_options(double max_step_s, double factor) {
+  SchedulerOptions o;
+  o.token_budget = 64;
+  o.max_running = 8;
+  o.max_step_s = max_step_s;
+  o.max_step_factor = factor;
+  o.min_prefill_tokens = 4;
+  return o;
+}
+
+TEST(Scheduler, PrefillShareIsSizedToTheStepTarget) {
+  Rig rig(256, 4, latency_options(0.030, 0));
+  Request* a = rig.add(tokens(2, 100), 50);
+  Request* b = rig.add(tokens(2, 200), 50);
+  rig.step();
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(60, 300), 1);
+  // 30 ms holds 20 tokens: 2 decode tokens, 18 of prefill.
+  const StepPlan& plan = rig.sched.schedule();
+  EXPECT_EQ(chunks_of(plan), (std::vector<Chunk>{{a->id, 1, 0, true}, {b->id, 1, 0, true}, {big->id, 18, 0, false}}));
+  EXPECT_EQ(plan.n_decode_tokens, 2);
+  EXPECT_DOUBLE_EQ(plan.target_s, 0.030);
+  EXPECT_EQ(plan.prefill_cap, 18);
+}
+
+TEST(Scheduler, TheDefaultTargetIsAMultipleOfTheDecodeRounds) {
+  Rig rig(256, 4, latency_options(0, 2.5));
+  std::vector<Request*> d;
+  for (int i = 0; i < 4; ++i) d.push_back(rig.add(tokens(2, 100 * i), 50));
+  rig.step();
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(60, 500), 1);
+  // 4 decode tokens predict 14 ms; 2.5 x 14 = 35 ms holds 25 tokens: 21 of prefill.
+  const StepPlan& plan = rig.sched.schedule();
+  ASSERT_EQ(plan.chunks.size(), 5u);
+  EXPECT_EQ(plan.chunks[4].request, big);
+  EXPECT_EQ(plan.chunks[4].n_tokens, 21);
+  EXPECT_NEAR(plan.target_s, 0.035, 1e-9);
+  EXPECT_EQ(plan.prefill_cap, 21);
+}
+
+TEST(Scheduler, WithNothingDecodingPrefillTakesTheWholeBudget) {
+  Rig rig(256, 4, latency_options(0.030, 0));
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(100, 0), 1);
+  Request* next = rig.add(tokens(30, 200), 1);
+  const StepPlan& plan = rig.sched.schedule();
+  // Admission fills the idle step at once: no decode round to protect.
+  EXPECT_EQ(chunks_of(plan), (std::vector<Chunk>{{big->id, 64, 0, false}}));
+  EXPECT_EQ(plan.prefill_cap, -1);
+  EXPECT_EQ(plan.target_s, 0.0);
+  (void)next;
+}
+
+TEST(Scheduler, ThePrefillShareNeverDropsBelowItsFloor) {
+  Rig rig(256, 4, latency_options(0.005, 0));  // below the 10 ms fixed cost
+  Request* a = rig.add(tokens(2, 100), 50);
+  rig.step();
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(60, 300), 1);
+  EXPECT_EQ(chunks_of(rig.sched.schedule()), (std::vector<Chunk>{{a->id, 1, 0, true}, {big->id, 4, 0, false}}));
+}
+
+TEST(Scheduler, NoCapUntilTheCostModelHasSeenSteps) {
+  Rig rig(256, 4, latency_options(0.030, 0));
+  Request* a = rig.add(tokens(2, 100), 50);
+  rig.step();
+  Request* big = rig.add(tokens(100, 300), 1);
+  EXPECT_FALSE(rig.sched.cost_model().ready());
+  const StepPlan& plan = rig.sched.schedule();
+  EXPECT_EQ(chunks_of(plan), (std::vector<Chunk>{{a->id, 1, 0, true}, {big->id, 63, 0, false}}));
+  EXPECT_EQ(plan.prefill_cap, -1);
+}
+
+TEST(Scheduler, OffMeansTheWholeBudget) {
+  Rig rig(256, 4, latency_options(0, 0));
+  Request* a = rig.add(tokens(2, 100), 50);
+  rig.step();
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(100, 300), 1);
+  EXPECT_EQ(chunks_of(rig.sched.schedule()), (std::vector<Chunk>{{a->id, 1, 0, true}, {big->id, 63, 0, false}}));
+}
+
+TEST(Scheduler, ALongPromptAdvancesOverSeveralStepsWhileStreamsDecode) {
+  Rig rig(256, 4, latency_options(0.030, 0));
+  Request* a = rig.add(tokens(2, 100), 50);
+  Request* b = rig.add(tokens(2, 200), 50);
+  rig.step();
+  teach_cost(rig.sched);
+  Request* big = rig.add(tokens(60, 300), 2);
+  // Every step: both streams decode, big takes 18 tokens (60 = 18 + 18 + 18 + 6).
+  const std::vector<int32_t> want = {18, 18, 18, 6};
+  for (int32_t n : want) {
+    auto plan = rig.step();
+    ASSERT_EQ(plan.size(), 3u);
+    EXPECT_EQ(plan[0], (std::pair<uint64_t, int32_t>{a->id, 1}));
+    EXPECT_EQ(plan[1], (std::pair<uint64_t, int32_t>{b->id, 1}));
+    EXPECT_EQ(plan[2], (std::pair<uint64_t, int32_t>{big->id, n}));
+  }
+  EXPECT_EQ(big->n_output(), 1);     // the last chunk sampled
+  EXPECT_EQ(big->prefill_steps, 0);  // (counted by the engine, not the scheduler)
+}
+
 }  // namespace
 }  // namespace rill
