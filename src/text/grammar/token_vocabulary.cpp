@@ -20,13 +20,15 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::from_tokenizer(const Tok
 TokenVocabulary::TokenVocabulary(std::vector<std::string> pieces, const std::vector<bool>& excluded,
                                  std::vector<int32_t> eos_ids)
     : pieces_(std::move(pieces)), in_trie_(pieces_.size()), eos_ids_(std::move(eos_ids)) {
+  std::erase_if(eos_ids_, [&](int32_t id) { return id < 0 || id >= n_vocab(); });
   for (size_t id = 0; id < pieces_.size(); ++id) {
-    in_trie_[id] = !(id < excluded.size() && excluded[id]) && !pieces_[id].empty();
+    // An end-of-generation token ends the text even where it is not special
+    // (Qwen3's "</s>"), so it is never taken for its bytes.
+    in_trie_[id] = !(id < excluded.size() && excluded[id]) && !pieces_[id].empty() && !is_eos(static_cast<int32_t>(id));
     if (in_trie_[id]) sorted_.push_back(static_cast<int32_t>(id));
   }
   std::sort(sorted_.begin(), sorted_.end(),
             [&](int32_t a, int32_t b) { return pieces_[a] != pieces_[b] ? pieces_[a] < pieces_[b] : a < b; });
-  std::erase_if(eos_ids_, [&](int32_t id) { return id < 0 || id >= n_vocab(); });
   nodes_.resize(1);
   build(0, 0, static_cast<uint32_t>(sorted_.size()), 0);
 }

@@ -4,7 +4,8 @@
 //
 // Each token is Tokenizer::token_to_piece (byte-level BPE: the bytes of its
 // Ġ-encoded text; SentencePiece: ▁ as a space, <0xXX> as its byte).
-// Special tokens and tokens with no bytes are left out of the trie: a
+// Special tokens, end-of-generation tokens and tokens with no bytes are left
+// out of the trie: a
 // grammar over bytes never allows them. The end-of-generation tokens (EOS
 // and the end-of-turn tokens) are listed apart; a mask allows them exactly
 // where the grammar may end.
