@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "text/grammar/gbnf_parser.h"
 #include "text/grammar/grammar_ast.h"
 #include "text/unicode.h"
 
@@ -204,11 +205,28 @@ class RegexParser {
         return "";
       }
       q = std::string(re_.substr(pos_, close - pos_ + 1));
-      for (char d : q.substr(1, q.size() - 2)) {
-        if (!std::isdigit(static_cast<unsigned char>(d)) && d != ',') {
-          fail("malformed quantifier " + q);
-          return "";
-        }
+      const std::string inner = q.substr(1, q.size() - 2);
+      const size_t comma = inner.find(',');
+      const std::string lo_text = inner.substr(0, comma);
+      const std::string hi_text = comma == std::string::npos ? lo_text : inner.substr(comma + 1);
+      auto number = [](const std::string& t, uint64_t& v) {
+        if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos) return false;
+        v = std::stoull(t);
+        return true;
+      };
+      uint64_t lo = 0, hi = 0;
+      const bool open_ended = comma != std::string::npos && hi_text.empty();
+      if (!number(lo_text, lo) || (!open_ended && !number(hi_text, hi))) {
+        fail("malformed quantifier " + q);
+        return "";
+      }
+      if (lo > kMaxRepeat || (!open_ended && hi > kMaxRepeat)) {
+        fail("quantifier " + q + " above " + std::to_string(kMaxRepeat));
+        return "";
+      }
+      if (!open_ended && hi < lo) {
+        fail("quantifier " + q + " with min > max");
+        return "";
       }
       pos_ = close + 1;
     } else {
