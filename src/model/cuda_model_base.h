@@ -34,7 +34,7 @@
 #if RILL_HAVE_CUDA
 #include <initializer_list>
 
-#include "backend/backend.h"  // WeightView
+#include "backend/cpu/host_ops.h"  // WeightView
 #include "backend/cpu/rope_table.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/gemm.h"

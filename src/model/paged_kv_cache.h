@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <span>
 
-#include "backend/backend.h"
+#include "backend/cpu/host_ops.h"
 #include "core/dtype.h"
 #include "core/lazy_buffer.h"
 #include "core/result.h"

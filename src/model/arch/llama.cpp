@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/cpu/host_ops.h"
 #include "backend/cpu/rope_table.h"
 #include "core/thread_pool.h"
 #include "model/arch/families.h"
@@ -46,7 +46,7 @@ struct Activations {
 // What one forward pass runs on: a backend and its activations. The model
 // has one for whole batches and, on several threads, one per decode lane.
 struct Exec {
-  Backend* backend;
+  cpu::HostOps* backend;
   Activations* a;
   std::vector<cpu::AttentionSeq>* attn_seqs;
 };
@@ -55,7 +55,7 @@ struct Exec {
 // activations, that runs a share of a decode step's sequences (see
 // forward()).
 struct DecodeLane {
-  std::unique_ptr<Backend> backend;
+  std::unique_ptr<cpu::HostOps> backend;
   Activations a;
   std::vector<cpu::AttentionSeq> attn_seqs;
   Batch sub;             // this lane's sequences of the step
@@ -227,7 +227,7 @@ Status LlamaModel::init(const ModelOptions& options) {
     for (int l = 0; l < kLanes; ++l) {
       DecodeLane& lane = lanes_[static_cast<size_t>(l)];
       lane.thread_share = n_threads * l / kLanes;
-      lane.backend = make_cpu_backend(n_threads * (l + 1) / kLanes - lane.thread_share);
+      lane.backend = cpu::make_host_ops(n_threads * (l + 1) / kLanes - lane.thread_share);
       lane.backend->reserve(weights.data(), static_cast<int>(weights.size()), lane_tokens);
       size_activations(lane.a, lane_tokens);
       lane.attn_seqs.reserve(static_cast<size_t>(lane_tokens));
@@ -253,7 +253,7 @@ void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
 void LlamaModel::attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const Batch& batch) {
   const int64_t n = batch.n_tokens();
   Activations& a = *e.a;
-  Backend& backend = *e.backend;
+  cpu::HostOps& backend = *e.backend;
   std::vector<cpu::AttentionSeq>& seqs = *e.attn_seqs;
   const Linear* qkv[] = {&L.q, &L.k, &L.v};
   float* qkv_out[] = {a.q.data(), a.k.data(), a.v.data()};
@@ -287,7 +287,7 @@ Status LlamaModel::bind_moe(LlamaLayer& L, const std::string& p) {
 
 void LlamaModel::mlp_block(const Exec& e, const LlamaLayer& L, int64_t n) {
   Activations& a = *e.a;
-  Backend& backend = *e.backend;
+  cpu::HostOps& backend = *e.backend;
   if (L.moe) {
     L.moe->forward(a.h.data(), n, a.moe_out.data(), a.moe, backend);
     backend.add_inplace(a.x.data(), a.moe_out.data(), n * cfg_.n_embd);
@@ -415,7 +415,7 @@ Status LlamaModel::run(const Exec& e, const Batch& batch, float* logits) {
   const int64_t n = batch.n_tokens();
   const int64_t E = cfg_.n_embd;
   Activations& a = *e.a;
-  Backend& backend = *e.backend;
+  cpu::HostOps& backend = *e.backend;
   backend.get_rows(embed_, batch.token_ids.data(), n, a.x.data());
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     const LlamaLayer& L = layers_[static_cast<size_t>(il)];

@@ -1,8 +1,10 @@
 #pragma once
-// Backend: the ops a model's forward pass is made of. A model holds one
-// Backend and calls it once per op per layer per step (never per token),
-// over buffers the backend can address (host memory for the CPU). The CPU
-// backend is the reference; every other backend is held to it op by op.
+// cpu::HostOps: the CPU-shaped op vocabulary the CPU model families are
+// written against today (host float pointers, cpu:: types). It is the
+// interface backend/backend.h's device-neutral Backend replaces: families
+// move to Backend one by one (issue 16), and this header goes away with the
+// last of them. A model holds one HostOps and calls it once per op per layer
+// per step (never per token), over host memory.
 //
 // Contracts shared by every backend:
 //  - no allocation inside the step: reserve() sizes scratch while planning;
@@ -22,9 +24,11 @@ using RopeTable = cpu::RopeTable;    // built once per model (backend/cpu/rope_t
 using AttentionParams = cpu::AttentionParams;
 using PagedKv = cpu::PagedKv;  // one layer's K/V blocks + a sequence's block table
 
-class Backend {
+namespace cpu {
+
+class HostOps {
  public:
-  virtual ~Backend() = default;
+  virtual ~HostOps() = default;
   virtual const char* name() const = 0;
 
   // Makes room for batches of up to max_tokens rows against weights of
@@ -72,7 +76,9 @@ class Backend {
   }
 };
 
-// The CPU backend: n_threads <= 0 means one thread per core.
-std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+// The CPU's HostOps: n_threads <= 0 means one thread per core.
+std::unique_ptr<HostOps> make_host_ops(int n_threads);
+
+}  // namespace cpu
 
 }  // namespace rill

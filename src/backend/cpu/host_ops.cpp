@@ -1,17 +1,17 @@
-// The CPU implementation of Backend: a thread pool, grow-only scratch, and
+// The implementation of cpu::HostOps: a thread pool, grow-only scratch, and
 // the kernels of backend/cpu (scalar reference, AVX2, AVX-512 chosen at run time).
 #include <algorithm>
 
-#include "backend/backend.h"
 #include "backend/cpu/attention_f16.h"
+#include "backend/cpu/host_ops.h"
 #include "backend/cpu/quants.h"
 
-namespace rill {
+namespace rill::cpu {
 namespace {
 
-class CpuBackend final : public Backend {
+class CpuHostOps final : public HostOps {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  explicit CpuHostOps(int n_threads) : pool_(n_threads) {}
 
   const char* name() const override { return "cpu"; }
 
@@ -101,8 +101,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
-  return std::make_unique<CpuBackend>(n_threads);
+std::unique_ptr<HostOps> make_host_ops(int n_threads) {
+  return std::make_unique<CpuHostOps>(n_threads);
 }
 
-}  // namespace rill
+}  // namespace rill::cpu
