@@ -20,7 +20,6 @@
 namespace rill {
 
 using WeightView = cpu::WeightView;  // a [n_rows, n_cols] weight in any supported dtype
-using RopeTable = cpu::RopeTable;    // built once per model (backend/cpu/rope_table.h)
 using AttentionParams = cpu::AttentionParams;
 using PagedKv = cpu::PagedKv;  // one layer's K/V blocks + a sequence's block table
 
