@@ -162,8 +162,10 @@ enum class Glu { kSilu, kGeluTanh };
 // (strided rows allowed): q heads, then k heads, then v heads. Per token:
 // q and k heads RMS-normed over head_dim when q_norm / k_norm are set
 // (weights norm_offset + w), then rotated by `rope` at the token's
-// position (in place), then K and V stored at the token's slot of
-// kv_group in `kv` (converted to kv.dtype).
+// position, then K and V stored at the token's slot of kv_group in `kv`
+// (converted to kv.dtype). q is rotated in place; the k and v columns of
+// qkv are unspecified afterwards (the CPU rotates k in place, CUDA only
+// stores it), so later ops read K and V from the cache.
 struct RopeKvOp {
   Tensor qkv;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
@@ -269,11 +271,13 @@ class Backend {
   // allowed. eps is added to the mean square (ggml). out may alias x (F32,
   // no row_ids).
   virtual void rms_norm(Tensor x, const int32_t* row_ids, Vec w, float eps, float w_offset, Tensor out) = 0;
-  // y[t, r] (+)= sum_c W[r, c] x[t, c]: x [n, w.cols] in act_dtype(), y [n,
-  // w.rows] F32; accumulate adds into y (o/down into the residual stream).
-  // A quantized W pairs with x as llama.cpp does on the CPU (x quantized to
-  // the partner type), so GGUF models give llama.cpp's logits.
-  virtual Status matmul(const Weight& w, Tensor x, Tensor y, bool accumulate) = 0;
+  // y[t, r] (+)= sum_c W[r, c] x[t, c] (+ bias[r]): x [n, w.cols] in
+  // act_dtype(), y [n, w.rows] F32; accumulate adds into y (o/down into the
+  // residual stream). With a bias the CPU adds it to the product before the
+  // product goes into y (a Linear's rounding), CUDA after. A quantized W
+  // pairs with x as llama.cpp does on the CPU (x quantized to the partner
+  // type), so GGUF models give llama.cpp's logits.
+  virtual Status matmul(const Weight& w, Tensor x, Tensor y, bool accumulate, Vec bias = {}) = 0;
   // y[r, :] += b over y [rows, b.n] F32.
   virtual void add_bias(Tensor y, Vec b) = 0;
   virtual void rope_store_kv(const RopeKvOp& op, const StepMetadata& step) = 0;

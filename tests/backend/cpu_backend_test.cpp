@@ -74,6 +74,16 @@ TEST(CpuBackend, FusedMatmulEqualsSeparateMatmulsAndAccumulateEqualsAdd) {
                           Tensor::dense(acc.data(), DType::kF32, n, 64), true)
                     .ok());
     EXPECT_EQ(acc, want) << dtype_name(t);
+    // with a bias: "h = W x; h += b; x += h", a Linear's rounding
+    const auto bias = random_floats(64, 5);
+    auto bv = b->place_vector(bias.data(), 64, "bias");
+    ASSERT_TRUE(bv.ok());
+    for (int64_t r = 0; r < n; ++r) cpu::add_inplace(h.data() + r * 64, bias.data(), 64);
+    cpu::add_inplace(want.data(), h.data(), n * 64);
+    ASSERT_TRUE(b->matmul(*w1, Tensor::dense(x.data(), DType::kF32, n, cols),
+                          Tensor::dense(acc.data(), DType::kF32, n, 64), true, *bv)
+                    .ok());
+    EXPECT_EQ(acc, want) << dtype_name(t) << " with bias";
   }
 }
 

@@ -3,8 +3,8 @@
 // so a family ported to Backend keeps llama.cpp's bits and its batch
 // invariance:
 //  - matmul: cpu::matmul / cpu::matmul_group (x quantized once for a fused
-//    weight whose parts share an activation type), accumulate as a matmul
-//    into scratch then add_inplace (the families' "h = W x; x += h");
+//    weight whose parts share an activation type); bias and accumulate as
+//    the families' Linear: "h = W x; h += b; x += h" (h scratch);
 //  - rms_norm: cpu::rms_norm (per row when gathering or strided; a row's
 //    bits do not depend on its neighbours);
 //  - rope_store_kv: per token, cpu::rms_norm over the heads, cpu::rope, then
@@ -145,7 +145,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  Status matmul(const Weight& w, Tensor x, Tensor y, bool accumulate) override {
+  Status matmul(const Weight& w, Tensor x, Tensor y, bool accumulate, Vec bias) override {
     assert(x.dtype == DType::kF32 && x.is_dense() && x.cols == w.cols);
     assert(y.dtype == DType::kF32 && y.cols == w.rows && y.rows == x.rows);
     const int64_t n = x.rows;
@@ -172,6 +172,10 @@ class CpuBackend final : public Backend {
       } else {
         for (int i = 0; i < cw.n_parts; ++i) cpu::matmul(*ws[i], x.f32(), n, ys[i], pool_, scratch_, stride);
       }
+    }
+    if (bias) {
+      assert(bias.n == w.rows);
+      for (int64_t t = 0; t < n; ++t) cpu::add_inplace(dst + t * stride, bias.data, w.rows);
     }
     if (accumulate) {
       if (y.is_dense()) {
@@ -260,7 +264,7 @@ class CpuBackend final : public Backend {
       return;
     }
     for (const cpu::AttentionSeq& a : seqs_) {
-      cpu::attention(a.q, a.q_pos, a.n_q, a.kv, a.n_kv, p, a.out, pool_, a.q_stride, a.out_stride);
+      cpu::attention_strided(a.q, a.q_pos, a.n_q, a.kv, a.n_kv, p, a.out, pool_, a.q_stride, a.out_stride);
     }
   }
 

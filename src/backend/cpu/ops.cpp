@@ -86,7 +86,12 @@ void add_inplace(float* y, const float* x, int64_t n) {
 }
 
 void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
-               const AttentionParams& p, float* out, ThreadPool& pool, int64_t q_stride, int64_t out_stride) {
+               const AttentionParams& p, float* out, ThreadPool& pool) {
+  attention_strided(q, q_pos, n_q, kv, n_kv, p, out, pool, 0, 0);
+}
+
+void attention_strided(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
+                       const AttentionParams& p, float* out, ThreadPool& pool, int64_t q_stride, int64_t out_stride) {
   assert(p.n_head % p.n_head_kv == 0);
   const int64_t qs = q_stride > 0 ? q_stride : p.n_head * p.head_dim;
   const int64_t os = out_stride > 0 ? out_stride : p.n_head * p.head_dim;

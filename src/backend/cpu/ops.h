@@ -108,10 +108,12 @@ struct AttentionParams {
   float softcap = 0.0f;
   DType kv_dtype = DType::kF32;
 };
-// q_stride / out_stride: floats from one query's row to the next (0:
-// n_head * head_dim), so q may be a view of a fused qkv buffer.
 void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
-               const AttentionParams& p, float* out, ThreadPool& pool, int64_t q_stride = 0, int64_t out_stride = 0);
+               const AttentionParams& p, float* out, ThreadPool& pool);
+// The same with q_stride / out_stride floats from one query's row to the
+// next (0: n_head * head_dim), so q may be a view of a fused qkv buffer.
+void attention_strided(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
+                       const AttentionParams& p, float* out, ThreadPool& pool, int64_t q_stride, int64_t out_stride);
 
 // One sequence's share of a batched attention call (arguments as above).
 // decode_from: as BatchSeq::decode_from, queries at positions >= it take the

@@ -177,16 +177,19 @@ class CudaBackend final : public Backend {
     cuda::rms_norm(x.f32(), x.stride, row_ids, w.data, out.rows, x.cols, eps, w_offset, out.dtype, out.data, stream());
   }
 
-  Status matmul(const Weight& w, Tensor x, Tensor y, bool accumulate) override {
+  Status matmul(const Weight& w, Tensor x, Tensor y, bool accumulate, Vec bias) override {
     assert(x.dtype == act_ && x.is_dense() && x.cols == w.cols);
     assert(y.dtype == DType::kF32 && y.is_dense() && y.cols == w.rows && y.rows == x.rows);
     if (x.rows <= 0) return Status::Ok();
     const cuda::DeviceWeight& d = record(w).w;
     if (cuda::quant_supported(d.dtype)) {
-      return cuda::quant_matmul(*gemm_, qscratch_, d.dtype, d.data, act_, x.data, x.rows, w.rows, w.cols, y.f32(),
-                                accumulate, stream());
+      RILL_TRY(cuda::quant_matmul(*gemm_, qscratch_, d.dtype, d.data, act_, x.data, x.rows, w.rows, w.cols, y.f32(),
+                                  accumulate, stream()));
+    } else {
+      RILL_TRY(gemm_->matmul(act_, d.data, x.data, x.rows, w.rows, w.cols, y.f32(), accumulate));
     }
-    return gemm_->matmul(act_, d.data, x.data, x.rows, w.rows, w.cols, y.f32(), accumulate);
+    if (bias) cuda::add_bias(y.f32(), bias.data, y.rows, y.cols, stream());
+    return Status::Ok();
   }
 
   void add_bias(Tensor y, Vec b) override {
