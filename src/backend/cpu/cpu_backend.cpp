@@ -20,10 +20,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <vector>
 
-#include "backend/backend.h"
 #include "backend/cpu/attention_f16.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quants.h"
 #include "core/half.h"
@@ -50,9 +51,22 @@ void free_host(void* p) {
   std::free(p);
 }
 
+// What a CPU Backend placed, shared with its decode lanes (make_cpu_lane).
+// Deques: records stay put as more are placed.
+struct Placements {
+  std::deque<CpuWeight> weights;
+  std::deque<std::vector<float>> vectors;
+  std::deque<RopeTable> ropes;
+};
+
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  // On a pool of its own (n_threads), or on `shared` (not owned).
+  CpuBackend(int n_threads, ThreadPool* shared, std::shared_ptr<Placements> placed)
+      : own_pool_(shared ? nullptr : std::make_unique<ThreadPool>(n_threads)),
+        pool_(shared ? *shared : *own_pool_),
+        placed_(placed ? std::move(placed) : std::make_shared<Placements>()) {}
+  const std::shared_ptr<Placements>& placements() const { return placed_; }
 
   const char* name() const override { return "cpu"; }
   DType act_dtype() const override { return DType::kF32; }
@@ -81,25 +95,25 @@ class CpuBackend final : public Backend {
     for (int i = 1; i < n_parts; ++i) {
       w.shared_x = w.shared_x && cpu::vec_dot_partner(w.parts[i].dtype) == cpu::vec_dot_partner(w.parts[0].dtype);
     }
-    weights_.push_back(w);
-    return Weight{rows, parts[0].cols, &weights_.back()};
+    placed_->weights.push_back(w);
+    return Weight{rows, parts[0].cols, &placed_->weights.back()};
   }
 
   Result<Vec> place_vector(const float* host, int64_t n, const std::string& what) override {
     if (n <= 0) return Error{what + ": an empty vector"};
-    vectors_.emplace_back(host, host + n);
-    return Vec{vectors_.back().data(), n};
+    placed_->vectors.emplace_back(host, host + n);
+    return Vec{placed_->vectors.back().data(), n};
   }
 
   Result<Rope> place_rope(const RopeTable& table) override {
-    ropes_.push_back(table);
-    return Rope{table.rot_dim, &ropes_.back()};
+    placed_->ropes.push_back(table);
+    return Rope{table.rot_dim, &placed_->ropes.back()};
   }
 
   Status reserve(const StepLimits& limits) override {
     size_t scratch = 0;
     int64_t max_rows = 0;
-    for (const CpuWeight& w : weights_) {
+    for (const CpuWeight& w : placed_->weights) {
       int64_t rows = 0;
       for (int i = 0; i < w.n_parts; ++i) {
         const cpu::WeightView& p = w.parts[i];
@@ -305,11 +319,10 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  ThreadPool pool_;
+  std::unique_ptr<ThreadPool> own_pool_;
+  ThreadPool& pool_;
+  std::shared_ptr<Placements> placed_;
   cpu::Scratch scratch_;
-  std::deque<CpuWeight> weights_;  // deques: records stay put as more are placed
-  std::deque<std::vector<float>> vectors_;
-  std::deque<RopeTable> ropes_;
   std::vector<float> acc_;  // matmul(accumulate): [max_tokens, widest weight]
   std::vector<cpu::AttentionSeq> seqs_;
 };
@@ -317,7 +330,17 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
-  return std::make_unique<CpuBackend>(n_threads);
+  return std::make_unique<CpuBackend>(n_threads, nullptr, nullptr);
+}
+
+std::unique_ptr<Backend> make_cpu_backend_on(ThreadPool& pool) {
+  return std::make_unique<CpuBackend>(0, &pool, nullptr);
+}
+
+std::unique_ptr<Backend> make_cpu_lane(const Backend& parent, int n_threads) {
+  const auto* p = dynamic_cast<const CpuBackend*>(&parent);
+  assert(p && "make_cpu_lane: the parent is not a CPU Backend");
+  return std::make_unique<CpuBackend>(n_threads, nullptr, p->placements());
 }
 
 }  // namespace rill

@@ -14,6 +14,7 @@ class CpuHostOps final : public HostOps {
   explicit CpuHostOps(int n_threads) : pool_(n_threads) {}
 
   const char* name() const override { return "cpu"; }
+  ThreadPool* pool() override { return &pool_; }
 
   void reserve(const WeightView* const* ws, int n_weights, int64_t max_tokens) override {
     size_t bytes = 0;

@@ -29,6 +29,9 @@ class HostOps {
  public:
   virtual ~HostOps() = default;
   virtual const char* name() const = 0;
+  // The threads the ops run on, for a Backend that shares them
+  // (backend/cpu/cpu_backend.h); null for test doubles.
+  virtual ThreadPool* pool() { return nullptr; }
 
   // Makes room for batches of up to max_tokens rows against weights of
   // these dtypes and widths. May allocate; call while planning.

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/host_ops.h"
 #include "backend/cpu/rope_table.h"
 #include "core/thread_pool.h"
@@ -27,37 +29,44 @@
 namespace rill {
 namespace {
 
+// One layer as the Backend placed it: q/k/v as one weight (rows q, k, v) and
+// gate/up as one (rows gate, up), as the CUDA graph holds them.
 struct LlamaLayer {
-  std::vector<float> attn_norm;       // [n_embd]
-  Linear q, k, v, o;                  // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
-  std::vector<float> q_norm, k_norm;  // [head_dim], qwen3 only
-  std::vector<float> ffn_norm;        // [n_embd]
-  Linear gate, up, down;              // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]; dense layers
-  std::optional<MoeFfn> moe;          // MoE layers, instead of gate/up/down
+  Vec attn_norm;              // [n_embd]
+  Weight wqkv;                // [q + 2 kv, n_embd]
+  Vec bqkv;                   // [q + 2 kv] (zeros for a part without one) or absent (qwen2 has them)
+  Vec q_norm, k_norm;         // [head_dim], qwen3 only
+  Weight wo;                  // [n_embd, q]
+  Vec bo;                     // [n_embd] or absent
+  Vec ffn_norm;               // [n_embd]
+  Weight w_gate_up;           // [2 n_ff, n_embd]; dense layers
+  Weight w_down;              // [n_embd, n_ff]
+  std::optional<MoeFfn> moe;  // MoE layers, instead of gate/up/down (cpu::HostOps until MoE is a Backend op)
 };
 
-// Activations for up to max_tokens tokens, allocated once.
+// Activations for up to max_tokens tokens, allocated once. CPU activations
+// are f32 (the Backend's act dtype), so h feeds every matmul.
 struct Activations {
-  std::vector<float> x, h, q, k, v, attn, gate, up, final_rows;
+  std::vector<float> x, h, qkv, attn, gu, mlp, final_rows;
   std::vector<float> moe_out;  // [max_tokens, n_embd] when some layer is MoE
   MoeScratch moe;
+  // The step's metadata (StepMetadata points here and into the Batch).
+  std::vector<int32_t> q_start, q_len, kv_len, decode_from, table_start, slots;
 };
 
 // What one forward pass runs on: a backend and its activations. The model
 // has one for whole batches and, on several threads, one per decode lane.
 struct Exec {
-  cpu::HostOps* backend;
+  Backend* backend;
   Activations* a;
-  std::vector<cpu::AttentionSeq>* attn_seqs;
 };
 
 // A decode lane: a backend on its share of the threads, with its own
 // activations, that runs a share of a decode step's sequences (see
 // forward()).
 struct DecodeLane {
-  std::unique_ptr<cpu::HostOps> backend;
+  std::unique_ptr<Backend> backend;
   Activations a;
-  std::vector<cpu::AttentionSeq> attn_seqs;
   Batch sub;             // this lane's sequences of the step
   int32_t first = 0;     // its first sequence (= token and logits row) in the step
   int thread_share = 0;  // threads before this lane's; its sequences are in that proportion
@@ -78,8 +87,9 @@ class LlamaModel final : public CpuPagedModel {
 
  private:
   Status run(const Exec& e, const Batch& batch, float* logits);
-  void attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const Batch& batch);
-  void mlp_block(const Exec& e, const LlamaLayer& L, int64_t n);
+  StepMetadata step_metadata(const Batch& batch, Activations& a) const;
+  Status attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const StepMetadata& md);
+  Status mlp_block(const Exec& e, const LlamaLayer& L, int64_t n);
   void size_activations(Activations& a, int64_t max_tokens) const;
   // Whether forward() runs `batch` as one sub-batch per lane.
   bool split_into_lanes(const Batch& batch) const;
@@ -88,19 +98,20 @@ class LlamaModel final : public CpuPagedModel {
   Status bind_moe(LlamaLayer& L, const std::string& p);
   Status check_batch(const Batch& batch) const;
 
-  int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
-  WeightView embed_;    // [n_vocab, n_embd]
-  WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
-  std::vector<float> final_norm_;
+  int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
+  std::unique_ptr<Backend> device_;  // on backend_'s threads (the MoE layers' cpu::HostOps)
+  Weight embed_;                     // [n_vocab, n_embd]
+  Weight lm_head_;                   // [n_vocab, n_embd]; the embedding when tied
+  Vec final_norm_;
   std::vector<LlamaLayer> layers_;
-  RopeTable rope_;
-  AttentionParams attn_params_;
+  Rope rope_;
+  float attn_scale_ = 1.0f;
+  int32_t window_ = 0;
   Activations a_;
-  std::vector<cpu::AttentionSeq> attn_seqs_;  // per step; capacity reserved at init
-  int n_threads_ = 1;                         // the backend's threads, shared out among the lanes
-  int64_t lane_tokens_ = 0;                   // the most sequences a lane takes
-  std::unique_ptr<ThreadPool> lane_pool_;     // one thread per lane; null without lanes
-  std::vector<DecodeLane> lanes_;             // empty: no lanes (one thread, or MoE)
+  int n_threads_ = 1;                      // the backend's threads, shared out among the lanes
+  int64_t lane_tokens_ = 0;                // the most sequences a lane takes
+  std::unique_ptr<ThreadPool> lane_pool_;  // one thread per lane; null without lanes
+  std::vector<DecodeLane> lanes_;          // empty: no lanes (one thread, or MoE)
 };
 
 // Decode steps of at least kLaneMinSeqs sequences per lane, at most
@@ -113,6 +124,10 @@ class LlamaModel final : public CpuPagedModel {
 // SmolLM2-135M Q4_1 on 2 cores (docs/perf.md).
 constexpr int kLanes = 2;
 constexpr int32_t kLaneMinSeqs = 4, kLaneMaxSeqs = 64;
+
+HostMatrix host_matrix(const WeightView& w) {
+  return {w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride};
+}
 
 Status LlamaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
@@ -131,39 +146,72 @@ Status LlamaModel::init(const ModelOptions& options) {
   }
   q_width_ = cfg_.n_head * hd_;
   kv_width_ = cfg_.n_head_kv * hd_;
+  qkv_width_ = q_width_ + 2 * kv_width_;
+  device_ = make_cpu_backend_on(*backend_->pool());
+  Backend& dev = *device_;
 
-  RILL_ASSIGN_OR_RETURN(embed_, bind_matrix(f, "model.embed_tokens.weight", V, E));
+  RILL_ASSIGN_OR_RETURN(const WeightView embed, bind_matrix(f, "model.embed_tokens.weight", V, E));
+  const HostMatrix embed_m = host_matrix(embed);
+  RILL_ASSIGN_OR_RETURN(embed_, dev.place(&embed_m, 1, "model.embed_tokens.weight"));
+  lm_head_ = embed_;
   if (f.find("lm_head.weight")) {
-    RILL_ASSIGN_OR_RETURN(lm_head_, bind_matrix(f, "lm_head.weight", V, E));
-  } else {
-    lm_head_ = embed_;
+    RILL_ASSIGN_OR_RETURN(const WeightView head, bind_matrix(f, "lm_head.weight", V, E));
+    const HostMatrix m = host_matrix(head);
+    RILL_ASSIGN_OR_RETURN(lm_head_, dev.place(&m, 1, "lm_head.weight"));
   }
-  RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, "model.norm.weight", E));
+  auto vec = [&](const std::string& name, int64_t n) -> Result<Vec> {
+    RILL_ASSIGN_OR_RETURN(const std::vector<float> v, load_vector(f, name, n));
+    return dev.place_vector(v.data(), n, name);
+  };
+  RILL_ASSIGN_OR_RETURN(final_norm_, vec("model.norm.weight", E));
   set_limits(options);
 
-  bool all_f32 = embed_.dtype == DType::kF32;
+  bool all_f32 = embed.dtype == DType::kF32;
+  std::vector<const WeightView*> moe_weights;
   layers_.resize(static_cast<size_t>(cfg_.n_layer));
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     const std::string p = "model.layers." + std::to_string(il) + ".";
     LlamaLayer& L = layers_[static_cast<size_t>(il)];
-    RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", E));
-    RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", q_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", kv_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", kv_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", E, q_width_, Bias::kOptional));
-    if (f.find(p + "self_attn.q_norm.weight")) {
-      RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
-      RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(p + "input_layernorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(const Linear q, bind_linear(f, p + "self_attn.q_proj", q_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(const Linear k, bind_linear(f, p + "self_attn.k_proj", kv_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(const Linear v, bind_linear(f, p + "self_attn.v_proj", kv_width_, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(const Linear o, bind_linear(f, p + "self_attn.o_proj", E, q_width_, Bias::kOptional));
+    const HostMatrix qkv[] = {host_matrix(q.w), host_matrix(k.w), host_matrix(v.w)};
+    RILL_ASSIGN_OR_RETURN(L.wqkv, dev.place(qkv, 3, p + "self_attn.{q,k,v}_proj"));
+    if (!q.bias.empty() || !k.bias.empty() || !v.bias.empty()) {
+      std::vector<float> b(static_cast<size_t>(qkv_width_), 0.0f);
+      std::copy(q.bias.begin(), q.bias.end(), b.begin());
+      std::copy(k.bias.begin(), k.bias.end(), b.begin() + q_width_);
+      std::copy(v.bias.begin(), v.bias.end(), b.begin() + q_width_ + kv_width_);
+      RILL_ASSIGN_OR_RETURN(L.bqkv, dev.place_vector(b.data(), qkv_width_, p + "self_attn qkv bias"));
     }
-    RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
+    const HostMatrix om = host_matrix(o.w);
+    RILL_ASSIGN_OR_RETURN(L.wo, dev.place(&om, 1, p + "self_attn.o_proj"));
+    if (!o.bias.empty()) {
+      RILL_ASSIGN_OR_RETURN(L.bo, dev.place_vector(o.bias.data(), E, p + "self_attn.o_proj.bias"));
+    }
+    if (f.find(p + "self_attn.q_norm.weight")) {
+      RILL_ASSIGN_OR_RETURN(L.q_norm, vec(p + "self_attn.q_norm.weight", hd_));
+      RILL_ASSIGN_OR_RETURN(L.k_norm, vec(p + "self_attn.k_norm.weight", hd_));
+    }
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(p + "post_attention_layernorm.weight", E));
+    bool f32_ffn = true;
     if (is_moe_layer(cfg_, il)) {
       RILL_TRY(bind_moe(L, p));
+      L.moe->collect_weights(&moe_weights);
     } else {
-      RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", F, E));
-      RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", F, E));
-      RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, F));
+      RILL_ASSIGN_OR_RETURN(const Linear gate, bind_linear(f, p + "mlp.gate_proj", F, E));
+      RILL_ASSIGN_OR_RETURN(const Linear up, bind_linear(f, p + "mlp.up_proj", F, E));
+      RILL_ASSIGN_OR_RETURN(const Linear down, bind_linear(f, p + "mlp.down_proj", E, F));
+      const HostMatrix gu[] = {host_matrix(gate.w), host_matrix(up.w)};
+      RILL_ASSIGN_OR_RETURN(L.w_gate_up, dev.place(gu, 2, p + "mlp.{gate,up}_proj"));
+      const HostMatrix dm = host_matrix(down.w);
+      RILL_ASSIGN_OR_RETURN(L.w_down, dev.place(&dm, 1, p + "mlp.down_proj"));
+      f32_ffn = gate.w.dtype == DType::kF32;
     }
-    all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
+    // As before: a MoE layer's (absent) gate counts as f32.
+    all_f32 = all_f32 && q.w.dtype == DType::kF32 && f32_ffn;
   }
 
   const int64_t rot_dim = cfg_.rope_dim > 0 ? cfg_.rope_dim : hd_;
@@ -172,51 +220,44 @@ Status LlamaModel::init(const ModelOptions& options) {
                  std::to_string(hd_)};
   }
   const cpu::RopeScalingParams rs = rope_scaling_params(cfg_.rope_scaling);
-  rope_ = cpu::make_rope_table(cfg_.rope_theta, rot_dim, cfg_.rope_style == RopeStyle::kInterleaved, rs);
+  RopeTable rope = cpu::make_rope_table(cfg_.rope_theta, rot_dim, cfg_.rope_style == RopeStyle::kInterleaved, rs);
   if (const TensorRef* freqs = f.find("rope_freqs.weight")) {
     // GGUF llama3 models bake the scaling into per-frequency divisors.
     if (freqs->dtype != DType::kF32 || freqs->n_elements() != rot_dim / 2) {
       return Error{freqs->file + ": tensor 'rope_freqs.weight' must be F32 [" + std::to_string(rot_dim / 2) + "]"};
     }
     const float* d = reinterpret_cast<const float*>(freqs->data);
-    for (int64_t i = 0; i < rot_dim / 2; ++i) rope_.inv_freq[i] /= d[i];
-    rope_.ggml_freq_divisor.assign(d, d + rot_dim / 2);
+    for (int64_t i = 0; i < rot_dim / 2; ++i) rope.inv_freq[i] /= d[i];
+    rope.ggml_freq_divisor.assign(d, d + rot_dim / 2);
   }
   if (f.format == ModelFormat::kGguf && cfg_.rope_scaling.type == RopeScaling::Type::kNone) {
     // GGUF models are held to llama.cpp, which builds angles by repeated f32
     // multiplication; pos * inv_freq differs in the last bits, and quantized
     // activations turn such bits into visible logit differences.
-    rope_.ggml_theta_scale = std::pow(cfg_.rope_theta, -2.0f / static_cast<float>(rot_dim));
+    rope.ggml_theta_scale = std::pow(cfg_.rope_theta, -2.0f / static_cast<float>(rot_dim));
   }
+  RILL_ASSIGN_OR_RETURN(rope_, dev.place_rope(rope));
 
-  attn_params_.n_head = cfg_.n_head;
-  attn_params_.n_head_kv = cfg_.n_head_kv;
-  attn_params_.head_dim = hd_;
-  attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  attn_params_.window = cfg_.sliding_window;
+  attn_scale_ = 1.0f / std::sqrt(static_cast<float>(hd_));
+  window_ = static_cast<int32_t>(cfg_.sliding_window);
   // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise
   // f16 KV, as llama.cpp stores it.
-  attn_params_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
+  const DType kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
 
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
-  RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, attn_params_.kv_dtype));
+  RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, kv_dtype));
 
-  attn_seqs_.reserve(static_cast<size_t>(max_tokens_));  // a batch has at most one sequence per token
   size_activations(a_, max_tokens_);
-  std::vector<const WeightView*> weights = {&lm_head_};
+  const StepLimits limits{max_tokens_, static_cast<int32_t>(cfg_.n_head), static_cast<int32_t>(hd_)};
+  RILL_TRY(dev.reserve(limits));
   bool any_moe = false;
   for (const LlamaLayer& L : layers_) {
-    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o}) weights.push_back(&l->w);
-    if (L.moe) {
-      any_moe = true;
-      L.moe->collect_weights(&weights);
-      a_.moe.reserve(L.moe->params(), max_tokens_);
-      a_.moe_out.resize(static_cast<size_t>(max_tokens_ * E));
-    } else {
-      for (const Linear* l : {&L.gate, &L.up, &L.down}) weights.push_back(&l->w);
-    }
+    if (!L.moe) continue;
+    any_moe = true;
+    a_.moe.reserve(L.moe->params(), max_tokens_);
+    a_.moe_out.resize(static_cast<size_t>(max_tokens_ * E));
   }
-  backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
+  if (any_moe) backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), max_tokens_);
   n_threads_ =
       options.n_threads > 0 ? options.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int n_threads = n_threads_;
@@ -227,10 +268,9 @@ Status LlamaModel::init(const ModelOptions& options) {
     for (int l = 0; l < kLanes; ++l) {
       DecodeLane& lane = lanes_[static_cast<size_t>(l)];
       lane.thread_share = n_threads * l / kLanes;
-      lane.backend = cpu::make_host_ops(n_threads * (l + 1) / kLanes - lane.thread_share);
-      lane.backend->reserve(weights.data(), static_cast<int>(weights.size()), lane_tokens);
+      lane.backend = make_cpu_lane(dev, n_threads * (l + 1) / kLanes - lane.thread_share);
+      RILL_TRY(lane.backend->reserve({lane_tokens, limits.n_head, limits.head_dim}));
       size_activations(lane.a, lane_tokens);
-      lane.attn_seqs.reserve(static_cast<size_t>(lane_tokens));
     }
   }
   return {};
@@ -241,42 +281,85 @@ void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
   const auto E = static_cast<size_t>(cfg_.n_embd), F = static_cast<size_t>(std::max<int64_t>(cfg_.n_ff, 0));
   a.x.resize(T * E);
   a.h.resize(T * E);
-  a.q.resize(T * static_cast<size_t>(q_width_));
-  a.k.resize(T * static_cast<size_t>(kv_width_));
-  a.v.resize(T * static_cast<size_t>(kv_width_));
+  a.qkv.resize(T * static_cast<size_t>(qkv_width_));
   a.attn.resize(T * static_cast<size_t>(q_width_));
-  a.gate.resize(T * F);
-  a.up.resize(T * F);
+  a.gu.resize(T * 2 * F);
+  a.mlp.resize(T * F);
   a.final_rows.resize(T * E);
+  // A batch has at most one sequence per token.
+  for (std::vector<int32_t>* v : {&a.q_start, &a.q_len, &a.kv_len, &a.decode_from, &a.table_start, &a.slots}) {
+    v->reserve(T);
+  }
 }
 
-void LlamaModel::attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const Batch& batch) {
-  const int64_t n = batch.n_tokens();
-  Activations& a = *e.a;
-  cpu::HostOps& backend = *e.backend;
-  std::vector<cpu::AttentionSeq>& seqs = *e.attn_seqs;
-  const Linear* qkv[] = {&L.q, &L.k, &L.v};
-  float* qkv_out[] = {a.q.data(), a.k.data(), a.v.data()};
-  forward_group(qkv, qkv_out, 3, a.h.data(), n, backend);
-  if (!L.q_norm.empty()) {
-    backend.rms_norm(a.q.data(), L.q_norm.data(), n * cfg_.n_head, hd_, cfg_.rms_norm_eps, a.q.data());
-    backend.rms_norm(a.k.data(), L.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a.k.data());
+// The step's indices as the Backend reads them: the Batch's own arrays, the
+// per-sequence ones gathered into a's (capacity reserved: no allocation).
+StepMetadata LlamaModel::step_metadata(const Batch& batch, Activations& a) const {
+  for (std::vector<int32_t>* v : {&a.q_start, &a.q_len, &a.kv_len, &a.decode_from, &a.table_start, &a.slots}) {
+    v->clear();
   }
-  backend.rope(a.q.data(), batch.positions.data(), n, cfg_.n_head, hd_, rope_);
-  backend.rope(a.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
-  // Store every sequence's new K/V, then attend for all of them in one call.
-  seqs.clear();
+  const int32_t shift = kv_.layer_view(0).block_shift, mask = kv_.block_size() - 1;
+  a.slots.resize(static_cast<size_t>(batch.n_tokens()));
   for (const BatchSeq& s : batch.seqs) {
-    const int64_t t0 = s.q_start;
-    const std::span<const int32_t> table = batch.table(0, s);
-    kv_.store(il, table, a.k.data() + t0 * kv_width_, a.v.data() + t0 * kv_width_, batch.positions.data() + t0, s.q_len,
-              kv_width_);
-    seqs.push_back({a.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table), s.kv_len,
-                    a.attn.data() + t0 * q_width_, s.decode_from});
+    a.q_start.push_back(s.q_start);
+    a.q_len.push_back(s.q_len);
+    a.kv_len.push_back(s.kv_len);
+    a.decode_from.push_back(s.decode_from);
+    a.table_start.push_back(s.table_start);
+    const int32_t* table = batch.block_table.data() + s.table_start;
+    for (int32_t t = s.q_start; t < s.q_start + s.q_len; ++t) {
+      const int32_t p = batch.positions[static_cast<size_t>(t)];
+      a.slots[static_cast<size_t>(t)] = (table[p >> shift] << shift) + (p & mask);
+    }
   }
-  backend.attention_batch(seqs.data(), static_cast<int>(seqs.size()), attn_params_);
-  L.o.forward(a.attn.data(), n, a.h.data(), backend);
-  backend.add_inplace(a.x.data(), a.h.data(), n * cfg_.n_embd);
+  StepMetadata md;
+  md.n_tokens = batch.n_tokens();
+  md.n_seqs = static_cast<int32_t>(batch.seqs.size());
+  md.n_sample = static_cast<int32_t>(batch.sample_rows.size());
+  md.ids = batch.token_ids.data();
+  md.pos = batch.positions.data();
+  md.seq_of = batch.seq_index.data();
+  md.sample_rows = batch.sample_rows.data();
+  md.q_start = a.q_start.data();
+  md.q_len = a.q_len.data();
+  md.kv_len = a.kv_len.data();
+  md.decode_from = a.decode_from.data();
+  md.table_start = a.table_start.data();
+  md.slots[0] = a.slots.data();
+  md.block_tables[0] = batch.block_table.data();
+  return md;
+}
+
+Status LlamaModel::attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const StepMetadata& md) {
+  const int64_t n = md.n_tokens;
+  Activations& a = *e.a;
+  Backend& b = *e.backend;
+  const Tensor h = Tensor::dense(a.h.data(), DType::kF32, n, cfg_.n_embd);
+  const Tensor qkv = Tensor::dense(a.qkv.data(), DType::kF32, n, qkv_width_);
+  const Tensor attn = Tensor::dense(a.attn.data(), DType::kF32, n, q_width_);
+  RILL_TRY(b.matmul(L.wqkv, h, qkv, false, L.bqkv));
+  RopeKvOp rk;
+  rk.qkv = qkv;
+  rk.n_head = static_cast<int32_t>(cfg_.n_head);
+  rk.n_head_kv = static_cast<int32_t>(cfg_.n_head_kv);
+  rk.head_dim = static_cast<int32_t>(hd_);
+  rk.q_norm = L.q_norm;
+  rk.k_norm = L.k_norm;
+  rk.norm_eps = cfg_.rms_norm_eps;
+  rk.rope = rope_;
+  rk.kv = kv_.layer_view(il);
+  b.rope_store_kv(rk, md);
+  AttentionOp at;
+  at.q = qkv.cols_from(0, q_width_);
+  at.out = attn;
+  at.n_head = rk.n_head;
+  at.n_head_kv = rk.n_head_kv;
+  at.head_dim = rk.head_dim;
+  at.scale = attn_scale_;
+  at.window = window_;
+  at.kv = rk.kv;
+  b.attention(at, md);
+  return b.matmul(L.wo, attn, Tensor::dense(a.x.data(), DType::kF32, n, cfg_.n_embd), true, L.bo);
 }
 
 // MoeFfn::bind_llama: Mixtral's block_sparse_moe or mlp.{gate, experts...}.
@@ -285,20 +368,20 @@ Status LlamaModel::bind_moe(LlamaLayer& L, const std::string& p) {
   return Status::Ok();
 }
 
-void LlamaModel::mlp_block(const Exec& e, const LlamaLayer& L, int64_t n) {
+Status LlamaModel::mlp_block(const Exec& e, const LlamaLayer& L, int64_t n) {
   Activations& a = *e.a;
-  cpu::HostOps& backend = *e.backend;
-  if (L.moe) {
-    L.moe->forward(a.h.data(), n, a.moe_out.data(), a.moe, backend);
-    backend.add_inplace(a.x.data(), a.moe_out.data(), n * cfg_.n_embd);
-    return;
+  Backend& b = *e.backend;
+  const Tensor x = Tensor::dense(a.x.data(), DType::kF32, n, cfg_.n_embd);
+  if (L.moe) {  // on cpu::HostOps (host memory) until MoE is a Backend op
+    L.moe->forward(a.h.data(), n, a.moe_out.data(), a.moe, *backend_);
+    backend_->add_inplace(a.x.data(), a.moe_out.data(), n * cfg_.n_embd);
+    return Status::Ok();
   }
-  const Linear* gate_up[] = {&L.gate, &L.up};
-  float* gate_up_out[] = {a.gate.data(), a.up.data()};
-  forward_group(gate_up, gate_up_out, 2, a.h.data(), n, backend);
-  backend.silu_mul(a.gate.data(), a.up.data(), a.gate.data(), n * cfg_.n_ff);
-  L.down.forward(a.gate.data(), n, a.h.data(), backend);
-  backend.add_inplace(a.x.data(), a.h.data(), n * cfg_.n_embd);
+  const Tensor gu = Tensor::dense(a.gu.data(), DType::kF32, n, 2 * cfg_.n_ff);
+  const Tensor mlp = Tensor::dense(a.mlp.data(), DType::kF32, n, cfg_.n_ff);
+  RILL_TRY(b.matmul(L.w_gate_up, Tensor::dense(a.h.data(), DType::kF32, n, cfg_.n_embd), gu, false));
+  b.glu(Glu::kSilu, gu, mlp);
+  return b.matmul(L.w_down, mlp, x, true);
 }
 
 Status LlamaModel::check_batch(const Batch& batch) const {
@@ -327,7 +410,7 @@ Status LlamaModel::check_batch(const Batch& batch) const {
     }
     // Blocks the step's queries can attend to must exist (holes only outside the window).
     const int64_t first_pos = s.kv_len - s.q_len;
-    const int64_t lo = attn_params_.window > 0 ? std::max<int64_t>(0, first_pos - attn_params_.window + 1) : 0;
+    const int64_t lo = window_ > 0 ? std::max<int64_t>(0, first_pos - window_ + 1) : 0;
     const std::span<const int32_t> table = batch.table(0, s);
     for (int64_t b = lo / bs; b < (s.kv_len + bs - 1) / bs; ++b) {
       if (table[static_cast<size_t>(b)] < 0 || table[static_cast<size_t>(b)] >= kv_.n_blocks()) {
@@ -387,7 +470,7 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
   const int64_t n = batch.n_tokens();
   if (n <= 0) return {};
   RILL_TRY(check_batch(batch));
-  if (!split_into_lanes(batch)) return run(Exec{backend_.get(), &a_, &attn_seqs_}, batch, logits);
+  if (!split_into_lanes(batch)) return run(Exec{device_.get(), &a_}, batch, logits);
 
   const auto n_lanes = static_cast<int32_t>(lanes_.size());
   for (int32_t l = 0; l < n_lanes; ++l) {
@@ -404,8 +487,8 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
   }
   lane_pool_->for_each_thread([&](int l) {
     DecodeLane& lane = lanes_[static_cast<size_t>(l)];
-    lane.status = run(Exec{lane.backend.get(), &lane.a, &lane.attn_seqs}, lane.sub,
-                      logits + static_cast<int64_t>(lane.first) * cfg_.n_vocab);
+    lane.status =
+        run(Exec{lane.backend.get(), &lane.a}, lane.sub, logits + static_cast<int64_t>(lane.first) * cfg_.n_vocab);
   });
   for (const DecodeLane& lane : lanes_) RILL_TRY(lane.status);
   return {};
@@ -415,22 +498,22 @@ Status LlamaModel::run(const Exec& e, const Batch& batch, float* logits) {
   const int64_t n = batch.n_tokens();
   const int64_t E = cfg_.n_embd;
   Activations& a = *e.a;
-  cpu::HostOps& backend = *e.backend;
-  backend.get_rows(embed_, batch.token_ids.data(), n, a.x.data());
+  Backend& b = *e.backend;
+  const StepMetadata md = step_metadata(batch, a);
+  const Tensor x = Tensor::dense(a.x.data(), DType::kF32, n, E);
+  const Tensor h = Tensor::dense(a.h.data(), DType::kF32, n, E);
+  b.embed(embed_, md.ids, n, x);
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     const LlamaLayer& L = layers_[static_cast<size_t>(il)];
-    backend.rms_norm(a.x.data(), L.attn_norm.data(), n, E, cfg_.rms_norm_eps, a.h.data());
-    attention_block(e, L, il, batch);
-    backend.rms_norm(a.x.data(), L.ffn_norm.data(), n, E, cfg_.rms_norm_eps, a.h.data());
-    mlp_block(e, L, n);
+    b.rms_norm(x, nullptr, L.attn_norm, cfg_.rms_norm_eps, 0.0f, h);
+    RILL_TRY(attention_block(e, L, il, md));
+    b.rms_norm(x, nullptr, L.ffn_norm, cfg_.rms_norm_eps, 0.0f, h);
+    RILL_TRY(mlp_block(e, L, n));
   }
-  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
-  for (int64_t i = 0; i < n_sample; ++i) {
-    const float* row = a.x.data() + static_cast<int64_t>(batch.sample_rows[i]) * E;
-    backend.rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a.final_rows.data() + i * E);
-  }
-  backend.matmul(lm_head_, a.final_rows.data(), n_sample, logits);
-  return {};
+  const int64_t n_sample = md.n_sample;
+  const Tensor final_rows = Tensor::dense(a.final_rows.data(), DType::kF32, n_sample, E);
+  b.rms_norm(x, md.sample_rows, final_norm_, cfg_.rms_norm_eps, 0.0f, final_rows);
+  return b.matmul(lm_head_, final_rows, Tensor::dense(logits, DType::kF32, n_sample, cfg_.n_vocab), false);
 }
 
 }  // namespace
