@@ -24,6 +24,7 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 
@@ -46,6 +47,10 @@ struct Instance {
   std::string name;
   std::function<Result<std::unique_ptr<Backend>>()> make;
 };
+
+void PrintTo(const Instance& i, std::ostream* os) {
+  *os << i.name;
+}
 
 std::vector<Instance> instances() {
   std::vector<Instance> v;
