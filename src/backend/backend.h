@@ -1,78 +1,316 @@
 #pragma once
-// Backend: the ops a model's forward pass is made of. A model holds one
-// Backend and calls it once per op per layer per step (never per token),
-// over buffers the backend can address (host memory for the CPU). The CPU
-// backend is the reference; every other backend is held to it op by op.
+// Backend: the device-neutral ops one model graph is written in (issue 16).
+// A family's forward() calls these over plain views, so the same code runs
+// on the CPU (backend/cpu/cpu_backend.cpp) and on CUDA
+// (backend/cuda/cuda_backend.cpp). The CPU Backend is the reference: every
+// other Backend is held to it op by op (tests/backend/backend_ops_test.cpp).
 //
-// Contracts shared by every backend:
-//  - no allocation inside the step: reserve() sizes scratch while planning;
-//  - results of matmul_group() equal separate matmul() calls bit for bit;
-//  - attention over an f16 KV cache rounds as llama.cpp does (see
-//    backend/cpu/attention_f16.h), so GGUF models give llama.cpp's tokens.
+// The ops are at the fused granularity the CUDA graph already runs (RoPE +
+// q/k norm + KV store is one op, attention covers every sequence of a step,
+// o/down accumulate into the residual stream), so a Backend adds no
+// launches over the hand-written CUDA families.
+//
+// Contracts shared by every Backend:
+//  - Memory: every pointer an op reads or writes (Tensor::data, Vec::data,
+//    the KV cache, StepMetadata's arrays) is memory the backend addresses:
+//    host memory on the CPU, device memory on CUDA (allocate(), or the
+//    runtime's arena). Ops are ordered: each sees the results of the ones
+//    before it; copy_out() waits for all of them.
+//  - No allocation and no host synchronization inside a step: placement and
+//    reserve() happen while planning; every op only launches (CUDA, graph
+//    capturable) or computes (CPU).
+//  - Dtypes: the residual stream, matmul outputs, q/k/v, logits and GLU
+//    inputs are F32. A matmul's input is in act_dtype() (F32 on the CPU;
+//    the weights' F32/F16/BF16 on CUDA), so norms, GLU and attention write
+//    their outputs in the dtype of the `out` view they are given.
+//  - Views are dense (stride == cols) unless an op says it takes strided
+//    rows.
+//  - Per-row results do not depend on how many rows share the call, so a
+//    token's bits do not depend on its batch (CUDA: in batch-invariant
+//    mode; the CPU always).
+//  - Bad arguments are programming errors (asserted), except where an op
+//    returns a Status (placement, reserve, matmul).
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
-#include "backend/cpu/gated_delta.h"
-#include "backend/cpu/ops.h"
+#include "backend/rope.h"
+#include "core/dtype.h"
+#include "core/result.h"
 
 namespace rill {
 
-using WeightView = cpu::WeightView;  // a [n_rows, n_cols] weight in any supported dtype
-using RopeTable = cpu::RopeTable;    // built once per model (backend/cpu/rope_table.h)
-using AttentionParams = cpu::AttentionParams;
-using PagedKv = cpu::PagedKv;  // one layer's K/V blocks + a sequence's block table
+// rows x cols elements of dtype (F32, F16 or BF16), row r at data + r *
+// stride elements. A view: owns nothing.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0, cols = 0, stride = 0;
+
+  static Tensor dense(void* data, DType dtype, int64_t rows, int64_t cols) { return {data, dtype, rows, cols, cols}; }
+  // Rows [r0, r0 + n) / columns [c0, c0 + n) of this view.
+  Tensor rows_from(int64_t r0, int64_t n) const { return {at(r0, 0), dtype, n, cols, stride}; }
+  Tensor cols_from(int64_t c0, int64_t n) const { return {at(0, c0), dtype, rows, n, stride}; }
+  bool is_dense() const { return stride == cols || rows <= 1; }
+  size_t elem_bytes() const { return dtype == DType::kF32 ? 4 : 2; }
+  void* at(int64_t r, int64_t c) const {
+    return static_cast<uint8_t*>(data) + static_cast<size_t>(r * stride + c) * elem_bytes();
+  }
+  float* f32() const { return static_cast<float*>(data); }
+};
+
+// A placed f32 vector (a norm weight, a bias). data null: absent.
+struct Vec {
+  const float* data = nullptr;
+  int64_t n = 0;
+  explicit operator bool() const { return data != nullptr; }
+};
+
+// A matrix in host memory, as a model file maps it: rows x cols of dtype
+// (any supported type, quantized included), rows row_stride bytes apart.
+struct HostMatrix {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0, cols = 0;
+  size_t row_stride = 0;
+};
+
+// A weight matrix as a backend placed it: rows() x cols(). Opaque to
+// families: `placed` is the backend's own record (CPU: views of the mapped
+// parts; CUDA: one device matrix), valid while the Backend lives. A
+// placement of several parts (q/k/v, gate/up) is one Weight whose rows are
+// the parts' rows in order.
+struct Weight {
+  int64_t rows = 0, cols = 0;
+  const void* placed = nullptr;
+};
+
+// A placed RoPE table (place_rope()); opaque as Weight.
+struct Rope {
+  int64_t rot_dim = 0;
+  const void* placed = nullptr;
+};
+
+// One layer's paged K and V: position slot s (block s >> block_shift, row
+// s & (block_size - 1)) of K at k + block * block_stride + row * row_bytes,
+// of V likewise from v. row_bytes = n_head_kv * head_dim * dtype size
+// (dtype F32 or F16). CUDA requires block_stride == row_bytes <<
+// block_shift (one plane per layer); the CPU also takes its block-major
+// pool (blocks of every layer interleaved, model/paged_kv_cache.h).
+struct KvCacheView {
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::kF16;
+  int32_t block_shift = 4;
+  size_t block_stride = 0;
+  size_t row_bytes = 0;
+};
+
+inline constexpr int kMaxKvGroups = 2;
+
+// A run of one sequence's query tokens that attention computes together
+// (the CUDA prefill kernel's tile; layout of cuda::PrefillTile).
+struct AttentionTile {
+  int32_t seq = 0;
+  int32_t t0 = 0;   // first token (flat index)
+  int32_t n_q = 0;  // tokens
+};
+
+// How a backend wants a step's attention routed (attention_routing()):
+// sequences of at most decode_max_q tokens go token by token into
+// StepMetadata::decode_tokens, longer ones into tiles of tile_q tokens.
+// needed false (the CPU): the backend reads the per-sequence arrays only.
+struct AttentionRouting {
+  bool needed = false;
+  int32_t decode_max_q = 0;
+  int32_t tile_q = 0;
+};
+
+// One step's indices, filled by the runtime before the step's first op, in
+// memory the backend addresses (host arrays on the CPU, one uploaded block
+// on CUDA); the scalars are read on the host. Tokens of all sequences lie
+// end to end: sequence s owns tokens [q_start[s], q_start[s] + q_len[s]),
+// at positions kv_len[s] - q_len[s] ... kv_len[s] - 1.
+struct StepMetadata {
+  int32_t n_tokens = 0, n_seqs = 0, n_sample = 0;
+  const int32_t* ids = nullptr;          // [n_tokens] token ids
+  const int32_t* pos = nullptr;          // [n_tokens] positions
+  const int32_t* seq_of = nullptr;       // [n_tokens] sequence of each token
+  const int32_t* sample_rows = nullptr;  // [n_sample] tokens whose logits the step returns
+  // Per sequence [n_seqs].
+  const int32_t* q_start = nullptr;
+  const int32_t* q_len = nullptr;
+  const int32_t* kv_len = nullptr;       // tokens in the cache after the step
+  const int32_t* decode_from = nullptr;  // BatchSeq::decode_from (model/batch.h); -1: by q_len
+  const int32_t* table_start = nullptr;  // first entry of its block table in block_tables[g]
+  // Per KV group g: slots[g][t] = block * block_size + offset of token t;
+  // block_tables[g]: every sequence's table end to end.
+  const int32_t* slots[kMaxKvGroups] = {};
+  const int32_t* block_tables[kMaxKvGroups] = {};
+  // Attention routing, where attention_routing().needed.
+  const int32_t* decode_tokens = nullptr;  // [n_decode]
+  int32_t n_decode = 0;
+  int32_t max_decode_len = 0;  // largest pos + 1 among the decode tokens
+  const AttentionTile* tiles = nullptr;
+  int32_t n_tiles = 0;
+};
+
+enum class Glu { kSilu, kGeluTanh };
+
+// rope_store_kv(): qkv [n_tokens, (n_head + 2 n_head_kv) * head_dim] F32
+// (strided rows allowed): q heads, then k heads, then v heads. Per token:
+// q and k heads RMS-normed over head_dim when q_norm / k_norm are set
+// (weights norm_offset + w), then rotated by `rope` at the token's
+// position, then K and V stored at the token's slot of kv_group in `kv`
+// (converted to kv.dtype). q is rotated in place; the k and v columns of
+// qkv are unspecified afterwards (the CPU rotates k in place, CUDA only
+// stores it), so later ops read K and V from the cache.
+struct RopeKvOp {
+  Tensor qkv;
+  int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+  Vec q_norm, k_norm;
+  float norm_eps = 1e-6f, norm_offset = 0.0f;
+  Rope rope;
+  KvCacheView kv;
+  int kv_group = 0;
+};
+
+// attention(): every query token t of the step (q row t: [n_head,
+// head_dim] F32, strided rows allowed) over its sequence's keys j in [lo,
+// pos[t]], lo = max(0, pos[t] - window + 1) when window > 0, else 0;
+// score = scale * q.k, softcap > 0: softcap * tanh(score / softcap), then
+// an f32 softmax. F16 KV rounds as llama.cpp (backend/cpu/attention_f16.h)
+// on the CPU. out: [n_tokens, n_head * head_dim] in out.dtype.
+struct AttentionOp {
+  Tensor q, out;
+  int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+  float scale = 1.0f, softcap = 0.0f;
+  int32_t window = 0;
+  KvCacheView kv;
+  int kv_group = 0;
+};
+
+// What reserve() sizes scratch for: steps of up to max_tokens tokens with
+// attention of up to n_head heads of head_dim.
+struct StepLimits {
+  int64_t max_tokens = 0;
+  int32_t n_head = 0, head_dim = 0;
+};
+
+// Memory from allocate(): freed when the Buffer goes (before its Backend).
+class Buffer {
+ public:
+  using Free = void (*)(void*);
+  Buffer() = default;
+  Buffer(void* data, size_t bytes, Free free) : data_(data), bytes_(bytes), free_(free) {}
+  Buffer(Buffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), free_(o.free_) { o.data_ = nullptr; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = o.data_;
+      bytes_ = o.bytes_;
+      free_ = o.free_;
+      o.data_ = nullptr;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  void reset() {
+    if (data_ && free_) free_(data_);
+    data_ = nullptr;
+  }
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Free free_ = nullptr;
+};
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
 
-  // Makes room for batches of up to max_tokens rows against weights of
-  // these dtypes and widths. May allocate; call while planning.
-  virtual void reserve(const WeightView* const* ws, int n_weights, int64_t max_tokens) = 0;
+  // The dtype of matmul inputs (see the contracts above).
+  virtual DType act_dtype() const = 0;
+  // How StepMetadata's attention routing must be filled (route_attention()).
+  virtual AttentionRouting attention_routing(DType kv_dtype, int32_t head_dim) const = 0;
 
-  // y[t, r] = sum_c W[r, c] x[t, c]. x: [n_tokens, n_cols], y: [n_tokens, n_rows].
-  virtual void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y) = 0;
-  // Several weights over the same x (q/k/v, gate/up). ys[i]: [n_tokens, ws[i]->n_rows].
-  virtual void matmul_group(const WeightView* const* ws, float* const* ys, int n_weights, const float* x,
-                            int64_t n_tokens) = 0;
-  // out[i, :] = row ids[i] of W, dequantized. out: [n_ids, n_cols].
-  virtual void get_rows(const WeightView& w, const int32_t* ids, int64_t n_ids, float* out) = 0;
-  // out[r, :] = x[r, :] / rms(x[r, :]) * (weight_offset + w). out may alias x.
-  virtual void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps, float* out,
-                        float weight_offset = 0.0f) = 0;
-  // x: [n_tokens, n_heads, head_dim], rotated in place.
-  virtual void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-                    const RopeTable& table) = 0;
-  // Causal attention of one sequence's queries over its paged KV (see cpu::attention).
-  virtual void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
-                         const AttentionParams& p, float* out) = 0;
-  // attention() for several sequences in one call (one parallel pass on the
-  // CPU); results equal separate calls bit for bit.
-  virtual void attention_batch(const cpu::AttentionSeq* seqs, int n_seqs, const AttentionParams& p) = 0;
-  // out = silu(gate) * up over n floats; out may alias gate.
-  virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
-  // out = gelu_tanh(gate) * up over n floats (GeGLU); out may alias gate.
-  virtual void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
-  // y += x over n floats.
-  virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
-  // Gated DeltaNet (see backend/cpu/gated_delta.h): the depthwise causal
-  // conv1d + SiLU and the gated delta rule over several sequences in one
-  // pass, each sequence's tokens in order. The defaults (for backends
-  // without their own, e.g. test doubles) run the CPU code on the caller's
-  // thread.
-  virtual void causal_conv1d_silu_batch(const cpu::ConvSeq* seqs, int n_seqs, const float* weight, int64_t n_channels,
-                                        int64_t kernel, int64_t x_stride) {
-    ThreadPool caller_only(1);
-    cpu::causal_conv1d_silu_batch(seqs, n_seqs, weight, n_channels, kernel, x_stride, caller_only);
-  }
-  virtual void gated_delta_batch(const cpu::GatedDeltaSeq* seqs, int n_seqs, const cpu::GatedDeltaParams& p) {
-    ThreadPool caller_only(1);
-    cpu::gated_delta_batch(seqs, n_seqs, p, caller_only);
-  }
+  // --- Planning: may allocate; never inside a step. -------------------------
+
+  // Places a weight: the parts' rows in order (q/k/v, gate/up), every part
+  // with the same cols. The CPU keeps views of the host data (which must
+  // outlive the Backend: a mapped file); CUDA copies it into device memory,
+  // quantized blocks kept where its kernels read them, else converted to
+  // act_dtype(). Errors name `what`.
+  virtual Result<Weight> place(const HostMatrix* parts, int n_parts, const std::string& what) = 0;
+  // An f32 vector of n (norm weights, biases), copied.
+  virtual Result<Vec> place_vector(const float* host, int64_t n, const std::string& what) = 0;
+  virtual Result<Rope> place_rope(const RopeTable& table) = 0;
+  // Sizes the scratch every op needs for steps within `limits` against the
+  // weights placed so far.
+  virtual Status reserve(const StepLimits& limits) = 0;
+
+  // Memory the ops address (zeroed); and copies between it and the host.
+  // copy_out() waits for every op before it.
+  virtual Result<Buffer> allocate(size_t bytes, const std::string& what) = 0;
+  virtual Status copy_in(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual Status copy_out(void* host_dst, const void* src, size_t bytes) = 0;
+
+  // --- The step's ops. -------------------------------------------------------
+
+  // out[i, :] = row ids[i] of table (dequantized). out: [n, table.cols] F32.
+  virtual void embed(const Weight& table, const int32_t* ids, int64_t n, Tensor out) = 0;
+  // out[r, :] = x[xr, :] / rms(x[xr, :]) * (w_offset + w) with xr = row_ids
+  // ? row_ids[r] : r, for r < out.rows; in out.dtype. x: F32, strided rows
+  // allowed. eps is added to the mean square (ggml). out may alias x (F32,
+  // no row_ids).
+  virtual void rms_norm(Tensor x, const int32_t* row_ids, Vec w, float eps, float w_offset, Tensor out) = 0;
+  // y[t, r] (+)= sum_c W[r, c] x[t, c] (+ bias[r]): x [n, w.cols] in
+  // act_dtype(), y [n, w.rows] F32; accumulate adds into y (o/down into the
+  // residual stream). With a bias the CPU adds it to the product before the
+  // product goes into y (a Linear's rounding), CUDA after. A quantized W
+  // pairs with x as llama.cpp does on the CPU (x quantized to the partner
+  // type), so GGUF models give llama.cpp's logits.
+  virtual Status matmul(const Weight& w, Tensor x, Tensor y, bool accumulate, Vec bias = {}) = 0;
+  // y[r, :] += b over y [rows, b.n] F32.
+  virtual void add_bias(Tensor y, Vec b) = 0;
+  virtual void rope_store_kv(const RopeKvOp& op, const StepMetadata& step) = 0;
+  virtual void attention(const AttentionOp& op, const StepMetadata& step) = 0;
+  // gate_up [rows, 2 F] F32 (gate columns [0, F), up [F, 2F)); out[r, i] =
+  // act(gate[r, i]) * up[r, i], [rows, F] in out.dtype. kSilu: gate *
+  // sigmoid(gate); kGeluTanh: the tanh approximation of GELU (GeGLU).
+  virtual void glu(Glu kind, Tensor gate_up, Tensor out) = 0;
+  // x = cap * tanh(x / cap) (final logit softcapping); x = x * s (Gemma's
+  // embedding scale). x F32.
+  virtual void softcap(Tensor x, float cap) = 0;
+  virtual void scale(Tensor x, float s) = 0;
+  // Gemma's sandwich norm, fused with the next pre-norm, per row r:
+  //   x[r] += rms_norm(y[r]) * (w_offset + w_post)
+  //   out[r] = rms_norm(x[r]) * (w_offset + w_next)    in out.dtype
+  // y, x F32 [rows, dim]; y is scratch (its contents are unspecified after
+  // the call). w_next absent: only the first line (out unused).
+  virtual void post_norm_add(Tensor y, Vec w_post, Tensor x, Vec w_next, float eps, float w_offset, Tensor out) = 0;
 };
 
-// The CPU backend: n_threads <= 0 means one thread per core.
+// The CPU Backend (backend/cpu/cpu_backend.cpp): n_threads <= 0 means one
+// thread per core.
 std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+
+// Fills the attention routing of a step (StepMetadata::decode_tokens,
+// n_decode, max_decode_len, tiles, n_tiles) from its per-sequence host
+// arrays, as `r` asks: decode_tokens and tiles need n_tokens entries each;
+// max_decode_len is the largest kv_len among decode sequences. The runtime
+// uploads the result with the rest of the metadata.
+struct RoutedAttention {
+  int32_t n_decode = 0, max_decode_len = 0, n_tiles = 0;
+};
+RoutedAttention route_attention(const AttentionRouting& r, int32_t n_seqs, const int32_t* q_start, const int32_t* q_len,
+                                const int32_t* kv_len, int32_t* decode_tokens, AttentionTile* tiles);
 
 }  // namespace rill

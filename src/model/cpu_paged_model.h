@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "backend/backend.h"
+#include "backend/cpu/host_ops.h"
 #include "loader/model_files.h"
 #include "model/model.h"
 #include "model/paged_kv_cache.h"
@@ -36,7 +36,7 @@ class CpuPagedModel : public Model {
 
  protected:
   CpuPagedModel(std::shared_ptr<const ModelFiles> files, int n_threads)
-      : files_(std::move(files)), cfg_(files_->config), backend_(make_cpu_backend(n_threads)) {}
+      : files_(std::move(files)), cfg_(files_->config), backend_(cpu::make_host_ops(n_threads)) {}
 
   // n_ctx_: options.n_ctx, else the config's max_position, else 4096;
   // max_tokens_: options.max_batch_tokens (at least 1); max_seqs_:
@@ -53,7 +53,7 @@ class CpuPagedModel : public Model {
 
   std::shared_ptr<const ModelFiles> files_;
   const ModelConfig& cfg_;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<cpu::HostOps> backend_;
   int max_tokens_ = 0, max_seqs_ = 0;
   int64_t n_ctx_ = 0;
   KvSpec kv_spec_;

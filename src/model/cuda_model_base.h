@@ -34,7 +34,8 @@
 #if RILL_HAVE_CUDA
 #include <initializer_list>
 
-#include "backend/backend.h"  // WeightView
+#include "backend/backend.h"       // kMaxKvGroups
+#include "backend/cpu/host_ops.h"  // WeightView
 #include "backend/cpu/rope_table.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/gemm.h"
@@ -44,8 +45,6 @@
 namespace rill {
 
 class Communicator;
-
-inline constexpr int kMaxKvGroups = 2;
 
 // Bytes of one element of a float dtype on the device (F32: 4, F16/BF16: 2).
 inline size_t cuda_dtype_size(DType t) {

@@ -215,7 +215,7 @@ inline float softplus(float x) {
 }  // namespace
 
 void gated_delta_forward(const GatedDeltaNet& L, int64_t layer, const Batch& batch, const float* h, float* out,
-                         GatedDeltaScratch& s, const RecurrentStates& states, Backend& backend) {
+                         GatedDeltaScratch& s, const RecurrentStates& states, cpu::HostOps& backend) {
   const GatedDeltaDims& d = L.dims;
   const int64_t n = batch.n_tokens();
   const int64_t cd = d.conv_dim(), vd = d.value_dim(), nv = d.n_v_heads;

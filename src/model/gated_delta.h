@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/cpu/host_ops.h"
 #include "core/lazy_buffer.h"
 #include "core/result.h"
 #include "loader/model_files.h"
@@ -125,6 +125,6 @@ struct GatedDeltaScratch {
 // input), out: [n_tokens, E]. `layer` indexes the recurrent layers in
 // `states`. Requires check_batch_states() and prepare_states() for the step.
 void gated_delta_forward(const GatedDeltaNet& L, int64_t layer, const Batch& batch, const float* h, float* out,
-                         GatedDeltaScratch& s, const RecurrentStates& states, Backend& backend);
+                         GatedDeltaScratch& s, const RecurrentStates& states, cpu::HostOps& backend);
 
 }  // namespace rill

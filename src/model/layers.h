@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/cpu/host_ops.h"
 #include "backend/cpu/rope_table.h"
 #include "core/result.h"
 #include "loader/model_files.h"
@@ -24,14 +24,14 @@ struct Linear {
   int64_t n_in() const { return w.n_cols; }
 
   // x: [n_tokens, n_in], y: [n_tokens, n_out]
-  void forward(const float* x, int64_t n_tokens, float* y, Backend& backend) const;
+  void forward(const float* x, int64_t n_tokens, float* y, cpu::HostOps& backend) const;
 };
 
 // Applies several Linears to the same x (q/k/v, gate/up) through
-// Backend::matmul_group; results equal separate forward() calls bit for bit.
+// cpu::HostOps::matmul_group; results equal separate forward() calls bit for bit.
 // ys[i]: [n_tokens, ls[i]->n_out()].
 void forward_group(const Linear* const* ls, float* const* ys, int n, const float* x, int64_t n_tokens,
-                   Backend& backend);
+                   cpu::HostOps& backend);
 
 enum class Bias { kNone, kOptional, kRequired };
 

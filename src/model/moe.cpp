@@ -252,7 +252,7 @@ void MoeFfn::route(int64_t n_tokens, MoeScratch& s) const {
 
 // y = down(silu(gate x) * up x) for n_rows rows. x: [n_rows, n_embd], y: [n_rows, n_embd].
 void MoeFfn::run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, MoeScratch& s,
-                     Backend& backend) const {
+                     cpu::HostOps& backend) const {
   if (w.gate.w.dtype == w.up.w.dtype) {
     const Linear* gate_up[] = {&w.gate, &w.up};
     float* outs[] = {s.gate.data(), s.up.data()};
@@ -270,7 +270,7 @@ void MoeFfn::run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, flo
   w.down.forward(s.gate.data(), n_rows, y, backend);
 }
 
-void MoeFfn::forward(const float* x, int64_t n_tokens, float* out, MoeScratch& s, Backend& backend) const {
+void MoeFfn::forward(const float* x, int64_t n_tokens, float* out, MoeScratch& s, cpu::HostOps& backend) const {
   assert(s.fits(p_, n_tokens) && out != x);
   if (n_tokens <= 0) return;
   const int64_t E = p_.n_embd;

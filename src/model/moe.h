@@ -13,14 +13,14 @@
 // and go through one matmul per weight; an expert no token chose costs
 // nothing. Batch invariance: a token's sum runs over its own experts in
 // increasing id whatever the other tokens are, and every matmul row is
-// computed independently of the other rows (Backend contract), so a token's
+// computed independently of the other rows (cpu::HostOps contract), so a token's
 // output never depends on the batch it is in.
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/cpu/host_ops.h"
 #include "core/result.h"
 #include "loader/model_config.h"
 #include "loader/model_files.h"
@@ -109,16 +109,17 @@ class MoeFfn {
 
   const MoeParams& params() const { return p_; }
   const MoeWeights& weights() const { return w_; }
-  // Every weight forward() multiplies by, for Backend::reserve.
+  // Every weight forward() multiplies by, for cpu::HostOps::reserve.
   void collect_weights(std::vector<const WeightView*>* out) const;
 
   // x: [n_tokens, n_embd], out: [n_tokens, n_embd] (overwritten; must not
   // alias x). Requires scratch.fits(params(), n_tokens).
-  void forward(const float* x, int64_t n_tokens, float* out, MoeScratch& scratch, Backend& backend) const;
+  void forward(const float* x, int64_t n_tokens, float* out, MoeScratch& scratch, cpu::HostOps& backend) const;
 
  private:
   void route(int64_t n_tokens, MoeScratch& s) const;
-  void run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, MoeScratch& s, Backend& backend) const;
+  void run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, MoeScratch& s,
+               cpu::HostOps& backend) const;
 
   MoeParams p_;
   MoeWeights w_;

@@ -16,6 +16,7 @@
 #include <span>
 
 #include "backend/backend.h"
+#include "backend/cpu/host_ops.h"
 #include "core/dtype.h"
 #include "core/lazy_buffer.h"
 #include "core/result.h"
@@ -48,6 +49,11 @@ class PagedKvCache {
 
   // The view attention reads for one sequence of one layer.
   PagedKv view(int64_t layer, std::span<const int32_t> table) const;
+  // One layer's K/V as a Backend addresses them (block-major: blocks
+  // span_bytes() apart).
+  KvCacheView layer_view(int64_t layer) const {
+    return {k_base(layer), v_base(layer), dtype_, block_shift_, span_bytes(), row_bytes_};
+  }
 
  private:
   // Bytes of one layer's K (or V) rows of one block.

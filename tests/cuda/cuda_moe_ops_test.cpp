@@ -19,7 +19,7 @@
 #include <numeric>
 #include <random>
 
-#include "backend/backend.h"
+#include "backend/cpu/host_ops.h"
 #include "backend/cuda/moe.h"
 #include "cuda_test_util.h"
 #include "model/cuda_moe.h"
@@ -233,7 +233,7 @@ std::pair<double, double> compare_with_cpu(const MoeParams& p, DType act, bool g
   for (float& v : h) v = round_to(act, v);
   MoeScratch scratch;
   scratch.reserve(p, n);
-  auto backend = make_cpu_backend(2);
+  auto backend = cpu::make_host_ops(2);
   std::vector<float> ref(h.size());
   ffn->forward(h.data(), n, ref.data(), scratch, *backend);
 

@@ -131,9 +131,9 @@ std::vector<float> random_input(int64_t n, int64_t e, uint32_t seed) {
 }
 
 // Counts the rows every matmul multiplies (expert matmuls see only their tokens).
-class CountingBackend final : public Backend {
+class CountingBackend final : public cpu::HostOps {
  public:
-  explicit CountingBackend(Backend& b) : b_(b) {}
+  explicit CountingBackend(cpu::HostOps& b) : b_(b) {}
   const char* name() const override { return "counting"; }
   void reserve(const WeightView* const* ws, int n, int64_t t) override { b_.reserve(ws, n, t); }
   void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
@@ -166,7 +166,7 @@ class CountingBackend final : public Backend {
   int64_t rows_ = 0;
 
  private:
-  Backend& b_;
+  cpu::HostOps& b_;
 };
 
 MoeParams params(bool norm, int64_t n_ff_shared = 0) {
@@ -187,7 +187,7 @@ void expect_near_reference(const MoeParams& p, uint32_t seed) {
   MoeScratch scratch;
   scratch.reserve(p, n);
   ASSERT_TRUE(moe.ok()) << moe.error().message;
-  auto backend = make_cpu_backend(2);
+  auto backend = cpu::make_host_ops(2);
   const std::vector<float> x = random_input(n, p.n_embd, seed + 1);
   std::vector<float> out(x.size());
   moe->forward(x.data(), n, out.data(), scratch, *backend);
@@ -225,7 +225,7 @@ TEST(MoeFfn, TokenOutputsDoNotDependOnTheBatch) {
   MoeScratch scratch;
   scratch.reserve(p, n);
   ASSERT_TRUE(moe.ok()) << moe.error().message;
-  auto backend = make_cpu_backend(2);
+  auto backend = cpu::make_host_ops(2);
   const std::vector<float> x = random_input(n, E, 6);
   std::vector<float> batched(x.size()), alone(static_cast<size_t>(E));
   moe->forward(x.data(), n, batched.data(), scratch, *backend);
@@ -255,8 +255,8 @@ TEST(MoeFfn, ComputesOnlyTheRoutedExperts) {
   MoeScratch scratch;
   scratch.reserve(p, n);
   ASSERT_TRUE(moe.ok()) << moe.error().message;
-  auto cpu = make_cpu_backend(1);
-  CountingBackend counting(*cpu);
+  auto host = cpu::make_host_ops(1);
+  CountingBackend counting(*host);
   const std::vector<float> x = random_input(n, p.n_embd, 8);
   std::vector<float> out(x.size());
   moe->forward(x.data(), n, out.data(), scratch, counting);
@@ -319,7 +319,7 @@ TEST(MoeFfn, StackedAndPerExpertTensorsGiveTheSameResult) {
   scratch.reserve(p, n);
   ASSERT_TRUE(a.ok()) << a.error().message;
   ASSERT_TRUE(b.ok()) << b.error().message;
-  auto backend = make_cpu_backend(2);
+  auto backend = cpu::make_host_ops(2);
   const std::vector<float> x = random_input(n, p.n_embd, 10);
   std::vector<float> ya(x.size()), yb(x.size());
   a->forward(x.data(), n, ya.data(), scratch, *backend);

@@ -54,6 +54,11 @@ void attention_f16_rounded(const float* q, const int32_t* q_pos, int64_t n_q, co
 }
 
 void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const AttentionParams& p, ThreadPool& pool) {
+  // Floats from one query row (output row) of a sequence to the next.
+  auto q_stride = [&](const AttentionSeq& seq) { return seq.q_stride > 0 ? seq.q_stride : p.n_head * p.head_dim; };
+  auto out_stride = [&](const AttentionSeq& seq) {
+    return seq.out_stride > 0 ? seq.out_stride : p.n_head * p.head_dim;
+  };
   constexpr int64_t kMaxQ16 = 1024;  // f16 query elements one unit converts
   assert(p.kv_dtype == DType::kF16 && p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024);
   const bool avx2 = best_isa() != Isa::kScalar;
@@ -143,7 +148,7 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
       }
       // (query, head) within the sequence, head fastest
       const int64_t i = local / p.n_head, h = local % p.n_head;
-      const float* qr = seq.q + local * p.head_dim;
+      const float* qr = seq.q + i * q_stride(seq) + h * p.head_dim;
       for (int64_t d = 0; d < p.head_dim; ++d) q16[d] = f32_to_f16(qr[d]);
       const int64_t pos = seq.q_pos[i];
       detail::F16AttendArgs a;
@@ -159,7 +164,7 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
       a.softcap = p.softcap;
       a.scores = scores.data();
       a.probs16 = probs16.data();
-      a.out = seq.out + local * p.head_dim;
+      a.out = seq.out + i * out_stride(seq) + h * p.head_dim;
       a.single_query = decode_form(seq, i);
       if (avx512) {
         detail::attend_f16_rounded_avx512(a);

@@ -1,108 +1,346 @@
-// The CPU implementation of Backend: a thread pool, grow-only scratch, and
-// the kernels of backend/cpu (scalar reference, AVX2, AVX-512 chosen at run time).
+// The CPU Backend (backend/backend.h): each op composes the CPU kernels of
+// backend/cpu with the arithmetic the CPU families used before (cpu::HostOps'),
+// so a family ported to Backend keeps llama.cpp's bits and its batch
+// invariance:
+//  - matmul: cpu::matmul / cpu::matmul_group (x quantized once for a fused
+//    weight whose parts share an activation type); bias and accumulate as
+//    the families' Linear: "h = W x; h += b; x += h" (h scratch);
+//  - rms_norm: cpu::rms_norm (per row when gathering or strided; a row's
+//    bits do not depend on its neighbours);
+//  - rope_store_kv: per token, cpu::rms_norm over the heads, cpu::rope, then
+//    the row stored as model/paged_kv_cache.cpp does (f32 copy or f16
+//    round-to-nearest);
+//  - attention: one attention_f16_rounded_batch (F16 KV) or cpu::attention
+//    per sequence (F32 KV), exactly HostOps::attention_batch;
+//  - glu: silu_mul / gelu_tanh_mul per row (llama.cpp's ggml_vec_swiglu runs
+//    per row too, and a row's SIMD/tail split then depends on F alone).
 #include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <vector>
 
-#include "backend/backend.h"
 #include "backend/cpu/attention_f16.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/ops.h"
 #include "backend/cpu/quants.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
 
 namespace rill {
 namespace {
 
+// A placed weight: views of its parts (the host data stays where it is).
+struct CpuWeight {
+  int n_parts = 0;
+  cpu::WeightView parts[cpu::kMaxMatmulGroup];
+  bool shared_x = false;  // one quantization of x serves every part (matmul_group)
+};
+
+const CpuWeight& record(const Weight& w) {
+  return *static_cast<const CpuWeight*>(w.placed);
+}
+const RopeTable& record(const Rope& r) {
+  return *static_cast<const RopeTable*>(r.placed);
+}
+
+void free_host(void* p) {
+  std::free(p);
+}
+
+// What a CPU Backend placed, shared with its decode lanes (make_cpu_lane).
+// Deques: records stay put as more are placed.
+struct Placements {
+  std::deque<CpuWeight> weights;
+  std::deque<std::vector<float>> vectors;
+  std::deque<RopeTable> ropes;
+};
+
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  // On a pool of its own (n_threads), or on `shared` (not owned).
+  CpuBackend(int n_threads, ThreadPool* shared, std::shared_ptr<Placements> placed)
+      : own_pool_(shared ? nullptr : std::make_unique<ThreadPool>(n_threads)),
+        pool_(shared ? *shared : *own_pool_),
+        placed_(placed ? std::move(placed) : std::make_shared<Placements>()) {}
+  const std::shared_ptr<Placements>& placements() const { return placed_; }
 
   const char* name() const override { return "cpu"; }
+  DType act_dtype() const override { return DType::kF32; }
+  AttentionRouting attention_routing(DType, int32_t) const override { return {}; }
 
-  void reserve(const WeightView* const* ws, int n_weights, int64_t max_tokens) override {
-    size_t bytes = 0;
-    for (int i = 0; i < n_weights; ++i) {
-      bytes = std::max(bytes, cpu::matmul_scratch_bytes(ws[i]->dtype, ws[i]->n_cols, max_tokens));
+  Result<Weight> place(const HostMatrix* parts, int n_parts, const std::string& what) override {
+    if (n_parts < 1 || n_parts > cpu::kMaxMatmulGroup) {
+      return Error{what + ": a weight of " + std::to_string(n_parts) + " parts (1 to " +
+                   std::to_string(cpu::kMaxMatmulGroup) + " are placed)"};
     }
-    scratch_.reserve(bytes);
+    CpuWeight w;
+    w.n_parts = n_parts;
+    int64_t rows = 0;
+    for (int i = 0; i < n_parts; ++i) {
+      const HostMatrix& p = parts[i];
+      if (p.cols != parts[0].cols || p.rows <= 0 || p.cols % dtype_info(p.dtype).block_size != 0 ||
+          p.row_stride < row_bytes(p.dtype, p.cols)) {
+        return Error{what + ": part " + std::to_string(i) + " [" + std::to_string(p.rows) + ", " +
+                     std::to_string(p.cols) + "] of " + std::string(dtype_name(p.dtype)) +
+                     " does not fit the weight (equal columns, whole blocks, rows at least a row apart)"};
+      }
+      w.parts[i] = {p.dtype, p.rows, p.cols, p.data, p.row_stride};
+      rows += p.rows;
+    }
+    w.shared_x = true;
+    for (int i = 1; i < n_parts; ++i) {
+      w.shared_x = w.shared_x && cpu::vec_dot_partner(w.parts[i].dtype) == cpu::vec_dot_partner(w.parts[0].dtype);
+    }
+    placed_->weights.push_back(w);
+    return Weight{rows, parts[0].cols, &placed_->weights.back()};
   }
 
-  void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y) override {
-    cpu::matmul(w, x, n_tokens, y, pool_, scratch_);
+  Result<Vec> place_vector(const float* host, int64_t n, const std::string& what) override {
+    if (n <= 0) return Error{what + ": an empty vector"};
+    placed_->vectors.emplace_back(host, host + n);
+    return Vec{placed_->vectors.back().data(), n};
   }
 
-  void matmul_group(const WeightView* const* ws, float* const* ys, int n_weights, const float* x,
-                    int64_t n_tokens) override {
-    // One quantization of x serves the group only when every weight pairs
-    // with the same activation type.
-    bool shared = n_weights <= cpu::kMaxMatmulGroup;
-    for (int i = 1; i < n_weights && shared; ++i) {
-      shared =
-          cpu::vec_dot_partner(ws[i]->dtype) == cpu::vec_dot_partner(ws[0]->dtype) && ws[i]->n_cols == ws[0]->n_cols;
+  Result<Rope> place_rope(const RopeTable& table) override {
+    placed_->ropes.push_back(table);
+    return Rope{table.rot_dim, &placed_->ropes.back()};
+  }
+
+  Status reserve(const StepLimits& limits) override {
+    size_t scratch = 0;
+    int64_t max_rows = 0;
+    for (const CpuWeight& w : placed_->weights) {
+      int64_t rows = 0;
+      for (int i = 0; i < w.n_parts; ++i) {
+        const cpu::WeightView& p = w.parts[i];
+        scratch = std::max(scratch, cpu::matmul_scratch_bytes(p.dtype, p.n_cols, limits.max_tokens));
+        rows += p.n_rows;
+      }
+      max_rows = std::max(max_rows, rows);
     }
-    if (!shared) {
-      for (int i = 0; i < n_weights; ++i) matmul(*ws[i], x, n_tokens, ys[i]);
+    scratch_.reserve(scratch);
+    acc_.resize(static_cast<size_t>(limits.max_tokens * max_rows));
+    seqs_.reserve(static_cast<size_t>(limits.max_tokens));  // at most one sequence per token
+    return Status::Ok();
+  }
+
+  Result<Buffer> allocate(size_t bytes, const std::string& what) override {
+    void* p = std::calloc(bytes > 0 ? bytes : 1, 1);
+    if (!p) return Error{what + ": out of memory allocating " + std::to_string(bytes) + " bytes"};
+    return Buffer(p, bytes, free_host);
+  }
+  Status copy_in(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status copy_out(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+
+  void embed(const Weight& table, const int32_t* ids, int64_t n, Tensor out) override {
+    assert(out.dtype == DType::kF32 && out.is_dense() && out.cols == table.cols);
+    cpu::get_rows(record(table).parts[0], ids, n, out.f32());
+  }
+
+  void rms_norm(Tensor x, const int32_t* row_ids, Vec w, float eps, float w_offset, Tensor out) override {
+    assert(x.dtype == DType::kF32 && out.dtype == DType::kF32 && out.cols == x.cols);
+    if (!row_ids && x.is_dense() && out.is_dense()) {
+      cpu::rms_norm(x.f32(), w.data, out.rows, x.cols, eps, out.f32(), w_offset);
       return;
     }
-    cpu::matmul_group(ws, ys, n_weights, x, n_tokens, pool_, scratch_);
+    for (int64_t r = 0; r < out.rows; ++r) {
+      const auto* src = static_cast<const float*>(x.at(row_ids ? row_ids[r] : r, 0));
+      cpu::rms_norm(src, w.data, 1, x.cols, eps, static_cast<float*>(out.at(r, 0)), w_offset);
+    }
   }
 
-  void get_rows(const WeightView& w, const int32_t* ids, int64_t n_ids, float* out) override {
-    cpu::get_rows(w, ids, n_ids, out);
-  }
-
-  void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps, float* out,
-                float weight_offset) override {
-    cpu::rms_norm(x, w, n_rows, dim, eps, out, weight_offset);
-  }
-
-  void rope(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-            const RopeTable& table) override {
-    cpu::rope(x, positions, n_tokens, n_heads, head_dim, table);
-  }
-
-  void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
-                 const AttentionParams& p, float* out) override {
-    if (p.kv_dtype == DType::kF16) {
-      cpu::attention_f16_rounded(q, q_pos, n_q, kv, n_kv, p, out, pool_);
+  Status matmul(const Weight& w, Tensor x, Tensor y, bool accumulate, Vec bias) override {
+    assert(x.dtype == DType::kF32 && x.is_dense() && x.cols == w.cols);
+    assert(y.dtype == DType::kF32 && y.cols == w.rows && y.rows == x.rows);
+    const int64_t n = x.rows;
+    if (n <= 0) return Status::Ok();
+    assert(!accumulate || static_cast<size_t>(n * w.rows) <= acc_.size());
+    float* dst = accumulate ? acc_.data() : y.f32();
+    const int64_t stride = accumulate ? w.rows : y.stride;
+    const CpuWeight& cw = record(w);
+    if (cw.n_parts == 1) {
+      cpu::matmul(cw.parts[0], x.f32(), n, dst, pool_, scratch_, stride);
     } else {
-      cpu::attention(q, q_pos, n_q, kv, n_kv, p, out, pool_);
+      float* ys[cpu::kMaxMatmulGroup];
+      int64_t strides[cpu::kMaxMatmulGroup];
+      const cpu::WeightView* ws[cpu::kMaxMatmulGroup];
+      int64_t col = 0;
+      for (int i = 0; i < cw.n_parts; ++i) {
+        ws[i] = &cw.parts[i];
+        ys[i] = dst + col;
+        strides[i] = stride;
+        col += cw.parts[i].n_rows;
+      }
+      if (cw.shared_x) {
+        cpu::matmul_group(ws, ys, cw.n_parts, x.f32(), n, pool_, scratch_, strides);
+      } else {
+        for (int i = 0; i < cw.n_parts; ++i) cpu::matmul(*ws[i], x.f32(), n, ys[i], pool_, scratch_, stride);
+      }
+    }
+    if (bias) {
+      assert(bias.n == w.rows);
+      for (int64_t t = 0; t < n; ++t) cpu::add_inplace(dst + t * stride, bias.data, w.rows);
+    }
+    if (accumulate) {
+      if (y.is_dense()) {
+        cpu::add_inplace(y.f32(), acc_.data(), n * w.rows);
+      } else {
+        for (int64_t t = 0; t < n; ++t)
+          cpu::add_inplace(static_cast<float*>(y.at(t, 0)), acc_.data() + t * w.rows, w.rows);
+      }
+    }
+    return Status::Ok();
+  }
+
+  void add_bias(Tensor y, Vec b) override {
+    assert(y.dtype == DType::kF32 && y.cols == b.n);
+    for (int64_t r = 0; r < y.rows; ++r) cpu::add_inplace(static_cast<float*>(y.at(r, 0)), b.data, b.n);
+  }
+
+  void rope_store_kv(const RopeKvOp& op, const StepMetadata& step) override {
+    const int64_t hd = op.head_dim, q_width = op.n_head * hd, kv_width = op.n_head_kv * hd;
+    assert(op.qkv.dtype == DType::kF32 && op.qkv.cols == q_width + 2 * kv_width);
+    assert(op.kv.row_bytes == static_cast<size_t>(kv_width) * (op.kv.dtype == DType::kF32 ? 4 : 2));
+    const RopeTable& table = record(op.rope);
+    const int32_t* slots = step.slots[op.kv_group];
+    const int64_t mask = (int64_t{1} << op.kv.block_shift) - 1;
+    for (int64_t t = 0; t < op.qkv.rows; ++t) {
+      float* q = static_cast<float*>(op.qkv.at(t, 0));
+      float* k = q + q_width;
+      const float* v = k + kv_width;
+      if (op.q_norm) cpu::rms_norm(q, op.q_norm.data, op.n_head, hd, op.norm_eps, q, op.norm_offset);
+      if (op.k_norm) cpu::rms_norm(k, op.k_norm.data, op.n_head_kv, hd, op.norm_eps, k, op.norm_offset);
+      cpu::rope(q, step.pos + t, 1, op.n_head, hd, table);
+      cpu::rope(k, step.pos + t, 1, op.n_head_kv, hd, table);
+      const int64_t slot = slots[t];
+      const size_t at = static_cast<size_t>(slot >> op.kv.block_shift) * op.kv.block_stride +
+                        static_cast<size_t>(slot & mask) * op.kv.row_bytes;
+      uint8_t* kd = static_cast<uint8_t*>(op.kv.k) + at;
+      uint8_t* vd = static_cast<uint8_t*>(op.kv.v) + at;
+      if (op.kv.dtype == DType::kF32) {
+        std::memcpy(kd, k, op.kv.row_bytes);
+        std::memcpy(vd, v, op.kv.row_bytes);
+      } else {
+        auto* kh = reinterpret_cast<uint16_t*>(kd);
+        auto* vh = reinterpret_cast<uint16_t*>(vd);
+        for (int64_t j = 0; j < kv_width; ++j) {
+          kh[j] = f32_to_f16(k[j]);
+          vh[j] = f32_to_f16(v[j]);
+        }
+      }
     }
   }
 
-  void attention_batch(const cpu::AttentionSeq* seqs, int n_seqs, const AttentionParams& p) override {
+  void attention(const AttentionOp& op, const StepMetadata& step) override {
+    assert(op.q.dtype == DType::kF32 && op.out.dtype == DType::kF32);
+    cpu::AttentionParams p;
+    p.n_head = op.n_head;
+    p.n_head_kv = op.n_head_kv;
+    p.head_dim = op.head_dim;
+    p.scale = op.scale;
+    p.window = op.window;
+    p.softcap = op.softcap;
+    p.kv_dtype = op.kv.dtype;
+    seqs_.clear();
+    for (int32_t s = 0; s < step.n_seqs; ++s) {
+      const int32_t t0 = step.q_start[s];
+      cpu::PagedKv kv;
+      kv.k = static_cast<const uint8_t*>(op.kv.k);
+      kv.v = static_cast<const uint8_t*>(op.kv.v);
+      kv.table = step.block_tables[op.kv_group] + step.table_start[s];
+      kv.block_shift = op.kv.block_shift;
+      kv.block_bytes = op.kv.block_stride;
+      kv.row_bytes = op.kv.row_bytes;
+      cpu::AttentionSeq a;
+      a.q = static_cast<const float*>(op.q.at(t0, 0));
+      a.q_pos = step.pos + t0;
+      a.n_q = step.q_len[s];
+      a.kv = kv;
+      a.n_kv = step.kv_len[s];
+      a.out = static_cast<float*>(op.out.at(t0, 0));
+      a.decode_from = step.decode_from ? step.decode_from[s] : -1;
+      a.q_stride = op.q.stride;
+      a.out_stride = op.out.stride;
+      seqs_.push_back(a);
+    }
     if (p.kv_dtype == DType::kF16) {
-      cpu::attention_f16_rounded_batch(seqs, n_seqs, p, pool_);
+      cpu::attention_f16_rounded_batch(seqs_.data(), static_cast<int>(seqs_.size()), p, pool_);
       return;
     }
-    for (int s = 0; s < n_seqs; ++s) {
-      const cpu::AttentionSeq& a = seqs[s];
-      cpu::attention(a.q, a.q_pos, a.n_q, a.kv, a.n_kv, p, a.out, pool_);
+    for (const cpu::AttentionSeq& a : seqs_) {
+      cpu::attention_strided(a.q, a.q_pos, a.n_q, a.kv, a.n_kv, p, a.out, pool_, a.q_stride, a.out_stride);
     }
   }
 
-  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override { cpu::silu_mul(gate, up, out, n); }
-
-  void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) override {
-    cpu::gelu_tanh_mul(gate, up, out, n);
+  void glu(Glu kind, Tensor gate_up, Tensor out) override {
+    const int64_t F = out.cols;
+    assert(gate_up.dtype == DType::kF32 && out.dtype == DType::kF32 && gate_up.cols == 2 * F);
+    for (int64_t r = 0; r < out.rows; ++r) {
+      const auto* g = static_cast<const float*>(gate_up.at(r, 0));
+      auto* o = static_cast<float*>(out.at(r, 0));
+      if (kind == Glu::kSilu) {
+        cpu::silu_mul(g, g + F, o, F);
+      } else {
+        cpu::gelu_tanh_mul(g, g + F, o, F);
+      }
+    }
   }
 
-  void add_inplace(float* y, const float* x, int64_t n) override { cpu::add_inplace(y, x, n); }
-
-  void causal_conv1d_silu_batch(const cpu::ConvSeq* seqs, int n_seqs, const float* weight, int64_t n_channels,
-                                int64_t kernel, int64_t x_stride) override {
-    cpu::causal_conv1d_silu_batch(seqs, n_seqs, weight, n_channels, kernel, x_stride, pool_);
+  void softcap(Tensor x, float cap) override {
+    for (int64_t r = 0; r < x.rows; ++r) {
+      float* row = static_cast<float*>(x.at(r, 0));
+      for (int64_t i = 0; i < x.cols; ++i) row[i] = cap * std::tanh(row[i] / cap);
+    }
   }
 
-  void gated_delta_batch(const cpu::GatedDeltaSeq* seqs, int n_seqs, const cpu::GatedDeltaParams& p) override {
-    cpu::gated_delta_batch(seqs, n_seqs, p, pool_);
+  void scale(Tensor x, float s) override {
+    for (int64_t r = 0; r < x.rows; ++r) {
+      float* row = static_cast<float*>(x.at(r, 0));
+      for (int64_t i = 0; i < x.cols; ++i) row[i] *= s;
+    }
+  }
+
+  // As the CPU Gemma: norm y in place, add it into x, then the next pre-norm.
+  void post_norm_add(Tensor y, Vec w_post, Tensor x, Vec w_next, float eps, float w_offset, Tensor out) override {
+    assert(y.is_dense() && x.is_dense() && y.rows == x.rows && y.cols == x.cols);
+    cpu::rms_norm(y.f32(), w_post.data, y.rows, y.cols, eps, y.f32(), w_offset);
+    cpu::add_inplace(x.f32(), y.f32(), x.rows * x.cols);
+    if (w_next) rms_norm(x, nullptr, w_next, eps, w_offset, out);
   }
 
  private:
-  ThreadPool pool_;
+  std::unique_ptr<ThreadPool> own_pool_;
+  ThreadPool& pool_;
+  std::shared_ptr<Placements> placed_;
   cpu::Scratch scratch_;
+  std::vector<float> acc_;  // matmul(accumulate): [max_tokens, widest weight]
+  std::vector<cpu::AttentionSeq> seqs_;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
-  return std::make_unique<CpuBackend>(n_threads);
+  return std::make_unique<CpuBackend>(n_threads, nullptr, nullptr);
+}
+
+std::unique_ptr<Backend> make_cpu_backend_on(ThreadPool& pool) {
+  return std::make_unique<CpuBackend>(0, &pool, nullptr);
+}
+
+std::unique_ptr<Backend> make_cpu_lane(const Backend& parent, int n_threads) {
+  const auto* p = dynamic_cast<const CpuBackend*>(&parent);
+  assert(p && "make_cpu_lane: the parent is not a CPU Backend");
+  return std::make_unique<CpuBackend>(n_threads, nullptr, p->placements());
 }
 
 }  // namespace rill

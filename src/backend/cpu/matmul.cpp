@@ -103,7 +103,7 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
 }
 
 void matmul_group(const WeightView* const* ws, float* const* ys, int n_mats, const float* x, int64_t n_tokens,
-                  ThreadPool& pool, Scratch& scratch) {
+                  ThreadPool& pool, Scratch& scratch, const int64_t* y_strides) {
   assert(n_mats >= 1 && n_mats <= kMaxMatmulGroup);
   if (n_tokens <= 0) return;
   const Kernels& k = kernels();
@@ -116,7 +116,7 @@ void matmul_group(const WeightView* const* ws, float* const* ys, int n_mats, con
   MatJob jobs[kMaxMatmulGroup];
   int64_t first_chunk[kMaxMatmulGroup + 1] = {0};
   for (int i = 0; i < n_mats; ++i) {
-    jobs[i] = plan(k, *ws[i], ys[i], 0, n_tokens, pool.n_threads());
+    jobs[i] = plan(k, *ws[i], ys[i], y_strides ? y_strides[i] : 0, n_tokens, pool.n_threads());
     first_chunk[i + 1] = first_chunk[i] + jobs[i].n_chunks;
   }
   pool.parallel_for(first_chunk[n_mats], 1, [&](int64_t cb, int64_t ce) {

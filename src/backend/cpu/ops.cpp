@@ -87,7 +87,14 @@ void add_inplace(float* y, const float* x, int64_t n) {
 
 void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
                const AttentionParams& p, float* out, ThreadPool& pool) {
+  attention_strided(q, q_pos, n_q, kv, n_kv, p, out, pool, 0, 0);
+}
+
+void attention_strided(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
+                       const AttentionParams& p, float* out, ThreadPool& pool, int64_t q_stride, int64_t out_stride) {
   assert(p.n_head % p.n_head_kv == 0);
+  const int64_t qs = q_stride > 0 ? q_stride : p.n_head * p.head_dim;
+  const int64_t os = out_stride > 0 ? out_stride : p.n_head * p.head_dim;
   assert(p.kv_dtype == DType::kF32 || p.kv_dtype == DType::kF16);
   const AttendRowFn attend = kernels().attend_row;
   const int64_t group = p.n_head / p.n_head_kv;
@@ -101,7 +108,7 @@ void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv&
       const int64_t i = u / p.n_head, h = u % p.n_head;
       const int64_t pos = q_pos[i];
       AttendRowArgs a;
-      a.q = q + u * p.head_dim;
+      a.q = q + i * qs + h * p.head_dim;
       const size_t head_off = static_cast<size_t>((h / group) * p.head_dim) * elem;
       a.kv = kv;
       a.kv.k += head_off;
@@ -112,7 +119,7 @@ void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv&
       a.scale = p.scale;
       a.softcap = p.softcap;
       a.kv_f16 = f16;
-      a.out = out + u * p.head_dim;
+      a.out = out + i * os + h * p.head_dim;
       attend(a);
     }
   });

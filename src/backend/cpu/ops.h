@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/paged_kv.h"  // PagedKv, make_contiguous_kv
+#include "backend/rope.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
@@ -54,11 +55,12 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
 // Several weights applied to the same x (q/k/v, gate/up): x is quantized
 // once and all their rows go through the pool in one job, so a decode step
 // pays one synchronisation instead of n_mats. Every ws[i] must have the
-// same n_cols and the same vec_dot_partner type; ys[i]: [n_tokens, ws[i]->n_rows].
-// Results equal n_mats separate matmul() calls bit for bit. Scratch as matmul.
+// same n_cols and the same vec_dot_partner type; ys[i]: [n_tokens, ws[i]->n_rows],
+// rows y_strides[i] floats apart (y_strides null or 0: n_rows). Results
+// equal n_mats separate matmul() calls bit for bit. Scratch as matmul.
 inline constexpr int kMaxMatmulGroup = 8;
 void matmul_group(const WeightView* const* ws, float* const* ys, int n_mats, const float* x, int64_t n_tokens,
-                  ThreadPool& pool, Scratch& scratch);
+                  ThreadPool& pool, Scratch& scratch, const int64_t* y_strides = nullptr);
 
 // out[i, :] = dequantized row ids[i] of W. out: [n_ids, n_cols] f32.
 void get_rows(const WeightView& w, const int32_t* ids, int64_t n_ids, float* out);
@@ -72,20 +74,8 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps, float* out,
               float weight_offset = 0.0f);
 
-// Precomputed inverse frequencies (rot_dim / 2 of them) and the yarn
-// magnitude scale; built once per model by make_rope_table (rope_table.h).
-// Pair i rotates by angle pos * inv_freq[i] (f32), cos/sin scaled by attn_factor.
-struct RopeTable {
-  std::vector<float> inv_freq;  // [rot_dim / 2]
-  float attn_factor = 1.0f;     // multiplies cos and sin (yarn mscale)
-  int64_t rot_dim = 0;
-  bool interleaved = false;  // RopeStyle::kInterleaved
-  // When > 0, angles are computed as llama.cpp does for GGUF models: theta_0 =
-  // pos, theta_{i+1} = theta_i * ggml_theta_scale in f32 (then divided by
-  // ggml_freq_divisor[i] when present), instead of pos * inv_freq[i].
-  float ggml_theta_scale = 0.0f;
-  std::vector<float> ggml_freq_divisor;  // rope_freqs (llama3 GGUF), or empty
-};
+// RoPE angles: the device-neutral table of backend/rope.h.
+using RopeTable = rill::RopeTable;
 
 // Rotates x in place. x: [n_tokens, n_heads, head_dim] (row stride
 // n_heads*head_dim); only the first rot_dim dims of each head rotate.
@@ -120,6 +110,10 @@ struct AttentionParams {
 };
 void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
                const AttentionParams& p, float* out, ThreadPool& pool);
+// The same with q_stride / out_stride floats from one query's row to the
+// next (0: n_head * head_dim), so q may be a view of a fused qkv buffer.
+void attention_strided(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
+                       const AttentionParams& p, float* out, ThreadPool& pool, int64_t q_stride, int64_t out_stride);
 
 // One sequence's share of a batched attention call (arguments as above).
 // decode_from: as BatchSeq::decode_from, queries at positions >= it take the
@@ -133,6 +127,7 @@ struct AttentionSeq {
   int64_t n_kv = 0;
   float* out = nullptr;
   int64_t decode_from = -1;
+  int64_t q_stride = 0, out_stride = 0;  // as attention()'s
 };
 
 }  // namespace rill::cpu

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/cpu/host_ops.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
 #include "model/arch/gemma_config.h"

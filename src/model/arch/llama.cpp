@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/host_ops.h"
 #include "backend/cpu/rope_table.h"
 #include "core/thread_pool.h"
 #include "model/arch/families.h"
@@ -29,13 +31,29 @@
 namespace rill {
 namespace {
 
-using LlamaLayer = LlamaLayerWeights;
+// One layer as the Backend placed it: q/k/v as one weight (rows q, k, v) and
+// gate/up as one (rows gate, up), as the CUDA graph holds them.
+struct LlamaLayer {
+  Vec attn_norm;              // [n_embd]
+  Weight wqkv;                // [q + 2 kv, n_embd]
+  Vec bqkv;                   // [q + 2 kv] (zeros for a part without one) or absent (qwen2 has them)
+  Vec q_norm, k_norm;         // [head_dim], qwen3 only
+  Weight wo;                  // [n_embd, q]
+  Vec bo;                     // [n_embd] or absent
+  Vec ffn_norm;               // [n_embd]
+  Weight w_gate_up;           // [2 n_ff, n_embd]; dense layers
+  Weight w_down;              // [n_embd, n_ff]
+  std::optional<MoeFfn> moe;  // MoE layers, instead of gate/up/down (cpu::HostOps until MoE is a Backend op)
+};
 
-// Activations for up to max_tokens tokens, allocated once.
+// Activations for up to max_tokens tokens, allocated once. CPU activations
+// are f32 (the Backend's act dtype), so h feeds every matmul.
 struct Activations {
-  std::vector<float> x, h, q, k, v, attn, gate, up, final_rows;
+  std::vector<float> x, h, qkv, attn, gu, mlp, final_rows;
   std::vector<float> moe_out;  // [max_tokens, n_embd] when some layer is MoE
   MoeScratch moe;
+  // The step's metadata (StepMetadata points here and into the Batch).
+  std::vector<int32_t> q_start, q_len, kv_len, decode_from, table_start, slots;
 };
 
 // What one forward pass runs on: a backend and its activations. The model
@@ -43,7 +61,6 @@ struct Activations {
 struct Exec {
   Backend* backend;
   Activations* a;
-  std::vector<cpu::AttentionSeq>* attn_seqs;
 };
 
 // A decode lane: a backend on its share of the threads, with its own
@@ -52,7 +69,6 @@ struct Exec {
 struct DecodeLane {
   std::unique_ptr<Backend> backend;
   Activations a;
-  std::vector<cpu::AttentionSeq> attn_seqs;
   Batch sub;             // this lane's sequences of the step
   int32_t first = 0;     // its first sequence (= token and logits row) in the step
   int thread_share = 0;  // threads before this lane's; its sequences are in that proportion
@@ -73,8 +89,9 @@ class LlamaModel final : public CpuPagedModel {
 
  private:
   Status run(const Exec& e, const Batch& batch, float* logits);
-  void attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const Batch& batch);
-  void mlp_block(const Exec& e, const LlamaLayer& L, int64_t n);
+  StepMetadata step_metadata(const Batch& batch, Activations& a) const;
+  Status attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const StepMetadata& md);
+  Status mlp_block(const Exec& e, const LlamaLayer& L, int64_t n);
   void size_activations(Activations& a, int64_t max_tokens) const;
   // Whether forward() runs `batch` as one sub-batch per lane.
   bool split_into_lanes(const Batch& batch) const;
@@ -82,19 +99,20 @@ class LlamaModel final : public CpuPagedModel {
   std::pair<int32_t, int32_t> lane_range(int32_t l, int32_t n) const;
   Status check_batch(const Batch& batch) const;
 
-  int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
-  WeightView embed_;    // [n_vocab, n_embd]
-  WeightView lm_head_;  // [n_vocab, n_embd]; the embedding when tied
-  std::vector<float> final_norm_;
+  int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
+  std::unique_ptr<Backend> device_;  // on backend_'s threads (the MoE layers' cpu::HostOps)
+  Weight embed_;                     // [n_vocab, n_embd]
+  Weight lm_head_;                   // [n_vocab, n_embd]; the embedding when tied
+  Vec final_norm_;
   std::vector<LlamaLayer> layers_;
-  RopeTable rope_;
-  AttentionParams attn_params_;
+  Rope rope_;
+  float attn_scale_ = 1.0f;
+  int32_t window_ = 0;
   Activations a_;
-  std::vector<cpu::AttentionSeq> attn_seqs_;  // per step; capacity reserved at init
-  int n_threads_ = 1;                         // the backend's threads, shared out among the lanes
-  int64_t lane_tokens_ = 0;                   // the most sequences a lane takes
-  std::unique_ptr<ThreadPool> lane_pool_;     // one thread per lane; null without lanes
-  std::vector<DecodeLane> lanes_;             // empty: no lanes (one thread, or MoE)
+  int n_threads_ = 1;                      // the backend's threads, shared out among the lanes
+  int64_t lane_tokens_ = 0;                // the most sequences a lane takes
+  std::unique_ptr<ThreadPool> lane_pool_;  // one thread per lane; null without lanes
+  std::vector<DecodeLane> lanes_;          // empty: no lanes (one thread, or MoE)
 };
 
 // Decode steps of at least kLaneMinSeqs sequences per lane, at most
@@ -108,6 +126,10 @@ class LlamaModel final : public CpuPagedModel {
 constexpr int kLanes = 2;
 constexpr int32_t kLaneMinSeqs = 4, kLaneMaxSeqs = 64;
 
+HostMatrix host_matrix(const WeightView& w) {
+  return {w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride};
+}
+
 Status LlamaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
   constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head (and its RoPE angles) on the stack
@@ -116,43 +138,84 @@ Status LlamaModel::init(const ModelOptions& options) {
   hd_ = d.hd;
   q_width_ = d.Q;
   kv_width_ = d.KV;
+  qkv_width_ = q_width_ + 2 * kv_width_;
+  device_ = make_cpu_backend_on(*backend_->pool());
+  Backend& dev = *device_;
+
   RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, d));
   const bool all_f32 = w.all_f32();
-  embed_ = w.embed;
-  lm_head_ = w.lm_head;
-  final_norm_ = std::move(w.final_norm);
-  layers_ = std::move(w.layers);
-  RILL_ASSIGN_OR_RETURN(rope_, build_llama_rope(f, hd_));
+  const HostMatrix embed_m = host_matrix(w.embed);
+  RILL_ASSIGN_OR_RETURN(embed_, dev.place(&embed_m, 1, "model.embed_tokens.weight"));
+  lm_head_ = embed_;
+  if (!w.tied) {
+    const HostMatrix m = host_matrix(w.lm_head);
+    RILL_ASSIGN_OR_RETURN(lm_head_, dev.place(&m, 1, "lm_head.weight"));
+  }
+  RILL_ASSIGN_OR_RETURN(final_norm_, dev.place_vector(w.final_norm.data(), E, "model.norm.weight"));
   set_limits(options);
 
-  attn_params_.n_head = cfg_.n_head;
-  attn_params_.n_head_kv = cfg_.n_head_kv;
-  attn_params_.head_dim = hd_;
-  attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  attn_params_.window = cfg_.sliding_window;
+  std::vector<const WeightView*> moe_weights;
+  layers_.resize(static_cast<size_t>(cfg_.n_layer));
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    const std::string p = "model.layers." + std::to_string(il) + ".";
+    LlamaLayerWeights& h = w.layers[static_cast<size_t>(il)];
+    LlamaLayer& L = layers_[static_cast<size_t>(il)];
+    auto vec = [&](const std::vector<float>& v, const std::string& name) {
+      return dev.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
+    };
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
+    const HostMatrix qkv[] = {host_matrix(h.q.w), host_matrix(h.k.w), host_matrix(h.v.w)};
+    RILL_ASSIGN_OR_RETURN(L.wqkv, dev.place(qkv, 3, p + "self_attn.{q,k,v}_proj"));
+    if (!h.q.bias.empty() || !h.k.bias.empty() || !h.v.bias.empty()) {
+      std::vector<float> b(static_cast<size_t>(qkv_width_), 0.0f);  // zeros where a part has none
+      std::copy(h.q.bias.begin(), h.q.bias.end(), b.begin());
+      std::copy(h.k.bias.begin(), h.k.bias.end(), b.begin() + q_width_);
+      std::copy(h.v.bias.begin(), h.v.bias.end(), b.begin() + q_width_ + kv_width_);
+      RILL_ASSIGN_OR_RETURN(L.bqkv, vec(b, "self_attn qkv bias"));
+    }
+    const HostMatrix om = host_matrix(h.o.w);
+    RILL_ASSIGN_OR_RETURN(L.wo, dev.place(&om, 1, p + "self_attn.o_proj"));
+    if (!h.o.bias.empty()) {
+      RILL_ASSIGN_OR_RETURN(L.bo, vec(h.o.bias, "self_attn.o_proj.bias"));
+    }
+    if (!h.q_norm.empty()) {
+      RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
+      RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
+    }
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "post_attention_layernorm.weight"));
+    if (h.moe) {
+      L.moe = std::move(h.moe);
+      L.moe->collect_weights(&moe_weights);
+      continue;
+    }
+    const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
+    RILL_ASSIGN_OR_RETURN(L.w_gate_up, dev.place(gu, 2, p + "mlp.{gate,up}_proj"));
+    const HostMatrix dm = host_matrix(h.down.w);
+    RILL_ASSIGN_OR_RETURN(L.w_down, dev.place(&dm, 1, p + "mlp.down_proj"));
+  }
+  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_));
+  RILL_ASSIGN_OR_RETURN(rope_, dev.place_rope(rope));
+
+  attn_scale_ = 1.0f / std::sqrt(static_cast<float>(hd_));
+  window_ = static_cast<int32_t>(cfg_.sliding_window);
   // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise
   // f16 KV, as llama.cpp stores it.
-  attn_params_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
+  const DType kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
 
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
-  RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, attn_params_.kv_dtype));
+  RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, kv_dtype));
 
-  attn_seqs_.reserve(static_cast<size_t>(max_tokens_));  // a batch has at most one sequence per token
   size_activations(a_, max_tokens_);
-  std::vector<const WeightView*> weights = {&lm_head_};
+  const StepLimits limits{max_tokens_, static_cast<int32_t>(cfg_.n_head), static_cast<int32_t>(hd_)};
+  RILL_TRY(dev.reserve(limits));
   bool any_moe = false;
   for (const LlamaLayer& L : layers_) {
-    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o}) weights.push_back(&l->w);
-    if (L.moe) {
-      any_moe = true;
-      L.moe->collect_weights(&weights);
-      a_.moe.reserve(L.moe->params(), max_tokens_);
-      a_.moe_out.resize(static_cast<size_t>(max_tokens_ * E));
-    } else {
-      for (const Linear* l : {&L.gate, &L.up, &L.down}) weights.push_back(&l->w);
-    }
+    if (!L.moe) continue;
+    any_moe = true;
+    a_.moe.reserve(L.moe->params(), max_tokens_);
+    a_.moe_out.resize(static_cast<size_t>(max_tokens_ * E));
   }
-  backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
+  if (any_moe) backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), max_tokens_);
   n_threads_ =
       options.n_threads > 0 ? options.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int n_threads = n_threads_;
@@ -163,10 +226,9 @@ Status LlamaModel::init(const ModelOptions& options) {
     for (int l = 0; l < kLanes; ++l) {
       DecodeLane& lane = lanes_[static_cast<size_t>(l)];
       lane.thread_share = n_threads * l / kLanes;
-      lane.backend = make_cpu_backend(n_threads * (l + 1) / kLanes - lane.thread_share);
-      lane.backend->reserve(weights.data(), static_cast<int>(weights.size()), lane_tokens);
+      lane.backend = make_cpu_lane(dev, n_threads * (l + 1) / kLanes - lane.thread_share);
+      RILL_TRY(lane.backend->reserve({lane_tokens, limits.n_head, limits.head_dim}));
       size_activations(lane.a, lane_tokens);
-      lane.attn_seqs.reserve(static_cast<size_t>(lane_tokens));
     }
   }
   return {};
@@ -177,63 +239,106 @@ void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
   const auto E = static_cast<size_t>(cfg_.n_embd), F = static_cast<size_t>(std::max<int64_t>(cfg_.n_ff, 0));
   a.x.resize(T * E);
   a.h.resize(T * E);
-  a.q.resize(T * static_cast<size_t>(q_width_));
-  a.k.resize(T * static_cast<size_t>(kv_width_));
-  a.v.resize(T * static_cast<size_t>(kv_width_));
+  a.qkv.resize(T * static_cast<size_t>(qkv_width_));
   a.attn.resize(T * static_cast<size_t>(q_width_));
-  a.gate.resize(T * F);
-  a.up.resize(T * F);
+  a.gu.resize(T * 2 * F);
+  a.mlp.resize(T * F);
   a.final_rows.resize(T * E);
+  // A batch has at most one sequence per token.
+  for (std::vector<int32_t>* v : {&a.q_start, &a.q_len, &a.kv_len, &a.decode_from, &a.table_start, &a.slots}) {
+    v->reserve(T);
+  }
 }
 
-void LlamaModel::attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const Batch& batch) {
-  const int64_t n = batch.n_tokens();
-  Activations& a = *e.a;
-  Backend& backend = *e.backend;
-  std::vector<cpu::AttentionSeq>& seqs = *e.attn_seqs;
-  const Linear* qkv[] = {&L.q, &L.k, &L.v};
-  float* qkv_out[] = {a.q.data(), a.k.data(), a.v.data()};
-  forward_group(qkv, qkv_out, 3, a.h.data(), n, backend);
-  if (!L.q_norm.empty()) {
-    backend.rms_norm(a.q.data(), L.q_norm.data(), n * cfg_.n_head, hd_, cfg_.rms_norm_eps, a.q.data());
-    backend.rms_norm(a.k.data(), L.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a.k.data());
+// The step's indices as the Backend reads them: the Batch's own arrays, the
+// per-sequence ones gathered into a's (capacity reserved: no allocation).
+StepMetadata LlamaModel::step_metadata(const Batch& batch, Activations& a) const {
+  for (std::vector<int32_t>* v : {&a.q_start, &a.q_len, &a.kv_len, &a.decode_from, &a.table_start, &a.slots}) {
+    v->clear();
   }
-  backend.rope(a.q.data(), batch.positions.data(), n, cfg_.n_head, hd_, rope_);
-  backend.rope(a.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
-  // Store every sequence's new K/V, then attend for all of them in one call.
-  seqs.clear();
+  const int32_t shift = kv_.layer_view(0).block_shift, mask = kv_.block_size() - 1;
+  a.slots.resize(static_cast<size_t>(batch.n_tokens()));
   for (const BatchSeq& s : batch.seqs) {
-    const int64_t t0 = s.q_start;
-    const std::span<const int32_t> table = batch.table(0, s);
-    kv_.store(il, table, a.k.data() + t0 * kv_width_, a.v.data() + t0 * kv_width_, batch.positions.data() + t0, s.q_len,
-              kv_width_);
-    seqs.push_back({a.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table), s.kv_len,
-                    a.attn.data() + t0 * q_width_, s.decode_from});
+    a.q_start.push_back(s.q_start);
+    a.q_len.push_back(s.q_len);
+    a.kv_len.push_back(s.kv_len);
+    a.decode_from.push_back(s.decode_from);
+    a.table_start.push_back(s.table_start);
+    const int32_t* table = batch.block_table.data() + s.table_start;
+    for (int32_t t = s.q_start; t < s.q_start + s.q_len; ++t) {
+      const int32_t p = batch.positions[static_cast<size_t>(t)];
+      a.slots[static_cast<size_t>(t)] = (table[p >> shift] << shift) + (p & mask);
+    }
   }
-  backend.attention_batch(seqs.data(), static_cast<int>(seqs.size()), attn_params_);
-  L.o.forward(a.attn.data(), n, a.h.data(), backend);
-  backend.add_inplace(a.x.data(), a.h.data(), n * cfg_.n_embd);
+  StepMetadata md;
+  md.n_tokens = batch.n_tokens();
+  md.n_seqs = static_cast<int32_t>(batch.seqs.size());
+  md.n_sample = static_cast<int32_t>(batch.sample_rows.size());
+  md.ids = batch.token_ids.data();
+  md.pos = batch.positions.data();
+  md.seq_of = batch.seq_index.data();
+  md.sample_rows = batch.sample_rows.data();
+  md.q_start = a.q_start.data();
+  md.q_len = a.q_len.data();
+  md.kv_len = a.kv_len.data();
+  md.decode_from = a.decode_from.data();
+  md.table_start = a.table_start.data();
+  md.slots[0] = a.slots.data();
+  md.block_tables[0] = batch.block_table.data();
+  return md;
 }
 
-void LlamaModel::mlp_block(const Exec& e, const LlamaLayer& L, int64_t n) {
+Status LlamaModel::attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const StepMetadata& md) {
+  const int64_t n = md.n_tokens;
   Activations& a = *e.a;
-  Backend& backend = *e.backend;
-  if (L.moe) {
-    L.moe->forward(a.h.data(), n, a.moe_out.data(), a.moe, backend);
-    backend.add_inplace(a.x.data(), a.moe_out.data(), n * cfg_.n_embd);
-    return;
+  Backend& b = *e.backend;
+  const Tensor h = Tensor::dense(a.h.data(), DType::kF32, n, cfg_.n_embd);
+  const Tensor qkv = Tensor::dense(a.qkv.data(), DType::kF32, n, qkv_width_);
+  const Tensor attn = Tensor::dense(a.attn.data(), DType::kF32, n, q_width_);
+  RILL_TRY(b.matmul(L.wqkv, h, qkv, false, L.bqkv));
+  RopeKvOp rk;
+  rk.qkv = qkv;
+  rk.n_head = static_cast<int32_t>(cfg_.n_head);
+  rk.n_head_kv = static_cast<int32_t>(cfg_.n_head_kv);
+  rk.head_dim = static_cast<int32_t>(hd_);
+  rk.q_norm = L.q_norm;
+  rk.k_norm = L.k_norm;
+  rk.norm_eps = cfg_.rms_norm_eps;
+  rk.rope = rope_;
+  rk.kv = kv_.layer_view(il);
+  b.rope_store_kv(rk, md);
+  AttentionOp at;
+  at.q = qkv.cols_from(0, q_width_);
+  at.out = attn;
+  at.n_head = rk.n_head;
+  at.n_head_kv = rk.n_head_kv;
+  at.head_dim = rk.head_dim;
+  at.scale = attn_scale_;
+  at.window = window_;
+  at.kv = rk.kv;
+  b.attention(at, md);
+  return b.matmul(L.wo, attn, Tensor::dense(a.x.data(), DType::kF32, n, cfg_.n_embd), true, L.bo);
+}
+
+Status LlamaModel::mlp_block(const Exec& e, const LlamaLayer& L, int64_t n) {
+  Activations& a = *e.a;
+  Backend& b = *e.backend;
+  const Tensor x = Tensor::dense(a.x.data(), DType::kF32, n, cfg_.n_embd);
+  if (L.moe) {  // on cpu::HostOps (host memory) until MoE is a Backend op
+    L.moe->forward(a.h.data(), n, a.moe_out.data(), a.moe, *backend_);
+    backend_->add_inplace(a.x.data(), a.moe_out.data(), n * cfg_.n_embd);
+    return Status::Ok();
   }
-  const Linear* gate_up[] = {&L.gate, &L.up};
-  float* gate_up_out[] = {a.gate.data(), a.up.data()};
-  forward_group(gate_up, gate_up_out, 2, a.h.data(), n, backend);
-  backend.silu_mul(a.gate.data(), a.up.data(), a.gate.data(), n * cfg_.n_ff);
-  L.down.forward(a.gate.data(), n, a.h.data(), backend);
-  backend.add_inplace(a.x.data(), a.h.data(), n * cfg_.n_embd);
+  const Tensor gu = Tensor::dense(a.gu.data(), DType::kF32, n, 2 * cfg_.n_ff);
+  const Tensor mlp = Tensor::dense(a.mlp.data(), DType::kF32, n, cfg_.n_ff);
+  RILL_TRY(b.matmul(L.w_gate_up, Tensor::dense(a.h.data(), DType::kF32, n, cfg_.n_embd), gu, false));
+  b.glu(Glu::kSilu, gu, mlp);
+  return b.matmul(L.w_down, mlp, x, true);
 }
 
 Status LlamaModel::check_batch(const Batch& batch) const {
-  return rill::check_batch(
-      batch, {max_tokens_, max_seqs_, n_ctx_, cfg_.n_vocab, kv_.block_size(), kv_.n_blocks(), attn_params_.window});
+  return rill::check_batch(batch,
+                           {max_tokens_, max_seqs_, n_ctx_, cfg_.n_vocab, kv_.block_size(), kv_.n_blocks(), window_});
 }
 
 std::pair<int32_t, int32_t> LlamaModel::lane_range(int32_t l, int32_t n) const {
@@ -267,7 +372,7 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
   const int64_t n = batch.n_tokens();
   if (n <= 0) return {};
   RILL_TRY(check_batch(batch));
-  if (!split_into_lanes(batch)) return run(Exec{backend_.get(), &a_, &attn_seqs_}, batch, logits);
+  if (!split_into_lanes(batch)) return run(Exec{device_.get(), &a_}, batch, logits);
 
   const auto n_lanes = static_cast<int32_t>(lanes_.size());
   for (int32_t l = 0; l < n_lanes; ++l) {
@@ -284,8 +389,8 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
   }
   lane_pool_->for_each_thread([&](int l) {
     DecodeLane& lane = lanes_[static_cast<size_t>(l)];
-    lane.status = run(Exec{lane.backend.get(), &lane.a, &lane.attn_seqs}, lane.sub,
-                      logits + static_cast<int64_t>(lane.first) * cfg_.n_vocab);
+    lane.status =
+        run(Exec{lane.backend.get(), &lane.a}, lane.sub, logits + static_cast<int64_t>(lane.first) * cfg_.n_vocab);
   });
   for (const DecodeLane& lane : lanes_) RILL_TRY(lane.status);
   return {};
@@ -295,22 +400,22 @@ Status LlamaModel::run(const Exec& e, const Batch& batch, float* logits) {
   const int64_t n = batch.n_tokens();
   const int64_t E = cfg_.n_embd;
   Activations& a = *e.a;
-  Backend& backend = *e.backend;
-  backend.get_rows(embed_, batch.token_ids.data(), n, a.x.data());
+  Backend& b = *e.backend;
+  const StepMetadata md = step_metadata(batch, a);
+  const Tensor x = Tensor::dense(a.x.data(), DType::kF32, n, E);
+  const Tensor h = Tensor::dense(a.h.data(), DType::kF32, n, E);
+  b.embed(embed_, md.ids, n, x);
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     const LlamaLayer& L = layers_[static_cast<size_t>(il)];
-    backend.rms_norm(a.x.data(), L.attn_norm.data(), n, E, cfg_.rms_norm_eps, a.h.data());
-    attention_block(e, L, il, batch);
-    backend.rms_norm(a.x.data(), L.ffn_norm.data(), n, E, cfg_.rms_norm_eps, a.h.data());
-    mlp_block(e, L, n);
+    b.rms_norm(x, nullptr, L.attn_norm, cfg_.rms_norm_eps, 0.0f, h);
+    RILL_TRY(attention_block(e, L, il, md));
+    b.rms_norm(x, nullptr, L.ffn_norm, cfg_.rms_norm_eps, 0.0f, h);
+    RILL_TRY(mlp_block(e, L, n));
   }
-  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
-  for (int64_t i = 0; i < n_sample; ++i) {
-    const float* row = a.x.data() + static_cast<int64_t>(batch.sample_rows[i]) * E;
-    backend.rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a.final_rows.data() + i * E);
-  }
-  backend.matmul(lm_head_, a.final_rows.data(), n_sample, logits);
-  return {};
+  const int64_t n_sample = md.n_sample;
+  const Tensor final_rows = Tensor::dense(a.final_rows.data(), DType::kF32, n_sample, E);
+  b.rms_norm(x, md.sample_rows, final_norm_, cfg_.rms_norm_eps, 0.0f, final_rows);
+  return b.matmul(lm_head_, final_rows, Tensor::dense(logits, DType::kF32, n_sample, cfg_.n_vocab), false);
 }
 
 }  // namespace

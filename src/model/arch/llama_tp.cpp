@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/cpu/host_ops.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
 #include "model/arch/llama_weights.h"

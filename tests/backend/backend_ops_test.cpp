@@ -1,0 +1,502 @@
+// The backend-ops test (llama.cpp's test-backend-ops model): every Backend
+// of backend/backend.h against the CPU Backend on one thread, op by op, on
+// seeded random inputs that both see bit for bit (matmul inputs rounded to
+// the backend's act dtype first, the same weight and KV bytes).
+//
+// Instances: the CPU Backend on two threads (exact: the CPU's results do
+// not depend on its thread count) and, in CUDA builds, CUDA with f32, bf16
+// and f16 activations and bf16 in batch-invariant mode (skipped without a
+// GPU). Tolerances, relative to the largest reference magnitude, come from
+// the arithmetic that differs:
+//  - gathers, bias adds, KV copies of the same values: exact;
+//  - f32 formulas in another summation order (norms, float matmuls,
+//    attention over f32 KV, GLU, softcap): 1e-5 (1e-4 for matmuls);
+//  - outputs in bf16 / f16: one more rounding, 2^-8 / 2^-11;
+//  - RoPE: CUDA's sincosf against glibc's: 5e-5 absolute;
+//  - attention over f16 KV: the CPU rounds q and the probabilities to f16
+//    as llama.cpp does, CUDA does not: 4e-3;
+//  - quantized weights: the CPU quantizes x to the llama.cpp partner type
+//    (Q8_0 / Q8_K), CUDA multiplies its act values: 3e-2.
+// The CPU Backend itself is held to the CPU kernels in cpu_backend_test.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/cpu/rope_table.h"
+#include "core/half.h"
+#include "quant_test_util.h"
+
+#if RILL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace rill {
+namespace {
+
+using cpu::testing::random_floats;
+using cpu::testing::random_weight_rows;
+
+struct Instance {
+  std::string name;
+  std::function<Result<std::unique_ptr<Backend>>()> make;
+};
+
+void PrintTo(const Instance& i, std::ostream* os) {
+  *os << i.name;
+}
+
+std::vector<Instance> instances() {
+  std::vector<Instance> v;
+  v.push_back({"cpu_2threads", [] { return Result<std::unique_ptr<Backend>>(make_cpu_backend(2)); }});
+#if RILL_HAVE_CUDA
+  auto cuda = [](DType act, bool invariant) {
+    return [act, invariant] { return make_cuda_backend({act, invariant, 0}); };
+  };
+  v.push_back({"cuda_f32", cuda(DType::kF32, false)});
+  v.push_back({"cuda_bf16", cuda(DType::kBF16, false)});
+  v.push_back({"cuda_f16", cuda(DType::kF16, false)});
+  v.push_back({"cuda_bf16_invariant", cuda(DType::kBF16, true)});
+#endif
+  return v;
+}
+
+size_t elem_bytes(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
+float round_to(DType t, float x) {
+  if (t == DType::kBF16) return bf16_to_f32(f32_to_bf16(x));
+  if (t == DType::kF16) return f16_to_f32(f32_to_f16(x));
+  return x;
+}
+std::vector<uint8_t> encode(DType t, const std::vector<float>& v) {
+  std::vector<uint8_t> out(v.size() * elem_bytes(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &v[i], 4);
+    } else {
+      const uint16_t h = t == DType::kF16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+float decode_one(DType t, const uint8_t* p) {
+  if (t == DType::kF32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return t == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+std::vector<float> rounded(DType t, std::vector<float> v) {
+  for (float& x : v) x = round_to(t, x);
+  return v;
+}
+
+// The largest |want|, and whether got is within tol of it everywhere.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  if (tol == 0) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << what << " at " << i;
+    }
+    return;
+  }
+  double scale = 0, err = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) scale = std::max(scale, std::fabs(double(want[i])));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - want[i]);
+    if (!(d <= err)) err = std::isnan(d) ? INFINITY : d, worst = i;
+  }
+  EXPECT_LE(err, tol * std::max(scale, 1e-3)) << what << ": worst at " << worst << " got " << got[worst] << " want "
+                                              << want[worst] << " (scale " << scale << ")";
+}
+
+// One backend's copy of the test's inputs.
+struct Side {
+  std::unique_ptr<Backend> b;
+  std::vector<Buffer> bufs;
+
+  void* put(const void* host, size_t bytes) {
+    auto buf = b->allocate(bytes, "test input");
+    EXPECT_TRUE(buf.ok()) << buf.error().message;
+    EXPECT_TRUE(b->copy_in(buf->data(), host, bytes).ok());
+    bufs.push_back(std::move(*buf));
+    return bufs.back().data();
+  }
+  template <typename T>
+  T* put(const std::vector<T>& v) {
+    return static_cast<T*>(put(v.data(), v.size() * sizeof(T)));
+  }
+  // rows x cols of v (values as dtype), rows `stride` apart (0: cols).
+  Tensor tensor(const std::vector<float>& v, int64_t rows, int64_t cols, DType dtype, int64_t stride = 0) {
+    stride = stride > 0 ? stride : cols;
+    std::vector<float> full(static_cast<size_t>(rows * stride), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(v.begin() + r * cols, cols, full.begin() + r * stride);
+    }
+    const auto bytes = encode(dtype, full);
+    return {put(bytes.data(), bytes.size()), dtype, rows, cols, stride};
+  }
+  std::vector<float> read(const Tensor& t) {
+    std::vector<uint8_t> bytes(static_cast<size_t>((t.rows - 1) * t.stride + t.cols) * elem_bytes(t.dtype));
+    EXPECT_TRUE(b->copy_out(bytes.data(), t.data, bytes.size()).ok());
+    std::vector<float> out;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      for (int64_t c = 0; c < t.cols; ++c) {
+        out.push_back(decode_one(t.dtype, bytes.data() + static_cast<size_t>(r * t.stride + c) * elem_bytes(t.dtype)));
+      }
+    }
+    return out;
+  }
+  Weight place(const std::vector<HostMatrix>& parts) {
+    auto w = b->place(parts.data(), static_cast<int>(parts.size()), "test weight");
+    EXPECT_TRUE(w.ok()) << w.error().message;
+    return w.ok() ? *w : Weight{};
+  }
+  Vec vec(const std::vector<float>& v) {
+    auto r = b->place_vector(v.data(), static_cast<int64_t>(v.size()), "test vector");
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    return r.ok() ? *r : Vec{};
+  }
+};
+
+// A step's host metadata: sequences of (q_len, kv_len), each with a table
+// of distinct random blocks; routed as the device asks.
+struct HostStep {
+  std::vector<int32_t> ids, pos, seq_of, sample_rows, q_start, q_len, kv_len, decode_from, table_start, slots, tables,
+      decode_tokens;
+  std::vector<AttentionTile> tiles;
+  RoutedAttention routed;
+  int32_t n_tokens = 0;
+
+  HostStep(const std::vector<std::pair<int32_t, int32_t>>& seqs, int32_t block_shift, int32_t n_blocks, uint32_t seed,
+           const AttentionRouting& routing) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    size_t next_block = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const auto [ql, kl] = seqs[s];
+      q_start.push_back(n_tokens);
+      q_len.push_back(ql);
+      kv_len.push_back(kl);
+      decode_from.push_back(-1);
+      table_start.push_back(static_cast<int32_t>(tables.size()));
+      const int32_t n_tab = ((kl - 1) >> block_shift) + 1;
+      for (int32_t i = 0; i < n_tab; ++i) tables.push_back(blocks.at(next_block++));
+      for (int32_t i = 0; i < ql; ++i) {
+        const int32_t p = kl - ql + i;
+        ids.push_back(static_cast<int32_t>(rng() % 50));
+        pos.push_back(p);
+        seq_of.push_back(static_cast<int32_t>(s));
+        slots.push_back((tables[static_cast<size_t>(table_start.back() + (p >> block_shift))] << block_shift) +
+                        (p & ((1 << block_shift) - 1)));
+        ++n_tokens;
+      }
+      sample_rows.push_back(n_tokens - 1);
+    }
+    decode_tokens.resize(static_cast<size_t>(n_tokens));
+    tiles.resize(static_cast<size_t>(n_tokens));
+    routed = route_attention(routing, static_cast<int32_t>(seqs.size()), q_start.data(), q_len.data(), kv_len.data(),
+                             decode_tokens.data(), tiles.data());
+  }
+
+  StepMetadata place(Side& side) const {
+    StepMetadata m;
+    m.n_tokens = n_tokens;
+    m.n_seqs = static_cast<int32_t>(q_start.size());
+    m.n_sample = static_cast<int32_t>(sample_rows.size());
+    m.ids = side.put(ids);
+    m.pos = side.put(pos);
+    m.seq_of = side.put(seq_of);
+    m.sample_rows = side.put(sample_rows);
+    m.q_start = side.put(q_start);
+    m.q_len = side.put(q_len);
+    m.kv_len = side.put(kv_len);
+    m.decode_from = side.put(decode_from);
+    m.table_start = side.put(table_start);
+    m.slots[0] = side.put(slots);
+    m.block_tables[0] = side.put(tables);
+    m.decode_tokens = side.put(decode_tokens);
+    m.n_decode = routed.n_decode;
+    m.max_decode_len = routed.max_decode_len;
+    m.tiles = side.put(tiles);
+    m.n_tiles = routed.n_tiles;
+    return m;
+  }
+};
+
+class BackendOps : public ::testing::TestWithParam<Instance> {
+ protected:
+  void SetUp() override {
+    auto b = GetParam().make();
+    if (!b.ok()) GTEST_SKIP() << b.error().message;
+    dev_.b = std::move(*b);
+    ref_.b = make_cpu_backend(1);
+    exact_ = std::string(dev_.b->name()) == "cpu";
+  }
+  DType act() const { return dev_.b->act_dtype(); }
+  // The tolerance of an op whose f32 arithmetic differs by `f32`, its
+  // output in `out`.
+  double tol(double f32, DType out = DType::kF32) const {
+    if (exact_) return 0;
+    return f32 + (out == DType::kBF16 ? 1.0 / 128 : out == DType::kF16 ? 1.0 / 1024 : 0.0);
+  }
+  void reserve(int64_t max_tokens, int32_t n_head, int32_t head_dim) {
+    for (Side* s : {&ref_, &dev_}) ASSERT_TRUE(s->b->reserve({max_tokens, n_head, head_dim}).ok());
+  }
+
+  Side ref_, dev_;
+  bool exact_ = false;
+};
+
+TEST_P(BackendOps, EmbedGathersExactly) {
+  const int64_t V = 64, E = 256;
+  const std::vector<int32_t> ids = {0, 63, 17, 17, 5};
+  std::vector<DType> types = {act(), DType::kQ8_0, DType::kQ4_K};
+  if (act() == DType::kF16) types = {act()};  // CUDA keeps blocks only beside F32/BF16 activations
+  for (DType t : types) {
+    const auto table =
+        dtype_info(t).block_size > 1 ? random_weight_rows(t, V, E, 1) : encode(t, random_floats(V * E, 1));
+    const HostMatrix m{table.data(), t, V, E, row_bytes(t, E)};
+    std::vector<std::vector<float>> outs;
+    for (Side* s : {&ref_, &dev_}) {
+      const Weight w = s->place({m});
+      Tensor out = s->tensor(std::vector<float>(ids.size() * E, NAN), static_cast<int64_t>(ids.size()), E, DType::kF32);
+      s->b->embed(w, s->put(ids), static_cast<int64_t>(ids.size()), out);
+      outs.push_back(s->read(out));
+    }
+    expect_close(outs[1], outs[0], 0, std::string("embed ") + std::string(dtype_name(t)));
+  }
+}
+
+TEST_P(BackendOps, RmsNormOfStridedAndGatheredRows) {
+  const int64_t n = 7, E = 96, stride = 128;
+  const auto x = random_floats(n * E, 2, -3, 3);
+  const auto w = random_floats(E, 3);
+  const std::vector<int32_t> rows = {6, 0, 3};
+  for (float offset : {0.0f, 1.0f}) {
+    for (bool gather : {false, true}) {
+      std::vector<std::vector<float>> outs;
+      for (Side* s : {&ref_, &dev_}) {
+        const DType out_t = s == &ref_ ? DType::kF32 : act();
+        const int64_t n_out = gather ? 3 : n;
+        Tensor xt = s->tensor(x, n, E, DType::kF32, stride);
+        Tensor out = s->tensor(std::vector<float>(n_out * E, NAN), n_out, E, out_t);
+        s->b->rms_norm(xt, gather ? s->put(rows) : nullptr, s->vec(w), 1e-5f, offset, out);
+        outs.push_back(s->read(out));
+      }
+      expect_close(outs[1], outs[0], tol(1e-5, act()), "rms_norm gather " + std::to_string(gather));
+    }
+  }
+}
+
+TEST_P(BackendOps, MatmulOfFusedPartsWithAndWithoutAccumulate) {
+  const int64_t cols = 256;
+  const std::vector<int64_t> part_rows = {64, 32, 32};
+  std::vector<DType> types = {act(), DType::kQ8_0, DType::kQ4_K};
+  if (act() == DType::kF16) types = {act()};
+  for (DType t : types) {
+    const bool quant = dtype_info(t).block_size > 1;
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<HostMatrix> parts;
+    for (size_t i = 0; i < part_rows.size(); ++i) {
+      const int64_t r = part_rows[i];
+      data.push_back(quant ? random_weight_rows(t, r, cols, 10 + static_cast<uint32_t>(i))
+                           : encode(t, random_floats(r * cols, 10 + static_cast<uint32_t>(i))));
+    }
+    for (size_t i = 0; i < part_rows.size(); ++i) {
+      parts.push_back({data[i].data(), t, part_rows[i], cols, row_bytes(t, cols)});
+    }
+    const int64_t rows = 128;
+    for (int64_t n : {1, 5, 37}) {
+      for (int mode = 0; mode < 4; ++mode) {  // bit 0: accumulate, bit 1: bias
+        const bool acc = mode & 1, biased = mode & 2;
+        const auto x = rounded(act(), random_floats(n * cols, 20 + static_cast<uint32_t>(n)));
+        const auto y0 = random_floats(n * rows, 30);
+        const auto bias = random_floats(rows, 31);
+        std::vector<std::vector<float>> outs;
+        for (Side* s : {&ref_, &dev_}) {
+          const Weight w = s->place(parts);
+          ASSERT_EQ(w.rows, rows);
+          ASSERT_TRUE(s->b->reserve({64, 4, 64}).ok());
+          Tensor xt = s->tensor(x, n, cols, s->b->act_dtype());
+          Tensor y = s->tensor(y0, n, rows, DType::kF32);
+          ASSERT_TRUE(s->b->matmul(w, xt, y, acc, biased ? s->vec(bias) : Vec{}).ok());
+          outs.push_back(s->read(y));
+        }
+        expect_close(outs[1], outs[0], tol(quant ? 3e-2 : 1e-4),
+                     std::string("matmul ") + std::string(dtype_name(t)) + " n " + std::to_string(n) +
+                         (acc ? " accumulate" : "") + (biased ? " bias" : ""));
+      }
+    }
+  }
+}
+
+TEST_P(BackendOps, AddBiasSoftcapScaleAndGlu) {
+  const int64_t n = 5, F = 80;
+  const auto y = random_floats(n * 2 * F, 4, -4, 4);
+  const auto b = random_floats(2 * F, 5);
+  std::vector<std::vector<float>> outs[5];
+  for (Side* s : {&ref_, &dev_}) {
+    const DType out_t = s == &ref_ ? DType::kF32 : act();
+    Tensor t = s->tensor(y, n, 2 * F, DType::kF32);
+    s->b->add_bias(t, s->vec(b));
+    outs[0].push_back(s->read(t));
+    for (int k = 0; k < 2; ++k) {
+      Tensor out = s->tensor(std::vector<float>(n * F, NAN), n, F, out_t);
+      s->b->glu(k == 0 ? Glu::kSilu : Glu::kGeluTanh, t, out);
+      outs[1 + k].push_back(s->read(out));
+    }
+    s->b->softcap(t, 3.0f);
+    outs[3].push_back(s->read(t));
+    s->b->scale(t, 1.7f);
+    outs[4].push_back(s->read(t));
+  }
+  expect_close(outs[0][1], outs[0][0], 0, "add_bias");
+  expect_close(outs[1][1], outs[1][0], tol(1e-5, act()), "silu glu");
+  expect_close(outs[2][1], outs[2][0], tol(1e-5, act()), "gelu_tanh glu");
+  expect_close(outs[3][1], outs[3][0], tol(1e-5), "softcap");
+  expect_close(outs[4][1], outs[4][0], tol(1e-5), "scale");
+}
+
+TEST_P(BackendOps, PostNormAdd) {
+  const int64_t n = 6, E = 128;
+  const auto y = random_floats(n * E, 6, -2, 2), x = random_floats(n * E, 7, -2, 2);
+  const auto wp = random_floats(E, 8), wn = random_floats(E, 9);
+  for (bool next : {false, true}) {
+    std::vector<std::vector<float>> xs, ys;
+    for (Side* s : {&ref_, &dev_}) {
+      const DType out_t = s == &ref_ ? DType::kF32 : act();
+      Tensor yt = s->tensor(y, n, E, DType::kF32), xt = s->tensor(x, n, E, DType::kF32);
+      Tensor out = s->tensor(std::vector<float>(n * E, 0.0f), n, E, out_t);
+      s->b->post_norm_add(yt, s->vec(wp), xt, next ? s->vec(wn) : Vec{}, 1e-6f, 1.0f, out);
+      xs.push_back(s->read(xt));
+      ys.push_back(s->read(out));
+    }
+    expect_close(xs[1], xs[0], tol(1e-5), "post_norm_add residual");
+    if (next) expect_close(ys[1], ys[0], tol(1e-5, act()), "post_norm_add next norm");
+  }
+}
+
+// A per-layer KV plane pair of n_blocks blocks, as both devices address it.
+struct KvPlanes {
+  KvCacheView view;
+  size_t bytes = 0;
+};
+KvPlanes make_kv(Side& s, DType dtype, int32_t block_shift, int32_t n_blocks, int64_t kv_width, uint32_t seed) {
+  KvPlanes p;
+  p.view.dtype = dtype;
+  p.view.block_shift = block_shift;
+  p.view.row_bytes = static_cast<size_t>(kv_width) * elem_bytes(dtype);
+  p.view.block_stride = p.view.row_bytes << block_shift;
+  p.bytes = p.view.block_stride * static_cast<size_t>(n_blocks);
+  const int64_t n_elems = static_cast<int64_t>(p.bytes / elem_bytes(dtype));
+  const auto k = seed ? encode(dtype, random_floats(n_elems, seed)) : std::vector<uint8_t>(p.bytes, 0);
+  const auto v = seed ? encode(dtype, random_floats(n_elems, seed + 1)) : std::vector<uint8_t>(p.bytes, 0);
+  p.view.k = s.put(k.data(), k.size());
+  p.view.v = s.put(v.data(), v.size());
+  return p;
+}
+std::vector<float> read_plane(Side& s, const void* plane, size_t bytes, DType dtype) {
+  std::vector<uint8_t> raw(bytes);
+  EXPECT_TRUE(s.b->copy_out(raw.data(), plane, bytes).ok());
+  std::vector<float> out;
+  for (size_t i = 0; i < bytes; i += elem_bytes(dtype)) out.push_back(decode_one(dtype, raw.data() + i));
+  return out;
+}
+
+TEST_P(BackendOps, RopeQkNormAndKvStore) {
+  const int32_t n_head = 4, n_head_kv = 2, hd = 64, shift = 4, n_blocks = 16;
+  const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
+  const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 40}, {3, 9}, {20, 20}};
+  for (DType kv_t : {DType::kF32, DType::kF16}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      // 0: HF angles, full rotary, no norms; 1: ggml angles + q/k norms; 2: partial interleaved rotary
+      RopeTable table = cpu::make_rope_table(10000.0f, variant == 2 ? 32 : hd, variant == 2);
+      if (variant == 1) table.ggml_theta_scale = std::pow(10000.0f, -2.0f / hd);
+      const auto qn = random_floats(hd, 40), kn = random_floats(hd, 41);
+      std::vector<std::vector<float>> qkvs, ks, vs;
+      for (Side* s : {&ref_, &dev_}) {
+        const HostStep hs(seqs, shift, n_blocks, 11, s->b->attention_routing(kv_t, hd));
+        const StepMetadata md = hs.place(*s);
+        auto rope = s->b->place_rope(table);
+        ASSERT_TRUE(rope.ok());
+        KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, KV, 0);
+        RopeKvOp op;
+        op.qkv = s->tensor(random_floats(hs.n_tokens * QKV, 12, -2, 2), hs.n_tokens, QKV, DType::kF32, QKV + 8);
+        op.n_head = n_head;
+        op.n_head_kv = n_head_kv;
+        op.head_dim = hd;
+        if (variant == 1) {
+          op.q_norm = s->vec(qn);
+          op.k_norm = s->vec(kn);
+          op.norm_offset = 1.0f;
+        }
+        op.rope = *rope;
+        op.kv = kv.view;
+        s->b->rope_store_kv(op, md);
+        qkvs.push_back(s->read(op.qkv.cols_from(0, Q)));  // k and v columns: unspecified after the op
+        ks.push_back(read_plane(*s, kv.view.k, kv.bytes, kv_t));
+        vs.push_back(read_plane(*s, kv.view.v, kv.bytes, kv_t));
+      }
+      const std::string what = "rope variant " + std::to_string(variant) + " kv " + std::string(dtype_name(kv_t));
+      // RoPE: absolute 5e-5 of values of magnitude <= ~4 (normed: a few).
+      expect_close(qkvs[1], qkvs[0], tol(2e-5), what + " q");
+      expect_close(ks[1], ks[0], tol(kv_t == DType::kF16 ? 2e-3 : 2e-5), what + " K cache");
+      expect_close(vs[1], vs[0], 0, what + " V cache");
+    }
+  }
+}
+
+TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
+  const int32_t n_head = 8, n_head_kv = 2, hd = 64, shift = 4, n_blocks = 64;
+  const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
+  // decode (1 and 3 tokens), a prefill chunk of 40 after 30 cached, a whole prompt of 70
+  const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 300}, {3, 17}, {40, 70}, {70, 70}};
+  for (DType kv_t : {DType::kF32, DType::kF16}) {
+    for (int variant = 0; variant < 2; ++variant) {
+      std::vector<std::vector<float>> outs;
+      for (Side* s : {&ref_, &dev_}) {
+        const HostStep hs(seqs, shift, n_blocks, 13, s->b->attention_routing(kv_t, hd));
+        ASSERT_TRUE(s->b->reserve({hs.n_tokens, n_head, hd}).ok());
+        const StepMetadata md = hs.place(*s);
+        KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, KV, 14);
+        AttentionOp op;
+        Tensor qkv = s->tensor(random_floats(hs.n_tokens * QKV, 15, -1, 1), hs.n_tokens, QKV, DType::kF32);
+        op.q = qkv.cols_from(0, Q);
+        op.out = s->tensor(std::vector<float>(hs.n_tokens * Q, NAN), hs.n_tokens, Q,
+                           s == &ref_ ? DType::kF32 : s->b->act_dtype());
+        op.n_head = n_head;
+        op.n_head_kv = n_head_kv;
+        op.head_dim = hd;
+        op.scale = 0.125f;
+        op.softcap = variant == 1 ? 20.0f : 0.0f;
+        op.window = variant == 1 ? 24 : 0;
+        op.kv = kv.view;
+        s->b->attention(op, md);
+        outs.push_back(s->read(op.out));
+      }
+      expect_close(outs[1], outs[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-5, act()),
+                   "attention variant " + std::to_string(variant) + " kv " + std::string(dtype_name(kv_t)));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendOps, ::testing::ValuesIn(instances()),
+                         [](const ::testing::TestParamInfo<Instance>& i) { return i.param.name; });
+
+}  // namespace
+}  // namespace rill
