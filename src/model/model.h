@@ -71,7 +71,6 @@ class Model {
  public:
   virtual ~Model() = default;
 
-
   virtual const ModelConfig& config() const = 0;
   virtual int64_t n_vocab() const = 0;
   virtual int64_t n_ctx() const = 0;
@@ -188,7 +187,6 @@ class Model {
     (void)checkpoint, (void)layer, (void)in;
     return Error{"this model does not import recurrent state"};
   }
-
 };
 
 }  // namespace rill
