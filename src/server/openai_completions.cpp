@@ -6,6 +6,7 @@
 #include "server/chat_stream.h"
 #include "server/openai_common.h"
 #include "server/sse.h"
+#include "text/fim.h"
 #include "text/tokenizer.h"
 
 namespace rill::server {
@@ -35,8 +36,11 @@ bool is_id_array(const ojson& v) {
   return true;
 }
 
-// prompt: "text" | ["text", ...] | [id, ...] | [[id, ...], ...].
-std::variant<std::vector<RawPrompt>, ApiError> read_prompts(const ServerContext& ctx, const FieldReader& body) {
+// prompt: "text" | ["text", ...] | [id, ...] | [[id, ...], ...]. With a
+// suffix (fill-in-the-middle: `fim` set), text prompts only, each rendered
+// as the prefix before it.
+std::variant<std::vector<RawPrompt>, ApiError> read_prompts(const ServerContext& ctx, const FieldReader& body,
+                                                            const FimTokens* fim, std::string_view suffix) {
   const ojson* it = body.find("prompt");
   if (it == nullptr) return body.error("prompt", "field required");
   const Tokenizer* tok = ctx.engine.tokenizer();
@@ -47,7 +51,9 @@ std::variant<std::vector<RawPrompt>, ApiError> read_prompts(const ServerContext&
   } else if (it->is_array() && !it->empty()) {
     for (const ojson& x : *it) items.push_back(x);
   } else {
-    return body.error("prompt", "expected a string, an array of strings, an array of token ids or an array of those");
+    return body.error("prompt",
+                      "expected a string, an array of strings, an "
+                      "array of token ids or an array of those");
   }
   if (items.size() > kMaxPrompts) return body.error("prompt", "at most " + std::to_string(kMaxPrompts) + " prompts");
   std::vector<RawPrompt> out;
@@ -62,8 +68,15 @@ std::variant<std::vector<RawPrompt>, ApiError> read_prompts(const ServerContext&
     if (items[i].is_string()) {
       if (tok == nullptr) return field_error(param, "this model has no tokenizer; send token ids");
       p.text = items[i].get<std::string>();
-      // As vLLM / transformers: BOS as the model adds it, special tokens in the text recognised.
-      p.prompt.ids = tok->encode(p.text, /*add_special=*/true, /*parse_special=*/true);
+      if (fim != nullptr) {
+        p.prompt.ids = render_fim(*tok, *fim, p.text, suffix);
+      } else {
+        // As vLLM / transformers: BOS as the model adds it, special tokens in
+        // the text recognised.
+        p.prompt.ids = tok->encode(p.text, /*add_special=*/true, /*parse_special=*/true);
+      }
+    } else if (fim != nullptr) {
+      return field_error(param, "with a suffix the prompt must be text (the prefix), not token ids");
     } else if (is_id_array(items[i])) {
       for (size_t k = 0; k < items[i].size(); ++k) {
         const ojson& x = items[i][k];
@@ -214,12 +227,22 @@ void handle_completions(ServerContext& ctx, const HttpRequest& req, std::shared_
   if (auto e = body.read_int("logprobs", 0, kMaxTopLogprobs, logprobs)) return send_error(*res, *e);
   if (auto e = body.read_int("best_of", 1, f.n, best_of)) return send_error(*res, *e);
   if (auto e = body.read_string("suffix", suffix)) return send_error(*res, *e);
-  if (suffix && !suffix->empty()) return send_error(*res, body.error("suffix", "not supported"));
+  std::optional<FimTokens> fim;
+  if (suffix && !suffix->empty()) {
+    const Tokenizer* tok = ctx.engine.tokenizer();
+    if (tok != nullptr) fim = find_fim_tokens(*tok);
+    if (!fim) {
+      return send_error(*res, body.error("suffix",
+                                         "this model has no fill-in-the-middle tokens (such as "
+                                         "<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>), so it "
+                                         "cannot complete between a prompt and a suffix"));
+    }
+  }
   f.generation.logprobs = logprobs ? static_cast<int32_t>(*logprobs) : -1;
   // echo + logprobs: the prompt tokens' logprobs too (the first is null).
   if (echo.value_or(false) && logprobs) f.generation.prompt_logprobs = static_cast<int32_t>(*logprobs);
 
-  auto prompts = read_prompts(ctx, body);
+  auto prompts = read_prompts(ctx, body, fim ? &*fim : nullptr, suffix.value_or(""));
   if (auto* e = std::get_if<ApiError>(&prompts)) return send_error(*res, *e);
   const std::vector<RawPrompt>& raw = std::get<std::vector<RawPrompt>>(prompts);
 
