@@ -297,6 +297,11 @@ SamplingParams resolve_sampling(const ServerContext& ctx, const SamplingOverride
   p.presence_penalty = request.presence_penalty.value_or(0.0f);
   p.frequency_penalty = request.frequency_penalty.value_or(0.0f);
   p.seed = request.seed;
+  // top_p 0 keeps only the most likely token: greedy, as top_k 1 is.
+  if (p.top_p <= 0.0f) {
+    p.top_p = 1.0f;
+    p.top_k = 1;
+  }
   return p;
 }
 
@@ -314,9 +319,12 @@ std::variant<std::shared_ptr<ChatStream>, ApiError> ChatStream::start(ServerCont
   const int64_t room = max_sequence_tokens(ctx.engine) - n_prompt;
   if (n_prompt == 0) return api_error_from(Error{prompt.param + ": the prompt is empty"});
   if (room < (generation.prompt_only ? 0 : 1)) {
-    return api_error_from(Error{prompt.param + ": the prompt (" + std::to_string(n_prompt) + " tokens) " +
-                                (generation.prompt_only ? "exceeds" : "leaves no room for output in") +
-                                " the context of " + std::to_string(max_sequence_tokens(ctx.engine)) + " tokens"});
+    ApiError e =
+        api_error_from(Error{prompt.param + ": the prompt (" + std::to_string(n_prompt) + " tokens) " +
+                             (generation.prompt_only ? "exceeds" : "leaves no room for output in") +
+                             " the context of " + std::to_string(max_sequence_tokens(ctx.engine)) + " tokens"});
+    e.code = "context_length_exceeded";
+    return e;
   }
   const int32_t cap = ctx.options.max_tokens_cap;
   if (generation.prompt_only) {
@@ -329,9 +337,12 @@ std::variant<std::shared_ptr<ChatStream>, ApiError> ChatStream::start(ServerCont
   } else if (cap > 0 && generation.max_tokens > cap) {
     return api_error_from(Error{"max_tokens: must be at most " + std::to_string(cap) + " on this server"});
   } else if (generation.max_tokens > room) {
-    return api_error_from(Error{"max_tokens: the prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
-                                std::to_string(generation.max_tokens) + ") exceed the context of " +
-                                std::to_string(max_sequence_tokens(ctx.engine)) + " tokens"});
+    ApiError e =
+        api_error_from(Error{"max_tokens: the prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
+                             std::to_string(generation.max_tokens) + ") exceed the context of " +
+                             std::to_string(max_sequence_tokens(ctx.engine)) + " tokens"});
+    e.code = "context_length_exceeded";
+    return e;
   }
   generation.prompt = prompt.ids;
   auto state = std::make_shared<StreamState>(ctx, prompt.parser, std::move(callbacks));

@@ -120,8 +120,8 @@ std::optional<ApiError> read_common(const RequestLimits& limits, const FieldRead
   RILL_READ(body.read_int("n", 1, limits.max_n, n));
   out.n = static_cast<int>(n.value_or(1));
   SamplingOverrides& s = out.sampling;
-  RILL_READ(body.read_number("temperature", {0.0, 100.0}, s.temperature));
-  RILL_READ(body.read_number("top_p", {0.0, 1.0, /*lo_open=*/true}, s.top_p));
+  RILL_READ(body.read_number("temperature", {0.0, 2.0}, s.temperature));  // OpenAI's range
+  RILL_READ(body.read_number("top_p", {0.0, 1.0}, s.top_p));              // 0: greedy (resolve_sampling)
   RILL_READ(body.read_number("min_p", {0.0, 1.0}, s.min_p));
   RILL_READ(body.read_number("presence_penalty", {-2.0, 2.0}, s.presence_penalty));
   RILL_READ(body.read_number("frequency_penalty", {-2.0, 2.0}, s.frequency_penalty));
