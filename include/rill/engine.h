@@ -32,13 +32,24 @@ const char* finish_reason_name(FinishReason r);
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids, at least one
   SamplingParams sampling;
-  int32_t max_tokens = 256;             // >= 1; prompt + max_tokens must fit the context
+  int32_t max_tokens = 256;             // >= 1 (unless prompt_only); prompt + max_tokens must fit the context
   std::vector<std::string> stop;        // stop strings (need a tokenizer); never streamed
   std::vector<int32_t> stop_token_ids;  // end generation besides the model's EOS ids
   bool ignore_eos = false;              // keep going past the model's EOS ids
   int32_t logprobs = -1;                // -1: off; 0..kMaxTopLogprobs alternatives per token
-  bool skip_special_tokens = true;      // in the streamed text
-  uint64_t cache_namespace = 0;         // prefix-cache isolation (adapters, tenants)
+  // Prompt scoring: -1: off; 0..kMaxTopLogprobs: the logprob of every prompt
+  // token after the first (log-softmax of the model's logits at the position
+  // before it; no bias, penalties or temperature) with that many
+  // alternatives, delivered together in the event of the first sampled
+  // token (or the last event). Such a request computes its whole prompt:
+  // the prefix cache gives it no KV (there would be no logits for it), and
+  // each of its prompt positions takes a logit row of its steps.
+  int32_t prompt_logprobs = -1;
+  // Compute the prompt (and its prompt_logprobs) and sample nothing; the
+  // request ends with FinishReason::kLength. max_tokens is ignored.
+  bool prompt_only = false;
+  bool skip_special_tokens = true;  // in the streamed text
+  uint64_t cache_namespace = 0;     // prefix-cache isolation (adapters, tenants)
   // Cache warm-up: when the request ends, its prompt's cached prefix is
   // also written to the disk tier (needs EngineOptions::cache_dir).
   bool persist_prefix = false;
@@ -64,6 +75,9 @@ struct GenerationEvent {
   std::vector<int32_t> token_ids;      // new tokens since the previous event
   std::string text;                    // new text (stop strings held back and cut)
   std::vector<SampledToken> logprobs;  // one per new token when requested
+  // GenerationRequest::prompt_logprobs: prompt tokens 1..n-1, all in one
+  // event (the first with a token, or the last); empty in every other event.
+  std::vector<SampledToken> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kLength;
   std::string stop_string;            // the stop string that ended it, if any

@@ -193,7 +193,8 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--max-body-bytes", s.max_body_bytes, "largest request body (413 beyond)");
   sub->add_option("--max-n", s.max_n, "largest n (choices per request)")->check(CLI::Range(1, 128));
   sub->add_option("--max-tokens-cap", s.max_tokens_cap, "largest max_tokens a request may ask for (0: the context)");
-  sub->add_option("--default-max-tokens", s.default_max_tokens, "max_tokens when a request sets none (0: the context)");
+  sub->add_option("--default-max-tokens", s.default_max_tokens,
+                  "max_tokens when a request sets none (default 4096, or the context left if less; 0: the context)");
   sub->add_option("--response-ttl", s.response_ttl_s, "seconds a stored Responses API response lives");
   sub->add_option("--response-store-mb", s.response_store_mb, "memory cap of the Responses store (LRU beyond)");
   sub->add_option("--io-threads", s.io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));

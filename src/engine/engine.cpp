@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/hash.h"
+#include "engine/token_logprobs.h"
 #include "model/fingerprint.h"
 
 namespace rill {
@@ -44,6 +45,7 @@ SchedulerOptions scheduler_options(const Model& m, const EngineOptions& o) {
   s.max_running = max_running(m, o);
   s.max_step_s = o.max_step_ms > 0 ? o.max_step_ms / 1000 : 0;
   s.max_step_factor = o.max_step_ms < 0 ? kAutoStepFactor : 0;
+  s.max_rows = m.max_batch_seqs();
   return s;
 }
 
@@ -127,8 +129,11 @@ Status EngineImpl::validate(const GenerationRequest& r) const {
   for (int32_t id : r.stop_token_ids) {
     if (id < 0 || id >= n_vocab) return Error{"stop_token_ids: " + std::to_string(id) + " is outside the vocabulary"};
   }
-  if (r.max_tokens < 1) return Error{"max_tokens: must be at least 1"};
-  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
+  if (r.max_tokens < 1 && !r.prompt_only) return Error{"max_tokens: must be at least 1"};
+  if (r.prompt_logprobs > kMaxTopLogprobs) {
+    return Error{"prompt_logprobs: at most " + std::to_string(kMaxTopLogprobs) + " alternatives per token"};
+  }
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + (r.prompt_only ? 0 : r.max_tokens);
   if (total > model_->n_ctx()) {
     return Error{"prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +
                  std::to_string(r.max_tokens) + ") exceeds the context of " + std::to_string(model_->n_ctx()) +
@@ -329,8 +334,9 @@ void EngineImpl::run_step() {
   // the whole step samples here.
   bool all_greedy = true, all_device = true;
   for (const ScheduledChunk& c : plan.chunks) {
-    if (!c.samples) continue;
     const Request& r = *c.request;
+    if (r.n_scored_rows(c.n_tokens) > 0) all_device = false;  // scored prompt rows are logits
+    if (!c.samples || r.params.prompt_only) continue;
     all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits();
     all_greedy = all_greedy && r.sampler->is_plain_greedy();
   }
@@ -372,14 +378,21 @@ void EngineImpl::run_step() {
       c.request->longest_prefill_step_s = std::max(c.request->longest_prefill_step_s, step_s);
     }
   }
-  int32_t sample_index = 0;
   step_chunks_.assign(plan.chunks.begin(), plan.chunks.end());  // finish() edits the plan; no allocation once grown
-  for (const ScheduledChunk& c : step_chunks_) {
-    if (!c.samples) continue;
+  for (size_t i = 0; i < step_chunks_.size(); ++i) {
+    const ScheduledChunk& c = step_chunks_[i];
+    const ModelRunner::ChunkRows& rows = runner_.chunk_rows()[i];
     Request& r = *c.request;
-    const int32_t row = sample_index++;
     if (r.finished()) continue;
+    if (rows.n_scored > 0) score_prompt(r, rows);
+    if (!c.samples) continue;
     GenerationEvent event;
+    if (r.params.prompt_logprobs >= 0 && !r.prompt_scores.empty()) event.prompt_logprobs = std::move(r.prompt_scores);
+    if (r.params.prompt_only) {
+      finish(r, FinishReason::kLength, std::move(event));
+      continue;
+    }
+    const int32_t row = rows.sample_row();
     if (ids != StepIds::kHost) {
       commit_token(r, runner_.token(row), nullptr, event);
     } else {
@@ -393,6 +406,19 @@ void EngineImpl::run_step() {
   // The wall time a decoding stream waited for this step's token: the
   // forward, sampling and delivery (what latency-aware planning bounds).
   scheduler_.cost_model().observe(n_step_tokens, seconds(now, Clock::now()));
+}
+
+void EngineImpl::score_prompt(Request& r, const ModelRunner::ChunkRows& rows) {
+  // The chunk is computed (n_computed moved past it) but n_prompt_scored
+  // has not: the rows start where the runner started them.
+  const int32_t from = r.n_prompt_scored;
+  const int64_t n_vocab = model_->n_vocab();
+  const int n_top = static_cast<int>(std::min<int64_t>(r.params.prompt_logprobs, n_vocab));
+  for (int32_t k = 0; k < rows.n_scored; ++k) {
+    SampledToken& t = r.prompt_scores.emplace_back();
+    token_logprobs(runner_.logits(rows.first + k), n_vocab, r.tokens[static_cast<size_t>(from + k + 1)], n_top, t);
+  }
+  r.n_prompt_scored = from + rows.n_scored;
 }
 
 void EngineImpl::commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event) {

@@ -53,6 +53,9 @@ class EngineImpl final : public Engine {
   // Appends the sampled token `id` (with its logprobs when the request asked
   // for them) to r and to `event`; finishes r when it stops.
   void commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event);
+  // Appends the logprobs of the prompt tokens this step's scored rows of r
+  // predict to r.prompt_scores.
+  void score_prompt(Request& r, const ModelRunner::ChunkRows& rows);
   // Ends r: frees its KV, sends the final event (merged into `event`).
   void finish(Request& r, FinishReason reason, GenerationEvent&& event, std::string error = {});
   // Delivers an event; false when the consumer threw (r is then finished).

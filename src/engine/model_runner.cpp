@@ -1,5 +1,7 @@
 #include "engine/model_runner.h"
 
+#include <cassert>
+
 namespace rill {
 
 ModelRunner::ModelRunner(Model& model, const KvManager& kv) : model_(model), kv_(kv) {
@@ -13,12 +15,21 @@ ModelRunner::ModelRunner(Model& model, const KvManager& kv) : model_(model), kv_
 Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
   batch_.clear();
   rows_.clear();
+  chunk_rows_.clear();
   int32_t n_sample = 0;
   const auto n_groups = static_cast<int32_t>(model_.kv_spec().size());
   for (const ScheduledChunk& c : plan.chunks) {
     const Request& r = *c.request;
     const auto seq = static_cast<int64_t>(r.id);
-    const int32_t s = batch_.add_sequence(r.tokens.data() + r.n_computed, c.n_tokens, r.n_computed, c.samples, {});
+    // Rows in position order: the scored prompt positions, then the last token.
+    const int32_t q_start = batch_.n_tokens();
+    const int32_t s = batch_.add_sequence(r.tokens.data() + r.n_computed, c.n_tokens, r.n_computed, false, {});
+    const ChunkRows rows{n_sample, r.n_scored_rows(c.n_tokens), c.samples && !r.params.prompt_only};
+    assert(rows.n_scored == 0 || mode == StepIds::kHost);
+    const int32_t scored_from = q_start + r.first_scored_position() - r.n_computed;
+    for (int32_t k = 0; k < rows.n_scored; ++k) batch_.sample_rows.push_back(scored_from + k);
+    if (rows.samples) batch_.sample_rows.push_back(batch_.n_tokens() - 1);
+    chunk_rows_.push_back(rows);
     BatchSeq& bs = batch_.seqs[static_cast<size_t>(s)];
     bs.decode_from = r.n_prompt;  // so a recomputed output token is computed as it was decoded
     bs.table_len = kv_.append_block_table(seq, 0, batch_.block_table);
@@ -32,8 +43,8 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
       bs.state_restore = kv_.state_restore(seq);
       for (const CheckpointSave& v : kv_.state_saves(seq)) batch_.state_saves.push_back({s, v.pos, v.checkpoint});
     }
-    n_sample += c.samples;
-    if (mode == StepIds::kSample && c.samples) rows_.push_back(c.request->sampler->take_device_draw());
+    n_sample += rows.n_scored + (rows.samples ? 1 : 0);
+    if (mode == StepIds::kSample && rows.samples) rows_.push_back(c.request->sampler->take_device_draw());
   }
   if (mode != StepIds::kHost) {
     if (ids_.size() < static_cast<size_t>(n_sample)) ids_.resize(static_cast<size_t>(n_sample));

@@ -24,14 +24,27 @@ class ModelRunner {
  public:
   ModelRunner(Model& model, const KvManager& kv);
 
-  // Computes the plan's chunks. kHost: on success logits(i) is the row of
-  // the i-th sampling chunk (plan order). kGreedy (only when
+  // Where a chunk's logit rows are (Request::logit_rows, as planned): rows
+  // [first, first + n_scored) score the prompt positions from the chunk's
+  // Request::first_scored_position(), then row first + n_scored samples
+  // when `samples`.
+  struct ChunkRows {
+    int32_t first = 0;
+    int32_t n_scored = 0;
+    bool samples = false;
+    int32_t sample_row() const { return first + n_scored; }
+  };
+
+  // Computes the plan's chunks. kHost: on success logits(i) is row i
+  // (chunk_rows() says whose). kGreedy (only when
   // model().has_forward_greedy()) and kSample (only when
   // model().has_forward_sample(); every sampling chunk's request has a
   // sampler whose logits are not edited, and each takes one draw of it) pick
   // the token where the model runs and only token(i) is valid: no logits
-  // cross to the host.
+  // cross to the host; they require a plan without scored rows.
   Status run(const StepPlan& plan, StepIds mode = StepIds::kHost);
+  // One entry per plan chunk, in plan order.
+  const std::vector<ChunkRows>& chunk_rows() const { return chunk_rows_; }
   float* logits(int32_t sample_index) {
     return logits_.data() + static_cast<size_t>(sample_index) * static_cast<size_t>(model_.n_vocab());
   }
@@ -46,6 +59,7 @@ class ModelRunner {
   std::vector<float> logits_;               // [n_sample, n_vocab]
   std::vector<int32_t> ids_;                // [n_sample], kGreedy and kSample steps
   std::vector<DeviceSamplingParams> rows_;  // [n_sample], kSample steps
+  std::vector<ChunkRows> chunk_rows_;       // [plan chunks]
 };
 
 }  // namespace rill

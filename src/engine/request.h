@@ -15,8 +15,10 @@
 // and truncates the rest. Without speculation n_draft is 0.
 //
 // Owned and touched only by the engine thread.
+#include <algorithm>
 #include <cassert>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -49,6 +51,12 @@ struct Request {
   uint64_t ns = 0;       // prefix-cache namespace (model fingerprint + cache_namespace)
   int32_t n_draft = 0;   // trailing draft tokens of `tokens` (see above)
 
+  // prompt_logprobs: entries for prompt tokens 1..n_prompt_scored, computed
+  // so far (moved into the event that delivers them); n_prompt_scored stays,
+  // so a resume after preemption does not score again.
+  std::vector<SampledToken> prompt_scores;
+  int32_t n_prompt_scored = 0;
+
   std::optional<Sampler> sampler;
   std::optional<IncrementalDecoder> decoder;
   std::optional<StopMatcher> stops;
@@ -73,6 +81,21 @@ struct Request {
     tokens.resize(tokens.size() - static_cast<size_t>(n));
   }
   bool finished() const { return state == RequestState::kFinished; }
+
+  // Prompt positions [lo, lo + n) of a chunk of n_tokens from n_computed
+  // whose logit rows score the next prompt token (prompt_logprobs).
+  int32_t first_scored_position() const { return std::max(n_computed, n_prompt_scored); }
+  int32_t n_scored_rows(int32_t n_tokens) const {
+    if (params.prompt_logprobs < 0) return 0;
+    return std::max(0, std::min(n_computed + n_tokens, n_prompt - 1) - first_scored_position());
+  }
+  // The chunk of n_tokens from n_computed samples a token: it reaches the
+  // target and the request generates.
+  bool samples_after(int32_t n_tokens) const { return n_computed + n_tokens == n_target() && !params.prompt_only; }
+  // Logit rows that chunk returns: its scored positions, then the sampling row.
+  int32_t logit_rows(int32_t n_tokens) const { return n_scored_rows(n_tokens) + (samples_after(n_tokens) ? 1 : 0); }
+  // The most prompt tokens admission may take from the prefix cache.
+  int32_t max_cached_tokens() const { return params.prompt_logprobs >= 0 ? n_prompt_scored : INT32_MAX; }
 };
 
 }  // namespace rill

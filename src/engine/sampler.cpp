@@ -5,6 +5,8 @@
 #include <limits>
 #include <random>
 
+#include "engine/token_logprobs.h"
+
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
@@ -139,34 +141,7 @@ int32_t Sampler::sample(float* logits, int n_top_logprobs, SampledToken* out) {
 }
 
 void Sampler::fill_logprobs(const float* logits, int32_t id, int n_top, SampledToken& out) const {
-  // log-sum-exp with a double accumulator: float sums over 150k exp terms
-  // lose the small tail the top entries are compared against.
-  float max_l = logits[0];
-  for (int64_t i = 1; i < n_vocab_; ++i) max_l = std::max(max_l, logits[i]);
-  double sum = 0.0;
-  for (int64_t i = 0; i < n_vocab_; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_l);
-  const double lse = max_l + std::log(sum);
-  auto logprob = [&](int64_t i) { return static_cast<float>(static_cast<double>(logits[i]) - lse); };
-  out.id = id;
-  out.logprob = logprob(id);
-  out.n_top = n_top;
-  if (n_top == 0) return;
-  // Partial selection with a heap of n_top entries whose front is the worst
-  // kept one: O(n_vocab log n_top), no buffer beyond `out.top`.
-  auto better = [](const TokenLogprob& a, const TokenLogprob& b) {
-    return a.logprob > b.logprob || (a.logprob == b.logprob && a.id < b.id);
-  };
-  auto* top = out.top.data();
-  for (int i = 0; i < n_top; ++i) top[i] = {i, logprob(i)};
-  std::make_heap(top, top + n_top, better);
-  for (int64_t i = n_top; i < n_vocab_; ++i) {
-    const TokenLogprob c{static_cast<int32_t>(i), logprob(i)};
-    if (!better(c, top[0])) continue;
-    std::pop_heap(top, top + n_top, better);
-    top[n_top - 1] = c;
-    std::push_heap(top, top + n_top, better);
-  }
-  std::sort_heap(top, top + n_top, better);
+  token_logprobs(logits, n_vocab_, id, n_top, out);
 }
 
 int32_t Sampler::reference_draw(const DeviceSamplingParams& row, const float* logits, int64_t n_vocab) {

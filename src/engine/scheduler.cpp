@@ -9,6 +9,7 @@ Scheduler::Scheduler(KvManager& kv, SchedulerOptions options) : kv_(kv), options
   options_.token_budget = std::max(1, options_.token_budget);
   options_.max_running = std::max(1, options_.max_running);
   options_.min_prefill_tokens = std::max(1, options_.min_prefill_tokens);
+  options_.max_rows = options_.max_rows > 0 ? std::max(options_.max_rows, options_.max_running) : options_.max_running;
 }
 
 void Scheduler::add(Request* request) {
@@ -75,8 +76,31 @@ bool Scheduler::preempt_newest(const Request* than) {
   return true;
 }
 
+int32_t Scheduler::chunks_after(size_t i, bool admitting) const {
+  int32_t n = 0;
+  if (!admitting) {
+    for (size_t j = i + 1; j < running_.size(); ++j) n += !running_[j]->decoding() && running_[j]->n_uncomputed() > 0;
+  }
+  const int32_t slots = options_.max_running - static_cast<int32_t>(running_.size()) - (admitting ? 1 : 0);
+  const size_t queued = waiting_.size() - (admitting ? 1 : 0);
+  return n + static_cast<int32_t>(std::min(queued, size_t(std::max(0, slots))));
+}
+
+int32_t Scheduler::fit_rows(const Request& r, int32_t n, int32_t later) const {
+  const int32_t avail = options_.max_rows - rows_ - later;
+  if (n <= 0 || r.logit_rows(n) <= avail) return std::max(n, 0);
+  if (r.logit_rows(1) > avail) return 0;
+  int32_t lo = 1, hi = n;  // fits(lo), !fits(hi); logit_rows grows with n
+  while (hi - lo > 1) {
+    const int32_t mid = lo + (hi - lo) / 2;
+    (r.logit_rows(mid) <= avail ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 void Scheduler::schedule_chunk(Request* r, int32_t n) {
   assert(n >= 1 && n <= r->n_uncomputed());
+  rows_ += r->logit_rows(n);
   Status st = kv_.append(static_cast<int64_t>(r->id), n);
   assert(st.ok());
   (void)st;
@@ -126,6 +150,7 @@ const StepPlan& Scheduler::schedule() {
   plan_.target_s = 0;
   plan_.prefill_cap = -1;
   budget_ = options_.token_budget;
+  rows_ = 0;
   kv_.begin_step();
 
   // 1. Decode rounds, oldest first. running_ may shrink while we walk it.
@@ -159,7 +184,8 @@ const StepPlan& Scheduler::schedule() {
     while (fit(*r, want, 0) < want && preempt_newest(r)) {
     }
     // Preemption may have removed requests after r only; r is still at i.
-    const int32_t n = fit(*r, std::min(want, budget_), 0);
+    int32_t n = fit(*r, std::min(want, budget_), 0);
+    if (r->params.prompt_logprobs >= 0) n = fit_rows(*r, n, chunks_after(i, /*admitting=*/false));
     if (n > 0) schedule_chunk(r, n);
     ++i;
   }
@@ -170,7 +196,7 @@ const StepPlan& Scheduler::schedule() {
          static_cast<int32_t>(running_.size()) < max_running) {
     Request* r = waiting_.front();
     const auto seq = static_cast<int64_t>(r->id);
-    auto admission = kv_.admit(seq, r->ns, r->tokens);
+    auto admission = kv_.admit(seq, r->ns, r->tokens, r->max_cached_tokens());
     if (!admission.ok()) {
       waiting_.pop_front();
       plan_.failed.emplace_back(r, admission.error().message);
@@ -181,7 +207,8 @@ const StepPlan& Scheduler::schedule() {
     // per decoder, though only this step's chunk is allocated now: admitting
     // on a chunk's worth would overcommit and end in preemption.
     const bool fits = kv_.blocks_needed(seq, r->n_uncomputed()) + n_decoding() <= kv_.n_free_blocks();
-    const int32_t n = fits ? std::min(r->n_uncomputed(), budget_) : 0;
+    int32_t n = fits ? std::min(r->n_uncomputed(), budget_) : 0;
+    if (r->params.prompt_logprobs >= 0) n = fit_rows(*r, n, chunks_after(0, /*admitting=*/true));
     if (n == 0) {
       kv_.release(seq);
       r->n_computed = 0;

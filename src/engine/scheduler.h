@@ -60,6 +60,12 @@ struct SchedulerOptions {
   double max_step_s = 0;            // > 0: the step time target in seconds
   double max_step_factor = 0;       // else, > 0: the target as this x the rounds' predicted time
   int32_t min_prefill_tokens = 16;  // the prefill share never drops below this
+  // Logit rows per step (the model's max_batch_seqs; at least max_running);
+  // 0: max_running. A chunk returns a row when it samples, so any plan of
+  // max_running chunks fits; a prompt-scoring chunk (Request::logit_rows)
+  // returns one per scored position and is cut to the rows left after one
+  // for every chunk that may still follow it.
+  int32_t max_rows = 0;
 };
 
 struct ScheduledChunk {
@@ -118,6 +124,13 @@ class Scheduler {
   bool preempt_newest(const Request* than);
   void preempt(Request* r);
   void schedule_chunk(Request* r, int32_t n);
+  // The most of r's next n tokens whose logit rows fit this step, keeping a
+  // row for each of `later` chunks that may follow; 0 if none.
+  int32_t fit_rows(const Request& r, int32_t n, int32_t later) const;
+  // Chunks that may still be planned after running_[i]'s (phase 2: the
+  // prefilling requests after it, then admissions) or after the admission
+  // of waiting_.front() (admitting). Each returns at most one row.
+  int32_t chunks_after(size_t i, bool admitting) const;
   // Schedules decoding r's round: its owed token, then the drafts that fit.
   void schedule_round(Request* r, size_t index);
   void insert_running(Request* r);  // keeps running_ in arrival order
@@ -133,6 +146,7 @@ class Scheduler {
   StepCostModel cost_;
   StepPlan plan_;
   int32_t budget_ = 0;
+  int32_t rows_ = 0;  // logit rows of the plan so far
   int64_t n_preemptions_ = 0;
 };
 

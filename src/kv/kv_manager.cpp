@@ -82,7 +82,7 @@ void KvManager::plan_checkpoints(Sequence& s, int32_t n_before) {
   }
 }
 
-Result<Admission> KvManager::admit(int64_t seq, uint64_t ns, std::span<const int32_t> prompt) {
+Result<Admission> KvManager::admit(int64_t seq, uint64_t ns, std::span<const int32_t> prompt, int32_t max_cached) {
   if (prompt.empty()) return Error{seq_name(seq) + ": empty prompt"};
   if (contains(seq)) return Error{seq_name(seq) + ": already admitted"};
   const auto n_prompt = static_cast<int32_t>(prompt.size());
@@ -125,7 +125,7 @@ Result<Admission> KvManager::admit(int64_t seq, uint64_t ns, std::span<const int
   // Resume where every group holds the blocks the next token reads (a
   // match may pass hollow nodes a cache tier restored) and, with a
   // recurrent group, where a checkpoint is; each trim may call for the other.
-  int32_t k = common / bs_;
+  int32_t k = std::min(common, std::max(0, max_cached)) / bs_;
   std::optional<int32_t> ckpt;
   for (;;) {
     const int32_t resumable = deepest_resumable(matches, k);

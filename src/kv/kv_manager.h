@@ -35,6 +35,7 @@
 // slots, or without an attention group, a recurrent model reuses nothing.
 // Checkpoint slots are recycled least recently used, never two in one step
 // (begin_step()); memory stays at n_checkpoints states.
+#include <climits>
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -76,10 +77,11 @@ class KvManager {
   KvManager& operator=(const KvManager&) = delete;
 
   // Registers `seq` (must be new) in namespace ns and matches the longest
-  // cached prefix of `prompt` that leaves at least one token to compute.
+  // cached prefix of `prompt` that leaves at least one token to compute and
+  // holds at most max_cached tokens.
   // Errors (nothing changes): empty prompt, seq already present, a prompt
   // that could never fit in the pool even alone, no free state slot.
-  Result<Admission> admit(int64_t seq, uint64_t ns, std::span<const int32_t> prompt);
+  Result<Admission> admit(int64_t seq, uint64_t ns, std::span<const int32_t> prompt, int32_t max_cached = INT32_MAX);
 
   // True when append(seq, n) would succeed. Conservative: blocks a sliding
   // group will give back during the append are not counted as available.

@@ -1,6 +1,7 @@
 #include "server/app.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <ctime>
 
@@ -60,6 +61,7 @@ constexpr Route kRoutes[] = {
     {"/", "GET, HEAD, OPTIONS"},
     {"/health", "GET, HEAD, OPTIONS"},
     {"/v1/models", "GET, HEAD, OPTIONS"},
+    {"/v1/models/{id}", "GET, HEAD, OPTIONS"},
     {"/metrics", "GET, HEAD, OPTIONS"},
     {"/stats", "GET, HEAD, OPTIONS"},
     {"/v1/chat/completions", "POST, OPTIONS"},
@@ -71,6 +73,31 @@ constexpr Route kRoutes[] = {
     {"/v1/cache/warm", "POST, OPTIONS"},
 };
 constexpr const char* kOtherRoute = "other";
+
+// The API paths clients whose base URL lacks /v1 call: each answers as its
+// /v1 form (and so does everything under it, e.g. /responses/{id}).
+constexpr const char* kUnprefixed[] = {"/chat/completions", "/completions", "/models",
+                                       "/responses",        "/embeddings",  "/messages"};
+
+// The path as routed: an unprefixed alias gets its /v1.
+std::string canonical_path(const std::string& p) {
+  for (const char* a : kUnprefixed) {
+    const size_t n = std::strlen(a);
+    if (p.compare(0, n, a) == 0 && (p.size() == n || p[n] == '/')) return "/v1" + p;
+  }
+  return p;
+}
+
+// Access-Control-Request-Headers as a browser sends it: header names
+// (token characters) separated by commas and spaces; anything else is
+// not echoed.
+bool is_header_list(const std::string& v) {
+  if (v.empty() || v.size() > 1024) return false;
+  for (unsigned char c : v) {
+    if (!(std::isalnum(c) || c == '-' || c == '_' || c == ',' || c == ' ')) return false;
+  }
+  return true;
+}
 
 bool allows(const char* route, const std::string& method) {
   const std::string allow = App::allowed_methods(route);
@@ -95,8 +122,10 @@ bool same_secret(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-const char* App::route_label(const std::string& p) {
+const char* App::route_label(const std::string& path) {
+  const std::string p = canonical_path(path);
   if (p == "/index.html") return "/";
+  if (starts_with(p, "/v1/models/") && p.size() > std::strlen("/v1/models/")) return "/v1/models/{id}";
   if (starts_with(p, "/v1/responses/") && p.size() > std::strlen("/v1/responses/")) return "/v1/responses/{id}";
   for (const Route& r : kRoutes) {
     if (p == r.label) return r.label;
@@ -125,14 +154,19 @@ HeaderList App::cors_headers(const HttpRequest& req) const {
   const std::string origin = req.header("origin");
   const bool any = std::find(origins.begin(), origins.end(), "*") != origins.end();
   if (!any && std::find(origins.begin(), origins.end(), origin) == origins.end()) return {};
+  // A preflight's requested headers are allowed as asked (the official JS
+  // SDKs send x-stainless-*, anthropic-dangerous-direct-browser-access, ...).
+  const std::string asked = req.header("access-control-request-headers");
   return {{"Access-Control-Allow-Origin", any ? "*" : origin},
-          {"Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version"},
+          {"Access-Control-Allow-Headers",
+           is_header_list(asked) ? asked : "Authorization, Content-Type, x-api-key, anthropic-version"},
           {"Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"},
-          {"Vary", "Origin"}};
+          {"Access-Control-Max-Age", "600"},
+          {"Vary", "Origin, Access-Control-Request-Headers"}};
 }
 
 void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
-  const std::string& p = req.path;
+  const std::string p = canonical_path(req.path);
   const bool anthropic = starts_with(p, "/v1/messages");
   const char* route = route_label(p);
   auto res = std::make_shared<RouteResponder>(std::move(raw), cors_headers(req), ctx_.metrics, route);
@@ -168,6 +202,7 @@ void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
   const bool post = req.method == "POST", del = req.method == "DELETE";
   const std::string r = route;
   if (get && r == "/v1/models") return models(res);
+  if (get && r == "/v1/models/{id}") return model(p.substr(std::strlen("/v1/models/")), res);
   if (get && r == "/metrics") return metrics(res);
   if (get && r == "/stats") return stats(res);
   if (post && r == "/v1/chat/completions") return handle_chat_completions(ctx_, req, res);
@@ -185,15 +220,27 @@ void App::health(std::shared_ptr<Responder> res) {
   res->send(200, "application/json", R"({"status":"ok"})", {});
 }
 
+nlohmann::json App::model_object() const {
+  return {{"id", ctx_.options.model_id},
+          {"object", "model"},
+          {"created", static_cast<int64_t>(std::time(nullptr))},
+          {"owned_by", "rill"},
+          {"context_length", ctx_.engine.model().n_ctx()}};
+}
+
 void App::models(std::shared_ptr<Responder> res) {
-  const Model& m = ctx_.engine.model();
-  nlohmann::json model = {{"id", ctx_.options.model_id},
-                          {"object", "model"},
-                          {"created", static_cast<int64_t>(std::time(nullptr))},
-                          {"owned_by", "rill"},
-                          {"context_length", m.n_ctx()}};
-  nlohmann::json body = {{"object", "list"}, {"data", nlohmann::json::array({model})}};
+  nlohmann::json body = {{"object", "list"}, {"data", nlohmann::json::array({model_object()})}};
   res->send(200, "application/json", body.dump(), {});
+}
+
+void App::model(const std::string& id, std::shared_ptr<Responder> res) {
+  if (id != ctx_.options.model_id) {
+    return send_error(
+        *res,
+        ApiError(404, "The model '" + id + "' does not exist (this server serves '" + ctx_.options.model_id + "')",
+                 "invalid_request_error", "model", "model_not_found"));
+  }
+  res->send(200, "application/json", model_object().dump(), {});
 }
 
 void App::metrics(std::shared_ptr<Responder> res) {

@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "server/http.h"
 #include "server/http_server.h"
 #include "server/server_context.h"
@@ -34,6 +36,9 @@ class App {
   HeaderList cors_headers(const HttpRequest& req) const;
   void health(std::shared_ptr<Responder> res);
   void models(std::shared_ptr<Responder> res);
+  // GET /v1/models/{id}: the served model, or a 404 naming `model`.
+  void model(const std::string& id, std::shared_ptr<Responder> res);
+  nlohmann::json model_object() const;
   void metrics(std::shared_ptr<Responder> res);
   void stats(std::shared_ptr<Responder> res);
 

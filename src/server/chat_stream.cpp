@@ -169,6 +169,8 @@ struct StreamState {
     observe_latency(event.token_ids.size());
     result.token_ids.insert(result.token_ids.end(), event.token_ids.begin(), event.token_ids.end());
     result.logprobs.insert(result.logprobs.end(), event.logprobs.begin(), event.logprobs.end());
+    result.prompt_logprobs.insert(result.prompt_logprobs.end(), event.prompt_logprobs.begin(),
+                                  event.prompt_logprobs.end());
     OutputDelta delta;
     parser.push(event.text, delta);
     if (event.finished) parser.finish(delta);
@@ -295,6 +297,11 @@ SamplingParams resolve_sampling(const ServerContext& ctx, const SamplingOverride
   p.presence_penalty = request.presence_penalty.value_or(0.0f);
   p.frequency_penalty = request.frequency_penalty.value_or(0.0f);
   p.seed = request.seed;
+  // top_p 0 keeps only the most likely token: greedy, as top_k 1 is.
+  if (p.top_p <= 0.0f) {
+    p.top_p = 1.0f;
+    p.top_k = 1;
+  }
   return p;
 }
 
@@ -311,13 +318,18 @@ std::variant<std::shared_ptr<ChatStream>, ApiError> ChatStream::start(ServerCont
   const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
   const int64_t room = max_sequence_tokens(ctx.engine) - n_prompt;
   if (n_prompt == 0) return api_error_from(Error{prompt.param + ": the prompt is empty"});
-  if (room < 1) {
-    return api_error_from(Error{prompt.param + ": the prompt (" + std::to_string(n_prompt) +
-                                " tokens) leaves no room for output in the context of " +
-                                std::to_string(max_sequence_tokens(ctx.engine)) + " tokens"});
+  if (room < (generation.prompt_only ? 0 : 1)) {
+    ApiError e =
+        api_error_from(Error{prompt.param + ": the prompt (" + std::to_string(n_prompt) + " tokens) " +
+                             (generation.prompt_only ? "exceeds" : "leaves no room for output in") +
+                             " the context of " + std::to_string(max_sequence_tokens(ctx.engine)) + " tokens"});
+    e.code = "context_length_exceeded";
+    return e;
   }
   const int32_t cap = ctx.options.max_tokens_cap;
-  if (generation.max_tokens <= 0) {
+  if (generation.prompt_only) {
+    generation.max_tokens = 0;
+  } else if (generation.max_tokens <= 0) {
     int64_t n = room;
     if (ctx.options.default_max_tokens > 0) n = std::min<int64_t>(n, ctx.options.default_max_tokens);
     if (cap > 0) n = std::min<int64_t>(n, cap);
@@ -325,9 +337,12 @@ std::variant<std::shared_ptr<ChatStream>, ApiError> ChatStream::start(ServerCont
   } else if (cap > 0 && generation.max_tokens > cap) {
     return api_error_from(Error{"max_tokens: must be at most " + std::to_string(cap) + " on this server"});
   } else if (generation.max_tokens > room) {
-    return api_error_from(Error{"max_tokens: the prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
-                                std::to_string(generation.max_tokens) + ") exceed the context of " +
-                                std::to_string(max_sequence_tokens(ctx.engine)) + " tokens"});
+    ApiError e =
+        api_error_from(Error{"max_tokens: the prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
+                             std::to_string(generation.max_tokens) + ") exceed the context of " +
+                             std::to_string(max_sequence_tokens(ctx.engine)) + " tokens"});
+    e.code = "context_length_exceeded";
+    return e;
   }
   generation.prompt = prompt.ids;
   auto state = std::make_shared<StreamState>(ctx, prompt.parser, std::move(callbacks));

@@ -42,8 +42,9 @@ struct ChatResult {
   std::string stop_string;            // the stop string that ended it, "" when none
   std::optional<int32_t> stop_token;  // the EOS / stop token that ended it (last of token_ids)
   Usage usage;
-  std::vector<int32_t> token_ids;      // every generated id, the EOS / stop token included
-  std::vector<SampledToken> logprobs;  // when requested; one per id of token_ids
+  std::vector<int32_t> token_ids;             // every generated id, the EOS / stop token included
+  std::vector<SampledToken> logprobs;         // when requested; one per id of token_ids
+  std::vector<SampledToken> prompt_logprobs;  // GenerationRequest::prompt_logprobs: prompt tokens 1..n-1
 };
 
 struct ChatCallbacks {
@@ -102,7 +103,8 @@ SamplingParams resolve_sampling(const ServerContext& ctx, const SamplingOverride
 // generation does not depend on the ChatStream object staying alive.
 //
 // generation.max_tokens <= 0 means "as many as fit": the context left after
-// the prompt, capped by ServerOptions::default_max_tokens and max_tokens_cap.
+// the prompt, capped by ServerOptions::default_max_tokens and max_tokens_cap
+// (generation.prompt_only: none; the prompt only has to fit).
 // A max_tokens that does not fit is a 400 naming "max_tokens"; a prompt that
 // fills the context a 400 naming ChatPrompt::param. Metrics (TTFT, ITL) go
 // to ctx.metrics when set.

@@ -190,6 +190,7 @@ class ChatCall final : public openai::OpenAiCall {
       const ChatResult& r = results[i];
       ojson message = {{"role", "assistant"}};
       message["content"] = r.content.empty() && !r.tool_calls.empty() ? ojson(nullptr) : ojson(r.content);
+      message["refusal"] = nullptr;  // the spec's field; this server never refuses by itself
       if (!r.reasoning.empty()) message["reasoning_content"] = r.reasoning;
       if (!r.tool_calls.empty()) message["tool_calls"] = tool_calls_json(r.tool_calls, false, 0);
       ojson logprobs = nullptr;

@@ -120,8 +120,8 @@ std::optional<ApiError> read_common(const RequestLimits& limits, const FieldRead
   RILL_READ(body.read_int("n", 1, limits.max_n, n));
   out.n = static_cast<int>(n.value_or(1));
   SamplingOverrides& s = out.sampling;
-  RILL_READ(body.read_number("temperature", {0.0, 100.0}, s.temperature));
-  RILL_READ(body.read_number("top_p", {0.0, 1.0, /*lo_open=*/true}, s.top_p));
+  RILL_READ(body.read_number("temperature", {0.0, 2.0}, s.temperature));  // OpenAI's range
+  RILL_READ(body.read_number("top_p", {0.0, 1.0}, s.top_p));              // 0: greedy (resolve_sampling)
   RILL_READ(body.read_number("min_p", {0.0, 1.0}, s.min_p));
   RILL_READ(body.read_number("presence_penalty", {-2.0, 2.0}, s.presence_penalty));
   RILL_READ(body.read_number("frequency_penalty", {-2.0, 2.0}, s.frequency_penalty));
@@ -130,8 +130,9 @@ std::optional<ApiError> read_common(const RequestLimits& limits, const FieldRead
   if (top_k) s.top_k = static_cast<int>(std::max<int64_t>(*top_k, 0));  // -1: off (vLLM)
   RILL_READ(body.read_int("seed", INT64_MIN, INT64_MAX, seed));
   if (seed) s.seed = static_cast<uint64_t>(*seed);
-  RILL_READ(body.read_int("max_tokens", 1, INT32_MAX, max_tokens));
-  RILL_READ(body.read_int("max_completion_tokens", 1, INT32_MAX, max_completion_tokens));
+  const int64_t min_tokens = limits.allow_zero_max_tokens ? 0 : 1;
+  RILL_READ(body.read_int("max_tokens", min_tokens, INT32_MAX, max_tokens));
+  RILL_READ(body.read_int("max_completion_tokens", min_tokens, INT32_MAX, max_completion_tokens));
   if (max_completion_tokens) max_tokens = max_completion_tokens;
   const int32_t cap = limits.max_tokens_cap;
   if (max_tokens && cap > 0 && *max_tokens > cap) {
@@ -139,6 +140,7 @@ std::optional<ApiError> read_common(const RequestLimits& limits, const FieldRead
                       "must be at most " + std::to_string(cap) + " on this server");
   }
   out.generation.max_tokens = static_cast<int32_t>(max_tokens.value_or(0));
+  out.generation.prompt_only = max_tokens && *max_tokens == 0;
   RILL_READ(read_stop(body, out.generation.stop));
   RILL_READ(read_logit_bias(limits, body, out.logit_bias));
   RILL_READ(body.read_bool("ignore_eos", ignore_eos));
@@ -220,6 +222,18 @@ void append_completion_logprobs(const Tokenizer& tok, std::span<const SampledTok
     out["text_offset"].push_back(offset);
     offset += piece.size();
   }
+}
+
+void append_prompt_logprobs(const Tokenizer& tok, std::span<const int32_t> prompt, std::span<const SampledToken> scores,
+                            ojson& out, size_t& offset) {
+  if (prompt.empty()) return;
+  const std::string first = tok.token_to_piece(prompt[0]);
+  out["tokens"].push_back(first);
+  out["token_logprobs"].push_back(nullptr);
+  out["top_logprobs"].push_back(nullptr);
+  out["text_offset"].push_back(offset);
+  offset += first.size();
+  append_completion_logprobs(tok, scores, out, offset);
 }
 
 ojson usage_json(const std::vector<ChatResult>& results, size_t per_prompt) {

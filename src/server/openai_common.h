@@ -36,6 +36,8 @@ struct RequestLimits {
   int max_n = 8;               // choices per request
   int32_t max_tokens_cap = 0;  // 0: none
   int64_t n_vocab = 0;         // logit_bias token ids are in [0, n_vocab)
+  // max_tokens: 0 is valid (completions with echo: score the prompt only).
+  bool allow_zero_max_tokens = false;
 };
 RequestLimits request_limits(const ServerContext& ctx);
 
@@ -46,7 +48,7 @@ struct CommonFields {
   bool include_usage = false;  // stream_options.include_usage
   int n = 1;
   SamplingOverrides sampling;
-  GenerationRequest generation;  // max_tokens (0: as many as fit), stop, ignore_eos
+  GenerationRequest generation;  // max_tokens (0: as many as fit), stop, ignore_eos, prompt_only
   std::vector<std::pair<int32_t, float>> logit_bias;
 };
 // model, stream, stream_options, n, temperature, top_p, top_k, min_p, seed,
@@ -83,6 +85,11 @@ ojson chat_logprobs(const Tokenizer& tok, std::span<const SampledToken> entries)
 void append_completion_logprobs(const Tokenizer& tok, std::span<const SampledToken> entries, ojson& out,
                                 size_t& offset);
 ojson empty_completion_logprobs();
+// Echo: the prompt's entries in front, the first token's logprob and
+// top_logprobs null (nothing predicts it), `scores` those of prompt[1..];
+// `offset` as above, from 0.
+void append_prompt_logprobs(const Tokenizer& tok, std::span<const int32_t> prompt, std::span<const SampledToken> scores,
+                            ojson& out, size_t& offset);
 
 // {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details:
 // {cached_tokens}} over results where every `per_prompt` consecutive results

@@ -253,7 +253,7 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
 
   SamplingOverrides& s = req.sampling;
   if (auto e = body.read_number("temperature", {0, 2}, s.temperature)) return *e;
-  if (auto e = body.read_number("top_p", {0, 1, /*lo_open=*/true}, s.top_p)) return *e;
+  if (auto e = body.read_number("top_p", {0, 1}, s.top_p)) return *e;  // 0: greedy (resolve_sampling)
   if (auto e = body.read_number("min_p", {0, 1}, s.min_p)) return *e;
   if (auto e = body.read_number("repetition_penalty", {0, 10, /*lo_open=*/true}, s.repetition_penalty)) return *e;
   std::optional<int64_t> top_k, seed, max_output_tokens;
@@ -449,7 +449,7 @@ std::string ResponsesEncoder::open(Open kind) {
             {"status", "in_progress"},
             {"content", Json::array()},
             {"role", "assistant"}};
-    part = {{"type", "output_text"}, {"annotations", Json::array()}, {"text", ""}};
+    part = {{"type", "output_text"}, {"annotations", Json::array()}, {"logprobs", Json::array()}, {"text", ""}};
     saw_message_ = true;
   }
   const int64_t index = int64_t(output_.size());

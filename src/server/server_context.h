@@ -23,7 +23,7 @@ struct ServerOptions {
   size_t max_body_bytes = 8 << 20;        // larger bodies get 413
   int max_n = 8;                          // choices per request
   int32_t max_tokens_cap = 0;             // 0: up to the context
-  int32_t default_max_tokens = 0;         // 0: up to the context
+  int32_t default_max_tokens = 4096;      // requests without max_tokens (or the context left, if less); 0: the context
   double response_ttl_s = 3600;
   int64_t response_store_mb = 64;
   int io_threads = 1;

@@ -3,7 +3,7 @@
 // engine and scheduler tests. Its "KV" is the (token, position) pair stored
 // in each block slot; a sampling row reads the whole sequence back through
 // the block table, fails the step if any slot holds the wrong position, and
-// returns logits that depend on every token of the sequence. So a request
+// returns logits that depend on every token of the sequence up to the row. So a request
 // continues exactly as it would alone (next_token()) only if its blocks were
 // written, shared, evicted and restored correctly.
 #include <algorithm>
@@ -123,10 +123,13 @@ class FakeModel final : public Model {
         if (block < 0 || block >= o_.n_blocks) return Error{"bad block id " + std::to_string(block)};
         cells_[static_cast<size_t>(block * bs + p % bs)] = {batch.token_ids[static_cast<size_t>(t)], p};
       }
-      const int32_t last = s.q_start + s.q_len - 1;
-      if (next_sample < batch.sample_rows.size() && batch.sample_rows[next_sample] == last) {
+      // This sequence's rows (any of its tokens, in order): the logits of
+      // the context up to and including the row's position.
+      while (next_sample < batch.sample_rows.size() && batch.sample_rows[next_sample] >= s.q_start &&
+             batch.sample_rows[next_sample] < s.q_start + s.q_len) {
+        const int32_t row_pos = batch.positions[static_cast<size_t>(batch.sample_rows[next_sample])];
         std::vector<int32_t> context;
-        for (int32_t p = 0; p < s.kv_len; ++p) {
+        for (int32_t p = 0; p <= row_pos; ++p) {
           const Cell& c = cells_[static_cast<size_t>(table[static_cast<size_t>(p / bs)] * bs + p % bs)];
           if (c.pos != p) return Error{"KV of position " + std::to_string(p) + " is missing or stale"};
           context.push_back(c.token);

@@ -84,7 +84,7 @@ TEST(ResponsesConvert, ErrorsNameTheField) {
       {R"({"input": "x", "previous_response_id": 3})", "previous_response_id"},
       {R"({"input": "x", "temperature": "hot"})", "temperature"},
       {R"({"input": "x", "temperature": 2.5})", "temperature"},
-      {R"({"input": "x", "top_p": 0})", "top_p"},
+      {R"({"input": "x", "top_p": -0.1})", "top_p"},
       {R"({"input": "x", "max_output_tokens": 0})", "max_output_tokens"},
       {R"({"input": "x", "max_output_tokens": 1.5})", "max_output_tokens"},
       {R"({"input": "x", "stream": "yes"})", "stream"},
@@ -248,7 +248,8 @@ TEST(ResponsesConvert, EncoderStreamsReasoningTextAndCallsInOrder) {
   EXPECT_EQ(ev[11].second["content_index"], 0);
   EXPECT_EQ(ev[11].second["item_id"], ev[9].second["item"]["id"]);
   EXPECT_EQ(ev[13].second["text"], "Hello world");
-  EXPECT_EQ(ev[14].second["part"], Json::parse(R"({"type":"output_text","annotations":[],"text":"Hello world"})"));
+  EXPECT_EQ(ev[14].second["part"],
+            Json::parse(R"({"type":"output_text","annotations":[],"logprobs":[],"text":"Hello world"})"));
   EXPECT_EQ(ev[17].second["delta"], "{\"a\":1}");
   EXPECT_EQ(ev[18].second["arguments"], "{\"a\":1}");
   EXPECT_EQ(ev[19].second["item"]["call_id"], "call_9");
