@@ -185,6 +185,13 @@ void handle_completions(ServerContext& ctx, const HttpRequest& req, std::shared_
   if (auto e = body.read_string("suffix", suffix)) return send_error(*res, *e);
   if (suffix && !suffix->empty()) return send_error(*res, body.error("suffix", "not supported"));
   f.generation.logprobs = logprobs ? static_cast<int32_t>(*logprobs) : -1;
+  // response_format, grammar, regex, choice (structured_output.h).
+  OutputConstraint constraint;
+  if (auto e = read_response_format(body, constraint)) return send_error(*res, *e);
+  if (auto e = read_grammar_fields(body, constraint)) return send_error(*res, *e);
+  auto grammar = compile_constraint(constraint);
+  if (auto* e = std::get_if<ApiError>(&grammar)) return send_error(*res, *e);
+  f.generation.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(grammar));
 
   auto prompts = read_prompts(ctx, body);
   if (auto* e = std::get_if<ApiError>(&prompts)) return send_error(*res, *e);
