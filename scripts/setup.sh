@@ -25,12 +25,14 @@ if ((${#missing[@]})); then
 fi
 
 # Python venv for test tools only: pytest and the official OpenAI and
-# Anthropic SDKs (the server's integration tests drive rill with them).
+# Anthropic SDKs (the server's integration tests drive rill with them),
+# jsonschema, and the agent frameworks the structured-output tests run
+# (openai-agents, langchain-openai).
 # Golden makers and peer benchmarks in tools/ and bench/ create their own
 # venv (.venv-tools) on demand.
-PY_TEST_PACKAGES=(pytest openai anthropic playwright)
+PY_TEST_PACKAGES=(pytest openai anthropic playwright jsonschema openai-agents langchain-openai)
 [ -x .venv/bin/python ] || python3 -m venv .venv
-if ! .venv/bin/python -c "import pytest, openai, anthropic, playwright" 2>/dev/null; then
+if ! .venv/bin/python -c "import pytest, openai, anthropic, playwright, jsonschema, agents, langchain_openai" 2>/dev/null; then
   echo "setup: installing Python test tools: ${PY_TEST_PACKAGES[*]}"
   .venv/bin/pip install -q --disable-pip-version-check "${PY_TEST_PACKAGES[@]}"
 fi

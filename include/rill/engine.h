@@ -20,6 +20,9 @@
 #include "model/model.h"  // Device
 
 namespace rill {
+namespace grammar {
+class CompiledGrammar;
+}
 
 class ChatTemplate;
 class Model;
@@ -53,6 +56,13 @@ struct GenerationRequest {
   // Cache warm-up: when the request ends, its prompt's cached prefix is
   // also written to the disk tier (needs EngineOptions::cache_dir).
   bool persist_prefix = false;
+  // Constrained decoding (text/grammar): every sampled token keeps the
+  // output a prefix of the grammar's language. An end-of-generation token is
+  // allowed only where the grammar may end, and ends the request even with
+  // ignore_eos; once nothing more can follow, the request ends (kStop, no
+  // stop token). Needs a tokenizer. Null: unconstrained. Share one object
+  // between requests (grammar::GrammarCache) so they share its mask cache.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 struct Usage {

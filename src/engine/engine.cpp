@@ -84,6 +84,7 @@ EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Token
       if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
     }
   }
+  if (tokenizer_) grammar_masks_.emplace(*tokenizer_, eos_ids_);
   model_ns_ = hash64(config_fingerprint(model_->config()));
   stats_.kv_blocks_total = pool_.n_blocks();
   stats_.kv_block_size = pool_.block_size();
@@ -155,6 +156,7 @@ Status EngineImpl::validate(const GenerationRequest& r) const {
                  "; lower max_tokens or give the KV cache more memory"};
   }
   if (!r.stop.empty() && !tokenizer_) return Error{"stop: stop strings need a model with a tokenizer"};
+  if (r.grammar && !tokenizer_) return Error{"grammar: constrained decoding needs a model with a tokenizer"};
   if (r.logprobs > kMaxTopLogprobs) {
     return Error{"logprobs: at most " + std::to_string(kMaxTopLogprobs) + " alternatives per token"};
   }
@@ -324,20 +326,26 @@ void EngineImpl::run_step() {
       // runs, so queued requests cost a few hundred bytes, not ~5 B x vocab.
       r.sampler.emplace(r.params.sampling, model_->n_vocab());
       r.sampler->add_prompt_tokens(std::span<const int32_t>(r.tokens.data(), static_cast<size_t>(r.n_prompt)));
+      if (r.params.grammar) {
+        r.matcher.emplace(grammar_masks_->cache_for(r.params.grammar));
+        r.mask.resize(grammar_masks_->vocabulary().mask_words());
+      }
     }
   }
   // Steps whose every sampling row can be drawn where the model runs take
   // only token ids from the model (on a GPU the logit rows never cross to
   // the host): an argmax when every row is plain greedy, else a draw under
   // each row's parameters, which gives the token the Sampler would. A row
-  // with logprobs, logit bias or penalties needs its logits here, and then
-  // the whole step samples here.
+  // with logprobs, logit bias, penalties or a grammar (its token mask)
+  // needs its logits here, and then the whole step samples here; the other
+  // rows draw the token the device would (the shared rule of
+  // backend/sampling.h), so their output does not depend on the batch.
   bool all_greedy = true, all_device = true;
   for (const ScheduledChunk& c : plan.chunks) {
     const Request& r = *c.request;
     if (r.n_scored_rows(c.n_tokens) > 0) all_device = false;  // scored prompt rows are logits
     if (!c.samples || r.params.prompt_only) continue;
-    all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits();
+    all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits() && !r.matcher;
     all_greedy = all_greedy && r.sampler->is_plain_greedy();
   }
   StepIds ids = StepIds::kHost;
@@ -396,9 +404,11 @@ void EngineImpl::run_step() {
     if (ids != StepIds::kHost) {
       commit_token(r, runner_.token(row), nullptr, event);
     } else {
+      if (r.matcher && !fill_grammar_mask(r)) continue;
       SampledToken sampled;
       const bool want_logprobs = r.params.logprobs >= 0;
-      const int32_t id = r.sampler->sample(runner_.logits(row), r.params.logprobs, want_logprobs ? &sampled : nullptr);
+      const int32_t id = r.sampler->sample(runner_.logits(row), r.params.logprobs, want_logprobs ? &sampled : nullptr,
+                                           r.matcher ? std::span<const uint64_t>(r.mask) : std::span<const uint64_t>());
       commit_token(r, id, want_logprobs ? &sampled : nullptr, event);
     }
     if (!r.finished()) deliver(r, std::move(event));
@@ -421,17 +431,36 @@ void EngineImpl::score_prompt(Request& r, const ModelRunner::ChunkRows& rows) {
   r.n_prompt_scored = from + rows.n_scored;
 }
 
+bool EngineImpl::fill_grammar_mask(Request& r) {
+  // A mask the parse-stack bounds cut (fill_mask false) still allows only
+  // tokens that keep to the grammar: generation goes on with those.
+  const bool complete = r.matcher->fill_mask(r.mask);
+  if (std::any_of(r.mask.begin(), r.mask.end(), [](uint64_t w) { return w != 0; })) return true;
+  finish(r, FinishReason::kError, GenerationEvent{},
+         complete ? "grammar: no token of the vocabulary can continue the output here"
+                  : "grammar: too ambiguous (the matcher's parse-stack bounds were reached)");
+  return false;
+}
+
 void EngineImpl::commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event) {
   assert(r.n_draft == 0);  // nothing verifies drafts yet: no speculator appends them
+  if (r.matcher && !r.matcher->accept_token(id)) {
+    // Unreachable: the mask allowed only tokens the matcher accepts.
+    finish(r, FinishReason::kError, std::move(event),
+           "grammar: the sampled token " + std::to_string(id) + " does not continue the grammar");
+    return;
+  }
   r.sampler->add_output_token(id);
   r.tokens.push_back(id);
   event.token_ids.push_back(id);
   if (sampled) event.logprobs.push_back(*sampled);
   if (r.n_output() == 1) r.first_token = Clock::now();
 
+  // A grammar's end: the matcher took an end-of-generation token.
   const bool is_stop_token =
       std::find(r.params.stop_token_ids.begin(), r.params.stop_token_ids.end(), id) != r.params.stop_token_ids.end() ||
-      (!r.params.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end());
+      (!r.params.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end()) ||
+      (r.matcher && r.matcher->terminated());
   if (is_stop_token) {
     event.stop_token = id;
     finish(r, FinishReason::kStop, std::move(event));
@@ -449,6 +478,10 @@ void EngineImpl::commit_token(Request& r, int32_t id, const SampledToken* sample
     } else {
       event.text += piece;
     }
+  }
+  if (r.matcher && r.matcher->must_end()) {
+    finish(r, FinishReason::kStop, std::move(event));  // the grammar is complete and allows nothing more
+    return;
   }
   if (r.n_output() >= r.params.max_tokens) finish(r, FinishReason::kLength, std::move(event));
 }

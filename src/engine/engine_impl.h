@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <optional>
+#include "engine/grammar_masks.h"
 #include "engine/kv_tiers.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
@@ -50,6 +51,9 @@ class EngineImpl final : public Engine {
   bool has_work() const { return !live_.empty(); }
   void take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels);
   void run_step();
+  // Fills r's token mask for this step; false (r finished with an error)
+  // when the grammar allows no token here.
+  bool fill_grammar_mask(Request& r);
   // Appends the sampled token `id` (with its logprobs when the request asked
   // for them) to r and to `event`; finishes r when it stops.
   void commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event);
@@ -75,7 +79,8 @@ class EngineImpl final : public Engine {
   KvManager kv_;
   Scheduler scheduler_;
   ModelRunner runner_;
-  std::unique_ptr<KvTiers> tiers_;  // null without --cache-ram-mb / --cache-dir
+  std::unique_ptr<KvTiers> tiers_;             // null without --cache-ram-mb / --cache-dir
+  std::optional<GrammarMasks> grammar_masks_;  // with a tokenizer
 
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Request>> live_;

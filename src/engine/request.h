@@ -27,6 +27,7 @@
 #include "engine/sampler.h"
 #include "rill/engine.h"
 #include "text/detokenizer.h"
+#include "text/grammar/grammar_matcher.h"
 #include "text/stop_matcher.h"
 
 namespace rill {
@@ -60,6 +61,11 @@ struct Request {
   std::optional<Sampler> sampler;
   std::optional<IncrementalDecoder> decoder;
   std::optional<StopMatcher> stops;
+  // Constrained requests (params.grammar): the position in the grammar and
+  // the mask of the next token (vocabulary bits), both built when the
+  // request first runs.
+  std::optional<grammar::GrammarMatcher> matcher;
+  std::vector<uint64_t> mask;
 
   Clock::time_point submitted, first_scheduled, first_token;
   int32_t prefill_steps = 0;

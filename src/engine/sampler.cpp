@@ -129,19 +129,49 @@ void Sampler::apply_logit_bias(float* logits) const {
   }
 }
 
-int32_t Sampler::sample(float* logits, int n_top_logprobs, SampledToken* out) {
+namespace {
+
+bool mask_allows(std::span<const uint64_t> allowed, int32_t id) {
+  const auto w = static_cast<size_t>(id) >> 6;
+  return w < allowed.size() && ((allowed[w] >> (id & 63)) & 1);
+}
+
+}  // namespace
+
+int32_t Sampler::sample(float* logits, int n_top_logprobs, SampledToken* out, std::span<const uint64_t> allowed) {
   apply_logit_bias(logits);
   apply_penalties(logits);
-  const int32_t id = draw(logits);
+  double lse = 0.0;
   if (n_top_logprobs >= 0) {
     const int n_top = static_cast<int>(std::min<int64_t>({n_top_logprobs, kMaxTopLogprobs, n_vocab_}));
-    fill_logprobs(logits, id, n_top, *out);
+    lse = token_logprobs(logits, n_vocab_, -1, n_top, *out);
+  }
+  if (!allowed.empty()) apply_mask(logits, allowed);
+  int32_t id = draw(logits);
+  if (!allowed.empty() && !mask_allows(allowed, id)) id = argmax(logits, n_vocab_);
+  if (n_top_logprobs >= 0) {
+    // An allowed token's logit is not touched by the mask.
+    out->id = id;
+    out->logprob = static_cast<float>(static_cast<double>(logits[id]) - lse);
   }
   return id;
 }
 
-void Sampler::fill_logprobs(const float* logits, int32_t id, int n_top, SampledToken& out) const {
-  token_logprobs(logits, n_vocab_, id, n_top, out);
+void Sampler::apply_mask(float* logits, std::span<const uint64_t> allowed) const {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t base = 0; base < n_vocab_; base += 64) {
+    const auto w = static_cast<size_t>(base >> 6);
+    const uint64_t bits = w < allowed.size() ? allowed[w] : 0;
+    const int64_t n = std::min<int64_t>(64, n_vocab_ - base);
+    if (bits == ~uint64_t{0}) continue;
+    if (bits == 0) {
+      std::fill(logits + base, logits + base + n, kNegInf);
+      continue;
+    }
+    for (int64_t b = 0; b < n; ++b) {
+      if (!((bits >> b) & 1)) logits[base + b] = kNegInf;
+    }
+  }
 }
 
 int32_t Sampler::reference_draw(const DeviceSamplingParams& row, const float* logits, int64_t n_vocab) {

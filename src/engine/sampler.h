@@ -20,6 +20,12 @@
 // but BEFORE temperature, top-k, top-p and min-p (vLLM's "processed logits"
 // minus the temperature): they describe the model's distribution as adjusted
 // by the request, not the truncated distribution the token was drawn from.
+//
+// A token mask (constrained decoding: text/grammar) is such a truncation:
+// after bias and penalties (and the logprobs) every token outside it gets
+// -inf, then the draw runs as above, so the token is always one the mask
+// allows (when the inverse CDF's rounding fallback lands outside it, the
+// allowed token with the largest logit is taken instead).
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -80,7 +86,15 @@ class Sampler {
   // receives the token, its logprob and min(n_top_logprobs, kMaxTopLogprobs,
   // n_vocab) top entries. Costs one extra pass over the vocabulary
   // (log-sum-exp in double) and no allocation.
-  int32_t sample(float* logits, int n_top_logprobs, SampledToken* out);
+  int32_t sample(float* logits, int n_top_logprobs, SampledToken* out) {
+    return sample(logits, n_top_logprobs, out, {});
+  }
+
+  // Same, restricted to the tokens whose bit is set in `allowed` (bit t of
+  // word t / 64; tokens past the mask's words are not allowed). Empty: no
+  // mask. At least one allowed token must be in [0, n_vocab). The draw
+  // consumes the RNG stream exactly as an unmasked one.
+  int32_t sample(float* logits, int n_top_logprobs, SampledToken* out, std::span<const uint64_t> allowed);
 
   const SamplingParams& params() const { return params_; }
 
@@ -118,7 +132,7 @@ class Sampler {
   void apply_logit_bias(float* logits) const;
   void apply_penalties(float* logits) const;
   int32_t draw(const float* logits);
-  void fill_logprobs(const float* logits, int32_t id, int n_top, SampledToken& out) const;
+  void apply_mask(float* logits, std::span<const uint64_t> allowed) const;
 
   SamplingParams params_;
   int64_t n_vocab_;

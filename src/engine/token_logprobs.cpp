@@ -5,17 +5,19 @@
 
 namespace rill {
 
-void token_logprobs(const float* logits, int64_t n_vocab, int32_t id, int n_top, SampledToken& out) {
+double token_logprobs(const float* logits, int64_t n_vocab, int32_t id, int n_top, SampledToken& out) {
   float max_l = logits[0];
   for (int64_t i = 1; i < n_vocab; ++i) max_l = std::max(max_l, logits[i]);
   double sum = 0.0;
   for (int64_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_l);
   const double lse = max_l + std::log(sum);
   auto logprob = [&](int64_t i) { return static_cast<float>(static_cast<double>(logits[i]) - lse); };
-  out.id = id;
-  out.logprob = logprob(id);
+  if (id >= 0) {
+    out.id = id;
+    out.logprob = logprob(id);
+  }
   out.n_top = n_top;
-  if (n_top == 0) return;
+  if (n_top == 0) return lse;
   // Partial selection with a heap of n_top entries whose front is the worst
   // kept one, kept in `out.top` itself.
   auto better = [](const TokenLogprob& a, const TokenLogprob& b) {
@@ -32,6 +34,7 @@ void token_logprobs(const float* logits, int64_t n_vocab, int32_t id, int n_top,
     std::push_heap(top, top + n_top, better);
   }
   std::sort_heap(top, top + n_top, better);
+  return lse;
 }
 
 }  // namespace rill

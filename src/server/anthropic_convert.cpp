@@ -184,13 +184,22 @@ std::optional<ApiError> parse_tools(const FieldReader& body, Json& tools) {
 }
 
 // Applies tool_choice to the translated tools (see the header).
-std::optional<ApiError> apply_tool_choice(const FieldReader& body, Json& tools) {
+std::optional<ApiError> apply_tool_choice(const FieldReader& body, ChatInput& chat) {
+  Json& tools = chat.tools;
   std::optional<FieldReader> choice;
   if (auto e = body.read_object("tool_choice", choice)) return e;
   if (!choice) return std::nullopt;
   std::string type;
   if (auto e = choice->require_string("type", type)) return e;
-  if (type == "auto" || type == "any") return std::nullopt;
+  std::optional<bool> disable_parallel;
+  if (auto e = choice->read_bool("disable_parallel_tool_use", disable_parallel)) return e;
+  chat.parallel_tool_calls = !disable_parallel.value_or(false);
+  if (type == "auto") return std::nullopt;
+  if (type == "any") {
+    if (!tools.is_array() || tools.empty()) return choice->error("type", "\"any\" needs tools");
+    chat.tools_required = true;
+    return std::nullopt;
+  }
   if (type == "none") {
     tools = nullptr;
     return std::nullopt;
@@ -202,6 +211,7 @@ std::optional<ApiError> apply_tool_choice(const FieldReader& body, Json& tools) 
     for (const auto& t : tools) {
       if (t["function"]["name"] == name) {
         tools = Json::array({t});
+        chat.tools_required = true;
         return std::nullopt;
       }
     }
@@ -288,7 +298,7 @@ std::variant<AnthropicRequest, ApiError> parse_anthropic_request(const nlohmann:
 
   req.chat.tools = nullptr;
   if (auto e = parse_tools(body, req.chat.tools)) return *e;
-  if (auto e = apply_tool_choice(body, req.chat.tools)) return *e;
+  if (auto e = apply_tool_choice(body, req.chat)) return *e;
   if (auto e = parse_thinking(body, req.chat.template_kwargs)) return *e;
   return req;
 }

@@ -15,8 +15,11 @@
 //   is_error result's text is prefixed with "Error: ".
 // - thinking / redacted_thinking blocks in the history are dropped; image and
 //   document blocks are rejected (400).
-// - tool_choice: "none" offers no tools; "tool" offers only the named tool;
-//   "auto" and "any" offer all of them (rill does not force a call).
+// - tool_choice: "none" offers no tools; "tool" offers only the named tool
+//   and forces a call of it; "any" offers all and forces a call of one
+//   (ChatInput::tools_required: a grammar over the call format, arguments
+//   matching input_schema); "auto" leaves it to the model.
+//   disable_parallel_tool_use: true allows one call.
 // - thinking {type: enabled|adaptive} / {type: disabled} set the template's
 //   enable_thinking; budget_tokens is accepted and ignored.
 // - usage: Anthropic counts input_tokens as the prompt tokens NOT read from a

@@ -226,28 +226,66 @@ ApiError api_error_from(const Error& e, int status) {
   return out;
 }
 
+namespace {
+
+Result<std::string> render_text(const ServerContext& ctx, const ChatInput& in, ojson messages, const ojson& tools) {
+  const Tokenizer& tok = *ctx.engine.tokenizer();
+  if (ctx.chat_template == nullptr) return render_chatml(messages, in.add_generation_prompt);
+  ojson context = ojson::object();
+  context["messages"] = std::move(messages);
+  context["tools"] = tools;
+  context["add_generation_prompt"] = in.add_generation_prompt;
+  context["bos_token"] = token_string(tok, tok.bos_id());
+  context["eos_token"] = token_string(tok, tok.eos_id());
+  if (in.template_kwargs.is_object()) {
+    for (auto it = in.template_kwargs.begin(); it != in.template_kwargs.end(); ++it) {
+      if (it.key() != "messages") context[it.key()] = it.value();
+    }
+  }
+  return ctx.chat_template->render(context);
+}
+
+// The messages with the tools described in a system message and earlier
+// calls written as content, in the generic format.
+ojson with_generic_tools(ojson messages, const ojson& tools) {
+  const std::string description = generic_tools_prompt(tools);
+  for (ojson& m : messages) {
+    auto calls = m.find("tool_calls");
+    if (m["role"] != "assistant" || calls == m.end()) continue;
+    std::string content = m["content"].get<std::string>();
+    if (!content.empty()) content += "\n";
+    content += generic_tool_calls_text(*calls);
+    m["content"] = std::move(content);
+    m.erase("tool_calls");
+  }
+  if (!messages.empty() && messages[0]["role"] == "system") {
+    std::string content = messages[0]["content"].get<std::string>();
+    messages[0]["content"] = content.empty() ? description : content + "\n\n" + description;
+  } else {
+    messages.insert(messages.begin(), ojson{{"role", "system"}, {"content", description}});
+  }
+  return messages;
+}
+
+}  // namespace
+
 Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const ChatInput& in,
-                                                bool* starts_in_reasoning) {
+                                                bool* starts_in_reasoning, bool* tools_native) {
   const Tokenizer* tok = ctx.engine.tokenizer();
   if (tok == nullptr) return Error{"the model has no tokenizer: chat requests need one"};
   RILL_ASSIGN_OR_RETURN(ojson messages, convert_messages(in.messages));
-  std::string text;
-  if (ctx.chat_template == nullptr) {
-    text = render_chatml(messages, in.add_generation_prompt);
-  } else {
-    ojson context = ojson::object();
-    context["messages"] = std::move(messages);
-    context["tools"] = in.tools.is_array() && !in.tools.empty() ? in.tools : ojson(nullptr);
-    context["add_generation_prompt"] = in.add_generation_prompt;
-    context["bos_token"] = token_string(*tok, tok->bos_id());
-    context["eos_token"] = token_string(*tok, tok->eos_id());
-    if (in.template_kwargs.is_object()) {
-      for (auto it = in.template_kwargs.begin(); it != in.template_kwargs.end(); ++it) {
-        if (it.key() != "messages") context[it.key()] = it.value();
-      }
+  const bool has_tools = in.tools.is_array() && !in.tools.empty();
+  const ojson tools = has_tools ? in.tools : ojson(nullptr);
+  RILL_ASSIGN_OR_RETURN(std::string text, render_text(ctx, in, messages, tools));
+  bool native = false;
+  if (has_tools) {
+    RILL_ASSIGN_OR_RETURN(std::string without, render_text(ctx, in, messages, ojson(nullptr)));
+    native = without != text;
+    if (!native) {
+      RILL_ASSIGN_OR_RETURN(text, render_text(ctx, in, with_generic_tools(std::move(messages), tools), ojson(nullptr)));
     }
-    RILL_ASSIGN_OR_RETURN(text, ctx.chat_template->render(context));
   }
+  if (tools_native != nullptr) *tools_native = native;
   if (starts_in_reasoning != nullptr) *starts_in_reasoning = ends_inside_think(text);
   // As transformers' apply_chat_template: the template writes the special
   // tokens itself, so none are added here.
@@ -256,8 +294,8 @@ Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const 
 
 std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx, const ChatInput& in) {
   ChatPrompt prompt;
-  bool starts_in_reasoning = false;
-  auto ids = render_chat_prompt(ctx, in, &starts_in_reasoning);
+  bool starts_in_reasoning = false, tools_native = false;
+  auto ids = render_chat_prompt(ctx, in, &starts_in_reasoning, &tools_native);
   if (!ids.ok()) {
     return api_error_from(ids.error(), ctx.engine.tokenizer() == nullptr ? 500 : 400);
   }
@@ -265,6 +303,15 @@ std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx,
   prompt.parser.parse_reasoning = true;
   prompt.parser.starts_in_reasoning = starts_in_reasoning;
   prompt.parser.parse_tool_calls = in.tools.is_array() && !in.tools.empty();
+  if (in.tools_required && prompt.parser.parse_tool_calls) {
+    auto g = tool_call_grammar(in.tools, tool_call_format(ctx.chat_template, tools_native), in.parallel_tool_calls);
+    if (auto* e = std::get_if<ApiError>(&g)) return std::move(*e);
+    prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));
+  } else if (!in.constraint.empty()) {
+    auto g = compile_constraint(in.constraint);
+    if (auto* e = std::get_if<ApiError>(&g)) return std::move(*e);
+    prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));
+  }
   return prompt;
 }
 
@@ -345,6 +392,7 @@ std::variant<std::shared_ptr<ChatStream>, ApiError> ChatStream::start(ServerCont
     return e;
   }
   generation.prompt = prompt.ids;
+  if (!generation.grammar) generation.grammar = prompt.grammar;
   auto state = std::make_shared<StreamState>(ctx, prompt.parser, std::move(callbacks));
   auto id = ctx.engine.submit(std::move(generation), [state](GenerationEvent&& ev) { state->on_event(std::move(ev)); });
   if (!id.ok()) {

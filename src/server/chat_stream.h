@@ -17,6 +17,7 @@
 #include "rill/engine.h"
 #include "server/errors.h"
 #include "server/server_context.h"
+#include "server/structured_output.h"
 #include "text/output_parser.h"
 
 namespace rill::server {
@@ -28,6 +29,12 @@ struct ChatInput {
   nlohmann::ordered_json tools;  // null or OpenAI tools [{type: function, function: {...}}]
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // e.g. enable_thinking
   GenerationRequest generation;                                               // everything but the prompt
+  // tool_choice "required" / a named function / Anthropic any / tool (then
+  // `tools` holds only that one): the output is forced to be tool calls
+  // (structured_output.h), one when !parallel_tool_calls. Wins over `constraint`.
+  bool tools_required = false;
+  bool parallel_tool_calls = true;
+  OutputConstraint constraint;  // response_format, grammar, regex, choice
   // False for a prefix meant to be continued (cache warm-up): the template
   // renders the messages only, without the assistant turn's opening.
   bool add_generation_prompt = true;
@@ -68,8 +75,15 @@ struct ChatCallbacks {
 // tools (null when absent or empty), add_generation_prompt, bos_token,
 // eos_token, then every template_kwargs entry. A model without a template
 // gets ChatML.
+//
+// Tools the template does not render (its text is the same with and
+// without them; ChatML never renders them) are described in a system
+// message instead (appended to the first system message, or a new one
+// first), with rill's generic call format (structured_output.h:
+// kGeneric), and earlier assistant tool_calls become that format's text in
+// the assistant's content. *tools_native tells which happened.
 Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const ChatInput& in,
-                                                bool* starts_in_reasoning);
+                                                bool* starts_in_reasoning, bool* tools_native = nullptr);
 
 // A 400 (or `status`) ApiError from an Error whose message starts with
 // "<field>: " (the field, e.g. "messages[0].role", becomes `param`).
@@ -80,9 +94,16 @@ struct ChatPrompt {
   std::vector<int32_t> ids;
   OutputParserOptions parser;
   std::string param = "messages";  // named by "the prompt does not fit" errors
+  // The output's grammar (forced tool calls or the constraint); null: free.
+  // ChatStream::start puts it on each generation that has none.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 // render_chat_prompt + parser options (tool calls parsed when tools were
-// passed to the template). Errors are ApiErrors (400 naming the field).
+// passed) + the grammar: forced tool calls in the template's call format
+// (kGeneric when the template renders no tools), else in.constraint.
+// Errors are ApiErrors (400 naming the field: a schema keyword the
+// converter refuses names tools[i].function.parameters or the constraint's
+// field).
 std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx, const ChatInput& in);
 
 // The most tokens a sequence may hold: the context, or the KV pool's share

@@ -18,8 +18,9 @@ using openai::ojson;
 // than this is a mistake (and the template's globals are a linear list).
 constexpr size_t kMaxTemplateKwargs = 64;
 
-// tools and tool_choice -> ChatInput::tools ("none": no tools; a named
-// function: only that one).
+// tools, tool_choice and parallel_tool_calls -> ChatInput::tools ("none":
+// no tools; a named function: only that one) and tools_required
+// ("required" or a named function).
 std::optional<ApiError> read_tools(const FieldReader& body, ChatInput& in) {
   std::optional<FieldReader> tools_reader;
   if (auto e = body.read_array("tools", tools_reader)) return e;
@@ -54,6 +55,7 @@ std::optional<ApiError> read_tools(const FieldReader& body, ChatInput& in) {
       } else if (c == "required" && names.empty()) {
         return body.error("tool_choice", "\"required\" needs tools");
       }
+      in.tools_required = c == "required";
     } else if (choice->is_object()) {
       const FieldReader cr = body.at("tool_choice");
       const ojson* fn = cr.find("function");
@@ -68,11 +70,15 @@ std::optional<ApiError> read_tools(const FieldReader& body, ChatInput& in) {
         if (t["function"]["name"] == wanted) only.push_back(t);
       }
       tools = std::move(only);
+      in.tools_required = true;
     } else {
       return body.type_error("tool_choice", "a string or an object");
     }
   }
   in.tools = tools.is_array() && !tools.empty() ? tools : ojson(nullptr);
+  std::optional<bool> parallel;
+  if (auto e = body.read_bool("parallel_tool_calls", parallel)) return e;
+  in.parallel_tool_calls = parallel.value_or(true);
   return std::nullopt;
 }
 
@@ -96,17 +102,6 @@ std::optional<ApiError> read_template_kwargs(const FieldReader& body, ChatInput&
     // An explicit chat_template_kwargs.enable_thinking wins.
     if (!in.template_kwargs.contains("enable_thinking")) in.template_kwargs["enable_thinking"] = *effort != "none";
     if (!in.template_kwargs.contains("reasoning_effort")) in.template_kwargs["reasoning_effort"] = *effort;
-  }
-  return std::nullopt;
-}
-
-std::optional<ApiError> read_response_format(const FieldReader& body) {
-  std::optional<FieldReader> format;
-  if (auto e = body.read_object("response_format", format)) return e;
-  if (!format) return std::nullopt;
-  const ojson* type = format->find("type");
-  if (type == nullptr || !type->is_string() || (*type != "text" && *type != "json_object" && *type != "json_schema")) {
-    return format->error("type", "expected \"text\", \"json_object\" or \"json_schema\"");
   }
   return std::nullopt;
 }
@@ -226,7 +221,8 @@ std::variant<openai::ChatRequest, ApiError> openai::parse_chat_request(const Req
   r.input.messages = *messages;
   if (auto e = read_tools(body, r.input)) return *e;
   if (auto e = read_template_kwargs(body, r.input)) return *e;
-  if (auto e = read_response_format(body)) return *e;
+  if (auto e = read_response_format(body, r.input.constraint)) return *e;
+  if (auto e = read_grammar_fields(body, r.input.constraint)) return *e;
   std::optional<bool> logprobs;
   std::optional<int64_t> top_logprobs;
   if (auto e = body.read_bool("logprobs", logprobs)) return *e;

@@ -241,6 +241,13 @@ void handle_completions(ServerContext& ctx, const HttpRequest& req, std::shared_
   f.generation.logprobs = logprobs ? static_cast<int32_t>(*logprobs) : -1;
   // echo + logprobs: the prompt tokens' logprobs too (the first is null).
   if (echo.value_or(false) && logprobs) f.generation.prompt_logprobs = static_cast<int32_t>(*logprobs);
+  // response_format, grammar, regex, choice (structured_output.h).
+  OutputConstraint constraint;
+  if (auto e = read_response_format(body, constraint)) return send_error(*res, *e);
+  if (auto e = read_grammar_fields(body, constraint)) return send_error(*res, *e);
+  auto grammar = compile_constraint(constraint);
+  if (auto* e = std::get_if<ApiError>(&grammar)) return send_error(*res, *e);
+  f.generation.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(grammar));
 
   auto prompts = read_prompts(ctx, body, fim ? &*fim : nullptr, suffix.value_or(""));
   if (auto* e = std::get_if<ApiError>(&prompts)) return send_error(*res, *e);

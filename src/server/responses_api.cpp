@@ -153,6 +153,9 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::sh
   ChatInput chat;
   chat.messages = items_to_messages(instructions, effective_input);
   chat.tools = request.chat_tools;
+  chat.tools_required = request.tools_required;
+  chat.parallel_tool_calls = request.parallel_tool_calls;
+  chat.constraint = request.constraint;
   if (request.enable_thinking) chat.template_kwargs["enable_thinking"] = *request.enable_thinking;
   auto prepared = prepare_chat_prompt(ctx, chat);
   if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(*res, *e);

@@ -284,6 +284,7 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
         return body.error("tool_choice", "expected \"none\", \"auto\", \"required\" or {type: function, name}");
       }
       if (c == "none") chat_tools = Json::array();
+      req.tools_required = c == "required";
     } else if (choice->is_object()) {
       const FieldReader cr = body.at("tool_choice");
       std::string type, name;
@@ -296,6 +297,7 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
       }
       if (only.empty()) return cr.error("name", "no tool named \"" + name + "\" in tools");
       chat_tools = std::move(only);
+      req.tools_required = true;
     } else {
       return body.type_error("tool_choice", "a string or an object");
     }
@@ -319,13 +321,8 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
   std::optional<FieldReader> text;
   if (auto e = body.read_object("text", text)) return *e;
   if (text) {
-    std::optional<FieldReader> format;
-    if (auto e = text->read_object("format", format)) return *e;
-    if (format) {
-      std::string type;
-      if (auto e = format->require_string("type", type)) return *e;
-      if (type != "text") return format->error("type", "only \"text\" output is supported");
-    }
+    if (auto e = read_text_format(*text, req.constraint)) return *e;
+    if (const Json* format = text->find("format")) req.text_format = *format;
   }
   if (const Json* bg = body.find("background"); bg != nullptr && bg->is_boolean() && bg->get<bool>()) {
     return body.error("background", "background responses are not supported");
@@ -400,7 +397,7 @@ nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std:
   r["reasoning"] = req.reasoning.is_null() ? Json{{"effort", nullptr}, {"summary", nullptr}} : req.reasoning;
   r["store"] = req.store;
   r["temperature"] = round6(sampling.temperature);
-  r["text"] = {{"format", {{"type", "text"}}}};
+  r["text"] = {{"format", req.text_format}};
   r["tool_choice"] = req.tool_choice;
   r["tools"] = req.tools;
   r["top_p"] = round6(sampling.top_p);

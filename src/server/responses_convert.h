@@ -33,6 +33,7 @@
 
 #include "server/chat_stream.h"
 #include "server/errors.h"
+#include "server/structured_output.h"
 #include "text/output_parser.h"
 
 namespace rill::server {
@@ -53,6 +54,9 @@ struct ResponsesRequest {
   std::optional<bool> enable_thinking;
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
   bool parallel_tool_calls = true;
+  bool tools_required = false;                              // tool_choice "required" or a named function
+  OutputConstraint constraint;                              // text.format json_object / json_schema
+  nlohmann::ordered_json text_format = {{"type", "text"}};  // as sent, echoed
 };
 
 // Validates a request body. Errors are 400 invalid_request_error naming the

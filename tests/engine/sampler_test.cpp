@@ -343,3 +343,105 @@ TEST(SamplerLogitBias, IsAppliedBeforePenaltiesAndIgnoresInvalidIds) {
 
 }  // namespace
 }  // namespace rill
+
+namespace rill {
+namespace {
+
+std::vector<uint64_t> random_mask(std::mt19937& rng, int n_vocab, int n_allowed) {
+  std::vector<int> ids(static_cast<size_t>(n_vocab));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<uint64_t> mask(static_cast<size_t>((n_vocab + 63) / 64), 0);
+  for (int i = 0; i < n_allowed; ++i) mask[static_cast<size_t>(ids[i]) / 64] |= uint64_t{1} << (ids[i] % 64);
+  return mask;
+}
+
+bool allowed(const std::vector<uint64_t>& mask, int32_t id) {
+  return (mask[static_cast<size_t>(id) / 64] >> (id % 64)) & 1;
+}
+
+TEST(SamplerMask, GreedyTakesTheBestAllowedToken) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  Sampler s(p, 200);
+  std::mt19937 rng(3);
+  for (int i = 0; i < 200; ++i) {
+    auto logits = random_logits(rng, 200);
+    const auto mask = random_mask(rng, 200, 1 + i % 7);
+    int32_t best = -1;
+    for (int32_t t = 0; t < 200; ++t) {
+      if (allowed(mask, t) && (best < 0 || logits[t] > logits[best])) best = t;
+    }
+    EXPECT_EQ(s.sample(logits.data(), -1, nullptr, mask), best);
+  }
+}
+
+TEST(SamplerMask, SeededDrawsStayInsideTheMaskAndFollowItsSoftmax) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.95f;
+  p.top_k = 40;
+  p.seed = 9;
+  Sampler s(p, 130);  // a partial last mask word
+  std::mt19937 rng(4);
+  for (int i = 0; i < 2000; ++i) {
+    auto logits = random_logits(rng, 130);
+    const auto mask = random_mask(rng, 130, 1 + i % 5);
+    EXPECT_TRUE(allowed(mask, s.sample(logits.data(), -1, nullptr, mask))) << i;
+  }
+  // Two allowed tokens with logits 0 and ln 3 among far better masked ones:
+  // drawn 1:3.
+  SamplingParams q;
+  q.seed = 17;
+  Sampler t(q, 64);
+  std::vector<uint64_t> mask = {(uint64_t{1} << 5) | (uint64_t{1} << 40)};
+  int n40 = 0;
+  for (int i = 0; i < 4000; ++i) {
+    std::vector<float> logits(64, 10.0f);
+    logits[5] = 0.0f;
+    logits[40] = std::log(3.0f);
+    const int32_t id = t.sample(logits.data(), -1, nullptr, mask);
+    ASSERT_TRUE(id == 5 || id == 40);
+    n40 += id == 40;
+  }
+  EXPECT_NEAR(n40 / 4000.0, 0.75, 0.03);
+}
+
+TEST(SamplerMask, TakesTheSameDrawsAsTheUnmaskedStreamAndUnmaskedLogprobs) {
+  // The mask consumes no extra randomness: with an all-allowed mask the
+  // tokens are the unmasked ones; logprobs describe the unmasked row.
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.seed = 5;
+  Sampler plain(p, 100), masked(p, 100);
+  std::vector<uint64_t> all = {~uint64_t{0}, ~uint64_t{0}};
+  std::mt19937 rng(6);
+  for (int i = 0; i < 300; ++i) {
+    auto a = random_logits(rng, 100);
+    auto b = a;
+    EXPECT_EQ(plain.sample(a.data()), masked.sample(b.data(), -1, nullptr, all));
+  }
+  Sampler lp_plain(p, 100), lp_masked(p, 100);
+  for (int i = 0; i < 50; ++i) {
+    auto a = random_logits(rng, 100);
+    auto b = a;
+    const auto mask = random_mask(rng, 100, 3);
+    SampledToken out_plain, out_masked;
+    lp_plain.sample(a.data(), 4, &out_plain);
+    const int32_t id = lp_masked.sample(b.data(), 4, &out_masked, mask);
+    ASSERT_TRUE(allowed(mask, id));
+    for (int k = 0; k < 4; ++k) {
+      EXPECT_EQ(out_masked.top[k].id, out_plain.top[k].id);
+      EXPECT_FLOAT_EQ(out_masked.top[k].logprob, out_plain.top[k].logprob);
+    }
+    // The chosen token's logprob is its unmasked one.
+    float expected = 0;
+    for (int k = 0; k < 100; ++k) {
+      if (k == id) expected = out_plain.top[0].logprob - (a[static_cast<size_t>(out_plain.top[0].id)] - a[k]);
+    }
+    EXPECT_NEAR(out_masked.logprob, expected, 1e-4f);
+  }
+}
+
+}  // namespace
+}  // namespace rill

@@ -107,12 +107,19 @@ TEST(AnthropicConvert, ToolsToolChoiceAndThinking) {
   r = parse_ok(body);
   ASSERT_EQ(r.chat.tools.size(), 1u);
   EXPECT_EQ(r.chat.tools[0]["function"]["name"], "b");
+  EXPECT_TRUE(r.chat.tools_required);  // "tool" forces a call of it
+  EXPECT_TRUE(r.chat.parallel_tool_calls);
   EXPECT_EQ(r.chat.template_kwargs, Json({{"enable_thinking", false}}));
 
   body["tool_choice"] = {{"type", "none"}};
   EXPECT_TRUE(parse_ok(body).chat.tools.is_null());
-  body["tool_choice"] = {{"type", "any"}};
-  EXPECT_EQ(parse_ok(body).chat.tools.size(), 2u);
+  body["tool_choice"] = {{"type", "any"}, {"disable_parallel_tool_use", true}};
+  r = parse_ok(body);
+  EXPECT_EQ(r.chat.tools.size(), 2u);
+  EXPECT_TRUE(r.chat.tools_required);  // "any" forces a call of one of them
+  EXPECT_FALSE(r.chat.parallel_tool_calls);
+  body["tool_choice"] = {{"type", "auto"}};
+  EXPECT_FALSE(parse_ok(body).chat.tools_required);
   body["tool_choice"] = {{"type", "tool"}, {"name", "zzz"}};
   EXPECT_EQ(parse_err(body).message, "tool_choice.name: no tool named \"zzz\" in tools");
 }

@@ -97,7 +97,10 @@ TEST(ResponsesConvert, ErrorsNameTheField) {
            "tool_choice": {"type": "function", "name": "g"}})",
        "tool_choice.name"},
       {R"({"input": "x", "reasoning": {"effort": "max"}})", "reasoning.effort"},
-      {R"({"input": "x", "text": {"format": {"type": "json_schema"}}})", "text.format.type"},
+      {R"({"input": "x", "text": {"format": {"type": "json_schema"}}})", "text.format.name"},
+      {R"({"input": "x", "text": {"format": {"type": "yaml"}}})", "text.format.type"},
+      {R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"not": {}}}}})",
+       "text.format.schema"},
   };
   for (const Case& c : cases) {
     ApiError e = parse_err(c.body);
@@ -133,7 +136,14 @@ TEST(ResponsesConvert, ToolsToolChoiceAndReasoning) {
                    "tool_choice": {"type": "function", "name": "b"}, "reasoning": {"effort": "high"}})");
   ASSERT_EQ(r.chat_tools.size(), 1u);
   EXPECT_EQ(r.chat_tools[0]["function"]["name"], "b");
+  EXPECT_TRUE(r.tools_required);  // a named function forces a call of it
   EXPECT_EQ(r.enable_thinking, true);
+  EXPECT_TRUE(parse_ok(R"({"input": "x", "tools": [{"type": "function", "name": "a"}], "tool_choice": "required"})")
+                  .tools_required);
+  EXPECT_FALSE(parse_ok(R"({"input": "x", "tools": [{"type": "function", "name": "a"}]})").tools_required);
+  r = parse_ok(R"({"input": "x", "text": {"format": {"type": "json_object"}}})");
+  EXPECT_FALSE(r.constraint.empty());
+  EXPECT_EQ(r.text_format, Json::parse(R"({"type": "json_object"})"));  // echoed
 
   r = parse_ok(
       R"({"input": "x", "tools": [{"type": "function", "name": "a"}], "tool_choice": "none",

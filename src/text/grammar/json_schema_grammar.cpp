@@ -15,17 +15,29 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+// Numbers the grammar writes stay inside what every JSON reader takes (a
+// double or a 64-bit integer): at most this many integer digits and two
+// exponent digits (the literals below spell it out).
+constexpr size_t kMaxIntegerDigits = 18;
+
 constexpr const char* kCommonRules[][2] = {
-    {"ws", "[ \\t\\n\\r]{0,24}"},
-    {"json-char", "[^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )"},
-    // One code point per unit (no surrogate escapes), for lengths.
+    // At most one line break, then indentation: small models left free
+    // fill every gap with newlines (llama.cpp's json-schema grammars bound
+    // it the same way).
+    {"ws", "( \" \" | \"\\n\" [ \\t]{0,20} )?"},
+    // No u-escapes of surrogates: a lone one is valid JSON text but most
+    // readers refuse it (and a pair is one code point written as two).
+    {"json-char",
+     "[^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] "
+     "[0-9a-fA-F]{2} ) )"},
+    // One code point per unit, for lengths.
     {"json-char-1",
      "[^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] "
      "[0-9a-fA-F]{2} ) )"},
     {"json-plain-char", "[^\"\\\\\\x00-\\x1f]"},
     {"json-string", "\"\\\"\" json-char* \"\\\"\""},
-    {"json-number", "\"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?"},
-    {"json-integer", "\"-\"? ( \"0\" | [1-9] [0-9]* )"},
+    {"json-number", "\"-\"? ( \"0\" | [1-9] [0-9]{0,17} ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]{1,2} )?"},
+    {"json-integer", "\"-\"? ( \"0\" | [1-9] [0-9]{0,17} )"},
     {"json-boolean", "\"true\" | \"false\""},
     {"json-null", "\"null\""},
     {"json-value", "json-object | json-array | json-string | json-number | json-boolean | json-null"},
@@ -132,7 +144,8 @@ std::string naturals_between(int64_t lo, int64_t hi) {
 std::string naturals_at_least(int64_t lo) {
   const std::string ls = std::to_string(lo);
   std::vector<std::string> alts{same_length_range(ls, std::string(ls.size(), '9')),
-                                "[1-9] [0-9]{" + std::to_string(ls.size()) + ",}"};
+                                "[1-9] [0-9]{" + std::to_string(ls.size()) + "," +
+                                    std::to_string(std::max<size_t>(ls.size(), kMaxIntegerDigits - 1)) + "}"};
   return alternatives(alts);
 }
 
@@ -570,7 +583,8 @@ class SchemaConverter {
       if (key == "exclusiveMaximum") hi = std::min(hi.value_or(INT64_MAX), static_cast<int64_t>(std::ceil(v)) - 1);
     }
     if (!integer) {
-      if (s.contains("minimum")) return "( ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )? )";
+      if (s.contains("minimum"))
+        return "( ( \"0\" | [1-9] [0-9]{0,17} ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]{1,2} )? )";
       return "json-number";
     }
     if (!lo && !hi) return "json-integer";
@@ -578,7 +592,7 @@ class SchemaConverter {
     std::vector<std::string> alts;
     if (!lo) {  // (-inf, hi]
       if (*hi >= 0) {
-        alts = {"\"-\" [1-9] [0-9]*", naturals_between(0, *hi)};
+        alts = {"\"-\" [1-9] [0-9]{0,17}", naturals_between(0, *hi)};
       } else {
         alts = {"\"-\" " + naturals_at_least(-*hi)};
       }

@@ -20,7 +20,10 @@
 // in the schema's order (additional ones after them), strings under pattern
 // or format use the shortest escapes, "integer" means no fraction or
 // exponent, date days go to 28 in February, email is the common
-// local@domain.tld shape. Whitespace between tokens: up to 24 blanks.
+// local@domain.tld shape, numbers have at most 18 integer digits (19 for a
+// minimum that has as many) and 2 exponent digits (so any JSON reader
+// takes them). Whitespace between tokens:
+// nothing, one space, or one newline and up to 20 spaces or tabs.
 #include <string>
 #include <string_view>
 #include <vector>

@@ -7,6 +7,11 @@
 namespace rill::grammar {
 
 std::shared_ptr<const TokenVocabulary> TokenVocabulary::from_tokenizer(const Tokenizer& tok) {
+  return from_tokenizer(tok, tok.eos_ids());
+}
+
+std::shared_ptr<const TokenVocabulary> TokenVocabulary::from_tokenizer(const Tokenizer& tok,
+                                                                       std::vector<int32_t> eos_ids) {
   const int32_t n = tok.n_vocab();
   std::vector<std::string> pieces(static_cast<size_t>(n));
   std::vector<bool> excluded(static_cast<size_t>(n));
@@ -14,7 +19,7 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::from_tokenizer(const Tok
     excluded[id] = tok.is_special(id);
     if (!excluded[id]) pieces[id] = tok.token_to_piece(id);
   }
-  return std::make_shared<const TokenVocabulary>(std::move(pieces), excluded, tok.eos_ids());
+  return std::make_shared<const TokenVocabulary>(std::move(pieces), excluded, std::move(eos_ids));
 }
 
 TokenVocabulary::TokenVocabulary(std::vector<std::string> pieces, const std::vector<bool>& excluded,

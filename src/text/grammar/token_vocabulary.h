@@ -36,6 +36,9 @@ class TokenVocabulary {
   };
 
   static std::shared_ptr<const TokenVocabulary> from_tokenizer(const Tokenizer& tok);
+  // With these end-of-generation ids instead of the tokenizer's (the engine
+  // adds generation_config's).
+  static std::shared_ptr<const TokenVocabulary> from_tokenizer(const Tokenizer& tok, std::vector<int32_t> eos_ids);
   // `pieces[id]`: the token's bytes; `excluded[id]`: leave it out (special).
   TokenVocabulary(std::vector<std::string> pieces, const std::vector<bool>& excluded, std::vector<int32_t> eos_ids);
 

@@ -1,0 +1,80 @@
+#pragma once
+// Structured outputs and forced tool calls: the request fields that
+// constrain what the model writes, turned into grammars for the engine
+// (GenerationRequest::grammar, text/grammar).
+//
+//   chat / completions  response_format {type: text | json_object |
+//                       json_schema, json_schema: {name, schema, strict}};
+//                       json_object also takes llama.cpp's `schema` (an
+//                       object); rill / llama.cpp extensions: grammar (GBNF
+//                       text), regex (the whole output), choice (one of the
+//                       strings). At most one of them per request.
+//   Responses           text.format {type: text | json_object | json_schema,
+//                       name, schema, strict}.
+//   tool_choice         required / a named function (Anthropic any / tool):
+//                       the output is one call (or several, unless
+//                       parallel_tool_calls is false) whose arguments match
+//                       the tool's parameters schema, in the call format the
+//                       output parser reads back (text/output_parser.h).
+// Schemas are enforced whatever `strict` says. A schema feature the
+// converter cannot enforce is a 400 naming the keyword and the field.
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+#include "server/errors.h"
+#include "server/field_reader.h"
+#include "text/grammar/compiled_grammar.h"
+
+namespace rill {
+class ChatTemplate;
+}
+
+namespace rill::server {
+
+struct OutputConstraint {
+  std::string gbnf;   // "": unconstrained
+  std::string param;  // the field it came from ("response_format"), named by errors
+  bool empty() const { return gbnf.empty(); }
+};
+
+// `response_format` of chat and completions.
+std::optional<ApiError> read_response_format(const FieldReader& body, OutputConstraint& out);
+// Responses `text.format` (`text` is the reader over the request's `text`).
+std::optional<ApiError> read_text_format(const FieldReader& text, OutputConstraint& out);
+// The extensions `grammar`, `regex` and `choice`; 400 when `out` is already
+// set (by response_format) or more than one is given.
+std::optional<ApiError> read_grammar_fields(const FieldReader& body, OutputConstraint& out);
+
+// The compiled grammar (shared between requests: GrammarCache::shared());
+// null for an empty constraint; a 400 naming c.param when it does not compile.
+std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(const OutputConstraint& c);
+
+// How the model writes tool calls (what the output parser reads back):
+//   kHermes     <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, calls joined by "\n"
+//   kLlama3Json {"name": "f", "parameters": {...}}, calls joined by "; "
+//   kGeneric    {"name": "f", "arguments": {...}}, calls joined by "\n": rill's format for
+//               templates that render no tools (described to the model in a system message)
+enum class ToolCallFormat { kHermes, kLlama3Json, kGeneric };
+// The template's own format when it renders tools, judged by the markers
+// its source prints; kGeneric when it renders none or prints neither.
+ToolCallFormat tool_call_format(const ChatTemplate* chat_template, bool template_renders_tools);
+
+// The grammar of forced tool calls over `tools` (OpenAI shape, validated):
+// one call, or one or more when `parallel`. A tool without parameters takes
+// any JSON object. 400 naming tools[i].function.parameters for a schema the
+// converter refuses.
+std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_call_grammar(
+    const nlohmann::ordered_json& tools, ToolCallFormat format, bool parallel);
+
+// The system-message text that describes `tools` and the kGeneric call
+// format to a model whose template renders no tools.
+std::string generic_tools_prompt(const nlohmann::ordered_json& tools);
+// An assistant turn's earlier calls (OpenAI tool_calls, arguments parsed or
+// text) written in the kGeneric format, for templates that render no tools.
+std::string generic_tool_calls_text(const nlohmann::ordered_json& tool_calls);
+
+}  // namespace rill::server

@@ -1,0 +1,245 @@
+// Constrained decoding in the engine: a FakeModel whose logits are
+// pseudo-random over SmolLM2's real vocabulary, so every valid output comes
+// from the grammar's masks, not from the model. Checks that outputs are in
+// the grammar's language (greedy and seeded), EOS only where the grammar may
+// end, the request ends when nothing more can follow, constrained and
+// unconstrained requests share steps without changing the unconstrained
+// tokens (also when the unconstrained ones would otherwise be drawn on the
+// device), and the errors name the field.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../text/tokenizer_test_util.h"
+#include "fake_model.h"
+#include "rill/engine.h"
+#include "text/grammar/grammar_cache.h"
+#include "text/grammar/grammar_matcher.h"
+#include "text/grammar/json_schema_grammar.h"
+#include "text/grammar/token_vocabulary.h"
+
+namespace rill {
+namespace {
+
+using testing::FakeModel;
+
+std::shared_ptr<const Tokenizer> smollm2() {
+  const Tokenizer* tok = testing::load_tokenizer("smollm2");
+  if (tok == nullptr) return nullptr;
+  return std::shared_ptr<const Tokenizer>(tok, [](const Tokenizer*) {});  // the loader's cache owns it
+}
+
+struct Fixture {
+  std::shared_ptr<const Tokenizer> tok;
+  FakeModel* model = nullptr;
+  std::unique_ptr<Engine> engine;
+};
+
+Fixture make(bool device = false) {
+  Fixture f;
+  f.tok = smollm2();
+  if (!f.tok) return f;
+  auto model = std::make_unique<FakeModel>(FakeModel::Options{.n_vocab = f.tok->n_vocab(),
+                                                              .n_ctx = 512,
+                                                              .block_size = 16,
+                                                              .n_blocks = 256,
+                                                              .max_batch_tokens = 256,
+                                                              .max_batch_seqs = 16,
+                                                              .device_greedy = device,
+                                                              .device_sample = device});
+  f.model = model.get();
+  EngineOptions eo;
+  eo.check_integrity = true;
+  auto e = Engine::create(std::move(model), f.tok, eo);
+  EXPECT_TRUE(e.ok()) << e.error().message;
+  if (e.ok()) f.engine = std::move(e).value();
+  return f;
+}
+
+std::shared_ptr<const grammar::CompiledGrammar> compile(const std::string& gbnf) {
+  auto g = grammar::GrammarCache::shared().get(gbnf);
+  EXPECT_TRUE(g.ok()) << g.error().message;
+  return g.ok() ? *g : nullptr;
+}
+
+struct Output {
+  std::vector<int32_t> ids;
+  std::string text;
+  GenerationEvent last;
+};
+
+Output run(Engine& e, GenerationRequest r) {
+  Output o;
+  auto h = e.submit(std::move(r));
+  EXPECT_TRUE(h.ok()) << h.error().message;
+  if (!h.ok()) return o;
+  GenerationEvent ev;
+  while (h->next(ev)) {
+    o.ids.insert(o.ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+    o.text += ev.text;
+    if (ev.finished) o.last = ev;
+  }
+  return o;
+}
+
+GenerationRequest request(const Tokenizer& tok, int32_t max_tokens, float temperature, uint64_t seed) {
+  GenerationRequest r;
+  r.prompt = tok.encode("Answer:", false, false);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = temperature;
+  r.sampling.seed = seed;
+  return r;
+}
+
+// Every token is one a fresh matcher accepts in turn.
+void expect_tokens_in_grammar(const Fixture& f, const std::shared_ptr<const grammar::CompiledGrammar>& g,
+                              const std::vector<int32_t>& ids) {
+  auto vocab = grammar::TokenVocabulary::from_tokenizer(*f.tok, f.engine->eos_ids());
+  grammar::GrammarMatcher m(std::make_shared<grammar::TokenMaskCache>(g, vocab));
+  for (size_t i = 0; i < ids.size(); ++i) ASSERT_TRUE(m.accept_token(ids[i])) << "token " << i << " = " << ids[i];
+}
+
+const char* kSchema = R"({"type": "object", "properties": {
+  "count": {"type": "integer", "minimum": 0, "maximum": 99},
+  "color": {"enum": ["red", "green", "blue"]},
+  "ok": {"type": "boolean"}}, "required": ["count", "color", "ok"], "additionalProperties": false})";
+
+TEST(GrammarEngine, GreedyAndSeededOutputsMatchTheSchema) {
+  Fixture f = make();
+  if (!f.tok) GTEST_SKIP() << "SmolLM2 model file missing";
+  auto gbnf = grammar::json_schema_to_gbnf(nlohmann::ordered_json::parse(kSchema));
+  ASSERT_TRUE(gbnf.ok()) << gbnf.error().message;
+  auto g = compile(*gbnf);
+  for (float temperature : {0.0f, 1.0f}) {
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      GenerationRequest r = request(*f.tok, 200, temperature, seed);
+      r.grammar = g;
+      Output o = run(*f.engine, std::move(r));
+      SCOPED_TRACE(o.text);
+      ASSERT_EQ(o.last.finish_reason, FinishReason::kStop) << o.last.error;
+      auto j = nlohmann::json::parse(o.text);
+      ASSERT_TRUE(j.is_object());
+      EXPECT_EQ(j.size(), 3u);
+      EXPECT_TRUE(j["count"].is_number_integer() && j["count"] >= 0 && j["count"] <= 99);
+      EXPECT_TRUE(j["color"] == "red" || j["color"] == "green" || j["color"] == "blue");
+      EXPECT_TRUE(j["ok"].is_boolean());
+      expect_tokens_in_grammar(f, g, o.ids);
+      if (temperature == 0.0f) break;  // greedy: one run is the run
+    }
+  }
+}
+
+TEST(GrammarEngine, EndsWhenNothingCanFollowWithoutAStopToken) {
+  Fixture f = make();
+  if (!f.tok) GTEST_SKIP() << "SmolLM2 model file missing";
+  auto choice = grammar::choice_gbnf({"alpha", "beta", "gamma delta"});
+  ASSERT_TRUE(choice.ok());
+  GenerationRequest r = request(*f.tok, 50, 0.7f, 3);
+  r.grammar = compile(*choice);
+  Output o = run(*f.engine, std::move(r));
+  EXPECT_TRUE(o.text == "alpha" || o.text == "beta" || o.text == "gamma delta") << o.text;
+  EXPECT_EQ(o.last.finish_reason, FinishReason::kStop);
+  EXPECT_FALSE(o.last.stop_token.has_value());
+}
+
+TEST(GrammarEngine, EosOnlyWhereTheGrammarMayEnd) {
+  Fixture f = make();
+  if (!f.tok) GTEST_SKIP() << "SmolLM2 model file missing";
+  const int32_t eos = f.tok->eos_ids().front();
+  for (bool ignore_eos : {false, true}) {
+    // A huge bias on EOS: masked out until the grammar may end, then taken
+    // (and it ends the request even with ignore_eos: the grammar is done).
+    GenerationRequest r = request(*f.tok, 60, 0.0f, 1);
+    r.grammar = compile(R"(root ::= "x" [a-z]{3,} )");
+    r.sampling.logit_bias = {{eos, 1000.0f}};
+    r.ignore_eos = ignore_eos;
+    Output o = run(*f.engine, std::move(r));
+    ASSERT_EQ(o.last.finish_reason, FinishReason::kStop) << o.last.error;
+    ASSERT_TRUE(o.last.stop_token.has_value());
+    EXPECT_EQ(*o.last.stop_token, eos);
+    EXPECT_EQ(o.ids.back(), eos);
+    ASSERT_GE(o.text.size(), 4u) << o.text;
+    EXPECT_EQ(o.text[0], 'x');
+    for (char c : o.text.substr(1)) EXPECT_TRUE(c >= 'a' && c <= 'z') << o.text;
+  }
+}
+
+TEST(GrammarEngine, ConstrainedAndUnconstrainedShareStepsWithoutChangingTheUnconstrainedTokens) {
+  for (bool device : {false, true}) {
+    SCOPED_TRACE(device ? "device sampling" : "host sampling");
+    // Alone: the unconstrained requests' tokens (on the device path when
+    // offered); then batched with constrained ones (the step samples on the
+    // host): the same tokens.
+    std::vector<std::vector<int32_t>> alone;
+    {
+      Fixture f = make(device);
+      if (!f.tok) GTEST_SKIP() << "SmolLM2 model file missing";
+      for (uint64_t seed : {11u, 12u})
+        alone.push_back(run(*f.engine, request(*f.tok, 24, seed == 11 ? 0.0f : 0.9f, seed)).ids);
+      if (device) {
+        EXPECT_EQ(f.model->n_logit_calls(), 0);
+      }
+    }
+    Fixture f = make(device);
+    auto g = compile(grammar::json_object_gbnf());
+    std::vector<RequestHandle> handles;
+    for (int i = 0; i < 4; ++i) {
+      GenerationRequest r =
+          i < 2 ? request(*f.tok, 24, i == 0 ? 0.0f : 0.9f, 11 + i) : request(*f.tok, 40, 0.8f, 20 + i);
+      if (i >= 2) r.grammar = g;
+      auto h = f.engine->submit(std::move(r));
+      ASSERT_TRUE(h.ok());
+      handles.push_back(std::move(h).value());
+    }
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int32_t> ids;
+      std::string text;
+      GenerationEvent ev, last;
+      while (handles[i].next(ev)) {
+        ids.insert(ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+        text += ev.text;
+        if (ev.finished) last = ev;
+      }
+      if (i < 2) {
+        EXPECT_EQ(ids, alone[static_cast<size_t>(i)]) << "request " << i;
+      } else {
+        EXPECT_NE(last.finish_reason, FinishReason::kError) << last.error;
+        EXPECT_EQ(text.substr(0, 1), "{") << text;
+        if (last.finish_reason == FinishReason::kStop) {
+          EXPECT_TRUE(nlohmann::json::parse(text).is_object()) << text;
+        }
+        expect_tokens_in_grammar(f, g, ids);
+      }
+    }
+    const auto seqs = f.model->step_seqs();
+    EXPECT_GT(*std::max_element(seqs.begin(), seqs.end()), 1) << "requests were never batched";
+  }
+}
+
+TEST(GrammarEngine, SharesOneMaskCachePerGrammarAcrossRequests) {
+  // Indirectly: the same grammar object twice gives the same tokens (the
+  // cache is warm the second time; a wrong cached entry would show).
+  Fixture f = make();
+  if (!f.tok) GTEST_SKIP() << "SmolLM2 model file missing";
+  auto g = compile(grammar::json_object_gbnf());
+  EXPECT_EQ(g, compile(grammar::json_object_gbnf()));  // one object per grammar text
+  GenerationRequest a = request(*f.tok, 30, 0.9f, 7), b = request(*f.tok, 30, 0.9f, 7);
+  a.grammar = b.grammar = g;
+  EXPECT_EQ(run(*f.engine, std::move(a)).ids, run(*f.engine, std::move(b)).ids);
+}
+
+TEST(GrammarEngine, RefusedWithoutATokenizer) {
+  auto model = std::make_unique<FakeModel>(FakeModel::Options{});
+  auto e = Engine::create(std::move(model), nullptr, EngineOptions{});
+  ASSERT_TRUE(e.ok());
+  GenerationRequest r;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 8;
+  r.grammar = compile(R"(root ::= "a")");
+  auto id = (*e)->submit(std::move(r), [](GenerationEvent&&) {});
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.error().message.rfind("grammar:", 0), 0u) << id.error().message;
+}
+
+}  // namespace
+}  // namespace rill

@@ -1,0 +1,193 @@
+// Structured-output request fields and forced tool calls: the fields' 400s
+// name the field (and the refused schema keyword), and the tool-call
+// grammar produces exactly what the output parser reads back: random walks
+// through the grammar's bytes, in every call format, all parse as calls of
+// the offered tools whose arguments match the schema.
+#include "server/structured_output.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "text/grammar/grammar_matcher.h"
+#include "text/output_parser.h"
+
+namespace rill::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::optional<ApiError> read_format(const char* body_text, OutputConstraint& out) {
+  static Json body;  // FieldReader keeps a pointer
+  body = Json::parse(body_text);
+  const FieldReader r(body);
+  if (auto e = read_response_format(r, out)) return e;
+  return read_grammar_fields(r, out);
+}
+
+TEST(StructuredOutput, ResponseFormatErrorsNameTheField) {
+  struct Case {
+    const char* body;
+    const char* param;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {R"({"response_format": {"type": "json_object", "schema": 123}})", "response_format.schema", "JSON Schema"},
+      {R"({"response_format": {"type": "yaml"}})", "response_format.type", "yaml"},
+      {R"({"response_format": {"type": "json_object", "strict": true}})", "response_format.strict", "unknown field"},
+      {R"({"response_format": {"type": "json_schema"}})", "response_format.json_schema", "required"},
+      {R"({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}})",
+       "response_format.json_schema.name", "required"},
+      {R"({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":
+          {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 2}}}}}})",
+       "response_format.json_schema.schema", "'multipleOf' at #/properties/n"},
+      {R"({"response_format": {"type": "json_object"}, "grammar": "root ::= \"a\""})", "grammar", "only one"},
+      {R"({"regex": "(a", "choice": ["x"]})", "regex", ""},
+      {R"({"choice": []})", "choice", "at least one"},
+      {R"({"choice": ["a", 1]})", "choice[1]", "string"},
+  };
+  for (const Case& c : cases) {
+    OutputConstraint out;
+    auto e = read_format(c.body, out);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->status, 400);
+    EXPECT_EQ(e->param, c.param) << e->message;
+    EXPECT_NE(e->message.find(c.needle), std::string::npos) << e->message;
+  }
+}
+
+TEST(StructuredOutput, FormatsBecomeGrammarsThatAcceptTheirOutputs) {
+  struct Case {
+    const char* body;
+    const char* good;
+    const char* bad;
+  };
+  const Case cases[] = {
+      {R"({"response_format": {"type": "json_object"}})", R"({"a": [1, {"b": null}]})", "[1]"},
+      {R"({"response_format": {"type": "json_object", "schema": {"type": "object", "properties": {"k": {"type":
+          "integer"}}, "required": ["k"]}}})",
+       R"({"k": 3})", R"({"k": "3"})"},
+      {R"({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true, "schema":
+          {"type": "object", "properties": {"e": {"enum": ["x", "y"]}}, "required": ["e"],
+          "additionalProperties": false}}}})",
+       R"({"e": "y"})", R"({"e": "z"})"},
+      {R"({"grammar": "root ::= [a-c]+"})", "abcab", "abd"},
+      {R"({"regex": "[0-9]{3}-[0-9]{2}"})", "123-45", "12-345"},
+      {R"({"choice": ["yes", "no"]})", "no", "maybe"},
+  };
+  for (const Case& c : cases) {
+    OutputConstraint out;
+    auto e = read_format(c.body, out);
+    ASSERT_FALSE(e.has_value()) << e->message;
+    auto g = compile_constraint(out);
+    ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const grammar::CompiledGrammar>>(g)) << c.body;
+    const auto& compiled = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(g);
+    grammar::GrammarMatcher good(compiled), bad(compiled);
+    EXPECT_TRUE(good.accept_bytes(c.good) && good.can_end()) << c.body;
+    EXPECT_FALSE(bad.accept_bytes(c.bad) && bad.can_end()) << c.body;
+  }
+  OutputConstraint text;
+  ASSERT_FALSE(read_format(R"({"response_format": {"type": "text"}})", text).has_value());
+  EXPECT_TRUE(text.empty());
+}
+
+TEST(StructuredOutput, ResponsesTextFormat) {
+  Json text = Json::parse(R"({"format": {"type": "json_schema", "name": "c", "strict": true, "schema":
+      {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}}})");
+  OutputConstraint out;
+  ASSERT_FALSE(read_text_format(FieldReader(text, "text"), out).has_value());
+  EXPECT_EQ(out.param, "text.format.schema");
+  Json bad = Json::parse(R"({"format": {"type": "json_schema", "name": "c", "schema": {"not": {}}}})");
+  auto e = read_text_format(FieldReader(bad, "text"), out);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "text.format.schema");
+  EXPECT_NE(e->message.find("'not'"), std::string::npos) << e->message;
+}
+
+const char* kTools = R"([
+  {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"], "additionalProperties": false}}},
+  {"type": "function", "function": {"name": "ping"}}])";
+
+// A random string of the grammar: random allowed bytes, stopping where it
+// may end with probability 1/4 (always once it must).
+std::optional<std::string> random_walk(const std::shared_ptr<const grammar::CompiledGrammar>& g, std::mt19937& rng) {
+  grammar::GrammarMatcher m(g);
+  std::string out;
+  while (out.size() < 4000) {
+    if (m.must_end() || (m.can_end() && rng() % 4 == 0)) return out;
+    std::vector<uint8_t> allowed;
+    for (int b = 0; b < 256; ++b) {
+      grammar::GrammarMatcher probe = m;
+      if (probe.accept_bytes(std::string(1, static_cast<char>(b)))) allowed.push_back(static_cast<uint8_t>(b));
+    }
+    if (allowed.empty()) return std::nullopt;
+    // Prefer ASCII so walks end (and strings close) in reasonable time.
+    std::vector<uint8_t> ascii;
+    for (uint8_t b : allowed) {
+      if (b < 0x80) ascii.push_back(b);
+    }
+    const auto& pool = !ascii.empty() && rng() % 8 != 0 ? ascii : allowed;
+    const char c = static_cast<char>(pool[rng() % pool.size()]);
+    EXPECT_TRUE(m.accept_bytes(std::string(1, c)));
+    out += c;
+  }
+  return std::nullopt;
+}
+
+TEST(StructuredOutput, ToolCallGrammarsProduceWhatTheParserReadsBack) {
+  const Json tools = Json::parse(kTools);
+  for (auto format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kGeneric}) {
+    for (bool parallel : {false, true}) {
+      auto g = tool_call_grammar(tools, format, parallel);
+      ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const grammar::CompiledGrammar>>(g));
+      const auto& compiled = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(g);
+      std::mt19937 rng(static_cast<uint32_t>(format) * 2 + parallel);
+      int n_walks = 0, max_calls = 0;
+      for (int i = 0; i < 24; ++i) {
+        auto text = random_walk(compiled, rng);
+        if (!text) continue;
+        ++n_walks;
+        OutputParser parser({.parse_reasoning = true, .starts_in_reasoning = false, .parse_tool_calls = true});
+        OutputDelta d;
+        parser.push(*text, d);
+        parser.finish(d);
+        SCOPED_TRACE(*text);
+        EXPECT_EQ(d.content, "");
+        ASSERT_GE(d.tool_calls.size(), 1u);
+        if (!parallel) {
+          EXPECT_EQ(d.tool_calls.size(), 1u);
+        }
+        max_calls = std::max(max_calls, static_cast<int>(d.tool_calls.size()));
+        for (const ToolCall& c : d.tool_calls) {
+          const Json args = Json::parse(c.arguments);
+          ASSERT_TRUE(args.is_object());
+          if (c.name == "get_weather") {
+            ASSERT_EQ(args.size(), 2u);
+            EXPECT_TRUE(args["city"].is_string());
+            EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f");
+          } else {
+            EXPECT_EQ(c.name, "ping");
+          }
+        }
+      }
+      EXPECT_GT(n_walks, 16);
+      if (parallel) {
+        EXPECT_GT(max_calls, 1);
+      }
+    }
+  }
+}
+
+TEST(StructuredOutput, ToolSchemaErrorsNameTheTool) {
+  const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "f", "parameters":
+      {"type": "object", "properties": {"x": {"type": "string", "contentEncoding": "base64"}}}}}])");
+  auto g = tool_call_grammar(tools, ToolCallFormat::kGeneric, true);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(g));
+  EXPECT_EQ(std::get<ApiError>(g).param, "tools[0].function.parameters");
+  EXPECT_NE(std::get<ApiError>(g).message.find("contentEncoding"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rill::server
