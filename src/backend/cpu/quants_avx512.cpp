@@ -2,9 +2,11 @@
 // vpdpbusd (u8 x s8 -> i32 in one instruction) on 256-bit vectors, using
 // the 32 vector registers AVX-512VL gives for 4 x 4 tiles: the 1-token tile
 // of gemm_x86_impl.h, and for 2..4 tokens the tile of gemm_q_avx512_impl.h
-// (same arithmetic per dot, fewer multiply-pipe instructions). Installed only
+// (same arithmetic per dot, fewer multiply-pipe instructions); the K-quant
+// tiles of gemm_kquant_avx512_impl.h on 512-bit vectors. Installed only
 // when the CPU has AVX512_VNNI; otherwise the AVX2 table stays.
 #define RILL_KERNEL_TARGET __attribute__((target("avx512vnni")))
+#include "backend/cpu/gemm_kquant_avx512_impl.h"
 #include "backend/cpu/gemm_q_avx512_impl.h"
 #include "backend/cpu/gemm_x86_impl.h"
 
@@ -33,6 +35,9 @@ void fill_kernels_avx512(Kernels& k) {
   k.gemm[id(DType::kQ5_0)] = gemm_q_vnni<DecQ5_0, DotVnni>();
   k.gemm[id(DType::kQ5_1)] = gemm_q_vnni<DecQ5_1, DotVnni>();
   k.gemm[id(DType::kQ8_0)] = gemm_q_vnni<DecQ8_0, DotVnni>();
+  k.gemm[id(DType::kQ4_K)] = gemm_k_vnni<KVnniQ4>();
+  k.gemm[id(DType::kQ5_K)] = gemm_k_vnni<KVnniQ5>();
+  k.gemm[id(DType::kQ6_K)] = gemm_k_vnni<KVnniQ6>();
 }
 
 }  // namespace rill::cpu
