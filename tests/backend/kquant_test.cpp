@@ -207,5 +207,27 @@ TEST(KQuant, GemmBitExactExtremeValues) {
   }
 }
 
+// Every ISA's Q8_K quantizer gives the reference's bytes, including an
+// all-zero block, ties of +-max (the first one sets the sign), exact halves
+// and a lone extreme value.
+TEST(KQuant, Q8KQuantizersMatchReferenceBytes) {
+  const int64_t n = 1024;
+  auto x = random_floats(n, 31, -2.0f, 2.0f);
+  for (int i = 0; i < 256; ++i) x[256 + i] = 0.0f;  // block 1: zeros
+  x[520] = -4.0f;                                   // block 2: -4 first, then +4
+  x[600] = 4.0f;
+  x[800] = 127.0f;  // block 3: iscale = -1, exact halves
+  for (int i = 0; i < 16; ++i) x[801 + i] = 0.5f + static_cast<float>(i);
+  const DType p = DType::kQ8_K;
+  std::vector<uint8_t> want(row_bytes(p, n));
+  ref::quantize_row(p, x.data(), want.data(), n);
+  for (Isa isa : available_isas()) {
+    std::vector<uint8_t> got(row_bytes(p, n), 0xAB);
+    kernels(isa).quantize[static_cast<size_t>(p)](x.data(), got.data(), n);
+    EXPECT_EQ(want, got) << isa_name(isa);
+  }
+  EXPECT_EQ(reinterpret_cast<const BlockQ8_K*>(want.data())[2].qs[520 - 512], -127);
+}
+
 }  // namespace
 }  // namespace rill::cpu
