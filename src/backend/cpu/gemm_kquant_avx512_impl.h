@@ -101,6 +101,7 @@ struct KVnniQ4 {
   RILL_KERNEL_TARGET static void decode(const Block* b, KRow* r) {
     decode_q(b, r->q);
     const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(unpack_k4_scales_simd(b->scales)));
+    RILL_UNROLL
     for (int c = 0; c < 4; ++c)
       r->sc[c] = _mm512_permutexvar_epi16(scale_index_k4(kOrder[2 * c], kOrder[2 * c + 1]), s16);
     r->mins = _mm512_permutexvar_epi16(_mm512_set_epi16(15, 14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8, 15,
@@ -123,12 +124,14 @@ struct KVnniQ5 {
     // Bit j of qh[l] is bit 4 of element 32j + l: chunk c's sub-blocks (A, B) test bits A and B.
     const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh)));
     const __m512i sixteen = _mm512_set1_epi8(16);
+    RILL_UNROLL
     for (int c = 0; c < 4; ++c) {
       const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << kOrder[2 * c])),
                                               _mm256_set1_epi8(static_cast<char>(1 << kOrder[2 * c + 1])), 1);
       r->q[c] = _mm512_mask_add_epi8(l4[c], _mm512_test_epi8_mask(qh, bits), l4[c], sixteen);
     }
     const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(unpack_k4_scales_simd(b->scales)));
+    RILL_UNROLL
     for (int c = 0; c < 4; ++c)
       r->sc[c] = _mm512_permutexvar_epi16(scale_index_k4(kOrder[2 * c], kOrder[2 * c + 1]), s16);
     r->mins = _mm512_permutexvar_epi16(_mm512_set_epi16(15, 14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8, 15,
@@ -151,6 +154,7 @@ struct KVnniQ6 {
     const __m512i mask23 = _mm512_inserti64x4(_mm512_set1_epi8(0x30), _mm256_set1_epi8(static_cast<char>(0xC0)), 1);
     const __m512i shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    RILL_UNROLL
     for (int h = 0; h < 2; ++h) {
       const __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
       const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h)));
@@ -164,6 +168,7 @@ struct KVnniQ6 {
     const __m512i base = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
                                                             16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                            3);
+    RILL_UNROLL
     for (int c = 0; c < 4; ++c)
       r->sc[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16(static_cast<short>(4 * c))), s16z);
     r->mins = _mm512_broadcast_i64x4(_mm256_slli_epi16(s16, 5));
