@@ -94,11 +94,11 @@ struct KDecQ6 {
       for (int k = 0; k < 4; ++k)
         _mm256_store_si256(reinterpret_cast<__m256i*>(out->q[4 * half + k]), _mm256_or_si256(lo[k], hi[k]));
     }
-    for (int k = 0; k < 8; ++k) {
-      for (int i = 0; i < 8; ++i) out->sc[k][i] = b->scales[2 * k];
-      for (int i = 8; i < 16; ++i) out->sc[k][i] = b->scales[2 * k + 1];
-    }
-    for (int j = 0; j < 16; ++j) out->corr[j] = static_cast<int16_t>(32 * b->scales[j]);
+    for (int k = 0; k < 8; ++k)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out->sc[k]),
+                         _mm256_set_m128i(_mm_set1_epi16(b->scales[2 * k + 1]), _mm_set1_epi16(b->scales[2 * k])));
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out->corr), _mm256_slli_epi16(s16, 5));
     out->d = simd::f16(b->d);
     out->dcorr = out->d;  // q - 32: subtract 32 * scale * bsum at the same scale
   }
