@@ -58,8 +58,11 @@ test: format-check ctest pytest sanitize fuzz
 
 # Side-by-side CPU benchmark with llama.cpp (installs llama-cpp-python into
 # .venv-tools on first use); results in build/bench/ and docs/perf.md.
+# BENCH_TYPES=Q4_K_M,Q8_0 (any llama-quantize types): per quant type on a
+# random-weight Llama-3.2-1B-shape model against llama-bench instead.
+BENCH_TYPES ?=
 bench-cpu: build
-	@bash bench/run_cpu_bench.sh --wait-quiet 600
+	@bash bench/run_cpu_bench.sh --wait-quiet 600 $(if $(BENCH_TYPES),--types $(BENCH_TYPES))
 
 # rill serve vs rill bench direct (decode tok/s, TTFT), a load generator at
 # concurrency 1/8/32 and 1,024 open idle streams; JSON in build/bench/.

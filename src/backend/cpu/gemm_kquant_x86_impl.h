@@ -4,9 +4,9 @@
 // Each 256-element super-block of a weight row is decoded once per tile into
 // 8 vectors of 32 unsigned values plus the i16 scale of every maddubs lane;
 // per (row, token) the integer dot is sum_k madd(maddubs(q_k, a_k), scale_k),
-// then one f32 scaling per super-block with the min (or -32 offset) term
-// taken from Q8_K's bsums, as the reference formula (quants_ref.cpp).
-// Sum order differs from llama.cpp's K-quant kernels (tolerance, not bits).
+// its 8 int32 lanes converted and fma'd with d into 8 f32 lanes, the min (or
+// -32 offset) term taken from Q8_K's bsums: llama.cpp's AVX2 vec_dot
+// arithmetic, so the results equal the reference (quants_ref.cpp) bit for bit.
 #include "backend/cpu/gemm_x86_impl.h"
 
 namespace rill::cpu {
@@ -28,6 +28,7 @@ inline void unpack_k4_scales(const uint8_t* scales, uint8_t sc[8], uint8_t mn[8]
 
 struct KDecQ4 {
   using Block = BlockQ4_K;
+  static constexpr int kMins = 1;  // 1: 4-lane min accumulator (Q4_K); 2: scalar (Q5_K); 0: -32 offset (Q6_K)
   static void decode(const Block* b, KDecoded* out) {
     uint8_t sc[8], mn[8];
     unpack_k4_scales(b->scales, sc, mn);
@@ -49,6 +50,7 @@ struct KDecQ4 {
 
 struct KDecQ5 {
   using Block = BlockQ5_K;
+  static constexpr int kMins = 2;
   static void decode(const Block* b, KDecoded* out) {
     uint8_t sc[8], mn[8];
     unpack_k4_scales(b->scales, sc, mn);
@@ -74,6 +76,7 @@ struct KDecQ5 {
 
 struct KDecQ6 {
   using Block = BlockQ6_K;
+  static constexpr int kMins = 0;
   static void decode(const Block* b, KDecoded* out) {
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
     for (int half = 0; half < 2; ++half) {
@@ -91,11 +94,11 @@ struct KDecQ6 {
       for (int k = 0; k < 4; ++k)
         _mm256_store_si256(reinterpret_cast<__m256i*>(out->q[4 * half + k]), _mm256_or_si256(lo[k], hi[k]));
     }
-    for (int k = 0; k < 8; ++k) {
-      for (int i = 0; i < 8; ++i) out->sc[k][i] = b->scales[2 * k];
-      for (int i = 8; i < 16; ++i) out->sc[k][i] = b->scales[2 * k + 1];
-    }
-    for (int j = 0; j < 16; ++j) out->corr[j] = static_cast<int16_t>(32 * b->scales[j]);
+    for (int k = 0; k < 8; ++k)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out->sc[k]),
+                         _mm256_set_m128i(_mm_set1_epi16(b->scales[2 * k + 1]), _mm_set1_epi16(b->scales[2 * k])));
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out->corr), _mm256_slli_epi16(s16, 5));
     out->d = simd::f16(b->d);
     out->dcorr = out->d;  // q - 32: subtract 32 * scale * bsum at the same scale
   }
@@ -106,7 +109,11 @@ RILL_KERNEL_TARGET void gemm_k_tile(int64_t n, const void* w, size_t w_stride, c
                                     int64_t y_stride) {
   using WBlock = typename Dec::Block;
   const int64_t nb = n / kQKK;
-  float acc[R][T] = {};
+  __m256 acc[R][T];
+  __m128 accm[R][T];  // Q4_K: 4 lanes; Q5_K: lane 0
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r) RILL_UNROLL
+  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), accm[r][t] = _mm_setzero_ps();
   KDecoded dec[R];
   for (int64_t ib = 0; ib < nb; ++ib) {
     RILL_UNROLL
@@ -126,14 +133,35 @@ RILL_KERNEL_TARGET void gemm_k_tile(int64_t n, const void* w, size_t w_stride, c
           const __m256i s = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec[r].sc[k]));
           isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), s));
         }
+        // lane j: corr[2j] * bsums[2j] + corr[2j+1] * bsums[2j+1]
         const __m256i corr = _mm256_madd_epi16(bsums, _mm256_load_si256(reinterpret_cast<const __m256i*>(dec[r].corr)));
-        acc[r][t] += dec[r].d * ab.d * static_cast<float>(simd::hsum_i32(isum)) -
-                     dec[r].dcorr * ab.d * static_cast<float>(simd::hsum_i32(corr));
+        if constexpr (Dec::kMins == 0) isum = _mm256_sub_epi32(isum, corr);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * dec[r].d), _mm256_cvtepi32_ps(isum), acc[r][t]);
+        if constexpr (Dec::kMins != 0) {
+          // prod[k] = mn[2k] * s[2k] + mn[2k+1] * s[2k+1] (s: sub-block sums)
+          const __m128i prod = _mm_hadd_epi32(_mm256_castsi256_si128(corr), _mm256_extracti128_si256(corr, 1));
+          const __m128 dmin = _mm_set1_ps(-ab.d * dec[r].dcorr);
+          if constexpr (Dec::kMins == 1) {
+            accm[r][t] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(prod), accm[r][t]);
+          } else {
+            const __m128i h = _mm_hadd_epi32(_mm_hadd_epi32(prod, _mm_setzero_si128()), _mm_setzero_si128());
+            accm[r][t] = _mm_fmadd_ss(dmin, _mm_cvtepi32_ps(h), accm[r][t]);
+          }
+        }
       }
     }
   }
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[t * y_stride + r] = acc[r][t];
+  RILL_UNROLL
+  for (int t = 0; t < T; ++t) RILL_UNROLL
+  for (int r = 0; r < R; ++r) {
+    __m128 m = accm[r][t];
+    if constexpr (Dec::kMins == 1) {
+      m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+      m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    }
+    const float h = simd::hsum(acc[r][t]);
+    y[t * y_stride + r] = Dec::kMins == 0 ? h : h + _mm_cvtss_f32(m);
+  }
 }
 
 template <typename Dec, int... I>
@@ -144,7 +172,7 @@ template <typename Dec>
 inline constexpr auto kKTiles = k_tiles<Dec>(std::make_integer_sequence<int, kMaxTileRows * kMaxTileCols>{});
 
 struct KMaxT {
-  static constexpr int kMaxT = kMaxTileCols;
+  static constexpr int kMaxT = 2;  // 16 ymm registers: R x T f32 and min accumulators
 };
 template <typename Dec>
 constexpr GemmTileFn gemm_k() {

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's llama-quantize and llama-bench from the llama.cpp inside
+# the llama-cpp-python source package on PyPI (the same code as the peer
+# that bench/e2e/cpu_vs_llamacpp.py loads), into build/llamacpp/.
+#
+# The CPU flags are explicit (GGML_NATIVE=OFF): the Xeon hosts this runs on
+# advertise AMX in CPUID, and a -march=native build dies with SIGILL in
+# ggml's AMX matmul there; AMX stays off, the AVX-512 family the host
+# reports (lscpu) is on. Idempotent: rebuilds only what changed.
+#   bench/build_llamacpp_tools.sh               # prints the bin directory
+#   bench/build_llamacpp_tools.sh --cmake-flags # prints the GGML CPU flags only
+#     (run_cpu_bench.sh passes them as CMAKE_ARGS to llama-cpp-python's build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
+avx512=OFF
+[ "$(has avx512f)" = ON ] && [ "$(has avx512bw)" = ON ] && [ "$(has avx512vl)" = ON ] && avx512=ON
+sub512() { [ $avx512 = ON ] && has "$1" || echo OFF; }
+cpu_flags=(-DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF
+  -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)"
+  -DGGML_BMI2="$(has bmi2)" -DGGML_AVX_VNNI="$(has avx_vnni)" -DGGML_AVX512="$avx512"
+  -DGGML_AVX512_VNNI="$(sub512 avx512_vnni)" -DGGML_AVX512_VBMI="$(sub512 avx512vbmi)"
+  -DGGML_AVX512_BF16="$(sub512 avx512_bf16)" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+if [ "${1:-}" = --cmake-flags ]; then
+  echo "${cpu_flags[*]}"
+  exit 0
+fi
+VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+DIR=build/llamacpp
+SRC=$DIR/llama_cpp_python-$VERSION/vendor/llama.cpp
+mkdir -p "$DIR"
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+  python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    -d "$DIR" "llama-cpp-python==$VERSION" >&2
+  tar xzf "$DIR/llama_cpp_python-$VERSION.tar.gz" -C "$DIR"
+fi
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S "$SRC" -B "$DIR/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
+  "${cpu_flags[@]}" -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_BUILD_SERVER=OFF >&2
+cmake --build "$DIR/build" -j "${JOBS:-2}" --target llama-quantize llama-bench >&2
+echo "$DIR/build/bin"

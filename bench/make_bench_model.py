@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Random-weight GGUF models for benchmarks, in any llama.cpp quant type.
+
+Writes a Llama-architecture GGUF of a real model's shape (default
+Llama-3.2-1B: 16 layers, hidden 2048, 32 query / 8 KV heads of 64, FFN 8192,
+vocab 128256, tied embeddings) in F16 with seeded random weights (normal,
+std 0.02; norms 1), and a synthetic 128256-token SentencePiece vocabulary
+(the benchmarks feed token ids; both engines need some vocabulary to load).
+Then quantizes it with llama.cpp's llama-quantize, built from the llama.cpp
+inside the llama-cpp-python source package (bench/build_llamacpp_tools.sh),
+so the quantized files are exactly what llama.cpp users download. Files are
+cached under --out-dir (default build/bench/models):
+
+    <shape>.F16.gguf, <shape>.<TYPE>.gguf for each --types entry
+
+    bench/make_bench_model.py [--types Q4_K_M,Q8_0] [--shape llama-3.2-1b] [--out-dir DIR]
+
+Prints the quantized files' paths, one a line. Needs the gguf and numpy
+packages (installed into .venv-tools when missing).
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import tools_venv  # noqa: E402
+
+SHAPES = {
+    # name: (layers, hidden, heads, kv heads, ffn, vocab, rope theta, rms eps)
+    "llama-3.2-1b": (16, 2048, 32, 8, 8192, 128256, 500000.0, 1e-5),
+    # Small enough for a quick check of the tool itself.
+    "tiny": (2, 256, 4, 2, 512, 1024, 10000.0, 1e-5),
+}
+
+
+def add_vocab(w, n_vocab):
+    # <unk> <s> </s>, the 256 byte tokens, then plain pieces.
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581t{i}" for i in range(len(tokens), n_vocab)]
+    types = [2, 3, 3] + [6] * 256 + [1] * (n_vocab - 259)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+
+
+def write_f16(path, shape_name, seed):
+    import gguf
+    import numpy as np
+    n_layer, d, n_head, n_kv, ffn, vocab, theta, eps = SHAPES[shape_name]
+    head_dim = d // n_head
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name(f"random {shape_name}")
+    w.add_context_length(4096)
+    w.add_embedding_length(d)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_vocab_size(vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    add_vocab(w, vocab)
+
+    # (name, numpy shape [rows, cols], is_norm), in llama.cpp's tensor order.
+    tensors = [("token_embd.weight", (vocab, d), False)]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        tensors += [(p + "attn_norm.weight", (d,), True), (p + "attn_q.weight", (d, d), False),
+                    (p + "attn_k.weight", (n_kv * head_dim, d), False),
+                    (p + "attn_v.weight", (n_kv * head_dim, d), False),
+                    (p + "attn_output.weight", (d, d), False), (p + "ffn_norm.weight", (d,), True),
+                    (p + "ffn_gate.weight", (ffn, d), False), (p + "ffn_up.weight", (ffn, d), False),
+                    (p + "ffn_down.weight", (d, ffn), False)]
+    tensors.append(("output_norm.weight", (d,), True))
+    for name, shape, norm in tensors:
+        dt = np.float32 if norm else np.float16
+        nbytes = int(np.prod(shape)) * np.dtype(dt).itemsize
+        w.add_tensor_info(name, shape, np.dtype(dt), nbytes)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, shape, norm in tensors:  # streamed: one tensor in memory at a time
+        if norm:
+            t = np.ones(shape, dtype=np.float32)
+        else:
+            t = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+        w.write_tensor_data(t)
+    w.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--types", default="Q4_K_M,Q8_0",
+                    help="comma-separated llama-quantize types (F16 = no quantization)")
+    ap.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
+    ap.add_argument("--out-dir", default=os.path.join(ROOT, "build", "bench", "models"))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2, help="llama-quantize threads")
+    args = ap.parse_args()
+    tools_venv.ensure(["gguf", "numpy"], ["gguf", "numpy"])
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    f16 = os.path.join(args.out_dir, f"{args.shape}.F16.gguf")
+    if not os.path.exists(f16):
+        print(f"writing {f16} ...", file=sys.stderr)
+        write_f16(f16 + ".tmp", args.shape, args.seed)
+        os.replace(f16 + ".tmp", f16)
+    types = [t.strip() for t in args.types.split(",") if t.strip()]
+    bindir = None
+    for t in types:
+        out = os.path.join(args.out_dir, f"{args.shape}.{t}.gguf")
+        if t == "F16":
+            out = f16
+        elif not os.path.exists(out):
+            if bindir is None:
+                bindir = subprocess.run([os.path.join(ROOT, "bench", "build_llamacpp_tools.sh")], check=True,
+                                        capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            print(f"quantizing {t} ...", file=sys.stderr)
+            subprocess.run([os.path.join(bindir, "llama-quantize"), f16, out + ".tmp", t, str(args.threads)],
+                           check=True, stdout=subprocess.DEVNULL)
+            os.replace(out + ".tmp", out)
+        print(out)
+
+
+if __name__ == "__main__":
+    main()

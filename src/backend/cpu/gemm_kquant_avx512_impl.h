@@ -1,0 +1,301 @@
+#pragma once
+// Register-tiled gemm for the K-quants (Q4_K, Q5_K, Q6_K weights against
+// Q8_K activations) on AVX-512BW + VNNI, for decode (one token row) and
+// batched rows alike. Include only from quants_avx512.cpp; internal linkage.
+//
+// Arithmetic: exactly llama.cpp's x86 vec_dot (see quants_ref.cpp), so every
+// (weight row, token) result equals the reference bit for bit whatever the
+// tile shape. Per super-block, each 64-element chunk of a weight row is one
+// zmm of unsigned values: vpmaddubsw with the activations gives i16 pair
+// sums and vpdpwssd adds them times the i16 scales into 16 int32 lanes; the
+// chunk's lanes 0..7 and 8..15 hold the same element offsets (4l..4l+3 of a
+// 32-element sub-block) of two sub-blocks, so adding the halves gives
+// llama.cpp's 8 lanes exactly (integer sums). Two tokens' folded lanes share
+// one zmm for the convert and the fma with d = a.d * w.d.
+//
+// The GGUF blocks are used in place (no repacking): a Q4_K/Q5_K zmm of 64
+// bytes holds sub-blocks (j, j+2) in its low nibbles, so the activations are
+// reordered instead, once per call and token (KActBlock), with the per-token
+// sub-block sums and scales the tiles need, in the lanes they use them.
+#include <vector>
+
+#include "backend/cpu/gemm_kquant_x86_impl.h"
+
+namespace rill::cpu {
+namespace {
+
+// A super-block of up to 4 token rows (a quad), laid out for the tiles.
+// Rows past the last real one repeat it (computed, never stored).
+struct KActBlock {
+  alignas(64) int8_t qs[4][kQKK];    // token t's values in its weight type's chunk order
+  alignas(64) int16_t bsums[2][32];  // tokens (2p, 2p+1): their 16 bsums each (Q6_K)
+  alignas(64) int16_t subsums[32];   // token t's 8 sub-block sums at 8t (Q4_K, Q5_K)
+  alignas(64) float dpair[2][16];    // a.d of token 2p in lanes 0..7, of 2p+1 in 8..15
+  alignas(64) float dneg[16];        // -a.d of token t in lanes 4t..4t+3
+};
+
+// kOrder[k]: the 32-element sub-block whose activations go k-th.
+template <const int (&kOrder)[8]>
+RILL_KERNEL_TARGET void prepare_k_acts(KActBlock* out, int64_t nb, const void* a, size_t a_stride, int n_t) {
+  const BlockQ8_K* ar[4];
+  for (int t = 0; t < 4; ++t)
+    ar[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + (t < n_t ? t : n_t - 1) * a_stride);
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    KActBlock& o = out[ib];
+    for (int t = 0; t < 4; ++t) {
+      const BlockQ8_K& b = ar[t][ib];
+      for (int k = 0; k < 8; ++k)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o.qs[t] + 32 * k),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * kOrder[k])));
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.bsums));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[t / 2] + 16 * (t % 2)), bs);
+      // sub-block j's sum: bsums[2j] + bsums[2j+1] (as llama.cpp's hadd_epi16)
+      _mm_store_si128(reinterpret_cast<__m128i*>(o.subsums + 8 * t),
+                      _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+      for (int l = 0; l < 8; ++l) o.dpair[t / 2][8 * (t % 2) + l] = b.d;
+      for (int l = 0; l < 4; ++l) o.dneg[4 * t + l] = -b.d;
+    }
+  }
+}
+
+// A decoded weight super-block: 4 chunks of 64 unsigned values, the i16
+// scale of each value pair's maddubs lane, and the min (or offset) terms.
+struct KRow {
+  __m512i q[4];
+  __m512i sc[4];
+  __m512i mins;  // Q4_K/Q5_K: the 8 i16 mins in every 128-bit lane; Q6_K: 32 * scales (i16) in both halves
+  float d, dmin;
+};
+
+// i16 lane i of chunk c's scale vector is scale (i < 16 ? A : B) for Q4_K/Q5_K
+// sub-blocks (A, B); Q6_K has a scale per 16 elements: 4c + i / 8.
+RILL_KERNEL_TARGET static inline __m512i scale_index_k4(int a, int b) {
+  return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(a)), _mm256_set1_epi16(static_cast<short>(b)), 1);
+}
+
+// The 12 packed scale bytes -> sc (bytes 0..7) and mn (bytes 8..15), as
+// llama.cpp's utmp shuffle, in one xmm.
+RILL_KERNEL_TARGET static inline __m128i unpack_k4_scales_simd(const uint8_t* scales) {
+  uint32_t u[3];
+  std::memcpy(u, scales, 12);
+  const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+  const uint32_t o0 = u[0] & k1, o2 = u[1] & k1;
+  const uint32_t o1 = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+  const uint32_t o3 = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+  return _mm_setr_epi32(static_cast<int>(o0), static_cast<int>(o1), static_cast<int>(o2), static_cast<int>(o3));
+}
+
+struct KVnniQ4 {
+  using Block = BlockQ4_K;
+  static constexpr int kMins = 1;  // as KDecQ4
+  // Chunks: low nibbles of bytes 0..63 = sub-blocks (0, 2), high (1, 3); of 64..127: (4, 6), (5, 7).
+  static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  RILL_KERNEL_TARGET static void decode_q(const Block* b, __m512i q[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lo = _mm512_loadu_si512(b->qs), hi = _mm512_loadu_si512(b->qs + 64);
+    q[0] = _mm512_and_si512(lo, m4);
+    q[1] = _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4);
+    q[2] = _mm512_and_si512(hi, m4);
+    q[3] = _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4);
+  }
+  RILL_KERNEL_TARGET static void decode(const Block* b, KRow* r) {
+    decode_q(b, r->q);
+    const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(unpack_k4_scales_simd(b->scales)));
+    RILL_UNROLL
+    for (int c = 0; c < 4; ++c)
+      r->sc[c] = _mm512_permutexvar_epi16(scale_index_k4(kOrder[2 * c], kOrder[2 * c + 1]), s16);
+    r->mins = _mm512_permutexvar_epi16(_mm512_set_epi16(15, 14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8, 15,
+                                                        14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8),
+                                       s16);
+    r->d = simd::f16(b->d);
+    r->dmin = simd::f16(b->dmin);
+  }
+};
+
+struct KVnniQ5 {
+  using Block = BlockQ5_K;
+  static constexpr int kMins = 2;
+  static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  RILL_KERNEL_TARGET static void decode(const Block* b, KRow* r) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lo = _mm512_loadu_si512(b->qs), hi = _mm512_loadu_si512(b->qs + 64);
+    const __m512i l4[4] = {_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
+                           _mm512_and_si512(hi, m4), _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4)};
+    // Bit j of qh[l] is bit 4 of element 32j + l: chunk c's sub-blocks (A, B) test bits A and B.
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh)));
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    RILL_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << kOrder[2 * c])),
+                                              _mm256_set1_epi8(static_cast<char>(1 << kOrder[2 * c + 1])), 1);
+      r->q[c] = _mm512_mask_add_epi8(l4[c], _mm512_test_epi8_mask(qh, bits), l4[c], sixteen);
+    }
+    const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(unpack_k4_scales_simd(b->scales)));
+    RILL_UNROLL
+    for (int c = 0; c < 4; ++c)
+      r->sc[c] = _mm512_permutexvar_epi16(scale_index_k4(kOrder[2 * c], kOrder[2 * c + 1]), s16);
+    r->mins = _mm512_permutexvar_epi16(_mm512_set_epi16(15, 14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8, 15,
+                                                        14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8),
+                                       s16);
+    r->d = simd::f16(b->d);
+    r->dmin = simd::f16(b->dmin);
+  }
+};
+
+struct KVnniQ6 {
+  using Block = BlockQ6_K;
+  static constexpr int kMins = 0;
+  static constexpr int kOrder[8] = {0, 1, 2, 3, 4, 5, 6, 7};  // chunks are elements 64c..64c+63
+  RILL_KERNEL_TARGET static void decode(const Block* b, KRow* r) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    // Quarter k of half h (elements 128h + 32k + l): nibble of ql[64h + l (+32 for odd k)],
+    // low for k < 2; high bits (qh[32h + l] >> 2k) & 3.
+    const __m512i mask01 = _mm512_inserti64x4(_mm512_set1_epi8(0x03), _mm256_set1_epi8(0x0C), 1);
+    const __m512i mask23 = _mm512_inserti64x4(_mm512_set1_epi8(0x30), _mm256_set1_epi8(static_cast<char>(0xC0)), 1);
+    const __m512i shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    RILL_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h)));
+      r->q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_sllv_epi16(_mm512_and_si512(qh, mask01), shl01));
+      r->q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                        _mm512_srlv_epi16(_mm512_and_si512(qh, mask23), shr23));
+    }
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)));
+    const __m512i s16z = _mm512_castsi256_si512(s16);
+    // lane i of chunk c: scale 4c + i / 8
+    const __m512i base = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
+                                                            16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           3);
+    RILL_UNROLL
+    for (int c = 0; c < 4; ++c)
+      r->sc[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16(static_cast<short>(4 * c))), s16z);
+    r->mins = _mm512_broadcast_i64x4(_mm256_slli_epi16(s16, 5));
+    r->d = simd::f16(b->d);
+    r->dmin = 0.0f;
+  }
+};
+
+// lanes 0..7: a's two 256-bit halves added; lanes 8..15: b's.
+RILL_KERNEL_TARGET static inline __m512i fold_pair(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xEE));
+}
+
+inline constexpr int kKPrefetchBlocks = 6;  // super-blocks ahead, per row (decode streams weights from DRAM)
+
+template <typename Dec, int R, int T>
+RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stride, const KActBlock* act, float* y,
+                                         int64_t y_stride) {
+  static_assert(R >= 1 && R <= 4 && T >= 1 && T <= 4);
+  using WBlock = typename Dec::Block;
+  constexpr int P = (T + 1) / 2;  // token pairs
+  const int64_t nb = n / kQKK;
+  const WBlock* wr[R];
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const WBlock*>(static_cast<const uint8_t*>(w) + r * w_stride);
+  __m512 acc[R][P];
+  __m512 accm[R];  // lane 4t + k: token t's min lane k (Q4_K), or its scalar min sum in lane 4t (Q5_K)
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r) {
+    accm[r] = _mm512_setzero_ps();
+    RILL_UNROLL
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const KActBlock& ab = act[ib];
+    RILL_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const char* pf = reinterpret_cast<const char*>(wr[r] + ib + kKPrefetchBlocks);
+      RILL_UNROLL
+      for (size_t l = 0; l < sizeof(WBlock); l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+      KRow k;
+      Dec::decode(wr[r] + ib, &k);
+      __m512i s[2 * P];
+      RILL_UNROLL
+      for (int t = 0; t < T; ++t) {
+        s[t] = _mm512_setzero_si512();
+        RILL_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          const __m512i av = _mm512_load_si512(ab.qs[t] + 64 * c);
+          s[t] = _mm512_dpwssd_epi32(s[t], _mm512_maddubs_epi16(k.q[c], av), k.sc[c]);
+        }
+      }
+      if constexpr (T % 2) s[T] = s[T - 1];
+      const __m512 vd = _mm512_set1_ps(k.d);
+      RILL_UNROLL
+      for (int p = 0; p < P; ++p) {
+        __m512i f = fold_pair(s[2 * p], s[2 * p + 1]);
+        if constexpr (Dec::kMins == 0)  // lane l: 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1])
+          f = _mm512_sub_epi32(f, _mm512_madd_epi16(_mm512_load_si512(ab.bsums[p]), k.mins));
+        const __m512 d = _mm512_mul_ps(_mm512_load_ps(ab.dpair[p]), vd);
+        acc[r][p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(f), acc[r][p]);
+      }
+      if constexpr (Dec::kMins != 0) {
+        __m512i prod = _mm512_madd_epi16(k.mins, _mm512_load_si512(ab.subsums));  // lane 4t + k
+        if constexpr (Dec::kMins == 2) {
+          prod = _mm512_add_epi32(prod, _mm512_shuffle_epi32(prod, _MM_PERM_BADC));
+          prod = _mm512_add_epi32(prod, _mm512_shuffle_epi32(prod, _MM_PERM_CDAB));
+        }
+        const __m512 dmin = _mm512_mul_ps(_mm512_load_ps(ab.dneg), _mm512_set1_ps(k.dmin));
+        accm[r] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(prod), accm[r]);
+      }
+    }
+  }
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float a[P][16];
+    alignas(64) float m[16];
+    RILL_UNROLL
+    for (int p = 0; p < P; ++p) _mm512_store_ps(a[p], acc[r][p]);
+    _mm512_store_ps(m, accm[r]);
+    RILL_UNROLL
+    for (int t = 0; t < T; ++t) {
+      const float* l = a[t / 2] + 8 * (t % 2);
+      const float h = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+      const float* mt = m + 4 * t;
+      float out = h;
+      if constexpr (Dec::kMins == 1) out = h + ((mt[0] + mt[2]) + (mt[1] + mt[3]));
+      if constexpr (Dec::kMins == 2) out = h + mt[0];
+      y[t * y_stride + r] = out;
+    }
+  }
+}
+
+using KTileFn = void (*)(int64_t, const void*, size_t, const KActBlock*, float*, int64_t);
+template <typename Dec, int... I>
+constexpr std::array<KTileFn, sizeof...(I)> k_tiles_vnni(std::integer_sequence<int, I...>) {
+  return {&gemm_k_tile_vnni<Dec, I / kMaxTileCols + 1, I % kMaxTileCols + 1>...};
+}
+template <typename Dec>
+inline constexpr auto kKTilesVnni = k_tiles_vnni<Dec>(std::make_integer_sequence<int, kMaxTileRows * kMaxTileCols>{});
+
+// GemmTileFn entry: token rows in quads, each prepared once (KActBlock per
+// super-block, in a grow-only per-thread buffer: it allocates only when a
+// longer row or the first call comes), then every row tile against it.
+template <typename Dec>
+RILL_KERNEL_TARGET void gemm_k_vnni_entry(int64_t n, const void* w, size_t w_stride, int n_r, const void* a,
+                                          size_t a_stride, int n_t, float* y, int64_t y_stride) {
+  thread_local std::vector<KActBlock> act;
+  const int64_t nb = n / kQKK;
+  if (static_cast<int64_t>(act.size()) < nb) act.resize(static_cast<size_t>(nb));
+  const auto* wb = static_cast<const uint8_t*>(w);
+  for (int t0 = 0; t0 < n_t; t0 += kMaxTileCols) {
+    const int nt = n_t - t0 < kMaxTileCols ? n_t - t0 : kMaxTileCols;
+    prepare_k_acts<Dec::kOrder>(act.data(), nb, static_cast<const uint8_t*>(a) + static_cast<size_t>(t0) * a_stride,
+                                a_stride, nt);
+    for (int r0 = 0; r0 < n_r; r0 += kMaxTileRows) {
+      const int nr = n_r - r0 < kMaxTileRows ? n_r - r0 : kMaxTileRows;
+      kKTilesVnni<Dec>[(nr - 1) * kMaxTileCols + (nt - 1)](n, wb + static_cast<size_t>(r0) * w_stride, w_stride,
+                                                           act.data(), y + t0 * y_stride + r0, y_stride);
+    }
+  }
+}
+
+template <typename Dec>
+constexpr GemmTileFn gemm_k_vnni() {
+  return &gemm_k_vnni_entry<Dec>;
+}
+
+}  // namespace
+}  // namespace rill::cpu
