@@ -236,8 +236,19 @@ class CudaModelBase : public Model {
   // all-gathered and rank 0 lays them out as full rows (logits_ is complete
   // on rank 0 only, where forward/greedy/sample read it).
   Status lm_head(const cuda::DeviceWeight& w, const void* x, int64_t n_sample);
+  // lm_head() in two halves, for families whose head matmul is a Backend's:
+  // where the head's [n_sample, this rank's vocabulary rows] product goes
+  // (logits_, or a shard's slice buffer), then the gather (no-op unsharded).
+  float* head_out() const { return comm_ ? vocab_local_ : logits_; }
+  Status gather_logits(int64_t n_sample);
 
   const StepMeta& meta() const { return meta_dev_; }
+  // The step as a Backend reads it (backend/backend.h): meta()'s device
+  // arrays and s's counts. The per-sequence arrays (q_start, q_len, kv_len,
+  // decode_from) stay null: the CUDA Backend reads the routed ones.
+  StepMetadata step_metadata(const Step& s) const;
+  // Layer `layer`'s K and V planes as a Backend reads them.
+  KvCacheView kv_view(size_t layer) const;
   // Attention and RoPE arguments with the step's common fields set; the
   // family sets caches, tables, slots, scale, window, softcap and norms.
   cuda::AttentionArgs attention_args(const Step& s) const;
@@ -270,6 +281,10 @@ class CudaModelBase : public Model {
   int64_t quant_max_elems_ = 0;
   bool quant_head_ = false;
   float* logits_ = nullptr;  // [S, V]
+  // The family runs on a Backend whose scratch (attention partials, the
+  // dequantization scratch) it carves in carve_activations(): the base then
+  // carves no attention partials of its own.
+  bool backend_scratch_ = false;
   CudaShard shard_;
   Communicator* comm_ = nullptr;        // shards: rank shard_.rank of shard_.group
   TensorSplit split_;                   // shards: this rank's heads, KV heads and vocabulary rows
