@@ -5,7 +5,12 @@
 // uploaded with one copy from pinned memory, decode steps replayed as CUDA
 // graphs, and forward / forward_greedy / forward_sample (ids drawn on the
 // device, backend/cuda/sampling.h). A family supplies its weights, its
-// activations and run_layers() (every kernel of one step).
+// activations and run_layers() (every kernel of one step). A family on the
+// device-neutral Backend (the Llama graph, model/arch/llama.h) places its
+// weights through a CUDA Backend built on this context and GEMM, carves the
+// Backend's scratch in carve_activations() (backend_scratch_) and reads the
+// step through step_metadata() and kv_view(); the others use WeightUpload
+// and call backend/cuda/ops.h directly.
 //
 // KV groups (Model::kv_spec()): every layer has a plane of n_kv_blocks()
 // blocks; a block id belongs to one group, whose layers alone write it.

@@ -431,8 +431,4 @@ void carve_cuda_scratch(Backend& backend, cuda::Arena& arena, const StepLimits& 
   static_cast<CudaBackend&>(backend).carve(arena, limits);
 }
 
-cuda::DeviceWeight cuda_device_weight(const Weight& w) {
-  return record(w).w;
-}
-
 }  // namespace rill

@@ -9,7 +9,6 @@
 #include <memory>
 
 #include "backend/backend.h"
-#include "backend/cuda/quant.h"
 
 namespace rill {
 namespace cuda {
@@ -41,9 +40,5 @@ Result<std::unique_ptr<Backend>> make_cuda_backend_on(cuda::Context& ctx, cuda::
 // included, cuda::Arena's two-pass use), against the weights placed so far.
 // backend: one of the above.
 void carve_cuda_scratch(Backend& backend, cuda::Arena& arena, const StepLimits& limits);
-
-// The device matrix a CUDA Backend placed (for runtime code that calls the
-// kernels directly: the MoE FFN, the tensor-parallel LM head).
-cuda::DeviceWeight cuda_device_weight(const Weight& w);
 
 }  // namespace rill
