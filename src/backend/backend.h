@@ -32,6 +32,7 @@
 //    returns a Status (placement, reserve, matmul).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -192,10 +193,17 @@ struct AttentionOp {
 };
 
 // What reserve() sizes scratch for: steps of up to max_tokens tokens with
-// attention of up to n_head heads of head_dim.
+// attention of up to n_head heads of head_dim. Two placed weights may be
+// named because steps use them less: `embedding`, only gathered (embed()),
+// and `lm_head`, multiplied by at most max_head_tokens rows (CUDA then
+// dequantizes a large quantized head in row chunks instead of whole); null:
+// every placed weight may be any matmul's.
 struct StepLimits {
   int64_t max_tokens = 0;
   int32_t n_head = 0, head_dim = 0;
+  const Weight* embedding = nullptr;
+  const Weight* lm_head = nullptr;
+  int64_t max_head_tokens = 0;
 };
 
 // Memory from allocate(): freed when the Buffer goes (before its Backend).
@@ -252,6 +260,11 @@ class Backend {
   // An f32 vector of n (norm weights, biases), copied.
   virtual Result<Vec> place_vector(const float* host, int64_t n, const std::string& what) = 0;
   virtual Result<Rope> place_rope(const RopeTable& table) = 0;
+  // Places a whole model: `place_all` makes every place*() call of it. The
+  // CPU calls it once; CUDA twice (a sizing pass, then into one device
+  // buffer), so place_all must make the same calls both times and keep
+  // only the last pass's results (the first pass's are not valid).
+  virtual Status place_model(const std::function<Status()>& place_all) { return place_all(); }
   // Sizes the scratch every op needs for steps within `limits` against the
   // weights placed so far.
   virtual Status reserve(const StepLimits& limits) = 0;

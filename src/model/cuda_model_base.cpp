@@ -274,8 +274,9 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   auto carve = [&](cuda::Arena& a) {
     carve_activations(a);
     logits_ = a.take<float>(S * V_);
-    partial_ = a.take<float>(
-        cuda::attention_partial_floats(max_tokens_, static_cast<int32_t>(n_head_), static_cast<int32_t>(hd_)));
+    partial_ = backend_scratch_ ? nullptr
+                                : a.take<float>(cuda::attention_partial_floats(
+                                      max_tokens_, static_cast<int32_t>(n_head_), static_cast<int32_t>(hd_)));
     ids_dev_ = a.take<int32_t>(S);
     sample_params_dev_ = a.take<DeviceSamplingParams>(S);
     if (sharded()) {
@@ -393,12 +394,49 @@ Status CudaModelBase::reduce_residual(float* x, int64_t n) {
   return comm_ ? comm_->all_reduce_sum(x, n * E_) : Status::Ok();
 }
 
+StepMetadata CudaModelBase::step_metadata(const Step& s) const {
+  StepMetadata md;
+  md.n_tokens = static_cast<int32_t>(s.n);
+  md.n_sample = static_cast<int32_t>(s.n_sample);
+  md.ids = meta_dev_.ids;
+  md.pos = meta_dev_.pos;
+  md.seq_of = meta_dev_.seq_of;
+  md.sample_rows = meta_dev_.sample_rows;
+  md.table_start = meta_dev_.table_start;
+  for (int g = 0; g < kMaxKvGroups; ++g) {
+    md.slots[g] = meta_dev_.slots[g];
+    md.block_tables[g] = meta_dev_.tables[g];
+  }
+  md.decode_tokens = meta_dev_.decode_tokens;
+  md.n_decode = s.n_decode;
+  md.max_decode_len = s.max_decode_len;
+  md.tiles = reinterpret_cast<const AttentionTile*>(meta_dev_.tiles);
+  md.n_tiles = s.n_tiles;
+  return md;
+}
+
+KvCacheView CudaModelBase::kv_view(size_t layer) const {
+  KvCacheView v;
+  v.k = k_cache(layer);
+  v.v = v_cache(layer);
+  v.dtype = kv_dtype_;
+  v.block_shift = block_shift_;
+  v.row_bytes = static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_);
+  v.block_stride = v.row_bytes << block_shift_;
+  return v;
+}
+
 Status CudaModelBase::lm_head(const cuda::DeviceWeight& w, const void* x, int64_t n_sample) {
   if (!comm_) return matmul(w, x, n_sample, V_, E_, logits_, false);
+  if (split_.vocab.n > 0) RILL_TRY(matmul(w, x, n_sample, split_.vocab.n, E_, vocab_local_, false));
+  return gather_logits(n_sample);
+}
+
+Status CudaModelBase::gather_logits(int64_t n_sample) {
+  if (!comm_) return Status::Ok();
   // Rank r's rows are [r Vp, r Vp + n_r) (the last ranks' may be short or
   // empty); its slice goes out as [n_sample, n_r] in an [n_sample, Vp] send.
   const int64_t Vp = split_.vocab_stride;
-  if (split_.vocab.n > 0) RILL_TRY(matmul(w, x, n_sample, split_.vocab.n, E_, vocab_local_, false));
   RILL_TRY(comm_->all_gather(vocab_local_, n_sample * Vp, vocab_all_));
   if (split_.rank != 0) return Status::Ok();
   for (int r = 0; r < split_.size; ++r) {

@@ -5,7 +5,12 @@
 // uploaded with one copy from pinned memory, decode steps replayed as CUDA
 // graphs, and forward / forward_greedy / forward_sample (ids drawn on the
 // device, backend/cuda/sampling.h). A family supplies its weights, its
-// activations and run_layers() (every kernel of one step).
+// activations and run_layers() (every kernel of one step). A family on the
+// device-neutral Backend (the Llama graph, model/arch/llama.h) places its
+// weights through a CUDA Backend built on this context and GEMM, carves the
+// Backend's scratch in carve_activations() (backend_scratch_) and reads the
+// step through step_metadata() and kv_view(); the others use WeightUpload
+// and call backend/cuda/ops.h directly.
 //
 // KV groups (Model::kv_spec()): every layer has a plane of n_kv_blocks()
 // blocks; a block id belongs to one group, whose layers alone write it.
@@ -236,8 +241,19 @@ class CudaModelBase : public Model {
   // all-gathered and rank 0 lays them out as full rows (logits_ is complete
   // on rank 0 only, where forward/greedy/sample read it).
   Status lm_head(const cuda::DeviceWeight& w, const void* x, int64_t n_sample);
+  // lm_head() in two halves, for families whose head matmul is a Backend's:
+  // where the head's [n_sample, this rank's vocabulary rows] product goes
+  // (logits_, or a shard's slice buffer), then the gather (no-op unsharded).
+  float* head_out() const { return comm_ ? vocab_local_ : logits_; }
+  Status gather_logits(int64_t n_sample);
 
   const StepMeta& meta() const { return meta_dev_; }
+  // The step as a Backend reads it (backend/backend.h): meta()'s device
+  // arrays and s's counts. The per-sequence arrays (q_start, q_len, kv_len,
+  // decode_from) stay null: the CUDA Backend reads the routed ones.
+  StepMetadata step_metadata(const Step& s) const;
+  // Layer `layer`'s K and V planes as a Backend reads them.
+  KvCacheView kv_view(size_t layer) const;
   // Attention and RoPE arguments with the step's common fields set; the
   // family sets caches, tables, slots, scale, window, softcap and norms.
   cuda::AttentionArgs attention_args(const Step& s) const;
@@ -270,6 +286,10 @@ class CudaModelBase : public Model {
   int64_t quant_max_elems_ = 0;
   bool quant_head_ = false;
   float* logits_ = nullptr;  // [S, V]
+  // The family runs on a Backend whose scratch (attention partials, the
+  // dequantization scratch) it carves in carve_activations(): the base then
+  // carves no attention partials of its own.
+  bool backend_scratch_ = false;
   CudaShard shard_;
   Communicator* comm_ = nullptr;        // shards: rank shard_.rank of shard_.group
   TensorSplit split_;                   // shards: this rank's heads, KV heads and vocabulary rows

@@ -1,8 +1,9 @@
-// The CUDA Backend: each op is one of today's fused CUDA launches (the ones
-// model/arch/llama_cuda.cpp's run_layers() makes), its arguments read from
-// the device-neutral views. Placement copies each weight into a device
-// buffer of its own (the per-device runtime of issue 16 step 5 will place a
-// model into one buffer, as model/cuda_model_base.h's WeightUpload does).
+// The CUDA Backend: each op is one of today's fused CUDA launches, its
+// arguments read from the device-neutral views. Placement outside
+// place_model() (the ops test) gives each weight a device buffer of its own;
+// place_model() lays a whole model out in a sizing pass and then places it
+// into one device buffer (what model/cuda_model_base.h's WeightUpload does
+// for the families not yet on the Backend).
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -29,6 +30,7 @@ static_assert(sizeof(AttentionTile) == sizeof(cuda::PrefillTile) &&
 
 struct CudaWeight {
   cuda::DeviceWeight w;
+  int64_t elems = 0;
 };
 struct CudaRope {
   RopeTable table;
@@ -60,10 +62,24 @@ void convert_row(const void* src, DType src_dtype, int64_t n, DType dst, std::ve
   for (int64_t i = 0; i < n; ++i) h[i] = dst == DType::kF16 ? f32_to_f16(tmp[i]) : f32_to_bf16(tmp[i]);
 }
 
+Error upload_error(cudaError_t e, const std::string& what) {
+  return Error{cuda::cuda_error_text(e, ("uploading " + what).c_str())};
+}
+
+// The first pass of place_model() returns vectors that point here: valid
+// to hold, never read.
+const float kSizingVector[1] = {0.0f};
+
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(std::unique_ptr<cuda::Context> ctx, const CudaBackendOptions& o)
-      : ctx_(std::move(ctx)), gemm_(std::make_unique<cuda::Gemm>(*ctx_)), act_(o.act), invariant_(o.batch_invariant) {
+  // Owns ctx and a GEMM of its own, or (owned null) runs on the runtime's.
+  CudaBackend(std::unique_ptr<cuda::Context> owned, cuda::Context* ctx, cuda::Gemm* gemm, const CudaBackendOptions& o)
+      : owned_ctx_(std::move(owned)),
+        ctx_(owned_ctx_ ? owned_ctx_.get() : ctx),
+        owned_gemm_(gemm ? nullptr : std::make_unique<cuda::Gemm>(*ctx_)),
+        gemm_(gemm ? gemm : owned_gemm_.get()),
+        act_(o.act),
+        invariant_(o.batch_invariant) {
     gemm_->set_batch_invariant(invariant_);
   }
 
@@ -94,30 +110,24 @@ class CudaBackend final : public Backend {
     t = cuda::quant_supported(t) && act_ != DType::kF16 ? t : act_;
     const int64_t cols = parts[0].cols;
     const size_t dst_row = row_bytes(t, cols);
-    std::vector<uint8_t> host(dst_row * static_cast<size_t>(rows));
-    std::vector<float> tmp;
-    size_t at = 0;
-    for (int i = 0; i < n_parts; ++i) {
-      const HostMatrix& p = parts[i];
-      for (int64_t r = 0; r < p.rows; ++r, at += dst_row) {
-        const auto* src = static_cast<const uint8_t*>(p.data) + static_cast<size_t>(r) * p.row_stride;
-        if (p.dtype == t) {
-          std::memcpy(host.data() + at, src, dst_row);
-        } else {
-          convert_row(src, p.dtype, cols, t, tmp, host.data() + at);
-        }
-      }
+    RILL_ASSIGN_OR_RETURN(uint8_t* const dev, take(dst_row * static_cast<size_t>(rows), what));
+    uint8_t* at = dev;
+    for (int i = 0; i < n_parts && dev; ++i) {
+      RILL_TRY(copy_part(parts[i], t, at, what));
+      at += dst_row * static_cast<size_t>(parts[i].rows);
     }
-    RILL_ASSIGN_OR_RETURN(void* dev, upload(host.data(), host.size(), what));
-    if (cuda::quant_supported(t)) quant_max_elems_ = std::max(quant_max_elems_, rows * cols);
-    weights_.push_back({cuda::DeviceWeight{dev, t}});
+    weights_.push_back({cuda::DeviceWeight{dev, t}, rows * cols});
     return Weight{rows, cols, &weights_.back()};
   }
 
   Result<Vec> place_vector(const float* host, int64_t n, const std::string& what) override {
     if (n <= 0) return Error{what + ": an empty vector"};
-    RILL_ASSIGN_OR_RETURN(void* dev, upload(host, static_cast<size_t>(n) * 4, what));
-    return Vec{static_cast<const float*>(dev), n};
+    RILL_ASSIGN_OR_RETURN(uint8_t * dev, take(static_cast<size_t>(n) * 4, what));
+    if (!dev) return Vec{kSizingVector, n};
+    if (cudaError_t e = cudaMemcpy(dev, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice); e != cudaSuccess) {
+      return upload_error(e, what);
+    }
+    return Vec{reinterpret_cast<const float*>(dev), n};
   }
 
   Result<Rope> place_rope(const RopeTable& table) override {
@@ -125,27 +135,57 @@ class CudaBackend final : public Backend {
     std::vector<float> host(static_cast<size_t>(std::max<int64_t>(2 * half, 1)), 0.0f);
     std::copy(table.inv_freq.begin(), table.inv_freq.end(), host.begin());
     std::copy(table.ggml_freq_divisor.begin(), table.ggml_freq_divisor.end(), host.begin() + half);
-    RILL_ASSIGN_OR_RETURN(void* dev, upload(host.data(), host.size() * 4, "the RoPE table"));
+    RILL_ASSIGN_OR_RETURN(const Vec dev,
+                          place_vector(host.data(), static_cast<int64_t>(host.size()), "the RoPE table"));
     CudaRope r;
     r.table = table;
-    r.inv_freq = static_cast<const float*>(dev);
+    r.inv_freq = dev.data;
     r.freq_divisor = table.ggml_freq_divisor.empty() ? nullptr : r.inv_freq + half;
     ropes_.push_back(std::move(r));
     return Rope{table.rot_dim, &ropes_.back()};
   }
 
+  Status place_model(const std::function<Status()>& place_all) override {
+    if (pass_ != Pass::kDirect || model_.data()) return Error{"CUDA backend: one place_model() per backend"};
+    const size_t n_weights = weights_.size(), n_ropes = ropes_.size();
+    pass_ = Pass::kSizing;
+    model_used_ = 0;
+    const Status sized = place_all();
+    weights_.resize(n_weights);  // the sizing pass's records go
+    ropes_.resize(n_ropes);
+    pass_ = Pass::kDirect;
+    RILL_TRY(sized);
+    RILL_ASSIGN_OR_RETURN(model_, cuda::DeviceBuffer::allocate(std::max<size_t>(model_used_, 1), "the model weights"));
+    pass_ = Pass::kPlacing;
+    model_used_ = 0;
+    const Status placed = place_all();
+    pass_ = Pass::kDirect;
+    return placed;
+  }
+
   Status reserve(const StepLimits& limits) override {
-    auto carve = [&](cuda::Arena& a) {
-      partial_ = a.take<float>(cuda::attention_partial_floats(limits.max_tokens, limits.n_head, limits.head_dim));
-      qscratch_.carve(a, act_, limits.max_tokens, quant_max_elems_, 0, 0, 0, invariant_);
-    };
     cuda::Arena sizing;
-    carve(sizing);
+    carve(sizing, limits);
     RILL_ASSIGN_OR_RETURN(scratch_,
                           cuda::DeviceBuffer::allocate(std::max<size_t>(sizing.used(), 1), "backend scratch"));
     cuda::Arena real(scratch_.data());
-    carve(real);
+    carve(real, limits);
     return Status::Ok();
+  }
+
+  // The scratch every op needs within `limits` (reserve()'s, or from a
+  // runtime's arena: carve_cuda_scratch).
+  void carve(cuda::Arena& a, const StepLimits& limits) {
+    partial_ = a.take<float>(cuda::attention_partial_floats(limits.max_tokens, limits.n_head, limits.head_dim));
+    const CudaWeight* table = limits.embedding ? &record(*limits.embedding) : nullptr;
+    const CudaWeight* head = limits.lm_head ? &record(*limits.lm_head) : nullptr;
+    int64_t layer_max = 0;
+    for (const CudaWeight& w : weights_) {
+      if (&w != table && &w != head && cuda::quant_supported(w.w.dtype)) layer_max = std::max(layer_max, w.elems);
+    }
+    const bool quant_head = head && cuda::quant_supported(head->w.dtype);
+    qscratch_.carve(a, act_, limits.max_tokens, layer_max, quant_head ? limits.lm_head->rows : 0,
+                    quant_head ? limits.lm_head->cols : 0, limits.max_head_tokens, invariant_);
   }
 
   Result<Buffer> allocate(size_t bytes, const std::string& what) override {
@@ -280,15 +320,62 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  enum class Pass { kDirect, kSizing, kPlacing };
+
   cudaStream_t stream() const { return ctx_->stream(); }
 
-  Result<void*> upload(const void* host, size_t bytes, const std::string& what) {
-    RILL_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(bytes, what));
-    if (cudaError_t e = cudaMemcpy(buf.data(), host, bytes, cudaMemcpyHostToDevice); e != cudaSuccess) {
-      return Error{cuda::cuda_error_text(e, ("uploading " + what).c_str())};
+  // Device memory for `bytes` of placed data: a buffer of its own outside
+  // place_model(), the model buffer's next piece in its placing pass, null
+  // in its sizing pass (nothing is copied).
+  Result<uint8_t*> take(size_t bytes, const std::string& what) {
+    const size_t at = (model_used_ + cuda::Arena::kAlign - 1) / cuda::Arena::kAlign * cuda::Arena::kAlign;
+    switch (pass_) {
+      case Pass::kSizing:
+        model_used_ = at + bytes;
+        return static_cast<uint8_t*>(nullptr);
+      case Pass::kPlacing:
+        if (at + bytes > model_.size()) return Error{what + ": placed differently in the sizing pass"};
+        model_used_ = at + bytes;
+        return model_.as<uint8_t>() + at;
+      case Pass::kDirect:
+        break;
     }
+    RILL_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(bytes, what));
     placed_.push_back(std::move(buf));
-    return placed_.back().data();
+    return placed_.back().as<uint8_t>();
+  }
+
+  // p's rows packed into dst in dtype t: straight from the host when the
+  // dtypes agree (strided rows in one 2-D copy), else converted on the host
+  // in chunks of rows.
+  Status copy_part(const HostMatrix& p, DType t, uint8_t* dst, const std::string& what) {
+    const size_t dst_row = row_bytes(t, p.cols);
+    const auto rows = static_cast<size_t>(p.rows);
+    if (p.dtype == t) {
+      const cudaError_t e = p.row_stride == dst_row ? cudaMemcpy(dst, p.data, dst_row * rows, cudaMemcpyHostToDevice)
+                                                    : cudaMemcpy2D(dst, dst_row, p.data, p.row_stride, dst_row, rows,
+                                                                   cudaMemcpyHostToDevice);
+      if (e != cudaSuccess) return upload_error(e, what);
+      return Status::Ok();
+    }
+    constexpr size_t kChunkBytes = size_t{16} << 20;
+    const size_t chunk_rows = std::max<size_t>(1, kChunkBytes / dst_row);
+    std::vector<float> tmp;
+    for (size_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const size_t n = std::min(chunk_rows, rows - r0);
+      staging_.resize(n * dst_row);
+      for (size_t r = 0; r < n; ++r) {
+        const auto* src = static_cast<const uint8_t*>(p.data) + (r0 + r) * p.row_stride;
+        convert_row(src, p.dtype, p.cols, t, tmp, staging_.data() + r * dst_row);
+      }
+      if (cudaError_t e = cudaMemcpy(dst + r0 * dst_row, staging_.data(), n * dst_row, cudaMemcpyHostToDevice);
+          e != cudaSuccess) {
+        return upload_error(e, what);
+      }
+    }
+    staging_.clear();
+    staging_.shrink_to_fit();
+    return Status::Ok();
   }
 
   Status copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
@@ -298,29 +385,50 @@ class CudaBackend final : public Backend {
     return ctx_->synchronize();
   }
 
-  std::unique_ptr<cuda::Context> ctx_;
-  std::unique_ptr<cuda::Gemm> gemm_;
+  std::unique_ptr<cuda::Context> owned_ctx_;
+  cuda::Context* ctx_;
+  std::unique_ptr<cuda::Gemm> owned_gemm_;
+  cuda::Gemm* gemm_;
   DType act_;
   bool invariant_;
-  std::deque<cuda::DeviceBuffer> placed_;  // weights, vectors, RoPE tables
+  Pass pass_ = Pass::kDirect;
+  cuda::DeviceBuffer model_;  // place_model()'s weights, vectors and RoPE tables
+  size_t model_used_ = 0;
+  std::deque<cuda::DeviceBuffer> placed_;  // what was placed outside place_model()
   std::deque<CudaWeight> weights_;         // deques: records stay put as more are placed
   std::deque<CudaRope> ropes_;
-  int64_t quant_max_elems_ = 0;
+  std::vector<uint8_t> staging_;  // host conversions while placing
   cuda::DeviceBuffer scratch_;
   float* partial_ = nullptr;
   cuda::QuantScratch qscratch_;
 };
 
-}  // namespace
-
-Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
+Status check_options(const CudaBackendOptions& options) {
   if (options.act != DType::kF32 && options.act != DType::kF16 && options.act != DType::kBF16) {
     return Error{std::string("CUDA backend: activation dtype ") + std::string(dtype_name(options.act)) +
                  " is not F32, F16 or BF16"};
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
+  RILL_TRY(check_options(options));
   if (!cuda::device_available()) return Error{"CUDA backend: no CUDA device"};
   RILL_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Context> ctx, cuda::Context::create(options.device));
-  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(std::move(ctx), options));
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(std::move(ctx), nullptr, nullptr, options));
+}
+
+Result<std::unique_ptr<Backend>> make_cuda_backend_on(cuda::Context& ctx, cuda::Gemm& gemm,
+                                                      const CudaBackendOptions& options) {
+  RILL_TRY(check_options(options));
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(nullptr, &ctx, &gemm, options));
+}
+
+void carve_cuda_scratch(Backend& backend, cuda::Arena& arena, const StepLimits& limits) {
+  assert(std::strcmp(backend.name(), "cuda") == 0);
+  static_cast<CudaBackend&>(backend).carve(arena, limits);
 }
 
 }  // namespace rill

@@ -4,12 +4,18 @@
 // on the backend's one stream and never synchronizes, so a step is
 // graph-capturable. Matmul inputs are in `act` (F32, F16 or BF16); weights
 // are placed in act, or kept in their GGUF blocks where the kernels read
-// them (cuda::quant_supported).
+// them (cuda::quant_supported). place_model() puts a whole model into one
+// device buffer.
 #include <memory>
 
 #include "backend/backend.h"
 
 namespace rill {
+namespace cuda {
+class Arena;
+class Context;
+class Gemm;
+}  // namespace cuda
 
 struct CudaBackendOptions {
   DType act = DType::kBF16;
@@ -19,7 +25,20 @@ struct CudaBackendOptions {
   int device = 0;
 };
 
-// Errors where no device can be used or act is not F32/F16/BF16.
+// A Backend with a device context and GEMM of its own. Errors where no
+// device can be used or act is not F32/F16/BF16.
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options);
+
+// For a CUDA runtime (model/cuda_model_base.h): a Backend on the runtime's
+// context (its device and stream) and GEMM, neither owned (both must
+// outlive it; the GEMM's batch-invariant mode is set to options'). Its
+// scratch comes from the runtime's activation arena (carve_cuda_scratch)
+// rather than reserve(). options.device is unused.
+Result<std::unique_ptr<Backend>> make_cuda_backend_on(cuda::Context& ctx, cuda::Gemm& gemm,
+                                                      const CudaBackendOptions& options);
+// Carves what reserve(limits) would allocate from `arena` (sizing pass
+// included, cuda::Arena's two-pass use), against the weights placed so far.
+// backend: one of the above.
+void carve_cuda_scratch(Backend& backend, cuda::Arena& arena, const StepLimits& limits);
 
 }  // namespace rill

@@ -8,6 +8,12 @@
 //   rope variants               config.rope_scaling (see backend/cpu/rope_table.h)
 //   MoE FFN (mixtral, qwen3_moe) config.n_expert > 0, per layer is_moe_layer()
 //                               (model/moe.h); Mixtral names it block_sparse_moe
+//
+// The graph (model/arch/llama.h: LlamaGraph, place_llama, llama_forward) is
+// written once over Backend ops and runs on every device; this file also
+// holds the CPU runtime (`llama.cpu`: activations in host memory, decode
+// lanes, the MoE FFN on cpu::HostOps). model/arch/llama_cuda.cpp is the
+// CUDA runtime's glue.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -22,6 +28,7 @@
 #include "backend/cpu/rope_table.h"
 #include "core/thread_pool.h"
 #include "model/arch/families.h"
+#include "model/arch/llama.h"
 #include "model/arch/llama_weights.h"
 #include "model/batch_check.h"
 #include "model/cpu_paged_model.h"
@@ -29,22 +36,177 @@
 #include "model/moe.h"
 
 namespace rill {
+
+// --- The graph, for every device ---------------------------------------------
+
+bool LlamaGraph::has_dense_ffn() const {
+  for (const LlamaLayer& L : layers) {
+    if (!L.is_moe) return true;
+  }
+  return false;
+}
+
+StepLimits LlamaGraph::step_limits(int64_t max_tokens, int64_t max_sample) const {
+  StepLimits l;
+  l.max_tokens = max_tokens;
+  l.n_head = n_head;
+  l.head_dim = static_cast<int32_t>(hd);
+  l.embedding = &embed;
+  l.lm_head = head_rows > 0 ? &lm_head : nullptr;
+  l.max_head_tokens = max_sample;
+  return l;
+}
+
 namespace {
 
-// One layer as the Backend placed it: q/k/v as one weight (rows q, k, v) and
-// gate/up as one (rows gate, up), as the CUDA graph holds them.
-struct LlamaLayer {
-  Vec attn_norm;              // [n_embd]
-  Weight wqkv;                // [q + 2 kv, n_embd]
-  Vec bqkv;                   // [q + 2 kv] (zeros for a part without one) or absent (qwen2 has them)
-  Vec q_norm, k_norm;         // [head_dim], qwen3 only
-  Weight wo;                  // [n_embd, q]
-  Vec bo;                     // [n_embd] or absent
-  Vec ffn_norm;               // [n_embd]
-  Weight w_gate_up;           // [2 n_ff, n_embd]; dense layers
-  Weight w_down;              // [n_embd, n_ff]
-  std::optional<MoeFfn> moe;  // MoE layers, instead of gate/up/down (cpu::HostOps until MoE is a Backend op)
-};
+HostMatrix host_matrix(const WeightView& w) {
+  return {w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride};
+}
+
+// One pass of place_llama's placement (Backend::place_model may run it twice).
+Status place_pass(Backend& b, const LlamaWeights& w, const RopeTable& rope, LlamaGraph& g) {
+  const HostMatrix embed_m = host_matrix(w.embed);
+  RILL_ASSIGN_OR_RETURN(g.embed, b.place(&embed_m, 1, "model.embed_tokens.weight"));
+  const bool head_is_embed = w.tied && w.lm_head.data == w.embed.data && w.lm_head.n_rows == w.embed.n_rows;
+  g.lm_head = g.embed;
+  if (!head_is_embed && g.head_rows > 0) {
+    const HostMatrix m = host_matrix(w.lm_head);
+    RILL_ASSIGN_OR_RETURN(g.lm_head, b.place(&m, 1, "lm_head.weight"));
+  }
+  RILL_ASSIGN_OR_RETURN(g.final_norm, b.place_vector(w.final_norm.data(), g.E, "model.norm.weight"));
+  g.layers.assign(w.layers.size(), LlamaLayer{});
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    const std::string p = "model.layers." + std::to_string(il) + ".";
+    const LlamaLayerWeights& h = w.layers[il];
+    LlamaLayer& L = g.layers[il];
+    auto vec = [&](const std::vector<float>& v, const std::string& name) {
+      return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
+    };
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
+    const HostMatrix qkv[] = {host_matrix(h.q.w), host_matrix(h.k.w), host_matrix(h.v.w)};
+    RILL_ASSIGN_OR_RETURN(L.wqkv, b.place(qkv, 3, p + "self_attn.{q,k,v}_proj"));
+    if (!h.q.bias.empty() || !h.k.bias.empty() || !h.v.bias.empty()) {
+      std::vector<float> bias(static_cast<size_t>(g.qkv_width()), 0.0f);  // zeros where a part has none
+      std::copy(h.q.bias.begin(), h.q.bias.end(), bias.begin());
+      std::copy(h.k.bias.begin(), h.k.bias.end(), bias.begin() + g.Q);
+      std::copy(h.v.bias.begin(), h.v.bias.end(), bias.begin() + g.Q + g.KV);
+      RILL_ASSIGN_OR_RETURN(L.bqkv, vec(bias, "self_attn qkv bias"));
+    }
+    const HostMatrix om = host_matrix(h.o.w);
+    RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, p + "self_attn.o_proj"));
+    if (!h.o.bias.empty()) {
+      RILL_ASSIGN_OR_RETURN(L.bo, vec(h.o.bias, "self_attn.o_proj.bias"));
+    }
+    if (!h.q_norm.empty()) {
+      RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
+      RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
+    }
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "post_attention_layernorm.weight"));
+    if (h.moe) {
+      L.is_moe = true;
+      continue;
+    }
+    const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
+    RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, p + "mlp.{gate,up}_proj"));
+    const HostMatrix dm = host_matrix(h.down.w);
+    RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
+  }
+  RILL_ASSIGN_OR_RETURN(g.rope, b.place_rope(rope));
+  return Status::Ok();
+}
+
+Status attention_block(Backend& b, const LlamaGraph& g, const LlamaLayer& L, int64_t il, const StepMetadata& md,
+                       const LlamaActivations& a, LlamaHooks& hooks) {
+  const int64_t n = md.n_tokens;
+  const Tensor qkv = a.qkv.rows_from(0, n);
+  const Tensor attn = a.attn.rows_from(0, n);
+  const Tensor x = a.x.rows_from(0, n);
+  RILL_TRY(b.matmul(L.wqkv, a.h.rows_from(0, n), qkv, false, L.bqkv));
+  RopeKvOp rk;
+  rk.qkv = qkv;
+  rk.n_head = g.n_head;
+  rk.n_head_kv = g.n_head_kv;
+  rk.head_dim = static_cast<int32_t>(g.hd);
+  rk.q_norm = L.q_norm;
+  rk.k_norm = L.k_norm;
+  rk.norm_eps = g.eps;
+  rk.rope = g.rope;
+  rk.kv = hooks.kv_cache(il);
+  b.rope_store_kv(rk, md);
+  AttentionOp at;
+  at.q = qkv.cols_from(0, g.Q);
+  at.out = attn;
+  at.n_head = rk.n_head;
+  at.n_head_kv = rk.n_head_kv;
+  at.head_dim = rk.head_dim;
+  at.scale = g.attn_scale;
+  at.window = g.window;
+  at.kv = rk.kv;
+  b.attention(at, md);
+  if (!hooks.sharded()) return b.matmul(L.wo, attn, x, true, L.bo);
+  // Row-parallel: the partial products summed over the ranks, o's bias once after.
+  RILL_TRY(b.matmul(L.wo, attn, x, hooks.owns_residual()));
+  RILL_TRY(hooks.reduce_residual(x));
+  if (L.bo) b.add_bias(x, L.bo);
+  return Status::Ok();
+}
+
+Status mlp_block(Backend& b, const LlamaLayer& L, int64_t il, const StepMetadata& md, const LlamaActivations& a,
+                 LlamaHooks& hooks) {
+  const int64_t n = md.n_tokens;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
+  if (L.is_moe) return hooks.moe_ffn(il, h, x, md);
+  const Tensor gu = a.gu.rows_from(0, n);
+  const Tensor mlp = a.mlp.rows_from(0, n);
+  RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
+  b.glu(Glu::kSilu, gu, mlp);
+  RILL_TRY(b.matmul(L.w_down, mlp, x, hooks.owns_residual()));
+  return hooks.reduce_residual(x);
+}
+
+}  // namespace
+
+Result<LlamaGraph> place_llama(Backend& b, const ModelConfig& cfg, const LlamaWeights& w, const LlamaDims& dims,
+                               const RopeTable& rope) {
+  LlamaGraph g;
+  g.E = dims.E;
+  g.F = dims.F;
+  g.hd = dims.hd;
+  g.Q = dims.Q;
+  g.KV = dims.KV;
+  g.head_rows = w.lm_head.n_rows;
+  g.n_head = static_cast<int32_t>(dims.Q / dims.hd);
+  g.n_head_kv = static_cast<int32_t>(dims.KV / dims.hd);
+  g.n_layer = static_cast<int64_t>(w.layers.size());
+  g.eps = cfg.rms_norm_eps;
+  g.attn_scale = 1.0f / std::sqrt(static_cast<float>(dims.hd));
+  g.window = static_cast<int32_t>(cfg.sliding_window);
+  RILL_TRY(b.place_model([&] { return place_pass(b, w, rope, g); }));
+  return g;
+}
+
+Status llama_forward(Backend& b, const LlamaGraph& g, const StepMetadata& md, const LlamaActivations& a, Tensor logits,
+                     LlamaHooks& hooks) {
+  const int64_t n = md.n_tokens;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
+  b.embed(g.embed, md.ids, n, x);
+  for (size_t il = 0; il < g.layers.size(); ++il) {
+    const LlamaLayer& L = g.layers[il];
+    b.rms_norm(x, nullptr, L.attn_norm, g.eps, 0.0f, h);
+    RILL_TRY(attention_block(b, g, L, static_cast<int64_t>(il), md, a, hooks));
+    b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
+    RILL_TRY(mlp_block(b, L, static_cast<int64_t>(il), md, a, hooks));
+  }
+  if (md.n_sample <= 0) return Status::Ok();
+  const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
+  b.rms_norm(x, md.sample_rows, g.final_norm, g.eps, 0.0f, final_rows);
+  if (g.head_rows <= 0) return Status::Ok();
+  return b.matmul(g.lm_head, final_rows, logits, false);
+}
+
+// --- The CPU runtime ------------------------------------------------------------
+
+namespace {
 
 // Activations for up to max_tokens tokens, allocated once. CPU activations
 // are f32 (the Backend's act dtype), so h feeds every matmul.
@@ -54,6 +216,7 @@ struct Activations {
   MoeScratch moe;
   // The step's metadata (StepMetadata points here and into the Batch).
   std::vector<int32_t> q_start, q_len, kv_len, decode_from, table_start, slots;
+  LlamaActivations views;  // over the vectors above
 };
 
 // What one forward pass runs on: a backend and its activations. The model
@@ -75,7 +238,7 @@ struct DecodeLane {
   Status status;
 };
 
-class LlamaModel final : public CpuPagedModel {
+class LlamaModel final : public CpuPagedModel, private LlamaHooks {
  public:
   LlamaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
       : CpuPagedModel(std::move(files), options.n_threads) {}
@@ -88,10 +251,14 @@ class LlamaModel final : public CpuPagedModel {
   }
 
  private:
+  // LlamaHooks: the paged pool's layer views; MoE on cpu::HostOps (host
+  // memory) until MoE is a Backend op. Lanes never run MoE models, so the
+  // MoE scratch is the whole-batch activations'.
+  KvCacheView kv_cache(int64_t il) const override { return kv_.layer_view(il); }
+  Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override;
+
   Status run(const Exec& e, const Batch& batch, float* logits);
   StepMetadata step_metadata(const Batch& batch, Activations& a) const;
-  Status attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const StepMetadata& md);
-  Status mlp_block(const Exec& e, const LlamaLayer& L, int64_t n);
   void size_activations(Activations& a, int64_t max_tokens) const;
   // Whether forward() runs `batch` as one sub-batch per lane.
   bool split_into_lanes(const Batch& batch) const;
@@ -99,15 +266,9 @@ class LlamaModel final : public CpuPagedModel {
   std::pair<int32_t, int32_t> lane_range(int32_t l, int32_t n) const;
   Status check_batch(const Batch& batch) const;
 
-  int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
   std::unique_ptr<Backend> device_;  // on backend_'s threads (the MoE layers' cpu::HostOps)
-  Weight embed_;                     // [n_vocab, n_embd]
-  Weight lm_head_;                   // [n_vocab, n_embd]; the embedding when tied
-  Vec final_norm_;
-  std::vector<LlamaLayer> layers_;
-  Rope rope_;
-  float attn_scale_ = 1.0f;
-  int32_t window_ = 0;
+  LlamaGraph graph_;
+  std::vector<std::optional<MoeFfn>> moe_;  // per layer: its experts where MoE
   Activations a_;
   int n_threads_ = 1;                      // the backend's threads, shared out among the lanes
   int64_t lane_tokens_ = 0;                // the most sequences a lane takes
@@ -126,94 +287,41 @@ class LlamaModel final : public CpuPagedModel {
 constexpr int kLanes = 2;
 constexpr int32_t kLaneMinSeqs = 4, kLaneMaxSeqs = 64;
 
-HostMatrix host_matrix(const WeightView& w) {
-  return {w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride};
-}
-
 Status LlamaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
   constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head (and its RoPE angles) on the stack
   RILL_ASSIGN_OR_RETURN(const LlamaDims d, llama_dims(f, kMaxHeadDim));
-  const int64_t E = d.E;
-  hd_ = d.hd;
-  q_width_ = d.Q;
-  kv_width_ = d.KV;
-  qkv_width_ = q_width_ + 2 * kv_width_;
   device_ = make_cpu_backend_on(*backend_->pool());
   Backend& dev = *device_;
 
   RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, d));
-  const bool all_f32 = w.all_f32();
-  const HostMatrix embed_m = host_matrix(w.embed);
-  RILL_ASSIGN_OR_RETURN(embed_, dev.place(&embed_m, 1, "model.embed_tokens.weight"));
-  lm_head_ = embed_;
-  if (!w.tied) {
-    const HostMatrix m = host_matrix(w.lm_head);
-    RILL_ASSIGN_OR_RETURN(lm_head_, dev.place(&m, 1, "lm_head.weight"));
-  }
-  RILL_ASSIGN_OR_RETURN(final_norm_, dev.place_vector(w.final_norm.data(), E, "model.norm.weight"));
+  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, d.hd));
+  RILL_ASSIGN_OR_RETURN(graph_, place_llama(dev, cfg_, w, d, rope));
   set_limits(options);
 
   std::vector<const WeightView*> moe_weights;
-  layers_.resize(static_cast<size_t>(cfg_.n_layer));
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    const std::string p = "model.layers." + std::to_string(il) + ".";
-    LlamaLayerWeights& h = w.layers[static_cast<size_t>(il)];
-    LlamaLayer& L = layers_[static_cast<size_t>(il)];
-    auto vec = [&](const std::vector<float>& v, const std::string& name) {
-      return dev.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
-    };
-    RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
-    const HostMatrix qkv[] = {host_matrix(h.q.w), host_matrix(h.k.w), host_matrix(h.v.w)};
-    RILL_ASSIGN_OR_RETURN(L.wqkv, dev.place(qkv, 3, p + "self_attn.{q,k,v}_proj"));
-    if (!h.q.bias.empty() || !h.k.bias.empty() || !h.v.bias.empty()) {
-      std::vector<float> b(static_cast<size_t>(qkv_width_), 0.0f);  // zeros where a part has none
-      std::copy(h.q.bias.begin(), h.q.bias.end(), b.begin());
-      std::copy(h.k.bias.begin(), h.k.bias.end(), b.begin() + q_width_);
-      std::copy(h.v.bias.begin(), h.v.bias.end(), b.begin() + q_width_ + kv_width_);
-      RILL_ASSIGN_OR_RETURN(L.bqkv, vec(b, "self_attn qkv bias"));
-    }
-    const HostMatrix om = host_matrix(h.o.w);
-    RILL_ASSIGN_OR_RETURN(L.wo, dev.place(&om, 1, p + "self_attn.o_proj"));
-    if (!h.o.bias.empty()) {
-      RILL_ASSIGN_OR_RETURN(L.bo, vec(h.o.bias, "self_attn.o_proj.bias"));
-    }
-    if (!h.q_norm.empty()) {
-      RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
-      RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
-    }
-    RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "post_attention_layernorm.weight"));
-    if (h.moe) {
-      L.moe = std::move(h.moe);
-      L.moe->collect_weights(&moe_weights);
-      continue;
-    }
-    const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
-    RILL_ASSIGN_OR_RETURN(L.w_gate_up, dev.place(gu, 2, p + "mlp.{gate,up}_proj"));
-    const HostMatrix dm = host_matrix(h.down.w);
-    RILL_ASSIGN_OR_RETURN(L.w_down, dev.place(&dm, 1, p + "mlp.down_proj"));
+  moe_.resize(w.layers.size());
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    if (!w.layers[il].moe) continue;
+    moe_[il] = std::move(w.layers[il].moe);
+    moe_[il]->collect_weights(&moe_weights);
   }
-  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_));
-  RILL_ASSIGN_OR_RETURN(rope_, dev.place_rope(rope));
 
-  attn_scale_ = 1.0f / std::sqrt(static_cast<float>(hd_));
-  window_ = static_cast<int32_t>(cfg_.sliding_window);
   // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise
   // f16 KV, as llama.cpp stores it.
-  const DType kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
-
+  const DType kv_dtype = w.all_f32() ? DType::kF32 : DType::kF16;
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
-  RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, kv_dtype));
+  RILL_TRY(create_kv(options, cfg_.n_layer, d.KV, kv_dtype));
 
   size_activations(a_, max_tokens_);
-  const StepLimits limits{max_tokens_, static_cast<int32_t>(cfg_.n_head), static_cast<int32_t>(hd_)};
+  const StepLimits limits = graph_.step_limits(max_tokens_, max_tokens_);
   RILL_TRY(dev.reserve(limits));
   bool any_moe = false;
-  for (const LlamaLayer& L : layers_) {
-    if (!L.moe) continue;
+  for (const std::optional<MoeFfn>& m : moe_) {
+    if (!m) continue;
     any_moe = true;
-    a_.moe.reserve(L.moe->params(), max_tokens_);
-    a_.moe_out.resize(static_cast<size_t>(max_tokens_ * E));
+    a_.moe.reserve(m->params(), max_tokens_);
+    a_.moe_out.resize(static_cast<size_t>(max_tokens_ * d.E));
   }
   if (any_moe) backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), max_tokens_);
   n_threads_ =
@@ -227,7 +335,7 @@ Status LlamaModel::init(const ModelOptions& options) {
       DecodeLane& lane = lanes_[static_cast<size_t>(l)];
       lane.thread_share = n_threads * l / kLanes;
       lane.backend = make_cpu_lane(dev, n_threads * (l + 1) / kLanes - lane.thread_share);
-      RILL_TRY(lane.backend->reserve({lane_tokens, limits.n_head, limits.head_dim}));
+      RILL_TRY(lane.backend->reserve(graph_.step_limits(lane_tokens, lane_tokens)));
       size_activations(lane.a, lane_tokens);
     }
   }
@@ -239,11 +347,15 @@ void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
   const auto E = static_cast<size_t>(cfg_.n_embd), F = static_cast<size_t>(std::max<int64_t>(cfg_.n_ff, 0));
   a.x.resize(T * E);
   a.h.resize(T * E);
-  a.qkv.resize(T * static_cast<size_t>(qkv_width_));
-  a.attn.resize(T * static_cast<size_t>(q_width_));
+  a.qkv.resize(T * static_cast<size_t>(graph_.qkv_width()));
+  a.attn.resize(T * static_cast<size_t>(graph_.Q));
   a.gu.resize(T * 2 * F);
   a.mlp.resize(T * F);
   a.final_rows.resize(T * E);
+  const int64_t n = max_tokens;
+  auto view = [n](std::vector<float>& v, int64_t cols) { return Tensor::dense(v.data(), DType::kF32, n, cols); };
+  a.views = {view(a.x, graph_.E),      view(a.h, graph_.E),   view(a.qkv, graph_.qkv_width()), view(a.attn, graph_.Q),
+             view(a.gu, 2 * graph_.F), view(a.mlp, graph_.F), view(a.final_rows, graph_.E)};
   // A batch has at most one sequence per token.
   for (std::vector<int32_t>* v : {&a.q_start, &a.q_len, &a.kv_len, &a.decode_from, &a.table_start, &a.slots}) {
     v->reserve(T);
@@ -288,57 +400,17 @@ StepMetadata LlamaModel::step_metadata(const Batch& batch, Activations& a) const
   return md;
 }
 
-Status LlamaModel::attention_block(const Exec& e, const LlamaLayer& L, int64_t il, const StepMetadata& md) {
-  const int64_t n = md.n_tokens;
-  Activations& a = *e.a;
-  Backend& b = *e.backend;
-  const Tensor h = Tensor::dense(a.h.data(), DType::kF32, n, cfg_.n_embd);
-  const Tensor qkv = Tensor::dense(a.qkv.data(), DType::kF32, n, qkv_width_);
-  const Tensor attn = Tensor::dense(a.attn.data(), DType::kF32, n, q_width_);
-  RILL_TRY(b.matmul(L.wqkv, h, qkv, false, L.bqkv));
-  RopeKvOp rk;
-  rk.qkv = qkv;
-  rk.n_head = static_cast<int32_t>(cfg_.n_head);
-  rk.n_head_kv = static_cast<int32_t>(cfg_.n_head_kv);
-  rk.head_dim = static_cast<int32_t>(hd_);
-  rk.q_norm = L.q_norm;
-  rk.k_norm = L.k_norm;
-  rk.norm_eps = cfg_.rms_norm_eps;
-  rk.rope = rope_;
-  rk.kv = kv_.layer_view(il);
-  b.rope_store_kv(rk, md);
-  AttentionOp at;
-  at.q = qkv.cols_from(0, q_width_);
-  at.out = attn;
-  at.n_head = rk.n_head;
-  at.n_head_kv = rk.n_head_kv;
-  at.head_dim = rk.head_dim;
-  at.scale = attn_scale_;
-  at.window = window_;
-  at.kv = rk.kv;
-  b.attention(at, md);
-  return b.matmul(L.wo, attn, Tensor::dense(a.x.data(), DType::kF32, n, cfg_.n_embd), true, L.bo);
-}
-
-Status LlamaModel::mlp_block(const Exec& e, const LlamaLayer& L, int64_t n) {
-  Activations& a = *e.a;
-  Backend& b = *e.backend;
-  const Tensor x = Tensor::dense(a.x.data(), DType::kF32, n, cfg_.n_embd);
-  if (L.moe) {  // on cpu::HostOps (host memory) until MoE is a Backend op
-    L.moe->forward(a.h.data(), n, a.moe_out.data(), a.moe, *backend_);
-    backend_->add_inplace(a.x.data(), a.moe_out.data(), n * cfg_.n_embd);
-    return Status::Ok();
-  }
-  const Tensor gu = Tensor::dense(a.gu.data(), DType::kF32, n, 2 * cfg_.n_ff);
-  const Tensor mlp = Tensor::dense(a.mlp.data(), DType::kF32, n, cfg_.n_ff);
-  RILL_TRY(b.matmul(L.w_gate_up, Tensor::dense(a.h.data(), DType::kF32, n, cfg_.n_embd), gu, false));
-  b.glu(Glu::kSilu, gu, mlp);
-  return b.matmul(L.w_down, mlp, x, true);
+Status LlamaModel::moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) {
+  (void)step;
+  const int64_t n = x.rows;
+  moe_[static_cast<size_t>(il)]->forward(h.f32(), n, a_.moe_out.data(), a_.moe, *backend_);
+  backend_->add_inplace(x.f32(), a_.moe_out.data(), n * x.cols);
+  return Status::Ok();
 }
 
 Status LlamaModel::check_batch(const Batch& batch) const {
-  return rill::check_batch(batch,
-                           {max_tokens_, max_seqs_, n_ctx_, cfg_.n_vocab, kv_.block_size(), kv_.n_blocks(), window_});
+  return rill::check_batch(
+      batch, {max_tokens_, max_seqs_, n_ctx_, cfg_.n_vocab, kv_.block_size(), kv_.n_blocks(), graph_.window});
 }
 
 std::pair<int32_t, int32_t> LlamaModel::lane_range(int32_t l, int32_t n) const {
@@ -397,25 +469,9 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
 }
 
 Status LlamaModel::run(const Exec& e, const Batch& batch, float* logits) {
-  const int64_t n = batch.n_tokens();
-  const int64_t E = cfg_.n_embd;
-  Activations& a = *e.a;
-  Backend& b = *e.backend;
-  const StepMetadata md = step_metadata(batch, a);
-  const Tensor x = Tensor::dense(a.x.data(), DType::kF32, n, E);
-  const Tensor h = Tensor::dense(a.h.data(), DType::kF32, n, E);
-  b.embed(embed_, md.ids, n, x);
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    const LlamaLayer& L = layers_[static_cast<size_t>(il)];
-    b.rms_norm(x, nullptr, L.attn_norm, cfg_.rms_norm_eps, 0.0f, h);
-    RILL_TRY(attention_block(e, L, il, md));
-    b.rms_norm(x, nullptr, L.ffn_norm, cfg_.rms_norm_eps, 0.0f, h);
-    RILL_TRY(mlp_block(e, L, n));
-  }
-  const int64_t n_sample = md.n_sample;
-  const Tensor final_rows = Tensor::dense(a.final_rows.data(), DType::kF32, n_sample, E);
-  b.rms_norm(x, md.sample_rows, final_norm_, cfg_.rms_norm_eps, 0.0f, final_rows);
-  return b.matmul(lm_head_, final_rows, Tensor::dense(logits, DType::kF32, n_sample, cfg_.n_vocab), false);
+  const StepMetadata md = step_metadata(batch, *e.a);
+  return llama_forward(*e.backend, graph_, md, e.a->views,
+                       Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this);
 }
 
 }  // namespace

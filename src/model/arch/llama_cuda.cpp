@@ -1,31 +1,23 @@
-// The Llama family on a CUDA device: the same graph as llama.cpp (llama,
-// mistral, qwen2, qwen3, smollm), behind the same Model interface, with
-// weights uploaded once and every activation in one preallocated arena.
+// `llama.cuda`: the CUDA runtime's glue for the Llama graph. The graph
+// itself (placement, forward) is model/arch/llama.h's, shared with the CPU;
+// this file builds a CUDA Backend over model/cuda_model_base.h's context,
+// stream and GEMM, places the weights through it (one device buffer:
+// fused q/k/v and gate/up, GGUF blocks kept quantized, bf16 activations
+// for quantized models), carves the activations and the Backend's scratch
+// from the base's arena, and runs llama_forward() in run_layers() over the
+// uploaded step metadata (captured in decode graphs by the base).
 //
-// Layout choices (each for fewer launches or bytes per step):
-//  - q/k/v weights are stored as one [q + 2 kv, n_embd] matrix and gate/up
-//    as one [2 n_ff, n_embd] matrix: one matmul each;
-//  - o_proj and down_proj accumulate into the f32 residual stream (GEMM
-//    beta = 1 / GEMV +=), so the residual add costs nothing;
-//  - RoPE, the qwen3 q/k norms and the K/V store are one kernel;
-//  - matmul inputs are in the weights' dtype (bf16 for bf16 checkpoints, f32
-//    for f32 ones, which then match the CPU within f32 rounding), outputs f32;
-//  - GGUF block types stay quantized in device memory (cuda/quant.h: GEMV
-//    from the blocks, dequantize-then-GEMM for prefill); activations bf16;
-//  - mixtral / qwen3_moe layers run model/cuda_moe.h's MoE FFN, which adds
-//    into the residual stream like down_proj.
-// The device plumbing (weight upload, arena, KV pool, step metadata, decode
-// graphs) is model/cuda_model_base.h's, shared with the CUDA Gemma.
-//
-// As a tensor-parallel shard (create_llama_cuda_shard, model/cuda_shard.h)
-// it holds its heads' q/k/v rows and o columns, its slice of gate/up rows
-// and down columns and its LM head rows (tensor_split.h), and adds the
-// all-reduce after o and down and the logits gather (cuda_model_base.h).
-// The embedding stays whole on every rank: a step reads only its n rows,
-// so a vocabulary-parallel gather would save memory (1 GB for the 8B) at
-// the cost of one more all-reduce of [n, E] per step.
-#include <algorithm>
-#include <cmath>
+// Runtime hooks (LlamaHooks): the KV planes; as a tensor-parallel shard
+// (create_llama_cuda_shard, model/cuda_shard.h) the model holds its heads'
+// q/k/v rows and o columns, its slice of gate/up rows and down columns and
+// its LM head rows (tensor_split.h), and the hooks add the all-reduce after
+// o and down; the logits gather follows the graph (cuda_model_base.h). The
+// embedding stays whole on every rank: a step reads only its n rows, so a
+// vocabulary-parallel gather would save memory (1 GB for the 8B) at the cost
+// of one more all-reduce of [n, E] per step. mixtral / qwen3_moe layers run
+// model/cuda_moe.h's MoE FFN (its experts in a second device buffer), which
+// adds into the residual stream like down_proj.
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,10 +26,11 @@
 #include "model/cuda_shard.h"
 
 #if RILL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "model/arch/llama.h"
 #include "model/arch/llama_weights.h"
 #include "model/cuda_model_base.h"
 #include "model/cuda_moe.h"
-#include "model/layers.h"
 #endif
 
 namespace rill {
@@ -45,233 +38,125 @@ namespace rill {
 #if RILL_HAVE_CUDA
 namespace {
 
-struct DevLayer {
-  const float* attn_norm = nullptr;  // [E]
-  cuda::DeviceWeight wqkv;           // [Q + 2 KV, E] act dtype or quantized
-  const float* bqkv = nullptr;       // [Q + 2 KV] or null (qwen2)
-  const float* q_norm = nullptr;     // [hd] or null (qwen3)
-  const float* k_norm = nullptr;
-  cuda::DeviceWeight wo;              // [E, Q]
-  const float* bo = nullptr;          // [E] or null
-  const float* ffn_norm = nullptr;    // [E]
-  cuda::DeviceWeight w_gate_up;       // [2F, E]
-  cuda::DeviceWeight w_down;          // [E, F]
-  std::optional<CudaMoeWeights> moe;  // MoE layers, instead of w_gate_up / w_down
-};
-
 class LlamaCudaModel final : public CudaModelBase {
  public:
   explicit LlamaCudaModel(std::shared_ptr<const ModelFiles> files, CudaShard shard = {})
-      : CudaModelBase(std::move(files), shard) {}
+      : CudaModelBase(std::move(files), shard), hooks_(*this) {}
   Status init(const ModelOptions& options);
 
  private:
+  // The graph's runtime hooks: the KV planes, the shard's all-reduce, the
+  // MoE FFN (model/cuda_moe.h).
+  class Hooks final : public LlamaHooks {
+   public:
+    explicit Hooks(LlamaCudaModel& m) : m_(m) {}
+    KvCacheView kv_cache(int64_t il) const override { return m_.kv_view(static_cast<size_t>(il)); }
+    bool sharded() const override { return m_.sharded(); }
+    bool owns_residual() const override { return m_.owns_residual(); }
+    Status reduce_residual(Tensor x) override { return m_.reduce_residual(x.f32(), x.rows); }
+    Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override {
+      return m_.moe_.forward(*m_.moe_weights_[static_cast<size_t>(il)], h.data, x.rows, step.n_tiles == 0, x.f32(),
+                             *m_.gemm_, m_.stream());
+    }
+
+   private:
+    LlamaCudaModel& m_;
+  };
+
   void carve_activations(cuda::Arena& a) override;
   Status run_layers(const Step& s) override;
-  Status upload_weights();
-  Status build_rope();
+  Status place_moe(const LlamaWeights& w);
 
-  int64_t QKV_ = 0;
-  cuda::DeviceBuffer weights_;
-  cuda::DeviceWeight embed_, lm_head_;
-  const float* final_norm_ = nullptr;
-  std::vector<DevLayer> layers_;
-  DeviceRope rope_;
-  bool has_dense_ffn_ = true;  // some layer has the dense FFN (gu_, mlp_)
-  CudaMoe moe_;                // the MoE layers' scratch
-
-  float* x_ = nullptr;     // [T, E] residual stream
-  void* h_ = nullptr;      // [T, E] act: normed
-  float* qkv_ = nullptr;   // [T, QKV]
-  void* attn_ = nullptr;   // [T, Q] act
-  float* gu_ = nullptr;    // [T, 2F]
-  void* mlp_ = nullptr;    // [T, F] act
-  void* final_ = nullptr;  // [S, E] act
+  std::unique_ptr<Backend> backend_;  // on the base's context, stream and GEMM
+  LlamaGraph graph_;
+  Hooks hooks_;
+  LlamaActivations act_views_;  // over the arena
+  // MoE layers (mixtral, qwen3_moe): their experts, in a buffer of their own
+  // until MoE is a Backend op, and the MoE scratch.
+  cuda::DeviceBuffer moe_buf_;
+  std::vector<std::optional<CudaMoeWeights>> moe_weights_;
+  CudaMoe moe_;
 };
 
 Status LlamaCudaModel::init(const ModelOptions& options) {
-  RILL_TRY(read_dims());
-  QKV_ = Q_ + 2 * KV_;
-  RILL_TRY(create_context());
-  RILL_TRY(upload_weights());
-  RILL_TRY(build_rope());
-  kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
-  return init_runtime(options);
-}
-
-void LlamaCudaModel::carve_activations(cuda::Arena& a) {
-  const auto T = static_cast<size_t>(max_batch_tokens()), S = static_cast<size_t>(max_batch_seqs());
-  const size_t as = cuda_dtype_size(act_);
-  x_ = a.take<float>(T * E_);
-  h_ = a.take<uint8_t>(T * E_ * as);
-  qkv_ = a.take<float>(T * QKV_);
-  attn_ = a.take<uint8_t>(T * Q_ * as);
-  const size_t F = has_dense_ffn_ ? static_cast<size_t>(F_) : 0;
-  gu_ = a.take<float>(T * 2 * F);
-  mlp_ = a.take<uint8_t>(T * F * as);
-  final_ = a.take<uint8_t>(S * E_ * as);
-  if (cfg_.n_expert > 0) moe_.carve(a, max_batch_tokens());
-}
-
-// Weights in one device buffer. Matrices go in the activation dtype (the
-// dtype of q_proj; others are converted on the host if they differ), norms
-// and biases in f32.
-Status LlamaCudaModel::upload_weights() {
   const ModelFiles& f = *files_;
-  const int64_t L = cfg_.n_layer;
-  RILL_ASSIGN_OR_RETURN(LlamaWeights hw, bind_llama_weights(f, LlamaDims{E_, V_, F_, hd_, Q_, KV_}));
-  std::vector<LlamaLayerWeights>& hl = hw.layers;
-  const WeightView embed = hw.embed;
-  WeightView lm_head = hw.lm_head;
-  const bool tied = hw.tied;
-  std::vector<float> final_norm = std::move(hw.final_norm);
-  std::vector<const WeightView*> mats;
+  RILL_TRY(read_dims());
+  RILL_TRY(create_context());
+  RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, LlamaDims{E_, V_, F_, hd_, Q_, KV_}));
   if (sharded()) {  // this rank's slices (views of the mapped tensors); o's bias is added after the all-reduce
-    RILL_TRY(shard_llama_layers(hw, split_, ff_split_, hd_, f.path));
-    lm_head = slice_rows(lm_head, split_.vocab);
+    RILL_TRY(shard_llama_layers(w, split_, ff_split_, hd_, f.path));
+    w.lm_head = slice_rows(w.lm_head, split_.vocab);
     narrow_dims();
-    QKV_ = Q_ + 2 * KV_;
   }
-  has_dense_ffn_ = false;
-  for (const LlamaLayerWeights& h : hl) {
+  std::vector<const WeightView*> mats;
+  for (const LlamaLayerWeights& h : w.layers) {
     for (const Linear* l : {&h.q, &h.k, &h.v, &h.o}) mats.push_back(&l->w);
     if (h.moe) {
       h.moe->collect_weights(&mats);
     } else {
       for (const Linear* l : {&h.gate, &h.up, &h.down}) mats.push_back(&l->w);
-      has_dense_ffn_ = true;
     }
   }
-  RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(f.path, mats, embed));
+  RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(f.path, mats, w.embed));
   act_ = dt.act;
   kv_dtype_ = dt.kv;  // as the CPU Llama: f32 checkpoints keep f32 KV
 
-  // Layout pass, then the copies.
-  const bool has_qkv_bias = !hl[0].q.bias.empty() || !hl[0].k.bias.empty() || !hl[0].v.bias.empty();
-  const bool has_o_bias = !hl[0].o.bias.empty();
-  const bool has_qk_norm = !hl[0].q_norm.empty();
+  CudaBackendOptions bo;
+  bo.act = act_;
+  bo.batch_invariant = options.batch_invariant;
+  RILL_ASSIGN_OR_RETURN(backend_, make_cuda_backend_on(*ctx_, *gemm_, bo));
+  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_));
+  RILL_ASSIGN_OR_RETURN(graph_, place_llama(*backend_, cfg_, w, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, rope));
+  RILL_TRY(place_moe(w));
+  backend_scratch_ = true;
+  kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
+  return init_runtime(options);
+}
+
+// The MoE layers' experts into one device buffer (cuda_moe.h's placement).
+Status LlamaCudaModel::place_moe(const LlamaWeights& w) {
+  moe_weights_.resize(w.layers.size());
+  if (cfg_.n_expert <= 0) return Status::Ok();
   WeightUpload up(act_);
-  const size_t embed_off = up.mat(embed);
-  const size_t lm_off = tied && !sharded() ? embed_off : up.mat(lm_head);
-  const size_t final_off = up.vec(std::move(final_norm));
-  struct Offs {
-    size_t attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, ffn_norm, wgu, wdown;
-    std::optional<CudaMoePlacement> moe;
+  std::vector<std::optional<CudaMoePlacement>> at(w.layers.size());
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    if (!w.layers[il].moe) continue;
+    RILL_ASSIGN_OR_RETURN(
+        at[il], CudaMoePlacement::place(*w.layers[il].moe, up, files_->path + ": layer " + std::to_string(il)));
+  }
+  RILL_TRY(up.upload("the MoE experts (" + files_->path + ")"));
+  for (size_t il = 0; il < at.size(); ++il) {
+    if (at[il]) moe_weights_[il] = at[il]->resolve(up);
+  }
+  moe_buf_ = up.take_buffer();
+  return moe_.init(moe_params(cfg_), act_, files_->path);
+}
+
+void LlamaCudaModel::carve_activations(cuda::Arena& a) {
+  const int64_t T = max_batch_tokens(), S = max_batch_seqs();
+  auto take = [&](DType t, int64_t rows, int64_t cols) {
+    void* p = a.take<uint8_t>(static_cast<size_t>(rows * cols) * cuda_dtype_size(t));
+    return Tensor::dense(p, t, rows, cols);
   };
-  std::vector<Offs> offs(static_cast<size_t>(L));
-  for (size_t il = 0; il < hl.size(); ++il) {
-    LlamaLayerWeights& h = hl[il];
-    Offs& o = offs[il];
-    o.attn_norm = up.vec(std::move(h.attn_norm));
-    o.wqkv = up.cat({&h.q.w, &h.k.w, &h.v.w});
-    if (has_qkv_bias) {  // fused qkv biases (zeros where a part has none)
-      std::vector<float> b(static_cast<size_t>(QKV_), 0.0f);
-      std::copy(h.q.bias.begin(), h.q.bias.end(), b.begin());
-      std::copy(h.k.bias.begin(), h.k.bias.end(), b.begin() + Q_);
-      std::copy(h.v.bias.begin(), h.v.bias.end(), b.begin() + Q_ + KV_);
-      o.bqkv = up.vec(std::move(b));
-    }
-    if (has_qk_norm) {
-      o.q_norm = up.vec(std::move(h.q_norm));
-      o.k_norm = up.vec(std::move(h.k_norm));
-    }
-    o.wo = up.mat(h.o.w);
-    if (has_o_bias) o.bo = up.vec(std::move(h.o.bias));
-    o.ffn_norm = up.vec(std::move(h.ffn_norm));
-    if (h.moe) {
-      RILL_ASSIGN_OR_RETURN(o.moe, CudaMoePlacement::place(*h.moe, up, f.path + ": layer " + std::to_string(il)));
-      continue;
-    }
-    o.wgu = up.cat({&h.gate.w, &h.up.w});
-    o.wdown = up.mat(h.down.w);
-  }
-  RILL_TRY(up.upload("the model weights (" + f.path + ")"));
-
-  embed_ = up.weight(embed_off);
-  lm_head_ = up.weight(lm_off);
-  quant_head_ = cuda::quant_supported(lm_head_.dtype);
-  final_norm_ = up.f32(final_off);
-  layers_.resize(static_cast<size_t>(L));
-  for (size_t il = 0; il < hl.size(); ++il) {
-    const Offs& o = offs[il];
-    DevLayer& d = layers_[il];
-    d.attn_norm = up.f32(o.attn_norm);
-    d.wqkv = up.layer_weight(o.wqkv, QKV_ * E_);
-    d.bqkv = has_qkv_bias ? up.f32(o.bqkv) : nullptr;
-    d.q_norm = has_qk_norm ? up.f32(o.q_norm) : nullptr;
-    d.k_norm = has_qk_norm ? up.f32(o.k_norm) : nullptr;
-    d.wo = up.layer_weight(o.wo, E_ * Q_);
-    d.bo = has_o_bias ? up.f32(o.bo) : nullptr;
-    d.ffn_norm = up.f32(o.ffn_norm);
-    if (o.moe) {
-      d.moe = o.moe->resolve(up);
-      continue;
-    }
-    d.w_gate_up = up.layer_weight(o.wgu, 2 * F_ * E_);
-    d.w_down = up.layer_weight(o.wdown, E_ * F_);
-  }
-  if (cfg_.n_expert > 0) RILL_TRY(moe_.init(moe_params(cfg_), act_, f.path));
-  quant_max_elems_ = up.quant_max_elems();
-  weights_ = up.take_buffer();
-  return Status::Ok();
+  const int64_t F = graph_.has_dense_ffn() ? graph_.F : 0;
+  act_views_.x = take(DType::kF32, T, E_);
+  act_views_.h = take(act_, T, E_);
+  act_views_.qkv = take(DType::kF32, T, graph_.qkv_width());
+  act_views_.attn = take(act_, T, graph_.Q);
+  act_views_.gu = take(DType::kF32, T, 2 * F);
+  act_views_.mlp = take(act_, T, F);
+  act_views_.final_rows = take(act_, S, E_);
+  if (cfg_.n_expert > 0) moe_.carve(a, T);
+  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }
 
-// The Llama RoPE table (model/arch/llama_weights.h), uploaded.
-Status LlamaCudaModel::build_rope() {
-  RILL_ASSIGN_OR_RETURN(cpu::RopeTable table, build_llama_rope(*files_, hd_));
-  RILL_ASSIGN_OR_RETURN(rope_, DeviceRope::upload(std::move(table)));
-  return Status::Ok();
-}
-
-// Every kernel of the step over device metadata already uploaded.
+// The shared graph over the uploaded step metadata, then (shards) the
+// logits gather.
 Status LlamaCudaModel::run_layers(const Step& s) {
-  cudaStream_t st = stream();
-  const StepMeta& md = meta();
-  cuda::embed_rows_any(embed_.dtype, embed_.data, E_, md.ids, s.n, x_, st);
-  cuda::RopeKvArgs rk = rope_args(s);
-  rk.qkv = qkv_;
-  rk.qkv_stride = QKV_;
-  rope_.apply(rk);
-  cuda::AttentionArgs at = attention_args(s);
-  at.q = qkv_;
-  at.q_stride = QKV_;
-  at.scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  at.window = static_cast<int32_t>(cfg_.sliding_window);
-  at.out = attn_;
-
-  const float eps = cfg_.rms_norm_eps;
-  const int64_t n = s.n;
-  for (size_t il = 0; il < layers_.size(); ++il) {
-    const DevLayer& L = layers_[il];
-    cuda::rms_norm(x_, E_, nullptr, L.attn_norm, n, E_, eps, 0.0f, act_, h_, st);
-    RILL_TRY(matmul(L.wqkv, h_, n, QKV_, E_, qkv_, false));
-    if (L.bqkv) cuda::add_bias(qkv_, L.bqkv, n, QKV_, st);
-    rk.q_norm = L.q_norm;
-    rk.k_norm = L.k_norm;
-    rk.k_cache = k_cache(il);
-    rk.v_cache = v_cache(il);
-    cuda::rope_store_kv(rk, st);
-    at.k_cache = rk.k_cache;
-    at.v_cache = rk.v_cache;
-    cuda::attention(at, st);
-    RILL_TRY(matmul(L.wo, attn_, n, E_, Q_, x_, owns_residual()));
-    RILL_TRY(reduce_residual(x_, n));
-    if (L.bo) cuda::add_bias(x_, L.bo, n, E_, st);
-    cuda::rms_norm(x_, E_, nullptr, L.ffn_norm, n, E_, eps, 0.0f, act_, h_, st);
-    if (L.moe) {
-      RILL_TRY(moe_.forward(*L.moe, h_, n, s.n_tiles == 0, x_, *gemm_, st));
-      continue;
-    }
-    RILL_TRY(matmul(L.w_gate_up, h_, n, 2 * F_, E_, gu_, false));
-    cuda::silu_mul(gu_, n, F_, act_, mlp_, st);
-    RILL_TRY(matmul(L.w_down, mlp_, n, E_, F_, x_, owns_residual()));
-    RILL_TRY(reduce_residual(x_, n));
-  }
-  if (s.n_sample > 0) {
-    cuda::rms_norm(x_, E_, md.sample_rows, final_norm_, s.n_sample, E_, eps, 0.0f, act_, final_, st);
-    RILL_TRY(lm_head(lm_head_, final_, s.n_sample));
-  }
-  return Status::Ok();
+  const StepMetadata md = step_metadata(s);
+  const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.head_rows);
+  RILL_TRY(llama_forward(*backend_, graph_, md, act_views_, logits, hooks_));
+  return s.n_sample > 0 ? gather_logits(s.n_sample) : Status::Ok();
 }
 
 }  // namespace

@@ -1,0 +1,102 @@
+#pragma once
+// The Llama graph, written once for every device (issue 16): the weights as
+// a Backend placed them, their placement from the bound LlamaWeights, and
+// one step's forward pass over Backend ops. model/arch/llama.cpp holds it
+// with the CPU runtime (`llama.cpu`: decode lanes, cpu::HostOps MoE);
+// model/arch/llama_cuda.cpp is the CUDA runtime's glue (`llama.cuda`, over
+// model/cuda_model_base.h). What a runtime adds goes through LlamaHooks:
+// the KV cache's layout, tensor parallelism (residual ownership and the
+// all-reduce after o and down) and, until MoE is a Backend op, the MoE FFN.
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/result.h"
+#include "model/arch/llama_weights.h"
+
+namespace rill {
+
+// One layer as the Backend placed it: q/k/v as one weight (rows q, k, v) and
+// gate/up as one (rows gate, up).
+struct LlamaLayer {
+  Vec attn_norm;        // [E]
+  Weight wqkv;          // [Q + 2 KV, E]
+  Vec bqkv;             // [Q + 2 KV] (zeros for a part without one) or absent (qwen2 has them)
+  Vec q_norm, k_norm;   // [hd], qwen3 only
+  Weight wo;            // [E, Q]
+  Vec bo;               // [E] or absent
+  Vec ffn_norm;         // [E]
+  Weight w_gate_up;     // [2 F, E]; dense layers
+  Weight w_down;        // [E, F]
+  bool is_moe = false;  // the runtime's LlamaHooks::moe_ffn instead of gate/up/down
+};
+
+// The placed model. Widths are one rank's (its heads, KV heads, FFN slice)
+// when the runtime placed a tensor-parallel shard; E and the head are whole
+// (head_rows: this rank's vocabulary rows, 0 for a rank with none).
+struct LlamaGraph {
+  int64_t E = 0, F = 0, hd = 0, Q = 0, KV = 0, head_rows = 0;
+  int32_t n_head = 0, n_head_kv = 0;
+  int64_t n_layer = 0;
+  float eps = 1e-5f, attn_scale = 1.0f;
+  int32_t window = 0;  // sliding window (mistral), 0: none
+  Weight embed;        // [V, E]
+  Weight lm_head;      // [head_rows, E]; the embedding when tied (and whole)
+  Vec final_norm;      // [E]
+  std::vector<LlamaLayer> layers;
+  Rope rope;
+
+  int64_t qkv_width() const { return Q + 2 * KV; }
+  bool has_dense_ffn() const;
+  // What Backend::reserve() (or carve_cuda_scratch) sizes for steps of up
+  // to max_tokens tokens and max_sample sampled rows.
+  StepLimits step_limits(int64_t max_tokens, int64_t max_sample) const;
+};
+
+// Places w through `b` inside one Backend::place_model() (so CUDA holds the
+// model in one device buffer): fused q/k/v and gate/up, the qkv biases
+// zero-filled where a part has none, the head unless tied (w.lm_head when
+// tied but sliced: a shard's rows). dims: the widths of w's layers (a
+// shard's, after shard_llama_layers), hd and E whole. MoE layers are marked
+// and left to the runtime. Errors name the tensor.
+Result<LlamaGraph> place_llama(Backend& b, const ModelConfig& cfg, const LlamaWeights& w, const LlamaDims& dims,
+                               const RopeTable& rope);
+
+// Activation views for up to the limit's tokens (rows), each dense:
+//   x [T, E] F32 residual; h [T, E] act; qkv [T, Q + 2 KV] F32; attn [T, Q]
+//   act; gu [T, 2 F] F32 and mlp [T, F] act (dense layers only);
+//   final_rows [S, E] act.
+// "act" is the Backend's act_dtype(). forward uses the first rows of each.
+struct LlamaActivations {
+  Tensor x, h, qkv, attn, gu, mlp, final_rows;
+};
+
+// The runtime's part of the graph. Called once per layer (never per
+// token): no allocation, no host synchronization on CUDA (decode graphs
+// capture them).
+class LlamaHooks {
+ public:
+  virtual ~LlamaHooks() = default;
+  // Layer il's paged K and V.
+  virtual KvCacheView kv_cache(int64_t il) const = 0;
+  // Tensor parallelism: whether this rank's row-parallel products (o, down)
+  // accumulate into the residual (rank 0; the others overwrite it), and the
+  // sum over ranks after each, before o's bias. Unsharded: true, and no
+  // reduction (the bias goes with the matmul).
+  virtual bool sharded() const { return false; }
+  virtual bool owns_residual() const { return true; }
+  virtual Status reduce_residual(Tensor x) {
+    (void)x;
+    return Status::Ok();
+  }
+  // MoE layer il: x[t] += MoE(h[t]) over x [n, E] F32, h [n, E] act.
+  virtual Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) = 0;
+};
+
+// One step: embedding, every layer, the final norm of the sample rows and
+// logits [n_sample, head_rows] F32 (dense) from the head. Graph-capturable
+// on CUDA (only Backend ops and the hooks).
+Status llama_forward(Backend& b, const LlamaGraph& g, const StepMetadata& step, const LlamaActivations& a,
+                     Tensor logits, LlamaHooks& hooks);
+
+}  // namespace rill
