@@ -258,7 +258,7 @@ class Compiler {
         }
         // O_1 ::= item | (empty); O_k ::= item O_(k-1) | (empty).
         uint32_t prev = UINT32_MAX;
-        for (uint32_t k = 0; k < e.max - e.min && error_.empty(); ++k) {
+        for (uint32_t k = 0; k < e.max - e.min && error_.empty() && n_elements_ <= kMaxElements; ++k) {
           // X{m,n} with X nullable is ambiguous in 2^(n-m) ways; X? is fine.
           const uint32_t id = new_rule(helper_name(name, e, "optional"), e, e.max - e.min > 1);
           rules_[id].n_item = item.size();

@@ -261,7 +261,10 @@ class Parser {
   }
 
   bool parse_postfix(Expr& item) {
-    while (true) {
+    // Each operator nests the item once more (lowering and ~Expr recurse per
+    // level), so a chain like "a"???... counts as nesting.
+    for (int n_ops = 0;; ++n_ops) {
+      if (n_ops > kMaxNesting) return fail("repetition operators nested deeper than " + std::to_string(kMaxNesting));
       skip_space(false);
       const char c = peek();
       uint32_t min, max;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "text/grammar/compiled_grammar.h"
 #include "text/grammar/gbnf_parser.h"
 #include "text/grammar/grammar_ast.h"
 #include "text/unicode.h"
@@ -359,7 +360,7 @@ class RegexParser {
     bool first = true;
     while (!done() && (re_[pos_] != ']' || first) && error_.empty()) {
       first = false;
-      uint32_t lo;
+      uint32_t lo = 0;
       Ranges cls;
       if (re_[pos_] == '\\') {
         ++pos_;
@@ -367,6 +368,7 @@ class RegexParser {
           r.insert(r.end(), cls.begin(), cls.end());
           continue;
         }
+        if (!error_.empty()) return "";
       } else {
         lo = read_codepoint();
       }
@@ -473,7 +475,16 @@ class RegexParser {
 }  // namespace
 
 Result<std::string> regex_to_gbnf_expression(std::string_view regex, RegexAnchoring anchoring, RegexOutput output) {
-  return RegexParser(regex, output).parse(anchoring);
+  auto e = RegexParser(regex, output).parse(anchoring);
+  if (!e) return e;
+  // A quantified group that can match nothing ((a*)*, ()+, (a?){2,5}) is
+  // refused by the grammar compiler as ambiguous; say so in the regex's
+  // terms instead of handing out a grammar that does not compile.
+  auto g = CompiledGrammar::from_gbnf("root ::= " + *e + "\n");
+  if (!g && g.error().message.find("can match the empty string") != std::string::npos) {
+    return Error{"regex: a repeated group that can match the empty string (such as (a*)*) is not supported"};
+  }
+  return e;
 }
 
 Result<std::string> regex_to_gbnf(std::string_view regex) {

@@ -67,6 +67,16 @@ TEST(GbnfParser, DecodesEscapesInLiteralsAndClasses) {
   EXPECT_TRUE(seq.children[2].negated);
 }
 
+// Limits that keep a small grammar from costing unbounded stack or memory.
+TEST(GbnfParser, PostfixChainsAndNestedRepeatsAreBounded) {
+  EXPECT_NE(error_of("root ::= \"a\"" + std::string(300, '?')).find("repetition operators nested deeper than 200"),
+            std::string::npos);
+  EXPECT_EQ(error_of("root ::= \"a\"" + std::string(20, '?')), "(ok)");
+  // ~4M elements, then 10,000 optional copies of them: refused as too large
+  // before the copies are made.
+  EXPECT_NE(error_of("root ::= \"a\"{2000}{2000}{0,10000}").find("too large"), std::string::npos);
+}
+
 TEST(GbnfParser, ErrorsNameLineColumnAndProblem) {
   EXPECT_EQ(error_of("root ::= \"a"), "grammar line 1, column 12: unterminated string literal");
   EXPECT_EQ(error_of("root ::= [a-"), "grammar line 1, column 13: unterminated character class");

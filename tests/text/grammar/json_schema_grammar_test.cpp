@@ -118,6 +118,14 @@ TEST(RegexGrammar, ErrorsNameTheConstruct) {
   EXPECT_EQ(regex_to_gbnf("a^b").error().message, "regex: '^' is supported only at the start at offset 1");
   EXPECT_EQ(regex_to_gbnf("[z-a]").error().message, "regex: range out of order in character class at offset 4");
   EXPECT_EQ(regex_to_gbnf("a++").error().message, "regex: possessive quantifiers are not supported at offset 2");
+  // A repeated group that can match nothing: refused in the regex's terms,
+  // never handed out as a grammar that does not compile.
+  for (const char* re : {"(a*)*", "()+", "(a?){2,5}"}) {
+    EXPECT_EQ(regex_to_gbnf(re).error().message,
+              "regex: a repeated group that can match the empty string (such as (a*)*) is not supported")
+        << re;
+  }
+  EXPECT_TRUE(regex_to_gbnf("[\\k]").ok() || regex_to_gbnf("[\\k]").error().message.rfind("regex: ", 0) == 0);
 }
 
 TEST(ChoiceGrammar, ExactlyOneOfTheStrings) {
