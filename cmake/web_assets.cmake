@@ -4,7 +4,7 @@
 # (installed by scripts/setup.sh; never copied into the repository).
 function(rill_find_web_file var package)
   find_file(${var} NAMES ${ARGN} PATHS /usr/share/javascript /usr/share/nodejs NO_DEFAULT_PATH)
-  if(NOT ${var})
+  if(NOT ${var} OR NOT EXISTS "${${var}}")
     message(FATAL_ERROR "The chat page needs ${ARGN} from the Debian package ${package}: "
                         "run scripts/setup.sh (or apt-get install ${package}), or set -D${var}=<path>.")
   endif()
