@@ -448,6 +448,28 @@ def test_failed_request_shows_error_and_leaves_history(server, page):
     assert page.errors == []
 
 
+def test_stop_before_the_first_token(server, page):
+    held = []
+    url = f"{server.base}/v1/chat/completions"
+    page.route(url, lambda route: held.append(route))  # never answered
+    send(page, "no answer comes")
+    page.wait_for_function("() => document.querySelector('.msg.assistant[data-streaming=\"1\"]') !== null")
+    expect(page.locator("#stop")).to_be_enabled()
+    page.click("#stop")
+    wait_done(page, 5000)
+    reply = last_reply(page)
+    expect(reply.locator(".badge")).to_have_text("stopped")
+    assert page.locator(".msg.error").count() == 0
+    assert page.locator("#send").is_enabled() and page.locator("#stop").is_disabled()
+    page.unroute(url)
+    # The turn that got no text is not sent again (roles keep alternating).
+    bodies = fake_reply(page, server, [{"content": "ok"}])
+    send(page, "second try")
+    wait_done(page)
+    assert bodies[0]["messages"] == [{"role": "user", "content": "second try"}]
+    assert page.errors == []
+
+
 # ---- against the server ----------------------------------------------------------
 
 
@@ -482,12 +504,19 @@ def test_streamed_reply_with_stats(server, page):
     if n_tokens > 1:
         assert re.match(r"\d+(\.\d+)? tok/s · ", stats), stats
     # The second turn's prompt starts with the first turn: the server's
-    # prefix cache serves part of it, and the page shows how much.
+    # prefix cache serves part of it, and the page shows how much: the
+    # figures are the engine's own (its counters moved by exactly these).
+    before = wait_idle(server)["engine"]
     send(page, "And one more fact, please.")
     page.wait_for_function("() => document.querySelectorAll('.msg.assistant[data-done=\"1\"]').length == 2", timeout=30000)
     reply = last_reply(page)
-    _, (_, _, cached, n_prompt2) = figures()
+    _, (_, n_tokens2, cached, n_prompt2) = figures()
     assert n_prompt2 > n_prompt and 0 < cached < n_prompt2
+    after = wait_idle(server)["engine"]
+    assert after["prompt_tokens"] - before["prompt_tokens"] == n_prompt2
+    assert after["cached_tokens"] - before["cached_tokens"] == cached
+    assert after["completion_tokens"] - before["completion_tokens"] == n_tokens2
+    shot(page, "reply")
     assert wait_idle(server)["engine"]["active_requests"] == 0
     assert page.errors == []
 
