@@ -14,18 +14,16 @@ void CpuPagedModel::set_limits(const ModelOptions& options) {
   max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
 }
 
-Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype,
-                                int n_ranks) {
+Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype) {
   const int32_t bs = std::max(1, options.kv_block_size);
-  const size_t token_bytes =
-      2 * static_cast<size_t>(n_layers) * row_bytes(dtype, kv_width) * static_cast<size_t>(std::max(1, n_ranks));
+  const size_t token_bytes = 2 * static_cast<size_t>(n_layers) * row_bytes(dtype, kv_width);
   const int64_t n_blocks = options.kv_cache_bytes > 0
                                ? options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(bs))
                                : std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / bs);
   if (n_blocks < 1 || n_blocks > INT32_MAX) {
     return Error{files_->path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) +
                  " bytes holds no whole block of " + std::to_string(bs) + " tokens (" + std::to_string(token_bytes) +
-                 " bytes per token" + (n_ranks > 1 ? " over " + std::to_string(n_ranks) + " ranks)" : ")")};
+                 " bytes per token)"};
   }
   RILL_ASSIGN_OR_RETURN(
       kv_, PagedKvCache::create(n_layers, static_cast<int32_t>(n_blocks), options.kv_block_size, kv_width, dtype));

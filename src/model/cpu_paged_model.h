@@ -1,5 +1,5 @@
 #pragma once
-// What the CPU model families (model/arch/llama.cpp, llama_tp.cpp, gemma.cpp,
+// What the CPU model families (model/arch/llama.cpp, gemma.cpp,
 // qwen3_next.cpp) share: their files and config, a CPU backend, the batch
 // limits, the paged KV cache of their attention layers sized from the
 // options, a step's metadata as the CPU Backend reads it, and the Model
@@ -58,10 +58,9 @@ class CpuPagedModel : public Model {
   void set_limits(const ModelOptions& options);
 
   // kv_: n_layers planes of kv_width-element rows in dtype, with as many
-  // blocks as options.kv_cache_bytes holds when it is set (shared by
-  // n_ranks ranks of equal per-token bytes), else n_kv_slots whole
-  // contexts. Call after set_limits(). The error names the model file.
-  Status create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype, int n_ranks = 1);
+  // blocks as options.kv_cache_bytes holds when it is set, else n_kv_slots
+  // whole contexts. Call after set_limits(). The error names the model file.
+  Status create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype);
 
   Status check_kv_block(int64_t layer, int32_t block) const;
 
