@@ -63,12 +63,26 @@ struct GenerationRequest {
   // stop token). Needs a tokenizer. Null: unconstrained. Share one object
   // between requests (grammar::GrammarCache) so they share its mask cache.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // The model's thinking block, for models whose template opens it with one
+  // token and closes it with another (`<think>` ... `</think>`): the engine
+  // follows the output in and out of the block. Inside it `grammar` does not
+  // apply (it constrains the answer after the block; before the first token
+  // the open token is allowed besides the grammar's), and at most `budget`
+  // tokens are generated: once they are spent the close token is forced and
+  // generation goes on with the answer. close < 0: not tracked.
+  struct Thinking {
+    int32_t open = -1, close = -1;  // token ids
+    bool starts_inside = false;     // the prompt ends inside the block
+    int32_t budget = -1;            // most tokens inside the block; -1: unbounded
+    bool tracked() const { return close >= 0; }
+  } thinking;
 };
 
 struct Usage {
   int32_t prompt_tokens = 0;
   int32_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
   int32_t completion_tokens = 0;
+  int32_t reasoning_tokens = 0;  // of those, the thinking block's (its open and close included); tracked blocks only
   int32_t preemptions = 0;
   int32_t persisted_tokens = 0;       // persist_prefix: prompt tokens written to the disk tier
   double queue_s = 0;                 // submit -> first scheduled

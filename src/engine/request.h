@@ -66,6 +66,19 @@ struct Request {
   // request first runs.
   std::optional<grammar::GrammarMatcher> matcher;
   std::vector<uint64_t> mask;
+  // Where the output is relative to the thinking block
+  // (GenerationRequest::Thinking): kUntracked without one; kMaybe before the
+  // first token (which may open it); n_thinking counts the tokens inside.
+  enum class Think { kUntracked, kMaybe, kInside, kAfter };
+  Think think = Think::kUntracked;
+  int32_t n_thinking = 0;
+  int32_t n_reasoning = 0;  // output tokens of the block, its open and close included (Usage::reasoning_tokens)
+  // The grammar constrains this token (not inside the thinking block).
+  bool grammar_applies() const { return matcher && think != Think::kInside; }
+  // The thinking budget is spent: the next token is the block's close.
+  bool must_close_thinking() const {
+    return think == Think::kInside && params.thinking.budget >= 0 && n_thinking >= params.thinking.budget;
+  }
 
   Clock::time_point submitted, first_scheduled, first_token;
   int32_t prefill_steps = 0;

@@ -17,6 +17,7 @@ void handle_completions(ServerContext& ctx, const HttpRequest& req, std::shared_
 void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
 void handle_responses_get(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
 void handle_responses_delete(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
+void handle_responses_input_items(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
 // Anthropic (server/anthropic_api.cpp)
 void handle_messages(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
 void handle_count_tokens(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
