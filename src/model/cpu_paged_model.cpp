@@ -53,6 +53,26 @@ void CpuStepArrays::reserve(int64_t max_tokens) {
   const auto T = static_cast<size_t>(max_tokens);
   for (std::vector<int32_t>* v : {&q_start, &q_len, &kv_len, &decode_from, &table_start}) v->reserve(T);
   for (std::vector<int32_t>& v : slots) v.reserve(T);
+  rec_seqs.resize(T);
+  rec_saves.resize(T);  // at most one save per token
+  rec_tok_seq.resize(T);
+}
+
+Status CpuPagedModel::create_states(Backend& device, int64_t n_layers, std::vector<StateTensor> tensors,
+                                    const ModelOptions& options) {
+  RILL_ASSIGN_OR_RETURN(states_, StatePool::create(device, n_layers, std::move(tensors), max_seqs_, options));
+  states_device_ = &device;
+  return Status::Ok();
+}
+
+Status CpuPagedModel::copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const {
+  if (!states_) return Model::copy_state_out(checkpoint, layer, out);
+  return states_->copy_out(*states_device_, checkpoint, layer, out);
+}
+
+Status CpuPagedModel::copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) {
+  if (!states_) return Model::copy_state_in(checkpoint, layer, in);
+  return states_->copy_in(*states_device_, checkpoint, layer, in);
 }
 
 StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) const {
@@ -93,6 +113,9 @@ StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) 
     }
     md.slots[g] = slots.data();
     md.block_tables[g] = g == 0 ? batch.block_table.data() : batch.group_tables[static_cast<size_t>(g - 1)].data();
+  }
+  if (states_) {
+    md.recurrent = states_->plan(batch, batch.n_tokens(), a.rec_seqs.data(), a.rec_saves.data(), a.rec_tok_seq.data());
   }
   return md;
 }

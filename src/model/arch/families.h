@@ -53,8 +53,8 @@ Result<std::unique_ptr<Model>> create_gemma_cuda_model(std::shared_ptr<const Mod
 
 // Hybrid gated DeltaNet: qwen3_5_text (Qwen3.5, dense FFN) and qwen3_next
 // (Qwen3-Next, MoE FFN with a shared expert), from Hugging Face checkpoints
-// or llama.cpp's qwen35 / qwen3next GGUF files. qwen3_next.cpu
-// (qwen3_next.cpp), qwen3_next.cuda (qwen3_next_cuda.cpp).
+// or llama.cpp's qwen35 / qwen3next GGUF files. qwen3_next.cpu and
+// qwen3_next.cuda: one graph (qwen3_next.cpp).
 Result<std::unique_ptr<Model>> create_qwen3_next_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                            const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_qwen3_next_cuda_model(std::shared_ptr<const ModelFiles> files,
