@@ -96,6 +96,40 @@ Result<SentenceTransformersConfig> read_sentence_transformers(const std::string&
   return out;
 }
 
+Result<EmbeddingSpec> declared_pooling(const ModelFiles& files) {
+  const ModelConfig& c = files.config;
+  if (files.format == ModelFormat::kHuggingFace) {
+    RILL_ASSIGN_OR_RETURN(SentenceTransformersConfig st, read_sentence_transformers(files.path, c.n_embd));
+    return st.spec;
+  }
+  EmbeddingSpec spec;
+  spec.n_dims = c.n_embd;
+  const nlohmann::json& raw = c.raw;
+  auto arch = raw.find("general.architecture");
+  if (!raw.is_object() || arch == raw.end() || !arch->is_string()) return spec;
+  auto type = raw.find(arch->get<std::string>() + ".pooling_type");
+  if (type == raw.end()) return spec;
+  if (!type->is_number_integer()) return Error{files.path + ": " + type.key() + " is not an integer"};
+  switch (type->get<int64_t>()) {
+    case 0:
+      return spec;
+    case 1:
+      spec.pooling = EmbeddingSpec::Pooling::kMean;
+      break;
+    case 2:
+      spec.pooling = EmbeddingSpec::Pooling::kCls;
+      break;
+    case 3:
+      spec.pooling = EmbeddingSpec::Pooling::kLast;
+      break;
+    default:
+      return Error{files.path + ": " + type.key() + " " + std::to_string(type->get<int64_t>()) +
+                   " is not supported (0 none, 1 mean, 2 cls, 3 last)"};
+  }
+  spec.normalize = true;
+  return spec;
+}
+
 void pool_rows(const EmbeddingSpec& spec, const float* rows, int64_t n_rows, int64_t n_dims, float* out) {
   assert(n_rows >= 1);
   if (spec.pooling == EmbeddingSpec::Pooling::kMean) {

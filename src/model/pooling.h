@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/result.h"
+#include "loader/model_files.h"
 #include "model/model.h"
 
 namespace rill {
@@ -21,6 +22,12 @@ struct SentenceTransformersConfig {
   int64_t max_seq_length = 0;
 };
 Result<SentenceTransformersConfig> read_sentence_transformers(const std::string& dir, int64_t n_dims);
+
+// The pooling a decoder's files declare: a Hugging Face directory's
+// sentence-transformers config (read_sentence_transformers), or a GGUF
+// file's <arch>.pooling_type (1 mean, 2 cls, 3 last; normalized, as
+// llama.cpp's embeddings are by default). kNone when they declare none.
+Result<EmbeddingSpec> declared_pooling(const ModelFiles& files);
 
 // out[n_dims] = pooling of rows [n_rows, n_dims] (row-major f32), then L2
 // normalization when spec.normalize. Requires n_rows >= 1.

@@ -4,6 +4,8 @@
 // decoder (SmolLM2, which declares no pooling) refuses them.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -116,6 +118,80 @@ TEST(EngineEmbeddings, DecoderWithoutDeclaredPoolingRefuses) {
   auto refused = (*e)->submit(r);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("declares no pooling"), std::string::npos) << refused.error().message;
+}
+
+// A decoder that declares a pooling (the tiny transformers-golden Llama
+// given a sentence-transformers last-token Pooling): its embedding requests
+// share steps with a generation request, which still gives the golden
+// greedy tokens, and the embedding is the same whatever shares its step.
+TEST(EngineEmbeddings, DecoderEmbeddingsBatchWithGeneration) {
+  namespace fs = std::filesystem;
+  const fs::path golden_dir = fs::path(RILL_SHARED_DIR) / "goldens" / "hf" / "llama";
+  if (!fs::exists(golden_dir / "golden.json")) GTEST_SKIP() << golden_dir << " not found";
+  const fs::path dir = fs::temp_directory_path() / ("rill_engine_pooling_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "1_Pooling");
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(golden_dir / f, dir / f);
+  std::ofstream(dir / "modules.json")
+      << R"([{"idx":0,"name":"0","path":"","type":"sentence_transformers.models.Transformer"},
+             {"idx":1,"name":"1","path":"1_Pooling","type":"sentence_transformers.models.Pooling"},
+             {"idx":2,"name":"2","path":"2_Normalize","type":"sentence_transformers.models.Normalize"}])";
+  std::ofstream(dir / "1_Pooling" / "config.json") << R"({"pooling_mode_lasttoken": true})";
+  EngineOptions o = options();
+  o.max_batch_tokens = 64;
+  auto e = Engine::load(dir.string(), o);
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  Engine& engine = **e;
+  std::ifstream in(golden_dir / "golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  const auto prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+  const auto greedy = golden["greedy_ids"].get<std::vector<int32_t>>();
+
+  auto embed = [&](std::vector<int32_t> ids) {
+    GenerationRequest r;
+    r.prompt = std::move(ids);
+    r.embed = true;
+    auto h = engine.submit(std::move(r));
+    EXPECT_TRUE(h.ok());
+    return std::move(*h);
+  };
+  auto last_event = [](RequestHandle& h) {
+    GenerationEvent ev, last;
+    while (h.next(ev)) {
+      last.token_ids.insert(last.token_ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+      if (ev.finished) {
+        auto tokens = std::move(last.token_ids);
+        last = std::move(ev);
+        last.token_ids = std::move(tokens);
+      }
+    }
+    return last;
+  };
+  RequestHandle alone = embed(prompt);
+  const GenerationEvent reference = last_event(alone);
+  ASSERT_EQ(reference.embedding.size(), 64u) << reference.error;
+
+  const int64_t steps_before = engine.stats().steps;
+  GenerationRequest gen;
+  gen.prompt = prompt;
+  gen.max_tokens = static_cast<int32_t>(greedy.size());
+  gen.sampling.temperature = 0;
+  gen.ignore_eos = true;
+  auto g = engine.submit(std::move(gen));
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  std::vector<RequestHandle> embeds;
+  for (int i = 0; i < 4; ++i) embeds.push_back(embed(prompt));
+  for (RequestHandle& h : embeds) {
+    const GenerationEvent ev = last_event(h);
+    ASSERT_EQ(ev.embedding.size(), reference.embedding.size()) << ev.error;
+    EXPECT_EQ(0, std::memcmp(ev.embedding.data(), reference.embedding.data(), ev.embedding.size() * sizeof(float)));
+  }
+  const GenerationEvent done = last_event(*g);
+  EXPECT_EQ(done.token_ids, greedy);
+  // Five requests, one of them generating greedy.size() tokens, in fewer
+  // steps than running them one after another would take.
+  EXPECT_LT(engine.stats().steps - steps_before, static_cast<int64_t>(greedy.size()) + 4);
+  fs::remove_all(dir);
 }
 
 }  // namespace
