@@ -359,7 +359,7 @@ class CpuBackend final : public Backend {
     assert(op.qkv.dtype == DType::kF32 && op.qkv.cols == 3 * width && op.out.cols == width);
     const int64_t n_tasks = int64_t{step.n_seqs} * op.n_head;
     pool_.parallel_for(n_tasks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores;
+      thread_local std::vector<float> scores;  // grows to the longest sequence once per thread
       for (int64_t task = begin; task < end; ++task) {
         const auto s = static_cast<int32_t>(task / op.n_head);
         const int64_t h = task % op.n_head;
