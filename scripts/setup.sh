@@ -10,6 +10,7 @@ DEB_PACKAGES=(
   nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libbenchmark-dev libboost-dev python3-venv unzip chromium
+  libjs-marked libjs-highlight.js node-dompurify  # the chat page's markdown, embedded at build time
 )
 
 missing=()

@@ -51,6 +51,54 @@ Status CpuPagedModel::copy_kv_in(int64_t layer, int32_t block, const uint8_t* k,
   return {};
 }
 
+void CpuStepArrays::reserve(int64_t max_tokens) {
+  const auto T = static_cast<size_t>(max_tokens);
+  for (std::vector<int32_t>* v : {&q_start, &q_len, &kv_len, &decode_from, &table_start}) v->reserve(T);
+  for (std::vector<int32_t>& v : slots) v.reserve(T);
+}
+
+StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) const {
+  for (std::vector<int32_t>* v : {&a.q_start, &a.q_len, &a.kv_len, &a.decode_from, &a.table_start}) v->clear();
+  for (const BatchSeq& s : batch.seqs) {
+    a.q_start.push_back(s.q_start);
+    a.q_len.push_back(s.q_len);
+    a.kv_len.push_back(s.kv_len);
+    a.decode_from.push_back(s.decode_from);
+    a.table_start.push_back(s.table_start);
+  }
+  StepMetadata md;
+  md.n_tokens = batch.n_tokens();
+  md.n_seqs = static_cast<int32_t>(batch.seqs.size());
+  md.n_sample = static_cast<int32_t>(batch.sample_rows.size());
+  md.ids = batch.token_ids.data();
+  md.pos = batch.positions.data();
+  md.seq_of = batch.seq_index.data();
+  md.sample_rows = batch.sample_rows.data();
+  md.q_start = a.q_start.data();
+  md.q_len = a.q_len.data();
+  md.kv_len = a.kv_len.data();
+  md.decode_from = a.decode_from.data();
+  md.table_start = a.table_start.data();
+  // Slot of each token in each attention group: its position's block in
+  // the group's table (inside any window: check_batch saw to it).
+  const int32_t shift = kv_.layer_view(0).block_shift, mask = kv_.block_size() - 1;
+  for (int32_t g = 0; g < kMaxKvGroups && g < static_cast<int32_t>(kv_spec_.size()); ++g) {
+    if (!kv_spec_[static_cast<size_t>(g)].is_attention()) continue;
+    std::vector<int32_t>& slots = a.slots[g];
+    slots.resize(static_cast<size_t>(batch.n_tokens()));
+    for (const BatchSeq& s : batch.seqs) {
+      const int32_t* table = batch.table(g, s).data();
+      for (int32_t t = s.q_start; t < s.q_start + s.q_len; ++t) {
+        const int32_t p = batch.positions[static_cast<size_t>(t)];
+        slots[static_cast<size_t>(t)] = (table[p >> shift] << shift) + (p & mask);
+      }
+    }
+    md.slots[g] = slots.data();
+    md.block_tables[g] = g == 0 ? batch.block_table.data() : batch.group_tables[static_cast<size_t>(g - 1)].data();
+  }
+  return md;
+}
+
 std::string CpuPagedModel::kv_numerics() const {
   return std::string("cpu ") + cpu::isa_name(cpu::best_isa());
 }

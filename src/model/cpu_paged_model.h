@@ -2,17 +2,31 @@
 // What the CPU model families (model/arch/llama.cpp, llama_tp.cpp, gemma.cpp,
 // qwen3_next.cpp) share: their files and config, a CPU backend, the batch
 // limits, the paged KV cache of their attention layers sized from the
-// options, and the Model accessors and KV-block export over them. A family
-// adds its weights, activations, kv_spec_ and forward().
+// options, a step's metadata as the CPU Backend reads it, and the Model
+// accessors and KV-block export over them. A family adds its weights,
+// activations, kv_spec_ and forward().
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "backend/backend.h"
 #include "backend/cpu/host_ops.h"
 #include "loader/model_files.h"
+#include "model/batch.h"
 #include "model/model.h"
 #include "model/paged_kv_cache.h"
 
 namespace rill {
+
+// The per-sequence and per-token arrays of a step's StepMetadata on the CPU
+// (the rest points into the Batch). reserve() once: filling them then
+// allocates nothing.
+struct CpuStepArrays {
+  std::vector<int32_t> q_start, q_len, kv_len, decode_from, table_start;  // [n_seqs]
+  std::vector<int32_t> slots[kMaxKvGroups];                               // [n_tokens] per KV group
+  void reserve(int64_t max_tokens);                                       // a batch has at most one sequence per token
+};
 
 class CpuPagedModel : public Model {
  public:
@@ -50,6 +64,12 @@ class CpuPagedModel : public Model {
   Status create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype, int n_ranks = 1);
 
   Status check_kv_block(int64_t layer, int32_t block) const;
+
+  // The step's indices as the CPU Backend reads them: the Batch's own
+  // arrays, and in `a` the per-sequence ones and every attention group's
+  // slots (kv_'s block size; group g's table from batch.table(g, s)).
+  // Requires a batch check_batch() accepted and a.reserve(n_tokens).
+  StepMetadata step_metadata(const Batch& batch, CpuStepArrays& a) const;
 
   std::shared_ptr<const ModelFiles> files_;
   const ModelConfig& cfg_;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/sampling.h"
 #include "core/half.h"
 #include "model/batch_check.h"
@@ -238,6 +239,15 @@ Status CudaModelBase::create_context() {
   RILL_ASSIGN_OR_RETURN(ctx_, cuda::Context::create(shard_.group ? shard_.group->device(shard_.rank) : 0));
   gemm_ = std::make_unique<cuda::Gemm>(*ctx_);
   if (shard_.group) shard_.group->set_stream(shard_.rank, ctx_->stream());
+  return Status::Ok();
+}
+
+Status CudaModelBase::create_backend(const ModelOptions& options) {
+  CudaBackendOptions bo;
+  bo.act = act_;
+  bo.batch_invariant = options.batch_invariant;
+  RILL_ASSIGN_OR_RETURN(backend_, make_cuda_backend_on(*ctx_, *gemm_, bo));
+  backend_scratch_ = true;
   return Status::Ok();
 }
 

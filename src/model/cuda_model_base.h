@@ -1,16 +1,17 @@
 #pragma once
-// What the CUDA model families (model/arch/llama_cuda.cpp, gemma_cuda.cpp)
-// share: weight upload into one device buffer, the activation arena, the
-// paged KV pool (one K and one V plane per layer), the step's index arrays
-// uploaded with one copy from pinned memory, decode steps replayed as CUDA
-// graphs, and forward / forward_greedy / forward_sample (ids drawn on the
-// device, backend/cuda/sampling.h). A family supplies its weights, its
-// activations and run_layers() (every kernel of one step). A family on the
-// device-neutral Backend (the Llama graph, model/arch/llama.h) places its
-// weights through a CUDA Backend built on this context and GEMM, carves the
-// Backend's scratch in carve_activations() (backend_scratch_) and reads the
-// step through step_metadata() and kv_view(); the others use WeightUpload
-// and call backend/cuda/ops.h directly.
+// The CUDA runtime the model families share (model/arch/llama_cuda.cpp,
+// gemma.cpp, qwen3_next_cuda.cpp): weight upload into one device buffer, the
+// activation arena, the paged KV pool (one K and one V plane per layer), the
+// step's index arrays uploaded with one copy from pinned memory, decode
+// steps replayed as CUDA graphs, and forward / forward_greedy /
+// forward_sample (ids drawn on the device, backend/cuda/sampling.h). A
+// family supplies its weights, its activations and run_layers() (every
+// kernel of one step). A family on the device-neutral Backend (the Llama and
+// Gemma graphs) calls create_backend(), places its weights through
+// backend_, carves its activations (carve_tensor) and the Backend's scratch
+// (carve_cuda_scratch) in carve_activations(), and runs its forward over
+// step_metadata() and kv_view(); the others use WeightUpload and call
+// backend/cuda/ops.h directly.
 //
 // KV groups (Model::kv_spec()): every layer has a plane of n_kv_blocks()
 // blocks; a block id belongs to one group, whose layers alone write it.
@@ -54,6 +55,13 @@ class Communicator;
 // Bytes of one element of a float dtype on the device (F32: 4, F16/BF16: 2).
 inline size_t cuda_dtype_size(DType t) {
   return t == DType::kF32 ? 4 : 2;
+}
+
+// A dense [rows, cols] view of dtype t taken from `a` (cuda::Arena's two
+// passes: null data in the sizing pass).
+inline Tensor carve_tensor(cuda::Arena& a, DType t, int64_t rows, int64_t cols) {
+  void* p = a.take<uint8_t>(static_cast<size_t>(rows * cols) * cuda_dtype_size(t));
+  return Tensor::dense(p, t, rows, cols);
 }
 
 // The dtypes a CUDA model computes in, from its layer matrices (layer 0's
@@ -204,6 +212,10 @@ class CudaModelBase : public Model {
   // Init, next: the device context and cuBLASLt (on the shard's device;
   // the group's collectives of this rank go on its stream).
   Status create_context();
+  // Init, for a family on the Backend, once act_ is chosen: backend_ on this
+  // context and GEMM (options.batch_invariant), its scratch carved by the
+  // family's carve_activations() (backend_scratch_).
+  Status create_backend(const ModelOptions& options);
   // Shards, once the full tensors are bound and sliced: Q_, KV_, F_ become
   // this rank's (its heads', KV heads' and intermediate slice's).
   void narrow_dims();
@@ -274,6 +286,9 @@ class CudaModelBase : public Model {
   const ModelConfig& cfg_;
   std::unique_ptr<cuda::Context> ctx_;
   std::unique_ptr<cuda::Gemm> gemm_;
+  // The device-neutral ops on ctx_ and gemm_ (create_backend()); null for
+  // the families on backend/cuda/ops.h.
+  std::unique_ptr<Backend> backend_;
   DType act_ = DType::kBF16, kv_dtype_ = DType::kF16;
   int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
   // Attention groups (with block tables) first; a recurrent group, whose

@@ -12,7 +12,7 @@
 #include "server/errors.h"
 #include "server/metrics.h"
 #include "server/response_store.h"
-#include "server/web/chat_page.h"
+#include "server/web/web_page.h"
 
 namespace rill::server {
 namespace {
@@ -59,6 +59,7 @@ struct Route {
 // Every route the server answers. A path maps to exactly one entry.
 constexpr Route kRoutes[] = {
     {"/", "GET, HEAD, OPTIONS"},
+    {"/assets/{name}", "GET, HEAD, OPTIONS"},
     {"/health", "GET, HEAD, OPTIONS"},
     {"/v1/models", "GET, HEAD, OPTIONS"},
     {"/v1/models/{id}", "GET, HEAD, OPTIONS"},
@@ -126,6 +127,7 @@ bool same_secret(const std::string& a, const std::string& b) {
 const char* App::route_label(const std::string& path) {
   const std::string p = canonical_path(path);
   if (p == "/index.html") return "/";
+  if (starts_with(p, "/assets/")) return "/assets/{name}";
   if (starts_with(p, "/v1/models/") && p.size() > std::strlen("/v1/models/")) return "/v1/models/{id}";
   if (starts_with(p, "/v1/responses/") && p.size() > std::strlen("/v1/responses/")) return "/v1/responses/{id}";
   for (const Route& r : kRoutes) {
@@ -187,13 +189,18 @@ void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
   };
   // HEAD is answered as GET; the server drops the body (server/http_server.h).
   const bool get = req.method == "GET" || req.method == "HEAD";
-  const bool open_route = std::strcmp(route, "/health") == 0 || std::strcmp(route, "/") == 0;
+  const bool page_route = std::strcmp(route, "/") == 0 || std::strcmp(route, "/assets/{name}") == 0;
+  const bool open_route = page_route || std::strcmp(route, "/health") == 0;
   // The open routes need no key, so their method is checked first.
   if (open_route && !allows(route, req.method)) return method_not_allowed();
   if (std::strcmp(route, "/health") == 0) return health(res);
   // The chat page holds no secrets and a browser cannot attach a key when it
   // opens a page; its API calls carry the key (?key=...).
-  if (std::strcmp(route, "/") == 0) return res->send(200, "text/html; charset=utf-8", chat_page_html(), {});
+  if (page_route) {
+    auto page = web_page_response(p, req.query);
+    if (!page) return fail(404, "no such file " + p, "not_found_error");
+    return res->send(page->status, std::move(page->content_type), std::move(page->body), std::move(page->headers));
+  }
   if (!authorized(req)) {
     return fail(401, "invalid or missing API key (send Authorization: Bearer <key> or x-api-key)",
                 "authentication_error");

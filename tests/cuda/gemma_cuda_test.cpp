@@ -1,5 +1,5 @@
-// The CUDA Gemma (model/arch/gemma_cuda.cpp) against Hugging Face and the
-// CPU Gemma, on the tiny ../shared/goldens/hf models (gemma2: attention and
+// The CUDA Gemma (model/arch/gemma.cpp: gemma_forward on the CUDA Backend)
+// against Hugging Face and the CPU Gemma, on the tiny ../shared/goldens/hf models (gemma2: attention and
 // final logit softcaps; gemma3: q/k norms, two RoPE bases; both with a
 // sliding window of 8 that the 24-token prompt wraps, KV blocks of 4):
 //  - f32 weights: logits within 1e-3 of transformers at every prompt

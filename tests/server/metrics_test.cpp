@@ -94,6 +94,8 @@ TEST(Metrics, RoutesAreLabelledByTemplate) {
   EXPECT_STREQ(App::route_label("/v1/chat/completions"), "/v1/chat/completions");
   EXPECT_STREQ(App::route_label("/v1/responses/resp_123"), "/v1/responses/{id}");
   EXPECT_STREQ(App::route_label("/index.html"), "/");
+  EXPECT_STREQ(App::route_label("/assets/chat.js"), "/assets/{name}");
+  EXPECT_STREQ(App::allowed_methods("/assets/{name}"), "GET, HEAD, OPTIONS");
   EXPECT_STREQ(App::route_label("/v1/chat/completions/"), "other");
   EXPECT_STREQ(App::route_label("/\"" + std::string(5000, 'a')), "other");
   EXPECT_STREQ(App::allowed_methods("/health"), "GET, HEAD, OPTIONS");

@@ -112,7 +112,9 @@ class CpuBackend final : public Backend {
 
   Status reserve(const StepLimits& limits) override {
     size_t scratch = 0;
-    int64_t max_rows = 0;
+    int64_t max_rows = 0;  // of the weights that may accumulate: not the embedding or the LM head
+    const void* embedding = limits.embedding ? limits.embedding->placed : nullptr;
+    const void* lm_head = limits.lm_head ? limits.lm_head->placed : nullptr;
     for (const CpuWeight& w : placed_->weights) {
       int64_t rows = 0;
       for (int i = 0; i < w.n_parts; ++i) {
@@ -120,7 +122,7 @@ class CpuBackend final : public Backend {
         scratch = std::max(scratch, cpu::matmul_scratch_bytes(p.dtype, p.n_cols, limits.max_tokens));
         rows += p.n_rows;
       }
-      max_rows = std::max(max_rows, rows);
+      if (&w != embedding && &w != lm_head) max_rows = std::max(max_rows, rows);
     }
     scratch_.reserve(scratch);
     acc_.resize(static_cast<size_t>(limits.max_tokens * max_rows));

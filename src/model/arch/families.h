@@ -48,8 +48,8 @@ Result<std::unique_ptr<Model>> create_llama_cuda_tp_model(std::shared_ptr<const 
                                                           const ModelOptions& options);
 
 // Gemma family: gemma2, gemma3_text and gemma3's text model; sliding and
-// full layers in two KV groups. gemma.cpu (gemma.cpp), gemma.cuda
-// (gemma_cuda.cpp).
+// full layers in two KV groups. gemma.cpu and gemma.cuda: one graph, both
+// runtimes in gemma.cpp.
 Result<std::unique_ptr<Model>> create_gemma_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                       const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_gemma_cuda_model(std::shared_ptr<const ModelFiles> files,

@@ -15,12 +15,29 @@
 //   q/k RMSNorm       over head_dim (gemma3)
 //   final logits      gemma2: softcap * tanh(logits / softcap)
 //   lm_head           tied to the embedding unless lm_head.weight exists
+//
+// One graph (GemmaGraph, place_gemma, gemma_forward) over Backend ops runs
+// on every device; below it the CPU runtime (`gemma.cpu`, a CpuPagedModel)
+// and the CUDA runtime's glue (`gemma.cuda`, over model/cuda_model_base.h,
+// whose decode graphs capture the forward). The configuration, tensor
+// names and RoPE tables are gemma_config.h's.
+//
+// Two KV groups: sliding layers read and write through the sliding group's
+// block tables (whose blocks before the window the engine frees), full
+// layers through the full group's; every layer has its plane of blocks,
+// and a block id belongs to one group, so only that group's layers touch
+// it. One pool with a window per layer would keep every sliding layer's
+// whole history resident; with groups the KvManager keeps only the
+// window's blocks.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "backend/cpu/host_ops.h"
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
 #include "model/arch/gemma_config.h"
@@ -28,17 +45,286 @@
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
 
+#if RILL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "model/cuda_model_base.h"
+#endif
+
 namespace rill {
 namespace {
 
-struct GemmaLayer : GemmaLayerWeights {
-  bool sliding = false;
+// --- The graph, for every device ---------------------------------------------
+
+// The checkpoint as the files hold it (matrices view the mapping).
+struct GemmaWeights {
+  GemmaParams params;
+  GemmaLayerDims dims{};
+  WeightView embed;    // [V, E]
+  WeightView lm_head;  // [V, E]; the embedding when tied
+  bool tied = true;
+  std::vector<float> final_norm;  // [E]
+  std::vector<GemmaLayerWeights> layers;
+  GemmaRope rope;  // sliding layers (local), full layers (global)
+
+  // The layers' matrices, layer 0's q first.
+  std::vector<const WeightView*> layer_matrices() const {
+    std::vector<const WeightView*> out;
+    for (const GemmaLayerWeights& L : layers) {
+      for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) out.push_back(&l->w);
+    }
+    return out;
+  }
 };
 
-// Activations for up to max_tokens tokens, allocated once.
-struct Activations {
-  std::vector<float> x, h, q, k, v, attn, gate, up, final_rows;
+// Binds the files' weights after checking the config; max_head_dim is the
+// runtime's (errors name the file and the field or tensor).
+Result<GemmaWeights> bind_gemma(const ModelFiles& f, int64_t max_head_dim) {
+  const ModelConfig& cfg = f.config;
+  const int64_t E = cfg.n_embd, V = cfg.n_vocab, F = cfg.n_ff;
+  if (E <= 0 || V <= 0 || cfg.n_layer <= 0 || cfg.n_head <= 0 || cfg.n_head_kv <= 0 || F <= 0 ||
+      cfg.n_head % cfg.n_head_kv != 0) {
+    return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
+                 std::to_string(cfg.n_head) + "/" + std::to_string(cfg.n_head_kv) + ")"};
+  }
+  const int64_t hd = cfg.head_dim > 0 ? cfg.head_dim : E / cfg.n_head;
+  if (hd <= 0 || hd > max_head_dim || hd % 2 != 0) {
+    return Error{f.path + ": head_dim " + std::to_string(hd) + " is not supported (even, at most " +
+                 std::to_string(max_head_dim) + ")"};
+  }
+  if (cfg.rope_dim > 0 && cfg.rope_dim != hd) {
+    return Error{f.path + ": partial rotary (" + std::to_string(cfg.rope_dim) + " of " + std::to_string(hd) +
+                 " dims) is not part of the Gemma family"};
+  }
+  GemmaWeights w;
+  RILL_ASSIGN_OR_RETURN(w.params, read_gemma_params(f));
+  w.dims = {E, cfg.n_head * hd, cfg.n_head_kv * hd, F, hd};
+  const GemmaNames names = gemma_tensor_names(f);
+  RILL_ASSIGN_OR_RETURN(w.embed, bind_matrix(f, names.base + "embed_tokens.weight", V, E));
+  w.lm_head = w.embed;
+  w.tied = !f.find(names.head);
+  if (!w.tied) {
+    RILL_ASSIGN_OR_RETURN(w.lm_head, bind_matrix(f, names.head, V, E));
+  }
+  RILL_ASSIGN_OR_RETURN(w.final_norm, load_vector(f, names.base + "norm.weight", E));
+  w.layers.resize(static_cast<size_t>(cfg.n_layer));
+  for (int64_t il = 0; il < cfg.n_layer; ++il) {
+    RILL_TRY(bind_gemma_layer(f, names, il, w.dims, w.layers[static_cast<size_t>(il)]));
+  }
+  w.rope = gemma_rope_tables(f, w.params, hd);
+  return w;
+}
+
+// One layer as the Backend placed it: q/k/v as one weight, gate/up as one.
+struct GemmaLayer {
+  bool sliding = false;  // attends to the last `window` tokens, through the sliding KV group
+  Vec attn_norm;         // [E]
+  Weight wqkv;           // [Q + 2 KV, E]
+  Vec bqkv;              // [Q + 2 KV] (zeros for a part without one) or absent
+  Vec q_norm, k_norm;    // [hd], gemma3 only
+  Weight wo;             // [E, Q]
+  Vec bo;                // [E] or absent
+  Vec post_attn_norm;    // [E]
+  Vec ffn_norm;          // [E]
+  Weight w_gate_up;      // [2 F, E]
+  Weight w_down;         // [E, F]
+  Vec post_ffn_norm;     // [E]
 };
+
+struct GemmaGraph {
+  int64_t E = 0, F = 0, hd = 0, Q = 0, KV = 0, V = 0;
+  int32_t n_head = 0, n_head_kv = 0;
+  float eps = 1e-6f;
+  float norm_offset = 1.0f;  // RMSNorm scales by (norm_offset + w)
+  float embed_scale = 1.0f;  // sqrt(E), in f32 as HF multiplies in the activation dtype
+  float attn_scale = 1.0f, attn_softcap = 0.0f, final_softcap = 0.0f;
+  int32_t window = 0;                           // sliding layers' window
+  int32_t sliding_group = -1, full_group = -1;  // KV groups (kv_spec()), -1: no such layers
+  Weight embed;                                 // [V, E]
+  Weight lm_head;                               // [V, E]; the embedding when tied
+  Vec final_norm;                               // [E]
+  std::vector<GemmaLayer> layers;
+  Rope rope_local, rope_global;  // sliding layers, full layers
+
+  int64_t qkv_width() const { return Q + 2 * KV; }
+  StepLimits step_limits(int64_t max_tokens, int64_t max_sample) const {
+    StepLimits l;
+    l.max_tokens = max_tokens;
+    l.n_head = n_head;
+    l.head_dim = static_cast<int32_t>(hd);
+    l.embedding = &embed;
+    l.lm_head = &lm_head;
+    l.max_head_tokens = max_sample;
+    return l;
+  }
+  // The KV groups: sliding first, then full (the kinds present); sets
+  // sliding_group and full_group.
+  KvSpec make_kv_spec() {
+    KvSpec spec;
+    const bool any_sliding = std::any_of(layers.begin(), layers.end(), [](const GemmaLayer& L) { return L.sliding; });
+    const bool any_full = std::any_of(layers.begin(), layers.end(), [](const GemmaLayer& L) { return !L.sliding; });
+    if (any_sliding) {
+      sliding_group = static_cast<int32_t>(spec.size());
+      spec.push_back(sliding(window));
+    }
+    if (any_full) {
+      full_group = static_cast<int32_t>(spec.size());
+      spec.push_back(full());
+    }
+    return spec;
+  }
+  // Every layer keeps KV, in its kind's group.
+  std::vector<Model::KvLayer> kv_layers(DType dtype, size_t row_bytes) const {
+    std::vector<Model::KvLayer> out;
+    for (const GemmaLayer& L : layers) out.push_back({L.sliding ? sliding_group : full_group, dtype, row_bytes});
+    return out;
+  }
+};
+
+HostMatrix host_matrix(const WeightView& w) {
+  return {w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride};
+}
+
+// One pass of place_gemma's placement (Backend::place_model may run it twice).
+Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
+  const HostMatrix embed_m = host_matrix(w.embed);
+  RILL_ASSIGN_OR_RETURN(g.embed, b.place(&embed_m, 1, "embed_tokens.weight"));
+  g.lm_head = g.embed;
+  if (!w.tied) {
+    const HostMatrix m = host_matrix(w.lm_head);
+    RILL_ASSIGN_OR_RETURN(g.lm_head, b.place(&m, 1, "lm_head.weight"));
+  }
+  RILL_ASSIGN_OR_RETURN(g.final_norm, b.place_vector(w.final_norm.data(), g.E, "norm.weight"));
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    const std::string p = "layers." + std::to_string(il) + ".";
+    const GemmaLayerWeights& h = w.layers[il];
+    GemmaLayer& L = g.layers[il];
+    auto vec = [&](const std::vector<float>& v, const std::string& name) {
+      return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
+    };
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
+    const HostMatrix qkv[] = {host_matrix(h.q.w), host_matrix(h.k.w), host_matrix(h.v.w)};
+    RILL_ASSIGN_OR_RETURN(L.wqkv, b.place(qkv, 3, p + "self_attn.{q,k,v}_proj"));
+    if (!h.q.bias.empty() || !h.k.bias.empty() || !h.v.bias.empty()) {
+      std::vector<float> bias(static_cast<size_t>(g.qkv_width()), 0.0f);  // zeros where a part has none
+      std::copy(h.q.bias.begin(), h.q.bias.end(), bias.begin());
+      std::copy(h.k.bias.begin(), h.k.bias.end(), bias.begin() + g.Q);
+      std::copy(h.v.bias.begin(), h.v.bias.end(), bias.begin() + g.Q + g.KV);
+      RILL_ASSIGN_OR_RETURN(L.bqkv, vec(bias, "self_attn qkv bias"));
+    }
+    if (!h.q_norm.empty()) {
+      RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
+      RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
+    }
+    const HostMatrix om = host_matrix(h.o.w);
+    RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, p + "self_attn.o_proj"));
+    if (!h.o.bias.empty()) {
+      RILL_ASSIGN_OR_RETURN(L.bo, vec(h.o.bias, "self_attn.o_proj.bias"));
+    }
+    RILL_ASSIGN_OR_RETURN(L.post_attn_norm, vec(h.post_attn_norm, "post_attention_layernorm.weight"));
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "pre_feedforward_layernorm.weight"));
+    const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
+    RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, p + "mlp.{gate,up}_proj"));
+    const HostMatrix dm = host_matrix(h.down.w);
+    RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
+    RILL_ASSIGN_OR_RETURN(L.post_ffn_norm, vec(h.post_ffn_norm, "post_feedforward_layernorm.weight"));
+  }
+  RILL_ASSIGN_OR_RETURN(g.rope_local, b.place_rope(w.rope.local));
+  RILL_ASSIGN_OR_RETURN(g.rope_global, b.place_rope(w.rope.global));
+  return Status::Ok();
+}
+
+// Places w through `b` inside one Backend::place_model() (CUDA: one device
+// buffer). Errors name the tensor.
+Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWeights& w) {
+  GemmaGraph g;
+  g.E = w.dims.n_embd;
+  g.F = w.dims.n_ff;
+  g.hd = w.dims.head_dim;
+  g.Q = w.dims.q_width;
+  g.KV = w.dims.kv_width;
+  g.V = cfg.n_vocab;
+  g.n_head = static_cast<int32_t>(cfg.n_head);
+  g.n_head_kv = static_cast<int32_t>(cfg.n_head_kv);
+  g.eps = cfg.rms_norm_eps;
+  g.norm_offset = w.params.norm_offset;
+  g.embed_scale = std::sqrt(static_cast<float>(g.E));
+  g.attn_scale = 1.0f / std::sqrt(w.params.query_pre_attn_scalar);
+  g.attn_softcap = w.params.attn_softcap;
+  g.final_softcap = w.params.final_softcap;
+  g.window = static_cast<int32_t>(cfg.sliding_window);
+  g.layers.assign(w.layers.size(), GemmaLayer{});
+  for (size_t il = 0; il < w.layers.size(); ++il) g.layers[il].sliding = w.params.sliding[il] && cfg.sliding_window > 0;
+  RILL_TRY(b.place_model([&] { return place_pass(b, w, g); }));
+  return g;
+}
+
+// Activation views for up to the limit's tokens (rows), each dense:
+//   x [T, E] F32 residual; h [T, E] act (normed); qkv [T, Q + 2 KV] F32;
+//   attn [T, Q] act; y [T, E] F32 (o / down output before its post-norm);
+//   gu [T, 2 F] F32; mlp [T, F] act; final_rows [S, E] act.
+struct GemmaActivations {
+  Tensor x, h, qkv, attn, y, gu, mlp, final_rows;
+};
+
+// One step: embedding, every layer, the final norm of the sample rows and
+// logits [n_sample, V] F32 (softcapped for gemma2). kv: every layer's K and
+// V. Only Backend ops: graph-capturable on CUDA. Each layer's pre-norms come
+// out of the previous post_norm_add (the first from rms_norm).
+Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, const GemmaActivations& a,
+                     const std::vector<KvCacheView>& kv, Tensor logits) {
+  const int64_t n = md.n_tokens;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), qkv = a.qkv.rows_from(0, n);
+  const Tensor attn = a.attn.rows_from(0, n), y = a.y.rows_from(0, n);
+  const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
+  const float eps = g.eps, off = g.norm_offset;
+  b.embed(g.embed, md.ids, n, x);
+  b.scale(x, g.embed_scale);
+  b.rms_norm(x, nullptr, g.layers[0].attn_norm, eps, off, h);
+  RopeKvOp rk;
+  rk.qkv = qkv;
+  rk.n_head = g.n_head;
+  rk.n_head_kv = g.n_head_kv;
+  rk.head_dim = static_cast<int32_t>(g.hd);
+  rk.norm_eps = eps;
+  rk.norm_offset = off;
+  AttentionOp at;
+  at.q = qkv.cols_from(0, g.Q);
+  at.out = attn;
+  at.n_head = rk.n_head;
+  at.n_head_kv = rk.n_head_kv;
+  at.head_dim = rk.head_dim;
+  at.scale = g.attn_scale;
+  at.softcap = g.attn_softcap;
+  for (size_t il = 0; il < g.layers.size(); ++il) {
+    const GemmaLayer& L = g.layers[il];
+    RILL_TRY(b.matmul(L.wqkv, h, qkv, false, L.bqkv));
+    rk.q_norm = L.q_norm;
+    rk.k_norm = L.k_norm;
+    rk.rope = L.sliding ? g.rope_local : g.rope_global;
+    rk.kv = kv[il];
+    rk.kv_group = L.sliding ? g.sliding_group : g.full_group;
+    b.rope_store_kv(rk, md);
+    at.window = L.sliding ? g.window : 0;
+    at.kv = rk.kv;
+    at.kv_group = rk.kv_group;
+    b.attention(at, md);
+    RILL_TRY(b.matmul(L.wo, attn, y, false, L.bo));
+    b.post_norm_add(y, L.post_attn_norm, x, L.ffn_norm, eps, off, h);
+    RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
+    b.glu(Glu::kGeluTanh, gu, mlp);
+    RILL_TRY(b.matmul(L.w_down, mlp, y, false));
+    const Vec next_norm = il + 1 < g.layers.size() ? g.layers[il + 1].attn_norm : Vec{};
+    b.post_norm_add(y, L.post_ffn_norm, x, next_norm, eps, off, h);
+  }
+  if (md.n_sample <= 0) return Status::Ok();
+  const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
+  b.rms_norm(x, md.sample_rows, g.final_norm, eps, off, final_rows);
+  RILL_TRY(b.matmul(g.lm_head, final_rows, logits, false));
+  if (g.final_softcap > 0) b.softcap(logits, g.final_softcap);
+  return Status::Ok();
+}
+
+// --- The CPU runtime ------------------------------------------------------------
 
 class GemmaModel final : public CpuPagedModel {
  public:
@@ -46,189 +332,48 @@ class GemmaModel final : public CpuPagedModel {
       : CpuPagedModel(std::move(files), options.n_threads) {}
 
   Status init(const ModelOptions& options);
-
   Status forward(const Batch& batch, float* logits) override;
-
-  // Every layer keeps KV; a layer's rows live in the blocks its group's
-  // tables name (sliding or full), all in the one PagedKvCache.
-  std::vector<KvLayer> kv_layers() const override {
-    std::vector<KvLayer> out;
-    for (const GemmaLayer& L : layers_) {
-      out.push_back({L.sliding ? sliding_group_ : full_group_, kv_.dtype(), kv_.row_bytes()});
-    }
-    return out;
-  }
+  std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_.dtype(), kv_.row_bytes()); }
 
  private:
-  Status bind_weights();
-  void attention_block(const GemmaLayer& L, int64_t il, const Batch& batch);
-  void mlp_block(const GemmaLayer& L, int64_t n);
-  void norm(const float* x, const std::vector<float>& w, int64_t n_rows, int64_t dim, float* out) {
-    backend_->rms_norm(x, w.data(), n_rows, dim, cfg_.rms_norm_eps, out, params_.norm_offset);
-  }
-
-  GemmaParams params_;
-  int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
-  float embed_scale_ = 1.0f;
-  int32_t sliding_group_ = -1, full_group_ = -1;  // index into kv_spec_, -1: no such layers
-  WeightView embed_;                              // [n_vocab, n_embd]
-  WeightView lm_head_;                            // [n_vocab, n_embd]; the embedding when tied
-  std::vector<float> final_norm_;
-  std::vector<GemmaLayer> layers_;
-  RopeTable rope_local_, rope_global_;  // sliding layers, full layers
-  AttentionParams attn_local_, attn_global_;
-  Activations a_;
-  std::vector<cpu::AttentionSeq> attn_seqs_;  // per step; capacity reserved at init
+  std::unique_ptr<Backend> device_;  // on backend_'s threads
+  GemmaGraph graph_;
+  std::vector<float> x_, h_, qkv_, attn_, y_, gu_, mlp_, final_rows_;  // [max_tokens_, ...] f32
+  GemmaActivations act_;                                               // views of the vectors above
+  CpuStepArrays step_;
+  std::vector<KvCacheView> kv_views_;  // per layer
 };
 
-Status GemmaModel::bind_weights() {
-  const ModelFiles& f = *files_;
-  const int64_t E = cfg_.n_embd, V = cfg_.n_vocab, F = cfg_.n_ff;
-  const GemmaNames names = gemma_tensor_names(f);
-  const std::string& base = names.base;
-  const std::string& head = names.head;
-  RILL_ASSIGN_OR_RETURN(embed_, bind_matrix(f, base + "embed_tokens.weight", V, E));
-  if (f.find(head)) {
-    RILL_ASSIGN_OR_RETURN(lm_head_, bind_matrix(f, head, V, E));
-  } else {
-    lm_head_ = embed_;
-  }
-  RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, base + "norm.weight", E));
-  layers_.resize(static_cast<size_t>(cfg_.n_layer));
-  const GemmaLayerDims dims{E, q_width_, kv_width_, F, hd_};
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    GemmaLayer& L = layers_[static_cast<size_t>(il)];
-    L.sliding = params_.sliding[static_cast<size_t>(il)] && cfg_.sliding_window > 0;
-    RILL_TRY(bind_gemma_layer(f, names, il, dims, L));
-  }
-  return {};
-}
-
 Status GemmaModel::init(const ModelOptions& options) {
-  const ModelFiles& f = *files_;
-  const int64_t E = cfg_.n_embd, F = cfg_.n_ff;
-  if (E <= 0 || cfg_.n_vocab <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 || F <= 0 ||
-      cfg_.n_head % cfg_.n_head_kv != 0) {
-    return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
-                 std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
-  }
-  hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E / cfg_.n_head;
   constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
-  if (hd_ <= 0 || hd_ > kMaxHeadDim || hd_ % 2 != 0) {
-    return Error{f.path + ": head_dim " + std::to_string(hd_) + " is not supported (even, at most " +
-                 std::to_string(kMaxHeadDim) + ")"};
-  }
-  if (cfg_.rope_dim > 0 && cfg_.rope_dim != hd_) {
-    return Error{f.path + ": partial rotary (" + std::to_string(cfg_.rope_dim) + " of " + std::to_string(hd_) +
-                 " dims) is not part of the Gemma family"};
-  }
-  q_width_ = cfg_.n_head * hd_;
-  kv_width_ = cfg_.n_head_kv * hd_;
-  RILL_ASSIGN_OR_RETURN(params_, read_gemma_params(f));
-  RILL_TRY(bind_weights());
+  RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
+  device_ = make_cpu_backend_on(*backend_->pool());
+  RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*device_, cfg_, w));
+  kv_spec_ = graph_.make_kv_spec();
+  set_limits(options);
 
-  bool all_f32 = embed_.dtype == DType::kF32;
-  for (const GemmaLayer& L : layers_) all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
-  // HF multiplies by sqrt(hidden_size) in the activation dtype (f32 here).
-  embed_scale_ = std::sqrt(static_cast<float>(E));
-
-  GemmaRope rope = gemma_rope_tables(f, params_, hd_);
-  rope_local_ = std::move(rope.local);
-  rope_global_ = std::move(rope.global);
-
-  attn_global_.n_head = cfg_.n_head;
-  attn_global_.n_head_kv = cfg_.n_head_kv;
-  attn_global_.head_dim = hd_;
-  attn_global_.scale = 1.0f / std::sqrt(params_.query_pre_attn_scalar);
-  attn_global_.softcap = params_.attn_softcap;
   // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise
   // f16 KV, as llama.cpp stores it.
-  attn_global_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
-  attn_local_ = attn_global_;
-  attn_local_.window = cfg_.sliding_window;
+  bool all_f32 = w.embed.dtype == DType::kF32;
+  for (const GemmaLayerWeights& L : w.layers) {
+    all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
+  }
+  RILL_TRY(create_kv(options, cfg_.n_layer, graph_.KV, all_f32 ? DType::kF32 : DType::kF16));
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) kv_views_.push_back(kv_.layer_view(il));
 
-  // KV groups: sliding layers share one block table per sequence, full
-  // layers another (only the kinds present).
-  const bool any_sliding = std::any_of(layers_.begin(), layers_.end(), [](const GemmaLayer& L) { return L.sliding; });
-  const bool any_full = std::any_of(layers_.begin(), layers_.end(), [](const GemmaLayer& L) { return !L.sliding; });
-  if (any_sliding) {
-    sliding_group_ = static_cast<int32_t>(kv_spec_.size());
-    kv_spec_.push_back(sliding(static_cast<int32_t>(cfg_.sliding_window)));
-  }
-  if (any_full) {
-    full_group_ = static_cast<int32_t>(kv_spec_.size());
-    kv_spec_.push_back(full());
-  }
-
-  set_limits(options);
-  // Every layer has a plane of blocks; a block id belongs to one group, so
-  // only that group's layers ever touch (make resident) its pages.
-  RILL_TRY(create_kv(options, cfg_.n_layer, kv_width_, attn_global_.kv_dtype));
-  attn_seqs_.reserve(static_cast<size_t>(max_tokens_));
-  const auto T = static_cast<size_t>(max_tokens_);
-  a_.x.resize(T * E);
-  a_.h.resize(T * E);
-  a_.q.resize(T * q_width_);
-  a_.k.resize(T * kv_width_);
-  a_.v.resize(T * kv_width_);
-  a_.attn.resize(T * q_width_);
-  a_.gate.resize(T * F);
-  a_.up.resize(T * F);
-  a_.final_rows.resize(T * E);
-  std::vector<const WeightView*> weights = {&lm_head_};
-  for (const GemmaLayer& L : layers_) {
-    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) weights.push_back(&l->w);
-  }
-  backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
-  return {};
-}
-
-void GemmaModel::attention_block(const GemmaLayer& L, int64_t il, const Batch& batch) {
-  const int64_t n = batch.n_tokens();
-  const Linear* qkv[] = {&L.q, &L.k, &L.v};
-  float* qkv_out[] = {a_.q.data(), a_.k.data(), a_.v.data()};
-  forward_group(qkv, qkv_out, 3, a_.h.data(), n, *backend_);
-  if (!L.q_norm.empty()) {
-    norm(a_.q.data(), L.q_norm, n * cfg_.n_head, hd_, a_.q.data());
-    norm(a_.k.data(), L.k_norm, n * cfg_.n_head_kv, hd_, a_.k.data());
-  }
-  const RopeTable& rope = L.sliding ? rope_local_ : rope_global_;
-  backend_->rope(a_.q.data(), batch.positions.data(), n, cfg_.n_head, hd_, rope);
-  backend_->rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope);
-  // Store every sequence's new K/V through its table of this layer's
-  // group, then attend for all of them in one call. A sliding group's
-  // table may have holes before the window; attention reads none of them.
-  const int32_t group = L.sliding ? sliding_group_ : full_group_;
-  attn_seqs_.clear();
-  for (const BatchSeq& s : batch.seqs) {
-    const int64_t t0 = s.q_start;
-    const std::span<const int32_t> table = batch.table(group, s);
-    kv_.store(il, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_, batch.positions.data() + t0,
-              s.q_len, kv_width_);
-    attn_seqs_.push_back({a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(il, table),
-                          s.kv_len, a_.attn.data() + t0 * q_width_, s.decode_from});
-  }
-  backend_->attention_batch(attn_seqs_.data(), static_cast<int>(attn_seqs_.size()),
-                            L.sliding ? attn_local_ : attn_global_);
-  L.o.forward(a_.attn.data(), n, a_.h.data(), *backend_);
-  norm(a_.h.data(), L.post_attn_norm, n, cfg_.n_embd, a_.h.data());
-  backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
-}
-
-void GemmaModel::mlp_block(const GemmaLayer& L, int64_t n) {
-  const Linear* gate_up[] = {&L.gate, &L.up};
-  float* gate_up_out[] = {a_.gate.data(), a_.up.data()};
-  forward_group(gate_up, gate_up_out, 2, a_.h.data(), n, *backend_);
-  backend_->gelu_tanh_mul(a_.gate.data(), a_.up.data(), a_.gate.data(), n * cfg_.n_ff);
-  L.down.forward(a_.gate.data(), n, a_.h.data(), *backend_);
-  norm(a_.h.data(), L.post_ffn_norm, n, cfg_.n_embd, a_.h.data());
-  backend_->add_inplace(a_.x.data(), a_.h.data(), n * cfg_.n_embd);
+  const int64_t T = max_tokens_;
+  auto view = [T](std::vector<float>& v, int64_t cols) {
+    v.resize(static_cast<size_t>(T * cols));
+    return Tensor::dense(v.data(), DType::kF32, T, cols);
+  };
+  act_ = {view(x_, graph_.E), view(h_, graph_.E),      view(qkv_, graph_.qkv_width()), view(attn_, graph_.Q),
+          view(y_, graph_.E), view(gu_, 2 * graph_.F), view(mlp_, graph_.F),           view(final_rows_, graph_.E)};
+  step_.reserve(T);
+  return device_->reserve(graph_.step_limits(T, max_seqs_));
 }
 
 Status GemmaModel::forward(const Batch& batch, float* logits) {
-  const int64_t n = batch.n_tokens();
-  const int64_t E = cfg_.n_embd;
-  if (n <= 0) return {};
+  if (batch.n_tokens() <= 0) return {};
   BatchLimits lim;
   lim.max_tokens = max_tokens_;
   lim.max_sample_rows = max_seqs_;
@@ -237,34 +382,81 @@ Status GemmaModel::forward(const Batch& batch, float* logits) {
   lim.block_size = kv_.block_size();
   lim.n_blocks = kv_.n_blocks();
   RILL_TRY(check_batch(batch, lim, kv_spec_));
-
-  backend_->get_rows(embed_, batch.token_ids.data(), n, a_.x.data());
-  for (int64_t i = 0; i < n * E; ++i) a_.x[static_cast<size_t>(i)] *= embed_scale_;
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    const GemmaLayer& L = layers_[static_cast<size_t>(il)];
-    norm(a_.x.data(), L.attn_norm, n, E, a_.h.data());
-    attention_block(L, il, batch);
-    norm(a_.x.data(), L.ffn_norm, n, E, a_.h.data());
-    mlp_block(L, n);
-  }
-  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
-  for (int64_t i = 0; i < n_sample; ++i) {
-    const float* row = a_.x.data() + static_cast<int64_t>(batch.sample_rows[static_cast<size_t>(i)]) * E;
-    norm(row, final_norm_, 1, E, a_.final_rows.data() + i * E);
-  }
-  backend_->matmul(lm_head_, a_.final_rows.data(), n_sample, logits);
-  if (params_.final_softcap > 0) {
-    const float cap = params_.final_softcap;
-    for (int64_t i = 0; i < n_sample * cfg_.n_vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
-  }
-  return {};
+  const StepMetadata md = step_metadata(batch, step_);
+  return gemma_forward(*device_, graph_, md, act_, kv_views_,
+                       Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
 }
+
+// --- The CUDA runtime's glue ------------------------------------------------------
+
+#if RILL_HAVE_CUDA
+class GemmaCudaModel final : public CudaModelBase {
+ public:
+  explicit GemmaCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
+  Status init(const ModelOptions& options);
+  std::vector<KvLayer> kv_layers() const override {
+    return graph_.kv_layers(kv_dtype_, static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_));
+  }
+
+ private:
+  void carve_activations(cuda::Arena& a) override;
+  Status run_layers(const Step& s) override;
+
+  GemmaGraph graph_;
+  GemmaActivations act_views_;         // over the arena
+  std::vector<KvCacheView> kv_views_;  // per layer
+};
+
+Status GemmaCudaModel::init(const ModelOptions& options) {
+  RILL_TRY(read_dims());  // the CUDA kernels' limits
+  RILL_TRY(create_context());
+  RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, hd_));  // read_dims held hd_ to the kernels' limit
+  RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(files_->path, w.layer_matrices(), w.embed));
+  act_ = dt.act;
+  kv_dtype_ = dt.kv;  // as the CPU Gemma: f32 checkpoints keep f32 KV
+  RILL_TRY(create_backend(options));
+  RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*backend_, cfg_, w));
+  kv_spec_ = graph_.make_kv_spec();
+  RILL_TRY(init_runtime(options));
+  for (size_t il = 0; il < graph_.layers.size(); ++il) kv_views_.push_back(kv_view(il));
+  return Status::Ok();
+}
+
+void GemmaCudaModel::carve_activations(cuda::Arena& a) {
+  const int64_t T = max_batch_tokens(), S = max_batch_seqs();
+  act_views_.x = carve_tensor(a, DType::kF32, T, E_);
+  act_views_.h = carve_tensor(a, act_, T, E_);
+  act_views_.qkv = carve_tensor(a, DType::kF32, T, graph_.qkv_width());
+  act_views_.attn = carve_tensor(a, act_, T, graph_.Q);
+  act_views_.y = carve_tensor(a, DType::kF32, T, E_);
+  act_views_.gu = carve_tensor(a, DType::kF32, T, 2 * graph_.F);
+  act_views_.mlp = carve_tensor(a, act_, T, graph_.F);
+  act_views_.final_rows = carve_tensor(a, act_, S, E_);
+  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
+}
+
+Status GemmaCudaModel::run_layers(const Step& s) {
+  const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.V);
+  return gemma_forward(*backend_, graph_, step_metadata(s), act_views_, kv_views_, logits);
+}
+#endif  // RILL_HAVE_CUDA
 
 }  // namespace
 
 Result<std::unique_ptr<Model>> create_gemma_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                       const ModelOptions& options) {
   return init_model(std::make_unique<GemmaModel>(std::move(files), options), options);
+}
+
+Result<std::unique_ptr<Model>> create_gemma_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                       const ModelOptions& options) {
+#if RILL_HAVE_CUDA
+  return init_model(std::make_unique<GemmaCudaModel>(std::move(files)), options);
+#else
+  (void)files;
+  (void)options;
+  return cuda_not_built();
+#endif
 }
 
 }  // namespace rill

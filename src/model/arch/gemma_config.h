@@ -1,6 +1,6 @@
 #pragma once
-// The Gemma family's configuration, shared by the CPU model (gemma.cpp) and
-// the CUDA one (gemma_cuda.cpp): the parameters ModelConfig does not carry,
+// The Gemma family's configuration (model/arch/gemma.cpp binds through it):
+// the parameters ModelConfig does not carry,
 // the tensor names of text-only and multimodal checkpoints, one layer's
 // weights as the files hold them, and the two RoPE tables (sliding and full
 // layers).

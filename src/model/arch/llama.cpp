@@ -215,8 +215,7 @@ struct Activations {
   std::vector<float> x, h, qkv, attn, gu, mlp, final_rows;
   std::vector<float> moe_out;  // [max_tokens, n_embd] when some layer is MoE
   MoeScratch moe;
-  // The step's metadata (StepMetadata points here and into the Batch).
-  std::vector<int32_t> q_start, q_len, kv_len, decode_from, table_start, slots;
+  CpuStepArrays step;      // the step's metadata (CpuPagedModel::step_metadata)
   LlamaActivations views;  // over the vectors above
 };
 
@@ -261,7 +260,6 @@ class LlamaModel final : public CpuPagedModel, private LlamaHooks {
   Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override;
 
   Status run(const Exec& e, const Batch& batch, float* logits);
-  StepMetadata step_metadata(const Batch& batch, Activations& a) const;
   void size_activations(Activations& a, int64_t max_tokens) const;
   // Whether forward() runs `batch` as one sub-batch per lane.
   bool split_into_lanes(const Batch& batch) const;
@@ -363,48 +361,7 @@ void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
   auto view = [n](std::vector<float>& v, int64_t cols) { return Tensor::dense(v.data(), DType::kF32, n, cols); };
   a.views = {view(a.x, graph_.E),      view(a.h, graph_.E),   view(a.qkv, graph_.qkv_width()), view(a.attn, graph_.Q),
              view(a.gu, 2 * graph_.F), view(a.mlp, graph_.F), view(a.final_rows, graph_.E)};
-  // A batch has at most one sequence per token.
-  for (std::vector<int32_t>* v : {&a.q_start, &a.q_len, &a.kv_len, &a.decode_from, &a.table_start, &a.slots}) {
-    v->reserve(T);
-  }
-}
-
-// The step's indices as the Backend reads them: the Batch's own arrays, the
-// per-sequence ones gathered into a's (capacity reserved: no allocation).
-StepMetadata LlamaModel::step_metadata(const Batch& batch, Activations& a) const {
-  for (std::vector<int32_t>* v : {&a.q_start, &a.q_len, &a.kv_len, &a.decode_from, &a.table_start, &a.slots}) {
-    v->clear();
-  }
-  const int32_t shift = kv_.layer_view(0).block_shift, mask = kv_.block_size() - 1;
-  a.slots.resize(static_cast<size_t>(batch.n_tokens()));
-  for (const BatchSeq& s : batch.seqs) {
-    a.q_start.push_back(s.q_start);
-    a.q_len.push_back(s.q_len);
-    a.kv_len.push_back(s.kv_len);
-    a.decode_from.push_back(s.decode_from);
-    a.table_start.push_back(s.table_start);
-    const int32_t* table = batch.block_table.data() + s.table_start;
-    for (int32_t t = s.q_start; t < s.q_start + s.q_len; ++t) {
-      const int32_t p = batch.positions[static_cast<size_t>(t)];
-      a.slots[static_cast<size_t>(t)] = (table[p >> shift] << shift) + (p & mask);
-    }
-  }
-  StepMetadata md;
-  md.n_tokens = batch.n_tokens();
-  md.n_seqs = static_cast<int32_t>(batch.seqs.size());
-  md.n_sample = static_cast<int32_t>(batch.sample_rows.size());
-  md.ids = batch.token_ids.data();
-  md.pos = batch.positions.data();
-  md.seq_of = batch.seq_index.data();
-  md.sample_rows = batch.sample_rows.data();
-  md.q_start = a.q_start.data();
-  md.q_len = a.q_len.data();
-  md.kv_len = a.kv_len.data();
-  md.decode_from = a.decode_from.data();
-  md.table_start = a.table_start.data();
-  md.slots[0] = a.slots.data();
-  md.block_tables[0] = batch.block_table.data();
-  return md;
+  a.step.reserve(max_tokens);
 }
 
 Status LlamaModel::moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) {
@@ -496,7 +453,7 @@ Status LlamaModel::forward_pooled(const Batch& batch, float* logits, float* pool
 }
 
 Status LlamaModel::run(const Exec& e, const Batch& batch, float* logits) {
-  const StepMetadata md = step_metadata(batch, *e.a);
+  const StepMetadata md = step_metadata(batch, e.a->step);
   return llama_forward(*e.backend, graph_, md, e.a->views,
                        Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this);
 }

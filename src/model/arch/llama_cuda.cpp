@@ -1,7 +1,7 @@
 // `llama.cuda`: the CUDA runtime's glue for the Llama graph. The graph
 // itself (placement, forward) is model/arch/llama.h's, shared with the CPU;
-// this file builds a CUDA Backend over model/cuda_model_base.h's context,
-// stream and GEMM, places the weights through it (one device buffer:
+// this file has model/cuda_model_base.h build a CUDA Backend over its
+// context, stream and GEMM, places the weights through it (one device buffer:
 // fused q/k/v and gate/up, GGUF blocks kept quantized, bf16 activations
 // for quantized models), carves the activations and the Backend's scratch
 // from the base's arena, and runs llama_forward() in run_layers() over the
@@ -67,7 +67,6 @@ class LlamaCudaModel final : public CudaModelBase {
   Status run_layers(const Step& s) override;
   Status place_moe(const LlamaWeights& w);
 
-  std::unique_ptr<Backend> backend_;  // on the base's context, stream and GEMM
   LlamaGraph graph_;
   Hooks hooks_;
   LlamaActivations act_views_;  // over the arena
@@ -101,14 +100,10 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   act_ = dt.act;
   kv_dtype_ = dt.kv;  // as the CPU Llama: f32 checkpoints keep f32 KV
 
-  CudaBackendOptions bo;
-  bo.act = act_;
-  bo.batch_invariant = options.batch_invariant;
-  RILL_ASSIGN_OR_RETURN(backend_, make_cuda_backend_on(*ctx_, *gemm_, bo));
+  RILL_TRY(create_backend(options));
   RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(*backend_, cfg_, w, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, rope));
   RILL_TRY(place_moe(w));
-  backend_scratch_ = true;
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
   return init_runtime(options);
 }
@@ -134,18 +129,14 @@ Status LlamaCudaModel::place_moe(const LlamaWeights& w) {
 
 void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   const int64_t T = max_batch_tokens(), S = max_batch_seqs();
-  auto take = [&](DType t, int64_t rows, int64_t cols) {
-    void* p = a.take<uint8_t>(static_cast<size_t>(rows * cols) * cuda_dtype_size(t));
-    return Tensor::dense(p, t, rows, cols);
-  };
   const int64_t F = graph_.has_dense_ffn() ? graph_.F : 0;
-  act_views_.x = take(DType::kF32, T, E_);
-  act_views_.h = take(act_, T, E_);
-  act_views_.qkv = take(DType::kF32, T, graph_.qkv_width());
-  act_views_.attn = take(act_, T, graph_.Q);
-  act_views_.gu = take(DType::kF32, T, 2 * F);
-  act_views_.mlp = take(act_, T, F);
-  act_views_.final_rows = take(act_, S, E_);
+  act_views_.x = carve_tensor(a, DType::kF32, T, E_);
+  act_views_.h = carve_tensor(a, act_, T, E_);
+  act_views_.qkv = carve_tensor(a, DType::kF32, T, graph_.qkv_width());
+  act_views_.attn = carve_tensor(a, act_, T, graph_.Q);
+  act_views_.gu = carve_tensor(a, DType::kF32, T, 2 * F);
+  act_views_.mlp = carve_tensor(a, act_, T, F);
+  act_views_.final_rows = carve_tensor(a, act_, S, E_);
   if (cfg_.n_expert > 0) moe_.carve(a, T);
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }
