@@ -51,6 +51,12 @@ struct GenerationRequest {
   // Compute the prompt (and its prompt_logprobs) and sample nothing; the
   // request ends with FinishReason::kLength. max_tokens is ignored.
   bool prompt_only = false;
+  // Embedding: compute the prompt whole in one step (at most the step's
+  // token budget) and deliver the model's pooled embedding
+  // (Model::embedding()) in the last event; samples nothing (as
+  // prompt_only) and takes no KV from the prefix cache. Needs a model that
+  // declares a pooling.
+  bool embed = false;
   bool skip_special_tokens = true;  // in the streamed text
   uint64_t cache_namespace = 0;     // prefix-cache isolation (adapters, tenants)
   // Cache warm-up: when the request ends, its prompt's cached prefix is
@@ -107,6 +113,7 @@ struct GenerationEvent {
   std::string stop_string;            // the stop string that ended it, if any
   std::optional<int32_t> stop_token;  // the EOS / stop token that ended it, if any
   std::string error;                  // kError: what failed
+  std::vector<float> embedding;       // GenerationRequest::embed: the pooled vector, in the last event
   Usage usage;                        // set on the last event
 };
 

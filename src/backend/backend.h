@@ -30,6 +30,7 @@
 //    mode; the CPU always).
 //  - Bad arguments are programming errors (asserted), except where an op
 //    returns a Status (placement, reserve, matmul).
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -254,6 +255,17 @@ struct GatedDeltaOp {
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
 };
 
+// attention_bidirectional(): every token t of the step attends to every
+// token of its own sequence (both directions, no KV cache: encoders compute
+// a sequence whole in one step): qkv [n_tokens, 3 n_head head_dim] F32 (q
+// heads, then k heads, then v heads per row), score = scale * q.k, an f32
+// softmax over the sequence's tokens; out [n_tokens, n_head head_dim] F32.
+struct BidirectionalAttentionOp {
+  Tensor qkv, out;
+  int32_t n_head = 0, head_dim = 0;
+  float scale = 1.0f;
+};
+
 // What reserve() sizes scratch for: steps of up to max_tokens tokens with
 // attention of up to n_head heads of head_dim. Two placed weights may be
 // named because steps use them less: `embedding`, only gathered (embed()),
@@ -387,6 +399,31 @@ class Backend {
   // The gated attention's output gate: out = x * sigmoid(gate) per element,
   // x F32 dense, gate F32 strided rows allowed, out in out.dtype.
   virtual void sigmoid_mul(Tensor x, Tensor gate, Tensor out) = 0;
+
+  // --- Encoder ops (BERT). A Backend without them keeps these defaults and
+  // says so in has_encoder_ops(); families check it at load and refuse
+  // cleanly, so the asserting defaults are never reached. ---------------------
+  virtual bool has_encoder_ops() const { return false; }
+  // out[r] = (x[r] - mean) / sqrt(var + eps) * w + b over each row (biased
+  // variance: LayerNorm), in out.dtype. x F32; out may alias x.
+  virtual void layer_norm(Tensor x, Vec w, Vec b, float eps, Tensor out) {
+    (void)x, (void)w, (void)b, (void)eps, (void)out;
+    assert(false && "layer_norm: this Backend has no encoder ops");
+  }
+  // y += x elementwise over [rows, cols] F32 (BERT's position embeddings).
+  virtual void add(Tensor y, Tensor x) {
+    (void)y, (void)x;
+    assert(false && "add: this Backend has no encoder ops");
+  }
+  // x = x / 2 * (1 + erf(x / sqrt(2))) in place (GELU, exact form). x F32.
+  virtual void gelu_erf(Tensor x) {
+    (void)x;
+    assert(false && "gelu_erf: this Backend has no encoder ops");
+  }
+  virtual void attention_bidirectional(const BidirectionalAttentionOp& op, const StepMetadata& step) {
+    (void)op, (void)step;
+    assert(false && "attention_bidirectional: this Backend has no encoder ops");
+  }
 };
 
 // The CPU Backend (backend/cpu/cpu_backend.cpp): n_threads <= 0 means one

@@ -130,11 +130,20 @@ Status EngineImpl::validate(const GenerationRequest& r) const {
   for (int32_t id : r.stop_token_ids) {
     if (id < 0 || id >= n_vocab) return Error{"stop_token_ids: " + std::to_string(id) + " is outside the vocabulary"};
   }
-  if (r.max_tokens < 1 && !r.prompt_only) return Error{"max_tokens: must be at least 1"};
+  const EmbeddingSpec embedding = model_->embedding();
+  if (r.embed && embedding.pooling == EmbeddingSpec::Pooling::kNone)
+    return Error{"input: this model declares no pooling, so it computes no embeddings"};
+  if (!r.embed && embedding.bidirectional)
+    return Error{"model: this is an encoder (embedding) model; it generates no tokens"};
+  if (r.embed && static_cast<int64_t>(r.prompt.size()) > scheduler_.options().token_budget)
+    return Error{"input: " + std::to_string(r.prompt.size()) + " tokens exceed the step budget of " +
+                 std::to_string(scheduler_.options().token_budget) + " tokens (--max-batch-tokens)"};
+  const bool prompt_only = r.prompt_only || r.embed;
+  if (r.max_tokens < 1 && !prompt_only) return Error{"max_tokens: must be at least 1"};
   if (r.prompt_logprobs > kMaxTopLogprobs) {
     return Error{"prompt_logprobs: at most " + std::to_string(kMaxTopLogprobs) + " alternatives per token"};
   }
-  const int64_t total = static_cast<int64_t>(r.prompt.size()) + (r.prompt_only ? 0 : r.max_tokens);
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + (prompt_only ? 0 : r.max_tokens);
   if (total > model_->n_ctx()) {
     return Error{"prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +
                  std::to_string(r.max_tokens) + ") exceeds the context of " + std::to_string(model_->n_ctx()) +
@@ -355,7 +364,8 @@ void EngineImpl::run_step() {
   for (const ScheduledChunk& c : plan.chunks) {
     const Request& r = *c.request;
     if (r.n_scored_rows(c.n_tokens) > 0) all_device = false;  // scored prompt rows are logits
-    if (!c.samples || r.params.prompt_only) continue;
+    if (r.params.embed) all_device = false;  // pooled rows come back with the logits
+    if (!c.samples || r.params.prompt_only || r.params.embed) continue;
     all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits() && !r.matcher &&
                  r.params.thinking.budget < 0;  // a spent budget forces a token here
     all_greedy = all_greedy && r.sampler->is_plain_greedy();
@@ -405,6 +415,13 @@ void EngineImpl::run_step() {
     Request& r = *c.request;
     if (r.finished()) continue;
     if (rows.n_scored > 0) score_prompt(r, rows);
+    if (r.params.embed) {
+      GenerationEvent event;
+      const float* v = runner_.pooled(rows.pool_index);
+      event.embedding.assign(v, v + model_->embedding().n_dims);
+      finish(r, FinishReason::kLength, std::move(event));
+      continue;
+    }
     if (!c.samples) continue;
     GenerationEvent event;
     if (r.params.prompt_logprobs >= 0 && !r.prompt_scores.empty()) event.prompt_logprobs = std::move(r.prompt_scores);

@@ -110,11 +110,17 @@ struct Request {
   }
   // The chunk of n_tokens from n_computed samples a token: it reaches the
   // target and the request generates.
-  bool samples_after(int32_t n_tokens) const { return n_computed + n_tokens == n_target() && !params.prompt_only; }
+  bool samples_after(int32_t n_tokens) const {
+    return n_computed + n_tokens == n_target() && !params.prompt_only && !params.embed;
+  }
   // Logit rows that chunk returns: its scored positions, then the sampling row.
   int32_t logit_rows(int32_t n_tokens) const { return n_scored_rows(n_tokens) + (samples_after(n_tokens) ? 1 : 0); }
   // The most prompt tokens admission may take from the prefix cache.
-  int32_t max_cached_tokens() const { return params.prompt_logprobs >= 0 ? n_prompt_scored : INT32_MAX; }
+  // An embedding pools the states of its whole prompt: it computes them all.
+  int32_t max_cached_tokens() const {
+    if (params.embed) return 0;
+    return params.prompt_logprobs >= 0 ? n_prompt_scored : INT32_MAX;
+  }
 };
 
 }  // namespace rill

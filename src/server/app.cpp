@@ -73,6 +73,7 @@ constexpr Route kRoutes[] = {
     {"/v1/messages", "POST, OPTIONS"},
     {"/v1/messages/count_tokens", "POST, OPTIONS"},
     {"/v1/cache/warm", "POST, OPTIONS"},
+    {"/v1/embeddings", "POST, OPTIONS"},
 };
 constexpr const char* kOtherRoute = "other";
 
@@ -219,6 +220,14 @@ void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
   if (get && r == "/v1/models/{id}") return model(p.substr(std::strlen("/v1/models/")), res);
   if (get && r == "/metrics") return metrics(res);
   if (get && r == "/stats") return stats(res);
+  if (post && r == "/v1/embeddings") return handle_embeddings(ctx_, req, res);
+  if (post && ctx_.engine.model().embedding().bidirectional) {
+    // An encoder computes embeddings only: every generation route refuses.
+    const std::string msg = "model: '" + ctx_.options.model_id +
+                            "' is an embedding (encoder) model and generates no text; use POST /v1/embeddings";
+    if (anthropic) return send_anthropic_error(*res, ApiError(400, msg, "invalid_request_error", "model"));
+    return send_error(*res, ApiError(400, msg, "invalid_request_error", "model", "model_not_supported"));
+  }
   if (post && r == "/v1/chat/completions") return handle_chat_completions(ctx_, req, res);
   if (post && r == "/v1/completions") return handle_completions(ctx_, req, res);
   if (post && r == "/v1/responses") return handle_responses_create(ctx_, req, res);

@@ -419,6 +419,77 @@ class CpuBackend final : public Backend {
     if (w_next) rms_norm(x, nullptr, w_next, eps, w_offset, out);
   }
 
+  bool has_encoder_ops() const override { return true; }
+
+  // Mean and variance in double, so a row's bits do not depend on the
+  // summation order of a SIMD split.
+  void layer_norm(Tensor x, Vec w, Vec b, float eps, Tensor out) override {
+    assert(x.dtype == DType::kF32 && out.dtype == DType::kF32 && out.cols == x.cols && out.rows == x.rows);
+    assert(w.n == x.cols && b.n == x.cols);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const auto* src = static_cast<const float*>(x.at(r, 0));
+      double sum = 0, sq = 0;
+      for (int64_t i = 0; i < x.cols; ++i) sum += src[i];
+      const double mean = sum / static_cast<double>(x.cols);
+      for (int64_t i = 0; i < x.cols; ++i) sq += (src[i] - mean) * (src[i] - mean);
+      const auto inv = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(x.cols) + eps));
+      const auto m = static_cast<float>(mean);
+      auto* dst = static_cast<float*>(out.at(r, 0));
+      for (int64_t i = 0; i < x.cols; ++i) dst[i] = (src[i] - m) * inv * w.data[i] + b.data[i];
+    }
+  }
+
+  void add(Tensor y, Tensor x) override {
+    assert(y.dtype == DType::kF32 && x.dtype == DType::kF32 && y.rows == x.rows && y.cols == x.cols);
+    for (int64_t r = 0; r < y.rows; ++r)
+      cpu::add_inplace(static_cast<float*>(y.at(r, 0)), static_cast<const float*>(x.at(r, 0)), y.cols);
+  }
+
+  void gelu_erf(Tensor x) override {
+    assert(x.dtype == DType::kF32);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      float* row = static_cast<float*>(x.at(r, 0));
+      for (int64_t i = 0; i < x.cols; ++i) row[i] = 0.5f * row[i] * (1.0f + std::erf(row[i] * 0.70710678118654752f));
+    }
+  }
+
+  // One task per (sequence, head); each query row is a plain softmax over
+  // its sequence's keys.
+  void attention_bidirectional(const BidirectionalAttentionOp& op, const StepMetadata& step) override {
+    const int64_t hd = op.head_dim, width = op.n_head * hd;
+    assert(op.qkv.dtype == DType::kF32 && op.qkv.cols == 3 * width && op.out.cols == width);
+    const int64_t n_tasks = int64_t{step.n_seqs} * op.n_head;
+    pool_.parallel_for(n_tasks, 1, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> scores;  // grows to the longest sequence once per thread
+      for (int64_t task = begin; task < end; ++task) {
+        const auto s = static_cast<int32_t>(task / op.n_head);
+        const int64_t h = task % op.n_head;
+        const int32_t t0 = step.q_start[s], n = step.q_len[s];
+        scores.resize(static_cast<size_t>(n));
+        for (int32_t i = 0; i < n; ++i) {
+          const float* q = static_cast<const float*>(op.qkv.at(t0 + i, h * hd));
+          float best = -INFINITY;
+          for (int32_t j = 0; j < n; ++j) {
+            const float* k = static_cast<const float*>(op.qkv.at(t0 + j, width + h * hd));
+            float dot = 0;
+            for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+            scores[static_cast<size_t>(j)] = dot * op.scale;
+            best = std::max(best, scores[static_cast<size_t>(j)]);
+          }
+          float total = 0;
+          for (float& v : scores) total += (v = std::exp(v - best));
+          float* o = static_cast<float*>(op.out.at(t0 + i, h * hd));
+          std::fill(o, o + hd, 0.0f);
+          for (int32_t j = 0; j < n; ++j) {
+            const float* v = static_cast<const float*>(op.qkv.at(t0 + j, 2 * width + h * hd));
+            const float p = scores[static_cast<size_t>(j)] / total;
+            for (int64_t d = 0; d < hd; ++d) o[d] += p * v[d];
+          }
+        }
+      }
+    });
+  }
+
  private:
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool& pool_;

@@ -60,4 +60,11 @@ Result<std::unique_ptr<Model>> create_qwen3_next_cpu_model(std::shared_ptr<const
 Result<std::unique_ptr<Model>> create_qwen3_next_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                             const ModelOptions& options);
 
+// BERT family (encoders, embeddings only): bert.cpu (bert.cpp, on the CPU
+// Backend); bert.cuda refuses until the CUDA Backend has the encoder ops.
+Result<std::unique_ptr<Model>> create_bert_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                     const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_bert_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                      const ModelOptions& options);
+
 }  // namespace rill

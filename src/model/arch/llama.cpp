@@ -35,6 +35,7 @@
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
 #include "model/moe.h"
+#include "model/pooling.h"
 #include "model/tensor_parallel.h"
 #include "model/tensor_split.h"
 #include "parallel/simulated_group.h"
@@ -269,6 +270,8 @@ class LlamaModel final : public CpuPagedModel, private LlamaHooks {
   Status init(const ModelOptions& options);
 
   Status forward(const Batch& batch, float* logits) override;
+  EmbeddingSpec embedding() const override { return embedding_; }
+  Status forward_pooled(const Batch& batch, float* logits, float* pooled) override;
   std::vector<KvLayer> kv_layers() const override {
     return std::vector<KvLayer>(static_cast<size_t>(cfg_.n_layer), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
   }
@@ -311,6 +314,8 @@ class LlamaModel final : public CpuPagedModel, private LlamaHooks {
   TensorSplit split_;               // its heads, KV heads and vocabulary rows
   std::vector<float> vocab_local_;  // [S, Vp]: its logits [S, split_.vocab.n] dense at the front
   std::vector<float> vocab_all_;    // [N, S, Vp]: every rank's, gathered
+  EmbeddingSpec embedding_;  // as the files declare (model/pooling.h); kNone: no embeddings
+  std::vector<float> pool_rows_;  // [max_tokens, E] final-normed rows of a pooled sequence
 };
 
 // Decode steps of at least kLaneMinSeqs sequences per lane, at most
@@ -336,6 +341,8 @@ Status LlamaModel::init(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, d.hd));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(dev, cfg_, w, d, rope));
   set_limits(options);
+  RILL_ASSIGN_OR_RETURN(embedding_, declared_pooling(f));
+  if (embedding_.pooling != EmbeddingSpec::Pooling::kNone) pool_rows_.resize(static_cast<size_t>(max_tokens_ * d.E));
 
   std::vector<const WeightView*> moe_weights;
   moe_.resize(w.layers.size());
@@ -494,6 +501,26 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
         run(Exec{lane.backend.get(), &lane.a}, lane.sub, logits + static_cast<int64_t>(lane.first) * cfg_.n_vocab);
   });
   for (const DecodeLane& lane : lanes_) RILL_TRY(lane.status);
+  return {};
+}
+
+// The step on the whole-batch activations (never lanes), then each pooled
+// sequence's rows of the last residual stream through the final RMSNorm
+// (the hidden states transformers returns) and pooled on the host: the CPU
+// activations are host memory.
+Status LlamaModel::forward_pooled(const Batch& batch, float* logits, float* pooled) {
+  if (embedding_.pooling == EmbeddingSpec::Pooling::kNone) return Model::forward_pooled(batch, logits, pooled);
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(check_batch(batch));
+  RILL_TRY(run(Exec{device_.get(), &a_}, batch, logits));
+  const int64_t E = graph_.E;
+  for (size_t i = 0; i < batch.pool_seqs.size(); ++i) {
+    const BatchSeq& s = batch.seqs[static_cast<size_t>(batch.pool_seqs[i])];
+    if (s.q_len != s.kv_len) return Error{"a pooled sequence must be computed whole in one step"};
+    cpu::rms_norm(a_.x.data() + static_cast<size_t>(s.q_start) * E, graph_.final_norm.data, s.q_len, E, graph_.eps,
+                  pool_rows_.data(), 0.0f);
+    pool_rows(embedding_, pool_rows_.data(), s.q_len, E, pooled + i * static_cast<size_t>(E));
+  }
   return {};
 }
 
