@@ -52,6 +52,9 @@ TEST(EncoderOps, CpuHasThemAndTheBaseBackendDoesNot) {
     void softcap(Tensor, float) override {}
     void scale(Tensor, float) override {}
     void post_norm_add(Tensor, Vec, Tensor, Vec, float, float, Tensor) override {}
+    void gated_delta(const GatedDeltaOp&, const StepMetadata&) override {}
+    void gated_rms_norm(Tensor, Tensor, Vec, int32_t, float, Tensor, int32_t) override {}
+    void sigmoid_mul(Tensor, Tensor, Tensor) override {}
   };
   EXPECT_FALSE(Bare{}.has_encoder_ops());
 }

@@ -314,8 +314,8 @@ class LlamaModel final : public CpuPagedModel, private LlamaHooks {
   TensorSplit split_;               // its heads, KV heads and vocabulary rows
   std::vector<float> vocab_local_;  // [S, Vp]: its logits [S, split_.vocab.n] dense at the front
   std::vector<float> vocab_all_;    // [N, S, Vp]: every rank's, gathered
-  EmbeddingSpec embedding_;  // as the files declare (model/pooling.h); kNone: no embeddings
-  std::vector<float> pool_rows_;  // [max_tokens, E] final-normed rows of a pooled sequence
+  EmbeddingSpec embedding_;         // as the files declare (model/pooling.h); kNone: no embeddings
+  std::vector<float> pool_rows_;    // [max_tokens, E] final-normed rows of a pooled sequence
 };
 
 // Decode steps of at least kLaneMinSeqs sequences per lane, at most
