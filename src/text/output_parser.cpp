@@ -117,6 +117,15 @@ void OutputParser::drain(bool final, OutputDelta& out) {
       case Mode::kToolCall:
         changed = step_tool_call(final, out);
         break;
+      case Mode::kToolCallText:
+        changed = step_tool_call_text(final, out);
+        break;
+      case Mode::kToolCallEnd:
+        changed = step_tool_call_end(final);
+        break;
+      case Mode::kDropRest:
+        buf_.clear();
+        break;
       case Mode::kJsonCalls:
         changed = step_json_calls(final, out);
         break;
@@ -145,8 +154,7 @@ bool OutputParser::step_start(bool final, OutputDelta& out) {
     // The raw text stays in buf_ (it becomes content if no call comes of it).
     json_scan_ = rest[0] == '{' ? i : i + kPythonTag.size();
     json_object_ = std::string::npos;
-    json_depth_ = 0;
-    json_in_string_ = json_escape_ = json_any_call_ = false;
+    json_any_call_ = false;
     mode_ = Mode::kJsonCalls;
     return true;
   }
@@ -169,7 +177,7 @@ bool OutputParser::step_content(bool final, OutputDelta& out) {
   if (at != std::string::npos) {
     emit_content(std::string_view(buf_).substr(0, at), out);  // whitespace before it stays held
     buf_.erase(0, at + kToolOpen.size());
-    mode_ = Mode::kToolCall;
+    start_tool_call();
     return true;
   }
   const size_t hold = final ? 0 : partial_suffix(buf_, kToolOpen);
@@ -195,48 +203,99 @@ bool OutputParser::step_reasoning(bool final, OutputDelta& out) {
 }
 
 bool OutputParser::step_tool_call(bool final, OutputDelta& out) {
-  const size_t at = buf_.find(kToolClose);
-  if (at == std::string::npos && !final) return false;  // the body is not complete yet
-  const std::string_view body = std::string_view(buf_).substr(0, at == std::string::npos ? buf_.size() : at);
-  ToolCall call;
-  if (parse_tool_call_json(body, /*require_arguments=*/false, call)) {
-    call.id = make_tool_call_id();
-    out.tool_calls.push_back(std::move(call));
-    saw_tool_calls_ = true;
-    trim_content_ = true;
-    content_ws_.clear();  // whitespace before a call never shows
-  } else {
-    std::string raw(kToolOpen);
-    raw += at == std::string::npos ? std::string_view(buf_) : std::string_view(buf_).substr(0, at + kToolClose.size());
-    emit_content(raw, out);
+  if (!call_open_) {
+    json_scan_ += reader_->read(std::string_view(buf_).substr(json_scan_));
+    if (final) reader_->finish();
+    if (reader_->is_call()) {
+      buf_.erase(0, json_scan_);  // read; the raw text is no longer needed
+      json_scan_ = 0;
+      open_call(out);
+    } else if (reader_->status() == JsonCallReader::Status::kReading) {
+      return false;
+    } else {
+      reader_.reset();
+      mode_ = Mode::kToolCallText;
+      return true;
+    }
   }
+  buf_.erase(0, reader_->read(buf_));
+  if (final) reader_->finish();
+  stream_arguments(out);
+  if (reader_->status() == JsonCallReader::Status::kReading) return false;
+  close_call(out);
+  mode_ = Mode::kToolCallEnd;
+  return true;
+}
+
+bool OutputParser::step_tool_call_text(bool final, OutputDelta& out) {
+  const size_t at = buf_.find(kToolClose);
+  if (at == std::string::npos && !final) return false;  // the block is not complete yet
+  std::string raw(kToolOpen);
+  raw += at == std::string::npos ? std::string_view(buf_) : std::string_view(buf_).substr(0, at + kToolClose.size());
+  emit_content(raw, out);
   buf_.erase(0, at == std::string::npos ? buf_.size() : at + kToolClose.size());
   mode_ = Mode::kContent;
   return true;
 }
 
+bool OutputParser::step_tool_call_end(bool final) {
+  const size_t close_at = buf_.find(kToolClose);
+  const size_t open_at = buf_.find(kToolOpen);
+  if (open_at != std::string::npos && (close_at == std::string::npos || open_at < close_at)) {
+    buf_.erase(0, open_at + kToolOpen.size());  // the next call, without a closing tag before it
+    start_tool_call();
+    return true;
+  }
+  if (close_at != std::string::npos) {
+    buf_.erase(0, close_at + kToolClose.size());
+    trim_content_ = true;
+    mode_ = Mode::kContent;
+    return true;
+  }
+  const size_t hold = final ? 0 : std::max(partial_suffix(buf_, kToolClose), partial_suffix(buf_, kToolOpen));
+  buf_.erase(0, buf_.size() - hold);
+  return false;
+}
+
 bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
   // Gives up on calls: [from, json_scan_) becomes content and the reply
-  // continues as content from json_scan_. Only the scanned part is taken, so
+  // continues as content from json_scan_. Only the read part is taken, so
   // what follows is parsed the same way however the text was split.
   auto give_up = [&](size_t from) {
+    reader_.reset();
     const size_t upto = std::min(json_scan_, buf_.size());
     emit_content(std::string_view(buf_).substr(from, upto - from), out);
     buf_.erase(0, upto);
     mode_ = Mode::kContent;
     return true;
   };
-  while (json_scan_ < buf_.size()) {
-    const char c = buf_[json_scan_];
+  for (;;) {
+    if (call_open_) {
+      buf_.erase(0, reader_->read(buf_));
+      if (final) reader_->finish();
+      stream_arguments(out);
+      if (reader_->status() == JsonCallReader::Status::kReading) return false;
+      const bool complete = reader_->status() == JsonCallReader::Status::kComplete;
+      close_call(out);
+      if (!complete) {  // a call cut short: where its text ends is unknowable
+        buf_.clear();
+        mode_ = Mode::kDropRest;
+        return false;
+      }
+      json_scan_ = 0;
+      json_object_ = std::string::npos;
+      continue;
+    }
     if (json_object_ == std::string::npos) {  // between objects
+      if (json_scan_ >= buf_.size()) break;
+      const char c = buf_[json_scan_];
       if (is_space(c) || (json_any_call_ && c == ';')) {
         ++json_scan_;
         continue;
       }
       if (c == '{') {
-        json_object_ = json_scan_++;
-        json_depth_ = 1;
-        json_in_string_ = json_escape_ = false;
+        json_object_ = json_scan_;
+        reader_.emplace(/*require_arguments=*/true);
         continue;
       }
       if (!json_any_call_) return give_up(0);
@@ -246,40 +305,67 @@ bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
       mode_ = Mode::kContent;
       return true;
     }
-    ++json_scan_;
-    if (json_in_string_) {
-      if (json_escape_) {
-        json_escape_ = false;
-      } else if (c == '\\') {
-        json_escape_ = true;
-      } else if (c == '"') {
-        json_in_string_ = false;
-      }
+    // An object that is not a call yet.
+    json_scan_ += reader_->read(std::string_view(buf_).substr(json_scan_));
+    if (final) reader_->finish();
+    if (reader_->is_call()) {
+      buf_.erase(0, json_scan_);
+      json_scan_ = 0;
+      json_any_call_ = true;
+      open_call(out);
       continue;
     }
-    if (c == '"') json_in_string_ = true;
-    if (c == '{' || c == '[') ++json_depth_;
-    if (c == '}' || c == ']') --json_depth_;
-    if (json_depth_ > 0) continue;
-    // The object [json_object_, json_scan_) is complete.
-    ToolCall call;
-    const std::string_view object = std::string_view(buf_).substr(json_object_, json_scan_ - json_object_);
-    if (!parse_tool_call_json(object, /*require_arguments=*/true, call)) {
-      return give_up(json_any_call_ ? json_object_ : 0);
-    }
-    call.id = make_tool_call_id();
-    out.tool_calls.push_back(std::move(call));
-    saw_tool_calls_ = json_any_call_ = true;
-    buf_.erase(0, json_scan_);
-    json_scan_ = 0;
-    json_object_ = std::string::npos;
+    if (reader_->status() == JsonCallReader::Status::kReading) return false;
+    return give_up(json_any_call_ ? json_object_ : 0);
   }
   if (!final) return false;
-  if (json_object_ != std::string::npos) return give_up(json_any_call_ ? json_object_ : 0);  // unfinished object
   if (!json_any_call_) return give_up(0);  // e.g. only "<|python_tag|>"
   buf_.clear();                            // trailing separators
   mode_ = Mode::kContent;
   return false;
+}
+
+void OutputParser::start_tool_call() {
+  reader_.emplace(/*require_arguments=*/false);
+  json_scan_ = 0;
+  mode_ = Mode::kToolCall;
+}
+
+void OutputParser::open_call(OutputDelta& out) {
+  call_ = ToolCall{};
+  call_.id = make_tool_call_id();
+  call_.name = reader_->name();
+  call_index_ = n_calls_++;
+  call_open_ = true;
+  saw_tool_calls_ = true;
+  content_ws_.clear();  // whitespace before a call never shows
+  trim_content_ = true;
+  out.tool_call_deltas.push_back({call_index_, call_.id, call_.name, ""});
+  stream_arguments(out);
+}
+
+void OutputParser::append_arguments(std::string_view piece, OutputDelta& out) {
+  if (piece.empty()) return;
+  call_.arguments += piece;
+  std::vector<ToolCallDelta>& deltas = out.tool_call_deltas;
+  if (!deltas.empty() && deltas.back().index == call_index_ && deltas.back().name.empty()) {
+    deltas.back().arguments += piece;
+  } else {
+    deltas.push_back({call_index_, "", "", std::string(piece)});
+  }
+}
+
+void OutputParser::stream_arguments(OutputDelta& out) {
+  append_arguments(reader_->take_arguments(), out);
+}
+
+void OutputParser::close_call(OutputDelta& out) {
+  // A call cut short before any arguments: no arguments, as a call without them has.
+  if (reader_->status() != JsonCallReader::Status::kComplete && call_.arguments.empty()) append_arguments("{}", out);
+  out.tool_calls.push_back(std::move(call_));
+  call_ = ToolCall{};
+  call_open_ = false;
+  reader_.reset();
 }
 
 void OutputParser::emit_content(std::string_view s, OutputDelta& out) {
