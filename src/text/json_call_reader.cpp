@@ -155,7 +155,10 @@ bool JsonCallReader::step(char c) {
     const bool closes_arguments = capture_depth_ == stack_.size();
     if (capturing()) arguments_ += c;
     stack_.pop_back();
-    if (closes_arguments) capture_depth_ = 0;
+    if (closes_arguments) {
+      capture_depth_ = 0;
+      if (arguments_only_) return complete_arguments_only();
+    }
     if (stack_.empty()) {
       complete_object();
       return true;
@@ -171,6 +174,13 @@ bool JsonCallReader::step(char c) {
   };
   switch (expect_) {
     case Expect::kObjectOpen:
+      if (arguments_only_) {
+        if (c != '{' && c != '"') return false;
+        stack_.push_back('{');  // the value sits where a call object's arguments would
+        value_role_ = Role::kArguments;
+        name_done_ = true;
+        return begin_value(c);
+      }
       if (c != '{') return false;
       stack_.push_back('{');
       expect_ = Expect::kKeyOrClose;
@@ -391,6 +401,7 @@ bool JsonCallReader::string_end() {
       arguments_ += '"';
       break;
     case Sink::kArgumentsText:
+      if (arguments_only_) return complete_arguments_only();
       break;
     case Sink::kName:
       if (name_.empty()) return false;  // a call needs a name
@@ -455,6 +466,14 @@ void JsonCallReader::emit_bytes(std::string_view utf8) {
 
 void JsonCallReader::update_is_call() {
   if (name_done_ && (!require_arguments_ || arguments_begun_)) is_call_ = true;
+}
+
+bool JsonCallReader::complete_arguments_only() {
+  stack_.clear();
+  in_string_ = false;
+  expect_ = Expect::kDone;
+  status_ = Status::kComplete;
+  return true;
 }
 
 void JsonCallReader::complete_object() {

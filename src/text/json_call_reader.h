@@ -42,6 +42,15 @@ class JsonCallReader {
   // format), where an object without arguments is an answer, not a call.
   explicit JsonCallReader(bool require_arguments) : require_arguments_(require_arguments) {}
 
+  // A reader of a bare arguments value (an object, or a string of JSON
+  // text), for formats that write the name outside the JSON (Mistral's
+  // name[ARGS]{...}): a call as soon as the value begins; name() stays "".
+  static JsonCallReader arguments_only() {
+    JsonCallReader r(false);
+    r.arguments_only_ = true;
+    return r;
+  }
+
   // Reads from `text` until the object ends or turns invalid; returns the
   // bytes consumed (on kInvalid, the offending byte is not counted).
   size_t read(std::string_view text);
@@ -77,9 +86,11 @@ class JsonCallReader {
   void emit_bytes(std::string_view utf8);  // a whole multi-byte character, to the sink
   void update_is_call();
   void complete_object();
+  bool complete_arguments_only();
   bool capturing() const { return capture_depth_ > 0; }
 
-  const bool require_arguments_;
+  bool require_arguments_;
+  bool arguments_only_ = false;
   Status status_ = Status::kReading;
   bool is_call_ = false;
   Expect expect_ = Expect::kObjectOpen;

@@ -16,6 +16,9 @@ constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kToolOpen = "<tool_call>";
 constexpr std::string_view kToolClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";
+constexpr std::string_view kMistralCallId = "[CALL_ID]";
 
 bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r';
@@ -123,6 +126,9 @@ void OutputParser::drain(bool final, OutputDelta& out) {
       case Mode::kToolCallEnd:
         changed = step_tool_call_end(final);
         break;
+      case Mode::kMistralCalls:
+        changed = step_mistral_calls(final, out);
+        break;
       case Mode::kDropRest:
         buf_.clear();
         break;
@@ -154,7 +160,7 @@ bool OutputParser::step_start(bool final, OutputDelta& out) {
     // The raw text stays in buf_ (it becomes content if no call comes of it).
     json_scan_ = rest[0] == '{' ? i : i + kPythonTag.size();
     json_object_ = std::string::npos;
-    json_any_call_ = false;
+    json_any_call_ = json_array_ = false;
     mode_ = Mode::kJsonCalls;
     return true;
   }
@@ -173,14 +179,22 @@ bool OutputParser::step_content(bool final, OutputDelta& out) {
     buf_.clear();
     return false;
   }
-  const size_t at = buf_.find(kToolOpen);
+  const size_t hermes = buf_.find(kToolOpen);
+  const size_t mistral = buf_.find(kMistralCalls);
+  const size_t at = std::min(hermes, mistral);
   if (at != std::string::npos) {
     emit_content(std::string_view(buf_).substr(0, at), out);  // whitespace before it stays held
-    buf_.erase(0, at + kToolOpen.size());
-    start_tool_call();
+    if (at == hermes) {
+      buf_.erase(0, at + kToolOpen.size());
+      start_tool_call();
+    } else {
+      buf_.erase(0, at);  // the marker stays: it is content if no call follows
+      json_scan_ = kMistralCalls.size();
+      mode_ = Mode::kMistralCalls;
+    }
     return true;
   }
-  const size_t hold = final ? 0 : partial_suffix(buf_, kToolOpen);
+  const size_t hold = final ? 0 : std::max(partial_suffix(buf_, kToolOpen), partial_suffix(buf_, kMistralCalls));
   emit_content(std::string_view(buf_).substr(0, buf_.size() - hold), out);
   buf_.erase(0, buf_.size() - hold);
   return false;
@@ -209,7 +223,7 @@ bool OutputParser::step_tool_call(bool final, OutputDelta& out) {
     if (reader_->is_call()) {
       buf_.erase(0, json_scan_);  // read; the raw text is no longer needed
       json_scan_ = 0;
-      open_call(out);
+      open_call(reader_->name(), out);
     } else if (reader_->status() == JsonCallReader::Status::kReading) {
       return false;
     } else {
@@ -289,9 +303,16 @@ bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
     if (json_object_ == std::string::npos) {  // between objects
       if (json_scan_ >= buf_.size()) break;
       const char c = buf_[json_scan_];
-      if (is_space(c) || (json_any_call_ && c == ';')) {
+      if (is_space(c) || (json_any_call_ && c == (json_array_ ? ',' : ';'))) {
         ++json_scan_;
         continue;
+      }
+      if (json_array_ && json_any_call_ && c == ']') {  // the end of Mistral's [TOOL_CALLS][...]
+        buf_.erase(0, json_scan_ + 1);
+        json_array_ = false;
+        trim_content_ = true;
+        mode_ = Mode::kContent;
+        return true;
       }
       if (c == '{') {
         json_object_ = json_scan_;
@@ -312,7 +333,7 @@ bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
       buf_.erase(0, json_scan_);
       json_scan_ = 0;
       json_any_call_ = true;
-      open_call(out);
+      open_call(reader_->name(), out);
       continue;
     }
     if (reader_->status() == JsonCallReader::Status::kReading) return false;
@@ -325,16 +346,75 @@ bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
   return false;
 }
 
+bool OutputParser::step_mistral_calls(bool final, OutputDelta& out) {
+  if (call_open_) {
+    buf_.erase(0, reader_->read(buf_));
+    if (final) reader_->finish();
+    stream_arguments(out);
+    if (reader_->status() == JsonCallReader::Status::kReading) return false;
+    const bool complete = reader_->status() == JsonCallReader::Status::kComplete;
+    close_call(out);
+    if (!complete) {  // as the JSON forms: where the broken text ends is unknowable
+      buf_.clear();
+      mode_ = Mode::kDropRest;
+      return false;
+    }
+    trim_content_ = true;  // content goes on; a next [TOOL_CALLS] opens the next call
+    mode_ = Mode::kContent;
+    return true;
+  }
+  // buf_ = "[TOOL_CALLS]" + what follows; json_scan_ is just past the marker.
+  auto give_up = [&](size_t upto) {  // [0, upto) is content, and the reply goes on as content
+    emit_content(std::string_view(buf_).substr(0, upto), out);
+    buf_.erase(0, upto);
+    mode_ = Mode::kContent;
+    return true;
+  };
+  const size_t p = json_scan_;
+  if (p == buf_.size()) return final ? give_up(p) : false;
+  if (buf_[p] == '[') {  // Mistral Nemo: a JSON array of {"name", "arguments", "id"} objects
+    json_scan_ = p + 1;
+    json_object_ = std::string::npos;
+    json_any_call_ = false;
+    json_array_ = true;
+    mode_ = Mode::kJsonCalls;
+    return true;
+  }
+  // name[ARGS]{...} or name[CALL_ID]id[ARGS]{...} (the id is the server's to give).
+  size_t q = p;
+  while (q < buf_.size() && buf_[q] != '[' && !is_space(buf_[q])) ++q;
+  if (q == buf_.size()) return final ? give_up(q) : false;
+  if (q == p || buf_[q] != '[') return give_up(q);
+  const std::string_view rest = std::string_view(buf_).substr(q);
+  size_t args_at = std::string::npos;
+  if (starts_with(rest, kMistralArgs)) {
+    args_at = q;
+  } else if (starts_with(rest, kMistralCallId)) {
+    args_at = buf_.find(kMistralArgs, q + kMistralCallId.size());
+    if (args_at == std::string::npos) return final ? give_up(buf_.size()) : false;
+  } else if (!final && (is_partial(rest, kMistralArgs) || is_partial(rest, kMistralCallId))) {
+    return false;
+  } else {
+    return give_up(q);
+  }
+  const std::string name = buf_.substr(p, q - p);
+  buf_.erase(0, args_at + kMistralArgs.size());
+  json_scan_ = 0;
+  reader_.emplace(JsonCallReader::arguments_only());
+  open_call(name, out);
+  return true;
+}
+
 void OutputParser::start_tool_call() {
   reader_.emplace(/*require_arguments=*/false);
   json_scan_ = 0;
   mode_ = Mode::kToolCall;
 }
 
-void OutputParser::open_call(OutputDelta& out) {
+void OutputParser::open_call(const std::string& name, OutputDelta& out) {
   call_ = ToolCall{};
   call_.id = make_tool_call_id();
-  call_.name = reader_->name();
+  call_.name = name;
   call_index_ = n_calls_++;
   call_open_ = true;
   saw_tool_calls_ = true;

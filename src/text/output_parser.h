@@ -6,6 +6,11 @@
 //   Llama 3.x       the whole reply is {"name": ..., "parameters"|"arguments": {...}}
 //                   (optionally after <|python_tag|>), or several separated by ';'
 //   rill generic    the same JSON objects, one per line (structured_output.h)
+//   Mistral         [TOOL_CALLS]name[ARGS]{...} (Ministral 3, Devstral, Magistral),
+//                   [TOOL_CALLS]name[CALL_ID]id[ARGS]{...} (Mistral Small 3.2), one
+//                   marker per call; [TOOL_CALLS][{"name", "arguments", "id"}, ...] (Nemo).
+//                   The name streams once [ARGS] follows it; the model's call id is
+//                   replaced by the server's.
 // Text that might still turn into a marker is held back (never streamed as
 // content and then taken back). Text that looked like a call but is not
 // valid JSON with a string "name" stays content (Llama-3 form: also needs
@@ -107,6 +112,7 @@ class OutputParser {
     kToolCallText,  // a <tool_call> block that is no call: content once </tool_call> (or the end) comes
     kToolCallEnd,   // after a Hermes call's JSON: dropped through </tool_call>
     kJsonCalls,     // Llama-3 JSON calls; buf_ holds the raw text since they began (until a call opens)
+    kMistralCalls,  // after [TOOL_CALLS]; buf_ holds the marker and what follows (until a call opens)
     kDropRest,      // a JSON-form call broke: the rest of the reply is dropped
   };
   // Consumes buf_ as far as it is decided; `final`: no more text comes.
@@ -119,9 +125,10 @@ class OutputParser {
   bool step_tool_call_text(bool final, OutputDelta& out);
   bool step_tool_call_end(bool final);
   bool step_json_calls(bool final, OutputDelta& out);
+  bool step_mistral_calls(bool final, OutputDelta& out);
   void start_tool_call();  // after <tool_call>
   // The reader found a call: its first delta (and the arguments read so far).
-  void open_call(OutputDelta& out);
+  void open_call(const std::string& name, OutputDelta& out);
   void stream_arguments(OutputDelta& out);
   void append_arguments(std::string_view piece, OutputDelta& out);
   // The reader ended (complete or broken): the whole call goes out.
@@ -142,6 +149,7 @@ class OutputParser {
   size_t json_scan_ = 0;                    // next byte of buf_ for the reader (before a call opens)
   size_t json_object_ = std::string::npos;  // kJsonCalls: '{' of the object being read, npos between objects
   bool json_any_call_ = false;              // kJsonCalls: a call opened in this run of calls
+  bool json_array_ = false;                 // kJsonCalls inside Mistral's [TOOL_CALLS][...]: ',' between, ']' ends
   bool call_open_ = false;                  // a call's first delta went out; call_ is being streamed
   ToolCall call_;                           // the open call (arguments: streamed so far)
   size_t call_index_ = 0, n_calls_ = 0;

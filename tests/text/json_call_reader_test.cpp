@@ -119,6 +119,27 @@ TEST(JsonCallReader, NameAndArgumentsAreKnownAsSoonAsTheyAreRead) {
   EXPECT_TRUE(r3.is_call());
 }
 
+TEST(JsonCallReader, ArgumentsOnlyReadsABareValue) {
+  // Mistral's name[ARGS]{...}: the value alone, a call from its first byte.
+  JsonCallReader r = JsonCallReader::arguments_only();
+  const std::string head = R"({"a": [1.50, "\u00e9"])";
+  EXPECT_EQ(r.read(head), head.size());
+  EXPECT_TRUE(r.is_call());
+  EXPECT_EQ(r.take_arguments(), "{\"a\":[1.5,\"\xc3\xa9\"]");
+  EXPECT_EQ(r.read("}[TOOL_CALLS]"), 1u);
+  EXPECT_EQ(r.status(), JsonCallReader::Status::kComplete);
+  EXPECT_EQ(r.take_arguments(), "}");
+  JsonCallReader text = JsonCallReader::arguments_only();
+  const std::string quoted = R"("{\"a\": 1}" tail)";
+  EXPECT_EQ(text.read(quoted), quoted.find(" tail"));
+  EXPECT_EQ(text.status(), JsonCallReader::Status::kComplete);
+  EXPECT_EQ(text.take_arguments(), R"({"a": 1})");
+  JsonCallReader bad = JsonCallReader::arguments_only();
+  EXPECT_EQ(bad.read("[1]"), 0u);
+  EXPECT_EQ(bad.status(), JsonCallReader::Status::kInvalid);
+  EXPECT_FALSE(bad.is_call());
+}
+
 TEST(JsonCallReader, InvalidTextStopsAtTheOffendingByte) {
   JsonCallReader reader(false);
   const std::string broken = R"({"name": "f", "arguments": {"x": tru}})";

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -409,6 +410,65 @@ TEST(OutputParser, ACallThatBreaksAfterItsNameStreamedStaysACall) {
   EXPECT_EQ(p.content, "{\"name\": \"f\", \"x\": tru} tail");
 }
 
+// What Mistral templates write for a tool-call turn (tools/make_tool_call_goldens.py
+// renders them with jinja2), read back to the same calls however it is split.
+TEST(OutputParser, MistralTemplateCallsReadBack) {
+  std::ifstream f(std::string(RILL_TEST_DATA) + "/tool_calls/goldens.json");
+  ASSERT_TRUE(f) << "tests/data/tool_calls/goldens.json";
+  const nlohmann::json goldens = nlohmann::json::parse(f);
+  ASSERT_GE(goldens.size(), 8u);
+  std::mt19937 rng(7);
+  for (const nlohmann::json& g : goldens) {
+    const std::string text = g["text"];
+    SCOPED_TRACE(g["template"].get<std::string>() + ": " + text);
+    Parsed want;
+    for (const nlohmann::json& c : g["calls"]) want.calls.emplace_back(c["name"], c["arguments"]);
+    want.saw_calls = true;
+    EXPECT_EQ(parse_whole(tools_on(), text), want);
+    std::vector<std::string> bytes;
+    for (char c : text) bytes.emplace_back(1, c);
+    EXPECT_EQ(parse_pieces(tools_on(), bytes), want);
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<std::string> pieces;
+      for (size_t pos = 0; pos < text.size();) {
+        const size_t n = std::uniform_int_distribution<size_t>(0, 9)(rng);
+        pieces.push_back(text.substr(pos, n));
+        pos += n;
+      }
+      ASSERT_EQ(parse_pieces(tools_on(), pieces), want);
+    }
+    // After some text, and with text after the calls.
+    want.content = "Let me check.";
+    EXPECT_EQ(parse_whole(tools_on(), "Let me check.\n" + text), want);
+    want.content = "Let me check.Done.";  // whitespace around calls never shows
+    EXPECT_EQ(parse_whole(tools_on(), "Let me check.\n" + text + "\nDone."), want);
+  }
+}
+
+TEST(OutputParser, MistralCallStreamsOnceItsNameEnds) {
+  const std::string text = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}";
+  const std::vector<Timed> got = stream_bytes(tools_on(), text);
+  ASSERT_GE(got.size(), 3u);
+  EXPECT_EQ(got[0].at, text.find("{"));  // with the last byte of [ARGS]
+  EXPECT_EQ(got[0].delta.name, "get_weather");
+  EXPECT_EQ(got[1].delta.arguments, "{");
+  // Not a call: the marker and the text stay content.
+  for (const std::string bad : {"[TOOL_CALLS] get_weather[ARGS]{}", "[TOOL_CALLS]get_weather[OTHER]{}", "[TOOL_CALLS]",
+                                "[TOOL_CALLS][not json]", "[TOOL_CALLS]f[CALL_ID]abc"}) {
+    Parsed p = parse_whole(tools_on(), bad);
+    EXPECT_TRUE(p.calls.empty()) << bad;
+    EXPECT_EQ(p.content, bad);
+  }
+  // Arguments written as a JSON string (Mistral Small 3.2's tojson of a string).
+  Parsed p = parse_whole(tools_on(), "[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]\"{\\\"a\\\": 1}\"");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, "{\"a\": 1}");
+  // Broken after the name: a call with what streamed, the rest dropped.
+  p = parse_whole(tools_on(), "[TOOL_CALLS]f[ARGS]{\"a\": nope}[TOOL_CALLS]g[ARGS]{}");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, "{\"a\":");
+}
+
 // Every case, under every option set, split at random points and byte by
 // byte, gives the single-push result.
 TEST(OutputParser, AnySplitGivesTheSameResult) {
@@ -434,6 +494,10 @@ TEST(OutputParser, AnySplitGivesTheSameResult) {
       "{\"name\": \"f\", \"parameters\": {\"x\": 01}} rest",
       "<tool_call>{\"name\": \"\", \"arguments\": {}}</tool_call>",
       "<tool_call>{\"name\": \"f\", \"arguments\": {}}<tool_call>{\"name\": \"g\", \"arguments\": {\"a\": [",
+      "[TOOL_CALLS]f[ARGS]{\"a\": [1]}[TOOL_CALLS]g[CALL_ID]abcdefghi[ARGS]\"{}\" tail [TOOL_CALLS]bad name",
+      "pre [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"x\"}, {\"name\": \"g\", \"arguments\": {}}] "
+      "post",
+      "[TOOL_CALLS][{\"name\": \"f\"}] [TOOL_CALLS]",
       "   ",
       "",
   };
