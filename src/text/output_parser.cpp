@@ -19,6 +19,10 @@ constexpr std::string_view kPythonTag = "<|python_tag|>";
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
 constexpr std::string_view kMistralArgs = "[ARGS]";
 constexpr std::string_view kMistralCallId = "[CALL_ID]";
+constexpr std::string_view kXmlFunction = "<function=";
+constexpr std::string_view kXmlFunctionEnd = "</function>";
+constexpr std::string_view kXmlParameter = "<parameter=";
+constexpr std::string_view kXmlParameterEnd = "</parameter>";
 
 bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r';
@@ -126,6 +130,9 @@ void OutputParser::drain(bool final, OutputDelta& out) {
       case Mode::kToolCallEnd:
         changed = step_tool_call_end(final);
         break;
+      case Mode::kXmlCall:
+        changed = step_xml_call(final, out);
+        break;
       case Mode::kMistralCalls:
         changed = step_mistral_calls(final, out);
         break;
@@ -218,6 +225,13 @@ bool OutputParser::step_reasoning(bool final, OutputDelta& out) {
 
 bool OutputParser::step_tool_call(bool final, OutputDelta& out) {
   if (!call_open_) {
+    size_t first = 0;
+    while (first < buf_.size() && is_space(buf_[first])) ++first;
+    if (first < buf_.size() && buf_[first] == '<') {  // Qwen3-Coder / Qwen3.5 XML
+      reader_.reset();
+      mode_ = Mode::kXmlCall;
+      return true;
+    }
     json_scan_ += reader_->read(std::string_view(buf_).substr(json_scan_));
     if (final) reader_->finish();
     if (reader_->is_call()) {
@@ -346,6 +360,93 @@ bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
   return false;
 }
 
+std::string OutputParser::xml_value_json(const std::string& parameter, std::string_view value) const {
+  const std::string* type = nullptr;
+  if (options_.parameter_types) {
+    auto tool = options_.parameter_types->find(call_.name);
+    if (tool != options_.parameter_types->end()) {
+      auto p = tool->second.find(parameter);
+      if (p != tool->second.end()) type = &p->second;
+    }
+  }
+  if (type == nullptr || *type != "string") {
+    // The templates write numbers, booleans and null with Python's str()
+    // and objects and arrays as JSON.
+    auto parsed = parse_json(value);
+    if (auto* j = std::get_if<nlohmann::ordered_json>(&parsed); j != nullptr && !j->is_string())
+      return dump_compact(*j);
+    if (value == "True" || value == "False") return value == "True" ? "true" : "false";
+    if (value == "None") return "null";
+  }
+  return dump_compact(nlohmann::ordered_json(std::string(value)));
+}
+
+bool OutputParser::step_xml_call(bool final, OutputDelta& out) {
+  size_t i = 0;
+  while (i < buf_.size() && is_space(buf_[i])) ++i;
+  const std::string_view rest = std::string_view(buf_).substr(i);
+  if (!call_open_) {  // <function=NAME>
+    auto not_a_call = [&] {
+      mode_ = Mode::kToolCallText;
+      return true;
+    };
+    if (!starts_with(rest, kXmlFunction)) return !final && is_partial(rest, kXmlFunction) ? false : not_a_call();
+    const size_t name_at = i + kXmlFunction.size();
+    const size_t end = buf_.find('>', name_at);
+    const std::string_view name =
+        std::string_view(buf_).substr(name_at, end == std::string::npos ? std::string::npos : end - name_at);
+    const bool bad_name = std::any_of(name.begin(), name.end(), [](char c) { return is_space(c) || c == '<'; });
+    if (bad_name || (end == name_at)) return not_a_call();
+    if (end == std::string::npos) return final ? not_a_call() : false;
+    const std::string call_name(name);
+    buf_.erase(0, end + 1);
+    open_call(call_name, out);
+    append_arguments("{", out);
+    n_xml_parameters_ = 0;
+    return true;
+  }
+  auto broken = [&] {
+    close_call(/*complete=*/false, out);
+    mode_ = Mode::kToolCallEnd;
+    return true;
+  };
+  if (starts_with(rest, kXmlFunctionEnd)) {
+    append_arguments("}", out);
+    buf_.erase(0, i + kXmlFunctionEnd.size());
+    close_call(/*complete=*/true, out);
+    mode_ = Mode::kToolCallEnd;
+    return true;
+  }
+  if (starts_with(rest, kXmlParameter)) {  // <parameter=NAME>\nVALUE\n</parameter>
+    const size_t name_at = i + kXmlParameter.size();
+    const size_t end = buf_.find('>', name_at);
+    if (end == std::string::npos) return final ? broken() : false;
+    const std::string parameter = buf_.substr(name_at, end - name_at);
+    if (parameter.empty()) return broken();
+    const size_t close_at = buf_.find(kXmlParameterEnd, end + 1);
+    if (close_at == std::string::npos) {
+      if (final) {
+        append_arguments((n_xml_parameters_ > 0 ? "," : "") + dump_compact(nlohmann::ordered_json(parameter)) + ":",
+                         out);
+        return broken();
+      }
+      return false;
+    }
+    std::string_view value = std::string_view(buf_).substr(end + 1, close_at - end - 1);
+    if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    std::string piece = n_xml_parameters_++ > 0 ? "," : "";
+    piece += dump_compact(nlohmann::ordered_json(parameter));
+    piece += ':';
+    piece += xml_value_json(parameter, value);
+    append_arguments(piece, out);
+    buf_.erase(0, close_at + kXmlParameterEnd.size());
+    return true;
+  }
+  if (!final && (is_partial(rest, kXmlFunctionEnd) || is_partial(rest, kXmlParameter))) return false;
+  return broken();
+}
+
 bool OutputParser::step_mistral_calls(bool final, OutputDelta& out) {
   if (call_open_) {
     buf_.erase(0, reader_->read(buf_));
@@ -440,8 +541,12 @@ void OutputParser::stream_arguments(OutputDelta& out) {
 }
 
 void OutputParser::close_call(OutputDelta& out) {
+  close_call(reader_->status() == JsonCallReader::Status::kComplete, out);
+}
+
+void OutputParser::close_call(bool complete, OutputDelta& out) {
   // A call cut short before any arguments: no arguments, as a call without them has.
-  if (reader_->status() != JsonCallReader::Status::kComplete && call_.arguments.empty()) append_arguments("{}", out);
+  if (!complete && call_.arguments.empty()) append_arguments("{}", out);
   out.tool_calls.push_back(std::move(call_));
   call_ = ToolCall{};
   call_open_ = false;

@@ -11,6 +11,11 @@
 //                   marker per call; [TOOL_CALLS][{"name", "arguments", "id"}, ...] (Nemo).
 //                   The name streams once [ARGS] follows it; the model's call id is
 //                   replaced by the server's.
+//   Qwen3-Coder /   <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...
+//   Qwen3.5 XML     </function>\n</tool_call>: the name streams at its '>', then
+//                   "{", each parameter's "\"P\":" at its '>' and its value (bare
+//                   text made JSON: OutputParserOptions::parameter_types) at
+//                   </parameter>, "}" at </function>.
 // Text that might still turn into a marker is held back (never streamed as
 // content and then taken back). Text that looked like a call but is not
 // valid JSON with a string "name" stays content (Llama-3 form: also needs
@@ -53,6 +58,8 @@
 // has been read (models sometimes stop at EOS before the closing tag);
 // otherwise it ends as content. An unfinished think block ends as reasoning.
 #include <cstddef>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -87,10 +94,18 @@ struct OutputDelta {
   bool empty() const { return content.empty() && reasoning.empty() && tool_calls.empty() && tool_call_deltas.empty(); }
 };
 
+// {tool name: {parameter: its JSON Schema "type"}} of the offered tools.
+using ToolParameterTypes = std::map<std::string, std::map<std::string, std::string>>;
+
 struct OutputParserOptions {
   bool parse_reasoning = true;       // split <think>...</think>
   bool starts_in_reasoning = false;  // the prompt already opened <think>
   bool parse_tool_calls = false;     // tools were offered to the model
+  // For the XML form, whose values are bare text: a parameter typed
+  // "string" stays a string. Without it (or for other types) a value that
+  // is JSON other than a string (or Python's True / False / None) is that
+  // value, anything else a string.
+  std::shared_ptr<const ToolParameterTypes> parameter_types;
 };
 
 class OutputParser {
@@ -112,6 +127,7 @@ class OutputParser {
     kToolCallText,  // a <tool_call> block that is no call: content once </tool_call> (or the end) comes
     kToolCallEnd,   // after a Hermes call's JSON: dropped through </tool_call>
     kJsonCalls,     // Llama-3 JSON calls; buf_ holds the raw text since they began (until a call opens)
+    kXmlCall,       // <tool_call><function=...>: buf_ holds the text not yet read
     kMistralCalls,  // after [TOOL_CALLS]; buf_ holds the marker and what follows (until a call opens)
     kDropRest,      // a JSON-form call broke: the rest of the reply is dropped
   };
@@ -126,6 +142,9 @@ class OutputParser {
   bool step_tool_call_end(bool final);
   bool step_json_calls(bool final, OutputDelta& out);
   bool step_mistral_calls(bool final, OutputDelta& out);
+  bool step_xml_call(bool final, OutputDelta& out);
+  // A parameter's bare text as JSON (OutputParserOptions::parameter_types).
+  std::string xml_value_json(const std::string& parameter, std::string_view value) const;
   void start_tool_call();  // after <tool_call>
   // The reader found a call: its first delta (and the arguments read so far).
   void open_call(const std::string& name, OutputDelta& out);
@@ -133,6 +152,7 @@ class OutputParser {
   void append_arguments(std::string_view piece, OutputDelta& out);
   // The reader ended (complete or broken): the whole call goes out.
   void close_call(OutputDelta& out);
+  void close_call(bool complete, OutputDelta& out);
   void emit_content(std::string_view s, OutputDelta& out);
   void emit_reasoning(std::string_view s, OutputDelta& out);
 
@@ -153,6 +173,7 @@ class OutputParser {
   bool call_open_ = false;                  // a call's first delta went out; call_ is being streamed
   ToolCall call_;                           // the open call (arguments: streamed so far)
   size_t call_index_ = 0, n_calls_ = 0;
+  size_t n_xml_parameters_ = 0;  // parameters of the open XML call written so far
 };
 
 // Parses one tool call object {"name": "...", "arguments"|"parameters": {...}}
