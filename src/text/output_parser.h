@@ -32,13 +32,14 @@
 // OutputDelta::tool_calls, its arguments equal to the concatenated pieces
 // byte for byte, and the same as parse_tool_call_json gives for the object.
 //
-// A call whose name has streamed stays a call. If its JSON then breaks (a
-// syntax error, arguments that are not an object or a string, nesting past
-// kMaxJsonDepth, or the reply ends inside it), the call ends with the
-// arguments streamed so far ("{}" when none had streamed; what did stream
-// may not parse, as with any server that streams calls) and the rest of
-// its text is dropped: Hermes form through </tool_call> (or up to the next
-// <tool_call>), JSON forms to the end of the reply. With forced tool calls
+// A call whose name has streamed stays a call. If its text then breaks (a
+// JSON syntax error, arguments that are not an object or a string, nesting
+// past kMaxJsonDepth, XML that is not <parameter=...> or </function>, or the
+// reply ends inside it), the call ends with the arguments streamed so far
+// ("{}" when none had streamed; what did stream may not parse, as with any
+// server that streams calls) and the rest of its text is dropped: Hermes
+// and XML forms through </tool_call> (or up to the next <tool_call>), JSON
+// and Mistral forms to the end of the reply. With forced tool calls
 // (tool_choice required) the grammar makes every call whole.
 //
 // Contract: the result does not depend on how the text is split into push()
