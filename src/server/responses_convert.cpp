@@ -490,6 +490,7 @@ std::string ResponsesEncoder::delta(const OutputDelta& d) {
   auto text = [&](Open kind, const std::string& piece, const char* event) {
     if (piece.empty()) return;
     if (open_ != kind) {
+      out += close_call("completed");  // never open here: the parser ends a call before text
       out += close("completed");
       out += open(kind);
     }
