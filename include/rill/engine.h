@@ -51,6 +51,12 @@ struct GenerationRequest {
   // Compute the prompt (and its prompt_logprobs) and sample nothing; the
   // request ends with FinishReason::kLength. max_tokens is ignored.
   bool prompt_only = false;
+  // Embedding: compute the prompt whole in one step (at most the step's
+  // token budget) and deliver the model's pooled embedding
+  // (Model::embedding()) in the last event; samples nothing (as
+  // prompt_only) and takes no KV from the prefix cache. Needs a model that
+  // declares a pooling.
+  bool embed = false;
   bool skip_special_tokens = true;  // in the streamed text
   uint64_t cache_namespace = 0;     // prefix-cache isolation (adapters, tenants)
   // Cache warm-up: when the request ends, its prompt's cached prefix is
@@ -63,12 +69,26 @@ struct GenerationRequest {
   // stop token). Needs a tokenizer. Null: unconstrained. Share one object
   // between requests (grammar::GrammarCache) so they share its mask cache.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // The model's thinking block, for models whose template opens it with one
+  // token and closes it with another (`<think>` ... `</think>`): the engine
+  // follows the output in and out of the block. Inside it `grammar` does not
+  // apply (it constrains the answer after the block; before the first token
+  // the open token is allowed besides the grammar's), and at most `budget`
+  // tokens are generated: once they are spent the close token is forced and
+  // generation goes on with the answer. close < 0: not tracked.
+  struct Thinking {
+    int32_t open = -1, close = -1;  // token ids
+    bool starts_inside = false;     // the prompt ends inside the block
+    int32_t budget = -1;            // most tokens inside the block; -1: unbounded
+    bool tracked() const { return close >= 0; }
+  } thinking;
 };
 
 struct Usage {
   int32_t prompt_tokens = 0;
   int32_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
   int32_t completion_tokens = 0;
+  int32_t reasoning_tokens = 0;  // of those, the thinking block's (its open and close included); tracked blocks only
   int32_t preemptions = 0;
   int32_t persisted_tokens = 0;       // persist_prefix: prompt tokens written to the disk tier
   double queue_s = 0;                 // submit -> first scheduled
@@ -93,6 +113,7 @@ struct GenerationEvent {
   std::string stop_string;            // the stop string that ended it, if any
   std::optional<int32_t> stop_token;  // the EOS / stop token that ended it, if any
   std::string error;                  // kError: what failed
+  std::vector<float> embedding;       // GenerationRequest::embed: the pooled vector, in the last event
   Usage usage;                        // set on the last event
 };
 

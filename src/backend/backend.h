@@ -30,6 +30,7 @@
 //    mode; the CPU always).
 //  - Bad arguments are programming errors (asserted), except where an op
 //    returns a Status (placement, reserve, matmul).
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -128,6 +129,35 @@ struct AttentionRouting {
   int32_t tile_q = 0;
 };
 
+// One sequence of a step as the recurrent layers (gated_delta()) see it:
+// it starts from state id src (-1: zeros, position 0) and ends in state id
+// dst; its snapshots are saves[save_begin, save_begin + n_saves), by
+// ascending after_token. A step never saves into a state another of its
+// sequences starts from.
+struct RecurrentSeq {
+  int32_t q_start = 0, q_len = 0;  // tokens [q_start, q_start + q_len) of the step
+  int32_t src = -1, dst = 0;
+  int32_t save_begin = 0, n_saves = 0;
+};
+// A copy of a sequence's state right after its token after_token (an index
+// within its tokens of the step) into state id `state`.
+struct RecurrentSave {
+  int32_t after_token = 0;
+  int32_t state = 0;
+};
+
+// One step's recurrent indices (the runtime's state pool fills them, in
+// memory the backend addresses; the counts are read on the host). A CUDA
+// decode graph's padding tokens are sequences of their own.
+struct RecurrentStep {
+  const RecurrentSeq* seqs = nullptr;  // [n_seqs]
+  int32_t n_seqs = 0;
+  const RecurrentSave* saves = nullptr;  // [n_saves]
+  int32_t n_saves = 0;
+  const int32_t* tok_seq = nullptr;  // [n_tokens]: each token's entry in seqs
+  int64_t n_tokens = 0;
+};
+
 // One step's indices, filled by the runtime before the step's first op, in
 // memory the backend addresses (host arrays on the CPU, one uploaded block
 // on CUDA); the scalars are read on the host. Tokens of all sequences lie
@@ -155,6 +185,8 @@ struct StepMetadata {
   int32_t max_decode_len = 0;  // largest pos + 1 among the decode tokens
   const AttentionTile* tiles = nullptr;
   int32_t n_tiles = 0;
+  // Hybrid models' recurrent layers.
+  RecurrentStep recurrent;
 };
 
 enum class Glu { kSilu, kGeluTanh };
@@ -190,6 +222,48 @@ struct AttentionOp {
   int32_t window = 0;
   KvCacheView kv;
   int kv_group = 0;
+};
+
+// gated_delta(): one Gated DeltaNet layer's core over the step (Qwen3.5 /
+// Qwen3-Next; backend/cpu/gated_delta.h has the arithmetic). proj
+// [n_tokens, >= conv_dim] F32, strided rows: q | k | v (conv_dim = 2
+// n_k_heads dk + n_v_heads dv channels) from column 0, b and a (n_v_heads
+// each) at b_col / a_col. Per sequence (step.recurrent): the depthwise
+// causal conv1d (kernel conv_kernel, weight conv_w [conv_dim, K], inputs
+// before the step from the src state's window) + SiLU over q|k|v; beta =
+// sigmoid(b), g = neg_a * softplus(a + dt_bias); then per value head h
+// (key head h / (n_v_heads / n_k_heads)) with q' = l2norm(q) / sqrt(dk),
+// k' = l2norm(k): S = exp(g) S; S += k' (x) ((v - k'^T S) beta); core =
+// q'^T S. The state of id s of this layer is at states + s * state_stride:
+// its conv window [conv_dim, K-1] (oldest first), then S [n_v_heads, dk,
+// dv], f32. mixed [n_tokens, conv_dim], g and beta [n_tokens, n_v_heads]
+// are F32 scratch; proj's q|k|v columns are unspecified afterwards (the
+// CPU convolves in place). Tokens of a sequence go strictly in order with
+// the same arithmetic whatever the call, so a sequence's results do not
+// depend on its step's split or neighbours.
+struct GatedDeltaOp {
+  Tensor proj;
+  int64_t b_col = 0, a_col = 0;
+  int32_t n_k_heads = 0, n_v_heads = 0, head_k_dim = 0, head_v_dim = 0, conv_kernel = 4;
+  Vec conv_w, neg_a, dt_bias;
+  float* states = nullptr;
+  int64_t state_stride = 0;
+  Tensor mixed, g, beta, core;
+
+  int64_t key_dim() const { return int64_t{n_k_heads} * head_k_dim; }
+  int64_t value_dim() const { return int64_t{n_v_heads} * head_v_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+// attention_bidirectional(): every token t of the step attends to every
+// token of its own sequence (both directions, no KV cache: encoders compute
+// a sequence whole in one step): qkv [n_tokens, 3 n_head head_dim] F32 (q
+// heads, then k heads, then v heads per row), score = scale * q.k, an f32
+// softmax over the sequence's tokens; out [n_tokens, n_head head_dim] F32.
+struct BidirectionalAttentionOp {
+  Tensor qkv, out;
+  int32_t n_head = 0, head_dim = 0;
+  float scale = 1.0f;
 };
 
 // What reserve() sizes scratch for: steps of up to max_tokens tokens with
@@ -309,6 +383,47 @@ class Backend {
   // y, x F32 [rows, dim]; y is scratch (its contents are unspecified after
   // the call). w_next absent: only the first line (out unused).
   virtual void post_norm_add(Tensor y, Vec w_post, Tensor x, Vec w_next, float eps, float w_offset, Tensor out) = 0;
+
+  // --- Hybrid (gated DeltaNet) models. ---------------------------------------
+
+  virtual void gated_delta(const GatedDeltaOp& op, const StepMetadata& step) = 0;
+  // The DeltaNet's gated RMSNorm, per row r and head h of head_dim:
+  //   out[r, h] = rms_norm(core[r, h]) * w * silu(z[r, h])    in out.dtype
+  // core [rows, n_heads * head_dim] F32 (scratch: unspecified afterwards), z
+  // F32 strided rows allowed, w [head_dim] (a plain weight). tiled_k_heads
+  // > 0: out's heads go in the tiled order of a qwen35 GGUF out_proj (head
+  // g*r + j written at j*tiled_k_heads + g, r = n_heads / tiled_k_heads;
+  // the CPU only).
+  virtual void gated_rms_norm(Tensor core, Tensor z, Vec w, int32_t head_dim, float eps, Tensor out,
+                              int32_t tiled_k_heads = 0) = 0;
+  // The gated attention's output gate: out = x * sigmoid(gate) per element,
+  // x F32 dense, gate F32 strided rows allowed, out in out.dtype.
+  virtual void sigmoid_mul(Tensor x, Tensor gate, Tensor out) = 0;
+
+  // --- Encoder ops (BERT). A Backend without them keeps these defaults and
+  // says so in has_encoder_ops(); families check it at load and refuse
+  // cleanly, so the asserting defaults are never reached. ---------------------
+  virtual bool has_encoder_ops() const { return false; }
+  // out[r] = (x[r] - mean) / sqrt(var + eps) * w + b over each row (biased
+  // variance: LayerNorm), in out.dtype. x F32; out may alias x.
+  virtual void layer_norm(Tensor x, Vec w, Vec b, float eps, Tensor out) {
+    (void)x, (void)w, (void)b, (void)eps, (void)out;
+    assert(false && "layer_norm: this Backend has no encoder ops");
+  }
+  // y += x elementwise over [rows, cols] F32 (BERT's position embeddings).
+  virtual void add(Tensor y, Tensor x) {
+    (void)y, (void)x;
+    assert(false && "add: this Backend has no encoder ops");
+  }
+  // x = x / 2 * (1 + erf(x / sqrt(2))) in place (GELU, exact form). x F32.
+  virtual void gelu_erf(Tensor x) {
+    (void)x;
+    assert(false && "gelu_erf: this Backend has no encoder ops");
+  }
+  virtual void attention_bidirectional(const BidirectionalAttentionOp& op, const StepMetadata& step) {
+    (void)op, (void)step;
+    assert(false && "attention_bidirectional: this Backend has no encoder ops");
+  }
 };
 
 // The CPU Backend (backend/cpu/cpu_backend.cpp): n_threads <= 0 means one

@@ -130,11 +130,20 @@ Status EngineImpl::validate(const GenerationRequest& r) const {
   for (int32_t id : r.stop_token_ids) {
     if (id < 0 || id >= n_vocab) return Error{"stop_token_ids: " + std::to_string(id) + " is outside the vocabulary"};
   }
-  if (r.max_tokens < 1 && !r.prompt_only) return Error{"max_tokens: must be at least 1"};
+  const EmbeddingSpec embedding = model_->embedding();
+  if (r.embed && embedding.pooling == EmbeddingSpec::Pooling::kNone)
+    return Error{"input: this model declares no pooling, so it computes no embeddings"};
+  if (!r.embed && embedding.bidirectional)
+    return Error{"model: this is an encoder (embedding) model; it generates no tokens"};
+  if (r.embed && static_cast<int64_t>(r.prompt.size()) > scheduler_.options().token_budget)
+    return Error{"input: " + std::to_string(r.prompt.size()) + " tokens exceed the step budget of " +
+                 std::to_string(scheduler_.options().token_budget) + " tokens (--max-batch-tokens)"};
+  const bool prompt_only = r.prompt_only || r.embed;
+  if (r.max_tokens < 1 && !prompt_only) return Error{"max_tokens: must be at least 1"};
   if (r.prompt_logprobs > kMaxTopLogprobs) {
     return Error{"prompt_logprobs: at most " + std::to_string(kMaxTopLogprobs) + " alternatives per token"};
   }
-  const int64_t total = static_cast<int64_t>(r.prompt.size()) + (r.prompt_only ? 0 : r.max_tokens);
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + (prompt_only ? 0 : r.max_tokens);
   if (total > model_->n_ctx()) {
     return Error{"prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +
                  std::to_string(r.max_tokens) + ") exceeds the context of " + std::to_string(model_->n_ctx()) +
@@ -157,6 +166,12 @@ Status EngineImpl::validate(const GenerationRequest& r) const {
   }
   if (!r.stop.empty() && !tokenizer_) return Error{"stop: stop strings need a model with a tokenizer"};
   if (r.grammar && !tokenizer_) return Error{"grammar: constrained decoding needs a model with a tokenizer"};
+  const GenerationRequest::Thinking& t = r.thinking;
+  if (t.close >= n_vocab || t.open >= n_vocab || (t.tracked() && t.open == t.close) ||
+      (!t.tracked() && (t.open >= 0 || t.starts_inside || t.budget >= 0))) {
+    return Error{"thinking: the open and close tokens must be two different ids of the vocabulary"};
+  }
+  if (t.budget < -1) return Error{"thinking: the budget must be >= 0 (or -1: unbounded)"};
   if (r.logprobs > kMaxTopLogprobs) {
     return Error{"logprobs: at most " + std::to_string(kMaxTopLogprobs) + " alternatives per token"};
   }
@@ -330,6 +345,11 @@ void EngineImpl::run_step() {
         r.matcher.emplace(grammar_masks_->cache_for(r.params.grammar));
         r.mask.resize(grammar_masks_->vocabulary().mask_words());
       }
+      if (r.params.thinking.tracked()) {
+        r.think = r.params.thinking.starts_inside ? Request::Think::kInside
+                  : r.params.thinking.open >= 0   ? Request::Think::kMaybe
+                                                  : Request::Think::kAfter;
+      }
     }
   }
   // Steps whose every sampling row can be drawn where the model runs take
@@ -344,8 +364,10 @@ void EngineImpl::run_step() {
   for (const ScheduledChunk& c : plan.chunks) {
     const Request& r = *c.request;
     if (r.n_scored_rows(c.n_tokens) > 0) all_device = false;  // scored prompt rows are logits
-    if (!c.samples || r.params.prompt_only) continue;
-    all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits() && !r.matcher;
+    if (r.params.embed) all_device = false;  // pooled rows come back with the logits
+    if (!c.samples || r.params.prompt_only || r.params.embed) continue;
+    all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits() && !r.matcher &&
+                 r.params.thinking.budget < 0;  // a spent budget forces a token here
     all_greedy = all_greedy && r.sampler->is_plain_greedy();
   }
   StepIds ids = StepIds::kHost;
@@ -393,6 +415,13 @@ void EngineImpl::run_step() {
     Request& r = *c.request;
     if (r.finished()) continue;
     if (rows.n_scored > 0) score_prompt(r, rows);
+    if (r.params.embed) {
+      GenerationEvent event;
+      const float* v = runner_.pooled(rows.pool_index);
+      event.embedding.assign(v, v + model_->embedding().n_dims);
+      finish(r, FinishReason::kLength, std::move(event));
+      continue;
+    }
     if (!c.samples) continue;
     GenerationEvent event;
     if (r.params.prompt_logprobs >= 0 && !r.prompt_scores.empty()) event.prompt_logprobs = std::move(r.prompt_scores);
@@ -404,11 +433,23 @@ void EngineImpl::run_step() {
     if (ids != StepIds::kHost) {
       commit_token(r, runner_.token(row), nullptr, event);
     } else {
-      if (r.matcher && !fill_grammar_mask(r)) continue;
       SampledToken sampled;
       const bool want_logprobs = r.params.logprobs >= 0;
+      if (r.must_close_thinking()) {
+        // Forced, not sampled: its logprob is what the model gave it.
+        const int32_t id = r.params.thinking.close;
+        if (want_logprobs) {
+          const int n_top = static_cast<int>(std::min<int64_t>(r.params.logprobs, model_->n_vocab()));
+          token_logprobs(runner_.logits(row), model_->n_vocab(), id, n_top, sampled);
+        }
+        commit_token(r, id, want_logprobs ? &sampled : nullptr, event);
+        if (!r.finished()) deliver(r, std::move(event));
+        continue;
+      }
+      const bool masked = r.grammar_applies();
+      if (masked && !fill_grammar_mask(r)) continue;
       const int32_t id = r.sampler->sample(runner_.logits(row), r.params.logprobs, want_logprobs ? &sampled : nullptr,
-                                           r.matcher ? std::span<const uint64_t>(r.mask) : std::span<const uint64_t>());
+                                           masked ? std::span<const uint64_t>(r.mask) : std::span<const uint64_t>());
       commit_token(r, id, want_logprobs ? &sampled : nullptr, event);
     }
     if (!r.finished()) deliver(r, std::move(event));
@@ -435,6 +476,10 @@ bool EngineImpl::fill_grammar_mask(Request& r) {
   // A mask the parse-stack bounds cut (fill_mask false) still allows only
   // tokens that keep to the grammar: generation goes on with those.
   const bool complete = r.matcher->fill_mask(r.mask);
+  if (r.think == Request::Think::kMaybe) {  // the first token may open the thinking block instead
+    const auto open = static_cast<size_t>(r.params.thinking.open);
+    if (open / 64 < r.mask.size()) r.mask[open / 64] |= uint64_t{1} << (open % 64);
+  }
   if (std::any_of(r.mask.begin(), r.mask.end(), [](uint64_t w) { return w != 0; })) return true;
   finish(r, FinishReason::kError, GenerationEvent{},
          complete ? "grammar: no token of the vocabulary can continue the output here"
@@ -442,9 +487,34 @@ bool EngineImpl::fill_grammar_mask(Request& r) {
   return false;
 }
 
+void EngineImpl::advance_thinking(Request& r, int32_t id) {
+  const GenerationRequest::Thinking& t = r.params.thinking;
+  switch (r.think) {
+    case Request::Think::kUntracked:
+    case Request::Think::kAfter:
+      return;
+    case Request::Think::kMaybe:
+      r.think = id == t.open ? Request::Think::kInside : Request::Think::kAfter;
+      r.n_reasoning += id == t.open;
+      return;
+    case Request::Think::kInside:
+      ++r.n_reasoning;
+      if (id == t.close) {
+        r.think = Request::Think::kAfter;
+      } else {
+        ++r.n_thinking;
+      }
+      return;
+  }
+}
+
 void EngineImpl::commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event) {
   assert(r.n_draft == 0);  // nothing verifies drafts yet: no speculator appends them
-  if (r.matcher && !r.matcher->accept_token(id)) {
+  const Request::Think think_before = r.think;
+  advance_thinking(r, id);
+  // The open token (first output token) and the block's tokens are not the grammar's.
+  const bool grammar_token = r.matcher && think_before != Request::Think::kInside && r.think != Request::Think::kInside;
+  if (grammar_token && !r.matcher->accept_token(id)) {
     // Unreachable: the mask allowed only tokens the matcher accepts.
     finish(r, FinishReason::kError, std::move(event),
            "grammar: the sampled token " + std::to_string(id) + " does not continue the grammar");
@@ -529,6 +599,7 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
   u.prompt_tokens = r.n_prompt;
   u.cached_tokens = r.n_cached;
   u.completion_tokens = r.n_output();
+  u.reasoning_tokens = r.n_reasoning;
   u.preemptions = r.n_preemptions;
   u.prefill_steps = r.prefill_steps;
   u.longest_prefill_step_s = r.longest_prefill_step_s;

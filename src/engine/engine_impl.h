@@ -56,6 +56,8 @@ class EngineImpl final : public Engine {
   bool fill_grammar_mask(Request& r);
   // Appends the sampled token `id` (with its logprobs when the request asked
   // for them) to r and to `event`; finishes r when it stops.
+  // Moves r.think past token id (GenerationRequest::Thinking).
+  static void advance_thinking(Request& r, int32_t id);
   void commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event);
   // Appends the logprobs of the prompt tokens this step's scored rows of r
   // predict to r.prompt_scores.

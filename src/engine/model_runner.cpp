@@ -24,7 +24,12 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
     // Rows in position order: the scored prompt positions, then the last token.
     const int32_t q_start = batch_.n_tokens();
     const int32_t s = batch_.add_sequence(r.tokens.data() + r.n_computed, c.n_tokens, r.n_computed, false, {});
-    const ChunkRows rows{n_sample, r.n_scored_rows(c.n_tokens), c.samples && !r.params.prompt_only};
+    ChunkRows rows{n_sample, r.n_scored_rows(c.n_tokens), c.samples && !r.params.prompt_only && !r.params.embed};
+    if (r.params.embed) {  // computed whole in this step (the scheduler's rule)
+      assert(r.n_computed == 0 && c.n_tokens == r.n_target());
+      rows.pool_index = static_cast<int32_t>(batch_.pool_seqs.size());
+      batch_.pool_seqs.push_back(s);
+    }
     assert(rows.n_scored == 0 || mode == StepIds::kHost);
     const int32_t scored_from = q_start + r.first_scored_position() - r.n_computed;
     for (int32_t k = 0; k < rows.n_scored; ++k) batch_.sample_rows.push_back(scored_from + k);
@@ -53,7 +58,11 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
   }
   const size_t need = static_cast<size_t>(n_sample) * static_cast<size_t>(model_.n_vocab());
   if (logits_.size() < need) logits_.resize(need);
-  return model_.forward(batch_, logits_.data());
+  if (batch_.pool_seqs.empty()) return model_.forward(batch_, logits_.data());
+  assert(mode == StepIds::kHost);
+  const size_t n_pooled = batch_.pool_seqs.size() * static_cast<size_t>(model_.embedding().n_dims);
+  if (pooled_.size() < n_pooled) pooled_.resize(n_pooled);
+  return model_.forward_pooled(batch_, logits_.data(), pooled_.data());
 }
 
 }  // namespace rill

@@ -32,6 +32,7 @@ class ModelRunner {
     int32_t first = 0;
     int32_t n_scored = 0;
     bool samples = false;
+    int32_t pool_index = -1;  // GenerationRequest::embed: its row of pooled()
     int32_t sample_row() const { return first + n_scored; }
   };
 
@@ -48,6 +49,10 @@ class ModelRunner {
   float* logits(int32_t sample_index) {
     return logits_.data() + static_cast<size_t>(sample_index) * static_cast<size_t>(model_.n_vocab());
   }
+  // Pooled embedding `i` of the step (ChunkRows::pool_index): n_dims floats.
+  const float* pooled(int32_t i) const {
+    return pooled_.data() + static_cast<size_t>(i) * static_cast<size_t>(model_.embedding().n_dims);
+  }
   int32_t token(int32_t sample_index) const { return ids_[static_cast<size_t>(sample_index)]; }
   const Batch& batch() const { return batch_; }
 
@@ -60,6 +65,7 @@ class ModelRunner {
   std::vector<int32_t> ids_;                // [n_sample], kGreedy and kSample steps
   std::vector<DeviceSamplingParams> rows_;  // [n_sample], kSample steps
   std::vector<ChunkRows> chunk_rows_;       // [plan chunks]
+  std::vector<float> pooled_;               // [pool_seqs, n_dims]
 };
 
 }  // namespace rill

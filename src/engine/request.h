@@ -66,6 +66,19 @@ struct Request {
   // request first runs.
   std::optional<grammar::GrammarMatcher> matcher;
   std::vector<uint64_t> mask;
+  // Where the output is relative to the thinking block
+  // (GenerationRequest::Thinking): kUntracked without one; kMaybe before the
+  // first token (which may open it); n_thinking counts the tokens inside.
+  enum class Think { kUntracked, kMaybe, kInside, kAfter };
+  Think think = Think::kUntracked;
+  int32_t n_thinking = 0;
+  int32_t n_reasoning = 0;  // output tokens of the block, its open and close included (Usage::reasoning_tokens)
+  // The grammar constrains this token (not inside the thinking block).
+  bool grammar_applies() const { return matcher && think != Think::kInside; }
+  // The thinking budget is spent: the next token is the block's close.
+  bool must_close_thinking() const {
+    return think == Think::kInside && params.thinking.budget >= 0 && n_thinking >= params.thinking.budget;
+  }
 
   Clock::time_point submitted, first_scheduled, first_token;
   int32_t prefill_steps = 0;
@@ -97,11 +110,17 @@ struct Request {
   }
   // The chunk of n_tokens from n_computed samples a token: it reaches the
   // target and the request generates.
-  bool samples_after(int32_t n_tokens) const { return n_computed + n_tokens == n_target() && !params.prompt_only; }
+  bool samples_after(int32_t n_tokens) const {
+    return n_computed + n_tokens == n_target() && !params.prompt_only && !params.embed;
+  }
   // Logit rows that chunk returns: its scored positions, then the sampling row.
   int32_t logit_rows(int32_t n_tokens) const { return n_scored_rows(n_tokens) + (samples_after(n_tokens) ? 1 : 0); }
   // The most prompt tokens admission may take from the prefix cache.
-  int32_t max_cached_tokens() const { return params.prompt_logprobs >= 0 ? n_prompt_scored : INT32_MAX; }
+  // An embedding pools the states of its whole prompt: it computes them all.
+  int32_t max_cached_tokens() const {
+    if (params.embed) return 0;
+    return params.prompt_logprobs >= 0 ? n_prompt_scored : INT32_MAX;
+  }
 };
 
 }  // namespace rill

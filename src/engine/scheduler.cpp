@@ -209,6 +209,7 @@ const StepPlan& Scheduler::schedule() {
     const bool fits = kv_.blocks_needed(seq, r->n_uncomputed()) + n_decoding() <= kv_.n_free_blocks();
     int32_t n = fits ? std::min(r->n_uncomputed(), budget_) : 0;
     if (r->params.prompt_logprobs >= 0) n = fit_rows(*r, n, chunks_after(0, /*admitting=*/true));
+    if (r->params.embed && n < r->n_uncomputed()) n = 0;  // an embedding is computed whole in one step
     if (n == 0) {
       kv_.release(seq);
       r->n_computed = 0;

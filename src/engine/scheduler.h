@@ -22,7 +22,10 @@
 //     running limit and the pool allow; admission matches the prefix cache
 //     first (matched tokens are not computed again) and requires blocks for
 //     the whole remaining prompt plus one spare block per running decoder
-//     (so they need not be preempted next step). The head
+//     (so they need not be preempted next step). An embedding request
+//     is admitted only when its whole prompt fits this step's budget (it
+//     is pooled, and an encoder attends both ways, so it is never chunked).
+//     The head
 //     of the queue blocks the rest (first come, first served). Nothing is
 //     admitted in a step that had to preempt.
 // Latency-aware planning: in a step with decode rounds, phases 2 and 3 (the

@@ -56,6 +56,9 @@ Status SequenceRunner::prefill(std::span<const int32_t> ids, size_t from, bool w
 
 Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> prompt, const GenerationOptions& options,
                                                   const std::function<bool(int32_t)>& on_token) {
+  if (model_.embedding().bidirectional)
+    return Error{
+        "this is an encoder (embedding) model: it computes no logits; serve it (rill serve) and POST /v1/embeddings"};
   if (prompt.empty()) return Error{"the prompt is empty"};
   const int64_t needed = static_cast<int64_t>(prompt.size()) + std::max(0, options.max_tokens);
   if (needed > model_.n_ctx()) {
@@ -115,6 +118,9 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
 }
 
 Result<std::vector<float>> SequenceRunner::score(std::span<const int32_t> ids) {
+  if (model_.embedding().bidirectional)
+    return Error{
+        "this is an encoder (embedding) model: it computes no logits; serve it (rill serve) and POST /v1/embeddings"};
   if (ids.empty()) return Error{"no token ids to score"};
   if (static_cast<int64_t>(ids.size()) > model_.n_ctx()) {
     return Error{std::to_string(ids.size()) + " ids exceed the context of " + std::to_string(model_.n_ctx()) +

@@ -54,6 +54,17 @@ bool read_u64(const nlohmann::json& j, uint64_t* out) {
   return false;
 }
 
+// Integer tensors are index buffers that transformers saves beside the
+// weights (BERT's embeddings.position_ids: 0, 1, 2, ...); no graph reads
+// them, so they are left out rather than refused.
+bool is_index_buffer(const nlohmann::json& info) {
+  if (!info.is_object()) return false;
+  auto dt = info.find("dtype");
+  if (dt == info.end() || !dt->is_string()) return false;
+  const std::string d = dt->get<std::string>();
+  return d == "I64" || d == "I32" || d == "I16" || d == "I8" || d == "U8" || d == "BOOL";
+}
+
 Result<SafetensorsTensor> parse_entry(const std::string& tensor, const nlohmann::json& info,
                                       const uint8_t* data_section, uint64_t data_size, const std::string& name,
                                       uint64_t* begin_out) {
@@ -129,6 +140,7 @@ Result<std::vector<SafetensorsTensor>> parse_safetensors(const uint8_t* data, si
     tensors.reserve(j.size());
     for (auto it = j.begin(); it != j.end(); ++it) {
       if (it.key() == "__metadata__") continue;
+      if (is_index_buffer(it.value())) continue;
       uint64_t begin = 0;
       auto t = parse_entry(it.key(), it.value(), data_section, data_size, name, &begin);
       if (!t.ok()) return t.error();

@@ -49,6 +49,7 @@ struct Batch {
   std::vector<int32_t> block_table;                // group 0: all sequences' tables end to end
   std::vector<std::vector<int32_t>> group_tables;  // groups 1.. (same layout)
   std::vector<StateSave> state_saves;              // recurrent checkpoints to take this step
+  std::vector<int32_t> pool_seqs;                  // sequences whose pooled embedding the step returns
 
   int32_t n_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   std::span<const int32_t> table(int32_t group, const BatchSeq& s) const {
@@ -64,6 +65,7 @@ struct Batch {
     block_table.clear();
     for (auto& t : group_tables) t.clear();
     state_saves.clear();
+    pool_seqs.clear();
   }
   // Appends `n` tokens of one sequence at positions [pos0, pos0 + n) with
   // its group-0 block table; the last token samples when `sample_last`.

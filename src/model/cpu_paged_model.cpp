@@ -14,18 +14,16 @@ void CpuPagedModel::set_limits(const ModelOptions& options) {
   max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
 }
 
-Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype,
-                                int n_ranks) {
+Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype) {
   const int32_t bs = std::max(1, options.kv_block_size);
-  const size_t token_bytes =
-      2 * static_cast<size_t>(n_layers) * row_bytes(dtype, kv_width) * static_cast<size_t>(std::max(1, n_ranks));
+  const size_t token_bytes = 2 * static_cast<size_t>(n_layers) * row_bytes(dtype, kv_width);
   const int64_t n_blocks = options.kv_cache_bytes > 0
                                ? options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(bs))
                                : std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / bs);
   if (n_blocks < 1 || n_blocks > INT32_MAX) {
     return Error{files_->path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) +
                  " bytes holds no whole block of " + std::to_string(bs) + " tokens (" + std::to_string(token_bytes) +
-                 " bytes per token" + (n_ranks > 1 ? " over " + std::to_string(n_ranks) + " ranks)" : ")")};
+                 " bytes per token)"};
   }
   RILL_ASSIGN_OR_RETURN(
       kv_, PagedKvCache::create(n_layers, static_cast<int32_t>(n_blocks), options.kv_block_size, kv_width, dtype));
@@ -55,6 +53,26 @@ void CpuStepArrays::reserve(int64_t max_tokens) {
   const auto T = static_cast<size_t>(max_tokens);
   for (std::vector<int32_t>* v : {&q_start, &q_len, &kv_len, &decode_from, &table_start}) v->reserve(T);
   for (std::vector<int32_t>& v : slots) v.reserve(T);
+  rec_seqs.resize(T);
+  rec_saves.resize(T);  // at most one save per token
+  rec_tok_seq.resize(T);
+}
+
+Status CpuPagedModel::create_states(Backend& device, int64_t n_layers, std::vector<StateTensor> tensors,
+                                    const ModelOptions& options) {
+  RILL_ASSIGN_OR_RETURN(states_, StatePool::create(device, n_layers, std::move(tensors), max_seqs_, options));
+  states_device_ = &device;
+  return Status::Ok();
+}
+
+Status CpuPagedModel::copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const {
+  if (!states_) return Model::copy_state_out(checkpoint, layer, out);
+  return states_->copy_out(*states_device_, checkpoint, layer, out);
+}
+
+Status CpuPagedModel::copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) {
+  if (!states_) return Model::copy_state_in(checkpoint, layer, in);
+  return states_->copy_in(*states_device_, checkpoint, layer, in);
 }
 
 StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) const {
@@ -95,6 +113,9 @@ StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) 
     }
     md.slots[g] = slots.data();
     md.block_tables[g] = g == 0 ? batch.block_table.data() : batch.group_tables[static_cast<size_t>(g - 1)].data();
+  }
+  if (states_) {
+    md.recurrent = states_->plan(batch, batch.n_tokens(), a.rec_seqs.data(), a.rec_saves.data(), a.rec_tok_seq.data());
   }
   return md;
 }

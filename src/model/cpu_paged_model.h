@@ -1,12 +1,14 @@
 #pragma once
-// What the CPU model families (model/arch/llama.cpp, llama_tp.cpp, gemma.cpp,
+// What the CPU model families (model/arch/llama.cpp, gemma.cpp,
 // qwen3_next.cpp) share: their files and config, a CPU backend, the batch
 // limits, the paged KV cache of their attention layers sized from the
-// options, a step's metadata as the CPU Backend reads it, and the Model
-// accessors and KV-block export over them. A family adds its weights,
+// options, the recurrent-state pool of hybrid families (model/state_pool.h),
+// a step's metadata as the CPU Backend reads it, and the Model accessors,
+// KV-block and state export over them. A family adds its weights,
 // activations, kv_spec_ and forward().
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "model/batch.h"
 #include "model/model.h"
 #include "model/paged_kv_cache.h"
+#include "model/state_pool.h"
 
 namespace rill {
 
@@ -25,6 +28,9 @@ namespace rill {
 struct CpuStepArrays {
   std::vector<int32_t> q_start, q_len, kv_len, decode_from, table_start;  // [n_seqs]
   std::vector<int32_t> slots[kMaxKvGroups];                               // [n_tokens] per KV group
+  std::vector<RecurrentSeq> rec_seqs;                                     // [n_seqs], with a state pool
+  std::vector<RecurrentSave> rec_saves;                                   // [n_saves]
+  std::vector<int32_t> rec_tok_seq;                                       // [n_tokens]
   void reserve(int64_t max_tokens);                                       // a batch has at most one sequence per token
 };
 
@@ -48,6 +54,16 @@ class CpuPagedModel : public Model {
   // changes results within rounding, the thread count does not.
   std::string kv_numerics() const override;
 
+  // The recurrent-state pool's (families that create_states()).
+  int32_t n_state_slots() const override { return states_ ? states_->n_slots() : 0; }
+  int32_t n_state_checkpoints() const override { return states_ ? states_->n_checkpoints() : 0; }
+  size_t state_bytes() const override { return states_ ? states_->state_bytes() : 0; }
+  std::vector<std::vector<StateTensor>> state_layers() const override {
+    return states_ ? states_->state_layers() : std::vector<std::vector<StateTensor>>{};
+  }
+  Status copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const override;
+  Status copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) override;
+
  protected:
   CpuPagedModel(std::shared_ptr<const ModelFiles> files, int n_threads)
       : files_(std::move(files)), cfg_(files_->config), backend_(cpu::make_host_ops(n_threads)) {}
@@ -58,16 +74,23 @@ class CpuPagedModel : public Model {
   void set_limits(const ModelOptions& options);
 
   // kv_: n_layers planes of kv_width-element rows in dtype, with as many
-  // blocks as options.kv_cache_bytes holds when it is set (shared by
-  // n_ranks ranks of equal per-token bytes), else n_kv_slots whole
-  // contexts. Call after set_limits(). The error names the model file.
-  Status create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype, int n_ranks = 1);
+  // blocks as options.kv_cache_bytes holds when it is set, else n_kv_slots
+  // whole contexts. Call after set_limits(). The error names the model file.
+  Status create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype);
 
   Status check_kv_block(int64_t layer, int32_t block) const;
+
+  // The recurrent-state pool of n_layers layers of `tensors` each, in
+  // memory of `device` (a CPU Backend that must outlive the model's use of
+  // the pool). Call after set_limits().
+  Status create_states(Backend& device, int64_t n_layers, std::vector<StateTensor> tensors,
+                       const ModelOptions& options);
 
   // The step's indices as the CPU Backend reads them: the Batch's own
   // arrays, and in `a` the per-sequence ones and every attention group's
   // slots (kv_'s block size; group g's table from batch.table(g, s)).
+  // With a state pool, also the step's recurrent indices (the batch's
+  // states checked by states_->check() first).
   // Requires a batch check_batch() accepted and a.reserve(n_tokens).
   StepMetadata step_metadata(const Batch& batch, CpuStepArrays& a) const;
 
@@ -78,6 +101,8 @@ class CpuPagedModel : public Model {
   int64_t n_ctx_ = 0;
   KvSpec kv_spec_;
   PagedKvCache kv_;
+  std::optional<StatePool> states_;
+  Backend* states_device_ = nullptr;  // the pool's memory and copies
 };
 
 }  // namespace rill

@@ -422,7 +422,60 @@ StepMetadata CudaModelBase::step_metadata(const Step& s) const {
   md.max_decode_len = s.max_decode_len;
   md.tiles = reinterpret_cast<const AttentionTile*>(meta_dev_.tiles);
   md.n_tiles = s.n_tiles;
+  md.recurrent = rec_step_;
   return md;
+}
+
+Status CudaModelBase::create_states(int64_t n_layers, std::vector<StateTensor> tensors, const ModelOptions& options) {
+  // The limits init_runtime() will set (set_limits' rule): T tokens, max_seqs sequences.
+  const int max_tokens = std::max(1, options.max_batch_tokens);
+  const int max_seqs = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens) : max_tokens;
+  RILL_ASSIGN_OR_RETURN(states_, StatePool::create(*backend_, n_layers, std::move(tensors), max_seqs, options));
+  // Sequences and saves are at most one per token, tok_seq one per token.
+  const auto T = static_cast<size_t>(max_tokens);
+  auto carve = [&](cuda::Arena& a, RecurrentSeq*& seqs, RecurrentSave*& saves, int32_t*& tok) {
+    seqs = a.take<RecurrentSeq>(T);
+    saves = a.take<RecurrentSave>(T);
+    tok = a.take<int32_t>(T);
+  };
+  cuda::Arena sizing;
+  carve(sizing, rec_seqs_host_, rec_saves_host_, rec_tok_host_);
+  RILL_ASSIGN_OR_RETURN(rec_host_buf_, cuda::PinnedBuffer::allocate(sizing.used(), "recurrent step indices"));
+  RILL_ASSIGN_OR_RETURN(rec_dev_buf_, cuda::DeviceBuffer::allocate(sizing.used(), "recurrent step indices"));
+  cuda::Arena host(rec_host_buf_.data()), dev(rec_dev_buf_.data());
+  carve(host, rec_seqs_host_, rec_saves_host_, rec_tok_host_);
+  carve(dev, rec_seqs_dev_, rec_saves_dev_, rec_tok_dev_);
+  return Status::Ok();
+}
+
+Status CudaModelBase::upload_states(const Batch& batch, int64_t n_run) {
+  RILL_TRY(states_->check(batch));
+  rec_step_ = states_->plan(batch, n_run, rec_seqs_host_, rec_saves_host_, rec_tok_host_);
+  cudaStream_t st = stream();
+  RILL_CUDA_CHECK(cudaMemcpyAsync(rec_seqs_dev_, rec_seqs_host_,
+                                  static_cast<size_t>(rec_step_.n_seqs) * sizeof(RecurrentSeq), cudaMemcpyHostToDevice,
+                                  st));
+  RILL_CUDA_CHECK(cudaMemcpyAsync(rec_tok_dev_, rec_tok_host_, static_cast<size_t>(n_run) * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, st));
+  if (rec_step_.n_saves > 0) {
+    RILL_CUDA_CHECK(cudaMemcpyAsync(rec_saves_dev_, rec_saves_host_,
+                                    static_cast<size_t>(rec_step_.n_saves) * sizeof(RecurrentSave),
+                                    cudaMemcpyHostToDevice, st));
+  }
+  rec_step_.seqs = rec_seqs_dev_;
+  rec_step_.saves = rec_saves_dev_;
+  rec_step_.tok_seq = rec_tok_dev_;
+  return Status::Ok();
+}
+
+Status CudaModelBase::copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const {
+  if (!states_) return Model::copy_state_out(checkpoint, layer, out);
+  return states_->copy_out(*backend_, checkpoint, layer, out);
+}
+
+Status CudaModelBase::copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) {
+  if (!states_) return Model::copy_state_in(checkpoint, layer, in);
+  return states_->copy_in(*backend_, checkpoint, layer, in);
 }
 
 KvCacheView CudaModelBase::kv_view(size_t layer) const {
@@ -596,7 +649,7 @@ Status CudaModelBase::compute(const Batch& batch) {
   for (int g = 1; g < n_groups; ++g) {
     RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_.tables[g], mh.tables[g], n_used * 4, cudaMemcpyHostToDevice, st));
   }
-  RILL_TRY(prepare_step(batch, n_run));
+  if (states_) RILL_TRY(upload_states(batch, n_run));
 
   if (split_bucket == 0) return run_layers({n, n_sample, decode.n, max_decode_len, tiles.n});
   const Step step{n_run, n_run, decode.n, max_decode_len, 0};

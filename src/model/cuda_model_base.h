@@ -1,8 +1,10 @@
 #pragma once
 // The CUDA runtime the model families share (model/arch/llama_cuda.cpp,
-// gemma.cpp, qwen3_next_cuda.cpp): weight upload into one device buffer, the
+// gemma.cpp, qwen3_next.cpp): weight upload into one device buffer, the
 // activation arena, the paged KV pool (one K and one V plane per layer), the
-// step's index arrays uploaded with one copy from pinned memory, decode
+// recurrent-state pool of hybrid families (model/state_pool.h, with its
+// step indices uploaded each step), the step's index arrays uploaded with
+// one copy from pinned memory, decode
 // steps replayed as CUDA graphs, and forward / forward_greedy /
 // forward_sample (ids drawn on the device, backend/cuda/sampling.h). A
 // family supplies its weights, its activations and run_layers() (every
@@ -35,10 +37,12 @@
 #include "loader/model_files.h"
 #include "model/cuda_shard.h"
 #include "model/model.h"
+#include "model/state_pool.h"
 #include "model/tensor_split.h"
 
 #if RILL_HAVE_CUDA
 #include <initializer_list>
+#include <optional>
 
 #include "backend/backend.h"       // kMaxKvGroups
 #include "backend/cpu/host_ops.h"  // WeightView
@@ -193,6 +197,16 @@ class CudaModelBase : public Model {
   // (batch-invariant) and, for a shard, tp=<n>.
   std::string kv_numerics() const override;
 
+  // The recurrent-state pool's (families that create_states()).
+  int32_t n_state_slots() const override { return states_ ? states_->n_slots() : 0; }
+  int32_t n_state_checkpoints() const override { return states_ ? states_->n_checkpoints() : 0; }
+  size_t state_bytes() const override { return states_ ? states_->state_bytes() : 0; }
+  std::vector<std::vector<StateTensor>> state_layers() const override {
+    return states_ ? states_->state_layers() : std::vector<std::vector<StateTensor>>{};
+  }
+  Status copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const override;
+  Status copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) override;
+
  protected:
   explicit CudaModelBase(std::shared_ptr<const ModelFiles> files, CudaShard shard = {})
       : files_(std::move(files)), cfg_(files_->config), shard_(shard) {}
@@ -223,17 +237,17 @@ class CudaModelBase : public Model {
   // options, the arena (carve_activations() plus the shared buffers), the
   // step metadata and the KV pool.
   Status init_runtime(const ModelOptions& options);
+  // Init, for a family with recurrent layers, after create_backend() and
+  // before init_runtime() (the KV pool takes what memory is left): the
+  // state pool of n_layers layers of `tensors` each in device memory, and
+  // its per-step indices (pinned and device copies). Each step then checks
+  // the batch's states and uploads its indices, which step_metadata()
+  // carries (StepMetadata::recurrent; a decode graph's padding tokens are
+  // sequences of their own ending in the pool's scratch state).
+  Status create_states(int64_t n_layers, std::vector<StateTensor> tensors, const ModelOptions& options);
+  const StatePool& states() const { return *states_; }
   // The family's activation buffers; called twice (sizing pass, then real).
   virtual void carve_activations(cuda::Arena& a) = 0;
-  // Once per step, after the step metadata is uploaded and before
-  // run_layers() or a graph replay: families with per-step device data of
-  // their own (the hybrid's recurrent-state indices) upload it on stream().
-  // n_run >= batch.n_tokens(): a decode graph's padded token count (the
-  // padding rows are tokens [n_tokens, n_run), one per padding sequence).
-  virtual Status prepare_step(const Batch& batch, int64_t n_run) {
-    (void)batch, (void)n_run;
-    return Status::Ok();
-  }
   // Every kernel of the step over metadata already uploaded (meta()),
   // logits_ for the first s.n_sample entries of sample_rows. Captured in a
   // graph for decode steps: no host synchronization, nothing that varies
@@ -289,10 +303,11 @@ class CudaModelBase : public Model {
   // The device-neutral ops on ctx_ and gemm_ (create_backend()); null for
   // the families on backend/cuda/ops.h.
   std::unique_ptr<Backend> backend_;
+  std::optional<StatePool> states_;  // create_states()
   DType act_ = DType::kBF16, kv_dtype_ = DType::kF16;
   int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
   // Attention groups (with block tables) first; a recurrent group, whose
-  // states the family keeps itself, after them.
+  // states are states_, after them.
   KvSpec kv_spec_;
   // Layers with K/V planes (k_cache(i) for i < n_kv_layers_); 0: every layer.
   int64_t n_kv_layers_ = 0;
@@ -312,6 +327,9 @@ class CudaModelBase : public Model {
   int64_t n_head_ = 0, n_head_kv_ = 0;  // this rank's (all of them unsharded)
 
  private:
+  // The step's recurrent indices (states_) into pinned memory and up to the
+  // device on stream(); sets rec_step_. n_run: the padded token count.
+  Status upload_states(const Batch& batch, int64_t n_run);
   // Uploads the step's indices and computes logits_ for the sample rows;
   // decode-only steps replay a CUDA graph per (padded batch, split count).
   Status compute(const Batch& batch);
@@ -341,6 +359,15 @@ class CudaModelBase : public Model {
   float* vocab_all_ = nullptr;                         // shards: [N, S, split_.vocab_stride] gathered
   int32_t* ids_dev_ = nullptr;                         // [S] greedy or sampled ids
   DeviceSamplingParams* sample_params_dev_ = nullptr;  // [S] forward_sample's rows
+
+  // states_' step indices: pinned host and device copies ([T] each), and
+  // the step's (device pointers).
+  cuda::PinnedBuffer rec_host_buf_;
+  cuda::DeviceBuffer rec_dev_buf_;
+  RecurrentSeq *rec_seqs_host_ = nullptr, *rec_seqs_dev_ = nullptr;
+  RecurrentSave *rec_saves_host_ = nullptr, *rec_saves_dev_ = nullptr;
+  int32_t *rec_tok_host_ = nullptr, *rec_tok_dev_ = nullptr;
+  RecurrentStep rec_step_;
 
   cuda::PinnedBuffer meta_host_buf_, ids_host_, sample_params_host_;
   cuda::DeviceBuffer meta_dev_buf_;

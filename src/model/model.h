@@ -67,6 +67,23 @@ struct ModelOptions {
   bool cuda_device_sampling = true;
 };
 
+// How a model turns a sequence's last hidden states into one embedding
+// (Model::embedding()): as its sentence-transformers config declares
+// (modules.json: a Pooling module, then optionally Normalize), or the GGUF
+// pooling_type. kNone: the model declares no pooling and serves no
+// embeddings.
+struct EmbeddingSpec {
+  enum class Pooling { kNone, kMean, kCls, kLast };
+  Pooling pooling = Pooling::kNone;
+  bool normalize = false;    // L2-normalized after pooling
+  int64_t n_dims = 0;        // the embedding's width
+  bool truncatable = false;  // a prefix of the vector is itself an embedding (Matryoshka)
+  // The encoder attends both ways: a sequence is computed whole in one step
+  // and its KV is never reused (no prefix cache, no chunking).
+  bool bidirectional = false;
+};
+const char* pooling_name(EmbeddingSpec::Pooling p);
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -99,6 +116,16 @@ class Model {
   // step never depend on the other sequences of the batch (batch
   // invariance). Per step this allocates nothing.
   virtual Status forward(const Batch& batch, float* logits) = 0;
+
+  // Embeddings: the model's pooling (kNone: it serves none), and forward()
+  // that also writes each Batch::pool_seqs sequence's pooled embedding:
+  // pooled [pool_seqs.size(), embedding().n_dims]. Requires every pooled
+  // sequence to be computed whole in this batch (q_len == kv_len).
+  virtual EmbeddingSpec embedding() const { return {}; }
+  virtual Status forward_pooled(const Batch& batch, float* logits, float* pooled) {
+    (void)batch, (void)logits, (void)pooled;
+    return Error{"this model declares no pooling and computes no embeddings"};
+  }
 
   // forward() followed by a greedy pick per sample row, done where the model
   // runs so that only ids[sample_rows.size()] cross to the host (argmax,

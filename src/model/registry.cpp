@@ -27,7 +27,9 @@ ModelProfile infer_profile(const ModelFiles& files) {
   ModelProfile p;
   p.graph = files.config.architecture;
   p.loader = files.format == ModelFormat::kGguf ? "gguf" : "hf";
-  p.generation_loop = "autoregressive";
+  // Encoders compute embeddings, never tokens: their profile says so, and
+  // only an implementation of that loop takes them.
+  p.generation_loop = p.graph == "bert" ? "encoder" : "autoregressive";
   return p;
 }
 
@@ -119,6 +121,8 @@ const ImplementationRegistry& builtin_registry() {
          /*tensor_parallel=*/false},
         {"qwen3_next.cuda", qwen3_next, loaders, "autoregressive", Device::kCuda, &create_qwen3_next_cuda_model,
          /*tensor_parallel=*/false},
+        {"bert.cpu", {"bert"}, {"hf"}, "encoder", Device::kCpu, &create_bert_cpu_model, /*tensor_parallel=*/false},
+        {"bert.cuda", {"bert"}, {"hf"}, "encoder", Device::kCuda, &create_bert_cuda_model, /*tensor_parallel=*/false},
     };
     auto r = ImplementationRegistry::create(std::move(impls));
     return std::move(r).value();

@@ -28,7 +28,7 @@ namespace rill {
 struct ModelProfile {
   std::string graph;            // architecture, e.g. "llama"
   std::string loader;           // "gguf" or "hf"
-  std::string generation_loop;  // "autoregressive"
+  std::string generation_loop;  // "autoregressive", or "encoder" (embeddings only: bert)
   std::optional<std::string> implementation_id;
   std::optional<std::string> artifact_fingerprint;
   std::optional<std::string> config_fingerprint;

@@ -1,6 +1,8 @@
 #include "model/tensor_parallel.h"
 
 #include <cassert>
+#include <string>
+#include <utility>
 
 namespace rill {
 
@@ -74,6 +76,29 @@ Status TensorParallelModel::forward_greedy(const Batch& batch, int32_t* ids) {
 
 Status TensorParallelModel::forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) {
   return run_step(batch, [&] { return shards_[0]->forward_sample(batch, rows, ids); });
+}
+
+Result<std::unique_ptr<Model>> create_tensor_parallel_model(std::unique_ptr<CommunicatorGroup> group,
+                                                            const ModelOptions& options, const std::string& path,
+                                                            const RankFactory& make_rank) {
+  const int n_ranks = group->size();
+  ModelOptions o = options;
+  o.tensor_parallel = 1;
+  if (o.kv_cache_bytes > 0) o.kv_cache_bytes /= n_ranks;
+  std::vector<std::unique_ptr<Model>> ranks;
+  for (int r = 0; r < n_ranks; ++r) {
+    RILL_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, make_rank(r, o));
+    if (r == 0) {  // the others take rank 0's block count (their KV rows are as long)
+      o.kv_cache_bytes =
+          static_cast<int64_t>(m->n_kv_blocks()) * m->kv_block_size() * static_cast<int64_t>(m->kv_bytes_per_token());
+      o.gpu_memory_fraction = 0;
+    } else if (m->n_kv_blocks() != ranks[0]->n_kv_blocks()) {
+      return Error{path + ": tensor-parallel rank " + std::to_string(r) + " holds " + std::to_string(m->n_kv_blocks()) +
+                   " KV blocks, rank 0 " + std::to_string(ranks[0]->n_kv_blocks())};
+    }
+    ranks.push_back(std::move(m));
+  }
+  return std::unique_ptr<Model>(std::make_unique<TensorParallelModel>(std::move(group), std::move(ranks)));
 }
 
 }  // namespace rill

@@ -15,12 +15,18 @@
 // worker created once and parked between steps. A step costs one wake-up
 // per worker and allocates nothing.
 //
+// Ranks are built by create_tensor_parallel_model (below) from a device's
+// rank factory: llama.cpu's over a SimulatedGroup, llama.cuda's over an
+// NcclGroup, one GPU per rank.
+//
 // forward_greedy / forward_sample are offered when rank 0 offers them
 // (the CUDA shards: rank 0 holds the gathered logits and picks on its
 // device); the other ranks then run forward(batch, nullptr).
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -77,5 +83,20 @@ class TensorParallelModel final : public Model {
   bool stop_ = false;
   std::vector<std::thread> workers_;  // ranks 1..N-1
 };
+
+// Rank `rank` of a group as a model, built with `options`; the factory
+// knows the group (captured) and names the rank in its errors as it likes.
+using RankFactory = std::function<Result<std::unique_ptr<Model>>(int rank, const ModelOptions& options)>;
+
+// The one tensor-parallel factory of every device: ranks 0..N-1 of `group`
+// from make_rank, in order, tied into a TensorParallelModel. Each rank gets
+// `options` with tensor_parallel 1 and kv_cache_bytes (the whole model's
+// budget) split evenly; every rank after 0 is then given rank 0's KV block
+// count (as exact bytes, gpu_memory_fraction 0), since the engine sees one
+// block space. Errors: the first failing rank's, or (naming `path`, the
+// model) a rank whose block count still differs from rank 0's.
+Result<std::unique_ptr<Model>> create_tensor_parallel_model(std::unique_ptr<CommunicatorGroup> group,
+                                                            const ModelOptions& options, const std::string& path,
+                                                            const RankFactory& make_rank);
 
 }  // namespace rill

@@ -21,9 +21,12 @@
 //    work stays balanced whatever the routing (whole experts per rank would
 //    leave a rank idle when its experts are not chosen) at the cost of one
 //    all-reduce per MoE layer, which a dense layer pays too;
-//  - the embedding and the LM head are vocabulary-parallel: rank r holds
-//    rows [r*Vp, min(V, (r+1)*Vp)) with Vp = ceil(V / N), so any vocabulary
-//    size splits (the last ranks' shares may be short or empty).
+//  - the LM head is vocabulary-parallel: rank r holds rows
+//    [r*Vp, min(V, (r+1)*Vp)) with Vp = ceil(V / N), so any vocabulary size
+//    splits (the last ranks' shares may be short or empty), and the ranks'
+//    logits are all-gathered. The runtimes keep the embedding whole on
+//    every rank (a step reads only its tokens' rows; slicing it would cost
+//    an all-reduce of the step's [n, E] rows).
 #include <cstdint>
 #include <string>
 
@@ -43,7 +46,7 @@ struct TensorSplit {
   int rank = 0, size = 1;
   SplitRange heads;          // query heads of this rank
   SplitRange kv_heads;       // KV heads this rank stores and attends with
-  SplitRange vocab;          // embedding / LM head rows of this rank
+  SplitRange vocab;          // LM head rows of this rank
   int64_t vocab_stride = 0;  // Vp: rank r's rows start at r * Vp (gathered logits are [N, rows, Vp])
 };
 

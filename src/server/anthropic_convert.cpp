@@ -63,13 +63,20 @@ struct Translator {
 
   // Anthropic merges consecutive turns of one role; templates that insist on
   // alternation need that too.
-  void push_turn(const std::string& role, std::string text, Json tool_calls) {
+  // `reasoning`: the turn's thinking blocks, as reasoning_content (what
+  // templates that replay thinking read).
+  void push_turn(const std::string& role, std::string text, Json tool_calls, std::string reasoning = "") {
     if (!messages.empty()) {
       Json& last = messages.back();
       if (last["role"] == role && last["content"].is_string()) {
         std::string merged = last["content"].get<std::string>();
         append_text(merged, text);
         last["content"] = merged;
+        if (!reasoning.empty()) {
+          std::string r = last.value("reasoning_content", "");
+          append_text(r, reasoning);
+          last["reasoning_content"] = std::move(r);
+        }
         if (!tool_calls.empty()) {
           if (!last.contains("tool_calls")) last["tool_calls"] = Json::array();
           for (auto& c : tool_calls) last["tool_calls"].push_back(std::move(c));
@@ -79,6 +86,7 @@ struct Translator {
     }
     Json m = {{"role", role}, {"content", std::move(text)}};
     if (!tool_calls.empty()) m["tool_calls"] = std::move(tool_calls);
+    if (!reasoning.empty()) m["reasoning_content"] = std::move(reasoning);
     messages.push_back(std::move(m));
   }
 
@@ -98,7 +106,7 @@ struct Translator {
     if (!content_v->is_array()) return msg.type_error("content", "a string or an array of content blocks");
     const FieldReader content = msg.at("content");
 
-    std::string text;
+    std::string text, reasoning;
     Json tool_calls = Json::array();
     bool had_tool_results = false;
     for (size_t j = 0; j < content_v->size(); ++j) {
@@ -107,8 +115,14 @@ struct Translator {
       if (auto e = block_type(block, type)) return e;
       if (type == "text") {
         if (auto e = text_block(block, text)) return e;
-      } else if (type == "thinking" || type == "redacted_thinking") {
-        continue;  // the model's earlier reasoning is not replayed
+      } else if (type == "thinking") {
+        // The model's earlier reasoning, for templates that replay it.
+        if (role != "assistant") return block.error("type", "thinking blocks belong to assistant messages");
+        std::string thinking;
+        if (auto e = block.require_string("thinking", thinking)) return e;
+        append_text(reasoning, thinking);
+      } else if (type == "redacted_thinking") {
+        continue;  // encrypted by another provider: nothing a template can show
       } else if (type == "tool_use") {
         if (role != "assistant") return block.error("type", "tool_use blocks belong to assistant messages");
         if (auto e = tool_use(block, tool_calls)) return e;
@@ -120,8 +134,8 @@ struct Translator {
         return unsupported_block(type, block);
       }
     }
-    if (!had_tool_results || !text.empty() || !tool_calls.empty())
-      push_turn(role, std::move(text), std::move(tool_calls));
+    if (!had_tool_results || !text.empty() || !tool_calls.empty() || !reasoning.empty())
+      push_turn(role, std::move(text), std::move(tool_calls), std::move(reasoning));
     return std::nullopt;
   }
 
@@ -219,16 +233,30 @@ std::optional<ApiError> apply_tool_choice(const FieldReader& body, ChatInput& ch
   return choice->error("name", "no tool named \"" + name + "\" in tools");
 }
 
-std::optional<ApiError> parse_thinking(const FieldReader& body, Json& template_kwargs) {
+// thinking {type: enabled, budget_tokens} (the budget enforced: fewer than
+// max_tokens, at least 1 where Anthropic asks for 1,024), adaptive (no
+// budget) or disabled -> the template's enable_thinking and ChatInput::thinking.
+std::optional<ApiError> parse_thinking(const FieldReader& body, bool count_tokens, ChatInput& chat) {
   std::optional<FieldReader> thinking;
   if (auto e = body.read_object("thinking", thinking)) return e;
   if (!thinking) return std::nullopt;
   const Json* type = thinking->find("type");
   if (type == nullptr) return thinking->error("type", "field required");
   if (*type == "enabled" || *type == "adaptive") {
-    template_kwargs["enable_thinking"] = true;
+    chat.template_kwargs["enable_thinking"] = true;
+    ChatInput::ThinkingRequest request{"thinking", -1};
+    if (*type == "enabled") {
+      int64_t budget = 0;
+      if (auto e = thinking->require_int("budget_tokens", 1, INT32_MAX, budget)) return e;
+      if (!count_tokens && budget >= chat.generation.max_tokens) {
+        return thinking->error("budget_tokens",
+                               "must be less than max_tokens (" + std::to_string(chat.generation.max_tokens) + ")");
+      }
+      request.budget = static_cast<int32_t>(budget);
+    }
+    chat.thinking = std::move(request);
   } else if (*type == "disabled") {
-    template_kwargs["enable_thinking"] = false;
+    chat.template_kwargs["enable_thinking"] = false;
   } else {
     return thinking->error("type", "must be \"enabled\", \"adaptive\" or \"disabled\"");
   }
@@ -299,7 +327,7 @@ std::variant<AnthropicRequest, ApiError> parse_anthropic_request(const nlohmann:
   req.chat.tools = nullptr;
   if (auto e = parse_tools(body, req.chat.tools)) return *e;
   if (auto e = apply_tool_choice(body, req.chat)) return *e;
-  if (auto e = parse_thinking(body, req.chat.template_kwargs)) return *e;
+  if (auto e = parse_thinking(body, count_tokens, req.chat)) return *e;
   return req;
 }
 

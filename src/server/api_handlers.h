@@ -17,9 +17,12 @@ void handle_completions(ServerContext& ctx, const HttpRequest& req, std::shared_
 void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
 void handle_responses_get(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
 void handle_responses_delete(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
+void handle_responses_input_items(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
 // Anthropic (server/anthropic_api.cpp)
 void handle_messages(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
 void handle_count_tokens(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
+// Embeddings (server/embeddings.cpp): POST /v1/embeddings.
+void handle_embeddings(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
 // Prefix-cache warm-up (server/cache_warm.cpp): POST /v1/cache/warm.
 void handle_cache_warm(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res);
 

@@ -69,9 +69,11 @@ constexpr Route kRoutes[] = {
     {"/v1/completions", "POST, OPTIONS"},
     {"/v1/responses", "POST, OPTIONS"},
     {"/v1/responses/{id}", "GET, HEAD, DELETE, OPTIONS"},
+    {"/v1/responses/{id}/input_items", "GET, HEAD, OPTIONS"},
     {"/v1/messages", "POST, OPTIONS"},
     {"/v1/messages/count_tokens", "POST, OPTIONS"},
     {"/v1/cache/warm", "POST, OPTIONS"},
+    {"/v1/embeddings", "POST, OPTIONS"},
 };
 constexpr const char* kOtherRoute = "other";
 
@@ -128,7 +130,13 @@ const char* App::route_label(const std::string& path) {
   if (p == "/index.html") return "/";
   if (starts_with(p, "/assets/")) return "/assets/{name}";
   if (starts_with(p, "/v1/models/") && p.size() > std::strlen("/v1/models/")) return "/v1/models/{id}";
-  if (starts_with(p, "/v1/responses/") && p.size() > std::strlen("/v1/responses/")) return "/v1/responses/{id}";
+  if (starts_with(p, "/v1/responses/") && p.size() > std::strlen("/v1/responses/")) {
+    const std::string_view rest = std::string_view(p).substr(std::strlen("/v1/responses/"));
+    const size_t slash = rest.find('/');
+    if (slash == std::string_view::npos) return "/v1/responses/{id}";
+    if (slash > 0 && rest.substr(slash) == "/input_items") return "/v1/responses/{id}/input_items";
+    return kOtherRoute;
+  }
   for (const Route& r : kRoutes) {
     if (p == r.label) return r.label;
   }
@@ -212,11 +220,20 @@ void App::dispatch(const HttpRequest& req, std::shared_ptr<Responder> raw) {
   if (get && r == "/v1/models/{id}") return model(p.substr(std::strlen("/v1/models/")), res);
   if (get && r == "/metrics") return metrics(res);
   if (get && r == "/stats") return stats(res);
+  if (post && r == "/v1/embeddings") return handle_embeddings(ctx_, req, res);
+  if (post && ctx_.engine.model().embedding().bidirectional) {
+    // An encoder computes embeddings only: every generation route refuses.
+    const std::string msg = "model: '" + ctx_.options.model_id +
+                            "' is an embedding (encoder) model and generates no text; use POST /v1/embeddings";
+    if (anthropic) return send_anthropic_error(*res, ApiError(400, msg, "invalid_request_error", "model"));
+    return send_error(*res, ApiError(400, msg, "invalid_request_error", "model", "model_not_supported"));
+  }
   if (post && r == "/v1/chat/completions") return handle_chat_completions(ctx_, req, res);
   if (post && r == "/v1/completions") return handle_completions(ctx_, req, res);
   if (post && r == "/v1/responses") return handle_responses_create(ctx_, req, res);
   if (get && r == "/v1/responses/{id}") return handle_responses_get(ctx_, req, res);
   if (del && r == "/v1/responses/{id}") return handle_responses_delete(ctx_, req, res);
+  if (get && r == "/v1/responses/{id}/input_items") return handle_responses_input_items(ctx_, req, res);
   if (post && r == "/v1/messages") return handle_messages(ctx_, req, res);
   if (post && r == "/v1/messages/count_tokens") return handle_count_tokens(ctx_, req, res);
   if (post && r == "/v1/cache/warm") return handle_cache_warm(ctx_, req, res);

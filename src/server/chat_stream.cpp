@@ -292,8 +292,38 @@ Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const 
   return tok->encode(text, /*add_special=*/false, /*parse_special=*/true);
 }
 
+std::optional<int32_t> thinking_budget_for_effort(const std::string& effort) {
+  if (effort == "none" || effort == "minimal") return std::nullopt;
+  if (effort == "low") return 1024;
+  if (effort == "medium") return 4096;
+  return -1;
+}
+
+GenerationRequest::Thinking model_thinking_tokens(const ServerContext& ctx) {
+  GenerationRequest::Thinking t;
+  const Tokenizer* tok = ctx.engine.tokenizer();
+  if (tok == nullptr || ctx.chat_template == nullptr ||
+      ctx.chat_template->source().find("<think>") == std::string::npos) {
+    return t;
+  }
+  const std::vector<int32_t> open = tok->encode("<think>", false, true);
+  const std::vector<int32_t> close = tok->encode("</think>", false, true);
+  if (open.size() != 1 || close.size() != 1 || open[0] == close[0]) return t;
+  t.open = open[0];
+  t.close = close[0];
+  return t;
+}
+
 std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx, const ChatInput& in) {
   ChatPrompt prompt;
+  prompt.thinking = model_thinking_tokens(ctx);
+  if (in.thinking && !prompt.thinking.tracked()) {
+    return ApiError(400,
+                    in.thinking->param +
+                        ": this model has no thinking mode (its chat template writes no <think> block with a "
+                        "<think> / </think> token pair)",
+                    "invalid_request_error", in.thinking->param);
+  }
   bool starts_in_reasoning = false, tools_native = false;
   auto ids = render_chat_prompt(ctx, in, &starts_in_reasoning, &tools_native);
   if (!ids.ok()) {
@@ -302,6 +332,8 @@ std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx,
   prompt.ids = std::move(ids).value();
   prompt.parser.parse_reasoning = true;
   prompt.parser.starts_in_reasoning = starts_in_reasoning;
+  prompt.thinking.starts_inside = starts_in_reasoning && prompt.thinking.tracked();
+  if (in.thinking) prompt.thinking.budget = in.thinking->budget;
   prompt.parser.parse_tool_calls = in.tools.is_array() && !in.tools.empty();
   if (in.tools_required && prompt.parser.parse_tool_calls) {
     auto g = tool_call_grammar(in.tools, tool_call_format(ctx.chat_template, tools_native), in.parallel_tool_calls);
@@ -395,6 +427,7 @@ std::variant<std::shared_ptr<ChatStream>, ApiError> ChatStream::start(ServerCont
   }
   generation.prompt = prompt.ids;
   if (!generation.grammar) generation.grammar = prompt.grammar;
+  if (!generation.thinking.tracked()) generation.thinking = prompt.thinking;
   auto state = std::make_shared<StreamState>(ctx, prompt.parser, std::move(callbacks));
   auto id = ctx.engine.submit(std::move(generation), [state](GenerationEvent&& ev) { state->on_event(std::move(ev)); });
   if (!id.ok()) {

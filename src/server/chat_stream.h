@@ -38,7 +38,26 @@ struct ChatInput {
   // False for a prefix meant to be continued (cache warm-up): the template
   // renders the messages only, without the assistant turn's opening.
   bool add_generation_prompt = true;
+  // Thinking asked for through an API's own switch (Anthropic `thinking`,
+  // chat reasoning_effort, Responses reasoning.effort): `param` names it in
+  // the 400 a model without a thinking block gets; `budget` is the most
+  // tokens the block may take (-1: unbounded), enforced by the engine.
+  struct ThinkingRequest {
+    std::string param;
+    int32_t budget = -1;
+  };
+  std::optional<ThinkingRequest> thinking;
 };
+
+// The thinking budget a reasoning effort stands for: none and minimal ask
+// for no thinking (nullopt), low 1,024 tokens, medium 4,096, high and xhigh
+// no bound. `effort` is one the API accepted.
+std::optional<int32_t> thinking_budget_for_effort(const std::string& effort);
+
+// The model's thinking block as the engine follows it: a chat template that
+// writes <think> and a tokenizer with one token each for <think> and
+// </think> (Qwen3, DeepSeek-R1, SmolLM3). Untracked (close -1) otherwise.
+GenerationRequest::Thinking model_thinking_tokens(const ServerContext& ctx);
 
 struct ChatResult {
   std::string content, reasoning;
@@ -97,6 +116,10 @@ struct ChatPrompt {
   // The output's grammar (forced tool calls or the constraint); null: free.
   // ChatStream::start puts it on each generation that has none.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // The model's thinking block and its budget (ChatInput::thinking); the
+  // grammar applies after it. ChatStream::start puts it on each generation
+  // that tracks none.
+  GenerationRequest::Thinking thinking;
 };
 // render_chat_prompt + parser options (tool calls parsed when tools were
 // passed) + the grammar: forced tool calls in the template's call format

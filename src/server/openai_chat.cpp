@@ -82,7 +82,8 @@ std::optional<ApiError> read_tools(const FieldReader& body, ChatInput& in) {
   return std::nullopt;
 }
 
-// reasoning_effort and chat_template_kwargs -> ChatInput::template_kwargs.
+// reasoning_effort, thinking_budget and chat_template_kwargs -> ChatInput's
+// template_kwargs and thinking.
 std::optional<ApiError> read_template_kwargs(const FieldReader& body, ChatInput& in) {
   std::optional<FieldReader> kwargs;
   if (auto e = body.read_object("chat_template_kwargs", kwargs)) return e;
@@ -100,8 +101,18 @@ std::optional<ApiError> read_template_kwargs(const FieldReader& body, ChatInput&
       return body.error("reasoning_effort", "expected one of none, minimal, low, medium, high");
     }
     // An explicit chat_template_kwargs.enable_thinking wins.
-    if (!in.template_kwargs.contains("enable_thinking")) in.template_kwargs["enable_thinking"] = *effort != "none";
+    const std::optional<int32_t> budget = thinking_budget_for_effort(*effort);
+    if (!in.template_kwargs.contains("enable_thinking")) in.template_kwargs["enable_thinking"] = budget.has_value();
     if (!in.template_kwargs.contains("reasoning_effort")) in.template_kwargs["reasoning_effort"] = *effort;
+    if (budget) in.thinking = ChatInput::ThinkingRequest{"reasoning_effort", *budget};
+  }
+  // rill extension: the thinking block's budget in tokens (wins over the
+  // effort's), which also switches thinking on.
+  std::optional<int64_t> budget;
+  if (auto e = body.read_int("thinking_budget", 0, INT32_MAX, budget)) return e;
+  if (budget) {
+    if (!in.template_kwargs.contains("enable_thinking")) in.template_kwargs["enable_thinking"] = true;
+    in.thinking = ChatInput::ThinkingRequest{"thinking_budget", static_cast<int32_t>(*budget)};
   }
   return std::nullopt;
 }

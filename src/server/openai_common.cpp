@@ -237,18 +237,20 @@ void append_prompt_logprobs(const Tokenizer& tok, std::span<const int32_t> promp
 }
 
 ojson usage_json(const std::vector<ChatResult>& results, size_t per_prompt) {
-  int64_t prompt = 0, cached = 0, completion = 0;
+  int64_t prompt = 0, cached = 0, completion = 0, reasoning = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     if (per_prompt > 0 && i % per_prompt == 0) {
       prompt += results[i].usage.prompt_tokens;
       cached += results[i].usage.cached_tokens;
     }
     completion += results[i].usage.completion_tokens;
+    reasoning += results[i].usage.reasoning_tokens;
   }
   return {{"prompt_tokens", prompt},
           {"completion_tokens", completion},
           {"total_tokens", prompt + completion},
-          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+          {"prompt_tokens_details", {{"cached_tokens", cached}}},
+          {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
 }
 
 OpenAiCall::OpenAiCall(ServerContext& ctx, std::shared_ptr<Responder> res, bool stream, std::string id)

@@ -5,6 +5,7 @@
 // disconnect.
 #include <chrono>
 #include <mutex>
+#include <string_view>
 
 #include "server/api_handlers.h"
 #include "server/chat_stream.h"
@@ -22,10 +23,14 @@ int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// The path's last segment: /v1/responses/{id}.
+// The {id} of /v1/responses/{id} and /v1/responses/{id}/input_items (with
+// or without /v1).
 std::string path_id(const HttpRequest& req) {
-  const size_t slash = req.path.find_last_of('/');
-  return slash == std::string::npos ? req.path : req.path.substr(slash + 1);
+  constexpr std::string_view kItems = "/input_items";
+  std::string_view p = req.path;
+  if (p.size() > kItems.size() && p.substr(p.size() - kItems.size()) == kItems) p.remove_suffix(kItems.size());
+  const size_t slash = p.find_last_of('/');
+  return std::string(slash == std::string_view::npos ? p : p.substr(slash + 1));
 }
 
 ApiError not_found(const std::string& id, const std::string& param) {
@@ -105,6 +110,7 @@ struct ResponsesCall {
     if (store && ctx.responses != nullptr) {
       StoredResponse entry;
       entry.response = response;
+      assign_item_ids(effective_input);
       entry.input_items = std::move(effective_input);
       entry.instructions = instructions;
       ctx.responses->put(response["id"].get<std::string>(), std::move(entry));
@@ -157,6 +163,7 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::sh
   chat.parallel_tool_calls = request.parallel_tool_calls;
   chat.constraint = request.constraint;
   if (request.enable_thinking) chat.template_kwargs["enable_thinking"] = *request.enable_thinking;
+  if (request.thinking_budget) chat.thinking = ChatInput::ThinkingRequest{"reasoning.effort", *request.thinking_budget};
   auto prepared = prepare_chat_prompt(ctx, chat);
   if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(*res, *e);
   ChatPrompt& prompt = std::get<ChatPrompt>(prepared);
@@ -204,6 +211,16 @@ void handle_responses_get(ServerContext& ctx, const HttpRequest& req, std::share
   if (ctx.responses != nullptr) stored = ctx.responses->get(id);
   if (stored == nullptr) return send_error(*res, not_found(id, ""));
   res->send(200, "application/json", dump_responses_json(stored->response));
+}
+
+void handle_responses_input_items(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res) {
+  const std::string id = path_id(req);
+  std::shared_ptr<const StoredResponse> stored;
+  if (ctx.responses != nullptr) stored = ctx.responses->get(id);
+  if (stored == nullptr) return send_error(*res, not_found(id, ""));
+  auto page = input_items_page(stored->input_items, req.query);
+  if (auto* e = std::get_if<ApiError>(&page)) return send_error(*res, *e);
+  res->send(200, "application/json", dump_responses_json(std::get<Json>(page)));
 }
 
 void handle_responses_delete(ServerContext& ctx, const HttpRequest& req, std::shared_ptr<Responder> res) {

@@ -1,8 +1,15 @@
 #include "server/responses_convert.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <map>
+#include <optional>
+#include <string_view>
+#include <vector>
 
 #include "core/json_parse.h"
 #include "server/field_reader.h"
@@ -314,7 +321,8 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
           *effort != "xhigh") {
         return reasoning->error("effort", "expected none, minimal, low, medium, high or xhigh");
       }
-      req.enable_thinking = *effort != "none" && *effort != "minimal";
+      req.thinking_budget = thinking_budget_for_effort(*effort);
+      req.enable_thinking = req.thinking_budget.has_value();
     }
     req.reasoning = {{"effort", effort && !effort->empty() ? Json(*effort) : Json(nullptr)}, {"summary", nullptr}};
   }
@@ -412,7 +420,8 @@ nlohmann::ordered_json responses_usage(const Usage& usage, int32_t reasoning_tok
   return {{"input_tokens", usage.prompt_tokens},
           {"input_tokens_details", {{"cached_tokens", usage.cached_tokens}}},
           {"output_tokens", usage.completion_tokens},
-          {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens}}},
+          {"output_tokens_details",
+           {{"reasoning_tokens", usage.reasoning_tokens > 0 ? usage.reasoning_tokens : reasoning_tokens}}},
           {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
 }
 
@@ -589,6 +598,134 @@ std::string ResponsesEncoder::failed(nlohmann::ordered_json& response, const std
   response["usage"] = usage;
   out += frame("response.failed", {{"response", response}});
   return out;
+}
+
+}  // namespace rill::server
+
+namespace rill::server {
+
+void assign_item_ids(Json& items) {
+  for (Json& item : items) {
+    if (!item.is_object() || item.contains("id")) continue;
+    const std::string type = item.value("type", "");
+    const char* prefix = type == "function_call"          ? "fc_"
+                         : type == "function_call_output" ? "fco_"
+                         : type == "reasoning"            ? "rs_"
+                                                          : "msg_";
+    // id first, as OpenAI lists an item's fields.
+    Json with_id = {{"id", random_id(prefix)}};
+    for (auto& [k, v] : item.items()) with_id[k] = std::move(v);
+    item = std::move(with_id);
+  }
+}
+
+namespace {
+
+// %XX and '+' decoded; false on a malformed escape.
+bool url_decode(std::string_view in, std::string& out) {
+  out.clear();
+  for (size_t i = 0; i < in.size(); ++i) {
+    const char c = in[i];
+    if (c == '+') {
+      out += ' ';
+    } else if (c == '%') {
+      auto hex = [](char h) {
+        if (h >= '0' && h <= '9') return h - '0';
+        if (h >= 'a' && h <= 'f') return h - 'a' + 10;
+        if (h >= 'A' && h <= 'F') return h - 'A' + 10;
+        return -1;
+      };
+      if (i + 2 >= in.size()) return false;
+      const int hi = hex(in[i + 1]), lo = hex(in[i + 2]);
+      if (hi < 0 || lo < 0) return false;
+      out += static_cast<char>(hi * 16 + lo);
+      i += 2;
+    } else {
+      out += c;
+    }
+  }
+  return true;
+}
+
+ApiError query_error(const std::string& param, const std::string& message) {
+  return ApiError(400, param + ": " + message, "invalid_request_error", param);
+}
+
+}  // namespace
+
+std::variant<Json, ApiError> input_items_page(const Json& items, const std::string& query) {
+  int64_t limit = 20;
+  bool ascending = false;
+  std::optional<std::string> after, before;
+  size_t pos = 0;
+  while (pos <= query.size() && !query.empty()) {
+    const size_t amp = query.find('&', pos);
+    const std::string_view pair(query.data() + pos, (amp == std::string::npos ? query.size() : amp) - pos);
+    pos = amp == std::string::npos ? query.size() + 1 : amp + 1;
+    if (pair.empty()) continue;
+    const size_t eq = pair.find('=');
+    std::string key, value;
+    if (!url_decode(pair.substr(0, eq), key) ||
+        !url_decode(eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1), value)) {
+      return ApiError(400, "the query string has a malformed %-escape", "invalid_request_error");
+    }
+    if (key == "limit") {
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || errno != 0 || v < 1 || v > 100) {
+        return query_error("limit", "expected an integer from 1 to 100");
+      }
+      limit = v;
+    } else if (key == "order") {
+      if (value != "asc" && value != "desc") return query_error("order", "expected asc or desc");
+      ascending = value == "asc";
+    } else if (key == "after") {
+      after = value;
+    } else if (key == "before") {
+      before = value;
+    } else if (key == "include" || key == "include[]") {
+      return query_error("include", "not supported: stored input items carry no extra data to include");
+    } else {
+      // Echoed only when it reads as a parameter name (it goes into JSON).
+      const bool plain = !key.empty() && key.size() <= 64 && std::all_of(key.begin(), key.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' || c == '[' || c == ']';
+      });
+      if (!plain) return ApiError(400, "the query string names an unknown parameter", "invalid_request_error");
+      return query_error(key, "unknown query parameter");
+    }
+  }
+  // The items in the asked order, then the window between the cursors.
+  std::vector<const Json*> ordered;
+  for (const Json& item : items) ordered.push_back(&item);
+  if (!ascending) std::reverse(ordered.begin(), ordered.end());
+  auto index_of = [&](const std::string& id) -> std::optional<size_t> {
+    for (size_t i = 0; i < ordered.size(); ++i) {
+      if (ordered[i]->is_object() && ordered[i]->value("id", "") == id) return i;
+    }
+    return std::nullopt;
+  };
+  size_t first = 0, last = ordered.size();  // [first, last)
+  if (after) {
+    const auto i = index_of(*after);
+    if (!i) return query_error("after", "no input item with id '" + *after + "' in this response");
+    first = *i + 1;
+  }
+  if (before) {
+    const auto i = index_of(*before);
+    if (!i) return query_error("before", "no input item with id '" + *before + "' in this response");
+    last = *i;
+  }
+  Json data = Json::array();
+  // With only `before`, the page is the one just before the cursor.
+  if (before && !after && last > static_cast<size_t>(limit)) first = last - static_cast<size_t>(limit);
+  for (size_t i = first; i < last && static_cast<int64_t>(data.size()) < limit; ++i) data.push_back(*ordered[i]);
+  const bool has_more = first + data.size() < last || (before && !after && first > 0);
+  Json page = {{"object", "list"}, {"data", data}};
+  page["first_id"] = data.empty() ? Json(nullptr) : data.front()["id"];
+  page["last_id"] = data.empty() ? Json(nullptr) : data.back()["id"];
+  page["has_more"] = has_more;
+  return page;
 }
 
 }  // namespace rill::server

@@ -22,7 +22,9 @@
 //   tool_choice "none" offers no tools, {type: function, name} only that
 //   one; "auto" and "required" offer all (rill does not force a call).
 // - reasoning.effort "none" / "minimal" set enable_thinking false, any other
-//   effort true; without `reasoning` the template's default applies.
+//   effort true with the effort's thinking budget (low 1,024 tokens, medium
+//   4,096, high / xhigh unbounded; a 400 naming reasoning.effort for a model
+//   without thinking); without `reasoning` the template's default applies.
 // - rill extensions: top_k, min_p, repetition_penalty, seed.
 #include <cstdint>
 #include <optional>
@@ -52,6 +54,7 @@ struct ResponsesRequest {
   nlohmann::ordered_json tool_choice = "auto";                     // as sent, echoed
   nlohmann::ordered_json reasoning;                                // null or {effort, summary}, echoed
   std::optional<bool> enable_thinking;
+  std::optional<int32_t> thinking_budget;  // reasoning.effort asked for thinking: its budget (-1: unbounded)
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
   bool parallel_tool_calls = true;
   bool tools_required = false;                              // tool_choice "required" or a named function
@@ -74,8 +77,28 @@ nlohmann::ordered_json response_skeleton(const ResponsesRequest& req, const std:
                                          const std::string& model, const std::string& instructions,
                                          const SamplingParams& sampling);
 
+// Gives every item of a conversation an id where it has none ("msg_...",
+// "fc_...", "fco_...", "rs_..." by type), so GET
+// /v1/responses/{id}/input_items can name them and page by them. Ids stay
+// what they are once given (the store keeps the items with them).
+void assign_item_ids(nlohmann::ordered_json& items);
+
+// One page of GET /v1/responses/{id}/input_items over the stored items
+// (oldest first), as OpenAI's list: {object: "list", data, first_id,
+// last_id, has_more}. `query` is the URL's query string, undecoded:
+// limit (1-100, default 20), order (asc | desc, default desc), after /
+// before (an item id of this list: the page starts after / ends before it
+// in the chosen order). `include` is refused (no item here carries the
+// extra data it names), as is any other parameter. Errors are 400s naming
+// the parameter.
+std::variant<nlohmann::ordered_json, ApiError> input_items_page(const nlohmann::ordered_json& items,
+                                                                const std::string& query);
+
 // {input_tokens, input_tokens_details {cached_tokens}, output_tokens,
-//  output_tokens_details {reasoning_tokens}, total_tokens}.
+//  output_tokens_details {reasoning_tokens}, total_tokens}. reasoning_tokens
+// is the engine's count where it tracked the thinking block
+// (Usage::reasoning_tokens), else `reasoning_tokens` (the caller's count of
+// tokens the parser put in reasoning).
 nlohmann::ordered_json responses_usage(const Usage& usage, int32_t reasoning_tokens);
 
 // Builds the output items from parsed deltas and, when `emit_events`, the

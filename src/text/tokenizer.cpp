@@ -61,6 +61,10 @@ std::string Tokenizer::normalize(std::string_view text) const {
 
 void Tokenizer::encode_segment(std::string_view text, bool is_first, bool after_token_or_start,
                                std::vector<int32_t>& out) const {
+  if (model_kind_ == ModelKind::kWordPiece) {
+    wordpiece_->encode(text, out);
+    return;
+  }
   if (model_kind_ == ModelKind::kSpm) {
     std::string escaped;
     if (spm_add_space_prefix_ && after_token_or_start) escaped = "\xE2\x96\x81";

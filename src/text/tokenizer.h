@@ -19,10 +19,13 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/result.h"
 #include "text/bpe.h"
 #include "text/pretokenizer.h"
 #include "text/special_tokens.h"
+#include "text/wordpiece.h"
 
 namespace rill {
 
@@ -68,7 +71,7 @@ class Tokenizer {
   friend class IncrementalDecoder;
   Tokenizer() = default;
 
-  enum class ModelKind { kBpe, kSpm };
+  enum class ModelKind { kBpe, kSpm, kWordPiece };
   // How token pieces combine into text. kByteStream: concatenate bytes, then
   // replace ill-formed UTF-8 (ByteLevel decoder, llama.cpp). kByteFallbackRuns:
   // a run of <0xXX> tokens is kept if valid UTF-8, else each byte becomes
@@ -92,6 +95,9 @@ class Tokenizer {
   void set_piece(int32_t id, std::string_view piece, int byte_value);
   // eos_ids_ = EOS plus the end-of-turn tokens present in the vocabulary.
   void finish_eos_ids();
+  // tokenizer.json with a WordPiece model: its options from the model and
+  // the BertNormalizer; errors name `path`.
+  Status load_wordpiece(const nlohmann::json& root, const std::string& path);
   // Common checks after loading; errors name `where`.
   Status validate(const std::string& where) const;
 
@@ -100,6 +106,8 @@ class Tokenizer {
   std::vector<std::string> token_text_;  // [n_vocab] text as stored
   std::unique_ptr<text::BpeModel> bpe_;
   std::unique_ptr<text::SpmModel> spm_;
+  std::unique_ptr<text::WordPieceModel> wordpiece_;  // kWordPiece: normalizes and splits itself
+  std::string wordpiece_prefix_;                     // its continuing_subword_prefix ("##")
   std::vector<NormalizerStep> normalizer_;
   text::PreTokenizer pre_tokenizer_;
   text::AddedTokenMatcher added_;

@@ -211,7 +211,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
     if (!root.is_object() || !root.contains("model")) return Error{path + ": no \"model\" object"};
     const json& model = root.at("model");
     const std::string type = model.value("type", "BPE");
-    if (type != "BPE") return Error{path + ": model type '" + type + "' is not supported (only BPE)"};
+    const bool wordpiece = type == "WordPiece";
+    if (type != "BPE" && !wordpiece)
+      return Error{path + ": model type '" + type + "' is not supported (BPE or WordPiece)"};
     if (tj.merges_malformed) return Error{path + ": model.merges has an entry that is not a pair"};
 
     // Vocabulary and added tokens.
@@ -251,6 +253,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
     }
 
     // Model.
+    if (wordpiece) RILL_TRY(t->load_wordpiece(root, path));
     text::BpeOptions opt;
     opt.byte_fallback = model.value("byte_fallback", false);
     opt.fuse_unk = model.value("fuse_unk", false);
@@ -284,6 +287,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
     }
     for (const json* j : norms) {
       const std::string nt = j->value("type", "");
+      if (wordpiece && nt == "BertNormalizer") continue;  // load_wordpiece read it
       if (nt == "NFC") {
         t->normalizer_.push_back({NormalizerStep::Kind::kNfc, "", ""});
       } else if (nt == "Replace" && j->at("pattern").contains("String")) {
@@ -297,7 +301,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
     }
 
     // Pre-tokenizer.
-    RILL_ASSIGN_OR_RETURN(t->pre_tokenizer_, text::PreTokenizer::from_json(member(root, "pre_tokenizer"), path));
+    if (!wordpiece) {  // WordPiece: the BertPreTokenizer split is the model's own (load_wordpiece)
+      RILL_ASSIGN_OR_RETURN(t->pre_tokenizer_, text::PreTokenizer::from_json(member(root, "pre_tokenizer"), path));
+    }
 
     // Post-processor: the ids add_special adds around a single sequence.
     bool template_given = false;
@@ -374,6 +380,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
       } else if (dt == "Strip" && d->value("content", "") == " " && d->value("start", 0) == 1 &&
                  d->value("stop", 0) == 0) {
         t->leading_space_ = LeadingSpace::kOutputStart;
+      } else if (dt == "WordPiece" && wordpiece) {
+        // "##x" continues the word; any other token starts one after a space
+        // (the reference's cleanup of spaces before punctuation is not done).
+        t->leading_space_ = LeadingSpace::kOutputStart;
       } else if (dt == "Metaspace") {
         replacements.emplace_back(d->value("replacement", "\xE2\x96\x81"), " ");
         if (d->value("prepend_scheme", "always") != "never" && d->value("add_prefix_space", true))
@@ -400,6 +410,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
         }
       }
       if (!mapped) piece = tt;  // tokenizers keeps a token with unmapped chars as is
+      if (wordpiece && !(t->flags_[id] & kSpecial))
+        piece = piece.starts_with(t->wordpiece_prefix_) ? piece.substr(t->wordpiece_prefix_.size()) : " " + piece;
       for (const auto& [from, to] : replacements) {
         if (from.empty()) continue;
         for (size_t pos = piece.find(from); pos != std::string::npos; pos = piece.find(from, pos + to.size()))
@@ -415,7 +427,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
 
     XXH3_state_t* st = XXH3_createState();
     XXH3_64bits_reset(st);
-    XXH3_64bits_update(st, "tokenizer.json/bpe", 18);
+    XXH3_64bits_update(st, wordpiece ? "tokenizer.json/wp" : "tokenizer.json/bpe", wordpiece ? 17 : 18);
     for (const auto& tt : t->token_text_) XXH3_64bits_update(st, tt.data(), tt.size() + 1);  // + NUL
     for (const auto& [a, b] : tj.merges) {
       XXH3_64bits_update(st, a.data(), a.size() + 1);
@@ -433,6 +445,37 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::str
   }
   RILL_TRY(t->validate(path));
   return t;
+}
+
+Status Tokenizer::load_wordpiece(const json& root, const std::string& path) {
+  const json& model = root.at("model");
+  text::WordPieceOptions opt;
+  const std::string unk = model.value("unk_token", "[UNK]");
+  const auto unk_id = text::find_token(vocab_, unk);
+  if (!unk_id) return Error{path + ": WordPiece unk_token '" + unk + "' is not in the vocabulary"};
+  opt.unk_id = *unk_id;
+  opt.continuing_subword_prefix = model.value("continuing_subword_prefix", "##");
+  opt.max_input_chars_per_word = model.value("max_input_chars_per_word", 100);
+  const json& norm = member(root, "normalizer");
+  if (norm.is_null()) {
+    opt.clean_text = opt.handle_chinese_chars = opt.strip_accents = opt.lowercase = false;
+  } else {
+    if (norm.value("type", "") != "BertNormalizer")
+      return Error{path + ": a WordPiece model needs the BertNormalizer (or none), not '" + norm.value("type", "") +
+                   "'"};
+    opt.clean_text = norm.value("clean_text", true);
+    opt.handle_chinese_chars = norm.value("handle_chinese_chars", true);
+    opt.lowercase = norm.value("lowercase", true);
+    const json& strip = member(norm, "strip_accents");
+    opt.strip_accents = strip.is_boolean() ? strip.get<bool>() : opt.lowercase;  // null: as lowercase
+  }
+  const json& pre = member(root, "pre_tokenizer");
+  if (!pre.is_null() && pre.value("type", "") != "BertPreTokenizer")
+    return Error{path + ": a WordPiece model needs the BertPreTokenizer, not '" + pre.value("type", "") + "'"};
+  wordpiece_prefix_ = opt.continuing_subword_prefix;
+  model_kind_ = ModelKind::kWordPiece;
+  wordpiece_ = std::make_unique<text::WordPieceModel>(vocab_, std::move(opt));
+  return Status::Ok();
 }
 
 }  // namespace rill

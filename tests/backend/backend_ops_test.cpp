@@ -495,6 +495,97 @@ TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
   }
 }
 
+// A step of three sequences over a pool of 3 slots + 3 checkpoints + 1
+// scratch, two layers (the op runs on layer 1): one from zeros with a
+// snapshot after its third token, a decode token from its slot, one
+// restored from checkpoint 0 with a snapshot after its last token.
+TEST_P(BackendOps, GatedDeltaOverStatesWithSnapshots) {
+  const int32_t nk = 2, nv = 4, dk = 16, dv = 16, K = 4;
+  const int64_t kd = nk * dk, vd = nv * dv, cd = 2 * kd + vd, P = cd + vd + 2 * nv;
+  const int64_t layer_floats = cd * (K - 1) + int64_t{nv} * dk * dv, stride = 2 * layer_floats, n_ids = 7;
+  const std::vector<RecurrentSeq> seqs = {{0, 5, -1, 0, 0, 1}, {5, 1, 1, 1, 1, 0}, {6, 3, 3, 2, 1, 1}};
+  const std::vector<RecurrentSave> saves = {{2, 4}, {2, 5}};  // checkpoints 1 and 2
+  const std::vector<int32_t> tok_seq = {0, 0, 0, 0, 0, 1, 2, 2, 2};
+  const int64_t n = 9;
+  std::vector<float> neg_a = random_floats(nv, 30, 0.0f, 1.0f);
+  for (float& a : neg_a) a = -std::exp(a);
+  const auto states0 = random_floats(n_ids * stride, 31, -0.3f, 0.3f);
+  std::vector<std::vector<float>> cores, states;
+  for (Side* s : {&ref_, &dev_}) {
+    GatedDeltaOp op;
+    op.proj = s->tensor(random_floats(n * P, 32, -1, 1), n, P, DType::kF32);
+    op.b_col = cd + vd;
+    op.a_col = op.b_col + nv;
+    op.n_k_heads = nk;
+    op.n_v_heads = nv;
+    op.head_k_dim = dk;
+    op.head_v_dim = dv;
+    op.conv_kernel = K;
+    op.conv_w = s->vec(random_floats(cd * K, 33, -0.5f, 0.5f));
+    op.neg_a = s->vec(neg_a);
+    op.dt_bias = s->vec(random_floats(nv, 34));
+    auto* pool = s->put(states0);
+    op.states = pool + layer_floats;
+    op.state_stride = stride;
+    op.mixed = s->tensor(std::vector<float>(n * cd, 0.0f), n, cd, DType::kF32);
+    op.g = s->tensor(std::vector<float>(n * nv, 0.0f), n, nv, DType::kF32);
+    op.beta = s->tensor(std::vector<float>(n * nv, 0.0f), n, nv, DType::kF32);
+    op.core = s->tensor(std::vector<float>(n * vd, NAN), n, vd, DType::kF32);
+    StepMetadata md;
+    md.n_tokens = static_cast<int32_t>(n);
+    md.recurrent = {s->put(seqs), 3, s->put(saves), 2, s->put(tok_seq), n};
+    s->b->gated_delta(op, md);
+    cores.push_back(s->read(op.core));
+    states.push_back(s->read(Tensor::dense(pool, DType::kF32, n_ids, stride)));
+  }
+  expect_close(cores[1], cores[0], tol(1e-4), "gated_delta core");
+  expect_close(states[1], states[0], tol(1e-4), "gated_delta states");
+  // Layer 0 and the states only read (checkpoint 0) or unused (the
+  // scratch) keep their bits; slot 0 (from zeros) no longer holds its old ones.
+  for (int64_t id = 0; id < n_ids; ++id) {
+    for (int64_t i = 0; i < layer_floats; ++i) ASSERT_EQ(states[0][id * stride + i], states0[id * stride + i]);
+  }
+  for (int64_t id : {3, 6}) {
+    for (int64_t i = 0; i < layer_floats; ++i) {
+      ASSERT_EQ(states[0][id * stride + layer_floats + i], states0[id * stride + layer_floats + i]);
+    }
+  }
+  EXPECT_NE(states[0][layer_floats], states0[layer_floats]);
+}
+
+TEST_P(BackendOps, GatedRmsNormAndSigmoidMul) {
+  const int64_t n = 5, nh = 4, hd = 32, W = nh * hd, zs = W + 16;
+  const auto core = random_floats(n * W, 20, -2, 2), z = random_floats(n * W, 21, -3, 3);
+  const auto w = random_floats(hd, 22), x = random_floats(n * W, 23, -2, 2);
+  std::vector<std::vector<float>> normed, gated;
+  for (Side* s : {&ref_, &dev_}) {
+    const DType out_t = s == &ref_ ? DType::kF32 : act();
+    Tensor out = s->tensor(std::vector<float>(n * W, NAN), n, W, out_t);
+    s->b->gated_rms_norm(s->tensor(core, n, W, DType::kF32), s->tensor(z, n, W, DType::kF32, zs), s->vec(w),
+                         static_cast<int32_t>(hd), 1e-6f, out);
+    normed.push_back(s->read(out));
+    Tensor out2 = s->tensor(std::vector<float>(n * W, NAN), n, W, out_t);
+    s->b->sigmoid_mul(s->tensor(x, n, W, DType::kF32), s->tensor(z, n, W, DType::kF32, zs), out2);
+    gated.push_back(s->read(out2));
+  }
+  expect_close(normed[1], normed[0], tol(1e-5, act()), "gated_rms_norm");
+  expect_close(gated[1], gated[0], tol(1e-5, act()), "sigmoid_mul");
+  if (!exact_) return;
+  // The CPU's tiled order (qwen35 GGUF): head g*r + j written at j*nk + g.
+  const int64_t nk = 2, r = nh / nk;
+  Tensor out = ref_.tensor(std::vector<float>(n * W, NAN), n, W, DType::kF32);
+  ref_.b->gated_rms_norm(ref_.tensor(core, n, W, DType::kF32), ref_.tensor(z, n, W, DType::kF32, zs), ref_.vec(w),
+                         static_cast<int32_t>(hd), 1e-6f, out, static_cast<int32_t>(nk));
+  const std::vector<float> tiled = ref_.read(out);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < nh; ++h) {
+      for (int64_t i = 0; i < hd; ++i) {
+        ASSERT_EQ(tiled[(t * nh + (h % r) * nk + h / r) * hd + i], normed[0][(t * nh + h) * hd + i]);
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendOps, ::testing::ValuesIn(instances()),
                          [](const ::testing::TestParamInfo<Instance>& i) { return i.param.name; });
 

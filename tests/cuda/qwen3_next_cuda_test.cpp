@@ -1,4 +1,4 @@
-// The CUDA hybrid gated-DeltaNet model (model/arch/qwen3_next_cuda.cpp) on
+// The CUDA hybrid gated-DeltaNet model (`qwen3_next.cuda`, model/arch/qwen3_next.cpp) on
 // the tiny ../shared/goldens/hf qwen3_5 and qwen3-next models (f32 weights,
 // 2 linear + 2 gated attention layers; qwen3-next with an MoE FFN of 4
 // experts, 2 per token, and a shared expert; KV blocks of 4):

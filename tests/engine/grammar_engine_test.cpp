@@ -241,5 +241,86 @@ TEST(GrammarEngine, RefusedWithoutATokenizer) {
   EXPECT_EQ(id.error().message.rfind("grammar:", 0), 0u) << id.error().message;
 }
 
+// Thinking (GenerationRequest::Thinking) over two ordinary ids of the
+// vocabulary standing for <think> and </think>; logit biases make the model
+// open the block first and never close it by itself, so every close below is
+// the engine's.
+constexpr int32_t kOpen = 100, kClose = 101;
+
+GenerationRequest thinking_request(const Tokenizer& tok, int32_t budget, bool starts_inside) {
+  GenerationRequest r = request(tok, 40, 0.9f, 5);
+  r.thinking = {kOpen, kClose, starts_inside, budget};
+  r.sampling.logit_bias = {{kOpen, 1000.0f}, {kClose, -1000.0f}};
+  r.ignore_eos = true;
+  return r;
+}
+
+TEST(GrammarEngine, ASpentThinkingBudgetForcesTheClose) {
+  Fixture f = make();
+  if (!f.tok) GTEST_SKIP() << "SmolLM2 model file missing";
+  for (int32_t budget : {0, 1, 7}) {
+    SCOPED_TRACE(budget);
+    Output o = run(*f.engine, thinking_request(*f.tok, budget, false));
+    ASSERT_GE(o.ids.size(), static_cast<size_t>(budget) + 3);
+    EXPECT_EQ(o.ids[0], kOpen);
+    for (int32_t i = 1; i <= budget; ++i) EXPECT_NE(o.ids[static_cast<size_t>(i)], kClose);
+    EXPECT_EQ(o.ids[static_cast<size_t>(budget) + 1], kClose);
+    // After the block the model writes on (the open token again is just a token).
+    EXPECT_EQ(std::count(o.ids.begin(), o.ids.end(), kClose), 1);
+    EXPECT_EQ(o.last.finish_reason, FinishReason::kLength);
+    EXPECT_EQ(o.last.usage.reasoning_tokens, budget + 2);  // open, the budget, close
+  }
+  // The prompt opened the block: the budget counts from the first token.
+  Output o = run(*f.engine, thinking_request(*f.tok, 3, true));
+  ASSERT_GE(o.ids.size(), 4u);
+  EXPECT_EQ(o.ids[3], kClose);
+  EXPECT_EQ(std::count(o.ids.begin(), o.ids.begin() + 3, kClose), 0);
+  EXPECT_EQ(o.last.usage.reasoning_tokens, 4);
+  // Unbounded: the model never closes (its bias), nothing forces it.
+  Output free = run(*f.engine, thinking_request(*f.tok, -1, false));
+  EXPECT_EQ(std::count(free.ids.begin(), free.ids.end(), kClose), 0);
+}
+
+TEST(GrammarEngine, TheGrammarConstrainsTheAnswerAfterTheThinkingBlock) {
+  Fixture f = make();
+  if (!f.tok) GTEST_SKIP() << "SmolLM2 model file missing";
+  auto choice = grammar::choice_gbnf({"alpha", "beta", "gamma delta"});
+  ASSERT_TRUE(choice.ok());
+  for (bool opens : {true, false}) {
+    SCOPED_TRACE(opens ? "the model thinks first" : "the model answers at once");
+    GenerationRequest r = thinking_request(*f.tok, 6, false);
+    if (!opens) r.sampling.logit_bias = {{kOpen, -1000.0f}, {kClose, -1000.0f}};
+    r.ignore_eos = false;
+    r.grammar = compile(*choice);
+    Output o = run(*f.engine, std::move(r));
+    ASSERT_EQ(o.last.finish_reason, FinishReason::kStop) << o.last.error;
+    size_t answer = 0;
+    if (opens) {
+      ASSERT_GE(o.ids.size(), 8u);
+      EXPECT_EQ(o.ids[0], kOpen);
+      EXPECT_EQ(o.ids[7], kClose);  // six free tokens, then the forced close
+      answer = 8;
+    }
+    const std::vector<int32_t> rest(o.ids.begin() + static_cast<std::ptrdiff_t>(answer), o.ids.end());
+    const std::string text = f.tok->decode(rest, /*skip_special=*/true);
+    EXPECT_TRUE(text == "alpha" || text == "beta" || text == "gamma delta") << text;
+  }
+}
+
+TEST(GrammarEngine, ThinkingIdsAreChecked) {
+  Fixture f = make();
+  if (!f.tok) GTEST_SKIP() << "SmolLM2 model file missing";
+  for (GenerationRequest::Thinking t :
+       {GenerationRequest::Thinking{5, 5, false, -1},
+        GenerationRequest::Thinking{5, static_cast<int32_t>(f.tok->n_vocab()), false, -1},
+        GenerationRequest::Thinking{-1, -1, false, 10}, GenerationRequest::Thinking{5, 6, false, -2}}) {
+    GenerationRequest r = request(*f.tok, 4, 0.0f, 1);
+    r.thinking = t;
+    auto h = f.engine->submit(std::move(r));
+    ASSERT_FALSE(h.ok());
+    EXPECT_EQ(h.error().message.rfind("thinking:", 0), 0u) << h.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace rill

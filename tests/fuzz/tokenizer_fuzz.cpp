@@ -1,8 +1,9 @@
-// Fuzz target for the tokenizers and the incremental detokenizer. Three
+// Fuzz target for the tokenizers and the incremental detokenizer. Four
 // small tokenizers are built once: a byte-level BPE tokenizer.json (NFC,
 // Llama-3 split regex, added tokens), a SentencePiece-style tokenizer.json
-// (byte fallback, Prepend/Replace normalizer, Strip decoder) and a GGUF
-// "llama" (SPM) vocabulary parsed from memory.
+// (byte fallback, Prepend/Replace normalizer, Strip decoder), a GGUF
+// "llama" (SPM) vocabulary parsed from memory and a WordPiece
+// tokenizer.json (BertNormalizer, BertPreTokenizer, [CLS]/[SEP] template).
 // Input: byte 0 = flags (bit0 add_special, bit1 parse_special, bit2
 // skip_special, bits 3-4 tokenizer), the rest = text, also read as ids.
 // Checks: ids in range, decode output valid UTF-8, IncrementalDecoder output
@@ -152,6 +153,54 @@ json sentencepiece_json() {
   };
 }
 
+json wordpiece_json() {
+  json vocab = json::object();
+  int next = 0;
+  for (const char* t : {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",       "a",     "b",      "e",     "h",     "l",
+                        "o",     "w",     "r",     "d",     "un",           "##aff", "##able", "hello", "world", "##s",
+                        "##e",   "!",     ",",     ".",     "\xE6\x97\xA5", "cafe"})
+    vocab[t] = next++;
+  json added = json::array();
+  for (int id = 0; id < 5; ++id) {
+    std::string content;
+    for (const auto& [k, v] : vocab.items())
+      if (v == id) content = k;
+    added.push_back({{"id", id},
+                     {"content", content},
+                     {"special", true},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"single_word", false},
+                     {"normalized", false}});
+  }
+  auto special = [&](const char* name, int id) {
+    return json{{"id", name}, {"ids", json::array({id})}, {"tokens", json::array({name})}};
+  };
+  return {
+      {"added_tokens", added},
+      {"normalizer",
+       {{"type", "BertNormalizer"},
+        {"clean_text", true},
+        {"handle_chinese_chars", true},
+        {"strip_accents", nullptr},
+        {"lowercase", true}}},
+      {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", json::array({{{"SpecialToken", {{"id", "[CLS]"}, {"type_id", 0}}}},
+                                {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                                {{"SpecialToken", {{"id", "[SEP]"}, {"type_id", 0}}}}})},
+        {"special_tokens", {{"[CLS]", special("[CLS]", 2)}, {"[SEP]", special("[SEP]", 3)}}}}},
+      {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}, {"cleanup", true}}},
+      {"model",
+       {{"type", "WordPiece"},
+        {"unk_token", "[UNK]"},
+        {"continuing_subword_prefix", "##"},
+        {"max_input_chars_per_word", 100},
+        {"vocab", vocab}}},
+  };
+}
+
 // A GGUF image with only tokenizer metadata (SPM vocabulary with scores).
 std::vector<uint8_t> spm_gguf() {
   std::vector<uint8_t> out;
@@ -200,7 +249,7 @@ std::unique_ptr<rill::Tokenizer> load_json(const json& j) {
 }
 
 struct Tokenizers {
-  std::unique_ptr<rill::Tokenizer> t[3];
+  std::unique_ptr<rill::Tokenizer> t[4];
   Tokenizers() {
     t[0] = load_json(byte_level_json());
     t[1] = load_json(sentencepiece_json());
@@ -210,6 +259,7 @@ struct Tokenizers {
     auto spm = rill::Tokenizer::from_gguf(*gguf.value());
     if (!spm.ok()) std::fprintf(stderr, "fuzz setup: %s\n", spm.error().message.c_str()), std::abort();
     t[2] = std::move(spm).value();
+    t[3] = load_json(wordpiece_json());
   }
 };
 
@@ -234,7 +284,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const uint8_t flags = data[0];
   const bool add_special = flags & 1, parse_special = flags & 2, skip_special = flags & 4;
-  const int which = ((flags >> 3) & 3) % 3;
+  const int which = (flags >> 3) & 3;
   const rill::Tokenizer& tok = *tokenizers.t[which];
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
 

@@ -22,12 +22,12 @@ def free_port():
 
 
 class Server:
-    def __init__(self, *extra):
+    def __init__(self, *extra, model=MODEL):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         extra = list(map(str, extra))
         defaults = [("--threads", "2"), ("--ctx-size", "2048"), ("--kv-cache-mb", "256"), ("--max-running", "64")]
-        args = [RILL, "serve", MODEL, "--port", str(self.port)]
+        args = [RILL, "serve", model, "--port", str(self.port)]
         for flag, value in defaults:  # a test's own value replaces the default
             if flag not in extra:
                 args += [flag, value]

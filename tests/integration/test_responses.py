@@ -52,3 +52,29 @@ def test_unknown_and_expired_ids_are_404(openai_client):
     with pytest.raises(openai.NotFoundError) as e:
         openai_client.responses.create(model="m", input="again", previous_response_id=r.id, max_output_tokens=4)
     assert e.value.body["type"] == "invalid_request_error"
+
+
+def test_input_items_list_the_conversation(openai_client):
+    first = openai_client.responses.create(model="m", input="My name is Ada.", max_output_tokens=8, temperature=0)
+    second = openai_client.responses.create(model="m", input=[{"role": "user", "content": "And yours?"}],
+                                            previous_response_id=first.id, max_output_tokens=8, temperature=0)
+    items = openai_client.responses.input_items.list(second.id, order="asc")
+    # The first input, the first response's output, then the new input.
+    assert [i.type for i in items.data] == ["message", "message", "message"]
+    assert [i.role for i in items.data] == ["user", "assistant", "user"]
+    assert items.data[0].content[0].text == "My name is Ada."
+    assert items.data[1].id == first.output[0].id
+    assert items.data[2].content[0].text == "And yours?"
+    assert items.first_id == items.data[0].id and items.last_id == items.data[-1].id and not items.has_more
+    # Ids are stable, and pages follow them (the SDK's auto-pagination too).
+    again = openai_client.responses.input_items.list(second.id, order="asc")
+    assert [i.id for i in again.data] == [i.id for i in items.data]
+    paged = [i.id for i in openai_client.responses.input_items.list(second.id, order="asc", limit=1)]
+    assert paged == [i.id for i in items.data]
+    newest = openai_client.responses.input_items.list(second.id, limit=1)  # desc by default
+    assert newest.data[0].id == items.data[-1].id and newest.has_more
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client.responses.input_items.list(second.id, limit=500)
+    assert e.value.body["param"] == "limit"
+    with pytest.raises(openai.NotFoundError):
+        openai_client.responses.input_items.list("resp_doesnotexist")

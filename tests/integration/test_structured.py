@@ -184,7 +184,12 @@ def test_responses_tool_choice_required(openai_client):
 
 def test_anthropic_tool_choice_any(anthropic_client):
     tools = [{"name": f["function"]["name"], "input_schema": f["function"]["parameters"]} for f in (WEATHER, TIME)]
+    # One call each (disable_parallel_tool_use): the grammar then ends after
+    # the call, so stop_reason is tool_use whatever the model samples. With
+    # parallel calls allowed, the grammar lets this model add calls until
+    # max_tokens (test_anthropic_parallel_calls_validate).
     for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        choice = dict(choice, disable_parallel_tool_use=True)
         m = anthropic_client.messages.create(model="m", max_tokens=200, tools=tools, tool_choice=choice,
                                              messages=[{"role": "user", "content": "Weather in Paris?"}])
         assert m.stop_reason == "tool_use"
@@ -194,12 +199,32 @@ def test_anthropic_tool_choice_any(anthropic_client):
             check_call(u.name, u.input)
         if choice["type"] == "tool":
             assert {u.name for u in uses} == {"get_weather"}
-    with anthropic_client.messages.stream(model="m", max_tokens=200, tools=tools, tool_choice={"type": "any"},
+        assert len(uses) == 1
+    with anthropic_client.messages.stream(model="m", max_tokens=200, tools=tools,
+                                          tool_choice={"type": "any", "disable_parallel_tool_use": True},
                                           messages=[{"role": "user", "content": "Time in Tokyo?"}]) as s:
         final = s.get_final_message()
     assert final.stop_reason == "tool_use"
-    for u in (b for b in final.content if b.type == "tool_use"):
-        check_call(u.name, u.input)
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert len(uses) == 1
+    check_call(uses[0].name, uses[0].input)
+
+
+def test_anthropic_parallel_calls_validate(anthropic_client):
+    # Parallel calls allowed: however many calls the model writes before it
+    # stops or runs out of tokens, every complete one validates, and a run
+    # that ends by itself ends with a call (stop_reason tool_use).
+    tools = [{"name": f["function"]["name"], "input_schema": f["function"]["parameters"]} for f in (WEATHER, TIME)]
+    for prompt in ("Weather in Paris and Rome?", "Time in Tokyo?"):
+        m = anthropic_client.messages.create(model="m", max_tokens=120, tools=tools, tool_choice={"type": "any"},
+                                             messages=[{"role": "user", "content": prompt}],
+                                             extra_body={"temperature": 0})
+        assert m.stop_reason in ("tool_use", "max_tokens")
+        uses = [b for b in m.content if b.type == "tool_use"]
+        if m.stop_reason == "tool_use":
+            assert uses
+        for u in uses:
+            check_call(u.name, u.input)
 
 
 def test_tools_are_described_when_the_template_renders_none(openai_client):

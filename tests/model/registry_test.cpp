@@ -146,17 +146,23 @@ TEST(Registry, BuiltinNamesOneImplementationPerFamilyAndDevice) {
     const char* name;
     std::vector<const char*> graphs;
     bool tensor_parallel;
+    const char* loop = "autoregressive";
   };
   const std::vector<Family> families = {
       {"llama", {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe"}, true},
       {"gemma", {"gemma2", "gemma3_text", "gemma3"}, false},
       {"qwen3_next", {"qwen3_5_text", "qwen3_next"}, false},
+      {"bert", {"bert"}, false, "encoder"},
   };
   EXPECT_EQ(builtin_registry().implementations().size(), 2 * families.size());
   for (const Family& f : families) {
     for (const char* graph : f.graphs) {
+      // An encoder is chosen by its loop: an autoregressive profile of it is refused.
+      ModelProfile p = profile(graph);
+      EXPECT_EQ(builtin_registry().select(p, Device::kCpu).ok(), std::string(f.loop) == "autoregressive") << graph;
+      p.generation_loop = f.loop;
       for (Device device : {Device::kCpu, Device::kCuda}) {
-        auto sel = builtin_registry().select(profile(graph), device);
+        auto sel = builtin_registry().select(p, device);
         ASSERT_TRUE(sel.ok()) << graph << ": " << sel.error().message;
         EXPECT_EQ((*sel)->id, std::string(f.name) + "." + device_name(device)) << graph;
         EXPECT_EQ((*sel)->device, device);

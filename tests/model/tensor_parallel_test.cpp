@@ -243,6 +243,34 @@ TEST(TensorParallelVocab, UnevenVocabularyMatchesOneDevice) {
   fs::remove_all(dir);
 }
 
+// ModelOptions::kv_cache_bytes is the budget of all ranks together, and
+// every rank holds the same number of blocks (the engine sees one block
+// space). llama has 2 KV heads: over 2 ranks each holds one (the one-device
+// bytes per token in all), over 4 ranks each of the 4 holds one (twice them).
+TEST(TensorParallelKv, BudgetIsTheWholeModels) {
+  if (!fs::exists(kGoldens + "llama")) GTEST_SKIP();
+  auto files = open_model_files(kGoldens + "llama");
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  auto open_with_budget = [&](int tensor_parallel) {
+    ModelOptions opts;
+    opts.n_threads = 2;
+    opts.n_ctx = kCtx;
+    opts.kv_cache_bytes = 3'000'017;  // no multiple of a block, nor of N blocks
+    opts.tensor_parallel = tensor_parallel;
+    return create_model(builtin_registry(), infer_profile(**files), *files, opts);
+  };
+  auto one = open_with_budget(1);
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  const int64_t block_bytes = (*one)->kv_block_size() * static_cast<int64_t>((*one)->kv_bytes_per_token());
+  EXPECT_EQ((*one)->n_kv_blocks(), 3'000'017 / block_bytes);
+  for (int n : {2, 4}) {
+    auto tp = open_with_budget(n);
+    ASSERT_TRUE(tp.ok()) << tp.error().message;
+    EXPECT_EQ((*tp)->kv_bytes_per_token(), (*one)->kv_bytes_per_token() * static_cast<size_t>(n / 2)) << "N=" << n;
+    EXPECT_EQ((*tp)->n_kv_blocks(), 3'000'017 / (block_bytes * (n / 2))) << "N=" << n;
+  }
+}
+
 TEST(TensorParallelErrors, RefusesHeadsThatDoNotDivide) {
   if (!fs::exists(kGoldens + "llama")) GTEST_SKIP();
   for (int n : {3, 8}) {

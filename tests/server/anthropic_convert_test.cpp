@@ -74,7 +74,8 @@ TEST(AnthropicConvert, ToolUseAndToolResultRoundTrip) {
     {"role": "user", "content": "Weather in Paris?"},
     {"role": "assistant", "content": "Checking.", "tool_calls": [
       {"id": "toolu_1", "type": "function",
-       "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\",\"days\":2}"}}]},
+       "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\",\"days\":2}"}}],
+     "reasoning_content": "I should call the tool"},
     {"role": "tool", "tool_call_id": "toolu_1", "content": "22 C", "name": "get_weather"},
     {"role": "tool", "tool_call_id": "toolu_9", "content": "Error: boom"},
     {"role": "user", "content": "Here you go"}
@@ -94,8 +95,11 @@ TEST(AnthropicConvert, ToolsToolChoiceAndThinking) {
   body["tools"] = Json::parse(R"([
     {"name": "a", "description": "tool a", "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}}},
     {"name": "b", "input_schema": {"type": "object"}}])");
-  body["thinking"] = {{"type", "enabled"}, {"budget_tokens", 1024}};
+  body["thinking"] = {{"type", "enabled"}, {"budget_tokens", 10}};
   AnthropicRequest r = parse_ok(body);
+  ASSERT_TRUE(r.chat.thinking.has_value());
+  EXPECT_EQ(r.chat.thinking->budget, 10);
+  EXPECT_EQ(r.chat.thinking->param, "thinking");
   EXPECT_EQ(r.chat.tools, Json::parse(R"([
     {"type": "function", "function": {"name": "a", "description": "tool a",
       "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}},
@@ -110,6 +114,11 @@ TEST(AnthropicConvert, ToolsToolChoiceAndThinking) {
   EXPECT_TRUE(r.chat.tools_required);  // "tool" forces a call of it
   EXPECT_TRUE(r.chat.parallel_tool_calls);
   EXPECT_EQ(r.chat.template_kwargs, Json({{"enable_thinking", false}}));
+  EXPECT_FALSE(r.chat.thinking.has_value());
+  body["thinking"] = {{"type", "adaptive"}};
+  r = parse_ok(body);
+  ASSERT_TRUE(r.chat.thinking.has_value());
+  EXPECT_EQ(r.chat.thinking->budget, -1);
 
   body["tool_choice"] = {{"type", "none"}};
   EXPECT_TRUE(parse_ok(body).chat.tools.is_null());
@@ -154,6 +163,13 @@ TEST(AnthropicConvert, ErrorsNameTheField) {
             "tools[0].type: only client tools (type \"custom\") are supported");
   EXPECT_EQ(message_of(with("thinking", {{"type", "maybe"}})),
             "thinking.type: must be \"enabled\", \"adaptive\" or \"disabled\"");
+  EXPECT_EQ(message_of(with("thinking", {{"type", "enabled"}})), "thinking.budget_tokens: field required");
+  EXPECT_EQ(message_of(with("thinking", {{"type", "enabled"}, {"budget_tokens", 16}})),
+            "thinking.budget_tokens: must be less than max_tokens (16)");
+  EXPECT_EQ(message_of(with("thinking", {{"type", "enabled"}, {"budget_tokens", 0}})),
+            "thinking.budget_tokens: must be at least 1");
+  EXPECT_EQ(message_of(base(Json::parse(R"([{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}])"))),
+            "messages[0].content[0].type: thinking blocks belong to assistant messages");
   EXPECT_EQ(message_of(base(Json::parse(R"([{"role": "system", "content": "x"}])"))),
             "messages[0].role: must be \"user\" or \"assistant\"");
   EXPECT_EQ(message_of(base(Json::parse(R"([{"content": "x"}])"))), "messages[0].role: field required");

@@ -322,5 +322,69 @@ TEST(ResponsesConvert, EmptyOutputStillHasAMessageAndNonStreamingEmitsNothing) {
   EXPECT_EQ(failed["status"], "failed");
 }
 
+TEST(InputItemsPage, AssignsIdsOnceAndPagesInEitherOrder) {
+  Json items = Json::parse(R"([
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}]},
+    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    {"id": "msg_kept", "type": "message", "role": "assistant", "content": []},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "b"}]}])");
+  assign_item_ids(items);
+  EXPECT_EQ(items[0]["id"].get<std::string>().rfind("msg_", 0), 0u);
+  EXPECT_EQ(items[1]["id"].get<std::string>().rfind("fc_", 0), 0u);
+  EXPECT_EQ(items[2]["id"].get<std::string>().rfind("fco_", 0), 0u);
+  EXPECT_EQ(items[3]["id"], "msg_kept");
+  EXPECT_EQ(items[0].begin().key(), "id");  // listed first, as OpenAI does
+  const Json again = [&] {
+    Json copy = items;
+    assign_item_ids(copy);
+    return copy;
+  }();
+  EXPECT_EQ(again, items);  // ids are stable
+
+  auto page = [&](const std::string& q) { return std::get<Json>(input_items_page(items, q)); };
+  Json all = page("");  // desc by default
+  ASSERT_EQ(all["data"].size(), 5u);
+  EXPECT_EQ(all["object"], "list");
+  EXPECT_EQ(all["first_id"], items[4]["id"]);
+  EXPECT_EQ(all["last_id"], items[0]["id"]);
+  EXPECT_FALSE(all["has_more"].get<bool>());
+
+  Json asc2 = page("order=asc&limit=2");
+  ASSERT_EQ(asc2["data"].size(), 2u);
+  EXPECT_EQ(asc2["data"][0], items[0]);
+  EXPECT_TRUE(asc2["has_more"].get<bool>());
+  Json next = page("order=asc&limit=2&after=" + asc2["last_id"].get<std::string>());
+  ASSERT_EQ(next["data"].size(), 2u);
+  EXPECT_EQ(next["data"][0], items[2]);
+  EXPECT_TRUE(next["has_more"].get<bool>());
+  Json rest = page("order=asc&after=" + next["last_id"].get<std::string>());
+  ASSERT_EQ(rest["data"].size(), 1u);
+  EXPECT_FALSE(rest["has_more"].get<bool>());
+
+  Json before = page("order=asc&limit=1&before=msg%5Fkept");  // %-escaped id
+  ASSERT_EQ(before["data"].size(), 1u);
+  EXPECT_EQ(before["data"][0], items[2]);
+  EXPECT_TRUE(before["has_more"].get<bool>());
+
+  Json none = page("after=" + items[0]["id"].get<std::string>());  // desc: nothing after the oldest
+  EXPECT_TRUE(none["data"].empty());
+  EXPECT_TRUE(none["first_id"].is_null());
+}
+
+TEST(InputItemsPage, BadParametersAre400sNamingThem) {
+  const Json items = Json::array();
+  auto error = [&](const std::string& q) { return std::get<ApiError>(input_items_page(items, q)); };
+  for (const char* q : {"limit=0", "limit=101", "limit=x", "limit=", "limit=5x"})
+    EXPECT_EQ(error(q).param, "limit") << q;
+  EXPECT_EQ(error("order=up").param, "order");
+  EXPECT_EQ(error("after=msg_nope").param, "after");
+  EXPECT_EQ(error("before=msg_nope").param, "before");
+  EXPECT_EQ(error("include[]=message.input_image.image_url").param, "include");
+  EXPECT_EQ(error("colour=blue").param, "colour");
+  EXPECT_EQ(error("limit=%4").status, 400);
+  EXPECT_EQ(error("limit=%zz").status, 400);
+}
+
 }  // namespace
 }  // namespace rill::server

@@ -12,6 +12,12 @@
 //    round-to-nearest);
 //  - attention: one attention_f16_rounded_batch (F16 KV) or cpu::attention
 //    per sequence (F32 KV), exactly HostOps::attention_batch;
+//  - gated_delta: the hybrid CPU model's arithmetic: the conv1d in place over
+//    proj (cpu::causal_conv1d_silu_batch), beta and g per token, then
+//    cpu::gated_delta_batch; a sequence's state is first zeroed or copied
+//    from its src into its dst, and the kernels run in place on dst;
+//  - gated_rms_norm: cpu::rms_norm per head (in place on core) then
+//    cpu::silu_mul; sigmoid_mul: x * (1 / (1 + exp(-gate)));
 //  - glu: silu_mul / gelu_tanh_mul per row (llama.cpp's ggml_vec_swiglu runs
 //    per row too, and a row's SIMD/tail split then depends on F alone).
 #include <algorithm>
@@ -25,6 +31,7 @@
 
 #include "backend/cpu/attention_f16.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/gated_delta.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quants.h"
 #include "core/half.h"
@@ -127,6 +134,11 @@ class CpuBackend final : public Backend {
     scratch_.reserve(scratch);
     acc_.resize(static_cast<size_t>(limits.max_tokens * max_rows));
     seqs_.reserve(static_cast<size_t>(limits.max_tokens));  // at most one sequence per token
+    const auto T = static_cast<size_t>(limits.max_tokens);  // at most one save per token
+    conv_seqs_.reserve(T);
+    delta_seqs_.reserve(T);
+    conv_snaps_.reserve(T);
+    delta_snaps_.reserve(T);
     return Status::Ok();
   }
 
@@ -202,6 +214,93 @@ class CpuBackend final : public Backend {
       }
     }
     return Status::Ok();
+  }
+
+  void gated_delta(const GatedDeltaOp& op, const StepMetadata& step) override {
+    const RecurrentStep& rs = step.recurrent;
+    const int64_t cd = op.conv_dim(), nv = op.n_v_heads, K = op.conv_kernel;
+    const int64_t conv_floats = cd * (K - 1);
+    const int64_t layer_floats = conv_floats + nv * op.head_k_dim * op.head_v_dim;
+    assert(op.proj.dtype == DType::kF32 && op.proj.cols >= cd && op.core.cols == op.value_dim());
+    auto state = [&](int32_t id) { return op.states + static_cast<int64_t>(id) * op.state_stride; };
+    for (int64_t t = 0; t < op.proj.rows; ++t) {
+      const auto* row = static_cast<const float*>(op.proj.at(t, 0));
+      float* beta = static_cast<float*>(op.beta.at(t, 0));
+      float* g = static_cast<float*>(op.g.at(t, 0));
+      for (int64_t i = 0; i < nv; ++i) {
+        beta[i] = 1.0f / (1.0f + std::exp(-row[op.b_col + i]));
+        const float a = row[op.a_col + i] + op.dt_bias.data[i];
+        g[i] = op.neg_a.data[i] * (a > 20.0f ? a : std::log1p(std::exp(a)));  // softplus as torch's
+      }
+    }
+    conv_snaps_.clear();
+    delta_snaps_.clear();
+    for (int32_t k = 0; k < rs.n_saves; ++k) {
+      float* dst = state(rs.saves[k].state);
+      conv_snaps_.push_back({rs.saves[k].after_token, dst});
+      delta_snaps_.push_back({rs.saves[k].after_token, dst + conv_floats});
+    }
+    conv_seqs_.clear();
+    delta_seqs_.clear();
+    for (int32_t i = 0; i < rs.n_seqs; ++i) {
+      const RecurrentSeq& q = rs.seqs[i];
+      float* st = state(q.dst);
+      if (q.src < 0) {
+        std::memset(st, 0, static_cast<size_t>(layer_floats) * sizeof(float));
+      } else if (q.src != q.dst) {
+        std::memcpy(st, state(q.src), static_cast<size_t>(layer_floats) * sizeof(float));
+      }
+      auto* x = static_cast<float*>(op.proj.at(q.q_start, 0));
+      conv_seqs_.push_back({x, q.q_len, st, conv_snaps_.data() + q.save_begin, q.n_saves});
+      cpu::GatedDeltaSeq ds;
+      ds.q = x;
+      ds.k = x + op.key_dim();
+      ds.v = x + 2 * op.key_dim();
+      ds.g = static_cast<const float*>(op.g.at(q.q_start, 0));
+      ds.beta = static_cast<const float*>(op.beta.at(q.q_start, 0));
+      ds.out = static_cast<float*>(op.core.at(q.q_start, 0));
+      ds.n_tokens = q.q_len;
+      ds.state = st + conv_floats;
+      ds.snapshots = delta_snaps_.data() + q.save_begin;
+      ds.n_snapshots = q.n_saves;
+      delta_seqs_.push_back(ds);
+    }
+    cpu::causal_conv1d_silu_batch(conv_seqs_.data(), static_cast<int>(conv_seqs_.size()), op.conv_w.data, cd, K,
+                                  op.proj.stride, pool_);
+    const cpu::GatedDeltaParams p{op.n_k_heads,   nv,          op.head_k_dim, op.head_v_dim,
+                                  op.proj.stride, op.g.stride, op.core.stride};
+    cpu::gated_delta_batch(delta_seqs_.data(), static_cast<int>(delta_seqs_.size()), p, pool_);
+  }
+
+  void gated_rms_norm(Tensor core, Tensor z, Vec w, int32_t head_dim, float eps, Tensor out,
+                      int32_t tiled_k_heads) override {
+    assert(core.dtype == DType::kF32 && z.dtype == DType::kF32 && out.dtype == DType::kF32);
+    const int64_t width = core.cols, n_heads = width / head_dim;
+    for (int64_t r = 0; r < core.rows; ++r) {
+      auto* c = static_cast<float*>(core.at(r, 0));
+      const auto* zr = static_cast<const float*>(z.at(r, 0));
+      auto* o = static_cast<float*>(out.at(r, 0));
+      cpu::rms_norm(c, w.data, n_heads, head_dim, eps, c);
+      if (tiled_k_heads <= 0) {
+        cpu::silu_mul(zr, c, o, width);
+        continue;
+      }
+      const int64_t nk = tiled_k_heads, rr = n_heads / nk;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const int64_t to = (h % rr) * nk + h / rr;
+        cpu::silu_mul(zr + h * head_dim, c + h * head_dim, o + to * head_dim, head_dim);
+      }
+    }
+  }
+
+  void sigmoid_mul(Tensor x, Tensor gate, Tensor out) override {
+    assert(x.dtype == DType::kF32 && gate.dtype == DType::kF32 && out.dtype == DType::kF32);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const auto* xr = static_cast<const float*>(x.at(r, 0));
+      const auto* gr = static_cast<const float*>(gate.at(r, 0));
+      auto* o = static_cast<float*>(out.at(r, 0));
+      for (int64_t i = 0; i < x.cols; ++i) o[i] = xr[i] * (1.0f / (1.0f + std::exp(-gr[i])));
+    }
   }
 
   void add_bias(Tensor y, Vec b) override {
@@ -320,6 +419,77 @@ class CpuBackend final : public Backend {
     if (w_next) rms_norm(x, nullptr, w_next, eps, w_offset, out);
   }
 
+  bool has_encoder_ops() const override { return true; }
+
+  // Mean and variance in double, so a row's bits do not depend on the
+  // summation order of a SIMD split.
+  void layer_norm(Tensor x, Vec w, Vec b, float eps, Tensor out) override {
+    assert(x.dtype == DType::kF32 && out.dtype == DType::kF32 && out.cols == x.cols && out.rows == x.rows);
+    assert(w.n == x.cols && b.n == x.cols);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const auto* src = static_cast<const float*>(x.at(r, 0));
+      double sum = 0, sq = 0;
+      for (int64_t i = 0; i < x.cols; ++i) sum += src[i];
+      const double mean = sum / static_cast<double>(x.cols);
+      for (int64_t i = 0; i < x.cols; ++i) sq += (src[i] - mean) * (src[i] - mean);
+      const auto inv = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(x.cols) + eps));
+      const auto m = static_cast<float>(mean);
+      auto* dst = static_cast<float*>(out.at(r, 0));
+      for (int64_t i = 0; i < x.cols; ++i) dst[i] = (src[i] - m) * inv * w.data[i] + b.data[i];
+    }
+  }
+
+  void add(Tensor y, Tensor x) override {
+    assert(y.dtype == DType::kF32 && x.dtype == DType::kF32 && y.rows == x.rows && y.cols == x.cols);
+    for (int64_t r = 0; r < y.rows; ++r)
+      cpu::add_inplace(static_cast<float*>(y.at(r, 0)), static_cast<const float*>(x.at(r, 0)), y.cols);
+  }
+
+  void gelu_erf(Tensor x) override {
+    assert(x.dtype == DType::kF32);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      float* row = static_cast<float*>(x.at(r, 0));
+      for (int64_t i = 0; i < x.cols; ++i) row[i] = 0.5f * row[i] * (1.0f + std::erf(row[i] * 0.70710678118654752f));
+    }
+  }
+
+  // One task per (sequence, head); each query row is a plain softmax over
+  // its sequence's keys.
+  void attention_bidirectional(const BidirectionalAttentionOp& op, const StepMetadata& step) override {
+    const int64_t hd = op.head_dim, width = op.n_head * hd;
+    assert(op.qkv.dtype == DType::kF32 && op.qkv.cols == 3 * width && op.out.cols == width);
+    const int64_t n_tasks = int64_t{step.n_seqs} * op.n_head;
+    pool_.parallel_for(n_tasks, 1, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> scores;  // grows to the longest sequence once per thread
+      for (int64_t task = begin; task < end; ++task) {
+        const auto s = static_cast<int32_t>(task / op.n_head);
+        const int64_t h = task % op.n_head;
+        const int32_t t0 = step.q_start[s], n = step.q_len[s];
+        scores.resize(static_cast<size_t>(n));
+        for (int32_t i = 0; i < n; ++i) {
+          const float* q = static_cast<const float*>(op.qkv.at(t0 + i, h * hd));
+          float best = -INFINITY;
+          for (int32_t j = 0; j < n; ++j) {
+            const float* k = static_cast<const float*>(op.qkv.at(t0 + j, width + h * hd));
+            float dot = 0;
+            for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+            scores[static_cast<size_t>(j)] = dot * op.scale;
+            best = std::max(best, scores[static_cast<size_t>(j)]);
+          }
+          float total = 0;
+          for (float& v : scores) total += (v = std::exp(v - best));
+          float* o = static_cast<float*>(op.out.at(t0 + i, h * hd));
+          std::fill(o, o + hd, 0.0f);
+          for (int32_t j = 0; j < n; ++j) {
+            const float* v = static_cast<const float*>(op.qkv.at(t0 + j, 2 * width + h * hd));
+            const float p = scores[static_cast<size_t>(j)] / total;
+            for (int64_t d = 0; d < hd; ++d) o[d] += p * v[d];
+          }
+        }
+      }
+    });
+  }
+
  private:
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool& pool_;
@@ -327,6 +497,9 @@ class CpuBackend final : public Backend {
   cpu::Scratch scratch_;
   std::vector<float> acc_;  // matmul(accumulate): [max_tokens, widest weight]
   std::vector<cpu::AttentionSeq> seqs_;
+  std::vector<cpu::ConvSeq> conv_seqs_;  // gated_delta(): [n_seqs], snapshots [n_saves]
+  std::vector<cpu::GatedDeltaSeq> delta_seqs_;
+  std::vector<cpu::StateSnapshot> conv_snaps_, delta_snaps_;
 };
 
 }  // namespace

@@ -86,15 +86,6 @@ class CpuHostOps final : public HostOps {
 
   void add_inplace(float* y, const float* x, int64_t n) override { cpu::add_inplace(y, x, n); }
 
-  void causal_conv1d_silu_batch(const cpu::ConvSeq* seqs, int n_seqs, const float* weight, int64_t n_channels,
-                                int64_t kernel, int64_t x_stride) override {
-    cpu::causal_conv1d_silu_batch(seqs, n_seqs, weight, n_channels, kernel, x_stride, pool_);
-  }
-
-  void gated_delta_batch(const cpu::GatedDeltaSeq* seqs, int n_seqs, const cpu::GatedDeltaParams& p) override {
-    cpu::gated_delta_batch(seqs, n_seqs, p, pool_);
-  }
-
  private:
   ThreadPool pool_;
   cpu::Scratch scratch_;

@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "backend/cpu/gated_delta.h"
 #include "backend/cpu/ops.h"
+#include "core/thread_pool.h"
 
 namespace rill {
 
@@ -62,20 +62,6 @@ class HostOps {
   virtual void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
   // y += x over n floats.
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
-  // Gated DeltaNet (see backend/cpu/gated_delta.h): the depthwise causal
-  // conv1d + SiLU and the gated delta rule over several sequences in one
-  // pass, each sequence's tokens in order. The defaults (for backends
-  // without their own, e.g. test doubles) run the CPU code on the caller's
-  // thread.
-  virtual void causal_conv1d_silu_batch(const cpu::ConvSeq* seqs, int n_seqs, const float* weight, int64_t n_channels,
-                                        int64_t kernel, int64_t x_stride) {
-    ThreadPool caller_only(1);
-    cpu::causal_conv1d_silu_batch(seqs, n_seqs, weight, n_channels, kernel, x_stride, caller_only);
-  }
-  virtual void gated_delta_batch(const cpu::GatedDeltaSeq* seqs, int n_seqs, const cpu::GatedDeltaParams& p) {
-    ThreadPool caller_only(1);
-    cpu::gated_delta_batch(seqs, n_seqs, p, caller_only);
-  }
 };
 
 // The CPU's HostOps: n_threads <= 0 means one thread per core.

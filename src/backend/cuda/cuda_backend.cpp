@@ -15,6 +15,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/gated_delta.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant.h"
@@ -27,6 +28,15 @@ static_assert(sizeof(AttentionTile) == sizeof(cuda::PrefillTile) &&
               offsetof(AttentionTile, seq) == offsetof(cuda::PrefillTile, seq) &&
               offsetof(AttentionTile, t0) == offsetof(cuda::PrefillTile, t0) &&
               offsetof(AttentionTile, n_q) == offsetof(cuda::PrefillTile, n_q));
+
+static_assert(sizeof(RecurrentSeq) == sizeof(cuda::GdnSeq) &&
+              offsetof(RecurrentSeq, src) == offsetof(cuda::GdnSeq, src) &&
+              offsetof(RecurrentSeq, dst) == offsetof(cuda::GdnSeq, dst) &&
+              offsetof(RecurrentSeq, save_begin) == offsetof(cuda::GdnSeq, save_begin) &&
+              offsetof(RecurrentSeq, n_saves) == offsetof(cuda::GdnSeq, n_saves));
+static_assert(sizeof(RecurrentSave) == sizeof(cuda::GdnSave) &&
+              offsetof(RecurrentSave, after_token) == offsetof(cuda::GdnSave, after_token) &&
+              offsetof(RecurrentSave, state) == offsetof(cuda::GdnSave, state));
 
 struct CudaWeight {
   cuda::DeviceWeight w;
@@ -317,6 +327,56 @@ class CudaBackend final : public Backend {
     assert(y.is_dense() && x.is_dense() && y.rows == x.rows && y.cols == x.cols);
     cuda::post_norm_add(y.f32(), w_post.data, x.f32(), w_next.data, x.rows, x.cols, eps, w_offset, out.dtype, out.data,
                         stream());
+  }
+
+  // The hybrid CUDA model's kernels (cuda/gated_delta.h): gdn_conv (conv,
+  // l2 norms, g, beta into mixed / g / beta), then gdn_recurrence, reading
+  // each sequence's src state and writing its dst and saves in place.
+  void gated_delta(const GatedDeltaOp& op, const StepMetadata& step) override {
+    const RecurrentStep& rs = step.recurrent;
+    assert(op.proj.dtype == DType::kF32 && op.mixed.is_dense() && op.g.is_dense() && op.beta.is_dense() &&
+           op.core.is_dense() && op.mixed.cols == op.conv_dim() && op.core.cols == op.value_dim());
+    cuda::GdnArgs ga;
+    ga.n_k_heads = op.n_k_heads;
+    ga.n_v_heads = op.n_v_heads;
+    ga.head_k_dim = op.head_k_dim;
+    ga.head_v_dim = op.head_v_dim;
+    ga.conv_kernel = op.conv_kernel;
+    ga.seqs = reinterpret_cast<const cuda::GdnSeq*>(rs.seqs);
+    ga.n_seqs = rs.n_seqs;
+    ga.saves = reinterpret_cast<const cuda::GdnSave*>(rs.saves);
+    ga.tok_seq = rs.tok_seq;
+    ga.n_tokens = op.proj.rows;
+    ga.states = op.states;
+    ga.state_stride = op.state_stride;
+    ga.conv_w = op.conv_w.data;
+    ga.neg_a = op.neg_a.data;
+    ga.dt_bias = op.dt_bias.data;
+    ga.proj = op.proj.f32();
+    ga.proj_stride = op.proj.stride;
+    ga.b_off = op.b_col;
+    ga.a_off = op.a_col;
+    ga.mixed = op.mixed.f32();
+    ga.g = op.g.f32();
+    ga.beta = op.beta.f32();
+    ga.core = op.core.f32();
+    ga.columns = cuda::gdn_columns();
+    cuda::gdn_conv(ga, stream());
+    cuda::gdn_recurrence(ga, stream());
+  }
+
+  void gated_rms_norm(Tensor core, Tensor z, Vec w, int32_t head_dim, float eps, Tensor out,
+                      int32_t tiled_k_heads) override {
+    assert(core.dtype == DType::kF32 && core.is_dense() && z.dtype == DType::kF32 && out.is_dense() &&
+           tiled_k_heads == 0);
+    (void)tiled_k_heads;
+    cuda::gdn_gated_norm(core.f32(), z.f32(), z.stride, w.data, core.rows, static_cast<int32_t>(core.cols / head_dim),
+                         head_dim, eps, out.dtype, out.data, stream());
+  }
+
+  void sigmoid_mul(Tensor x, Tensor gate, Tensor out) override {
+    assert(x.dtype == DType::kF32 && x.is_dense() && gate.dtype == DType::kF32 && out.is_dense());
+    cuda::sigmoid_gate_mul(x.f32(), gate.f32(), gate.stride, x.rows, x.cols, out.dtype, out.data, stream());
   }
 
  private:

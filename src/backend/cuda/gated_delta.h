@@ -1,11 +1,12 @@
 #pragma once
 // Gated DeltaNet on the device (the linear-attention layers of Qwen3.5 and
-// Qwen3-Next; the CPU reference is backend/cpu/gated_delta.h, the layer's
-// host glue model/gated_delta.h). Every pointer is a device pointer.
+// Qwen3-Next; the CPU reference is backend/cpu/gated_delta.h; the CUDA
+// Backend's gated_delta, gated_rms_norm and sigmoid_mul launch these).
+// Every pointer is a device pointer.
 //
-// States live in one pool of state ids (model/arch/qwen3_next_cuda.cpp: live
-// slots, then checkpoints, then a scratch state for padding rows), laid out
-// as the CPU's RecurrentStates: state s of layer l starts at
+// States live in one pool of state ids (model/state_pool.h: live slots, then
+// checkpoints, then a scratch state for padding rows), laid out as on the
+// CPU: state s of layer l starts at
 // states + s * state_stride + l * (conv_floats + delta_floats), its conv
 // window [conv_dim, K-1] first, then the delta state [n_v_heads, dk, dv].
 //

@@ -2,7 +2,7 @@
 // SmemOptIn: a kernel's opt-in to more than 48 KB of dynamic shared memory
 // (cudaFuncSetAttribute), made once per device. The attribute is per
 // device, and a tensor-parallel process launches the same kernels on
-// several GPUs (model/arch/llama_cuda_tp.cpp): a process-wide "done" flag
+// several GPUs (llama.cuda's tensor parallelism): a process-wide "done" flag
 // left the second GPU's launches failing with cudaErrorInvalidValue.
 // One static SmemOptIn per kernel; ensure() costs a cudaGetDevice and an
 // atomic load after the first call on a device, and may run on several

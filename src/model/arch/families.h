@@ -32,20 +32,16 @@ inline Error cuda_not_built() {
 // Llama family: llama (incl. llama3 rope scaling, tied embeddings), mistral
 // (sliding window), qwen2 (qkv bias), qwen3 (q/k RMSNorm), smollm, and with
 // the MoE FFN (model/moe.h) mixtral and qwen3_moe.
-// llama.cpu (llama.cpp); options.tensor_parallel != 1: simulated ranks in
-// one process (create_llama_tp_model, llama_tp.cpp).
+// llama.cpu (llama.cpp); options.tensor_parallel != 1: that many simulated
+// ranks in one process, each a llama.cpu rank, tied by
+// model/tensor_parallel.h's create_tensor_parallel_model.
 Result<std::unique_ptr<Model>> create_llama_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                       const ModelOptions& options);
-Result<std::unique_ptr<Model>> create_llama_tp_model(std::shared_ptr<const ModelFiles> files,
-                                                     const ModelOptions& options);
 // llama.cuda (llama_cuda.cpp; MoE layers through model/cuda_moe.h; quantized
-// GGUF experts are refused there); options.tensor_parallel > 1: one shard
-// per GPU over NCCL (create_llama_cuda_tp_model, llama_cuda_tp.cpp), dense
-// models only.
+// GGUF experts are refused there); options.tensor_parallel > 1: one rank
+// per GPU over NCCL, tied by the same factory, dense models only.
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);
-Result<std::unique_ptr<Model>> create_llama_cuda_tp_model(std::shared_ptr<const ModelFiles> files,
-                                                          const ModelOptions& options);
 
 // Gemma family: gemma2, gemma3_text and gemma3's text model; sliding and
 // full layers in two KV groups. gemma.cpu and gemma.cuda: one graph, both
@@ -57,11 +53,18 @@ Result<std::unique_ptr<Model>> create_gemma_cuda_model(std::shared_ptr<const Mod
 
 // Hybrid gated DeltaNet: qwen3_5_text (Qwen3.5, dense FFN) and qwen3_next
 // (Qwen3-Next, MoE FFN with a shared expert), from Hugging Face checkpoints
-// or llama.cpp's qwen35 / qwen3next GGUF files. qwen3_next.cpu
-// (qwen3_next.cpp), qwen3_next.cuda (qwen3_next_cuda.cpp).
+// or llama.cpp's qwen35 / qwen3next GGUF files. qwen3_next.cpu and
+// qwen3_next.cuda: one graph (qwen3_next.cpp).
 Result<std::unique_ptr<Model>> create_qwen3_next_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                            const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_qwen3_next_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                             const ModelOptions& options);
+
+// BERT family (encoders, embeddings only): bert.cpu (bert.cpp, on the CPU
+// Backend); bert.cuda refuses until the CUDA Backend has the encoder ops.
+Result<std::unique_ptr<Model>> create_bert_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                     const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_bert_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                      const ModelOptions& options);
 
 }  // namespace rill

@@ -12,9 +12,10 @@
 // The graph (model/arch/llama.h: LlamaGraph, place_llama, llama_forward) is
 // written once over Backend ops and runs on every device; this file also
 // holds the CPU runtime (`llama.cpu`: activations in host memory, decode
-// lanes, the MoE FFN on cpu::HostOps). model/arch/llama_cuda.cpp is the
-// CUDA runtime's glue.
+// lanes, the MoE FFN on cpu::HostOps, and tensor parallelism over simulated
+// ranks). model/arch/llama_cuda.cpp is the CUDA runtime's glue.
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -34,6 +35,10 @@
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
 #include "model/moe.h"
+#include "model/pooling.h"
+#include "model/tensor_parallel.h"
+#include "model/tensor_split.h"
+#include "parallel/simulated_group.h"
 
 namespace rill {
 
@@ -155,7 +160,10 @@ Status mlp_block(Backend& b, const LlamaLayer& L, int64_t il, const StepMetadata
                  LlamaHooks& hooks) {
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
-  if (L.is_moe) return hooks.moe_ffn(il, h, x, md);
+  if (L.is_moe) {
+    RILL_TRY(hooks.moe_ffn(il, h, x, md));
+    return hooks.reduce_residual(x);
+  }
   const Tensor gu = a.gu.rows_from(0, n);
   const Tensor mlp = a.mlp.rows_from(0, n);
   RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
@@ -237,26 +245,54 @@ struct DecodeLane {
   Status status;
 };
 
+// The CPU runtime. As a tensor-parallel rank (comm set; create_llama_cpu_model
+// builds one per rank of a SimulatedGroup) it holds model/tensor_split.h's
+// share: its heads' q/k/v rows and o columns, its KV heads, its slice of
+// gate/up rows and down columns (of every expert in MoE layers) and its LM
+// head rows. The hooks make o, down and the MoE FFN accumulate into the
+// residual on rank 0 only and all-reduce it after each (rank order, so x is
+// the same bits on every rank); the head's slices are all-gathered into
+// full logit rows. The embedding stays whole on every rank, as on CUDA: the
+// ranks' weights are views of one mapping, so a whole table costs no
+// memory, and a vocabulary-parallel one would cost an all-reduce of [n, E]
+// per step. A rank runs no decode lanes (the lanes would each need the
+// step's collectives).
+//
+// A rank validates the batch before its first collective with rules that do
+// not depend on the rank (its limits and block count are every rank's), so
+// either all ranks run the step or all return the same error: a rank
+// leaving alone would stall the others.
 class LlamaModel final : public CpuPagedModel, private LlamaHooks {
  public:
-  LlamaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
-      : CpuPagedModel(std::move(files), options.n_threads) {}
+  LlamaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options, Communicator* comm = nullptr)
+      : CpuPagedModel(std::move(files), options.n_threads), comm_(comm) {}
 
   Status init(const ModelOptions& options);
 
   Status forward(const Batch& batch, float* logits) override;
+  EmbeddingSpec embedding() const override { return embedding_; }
+  Status forward_pooled(const Batch& batch, float* logits, float* pooled) override;
   std::vector<KvLayer> kv_layers() const override {
     return std::vector<KvLayer>(static_cast<size_t>(cfg_.n_layer), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
   }
 
  private:
-  // LlamaHooks: the paged pool's layer views; MoE on cpu::HostOps (host
-  // memory) until MoE is a Backend op. Lanes never run MoE models, so the
-  // MoE scratch is the whole-batch activations'.
+  // LlamaHooks: the paged pool's layer views; a rank's residual ownership
+  // and all-reduce (see above); MoE on cpu::HostOps (host memory) until MoE
+  // is a Backend op. Lanes never run MoE models, so the MoE scratch is the
+  // whole-batch activations'.
   KvCacheView kv_cache(int64_t il) const override { return kv_.layer_view(il); }
+  bool sharded() const override { return comm_ != nullptr; }
+  bool owns_residual() const override { return comm_ == nullptr || comm_->rank() == 0; }
+  Status reduce_residual(Tensor x) override;
   Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override;
 
+  // A rank's share of w (views of the mapped tensors) and d narrowed to its widths.
+  Status shard(LlamaWeights& w, LlamaDims& d);
   Status run(const Exec& e, const Batch& batch, float* logits);
+  // A rank's logits [n_sample, V] (when logits is not null) from every
+  // rank's head rows in vocab_local_.
+  Status gather_logits(int64_t n_sample, float* logits);
   void size_activations(Activations& a, int64_t max_tokens) const;
   // Whether forward() runs `batch` as one sub-batch per lane.
   bool split_into_lanes(const Batch& batch) const;
@@ -271,7 +307,15 @@ class LlamaModel final : public CpuPagedModel, private LlamaHooks {
   int n_threads_ = 1;                      // the backend's threads, shared out among the lanes
   int64_t lane_tokens_ = 0;                // the most sequences a lane takes
   std::unique_ptr<ThreadPool> lane_pool_;  // one thread per lane; null without lanes
-  std::vector<DecodeLane> lanes_;          // empty: no lanes (one thread, or MoE)
+  std::vector<DecodeLane> lanes_;          // empty: no lanes (one thread, MoE, or a rank)
+
+  // Tensor parallelism (null comm_: the whole model).
+  Communicator* comm_ = nullptr;    // this rank's collectives; the group outlives the model
+  TensorSplit split_;               // its heads, KV heads and vocabulary rows
+  std::vector<float> vocab_local_;  // [S, Vp]: its logits [S, split_.vocab.n] dense at the front
+  std::vector<float> vocab_all_;    // [N, S, Vp]: every rank's, gathered
+  EmbeddingSpec embedding_;  // as the files declare (model/pooling.h); kNone: no embeddings
+  std::vector<float> pool_rows_;  // [max_tokens, E] final-normed rows of a pooled sequence
 };
 
 // Decode steps of at least kLaneMinSeqs sequences per lane, at most
@@ -288,14 +332,17 @@ constexpr int32_t kLaneMinSeqs = 4, kLaneMaxSeqs = 64;
 Status LlamaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
   constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head (and its RoPE angles) on the stack
-  RILL_ASSIGN_OR_RETURN(const LlamaDims d, llama_dims(f, kMaxHeadDim));
+  RILL_ASSIGN_OR_RETURN(LlamaDims d, llama_dims(f, kMaxHeadDim));
   device_ = make_cpu_backend_on(*backend_->pool());
   Backend& dev = *device_;
 
   RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, d));
+  if (comm_) RILL_TRY(shard(w, d));
   RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, d.hd));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(dev, cfg_, w, d, rope));
   set_limits(options);
+  RILL_ASSIGN_OR_RETURN(embedding_, declared_pooling(f));
+  if (embedding_.pooling != EmbeddingSpec::Pooling::kNone) pool_rows_.resize(static_cast<size_t>(max_tokens_ * d.E));
 
   std::vector<const WeightView*> moe_weights;
   moe_.resize(w.layers.size());
@@ -325,7 +372,12 @@ Status LlamaModel::init(const ModelOptions& options) {
   n_threads_ =
       options.n_threads > 0 ? options.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int n_threads = n_threads_;
-  if (n_threads >= kLanes && !any_moe) {
+  if (comm_) {
+    const auto S = static_cast<size_t>(max_seqs_), Vp = static_cast<size_t>(split_.vocab_stride);
+    vocab_local_.resize(S * Vp);
+    vocab_all_.resize(static_cast<size_t>(split_.size) * S * Vp);
+  }
+  if (n_threads >= kLanes && !any_moe && !comm_) {
     const int64_t lane_tokens = lane_tokens_ = std::min<int64_t>(max_tokens_, kLaneMaxSeqs);
     lane_pool_ = std::make_unique<ThreadPool>(kLanes);
     lanes_.resize(kLanes);
@@ -340,9 +392,26 @@ Status LlamaModel::init(const ModelOptions& options) {
   return {};
 }
 
+Status LlamaModel::shard(LlamaWeights& w, LlamaDims& d) {
+  const std::string& path = files_->path;
+  RILL_ASSIGN_OR_RETURN(split_, plan_tensor_split(cfg_, comm_->rank(), comm_->size(), path));
+  SplitRange ff;  // dense layers' intermediate rows (none when every layer is MoE)
+  bool any_dense = false;
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) any_dense = any_dense || !is_moe_layer(cfg_, il);
+  if (any_dense) {
+    RILL_ASSIGN_OR_RETURN(ff, split_evenly(cfg_.n_ff, split_.rank, split_.size, "intermediate_size", path));
+  }
+  RILL_TRY(shard_llama_layers(w, split_, ff, d.hd, path));
+  w.lm_head = slice_rows(w.lm_head, split_.vocab);
+  d.Q = split_.heads.n * d.hd;
+  d.KV = split_.kv_heads.n * d.hd;
+  d.F = ff.n;
+  return Status::Ok();
+}
+
 void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
   const auto T = static_cast<size_t>(max_tokens);
-  const auto E = static_cast<size_t>(cfg_.n_embd), F = static_cast<size_t>(std::max<int64_t>(cfg_.n_ff, 0));
+  const auto E = static_cast<size_t>(graph_.E), F = static_cast<size_t>(std::max<int64_t>(graph_.F, 0));
   a.x.resize(T * E);
   a.h.resize(T * E);
   a.qkv.resize(T * static_cast<size_t>(graph_.qkv_width()));
@@ -357,10 +426,20 @@ void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
   a.step.reserve(max_tokens);
 }
 
+Status LlamaModel::reduce_residual(Tensor x) {
+  assert(x.is_dense());
+  return comm_ ? comm_->all_reduce_sum(x.f32(), x.rows * x.cols) : Status::Ok();
+}
+
 Status LlamaModel::moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) {
   (void)step;
   const int64_t n = x.rows;
-  moe_[static_cast<size_t>(il)]->forward(h.f32(), n, a_.moe_out.data(), a_.moe, *backend_);
+  const MoeFfn& moe = *moe_[static_cast<size_t>(il)];
+  if (!owns_residual()) {  // a rank's partial sum, which reduce_residual completes
+    moe.forward(h.f32(), n, x.f32(), a_.moe, *backend_);
+    return Status::Ok();
+  }
+  moe.forward(h.f32(), n, a_.moe_out.data(), a_.moe, *backend_);
   backend_->add_inplace(x.f32(), a_.moe_out.data(), n * x.cols);
   return Status::Ok();
 }
@@ -425,18 +504,72 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
   return {};
 }
 
+// The step on the whole-batch activations (never lanes), then each pooled
+// sequence's rows of the last residual stream through the final RMSNorm
+// (the hidden states transformers returns) and pooled on the host: the CPU
+// activations are host memory.
+Status LlamaModel::forward_pooled(const Batch& batch, float* logits, float* pooled) {
+  if (embedding_.pooling == EmbeddingSpec::Pooling::kNone) return Model::forward_pooled(batch, logits, pooled);
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(check_batch(batch));
+  RILL_TRY(run(Exec{device_.get(), &a_}, batch, logits));
+  const int64_t E = graph_.E;
+  for (size_t i = 0; i < batch.pool_seqs.size(); ++i) {
+    const BatchSeq& s = batch.seqs[static_cast<size_t>(batch.pool_seqs[i])];
+    if (s.q_len != s.kv_len) return Error{"a pooled sequence must be computed whole in one step"};
+    cpu::rms_norm(a_.x.data() + static_cast<size_t>(s.q_start) * E, graph_.final_norm.data, s.q_len, E, graph_.eps,
+                  pool_rows_.data(), 0.0f);
+    pool_rows(embedding_, pool_rows_.data(), s.q_len, E, pooled + i * static_cast<size_t>(E));
+  }
+  return {};
+}
+
 Status LlamaModel::run(const Exec& e, const Batch& batch, float* logits) {
   const StepMetadata md = step_metadata(batch, e.a->step);
-  return llama_forward(*e.backend, graph_, md, e.a->views,
-                       Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this);
+  if (!comm_) {
+    return llama_forward(*e.backend, graph_, md, e.a->views,
+                         Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this);
+  }
+  RILL_TRY(llama_forward(*e.backend, graph_, md, e.a->views,
+                         Tensor::dense(vocab_local_.data(), DType::kF32, md.n_sample, graph_.head_rows), *this));
+  return gather_logits(md.n_sample, logits);
+}
+
+// Rank r's rows are [r Vp, r Vp + n_r) (the last ranks' may be short or
+// empty); its [n_sample, n_r] logits go out in an [n_sample, Vp] send, and
+// the gather lays the sends out as [N, n_sample, Vp]. n_sample is every
+// rank's (the same batch), so all ranks gather or none does.
+Status LlamaModel::gather_logits(int64_t n_sample, float* logits) {
+  if (n_sample <= 0) return Status::Ok();
+  const int64_t V = cfg_.n_vocab, Vp = split_.vocab_stride;
+  RILL_TRY(comm_->all_gather(vocab_local_.data(), n_sample * Vp, vocab_all_.data()));
+  if (logits == nullptr) return Status::Ok();  // not this rank's to return (TensorParallelModel reads rank 0's)
+  for (int r = 0; r < split_.size; ++r) {
+    const int64_t v0 = std::min(V, r * Vp), n_r = std::min(V, v0 + Vp) - v0;
+    const float* src = vocab_all_.data() + r * n_sample * Vp;
+    for (int64_t i = 0; i < n_sample; ++i) std::copy_n(src + i * n_r, n_r, logits + i * V + v0);
+  }
+  return Status::Ok();
 }
 
 }  // namespace
 
 Result<std::unique_ptr<Model>> create_llama_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                       const ModelOptions& options) {
-  if (options.tensor_parallel != 1) return create_llama_tp_model(std::move(files), options);
-  return init_model(std::make_unique<LlamaModel>(std::move(files), options), options);
+  if (options.tensor_parallel == 1) return init_model(std::make_unique<LlamaModel>(std::move(files), options), options);
+  // Simulated ranks in this process, one thread each (TensorParallelModel's),
+  // sharing the cores.
+  const int n_ranks = options.tensor_parallel;
+  RILL_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedGroup> group, SimulatedGroup::create(n_ranks));
+  const int n_cores =
+      options.n_threads > 0 ? options.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ModelOptions o = options;
+  o.n_threads = std::max(1, n_cores / n_ranks);
+  SimulatedGroup& g = *group;
+  const std::string path = files->path;
+  return create_tensor_parallel_model(std::move(group), o, path, [&](int rank, const ModelOptions& rank_options) {
+    return init_model(std::make_unique<LlamaModel>(files, rank_options, &g.rank(rank)), rank_options);
+  });
 }
 
 }  // namespace rill

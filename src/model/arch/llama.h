@@ -2,11 +2,12 @@
 // The Llama graph, written once for every device (issue 16): the weights as
 // a Backend placed them, their placement from the bound LlamaWeights, and
 // one step's forward pass over Backend ops. model/arch/llama.cpp holds it
-// with the CPU runtime (`llama.cpu`: decode lanes, cpu::HostOps MoE);
-// model/arch/llama_cuda.cpp is the CUDA runtime's glue (`llama.cuda`, over
-// model/cuda_model_base.h). What a runtime adds goes through LlamaHooks:
-// the KV cache's layout, tensor parallelism (residual ownership and the
-// all-reduce after o and down) and, until MoE is a Backend op, the MoE FFN.
+// with the CPU runtime (`llama.cpu`: decode lanes, cpu::HostOps MoE, a rank
+// of simulated tensor parallelism); model/arch/llama_cuda.cpp is the CUDA
+// runtime's glue (`llama.cuda`, over model/cuda_model_base.h; a rank per
+// GPU). What a runtime adds goes through LlamaHooks: the KV cache's layout,
+// tensor parallelism (residual ownership and the all-reduce after o, down
+// and the MoE FFN) and, until MoE is a Backend op, the MoE FFN.
 #include <cstdint>
 #include <vector>
 
@@ -32,8 +33,9 @@ struct LlamaLayer {
 };
 
 // The placed model. Widths are one rank's (its heads, KV heads, FFN slice)
-// when the runtime placed a tensor-parallel shard; E and the head are whole
-// (head_rows: this rank's vocabulary rows, 0 for a rank with none).
+// when the runtime placed a tensor-parallel shard; E and the embedding are
+// whole, the head holds head_rows rows (a shard's vocabulary slice, 0 for a
+// rank with none).
 struct LlamaGraph {
   int64_t E = 0, F = 0, hd = 0, Q = 0, KV = 0, head_rows = 0;
   int32_t n_head = 0, n_head_kv = 0;
@@ -89,7 +91,9 @@ class LlamaHooks {
     (void)x;
     return Status::Ok();
   }
-  // MoE layer il: x[t] += MoE(h[t]) over x [n, E] F32, h [n, E] act.
+  // MoE layer il: x[t] += MoE(h[t]) over x [n, E] F32, h [n, E] act. A
+  // shard adds (owns_residual()) or writes this rank's partial MoE(h), its
+  // slice of every expert; the graph calls reduce_residual() after it.
   virtual Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) = 0;
 };
 

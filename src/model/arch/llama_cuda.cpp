@@ -7,16 +7,28 @@
 // from the base's arena, and runs llama_forward() in run_layers() over the
 // uploaded step metadata (captured in decode graphs by the base).
 //
-// Runtime hooks (LlamaHooks): the KV planes; as a tensor-parallel shard
-// (create_llama_cuda_shard, model/cuda_shard.h) the model holds its heads'
-// q/k/v rows and o columns, its slice of gate/up rows and down columns and
-// its LM head rows (tensor_split.h), and the hooks add the all-reduce after
-// o and down; the logits gather follows the graph (cuda_model_base.h). The
-// embedding stays whole on every rank: a step reads only its n rows, so a
+// Runtime hooks (LlamaHooks): the KV planes; as a tensor-parallel rank (a
+// CudaShard, model/cuda_shard.h) the model holds its heads' q/k/v rows and
+// o columns, its slice of gate/up rows and down columns and its LM head
+// rows (tensor_split.h), and the hooks add the all-reduce after o and down;
+// the logits gather follows the graph (cuda_model_base.h). The embedding
+// stays whole on every rank: a step reads only its n rows, so a
 // vocabulary-parallel gather would save memory (1 GB for the 8B) at the cost
 // of one more all-reduce of [n, E] per step. mixtral / qwen3_moe layers run
 // model/cuda_moe.h's MoE FFN (its experts in a second device buffer), which
-// adds into the residual stream like down_proj.
+// adds into the residual stream like down_proj (unsharded only: tensor
+// parallelism on CUDA refuses MoE models).
+//
+// Tensor parallelism (options.tensor_parallel > 1): one rank per GPU of
+// this host over an NcclGroup, built by model/tensor_parallel.h's factory
+// (shared with the CPU's simulated ranks). Each rank is driven by its own
+// host thread (TensorParallelModel's workers) rather than one thread
+// issuing every rank's work inside ncclGroupStart/End: each rank then runs
+// the single-GPU step unchanged (same kernels, same decode-graph capture and
+// replay; CUDA stream capture is per thread), with its all-reduces enqueued
+// on its own stream; NCCL requires group calls only when one thread drives
+// several ranks. A decode step is one graph launch per rank, so the
+// per-step host cost is one wake-up per worker.
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,8 +36,13 @@
 
 #include "model/arch/families.h"
 #include "model/cuda_shard.h"
+#include "model/tensor_parallel.h"
+#include "model/tensor_split.h"
+#include "parallel/nccl_group.h"
 
 #if RILL_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "backend/cuda/cuda_backend.h"
 #include "model/arch/llama.h"
 #include "model/arch/llama_weights.h"
@@ -46,7 +63,7 @@ class LlamaCudaModel final : public CudaModelBase {
 
  private:
   // The graph's runtime hooks: the KV planes, the shard's all-reduce, the
-  // MoE FFN (model/cuda_moe.h).
+  // MoE FFN (model/cuda_moe.h; never on a shard, see the top).
   class Hooks final : public LlamaHooks {
    public:
     explicit Hooks(LlamaCudaModel& m) : m_(m) {}
@@ -153,20 +170,58 @@ Status LlamaCudaModel::run_layers(const Step& s) {
 }  // namespace
 #endif  // RILL_HAVE_CUDA
 
+namespace {
+
+// One rank per GPU (devices 0..N-1). The refusals that hold whatever the
+// host has come first: MoE, then the split's (heads, KV heads, intermediate
+// size), then the GPU count.
+Result<std::unique_ptr<Model>> create_llama_cuda_tp_model(std::shared_ptr<const ModelFiles> files,
+                                                          const ModelOptions& options) {
+  const int n_ranks = options.tensor_parallel;
+  const ModelConfig& cfg = files->config;
+  const std::string path = files->path;
+  if (n_ranks < 1) return Error{"--tensor-parallel " + std::to_string(n_ranks) + ": expected 1 or more GPUs"};
+  if (cfg.n_expert > 0) {
+    return Error{path + ": " + cfg.architecture +
+                 " is a mixture of experts; tensor parallelism on CUDA is built for "
+                 "the dense Llama family only (run it with --tensor-parallel 1, or split on the CPU)"};
+  }
+  RILL_TRY(plan_tensor_split(cfg, 0, n_ranks, path));
+  RILL_TRY(split_evenly(cfg.n_ff, 0, n_ranks, "intermediate_size", path));
+#if RILL_HAVE_CUDA
+  int n_devices = 0;
+  if (cudaGetDeviceCount(&n_devices) != cudaSuccess) {
+    cudaGetLastError();
+    n_devices = 0;
+  }
+  if (n_ranks > n_devices) {
+    return Error{"--tensor-parallel " + std::to_string(n_ranks) + " needs " + std::to_string(n_ranks) +
+                 " GPUs; this host has " + std::to_string(n_devices) + " visible (see CUDA_VISIBLE_DEVICES)"};
+  }
+  std::vector<int> devices(static_cast<size_t>(n_ranks));
+  for (int r = 0; r < n_ranks; ++r) devices[static_cast<size_t>(r)] = r;
+  RILL_ASSIGN_OR_RETURN(std::unique_ptr<NcclGroup> group, NcclGroup::create(devices));
+  NcclGroup* g = group.get();
+  return create_tensor_parallel_model(
+      std::move(group), options, path,
+      [&](int rank, const ModelOptions& rank_options) -> Result<std::unique_ptr<Model>> {
+        auto m = init_model(std::make_unique<LlamaCudaModel>(files, CudaShard{g, rank}), rank_options);
+        if (!m.ok()) return Error{"GPU " + std::to_string(rank) + ": " + m.error().message};
+        return m;
+      });
+#else
+  return Error{"tensor parallelism on GPUs needs a build with CUDA and NCCL (RILL_CUDA=ON where nvcc is installed)"};
+#endif
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options) {
   if (options.tensor_parallel != 1) return create_llama_cuda_tp_model(std::move(files), options);
-  return create_llama_cuda_shard(std::move(files), options, CudaShard{});
-}
-
-Result<std::unique_ptr<Model>> create_llama_cuda_shard(std::shared_ptr<const ModelFiles> files,
-                                                       const ModelOptions& options, const CudaShard& shard) {
 #if RILL_HAVE_CUDA
-  return init_model(std::make_unique<LlamaCudaModel>(std::move(files), shard), options);
+  return init_model(std::make_unique<LlamaCudaModel>(std::move(files)), options);
 #else
-  (void)files;
-  (void)options;
-  (void)shard;
   return cuda_not_built();
 #endif
 }

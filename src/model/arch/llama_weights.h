@@ -1,9 +1,8 @@
 #pragma once
-// The Llama family's weights, bound once for every implementation of the
-// graph (llama.cpp on the CPU, llama_tp.cpp's simulated ranks and
-// llama_cuda.cpp on the device): tensor names, shapes, the optional parts
-// (qkv bias, q/k norm, tied LM head, MoE FFN), a rank's slices, the RoPE
-// table and the KV dtype rule. Host views only: the weights stay in the
+// The Llama family's weights, bound once for both runtimes of the graph
+// (llama.cpp on the CPU, llama_cuda.cpp on the device): tensor names,
+// shapes, the optional parts (qkv bias, q/k norm, tied LM head, MoE FFN), a
+// rank's slices, the RoPE table and the KV dtype rule. Host views only: the weights stay in the
 // mapped files until an implementation places them (the CUDA one uploads).
 #include <cstdint>
 #include <optional>
@@ -58,7 +57,7 @@ Result<LlamaWeights> bind_llama_weights(const ModelFiles& files, const LlamaDims
 // columns of its `ff` slice, every expert's slice of a MoE layer. o's bias
 // stays whole in o.bias: a row-parallel product is partial on each rank, so
 // callers add it once, after the all-reduce. The embedding and LM head are
-// the caller's (the CPU ranks slice both, the CUDA ranks only the head).
+// the caller's (both runtimes slice the head and keep the embedding whole).
 Status shard_llama_layers(LlamaWeights& w, const TensorSplit& split, const SplitRange& ff, int64_t hd,
                           const std::string& path);
 

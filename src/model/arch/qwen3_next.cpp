@@ -9,18 +9,41 @@
 //                     (partial_rotary_factor), out = o_proj(attn * sigmoid(gate))
 // Every RMSNorm but the gated one scales by (1 + w). KV layout:
 // {full(), recurrent()}: group 0 pages the attention layers' K/V, group 1 is
-// the state slots of the linear-attention layers.
+// the state slots of the linear-attention layers (the runtime's state pool,
+// model/state_pool.h).
 // GGUF files (llama.cpp's qwen35 / qwen3next; names and config keys mapped in
 // loader/gguf_names.cpp) differ in what a name mapping cannot undo: the
 // (1 + w) norms are stored with the 1 added (norm offset 0 here), and qwen35
-// tiles the linear layers' value heads (model/gated_delta.h undoes it).
+// tiles the linear layers' value heads (model/gated_delta.h): the
+// in-projection rows are put back in Hugging Face's order at placement and
+// the gated norm writes out_proj's input in the tiled order.
+//
+// One graph (HybridGraph, place_hybrid, hybrid_forward) over Backend ops runs
+// on every device; below it the CPU runtime (`qwen3_next.cpu`, a
+// CpuPagedModel) and the CUDA runtime's glue (`qwen3_next.cuda`, over
+// model/cuda_model_base.h, whose decode graphs capture the forward). Both
+// keep the recurrent states in their runtime's StatePool. Placement:
+//  - a linear layer's in-projections are one weight whose rows are [q | k |
+//    v | z | b | a] (Qwen3-Next's per-key-head groups of in_proj_qkvz /
+//    in_proj_ba, and qwen35's tiled value heads, reassembled on the host),
+//    so the layer reads one [T, P] f32 row per token;
+//  - an attention layer's q_proj per-head [query | gate] rows are split into
+//    [q heads | k | v | gate heads], so rope_store_kv runs on the first
+//    Q + 2 KV columns and sigmoid_mul reads the gate columns;
+//  - o_proj, out_proj and down_proj accumulate into the f32 residual, and so
+//    does Qwen3-Next's MoE FFN (the runtime's, through HybridHooks, until
+//    MoE is a Backend op: model/moe.h on the CPU, model/cuda_moe.h on CUDA).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/host_ops.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
@@ -31,276 +54,563 @@
 #include "model/layers.h"
 #include "model/moe.h"
 
+#if RILL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gated_delta.h"
+#include "model/cuda_model_base.h"
+#include "model/cuda_moe.h"
+#endif
+
 namespace rill {
 namespace {
 
-struct GatedAttention {
-  Linear q;                           // [n_head * 2 * hd, E]: per head [query (hd) | gate (hd)]
-  Linear k, v;                        // [n_head_kv * hd, E]
-  Linear o;                           // [E, n_head * hd]
-  std::vector<float> q_norm, k_norm;  // [hd], (1 + w)
-};
+// --- The graph, for every device ---------------------------------------------
 
-struct Layer {
+struct HybridLayerWeights {
   bool linear = false;
   int64_t index = 0;                      // among the linear layers (state) or the attention layers (KV)
-  std::vector<float> in_norm, post_norm;  // [E], (1 + w)
-  GatedDeltaNet gdn;
-  GatedAttention attn;
-  Linear gate, up, down;      // dense FFN
-  std::optional<MoeFfn> moe;  // Qwen3-Next MoE layers, instead of gate/up/down
+  std::vector<float> in_norm, post_norm;  // [E]
+  GatedDeltaNet gdn;                      // linear attention
+  Linear q, k, v, o;                      // gated attention; q: per head [query | gate]
+  std::vector<float> q_norm, k_norm;      // [hd]
+  Linear gate, up, down;                  // dense FFN
+  std::optional<MoeFfn> moe;              // Qwen3-Next's MoE layers, instead of gate/up/down
 };
 
-struct Activations {
-  std::vector<float> x, h, qg, q, gate, k, v, attn, ff_gate, ff_up, final_rows;
-  std::vector<float> moe_out;  // [max_tokens, n_embd] when some layer is MoE
-  MoeScratch moe;
+// The checkpoint as the files hold it (matrices view the mapping), and the
+// host rows of the reassembled in-projections, which placement views on
+// the CPU (keep the weights while the CPU Backend lives).
+struct HybridWeights {
+  HybridConfig hybrid;
+  float norm_offset = 1.0f;  // RMSNorm scales by (norm_offset + w): 1 for HF, 0 for GGUF
+  int64_t hd = 0, Q = 0, KV = 0, n_attn = 0, n_linear = 0;
+  WeightView embed, lm_head;  // lm_head: the embedding when tied
+  bool tied = true;
+  std::vector<float> final_norm;
+  std::vector<HybridLayerWeights> layers;
+  RopeTable rope;
+  bool all_f32 = false;  // embedding and layer matrices: f32 KV
+  std::deque<std::vector<uint8_t>> assembled;
+
+  std::vector<const WeightView*> layer_matrices() const {
+    std::vector<const WeightView*> out;
+    for (const HybridLayerWeights& L : layers) {
+      if (L.linear) {
+        const GatedDeltaNet& g = L.gdn;
+        out.push_back(g.fused ? &g.qkvz.w : &g.qkv.w);
+        out.push_back(&g.out.w);
+      } else {
+        out.push_back(&L.q.w);
+        out.push_back(&L.o.w);
+      }
+      if (L.moe) {
+        L.moe->collect_weights(&out);
+      } else {
+        for (const Linear* l : {&L.gate, &L.up, &L.down}) out.push_back(&l->w);
+      }
+    }
+    return out;
+  }
 };
 
-class HybridModel final : public CpuPagedModel {
+Status bind_layer(const ModelFiles& f, const std::string& p, int64_t il, HybridWeights& w, HybridLayerWeights& L) {
+  const ModelConfig& cfg = f.config;
+  const int64_t E = cfg.n_embd;
+  const bool v_tiled = f.format == ModelFormat::kGguf && cfg.architecture == "qwen3_5_text";
+  RILL_ASSIGN_OR_RETURN(L.in_norm, load_vector(f, p + "input_layernorm.weight", E));
+  RILL_ASSIGN_OR_RETURN(L.post_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
+  if (L.linear) {
+    RILL_ASSIGN_OR_RETURN(L.gdn,
+                          bind_gated_delta_net(f, p + "linear_attn.", w.hybrid.gdn, E, cfg.rms_norm_eps, v_tiled));
+  } else {
+    RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", 2 * w.Q, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", w.KV, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", w.KV, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", E, w.Q, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", w.hd));
+    RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", w.hd));
+  }
+  if (is_moe_layer(cfg, il)) {
+    RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind(f, p + "mlp.", moe_params(cfg)));
+    return Status::Ok();
+  }
+  RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", cfg.n_ff, E));
+  RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", cfg.n_ff, E));
+  RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, cfg.n_ff));
+  return Status::Ok();
+}
+
+// Binds the files' weights after checking the config; max_head_dim is the
+// runtime's (errors name the file and the field or tensor).
+Result<HybridWeights> bind_hybrid(const ModelFiles& f, int64_t max_head_dim) {
+  const ModelConfig& cfg = f.config;
+  const int64_t E = cfg.n_embd, V = cfg.n_vocab;
+  if (E <= 0 || V <= 0 || cfg.n_layer <= 0 || cfg.n_head <= 0 || cfg.n_head_kv <= 0 ||
+      cfg.n_head % cfg.n_head_kv != 0) {
+    return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
+                 std::to_string(cfg.n_head) + "/" + std::to_string(cfg.n_head_kv) + ")"};
+  }
+  const bool gguf = f.format == ModelFormat::kGguf;
+  HybridWeights w;
+  RILL_ASSIGN_OR_RETURN(w.hybrid, read_hybrid_config(cfg, gguf ? f.path : f.path + "/config.json"));
+  w.norm_offset = gguf ? 0.0f : 1.0f;
+  w.hd = cfg.head_dim > 0 ? cfg.head_dim : E / cfg.n_head;
+  if (w.hd <= 0 || w.hd > max_head_dim || w.hd % 2 != 0) {
+    return Error{f.path + ": head_dim " + std::to_string(w.hd) + " is not supported (even, at most " +
+                 std::to_string(max_head_dim) + ")"};
+  }
+  w.Q = cfg.n_head * w.hd;
+  w.KV = cfg.n_head_kv * w.hd;
+  const std::string root = hybrid_tensor_root(f);
+  RILL_ASSIGN_OR_RETURN(w.embed, bind_matrix(f, root + "embed_tokens.weight", V, E));
+  w.lm_head = w.embed;
+  w.tied = !f.find("lm_head.weight");
+  if (!w.tied) {
+    RILL_ASSIGN_OR_RETURN(w.lm_head, bind_matrix(f, "lm_head.weight", V, E));
+  }
+  RILL_ASSIGN_OR_RETURN(w.final_norm, load_vector(f, root + "norm.weight", E));
+  w.all_f32 = w.embed.dtype == DType::kF32;
+  w.layers.resize(static_cast<size_t>(cfg.n_layer));
+  for (int64_t il = 0; il < cfg.n_layer; ++il) {
+    HybridLayerWeights& L = w.layers[static_cast<size_t>(il)];
+    L.linear = w.hybrid.is_linear[static_cast<size_t>(il)] != 0;
+    L.index = L.linear ? w.n_linear++ : w.n_attn++;
+    RILL_TRY(bind_layer(f, root + "layers." + std::to_string(il) + ".", il, w, L));
+    const WeightView& first = L.linear ? (L.gdn.fused ? L.gdn.qkvz : L.gdn.qkv).w : L.q.w;
+    w.all_f32 = w.all_f32 && first.dtype == DType::kF32;
+  }
+  if (w.n_attn == 0 || w.n_linear == 0) {
+    return Error{f.path + ": a hybrid model needs both linear_attention and full_attention layers"};
+  }
+  const int64_t rot_dim = cfg.rope_dim > 0 ? cfg.rope_dim : w.hd;
+  if (rot_dim > w.hd || rot_dim % 2 != 0 || cfg.rope_scaling.type != RopeScaling::Type::kNone) {
+    return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) +
+                 " must be even and at most head_dim, without rope scaling"};
+  }
+  w.rope = cpu::make_rope_table(cfg.rope_theta, rot_dim, false);
+  return w;
+}
+
+// One layer as the Backend placed it.
+struct HybridLayer {
+  bool linear = false;
+  int64_t index = 0;  // among the linear layers (state) or the attention layers (KV)
+  Vec in_norm, post_norm;
+  // linear attention
+  Weight w_in;  // [P, E]: q|k|v (conv_dim), z (vd), b, a (nv each)
+  Vec conv_w, neg_a, dt_bias, gdn_norm;
+  float gdn_eps = 1e-6f;
+  int32_t tiled_k_heads = 0;  // qwen35 GGUF: out_proj's columns in the tiled order
+  Weight w_out;               // [E, vd]
+  // gated attention
+  Weight w_qkvg;  // [Q + 2 KV + Q, E]: q heads | k | v | gate heads
+  Vec b_qkvg;     // [Q + 2 KV + Q] or absent
+  Vec q_norm, k_norm;
+  Weight w_o;  // [E, Q]
+  Vec b_o;
+  // FFN
+  Weight w_gate_up, w_down;
+  bool is_moe = false;  // the runtime's HybridHooks::moe_ffn instead
+};
+
+struct HybridGraph {
+  int64_t E = 0, F = 0, hd = 0, Q = 0, KV = 0, V = 0;
+  int32_t n_head = 0, n_head_kv = 0;
+  GatedDeltaDims gdn;
+  int64_t n_attn = 0, n_linear = 0;
+  float eps = 1e-6f, norm_offset = 1.0f, attn_scale = 1.0f;
+  Weight embed, lm_head;
+  Vec final_norm;
+  std::vector<HybridLayer> layers;
+  Rope rope;
+
+  int64_t in_width() const { return gdn.conv_dim() + gdn.value_dim() + 2 * gdn.n_v_heads; }  // P
+  int64_t qkvg_width() const { return 2 * Q + 2 * KV; }
+  int64_t proj_width() const { return std::max(in_width(), qkvg_width()); }
+  bool has_dense_ffn() const {
+    return std::any_of(layers.begin(), layers.end(), [](const HybridLayer& L) { return !L.is_moe; });
+  }
+  StepLimits step_limits(int64_t max_tokens, int64_t max_sample) const {
+    StepLimits l;
+    l.max_tokens = max_tokens;
+    l.n_head = n_head;
+    l.head_dim = static_cast<int32_t>(hd);
+    l.embedding = &embed;
+    l.lm_head = &lm_head;
+    l.max_head_tokens = max_sample;
+    return l;
+  }
+  // The recurrent state of one linear layer: its conv window, then its delta state.
+  std::vector<Model::StateTensor> state_tensors() const {
+    return {{"conv", {gdn.conv_dim(), gdn.conv_kernel - 1}},
+            {"delta", {gdn.n_v_heads, gdn.head_k_dim, gdn.head_v_dim}}};
+  }
+};
+
+HostMatrix host_matrix(const WeightView& w) {
+  return {w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride > 0 ? w.row_stride : row_bytes(w.dtype, w.n_cols)};
+}
+
+// Rows [r0, r0 + n) of w appended to out.
+void append_rows(const WeightView& w, int64_t r0, int64_t n, std::vector<uint8_t>& out) {
+  const size_t rb = row_bytes(w.dtype, w.n_cols);
+  const size_t stride = w.row_stride > 0 ? w.row_stride : rb;
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t r = r0; r < r0 + n; ++r) out.insert(out.end(), src + r * stride, src + r * stride + rb);
+}
+
+// A matrix of rows gathered from w by `runs` ({first row, rows}), kept in
+// `store`.
+HostMatrix gathered(const WeightView& w, const std::vector<std::pair<int64_t, int64_t>>& runs,
+                    std::deque<std::vector<uint8_t>>& store) {
+  std::vector<uint8_t>& buf = store.emplace_back();
+  int64_t rows = 0;
+  for (const auto& [r0, n] : runs) {
+    append_rows(w, r0, n, buf);
+    rows += n;
+  }
+  return {buf.data(), w.dtype, rows, w.n_cols, row_bytes(w.dtype, w.n_cols)};
+}
+
+// A linear layer's in-projection parts, rows [q | k | v | z | b | a] in
+// Hugging Face's head order: views where the file has that order
+// (Qwen3.5), rows gathered otherwise (Qwen3-Next's per-key-head groups,
+// qwen35's tiled value heads).
+std::vector<HostMatrix> in_projection(const GatedDeltaNet& g, std::deque<std::vector<uint8_t>>& store) {
+  const GatedDeltaDims& d = g.dims;
+  const int64_t nk = d.n_k_heads, nv = d.n_v_heads, r = nv / nk, dk = d.head_k_dim, dv = d.head_v_dim;
+  const int64_t kd = d.key_dim(), group = 2 * dk + 2 * r * dv;
+  // The file's value head of Hugging Face's head h.
+  auto file_head = [&](int64_t h) { return g.v_tiled ? (h % r) * nk + h / r : h; };
+  std::vector<HostMatrix> parts;
+  if (g.fused) {  // per key head: [q | k | v (r dv) | z (r dv)]
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (int64_t kh = 0; kh < nk; ++kh) runs.push_back({kh * group, dk});
+    for (int64_t kh = 0; kh < nk; ++kh) runs.push_back({kh * group + dk, dk});
+    for (int64_t h = 0; h < nv; ++h) {
+      const int64_t fh = file_head(h);
+      runs.push_back({(fh / r) * group + 2 * dk + (fh % r) * dv, dv});
+    }
+    for (int64_t h = 0; h < nv; ++h) {
+      const int64_t fh = file_head(h);
+      runs.push_back({(fh / r) * group + 2 * dk + r * dv + (fh % r) * dv, dv});
+    }
+    parts.push_back(gathered(g.qkvz.w, runs, store));
+  } else if (g.v_tiled) {
+    std::vector<std::pair<int64_t, int64_t>> qkv = {{0, 2 * kd}}, z;
+    for (int64_t h = 0; h < nv; ++h) qkv.push_back({2 * kd + file_head(h) * dv, dv});
+    for (int64_t h = 0; h < nv; ++h) z.push_back({file_head(h) * dv, dv});
+    parts.push_back(gathered(g.qkv.w, qkv, store));
+    parts.push_back(gathered(g.z.w, z, store));
+  } else {
+    parts.push_back(host_matrix(g.qkv.w));
+    parts.push_back(host_matrix(g.z.w));
+  }
+  if (g.fused_ba) {  // per key head: [b (r) | a (r)]
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (int64_t part : {int64_t{0}, r}) {
+      for (int64_t h = 0; h < nv; ++h) {
+        const int64_t fh = file_head(h);
+        runs.push_back({(fh / r) * 2 * r + part + fh % r, 1});
+      }
+    }
+    parts.push_back(gathered(g.ba.w, runs, store));
+  } else if (g.v_tiled) {
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (int64_t h = 0; h < nv; ++h) runs.push_back({file_head(h), 1});
+    parts.push_back(gathered(g.b.w, runs, store));
+    parts.push_back(gathered(g.a.w, runs, store));
+  } else {
+    parts.push_back(host_matrix(g.b.w));
+    parts.push_back(host_matrix(g.a.w));
+  }
+  return parts;
+}
+
+// One pass of place_hybrid's placement (Backend::place_model may run it twice).
+Status place_pass(Backend& b, HybridWeights& w, HybridGraph& g) {
+  w.assembled.clear();
+  const HostMatrix embed_m = host_matrix(w.embed);
+  RILL_ASSIGN_OR_RETURN(g.embed, b.place(&embed_m, 1, "embed_tokens.weight"));
+  g.lm_head = g.embed;
+  if (!w.tied) {
+    const HostMatrix m = host_matrix(w.lm_head);
+    RILL_ASSIGN_OR_RETURN(g.lm_head, b.place(&m, 1, "lm_head.weight"));
+  }
+  RILL_ASSIGN_OR_RETURN(g.final_norm, b.place_vector(w.final_norm.data(), g.E, "norm.weight"));
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    const std::string p = "layers." + std::to_string(il) + ".";
+    const HybridLayerWeights& h = w.layers[il];
+    HybridLayer& L = g.layers[il];
+    auto vec = [&](const std::vector<float>& v, const std::string& name) {
+      return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
+    };
+    RILL_ASSIGN_OR_RETURN(L.in_norm, vec(h.in_norm, "input_layernorm.weight"));
+    RILL_ASSIGN_OR_RETURN(L.post_norm, vec(h.post_norm, "post_attention_layernorm.weight"));
+    if (h.linear) {
+      const GatedDeltaNet& d = h.gdn;
+      const std::vector<HostMatrix> parts = in_projection(d, w.assembled);
+      RILL_ASSIGN_OR_RETURN(L.w_in, b.place(parts.data(), static_cast<int>(parts.size()), p + "linear_attn.in_proj"));
+      RILL_ASSIGN_OR_RETURN(L.conv_w, vec(d.conv_w, "linear_attn.conv1d.weight"));
+      RILL_ASSIGN_OR_RETURN(L.neg_a, vec(d.neg_a, "linear_attn.A_log"));
+      RILL_ASSIGN_OR_RETURN(L.dt_bias, vec(d.dt_bias, "linear_attn.dt_bias"));
+      RILL_ASSIGN_OR_RETURN(L.gdn_norm, vec(d.norm_w, "linear_attn.norm.weight"));
+      const HostMatrix om = host_matrix(d.out.w);
+      RILL_ASSIGN_OR_RETURN(L.w_out, b.place(&om, 1, p + "linear_attn.out_proj"));
+      L.gdn_eps = d.eps;
+      L.tiled_k_heads = d.v_tiled ? static_cast<int32_t>(d.dims.n_k_heads) : 0;
+    } else {
+      std::vector<std::pair<int64_t, int64_t>> qr, gr;
+      for (int64_t hh = 0; hh < g.n_head; ++hh) {
+        qr.push_back({hh * 2 * g.hd, g.hd});
+        gr.push_back({hh * 2 * g.hd + g.hd, g.hd});
+      }
+      const HostMatrix parts[] = {gathered(h.q.w, qr, w.assembled), host_matrix(h.k.w), host_matrix(h.v.w),
+                                  gathered(h.q.w, gr, w.assembled)};
+      RILL_ASSIGN_OR_RETURN(L.w_qkvg, b.place(parts, 4, p + "self_attn.{q,k,v}_proj"));
+      if (!h.q.bias.empty() || !h.k.bias.empty() || !h.v.bias.empty()) {
+        std::vector<float> bias(static_cast<size_t>(g.qkvg_width()), 0.0f);  // zeros where a part has none
+        if (!h.q.bias.empty()) {
+          for (int64_t hh = 0; hh < g.n_head; ++hh) {
+            const auto src = h.q.bias.begin() + hh * 2 * g.hd;
+            std::copy(src, src + g.hd, bias.begin() + hh * g.hd);
+            std::copy(src + g.hd, src + 2 * g.hd, bias.begin() + g.Q + 2 * g.KV + hh * g.hd);
+          }
+        }
+        std::copy(h.k.bias.begin(), h.k.bias.end(), bias.begin() + g.Q);
+        std::copy(h.v.bias.begin(), h.v.bias.end(), bias.begin() + g.Q + g.KV);
+        RILL_ASSIGN_OR_RETURN(L.b_qkvg, vec(bias, "self_attn qkv bias"));
+      }
+      RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
+      RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
+      const HostMatrix om = host_matrix(h.o.w);
+      RILL_ASSIGN_OR_RETURN(L.w_o, b.place(&om, 1, p + "self_attn.o_proj"));
+      if (!h.o.bias.empty()) {
+        RILL_ASSIGN_OR_RETURN(L.b_o, vec(h.o.bias, "self_attn.o_proj.bias"));
+      }
+    }
+    if (h.moe) continue;
+    const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
+    RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, p + "mlp.{gate,up}_proj"));
+    const HostMatrix dm = host_matrix(h.down.w);
+    RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
+  }
+  RILL_ASSIGN_OR_RETURN(g.rope, b.place_rope(w.rope));
+  return Status::Ok();
+}
+
+// Places w through `b` inside one Backend::place_model() (CUDA: one device
+// buffer). w keeps the reassembled rows (the CPU Backend views them).
+Result<HybridGraph> place_hybrid(Backend& b, const ModelConfig& cfg, HybridWeights& w) {
+  HybridGraph g;
+  g.E = cfg.n_embd;
+  g.F = cfg.n_ff;
+  g.hd = w.hd;
+  g.Q = w.Q;
+  g.KV = w.KV;
+  g.V = cfg.n_vocab;
+  g.n_head = static_cast<int32_t>(cfg.n_head);
+  g.n_head_kv = static_cast<int32_t>(cfg.n_head_kv);
+  g.gdn = w.hybrid.gdn;
+  g.n_attn = w.n_attn;
+  g.n_linear = w.n_linear;
+  g.eps = cfg.rms_norm_eps;
+  g.norm_offset = w.norm_offset;
+  g.attn_scale = 1.0f / std::sqrt(static_cast<float>(w.hd));
+  g.layers.assign(w.layers.size(), HybridLayer{});
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    g.layers[il].linear = w.layers[il].linear;
+    g.layers[il].index = w.layers[il].index;
+    g.layers[il].is_moe = w.layers[il].moe.has_value();
+  }
+  RILL_TRY(b.place_model([&] { return place_pass(b, w, g); }));
+  return g;
+}
+
+// Activation views for up to the limit's tokens (rows), each dense:
+//   x [T, E] F32 residual; h [T, E] act (normed); proj [T, max(P, QKVG)]
+//   F32 in-projections; mixed [T, conv_dim], g and beta [T, nv], core [T,
+//   vd] F32 (the DeltaNet's); attn [T, Q] F32; mix [T, max(vd, Q)] act
+//   (out_proj's / o_proj's input); gu [T, 2 F] F32 and mlp [T, F] act (dense
+//   FFN layers only); final_rows [S, E] act.
+struct HybridActivations {
+  Tensor x, h, proj, mixed, g, beta, core, attn, mix, gu, mlp, final_rows;
+};
+
+// The runtime's part of the graph, called once per layer (never per token;
+// no allocation, no host synchronization on CUDA).
+class HybridHooks {
+ public:
+  virtual ~HybridHooks() = default;
+  // MoE layer il: x[t] += MoE(h[t]) over x [n, E] F32, h [n, E] act.
+  virtual Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) = 0;
+};
+
+// One step: embedding, every layer, the final norm of the sample rows and
+// logits [n_sample, V] F32. kv: the attention layers' K and V (by index
+// among them); states: the pool whose ids step.recurrent names. Only
+// Backend ops and the hooks: graph-capturable on CUDA.
+Status hybrid_forward(Backend& b, const HybridGraph& g, const StepMetadata& md, const HybridActivations& a,
+                      const std::vector<KvCacheView>& kv, const StatePool& states, Tensor logits, HybridHooks& hooks) {
+  const int64_t n = md.n_tokens;
+  const GatedDeltaDims& d = g.gdn;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
+  const Tensor proj = Tensor{a.proj.data, DType::kF32, n, g.proj_width(), g.proj_width()};
+  const Tensor p_in = Tensor{proj.data, DType::kF32, n, g.in_width(), g.in_width()};
+  const Tensor p_qkvg = Tensor{proj.data, DType::kF32, n, g.qkvg_width(), g.qkvg_width()};
+  const Tensor core = a.core.rows_from(0, n), attn = a.attn.rows_from(0, n);
+  const float eps = g.eps, off = g.norm_offset;
+  b.embed(g.embed, md.ids, n, x);
+
+  GatedDeltaOp gd;
+  gd.proj = p_in;
+  gd.b_col = d.conv_dim() + d.value_dim();
+  gd.a_col = gd.b_col + d.n_v_heads;
+  gd.n_k_heads = static_cast<int32_t>(d.n_k_heads);
+  gd.n_v_heads = static_cast<int32_t>(d.n_v_heads);
+  gd.head_k_dim = static_cast<int32_t>(d.head_k_dim);
+  gd.head_v_dim = static_cast<int32_t>(d.head_v_dim);
+  gd.conv_kernel = static_cast<int32_t>(d.conv_kernel);
+  gd.state_stride = states.state_stride();
+  gd.mixed = a.mixed.rows_from(0, n);
+  gd.g = a.g.rows_from(0, n);
+  gd.beta = a.beta.rows_from(0, n);
+  gd.core = core;
+  const Tensor z = p_in.cols_from(d.conv_dim(), d.value_dim());
+  const Tensor gdn_out = Tensor::dense(a.mix.data, a.mix.dtype, n, d.value_dim());
+
+  RopeKvOp rk;
+  rk.qkv = p_qkvg.cols_from(0, g.Q + 2 * g.KV);
+  rk.n_head = g.n_head;
+  rk.n_head_kv = g.n_head_kv;
+  rk.head_dim = static_cast<int32_t>(g.hd);
+  rk.norm_eps = eps;
+  rk.norm_offset = off;
+  rk.rope = g.rope;
+  AttentionOp at;
+  at.q = p_qkvg.cols_from(0, g.Q);
+  at.out = attn;
+  at.n_head = rk.n_head;
+  at.n_head_kv = rk.n_head_kv;
+  at.head_dim = rk.head_dim;
+  at.scale = g.attn_scale;
+  const Tensor gate = p_qkvg.cols_from(g.Q + 2 * g.KV, g.Q);
+  const Tensor attn_out = Tensor::dense(a.mix.data, a.mix.dtype, n, g.Q);
+
+  for (size_t il = 0; il < g.layers.size(); ++il) {
+    const HybridLayer& L = g.layers[il];
+    b.rms_norm(x, nullptr, L.in_norm, eps, off, h);
+    if (L.linear) {
+      RILL_TRY(b.matmul(L.w_in, h, p_in, false));
+      gd.conv_w = L.conv_w;
+      gd.neg_a = L.neg_a;
+      gd.dt_bias = L.dt_bias;
+      gd.states = states.layer(L.index);
+      b.gated_delta(gd, md);
+      b.gated_rms_norm(core, z, L.gdn_norm, gd.head_v_dim, L.gdn_eps, gdn_out, L.tiled_k_heads);
+      RILL_TRY(b.matmul(L.w_out, gdn_out, x, true));
+    } else {
+      RILL_TRY(b.matmul(L.w_qkvg, h, p_qkvg, false, L.b_qkvg));
+      rk.q_norm = L.q_norm;
+      rk.k_norm = L.k_norm;
+      rk.kv = kv[static_cast<size_t>(L.index)];
+      b.rope_store_kv(rk, md);
+      at.kv = rk.kv;
+      b.attention(at, md);
+      b.sigmoid_mul(attn, gate, attn_out);
+      RILL_TRY(b.matmul(L.w_o, attn_out, x, true, L.b_o));
+    }
+    b.rms_norm(x, nullptr, L.post_norm, eps, off, h);
+    if (L.is_moe) {
+      RILL_TRY(hooks.moe_ffn(static_cast<int64_t>(il), h, x, md));
+      continue;
+    }
+    const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
+    RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
+    b.glu(Glu::kSilu, gu, mlp);
+    RILL_TRY(b.matmul(L.w_down, mlp, x, true));
+  }
+  if (md.n_sample <= 0) return Status::Ok();
+  const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
+  b.rms_norm(x, md.sample_rows, g.final_norm, eps, off, final_rows);
+  return b.matmul(g.lm_head, final_rows, logits, false);
+}
+
+// --- The CPU runtime ------------------------------------------------------------
+
+class HybridModel final : public CpuPagedModel, private HybridHooks {
  public:
   HybridModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
       : CpuPagedModel(std::move(files), options.n_threads) {}
 
   Status init(const ModelOptions& options);
-
-  int32_t n_state_slots() const override { return states_.n_slots(); }
-  int32_t n_state_checkpoints() const override { return states_.n_checkpoints(); }
-  size_t state_bytes() const override { return states_.bytes_per_state(); }
   Status forward(const Batch& batch, float* logits) override;
 
   // KV export: the attention layers (group 0), by their index among them.
   std::vector<KvLayer> kv_layers() const override {
-    return std::vector<KvLayer>(static_cast<size_t>(n_attn_), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
-  }
-  // State export: per linear layer (by its index among them) its conv
-  // window [conv_dim, K-1] then its delta state [n_v_heads, dk, dv].
-  std::vector<std::vector<StateTensor>> state_layers() const override {
-    const GatedDeltaDims& d = hybrid_.gdn;
-    const std::vector<StateTensor> one = {{"conv", {d.conv_dim(), d.conv_kernel - 1}},
-                                          {"delta", {d.n_v_heads, d.head_k_dim, d.head_v_dim}}};
-    return std::vector<std::vector<StateTensor>>(static_cast<size_t>(n_linear_), one);
-  }
-  Status copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const override {
-    RILL_TRY(check_state(checkpoint, layer));
-    std::memcpy(out, states_.conv(layer, states_.checkpoint_id(checkpoint)), layer_state_bytes());
-    return {};
-  }
-  Status copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) override {
-    RILL_TRY(check_state(checkpoint, layer));
-    std::memcpy(states_.conv(layer, states_.checkpoint_id(checkpoint)), in, layer_state_bytes());
-    return {};
+    return std::vector<KvLayer>(static_cast<size_t>(graph_.n_attn), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
   }
 
  private:
-  Status bind_layer(const std::string& p, int64_t il, Layer& L);
-  void attention_block(const Layer& L, const Batch& batch);
-  // The FFN of h; returns where its output [n, E] is.
-  const float* ffn_block(const Layer& L, int64_t n);
-
-  // Bytes of one linear layer's state (its conv window and delta state are adjacent).
-  size_t layer_state_bytes() const {
-    return static_cast<size_t>(hybrid_.gdn.conv_state_floats() + hybrid_.gdn.delta_state_floats()) * sizeof(float);
-  }
-  Status check_state(int32_t checkpoint, int64_t layer) const {
-    if (checkpoint < 0 || checkpoint >= states_.n_checkpoints() || layer < 0 || layer >= n_linear_) {
-      return Error{"recurrent state of checkpoint " + std::to_string(checkpoint) + " layer " + std::to_string(layer) +
-                   " does not exist"};
-    }
-    return {};
+  // Qwen3-Next's MoE FFN over cpu::HostOps (model/moe.h), into x like down_proj.
+  Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override {
+    (void)step;
+    const int64_t n = x.rows;
+    w_.layers[static_cast<size_t>(il)].moe->forward(h.f32(), n, moe_out_.data(), moe_scratch_, *backend_);
+    backend_->add_inplace(x.f32(), moe_out_.data(), n * x.cols);
+    return Status::Ok();
   }
 
-  HybridConfig hybrid_;
-  float norm_offset_ = 1.0f;  // RMSNorm scale is (norm_offset_ + w): 1 for HF, 0 for GGUF
-  bool v_tiled_ = false;      // qwen35 GGUF: value heads tiled
-  int64_t hd_ = 0, q_width_ = 0, kv_width_ = 0;
-  int64_t n_attn_ = 0, n_linear_ = 0;  // attention and linear-attention layers
-  WeightView embed_, lm_head_;
-  std::vector<float> final_norm_;
-  std::vector<Layer> layers_;
-  RopeTable rope_;
-  AttentionParams attn_params_;
-  RecurrentStates states_;
-  Activations a_;
-  GatedDeltaScratch gdn_scratch_;
-  std::vector<cpu::AttentionSeq> attn_seqs_;
+  std::unique_ptr<Backend> device_;  // on backend_'s threads
+  HybridWeights w_;                  // the CPU Backend views its reassembled rows; the MoE experts
+  HybridGraph graph_;
+  std::vector<float> x_, h_, proj_, mixed_, g_, beta_, core_, attn_, mix_, gu_, mlp_, final_rows_;  // f32
+  HybridActivations act_;  // views of the vectors above
+  std::vector<float> moe_out_;
+  MoeScratch moe_scratch_;
+  CpuStepArrays step_;
+  std::vector<KvCacheView> kv_views_;  // per attention layer
 };
 
-Status HybridModel::bind_layer(const std::string& p, int64_t il, Layer& L) {
-  const ModelFiles& f = *files_;
-  const int64_t E = cfg_.n_embd;
-  RILL_ASSIGN_OR_RETURN(L.in_norm, load_vector(f, p + "input_layernorm.weight", E));
-  RILL_ASSIGN_OR_RETURN(L.post_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
-  if (L.linear) {
-    RILL_ASSIGN_OR_RETURN(L.gdn,
-                          bind_gated_delta_net(f, p + "linear_attn.", hybrid_.gdn, E, cfg_.rms_norm_eps, v_tiled_));
-  } else {
-    GatedAttention& A = L.attn;
-    RILL_ASSIGN_OR_RETURN(A.q, bind_linear(f, p + "self_attn.q_proj", 2 * q_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(A.k, bind_linear(f, p + "self_attn.k_proj", kv_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(A.v, bind_linear(f, p + "self_attn.v_proj", kv_width_, E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(A.o, bind_linear(f, p + "self_attn.o_proj", E, q_width_, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(A.q_norm, load_vector(f, p + "self_attn.q_norm.weight", hd_));
-    RILL_ASSIGN_OR_RETURN(A.k_norm, load_vector(f, p + "self_attn.k_norm.weight", hd_));
-  }
-  if (is_moe_layer(cfg_, il)) {
-    RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind(f, p + "mlp.", moe_params(cfg_)));
-    return {};
-  }
-  RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", cfg_.n_ff, E));
-  RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", cfg_.n_ff, E));
-  RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", E, cfg_.n_ff));
-  return {};
-}
-
 Status HybridModel::init(const ModelOptions& options) {
-  const ModelFiles& f = *files_;
-  const int64_t E = cfg_.n_embd, V = cfg_.n_vocab;
-  if (E <= 0 || V <= 0 || cfg_.n_layer <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 ||
-      cfg_.n_head % cfg_.n_head_kv != 0) {
-    return Error{f.path + ": inconsistent model config (embd " + std::to_string(E) + ", heads " +
-                 std::to_string(cfg_.n_head) + "/" + std::to_string(cfg_.n_head_kv) + ")"};
-  }
-  const bool gguf = f.format == ModelFormat::kGguf;
-  RILL_ASSIGN_OR_RETURN(hybrid_, read_hybrid_config(cfg_, gguf ? f.path : f.path + "/config.json"));
-  norm_offset_ = gguf ? 0.0f : 1.0f;
-  v_tiled_ = gguf && cfg_.architecture == "qwen3_5_text";
-  hd_ = cfg_.head_dim > 0 ? cfg_.head_dim : E / cfg_.n_head;
-  constexpr int64_t kMaxHeadDim = 512;
-  if (hd_ <= 0 || hd_ > kMaxHeadDim || hd_ % 2 != 0) {
-    return Error{f.path + ": head_dim " + std::to_string(hd_) + " is not supported (even, at most 512)"};
-  }
-  q_width_ = cfg_.n_head * hd_;
-  kv_width_ = cfg_.n_head_kv * hd_;
-
-  const std::string root = hybrid_tensor_root(f);
-  RILL_ASSIGN_OR_RETURN(embed_, bind_matrix(f, root + "embed_tokens.weight", V, E));
-  if (f.find("lm_head.weight")) {
-    RILL_ASSIGN_OR_RETURN(lm_head_, bind_matrix(f, "lm_head.weight", V, E));
-  } else {
-    lm_head_ = embed_;
-  }
-  RILL_ASSIGN_OR_RETURN(final_norm_, load_vector(f, root + "norm.weight", E));
-
-  bool all_f32 = embed_.dtype == DType::kF32;
-  int64_t n_linear = 0, n_attn = 0;
-  layers_.resize(static_cast<size_t>(cfg_.n_layer));
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    Layer& L = layers_[static_cast<size_t>(il)];
-    L.linear = hybrid_.is_linear[static_cast<size_t>(il)] != 0;
-    L.index = L.linear ? n_linear++ : n_attn++;
-    RILL_TRY(bind_layer(root + "layers." + std::to_string(il) + ".", il, L));
-    all_f32 = all_f32 && (L.linear ? (L.gdn.fused ? L.gdn.qkvz : L.gdn.qkv).w : L.attn.q.w).dtype == DType::kF32;
-  }
-  n_attn_ = n_attn;
-  n_linear_ = n_linear;
-  if (n_attn == 0 || n_linear == 0) {
-    return Error{f.path + ": a hybrid model needs both linear_attention and full_attention layers"};
-  }
-
-  const int64_t rot_dim = cfg_.rope_dim > 0 ? cfg_.rope_dim : hd_;
-  if (rot_dim > hd_ || rot_dim % 2 != 0 || cfg_.rope_scaling.type != RopeScaling::Type::kNone) {
-    return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) +
-                 " must be even and at most head_dim, without rope scaling"};
-  }
-  rope_ = cpu::make_rope_table(cfg_.rope_theta, rot_dim, false);
-  attn_params_.n_head = cfg_.n_head;
-  attn_params_.n_head_kv = cfg_.n_head_kv;
-  attn_params_.head_dim = hd_;
-  attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  attn_params_.kv_dtype = all_f32 ? DType::kF32 : DType::kF16;
-
+  constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
+  RILL_ASSIGN_OR_RETURN(w_, bind_hybrid(*files_, kMaxHeadDim));
+  device_ = make_cpu_backend_on(*backend_->pool());
+  RILL_ASSIGN_OR_RETURN(graph_, place_hybrid(*device_, cfg_, w_));
   set_limits(options);
   kv_spec_ = {full(), recurrent()};
-  RILL_TRY(create_kv(options, n_attn, kv_width_, attn_params_.kv_dtype));
-  const int32_t n_slots = std::max(max_seqs_, std::max(1, options.n_kv_slots));
-  const int32_t n_ckpt = options.n_state_checkpoints < 0 ? n_slots : options.n_state_checkpoints;
-  RILL_ASSIGN_OR_RETURN(states_, RecurrentStates::create(n_linear, hybrid_.gdn, n_slots, n_ckpt));
+  // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise f16.
+  RILL_TRY(create_kv(options, graph_.n_attn, graph_.KV, w_.all_f32 ? DType::kF32 : DType::kF16));
+  for (int64_t i = 0; i < graph_.n_attn; ++i) kv_views_.push_back(kv_.layer_view(i));
+  RILL_TRY(create_states(*device_, graph_.n_linear, graph_.state_tensors(), options));
 
-  attn_seqs_.reserve(static_cast<size_t>(max_tokens_));
-  const auto T = static_cast<size_t>(max_tokens_);
-  a_.x.resize(T * E);
-  a_.h.resize(T * E);
-  a_.qg.resize(T * 2 * q_width_);
-  a_.q.resize(T * q_width_);
-  a_.gate.resize(T * q_width_);
-  a_.k.resize(T * kv_width_);
-  a_.v.resize(T * kv_width_);
-  a_.attn.resize(T * q_width_);
-  a_.ff_gate.resize(T * cfg_.n_ff);
-  a_.ff_up.resize(T * cfg_.n_ff);
-  a_.final_rows.resize(T * E);
-  for (const Layer& L : layers_) {
+  const int64_t T = max_tokens_;
+  const GatedDeltaDims& d = graph_.gdn;
+  auto view = [T](std::vector<float>& v, int64_t rows, int64_t cols) {
+    v.resize(static_cast<size_t>(rows * cols));
+    return Tensor::dense(v.data(), DType::kF32, rows, cols);
+  };
+  const int64_t F = graph_.has_dense_ffn() ? graph_.F : 0;
+  act_ = {view(x_, T, graph_.E),         view(h_, T, graph_.E),    view(proj_, T, graph_.proj_width()),
+          view(mixed_, T, d.conv_dim()), view(g_, T, d.n_v_heads), view(beta_, T, d.n_v_heads),
+          view(core_, T, d.value_dim()), view(attn_, T, graph_.Q), view(mix_, T, std::max(d.value_dim(), graph_.Q)),
+          view(gu_, T, 2 * F),           view(mlp_, T, F),         view(final_rows_, max_seqs_, graph_.E)};
+  std::vector<const WeightView*> moe_weights;
+  for (const HybridLayerWeights& L : w_.layers) {
     if (!L.moe) continue;
-    a_.moe.reserve(L.moe->params(), max_tokens_);
-    a_.moe_out.resize(T * E);
+    moe_scratch_.reserve(L.moe->params(), max_tokens_);
+    moe_out_.resize(static_cast<size_t>(T * graph_.E));
+    L.moe->collect_weights(&moe_weights);
   }
-  const bool fused =
-      std::any_of(layers_.begin(), layers_.end(), [](const Layer& L) { return L.linear && L.gdn.fused; });
-  gdn_scratch_.reserve(hybrid_.gdn, fused, max_tokens_, max_tokens_);
-
-  std::vector<const WeightView*> weights = {&lm_head_};
-  for (const Layer& L : layers_) {
-    for (const Linear* l : {&L.gdn.qkv, &L.gdn.z, &L.gdn.b, &L.gdn.a, &L.gdn.qkvz, &L.gdn.ba, &L.gdn.out, &L.attn.q,
-                            &L.attn.k, &L.attn.v, &L.attn.o, &L.gate, &L.up, &L.down}) {
-      if (l->w.data) weights.push_back(&l->w);
-    }
-    if (L.moe) L.moe->collect_weights(&weights);
+  if (!moe_weights.empty()) {
+    backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), max_tokens_);
   }
-  backend_->reserve(weights.data(), static_cast<int>(weights.size()), max_tokens_);
-  return {};
-}
-
-void HybridModel::attention_block(const Layer& L, const Batch& batch) {
-  const GatedAttention& A = L.attn;
-  const int64_t n = batch.n_tokens(), H = cfg_.n_head;
-  const Linear* qkv[] = {&A.q, &A.k, &A.v};
-  float* qkv_out[] = {a_.qg.data(), a_.k.data(), a_.v.data()};
-  forward_group(qkv, qkv_out, 3, a_.h.data(), n, *backend_);
-  for (int64_t t = 0; t < n; ++t) {  // per head [query | gate] -> q, gate
-    for (int64_t hh = 0; hh < H; ++hh) {
-      const float* src = a_.qg.data() + (t * H + hh) * 2 * hd_;
-      std::copy(src, src + hd_, a_.q.data() + (t * H + hh) * hd_);
-      std::copy(src + hd_, src + 2 * hd_, a_.gate.data() + (t * H + hh) * hd_);
-    }
-  }
-  backend_->rms_norm(a_.q.data(), A.q_norm.data(), n * H, hd_, cfg_.rms_norm_eps, a_.q.data(), norm_offset_);
-  backend_->rms_norm(a_.k.data(), A.k_norm.data(), n * cfg_.n_head_kv, hd_, cfg_.rms_norm_eps, a_.k.data(),
-                     norm_offset_);
-  backend_->rope(a_.q.data(), batch.positions.data(), n, H, hd_, rope_);
-  backend_->rope(a_.k.data(), batch.positions.data(), n, cfg_.n_head_kv, hd_, rope_);
-  attn_seqs_.clear();
-  for (const BatchSeq& s : batch.seqs) {
-    const int64_t t0 = s.q_start;
-    const std::span<const int32_t> table = batch.table(0, s);
-    kv_.store(L.index, table, a_.k.data() + t0 * kv_width_, a_.v.data() + t0 * kv_width_, batch.positions.data() + t0,
-              s.q_len, kv_width_);
-    attn_seqs_.push_back({a_.q.data() + t0 * q_width_, batch.positions.data() + t0, s.q_len, kv_.view(L.index, table),
-                          s.kv_len, a_.attn.data() + t0 * q_width_, s.decode_from});
-  }
-  backend_->attention_batch(attn_seqs_.data(), static_cast<int>(attn_seqs_.size()), attn_params_);
-  float* attn = a_.attn.data();
-  const float* gate = a_.gate.data();
-  for (int64_t i = 0; i < n * q_width_; ++i) attn[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
-  A.o.forward(attn, n, a_.h.data(), *backend_);
-}
-
-const float* HybridModel::ffn_block(const Layer& L, int64_t n) {
-  if (L.moe) {
-    L.moe->forward(a_.h.data(), n, a_.moe_out.data(), a_.moe, *backend_);
-    return a_.moe_out.data();
-  }
-  const Linear* gate_up[] = {&L.gate, &L.up};
-  float* gate_up_out[] = {a_.ff_gate.data(), a_.ff_up.data()};
-  forward_group(gate_up, gate_up_out, 2, a_.h.data(), n, *backend_);
-  backend_->silu_mul(a_.ff_gate.data(), a_.ff_up.data(), a_.ff_gate.data(), n * cfg_.n_ff);
-  L.down.forward(a_.ff_gate.data(), n, a_.h.data(), *backend_);
-  return a_.h.data();
+  step_.reserve(T);
+  return device_->reserve(graph_.step_limits(T, max_seqs_));
 }
 
 Status HybridModel::forward(const Batch& batch, float* logits) {
-  const int64_t n = batch.n_tokens(), E = cfg_.n_embd;
-  if (n <= 0) return {};
+  if (batch.n_tokens() <= 0) return {};
   BatchLimits lim;
   lim.max_tokens = max_tokens_;
   lim.max_sample_rows = max_seqs_;
@@ -308,38 +618,134 @@ Status HybridModel::forward(const Batch& batch, float* logits) {
   lim.n_vocab = cfg_.n_vocab;
   lim.block_size = kv_.block_size();
   lim.n_blocks = kv_.n_blocks();
-  RILL_TRY(check_batch(batch, lim));
-  RILL_TRY(check_batch_states(batch, states_.n_slots(), states_.n_checkpoints()));
-  prepare_states(batch, states_);
-
-  backend_->get_rows(embed_, batch.token_ids.data(), n, a_.x.data());
-  for (const Layer& L : layers_) {
-    backend_->rms_norm(a_.x.data(), L.in_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data(), norm_offset_);
-    if (L.linear) {
-      // The layer reads h and writes its output to h: its projections are
-      // done before the output is written.
-      gated_delta_forward(L.gdn, L.index, batch, a_.h.data(), a_.h.data(), gdn_scratch_, states_, *backend_);
-    } else {
-      attention_block(L, batch);
-    }
-    backend_->add_inplace(a_.x.data(), a_.h.data(), n * E);
-    backend_->rms_norm(a_.x.data(), L.post_norm.data(), n, E, cfg_.rms_norm_eps, a_.h.data(), norm_offset_);
-    backend_->add_inplace(a_.x.data(), ffn_block(L, n), n * E);
-  }
-  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
-  for (int64_t i = 0; i < n_sample; ++i) {
-    const float* row = a_.x.data() + static_cast<int64_t>(batch.sample_rows[i]) * E;
-    backend_->rms_norm(row, final_norm_.data(), 1, E, cfg_.rms_norm_eps, a_.final_rows.data() + i * E, norm_offset_);
-  }
-  backend_->matmul(lm_head_, a_.final_rows.data(), n_sample, logits);
-  return {};
+  RILL_TRY(check_batch(batch, lim));  // group 0's tables: the recurrent group has none
+  RILL_TRY(states_->check(batch));
+  const StepMetadata md = step_metadata(batch, step_);
+  return hybrid_forward(*device_, graph_, md, act_, kv_views_, *states_,
+                        Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this);
 }
+
+// --- The CUDA runtime's glue ------------------------------------------------------
+
+#if RILL_HAVE_CUDA
+class HybridCudaModel final : public CudaModelBase, private HybridHooks {
+ public:
+  explicit HybridCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
+  Status init(const ModelOptions& options);
+
+ private:
+  // Qwen3-Next's MoE FFN (model/cuda_moe.h, shared expert included), into x.
+  Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override {
+    return moe_.forward(*moe_weights_[static_cast<size_t>(il)], h.data, x.rows, step.n_tiles == 0, x.f32(), *gemm_,
+                        stream());
+  }
+  void carve_activations(cuda::Arena& a) override;
+  Status run_layers(const Step& s) override;
+  Status place_moe(const HybridWeights& w);
+
+  HybridGraph graph_;
+  HybridActivations act_views_;        // over the arena
+  std::vector<KvCacheView> kv_views_;  // per attention layer
+  // MoE layers: their experts in a buffer of their own until MoE is a
+  // Backend op, and the MoE scratch.
+  cuda::DeviceBuffer moe_buf_;
+  std::vector<std::optional<CudaMoeWeights>> moe_weights_;
+  CudaMoe moe_;
+};
+
+Status HybridCudaModel::init(const ModelOptions& options) {
+  const ModelFiles& f = *files_;
+  RILL_TRY(read_dims());  // the CUDA kernels' limits
+  RILL_TRY(create_context());
+  RILL_ASSIGN_OR_RETURN(HybridWeights w, bind_hybrid(f, hd_));
+  const GatedDeltaDims& d = w.hybrid.gdn;
+  if (!cuda::gdn_supported(static_cast<int32_t>(d.n_k_heads), static_cast<int32_t>(d.n_v_heads),
+                           static_cast<int32_t>(d.head_k_dim), static_cast<int32_t>(d.head_v_dim),
+                           static_cast<int32_t>(d.conv_kernel))) {
+    return Error{f.path +
+                 ": the CUDA gated DeltaNet takes key/value head dims up to 512 (value dims a multiple "
+                 "of 8, an even key width, conv channels a multiple of 4) and conv kernels of 2 to 8"};
+  }
+  for (const HybridLayerWeights& L : w.layers) {
+    if (L.linear && L.gdn.v_tiled) {
+      return Error{f.path + ": the CUDA gated DeltaNet does not take qwen35 GGUF files (tiled value heads)"};
+    }
+  }
+  RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(f.path, w.layer_matrices(), w.embed));
+  act_ = dt.act;
+  kv_dtype_ = dt.kv;  // as the CPU model: f32 checkpoints keep f32 KV
+  RILL_TRY(create_backend(options));
+  RILL_ASSIGN_OR_RETURN(graph_, place_hybrid(*backend_, cfg_, w));
+  RILL_TRY(place_moe(w));
+  kv_spec_ = {full(), recurrent()};
+  n_kv_layers_ = graph_.n_attn;
+  RILL_TRY(create_states(graph_.n_linear, graph_.state_tensors(), options));  // before the KV pool
+  RILL_TRY(init_runtime(options));
+  for (int64_t i = 0; i < graph_.n_attn; ++i) kv_views_.push_back(kv_view(static_cast<size_t>(i)));
+  return Status::Ok();
+}
+
+// The MoE layers' experts into one device buffer (cuda_moe.h's placement).
+Status HybridCudaModel::place_moe(const HybridWeights& w) {
+  moe_weights_.resize(w.layers.size());
+  if (cfg_.n_expert <= 0) return Status::Ok();
+  WeightUpload up(act_);
+  std::vector<std::optional<CudaMoePlacement>> at(w.layers.size());
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    if (!w.layers[il].moe) continue;
+    RILL_ASSIGN_OR_RETURN(
+        at[il], CudaMoePlacement::place(*w.layers[il].moe, up, files_->path + ": layer " + std::to_string(il)));
+  }
+  RILL_TRY(up.upload("the MoE experts (" + files_->path + ")"));
+  for (size_t il = 0; il < at.size(); ++il) {
+    if (at[il]) moe_weights_[il] = at[il]->resolve(up);
+  }
+  moe_buf_ = up.take_buffer();
+  return moe_.init(moe_params(cfg_), act_, files_->path);
+}
+
+void HybridCudaModel::carve_activations(cuda::Arena& a) {
+  const int64_t T = max_batch_tokens(), S = max_batch_seqs();
+  const GatedDeltaDims& d = graph_.gdn;
+  const int64_t F = graph_.has_dense_ffn() ? graph_.F : 0;
+  act_views_.x = carve_tensor(a, DType::kF32, T, E_);
+  act_views_.h = carve_tensor(a, act_, T, E_);
+  act_views_.proj = carve_tensor(a, DType::kF32, T, graph_.proj_width());
+  act_views_.mixed = carve_tensor(a, DType::kF32, T, d.conv_dim());
+  act_views_.g = carve_tensor(a, DType::kF32, T, d.n_v_heads);
+  act_views_.beta = carve_tensor(a, DType::kF32, T, d.n_v_heads);
+  act_views_.core = carve_tensor(a, DType::kF32, T, d.value_dim());
+  act_views_.attn = carve_tensor(a, DType::kF32, T, graph_.Q);
+  act_views_.mix = carve_tensor(a, act_, T, std::max(d.value_dim(), graph_.Q));
+  act_views_.gu = carve_tensor(a, DType::kF32, T, 2 * F);
+  act_views_.mlp = carve_tensor(a, act_, T, F);
+  act_views_.final_rows = carve_tensor(a, act_, S, E_);
+  if (cfg_.n_expert > 0) moe_.carve(a, T);
+  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
+}
+
+Status HybridCudaModel::run_layers(const Step& s) {
+  const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.V);
+  return hybrid_forward(*backend_, graph_, step_metadata(s), act_views_, kv_views_, states(), logits, *this);
+}
+#endif  // RILL_HAVE_CUDA
 
 }  // namespace
 
 Result<std::unique_ptr<Model>> create_qwen3_next_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                            const ModelOptions& options) {
   return init_model(std::make_unique<HybridModel>(std::move(files), options), options);
+}
+
+Result<std::unique_ptr<Model>> create_qwen3_next_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                            const ModelOptions& options) {
+#if RILL_HAVE_CUDA
+  return init_model(std::make_unique<HybridCudaModel>(std::move(files)), options);
+#else
+  (void)files;
+  (void)options;
+  return cuda_not_built();
+#endif
 }
 
 }  // namespace rill

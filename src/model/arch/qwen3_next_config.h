@@ -1,7 +1,7 @@
 #pragma once
-// The hybrid gated-DeltaNet family's configuration, shared by the CPU model
-// (qwen3_next.cpp) and the CUDA one (qwen3_next_cuda.cpp): the linear-attention
-// dims and which layers are linear attention, and the tensor-name root.
+// The hybrid gated-DeltaNet family's configuration (qwen3_next.cpp, every
+// device): the linear-attention dims and which layers are linear attention,
+// and the tensor-name root.
 #include <cstdint>
 #include <string>
 #include <vector>
