@@ -50,6 +50,23 @@ std::string dump_compact(const nlohmann::ordered_json& j) {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
+// `s` escaped as inside a JSON string, as nlohmann writes it (no quotes).
+std::string json_string_body(std::string_view s) {
+  const std::string quoted = dump_compact(nlohmann::ordered_json(std::string(s)));
+  return quoted.substr(1, quoted.size() - 2);
+}
+
+// Bytes at the end of `s` that start a UTF-8 character not yet complete.
+size_t incomplete_utf8_tail(std::string_view s) {
+  for (size_t n = 1; n <= std::min<size_t>(3, s.size()); ++n) {
+    const auto c = static_cast<unsigned char>(s[s.size() - n]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return len > n ? n : 0;
+  }
+  return 0;
+}
+
 }  // namespace
 
 bool parse_tool_call_json(std::string_view json_text, bool require_arguments, ToolCall& call) {
@@ -360,15 +377,16 @@ bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
   return false;
 }
 
+const std::string* OutputParser::parameter_type(const std::string& parameter) const {
+  if (!options_.parameter_types) return nullptr;
+  auto tool = options_.parameter_types->find(call_.name);
+  if (tool == options_.parameter_types->end()) return nullptr;
+  auto p = tool->second.find(parameter);
+  return p == tool->second.end() ? nullptr : &p->second;
+}
+
 std::string OutputParser::xml_value_json(const std::string& parameter, std::string_view value) const {
-  const std::string* type = nullptr;
-  if (options_.parameter_types) {
-    auto tool = options_.parameter_types->find(call_.name);
-    if (tool != options_.parameter_types->end()) {
-      auto p = tool->second.find(parameter);
-      if (p != tool->second.end()) type = &p->second;
-    }
-  }
+  const std::string* type = parameter_type(parameter);
   if (type == nullptr || *type != "string") {
     // The templates write numbers, booleans and null with Python's str()
     // and objects and arrays as JSON.
@@ -403,6 +421,7 @@ bool OutputParser::step_xml_call(bool final, OutputDelta& out) {
     open_call(call_name, out);
     append_arguments("{", out);
     n_xml_parameters_ = 0;
+    xml_in_value_ = false;
     return true;
   }
   auto broken = [&] {
@@ -410,6 +429,31 @@ bool OutputParser::step_xml_call(bool final, OutputDelta& out) {
     mode_ = Mode::kToolCallEnd;
     return true;
   };
+  if (xml_in_value_) {
+    if (!xml_value_started_) {  // the template's "\n" after <parameter=...> is not the value's
+      if (buf_.empty()) return final ? broken() : false;
+      if (buf_[0] == '\n') buf_.erase(0, 1);
+      xml_value_started_ = true;
+    }
+    const size_t close_at = buf_.find(kXmlParameterEnd);
+    if (close_at == std::string::npos) {
+      if (final) return broken();
+      if (xml_string_value_) {  // all but what may be "\n</parameter>" or an unfinished character
+        size_t hold = partial_suffix(buf_, kXmlParameterEnd);
+        if (hold < buf_.size() && buf_[buf_.size() - hold - 1] == '\n') ++hold;
+        hold += incomplete_utf8_tail(std::string_view(buf_).substr(0, buf_.size() - hold));
+        append_arguments(json_string_body(std::string_view(buf_).substr(0, buf_.size() - hold)), out);
+        buf_.erase(0, buf_.size() - hold);
+      }
+      return false;
+    }
+    std::string_view value = std::string_view(buf_).substr(0, close_at);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    append_arguments(xml_string_value_ ? json_string_body(value) + '"' : xml_value_json(xml_parameter_, value), out);
+    buf_.erase(0, close_at + kXmlParameterEnd.size());
+    xml_in_value_ = false;
+    return true;
+  }
   if (starts_with(rest, kXmlFunctionEnd)) {
     append_arguments("}", out);
     buf_.erase(0, i + kXmlFunctionEnd.size());
@@ -421,26 +465,18 @@ bool OutputParser::step_xml_call(bool final, OutputDelta& out) {
     const size_t name_at = i + kXmlParameter.size();
     const size_t end = buf_.find('>', name_at);
     if (end == std::string::npos) return final ? broken() : false;
-    const std::string parameter = buf_.substr(name_at, end - name_at);
-    if (parameter.empty()) return broken();
-    const size_t close_at = buf_.find(kXmlParameterEnd, end + 1);
-    if (close_at == std::string::npos) {
-      if (final) {
-        append_arguments((n_xml_parameters_ > 0 ? "," : "") + dump_compact(nlohmann::ordered_json(parameter)) + ":",
-                         out);
-        return broken();
-      }
-      return false;
-    }
-    std::string_view value = std::string_view(buf_).substr(end + 1, close_at - end - 1);
-    if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
-    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
-    std::string piece = n_xml_parameters_++ > 0 ? "," : "";
-    piece += dump_compact(nlohmann::ordered_json(parameter));
-    piece += ':';
-    piece += xml_value_json(parameter, value);
-    append_arguments(piece, out);
-    buf_.erase(0, close_at + kXmlParameterEnd.size());
+    xml_parameter_ = buf_.substr(name_at, end - name_at);
+    if (xml_parameter_.empty()) return broken();
+    std::string key = n_xml_parameters_++ > 0 ? "," : "";
+    key += dump_compact(nlohmann::ordered_json(xml_parameter_));
+    key += ':';
+    const std::string* type = parameter_type(xml_parameter_);
+    xml_string_value_ = type != nullptr && *type == "string";
+    if (xml_string_value_) key += '"';  // a string streams as it comes
+    append_arguments(key, out);
+    buf_.erase(0, end + 1);
+    xml_in_value_ = true;
+    xml_value_started_ = false;
     return true;
   }
   if (!final && (is_partial(rest, kXmlFunctionEnd) || is_partial(rest, kXmlParameter))) return false;

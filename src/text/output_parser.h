@@ -13,9 +13,9 @@
 //                   replaced by the server's.
 //   Qwen3-Coder /   <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...
 //   Qwen3.5 XML     </function>\n</tool_call>: the name streams at its '>', then
-//                   "{", each parameter's "\"P\":" at its '>' and its value (bare
+//                   "{", each parameter's "\"P\":" at its '>', its value (bare
 //                   text made JSON: OutputParserOptions::parameter_types) at
-//                   </parameter>, "}" at </function>.
+//                   </parameter> or, typed "string", as it comes; "}" at </function>.
 // Text that might still turn into a marker is held back (never streamed as
 // content and then taken back). Text that looked like a call but is not
 // valid JSON with a string "name" stays content (Llama-3 form: also needs
@@ -146,7 +146,8 @@ class OutputParser {
   bool step_xml_call(bool final, OutputDelta& out);
   // A parameter's bare text as JSON (OutputParserOptions::parameter_types).
   std::string xml_value_json(const std::string& parameter, std::string_view value) const;
-  void start_tool_call();  // after <tool_call>
+  const std::string* parameter_type(const std::string& parameter) const;  // of the open call; null: unknown
+  void start_tool_call();                                                 // after <tool_call>
   // The reader found a call: its first delta (and the arguments read so far).
   void open_call(const std::string& name, OutputDelta& out);
   void stream_arguments(OutputDelta& out);
@@ -174,7 +175,11 @@ class OutputParser {
   bool call_open_ = false;                  // a call's first delta went out; call_ is being streamed
   ToolCall call_;                           // the open call (arguments: streamed so far)
   size_t call_index_ = 0, n_calls_ = 0;
-  size_t n_xml_parameters_ = 0;  // parameters of the open XML call written so far
+  size_t n_xml_parameters_ = 0;     // parameters of the open XML call written so far
+  std::string xml_parameter_;       // the parameter whose value is being read
+  bool xml_in_value_ = false;       // between <parameter=...> and </parameter>
+  bool xml_value_started_ = false;  // its leading "\n" is dealt with
+  bool xml_string_value_ = false;   // typed "string": its text streams as it comes
 };
 
 // Parses one tool call object {"name": "...", "arguments"|"parameters": {...}}

@@ -480,8 +480,10 @@ TEST(OutputParser, XmlCallStreamsAndTypesItsValues) {
   EXPECT_EQ(got[0].delta.name, "lookup");
   EXPECT_EQ(got[0].at, text.find(">\n<parameter=zip") + 1);  // with the name's '>'
   EXPECT_EQ(got[1].delta.arguments, "{");
-  EXPECT_EQ(got[2].delta.arguments, "\"zip\":75001");  // the value once </parameter> closes it
-  EXPECT_EQ(got[2].at, text.find("</parameter>") + std::string("</parameter>").size());
+  EXPECT_EQ(got[2].delta.arguments, "\"zip\":");  // the key at its '>'
+  EXPECT_EQ(got[2].at, text.find(">\n75001") + 1);
+  EXPECT_EQ(got[3].delta.arguments, "75001");  // untyped: the value once </parameter> closes it
+  EXPECT_EQ(got[3].at, text.find("</parameter>") + std::string("</parameter>").size());
   Parsed p = parse_whole(tools_on(), text);
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.calls[0].second, R"({"zip":75001,"note":"line 1\nline \"2\"","flag":true})");
@@ -493,6 +495,51 @@ TEST(OutputParser, XmlCallStreamsAndTypesItsValues) {
   p = parse_whole(typed, text);
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.calls[0].second, R"({"zip":"75001","note":"line 1\nline \"2\"","flag":true})");
+  // A string parameter streams as it comes, escaped, all but what may end it.
+  const std::vector<Timed> typed_got = stream_bytes(typed, text);
+  std::string zip;
+  for (const Timed& t : typed_got) {
+    if (t.at > text.find("75001") && t.at <= text.find("75001") + 5) zip += t.delta.arguments;
+  }
+  EXPECT_EQ(zip, "75001");  // each character with its own byte
+  typed.parameter_types = std::make_shared<ToolParameterTypes>(ToolParameterTypes{{"lookup", {{"note", "string"}}}});
+  std::string note;
+  for (const Timed& t : stream_bytes(typed, text)) {
+    if (t.at > text.find("line 1") && t.at <= text.find("\"2\"\n</parameter>")) note += t.delta.arguments;
+  }
+  EXPECT_EQ(note, "line 1\\nline ");  // the newline once the next byte shows it is the value's
+  // Typed string values stream under any split to the same arguments.
+  typed.parameter_types = std::make_shared<ToolParameterTypes>(
+      ToolParameterTypes{{"lookup", {{"zip", "string"}, {"note", "string"}}}, {"f", {{"s", "string"}}}});
+  std::mt19937 rng(11);
+  for (const std::string& t :
+       {text,
+        std::string("<tool_call><function=f>\n<parameter=s>\n\n caf\xc3\xa9 \xf0\x9f\x98\x80 </par\n\n</parameter>"
+                    "\n</function></tool_call>"),
+        std::string("<tool_call><function=f>\n<parameter=s>\nab\n</param")}) {
+    SCOPED_TRACE(t);
+    const Parsed whole = parse_whole(typed, t);
+    std::vector<std::string> bytes;
+    for (char c : t) bytes.emplace_back(1, c);
+    EXPECT_EQ(parse_pieces(typed, bytes), whole);
+    for (int trial = 0; trial < 30; ++trial) {
+      std::vector<std::string> pieces;
+      for (size_t pos = 0; pos < t.size();) {
+        const size_t n = std::uniform_int_distribution<size_t>(0, 5)(rng);
+        pieces.push_back(t.substr(pos, n));
+        pos += n;
+      }
+      ASSERT_EQ(parse_pieces(typed, pieces), whole);
+    }
+  }
+  EXPECT_EQ(parse_whole(typed,
+                        "<tool_call><function=f>\n<parameter=s>\n\n caf\xc3\xa9 </par\n\n</parameter>\n"
+                        "</function></tool_call>")
+                .calls[0]
+                .second,
+            "{\"s\":\"\\n caf\xc3\xa9 </par\\n\"}");
+  EXPECT_EQ(parse_whole(typed, "<tool_call><function=f>\n<parameter=s>\nab\n</param").calls[0].second,
+            "{\"s\":\"ab");  // cut off: what streamed
   // Not the form: the block is content. Broken after the name: a call with
   // what streamed, the rest of the block dropped.
   p = parse_whole(tools_on(), "<tool_call>\n<fun>x</fun>\n</tool_call>");
