@@ -431,6 +431,23 @@ std::string AnthropicStreamEncoder::delta(const OutputDelta& delta) {
     out += sse_event("content_block_delta",
                      dump_json({{"type", "content_block_delta"}, {"index", index}, {"delta", std::move(d)}}));
   };
+  // tool_use blocks stream: content_block_start with the name and input {}
+  // when the parser reads the name, input_json_delta per arguments piece,
+  // content_block_stop when the call ends. Text never comes while a call is
+  // open (the parser ends a call first).
+  const std::vector<ToolCallDelta>& pieces = delta.tool_call_deltas;
+  size_t k = 0, n_ended = 0;
+  auto input_delta = [&](const std::string& piece) {
+    if (open_ == Block::kToolUse && !piece.empty())
+      block_delta(open_index_, {{"type", "input_json_delta"}, {"partial_json", piece}});
+  };
+  auto end_call = [&] {
+    if (open_ != Block::kToolUse || n_ended >= delta.tool_calls.size()) return;
+    out += close();
+    ++n_ended;
+  };
+  for (; k < pieces.size() && open_ == Block::kToolUse && pieces[k].name.empty(); ++k) input_delta(pieces[k].arguments);
+  end_call();
   if (!delta.reasoning.empty()) {
     if (open_ != Block::kThinking) {
       out += close();
@@ -445,18 +462,21 @@ std::string AnthropicStreamEncoder::delta(const OutputDelta& delta) {
     }
     block_delta(open_index_, {{"type", "text_delta"}, {"text", delta.content}});
   }
-  for (const auto& call : delta.tool_calls) {
+  for (; k < pieces.size(); ++k) {
+    if (pieces[k].name.empty()) {
+      input_delta(pieces[k].arguments);
+      continue;
+    }
+    end_call();
     out += close();
-    const int index = n_blocks_++;
-    Json block = tool_use_block(call);
-    const std::string arguments = dump_json(block["input"]);
-    block["input"] = Json::object();
-    out +=
-        sse_event("content_block_start",
-                  dump_json({{"type", "content_block_start"}, {"index", index}, {"content_block", std::move(block)}}));
-    block_delta(index, {{"type", "input_json_delta"}, {"partial_json", arguments}});
-    out += sse_event("content_block_stop", dump_json({{"type", "content_block_stop"}, {"index", index}}));
+    open_ = Block::kToolUse;
+    open_index_ = n_blocks_++;
+    const Json block = {
+        {"type", "tool_use"}, {"id", new_anthropic_id("toolu_")}, {"name", pieces[k].name}, {"input", Json::object()}};
+    out += sse_event("content_block_start",
+                     dump_json({{"type", "content_block_start"}, {"index", open_index_}, {"content_block", block}}));
   }
+  end_call();
   return out;
 }
 

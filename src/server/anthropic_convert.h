@@ -86,7 +86,10 @@ class AnthropicStreamEncoder {
   // have no prompt count pass {}); message_delta carries the final usage.
   std::string start(const Usage& usage = {});
   // Reasoning goes to a thinking block, content to a text block (a change of
-  // kind closes the open block); each tool call is one whole tool_use block.
+  // kind closes the open block); each tool call is a tool_use block that
+  // streams: content_block_start (id, name, input {}) when its name is read,
+  // input_json_delta partial_json per arguments piece, content_block_stop
+  // when it ends.
   std::string delta(const OutputDelta& delta);
   // Closes the open block (an empty text block when nothing was streamed and
   // there were no tool calls, matching anthropic_message), then
@@ -96,7 +99,7 @@ class AnthropicStreamEncoder {
   static std::string error(const std::string& message);
 
  private:
-  enum class Block { kNone, kThinking, kText };
+  enum class Block { kNone, kThinking, kText, kToolUse };
   std::string open(Block kind);
   std::string close();
 

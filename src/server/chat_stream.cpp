@@ -344,6 +344,8 @@ std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx,
     if (auto* e = std::get_if<ApiError>(&g)) return std::move(*e);
     prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));
   }
+  // The XML call form writes bare values; the tools' types say which are strings.
+  if (prompt.parser.parse_tool_calls) prompt.parser.parameter_types = tool_parameter_types(in.tools);
   return prompt;
 }
 

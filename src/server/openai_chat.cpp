@@ -117,11 +117,10 @@ std::optional<ApiError> read_template_kwargs(const FieldReader& body, ChatInput&
   return std::nullopt;
 }
 
-ojson tool_calls_json(const std::vector<ToolCall>& calls, bool with_index, size_t first_index) {
+ojson tool_calls_json(const std::vector<ToolCall>& calls) {
   ojson out = ojson::array();
   for (size_t k = 0; k < calls.size(); ++k) {
     ojson c = ojson::object();
-    if (with_index) c["index"] = first_index + k;
     c["id"] = calls[k].id;
     c["type"] = "function";
     c["function"] = {{"name", calls[k].name}, {"arguments", calls[k].arguments}};
@@ -137,8 +136,7 @@ class ChatCall final : public openai::OpenAiCall {
         model_(f.model),
         include_usage_(f.include_usage),
         logprobs_(logprobs),
-        n_choices_(static_cast<size_t>(f.n)),
-        n_tool_calls_(n_choices_, 0) {}
+        n_choices_(static_cast<size_t>(f.n)) {}
 
  private:
   ojson chunk(ojson choices) const {
@@ -162,21 +160,36 @@ class ChatCall final : public openai::OpenAiCall {
     return frames;
   }
 
+  // Text first, then one chunk per call delta, as OpenAI streams calls: the
+  // call's first chunk {index, id, type, function: {name, arguments: ""}},
+  // then {index, function: {arguments: piece}} chunks.
   std::string delta_frames(size_t index, const OutputDelta& d, const GenerationEvent& event) override {
     ojson delta = ojson::object();
     if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
     if (!d.content.empty()) delta["content"] = d.content;
-    if (!d.tool_calls.empty()) {
-      delta["tool_calls"] = tool_calls_json(d.tool_calls, /*with_index=*/true, n_tool_calls_[index]);
-      n_tool_calls_[index] += d.tool_calls.size();
-    }
     ojson logprobs = nullptr;
     if (logprobs_ && ctx_.engine.tokenizer() != nullptr) {
       auto shown = openai::shown_logprobs(event);
       if (!shown.empty()) logprobs = {{"content", openai::chat_logprobs(*ctx_.engine.tokenizer(), shown)}};
     }
-    if (delta.empty() && logprobs.is_null()) return "";
-    return choice_frame(index, std::move(delta), std::move(logprobs), nullptr);
+    std::string frames;
+    if (!delta.empty() || (!logprobs.is_null() && d.tool_call_deltas.empty())) {
+      frames += choice_frame(index, std::move(delta), std::move(logprobs), nullptr);
+      logprobs = nullptr;
+    }
+    for (const ToolCallDelta& td : d.tool_call_deltas) {
+      ojson call = {{"index", td.index}};
+      if (!td.name.empty()) {
+        call["id"] = td.id;
+        call["type"] = "function";
+        call["function"] = {{"name", td.name}, {"arguments", ""}};
+      } else {
+        call["function"] = {{"arguments", td.arguments}};
+      }
+      frames += choice_frame(index, {{"tool_calls", ojson::array({std::move(call)})}}, std::move(logprobs), nullptr);
+      logprobs = nullptr;
+    }
+    return frames;
   }
 
   std::string finish_frames(size_t index, const ChatResult& r) override {
@@ -198,7 +211,7 @@ class ChatCall final : public openai::OpenAiCall {
       message["content"] = r.content.empty() && !r.tool_calls.empty() ? ojson(nullptr) : ojson(r.content);
       message["refusal"] = nullptr;  // the spec's field; this server never refuses by itself
       if (!r.reasoning.empty()) message["reasoning_content"] = r.reasoning;
-      if (!r.tool_calls.empty()) message["tool_calls"] = tool_calls_json(r.tool_calls, false, 0);
+      if (!r.tool_calls.empty()) message["tool_calls"] = tool_calls_json(r.tool_calls);
       ojson logprobs = nullptr;
       if (logprobs_ && ctx_.engine.tokenizer() != nullptr) {
         logprobs = {{"content", openai::chat_logprobs(*ctx_.engine.tokenizer(), openai::shown_logprobs(r))},
@@ -217,7 +230,6 @@ class ChatCall final : public openai::OpenAiCall {
   const std::string model_;
   const bool include_usage_, logprobs_;
   const size_t n_choices_;
-  std::vector<size_t> n_tool_calls_;  // per choice: tool calls streamed so far (their delta index)
 };
 
 }  // namespace

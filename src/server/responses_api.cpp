@@ -75,7 +75,7 @@ struct ResponsesCall {
     std::lock_guard lk(mu);
     // Tokens count as reasoning while the parser last produced reasoning
     // only (held-back text makes this exact only up to a marker's length).
-    if (!delta.content.empty() || !delta.tool_calls.empty()) {
+    if (!delta.content.empty() || !delta.tool_calls.empty() || !delta.tool_call_deltas.empty()) {
       in_reasoning = false;
     } else if (!delta.reasoning.empty()) {
       in_reasoning = true;

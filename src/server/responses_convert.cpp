@@ -499,6 +499,7 @@ std::string ResponsesEncoder::delta(const OutputDelta& d) {
   auto text = [&](Open kind, const std::string& piece, const char* event) {
     if (piece.empty()) return;
     if (open_ != kind) {
+      out += close_call("completed");  // never open here: the parser ends a call before text
       out += close("completed");
       out += open(kind);
     }
@@ -509,32 +510,72 @@ std::string ResponsesEncoder::delta(const OutputDelta& d) {
     if (kind == Open::kMessage) body["logprobs"] = Json::array();
     out += frame(event, std::move(body));
   };
+  // A call open since an earlier delta: its pieces, then its end. Text
+  // never comes while a call is open (the parser ends a call first).
+  const std::vector<ToolCallDelta>& pieces = d.tool_call_deltas;
+  size_t k = 0, n_ended = 0;
+  for (; k < pieces.size() && call_open_ && pieces[k].name.empty(); ++k) out += call_arguments(pieces[k].arguments);
+  if (call_open_ && n_ended < d.tool_calls.size()) {
+    out += close_call("completed");
+    ++n_ended;
+  }
   text(Open::kReasoning, d.reasoning, "response.reasoning_text.delta");
   text(Open::kMessage, d.content, "response.output_text.delta");
-  for (const ToolCall& call : d.tool_calls) {
-    out += close("completed");
-    saw_call_ = true;
-    const int64_t index = int64_t(output_.size());
-    Json item = {{"id", random_id("fc_")}, {"type", "function_call"}, {"status", "in_progress"},
-                 {"arguments", ""},        {"call_id", call.id},      {"name", call.name}};
-    const std::string item_id = item["id"];
-    out += frame("response.output_item.added", {{"output_index", index}, {"item", item}});
-    out += frame("response.function_call_arguments.delta",
-                 {{"item_id", item_id}, {"output_index", index}, {"delta", call.arguments}});
-    out += frame("response.function_call_arguments.done",
-                 {{"item_id", item_id}, {"output_index", index}, {"arguments", call.arguments}});
-    item["arguments"] = call.arguments;
-    item["status"] = "completed";
-    out += frame("response.output_item.done", {{"output_index", index}, {"item", item}});
-    output_.push_back(std::move(item));
+  // Calls that begin in this delta: the item added with its name and
+  // arguments "", function_call_arguments.delta per piece, then .done and
+  // output_item.done when the parser ends the call.
+  for (; k < pieces.size(); ++k) {
+    if (pieces[k].name.empty()) {
+      out += call_arguments(pieces[k].arguments);
+      continue;
+    }
+    if (call_open_ && n_ended < d.tool_calls.size()) {
+      out += close_call("completed");
+      ++n_ended;
+    }
+    out += open_call(pieces[k]);
   }
+  if (call_open_ && n_ended < d.tool_calls.size()) out += close_call("completed");
+  return out;
+}
+
+std::string ResponsesEncoder::open_call(const ToolCallDelta& call) {
+  std::string out = close("completed");
+  saw_call_ = true;
+  const int64_t index = int64_t(output_.size());
+  Json item = {{"id", random_id("fc_")}, {"type", "function_call"}, {"status", "in_progress"},
+               {"arguments", ""},        {"call_id", call.id},      {"name", call.name}};
+  out += frame("response.output_item.added", {{"output_index", index}, {"item", item}});
+  output_.push_back(std::move(item));
+  call_open_ = true;
+  return out;
+}
+
+std::string ResponsesEncoder::call_arguments(const std::string& piece) {
+  if (!call_open_ || piece.empty()) return "";
+  Json& item = output_.back();
+  item["arguments"].get_ref<std::string&>() += piece;
+  return frame("response.function_call_arguments.delta",
+               {{"item_id", item["id"]}, {"output_index", int64_t(output_.size()) - 1}, {"delta", piece}});
+}
+
+std::string ResponsesEncoder::close_call(const char* status) {
+  if (!call_open_) return "";
+  call_open_ = false;
+  Json& item = output_.back();
+  const int64_t index = int64_t(output_.size()) - 1;
+  std::string out = frame("response.function_call_arguments.done",
+                          {{"item_id", item["id"]}, {"output_index", index}, {"arguments", item["arguments"]}});
+  item["status"] = status;
+  out += frame("response.output_item.done", {{"output_index", index}, {"item", item}});
   return out;
 }
 
 std::string ResponsesEncoder::finish(nlohmann::ordered_json& response, bool incomplete,
                                      const nlohmann::ordered_json& usage) {
   const char* item_status = incomplete ? "incomplete" : "completed";
-  std::string out = close(item_status);
+  std::string out = close_call(item_status);
+  out += close(item_status);
   if (!saw_message_ && !saw_call_) {
     out += open(Open::kMessage);
     out += close(item_status);
@@ -549,7 +590,8 @@ std::string ResponsesEncoder::finish(nlohmann::ordered_json& response, bool inco
 
 std::string ResponsesEncoder::failed(nlohmann::ordered_json& response, const std::string& message,
                                      const nlohmann::ordered_json& usage) {
-  std::string out = close("incomplete");
+  std::string out = close_call("incomplete");
+  out += close("incomplete");
   response["status"] = "failed";
   response["error"] = {{"code", "server_error"}, {"message", message}};
   response["output"] = output_;

@@ -107,7 +107,9 @@ nlohmann::ordered_json responses_usage(const Usage& usage, int32_t reasoning_tok
 // *_text.done, content_part.done | function_call_arguments.delta / .done),
 // output_item.done, then response.completed / incomplete. Reasoning goes to
 // a reasoning item, content to a message item (a change of kind closes the
-// open item); each tool call is one whole function_call item. Every frame
+// open item); each tool call is a function_call item that streams: added
+// (name, arguments "") when its name is read, function_call_arguments.delta
+// per arguments piece, .done and output_item.done when it ends. Every frame
 // has a sequence_number counting from 0. Not thread-safe.
 class ResponsesEncoder {
  public:
@@ -135,12 +137,16 @@ class ResponsesEncoder {
   std::string frame(const char* type, nlohmann::ordered_json body);
   std::string open(Open kind);
   std::string close(const char* status);
+  std::string open_call(const ToolCallDelta& call);
+  std::string call_arguments(const std::string& piece);
+  std::string close_call(const char* status);  // the open function_call item, if any
 
   const bool emit_;
   int64_t sequence_ = 0;
   nlohmann::ordered_json output_ = nlohmann::ordered_json::array();
   Open open_ = Open::kNone;
   bool saw_message_ = false, saw_call_ = false;
+  bool call_open_ = false;  // output_.back() is a function_call still streaming
 };
 
 // JSON dump that never throws (invalid UTF-8 is replaced).

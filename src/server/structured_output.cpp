@@ -261,6 +261,35 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
   return std::move(g).value();
 }
 
+std::shared_ptr<const ToolParameterTypes> tool_parameter_types(const Json& tools) {
+  auto types = std::make_shared<ToolParameterTypes>();
+  if (!tools.is_array()) return types;
+  for (const Json& tool : tools) {
+    const Json* fn = tool.is_object() && tool.contains("function") ? &tool["function"] : nullptr;
+    if (fn == nullptr || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) continue;
+    auto& params = (*types)[(*fn)["name"].get<std::string>()];
+    const Json* schema = fn->contains("parameters") ? &(*fn)["parameters"] : nullptr;
+    if (schema == nullptr || !schema->is_object() || !schema->contains("properties")) continue;
+    const Json& properties = (*schema)["properties"];
+    if (!properties.is_object()) continue;
+    for (const auto& [name, property] : properties.items()) {
+      if (!property.is_object() || !property.contains("type")) continue;
+      const Json& type = property["type"];
+      if (type.is_string()) {
+        params[name] = type.get<std::string>();
+      } else if (type.is_array()) {
+        for (const Json& t : type) {
+          if (t.is_string() && t != "null") {
+            params[name] = t.get<std::string>();
+            break;
+          }
+        }
+      }
+    }
+  }
+  return types;
+}
+
 std::string generic_tools_prompt(const Json& tools) {
   std::string text =
       "You can call the following tools. To call one, reply with only a JSON object of the form "

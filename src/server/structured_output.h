@@ -28,6 +28,7 @@
 #include "server/errors.h"
 #include "server/field_reader.h"
 #include "text/grammar/compiled_grammar.h"
+#include "text/output_parser.h"
 
 namespace rill {
 class ChatTemplate;
@@ -73,6 +74,12 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
 // The system-message text that describes `tools` and the kGeneric call
 // format to a model whose template renders no tools.
 std::string generic_tools_prompt(const nlohmann::ordered_json& tools);
+// {name: {parameter: JSON Schema type}} of `tools` (OpenAI shape,
+// validated): what the output parser needs to read the XML call form's bare
+// values back (OutputParserOptions::parameter_types). A list of types gives
+// its first that is not "null"; a parameter without a type is left out.
+std::shared_ptr<const ToolParameterTypes> tool_parameter_types(const nlohmann::ordered_json& tools);
+
 // An assistant turn's earlier calls (OpenAI tool_calls, arguments parsed or
 // text) written in the kGeneric format, for templates that render no tools.
 std::string generic_tool_calls_text(const nlohmann::ordered_json& tool_calls);

@@ -16,6 +16,13 @@ constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kToolOpen = "<tool_call>";
 constexpr std::string_view kToolClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";
+constexpr std::string_view kMistralCallId = "[CALL_ID]";
+constexpr std::string_view kXmlFunction = "<function=";
+constexpr std::string_view kXmlFunctionEnd = "</function>";
+constexpr std::string_view kXmlParameter = "<parameter=";
+constexpr std::string_view kXmlParameterEnd = "</parameter>";
 
 bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r';
@@ -41,6 +48,23 @@ bool is_partial(std::string_view s, std::string_view marker) {
 
 std::string dump_compact(const nlohmann::ordered_json& j) {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+// `s` escaped as inside a JSON string, as nlohmann writes it (no quotes).
+std::string json_string_body(std::string_view s) {
+  const std::string quoted = dump_compact(nlohmann::ordered_json(std::string(s)));
+  return quoted.substr(1, quoted.size() - 2);
+}
+
+// Bytes at the end of `s` that start a UTF-8 character not yet complete.
+size_t incomplete_utf8_tail(std::string_view s) {
+  for (size_t n = 1; n <= std::min<size_t>(3, s.size()); ++n) {
+    const auto c = static_cast<unsigned char>(s[s.size() - n]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return len > n ? n : 0;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -117,6 +141,21 @@ void OutputParser::drain(bool final, OutputDelta& out) {
       case Mode::kToolCall:
         changed = step_tool_call(final, out);
         break;
+      case Mode::kToolCallText:
+        changed = step_tool_call_text(final, out);
+        break;
+      case Mode::kToolCallEnd:
+        changed = step_tool_call_end(final);
+        break;
+      case Mode::kXmlCall:
+        changed = step_xml_call(final, out);
+        break;
+      case Mode::kMistralCalls:
+        changed = step_mistral_calls(final, out);
+        break;
+      case Mode::kDropRest:
+        buf_.clear();
+        break;
       case Mode::kJsonCalls:
         changed = step_json_calls(final, out);
         break;
@@ -145,8 +184,7 @@ bool OutputParser::step_start(bool final, OutputDelta& out) {
     // The raw text stays in buf_ (it becomes content if no call comes of it).
     json_scan_ = rest[0] == '{' ? i : i + kPythonTag.size();
     json_object_ = std::string::npos;
-    json_depth_ = 0;
-    json_in_string_ = json_escape_ = json_any_call_ = false;
+    json_any_call_ = json_array_ = false;
     mode_ = Mode::kJsonCalls;
     return true;
   }
@@ -165,14 +203,22 @@ bool OutputParser::step_content(bool final, OutputDelta& out) {
     buf_.clear();
     return false;
   }
-  const size_t at = buf_.find(kToolOpen);
+  const size_t hermes = buf_.find(kToolOpen);
+  const size_t mistral = buf_.find(kMistralCalls);
+  const size_t at = std::min(hermes, mistral);
   if (at != std::string::npos) {
     emit_content(std::string_view(buf_).substr(0, at), out);  // whitespace before it stays held
-    buf_.erase(0, at + kToolOpen.size());
-    mode_ = Mode::kToolCall;
+    if (at == hermes) {
+      buf_.erase(0, at + kToolOpen.size());
+      start_tool_call();
+    } else {
+      buf_.erase(0, at);  // the marker stays: it is content if no call follows
+      json_scan_ = kMistralCalls.size();
+      mode_ = Mode::kMistralCalls;
+    }
     return true;
   }
-  const size_t hold = final ? 0 : partial_suffix(buf_, kToolOpen);
+  const size_t hold = final ? 0 : std::max(partial_suffix(buf_, kToolOpen), partial_suffix(buf_, kMistralCalls));
   emit_content(std::string_view(buf_).substr(0, buf_.size() - hold), out);
   buf_.erase(0, buf_.size() - hold);
   return false;
@@ -195,48 +241,113 @@ bool OutputParser::step_reasoning(bool final, OutputDelta& out) {
 }
 
 bool OutputParser::step_tool_call(bool final, OutputDelta& out) {
-  const size_t at = buf_.find(kToolClose);
-  if (at == std::string::npos && !final) return false;  // the body is not complete yet
-  const std::string_view body = std::string_view(buf_).substr(0, at == std::string::npos ? buf_.size() : at);
-  ToolCall call;
-  if (parse_tool_call_json(body, /*require_arguments=*/false, call)) {
-    call.id = make_tool_call_id();
-    out.tool_calls.push_back(std::move(call));
-    saw_tool_calls_ = true;
-    trim_content_ = true;
-    content_ws_.clear();  // whitespace before a call never shows
-  } else {
-    std::string raw(kToolOpen);
-    raw += at == std::string::npos ? std::string_view(buf_) : std::string_view(buf_).substr(0, at + kToolClose.size());
-    emit_content(raw, out);
+  if (!call_open_) {
+    size_t first = 0;
+    while (first < buf_.size() && is_space(buf_[first])) ++first;
+    if (first < buf_.size() && buf_[first] == '<') {  // Qwen3-Coder / Qwen3.5 XML
+      reader_.reset();
+      mode_ = Mode::kXmlCall;
+      return true;
+    }
+    json_scan_ += reader_->read(std::string_view(buf_).substr(json_scan_));
+    if (final) reader_->finish();
+    if (reader_->is_call()) {
+      buf_.erase(0, json_scan_);  // read; the raw text is no longer needed
+      json_scan_ = 0;
+      open_call(reader_->name(), out);
+    } else if (reader_->status() == JsonCallReader::Status::kReading) {
+      return false;
+    } else {
+      reader_.reset();
+      mode_ = Mode::kToolCallText;
+      return true;
+    }
   }
+  buf_.erase(0, reader_->read(buf_));
+  if (final) reader_->finish();
+  stream_arguments(out);
+  if (reader_->status() == JsonCallReader::Status::kReading) return false;
+  close_call(out);
+  mode_ = Mode::kToolCallEnd;
+  return true;
+}
+
+bool OutputParser::step_tool_call_text(bool final, OutputDelta& out) {
+  const size_t at = buf_.find(kToolClose);
+  if (at == std::string::npos && !final) return false;  // the block is not complete yet
+  std::string raw(kToolOpen);
+  raw += at == std::string::npos ? std::string_view(buf_) : std::string_view(buf_).substr(0, at + kToolClose.size());
+  emit_content(raw, out);
   buf_.erase(0, at == std::string::npos ? buf_.size() : at + kToolClose.size());
   mode_ = Mode::kContent;
   return true;
 }
 
+bool OutputParser::step_tool_call_end(bool final) {
+  const size_t close_at = buf_.find(kToolClose);
+  const size_t open_at = buf_.find(kToolOpen);
+  if (open_at != std::string::npos && (close_at == std::string::npos || open_at < close_at)) {
+    buf_.erase(0, open_at + kToolOpen.size());  // the next call, without a closing tag before it
+    start_tool_call();
+    return true;
+  }
+  if (close_at != std::string::npos) {
+    buf_.erase(0, close_at + kToolClose.size());
+    trim_content_ = true;
+    mode_ = Mode::kContent;
+    return true;
+  }
+  const size_t hold = final ? 0 : std::max(partial_suffix(buf_, kToolClose), partial_suffix(buf_, kToolOpen));
+  buf_.erase(0, buf_.size() - hold);
+  return false;
+}
+
 bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
   // Gives up on calls: [from, json_scan_) becomes content and the reply
-  // continues as content from json_scan_. Only the scanned part is taken, so
+  // continues as content from json_scan_. Only the read part is taken, so
   // what follows is parsed the same way however the text was split.
   auto give_up = [&](size_t from) {
+    reader_.reset();
     const size_t upto = std::min(json_scan_, buf_.size());
     emit_content(std::string_view(buf_).substr(from, upto - from), out);
     buf_.erase(0, upto);
     mode_ = Mode::kContent;
     return true;
   };
-  while (json_scan_ < buf_.size()) {
-    const char c = buf_[json_scan_];
+  for (;;) {
+    if (call_open_) {
+      buf_.erase(0, reader_->read(buf_));
+      if (final) reader_->finish();
+      stream_arguments(out);
+      if (reader_->status() == JsonCallReader::Status::kReading) return false;
+      const bool complete = reader_->status() == JsonCallReader::Status::kComplete;
+      close_call(out);
+      if (!complete) {  // a call cut short: where its text ends is unknowable
+        buf_.clear();
+        mode_ = Mode::kDropRest;
+        return false;
+      }
+      json_scan_ = 0;
+      json_object_ = std::string::npos;
+      continue;
+    }
     if (json_object_ == std::string::npos) {  // between objects
-      if (is_space(c) || (json_any_call_ && c == ';')) {
+      if (json_scan_ >= buf_.size()) break;
+      const char c = buf_[json_scan_];
+      if (is_space(c) || (json_any_call_ && c == (json_array_ ? ',' : ';'))) {
         ++json_scan_;
         continue;
       }
+      if (json_array_ && json_any_call_ && c == ']') {  // the end of Mistral's [TOOL_CALLS][...]
+        buf_.erase(0, json_scan_ + 1);
+        json_array_ = false;
+        trim_content_ = true;
+        mode_ = Mode::kContent;
+        return true;
+      }
       if (c == '{') {
-        json_object_ = json_scan_++;
-        json_depth_ = 1;
-        json_in_string_ = json_escape_ = false;
+        json_object_ = json_scan_;
+        reader_.emplace(/*require_arguments=*/true);
         continue;
       }
       if (!json_any_call_) return give_up(0);
@@ -246,40 +357,236 @@ bool OutputParser::step_json_calls(bool final, OutputDelta& out) {
       mode_ = Mode::kContent;
       return true;
     }
-    ++json_scan_;
-    if (json_in_string_) {
-      if (json_escape_) {
-        json_escape_ = false;
-      } else if (c == '\\') {
-        json_escape_ = true;
-      } else if (c == '"') {
-        json_in_string_ = false;
-      }
+    // An object that is not a call yet.
+    json_scan_ += reader_->read(std::string_view(buf_).substr(json_scan_));
+    if (final) reader_->finish();
+    if (reader_->is_call()) {
+      buf_.erase(0, json_scan_);
+      json_scan_ = 0;
+      json_any_call_ = true;
+      open_call(reader_->name(), out);
       continue;
     }
-    if (c == '"') json_in_string_ = true;
-    if (c == '{' || c == '[') ++json_depth_;
-    if (c == '}' || c == ']') --json_depth_;
-    if (json_depth_ > 0) continue;
-    // The object [json_object_, json_scan_) is complete.
-    ToolCall call;
-    const std::string_view object = std::string_view(buf_).substr(json_object_, json_scan_ - json_object_);
-    if (!parse_tool_call_json(object, /*require_arguments=*/true, call)) {
-      return give_up(json_any_call_ ? json_object_ : 0);
-    }
-    call.id = make_tool_call_id();
-    out.tool_calls.push_back(std::move(call));
-    saw_tool_calls_ = json_any_call_ = true;
-    buf_.erase(0, json_scan_);
-    json_scan_ = 0;
-    json_object_ = std::string::npos;
+    if (reader_->status() == JsonCallReader::Status::kReading) return false;
+    return give_up(json_any_call_ ? json_object_ : 0);
   }
   if (!final) return false;
-  if (json_object_ != std::string::npos) return give_up(json_any_call_ ? json_object_ : 0);  // unfinished object
   if (!json_any_call_) return give_up(0);  // e.g. only "<|python_tag|>"
   buf_.clear();                            // trailing separators
   mode_ = Mode::kContent;
   return false;
+}
+
+const std::string* OutputParser::parameter_type(const std::string& parameter) const {
+  if (!options_.parameter_types) return nullptr;
+  auto tool = options_.parameter_types->find(call_.name);
+  if (tool == options_.parameter_types->end()) return nullptr;
+  auto p = tool->second.find(parameter);
+  return p == tool->second.end() ? nullptr : &p->second;
+}
+
+std::string OutputParser::xml_value_json(const std::string& parameter, std::string_view value) const {
+  const std::string* type = parameter_type(parameter);
+  if (type == nullptr || *type != "string") {
+    // The templates write numbers, booleans and null with Python's str()
+    // and objects and arrays as JSON.
+    auto parsed = parse_json(value);
+    if (auto* j = std::get_if<nlohmann::ordered_json>(&parsed); j != nullptr && !j->is_string())
+      return dump_compact(*j);
+    if (value == "True" || value == "False") return value == "True" ? "true" : "false";
+    if (value == "None") return "null";
+  }
+  return dump_compact(nlohmann::ordered_json(std::string(value)));
+}
+
+bool OutputParser::step_xml_call(bool final, OutputDelta& out) {
+  size_t i = 0;
+  while (i < buf_.size() && is_space(buf_[i])) ++i;
+  const std::string_view rest = std::string_view(buf_).substr(i);
+  if (!call_open_) {  // <function=NAME>
+    auto not_a_call = [&] {
+      mode_ = Mode::kToolCallText;
+      return true;
+    };
+    if (!starts_with(rest, kXmlFunction)) return !final && is_partial(rest, kXmlFunction) ? false : not_a_call();
+    const size_t name_at = i + kXmlFunction.size();
+    const size_t end = buf_.find('>', name_at);
+    const std::string_view name =
+        std::string_view(buf_).substr(name_at, end == std::string::npos ? std::string::npos : end - name_at);
+    const bool bad_name = std::any_of(name.begin(), name.end(), [](char c) { return is_space(c) || c == '<'; });
+    if (bad_name || (end == name_at)) return not_a_call();
+    if (end == std::string::npos) return final ? not_a_call() : false;
+    const std::string call_name(name);
+    buf_.erase(0, end + 1);
+    open_call(call_name, out);
+    append_arguments("{", out);
+    n_xml_parameters_ = 0;
+    xml_in_value_ = false;
+    return true;
+  }
+  auto broken = [&] {
+    close_call(/*complete=*/false, out);
+    mode_ = Mode::kToolCallEnd;
+    return true;
+  };
+  if (xml_in_value_) {
+    if (!xml_value_started_) {  // the template's "\n" after <parameter=...> is not the value's
+      if (buf_.empty()) return final ? broken() : false;
+      if (buf_[0] == '\n') buf_.erase(0, 1);
+      xml_value_started_ = true;
+    }
+    const size_t close_at = buf_.find(kXmlParameterEnd);
+    if (close_at == std::string::npos) {
+      if (final) return broken();
+      if (xml_string_value_) {  // all but what may be "\n</parameter>" or an unfinished character
+        size_t hold = partial_suffix(buf_, kXmlParameterEnd);
+        if (hold < buf_.size() && buf_[buf_.size() - hold - 1] == '\n') ++hold;
+        hold += incomplete_utf8_tail(std::string_view(buf_).substr(0, buf_.size() - hold));
+        append_arguments(json_string_body(std::string_view(buf_).substr(0, buf_.size() - hold)), out);
+        buf_.erase(0, buf_.size() - hold);
+      }
+      return false;
+    }
+    std::string_view value = std::string_view(buf_).substr(0, close_at);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    append_arguments(xml_string_value_ ? json_string_body(value) + '"' : xml_value_json(xml_parameter_, value), out);
+    buf_.erase(0, close_at + kXmlParameterEnd.size());
+    xml_in_value_ = false;
+    return true;
+  }
+  if (starts_with(rest, kXmlFunctionEnd)) {
+    append_arguments("}", out);
+    buf_.erase(0, i + kXmlFunctionEnd.size());
+    close_call(/*complete=*/true, out);
+    mode_ = Mode::kToolCallEnd;
+    return true;
+  }
+  if (starts_with(rest, kXmlParameter)) {  // <parameter=NAME>\nVALUE\n</parameter>
+    const size_t name_at = i + kXmlParameter.size();
+    const size_t end = buf_.find('>', name_at);
+    if (end == std::string::npos) return final ? broken() : false;
+    xml_parameter_ = buf_.substr(name_at, end - name_at);
+    if (xml_parameter_.empty()) return broken();
+    std::string key = n_xml_parameters_++ > 0 ? "," : "";
+    key += dump_compact(nlohmann::ordered_json(xml_parameter_));
+    key += ':';
+    const std::string* type = parameter_type(xml_parameter_);
+    xml_string_value_ = type != nullptr && *type == "string";
+    if (xml_string_value_) key += '"';  // a string streams as it comes
+    append_arguments(key, out);
+    buf_.erase(0, end + 1);
+    xml_in_value_ = true;
+    xml_value_started_ = false;
+    return true;
+  }
+  if (!final && (is_partial(rest, kXmlFunctionEnd) || is_partial(rest, kXmlParameter))) return false;
+  return broken();
+}
+
+bool OutputParser::step_mistral_calls(bool final, OutputDelta& out) {
+  if (call_open_) {
+    buf_.erase(0, reader_->read(buf_));
+    if (final) reader_->finish();
+    stream_arguments(out);
+    if (reader_->status() == JsonCallReader::Status::kReading) return false;
+    const bool complete = reader_->status() == JsonCallReader::Status::kComplete;
+    close_call(out);
+    if (!complete) {  // as the JSON forms: where the broken text ends is unknowable
+      buf_.clear();
+      mode_ = Mode::kDropRest;
+      return false;
+    }
+    trim_content_ = true;  // content goes on; a next [TOOL_CALLS] opens the next call
+    mode_ = Mode::kContent;
+    return true;
+  }
+  // buf_ = "[TOOL_CALLS]" + what follows; json_scan_ is just past the marker.
+  auto give_up = [&](size_t upto) {  // [0, upto) is content, and the reply goes on as content
+    emit_content(std::string_view(buf_).substr(0, upto), out);
+    buf_.erase(0, upto);
+    mode_ = Mode::kContent;
+    return true;
+  };
+  const size_t p = json_scan_;
+  if (p == buf_.size()) return final ? give_up(p) : false;
+  if (buf_[p] == '[') {  // Mistral Nemo: a JSON array of {"name", "arguments", "id"} objects
+    json_scan_ = p + 1;
+    json_object_ = std::string::npos;
+    json_any_call_ = false;
+    json_array_ = true;
+    mode_ = Mode::kJsonCalls;
+    return true;
+  }
+  // name[ARGS]{...} or name[CALL_ID]id[ARGS]{...} (the id is the server's to give).
+  size_t q = p;
+  while (q < buf_.size() && buf_[q] != '[' && !is_space(buf_[q])) ++q;
+  if (q == buf_.size()) return final ? give_up(q) : false;
+  if (q == p || buf_[q] != '[') return give_up(q);
+  const std::string_view rest = std::string_view(buf_).substr(q);
+  size_t args_at = std::string::npos;
+  if (starts_with(rest, kMistralArgs)) {
+    args_at = q;
+  } else if (starts_with(rest, kMistralCallId)) {
+    args_at = buf_.find(kMistralArgs, q + kMistralCallId.size());
+    if (args_at == std::string::npos) return final ? give_up(buf_.size()) : false;
+  } else if (!final && (is_partial(rest, kMistralArgs) || is_partial(rest, kMistralCallId))) {
+    return false;
+  } else {
+    return give_up(q);
+  }
+  const std::string name = buf_.substr(p, q - p);
+  buf_.erase(0, args_at + kMistralArgs.size());
+  json_scan_ = 0;
+  reader_.emplace(JsonCallReader::arguments_only());
+  open_call(name, out);
+  return true;
+}
+
+void OutputParser::start_tool_call() {
+  reader_.emplace(/*require_arguments=*/false);
+  json_scan_ = 0;
+  mode_ = Mode::kToolCall;
+}
+
+void OutputParser::open_call(const std::string& name, OutputDelta& out) {
+  call_ = ToolCall{};
+  call_.id = make_tool_call_id();
+  call_.name = name;
+  call_index_ = n_calls_++;
+  call_open_ = true;
+  saw_tool_calls_ = true;
+  content_ws_.clear();  // whitespace before a call never shows
+  trim_content_ = true;
+  out.tool_call_deltas.push_back({call_index_, call_.id, call_.name, ""});
+  stream_arguments(out);
+}
+
+void OutputParser::append_arguments(std::string_view piece, OutputDelta& out) {
+  if (piece.empty()) return;
+  call_.arguments += piece;
+  std::vector<ToolCallDelta>& deltas = out.tool_call_deltas;
+  if (!deltas.empty() && deltas.back().index == call_index_ && deltas.back().name.empty()) {
+    deltas.back().arguments += piece;
+  } else {
+    deltas.push_back({call_index_, "", "", std::string(piece)});
+  }
+}
+
+void OutputParser::stream_arguments(OutputDelta& out) {
+  append_arguments(reader_->take_arguments(), out);
+}
+
+void OutputParser::close_call(OutputDelta& out) {
+  close_call(reader_->status() == JsonCallReader::Status::kComplete, out);
+}
+
+void OutputParser::close_call(bool complete, OutputDelta& out) {
+  // A call cut short before any arguments: no arguments, as a call without them has.
+  if (!complete && call_.arguments.empty()) append_arguments("{}", out);
+  out.tool_calls.push_back(std::move(call_));
+  call_ = ToolCall{};
+  call_open_ = false;
+  reader_.reset();
 }
 
 void OutputParser::emit_content(std::string_view s, OutputDelta& out) {

@@ -4,8 +4,10 @@
 // generated text.
 // Checks: the result (content, reasoning, tool calls) is the same when the
 // text is pushed whole, byte by byte and in the seeded random pieces; every
-// tool call has an id and a non-empty name; saw_tool_calls() agrees with the
-// calls returned; with both parsers off the content is the text itself.
+// tool call has an id and a non-empty name and streamed first (a first delta
+// with its id and name, then argument pieces that add up to its arguments);
+// saw_tool_calls() agrees with the calls returned; with both parsers off the
+// content is the text itself.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -32,12 +34,25 @@ struct Parsed {
   bool operator==(const Parsed&) const = default;
 };
 
-void append(Parsed& p, const rill::OutputDelta& d) {
+void append(Parsed& p, const rill::OutputDelta& d, std::vector<rill::ToolCall>& streamed, size_t& n_ended) {
   p.content += d.content;
   p.reasoning += d.reasoning;
+  for (const rill::ToolCallDelta& td : d.tool_call_deltas) {
+    if (td.index == streamed.size()) {
+      FUZZ_CHECK(!td.name.empty() && td.arguments.empty());
+      streamed.push_back({td.id, td.name, ""});
+    } else {
+      FUZZ_CHECK(td.index + 1 == streamed.size() && td.name.empty() && td.id.empty());
+      streamed.back().arguments += td.arguments;
+    }
+  }
   for (const rill::ToolCall& c : d.tool_calls) {
     FUZZ_CHECK(c.id.rfind("call_", 0) == 0);
     FUZZ_CHECK(!c.name.empty());
+    FUZZ_CHECK(n_ended < streamed.size());
+    FUZZ_CHECK(streamed[n_ended].id == c.id && streamed[n_ended].name == c.name);
+    FUZZ_CHECK(streamed[n_ended].arguments == c.arguments);
+    ++n_ended;
     p.calls += c.name;
     p.calls += '\0';
     p.calls += c.arguments;
@@ -48,14 +63,17 @@ void append(Parsed& p, const rill::OutputDelta& d) {
 Parsed run(const rill::OutputParserOptions& o, const std::vector<std::string_view>& pieces) {
   rill::OutputParser parser(o);
   Parsed p;
+  std::vector<rill::ToolCall> streamed;
+  size_t n_ended = 0;
   for (std::string_view s : pieces) {
     rill::OutputDelta d;
     parser.push(s, d);
-    append(p, d);
+    append(p, d, streamed, n_ended);
   }
   rill::OutputDelta d;
   parser.finish(d);
-  append(p, d);
+  append(p, d, streamed, n_ended);
+  FUZZ_CHECK(n_ended == streamed.size());
   p.saw = parser.saw_tool_calls();
   FUZZ_CHECK(p.saw == !p.calls.empty());
   return p;

@@ -295,6 +295,10 @@ TEST(AnthropicConvert, StreamGrammar) {
   sse += enc.delta(d);
   d = {};
   sse += enc.delta(d);  // empty: nothing
+  d.tool_call_deltas = {{0, "call_1", "get", ""}, {0, "", "", R"({"a":)"}};
+  sse += enc.delta(d);
+  d = {};
+  d.tool_call_deltas = {{0, "", "", "1}"}};
   d.tool_calls = {{"call_1", "get", R"({"a":1})"}};
   sse += enc.delta(d);
   ChatResult r = result_of("tool_calls", "Hi", "hmhm", d.tool_calls);
@@ -302,11 +306,11 @@ TEST(AnthropicConvert, StreamGrammar) {
 
   std::vector<std::string> names;
   std::vector<Json> ev = frames(sse, &names);
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"message_start", "content_block_start", "content_block_delta",
-                                      "content_block_delta", "content_block_stop", "content_block_start",
-                                      "content_block_delta", "content_block_stop", "content_block_start",
-                                      "content_block_delta", "content_block_stop", "message_delta", "message_stop"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"message_start", "content_block_start", "content_block_delta",
+                                             "content_block_delta", "content_block_stop", "content_block_start",
+                                             "content_block_delta", "content_block_stop", "content_block_start",
+                                             "content_block_delta", "content_block_delta", "content_block_stop",
+                                             "message_delta", "message_stop"}));
   EXPECT_EQ(ev[0]["message"]["id"], "msg_x");
   EXPECT_EQ(ev[0]["message"]["content"], Json::array());
   EXPECT_TRUE(ev[0]["message"]["stop_reason"].is_null());
@@ -322,10 +326,15 @@ TEST(AnthropicConvert, StreamGrammar) {
   EXPECT_EQ(ev[8]["content_block"]["type"], "tool_use");
   EXPECT_EQ(ev[8]["content_block"]["name"], "get");
   EXPECT_EQ(ev[8]["content_block"]["input"], Json::object());
-  EXPECT_EQ(ev[9]["delta"], Json::parse(R"({"type": "input_json_delta", "partial_json": "{\"a\":1}"})"));
-  EXPECT_EQ(ev[11]["delta"], Json::parse(R"({"stop_reason": "tool_use", "stop_sequence": null})"));
-  EXPECT_EQ(ev[11]["usage"]["output_tokens"], 3);
-  EXPECT_EQ(ev[11]["usage"]["cache_read_input_tokens"], 4);
+  EXPECT_EQ(ev[8]["content_block"]["id"].get<std::string>().rfind("toolu_", 0), 0u);
+  // The input streams as the model writes it.
+  EXPECT_EQ(ev[9]["delta"], Json::parse(R"({"type": "input_json_delta", "partial_json": "{\"a\":"})"));
+  EXPECT_EQ(ev[10]["delta"], Json::parse(R"({"type": "input_json_delta", "partial_json": "1}"})"));
+  EXPECT_EQ(ev[10]["index"], 2);
+  EXPECT_EQ(ev[11], Json::parse(R"({"type": "content_block_stop", "index": 2})"));
+  EXPECT_EQ(ev[12]["delta"], Json::parse(R"({"stop_reason": "tool_use", "stop_sequence": null})"));
+  EXPECT_EQ(ev[12]["usage"]["output_tokens"], 3);
+  EXPECT_EQ(ev[12]["usage"]["cache_read_input_tokens"], 4);
 
   // Nothing streamed: one empty text block, as the non-streaming reply has.
   AnthropicStreamEncoder empty("msg_y", "smol");

@@ -69,7 +69,8 @@ class OpenAiScripted : public ServerTest {
   static std::vector<GenerationEvent> tool_script() {
     std::vector<GenerationEvent> s = {text_event("<think>\nplan it"), text_event("\n</think>\n\nSure.\n<tool"),
                                       text_event("_call>\n{\"name\": \"get_weather\", "),
-                                      text_event("\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>")};
+                                      text_event("\"arguments\": {\"city\": \"Pa"),
+                                      text_event("ris\"}}\n</tool_call>")};
     GenerationEvent last;
     last.token_ids = {2};
     last.finished = true;
@@ -127,11 +128,23 @@ TEST_F(OpenAiScripted, ToolCallStream) {
   EXPECT_EQ(content, "Sure.");
   EXPECT_EQ(reasoning, "plan it");
   EXPECT_EQ(finish, "tool_calls");
-  ASSERT_EQ(calls.size(), 1u);
+  // As OpenAI streams a call: the first chunk has index, id, type and the
+  // name with arguments "", the next ones index and arguments pieces only,
+  // each its own chunk.
+  ASSERT_EQ(calls.size(), 3u);
   EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["id"].get<std::string>().rfind("call_", 0), 0u);
   EXPECT_EQ(calls[0]["type"], "function");
-  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
-  EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city":"Paris"})");
+  EXPECT_EQ(calls[0]["function"], json({{"name", "get_weather"}, {"arguments", ""}}));
+  std::string arguments;
+  for (size_t k = 1; k < calls.size(); ++k) {
+    EXPECT_EQ(calls[k].size(), 2u) << calls[k];  // index and function
+    EXPECT_EQ(calls[k]["index"], 0);
+    EXPECT_EQ(calls[k]["function"].size(), 1u) << calls[k];
+    arguments += calls[k]["function"]["arguments"].get<std::string>();
+  }
+  EXPECT_EQ(calls[1]["function"]["arguments"], R"({"city":"Pa)");  // as far as the model had written
+  EXPECT_EQ(arguments, R"({"city":"Paris"})");
   // No partial marker ever streamed.
   EXPECT_EQ(res->body().find("<tool"), std::string::npos);
 }

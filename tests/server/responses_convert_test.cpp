@@ -212,8 +212,12 @@ TEST(ResponsesConvert, EncoderStreamsReasoningTextAndCallsInOrder) {
   sse += enc.delta(d2);
   OutputDelta d3;
   d3.content = " world";
-  d3.tool_calls.push_back({"call_9", "f", "{\"a\":1}"});
+  d3.tool_call_deltas = {{0, "call_9", "f", ""}, {0, "", "", "{\"a\":"}};
   sse += enc.delta(d3);
+  OutputDelta d4;  // the call's last piece and its end
+  d4.tool_call_deltas = {{0, "", "", "1}"}};
+  d4.tool_calls.push_back({"call_9", "f", "{\"a\":1}"});
+  sse += enc.delta(d4);
   Json response = skeleton;
   Usage usage;
   usage.prompt_tokens = 10;
@@ -240,6 +244,7 @@ TEST(ResponsesConvert, EncoderStreamsReasoningTextAndCallsInOrder) {
                                                    "response.output_item.done",
                                                    "response.output_item.added",  // function call
                                                    "response.function_call_arguments.delta",
+                                                   "response.function_call_arguments.delta",
                                                    "response.function_call_arguments.done",
                                                    "response.output_item.done",
                                                    "response.incomplete"};
@@ -260,11 +265,19 @@ TEST(ResponsesConvert, EncoderStreamsReasoningTextAndCallsInOrder) {
   EXPECT_EQ(ev[13].second["text"], "Hello world");
   EXPECT_EQ(ev[14].second["part"],
             Json::parse(R"({"type":"output_text","annotations":[],"logprobs":[],"text":"Hello world"})"));
-  EXPECT_EQ(ev[17].second["delta"], "{\"a\":1}");
-  EXPECT_EQ(ev[18].second["arguments"], "{\"a\":1}");
-  EXPECT_EQ(ev[19].second["item"]["call_id"], "call_9");
-  EXPECT_EQ(ev[19].second["item"]["name"], "f");
-  EXPECT_EQ(ev[19].second["item"]["status"], "completed");
+  // The item is added with its name and empty arguments, then the pieces.
+  EXPECT_EQ(ev[16].second["item"]["name"], "f");
+  EXPECT_EQ(ev[16].second["item"]["arguments"], "");
+  EXPECT_EQ(ev[16].second["item"]["status"], "in_progress");
+  EXPECT_EQ(ev[17].second["delta"], "{\"a\":");
+  EXPECT_EQ(ev[18].second["delta"], "1}");
+  EXPECT_EQ(ev[18].second["item_id"], ev[16].second["item"]["id"]);
+  EXPECT_EQ(ev[18].second["output_index"], 2);
+  EXPECT_EQ(ev[19].second["arguments"], "{\"a\":1}");
+  EXPECT_EQ(ev[20].second["item"]["call_id"], "call_9");
+  EXPECT_EQ(ev[20].second["item"]["name"], "f");
+  EXPECT_EQ(ev[20].second["item"]["arguments"], "{\"a\":1}");
+  EXPECT_EQ(ev[20].second["item"]["status"], "completed");
 
   // The final object carries the same items as the stream's *.done events.
   const Json& final_response = ev.back().second["response"];
@@ -274,7 +287,7 @@ TEST(ResponsesConvert, EncoderStreamsReasoningTextAndCallsInOrder) {
   ASSERT_EQ(response["output"].size(), 3u);
   EXPECT_EQ(response["output"][0], ev[8].second["item"]);
   EXPECT_EQ(response["output"][1], ev[15].second["item"]);
-  EXPECT_EQ(response["output"][2], ev[19].second["item"]);
+  EXPECT_EQ(response["output"][2], ev[20].second["item"]);
   EXPECT_EQ(response["output"][1]["content"][0]["text"], "Hello world");
   EXPECT_EQ(response["usage"], Json::parse(R"({"input_tokens":10,"input_tokens_details":{"cached_tokens":4},
       "output_tokens":5,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":15})"));

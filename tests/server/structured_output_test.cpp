@@ -149,7 +149,10 @@ TEST(StructuredOutput, ToolCallGrammarsProduceWhatTheParserReadsBack) {
         auto text = random_walk(compiled, rng);
         if (!text) continue;
         ++n_walks;
-        OutputParser parser({.parse_reasoning = true, .starts_in_reasoning = false, .parse_tool_calls = true});
+        OutputParser parser({.parse_reasoning = true,
+                             .starts_in_reasoning = false,
+                             .parse_tool_calls = true,
+                             .parameter_types = nullptr});
         OutputDelta d;
         parser.push(*text, d);
         parser.finish(d);
@@ -187,6 +190,30 @@ TEST(StructuredOutput, ToolSchemaErrorsNameTheTool) {
   ASSERT_TRUE(std::holds_alternative<ApiError>(g));
   EXPECT_EQ(std::get<ApiError>(g).param, "tools[0].function.parameters");
   EXPECT_NE(std::get<ApiError>(g).message.find("contentEncoding"), std::string::npos);
+}
+
+TEST(StructuredOutput, ToolParameterTypesForTheXmlCallForm) {
+  const Json tools = Json::parse(R"([
+    {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
+      "zip": {"type": "string"}, "n": {"type": ["null", "integer"]}, "any": {}, "flag": {"type": "boolean"}}}}},
+    {"type": "function", "function": {"name": "bare"}}])");
+  const auto types = tool_parameter_types(tools);
+  ASSERT_NE(types, nullptr);
+  EXPECT_EQ(*types,
+            (ToolParameterTypes{{"lookup", {{"zip", "string"}, {"n", "integer"}, {"flag", "boolean"}}}, {"bare", {}}}));
+  // What the parser does with them: "75001" stays a string for a string parameter.
+  OutputParserOptions o;
+  o.parse_tool_calls = true;
+  o.parameter_types = types;
+  OutputParser parser(o);
+  OutputDelta d;
+  parser.push(
+      "<tool_call>\n<function=lookup>\n<parameter=zip>\n75001\n</parameter>\n<parameter=n>\n7\n"
+      "</parameter>\n</function>\n</tool_call>",
+      d);
+  parser.finish(d);
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, R"({"zip":"75001","n":7})");
 }
 
 }  // namespace

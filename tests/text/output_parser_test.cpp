@@ -1,13 +1,17 @@
 // OutputParser: expected splits of whole replies (reasoning, content, tool
 // calls in the Hermes/Qwen and Llama-3 forms, malformed calls that stay
-// content), and split invariance: for every case, any split of the text into
-// pushes (random cut points, one byte at a time) gives the same result as one
-// push, and nothing streamed is taken back (the concatenated content is the
-// final content, so no partial marker ever streamed as content).
+// content, calls that break after their name streamed), streamed calls (the
+// name first, then argument pieces as they are read), and split invariance:
+// for every case, any split of the text into pushes (random cut points, one
+// byte at a time) gives the same result as one push, and nothing streamed is
+// taken back (the concatenated content is the final content, so no partial
+// marker ever streamed as content; the concatenated argument pieces of each
+// call are its final arguments).
 #include "text/output_parser.h"
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,12 +28,40 @@ struct Parsed {
   bool operator==(const Parsed&) const = default;
 };
 
-void append(Parsed& p, const OutputDelta& d) {
+// What the call deltas said, per call index: id, name, concatenated arguments.
+struct Streamed {
+  std::vector<ToolCall> calls;
+  size_t n_ended = 0;
+};
+
+void append(Parsed& p, const OutputDelta& d, Streamed& s) {
   p.content += d.content;
   p.reasoning += d.reasoning;
+  for (const ToolCallDelta& td : d.tool_call_deltas) {
+    if (td.index == s.calls.size()) {  // a new call: id and name, no arguments yet
+      EXPECT_FALSE(td.name.empty());
+      EXPECT_EQ(td.arguments, "");
+      s.calls.push_back({td.id, td.name, ""});
+    } else {
+      ASSERT_EQ(td.index + 1, s.calls.size()) << "arguments for a call that is not the open one";
+      EXPECT_EQ(td.id, "");
+      EXPECT_EQ(td.name, "");
+      EXPECT_FALSE(td.arguments.empty());
+      s.calls.back().arguments += td.arguments;
+    }
+  }
   for (const ToolCall& c : d.tool_calls) {
     EXPECT_EQ(c.id.rfind("call_", 0), 0u);
     EXPECT_EQ(c.id.size(), 29u);
+    // Every call streamed first, and its pieces add up to it byte for byte.
+    EXPECT_LT(s.n_ended, s.calls.size());
+    if (s.n_ended < s.calls.size()) {
+      const ToolCall& streamed = s.calls[s.n_ended];
+      EXPECT_EQ(streamed.id, c.id);
+      EXPECT_EQ(streamed.name, c.name);
+      EXPECT_EQ(streamed.arguments, c.arguments);
+    }
+    ++s.n_ended;
     p.calls.emplace_back(c.name, c.arguments);
   }
 }
@@ -37,14 +69,16 @@ void append(Parsed& p, const OutputDelta& d) {
 Parsed parse_pieces(const OutputParserOptions& o, const std::vector<std::string>& pieces) {
   OutputParser parser(o);
   Parsed p;
+  Streamed streamed;
   for (const std::string& s : pieces) {
     OutputDelta d;
     parser.push(s, d);
-    append(p, d);
+    append(p, d, streamed);
   }
   OutputDelta d;
   parser.finish(d);
-  append(p, d);
+  append(p, d, streamed);
+  EXPECT_EQ(streamed.n_ended, streamed.calls.size()) << "a streamed call never ended";
   p.saw_calls = parser.saw_tool_calls();
   return p;
 }
@@ -128,14 +162,22 @@ TEST(OutputParser, HermesToolCalls) {
   ASSERT_EQ(p.calls.size(), 1u);
 }
 
-TEST(OutputParser, AToolCallNestedBeyondTheJsonLimitStaysContentWithoutRecursing) {
-  // A prompt can make the model write this; dumping it recursively would
-  // overflow the stack.
+TEST(OutputParser, AToolCallNestedBeyondTheJsonLimitBreaksOffWithoutRecursing) {
+  // A prompt can make the model write this; reading it recursively would
+  // overflow the stack. The name has streamed, so it stays a call cut off at
+  // the limit (128 containers, the call object included), and the rest of the
+  // block is dropped.
   const std::string deep = std::string(50000, '[') + std::string(50000, ']');
-  const std::string text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": " + deep + "}}</tool_call>";
+  const std::string text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": " + deep + "}}</tool_call> after";
   Parsed p = parse_whole(tools_on(), text);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, "{\"x\":" + std::string(126, '['));
+  EXPECT_EQ(p.content, "after");
+  // Before the name it is not a call: content, as any block that is not one.
+  const std::string unnamed = "<tool_call>{\"arguments\": " + deep + ", \"name\": \"f\"}</tool_call>";
+  p = parse_whole(tools_on(), unnamed);
   EXPECT_TRUE(p.calls.empty());
-  EXPECT_EQ(p.content, text);
+  EXPECT_EQ(p.content, unnamed);
   // Within the limit it is a call as usual.
   const std::string ok = std::string(20, '[') + std::string(20, ']');
   p = parse_whole(tools_on(), "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": " + ok + "}}</tool_call>");
@@ -152,13 +194,22 @@ TEST(OutputParser, MalformedHermesCallStaysContent) {
   p = parse_whole(tools_on(), "<tool_call>{not json</tool_call>");
   EXPECT_EQ(p.content, "<tool_call>{not json</tool_call>");
 
-  // The stream ends inside a call: complete JSON is a call, a cut one content.
+  // The stream ends inside a call: complete JSON is a call; a cut one is
+  // content until its name is read, a call (with what arguments streamed,
+  // "{}" when none did) after.
   p = parse_whole(tools_on(), "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n");
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.calls[0].second, R"({"x":1})");
-  p = parse_whole(tools_on(), "<tool_call>\n{\"name\": \"f\", \"argu");
+  p = parse_whole(tools_on(), "<tool_call>\n{\"name\": \"f");
   EXPECT_TRUE(p.calls.empty());
-  EXPECT_EQ(p.content, "<tool_call>\n{\"name\": \"f\", \"argu");
+  EXPECT_EQ(p.content, "<tool_call>\n{\"name\": \"f");
+  p = parse_whole(tools_on(), "<tool_call>\n{\"name\": \"f\", \"argu");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0], std::make_pair(std::string("f"), std::string("{}")));
+  EXPECT_EQ(p.content, "");
+  p = parse_whole(tools_on(), "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1, \"a");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, R"({"x":[1,"a)");  // the number once it ended, the string as it came
 
   // Without tool parsing the markup is plain content.
   OutputParserOptions off;
@@ -186,8 +237,12 @@ TEST(OutputParser, Llama3JsonCalls) {
   p = parse_whole(tools_on(), " {\"name\": \"Bob\", \"age\": 3}");
   EXPECT_TRUE(p.calls.empty());
   EXPECT_EQ(p.content, " {\"name\": \"Bob\", \"age\": 3}");
-  p = parse_whole(tools_on(), "{\"name\": \"f\", \"parameters\": {}");  // cut off
-  EXPECT_EQ(p.content, "{\"name\": \"f\", \"parameters\": {}");
+  p = parse_whole(tools_on(), "{\"name\": \"f\", \"parameters\"");  // cut off before the arguments
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "{\"name\": \"f\", \"parameters\"");
+  p = parse_whole(tools_on(), "{\"name\": \"f\", \"parameters\": null}");  // an answer, not a call
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "{\"name\": \"f\", \"parameters\": null}");
   p = parse_whole(tools_on(), "<|python_tag|>brave_search.call(query=\"x\")");
   EXPECT_EQ(p.content, "<|python_tag|>brave_search.call(query=\"x\")");
 
@@ -210,9 +265,9 @@ TEST(OutputParser, PartialMarkersAreHeldBack) {
   parser.push("_ca", d);
   EXPECT_EQ(d.content, "Sure");
   parser.push("ll>{\"name\": \"f\", \"arguments\": {}}</tool_c", d);
-  EXPECT_TRUE(d.tool_calls.empty());
+  ASSERT_EQ(d.tool_calls.size(), 1u);  // complete with its JSON
   parser.push("all>", d);
-  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls.size(), 1u);
   parser.finish(d);
   EXPECT_EQ(d.content, "Sure");
 
@@ -226,6 +281,280 @@ TEST(OutputParser, PartialMarkersAreHeldBack) {
   EXPECT_EQ(t.content, "");
   think.push("x", t);
   EXPECT_EQ(t.content, "x");
+}
+
+// Pushes `text` one byte at a time and records every call delta with the
+// number of bytes pushed when it came out.
+struct Timed {
+  size_t at;
+  ToolCallDelta delta;
+};
+std::vector<Timed> stream_bytes(const OutputParserOptions& o, std::string_view text) {
+  OutputParser parser(o);
+  std::vector<Timed> out;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    OutputDelta d;
+    if (i < text.size()) {
+      parser.push(text.substr(i, 1), d);
+    } else {
+      parser.finish(d);
+    }
+    for (const ToolCallDelta& td : d.tool_call_deltas) out.push_back({i + 1, td});
+  }
+  return out;
+}
+
+TEST(OutputParser, HermesCallStreamsNameThenArgumentPieces) {
+  const std::string text =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>";
+  const std::vector<Timed> got = stream_bytes(tools_on(), text);
+  ASSERT_GE(got.size(), 10u);
+  // The name goes out with the byte that closes its string, alone.
+  EXPECT_EQ(got[0].at, text.find("get_weather") + std::string("get_weather\"").size());
+  EXPECT_EQ(got[0].delta.name, "get_weather");
+  EXPECT_EQ(got[0].delta.arguments, "");
+  EXPECT_EQ(got[0].delta.index, 0u);
+  // Then the arguments as they are read: the '{' with its own byte, a string
+  // character by character, the number once a delimiter ends it.
+  EXPECT_EQ(got[1].at, text.find("{\"city") + 1);
+  EXPECT_EQ(got[1].delta.arguments, "{");
+  std::string args;
+  for (size_t k = 1; k < got.size(); ++k) {
+    EXPECT_EQ(got[k].delta.name, "");
+    args += got[k].delta.arguments;
+    if (got[k].delta.arguments == "P") {
+      EXPECT_EQ(got[k].at, text.find("Paris") + 1);
+    }
+    if (got[k].delta.arguments == "3") {
+      EXPECT_EQ(got[k].at, text.find("3}") + 2);
+    }
+  }
+  EXPECT_EQ(args, R"({"city":"Paris","days":3})");
+  EXPECT_EQ(got.back().at, text.find("}}") + 1);  // the closing brace with its own byte
+}
+
+TEST(OutputParser, JsonFormCallOpensWhenItsArgumentsBegin) {
+  // Llama-3 / generic: {"name": ...} alone could be an answer; the call
+  // opens with the first byte of an object or string arguments value.
+  const std::string text = "{\"name\": \"f\", \"parameters\": {\"q\": \"x\"}}";
+  const std::vector<Timed> got = stream_bytes(tools_on(), text);
+  ASSERT_GE(got.size(), 2u);
+  EXPECT_EQ(got[0].at, text.find("{\"q") + 1);
+  EXPECT_EQ(got[0].delta.name, "f");
+  EXPECT_EQ(got[1].at, got[0].at);
+  EXPECT_EQ(got[1].delta.arguments, "{");
+  // Arguments before the name: held until the name is read, then sent.
+  const std::string late = "<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"g\"}</tool_call>";
+  const std::vector<Timed> held = stream_bytes(tools_on(), late);
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0].delta.name, "g");
+  EXPECT_EQ(held[1].delta.arguments, R"({"a":1})");
+  EXPECT_EQ(held[1].at, held[0].at);
+}
+
+TEST(OutputParser, StreamedArgumentsAreWhatTheWholeCallParsesTo) {
+  // The pieces build nlohmann's compact dump: whitespace dropped, strings
+  // re-escaped, numbers re-formatted, as parse_tool_call_json gives.
+  const std::vector<std::string> objects = {
+      R"({"name": "f", "arguments": {"a": 1.50, "b": "\u00e9\/x\u0001\ud83d\ude00", "c": 1e2, "d": [true, null, -0]}})",
+      R"({"name": "f", "arguments": { "big": 123456789012345678901234567890, "neg": -12.5e-3, "s": "tab\there" } })",
+      R"({"name": "f", "arguments": "{\"a\": [1, 2], \"b\": \"\\u00e9\"}"})",
+      R"({"name": "f", "arguments": {"nested": {"k": [{"x": {}}, [], ""]}}, "extra": [1, {"y": 2}]})",
+      "{\"name\": \"f\", \"arguments\": {\"utf8\": \"caf\xc3\xa9 \xf0\x9f\x98\x80\"}}",
+  };
+  for (const std::string& object : objects) {
+    SCOPED_TRACE(object);
+    ToolCall expected;
+    ASSERT_TRUE(parse_tool_call_json(object, false, expected));
+    Parsed p = parse_whole(tools_on(), "<tool_call>" + object + "</tool_call>");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].second, expected.arguments);
+    std::vector<std::string> bytes;
+    for (char c : object) bytes.emplace_back(1, c);
+    EXPECT_EQ(parse_pieces(tools_on(), bytes), parse_whole(tools_on(), object));
+    Parsed json_form = parse_whole(tools_on(), object);
+    ASSERT_EQ(json_form.calls.size(), 1u);
+    EXPECT_EQ(json_form.calls[0].second, expected.arguments);
+  }
+}
+
+TEST(OutputParser, ACallThatBreaksAfterItsNameStreamedStaysACall) {
+  // Hermes: the arguments streamed so far, the rest of the block dropped.
+  Parsed p =
+      parse_whole(tools_on(), "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1,, \"y\": 2}}</tool_call>\nafter");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0], std::make_pair(std::string("f"), std::string(R"({"x":1,)")));
+  EXPECT_EQ(p.content, "after");
+  // Arguments that are not an object or a string: none streamed, so "{}".
+  p = parse_whole(tools_on(), "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, "{}");
+  // Text between a call's JSON and </tool_call> is dropped; a <tool_call>
+  // before the closing tag starts the next call.
+  p = parse_whole(tools_on(),
+                  "<tool_call>{\"name\": \"f\", \"arguments\": {}} junk</tool_call>"
+                  "<tool_call>{\"name\": \"g\", \"arguments\": {}}\n<tool_call>{\"name\": \"h\"}</tool_call> end");
+  ASSERT_EQ(p.calls.size(), 3u);
+  EXPECT_EQ(p.calls[2].first, "h");
+  EXPECT_EQ(p.content, "end");
+  // JSON forms: where a broken object ends is unknowable, so the rest of
+  // the reply is dropped.
+  p = parse_whole(tools_on(),
+                  "{\"name\": \"f\", \"parameters\": {\"x\": tru}}; {\"name\": \"g\", \"parameters\": {}} tail");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0], std::make_pair(std::string("f"), std::string(R"({"x":)")));
+  EXPECT_EQ(p.content, "");
+  // Before the call opened, the same text is content as before.
+  p = parse_whole(tools_on(), "{\"name\": \"f\", \"x\": tru} tail");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "{\"name\": \"f\", \"x\": tru} tail");
+}
+
+// What Mistral and Qwen3-Coder / Qwen3.5 templates write for a tool-call turn
+// (tools/make_tool_call_goldens.py renders them with jinja2), read back to the
+// same calls however it is split.
+TEST(OutputParser, TemplateCallsReadBack) {
+  std::ifstream f(std::string(RILL_TEST_DATA) + "/tool_calls/goldens.json");
+  ASSERT_TRUE(f) << "tests/data/tool_calls/goldens.json";
+  const nlohmann::json goldens = nlohmann::json::parse(f);
+  ASSERT_GE(goldens.size(), 12u);
+  std::mt19937 rng(7);
+  for (const nlohmann::json& g : goldens) {
+    const std::string text = g["text"];
+    SCOPED_TRACE(g["template"].get<std::string>() + ": " + text);
+    Parsed want;
+    for (const nlohmann::json& c : g["calls"]) want.calls.emplace_back(c["name"], c["arguments"]);
+    want.saw_calls = true;
+    EXPECT_EQ(parse_whole(tools_on(), text), want);
+    std::vector<std::string> bytes;
+    for (char c : text) bytes.emplace_back(1, c);
+    EXPECT_EQ(parse_pieces(tools_on(), bytes), want);
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<std::string> pieces;
+      for (size_t pos = 0; pos < text.size();) {
+        const size_t n = std::uniform_int_distribution<size_t>(0, 9)(rng);
+        pieces.push_back(text.substr(pos, n));
+        pos += n;
+      }
+      ASSERT_EQ(parse_pieces(tools_on(), pieces), want);
+    }
+    // After some text, and with text after the calls.
+    if (text.rfind("<think>", 0) == 0) continue;  // the think block opens the reply
+    want.content = "Let me check.";
+    EXPECT_EQ(parse_whole(tools_on(), "Let me check.\n" + text), want);
+    want.content = "Let me check.Done.";  // whitespace around calls never shows
+    EXPECT_EQ(parse_whole(tools_on(), "Let me check.\n" + text + "\nDone."), want);
+  }
+}
+
+TEST(OutputParser, MistralCallStreamsOnceItsNameEnds) {
+  const std::string text = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}";
+  const std::vector<Timed> got = stream_bytes(tools_on(), text);
+  ASSERT_GE(got.size(), 3u);
+  EXPECT_EQ(got[0].at, text.find("{"));  // with the last byte of [ARGS]
+  EXPECT_EQ(got[0].delta.name, "get_weather");
+  EXPECT_EQ(got[1].delta.arguments, "{");
+  // Not a call: the marker and the text stay content.
+  for (const std::string bad : {"[TOOL_CALLS] get_weather[ARGS]{}", "[TOOL_CALLS]get_weather[OTHER]{}", "[TOOL_CALLS]",
+                                "[TOOL_CALLS][not json]", "[TOOL_CALLS]f[CALL_ID]abc"}) {
+    Parsed p = parse_whole(tools_on(), bad);
+    EXPECT_TRUE(p.calls.empty()) << bad;
+    EXPECT_EQ(p.content, bad);
+  }
+  // Arguments written as a JSON string (Mistral Small 3.2's tojson of a string).
+  Parsed p = parse_whole(tools_on(), "[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]\"{\\\"a\\\": 1}\"");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, "{\"a\": 1}");
+  // Broken after the name: a call with what streamed, the rest dropped.
+  p = parse_whole(tools_on(), "[TOOL_CALLS]f[ARGS]{\"a\": nope}[TOOL_CALLS]g[ARGS]{}");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, "{\"a\":");
+}
+
+TEST(OutputParser, XmlCallStreamsAndTypesItsValues) {
+  const std::string text =
+      "<tool_call>\n<function=lookup>\n<parameter=zip>\n75001\n</parameter>\n<parameter=note>\nline 1\nline "
+      "\"2\"\n</parameter>\n<parameter=flag>\nTrue\n</parameter>\n</function>\n</tool_call>\nDone.";
+  const std::vector<Timed> got = stream_bytes(tools_on(), text);
+  ASSERT_GE(got.size(), 5u);
+  EXPECT_EQ(got[0].delta.name, "lookup");
+  EXPECT_EQ(got[0].at, text.find(">\n<parameter=zip") + 1);  // with the name's '>'
+  EXPECT_EQ(got[1].delta.arguments, "{");
+  EXPECT_EQ(got[2].delta.arguments, "\"zip\":");  // the key at its '>'
+  EXPECT_EQ(got[2].at, text.find(">\n75001") + 1);
+  EXPECT_EQ(got[3].delta.arguments, "75001");  // untyped: the value once </parameter> closes it
+  EXPECT_EQ(got[3].at, text.find("</parameter>") + std::string("</parameter>").size());
+  Parsed p = parse_whole(tools_on(), text);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, R"({"zip":75001,"note":"line 1\nline \"2\"","flag":true})");
+  EXPECT_EQ(p.content, "Done.");
+  // With the tools' parameter types, a string parameter stays a string.
+  OutputParserOptions typed = tools_on();
+  typed.parameter_types =
+      std::make_shared<ToolParameterTypes>(ToolParameterTypes{{"lookup", {{"zip", "string"}, {"flag", "boolean"}}}});
+  p = parse_whole(typed, text);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, R"({"zip":"75001","note":"line 1\nline \"2\"","flag":true})");
+  // A string parameter streams as it comes, escaped, all but what may end it.
+  const std::vector<Timed> typed_got = stream_bytes(typed, text);
+  std::string zip;
+  for (const Timed& t : typed_got) {
+    if (t.at > text.find("75001") && t.at <= text.find("75001") + 5) zip += t.delta.arguments;
+  }
+  EXPECT_EQ(zip, "75001");  // each character with its own byte
+  typed.parameter_types = std::make_shared<ToolParameterTypes>(ToolParameterTypes{{"lookup", {{"note", "string"}}}});
+  std::string note;
+  for (const Timed& t : stream_bytes(typed, text)) {
+    if (t.at > text.find("line 1") && t.at <= text.find("\"2\"\n</parameter>")) note += t.delta.arguments;
+  }
+  EXPECT_EQ(note, "line 1\\nline ");  // the newline once the next byte shows it is the value's
+  // Typed string values stream under any split to the same arguments.
+  typed.parameter_types = std::make_shared<ToolParameterTypes>(
+      ToolParameterTypes{{"lookup", {{"zip", "string"}, {"note", "string"}}}, {"f", {{"s", "string"}}}});
+  std::mt19937 rng(11);
+  for (const std::string& t :
+       {text,
+        std::string("<tool_call><function=f>\n<parameter=s>\n\n caf\xc3\xa9 \xf0\x9f\x98\x80 </par\n\n</parameter>"
+                    "\n</function></tool_call>"),
+        std::string("<tool_call><function=f>\n<parameter=s>\nab\n</param")}) {
+    SCOPED_TRACE(t);
+    const Parsed whole = parse_whole(typed, t);
+    std::vector<std::string> bytes;
+    for (char c : t) bytes.emplace_back(1, c);
+    EXPECT_EQ(parse_pieces(typed, bytes), whole);
+    for (int trial = 0; trial < 30; ++trial) {
+      std::vector<std::string> pieces;
+      for (size_t pos = 0; pos < t.size();) {
+        const size_t n = std::uniform_int_distribution<size_t>(0, 5)(rng);
+        pieces.push_back(t.substr(pos, n));
+        pos += n;
+      }
+      ASSERT_EQ(parse_pieces(typed, pieces), whole);
+    }
+  }
+  EXPECT_EQ(parse_whole(typed,
+                        "<tool_call><function=f>\n<parameter=s>\n\n caf\xc3\xa9 </par\n\n</parameter>\n"
+                        "</function></tool_call>")
+                .calls[0]
+                .second,
+            "{\"s\":\"\\n caf\xc3\xa9 </par\\n\"}");
+  EXPECT_EQ(parse_whole(typed, "<tool_call><function=f>\n<parameter=s>\nab\n</param").calls[0].second,
+            "{\"s\":\"ab");  // cut off: what streamed
+  // Not the form: the block is content. Broken after the name: a call with
+  // what streamed, the rest of the block dropped.
+  p = parse_whole(tools_on(), "<tool_call>\n<fun>x</fun>\n</tool_call>");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "<tool_call>\n<fun>x</fun>\n</tool_call>");
+  p = parse_whole(tools_on(), "<tool_call><function=f>\n<parameter=a>\n1\n</parameter>\noops</tool_call> after");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, R"({"a":1)");
+  EXPECT_EQ(p.content, "after");
+  p = parse_whole(tools_on(), "<tool_call><function=f>\n<parameter=a>\nunfinished");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, R"({"a":)");
+  p = parse_whole(tools_on(), "<tool_call><function=f></function></tool_call>");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, "{}");
 }
 
 // Every case, under every option set, split at random points and byte by
@@ -245,6 +574,21 @@ TEST(OutputParser, AnySplitGivesTheSameResult) {
       "<thin>not a tag</thin> <tool_cal> <|python_ta",
       "\xe2\x82\xac <think>euro \xf0\x9f\x98\x80</think> caf\xc3\xa9",
       "<think>unfinished <tool_call>{\"name\": \"f\"}</tool_call>",
+      "<tool_call>{\"arguments\": {\"a\": [1.0e3, \"\\u00e9\\ud83d\\ude00\"]}, \"name\": \"late\"}</tool_call>x",
+      "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1,, }}</tool_call> after <tool_call>{\"name\": \"g\"",
+      "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": \\\"caf\xc3\xa9\\\"}\"} junk</tool_call>",
+      "{\"name\": \"f\", \"arguments\": {\"n\": -0.5e+2}}\n{\"name\": \"g\", \"arguments\": {\"s\": "
+      "\"\xf0\x9f\x98\x80\"}}\nok",
+      "{\"name\": \"f\", \"parameters\": {\"x\": 01}} rest",
+      "<tool_call>{\"name\": \"\", \"arguments\": {}}</tool_call>",
+      "<tool_call>{\"name\": \"f\", \"arguments\": {}}<tool_call>{\"name\": \"g\", \"arguments\": {\"a\": [",
+      "[TOOL_CALLS]f[ARGS]{\"a\": [1]}[TOOL_CALLS]g[CALL_ID]abcdefghi[ARGS]\"{}\" tail [TOOL_CALLS]bad name",
+      "pre [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"x\"}, {\"name\": \"g\", \"arguments\": {}}] "
+      "post",
+      "[TOOL_CALLS][{\"name\": \"f\"}] [TOOL_CALLS]",
+      "<tool_call>\n<function=f>\n<parameter=a>\n{\"x\": [1]}\n</parameter>\n<parameter=b>\nNone\n</parameter>\n"
+      "</function>\n</tool_call>\n<tool_call><function=g>\n<parameter=s>\ntext\n</parameter>\nbad</tool_call>x",
+      "<tool_call> <function=bad name>",
       "   ",
       "",
   };
