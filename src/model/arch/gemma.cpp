@@ -44,6 +44,7 @@
 #include "model/batch_check.h"
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
+#include "model/placement.h"
 
 #if RILL_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -180,20 +181,9 @@ struct GemmaGraph {
   }
 };
 
-HostMatrix host_matrix(const WeightView& w) {
-  return {w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride};
-}
-
 // One pass of place_gemma's placement (Backend::place_model may run it twice).
 Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
-  const HostMatrix embed_m = host_matrix(w.embed);
-  RILL_ASSIGN_OR_RETURN(g.embed, b.place(&embed_m, 1, "embed_tokens.weight"));
-  g.lm_head = g.embed;
-  if (!w.tied) {
-    const HostMatrix m = host_matrix(w.lm_head);
-    RILL_ASSIGN_OR_RETURN(g.lm_head, b.place(&m, 1, "lm_head.weight"));
-  }
-  RILL_ASSIGN_OR_RETURN(g.final_norm, b.place_vector(w.final_norm.data(), g.E, "norm.weight"));
+  RILL_TRY(place_embedding_and_head(b, w.embed, w.lm_head, w.tied, w.final_norm, g.embed, g.lm_head, g.final_norm));
   for (size_t il = 0; il < w.layers.size(); ++il) {
     const std::string p = "layers." + std::to_string(il) + ".";
     const GemmaLayerWeights& h = w.layers[il];
@@ -202,15 +192,7 @@ Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
       return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
     };
     RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
-    const HostMatrix qkv[] = {host_matrix(h.q.w), host_matrix(h.k.w), host_matrix(h.v.w)};
-    RILL_ASSIGN_OR_RETURN(L.wqkv, b.place(qkv, 3, p + "self_attn.{q,k,v}_proj"));
-    if (!h.q.bias.empty() || !h.k.bias.empty() || !h.v.bias.empty()) {
-      std::vector<float> bias(static_cast<size_t>(g.qkv_width()), 0.0f);  // zeros where a part has none
-      std::copy(h.q.bias.begin(), h.q.bias.end(), bias.begin());
-      std::copy(h.k.bias.begin(), h.k.bias.end(), bias.begin() + g.Q);
-      std::copy(h.v.bias.begin(), h.v.bias.end(), bias.begin() + g.Q + g.KV);
-      RILL_ASSIGN_OR_RETURN(L.bqkv, vec(bias, "self_attn qkv bias"));
-    }
+    RILL_TRY(place_fused_qkv(b, h.q, h.k, h.v, p, L.wqkv, L.bqkv));
     if (!h.q_norm.empty()) {
       RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
       RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));

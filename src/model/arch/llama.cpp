@@ -35,6 +35,7 @@
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
 #include "model/moe.h"
+#include "model/placement.h"
 #include "model/pooling.h"
 #include "model/tensor_parallel.h"
 #include "model/tensor_split.h"
@@ -64,10 +65,6 @@ StepLimits LlamaGraph::step_limits(int64_t max_tokens, int64_t max_sample) const
 
 namespace {
 
-HostMatrix host_matrix(const WeightView& w) {
-  return {w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride};
-}
-
 // One pass of place_llama's placement (Backend::place_model may run it twice).
 Status place_pass(Backend& b, const LlamaWeights& w, const RopeTable& rope, LlamaGraph& g) {
   const HostMatrix embed_m = host_matrix(w.embed);
@@ -88,15 +85,7 @@ Status place_pass(Backend& b, const LlamaWeights& w, const RopeTable& rope, Llam
       return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
     };
     RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
-    const HostMatrix qkv[] = {host_matrix(h.q.w), host_matrix(h.k.w), host_matrix(h.v.w)};
-    RILL_ASSIGN_OR_RETURN(L.wqkv, b.place(qkv, 3, p + "self_attn.{q,k,v}_proj"));
-    if (!h.q.bias.empty() || !h.k.bias.empty() || !h.v.bias.empty()) {
-      std::vector<float> bias(static_cast<size_t>(g.qkv_width()), 0.0f);  // zeros where a part has none
-      std::copy(h.q.bias.begin(), h.q.bias.end(), bias.begin());
-      std::copy(h.k.bias.begin(), h.k.bias.end(), bias.begin() + g.Q);
-      std::copy(h.v.bias.begin(), h.v.bias.end(), bias.begin() + g.Q + g.KV);
-      RILL_ASSIGN_OR_RETURN(L.bqkv, vec(bias, "self_attn qkv bias"));
-    }
+    RILL_TRY(place_fused_qkv(b, h.q, h.k, h.v, p, L.wqkv, L.bqkv));
     const HostMatrix om = host_matrix(h.o.w);
     RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, p + "self_attn.o_proj"));
     if (!h.o.bias.empty()) {

@@ -53,6 +53,7 @@
 #include "model/gated_delta.h"
 #include "model/layers.h"
 #include "model/moe.h"
+#include "model/placement.h"
 
 #if RILL_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -247,10 +248,6 @@ struct HybridGraph {
   }
 };
 
-HostMatrix host_matrix(const WeightView& w) {
-  return {w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride > 0 ? w.row_stride : row_bytes(w.dtype, w.n_cols)};
-}
-
 // Rows [r0, r0 + n) of w appended to out.
 void append_rows(const WeightView& w, int64_t r0, int64_t n, std::vector<uint8_t>& out) {
   const size_t rb = row_bytes(w.dtype, w.n_cols);
@@ -330,14 +327,7 @@ std::vector<HostMatrix> in_projection(const GatedDeltaNet& g, std::deque<std::ve
 // One pass of place_hybrid's placement (Backend::place_model may run it twice).
 Status place_pass(Backend& b, HybridWeights& w, HybridGraph& g) {
   w.assembled.clear();
-  const HostMatrix embed_m = host_matrix(w.embed);
-  RILL_ASSIGN_OR_RETURN(g.embed, b.place(&embed_m, 1, "embed_tokens.weight"));
-  g.lm_head = g.embed;
-  if (!w.tied) {
-    const HostMatrix m = host_matrix(w.lm_head);
-    RILL_ASSIGN_OR_RETURN(g.lm_head, b.place(&m, 1, "lm_head.weight"));
-  }
-  RILL_ASSIGN_OR_RETURN(g.final_norm, b.place_vector(w.final_norm.data(), g.E, "norm.weight"));
+  RILL_TRY(place_embedding_and_head(b, w.embed, w.lm_head, w.tied, w.final_norm, g.embed, g.lm_head, g.final_norm));
   for (size_t il = 0; il < w.layers.size(); ++il) {
     const std::string p = "layers." + std::to_string(il) + ".";
     const HybridLayerWeights& h = w.layers[il];
