@@ -22,7 +22,7 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
   const size_t n_recurrent = t->spec_.size() - t->attention_groups_.size();
   if (t->layers_.empty() || t->attention_groups_.empty()) {
     return Error{"--cache-ram-mb / --cache-dir: this model (" + model.config().architecture +
-                 ") does not export its KV, so the prefix cache tiers are off (tensor-parallel models do not yet)"};
+                 ") does not export its KV, so the prefix cache tiers are off"};
   }
   if (n_recurrent > 0) {
     t->state_layers_ = model.state_layers();

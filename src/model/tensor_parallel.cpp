@@ -1,6 +1,7 @@
 #include "model/tensor_parallel.h"
 
 #include <cassert>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -11,6 +12,104 @@ TensorParallelModel::TensorParallelModel(std::unique_ptr<CommunicatorGroup> grou
     : group_(std::move(group)), shards_(std::move(shards)), status_(shards_.size()) {
   assert(!shards_.empty() && group_ && group_->size() == n_ranks());
   for (int r = 1; r < n_ranks(); ++r) workers_.emplace_back([this, r] { worker(r); });
+  plan_kv_export();
+}
+
+void TensorParallelModel::plan_kv_export() {
+  const ModelConfig& cfg = config();
+  const int64_t n_kv = cfg.n_head_kv > 0 ? cfg.n_head_kv : cfg.n_head;
+  const int n = n_ranks();
+  // tensor_split.h: more ranks than KV heads replicate each head over n / n_kv ranks.
+  const int replicas = n > n_kv && n_kv > 0 ? static_cast<int>(n / n_kv) : 1;
+  std::vector<std::vector<KvLayer>> per_rank;
+  for (const auto& s : shards_) per_rank.push_back(s->kv_layers());
+  const std::vector<KvLayer>& first = per_rank[0];
+  for (const auto& layers : per_rank) {
+    if (layers.empty() || layers.size() != first.size()) return;
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (layers[l].group != first[l].group || layers[l].dtype != first[l].dtype ||
+          layers[l].row_bytes != first[l].row_bytes)
+        return;
+    }
+  }
+  layers_ = first;
+  slices_.assign(first.size(), {});
+  for (size_t l = 0; l < first.size(); ++l) {
+    size_t row = 0;
+    for (int r = 0; r < n; ++r) {
+      Slice sl;
+      sl.rank = r;
+      sl.bytes = first[l].row_bytes;
+      sl.owner = r % replicas == 0;
+      sl.offset = sl.owner ? row : slices_[l][static_cast<size_t>(r - r % replicas)].offset;
+      if (sl.owner) row += sl.bytes;
+      slices_[l].push_back(sl);
+    }
+    layers_[l].row_bytes = row;
+  }
+}
+
+std::string TensorParallelModel::kv_numerics() const {
+  std::string s = shards_[0]->kv_numerics();
+  const std::string tp = "tp=" + std::to_string(n_ranks());
+  if (s.find(tp) == std::string::npos) s += " " + tp;
+  return s;
+}
+
+Status TensorParallelModel::copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) return Error{"this model does not export its KV"};
+  const size_t block_bytes = static_cast<size_t>(kv_block_size()) * layers_[static_cast<size_t>(layer)].row_bytes;
+  return copy_kv_blocks_out(layer, std::span<const int32_t>(&block, 1), block_bytes, k, v);
+}
+
+Status TensorParallelModel::copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) return Error{"this model does not import KV"};
+  const size_t block_bytes = static_cast<size_t>(kv_block_size()) * layers_[static_cast<size_t>(layer)].row_bytes;
+  return copy_kv_blocks_in(layer, std::span<const int32_t>(&block, 1), block_bytes, k, v);
+}
+
+namespace {
+// `rows` rows of `bytes` each, strided by from_stride at `from` and by to_stride at `to`.
+void copy_rows(uint8_t* to, size_t to_stride, const uint8_t* from, size_t from_stride, size_t bytes, size_t rows) {
+  for (size_t i = 0; i < rows; ++i) std::memcpy(to + i * to_stride, from + i * from_stride, bytes);
+}
+}  // namespace
+
+Status TensorParallelModel::copy_kv_blocks_out(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes,
+                                               uint8_t* k, uint8_t* v) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) return Error{"this model does not export its KV"};
+  const size_t row = layers_[static_cast<size_t>(layer)].row_bytes;
+  const size_t bs = static_cast<size_t>(kv_block_size());
+  if (block_bytes != bs * row) return Error{"KV export: block_bytes does not match the layer's rows"};
+  const size_t rows = blocks.size() * bs;
+  for (const Slice& sl : slices(layer)) {
+    if (!sl.owner) continue;
+    kv_scratch_.resize(2 * rows * sl.bytes);
+    uint8_t* sk = kv_scratch_.data();
+    uint8_t* sv = sk + rows * sl.bytes;
+    RILL_TRY(shards_[static_cast<size_t>(sl.rank)]->copy_kv_blocks_out(layer, blocks, bs * sl.bytes, sk, sv));
+    copy_rows(k + sl.offset, row, sk, sl.bytes, sl.bytes, rows);
+    copy_rows(v + sl.offset, row, sv, sl.bytes, sl.bytes, rows);
+  }
+  return {};
+}
+
+Status TensorParallelModel::copy_kv_blocks_in(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes,
+                                              const uint8_t* k, const uint8_t* v) {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) return Error{"this model does not import KV"};
+  const size_t row = layers_[static_cast<size_t>(layer)].row_bytes;
+  const size_t bs = static_cast<size_t>(kv_block_size());
+  if (block_bytes != bs * row) return Error{"KV import: block_bytes does not match the layer's rows"};
+  const size_t rows = blocks.size() * bs;
+  for (const Slice& sl : slices(layer)) {  // replicas too: every rank attends with its heads
+    kv_scratch_.resize(2 * rows * sl.bytes);
+    uint8_t* sk = kv_scratch_.data();
+    uint8_t* sv = sk + rows * sl.bytes;
+    copy_rows(sk, sl.bytes, k + sl.offset, row, sl.bytes, rows);
+    copy_rows(sv, sl.bytes, v + sl.offset, row, sl.bytes, rows);
+    RILL_TRY(shards_[static_cast<size_t>(sl.rank)]->copy_kv_blocks_in(layer, blocks, bs * sl.bytes, sk, sv));
+  }
+  return {};
 }
 
 TensorParallelModel::~TensorParallelModel() {

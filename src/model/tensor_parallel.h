@@ -22,10 +22,21 @@
 // forward_greedy / forward_sample are offered when rank 0 offers them
 // (the CUDA shards: rank 0 holds the gathered logits and picks on its
 // device); the other ranks then run forward(batch, nullptr).
+//
+// KV export (the prefix cache's RAM and disk tiers) gives the rows a
+// one-device model would: a token's K (or V) row of all KV heads,
+// head-major. The ranks hold consecutive head ranges in rank order (split
+// evenly, or each rank one head replicated over N / n_head_kv ranks), so a
+// full row is the owners' slices side by side, an owner being the first
+// rank of each range; an import hands every rank, replicas included, its
+// heads' slice. The numerics name the group size (tp=N), since the ranks'
+// reduction order differs from one device's, so a tier never resumes KV
+// across a change of N.
 #include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,8 +73,30 @@ class TensorParallelModel final : public Model {
   bool has_forward_sample() const override { return shards_[0]->has_forward_sample(); }
   Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) override;
 
+  // KV export: see above. Empty (tiers off) when a rank exports none or the
+  // ranks' layers disagree.
+  std::vector<KvLayer> kv_layers() const override { return layers_; }
+  Status copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const override;
+  Status copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) override;
+  Status copy_kv_blocks_out(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, uint8_t* k,
+                            uint8_t* v) const override;
+  Status copy_kv_blocks_in(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, const uint8_t* k,
+                           const uint8_t* v) override;
+  // Rank 0's numerics plus " tp=N" (unless the rank names it already).
+  std::string kv_numerics() const override;
+
  private:
   void worker(int r);
+  // Fills layers_ and slices_ from the ranks' KV layers.
+  void plan_kv_export();
+  // One rank's part of a full KV row of layer `layer`.
+  struct Slice {
+    int rank = 0;
+    size_t offset = 0;   // bytes into the full row
+    size_t bytes = 0;    // the rank's row
+    bool owner = false;  // the first rank holding these heads: exports them
+  };
+  const std::vector<Slice>& slices(int64_t layer) const { return slices_[static_cast<size_t>(layer)]; }
   // Posts the step to the workers (forward(batch, nullptr) on ranks
   // 1..N-1), runs rank0() here, waits for the workers.
   template <typename Rank0>
@@ -71,7 +104,10 @@ class TensorParallelModel final : public Model {
 
   std::unique_ptr<CommunicatorGroup> group_;  // destroyed after the shards that use it
   std::vector<std::unique_ptr<Model>> shards_;
-  std::vector<Status> status_;  // [n_ranks]: the last step's result per rank
+  std::vector<Status> status_;               // [n_ranks]: the last step's result per rank
+  std::vector<KvLayer> layers_;              // the full rows' layers (empty: no export)
+  std::vector<std::vector<Slice>> slices_;   // [layer][rank]
+  mutable std::vector<uint8_t> kv_scratch_;  // one rank's K and V of an export or import
 
   // The step handed to the workers: generation_ counts steps posted,
   // n_running_ the workers not yet done with the current one.

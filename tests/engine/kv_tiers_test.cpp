@@ -22,6 +22,7 @@
 #include <random>
 
 #include "engine/sampler.h"
+#include "fake_model.h"
 #include "kv/kv_file.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
@@ -153,32 +154,37 @@ void expect_window_only_layers(const fs::path& file, int n_tokens) {
 
 // Writes `prompt`'s prefix to disk with one engine, then checks a second
 // engine over the same directory serves it (and a cold engine agrees).
-void disk_round_trip(const std::string& model, int vocab, int prompt_len, int expect_cached) {
-  TmpDir dir;
+// `base`: the engine's options (e.g. tensor parallelism) in every run.
+// Returns the file written.
+fs::path disk_round_trip(const std::string& model, int vocab, int prompt_len, int expect_cached,
+                         const EngineOptions& base = {}, const TmpDir* keep = nullptr) {
+  TmpDir own;
+  const TmpDir& dir = keep ? *keep : own;
   const auto prompt = random_prompt(prompt_len, vocab, 11);
   GenRun cold, device_hit;  // computed; then the same prompt from the device cache
   {
-    auto e = load(model, EngineOptions{});
-    ASSERT_TRUE(e);
+    auto e = load(model, base);
+    if (!e) return {};  // load() failed the test
     cold = generate(*e, prompt, 6);
     device_hit = generate(*e, prompt, 6);
     EXPECT_EQ(device_hit.cached, expect_cached);
   }
-  EngineOptions o;
+  EngineOptions o = base;
   o.cache_dir = dir.path.string();
   {
     auto e = load(model, o);
-    ASSERT_TRUE(e);
+    if (!e) return {};
     const GenRun warmup = generate(*e, prompt, 1, /*persist=*/true);
     EXPECT_EQ(warmup.tokens.size(), 1u);
     EXPECT_EQ(warmup.persisted, expect_cached) << "the prompt's whole blocks were written";
     EXPECT_EQ(e->stats().disk_tier.entries, 1);
   }
   const auto files = kv_files(dir.path);
-  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files.size(), 1u);
+  if (files.size() != 1) return {};
   expect_window_only_layers(files[0], expect_cached);
   auto e = load(model, o);  // a restart
-  ASSERT_TRUE(e);
+  if (!e) return {};
   EXPECT_EQ(e->stats().disk_tier.entries, 1);
   const GenRun warm = generate(*e, prompt, 6);
   EXPECT_EQ(warm.cached, expect_cached);
@@ -188,6 +194,7 @@ void disk_round_trip(const std::string& model, int vocab, int prompt_len, int ex
   EXPECT_EQ(e->stats().disk_tier.hits, 1);
   EXPECT_EQ(e->stats().disk_tier.loads, 1);
   EXPECT_GT(e->stats().disk_tier.load_seconds, 0);
+  return files[0];
 }
 
 TEST(KvTiers, DiskPrefixSurvivesARestartF16Kv) {
@@ -553,25 +560,86 @@ TEST(KvTiers, ASecondEngineCannotShareTheDirectory) {
   EXPECT_NE(second.error().message.find("in use"), std::string::npos) << second.error().message;
 }
 
-// A model that does not export its KV (tensor parallelism, for now) cannot
-// have tiers: the engine refuses to start, saying why.
+// A model that does not export its KV cannot have tiers: the engine refuses
+// to start, saying why.
 TEST(KvTiers, AModelWithoutKvExportIsRefusedNamingWhy) {
-  auto files = open_model_files(kGoldens + "llama");
-  ASSERT_TRUE(files.ok()) << files.error().message;
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.n_ctx = 64;
-  mo.tensor_parallel = 2;
-  auto model = create_model(builtin_registry(), infer_profile(**files), *files, mo);
-  ASSERT_TRUE(model.ok()) << model.error().message;
-  EXPECT_TRUE((*model)->kv_layers().empty());
+  auto model = std::make_unique<testing::FakeModel>(testing::FakeModel::Options{});
+  EXPECT_TRUE(model->kv_layers().empty());
   EngineOptions o;
   o.cache_ram_mb = 16;
-  auto e = Engine::create(std::move(model).value(), nullptr, o);
+  auto e = Engine::create(std::move(model), nullptr, o);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.error().message.find("--cache-ram-mb / --cache-dir"), std::string::npos) << e.error().message;
   EXPECT_NE(e.error().message.find("does not export its KV"), std::string::npos) << e.error().message;
-  EXPECT_NE(e.error().message.find("tensor-parallel"), std::string::npos) << e.error().message;
+}
+
+// The f32 rows of every tensor of a KV file, in file order.
+std::vector<float> kv_file_floats(const fs::path& file) {
+  auto h = read_kv_header(file.string());
+  EXPECT_TRUE(h.ok()) << h.error().message;
+  std::vector<float> out;
+  if (!h.ok()) return out;
+  std::ifstream in(file, std::ios::binary);
+  for (const KvLayerDesc& d : h->layers) {
+    for (const KvTensorDesc& t : d.tensors) {
+      std::vector<float> buf(t.bytes / sizeof(float));
+      in.seekg(static_cast<std::streamoff>(t.off));
+      in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(t.bytes));
+      out.insert(out.end(), buf.begin(), buf.end());
+    }
+  }
+  return out;
+}
+
+// Tensor-parallel models use the tiers too: a rank's KV blocks hold its
+// heads, and the export joins them into the one-device row layout (N = 2
+// splits the golden's two KV heads; N = 4 replicates each over two ranks,
+// and an import writes both replicas). A restart resumes the file with the
+// same tokens and bits, and the file's rows equal a one-device model's
+// within the ranks' rounding (so the heads are in the one-device order).
+TEST(KvTiers, TensorParallelPrefixSurvivesARestartInTheOneDeviceLayout) {
+  TmpDir one_dir;
+  const fs::path one = disk_round_trip(kGoldens + "llama", 512, 40, 32, EngineOptions{}, &one_dir);
+  const std::vector<float> want = kv_file_floats(one);
+  ASSERT_FALSE(want.empty());
+  for (int n : {2, 4}) {
+    SCOPED_TRACE("tensor_parallel " + std::to_string(n));
+    EngineOptions o;
+    o.tensor_parallel = n;
+    TmpDir dir;
+    const fs::path file = disk_round_trip(kGoldens + "llama", 512, 40, 32, o, &dir);
+    auto h = read_kv_header(file.string());
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    EXPECT_NE(h->identity.numerics.find("tp=" + std::to_string(n)), std::string::npos) << h->identity.numerics;
+    const std::vector<float> got = kv_file_floats(file);
+    ASSERT_EQ(got.size(), want.size());
+    float max_diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) max_diff = std::max(max_diff, std::abs(got[i] - want[i]));
+    EXPECT_LT(max_diff, 1e-4f);
+  }
+}
+
+TEST(KvTiers, EvictedTensorParallelPrefixComesBackFromTheRamTier) {
+  EngineOptions o;
+  o.tensor_parallel = 4;
+  o.n_ctx = 64;
+  o.kv_cache_mb = 1;
+  o.cache_ram_mb = 16;
+  auto e = load(kGoldens + "llama", o);
+  ASSERT_TRUE(e);
+  const int32_t n_blocks = e->stats().kv_blocks_total;
+  const auto a = random_prompt(33, 512, 1);
+  const GenRun cold = generate(*e, a, 8);
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, 32);
+  // Each prompt takes 3 blocks; n_blocks / 2 of them evict every older block.
+  for (uint32_t seed = 2; seed < 4 + static_cast<uint32_t>(n_blocks) / 2; ++seed)
+    generate(*e, random_prompt(33, 512, seed), 8);
+  const GenRun warm = generate(*e, a, 8);
+  EXPECT_GE(e->stats().ram_tier.hits, 1);
+  EXPECT_EQ(warm.cached, 32);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored KV must be bit-identical";
 }
 
 TEST(KvTiers, PersistWithoutADiskTierIsAnError) {
