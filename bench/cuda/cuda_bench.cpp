@@ -17,6 +17,8 @@
 //   ModelOptions::batch_invariant off, then on (one model at a time)
 //   bench_cuda MODEL_DIR --profile-prefill 1: the same for the forward of
 //   one 2,048-token prompt (after a warm-up forward)
+//   bench_cuda MODEL_DIR --quantize fp8: the model with FP8 weights
+//   (ModelOptions::quantize; the roofline counts their bytes)
 //
 // Reports: decode tok/s at batch 1/8/32/64/128 (128-token prompts, then N
 // steps; median step; greedy on the device, and with full logits copied
@@ -335,6 +337,7 @@ int run(int argc, char** argv) {
   bool graphs = true;
   int profile_batch = 0;         // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
   bool profile_prefill = false;  // the second 2,048-token prefill between cudaProfilerStart/Stop, then exit
+  bool fp8 = false;              // --quantize fp8
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
@@ -345,6 +348,7 @@ int run(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--tensor-parallel")) tps = parse_list(argv[i + 1]);
     if (!std::strcmp(argv[i], "--batch-invariant")) invs = parse_list(argv[i + 1]);
     if (!std::strcmp(argv[i], "--graphs")) graphs = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--quantize")) fp8 = !std::strcmp(argv[i + 1], "fp8");
   }
   // One measured run per (tensor-parallel size, batch-invariant mode).
   struct RunCfg {
@@ -370,6 +374,7 @@ int run(int argc, char** argv) {
   o.max_batch_seqs = kMaxBatch;
   o.kv_block_size = 16;
   o.cuda_graphs = graphs;
+  if (fp8) o.quantize = WeightQuantization::kFp8;
   const ModelConfig& c = (*files)->config;
   const int64_t hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
   const int64_t kv_token = 2 * c.n_layer * c.n_head_kv * hd * 2;  // f16 KV
@@ -383,7 +388,11 @@ int run(int argc, char** argv) {
   for (const auto& [name, t] : (*files)->tensors) {
     if (name == "model.embed_tokens.weight" && (*files)->find("lm_head.weight")) continue;
     const bool expert = c.n_expert > 0 && name.find(".experts.") != std::string::npos;
-    (expert ? expert_bytes : weight_bytes) += t.n_bytes;
+    size_t bytes = t.n_bytes;  // FP8 weights: one byte per element and a 16-byte header per row
+    if (fp8 && !expert && t.shape.size() == 2 && name != "model.embed_tokens.weight") {
+      bytes = static_cast<size_t>(t.n_elements() + 16 * t.shape[0]);
+    }
+    (expert ? expert_bytes : weight_bytes) += bytes;
     if (t.shape.size() == 2 || expert) (expert ? expert_params : matmul_params) += static_cast<size_t>(t.n_elements());
   }
   const double used_share = c.n_expert > 0 ? double(c.n_expert_used) / double(c.n_expert) : 1.0;

@@ -164,7 +164,8 @@ struct EngineOptions {
   int tensor_parallel = 1;           // > 1: the model split over that many ranks (kCuda: GPUs 0..N-1, NCCL)
   bool batch_invariant = false;      // kCuda: a request's tokens do not depend on the batch (ModelOptions)
   bool cuda_device_sampling = true;  // kCuda: sample on the device; false: logits to the host sampler (ModelOptions)
-  bool check_integrity = false;      // verify the KV structures after every step (tests; slow)
+  WeightQuantization quantize = WeightQuantization::kNone;  // kCuda: --quantize fp8 (ModelOptions)
+  bool check_integrity = false;                             // verify the KV structures after every step (tests; slow)
   // Prefix-cache tiers below the device cache (see engine/kv_tiers.h).
   int64_t cache_ram_mb = 0;      // host-RAM tier; 0: off
   std::string cache_dir;         // disk tier directory; empty: off

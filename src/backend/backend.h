@@ -76,6 +76,10 @@ struct HostMatrix {
   DType dtype = DType::kF32;
   int64_t rows = 0, cols = 0;
   size_t row_stride = 0;
+  // Rows are gathered (an embedding table, also when tied to the LM head):
+  // a backend keeps them in their precision (never requantized, e.g. by
+  // the CUDA backend's FP8 weights).
+  bool gathered = false;
 };
 
 // A weight matrix as a backend placed it: rows() x cols(). Opaque to

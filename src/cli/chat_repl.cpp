@@ -63,6 +63,7 @@ int run_chat(const RunOptions& o) {
   lo.model.device = o.device.value();
   lo.model.tensor_parallel = o.device.tensor_parallel;
   lo.model.batch_invariant = o.device.batch_invariant;
+  lo.model.quantize = o.device.quantization();
   lo.model.cuda_device_sampling = !o.device.host_sampling;
   auto path = resolve_model_path(o.model);
   if (!path.ok()) {

@@ -162,6 +162,7 @@ int run_bench(const BenchOptions& o) {
   eo.gpu_memory_fraction = o.device.gpu_memory_fraction;
   eo.tensor_parallel = o.device.tensor_parallel;
   eo.batch_invariant = o.device.batch_invariant;
+  eo.quantize = o.device.quantization();
   eo.cuda_device_sampling = !o.device.host_sampling;
   eo.cache_ram_mb = o.tiers.cache_ram_mb;
   eo.cache_dir = o.tiers.cache_dir;

@@ -131,6 +131,7 @@ int run_serve(ServeOptions& o) {
   o.engine.gpu_memory_fraction = o.device.gpu_memory_fraction;
   o.engine.tensor_parallel = o.device.tensor_parallel;
   o.engine.batch_invariant = o.device.batch_invariant;
+  o.engine.quantize = o.device.quantization();
   o.engine.cuda_device_sampling = !o.device.host_sampling;
   auto engine = Engine::load(path, o.engine);
   if (!engine.ok()) {

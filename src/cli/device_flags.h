@@ -1,6 +1,6 @@
 #pragma once
-// --device, --gpu-memory-fraction, --tensor-parallel, --batch-invariant and --host-sampling,
-// shared by rill run, bench and serve.
+// --device, --gpu-memory-fraction, --tensor-parallel, --batch-invariant, --host-sampling and
+// --quantize, shared by rill run, bench and serve.
 #include <CLI/CLI.hpp>
 
 #include <string>
@@ -15,8 +15,12 @@ struct DeviceFlags {
   int tensor_parallel = 1;
   bool batch_invariant = false;
   bool host_sampling = false;
+  std::string quantize = "none";
 
   Device value() const { return device == "cuda" ? Device::kCuda : Device::kCpu; }
+  WeightQuantization quantization() const {
+    return quantize == "fp8" ? WeightQuantization::kFp8 : WeightQuantization::kNone;
+  }
   void add_to(CLI::App* app) {
     app->add_option("--device", device, "where the model runs: cpu or cuda (GPU 0; needs a CUDA build)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -34,6 +38,10 @@ struct DeviceFlags {
     app->add_flag("--host-sampling", host_sampling,
                   "with --device cuda: copy the logits of sampled (non-greedy) rows to the host and sample there "
                   "instead of on the device (the same tokens; for comparing the two)");
+    app->add_option("--quantize", quantize,
+                    "quantize float weights at load: fp8 (with --device cuda: e4m3 with a scale per row, every "
+                    "matrix but the embedding table; half the bytes of bf16) or none")
+        ->check(CLI::IsMember({"none", "fp8"}));
   }
 };
 

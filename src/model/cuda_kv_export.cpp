@@ -36,6 +36,7 @@ std::string CudaModelBase::kv_numerics() const {
   for (char& c : act) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   std::string s = "cuda sm_" + std::to_string(p.major) + std::to_string(p.minor) + " act=" + act;
   if (batch_invariant_) s += " batch-invariant";
+  if (fp8_weights_) s += " weights=fp8";
   if (sharded()) s += " tp=" + std::to_string(split_.size);
   return s;
 }

@@ -246,6 +246,7 @@ Status CudaModelBase::create_backend(const ModelOptions& options) {
   CudaBackendOptions bo;
   bo.act = act_;
   bo.batch_invariant = options.batch_invariant;
+  bo.fp8_weights = options.quantize == WeightQuantization::kFp8;
   RILL_ASSIGN_OR_RETURN(backend_, make_cuda_backend_on(*ctx_, *gemm_, bo));
   backend_scratch_ = true;
   return Status::Ok();
@@ -277,6 +278,7 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
 
   batch_invariant_ = options.batch_invariant;
+  fp8_weights_ = options.quantize == WeightQuantization::kFp8;
   gemm_->set_batch_invariant(batch_invariant_);
 
   // Activations for max_tokens_ rows (and max_seqs_ sampled rows).

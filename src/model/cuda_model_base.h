@@ -407,6 +407,7 @@ class CudaModelBase : public Model {
   // (gemm_invariant is far below cuBLASLt's peak), and quantized weights
   // are dequantized at every step, one token too.
   bool batch_invariant_ = false;
+  bool fp8_weights_ = false;  // ModelOptions::quantize == kFp8
   // ModelOptions::cuda_device_sampling: false offers no forward_sample, so
   // sampled rows go to the host as logits (benchmarks compare the two).
   bool device_sampling_ = true;

@@ -27,6 +27,12 @@ namespace rill {
 // device; otherwise model creation fails with a message saying so.
 enum class Device { kCpu, kCuda };
 
+// Weights quantized at load (--quantize). kFp8: every float matrix except
+// embedding tables as e4m3 with a scale per row (kCuda only: the CUDA
+// backend's FP8 weights, backend/cuda/fp8.h); quantized GGUF matrices and
+// the CUDA MoE experts stay as they are.
+enum class WeightQuantization { kNone, kFp8 };
+
 struct ModelOptions {
   Device device = Device::kCpu;
   int n_threads = 0;           // 0: one per core
@@ -65,6 +71,7 @@ struct ModelOptions {
   // Off: the model offers no forward_sample and sampled rows go to the host
   // as logits (--host-sampling; benchmarks compare the two).
   bool cuda_device_sampling = true;
+  WeightQuantization quantize = WeightQuantization::kNone;
 };
 
 // How a model turns a sequence's last hidden states into one embedding

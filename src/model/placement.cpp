@@ -27,7 +27,8 @@ Status place_fused_qkv(Backend& b, const Linear& q, const Linear& k, const Linea
 Status place_embedding_and_head(Backend& b, const WeightView& embed, const WeightView& lm_head, bool tied,
                                 const std::vector<float>& final_norm, Weight& embed_out, Weight& head_out,
                                 Vec& final_norm_out) {
-  const HostMatrix e = host_matrix(embed);
+  HostMatrix e = host_matrix(embed);
+  e.gathered = true;
   RILL_ASSIGN_OR_RETURN(embed_out, b.place(&e, 1, "embed_tokens.weight"));
   head_out = embed_out;
   if (!tied) {

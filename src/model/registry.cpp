@@ -147,6 +147,9 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
     }
   }
   RILL_ASSIGN_OR_RETURN(const Implementation* impl, registry.select(profile, options.device));
+  if (options.quantize == WeightQuantization::kFp8 && options.device != Device::kCuda) {
+    return Error{files->path + ": --quantize fp8 runs on --device cuda only (the CPU kernels read GGUF types)"};
+  }
   if (options.tensor_parallel > 1 && !impl->tensor_parallel) {
     return Error{files->path + ": " + impl->id + " (" + profile.graph +
                  ") has no tensor-parallel implementation; run it with --tensor-parallel 1"};

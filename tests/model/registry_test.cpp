@@ -129,6 +129,25 @@ TEST(Registry, CreateModelCallsTheFactoryOfTheOptionsDevice) {
   EXPECT_EQ(cpu.error().message, "factory llama.cpu");
 }
 
+// --quantize fp8 is the CUDA backend's: a CPU model refuses it before its
+// factory runs, instead of loading float weights and ignoring it.
+TEST(Registry, Fp8WeightsOnTheCpuAreRefused) {
+  auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"})});
+  ASSERT_TRUE(r.ok());
+  auto files = std::make_shared<ModelFiles>();
+  files->path = "m.gguf";
+  ModelOptions o;
+  o.quantize = WeightQuantization::kFp8;
+  auto m = create_model(*r, profile("llama"), files, o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(has(m.error(), "--quantize fp8")) << m.error().message;
+  EXPECT_TRUE(has(m.error(), "m.gguf")) << m.error().message;
+  o.quantize = WeightQuantization::kNone;
+  auto plain = create_model(*r, profile("llama"), files, o);
+  ASSERT_FALSE(plain.ok());
+  EXPECT_EQ(plain.error().message, "test factory");
+}
+
 TEST(Registry, WithReturnsANewRegistryAndLeavesTheOriginal) {
   auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"})});
   ASSERT_TRUE(r.ok());

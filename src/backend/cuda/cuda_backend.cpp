@@ -15,6 +15,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/gated_delta.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
@@ -41,6 +42,7 @@ static_assert(sizeof(RecurrentSave) == sizeof(cuda::GdnSave) &&
 struct CudaWeight {
   cuda::DeviceWeight w;
   int64_t elems = 0;
+  int64_t cols = 0;
 };
 struct CudaRope {
   RopeTable table;
@@ -89,7 +91,8 @@ class CudaBackend final : public Backend {
         owned_gemm_(gemm ? nullptr : std::make_unique<cuda::Gemm>(*ctx_)),
         gemm_(gemm ? gemm : owned_gemm_.get()),
         act_(o.act),
-        invariant_(o.batch_invariant) {
+        invariant_(o.batch_invariant),
+        fp8_(o.fp8_weights) {
     gemm_->set_batch_invariant(invariant_);
   }
 
@@ -119,14 +122,30 @@ class CudaBackend final : public Backend {
     // The quantized GEMV pairs blocks with F32/BF16 activations only.
     t = cuda::quant_supported(t) && act_ != DType::kF16 ? t : act_;
     const int64_t cols = parts[0].cols;
-    const size_t dst_row = row_bytes(t, cols);
-    RILL_ASSIGN_OR_RETURN(uint8_t* const dev, take(dst_row * static_cast<size_t>(rows), what));
-    uint8_t* at = dev;
-    for (int i = 0; i < n_parts && dev; ++i) {
-      RILL_TRY(copy_part(parts[i], t, at, what));
-      at += dst_row * static_cast<size_t>(parts[i].rows);
+    if (fp8_ && !parts[0].gathered && !dtype_info(t).quantized) {
+      if (!cuda::fp8_cols_ok(cols) || act_ == DType::kF16) {
+        return Error{what + ": --quantize fp8 needs rows of a multiple of 16 columns (" + std::to_string(cols) +
+                     ") and bf16 or f32 activations"};
+      }
+      t = cuda::kFp8Rows;
     }
-    weights_.push_back({cuda::DeviceWeight{dev, t}, rows * cols});
+    const bool fp8 = t == cuda::kFp8Rows;
+    const size_t dst_row = fp8 ? cuda::fp8_row_bytes(cols) : row_bytes(t, cols);
+    RILL_ASSIGN_OR_RETURN(uint8_t* const dev,
+                          take(fp8 ? cuda::fp8_matrix_bytes(rows, cols) : dst_row * static_cast<size_t>(rows), what));
+    uint8_t* at = dev;
+    int64_t row0 = 0;
+    for (int i = 0; i < n_parts && dev; ++i) {
+      if (fp8) {
+        auto* scales = const_cast<float*>(cuda::fp8_scales(dev, rows, cols)) + row0;
+        RILL_TRY(quantize_part(parts[i], at, scales, what));
+      } else {
+        RILL_TRY(copy_part(parts[i], t, at, what));
+      }
+      at += dst_row * static_cast<size_t>(parts[i].rows);
+      row0 += parts[i].rows;
+    }
+    weights_.push_back({cuda::DeviceWeight{dev, t}, rows * cols, cols});
     return Weight{rows, cols, &weights_.back()};
   }
 
@@ -170,6 +189,7 @@ class CudaBackend final : public Backend {
     model_used_ = 0;
     const Status placed = place_all();
     pass_ = Pass::kDirect;
+    fp8_staging_ = {};
     return placed;
   }
 
@@ -196,6 +216,13 @@ class CudaBackend final : public Backend {
     const bool quant_head = head && cuda::quant_supported(head->w.dtype);
     qscratch_.carve(a, act_, limits.max_tokens, layer_max, quant_head ? limits.lm_head->rows : 0,
                     quant_head ? limits.lm_head->cols : 0, limits.max_head_tokens, invariant_);
+    int64_t fp8_cols = 0;  // the FP8 GEMM's activations: the widest FP8 matrix's rows
+    for (const CudaWeight& w : weights_) {
+      if (w.w.dtype == cuda::kFp8Rows) fp8_cols = std::max(fp8_cols, w.cols);
+    }
+    if (fp8_cols > 0 && !invariant_) {
+      fp8scratch_.carve(a, std::max<int64_t>(limits.max_tokens, limits.max_head_tokens), fp8_cols);
+    }
   }
 
   Result<Buffer> allocate(size_t bytes, const std::string& what) override {
@@ -232,7 +259,10 @@ class CudaBackend final : public Backend {
     assert(y.dtype == DType::kF32 && y.is_dense() && y.cols == w.rows && y.rows == x.rows);
     if (x.rows <= 0) return Status::Ok();
     const cuda::DeviceWeight& d = record(w).w;
-    if (cuda::quant_supported(d.dtype)) {
+    if (d.dtype == cuda::kFp8Rows) {
+      RILL_TRY(cuda::fp8_matmul(*gemm_, qscratch_, fp8scratch_, d.data, act_, x.data, x.rows, w.rows, w.cols, y.f32(),
+                                accumulate, stream()));
+    } else if (cuda::quant_supported(d.dtype)) {
       RILL_TRY(cuda::quant_matmul(*gemm_, qscratch_, d.dtype, d.data, act_, x.data, x.rows, w.rows, w.cols, y.f32(),
                                   accumulate, stream()));
     } else {
@@ -438,6 +468,20 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // p's rows as FP8 rows at dst: uploaded in the activation dtype to a
+  // device staging buffer (grown as needed, freed when placement ends),
+  // then quantized there.
+  Status quantize_part(const HostMatrix& p, uint8_t* dst, float* scales, const std::string& what) {
+    const size_t bytes = row_bytes(act_, p.cols) * static_cast<size_t>(p.rows);
+    if (fp8_staging_.size() < bytes) {
+      fp8_staging_ = {};
+      RILL_ASSIGN_OR_RETURN(fp8_staging_, cuda::DeviceBuffer::allocate(bytes, "the FP8 quantization staging"));
+    }
+    RILL_TRY(copy_part(p, act_, fp8_staging_.as<uint8_t>(), what));
+    cuda::quantize_fp8_rows(act_, fp8_staging_.data(), p.rows, p.cols, dst, scales, stream());
+    return ctx_->synchronize();
+  }
+
   Status copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
     if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, stream()); e != cudaSuccess) {
       return Error{cuda::cuda_error_text(e, what)};
@@ -457,10 +501,13 @@ class CudaBackend final : public Backend {
   std::deque<cuda::DeviceBuffer> placed_;  // what was placed outside place_model()
   std::deque<CudaWeight> weights_;         // deques: records stay put as more are placed
   std::deque<CudaRope> ropes_;
-  std::vector<uint8_t> staging_;  // host conversions while placing
+  std::vector<uint8_t> staging_;    // host conversions while placing
+  bool fp8_;                        // CudaBackendOptions::fp8_weights
+  cuda::DeviceBuffer fp8_staging_;  // a part in act_ before quantize_part
   cuda::DeviceBuffer scratch_;
   float* partial_ = nullptr;
   cuda::QuantScratch qscratch_;
+  cuda::Fp8Scratch fp8scratch_;
 };
 
 Status check_options(const CudaBackendOptions& options) {

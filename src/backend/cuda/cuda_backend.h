@@ -23,6 +23,9 @@ struct CudaBackendOptions {
   // through the invariant GEMM, every token through split-KV decode attention.
   bool batch_invariant = false;
   int device = 0;
+  // ModelOptions::quantize == kFp8: every F32/F16/BF16 matrix placed as e4m3
+  // with a scale per row (fp8.h), except gathered ones (embedding tables).
+  bool fp8_weights = false;
 };
 
 // A Backend with a device context and GEMM of its own. Errors where no

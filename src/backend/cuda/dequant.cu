@@ -5,6 +5,7 @@
 #include <cassert>
 
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant.h"
 #include "backend/cuda/quant_blocks.cuh"
@@ -77,6 +78,10 @@ void dequantize_rows(DType w_dtype, const void* w, int64_t n_cols, int64_t row0,
                      void* out, cudaStream_t stream) {
   assert(quant_supported(w_dtype));
   if (n_rows <= 0) return;
+  if (w_dtype == kFp8Rows) {
+    dequantize_fp8_rows(static_cast<const uint8_t*>(w), n_cols, row0, n_rows, out_dtype, out, stream);
+    return;
+  }
   RILL_CUDA_DISPATCH_FLOAT(out_dtype,
                            dequant<T>(w_dtype, w, nullptr, row0, n_rows, n_cols, static_cast<T*>(out), stream));
   RILL_CUDA_CHECK_LAUNCH();
@@ -84,6 +89,7 @@ void dequantize_rows(DType w_dtype, const void* w, int64_t n_cols, int64_t row0,
 
 void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids, int64_t n_ids, float* out,
                     cudaStream_t stream) {
+  assert(table_dtype != kFp8Rows);  // FP8 placement keeps gathered tables in float
   if (!quant_supported(table_dtype)) {
     embed_rows(table_dtype, table, n_cols, ids, n_ids, out, stream);
     return;

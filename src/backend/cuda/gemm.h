@@ -37,15 +37,35 @@ class Gemm {
   Status matmul(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
                 bool accumulate);
 
+  // FP8 GEMM on the tensor cores (fp8.h's weights): y[t, r] (+)=
+  // xs[t] ws[r] sum_c xq[t, c] wq[r, c], wq e4m3 rows w_ld bytes apart
+  // (16-byte aligned), xq [n, cols] e4m3 dense, ws [rows] and xs [n] f32,
+  // f32 accumulation. The scales go in cuBLASLt's outer-vector scaling
+  // where it has an algorithm for it; else the GEMM runs unscaled into y
+  // (or, accumulating, into `d` [n, d_floats / n], in row chunks) and
+  // fp8_scale_rows applies them. Errors when cuBLASLt has no FP8 algorithm
+  // for the shape at all (fp8_gemm_supported says so first; the answer is
+  // remembered per shape).
+  bool fp8_gemm_supported(int64_t n, int64_t rows, int64_t cols, int64_t w_ld);
+  // Whether the shape gets cuBLASLt's outer-vector scales (no extra pass).
+  bool fp8_gemm_outer_scales(int64_t n, int64_t rows, int64_t cols, int64_t w_ld) {
+    return n > 0 && fp8_plan(n, rows, cols, w_ld, true) != nullptr;
+  }
+  Status run_fp8(const uint8_t* wq, int64_t w_ld, const float* ws, const uint8_t* xq, const float* xs, int64_t n,
+                 int64_t rows, int64_t cols, float* y, bool accumulate, float* d, int64_t d_floats);
+
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
 
  private:
   struct Plan;
   Result<Plan*> plan(DType dtype, int64_t n, int64_t rows, int64_t cols);
+  // Null: no algorithm. `outer`: with outer-vector scales (else unscaled).
+  Plan* fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer);
 
   const Context& ctx_;
   std::unordered_map<uint64_t, std::unique_ptr<Plan>> plans_;
+  std::unordered_map<uint64_t, std::unique_ptr<Plan>> fp8_plans_;  // a null plan: the shape has no algorithm
   bool batch_invariant_ = false;
 };
 

@@ -13,6 +13,7 @@
 // Memory bound like the float GEMV: the quant bytes are read once; x rows
 // come through L1/L2.
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant.h"
 #include "backend/cuda/quant_blocks.cuh"
@@ -118,6 +119,7 @@ void launch(const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int6
 }  // namespace
 
 bool quant_supported(DType t) {
+  if (t == kFp8Rows) return true;
   switch (t) {
     case DType::kQ4_0:
     case DType::kQ4_1:
@@ -136,6 +138,10 @@ bool quant_supported(DType t) {
 void quant_gemv(DType w_dtype, const void* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows,
                 int64_t n_cols, float* y, bool accumulate, cudaStream_t stream) {
   if (n_tokens <= 0 || n_rows <= 0) return;
+  if (w_dtype == kFp8Rows) {
+    fp8_gemv(static_cast<const uint8_t*>(w), x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
+    return;
+  }
   if (x_dtype == DType::kF32) {
     RILL_CUDA_DISPATCH_QUANT(w_dtype, launch<Q, float>(w, x, n_tokens, n_rows, n_cols, y, accumulate, stream));
   } else {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant.h"
@@ -40,7 +41,8 @@ Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, cons
   const int64_t chunk = std::min(n_rows, scratch.w_elems / n_cols);
   if (chunk <= 0 || (chunk < n_rows && n_tokens * chunk > scratch.y_floats)) {
     return Error{"quantized matmul of " + std::to_string(n_tokens) + " x " + std::to_string(n_rows) + " x " +
-                 std::to_string(n_cols) + " (" + std::string(dtype_name(w_dtype)) +
+                 std::to_string(n_cols) + " (" +
+                 (w_dtype == kFp8Rows ? std::string("FP8 e4m3") : std::string(dtype_name(w_dtype))) +
                  "): the dequantization scratch was planned for fewer elements or tokens"};
   }
   if (chunk == n_rows) {

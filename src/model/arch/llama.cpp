@@ -67,7 +67,8 @@ namespace {
 
 // One pass of place_llama's placement (Backend::place_model may run it twice).
 Status place_pass(Backend& b, const LlamaWeights& w, const RopeTable& rope, LlamaGraph& g) {
-  const HostMatrix embed_m = host_matrix(w.embed);
+  HostMatrix embed_m = host_matrix(w.embed);
+  embed_m.gathered = true;
   RILL_ASSIGN_OR_RETURN(g.embed, b.place(&embed_m, 1, "model.embed_tokens.weight"));
   const bool head_is_embed = w.tied && w.lm_head.data == w.embed.data && w.lm_head.n_rows == w.embed.n_rows;
   g.lm_head = g.embed;

@@ -1,0 +1,306 @@
+// FP8 (e4m3, row-scaled) weights: quantization at load, the decode GEMV
+// and dequantization for the GEMM path (fp8.h says the layout).
+//
+// The GEMV follows gemv.cu: memory bound, every weight byte read once with
+// streaming loads, one warp per row, 8 e4m3 values per lane and round (so
+// a lane's activation load per token is the 16 bytes the bf16 GEMV reads),
+// a ring of eight loads in flight per lane, the first round issued before
+// waiting for the kernel that writes x; a shape with few rows splits its
+// columns over up to eight warps whose sums meet in a fixed order.
+// (Measured on the H200 first: two rows per warp with 16-byte weight loads
+// left the 8B's o_proj at 256 blocks, 24% of the warps active and 38% of
+// DRAM bandwidth at one token, and lg-throttled at eight.) e4m3 pairs convert to f16 pairs in hardware
+// (cvt.rn.f16x2.e4m3x2, exact), then to f32.
+#include <cuda_fp8.h>
+
+#include <cassert>
+
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/fp8.h"
+#include "backend/cuda/ops.h"
+
+namespace rill::cuda {
+namespace {
+
+constexpr float kE4m3Max = 448.0f;
+constexpr int kWarps = 8;
+
+// The 16 e4m3 values of u as f32.
+__device__ __forceinline__ void unpack16_e4m3(const uint4& u, float* f) {
+  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>(words[i] >> (16 * h));
+      const __half2 v = __half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
+      const float2 g = __half22float2(v);
+      f[4 * i + 2 * h] = g.x;
+      f[4 * i + 2 * h + 1] = g.y;
+    }
+  }
+}
+
+// The 8 e4m3 values of u as f32.
+__device__ __forceinline__ void unpack8_e4m3(const uint2& u, float* f) {
+  const uint32_t words[2] = {u.x, u.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>(words[i] >> (16 * h));
+      const float2 g = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+      f[4 * i + 2 * h] = g.x;
+      f[4 * i + 2 * h + 1] = g.y;
+    }
+  }
+}
+
+// 8 activations of token row xt from column c, as f32 (one 16- or two 32-byte loads).
+__device__ __forceinline__ void load8(const __nv_bfloat16* xt, int64_t c, float* f) {
+  unpack8(*reinterpret_cast<const uint4*>(xt + c), static_cast<const __nv_bfloat16*>(nullptr), f);
+}
+__device__ __forceinline__ void load8(const float* xt, int64_t c, float* f) {
+  const uint4* p = reinterpret_cast<const uint4*>(xt + c);
+  unpack8(p[0], static_cast<const float*>(nullptr), f);
+  unpack8(p[1], static_cast<const float*>(nullptr), f + 4);
+}
+
+// One warp per row and part `part` of its columns (vectors of 8 values):
+// n_split warps of a block share a row, each walking vectors
+// [part * per, (part + 1) * per), lane l every 32nd from part * per + l,
+// with a ring of kRing 8-byte loads in flight per lane (q[i] holds vector
+// v + 32 i; each round consumes q[0] and loads v + 32 kRing, so the loop
+// body is one vector's work); the parts' sums meet in shared memory in part
+// order. n_split depends on the shape alone, so a row's order of additions
+// is the same for every token count (batch invariance). Per lane and
+// token a round reads 16 bytes of x for 8 bytes of weights, as the bf16
+// GEMV does for 16.
+template <typename T, int N>
+__global__ void __launch_bounds__(kWarps * 32)
+    fp8_gemv_kernel(const uint8_t* __restrict__ w, const T* __restrict__ x, int64_t n_rows, int64_t n_cols, int n_split,
+                    float* __restrict__ y, bool accumulate) {
+  constexpr int kRing = 8;
+  __shared__ float red[kWarps][N];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kWarps / n_split) + warp / n_split;
+  const int part = warp % n_split;
+  const int64_t n_vec = n_cols / 8;
+  const int64_t per = (n_vec + n_split - 1) / n_split;
+  const int64_t v_end = min(n_vec, (part + 1) * per);
+  const uint8_t* wr = w + (row < n_rows ? row : n_rows - 1) * (kFp8RowHeader + n_cols);
+  const uint2* wv = reinterpret_cast<const uint2*>(wr + kFp8RowHeader);
+  float acc[N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) acc[t] = 0.0f;
+  int64_t v = part * per + lane;
+  uint2 q[kRing];
+#pragma unroll
+  for (int i = 0; i < kRing; ++i)  // weights are never written: load before the wait
+    q[i] = v + 32 * i < v_end ? __ldcs(wv + v + 32 * i) : uint2{};
+  const float scale = *reinterpret_cast<const float*>(wr);
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  for (; v < v_end; v += 32) {
+    float wf[8];
+    unpack8_e4m3(q[0], wf);
+#pragma unroll
+    for (int i = 0; i + 1 < kRing; ++i) q[i] = q[i + 1];
+    const int64_t next = v + 32 * kRing;
+    q[kRing - 1] = next < v_end ? __ldcs(wv + next) : uint2{};
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float xf[8];
+      load8(x + t * n_cols, v * 8, xf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[t] = fmaf(wf[e], xf[e], acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const float s = detail::warp_sum(acc[t]);
+    if (lane == 0) red[warp][t] = s;
+  }
+  __syncthreads();
+  if (part == 0 && lane < N && row < n_rows) {
+    float s = red[warp][lane];
+    for (int p = 1; p < n_split; ++p) s += red[warp + p][lane];
+    s *= scale;
+    float* out = y + lane * n_rows + row;
+    *out = accumulate ? *out + s : s;
+  }
+}
+
+// Warps per row: enough warps to fill the device (about 4,096), at least
+// 64 vectors a part, at most the block's 8 warps.
+int split_for(int64_t n_rows, int64_t n_cols) {
+  const int64_t n_vec = n_cols / 8;
+  int n_split = 1;
+  while (n_split < kWarps && n_rows * n_split < 4096 && n_vec / (2 * n_split) >= 64) n_split *= 2;
+  return n_split;
+}
+
+template <typename T, int N>
+void launch_n(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
+              cudaStream_t stream) {
+  const int n_split = split_for(n_rows, n_cols);
+  const int64_t rows_per_block = kWarps / n_split;
+  const auto blocks = static_cast<unsigned>((n_rows + rows_per_block - 1) / rows_per_block);
+  launch_pdl(fp8_gemv_kernel<T, N>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols, n_split, y, accumulate);
+}
+
+template <typename T>
+void launch_gemv(const uint8_t* w, const T* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
+                 bool accumulate, cudaStream_t stream) {
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kGemvMaxTokens) {
+    const int n = static_cast<int>(n_tokens - t0 < kGemvMaxTokens ? n_tokens - t0 : kGemvMaxTokens);
+    const T* xt = x + t0 * n_cols;
+    float* yt = y + t0 * n_rows;
+    switch (n) {
+      case 1:
+        launch_n<T, 1>(w, xt, n_rows, n_cols, yt, accumulate, stream);
+        break;
+      case 2:
+        launch_n<T, 2>(w, xt, n_rows, n_cols, yt, accumulate, stream);
+        break;
+      case 3:
+        launch_n<T, 3>(w, xt, n_rows, n_cols, yt, accumulate, stream);
+        break;
+      case 4:
+        launch_n<T, 4>(w, xt, n_rows, n_cols, yt, accumulate, stream);
+        break;
+      case 5:
+        launch_n<T, 5>(w, xt, n_rows, n_cols, yt, accumulate, stream);
+        break;
+      case 6:
+        launch_n<T, 6>(w, xt, n_rows, n_cols, yt, accumulate, stream);
+        break;
+      case 7:
+        launch_n<T, 7>(w, xt, n_rows, n_cols, yt, accumulate, stream);
+        break;
+      default:
+        launch_n<T, 8>(w, xt, n_rows, n_cols, yt, accumulate, stream);
+        break;
+    }
+  }
+}
+
+// One block per row: the row's max |value|, then every value scaled and
+// rounded; `header`: FP8 weight rows (a 16-byte header and the scale in
+// scales[r] too), else dense rows of n_cols (activations).
+template <typename T>
+__global__ void __launch_bounds__(256) quantize_kernel(const T* __restrict__ src, int64_t n_cols, bool header,
+                                                       uint8_t* __restrict__ dst, float* __restrict__ scales) {
+  __shared__ float red[32];
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int64_t r = blockIdx.x;
+  const T* s = src + r * n_cols;
+  float m = 0.0f;
+  for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x) m = fmaxf(m, fabsf(detail::to_f32(s[c])));
+  // block max: warp max, then over the warps
+  m = detail::warp_max(m);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = (threadIdx.x & 31) < (blockDim.x >> 5) ? red[threadIdx.x & 31] : 0.0f;
+  m = detail::warp_max(m);
+  const float scale = m > 0.0f ? m / kE4m3Max : 1.0f;
+  const int64_t skip = header ? kFp8RowHeader : 0;
+  uint8_t* d = dst + r * (skip + n_cols);
+  if (header && threadIdx.x < kFp8RowHeader / 4) {
+    reinterpret_cast<float*>(d)[threadIdx.x] = threadIdx.x == 0 ? scale : 0.0f;
+  }
+  if (threadIdx.x == 0) scales[r] = scale;
+  for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x) {
+    d[skip + c] = __nv_cvt_float_to_fp8(detail::to_f32(s[c]) / scale, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+template <typename Out>
+__global__ void dequant_kernel(const uint8_t* __restrict__ w, int64_t n_cols, int64_t row0, int64_t n_rows,
+                               Out* __restrict__ out) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int64_t per_row = n_cols / 16, total = n_rows * per_row;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, v = i % per_row;
+    const uint8_t* wr = w + (row0 + r) * (kFp8RowHeader + n_cols);
+    const float scale = *reinterpret_cast<const float*>(wr);
+    float f[16];
+    unpack16_e4m3(reinterpret_cast<const uint4*>(wr + kFp8RowHeader)[v], f);
+    Out* o = out + r * n_cols + v * 16;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) o[e] = detail::from_f32<Out>(f[e] * scale);
+  }
+}
+
+__global__ void scale_rows_kernel(const float* d, int64_t n, int64_t n_part, int64_t y_stride, int64_t col0,
+                                  const float* __restrict__ xs, const float* __restrict__ ws, float* y,
+                                  bool accumulate) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n * n_part;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / n_part, j = i % n_part;
+    const float v = d[i] * xs[t] * ws[col0 + j];  // in place (d == y): y_stride == n_part, col0 == 0
+    float* o = y + t * y_stride + col0 + j;
+    *o = accumulate ? *o + v : v;
+  }
+}
+
+unsigned grid_for(int64_t n_threads) {
+  constexpr int64_t kMaxBlocks = 132 * 16;
+  const int64_t b = (n_threads + 255) / 256;
+  return static_cast<unsigned>(b < 1 ? 1 : b > kMaxBlocks ? kMaxBlocks : b);
+}
+
+}  // namespace
+
+void quantize_fp8_rows(DType src_dtype, const void* src, int64_t n_rows, int64_t n_cols, uint8_t* dst, float* scales,
+                       cudaStream_t stream) {
+  assert(fp8_cols_ok(n_cols));
+  if (n_rows <= 0) return;
+  RILL_CUDA_DISPATCH_FLOAT(src_dtype, launch_pdl(quantize_kernel<T>, static_cast<unsigned>(n_rows), 256, 0, stream,
+                                                 static_cast<const T*>(src), n_cols, true, dst, scales));
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void quantize_fp8_tokens(DType x_dtype, const void* x, int64_t n, int64_t n_cols, uint8_t* xq, float* xs,
+                         cudaStream_t stream) {
+  if (n <= 0) return;
+  RILL_CUDA_DISPATCH_FLOAT(x_dtype, launch_pdl(quantize_kernel<T>, static_cast<unsigned>(n), 256, 0, stream,
+                                               static_cast<const T*>(x), n_cols, false, xq, xs));
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void fp8_gemv(const uint8_t* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+              float* y, bool accumulate, cudaStream_t stream) {
+  assert(fp8_cols_ok(n_cols) && (x_dtype == DType::kF32 || x_dtype == DType::kBF16));
+  if (n_tokens <= 0 || n_rows <= 0) return;
+  if (x_dtype == DType::kF32) {
+    launch_gemv(w, static_cast<const float*>(x), n_tokens, n_rows, n_cols, y, accumulate, stream);
+  } else {
+    launch_gemv(w, static_cast<const __nv_bfloat16*>(x), n_tokens, n_rows, n_cols, y, accumulate, stream);
+  }
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void fp8_scale_rows(const float* d, int64_t n, int64_t n_part, int64_t y_stride, int64_t col0, const float* xs,
+                    const float* ws, float* y, bool accumulate, cudaStream_t stream) {
+  if (n <= 0 || n_part <= 0) return;
+  launch_pdl(scale_rows_kernel, grid_for(n * n_part), 256, 0, stream, d, n, n_part, y_stride, col0, xs, ws, y,
+             accumulate);
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void dequantize_fp8_rows(const uint8_t* w, int64_t n_cols, int64_t row0, int64_t n_rows, DType out_dtype, void* out,
+                         cudaStream_t stream) {
+  assert(fp8_cols_ok(n_cols));
+  if (n_rows <= 0) return;
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(dequant_kernel<T>, grid_for(n_rows * (n_cols / 16)), 256, 0, stream, w,
+                                                 n_cols, row0, n_rows, static_cast<T*>(out)));
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace rill::cuda

@@ -1,0 +1,102 @@
+#pragma once
+// FP8 weights on the device (`--quantize fp8`): a float matrix quantized at
+// load to e4m3 with one f32 scale per row, so decode reads half the bytes
+// of bf16.
+//
+// Layout (the CUDA-only weight type kFp8Rows): each row is a 16-byte
+// header (the f32 scale, then 12 zero bytes, so the e4m3 values after it
+// stay 16-byte aligned) followed by n_cols e4m3 bytes; rows follow each
+// other (fp8_row_bytes), then the scales again as one f32 vector
+// (fp8_scales: the per-row scale vector cuBLASLt's FP8 GEMM reads). A row
+// is self-contained, so the GEMV and a chunk of rows (quant.h's
+// dequantize_rows with row0) need only the row.
+// Values: W[r, c] = e4m3(q[r, c]) x scale[r]; quantization takes
+// scale = max|W[r, :]| / 448 (1 for an all-zero row) and rounds W / scale to
+// the nearest e4m3 (ties to even, saturating at +-448).
+//
+// Every pointer is a device pointer.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/quant.h"
+#include "core/dtype.h"
+#include "core/result.h"
+
+namespace rill::cuda {
+
+class Gemm;
+
+// Not a GGML type id: only the CUDA backend's placed weights carry it.
+inline constexpr DType kFp8Rows = static_cast<DType>(0x4638);  // "F8"
+inline constexpr int64_t kFp8RowHeader = 16;
+
+inline size_t fp8_row_bytes(int64_t n_cols) {
+  return static_cast<size_t>(kFp8RowHeader + n_cols);
+}
+inline size_t fp8_matrix_bytes(int64_t n_rows, int64_t n_cols) {
+  return static_cast<size_t>(n_rows) * (fp8_row_bytes(n_cols) + 4);
+}
+inline const float* fp8_scales(const void* w, int64_t n_rows, int64_t n_cols) {
+  return reinterpret_cast<const float*>(static_cast<const uint8_t*>(w) + n_rows * fp8_row_bytes(n_cols));
+}
+// Whether a matrix of n_cols columns can be held as kFp8Rows (16-byte rows).
+inline bool fp8_cols_ok(int64_t n_cols) {
+  return n_cols > 0 && n_cols % 16 == 0;
+}
+
+// dst (n_rows x fp8_row_bytes(n_cols)) = src [n_rows, n_cols] (F32/F16/BF16,
+// dense) quantized as above, and scales[r] = row r's scale (the vector of
+// fp8_scales; a part of a larger matrix passes its rows' place in it).
+// Requires fp8_cols_ok(n_cols).
+void quantize_fp8_rows(DType src_dtype, const void* src, int64_t n_rows, int64_t n_cols, uint8_t* dst, float* scales,
+                       cudaStream_t stream);
+
+// Activations for the FP8 GEMM: xq [n, n_cols] e4m3 and xs [n] f32, token t
+// quantized as a weight row is (scale max |x[t, :]| / 448).
+void quantize_fp8_tokens(DType x_dtype, const void* x, int64_t n, int64_t n_cols, uint8_t* xq, float* xs,
+                         cudaStream_t stream);
+
+// y[t, r] (+)= sum_c W[r, c] x[t, c], x [n_tokens, n_cols] in F32 or BF16,
+// y f32. One warp per row (four for rows of 8,192+ columns), f32
+// accumulation in a fixed order per row, times the row's scale at the end:
+// a token's result does not depend on n_tokens (tokens go 8 per launch).
+void fp8_gemv(const uint8_t* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+              float* y, bool accumulate, cudaStream_t stream);
+
+// out[r, :] = W[row0 + r, :] (e4m3 value x scale, rounded to out_dtype:
+// F32/F16/BF16), out [n_rows, n_cols].
+void dequantize_fp8_rows(const uint8_t* w, int64_t n_cols, int64_t row0, int64_t n_rows, DType out_dtype, void* out,
+                         cudaStream_t stream);
+
+// y[t, col0 + j] (+)= d[t, j] xs[t] ws[col0 + j] over d [n, n_part], y rows
+// y_stride floats apart (d may be y itself when not accumulating): the
+// scales of an FP8 GEMM that ran unscaled.
+void fp8_scale_rows(const float* d, int64_t n, int64_t n_part, int64_t y_stride, int64_t col0, const float* xs,
+                    const float* ws, float* y, bool accumulate, cudaStream_t stream);
+
+// The FP8 GEMM's quantized activations and its accumulation scratch
+// (Gemm::run_fp8's d), carved from an arena (sizing pass included) for up
+// to max_tokens x max_cols.
+struct Fp8Scratch {
+  uint8_t* xq = nullptr;
+  float* xs = nullptr;
+  float* d = nullptr;
+  int64_t x_elems = 0, max_tokens = 0, d_floats = 0;
+  void carve(Arena& a, int64_t max_tokens, int64_t max_cols);
+};
+
+// y[t, r] (+)= sum_c W[r, c] x[t, c] over FP8 weights W [n_rows, n_cols]
+// (kFp8Rows), x in F32/F16/BF16: fp8_gemv for one token (x F32/BF16); more
+// tokens through the FP8 tensor-core GEMM (activations quantized per token
+// into `fp8`), or, where cuBLASLt has none for the shape, the GEMV up to
+// kGemvMaxTokens and beyond that (or when the scratch is too small)
+// quant_matmul's dequantize-then-GEMM.
+// Batch-invariant mode (gemm.batch_invariant()) always dequantizes, as for
+// GGUF blocks.
+Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8, const void* w, DType x_dtype,
+                  const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
+                  cudaStream_t stream);
+
+}  // namespace rill::cuda

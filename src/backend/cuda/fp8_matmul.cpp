@@ -1,0 +1,40 @@
+// fp8_matmul: the FP8 weights' path by token count (fp8.h).
+#include "backend/cuda/fp8.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/ops.h"
+
+namespace rill::cuda {
+
+void Fp8Scratch::carve(Arena& a, int64_t tokens, int64_t max_cols) {
+  max_tokens = tokens;
+  x_elems = tokens * max_cols;
+  xq = a.take<uint8_t>(static_cast<size_t>(x_elems));
+  xs = a.take<float>(static_cast<size_t>(tokens));
+  d_floats = tokens * 4096;  // accumulating GEMMs without outer-vector scales go in chunks of 4,096 rows
+  d = a.take<float>(static_cast<size_t>(d_floats));
+}
+
+Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8, const void* w, DType x_dtype,
+                  const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
+                  cudaStream_t stream) {
+  if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
+  const bool invariant = gemm.batch_invariant();
+  const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
+  // The GEMV for one token only: at 8 tokens it ran 3.6x slower than at
+  // one on the H200 (load-throttled on the activations), where the GEMM
+  // is about as fast as at 64 (docs/perf.md), as bf16 does.
+  if (!invariant && (n_tokens == 1 || !gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld)) &&
+      n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) {
+    fp8_gemv(static_cast<const uint8_t*>(w), x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
+    return Status::Ok();
+  }
+  if (!invariant && fp8.xq && n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems &&
+      gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld)) {
+    quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+    return gemm.run_fp8(static_cast<const uint8_t*>(w) + kFp8RowHeader, w_ld, fp8_scales(w, n_rows, n_cols), fp8.xq,
+                        fp8.xs, n_tokens, n_rows, n_cols, y, accumulate, fp8.d, fp8.d_floats);
+  }
+  return quant_matmul(gemm, scratch, kFp8Rows, w, x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
+}
+
+}  // namespace rill::cuda
