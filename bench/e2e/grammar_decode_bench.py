@@ -1,6 +1,6 @@
 """Decode throughput with and without a grammar, through `rill serve`.
 
-Usage: .venv/bin/python bench/e2e/grammar_decode_bench.py BASE_URL [STREAMS] [TOKENS]
+Usage: .venv/bin/python bench/e2e/grammar_decode_bench.py BASE_URL [STREAMS] [TOKENS] [ROUNDS]
 
 Runs STREAMS concurrent chat requests of TOKENS tokens each, unconstrained
 (ignore_eos) and constrained by a JSON schema whose unbounded string array
@@ -9,6 +9,7 @@ tokens per second of wall time for each (short prompt: decode dominates).
 """
 import concurrent.futures
 import json
+import statistics
 import sys
 import time
 import urllib.request
@@ -41,8 +42,18 @@ if __name__ == "__main__":
     base = sys.argv[1]
     streams = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 256
+    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     run(base, streams, 16, False)  # warm-up (and the grammar's mask cache)
     run(base, streams, 16, True)
-    for constrained in (False, True):
-        n, rate = run(base, streams, tokens, constrained)
-        print(f"{'constrained' if constrained else 'unconstrained':13s} streams={streams} tokens={n} {rate:.1f} tok/s")
+    # Rounds alternate the two sides so that a neighbour's load on this
+    # shared machine falls on both; the medians are compared.
+    rates = {False: [], True: []}
+    for r in range(rounds):
+        for constrained in (False, True) if r % 2 == 0 else (True, False):
+            n, rate = run(base, streams, tokens, constrained)
+            rates[constrained].append(rate)
+            print(f"round {r} {'constrained' if constrained else 'unconstrained':13s} streams={streams} "
+                  f"tokens={n} {rate:.1f} tok/s")
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"median unconstrained {med[False]:.1f} tok/s, constrained {med[True]:.1f} tok/s, "
+          f"ratio {med[True] / med[False]:.3f}")

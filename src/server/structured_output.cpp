@@ -191,27 +191,259 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
   return std::move(g).value();
 }
 
-ToolCallFormat tool_call_format(const ChatTemplate* chat_template, bool template_renders_tools) {
-  if (chat_template == nullptr || !template_renders_tools) return ToolCallFormat::kGeneric;
-  const std::string& src = chat_template->source();
-  if (src.find("<tool_call>") != std::string::npos) return ToolCallFormat::kHermes;
-  if (src.find("<|python_tag|>") != std::string::npos || src.find("ipython") != std::string::npos) {
-    return ToolCallFormat::kLlama3Json;
+const char* tool_call_format_name(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kLlama3Json:
+      return "llama3-json";
+    case ToolCallFormat::kGeneric:
+      return "generic";
+    case ToolCallFormat::kMistralArgs:
+      return "mistral-args";
+    case ToolCallFormat::kMistralCallId:
+      return "mistral-call-id";
+    case ToolCallFormat::kMistralJson:
+      return "mistral-json";
+    case ToolCallFormat::kQwenXml:
+      return "qwen-xml";
   }
+  return "?";
+}
+
+ToolCallFormat tool_call_format_of_source(const std::string& src) {
+  auto has = [&](std::string_view marker) { return src.find(marker) != std::string::npos; };
+  if (has("[TOOL_CALLS]")) {
+    if (has("[CALL_ID]")) return ToolCallFormat::kMistralCallId;
+    return has("[ARGS]") ? ToolCallFormat::kMistralArgs : ToolCallFormat::kMistralJson;
+  }
+  if (has("<tool_call>")) {
+    if (has("<function=")) return ToolCallFormat::kQwenXml;
+    // GLM writes <tool_call>name<arg_key>...; Apriel 1.5 a list in one block.
+    if (has("<arg_key>") || has("list of json objects within <tool_call>")) return ToolCallFormat::kGeneric;
+    return ToolCallFormat::kHermes;
+  }
+  // functionary v3.1 prints <|python_tag|> but calls as <function=f>{...}</function>.
+  if ((has("<|python_tag|>") || has("ipython")) && !has("<function=")) return ToolCallFormat::kLlama3Json;
   return ToolCallFormat::kGeneric;
 }
+
+ToolCallFormat tool_call_format(const ChatTemplate* chat_template, bool template_renders_tools) {
+  if (chat_template == nullptr || !template_renders_tools) return ToolCallFormat::kGeneric;
+  return tool_call_format_of_source(chat_template->source());
+}
+
+namespace {
+
+// `schema` itself, or what its local "$ref" ("#/$defs/X", "#/definitions/X")
+// names in `root`; null when the ref does not resolve.
+const Json* resolve_local_ref(const Json& root, const Json& schema) {
+  if (!schema.is_object() || !schema.contains("$ref") || !schema["$ref"].is_string()) return &schema;
+  const std::string ref = schema["$ref"].get<std::string>();
+  for (const char* dir : {"#/$defs/", "#/definitions/"}) {
+    const std::string_view d(dir);
+    if (ref.rfind(d, 0) != 0) continue;
+    const auto defs = root.find(std::string(d.substr(2, d.size() - 3)));
+    if (defs == root.end() || !defs->is_object()) return nullptr;
+    const auto found = defs->find(ref.substr(d.size()));
+    return found == defs->end() ? nullptr : &*found;
+  }
+  return nullptr;
+}
+
+// The JSON Schema "type" a parameter's value is read back as (the first of
+// a list that is not "null"); "" when it has none.
+std::string parameter_type_of(const Json& property) {
+  if (!property.is_object() || !property.contains("type")) return "";
+  const Json& type = property["type"];
+  if (type.is_string()) return type.get<std::string>();
+  if (type.is_array()) {
+    for (const Json& t : type) {
+      if (t.is_string() && t != "null") return t.get<std::string>();
+    }
+  }
+  return "";
+}
+
+std::set<std::string> types_of(const Json& property) {
+  std::set<std::string> out;
+  const Json& type = property["type"];
+  if (type.is_string()) out.insert(type.get<std::string>());
+  if (type.is_array()) {
+    for (const Json& t : type) {
+      if (t.is_string()) out.insert(t.get<std::string>());
+    }
+  }
+  return out;
+}
+
+const std::set<std::string, std::less<>> kXmlRootKeys = {"type",    "properties",  "required", "additionalProperties",
+                                                         "$defs",   "definitions", "title",    "description",
+                                                         "$schema", "$id",         "$comment", "examples",
+                                                         "default", "strict"};
+const std::set<std::string, std::less<>> kXmlStringKeys = {
+    "type",        "enum",    "const",    "pattern",  "minLength",  "maxLength", "title",
+    "description", "default", "examples", "$comment", "deprecated", "readOnly",  "writeOnly"};
+
+// The bare text of a string parameter in the XML form, as a GBNF grammar:
+// `property` is typed "string" (or a list whose first non-null is).
+Result<std::string> xml_string_gbnf(const Json& property, const std::string& path) {
+  for (auto it = property.begin(); it != property.end(); ++it) {
+    if (!kXmlStringKeys.count(it.key())) {
+      return Error{"'" + it.key() + "' at " + path + " is not supported in the XML tool-call form (bare values)"};
+    }
+  }
+  std::vector<std::string> options;
+  if (property.contains("const")) {
+    if (!property["const"].is_string()) return Error{"'const' at " + path + " must be a string for a string value"};
+    options.push_back(property["const"].get<std::string>());
+  } else if (property.contains("enum")) {
+    if (!property["enum"].is_array()) return Error{"'enum' at " + path + " must be an array"};
+    for (const Json& v : property["enum"]) {
+      if (v.is_string()) options.push_back(v.get<std::string>());
+    }
+    if (options.empty()) return Error{"'enum' at " + path + " has no string for a string value"};
+  }
+  if (!options.empty()) return grammar::choice_gbnf(options);
+  const bool has_length = property.contains("minLength") || property.contains("maxLength");
+  if (property.contains("pattern")) {
+    if (has_length || !property["pattern"].is_string()) {
+      return Error{"'pattern' at " + path + " is not supported with minLength / maxLength in the XML tool-call form"};
+    }
+    RILL_ASSIGN_OR_RETURN(std::string expr, grammar::regex_to_gbnf_expression(property["pattern"].get<std::string>(),
+                                                                              grammar::RegexAnchoring::kSearch,
+                                                                              grammar::RegexOutput::kRaw));
+    return "root ::= " + expr + "\n";
+  }
+  uint64_t lo = 0, hi = grammar::kUnbounded;
+  for (const char* key : {"minLength", "maxLength"}) {
+    if (!property.contains(key)) continue;
+    const Json& v = property[key];
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > grammar::kMaxRepeat) {
+      return Error{"'" + std::string(key) + "' at " + path + " must be an integer from 0 to " +
+                   std::to_string(grammar::kMaxRepeat)};
+    }
+    (std::string_view(key) == "minLength" ? lo : hi) = v.get<uint64_t>();
+  }
+  if (lo > hi) return Error{"'minLength' at " + path + " is above its maxLength"};
+  const std::string upper = hi == grammar::kUnbounded ? "" : std::to_string(hi);
+  return "root ::= [^<]{" + std::to_string(lo) + "," + upper + "}\n";
+}
+
+}  // namespace
+
+namespace {
+
+// One parameter of the XML call form: its bare value's grammar.
+struct XmlParameter {
+  std::string name;
+  std::string gbnf;
+  bool required = false;
+};
+
+// The parameters of a tool in the XML call form, in the schema's order.
+Result<std::vector<XmlParameter>> xml_parameters(const Json& params) {
+  std::vector<XmlParameter> out;
+  if (!params.is_object()) return Error{"expected a JSON Schema object"};
+  for (auto it = params.begin(); it != params.end(); ++it) {
+    if (!kXmlRootKeys.count(it.key())) {
+      return Error{"'" + it.key() + "' at # is not supported in the XML tool-call form (one parameter per property)"};
+    }
+  }
+  if (params.contains("type") && params["type"] != "object") return Error{"'type' at # must be \"object\""};
+  if (!params.contains("properties")) return out;
+  const Json& properties = params["properties"];
+  if (!properties.is_object()) return Error{"'properties' at # must be an object"};
+  std::set<std::string> required;
+  if (params.contains("required")) {
+    if (!params["required"].is_array()) return Error{"'required' at # must be an array"};
+    for (const Json& r : params["required"]) {
+      if (r.is_string()) required.insert(r.get<std::string>());
+    }
+  }
+  for (const auto& [name, declared] : properties.items()) {
+    const std::string path = "#/properties/" + name;
+    if (name.empty() || name.find_first_of("<>\n") != std::string::npos) {
+      return Error{"property name at " + path + " cannot be written in the XML tool-call form"};
+    }
+    const Json* property = resolve_local_ref(params, declared);
+    if (property == nullptr) return Error{"$ref at " + path + " does not resolve"};
+    const std::string type = parameter_type_of(*property);
+    if (type.empty()) {
+      return Error{"the property at " + path +
+                   " needs a 'type' in the XML tool-call form (its bare value is read by it)"};
+    }
+    XmlParameter p{name, "", required.count(name) > 0};
+    if (type == "string") {
+      RILL_ASSIGN_OR_RETURN(p.gbnf, xml_string_gbnf(*property, path));
+    } else {
+      if (types_of(*property).count("string")) {
+        return Error{"'type' at " + path +
+                     " mixes \"string\" with other types, which the XML tool-call form cannot tell apart"};
+      }
+      Json sub = *property;  // keeps the root's definitions for its $refs
+      for (const char* defs : {"$defs", "definitions"}) {
+        if (params.contains(defs) && !sub.contains(defs)) sub[defs] = params[defs];
+      }
+      RILL_ASSIGN_OR_RETURN(p.gbnf, grammar::json_schema_to_gbnf(sub));
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// Parses `gbnf`, renames its rules with `prefix` into `ast`; the expression
+// of its root.
+Result<grammar::Expr> splice(grammar::GrammarAst& ast, const std::string& gbnf, const std::string& prefix) {
+  RILL_ASSIGN_OR_RETURN(grammar::GrammarAst part, grammar::parse_gbnf(gbnf));
+  for (grammar::Rule& r : part.rules) {
+    r.name = prefix + r.name;
+    prefix_refs(r.body, prefix);
+    ast.rules.push_back(std::move(r));
+  }
+  return ref(prefix + "root");
+}
+
+grammar::Expr repeat(grammar::Expr e, uint32_t min, uint32_t max) {
+  grammar::Expr r = node(grammar::Expr::Kind::kRepeat, {std::move(e)});
+  r.min = min;
+  r.max = max;
+  return r;
+}
+
+// Nine alphanumerics: a Mistral call id (the server replaces it).
+grammar::Expr mistral_call_id() {
+  grammar::Expr c;
+  c.kind = grammar::Expr::Kind::kClass;
+  c.ranges = {{'0', '9'}, {'A', 'Z'}, {'a', 'z'}};
+  return repeat(std::move(c), 9, 9);
+}
+
+}  // namespace
 
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_call_grammar(const Json& tools,
                                                                                           ToolCallFormat format,
                                                                                           bool parallel) {
-  // Each tool's arguments grammar, converted first (a refused schema is a
-  // 400 before anything is built or cached).
+  // Each tool's arguments grammar (XML form: each parameter's), converted
+  // first: a refused schema is a 400 before anything is built or cached.
+  const bool xml = format == ToolCallFormat::kQwenXml;
   std::vector<std::string> args_gbnf;
+  std::vector<std::vector<XmlParameter>> xml_params;
   for (size_t i = 0; i < tools.size(); ++i) {
     const Json& fn = tools[i]["function"];
     const auto params = fn.find("parameters");
     const std::string param = "tools[" + std::to_string(i) + "].function.parameters";
     const bool any = params == fn.end() || params->is_null() || params->empty();
+    if (xml) {
+      std::vector<XmlParameter> p;
+      if (!any) {
+        auto r = xml_parameters(*params);
+        if (!r.ok()) return converter_error(param, r.error());
+        p = std::move(r).value();
+      }
+      xml_params.push_back(std::move(p));
+      continue;
+    }
     if (any) {
       args_gbnf.push_back(grammar::json_object_gbnf());
       continue;
@@ -220,38 +452,72 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
     if (!g.ok()) return converter_error(param, g.error());
     args_gbnf.push_back(std::move(g).value());
   }
-  const char* args_key = format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
-  const std::string open = format == ToolCallFormat::kHermes ? "<tool_call>\n" : "";
-  const std::string close = format == ToolCallFormat::kHermes ? "}\n</tool_call>" : "}";
-  const std::string separator = format == ToolCallFormat::kLlama3Json ? "; " : "\n";
   std::string key = "tools\n" + std::to_string(static_cast<int>(format)) + (parallel ? "p\n" : "1\n");
   for (size_t i = 0; i < tools.size(); ++i) {
-    key += tools[i]["function"]["name"].get<std::string>() + "\n" + args_gbnf[i] + "\n";
+    key += tools[i]["function"]["name"].get<std::string>() + "\n";
+    if (!xml) {
+      key += args_gbnf[i] + "\n";
+      continue;
+    }
+    for (const XmlParameter& p : xml_params[i]) key += p.name + (p.required ? "\n1\n" : "\n0\n") + p.gbnf + "\n";
   }
   auto build = [&]() -> Result<grammar::GrammarAst> {
+    using Kind = grammar::Expr::Kind;
     grammar::GrammarAst ast;
     std::vector<grammar::Expr> calls;
     for (size_t i = 0; i < tools.size(); ++i) {
-      RILL_ASSIGN_OR_RETURN(grammar::GrammarAst args, grammar::parse_gbnf(args_gbnf[i]));
       const std::string prefix = "t" + std::to_string(i) + "-";
-      for (grammar::Rule& r : args.rules) {
-        r.name = prefix + r.name;
-        prefix_refs(r.body, prefix);
-        ast.rules.push_back(std::move(r));
+      const Json name_json = tools[i]["function"]["name"];
+      const std::string name = name_json.get<std::string>();
+      if (xml) {
+        std::vector<grammar::Expr> seq{literal("<tool_call>\n<function=" + name + ">\n")};
+        for (size_t j = 0; j < xml_params[i].size(); ++j) {
+          const XmlParameter& p = xml_params[i][j];
+          RILL_ASSIGN_OR_RETURN(grammar::Expr value, splice(ast, p.gbnf, prefix + "p" + std::to_string(j) + "-"));
+          grammar::Expr one = node(
+              Kind::kSeq, {literal("<parameter=" + p.name + ">\n"), std::move(value), literal("\n</parameter>\n")});
+          seq.push_back(p.required ? std::move(one) : repeat(std::move(one), 0, 1));
+        }
+        seq.push_back(literal("</function>\n</tool_call>"));
+        calls.push_back(node(Kind::kSeq, std::move(seq)));
+        continue;
       }
-      const Json name = tools[i]["function"]["name"];
-      calls.push_back(
-          node(grammar::Expr::Kind::kSeq, {literal(open + "{\"name\": " + name.dump() + ", \"" + args_key + "\": "),
-                                           ref(prefix + "root"), literal(close)}));
+      RILL_ASSIGN_OR_RETURN(grammar::Expr args, splice(ast, args_gbnf[i], prefix));
+      switch (format) {
+        case ToolCallFormat::kMistralArgs:
+          calls.push_back(node(Kind::kSeq, {literal("[TOOL_CALLS]" + name + "[ARGS]"), std::move(args)}));
+          break;
+        case ToolCallFormat::kMistralCallId:
+          calls.push_back(node(Kind::kSeq, {literal("[TOOL_CALLS]" + name + "[CALL_ID]"), mistral_call_id(),
+                                            literal("[ARGS]"), std::move(args)}));
+          break;
+        case ToolCallFormat::kMistralJson:
+          calls.push_back(
+              node(Kind::kSeq, {literal("{\"name\": " + name_json.dump() + ", \"arguments\": "), std::move(args),
+                                literal(", \"id\": \""), mistral_call_id(), literal("\"}")}));
+          break;
+        default: {
+          const bool hermes = format == ToolCallFormat::kHermes;
+          const char* args_key = format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
+          calls.push_back(node(Kind::kSeq, {literal(std::string(hermes ? "<tool_call>\n" : "") +
+                                                    "{\"name\": " + name_json.dump() + ", \"" + args_key + "\": "),
+                                            std::move(args), literal(hermes ? "}\n</tool_call>" : "}")}));
+        }
+      }
     }
-    grammar::Rule call{"call", node(grammar::Expr::Kind::kAlt, std::move(calls)), 0};
+    std::string separator = "\n";
+    if (format == ToolCallFormat::kLlama3Json) separator = "; ";
+    if (format == ToolCallFormat::kMistralArgs || format == ToolCallFormat::kMistralCallId) separator = "";
+    if (format == ToolCallFormat::kMistralJson) separator = ", ";
+    grammar::Rule call{"call", node(Kind::kAlt, std::move(calls)), 0};
     grammar::Expr root_body = ref("call");
     if (parallel) {
-      grammar::Expr more =
-          node(grammar::Expr::Kind::kRepeat, {node(grammar::Expr::Kind::kSeq, {literal(separator), ref("call")})});
-      more.min = 0;
-      more.max = grammar::kUnbounded;
-      root_body = node(grammar::Expr::Kind::kSeq, {ref("call"), std::move(more)});
+      root_body =
+          node(Kind::kSeq,
+               {ref("call"), repeat(node(Kind::kSeq, {literal(separator), ref("call")}), 0, grammar::kUnbounded)});
+    }
+    if (format == ToolCallFormat::kMistralJson) {
+      root_body = node(Kind::kSeq, {literal("[TOOL_CALLS]["), std::move(root_body), literal("]")});
     }
     ast.rules.insert(ast.rules.begin(), {grammar::Rule{"root", std::move(root_body), 0}, std::move(call)});
     return ast;
@@ -272,19 +538,10 @@ std::shared_ptr<const ToolParameterTypes> tool_parameter_types(const Json& tools
     if (schema == nullptr || !schema->is_object() || !schema->contains("properties")) continue;
     const Json& properties = (*schema)["properties"];
     if (!properties.is_object()) continue;
-    for (const auto& [name, property] : properties.items()) {
-      if (!property.is_object() || !property.contains("type")) continue;
-      const Json& type = property["type"];
-      if (type.is_string()) {
-        params[name] = type.get<std::string>();
-      } else if (type.is_array()) {
-        for (const Json& t : type) {
-          if (t.is_string() && t != "null") {
-            params[name] = t.get<std::string>();
-            break;
-          }
-        }
-      }
+    for (const auto& [name, declared] : properties.items()) {
+      const Json* property = resolve_local_ref(*schema, declared);
+      const std::string type = property == nullptr ? "" : parameter_type_of(*property);
+      if (!type.empty()) params[name] = type;
     }
   }
   return types;

@@ -55,19 +55,37 @@ std::optional<ApiError> read_grammar_fields(const FieldReader& body, OutputConst
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(const OutputConstraint& c);
 
 // How the model writes tool calls (what the output parser reads back):
-//   kHermes     <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, calls joined by "\n"
-//   kLlama3Json {"name": "f", "parameters": {...}}, calls joined by "; "
-//   kGeneric    {"name": "f", "arguments": {...}}, calls joined by "\n": rill's format for
-//               templates that render no tools (described to the model in a system message)
-enum class ToolCallFormat { kHermes, kLlama3Json, kGeneric };
+//   kHermes         <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, calls joined by "\n"
+//   kLlama3Json     {"name": "f", "parameters": {...}}, calls joined by "; "
+//   kGeneric        {"name": "f", "arguments": {...}}, calls joined by "\n": rill's format for
+//                   templates that render no tools (described to the model in a system message),
+//                   and the forced form for templates whose own call syntax the parser does not
+//                   read (GLM <arg_key>, Kimi, DeepSeek, Command-R, Granite 3, functionary...)
+//   kMistralArgs    [TOOL_CALLS]f[ARGS]{...} per call (Ministral 3, Devstral, Magistral)
+//   kMistralCallId  [TOOL_CALLS]f[CALL_ID]<9 alphanumerics>[ARGS]{...} per call (Mistral Small 3.2)
+//   kMistralJson    [TOOL_CALLS][{"name": "f", "arguments": {...}, "id": "<9>"}, ...] (Nemo)
+//   kQwenXml        <tool_call>\n<function=f>\n<parameter=p>\nVALUE\n</parameter>\n...</function>\n
+//                   </tool_call>, calls joined by "\n" (Qwen3-Coder, Qwen3.5, Nemotron 3, Step 3.5)
+// Forced grammars spell the markers ([TOOL_CALLS], <tool_call>) with the
+// bytes of ordinary tokens: special tokens are outside grammar masks
+// (text/grammar/token_vocabulary.h).
+enum class ToolCallFormat { kHermes, kLlama3Json, kGeneric, kMistralArgs, kMistralCallId, kMistralJson, kQwenXml };
+const char* tool_call_format_name(ToolCallFormat format);
 // The template's own format when it renders tools, judged by the markers
-// its source prints; kGeneric when it renders none or prints neither.
+// its source prints (tests/server/template_corpus_test.cpp holds each of
+// ../shared/templates to it); kGeneric when it renders none or its syntax is
+// not one of the above.
 ToolCallFormat tool_call_format(const ChatTemplate* chat_template, bool template_renders_tools);
+ToolCallFormat tool_call_format_of_source(const std::string& template_source);
 
 // The grammar of forced tool calls over `tools` (OpenAI shape, validated):
 // one call, or one or more when `parallel`. A tool without parameters takes
-// any JSON object. 400 naming tools[i].function.parameters for a schema the
-// converter refuses.
+// any JSON object (kQwenXml: no parameters). 400 naming
+// tools[i].function.parameters for a schema the converter refuses. kQwenXml
+// writes values bare, so its parameters schema must be an object of
+// properties, each with a "type" (after one local $ref), a string one
+// limited to enum / const / pattern / minLength / maxLength (its text has no
+// '<'); other keywords are 400s naming them.
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_call_grammar(
     const nlohmann::ordered_json& tools, ToolCallFormat format, bool parallel);
 

@@ -441,7 +441,12 @@ Result<Value> Interpreter::binary(std::string_view op, const Value& a, const Val
     if (both_num) return Value::number(a.as_double() + b.as_double());
     if (a.kind == Kind::kString && b.kind == Kind::kString) {
       RILL_TRY(check_bytes(a.s().size() + b.s().size()));
-      return Value::string(a.s() + b.s());
+      if (!a.markup && !b.markup) return Value::string(a.s() + b.s());
+      // jinja2's Markup.__add__ / __radd__: the plain operand is escaped.
+      Value out = Value::string((a.markup ? a.s() : html_escape(a.s())) + (b.markup ? b.s() : html_escape(b.s())));
+      RILL_TRY(check_bytes(out.s().size()));
+      out.markup = true;
+      return out;
     }
     if ((a.kind == Kind::kList || a.kind == Kind::kTuple) && a.kind == b.kind) {
       RILL_TRY(check_items(a.list->size() + b.list->size()));

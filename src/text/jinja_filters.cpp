@@ -72,29 +72,16 @@ Result<Value> f_default(Interpreter&, const Value& v, const CallArgs& a) {
 }
 
 Result<Value> f_escape(Interpreter&, const Value& v, const CallArgs&) {
-  std::string out;
-  for (char c : text_of(v)) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&#34;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out.push_back(c);
-    }
-  }
-  return Value::string(std::move(out));
+  if (v.kind == Kind::kString && v.markup) return v;  // already escaped
+  Value out = Value::string(html_escape(text_of(v)));
+  out.markup = true;
+  return out;
+}
+
+Result<Value> f_forceescape(Interpreter&, const Value& v, const CallArgs&) {
+  Value out = Value::string(html_escape(text_of(v)));
+  out.markup = true;
+  return out;
 }
 
 Result<Value> f_float(Interpreter&, const Value& v, const CallArgs& a) {
@@ -221,7 +208,9 @@ Result<Value> f_round(Interpreter&, const Value& v, const CallArgs& a) {
 }
 
 Result<Value> f_safe(Interpreter&, const Value& v, const CallArgs&) {
-  return v.kind == Kind::kString ? v : Value::string(text_of(v));
+  Value out = v.kind == Kind::kString ? v : Value::string(text_of(v));
+  out.markup = true;
+  return out;
 }
 
 Result<Value> f_string(Interpreter&, const Value& v, const CallArgs&) {
@@ -333,7 +322,7 @@ const std::vector<FilterDef>& filters() {
       {"escape", f_escape, {}},
       {"first", f_first, {}},
       {"float", f_float, {"default"}},
-      {"forceescape", f_escape, {}},
+      {"forceescape", f_forceescape, {}},
       {"format", f_format, {}, true},
       {"indent", f_indent, {"width", "first", "blank"}},
       {"int", f_int, {"default", "base"}},

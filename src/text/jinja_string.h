@@ -15,6 +15,8 @@ std::u32string decode_utf8(std::string_view s);
 void append_utf8(char32_t cp, std::string& out);
 std::string encode_utf8(std::u32string_view s);
 size_t n_code_points(std::string_view s);
+// markupsafe's escape: & < > " ' as &amp; &lt; &gt; &#34; &#39;.
+std::string html_escape(std::string_view s);
 bool is_ascii(std::string_view s);
 
 bool py_isspace(char32_t cp);

@@ -58,8 +58,8 @@ Result<bool> t_sequence(Interpreter&, const Value& v, const CallArgs&) {
 Result<bool> t_callable(Interpreter&, const Value& v, const CallArgs&) {
   return v.is_undefined() || (v.kind == Kind::kObject && v.obj->callable());
 }
-Result<bool> t_escaped(Interpreter&, const Value&, const CallArgs&) {
-  return false;
+Result<bool> t_escaped(Interpreter&, const Value& v, const CallArgs&) {
+  return v.kind == Kind::kString && v.markup;
 }
 
 Result<bool> t_sameas(Interpreter&, const Value& v, const CallArgs& a) {

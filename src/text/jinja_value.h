@@ -59,6 +59,7 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0.0;
+  bool markup = false;                     // kString: jinja2's Markup (|safe, |escape): `+` escapes plain strings
   std::shared_ptr<const std::string> str;  // kString text; kUndefined: the error raised on use
   std::shared_ptr<const List> list;        // kList, kTuple
   std::shared_ptr<Generator> gen;          // kGenerator

@@ -106,8 +106,14 @@ TEST(StructuredOutput, ResponsesTextFormat) {
 
 const char* kTools = R"([
   {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["c", "f"]}},
+    "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"type": "string", "enum": ["c", "f"]}},
     "required": ["city", "unit"], "additionalProperties": false}}},
+  {"type": "function", "function": {"name": "plan", "parameters": {"type": "object", "$defs": {"Stop":
+    {"type": "object", "properties": {"at": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["at"],
+     "additionalProperties": false}},
+    "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}, "stop": {"$ref": "#/$defs/Stop"},
+      "fast": {"type": ["boolean", "null"]}},
+    "required": ["code", "stop"], "additionalProperties": false}}},
   {"type": "function", "function": {"name": "ping"}}])";
 
 // A random string of the grammar: random allowed bytes, stopping where it
@@ -138,7 +144,10 @@ std::optional<std::string> random_walk(const std::shared_ptr<const grammar::Comp
 
 TEST(StructuredOutput, ToolCallGrammarsProduceWhatTheParserReadsBack) {
   const Json tools = Json::parse(kTools);
-  for (auto format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kGeneric}) {
+  for (auto format :
+       {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kGeneric, ToolCallFormat::kMistralArgs,
+        ToolCallFormat::kMistralCallId, ToolCallFormat::kMistralJson, ToolCallFormat::kQwenXml}) {
+    SCOPED_TRACE(tool_call_format_name(format));
     for (bool parallel : {false, true}) {
       auto g = tool_call_grammar(tools, format, parallel);
       ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const grammar::CompiledGrammar>>(g));
@@ -152,7 +161,7 @@ TEST(StructuredOutput, ToolCallGrammarsProduceWhatTheParserReadsBack) {
         OutputParser parser({.parse_reasoning = true,
                              .starts_in_reasoning = false,
                              .parse_tool_calls = true,
-                             .parameter_types = nullptr});
+                             .parameter_types = tool_parameter_types(tools)});
         OutputDelta d;
         parser.push(*text, d);
         parser.finish(d);
@@ -169,7 +178,18 @@ TEST(StructuredOutput, ToolCallGrammarsProduceWhatTheParserReadsBack) {
           if (c.name == "get_weather") {
             ASSERT_EQ(args.size(), 2u);
             EXPECT_TRUE(args["city"].is_string());
+            const std::string city = args["city"].get<std::string>();  // maxLength counts code points
+            EXPECT_LE(std::count_if(city.begin(), city.end(), [](char ch) { return (ch & 0xC0) != 0x80; }), 6);
             EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f");
+          } else if (c.name == "plan") {
+            ASSERT_TRUE(args["code"].is_string());
+            EXPECT_EQ(args["code"].get<std::string>().size(), 3u);
+            ASSERT_TRUE(args["stop"].is_object());
+            ASSERT_TRUE(args["stop"]["at"].is_number_integer());
+            EXPECT_GE(args["stop"]["at"].get<int>(), 1);
+            EXPECT_LE(args["stop"]["at"].get<int>(), 9);
+            EXPECT_TRUE(!args.contains("fast") || args["fast"].is_boolean() || args["fast"].is_null());
+            EXPECT_LE(args.size(), 3u);
           } else {
             EXPECT_EQ(c.name, "ping");
           }
@@ -190,6 +210,33 @@ TEST(StructuredOutput, ToolSchemaErrorsNameTheTool) {
   ASSERT_TRUE(std::holds_alternative<ApiError>(g));
   EXPECT_EQ(std::get<ApiError>(g).param, "tools[0].function.parameters");
   EXPECT_NE(std::get<ApiError>(g).message.find("contentEncoding"), std::string::npos);
+}
+
+TEST(StructuredOutput, XmlToolCallFormRefusesWhatItCannotWriteBare) {
+  const char* cases[][2] = {
+      {R"({"type": "object", "properties": {"x": {"enum": [1, 2]}}})", "needs a 'type'"},
+      {R"({"type": "object", "properties": {"x": {"type": ["integer", "string"]}}})", "mixes \"string\""},
+      {R"({"type": "object", "properties": {"x": {"type": "string", "format": "date"}}})",
+       "'format' at #/properties/x"},
+      {R"({"type": "object", "anyOf": [{"required": ["x"]}], "properties": {"x": {"type": "string"}}})",
+       "'anyOf' at #"},
+      {R"({"type": "object", "properties": {"x": {"type": "object", "not": {}}}})", "'not'"},
+  };
+  for (const auto& [schema, expected] : cases) {
+    Json tools =
+        Json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", Json::parse(schema)}}}}});
+    auto g = tool_call_grammar(tools, ToolCallFormat::kQwenXml, false);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(g)) << schema;
+    EXPECT_EQ(std::get<ApiError>(g).param, "tools[0].function.parameters");
+    EXPECT_NE(std::get<ApiError>(g).message.find(expected), std::string::npos) << std::get<ApiError>(g).message;
+    // The JSON forms take the schemas whose only trouble is bare values.
+    if (std::string_view(expected).find("'type'") != std::string_view::npos ||
+        std::string_view(expected).find("mixes") != std::string_view::npos ||
+        std::string_view(expected).find("'format'") != std::string_view::npos) {
+      EXPECT_FALSE(std::holds_alternative<ApiError>(tool_call_grammar(tools, ToolCallFormat::kHermes, false)))
+          << schema;
+    }
+  }
 }
 
 TEST(StructuredOutput, ToolParameterTypesForTheXmlCallForm) {

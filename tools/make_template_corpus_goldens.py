@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Goldens for tests/server/template_corpus_test.cpp: every chat template in
+../shared/templates (57 vendors' templates) rendered by jinja2 configured as
+transformers does (tools/make_template_goldens.py: make_env) over tool
+conversations, and the text each template writes for an assistant turn that
+calls one tool, and two (what the model writes: the render of [user, assistant(tool_calls)] minus
+the generation prompt of [user], end-of-turn markers stripped).
+
+Cases per template (bos_token "<s>", eos_token "</s>", strftime_now pinned):
+  plain        system, user, assistant, user; generation prompt
+  tools        system, user with tools; generation prompt
+  no_tools     the same without tools (tells whether the template renders them)
+  tool_result  user, assistant calling one tool, its result; generation prompt
+  two_results  user, assistant calling two tools, both results, an answer, user
+
+Writes tests/data/templates/corpus.json = [{template, cases: [{name, context,
+expected | error}], call_texts: [one call, two calls]}], each call text
+{text, starts_in_reasoning} or null (the template cannot write that turn).
+
+    tools/make_template_corpus_goldens.py
+"""
+import copy
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV_PY = os.path.join(ROOT, ".venv-tools", "bin", "python")
+if os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(ROOT, ".venv-tools")):
+    subprocess.check_call([os.path.join(ROOT, "tools", "tools_venv.sh"), "jinja2"])
+    os.execv(VENV_PY, [VENV_PY] + sys.argv)
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from make_template_goldens import SHARED, make_env  # noqa: E402
+
+OUT = os.path.join(ROOT, "tests", "data", "templates", "corpus.json")
+BOS, EOS = "<s>", "</s>"
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "search", "description": "Search the web", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}, "filters": {"type": "object"}}}}},
+]
+CALLS = [
+    {"id": "abc0def0g", "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": {"city": "Paris", "days": 3}}},
+    {"id": "abc1def1g", "type": "function", "function": {"name": "search", "arguments": {
+        "query": "caf\u00e9 \"quoted\"", "filters": {"n": [1, 2.5, True, None]}}}},
+]
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+USER = {"role": "user", "content": "Weather in Paris, and search for cafes?"}
+# End-of-turn markers the call text ends with (whatever the template closes the turn with).
+END_MARKERS = ["</s>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+               "<|end_of_text|>", "<|return|>", "<|call|>", "<turn|>", "<|END_OF_TURN_TOKEN|>", "<sep>"]
+
+
+def assistant(n_calls, content=""):
+    return {"role": "assistant", "content": content, "tool_calls": copy.deepcopy(CALLS[:n_calls])}
+
+
+def result(i, text):
+    return {"role": "tool", "tool_call_id": CALLS[i]["id"], "name": CALLS[i]["function"]["name"], "content": text}
+
+
+def contexts():
+    base = {"bos_token": BOS, "eos_token": EOS}
+    return [
+        ("plain", dict(base, add_generation_prompt=True, messages=[
+            SYSTEM, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "How are you?"}])),
+        ("tools", dict(base, add_generation_prompt=True, tools=TOOLS, messages=[SYSTEM, USER])),
+        ("no_tools", dict(base, add_generation_prompt=True, messages=[SYSTEM, USER])),
+        ("tool_result", dict(base, add_generation_prompt=True, tools=TOOLS, messages=[
+            USER, assistant(1), result(0, "{\"temp_c\": 21}")])),
+        ("two_results", dict(base, add_generation_prompt=True, tools=TOOLS, messages=[
+            SYSTEM, USER, assistant(2), result(0, "sunny"), result(1, "3 cafes"),
+            {"role": "assistant", "content": "Sunny; 3 cafes."}, {"role": "user", "content": "Thanks"}])),
+    ]
+
+
+def render(env, source, context):
+    try:
+        return {"expected": env.from_string(source).render(**copy.deepcopy(context))}
+    except Exception as e:  # noqa: BLE001 - every failure is a golden
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def ends_inside_think(text):
+    return text.rfind("<think>") > text.rfind("</think>")
+
+
+def call_text(env, source, n_calls):
+    """{text, starts_in_reasoning}: what the template writes for an assistant
+    turn with n_calls calls after a user turn, or None."""
+    base = {"bos_token": BOS, "eos_token": EOS, "tools": TOOLS}
+    try:
+        template = env.from_string(source)
+        prompt = template.render(messages=[USER], add_generation_prompt=True, **base)
+        history = template.render(messages=[USER], add_generation_prompt=False, **base)
+        full = template.render(messages=[USER, assistant(n_calls)], add_generation_prompt=False, **base)
+    except Exception:  # noqa: BLE001 - a template that cannot render the turn has no call text
+        return None
+    in_think = ends_inside_think(prompt)
+    if full.startswith(prompt):
+        text = full[len(prompt):]
+    elif full.startswith(history):
+        # The generation prompt opens a think block the history form does
+        # not write: the turn without its opening, read outside reasoning.
+        text = full[len(history):]
+        opening = prompt[len(history):]
+        header = opening[:opening.find("<think>")] if "<think>" in opening else opening
+        if not text.startswith(header):
+            return None
+        text = text[len(header):]
+        in_think = False
+    else:
+        return None
+    changed = True
+    while changed:
+        changed = False
+        text = text.rstrip()
+        for m in END_MARKERS:
+            if text.endswith(m):
+                text = text[:-len(m)]
+                changed = True
+    return {"text": text, "starts_in_reasoning": in_think}
+
+
+def main():
+    env = make_env()
+    names = sorted(n for n in os.listdir(os.path.join(SHARED, "templates")) if n.endswith(".jinja"))
+    goldens = []
+    for name in names:
+        with open(os.path.join(SHARED, "templates", name), encoding="utf-8") as f:
+            source = f.read()
+        cases = [dict({"name": case, "context": context}, **render(env, source, context))
+                 for case, context in contexts()]
+        goldens.append({"template": name, "cases": cases,
+                        "call_texts": [call_text(env, source, 1), call_text(env, source, 2)]})
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    with open(OUT, "w", encoding="utf-8") as f:
+        json.dump(goldens, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    n_errors = sum("error" in c for g in goldens for c in g["cases"])
+    print(f"{OUT}: {len(goldens)} templates, {len(goldens) * len(contexts())} renders ({n_errors} jinja2 errors)")
+
+
+if __name__ == "__main__":
+    main()
