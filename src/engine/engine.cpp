@@ -547,6 +547,7 @@ void EngineImpl::sample_chunk(Request& r, const ScheduledChunk& c, const ModelRu
     const bool held = j < n_draft && id == drafts_[static_cast<size_t>(j)];
     n_held += held;
     r.spec.n_accepted += held;
+    spec_accepted_ += held;  // before commit_token: a finish publishes the stats
     commit_token(r, id, want_logprobs ? &sampled : nullptr, event);
     if (r.finished() || !held) break;
     r.n_computed = base + j + 1;  // the draft's KV, computed this step, is the token's
@@ -560,7 +561,6 @@ void EngineImpl::sample_chunk(Request& r, const ScheduledChunk& c, const ModelRu
       (void)cached;
     }
   }
-  spec_accepted_ += n_held;
   if (n_draft == 0) return;
   adapt_draft_length(r.spec, n_draft, n_held, options_.spec_tokens);
   if (r.finished()) return;  // its KV is released

@@ -125,6 +125,10 @@ def test_metrics_count_drafts_per_speculator(servers):
     assert 'rill_spec_acceptance_rate{speculator="ngram"}' in text
     with urllib.request.urlopen(off.base + "/metrics", timeout=10) as r:
         assert "rill_spec_draft_tokens_total" not in r.read().decode()
+    spec = on.stats()["engine"]["speculative"]
+    assert spec["speculator"] == "ngram" and spec["draft_tokens"] == drafted
+    assert spec["accepted_tokens"] == accepted
+    assert off.stats()["engine"]["speculative"] is None
 
 
 def test_unknown_speculator_refuses_to_start():
