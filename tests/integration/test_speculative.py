@@ -136,3 +136,23 @@ def test_unknown_speculator_refuses_to_start():
         pytest.skip("no model")
     with pytest.raises(RuntimeError):
         Server("--spec", "draft=missing.gguf").stop()
+
+
+def test_logprobs_stop_strings_and_max_tokens_as_without(servers):
+    on, off = servers
+    # Logprobs of the accepted tokens come from the target's rows: the same
+    # values as without speculation.
+    a = chat(on, logprobs=True, top_logprobs=2)
+    b = chat(off, logprobs=True, top_logprobs=2)
+    assert a["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+    assert a["choices"][0]["logprobs"] == b["choices"][0]["logprobs"]
+    # A stop string inside an accepted run of drafts ends the output there.
+    a, b = chat(on, stop=["happy"]), chat(off, stop=["happy"])
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    assert a["choices"][0]["finish_reason"] == b["choices"][0]["finish_reason"] == "stop"
+    assert "happy" not in a["choices"][0]["message"]["content"]
+    # max_tokens is never overrun by a run of accepted drafts.
+    for n in (1, 2, 5, 9):
+        a, b = chat(on, max_tokens=n), chat(off, max_tokens=n)
+        assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"] <= n
+        assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
