@@ -82,6 +82,9 @@ struct GenerationRequest {
     int32_t budget = -1;            // most tokens inside the block; -1: unbounded
     bool tracked() const { return close >= 0; }
   } thinking;
+  // Speculative decoding (EngineOptions::spec): false opts this request out.
+  // Either way its tokens are the same (speculation is lossless).
+  bool speculative = true;
 };
 
 struct Usage {
@@ -97,6 +100,10 @@ struct Usage {
   double first_token_s = 0;           // submit -> first token
   int32_t prefill_steps = 0;          // engine steps that computed part of the prompt
   double longest_prefill_step_s = 0;  // the longest of those steps (its whole duration)
+  // Speculative decoding: draft tokens verified, and of those accepted (each
+  // accepted draft is an output token that took no step of its own).
+  int32_t draft_tokens = 0;
+  int32_t accepted_draft_tokens = 0;
 };
 
 // What a request's stream carries. Every event but the last carries at least
@@ -178,6 +185,12 @@ struct EngineOptions {
   // The model artifact's identity for disk entries; Engine::load sets it
   // (artifact fingerprint), Engine::create callers may.
   std::string model_id;
+  // Speculative decoding (engine/speculator.h): "off", or "ngram" (prompt
+  // lookup); at most spec_tokens (>= 1) drafts per request per step, fewer
+  // as its drafts get rejected. Models with recurrent layers run without
+  // (their state cannot be rolled back yet; a log line says so).
+  std::string spec = "off";
+  int32_t spec_tokens = 4;
 };
 
 // One prefix-cache tier's counters.
@@ -216,6 +229,10 @@ struct EngineStats {
   int32_t prefill_cap_tokens = -1;
   int64_t steps_prefill_capped = 0;
   std::string last_integrity_error;
+  // Speculative decoding: the speculator's name ("" when off) and its draft
+  // tokens verified and accepted over all requests.
+  std::string speculator;
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;
 };
 
 class Engine {

@@ -27,6 +27,7 @@
 #include "cli/commands.h"
 #include "cli/device_flags.h"
 #include "cli/loaded_model.h"
+#include "cli/spec_flags.h"
 #include "model/model.h"
 #include "rill/engine.h"
 
@@ -56,6 +57,7 @@ struct BenchOptions {
   float top_p = 1.0f;
   float min_p = 0.0f;
   DeviceFlags device;
+  SpecFlags spec;
   EngineOptions tiers;  // only the cache tier fields (--cache-ram-mb, --cache-dir, ...)
 };
 
@@ -164,6 +166,7 @@ int run_bench(const BenchOptions& o) {
   eo.batch_invariant = o.device.batch_invariant;
   eo.quantize = o.device.quantization();
   eo.cuda_device_sampling = !o.device.host_sampling;
+  o.spec.apply(eo);
   eo.cache_ram_mb = o.tiers.cache_ram_mb;
   eo.cache_dir = o.tiers.cache_dir;
   eo.cache_disk_mb = o.tiers.cache_disk_mb;
@@ -332,6 +335,7 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--min-p", o->min_p, "min-p of every request (0: off)")->check(CLI::Range(0.0, 1.0));
   sub->add_flag("--json", o->json, "print the results as JSON");
   o->device.add_to(sub);
+  o->spec.add_to(sub);
   add_cache_tier_options(*sub, o->tiers);
   return {sub, [o]() -> int { return run_bench(*o); }};
 }

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/device_flags.h"
 #include "cli/loaded_model.h"
+#include "cli/spec_flags.h"
 #include "model/model.h"
 #include "rill/engine.h"
 #include "server/app.h"
@@ -28,6 +29,7 @@ struct ServeOptions {
   server::ServerOptions server;
   EngineOptions engine;
   DeviceFlags device;
+  SpecFlags spec;
   server::HttpServerOptions http;  // the connection limits below (host, port, io threads, body cap: `server`)
   double shutdown_grace_s = 30;
   bool api_key_given = false;  // --api-key was on the command line (maybe as '')
@@ -133,6 +135,7 @@ int run_serve(ServeOptions& o) {
   o.engine.batch_invariant = o.device.batch_invariant;
   o.engine.quantize = o.device.quantization();
   o.engine.cuda_device_sampling = !o.device.host_sampling;
+  o.spec.apply(o.engine);
   auto engine = Engine::load(path, o.engine);
   if (!engine.ok()) {
     std::fprintf(stderr, "rill serve: %s\n", engine.error().message.c_str());
@@ -245,6 +248,7 @@ Command add_serve_command(CLI::App& app) {
                   "seconds running requests get to finish after SIGTERM/SIGINT before they end with an error")
       ->check(CLI::Range(0.0, 86400.0));
   o->device.add_to(sub);
+  o->spec.add_to(sub);
   add_cache_tier_options(*sub, e);
   return {sub, [o, api_key]() -> int {
             o->api_key_given = api_key->count() > 0;

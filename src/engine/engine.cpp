@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdio>
 #include <string>
 
 #include "core/hash.h"
@@ -38,6 +39,27 @@ int max_running(const Model& m, const EngineOptions& o) {
 // decode step: 2.5 bounds the inter-token gap a prefill can cause while the
 // prefill share stays about 1.5x the decode tokens' cost).
 constexpr double kAutoStepFactor = 2.5;
+
+// Speculation's draft length per request: a round whose drafts all held
+// doubles the next one (up to EngineOptions::spec_tokens), a rejection sets
+// it to one more than what held (a run that broke off early tends to again).
+// A running acceptance rate (weight kSpecRateWeight per round) below
+// kSpecMinRate pauses the request's drafts for kSpecPauseRounds rounds: a
+// rejected draft costs a token of compute and gains nothing. It then tries
+// again with one draft.
+constexpr float kSpecRateWeight = 0.25f;
+constexpr float kSpecMinRate = 0.2f;
+constexpr int32_t kSpecPauseRounds = 8;
+
+void adapt_draft_length(Request::Speculation& sp, int32_t n_draft, int32_t n_held, int32_t max_k) {
+  sp.rate += kSpecRateWeight * (static_cast<float>(n_held) / static_cast<float>(n_draft) - sp.rate);
+  sp.k = n_held == n_draft ? std::min(max_k, 2 * sp.k) : std::min(max_k, n_held + 1);
+  if (sp.rate < kSpecMinRate) {
+    sp.n_skip = kSpecPauseRounds;
+    sp.k = 1;
+    sp.rate = 0.5f;  // a fresh start after the pause: one bad round must not pause it again at once
+  }
+}
 
 SchedulerOptions scheduler_options(const Model& m, const EngineOptions& o) {
   SchedulerOptions s;
@@ -104,6 +126,19 @@ Status EngineImpl::start() {
     c.write_behind_min_tokens = options_.cache_write_behind_min_tokens;
     RILL_ASSIGN_OR_RETURN(tiers_, KvTiers::open(c, *model_, pool_, tree_, &states_));
   }
+  RILL_ASSIGN_OR_RETURN(speculator_, make_speculator(options_.spec));
+  if (speculator_ && options_.spec_tokens < 1) return Error{"spec_tokens: must be at least 1"};
+  if (speculator_ && has_recurrent(*model_)) {
+    // Rejected drafts would have advanced the recurrent state: rolling it
+    // back needs a checkpoint before the verify and a replay of the
+    // accepted prefix, which is not implemented.
+    std::fprintf(stderr,
+                 "speculative decoding (--spec %s) is off for this model: its recurrent layers' state cannot be "
+                 "rolled back after a rejected draft yet\n",
+                 options_.spec.c_str());
+    speculator_.reset();
+  }
+  stats_.speculator = speculator_ ? speculator_->name() : "";
   publish_stats();  // the tiers' contents are known before the first step
   thread_ = std::thread([this] { loop(); });
   return {};
@@ -319,7 +354,35 @@ void EngineImpl::loop() {
   }
 }
 
+void EngineImpl::propose_drafts() {
+  if (!speculator_) return;
+  const std::vector<Request*>& running = scheduler_.running();
+  int32_t n_decoding = 0;
+  for (const Request* r : running) n_decoding += r->decoding();
+  // Compute-bound: once decode rounds fill half the step's token budget,
+  // extra tokens per row would slow every row more than drafts can win.
+  if (n_decoding == 0 || 2 * n_decoding > scheduler_.options().token_budget) return;
+  for (Request* r : running) {
+    if (!r->decoding() || r->n_draft > 0 || !r->params.speculative) continue;
+    Request::Speculation& sp = r->spec;
+    if (sp.k == 0) sp.k = options_.spec_tokens;
+    if (sp.n_skip > 0) {
+      --sp.n_skip;
+      continue;
+    }
+    // The owed token and the drafts all become output when every draft holds.
+    const int32_t k = std::min(sp.k, r->params.max_tokens - r->n_output() - 1);
+    if (k < 1) continue;
+    drafts_.clear();
+    speculator_->propose(r->tokens, k, drafts_);
+    assert(static_cast<int32_t>(drafts_.size()) <= k);
+    r->tokens.insert(r->tokens.end(), drafts_.begin(), drafts_.end());
+    r->n_draft = static_cast<int32_t>(drafts_.size());
+  }
+}
+
 void EngineImpl::run_step() {
+  propose_drafts();
   const StepPlan& plan = scheduler_.schedule();
   for (const auto& [r, message] : plan.failed) finish(*r, FinishReason::kError, GenerationEvent{}, message);
   if (plan.empty()) {
@@ -360,8 +423,9 @@ void EngineImpl::run_step() {
   // needs its logits here, and then the whole step samples here; the other
   // rows draw the token the device would (the shared rule of
   // backend/sampling.h), so their output does not depend on the batch.
-  bool all_greedy = true, all_device = true;
+  bool all_greedy = true, all_device = true, has_drafts = false;
   for (const ScheduledChunk& c : plan.chunks) {
+    has_drafts = has_drafts || c.n_draft > 0;
     const Request& r = *c.request;
     if (r.n_scored_rows(c.n_tokens) > 0) all_device = false;  // scored prompt rows are logits
     if (r.params.embed) all_device = false;                   // pooled rows come back with the logits
@@ -372,8 +436,8 @@ void EngineImpl::run_step() {
   }
   StepIds ids = StepIds::kHost;
   if (all_device && all_greedy && model_->has_forward_greedy()) {
-    ids = StepIds::kGreedy;
-  } else if (all_device && model_->has_forward_sample()) {
+    ids = StepIds::kGreedy;  // a draft's row is verified by its argmax
+  } else if (all_device && !has_drafts && model_->has_forward_sample()) {
     ids = StepIds::kSample;
   }
   const int32_t n_step_tokens = plan.n_tokens;  // finish() edits the plan's chunks
@@ -429,34 +493,80 @@ void EngineImpl::run_step() {
       finish(r, FinishReason::kLength, std::move(event));
       continue;
     }
-    const int32_t row = rows.sample_row();
-    if (ids != StepIds::kHost) {
-      commit_token(r, runner_.token(row), nullptr, event);
-    } else {
-      SampledToken sampled;
-      const bool want_logprobs = r.params.logprobs >= 0;
-      if (r.must_close_thinking()) {
-        // Forced, not sampled: its logprob is what the model gave it.
-        const int32_t id = r.params.thinking.close;
-        if (want_logprobs) {
-          const int n_top = static_cast<int>(std::min<int64_t>(r.params.logprobs, model_->n_vocab()));
-          token_logprobs(runner_.logits(row), model_->n_vocab(), id, n_top, sampled);
-        }
-        commit_token(r, id, want_logprobs ? &sampled : nullptr, event);
-        if (!r.finished()) deliver(r, std::move(event));
-        continue;
-      }
-      const bool masked = r.grammar_applies();
-      if (masked && !fill_grammar_mask(r)) continue;
-      const int32_t id = r.sampler->sample(runner_.logits(row), r.params.logprobs, want_logprobs ? &sampled : nullptr,
-                                           masked ? std::span<const uint64_t>(r.mask) : std::span<const uint64_t>());
-      commit_token(r, id, want_logprobs ? &sampled : nullptr, event);
-    }
+    sample_chunk(r, c, rows, ids, event);
     if (!r.finished()) deliver(r, std::move(event));
   }
   // The wall time a decoding stream waited for this step's token: the
   // forward, sampling and delivery (what latency-aware planning bounds).
   scheduler_.cost_model().observe(n_step_tokens, seconds(now, Clock::now()));
+}
+
+int32_t EngineImpl::pick_token(Request& r, int32_t row, StepIds ids, SampledToken* sampled) {
+  if (ids != StepIds::kHost) return runner_.token(row);
+  if (r.must_close_thinking()) {
+    // Forced, not sampled: its logprob is what the model gave it.
+    const int32_t id = r.params.thinking.close;
+    if (sampled) {
+      const int n_top = static_cast<int>(std::min<int64_t>(r.params.logprobs, model_->n_vocab()));
+      token_logprobs(runner_.logits(row), model_->n_vocab(), id, n_top, *sampled);
+    }
+    return id;
+  }
+  const bool masked = r.grammar_applies();
+  if (masked && !fill_grammar_mask(r)) return -1;
+  return r.sampler->sample(runner_.logits(row), sampled ? r.params.logprobs : -1, sampled,
+                           masked ? std::span<const uint64_t>(r.mask) : std::span<const uint64_t>());
+}
+
+void EngineImpl::sample_chunk(Request& r, const ScheduledChunk& c, const ModelRunner::ChunkRows& rows, StepIds ids,
+                              GenerationEvent& event) {
+  // Verification: row sample_row() + j follows draft j - 1 (j = 0: the owed
+  // token). Each row's token is picked exactly as without speculation (the
+  // sampler, its penalties and mask as of the tokens before it, and its
+  // seeded draw index), so a draft holds iff it equals that token: a greedy
+  // request's output is its non-speculative output, and a sampled one takes
+  // draft d with probability p(d) and otherwise a token of p without d
+  // (standard speculative sampling for a proposer that is sure of its
+  // guess), with the same seeded draws as without speculation. The drafts
+  // leave `tokens` first; the ones that hold go back in as committed tokens.
+  const int32_t n_draft = rows.n_draft;
+  assert(n_draft == c.n_draft && n_draft == r.n_draft);
+  (void)c;
+  drafts_.assign(r.tokens.end() - n_draft, r.tokens.end());
+  r.n_computed -= n_draft;
+  r.drop_draft(n_draft);
+  const int32_t base = r.n_computed;  // the owed token's KV included
+  r.spec.n_drafted += n_draft;
+  spec_drafted_ += n_draft;
+  const bool want_logprobs = ids == StepIds::kHost && r.params.logprobs >= 0;
+  int32_t n_held = 0;
+  for (int32_t j = 0; j <= n_draft; ++j) {
+    SampledToken sampled;
+    const int32_t id = pick_token(r, rows.sample_row() + j, ids, want_logprobs ? &sampled : nullptr);
+    if (id < 0) return;  // r finished: no token can continue its grammar
+    const bool held = j < n_draft && id == drafts_[static_cast<size_t>(j)];
+    n_held += held;
+    r.spec.n_accepted += held;
+    spec_accepted_ += held;  // before commit_token: a finish publishes the stats
+    commit_token(r, id, want_logprobs ? &sampled : nullptr, event);
+    if (r.finished() || !held) break;
+    r.n_computed = base + j + 1;  // the draft's KV, computed this step, is the token's
+    if (r.n_computed % pool_.block_size() == 0) {
+      // A block of accepted tokens is full: offer it now, as a step without
+      // speculation would have, in case the next token ends the request.
+      const auto seq = static_cast<int64_t>(r.id);
+      auto cached =
+          kv_.commit_full_blocks(seq, std::span<const int32_t>(r.tokens).first(static_cast<size_t>(r.n_computed)));
+      assert(cached.ok());  // r runs, and its n_computed tokens were appended
+      (void)cached;
+    }
+  }
+  if (n_draft == 0) return;
+  adapt_draft_length(r.spec, n_draft, n_held, options_.spec_tokens);
+  if (r.finished()) return;  // its KV is released
+  if (Status st = scheduler_.verified(r); !st.ok()) {
+    finish(r, FinishReason::kError, std::move(event), "speculative decoding: " + st.error().message);
+  }
 }
 
 void EngineImpl::score_prompt(Request& r, const ModelRunner::ChunkRows& rows) {
@@ -509,7 +619,7 @@ void EngineImpl::advance_thinking(Request& r, int32_t id) {
 }
 
 void EngineImpl::commit_token(Request& r, int32_t id, const SampledToken* sampled, GenerationEvent& event) {
-  assert(r.n_draft == 0);  // nothing verifies drafts yet: no speculator appends them
+  assert(r.n_draft == 0);  // drafts leave `tokens` before they are verified (sample_chunk)
   const Request::Think think_before = r.think;
   advance_thinking(r, id);
   // The open token (first output token) and the block's tokens are not the grammar's.
@@ -603,6 +713,8 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
   u.preemptions = r.n_preemptions;
   u.prefill_steps = r.prefill_steps;
   u.longest_prefill_step_s = r.longest_prefill_step_s;
+  u.draft_tokens = r.spec.n_drafted;
+  u.accepted_draft_tokens = r.spec.n_accepted;
   if (r.scheduled_once) u.queue_s = seconds(r.submitted, r.first_scheduled);
   if (r.n_output() > 0) {
     u.first_token_s = seconds(r.submitted, r.first_token);
@@ -677,6 +789,8 @@ void EngineImpl::publish_stats() {
   const StepCostModel& cost = scheduler_.cost_model();
   stats_.step_fixed_ms = cost.fixed_s() * 1e3;
   stats_.step_ms_per_token = cost.per_token_s() * 1e3;
+  stats_.spec_draft_tokens = spec_drafted_;
+  stats_.spec_accepted_tokens = spec_accepted_;
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,

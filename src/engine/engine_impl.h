@@ -15,6 +15,7 @@
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/speculator.h"
 #include "kv/block_pool.h"
 #include "kv/kv_manager.h"
 #include "kv/prefix_tree.h"
@@ -51,6 +52,17 @@ class EngineImpl final : public Engine {
   bool has_work() const { return !live_.empty(); }
   void take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels);
   void run_step();
+  // Appends drafts to the decoding requests that speculate this step.
+  void propose_drafts();
+  // The token non-speculative decoding picks from r's logit row `row` (the
+  // device's pick for kGreedy / kSample steps); -1 when r finished instead
+  // (no token of the grammar can continue).
+  int32_t pick_token(Request& r, int32_t row, StepIds ids, SampledToken* sampled);
+  // Samples a computed chunk's token(s): its owed token's row and, when it
+  // verifies drafts, each following row while the drafts hold (see
+  // speculator.h), then rolls back the rejected drafts' KV.
+  void sample_chunk(Request& r, const ScheduledChunk& c, const ModelRunner::ChunkRows& rows, StepIds ids,
+                    GenerationEvent& event);
   // Fills r's token mask for this step; false (r finished with an error)
   // when the grammar allows no token here.
   bool fill_grammar_mask(Request& r);
@@ -81,8 +93,11 @@ class EngineImpl final : public Engine {
   KvManager kv_;
   Scheduler scheduler_;
   ModelRunner runner_;
-  std::unique_ptr<KvTiers> tiers_;             // null without --cache-ram-mb / --cache-dir
-  std::optional<GrammarMasks> grammar_masks_;  // with a tokenizer
+  std::unique_ptr<KvTiers> tiers_;                // null without --cache-ram-mb / --cache-dir
+  std::optional<GrammarMasks> grammar_masks_;     // with a tokenizer
+  std::unique_ptr<Speculator> speculator_;        // null: no speculation
+  std::vector<int32_t> drafts_;                   // propose / verify scratch
+  int64_t spec_drafted_ = 0, spec_accepted_ = 0;  // EngineStats::spec_*
 
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Request>> live_;

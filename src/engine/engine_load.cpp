@@ -47,6 +47,11 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   mo.n_ctx = options.n_ctx;
   mo.max_batch_tokens = std::max(1, options.max_batch_tokens);
   mo.max_batch_seqs = std::max(1, options.max_running);
+  // Speculation: a verify chunk returns a logit row per draft, so a step's
+  // rows may exceed its sequences (the scheduler keeps within the model's).
+  if (!options.spec.empty() && options.spec != "off") {
+    mo.max_batch_seqs = std::min(mo.max_batch_tokens, mo.max_batch_seqs * (1 + std::max(1, options.spec_tokens)));
+  }
   mo.kv_block_size = options.kv_block_size;
   if (options.kv_cache_mb > 0) {
     mo.kv_cache_bytes = options.kv_cache_mb << 20;

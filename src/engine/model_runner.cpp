@@ -33,7 +33,12 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
     assert(rows.n_scored == 0 || mode == StepIds::kHost);
     const int32_t scored_from = q_start + r.first_scored_position() - r.n_computed;
     for (int32_t k = 0; k < rows.n_scored; ++k) batch_.sample_rows.push_back(scored_from + k);
-    if (rows.samples) batch_.sample_rows.push_back(batch_.n_tokens() - 1);
+    // A verify chunk: the owed token's row, then one per draft.
+    rows.n_draft = rows.samples ? c.n_draft : 0;
+    assert(rows.n_draft == 0 || mode != StepIds::kSample);
+    if (rows.samples) {
+      for (int32_t k = rows.n_draft; k >= 0; --k) batch_.sample_rows.push_back(batch_.n_tokens() - 1 - k);
+    }
     chunk_rows_.push_back(rows);
     BatchSeq& bs = batch_.seqs[static_cast<size_t>(s)];
     bs.decode_from = r.n_prompt;  // so a recomputed output token is computed as it was decoded
@@ -48,7 +53,7 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
       bs.state_restore = kv_.state_restore(seq);
       for (const CheckpointSave& v : kv_.state_saves(seq)) batch_.state_saves.push_back({s, v.pos, v.checkpoint});
     }
-    n_sample += rows.n_scored + (rows.samples ? 1 : 0);
+    n_sample += rows.n_scored + (rows.samples ? 1 + rows.n_draft : 0);
     if (mode == StepIds::kSample && rows.samples) rows_.push_back(c.request->sampler->take_device_draw());
   }
   if (mode != StepIds::kHost) {

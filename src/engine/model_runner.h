@@ -27,11 +27,13 @@ class ModelRunner {
   // Where a chunk's logit rows are (Request::logit_rows, as planned): rows
   // [first, first + n_scored) score the prompt positions from the chunk's
   // Request::first_scored_position(), then row first + n_scored samples
-  // when `samples`.
+  // when `samples`, followed by n_draft rows: the positions of the drafts
+  // the chunk verifies (row sample_row() + j predicts what follows draft j).
   struct ChunkRows {
     int32_t first = 0;
     int32_t n_scored = 0;
     bool samples = false;
+    int32_t n_draft = 0;
     int32_t pool_index = -1;  // GenerationRequest::embed: its row of pooled()
     int32_t sample_row() const { return first + n_scored; }
   };
@@ -42,7 +44,8 @@ class ModelRunner {
   // model().has_forward_sample(); every sampling chunk's request has a
   // sampler whose logits are not edited, and each takes one draw of it) pick
   // the token where the model runs and only token(i) is valid: no logits
-  // cross to the host; they require a plan without scored rows.
+  // cross to the host; they require a plan without scored rows,
+  // and kSample one without drafts (a draw is taken per accepted token).
   Status run(const StepPlan& plan, StepIds mode = StepIds::kHost);
   // One entry per plan chunk, in plan order.
   const std::vector<ChunkRows>& chunk_rows() const { return chunk_rows_; }

@@ -51,6 +51,15 @@ struct Request {
   uint64_t arrival = 0;  // submission order; preemption picks the newest
   uint64_t ns = 0;       // prefix-cache namespace (model fingerprint + cache_namespace)
   int32_t n_draft = 0;   // trailing draft tokens of `tokens` (see above)
+  // Speculation (engine.cpp): the draft length for the next round (adapted
+  // to this request's acceptance), a running acceptance rate, rounds left
+  // without drafts after a poor streak, and the totals for Usage.
+  struct Speculation {
+    int32_t k = 0;
+    float rate = 1.0f;
+    int32_t n_skip = 0;
+    int32_t n_drafted = 0, n_accepted = 0;
+  } spec;
 
   // prompt_logprobs: entries for prompt tokens 1..n_prompt_scored, computed
   // so far (moved into the event that delivers them); n_prompt_scored stays,
@@ -113,8 +122,12 @@ struct Request {
   bool samples_after(int32_t n_tokens) const {
     return n_computed + n_tokens == n_target() && !params.prompt_only && !params.embed;
   }
-  // Logit rows that chunk returns: its scored positions, then the sampling row.
-  int32_t logit_rows(int32_t n_tokens) const { return n_scored_rows(n_tokens) + (samples_after(n_tokens) ? 1 : 0); }
+  // Logit rows that chunk returns: its scored positions, then the sampling
+  // row and one row per draft it verifies (drafts are only ever in a chunk
+  // that ends at the target).
+  int32_t logit_rows(int32_t n_tokens) const {
+    return n_scored_rows(n_tokens) + (samples_after(n_tokens) ? 1 + n_draft : 0);
+  }
   // The most prompt tokens admission may take from the prefix cache.
   // An embedding pools the states of its whole prompt: it computes them all.
   int32_t max_cached_tokens() const {

@@ -116,7 +116,14 @@ void Scheduler::schedule_round(Request* r, size_t index) {
   int32_t n = 1;
   if (r->n_draft > 0) {
     const int32_t room = std::max(1, budget_ - n_decoding(index + 1));
-    n = fit(*r, std::min(r->n_uncomputed(), room), 0);
+    // Each draft takes a logit row: keep one row for every chunk that may
+    // still follow (the running requests not planned yet and admissions).
+    const auto n_running = static_cast<int32_t>(running_.size());
+    const int32_t n_admissible =
+        std::min(static_cast<int32_t>(waiting_.size()), std::max(0, options_.max_running - n_running));
+    const int32_t n_later = n_running - static_cast<int32_t>(plan_.chunks.size()) - 1 + n_admissible;
+    const int32_t draft_rows = std::max(0, options_.max_rows - rows_ - 1 - n_later);
+    n = fit(*r, std::min({r->n_uncomputed(), room, 1 + draft_rows}), 0);
     r->drop_draft(r->n_uncomputed() - n);
   }
   schedule_chunk(r, n);
@@ -231,10 +238,21 @@ Status Scheduler::step_computed() {
   for (ScheduledChunk& c : plan_.chunks) {
     Request* r = c.request;
     r->n_computed += c.n_tokens;
-    const std::span<const int32_t> computed(r->tokens.data(), static_cast<size_t>(r->n_computed));
+    // Drafts are computed but not yet verified: their blocks are offered
+    // once the engine kept the accepted ones (verified()).
+    const std::span<const int32_t> computed(r->tokens.data(), static_cast<size_t>(r->n_computed - c.n_draft));
     auto cached = kv_.commit_full_blocks(static_cast<int64_t>(r->id), computed);
     if (!cached.ok()) return cached.error();
   }
+  return Status::Ok();
+}
+
+Status Scheduler::verified(Request& r) {
+  const auto seq = static_cast<int64_t>(r.id);
+  RILL_TRY(kv_.truncate(seq, r.n_computed));
+  const std::span<const int32_t> computed(r.tokens.data(), static_cast<size_t>(r.n_computed));
+  auto cached = kv_.commit_full_blocks(seq, computed);
+  if (!cached.ok()) return cached.error();
   return Status::Ok();
 }
 

@@ -108,6 +108,13 @@ class Scheduler {
   // After a successful forward: advances each chunk's n_computed and offers
   // newly full blocks to the prefix cache.
   Status step_computed();
+  // After the engine verified r's drafts of the step just computed: r's
+  // n_computed covers its accepted tokens and `tokens` ends with its next
+  // owed token. Gives back the KV of the rejected drafts (the block tail
+  // past n_computed; blocks offered to the prefix cache are never touched,
+  // and no rejected draft's block was offered) and offers the full blocks
+  // of the accepted tokens to the prefix cache.
+  Status verified(Request& r);
 
   const std::deque<Request*>& waiting() const { return waiting_; }
   const std::vector<Request*>& running() const { return running_; }

@@ -260,6 +260,32 @@ Result<int32_t> KvManager::commit_full_blocks(int64_t seq, std::span<const int32
   return n_new;
 }
 
+Status KvManager::truncate(int64_t seq, int32_t n_tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return Error{seq_name(seq) + ": truncate of an unknown sequence"};
+  Sequence& s = it->second;
+  if (n_tokens < 0 || n_tokens > s.n_tokens) {
+    return Error{seq_name(seq) + ": truncate to " + std::to_string(n_tokens) + " of " + std::to_string(s.n_tokens) +
+                 " tokens"};
+  }
+  if (has_recurrent()) return Error{seq_name(seq) + ": a recurrent state cannot be truncated"};
+  const int32_t n_keep = blocks_for(n_tokens);
+  for (Group& grp : s.groups) {
+    if (grp.n_offered > n_keep) {
+      return Error{seq_name(seq) + ": truncate to " + std::to_string(n_tokens) + " tokens would drop cached blocks"};
+    }
+  }
+  for (Group& grp : s.groups) {
+    if (static_cast<int32_t>(grp.blocks.size()) <= n_keep) continue;
+    std::vector<BlockLease> tail(std::make_move_iterator(grp.blocks.begin() + n_keep),
+                                 std::make_move_iterator(grp.blocks.end()));
+    grp.blocks.resize(static_cast<size_t>(n_keep));
+    release_tail_first(tail);
+  }
+  s.n_tokens = n_tokens;
+  return Status::Ok();
+}
+
 void KvManager::release(int64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;

@@ -94,6 +94,14 @@ class KvManager {
   // dead sliding blocks are given back either way: that is always valid).
   Status append(int64_t seq, int32_t n_tokens);
 
+  // Shrinks the sequence to its first n_tokens (speculative decoding: the
+  // KV of rejected draft tokens), giving back the blocks past them tail
+  // first. Requires n_tokens <= length(seq), n_tokens to keep every block
+  // offered to the prefix cache (shared blocks are never rewritten) and no
+  // recurrent group (its state cannot be shrunk). The partial tail block
+  // kept is rewritten by the next append's tokens.
+  Status truncate(int64_t seq, int32_t n_tokens);
+
   // `tokens` are the sequence's tokens so far (size <= length, all
   // computed). Inserts each attention group's full blocks not offered
   // before into the prefix tree. A sliding group's chain continues past its

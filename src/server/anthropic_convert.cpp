@@ -286,6 +286,9 @@ std::optional<ApiError> parse_generation(const FieldReader& body, AnthropicReque
   std::optional<bool> stream;
   if (auto e = body.read_bool("stream", stream)) return e;
   req.stream = stream.value_or(false);
+  std::optional<bool> speculative;  // rill: false opts out of the server's speculative decoding
+  if (auto e = body.read_bool("speculative", speculative)) return e;
+  req.chat.generation.speculative = speculative.value_or(true);
   return std::nullopt;
 }
 

@@ -295,6 +295,11 @@ void App::stats(std::shared_ptr<Responder> res) {
                              {"last_target_ms", s.step_target_ms},
                              {"last_prefill_cap_tokens", s.prefill_cap_tokens},
                              {"steps_prefill_capped", s.steps_prefill_capped}};
+  // Speculative decoding (--spec): null when off.
+  engine["speculative"] = s.speculator.empty() ? nlohmann::json(nullptr)
+                                               : nlohmann::json{{"speculator", s.speculator},
+                                                                {"draft_tokens", s.spec_draft_tokens},
+                                                                {"accepted_tokens", s.spec_accepted_tokens}};
   nlohmann::json kv = {{"block_size", s.kv_block_size},
                        {"blocks_total", s.kv_blocks_total},
                        {"blocks_used", s.kv_blocks_used},

@@ -125,6 +125,20 @@ std::string Metrics::render(const EngineStats& s) const {
   gauge(out, "rill_engine_steps_total", "engine steps", static_cast<double>(s.steps), "counter");
   gauge(out, "rill_preemptions_total", "requests preempted for KV blocks", static_cast<double>(s.preemptions),
         "counter");
+  if (!s.speculator.empty()) {
+    const std::string label = "{speculator=\"" + escape_label_value(s.speculator) + "\"}";
+    out += "# HELP rill_spec_draft_tokens_total draft tokens verified\n# TYPE rill_spec_draft_tokens_total counter\n";
+    out += "rill_spec_draft_tokens_total" + label + " " + std::to_string(s.spec_draft_tokens) + "\n";
+    out +=
+        "# HELP rill_spec_accepted_tokens_total draft tokens accepted\n"
+        "# TYPE rill_spec_accepted_tokens_total counter\n";
+    out += "rill_spec_accepted_tokens_total" + label + " " + std::to_string(s.spec_accepted_tokens) + "\n";
+    out += "# HELP rill_spec_acceptance_rate accepted / drafted tokens\n# TYPE rill_spec_acceptance_rate gauge\n";
+    const double rate = s.spec_draft_tokens > 0
+                            ? static_cast<double>(s.spec_accepted_tokens) / static_cast<double>(s.spec_draft_tokens)
+                            : 0.0;
+    out += "rill_spec_acceptance_rate" + label + " " + num(rate) + "\n";
+  }
   gauge(out, "rill_requests_running", "requests in the running batch", s.running);
   gauge(out, "rill_requests_waiting", "requests waiting for admission", s.waiting);
   gauge(out, "rill_kv_blocks_total", "KV cache blocks", s.kv_blocks_total);

@@ -145,6 +145,9 @@ std::optional<ApiError> read_common(const RequestLimits& limits, const FieldRead
   RILL_READ(read_logit_bias(limits, body, out.logit_bias));
   RILL_READ(body.read_bool("ignore_eos", ignore_eos));
   out.generation.ignore_eos = ignore_eos.value_or(false);
+  std::optional<bool> speculative;  // rill: false opts out of the server's speculative decoding
+  RILL_READ(body.read_bool("speculative", speculative));
+  out.generation.speculative = speculative.value_or(true);
 #undef RILL_READ
   return std::nullopt;
 }
@@ -237,7 +240,7 @@ void append_prompt_logprobs(const Tokenizer& tok, std::span<const int32_t> promp
 }
 
 ojson usage_json(const std::vector<ChatResult>& results, size_t per_prompt) {
-  int64_t prompt = 0, cached = 0, completion = 0, reasoning = 0;
+  int64_t prompt = 0, cached = 0, completion = 0, reasoning = 0, drafted = 0, accepted = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     if (per_prompt > 0 && i % per_prompt == 0) {
       prompt += results[i].usage.prompt_tokens;
@@ -245,12 +248,19 @@ ojson usage_json(const std::vector<ChatResult>& results, size_t per_prompt) {
     }
     completion += results[i].usage.completion_tokens;
     reasoning += results[i].usage.reasoning_tokens;
+    drafted += results[i].usage.draft_tokens;
+    accepted += results[i].usage.accepted_draft_tokens;
   }
+  // Speculative decoding's drafts, in the fields OpenAI's Predicted Outputs
+  // use for the same thing: drafts that held and drafts that did not.
   return {{"prompt_tokens", prompt},
           {"completion_tokens", completion},
           {"total_tokens", prompt + completion},
           {"prompt_tokens_details", {{"cached_tokens", cached}}},
-          {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
+          {"completion_tokens_details",
+           {{"reasoning_tokens", reasoning},
+            {"accepted_prediction_tokens", accepted},
+            {"rejected_prediction_tokens", drafted - accepted}}}};
 }
 
 OpenAiCall::OpenAiCall(ServerContext& ctx, std::shared_ptr<Responder> res, bool stream, std::string id)

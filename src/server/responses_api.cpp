@@ -172,6 +172,7 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::sh
   generation.sampling = resolve_sampling(ctx, request.sampling);
   // Unset: as many as fit (ChatStream applies the server's default and cap).
   generation.max_tokens = request.max_output_tokens.value_or(0);
+  generation.speculative = request.speculative;
 
   request.store = request.store && ctx.responses != nullptr;
   const std::string model = request.model.empty() ? ctx.options.model_id : request.model;

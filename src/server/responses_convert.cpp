@@ -256,6 +256,9 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
   req.stream = stream.value_or(req.stream);
   req.store = store.value_or(req.store);
   req.parallel_tool_calls = parallel_tool_calls.value_or(req.parallel_tool_calls);
+  std::optional<bool> speculative;
+  if (auto e = body.read_bool("speculative", speculative)) return *e;
+  req.speculative = speculative.value_or(true);
   if (auto e = read_metadata(body, req.metadata)) return *e;
 
   SamplingOverrides& s = req.sampling;

@@ -57,6 +57,7 @@ struct ResponsesRequest {
   std::optional<int32_t> thinking_budget;  // reasoning.effort asked for thinking: its budget (-1: unbounded)
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
   bool parallel_tool_calls = true;
+  bool speculative = true;                                  // rill: false opts out of the server's speculative decoding
   bool tools_required = false;                              // tool_choice "required" or a named function
   OutputConstraint constraint;                              // text.format json_object / json_schema
   nlohmann::ordered_json text_format = {{"type", "text"}};  // as sent, echoed

@@ -503,3 +503,30 @@ TEST(Scheduler, ALongPromptAdvancesOverSeveralStepsWhileStreamsDecode) {
 
 }  // namespace
 }  // namespace rill
+
+namespace rill {
+namespace {
+
+// Each draft takes a logit row: a round gets only the rows beyond one for
+// every chunk that may still follow (later decoders, prefills, admissions).
+TEST(Scheduler, DraftsGetOnlyTheLogitRowsLeftForLaterChunks) {
+  SchedulerOptions o;
+  o.token_budget = 64;
+  o.max_running = 4;
+  o.max_rows = 6;
+  Rig rig(128, 4, o);
+  Request* a = rig.add(tokens(2, 100), 50);
+  Request* b = rig.add(tokens(2, 200), 50);
+  rig.step();
+  add_draft(a, 8);
+  add_draft(b, 8);
+  rig.add(tokens(3, 300), 50);  // waiting: one more chunk may follow
+  // Rows: 6. a keeps one for b and one for the admission: its token and 3
+  // drafts (4 rows); b then has 2 - 1 (the admission) = 1 row: no draft.
+  EXPECT_EQ(chunks_of(rig.sched.schedule()),
+            (std::vector<Chunk>{{a->id, 4, 3, true}, {b->id, 1, 0, true}, {3, 3, 0, true}}));
+  EXPECT_EQ(b->n_draft, 0);
+}
+
+}  // namespace
+}  // namespace rill

@@ -1,0 +1,39 @@
+#include "engine/speculator.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace rill {
+
+NgramSpeculator::NgramSpeculator(int32_t max_ngram, int32_t min_ngram)
+    : max_ngram_(std::max(1, max_ngram)), min_ngram_(std::clamp(min_ngram, 1, std::max(1, max_ngram))) {}
+
+void NgramSpeculator::propose(std::span<const int32_t> tokens, int32_t max_tokens, std::vector<int32_t>& out) {
+  assert(max_tokens >= 1);
+  const auto n_tokens = static_cast<int64_t>(tokens.size());
+  for (int32_t n = max_ngram_; n >= min_ngram_; --n) {
+    if (n_tokens < n + 1) continue;
+    const std::span<const int32_t> tail = tokens.last(static_cast<size_t>(n));
+    // The latest occurrence first: it is the likeliest to continue the same
+    // way (a passage being rewritten is copied in order). The tail itself
+    // (start n_tokens - n) is not an earlier occurrence.
+    for (int64_t start = n_tokens - n - 1; start >= 0; --start) {
+      if (!std::equal(tail.begin(), tail.end(), tokens.begin() + start)) continue;
+      const int64_t from = start + n;
+      const int64_t end = std::min(n_tokens, from + max_tokens);
+      out.insert(out.end(), tokens.begin() + from, tokens.begin() + end);
+      return;
+    }
+  }
+}
+
+Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec) {
+  if (spec.empty() || spec == "off") return std::unique_ptr<Speculator>();
+  if (spec == "ngram") return std::unique_ptr<Speculator>(std::make_unique<NgramSpeculator>());
+  if (spec.rfind("draft=", 0) == 0 || spec == "mtp") {
+    return Error{"--spec " + spec + ": not implemented yet (the draft-model and MTP speculators); use ngram or off"};
+  }
+  return Error{"--spec: unknown speculator '" + spec + "' (expected ngram, off, draft=MODEL or mtp)"};
+}
+
+}  // namespace rill

@@ -1,0 +1,55 @@
+#pragma once
+// Speculator: proposes draft tokens for a decoding request, which the engine
+// verifies in the request's next step (speculative decoding). A speculator
+// only guesses: the engine computes the request's last sampled token and
+// its k drafts in one step (1 + k logit rows), takes at each position the
+// token non-speculative decoding would take from that row (the same
+// sampler, mask and seeded draw), keeps the drafts while they equal it and
+// drops the rest (engine/engine.cpp: verify). So the output does not depend
+// on what a speculator proposes, only the number of steps does.
+//
+// Chosen per server (EngineOptions::spec, `--spec`), opted out of per
+// request (GenerationRequest::speculative). Engine thread only; propose()
+// must not allocate once `out` has grown (it runs per row per step).
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+
+namespace rill {
+
+class Speculator {
+ public:
+  virtual ~Speculator() = default;
+  // The name /metrics labels its counters with ("ngram", ...).
+  virtual const char* name() const = 0;
+  // Appends up to max_tokens (>= 1) guesses of what follows `tokens` (the
+  // request's prompt and output so far, at least one token) to `out`;
+  // appends nothing when it has no guess.
+  virtual void propose(std::span<const int32_t> tokens, int32_t max_tokens, std::vector<int32_t>& out) = 0;
+};
+
+// Prompt lookup: finds the latest earlier occurrence of the last n tokens
+// (n = max_ngram down to min_ngram, the longest match wins) in the prompt
+// and output, and proposes the tokens that followed it. Strong where the
+// output copies its input (edits, code refactors, retrieval answers); it
+// proposes nothing when the tail never occurred before.
+class NgramSpeculator final : public Speculator {
+ public:
+  explicit NgramSpeculator(int32_t max_ngram = 3, int32_t min_ngram = 1);
+  const char* name() const override { return "ngram"; }
+  void propose(std::span<const int32_t> tokens, int32_t max_tokens, std::vector<int32_t>& out) override;
+
+ private:
+  int32_t max_ngram_, min_ngram_;
+};
+
+// The server's choice (`--spec`): "off" or "ngram". "draft=MODEL" and "mtp"
+// are refused with a message saying they are not implemented; anything else
+// is refused naming the accepted values. "off" gives null.
+Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec);
+
+}  // namespace rill
