@@ -219,6 +219,9 @@ struct RopeKvOp {
 // score = scale * q.k, softcap > 0: softcap * tanh(score / softcap), then
 // an f32 softmax. F16 KV rounds as llama.cpp (backend/cpu/attention_f16.h)
 // on the CPU. out: [n_tokens, n_head * head_dim] in out.dtype.
+// sinks [n_head] (gpt-oss; absent: none): head h's softmax denominator also
+// holds exp(sinks[h]), a logit without a value (the CPU: F32 KV only; CUDA:
+// not yet, asserted).
 struct AttentionOp {
   Tensor q, out;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
@@ -226,6 +229,7 @@ struct AttentionOp {
   int32_t window = 0;
   KvCacheView kv;
   int kv_group = 0;
+  Vec sinks;
 };
 
 // gated_delta(): one Gated DeltaNet layer's core over the step (Qwen3.5 /

@@ -39,6 +39,8 @@ std::optional<DTypeInfo> dtype_info(uint32_t id) {
       return DTypeInfo{"Q6_K", kQKK, kQKK / 2 + kQKK / 4 + kQKK / 16 + 2, true};
     case DType::kQ8_K:
       return DTypeInfo{"Q8_K", kQKK, 4 + kQKK + kQKK / 16 * 2, true};
+    case DType::kMXFP4:
+      return DTypeInfo{"MXFP4", kQK, 1 + kQK / 2, true};
   }
   return std::nullopt;
 }

@@ -22,6 +22,7 @@ enum class DType : uint32_t {
   kQ6_K = 14,
   kQ8_K = 15,  // activations only (the partner of the K-quants)
   kBF16 = 30,
+  kMXFP4 = 39,  // blocks of 32 e2m1 values with an e8m0 scale (gpt-oss experts)
 };
 
 struct DTypeInfo {

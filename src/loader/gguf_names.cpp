@@ -78,6 +78,20 @@ constexpr NamePair kHybridLayerNames[] = {
 bool is_hybrid(std::string_view arch) {
   return arch == "qwen35" || arch == "qwen3next";
 }
+// gpt-oss (llama.cpp's "gpt-oss"): post_attention_norm is the norm before
+// the MoE FFN, the router and the stacked experts carry biases
+// (ffn_*_exps.bias [n_expert, rows]), attn_sinks holds the per-head sink
+// logits. Looked up before kLayerNames for that architecture.
+constexpr NamePair kGptOssLayerNames[] = {
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"attn_sinks.weight", "self_attn.sinks"},
+    {"ffn_gate_inp.weight", "mlp.router.weight"},
+    {"ffn_gate_inp.bias", "mlp.router.bias"},
+    {"ffn_gate_exps.bias", "mlp.experts.gate_proj.bias"},
+    {"ffn_up_exps.bias", "mlp.experts.up_proj.bias"},
+    {"ffn_down_exps.bias", "mlp.experts.down_proj.bias"},
+};
+
 // Mixture-of-experts tensors (llama.cpp's names). Routed experts are stacked
 // in one 3-D tensor per projection: ffn_gate_exps [n_expert, n_ff, n_embd].
 constexpr NamePair kMoeLayerNames[] = {
@@ -114,6 +128,7 @@ constexpr ArchInfo kArchs[] = {
     {"qwen3moe", "qwen3_moe", RopeStyle::kHalf},
     {"qwen35", "qwen3_5_text", RopeStyle::kHalf},  // text positions: MRoPE sections all equal
     {"qwen3next", "qwen3_next", RopeStyle::kHalf},
+    {"gpt-oss", "gpt_oss", RopeStyle::kHalf},
 };
 
 // Arrays this long are tokenizer tables, not configuration: left out of `raw`.
@@ -350,6 +365,11 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::st
   const std::string_view suffix = rest.substr(n_digits + 1);
   if (is_gemma(arch)) {
     for (const auto& p : kGemmaLayerNames) {
+      if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    }
+  }
+  if (arch == "gpt-oss") {
+    for (const auto& p : kGptOssLayerNames) {
       if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
     }
   }

@@ -18,7 +18,9 @@ namespace rill {
 // gemma2/gemma3 "ffn_norm" is "pre_feedforward_layernorm", their
 // "post_attention_norm" / "post_ffw_norm" the post-attention / post-MLP norms;
 // qwen35/qwen3next map llama.cpp's ssm_* / attn_qkv / attn_gate names to the
-// linear_attn.* names of the Hugging Face checkpoints (see kHybridLayerNames).
+// linear_attn.* names of the Hugging Face checkpoints (see kHybridLayerNames);
+// gpt-oss maps attn_sinks, post_attention_norm and the router / expert
+// biases (see kGptOssLayerNames).
 std::optional<std::string> gguf_to_hf_tensor_name(std::string_view gguf_name, std::string_view arch = {});
 
 // Builds the ModelConfig from `general.architecture` and the `<arch>.*` keys.

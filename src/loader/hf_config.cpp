@@ -224,6 +224,8 @@ Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
   if (beta_fast) r.beta_fast = static_cast<float>(*beta_fast);
   if (beta_slow) r.beta_slow = static_cast<float>(*beta_slow);
   if (attn_factor) r.attention_factor = static_cast<float>(*attn_factor);
+  RILL_ASSIGN_OR_RETURN(auto truncate, s.opt_bool("truncate"));
+  if (truncate) r.truncate = *truncate;
   // transformers falls back to max_position_embeddings when absent.
   r.original_max_position = orig ? *orig : c.max_position;
   if (r.type == RopeScaling::Type::kLlama3) {

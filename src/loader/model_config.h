@@ -30,6 +30,7 @@ struct RopeScaling {
   float beta_fast = 32.0f;
   float beta_slow = 1.0f;
   std::optional<float> attention_factor;  // yarn mscale override
+  bool truncate = true;                   // yarn: round the correction range to whole dims (gpt-oss: false)
 };
 
 // Sampling defaults from generation_config.json (or GGUF), used when a

@@ -28,6 +28,7 @@ cpu::RopeScalingParams rope_scaling_params(const RopeScaling& s) {
   rs.beta_fast = s.beta_fast;
   rs.beta_slow = s.beta_slow;
   rs.attention_factor = s.attention_factor;
+  rs.truncate = s.truncate;
   return rs;
 }
 

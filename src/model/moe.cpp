@@ -17,6 +17,10 @@ Status check_linear(const Linear& l, int64_t n_out, int64_t n_in, const std::str
     return Error{"MoE layer: " + what + " is [" + str(l.w.n_rows) + ", " + str(l.w.n_cols) + "], expected [" +
                  str(n_out) + ", " + str(n_in) + "]"};
   }
+  if (!l.bias.empty() && static_cast<int64_t>(l.bias.size()) != n_out) {
+    return Error{"MoE layer: " + what + " has a bias of " + str(static_cast<int64_t>(l.bias.size())) + ", expected " +
+                 str(n_out)};
+  }
   return Status::Ok();
 }
 
@@ -59,6 +63,35 @@ Result<GluFfnWeights> bind_ffn(const ModelFiles& files, const std::string& p, co
 
 float sigmoid(float v) {
   return 1.0f / (1.0f + std::exp(-v));
+}
+
+// gpt-oss routing of one token: the K largest of the X logits (ties: lower
+// id first), then a softmax over those K.
+void route_topk_softmax(const float* logits, int64_t X, int64_t K, int32_t* ids, float* ws) {
+  for (int64_t k = 0; k < K; ++k) {
+    int32_t best = -1;
+    for (int64_t e = 0; e < X; ++e) {
+      if (std::find(ids, ids + k, static_cast<int32_t>(e)) != ids + k) continue;
+      if (best < 0 || logits[e] > logits[best]) best = static_cast<int32_t>(e);
+    }
+    ids[k] = best;
+  }
+  const float mx = logits[ids[0]];  // the largest: picked first
+  float sum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    ws[k] = std::exp(logits[ids[k]] - mx);
+    sum += ws[k];
+  }
+  for (int64_t k = 0; k < K; ++k) ws[k] /= sum;
+}
+
+// gpt-oss's clamped SwiGLU in place over gate: see MoeParams.
+void clamped_swiglu(float* gate, const float* up, int64_t n, float limit, float alpha) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::clamp(up[i], -limit, limit);
+    gate[i] = g * sigmoid(alpha * g) * (u + 1.0f);
+  }
 }
 
 }  // namespace
@@ -207,6 +240,10 @@ void MoeFfn::route(int64_t n_tokens, MoeScratch& s) const {
   const int64_t X = p_.n_expert, K = p_.n_expert_used;
   for (int64_t t = 0; t < n_tokens; ++t) {
     float* pr = s.logits.data() + t * X;
+    if (p_.softmax_after_topk) {
+      route_topk_softmax(pr, X, K, s.top_ids.data() + t * K, s.top_w.data() + t * K);
+      continue;
+    }
     float mx = pr[0];
     for (int64_t e = 1; e < X; ++e) mx = std::max(mx, pr[e]);
     float sum = 0;
@@ -265,7 +302,11 @@ void MoeFfn::run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, flo
   // call over all rows would make a row's result depend on where it lands.
   const int64_t F = w.gate.n_out();
   for (int64_t r = 0; r < n_rows; ++r) {
-    backend.silu_mul(s.gate.data() + r * F, s.up.data() + r * F, s.gate.data() + r * F, F);
+    if (p_.swiglu_limit > 0) {
+      clamped_swiglu(s.gate.data() + r * F, s.up.data() + r * F, F, p_.swiglu_limit, p_.swiglu_alpha);
+    } else {
+      backend.silu_mul(s.gate.data() + r * F, s.up.data() + r * F, s.gate.data() + r * F, F);
+    }
   }
   w.down.forward(s.gate.data(), n_rows, y, backend);
 }

@@ -8,6 +8,9 @@
 //   out    = sum over the token's experts e, in increasing e, of
 //            w_e * down_e(silu(gate_e x) * up_e x)
 //          + sigmoid(shared_gate . x) * shared(x)   (when there is a shared expert)
+// Options (MoeParams): softmax_after_topk (gpt-oss: top-k of the logits,
+// softmax over those k), the clamped SwiGLU (swiglu_limit); every Linear may
+// carry a bias (the router's, each expert's gate/up/down: gpt-oss).
 //
 // Experts run per token group: the tokens routed to an expert are gathered
 // and go through one matmul per weight; an expert no token chose costs
@@ -35,6 +38,14 @@ struct MoeParams {
   int64_t n_ff = 0;            // each routed expert's intermediate size
   bool norm_topk_prob = true;  // renormalise the top-k probabilities
   int64_t n_ff_shared = 0;     // the shared expert's intermediate size; 0: none
+  // gpt-oss: the top-k of the router's logits (the router's bias included),
+  // then a softmax over those k only (norm_topk_prob does not apply).
+  bool softmax_after_topk = false;
+  // gpt-oss's clamped SwiGLU when swiglu_limit > 0: with g = min(gate,
+  // limit) and u = clamp(up, -limit, limit), act = g * sigmoid(alpha g) *
+  // (u + 1). 0: silu(gate) * up.
+  float swiglu_limit = 0.0f;
+  float swiglu_alpha = 1.702f;
 };
 
 // The MoE parameters a config declares (n_expert == 0 when it has none).

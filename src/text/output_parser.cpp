@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/json_parse.h"
+#include "text/harmony_parser.h"
 
 namespace rill {
 namespace {
@@ -104,6 +105,7 @@ std::string make_tool_call_id() {
 }
 
 OutputParser::OutputParser(OutputParserOptions options) : options_(options) {
+  if (options_.harmony) harmony_ = std::make_unique<HarmonyParser>(options_.parse_tool_calls);
   if (!options_.parse_reasoning) options_.starts_in_reasoning = false;
   if (options_.starts_in_reasoning) {
     mode_ = Mode::kReasoning;
@@ -112,12 +114,22 @@ OutputParser::OutputParser(OutputParserOptions options) : options_(options) {
   }
 }
 
+OutputParser::~OutputParser() = default;
+OutputParser::OutputParser(OutputParser&&) noexcept = default;
+OutputParser& OutputParser::operator=(OutputParser&&) noexcept = default;
+
+bool OutputParser::saw_tool_calls() const {
+  return harmony_ ? harmony_->saw_tool_calls() : saw_tool_calls_;
+}
+
 void OutputParser::push(std::string_view text, OutputDelta& out) {
+  if (harmony_) return harmony_->push(text, out);
   buf_.append(text);
   drain(false, out);
 }
 
 void OutputParser::finish(OutputDelta& out) {
+  if (harmony_) return harmony_->finish(out);
   drain(true, out);
   buf_.clear();
   reasoning_ws_.clear();

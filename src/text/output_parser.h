@@ -107,17 +107,26 @@ struct OutputParserOptions {
   // is JSON other than a string (or Python's True / False / None) is that
   // value, anything else a string.
   std::shared_ptr<const ToolParameterTypes> parameter_types;
+  // OpenAI's harmony format (gpt-oss; text/harmony_parser.h): channels and
+  // recipients instead of the markers above. The reply's text must keep the
+  // harmony special tokens (<|channel|>, <|message|>, ...).
+  bool harmony = false;
 };
+
+class HarmonyParser;
 
 class OutputParser {
  public:
   explicit OutputParser(OutputParserOptions options);
+  ~OutputParser();
+  OutputParser(OutputParser&&) noexcept;
+  OutputParser& operator=(OutputParser&&) noexcept;
   // Feeds decoded text; appends to `out` what became final.
   void push(std::string_view text, OutputDelta& out);
   // End of the stream: releases held text (an unfinished call or think block
   // ends as what it was: content or reasoning).
   void finish(OutputDelta& out);
-  bool saw_tool_calls() const { return saw_tool_calls_; }
+  bool saw_tool_calls() const;
 
  private:
   enum class Mode {
@@ -175,11 +184,12 @@ class OutputParser {
   bool call_open_ = false;                  // a call's first delta went out; call_ is being streamed
   ToolCall call_;                           // the open call (arguments: streamed so far)
   size_t call_index_ = 0, n_calls_ = 0;
-  size_t n_xml_parameters_ = 0;     // parameters of the open XML call written so far
-  std::string xml_parameter_;       // the parameter whose value is being read
-  bool xml_in_value_ = false;       // between <parameter=...> and </parameter>
-  bool xml_value_started_ = false;  // its leading "\n" is dealt with
-  bool xml_string_value_ = false;   // typed "string": its text streams as it comes
+  size_t n_xml_parameters_ = 0;             // parameters of the open XML call written so far
+  std::string xml_parameter_;               // the parameter whose value is being read
+  bool xml_in_value_ = false;               // between <parameter=...> and </parameter>
+  bool xml_value_started_ = false;          // its leading "\n" is dealt with
+  bool xml_string_value_ = false;           // typed "string": its text streams as it comes
+  std::unique_ptr<HarmonyParser> harmony_;  // options_.harmony: the whole reply goes through it
 };
 
 // Parses one tool call object {"name": "...", "arguments"|"parameters": {...}}

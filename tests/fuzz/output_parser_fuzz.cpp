@@ -1,6 +1,6 @@
 // Fuzz target for OutputParser.
 // Input: byte 0 = options (bit 0 parse_reasoning, bit 1 starts_in_reasoning,
-// bit 2 parse_tool_calls); byte 1 = seed of the split points; the rest = the
+// bit 2 parse_tool_calls, bit 3 harmony); byte 1 = seed of the split points; the rest = the
 // generated text.
 // Checks: the result (content, reasoning, tool calls) is the same when the
 // text is pushed whole, byte by byte and in the seeded random pieces; every
@@ -87,11 +87,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.parse_reasoning = data[0] & 1;
   o.starts_in_reasoning = data[0] & 2;
   o.parse_tool_calls = data[0] & 4;
+  o.harmony = data[0] & 8;
   std::mt19937 rng(data[1]);
   const std::string_view text(reinterpret_cast<const char*>(data + 2), size - 2);
 
   const Parsed whole = run(o, {text});
-  if (!o.parse_reasoning && !o.parse_tool_calls) FUZZ_CHECK(whole.content == text);
+  if (!o.parse_reasoning && !o.parse_tool_calls && !o.harmony) FUZZ_CHECK(whole.content == text);
   std::vector<std::string_view> bytes, pieces;
   for (size_t i = 0; i < text.size(); ++i) bytes.push_back(text.substr(i, 1));
   FUZZ_CHECK(run(o, bytes) == whole);

@@ -418,3 +418,48 @@ TEST(GgufConfig, HybridErrorsNameTheFileAndKey) {
 
 }  // namespace
 }  // namespace rill
+
+namespace rill {
+namespace {
+
+// llama.cpp's gpt-oss names: post_attention_norm is the norm before the MoE
+// FFN, attn_sinks the per-head sink logits, and the router and the stacked
+// experts carry biases; "gpt-oss" files are the gpt_oss model type.
+TEST(GgufNames, MapsGptOssNames) {
+  const std::pair<const char*, const char*> kCases[] = {
+      {"blk.1.post_attention_norm.weight", "model.layers.1.post_attention_layernorm.weight"},
+      {"blk.1.attn_sinks.weight", "model.layers.1.self_attn.sinks"},
+      {"blk.1.ffn_gate_inp.weight", "model.layers.1.mlp.router.weight"},
+      {"blk.1.ffn_gate_inp.bias", "model.layers.1.mlp.router.bias"},
+      {"blk.1.ffn_gate_exps.weight", "model.layers.1.mlp.experts.gate_proj.weight"},
+      {"blk.1.ffn_gate_exps.bias", "model.layers.1.mlp.experts.gate_proj.bias"},
+      {"blk.1.ffn_up_exps.bias", "model.layers.1.mlp.experts.up_proj.bias"},
+      {"blk.1.ffn_down_exps.weight", "model.layers.1.mlp.experts.down_proj.weight"},
+      {"blk.1.ffn_down_exps.bias", "model.layers.1.mlp.experts.down_proj.bias"},
+      {"blk.1.attn_q.bias", "model.layers.1.self_attn.q_proj.bias"},
+      {"blk.1.attn_output.bias", "model.layers.1.self_attn.o_proj.bias"},
+      {"blk.1.attn_norm.weight", "model.layers.1.input_layernorm.weight"},
+  };
+  std::set<std::string> seen;
+  for (const auto& [gguf, hf] : kCases) {
+    EXPECT_EQ(gguf_to_hf_tensor_name(gguf, "gpt-oss"), hf) << gguf;
+    EXPECT_TRUE(seen.insert(hf).second) << hf;
+  }
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.1.attn_sinks.weight", "llama"), std::nullopt);
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.1.ffn_gate_inp.weight", "qwen3moe"), "model.layers.1.mlp.gate.weight");
+
+  GgufWriter w = llama_file("gpt-oss");
+  w.add_u32("gpt-oss.expert_count", 32);
+  w.add_u32("gpt-oss.expert_used_count", 4);
+  w.add_u32("gpt-oss.expert_feed_forward_length", 2880);
+  w.add_u32("gpt-oss.attention.sliding_window", 128);
+  const ModelConfig c = config_of(w);
+  EXPECT_EQ(c.architecture, "gpt_oss");
+  EXPECT_EQ(c.rope_style, RopeStyle::kHalf);
+  EXPECT_EQ(c.n_expert, 32);
+  EXPECT_EQ(c.n_ff_expert, 2880);
+  EXPECT_EQ(c.sliding_window, 128);
+}
+
+}  // namespace
+}  // namespace rill

@@ -172,6 +172,7 @@ TEST(Registry, BuiltinNamesOneImplementationPerFamilyAndDevice) {
       {"gemma", {"gemma2", "gemma3_text", "gemma3"}, false},
       {"qwen3_next", {"qwen3_5_text", "qwen3_next"}, false},
       {"bert", {"bert"}, false, "encoder"},
+      {"gpt_oss", {"gpt_oss"}, false},
   };
   EXPECT_EQ(builtin_registry().implementations().size(), 2 * families.size());
   for (const Family& f : families) {

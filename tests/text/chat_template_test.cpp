@@ -1,4 +1,5 @@
-// Real chat templates (SmolLM2, Llama-3, Qwen3, Gemma-3, Llama-3.2-Vision)
+// Real chat templates (SmolLM2, Llama-3, Qwen3, Gemma-3, Llama-3.2-Vision,
+// gpt-oss harmony: tools/make_harmony_goldens.py)
 // rendered over ~17 conversations each and compared byte for byte with
 // Python jinja2 as transformers configures it (tools/make_template_goldens.py),
 // plus the interface contracts: errors instead of crashes, resource limits.
@@ -60,7 +61,7 @@ TEST_P(RealTemplates, MatchTransformersRendering) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ChatTemplate, RealTemplates,
-                         ::testing::Values("smollm2", "llama3", "qwen3", "gemma3", "llama3_2_vision"));
+                         ::testing::Values("smollm2", "llama3", "qwen3", "gemma3", "llama3_2_vision", "gpt_oss"));
 
 TEST(ChatTemplate, SmolLM2FromGgufMetadataText) {
   // The template exactly as stored in the default model's GGUF metadata.

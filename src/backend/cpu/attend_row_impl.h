@@ -49,6 +49,12 @@ void attend_row_impl(const AttendRowArgs& a) {
       Prims::axpy(acc, e, v_row, n, a.kv_f16);
     });
   }
+  if (a.has_sink) {  // exp(sink) joins the denominator, against the larger of m and sink
+    const float m2 = a.sink > m ? a.sink : m;
+    const float corr = std::exp(m - m2);  // 0 without keys
+    l = l * corr + std::exp(a.sink - m2);
+    Prims::scale(acc, corr, n);
+  }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (int64_t d = 0; d < n; ++d) a.out[d] = acc[d] * inv;
 }

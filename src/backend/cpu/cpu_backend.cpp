@@ -352,6 +352,8 @@ class CpuBackend final : public Backend {
     p.window = op.window;
     p.softcap = op.softcap;
     p.kv_dtype = op.kv.dtype;
+    p.sinks = op.sinks.data;
+    assert(!op.sinks || op.kv.dtype == DType::kF32);  // the f16 kernels have no sinks
     seqs_.clear();
     for (int32_t s = 0; s < step.n_seqs; ++s) {
       const int32_t t0 = step.q_start[s];

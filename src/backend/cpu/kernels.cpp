@@ -31,6 +31,7 @@ Kernels make_scalar() {
   k.gemm[id(DType::kQ4_K)] = ref_gemm<DType::kQ4_K>;
   k.gemm[id(DType::kQ5_K)] = ref_gemm<DType::kQ5_K>;
   k.gemm[id(DType::kQ6_K)] = ref_gemm<DType::kQ6_K>;
+  k.gemm[id(DType::kMXFP4)] = ref_gemm<DType::kMXFP4>;
   k.quantize[id(DType::kQ8_0)] = ref::quantize_row_q8_0;
   k.quantize[id(DType::kQ8_1)] = ref::quantize_row_q8_1;
   k.quantize[id(DType::kQ8_K)] = ref::quantize_row_q8_k;

@@ -39,10 +39,13 @@ struct AttendRowArgs {
   float softcap = 0.0f;
   bool kv_f16 = false;
   float* out = nullptr;  // [head_dim]
+  // A sink logit (gpt-oss): joins the softmax denominator, adds no value.
+  bool has_sink = false;
+  float sink = 0.0f;
 };
 using AttendRowFn = void (*)(const AttendRowArgs& args);
 
-inline constexpr int kNumDTypeIds = 32;
+inline constexpr int kNumDTypeIds = 40;  // MXFP4 is 39
 
 struct Kernels {
   Isa isa = Isa::kScalar;

@@ -120,6 +120,10 @@ void attention_strided(const float* q, const int32_t* q_pos, int64_t n_q, const 
       a.softcap = p.softcap;
       a.kv_f16 = f16;
       a.out = out + i * os + h * p.head_dim;
+      if (p.sinks) {
+        a.has_sink = true;
+        a.sink = p.sinks[h];
+      }
       attend(a);
     }
   });

@@ -107,6 +107,7 @@ struct AttentionParams {
   int64_t window = 0;
   float softcap = 0.0f;
   DType kv_dtype = DType::kF32;
+  const float* sinks = nullptr;  // [n_head] sink logits (gpt-oss), F32 KV only; null: none
 };
 void attention(const float* q, const int32_t* q_pos, int64_t n_q, const PagedKv& kv, int64_t n_kv,
                const AttentionParams& p, float* out, ThreadPool& pool);

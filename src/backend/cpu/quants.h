@@ -14,6 +14,7 @@
 //   Q5_K  as Q4_K with a fifth bit per element in qh
 //   Q6_K  16 sub-blocks of 16; x = d * sc[j] * (q - 32), q 6 bits (ql low 4, qh high 2)
 //   Q8_K  x = d * q (d is f32), bsums[j] = sum of q over elements 16j..16j+15
+#include <bit>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -77,6 +78,22 @@ struct BlockQ8_K {
   int16_t bsums[kQKK / 16];
 };
 
+// MXFP4 (OCP microscaling): x = 2^(e - 127) * v, v an e2m1 value (0, 0.5,
+// 1, 1.5, 2, 3, 4, 6 and their negatives); stored as llama.cpp does, the
+// values doubled (kMxfp4Values) and the scale halved
+// (e8m0_to_f32_half). Nibbles: low = element j, high = element j + 16.
+struct BlockMXFP4 {
+  uint8_t e;  // e8m0 exponent
+  uint8_t qs[kQK / 2];
+};
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// 2^(e - 128) as f32 (subnormal for e < 2), ggml's GGML_E8M0_TO_FP32_HALF.
+inline float e8m0_to_f32_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
+  return std::bit_cast<float>(bits);
+}
+
+static_assert(sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);
@@ -100,7 +117,7 @@ inline void unpack_scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m
 }
 
 // The activation type a weight type's dot product pairs with: Q8_0 for
-// Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F32 for float weights.
+// Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F32 for float weights.
 DType vec_dot_partner(DType w);
 
 namespace ref {

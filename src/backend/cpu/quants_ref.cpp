@@ -14,6 +14,7 @@ DType vec_dot_partner(DType w) {
     case DType::kQ4_0:
     case DType::kQ5_0:
     case DType::kQ8_0:
+    case DType::kMXFP4:
       return DType::kQ8_0;
     case DType::kQ4_1:
     case DType::kQ5_1:
@@ -205,6 +206,27 @@ float dot_q4_0(int64_t nb, const BlockQ4_0* x, const BlockQ8_0* y) {
   return sum;
 }
 
+// llama.cpp's ggml_vec_dot_mxfp4_q8_0: per block the integer sum of the
+// doubled values times q, scaled by the halved e8m0 scale times y's d.
+float dot_mxfp4(int64_t nb, const BlockMXFP4* x, const BlockQ8_0* y) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    const int s = block_isum([&](int j) { return static_cast<int>(kMxfp4Values[q4_nib(x[i].qs, j)]); }, y[i].qs);
+    sum += (e8m0_to_f32_half(x[i].e) * h2f(y[i].d)) * static_cast<float>(s);
+  }
+  return sum;
+}
+
+void dequant_mxfp4(const BlockMXFP4* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = e8m0_to_f32_half(b[i].e);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[i * kQK + j] = d * static_cast<float>(kMxfp4Values[b[i].qs[j] & 0xF]);
+      y[i * kQK + j + kQK / 2] = d * static_cast<float>(kMxfp4Values[b[i].qs[j] >> 4]);
+    }
+  }
+}
+
 float dot_q4_1(int64_t nb, const BlockQ4_1* x, const BlockQ8_1* y) {
   float sum = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
@@ -378,6 +400,8 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb);
     case DType::kQ8_K:
       return dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb);
+    case DType::kMXFP4:
+      return dequant_mxfp4(static_cast<const BlockMXFP4*>(src), dst, nb);
   }
   assert(false && "dequantize_row: unsupported dtype");
 }
@@ -487,6 +511,8 @@ float vec_dot(DType w, int64_t n, const void* wrow, const void* arow) {
       return dot_q5_k(nb, static_cast<const BlockQ5_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
     case DType::kQ6_K:
       return dot_q6_k(nb, static_cast<const BlockQ6_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
+    case DType::kMXFP4:
+      return dot_mxfp4(nb, static_cast<const BlockMXFP4*>(wrow), static_cast<const BlockQ8_0*>(arow));
     default:
       assert(false && "vec_dot: unsupported weight dtype");
   }

@@ -44,8 +44,12 @@ RopeTable make_rope_table(float theta, int64_t rot_dim, bool interleaved, const 
   if (s.type == RopeScalingParams::Type::kYarn) {
     assert(s.original_max_position > 0);
     const double max_pos = static_cast<double>(s.original_max_position);
-    low = std::floor(yarn_correction_dim(s.beta_fast, rot_dim, base, max_pos));
-    high = std::ceil(yarn_correction_dim(s.beta_slow, rot_dim, base, max_pos));
+    low = yarn_correction_dim(s.beta_fast, rot_dim, base, max_pos);
+    high = yarn_correction_dim(s.beta_slow, rot_dim, base, max_pos);
+    if (s.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
     low = std::max(low, 0.0);
     high = std::min(high, static_cast<double>(rot_dim - 1));
     if (low == high) high += 0.001;  // avoid a zero-width ramp

@@ -23,6 +23,7 @@ struct RopeScalingParams {
   float beta_fast = 32.0f;
   float beta_slow = 1.0f;
   std::optional<float> attention_factor;  // yarn: overrides 0.1 * ln(factor) + 1
+  bool truncate = true;                   // yarn: floor/ceil the correction range (HF `truncate`)
 };
 
 // theta: rope base; rot_dim: rotated dims per head (even).

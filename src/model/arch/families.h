@@ -60,6 +60,15 @@ Result<std::unique_ptr<Model>> create_qwen3_next_cpu_model(std::shared_ptr<const
 Result<std::unique_ptr<Model>> create_qwen3_next_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                             const ModelOptions& options);
 
+// gpt-oss (gpt_oss): alternating sliding / full attention with sink
+// logits, YaRN, an MoE FFN with biases and the clamped SwiGLU on every
+// layer. gpt_oss.cpu: one graph (gpt_oss.cpp); gpt_oss.cuda refuses at load
+// until the CUDA kernels have sinks and the gpt-oss MoE.
+Result<std::unique_ptr<Model>> create_gpt_oss_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                        const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_gpt_oss_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                         const ModelOptions& options);
+
 // BERT family (encoders, embeddings only): bert.cpu (bert.cpp, on the CPU
 // Backend); bert.cuda refuses until the CUDA Backend has the encoder ops.
 Result<std::unique_ptr<Model>> create_bert_cpu_model(std::shared_ptr<const ModelFiles> files,

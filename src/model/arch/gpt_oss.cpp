@@ -1,0 +1,517 @@
+// The gpt-oss family (`gpt_oss`: gpt-oss-20b / 120b), from Hugging Face
+// files. Against the Llama family:
+//   layer kinds   sliding and full layers alternate (`layer_types`; the
+//                 window from `sliding_window`), each kind in its KV group
+//                 (as Gemma's)
+//   attention     q/k/v/o biases; a learned sink logit per head that joins
+//                 the softmax denominator and adds no value (AttentionOp::sinks)
+//   RoPE          YaRN over the whole head, one table for both kinds
+//                 (`truncate: false` keeps the correction range unrounded)
+//   MoE FFN       on every layer: the router (with a bias) picks the top-k
+//                 logits and softmaxes over those k; the experts have biases
+//                 and the clamped SwiGLU (swiglu_limit 7, alpha 1.702):
+//                 (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)
+//                 (model/moe.h's MoeParams options)
+//
+// Hugging Face stores the experts for x @ W: gate_up_proj [n_expert, E,
+// 2 F] with gate and up interleaved in its columns (gate 2i, up 2i + 1),
+// down_proj [n_expert, F, E], the biases [n_expert, 2 F] / [n_expert, E].
+// Binding transposes them once into Linear rows (gate [F, E], up [F, E],
+// down [E, F]) held by GptOssExperts, so the MoE code sees the layout of
+// every other family.
+//
+// One graph (GptOssGraph, place_gpt_oss, gpt_oss_forward) over Backend ops
+// runs on every device, the MoE FFN through GptOssHooks until MoE is a
+// Backend op: the CPU runtime (`gpt_oss.cpu`, a CpuPagedModel; MoE on
+// model/moe.h's MoeFfn). The CPU keeps f32 KV (the CPU's sink attention is
+// the f32 kernel's). `gpt_oss.cuda` refuses at load for now (see its
+// factory). GGUF files (llama.cpp's `gpt-oss`) bind through the stacked
+// expert tensors, MXFP4 included.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/rope_table.h"
+#include "model/arch/families.h"
+#include "model/batch_check.h"
+#include "model/cpu_paged_model.h"
+#include "model/layers.h"
+#include "model/moe.h"
+#include "model/placement.h"
+
+namespace rill {
+namespace {
+
+// --- The configuration ----------------------------------------------------------
+
+struct GptOssParams {
+  std::vector<bool> sliding;  // [n_layer]
+  float swiglu_limit = 7.0f, swiglu_alpha = 1.702f;
+};
+
+Result<GptOssParams> read_gpt_oss_params(const ModelFiles& f) {
+  const ModelConfig& c = f.config;
+  const std::string file = f.format == ModelFormat::kGguf ? f.path : f.path + "/config.json";
+  GptOssParams p;
+  const nlohmann::json& raw = c.raw;
+  if (f.format == ModelFormat::kGguf) {
+    // llama.cpp: every other layer sliding, the first one included.
+    for (int64_t i = 0; i < c.n_layer; ++i) p.sliding.push_back(i % 2 == 0);
+    return p;
+  }
+  if (auto lt = raw.find("layer_types"); lt != raw.end() && !lt->is_null()) {
+    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c.n_layer) {
+      return Error{file + ": 'layer_types' must list " + std::to_string(c.n_layer) + " layer types"};
+    }
+    for (const nlohmann::json& e : *lt) {
+      if (e == "sliding_attention") {
+        p.sliding.push_back(true);
+      } else if (e == "full_attention") {
+        p.sliding.push_back(false);
+      } else {
+        return Error{file + ": layer type " + e.dump() + " is not supported (sliding_attention, full_attention)"};
+      }
+    }
+  } else {  // transformers' default: sliding first, then alternating
+    for (int64_t i = 0; i < c.n_layer; ++i) p.sliding.push_back(i % 2 == 0);
+  }
+  for (const char* key : {"swiglu_limit", "swiglu_alpha"}) {
+    auto it = raw.find(key);
+    if (it == raw.end() || it->is_null()) continue;
+    if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>())) {
+      return Error{file + ": '" + key + "' must be a positive number"};
+    }
+    (std::string(key) == "swiglu_limit" ? p.swiglu_limit : p.swiglu_alpha) = it->get<float>();
+  }
+  if (c.hidden_act != "silu") {
+    return Error{file + ": hidden_act '" + c.hidden_act + "' is not supported (silu: the clamped SwiGLU)"};
+  }
+  return p;
+}
+
+// --- The checkpoint ----------------------------------------------------------------
+
+// Expert matrices transposed out of Hugging Face's x @ W layout: owned
+// memory the Linear views point into (the model keeps it while it lives).
+struct GptOssExperts {
+  std::vector<std::vector<uint8_t>> buffers;
+};
+
+// out[o, r] = t[e, r, first + o * step] for o < n_out, r < t.shape[1]: a
+// column selection of expert e's [R, C] matrix, transposed. F32/F16/BF16,
+// kept in its dtype.
+Linear transposed_columns(const TensorRef& t, int64_t e, int64_t first, int64_t step, int64_t n_out,
+                          GptOssExperts& store) {
+  const int64_t R = t.shape[1], C = t.shape[2];
+  const size_t es = t.dtype == DType::kF32 ? 4 : 2;
+  std::vector<uint8_t> out(static_cast<size_t>(n_out * R) * es);
+  const uint8_t* src = t.data + static_cast<size_t>(e * R * C) * es;
+  for (int64_t o = 0; o < n_out; ++o) {
+    for (int64_t r = 0; r < R; ++r) {
+      std::memcpy(&out[static_cast<size_t>(o * R + r) * es], src + static_cast<size_t>(r * C + first + o * step) * es,
+                  es);
+    }
+  }
+  Linear l;
+  l.w.dtype = t.dtype;
+  l.w.n_rows = n_out;
+  l.w.n_cols = R;
+  l.w.row_stride = static_cast<size_t>(R) * es;
+  l.w.data = out.data();
+  store.buffers.push_back(std::move(out));
+  return l;
+}
+
+// Elements [first, first + step * n) by step of row e of a 2-D tensor [X, C] as f32.
+std::vector<float> strided_row(const TensorRef& t, int64_t e, int64_t first, int64_t step, int64_t n) {
+  const int64_t C = t.shape[1];
+  std::vector<float> row(static_cast<size_t>(C)), out(static_cast<size_t>(n));
+  cpu::dequantize_row(t.dtype, t.data + static_cast<size_t>(e) * row_bytes(t.dtype, C), row.data(), C);
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = row[static_cast<size_t>(first + i * step)];
+  return out;
+}
+
+// Layer `prefix`'s MoE FFN ("model.layers.N.mlp."): Hugging Face's
+// interleaved gate_up_proj, or stacked gate/up/down projections with
+// biases (GGUF).
+Result<MoeFfn> bind_gpt_oss_moe(const ModelFiles& f, const std::string& prefix, const MoeParams& mp,
+                                GptOssExperts& store) {
+  const int64_t X = mp.n_expert, E = mp.n_embd, F = mp.n_ff;
+  MoeWeights w;
+  RILL_ASSIGN_OR_RETURN(w.router, bind_linear(f, prefix + "router", X, E, Bias::kRequired));
+  w.experts.resize(static_cast<size_t>(X));
+  if (f.find(prefix + "experts.gate_up_proj")) {
+    RILL_ASSIGN_OR_RETURN(const TensorRef* gu, f.require(prefix + "experts.gate_up_proj", {X, E, 2 * F}));
+    RILL_ASSIGN_OR_RETURN(const TensorRef* gub, f.require(prefix + "experts.gate_up_proj_bias", {X, 2 * F}));
+    RILL_ASSIGN_OR_RETURN(const TensorRef* dn, f.require(prefix + "experts.down_proj", {X, F, E}));
+    RILL_ASSIGN_OR_RETURN(const TensorRef* dnb, f.require(prefix + "experts.down_proj_bias", {X, E}));
+    for (const TensorRef* t : {gu, gub, dn, dnb}) {
+      if (t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) {
+        return Error{t->file + ": gpt-oss expert tensors must be F32, F16 or BF16 (got " +
+                     std::string(dtype_name(t->dtype)) + ")"};
+      }
+    }
+    for (int64_t e = 0; e < X; ++e) {
+      GluFfnWeights& x = w.experts[static_cast<size_t>(e)];
+      x.gate = transposed_columns(*gu, e, 0, 2, F, store);
+      x.up = transposed_columns(*gu, e, 1, 2, F, store);
+      x.down = transposed_columns(*dn, e, 0, 1, E, store);
+      x.gate.bias = strided_row(*gub, e, 0, 2, F);
+      x.up.bias = strided_row(*gub, e, 1, 2, F);
+      x.down.bias = strided_row(*dnb, e, 0, 1, E);
+    }
+  } else {
+    RILL_ASSIGN_OR_RETURN(MoeFfn m, MoeFfn::bind(f, prefix, mp, MoeNames{"router"}));
+    w.experts = m.weights().experts;
+    const char* names[] = {"gate_proj", "up_proj", "down_proj"};
+    for (int i = 0; i < 3; ++i) {
+      const int64_t n = i == 2 ? E : F;
+      RILL_ASSIGN_OR_RETURN(const TensorRef* b, f.require(prefix + "experts." + names[i] + ".bias", {X, n}));
+      for (int64_t e = 0; e < X; ++e) {
+        GluFfnWeights& x = w.experts[static_cast<size_t>(e)];
+        (i == 0 ? x.gate : i == 1 ? x.up : x.down).bias = strided_row(*b, e, 0, 1, n);
+      }
+    }
+  }
+  auto m = MoeFfn::create(mp, std::move(w));
+  if (!m.ok()) return Error{f.path + ": '" + prefix + "': " + m.error().message};
+  return m;
+}
+
+struct GptOssLayerWeights {
+  std::vector<float> attn_norm, ffn_norm;  // [E]
+  Linear q, k, v, o;                       // with biases
+  std::vector<float> sinks;                // [n_head]
+  MoeFfn moe;
+};
+
+struct GptOssWeights {
+  GptOssParams params;
+  int64_t E = 0, Q = 0, KV = 0, hd = 0;
+  WeightView embed, lm_head;  // [V, E]
+  bool tied = false;
+  std::vector<float> final_norm;  // [E]
+  std::vector<GptOssLayerWeights> layers;
+  std::shared_ptr<GptOssExperts> experts;  // what the experts' Linears view (HF files)
+  cpu::RopeTable rope;
+};
+
+MoeParams gpt_oss_moe_params(const ModelConfig& c, const GptOssParams& p) {
+  MoeParams mp = moe_params(c);
+  mp.softmax_after_topk = true;
+  mp.swiglu_limit = p.swiglu_limit;
+  mp.swiglu_alpha = p.swiglu_alpha;
+  return mp;
+}
+
+Result<GptOssWeights> bind_gpt_oss(const ModelFiles& f, int64_t max_head_dim) {
+  const ModelConfig& cfg = f.config;
+  const int64_t E = cfg.n_embd, V = cfg.n_vocab;
+  if (E <= 0 || V <= 0 || cfg.n_layer <= 0 || cfg.n_head <= 0 || cfg.n_head_kv <= 0 ||
+      cfg.n_head % cfg.n_head_kv != 0 || cfg.n_expert <= 0) {
+    return Error{f.path + ": inconsistent gpt-oss config (embd " + std::to_string(E) + ", heads " +
+                 std::to_string(cfg.n_head) + "/" + std::to_string(cfg.n_head_kv) + ", experts " +
+                 std::to_string(cfg.n_expert) + ")"};
+  }
+  const int64_t hd = cfg.head_dim > 0 ? cfg.head_dim : E / cfg.n_head;
+  if (hd <= 0 || hd > max_head_dim || hd % 2 != 0 || (cfg.rope_dim > 0 && cfg.rope_dim != hd)) {
+    return Error{f.path + ": head_dim " + std::to_string(hd) + " is not supported (even, at most " +
+                 std::to_string(max_head_dim) + ", rotated whole)"};
+  }
+  GptOssWeights w;
+  RILL_ASSIGN_OR_RETURN(w.params, read_gpt_oss_params(f));
+  w.E = E;
+  w.hd = hd;
+  w.Q = cfg.n_head * hd;
+  w.KV = cfg.n_head_kv * hd;
+  RILL_ASSIGN_OR_RETURN(w.embed, bind_matrix(f, "model.embed_tokens.weight", V, E));
+  w.tied = !f.find("lm_head.weight");
+  w.lm_head = w.embed;
+  if (!w.tied) {
+    RILL_ASSIGN_OR_RETURN(w.lm_head, bind_matrix(f, "lm_head.weight", V, E));
+  }
+  RILL_ASSIGN_OR_RETURN(w.final_norm, load_vector(f, "model.norm.weight", E));
+  w.experts = std::make_shared<GptOssExperts>();
+  const MoeParams mp = gpt_oss_moe_params(cfg, w.params);
+  w.layers.resize(static_cast<size_t>(cfg.n_layer));
+  for (int64_t il = 0; il < cfg.n_layer; ++il) {
+    const std::string p = "model.layers." + std::to_string(il) + ".";
+    GptOssLayerWeights& L = w.layers[static_cast<size_t>(il)];
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", w.Q, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", w.KV, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", w.KV, E, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", E, w.Q, Bias::kOptional));
+    RILL_ASSIGN_OR_RETURN(L.sinks, load_vector(f, p + "self_attn.sinks", cfg.n_head));
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(L.moe, bind_gpt_oss_moe(f, p + "mlp.", mp, *w.experts));
+  }
+  w.rope = cpu::make_rope_table(cfg.rope_theta, hd, cfg.rope_style == RopeStyle::kInterleaved,
+                                rope_scaling_params(cfg.rope_scaling));
+  return w;
+}
+
+// --- The graph, for every device ---------------------------------------------
+
+struct GptOssLayer {
+  bool sliding = false;
+  Vec attn_norm;  // [E]
+  Weight wqkv;    // [Q + 2 KV, E]
+  Vec bqkv;       // [Q + 2 KV] or absent
+  Weight wo;      // [E, Q]
+  Vec bo;         // [E] or absent
+  Vec sinks;      // [n_head]
+  Vec ffn_norm;   // [E]
+};
+
+struct GptOssGraph {
+  int64_t E = 0, hd = 0, Q = 0, KV = 0, V = 0;
+  int32_t n_head = 0, n_head_kv = 0;
+  float eps = 1e-5f, attn_scale = 1.0f;
+  int32_t window = 0;
+  int32_t sliding_group = -1, full_group = -1;
+  Weight embed, lm_head;  // [V, E]
+  Vec final_norm;         // [E]
+  std::vector<GptOssLayer> layers;
+  Rope rope;
+
+  int64_t qkv_width() const { return Q + 2 * KV; }
+  StepLimits step_limits(int64_t max_tokens, int64_t max_sample) const {
+    StepLimits l;
+    l.max_tokens = max_tokens;
+    l.n_head = n_head;
+    l.head_dim = static_cast<int32_t>(hd);
+    l.embedding = &embed;
+    l.lm_head = &lm_head;
+    l.max_head_tokens = max_sample;
+    return l;
+  }
+  // The KV groups: sliding first, then full (the kinds present).
+  KvSpec make_kv_spec() {
+    KvSpec spec;
+    const bool any_sliding = std::any_of(layers.begin(), layers.end(), [](const GptOssLayer& L) { return L.sliding; });
+    const bool any_full = std::any_of(layers.begin(), layers.end(), [](const GptOssLayer& L) { return !L.sliding; });
+    if (any_sliding) {
+      sliding_group = static_cast<int32_t>(spec.size());
+      spec.push_back(sliding(window));
+    }
+    if (any_full) {
+      full_group = static_cast<int32_t>(spec.size());
+      spec.push_back(full());
+    }
+    return spec;
+  }
+  std::vector<Model::KvLayer> kv_layers(DType dtype, size_t row_bytes) const {
+    std::vector<Model::KvLayer> out;
+    for (const GptOssLayer& L : layers) out.push_back({L.sliding ? sliding_group : full_group, dtype, row_bytes});
+    return out;
+  }
+};
+
+Status place_pass(Backend& b, const GptOssWeights& w, GptOssGraph& g) {
+  RILL_TRY(place_embedding_and_head(b, w.embed, w.lm_head, w.tied, w.final_norm, g.embed, g.lm_head, g.final_norm));
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    const std::string p = "model.layers." + std::to_string(il) + ".";
+    const GptOssLayerWeights& h = w.layers[il];
+    GptOssLayer& L = g.layers[il];
+    auto vec = [&](const std::vector<float>& v, const std::string& name) {
+      return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
+    };
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
+    RILL_TRY(place_fused_qkv(b, h.q, h.k, h.v, p, L.wqkv, L.bqkv));
+    const HostMatrix om = host_matrix(h.o.w);
+    RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, p + "self_attn.o_proj"));
+    if (!h.o.bias.empty()) {
+      RILL_ASSIGN_OR_RETURN(L.bo, vec(h.o.bias, "self_attn.o_proj.bias"));
+    }
+    RILL_ASSIGN_OR_RETURN(L.sinks, vec(h.sinks, "self_attn.sinks"));
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "post_attention_layernorm.weight"));
+  }
+  RILL_ASSIGN_OR_RETURN(g.rope, b.place_rope(w.rope));
+  return Status::Ok();
+}
+
+Result<GptOssGraph> place_gpt_oss(Backend& b, const ModelConfig& cfg, const GptOssWeights& w) {
+  GptOssGraph g;
+  g.E = w.E;
+  g.hd = w.hd;
+  g.Q = w.Q;
+  g.KV = w.KV;
+  g.V = cfg.n_vocab;
+  g.n_head = static_cast<int32_t>(cfg.n_head);
+  g.n_head_kv = static_cast<int32_t>(cfg.n_head_kv);
+  g.eps = cfg.rms_norm_eps;
+  g.attn_scale = 1.0f / std::sqrt(static_cast<float>(w.hd));
+  g.window = static_cast<int32_t>(cfg.sliding_window);
+  g.layers.assign(w.layers.size(), GptOssLayer{});
+  for (size_t il = 0; il < w.layers.size(); ++il) g.layers[il].sliding = w.params.sliding[il] && g.window > 0;
+  RILL_TRY(b.place_model([&] { return place_pass(b, w, g); }));
+  return g;
+}
+
+// Activation views for up to the limit's tokens, each dense: x [T, E] F32
+// residual; h [T, E] act (normed); qkv [T, Q + 2 KV] F32; attn [T, Q] act;
+// final_rows [S, E] act.
+struct GptOssActivations {
+  Tensor x, h, qkv, attn, final_rows;
+};
+
+// The runtime's part: each layer's KV and, until MoE is a Backend op, the
+// MoE FFN: x[t] += MoE(h[t]) over x [n, E] F32 and h [n, E] act. Called once
+// per layer, never per token.
+class GptOssHooks {
+ public:
+  virtual ~GptOssHooks() = default;
+  virtual Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) = 0;
+};
+
+// One step: embedding, every layer, the final norm of the sample rows and
+// logits [n_sample, V] F32. Backend ops and the hooks only.
+Status gpt_oss_forward(Backend& b, const GptOssGraph& g, const StepMetadata& md, const GptOssActivations& a,
+                       const std::vector<KvCacheView>& kv, Tensor logits, GptOssHooks& hooks) {
+  const int64_t n = md.n_tokens;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), qkv = a.qkv.rows_from(0, n);
+  const Tensor attn = a.attn.rows_from(0, n);
+  b.embed(g.embed, md.ids, n, x);
+  RopeKvOp rk;
+  rk.qkv = qkv;
+  rk.n_head = g.n_head;
+  rk.n_head_kv = g.n_head_kv;
+  rk.head_dim = static_cast<int32_t>(g.hd);
+  rk.norm_eps = g.eps;
+  rk.rope = g.rope;
+  AttentionOp at;
+  at.q = qkv.cols_from(0, g.Q);
+  at.out = attn;
+  at.n_head = rk.n_head;
+  at.n_head_kv = rk.n_head_kv;
+  at.head_dim = rk.head_dim;
+  at.scale = g.attn_scale;
+  for (size_t il = 0; il < g.layers.size(); ++il) {
+    const GptOssLayer& L = g.layers[il];
+    b.rms_norm(x, nullptr, L.attn_norm, g.eps, 0.0f, h);
+    RILL_TRY(b.matmul(L.wqkv, h, qkv, false, L.bqkv));
+    rk.kv = kv[il];
+    rk.kv_group = L.sliding ? g.sliding_group : g.full_group;
+    b.rope_store_kv(rk, md);
+    at.window = L.sliding ? g.window : 0;
+    at.kv = rk.kv;
+    at.kv_group = rk.kv_group;
+    at.sinks = L.sinks;
+    b.attention(at, md);
+    RILL_TRY(b.matmul(L.wo, attn, x, true, L.bo));
+    b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
+    RILL_TRY(hooks.moe_ffn(static_cast<int64_t>(il), h, x, md));
+  }
+  if (md.n_sample <= 0) return Status::Ok();
+  const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
+  b.rms_norm(x, md.sample_rows, g.final_norm, g.eps, 0.0f, final_rows);
+  return b.matmul(g.lm_head, final_rows, logits, false);
+}
+
+// --- The CPU runtime ------------------------------------------------------------
+
+class GptOssModel final : public CpuPagedModel, GptOssHooks {
+ public:
+  GptOssModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
+      : CpuPagedModel(std::move(files), options.n_threads) {}
+
+  Status init(const ModelOptions& options);
+  Status forward(const Batch& batch, float* logits) override;
+  std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_.dtype(), kv_.row_bytes()); }
+
+ private:
+  Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override;
+
+  GptOssWeights weights_;            // the experts' MoeFfn and their transposed copies
+  std::unique_ptr<Backend> device_;  // on backend_'s threads
+  GptOssGraph graph_;
+  std::vector<float> x_, h_, qkv_, attn_, final_rows_, moe_out_;  // [max_tokens_, ...] f32
+  MoeScratch moe_scratch_;
+  GptOssActivations act_;
+  CpuStepArrays step_;
+  std::vector<KvCacheView> kv_views_;
+};
+
+Status GptOssModel::init(const ModelOptions& options) {
+  constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
+  RILL_ASSIGN_OR_RETURN(weights_, bind_gpt_oss(*files_, kMaxHeadDim));
+  device_ = make_cpu_backend_on(*backend_->pool());
+  RILL_ASSIGN_OR_RETURN(graph_, place_gpt_oss(*device_, cfg_, weights_));
+  kv_spec_ = graph_.make_kv_spec();
+  set_limits(options);
+  RILL_TRY(create_kv(options, cfg_.n_layer, graph_.KV, DType::kF32));
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) kv_views_.push_back(kv_.layer_view(il));
+
+  const int64_t T = max_tokens_;
+  auto view = [T](std::vector<float>& v, int64_t cols) {
+    v.resize(static_cast<size_t>(T * cols));
+    return Tensor::dense(v.data(), DType::kF32, T, cols);
+  };
+  act_ = {view(x_, graph_.E), view(h_, graph_.E), view(qkv_, graph_.qkv_width()), view(attn_, graph_.Q),
+          view(final_rows_, graph_.E)};
+  moe_out_.resize(static_cast<size_t>(T * graph_.E));
+  std::vector<const WeightView*> moe_weights;
+  for (const GptOssLayerWeights& L : weights_.layers) {
+    moe_scratch_.reserve(L.moe.params(), T);
+    L.moe.collect_weights(&moe_weights);
+  }
+  backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), T);
+  step_.reserve(T);
+  return device_->reserve(graph_.step_limits(T, max_seqs_));
+}
+
+Status GptOssModel::moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) {
+  (void)step;
+  const int64_t n = x.rows;
+  weights_.layers[static_cast<size_t>(il)].moe.forward(h.f32(), n, moe_out_.data(), moe_scratch_, *backend_);
+  backend_->add_inplace(x.f32(), moe_out_.data(), n * x.cols);
+  return Status::Ok();
+}
+
+Status GptOssModel::forward(const Batch& batch, float* logits) {
+  if (batch.n_tokens() <= 0) return {};
+  BatchLimits lim;
+  lim.max_tokens = max_tokens_;
+  lim.max_sample_rows = max_seqs_;
+  lim.n_ctx = n_ctx_;
+  lim.n_vocab = cfg_.n_vocab;
+  lim.block_size = kv_.block_size();
+  lim.n_blocks = kv_.n_blocks();
+  RILL_TRY(check_batch(batch, lim, kv_spec_));
+  const StepMetadata md = step_metadata(batch, step_);
+  return gpt_oss_forward(*device_, graph_, md, act_, kv_views_,
+                         Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> create_gpt_oss_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                        const ModelOptions& options) {
+  return init_model(std::make_unique<GptOssModel>(std::move(files), options), options);
+}
+
+// Not yet: the CUDA attention kernels have no sink logits, model/cuda_moe.h
+// no expert biases, top-k-then-softmax routing nor the clamped SwiGLU, and
+// MXFP4 no CUDA kernels; refused at load rather than run without them.
+Result<std::unique_ptr<Model>> create_gpt_oss_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                         const ModelOptions& options) {
+  (void)options;
+#if RILL_HAVE_CUDA
+  return Error{files->path + ": gpt_oss.cuda is not implemented yet (CUDA attention sinks and the gpt-oss MoE); " +
+               "use --device cpu"};
+#else
+  (void)files;
+  return cuda_not_built();
+#endif
+}
+
+}  // namespace rill
