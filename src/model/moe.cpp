@@ -101,6 +101,10 @@ Result<MoeFfn> MoeFfn::create(const MoeParams& p, MoeWeights weights) {
   } else if (weights.shared) {
     return Error{"MoE layer: shared expert weights given but n_ff_shared is 0"};
   }
+  if (!weights.expert_scale.empty() && static_cast<int64_t>(weights.expert_scale.size()) != p.n_expert) {
+    return Error{"MoE layer: " + str(static_cast<int64_t>(weights.expert_scale.size())) + " expert scales, expected " +
+                 str(p.n_expert)};
+  }
   MoeFfn m;
   m.p_ = p;
   m.w_ = std::move(weights);
@@ -232,6 +236,9 @@ void MoeFfn::route(int64_t n_tokens, MoeScratch& s) const {
     if (p_.norm_topk_prob) {
       for (int64_t k = 0; k < K; ++k) ws[k] /= picked_sum;
     }
+    if (!w_.expert_scale.empty()) {
+      for (int64_t k = 0; k < K; ++k) ws[k] *= w_.expert_scale[static_cast<size_t>(ids[k])];
+    }
   }
   // Counting sort by expert; within an expert, tokens stay in ascending order.
   std::fill(s.offsets.begin(), s.offsets.end(), 0);
@@ -265,16 +272,25 @@ void MoeFfn::run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, flo
   // call over all rows would make a row's result depend on where it lands.
   const int64_t F = w.gate.n_out();
   for (int64_t r = 0; r < n_rows; ++r) {
-    backend.silu_mul(s.gate.data() + r * F, s.up.data() + r * F, s.gate.data() + r * F, F);
+    if (p_.gelu_tanh) {
+      backend.gelu_tanh_mul(s.gate.data() + r * F, s.up.data() + r * F, s.gate.data() + r * F, F);
+    } else {
+      backend.silu_mul(s.gate.data() + r * F, s.up.data() + r * F, s.gate.data() + r * F, F);
+    }
   }
   w.down.forward(s.gate.data(), n_rows, y, backend);
 }
 
 void MoeFfn::forward(const float* x, int64_t n_tokens, float* out, MoeScratch& s, cpu::HostOps& backend) const {
-  assert(s.fits(p_, n_tokens) && out != x);
+  forward(x, x, n_tokens, out, s, backend);
+}
+
+void MoeFfn::forward(const float* router_x, const float* x, int64_t n_tokens, float* out, MoeScratch& s,
+                     cpu::HostOps& backend) const {
+  assert(s.fits(p_, n_tokens) && out != x && out != router_x);
   if (n_tokens <= 0) return;
   const int64_t E = p_.n_embd;
-  w_.router.forward(x, n_tokens, s.logits.data(), backend);
+  w_.router.forward(router_x, n_tokens, s.logits.data(), backend);
   route(n_tokens, s);
   std::memset(out, 0, static_cast<size_t>(n_tokens * E) * sizeof(float));
   // Experts in increasing id, so every token adds its experts in that order.

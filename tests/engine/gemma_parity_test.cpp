@@ -70,7 +70,7 @@ TEST_P(GemmaParity, GreedyTokensMatchTransformers) {
   EXPECT_EQ(gen->ids, g.greedy_ids) << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaParity, ::testing::Values("gemma2", "gemma3", "gemma4"));
+INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaParity, ::testing::Values("gemma2", "gemma3", "gemma4", "gemma4-moe"));
 
 }  // namespace
 }  // namespace rill

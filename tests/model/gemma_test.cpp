@@ -286,7 +286,7 @@ TEST_P(GemmaModelTest, GgufFileMatchesTransformers) {
   fs::remove(path);
 }
 
-INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaModelTest, ::testing::Values("gemma2", "gemma3", "gemma4"));
+INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaModelTest, ::testing::Values("gemma2", "gemma3", "gemma4", "gemma4-moe"));
 
 // --- config -----------------------------------------------------------------
 
@@ -425,6 +425,20 @@ TEST(GemmaModel, Gemma4DeclaresItsKvLayersAndWidths) {
     EXPECT_EQ(layers[l].row_bytes, row_bytes[l]) << "layer " << l;
   }
   EXPECT_EQ(m.kv_bytes_per_token(), 2u * (128 + 128 + 256 + 128));
+}
+
+// gemma4-moe (the 26B-A4B shape): full layers have one KV head of 32 whose
+// K is also V, so both groups' rows are 32 wide; every layer keeps KV.
+TEST(GemmaModel, Gemma4MoeKeepsOneKvHeadOnFullLayers) {
+  if (!fs::exists(kGoldens + "gemma4-moe/golden.json")) GTEST_SKIP();
+  auto model = open(kGoldens + "gemma4-moe", small_options());
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const Model& m = **model;
+  ASSERT_EQ(m.kv_spec().size(), 2u);
+  EXPECT_EQ(m.kv_spec()[0].row_width, 32);
+  EXPECT_EQ(m.kv_spec()[1].row_width, 32);
+  ASSERT_EQ(m.kv_layers().size(), 4u);
+  EXPECT_EQ(m.kv_bytes_per_token(), 2u * 4 * 128);
 }
 
 // What Gemma 4 reads from config.json matters: each edit changes the

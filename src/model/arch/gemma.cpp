@@ -47,9 +47,11 @@
 // whole history resident; with groups the KvManager keeps only the
 // window's blocks.
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,7 @@
 #include "model/batch_check.h"
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
+#include "model/moe.h"
 #include "model/placement.h"
 
 #if RILL_HAVE_CUDA
@@ -124,8 +127,14 @@ Result<GemmaWeights> bind_gemma(const ModelFiles& f, int64_t max_head_dim) {
     return Error{f.path + ": partial rotary (" + std::to_string(cfg.rope_dim) + " of " + std::to_string(hd) +
                  " dims) is not part of Gemma 2 / Gemma 3"};
   }
-  if (p.moe) return Error{f.path + ": enable_moe_block (Gemma 4's MoE block) is not supported yet"};
-  w.dims = {E, cfg.n_head * hd, cfg.n_head_kv * hd, F, hd};
+  if (p.moe && (cfg.n_expert <= 0 || cfg.n_expert_used <= 0 || cfg.n_ff_expert <= 0)) {
+    return Error{f.path + "/config.json: enable_moe_block needs num_experts, top_k_experts and moe_intermediate_size"};
+  }
+  w.dims.n_embd = E;
+  w.dims.q_width = cfg.n_head * hd;
+  w.dims.kv_width = cfg.n_head_kv * hd;
+  w.dims.n_ff = F;
+  w.dims.head_dim = hd;
   for (int64_t il = 0; il < cfg.n_layer; ++il) {
     GemmaLayerDims d = w.dims;
     if (p.gemma4) {
@@ -138,6 +147,14 @@ Result<GemmaWeights> bind_gemma(const ModelFiles& f, int64_t max_head_dim) {
       d.has_v = !(p.k_eq_v && !p.sliding[l]);
       d.ple_dim = p.ple_dim;
       d.gemma4 = true;
+      if (p.moe) {
+        d.moe.n_embd = E;
+        d.moe.n_expert = cfg.n_expert;
+        d.moe.n_expert_used = cfg.n_expert_used;
+        d.moe.n_ff = cfg.n_ff_expert;
+        d.moe.norm_topk_prob = true;  // transformers' Gemma4TextRouter always renormalises
+        d.moe.gelu_tanh = true;       // the experts use hidden_activation
+      }
       if (d.head_dim > max_head_dim || d.n_ff <= 0) {
         return Error{f.path + ": layer " + std::to_string(il) + "'s head_dim " + std::to_string(d.head_dim) +
                      " is not supported (at most " + std::to_string(max_head_dim) + ")"};
@@ -189,9 +206,11 @@ struct GemmaLayer {
   Weight w_gate_up;    // [2 F, E]
   Weight w_down;       // [E, F]
   Vec post_ffn_norm;   // [E]
-  Weight w_ple_gate;   // [P, E]; Gemma 4's per-layer input
-  Weight w_ple_proj;   // [E, P]
-  Vec post_ple_norm;   // [E]
+  bool moe = false;    // Gemma 4's MoE block beside the MLP (GemmaHooks::moe_ffn)
+  Vec router_norm, pre_ffn_norm_2, post_ffn_norm_1, post_ffn_norm_2;  // [E]
+  Weight w_ple_gate;                                                  // [P, E]; Gemma 4's per-layer input
+  Weight w_ple_proj;                                                  // [E, P]
+  Vec post_ple_norm;                                                  // [E]
 
   int64_t qkv_width() const { return stores_kv ? Q + 2 * KV : Q; }
 };
@@ -201,7 +220,8 @@ struct GemmaGraph {
   int64_t QKV = 0;
   int32_t n_head = 0, n_head_kv = 0;
   bool v_norm = false;  // Gemma 4
-  int64_t P = 0;        // Gemma 4's per-layer input width; 0: none
+  bool any_moe = false;
+  int64_t P = 0;  // Gemma 4's per-layer input width; 0: none
   float ple_embed_scale = 1.0f, ple_proj_scale = 1.0f;
   Weight ple_embed;                  // [ple_vocab, n_layer * P]
   Weight ple_model_proj;             // [n_layer * P, E]
@@ -303,6 +323,12 @@ Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
     const HostMatrix dm = host_matrix(h.down.w);
     RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
     RILL_ASSIGN_OR_RETURN(L.post_ffn_norm, vec(h.post_ffn_norm, "post_feedforward_layernorm.weight"));
+    if (L.moe) {
+      RILL_ASSIGN_OR_RETURN(L.router_norm, vec(h.router_norm, "router.scale"));
+      RILL_ASSIGN_OR_RETURN(L.pre_ffn_norm_2, vec(h.pre_ffn_norm_2, "pre_feedforward_layernorm_2.weight"));
+      RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_1, vec(h.post_ffn_norm_1, "post_feedforward_layernorm_1.weight"));
+      RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_2, vec(h.post_ffn_norm_2, "post_feedforward_layernorm_2.weight"));
+    }
     if (g.P > 0) {
       const HostMatrix pg = host_matrix(h.ple_gate.w), pp = host_matrix(h.ple_proj.w);
       RILL_ASSIGN_OR_RETURN(L.w_ple_gate, b.place(&pg, 1, p + "per_layer_input_gate"));
@@ -354,6 +380,8 @@ Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWe
     L.F = d.n_ff;
     L.stores_kv = d.has_kv;
     L.layer_scalar = w.layers[il].layer_scalar;
+    L.moe = w.layers[il].moe.has_value();
+    g.any_moe = g.any_moe || L.moe;
     if (L.stores_kv) {
       plane_of[il] = static_cast<int32_t>(g.kv_layer_of.size());
       g.kv_layer_of.push_back(static_cast<int32_t>(il));
@@ -378,9 +406,21 @@ Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWe
 // Gemma 4's per-layer input (P > 0): ple [T, n_layer * P] F32 (every
 // layer's input), ple_tmp [T, n_layer * P] F32, pl_gate [T, P] F32, pl_act
 // [T, P] act, xa [T, E] act (x as a matmul input).
+// Gemma 4's MoE block: router_in, moe_in [T, E] (the hook's inputs, act on
+// CUDA, F32 on the CPU), moe_out [T, E] F32.
 struct GemmaActivations {
   Tensor x, h, qkv, attn, y, gu, mlp, final_rows;
   Tensor ple, ple_tmp, pl_gate, pl_act, xa;
+  Tensor router_in, moe_in, moe_out;
+};
+
+// What a runtime adds to the graph: Gemma 4's MoE block until MoE is a
+// Backend op. moe_ffn(il, r, m, out): out [n, E] F32 = the weighted sum of
+// layer il's top-k experts of m, routed by r (both [n, E]).
+class GemmaHooks {
+ public:
+  virtual ~GemmaHooks() = default;
+  virtual Status moe_ffn(size_t il, Tensor router_in, Tensor moe_in, Tensor out) = 0;
 };
 
 // The first rows x cols of t's memory as a dense view (a layer narrower than
@@ -396,7 +436,8 @@ Tensor dense_view(const Tensor& t, int64_t rows, int64_t cols) {
 // the previous post_norm_add (the first from rms_norm) unless a layer
 // scalar sits between.
 Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, const GemmaActivations& a,
-                     const std::vector<KvCacheView>& kv, Tensor logits) {
+                     const std::vector<KvCacheView>& kv, Tensor logits, GemmaHooks* hooks = nullptr) {
+  assert(!g.any_moe || hooks);
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), y = a.y.rows_from(0, n);
   const float eps = g.eps, off = g.norm_offset;
@@ -454,6 +495,16 @@ Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, co
     RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
     b.glu(Glu::kGeluTanh, gu, mlp);
     RILL_TRY(b.matmul(L.w_down, mlp, y, false));
+    if (L.moe) {
+      // y = norm_1(mlp) + norm_2(experts(norm_pre_2(x)), routed by norm(x) * scale / sqrt(E))
+      const Tensor r_in = a.router_in.rows_from(0, n), m_in = a.moe_in.rows_from(0, n);
+      const Tensor m_out = a.moe_out.rows_from(0, n);
+      b.rms_norm(y, nullptr, L.post_ffn_norm_1, eps, off, y);
+      b.rms_norm(x, nullptr, L.router_norm, eps, 0.0f, r_in);
+      b.rms_norm(x, nullptr, L.pre_ffn_norm_2, eps, off, m_in);
+      RILL_TRY(hooks->moe_ffn(il, r_in, m_in, m_out));
+      b.post_norm_add(m_out, L.post_ffn_norm_2, y, {}, eps, off, {});
+    }
     const Vec next_norm = il + 1 < g.layers.size() ? g.layers[il + 1].attn_norm : Vec{};
     const bool scaled = L.layer_scalar != 1.0f;
     if (g.P == 0 && !scaled) {
@@ -485,7 +536,7 @@ Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, co
 
 // --- The CPU runtime ------------------------------------------------------------
 
-class GemmaModel final : public CpuPagedModel {
+class GemmaModel final : public CpuPagedModel, public GemmaHooks {
  public:
   GemmaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
       : CpuPagedModel(std::move(files), options.n_threads) {}
@@ -493,20 +544,24 @@ class GemmaModel final : public CpuPagedModel {
   Status init(const ModelOptions& options);
   Status forward(const Batch& batch, float* logits) override;
   std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_.dtype()); }
+  Status moe_ffn(size_t il, Tensor router_in, Tensor moe_in, Tensor out) override;
 
  private:
   std::unique_ptr<Backend> device_;  // on backend_'s threads
   GemmaGraph graph_;
   std::vector<float> x_, h_, qkv_, attn_, y_, gu_, mlp_, final_rows_;  // [max_tokens_, ...] f32
   std::vector<float> ple_, ple_tmp_, pl_gate_, pl_act_, xa_;           // Gemma 4's per-layer input
-  GemmaActivations act_;                                               // views of the vectors above
+  std::vector<float> router_in_, moe_in_, moe_out_;                    // Gemma 4's MoE block
+  std::vector<std::optional<MoeFfn>> moe_;                             // [n_layer]
+  MoeScratch moe_scratch_;
+  GemmaActivations act_;  // views of the vectors above
   CpuStepArrays step_;
   std::vector<KvCacheView> kv_views_;  // per layer
 };
 
 Status GemmaModel::init(const ModelOptions& options) {
   constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
-  RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
+  RILL_ASSIGN_OR_RETURN(GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
   device_ = make_cpu_backend_on(*backend_->pool());
   RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*device_, cfg_, w));
   kv_spec_ = graph_.make_kv_spec();
@@ -542,6 +597,20 @@ Status GemmaModel::init(const ModelOptions& options) {
     act_.pl_act = view(pl_act_, graph_.P);
     act_.xa = view(xa_, graph_.E);
   }
+  if (graph_.any_moe) {
+    act_.router_in = view(router_in_, graph_.E);
+    act_.moe_in = view(moe_in_, graph_.E);
+    act_.moe_out = view(moe_out_, graph_.E);
+    std::vector<const WeightView*> moe_weights;
+    for (GemmaLayerWeights& L : w.layers) {
+      if (L.moe) {
+        moe_scratch_.reserve(L.moe->params(), T);
+        L.moe->collect_weights(&moe_weights);
+      }
+      moe_.push_back(std::move(L.moe));
+    }
+    backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), T);
+  }
   step_.reserve(T);
   return device_->reserve(graph_.step_limits(T, max_seqs_));
 }
@@ -558,7 +627,13 @@ Status GemmaModel::forward(const Batch& batch, float* logits) {
   RILL_TRY(check_batch(batch, lim, kv_spec_));
   const StepMetadata md = step_metadata(batch, step_);
   return gemma_forward(*device_, graph_, md, act_, kv_views_,
-                       Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
+                       Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), this);
+}
+
+Status GemmaModel::moe_ffn(size_t il, Tensor router_in, Tensor moe_in, Tensor out) {
+  assert(router_in.is_dense() && moe_in.is_dense() && out.is_dense());
+  moe_[il]->forward(router_in.f32(), moe_in.f32(), out.rows, out.f32(), moe_scratch_, *backend_);
+  return Status::Ok();
 }
 
 // --- The CUDA runtime's glue ------------------------------------------------------

@@ -300,6 +300,54 @@ GemmaNames gemma_tensor_names(const ModelFiles& f) {
   return n;
 }
 
+namespace {
+
+// Gemma 4's MoE block under the layer prefix p: router.{proj.weight [X,
+// E], scale [E], per_expert_scale [X]}, experts.gate_up_proj [X, 2 F, E]
+// (gate rows, then up rows) and experts.down_proj [X, E, F] as transformers
+// saves them, and the block's three norms.
+Status bind_gemma4_moe(const ModelFiles& f, const std::string& p, const MoeParams& mp, GemmaLayerWeights& L) {
+  const int64_t E = mp.n_embd, X = mp.n_expert, F = mp.n_ff;
+  MoeWeights w;
+  RILL_ASSIGN_OR_RETURN(w.router, bind_linear(f, p + "router.proj", X, E));
+  RILL_ASSIGN_OR_RETURN(w.expert_scale, load_vector(f, p + "router.per_expert_scale", X));
+  RILL_ASSIGN_OR_RETURN(L.router_norm, load_vector(f, p + "router.scale", E));
+  const float root = 1.0f / std::sqrt(static_cast<float>(E));
+  for (float& v : L.router_norm) v *= root;
+  RILL_ASSIGN_OR_RETURN(const TensorRef* gu, f.require(p + "experts.gate_up_proj", {X, 2 * F, E}));
+  RILL_ASSIGN_OR_RETURN(const TensorRef* dn, f.require(p + "experts.down_proj", {X, E, F}));
+  for (const TensorRef* t : {gu, dn}) {
+    if (dtype_info(t->dtype).block_size != 1) {
+      return Error{t->file + ": tensor '" + t->name + "' must be F32, F16 or BF16"};
+    }
+  }
+  auto slice = [](const TensorRef& t, int64_t row0, int64_t n_rows, int64_t n_cols) {
+    WeightView v;
+    v.dtype = t.dtype;
+    v.n_rows = n_rows;
+    v.n_cols = n_cols;
+    v.row_stride = row_bytes(t.dtype, n_cols);
+    v.data = t.data + static_cast<size_t>(row0) * v.row_stride;
+    return v;
+  };
+  w.experts.resize(static_cast<size_t>(X));
+  for (int64_t e = 0; e < X; ++e) {
+    GluFfnWeights& x = w.experts[static_cast<size_t>(e)];
+    x.gate.w = slice(*gu, e * 2 * F, F, E);
+    x.up.w = slice(*gu, e * 2 * F + F, F, E);
+    x.down.w = slice(*dn, e * E, E, F);
+  }
+  auto moe = MoeFfn::create(mp, std::move(w));
+  if (!moe.ok()) return Error{f.path + ": '" + p + "': " + moe.error().message};
+  L.moe = std::move(moe).value();
+  RILL_ASSIGN_OR_RETURN(L.pre_ffn_norm_2, load_vector(f, p + "pre_feedforward_layernorm_2.weight", E));
+  RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_1, load_vector(f, p + "post_feedforward_layernorm_1.weight", E));
+  RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_2, load_vector(f, p + "post_feedforward_layernorm_2.weight", E));
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status bind_gemma_layer(const ModelFiles& f, const GemmaNames& names, int64_t il, const GemmaLayerDims& d,
                         GemmaLayerWeights& L) {
   const std::string p = names.base + "layers." + std::to_string(il) + ".";
@@ -324,6 +372,7 @@ Status bind_gemma_layer(const ModelFiles& f, const GemmaNames& names, int64_t il
     RILL_ASSIGN_OR_RETURN(L.ple_proj, bind_linear(f, p + "per_layer_projection", E, d.ple_dim));
     RILL_ASSIGN_OR_RETURN(L.post_ple_norm, load_vector(f, p + "post_per_layer_input_norm.weight", E));
   }
+  if (d.moe.n_expert > 0) RILL_TRY(bind_gemma4_moe(f, p, d.moe, L));
   if (d.gemma4) {
     RILL_ASSIGN_OR_RETURN(const std::vector<float> scalar, load_vector(f, p + "layer_scalar", 1));
     L.layer_scalar = scalar[0];

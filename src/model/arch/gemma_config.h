@@ -4,6 +4,7 @@
 // the tensor names of text-only and multimodal checkpoints, one layer's
 // weights as the files hold them, and the two RoPE tables (sliding and full
 // layers).
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "core/result.h"
 #include "loader/model_files.h"
 #include "model/layers.h"
+#include "model/moe.h"
 
 namespace rill {
 
@@ -65,6 +67,12 @@ struct GemmaLayerWeights {
   Linear ple_gate, ple_proj;         // [ple_dim, n_embd], [n_embd, ple_dim]; with per-layer embeddings
   std::vector<float> post_ple_norm;  // [n_embd]
   float layer_scalar = 1.0f;         // the layer's output scale
+  // Gemma 4's MoE block (enable_moe_block), beside the dense MLP: the
+  // router reads norm(x) * router_norm (its scale times n_embd^-1/2), the
+  // experts pre_ffn_norm_2(x); the MLP's and the experts' outputs are normed
+  // (post_ffn_norm_1 / _2) and summed before post_ffn_norm.
+  std::optional<MoeFfn> moe;
+  std::vector<float> router_norm, pre_ffn_norm_2, post_ffn_norm_1, post_ffn_norm_2;  // [n_embd]
 };
 struct GemmaLayerDims {
   int64_t n_embd, q_width, kv_width, n_ff, head_dim;
@@ -72,6 +80,7 @@ struct GemmaLayerDims {
   bool has_v = true;    // v_proj (Gemma 4: false on K-as-V layers)
   int64_t ple_dim = 0;  // Gemma 4's per-layer input width
   bool gemma4 = false;  // layer_scalar
+  MoeParams moe;        // n_expert > 0: Gemma 4's MoE block
 };
 // Errors name the file and the tensor that is missing or misshapen.
 Status bind_gemma_layer(const ModelFiles& files, const GemmaNames& names, int64_t il, const GemmaLayerDims& d,
