@@ -60,7 +60,8 @@ TEST_P(RealTemplates, MatchTransformersRendering) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ChatTemplate, RealTemplates,
-                         ::testing::Values("smollm2", "llama3", "qwen3", "gemma3", "llama3_2_vision"));
+                         ::testing::Values("smollm2", "llama3", "qwen3", "gemma3", "llama3_2_vision", "gemma4",
+                                           "gemma4_interleaved"));
 
 TEST(ChatTemplate, SmolLM2FromGgufMetadataText) {
   // The template exactly as stored in the default model's GGUF metadata.
