@@ -350,6 +350,9 @@ Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
 // Places w through `b` inside one Backend::place_model() (CUDA: one device
 // buffer). Errors name the tensor.
 Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWeights& w) {
+  if (w.params.gemma4 && !b.has_gemma4_ops()) {
+    return Error{std::string("the ") + b.name() + " Backend has no Gemma 4 ops"};
+  }
   GemmaGraph g;
   g.E = w.dims.n_embd;
   g.V = cfg.n_vocab;
@@ -657,16 +660,30 @@ class GemmaCudaModel final : public CudaModelBase {
 Status GemmaCudaModel::init(const ModelOptions& options) {
   RILL_TRY(read_dims());  // the CUDA kernels' limits
   RILL_TRY(create_context());
-  RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, hd_));  // read_dims held hd_ to the kernels' limit
-  if (w.params.gemma4) return Error{files_->path + ": Gemma 4 does not run on CUDA yet (gemma.cpu runs it)"};
+  // read_dims held hd_ (the sliding / every layer's) to the kernels' limit;
+  // Gemma 4's full layers are held to it here.
+  constexpr int64_t kMaxHeadDim = 256;
+  RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
+  if (w.params.moe) {
+    return Error{files_->path + ": Gemma 4's MoE block does not run on CUDA yet (gemma.cpu runs it)"};
+  }
+  for (const GemmaLayerDims& d : w.layer_dims) {
+    if (d.head_dim % 4 != 0 || cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(d.head_dim)) !=
+                                   cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(hd_))) {
+      return Error{files_->path + ": head_dim " + std::to_string(d.head_dim) + " beside " + std::to_string(hd_) +
+                   " is not supported by the CUDA attention kernels"};
+    }
+  }
   RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(files_->path, w.layer_matrices(), w.embed));
   act_ = dt.act;
   kv_dtype_ = dt.kv;  // as the CPU Gemma: f32 checkpoints keep f32 KV
   RILL_TRY(create_backend(options));
   RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*backend_, cfg_, w));
   kv_spec_ = graph_.make_kv_spec();
+  n_kv_layers_ = static_cast<int64_t>(graph_.kv_layer_of.size());  // KV-shared layers keep none
+  kv_widths_ = graph_.kv_widths();
   RILL_TRY(init_runtime(options));
-  for (size_t il = 0; il < graph_.layers.size(); ++il) kv_views_.push_back(kv_view(il));
+  for (int64_t l = 0; l < n_kv_layers_; ++l) kv_views_.push_back(kv_view(static_cast<size_t>(l)));
   return Status::Ok();
 }
 
@@ -680,6 +697,14 @@ void GemmaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.gu = carve_tensor(a, DType::kF32, T, 2 * graph_.F);
   act_views_.mlp = carve_tensor(a, act_, T, graph_.F);
   act_views_.final_rows = carve_tensor(a, act_, S, E_);
+  if (graph_.P > 0) {
+    const int64_t LP = static_cast<int64_t>(graph_.layers.size()) * graph_.P;
+    act_views_.ple = carve_tensor(a, DType::kF32, T, LP);
+    act_views_.ple_tmp = carve_tensor(a, DType::kF32, T, LP);
+    act_views_.pl_gate = carve_tensor(a, DType::kF32, T, graph_.P);
+    act_views_.pl_act = carve_tensor(a, act_, T, graph_.P);
+    act_views_.xa = carve_tensor(a, act_, T, E_);
+  }
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }
 
