@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -475,6 +476,53 @@ TEST(GemmaModel, Gemma4ConfigFieldsAreHonored) {
   EXPECT_GT(max_diff(base, full_rope), 1e-4);
   EXPECT_GT(max_diff(base, no_cap), 1e-3);
   EXPECT_GT(max_diff(base, local_base), 1e-4);
+}
+
+// A gemma4 (multimodal) checkpoint: its text model's fields in text_config
+// and its tensors under model.language_model. give the text model's logits.
+TEST(GemmaModel, Gemma4MultimodalCheckpointRunsItsTextModel) {
+  if (!fs::exists(kGoldens + "gemma4/golden.json")) GTEST_SKIP();
+  const fs::path dir = fs::temp_directory_path() / ("rill_gemma4_mm_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {  // safetensors: u64 header length, JSON header, data (offsets relative to the data)
+    std::ifstream in(kGoldens + "gemma4/model.safetensors", std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), sizeof n);
+    const auto header = nlohmann::json::parse(bytes.substr(8, n));
+    nlohmann::json renamed = nlohmann::json::object();
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      const std::string k = it.key();
+      renamed[k.rfind("model.", 0) == 0 ? "model.language_model." + k.substr(6) : k] = it.value();
+    }
+    const std::string h = renamed.dump();
+    const uint64_t hn = h.size();
+    std::ofstream out(dir / "model.safetensors", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&hn), sizeof hn);
+    out << h << bytes.substr(8 + n);
+  }
+  std::ifstream cin(kGoldens + "gemma4/config.json");
+  const auto text = nlohmann::json::parse(cin);
+  nlohmann::json cfg = {
+      {"model_type", "gemma4"}, {"architectures", {"Gemma4ForConditionalGeneration"}}, {"text_config", text}};
+  std::ofstream(dir / "config.json") << cfg.dump();
+  auto model = open(dir.string(), small_options());
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const auto g = golden("gemma4");
+  const auto ids = g["prompt_ids"].get<std::vector<int32_t>>();
+  const auto ref = g["logits"].get<std::vector<std::vector<float>>>();
+  const auto n = static_cast<int32_t>(ids.size());
+  const size_t V = static_cast<size_t>((*model)->n_vocab());
+  std::vector<float> logits(static_cast<size_t>(n) * V);
+  Batch b;
+  add(b, Tables{slot_block_table(0, 32, kBlock), slot_block_table(1, 32, kBlock)}, ids.data(), n, 0, true);
+  ASSERT_TRUE((*model)->forward(b, logits.data()).ok());
+  double max_err = 0;
+  for (size_t t = 0; t < static_cast<size_t>(n); ++t) {
+    for (size_t i = 0; i < V; ++i) max_err = std::max(max_err, std::fabs(double(logits[t * V + i]) - ref[t][i]));
+  }
+  EXPECT_LT(max_err, 1e-3);
+  fs::remove_all(dir);
 }
 
 TEST(GemmaModel, Gemma4ConfigErrorsNameTheField) {
