@@ -214,9 +214,46 @@ def conversations():
     ]
 
 
-def template_goldens(name, source, specials):
+# Gemma 4's own formats: a rich tool schema (enum, nested object, array
+# items, nullable), reasoning before a tool call, legacy tool_responses,
+# tool results as content parts, the developer role, media parts.
+SEARCH_TOOL = {"type": "function", "function": {
+    "name": "search", "description": "Search the catalogue.",
+    "parameters": {"type": "object", "properties": {
+        "query": {"type": "string", "description": "Words to find"},
+        "filters": {"type": "object", "description": "Narrowing", "properties": {
+            "color": {"type": "string", "enum": ["red", "blue"]},
+            "max_price": {"type": "number", "nullable": True}}, "required": ["color"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "exact": {"type": "boolean"}},
+        "required": ["query"]}}}
+
+
+def gemma4_conversations():
+    q = {"role": "user", "content": "Find red shoes under 50."}
+    call = {"role": "assistant", "content": "", "reasoning_content": "Use the search tool.",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "search", "arguments": {"query": "shoes", "filters": {"color": "red", "max_price": 50},
+                                                "tags": ["sale", "new"], "exact": False}}}]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "2 results"}]}
+    return [
+        ("gemma4_rich_tools_reasoning_call", {"messages": [q, call, result], "tools": [SEARCH_TOOL, WEATHER_TOOL],
+                                              "add_generation_prompt": True}),
+        ("gemma4_pending_call", {"messages": [q, call], "tools": [SEARCH_TOOL], "add_generation_prompt": True}),
+        ("gemma4_tool_responses", {"messages": [q, {"role": "assistant", "content": "Done.", "tool_responses": [
+            {"name": "search", "response": {"count": 2, "items": ["a", "b"]}}]}], "add_generation_prompt": True}),
+        ("gemma4_developer_media", {"messages": [{"role": "developer", "content": "Be brief."}, {
+            "role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}],
+            "add_generation_prompt": True, "enable_thinking": True}),
+        ("gemma4_thinking_in_content", {"messages": [U1, {
+            "role": "assistant", "content": "<|channel>thought\nhidden<channel|>Visible answer."}, U2],
+            "add_generation_prompt": True}),
+    ]
+
+
+def template_goldens(name, source, specials, extra=()):
     cases = []
-    for case_name, conv in conversations():
+    for case_name, conv in list(conversations()) + list(extra):
         # As transformers' apply_chat_template: tools is always passed (None
         # when absent), special tokens come from the tokenizer.
         context = {"messages": conv["messages"], "tools": conv.get("tools"),
@@ -424,7 +461,17 @@ def main():
     with open(os.path.join(OUT_DIR, "llama3_2_vision.jinja"), encoding="utf-8") as f:
         src = f.read()
     template_goldens("llama3_2_vision", src, {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+    gemma4_goldens()
     snippet_goldens()
+
+
+def gemma4_goldens():
+    with open(os.path.join(SHARED, "templates", "google-gemma-4-31B-it.jinja"), encoding="utf-8") as f:
+        src = f.read()
+    template_goldens("gemma4", src, {"bos_token": "<bos>", "eos_token": "<eos>"}, gemma4_conversations())
+    with open(os.path.join(SHARED, "templates", "google-gemma-4-31B-it-interleaved.jinja"), encoding="utf-8") as f:
+        src = f.read()
+    template_goldens("gemma4_interleaved", src, {"bos_token": "<bos>", "eos_token": "<eos>"}, gemma4_conversations())
 
 
 if __name__ == "__main__":

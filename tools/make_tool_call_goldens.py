@@ -38,7 +38,11 @@ TEMPLATES = {
     # <tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n</function>\n</tool_call>
     "Qwen3-Coder.jinja": ("", "<|im_end|>", "<|im_start|>assistant\n", "<|im_end|>\n"),
     "Qwen3.5-4B.jinja": ("", "<|im_end|>", "<|im_start|>assistant\n", "<|im_end|>\n"),
+    # <|tool_call>call:name{key:value,...}<tool_call|>; the turn ends where the tool's response goes
+    "google-gemma-4-31B-it.jinja": ("<bos>", "<eos>", "<|turn>model\n", "<|tool_response>"),
 }
+# Templates that write arguments with their keys sorted (dictsort).
+SORTED_KEYS = {"google-gemma-4-31B-it.jinja"}
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
@@ -77,7 +81,8 @@ def main():
             goldens.append({
                 "template": name,
                 "text": turn_text(env, source, specials, n_calls),
-                "calls": [{"name": n, "arguments": json.dumps(a, ensure_ascii=False, separators=(",", ":"))}
+                "calls": [{"name": n, "arguments": json.dumps(a, ensure_ascii=False, separators=(",", ":"),
+                                                              sort_keys=name in SORTED_KEYS)}
                           for n, a in CALLS[:n_calls]],
             })
     os.makedirs(os.path.dirname(OUT), exist_ok=True)

@@ -203,10 +203,14 @@ enum class Glu { kSilu, kGeluTanh };
 // (converted to kv.dtype). q is rotated in place; the k and v columns of
 // qkv are unspecified afterwards (the CPU rotates k in place, CUDA only
 // stores it), so later ops read K and V from the cache.
+// v_norm: V heads are RMS-normed over head_dim without a weight before the
+// store (Gemma 4). n_head_kv 0: qkv holds q only, which is normed and
+// rotated; nothing is stored (a layer reading another layer's KV, Gemma 4).
 struct RopeKvOp {
   Tensor qkv;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
   Vec q_norm, k_norm;
+  bool v_norm = false;
   float norm_eps = 1e-6f, norm_offset = 0.0f;
   Rope rope;
   KvCacheView kv;
@@ -391,6 +395,24 @@ class Backend {
   // y, x F32 [rows, dim]; y is scratch (its contents are unspecified after
   // the call). w_next absent: only the first line (out unused).
   virtual void post_norm_add(Tensor y, Vec w_post, Tensor x, Vec w_next, float eps, float w_offset, Tensor out) = 0;
+
+  // --- Gemma 4. A Backend without these keeps the asserting defaults and
+  // says so in has_gemma4_ops(); the Gemma family refuses Gemma 4 files on
+  // it at load. ----------------------------------------------------------------
+  virtual bool has_gemma4_ops() const { return false; }
+  // glu() with gate and up in separate views: out[r, i] = act(gate[r, i]) *
+  // up[r, i] over [rows, F]; gate and up F32, strided rows allowed; out in
+  // out.dtype (Gemma 4's per-layer input gate).
+  virtual void glu_split(Glu kind, Tensor gate, Tensor up, Tensor out) {
+    (void)kind, (void)gate, (void)up, (void)out;
+    assert(false && "glu_split: this Backend has no Gemma 4 ops");
+  }
+  // out = x converted to out.dtype, [rows, cols]; x F32, strided rows
+  // allowed (the residual stream as a matmul input).
+  virtual void convert(Tensor x, Tensor out) {
+    (void)x, (void)out;
+    assert(false && "convert: this Backend has no Gemma 4 ops");
+  }
 
   // --- Hybrid (gated DeltaNet) models. ---------------------------------------
 

@@ -205,8 +205,10 @@ Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
     r.type = RopeScaling::Type::kLlama3;
   else if (*type == "yarn")
     r.type = RopeScaling::Type::kYarn;
+  else if (*type == "proportional")
+    r.type = RopeScaling::Type::kProportional;
   else
-    return s.invalid("rope_type", "'" + *type + "' is not supported (default, linear, llama3, yarn)");
+    return s.invalid("rope_type", "'" + *type + "' is not supported (default, linear, llama3, yarn, proportional)");
 
   RILL_ASSIGN_OR_RETURN(auto factor, s.opt_float("factor"));
   if (factor) {
@@ -246,7 +248,13 @@ Status parse_moe(const Fields& f, ModelConfig& c) {
   }
   if (!n_expert || *n_expert == 0) return Status::Ok();
   c.n_expert = *n_expert;
-  RILL_ASSIGN_OR_RETURN(c.n_expert_used, f.req_dim("num_experts_per_tok"));
+  // Gemma 4 names the experts per token top_k_experts.
+  RILL_ASSIGN_OR_RETURN(auto top_k, f.opt_dim("top_k_experts"));
+  if (top_k) {
+    c.n_expert_used = *top_k;
+  } else {
+    RILL_ASSIGN_OR_RETURN(c.n_expert_used, f.req_dim("num_experts_per_tok"));
+  }
   if (c.n_expert_used > c.n_expert)
     return f.invalid("num_experts_per_tok", "(" + std::to_string(c.n_expert_used) + ") exceeds " + experts_key + " (" +
                                                 std::to_string(c.n_expert) + ")");

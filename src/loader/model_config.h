@@ -19,7 +19,10 @@ enum class RopeStyle {
 };
 
 struct RopeScaling {
-  enum class Type { kNone, kLinear, kLlama3, kYarn };
+  // kProportional (Gemma 4's full layers): the first partial_rotary_factor
+  // of the head's angle pairs rotate, at frequencies over the whole
+  // head_dim, the rest not at all; only the Gemma family builds its table.
+  enum class Type { kNone, kLinear, kLlama3, kYarn, kProportional };
   Type type = Type::kNone;
   float factor = 1.0f;
   // llama3

@@ -15,8 +15,14 @@ void CpuPagedModel::set_limits(const ModelOptions& options) {
 }
 
 Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype) {
+  return create_kv(options, std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(n_layers, 0)), kv_width), dtype);
+}
+
+Status CpuPagedModel::create_kv(const ModelOptions& options, const std::vector<int64_t>& layer_widths, DType dtype) {
   const int32_t bs = std::max(1, options.kv_block_size);
-  const size_t token_bytes = 2 * static_cast<size_t>(n_layers) * row_bytes(dtype, kv_width);
+  size_t token_bytes = 0;
+  for (const int64_t w : layer_widths) token_bytes += 2 * row_bytes(dtype, w);
+  if (token_bytes == 0) return Error{files_->path + ": the model has no KV layers"};
   const int64_t n_blocks = options.kv_cache_bytes > 0
                                ? options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(bs))
                                : std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / bs);
@@ -26,7 +32,7 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, i
                  " bytes per token)"};
   }
   RILL_ASSIGN_OR_RETURN(
-      kv_, PagedKvCache::create(n_layers, static_cast<int32_t>(n_blocks), options.kv_block_size, kv_width, dtype));
+      kv_, PagedKvCache::create_layers(layer_widths, static_cast<int32_t>(n_blocks), options.kv_block_size, dtype));
   return {};
 }
 

@@ -77,6 +77,9 @@ class CpuPagedModel : public Model {
   // blocks as options.kv_cache_bytes holds when it is set, else n_kv_slots
   // whole contexts. Call after set_limits(). The error names the model file.
   Status create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype);
+  // The same with one plane per entry of layer_widths (rows of that many
+  // elements: Gemma 4's groups differ in width).
+  Status create_kv(const ModelOptions& options, const std::vector<int64_t>& layer_widths, DType dtype);
 
   Status check_kv_block(int64_t layer, int32_t block) const;
 

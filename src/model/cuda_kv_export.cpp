@@ -26,8 +26,11 @@ constexpr size_t kStagingBytes = size_t{16} << 20;
 
 std::vector<Model::KvLayer> CudaModelBase::kv_layers() const {
   const int64_t n = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
-  const size_t row = static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_);
-  return std::vector<KvLayer>(static_cast<size_t>(n), KvLayer{0, kv_dtype_, row});
+  std::vector<KvLayer> out;
+  for (size_t l = 0; l < static_cast<size_t>(n); ++l) {
+    out.push_back(KvLayer{0, kv_dtype_, static_cast<size_t>(kv_width(l)) * cuda_dtype_size(kv_dtype_)});
+  }
+  return out;
 }
 
 std::string CudaModelBase::kv_numerics() const {
@@ -46,7 +49,7 @@ Status CudaModelBase::check_kv_blocks(int64_t layer, std::span<const int32_t> bl
   if (layer < 0 || layer >= n_layers) {
     return Error{"KV layer " + std::to_string(layer) + " does not exist (" + std::to_string(n_layers) + " layers)"};
   }
-  const size_t want = kv_block_bytes();
+  const size_t want = kv_block_bytes(layer);
   if (block_bytes != want) {
     return Error{"KV layer " + std::to_string(layer) + ": a block is " + std::to_string(want) + " bytes, not " +
                  std::to_string(block_bytes)};
@@ -101,18 +104,21 @@ Status CudaModelBase::copy_kv_blocks(int64_t layer, std::span<const int32_t> blo
   return Status::Ok();
 }
 
-size_t CudaModelBase::kv_block_bytes() const {
-  return static_cast<size_t>(block_size_) * static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_);
+size_t CudaModelBase::kv_block_bytes(int64_t layer) const {
+  return static_cast<size_t>(block_size_) * static_cast<size_t>(kv_width(static_cast<size_t>(layer))) *
+         cuda_dtype_size(kv_dtype_);
 }
 
 Status CudaModelBase::copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const {
   uint8_t* const out[2] = {k, v};
-  return copy_kv_blocks(layer, std::span<const int32_t>(&block, 1), kv_block_bytes(), out, nullptr);
+  if (layer < 0 || layer >= static_cast<int64_t>(kv_plane_off_.size())) return check_kv_blocks(layer, {}, 0);
+  return copy_kv_blocks(layer, std::span<const int32_t>(&block, 1), kv_block_bytes(layer), out, nullptr);
 }
 
 Status CudaModelBase::copy_kv_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) {
   const uint8_t* const in[2] = {k, v};
-  return copy_kv_blocks(layer, std::span<const int32_t>(&block, 1), kv_block_bytes(), nullptr, in);
+  if (layer < 0 || layer >= static_cast<int64_t>(kv_plane_off_.size())) return check_kv_blocks(layer, {}, 0);
+  return copy_kv_blocks(layer, std::span<const int32_t>(&block, 1), kv_block_bytes(layer), nullptr, in);
 }
 
 Status CudaModelBase::copy_kv_blocks_out(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, uint8_t* k,

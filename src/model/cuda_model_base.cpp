@@ -319,7 +319,14 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
 
   // KV pool: explicit bytes, else a share of device memory, else whole contexts.
   const int64_t n_kv_layers = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
-  kv_token_bytes_ = 2 * static_cast<size_t>(n_kv_layers) * static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_);
+  if (!kv_widths_.empty() && static_cast<int64_t>(kv_widths_.size()) != n_kv_layers) {
+    return Error{f.path + ": " + std::to_string(kv_widths_.size()) + " KV widths for " + std::to_string(n_kv_layers) +
+                 " KV layers"};
+  }
+  kv_token_bytes_ = 0;
+  for (int64_t l = 0; l < n_kv_layers; ++l) {
+    kv_token_bytes_ += 2 * static_cast<size_t>(kv_width(static_cast<size_t>(l))) * cuda_dtype_size(kv_dtype_);
+  }
   const size_t block_bytes = kv_token_bytes_ * static_cast<size_t>(block_size_);
   int64_t n_blocks = 0;
   if (options.kv_cache_bytes > 0) {
@@ -350,8 +357,8 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   // decode graph write to and read from.
   RILL_ASSIGN_OR_RETURN(kv_,
                         cuda::DeviceBuffer::allocate(static_cast<size_t>(n_blocks + 1) * block_bytes, "the KV cache"));
-  kv_plane_ = static_cast<size_t>(n_blocks + 1) * static_cast<size_t>(block_size_) * static_cast<size_t>(KV_) *
-              cuda_dtype_size(kv_dtype_);
+  kv_plane_off_.assign(static_cast<size_t>(n_kv_layers), 0);
+  for (size_t l = 1; l < kv_plane_off_.size(); ++l) kv_plane_off_[l] = kv_plane_off_[l - 1] + 2 * kv_plane_bytes(l - 1);
   use_graphs_ = options.cuda_graphs;
   device_sampling_ = options.cuda_device_sampling;
   return ctx_->synchronize();
@@ -486,7 +493,7 @@ KvCacheView CudaModelBase::kv_view(size_t layer) const {
   v.v = v_cache(layer);
   v.dtype = kv_dtype_;
   v.block_shift = block_shift_;
-  v.row_bytes = static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_);
+  v.row_bytes = static_cast<size_t>(kv_width(layer)) * cuda_dtype_size(kv_dtype_);
   v.block_stride = v.row_bytes << block_shift_;
   return v;
 }

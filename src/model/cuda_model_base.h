@@ -292,8 +292,14 @@ class CudaModelBase : public Model {
     }
     return gemm_->matmul(act_, w.data, x, n, rows, cols, y, accumulate);
   }
-  void* k_cache(size_t layer) const { return kv_.as<uint8_t>() + (2 * layer) * kv_plane_; }
-  void* v_cache(size_t layer) const { return kv_.as<uint8_t>() + (2 * layer + 1) * kv_plane_; }
+  void* k_cache(size_t layer) const { return kv_.as<uint8_t>() + kv_plane_off_[layer]; }
+  void* v_cache(size_t layer) const { return kv_.as<uint8_t>() + kv_plane_off_[layer] + kv_plane_bytes(layer); }
+  // Elements of one token's K (or V) row in KV layer `layer`.
+  int64_t kv_width(size_t layer) const { return kv_widths_.empty() ? KV_ : kv_widths_[layer]; }
+  size_t kv_plane_bytes(size_t layer) const {
+    return static_cast<size_t>(n_blocks_ + 1) * static_cast<size_t>(block_size_) *
+           static_cast<size_t>(kv_width(layer)) * cuda_dtype_size(kv_dtype_);
+  }
   cudaStream_t stream() const { return ctx_->stream(); }
 
   std::shared_ptr<const ModelFiles> files_;
@@ -311,6 +317,9 @@ class CudaModelBase : public Model {
   KvSpec kv_spec_;
   // Layers with K/V planes (k_cache(i) for i < n_kv_layers_); 0: every layer.
   int64_t n_kv_layers_ = 0;
+  // Each KV layer's row width when they differ (Gemma 4's full layers);
+  // empty: every layer KV_ wide. Set before init_runtime().
+  std::vector<int64_t> kv_widths_;
   // Quantized matrices: the largest kept in blocks (elements), and whether
   // the LM head is one (its GEMM goes in row chunks of the scratch).
   int64_t quant_max_elems_ = 0;
@@ -342,13 +351,14 @@ class CudaModelBase : public Model {
   // Device -> out[0] (K), out[1] (V) when out is set, else in -> device.
   Status copy_kv_blocks(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, uint8_t* const out[2],
                         const uint8_t* const in[2]) const;
-  size_t kv_block_bytes() const;  // one block's K (or V) rows of one layer
+  size_t kv_block_bytes(int64_t layer) const;  // one block's K (or V) rows of one layer
   mutable cuda::PinnedBuffer kv_staging_;
 
   int max_tokens_ = 0, max_seqs_ = 0;
   int64_t n_ctx_ = 0;
   int32_t block_size_ = 16, block_shift_ = 4, n_blocks_ = 0;
-  size_t kv_token_bytes_ = 0, kv_plane_ = 0;
+  size_t kv_token_bytes_ = 0;
+  std::vector<size_t> kv_plane_off_;  // [n_kv_layers]: the K plane of each layer (its V plane follows)
   size_t table_cap_ = 0;
   cuda::QuantScratch qscratch_;
 

@@ -18,21 +18,30 @@ enum class LayerKind : uint8_t {
   kRecurrent,  // fixed-size per-sequence state (SSM / linear attention)
 };
 
+// A group's KV layers may store rows of their own width (row_width: the
+// elements of one token's K or V row in each of them; 0 where the model has
+// one width for every layer, as most do): Gemma 4's full layers have wider
+// heads and their own KV-head count. A layer that shares another layer's KV
+// (Gemma 4's last num_kv_shared_layers) belongs to no group's storage: it
+// reads its donor's blocks through the donor's group, and the model lists
+// only the layers that store KV in Model::kv_layers(), so the KV manager
+// allocates nothing and the cache tiers save nothing for it.
 struct LayerGroupSpec {
   LayerKind kind = LayerKind::kFull;
   int32_t window = 0;  // tokens, >= 1; kSliding only
+  int64_t row_width = 0;
 
   bool is_attention() const { return kind != LayerKind::kRecurrent; }
 };
 
-inline LayerGroupSpec full() {
-  return {LayerKind::kFull, 0};
+inline LayerGroupSpec full(int64_t row_width = 0) {
+  return {LayerKind::kFull, 0, row_width};
 }
-inline LayerGroupSpec sliding(int32_t window) {
-  return {LayerKind::kSliding, window};
+inline LayerGroupSpec sliding(int32_t window, int64_t row_width = 0) {
+  return {LayerKind::kSliding, window, row_width};
 }
 inline LayerGroupSpec recurrent() {
-  return {LayerKind::kRecurrent, 0};
+  return {LayerKind::kRecurrent, 0, 0};
 }
 
 using KvSpec = std::vector<LayerGroupSpec>;

@@ -20,6 +20,9 @@ cpu::RopeScalingParams rope_scaling_params(const RopeScaling& s) {
     case RopeScaling::Type::kYarn:
       rs.type = ScalingType::kYarn;
       break;
+    case RopeScaling::Type::kProportional:  // refused by every family but Gemma, which builds its own table
+      rs.type = ScalingType::kNone;
+      break;
   }
   rs.factor = s.factor;
   rs.low_freq_factor = s.low_freq_factor;

@@ -134,6 +134,10 @@ Result<MoeFfn> MoeFfn::create(const MoeParams& p, MoeWeights weights) {
   } else if (weights.shared) {
     return Error{"MoE layer: shared expert weights given but n_ff_shared is 0"};
   }
+  if (!weights.expert_scale.empty() && static_cast<int64_t>(weights.expert_scale.size()) != p.n_expert) {
+    return Error{"MoE layer: " + str(static_cast<int64_t>(weights.expert_scale.size())) + " expert scales, expected " +
+                 str(p.n_expert)};
+  }
   MoeFfn m;
   m.p_ = p;
   m.w_ = std::move(weights);
@@ -269,6 +273,9 @@ void MoeFfn::route(int64_t n_tokens, MoeScratch& s) const {
     if (p_.norm_topk_prob) {
       for (int64_t k = 0; k < K; ++k) ws[k] /= picked_sum;
     }
+    if (!w_.expert_scale.empty()) {
+      for (int64_t k = 0; k < K; ++k) ws[k] *= w_.expert_scale[static_cast<size_t>(ids[k])];
+    }
   }
   // Counting sort by expert; within an expert, tokens stay in ascending order.
   std::fill(s.offsets.begin(), s.offsets.end(), 0);
@@ -304,6 +311,8 @@ void MoeFfn::run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, flo
   for (int64_t r = 0; r < n_rows; ++r) {
     if (p_.swiglu_limit > 0) {
       clamped_swiglu(s.gate.data() + r * F, s.up.data() + r * F, F, p_.swiglu_limit, p_.swiglu_alpha);
+    } else if (p_.gelu_tanh) {
+      backend.gelu_tanh_mul(s.gate.data() + r * F, s.up.data() + r * F, s.gate.data() + r * F, F);
     } else {
       backend.silu_mul(s.gate.data() + r * F, s.up.data() + r * F, s.gate.data() + r * F, F);
     }
@@ -312,10 +321,15 @@ void MoeFfn::run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, flo
 }
 
 void MoeFfn::forward(const float* x, int64_t n_tokens, float* out, MoeScratch& s, cpu::HostOps& backend) const {
-  assert(s.fits(p_, n_tokens) && out != x);
+  forward(x, x, n_tokens, out, s, backend);
+}
+
+void MoeFfn::forward(const float* router_x, const float* x, int64_t n_tokens, float* out, MoeScratch& s,
+                     cpu::HostOps& backend) const {
+  assert(s.fits(p_, n_tokens) && out != x && out != router_x);
   if (n_tokens <= 0) return;
   const int64_t E = p_.n_embd;
-  w_.router.forward(x, n_tokens, s.logits.data(), backend);
+  w_.router.forward(router_x, n_tokens, s.logits.data(), backend);
   route(n_tokens, s);
   std::memset(out, 0, static_cast<size_t>(n_tokens * E) * sizeof(float));
   // Experts in increasing id, so every token adds its experts in that order.

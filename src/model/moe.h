@@ -4,7 +4,8 @@
 //
 //   probs  = softmax(router x)                       [n_expert], f32
 //   top-k  = the n_expert_used largest probs (ties: lower expert id first),
-//            renormalised to sum to 1 when norm_topk_prob
+//            renormalised to sum to 1 when norm_topk_prob, then scaled by
+//            expert_scale (when given)
 //   out    = sum over the token's experts e, in increasing e, of
 //            w_e * down_e(silu(gate_e x) * up_e x)
 //          + sigmoid(shared_gate . x) * shared(x)   (when there is a shared expert)
@@ -46,6 +47,7 @@ struct MoeParams {
   // (u + 1). 0: silu(gate) * up.
   float swiglu_limit = 0.0f;
   float swiglu_alpha = 1.702f;
+  bool gelu_tanh = false;  // experts are GeGLU: gelu_tanh(gate x) * up x (Gemma 4); else SwiGLU
 };
 
 // The MoE parameters a config declares (n_expert == 0 when it has none).
@@ -64,6 +66,9 @@ struct MoeWeights {
   std::vector<GluFfnWeights> experts;   // n_expert of them
   std::optional<GluFfnWeights> shared;  // with n_ff_shared
   Linear shared_gate;                   // [1, n_embd]; with `shared`
+  // Multiplies each chosen expert's weight after the top-k (and its
+  // renormalisation): Gemma 4's per_expert_scale. Empty: 1.
+  std::vector<float> expert_scale;  // [n_expert]
 };
 
 // Names under a layer prefix. Defaults: the Qwen layout ("mlp." prefix);
@@ -126,6 +131,10 @@ class MoeFfn {
   // x: [n_tokens, n_embd], out: [n_tokens, n_embd] (overwritten; must not
   // alias x). Requires scratch.fits(params(), n_tokens).
   void forward(const float* x, int64_t n_tokens, float* out, MoeScratch& scratch, cpu::HostOps& backend) const;
+  // The same with the router reading router_x [n_tokens, n_embd] instead
+  // of x (Gemma 4 routes its own norm of the residual).
+  void forward(const float* router_x, const float* x, int64_t n_tokens, float* out, MoeScratch& scratch,
+               cpu::HostOps& backend) const;
 
  private:
   void route(int64_t n_tokens, MoeScratch& s) const;

@@ -4,7 +4,8 @@
 // sequence the caller's block table assigns it to.
 //
 // Layout, block-major: block b is one span of every layer's K then V rows,
-// [n_blocks][n_layer][K, V][block_size, kv_width] in `dtype` (F32 or F16),
+// [n_blocks][n_layer][K, V][block_size, kv_width(layer)] in `dtype` (F32 or
+// F16; layers may differ in width: Gemma 4's full layers are wider),
 // so a sequence's KV for all layers sits in a few large regions. Memory is
 // reserved lazily in transparent huge pages (LazyBuffer): pages become
 // resident as blocks are first written, and the pool hands out low block ids
@@ -14,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/host_ops.h"
@@ -28,13 +30,18 @@ class PagedKvCache {
   // block_size: a power of two.
   static Result<PagedKvCache> create(int64_t n_layer, int32_t n_blocks, int32_t block_size, int64_t kv_width,
                                      DType dtype);
+  // One layer per entry of layer_widths (elements of a K or V row).
+  static Result<PagedKvCache> create_layers(const std::vector<int64_t>& layer_widths, int32_t n_blocks,
+                                            int32_t block_size, DType dtype);
 
   int64_t n_layers() const { return n_layer_; }
   int32_t n_blocks() const { return n_blocks_; }
   int32_t block_size() const { return block_size_; }
   DType dtype() const { return dtype_; }
-  size_t row_bytes() const { return row_bytes_; }
-  size_t bytes_per_token() const { return 2 * static_cast<size_t>(n_layer_) * row_bytes_; }
+  // Layer 0's row (every layer's when the widths are equal).
+  size_t row_bytes() const { return layers_.empty() ? 0 : layers_[0].row_bytes; }
+  size_t row_bytes(int64_t layer) const { return layers_[static_cast<size_t>(layer)].row_bytes; }
+  size_t bytes_per_token() const { return token_bytes_; }
 
   // Stores f32 rows [n, kv_width] of one sequence at positions pos[i],
   // placed through the sequence's block table. Rows are src_stride floats
@@ -52,26 +59,32 @@ class PagedKvCache {
   // One layer's K/V as a Backend addresses them (block-major: blocks
   // span_bytes() apart).
   KvCacheView layer_view(int64_t layer) const {
-    return {k_base(layer), v_base(layer), dtype_, block_shift_, span_bytes(), row_bytes_};
+    return {k_base(layer), v_base(layer), dtype_, block_shift_, span_bytes(), row_bytes(layer)};
   }
 
  private:
+  struct Layer {
+    int64_t width = 0;     // elements of a K (or V) row
+    size_t row_bytes = 0;  // bytes of that row
+    size_t offset = 0;     // of its K rows within a block's span
+  };
   // Bytes of one layer's K (or V) rows of one block.
-  size_t block_bytes() const { return static_cast<size_t>(block_size_) * row_bytes_; }
+  size_t block_bytes(int64_t layer) const { return static_cast<size_t>(block_size_) * row_bytes(layer); }
   // Bytes of one block across all layers: the distance between blocks.
-  size_t span_bytes() const { return static_cast<size_t>(n_layer_) * 2 * block_bytes(); }
+  size_t span_bytes() const { return span_bytes_; }
   // K (V) rows of `layer` in block 0.
-  uint8_t* k_base(int64_t layer) const { return buffer_.data() + static_cast<size_t>(layer) * 2 * block_bytes(); }
-  uint8_t* v_base(int64_t layer) const { return k_base(layer) + block_bytes(); }
-  uint8_t* row(uint8_t* base, std::span<const int32_t> table, int32_t pos) const {
+  uint8_t* k_base(int64_t layer) const { return buffer_.data() + layers_[static_cast<size_t>(layer)].offset; }
+  uint8_t* v_base(int64_t layer) const { return k_base(layer) + block_bytes(layer); }
+  uint8_t* row(uint8_t* base, size_t row_bytes, std::span<const int32_t> table, int32_t pos) const {
     return base + static_cast<size_t>(table[static_cast<size_t>(pos >> block_shift_)]) * span_bytes() +
-           static_cast<size_t>(pos & (block_size_ - 1)) * row_bytes_;
+           static_cast<size_t>(pos & (block_size_ - 1)) * row_bytes;
   }
 
   LazyBuffer buffer_;
-  int64_t n_layer_ = 0, kv_width_ = 0;
+  int64_t n_layer_ = 0;
   int32_t n_blocks_ = 0, block_size_ = 16, block_shift_ = 4;
-  size_t row_bytes_ = 0;
+  std::vector<Layer> layers_;
+  size_t span_bytes_ = 0, token_bytes_ = 0;
   DType dtype_ = DType::kF32;
 };
 

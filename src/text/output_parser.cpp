@@ -24,6 +24,13 @@ constexpr std::string_view kXmlFunction = "<function=";
 constexpr std::string_view kXmlFunctionEnd = "</function>";
 constexpr std::string_view kXmlParameter = "<parameter=";
 constexpr std::string_view kXmlParameterEnd = "</parameter>";
+// Gemma 4: <|channel>thought ... <channel|> and <|tool_call>call:NAME{...}<tool_call|>.
+constexpr std::string_view kChannelOpen = "<|channel>thought";
+constexpr std::string_view kChannelClose = "<channel|>";
+constexpr std::string_view kGemmaCallOpen = "<|tool_call>";
+constexpr std::string_view kGemmaCallClose = "<tool_call|>";
+constexpr std::string_view kGemmaQuote = "<|\"|>";
+constexpr int kMaxGemmaDepth = 64;
 
 bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r';
@@ -66,6 +73,86 @@ size_t incomplete_utf8_tail(std::string_view s) {
     return len > n ? n : 0;
   }
   return 0;
+}
+
+// One value of Gemma 4's call syntax (its template's format_argument with
+// unquoted keys) at s[i...] as JSON: <|"|>string<|"|>, {key:value,...},
+// [value,...], or a bare word (true / false, a number, None / null; other
+// words as strings). Advances i past it; false on malformed text.
+bool read_gemma_value(std::string_view s, size_t& i, int depth, nlohmann::ordered_json& out) {
+  if (depth > kMaxGemmaDepth || i >= s.size()) return false;
+  if (starts_with(s.substr(i), kGemmaQuote)) {
+    const size_t end = s.find(kGemmaQuote, i + kGemmaQuote.size());
+    if (end == std::string_view::npos) return false;
+    out = std::string(s.substr(i + kGemmaQuote.size(), end - i - kGemmaQuote.size()));
+    i = end + kGemmaQuote.size();
+    return true;
+  }
+  if (s[i] == '{' || s[i] == '[') {
+    const bool object = s[i] == '{';
+    const char close = object ? '}' : ']';
+    out = object ? nlohmann::ordered_json::object() : nlohmann::ordered_json::array();
+    ++i;
+    if (i < s.size() && s[i] == close) {
+      ++i;
+      return true;
+    }
+    for (;;) {
+      std::string key;
+      if (object) {
+        const size_t colon = s.find(':', i);
+        if (colon == std::string_view::npos || colon == i) return false;
+        key = std::string(s.substr(i, colon - i));
+        if (key.find_first_of(",{}[]") != std::string::npos) return false;
+        i = colon + 1;
+      }
+      nlohmann::ordered_json v;
+      if (!read_gemma_value(s, i, depth + 1, v)) return false;
+      if (object) {
+        out[key] = std::move(v);
+      } else {
+        out.push_back(std::move(v));
+      }
+      if (i >= s.size()) return false;
+      if (s[i] == ',') {
+        ++i;
+        continue;
+      }
+      if (s[i] != close) return false;
+      ++i;
+      return true;
+    }
+  }
+  size_t end = i;
+  while (end < s.size() && s[end] != ',' && s[end] != '}' && s[end] != ']') ++end;
+  const std::string word(s.substr(i, end - i));
+  if (word.empty()) return false;
+  i = end;
+  if (word == "None" || word == "null") {
+    out = nullptr;
+  } else {
+    auto parsed = parse_json(word);
+    auto* v = std::get_if<nlohmann::ordered_json>(&parsed);
+    out = v && (v->is_number() || v->is_boolean()) ? *v : nlohmann::ordered_json(word);
+  }
+  return true;
+}
+
+// "call:NAME{key:value,...}" (the text between <|tool_call> and
+// <tool_call|>) into `call` (id left empty); false when it is not that.
+bool parse_gemma_call(std::string_view body, ToolCall& call) {
+  constexpr std::string_view kCall = "call:";
+  if (!starts_with(body, kCall)) return false;
+  const size_t brace = body.find('{');
+  if (brace == std::string_view::npos || brace == kCall.size()) return false;
+  const std::string_view name = body.substr(kCall.size(), brace - kCall.size());
+  if (name.find_first_of(" \n\t{}<>") != std::string_view::npos) return false;
+  size_t i = brace;
+  nlohmann::ordered_json args;
+  if (!read_gemma_value(body, i, 0, args) || i != body.size() || !args.is_object()) return false;
+  call.name = std::string(name);
+  call.arguments = dump_compact(args);
+  return true;
 }
 
 }  // namespace
@@ -171,6 +258,9 @@ void OutputParser::drain(bool final, OutputDelta& out) {
       case Mode::kJsonCalls:
         changed = step_json_calls(final, out);
         break;
+      case Mode::kGemmaCall:
+        changed = step_gemma_call(final, out);
+        break;
     }
     if (!changed) return;
   }
@@ -192,6 +282,12 @@ bool OutputParser::step_start(bool final, OutputDelta& out) {
     mode_ = Mode::kReasoning;
     return true;
   }
+  if (options_.parse_reasoning && starts_with(rest, kChannelOpen)) {
+    buf_.erase(0, i + kChannelOpen.size());
+    reasoning_close_ = kChannelClose;
+    mode_ = Mode::kReasoning;
+    return true;
+  }
   if (options_.parse_tool_calls && (rest[0] == '{' || starts_with(rest, kPythonTag))) {
     // The raw text stays in buf_ (it becomes content if no call comes of it).
     json_scan_ = rest[0] == '{' ? i : i + kPythonTag.size();
@@ -201,7 +297,7 @@ bool OutputParser::step_start(bool final, OutputDelta& out) {
     return true;
   }
   if (!final) {
-    const bool maybe = (options_.parse_reasoning && is_partial(rest, kThinkOpen)) ||
+    const bool maybe = (options_.parse_reasoning && (is_partial(rest, kThinkOpen) || is_partial(rest, kChannelOpen))) ||
                        (options_.parse_tool_calls && is_partial(rest, kPythonTag));
     if (maybe) return false;
   }
@@ -217,10 +313,14 @@ bool OutputParser::step_content(bool final, OutputDelta& out) {
   }
   const size_t hermes = buf_.find(kToolOpen);
   const size_t mistral = buf_.find(kMistralCalls);
-  const size_t at = std::min(hermes, mistral);
+  const size_t gemma = buf_.find(kGemmaCallOpen);
+  const size_t at = std::min({hermes, mistral, gemma});
   if (at != std::string::npos) {
     emit_content(std::string_view(buf_).substr(0, at), out);  // whitespace before it stays held
-    if (at == hermes) {
+    if (at == gemma) {
+      buf_.erase(0, at + kGemmaCallOpen.size());
+      mode_ = Mode::kGemmaCall;
+    } else if (at == hermes) {
       buf_.erase(0, at + kToolOpen.size());
       start_tool_call();
     } else {
@@ -230,23 +330,26 @@ bool OutputParser::step_content(bool final, OutputDelta& out) {
     }
     return true;
   }
-  const size_t hold = final ? 0 : std::max(partial_suffix(buf_, kToolOpen), partial_suffix(buf_, kMistralCalls));
+  const size_t hold = final ? 0
+                            : std::max({partial_suffix(buf_, kToolOpen), partial_suffix(buf_, kMistralCalls),
+                                        partial_suffix(buf_, kGemmaCallOpen)});
   emit_content(std::string_view(buf_).substr(0, buf_.size() - hold), out);
   buf_.erase(0, buf_.size() - hold);
   return false;
 }
 
 bool OutputParser::step_reasoning(bool final, OutputDelta& out) {
-  const size_t at = buf_.find(kThinkClose);
+  const std::string_view close = reasoning_close_;
+  const size_t at = buf_.find(close);
   if (at != std::string::npos) {
     emit_reasoning(std::string_view(buf_).substr(0, at), out);
     reasoning_ws_.clear();
-    buf_.erase(0, at + kThinkClose.size());
+    buf_.erase(0, at + close.size());
     trim_content_ = true;
     mode_ = Mode::kContent;
     return true;
   }
-  const size_t hold = final ? 0 : partial_suffix(buf_, kThinkClose);
+  const size_t hold = final ? 0 : partial_suffix(buf_, close);
   emit_reasoning(std::string_view(buf_).substr(0, buf_.size() - hold), out);
   buf_.erase(0, buf_.size() - hold);
   return false;
@@ -281,6 +384,29 @@ bool OutputParser::step_tool_call(bool final, OutputDelta& out) {
   if (reader_->status() == JsonCallReader::Status::kReading) return false;
   close_call(out);
   mode_ = Mode::kToolCallEnd;
+  return true;
+}
+
+// Gemma 4: the call is read whole at <tool_call|> (or the end of the
+// reply); its name and arguments then stream in one delta. Text that is not
+// a call stays content, markers included.
+bool OutputParser::step_gemma_call(bool final, OutputDelta& out) {
+  const size_t at = buf_.find(kGemmaCallClose);
+  if (at == std::string::npos && !final) return false;
+  const std::string_view body = std::string_view(buf_).substr(0, at == std::string::npos ? buf_.size() : at);
+  const size_t used = at == std::string::npos ? buf_.size() : at + kGemmaCallClose.size();
+  ToolCall call;
+  if (parse_gemma_call(body, call)) {
+    open_call(call.name, out);
+    append_arguments(call.arguments, out);
+    close_call(true, out);
+  } else {
+    std::string raw(kGemmaCallOpen);
+    raw += std::string_view(buf_).substr(0, used);
+    emit_content(raw, out);
+  }
+  buf_.erase(0, used);
+  mode_ = Mode::kContent;
   return true;
 }
 
@@ -570,7 +696,7 @@ void OutputParser::open_call(const std::string& name, OutputDelta& out) {
   content_ws_.clear();  // whitespace before a call never shows
   trim_content_ = true;
   out.tool_call_deltas.push_back({call_index_, call_.id, call_.name, ""});
-  stream_arguments(out);
+  if (reader_) stream_arguments(out);
 }
 
 void OutputParser::append_arguments(std::string_view piece, OutputDelta& out) {

@@ -16,6 +16,12 @@
 //                   "{", each parameter's "\"P\":" at its '>', its value (bare
 //                   text made JSON: OutputParserOptions::parameter_types) at
 //                   </parameter> or, typed "string", as it comes; "}" at </function>.
+//   Gemma 4         <|tool_call>call:NAME{key:value,...}<tool_call|>, values as its
+//                   template writes them (<|"|>string<|"|>, bare numbers and
+//                   true/false, {..} and [..] nested); read whole at <tool_call|>,
+//                   then name and arguments (as JSON) stream at once.
+// Reasoning: <think>...</think>, or Gemma 4's <|channel>thought...<channel|>,
+// at the start of the reply.
 // Text that might still turn into a marker is held back (never streamed as
 // content and then taken back). Text that looked like a call but is not
 // valid JSON with a string "name" stays content (Llama-3 form: also needs
@@ -140,6 +146,7 @@ class OutputParser {
     kXmlCall,       // <tool_call><function=...>: buf_ holds the text not yet read
     kMistralCalls,  // after [TOOL_CALLS]; buf_ holds the marker and what follows (until a call opens)
     kDropRest,      // a JSON-form call broke: the rest of the reply is dropped
+    kGemmaCall,     // after <|tool_call>: buf_ holds the call until <tool_call|>
   };
   // Consumes buf_ as far as it is decided; `final`: no more text comes.
   void drain(bool final, OutputDelta& out);
@@ -153,6 +160,7 @@ class OutputParser {
   bool step_json_calls(bool final, OutputDelta& out);
   bool step_mistral_calls(bool final, OutputDelta& out);
   bool step_xml_call(bool final, OutputDelta& out);
+  bool step_gemma_call(bool final, OutputDelta& out);
   // A parameter's bare text as JSON (OutputParserOptions::parameter_types).
   std::string xml_value_json(const std::string& parameter, std::string_view value) const;
   const std::string* parameter_type(const std::string& parameter) const;  // of the open call; null: unknown
@@ -169,11 +177,12 @@ class OutputParser {
 
   OutputParserOptions options_;
   Mode mode_ = Mode::kStart;
-  std::string buf_;             // undecided text
-  std::string content_ws_;      // trailing whitespace of content not yet emitted
-  std::string reasoning_ws_;    // trailing whitespace of reasoning not yet emitted
-  bool trim_content_ = false;   // drop the next leading whitespace of content
-  bool trim_reasoning_ = true;  // drop the next leading whitespace of reasoning
+  std::string buf_;                                // undecided text
+  std::string_view reasoning_close_ = "</think>";  // what ends the reasoning block
+  std::string content_ws_;                         // trailing whitespace of content not yet emitted
+  std::string reasoning_ws_;                       // trailing whitespace of reasoning not yet emitted
+  bool trim_content_ = false;                      // drop the next leading whitespace of content
+  bool trim_reasoning_ = true;                     // drop the next leading whitespace of reasoning
   bool saw_tool_calls_ = false;
   // The call object being read (kToolCall, kJsonCalls).
   std::optional<JsonCallReader> reader_;

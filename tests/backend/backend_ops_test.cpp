@@ -461,6 +461,98 @@ TEST_P(BackendOps, RopeQkNormAndKvStore) {
   }
 }
 
+// Gemma 4's RoPE op: q/k norms scaling by w (offset 0), the weightless V
+// norm, a proportional table (only the first pairs rotate, the others have
+// angle 0), and a layer that computes only q and stores nothing.
+TEST_P(BackendOps, Gemma4RopeVNormAndQOnly) {
+  if (!dev_.b->has_gemma4_ops()) GTEST_SKIP() << dev_.b->name() << " has no Gemma 4 ops";
+  const int32_t n_head = 4, n_head_kv = 2, hd = 64, shift = 4, n_blocks = 16;
+  const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
+  const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 40}, {3, 9}, {20, 20}};
+  RopeTable table;
+  table.rot_dim = hd;
+  table.inv_freq.assign(hd / 2, 0.0f);
+  for (int i = 0; i < 8; ++i) table.inv_freq[static_cast<size_t>(i)] = std::pow(1e6f, -2.0f * i / hd);
+  const auto qn = random_floats(hd, 42), kn = random_floats(hd, 43);
+  for (DType kv_t : {DType::kF32, DType::kF16}) {
+    for (bool q_only : {false, true}) {
+      std::vector<std::vector<float>> qkvs, ks, vs;
+      for (Side* s : {&ref_, &dev_}) {
+        const HostStep hs(seqs, shift, n_blocks, 13, s->b->attention_routing(kv_t, hd));
+        const StepMetadata md = hs.place(*s);
+        auto rope = s->b->place_rope(table);
+        ASSERT_TRUE(rope.ok());
+        KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, KV, 0);
+        const int64_t width = q_only ? Q : QKV;
+        RopeKvOp op;
+        op.qkv = s->tensor(random_floats(hs.n_tokens * width, 14, -2, 2), hs.n_tokens, width, DType::kF32, width + 8);
+        op.n_head = n_head;
+        op.n_head_kv = q_only ? 0 : n_head_kv;
+        op.head_dim = hd;
+        op.q_norm = s->vec(qn);
+        op.k_norm = s->vec(kn);
+        op.v_norm = true;
+        op.rope = *rope;
+        op.kv = kv.view;
+        s->b->rope_store_kv(op, md);
+        qkvs.push_back(s->read(op.qkv.cols_from(0, Q)));
+        ks.push_back(read_plane(*s, kv.view.k, kv.bytes, kv_t));
+        vs.push_back(read_plane(*s, kv.view.v, kv.bytes, kv_t));
+      }
+      const std::string what = std::string(q_only ? "q only" : "v norm") + " kv " + std::string(dtype_name(kv_t));
+      expect_close(qkvs[1], qkvs[0], tol(2e-5), what + " q");
+      expect_close(ks[1], ks[0], tol(kv_t == DType::kF16 ? 2e-3 : 2e-5), what + " K cache");
+      expect_close(vs[1], vs[0], tol(kv_t == DType::kF16 ? 2e-3 : 2e-5), what + " V cache");
+      if (q_only) {
+        for (float v : ks[0]) ASSERT_EQ(v, 0.0f) << "a q-only layer stores nothing";
+      } else {  // every stored V head is normed: mean square 1
+        int n_heads_stored = 0;
+        for (size_t h0 = 0; h0 + hd <= vs[0].size(); h0 += hd) {
+          double ss = 0;
+          for (int64_t d = 0; d < hd; ++d) ss += double(vs[0][h0 + d]) * vs[0][h0 + d];
+          if (ss == 0) continue;
+          ++n_heads_stored;
+          EXPECT_NEAR(ss / hd, 1.0, 1e-2) << what;
+        }
+        EXPECT_EQ(n_heads_stored, 24 * n_head_kv) << what;
+      }
+    }
+  }
+}
+
+// Gemma 4's per-layer input gate (gate and up in separate strided views)
+// and the residual stream converted to the matmul input dtype.
+TEST_P(BackendOps, Gemma4GluSplitAndConvert) {
+  if (!dev_.b->has_gemma4_ops()) GTEST_SKIP() << dev_.b->name() << " has no Gemma 4 ops";
+  const int64_t n = 5, F = 40, stride = 3 * F;
+  const auto buf = random_floats(n * stride, 15, -4, 4);
+  std::vector<std::vector<float>> outs[3];
+  for (Side* s : {&ref_, &dev_}) {
+    const DType out_t = s == &ref_ ? DType::kF32 : act();
+    Tensor all = s->tensor(buf, n, stride, DType::kF32);
+    for (int k = 0; k < 2; ++k) {
+      Tensor out = s->tensor(std::vector<float>(n * F, NAN), n, F, out_t);
+      s->b->glu_split(k == 0 ? Glu::kSilu : Glu::kGeluTanh, all.cols_from(2 * F, F), all.cols_from(0, F), out);
+      outs[k].push_back(s->read(out));
+    }
+    Tensor x = s->tensor(buf, n, stride, DType::kF32);
+    Tensor out = s->tensor(std::vector<float>(n * stride, NAN), n, stride, out_t);
+    s->b->convert(x, out);
+    outs[2].push_back(s->read(out));
+  }
+  expect_close(outs[0][1], outs[0][0], tol(1e-5, act()), "silu glu_split");
+  expect_close(outs[1][1], outs[1][0], tol(1e-5, act()), "gelu_tanh glu_split");
+  expect_close(outs[2][1], outs[2][0], tol(0, act()), "convert");
+  // The CPU reference against the formula.
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < F; ++i) {
+      const float g = buf[static_cast<size_t>(r * stride + 2 * F + i)], u = buf[static_cast<size_t>(r * stride + i)];
+      const float want = 0.5f * g * (1.0f + std::tanh(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
+      ASSERT_NEAR(outs[1][0][static_cast<size_t>(r * F + i)], want, 1e-5f * (1.0f + std::fabs(want)));
+    }
+  }
+}
+
 TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
   const int32_t n_head = 8, n_head_kv = 2, hd = 64, shift = 4, n_blocks = 64;
   const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;

@@ -222,7 +222,7 @@ TEST_P(CudaKvTiers, DiskPrefixSurvivesARestart) {
 
 INSTANTIATE_TEST_SUITE_P(Goldens, CudaKvTiers,
                          ::testing::Values(Case{"llama", false}, Case{"llama", true}, Case{"gemma2", false},
-                                           Case{"qwen3_5", false}),
+                                           Case{"qwen3_5", false}, Case{"gemma4", false}),
                          case_name);
 
 TEST(CudaKvTiersRam, EvictedPrefixComesBackFromTheRamTier) {

@@ -181,7 +181,8 @@ TEST_P(GemmaBatchInvariance, SeededSamplingIsTheSameAloneAndBatched) {
   EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
 }
 
-INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaBatchInvariance, ::testing::Values("gemma2", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaBatchInvariance,
+                         ::testing::Values("gemma2", "gemma3", "gemma4", "gemma4-moe"));
 
 }  // namespace
 }  // namespace rill

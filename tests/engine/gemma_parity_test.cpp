@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,7 @@ TEST_P(GemmaParity, LogitsMatchTransformersAtEveryPositionWholeAndChunked) {
     auto logits = runner.score(g.prompt_ids);
     ASSERT_TRUE(logits.ok()) << logits.error().message;
     const double max_err = test::max_golden_error((*logits), g);
+    std::printf("%s, chunks of %d: max |logit - reference| = %.3g\n", GetParam().c_str(), chunk, max_err);
     EXPECT_LT(max_err, 1e-3) << GetParam() << ", chunks of " << chunk << ": max |logit - reference| = " << max_err;
   }
 }
@@ -68,7 +70,7 @@ TEST_P(GemmaParity, GreedyTokensMatchTransformers) {
   EXPECT_EQ(gen->ids, g.greedy_ids) << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaParity, ::testing::Values("gemma2", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaParity, ::testing::Values("gemma2", "gemma3", "gemma4", "gemma4-moe"));
 
 }  // namespace
 }  // namespace rill

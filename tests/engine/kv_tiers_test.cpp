@@ -328,6 +328,33 @@ TEST(KvTiers, DiskPrefixSurvivesARestartGemma3TwoGroups) {
   disk_round_trip(kGoldens + "gemma3", 512, 70, 64);
 }
 
+// Gemma 4: groups of different row widths (full layers' heads are wider),
+// and two KV-shared layers that store nothing: the file holds the 4 layers
+// that keep KV, each with its own row width.
+TEST(KvTiers, DiskPrefixSurvivesARestartGemma4SharedKvLayers) {
+  disk_round_trip(kGoldens + "gemma4", 512, 40, 32);
+  TmpDir dir;
+  EngineOptions o;
+  o.cache_dir = dir.path.string();
+  {
+    auto e = load(kGoldens + "gemma4", o);
+    ASSERT_TRUE(e);
+    generate(*e, random_prompt(40, 512, 11), 1, /*persist=*/true);
+  }
+  const auto files = kv_files(dir.path);
+  ASSERT_EQ(files.size(), 1u);
+  auto h = read_kv_header(files[0].string());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  ASSERT_EQ(h->layers.size(), 4u) << "6 layers, 2 of them reading another layer's KV";
+  const LayerKind kinds[] = {LayerKind::kSliding, LayerKind::kSliding, LayerKind::kFull, LayerKind::kSliding};
+  const int64_t widths[] = {32, 32, 64, 32};  // f32 elements of a K row: 2 x 16 sliding, 2 x 32 full
+  for (size_t l = 0; l < 4; ++l) {
+    EXPECT_EQ(h->layers[l].kind, kinds[l]) << "layer " << l;
+    ASSERT_EQ(h->layers[l].tensors.size(), 2u);
+    EXPECT_EQ(h->layers[l].tensors[0].shape.back(), widths[l]) << "layer " << l;
+  }
+}
+
 // A two-group prefix evicted from the device cache comes back from RAM. The
 // sliding group gives its oldest blocks back first, so its chain is evicted
 // from the root: the spill must still keep the whole prefix.

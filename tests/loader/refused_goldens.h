@@ -10,11 +10,7 @@
 namespace rill::testing {
 
 inline const std::map<std::string, std::string>& refused_golden_configs() {
-  static const std::map<std::string, std::string> refused = {
-      // Gemma 4: per-layer-type "proportional" RoPE (issue: newer families).
-      {"gemma4", "config.json: field 'rope_parameters.full_attention.rope_type' 'proportional' is not supported"},
-      {"gemma4-moe", "config.json: field 'rope_parameters.full_attention.rope_type' 'proportional' is not supported"},
-  };
+  static const std::map<std::string, std::string> refused = {};
   return refused;
 }
 

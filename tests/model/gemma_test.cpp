@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -261,6 +262,7 @@ std::string write_gguf(const std::string& family) {
 }
 
 TEST_P(GemmaModelTest, GgufFileMatchesTransformers) {
+  if (GetParam().rfind("gemma4", 0) == 0) GTEST_SKIP() << "no GGUF mapping for Gemma 4 yet";
   const std::string path = write_gguf(GetParam());
   ModelOptions opts = small_options();
   opts.max_batch_tokens = 32;
@@ -285,12 +287,12 @@ TEST_P(GemmaModelTest, GgufFileMatchesTransformers) {
   fs::remove(path);
 }
 
-INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaModelTest, ::testing::Values("gemma2", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaModelTest, ::testing::Values("gemma2", "gemma3", "gemma4", "gemma4-moe"));
 
 // --- config -----------------------------------------------------------------
 
 TEST(GemmaModel, RegistryBindsEveryGemmaModelType) {
-  for (const char* graph : {"gemma2", "gemma3_text", "gemma3"}) {
+  for (const char* graph : {"gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4"}) {
     for (const char* loader : {"hf", "gguf"}) {
       ModelProfile p{graph, loader, "autoregressive", std::nullopt, std::nullopt, std::nullopt};
       auto cpu = builtin_registry().select(p, Device::kCpu);
@@ -401,6 +403,160 @@ TEST(GemmaModel, SlidingWindowPatternWithoutLayerTypes) {
   });
   EXPECT_EQ(with_pattern, with_types);
   EXPECT_NE(all_full, with_types);
+}
+
+// Gemma 4's KV layout: layers 4 and 5 read layer 3's and layer 2's KV
+// (num_kv_shared_layers 2), so only layers 0-3 keep KV, the full layer's
+// rows twice as wide (2 KV heads of 32 against 2 of 16), declared per group.
+TEST(GemmaModel, Gemma4DeclaresItsKvLayersAndWidths) {
+  if (!fs::exists(kGoldens + "gemma4/golden.json")) GTEST_SKIP();
+  auto model = open(kGoldens + "gemma4", small_options());
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const Model& m = **model;
+  ASSERT_EQ(m.kv_spec().size(), 2u);
+  EXPECT_EQ(m.kv_spec()[0].row_width, 32);
+  EXPECT_EQ(m.kv_spec()[1].row_width, 64);
+  const auto layers = m.kv_layers();
+  ASSERT_EQ(layers.size(), 4u);
+  const int32_t groups[] = {0, 0, 1, 0};
+  const size_t row_bytes[] = {128, 128, 256, 128};  // f32
+  for (size_t l = 0; l < 4; ++l) {
+    EXPECT_EQ(layers[l].group, groups[l]) << "layer " << l;
+    EXPECT_EQ(layers[l].dtype, DType::kF32);
+    EXPECT_EQ(layers[l].row_bytes, row_bytes[l]) << "layer " << l;
+  }
+  EXPECT_EQ(m.kv_bytes_per_token(), 2u * (128 + 128 + 256 + 128));
+}
+
+// gemma4-moe (the 26B-A4B shape): full layers have one KV head of 32 whose
+// K is also V, so both groups' rows are 32 wide; every layer keeps KV.
+TEST(GemmaModel, Gemma4MoeKeepsOneKvHeadOnFullLayers) {
+  if (!fs::exists(kGoldens + "gemma4-moe/golden.json")) GTEST_SKIP();
+  auto model = open(kGoldens + "gemma4-moe", small_options());
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const Model& m = **model;
+  ASSERT_EQ(m.kv_spec().size(), 2u);
+  EXPECT_EQ(m.kv_spec()[0].row_width, 32);
+  EXPECT_EQ(m.kv_spec()[1].row_width, 32);
+  ASSERT_EQ(m.kv_layers().size(), 4u);
+  EXPECT_EQ(m.kv_bytes_per_token(), 2u * 4 * 128);
+}
+
+// What Gemma 4 reads from config.json matters: each edit changes the
+// logits of the golden (or, where the weights no longer fit, is refused).
+TEST(GemmaModel, Gemma4ConfigFieldsAreHonored) {
+  if (!fs::exists(kGoldens + "gemma4/golden.json")) GTEST_SKIP();
+  const auto ids = golden("gemma4")["prompt_ids"].get<std::vector<int32_t>>();
+  auto logits = [&](const std::function<void(nlohmann::json&)>& edit) {
+    const std::string dir = with_config("gemma4", edit);
+    auto model = open(dir, small_options());
+    EXPECT_TRUE(model.ok()) << model.error().message;
+    std::vector<float> out;
+    if (!model.ok()) return out;
+    const auto n = static_cast<int32_t>(ids.size());
+    out.resize(static_cast<size_t>(n * (*model)->n_vocab()));
+    Batch b;
+    add(b, Tables{slot_block_table(0, 32, kBlock), slot_block_table(1, 32, kBlock)}, ids.data(), n, 0, true);
+    EXPECT_TRUE((*model)->forward(b, out.data()).ok());
+    fs::remove_all(dir);
+    return out;
+  };
+  auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+    return d;
+  };
+  const auto base = logits([](nlohmann::json&) {});
+  ASSERT_FALSE(base.empty());
+  const auto full_rope =
+      logits([](nlohmann::json& c) { c["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 1.0; });
+  const auto no_cap = logits([](nlohmann::json& c) { c["final_logit_softcapping"] = nullptr; });
+  const auto local_base =
+      logits([](nlohmann::json& c) { c["rope_parameters"]["sliding_attention"]["rope_theta"] = 500.0; });
+  EXPECT_GT(max_diff(base, full_rope), 1e-4);
+  EXPECT_GT(max_diff(base, no_cap), 1e-3);
+  EXPECT_GT(max_diff(base, local_base), 1e-4);
+}
+
+// A gemma4 (multimodal) checkpoint: its text model's fields in text_config
+// and its tensors under model.language_model. give the text model's logits.
+TEST(GemmaModel, Gemma4MultimodalCheckpointRunsItsTextModel) {
+  if (!fs::exists(kGoldens + "gemma4/golden.json")) GTEST_SKIP();
+  const fs::path dir = fs::temp_directory_path() / ("rill_gemma4_mm_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {  // safetensors: u64 header length, JSON header, data (offsets relative to the data)
+    std::ifstream in(kGoldens + "gemma4/model.safetensors", std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), sizeof n);
+    const auto header = nlohmann::json::parse(bytes.substr(8, n));
+    nlohmann::json renamed = nlohmann::json::object();
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      const std::string k = it.key();
+      renamed[k.rfind("model.", 0) == 0 ? "model.language_model." + k.substr(6) : k] = it.value();
+    }
+    const std::string h = renamed.dump();
+    const uint64_t hn = h.size();
+    std::ofstream out(dir / "model.safetensors", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&hn), sizeof hn);
+    out << h << bytes.substr(8 + n);
+  }
+  std::ifstream cin(kGoldens + "gemma4/config.json");
+  const auto text = nlohmann::json::parse(cin);
+  nlohmann::json cfg = {
+      {"model_type", "gemma4"}, {"architectures", {"Gemma4ForConditionalGeneration"}}, {"text_config", text}};
+  std::ofstream(dir / "config.json") << cfg.dump();
+  auto model = open(dir.string(), small_options());
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const auto g = golden("gemma4");
+  const auto ids = g["prompt_ids"].get<std::vector<int32_t>>();
+  const auto ref = g["logits"].get<std::vector<std::vector<float>>>();
+  const auto n = static_cast<int32_t>(ids.size());
+  const size_t V = static_cast<size_t>((*model)->n_vocab());
+  std::vector<float> logits(static_cast<size_t>(n) * V);
+  Batch b;
+  add(b, Tables{slot_block_table(0, 32, kBlock), slot_block_table(1, 32, kBlock)}, ids.data(), n, 0, true);
+  ASSERT_TRUE((*model)->forward(b, logits.data()).ok());
+  double max_err = 0;
+  for (size_t t = 0; t < static_cast<size_t>(n); ++t) {
+    for (size_t i = 0; i < V; ++i) max_err = std::max(max_err, std::fabs(double(logits[t * V + i]) - ref[t][i]));
+  }
+  EXPECT_LT(max_err, 1e-3);
+  fs::remove_all(dir);
+}
+
+TEST(GemmaModel, Gemma4ConfigErrorsNameTheField) {
+  if (!fs::exists(kGoldens + "gemma4/golden.json")) GTEST_SKIP();
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    const char* want;
+  };
+  const Case kCases[] = {
+      {[](nlohmann::json& c) {
+         c["per_layer_config"]["9"] = {{"head_dim", 32}};
+       },
+       "per_layer_config.9"},
+      {[](nlohmann::json& c) {
+         c["per_layer_config"]["2"] = {{"sliding_window", 4}};
+       },
+       "per_layer_config.2.sliding_window"},
+      {[](nlohmann::json& c) {
+         c["per_layer_config"]["2"] = {{"head_dim", 31}};
+       },
+       "head_dim 31"},
+      {[](nlohmann::json& c) { c["num_kv_shared_layers"] = 6; }, "no earlier layer"},
+      {[](nlohmann::json& c) { c["num_kv_shared_layers"] = 0; }, "k_proj"},
+      {[](nlohmann::json& c) { c["rope_parameters"]["sliding_attention"]["rope_type"] = "linear"; },
+       "sliding_attention"},
+      {[](nlohmann::json& c) { c["use_bidirectional_attention"] = "all"; }, "use_bidirectional_attention"},
+  };
+  for (const Case& k : kCases) {
+    const std::string dir = with_config("gemma4", k.edit);
+    auto model = open(dir, small_options());
+    ASSERT_FALSE(model.ok()) << k.want;
+    EXPECT_NE(model.error().message.find(k.want), std::string::npos) << model.error().message;
+    fs::remove_all(dir);
+  }
 }
 
 }  // namespace

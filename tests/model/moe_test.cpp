@@ -47,6 +47,7 @@ struct RandomMoe {
   Mat router, shared_gate;
   std::vector<Ffn> experts;
   Ffn shared;
+  std::vector<float> expert_scale;  // empty: none
 
   RandomMoe(const MoeParams& params, uint32_t seed) : p(params) {
     std::mt19937 rng(seed);
@@ -70,6 +71,7 @@ struct RandomMoe {
       w.shared = shared.weights();
       w.shared_gate = shared_gate.linear();
     }
+    w.expert_scale = expert_scale;
     return w;
   }
 };
@@ -82,19 +84,28 @@ std::vector<double> matvec(const Mat& m, const std::vector<double>& x) {
   return y;
 }
 
-std::vector<double> ffn_ref(const Ffn& f, const std::vector<double>& x) {
+std::vector<double> ffn_ref(const Ffn& f, const std::vector<double>& x, bool gelu = false) {
   std::vector<double> g = matvec(f.gate, x), u = matvec(f.up, x);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double a = gelu ? 0.5 * g[i] * (1.0 + std::tanh(0.7978845608028654 * (g[i] + 0.044715 * g[i] * g[i] * g[i])))
+                          : g[i] / (1.0 + std::exp(-g[i]));
+    g[i] = a * u[i];
+  }
   return matvec(f.down, g);
 }
 
-// Every expert for every token, weighted by softmax -> top-k (-> renormalised).
-std::vector<float> reference(const RandomMoe& m, const std::vector<float>& x, int64_t n) {
+// Every expert for every token, weighted by softmax -> top-k (->
+// renormalised) (-> times the expert's scale), routed by router_x (x when
+// null).
+std::vector<float> reference(const RandomMoe& m, const std::vector<float>& x, int64_t n,
+                             const std::vector<float>* router_x = nullptr) {
   const MoeParams& p = m.p;
+  const std::vector<float>& rx = router_x ? *router_x : x;
   std::vector<float> out(static_cast<size_t>(n * p.n_embd));
   for (int64_t t = 0; t < n; ++t) {
     std::vector<double> xt(x.begin() + t * p.n_embd, x.begin() + (t + 1) * p.n_embd);
-    std::vector<double> pr = matvec(m.router, xt);
+    std::vector<double> rt(rx.begin() + t * p.n_embd, rx.begin() + (t + 1) * p.n_embd);
+    std::vector<double> pr = matvec(m.router, rt);
     const double mx = *std::max_element(pr.begin(), pr.end());
     double sum = 0;
     for (double& v : pr) sum += (v = std::exp(v - mx));
@@ -108,8 +119,9 @@ std::vector<float> reference(const RandomMoe& m, const std::vector<float>& x, in
     for (int64_t e = 0; e < p.n_expert; ++e) {  // dense: every expert, weight 0 unless chosen
       const auto top_end = order.begin() + p.n_expert_used;
       const bool chosen = std::find(order.begin(), top_end, e) != top_end;
-      const double w = chosen ? (p.norm_topk_prob ? pr[e] / top_sum : pr[e]) : 0.0;
-      const std::vector<double> y = ffn_ref(m.experts[e], xt);
+      double w = chosen ? (p.norm_topk_prob ? pr[e] / top_sum : pr[e]) : 0.0;
+      if (!m.expert_scale.empty()) w *= m.expert_scale[static_cast<size_t>(e)];
+      const std::vector<double> y = ffn_ref(m.experts[e], xt, p.gelu_tanh);
       for (int64_t j = 0; j < p.n_embd; ++j) acc[j] += w * y[j];
     }
     if (p.n_ff_shared > 0) {
@@ -214,6 +226,38 @@ TEST(MoeFfn, MatchesDenseReferenceWhenEveryExpertIsUsed) {
   MoeParams p = params(true);
   p.n_expert_used = p.n_expert;
   expect_near_reference(p, 4);
+}
+
+// Gemma 4's MoE block: GeGLU experts, a per-expert scale on the chosen
+// weights, and a router that reads its own input.
+TEST(MoeFfn, MatchesDenseReferenceWithGeluExpertsScalesAndRouterInput) {
+  MoeParams p = params(true);
+  p.gelu_tanh = true;
+  RandomMoe m(p, 7);
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> d(0.5f, 1.5f);
+  for (int64_t e = 0; e < p.n_expert; ++e) m.expert_scale.push_back(d(rng));
+  const int64_t n = 13;
+  auto moe = MoeFfn::create(p, m.weights());
+  ASSERT_TRUE(moe.ok()) << moe.error().message;
+  MoeScratch scratch;
+  scratch.reserve(p, n);
+  auto backend = cpu::make_host_ops(2);
+  const std::vector<float> x = random_input(n, p.n_embd, 9), rx = random_input(n, p.n_embd, 10);
+  std::vector<float> out(x.size()), same_input(x.size());
+  moe->forward(rx.data(), x.data(), n, out.data(), scratch, *backend);
+  const std::vector<float> ref = reference(m, x, n, &rx);
+  double max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    max_err = std::max(max_err, std::fabs(double(out[i]) - ref[i]));
+    max_ref = std::max(max_ref, std::fabs(double(ref[i])));
+  }
+  EXPECT_GT(max_ref, 0.05);
+  EXPECT_LT(max_err, 1e-5) << "max |moe - reference| over outputs up to " << max_ref;
+  moe->forward(x.data(), n, same_input.data(), scratch, *backend);
+  EXPECT_NE(same_input, out) << "the router input must matter";
+  m.expert_scale.assign(static_cast<size_t>(p.n_expert - 1), 1.0f);
+  EXPECT_FALSE(MoeFfn::create(p, m.weights()).ok()) << "one scale per expert";
 }
 
 // Each token's output is bit-identical alone and inside any batch.

@@ -61,7 +61,8 @@ TEST_P(RealTemplates, MatchTransformersRendering) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ChatTemplate, RealTemplates,
-                         ::testing::Values("smollm2", "llama3", "qwen3", "gemma3", "llama3_2_vision", "gpt_oss"));
+                         ::testing::Values("smollm2", "llama3", "qwen3", "gemma3", "llama3_2_vision", "gpt_oss",
+                                           "gemma4", "gemma4_interleaved"));
 
 TEST(ChatTemplate, SmolLM2FromGgufMetadataText) {
   // The template exactly as stored in the default model's GGUF metadata.

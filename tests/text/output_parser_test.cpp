@@ -589,6 +589,9 @@ TEST(OutputParser, AnySplitGivesTheSameResult) {
       "<tool_call>\n<function=f>\n<parameter=a>\n{\"x\": [1]}\n</parameter>\n<parameter=b>\nNone\n</parameter>\n"
       "</function>\n</tool_call>\n<tool_call><function=g>\n<parameter=s>\ntext\n</parameter>\nbad</tool_call>x",
       "<tool_call> <function=bad name>",
+      "<|channel>thought\nplan <|tool_call>x<channel|>ok "
+      "<|tool_call>call:f{a:<|\"|>s,}<|\"|>,b:[1,{c:None}]}<tool_call|>",
+      "<|tool_call>call:f{a:<tool_call|> <|tool_call>call:g{}<tool_call|> <|tool_call>call:h{x:1",
       "   ",
       "",
   };
@@ -621,6 +624,39 @@ TEST(OutputParser, AnySplitGivesTheSameResult) {
       }
     }
   }
+}
+
+// Gemma 4: the thought channel is reasoning; calls in its own syntax are
+// read whole into JSON arguments (keys in the order written); text that is
+// not such a call stays content, markers included.
+TEST(OutputParser, Gemma4ChannelAndCalls) {
+  Parsed p = parse_whole(OutputParserOptions{}, "<|channel>thought\nStep 1.\n<channel|>The answer.");
+  EXPECT_EQ(p.reasoning, "Step 1.");
+  EXPECT_EQ(p.content, "The answer.");
+  p = parse_whole(tools_on(),
+                  "Sure.\n<|tool_call>call:search{query:<|\"|>a, b {c}<|\"|>,n:-2.5e1,ok:false,"
+                  "tags:[<|\"|>x<|\"|>],opt:None,nested:{k:[]},word:maybe}<tool_call|>");
+  EXPECT_EQ(p.content, "Sure.");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].first, "search");
+  EXPECT_EQ(p.calls[0].second,
+            R"({"query":"a, b {c}","n":-25.0,"ok":false,"tags":["x"],"opt":null,"nested":{"k":[]},"word":"maybe"})");
+  EXPECT_TRUE(p.saw_calls);
+  // Not a call: content.
+  for (const std::string bad : {"<|tool_call>call:f{a:<|\"|>open}<tool_call|>", "<|tool_call>f{}<tool_call|>",
+                                "<|tool_call>call:f{a:1}extra<tool_call|>", "<|tool_call>call:f[1]<tool_call|>"}) {
+    p = parse_whole(tools_on(), bad);
+    EXPECT_TRUE(p.calls.empty()) << bad;
+    EXPECT_EQ(p.content, bad);
+  }
+  // A call the reply ends inside is still read when it is whole.
+  p = parse_whole(tools_on(), "<|tool_call>call:f{}");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].second, "{}");
+  // Nesting beyond the limit stays content without recursing further.
+  const std::string deep = "<|tool_call>call:f{a:" + std::string(5000, '[') + std::string(5000, ']') + "}<tool_call|>";
+  p = parse_whole(tools_on(), deep);
+  EXPECT_TRUE(p.calls.empty());
 }
 
 TEST(OutputParser, ParseToolCallJson) {

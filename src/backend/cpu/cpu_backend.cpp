@@ -311,16 +311,25 @@ class CpuBackend final : public Backend {
   void rope_store_kv(const RopeKvOp& op, const StepMetadata& step) override {
     const int64_t hd = op.head_dim, q_width = op.n_head * hd, kv_width = op.n_head_kv * hd;
     assert(op.qkv.dtype == DType::kF32 && op.qkv.cols == q_width + 2 * kv_width);
-    assert(op.kv.row_bytes == static_cast<size_t>(kv_width) * (op.kv.dtype == DType::kF32 ? 4 : 2));
     const RopeTable& table = record(op.rope);
+    if (op.n_head_kv == 0) {  // q only: this layer reads another layer's KV
+      for (int64_t t = 0; t < op.qkv.rows; ++t) {
+        float* q = static_cast<float*>(op.qkv.at(t, 0));
+        if (op.q_norm) cpu::rms_norm(q, op.q_norm.data, op.n_head, hd, op.norm_eps, q, op.norm_offset);
+        cpu::rope(q, step.pos + t, 1, op.n_head, hd, table);
+      }
+      return;
+    }
+    assert(op.kv.row_bytes == static_cast<size_t>(kv_width) * (op.kv.dtype == DType::kF32 ? 4 : 2));
     const int32_t* slots = step.slots[op.kv_group];
     const int64_t mask = (int64_t{1} << op.kv.block_shift) - 1;
     for (int64_t t = 0; t < op.qkv.rows; ++t) {
       float* q = static_cast<float*>(op.qkv.at(t, 0));
       float* k = q + q_width;
-      const float* v = k + kv_width;
+      float* v = k + kv_width;
       if (op.q_norm) cpu::rms_norm(q, op.q_norm.data, op.n_head, hd, op.norm_eps, q, op.norm_offset);
       if (op.k_norm) cpu::rms_norm(k, op.k_norm.data, op.n_head_kv, hd, op.norm_eps, k, op.norm_offset);
+      if (op.v_norm) cpu::rms_norm(v, nullptr, op.n_head_kv, hd, op.norm_eps, v);
       cpu::rope(q, step.pos + t, 1, op.n_head, hd, table);
       cpu::rope(k, step.pos + t, 1, op.n_head_kv, hd, table);
       const int64_t slot = slots[t];
@@ -396,6 +405,31 @@ class CpuBackend final : public Backend {
       } else {
         cpu::gelu_tanh_mul(g, g + F, o, F);
       }
+    }
+  }
+
+  bool has_gemma4_ops() const override { return true; }
+
+  void glu_split(Glu kind, Tensor gate, Tensor up, Tensor out) override {
+    const int64_t F = out.cols;
+    assert(gate.dtype == DType::kF32 && up.dtype == DType::kF32 && out.dtype == DType::kF32);
+    assert(gate.cols == F && up.cols == F && gate.rows == out.rows && up.rows == out.rows);
+    for (int64_t r = 0; r < out.rows; ++r) {
+      const auto* g = static_cast<const float*>(gate.at(r, 0));
+      const auto* u = static_cast<const float*>(up.at(r, 0));
+      auto* o = static_cast<float*>(out.at(r, 0));
+      if (kind == Glu::kSilu) {
+        cpu::silu_mul(g, u, o, F);
+      } else {
+        cpu::gelu_tanh_mul(g, u, o, F);
+      }
+    }
+  }
+
+  void convert(Tensor x, Tensor out) override {
+    assert(x.dtype == DType::kF32 && out.dtype == DType::kF32 && x.rows == out.rows && x.cols == out.cols);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      std::memcpy(out.at(r, 0), x.at(r, 0), static_cast<size_t>(x.cols) * sizeof(float));
     }
   }
 

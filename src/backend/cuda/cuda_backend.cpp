@@ -19,6 +19,7 @@
 #include "backend/cuda/gated_delta.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_gemma4.h"
 #include "backend/cuda/quant.h"
 #include "core/half.h"
 
@@ -302,6 +303,10 @@ class CudaBackend final : public Backend {
     a.k_cache = op.kv.k;
     a.v_cache = op.kv.v;
     a.kv_dtype = op.kv.dtype;
+    if (op.v_norm && op.n_head_kv > 0) {  // Gemma 4: V heads normed in place before the store
+      cuda::head_rms_norm(op.qkv.f32(), op.qkv.stride, op.qkv.rows, int64_t{op.n_head + op.n_head_kv} * op.head_dim,
+                          op.n_head_kv, op.head_dim, op.norm_eps, stream());
+    }
     cuda::rope_store_kv(a, stream());
   }
 
@@ -344,6 +349,20 @@ class CudaBackend final : public Backend {
     } else {
       cuda::gelu_tanh_mul(gate_up.f32(), out.rows, out.cols, out.dtype, out.data, stream());
     }
+  }
+
+  bool has_gemma4_ops() const override { return true; }
+
+  void glu_split(Glu kind, Tensor gate, Tensor up, Tensor out) override {
+    assert(gate.dtype == DType::kF32 && up.dtype == DType::kF32 && out.is_dense());
+    assert(gate.cols == out.cols && up.cols == out.cols && gate.rows == out.rows && up.rows == out.rows);
+    cuda::glu_split(kind == Glu::kGeluTanh, gate.f32(), gate.stride, up.f32(), up.stride, out.rows, out.cols, out.dtype,
+                    out.data, stream());
+  }
+
+  void convert(Tensor x, Tensor out) override {
+    assert(x.dtype == DType::kF32 && x.is_dense() && out.is_dense() && x.rows == out.rows && x.cols == out.cols);
+    cuda::convert_f32(x.f32(), x.rows * x.cols, out.dtype, out.data, stream());
   }
 
   void softcap(Tensor x, float cap) override {

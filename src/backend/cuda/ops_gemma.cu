@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_gemma4.h"
 
 namespace rill::cuda {
 namespace {
@@ -69,6 +70,36 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
   }
 }
 
+template <typename Out>
+__global__ void glu_split_kernel(bool gelu, const float* gate, int64_t gate_stride, const float* up, int64_t up_stride,
+                                 int64_t n_ff, Out* out) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int64_t r = blockIdx.y;
+  const float* g = gate + r * gate_stride;
+  const float* u = up + r * up_stride;
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n_ff; i += gridDim.x * blockDim.x) {
+    const float x = g[i];
+    const float act =
+        gelu ? 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x))) : x / (1.0f + expf(-x));
+    out[r * n_ff + i] = from_f32<Out>(act * u[i]);
+  }
+}
+
+// One block per (row, head).
+__global__ void head_rms_norm_kernel(float* x, int64_t stride, int64_t col0, int32_t head_dim, float eps) {
+  __shared__ float red[32];
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  float* h = x + blockIdx.x * stride + col0 + static_cast<int64_t>(blockIdx.y) * head_dim;
+  float ss = 0.0f;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) ss += h[d] * h[d];
+  ss = block_sum(ss, red);
+  const float scale = 1.0f / sqrtf(ss / static_cast<float>(head_dim) + eps);
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) h[d] *= scale;
+}
+
 unsigned blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 65535 ? (b > 0 ? b : 1) : 65535);
@@ -91,6 +122,21 @@ void post_norm_add(const float* y, const float* w_post, float* x, const float* w
   RILL_CUDA_DISPATCH_FLOAT(
       out_dtype, launch_pdl(post_norm_add_kernel<T>, static_cast<unsigned>(n_rows), threads, 0, stream, y, w_post, x,
                             w_next, dim, eps, w_offset, static_cast<T*>(out)));
+}
+
+void glu_split(bool gelu, const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, int64_t n_rows,
+               int64_t n_ff, DType out_dtype, void* out, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  const dim3 grid(blocks_for(n_ff, 256), static_cast<unsigned>(n_rows));
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(glu_split_kernel<T>, grid, 256, 0, stream, gelu, gate, gate_stride, up,
+                                                 up_stride, n_ff, static_cast<T*>(out)));
+}
+
+void head_rms_norm(float* x, int64_t stride, int64_t n_rows, int64_t col0, int32_t n_heads, int32_t head_dim, float eps,
+                   cudaStream_t stream) {
+  if (n_rows <= 0 || n_heads <= 0) return;
+  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
+  launch_pdl(head_rms_norm_kernel, grid, head_dim >= 128 ? 64 : 32, 0, stream, x, stride, col0, head_dim, eps);
 }
 
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {

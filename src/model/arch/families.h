@@ -43,8 +43,8 @@ Result<std::unique_ptr<Model>> create_llama_cpu_model(std::shared_ptr<const Mode
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);
 
-// Gemma family: gemma2, gemma3_text and gemma3's text model; sliding and
-// full layers in two KV groups. gemma.cpu and gemma.cuda: one graph, both
+// Gemma family: gemma2, gemma3_text and gemma3's text model, gemma4_text
+// and gemma4's text model; sliding and full layers in two KV groups. gemma.cpu and gemma.cuda: one graph, both
 // runtimes in gemma.cpp.
 Result<std::unique_ptr<Model>> create_gemma_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                       const ModelOptions& options);

@@ -16,6 +16,23 @@
 //   final logits      gemma2: softcap * tanh(logits / softcap)
 //   lm_head           tied to the embedding unless lm_head.weight exists
 //
+// Gemma 4 (gemma4_text and gemma4's text model) on top, as transformers'
+// modeling_gemma4 computes it:
+//   norms             scale by w (norm_offset 0); V heads RMS-normed without
+//                     a weight; attention scale 1
+//   full layers       their own head_dim and KV heads (global_head_dim /
+//                     per_layer_config), proportional partial RoPE (the
+//                     first pairs of the head rotate, at frequencies over the
+//                     whole head); attention_k_eq_v: K (before its norm) is V
+//   KV sharing        the last num_kv_shared_layers layers compute only q and
+//                     read the KV of the last earlier layer of their kind:
+//                     no KV of their own (kv_layers() omits them)
+//   per-layer input   ple = (norm(proj(x0) / sqrt(E)) + embed_pl(id) *
+//                     sqrt(P)) / sqrt(2), [n_layer, P] per token; after each
+//                     layer's MLP: x += norm(proj_l(gelu(gate_l x) * ple_l))
+//   layer_scalar      x *= layer_scalar at the end of each layer
+//   final logits      softcap
+//
 // One graph (GemmaGraph, place_gemma, gemma_forward) over Backend ops runs
 // on every device; below it the CPU runtime (`gemma.cpu`, a CpuPagedModel)
 // and the CUDA runtime's glue (`gemma.cuda`, over model/cuda_model_base.h,
@@ -30,9 +47,11 @@
 // whole history resident; with groups the KvManager keeps only the
 // window's blocks.
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +63,7 @@
 #include "model/batch_check.h"
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
+#include "model/moe.h"
 #include "model/placement.h"
 
 #if RILL_HAVE_CUDA
@@ -59,19 +79,26 @@ namespace {
 // The checkpoint as the files hold it (matrices view the mapping).
 struct GemmaWeights {
   GemmaParams params;
-  GemmaLayerDims dims{};
-  WeightView embed;    // [V, E]
-  WeightView lm_head;  // [V, E]; the embedding when tied
+  GemmaLayerDims dims{};                   // the sliding (gemma2/3: every) layer's
+  std::vector<GemmaLayerDims> layer_dims;  // [n_layer]
+  WeightView embed;                        // [V, E]
+  WeightView lm_head;                      // [V, E]; the embedding when tied
   bool tied = true;
   std::vector<float> final_norm;  // [E]
   std::vector<GemmaLayerWeights> layers;
   GemmaRope rope;  // sliding layers (local), full layers (global)
+  // Gemma 4's per-layer embeddings (params.ple_dim > 0).
+  WeightView ple_embed;         // [ple_vocab, n_layer * P]
+  WeightView ple_model_proj;    // [n_layer * P, E]
+  std::vector<float> ple_norm;  // [P]
 
   // The layers' matrices, layer 0's q first.
   std::vector<const WeightView*> layer_matrices() const {
     std::vector<const WeightView*> out;
     for (const GemmaLayerWeights& L : layers) {
-      for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) out.push_back(&l->w);
+      for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &L.ple_gate, &L.ple_proj}) {
+        if (l->w.data) out.push_back(&l->w);
+      }
     }
     return out;
   }
@@ -92,13 +119,49 @@ Result<GemmaWeights> bind_gemma(const ModelFiles& f, int64_t max_head_dim) {
     return Error{f.path + ": head_dim " + std::to_string(hd) + " is not supported (even, at most " +
                  std::to_string(max_head_dim) + ")"};
   }
-  if (cfg.rope_dim > 0 && cfg.rope_dim != hd) {
-    return Error{f.path + ": partial rotary (" + std::to_string(cfg.rope_dim) + " of " + std::to_string(hd) +
-                 " dims) is not part of the Gemma family"};
-  }
   GemmaWeights w;
   RILL_ASSIGN_OR_RETURN(w.params, read_gemma_params(f));
-  w.dims = {E, cfg.n_head * hd, cfg.n_head_kv * hd, F, hd};
+  const GemmaParams& p = w.params;
+  if (!p.gemma4 &&
+      ((cfg.rope_dim > 0 && cfg.rope_dim != hd) || cfg.rope_scaling.type == RopeScaling::Type::kProportional)) {
+    return Error{f.path + ": partial rotary (" + std::to_string(cfg.rope_dim) + " of " + std::to_string(hd) +
+                 " dims) is not part of Gemma 2 / Gemma 3"};
+  }
+  if (p.moe && (cfg.n_expert <= 0 || cfg.n_expert_used <= 0 || cfg.n_ff_expert <= 0)) {
+    return Error{f.path + "/config.json: enable_moe_block needs num_experts, top_k_experts and moe_intermediate_size"};
+  }
+  w.dims.n_embd = E;
+  w.dims.q_width = cfg.n_head * hd;
+  w.dims.kv_width = cfg.n_head_kv * hd;
+  w.dims.n_ff = F;
+  w.dims.head_dim = hd;
+  for (int64_t il = 0; il < cfg.n_layer; ++il) {
+    GemmaLayerDims d = w.dims;
+    if (p.gemma4) {
+      const auto l = static_cast<size_t>(il);
+      d.head_dim = p.head_dim[l];
+      d.q_width = cfg.n_head * d.head_dim;
+      d.kv_width = p.n_head_kv[l] * d.head_dim;
+      d.n_ff = p.n_ff[l];
+      d.has_kv = p.kv_donor[l] == il;
+      d.has_v = !(p.k_eq_v && !p.sliding[l]);
+      d.ple_dim = p.ple_dim;
+      d.gemma4 = true;
+      if (p.moe) {
+        d.moe.n_embd = E;
+        d.moe.n_expert = cfg.n_expert;
+        d.moe.n_expert_used = cfg.n_expert_used;
+        d.moe.n_ff = cfg.n_ff_expert;
+        d.moe.norm_topk_prob = true;  // transformers' Gemma4TextRouter always renormalises
+        d.moe.gelu_tanh = true;       // the experts use hidden_activation
+      }
+      if (d.head_dim > max_head_dim || d.n_ff <= 0) {
+        return Error{f.path + ": layer " + std::to_string(il) + "'s head_dim " + std::to_string(d.head_dim) +
+                     " is not supported (at most " + std::to_string(max_head_dim) + ")"};
+      }
+    }
+    w.layer_dims.push_back(d);
+  }
   const GemmaNames names = gemma_tensor_names(f);
   RILL_ASSIGN_OR_RETURN(w.embed, bind_matrix(f, names.base + "embed_tokens.weight", V, E));
   w.lm_head = w.embed;
@@ -107,9 +170,18 @@ Result<GemmaWeights> bind_gemma(const ModelFiles& f, int64_t max_head_dim) {
     RILL_ASSIGN_OR_RETURN(w.lm_head, bind_matrix(f, names.head, V, E));
   }
   RILL_ASSIGN_OR_RETURN(w.final_norm, load_vector(f, names.base + "norm.weight", E));
+  if (p.ple_dim > 0) {
+    const int64_t LP = cfg.n_layer * p.ple_dim;
+    RILL_ASSIGN_OR_RETURN(w.ple_embed, bind_matrix(f, names.base + "embed_tokens_per_layer.weight", p.ple_vocab, LP));
+    RILL_ASSIGN_OR_RETURN(w.ple_model_proj, bind_matrix(f, names.base + "per_layer_model_projection.weight", LP, E));
+    RILL_ASSIGN_OR_RETURN(w.ple_norm, load_vector(f, names.base + "per_layer_projection_norm.weight", p.ple_dim));
+  }
   w.layers.resize(static_cast<size_t>(cfg.n_layer));
   for (int64_t il = 0; il < cfg.n_layer; ++il) {
-    RILL_TRY(bind_gemma_layer(f, names, il, w.dims, w.layers[static_cast<size_t>(il)]));
+    const auto l = static_cast<size_t>(il);
+    GemmaLayerWeights& L = w.layers[l];
+    RILL_TRY(bind_gemma_layer(f, names, il, w.layer_dims[l], L));
+    if (w.layer_dims[l].has_kv && !w.layer_dims[l].has_v) L.v = L.k;  // K as V: v is K before its norm
   }
   w.rope = gemma_rope_tables(f, w.params, hd);
   return w;
@@ -118,22 +190,43 @@ Result<GemmaWeights> bind_gemma(const ModelFiles& f, int64_t max_head_dim) {
 // One layer as the Backend placed it: q/k/v as one weight, gate/up as one.
 struct GemmaLayer {
   bool sliding = false;  // attends to the last `window` tokens, through the sliding KV group
-  Vec attn_norm;         // [E]
-  Weight wqkv;           // [Q + 2 KV, E]
-  Vec bqkv;              // [Q + 2 KV] (zeros for a part without one) or absent
-  Vec q_norm, k_norm;    // [hd], gemma3 only
-  Weight wo;             // [E, Q]
-  Vec bo;                // [E] or absent
-  Vec post_attn_norm;    // [E]
-  Vec ffn_norm;          // [E]
-  Weight w_gate_up;      // [2 F, E]
-  Weight w_down;         // [E, F]
-  Vec post_ffn_norm;     // [E]
+  int32_t hd = 0, n_head_kv = 0;
+  int64_t Q = 0, KV = 0, F = 0;  // q width, one K (V) row, MLP width
+  bool stores_kv = true;         // false: reads kv_layer's KV (Gemma 4's KV sharing); wqkv is q only
+  int32_t kv_layer = 0;          // the KV plane it reads (and writes when stores_kv)
+  float layer_scalar = 1.0f;
+  Vec attn_norm;       // [E]
+  Weight wqkv;         // [Q + 2 KV, E]; [Q, E] when !stores_kv
+  Vec bqkv;            // [Q + 2 KV] (zeros for a part without one) or absent
+  Vec q_norm, k_norm;  // [hd], gemma3 only
+  Weight wo;           // [E, Q]
+  Vec bo;              // [E] or absent
+  Vec post_attn_norm;  // [E]
+  Vec ffn_norm;        // [E]
+  Weight w_gate_up;    // [2 F, E]
+  Weight w_down;       // [E, F]
+  Vec post_ffn_norm;   // [E]
+  bool moe = false;    // Gemma 4's MoE block beside the MLP (GemmaHooks::moe_ffn)
+  Vec router_norm, pre_ffn_norm_2, post_ffn_norm_1, post_ffn_norm_2;  // [E]
+  Weight w_ple_gate;                                                  // [P, E]; Gemma 4's per-layer input
+  Weight w_ple_proj;                                                  // [E, P]
+  Vec post_ple_norm;                                                  // [E]
+
+  int64_t qkv_width() const { return stores_kv ? Q + 2 * KV : Q; }
 };
 
 struct GemmaGraph {
-  int64_t E = 0, F = 0, hd = 0, Q = 0, KV = 0, V = 0;
+  int64_t E = 0, F = 0, hd = 0, Q = 0, KV = 0, V = 0;  // the widest layer's F, hd, Q, q/k/v row
+  int64_t QKV = 0;
   int32_t n_head = 0, n_head_kv = 0;
+  bool v_norm = false;  // Gemma 4
+  bool any_moe = false;
+  int64_t P = 0;  // Gemma 4's per-layer input width; 0: none
+  float ple_embed_scale = 1.0f, ple_proj_scale = 1.0f;
+  Weight ple_embed;                  // [ple_vocab, n_layer * P]
+  Weight ple_model_proj;             // [n_layer * P, E]
+  Vec ple_norm;                      // [P]
+  std::vector<int32_t> kv_layer_of;  // [n_kv_layers]: the model layer each KV plane belongs to
   float eps = 1e-6f;
   float norm_offset = 1.0f;  // RMSNorm scales by (norm_offset + w)
   float embed_scale = 1.0f;  // sqrt(E), in f32 as HF multiplies in the activation dtype
@@ -146,7 +239,7 @@ struct GemmaGraph {
   std::vector<GemmaLayer> layers;
   Rope rope_local, rope_global;  // sliding layers, full layers
 
-  int64_t qkv_width() const { return Q + 2 * KV; }
+  int64_t qkv_width() const { return QKV; }
   StepLimits step_limits(int64_t max_tokens, int64_t max_sample) const {
     StepLimits l;
     l.max_tokens = max_tokens;
@@ -157,26 +250,37 @@ struct GemmaGraph {
     l.max_head_tokens = max_sample;
     return l;
   }
-  // The KV groups: sliding first, then full (the kinds present); sets
-  // sliding_group and full_group.
+  // The KV groups: sliding first, then full (the kinds present), each with
+  // its layers' row width (Gemma 4's differ); sets sliding_group and
+  // full_group.
   KvSpec make_kv_spec() {
     KvSpec spec;
-    const bool any_sliding = std::any_of(layers.begin(), layers.end(), [](const GemmaLayer& L) { return L.sliding; });
-    const bool any_full = std::any_of(layers.begin(), layers.end(), [](const GemmaLayer& L) { return !L.sliding; });
-    if (any_sliding) {
+    int64_t sliding_width = -1, full_width = -1;
+    for (const GemmaLayer& L : layers) (L.sliding ? sliding_width : full_width) = L.KV;
+    if (sliding_width >= 0) {
       sliding_group = static_cast<int32_t>(spec.size());
-      spec.push_back(sliding(window));
+      spec.push_back(sliding(window, sliding_width));
     }
-    if (any_full) {
+    if (full_width >= 0) {
       full_group = static_cast<int32_t>(spec.size());
-      spec.push_back(full());
+      spec.push_back(full(full_width));
     }
     return spec;
   }
-  // Every layer keeps KV, in its kind's group.
-  std::vector<Model::KvLayer> kv_layers(DType dtype, size_t row_bytes) const {
+  int32_t group_of(const GemmaLayer& L) const { return L.sliding ? sliding_group : full_group; }
+  // The width of each KV plane (one per layer that stores KV).
+  std::vector<int64_t> kv_widths() const {
+    std::vector<int64_t> out;
+    for (const int32_t il : kv_layer_of) out.push_back(layers[static_cast<size_t>(il)].KV);
+    return out;
+  }
+  // The layers that store KV, in their kind's group (KV-shared layers own none).
+  std::vector<Model::KvLayer> kv_layers(DType dtype) const {
     std::vector<Model::KvLayer> out;
-    for (const GemmaLayer& L : layers) out.push_back({L.sliding ? sliding_group : full_group, dtype, row_bytes});
+    for (const int32_t il : kv_layer_of) {
+      const GemmaLayer& L = layers[static_cast<size_t>(il)];
+      out.push_back({group_of(L), dtype, row_bytes(dtype, L.KV)});
+    }
     return out;
   }
 };
@@ -192,9 +296,19 @@ Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
       return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
     };
     RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
-    RILL_TRY(place_fused_qkv(b, h.q, h.k, h.v, p, L.wqkv, L.bqkv));
+    if (L.stores_kv) {
+      RILL_TRY(place_fused_qkv(b, h.q, h.k, h.v, p, L.wqkv, L.bqkv));
+    } else {
+      const HostMatrix qm = host_matrix(h.q.w);
+      RILL_ASSIGN_OR_RETURN(L.wqkv, b.place(&qm, 1, p + "self_attn.q_proj"));
+      if (!h.q.bias.empty()) {
+        RILL_ASSIGN_OR_RETURN(L.bqkv, vec(h.q.bias, "self_attn.q_proj.bias"));
+      }
+    }
     if (!h.q_norm.empty()) {
       RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
+    }
+    if (!h.k_norm.empty()) {
       RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
     }
     const HostMatrix om = host_matrix(h.o.w);
@@ -209,6 +323,24 @@ Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
     const HostMatrix dm = host_matrix(h.down.w);
     RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
     RILL_ASSIGN_OR_RETURN(L.post_ffn_norm, vec(h.post_ffn_norm, "post_feedforward_layernorm.weight"));
+    if (L.moe) {
+      RILL_ASSIGN_OR_RETURN(L.router_norm, vec(h.router_norm, "router.scale"));
+      RILL_ASSIGN_OR_RETURN(L.pre_ffn_norm_2, vec(h.pre_ffn_norm_2, "pre_feedforward_layernorm_2.weight"));
+      RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_1, vec(h.post_ffn_norm_1, "post_feedforward_layernorm_1.weight"));
+      RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_2, vec(h.post_ffn_norm_2, "post_feedforward_layernorm_2.weight"));
+    }
+    if (g.P > 0) {
+      const HostMatrix pg = host_matrix(h.ple_gate.w), pp = host_matrix(h.ple_proj.w);
+      RILL_ASSIGN_OR_RETURN(L.w_ple_gate, b.place(&pg, 1, p + "per_layer_input_gate"));
+      RILL_ASSIGN_OR_RETURN(L.w_ple_proj, b.place(&pp, 1, p + "per_layer_projection"));
+      RILL_ASSIGN_OR_RETURN(L.post_ple_norm, vec(h.post_ple_norm, "post_per_layer_input_norm.weight"));
+    }
+  }
+  if (g.P > 0) {
+    const HostMatrix pe = host_matrix(w.ple_embed), pm = host_matrix(w.ple_model_proj);
+    RILL_ASSIGN_OR_RETURN(g.ple_embed, b.place(&pe, 1, "embed_tokens_per_layer.weight"));
+    RILL_ASSIGN_OR_RETURN(g.ple_model_proj, b.place(&pm, 1, "per_layer_model_projection.weight"));
+    RILL_ASSIGN_OR_RETURN(g.ple_norm, b.place_vector(w.ple_norm.data(), g.P, "per_layer_projection_norm.weight"));
   }
   RILL_ASSIGN_OR_RETURN(g.rope_local, b.place_rope(w.rope.local));
   RILL_ASSIGN_OR_RETURN(g.rope_global, b.place_rope(w.rope.global));
@@ -218,12 +350,11 @@ Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
 // Places w through `b` inside one Backend::place_model() (CUDA: one device
 // buffer). Errors name the tensor.
 Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWeights& w) {
+  if (w.params.gemma4 && !b.has_gemma4_ops()) {
+    return Error{std::string("the ") + b.name() + " Backend has no Gemma 4 ops"};
+  }
   GemmaGraph g;
   g.E = w.dims.n_embd;
-  g.F = w.dims.n_ff;
-  g.hd = w.dims.head_dim;
-  g.Q = w.dims.q_width;
-  g.KV = w.dims.kv_width;
   g.V = cfg.n_vocab;
   g.n_head = static_cast<int32_t>(cfg.n_head);
   g.n_head_kv = static_cast<int32_t>(cfg.n_head_kv);
@@ -234,8 +365,38 @@ Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWe
   g.attn_softcap = w.params.attn_softcap;
   g.final_softcap = w.params.final_softcap;
   g.window = static_cast<int32_t>(cfg.sliding_window);
+  g.v_norm = w.params.gemma4;
+  g.P = w.params.ple_dim;
+  g.ple_embed_scale = std::sqrt(static_cast<float>(g.P));
+  g.ple_proj_scale = 1.0f / std::sqrt(static_cast<float>(g.E));
   g.layers.assign(w.layers.size(), GemmaLayer{});
-  for (size_t il = 0; il < w.layers.size(); ++il) g.layers[il].sliding = w.params.sliding[il] && cfg.sliding_window > 0;
+  std::vector<int32_t> plane_of(w.layers.size(), -1);  // a storing layer's KV plane
+  g.QKV = g.Q = g.KV = g.F = g.hd = 0;
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    GemmaLayer& L = g.layers[il];
+    const GemmaLayerDims& d = w.layer_dims[il];
+    L.sliding = w.params.sliding[il] && cfg.sliding_window > 0;
+    L.hd = static_cast<int32_t>(d.head_dim);
+    L.n_head_kv = static_cast<int32_t>(d.kv_width / d.head_dim);
+    L.Q = d.q_width;
+    L.KV = d.kv_width;
+    L.F = d.n_ff;
+    L.stores_kv = d.has_kv;
+    L.layer_scalar = w.layers[il].layer_scalar;
+    L.moe = w.layers[il].moe.has_value();
+    g.any_moe = g.any_moe || L.moe;
+    if (L.stores_kv) {
+      plane_of[il] = static_cast<int32_t>(g.kv_layer_of.size());
+      g.kv_layer_of.push_back(static_cast<int32_t>(il));
+    }
+    const size_t donor = w.params.gemma4 ? static_cast<size_t>(w.params.kv_donor[il]) : il;
+    L.kv_layer = plane_of[donor];
+    g.QKV = std::max(g.QKV, L.qkv_width());
+    g.Q = std::max(g.Q, L.Q);
+    g.KV = std::max(g.KV, L.KV);
+    g.F = std::max(g.F, L.F);
+    g.hd = std::max<int64_t>(g.hd, L.hd);
+  }
   RILL_TRY(b.place_model([&] { return place_pass(b, w, g); }));
   return g;
 }
@@ -243,49 +404,91 @@ Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWe
 // Activation views for up to the limit's tokens (rows), each dense:
 //   x [T, E] F32 residual; h [T, E] act (normed); qkv [T, Q + 2 KV] F32;
 //   attn [T, Q] act; y [T, E] F32 (o / down output before its post-norm);
-//   gu [T, 2 F] F32; mlp [T, F] act; final_rows [S, E] act.
+//   gu [T, 2 F] F32; mlp [T, F] act; final_rows [S, E] act (the widest
+//   layer's widths: a layer takes dense views of its own).
+// Gemma 4's per-layer input (P > 0): ple [T, n_layer * P] F32 (every
+// layer's input), ple_tmp [T, n_layer * P] F32, pl_gate [T, P] F32, pl_act
+// [T, P] act, xa [T, E] act (x as a matmul input).
+// Gemma 4's MoE block: router_in, moe_in [T, E] (the hook's inputs, act on
+// CUDA, F32 on the CPU), moe_out [T, E] F32.
 struct GemmaActivations {
   Tensor x, h, qkv, attn, y, gu, mlp, final_rows;
+  Tensor ple, ple_tmp, pl_gate, pl_act, xa;
+  Tensor router_in, moe_in, moe_out;
 };
 
-// One step: embedding, every layer, the final norm of the sample rows and
-// logits [n_sample, V] F32 (softcapped for gemma2). kv: every layer's K and
-// V. Only Backend ops: graph-capturable on CUDA. Each layer's pre-norms come
-// out of the previous post_norm_add (the first from rms_norm).
+// What a runtime adds to the graph: Gemma 4's MoE block until MoE is a
+// Backend op. moe_ffn(il, r, m, out): out [n, E] F32 = the weighted sum of
+// layer il's top-k experts of m, routed by r (both [n, E]).
+class GemmaHooks {
+ public:
+  virtual ~GemmaHooks() = default;
+  virtual Status moe_ffn(size_t il, Tensor router_in, Tensor moe_in, Tensor out) = 0;
+};
+
+// The first rows x cols of t's memory as a dense view (a layer narrower than
+// the widest).
+Tensor dense_view(const Tensor& t, int64_t rows, int64_t cols) {
+  return Tensor::dense(t.data, t.dtype, rows, cols);
+}
+
+// One step: embedding, (Gemma 4) the per-layer inputs, every layer, the
+// final norm of the sample rows and logits [n_sample, V] F32 (softcapped
+// when the config says). kv: every KV plane (GemmaGraph::kv_layer_of). Only
+// Backend ops: graph-capturable on CUDA. Each layer's pre-norms come out of
+// the previous post_norm_add (the first from rms_norm) unless a layer
+// scalar sits between.
 Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, const GemmaActivations& a,
-                     const std::vector<KvCacheView>& kv, Tensor logits) {
+                     const std::vector<KvCacheView>& kv, Tensor logits, GemmaHooks* hooks = nullptr) {
+  assert(!g.any_moe || hooks);
   const int64_t n = md.n_tokens;
-  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), qkv = a.qkv.rows_from(0, n);
-  const Tensor attn = a.attn.rows_from(0, n), y = a.y.rows_from(0, n);
-  const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), y = a.y.rows_from(0, n);
   const float eps = g.eps, off = g.norm_offset;
   b.embed(g.embed, md.ids, n, x);
   b.scale(x, g.embed_scale);
+  if (g.P > 0) {
+    // ple = (norm(proj(x) / sqrt(E)) + embed_pl(ids) * sqrt(P)) / sqrt(2),
+    // normed per layer's P columns: [n, L*P] is [n*L, P] row by row.
+    const int64_t LP = static_cast<int64_t>(g.layers.size()) * g.P;
+    const Tensor ple = a.ple.rows_from(0, n), tmp = a.ple_tmp.rows_from(0, n), xa = a.xa.rows_from(0, n);
+    b.embed(g.ple_embed, md.ids, n, ple);
+    b.scale(ple, g.ple_embed_scale);
+    b.convert(x, xa);
+    RILL_TRY(b.matmul(g.ple_model_proj, xa, tmp, false));
+    b.scale(tmp, g.ple_proj_scale);
+    const int64_t rows = n * LP / g.P;
+    b.post_norm_add(Tensor::dense(tmp.data, DType::kF32, rows, g.P), g.ple_norm,
+                    Tensor::dense(ple.data, DType::kF32, rows, g.P), {}, eps, off, {});
+    b.scale(ple, static_cast<float>(1.0 / std::sqrt(2.0)));
+  }
   b.rms_norm(x, nullptr, g.layers[0].attn_norm, eps, off, h);
-  RopeKvOp rk;
-  rk.qkv = qkv;
-  rk.n_head = g.n_head;
-  rk.n_head_kv = g.n_head_kv;
-  rk.head_dim = static_cast<int32_t>(g.hd);
-  rk.norm_eps = eps;
-  rk.norm_offset = off;
-  AttentionOp at;
-  at.q = qkv.cols_from(0, g.Q);
-  at.out = attn;
-  at.n_head = rk.n_head;
-  at.n_head_kv = rk.n_head_kv;
-  at.head_dim = rk.head_dim;
-  at.scale = g.attn_scale;
-  at.softcap = g.attn_softcap;
   for (size_t il = 0; il < g.layers.size(); ++il) {
     const GemmaLayer& L = g.layers[il];
+    const Tensor qkv = dense_view(a.qkv, n, L.qkv_width()), attn = dense_view(a.attn, n, L.Q);
+    const Tensor gu = dense_view(a.gu, n, 2 * L.F), mlp = dense_view(a.mlp, n, L.F);
     RILL_TRY(b.matmul(L.wqkv, h, qkv, false, L.bqkv));
+    RopeKvOp rk;
+    rk.qkv = qkv;
+    rk.n_head = g.n_head;
+    rk.n_head_kv = L.stores_kv ? L.n_head_kv : 0;
+    rk.head_dim = L.hd;
+    rk.norm_eps = eps;
+    rk.norm_offset = off;
     rk.q_norm = L.q_norm;
     rk.k_norm = L.k_norm;
+    rk.v_norm = g.v_norm;
     rk.rope = L.sliding ? g.rope_local : g.rope_global;
-    rk.kv = kv[il];
-    rk.kv_group = L.sliding ? g.sliding_group : g.full_group;
+    rk.kv = kv[static_cast<size_t>(L.kv_layer)];
+    rk.kv_group = g.group_of(L);
     b.rope_store_kv(rk, md);
+    AttentionOp at;
+    at.q = qkv.cols_from(0, L.Q);
+    at.out = attn;
+    at.n_head = g.n_head;
+    at.n_head_kv = L.n_head_kv;
+    at.head_dim = L.hd;
+    at.scale = g.attn_scale;
+    at.softcap = g.attn_softcap;
     at.window = L.sliding ? g.window : 0;
     at.kv = rk.kv;
     at.kv_group = rk.kv_group;
@@ -295,8 +498,36 @@ Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, co
     RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
     b.glu(Glu::kGeluTanh, gu, mlp);
     RILL_TRY(b.matmul(L.w_down, mlp, y, false));
+    if (L.moe) {
+      // y = norm_1(mlp) + norm_2(experts(norm_pre_2(x)), routed by norm(x) * scale / sqrt(E))
+      const Tensor r_in = a.router_in.rows_from(0, n), m_in = a.moe_in.rows_from(0, n);
+      const Tensor m_out = a.moe_out.rows_from(0, n);
+      b.rms_norm(y, nullptr, L.post_ffn_norm_1, eps, off, y);
+      b.rms_norm(x, nullptr, L.router_norm, eps, 0.0f, r_in);
+      b.rms_norm(x, nullptr, L.pre_ffn_norm_2, eps, off, m_in);
+      RILL_TRY(hooks->moe_ffn(il, r_in, m_in, m_out));
+      b.post_norm_add(m_out, L.post_ffn_norm_2, y, {}, eps, off, {});
+    }
     const Vec next_norm = il + 1 < g.layers.size() ? g.layers[il + 1].attn_norm : Vec{};
-    b.post_norm_add(y, L.post_ffn_norm, x, next_norm, eps, off, h);
+    const bool scaled = L.layer_scalar != 1.0f;
+    if (g.P == 0 && !scaled) {
+      b.post_norm_add(y, L.post_ffn_norm, x, next_norm, eps, off, h);
+      continue;
+    }
+    b.post_norm_add(y, L.post_ffn_norm, x, {}, eps, off, h);
+    if (g.P > 0) {
+      // x += norm(proj(gelu(gate x) * ple_l))
+      const Tensor xa = a.xa.rows_from(0, n), pg = a.pl_gate.rows_from(0, n), pa = a.pl_act.rows_from(0, n);
+      b.convert(x, xa);
+      RILL_TRY(b.matmul(L.w_ple_gate, xa, pg, false));
+      b.glu_split(Glu::kGeluTanh, pg, a.ple.rows_from(0, n).cols_from(static_cast<int64_t>(il) * g.P, g.P), pa);
+      RILL_TRY(b.matmul(L.w_ple_proj, pa, y, false));
+      b.post_norm_add(y, L.post_ple_norm, x, scaled ? Vec{} : next_norm, eps, off, h);
+    }
+    if (scaled) {
+      b.scale(x, L.layer_scalar);
+      if (next_norm) b.rms_norm(x, nullptr, next_norm, eps, off, h);
+    }
   }
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
@@ -308,27 +539,32 @@ Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, co
 
 // --- The CPU runtime ------------------------------------------------------------
 
-class GemmaModel final : public CpuPagedModel {
+class GemmaModel final : public CpuPagedModel, public GemmaHooks {
  public:
   GemmaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
       : CpuPagedModel(std::move(files), options.n_threads) {}
 
   Status init(const ModelOptions& options);
   Status forward(const Batch& batch, float* logits) override;
-  std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_.dtype(), kv_.row_bytes()); }
+  std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_.dtype()); }
+  Status moe_ffn(size_t il, Tensor router_in, Tensor moe_in, Tensor out) override;
 
  private:
   std::unique_ptr<Backend> device_;  // on backend_'s threads
   GemmaGraph graph_;
   std::vector<float> x_, h_, qkv_, attn_, y_, gu_, mlp_, final_rows_;  // [max_tokens_, ...] f32
-  GemmaActivations act_;                                               // views of the vectors above
+  std::vector<float> ple_, ple_tmp_, pl_gate_, pl_act_, xa_;           // Gemma 4's per-layer input
+  std::vector<float> router_in_, moe_in_, moe_out_;                    // Gemma 4's MoE block
+  std::vector<std::optional<MoeFfn>> moe_;                             // [n_layer]
+  MoeScratch moe_scratch_;
+  GemmaActivations act_;  // views of the vectors above
   CpuStepArrays step_;
   std::vector<KvCacheView> kv_views_;  // per layer
 };
 
 Status GemmaModel::init(const ModelOptions& options) {
   constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
-  RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
+  RILL_ASSIGN_OR_RETURN(GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
   device_ = make_cpu_backend_on(*backend_->pool());
   RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*device_, cfg_, w));
   kv_spec_ = graph_.make_kv_spec();
@@ -340,16 +576,44 @@ Status GemmaModel::init(const ModelOptions& options) {
   for (const GemmaLayerWeights& L : w.layers) {
     all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
   }
-  RILL_TRY(create_kv(options, cfg_.n_layer, graph_.KV, all_f32 ? DType::kF32 : DType::kF16));
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) kv_views_.push_back(kv_.layer_view(il));
+  RILL_TRY(create_kv(options, graph_.kv_widths(), all_f32 ? DType::kF32 : DType::kF16));
+  for (int64_t il = 0; il < kv_.n_layers(); ++il) kv_views_.push_back(kv_.layer_view(il));
 
   const int64_t T = max_tokens_;
   auto view = [T](std::vector<float>& v, int64_t cols) {
     v.resize(static_cast<size_t>(T * cols));
     return Tensor::dense(v.data(), DType::kF32, T, cols);
   };
-  act_ = {view(x_, graph_.E), view(h_, graph_.E),      view(qkv_, graph_.qkv_width()), view(attn_, graph_.Q),
-          view(y_, graph_.E), view(gu_, 2 * graph_.F), view(mlp_, graph_.F),           view(final_rows_, graph_.E)};
+  act_.x = view(x_, graph_.E);
+  act_.h = view(h_, graph_.E);
+  act_.qkv = view(qkv_, graph_.qkv_width());
+  act_.attn = view(attn_, graph_.Q);
+  act_.y = view(y_, graph_.E);
+  act_.gu = view(gu_, 2 * graph_.F);
+  act_.mlp = view(mlp_, graph_.F);
+  act_.final_rows = view(final_rows_, graph_.E);
+  if (graph_.P > 0) {
+    const int64_t LP = static_cast<int64_t>(graph_.layers.size()) * graph_.P;
+    act_.ple = view(ple_, LP);
+    act_.ple_tmp = view(ple_tmp_, LP);
+    act_.pl_gate = view(pl_gate_, graph_.P);
+    act_.pl_act = view(pl_act_, graph_.P);
+    act_.xa = view(xa_, graph_.E);
+  }
+  if (graph_.any_moe) {
+    act_.router_in = view(router_in_, graph_.E);
+    act_.moe_in = view(moe_in_, graph_.E);
+    act_.moe_out = view(moe_out_, graph_.E);
+    std::vector<const WeightView*> moe_weights;
+    for (GemmaLayerWeights& L : w.layers) {
+      if (L.moe) {
+        moe_scratch_.reserve(L.moe->params(), T);
+        L.moe->collect_weights(&moe_weights);
+      }
+      moe_.push_back(std::move(L.moe));
+    }
+    backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), T);
+  }
   step_.reserve(T);
   return device_->reserve(graph_.step_limits(T, max_seqs_));
 }
@@ -366,7 +630,13 @@ Status GemmaModel::forward(const Batch& batch, float* logits) {
   RILL_TRY(check_batch(batch, lim, kv_spec_));
   const StepMetadata md = step_metadata(batch, step_);
   return gemma_forward(*device_, graph_, md, act_, kv_views_,
-                       Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
+                       Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), this);
+}
+
+Status GemmaModel::moe_ffn(size_t il, Tensor router_in, Tensor moe_in, Tensor out) {
+  assert(router_in.is_dense() && moe_in.is_dense() && out.is_dense());
+  moe_[il]->forward(router_in.f32(), moe_in.f32(), out.rows, out.f32(), moe_scratch_, *backend_);
+  return Status::Ok();
 }
 
 // --- The CUDA runtime's glue ------------------------------------------------------
@@ -376,9 +646,7 @@ class GemmaCudaModel final : public CudaModelBase {
  public:
   explicit GemmaCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
   Status init(const ModelOptions& options);
-  std::vector<KvLayer> kv_layers() const override {
-    return graph_.kv_layers(kv_dtype_, static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_));
-  }
+  std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_dtype_); }
 
  private:
   void carve_activations(cuda::Arena& a) override;
@@ -392,15 +660,30 @@ class GemmaCudaModel final : public CudaModelBase {
 Status GemmaCudaModel::init(const ModelOptions& options) {
   RILL_TRY(read_dims());  // the CUDA kernels' limits
   RILL_TRY(create_context());
-  RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, hd_));  // read_dims held hd_ to the kernels' limit
+  // read_dims held hd_ (the sliding / every layer's) to the kernels' limit;
+  // Gemma 4's full layers are held to it here.
+  constexpr int64_t kMaxHeadDim = 256;
+  RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
+  if (w.params.moe) {
+    return Error{files_->path + ": Gemma 4's MoE block does not run on CUDA yet (gemma.cpu runs it)"};
+  }
+  for (const GemmaLayerDims& d : w.layer_dims) {
+    if (d.head_dim % 4 != 0 || cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(d.head_dim)) !=
+                                   cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(hd_))) {
+      return Error{files_->path + ": head_dim " + std::to_string(d.head_dim) + " beside " + std::to_string(hd_) +
+                   " is not supported by the CUDA attention kernels"};
+    }
+  }
   RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(files_->path, w.layer_matrices(), w.embed));
   act_ = dt.act;
   kv_dtype_ = dt.kv;  // as the CPU Gemma: f32 checkpoints keep f32 KV
   RILL_TRY(create_backend(options));
   RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*backend_, cfg_, w));
   kv_spec_ = graph_.make_kv_spec();
+  n_kv_layers_ = static_cast<int64_t>(graph_.kv_layer_of.size());  // KV-shared layers keep none
+  kv_widths_ = graph_.kv_widths();
   RILL_TRY(init_runtime(options));
-  for (size_t il = 0; il < graph_.layers.size(); ++il) kv_views_.push_back(kv_view(il));
+  for (int64_t l = 0; l < n_kv_layers_; ++l) kv_views_.push_back(kv_view(static_cast<size_t>(l)));
   return Status::Ok();
 }
 
@@ -414,6 +697,14 @@ void GemmaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.gu = carve_tensor(a, DType::kF32, T, 2 * graph_.F);
   act_views_.mlp = carve_tensor(a, act_, T, graph_.F);
   act_views_.final_rows = carve_tensor(a, act_, S, E_);
+  if (graph_.P > 0) {
+    const int64_t LP = static_cast<int64_t>(graph_.layers.size()) * graph_.P;
+    act_views_.ple = carve_tensor(a, DType::kF32, T, LP);
+    act_views_.ple_tmp = carve_tensor(a, DType::kF32, T, LP);
+    act_views_.pl_gate = carve_tensor(a, DType::kF32, T, graph_.P);
+    act_views_.pl_act = carve_tensor(a, act_, T, graph_.P);
+    act_views_.xa = carve_tensor(a, act_, T, E_);
+  }
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }
 

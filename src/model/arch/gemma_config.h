@@ -4,6 +4,7 @@
 // the tensor names of text-only and multimodal checkpoints, one layer's
 // weights as the files hold them, and the two RoPE tables (sliding and full
 // layers).
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "core/result.h"
 #include "loader/model_files.h"
 #include "model/layers.h"
+#include "model/moe.h"
 
 namespace rill {
 
@@ -22,6 +24,22 @@ struct GemmaParams {
   float final_softcap = 0;  // 0: none
   float local_rope_theta = 10000.0f;
   float norm_offset = 1.0f;  // RMSNorm scales by (norm_offset + w): HF 1, GGUF 0 (stores 1 + w)
+
+  // Gemma 4 (gemma4_text, gemma4's text model). Its norms scale by w
+  // (norm_offset 0), its attention by 1 (q/k are RMS-normed, V too).
+  bool gemma4 = false;
+  std::vector<int64_t> head_dim, n_head_kv;  // [n_layer]: full layers have their own
+  std::vector<int64_t> kv_donor;             // [n_layer]: the layer whose KV it reads (itself, unless KV-shared)
+  bool k_eq_v = false;                       // full layers use K as V (attention_k_eq_v; no v_proj)
+  int64_t ple_dim = 0;                       // hidden_size_per_layer_input; 0: no per-layer embeddings
+  int64_t ple_vocab = 0;                     // vocab_size_per_layer_input
+  std::vector<int64_t> n_ff;                 // [n_layer]: double-wide MLPs on KV-shared layers
+  // Full layers' RoPE: rotated angle pairs of the full head (proportional:
+  // the first global_rope_pairs of head_dim / 2, at frequencies over the
+  // whole head; the rest stay put) and the base.
+  int64_t global_rope_pairs = 0;
+  float global_rope_factor = 1.0f;
+  bool moe = false;  // enable_moe_block: an MoE block beside the dense MLP
 };
 
 // Errors name config.json (or the GGUF file) and the field; the scalar is
@@ -42,12 +60,27 @@ GemmaNames gemma_tensor_names(const ModelFiles& files);
 struct GemmaLayerWeights {
   std::vector<float> attn_norm, post_attn_norm;  // [n_embd]
   Linear q, k, v, o;                  // q: [n_head*hd, n_embd], k/v: [n_head_kv*hd, n_embd], o: [n_embd, n_head*hd]
-  std::vector<float> q_norm, k_norm;  // [head_dim], gemma3 only (empty otherwise)
+  std::vector<float> q_norm, k_norm;  // [head_dim], gemma3/4 only (empty otherwise)
   std::vector<float> ffn_norm, post_ffn_norm;  // [n_embd]
   Linear gate, up, down;                       // gate/up: [n_ff, n_embd], down: [n_embd, n_ff]
+  // Gemma 4: k / v absent on KV-shared layers, v on K-as-V layers.
+  Linear ple_gate, ple_proj;         // [ple_dim, n_embd], [n_embd, ple_dim]; with per-layer embeddings
+  std::vector<float> post_ple_norm;  // [n_embd]
+  float layer_scalar = 1.0f;         // the layer's output scale
+  // Gemma 4's MoE block (enable_moe_block), beside the dense MLP: the
+  // router reads norm(x) * router_norm (its scale times n_embd^-1/2), the
+  // experts pre_ffn_norm_2(x); the MLP's and the experts' outputs are normed
+  // (post_ffn_norm_1 / _2) and summed before post_ffn_norm.
+  std::optional<MoeFfn> moe;
+  std::vector<float> router_norm, pre_ffn_norm_2, post_ffn_norm_1, post_ffn_norm_2;  // [n_embd]
 };
 struct GemmaLayerDims {
   int64_t n_embd, q_width, kv_width, n_ff, head_dim;
+  bool has_kv = true;   // k_proj (Gemma 4: false on KV-shared layers)
+  bool has_v = true;    // v_proj (Gemma 4: false on K-as-V layers)
+  int64_t ple_dim = 0;  // Gemma 4's per-layer input width
+  bool gemma4 = false;  // layer_scalar
+  MoeParams moe;        // n_expert > 0: Gemma 4's MoE block
 };
 // Errors name the file and the tensor that is missing or misshapen.
 Status bind_gemma_layer(const ModelFiles& files, const GemmaNames& names, int64_t il, const GemmaLayerDims& d,
@@ -57,6 +90,8 @@ Status bind_gemma_layer(const ModelFiles& files, const GemmaNames& names, int64_
 // (scaled as the config says), sliding layers at the local base, never
 // scaled (gemma2: one base for both); GGUF files take llama.cpp's angle
 // recurrence.
+// Gemma 4: the sliding layers' table over their head_dim, the full layers'
+// over theirs (proportional: see GemmaParams).
 struct GemmaRope {
   cpu::RopeTable local, global;
 };

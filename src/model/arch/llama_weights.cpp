@@ -102,6 +102,9 @@ Result<cpu::RopeTable> build_llama_rope(const ModelFiles& f, int64_t hd) {
     return Error{f.path + ": rotary dimension " + std::to_string(rot_dim) + " must be even and at most head_dim " +
                  std::to_string(hd)};
   }
+  if (c.rope_scaling.type == RopeScaling::Type::kProportional) {
+    return Error{f.path + ": rope_type 'proportional' is not supported by the Llama family"};
+  }
   const cpu::RopeScalingParams rs = rope_scaling_params(c.rope_scaling);
   cpu::RopeTable rope = cpu::make_rope_table(c.rope_theta, rot_dim, c.rope_style == RopeStyle::kInterleaved, rs);
   if (const TensorRef* freqs = f.find("rope_freqs.weight")) {
