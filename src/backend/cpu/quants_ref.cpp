@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cpu/quants.h"
+#include "backend/cpu/quants_iq.h"
 #include "core/half.h"
 
 namespace rill::cpu {
@@ -14,6 +15,7 @@ DType vec_dot_partner(DType w) {
     case DType::kQ4_0:
     case DType::kQ5_0:
     case DType::kQ8_0:
+    case DType::kIQ4_NL:
       return DType::kQ8_0;
     case DType::kQ4_1:
     case DType::kQ5_1:
@@ -21,6 +23,9 @@ DType vec_dot_partner(DType w) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_XS:
       return DType::kQ8_K;
     default:
       return DType::kF32;
@@ -378,6 +383,11 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb);
     case DType::kQ8_K:
       return dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb);
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
+      return iq::dequantize(t, src, dst, nb);
   }
   assert(false && "dequantize_row: unsupported dtype");
 }
@@ -487,6 +497,11 @@ float vec_dot(DType w, int64_t n, const void* wrow, const void* arow) {
       return dot_q5_k(nb, static_cast<const BlockQ5_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
     case DType::kQ6_K:
       return dot_q6_k(nb, static_cast<const BlockQ6_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
+      return iq::vec_dot(w, nb, wrow, arow);
     default:
       assert(false && "vec_dot: unsupported weight dtype");
   }
