@@ -23,7 +23,8 @@ namespace rill::cpu {
 namespace {
 
 struct IqDecoded {
-  alignas(32) int8_t q[8][32];    // chunk k: elements 32k..32k+31
+  alignas(32) int8_t q[8][32];    // chunk k: elements 32k..32k+31 (signed types: |value|)
+  alignas(32) int8_t sg[8][32];   // signed types: the values (their signs go onto the activations)
   alignas(32) int16_t sc[8][16];  // chunk k, maddubs lane i (elements 2i, 2i+1): its scale
   alignas(32) int16_t mins[16];   // Q2_K: the min of each 16 elements (multiplies bsums)
   float d, dmin;
@@ -32,6 +33,16 @@ struct IqDecoded {
 inline void set_chunk_scales(IqDecoded* out, int k, int lo, int hi) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(out->sc[k]),
                      _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(hi)), _mm_set1_epi16(static_cast<short>(lo))));
+}
+
+// Chunk k's scales from 16 per-16-element i16 scales s: lanes 0..7 take s[2k], 8..15 s[2k+1].
+inline void set_chunk_scales_16(IqDecoded* out, const int16_t* s) {
+  for (int k = 0; k < 8; ++k) set_chunk_scales(out, k, s[2 * k], s[2 * k + 1]);
+}
+
+inline void store_signed_chunk(IqDecoded* out, int k, __m256i v) {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out->q[k]), _mm256_sign_epi8(v, v));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out->sg[k]), v);
 }
 
 struct IqDecQ2K {
@@ -51,7 +62,7 @@ struct IqDecQ2K {
     _mm256_store_si256(reinterpret_cast<__m256i*>(out->mins), mn16);
     alignas(32) int16_t s[16];
     _mm256_store_si256(reinterpret_cast<__m256i*>(s), sc16);
-    for (int k = 0; k < 8; ++k) set_chunk_scales(out, k, s[2 * k], s[2 * k + 1]);
+    set_chunk_scales_16(out, s);
     out->d = simd::f16(b->d);
     out->dmin = simd::f16(b->dmin);
   }
@@ -69,12 +80,22 @@ struct IqDecQ3K {
         const __m256i low = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * k), m3);
         // bit 4h + k of hmask[l], moved to bit 2 (srli_epi16 by < 8 keeps each byte's own bit at bit 0)
         const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + k), one), 2);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(out->q[4 * h + k]),
-                           _mm256_sub_epi8(_mm256_or_si256(low, high), four));
+        store_signed_chunk(out, 4 * h + k, _mm256_sub_epi8(_mm256_or_si256(low, high), four));
       }
     }
-    for (int k = 0; k < 8; ++k)
-      set_chunk_scales(out, k, q3_k_scale(2 * k, b->scales) - 32, q3_k_scale(2 * k + 1, b->scales) - 32);
+    // The 16 6-bit scales as llama.cpp unpacks them (u32 lanes of 4 scales each), minus 32.
+    uint32_t aux[3];
+    std::memcpy(aux, b->scales, 12);
+    const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
+    const __m128i s8 =
+        _mm_sub_epi8(_mm_setr_epi32(static_cast<int>((aux[0] & k2) | ((aux[2] & k1) << 4)),
+                                    static_cast<int>((aux[1] & k2) | (((aux[2] >> 2) & k1) << 4)),
+                                    static_cast<int>(((aux[0] >> 4) & k2) | (((aux[2] >> 4) & k1) << 4)),
+                                    static_cast<int>(((aux[1] >> 4) & k2) | (((aux[2] >> 6) & k1) << 4))),
+                     _mm_set1_epi8(32));
+    alignas(32) int16_t s[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s), _mm256_cvtepi8_epi16(s8));
+    set_chunk_scales_16(out, s);
     out->d = simd::f16(b->d);
     out->dmin = 0.0f;
   }
@@ -91,7 +112,7 @@ struct IqDecIQ4XS {
   static constexpr bool kSigned = true, kMins = false;
   static void decode(const Block* b, IqDecoded* out) {
     for (int k = 0; k < 8; ++k) {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out->q[k]), iq4_values_32(b->qs + 16 * k));
+      store_signed_chunk(out, k, iq4_values_32(b->qs + 16 * k));
       const int s = iq4_xs_scale(k, *b) - 32;
       set_chunk_scales(out, k, s, s);
     }
@@ -136,8 +157,12 @@ RILL_KERNEL_TARGET void gemm_iq_tile(int64_t n, const void* w, size_t w_stride, 
           const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec[r].q[k]));
           const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * k));
           const __m256i s = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec[r].sc[k]));
-          const __m256i p16 = Dec::kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(av, q))
-                                           : _mm256_maddubs_epi16(q, av);
+          __m256i p16;
+          if constexpr (Dec::kSigned)
+            p16 = _mm256_maddubs_epi16(
+                q, _mm256_sign_epi8(av, _mm256_load_si256(reinterpret_cast<const __m256i*>(dec[r].sg[k]))));
+          else
+            p16 = _mm256_maddubs_epi16(q, av);
           isum = Ops::madd_acc(isum, p16, s);
         }
         if constexpr (Dec::kMins) {
