@@ -22,10 +22,11 @@
 namespace rill::cpu {
 namespace {
 
+// 64-byte aligned so the AVX-512 tiles read two chunks per zmm.
 struct IqDecoded {
-  alignas(32) int8_t q[8][32];    // chunk k: elements 32k..32k+31 (signed types: |value|)
-  alignas(32) int8_t sg[8][32];   // signed types: the values (their signs go onto the activations)
-  alignas(32) int16_t sc[8][16];  // chunk k, maddubs lane i (elements 2i, 2i+1): its scale
+  alignas(64) int8_t q[8][32];    // chunk k: elements 32k..32k+31 (signed types: |value|)
+  alignas(64) int8_t sg[8][32];   // signed types: the values (their signs go onto the activations)
+  alignas(64) int16_t sc[8][16];  // chunk k, maddubs lane i (elements 2i, 2i+1): its scale
   alignas(32) int16_t mins[16];   // Q2_K: the min of each 16 elements (multiplies bsums)
   float d, dmin;
 };
@@ -258,7 +259,8 @@ struct IqMaxT {
   static constexpr int kMaxT = N;
 };
 
-// Fills the Q2_K, Q3_K, IQ4_XS and IQ4_NL entries of k.
+// Fills the Q2_K, Q3_K, IQ4_XS and IQ4_NL entries of k (the AVX-512 file then
+// replaces the first three with its zmm tiles).
 template <typename Ops>
 void fill_iquant_gemm(Kernels& k) {
   k.gemm[static_cast<size_t>(DType::kQ2_K)] = &gemm_tiles<kIqTiles<IqDecQ2K, Ops>, IqMaxT<Ops::kMaxTK>>;
