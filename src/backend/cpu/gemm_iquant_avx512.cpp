@@ -5,7 +5,7 @@
 // l + 8: integer sums, so the same bits) before the convert; IQ4_NL on the
 // 256-bit tiles of gemm_iquant_x86_impl.h with vpdpbusd. 32 vector
 // registers: 4 x 4 tiles (IQ4_NL 4 x 2). Installed only with AVX512_VNNI.
-#define RILL_KERNEL_TARGET __attribute__((target("avx512vnni")))
+#define RILL_KERNEL_TARGET __attribute__((target("avx512vnni,bmi2")))  // every AVX-512 CPU has BMI2
 #include <vector>
 
 #include "backend/cpu/gemm_iquant_x86_impl.h"
@@ -160,9 +160,12 @@ RILL_KERNEL_TARGET void gemm_xs_tile(int64_t n, const void* w, size_t w_stride, 
         q[r][z] = _mm512_shuffle_epi8(abs_table, nib[z]);
         neg[r][z] = _mm512_cmplt_epu8_mask(nib[z], eight);  // codes 0..7 are the negative values
       }
-      alignas(16) int16_t s[8];
-      for (int j = 0; j < 8; ++j) s[j] = static_cast<int16_t>(iq4_xs_scale(j, b) - 32);
-      const __m512i s16 = _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(s)));
+      // byte j: sub-block j's 6-bit scale (iq4_xs_scale), from its nibble and its 2 high bits
+      uint32_t sl;
+      std::memcpy(&sl, b.scales_l, 4);
+      const uint64_t s6 = _pdep_u64(sl, 0x0F0F0F0F0F0F0F0FULL) | _pdep_u64(b.scales_h, 0x3030303030303030ULL);
+      const __m128i s8 = _mm_sub_epi8(_mm_cvtsi64_si128(static_cast<long long>(s6)), _mm_set1_epi8(32));
+      const __m512i s16 = _mm512_castsi128_si512(_mm_cvtepi8_epi16(s8));
       sc[r][0] = _mm512_permutexvar_epi16(lane_sb, s16);
       sc[r][1] = _mm512_permutexvar_epi16(lane_sb_hi, s16);
       dw[r] = simd::f16(b.d);
@@ -184,13 +187,11 @@ RILL_KERNEL_TARGET void gemm_xs_tile(int64_t n, const void* w, size_t w_stride, 
           part[e] = _mm512_dpwssd_epi32(zero, _mm512_maddubs_epi16(q[r][e], a0), sc[r][0]);
           part[e] = _mm512_dpwssd_epi32(part[e], _mm512_maddubs_epi16(q[r][e + 2], a2), sc[r][1]);
         }
-        __m128i lanes4[2];
-        RILL_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(part[e]), _mm512_extracti64x4_epi64(part[e], 1));
-          lanes4[e] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        }
-        const __m256i i8 = _mm256_set_m128i(lanes4[1], lanes4[0]);
+        // [lo.L0+lo.L2, lo.L1+lo.L3, hi.L0+hi.L2, hi.L1+hi.L3], then lanes (0+1, 2+3): llama.cpp's 8 lanes
+        const __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(part[0], part[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                           _mm512_shuffle_i64x2(part[0], part[1], _MM_SHUFFLE(3, 2, 3, 2)));
+        const __m512i e = _mm512_shuffle_i64x2(c, c, _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256i i8 = _mm256_add_epi32(_mm512_castsi512_si256(e), _mm512_extracti64x4_epi64(e, 1));
         acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * ab.d), _mm256_cvtepi32_ps(i8), acc[r][t]);
       }
     }
