@@ -24,6 +24,83 @@ struct IqOpsVnni {
   }
 };
 
+// A Q2_K / Q3_K super-block decoded into registers: zmm c holds chunks 2c
+// and 2c+1 (elements 64c..64c+63; Q3_K as |value| with the sign mask neg[c]),
+// sc[c] the i16 scale of each of its maddubs lanes (sub-block 4c + i / 8).
+struct ZDec {
+  __m512i q[4];
+  __m512i sc[4];
+  __mmask64 neg[4];
+  __m256i mins;  // Q2_K: the 16 mins (i16), multiplying bsums
+  float d, dmin;
+};
+
+// The 16 i16 scales s16 spread over the four zmm's maddubs lanes.
+RILL_KERNEL_TARGET static inline void spread_scales_16(__m256i s16, __m512i sc[4]) {
+  const __m512i base = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
+                                                          16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         3);
+  const __m512i s = _mm512_castsi256_si512(s16);
+  RILL_UNROLL
+  for (int c = 0; c < 4; ++c)
+    sc[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16(static_cast<short>(4 * c))), s);
+}
+
+// The 2 low bits of elements 64c..64c+63: (qs[32h + l] >> 2k) & 3 for h = c / 2,
+// k = 2 (c % 2) in the low 256 bits and k + 1 in the high ones.
+RILL_KERNEL_TARGET static inline __m512i low2_pair(const uint8_t* qs, int c) {
+  const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (c / 2))));
+  const int k = 2 * (c % 2);
+  const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(2 * k)),
+                                           _mm256_set1_epi16(static_cast<short>(2 * k + 2)), 1);
+  return _mm512_and_si512(_mm512_srlv_epi16(raw, shift), _mm512_set1_epi8(3));
+}
+
+struct ZDecQ2K {
+  using Block = BlockQ2_K;
+  static constexpr bool kSigned = false, kMins = true;
+  RILL_KERNEL_TARGET static void decode(const Block* b, ZDec* z) {
+    RILL_UNROLL
+    for (int c = 0; c < 4; ++c) z->q[c] = low2_pair(b->qs, c);
+    const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
+    spread_scales_16(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0F))), z->sc);
+    z->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
+    z->d = simd::f16(b->d);
+    z->dmin = simd::f16(b->dmin);
+  }
+};
+
+struct ZDecQ3K {
+  using Block = BlockQ3_K;
+  static constexpr bool kSigned = true, kMins = false;
+  RILL_KERNEL_TARGET static void decode(const Block* b, ZDec* z) {
+    const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->hmask)));
+    RILL_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      // bit 4h + k of hmask[l] (srlv_epi16 by < 8 keeps each byte's own bit at bit 0)
+      const int bit = 4 * (c / 2) + 2 * (c % 2);
+      const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(bit)),
+                                               _mm256_set1_epi16(static_cast<short>(bit + 1)), 1);
+      const __m512i high = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hm, shift), _mm512_set1_epi8(1)), 2);
+      const __m512i v = _mm512_sub_epi8(_mm512_or_si512(low2_pair(b->qs, c), high), _mm512_set1_epi8(4));
+      z->q[c] = _mm512_abs_epi8(v);
+      z->neg[c] = _mm512_movepi8_mask(v);
+    }
+    uint32_t aux[3];
+    std::memcpy(aux, b->scales, 12);
+    const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
+    const __m128i s8 =
+        _mm_sub_epi8(_mm_setr_epi32(static_cast<int>((aux[0] & k2) | ((aux[2] & k1) << 4)),
+                                    static_cast<int>((aux[1] & k2) | (((aux[2] >> 2) & k1) << 4)),
+                                    static_cast<int>(((aux[0] >> 4) & k2) | (((aux[2] >> 4) & k1) << 4)),
+                                    static_cast<int>(((aux[1] >> 4) & k2) | (((aux[2] >> 6) & k1) << 4))),
+                     _mm_set1_epi8(32));
+    spread_scales_16(_mm256_cvtepi8_epi16(s8), z->sc);
+    z->d = simd::f16(b->d);
+    z->dmin = 0.0f;
+  }
+};
+
 template <typename Dec, int R, int T>
 RILL_KERNEL_TARGET void gemm_iq_tile_512(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride,
                                          float* y, int64_t y_stride) {
@@ -36,9 +113,8 @@ RILL_KERNEL_TARGET void gemm_iq_tile_512(int64_t n, const void* w, size_t w_stri
   RILL_UNROLL
   for (int r = 0; r < R; ++r) RILL_UNROLL
   for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  IqDecoded dec[R];
-  __mmask64 neg[R][4];  // signed types: where chunk pair c's values are negative
   for (int64_t ib = 0; ib < nb; ++ib) {
+    ZDec dec[R];
     RILL_UNROLL
     for (int r = 0; r < R; ++r) {
       if constexpr (T == 1) {
@@ -47,10 +123,6 @@ RILL_KERNEL_TARGET void gemm_iq_tile_512(int64_t n, const void* w, size_t w_stri
         for (size_t l = 0; l < sizeof(WBlock); l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
       }
       Dec::decode(wr[r] + ib, &dec[r]);
-      if constexpr (Dec::kSigned) {
-        RILL_UNROLL
-        for (int c = 0; c < 4; ++c) neg[r][c] = _mm512_movepi8_mask(_mm512_load_si512(dec[r].sg[2 * c]));
-      }
     }
     RILL_UNROLL
     for (int t = 0; t < T; ++t) {
@@ -64,15 +136,14 @@ RILL_KERNEL_TARGET void gemm_iq_tile_512(int64_t n, const void* w, size_t w_stri
         RILL_UNROLL
         for (int c = 0; c < 4; ++c) {
           __m512i as = av[c];
-          if constexpr (Dec::kSigned) as = _mm512_mask_sub_epi8(as, neg[r][c], _mm512_setzero_si512(), as);
-          const __m512i p16 = _mm512_maddubs_epi16(_mm512_load_si512(dec[r].q[2 * c]), as);
-          isum = _mm512_dpwssd_epi32(isum, p16, _mm512_load_si512(dec[r].sc[2 * c]));
+          if constexpr (Dec::kSigned) as = _mm512_mask_sub_epi8(as, dec[r].neg[c], _mm512_setzero_si512(), as);
+          isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(dec[r].q[c], as), dec[r].sc[c]);
         }
         const __m256i i8 = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
         if constexpr (Dec::kMins) {
           const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.bsums));
-          const __m256i prod = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(dec[r].mins)), bs);
-          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(-ab.d * dec[r].dmin), _mm256_cvtepi32_ps(prod), acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(-ab.d * dec[r].dmin),
+                                      _mm256_cvtepi32_ps(_mm256_madd_epi16(dec[r].mins, bs)), acc[r][t]);
         }
         acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * dec[r].d), _mm256_cvtepi32_ps(i8), acc[r][t]);
       }
@@ -235,8 +306,8 @@ RILL_KERNEL_TARGET void gemm_xs_entry(int64_t n, const void* w, size_t w_stride,
 void fill_iquant_avx512(Kernels& k) {
   if (!cpu_features().avx512_vnni) return;
   fill_iquant_gemm<IqOpsVnni>(k);
-  k.gemm[static_cast<size_t>(DType::kQ2_K)] = &gemm_tiles<kIqTiles512<IqDecQ2K>, IqMaxT<4>>;
-  k.gemm[static_cast<size_t>(DType::kQ3_K)] = &gemm_tiles<kIqTiles512<IqDecQ3K>, IqMaxT<4>>;
+  k.gemm[static_cast<size_t>(DType::kQ2_K)] = &gemm_tiles<kIqTiles512<ZDecQ2K>, IqMaxT<4>>;
+  k.gemm[static_cast<size_t>(DType::kQ3_K)] = &gemm_tiles<kIqTiles512<ZDecQ3K>, IqMaxT<4>>;
   k.gemm[static_cast<size_t>(DType::kIQ4_XS)] = &gemm_xs_entry;
 }
 
