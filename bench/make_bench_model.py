@@ -15,6 +15,12 @@ cached under --out-dir (default build/bench/models):
 
     bench/make_bench_model.py [--types Q4_K_M,Q8_0] [--shape llama-3.2-1b] [--out-dir DIR]
 
+Types whose tensors llama-quantize makes only with an importance matrix
+(the files IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS, IQ3_XS,
+Q2_K_S; llama-quant.cpp's tensor_requires_imatrix) are refused: a
+random-weight model has no calibration text to compute one from. IQ4_XS,
+IQ4_NL, IQ3_S/IQ3_M and the K-quants need none.
+
 Prints the quantized files' paths, one a line. Needs the gguf and numpy
 packages (installed into .venv-tools when missing).
 """
@@ -33,6 +39,10 @@ SHAPES = {
     # Small enough for a quick check of the tool itself.
     "tiny": (2, 256, 4, 2, 512, 1024, 10000.0, 1e-5),
 }
+
+
+# llama-quantize refuses these without --imatrix (see the docstring).
+NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
 
 
 def add_vocab(w, n_vocab):
@@ -118,6 +128,10 @@ def main():
         write_f16(f16 + ".tmp", args.shape, args.seed)
         os.replace(f16 + ".tmp", f16)
     types = [t.strip() for t in args.types.split(",") if t.strip()]
+    refused = [t for t in types if t in NEEDS_IMATRIX]
+    if refused:
+        sys.exit(f"make_bench_model.py: {', '.join(refused)} need an importance matrix (llama-quantize "
+                 "--imatrix), which a random-weight model cannot provide; use IQ4_XS, IQ4_NL or a K-quant")
     bindir = None
     for t in types:
         out = os.path.join(args.out_dir, f"{args.shape}.{t}.gguf")

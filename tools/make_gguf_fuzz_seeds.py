@@ -83,7 +83,7 @@ def qwen2_yarn(path):
     w.add_tensor("token_embd.weight", rng.standard_normal((N_VOCAB, N_EMBD)).astype(np.float32))
     w.add_tensor("blk.0.attn_q.bias", np.zeros(N_EMBD, dtype=np.float32))
     w.add_tensor("blk.0.attn_k.weight", rng.standard_normal((16, N_EMBD)).astype(np.float16))
-    # An unsupported type (Q2_K: 84 bytes per 256 values) is recorded without data.
+    # A Q2_K tensor (84 bytes per 256 values; recorded without data before rill read Q2_K).
     w.add_tensor("blk.0.ffn_up.weight", raw_bytes(84).reshape(1, 84), raw_dtype=Q.Q2_K)
     finish(w, path)
 

@@ -3,7 +3,8 @@
 shape (bench/make_bench_model.py; default Llama-3.2-1B), one run, same
 machine, same thread count.
 
-For each type (default Q4_K_M and Q8_0), engines alternating per repeat:
+For each type (default Q4_K_M, Q5_K_M, Q6_K, Q8_0 and IQ4_XS; llama-quantize
+makes IQ4_XS without an importance matrix), engines alternating per repeat:
   - prefill tok/s of a 512-token prompt in one batch;
   - decode tok/s of 128 tokens after that prompt (KV depth 512).
 llama.cpp is its own llama-bench (built from the llama.cpp inside the
@@ -16,7 +17,7 @@ rill is
 (prefill_s and decode_s of its timings). Medians over --repeats; the
 markdown table goes to stdout, JSON to --out.
 
-    bench/e2e/quant_types_vs_llamacpp.py [--types Q4_K_M,Q8_0] [--threads 2] [--repeats 3] [--out r.json]
+    bench/e2e/quant_types_vs_llamacpp.py [--types Q4_K_M,IQ4_XS] [--threads 2] [--repeats 3] [--out r.json]
 """
 import argparse
 import datetime
@@ -30,6 +31,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_TYPES = "Q4_K_M,Q5_K_M,Q6_K,Q8_0,IQ4_XS"
 
 
 def cpu_model():
@@ -65,7 +67,7 @@ def rill_run(rill, model, threads, ids, gen):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--types", default="Q4_K_M,Q8_0")
+    ap.add_argument("--types", default=DEFAULT_TYPES)
     ap.add_argument("--shape", default="llama-3.2-1b")
     ap.add_argument("--rill", default=os.path.join(ROOT, "build", "rill"))
     ap.add_argument("--threads", type=int, default=2)

@@ -41,6 +41,15 @@ std::optional<DTypeInfo> dtype_info(uint32_t id) {
       return DTypeInfo{"Q8_K", kQKK, 4 + kQKK + kQKK / 16 * 2, true};
     case DType::kMXFP4:
       return DTypeInfo{"MXFP4", kQK, 1 + kQK / 2, true};
+    case DType::kQ2_K:
+      return DTypeInfo{"Q2_K", kQKK, kQKK / 16 + kQKK / 4 + 2 + 2, true};
+    case DType::kQ3_K:
+      return DTypeInfo{"Q3_K", kQKK, kQKK / 8 + kQKK / 4 + 12 + 2, true};
+    // Non-linear 4-bit codes (kIq4nlValues in backend/cpu/quants.h).
+    case DType::kIQ4_NL:
+      return DTypeInfo{"IQ4_NL", kQK, 2 + kQK / 2, true};
+    case DType::kIQ4_XS:
+      return DTypeInfo{"IQ4_XS", kQKK, 2 + 2 + kQKK / 64 + kQKK / 2, true};
   }
   return std::nullopt;
 }

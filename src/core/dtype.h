@@ -17,10 +17,14 @@ enum class DType : uint32_t {
   kQ5_1 = 7,
   kQ8_0 = 8,
   kQ8_1 = 9,  // activations only (the partner of Q4_1/Q5_1 in dot products)
+  kQ2_K = 10,
+  kQ3_K = 11,
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
   kQ8_K = 15,  // activations only (the partner of the K-quants)
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kBF16 = 30,
   kMXFP4 = 39,  // blocks of 32 e2m1 values with an e8m0 scale (gpt-oss experts)
 };

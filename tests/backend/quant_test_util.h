@@ -66,6 +66,17 @@ inline std::vector<uint8_t> random_weight_rows(DType t, int64_t n_rows, int64_t 
       case DType::kQ6_K:
         put_f16(blk + offsetof(BlockQ6_K, d), scale * real(rng) * 0.1f);
         break;
+      case DType::kQ2_K:
+        put_f16(blk + offsetof(BlockQ2_K, d), scale * real(rng));
+        put_f16(blk + offsetof(BlockQ2_K, dmin), scale * real(rng));
+        break;
+      case DType::kQ3_K:
+        put_f16(blk + offsetof(BlockQ3_K, d), scale * real(rng) * 0.1f);
+        break;
+      case DType::kIQ4_NL:
+      case DType::kIQ4_XS:
+        put_f16(blk, scale * real(rng) * 0.01f);
+        break;
       default:
         break;
     }

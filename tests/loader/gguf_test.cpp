@@ -20,7 +20,7 @@ using testing::ByteSink;
 using testing::GgufWriter;
 using testing::parse_image;
 
-constexpr uint32_t kF32 = 0, kF16 = 1, kQ8_0 = 8, kQ2_K = 10;
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ8_0 = 8, kQ2_K = 10, kIQ2_XXS = 16;
 
 std::vector<uint8_t> bytes_of(size_t n, uint8_t start = 0) {
   std::vector<uint8_t> b(n);
@@ -129,7 +129,7 @@ GgufWriter tensor_file(uint32_t alignment = 0) {
   w.add_string("general.architecture", "llama");
   w.add_tensor("f32", kF32, {4, 3}, bytes_of(48));
   w.add_tensor("f16", kF16, {5}, bytes_of(10, 100));
-  w.add_tensor("unsupported", kQ2_K, {256}, bytes_of(84));
+  w.add_tensor("unsupported", kIQ2_XXS, {256}, bytes_of(66));
   w.add_tensor("q8", kQ8_0, {64, 2}, bytes_of(4 * 34, 7));
   return w;
 }
@@ -158,7 +158,7 @@ TEST(Gguf, TensorInfosAndDataAreLocated) {
     EXPECT_EQ(h->n_bytes, 10u);
     EXPECT_EQ(h->data[0], 100);
     const GgufTensorInfo* u = f.find_tensor("unsupported");
-    EXPECT_EQ(u->type, kQ2_K);
+    EXPECT_EQ(u->type, kIQ2_XXS);
     EXPECT_EQ(u->data, nullptr);
     EXPECT_EQ(u->n_bytes, 0u);
     const GgufTensorInfo* q = f.find_tensor("q8");
@@ -313,8 +313,10 @@ TEST(Gguf, TensorInfoErrors) {
   expect_error(w.build(), "duplicate tensor name 'a'");
 
   // An unsupported type is recorded (no data) but its offset is still checked.
-  EXPECT_TRUE(parse_image(with_tensor(kQ2_K, {256}, 1ull << 40)).ok());
-  expect_error(with_tensor(kQ2_K, {256}, 8), "not a multiple of the alignment");
+  EXPECT_TRUE(parse_image(with_tensor(kIQ2_XXS, {256}, 1ull << 40)).ok());
+  expect_error(with_tensor(kIQ2_XXS, {256}, 8), "not a multiple of the alignment");
+  // Q2_K is supported: its data must lie inside the file.
+  expect_error(with_tensor(kQ2_K, {256}, 1ull << 40), "runs past the end of the file");
 }
 
 // Seeds written by the reference Python writer (tools/make_gguf_fuzz_seeds.py).
@@ -358,7 +360,10 @@ TEST(Gguf, ReadsFilesWrittenByTheReferenceWriter) {
   EXPECT_EQ(k->ne, (std::vector<int64_t>{32, 16}));
   EXPECT_EQ(k->offset, 2176u);
   EXPECT_EQ(k->n_bytes, 1024u);
-  EXPECT_EQ((*r)->find_tensor("blk.0.ffn_up.weight")->data, nullptr);  // Q2_K
+  const GgufTensorInfo* q2 = (*r)->find_tensor("blk.0.ffn_up.weight");  // Q2_K: located since rill reads it
+  EXPECT_EQ(q2->type, kQ2_K);
+  EXPECT_NE(q2->data, nullptr);
+  EXPECT_EQ(q2->n_bytes, 84u);
 }
 
 // The default model against the reference reader's dump (tools/make_gguf_golden.py).

@@ -32,6 +32,10 @@ Kernels make_scalar() {
   k.gemm[id(DType::kQ5_K)] = ref_gemm<DType::kQ5_K>;
   k.gemm[id(DType::kQ6_K)] = ref_gemm<DType::kQ6_K>;
   k.gemm[id(DType::kMXFP4)] = ref_gemm<DType::kMXFP4>;
+  k.gemm[id(DType::kQ2_K)] = ref_gemm<DType::kQ2_K>;
+  k.gemm[id(DType::kQ3_K)] = ref_gemm<DType::kQ3_K>;
+  k.gemm[id(DType::kIQ4_NL)] = ref_gemm<DType::kIQ4_NL>;
+  k.gemm[id(DType::kIQ4_XS)] = ref_gemm<DType::kIQ4_XS>;
   k.quantize[id(DType::kQ8_0)] = ref::quantize_row_q8_0;
   k.quantize[id(DType::kQ8_1)] = ref::quantize_row_q8_1;
   k.quantize[id(DType::kQ8_K)] = ref::quantize_row_q8_k;
@@ -53,12 +57,14 @@ const Kernels& kernels(Isa isa) {
     if (!cpu_features().avx2) return static_cast<Kernels*>(nullptr);
     static Kernels k = scalar;
     fill_kernels_avx2(k);
+    fill_iquant_avx2(k);
     return &k;
   }();
   static const Kernels* avx512 = [] {
     if (!cpu_features().avx512) return static_cast<Kernels*>(nullptr);
     static Kernels k = *avx2;
     fill_kernels_avx512(k);
+    fill_iquant_avx512(k);
     return &k;
   }();
   switch (isa) {

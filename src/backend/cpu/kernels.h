@@ -77,6 +77,9 @@ void fill_kernels_avx2(Kernels& k);
 void fill_kernels_avx512(Kernels& k);
 void fill_ops_avx2(Kernels& k);    // elementwise ops and attention (ops_avx2.cpp)
 void fill_ops_avx512(Kernels& k);  // SiLU with ggml's AVX-512 exp (ops_avx512.cpp)
+// Q2_K, Q3_K, IQ4_NL, IQ4_XS gemm (gemm_iquant_avx2.cpp / gemm_iquant_avx512.cpp).
+void fill_iquant_avx2(Kernels& k);
+void fill_iquant_avx512(Kernels& k);
 
 // RMSNorm's scale from a row's sum of squares, as ggml: squares in f32
 // summed in double in element order (rms_sum_squares), the mean rounded to

@@ -14,6 +14,15 @@
 //   Q5_K  as Q4_K with a fifth bit per element in qh
 //   Q6_K  16 sub-blocks of 16; x = d * sc[j] * (q - 32), q 6 bits (ql low 4, qh high 2)
 //   Q8_K  x = d * q (d is f32), bsums[j] = sum of q over elements 16j..16j+15
+//   Q2_K  16 sub-blocks of 16; x = d*(sc[j]&15)*q - dmin*(sc[j]>>4), q 2 bits
+//   Q3_K  16 sub-blocks of 16; x = d*(s[j]-32)*(q-4), q = 2 low bits | hmask bit << 2,
+//         6-bit s packed in 12 bytes (see q3_k_scale)
+//   IQ4_NL x = d * kIq4nlValues[q], q 4 bits (nibbles as Q4_0)
+//   IQ4_XS 8 sub-blocks of 32; x = d * (s[j]-32) * kIq4nlValues[q], 6-bit s
+//         (low 4 bits in scales_l, high 2 in scales_h)
+// In a Q2_K/Q3_K super-block, element 128h + 32k + l (l < 32) takes its low
+// bits from (qs[32h + l] >> 2k) & 3 (and Q3_K its third bit from bit 4h + k
+// of hmask[l]).
 #include <bit>
 #include <cstdint>
 
@@ -94,6 +103,32 @@ inline float e8m0_to_f32_half(uint8_t e) {
 }
 
 static_assert(sizeof(BlockMXFP4) == 17);
+struct BlockQ2_K {
+  uint8_t scales[kQKK / 16];  // low nibble: scale, high nibble: min
+  uint8_t qs[kQKK / 4];
+  uint16_t d;
+  uint16_t dmin;
+};
+struct BlockQ3_K {
+  uint8_t hmask[kQKK / 8];
+  uint8_t qs[kQKK / 4];
+  uint8_t scales[12];
+  uint16_t d;
+};
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[kQK / 2];
+};
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;            // 2 high bits of sub-block j's scale at bits 2j, 2j+1
+  uint8_t scales_l[kQKK / 64];  // low 4 bits: sub-block 2i in the low nibble of byte i
+  uint8_t qs[kQKK / 2];         // per sub-block 16 bytes, nibbles as Q4_0
+};
+
+// The 16 values of the IQ4_NL / IQ4_XS codes (GGML's kvalues_iq4nl).
+inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);
@@ -104,6 +139,23 @@ static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136);
+
+// The 6-bit scale s (0..63, before the -32) of sub-block j (0..15) of a Q3_K
+// super-block: low 4 bits from the nibbles of bytes 0..7, high 2 bits from bytes 8..11.
+inline int q3_k_scale(int j, const uint8_t* scales) {
+  const int low = j < 8 ? (scales[j] & 0xF) : (scales[j - 8] >> 4);
+  const int high = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return low | (high << 4);
+}
+
+// The 6-bit scale (0..63, before the -32) of sub-block j (0..7) of an IQ4_XS block.
+inline int iq4_xs_scale(int j, const BlockIQ4_XS& b) {
+  return ((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b.scales_h >> (2 * j)) & 3) << 4);
+}
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block.
 inline void unpack_scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
@@ -117,7 +169,8 @@ inline void unpack_scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m
 }
 
 // The activation type a weight type's dot product pairs with: Q8_0 for
-// Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F32 for float weights.
+// Q4_0/Q5_0/Q8_0/MXFP4/IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants
+// and IQ4_XS, F32 for float weights (llama.cpp's vec_dot_type pairs).
 DType vec_dot_partner(DType w);
 
 namespace ref {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cpu/quants.h"
+#include "backend/cpu/quants_iq.h"
 #include "core/half.h"
 
 namespace rill::cpu {
@@ -15,6 +16,7 @@ DType vec_dot_partner(DType w) {
     case DType::kQ5_0:
     case DType::kQ8_0:
     case DType::kMXFP4:
+    case DType::kIQ4_NL:
       return DType::kQ8_0;
     case DType::kQ4_1:
     case DType::kQ5_1:
@@ -22,6 +24,9 @@ DType vec_dot_partner(DType w) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_XS:
       return DType::kQ8_K;
     default:
       return DType::kF32;
@@ -402,6 +407,11 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb);
     case DType::kMXFP4:
       return dequant_mxfp4(static_cast<const BlockMXFP4*>(src), dst, nb);
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
+      return iq::dequantize(t, src, dst, nb);
   }
   assert(false && "dequantize_row: unsupported dtype");
 }
@@ -513,6 +523,11 @@ float vec_dot(DType w, int64_t n, const void* wrow, const void* arow) {
       return dot_q6_k(nb, static_cast<const BlockQ6_K*>(wrow), static_cast<const BlockQ8_K*>(arow));
     case DType::kMXFP4:
       return dot_mxfp4(nb, static_cast<const BlockMXFP4*>(wrow), static_cast<const BlockQ8_0*>(arow));
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
+      return iq::vec_dot(w, nb, wrow, arow);
     default:
       assert(false && "vec_dot: unsupported weight dtype");
   }

@@ -1,0 +1,314 @@
+// AVX-512 BW + VNNI: the Q2_K, Q3_K and IQ4_XS tiles on 512-bit vectors
+// (two 32-element chunks per zmm: maddubs, then vpdpwssd adds the scaled i16
+// pair sums; the sign trick's sign(a, w) is a masked negate with w's sign
+// bits taken once per tile), folded to llama.cpp's 8 lanes (lane l + lane
+// l + 8: integer sums, so the same bits) before the convert; IQ4_NL on the
+// 256-bit tiles of gemm_iquant_x86_impl.h with vpdpbusd. 32 vector
+// registers: 4 x 4 tiles (IQ4_NL 4 x 2). Installed only with AVX512_VNNI.
+#define RILL_KERNEL_TARGET __attribute__((target("avx512vnni,bmi2")))  // every AVX-512 CPU has BMI2
+#include <vector>
+
+#include "backend/cpu/gemm_iquant_x86_impl.h"
+
+namespace rill::cpu {
+namespace {
+
+struct IqOpsVnni {
+  static constexpr int kMaxTK = 4;
+  static constexpr int kMaxTNl = 2;
+  RILL_KERNEL_TARGET static __m256i madd_acc(__m256i acc, __m256i p16, __m256i s) {
+    return _mm256_dpwssd_epi32(acc, p16, s);
+  }
+  RILL_KERNEL_TARGET static __m256i dot(__m256i u, __m256i s) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+  }
+};
+
+// A Q2_K / Q3_K super-block decoded into registers: zmm c holds chunks 2c
+// and 2c+1 (elements 64c..64c+63; Q3_K as |value| with the sign mask neg[c]),
+// sc[c] the i16 scale of each of its maddubs lanes (sub-block 4c + i / 8).
+struct ZDec {
+  __m512i q[4];
+  __m512i sc[4];
+  __mmask64 neg[4];
+  __m256i mins;  // Q2_K: the 16 mins (i16), multiplying bsums
+  float d, dmin;
+};
+
+// The 16 i16 scales s16 spread over the four zmm's maddubs lanes.
+RILL_KERNEL_TARGET static inline void spread_scales_16(__m256i s16, __m512i sc[4]) {
+  const __m512i base = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
+                                                          16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         3);
+  const __m512i s = _mm512_castsi256_si512(s16);
+  RILL_UNROLL
+  for (int c = 0; c < 4; ++c)
+    sc[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16(static_cast<short>(4 * c))), s);
+}
+
+// The 2 low bits of elements 64c..64c+63: (qs[32h + l] >> 2k) & 3 for h = c / 2,
+// k = 2 (c % 2) in the low 256 bits and k + 1 in the high ones.
+RILL_KERNEL_TARGET static inline __m512i low2_pair(const uint8_t* qs, int c) {
+  const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (c / 2))));
+  const int k = 2 * (c % 2);
+  const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(2 * k)),
+                                           _mm256_set1_epi16(static_cast<short>(2 * k + 2)), 1);
+  return _mm512_and_si512(_mm512_srlv_epi16(raw, shift), _mm512_set1_epi8(3));
+}
+
+struct ZDecQ2K {
+  using Block = BlockQ2_K;
+  static constexpr bool kSigned = false, kMins = true;
+  RILL_KERNEL_TARGET static void decode(const Block* b, ZDec* z) {
+    RILL_UNROLL
+    for (int c = 0; c < 4; ++c) z->q[c] = low2_pair(b->qs, c);
+    const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
+    spread_scales_16(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0F))), z->sc);
+    z->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
+    z->d = simd::f16(b->d);
+    z->dmin = simd::f16(b->dmin);
+  }
+};
+
+struct ZDecQ3K {
+  using Block = BlockQ3_K;
+  static constexpr bool kSigned = true, kMins = false;
+  RILL_KERNEL_TARGET static void decode(const Block* b, ZDec* z) {
+    const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->hmask)));
+    RILL_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      // bit 4h + k of hmask[l] (srlv_epi16 by < 8 keeps each byte's own bit at bit 0)
+      const int bit = 4 * (c / 2) + 2 * (c % 2);
+      const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(bit)),
+                                               _mm256_set1_epi16(static_cast<short>(bit + 1)), 1);
+      const __m512i high = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hm, shift), _mm512_set1_epi8(1)), 2);
+      const __m512i v = _mm512_sub_epi8(_mm512_or_si512(low2_pair(b->qs, c), high), _mm512_set1_epi8(4));
+      z->q[c] = _mm512_abs_epi8(v);
+      z->neg[c] = _mm512_movepi8_mask(v);
+    }
+    uint32_t aux[3];
+    std::memcpy(aux, b->scales, 12);
+    const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
+    const __m128i s8 =
+        _mm_sub_epi8(_mm_setr_epi32(static_cast<int>((aux[0] & k2) | ((aux[2] & k1) << 4)),
+                                    static_cast<int>((aux[1] & k2) | (((aux[2] >> 2) & k1) << 4)),
+                                    static_cast<int>(((aux[0] >> 4) & k2) | (((aux[2] >> 4) & k1) << 4)),
+                                    static_cast<int>(((aux[1] >> 4) & k2) | (((aux[2] >> 6) & k1) << 4))),
+                     _mm_set1_epi8(32));
+    spread_scales_16(_mm256_cvtepi8_epi16(s8), z->sc);
+    z->d = simd::f16(b->d);
+    z->dmin = 0.0f;
+  }
+};
+
+template <typename Dec, int R, int T>
+RILL_KERNEL_TARGET void gemm_iq_tile_512(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride,
+                                         float* y, int64_t y_stride) {
+  using WBlock = typename Dec::Block;
+  const int64_t nb = n / kQKK;
+  const WBlock* wr[R];
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const WBlock*>(static_cast<const uint8_t*>(w) + r * w_stride);
+  __m256 acc[R][T];
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r) RILL_UNROLL
+  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    ZDec dec[R];
+    RILL_UNROLL
+    for (int r = 0; r < R; ++r) {
+      if constexpr (T == 1) {
+        const char* pf = reinterpret_cast<const char*>(wr[r] + ib + kIqPrefetchBlocks);
+        RILL_UNROLL
+        for (size_t l = 0; l < sizeof(WBlock); l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+      }
+      Dec::decode(wr[r] + ib, &dec[r]);
+    }
+    RILL_UNROLL
+    for (int t = 0; t < T; ++t) {
+      const BlockQ8_K& ab = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + t * a_stride)[ib];
+      __m512i av[4];
+      RILL_UNROLL
+      for (int c = 0; c < 4; ++c) av[c] = _mm512_loadu_si512(ab.qs + 64 * c);
+      RILL_UNROLL
+      for (int r = 0; r < R; ++r) {
+        __m512i isum = _mm512_setzero_si512();
+        RILL_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          __m512i as = av[c];
+          if constexpr (Dec::kSigned) as = _mm512_mask_sub_epi8(as, dec[r].neg[c], _mm512_setzero_si512(), as);
+          isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(dec[r].q[c], as), dec[r].sc[c]);
+        }
+        const __m256i i8 = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+        if constexpr (Dec::kMins) {
+          const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.bsums));
+          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(-ab.d * dec[r].dmin),
+                                      _mm256_cvtepi32_ps(_mm256_madd_epi16(dec[r].mins, bs)), acc[r][t]);
+        }
+        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * dec[r].d), _mm256_cvtepi32_ps(i8), acc[r][t]);
+      }
+    }
+  }
+  RILL_UNROLL
+  for (int t = 0; t < T; ++t) RILL_UNROLL
+  for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(acc[r][t]);
+}
+
+template <typename Dec, int... I>
+constexpr std::array<TileFn, sizeof...(I)> iq_tiles_512(std::integer_sequence<int, I...>) {
+  return {&gemm_iq_tile_512<Dec, I / kMaxTileCols + 1, I % kMaxTileCols + 1>...};
+}
+template <typename Dec>
+inline constexpr auto kIqTiles512 = iq_tiles_512<Dec>(std::make_integer_sequence<int, kMaxTileRows * kMaxTileCols>{});
+
+// IQ4_XS straight from its blocks: a zmm of 64 packed bytes holds, in its
+// low nibbles, elements 0..15 of four sub-blocks (16-byte lane m: sub-block
+// m) and in its high nibbles their elements 16..31. The activations are
+// reordered to match once per call and token (XsAct): A[2h] = elements
+// 0..15 of sub-blocks 4h..4h+3, A[2h+1] their elements 16..31. i32 lane
+// 4m + l of the low-nibble sums is llama.cpp's lane l of sub-block m, so
+// adding the four 128-bit lanes gives its lanes 0..3 (the high nibbles: 4..7).
+struct XsAct {
+  alignas(64) int8_t qs[4][64];
+  float d;
+};
+
+RILL_KERNEL_TARGET void prepare_xs_acts(XsAct* out, int64_t nb, const BlockQ8_K* a) {
+  const __m512i even = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), odd = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    for (int h = 0; h < 2; ++h) {
+      const __m512i x0 = _mm512_loadu_si512(a[ib].qs + 128 * h), x1 = _mm512_loadu_si512(a[ib].qs + 128 * h + 64);
+      _mm512_store_si512(out[ib].qs[2 * h], _mm512_permutex2var_epi64(x0, even, x1));
+      _mm512_store_si512(out[ib].qs[2 * h + 1], _mm512_permutex2var_epi64(x0, odd, x1));
+    }
+    out[ib].d = a[ib].d;
+  }
+}
+
+// |kIq4nlValues|, once per 128-bit lane (vpshufb looks up within lanes).
+alignas(64) inline constexpr int8_t kIq4nlAbs4[64] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                                      127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                                      127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                                      127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+template <int R, int T>
+RILL_KERNEL_TARGET void gemm_xs_tile(int64_t n, const void* w, size_t w_stride, const XsAct* act, int64_t act_stride,
+                                     float* y, int64_t y_stride) {
+  const int64_t nb = n / kQKK;
+  const BlockIQ4_XS* wr[R];
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r)
+    wr[r] = reinterpret_cast<const BlockIQ4_XS*>(static_cast<const uint8_t*>(w) + r * w_stride);
+  __m256 acc[R][T];
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r) RILL_UNROLL
+  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  const __m512i abs_table = _mm512_load_si512(kIq4nlAbs4);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  // i16 lane i of the scale vectors: sub-block i / 8 (low half of the block) or 4 + i / 8.
+  const __m512i lane_sb = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
+                                                             16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            3);
+  const __m512i lane_sb_hi = _mm512_add_epi16(lane_sb, _mm512_set1_epi16(4));
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    __m512i q[R][4];
+    __mmask64 neg[R][4];
+    __m512i sc[R][2];
+    float dw[R];
+    RILL_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const BlockIQ4_XS& b = wr[r][ib];
+      if constexpr (T == 1) {
+        const char* pf = reinterpret_cast<const char*>(wr[r] + ib + kIqPrefetchBlocks);
+        RILL_UNROLL
+        for (size_t l = 0; l < sizeof(BlockIQ4_XS); l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+      }
+      const __m512i lo = _mm512_loadu_si512(b.qs), hi = _mm512_loadu_si512(b.qs + 64);
+      const __m512i nib[4] = {_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
+                              _mm512_and_si512(hi, m4), _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4)};
+      RILL_UNROLL
+      for (int z = 0; z < 4; ++z) {
+        q[r][z] = _mm512_shuffle_epi8(abs_table, nib[z]);
+        neg[r][z] = _mm512_cmplt_epu8_mask(nib[z], eight);  // codes 0..7 are the negative values
+      }
+      // byte j: sub-block j's 6-bit scale (iq4_xs_scale), from its nibble and its 2 high bits
+      uint32_t sl;
+      std::memcpy(&sl, b.scales_l, 4);
+      const uint64_t s6 = _pdep_u64(sl, 0x0F0F0F0F0F0F0F0FULL) | _pdep_u64(b.scales_h, 0x3030303030303030ULL);
+      const __m128i s8 = _mm_sub_epi8(_mm_cvtsi64_si128(static_cast<long long>(s6)), _mm_set1_epi8(32));
+      const __m512i s16 = _mm512_castsi128_si512(_mm_cvtepi8_epi16(s8));
+      sc[r][0] = _mm512_permutexvar_epi16(lane_sb, s16);
+      sc[r][1] = _mm512_permutexvar_epi16(lane_sb_hi, s16);
+      dw[r] = simd::f16(b.d);
+    }
+    RILL_UNROLL
+    for (int t = 0; t < T; ++t) {
+      const XsAct& ab = act[t * act_stride + ib];
+      __m512i av[4];
+      RILL_UNROLL
+      for (int z = 0; z < 4; ++z) av[z] = _mm512_load_si512(ab.qs[z]);
+      RILL_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i zero = _mm512_setzero_si512();
+        __m512i part[2];  // low nibbles (z = 0, 2), high nibbles (z = 1, 3)
+        RILL_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const __m512i a0 = _mm512_mask_sub_epi8(av[e], neg[r][e], zero, av[e]);
+          const __m512i a2 = _mm512_mask_sub_epi8(av[e + 2], neg[r][e + 2], zero, av[e + 2]);
+          part[e] = _mm512_dpwssd_epi32(zero, _mm512_maddubs_epi16(q[r][e], a0), sc[r][0]);
+          part[e] = _mm512_dpwssd_epi32(part[e], _mm512_maddubs_epi16(q[r][e + 2], a2), sc[r][1]);
+        }
+        // [lo.L0+lo.L2, lo.L1+lo.L3, hi.L0+hi.L2, hi.L1+hi.L3], then lanes (0+1, 2+3): llama.cpp's 8 lanes
+        const __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(part[0], part[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                           _mm512_shuffle_i64x2(part[0], part[1], _MM_SHUFFLE(3, 2, 3, 2)));
+        const __m512i e = _mm512_shuffle_i64x2(c, c, _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256i i8 = _mm256_add_epi32(_mm512_castsi512_si256(e), _mm512_extracti64x4_epi64(e, 1));
+        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * ab.d), _mm256_cvtepi32_ps(i8), acc[r][t]);
+      }
+    }
+  }
+  RILL_UNROLL
+  for (int t = 0; t < T; ++t) RILL_UNROLL
+  for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(acc[r][t]);
+}
+
+using XsTileFn = void (*)(int64_t, const void*, size_t, const XsAct*, int64_t, float*, int64_t);
+template <int... I>
+constexpr std::array<XsTileFn, sizeof...(I)> xs_tiles(std::integer_sequence<int, I...>) {
+  return {&gemm_xs_tile<I / kMaxTileCols + 1, I % kMaxTileCols + 1>...};
+}
+inline constexpr auto kXsTiles = xs_tiles(std::make_integer_sequence<int, kMaxTileRows * kMaxTileCols>{});
+
+// GemmTileFn entry: token rows in quads, each reordered once (XsAct per
+// super-block, in a grow-only per-thread buffer that allocates only for a
+// longer row or the first call), then every row tile against them.
+RILL_KERNEL_TARGET void gemm_xs_entry(int64_t n, const void* w, size_t w_stride, int n_r, const void* a,
+                                      size_t a_stride, int n_t, float* y, int64_t y_stride) {
+  thread_local std::vector<XsAct> act;
+  const int64_t nb = n / kQKK;
+  if (static_cast<int64_t>(act.size()) < kMaxTileCols * nb) act.resize(static_cast<size_t>(kMaxTileCols * nb));
+  const auto* wb = static_cast<const uint8_t*>(w);
+  for (int t0 = 0; t0 < n_t; t0 += kMaxTileCols) {
+    const int nt = n_t - t0 < kMaxTileCols ? n_t - t0 : kMaxTileCols;
+    for (int t = 0; t < nt; ++t)
+      prepare_xs_acts(act.data() + t * nb, nb,
+                      reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + (t0 + t) * a_stride));
+    for (int r0 = 0; r0 < n_r; r0 += kMaxTileRows) {
+      const int nr = n_r - r0 < kMaxTileRows ? n_r - r0 : kMaxTileRows;
+      kXsTiles[(nr - 1) * kMaxTileCols + (nt - 1)](n, wb + static_cast<size_t>(r0) * w_stride, w_stride, act.data(), nb,
+                                                   y + t0 * y_stride + r0, y_stride);
+    }
+  }
+}
+
+}  // namespace
+
+void fill_iquant_avx512(Kernels& k) {
+  if (!cpu_features().avx512_vnni) return;
+  fill_iquant_gemm<IqOpsVnni>(k);
+  k.gemm[static_cast<size_t>(DType::kQ2_K)] = &gemm_tiles<kIqTiles512<ZDecQ2K>, IqMaxT<4>>;
+  k.gemm[static_cast<size_t>(DType::kQ3_K)] = &gemm_tiles<kIqTiles512<ZDecQ3K>, IqMaxT<4>>;
+  k.gemm[static_cast<size_t>(DType::kIQ4_XS)] = &gemm_xs_entry;
+}
+
+}  // namespace rill::cpu
