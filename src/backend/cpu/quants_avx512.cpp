@@ -8,6 +8,7 @@
 #define RILL_KERNEL_TARGET __attribute__((target("avx512vnni")))
 #include "backend/cpu/gemm_kquant_avx512_impl.h"
 #include "backend/cpu/gemm_kquant_pair_avx512_impl.h"
+#include "backend/cpu/gemm_q8_pair_avx512_impl.h"
 #include "backend/cpu/gemm_q_avx512_impl.h"
 #include "backend/cpu/gemm_x86_impl.h"
 
@@ -74,7 +75,7 @@ void fill_kernels_avx512(Kernels& k) {
   k.gemm[id(DType::kQ4_1)] = gemm_q_vnni<DecQ4_1, DotVnni>();
   k.gemm[id(DType::kQ5_0)] = gemm_q_vnni<DecQ5_0, DotVnni>();
   k.gemm[id(DType::kQ5_1)] = gemm_q_vnni<DecQ5_1, DotVnni>();
-  k.gemm[id(DType::kQ8_0)] = gemm_q_vnni<DecQ8_0, DotVnni>();
+  k.gemm[id(DType::kQ8_0)] = &gemm_q8_pair_entry<DotVnni>;
   k.gemm[id(DType::kQ4_K)] = gemm_k_pair<KPairQ4>();
   k.gemm[id(DType::kQ5_K)] = gemm_k_pair<KPairQ5>();
   k.gemm[id(DType::kQ6_K)] = gemm_k_pair<KPairQ6>();
