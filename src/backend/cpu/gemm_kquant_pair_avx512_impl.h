@@ -362,6 +362,13 @@ RILL_KERNEL_TARGET void gemm_k_pair_entry(int64_t n, const void* w, size_t w_str
     gemm_k_vnni_entry<typename Dec::Vnni>(n, w, w_stride, n_r, a, a_stride, n_t, y, y_stride);
     return;
   }
+  constexpr int kMetaRows = 64;  // bounds the per-thread scale table (the matmul driver's chunks are this size)
+  if (n_r > kMetaRows) {
+    for (int r0 = 0; r0 < n_r; r0 += kMetaRows)
+      gemm_k_pair_entry<Dec>(n, static_cast<const uint8_t*>(w) + static_cast<size_t>(r0) * w_stride, w_stride,
+                             n_r - r0 < kMetaRows ? n_r - r0 : kMetaRows, a, a_stride, n_t, y + r0, y_stride);
+    return;
+  }
   using Meta = typename Dec::Meta;
   thread_local std::vector<KActPairs> act;
   thread_local std::vector<Meta> meta;
