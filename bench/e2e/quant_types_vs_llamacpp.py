@@ -76,6 +76,8 @@ def main():
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--wait-quiet", type=int, default=0, metavar="S",
                     help="wait up to S seconds for the 1-minute load average to fall below 0.5")
+    ap.add_argument("--rill-baseline", metavar="PATH",
+                    help="a second rill binary (e.g. the previous commit's build) run in the same alternation")
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -96,7 +98,14 @@ def main():
     for t, model in zip(args.types.split(","), models):
         r = {"model": os.path.relpath(model, ROOT), "rill_prefill": [], "rill_decode": [],
              "llamacpp_prefill": [], "llamacpp_decode": []}
+        if args.rill_baseline:
+            r.update({"baseline": args.rill_baseline, "baseline_prefill": [], "baseline_decode": []})
         for _ in range(args.repeats):
+            if args.rill_baseline:
+                bp, bd, _ = rill_run(args.rill_baseline, model, args.threads, ids, args.gen_tokens)
+                r["baseline_prefill"].append(bp)
+                r["baseline_decode"].append(bd)
+                print(f"{t}: baseline rill {bp:.1f}/{bd:.1f} tok/s (prefill/decode)", file=sys.stderr)
             pf, dc, r["rill_command"] = rill_run(args.rill, model, args.threads, ids, args.gen_tokens)
             r["rill_prefill"].append(pf)
             r["rill_decode"].append(dc)
@@ -107,8 +116,10 @@ def main():
             r["llamacpp_decode"].append(ld)
             print(f"{t}: rill {pf:.1f}/{dc:.1f}, llama.cpp {lp:.1f}/{ld:.1f} tok/s (prefill/decode)",
                   file=sys.stderr)
-        for k in ("rill_prefill", "rill_decode", "llamacpp_prefill", "llamacpp_decode"):
-            r[k + "_median"] = statistics.median(r[k])
+        for k in ("rill_prefill", "rill_decode", "llamacpp_prefill", "llamacpp_decode", "baseline_prefill",
+                  "baseline_decode"):
+            if k in r:
+                r[k + "_median"] = statistics.median(r[k])
         res["types"][t] = r
     res["loadavg_at_end"] = os.getloadavg()
 
@@ -127,6 +138,15 @@ def main():
     for t, r in res["types"].items():
         lines.append(f"- {t}: rill `{r['rill_command']}`; llama.cpp `{r['llamacpp_prefill_command']}` and "
                      f"`{r['llamacpp_decode_command']}`")
+    if args.rill_baseline:
+        lines += ["", f"Baseline rill (`{args.rill_baseline}`), same alternation:", "",
+                  "| type | baseline prefill | rill prefill | rill/baseline | baseline decode | rill decode | "
+                  "rill/baseline |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for t, r in res["types"].items():
+            lines.append(f"| {t} | {r['baseline_prefill_median']:.1f} | {r['rill_prefill_median']:.1f} | "
+                         f"{r['rill_prefill_median'] / r['baseline_prefill_median']:.2f}x | "
+                         f"{r['baseline_decode_median']:.1f} | {r['rill_decode_median']:.1f} | "
+                         f"{r['rill_decode_median'] / r['baseline_decode_median']:.2f}x |")
     text = "\n".join(lines)
     res["markdown"] = text
     print(text)

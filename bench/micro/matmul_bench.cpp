@@ -28,7 +28,8 @@ std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t cols) {
   const uint16_t d = f32_to_f16(0.01f);
   for (size_t i = 0; i < buf.size(); i += bb) {
     std::memcpy(&buf[i], &d, 2);
-    if (t == DType::kQ4_1) std::memcpy(&buf[i + 2], &d, 2);
+    if (t == DType::kQ4_1 || t == DType::kQ4_K || t == DType::kQ5_K) std::memcpy(&buf[i + 2], &d, 2);
+    if (t == DType::kQ6_K) std::memcpy(&buf[i + bb - 2], &d, 2);  // Q6_K's d is its last field
   }
   return buf;
 }
@@ -96,6 +97,38 @@ void batch_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Q4_1_ffn_up_1536x576)->Name("BM_Q4_1_batch_1536x576")->Apply(batch_args)->UseRealTime();
 BENCHMARK(BM_Q4_1_ffn_down_576x1536)->Name("BM_Q4_1_batch_576x1536")->Apply(batch_args)->UseRealTime();
 BENCHMARK(BM_Q8_0_lm_head_49152x576)->Name("BM_Q8_0_batch_49152x576")->Apply(batch_args)->UseRealTime();
+
+// The Llama-3.2-1B shapes of the K-quant bench models (bench/make_bench_model.py):
+// a 2048 x 2048 projection and the 2048 x 8192 FFN down, weights in L2/L3,
+// 1 thread so the kernel is measured even when the machine is shared.
+// Args: {n_tokens, n_threads}.
+void kquant_args(benchmark::internal::Benchmark* b) {
+  for (int t : {1, 4, 8, 16, 64}) b->Args({t, 1});
+}
+void BM_Q4_K_2048x2048(benchmark::State& s) {
+  run_matmul(s, DType::kQ4_K, 2048, 2048);
+}
+void BM_Q5_K_2048x2048(benchmark::State& s) {
+  run_matmul(s, DType::kQ5_K, 2048, 2048);
+}
+void BM_Q6_K_2048x2048(benchmark::State& s) {
+  run_matmul(s, DType::kQ6_K, 2048, 2048);
+}
+void BM_Q8_0_2048x2048(benchmark::State& s) {
+  run_matmul(s, DType::kQ8_0, 2048, 2048);
+}
+void BM_Q4_K_down_2048x8192(benchmark::State& s) {
+  run_matmul(s, DType::kQ4_K, 2048, 8192);
+}
+void BM_Q6_K_down_2048x8192(benchmark::State& s) {
+  run_matmul(s, DType::kQ6_K, 2048, 8192);
+}
+BENCHMARK(BM_Q4_K_2048x2048)->Apply(kquant_args)->UseRealTime();
+BENCHMARK(BM_Q5_K_2048x2048)->Apply(kquant_args)->UseRealTime();
+BENCHMARK(BM_Q6_K_2048x2048)->Apply(kquant_args)->UseRealTime();
+BENCHMARK(BM_Q8_0_2048x2048)->Apply(kquant_args)->UseRealTime();
+BENCHMARK(BM_Q4_K_down_2048x8192)->Apply(kquant_args)->UseRealTime();
+BENCHMARK(BM_Q6_K_down_2048x8192)->Apply(kquant_args)->UseRealTime();
 
 // One decode token's matmuls of the whole model with distinct weights per
 // layer (30 x {q, k, v, o, gate, up, down} Q4_1 + the Q8_0 LM head, ~96 MB),

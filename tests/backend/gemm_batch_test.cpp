@@ -51,7 +51,7 @@ TEST(GemmBatch, BatchedCallsEqualOneTokenCalls) {
     for (DType t : kTypes) {
       for (int64_t n : {256, 576, 1536}) {
         for (int n_r : {1, 3, 4, 9, 64}) {
-          for (int n_t : {2, 3, 4, 5, 7, 8, 9, 13, 16}) {
+          for (int n_t : {2, 3, 4, 5, 7, 8, 9, 13, 16, 17}) {
             if (isa == Isa::kScalar && (n_r > 4 || n_t > 4)) continue;  // slow; the shape logic is shared
             expect_batched_equals_single(isa, t, n, n_r, n_t, seed++);
           }
@@ -69,7 +69,8 @@ TEST(GemmBatch, LongRowsEqualOneTokenCalls) {
     if (isa == Isa::kScalar) continue;
     for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
       for (int64_t n : {2080, 8224}) {
-        for (int n_t : {2, 5, 8}) expect_batched_equals_single(isa, t, n, 6, n_t, 100 + static_cast<uint32_t>(n_t));
+        for (int n_t : {2, 5, 8, 9, 18})
+          expect_batched_equals_single(isa, t, n, 6, n_t, 100 + static_cast<uint32_t>(n_t));
       }
     }
   }

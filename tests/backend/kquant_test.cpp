@@ -174,6 +174,19 @@ TEST(KQuant, GemmBitExactLongRowsAndBatches) {
   }
 }
 
+// Prefill-sized batches: the AVX-512 path repacks 9+ token rows in pairs,
+// 16-token groups x 1 row for rows of up to 8 super-blocks and 8-token
+// groups x 2 rows for longer ones; full and partial groups and pairs, odd
+// row counts, both group shapes.
+TEST(KQuant, GemmBitExactTokenPairGroups) {
+  uint32_t seed = 900;
+  for (DType t : kKTypes)
+    for (int64_t n : {256, 2048, 2304, 4096})
+      for (int n_t : {9, 10, 15, 16, 17, 24, 33})
+        for (int n_r : {1, 3, 4}) expect_gemm_matches_reference(t, n, n_r, n_t, seed++, 3.0f);
+  for (DType t : kKTypes) expect_gemm_matches_reference(t, 512, 70, 9, seed++, 3.0f);  // past the 64-row scale table
+}
+
 // Extreme values: all-ones quant bytes (q = 15 / 31 / 63 with the largest
 // scales) against activations of +-127 exercise maddubs' i16 range.
 TEST(KQuant, GemmBitExactExtremeValues) {
@@ -190,18 +203,22 @@ TEST(KQuant, GemmBitExactExtremeValues) {
         std::memset(blk + 4, 0xFF, bb - 4);  // scales and mins 63, q = 15 (31)
       }
     }
-    std::vector<float> x(static_cast<size_t>(n * 3));
+    // 17 token rows: the one-token tiles and the token-pair groups alike.
+    constexpr int kT = 17;
+    std::vector<float> x(static_cast<size_t>(n * kT));
     for (size_t i = 0; i < x.size(); ++i) x[i] = (i / 3) % 2 ? 1.0f : -1.0f;
-    const auto a = quantize_rows(DType::kQ8_K, x, n, 3);
+    const auto a = quantize_rows(DType::kQ8_K, x, n, kT);
     const size_t ws = row_bytes(t, n), as = row_bytes(DType::kQ8_K, n);
-    float want[3][4], got[3][4];
-    ref::gemm_tile(t, n, w.data(), ws, 4, a.data(), as, 3, &want[0][0], 4);
+    float want[kT][4], got[kT][4];
+    ref::gemm_tile(t, n, w.data(), ws, 4, a.data(), as, kT, &want[0][0], 4);
     for (Isa isa : available_isas()) {
-      kernels(isa).gemm[static_cast<size_t>(t)](n, w.data(), ws, 4, a.data(), as, 3, &got[0][0], 4);
-      for (int c = 0; c < 3; ++c)
-        for (int r = 0; r < 4; ++r)
-          EXPECT_TRUE(same_bits(got[c][r], want[c][r]))
-              << isa_name(isa) << " " << dtype_name(t) << ": " << got[c][r] << " vs " << want[c][r];
+      for (int n_t : {3, kT}) {
+        kernels(isa).gemm[static_cast<size_t>(t)](n, w.data(), ws, 4, a.data(), as, n_t, &got[0][0], 4);
+        for (int c = 0; c < n_t; ++c)
+          for (int r = 0; r < 4; ++r)
+            EXPECT_TRUE(same_bits(got[c][r], want[c][r])) << isa_name(isa) << " " << dtype_name(t) << " " << n_t
+                                                          << " tokens: " << got[c][r] << " vs " << want[c][r];
+      }
       EXPECT_TRUE(same_bits(want[0][0], llamacpp_k_dot(t, n, w.data(), a.data())));
     }
   }

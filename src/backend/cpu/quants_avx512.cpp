@@ -7,6 +7,8 @@
 // when the CPU has AVX512_VNNI; otherwise the AVX2 table stays.
 #define RILL_KERNEL_TARGET __attribute__((target("avx512vnni")))
 #include "backend/cpu/gemm_kquant_avx512_impl.h"
+#include "backend/cpu/gemm_kquant_pair_avx512_impl.h"
+#include "backend/cpu/gemm_q8_pair_avx512_impl.h"
 #include "backend/cpu/gemm_q_avx512_impl.h"
 #include "backend/cpu/gemm_x86_impl.h"
 
@@ -73,10 +75,10 @@ void fill_kernels_avx512(Kernels& k) {
   k.gemm[id(DType::kQ4_1)] = gemm_q_vnni<DecQ4_1, DotVnni>();
   k.gemm[id(DType::kQ5_0)] = gemm_q_vnni<DecQ5_0, DotVnni>();
   k.gemm[id(DType::kQ5_1)] = gemm_q_vnni<DecQ5_1, DotVnni>();
-  k.gemm[id(DType::kQ8_0)] = gemm_q_vnni<DecQ8_0, DotVnni>();
-  k.gemm[id(DType::kQ4_K)] = gemm_k_vnni<KVnniQ4>();
-  k.gemm[id(DType::kQ5_K)] = gemm_k_vnni<KVnniQ5>();
-  k.gemm[id(DType::kQ6_K)] = gemm_k_vnni<KVnniQ6>();
+  k.gemm[id(DType::kQ8_0)] = &gemm_q8_pair_entry<DotVnni>;
+  k.gemm[id(DType::kQ4_K)] = gemm_k_pair<KPairQ4>();
+  k.gemm[id(DType::kQ5_K)] = gemm_k_pair<KPairQ5>();
+  k.gemm[id(DType::kQ6_K)] = gemm_k_pair<KPairQ6>();
 }
 
 }  // namespace rill::cpu
