@@ -5,9 +5,15 @@
 //   probs  = softmax(router x)                       [n_expert], f32
 //   top-k  = the n_expert_used largest probs (ties: lower expert id first),
 //            renormalised to sum to 1 when norm_topk_prob
+//   (DeepSeek-V3 / GLM-4.5: probs = sigmoid(router x); the choice adds the
+//   score bias and, with n_group > 1, keeps only the experts of the
+//   topk_group groups whose two best choice scores sum highest, the others
+//   scored 0 as transformers masks them; the weights are the chosen probs,
+//   renormalised (+1e-20) and times routed_scaling_factor)
 //   out    = sum over the token's experts e, in increasing e, of
 //            w_e * down_e(silu(gate_e x) * up_e x)
-//          + sigmoid(shared_gate . x) * shared(x)   (when there is a shared expert)
+//          + sigmoid(shared_gate . x) * shared(x)   (when there is a shared expert;
+//                                                    DeepSeek's has no gate: + shared(x))
 //
 // Experts run per token group: the tokens routed to an expert are gathered
 // and go through one matmul per weight; an expert no token chose costs
@@ -35,6 +41,12 @@ struct MoeParams {
   int64_t n_ff = 0;            // each routed expert's intermediate size
   bool norm_topk_prob = true;  // renormalise the top-k probabilities
   int64_t n_ff_shared = 0;     // the shared expert's intermediate size; 0: none
+  // DeepSeek-V3 / GLM-4.5 routing; the defaults keep the softmax router.
+  bool sigmoid_scores = false;         // scores = sigmoid(router x), each token's weights its chosen scores
+  int64_t n_group = 1;                 // experts in n_group equal groups; only the topk_group groups with
+  int64_t topk_group = 1;              // the largest sums of their top-2 choice scores are eligible
+  float routed_scaling_factor = 1.0f;  // multiplies the routed experts' weights (after norm_topk_prob)
+  bool shared_gate = true;             // the shared expert's sigmoid gate (Qwen3-Next); false: weight 1
 };
 
 // The MoE parameters a config declares (n_expert == 0 when it has none).
@@ -52,7 +64,10 @@ struct MoeWeights {
   Linear router;                        // [n_expert, n_embd]
   std::vector<GluFfnWeights> experts;   // n_expert of them
   std::optional<GluFfnWeights> shared;  // with n_ff_shared
-  Linear shared_gate;                   // [1, n_embd]; with `shared`
+  Linear shared_gate;                   // [1, n_embd]; with `shared` and MoeParams::shared_gate
+  // [n_expert] added to the scores for the choice of experts only (DeepSeek's
+  // e_score_correction_bias), never to the weights; empty: none.
+  std::vector<float> score_bias;
 };
 
 // Names under a layer prefix. Defaults: the Qwen layout ("mlp." prefix);
@@ -63,6 +78,7 @@ struct MoeNames {
   std::string gate = "gate_proj", up = "up_proj", down = "down_proj";
   std::string shared_expert = "shared_expert";
   std::string shared_expert_gate = "shared_expert_gate";
+  std::string score_bias = "gate.e_score_correction_bias";  // loaded when present
 };
 
 // Working memory of MoeFfn::forward, shared by all MoE layers of a model
@@ -84,6 +100,8 @@ class MoeScratch {
   std::vector<float> xg, yg;        // [n_tokens, n_embd]: gathered inputs, expert outputs
   std::vector<float> gate, up;      // [n_tokens, max(n_ff, n_ff_shared)]
   std::vector<float> shared_logit;  // [n_tokens]
+  std::vector<float> choice;        // [n_expert]: one token's choice scores (biased, group-masked)
+  std::vector<float> group_score;   // [n_group]
 };
 
 // One layer's weights; immutable after creation.
@@ -118,6 +136,7 @@ class MoeFfn {
 
  private:
   void route(int64_t n_tokens, MoeScratch& s) const;
+  const float* choice_scores(const float* probs, MoeScratch& s) const;
   void run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, MoeScratch& s,
                cpu::HostOps& backend) const;
 
