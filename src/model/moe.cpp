@@ -71,6 +71,18 @@ MoeParams moe_params(const ModelConfig& c) {
   p.n_ff = c.n_ff_expert > 0 ? c.n_ff_expert : c.n_ff;
   p.norm_topk_prob = c.norm_topk_prob;
   p.n_ff_shared = c.n_ff_shared_expert;
+  // DeepSeek-V3 / GLM-4.5 (n_routed_experts; parse_hf_config checked the fields).
+  if (c.raw.is_object() && c.raw.contains("n_routed_experts")) {
+    auto number = [&](const char* key, double fallback) {
+      auto it = c.raw.find(key);
+      return it != c.raw.end() && it->is_number() ? it->get<double>() : fallback;
+    };
+    p.sigmoid_scores = true;
+    p.shared_gate = false;
+    p.n_group = static_cast<int64_t>(number("n_group", 1));
+    p.topk_group = static_cast<int64_t>(number("topk_group", 1));
+    p.routed_scaling_factor = static_cast<float>(number("routed_scaling_factor", 1.0));
+  }
   return p;
 }
 
@@ -201,9 +213,10 @@ Result<MoeFfn> MoeFfn::bind_llama(const ModelFiles& files, const std::string& la
     names.down = "w2";
   }
   const MoeParams mp = moe_params(files.config);
-  if (mp.n_ff_shared > 0) {
+  if (mp.n_ff_shared > 0 && mp.shared_gate) {
     return Error{files.path + ": shared experts are not part of the " + files.config.architecture + " graph"};
   }
+  if (mp.n_ff_shared > 0) names.shared_expert = "shared_experts";  // GLM-4.5's, ungated
   return bind(files, prefix, mp, names);
 }
 

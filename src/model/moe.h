@@ -49,7 +49,9 @@ struct MoeParams {
   bool shared_gate = true;             // the shared expert's sigmoid gate (Qwen3-Next); false: weight 1
 };
 
-// The MoE parameters a config declares (n_expert == 0 when it has none).
+// The MoE parameters a config declares (n_expert == 0 when it has none);
+// with n_routed_experts (DeepSeek-V3, GLM-4.5) the sigmoid router's options
+// from the raw config.
 MoeParams moe_params(const ModelConfig& c);
 // Whether layer il of the config has the MoE FFN (see ModelConfig::n_expert).
 bool is_moe_layer(const ModelConfig& c, int64_t il);
@@ -122,7 +124,8 @@ class MoeFfn {
   // The Llama family's MoE block of the layer under layer_prefix
   // ("model.layers.3."): Mixtral's block_sparse_moe.{gate, experts.<e>.w1|w3|w2},
   // otherwise (Qwen3-MoE, every GGUF file) mlp.{gate, experts...} with
-  // gate/up/down_proj. Shared experts are refused (not part of that graph).
+  // gate/up/down_proj. Gated shared experts are refused (not part of that
+  // graph); GLM-4.5's ungated mlp.shared_experts are bound.
   static Result<MoeFfn> bind_llama(const ModelFiles& files, const std::string& layer_prefix);
 
   const MoeParams& params() const { return p_; }

@@ -70,8 +70,7 @@ struct MlaParams {
   float attn_scale = 1.0f;
   std::optional<float> rope_attention_factor;                           // yarn's, from mscale / mscale_all_dim
   float embed_scale = 1.0f, residual_scale = 1.0f, logit_scale = 1.0f;  // MiniCPM3
-  int64_t first_k_dense = 0;
-  MoeParams moe;  // n_expert 0: every FFN dense
+  MoeParams moe;                                                        // n_expert 0: every FFN dense
 
   int64_t qk_dim() const { return nope + rope; }
 };
@@ -168,30 +167,10 @@ Result<MlaParams> read_mla_params(const ModelFiles& f) {
     return p;
   }
 
-  RILL_ASSIGN_OR_RETURN(const int64_t n_routed, r.dim("n_routed_experts", 0));
-  if (n_routed == 0) return p;
-  RILL_ASSIGN_OR_RETURN(p.first_k_dense, r.dim("first_k_dense_replace", 0));
-  MoeParams& m = p.moe;
-  m.n_embd = cfg.n_embd;
-  m.n_expert = n_routed;
-  RILL_ASSIGN_OR_RETURN(m.n_expert_used, r.dim("num_experts_per_tok"));
-  RILL_ASSIGN_OR_RETURN(m.n_ff, r.dim("moe_intermediate_size"));
-  RILL_ASSIGN_OR_RETURN(m.norm_topk_prob, r.flag("norm_topk_prob", false));
-  RILL_ASSIGN_OR_RETURN(const int64_t n_shared, r.dim("n_shared_experts", 0));
-  m.n_ff_shared = n_shared * m.n_ff;
-  m.sigmoid_scores = true;
-  RILL_ASSIGN_OR_RETURN(m.n_group, r.dim("n_group", 1));
-  RILL_ASSIGN_OR_RETURN(m.topk_group, r.dim("topk_group", 1));
-  RILL_ASSIGN_OR_RETURN(const double rsf, r.number("routed_scaling_factor", 1.0));
-  m.routed_scaling_factor = static_cast<float>(rsf);
-  m.shared_gate = false;
-  RILL_ASSIGN_OR_RETURN(const std::string method, [&]() -> Result<std::string> {
-    auto it = cfg.raw.find("topk_method");
-    if (it == cfg.raw.end() || it->is_null()) return std::string("noaux_tc");
-    if (!it->is_string()) return Error{file + ": field 'topk_method' must be a string"};
-    return it->get<std::string>();
-  }());
-  if (method != "noaux_tc") return Error{file + ": topk_method '" + method + "' (supported: noaux_tc)"};
+  // n_routed_experts: the sigmoid, group-limited router, ungated shared
+  // experts, the first first_k_dense_replace layers dense (hf_config.cpp
+  // checked the fields; is_moe_layer() picks the layers).
+  p.moe = moe_params(cfg);
   return p;
 }
 
@@ -285,7 +264,7 @@ Result<MlaWeights> bind_mla(const ModelFiles& f) {
     if (!split.ok()) return Error{f.path + ": '" + at + "kv_b_proj.weight': " + split.error().message};
     w.kv_b_dtype = kv_b.dtype;
     RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, at + "o_proj", E, H * p.v_dim));
-    if (p.moe.n_expert > 0 && il >= p.first_k_dense) {
+    if (is_moe_layer(cfg, il)) {
       MoeNames names;
       names.shared_expert = "shared_experts";
       RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind(f, pre + "mlp.", p.moe, names));
