@@ -179,6 +179,11 @@ class MlaEngine : public ::testing::TestWithParam<std::string> {
   std::vector<std::vector<int32_t>> prompts_;
 };
 
+// /stats' kv.bytes_per_token: the latent rows, 3 layers x (16 + 8) f32.
+TEST_P(MlaEngine, StatsReportTheLatentKvBytesPerToken) {
+  EXPECT_EQ(engine_->stats().kv_bytes_per_token, 3 * (16 + 8) * 4);
+}
+
 TEST_P(MlaEngine, GreedyIdsMatchTransformers) {
   GenerationRequest r = request(g_.prompt_ids, 1);
   r.max_tokens = static_cast<int32_t>(g_.greedy_ids.size());
