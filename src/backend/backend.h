@@ -315,6 +315,9 @@ struct StepLimits {
   const Weight* embedding = nullptr;
   const Weight* lm_head = nullptr;
   int64_t max_head_tokens = 0;
+  // matmul_heads(): the widest per-head input (w.cols) it is called with;
+  // 0: the model never calls it.
+  int64_t max_head_cols = 0;
 };
 
 // Memory from allocate(): freed when the Buffer goes (before its Backend).
@@ -469,7 +472,8 @@ class Backend {
   // Per-head products: for every head h < n_heads, y[t, h * y_step + r] =
   // sum_c W[h * R + r, c] x[t, h * x_step + c], r < R = w.rows / n_heads, c
   // < w.cols (the absorbed MLA's q_nope -> latent and latent -> v). x, y
-  // F32, strided rows allowed; w placed as one part.
+  // F32, strided rows allowed; w placed as one part; reserve()'s
+  // StepLimits::max_head_cols at least w.cols.
   virtual void matmul_heads(const Weight& w, int32_t n_heads, Tensor x, int64_t x_step, Tensor y, int64_t y_step) {
     (void)w, (void)n_heads, (void)x, (void)x_step, (void)y, (void)y_step;
     assert(false && "matmul_heads: this Backend has no MLA ops");

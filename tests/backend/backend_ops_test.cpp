@@ -610,7 +610,9 @@ TEST_P(BackendOps, MultiHeadLatentAttention) {
       const Weight w_v = s->place({{wv.data(), DType::kF32, H * v_dim, lora, lora * 4u}});
       auto rope = s->b->place_rope(table);
       ASSERT_TRUE(rope.ok());
-      ASSERT_TRUE(s->b->reserve({T, H, qk}).ok());
+      StepLimits lim{T, H, qk};
+      lim.max_head_cols = lora;
+      ASSERT_TRUE(s->b->reserve(lim).ok());
       const StepMetadata md = hs.place(*s);
       KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, row.plane_width(), 25);
       LatentKvOp st;

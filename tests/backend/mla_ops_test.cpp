@@ -155,6 +155,7 @@ TEST_P(MlaOps, AbsorbedAttentionMatchesTheExpandedForm) {
   ASSERT_TRUE(norm.ok() && rope.ok());
   StepLimits lim;
   lim.max_tokens = T;
+  lim.max_head_cols = kLora;
   ASSERT_TRUE(b->reserve(lim).ok());
 
   std::vector<float> q = random_vec(static_cast<size_t>(T * kHeads * kQk), 3);

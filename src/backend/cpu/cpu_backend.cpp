@@ -123,7 +123,6 @@ class CpuBackend final : public Backend {
   Status reserve(const StepLimits& limits) override {
     size_t scratch = 0;
     int64_t max_rows = 0;  // of the weights that may accumulate: not the embedding or the LM head
-    int64_t max_cols = 0;
     const void* embedding = limits.embedding ? limits.embedding->placed : nullptr;
     const void* lm_head = limits.lm_head ? limits.lm_head->placed : nullptr;
     for (const CpuWeight& w : placed_->weights) {
@@ -134,9 +133,8 @@ class CpuBackend final : public Backend {
         rows += p.n_rows;
       }
       if (&w != embedding && &w != lm_head) max_rows = std::max(max_rows, rows);
-      max_cols = std::max(max_cols, w.parts[0].n_cols);
     }
-    heads_x_.resize(static_cast<size_t>(limits.max_tokens * max_cols));
+    heads_x_.resize(static_cast<size_t>(limits.max_tokens * limits.max_head_cols));
     scratch_.reserve(scratch);
     acc_.resize(static_cast<size_t>(limits.max_tokens * max_rows));
     seqs_.reserve(static_cast<size_t>(limits.max_tokens));  // at most one sequence per token
@@ -632,7 +630,7 @@ class CpuBackend final : public Backend {
   std::vector<cpu::ConvSeq> conv_seqs_;  // gated_delta(): [n_seqs], snapshots [n_saves]
   std::vector<cpu::GatedDeltaSeq> delta_seqs_;
   std::vector<cpu::StateSnapshot> conv_snaps_, delta_snaps_;
-  std::vector<float> heads_x_;  // matmul_heads(): one head's x, [max_tokens, widest weight's cols]
+  std::vector<float> heads_x_;  // matmul_heads(): one head's x, [max_tokens, StepLimits::max_head_cols]
 };
 
 }  // namespace

@@ -319,6 +319,7 @@ struct MlaGraph {
     l.embedding = &embed;
     l.lm_head = &lm_head;
     l.max_head_tokens = max_sample;
+    l.max_head_cols = std::max(p.nope, p.kv_lora_rank);
     return l;
   }
 };
