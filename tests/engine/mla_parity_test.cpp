@@ -6,10 +6,15 @@
 // greedy continuation identical; the KV cache holds one latent row per
 // token and layer; through the engine, prompts of different lengths batched
 // (split into chunks at other places than alone) give their alone tokens and
-// log-probabilities, and a prefix-cache hit gives the cold run's.
+// log-probabilities, and a prefix-cache hit gives the cold run's; yarn rope
+// scaling (no golden) loads and moves every position after the first.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <random>
 
 #include "engine/sequence_runner.h"
@@ -88,6 +93,57 @@ INSTANTIATE_TEST_SUITE_P(Mla, MlaParity, ::testing::Values("deepseek-v3", "minic
   std::replace(name.begin(), name.end(), '-', '_');
   return name;
 });
+
+// The golden's weights with an edited config.json, in a temp dir.
+std::string with_config(const std::string& family, const std::function<void(nlohmann::json&)>& edit) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("rill_mla_yarn_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(test::hf_golden_dir(family) + "/model.safetensors", dir / "model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ifstream in(test::hf_golden_dir(family) + "/config.json");
+  auto cfg = nlohmann::json::parse(in);
+  edit(cfg);
+  std::ofstream(dir / "config.json") << cfg.dump();
+  return dir.string();
+}
+
+// DeepSeek-V3's yarn (factor 40, mscale = mscale_all_dim = 1, as its
+// config.json has it) loads and changes attention: the softmax scale grows
+// by mscale(40, 1)^2 and the frequencies change. No golden has yarn, so this
+// only checks where the change can show: position 0 attends to itself alone
+// (a softmax of one score is 1 whatever the scale, RoPE is the identity), so
+// its logits stay; later positions move.
+TEST(MlaModel, YarnRopeScalingChangesOnlyLaterPositions) {
+  if (!test::has_hf_golden(test::hf_golden_dir("deepseek-v3"))) GTEST_SKIP();
+  auto score = [](const std::string& dir) {
+    auto model = open(dir, 32);
+    EXPECT_TRUE(model.ok()) << model.error().message;
+    SequenceRunner runner(**model);
+    const std::vector<int32_t> prompt = {180, 496, 430, 186};
+    auto logits = runner.score(prompt);
+    EXPECT_TRUE(logits.ok());
+    return logits.ok() ? *logits : std::vector<float>{};
+  };
+  const std::vector<float> plain = score(test::hf_golden_dir("deepseek-v3"));
+  const std::string yarn = with_config("deepseek-v3", [](nlohmann::json& c) {
+    c["rope_parameters"] = {{"rope_type", "yarn"},   {"factor", 40.0},
+                            {"rope_theta", 10000.0}, {"mscale", 1.0},
+                            {"mscale_all_dim", 1.0}, {"beta_fast", 32.0},
+                            {"beta_slow", 1.0},      {"original_max_position_embeddings", 64}};
+  });
+  const std::vector<float> scaled = score(yarn);
+  std::filesystem::remove_all(yarn);
+  ASSERT_EQ(plain.size(), scaled.size());
+  const size_t V = 512;
+  // Position 0 attends to itself only: softmax of one score is 1 whatever
+  // the scale, so the first row is unchanged; later rows differ.
+  double first = 0, later = 0;
+  for (size_t i = 0; i < V; ++i) first = std::max(first, std::fabs(double(plain[i]) - scaled[i]));
+  for (size_t i = V; i < plain.size(); ++i) later = std::max(later, std::fabs(double(plain[i]) - scaled[i]));
+  EXPECT_LT(first, 1e-6);
+  EXPECT_GT(later, 1e-4);
+}
 
 struct Output {
   std::vector<int32_t> ids;
