@@ -217,6 +217,7 @@ struct EngineStats {
   int32_t running = 0, waiting = 0;
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
   int32_t kv_block_size = 0;
+  int64_t kv_bytes_per_token = 0;  // one token's KV over every layer (Model::kv_bytes_per_token; MLA: latent rows)
   CacheTierStats ram_tier, disk_tier;
   int64_t tier_restored_tokens = 0;  // prompt tokens loaded back from the RAM / disk tiers
   int64_t integrity_errors = 0;      // with EngineOptions::check_integrity

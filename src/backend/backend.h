@@ -278,6 +278,43 @@ struct BidirectionalAttentionOp {
   float scale = 1.0f;
 };
 
+// rope_store_latent(): multi-head latent attention's RoPE and KV store
+// (model/kv_spec.h's LatentKvRow). Per token t: each head h's rope part of
+// q, columns [h * q_head_dim + q_rope_col, + rope_dim), rotated in place by
+// `rope` at the token's position; kv [n_tokens, kv_lora_rank + rope_dim]
+// (kv_a_proj_with_mqa's output): the latent RMS-normed by kv_norm (eps),
+// the rope key rotated, and the row [latent | rope key] stored at the
+// token's slot of kv_group: its first kv_cache.row_bytes in K, the rest in V
+// (zero padded), in kv_cache.dtype. q and kv F32, strided rows allowed; kv's
+// columns are unspecified afterwards.
+struct LatentKvOp {
+  Tensor q, kv;
+  int32_t n_head = 0, q_head_dim = 0, q_rope_col = 0;
+  int32_t kv_lora_rank = 0, rope_dim = 0;
+  Vec kv_norm;
+  float norm_eps = 1e-6f;
+  Rope rope;
+  KvCacheView kv_cache;
+  int kv_group = 0;
+};
+
+// latent_attention(): the absorbed form of multi-head latent attention.
+// Every query token t and head h attends to its sequence's stored rows j
+// in [0, pos[t]] (c_j the latent, r_j the rope key): score = scale *
+// (q_latent[t, h] . c_j + q_rope[t, h] . r_j), an f32 softmax, out[t, h] =
+// sum_j p_j c_j. q_latent [n_tokens, n_head * kv_lora_rank] F32 (the nope
+// query absorbed through kv_b_proj's K part), q_rope head h at columns
+// [h * q_rope_step, + rope_dim) F32, out [n_tokens, n_head * kv_lora_rank]
+// F32; strided rows allowed. All heads read the same row per key.
+struct LatentAttentionOp {
+  Tensor q_latent, q_rope, out;
+  int64_t q_rope_step = 0;
+  int32_t n_head = 0, kv_lora_rank = 0, rope_dim = 0;
+  float scale = 1.0f;
+  KvCacheView kv;
+  int kv_group = 0;
+};
+
 // What reserve() sizes scratch for: steps of up to max_tokens tokens with
 // attention of up to n_head heads of head_dim. Two placed weights may be
 // named because steps use them less: `embedding`, only gathered (embed()),
@@ -290,6 +327,9 @@ struct StepLimits {
   const Weight* embedding = nullptr;
   const Weight* lm_head = nullptr;
   int64_t max_head_tokens = 0;
+  // matmul_heads(): the widest per-head input (w.cols) it is called with;
+  // 0: the model never calls it.
+  int64_t max_head_cols = 0;
 };
 
 // Memory from allocate(): freed when the Buffer goes (before its Backend).
@@ -453,6 +493,28 @@ class Backend {
   virtual void attention_bidirectional(const BidirectionalAttentionOp& op, const StepMetadata& step) {
     (void)op, (void)step;
     assert(false && "attention_bidirectional: this Backend has no encoder ops");
+  }
+
+  // --- Multi-head latent attention (DeepSeek-V3, MiniCPM3). A Backend
+  // without these ops keeps the asserting defaults and says so in
+  // has_mla_ops(); the MLA family refuses it at load. -------------------------
+  virtual bool has_mla_ops() const { return false; }
+  // Per-head products: for every head h < n_heads, y[t, h * y_step + r] =
+  // sum_c W[h * R + r, c] x[t, h * x_step + c], r < R = w.rows / n_heads, c
+  // < w.cols (the absorbed MLA's q_nope -> latent and latent -> v). x, y
+  // F32, strided rows allowed; w placed as one part; reserve()'s
+  // StepLimits::max_head_cols at least w.cols.
+  virtual void matmul_heads(const Weight& w, int32_t n_heads, Tensor x, int64_t x_step, Tensor y, int64_t y_step) {
+    (void)w, (void)n_heads, (void)x, (void)x_step, (void)y, (void)y_step;
+    assert(false && "matmul_heads: this Backend has no MLA ops");
+  }
+  virtual void rope_store_latent(const LatentKvOp& op, const StepMetadata& step) {
+    (void)op, (void)step;
+    assert(false && "rope_store_latent: this Backend has no MLA ops");
+  }
+  virtual void latent_attention(const LatentAttentionOp& op, const StepMetadata& step) {
+    (void)op, (void)step;
+    assert(false && "latent_attention: this Backend has no MLA ops");
   }
 };
 

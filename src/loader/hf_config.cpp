@@ -238,6 +238,32 @@ Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
   return Status::Ok();
 }
 
+// The DeepSeek-V3 / GLM-4.5 MoE fields beside n_routed_experts: ungated
+// shared experts of n_shared_experts x moe_intermediate_size, the first
+// first_k_dense_replace layers dense, and the router's fields, checked here
+// and read by moe_params() (model/moe.h) from the raw config.
+Status parse_routed_moe(const Fields& f, ModelConfig& c) {
+  RILL_ASSIGN_OR_RETURN(auto n_shared, f.opt_dim("n_shared_experts"));
+  if (n_shared && c.n_ff_shared_expert == 0) c.n_ff_shared_expert = *n_shared * c.n_ff_expert;
+  RILL_ASSIGN_OR_RETURN(auto first_dense, f.opt_dim("first_k_dense_replace"));
+  if (first_dense && *first_dense > c.n_layer)
+    return f.invalid("first_k_dense_replace", "exceeds num_hidden_layers (" + std::to_string(c.n_layer) + ")");
+  for (int64_t il = 0; il < first_dense.value_or(0); ++il) c.dense_layers.push_back(il);
+  RILL_ASSIGN_OR_RETURN(auto n_group, f.opt_dim("n_group", 1));
+  RILL_ASSIGN_OR_RETURN(auto topk_group, f.opt_dim("topk_group", 1));
+  if (n_group && (c.n_expert % *n_group != 0 || topk_group.value_or(1) > *n_group))
+    return f.invalid("n_group",
+                     "(" + std::to_string(*n_group) + ") must divide the experts and be at least topk_group");
+  RILL_ASSIGN_OR_RETURN(auto scaling, f.opt_float("routed_scaling_factor"));
+  if (scaling && !(*scaling > 0)) return f.invalid("routed_scaling_factor", "must be positive");
+  RILL_ASSIGN_OR_RETURN(auto method, f.opt_string("topk_method"));
+  if (method && *method != "noaux_tc") return f.invalid("topk_method", "'" + *method + "' is not supported (noaux_tc)");
+  RILL_ASSIGN_OR_RETURN(auto scoring, f.opt_string("scoring_func"));
+  if (scoring && *scoring != "sigmoid")
+    return f.invalid("scoring_func", "'" + *scoring + "' is not supported (sigmoid)");
+  return Status::Ok();
+}
+
 // Mixture-of-experts fields (Mixtral, Qwen3-MoE, Qwen3-Next); none: dense.
 Status parse_moe(const Fields& f, ModelConfig& c) {
   RILL_ASSIGN_OR_RETURN(auto n_expert, f.opt_dim("num_local_experts"));
@@ -245,6 +271,10 @@ Status parse_moe(const Fields& f, ModelConfig& c) {
   if (!n_expert) {
     RILL_ASSIGN_OR_RETURN(n_expert, f.opt_dim("num_experts"));
     experts_key = "num_experts";
+  }
+  if (!n_expert) {  // DeepSeek-V3, GLM-4.5: the sigmoid router (model/moe.h's moe_params)
+    RILL_ASSIGN_OR_RETURN(n_expert, f.opt_dim("n_routed_experts"));
+    experts_key = "n_routed_experts";
   }
   if (!n_expert || *n_expert == 0) return Status::Ok();
   c.n_expert = *n_expert;
@@ -266,7 +296,9 @@ Status parse_moe(const Fields& f, ModelConfig& c) {
   // transformers: Mixtral always renormalises the top-k weights; the
   // config's default is false for Qwen3-MoE and true for Qwen3-Next.
   RILL_ASSIGN_OR_RETURN(auto norm, f.opt_bool("norm_topk_prob"));
-  c.norm_topk_prob = c.architecture == "mixtral" || norm.value_or(c.architecture == "qwen3_next");
+  const bool routed = std::string(experts_key) == "n_routed_experts";
+  c.norm_topk_prob = c.architecture == "mixtral" || norm.value_or(c.architecture == "qwen3_next" || routed);
+  if (routed) RILL_TRY(parse_routed_moe(f, c));
   RILL_ASSIGN_OR_RETURN(auto step, f.opt_dim("decoder_sparse_step", 1));
   c.moe_layer_step = step.value_or(1);
   if (const json* dense = f.get("mlp_only_layers")) {

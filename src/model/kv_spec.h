@@ -46,6 +46,24 @@ inline LayerGroupSpec recurrent() {
 
 using KvSpec = std::vector<LayerGroupSpec>;
 
+// What one token keeps per layer of multi-head latent attention (MLA:
+// DeepSeek-V3, MiniCPM3), instead of per-head K and V: the normed latent
+// c_kv (kv_lora_rank elements, which kv_b_proj would expand into every
+// head's K and V) and the rotated key shared by all heads (rope_dim). MLA
+// layers are ordinary full-attention layers of their group; only the row
+// differs. The row goes into the paged cache's K and V planes, plane_width()
+// elements each: its first plane_width() elements in K, the rest in V
+// (padded with zeros to plane_width()), so the block pool, the tiers and the
+// KV files keep their two-plane layout while a token costs row_width()
+// elements per layer (DeepSeek-V3: 512 + 64 = 576, against 128 heads x
+// (192 + 128) = 40,960 for its heads' K and V).
+struct LatentKvRow {
+  int32_t kv_lora_rank = 0;
+  int32_t rope_dim = 0;
+  int32_t row_width() const { return kv_lora_rank + rope_dim; }
+  int32_t plane_width() const { return (row_width() + 1) / 2; }
+};
+
 // The first block a sequence of n_tokens tokens still reads in a group of
 // this spec when it goes on (computes position n_tokens next): that token
 // attends to [n_tokens - window + 1, n_tokens] in a sliding group, so every

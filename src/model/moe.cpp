@@ -104,6 +104,18 @@ MoeParams moe_params(const ModelConfig& c) {
   p.n_ff = c.n_ff_expert > 0 ? c.n_ff_expert : c.n_ff;
   p.norm_topk_prob = c.norm_topk_prob;
   p.n_ff_shared = c.n_ff_shared_expert;
+  // DeepSeek-V3 / GLM-4.5 (n_routed_experts; parse_hf_config checked the fields).
+  if (c.raw.is_object() && c.raw.contains("n_routed_experts")) {
+    auto number = [&](const char* key, double fallback) {
+      auto it = c.raw.find(key);
+      return it != c.raw.end() && it->is_number() ? it->get<double>() : fallback;
+    };
+    p.sigmoid_scores = true;
+    p.shared_gate = false;
+    p.n_group = static_cast<int64_t>(number("n_group", 1));
+    p.topk_group = static_cast<int64_t>(number("topk_group", 1));
+    p.routed_scaling_factor = static_cast<float>(number("routed_scaling_factor", 1.0));
+  }
   return p;
 }
 
@@ -127,10 +139,20 @@ Result<MoeFfn> MoeFfn::create(const MoeParams& p, MoeWeights weights) {
   for (int64_t e = 0; e < p.n_expert; ++e) {
     RILL_TRY(check_ffn(weights.experts[static_cast<size_t>(e)], p.n_ff, p.n_embd, "expert " + str(e)));
   }
+  if (p.n_group < 1 || p.n_expert % p.n_group != 0 || p.topk_group < 1 || p.topk_group > p.n_group ||
+      (p.n_group > 1 && p.n_expert / p.n_group < 2) || p.n_expert_used > p.topk_group * (p.n_expert / p.n_group)) {
+    return Error{"MoE layer: " + str(p.n_expert) + " experts in " + str(p.n_group) + " groups, " + str(p.topk_group) +
+                 " groups eligible, cannot route " + str(p.n_expert_used) +
+                 " experts per token (groups must be equal, of at least 2 experts)"};
+  }
+  if (!weights.score_bias.empty() && static_cast<int64_t>(weights.score_bias.size()) != p.n_expert) {
+    return Error{"MoE layer: score bias of " + str(static_cast<int64_t>(weights.score_bias.size())) +
+                 " values, expected " + str(p.n_expert)};
+  }
   if (p.n_ff_shared > 0) {
     if (!weights.shared) return Error{"MoE layer: the shared expert's weights are missing"};
     RILL_TRY(check_ffn(*weights.shared, p.n_ff_shared, p.n_embd, "shared expert"));
-    RILL_TRY(check_linear(weights.shared_gate, 1, p.n_embd, "shared expert gate"));
+    if (p.shared_gate) RILL_TRY(check_linear(weights.shared_gate, 1, p.n_embd, "shared expert gate"));
   } else if (weights.shared) {
     return Error{"MoE layer: shared expert weights given but n_ff_shared is 0"};
   }
@@ -163,6 +185,8 @@ void MoeScratch::reserve(const MoeParams& p, int64_t max_tokens) {
   grow(gate, T * F);
   grow(up, T * F);
   grow(shared_logit, T);
+  grow(choice, static_cast<size_t>(p.n_expert));
+  grow(group_score, static_cast<size_t>(p.n_group));
 }
 
 bool MoeScratch::fits(const MoeParams& p, int64_t n_tokens) const {
@@ -171,7 +195,8 @@ bool MoeScratch::fits(const MoeParams& p, int64_t n_tokens) const {
   const auto F = static_cast<size_t>(std::max(p.n_ff, p.n_ff_shared));
   return logits.size() >= T * static_cast<size_t>(p.n_expert) && top_ids.size() >= T * K && row_token.size() >= T * K &&
          offsets.size() >= static_cast<size_t>(p.n_expert) + 1 && xg.size() >= T * static_cast<size_t>(p.n_embd) &&
-         gate.size() >= T * F && shared_logit.size() >= T;
+         gate.size() >= T * F && shared_logit.size() >= T && choice.size() >= static_cast<size_t>(p.n_expert) &&
+         group_score.size() >= static_cast<size_t>(p.n_group);
 }
 
 Result<MoeFfn> MoeFfn::bind(const ModelFiles& files, const std::string& prefix, const MoeParams& p,
@@ -199,11 +224,16 @@ Result<MoeFfn> MoeFfn::bind(const ModelFiles& files, const std::string& prefix, 
                           bind_ffn(files, prefix + names.shared_expert + ".", names, p.n_ff_shared, p.n_embd));
     const std::string gate_name = prefix + names.shared_expert_gate + ".weight";
     const TensorRef* g = files.find(gate_name);
-    if (g && g->shape.size() == 1 && g->shape[0] == p.n_embd) {
+    if (!p.shared_gate) {
+      // DeepSeek's shared experts have no gate.
+    } else if (g && g->shape.size() == 1 && g->shape[0] == p.n_embd) {
       w.shared_gate.w = weight_view(*g);  // GGUF stores it as a vector
     } else {
       RILL_ASSIGN_OR_RETURN(w.shared_gate.w, bind_matrix(files, gate_name, 1, p.n_embd));
     }
+  }
+  if (files.find(prefix + names.score_bias)) {
+    RILL_ASSIGN_OR_RETURN(w.score_bias, load_vector(files, prefix + names.score_bias, p.n_expert));
   }
   auto m = create(p, std::move(w));
   if (!m.ok()) return Error{files.path + ": '" + prefix + "': " + m.error().message};
@@ -220,9 +250,10 @@ Result<MoeFfn> MoeFfn::bind_llama(const ModelFiles& files, const std::string& la
     names.down = "w2";
   }
   const MoeParams mp = moe_params(files.config);
-  if (mp.n_ff_shared > 0) {
+  if (mp.n_ff_shared > 0 && mp.shared_gate) {
     return Error{files.path + ": shared experts are not part of the " + files.config.architecture + " graph"};
   }
+  if (mp.n_ff_shared > 0) names.shared_expert = "shared_experts";  // GLM-4.5's, ungated
   return bind(files, prefix, mp, names);
 }
 
@@ -234,7 +265,7 @@ void MoeFfn::collect_weights(std::vector<const WeightView*>* out) const {
   for (const GluFfnWeights& f : w_.experts) add(f);
   if (w_.shared) {
     add(*w_.shared);
-    out->push_back(&w_.shared_gate.w);
+    if (p_.shared_gate) out->push_back(&w_.shared_gate.w);
   }
 }
 
@@ -248,14 +279,19 @@ void MoeFfn::route(int64_t n_tokens, MoeScratch& s) const {
       route_topk_softmax(pr, X, K, s.top_ids.data() + t * K, s.top_w.data() + t * K);
       continue;
     }
-    float mx = pr[0];
-    for (int64_t e = 1; e < X; ++e) mx = std::max(mx, pr[e]);
-    float sum = 0;
-    for (int64_t e = 0; e < X; ++e) {
-      pr[e] = std::exp(pr[e] - mx);
-      sum += pr[e];
+    if (p_.sigmoid_scores) {
+      for (int64_t e = 0; e < X; ++e) pr[e] = sigmoid(pr[e]);
+    } else {
+      float mx = pr[0];
+      for (int64_t e = 1; e < X; ++e) mx = std::max(mx, pr[e]);
+      float sum = 0;
+      for (int64_t e = 0; e < X; ++e) {
+        pr[e] = std::exp(pr[e] - mx);
+        sum += pr[e];
+      }
+      for (int64_t e = 0; e < X; ++e) pr[e] /= sum;
     }
-    for (int64_t e = 0; e < X; ++e) pr[e] /= sum;
+    const float* cs = choice_scores(pr, s);
     // Selection by repeated arg-max: K passes over X experts (K and X are small).
     int32_t* ids = s.top_ids.data() + t * K;
     float* ws = s.top_w.data() + t * K;
@@ -264,14 +300,18 @@ void MoeFfn::route(int64_t n_tokens, MoeScratch& s) const {
       int32_t best = -1;
       for (int64_t e = 0; e < X; ++e) {
         if (std::find(ids, ids + k, static_cast<int32_t>(e)) != ids + k) continue;
-        if (best < 0 || pr[e] > pr[best]) best = static_cast<int32_t>(e);
+        if (best < 0 || cs[e] > cs[best]) best = static_cast<int32_t>(e);
       }
       ids[k] = best;
       ws[k] = pr[best];
       picked_sum += pr[best];
     }
     if (p_.norm_topk_prob) {
+      if (p_.sigmoid_scores) picked_sum += 1e-20f;  // transformers' DeepSeek router
       for (int64_t k = 0; k < K; ++k) ws[k] /= picked_sum;
+    }
+    if (p_.routed_scaling_factor != 1.0f) {
+      for (int64_t k = 0; k < K; ++k) ws[k] *= p_.routed_scaling_factor;
     }
     if (!w_.expert_scale.empty()) {
       for (int64_t k = 0; k < K; ++k) ws[k] *= w_.expert_scale[static_cast<size_t>(ids[k])];
@@ -292,6 +332,43 @@ void MoeFfn::route(int64_t n_tokens, MoeScratch& s) const {
   }
   for (int64_t e = X; e > 0; --e) s.offsets[e] = s.offsets[e - 1];
   s.offsets[0] = 0;
+}
+
+// The scores experts are chosen by: the probabilities themselves, or (score
+// bias, groups) s.choice = probs + bias with the experts outside the
+// topk_group best groups (a group's score: the sum of its two best choice
+// scores; ties: lower group id) set to 0, as transformers masks them.
+const float* MoeFfn::choice_scores(const float* probs, MoeScratch& s) const {
+  if (w_.score_bias.empty() && p_.n_group <= 1) return probs;
+  const int64_t X = p_.n_expert;
+  float* cs = s.choice.data();
+  for (int64_t e = 0; e < X; ++e) cs[e] = probs[e] + (w_.score_bias.empty() ? 0.0f : w_.score_bias[e]);
+  if (p_.n_group <= 1) return cs;
+  const int64_t G = p_.n_group, per = X / G;
+  for (int64_t g = 0; g < G; ++g) {
+    float a = -INFINITY, b = -INFINITY;  // the group's best two
+    for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+      if (cs[e] > a) {
+        b = a;
+        a = cs[e];
+      } else if (cs[e] > b) {
+        b = cs[e];
+      }
+    }
+    s.group_score[g] = a + b;
+  }
+  for (int64_t k = 0; k < p_.topk_group; ++k) {  // the kept groups' scores become +inf
+    int64_t best = -1;
+    for (int64_t g = 0; g < G; ++g) {
+      if (s.group_score[g] == INFINITY) continue;
+      if (best < 0 || s.group_score[g] > s.group_score[best]) best = g;
+    }
+    s.group_score[best] = INFINITY;
+  }
+  for (int64_t e = 0; e < X; ++e) {
+    if (s.group_score[e / per] != INFINITY) cs[e] = 0.0f;
+  }
+  return cs;
 }
 
 // y = down(silu(gate x) * up x) for n_rows rows. x: [n_rows, n_embd], y: [n_rows, n_embd].
@@ -350,9 +427,9 @@ void MoeFfn::forward(const float* router_x, const float* x, int64_t n_tokens, fl
   }
   if (w_.shared) {
     run_ffn(*w_.shared, x, n_tokens, s.yg.data(), s, backend);
-    w_.shared_gate.forward(x, n_tokens, s.shared_logit.data(), backend);
+    if (p_.shared_gate) w_.shared_gate.forward(x, n_tokens, s.shared_logit.data(), backend);
     for (int64_t t = 0; t < n_tokens; ++t) {
-      const float g = sigmoid(s.shared_logit[t]);
+      const float g = p_.shared_gate ? sigmoid(s.shared_logit[t]) : 1.0f;
       float* o = out + t * E;
       const float* y = s.yg.data() + t * E;
       for (int64_t j = 0; j < E; ++j) o[j] += g * y[j];

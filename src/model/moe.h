@@ -6,12 +6,19 @@
 //   top-k  = the n_expert_used largest probs (ties: lower expert id first),
 //            renormalised to sum to 1 when norm_topk_prob, then scaled by
 //            expert_scale (when given)
+//   (DeepSeek-V3 / GLM-4.5: probs = sigmoid(router x); the choice adds the
+//   score bias and, with n_group > 1, keeps only the experts of the
+//   topk_group groups whose two best choice scores sum highest, the others
+//   scored 0 as transformers masks them; the weights are the chosen probs,
+//   renormalised (+1e-20) and times routed_scaling_factor)
 //   out    = sum over the token's experts e, in increasing e, of
 //            w_e * down_e(silu(gate_e x) * up_e x)
-//          + sigmoid(shared_gate . x) * shared(x)   (when there is a shared expert)
+//          + sigmoid(shared_gate . x) * shared(x)   (when there is a shared expert;
+//                                                    DeepSeek's has no gate: + shared(x))
 // Options (MoeParams): softmax_after_topk (gpt-oss: top-k of the logits,
-// softmax over those k), the clamped SwiGLU (swiglu_limit); every Linear may
-// carry a bias (the router's, each expert's gate/up/down: gpt-oss).
+// softmax over those k), the clamped SwiGLU (swiglu_limit), GeGLU experts
+// (gelu_tanh, Gemma 4); every Linear may carry a bias (the router's, each
+// expert's gate/up/down: gpt-oss).
 //
 // Experts run per token group: the tokens routed to an expert are gathered
 // and go through one matmul per weight; an expert no token chose costs
@@ -48,9 +55,17 @@ struct MoeParams {
   float swiglu_limit = 0.0f;
   float swiglu_alpha = 1.702f;
   bool gelu_tanh = false;  // experts are GeGLU: gelu_tanh(gate x) * up x (Gemma 4); else SwiGLU
+  // DeepSeek-V3 / GLM-4.5 routing; the defaults keep the softmax router.
+  bool sigmoid_scores = false;         // scores = sigmoid(router x), each token's weights its chosen scores
+  int64_t n_group = 1;                 // experts in n_group equal groups; only the topk_group groups with
+  int64_t topk_group = 1;              // the largest sums of their top-2 choice scores are eligible
+  float routed_scaling_factor = 1.0f;  // multiplies the routed experts' weights (after norm_topk_prob)
+  bool shared_gate = true;             // the shared expert's sigmoid gate (Qwen3-Next); false: weight 1
 };
 
-// The MoE parameters a config declares (n_expert == 0 when it has none).
+// The MoE parameters a config declares (n_expert == 0 when it has none);
+// with n_routed_experts (DeepSeek-V3, GLM-4.5) the sigmoid router's options
+// from the raw config.
 MoeParams moe_params(const ModelConfig& c);
 // Whether layer il of the config has the MoE FFN (see ModelConfig::n_expert).
 bool is_moe_layer(const ModelConfig& c, int64_t il);
@@ -69,6 +84,10 @@ struct MoeWeights {
   // Multiplies each chosen expert's weight after the top-k (and its
   // renormalisation): Gemma 4's per_expert_scale. Empty: 1.
   std::vector<float> expert_scale;  // [n_expert]
+  Linear shared_gate;               // [1, n_embd]; with `shared` and MoeParams::shared_gate
+  // [n_expert] added to the scores for the choice of experts only (DeepSeek's
+  // e_score_correction_bias), never to the weights; empty: none.
+  std::vector<float> score_bias;
 };
 
 // Names under a layer prefix. Defaults: the Qwen layout ("mlp." prefix);
@@ -79,6 +98,7 @@ struct MoeNames {
   std::string gate = "gate_proj", up = "up_proj", down = "down_proj";
   std::string shared_expert = "shared_expert";
   std::string shared_expert_gate = "shared_expert_gate";
+  std::string score_bias = "gate.e_score_correction_bias";  // loaded when present
 };
 
 // Working memory of MoeFfn::forward, shared by all MoE layers of a model
@@ -100,6 +120,8 @@ class MoeScratch {
   std::vector<float> xg, yg;        // [n_tokens, n_embd]: gathered inputs, expert outputs
   std::vector<float> gate, up;      // [n_tokens, max(n_ff, n_ff_shared)]
   std::vector<float> shared_logit;  // [n_tokens]
+  std::vector<float> choice;        // [n_expert]: one token's choice scores (biased, group-masked)
+  std::vector<float> group_score;   // [n_group]
 };
 
 // One layer's weights; immutable after creation.
@@ -120,7 +142,8 @@ class MoeFfn {
   // The Llama family's MoE block of the layer under layer_prefix
   // ("model.layers.3."): Mixtral's block_sparse_moe.{gate, experts.<e>.w1|w3|w2},
   // otherwise (Qwen3-MoE, every GGUF file) mlp.{gate, experts...} with
-  // gate/up/down_proj. Shared experts are refused (not part of that graph).
+  // gate/up/down_proj. Gated shared experts are refused (not part of that
+  // graph); GLM-4.5's ungated mlp.shared_experts are bound.
   static Result<MoeFfn> bind_llama(const ModelFiles& files, const std::string& layer_prefix);
 
   const MoeParams& params() const { return p_; }
@@ -138,6 +161,7 @@ class MoeFfn {
 
  private:
   void route(int64_t n_tokens, MoeScratch& s) const;
+  const float* choice_scores(const float* probs, MoeScratch& s) const;
   void run_ffn(const GluFfnWeights& w, const float* x, int64_t n_rows, float* y, MoeScratch& s,
                cpu::HostOps& backend) const;
 

@@ -102,7 +102,8 @@ Result<const Implementation*> ImplementationRegistry::select(const ModelProfile&
 
 const ImplementationRegistry& builtin_registry() {
   static const ImplementationRegistry registry = [] {
-    const std::vector<std::string> llama = {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe"};
+    const std::vector<std::string> llama = {"llama",  "mistral", "qwen2",     "qwen3",
+                                            "smollm", "mixtral", "qwen3_moe", "glm4_moe"};
     const std::vector<std::string> gemma = {"gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4"};
     const std::vector<std::string> qwen3_next = {"qwen3_5_text", "qwen3_next"};
     const std::vector<std::string> loaders = {"gguf", "hf"};
@@ -137,6 +138,34 @@ const ImplementationRegistry& builtin_registry() {
          /*tensor_parallel=*/false},
         {"bert.cpu", {"bert"}, {"hf"}, "encoder", Device::kCpu, &create_bert_cpu_model, /*tensor_parallel=*/false},
         {"bert.cuda", {"bert"}, {"hf"}, "encoder", Device::kCuda, &create_bert_cuda_model, /*tensor_parallel=*/false},
+        {"deepseek_v3.cpu",
+         {"deepseek_v3"},
+         {"hf"},
+         "autoregressive",
+         Device::kCpu,
+         &create_mla_cpu_model,
+         /*tensor_parallel=*/false},
+        {"deepseek_v3.cuda",
+         {"deepseek_v3"},
+         {"hf"},
+         "autoregressive",
+         Device::kCuda,
+         &create_mla_cuda_model,
+         /*tensor_parallel=*/false},
+        {"minicpm3.cpu",
+         {"minicpm3"},
+         {"hf"},
+         "autoregressive",
+         Device::kCpu,
+         &create_mla_cpu_model,
+         /*tensor_parallel=*/false},
+        {"minicpm3.cuda",
+         {"minicpm3"},
+         {"hf"},
+         "autoregressive",
+         Device::kCuda,
+         &create_mla_cuda_model,
+         /*tensor_parallel=*/false},
     };
     auto r = ImplementationRegistry::create(std::move(impls));
     return std::move(r).value();

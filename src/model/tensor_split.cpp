@@ -90,6 +90,7 @@ Result<MoeFfn> slice_moe(const MoeFfn& full, int rank, int size, const std::stri
   };
   MoeWeights local;
   local.router = w.router;
+  local.score_bias = w.score_bias;
   RILL_ASSIGN_OR_RETURN(const SplitRange ff, split_evenly(p.n_ff, rank, size, "the experts' intermediate size", where));
   for (size_t e = 0; e < w.experts.size(); ++e) {
     RILL_ASSIGN_OR_RETURN(GluFfnWeights f, slice_ffn(w.experts[e], ff, "expert " + std::to_string(e)));

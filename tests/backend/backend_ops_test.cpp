@@ -31,6 +31,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/rope_table.h"
 #include "core/half.h"
+#include "model/kv_spec.h"
 #include "quant_test_util.h"
 
 #if RILL_HAVE_CUDA
@@ -675,6 +676,76 @@ TEST_P(BackendOps, GatedRmsNormAndSigmoidMul) {
         ASSERT_EQ(tiled[(t * nh + (h % r) * nk + h / r) * hd + i], normed[0][(t * nh + h) * hd + i]);
       }
     }
+  }
+}
+
+// Multi-head latent attention (DeepSeek-V3, MiniCPM3), on backends that
+// have the ops: matmul_heads over strided head columns, rope_store_latent
+// into a cache of random earlier rows (decode, a chunk, a whole prompt),
+// latent_attention over it. Tolerances as the ops they stand for: RoPE and
+// the stores 2e-5 (f16 KV: the rounding, 2e-3), attention 1e-5 (f16 KV
+// 4e-3), the products 1e-4.
+TEST_P(BackendOps, MultiHeadLatentAttention) {
+  if (!dev_.b->has_mla_ops()) GTEST_SKIP() << dev_.b->name() << " has no MLA ops yet";
+  const int32_t H = 4, nope = 16, rope_dim = 8, lora = 32, v_dim = 12, qk = nope + rope_dim, shift = 2, n_blocks = 32;
+  const LatentKvRow row{lora, rope_dim};
+  const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 30}, {3, 11}, {9, 9}};
+  const auto wk = random_floats(H * lora * nope, 21), wv = random_floats(H * v_dim * lora, 22);
+  const auto kv_norm = random_floats(lora, 23);
+  const RopeTable table = cpu::make_rope_table(10000.0f, rope_dim, /*interleaved=*/true);
+  for (DType kv_t : {DType::kF32, DType::kF16}) {
+    std::vector<std::vector<float>> qs, ks, vs, lats, outs;
+    for (Side* s : {&ref_, &dev_}) {
+      const HostStep hs(seqs, shift, n_blocks, 24, s->b->attention_routing(kv_t, qk));
+      const int32_t T = hs.n_tokens;
+      const Weight w_k = s->place({{wk.data(), DType::kF32, H * lora, nope, nope * 4u}});
+      const Weight w_v = s->place({{wv.data(), DType::kF32, H * v_dim, lora, lora * 4u}});
+      auto rope = s->b->place_rope(table);
+      ASSERT_TRUE(rope.ok());
+      StepLimits lim{T, H, qk};
+      lim.max_head_cols = lora;
+      ASSERT_TRUE(s->b->reserve(lim).ok());
+      const StepMetadata md = hs.place(*s);
+      KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, row.plane_width(), 25);
+      LatentKvOp st;
+      st.q = s->tensor(random_floats(T * H * qk, 26, -2, 2), T, H * qk, DType::kF32, H * qk + 4);
+      st.kv = s->tensor(random_floats(T * row.row_width(), 27, -2, 2), T, row.row_width(), DType::kF32);
+      st.n_head = H;
+      st.q_head_dim = qk;
+      st.q_rope_col = nope;
+      st.kv_lora_rank = lora;
+      st.rope_dim = rope_dim;
+      st.kv_norm = s->vec(kv_norm);
+      st.rope = *rope;
+      st.kv_cache = kv.view;
+      s->b->rope_store_latent(st, md);
+      qs.push_back(s->read(st.q));
+      ks.push_back(read_plane(*s, kv.view.k, kv.bytes, kv_t));
+      vs.push_back(read_plane(*s, kv.view.v, kv.bytes, kv_t));
+      LatentAttentionOp at;
+      at.q_latent = s->tensor(std::vector<float>(T * H * lora, NAN), T, H * lora, DType::kF32);
+      s->b->matmul_heads(w_k, H, st.q, qk, at.q_latent, lora);
+      at.q_rope = st.q.cols_from(nope, H * qk - nope);
+      at.q_rope_step = qk;
+      at.out = s->tensor(std::vector<float>(T * H * lora, NAN), T, H * lora, DType::kF32);
+      at.n_head = H;
+      at.kv_lora_rank = lora;
+      at.rope_dim = rope_dim;
+      at.scale = 0.2f;
+      at.kv = kv.view;
+      s->b->latent_attention(at, md);
+      lats.push_back(s->read(at.out));
+      const Tensor out = s->tensor(std::vector<float>(T * H * v_dim, NAN), T, H * v_dim, DType::kF32);
+      s->b->matmul_heads(w_v, H, at.out, lora, out, v_dim);
+      outs.push_back(s->read(out));
+    }
+    const std::string what = "MLA kv " + std::string(dtype_name(kv_t));
+    const double store = kv_t == DType::kF16 ? 2e-3 : 2e-5;
+    expect_close(qs[1], qs[0], tol(2e-5), what + " q (rope dims rotated)");
+    expect_close(ks[1], ks[0], tol(store), what + " K plane");
+    expect_close(vs[1], vs[0], tol(store), what + " V plane");
+    expect_close(lats[1], lats[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-4), what + " latent attention");
+    expect_close(outs[1], outs[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-4), what + " output");
   }
 }
 

@@ -4,7 +4,8 @@
 // as cached tokens, giving the cold run's tokens and exactly the logprobs
 // of a device-cache hit (the round trip is bit-exact, so the continuation's
 // logits are too).
-// Covered: the default model (f16 KV, full attention), the HF llama golden
+// Covered: the default model (f16 KV, full attention), the MLA goldens
+// (latent rows), the HF llama golden
 // (f32 KV), mistral-swa (a sliding-window layer group) and gemma2 / gemma3
 // (a sliding and a full group in one run), qwen3_5 / qwen3-next (recurrent
 // state at the run's end). A sliding layer stores only the blocks resuming at
@@ -422,6 +423,36 @@ TEST(KvTiers, DiskPrefixSurvivesARestartQwen35Hybrid) {
 }
 TEST(KvTiers, DiskPrefixSurvivesARestartQwen3NextHybrid) {
   disk_round_trip(kGoldens + "qwen3-next", 512, 70, 64);
+}
+
+// Multi-head latent attention (DeepSeek-V3, MiniCPM3): one latent row per
+// token and layer, split over the K and V planes, round-trips through the
+// disk tier and the RAM tier bit for bit.
+TEST(KvTiers, DiskPrefixSurvivesARestartDeepSeekV3Latent) {
+  disk_round_trip(kGoldens + "deepseek-v3", 512, 40, 32);
+}
+TEST(KvTiers, DiskPrefixSurvivesARestartMiniCpm3Latent) {
+  disk_round_trip(kGoldens + "minicpm3", 512, 40, 32);
+}
+TEST(KvTiers, EvictedLatentPrefixComesBackFromTheRamTier) {
+  EngineOptions o;
+  o.cache_ram_mb = 64;
+  o.kv_cache_mb = 1;  // 227 blocks of 16 tokens at 288 bytes a token (3 layers x 24 f32)
+  auto e = load(kGoldens + "deepseek-v3", o);
+  ASSERT_TRUE(e);
+  const auto a = random_prompt(401, 512, 1);  // 26 blocks; ten such prompts cannot all stay
+  const GenRun cold = generate(*e, a, 8);
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, 400);
+  for (uint32_t seed = 2; seed < 12; ++seed) generate(*e, random_prompt(401, 512, seed), 8);
+  const GenRun warm = generate(*e, a, 8);
+  const EngineStats s = e->stats();
+  EXPECT_GE(s.ram_tier.hits, 1);
+  EXPECT_GT(s.tier_restored_tokens, 0);
+  EXPECT_EQ(warm.cached, 400);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored latent rows must be bit-identical";
+  EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
 }
 
 TEST(KvTiers, EvictedHybridPrefixComesBackFromTheRamTier) {

@@ -1,4 +1,6 @@
-// The mixture-of-experts families (Mixtral, Qwen3-MoE) on the CPU, held to
+// The mixture-of-experts families of the Llama graph (Mixtral, Qwen3-MoE,
+// GLM-4.5: partial rotary, q/k norm, the sigmoid router with a shared
+// expert and a first dense layer) on the CPU, held to
 // Hugging Face transformers on the tiny random-weight models in
 // ../shared/goldens/hf: logits within 1e-3 at every prompt position, whole
 // and in prefill chunks, the greedy continuation identical; and through the
@@ -104,12 +106,13 @@ TEST_P(MoeParity, EngineTokensAreTheSameAloneAndBatched) {
   EXPECT_EQ(e.stats().integrity_errors, 0) << e.stats().last_integrity_error;
 }
 
-INSTANTIATE_TEST_SUITE_P(MoeFamilies, MoeParity, ::testing::Values("mixtral", "qwen3-moe"), [](const auto& info) {
-  std::string n = info.param;
-  for (char& c : n)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(MoeFamilies, MoeParity, ::testing::Values("mixtral", "qwen3-moe", "glm4-moe"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace rill

@@ -42,6 +42,41 @@ TEST(MoeConfig, GoldenConfigs) {
   EXPECT_EQ(dense->n_expert, 0);
 }
 
+// DeepSeek-V3 / GLM-4.5: n_routed_experts, ungated shared experts of
+// n_shared_experts x moe_intermediate_size, the first layers dense.
+TEST(MoeConfig, RoutedExpertConfigs) {
+  for (const char* family : {"deepseek-v3", "glm4-moe"}) {
+    auto c = load_hf_config(kGoldenDir + "/" + family);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ(c->n_expert, 8) << family;
+    EXPECT_EQ(c->n_expert_used, 2);
+    EXPECT_EQ(c->n_ff_expert, 32);
+    EXPECT_EQ(c->n_ff_shared_expert, 32);
+    EXPECT_TRUE(c->norm_topk_prob);
+    EXPECT_EQ(c->dense_layers, std::vector<int64_t>{0});
+  }
+  json j = {{"model_type", "glm4_moe"},   {"vocab_size", 100},        {"hidden_size", 64},
+            {"num_hidden_layers", 4},     {"num_attention_heads", 4}, {"intermediate_size", 128},
+            {"n_routed_experts", 8},      {"num_experts_per_tok", 2}, {"moe_intermediate_size", 32},
+            {"first_k_dense_replace", 2}, {"n_shared_experts", 2}};
+  auto c = parse_hf_config(j, "config.json");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->norm_topk_prob);  // transformers' default for these routers
+  EXPECT_EQ(c->dense_layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(c->n_ff_shared_expert, 64);
+  for (auto [key, value] : {std::pair<const char*, json>{"topk_method", "group_limited_greedy"},
+                            {"scoring_func", "softmax"},
+                            {"n_group", 3},
+                            {"first_k_dense_replace", 5},
+                            {"routed_scaling_factor", -1.0}}) {
+    json bad = j;
+    bad[key] = value;
+    auto r = parse_hf_config(bad, "config.json");
+    ASSERT_FALSE(r.ok()) << key;
+    EXPECT_NE(r.error().message.find(std::string("'") + key + "'"), std::string::npos) << r.error().message;
+  }
+}
+
 json qwen3_moe() {
   return {{"model_type", "qwen3_moe"}, {"vocab_size", 100},        {"hidden_size", 64},
           {"num_hidden_layers", 4},    {"num_attention_heads", 4}, {"intermediate_size", 128},

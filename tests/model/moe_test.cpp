@@ -48,6 +48,7 @@ struct RandomMoe {
   std::vector<Ffn> experts;
   Ffn shared;
   std::vector<float> expert_scale;  // empty: none
+  std::vector<float> score_bias;    // sigmoid routing: random, so it changes the choice
 
   RandomMoe(const MoeParams& params, uint32_t seed) : p(params) {
     std::mt19937 rng(seed);
@@ -61,6 +62,7 @@ struct RandomMoe {
                 random_mat(p.n_embd, p.n_ff_shared, rng, 0.2f)};
       shared_gate = random_mat(1, p.n_embd, rng, 0.3f);
     }
+    if (p.sigmoid_scores) score_bias = random_mat(1, p.n_expert, rng, 0.3f).v;
   }
 
   MoeWeights weights() const {
@@ -69,9 +71,10 @@ struct RandomMoe {
     for (const Ffn& f : experts) w.experts.push_back(f.weights());
     if (p.n_ff_shared > 0) {
       w.shared = shared.weights();
-      w.shared_gate = shared_gate.linear();
+      if (p.shared_gate) w.shared_gate = shared_gate.linear();
     }
     w.expert_scale = expert_scale;
+    w.score_bias = score_bias;
     return w;
   }
 };
@@ -94,6 +97,43 @@ std::vector<double> ffn_ref(const Ffn& f, const std::vector<double>& x, bool gel
   return matvec(f.down, g);
 }
 
+// transformers' DeepseekV3TopkRouter for one token: the chosen experts and
+// their weights (sigmoid scores; choice by scores + bias within the
+// topk_group groups of the best top-2 sums; renormalised + 1e-20; scaled).
+std::vector<double> sigmoid_route(const RandomMoe& m, const std::vector<double>& logits) {
+  const MoeParams& p = m.p;
+  const auto X = static_cast<size_t>(p.n_expert), per = X / static_cast<size_t>(p.n_group);
+  std::vector<double> sc(X), choice(X);
+  for (size_t e = 0; e < X; ++e) {
+    sc[e] = 1.0 / (1.0 + std::exp(-logits[e]));
+    choice[e] = sc[e] + (m.score_bias.empty() ? 0.0 : m.score_bias[e]);
+  }
+  std::vector<std::pair<double, size_t>> groups;
+  for (size_t g = 0; g < static_cast<size_t>(p.n_group); ++g) {
+    std::vector<double> in(choice.begin() + static_cast<ptrdiff_t>(g * per),
+                           choice.begin() + static_cast<ptrdiff_t>((g + 1) * per));
+    std::sort(in.rbegin(), in.rend());
+    groups.push_back({-(in[0] + in[1]), g});
+  }
+  std::sort(groups.begin(), groups.end());
+  for (size_t e = 0; e < X; ++e) {
+    bool kept = false;
+    for (int64_t k = 0; k < p.topk_group; ++k) kept = kept || groups[static_cast<size_t>(k)].second == e / per;
+    if (!kept) choice[e] = 0.0;
+  }
+  std::vector<size_t> order(X);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return choice[a] > choice[b]; });
+  std::vector<double> w(X, 0.0);
+  double sum = 0;
+  for (int64_t k = 0; k < p.n_expert_used; ++k) sum += sc[order[static_cast<size_t>(k)]];
+  for (int64_t k = 0; k < p.n_expert_used; ++k) {
+    const size_t e = order[static_cast<size_t>(k)];
+    w[e] = (p.norm_topk_prob ? sc[e] / (sum + 1e-20) : sc[e]) * p.routed_scaling_factor;
+  }
+  return w;
+}
+
 // Every expert for every token, weighted by softmax -> top-k (->
 // renormalised) (-> times the expert's scale), routed by router_x (x when
 // null).
@@ -104,6 +144,20 @@ std::vector<float> reference(const RandomMoe& m, const std::vector<float>& x, in
   std::vector<float> out(static_cast<size_t>(n * p.n_embd));
   for (int64_t t = 0; t < n; ++t) {
     std::vector<double> xt(x.begin() + t * p.n_embd, x.begin() + (t + 1) * p.n_embd);
+    if (p.sigmoid_scores) {
+      const std::vector<double> w = sigmoid_route(m, matvec(m.router, xt));
+      std::vector<double> acc(static_cast<size_t>(p.n_embd));
+      for (int64_t e = 0; e < p.n_expert; ++e) {
+        const std::vector<double> y = ffn_ref(m.experts[e], xt);
+        for (int64_t j = 0; j < p.n_embd; ++j) acc[j] += w[e] * y[j];
+      }
+      if (p.n_ff_shared > 0) {  // DeepSeek's shared experts: no gate
+        const std::vector<double> y = ffn_ref(m.shared, xt);
+        for (int64_t j = 0; j < p.n_embd; ++j) acc[j] += y[j];
+      }
+      for (int64_t j = 0; j < p.n_embd; ++j) out[t * p.n_embd + j] = static_cast<float>(acc[j]);
+      continue;
+    }
     std::vector<double> rt(rx.begin() + t * p.n_embd, rx.begin() + (t + 1) * p.n_embd);
     std::vector<double> pr = matvec(m.router, rt);
     const double mx = *std::max_element(pr.begin(), pr.end());
@@ -226,6 +280,56 @@ TEST(MoeFfn, MatchesDenseReferenceWhenEveryExpertIsUsed) {
   MoeParams p = params(true);
   p.n_expert_used = p.n_expert;
   expect_near_reference(p, 4);
+}
+
+// DeepSeek-V3 / GLM-4.5 routing: sigmoid scores, a random score bias (choice
+// only), 4 groups of 2 with the best 2 eligible, weights renormalised and
+// scaled by 2.5, an ungated shared expert.
+MoeParams sigmoid_params() {
+  MoeParams p = params(true, 24);
+  p.n_expert = 8;
+  p.n_expert_used = 3;
+  p.sigmoid_scores = true;
+  p.n_group = 4;
+  p.topk_group = 2;
+  p.routed_scaling_factor = 2.5f;
+  p.shared_gate = false;
+  return p;
+}
+TEST(MoeFfn, MatchesReferenceWithSigmoidGroupLimitedRouting) {
+  expect_near_reference(sigmoid_params(), 7);
+  MoeParams raw = sigmoid_params();
+  raw.norm_topk_prob = false;
+  raw.n_group = 1;
+  raw.topk_group = 1;
+  expect_near_reference(raw, 8);
+}
+
+// The bias and the groups change which experts run (so the reference test
+// above exercises them): without them some token's output differs.
+TEST(MoeFfn, ScoreBiasAndGroupsChangeTheChoice) {
+  const MoeParams p = sigmoid_params();
+  const RandomMoe m(p, 7);
+  const int64_t n = 13;
+  const std::vector<float> x = random_input(n, p.n_embd, 8);
+  auto backend = cpu::make_host_ops(1);
+  auto run = [&](const MoeParams& q, bool with_bias) {
+    MoeWeights w = m.weights();
+    if (!with_bias) w.score_bias.clear();
+    auto moe = MoeFfn::create(q, std::move(w));
+    EXPECT_TRUE(moe.ok()) << moe.error().message;
+    MoeScratch s;
+    s.reserve(q, n);
+    std::vector<float> out(x.size());
+    moe->forward(x.data(), n, out.data(), s, *backend);
+    return out;
+  };
+  MoeParams ungrouped = p;
+  ungrouped.n_group = 1;
+  ungrouped.topk_group = 1;
+  const std::vector<float> full = run(p, true);
+  EXPECT_NE(full, run(p, false));
+  EXPECT_NE(full, run(ungrouped, true));
 }
 
 // Gemma 4's MoE block: GeGLU experts, a per-expert scale on the chosen
@@ -390,6 +494,19 @@ TEST(MoeFfn, RejectsInconsistentParameters) {
   auto r = MoeFfn::create(p, std::move(w));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("experts"), std::string::npos) << r.error().message;
+  // Groups: equal, of at least two experts, enough eligible experts; a bias per expert.
+  const MoeParams sp = sigmoid_params();
+  const RandomMoe sm(sp, 12);
+  for (auto [n_group, topk_group] : {std::pair{3, 1}, std::pair{4, 5}, std::pair{8, 4}, std::pair{4, 1}}) {
+    MoeParams q = sp;
+    q.n_group = n_group;
+    q.topk_group = topk_group;
+    EXPECT_FALSE(MoeFfn::create(q, sm.weights()).ok()) << n_group << " groups, " << topk_group << " eligible";
+  }
+  MoeWeights short_bias = sm.weights();
+  short_bias.score_bias.pop_back();
+  EXPECT_FALSE(MoeFfn::create(sp, std::move(short_bias)).ok());
+  EXPECT_TRUE(MoeFfn::create(sp, sm.weights()).ok());
 }
 
 // transformers' Qwen3-MoE rule: sparse when (il + 1) % decoder_sparse_step
@@ -420,6 +537,16 @@ TEST(MoeFfn, LayerRuleAndParamsFromConfig) {
   EXPECT_EQ(p.n_ff, 32);
   EXPECT_EQ(p.n_ff_shared, 16);
   EXPECT_FALSE(p.norm_topk_prob);
+  EXPECT_FALSE(p.sigmoid_scores);
+  EXPECT_TRUE(p.shared_gate);
+  // n_routed_experts (DeepSeek-V3, GLM-4.5): the sigmoid router's options.
+  c.raw = {{"n_routed_experts", 8}, {"n_group", 4}, {"topk_group", 2}, {"routed_scaling_factor", 2.5}};
+  p = moe_params(c);
+  EXPECT_TRUE(p.sigmoid_scores);
+  EXPECT_FALSE(p.shared_gate);
+  EXPECT_EQ(p.n_group, 4);
+  EXPECT_EQ(p.topk_group, 2);
+  EXPECT_FLOAT_EQ(p.routed_scaling_factor, 2.5f);
 }
 
 }  // namespace

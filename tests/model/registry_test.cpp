@@ -168,11 +168,13 @@ TEST(Registry, BuiltinNamesOneImplementationPerFamilyAndDevice) {
     const char* loop = "autoregressive";
   };
   const std::vector<Family> families = {
-      {"llama", {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe"}, true},
+      {"llama", {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe", "glm4_moe"}, true},
       {"gemma", {"gemma2", "gemma3_text", "gemma3"}, false},
       {"qwen3_next", {"qwen3_5_text", "qwen3_next"}, false},
       {"bert", {"bert"}, false, "encoder"},
       {"gpt_oss", {"gpt_oss"}, false},
+      {"deepseek_v3", {"deepseek_v3"}, false},
+      {"minicpm3", {"minicpm3"}, false},
   };
   EXPECT_EQ(builtin_registry().implementations().size(), 2 * families.size());
   for (const Family& f : families) {

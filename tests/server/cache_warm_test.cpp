@@ -180,6 +180,8 @@ TEST_F(CacheWarm, StatsAndMetricsShowTheDiskTier) {
     EXPECT_TRUE(disk.contains(k)) << k;
   EXPECT_EQ(st["kv"]["tiers"]["ram"]["enabled"], false);
   EXPECT_TRUE(st["kv"]["tiers"].contains("restored_tokens"));
+  EXPECT_EQ(st["kv"]["bytes_per_token"].get<int64_t>(), ctx_->engine.stats().kv_bytes_per_token);
+  EXPECT_GT(st["kv"]["bytes_per_token"].get<int64_t>(), 0);
   const std::string text = get("/metrics")->body();
   EXPECT_NE(text.find("rill_kv_tier_enabled{tier=\"disk\"} 1\n"), std::string::npos) << text;
   EXPECT_NE(text.find("rill_kv_tier_entries{tier=\"disk\"} " + std::to_string(disk["entries"].get<int>()) + "\n"),

@@ -18,6 +18,9 @@
 //    from its src into its dst, and the kernels run in place on dst;
 //  - gated_rms_norm: cpu::rms_norm per head (in place on core) then
 //    cpu::silu_mul; sigmoid_mul: x * (1 / (1 + exp(-gate)));
+//  - MLA (matmul_heads, rope_store_latent, latent_attention): per-head
+//    cpu::matmul over gathered columns; cpu::rope / rms_norm per token; a
+//    plain f32 softmax per (token, head) over the stored latent rows;
 //  - glu: silu_mul / gelu_tanh_mul per row (llama.cpp's ggml_vec_swiglu runs
 //    per row too, and a row's SIMD/tail split then depends on F alone).
 #include <algorithm>
@@ -131,6 +134,7 @@ class CpuBackend final : public Backend {
       }
       if (&w != embedding && &w != lm_head) max_rows = std::max(max_rows, rows);
     }
+    heads_x_.resize(static_cast<size_t>(limits.max_tokens * limits.max_head_cols));
     scratch_.reserve(scratch);
     acc_.resize(static_cast<size_t>(limits.max_tokens * max_rows));
     seqs_.reserve(static_cast<size_t>(limits.max_tokens));  // at most one sequence per token
@@ -526,6 +530,132 @@ class CpuBackend final : public Backend {
     });
   }
 
+  bool has_mla_ops() const override { return true; }
+
+  // Per head: its columns of x gathered into a dense block, then cpu::matmul
+  // over the head's rows of w (a row's bits do not depend on its neighbours).
+  void matmul_heads(const Weight& w, int32_t n_heads, Tensor x, int64_t x_step, Tensor y, int64_t y_step) override {
+    const CpuWeight& cw = record(w);
+    assert(cw.n_parts == 1 && w.rows % n_heads == 0 && x.dtype == DType::kF32 && y.dtype == DType::kF32);
+    const int64_t n = x.rows, R = w.rows / n_heads, C = w.cols;
+    assert(y.rows == n && static_cast<size_t>(n * C) <= heads_x_.size());
+    if (n <= 0) return;
+    for (int32_t h = 0; h < n_heads; ++h) {
+      for (int64_t t = 0; t < n; ++t) {
+        const auto* src = static_cast<const float*>(x.at(t, h * x_step));
+        std::copy(src, src + C, heads_x_.data() + t * C);
+      }
+      cpu::WeightView part = cw.parts[0];
+      part.n_rows = R;
+      part.data = static_cast<const uint8_t*>(part.data) + static_cast<size_t>(h * R) * part.row_stride;
+      cpu::matmul(part, heads_x_.data(), n, static_cast<float*>(y.at(0, h * y_step)), pool_, scratch_, y.stride);
+    }
+  }
+
+  // Per token: the rope parts of q and the key rotated one head at a time
+  // (cpu::rope over rope_dim), the latent normed (cpu::rms_norm), the row
+  // split over the K and V planes.
+  void rope_store_latent(const LatentKvOp& op, const StepMetadata& step) override {
+    const int64_t L = op.kv_lora_rank, W = L + op.rope_dim;
+    const size_t elem = op.kv_cache.dtype == DType::kF32 ? 4 : 2;
+    const auto plane = static_cast<int64_t>(op.kv_cache.row_bytes / elem);
+    assert(op.q.dtype == DType::kF32 && op.kv.dtype == DType::kF32 && op.kv.cols == W && 2 * plane >= W);
+    const RopeTable& table = record(op.rope);
+    const int32_t* slots = step.slots[op.kv_group];
+    const int64_t mask = (int64_t{1} << op.kv_cache.block_shift) - 1;
+    for (int64_t t = 0; t < op.q.rows; ++t) {
+      auto* q = static_cast<float*>(op.q.at(t, 0));
+      for (int32_t h = 0; h < op.n_head; ++h) {
+        cpu::rope(q + int64_t{h} * op.q_head_dim + op.q_rope_col, step.pos + t, 1, 1, op.rope_dim, table);
+      }
+      auto* row = static_cast<float*>(op.kv.at(t, 0));
+      cpu::rms_norm(row, op.kv_norm.data, 1, L, op.norm_eps, row);
+      cpu::rope(row + L, step.pos + t, 1, 1, op.rope_dim, table);
+      const int64_t slot = slots[t];
+      const size_t at = static_cast<size_t>(slot >> op.kv_cache.block_shift) * op.kv_cache.block_stride +
+                        static_cast<size_t>(slot & mask) * op.kv_cache.row_bytes;
+      uint8_t* planes[2] = {static_cast<uint8_t*>(op.kv_cache.k) + at, static_cast<uint8_t*>(op.kv_cache.v) + at};
+      for (int64_t i = 0; i < 2 * plane; ++i) {
+        const float v = i < W ? row[i] : 0.0f;
+        uint8_t* dst = planes[i / plane] + static_cast<size_t>(i % plane) * elem;
+        if (elem == 4) {
+          std::memcpy(dst, &v, 4);
+        } else {
+          const uint16_t hv = f32_to_f16(v);
+          std::memcpy(dst, &hv, 2);
+        }
+      }
+    }
+  }
+
+  // One task per (token, group of heads); a key's row is read once per task
+  // (converted to f32 when F16) and serves every head of the group. Each
+  // (token, head) runs the same loops whatever the grouping: a token's bits
+  // do not depend on its step.
+  void latent_attention(const LatentAttentionOp& op, const StepMetadata& step) override {
+    const int64_t L = op.kv_lora_rank, R = op.rope_dim, H = op.n_head;
+    const bool f16 = op.kv.dtype == DType::kF16;
+    const size_t elem = f16 ? 2 : 4;
+    const auto plane = static_cast<int64_t>(op.kv.row_bytes / elem);
+    assert(op.q_latent.dtype == DType::kF32 && op.q_rope.dtype == DType::kF32 && op.out.dtype == DType::kF32);
+    const int64_t n_groups = std::min<int64_t>(H, pool_.n_threads());
+    const int64_t per_group = (H + n_groups - 1) / n_groups;
+    const int32_t shift = op.kv.block_shift, mask = (1 << shift) - 1;
+    pool_.parallel_for(int64_t{step.n_tokens} * n_groups, 1, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> scores, row;  // grow to the longest context once per thread
+      row.resize(static_cast<size_t>(2 * plane));
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t t = task / n_groups, h0 = (task % n_groups) * per_group, h1 = std::min(H, h0 + per_group);
+        if (h0 >= h1) continue;
+        const int32_t s = step.seq_of[t], n_kv = step.pos[t] + 1;
+        const int32_t* table = step.block_tables[op.kv_group] + step.table_start[s];
+        scores.resize(static_cast<size_t>((h1 - h0) * n_kv));
+        auto load = [&](int32_t j) {
+          const size_t at = static_cast<size_t>(table[j >> shift]) * op.kv.block_stride +
+                            static_cast<size_t>(j & mask) * op.kv.row_bytes;
+          const uint8_t* planes[2] = {static_cast<const uint8_t*>(op.kv.k) + at,
+                                      static_cast<const uint8_t*>(op.kv.v) + at};
+          for (int p = 0; p < 2; ++p) {
+            if (!f16) {
+              std::memcpy(row.data() + p * plane, planes[p], static_cast<size_t>(plane) * 4);
+              continue;
+            }
+            const auto* hp = reinterpret_cast<const uint16_t*>(planes[p]);
+            for (int64_t i = 0; i < plane; ++i) row[static_cast<size_t>(p * plane + i)] = f16_to_f32(hp[i]);
+          }
+        };
+        for (int32_t j = 0; j < n_kv; ++j) {
+          load(j);
+          for (int64_t h = h0; h < h1; ++h) {
+            const auto* ql = static_cast<const float*>(op.q_latent.at(t, h * L));
+            const auto* qr = static_cast<const float*>(op.q_rope.at(t, h * op.q_rope_step));
+            float dot = 0, dot_r = 0;
+            for (int64_t i = 0; i < L; ++i) dot += ql[i] * row[static_cast<size_t>(i)];
+            for (int64_t i = 0; i < R; ++i) dot_r += qr[i] * row[static_cast<size_t>(L + i)];
+            scores[static_cast<size_t>((h - h0) * n_kv + j)] = (dot + dot_r) * op.scale;
+          }
+        }
+        for (int64_t h = h0; h < h1; ++h) {
+          float* sc = scores.data() + (h - h0) * n_kv;
+          float best = -INFINITY, total = 0;
+          for (int32_t j = 0; j < n_kv; ++j) best = std::max(best, sc[j]);
+          for (int32_t j = 0; j < n_kv; ++j) total += (sc[j] = std::exp(sc[j] - best));
+          for (int32_t j = 0; j < n_kv; ++j) sc[j] /= total;
+          auto* o = static_cast<float*>(op.out.at(t, h * L));
+          std::fill(o, o + L, 0.0f);
+        }
+        for (int32_t j = 0; j < n_kv; ++j) {
+          load(j);
+          for (int64_t h = h0; h < h1; ++h) {
+            const float p = scores[static_cast<size_t>((h - h0) * n_kv + j)];
+            auto* o = static_cast<float*>(op.out.at(t, h * L));
+            for (int64_t i = 0; i < L; ++i) o[i] += p * row[static_cast<size_t>(i)];
+          }
+        }
+      }
+    });
+  }
+
  private:
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool& pool_;
@@ -536,6 +666,7 @@ class CpuBackend final : public Backend {
   std::vector<cpu::ConvSeq> conv_seqs_;  // gated_delta(): [n_seqs], snapshots [n_saves]
   std::vector<cpu::GatedDeltaSeq> delta_seqs_;
   std::vector<cpu::StateSnapshot> conv_snaps_, delta_snaps_;
+  std::vector<float> heads_x_;  // matmul_heads(): one head's x, [max_tokens, StepLimits::max_head_cols]
 };
 
 }  // namespace

@@ -76,4 +76,13 @@ Result<std::unique_ptr<Model>> create_bert_cpu_model(std::shared_ptr<const Model
 Result<std::unique_ptr<Model>> create_bert_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                       const ModelOptions& options);
 
+// Multi-head latent attention: deepseek_v3 (MoE with the sigmoid,
+// group-limited router) and minicpm3 (dense, muP scales), from Hugging Face
+// checkpoints. deepseek_v3.cpu / minicpm3.cpu (deepseek.cpp); the .cuda ids
+// refuse until the CUDA Backend has the MLA ops.
+Result<std::unique_ptr<Model>> create_mla_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                    const ModelOptions& options);
+Result<std::unique_ptr<Model>> create_mla_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                     const ModelOptions& options);
+
 }  // namespace rill

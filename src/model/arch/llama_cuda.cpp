@@ -36,6 +36,7 @@
 
 #include "model/arch/families.h"
 #include "model/cuda_shard.h"
+#include "model/moe.h"
 #include "model/tensor_parallel.h"
 #include "model/tensor_split.h"
 #include "parallel/nccl_group.h"
@@ -218,6 +219,11 @@ Result<std::unique_ptr<Model>> create_llama_cuda_tp_model(std::shared_ptr<const 
 
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options) {
+  if (moe_params(files->config).sigmoid_scores) {
+    return Error{files->path + ": " + files->config.architecture +
+                 "'s sigmoid, group-limited MoE router is not on CUDA yet (model/cuda_moe.h routes by softmax); "
+                 "run it on the CPU"};
+  }
   if (options.tensor_parallel != 1) return create_llama_cuda_tp_model(std::move(files), options);
 #if RILL_HAVE_CUDA
   return init_model(std::make_unique<LlamaCudaModel>(std::move(files)), options);

@@ -1,0 +1,586 @@
+// The multi-head latent attention (MLA) family: DeepSeek-V3 (`deepseek_v3`)
+// and MiniCPM3 (`minicpm3`), from Hugging Face files. Against the Llama
+// family:
+//   q                 q_b(rms_norm(q_a x)) (q_lora_rank), or q_proj x when
+//                     q_lora_rank is null; per head [nope | rope] dims
+//   kv                kv_a_proj_with_mqa x = [latent c (kv_lora_rank) |
+//                     rope key (qk_rope_head_dim), one for every head];
+//                     kv_b_proj expands rms_norm(c) into every head's
+//                     [k_nope | v]
+//   RoPE              on the rope dims only; DeepSeek pairs dims (2i, 2i+1)
+//                     (rope_interleave, transformers' default), MiniCPM3
+//                     rotates halves
+//   attention scale   qk_head_dim^-1/2, times mscale(factor,
+//                     mscale_all_dim)^2 under yarn rope scaling
+//   KV cache          per token and layer the row [rms_norm(c) | rotated
+//                     rope key] (model/kv_spec.h's LatentKvRow), not
+//                     per-head K and V
+//   DeepSeek-V3 MoE   the first first_k_dense_replace layers dense, then
+//                     the sigmoid, group-limited router with the score
+//                     correction bias, routed_scaling_factor and an
+//                     ungated shared expert (model/moe.h's options)
+//   MiniCPM3 (muP)    embeddings times scale_emb, each residual branch
+//                     times scale_depth / sqrt(n_layers), final hidden
+//                     states divided by hidden_size / dim_model_base
+//
+// Attention runs in the absorbed form on every step: the nope query goes
+// through kv_b's K part of its head (q_latent = W_uk^T q_nope, kv_lora_rank
+// wide), scores are q_latent . c_j + q_rope . r_j over the stored rows, the
+// softmax-weighted sum of latents goes through kv_b's V part (W_uv) per
+// head, then o_proj. So a token reads one row of kv_lora_rank +
+// qk_rope_head_dim elements per layer and key, whatever the head count.
+// W_uk^T and W_uv are copied out of kv_b_proj at load (F32/F16/BF16 kept
+// in their dtype), per head, as matmul_heads() reads them.
+//
+// One graph (MlaGraph, place_mla, mla_forward) over Backend ops (the MLA
+// ops: matmul_heads, rope_store_latent, latent_attention) and a hook for
+// the MoE FFN (model/moe.h on the CPU, until MoE is a Backend op); the CPU
+// runtime (`deepseek_v3.cpu`, `minicpm3.cpu`, a CpuPagedModel). The CUDA
+// Backend has no MLA ops yet, so the `.cuda` ids refuse at load.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/rope_table.h"
+#include "model/arch/families.h"
+#include "model/batch_check.h"
+#include "model/cpu_paged_model.h"
+#include "model/layers.h"
+#include "model/moe.h"
+#include "model/placement.h"
+
+namespace rill {
+namespace {
+
+// --- Config --------------------------------------------------------------------
+
+// The MLA fields of config.json (ModelConfig::raw); errors name the file
+// and the field.
+struct MlaParams {
+  int64_t q_lora_rank = 0;  // 0: q_proj
+  int64_t kv_lora_rank = 0, nope = 0, rope = 0, v_dim = 0;
+  bool interleaved = true;  // RoPE pairs (2i, 2i+1)
+  float attn_scale = 1.0f;
+  std::optional<float> rope_attention_factor;                           // yarn's, from mscale / mscale_all_dim
+  float embed_scale = 1.0f, residual_scale = 1.0f, logit_scale = 1.0f;  // MiniCPM3
+  MoeParams moe;                                                        // n_expert 0: every FFN dense
+
+  int64_t qk_dim() const { return nope + rope; }
+};
+
+class RawFields {
+ public:
+  RawFields(const nlohmann::json& raw, std::string file) : raw_(raw), file_(std::move(file)) {}
+  // A positive integer; absent or null: `fallback` (-1: required).
+  Result<int64_t> dim(const char* key, int64_t fallback = -1) const {
+    auto it = raw_.find(key);
+    if (it == raw_.end() || it->is_null()) {
+      if (fallback >= 0) return fallback;
+      return Error{file_ + ": field '" + key + "' is missing (needed by " + arch() + ")"};
+    }
+    if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > (int64_t{1} << 24)) {
+      return Error{file_ + ": field '" + std::string(key) + "' must be a positive integer"};
+    }
+    return it->get<int64_t>();
+  }
+  Result<double> number(const char* key, double fallback) const {
+    auto it = raw_.find(key);
+    if (it == raw_.end() || it->is_null()) return fallback;
+    if (!it->is_number() || !std::isfinite(it->get<double>())) {
+      return Error{file_ + ": field '" + std::string(key) + "' must be a number"};
+    }
+    return it->get<double>();
+  }
+  Result<bool> flag(const char* key, bool fallback) const {
+    auto it = raw_.find(key);
+    if (it == raw_.end() || it->is_null()) return fallback;
+    if (!it->is_boolean()) return Error{file_ + ": field '" + std::string(key) + "' must be true or false"};
+    return it->get<bool>();
+  }
+  const nlohmann::json* object(const char* key) const {
+    auto it = raw_.find(key);
+    return it != raw_.end() && it->is_object() ? &*it : nullptr;
+  }
+  std::string arch() const { return raw_.value("model_type", std::string("this model")); }
+
+ private:
+  const nlohmann::json& raw_;
+  std::string file_;
+};
+
+// transformers' yarn_get_mscale.
+double yarn_mscale(double factor, double mscale) {
+  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+Result<MlaParams> read_mla_params(const ModelFiles& f) {
+  const ModelConfig& cfg = f.config;
+  const std::string file = f.path + "/config.json";
+  const RawFields r(cfg.raw, file);
+  MlaParams p;
+  RILL_ASSIGN_OR_RETURN(p.q_lora_rank, r.dim("q_lora_rank", 0));
+  RILL_ASSIGN_OR_RETURN(p.kv_lora_rank, r.dim("kv_lora_rank"));
+  RILL_ASSIGN_OR_RETURN(p.nope, r.dim("qk_nope_head_dim"));
+  RILL_ASSIGN_OR_RETURN(p.rope, r.dim("qk_rope_head_dim"));
+  RILL_ASSIGN_OR_RETURN(p.v_dim, r.dim("v_head_dim"));
+  if (p.rope % 2 != 0) return Error{file + ": qk_rope_head_dim " + std::to_string(p.rope) + " must be even"};
+  RILL_ASSIGN_OR_RETURN(const bool bias, r.flag("attention_bias", false));
+  if (bias) return Error{file + ": attention_bias true is not supported by the MLA family yet"};
+  const bool minicpm = cfg.architecture == "minicpm3";
+  RILL_ASSIGN_OR_RETURN(p.interleaved, r.flag("rope_interleave", !minicpm));
+  if (minicpm && p.interleaved) return Error{file + ": rope_interleave is not part of minicpm3"};
+  if (cfg.hidden_act != "silu") return Error{file + ": hidden_act '" + cfg.hidden_act + "' (the MLA family: silu)"};
+
+  double scale = 1.0 / std::sqrt(static_cast<double>(p.qk_dim()));
+  if (cfg.rope_scaling.type == RopeScaling::Type::kYarn) {
+    const nlohmann::json* s = r.object("rope_parameters");
+    if (!s || !s->contains("rope_type")) s = r.object("rope_scaling");
+    const RawFields sf(s ? *s : nlohmann::json::object(), file);
+    RILL_ASSIGN_OR_RETURN(const double mscale, sf.number("mscale", 0));
+    RILL_ASSIGN_OR_RETURN(const double mscale_all, sf.number("mscale_all_dim", 0));
+    const double factor = cfg.rope_scaling.factor;
+    if (mscale_all != 0) scale *= yarn_mscale(factor, mscale_all) * yarn_mscale(factor, mscale_all);
+    if (!cfg.rope_scaling.attention_factor && mscale != 0 && mscale_all != 0) {
+      p.rope_attention_factor = static_cast<float>(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all));
+    }
+  } else if (cfg.rope_scaling.type != RopeScaling::Type::kNone) {
+    return Error{file + ": the MLA family supports default and yarn RoPE only"};
+  }
+  p.attn_scale = static_cast<float>(scale);
+
+  if (minicpm) {
+    RILL_ASSIGN_OR_RETURN(const double scale_emb, r.number("scale_emb", 1.0));
+    RILL_ASSIGN_OR_RETURN(const double scale_depth, r.number("scale_depth", 1.0));
+    RILL_ASSIGN_OR_RETURN(const int64_t dim_base, r.dim("dim_model_base", cfg.n_embd));
+    RILL_ASSIGN_OR_RETURN(const bool mlp_bias, r.flag("mlp_bias", false));
+    if (mlp_bias) return Error{file + ": mlp_bias true is not supported by minicpm3 here yet"};
+    p.embed_scale = static_cast<float>(scale_emb);
+    p.residual_scale = static_cast<float>(scale_depth / std::sqrt(static_cast<double>(cfg.n_layer)));
+    p.logit_scale = static_cast<float>(static_cast<double>(dim_base) / static_cast<double>(cfg.n_embd));
+    return p;
+  }
+
+  // n_routed_experts: the sigmoid, group-limited router, ungated shared
+  // experts, the first first_k_dense_replace layers dense (hf_config.cpp
+  // checked the fields; is_moe_layer() picks the layers).
+  p.moe = moe_params(cfg);
+  return p;
+}
+
+// --- The checkpoint -------------------------------------------------------------
+
+// One layer as the files hold it; kv_b_proj's K part transposed and its V
+// part gathered per head into owned copies (the CPU Backend views them).
+struct MlaLayerWeights {
+  std::vector<float> attn_norm, ffn_norm, q_a_norm, kv_norm;
+  Linear q_a, q_b, q;         // q_a/q_b with q_lora_rank, else q
+  Linear kv_a;                // [kv_lora + rope, E]
+  std::vector<uint8_t> wk_t;  // [H * kv_lora, nope] in kv_b's dtype: head h's W_uk^T
+  std::vector<uint8_t> wv;    // [H * v, kv_lora]: head h's W_uv
+  Linear o;                   // [E, H * v]
+  Linear gate, up, down;      // dense FFN
+  std::optional<MoeFfn> moe;
+};
+
+struct MlaWeights {
+  MlaParams params;
+  WeightView embed, lm_head;
+  bool tied = false;
+  std::vector<float> final_norm;
+  DType kv_b_dtype = DType::kF32;
+  std::vector<MlaLayerWeights> layers;
+  RopeTable rope;
+  bool all_f32 = true;
+};
+
+// Splits kv_b [H * (nope + v), kv_lora] into head-major W_uk^T [H * kv_lora,
+// nope] and W_uv [H * v, kv_lora], elements copied in their dtype.
+Status split_kv_b(const WeightView& kv_b, const MlaParams& p, int64_t n_head, MlaLayerWeights& L) {
+  if (kv_b.dtype != DType::kF32 && kv_b.dtype != DType::kF16 && kv_b.dtype != DType::kBF16) {
+    return Error{"kv_b_proj in " + std::string(dtype_name(kv_b.dtype)) + " (F32, F16 or BF16 only for now)"};
+  }
+  const size_t es = kv_b.dtype == DType::kF32 ? 4 : 2;
+  const int64_t C = p.kv_lora_rank, stride_rows = p.nope + p.v_dim;
+  const size_t rs = kv_b.row_stride > 0 ? kv_b.row_stride : static_cast<size_t>(C) * es;
+  const auto* base = static_cast<const uint8_t*>(kv_b.data);
+  L.wk_t.resize(static_cast<size_t>(n_head * C * p.nope) * es);
+  L.wv.resize(static_cast<size_t>(n_head * p.v_dim * C) * es);
+  for (int64_t h = 0; h < n_head; ++h) {
+    for (int64_t d = 0; d < p.nope; ++d) {
+      const uint8_t* src = base + static_cast<size_t>(h * stride_rows + d) * rs;
+      for (int64_t c = 0; c < C; ++c) {
+        std::memcpy(L.wk_t.data() + static_cast<size_t>((h * C + c) * p.nope + d) * es, src + c * es, es);
+      }
+    }
+    for (int64_t d = 0; d < p.v_dim; ++d) {
+      const uint8_t* src = base + static_cast<size_t>(h * stride_rows + p.nope + d) * rs;
+      std::memcpy(L.wv.data() + static_cast<size_t>((h * p.v_dim + d) * C) * es, src, static_cast<size_t>(C) * es);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<MlaWeights> bind_mla(const ModelFiles& f) {
+  const ModelConfig& cfg = f.config;
+  const int64_t E = cfg.n_embd, V = cfg.n_vocab, H = cfg.n_head;
+  if (E <= 0 || V <= 0 || cfg.n_layer <= 0 || H <= 0) return Error{f.path + ": inconsistent model config"};
+  MlaWeights w;
+  RILL_ASSIGN_OR_RETURN(w.params, read_mla_params(f));
+  const MlaParams& p = w.params;
+  RILL_ASSIGN_OR_RETURN(w.embed, bind_matrix(f, "model.embed_tokens.weight", V, E));
+  w.tied = !f.find("lm_head.weight");
+  w.lm_head = w.embed;
+  if (!w.tied) {
+    RILL_ASSIGN_OR_RETURN(w.lm_head, bind_matrix(f, "lm_head.weight", V, E));
+  }
+  RILL_ASSIGN_OR_RETURN(w.final_norm, load_vector(f, "model.norm.weight", E));
+  w.all_f32 = w.embed.dtype == DType::kF32;
+  w.layers.resize(static_cast<size_t>(cfg.n_layer));
+  for (int64_t il = 0; il < cfg.n_layer; ++il) {
+    MlaLayerWeights& L = w.layers[static_cast<size_t>(il)];
+    const std::string pre = "model.layers." + std::to_string(il) + ".";
+    const std::string at = pre + "self_attn.";
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, pre + "input_layernorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, pre + "post_attention_layernorm.weight", E));
+    if (p.q_lora_rank > 0) {
+      RILL_ASSIGN_OR_RETURN(L.q_a, bind_linear(f, at + "q_a_proj", p.q_lora_rank, E));
+      RILL_ASSIGN_OR_RETURN(L.q_a_norm, load_vector(f, at + "q_a_layernorm.weight", p.q_lora_rank));
+      RILL_ASSIGN_OR_RETURN(L.q_b, bind_linear(f, at + "q_b_proj", H * p.qk_dim(), p.q_lora_rank));
+    } else {
+      RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, at + "q_proj", H * p.qk_dim(), E));
+    }
+    RILL_ASSIGN_OR_RETURN(L.kv_a, bind_linear(f, at + "kv_a_proj_with_mqa", p.kv_lora_rank + p.rope, E));
+    RILL_ASSIGN_OR_RETURN(L.kv_norm, load_vector(f, at + "kv_a_layernorm.weight", p.kv_lora_rank));
+    RILL_ASSIGN_OR_RETURN(const WeightView kv_b,
+                          bind_matrix(f, at + "kv_b_proj.weight", H * (p.nope + p.v_dim), p.kv_lora_rank));
+    const Status split = split_kv_b(kv_b, p, H, L);
+    if (!split.ok()) return Error{f.path + ": '" + at + "kv_b_proj.weight': " + split.error().message};
+    w.kv_b_dtype = kv_b.dtype;
+    RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, at + "o_proj", E, H * p.v_dim));
+    if (is_moe_layer(cfg, il)) {
+      MoeNames names;
+      names.shared_expert = "shared_experts";
+      RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind(f, pre + "mlp.", p.moe, names));
+    } else {
+      if (cfg.n_ff <= 0)
+        return Error{f.path + ": intermediate_size is missing (dense layer " + std::to_string(il) + ")"};
+      RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, pre + "mlp.gate_proj", cfg.n_ff, E));
+      RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, pre + "mlp.up_proj", cfg.n_ff, E));
+      RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, pre + "mlp.down_proj", E, cfg.n_ff));
+      w.all_f32 = w.all_f32 && L.gate.w.dtype == DType::kF32;
+    }
+    w.all_f32 = w.all_f32 && L.kv_a.w.dtype == DType::kF32 && kv_b.dtype == DType::kF32;
+  }
+  cpu::RopeScalingParams rs = rope_scaling_params(cfg.rope_scaling);
+  if (p.rope_attention_factor) rs.attention_factor = p.rope_attention_factor;
+  w.rope = cpu::make_rope_table(cfg.rope_theta, p.rope, p.interleaved, rs);
+  return w;
+}
+
+// --- The graph, for every device ----------------------------------------------
+
+struct MlaLayer {
+  Vec attn_norm, ffn_norm, q_a_norm, kv_norm;  // q_a_norm with q_lora_rank
+  Weight w_a;                                  // [q_lora | kv_a] or [q | kv_a] rows, one matmul of h
+  Weight q_b;                                  // [H qk, q_lora], with q_lora_rank
+  Weight wk_t;                                 // [H kv_lora, nope]
+  Weight wv;                                   // [H v, kv_lora]
+  Weight wo;                                   // [E, H v]
+  Weight w_gate_up, w_down;                    // dense FFN
+  bool is_moe = false;                         // MlaHooks::moe_ffn instead
+};
+
+struct MlaGraph {
+  int64_t E = 0, F = 0, V = 0, H = 0;
+  MlaParams p;
+  float eps = 1e-6f;
+  Weight embed, lm_head;
+  Vec final_norm;
+  std::vector<MlaLayer> layers;
+  Rope rope;
+
+  int64_t q_width() const { return H * p.qk_dim(); }
+  int64_t kv_a_width() const { return p.kv_lora_rank + p.rope; }
+  // w_a's output: the q_a rows (or q's), then kv_a's.
+  int64_t a_width() const { return (p.q_lora_rank > 0 ? p.q_lora_rank : q_width()) + kv_a_width(); }
+  LatentKvRow kv_row() const { return {static_cast<int32_t>(p.kv_lora_rank), static_cast<int32_t>(p.rope)}; }
+  StepLimits step_limits(int64_t max_tokens, int64_t max_sample) const {
+    StepLimits l;
+    l.max_tokens = max_tokens;
+    l.n_head = static_cast<int32_t>(H);
+    l.head_dim = static_cast<int32_t>(p.qk_dim());
+    l.embedding = &embed;
+    l.lm_head = &lm_head;
+    l.max_head_tokens = max_sample;
+    l.max_head_cols = std::max(p.nope, p.kv_lora_rank);
+    return l;
+  }
+};
+
+Status place_pass(Backend& b, const MlaWeights& w, MlaGraph& g) {
+  RILL_TRY(place_embedding_and_head(b, w.embed, w.lm_head, w.tied, w.final_norm, g.embed, g.lm_head, g.final_norm));
+  const MlaParams& p = w.params;
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    const std::string pre = "layers." + std::to_string(il) + ".";
+    const MlaLayerWeights& h = w.layers[il];
+    MlaLayer& L = g.layers[il];
+    auto vec = [&](const std::vector<float>& v, const std::string& name) {
+      return b.place_vector(v.data(), static_cast<int64_t>(v.size()), pre + name);
+    };
+    RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
+    RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "post_attention_layernorm.weight"));
+    RILL_ASSIGN_OR_RETURN(L.kv_norm, vec(h.kv_norm, "self_attn.kv_a_layernorm.weight"));
+    const HostMatrix a[] = {host_matrix(p.q_lora_rank > 0 ? h.q_a.w : h.q.w), host_matrix(h.kv_a.w)};
+    RILL_ASSIGN_OR_RETURN(L.w_a, b.place(a, 2, pre + "self_attn.{q_a|q}_proj+kv_a_proj_with_mqa"));
+    if (p.q_lora_rank > 0) {
+      RILL_ASSIGN_OR_RETURN(L.q_a_norm, vec(h.q_a_norm, "self_attn.q_a_layernorm.weight"));
+      const HostMatrix qb = host_matrix(h.q_b.w);
+      RILL_ASSIGN_OR_RETURN(L.q_b, b.place(&qb, 1, pre + "self_attn.q_b_proj"));
+    }
+    const size_t es = w.kv_b_dtype == DType::kF32 ? 4 : 2;
+    const HostMatrix wk{h.wk_t.data(), w.kv_b_dtype, g.H * p.kv_lora_rank, p.nope, static_cast<size_t>(p.nope) * es};
+    RILL_ASSIGN_OR_RETURN(L.wk_t, b.place(&wk, 1, pre + "self_attn.kv_b_proj (K part, transposed)"));
+    const HostMatrix wv{h.wv.data(), w.kv_b_dtype, g.H * p.v_dim, p.kv_lora_rank,
+                        static_cast<size_t>(p.kv_lora_rank) * es};
+    RILL_ASSIGN_OR_RETURN(L.wv, b.place(&wv, 1, pre + "self_attn.kv_b_proj (V part)"));
+    const HostMatrix om = host_matrix(h.o.w);
+    RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, pre + "self_attn.o_proj"));
+    if (h.moe) continue;
+    const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
+    RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, pre + "mlp.{gate,up}_proj"));
+    const HostMatrix dm = host_matrix(h.down.w);
+    RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, pre + "mlp.down_proj"));
+  }
+  RILL_ASSIGN_OR_RETURN(g.rope, b.place_rope(w.rope));
+  return Status::Ok();
+}
+
+// Places w through `b` inside one Backend::place_model(). Errors name the tensor.
+Result<MlaGraph> place_mla(Backend& b, const ModelConfig& cfg, const MlaWeights& w) {
+  if (!b.has_mla_ops()) {
+    return Error{std::string("the ") + b.name() + " Backend has no multi-head latent attention ops yet (" +
+                 cfg.architecture + " runs on the CPU)"};
+  }
+  MlaGraph g;
+  g.E = cfg.n_embd;
+  g.V = cfg.n_vocab;
+  g.H = cfg.n_head;
+  g.p = w.params;
+  g.eps = cfg.rms_norm_eps;
+  g.layers.assign(w.layers.size(), MlaLayer{});
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    g.layers[il].is_moe = w.layers[il].moe.has_value();
+    if (!g.layers[il].is_moe) g.F = std::max(g.F, w.layers[il].gate.n_out());
+  }
+  RILL_TRY(b.place_model([&] { return place_pass(b, w, g); }));
+  return g;
+}
+
+// Activation views for up to the limit's tokens (rows), each dense, F32:
+//   x [T, E] residual; h [T, E] normed; a [T, a_width]; qn [T, q_lora];
+//   q [T, H qk]; q_lat, lat [T, H kv_lora]; attn [T, H v]; gu [T, 2 F];
+//   mlp [T, F]; final_rows [S, E].
+struct MlaActivations {
+  Tensor x, h, a, qn, q, q_lat, lat, attn, gu, mlp, final_rows;
+};
+
+// What a runtime adds to the graph: the MoE FFN of layer il over the normed
+// rows h [n, E], added into the residual x [n, E] (until MoE is a Backend op).
+class MlaHooks {
+ public:
+  virtual ~MlaHooks() = default;
+  virtual Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) = 0;
+};
+
+// One step: embedding, every layer, the final norm of the sample rows and
+// logits [n_sample, V] F32. kv: every layer's cache (rows of
+// MlaGraph::kv_row(), group 0). Backend ops only, plus the MoE hook.
+Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const MlaActivations& a,
+                   const std::vector<KvCacheView>& kv, Tensor logits, MlaHooks& hooks) {
+  const int64_t n = md.n_tokens;
+  const MlaParams& p = g.p;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), act_a = a.a.rows_from(0, n);
+  const Tensor q_lat = a.q_lat.rows_from(0, n), lat = a.lat.rows_from(0, n), attn = a.attn.rows_from(0, n);
+  const bool q_lora = p.q_lora_rank > 0;
+  const Tensor q = q_lora ? a.q.rows_from(0, n) : act_a.cols_from(0, g.q_width());
+  const float eps = g.eps;
+  b.embed(g.embed, md.ids, n, x);
+  if (p.embed_scale != 1.0f) b.scale(x, p.embed_scale);
+  b.rms_norm(x, nullptr, g.layers[0].attn_norm, eps, 0.0f, h);
+  LatentKvOp st;
+  st.q = q;
+  st.kv = act_a.cols_from(g.a_width() - g.kv_a_width(), g.kv_a_width());
+  st.n_head = static_cast<int32_t>(g.H);
+  st.q_head_dim = static_cast<int32_t>(p.qk_dim());
+  st.q_rope_col = static_cast<int32_t>(p.nope);
+  st.kv_lora_rank = static_cast<int32_t>(p.kv_lora_rank);
+  st.rope_dim = static_cast<int32_t>(p.rope);
+  st.norm_eps = eps;
+  st.rope = g.rope;
+  LatentAttentionOp at;
+  at.q_latent = q_lat;
+  at.q_rope = q.cols_from(p.nope, g.q_width() - p.nope);
+  at.q_rope_step = p.qk_dim();
+  at.out = lat;
+  at.n_head = st.n_head;
+  at.kv_lora_rank = st.kv_lora_rank;
+  at.rope_dim = st.rope_dim;
+  at.scale = p.attn_scale;
+  for (size_t il = 0; il < g.layers.size(); ++il) {
+    const MlaLayer& L = g.layers[il];
+    RILL_TRY(b.matmul(L.w_a, h, act_a, false));
+    if (q_lora) {
+      const Tensor qn = a.qn.rows_from(0, n);
+      b.rms_norm(act_a.cols_from(0, p.q_lora_rank), nullptr, L.q_a_norm, eps, 0.0f, qn);
+      RILL_TRY(b.matmul(L.q_b, qn, q, false));
+    }
+    st.kv_norm = L.kv_norm;
+    st.kv_cache = kv[il];
+    b.rope_store_latent(st, md);
+    b.matmul_heads(L.wk_t, st.n_head, q, p.qk_dim(), q_lat, p.kv_lora_rank);
+    at.kv = kv[il];
+    b.latent_attention(at, md);
+    b.matmul_heads(L.wv, st.n_head, lat, p.kv_lora_rank, attn, p.v_dim);
+    // MiniCPM3's residual scale on o_proj's input: o is linear, so x +=
+    // o(s attn) is x += s o(attn) within rounding.
+    if (p.residual_scale != 1.0f) b.scale(attn, p.residual_scale);
+    RILL_TRY(b.matmul(L.wo, attn, x, true));
+    b.rms_norm(x, nullptr, L.ffn_norm, eps, 0.0f, h);
+    if (L.is_moe) {
+      RILL_TRY(hooks.moe_ffn(static_cast<int64_t>(il), h, x, md));
+    } else {
+      const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
+      RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
+      b.glu(Glu::kSilu, gu, mlp);
+      if (p.residual_scale != 1.0f) b.scale(mlp, p.residual_scale);
+      RILL_TRY(b.matmul(L.w_down, mlp, x, true));
+    }
+    if (il + 1 < g.layers.size()) b.rms_norm(x, nullptr, g.layers[il + 1].attn_norm, eps, 0.0f, h);
+  }
+  if (md.n_sample <= 0) return Status::Ok();
+  const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
+  b.rms_norm(x, md.sample_rows, g.final_norm, eps, 0.0f, final_rows);
+  if (p.logit_scale != 1.0f) b.scale(final_rows, p.logit_scale);
+  return b.matmul(g.lm_head, final_rows, logits, false);
+}
+
+// --- The CPU runtime ------------------------------------------------------------
+
+class MlaModel final : public CpuPagedModel, private MlaHooks {
+ public:
+  MlaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
+      : CpuPagedModel(std::move(files), options.n_threads) {}
+
+  Status init(const ModelOptions& options);
+  Status forward(const Batch& batch, float* logits) override;
+  // Every layer keeps its latent rows in group 0 (one row split over the K
+  // and V planes: row_bytes is one plane's).
+  std::vector<KvLayer> kv_layers() const override {
+    return std::vector<KvLayer>(w_.layers.size(), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
+  }
+
+ private:
+  Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override {
+    (void)step;
+    const int64_t n = x.rows;
+    w_.layers[static_cast<size_t>(il)].moe->forward(h.f32(), n, moe_out_.data(), moe_scratch_, *backend_);
+    backend_->add_inplace(x.f32(), moe_out_.data(), n * x.cols);
+    return Status::Ok();
+  }
+
+  std::unique_ptr<Backend> device_;  // on backend_'s threads
+  MlaWeights w_;                     // the CPU Backend views kv_b's copies; the MoE experts
+  MlaGraph graph_;
+  std::vector<float> x_, h_, a_, qn_, q_, q_lat_, lat_, attn_, gu_, mlp_, final_rows_;  // f32
+  MlaActivations act_;
+  std::vector<float> moe_out_;
+  MoeScratch moe_scratch_;
+  CpuStepArrays step_;
+  std::vector<KvCacheView> kv_views_;  // per layer
+};
+
+Status MlaModel::init(const ModelOptions& options) {
+  RILL_ASSIGN_OR_RETURN(w_, bind_mla(*files_));
+  device_ = make_cpu_backend_on(*backend_->pool());
+  RILL_ASSIGN_OR_RETURN(graph_, place_mla(*device_, cfg_, w_));
+  set_limits(options);
+  kv_spec_ = {full()};
+  // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise f16.
+  RILL_TRY(create_kv(options, cfg_.n_layer, graph_.kv_row().plane_width(), w_.all_f32 ? DType::kF32 : DType::kF16));
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) kv_views_.push_back(kv_.layer_view(il));
+
+  const int64_t T = max_tokens_, H = graph_.H;
+  const MlaParams& p = graph_.p;
+  auto view = [](std::vector<float>& v, int64_t rows, int64_t cols) {
+    v.resize(static_cast<size_t>(rows * cols));
+    return Tensor::dense(v.data(), DType::kF32, rows, cols);
+  };
+  act_ = {view(x_, T, graph_.E),
+          view(h_, T, graph_.E),
+          view(a_, T, graph_.a_width()),
+          view(qn_, T, p.q_lora_rank),
+          view(q_, T, p.q_lora_rank > 0 ? graph_.q_width() : 0),
+          view(q_lat_, T, H * p.kv_lora_rank),
+          view(lat_, T, H * p.kv_lora_rank),
+          view(attn_, T, H * p.v_dim),
+          view(gu_, T, 2 * graph_.F),
+          view(mlp_, T, graph_.F),
+          view(final_rows_, max_seqs_, graph_.E)};
+  std::vector<const WeightView*> moe_weights;
+  for (const MlaLayerWeights& L : w_.layers) {
+    if (!L.moe) continue;
+    moe_scratch_.reserve(L.moe->params(), max_tokens_);
+    moe_out_.resize(static_cast<size_t>(T * graph_.E));
+    L.moe->collect_weights(&moe_weights);
+  }
+  if (!moe_weights.empty()) {
+    backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), max_tokens_);
+  }
+  step_.reserve(T);
+  return device_->reserve(graph_.step_limits(T, max_seqs_));
+}
+
+Status MlaModel::forward(const Batch& batch, float* logits) {
+  if (batch.n_tokens() <= 0) return {};
+  BatchLimits lim;
+  lim.max_tokens = max_tokens_;
+  lim.max_sample_rows = max_seqs_;
+  lim.n_ctx = n_ctx_;
+  lim.n_vocab = cfg_.n_vocab;
+  lim.block_size = kv_.block_size();
+  lim.n_blocks = kv_.n_blocks();
+  RILL_TRY(check_batch(batch, lim, kv_spec_));
+  const StepMetadata md = step_metadata(batch, step_);
+  return mla_forward(*device_, graph_, md, act_, kv_views_,
+                     Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> create_mla_cpu_model(std::shared_ptr<const ModelFiles> files,
+                                                    const ModelOptions& options) {
+  return init_model(std::make_unique<MlaModel>(std::move(files), options), options);
+}
+
+Result<std::unique_ptr<Model>> create_mla_cuda_model(std::shared_ptr<const ModelFiles> files,
+                                                     const ModelOptions& options) {
+#if RILL_HAVE_CUDA
+  (void)options;
+  return Error{files->path + ": " + files->config.architecture +
+               " has no CUDA implementation yet (the CUDA Backend lacks the multi-head latent attention ops); "
+               "run it on the CPU"};
+#else
+  (void)files;
+  (void)options;
+  return cuda_not_built();
+#endif
+}
+
+}  // namespace rill
