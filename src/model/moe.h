@@ -80,7 +80,6 @@ struct MoeWeights {
   Linear router;                        // [n_expert, n_embd]
   std::vector<GluFfnWeights> experts;   // n_expert of them
   std::optional<GluFfnWeights> shared;  // with n_ff_shared
-  Linear shared_gate;                   // [1, n_embd]; with `shared`
   // Multiplies each chosen expert's weight after the top-k (and its
   // renormalisation): Gemma 4's per_expert_scale. Empty: 1.
   std::vector<float> expert_scale;  // [n_expert]
