@@ -130,7 +130,12 @@ TEST_P(CudaGemma, Bf16WeightsMatchTheCpuWithinBf16Error) {
     max_err = std::max(max_err, std::fabs(double((*lc)[i]) - (*lg)[i]));
     max_ref = std::max(max_ref, std::fabs(double((*lc)[i])));
   }
-  EXPECT_LT(max_err, 0.03 * max_ref) << GetParam();
+  // bf16 rounding of weights and activations: 3% of the largest logit for
+  // Gemma 2/3; Gemma 4's per-layer embeddings and extra norms carry more
+  // bf16 steps (3.5% measured on the H200, 2026-12-02; its f32 golden
+  // holds 1e-3 above).
+  const double bound = GetParam().rfind("gemma4", 0) == 0 ? 0.05 : 0.03;
+  EXPECT_LT(max_err, bound * max_ref) << GetParam();
   std::printf("[ cuda bf16 ] %s: max |gpu - cpu| = %.3g (max |logit| %.3g)\n", GetParam().c_str(), max_err, max_ref);
 }
 
