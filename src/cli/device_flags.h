@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "cli/kv_type_flags.h"
 #include "model/model.h"
 
 namespace rill::cli {
@@ -15,6 +16,7 @@ struct DeviceFlags {
   int tensor_parallel = 1;
   bool batch_invariant = false;
   bool host_sampling = false;
+  KvTypeFlags kv_types;  // --kv-type, --kv-type-k, --kv-type-v, --kv-config
 
   Device value() const { return device == "cuda" ? Device::kCuda : Device::kCpu; }
   void add_to(CLI::App* app) {
@@ -34,6 +36,7 @@ struct DeviceFlags {
     app->add_flag("--host-sampling", host_sampling,
                   "with --device cuda: copy the logits of sampled (non-greedy) rows to the host and sample there "
                   "instead of on the device (the same tokens; for comparing the two)");
+    kv_types.add_to(app);
   }
 };
 

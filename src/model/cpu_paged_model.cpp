@@ -14,9 +14,15 @@ void CpuPagedModel::set_limits(const ModelOptions& options) {
   max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
 }
 
-Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype) {
+Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, int64_t head_dim,
+                                DType dtype) {
   const int32_t bs = std::max(1, options.kv_block_size);
-  const size_t token_bytes = 2 * static_cast<size_t>(n_layers) * row_bytes(dtype, kv_width);
+  RILL_ASSIGN_OR_RETURN(std::vector<KvLayerTypes> types, options.kv_types.resolve(n_layers, dtype));
+  if (Status st = check_kv_types(types, kv_width / head_dim, head_dim); !st.ok())
+    return Error{files_->path + ": " + st.error().message};
+  size_t token_bytes = 0;
+  for (const KvLayerTypes& t : types) token_bytes += row_bytes(t.k.dtype, kv_width) + row_bytes(t.v.dtype, kv_width);
+  kv_types_desc_ = describe_kv_types(types, dtype);
   const int64_t n_blocks = options.kv_cache_bytes > 0
                                ? options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(bs))
                                : std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / bs);
@@ -25,8 +31,8 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, i
                  " bytes holds no whole block of " + std::to_string(bs) + " tokens (" + std::to_string(token_bytes) +
                  " bytes per token)"};
   }
-  RILL_ASSIGN_OR_RETURN(
-      kv_, PagedKvCache::create(n_layers, static_cast<int32_t>(n_blocks), options.kv_block_size, kv_width, dtype));
+  RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create(static_cast<int32_t>(n_blocks), options.kv_block_size,
+                                                  kv_width / head_dim, head_dim, std::move(types)));
   return {};
 }
 
@@ -121,7 +127,9 @@ StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) 
 }
 
 std::string CpuPagedModel::kv_numerics() const {
-  return std::string("cpu ") + cpu::isa_name(cpu::best_isa());
+  std::string s = std::string("cpu ") + cpu::isa_name(cpu::best_isa());
+  if (!kv_types_desc_.empty()) s += " " + kv_types_desc_;
+  return s;
 }
 
 }  // namespace rill

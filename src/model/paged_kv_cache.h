@@ -4,8 +4,11 @@
 // sequence the caller's block table assigns it to.
 //
 // Layout, block-major: block b is one span of every layer's K then V rows,
-// [n_blocks][n_layer][K, V][block_size, kv_width] in `dtype` (F32 or F16),
-// so a sequence's KV for all layers sits in a few large regions. Memory is
+// [n_blocks][n_layer][K, V][block_size, row bytes of that side's type], so a
+// sequence's KV for all layers sits in a few large regions. Each layer's K
+// and V have their own KV type (model/kv_types.h: f32, f16, bf16 or GGML
+// blocks, optionally Hadamard-rotated), so row bytes differ by layer and
+// side and layers sit at per-layer offsets within a span. Memory is
 // reserved lazily in transparent huge pages (LazyBuffer): pages become
 // resident as blocks are first written, and the pool hands out low block ids
 // first, so resident size follows the peak number of blocks in use (in 2 MiB
@@ -14,36 +17,46 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/host_ops.h"
 #include "core/dtype.h"
 #include "core/lazy_buffer.h"
 #include "core/result.h"
+#include "model/kv_types.h"
 
 namespace rill {
 
 class PagedKvCache {
  public:
-  // block_size: a power of two.
+  // block_size: a power of two; types: one per layer; rows of n_head_kv
+  // heads of head_dim (check_kv_types() holds for them).
+  static Result<PagedKvCache> create(int32_t n_blocks, int32_t block_size, int64_t n_head_kv, int64_t head_dim,
+                                     std::vector<KvLayerTypes> types);
+  // Every layer's K and V in dtype (F32 or F16), rows of kv_width.
   static Result<PagedKvCache> create(int64_t n_layer, int32_t n_blocks, int32_t block_size, int64_t kv_width,
                                      DType dtype);
 
   int64_t n_layers() const { return n_layer_; }
   int32_t n_blocks() const { return n_blocks_; }
   int32_t block_size() const { return block_size_; }
-  DType dtype() const { return dtype_; }
-  size_t row_bytes() const { return row_bytes_; }
-  size_t bytes_per_token() const { return 2 * static_cast<size_t>(n_layer_) * row_bytes_; }
+  const KvLayerTypes& types(int64_t layer) const { return types_[static_cast<size_t>(layer)]; }
+  size_t k_row_bytes(int64_t layer) const { return k_row_[static_cast<size_t>(layer)]; }
+  size_t v_row_bytes(int64_t layer) const { return v_row_[static_cast<size_t>(layer)]; }
+  // Bytes one token takes in every layer, K and V.
+  size_t bytes_per_token() const { return token_bytes_; }
 
   // Stores f32 rows [n, kv_width] of one sequence at positions pos[i],
-  // placed through the sequence's block table. Rows are src_stride floats
-  // apart. Requires table[pos[i] / block_size] to be a valid block.
+  // placed through the sequence's block table, in the layer's types. Rows
+  // are src_stride floats apart. Requires table[pos[i] / block_size] to be
+  // a valid block.
   void store(int64_t layer, std::span<const int32_t> table, const float* k_rows, const float* v_rows,
              const int32_t* pos, int64_t n, int64_t src_stride) const;
 
   // Copies one layer's K and V rows of one block (block_size rows of
-  // row_bytes()) out to k / v, or in from them (prefix-cache tiers).
+  // k_row_bytes() / v_row_bytes()) out to k / v, or in from them
+  // (prefix-cache tiers).
   void copy_block_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const;
   void copy_block_in(int64_t layer, int32_t block, const uint8_t* k, const uint8_t* v) const;
 
@@ -51,28 +64,24 @@ class PagedKvCache {
   PagedKv view(int64_t layer, std::span<const int32_t> table) const;
   // One layer's K/V as a Backend addresses them (block-major: blocks
   // span_bytes() apart).
-  KvCacheView layer_view(int64_t layer) const {
-    return {k_base(layer), v_base(layer), dtype_, block_shift_, span_bytes(), row_bytes_};
-  }
+  KvCacheView layer_view(int64_t layer) const;
 
  private:
-  // Bytes of one layer's K (or V) rows of one block.
-  size_t block_bytes() const { return static_cast<size_t>(block_size_) * row_bytes_; }
   // Bytes of one block across all layers: the distance between blocks.
-  size_t span_bytes() const { return static_cast<size_t>(n_layer_) * 2 * block_bytes(); }
-  // K (V) rows of `layer` in block 0.
-  uint8_t* k_base(int64_t layer) const { return buffer_.data() + static_cast<size_t>(layer) * 2 * block_bytes(); }
-  uint8_t* v_base(int64_t layer) const { return k_base(layer) + block_bytes(); }
-  uint8_t* row(uint8_t* base, std::span<const int32_t> table, int32_t pos) const {
+  size_t span_bytes() const { return span_; }
+  uint8_t* k_base(int64_t layer) const { return buffer_.data() + k_off_[static_cast<size_t>(layer)]; }
+  uint8_t* v_base(int64_t layer) const { return buffer_.data() + v_off_[static_cast<size_t>(layer)]; }
+  uint8_t* row(uint8_t* base, std::span<const int32_t> table, int32_t pos, size_t row_bytes) const {
     return base + static_cast<size_t>(table[static_cast<size_t>(pos >> block_shift_)]) * span_bytes() +
-           static_cast<size_t>(pos & (block_size_ - 1)) * row_bytes_;
+           static_cast<size_t>(pos & (block_size_ - 1)) * row_bytes;
   }
 
   LazyBuffer buffer_;
-  int64_t n_layer_ = 0, kv_width_ = 0;
+  int64_t n_layer_ = 0, n_head_kv_ = 0, head_dim_ = 0;
   int32_t n_blocks_ = 0, block_size_ = 16, block_shift_ = 4;
-  size_t row_bytes_ = 0;
-  DType dtype_ = DType::kF32;
+  std::vector<KvLayerTypes> types_;
+  std::vector<size_t> k_row_, v_row_, k_off_, v_off_;  // per layer; offsets within a span
+  size_t span_ = 0, token_bytes_ = 0;
 };
 
 }  // namespace rill

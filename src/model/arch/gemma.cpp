@@ -315,7 +315,10 @@ class GemmaModel final : public CpuPagedModel {
 
   Status init(const ModelOptions& options);
   Status forward(const Batch& batch, float* logits) override;
-  std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_.dtype(), kv_.row_bytes()); }
+  std::vector<KvLayer> kv_layers() const override {
+    const std::vector<KvLayer> groups = graph_.kv_layers(DType::kF16, 0);
+    return cache_kv_layers([&](int64_t l) { return groups[static_cast<size_t>(l)].group; });
+  }
 
  private:
   std::unique_ptr<Backend> device_;  // on backend_'s threads
@@ -340,7 +343,7 @@ Status GemmaModel::init(const ModelOptions& options) {
   for (const GemmaLayerWeights& L : w.layers) {
     all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
   }
-  RILL_TRY(create_kv(options, cfg_.n_layer, graph_.KV, all_f32 ? DType::kF32 : DType::kF16));
+  RILL_TRY(create_kv(options, cfg_.n_layer, graph_.KV, graph_.hd, all_f32 ? DType::kF32 : DType::kF16));
   for (int64_t il = 0; il < cfg_.n_layer; ++il) kv_views_.push_back(kv_.layer_view(il));
 
   const int64_t T = max_tokens_;
