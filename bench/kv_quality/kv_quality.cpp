@@ -4,7 +4,7 @@
 // prints the perplexity of the text, the mean KL divergence
 // KL(p_f16 || p_type) of the next-token distributions over every position,
 // the share of positions whose argmax differs, the KV bytes per token and
-// the tokens per GiB of KV against f16's.
+// the tokens per GiB of KV against f16's; KL and argmax also against f32 KV.
 //
 //   bench_kv_quality MODEL TEXT_FILE N_TOKENS [TYPE...]   (default: every type)
 #include <algorithm>
@@ -81,35 +81,54 @@ int run(int argc, char** argv) {
   std::vector<std::string> types;
   for (int i = 4; i < argc; ++i) types.emplace_back(argv[i]);
   if (types.empty()) types = {"f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "q4_0h"};
+  // Two references: f16 KV (the default, llama.cpp's rounding: the query
+  // and the probabilities rounded to f16) and f32 KV (exact arithmetic), so
+  // a type's distance from f16 can be told apart from f16's own.
   auto ref = score(*files, ids, "f16");
   if (!ref.ok()) return std::fprintf(stderr, "%s\n", ref.error().message.c_str()), 1;
+  auto ref32 = score(*files, ids, "f32");
+  if (!ref32.ok()) return std::fprintf(stderr, "%s\n", ref32.error().message.c_str()), 1;
   const size_t V = ref->logp.size() / n;
-  std::printf("model %s, text %s, %zu tokens; KL(f16 || type) per position, mean over %zu positions\n", argv[1],
+  std::printf("model %s, text %s, %zu tokens; KL(ref || type) per position, mean over %zu positions\n", argv[1],
               argv[2], n, n - 1);
-  std::printf("%-6s %12s %12s %12s %10s %12s %10s %8s\n", "type", "perplexity", "ppl vs f16", "mean KL",
-              "argmax!=", "KV B/token", "tok/GiB x", "score s");
-  for (const std::string& t : types) {
-    if (!parse_kv_type(t)) return std::fprintf(stderr, "unknown KV type %s\n", t.c_str()), 1;
-    auto s = score(*files, ids, t.c_str());
-    if (!s.ok()) return std::fprintf(stderr, "%s: %s\n", t.c_str(), s.error().message.c_str()), 1;
-    double nll = 0, nll_ref = 0, kl = 0;
-    size_t flips = 0;
+  std::printf("%-6s %11s %11s %12s %12s %9s %9s %11s %9s %8s\n", "type", "perplexity", "ppl vs f16", "KL vs f16",
+              "KL vs f32", "top1!=f16", "top1!=f32", "KV B/token", "tok/GiB x", "score s");
+  auto row = [&](const std::string& t, const Scored& s) {
+    double nll = 0, nll_ref = 0, kl = 0, kl32 = 0;
+    size_t flips = 0, flips32 = 0;
     for (size_t r = 0; r + 1 < n; ++r) {
       const float* p = ref->logp.data() + r * V;
-      const float* q = s->logp.data() + r * V;
+      const float* p32 = ref32->logp.data() + r * V;
+      const float* q = s.logp.data() + r * V;
       nll -= q[ids[r + 1]];
       nll_ref -= p[ids[r + 1]];
-      double k = 0;
-      for (size_t i = 0; i < V; ++i) k += std::exp(double{p[i]}) * (double{p[i]} - q[i]);
+      double k = 0, k32 = 0;
+      for (size_t i = 0; i < V; ++i) {
+        k += std::exp(double{p[i]}) * (double{p[i]} - q[i]);
+        k32 += std::exp(double{p32[i]}) * (double{p32[i]} - q[i]);
+      }
       kl += k;
-      flips += std::max_element(p, p + V) - p != std::max_element(q, q + V) - q;
+      kl32 += k32;
+      const auto top = std::max_element(q, q + V) - q;
+      flips += std::max_element(p, p + V) - p != top;
+      flips32 += std::max_element(p32, p32 + V) - p32 != top;
     }
     const double m = static_cast<double>(n - 1);
     const double ppl = std::exp(nll / m), ppl_ref = std::exp(nll_ref / m);
-    std::printf("%-6s %12.4f %+11.3f%% %12.3e %9.2f%% %12zu %10.3f %8.1f\n", t.c_str(), ppl,
-                100.0 * (ppl / ppl_ref - 1.0), kl / m, 100.0 * static_cast<double>(flips) / m, s->kv_bytes_per_token,
-                static_cast<double>(ref->kv_bytes_per_token) / static_cast<double>(s->kv_bytes_per_token), s->seconds);
+    std::printf("%-6s %11.4f %+10.3f%% %12.3e %12.3e %8.2f%% %8.2f%% %11zu %9.3f %8.1f\n", t.c_str(), ppl,
+                100.0 * (ppl / ppl_ref - 1.0), kl / m, kl32 / m, 100.0 * static_cast<double>(flips) / m,
+                100.0 * static_cast<double>(flips32) / m, s.kv_bytes_per_token,
+                static_cast<double>(ref->kv_bytes_per_token) / static_cast<double>(s.kv_bytes_per_token), s.seconds);
     std::fflush(stdout);
+  };
+  row("f16", *ref);
+  row("f32", *ref32);
+  for (const std::string& t : types) {
+    if (!parse_kv_type(t)) return std::fprintf(stderr, "unknown KV type %s\n", t.c_str()), 1;
+    if (t == "f16" || t == "f32") continue;
+    auto s = score(*files, ids, t.c_str());
+    if (!s.ok()) return std::fprintf(stderr, "%s: %s\n", t.c_str(), s.error().message.c_str()), 1;
+    row(t, *s);
   }
   return 0;
 }
