@@ -110,6 +110,7 @@ EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Token
   model_ns_ = hash64(config_fingerprint(model_->config()));
   stats_.kv_blocks_total = pool_.n_blocks();
   stats_.kv_block_size = pool_.block_size();
+  stats_.kv_bytes_per_token = static_cast<int64_t>(model_->kv_bytes_per_token());
 }
 
 Status EngineImpl::start() {

@@ -303,7 +303,8 @@ void App::stats(std::shared_ptr<Responder> res) {
   nlohmann::json kv = {{"block_size", s.kv_block_size},
                        {"blocks_total", s.kv_blocks_total},
                        {"blocks_used", s.kv_blocks_used},
-                       {"blocks_cached", s.kv_blocks_cached}};
+                       {"blocks_cached", s.kv_blocks_cached},
+                       {"bytes_per_token", s.kv_bytes_per_token}};
   auto tier = [](const CacheTierStats& t) {
     return nlohmann::json{{"enabled", t.enabled},  {"bytes", t.bytes},     {"entries", t.entries},
                           {"hits", t.hits},        {"misses", t.misses},   {"evictions", t.evictions},
