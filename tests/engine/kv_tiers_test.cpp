@@ -754,6 +754,33 @@ TEST(KvTiers, DiskPrefixSurvivesARestartGemma4QuantizedKv) {
   }
 }
 
+// Quantized KV under tensor parallelism: each rank quantizes its own heads
+// (qwen3: 2 KV heads of 32, one q8_0 block per rank at tp=2); the file holds
+// the one-device row of both ranks' blocks side by side, and restores bit
+// for bit. Layers whose K and V types differ are refused by the tiers.
+TEST(KvTiers, TensorParallelQuantizedPrefixSurvivesARestart) {
+  EngineOptions o = with_kv(kv_all("q8_0"));
+  o.tensor_parallel = 2;
+  TmpDir dir;
+  const fs::path file = disk_round_trip(kGoldens + "qwen3", 512, 40, 32, o, &dir, DType::kQ8_0);
+  ASSERT_FALSE(file.empty());
+  auto h = read_kv_header(file.string());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_NE(h->identity.numerics.find("kv=q8_0"), std::string::npos) << h->identity.numerics;
+  EXPECT_NE(h->identity.numerics.find("tp=2"), std::string::npos) << h->identity.numerics;
+  for (const auto& layer : h->layers) EXPECT_EQ(layer.tensors[0].shape.back(), 64) << "2 KV heads of 32";
+
+  EngineOptions mixed;
+  mixed.tensor_parallel = 2;
+  mixed.kv_types.k = parse_kv_type("q8_0");
+  mixed.kv_types.v = parse_kv_type("q4_0");
+  mixed.cache_ram_mb = 16;
+  mixed.n_threads = 2;
+  auto r = Engine::load(kGoldens + "qwen3", mixed);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("different types"), std::string::npos) << r.error().message;
+}
+
 TEST(KvTiers, EvictedQuantizedPrefixComesBackFromTheRamTier) {
   if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
   EngineOptions o;
