@@ -172,6 +172,7 @@ struct EngineOptions {
   bool batch_invariant = false;      // kCuda: a request's tokens do not depend on the batch (ModelOptions)
   bool cuda_device_sampling = true;  // kCuda: sample on the device; false: logits to the host sampler (ModelOptions)
   WeightQuantization quantize = WeightQuantization::kNone;  // kCuda: --quantize fp8 (ModelOptions)
+  KvTypeOptions kv_types;                                   // KV storage types per layer and side (ModelOptions)
   bool check_integrity = false;                             // verify the KV structures after every step (tests; slow)
   // Prefix-cache tiers below the device cache (see engine/kv_tiers.h).
   int64_t cache_ram_mb = 0;      // host-RAM tier; 0: off
@@ -217,7 +218,7 @@ struct EngineStats {
   int32_t running = 0, waiting = 0;
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
   int32_t kv_block_size = 0;
-  int64_t kv_bytes_per_token = 0;  // one token's KV over every layer (Model::kv_bytes_per_token; MLA: latent rows)
+  int64_t kv_bytes_per_token = 0;  // K and V of every layer as stored (quantized KV: the real bytes; MLA: latent rows)
   CacheTierStats ram_tier, disk_tier;
   int64_t tier_restored_tokens = 0;  // prompt tokens loaded back from the RAM / disk tiers
   int64_t integrity_errors = 0;      // with EngineOptions::check_integrity

@@ -111,6 +111,21 @@ struct KvCacheView {
   int32_t block_shift = 4;
   size_t block_stride = 0;
   size_t row_bytes = 0;
+  // Quantized KV (model/kv_types.h, the CPU only): V's type and row bytes
+  // where V is stored apart from K (v_row_bytes 0: V as K, dtype and
+  // row_bytes); *_rotated: that side is Walsh-Hadamard rotated per head.
+  // dtype / v_dtype may then be BF16 or GGML blocks (Q8_0, Q4_0, Q4_1,
+  // Q5_0, Q5_1), quantized by rope_store_kv and read by attention in place.
+  DType v_dtype = DType::kF16;
+  size_t v_row_bytes = 0;
+  bool k_rotated = false, v_rotated = false;
+
+  DType v_type() const { return v_row_bytes ? v_dtype : dtype; }
+  size_t v_bytes() const { return v_row_bytes ? v_row_bytes : row_bytes; }
+  // K and V both F32 or both F16, unrotated: the original KV of every backend.
+  bool plain() const {
+    return (dtype == DType::kF32 || dtype == DType::kF16) && v_type() == dtype && !k_rotated && !v_rotated;
+  }
 };
 
 inline constexpr int kMaxKvGroups = 2;

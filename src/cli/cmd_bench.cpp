@@ -167,6 +167,12 @@ int run_bench(const BenchOptions& o) {
   eo.quantize = o.device.quantization();
   eo.cuda_device_sampling = !o.device.host_sampling;
   o.spec.apply(eo);
+  auto kv_types = o.device.kv_types.value();
+  if (!kv_types.ok()) {
+    std::fprintf(stderr, "rill bench: %s\n", kv_types.error().message.c_str());
+    return 2;
+  }
+  eo.kv_types = std::move(kv_types).value();
   eo.cache_ram_mb = o.tiers.cache_ram_mb;
   eo.cache_dir = o.tiers.cache_dir;
   eo.cache_disk_mb = o.tiers.cache_disk_mb;

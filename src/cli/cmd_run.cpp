@@ -56,6 +56,12 @@ int run_once(const RunOptions& o, Clock::time_point t_start) {
   lo.model.batch_invariant = o.device.batch_invariant;
   lo.model.quantize = o.device.quantization();
   lo.model.cuda_device_sampling = !o.device.host_sampling;
+  auto kv_types = o.device.kv_types.value();
+  if (!kv_types.ok()) {
+    std::fprintf(stderr, "rill run: %s\n", kv_types.error().message.c_str());
+    return 2;
+  }
+  lo.model.kv_types = std::move(kv_types).value();
   auto path = resolve_model_path(o.model);
   if (!path.ok()) {
     std::fprintf(stderr, "rill run: %s\n", path.error().message.c_str());

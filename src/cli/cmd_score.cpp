@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/kv_type_flags.h"
 #include "cli/loaded_model.h"
 #include "cli/parse_ids.h"
 #include "engine/sequence_runner.h"
@@ -17,6 +18,7 @@ Command add_score_command(CLI::App& app) {
     std::string ids;
     bool json = false;
     int threads = 0;
+    KvTypeFlags kv_types;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* sub = app.add_subcommand("score", "Print the logits of every position of a token sequence");
@@ -24,6 +26,7 @@ Command add_score_command(CLI::App& app) {
   sub->add_option("--ids", o->ids, "comma-separated token ids")->required();
   sub->add_flag("--json", o->json, "print {\"logits\": [[...], ...]} (the only output format)");
   sub->add_option("--threads", o->threads, "CPU threads (default: one per core)");
+  o->kv_types.add_to(sub);
   return {sub, [o]() -> int {
             auto ids = parse_ids(o->ids);
             if (!ids.ok()) {
@@ -34,6 +37,12 @@ Command add_score_command(CLI::App& app) {
             lo.need_tokenizer = false;
             lo.model.n_threads = o->threads;
             lo.model.n_ctx = static_cast<int64_t>(ids->size());
+            auto kv_types = o->kv_types.value();
+            if (!kv_types.ok()) {
+              std::fprintf(stderr, "rill score: %s\n", kv_types.error().message.c_str());
+              return 2;
+            }
+            lo.model.kv_types = std::move(kv_types).value();
             auto path = resolve_model_path(o->model);
             if (!path.ok()) {
               std::fprintf(stderr, "rill score: %s\n", path.error().message.c_str());

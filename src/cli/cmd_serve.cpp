@@ -136,6 +136,12 @@ int run_serve(ServeOptions& o) {
   o.engine.quantize = o.device.quantization();
   o.engine.cuda_device_sampling = !o.device.host_sampling;
   o.spec.apply(o.engine);
+  auto kv_types = o.device.kv_types.value();
+  if (!kv_types.ok()) {
+    std::fprintf(stderr, "rill serve: %s\n", kv_types.error().message.c_str());
+    return 2;
+  }
+  o.engine.kv_types = std::move(kv_types).value();
   auto engine = Engine::load(path, o.engine);
   if (!engine.ok()) {
     std::fprintf(stderr, "rill serve: %s\n", engine.error().message.c_str());

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "cli/kv_type_flags.h"
 #include "model/model.h"
 
 namespace rill::cli {
@@ -16,6 +17,7 @@ struct DeviceFlags {
   bool batch_invariant = false;
   bool host_sampling = false;
   std::string quantize = "none";
+  KvTypeFlags kv_types;  // --kv-type, --kv-type-k, --kv-type-v, --kv-config
 
   Device value() const { return device == "cuda" ? Device::kCuda : Device::kCpu; }
   WeightQuantization quantization() const {
@@ -42,6 +44,7 @@ struct DeviceFlags {
                     "quantize float weights at load: fp8 (with --device cuda: e4m3 with a scale per row, every "
                     "matrix but the embedding table; half the bytes of bf16) or none")
         ->check(CLI::IsMember({"none", "fp8"}));
+    kv_types.add_to(app);
   }
 };
 

@@ -66,6 +66,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   mo.batch_invariant = options.batch_invariant;
   mo.cuda_device_sampling = options.cuda_device_sampling;
   mo.quantize = options.quantize;
+  mo.kv_types = options.kv_types;
   if (options.device == Device::kCuda && options.kv_cache_mb <= 0) {  // size KV from device memory, not RAM
     mo.kv_cache_bytes = 0;
     mo.gpu_memory_fraction = options.gpu_memory_fraction;

@@ -39,7 +39,13 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
       }
     }
   }
-  for (const Model::KvLayer& l : t->layers_) {
+  for (size_t il = 0; il < t->layers_.size(); ++il) {
+    const Model::KvLayer& l = t->layers_[il];
+    if (l.v_row_bytes != 0) {
+      return Error{"--cache-ram-mb / --cache-dir: KV layer " + std::to_string(il) +
+                   " stores K and V in different types; the prefix cache tiers need one type per layer (give "
+                   "--kv-type, or the same k= and v= types in --kv-config)"};
+    }
     if (l.group < 0 || l.group >= static_cast<int32_t>(t->spec_.size()) || !t->spec_[l.group].is_attention()) {
       return Error{"--cache-ram-mb / --cache-dir: a KV layer names group " + std::to_string(l.group) +
                    ", which is not an attention group of the model"};

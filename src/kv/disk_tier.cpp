@@ -23,9 +23,10 @@ KvFileIdentity with_ns(KvFileIdentity id, uint64_t ns) {
   return id;
 }
 
-size_t dtype_bytes(DType t) {
+// Elements of a row of row_bytes bytes of t (GGML blocks included).
+int64_t row_elements(DType t, size_t row_bytes) {
   const DTypeInfo info = dtype_info(t);
-  return static_cast<size_t>(info.block_bytes) / static_cast<size_t>(info.block_size);
+  return static_cast<int64_t>(row_bytes / static_cast<size_t>(info.block_bytes)) * info.block_size;
 }
 
 // The run's resume rule (kv_min_resume_blocks) from a file's header; 0 when
@@ -179,7 +180,7 @@ Result<DiskTier::Written> DiskTier::write_file(const KvRun& run) const {
   std::vector<KvLayerData> layers(run.k.size());
   const auto n_tok = static_cast<int64_t>(run.tokens.size());
   for (size_t l = 0; l < run.k.size(); ++l) {
-    const auto width = static_cast<int64_t>(run.row_bytes[l] / dtype_bytes(run.dtypes[l]));
+    const int64_t width = row_elements(run.dtypes[l], run.row_bytes[l]);
     const int64_t first = static_cast<int64_t>(run.first_block[l]) * run.block_size;
     layers[l].kind = run.kinds[l];
     layers[l].window = run.windows[l];
@@ -262,13 +263,14 @@ std::optional<std::pair<KvRunPtr, int32_t>> DiskTier::find(std::span<const uint6
       ok = d.tensors.size() == 2 && d.tensors[0].name == "k" && d.tensors[1].name == "v" &&
            d.tensors[0].shape.size() == 2 && d.tensors[0].shape == d.tensors[1].shape &&
            d.tensors[0].dtype == d.tensors[1].dtype && d.first_token % options_.block_size == 0 &&
+           d.tensors[0].shape[1] % dtype_info(d.tensors[0].dtype).block_size == 0 &&
            d.tensors[0].shape[0] + d.first_token == static_cast<int64_t>(run->tokens.size());
       if (!ok) break;
       run->kinds.push_back(d.kind);
       run->windows.push_back(d.window);
       run->first_block.push_back(static_cast<int32_t>(d.first_token / options_.block_size));
       run->dtypes.push_back(d.tensors[0].dtype);
-      run->row_bytes.push_back(static_cast<size_t>(d.tensors[0].shape[1]) * dtype_bytes(d.tensors[0].dtype));
+      run->row_bytes.push_back(row_bytes(d.tensors[0].dtype, d.tensors[0].shape[1]));
       run->k.push_back(shared->tensor(l, 0));
       run->v.push_back(shared->tensor(l, 1));
     }

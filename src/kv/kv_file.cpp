@@ -67,7 +67,9 @@ bool parse_hex64(const json& j, uint64_t* out) {
 }
 
 bool parse_dtype(const std::string& s, DType* t) {
-  for (DType c : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+  // The KV cache's types (model/kv_types.h).
+  for (DType c :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
     if (dtype_name(c) == s) {
       *t = c;
       return true;
@@ -150,6 +152,8 @@ Status write_kv_file(const std::string& path, const KvFileIdentity& identity, st
                       {"shape", t.shape},
                       {"dtype", std::string(dtype_name(t.dtype))},
                       {"hash", hex64(hash64(t.bytes.data(), t.bytes.size()))}});
+        // Quantized tensors: the elements per scale block (GGML's layout of dtype).
+        if (dtype_info(t.dtype).quantized) jt.back()["groupSize"] = dtype_info(t.dtype).block_size;
         off = align_up(off + t.bytes.size());
       }
       json layer = {{"kind", kind_name(l.kind)}, {"tensors", std::move(jt)}};
@@ -310,6 +314,11 @@ Result<KvFileHeader> parse_kv_header(std::span<const uint8_t> prefix, uint64_t f
         if (__builtin_mul_overflow(elems, d.get<uint64_t>(), &elems)) return bad(name, where + " shape");
       }
       const DTypeInfo info = dtype_info(t.dtype);
+      if (info.quantized != jt.contains("groupSize") ||
+          (info.quantized && (!jt["groupSize"].is_number_unsigned() ||
+                              jt["groupSize"].get<uint64_t>() != static_cast<uint64_t>(info.block_size)))) {
+        return bad(name, where + " groupSize does not match its dtype");
+      }
       if (t.shape.empty() || elems % static_cast<uint64_t>(info.block_size) != 0 ||
           elems / static_cast<uint64_t>(info.block_size) > UINT64_MAX / static_cast<uint64_t>(info.block_bytes) ||
           elems / static_cast<uint64_t>(info.block_size) * static_cast<uint64_t>(info.block_bytes) != t.bytes) {

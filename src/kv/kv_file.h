@@ -8,7 +8,7 @@
 //   header JSON   {formatVersion: 2, modelId, configFingerprint, numerics?,
 //                  ns, tokenizerHash, createdAt, tokens: [ids],
 //                  layers: [{kind, window?, firstToken?, tensors: [{name,
-//                  off, bytes, shape, dtype, hash}]}]}
+//                  off, bytes, shape, dtype, groupSize?, hash}]}]}
 //   tensor data   each tensor at an absolute offset that is a multiple of
 //                 16 KiB (so the mapping can be handed to a device as is)
 //
@@ -24,6 +24,14 @@
 // written before it existed read as "", which matches no model, so they are
 // refused (and the disk tier removes them at open) rather than resumed by a
 // device whose numbers may differ.
+//
+// A tensor's dtype is F32, F16, BF16 or one of GGML's block types of the
+// quantized KV cache (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: shape in elements, rows
+// of whole blocks, bytes as GGML lays them out); a block type's tensor says
+// its block ("groupSize": 32), and a file whose groupSize differs from its
+// dtype's is refused. A Hadamard-rotated type (q4_0h) is stored as its
+// dtype; "numerics" names the KV types ("cpu avx2 kv=q4_0h"), so a file is
+// never resumed under other types.
 //
 // All integers little-endian. ns, tokenizerHash and every tensor hash are
 // 16 hex digits (XXH3-64; JSON numbers would lose bits in many readers).

@@ -14,15 +14,32 @@ void CpuPagedModel::set_limits(const ModelOptions& options) {
   max_seqs_ = options.max_batch_seqs > 0 ? std::min(options.max_batch_seqs, max_tokens_) : max_tokens_;
 }
 
-Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype) {
-  return create_kv(options, std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(n_layers, 0)), kv_width), dtype);
+Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, int64_t head_dim,
+                                DType dtype) {
+  if (head_dim <= 0 || kv_width % head_dim != 0) {
+    return Error{files_->path + ": a KV row of " + std::to_string(kv_width) + " is not whole heads of " +
+                 std::to_string(head_dim)};
+  }
+  const PagedKvCache::LayerSpec plane{kv_width / head_dim, head_dim, {}};
+  return create_kv(
+      options, std::vector<PagedKvCache::LayerSpec>(static_cast<size_t>(std::max<int64_t>(n_layers, 0)), plane), dtype);
 }
 
-Status CpuPagedModel::create_kv(const ModelOptions& options, const std::vector<int64_t>& layer_widths, DType dtype) {
+Status CpuPagedModel::create_kv(const ModelOptions& options, std::vector<PagedKvCache::LayerSpec> planes, DType dtype) {
   const int32_t bs = std::max(1, options.kv_block_size);
+  if (planes.empty()) return Error{files_->path + ": the model has no KV layers"};
+  RILL_ASSIGN_OR_RETURN(std::vector<KvLayerTypes> types,
+                        options.kv_types.resolve(static_cast<int64_t>(planes.size()), dtype));
   size_t token_bytes = 0;
-  for (const int64_t w : layer_widths) token_bytes += 2 * row_bytes(dtype, w);
-  if (token_bytes == 0) return Error{files_->path + ": the model has no KV layers"};
+  for (size_t l = 0; l < planes.size(); ++l) {
+    PagedKvCache::LayerSpec& p = planes[l];
+    p.types = types[l];
+    if (Status st = check_kv_layer_types(static_cast<int64_t>(l), p.types, p.n_head_kv, p.head_dim); !st.ok())
+      return Error{files_->path + ": " + st.error().message};
+    const int64_t width = p.n_head_kv * p.head_dim;
+    token_bytes += row_bytes(p.types.k.dtype, width) + row_bytes(p.types.v.dtype, width);
+  }
+  kv_types_desc_ = describe_kv_types(types, dtype);
   const int64_t n_blocks = options.kv_cache_bytes > 0
                                ? options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(bs))
                                : std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / bs);
@@ -32,7 +49,7 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, const std::vector<i
                  " bytes per token)"};
   }
   RILL_ASSIGN_OR_RETURN(
-      kv_, PagedKvCache::create_layers(layer_widths, static_cast<int32_t>(n_blocks), options.kv_block_size, dtype));
+      kv_, PagedKvCache::create_layers(std::move(planes), static_cast<int32_t>(n_blocks), options.kv_block_size));
   return {};
 }
 
@@ -127,7 +144,9 @@ StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) 
 }
 
 std::string CpuPagedModel::kv_numerics() const {
-  return std::string("cpu ") + cpu::isa_name(cpu::best_isa());
+  std::string s = std::string("cpu ") + cpu::isa_name(cpu::best_isa());
+  if (!kv_types_desc_.empty()) s += " " + kv_types_desc_;
+  return s;
 }
 
 }  // namespace rill

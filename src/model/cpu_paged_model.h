@@ -73,13 +73,26 @@ class CpuPagedModel : public Model {
   // options.max_batch_seqs capped at max_tokens_ (0: max_tokens_).
   void set_limits(const ModelOptions& options);
 
-  // kv_: n_layers planes of kv_width-element rows in dtype, with as many
-  // blocks as options.kv_cache_bytes holds when it is set, else n_kv_slots
-  // whole contexts. Call after set_limits(). The error names the model file.
-  Status create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, DType dtype);
-  // The same with one plane per entry of layer_widths (rows of that many
-  // elements: Gemma 4's groups differ in width).
-  Status create_kv(const ModelOptions& options, const std::vector<int64_t>& layer_widths, DType dtype);
+  // kv_: n_layers planes of kv_width-element rows (heads of head_dim) in
+  // dtype, or in options.kv_types where set, with as many blocks as
+  // options.kv_cache_bytes holds when it is set, else n_kv_slots whole
+  // contexts. Call after set_limits(). The error names the model file (or
+  // the KV config file and line).
+  Status create_kv(const ModelOptions& options, int64_t n_layers, int64_t kv_width, int64_t head_dim, DType dtype);
+  // The same with one plane per entry of planes, each of its own shape
+  // (n_head_kv heads of head_dim: Gemma 4's full layers are wider); their
+  // types are set here from options.kv_types (or dtype).
+  Status create_kv(const ModelOptions& options, std::vector<PagedKvCache::LayerSpec> planes, DType dtype);
+  // kv_layers() of a cache whose layer l is in group group_of(l).
+  template <typename GroupOf>
+  std::vector<KvLayer> cache_kv_layers(GroupOf&& group_of) const {
+    std::vector<KvLayer> out;
+    for (int64_t l = 0; l < kv_.n_layers(); ++l) {
+      const size_t k = kv_.k_row_bytes(l), v = kv_.v_row_bytes(l);
+      out.push_back({group_of(l), kv_.types(l).k.dtype, k, v == k && kv_.types(l).k == kv_.types(l).v ? 0 : v});
+    }
+    return out;
+  }
 
   Status check_kv_block(int64_t layer, int32_t block) const;
 
@@ -104,6 +117,7 @@ class CpuPagedModel : public Model {
   int64_t n_ctx_ = 0;
   KvSpec kv_spec_;
   PagedKvCache kv_;
+  std::string kv_types_desc_;  // describe_kv_types() of kv_, for kv_numerics()
   std::optional<StatePool> states_;
   Backend* states_device_ = nullptr;  // the pool's memory and copies
 };

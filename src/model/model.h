@@ -20,6 +20,7 @@
 #include "loader/model_config.h"
 #include "model/batch.h"
 #include "model/kv_spec.h"
+#include "model/kv_types.h"
 
 namespace rill {
 
@@ -43,6 +44,10 @@ struct ModelOptions {
   // KV pool size: kv_cache_bytes when > 0, else n_kv_slots whole contexts.
   int64_t kv_cache_bytes = 0;
   int n_kv_slots = 1;
+  // KV storage types per layer and side (model/kv_types.h); empty: the
+  // model's own (f16, f32 for f32 checkpoints). Backends that cannot store
+  // a type refuse it at load.
+  KvTypeOptions kv_types;
   // kCuda only: when > 0 and kv_cache_bytes == 0, the KV pool takes what is
   // left of this fraction of device memory after weights and activations.
   double gpu_memory_fraction = 0;
@@ -165,6 +170,9 @@ class Model {
     int32_t group = 0;  // its kv_spec() group
     DType dtype = DType::kF16;
     size_t row_bytes = 0;  // one token's K (or V) row of this layer
+    // Quantized KV with V in another type than K (model/kv_types.h): V's
+    // row bytes; 0: V as K. The prefix-cache tiers refuse such layers.
+    size_t v_row_bytes = 0;
   };
   virtual std::vector<KvLayer> kv_layers() const { return {}; }
   // Copies the K and V rows of KV layer `layer` in block `block`

@@ -193,6 +193,19 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   if (options.quantize == WeightQuantization::kFp8 && options.device != Device::kCuda) {
     return Error{files->path + ": --quantize fp8 runs on --device cuda only (the CPU kernels read GGUF types)"};
   }
+  if (options.device == Device::kCuda) {
+    // CUDA stores f16 KV (f32 for f32 checkpoints) and reads no other type.
+    std::vector<std::optional<KvType>> sides = {options.kv_types.k, options.kv_types.v};
+    for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
+    for (const std::optional<KvType>& side : sides) {
+      {
+        if (side && *side != KvType{DType::kF16, false}) {
+          return Error{files->path + ": KV type " + kv_type_name(*side) +
+                       " runs on the CPU only (CUDA stores f16 KV); drop --kv-type / --kv-config or use --device cpu"};
+        }
+      }
+    }
+  }
   if (options.tensor_parallel > 1 && !impl->tensor_parallel) {
     return Error{files->path + ": " + impl->id + " (" + profile.graph +
                  ") has no tensor-parallel implementation; run it with --tensor-parallel 1"};

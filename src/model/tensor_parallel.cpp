@@ -28,14 +28,14 @@ void TensorParallelModel::plan_kv_export() {
     if (layers.empty() || layers.size() != first.size()) return;
     for (size_t l = 0; l < layers.size(); ++l) {
       if (layers[l].group != first[l].group || layers[l].dtype != first[l].dtype ||
-          layers[l].row_bytes != first[l].row_bytes)
+          layers[l].row_bytes != first[l].row_bytes || layers[l].v_row_bytes != first[l].v_row_bytes)
         return;
     }
   }
   layers_ = first;
   slices_.assign(first.size(), {});
   for (size_t l = 0; l < first.size(); ++l) {
-    size_t row = 0;
+    size_t row = 0, v_row = 0;
     for (int r = 0; r < n; ++r) {
       Slice sl;
       sl.rank = r;
@@ -43,9 +43,13 @@ void TensorParallelModel::plan_kv_export() {
       sl.owner = r % replicas == 0;
       sl.offset = sl.owner ? row : slices_[l][static_cast<size_t>(r - r % replicas)].offset;
       if (sl.owner) row += sl.bytes;
+      if (sl.owner) v_row += first[l].v_row_bytes;
       slices_[l].push_back(sl);
     }
     layers_[l].row_bytes = row;
+    // V in another type than K (model/kv_types.h): its one-device row, for
+    // the tiers to refuse the layer (the copies below move K-sized slices).
+    layers_[l].v_row_bytes = v_row;
   }
 }
 
@@ -81,6 +85,9 @@ Status TensorParallelModel::copy_kv_blocks_out(int64_t layer, std::span<const in
   const size_t row = layers_[static_cast<size_t>(layer)].row_bytes;
   const size_t bs = static_cast<size_t>(kv_block_size());
   if (block_bytes != bs * row) return Error{"KV export: block_bytes does not match the layer's rows"};
+  if (layers_[static_cast<size_t>(layer)].v_row_bytes != 0) {
+    return Error{"KV export: the layer stores K and V in different types"};
+  }
   const size_t rows = blocks.size() * bs;
   for (const Slice& sl : slices(layer)) {
     if (!sl.owner) continue;
@@ -100,6 +107,9 @@ Status TensorParallelModel::copy_kv_blocks_in(int64_t layer, std::span<const int
   const size_t row = layers_[static_cast<size_t>(layer)].row_bytes;
   const size_t bs = static_cast<size_t>(kv_block_size());
   if (block_bytes != bs * row) return Error{"KV import: block_bytes does not match the layer's rows"};
+  if (layers_[static_cast<size_t>(layer)].v_row_bytes != 0) {
+    return Error{"KV import: the layer stores K and V in different types"};
+  }
   const size_t rows = blocks.size() * bs;
   for (const Slice& sl : slices(layer)) {  // replicas too: every rank attends with its heads
     kv_scratch_.resize(2 * rows * sl.bytes);

@@ -63,6 +63,24 @@ TEST_F(GptOss, LogitsMatchTransformersAtEveryPositionWholeAndChunked) {
   }
 }
 
+// The attention sinks run in the f32 kernels only: a quantized KV type is
+// refused at load rather than run without its sinks; f32 is accepted.
+TEST_F(GptOss, QuantizedKvTypesAreRefused) {
+  auto files = open_model_files(test::hf_golden_dir("gpt-oss"));
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  ModelOptions opts;
+  opts.n_threads = 2;
+  opts.n_ctx = kCtx;
+  opts.kv_block_size = kBlock;
+  opts.kv_types.v = parse_kv_type("q8_0");
+  auto m = create_model(builtin_registry(), infer_profile(**files), *files, opts);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("sinks"), std::string::npos) << m.error().message;
+  opts.kv_types.k = opts.kv_types.v = parse_kv_type("f32");
+  auto f32 = create_model(builtin_registry(), infer_profile(**files), *files, opts);
+  EXPECT_TRUE(f32.ok()) << f32.error().message;
+}
+
 TEST_F(GptOss, GreedyTokensMatchTransformers) {
   auto model = open(7);
   ASSERT_TRUE(model.ok()) << model.error().message;

@@ -155,10 +155,12 @@ void expect_window_only_layers(const fs::path& file, int n_tokens) {
 
 // Writes `prompt`'s prefix to disk with one engine, then checks a second
 // engine over the same directory serves it (and a cold engine agrees).
-// `base`: the engine's options (e.g. tensor parallelism) in every run.
-// Returns the file written.
+// `base`: the engine's options (e.g. tensor parallelism, KV types: quantized
+// KV, issue 22) in every run; expect_dtype: with base.kv_types set, the type
+// the file holds the first layer's K in. Returns the file written.
 fs::path disk_round_trip(const std::string& model, int vocab, int prompt_len, int expect_cached,
-                         const EngineOptions& base = {}, const TmpDir* keep = nullptr) {
+                         const EngineOptions& base = {}, const TmpDir* keep = nullptr,
+                         DType expect_dtype = DType::kF32) {
   TmpDir own;
   const TmpDir& dir = keep ? *keep : own;
   const auto prompt = random_prompt(prompt_len, vocab, 11);
@@ -184,6 +186,12 @@ fs::path disk_round_trip(const std::string& model, int vocab, int prompt_len, in
   EXPECT_EQ(files.size(), 1u);
   if (files.size() != 1) return {};
   expect_window_only_layers(files[0], expect_cached);
+  if (!base.kv_types.empty()) {  // the file holds the KV in its stored type
+    auto h = read_kv_header(files[0].string());
+    EXPECT_TRUE(h.ok());
+    if (!h.ok()) return {};
+    EXPECT_EQ(h->layers[0].tensors[0].dtype, expect_dtype);
+  }
   auto e = load(model, o);  // a restart
   if (!e) return {};
   EXPECT_EQ(e->stats().disk_tier.entries, 1);
@@ -714,6 +722,151 @@ TEST(KvTiers, PersistWithoutADiskTierIsAnError) {
   while (h->next(ev)) last = ev;
   EXPECT_EQ(last.finish_reason, FinishReason::kError);
   EXPECT_NE(last.error.find("--cache-dir"), std::string::npos) << last.error;
+}
+
+// Quantized KV (issue 22): the tiers store the blocks as the cache holds
+// them, so the round trip stays bit-exact in every type.
+KvTypeOptions kv_all(const char* name) {
+  KvTypeOptions o;
+  o.k = o.v = parse_kv_type(name);
+  return o;
+}
+EngineOptions with_kv(const KvTypeOptions& kv) {
+  EngineOptions o;
+  o.kv_types = kv;
+  return o;
+}
+
+TEST(KvTiers, DiskPrefixSurvivesARestartQ8_0Kv) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  disk_round_trip(kSmol, 49152, 100, 96, with_kv(kv_all("q8_0")), nullptr, DType::kQ8_0);
+}
+
+TEST(KvTiers, DiskPrefixSurvivesARestartRotatedQ4Kv) {
+  // gemma3: a sliding and a full group; heads of 16 share q4_0 blocks.
+  disk_round_trip(kGoldens + "gemma3", 512, 70, 64, with_kv(kv_all("q4_0h")), nullptr, DType::kQ4_0);
+}
+
+TEST(KvTiers, DiskPrefixSurvivesARestartPerLayerKv) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir cfg_dir;
+  fs::create_directories(cfg_dir.path);
+  const std::string cfg = (cfg_dir.path / "kv.conf").string();
+  std::ofstream(cfg) << "# first and last layers at 8 bits\n0 q8_0\n-1 q8_0\n1-28 q5_1\n";
+  KvTypeOptions kv = kv_all("q4_0h");
+  ASSERT_TRUE(load_kv_config(cfg, kv).ok());
+  disk_round_trip(kSmol, 49152, 100, 96, with_kv(kv), nullptr, DType::kQ8_0);
+}
+
+// Quantized KV on Gemma 4: rows of their own width per layer (2 heads of 16
+// on sliding layers, 2 of 32 on the full ones) and their own type per
+// layer, KV-shared layers storing none. Layer 2 (the first full layer) is
+// q8_0, the others rotated q4_0; the file holds each layer in its type.
+TEST(KvTiers, DiskPrefixSurvivesARestartGemma4QuantizedKv) {
+  TmpDir cfg_dir;
+  fs::create_directories(cfg_dir.path);
+  const std::string cfg = (cfg_dir.path / "kv.conf").string();
+  std::ofstream(cfg) << "2 q8_0\n";
+  KvTypeOptions kv = kv_all("q4_0h");
+  ASSERT_TRUE(load_kv_config(cfg, kv).ok());
+  TmpDir dir;
+  const fs::path file = disk_round_trip(kGoldens + "gemma4", 512, 40, 32, with_kv(kv), &dir, DType::kQ4_0);
+  ASSERT_FALSE(file.empty());
+  auto h = read_kv_header(file.string());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  ASSERT_EQ(h->layers.size(), 4u) << "6 layers, 2 of them reading another layer's KV";
+  const DType types[] = {DType::kQ4_0, DType::kQ4_0, DType::kQ8_0, DType::kQ4_0};
+  const int64_t widths[] = {32, 32, 64, 32};
+  for (size_t l = 0; l < 4; ++l) {
+    ASSERT_EQ(h->layers[l].tensors.size(), 2u);
+    EXPECT_EQ(h->layers[l].tensors[0].dtype, types[l]) << "layer " << l;
+    EXPECT_EQ(h->layers[l].tensors[1].dtype, types[l]) << "layer " << l;
+    EXPECT_EQ(h->layers[l].tensors[0].shape.back(), widths[l]) << "layer " << l;
+  }
+}
+
+// Quantized KV under tensor parallelism: each rank quantizes its own heads
+// (qwen3: 2 KV heads of 32, one q8_0 block per rank at tp=2); the file holds
+// the one-device row of both ranks' blocks side by side, and restores bit
+// for bit. Layers whose K and V types differ are refused by the tiers.
+TEST(KvTiers, TensorParallelQuantizedPrefixSurvivesARestart) {
+  EngineOptions o = with_kv(kv_all("q8_0"));
+  o.tensor_parallel = 2;
+  TmpDir dir;
+  const fs::path file = disk_round_trip(kGoldens + "qwen3", 512, 40, 32, o, &dir, DType::kQ8_0);
+  ASSERT_FALSE(file.empty());
+  auto h = read_kv_header(file.string());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_NE(h->identity.numerics.find("kv=q8_0"), std::string::npos) << h->identity.numerics;
+  EXPECT_NE(h->identity.numerics.find("tp=2"), std::string::npos) << h->identity.numerics;
+  for (const auto& layer : h->layers) EXPECT_EQ(layer.tensors[0].shape.back(), 64) << "2 KV heads of 32";
+
+  EngineOptions mixed;
+  mixed.tensor_parallel = 2;
+  mixed.kv_types.k = parse_kv_type("q8_0");
+  mixed.kv_types.v = parse_kv_type("q4_0");
+  mixed.cache_ram_mb = 16;
+  mixed.n_threads = 2;
+  auto r = Engine::load(kGoldens + "qwen3", mixed);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("different types"), std::string::npos) << r.error().message;
+}
+
+TEST(KvTiers, EvictedQuantizedPrefixComesBackFromTheRamTier) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  EngineOptions o;
+  o.kv_cache_mb = 3;  // q4_0h: ~3.5x the tokens of f16 per MiB, still too few for three prompts
+  o.cache_ram_mb = 256;
+  o.kv_types = kv_all("q4_0h");
+  auto e = load(kSmol, o);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->stats().kv_bytes_per_token, 30 * 2 * 3 * 64 / 32 * 18) << "30 layers, K and V, 3 KV heads of 64";
+  const auto a = random_prompt(161, 49152, 1);
+  const GenRun cold = generate(*e, a, 8);
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, 160);
+  generate(*e, random_prompt(161, 49152, 2), 8);
+  generate(*e, random_prompt(161, 49152, 3), 8);
+  const GenRun warm = generate(*e, a, 8);
+  EXPECT_GE(e->stats().ram_tier.hits, 1);
+  EXPECT_EQ(warm.cached, 160);
+  EXPECT_EQ(warm.tokens, device_hit.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored quantized KV must be bit-identical";
+}
+
+// A file written under one KV type is never resumed under another: the
+// numerics it records name the types.
+TEST(KvTiers, ChangedKvTypeInvalidatesDiskFiles) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir dir;
+  const auto prompt = random_prompt(100, 49152, 11);
+  EngineOptions o;
+  o.cache_dir = dir.path.string();
+  o.kv_types = kv_all("q8_0");
+  {
+    auto e = load(kSmol, o);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(generate(*e, prompt, 1, /*persist=*/true).persisted, 96);
+  }
+  for (const char* other : {"f16", "q4_0h"}) {
+    o.kv_types = std::string(other) == "f16" ? KvTypeOptions{} : kv_all(other);
+    auto e = load(kSmol, o);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->stats().disk_tier.entries, 0) << other;
+    EXPECT_EQ(generate(*e, prompt, 2).cached, 0) << other;
+  }
+}
+
+TEST(KvTiers, MixedKAndVTypesRefuseTheTiers) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  EngineOptions o;
+  o.cache_ram_mb = 64;
+  o.n_threads = 2;
+  o.kv_types.k = parse_kv_type("q8_0");
+  o.kv_types.v = parse_kv_type("q4_0");
+  auto e = Engine::load(kSmol, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("different types"), std::string::npos) << e.error().message;
 }
 
 }  // namespace

@@ -11,7 +11,9 @@
 //    the row stored as model/paged_kv_cache.cpp does (f32 copy or f16
 //    round-to-nearest);
 //  - attention: one attention_f16_rounded_batch (F16 KV) or cpu::attention
-//    per sequence (F32 KV), exactly HostOps::attention_batch;
+//    per sequence (F32 KV), exactly HostOps::attention_batch; quantized,
+//    rotated or mixed K/V types (model/kv_types.h): attention_quant_batch,
+//    after rope_store_kv quantized the rows with cpu::store_kv_row;
 //  - gated_delta: the hybrid CPU model's arithmetic: the conv1d in place over
 //    proj (cpu::causal_conv1d_silu_batch), beta and g per token, then
 //    cpu::gated_delta_batch; a sequence's state is first zeroed or copied
@@ -33,8 +35,10 @@
 #include <vector>
 
 #include "backend/cpu/attention_f16.h"
+#include "backend/cpu/attention_quant.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gated_delta.h"
+#include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quants.h"
 #include "core/half.h"
@@ -315,6 +319,7 @@ class CpuBackend final : public Backend {
   void rope_store_kv(const RopeKvOp& op, const StepMetadata& step) override {
     const int64_t hd = op.head_dim, q_width = op.n_head * hd, kv_width = op.n_head_kv * hd;
     assert(op.qkv.dtype == DType::kF32 && op.qkv.cols == q_width + 2 * kv_width);
+    const bool plain = op.kv.plain();
     const RopeTable& table = record(op.rope);
     if (op.n_head_kv == 0) {  // q only: this layer reads another layer's KV
       for (int64_t t = 0; t < op.qkv.rows; ++t) {
@@ -324,7 +329,8 @@ class CpuBackend final : public Backend {
       }
       return;
     }
-    assert(op.kv.row_bytes == static_cast<size_t>(kv_width) * (op.kv.dtype == DType::kF32 ? 4 : 2));
+    assert(op.kv.row_bytes == row_bytes(op.kv.dtype, kv_width) &&
+           op.kv.v_bytes() == row_bytes(op.kv.v_type(), kv_width));
     const int32_t* slots = step.slots[op.kv_group];
     const int64_t mask = (int64_t{1} << op.kv.block_shift) - 1;
     for (int64_t t = 0; t < op.qkv.rows; ++t) {
@@ -340,6 +346,14 @@ class CpuBackend final : public Backend {
       const size_t at = static_cast<size_t>(slot >> op.kv.block_shift) * op.kv.block_stride +
                         static_cast<size_t>(slot & mask) * op.kv.row_bytes;
       uint8_t* kd = static_cast<uint8_t*>(op.kv.k) + at;
+      if (!plain) {
+        // Quantized / rotated / mixed KV: each side in its own type and row bytes.
+        const size_t v_at = static_cast<size_t>(slot >> op.kv.block_shift) * op.kv.block_stride +
+                            static_cast<size_t>(slot & mask) * op.kv.v_bytes();
+        cpu::store_kv_row(op.kv.dtype, op.kv.k_rotated, k, kd, op.n_head_kv, hd);
+        cpu::store_kv_row(op.kv.v_type(), op.kv.v_rotated, v, static_cast<uint8_t*>(op.kv.v) + v_at, op.n_head_kv, hd);
+        continue;
+      }
       uint8_t* vd = static_cast<uint8_t*>(op.kv.v) + at;
       if (op.kv.dtype == DType::kF32) {
         std::memcpy(kd, k, op.kv.row_bytes);
@@ -377,6 +391,7 @@ class CpuBackend final : public Backend {
       kv.block_shift = op.kv.block_shift;
       kv.block_bytes = op.kv.block_stride;
       kv.row_bytes = op.kv.row_bytes;
+      kv.v_row_bytes = op.kv.v_row_bytes == op.kv.row_bytes ? 0 : op.kv.v_row_bytes;
       cpu::AttentionSeq a;
       a.q = static_cast<const float*>(op.q.at(t0, 0));
       a.q_pos = step.pos + t0;
@@ -388,6 +403,11 @@ class CpuBackend final : public Backend {
       a.q_stride = op.q.stride;
       a.out_stride = op.out.stride;
       seqs_.push_back(a);
+    }
+    if (!op.kv.plain()) {
+      const cpu::KvSideTypes t{op.kv.dtype, op.kv.v_type(), op.kv.k_rotated, op.kv.v_rotated};
+      cpu::attention_quant_batch(seqs_.data(), static_cast<int>(seqs_.size()), p, t, pool_);
+      return;
     }
     if (p.kv_dtype == DType::kF16) {
       cpu::attention_f16_rounded_batch(seqs_.data(), static_cast<int>(seqs_.size()), p, pool_);

@@ -21,6 +21,9 @@ struct PagedKv {
   int32_t block_shift = 4;         // block_size = 1 << block_shift
   size_t block_bytes = 0;
   size_t row_bytes = 0;
+  // V rows' bytes where V is stored in another type than K (quantized KV,
+  // attention_quant.h); 0: row_bytes.
+  size_t v_row_bytes = 0;
 
   // Byte offset of position j's row from physical block 0 (j >= 0).
   size_t row_offset(int64_t j) const {
@@ -28,7 +31,11 @@ struct PagedKv {
     return static_cast<size_t>(table[j >> block_shift]) * block_bytes + static_cast<size_t>(j & mask) * row_bytes;
   }
   const uint8_t* k_row(int64_t j) const { return k + row_offset(j); }
-  const uint8_t* v_row(int64_t j) const { return v + row_offset(j); }
+  const uint8_t* v_row(int64_t j) const {
+    if (v_row_bytes == 0) return v + row_offset(j);
+    const int64_t mask = (int64_t{1} << block_shift) - 1;
+    return v + static_cast<size_t>(table[j >> block_shift]) * block_bytes + static_cast<size_t>(j & mask) * v_row_bytes;
+  }
 };
 
 // Calls f(j, row) for j in [j_begin, j_end) in order, row = base +

@@ -274,6 +274,15 @@ struct GemmaGraph {
     for (const int32_t il : kv_layer_of) out.push_back(layers[static_cast<size_t>(il)].KV);
     return out;
   }
+  // The shape of each KV plane (its types left for CpuPagedModel::create_kv).
+  std::vector<PagedKvCache::LayerSpec> kv_planes() const {
+    std::vector<PagedKvCache::LayerSpec> out;
+    for (const int32_t il : kv_layer_of) {
+      const GemmaLayer& L = layers[static_cast<size_t>(il)];
+      out.push_back({L.n_head_kv, L.hd, {}});
+    }
+    return out;
+  }
   // The layers that store KV, in their kind's group (KV-shared layers own none).
   std::vector<Model::KvLayer> kv_layers(DType dtype) const {
     std::vector<Model::KvLayer> out;
@@ -546,7 +555,10 @@ class GemmaModel final : public CpuPagedModel, public GemmaHooks {
 
   Status init(const ModelOptions& options);
   Status forward(const Batch& batch, float* logits) override;
-  std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_.dtype()); }
+  std::vector<KvLayer> kv_layers() const override {
+    const std::vector<KvLayer> groups = graph_.kv_layers(DType::kF16);
+    return cache_kv_layers([&](int64_t l) { return groups[static_cast<size_t>(l)].group; });
+  }
   Status moe_ffn(size_t il, Tensor router_in, Tensor moe_in, Tensor out) override;
 
  private:
@@ -576,7 +588,7 @@ Status GemmaModel::init(const ModelOptions& options) {
   for (const GemmaLayerWeights& L : w.layers) {
     all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
   }
-  RILL_TRY(create_kv(options, graph_.kv_widths(), all_f32 ? DType::kF32 : DType::kF16));
+  RILL_TRY(create_kv(options, graph_.kv_planes(), all_f32 ? DType::kF32 : DType::kF16));
   for (int64_t il = 0; il < kv_.n_layers(); ++il) kv_views_.push_back(kv_.layer_view(il));
 
   const int64_t T = max_tokens_;

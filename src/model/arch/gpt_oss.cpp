@@ -426,7 +426,10 @@ class GptOssModel final : public CpuPagedModel, GptOssHooks {
 
   Status init(const ModelOptions& options);
   Status forward(const Batch& batch, float* logits) override;
-  std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_.dtype(), kv_.row_bytes()); }
+  std::vector<KvLayer> kv_layers() const override {
+    const std::vector<KvLayer> groups = graph_.kv_layers(DType::kF32, 0);
+    return cache_kv_layers([&](int64_t l) { return groups[static_cast<size_t>(l)].group; });
+  }
 
  private:
   Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override;
@@ -448,7 +451,18 @@ Status GptOssModel::init(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(graph_, place_gpt_oss(*device_, cfg_, weights_));
   kv_spec_ = graph_.make_kv_spec();
   set_limits(options);
-  RILL_TRY(create_kv(options, cfg_.n_layer, graph_.KV, DType::kF32));
+  // The attention sinks run in the f32 kernels only: refuse other KV types
+  // (model/kv_types.h) rather than drop the sinks.
+  if (!options.kv_types.empty()) {
+    RILL_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> types, options.kv_types.resolve(cfg_.n_layer, DType::kF32));
+    for (const KvLayerTypes& t : types) {
+      if (t.k != KvType{DType::kF32, false} || t.v != KvType{DType::kF32, false}) {
+        return Error{files_->path + ": gpt-oss keeps f32 KV (its attention sinks run in the f32 kernels only), not " +
+                     kv_type_name(t.k) + "/" + kv_type_name(t.v) + "; drop --kv-type / --kv-config"};
+      }
+    }
+  }
+  RILL_TRY(create_kv(options, cfg_.n_layer, graph_.KV, graph_.hd, DType::kF32));
   for (int64_t il = 0; il < cfg_.n_layer; ++il) kv_views_.push_back(kv_.layer_view(il));
 
   const int64_t T = max_tokens_;

@@ -263,7 +263,7 @@ class LlamaModel final : public CpuPagedModel, private LlamaHooks {
   EmbeddingSpec embedding() const override { return embedding_; }
   Status forward_pooled(const Batch& batch, float* logits, float* pooled) override;
   std::vector<KvLayer> kv_layers() const override {
-    return std::vector<KvLayer>(static_cast<size_t>(cfg_.n_layer), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
+    return cache_kv_layers([](int64_t) { return 0; });
   }
 
  private:
@@ -346,7 +346,7 @@ Status LlamaModel::init(const ModelOptions& options) {
   // f16 KV, as llama.cpp stores it.
   const DType kv_dtype = w.all_f32() ? DType::kF32 : DType::kF16;
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
-  RILL_TRY(create_kv(options, cfg_.n_layer, d.KV, kv_dtype));
+  RILL_TRY(create_kv(options, cfg_.n_layer, d.KV, d.hd, kv_dtype));
 
   size_activations(a_, max_tokens_);
   const StepLimits limits = graph_.step_limits(max_tokens_, max_tokens_);

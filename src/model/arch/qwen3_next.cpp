@@ -538,7 +538,7 @@ class HybridModel final : public CpuPagedModel, private HybridHooks {
 
   // KV export: the attention layers (group 0), by their index among them.
   std::vector<KvLayer> kv_layers() const override {
-    return std::vector<KvLayer>(static_cast<size_t>(graph_.n_attn), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
+    return cache_kv_layers([](int64_t) { return 0; });
   }
 
  private:
@@ -570,7 +570,7 @@ Status HybridModel::init(const ModelOptions& options) {
   set_limits(options);
   kv_spec_ = {full(), recurrent()};
   // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise f16.
-  RILL_TRY(create_kv(options, graph_.n_attn, graph_.KV, w_.all_f32 ? DType::kF32 : DType::kF16));
+  RILL_TRY(create_kv(options, graph_.n_attn, graph_.KV, graph_.hd, w_.all_f32 ? DType::kF32 : DType::kF16));
   for (int64_t i = 0; i < graph_.n_attn; ++i) kv_views_.push_back(kv_.layer_view(i));
   RILL_TRY(create_states(*device_, graph_.n_linear, graph_.state_tensors(), options));
 

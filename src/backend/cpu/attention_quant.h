@@ -1,0 +1,57 @@
+#pragma once
+// Attention over a KV cache stored in the KV types of model/kv_types.h:
+// plain (F32 / F16 / BF16) or GGML blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1),
+// K and V each in their own type, optionally Hadamard-rotated per head.
+// Attention reads the blocks where they lie: each key's head is dequantized
+// into a head_dim register-sized buffer as it is read, never the context
+// into a copy.
+//
+// Arithmetic (the same for every call, so a (query, head)'s bits depend only
+// on its position and its KV, not on its batch): the query in f32 (rotated
+// by the same transform when K is rotated: H orthonormal keeps q.k);
+// score = scale * q.k in f32 (8 partial sums), softcap as cpu::attention;
+// f32 softmax with max subtraction, the sum in double; out = sum_j p_j v_j
+// in f32, rotated back when V is rotated. One unit is one query and one KV
+// head with all its query heads, so a K/V row is dequantized once for the
+// whole group (GQA).
+#include <cstdint>
+
+#include "backend/cpu/ops.h"
+
+namespace rill::cpu {
+
+struct KvSideTypes {
+  DType k = DType::kF16, v = DType::kF16;
+  bool k_rotated = false, v_rotated = false;
+};
+
+// seqs[s].kv: K rows of row_bytes(t.k, n_head_kv * head_dim) bytes, V rows
+// of kv.v_row_bytes (or row_bytes) = row_bytes(t.v, ...). p.kv_dtype is
+// not read. head_dim <= 1024 and a multiple of the types' blocks.
+void attention_quant_batch(const AttentionSeq* seqs, int n_seqs, const AttentionParams& p, const KvSideTypes& t,
+                           ThreadPool& pool);
+
+namespace detail {
+// Dequantizes n elements (whole blocks) of a KV row of type t.
+using KvDequant = void (*)(const uint8_t* src, float* dst, int64_t n);
+struct QuantAttendArgs {
+  const float* q;  // [n_heads, head_dim] f32, rotated where K is
+  PagedKv kv;      // k / v at this KV head's first byte of physical block 0
+  KvDequant k_dequant, v_dequant;
+  int64_t head_dim, j_begin, j_end;
+  int n_heads;
+  float scale, softcap;
+  float* scores;  // scratch [n_heads, j_end - j_begin]
+  float* out;     // [n_heads, head_dim] f32
+  // Heads smaller than a block (blocks span heads): k_row_elems > 0, kv.k
+  // points at the rows' first byte, each row's first k_row_elems elements
+  // are dequantized and the head read at element k_head_elem (V likewise).
+  int64_t k_row_elems = 0, v_row_elems = 0, k_head_elem = 0, v_head_elem = 0;
+};
+KvDequant kv_dequant_scalar(DType t);
+KvDequant kv_dequant_avx2(DType t);
+void attend_quant_scalar(const QuantAttendArgs& a);
+void attend_quant_avx2(const QuantAttendArgs& a);
+}  // namespace detail
+
+}  // namespace rill::cpu

@@ -1,0 +1,155 @@
+// The per-(query, KV head) kernel of attention_quant.h, compiled once per
+// ISA (attention_quant.cpp: the baseline; attention_quant_avx2.cpp: AVX2 +
+// FMA + F16C) inside namespace RILL_QUANT_ISA. Plain loops: the compiler
+// vectorizes the dequantizers, the 8-way dot and the V axpy for the ISA.
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/attention_quant.h"
+#include "backend/cpu/quants.h"
+#include "core/half.h"
+
+namespace rill::cpu::detail::RILL_QUANT_ISA {
+
+inline void dq_f32(const uint8_t* src, float* dst, int64_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+inline void dq_f16(const uint8_t* src, float* dst, int64_t n) {
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+}
+inline void dq_bf16(const uint8_t* src, float* dst, int64_t n) {
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = static_cast<uint32_t>(h[i]) << 16;
+    std::memcpy(dst + i, &u, 4);
+  }
+}
+inline void dq_q8_0(const uint8_t* src, float* dst, int64_t n) {
+  const auto* b = reinterpret_cast<const BlockQ8_0*>(src);
+  for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
+    const float d = f16_to_f32(b[i].d);
+    for (int j = 0; j < kQK; ++j) dst[j] = static_cast<float>(b[i].qs[j]) * d;
+  }
+}
+inline void dq_q4_0(const uint8_t* src, float* dst, int64_t n) {
+  const auto* b = reinterpret_cast<const BlockQ4_0*>(src);
+  for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
+    const float d = f16_to_f32(b[i].d);
+    for (int j = 0; j < kQK / 2; ++j) {
+      dst[j] = static_cast<float>((b[i].qs[j] & 0xF) - 8) * d;
+      dst[j + kQK / 2] = static_cast<float>((b[i].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+inline void dq_q4_1(const uint8_t* src, float* dst, int64_t n) {
+  const auto* b = reinterpret_cast<const BlockQ4_1*>(src);
+  for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
+    const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+    for (int j = 0; j < kQK / 2; ++j) {
+      dst[j] = static_cast<float>(b[i].qs[j] & 0xF) * d + m;
+      dst[j + kQK / 2] = static_cast<float>(b[i].qs[j] >> 4) * d + m;
+    }
+  }
+}
+inline void dq_q5_0(const uint8_t* src, float* dst, int64_t n) {
+  const auto* b = reinterpret_cast<const BlockQ5_0*>(src);
+  for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
+    const float d = f16_to_f32(b[i].d);
+    uint32_t qh;
+    std::memcpy(&qh, b[i].qh, 4);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int h0 = static_cast<int>((qh >> j) << 4) & 0x10;
+      const int h1 = static_cast<int>(qh >> (j + 12)) & 0x10;
+      dst[j] = static_cast<float>(((b[i].qs[j] & 0xF) | h0) - 16) * d;
+      dst[j + kQK / 2] = static_cast<float>(((b[i].qs[j] >> 4) | h1) - 16) * d;
+    }
+  }
+}
+inline void dq_q5_1(const uint8_t* src, float* dst, int64_t n) {
+  const auto* b = reinterpret_cast<const BlockQ5_1*>(src);
+  for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
+    const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+    uint32_t qh;
+    std::memcpy(&qh, b[i].qh, 4);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int h0 = static_cast<int>((qh >> j) << 4) & 0x10;
+      const int h1 = static_cast<int>(qh >> (j + 12)) & 0x10;
+      dst[j] = static_cast<float>((b[i].qs[j] & 0xF) | h0) * d + m;
+      dst[j + kQK / 2] = static_cast<float>((b[i].qs[j] >> 4) | h1) * d + m;
+    }
+  }
+}
+
+inline KvDequant dequant_for(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return dq_f32;
+    case DType::kF16:
+      return dq_f16;
+    case DType::kBF16:
+      return dq_bf16;
+    case DType::kQ8_0:
+      return dq_q8_0;
+    case DType::kQ4_0:
+      return dq_q4_0;
+    case DType::kQ4_1:
+      return dq_q4_1;
+    case DType::kQ5_0:
+      return dq_q5_0;
+    case DType::kQ5_1:
+      return dq_q5_1;
+    default:
+      return nullptr;
+  }
+}
+
+// 8 partial sums in a fixed order (vectorizable without reassociation).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += a[d + k] * b[d + k];
+  }
+  for (; d < n; ++d) acc[d & 7] += a[d] * b[d];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+inline void attend(const QuantAttendArgs& a) {
+  const int64_t n = a.j_end - a.j_begin, hd = a.head_dim;
+  alignas(64) float buf[4096];
+  const float* krow = buf + a.k_head_elem;  // the head within buf
+  const float* vrow = buf + a.v_head_elem;
+  for (int64_t j = a.j_begin; j < a.j_end; ++j) {
+    a.k_dequant(a.kv.k_row(j), buf, a.k_row_elems > 0 ? a.k_row_elems : hd);
+    for (int g = 0; g < a.n_heads; ++g) {
+      float x = dot(a.q + g * hd, krow, hd) * a.scale;
+      if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
+      a.scores[g * n + (j - a.j_begin)] = x;
+    }
+  }
+  for (int g = 0; g < a.n_heads; ++g) {
+    float* s = a.scores + g * n;
+    float max = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = std::exp(s[j] - max);
+      sum += s[j];
+    }
+    const auto inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+    float* o = a.out + g * hd;
+    for (int64_t d = 0; d < hd; ++d) o[d] = 0.0f;
+  }
+  for (int64_t j = a.j_begin; j < a.j_end; ++j) {
+    a.v_dequant(a.kv.v_row(j), buf, a.v_row_elems > 0 ? a.v_row_elems : hd);
+    for (int g = 0; g < a.n_heads; ++g) {
+      const float p = a.scores[g * n + (j - a.j_begin)];
+      float* o = a.out + g * hd;
+      for (int64_t d = 0; d < hd; ++d) o[d] += p * vrow[d];
+    }
+  }
+}
+
+}  // namespace rill::cpu::detail::RILL_QUANT_ISA

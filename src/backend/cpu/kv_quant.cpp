@@ -1,0 +1,194 @@
+#include "backend/cpu/kv_quant.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/quants.h"
+#include "core/half.h"
+
+namespace rill::cpu {
+namespace {
+
+// The element of largest magnitude (the first one on ties), with its sign.
+float signed_absmax(const float* x) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < kQK; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
+void min_max(const float* x, float* min, float* max) {
+  *min = INFINITY;
+  *max = -INFINITY;
+  for (int j = 0; j < kQK; ++j) {
+    *min = std::min(*min, x[j]);
+    *max = std::max(*max, x[j]);
+  }
+}
+
+void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = f32_to_f16(d);
+    for (int j = 0; j < kQK; ++j) y[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+  }
+}
+
+void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    const float d = signed_absmax(x) / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = f32_to_f16(d);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int q0 = std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f)));
+      const int q1 = std::min(15, static_cast<int>(static_cast<int8_t>(x[j + kQK / 2] * id + 8.5f)));
+      y[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+void quantize_q4_1(const float* x, BlockQ4_1* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float min = 0.0f, max = 0.0f;
+    min_max(x, &min, &max);
+    const float d = (max - min) / 15.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = f32_to_f16(d);
+    y[i].m = f32_to_f16(min);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int q0 = std::min(15, static_cast<int>(static_cast<int8_t>((x[j] - min) * id + 0.5f)));
+      const int q1 = std::min(15, static_cast<int>(static_cast<int8_t>((x[j + kQK / 2] - min) * id + 0.5f)));
+      y[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+// Q5_0 / Q5_1 share the packing: low nibbles as Q4, bit 4 of element j in qh bit j.
+void pack5(const int* q, uint8_t* qs, uint8_t* qh_bytes) {
+  uint32_t qh = 0;
+  for (int j = 0; j < kQK / 2; ++j) {
+    qs[j] = static_cast<uint8_t>((q[j] & 0xF) | ((q[j + kQK / 2] & 0xF) << 4));
+    qh |= static_cast<uint32_t>((q[j] & 0x10) >> 4) << j;
+    qh |= static_cast<uint32_t>((q[j + kQK / 2] & 0x10) >> 4) << (j + kQK / 2);
+  }
+  std::memcpy(qh_bytes, &qh, 4);
+}
+
+void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    const float d = signed_absmax(x) / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = f32_to_f16(d);
+    int q[kQK];
+    for (int j = 0; j < kQK; ++j) q[j] = std::min(31, static_cast<int>(static_cast<int8_t>(x[j] * id + 16.5f)));
+    pack5(q, y[i].qs, y[i].qh);
+  }
+}
+
+void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float min = 0.0f, max = 0.0f;
+    min_max(x, &min, &max);
+    const float d = (max - min) / 31.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = f32_to_f16(d);
+    y[i].m = f32_to_f16(min);
+    int q[kQK];
+    for (int j = 0; j < kQK; ++j) {
+      q[j] = std::min(31, static_cast<int>(static_cast<int8_t>((x[j] - min) * id + 0.5f)));
+    }
+    pack5(q, y[i].qs, y[i].qh);
+  }
+}
+
+}  // namespace
+
+void hadamard_rotate(float* x, int64_t n) {
+  assert(n > 0 && (n & (n - 1)) == 0);
+  for (int64_t len = 1; len < n; len <<= 1) {
+    for (int64_t i = 0; i < n; i += 2 * len) {
+      for (int64_t j = i; j < i + len; ++j) {
+        const float a = x[j], b = x[j + len];
+        x[j] = a + b;
+        x[j + len] = a - b;
+      }
+    }
+  }
+  const float s = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+bool kv_dtype_supported(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace ref {
+
+void quantize_kv_row(DType t, const float* x, void* y, int64_t n) {
+  const int64_t nb = n / kQK;
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(y, x, static_cast<size_t>(n) * 4);
+      return;
+    case DType::kF16:
+      for (int64_t j = 0; j < n; ++j) static_cast<uint16_t*>(y)[j] = f32_to_f16(x[j]);
+      return;
+    case DType::kBF16:
+      for (int64_t j = 0; j < n; ++j) static_cast<uint16_t*>(y)[j] = f32_to_bf16(x[j]);
+      return;
+    case DType::kQ8_0:
+      assert(n % kQK == 0);
+      return quantize_q8_0(x, static_cast<BlockQ8_0*>(y), nb);
+    case DType::kQ4_0:
+      assert(n % kQK == 0);
+      return quantize_q4_0(x, static_cast<BlockQ4_0*>(y), nb);
+    case DType::kQ4_1:
+      assert(n % kQK == 0);
+      return quantize_q4_1(x, static_cast<BlockQ4_1*>(y), nb);
+    case DType::kQ5_0:
+      assert(n % kQK == 0);
+      return quantize_q5_0(x, static_cast<BlockQ5_0*>(y), nb);
+    case DType::kQ5_1:
+      assert(n % kQK == 0);
+      return quantize_q5_1(x, static_cast<BlockQ5_1*>(y), nb);
+    default:
+      assert(false && "quantize_kv_row: not a KV dtype");
+  }
+}
+
+}  // namespace ref
+
+void store_kv_row(DType t, bool rotated, const float* src, uint8_t* dst, int64_t n_head, int64_t head_dim) {
+  if (!rotated) {
+    ref::quantize_kv_row(t, src, dst, n_head * head_dim);
+    return;
+  }
+  thread_local std::vector<float> tmp;  // grows to the widest row once
+  tmp.assign(src, src + n_head * head_dim);
+  for (int64_t h = 0; h < n_head; ++h) hadamard_rotate(tmp.data() + h * head_dim, head_dim);
+  ref::quantize_kv_row(t, tmp.data(), dst, n_head * head_dim);
+}
+
+}  // namespace rill::cpu

@@ -1,0 +1,44 @@
+#pragma once
+// --kv-type, --kv-type-k, --kv-type-v and --kv-config (model/kv_types.h),
+// shared by rill serve, run, score and bench.
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "core/result.h"
+#include "model/kv_types.h"
+
+namespace rill::cli {
+
+struct KvTypeFlags {
+  std::string both, k, v, config;
+
+  void add_to(CLI::App* app) {
+    const std::string names = " (" + kv_type_names() + "; q4_0h: q4_0 of Hadamard-rotated heads)";
+    app->add_option("--kv-type", both, "KV cache type of K and V in every layer" + names);
+    app->add_option("--kv-type-k", k, "KV cache type of K (overrides --kv-type)" + names);
+    app->add_option("--kv-type-v", v, "KV cache type of V (overrides --kv-type)" + names);
+    app->add_option("--kv-config", config,
+                    "file of per-layer KV types, one 'LAYER TYPE' or 'LAYER k=TYPE v=TYPE' per line (LAYER: N, "
+                    "N-M, or -N from the end); overrides the flags for those layers");
+  }
+
+  // The options these flags give; errors name the flag or the file and line.
+  Result<KvTypeOptions> value() const {
+    KvTypeOptions o;
+    auto parse = [](const std::string& flag, const std::string& s, std::optional<KvType>& out) -> Status {
+      if (s.empty()) return {};
+      out = parse_kv_type(s);
+      if (!out) return Error{flag + ": unknown KV type '" + s + "' (one of " + kv_type_names() + ")"};
+      return {};
+    };
+    RILL_TRY(parse("--kv-type", both, o.k));
+    o.v = o.k;
+    RILL_TRY(parse("--kv-type-k", k, o.k));
+    RILL_TRY(parse("--kv-type-v", v, o.v));
+    if (!config.empty()) RILL_TRY(load_kv_config(config, o));
+    return o;
+  }
+};
+
+}  // namespace rill::cli

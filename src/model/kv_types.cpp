@@ -1,0 +1,169 @@
+#include "model/kv_types.h"
+
+#include <bit>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+namespace rill {
+namespace {
+
+struct Named {
+  std::string_view name;
+  KvType type;
+};
+constexpr Named kTypes[] = {
+    {"f32", {DType::kF32, false}},   {"f16", {DType::kF16, false}},   {"bf16", {DType::kBF16, false}},
+    {"q8_0", {DType::kQ8_0, false}}, {"q4_0", {DType::kQ4_0, false}}, {"q4_1", {DType::kQ4_1, false}},
+    {"q5_0", {DType::kQ5_0, false}}, {"q5_1", {DType::kQ5_1, false}}, {"q4_0h", {DType::kQ4_0, true}},
+};
+
+std::optional<int64_t> parse_int(std::string_view s) {
+  int64_t v = 0;
+  const char* end = s.data() + s.size();
+  auto [p, ec] = std::from_chars(s.data(), end, v);
+  if (ec != std::errc() || p != end) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+int KvType::group_size() const {
+  return dtype_info(dtype).block_size;
+}
+
+std::string kv_type_name(KvType t) {
+  for (const Named& n : kTypes) {
+    if (n.type == t) return std::string(n.name);
+  }
+  return std::string(dtype_name(t.dtype)) + (t.rotated ? "+hadamard" : "");
+}
+
+std::optional<KvType> parse_kv_type(std::string_view name) {
+  for (const Named& n : kTypes) {
+    if (n.name == name) return n.type;
+  }
+  return std::nullopt;
+}
+
+std::string kv_type_names() {
+  std::string s;
+  for (const Named& n : kTypes) s += (s.empty() ? "" : ", ") + std::string(n.name);
+  return s;
+}
+
+Status load_kv_config(const std::string& path, KvTypeOptions& opts) {
+  std::ifstream in(path);
+  if (!in) return Error{path + ": cannot open the KV config file"};
+  opts.config_path = path;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    const std::string where = path + ":" + std::to_string(line_no);
+    if (const size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string layers;
+    if (!(words >> layers)) continue;  // blank or comment
+    KvTypeOptions::Entry e;
+    e.where = where;
+    // N, or N-M (N <= M, both >= 0), or a negative N (from the end).
+    const size_t dash = layers.find('-', 1);
+    const auto first = parse_int(std::string_view(layers).substr(0, dash));
+    const auto last = dash == std::string::npos ? first : parse_int(std::string_view(layers).substr(dash + 1));
+    if (!first || !last || (dash != std::string::npos && (*first < 0 || *last < *first))) {
+      return Error{where + ": '" + layers + "' is not a layer (N, N-M or a negative N counting from the end)"};
+    }
+    e.first = *first;
+    e.last = *last;
+    std::string word;
+    bool both = false;  // a bare type was given (both sides)
+    while (words >> word) {
+      std::optional<KvType>* side = nullptr;
+      std::string_view type = word;
+      if (word.starts_with("k=")) {
+        side = &e.k;
+        type.remove_prefix(2);
+      } else if (word.starts_with("v=")) {
+        side = &e.v;
+        type.remove_prefix(2);
+      }
+      const std::optional<KvType> t = parse_kv_type(type);
+      if (!t) {
+        return Error{where + ": unknown KV type '" + std::string(type) + "' (one of " + kv_type_names() + ")"};
+      }
+      if (both || (!side && (e.k || e.v))) {
+        return Error{where + ": give one type for both sides or k=T v=T, not both"};
+      }
+      if (side) {
+        if (*side) return Error{where + ": " + word.substr(0, 1) + "= given twice"};
+        *side = t;
+      } else {
+        both = true;
+        e.k = e.v = t;
+      }
+    }
+    if (!e.k && !e.v) return Error{where + ": layer '" + layers + "' names no KV type"};
+    opts.layers.push_back(std::move(e));
+  }
+  return {};
+}
+
+Result<std::vector<KvLayerTypes>> KvTypeOptions::resolve(int64_t n_layer, DType base) const {
+  const KvType base_type{base, false};
+  std::vector<KvLayerTypes> out(static_cast<size_t>(n_layer),
+                                KvLayerTypes{k.value_or(base_type), v.value_or(base_type)});
+  for (const Entry& e : layers) {
+    const int64_t first = e.first < 0 ? n_layer + e.first : e.first;
+    const int64_t last = e.last < 0 ? n_layer + e.last : e.last;
+    if (first < 0 || last >= n_layer) {
+      return Error{e.where + ": layer " + std::to_string(e.first) +
+                   (e.last != e.first ? "-" + std::to_string(e.last) : "") + " is outside the model's " +
+                   std::to_string(n_layer) + " KV layers"};
+    }
+    for (int64_t l = first; l <= last; ++l) {
+      if (e.k) out[static_cast<size_t>(l)].k = *e.k;
+      if (e.v) out[static_cast<size_t>(l)].v = *e.v;
+    }
+  }
+  return out;
+}
+
+Status check_kv_layer_types(int64_t layer, const KvLayerTypes& types, int64_t n_head_kv, int64_t head_dim) {
+  for (const auto& [side, t] : {std::pair{"K", types.k}, std::pair{"V", types.v}}) {
+    const std::string what = "KV layer " + std::to_string(layer) + " " + side + " type " + kv_type_name(t);
+    if (n_head_kv <= 0 || head_dim <= 0 || (n_head_kv * head_dim) % t.group_size() != 0 ||
+        ((t.quantized() || t.rotated) && head_dim > 1024)) {
+      return Error{what + ": a KV row of " + std::to_string(n_head_kv) + " heads of " + std::to_string(head_dim) +
+                   " is not whole blocks of " + std::to_string(t.group_size()) + " (or head_dim > 1024)"};
+    }
+    if (t.rotated && !std::has_single_bit(static_cast<uint64_t>(head_dim))) {
+      return Error{what + ": the Hadamard rotation needs a power-of-two head_dim, not " + std::to_string(head_dim)};
+    }
+  }
+  return {};
+}
+
+Status check_kv_types(const std::vector<KvLayerTypes>& types, int64_t n_head_kv, int64_t head_dim) {
+  for (size_t l = 0; l < types.size(); ++l) {
+    RILL_TRY(check_kv_layer_types(static_cast<int64_t>(l), types[l], n_head_kv, head_dim));
+  }
+  return {};
+}
+
+std::string describe_kv_types(const std::vector<KvLayerTypes>& types, DType base) {
+  const KvLayerTypes plain{{base, false}, {base, false}};
+  bool all_plain = true, all_same = true;
+  for (const KvLayerTypes& t : types) {
+    all_plain = all_plain && t == plain;
+    all_same = all_same && t == types.front();
+  }
+  if (all_plain) return "";
+  auto pair = [](const KvLayerTypes& t) {
+    return t.k == t.v ? kv_type_name(t.k) : "k:" + kv_type_name(t.k) + "/v:" + kv_type_name(t.v);
+  };
+  if (all_same) return "kv=" + pair(types.front());
+  std::string s = "kv=";
+  for (size_t l = 0; l < types.size(); ++l) s += (l ? "," : "") + pair(types[l]);
+  return s;
+}
+
+}  // namespace rill

@@ -1,0 +1,94 @@
+#pragma once
+// KV storage types (issue 22): what one cache side (K or V) of one KV layer
+// is stored in. The plain kinds are f32 / f16 / bf16; the quantized ones are
+// GGML's classic blocks of 32 (q8_0, q4_0, q4_1, q5_0, q5_1, byte-for-byte
+// as backend/cpu/quants.h lays them out), quantized where K/V are stored
+// (Backend::rope_store_kv) and read block by block by attention. q4_0h is
+// q4_0 over a Walsh-Hadamard rotated head: each head's row is multiplied by
+// the orthonormal H / sqrt(head_dim) before it is quantized, which spreads
+// an outlier channel over the whole head so 4-bit blocks keep their
+// accuracy. For K the query is rotated the same way (q.k is unchanged, H
+// being orthonormal); for V attention's output is rotated back (H is its own
+// inverse).
+//
+// Types are chosen per side and per KV layer: --kv-type / --kv-type-k /
+// --kv-type-v for every layer, and a --kv-config file for single layers:
+//
+//   # KV layer  types (k and v, or k=T v=T)
+//   0           q8_0
+//   -1          q8_0          # negative: from the end (-1 the last layer)
+//   4-7         k=q8_0 v=q4_0h
+//
+// Layers count the model's KV layers (Model::kv_layers()), so a hybrid
+// model's first attention layer is 0. Later lines override earlier ones;
+// the file overrides the flags.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/result.h"
+
+namespace rill {
+
+struct KvType {
+  DType dtype = DType::kF16;
+  bool rotated = false;  // Walsh-Hadamard rotated per head (q4_0h)
+
+  bool operator==(const KvType&) const = default;
+  bool quantized() const { return dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16; }
+  // Elements per block (1 for plain floats); a head must hold whole blocks.
+  int group_size() const;
+};
+
+// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h".
+std::string kv_type_name(KvType t);
+std::optional<KvType> parse_kv_type(std::string_view name);
+// The accepted names, for error messages: "f16, bf16, ...".
+std::string kv_type_names();
+
+// One KV layer's types.
+struct KvLayerTypes {
+  KvType k, v;
+  bool operator==(const KvLayerTypes&) const = default;
+};
+
+// The KV type options of a model (ModelOptions::kv_types).
+struct KvTypeOptions {
+  std::optional<KvType> k, v;  // every layer (--kv-type-k / --kv-type-v / --kv-type)
+  struct Entry {
+    int64_t first = 0, last = 0;  // layers [first, last]; negative: from the end
+    std::optional<KvType> k, v;
+    std::string where;  // "file:line" for errors
+  };
+  std::vector<Entry> layers;  // --kv-config, in file order
+  std::string config_path;
+
+  bool empty() const { return !k && !v && layers.empty(); }
+  // Per-layer types for a model of n_layer KV layers whose own KV dtype is
+  // `base` (f16, f32 for f32 checkpoints). Errors name the config file and
+  // line of a layer outside the model.
+  Result<std::vector<KvLayerTypes>> resolve(int64_t n_layer, DType base) const;
+};
+
+// Reads a --kv-config file into opts.layers (errors name the file and line).
+Status load_kv_config(const std::string& path, KvTypeOptions& opts);
+
+// Checks that rows of n_head_kv heads of head_dim elements can be stored in
+// each type of `types`: a row of whole blocks (a head of whole blocks reads
+// fastest; smaller heads share blocks, and attention then dequantizes whole
+// rows), a power-of-two head_dim for rotated types. Errors name the layer,
+// side and type.
+Status check_kv_types(const std::vector<KvLayerTypes>& types, int64_t n_head_kv, int64_t head_dim);
+// The same for KV layer `layer` alone (layers of their own shape: Gemma 4's
+// full layers are wider than its sliding ones).
+Status check_kv_layer_types(int64_t layer, const KvLayerTypes& types, int64_t n_head_kv, int64_t head_dim);
+
+// A short description of non-default types for Model::kv_numerics() and
+// /stats: "" when every layer is `base` on both sides, else e.g.
+// "kv=q8_0" (all alike) or "kv=k:q8_0/v:q4_0h,0:q8_0/q8_0,...".
+std::string describe_kv_types(const std::vector<KvLayerTypes>& types, DType base);
+
+}  // namespace rill

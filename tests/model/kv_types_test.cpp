@@ -1,0 +1,168 @@
+// KV type options (model/kv_types.h): names, the --kv-config file (errors
+// name the file and line), per-layer resolution, the checks a cache's shape
+// must pass, and PagedKvCache's per-layer row bytes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "model/kv_types.h"
+#include "model/paged_kv_cache.h"
+
+namespace rill {
+namespace {
+namespace fs = std::filesystem;
+
+struct ConfigFile {
+  fs::path path;
+  explicit ConfigFile(const std::string& text) {
+    path = fs::temp_directory_path() /
+           ("rill_kv_config_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()) + ".conf");
+    std::ofstream(path) << text;
+  }
+  ~ConfigFile() { fs::remove(path); }
+};
+
+TEST(KvTypes, NamesRoundTrip) {
+  for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h"}) {
+    const auto t = parse_kv_type(n);
+    ASSERT_TRUE(t) << n;
+    EXPECT_EQ(kv_type_name(*t), n);
+  }
+  EXPECT_FALSE(parse_kv_type("q4_K"));
+  EXPECT_FALSE(parse_kv_type("fp8"));
+  EXPECT_TRUE(parse_kv_type("q4_0h")->rotated);
+}
+
+TEST(KvTypes, ConfigResolvesPerLayer) {
+  ConfigFile f("# first and last layers at 8 bits\n0 q8_0\n-1   q8_0  # the last\n\n2-3 k=q5_1 v=q4_0h\n");
+  KvTypeOptions o;
+  o.k = o.v = parse_kv_type("q4_0h");
+  ASSERT_TRUE(load_kv_config(f.path.string(), o).ok());
+  auto r = o.resolve(6, DType::kF16);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const KvType q8{DType::kQ8_0, false}, q4h{DType::kQ4_0, true}, q51{DType::kQ5_1, false};
+  EXPECT_EQ((*r)[0], (KvLayerTypes{q8, q8}));
+  EXPECT_EQ((*r)[1], (KvLayerTypes{q4h, q4h}));
+  EXPECT_EQ((*r)[2], (KvLayerTypes{q51, q4h}));
+  EXPECT_EQ((*r)[3], (KvLayerTypes{q51, q4h}));
+  EXPECT_EQ((*r)[5], (KvLayerTypes{q8, q8}));
+  EXPECT_EQ(describe_kv_types(*r, DType::kF16), "kv=q8_0,q4_0h,k:q5_1/v:q4_0h,k:q5_1/v:q4_0h,q4_0h,q8_0");
+  // No option: the model's own type, described as nothing.
+  auto plain = KvTypeOptions{}.resolve(3, DType::kF32);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)[1], (KvLayerTypes{{DType::kF32, false}, {DType::kF32, false}}));
+  EXPECT_EQ(describe_kv_types(*plain, DType::kF32), "");
+}
+
+TEST(KvTypes, ConfigErrorsNameFileAndLine) {
+  struct Case {
+    const char* text;
+    const char* want;
+  };
+  const Case cases[] = {
+      {"0 q8_0\n1 q3_0\n", ":2: unknown KV type 'q3_0'"},
+      {"x q8_0\n", ":1: 'x' is not a layer"},
+      {"3-1 q8_0\n", ":1: '3-1' is not a layer"},
+      {"0\n", ":1: layer '0' names no KV type"},
+      {"0 q8_0 k=q4_0\n", ":1: give one type for both sides"},
+      {"0 k=q8_0 k=q4_0\n", ":1: k= given twice"},
+  };
+  for (const Case& c : cases) {
+    ConfigFile f(c.text);
+    KvTypeOptions o;
+    Status st = load_kv_config(f.path.string(), o);
+    ASSERT_FALSE(st.ok()) << c.text;
+    EXPECT_NE(st.error().message.find(f.path.string() + c.want), std::string::npos) << st.error().message;
+  }
+  KvTypeOptions o;
+  EXPECT_FALSE(load_kv_config("/nonexistent/kv.conf", o).ok());
+  // A layer beyond the model is caught when the model's layer count is known.
+  ConfigFile f("\n7 q8_0\n");
+  ASSERT_TRUE(load_kv_config(f.path.string(), o).ok());
+  auto r = o.resolve(6, DType::kF16);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find(f.path.string() + ":2: layer 7 is outside the model's 6 KV layers"),
+            std::string::npos)
+      << r.error().message;
+}
+
+TEST(KvTypes, ChecksRowShape) {
+  const KvType q8{DType::kQ8_0, false}, q4h{DType::kQ4_0, true};
+  EXPECT_TRUE(check_kv_types({{q8, q8}}, 2, 64).ok());
+  EXPECT_TRUE(check_kv_types({{q8, q8}}, 2, 16).ok());     // heads share blocks
+  EXPECT_FALSE(check_kv_types({{q8, q8}}, 1, 16).ok());    // a row of half a block
+  EXPECT_FALSE(check_kv_types({{q4h, q4h}}, 1, 96).ok());  // rotation needs a power of two
+  EXPECT_TRUE(check_kv_types({{q4h, q4h}}, 1, 128).ok());
+}
+
+TEST(KvTypes, CacheRowBytesPerLayerAndSide) {
+  const KvType f16{DType::kF16, false}, q8{DType::kQ8_0, false}, q4h{DType::kQ4_0, true};
+  auto c = PagedKvCache::create(4, 16, 3, 64, {{q8, q8}, {f16, q4h}});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->k_row_bytes(0), 6u * 34);
+  EXPECT_EQ(c->v_row_bytes(1), 6u * 18);
+  EXPECT_EQ(c->k_row_bytes(1), 192u * 2);
+  EXPECT_EQ(c->bytes_per_token(), 6u * 34 * 2 + 192u * 2 + 6u * 18);
+  const KvCacheView v = c->layer_view(1);
+  EXPECT_EQ(v.dtype, DType::kF16);
+  EXPECT_EQ(v.v_type(), DType::kQ4_0);
+  EXPECT_TRUE(v.v_rotated && !v.k_rotated && !v.plain());
+  // Stored rows read back through the block table (the quantized bytes).
+  std::vector<float> k(192), vv(192);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(i % 7) - 3.0f, vv[i] = 0.5f;
+  const std::vector<int32_t> table = {2};
+  const int32_t pos = 5;
+  c->store(0, table, k.data(), vv.data(), &pos, 1, 192);
+  std::vector<uint8_t> kb(16 * c->k_row_bytes(0)), vb(16 * c->v_row_bytes(0));
+  c->copy_block_out(0, 2, kb.data(), vb.data());
+  const auto* blk = reinterpret_cast<const int8_t*>(kb.data() + 5 * c->k_row_bytes(0));
+  EXPECT_EQ(blk[2 + 3], 0);    // element 3: 3 % 7 - 3 = 0
+  EXPECT_EQ(blk[2 + 6], 127);  // element 6: +3, the block's maximum
+}
+
+// Layers of their own shape (Gemma 4: full layers wider than sliding ones)
+// and their own types: each layer's rows are sized by its own heads, sit at
+// their own offsets, and its types are checked against its own head_dim.
+TEST(KvTypes, CacheLayersOfTheirOwnShapeAndTypes) {
+  const KvType f16{DType::kF16, false}, q8{DType::kQ8_0, false}, q4h{DType::kQ4_0, true};
+  using Spec = PagedKvCache::LayerSpec;
+  auto c = PagedKvCache::create_layers({Spec{2, 16, {q8, q8}}, Spec{2, 32, {q4h, q8}}, Spec{4, 16, {f16, f16}}}, 4, 16);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->width(0), 32);
+  EXPECT_EQ(c->width(1), 64);
+  EXPECT_EQ(c->k_row_bytes(0), 34u);
+  EXPECT_EQ(c->k_row_bytes(1), 2u * 18);
+  EXPECT_EQ(c->v_row_bytes(1), 2u * 34);
+  EXPECT_EQ(c->k_row_bytes(2), 64u * 2);
+  EXPECT_EQ(c->bytes_per_token(), 34u * 2 + 36 + 68 + 128 * 2);
+  EXPECT_TRUE(c->layer_view(1).k_rotated);
+  // Writing the wide layer leaves the narrow one's rows of the same block alone.
+  std::vector<float> k(64), v(64);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(i % 5) - 2.0f, v[i] = 1.0f;
+  const std::vector<int32_t> table = {1};
+  const int32_t pos = 3;
+  c->store(0, table, k.data(), v.data(), &pos, 1, 64);
+  std::vector<uint8_t> k0(16 * 34), v0(16 * 34);
+  c->copy_block_out(0, 1, k0.data(), v0.data());
+  for (float& x : k) x = 9.0f;
+  c->store(1, table, k.data(), v.data(), &pos, 1, 64);
+  std::vector<uint8_t> k0b(16 * 34), v0b(16 * 34);
+  c->copy_block_out(0, 1, k0b.data(), v0b.data());
+  EXPECT_EQ(k0, k0b);
+  EXPECT_EQ(v0, v0b);
+  const auto* blk = reinterpret_cast<const int8_t*>(k0.data() + 3 * 34);
+  EXPECT_EQ(blk[2 + 2], 0);    // element 2: 2 % 5 - 2 = 0
+  EXPECT_EQ(blk[2 + 4], 127);  // element 4: +2, the block's maximum
+  // Types are checked against each layer's own head_dim, naming the layer.
+  auto bad = PagedKvCache::create_layers({Spec{2, 32, {q4h, q4h}}, Spec{1, 48, {q4h, q4h}}}, 4, 16);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("KV layer 1"), std::string::npos) << bad.error().message;
+  // Plain types have no head_dim limit (width-only layers are one wide head).
+  EXPECT_TRUE(PagedKvCache::create_layers(std::vector<int64_t>{2048, 4096}, 2, 16, DType::kF16).ok());
+}
+
+}  // namespace
+}  // namespace rill
