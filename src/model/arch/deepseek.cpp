@@ -483,7 +483,7 @@ class MlaModel final : public CpuPagedModel, private MlaHooks {
   // Every layer keeps its latent rows in group 0 (one row split over the K
   // and V planes: row_bytes is one plane's).
   std::vector<KvLayer> kv_layers() const override {
-    return std::vector<KvLayer>(w_.layers.size(), KvLayer{0, kv_.dtype(), kv_.row_bytes()});
+    return cache_kv_layers([](int64_t) { return 0; });
   }
 
  private:
@@ -513,7 +513,21 @@ Status MlaModel::init(const ModelOptions& options) {
   set_limits(options);
   kv_spec_ = {full()};
   // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise f16.
-  RILL_TRY(create_kv(options, cfg_.n_layer, graph_.kv_row().plane_width(), w_.all_f32 ? DType::kF32 : DType::kF16));
+  const DType kv_dtype = w_.all_f32 ? DType::kF32 : DType::kF16;
+  // The latent rows are read by latent_attention in their float dtype only:
+  // refuse quantized KV types (model/kv_types.h) rather than misread them.
+  if (!options.kv_types.empty()) {
+    RILL_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> types, options.kv_types.resolve(cfg_.n_layer, kv_dtype));
+    for (const KvLayerTypes& t : types) {
+      if (t.k != KvType{kv_dtype, false} || t.v != KvType{kv_dtype, false}) {
+        return Error{files_->path + ": multi-head latent attention keeps its latent KV rows in " +
+                     std::string(dtype_name(kv_dtype)) + ", not " + kv_type_name(t.k) + "/" + kv_type_name(t.v) +
+                     "; drop --kv-type / --kv-config"};
+      }
+    }
+  }
+  const int64_t plane = graph_.kv_row().plane_width();
+  RILL_TRY(create_kv(options, cfg_.n_layer, plane, plane, kv_dtype));
   for (int64_t il = 0; il < cfg_.n_layer; ++il) kv_views_.push_back(kv_.layer_view(il));
 
   const int64_t T = max_tokens_, H = graph_.H;
