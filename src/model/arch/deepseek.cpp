@@ -142,7 +142,8 @@ Result<MlaParams> read_mla_params(const ModelFiles& f) {
   if (cfg.rope_scaling.type == RopeScaling::Type::kYarn) {
     const nlohmann::json* s = r.object("rope_parameters");
     if (!s || !s->contains("rope_type")) s = r.object("rope_scaling");
-    const RawFields sf(s ? *s : nlohmann::json::object(), file);
+    const nlohmann::json empty = nlohmann::json::object();  // RawFields keeps a reference: no temporary
+    const RawFields sf(s ? *s : empty, file);
     RILL_ASSIGN_OR_RETURN(const double mscale, sf.number("mscale", 0));
     RILL_ASSIGN_OR_RETURN(const double mscale_all, sf.number("mscale_all_dim", 0));
     const double factor = cfg.rope_scaling.factor;
