@@ -27,9 +27,16 @@ struct ApiError {
   std::string code;   // "" when none
 };
 
+// s with every invalid UTF-8 sequence replaced by U+FFFD: error messages
+// quote request bytes (a field name, a value), and a body must serialize.
+inline std::string valid_utf8_text(const std::string& s) {
+  const std::string quoted = nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return nlohmann::json::parse(quoted).get<std::string>();
+}
+
 inline nlohmann::json openai_error_body(const ApiError& e) {
-  nlohmann::json err = {{"message", e.message}, {"type", e.type}};
-  err["param"] = e.param.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.param);
+  nlohmann::json err = {{"message", valid_utf8_text(e.message)}, {"type", e.type}};
+  err["param"] = e.param.empty() ? nlohmann::json(nullptr) : nlohmann::json(valid_utf8_text(e.param));
   err["code"] = e.code.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.code);
   return {{"error", err}};
 }
