@@ -1,5 +1,5 @@
 #pragma once
-// The CUDA runtime the model families share (model/arch/llama_cuda.cpp,
+// The CUDA runtime the model families share (model/arch/llama.cpp,
 // gemma.cpp, qwen3_next.cpp): weight upload into one device buffer, the
 // activation arena, the paged KV pool (one K and one V plane per layer), the
 // recurrent-state pool of hybrid families (model/state_pool.h, with its

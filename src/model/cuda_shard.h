@@ -6,7 +6,7 @@
 // collectives of that rank on its stream. A default CudaShard (no group) is
 // the whole model on GPU 0.
 //
-// llama.cuda's factory (arch/llama_cuda.cpp) ties one shard per GPU into a
+// llama.cuda's factory (arch/llama.cpp) ties one shard per GPU into a
 // TensorParallelModel (model/tensor_parallel.h's create_tensor_parallel_model);
 // shards are not meant to be used alone.
 namespace rill {

@@ -1,5 +1,5 @@
 // The CUDA Llama split over N GPUs (tensor parallelism over NCCL,
-// model/arch/llama_cuda.cpp's ranks) against Hugging Face and against one GPU:
+// llama.cuda's ranks (model/arch/llama.cpp)) against Hugging Face and against one GPU:
 //  - the ../shared/goldens/hf families (f32 weights) at N = 2 and 4: logits
 //    within 1e-3 of transformers at every prompt position (prefill in chunks
 //    of 7 tokens), greedy continuation identical; the difference to the one-GPU

@@ -3,7 +3,7 @@
 // a Backend placed them, their placement from the bound LlamaWeights, and
 // one step's forward pass over Backend ops. model/arch/llama.cpp holds it
 // with the CPU runtime (`llama.cpu`: decode lanes, cpu::HostOps MoE, a rank
-// of simulated tensor parallelism); model/arch/llama_cuda.cpp is the CUDA
+// of simulated tensor parallelism); model/arch/llama.cpp also holds the CUDA
 // runtime's glue (`llama.cuda`, over model/cuda_model_base.h; a rank per
 // GPU). What a runtime adds goes through LlamaHooks: the KV cache's layout,
 // tensor parallelism (residual ownership and the all-reduce after o, down

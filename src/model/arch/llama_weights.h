@@ -1,6 +1,6 @@
 #pragma once
 // The Llama family's weights, bound once for both runtimes of the graph
-// (llama.cpp on the CPU, llama_cuda.cpp on the device): tensor names,
+// (llama.cpp: the CPU and the CUDA runtime): tensor names,
 // shapes, the optional parts (qkv bias, q/k norm, tied LM head, MoE FFN), a
 // rank's slices, the RoPE table and the KV dtype rule. Host views only: the weights stay in the
 // mapped files until an implementation places them (the CUDA one uploads).
