@@ -11,7 +11,9 @@
 // keeps N in flight until R have run (R = N, 1 in flight: a cold request
 // then warm ones, one after another). --long-prompt L submits one extra
 // L-token request once the streams are decoding and reports the running
-// streams' largest inter-token gap while it prefills.
+// streams' largest inter-token gap while it prefills. --record-tokens FILE
+// writes every request's prompt and output ids, which `--spec replay=FILE`
+// then proposes as drafts (speculative decoding measured at acceptance 1).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -28,6 +30,7 @@
 #include "cli/device_flags.h"
 #include "cli/loaded_model.h"
 #include "cli/spec_flags.h"
+#include "engine/replay_speculator.h"
 #include "model/model.h"
 #include "rill/engine.h"
 
@@ -50,6 +53,7 @@ struct BenchOptions {
   int64_t kv_cache_mb = 0;
   int64_t ctx_size = 0;
   bool json = false;
+  std::string record_tokens;  // path: every request's prompt + output ids
   uint64_t seed = 1;
   // Every request's sampling (default greedy); request i is seeded seed + i.
   float temperature = 0.0f;
@@ -64,6 +68,7 @@ struct BenchOptions {
 struct Trace {
   Clock::time_point submitted, finished;
   std::vector<Clock::time_point> token_times;
+  std::vector<int32_t> tokens;  // prompt then output ids (for --record-tokens)
   Usage usage;
   FinishReason reason = FinishReason::kLength;
   std::string error;
@@ -103,11 +108,13 @@ class Runner {
     r.sampling.top_p = o_.top_p;
     r.sampling.min_p = o_.min_p;
     r.sampling.seed = o_.seed + i;
+    t.tokens = r.prompt;
     t.submitted = Clock::now();
     auto id = e_.submit(std::move(r), [this, &t](GenerationEvent&& ev) {
       const auto now = Clock::now();
       std::lock_guard lk(mu_);
       for (size_t k = 0; k < ev.token_ids.size(); ++k) t.token_times.push_back(now);
+      t.tokens.insert(t.tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
       if (ev.finished) {
         t.finished = now;
         t.usage = ev.usage;
@@ -289,6 +296,20 @@ int run_bench(const BenchOptions& o) {
   }
   const EngineStats s = e.stats();
   j["preemptions"] = s.preemptions;
+  if (!s.speculator.empty()) {
+    j["spec"] = {{"speculator", s.speculator},
+                 {"spec_tokens", o.spec.spec_tokens},
+                 {"draft_tokens", s.spec_draft_tokens},
+                 {"accepted_tokens", s.spec_accepted_tokens}};
+  }
+  if (!o.record_tokens.empty()) {
+    std::vector<std::vector<int32_t>> sequences;
+    for (const Trace& t : traces) sequences.push_back(t.tokens);
+    if (Status st = write_replay_file(o.record_tokens, sequences); !st.ok()) {
+      std::fprintf(stderr, "rill bench: %s\n", st.error().message.c_str());
+      return 1;
+    }
+  }
   j["steps"] = s.steps;
   if (s.ram_tier.enabled || s.disk_tier.enabled) {
     j["tier_restored_tokens"] = s.tier_restored_tokens;
@@ -305,6 +326,7 @@ int run_bench(const BenchOptions& o) {
     std::printf("  TTFT p50 %.1f ms p99 %.1f ms; ITL p50 %.2f ms p99 %.2f ms max %.2f ms\n", percentile(ttft, 0.5),
                 percentile(ttft, 0.99), percentile(itl, 0.5), percentile(itl, 0.99), percentile(itl, 1.0));
     if (o.long_prompt > 0) std::printf("  long prompt: %s\n", j["long_prompt"].dump().c_str());
+    if (j.contains("spec")) std::printf("  speculation: %s\n", j["spec"].dump().c_str());
   }
   (void)n_prompt;
   return 0;
@@ -340,6 +362,8 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--top-p", o->top_p, "top-p of every request (1: off)")->check(CLI::Range(0.0, 1.0));
   sub->add_option("--min-p", o->min_p, "min-p of every request (0: off)")->check(CLI::Range(0.0, 1.0));
   sub->add_flag("--json", o->json, "print the results as JSON");
+  sub->add_option("--record-tokens", o->record_tokens,
+                  "write every request's prompt and output token ids to this file (for --spec replay=FILE)");
   o->device.add_to(sub);
   o->spec.add_to(sub);
   add_cache_tier_options(*sub, o->tiers);

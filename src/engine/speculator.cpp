@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cassert>
 
+#include "engine/replay_speculator.h"
+
 namespace rill {
 
 NgramSpeculator::NgramSpeculator(int32_t max_ngram, int32_t min_ngram)
@@ -30,10 +32,11 @@ void NgramSpeculator::propose(std::span<const int32_t> tokens, int32_t max_token
 Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec) {
   if (spec.empty() || spec == "off") return std::unique_ptr<Speculator>();
   if (spec == "ngram") return std::unique_ptr<Speculator>(std::make_unique<NgramSpeculator>());
+  if (spec.rfind("replay=", 0) == 0) return make_replay_speculator(spec.substr(7));
   if (spec.rfind("draft=", 0) == 0 || spec == "mtp") {
     return Error{"--spec " + spec + ": not implemented yet (the draft-model and MTP speculators); use ngram or off"};
   }
-  return Error{"--spec: unknown speculator '" + spec + "' (expected ngram, off, draft=MODEL or mtp)"};
+  return Error{"--spec: unknown speculator '" + spec + "' (expected ngram, off, draft=MODEL, mtp or replay=FILE)"};
 }
 
 }  // namespace rill
