@@ -306,7 +306,7 @@ Result<Fp8Weights> read_fp8_weights(const SafetensorsCheckpoint& ck, const Fp8Sc
     w.name = name;
     w.rows = rows;
     w.cols = cols;
-    w.bf16.resize(static_cast<size_t>(rows * cols));
+    w.values.resize(static_cast<size_t>(rows * cols));
     const bool per_row = g.n_j == 1 && t.float8 == Float8::kE4M3;
     if (per_row) {
       w.e4m3 = t.data;
@@ -320,7 +320,7 @@ Result<Fp8Weights> read_fp8_weights(const SafetensorsCheckpoint& ck, const Fp8Sc
         const int64_t c1 = std::min(cols, (j + 1) * g.bc);
         for (int64_t c = j * g.bc; c < c1; ++c) {
           const float v = t.float8 == Float8::kE4M3 ? e4m3_to_f32(q[c]) : e5m2_to_f32(q[c]);
-          w.bf16[static_cast<size_t>(r * cols + c)] = f32_to_bf16(v * scale);
+          w.values[static_cast<size_t>(r * cols + c)] = v * scale;
         }
       }
     }

@@ -42,8 +42,10 @@ struct Fp8Scheme {
 // prefixes every error.
 Result<Fp8Scheme> parse_fp8_scheme(const nlohmann::json& config, const std::string& config_path);
 
-// One FP8 weight, dequantized: bf16[r * cols + c] = bf16(q[r, c] x scale)
-// (the f32 product rounded to nearest even). When every row has one scale
+// One FP8 weight, dequantized: values[r * cols + c] = q[r, c] x scale as
+// an f32 product (exact for BF16/F16 scales; numpy's and torch's f32
+// dequantization give the same bits). F32 rather than BF16 so the CPU
+// runs exactly the checkpoint's weights, at 4 bytes per weight. When every row has one scale
 // (strategy tensor or channel, or blocks at least as wide as the rows) and
 // the values are e4m3, `e4m3` points at the stored values in the mapped
 // file and `row_scales` holds the scale of each row: backends that keep
@@ -51,7 +53,7 @@ Result<Fp8Scheme> parse_fp8_scheme(const nlohmann::json& config, const std::stri
 struct Fp8Weight {
   std::string name;  // "<m>.weight"
   int64_t rows = 0, cols = 0;
-  std::vector<uint16_t> bf16;  // [rows, cols]
+  std::vector<float> values;  // [rows, cols]
   const uint8_t* e4m3 = nullptr;
   std::vector<float> row_scales;  // [rows] when e4m3 is set
 };

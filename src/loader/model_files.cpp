@@ -145,10 +145,10 @@ Result<std::shared_ptr<ModelFiles>> open_hf_dir(const std::string& dir) {
     TensorRef t;
     t.name = w.name;
     t.file = ck.file_paths[loc.first];
-    t.dtype = DType::kBF16;
+    t.dtype = DType::kF32;
     t.shape = {w.rows, w.cols};
-    t.data = reinterpret_cast<const uint8_t*>(w.bf16.data());
-    t.n_bytes = w.bf16.size() * 2;
+    t.data = reinterpret_cast<const uint8_t*>(w.values.data());
+    t.n_bytes = w.values.size() * 4;
     t.fp8 = true;
     t.e4m3 = w.e4m3;
     t.e4m3_scales = w.e4m3 ? w.row_scales.data() : nullptr;

@@ -31,7 +31,7 @@ struct TensorRef {
   const uint8_t* data = nullptr;
   size_t n_bytes = 0;
   // A weight of an FP8 checkpoint (loader/fp8_checkpoint.h): `data` is its
-  // BF16 dequantization; e4m3 / e4m3_scales the values as stored when each
+  // F32 dequantization; e4m3 / e4m3_scales the values as stored when each
   // row has one scale (W[r, c] = e4m3[r * cols + c] x e4m3_scales[r]), else null.
   bool fp8 = false;
   const uint8_t* e4m3 = nullptr;
