@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "core/half.h"
+#include "core/thread_pool.h"
 
 namespace rill {
 namespace {
@@ -228,6 +229,15 @@ float scale_value(const SafetensorsTensor& t, int64_t i) {
   }
 }
 
+// Every byte's value, for the dequantization loop.
+struct Float8Table {
+  float values[256];
+  explicit Float8Table(float (*decode)(uint8_t)) {
+    for (int b = 0; b < 256; ++b) values[b] = decode(static_cast<uint8_t>(b));
+  }
+};
+const Float8Table kE4m3(&e4m3_to_f32), kE5m2(&e5m2_to_f32);
+
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
@@ -261,6 +271,12 @@ Result<Fp8Scheme> parse_fp8_scheme(const json& config, const std::string& config
 Result<Fp8Weights> read_fp8_weights(const SafetensorsCheckpoint& ck, const Fp8Scheme& scheme,
                                     const std::string& config_path) {
   Fp8Weights out;
+  struct Job {
+    const SafetensorsTensor* weight;
+    const SafetensorsTensor* scale;
+    ScaleGrid grid;
+  };
+  std::vector<Job> jobs;  // parallel to out.weights
   auto tensor_at = [&](const std::pair<size_t, size_t>& loc) -> const SafetensorsTensor& {
     return ck.files[loc.first].tensors[loc.second];
   };
@@ -307,24 +323,39 @@ Result<Fp8Weights> read_fp8_weights(const SafetensorsCheckpoint& ck, const Fp8Sc
     w.rows = rows;
     w.cols = cols;
     w.values.resize(static_cast<size_t>(rows * cols));
-    const bool per_row = g.n_j == 1 && t.float8 == Float8::kE4M3;
-    if (per_row) {
+    if (g.n_j == 1 && t.float8 == Float8::kE4M3) {
       w.e4m3 = t.data;
       w.row_scales.resize(static_cast<size_t>(rows));
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint8_t* q = t.data + r * cols;
-      for (int64_t j = 0; j < g.n_j; ++j) {
-        const float scale = scale_value(st, (r / g.br) * g.n_j + j);
-        if (per_row) w.row_scales[static_cast<size_t>(r)] = scale;
-        const int64_t c1 = std::min(cols, (j + 1) * g.bc);
-        for (int64_t c = j * g.bc; c < c1; ++c) {
-          const float v = t.float8 == Float8::kE4M3 ? e4m3_to_f32(q[c]) : e5m2_to_f32(q[c]);
-          w.values[static_cast<size_t>(r * cols + c)] = v * scale;
+    jobs.push_back({&t, &st, g});
+    out.weights.push_back(std::move(w));
+  }
+  // Dequantization: a table lookup and a multiply per weight, over all
+  // cores (an 8B checkpoint holds ~7e9 FP8 weights).
+  std::optional<ThreadPool> pool;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& job = jobs[i];
+    Fp8Weight& w = out.weights[i];
+    const float* table = job.weight->float8 == Float8::kE4M3 ? kE4m3.values : kE5m2.values;
+    const int64_t cols = w.cols;
+    auto rows = [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* q = job.weight->data + r * cols;
+        float* v = w.values.data() + r * cols;
+        for (int64_t j = 0; j < job.grid.n_j; ++j) {
+          const float scale = scale_value(*job.scale, (r / job.grid.br) * job.grid.n_j + j);
+          if (w.e4m3) w.row_scales[static_cast<size_t>(r)] = scale;
+          const int64_t c1 = std::min(cols, (j + 1) * job.grid.bc);
+          for (int64_t c = j * job.grid.bc; c < c1; ++c) v[c] = table[q[c]] * scale;
         }
       }
+    };
+    if (w.rows * cols < (int64_t{1} << 20)) {
+      rows(0, w.rows);
+      continue;
     }
-    out.weights.push_back(std::move(w));
+    if (!pool) pool.emplace(0);
+    pool->parallel_for(w.rows, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1)), rows);
   }
   return out;
 }

@@ -13,7 +13,9 @@
 //  - a model placed with ModelOptions::quantize kFp8 really runs FP8: its
 //    logits move away from the f32 reference (so the option is not
 //    ignored) by no more than e4m3's rounding allows, and the engine
-//    serves it.
+//    serves it;
+//  - FP8 checkpoints (loader/fp8_checkpoint.h) run on the device held to
+//    the CPU (Fp8CheckpointsHoldToTheCpu says how closely).
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -325,6 +327,59 @@ TEST(Fp8Weights, ModelsRunInFp8) {
     std::printf("[ fp8 ] %s bf16 activations: max |logit fp8 - bf16| = %.4g\n", family, d16);
     EXPECT_GT(d16, 1e-5);
     EXPECT_LT(d16, 0.15 * max_ref);
+  }
+}
+
+// FP8 checkpoints as Hugging Face writes them (tests/data/fp8/, made by
+// tools/make_fp8_checkpoint.py), held to the CPU, which runs their exact
+// f32 dequantization (tests/model/fp8_checkpoint_test.cpp holds it to
+// numpy's):
+//  - one scale per row (compressed-tensors channel and tensor): the e4m3
+//    values and scales are uploaded as stored, so in batch-invariant mode
+//    (FP8 rows dequantized to f32, then the f32 GEMM) the logits are the
+//    CPU's up to f32 summation order;
+//  - block scales (transformers fp8, [32, 48] blocks) are requantized per
+//    row at load: within e4m3's rounding of the CPU;
+//  - in the default mode (FP8 GEMV, and the FP8 GEMM with activations
+//    quantized per token) within e4m3's rounding of the CPU, every layout.
+TEST(Fp8Weights, Fp8CheckpointsHoldToTheCpu) {
+  RILL_REQUIRE_GPU();
+  const std::string data = std::string(RILL_TEST_DATA) + "/fp8/";
+  for (const char* name : {"llama-ct-channel", "llama-ct-tensor", "llama-fp8-block", "qwen3-fp8-block"}) {
+    SCOPED_TRACE(name);
+    const std::string family = std::string(name).substr(0, std::string(name).find('-'));
+    const test::HfGolden g = test::read_hf_golden(test::hf_golden_dir(family));
+    const bool per_row = std::string(name).find("-ct-") != std::string::npos;
+    auto files = open_model_files(data + name);
+    ASSERT_TRUE(files.ok()) << files.error().message;
+    ModelOptions cpu = model_options(WeightQuantization::kNone);
+    cpu.device = Device::kCpu;
+    cpu.n_threads = 2;
+    auto cpu_model = create_model(builtin_registry(), infer_profile(**files), *files, cpu);
+    ASSERT_TRUE(cpu_model.ok()) << cpu_model.error().message;
+    SequenceRunner cpu_runner(**cpu_model);
+    auto ref = cpu_runner.score(g.prompt_ids);
+    ASSERT_TRUE(ref.ok()) << ref.error().message;
+    double max_ref = 0;
+    for (float v : *ref) max_ref = std::max(max_ref, std::fabs(double(v)));
+
+    for (bool invariant : {true, false}) {
+      ModelOptions o = model_options(WeightQuantization::kNone);
+      o.batch_invariant = invariant;
+      auto model = create_model(builtin_registry(), infer_profile(**files), *files, o);
+      ASSERT_TRUE(model.ok()) << model.error().message;
+      SequenceRunner runner(**model);
+      auto logits = runner.score(g.prompt_ids);
+      ASSERT_TRUE(logits.ok()) << logits.error().message;
+      const double diff = test::max_abs_diff(*logits, *ref);
+      std::printf("[ fp8 ] %s %s: max |logit cuda - cpu| = %.4g (max |logit| %.3g)\n", name,
+                  invariant ? "batch-invariant" : "default", diff, max_ref);
+      if (invariant && per_row) {
+        EXPECT_LT(diff, 1e-3) << "the stored e4m3 rows and scales must reach the device unchanged";
+      } else {
+        EXPECT_LT(diff, 0.15 * max_ref) << "more than e4m3 rounding explains";
+      }
+    }
   }
 }
 

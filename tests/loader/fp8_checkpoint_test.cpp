@@ -252,5 +252,38 @@ TEST(Fp8Checkpoint, Fp8WithoutAConfigOrAScaleWithoutItsWeight) {
             dir + "/model.safetensors: tensor '" + kQ + "_scale' is a scale but '" + kQ + "' is not an FP8 weight");
 }
 
+// A weight past the loader's threading threshold (2^20 values), block
+// scales with partial blocks at both edges: each value is e4m3 x its
+// block's scale.
+TEST(Fp8Checkpoint, LargeWeightsDequantizeOverThreads) {
+  const int64_t rows = 1100, cols = 1040;  // 9 x 9 blocks of 128, the last ones partial
+  Entry w{"model.layers.0.mlp.up_proj.weight", "F8_E4M3", {rows, cols}, {}};
+  for (int64_t i = 0; i < rows * cols; ++i) w.bytes.push_back(static_cast<uint8_t>((i * 2654435761u) >> 7) & 0xfe);
+  Entry s{"model.layers.0.mlp.up_proj.weight_scale_inv", "F32", {9, 9}, {}};
+  std::vector<float> scales(81);
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.001f * static_cast<float>(i + 1);
+  s.bytes.resize(81 * 4);
+  std::memcpy(s.bytes.data(), scales.data(), s.bytes.size());
+  json config = ct_config();
+  config["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  const std::string dir = write_model(config, {w, s});
+  auto files = open_model_files(dir);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  const TensorRef* t = (*files)->find(w.name);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->e4m3, nullptr);  // 9 scales per row
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float got;
+      std::memcpy(&got, t->data + 4 * (r * cols + c), 4);
+      const float want = e4m3_to_f32(w.bytes[static_cast<size_t>(r * cols + c)]) * scales[(r / 128) * 9 + c / 128];
+      bad += std::memcmp(&got, &want, 4) != 0;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace rill

@@ -498,17 +498,19 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  // p's rows as FP8 rows at dst: uploaded in the activation dtype to a
-  // device staging buffer (grown as needed, freed when placement ends),
-  // then quantized there.
+  // p's rows as FP8 rows at dst: uploaded in their own dtype (F32, F16,
+  // BF16: one rounding, to e4m3) or else the activation dtype to a device
+  // staging buffer (grown as needed, freed when placement ends), then
+  // quantized there.
   Status quantize_part(const HostMatrix& p, uint8_t* dst, float* scales, const std::string& what) {
-    const size_t bytes = row_bytes(act_, p.cols) * static_cast<size_t>(p.rows);
+    const DType stage = dtype_info(p.dtype).quantized ? act_ : p.dtype;
+    const size_t bytes = row_bytes(stage, p.cols) * static_cast<size_t>(p.rows);
     if (fp8_staging_.size() < bytes) {
       fp8_staging_ = {};
       RILL_ASSIGN_OR_RETURN(fp8_staging_, cuda::DeviceBuffer::allocate(bytes, "the FP8 quantization staging"));
     }
-    RILL_TRY(copy_part(p, act_, fp8_staging_.as<uint8_t>(), what));
-    cuda::quantize_fp8_rows(act_, fp8_staging_.data(), p.rows, p.cols, dst, scales, stream());
+    RILL_TRY(copy_part(p, stage, fp8_staging_.as<uint8_t>(), what));
+    cuda::quantize_fp8_rows(stage, fp8_staging_.data(), p.rows, p.cols, dst, scales, stream());
     return ctx_->synchronize();
   }
 
