@@ -30,7 +30,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 struct ConfigReader {
   const std::string& path;
   Error bad(const std::string& field, const std::string& what) const {
-    return Error{path + ": quantization_config." + field + " " + what};
+    return Error{path + ": quantization_config" + (field.empty() ? "" : "." + field) + " " + what};
   }
   // Every key of `obj` must be in `known`.
   Status only(const json& obj, const std::string& at, std::initializer_list<const char*> known) const {
@@ -56,14 +56,18 @@ Result<std::pair<int64_t, int64_t>> read_block(const ConfigReader& c, const json
 }
 
 Result<Fp8Scheme> parse_transformers_fp8(const ConfigReader& c, const json& q) {
-  RILL_TRY(c.only(q, "",
-                  {"quant_method", "activation_scheme", "weight_block_size", "modules_to_not_convert", "dequantize"}));
+  RILL_TRY(c.only(
+      q, "",
+      {"quant_method", "activation_scheme", "weight_block_size", "modules_to_not_convert", "dequantize", "fmt"}));
   Fp8Scheme s;
   s.layout = Fp8Scheme::Layout::kFp8;
   s.strategy = Fp8Scheme::Strategy::kBlock;
   s.scale_suffix = "_scale_inv";
   if (auto a = q.find("activation_scheme"); a != q.end() && *a != "dynamic") {
     return c.bad("activation_scheme", "is " + a->dump() + "; only \"dynamic\" is supported (static input scales)");
+  }
+  if (auto f = q.find("fmt"); f != q.end() && *f != "e4m3") {  // DeepSeek-V3's configs name it
+    return c.bad("fmt", "is " + f->dump() + "; only \"e4m3\" is supported");
   }
   if (auto d = q.find("dequantize"); d != q.end() && *d != false) {
     return c.bad("dequantize", "must be false (rill keeps FP8 weights where the backend runs them)");
@@ -129,7 +133,7 @@ Result<Fp8Scheme> parse_group(const ConfigReader& c, const json& g, const std::s
   }
   if (auto a = g.find("input_activations"); a != g.end() && !a->is_null()) {
     const std::string aat = at + ".input_activations.";
-    if (!a->is_object()) return c.bad(aat, "must be an object or null");
+    if (!a->is_object()) return c.bad(at + ".input_activations", "must be an object or null");
     if (a->value("dynamic", json()) != true) {
       return c.bad(aat + "dynamic", "must be true (static input scales are not supported)");
     }

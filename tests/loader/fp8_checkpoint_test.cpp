@@ -119,7 +119,12 @@ TEST(Fp8Checkpoint, RefusesWhatItCannotHonorNamingTheField) {
   j = {{"quantization_config", {{"quant_method", "fp8"}, {"weight_block_size", {128}}}}};
   EXPECT_EQ(scheme_error(j).rfind(prefix + "weight_block_size", 0), 0u) << scheme_error(j);
   j = {{"quantization_config", {{"quant_method", "fp8"}, {"fmt", "e4m3"}}}};
-  EXPECT_EQ(scheme_error(j).rfind(prefix + "fmt is not supported", 0), 0u) << scheme_error(j);
+  EXPECT_EQ(scheme_error(j), "(accepted)");
+  j["quantization_config"]["fmt"] = "e5m2";
+  EXPECT_EQ(scheme_error(j).rfind(prefix + "fmt is \"e5m2\"", 0), 0u) << scheme_error(j);
+  j = {{"quantization_config", {{"quant_method", "fp8"}, {"input_scale", 1.0}}}};
+  EXPECT_EQ(scheme_error(j).rfind(prefix + "input_scale is not supported", 0), 0u) << scheme_error(j);
+  EXPECT_EQ(scheme_error({{"quantization_config", 3}}), "m/config.json: quantization_config must be an object");
 
   const std::string g = "config_groups.group_0.";
   auto edit = [&](const std::function<void(json&)>& f) {
