@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
@@ -327,6 +328,64 @@ TEST(Fp8Weights, ModelsRunInFp8) {
     std::printf("[ fp8 ] %s bf16 activations: max |logit fp8 - bf16| = %.4g\n", family, d16);
     EXPECT_GT(d16, 1e-5);
     EXPECT_LT(d16, 0.15 * max_ref);
+  }
+}
+
+// An FP8 checkpoint's per-row weights (HostMatrix::e4m3 / e4m3_scales)
+// reach the device as stored: placed as two fused parts and multiplied (in
+// batch-invariant mode: dequantized to f32, then the f32 GEMV) by the
+// identity, y[t, r] is e4m3(q[r, t]) x scale[r] bit for bit. A part
+// without stored values (only `fp8`) is quantized from `data` instead.
+TEST(Fp8Weights, StoredE4m3RowsArePlacedAsTheyAre) {
+  RILL_REQUIRE_GPU();
+  const int64_t cols = 64, part_rows[] = {40, 24}, rows = 64;
+  std::vector<uint8_t> q(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<uint8_t>((i * 2654435761u) >> 9) & 0xfe;  // no NaN
+  std::vector<float> scales(static_cast<size_t>(rows)), f32(q.size());
+  for (int64_t r = 0; r < rows; ++r) scales[static_cast<size_t>(r)] = 0.0007f * static_cast<float>(r + 1);
+  for (int64_t i = 0; i < rows * cols; ++i) f32[i] = e4m3_value(q[i]) * scales[i / cols];
+  for (bool stored : {true, false}) {
+    SCOPED_TRACE(stored ? "stored e4m3" : "quantized from data");
+    CudaBackendOptions o;
+    o.act = DType::kF32;
+    o.batch_invariant = true;
+    auto b = make_cuda_backend(o);
+    ASSERT_TRUE(b.ok()) << b.error().message;
+    HostMatrix parts[2];
+    for (int i = 0, r0 = 0; i < 2; r0 += static_cast<int>(part_rows[i]), ++i) {
+      parts[i] = {f32.data() + r0 * cols, DType::kF32, part_rows[i], cols, static_cast<size_t>(cols) * 4};
+      parts[i].fp8 = true;
+      if (stored) {
+        parts[i].e4m3 = q.data() + r0 * cols;
+        parts[i].e4m3_scales = scales.data() + r0;
+      }
+    }
+    auto w = (*b)->place(parts, 2, "w");
+    ASSERT_TRUE(w.ok()) << w.error().message;
+    ASSERT_TRUE((*b)->reserve({cols, 4, 64}).ok());
+    std::vector<float> eye(static_cast<size_t>(cols * cols), 0.0f);
+    for (int64_t t = 0; t < cols; ++t) eye[static_cast<size_t>(t * cols + t)] = 1.0f;
+    auto x = (*b)->allocate(eye.size() * 4, "x");
+    auto y = (*b)->allocate(static_cast<size_t>(cols * rows) * 4, "y");
+    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_TRUE((*b)->copy_in(x->data(), eye.data(), eye.size() * 4).ok());
+    ASSERT_TRUE((*b)->matmul(*w, Tensor::dense(x->data(), DType::kF32, cols, cols),
+                             Tensor::dense(y->data(), DType::kF32, cols, rows), false)
+                    .ok());
+    std::vector<float> got(static_cast<size_t>(cols * rows));
+    ASSERT_TRUE((*b)->copy_out(got.data(), y->data(), got.size() * 4).ok());
+    int64_t bad = 0;
+    for (int64_t t = 0; t < cols; ++t) {
+      for (int64_t r = 0; r < rows; ++r) bad += got[static_cast<size_t>(t * rows + r)] != f32[r * cols + t];
+    }
+    // Requantizing gives other scales (max |row| / 448): the same values
+    // only where a row holds +-448 x its scale.
+    if (stored) {
+      EXPECT_EQ(bad, 0) << "of " << rows * cols << " weights differ from e4m3 x scale";
+    } else {
+      std::printf("[ fp8 ] requantized per-row weights: %lld of %lld differ\n", static_cast<long long>(bad),
+                  static_cast<long long>(rows * cols));
+    }
   }
 }
 
