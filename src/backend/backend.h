@@ -80,6 +80,13 @@ struct HostMatrix {
   // a backend keeps them in their precision (never requantized, e.g. by
   // the CUDA backend's FP8 weights).
   bool gathered = false;
+  // From an FP8 checkpoint (WeightView's fields of the same names): a
+  // backend with FP8 weights places the matrix as FP8, from e4m3 /
+  // e4m3_scales as they are when set (one scale per row), else by
+  // quantizing `data`.
+  bool fp8 = false;
+  const uint8_t* e4m3 = nullptr;
+  const float* e4m3_scales = nullptr;
 };
 
 // A weight matrix as a backend placed it: rows() x cols(). Opaque to

@@ -57,7 +57,7 @@ Command add_inspect_command(CLI::App& app) {
             std::map<std::string, int> types;
             for (const auto& [name, t] : f.tensors) {
               n_params += t.n_elements();
-              ++types[std::string(dtype_name(t.dtype))];
+              ++types[t.fp8 ? std::string("FP8") : std::string(dtype_name(t.dtype))];  // FP8: as stored
             }
             const Device device = o->device == "cuda" ? Device::kCuda : Device::kCpu;
             auto impl = builtin_registry().select(infer_profile(f), device);

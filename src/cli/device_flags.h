@@ -42,7 +42,8 @@ struct DeviceFlags {
                   "instead of on the device (the same tokens; for comparing the two)");
     app->add_option("--quantize", quantize,
                     "quantize float weights at load: fp8 (with --device cuda: e4m3 with a scale per row, every "
-                    "matrix but the embedding table; half the bytes of bf16) or none")
+                    "matrix but the embedding table; half the bytes of bf16) or none. FP8 checkpoints (a "
+                    "quantization_config in config.json) need no flag: CUDA runs them in FP8")
         ->check(CLI::IsMember({"none", "fp8"}));
     kv_types.add_to(app);
   }

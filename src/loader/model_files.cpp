@@ -125,8 +125,12 @@ Result<std::shared_ptr<ModelFiles>> open_hf_dir(const std::string& dir) {
   files->path = dir;
   RILL_ASSIGN_OR_RETURN(files->config, load_hf_config(dir));
   RILL_ASSIGN_OR_RETURN(SafetensorsCheckpoint ck, open_safetensors_checkpoint(dir));
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  RILL_ASSIGN_OR_RETURN(const Fp8Scheme scheme, parse_fp8_scheme(files->config.raw, config_path));
+  RILL_ASSIGN_OR_RETURN(files->fp8, read_fp8_weights(ck, scheme, config_path));
   for (const auto& [name, loc] : ck.tensors) {
     const SafetensorsTensor& st = ck.files[loc.first].tensors[loc.second];
+    if (st.float8 != Float8::kNone || files->fp8.scale_tensors.count(name)) continue;  // below
     TensorRef t;
     t.name = name;
     t.file = ck.file_paths[loc.first];
@@ -135,6 +139,20 @@ Result<std::shared_ptr<ModelFiles>> open_hf_dir(const std::string& dir) {
     t.data = st.data;
     t.n_bytes = st.n_bytes;
     files->tensors.emplace(name, std::move(t));
+  }
+  for (const Fp8Weight& w : files->fp8.weights) {
+    const auto& loc = ck.tensors.find(w.name)->second;
+    TensorRef t;
+    t.name = w.name;
+    t.file = ck.file_paths[loc.first];
+    t.dtype = DType::kF32;
+    t.shape = {w.rows, w.cols};
+    t.data = reinterpret_cast<const uint8_t*>(w.values.data());
+    t.n_bytes = w.values.size() * 4;
+    t.fp8 = true;
+    t.e4m3 = w.e4m3;
+    t.e4m3_scales = w.e4m3 ? w.row_scales.data() : nullptr;
+    files->tensors.emplace(w.name, std::move(t));
   }
   // Moving a MappedFile keeps its address range, so the pointers above stay valid.
   for (auto& f : ck.files) files->mappings.push_back(std::move(f.mapping));

@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "core/mapped_file.h"
 #include "core/result.h"
+#include "loader/fp8_checkpoint.h"
 #include "loader/model_config.h"
 
 namespace rill {
@@ -29,6 +30,12 @@ struct TensorRef {
   std::vector<int64_t> shape;  // outermost first
   const uint8_t* data = nullptr;
   size_t n_bytes = 0;
+  // A weight of an FP8 checkpoint (loader/fp8_checkpoint.h): `data` is its
+  // F32 dequantization; e4m3 / e4m3_scales the values as stored when each
+  // row has one scale (W[r, c] = e4m3[r * cols + c] x e4m3_scales[r]), else null.
+  bool fp8 = false;
+  const uint8_t* e4m3 = nullptr;
+  const float* e4m3_scales = nullptr;
 
   int64_t n_elements() const;
   std::string shape_string() const;  // "[576, 49152]"
@@ -50,6 +57,7 @@ struct ModelFiles {
   std::string chat_template;  // empty if none
 
   std::vector<MappedFile> mappings;  // keep the tensor data alive
+  Fp8Weights fp8;                    // an FP8 checkpoint's dequantized weights (TensorRef::fp8 point here)
   std::map<std::string, TensorRef, std::less<>> tensors;
 
   // nullptr when absent.

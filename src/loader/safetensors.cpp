@@ -74,8 +74,14 @@ Result<SafetensorsTensor> parse_entry(const std::string& tensor, const nlohmann:
   if (dt == info.end() || !dt->is_string()) return bad("has no string 'dtype'");
   SafetensorsTensor t;
   t.name = tensor;
-  if (!parse_dtype(dt->get<std::string>(), &t.dtype))
-    return bad("has unsupported dtype '" + dt->get<std::string>() + "' (supported: F32, F16, BF16)");
+  const std::string dtype = dt->get<std::string>();
+  if (dtype == "F8_E4M3") {
+    t.float8 = Float8::kE4M3;
+  } else if (dtype == "F8_E5M2") {
+    t.float8 = Float8::kE5M2;
+  } else if (!parse_dtype(dtype, &t.dtype)) {
+    return bad("has unsupported dtype '" + dtype + "' (supported: F32, F16, BF16, F8_E4M3, F8_E5M2)");
+  }
 
   auto sh = info.find("shape");
   if (sh == info.end() || !sh->is_array()) return bad("has no array 'shape'");
@@ -92,7 +98,7 @@ Result<SafetensorsTensor> parse_entry(const std::string& tensor, const nlohmann:
       return bad("has a shape whose element count overflows");
     n_elements *= v;
   }
-  const uint64_t elem_bytes = static_cast<uint64_t>(dtype_info(t.dtype).block_bytes);
+  const uint64_t elem_bytes = t.float8 != Float8::kNone ? 1 : static_cast<uint64_t>(dtype_info(t.dtype).block_bytes);
   if (n_elements > std::numeric_limits<uint64_t>::max() / elem_bytes)
     return bad("has a shape whose byte size overflows");
   const uint64_t expected_bytes = n_elements * elem_bytes;

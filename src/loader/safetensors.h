@@ -16,9 +16,15 @@
 
 namespace rill {
 
+// One-byte float element types (safetensors F8_E4M3 / F8_E5M2, as torch's
+// float8_e4m3fn / float8_e5m2). They have no DType: FP8 checkpoints
+// (loader/fp8_checkpoint.h) turn them into weights with their scales.
+enum class Float8 : uint8_t { kNone, kE4M3, kE5M2 };
+
 struct SafetensorsTensor {
   std::string name;
-  DType dtype = DType::kF32;      // F32, F16 or BF16
+  DType dtype = DType::kF32;      // F32, F16 or BF16; unused when float8 is set
+  Float8 float8 = Float8::kNone;  // an F8 tensor: one byte per element
   std::vector<int64_t> shape;     // outermost first; [] is a scalar
   const uint8_t* data = nullptr;  // into the parsed buffer; null when n_bytes == 0
   size_t n_bytes = 0;

@@ -28,6 +28,10 @@ Result<CudaDtypes> pick_cuda_dtypes(const std::string& path, const std::vector<c
                                     const WeightView& embed) {
   CudaDtypes d;
   d.act = layer_mats.empty() ? DType::kBF16 : layer_mats.front()->dtype;
+  // An FP8 checkpoint's weights arrive as their f32 dequantization
+  // (WeightView::fp8): the activations follow its unquantized tensors (the
+  // embedding: bf16 in the checkpoints Hugging Face hosts) instead.
+  if (!layer_mats.empty() && layer_mats.front()->fp8) d.act = embed.dtype;
   bool all_f32 = true, any_quant = false;
   for (const WeightView* w : layer_mats) {
     const DType t = w->dtype;

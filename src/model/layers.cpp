@@ -69,6 +69,9 @@ WeightView weight_view(const TensorRef& t) {
   v.n_cols = t.shape.back();
   v.data = t.data;
   v.row_stride = row_bytes(t.dtype, v.n_cols);
+  v.fp8 = t.fp8;
+  v.e4m3 = t.e4m3;
+  v.e4m3_scales = t.e4m3_scales;
   return v;
 }
 

@@ -6,7 +6,11 @@
 namespace rill {
 
 HostMatrix host_matrix(const WeightView& w) {
-  return {w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride > 0 ? w.row_stride : row_bytes(w.dtype, w.n_cols)};
+  HostMatrix m{w.data, w.dtype, w.n_rows, w.n_cols, w.row_stride > 0 ? w.row_stride : row_bytes(w.dtype, w.n_cols)};
+  m.fp8 = w.fp8;
+  m.e4m3 = w.e4m3;
+  m.e4m3_scales = w.e4m3_scales;
+  return m;
 }
 
 Status place_fused_qkv(Backend& b, const Linear& q, const Linear& k, const Linear& v, const std::string& prefix,

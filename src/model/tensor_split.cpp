@@ -54,6 +54,10 @@ WeightView slice_rows(const WeightView& w, SplitRange r) {
   WeightView v = w;
   v.n_rows = r.n;
   v.data = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r.begin) * w.row_stride;
+  if (v.e4m3) {
+    v.e4m3 += r.begin * w.n_cols;
+    v.e4m3_scales += r.begin;
+  }
   return v;
 }
 
@@ -75,6 +79,8 @@ Result<Linear> slice_cols(const Linear& l, SplitRange c, const std::string& name
   s.w = l.w;
   s.w.n_cols = c.n;
   s.w.data = static_cast<const uint8_t*>(l.w.data) + row_bytes(l.w.dtype, c.begin);
+  s.w.e4m3 = nullptr;  // a row's scale covers all its columns: the slice is requantized
+  s.w.e4m3_scales = nullptr;
   return s;  // row_stride stays the full row's
 }
 

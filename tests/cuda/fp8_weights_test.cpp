@@ -13,7 +13,9 @@
 //  - a model placed with ModelOptions::quantize kFp8 really runs FP8: its
 //    logits move away from the f32 reference (so the option is not
 //    ignored) by no more than e4m3's rounding allows, and the engine
-//    serves it.
+//    serves it;
+//  - FP8 checkpoints (loader/fp8_checkpoint.h) run on the device held to
+//    the CPU (Fp8CheckpointsHoldToTheCpu says how closely).
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -22,6 +24,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
@@ -325,6 +328,117 @@ TEST(Fp8Weights, ModelsRunInFp8) {
     std::printf("[ fp8 ] %s bf16 activations: max |logit fp8 - bf16| = %.4g\n", family, d16);
     EXPECT_GT(d16, 1e-5);
     EXPECT_LT(d16, 0.15 * max_ref);
+  }
+}
+
+// An FP8 checkpoint's per-row weights (HostMatrix::e4m3 / e4m3_scales)
+// reach the device as stored: placed as two fused parts and multiplied (in
+// batch-invariant mode: dequantized to f32, then the f32 GEMV) by the
+// identity, y[t, r] is e4m3(q[r, t]) x scale[r] bit for bit. A part
+// without stored values (only `fp8`) is quantized from `data` instead.
+TEST(Fp8Weights, StoredE4m3RowsArePlacedAsTheyAre) {
+  RILL_REQUIRE_GPU();
+  const int64_t cols = 64, part_rows[] = {40, 24}, rows = 64;
+  std::vector<uint8_t> q(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<uint8_t>((i * 2654435761u) >> 9) & 0xfe;  // no NaN
+  std::vector<float> scales(static_cast<size_t>(rows)), f32(q.size());
+  for (int64_t r = 0; r < rows; ++r) scales[static_cast<size_t>(r)] = 0.0007f * static_cast<float>(r + 1);
+  for (int64_t i = 0; i < rows * cols; ++i) f32[i] = e4m3_value(q[i]) * scales[i / cols];
+  for (bool stored : {true, false}) {
+    SCOPED_TRACE(stored ? "stored e4m3" : "quantized from data");
+    CudaBackendOptions o;
+    o.act = DType::kF32;
+    o.batch_invariant = true;
+    auto b = make_cuda_backend(o);
+    ASSERT_TRUE(b.ok()) << b.error().message;
+    HostMatrix parts[2];
+    for (int i = 0, r0 = 0; i < 2; r0 += static_cast<int>(part_rows[i]), ++i) {
+      parts[i] = {f32.data() + r0 * cols, DType::kF32, part_rows[i], cols, static_cast<size_t>(cols) * 4};
+      parts[i].fp8 = true;
+      if (stored) {
+        parts[i].e4m3 = q.data() + r0 * cols;
+        parts[i].e4m3_scales = scales.data() + r0;
+      }
+    }
+    auto w = (*b)->place(parts, 2, "w");
+    ASSERT_TRUE(w.ok()) << w.error().message;
+    ASSERT_TRUE((*b)->reserve({cols, 4, 64}).ok());
+    std::vector<float> eye(static_cast<size_t>(cols * cols), 0.0f);
+    for (int64_t t = 0; t < cols; ++t) eye[static_cast<size_t>(t * cols + t)] = 1.0f;
+    auto x = (*b)->allocate(eye.size() * 4, "x");
+    auto y = (*b)->allocate(static_cast<size_t>(cols * rows) * 4, "y");
+    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_TRUE((*b)->copy_in(x->data(), eye.data(), eye.size() * 4).ok());
+    ASSERT_TRUE((*b)->matmul(*w, Tensor::dense(x->data(), DType::kF32, cols, cols),
+                             Tensor::dense(y->data(), DType::kF32, cols, rows), false)
+                    .ok());
+    std::vector<float> got(static_cast<size_t>(cols * rows));
+    ASSERT_TRUE((*b)->copy_out(got.data(), y->data(), got.size() * 4).ok());
+    int64_t bad = 0;
+    for (int64_t t = 0; t < cols; ++t) {
+      for (int64_t r = 0; r < rows; ++r) bad += got[static_cast<size_t>(t * rows + r)] != f32[r * cols + t];
+    }
+    // Requantizing gives other scales (max |row| / 448): the same values
+    // only where a row holds +-448 x its scale.
+    if (stored) {
+      EXPECT_EQ(bad, 0) << "of " << rows * cols << " weights differ from e4m3 x scale";
+    } else {
+      std::printf("[ fp8 ] requantized per-row weights: %lld of %lld differ\n", static_cast<long long>(bad),
+                  static_cast<long long>(rows * cols));
+    }
+  }
+}
+
+// FP8 checkpoints as Hugging Face writes them (tests/data/fp8/, made by
+// tools/make_fp8_checkpoint.py), held to the CPU, which runs their exact
+// f32 dequantization (tests/model/fp8_checkpoint_test.cpp holds it to
+// numpy's):
+//  - one scale per row (compressed-tensors channel and tensor): the e4m3
+//    values and scales are uploaded as stored, so in batch-invariant mode
+//    (FP8 rows dequantized to f32, then the f32 GEMM) the logits are the
+//    CPU's up to f32 summation order;
+//  - block scales (transformers fp8, [32, 48] blocks) are requantized per
+//    row at load: within e4m3's rounding of the CPU;
+//  - in the default mode (FP8 GEMV, and the FP8 GEMM with activations
+//    quantized per token) within e4m3's rounding of the CPU, every layout.
+TEST(Fp8Weights, Fp8CheckpointsHoldToTheCpu) {
+  RILL_REQUIRE_GPU();
+  const std::string data = std::string(RILL_TEST_DATA) + "/fp8/";
+  for (const char* name : {"llama-ct-channel", "llama-ct-tensor", "llama-fp8-block", "qwen3-fp8-block"}) {
+    SCOPED_TRACE(name);
+    const std::string family = std::string(name).substr(0, std::string(name).find('-'));
+    const test::HfGolden g = test::read_hf_golden(test::hf_golden_dir(family));
+    const bool per_row = std::string(name).find("-ct-") != std::string::npos;
+    auto files = open_model_files(data + name);
+    ASSERT_TRUE(files.ok()) << files.error().message;
+    ModelOptions cpu = model_options(WeightQuantization::kNone);
+    cpu.device = Device::kCpu;
+    cpu.n_threads = 2;
+    auto cpu_model = create_model(builtin_registry(), infer_profile(**files), *files, cpu);
+    ASSERT_TRUE(cpu_model.ok()) << cpu_model.error().message;
+    SequenceRunner cpu_runner(**cpu_model);
+    auto ref = cpu_runner.score(g.prompt_ids);
+    ASSERT_TRUE(ref.ok()) << ref.error().message;
+    double max_ref = 0;
+    for (float v : *ref) max_ref = std::max(max_ref, std::fabs(double(v)));
+
+    for (bool invariant : {true, false}) {
+      ModelOptions o = model_options(WeightQuantization::kNone);
+      o.batch_invariant = invariant;
+      auto model = create_model(builtin_registry(), infer_profile(**files), *files, o);
+      ASSERT_TRUE(model.ok()) << model.error().message;
+      SequenceRunner runner(**model);
+      auto logits = runner.score(g.prompt_ids);
+      ASSERT_TRUE(logits.ok()) << logits.error().message;
+      const double diff = test::max_abs_diff(*logits, *ref);
+      std::printf("[ fp8 ] %s %s: max |logit cuda - cpu| = %.4g (max |logit| %.3g)\n", name,
+                  invariant ? "batch-invariant" : "default", diff, max_ref);
+      if (invariant && per_row) {
+        EXPECT_LT(diff, 1e-3) << "the stored e4m3 rows and scales must reach the device unchanged";
+      } else {
+        EXPECT_LT(diff, 0.15 * max_ref) << "more than e4m3 rounding explains";
+      }
+    }
   }
 }
 

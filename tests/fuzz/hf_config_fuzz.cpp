@@ -1,9 +1,11 @@
 // Fuzz target: config.json / generation_config.json text. Any input must give
-// a ModelConfig or an Error; no nlohmann exception may escape.
+// a ModelConfig or an Error (also its quantization_config, as an Fp8Scheme);
+// no nlohmann exception may escape.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include "loader/fp8_checkpoint.h"
 #include "loader/hf_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -14,6 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!gen.is_discarded()) {
     rill::GenerationDefaults defaults;
     (void)rill::apply_generation_config(gen, "fuzz/generation_config.json", &defaults).ok();
+    (void)rill::parse_fp8_scheme(gen, "fuzz/config.json").ok();
   }
   return 0;
 }

@@ -168,6 +168,23 @@ TEST(Safetensors, IntegerIndexBuffersAreLeftOut) {
   EXPECT_EQ((*r)[0].name, "w");
 }
 
+// F8_E4M3 / F8_E5M2 are one byte per element (loader/fp8_checkpoint.h
+// gives them meaning); a byte count that assumes another size is refused.
+TEST(Safetensors, Float8TensorsAreOneBytePerElement) {
+  json h;
+  h["q"] = {{"dtype", "F8_E4M3"}, {"shape", {2, 3}}, {"data_offsets", {0, 6}}};
+  h["r"] = {{"dtype", "F8_E5M2"}, {"shape", {2}}, {"data_offsets", {6, 8}}};
+  const std::vector<uint8_t> b = make_image(h.dump(), std::vector<uint8_t>(8));
+  auto r = parse(b);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0].float8, Float8::kE4M3);
+  EXPECT_EQ((*r)[0].n_bytes, 6u);
+  EXPECT_EQ((*r)[1].float8, Float8::kE5M2);
+  expect_error(with_entry({{"dtype", "F8_E4M3"}, {"shape", {4}}, {"data_offsets", {0, 8}}}),
+               "tensor 'x' has 8 bytes but its shape and dtype need 4");
+}
+
 TEST(Safetensors, EntryErrorsNameTheTensor) {
   expect_error(with_entry({{"dtype", "F64"}, {"shape", {1}}, {"data_offsets", {0, 8}}}),
                "tensor 'x' has unsupported dtype 'F64'");

@@ -26,6 +26,14 @@ struct WeightView {
   int64_t n_cols = 0;
   const void* data = nullptr;
   size_t row_stride = 0;  // bytes; row_bytes(dtype, n_cols) for packed tensors
+  // From an FP8 checkpoint (loader/fp8_checkpoint.h): `data` is the
+  // dequantized weight, which is all the CPU reads. e4m3 / e4m3_scales, when
+  // set, are the same rows as stored (row r: e4m3 + r * n_cols, times
+  // e4m3_scales[r]) for backends that keep FP8; a view of other columns
+  // drops them.
+  bool fp8 = false;
+  const uint8_t* e4m3 = nullptr;
+  const float* e4m3_scales = nullptr;
 };
 
 // Grow-only scratch memory. reserve() may allocate; call it while planning

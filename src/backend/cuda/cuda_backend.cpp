@@ -123,12 +123,17 @@ class CudaBackend final : public Backend {
     // The quantized GEMV pairs blocks with F32/BF16 activations only.
     t = cuda::quant_supported(t) && act_ != DType::kF16 ? t : act_;
     const int64_t cols = parts[0].cols;
-    if (fp8_ && !parts[0].gathered && !dtype_info(t).quantized) {
-      if (!cuda::fp8_cols_ok(cols) || act_ == DType::kF16) {
+    // FP8 checkpoints' weights stay FP8 without --quantize fp8; where the
+    // rows cannot be FP8 they run in act (their dequantized values).
+    bool from_fp8 = false;
+    for (int i = 0; i < n_parts; ++i) from_fp8 = from_fp8 || parts[i].fp8;
+    if ((fp8_ || from_fp8) && !parts[0].gathered && !dtype_info(t).quantized) {
+      const bool fits = cuda::fp8_cols_ok(cols) && act_ != DType::kF16;
+      if (!fits && fp8_) {
         return Error{what + ": --quantize fp8 needs rows of a multiple of 16 columns (" + std::to_string(cols) +
                      ") and bf16 or f32 activations"};
       }
-      t = cuda::kFp8Rows;
+      if (fits) t = cuda::kFp8Rows;
     }
     const bool fp8 = t == cuda::kFp8Rows;
     const size_t dst_row = fp8 ? cuda::fp8_row_bytes(cols) : row_bytes(t, cols);
@@ -139,7 +144,11 @@ class CudaBackend final : public Backend {
     for (int i = 0; i < n_parts && dev; ++i) {
       if (fp8) {
         auto* scales = const_cast<float*>(cuda::fp8_scales(dev, rows, cols)) + row0;
-        RILL_TRY(quantize_part(parts[i], at, scales, what));
+        if (parts[i].e4m3) {
+          RILL_TRY(upload_fp8_part(parts[i], at, scales, what));
+        } else {
+          RILL_TRY(quantize_part(parts[i], at, scales, what));
+        }
       } else {
         RILL_TRY(copy_part(parts[i], t, at, what));
       }
@@ -489,18 +498,47 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  // p's rows as FP8 rows at dst: uploaded in the activation dtype to a
-  // device staging buffer (grown as needed, freed when placement ends),
-  // then quantized there.
+  // p's rows as FP8 rows at dst: uploaded in their own dtype (F32, F16,
+  // BF16: one rounding, to e4m3) or else the activation dtype to a device
+  // staging buffer (grown as needed, freed when placement ends), then
+  // quantized there.
   Status quantize_part(const HostMatrix& p, uint8_t* dst, float* scales, const std::string& what) {
-    const size_t bytes = row_bytes(act_, p.cols) * static_cast<size_t>(p.rows);
+    const DType stage = dtype_info(p.dtype).quantized ? act_ : p.dtype;
+    const size_t bytes = row_bytes(stage, p.cols) * static_cast<size_t>(p.rows);
     if (fp8_staging_.size() < bytes) {
       fp8_staging_ = {};
       RILL_ASSIGN_OR_RETURN(fp8_staging_, cuda::DeviceBuffer::allocate(bytes, "the FP8 quantization staging"));
     }
-    RILL_TRY(copy_part(p, act_, fp8_staging_.as<uint8_t>(), what));
-    cuda::quantize_fp8_rows(act_, fp8_staging_.data(), p.rows, p.cols, dst, scales, stream());
+    RILL_TRY(copy_part(p, stage, fp8_staging_.as<uint8_t>(), what));
+    cuda::quantize_fp8_rows(stage, fp8_staging_.data(), p.rows, p.cols, dst, scales, stream());
     return ctx_->synchronize();
+  }
+
+  // p's stored e4m3 rows and scales (an FP8 checkpoint's, one scale per
+  // row) as FP8 rows at dst, as they are: each row's header built on the
+  // host, in chunks of rows.
+  Status upload_fp8_part(const HostMatrix& p, uint8_t* dst, float* scales, const std::string& what) {
+    const size_t dst_row = cuda::fp8_row_bytes(p.cols), cols = static_cast<size_t>(p.cols);
+    const auto rows = static_cast<size_t>(p.rows);
+    const size_t chunk_rows = std::max<size_t>(1, (size_t{16} << 20) / dst_row);
+    for (size_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const size_t n = std::min(chunk_rows, rows - r0);
+      staging_.assign(n * dst_row, 0);
+      for (size_t r = 0; r < n; ++r) {
+        std::memcpy(staging_.data() + r * dst_row, p.e4m3_scales + r0 + r, 4);
+        std::memcpy(staging_.data() + r * dst_row + cuda::kFp8RowHeader, p.e4m3 + (r0 + r) * cols, cols);
+      }
+      if (cudaError_t e = cudaMemcpy(dst + r0 * dst_row, staging_.data(), n * dst_row, cudaMemcpyHostToDevice);
+          e != cudaSuccess) {
+        return upload_error(e, what);
+      }
+    }
+    staging_.clear();
+    staging_.shrink_to_fit();
+    if (cudaError_t e = cudaMemcpy(scales, p.e4m3_scales, rows * 4, cudaMemcpyHostToDevice); e != cudaSuccess) {
+      return upload_error(e, what);
+    }
+    return Status::Ok();
   }
 
   Status copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
