@@ -21,7 +21,7 @@ for t in $TESTS; do cp "$B/tests/$t" "$D/bin/"; done
 cp "$B/rill" "$D/bin/"
 strip "$D"/bin/*
 (cd "$D" && tar cJf bin.tar.xz bin && rm -rf bin)
-for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$D/lib/"; done
+for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0 libspdlog.so.1.10 libfmt.so.9; do cp -L /lib/x86_64-linux-gnu/$l "$D/lib/"; done
 (cd "$SHARED/goldens/hf" && tar cJf "$D/shared/goldens.tar.xz" --exclude='*.gguf' .)
 cp "$SHARED/tools/make_random_model.py" "$D/shared/tools/"
 cp -r "$SHARED/tokenizers/llama3" "$D/shared/tokenizers/"
