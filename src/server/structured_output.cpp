@@ -207,6 +207,20 @@ const char* tool_call_format_name(ToolCallFormat format) {
       return "mistral-json";
     case ToolCallFormat::kQwenXml:
       return "qwen-xml";
+    case ToolCallFormat::kGlm:
+      return "glm";
+    case ToolCallFormat::kGlmCompact:
+      return "glm-compact";
+    case ToolCallFormat::kDeepSeekV31:
+      return "deepseek-v3.1";
+    case ToolCallFormat::kDsml:
+      return "deepseek-dsml";
+    case ToolCallFormat::kKimi:
+      return "kimi-k2";
+    case ToolCallFormat::kCommandR7b:
+      return "command-r7b";
+    case ToolCallFormat::kHarmony:
+      return "harmony";
   }
   return "?";
 }
@@ -217,10 +231,17 @@ ToolCallFormat tool_call_format_of_source(const std::string& src) {
     if (has("[CALL_ID]")) return ToolCallFormat::kMistralCallId;
     return has("[ARGS]") ? ToolCallFormat::kMistralArgs : ToolCallFormat::kMistralJson;
   }
+  if (has("<|channel|>") && has("<|call|>")) return ToolCallFormat::kHarmony;
+  if (has("｜DSML｜")) return ToolCallFormat::kDsml;
+  if (has("<｜tool▁calls▁begin｜>") && has("<｜tool▁sep｜>") && !has("```json")) return ToolCallFormat::kDeepSeekV31;
+  if (has("<|tool_calls_section_begin|>")) return ToolCallFormat::kKimi;
+  if (has("<|START_ACTION|>")) return ToolCallFormat::kCommandR7b;
   if (has("<tool_call>")) {
     if (has("<function=")) return ToolCallFormat::kQwenXml;
-    // GLM writes <tool_call>name<arg_key>...; Apriel 1.5 a list in one block.
-    if (has("<arg_key>") || has("list of json objects within <tool_call>")) return ToolCallFormat::kGeneric;
+    // GLM writes <tool_call>name<arg_key>... (4.5 / 4.6 on lines of their own).
+    if (has("<arg_key>")) return has("\n<arg_key>") ? ToolCallFormat::kGlm : ToolCallFormat::kGlmCompact;
+    // Apriel 1.5: a list in one block.
+    if (has("list of json objects within <tool_call>")) return ToolCallFormat::kGeneric;
     return ToolCallFormat::kHermes;
   }
   // functionary v3.1 prints <|python_tag|> but calls as <function=f>{...}</function>.

@@ -69,7 +69,35 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
 // Forced grammars spell the markers ([TOOL_CALLS], <tool_call>) with the
 // bytes of ordinary tokens: special tokens are outside grammar masks
 // (text/grammar/token_vocabulary.h).
-enum class ToolCallFormat { kHermes, kLlama3Json, kGeneric, kMistralArgs, kMistralCallId, kMistralJson, kQwenXml };
+//   kGlm            <tool_call>f\n<arg_key>p</arg_key>\n<arg_value>VALUE</arg_value>\n...</tool_call>
+//                   (GLM 4.5 / 4.6; kGlmCompact: GLM 4.7, without the newlines); values bare as kQwenXml's
+//   kDeepSeekV31    <｜tool▁calls▁begin｜>(<｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>)+
+//                   <｜tool▁calls▁end｜>
+//   kDsml           DeepSeek V3.2: <｜DSML｜function_calls>\n(<｜DSML｜invoke name="f">\n(<｜DSML｜parameter
+//                   name="p" string="true|false">VALUE</｜DSML｜parameter>\n)*</｜DSML｜invoke>\n)+
+//                   </｜DSML｜function_calls>; values bare as kQwenXml's
+//   kKimi           <|tool_calls_section_begin|>(<|tool_call_begin|>functions.f:N
+//                   <|tool_call_argument_begin|>{...}<|tool_call_end|>)+<|tool_calls_section_end|>
+//   kCommandR7b     <|START_ACTION|>[\n    {"tool_call_id": "N", "tool_name": "f", "parameters": {...}},...
+//                   \n]<|END_ACTION|>
+//   kHarmony        gpt-oss: <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}
+//                   then <|call|> (an end-of-generation token); one call per turn
+enum class ToolCallFormat {
+  kHermes,
+  kLlama3Json,
+  kGeneric,
+  kMistralArgs,
+  kMistralCallId,
+  kMistralJson,
+  kQwenXml,
+  kGlm,
+  kGlmCompact,
+  kDeepSeekV31,
+  kDsml,
+  kKimi,
+  kCommandR7b,
+  kHarmony,
+};
 const char* tool_call_format_name(ToolCallFormat format);
 // The template's own format when it renders tools, judged by the markers
 // its source prints (tests/server/template_corpus_test.cpp holds each of
