@@ -335,8 +335,15 @@ std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx,
   prompt.thinking.starts_inside = starts_in_reasoning && prompt.thinking.tracked();
   if (in.thinking) prompt.thinking.budget = in.thinking->budget;
   prompt.parser.parse_tool_calls = in.tools.is_array() && !in.tools.empty();
+  // gpt-oss: the harmony format's channels carry reasoning, answer and calls.
+  const bool harmony = ctx.chat_template != nullptr &&
+                       tool_call_format_of_source(ctx.chat_template->source()) == ToolCallFormat::kHarmony;
+  prompt.parser.harmony = harmony;
+  // The parser reads markers that are special tokens (harmony's, [TOOL_CALLS], <|python_tag|>, ...).
+  prompt.keep_special_tokens = harmony || prompt.parser.parse_tool_calls;
+  const ToolCallFormat format = tool_call_format(ctx.chat_template, tools_native);
   if (in.tools_required && prompt.parser.parse_tool_calls) {
-    auto g = tool_call_grammar(in.tools, tool_call_format(ctx.chat_template, tools_native), in.parallel_tool_calls);
+    auto g = tool_call_grammar(in.tools, format, in.parallel_tool_calls, ctx.engine.tokenizer());
     if (auto* e = std::get_if<ApiError>(&g)) return std::move(*e);
     prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));
   } else if (!in.constraint.empty()) {
@@ -427,6 +434,7 @@ std::variant<std::shared_ptr<ChatStream>, ApiError> ChatStream::start(ServerCont
   }
   generation.prompt = prompt.ids;
   if (!generation.grammar) generation.grammar = prompt.grammar;
+  if (prompt.keep_special_tokens) generation.skip_special_tokens = false;
   if (!generation.thinking.tracked()) generation.thinking = prompt.thinking;
   auto state = std::make_shared<StreamState>(ctx, prompt.parser, std::move(callbacks));
   auto id = ctx.engine.submit(std::move(generation), [state](GenerationEvent&& ev) { state->on_event(std::move(ev)); });

@@ -8,6 +8,7 @@
 #include "text/grammar/grammar_cache.h"
 #include "text/grammar/json_schema_grammar.h"
 #include "text/grammar/regex_grammar.h"
+#include "text/tokenizer.h"
 
 namespace rill::server {
 namespace {
@@ -360,6 +361,7 @@ struct XmlParameter {
   std::string name;
   std::string gbnf;
   bool required = false;
+  bool is_string = false;  // typed "string": bare text (else JSON of its schema)
 };
 
 // The parameters of a tool in the XML call form, in the schema's order.
@@ -394,7 +396,7 @@ Result<std::vector<XmlParameter>> xml_parameters(const Json& params) {
       return Error{"the property at " + path +
                    " needs a 'type' in the XML tool-call form (its bare value is read by it)"};
     }
-    XmlParameter p{name, "", required.count(name) > 0};
+    XmlParameter p{name, "", required.count(name) > 0, type == "string"};
     if (type == "string") {
       RILL_ASSIGN_OR_RETURN(p.gbnf, xml_string_gbnf(*property, path));
     } else {
@@ -442,12 +444,30 @@ grammar::Expr mistral_call_id() {
 
 }  // namespace
 
+namespace {
+
+// Formats whose values are bare text, one parameter at a time.
+bool bare_values(ToolCallFormat format) {
+  return format == ToolCallFormat::kQwenXml || format == ToolCallFormat::kGlm ||
+         format == ToolCallFormat::kGlmCompact || format == ToolCallFormat::kDsml;
+}
+
+grammar::Expr digits() {
+  grammar::Expr d;
+  d.kind = grammar::Expr::Kind::kClass;
+  d.ranges = {{'0', '9'}};
+  return repeat(std::move(d), 1, 4);
+}
+
+}  // namespace
+
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_call_grammar(const Json& tools,
                                                                                           ToolCallFormat format,
-                                                                                          bool parallel) {
-  // Each tool's arguments grammar (XML form: each parameter's), converted
-  // first: a refused schema is a 400 before anything is built or cached.
-  const bool xml = format == ToolCallFormat::kQwenXml;
+                                                                                          bool parallel,
+                                                                                          const Tokenizer* tokenizer) {
+  // Each tool's arguments grammar (bare-value forms: each parameter's),
+  // converted first: a refused schema is a 400 before anything is built or cached.
+  const bool xml = bare_values(format);
   std::vector<std::string> args_gbnf;
   std::vector<std::vector<XmlParameter>> xml_params;
   for (size_t i = 0; i < tools.size(); ++i) {
@@ -473,15 +493,18 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
     if (!g.ok()) return converter_error(param, g.error());
     args_gbnf.push_back(std::move(g).value());
   }
-  std::string key = "tools\n" + std::to_string(static_cast<int>(format)) + (parallel ? "p\n" : "1\n");
-  for (size_t i = 0; i < tools.size(); ++i) {
-    key += tools[i]["function"]["name"].get<std::string>() + "\n";
-    if (!xml) {
-      key += args_gbnf[i] + "\n";
-      continue;
+  // A marker the tokenizer has as one special token is that token (the
+  // model writes it so); otherwise its text. The choice is in the cache key.
+  std::string marker_bits;
+  auto marker = [&](std::string_view spelling) {
+    bool special = false;
+    if (tokenizer != nullptr) {
+      const std::vector<int32_t> ids = tokenizer->encode(spelling, /*add_special=*/false, /*parse_special=*/true);
+      special = ids.size() == 1 && tokenizer->is_special(ids[0]);
     }
-    for (const XmlParameter& p : xml_params[i]) key += p.name + (p.required ? "\n1\n" : "\n0\n") + p.gbnf + "\n";
-  }
+    marker_bits += special ? '1' : '0';
+    return literal(special ? grammar::special_token_literal(spelling) : std::string(spelling));
+  };
   auto build = [&]() -> Result<grammar::GrammarAst> {
     using Kind = grammar::Expr::Kind;
     grammar::GrammarAst ast;
@@ -491,59 +514,151 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
       const Json name_json = tools[i]["function"]["name"];
       const std::string name = name_json.get<std::string>();
       if (xml) {
-        std::vector<grammar::Expr> seq{literal("<tool_call>\n<function=" + name + ">\n")};
+        const bool glm = format == ToolCallFormat::kGlm || format == ToolCallFormat::kGlmCompact;
+        const std::string nl = format == ToolCallFormat::kGlmCompact ? "" : "\n";
+        std::vector<grammar::Expr> seq;
+        if (format == ToolCallFormat::kQwenXml) {
+          seq = {marker("<tool_call>"), literal("\n<function=" + name + ">\n")};
+        } else if (glm) {
+          seq = {marker("<tool_call>"), literal(name)};
+        } else {
+          seq = {literal("<｜DSML｜invoke name=\"" + name + "\">\n")};
+        }
         for (size_t j = 0; j < xml_params[i].size(); ++j) {
           const XmlParameter& p = xml_params[i][j];
           RILL_ASSIGN_OR_RETURN(grammar::Expr value, splice(ast, p.gbnf, prefix + "p" + std::to_string(j) + "-"));
-          grammar::Expr one = node(
-              Kind::kSeq, {literal("<parameter=" + p.name + ">\n"), std::move(value), literal("\n</parameter>\n")});
+          grammar::Expr one;
+          if (format == ToolCallFormat::kQwenXml) {
+            one = node(Kind::kSeq,
+                       {literal("<parameter=" + p.name + ">\n"), std::move(value), literal("\n</parameter>\n")});
+          } else if (glm) {
+            one = node(Kind::kSeq, {literal(nl), marker("<arg_key>"), literal(p.name), marker("</arg_key>"),
+                                    literal(nl), marker("<arg_value>"), std::move(value), marker("</arg_value>")});
+          } else {
+            one = node(Kind::kSeq, {literal("<｜DSML｜parameter name=\"" + p.name + "\" string=\"" +
+                                            (p.is_string ? "true" : "false") + "\">"),
+                                    std::move(value), literal("</｜DSML｜parameter>\n")});
+          }
           seq.push_back(p.required ? std::move(one) : repeat(std::move(one), 0, 1));
         }
-        seq.push_back(literal("</function>\n</tool_call>"));
+        if (format == ToolCallFormat::kQwenXml) {
+          seq.push_back(literal("</function>\n"));
+          seq.push_back(marker("</tool_call>"));
+        } else if (glm) {
+          seq.push_back(literal(nl));
+          seq.push_back(marker("</tool_call>"));
+        } else {
+          seq.push_back(literal("</｜DSML｜invoke>\n"));
+        }
         calls.push_back(node(Kind::kSeq, std::move(seq)));
         continue;
       }
       RILL_ASSIGN_OR_RETURN(grammar::Expr args, splice(ast, args_gbnf[i], prefix));
       switch (format) {
         case ToolCallFormat::kMistralArgs:
-          calls.push_back(node(Kind::kSeq, {literal("[TOOL_CALLS]" + name + "[ARGS]"), std::move(args)}));
+          calls.push_back(node(Kind::kSeq, {marker("[TOOL_CALLS]"), literal(name), marker("[ARGS]"), std::move(args)}));
           break;
         case ToolCallFormat::kMistralCallId:
-          calls.push_back(node(Kind::kSeq, {literal("[TOOL_CALLS]" + name + "[CALL_ID]"), mistral_call_id(),
-                                            literal("[ARGS]"), std::move(args)}));
+          calls.push_back(node(Kind::kSeq, {marker("[TOOL_CALLS]"), literal(name), marker("[CALL_ID]"),
+                                            mistral_call_id(), marker("[ARGS]"), std::move(args)}));
           break;
         case ToolCallFormat::kMistralJson:
           calls.push_back(
               node(Kind::kSeq, {literal("{\"name\": " + name_json.dump() + ", \"arguments\": "), std::move(args),
                                 literal(", \"id\": \""), mistral_call_id(), literal("\"}")}));
           break;
+        case ToolCallFormat::kDeepSeekV31:
+          calls.push_back(node(Kind::kSeq, {marker("<｜tool▁call▁begin｜>"), literal(name), marker("<｜tool▁sep｜>"),
+                                            std::move(args), marker("<｜tool▁call▁end｜>")}));
+          break;
+        case ToolCallFormat::kKimi:
+          calls.push_back(
+              node(Kind::kSeq, {marker("<|tool_call_begin|>"), literal("functions." + name + ":"), digits(),
+                                marker("<|tool_call_argument_begin|>"), std::move(args), marker("<|tool_call_end|>")}));
+          break;
+        case ToolCallFormat::kCommandR7b:
+          calls.push_back(node(Kind::kSeq, {literal("{\"tool_call_id\": \""), digits(),
+                                            literal("\", \"tool_name\": " + name_json.dump() + ", \"parameters\": "),
+                                            std::move(args), literal("}")}));
+          break;
+        case ToolCallFormat::kHarmony:
+          // The model's own header form (the template writes the recipient
+          // first in history; the parser reads both). <|call|> ends it as EOS.
+          calls.push_back(
+              node(Kind::kSeq, {marker("<|channel|>"), literal("commentary to=functions." + name + " "),
+                                marker("<|constrain|>"), literal("json"), marker("<|message|>"), std::move(args)}));
+          break;
         default: {
           const bool hermes = format == ToolCallFormat::kHermes;
           const char* args_key = format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
-          calls.push_back(node(Kind::kSeq, {literal(std::string(hermes ? "<tool_call>\n" : "") +
-                                                    "{\"name\": " + name_json.dump() + ", \"" + args_key + "\": "),
-                                            std::move(args), literal(hermes ? "}\n</tool_call>" : "}")}));
+          std::vector<grammar::Expr> seq;
+          if (hermes) seq.push_back(marker("<tool_call>"));
+          seq.push_back(
+              literal(std::string(hermes ? "\n" : "") + "{\"name\": " + name_json.dump() + ", \"" + args_key + "\": "));
+          seq.push_back(std::move(args));
+          seq.push_back(literal(hermes ? "}\n" : "}"));
+          if (hermes) seq.push_back(marker("</tool_call>"));
+          calls.push_back(node(Kind::kSeq, std::move(seq)));
         }
       }
     }
     std::string separator = "\n";
     if (format == ToolCallFormat::kLlama3Json) separator = "; ";
-    if (format == ToolCallFormat::kMistralArgs || format == ToolCallFormat::kMistralCallId) separator = "";
     if (format == ToolCallFormat::kMistralJson) separator = ", ";
+    if (format == ToolCallFormat::kCommandR7b) separator = ",\n    ";
+    if (format == ToolCallFormat::kMistralArgs || format == ToolCallFormat::kMistralCallId ||
+        format == ToolCallFormat::kGlmCompact || format == ToolCallFormat::kDeepSeekV31 ||
+        format == ToolCallFormat::kKimi || format == ToolCallFormat::kDsml) {
+      separator = "";
+    }
     grammar::Rule call{"call", node(Kind::kAlt, std::move(calls)), 0};
     grammar::Expr root_body = ref("call");
-    if (parallel) {
+    if (parallel && format != ToolCallFormat::kHarmony) {  // harmony: one call per turn
       root_body =
           node(Kind::kSeq,
                {ref("call"), repeat(node(Kind::kSeq, {literal(separator), ref("call")}), 0, grammar::kUnbounded)});
     }
-    if (format == ToolCallFormat::kMistralJson) {
-      root_body = node(Kind::kSeq, {literal("[TOOL_CALLS]["), std::move(root_body), literal("]")});
+    switch (format) {
+      case ToolCallFormat::kMistralJson:
+        root_body = node(Kind::kSeq, {marker("[TOOL_CALLS]"), literal("["), std::move(root_body), literal("]")});
+        break;
+      case ToolCallFormat::kDeepSeekV31:
+        root_body =
+            node(Kind::kSeq, {marker("<｜tool▁calls▁begin｜>"), std::move(root_body), marker("<｜tool▁calls▁end｜>")});
+        break;
+      case ToolCallFormat::kKimi:
+        root_body = node(Kind::kSeq, {marker("<|tool_calls_section_begin|>"), std::move(root_body),
+                                      marker("<|tool_calls_section_end|>")});
+        break;
+      case ToolCallFormat::kDsml:
+        root_body = node(Kind::kSeq, {literal("<｜DSML｜function_calls>\n"), std::move(root_body),
+                                      literal("</｜DSML｜function_calls>")});
+        break;
+      case ToolCallFormat::kCommandR7b:
+        root_body = node(Kind::kSeq, {marker("<|START_ACTION|>"), literal("[\n    "), std::move(root_body),
+                                      literal("\n]"), marker("<|END_ACTION|>")});
+        break;
+      default:
+        break;
     }
     ast.rules.insert(ast.rules.begin(), {grammar::Rule{"root", std::move(root_body), 0}, std::move(call)});
     return ast;
   };
-  auto g = grammar::GrammarCache::shared().get_built(key, build);
+  // The key: everything the grammar depends on; the markers' choices are
+  // known once the AST is built, so it is built first (cheap next to compiling).
+  auto ast = build();
+  if (!ast.ok()) return field_error("tools", ast.error().message);
+  std::string key =
+      "tools\n" + std::to_string(static_cast<int>(format)) + (parallel ? "p\n" : "1\n") + marker_bits + "\n";
+  for (size_t i = 0; i < tools.size(); ++i) {
+    key += tools[i]["function"]["name"].get<std::string>() + "\n";
+    if (!xml) {
+      key += args_gbnf[i] + "\n";
+      continue;
+    }
+    for (const XmlParameter& p : xml_params[i]) key += p.name + (p.required ? "\n1\n" : "\n0\n") + p.gbnf + "\n";
+  }
+  auto g = grammar::GrammarCache::shared().get_built(key, [&]() -> Result<grammar::GrammarAst> { return *ast; });
   if (!g.ok()) return field_error("tools", g.error().message);
   return std::move(g).value();
 }

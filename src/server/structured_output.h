@@ -32,7 +32,8 @@
 
 namespace rill {
 class ChatTemplate;
-}
+class Tokenizer;
+}  // namespace rill
 
 namespace rill::server {
 
@@ -66,9 +67,6 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
 //   kMistralJson    [TOOL_CALLS][{"name": "f", "arguments": {...}, "id": "<9>"}, ...] (Nemo)
 //   kQwenXml        <tool_call>\n<function=f>\n<parameter=p>\nVALUE\n</parameter>\n...</function>\n
 //                   </tool_call>, calls joined by "\n" (Qwen3-Coder, Qwen3.5, Nemotron 3, Step 3.5)
-// Forced grammars spell the markers ([TOOL_CALLS], <tool_call>) with the
-// bytes of ordinary tokens: special tokens are outside grammar masks
-// (text/grammar/token_vocabulary.h).
 //   kGlm            <tool_call>f\n<arg_key>p</arg_key>\n<arg_value>VALUE</arg_value>\n...</tool_call>
 //                   (GLM 4.5 / 4.6; kGlmCompact: GLM 4.7, without the newlines); values bare as kQwenXml's
 //   kDeepSeekV31    <｜tool▁calls▁begin｜>(<｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>)+
@@ -114,8 +112,11 @@ ToolCallFormat tool_call_format_of_source(const std::string& template_source);
 // properties, each with a "type" (after one local $ref), a string one
 // limited to enum / const / pattern / minLength / maxLength (its text has no
 // '<'); other keywords are 400s naming them.
+// Markers the tokenizer has as one special token ([TOOL_CALLS], <|channel|>,
+// GLM's <arg_key>, ...) are named as that token (text/grammar/grammar_ast.h),
+// others spelled as text; no tokenizer: all text.
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_call_grammar(
-    const nlohmann::ordered_json& tools, ToolCallFormat format, bool parallel);
+    const nlohmann::ordered_json& tools, ToolCallFormat format, bool parallel, const Tokenizer* tokenizer = nullptr);
 
 // The system-message text that describes `tools` and the kGeneric call
 // format to a model whose template renders no tools.
