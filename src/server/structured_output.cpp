@@ -222,6 +222,8 @@ const char* tool_call_format_name(ToolCallFormat format) {
       return "command-r7b";
     case ToolCallFormat::kHarmony:
       return "harmony";
+    case ToolCallFormat::kGemma4:
+      return "gemma4";
   }
   return "?";
 }
@@ -233,6 +235,7 @@ ToolCallFormat tool_call_format_of_source(const std::string& src) {
     return has("[ARGS]") ? ToolCallFormat::kMistralArgs : ToolCallFormat::kMistralJson;
   }
   if (has("<|channel|>") && has("<|call|>")) return ToolCallFormat::kHarmony;
+  if (has("<|tool_call>call:")) return ToolCallFormat::kGemma4;
   if (has("｜DSML｜")) return ToolCallFormat::kDsml;
   if (has("<｜tool▁calls▁begin｜>") && has("<｜tool▁sep｜>") && !has("```json")) return ToolCallFormat::kDeepSeekV31;
   if (has("<|tool_calls_section_begin|>")) return ToolCallFormat::kKimi;
@@ -449,7 +452,30 @@ namespace {
 // Formats whose values are bare text, one parameter at a time.
 bool bare_values(ToolCallFormat format) {
   return format == ToolCallFormat::kQwenXml || format == ToolCallFormat::kGlm ||
-         format == ToolCallFormat::kGlmCompact || format == ToolCallFormat::kDsml;
+         format == ToolCallFormat::kGlmCompact || format == ToolCallFormat::kDsml || format == ToolCallFormat::kGemma4;
+}
+
+// Gemma 4 writes strings <|"|>quoted<|"|> and other values in its own
+// syntax; JSON scalars read the same in it, objects and arrays do not.
+// True when every tool's parameters are strings or JSON scalars under
+// plain keys, so the forced form can be Gemma's own.
+bool gemma_writable(const Json& tools) {
+  for (const Json& tool : tools) {
+    const Json& fn = tool["function"];
+    const auto params = fn.find("parameters");
+    if (params == fn.end() || params->is_null() || params->empty()) continue;
+    auto r = xml_parameters(*params);
+    if (!r.ok()) return false;
+    for (const XmlParameter& p : r.value()) {
+      if (p.name.find_first_of(":,{}[]<|\" ") != std::string::npos) return false;
+      if (p.is_string) continue;
+      const Json* property = resolve_local_ref(*params, (*params)["properties"][p.name]);
+      for (const std::string& t : types_of(*property)) {
+        if (t != "integer" && t != "number" && t != "boolean" && t != "null") return false;
+      }
+    }
+  }
+  return true;
 }
 
 grammar::Expr digits() {
@@ -465,6 +491,9 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
                                                                                           ToolCallFormat format,
                                                                                           bool parallel,
                                                                                           const Tokenizer* tokenizer) {
+  // Gemma 4's syntax cannot carry nested values: those tools are forced in
+  // rill's generic JSON form (the parser reads both).
+  if (format == ToolCallFormat::kGemma4 && !gemma_writable(tools)) format = ToolCallFormat::kGeneric;
   // Each tool's arguments grammar (bare-value forms: each parameter's),
   // converted first: a refused schema is a 400 before anything is built or cached.
   const bool xml = bare_values(format);
@@ -516,6 +545,36 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
       if (xml) {
         const bool glm = format == ToolCallFormat::kGlm || format == ToolCallFormat::kGlmCompact;
         const std::string nl = format == ToolCallFormat::kGlmCompact ? "" : "\n";
+        if (format == ToolCallFormat::kGemma4) {
+          // key:value pairs in schema order, optional ones optional, a ','
+          // between: rule a-J writes parameters J... after one was written,
+          // b-J before any was.
+          const size_t n = xml_params[i].size();
+          for (size_t j = n + 1; j-- > 0;) {
+            const std::string a = prefix + "a-" + std::to_string(j), b = prefix + "b-" + std::to_string(j);
+            if (j == n) {
+              ast.rules.push_back({a, node(Kind::kSeq, {}), 0});
+              ast.rules.push_back({b, node(Kind::kSeq, {}), 0});
+              continue;
+            }
+            const XmlParameter& p = xml_params[i][j];
+            RILL_ASSIGN_OR_RETURN(grammar::Expr value, splice(ast, p.gbnf, prefix + "p" + std::to_string(j) + "-"));
+            if (p.is_string) value = node(Kind::kSeq, {marker("<|\"|>"), std::move(value), marker("<|\"|>")});
+            const std::string item = prefix + "i-" + std::to_string(j);
+            ast.rules.push_back({item, node(Kind::kSeq, {literal(p.name + ":"), std::move(value)}), 0});
+            const std::string next_a = prefix + "a-" + std::to_string(j + 1);
+            const std::string next_b = prefix + "b-" + std::to_string(j + 1);
+            grammar::Expr after = node(Kind::kSeq, {literal(","), ref(item), ref(next_a)});
+            grammar::Expr first = node(Kind::kSeq, {ref(item), ref(next_a)});
+            ast.rules.push_back(
+                {a, p.required ? std::move(after) : node(Kind::kAlt, {std::move(after), ref(next_a)}), 0});
+            ast.rules.push_back(
+                {b, p.required ? std::move(first) : node(Kind::kAlt, {std::move(first), ref(next_b)}), 0});
+          }
+          calls.push_back(node(Kind::kSeq, {marker("<|tool_call>"), literal("call:" + name + "{"), ref(prefix + "b-0"),
+                                            literal("}"), marker("<tool_call|>")}));
+          continue;
+        }
         std::vector<grammar::Expr> seq;
         if (format == ToolCallFormat::kQwenXml) {
           seq = {marker("<tool_call>"), literal("\n<function=" + name + ">\n")};
@@ -607,8 +666,8 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
     if (format == ToolCallFormat::kMistralJson) separator = ", ";
     if (format == ToolCallFormat::kCommandR7b) separator = ",\n    ";
     if (format == ToolCallFormat::kMistralArgs || format == ToolCallFormat::kMistralCallId ||
-        format == ToolCallFormat::kGlmCompact || format == ToolCallFormat::kDeepSeekV31 ||
-        format == ToolCallFormat::kKimi || format == ToolCallFormat::kDsml) {
+        format == ToolCallFormat::kGlmCompact || format == ToolCallFormat::kGemma4 ||
+        format == ToolCallFormat::kDeepSeekV31 || format == ToolCallFormat::kKimi || format == ToolCallFormat::kDsml) {
       separator = "";
     }
     grammar::Rule call{"call", node(Kind::kAlt, std::move(calls)), 0};

@@ -80,6 +80,8 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
 //                   \n]<|END_ACTION|>
 //   kHarmony        gpt-oss: <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}
 //                   then <|call|> (an end-of-generation token); one call per turn
+//   kGemma4         <|tool_call>call:f{p:<|"|>text<|"|>,n:3}<tool_call|> per call; tools with
+//                   object or array parameters are forced in the kGeneric form instead
 enum class ToolCallFormat {
   kHermes,
   kLlama3Json,
@@ -95,6 +97,7 @@ enum class ToolCallFormat {
   kKimi,
   kCommandR7b,
   kHarmony,
+  kGemma4,
 };
 const char* tool_call_format_name(ToolCallFormat format);
 // The template's own format when it renders tools, judged by the markers
