@@ -353,7 +353,9 @@ std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx,
     if (auto* e = std::get_if<ApiError>(&g)) return std::move(*e);
     prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));
   } else if (!in.constraint.empty()) {
-    auto g = compile_constraint(in.constraint);
+    bool names_tokens = false;
+    auto g = compile_constraint(in.constraint, ctx.engine.tokenizer(), &names_tokens);
+    if (names_tokens) prompt.keep_special_tokens = true;
     if (auto* e = std::get_if<ApiError>(&g)) return std::move(*e);
     prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));
   }

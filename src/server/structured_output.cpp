@@ -185,8 +185,41 @@ std::optional<ApiError> read_grammar_fields(const FieldReader& body, OutputConst
   return std::nullopt;
 }
 
-std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(const OutputConstraint& c) {
+namespace {
+
+// The special tokens a grammar's literals name (grammar_ast.h), appended to `out`.
+void named_tokens(const grammar::Expr& e, std::vector<std::string>& out) {
+  if (e.kind == grammar::Expr::Kind::kLiteral && e.text.size() >= 2 && e.text.front() == grammar::kTokenMark) {
+    out.push_back(e.text.substr(1, e.text.size() - 2));
+  }
+  for (const grammar::Expr& c : e.children) named_tokens(c, out);
+}
+
+}  // namespace
+
+std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(const OutputConstraint& c,
+                                                                                           const Tokenizer* tokenizer,
+                                                                                           bool* names_tokens) {
+  if (names_tokens != nullptr) *names_tokens = false;
   if (c.empty()) return std::shared_ptr<const grammar::CompiledGrammar>();
+  // Only GBNF text names special tokens (<|channel|>): each must be one of
+  // this model's, or the grammar could never be followed.
+  if (c.gbnf.find('<') != std::string::npos) {
+    auto ast = grammar::parse_gbnf(c.gbnf);
+    if (ast.ok()) {
+      std::vector<std::string> names;
+      for (const grammar::Rule& r : ast->rules) named_tokens(r.body, names);
+      for (const std::string& name : names) {
+        const std::vector<int32_t> ids =
+            tokenizer != nullptr ? tokenizer->encode(name, false, true) : std::vector<int32_t>{};
+        if (ids.size() != 1 || !tokenizer->is_special(ids[0])) {
+          return field_error(c.param.empty() ? "grammar" : c.param,
+                             "the grammar names " + name + ", which is not a special token of this model");
+        }
+      }
+      if (names_tokens != nullptr) *names_tokens = !names.empty();
+    }
+  }
   auto g = grammar::GrammarCache::shared().get(c.gbnf);
   if (!g.ok()) return field_error(c.param.empty() ? "grammar" : c.param, g.error().message);
   return std::move(g).value();

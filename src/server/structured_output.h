@@ -53,7 +53,11 @@ std::optional<ApiError> read_grammar_fields(const FieldReader& body, OutputConst
 
 // The compiled grammar (shared between requests: GrammarCache::shared());
 // null for an empty constraint; a 400 naming c.param when it does not compile.
-std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(const OutputConstraint& c);
+// A grammar that names a special token (<|channel|>) the tokenizer lacks is a
+// 400; *names_tokens tells whether it names any (the reply's text must then
+// keep special tokens).
+std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(
+    const OutputConstraint& c, const Tokenizer* tokenizer = nullptr, bool* names_tokens = nullptr);
 
 // How the model writes tool calls (what the output parser reads back):
 //   kHermes         <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, calls joined by "\n"

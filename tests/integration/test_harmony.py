@@ -141,3 +141,17 @@ def test_tool_calls_on_responses_and_anthropic(harmony):
     uses = [b for b in msg.content if b.type == "tool_use"]
     assert msg.stop_reason == "tool_use" and len(uses) == 1
     jsonschema.validate(uses[0].input, WEATHER)
+
+
+def test_a_grammar_naming_a_token_the_model_lacks_is_a_400(harmony):
+    _, oai = clients(harmony)
+    # <think> is one of Qwen3's tokens but not a special one; <|nope|> is none.
+    for name in ("<think>", "<|nope|>"):
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.chat.completions.create(model="m", max_tokens=4, messages=MSG,
+                                        extra_body={"grammar": f'root ::= {name} "x"'})
+        assert e.value.body["param"] == "grammar" and name in e.value.body["message"]
+    # Completions keep the named special tokens in their text.
+    r = oai.completions.create(model="m", prompt="hi", max_tokens=8,
+                               extra_body={"grammar": 'root ::= <|channel|> "final" <|message|> "ok"'})
+    assert r.choices[0].text == "<|channel|>final<|message|>ok"
