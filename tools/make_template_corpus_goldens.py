@@ -53,7 +53,10 @@ SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 USER = {"role": "user", "content": "Weather in Paris, and search for cafes?"}
 # End-of-turn markers the call text ends with (whatever the template closes the turn with).
 END_MARKERS = ["</s>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-               "<|end_of_text|>", "<|return|>", "<|call|>", "<turn|>", "<|END_OF_TURN_TOKEN|>", "<sep>"]
+               "<|end_of_text|>", "<|return|>", "<|call|>", "<turn|>", "<|END_OF_TURN_TOKEN|>", "<sep>",
+               "<｜end▁of▁sentence｜>"]
+# End-of-turn tokens after which a template writes the next turn's opening (Command R7B): cut there.
+CUT_AT = ["<|END_OF_TURN_TOKEN|>"]
 
 
 def assistant(n_calls, content=""):
@@ -114,9 +117,13 @@ def call_text(env, source, n_calls):
         if not text.startswith(header):
             return None
         text = text[len(header):]
-        in_think = False
+        # The history form closes an empty think block the prompt opened (GLM 4.7).
+        in_think = text.startswith("</think>")
     else:
         return None
+    for m in CUT_AT:
+        if m in text:
+            text = text[:text.index(m)]
     changed = True
     while changed:
         changed = False
@@ -137,8 +144,10 @@ def main():
             source = f.read()
         cases = [dict({"name": case, "context": context}, **render(env, source, context))
                  for case, context in contexts()]
-        goldens.append({"template": name, "cases": cases,
-                        "call_texts": [call_text(env, source, 1), call_text(env, source, 2)]})
+        texts = [call_text(env, source, 1), call_text(env, source, 2)]
+        if texts[1] == texts[0]:
+            texts[1] = None  # the template writes only the first call (gpt-oss: one per turn)
+        goldens.append({"template": name, "cases": cases, "call_texts": texts})
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w", encoding="utf-8") as f:
         json.dump(goldens, f, ensure_ascii=False, indent=1)

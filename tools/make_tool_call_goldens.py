@@ -40,6 +40,19 @@ TEMPLATES = {
     "Qwen3.5-4B.jinja": ("", "<|im_end|>", "<|im_start|>assistant\n", "<|im_end|>\n"),
     # <|tool_call>call:name{key:value,...}<tool_call|>; the turn ends where the tool's response goes
     "google-gemma-4-31B-it.jinja": ("<bos>", "<eos>", "<|turn>model\n", "<|tool_response>"),
+    # <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>...</tool_call> (4.7: no newlines,
+    # after the </think> that closes the prompt's <think>)
+    "GLM-4.6.jinja": ("", "", "<|assistant|>", ""),
+    "GLM-4.7-Flash.jinja": ("", "", "<|assistant|></think>", ""),
+    # <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+    "deepseek-ai-DeepSeek-V3.1.jinja": ("", "", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
+    # <｜DSML｜function_calls> <｜DSML｜invoke name=...> <｜DSML｜parameter name=... string=...>
+    "deepseek-ai-DeepSeek-V3.2.jinja": ("", "", "<｜Assistant｜></think>", "<｜end▁of▁sentence｜>"),
+    # <|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}...
+    "moonshotai-Kimi-K2.jinja": ("", "", "<|im_assistant|>assistant<|im_middle|>", "<|im_end|>"),
+    # <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}, ...]<|END_ACTION|>, then the next turn's opening
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": (
+        "", "", "", "<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>"),
 }
 # Templates that write arguments with their keys sorted (dictsort).
 SORTED_KEYS = {"google-gemma-4-31B-it.jinja"}

@@ -335,12 +335,27 @@ std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx,
   prompt.thinking.starts_inside = starts_in_reasoning && prompt.thinking.tracked();
   if (in.thinking) prompt.thinking.budget = in.thinking->budget;
   prompt.parser.parse_tool_calls = in.tools.is_array() && !in.tools.empty();
+  // gpt-oss: the harmony format's channels carry reasoning, answer and calls.
+  const bool harmony = ctx.chat_template != nullptr &&
+                       tool_call_format_of_source(ctx.chat_template->source()) == ToolCallFormat::kHarmony;
+  prompt.parser.harmony = harmony;
+  if (harmony && ctx.engine.tokenizer() != nullptr) {
+    // <|end|> closes a harmony message (the analysis before the answer),
+    // not the reply, though the tokenizer counts it among the end-of-turn names.
+    const std::vector<int32_t> end = ctx.engine.tokenizer()->encode("<|end|>", false, true);
+    if (end.size() == 1) prompt.not_eos = end;
+  }
+  // The parser reads markers that are special tokens (harmony's, [TOOL_CALLS], <|python_tag|>, ...).
+  prompt.keep_special_tokens = harmony || prompt.parser.parse_tool_calls;
+  const ToolCallFormat format = tool_call_format(ctx.chat_template, tools_native);
   if (in.tools_required && prompt.parser.parse_tool_calls) {
-    auto g = tool_call_grammar(in.tools, tool_call_format(ctx.chat_template, tools_native), in.parallel_tool_calls);
+    auto g = tool_call_grammar(in.tools, format, in.parallel_tool_calls, ctx.engine.tokenizer());
     if (auto* e = std::get_if<ApiError>(&g)) return std::move(*e);
     prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));
   } else if (!in.constraint.empty()) {
-    auto g = compile_constraint(in.constraint);
+    bool names_tokens = false;
+    auto g = compile_constraint(in.constraint, ctx.engine.tokenizer(), &names_tokens);
+    if (names_tokens) prompt.keep_special_tokens = true;
     if (auto* e = std::get_if<ApiError>(&g)) return std::move(*e);
     prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));
   }
@@ -427,6 +442,15 @@ std::variant<std::shared_ptr<ChatStream>, ApiError> ChatStream::start(ServerCont
   }
   generation.prompt = prompt.ids;
   if (!generation.grammar) generation.grammar = prompt.grammar;
+  if (prompt.keep_special_tokens) generation.skip_special_tokens = false;
+  if (!prompt.not_eos.empty() && !generation.ignore_eos) {
+    generation.ignore_eos = true;  // the other end-of-generation ids still end it:
+    for (int32_t id : ctx.engine.eos_ids()) {
+      if (std::find(prompt.not_eos.begin(), prompt.not_eos.end(), id) == prompt.not_eos.end()) {
+        generation.stop_token_ids.push_back(id);
+      }
+    }
+  }
   if (!generation.thinking.tracked()) generation.thinking = prompt.thinking;
   auto state = std::make_shared<StreamState>(ctx, prompt.parser, std::move(callbacks));
   auto id = ctx.engine.submit(std::move(generation), [state](GenerationEvent&& ev) { state->on_event(std::move(ev)); });

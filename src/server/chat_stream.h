@@ -112,6 +112,11 @@ ApiError api_error_from(const Error& e, int status = 400);
 struct ChatPrompt {
   std::vector<int32_t> ids;
   OutputParserOptions parser;
+  // The reply's text keeps special tokens (GenerationRequest::skip_special_tokens
+  // false): the parser reads markers that are special tokens (harmony, tool calls).
+  bool keep_special_tokens = false;
+  // End-of-generation ids that do not end this reply (harmony's <|end|>).
+  std::vector<int32_t> not_eos;
   std::string param = "messages";  // named by "the prompt does not fit" errors
   // The output's grammar (forced tool calls or the constraint); null: free.
   // ChatStream::start puts it on each generation that has none.

@@ -245,8 +245,10 @@ void handle_completions(ServerContext& ctx, const HttpRequest& req, std::shared_
   OutputConstraint constraint;
   if (auto e = read_response_format(body, constraint)) return send_error(*res, *e);
   if (auto e = read_grammar_fields(body, constraint)) return send_error(*res, *e);
-  auto grammar = compile_constraint(constraint);
+  bool names_tokens = false;
+  auto grammar = compile_constraint(constraint, ctx.engine.tokenizer(), &names_tokens);
   if (auto* e = std::get_if<ApiError>(&grammar)) return send_error(*res, *e);
+  if (names_tokens) f.generation.skip_special_tokens = false;  // the named tokens are the text's
   f.generation.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(grammar));
 
   auto prompts = read_prompts(ctx, body, fim ? &*fim : nullptr, suffix.value_or(""));

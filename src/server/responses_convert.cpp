@@ -335,6 +335,8 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(const nlohmann:
     if (auto e = read_text_format(*text, req.constraint)) return *e;
     if (const Json* format = text->find("format")) req.text_format = *format;
   }
+  // rill's extensions, as on chat: grammar (GBNF), regex, choice.
+  if (auto e = read_grammar_fields(body, req.constraint)) return *e;
   if (const Json* bg = body.find("background"); bg != nullptr && bg->is_boolean() && bg->get<bool>()) {
     return body.error("background", "background responses are not supported");
   }

@@ -8,6 +8,7 @@
 #include "text/grammar/grammar_cache.h"
 #include "text/grammar/json_schema_grammar.h"
 #include "text/grammar/regex_grammar.h"
+#include "text/tokenizer.h"
 
 namespace rill::server {
 namespace {
@@ -184,8 +185,41 @@ std::optional<ApiError> read_grammar_fields(const FieldReader& body, OutputConst
   return std::nullopt;
 }
 
-std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(const OutputConstraint& c) {
+namespace {
+
+// The special tokens a grammar's literals name (grammar_ast.h), appended to `out`.
+void named_tokens(const grammar::Expr& e, std::vector<std::string>& out) {
+  if (e.kind == grammar::Expr::Kind::kLiteral && e.text.size() >= 2 && e.text.front() == grammar::kTokenMark) {
+    out.push_back(e.text.substr(1, e.text.size() - 2));
+  }
+  for (const grammar::Expr& c : e.children) named_tokens(c, out);
+}
+
+}  // namespace
+
+std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(const OutputConstraint& c,
+                                                                                           const Tokenizer* tokenizer,
+                                                                                           bool* names_tokens) {
+  if (names_tokens != nullptr) *names_tokens = false;
   if (c.empty()) return std::shared_ptr<const grammar::CompiledGrammar>();
+  // Only GBNF text names special tokens (<|channel|>): each must be one of
+  // this model's, or the grammar could never be followed.
+  if (c.gbnf.find('<') != std::string::npos) {
+    auto ast = grammar::parse_gbnf(c.gbnf);
+    if (ast.ok()) {
+      std::vector<std::string> names;
+      for (const grammar::Rule& r : ast->rules) named_tokens(r.body, names);
+      for (const std::string& name : names) {
+        const std::vector<int32_t> ids =
+            tokenizer != nullptr ? tokenizer->encode(name, false, true) : std::vector<int32_t>{};
+        if (ids.size() != 1 || !tokenizer->is_special(ids[0])) {
+          return field_error(c.param.empty() ? "grammar" : c.param,
+                             "the grammar names " + name + ", which is not a special token of this model");
+        }
+      }
+      if (names_tokens != nullptr) *names_tokens = !names.empty();
+    }
+  }
   auto g = grammar::GrammarCache::shared().get(c.gbnf);
   if (!g.ok()) return field_error(c.param.empty() ? "grammar" : c.param, g.error().message);
   return std::move(g).value();
@@ -207,6 +241,22 @@ const char* tool_call_format_name(ToolCallFormat format) {
       return "mistral-json";
     case ToolCallFormat::kQwenXml:
       return "qwen-xml";
+    case ToolCallFormat::kGlm:
+      return "glm";
+    case ToolCallFormat::kGlmCompact:
+      return "glm-compact";
+    case ToolCallFormat::kDeepSeekV31:
+      return "deepseek-v3.1";
+    case ToolCallFormat::kDsml:
+      return "deepseek-dsml";
+    case ToolCallFormat::kKimi:
+      return "kimi-k2";
+    case ToolCallFormat::kCommandR7b:
+      return "command-r7b";
+    case ToolCallFormat::kHarmony:
+      return "harmony";
+    case ToolCallFormat::kGemma4:
+      return "gemma4";
   }
   return "?";
 }
@@ -217,10 +267,18 @@ ToolCallFormat tool_call_format_of_source(const std::string& src) {
     if (has("[CALL_ID]")) return ToolCallFormat::kMistralCallId;
     return has("[ARGS]") ? ToolCallFormat::kMistralArgs : ToolCallFormat::kMistralJson;
   }
+  if (has("<|channel|>") && has("<|call|>")) return ToolCallFormat::kHarmony;
+  if (has("<|tool_call>call:")) return ToolCallFormat::kGemma4;
+  if (has("｜DSML｜")) return ToolCallFormat::kDsml;
+  if (has("<｜tool▁calls▁begin｜>") && has("<｜tool▁sep｜>") && !has("```json")) return ToolCallFormat::kDeepSeekV31;
+  if (has("<|tool_calls_section_begin|>")) return ToolCallFormat::kKimi;
+  if (has("<|START_ACTION|>")) return ToolCallFormat::kCommandR7b;
   if (has("<tool_call>")) {
     if (has("<function=")) return ToolCallFormat::kQwenXml;
-    // GLM writes <tool_call>name<arg_key>...; Apriel 1.5 a list in one block.
-    if (has("<arg_key>") || has("list of json objects within <tool_call>")) return ToolCallFormat::kGeneric;
+    // GLM writes <tool_call>name<arg_key>... (4.5 / 4.6 on lines of their own).
+    if (has("<arg_key>")) return has("\n<arg_key>") ? ToolCallFormat::kGlm : ToolCallFormat::kGlmCompact;
+    // Apriel 1.5: a list in one block.
+    if (has("list of json objects within <tool_call>")) return ToolCallFormat::kGeneric;
     return ToolCallFormat::kHermes;
   }
   // functionary v3.1 prints <|python_tag|> but calls as <function=f>{...}</function>.
@@ -339,6 +397,7 @@ struct XmlParameter {
   std::string name;
   std::string gbnf;
   bool required = false;
+  bool is_string = false;  // typed "string": bare text (else JSON of its schema)
 };
 
 // The parameters of a tool in the XML call form, in the schema's order.
@@ -373,7 +432,7 @@ Result<std::vector<XmlParameter>> xml_parameters(const Json& params) {
       return Error{"the property at " + path +
                    " needs a 'type' in the XML tool-call form (its bare value is read by it)"};
     }
-    XmlParameter p{name, "", required.count(name) > 0};
+    XmlParameter p{name, "", required.count(name) > 0, type == "string"};
     if (type == "string") {
       RILL_ASSIGN_OR_RETURN(p.gbnf, xml_string_gbnf(*property, path));
     } else {
@@ -421,12 +480,56 @@ grammar::Expr mistral_call_id() {
 
 }  // namespace
 
+namespace {
+
+// Formats whose values are bare text, one parameter at a time.
+bool bare_values(ToolCallFormat format) {
+  return format == ToolCallFormat::kQwenXml || format == ToolCallFormat::kGlm ||
+         format == ToolCallFormat::kGlmCompact || format == ToolCallFormat::kDsml || format == ToolCallFormat::kGemma4;
+}
+
+// Gemma 4 writes strings <|"|>quoted<|"|> and other values in its own
+// syntax; JSON scalars read the same in it, objects and arrays do not.
+// True when every tool's parameters are strings or JSON scalars under
+// plain keys, so the forced form can be Gemma's own.
+bool gemma_writable(const Json& tools) {
+  for (const Json& tool : tools) {
+    const Json& fn = tool["function"];
+    const auto params = fn.find("parameters");
+    if (params == fn.end() || params->is_null() || params->empty()) continue;
+    auto r = xml_parameters(*params);
+    if (!r.ok()) return false;
+    for (const XmlParameter& p : r.value()) {
+      if (p.name.find_first_of(":,{}[]<|\" ") != std::string::npos) return false;
+      if (p.is_string) continue;
+      const Json* property = resolve_local_ref(*params, (*params)["properties"][p.name]);
+      for (const std::string& t : types_of(*property)) {
+        if (t != "integer" && t != "number" && t != "boolean" && t != "null") return false;
+      }
+    }
+  }
+  return true;
+}
+
+grammar::Expr digits() {
+  grammar::Expr d;
+  d.kind = grammar::Expr::Kind::kClass;
+  d.ranges = {{'0', '9'}};
+  return repeat(std::move(d), 1, 4);
+}
+
+}  // namespace
+
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_call_grammar(const Json& tools,
                                                                                           ToolCallFormat format,
-                                                                                          bool parallel) {
-  // Each tool's arguments grammar (XML form: each parameter's), converted
-  // first: a refused schema is a 400 before anything is built or cached.
-  const bool xml = format == ToolCallFormat::kQwenXml;
+                                                                                          bool parallel,
+                                                                                          const Tokenizer* tokenizer) {
+  // Gemma 4's syntax cannot carry nested values: those tools are forced in
+  // rill's generic JSON form (the parser reads both).
+  if (format == ToolCallFormat::kGemma4 && !gemma_writable(tools)) format = ToolCallFormat::kGeneric;
+  // Each tool's arguments grammar (bare-value forms: each parameter's),
+  // converted first: a refused schema is a 400 before anything is built or cached.
+  const bool xml = bare_values(format);
   std::vector<std::string> args_gbnf;
   std::vector<std::vector<XmlParameter>> xml_params;
   for (size_t i = 0; i < tools.size(); ++i) {
@@ -452,15 +555,18 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
     if (!g.ok()) return converter_error(param, g.error());
     args_gbnf.push_back(std::move(g).value());
   }
-  std::string key = "tools\n" + std::to_string(static_cast<int>(format)) + (parallel ? "p\n" : "1\n");
-  for (size_t i = 0; i < tools.size(); ++i) {
-    key += tools[i]["function"]["name"].get<std::string>() + "\n";
-    if (!xml) {
-      key += args_gbnf[i] + "\n";
-      continue;
+  // A marker the tokenizer has as one special token is that token (the
+  // model writes it so); otherwise its text. The choice is in the cache key.
+  std::string marker_bits;
+  auto marker = [&](std::string_view spelling) {
+    bool special = false;
+    if (tokenizer != nullptr) {
+      const std::vector<int32_t> ids = tokenizer->encode(spelling, /*add_special=*/false, /*parse_special=*/true);
+      special = ids.size() == 1 && tokenizer->is_special(ids[0]);
     }
-    for (const XmlParameter& p : xml_params[i]) key += p.name + (p.required ? "\n1\n" : "\n0\n") + p.gbnf + "\n";
-  }
+    marker_bits += special ? '1' : '0';
+    return literal(special ? grammar::special_token_literal(spelling) : std::string(spelling));
+  };
   auto build = [&]() -> Result<grammar::GrammarAst> {
     using Kind = grammar::Expr::Kind;
     grammar::GrammarAst ast;
@@ -470,59 +576,181 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
       const Json name_json = tools[i]["function"]["name"];
       const std::string name = name_json.get<std::string>();
       if (xml) {
-        std::vector<grammar::Expr> seq{literal("<tool_call>\n<function=" + name + ">\n")};
+        const bool glm = format == ToolCallFormat::kGlm || format == ToolCallFormat::kGlmCompact;
+        const std::string nl = format == ToolCallFormat::kGlmCompact ? "" : "\n";
+        if (format == ToolCallFormat::kGemma4) {
+          // key:value pairs in schema order, optional ones optional, a ','
+          // between: rule a-J writes parameters J... after one was written,
+          // b-J before any was.
+          const size_t n = xml_params[i].size();
+          for (size_t j = n + 1; j-- > 0;) {
+            const std::string a = prefix + "a-" + std::to_string(j), b = prefix + "b-" + std::to_string(j);
+            if (j == n) {
+              ast.rules.push_back({a, node(Kind::kSeq, {}), 0});
+              ast.rules.push_back({b, node(Kind::kSeq, {}), 0});
+              continue;
+            }
+            const XmlParameter& p = xml_params[i][j];
+            RILL_ASSIGN_OR_RETURN(grammar::Expr value, splice(ast, p.gbnf, prefix + "p" + std::to_string(j) + "-"));
+            if (p.is_string) value = node(Kind::kSeq, {marker("<|\"|>"), std::move(value), marker("<|\"|>")});
+            const std::string item = prefix + "i-" + std::to_string(j);
+            ast.rules.push_back({item, node(Kind::kSeq, {literal(p.name + ":"), std::move(value)}), 0});
+            const std::string next_a = prefix + "a-" + std::to_string(j + 1);
+            const std::string next_b = prefix + "b-" + std::to_string(j + 1);
+            grammar::Expr after = node(Kind::kSeq, {literal(","), ref(item), ref(next_a)});
+            grammar::Expr first = node(Kind::kSeq, {ref(item), ref(next_a)});
+            ast.rules.push_back(
+                {a, p.required ? std::move(after) : node(Kind::kAlt, {std::move(after), ref(next_a)}), 0});
+            ast.rules.push_back(
+                {b, p.required ? std::move(first) : node(Kind::kAlt, {std::move(first), ref(next_b)}), 0});
+          }
+          calls.push_back(node(Kind::kSeq, {marker("<|tool_call>"), literal("call:" + name + "{"), ref(prefix + "b-0"),
+                                            literal("}"), marker("<tool_call|>")}));
+          continue;
+        }
+        std::vector<grammar::Expr> seq;
+        if (format == ToolCallFormat::kQwenXml) {
+          seq = {marker("<tool_call>"), literal("\n<function=" + name + ">\n")};
+        } else if (glm) {
+          seq = {marker("<tool_call>"), literal(name)};
+        } else {
+          seq = {literal("<｜DSML｜invoke name=\"" + name + "\">\n")};
+        }
         for (size_t j = 0; j < xml_params[i].size(); ++j) {
           const XmlParameter& p = xml_params[i][j];
           RILL_ASSIGN_OR_RETURN(grammar::Expr value, splice(ast, p.gbnf, prefix + "p" + std::to_string(j) + "-"));
-          grammar::Expr one = node(
-              Kind::kSeq, {literal("<parameter=" + p.name + ">\n"), std::move(value), literal("\n</parameter>\n")});
+          grammar::Expr one;
+          if (format == ToolCallFormat::kQwenXml) {
+            one = node(Kind::kSeq,
+                       {literal("<parameter=" + p.name + ">\n"), std::move(value), literal("\n</parameter>\n")});
+          } else if (glm) {
+            one = node(Kind::kSeq, {literal(nl), marker("<arg_key>"), literal(p.name), marker("</arg_key>"),
+                                    literal(nl), marker("<arg_value>"), std::move(value), marker("</arg_value>")});
+          } else {
+            one = node(Kind::kSeq, {literal("<｜DSML｜parameter name=\"" + p.name + "\" string=\"" +
+                                            (p.is_string ? "true" : "false") + "\">"),
+                                    std::move(value), literal("</｜DSML｜parameter>\n")});
+          }
           seq.push_back(p.required ? std::move(one) : repeat(std::move(one), 0, 1));
         }
-        seq.push_back(literal("</function>\n</tool_call>"));
+        if (format == ToolCallFormat::kQwenXml) {
+          seq.push_back(literal("</function>\n"));
+          seq.push_back(marker("</tool_call>"));
+        } else if (glm) {
+          seq.push_back(literal(nl));
+          seq.push_back(marker("</tool_call>"));
+        } else {
+          seq.push_back(literal("</｜DSML｜invoke>\n"));
+        }
         calls.push_back(node(Kind::kSeq, std::move(seq)));
         continue;
       }
       RILL_ASSIGN_OR_RETURN(grammar::Expr args, splice(ast, args_gbnf[i], prefix));
       switch (format) {
         case ToolCallFormat::kMistralArgs:
-          calls.push_back(node(Kind::kSeq, {literal("[TOOL_CALLS]" + name + "[ARGS]"), std::move(args)}));
+          calls.push_back(node(Kind::kSeq, {marker("[TOOL_CALLS]"), literal(name), marker("[ARGS]"), std::move(args)}));
           break;
         case ToolCallFormat::kMistralCallId:
-          calls.push_back(node(Kind::kSeq, {literal("[TOOL_CALLS]" + name + "[CALL_ID]"), mistral_call_id(),
-                                            literal("[ARGS]"), std::move(args)}));
+          calls.push_back(node(Kind::kSeq, {marker("[TOOL_CALLS]"), literal(name), marker("[CALL_ID]"),
+                                            mistral_call_id(), marker("[ARGS]"), std::move(args)}));
           break;
         case ToolCallFormat::kMistralJson:
           calls.push_back(
               node(Kind::kSeq, {literal("{\"name\": " + name_json.dump() + ", \"arguments\": "), std::move(args),
                                 literal(", \"id\": \""), mistral_call_id(), literal("\"}")}));
           break;
+        case ToolCallFormat::kDeepSeekV31:
+          calls.push_back(node(Kind::kSeq, {marker("<｜tool▁call▁begin｜>"), literal(name), marker("<｜tool▁sep｜>"),
+                                            std::move(args), marker("<｜tool▁call▁end｜>")}));
+          break;
+        case ToolCallFormat::kKimi:
+          calls.push_back(
+              node(Kind::kSeq, {marker("<|tool_call_begin|>"), literal("functions." + name + ":"), digits(),
+                                marker("<|tool_call_argument_begin|>"), std::move(args), marker("<|tool_call_end|>")}));
+          break;
+        case ToolCallFormat::kCommandR7b:
+          calls.push_back(node(Kind::kSeq, {literal("{\"tool_call_id\": \""), digits(),
+                                            literal("\", \"tool_name\": " + name_json.dump() + ", \"parameters\": "),
+                                            std::move(args), literal("}")}));
+          break;
+        case ToolCallFormat::kHarmony:
+          // The model's own header form (the template writes the recipient
+          // first in history; the parser reads both). <|call|> ends it as EOS.
+          calls.push_back(
+              node(Kind::kSeq, {marker("<|channel|>"), literal("commentary to=functions." + name + " "),
+                                marker("<|constrain|>"), literal("json"), marker("<|message|>"), std::move(args)}));
+          break;
         default: {
           const bool hermes = format == ToolCallFormat::kHermes;
           const char* args_key = format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
-          calls.push_back(node(Kind::kSeq, {literal(std::string(hermes ? "<tool_call>\n" : "") +
-                                                    "{\"name\": " + name_json.dump() + ", \"" + args_key + "\": "),
-                                            std::move(args), literal(hermes ? "}\n</tool_call>" : "}")}));
+          std::vector<grammar::Expr> seq;
+          if (hermes) seq.push_back(marker("<tool_call>"));
+          seq.push_back(
+              literal(std::string(hermes ? "\n" : "") + "{\"name\": " + name_json.dump() + ", \"" + args_key + "\": "));
+          seq.push_back(std::move(args));
+          seq.push_back(literal(hermes ? "}\n" : "}"));
+          if (hermes) seq.push_back(marker("</tool_call>"));
+          calls.push_back(node(Kind::kSeq, std::move(seq)));
         }
       }
     }
     std::string separator = "\n";
     if (format == ToolCallFormat::kLlama3Json) separator = "; ";
-    if (format == ToolCallFormat::kMistralArgs || format == ToolCallFormat::kMistralCallId) separator = "";
     if (format == ToolCallFormat::kMistralJson) separator = ", ";
+    if (format == ToolCallFormat::kCommandR7b) separator = ",\n    ";
+    if (format == ToolCallFormat::kMistralArgs || format == ToolCallFormat::kMistralCallId ||
+        format == ToolCallFormat::kGlmCompact || format == ToolCallFormat::kGemma4 ||
+        format == ToolCallFormat::kDeepSeekV31 || format == ToolCallFormat::kKimi || format == ToolCallFormat::kDsml) {
+      separator = "";
+    }
     grammar::Rule call{"call", node(Kind::kAlt, std::move(calls)), 0};
     grammar::Expr root_body = ref("call");
-    if (parallel) {
+    if (parallel && format != ToolCallFormat::kHarmony) {  // harmony: one call per turn
       root_body =
           node(Kind::kSeq,
                {ref("call"), repeat(node(Kind::kSeq, {literal(separator), ref("call")}), 0, grammar::kUnbounded)});
     }
-    if (format == ToolCallFormat::kMistralJson) {
-      root_body = node(Kind::kSeq, {literal("[TOOL_CALLS]["), std::move(root_body), literal("]")});
+    switch (format) {
+      case ToolCallFormat::kMistralJson:
+        root_body = node(Kind::kSeq, {marker("[TOOL_CALLS]"), literal("["), std::move(root_body), literal("]")});
+        break;
+      case ToolCallFormat::kDeepSeekV31:
+        root_body =
+            node(Kind::kSeq, {marker("<｜tool▁calls▁begin｜>"), std::move(root_body), marker("<｜tool▁calls▁end｜>")});
+        break;
+      case ToolCallFormat::kKimi:
+        root_body = node(Kind::kSeq, {marker("<|tool_calls_section_begin|>"), std::move(root_body),
+                                      marker("<|tool_calls_section_end|>")});
+        break;
+      case ToolCallFormat::kDsml:
+        root_body = node(Kind::kSeq, {literal("<｜DSML｜function_calls>\n"), std::move(root_body),
+                                      literal("</｜DSML｜function_calls>")});
+        break;
+      case ToolCallFormat::kCommandR7b:
+        root_body = node(Kind::kSeq, {marker("<|START_ACTION|>"), literal("[\n    "), std::move(root_body),
+                                      literal("\n]"), marker("<|END_ACTION|>")});
+        break;
+      default:
+        break;
     }
     ast.rules.insert(ast.rules.begin(), {grammar::Rule{"root", std::move(root_body), 0}, std::move(call)});
     return ast;
   };
-  auto g = grammar::GrammarCache::shared().get_built(key, build);
+  // The key: everything the grammar depends on; the markers' choices are
+  // known once the AST is built, so it is built first (cheap next to compiling).
+  auto ast = build();
+  if (!ast.ok()) return field_error("tools", ast.error().message);
+  std::string key =
+      "tools\n" + std::to_string(static_cast<int>(format)) + (parallel ? "p\n" : "1\n") + marker_bits + "\n";
+  for (size_t i = 0; i < tools.size(); ++i) {
+    key += tools[i]["function"]["name"].get<std::string>() + "\n";
+    if (!xml) {
+      key += args_gbnf[i] + "\n";
+      continue;
+    }
+    for (const XmlParameter& p : xml_params[i]) key += p.name + (p.required ? "\n1\n" : "\n0\n") + p.gbnf + "\n";
+  }
+  auto g = grammar::GrammarCache::shared().get_built(key, [&]() -> Result<grammar::GrammarAst> { return *ast; });
   if (!g.ok()) return field_error("tools", g.error().message);
   return std::move(g).value();
 }

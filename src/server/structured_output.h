@@ -32,7 +32,8 @@
 
 namespace rill {
 class ChatTemplate;
-}
+class Tokenizer;
+}  // namespace rill
 
 namespace rill::server {
 
@@ -52,7 +53,11 @@ std::optional<ApiError> read_grammar_fields(const FieldReader& body, OutputConst
 
 // The compiled grammar (shared between requests: GrammarCache::shared());
 // null for an empty constraint; a 400 naming c.param when it does not compile.
-std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(const OutputConstraint& c);
+// A grammar that names a special token (<|channel|>) the tokenizer lacks is a
+// 400; *names_tokens tells whether it names any (the reply's text must then
+// keep special tokens).
+std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(
+    const OutputConstraint& c, const Tokenizer* tokenizer = nullptr, bool* names_tokens = nullptr);
 
 // How the model writes tool calls (what the output parser reads back):
 //   kHermes         <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, calls joined by "\n"
@@ -66,10 +71,38 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
 //   kMistralJson    [TOOL_CALLS][{"name": "f", "arguments": {...}, "id": "<9>"}, ...] (Nemo)
 //   kQwenXml        <tool_call>\n<function=f>\n<parameter=p>\nVALUE\n</parameter>\n...</function>\n
 //                   </tool_call>, calls joined by "\n" (Qwen3-Coder, Qwen3.5, Nemotron 3, Step 3.5)
-// Forced grammars spell the markers ([TOOL_CALLS], <tool_call>) with the
-// bytes of ordinary tokens: special tokens are outside grammar masks
-// (text/grammar/token_vocabulary.h).
-enum class ToolCallFormat { kHermes, kLlama3Json, kGeneric, kMistralArgs, kMistralCallId, kMistralJson, kQwenXml };
+//   kGlm            <tool_call>f\n<arg_key>p</arg_key>\n<arg_value>VALUE</arg_value>\n...</tool_call>
+//                   (GLM 4.5 / 4.6; kGlmCompact: GLM 4.7, without the newlines); values bare as kQwenXml's
+//   kDeepSeekV31    <｜tool▁calls▁begin｜>(<｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>)+
+//                   <｜tool▁calls▁end｜>
+//   kDsml           DeepSeek V3.2: <｜DSML｜function_calls>\n(<｜DSML｜invoke name="f">\n(<｜DSML｜parameter
+//                   name="p" string="true|false">VALUE</｜DSML｜parameter>\n)*</｜DSML｜invoke>\n)+
+//                   </｜DSML｜function_calls>; values bare as kQwenXml's
+//   kKimi           <|tool_calls_section_begin|>(<|tool_call_begin|>functions.f:N
+//                   <|tool_call_argument_begin|>{...}<|tool_call_end|>)+<|tool_calls_section_end|>
+//   kCommandR7b     <|START_ACTION|>[\n    {"tool_call_id": "N", "tool_name": "f", "parameters": {...}},...
+//                   \n]<|END_ACTION|>
+//   kHarmony        gpt-oss: <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}
+//                   then <|call|> (an end-of-generation token); one call per turn
+//   kGemma4         <|tool_call>call:f{p:<|"|>text<|"|>,n:3}<tool_call|> per call; tools with
+//                   object or array parameters are forced in the kGeneric form instead
+enum class ToolCallFormat {
+  kHermes,
+  kLlama3Json,
+  kGeneric,
+  kMistralArgs,
+  kMistralCallId,
+  kMistralJson,
+  kQwenXml,
+  kGlm,
+  kGlmCompact,
+  kDeepSeekV31,
+  kDsml,
+  kKimi,
+  kCommandR7b,
+  kHarmony,
+  kGemma4,
+};
 const char* tool_call_format_name(ToolCallFormat format);
 // The template's own format when it renders tools, judged by the markers
 // its source prints (tests/server/template_corpus_test.cpp holds each of
@@ -86,8 +119,11 @@ ToolCallFormat tool_call_format_of_source(const std::string& template_source);
 // properties, each with a "type" (after one local $ref), a string one
 // limited to enum / const / pattern / minLength / maxLength (its text has no
 // '<'); other keywords are 400s naming them.
+// Markers the tokenizer has as one special token ([TOOL_CALLS], <|channel|>,
+// GLM's <arg_key>, ...) are named as that token (text/grammar/grammar_ast.h),
+// others spelled as text; no tokenizer: all text.
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_call_grammar(
-    const nlohmann::ordered_json& tools, ToolCallFormat format, bool parallel);
+    const nlohmann::ordered_json& tools, ToolCallFormat format, bool parallel, const Tokenizer* tokenizer = nullptr);
 
 // The system-message text that describes `tools` and the kGeneric call
 // format to a model whose template renders no tools.

@@ -8,8 +8,21 @@
 
 #include "core/json_parse.h"
 #include "text/harmony_parser.h"
+#include "text/tool_call_blocks.h"
 
 namespace rill {
+
+// Calls framed by markers around a name and a JSON arguments object.
+struct FramedCallFormat {
+  std::string_view section_open, call_open, args_open, call_close, section_close;
+  bool kimi_name;  // the name is written "functions.NAME:INDEX"
+};
+constexpr FramedCallFormat kDeepSeekCalls = {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+                                             "<｜tool▁call▁end｜>",    "<｜tool▁calls▁end｜>",  false};
+constexpr FramedCallFormat kKimiCalls = {"<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+                                         "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+                                         "<|tool_calls_section_end|>",   true};
+
 namespace {
 
 constexpr std::string_view kThinkOpen = "<think>";
@@ -30,6 +43,22 @@ constexpr std::string_view kChannelClose = "<channel|>";
 constexpr std::string_view kGemmaCallOpen = "<|tool_call>";
 constexpr std::string_view kGemmaCallClose = "<tool_call|>";
 constexpr std::string_view kGemmaQuote = "<|\"|>";
+// Formats read whole (text/tool_call_blocks.h).
+constexpr std::string_view kDsmlOpen = "<｜DSML｜function_calls>";
+constexpr std::string_view kDsmlClose = "</｜DSML｜function_calls>";
+constexpr std::string_view kActionOpen = "<|START_ACTION|>";
+constexpr std::string_view kActionClose = "<|END_ACTION|>";
+
+constexpr size_t kMaxFramedName = 256;  // a longer name is not a call
+
+// What opens tool calls in content, in the order step_content handles them.
+constexpr std::array<std::string_view, 7> kCallMarkers = {kToolOpen,
+                                                          kMistralCalls,
+                                                          kGemmaCallOpen,
+                                                          kDsmlOpen,
+                                                          kActionOpen,
+                                                          kDeepSeekCalls.section_open,
+                                                          kKimiCalls.section_open};
 constexpr int kMaxGemmaDepth = 64;
 
 bool is_space(char c) {
@@ -261,6 +290,12 @@ void OutputParser::drain(bool final, OutputDelta& out) {
       case Mode::kGemmaCall:
         changed = step_gemma_call(final, out);
         break;
+      case Mode::kBlockCalls:
+        changed = step_block_calls(final, out);
+        break;
+      case Mode::kFramedCalls:
+        changed = step_framed_calls(final, out);
+        break;
     }
     if (!changed) return;
   }
@@ -311,31 +346,154 @@ bool OutputParser::step_content(bool final, OutputDelta& out) {
     buf_.clear();
     return false;
   }
-  const size_t hermes = buf_.find(kToolOpen);
-  const size_t mistral = buf_.find(kMistralCalls);
-  const size_t gemma = buf_.find(kGemmaCallOpen);
-  const size_t at = std::min({hermes, mistral, gemma});
+  size_t at = std::string::npos, which = 0;
+  for (size_t m = 0; m < kCallMarkers.size(); ++m) {
+    const size_t found = buf_.find(kCallMarkers[m]);
+    if (found < at) {
+      at = found;
+      which = m;
+    }
+  }
   if (at != std::string::npos) {
     emit_content(std::string_view(buf_).substr(0, at), out);  // whitespace before it stays held
-    if (at == gemma) {
-      buf_.erase(0, at + kGemmaCallOpen.size());
-      mode_ = Mode::kGemmaCall;
-    } else if (at == hermes) {
-      buf_.erase(0, at + kToolOpen.size());
-      start_tool_call();
-    } else {
+    const std::string_view marker = kCallMarkers[which];
+    if (marker == kMistralCalls) {
       buf_.erase(0, at);  // the marker stays: it is content if no call follows
       json_scan_ = kMistralCalls.size();
       mode_ = Mode::kMistralCalls;
+      return true;
+    }
+    buf_.erase(0, at + marker.size());
+    if (marker == kToolOpen) {
+      start_tool_call();
+    } else if (marker == kGemmaCallOpen) {
+      mode_ = Mode::kGemmaCall;
+    } else if (marker == kDsmlOpen) {
+      start_block(BlockKind::kDsml, kDsmlOpen, kDsmlClose);
+    } else if (marker == kActionOpen) {
+      start_block(BlockKind::kAction, kActionOpen, kActionClose);
+    } else {
+      framed_ = marker == kKimiCalls.section_open ? &kKimiCalls : &kDeepSeekCalls;
+      mode_ = Mode::kFramedCalls;
     }
     return true;
   }
-  const size_t hold = final ? 0
-                            : std::max({partial_suffix(buf_, kToolOpen), partial_suffix(buf_, kMistralCalls),
-                                        partial_suffix(buf_, kGemmaCallOpen)});
+  size_t hold = 0;
+  if (!final) {
+    for (std::string_view m : kCallMarkers) hold = std::max(hold, partial_suffix(buf_, m));
+  }
   emit_content(std::string_view(buf_).substr(0, buf_.size() - hold), out);
   buf_.erase(0, buf_.size() - hold);
   return false;
+}
+
+void OutputParser::start_block(BlockKind kind, std::string_view open, std::string_view close) {
+  block_kind_ = kind;
+  block_open_ = open;
+  block_close_ = close;
+  mode_ = Mode::kBlockCalls;
+}
+
+// A block read whole at its closing marker (or the end of the reply): its
+// calls then stream one delta each. Text that is not such a block stays
+// content, markers included.
+bool OutputParser::step_block_calls(bool final, OutputDelta& out) {
+  const size_t at = buf_.find(block_close_);
+  if (at == std::string::npos && !final) return false;
+  const std::string_view body = std::string_view(buf_).substr(0, at == std::string::npos ? buf_.size() : at);
+  const size_t used = at == std::string::npos ? buf_.size() : at + block_close_.size();
+  std::vector<ToolCall> calls;
+  bool ok = false;
+  switch (block_kind_) {
+    case BlockKind::kGlm: {
+      ToolCall call;
+      ok = parse_glm_call(body, options_.parameter_types.get(), call);
+      if (ok) calls.push_back(std::move(call));
+      break;
+    }
+    case BlockKind::kDsml:
+      ok = parse_dsml_calls(body, calls);
+      break;
+    case BlockKind::kAction:
+      ok = parse_action_calls(body, calls);
+      break;
+  }
+  if (ok) {
+    for (ToolCall& call : calls) {
+      open_call(call.name, out);
+      append_arguments(call.arguments, out);
+      close_call(true, out);
+    }
+  } else {
+    std::string raw(block_open_);
+    raw += std::string_view(buf_).substr(0, used);
+    emit_content(raw, out);
+  }
+  buf_.erase(0, used);
+  mode_ = Mode::kContent;
+  return true;
+}
+
+// DeepSeek V3.1 / Kimi K2: SECTION_OPEN (CALL_OPEN name ARGS_OPEN {json}
+// CALL_CLOSE)* SECTION_CLOSE; the arguments stream as Mistral's do.
+bool OutputParser::step_framed_calls(bool final, OutputDelta& out) {
+  const FramedCallFormat& f = *framed_;
+  for (;;) {
+    if (call_open_) {
+      buf_.erase(0, reader_->read(buf_));
+      if (final) reader_->finish();
+      stream_arguments(out);
+      if (reader_->status() == JsonCallReader::Status::kReading) return false;
+      const bool complete = reader_->status() == JsonCallReader::Status::kComplete;
+      close_call(out);
+      if (!complete) {
+        buf_.clear();
+        mode_ = Mode::kDropRest;
+        return false;
+      }
+      continue;
+    }
+    size_t i = 0;
+    while (i < buf_.size() && is_space(buf_[i])) ++i;
+    buf_.erase(0, i);
+    const std::string_view rest = buf_;
+    if (starts_with(rest, f.call_close)) {
+      buf_.erase(0, f.call_close.size());
+      continue;
+    }
+    if (starts_with(rest, f.section_close)) {
+      buf_.erase(0, f.section_close.size());
+      trim_content_ = true;
+      mode_ = Mode::kContent;
+      return true;
+    }
+    if (starts_with(rest, f.call_open)) {
+      const size_t args_at = buf_.find(f.args_open, f.call_open.size());
+      if (args_at == std::string::npos) {
+        if (!final && buf_.size() < f.call_open.size() + kMaxFramedName) return false;
+      } else {
+        std::string name = buf_.substr(f.call_open.size(), args_at - f.call_open.size());
+        if (f.kimi_name) {  // functions.NAME:INDEX
+          if (name.rfind("functions.", 0) == 0) name.erase(0, 10);
+          const size_t colon = name.rfind(':');
+          if (colon != std::string::npos) name.erase(colon);
+        }
+        const bool bad = name.empty() || std::any_of(name.begin(), name.end(),
+                                                     [](char c) { return is_space(c) || c == '<' || c == '{'; });
+        if (!bad) {
+          buf_.erase(0, args_at + f.args_open.size());
+          reader_.emplace(JsonCallReader::arguments_only());
+          open_call(name, out);
+          continue;
+        }
+      }
+    } else if (!final && (rest.empty() || is_partial(rest, f.call_close) || is_partial(rest, f.section_close) ||
+                          is_partial(rest, f.call_open))) {
+      return false;
+    }
+    mode_ = Mode::kContent;  // not the format: the rest is content
+    return true;
+  }
 }
 
 bool OutputParser::step_reasoning(bool final, OutputDelta& out) {
@@ -362,6 +520,11 @@ bool OutputParser::step_tool_call(bool final, OutputDelta& out) {
     if (first < buf_.size() && buf_[first] == '<') {  // Qwen3-Coder / Qwen3.5 XML
       reader_.reset();
       mode_ = Mode::kXmlCall;
+      return true;
+    }
+    if (first < buf_.size() && buf_[first] != '{') {  // GLM: <tool_call>NAME<arg_key>...
+      reader_.reset();
+      start_block(BlockKind::kGlm, kToolOpen, kToolClose);
       return true;
     }
     json_scan_ += reader_->read(std::string_view(buf_).substr(json_scan_));
@@ -524,17 +687,7 @@ const std::string* OutputParser::parameter_type(const std::string& parameter) co
 }
 
 std::string OutputParser::xml_value_json(const std::string& parameter, std::string_view value) const {
-  const std::string* type = parameter_type(parameter);
-  if (type == nullptr || *type != "string") {
-    // The templates write numbers, booleans and null with Python's str()
-    // and objects and arrays as JSON.
-    auto parsed = parse_json(value);
-    if (auto* j = std::get_if<nlohmann::ordered_json>(&parsed); j != nullptr && !j->is_string())
-      return dump_compact(*j);
-    if (value == "True" || value == "False") return value == "True" ? "true" : "false";
-    if (value == "None") return "null";
-  }
-  return dump_compact(nlohmann::ordered_json(std::string(value)));
+  return bare_value_json(parameter_type(parameter), value);
 }
 
 bool OutputParser::step_xml_call(bool final, OutputDelta& out) {

@@ -20,6 +20,14 @@
 //                   template writes them (<|"|>string<|"|>, bare numbers and
 //                   true/false, {..} and [..] nested); read whole at <tool_call|>,
 //                   then name and arguments (as JSON) stream at once.
+//   DeepSeek V3.1   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
+//                   ...<｜tool▁calls▁end｜>; the arguments stream as Mistral's.
+//   Kimi K2         <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+//                   <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
+//   GLM 4.5-4.7,    <tool_call>NAME<arg_key>..., <｜DSML｜function_calls>...,
+//   DeepSeek V3.2,  <|START_ACTION|>[...]<|END_ACTION|>: read whole at the
+//   Command R7B     closing marker (text/tool_call_blocks.h), then each call
+//                   streams at once.
 // Reasoning: <think>...</think>, or Gemma 4's <|channel>thought...<channel|>,
 // at the start of the reply.
 // Text that might still turn into a marker is held back (never streamed as
@@ -120,6 +128,7 @@ struct OutputParserOptions {
 };
 
 class HarmonyParser;
+struct FramedCallFormat;  // output_parser.cpp
 
 class OutputParser {
  public:
@@ -147,7 +156,10 @@ class OutputParser {
     kMistralCalls,  // after [TOOL_CALLS]; buf_ holds the marker and what follows (until a call opens)
     kDropRest,      // a JSON-form call broke: the rest of the reply is dropped
     kGemmaCall,     // after <|tool_call>: buf_ holds the call until <tool_call|>
+    kBlockCalls,    // after block_open_: buf_ holds the block until block_close_ (tool_call_blocks.h)
+    kFramedCalls,   // after framed_->section_open (DeepSeek V3.1, Kimi K2)
   };
+  enum class BlockKind { kGlm, kDsml, kAction };
   // Consumes buf_ as far as it is decided; `final`: no more text comes.
   void drain(bool final, OutputDelta& out);
   // One step of each mode; true when the mode changed and draining goes on.
@@ -161,6 +173,9 @@ class OutputParser {
   bool step_mistral_calls(bool final, OutputDelta& out);
   bool step_xml_call(bool final, OutputDelta& out);
   bool step_gemma_call(bool final, OutputDelta& out);
+  bool step_block_calls(bool final, OutputDelta& out);
+  bool step_framed_calls(bool final, OutputDelta& out);
+  void start_block(BlockKind kind, std::string_view open, std::string_view close);
   // A parameter's bare text as JSON (OutputParserOptions::parameter_types).
   std::string xml_value_json(const std::string& parameter, std::string_view value) const;
   const std::string* parameter_type(const std::string& parameter) const;  // of the open call; null: unknown
@@ -193,12 +208,15 @@ class OutputParser {
   bool call_open_ = false;                  // a call's first delta went out; call_ is being streamed
   ToolCall call_;                           // the open call (arguments: streamed so far)
   size_t call_index_ = 0, n_calls_ = 0;
-  size_t n_xml_parameters_ = 0;             // parameters of the open XML call written so far
-  std::string xml_parameter_;               // the parameter whose value is being read
-  bool xml_in_value_ = false;               // between <parameter=...> and </parameter>
-  bool xml_value_started_ = false;          // its leading "\n" is dealt with
-  bool xml_string_value_ = false;           // typed "string": its text streams as it comes
-  std::unique_ptr<HarmonyParser> harmony_;  // options_.harmony: the whole reply goes through it
+  size_t n_xml_parameters_ = 0;                // parameters of the open XML call written so far
+  std::string xml_parameter_;                  // the parameter whose value is being read
+  bool xml_in_value_ = false;                  // between <parameter=...> and </parameter>
+  bool xml_value_started_ = false;             // its leading "\n" is dealt with
+  bool xml_string_value_ = false;              // typed "string": its text streams as it comes
+  BlockKind block_kind_ = BlockKind::kGlm;     // kBlockCalls
+  std::string_view block_open_, block_close_;  // its markers (static strings)
+  const FramedCallFormat* framed_ = nullptr;   // kFramedCalls
+  std::unique_ptr<HarmonyParser> harmony_;     // options_.harmony: the whole reply goes through it
 };
 
 // Parses one tool call object {"name": "...", "arguments"|"parameters": {...}}

@@ -146,7 +146,9 @@ TEST(StructuredOutput, ToolCallGrammarsProduceWhatTheParserReadsBack) {
   const Json tools = Json::parse(kTools);
   for (auto format :
        {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kGeneric, ToolCallFormat::kMistralArgs,
-        ToolCallFormat::kMistralCallId, ToolCallFormat::kMistralJson, ToolCallFormat::kQwenXml}) {
+        ToolCallFormat::kMistralCallId, ToolCallFormat::kMistralJson, ToolCallFormat::kQwenXml, ToolCallFormat::kGlm,
+        ToolCallFormat::kGlmCompact, ToolCallFormat::kDeepSeekV31, ToolCallFormat::kDsml, ToolCallFormat::kKimi,
+        ToolCallFormat::kCommandR7b, ToolCallFormat::kHarmony, ToolCallFormat::kGemma4}) {
     SCOPED_TRACE(tool_call_format_name(format));
     for (bool parallel : {false, true}) {
       auto g = tool_call_grammar(tools, format, parallel);
@@ -161,7 +163,8 @@ TEST(StructuredOutput, ToolCallGrammarsProduceWhatTheParserReadsBack) {
         OutputParser parser({.parse_reasoning = true,
                              .starts_in_reasoning = false,
                              .parse_tool_calls = true,
-                             .parameter_types = tool_parameter_types(tools)});
+                             .parameter_types = tool_parameter_types(tools),
+                             .harmony = format == ToolCallFormat::kHarmony});
         OutputDelta d;
         parser.push(*text, d);
         parser.finish(d);
@@ -196,11 +199,56 @@ TEST(StructuredOutput, ToolCallGrammarsProduceWhatTheParserReadsBack) {
         }
       }
       EXPECT_GT(n_walks, 16);
-      if (parallel) {
+      if (parallel && format != ToolCallFormat::kHarmony) {  // harmony: one call per turn
         EXPECT_GT(max_calls, 1);
       }
     }
   }
+}
+
+// Gemma 4's own syntax where every parameter is a string or a JSON scalar:
+// <|"|>-quoted strings, optional parameters left out with their commas.
+TEST(StructuredOutput, Gemma4ForcedCallsUseItsSyntaxForScalarParameters) {
+  const Json tools = Json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"type": "string", "enum": ["c", "f"]}},
+      "required": ["city"]}}},
+    {"type": "function", "function": {"name": "count", "parameters": {"type": "object",
+      "properties": {"note": {"type": "string", "maxLength": 4}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "exact": {"type": "boolean"}}, "required": ["n"]}}}])");
+  auto g = tool_call_grammar(tools, ToolCallFormat::kGemma4, true);
+  ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const grammar::CompiledGrammar>>(g));
+  std::mt19937 rng(7);
+  int n_walks = 0, n_optional_left_out = 0;
+  for (int i = 0; i < 40; ++i) {
+    auto text = random_walk(std::get<std::shared_ptr<const grammar::CompiledGrammar>>(g), rng);
+    if (!text) continue;
+    ++n_walks;
+    SCOPED_TRACE(*text);
+    EXPECT_EQ(text->rfind("<|tool_call>call:", 0), 0u);
+    OutputParser parser({.parse_tool_calls = true, .parameter_types = tool_parameter_types(tools)});
+    OutputDelta d;
+    parser.push(*text, d);
+    parser.finish(d);
+    EXPECT_EQ(d.content, "");
+    ASSERT_GE(d.tool_calls.size(), 1u);
+    for (const ToolCall& c : d.tool_calls) {
+      const Json args = Json::parse(c.arguments);
+      if (c.name == "get_weather") {
+        ASSERT_TRUE(args["city"].is_string());
+        EXPECT_TRUE(!args.contains("unit") || args["unit"] == "c" || args["unit"] == "f");
+        n_optional_left_out += !args.contains("unit");
+      } else {
+        ASSERT_EQ(c.name, "count");
+        ASSERT_TRUE(args["n"].is_number_integer());
+        EXPECT_TRUE(!args.contains("note") || args["note"].is_string());
+        EXPECT_TRUE(!args.contains("exact") || args["exact"].is_boolean());
+        n_optional_left_out += !args.contains("note");
+      }
+    }
+  }
+  EXPECT_GT(n_walks, 30);
+  EXPECT_GT(n_optional_left_out, 0);
 }
 
 TEST(StructuredOutput, ToolSchemaErrorsNameTheTool) {

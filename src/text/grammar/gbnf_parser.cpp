@@ -201,6 +201,17 @@ class Parser {
       advance();
       return true;
     }
+    if (c == '<') {  // a special token by its spelling, brackets included: <|channel|>
+      const size_t end = text_.find('>', pos_);
+      const size_t newline = text_.find('\n', pos_);
+      if (end == std::string_view::npos || (newline != std::string_view::npos && newline < end) || end == pos_ + 1) {
+        return fail("expected a special token's spelling: <...> on one line");
+      }
+      out.kind = Expr::Kind::kLiteral;
+      out.text = special_token_literal(text_.substr(pos_, end + 1 - pos_));
+      while (pos_ <= end) advance();
+      return true;
+    }
     if (c == '[') {
       advance();
       out.kind = Expr::Kind::kClass;

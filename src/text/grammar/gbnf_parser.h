@@ -12,7 +12,10 @@
 // Items: "literal", [class] with ranges and ^ negation, `.` (any code
 // point), a rule name, ( group ); postfix * + ? {m} {m,} {m,n} {,n}.
 // Escapes in literals and classes: \n \r \t \\ \" \' \[ \] \- \^ \/ \xHH
-// \uHHHH \UHHHHHHHH. The text must be valid UTF-8.
+// \uHHHH \UHHHHHHHH. The text must be valid UTF-8. `<|channel|>` (from '<'
+// to the first '>') names the special token of that spelling (grammar_ast.h:
+// special_token_literal); nothing else produces it, and a vocabulary
+// without such a special token never does.
 //
 // Errors name the line and column ("grammar line 3, column 9: ...").
 // Checks done here: syntax, duplicate rule names, references to undefined

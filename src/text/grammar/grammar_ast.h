@@ -5,6 +5,7 @@
 // the compiler (compiled_grammar.h) lowers it to a byte-level automaton.
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace rill::grammar {
@@ -34,6 +35,19 @@ struct Expr {
   uint32_t min = 0, max = 0;
   uint32_t line = 0, col = 0;  // where it was written (1-based; 0: generated)
 };
+
+// A special token (one id of the vocabulary, e.g. Mistral's [TOOL_CALLS] or
+// harmony's <|channel|>) named by a grammar is a kLiteral of these bytes:
+// its spelling between two 0xFF bytes. No UTF-8 text holds 0xFF, so no
+// text matches it; TokenVocabulary gives each special token exactly these
+// bytes, so the one token that does is that special token.
+inline constexpr char kTokenMark = '\xFF';
+inline std::string special_token_literal(std::string_view spelling) {
+  std::string s(1, kTokenMark);
+  s += spelling;
+  s += kTokenMark;
+  return s;
+}
 
 struct Rule {
   std::string name;

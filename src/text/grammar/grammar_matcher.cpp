@@ -30,8 +30,7 @@ bool GrammarMatcher::accept_bytes(std::string_view bytes) {
 bool GrammarMatcher::accept_token(int32_t id) {
   if (terminated_ || !masks_ || id < 0 || id >= masks_->vocab().n_vocab()) return false;
   StackSet before = state_;
-  if (masks_->vocab().is_eos(id)) {
-    if (!state_.can_end()) return false;
+  if (masks_->vocab().is_eos(id) && state_.can_end()) {
     terminated_ = true;
   } else if (!masks_->vocab().in_trie(id) || !accept_bytes(masks_->vocab().piece(id))) {
     return false;

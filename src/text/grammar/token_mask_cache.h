@@ -16,7 +16,8 @@
 // the key allows (milliseconds for a state like "inside a JSON string").
 //
 // EOS (and the vocabulary's other end-of-generation tokens) is allowed
-// exactly when some stack is complete. Special tokens are never allowed.
+// when some stack is complete. A special token is allowed only where the
+// grammar names it (token_vocabulary.h).
 //
 // Memory: entries hold n_vocab bits each; when the cache passes
 // kMaxCacheBytes it is emptied and refilled on demand. Not thread-safe:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "text/grammar/grammar_ast.h"
 #include "text/tokenizer.h"
 
 namespace rill::grammar {
@@ -16,8 +17,14 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::from_tokenizer(const Tok
   std::vector<std::string> pieces(static_cast<size_t>(n));
   std::vector<bool> excluded(static_cast<size_t>(n));
   for (int32_t id = 0; id < n; ++id) {
-    excluded[id] = tok.is_special(id);
-    if (!excluded[id]) pieces[id] = tok.token_to_piece(id);
+    const std::string piece = tok.token_to_piece(id);
+    if (tok.is_special(id)) {
+      pieces[id] = special_token_literal(piece);  // allowed only where a grammar names it
+    } else if (piece.find(kTokenMark) == std::string::npos) {
+      pieces[id] = piece;
+    } else {
+      excluded[id] = true;  // a lone 0xFF byte: no grammar allows it, and it must not start a token name
+    }
   }
   return std::make_shared<const TokenVocabulary>(std::move(pieces), excluded, std::move(eos_ids));
 }
@@ -28,8 +35,11 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> pieces, const std::vec
   std::erase_if(eos_ids_, [&](int32_t id) { return id < 0 || id >= n_vocab(); });
   for (size_t id = 0; id < pieces_.size(); ++id) {
     // An end-of-generation token ends the text even where it is not special
-    // (Qwen3's "</s>"), so it is never taken for its bytes.
-    in_trie_[id] = !(id < excluded.size() && excluded[id]) && !pieces_[id].empty() && !is_eos(static_cast<int32_t>(id));
+    // (Qwen3's "</s>"), so it is never taken for its bytes; a special one
+    // (its bytes start with kTokenMark) is also allowed where a grammar names it.
+    const bool named_eos = !pieces_[id].empty() && pieces_[id][0] == kTokenMark;
+    in_trie_[id] = !(id < excluded.size() && excluded[id]) && !pieces_[id].empty() &&
+                   (named_eos || !is_eos(static_cast<int32_t>(id)));
     if (in_trie_[id]) sorted_.push_back(static_cast<int32_t>(id));
   }
   std::sort(sorted_.begin(), sorted_.end(),

@@ -4,11 +4,13 @@
 //
 // Each token is Tokenizer::token_to_piece (byte-level BPE: the bytes of its
 // Ġ-encoded text; SentencePiece: ▁ as a space, <0xXX> as its byte).
-// Special tokens, end-of-generation tokens and tokens with no bytes are left
-// out of the trie: a
-// grammar over bytes never allows them. The end-of-generation tokens (EOS
-// and the end-of-turn tokens) are listed apart; a mask allows them exactly
-// where the grammar may end.
+// A special token's bytes are its spelling between two 0xFF bytes
+// (grammar_ast.h: special_token_literal), so a grammar allows it only where
+// it names it; tokens whose bytes hold 0xFF otherwise, ordinary
+// end-of-generation tokens and tokens with no bytes are left out of the
+// trie. The end-of-generation tokens (EOS and the end-of-turn tokens) are
+// listed apart; a mask allows them where the grammar may end (and a special
+// one also where the grammar names it).
 //
 // The trie: children of a node are contiguous, and the tokens are numbered
 // in depth-first (sorted byte string) order, so every node's subtree is one

@@ -67,6 +67,18 @@ TEST(GbnfParser, DecodesEscapesInLiteralsAndClasses) {
   EXPECT_TRUE(seq.children[2].negated);
 }
 
+TEST(GbnfParser, NamesSpecialTokensByTheirSpelling) {
+  auto ast = parse_gbnf(R"(root ::= <|channel|> "x" <think>)");
+  ASSERT_TRUE(ast.ok()) << ast.error().message;
+  const Expr& seq = ast->rules[0].body;
+  EXPECT_EQ(seq.children[0].text, special_token_literal("<|channel|>"));
+  EXPECT_EQ(seq.children[0].text, "\xFF<|channel|>\xFF");
+  EXPECT_EQ(seq.children[2].text, special_token_literal("<think>"));
+  EXPECT_NE(error_of("root ::= <>").find("special token"), std::string::npos);
+  EXPECT_NE(error_of("root ::= <abc").find("special token"), std::string::npos);
+  EXPECT_NE(error_of("root ::= <a\nb>").find("special token"), std::string::npos);
+}
+
 // Limits that keep a small grammar from costing unbounded stack or memory.
 TEST(GbnfParser, PostfixChainsAndNestedRepeatsAreBounded) {
   EXPECT_NE(error_of("root ::= \"a\"" + std::string(300, '?')).find("repetition operators nested deeper than 200"),

@@ -2,7 +2,8 @@
 // Gemma 3 SentencePiece with byte fallback): at each state of a walk
 // through a valid text, a token is in the mask iff its bytes extend the
 // accepted prefix (checked against the byte matcher for every token),
-// special tokens never are, and EOS is exactly where the grammar may end.
+// special tokens never are unless the grammar names them, and EOS is
+// exactly where the grammar may end.
 #include "text/grammar/token_mask_cache.h"
 
 #include <gtest/gtest.h>
@@ -113,6 +114,47 @@ TEST(TokenMask, SpecialTokensAndEos) {
   EXPECT_FALSE(m.terminated());
   EXPECT_TRUE(m.accept_token(*tok->token_id("no")));
   EXPECT_FALSE(m.rollback(3));
+}
+
+// A grammar that names a special token (<|start_header_id|>, an end-of-turn
+// token) allows exactly that token id there, never its spelling's bytes as
+// text, and no other special token.
+TEST(TokenMask, NamedSpecialTokensAreTheirOwnIds) {
+  const Tokenizer* tok = testing::load_tokenizer("llama3");
+  if (tok == nullptr) GTEST_SKIP() << "llama3 tokenizer files missing";
+  auto g = CompiledGrammar::from_gbnf(R"g(root ::= <|start_header_id|> "{}" <|eot_id|> "x")g");
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  auto cache = std::make_shared<TokenMaskCache>(*g, TokenVocabulary::from_tokenizer(*tok));
+  GrammarMatcher m(cache);
+  std::vector<uint64_t> mask(cache->vocab().mask_words());
+  auto allowed = [&] {
+    EXPECT_TRUE(m.fill_mask(mask));
+    std::vector<int32_t> ids;
+    for (int32_t id = 0; id < cache->vocab().n_vocab(); ++id) {
+      if (bit(mask, id)) ids.push_back(id);
+    }
+    return ids;
+  };
+  const int32_t header = *tok->token_id("<|start_header_id|>");
+  const int32_t eot = *tok->token_id("<|eot_id|>");
+  ASSERT_TRUE(tok->is_special(header));
+  ASSERT_TRUE(cache->vocab().is_eos(eot));
+  EXPECT_EQ(allowed(), std::vector<int32_t>{header});
+  EXPECT_FALSE(m.accept_token(*tok->token_id("<")));  // the spelling as text is not the token
+  EXPECT_FALSE(m.accept_bytes("<|start_header_id|>"));
+  ASSERT_TRUE(m.accept_token(header));
+  ASSERT_TRUE(m.accept_token(*tok->token_id("{}")));
+  // The end-of-turn token where the grammar names it (it cannot end here): taken as the token.
+  EXPECT_EQ(allowed(), std::vector<int32_t>{eot});
+  ASSERT_TRUE(m.accept_token(eot));
+  EXPECT_FALSE(m.terminated());
+  EXPECT_EQ(allowed(), std::vector<int32_t>{*tok->token_id("x")});
+  // Without the name, special tokens stay out of every mask (the JSON tests above check all tokens).
+  auto plain = CompiledGrammar::from_gbnf(R"g(root ::= "<|start_header_id|>")g");
+  ASSERT_TRUE(plain.ok());
+  GrammarMatcher text(std::make_shared<TokenMaskCache>(*plain, TokenVocabulary::from_tokenizer(*tok)));
+  EXPECT_FALSE(text.accept_token(header));
+  EXPECT_TRUE(text.accept_token(*tok->token_id("<")));
 }
 
 }  // namespace
