@@ -229,7 +229,8 @@ TEST_P(LightningIndex, SelectionDoesNotDependOnTheStep) {
     const IndexRun& r = i < 6 ? a : b;
     const int32_t ti = i < 6 ? i : i - 6;
     ASSERT_EQ(r.n_selected[ti], all.n_selected[4 + i]) << i;
-    for (int32_t j = 0; j < r.n_selected[ti]; ++j) EXPECT_EQ(r.selected[ti * kTopK + j], all.selected[(4 + i) * kTopK + j]);
+    for (int32_t j = 0; j < r.n_selected[ti]; ++j)
+      EXPECT_EQ(r.selected[ti * kTopK + j], all.selected[(4 + i) * kTopK + j]);
   }
 }
 

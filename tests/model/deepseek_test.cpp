@@ -80,10 +80,25 @@ TEST(MlaModel, ConfigErrorsNameTheFileAndField) {
       {"minicpm3", [](nlohmann::json& c) { c["scale_depth"] = "1.4"; }, "'scale_depth'"},
       {"glm-5", [](nlohmann::json& c) { c.erase("index_topk"); }, "'index_topk' is missing"},
       {"glm-5", [](nlohmann::json& c) { c["index_head_dim"] = 4; }, "index_head_dim 4"},
-      {"glm-5", [](nlohmann::json& c) { c["indexer_types"] = {"full", "shared"}; }, "one indexer type per layer"},
-      {"glm-5", [](nlohmann::json& c) { c["indexer_types"] = {"shared", "full", "full"}; }, "layer 0 must be full"},
-      {"glm-5", [](nlohmann::json& c) { c["indexer_types"] = {"full", "full", "dense"}; }, "entry 2"},
-      {"glm-5", [](nlohmann::json& c) { c["mlp_layer_types"] = {"dense", "dense", "sparse"}; },
+      {"glm-5",
+       [](nlohmann::json& c) {
+         c["indexer_types"] = {"full", "shared"};
+       },
+       "one indexer type per layer"},
+      {"glm-5",
+       [](nlohmann::json& c) {
+         c["indexer_types"] = {"shared", "full", "full"};
+       },
+       "layer 0 must be full"},
+      {"glm-5",
+       [](nlohmann::json& c) {
+         c["indexer_types"] = {"full", "full", "dense"};
+       },
+       "entry 2"},
+      {"glm-5",
+       [](nlohmann::json& c) {
+         c["mlp_layer_types"] = {"dense", "dense", "sparse"};
+       },
        "mlp_layer_types[1]"},
   };
   for (const Case& k : kCases) {
@@ -100,8 +115,9 @@ TEST(MlaModel, ConfigErrorsNameTheFileAndField) {
 // shared and has none, and the error names the tensor.
 TEST(MlaModel, Glm5FullLayerWithoutIndexerWeightsIsRefused) {
   if (!fs::exists(kGoldens + "glm-5/golden.json")) GTEST_SKIP();
-  const std::string dir =
-      with_config("glm-5", [](nlohmann::json& c) { c["indexer_types"] = {"full", "full", "full"}; });
+  const std::string dir = with_config("glm-5", [](nlohmann::json& c) {
+    c["indexer_types"] = {"full", "full", "full"};
+  });
   auto model = open(dir);
   ASSERT_FALSE(model.ok());
   EXPECT_NE(model.error().message.find("model.layers.2.self_attn.indexer."), std::string::npos)

@@ -19,12 +19,14 @@ struct LatentRows {
   size_t elem = 4;
 
   explicit LatentRows(const KvCacheView& v)
-      : kv(v), plane(static_cast<int64_t>(v.row_bytes / (v.dtype == DType::kF32 ? 4 : 2))),
+      : kv(v),
+        plane(static_cast<int64_t>(v.row_bytes / (v.dtype == DType::kF32 ? 4 : 2))),
         elem(v.dtype == DType::kF32 ? 4 : 2) {}
 
   size_t slot_offset(int64_t slot) const {
     const int64_t mask = (int64_t{1} << kv.block_shift) - 1;
-    return static_cast<size_t>(slot >> kv.block_shift) * kv.block_stride + static_cast<size_t>(slot & mask) * kv.row_bytes;
+    return static_cast<size_t>(slot >> kv.block_shift) * kv.block_stride +
+           static_cast<size_t>(slot & mask) * kv.row_bytes;
   }
   uint8_t* element(size_t at, int64_t i) const {
     auto* base = static_cast<uint8_t*>(i < plane ? kv.k : kv.v);

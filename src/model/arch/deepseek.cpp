@@ -85,8 +85,8 @@ struct MlaLayerWeights {
   Linear gate, up, down;      // dense FFN
   std::optional<MoeFfn> moe;
   // The lightning indexer (DSA layers that are not shared).
-  Linear index_q;                               // wq_b [n_head D, q_lora]
-  Linear index_k, index_w;                      // wk [D, E], weights_proj [n_head, E]
+  Linear index_q;                                 // wq_b [n_head D, q_lora]
+  Linear index_k, index_w;                        // wk [D, E], weights_proj [n_head, E]
   std::vector<float> index_k_norm, index_k_bias;  // k_norm's LayerNorm [D]
 };
 
@@ -208,8 +208,8 @@ struct MlaLayer {
   // The lightning indexer; absent (no DSA, or a shared layer): the layer
   // attends to every key, or to the selection of the layer before it.
   bool has_indexer = false;
-  Weight index_q;                 // [n_head D, q_lora]
-  Weight index_kw;                // [wk | weights_proj] rows: [D + n_head, E]
+  Weight index_q;                  // [n_head D, q_lora]
+  Weight index_kw;                 // [wk | weights_proj] rows: [D + n_head, E]
   Vec index_k_norm, index_k_bias;  // [D]
 };
 
@@ -460,7 +460,7 @@ class MlaModel final : public CpuPagedModel, private MlaHooks {
   MlaWeights w_;                     // the CPU Backend views kv_b's copies; the MoE experts
   MlaGraph graph_;
   std::vector<float> x_, h_, a_, qn_, q_, q_lat_, lat_, attn_, gu_, mlp_, final_rows_, iq_, ikw_;  // f32
-  std::vector<int32_t> selected_, n_selected_;                                            // DSA
+  std::vector<int32_t> selected_, n_selected_;                                                     // DSA
   MlaActivations act_;
   std::vector<float> moe_out_;
   MoeScratch moe_scratch_;

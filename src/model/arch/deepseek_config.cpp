@@ -70,7 +70,9 @@ Result<std::vector<bool>> indexer_pattern(const nlohmann::json& v, const char* k
   }
   std::vector<bool> shared(n);
   for (size_t i = 0; i < n; ++i) {
-    std::string t = v.is_string() ? std::string(1, v.get<std::string>()[i]) : v[i].is_string() ? v[i].get<std::string>() : "";
+    std::string t = v.is_string()      ? std::string(1, v.get<std::string>()[i])
+                    : v[i].is_string() ? v[i].get<std::string>()
+                                       : "";
     if (t == "F") t = "full";
     if (t == "S") t = "shared";
     if (t != "full" && t != "shared") return Error{what + "entry " + std::to_string(i) + " must be full or shared"};
