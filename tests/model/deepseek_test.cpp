@@ -79,6 +79,7 @@ TEST(MlaModel, ConfigErrorsNameTheFileAndField) {
       {"minicpm3", [](nlohmann::json& c) { c["rope_interleave"] = true; }, "rope_interleave"},
       {"minicpm3", [](nlohmann::json& c) { c["scale_depth"] = "1.4"; }, "'scale_depth'"},
       {"glm-5", [](nlohmann::json& c) { c.erase("index_topk"); }, "'index_topk' is missing"},
+      {"glm-5", [](nlohmann::json& c) { c["rope_interleave"] = false; }, "rope_interleave false"},
       {"glm-5", [](nlohmann::json& c) { c["index_head_dim"] = 4; }, "index_head_dim 4"},
       {"glm-5",
        [](nlohmann::json& c) {

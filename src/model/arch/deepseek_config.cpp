@@ -139,6 +139,9 @@ Result<MlaParams> read_mla_params(const ModelFiles& f) {
   const bool minicpm = cfg.architecture == "minicpm3";
   RILL_ASSIGN_OR_RETURN(p.interleaved, r.flag("rope_interleave", !minicpm));
   if (minicpm && p.interleaved) return Error{file + ": rope_interleave is not part of minicpm3"};
+  if (cfg.architecture == "glm_moe_dsa" && !p.interleaved) {
+    return Error{file + ": rope_interleave false is not part of glm_moe_dsa (its RoPE pairs dims (2i, 2i+1))"};
+  }
   if (cfg.hidden_act != "silu") return Error{file + ": hidden_act '" + cfg.hidden_act + "' (the MLA family: silu)"};
 
   double scale = 1.0 / std::sqrt(static_cast<double>(p.qk_dim()));
