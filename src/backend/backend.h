@@ -328,11 +328,45 @@ struct LatentKvOp {
 // query absorbed through kv_b_proj's K part), q_rope head h at columns
 // [h * q_rope_step, + rope_dim) F32, out [n_tokens, n_head * kv_lora_rank]
 // F32; strided rows allowed. All heads read the same row per key.
+// selected (DeepSeek sparse attention; null: every key): token t attends
+// only to the n_selected[t] keys selected[t * selected_stride + i], in
+// ascending positions, all <= pos[t] (lightning_index() writes them).
 struct LatentAttentionOp {
   Tensor q_latent, q_rope, out;
   int64_t q_rope_step = 0;
   int32_t n_head = 0, kv_lora_rank = 0, rope_dim = 0;
   float scale = 1.0f;
+  KvCacheView kv;
+  int kv_group = 0;
+  const int32_t* selected = nullptr;
+  const int32_t* n_selected = nullptr;
+  int32_t selected_stride = 0;
+};
+
+// lightning_index(): DeepSeek sparse attention's indexer (GLM-5,
+// glm_moe_dsa). First, per token t: its key k[t] [head_dim] (k_norm
+// already applied) has its first rope_dim dims rotated by `rope` at pos[t]
+// and is stored at columns [key_col, key_col + head_dim) of the token's
+// latent row in kv (LatentKvRow's index_dim columns: the row's first
+// kv.row_bytes in K, the rest in V), and every query head q[t, h] (columns
+// [h head_dim, + head_dim)) is rotated alike in place. Then per token t,
+// over its sequence's stored keys j in [0, pos[t]]:
+//   score_j = sum_h (weight_scale w[t, h]) relu(score_scale q[t, h] . k_j)
+// and the min(topk, pos[t] + 1) best keys go to selected[t topk, ...] in
+// ascending positions, their count to n_selected[t]. Ties of equal scores
+// go to the later key, so a selection is one function of the scores (a
+// total order), whatever the algorithm or the step's split. q, k, w
+// [n_tokens, n_head] F32, strided rows allowed; selected [n_tokens, topk]
+// and n_selected [n_tokens] in memory the backend addresses.
+struct LightningIndexOp {
+  Tensor q, k, w;
+  int32_t n_head = 0, head_dim = 0, rope_dim = 0;
+  float score_scale = 1.0f, weight_scale = 1.0f;
+  Rope rope;
+  int32_t key_col = 0;
+  int32_t topk = 0;
+  int32_t* selected = nullptr;
+  int32_t* n_selected = nullptr;
   KvCacheView kv;
   int kv_group = 0;
 };
@@ -497,7 +531,8 @@ class Backend {
   // cleanly, so the asserting defaults are never reached. ---------------------
   virtual bool has_encoder_ops() const { return false; }
   // out[r] = (x[r] - mean) / sqrt(var + eps) * w + b over each row (biased
-  // variance: LayerNorm), in out.dtype. x F32; out may alias x.
+  // variance: LayerNorm), in out.dtype. x F32; out may alias x; strided
+  // rows allowed (GLM-5's indexer key norm).
   virtual void layer_norm(Tensor x, Vec w, Vec b, float eps, Tensor out) {
     (void)x, (void)w, (void)b, (void)eps, (void)out;
     assert(false && "layer_norm: this Backend has no encoder ops");
@@ -517,7 +552,7 @@ class Backend {
     assert(false && "attention_bidirectional: this Backend has no encoder ops");
   }
 
-  // --- Multi-head latent attention (DeepSeek-V3, MiniCPM3). A Backend
+  // --- Multi-head latent attention (DeepSeek-V3, MiniCPM3, GLM-5). A Backend
   // without these ops keeps the asserting defaults and says so in
   // has_mla_ops(); the MLA family refuses it at load. -------------------------
   virtual bool has_mla_ops() const { return false; }
@@ -537,6 +572,11 @@ class Backend {
   virtual void latent_attention(const LatentAttentionOp& op, const StepMetadata& step) {
     (void)op, (void)step;
     assert(false && "latent_attention: this Backend has no MLA ops");
+  }
+  // DeepSeek sparse attention (GLM-5); has_mla_ops() covers it.
+  virtual void lightning_index(const LightningIndexOp& op, const StepMetadata& step) {
+    (void)op, (void)step;
+    assert(false && "lightning_index: this Backend has no MLA ops");
   }
 };
 

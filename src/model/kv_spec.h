@@ -47,9 +47,12 @@ inline LayerGroupSpec recurrent() {
 using KvSpec = std::vector<LayerGroupSpec>;
 
 // What one token keeps per layer of multi-head latent attention (MLA:
-// DeepSeek-V3, MiniCPM3), instead of per-head K and V: the normed latent
-// c_kv (kv_lora_rank elements, which kv_b_proj would expand into every
-// head's K and V) and the rotated key shared by all heads (rope_dim). MLA
+// DeepSeek-V3, MiniCPM3, GLM-5), instead of per-head K and V: the normed
+// latent c_kv (kv_lora_rank elements, which kv_b_proj would expand into
+// every head's K and V), the rotated key shared by all heads (rope_dim) and,
+// with DeepSeek sparse attention (GLM-5), the lightning indexer's key
+// (index_dim; every layer keeps the columns, a layer that reuses another
+// layer's selection leaves them zero). MLA
 // layers are ordinary full-attention layers of their group; only the row
 // differs. The row goes into the paged cache's K and V planes, plane_width()
 // elements each: its first plane_width() elements in K, the rest in V
@@ -60,7 +63,9 @@ using KvSpec = std::vector<LayerGroupSpec>;
 struct LatentKvRow {
   int32_t kv_lora_rank = 0;
   int32_t rope_dim = 0;
-  int32_t row_width() const { return kv_lora_rank + rope_dim; }
+  int32_t index_dim = 0;  // 0: no indexer
+  int32_t index_col() const { return kv_lora_rank + rope_dim; }
+  int32_t row_width() const { return kv_lora_rank + rope_dim + index_dim; }
   int32_t plane_width() const { return (row_width() + 1) / 2; }
 };
 

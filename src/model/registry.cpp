@@ -166,6 +166,20 @@ const ImplementationRegistry& builtin_registry() {
          Device::kCuda,
          &create_mla_cuda_model,
          /*tensor_parallel=*/false},
+        {"glm_moe_dsa.cpu",
+         {"glm_moe_dsa"},
+         {"hf"},
+         "autoregressive",
+         Device::kCpu,
+         &create_mla_cpu_model,
+         /*tensor_parallel=*/false},
+        {"glm_moe_dsa.cuda",
+         {"glm_moe_dsa"},
+         {"hf"},
+         "autoregressive",
+         Device::kCuda,
+         &create_mla_cuda_model,
+         /*tensor_parallel=*/false},
     };
     auto r = ImplementationRegistry::create(std::move(impls));
     return std::move(r).value();

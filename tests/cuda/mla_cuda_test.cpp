@@ -1,4 +1,5 @@
-// The MLA families (deepseek_v3, minicpm3) and GLM-4.5's sigmoid MoE router
+// The MLA families (deepseek_v3, minicpm3, glm_moe_dsa: GLM-5's sparse
+// attention too) and GLM-4.5's sigmoid MoE router
 // on CUDA: not implemented yet (the CUDA Backend has no multi-head latent
 // attention ops; model/cuda_moe.h routes by softmax), so asking for the
 // CUDA device refuses at load with a message that says so and names the CPU,
@@ -34,12 +35,13 @@ TEST_P(MlaCuda, RefusesAtLoadNamingTheCpu) {
   EXPECT_NE(model.error().message.find("CPU"), std::string::npos) << model.error().message;
 }
 
-INSTANTIATE_TEST_SUITE_P(Mla, MlaCuda, ::testing::Values("deepseek-v3", "minicpm3", "glm4-moe"), [](const auto& info) {
-  std::string n = info.param;
-  for (char& c : n)
-    if (c == '-') c = '_';
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Mla, MlaCuda, ::testing::Values("deepseek-v3", "minicpm3", "glm-5", "glm4-moe"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace rill

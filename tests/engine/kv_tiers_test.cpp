@@ -442,11 +442,20 @@ TEST(KvTiers, DiskPrefixSurvivesARestartDeepSeekV3Latent) {
 TEST(KvTiers, DiskPrefixSurvivesARestartMiniCpm3Latent) {
   disk_round_trip(kGoldens + "minicpm3", 512, 40, 32);
 }
-TEST(KvTiers, EvictedLatentPrefixComesBackFromTheRamTier) {
+// GLM-5 (DeepSeek sparse attention): the row also holds the indexer's key,
+// which later tokens' selections read; a restored prefix selects as the
+// cold run did only if the keys came back.
+TEST(KvTiers, DiskPrefixSurvivesARestartGlm5IndexerKeys) {
+  disk_round_trip(kGoldens + "glm-5", 512, 40, 32);
+}
+
+void evicted_latent_prefix_comes_back(const std::string& model) {
   EngineOptions o;
   o.cache_ram_mb = 64;
-  o.kv_cache_mb = 1;  // 227 blocks of 16 tokens at 288 bytes a token (3 layers x 24 f32)
-  auto e = load(kGoldens + "deepseek-v3", o);
+  // deepseek-v3: 227 blocks of 16 tokens at 288 bytes a token (3 layers x
+  // 24 f32); glm-5: 136 at 480 (3 x 40)
+  o.kv_cache_mb = 1;
+  auto e = load(model, o);
   ASSERT_TRUE(e);
   const auto a = random_prompt(401, 512, 1);  // 26 blocks; ten such prompts cannot all stay
   const GenRun cold = generate(*e, a, 8);
@@ -461,6 +470,12 @@ TEST(KvTiers, EvictedLatentPrefixComesBackFromTheRamTier) {
   EXPECT_EQ(warm.tokens, cold.tokens);
   EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored latent rows must be bit-identical";
   EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
+}
+TEST(KvTiers, EvictedLatentPrefixComesBackFromTheRamTier) {
+  evicted_latent_prefix_comes_back(kGoldens + "deepseek-v3");
+}
+TEST(KvTiers, EvictedGlm5PrefixWithIndexerKeysComesBackFromTheRamTier) {
+  evicted_latent_prefix_comes_back(kGoldens + "glm-5");
 }
 
 TEST(KvTiers, EvictedHybridPrefixComesBackFromTheRamTier) {

@@ -7,7 +7,8 @@
 // token and layer; through the engine, prompts of different lengths batched
 // (split into chunks at other places than alone) give their alone tokens and
 // log-probabilities, and a prefix-cache hit gives the cold run's; yarn rope
-// scaling (no golden) loads and moves every position after the first.
+// scaling (no golden) loads and moves every position after the first. The
+// engine tests also run GLM-5 (glm_moe_dsa; its parity: dsa_parity_test).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -187,7 +188,11 @@ class MlaEngine : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     const std::string dir = test::hf_golden_dir(GetParam());
     if (!test::has_hf_golden(dir)) GTEST_SKIP() << dir << " not found";
-    g_ = test::read_hf_golden(dir);
+    // GLM-5: the causal top-k's reference (tests/engine/dsa_parity_test.cpp).
+    g_ = test::read_hf_golden(GetParam() == "glm-5" ? std::string(RILL_TEST_DATA) + "/glm-5-causal" : dir);
+    std::ifstream in(dir + "/config.json");
+    const auto cfg = nlohmann::json::parse(in);
+    row_ = cfg["kv_lora_rank"].get<int>() + cfg["qk_rope_head_dim"].get<int>() + cfg.value("index_head_dim", 0);
     EngineOptions o;
     o.n_threads = 2;
     o.n_ctx = 128;
@@ -231,13 +236,16 @@ class MlaEngine : public ::testing::TestWithParam<std::string> {
   }
 
   test::HfGolden g_;
+  int row_ = 0;  // f32 values per token and layer: latent, rope key, indexer key (GLM-5)
   std::unique_ptr<Engine> engine_;
   std::vector<std::vector<int32_t>> prompts_;
 };
 
-// /stats' kv.bytes_per_token: the latent rows, 3 layers x (16 + 8) f32.
+// /stats' kv.bytes_per_token: the latent rows, 3 layers x (16 + 8) f32,
+// GLM-5's with its indexer key (+ 16).
 TEST_P(MlaEngine, StatsReportTheLatentKvBytesPerToken) {
-  EXPECT_EQ(engine_->stats().kv_bytes_per_token, 3 * (16 + 8) * 4);
+  EXPECT_EQ(row_, GetParam() == "glm-5" ? 16 + 8 + 16 : 16 + 8);
+  EXPECT_EQ(engine_->stats().kv_bytes_per_token, 3 * row_ * 4);
 }
 
 TEST_P(MlaEngine, GreedyIdsMatchTransformers) {
@@ -276,7 +284,7 @@ TEST_P(MlaEngine, PrefixHitMatchesTheColdRun) {
   EXPECT_EQ(hit.logprobs, cold.logprobs);  // bit-identical: same logits
 }
 
-INSTANTIATE_TEST_SUITE_P(Mla, MlaEngine, ::testing::Values("deepseek-v3", "minicpm3"), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Mla, MlaEngine, ::testing::Values("deepseek-v3", "minicpm3", "glm-5"), [](const auto& info) {
   std::string name = info.param;
   std::replace(name.begin(), name.end(), '-', '_');
   return name;

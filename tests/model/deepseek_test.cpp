@@ -1,6 +1,6 @@
-// The MLA family's configuration (model/arch/deepseek.cpp): what a
-// deepseek_v3 / minicpm3 config.json may not say is refused at load with
-// the file and the field named;
+// The MLA family's configuration (model/arch/deepseek_config.cpp): what a
+// deepseek_v3 / minicpm3 / glm_moe_dsa config.json may not say is refused
+// at load with the file and the field named;
 // the registry binds both model types to their CPU and CUDA ids.
 #include <gtest/gtest.h>
 
@@ -45,7 +45,7 @@ std::string with_config(const std::string& family, const std::function<void(nloh
 }
 
 TEST(MlaModel, RegistryBindsBothModelTypes) {
-  for (const char* graph : {"deepseek_v3", "minicpm3"}) {
+  for (const char* graph : {"deepseek_v3", "minicpm3", "glm_moe_dsa"}) {
     ModelProfile p{graph, "hf", "autoregressive", std::nullopt, std::nullopt, std::nullopt};
     auto cpu = builtin_registry().select(p, Device::kCpu);
     ASSERT_TRUE(cpu.ok()) << cpu.error().message;
@@ -78,6 +78,29 @@ TEST(MlaModel, ConfigErrorsNameTheFileAndField) {
        "default and yarn RoPE only"},
       {"minicpm3", [](nlohmann::json& c) { c["rope_interleave"] = true; }, "rope_interleave"},
       {"minicpm3", [](nlohmann::json& c) { c["scale_depth"] = "1.4"; }, "'scale_depth'"},
+      {"glm-5", [](nlohmann::json& c) { c.erase("index_topk"); }, "'index_topk' is missing"},
+      {"glm-5", [](nlohmann::json& c) { c["rope_interleave"] = false; }, "rope_interleave false"},
+      {"glm-5", [](nlohmann::json& c) { c["index_head_dim"] = 4; }, "index_head_dim 4"},
+      {"glm-5",
+       [](nlohmann::json& c) {
+         c["indexer_types"] = {"full", "shared"};
+       },
+       "one indexer type per layer"},
+      {"glm-5",
+       [](nlohmann::json& c) {
+         c["indexer_types"] = {"shared", "full", "full"};
+       },
+       "layer 0 must be full"},
+      {"glm-5",
+       [](nlohmann::json& c) {
+         c["indexer_types"] = {"full", "full", "dense"};
+       },
+       "entry 2"},
+      {"glm-5",
+       [](nlohmann::json& c) {
+         c["mlp_layer_types"] = {"dense", "dense", "sparse"};
+       },
+       "mlp_layer_types[1]"},
   };
   for (const Case& k : kCases) {
     const std::string dir = with_config(k.family, k.edit);
@@ -87,6 +110,20 @@ TEST(MlaModel, ConfigErrorsNameTheFileAndField) {
     EXPECT_NE(model.error().message.find("config.json"), std::string::npos) << model.error().message;
     fs::remove_all(dir);
   }
+}
+
+// A full indexer layer needs its indexer's weights: the golden's layer 2 is
+// shared and has none, and the error names the tensor.
+TEST(MlaModel, Glm5FullLayerWithoutIndexerWeightsIsRefused) {
+  if (!fs::exists(kGoldens + "glm-5/golden.json")) GTEST_SKIP();
+  const std::string dir = with_config("glm-5", [](nlohmann::json& c) {
+    c["indexer_types"] = {"full", "full", "full"};
+  });
+  auto model = open(dir);
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.error().message.find("model.layers.2.self_attn.indexer."), std::string::npos)
+      << model.error().message;
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -175,6 +175,7 @@ TEST(Registry, BuiltinNamesOneImplementationPerFamilyAndDevice) {
       {"gpt_oss", {"gpt_oss"}, false},
       {"deepseek_v3", {"deepseek_v3"}, false},
       {"minicpm3", {"minicpm3"}, false},
+      {"glm_moe_dsa", {"glm_moe_dsa"}, false},
   };
   EXPECT_EQ(builtin_registry().implementations().size(), 2 * families.size());
   for (const Family& f : families) {

@@ -22,7 +22,8 @@
 //    cpu::silu_mul; sigmoid_mul: x * (1 / (1 + exp(-gate)));
 //  - MLA (matmul_heads, rope_store_latent, latent_attention): per-head
 //    cpu::matmul over gathered columns; cpu::rope / rms_norm per token; a
-//    plain f32 softmax per (token, head) over the stored latent rows;
+//    plain f32 softmax per (token, head) over the stored latent rows (or the
+//    keys lightning_index selected: cpu::lightning_index);
 //  - glu: silu_mul / gelu_tanh_mul per row (llama.cpp's ggml_vec_swiglu runs
 //    per row too, and a row's SIMD/tail split then depends on F alone).
 #include <algorithm>
@@ -39,6 +40,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gated_delta.h"
 #include "backend/cpu/kv_quant.h"
+#include "backend/cpu/lightning_index.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quants.h"
 #include "core/half.h"
@@ -608,6 +610,10 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void lightning_index(const LightningIndexOp& op, const StepMetadata& step) override {
+    cpu::lightning_index(op, record(op.rope), step, pool_);
+  }
+
   // One task per (token, group of heads); a key's row is read once per task
   // (converted to f32 when F16) and serves every head of the group. Each
   // (token, head) runs the same loops whatever the grouping: a token's bits
@@ -627,10 +633,14 @@ class CpuBackend final : public Backend {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t t = task / n_groups, h0 = (task % n_groups) * per_group, h1 = std::min(H, h0 + per_group);
         if (h0 >= h1) continue;
-        const int32_t s = step.seq_of[t], n_kv = step.pos[t] + 1;
+        const int32_t s = step.seq_of[t];
+        // Key i of the token's n_kv: position i, or the i-th selected one.
+        const int32_t* selected = op.selected ? op.selected + t * op.selected_stride : nullptr;
+        const int32_t n_kv = selected ? op.n_selected[t] : step.pos[t] + 1;
         const int32_t* table = step.block_tables[op.kv_group] + step.table_start[s];
         scores.resize(static_cast<size_t>((h1 - h0) * n_kv));
-        auto load = [&](int32_t j) {
+        auto load = [&](int32_t i) {
+          const int32_t j = selected ? selected[i] : i;
           const size_t at = static_cast<size_t>(table[j >> shift]) * op.kv.block_stride +
                             static_cast<size_t>(j & mask) * op.kv.row_bytes;
           const uint8_t* planes[2] = {static_cast<const uint8_t*>(op.kv.k) + at,

@@ -1,6 +1,6 @@
-// The multi-head latent attention (MLA) family: DeepSeek-V3 (`deepseek_v3`)
-// and MiniCPM3 (`minicpm3`), from Hugging Face files. Against the Llama
-// family:
+// The multi-head latent attention (MLA) family: DeepSeek-V3 (`deepseek_v3`),
+// MiniCPM3 (`minicpm3`) and GLM-5 (`glm_moe_dsa`), from Hugging Face files
+// (the config: deepseek_config.h). Against the Llama family:
 //   q                 q_b(rms_norm(q_a x)) (q_lora_rank), or q_proj x when
 //                     q_lora_rank is null; per head [nope | rope] dims
 //   kv                kv_a_proj_with_mqa x = [latent c (kv_lora_rank) |
@@ -22,6 +22,16 @@
 //   MiniCPM3 (muP)    embeddings times scale_emb, each residual branch
 //                     times scale_depth / sqrt(n_layers), final hidden
 //                     states divided by hidden_size / dim_model_base
+//   GLM-5 (DSA)       DeepSeek-V3's MLA and MoE plus DeepSeek sparse
+//                     attention: a lightning indexer per "full" layer
+//                     (indexer_types) with queries wq_b(q_resid), keys
+//                     layer_norm(wk h) (RoPE on their first rope dims, as
+//                     the main attention rotates) and head weights
+//                     weights_proj h; each token attends only to the
+//                     index_topk keys its indexer scores best
+//                     (Backend::lightning_index); a "shared" layer reuses
+//                     the selection of the full layer before it. The
+//                     indexer keys are a third part of the latent row.
 //
 // Attention runs in the absorbed form on every step: the nope query goes
 // through kv_b's K part of its head (q_latent = W_uk^T q_nope, kv_lora_rank
@@ -33,9 +43,10 @@
 // in their dtype), per head, as matmul_heads() reads them.
 //
 // One graph (MlaGraph, place_mla, mla_forward) over Backend ops (the MLA
-// ops: matmul_heads, rope_store_latent, latent_attention) and a hook for
-// the MoE FFN (model/moe.h on the CPU, until MoE is a Backend op); the CPU
-// runtime (`deepseek_v3.cpu`, `minicpm3.cpu`, a CpuPagedModel). The CUDA
+// ops: matmul_heads, rope_store_latent, latent_attention, lightning_index)
+// and a hook for the MoE FFN (model/moe.h on the CPU, until MoE is a
+// Backend op); the CPU runtime (`deepseek_v3.cpu`, `minicpm3.cpu`,
+// `glm_moe_dsa.cpu`, a CpuPagedModel). The CUDA
 // Backend has no MLA ops yet, so the `.cuda` ids refuse at load.
 #include <algorithm>
 #include <cmath>
@@ -49,6 +60,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/rope_table.h"
+#include "model/arch/deepseek_config.h"
 #include "model/arch/families.h"
 #include "model/batch_check.h"
 #include "model/cpu_paged_model.h"
@@ -58,122 +70,6 @@
 
 namespace rill {
 namespace {
-
-// --- Config --------------------------------------------------------------------
-
-// The MLA fields of config.json (ModelConfig::raw); errors name the file
-// and the field.
-struct MlaParams {
-  int64_t q_lora_rank = 0;  // 0: q_proj
-  int64_t kv_lora_rank = 0, nope = 0, rope = 0, v_dim = 0;
-  bool interleaved = true;  // RoPE pairs (2i, 2i+1)
-  float attn_scale = 1.0f;
-  std::optional<float> rope_attention_factor;                           // yarn's, from mscale / mscale_all_dim
-  float embed_scale = 1.0f, residual_scale = 1.0f, logit_scale = 1.0f;  // MiniCPM3
-  MoeParams moe;                                                        // n_expert 0: every FFN dense
-
-  int64_t qk_dim() const { return nope + rope; }
-};
-
-class RawFields {
- public:
-  RawFields(const nlohmann::json& raw, std::string file) : raw_(raw), file_(std::move(file)) {}
-  // A positive integer; absent or null: `fallback` (-1: required).
-  Result<int64_t> dim(const char* key, int64_t fallback = -1) const {
-    auto it = raw_.find(key);
-    if (it == raw_.end() || it->is_null()) {
-      if (fallback >= 0) return fallback;
-      return Error{file_ + ": field '" + key + "' is missing (needed by " + arch() + ")"};
-    }
-    if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > (int64_t{1} << 24)) {
-      return Error{file_ + ": field '" + std::string(key) + "' must be a positive integer"};
-    }
-    return it->get<int64_t>();
-  }
-  Result<double> number(const char* key, double fallback) const {
-    auto it = raw_.find(key);
-    if (it == raw_.end() || it->is_null()) return fallback;
-    if (!it->is_number() || !std::isfinite(it->get<double>())) {
-      return Error{file_ + ": field '" + std::string(key) + "' must be a number"};
-    }
-    return it->get<double>();
-  }
-  Result<bool> flag(const char* key, bool fallback) const {
-    auto it = raw_.find(key);
-    if (it == raw_.end() || it->is_null()) return fallback;
-    if (!it->is_boolean()) return Error{file_ + ": field '" + std::string(key) + "' must be true or false"};
-    return it->get<bool>();
-  }
-  const nlohmann::json* object(const char* key) const {
-    auto it = raw_.find(key);
-    return it != raw_.end() && it->is_object() ? &*it : nullptr;
-  }
-  std::string arch() const { return raw_.value("model_type", std::string("this model")); }
-
- private:
-  const nlohmann::json& raw_;
-  std::string file_;
-};
-
-// transformers' yarn_get_mscale.
-double yarn_mscale(double factor, double mscale) {
-  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
-}
-
-Result<MlaParams> read_mla_params(const ModelFiles& f) {
-  const ModelConfig& cfg = f.config;
-  const std::string file = f.path + "/config.json";
-  const RawFields r(cfg.raw, file);
-  MlaParams p;
-  RILL_ASSIGN_OR_RETURN(p.q_lora_rank, r.dim("q_lora_rank", 0));
-  RILL_ASSIGN_OR_RETURN(p.kv_lora_rank, r.dim("kv_lora_rank"));
-  RILL_ASSIGN_OR_RETURN(p.nope, r.dim("qk_nope_head_dim"));
-  RILL_ASSIGN_OR_RETURN(p.rope, r.dim("qk_rope_head_dim"));
-  RILL_ASSIGN_OR_RETURN(p.v_dim, r.dim("v_head_dim"));
-  if (p.rope % 2 != 0) return Error{file + ": qk_rope_head_dim " + std::to_string(p.rope) + " must be even"};
-  RILL_ASSIGN_OR_RETURN(const bool bias, r.flag("attention_bias", false));
-  if (bias) return Error{file + ": attention_bias true is not supported by the MLA family yet"};
-  const bool minicpm = cfg.architecture == "minicpm3";
-  RILL_ASSIGN_OR_RETURN(p.interleaved, r.flag("rope_interleave", !minicpm));
-  if (minicpm && p.interleaved) return Error{file + ": rope_interleave is not part of minicpm3"};
-  if (cfg.hidden_act != "silu") return Error{file + ": hidden_act '" + cfg.hidden_act + "' (the MLA family: silu)"};
-
-  double scale = 1.0 / std::sqrt(static_cast<double>(p.qk_dim()));
-  if (cfg.rope_scaling.type == RopeScaling::Type::kYarn) {
-    const nlohmann::json* s = r.object("rope_parameters");
-    if (!s || !s->contains("rope_type")) s = r.object("rope_scaling");
-    const nlohmann::json empty = nlohmann::json::object();  // RawFields keeps a reference: no temporary
-    const RawFields sf(s ? *s : empty, file);
-    RILL_ASSIGN_OR_RETURN(const double mscale, sf.number("mscale", 0));
-    RILL_ASSIGN_OR_RETURN(const double mscale_all, sf.number("mscale_all_dim", 0));
-    const double factor = cfg.rope_scaling.factor;
-    if (mscale_all != 0) scale *= yarn_mscale(factor, mscale_all) * yarn_mscale(factor, mscale_all);
-    if (!cfg.rope_scaling.attention_factor && mscale != 0 && mscale_all != 0) {
-      p.rope_attention_factor = static_cast<float>(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all));
-    }
-  } else if (cfg.rope_scaling.type != RopeScaling::Type::kNone) {
-    return Error{file + ": the MLA family supports default and yarn RoPE only"};
-  }
-  p.attn_scale = static_cast<float>(scale);
-
-  if (minicpm) {
-    RILL_ASSIGN_OR_RETURN(const double scale_emb, r.number("scale_emb", 1.0));
-    RILL_ASSIGN_OR_RETURN(const double scale_depth, r.number("scale_depth", 1.0));
-    RILL_ASSIGN_OR_RETURN(const int64_t dim_base, r.dim("dim_model_base", cfg.n_embd));
-    RILL_ASSIGN_OR_RETURN(const bool mlp_bias, r.flag("mlp_bias", false));
-    if (mlp_bias) return Error{file + ": mlp_bias true is not supported by minicpm3 here yet"};
-    p.embed_scale = static_cast<float>(scale_emb);
-    p.residual_scale = static_cast<float>(scale_depth / std::sqrt(static_cast<double>(cfg.n_layer)));
-    p.logit_scale = static_cast<float>(static_cast<double>(dim_base) / static_cast<double>(cfg.n_embd));
-    return p;
-  }
-
-  // n_routed_experts: the sigmoid, group-limited router, ungated shared
-  // experts, the first first_k_dense_replace layers dense (hf_config.cpp
-  // checked the fields; is_moe_layer() picks the layers).
-  p.moe = moe_params(cfg);
-  return p;
-}
 
 // --- The checkpoint -------------------------------------------------------------
 
@@ -188,6 +84,10 @@ struct MlaLayerWeights {
   Linear o;                   // [E, H * v]
   Linear gate, up, down;      // dense FFN
   std::optional<MoeFfn> moe;
+  // The lightning indexer (DSA layers that are not shared).
+  Linear index_q;                                 // wq_b [n_head D, q_lora]
+  Linear index_k, index_w;                        // wk [D, E], weights_proj [n_head, E]
+  std::vector<float> index_k_norm, index_k_bias;  // k_norm's LayerNorm [D]
 };
 
 struct MlaWeights {
@@ -265,6 +165,15 @@ Result<MlaWeights> bind_mla(const ModelFiles& f) {
     if (!split.ok()) return Error{f.path + ": '" + at + "kv_b_proj.weight': " + split.error().message};
     w.kv_b_dtype = kv_b.dtype;
     RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, at + "o_proj", E, H * p.v_dim));
+    if (p.dsa.enabled() && !p.dsa.shared[static_cast<size_t>(il)]) {
+      const std::string ix = at + "indexer.";
+      const int64_t D = p.dsa.head_dim;
+      RILL_ASSIGN_OR_RETURN(L.index_q, bind_linear(f, ix + "wq_b", p.dsa.n_head * D, p.q_lora_rank));
+      RILL_ASSIGN_OR_RETURN(L.index_k, bind_linear(f, ix + "wk", D, E));
+      RILL_ASSIGN_OR_RETURN(L.index_w, bind_linear(f, ix + "weights_proj", p.dsa.n_head, E));
+      RILL_ASSIGN_OR_RETURN(L.index_k_norm, load_vector(f, ix + "k_norm.weight", D));
+      RILL_ASSIGN_OR_RETURN(L.index_k_bias, load_vector(f, ix + "k_norm.bias", D));
+    }
     if (is_moe_layer(cfg, il)) {
       MoeNames names;
       names.shared_expert = "shared_experts";
@@ -296,6 +205,12 @@ struct MlaLayer {
   Weight wo;                                   // [E, H v]
   Weight w_gate_up, w_down;                    // dense FFN
   bool is_moe = false;                         // MlaHooks::moe_ffn instead
+  // The lightning indexer; absent (no DSA, or a shared layer): the layer
+  // attends to every key, or to the selection of the layer before it.
+  bool has_indexer = false;
+  Weight index_q;                  // [n_head D, q_lora]
+  Weight index_kw;                 // [wk | weights_proj] rows: [D + n_head, E]
+  Vec index_k_norm, index_k_bias;  // [D]
 };
 
 struct MlaGraph {
@@ -311,7 +226,9 @@ struct MlaGraph {
   int64_t kv_a_width() const { return p.kv_lora_rank + p.rope; }
   // w_a's output: the q_a rows (or q's), then kv_a's.
   int64_t a_width() const { return (p.q_lora_rank > 0 ? p.q_lora_rank : q_width()) + kv_a_width(); }
-  LatentKvRow kv_row() const { return {static_cast<int32_t>(p.kv_lora_rank), static_cast<int32_t>(p.rope)}; }
+  LatentKvRow kv_row() const {
+    return {static_cast<int32_t>(p.kv_lora_rank), static_cast<int32_t>(p.rope), static_cast<int32_t>(p.dsa.head_dim)};
+  }
   StepLimits step_limits(int64_t max_tokens, int64_t max_sample) const {
     StepLimits l;
     l.max_tokens = max_tokens;
@@ -353,6 +270,14 @@ Status place_pass(Backend& b, const MlaWeights& w, MlaGraph& g) {
     RILL_ASSIGN_OR_RETURN(L.wv, b.place(&wv, 1, pre + "self_attn.kv_b_proj (V part)"));
     const HostMatrix om = host_matrix(h.o.w);
     RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, pre + "self_attn.o_proj"));
+    if (L.has_indexer) {
+      const HostMatrix iq = host_matrix(h.index_q.w);
+      RILL_ASSIGN_OR_RETURN(L.index_q, b.place(&iq, 1, pre + "self_attn.indexer.wq_b"));
+      const HostMatrix ikw[] = {host_matrix(h.index_k.w), host_matrix(h.index_w.w)};
+      RILL_ASSIGN_OR_RETURN(L.index_kw, b.place(ikw, 2, pre + "self_attn.indexer.{wk,weights_proj}"));
+      RILL_ASSIGN_OR_RETURN(L.index_k_norm, vec(h.index_k_norm, "self_attn.indexer.k_norm.weight"));
+      RILL_ASSIGN_OR_RETURN(L.index_k_bias, vec(h.index_k_bias, "self_attn.indexer.k_norm.bias"));
+    }
     if (h.moe) continue;
     const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
     RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, pre + "mlp.{gate,up}_proj"));
@@ -376,8 +301,12 @@ Result<MlaGraph> place_mla(Backend& b, const ModelConfig& cfg, const MlaWeights&
   g.p = w.params;
   g.eps = cfg.rms_norm_eps;
   g.layers.assign(w.layers.size(), MlaLayer{});
+  if (w.params.dsa.enabled() && !b.has_encoder_ops()) {
+    return Error{std::string("the ") + b.name() + " Backend has no layer_norm (the lightning indexer's key norm)"};
+  }
   for (size_t il = 0; il < w.layers.size(); ++il) {
     g.layers[il].is_moe = w.layers[il].moe.has_value();
+    g.layers[il].has_indexer = w.params.dsa.enabled() && !w.params.dsa.shared[il];
     if (!g.layers[il].is_moe) g.F = std::max(g.F, w.layers[il].gate.n_out());
   }
   RILL_TRY(b.place_model([&] { return place_pass(b, w, g); }));
@@ -387,9 +316,13 @@ Result<MlaGraph> place_mla(Backend& b, const ModelConfig& cfg, const MlaWeights&
 // Activation views for up to the limit's tokens (rows), each dense, F32:
 //   x [T, E] residual; h [T, E] normed; a [T, a_width]; qn [T, q_lora];
 //   q [T, H qk]; q_lat, lat [T, H kv_lora]; attn [T, H v]; gu [T, 2 F];
-//   mlp [T, F]; final_rows [S, E].
+//   mlp [T, F]; final_rows [S, E]; with DSA the indexer's iq [T, n_head D]
+//   and ikw [T, D + n_head] (key, then head weights), and the selection
+//   (selected [T, topk], n_selected [T]) that shared layers reuse.
 struct MlaActivations {
-  Tensor x, h, a, qn, q, q_lat, lat, attn, gu, mlp, final_rows;
+  Tensor x, h, a, qn, q, q_lat, lat, attn, gu, mlp, final_rows, iq, ikw;
+  int32_t* selected = nullptr;
+  int32_t* n_selected = nullptr;
 };
 
 // What a runtime adds to the graph: the MoE FFN of layer il over the normed
@@ -434,6 +367,26 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
   at.kv_lora_rank = st.kv_lora_rank;
   at.rope_dim = st.rope_dim;
   at.scale = p.attn_scale;
+  LightningIndexOp ix;
+  if (p.dsa.enabled()) {
+    const int64_t D = p.dsa.head_dim;
+    ix.q = a.iq.rows_from(0, n);
+    ix.k = a.ikw.rows_from(0, n).cols_from(0, D);
+    ix.w = a.ikw.rows_from(0, n).cols_from(D, p.dsa.n_head);
+    ix.n_head = static_cast<int32_t>(p.dsa.n_head);
+    ix.head_dim = static_cast<int32_t>(D);
+    ix.rope_dim = st.rope_dim;
+    ix.score_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    ix.weight_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.dsa.n_head)));
+    ix.rope = g.rope;
+    ix.key_col = g.kv_row().index_col();
+    ix.topk = static_cast<int32_t>(p.dsa.topk);
+    ix.selected = a.selected;
+    ix.n_selected = a.n_selected;
+    at.selected = a.selected;
+    at.n_selected = a.n_selected;
+    at.selected_stride = ix.topk;
+  }
   for (size_t il = 0; il < g.layers.size(); ++il) {
     const MlaLayer& L = g.layers[il];
     RILL_TRY(b.matmul(L.w_a, h, act_a, false));
@@ -445,6 +398,13 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
     st.kv_norm = L.kv_norm;
     st.kv_cache = kv[il];
     b.rope_store_latent(st, md);
+    if (L.has_indexer) {  // after the latent row's store, which zeroes the key's columns
+      RILL_TRY(b.matmul(L.index_q, a.qn.rows_from(0, n), ix.q, false));
+      RILL_TRY(b.matmul(L.index_kw, h, a.ikw.rows_from(0, n), false));
+      b.layer_norm(ix.k, L.index_k_norm, L.index_k_bias, 1e-6f, ix.k);
+      ix.kv = kv[il];
+      b.lightning_index(ix, md);
+    }
     b.matmul_heads(L.wk_t, st.n_head, q, p.qk_dim(), q_lat, p.kv_lora_rank);
     at.kv = kv[il];
     b.latent_attention(at, md);
@@ -499,7 +459,8 @@ class MlaModel final : public CpuPagedModel, private MlaHooks {
   std::unique_ptr<Backend> device_;  // on backend_'s threads
   MlaWeights w_;                     // the CPU Backend views kv_b's copies; the MoE experts
   MlaGraph graph_;
-  std::vector<float> x_, h_, a_, qn_, q_, q_lat_, lat_, attn_, gu_, mlp_, final_rows_;  // f32
+  std::vector<float> x_, h_, a_, qn_, q_, q_lat_, lat_, attn_, gu_, mlp_, final_rows_, iq_, ikw_;  // f32
+  std::vector<int32_t> selected_, n_selected_;                                                     // DSA
   MlaActivations act_;
   std::vector<float> moe_out_;
   MoeScratch moe_scratch_;
@@ -547,7 +508,13 @@ Status MlaModel::init(const ModelOptions& options) {
           view(attn_, T, H * p.v_dim),
           view(gu_, T, 2 * graph_.F),
           view(mlp_, T, graph_.F),
-          view(final_rows_, max_seqs_, graph_.E)};
+          view(final_rows_, max_seqs_, graph_.E),
+          view(iq_, T, p.dsa.n_head * p.dsa.head_dim),
+          view(ikw_, T, p.dsa.head_dim + p.dsa.n_head)};
+  selected_.resize(static_cast<size_t>(T * p.dsa.topk));
+  n_selected_.resize(static_cast<size_t>(T));
+  act_.selected = selected_.data();
+  act_.n_selected = n_selected_.data();
   std::vector<const WeightView*> moe_weights;
   for (const MlaLayerWeights& L : w_.layers) {
     if (!L.moe) continue;

@@ -77,9 +77,10 @@ Result<std::unique_ptr<Model>> create_bert_cuda_model(std::shared_ptr<const Mode
                                                       const ModelOptions& options);
 
 // Multi-head latent attention: deepseek_v3 (MoE with the sigmoid,
-// group-limited router) and minicpm3 (dense, muP scales), from Hugging Face
-// checkpoints. deepseek_v3.cpu / minicpm3.cpu (deepseek.cpp); the .cuda ids
-// refuse until the CUDA Backend has the MLA ops.
+// group-limited router), minicpm3 (dense, muP scales) and glm_moe_dsa
+// (GLM-5: DeepSeek-V3 plus DeepSeek sparse attention), from Hugging Face
+// checkpoints. deepseek_v3.cpu / minicpm3.cpu / glm_moe_dsa.cpu
+// (deepseek.cpp); the .cuda ids refuse until the CUDA Backend has the MLA ops.
 Result<std::unique_ptr<Model>> create_mla_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                     const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_mla_cuda_model(std::shared_ptr<const ModelFiles> files,
