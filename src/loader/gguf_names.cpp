@@ -92,6 +92,41 @@ constexpr NamePair kGptOssLayerNames[] = {
     {"ffn_down_exps.bias", "mlp.experts.down_proj.bias"},
 };
 
+// The multi-head latent attention families (llama.cpp's deepseek2 and
+// minicpm3). deepseek2 files split kv_b_proj per head into attn_k_b [n_head,
+// kv_lora, nope] (W_uk transposed) and attn_v_b [n_head, v, kv_lora]; the
+// model reads them under the names below (model/arch/deepseek.cpp); older
+// files and minicpm3 keep attn_kv_b. Looked up before kLayerNames there.
+constexpr NamePair kMlaLayerNames[] = {
+    {"attn_q_a.weight", "self_attn.q_a_proj.weight"},
+    {"attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"},
+    {"attn_q_b.weight", "self_attn.q_b_proj.weight"},
+    {"attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+    {"attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"},
+    {"attn_kv_b.weight", "self_attn.kv_b_proj.weight"},
+    {"attn_k_b.weight", "self_attn.k_b_proj.weight"},
+    {"attn_v_b.weight", "self_attn.v_b_proj.weight"},
+};
+
+bool is_mla(std::string_view arch) {
+  return arch == "deepseek2" || arch == "minicpm3";
+}
+
+// The sigmoid-routed mixtures (deepseek2, glm4moe): ungated shared experts
+// under DeepSeek's name, the router's correction bias. glm4moe's
+// post_attention_norm is the norm before the FFN.
+constexpr NamePair kRoutedMoeLayerNames[] = {
+    {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"},
+    {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"},
+    {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"},
+    {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},  // glm4moe
+};
+
+bool is_routed_moe(std::string_view arch) {
+  return arch == "deepseek2" || arch == "glm4moe";
+}
+
 // Mixture-of-experts tensors (llama.cpp's names). Routed experts are stacked
 // in one 3-D tensor per projection: ffn_gate_exps [n_expert, n_ff, n_embd].
 constexpr NamePair kMoeLayerNames[] = {
@@ -129,6 +164,9 @@ constexpr ArchInfo kArchs[] = {
     {"qwen35", "qwen3_5_text", RopeStyle::kHalf},  // text positions: MRoPE sections all equal
     {"qwen3next", "qwen3_next", RopeStyle::kHalf},
     {"gpt-oss", "gpt_oss", RopeStyle::kHalf},
+    {"deepseek2", "deepseek_v3", RopeStyle::kInterleaved},  // rope_interleave
+    {"minicpm3", "minicpm3", RopeStyle::kHalf},
+    {"glm4moe", "glm4_moe", RopeStyle::kHalf},
 };
 
 // Arrays this long are tokenizer tables, not configuration: left out of `raw`.
@@ -348,6 +386,105 @@ Status read_hybrid(const GgufFile& file, const ConfigReader& r, ModelConfig* c) 
   return Status::Ok();
 }
 
+// Blocks past block_count - nextn_predict_layers are multi-token-prediction
+// heads rill does not run.
+Status drop_nextn_layers(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  RILL_ASSIGN_OR_RETURN(const int64_t n_nextn, r.count_or("nextn_predict_layers", 0));
+  if (n_nextn >= c->n_layer)
+    return Error{file.path() + ": '" + r.key("nextn_predict_layers") + "' (" + std::to_string(n_nextn) +
+                 ") leaves no decoder layers of '" + r.key("block_count") + "' (" + std::to_string(c->n_layer) + ")"};
+  c->n_layer -= n_nextn;
+  return Status::Ok();
+}
+
+// deepseek2 / glm4moe: the sigmoid router's keys, written into `raw` under
+// the Hugging Face names moe_params() reads (n_routed_experts, n_group,
+// topk_group, routed_scaling_factor), with llama.cpp's defaults: no
+// renormalisation of the top-k weights without expert_weights_norm, scale
+// 1 without expert_weights_scale, the first leading_dense_block_count
+// layers dense, expert_shared_count ungated shared experts of the expert
+// width. deepseek2 without expert_gating_func routes with a softmax in
+// llama.cpp (DeepSeek-V2), which this family does not have.
+Status read_routed_moe(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  RILL_TRY(drop_nextn_layers(file, r, c));
+  RILL_ASSIGN_OR_RETURN(const int64_t n_dense, r.count_or("leading_dense_block_count", 0));
+  if (n_dense > c->n_layer)
+    return Error{file.path() + ": '" + r.key("leading_dense_block_count") + "' (" + std::to_string(n_dense) +
+                 ") exceeds the " + std::to_string(c->n_layer) + " layers"};
+  for (int64_t il = 0; il < n_dense; ++il) c->dense_layers.push_back(il);
+  if (c->n_expert == 0) return Status::Ok();  // every layer dense
+  const std::string gating_key = r.key("expert_gating_func");
+  RILL_ASSIGN_OR_RETURN(const int64_t gating, r.count_or("expert_gating_func", c->architecture == "glm4_moe" ? 2 : 0));
+  if (gating != 2)  // llama_expert_gating_func_type: 1 softmax, 2 sigmoid
+    return Error{file.path() + ": '" + gating_key + "' " +
+                 (gating == 0 ? "is missing (a softmax router)" : "is " + std::to_string(gating)) +
+                 ": only the sigmoid router (2) is supported for " + c->architecture};
+  RILL_ASSIGN_OR_RETURN(const int64_t n_shared, r.count_or("expert_shared_count", 0));
+  if (c->n_ff_shared_expert == 0) c->n_ff_shared_expert = n_shared * c->n_ff_expert;
+  RILL_ASSIGN_OR_RETURN(const int64_t n_group, r.positive_or("expert_group_count", 1));
+  RILL_ASSIGN_OR_RETURN(const int64_t topk_group, r.positive_or("expert_group_used_count", 1));
+  if (c->n_expert % n_group != 0 || topk_group > n_group)
+    return Error{file.path() + ": '" + r.key("expert_group_count") + "' (" + std::to_string(n_group) +
+                 ") must divide the experts and be at least '" + r.key("expert_group_used_count") + "'"};
+  RILL_ASSIGN_OR_RETURN(const float scale, r.positive_float_or("expert_weights_scale", 1.0f));
+  c->norm_topk_prob = false;
+  if (const GgufValue* norm = file.find(r.key("expert_weights_norm"))) {
+    const bool* b = std::get_if<bool>(&norm->v);
+    if (!b) return Error{file.path() + ": '" + r.key("expert_weights_norm") + "' must be a boolean"};
+    c->norm_topk_prob = *b;
+  }
+  c->raw["n_routed_experts"] = c->n_expert;
+  c->raw["n_group"] = n_group;
+  c->raw["topk_group"] = topk_group;
+  c->raw["routed_scaling_factor"] = scale;
+  return Status::Ok();
+}
+
+// deepseek2 / minicpm3: the latent attention's keys, written into `raw`
+// under the Hugging Face names model/arch/deepseek.cpp reads. deepseek2
+// files declare MQA over the latent (head_count_kv 1, key_length kv_lora +
+// rope, value_length kv_lora) and the heads' sizes in *_length_mla (older
+// files: key_length / value_length are the heads'); minicpm3 files have
+// key_length nope + rope and value_length n_embd / n_head unless given.
+// llama.cpp's minicpm3 graph hard-codes MiniCPM3-4B's muP constants
+// (scale_emb 12, scale_depth 1.4, dim_model_base 256): no key carries them.
+Status read_mla(const GgufFile& file, const ConfigReader& r, std::string_view arch, ModelConfig* c) {
+  const bool deepseek = arch == "deepseek2";
+  RILL_ASSIGN_OR_RETURN(const int64_t kv_lora, r.positive("attention.kv_lora_rank"));
+  RILL_ASSIGN_OR_RETURN(const int64_t q_lora, r.count_or("attention.q_lora_rank", 0));
+  RILL_ASSIGN_OR_RETURN(const int64_t rope, r.positive("rope.dimension_count"));
+  int64_t k_dim = c->head_dim, v_dim = 0;
+  if (deepseek) {
+    RILL_ASSIGN_OR_RETURN(const int64_t v_len, r.positive_or("attention.value_length", c->head_dim));
+    RILL_ASSIGN_OR_RETURN(k_dim, r.positive_or("attention.key_length_mla", c->head_dim));
+    RILL_ASSIGN_OR_RETURN(v_dim, r.positive_or("attention.value_length_mla", v_len));
+    if (c->rope_scaling.type != RopeScaling::Type::kNone)
+      return Error{file.path() + ": '" + r.key("rope.scaling.type") + "' is not supported for deepseek2 files yet"};
+  } else {
+    RILL_ASSIGN_OR_RETURN(v_dim, r.positive_or("attention.value_length", c->n_embd / c->n_head));
+  }
+  if (k_dim <= rope)
+    return Error{file.path() + ": the head size " + std::to_string(k_dim) + " leaves no non-rotary dims beside '" +
+                 r.key("rope.dimension_count") + "' (" + std::to_string(rope) + ")"};
+  c->n_head_kv = c->n_head;
+  c->head_dim = k_dim;
+  c->rope_dim = rope;
+  c->raw["model_type"] = c->architecture;
+  c->raw["q_lora_rank"] = q_lora > 0 ? nlohmann::json(q_lora) : nlohmann::json(nullptr);
+  c->raw["kv_lora_rank"] = kv_lora;
+  c->raw["qk_nope_head_dim"] = k_dim - rope;
+  c->raw["qk_rope_head_dim"] = rope;
+  c->raw["v_head_dim"] = v_dim;
+  if (deepseek) {
+    c->raw["rope_interleave"] = true;  // llama.cpp's rope type for deepseek2: pairs (2i, 2i+1)
+  } else {
+    c->raw["scale_emb"] = 12;
+    c->raw["scale_depth"] = 1.4;
+    c->raw["dim_model_base"] = 256;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::string_view arch) {
@@ -370,6 +507,16 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::st
   }
   if (arch == "gpt-oss") {
     for (const auto& p : kGptOssLayerNames) {
+      if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    }
+  }
+  if (is_mla(arch)) {
+    for (const auto& p : kMlaLayerNames) {
+      if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    }
+  }
+  if (is_routed_moe(arch)) {
+    for (const auto& p : kRoutedMoeLayerNames) {
       if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
     }
   }
@@ -475,6 +622,8 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
     c.raw[valid_utf8(key)] = to_json(value);
   }
   if (is_hybrid(*arch_name)) RILL_TRY(read_hybrid(file, r, &c));
+  if (is_routed_moe(*arch_name)) RILL_TRY(read_routed_moe(file, r, &c));
+  if (is_mla(*arch_name)) RILL_TRY(read_mla(file, r, *arch_name, &c));
   return c;
 }
 
