@@ -250,7 +250,8 @@ def build_llamacpp_logits():
     """Builds llama.cpp (bench/build_llamacpp_tools.sh) and links
     tools/llamacpp_logits against it; returns (the tool, the llama.cpp source)."""
     bindir = subprocess.run([os.path.join(ROOT, "bench", "build_llamacpp_tools.sh")], check=True,
-                            capture_output=True, text=True).stdout.strip().splitlines()[-1]
+                            env={**os.environ, "TARGETS": "llama ggml"}, capture_output=True,
+                            text=True).stdout.strip().splitlines()[-1]
     build = os.path.dirname(os.path.join(ROOT, bindir))  # build/llamacpp/build
     top = os.path.dirname(build)
     src = os.path.join(top, f"llama_cpp_python-{VERSION}", "vendor", "llama.cpp")
