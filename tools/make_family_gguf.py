@@ -40,7 +40,10 @@ set_gguf_parameters:
     transposed, the biases split alike; sinks -> attn_sinks.weight.
     llama.cpp's YaRN rounds the correction range where transformers'
     gpt-oss (truncate false) does not, so llama.cpp differs from
-    transformers here (reported, not checked).
+    transformers here (reported, not checked). gpt_oss_mxfp4 is the same
+    file with the expert matrices in MXFP4, as gpt-oss's GGUF files ship
+    them (quantized by gguf-py's MXFP4.quantize_blocks; file type
+    MOSTLY_MXFP4_MOE).
 The tokenizer is a synthetic 512-token SentencePiece ("llama") vocabulary:
 the goldens are token ids, and llama.cpp needs some vocabulary to load.
 
@@ -66,7 +69,8 @@ VERSION = "0.3.36"
 
 # (output name, golden dir, GGUF architecture)
 MODELS = [("deepseek2", "deepseek-v3", "deepseek2"), ("minicpm3", "minicpm3", "minicpm3"),
-          ("glm4moe", "glm4-moe", "glm4moe"), ("gpt_oss", "gpt-oss", "gpt-oss")]
+          ("glm4moe", "glm4-moe", "glm4moe"), ("gpt_oss", "gpt-oss", "gpt-oss"),
+          ("gpt_oss_mxfp4", "gpt-oss", "gpt-oss")]
 
 
 def add_vocab(w, n_vocab, bos, eos):
@@ -116,6 +120,9 @@ def text_model_params(w, cfg, gguf, n_head_kv=None):
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+
+MXFP4_EXPERTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
 def hf_tensors(cfg, t, arch, np):
@@ -168,7 +175,7 @@ def hf_tensors(cfg, t, arch, np):
     return out
 
 
-def convert(golden_dir, arch, out_path, gguf):
+def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False):
     import numpy as np
     from safetensors.numpy import load_file
 
@@ -229,6 +236,8 @@ def convert(golden_dir, arch, out_path, gguf):
         text_model_params(w, cfg, gguf)
         w.add_sliding_window(cfg["sliding_window"])
         w.add_expert_feed_forward_length(cfg["intermediate_size"])
+        if mxfp4_experts:
+            w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
     add_vocab(w, cfg["vocab_size"], cfg.get("bos_token_id", 1), cfg.get("eos_token_id", 2))
 
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
@@ -239,7 +248,12 @@ def convert(golden_dir, arch, out_path, gguf):
         new_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         if new_name is None:
             raise ValueError(f"cannot map {name!r}")
-        w.add_tensor(new_name, np.ascontiguousarray(a, dtype=np.float32))
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if mxfp4_experts and new_name.endswith(MXFP4_EXPERTS):
+            q = gguf.GGMLQuantizationType.MXFP4
+            w.add_tensor(new_name, gguf.quants.quantize(a, q), raw_dtype=q)
+        else:
+            w.add_tensor(new_name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -286,7 +300,7 @@ def main():
         with open(os.path.join(gdir, "golden.json")) as f:
             g = json.load(f)
         path = os.path.join(OUT_DIR, name + ".gguf")
-        convert(gdir, arch, path, gguf)
+        convert(gdir, arch, path, gguf, mxfp4_experts=name.endswith("_mxfp4"))
         prompt, ref_ids = g["prompt_ids"], g["greedy_ids"]
         res = json.loads(subprocess.run([exe, path, str(len(ref_ids)), str(args.threads),
                                          ",".join(map(str, prompt))], check=True, capture_output=True,

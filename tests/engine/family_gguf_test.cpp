@@ -7,7 +7,8 @@
 // and its greedy ids. Where llama.cpp itself departs from transformers the
 // case says how: MiniCPM3's muP constants are hard-coded in llama.cpp (its
 // logits are transformers' times 8 on this golden), and llama.cpp's gpt-oss
-// rounds the YaRN correction range where transformers does not.
+// rounds the YaRN correction range where transformers does not;
+// gpt_oss_mxfp4 holds the experts in MXFP4, as gpt-oss GGUF files do.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,10 +38,9 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {"deepseek2", "deepseek-v3", "deepseek_v3", 1.0, 1e-3},
-    {"minicpm3", "minicpm3", "minicpm3", 8.0, 1e-3},
-    {"glm4moe", "glm4-moe", "glm4_moe", 1.0, 1e-3},
-    {"gpt_oss", "gpt-oss", "gpt_oss", 1.0, -1},
+    {"deepseek2", "deepseek-v3", "deepseek_v3", 1.0, 1e-3}, {"minicpm3", "minicpm3", "minicpm3", 8.0, 1e-3},
+    {"glm4moe", "glm4-moe", "glm4_moe", 1.0, 1e-3},         {"gpt_oss", "gpt-oss", "gpt_oss", 1.0, -1},
+    {"gpt_oss_mxfp4", "gpt-oss", "gpt_oss", 1.0, -1},  // the experts in MXFP4
 };
 
 struct LlamaCppGolden {
