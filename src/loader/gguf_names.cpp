@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 namespace rill {
@@ -49,8 +50,33 @@ constexpr NamePair kGemmaLayerNames[] = {
 };
 
 bool is_gemma(std::string_view arch) {
-  return arch == "gemma2" || arch == "gemma3";
+  return arch == "gemma2" || arch == "gemma3" || arch == "gemma4";
 }
+
+// Gemma 4 (llama.cpp's gemma4): per-layer embeddings, the layer scalar and
+// the MoE block (router, its scale and per-expert scale, the gate/up experts
+// in one tensor, the block's extra norms). Looked up before
+// kGemmaLayerNames for that architecture.
+constexpr NamePair kGemma4GlobalNames[] = {
+    {"per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight"},
+    {"per_layer_model_proj.weight", "model.per_layer_model_projection.weight"},
+    {"per_layer_proj_norm.weight", "model.per_layer_projection_norm.weight"},
+};
+
+constexpr NamePair kGemma4LayerNames[] = {
+    {"layer_output_scale.weight", "layer_scalar"},
+    {"inp_gate.weight", "per_layer_input_gate.weight"},
+    {"proj.weight", "per_layer_projection.weight"},
+    {"post_norm.weight", "post_per_layer_input_norm.weight"},
+    {"ffn_gate_inp.weight", "router.proj.weight"},
+    {"ffn_gate_inp.scale", "router.scale"},
+    {"ffn_down_exps.scale", "router.per_expert_scale"},
+    {"ffn_gate_up_exps.weight", "experts.gate_up_proj"},  // [n_expert, 2 F, E]: gate rows, then up
+    {"ffn_down_exps.weight", "experts.down_proj"},
+    {"pre_ffw_norm_2.weight", "pre_feedforward_layernorm_2.weight"},
+    {"post_ffw_norm_1.weight", "post_feedforward_layernorm_1.weight"},
+    {"post_ffw_norm_2.weight", "post_feedforward_layernorm_2.weight"},
+};
 
 // The hybrid gated-DeltaNet families (llama.cpp's qwen35 and qwen3next).
 // Their linear-attention layers use llama.cpp's ssm_* names; attn_qkv /
@@ -167,6 +193,7 @@ constexpr ArchInfo kArchs[] = {
     {"deepseek2", "deepseek_v3", RopeStyle::kInterleaved},  // rope_interleave
     {"minicpm3", "minicpm3", RopeStyle::kHalf},
     {"glm4moe", "glm4_moe", RopeStyle::kHalf},
+    {"gemma4", "gemma4_text", RopeStyle::kHalf},
 };
 
 // Arrays this long are tokenizer tables, not configuration: left out of `raw`.
@@ -485,11 +512,108 @@ Status read_mla(const GgufFile& file, const ConfigReader& r, std::string_view ar
   return Status::Ok();
 }
 
+// Gemma 4: the per-layer keys, written into `raw` under the Hugging Face
+// names model/arch/gemma_config.cpp reads (layer_types, per_layer_config,
+// num_kv_shared_layers, hidden_size_per_layer_input, attention_k_eq_v,
+// enable_moe_block, rope_parameters), as llama.cpp reads them: key_length
+// and head_count_kv (an array, or one count) of the full layers,
+// key_length_swa of the sliding ones; K is V on full layers without
+// attn_v; the full layers' proportional RoPE is rope_freqs (factor 1 on
+// the rotated pairs, 1e30 on the rest: llama.cpp rotates every pair by
+// pos * theta / factor, so those stay put).
+Status read_gemma4(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  const std::string pattern_key = r.key("attention.sliding_window_pattern");
+  const GgufArray* pattern = file.get_array(pattern_key);
+  if (!pattern || static_cast<int64_t>(pattern->size()) != c->n_layer)
+    return Error{file.path() + ": '" + pattern_key + "' must list " + std::to_string(c->n_layer) + " booleans"};
+  std::vector<bool> sliding;
+  for (const GgufValue& v : *pattern) {
+    const bool* b = std::get_if<bool>(&v.v);
+    if (!b) return Error{file.path() + ": '" + pattern_key + "' must list booleans"};
+    sliding.push_back(*b);
+  }
+  RILL_ASSIGN_OR_RETURN(const int64_t hd_full, r.positive("attention.key_length"));
+  RILL_ASSIGN_OR_RETURN(const int64_t hd_swa, r.positive("attention.key_length_swa"));
+  RILL_ASSIGN_OR_RETURN(const int64_t rope_swa, r.positive_or("rope.dimension_count_swa", hd_swa));
+  if (rope_swa != hd_swa)
+    return Error{file.path() + ": '" + r.key("rope.dimension_count_swa") + "' must be the sliding head size"};
+  std::vector<int64_t> n_kv(sliding.size(), c->n_head_kv);
+  const std::string kv_key = r.key("attention.head_count_kv");
+  if (const GgufArray* kv = file.get_array(kv_key)) {
+    if (kv->size() != sliding.size())
+      return Error{file.path() + ": '" + kv_key + "' must list " + std::to_string(sliding.size()) + " counts"};
+    for (size_t il = 0; il < kv->size(); ++il) {
+      const auto n = (*kv)[il].as_int();
+      if (!n || *n <= 0) return Error{file.path() + ": '" + kv_key + "' must list positive counts"};
+      n_kv[il] = *n;
+    }
+  }
+  nlohmann::json types = nlohmann::json::array(), per_layer = nlohmann::json::object();
+  int64_t first_full = -1;
+  for (size_t il = 0; il < sliding.size(); ++il) {
+    types.push_back(sliding[il] ? "sliding_attention" : "full_attention");
+    if (sliding[il]) continue;
+    if (first_full < 0) first_full = static_cast<int64_t>(il);
+    per_layer[std::to_string(il)] = {{"head_dim", hd_full}, {"num_key_value_heads", n_kv[il]}};
+  }
+  for (size_t il = 0; il < sliding.size(); ++il) {
+    if (sliding[il] && n_kv[il] != n_kv[0])
+      return Error{file.path() + ": '" + kv_key + "' differs between sliding layers"};
+  }
+  c->head_dim = hd_swa;
+  c->rope_dim = hd_swa;
+  c->n_head_kv = n_kv[0];
+  c->hidden_act = "gelu_pytorch_tanh";
+  // The full layers' RoPE: the pairs of factor 1 rotate, those of 1e30 do not.
+  double partial = 1.0;
+  if (first_full >= 0) {
+    const GgufTensorInfo* freqs = file.find_tensor("rope_freqs.weight");
+    if (!freqs || freqs->type != 0 /* F32 */ || freqs->n_elements() != hd_full / 2 || !freqs->data)
+      return Error{file.path() + ": tensor 'rope_freqs.weight' must hold " + std::to_string(hd_full / 2) +
+                   " F32 factors (the full layers' RoPE)"};
+    int64_t n_rot = 0;
+    for (int64_t i = 0; i < hd_full / 2; ++i) {
+      float f = 0;
+      std::memcpy(&f, freqs->data + i * 4, 4);
+      if (f == 1.0f && n_rot == i) {
+        ++n_rot;
+      } else if (!(f >= 1e29f)) {
+        return Error{file.path() + ": 'rope_freqs.weight' must be 1 on the first pairs and 1e30 on the rest"};
+      }
+    }
+    partial = static_cast<double>(2 * n_rot) / static_cast<double>(hd_full);
+  }
+  c->rope_scaling = RopeScaling{};
+  c->rope_scaling.type = RopeScaling::Type::kProportional;
+  RILL_ASSIGN_OR_RETURN(const float theta_swa, r.positive_float_or("rope.freq_base_swa", 10000.0f));
+  RILL_ASSIGN_OR_RETURN(const int64_t n_shared, r.count_or("attention.shared_kv_layers", 0));
+  RILL_ASSIGN_OR_RETURN(const int64_t ple_dim, r.count_or("embedding_length_per_layer_input", 0));
+  const bool k_eq_v = first_full >= 0 && !file.find_tensor("blk." + std::to_string(first_full) + ".attn_v.weight") &&
+                      file.find_tensor("blk." + std::to_string(first_full) + ".attn_k.weight");
+  c->raw["layer_types"] = std::move(types);
+  c->raw["per_layer_config"] = std::move(per_layer);
+  c->raw["num_kv_shared_layers"] = n_shared;
+  c->raw["hidden_size_per_layer_input"] = ple_dim;
+  c->raw["vocab_size_per_layer_input"] = c->n_vocab;
+  c->raw["attention_k_eq_v"] = k_eq_v;
+  c->raw["enable_moe_block"] = c->n_expert > 0;
+  c->raw["final_logit_softcapping"] = c->raw.value(r.key("final_logit_softcapping"), nlohmann::json(nullptr));
+  c->raw["rope_parameters"] = {
+      {"full_attention",
+       {{"rope_type", "proportional"}, {"partial_rotary_factor", partial}, {"rope_theta", c->rope_theta}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", theta_swa}}}};
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::string_view arch) {
   for (const auto& p : kGlobalNames)
     if (name == p.gguf) return std::string(p.hf);
+  if (arch == "gemma4") {
+    for (const auto& p : kGemma4GlobalNames)
+      if (name == p.gguf) return std::string(p.hf);
+  }
   constexpr std::string_view kBlk = "blk.";
   if (!name.starts_with(kBlk)) return std::nullopt;
   std::string_view rest = name.substr(kBlk.size());
@@ -500,6 +624,11 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::st
   if (n_digits >= rest.size() || rest[n_digits] != '.') return std::nullopt;
   const std::string_view layer = rest.substr(0, n_digits);
   const std::string_view suffix = rest.substr(n_digits + 1);
+  if (arch == "gemma4") {
+    for (const auto& p : kGemma4LayerNames) {
+      if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    }
+  }
   if (is_gemma(arch)) {
     for (const auto& p : kGemmaLayerNames) {
       if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
@@ -565,7 +694,11 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
     return Error{file.path() + ": '" + r.key("block_count") + "' (" + std::to_string(c.n_layer) + ") exceeds " +
                  std::to_string(kMaxLayers) + " layers"};
   RILL_ASSIGN_OR_RETURN(c.n_head, r.positive("attention.head_count"));
-  RILL_ASSIGN_OR_RETURN(c.n_head_kv, r.positive_or("attention.head_count_kv", c.n_head));
+  if (const GgufArray* kv = file.get_array(r.key("attention.head_count_kv")); kv && *arch_name == "gemma4") {
+    c.n_head_kv = c.n_head;  // per layer: read_gemma4 reads the array
+  } else {
+    RILL_ASSIGN_OR_RETURN(c.n_head_kv, r.positive_or("attention.head_count_kv", c.n_head));
+  }
   if (c.n_head % c.n_head_kv != 0)
     return Error{file.path() + ": attention.head_count " + std::to_string(c.n_head) +
                  " is not a multiple of head_count_kv " + std::to_string(c.n_head_kv)};
@@ -624,6 +757,7 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
   if (is_hybrid(*arch_name)) RILL_TRY(read_hybrid(file, r, &c));
   if (is_routed_moe(*arch_name)) RILL_TRY(read_routed_moe(file, r, &c));
   if (is_mla(*arch_name)) RILL_TRY(read_mla(file, r, *arch_name, &c));
+  if (*arch_name == "gemma4") RILL_TRY(read_gemma4(file, r, &c));
   return c;
 }
 
