@@ -56,6 +56,8 @@ set_gguf_parameters:
     n_layer_kv_from_start - 2 (sliding) and - 1 (full) as the donors, and
     the golden's last unshared layers are full then sliding (GGML_ASSERT in
     llama-kv-cache.cpp); its file is written, without a llama.cpp golden.
+<name>_f16 files are --outtype f16 (F16 matrices; 1-D tensors, norms and
+routers F32, as ModelBase.prepare_tensors picks).
 The tokenizer is a synthetic 512-token SentencePiece ("llama") vocabulary:
 the goldens are token ids, and llama.cpp needs some vocabulary to load.
 
@@ -83,7 +85,8 @@ VERSION = "0.3.36"
 MODELS = [("deepseek2", "deepseek-v3", "deepseek2"), ("minicpm3", "minicpm3", "minicpm3"),
           ("glm4moe", "glm4-moe", "glm4moe"), ("gpt_oss", "gpt-oss", "gpt-oss"),
           ("gpt_oss_mxfp4", "gpt-oss", "gpt-oss"), ("gemma4", "gemma4", "gemma4"),
-          ("gemma4_moe", "gemma4-moe", "gemma4")]
+          ("gemma4_moe", "gemma4-moe", "gemma4"), ("deepseek2_f16", "deepseek-v3", "deepseek2"),
+          ("glm4moe_f16", "glm4-moe", "glm4moe")]
 
 
 def add_vocab(w, n_vocab, bos, eos):
@@ -237,7 +240,15 @@ def gemma4_params(w, cfg, gguf):
     return np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32)
 
 
-def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False):
+def f16_type(new_name, a, gguf):
+    """ModelBase.prepare_tensors' type for --outtype f16: F32 for 1-D tensors,
+    norms, routers and non-.weight tensors, F16 for the rest."""
+    keep = (new_name.endswith("_norm.weight") or ".ffn_gate_inp." in new_name or
+            ".ffn_gate_inp_shexp." in new_name or not new_name.endswith(".weight"))
+    return gguf.GGMLQuantizationType.F32 if a.ndim <= 1 or keep else gguf.GGMLQuantizationType.F16
+
+
+def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False, f16=False):
     import numpy as np
     from safetensors.numpy import load_file
 
@@ -302,6 +313,8 @@ def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False):
             w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
     elif arch == "gemma4":
         w.add_tensor("rope_freqs.weight", gemma4_params(w, cfg, gguf))
+    if f16:
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     add_vocab(w, cfg["vocab_size"], cfg.get("bos_token_id", 1), cfg.get("eos_token_id", 2))
 
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
@@ -316,6 +329,8 @@ def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False):
         if mxfp4_experts and new_name.endswith(MXFP4_EXPERTS):
             q = gguf.GGMLQuantizationType.MXFP4
             w.add_tensor(new_name, gguf.quants.quantize(a, q), raw_dtype=q)
+        elif f16 and f16_type(new_name, a, gguf) == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(new_name, a.astype(np.float16))
         else:
             w.add_tensor(new_name, a)
     w.write_header_to_file()
@@ -364,7 +379,7 @@ def main():
         with open(os.path.join(gdir, "golden.json")) as f:
             g = json.load(f)
         path = os.path.join(OUT_DIR, name + ".gguf")
-        convert(gdir, arch, path, gguf, mxfp4_experts=name.endswith("_mxfp4"))
+        convert(gdir, arch, path, gguf, mxfp4_experts=name.endswith("_mxfp4"), f16=name.endswith("_f16"))
         prompt, ref_ids = g["prompt_ids"], g["greedy_ids"]
         run = subprocess.run([exe, path, str(len(ref_ids)), str(args.threads), ",".join(map(str, prompt))],
                              capture_output=True, text=True)
@@ -393,7 +408,8 @@ def main():
               f"{f' (llama.cpp / {scale:g})' if scale != 1 else ''}: max |logit diff| {max_err:.2e} over "
               f"{logits.shape[0]} positions, greedy ids {'identical' if same_ids else 'DIFFER'}", file=sys.stderr)
         # ggml's CPU GELU reads a table of f16 values at f16(x): Gemma 4's MLPs drift ~1e-3.
-        bound = 5e-3 if arch == "gemma4" else 1e-3
+        # --outtype f16 files: the weights rounded to f16.
+        bound = 5e-3 if arch == "gemma4" else 1e-2 if name.endswith("_f16") else 1e-3
         if arch != "gpt-oss" and (max_err > bound or not same_ids):
             failed = True
         out = {
