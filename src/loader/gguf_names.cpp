@@ -1,5 +1,6 @@
 #include "loader/gguf_names.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -556,13 +557,16 @@ Status read_gemma4(const GgufFile& file, const ConfigReader& r, ModelConfig* c) 
     if (first_full < 0) first_full = static_cast<int64_t>(il);
     per_layer[std::to_string(il)] = {{"head_dim", hd_full}, {"num_key_value_heads", n_kv[il]}};
   }
+  // The sliding layers' count is the model's (HF num_key_value_heads).
+  const auto first_sliding = static_cast<size_t>(std::find(sliding.begin(), sliding.end(), true) - sliding.begin());
+  const int64_t n_kv_swa = first_sliding < sliding.size() ? n_kv[first_sliding] : n_kv[0];
   for (size_t il = 0; il < sliding.size(); ++il) {
-    if (sliding[il] && n_kv[il] != n_kv[0])
+    if (sliding[il] && n_kv[il] != n_kv_swa)
       return Error{file.path() + ": '" + kv_key + "' differs between sliding layers"};
   }
   c->head_dim = hd_swa;
   c->rope_dim = hd_swa;
-  c->n_head_kv = n_kv[0];
+  c->n_head_kv = n_kv_swa;
   c->hidden_act = "gelu_pytorch_tanh";
   // The full layers' RoPE: the pairs of factor 1 rotate, those of 1e30 do not.
   double partial = 1.0;
