@@ -40,5 +40,6 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DC
 cmake -S "$SRC" -B "$DIR/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   "${cpu_flags[@]}" -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=OFF >&2
-cmake --build "$DIR/build" -j "${JOBS:-2}" --target llama-quantize llama-bench >&2
+# TARGETS="llama ggml": the libraries alone (tools/make_family_gguf.py links its own tool).
+cmake --build "$DIR/build" -j "${JOBS:-2}" --target ${TARGETS:-llama-quantize llama-bench} >&2
 echo "$DIR/build/bin"

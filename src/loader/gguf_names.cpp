@@ -1,8 +1,10 @@
 #include "loader/gguf_names.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 namespace rill {
@@ -49,8 +51,33 @@ constexpr NamePair kGemmaLayerNames[] = {
 };
 
 bool is_gemma(std::string_view arch) {
-  return arch == "gemma2" || arch == "gemma3";
+  return arch == "gemma2" || arch == "gemma3" || arch == "gemma4";
 }
+
+// Gemma 4 (llama.cpp's gemma4): per-layer embeddings, the layer scalar and
+// the MoE block (router, its scale and per-expert scale, the gate/up experts
+// in one tensor, the block's extra norms). Looked up before
+// kGemmaLayerNames for that architecture.
+constexpr NamePair kGemma4GlobalNames[] = {
+    {"per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight"},
+    {"per_layer_model_proj.weight", "model.per_layer_model_projection.weight"},
+    {"per_layer_proj_norm.weight", "model.per_layer_projection_norm.weight"},
+};
+
+constexpr NamePair kGemma4LayerNames[] = {
+    {"layer_output_scale.weight", "layer_scalar"},
+    {"inp_gate.weight", "per_layer_input_gate.weight"},
+    {"proj.weight", "per_layer_projection.weight"},
+    {"post_norm.weight", "post_per_layer_input_norm.weight"},
+    {"ffn_gate_inp.weight", "router.proj.weight"},
+    {"ffn_gate_inp.scale", "router.scale"},
+    {"ffn_down_exps.scale", "router.per_expert_scale"},
+    {"ffn_gate_up_exps.weight", "experts.gate_up_proj"},  // [n_expert, 2 F, E]: gate rows, then up
+    {"ffn_down_exps.weight", "experts.down_proj"},
+    {"pre_ffw_norm_2.weight", "pre_feedforward_layernorm_2.weight"},
+    {"post_ffw_norm_1.weight", "post_feedforward_layernorm_1.weight"},
+    {"post_ffw_norm_2.weight", "post_feedforward_layernorm_2.weight"},
+};
 
 // The hybrid gated-DeltaNet families (llama.cpp's qwen35 and qwen3next).
 // Their linear-attention layers use llama.cpp's ssm_* names; attn_qkv /
@@ -92,6 +119,41 @@ constexpr NamePair kGptOssLayerNames[] = {
     {"ffn_down_exps.bias", "mlp.experts.down_proj.bias"},
 };
 
+// The multi-head latent attention families (llama.cpp's deepseek2 and
+// minicpm3). deepseek2 files split kv_b_proj per head into attn_k_b [n_head,
+// kv_lora, nope] (W_uk transposed) and attn_v_b [n_head, v, kv_lora]; the
+// model reads them under the names below (model/arch/deepseek.cpp); older
+// files and minicpm3 keep attn_kv_b. Looked up before kLayerNames there.
+constexpr NamePair kMlaLayerNames[] = {
+    {"attn_q_a.weight", "self_attn.q_a_proj.weight"},
+    {"attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"},
+    {"attn_q_b.weight", "self_attn.q_b_proj.weight"},
+    {"attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+    {"attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"},
+    {"attn_kv_b.weight", "self_attn.kv_b_proj.weight"},
+    {"attn_k_b.weight", "self_attn.k_b_proj.weight"},
+    {"attn_v_b.weight", "self_attn.v_b_proj.weight"},
+};
+
+bool is_mla(std::string_view arch) {
+  return arch == "deepseek2" || arch == "minicpm3";
+}
+
+// The sigmoid-routed mixtures (deepseek2, glm4moe): ungated shared experts
+// under DeepSeek's name, the router's correction bias. glm4moe's
+// post_attention_norm is the norm before the FFN.
+constexpr NamePair kRoutedMoeLayerNames[] = {
+    {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"},
+    {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"},
+    {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"},
+    {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},  // glm4moe
+};
+
+bool is_routed_moe(std::string_view arch) {
+  return arch == "deepseek2" || arch == "glm4moe";
+}
+
 // Mixture-of-experts tensors (llama.cpp's names). Routed experts are stacked
 // in one 3-D tensor per projection: ffn_gate_exps [n_expert, n_ff, n_embd].
 constexpr NamePair kMoeLayerNames[] = {
@@ -129,6 +191,10 @@ constexpr ArchInfo kArchs[] = {
     {"qwen35", "qwen3_5_text", RopeStyle::kHalf},  // text positions: MRoPE sections all equal
     {"qwen3next", "qwen3_next", RopeStyle::kHalf},
     {"gpt-oss", "gpt_oss", RopeStyle::kHalf},
+    {"deepseek2", "deepseek_v3", RopeStyle::kInterleaved},  // rope_interleave
+    {"minicpm3", "minicpm3", RopeStyle::kHalf},
+    {"glm4moe", "glm4_moe", RopeStyle::kHalf},
+    {"gemma4", "gemma4_text", RopeStyle::kHalf},
 };
 
 // Arrays this long are tokenizer tables, not configuration: left out of `raw`.
@@ -348,11 +414,210 @@ Status read_hybrid(const GgufFile& file, const ConfigReader& r, ModelConfig* c) 
   return Status::Ok();
 }
 
+// Blocks past block_count - nextn_predict_layers are multi-token-prediction
+// heads rill does not run.
+Status drop_nextn_layers(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  RILL_ASSIGN_OR_RETURN(const int64_t n_nextn, r.count_or("nextn_predict_layers", 0));
+  if (n_nextn >= c->n_layer)
+    return Error{file.path() + ": '" + r.key("nextn_predict_layers") + "' (" + std::to_string(n_nextn) +
+                 ") leaves no decoder layers of '" + r.key("block_count") + "' (" + std::to_string(c->n_layer) + ")"};
+  c->n_layer -= n_nextn;
+  return Status::Ok();
+}
+
+// deepseek2 / glm4moe: the sigmoid router's keys, written into `raw` under
+// the Hugging Face names moe_params() reads (n_routed_experts, n_group,
+// topk_group, routed_scaling_factor), with llama.cpp's defaults: no
+// renormalisation of the top-k weights without expert_weights_norm, scale
+// 1 without expert_weights_scale, the first leading_dense_block_count
+// layers dense, expert_shared_count ungated shared experts of the expert
+// width. deepseek2 without expert_gating_func routes with a softmax in
+// llama.cpp (DeepSeek-V2), which this family does not have.
+Status read_routed_moe(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  RILL_TRY(drop_nextn_layers(file, r, c));
+  RILL_ASSIGN_OR_RETURN(const int64_t n_dense, r.count_or("leading_dense_block_count", 0));
+  if (n_dense > c->n_layer)
+    return Error{file.path() + ": '" + r.key("leading_dense_block_count") + "' (" + std::to_string(n_dense) +
+                 ") exceeds the " + std::to_string(c->n_layer) + " layers"};
+  for (int64_t il = 0; il < n_dense; ++il) c->dense_layers.push_back(il);
+  if (c->n_expert == 0) return Status::Ok();  // every layer dense
+  const std::string gating_key = r.key("expert_gating_func");
+  RILL_ASSIGN_OR_RETURN(const int64_t gating, r.count_or("expert_gating_func", c->architecture == "glm4_moe" ? 2 : 0));
+  if (gating != 2)  // llama_expert_gating_func_type: 1 softmax, 2 sigmoid
+    return Error{file.path() + ": '" + gating_key + "' " +
+                 (gating == 0 ? "is missing (a softmax router)" : "is " + std::to_string(gating)) +
+                 ": only the sigmoid router (2) is supported for " + c->architecture};
+  RILL_ASSIGN_OR_RETURN(const int64_t n_shared, r.count_or("expert_shared_count", 0));
+  if (c->n_ff_shared_expert == 0) c->n_ff_shared_expert = n_shared * c->n_ff_expert;
+  RILL_ASSIGN_OR_RETURN(const int64_t n_group, r.positive_or("expert_group_count", 1));
+  RILL_ASSIGN_OR_RETURN(const int64_t topk_group, r.positive_or("expert_group_used_count", 1));
+  if (c->n_expert % n_group != 0 || topk_group > n_group)
+    return Error{file.path() + ": '" + r.key("expert_group_count") + "' (" + std::to_string(n_group) +
+                 ") must divide the experts and be at least '" + r.key("expert_group_used_count") + "'"};
+  RILL_ASSIGN_OR_RETURN(const float scale, r.positive_float_or("expert_weights_scale", 1.0f));
+  c->norm_topk_prob = false;
+  if (const GgufValue* norm = file.find(r.key("expert_weights_norm"))) {
+    const bool* b = std::get_if<bool>(&norm->v);
+    if (!b) return Error{file.path() + ": '" + r.key("expert_weights_norm") + "' must be a boolean"};
+    c->norm_topk_prob = *b;
+  }
+  c->raw["n_routed_experts"] = c->n_expert;
+  c->raw["n_group"] = n_group;
+  c->raw["topk_group"] = topk_group;
+  c->raw["routed_scaling_factor"] = scale;
+  return Status::Ok();
+}
+
+// deepseek2 / minicpm3: the latent attention's keys, written into `raw`
+// under the Hugging Face names model/arch/deepseek.cpp reads. deepseek2
+// files declare MQA over the latent (head_count_kv 1, key_length kv_lora +
+// rope, value_length kv_lora) and the heads' sizes in *_length_mla (older
+// files: key_length / value_length are the heads'); minicpm3 files have
+// key_length nope + rope and value_length n_embd / n_head unless given.
+// llama.cpp's minicpm3 graph hard-codes MiniCPM3-4B's muP constants
+// (scale_emb 12, scale_depth 1.4, dim_model_base 256): no key carries them.
+Status read_mla(const GgufFile& file, const ConfigReader& r, std::string_view arch, ModelConfig* c) {
+  const bool deepseek = arch == "deepseek2";
+  RILL_ASSIGN_OR_RETURN(const int64_t kv_lora, r.positive("attention.kv_lora_rank"));
+  RILL_ASSIGN_OR_RETURN(const int64_t q_lora, r.count_or("attention.q_lora_rank", 0));
+  RILL_ASSIGN_OR_RETURN(const int64_t rope, r.positive("rope.dimension_count"));
+  int64_t k_dim = c->head_dim, v_dim = 0;
+  if (deepseek) {
+    RILL_ASSIGN_OR_RETURN(const int64_t v_len, r.positive_or("attention.value_length", c->head_dim));
+    RILL_ASSIGN_OR_RETURN(k_dim, r.positive_or("attention.key_length_mla", c->head_dim));
+    RILL_ASSIGN_OR_RETURN(v_dim, r.positive_or("attention.value_length_mla", v_len));
+    if (c->rope_scaling.type != RopeScaling::Type::kNone)
+      return Error{file.path() + ": '" + r.key("rope.scaling.type") + "' is not supported for deepseek2 files yet"};
+  } else {
+    RILL_ASSIGN_OR_RETURN(v_dim, r.positive_or("attention.value_length", c->n_embd / c->n_head));
+  }
+  if (k_dim <= rope)
+    return Error{file.path() + ": the head size " + std::to_string(k_dim) + " leaves no non-rotary dims beside '" +
+                 r.key("rope.dimension_count") + "' (" + std::to_string(rope) + ")"};
+  c->n_head_kv = c->n_head;
+  c->head_dim = k_dim;
+  c->rope_dim = rope;
+  c->raw["model_type"] = c->architecture;
+  c->raw["q_lora_rank"] = q_lora > 0 ? nlohmann::json(q_lora) : nlohmann::json(nullptr);
+  c->raw["kv_lora_rank"] = kv_lora;
+  c->raw["qk_nope_head_dim"] = k_dim - rope;
+  c->raw["qk_rope_head_dim"] = rope;
+  c->raw["v_head_dim"] = v_dim;
+  if (deepseek) {
+    c->raw["rope_interleave"] = true;  // llama.cpp's rope type for deepseek2: pairs (2i, 2i+1)
+  } else {
+    c->raw["scale_emb"] = 12;
+    c->raw["scale_depth"] = 1.4;
+    c->raw["dim_model_base"] = 256;
+  }
+  return Status::Ok();
+}
+
+// Gemma 4: the per-layer keys, written into `raw` under the Hugging Face
+// names model/arch/gemma_config.cpp reads (layer_types, per_layer_config,
+// num_kv_shared_layers, hidden_size_per_layer_input, attention_k_eq_v,
+// enable_moe_block, rope_parameters), as llama.cpp reads them: key_length
+// and head_count_kv (an array, or one count) of the full layers,
+// key_length_swa of the sliding ones; K is V on full layers without
+// attn_v; the full layers' proportional RoPE is rope_freqs (factor 1 on
+// the rotated pairs, 1e30 on the rest: llama.cpp rotates every pair by
+// pos * theta / factor, so those stay put).
+Status read_gemma4(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  const std::string pattern_key = r.key("attention.sliding_window_pattern");
+  const GgufArray* pattern = file.get_array(pattern_key);
+  if (!pattern || static_cast<int64_t>(pattern->size()) != c->n_layer)
+    return Error{file.path() + ": '" + pattern_key + "' must list " + std::to_string(c->n_layer) + " booleans"};
+  std::vector<bool> sliding;
+  for (const GgufValue& v : *pattern) {
+    const bool* b = std::get_if<bool>(&v.v);
+    if (!b) return Error{file.path() + ": '" + pattern_key + "' must list booleans"};
+    sliding.push_back(*b);
+  }
+  RILL_ASSIGN_OR_RETURN(const int64_t hd_full, r.positive("attention.key_length"));
+  RILL_ASSIGN_OR_RETURN(const int64_t hd_swa, r.positive("attention.key_length_swa"));
+  RILL_ASSIGN_OR_RETURN(const int64_t rope_swa, r.positive_or("rope.dimension_count_swa", hd_swa));
+  if (rope_swa != hd_swa)
+    return Error{file.path() + ": '" + r.key("rope.dimension_count_swa") + "' must be the sliding head size"};
+  std::vector<int64_t> n_kv(sliding.size(), c->n_head_kv);
+  const std::string kv_key = r.key("attention.head_count_kv");
+  if (const GgufArray* kv = file.get_array(kv_key)) {
+    if (kv->size() != sliding.size())
+      return Error{file.path() + ": '" + kv_key + "' must list " + std::to_string(sliding.size()) + " counts"};
+    for (size_t il = 0; il < kv->size(); ++il) {
+      const auto n = (*kv)[il].as_int();
+      if (!n || *n <= 0) return Error{file.path() + ": '" + kv_key + "' must list positive counts"};
+      n_kv[il] = *n;
+    }
+  }
+  nlohmann::json types = nlohmann::json::array(), per_layer = nlohmann::json::object();
+  int64_t first_full = -1;
+  for (size_t il = 0; il < sliding.size(); ++il) {
+    types.push_back(sliding[il] ? "sliding_attention" : "full_attention");
+    if (sliding[il]) continue;
+    if (first_full < 0) first_full = static_cast<int64_t>(il);
+    per_layer[std::to_string(il)] = {{"head_dim", hd_full}, {"num_key_value_heads", n_kv[il]}};
+  }
+  // The sliding layers' count is the model's (HF num_key_value_heads).
+  const auto first_sliding = static_cast<size_t>(std::find(sliding.begin(), sliding.end(), true) - sliding.begin());
+  const int64_t n_kv_swa = first_sliding < sliding.size() ? n_kv[first_sliding] : n_kv[0];
+  for (size_t il = 0; il < sliding.size(); ++il) {
+    if (sliding[il] && n_kv[il] != n_kv_swa)
+      return Error{file.path() + ": '" + kv_key + "' differs between sliding layers"};
+  }
+  c->head_dim = hd_swa;
+  c->rope_dim = hd_swa;
+  c->n_head_kv = n_kv_swa;
+  c->hidden_act = "gelu_pytorch_tanh";
+  // The full layers' RoPE: the pairs of factor 1 rotate, those of 1e30 do not.
+  double partial = 1.0;
+  if (first_full >= 0) {
+    const GgufTensorInfo* freqs = file.find_tensor("rope_freqs.weight");
+    if (!freqs || freqs->type != 0 /* F32 */ || freqs->n_elements() != hd_full / 2 || !freqs->data)
+      return Error{file.path() + ": tensor 'rope_freqs.weight' must hold " + std::to_string(hd_full / 2) +
+                   " F32 factors (the full layers' RoPE)"};
+    int64_t n_rot = 0;
+    for (int64_t i = 0; i < hd_full / 2; ++i) {
+      float f = 0;
+      std::memcpy(&f, freqs->data + i * 4, 4);
+      if (f == 1.0f && n_rot == i) {
+        ++n_rot;
+      } else if (!(f >= 1e29f)) {
+        return Error{file.path() + ": 'rope_freqs.weight' must be 1 on the first pairs and 1e30 on the rest"};
+      }
+    }
+    partial = static_cast<double>(2 * n_rot) / static_cast<double>(hd_full);
+  }
+  c->rope_scaling = RopeScaling{};
+  c->rope_scaling.type = RopeScaling::Type::kProportional;
+  RILL_ASSIGN_OR_RETURN(const float theta_swa, r.positive_float_or("rope.freq_base_swa", 10000.0f));
+  RILL_ASSIGN_OR_RETURN(const int64_t n_shared, r.count_or("attention.shared_kv_layers", 0));
+  RILL_ASSIGN_OR_RETURN(const int64_t ple_dim, r.count_or("embedding_length_per_layer_input", 0));
+  const bool k_eq_v = first_full >= 0 && !file.find_tensor("blk." + std::to_string(first_full) + ".attn_v.weight") &&
+                      file.find_tensor("blk." + std::to_string(first_full) + ".attn_k.weight");
+  c->raw["layer_types"] = std::move(types);
+  c->raw["per_layer_config"] = std::move(per_layer);
+  c->raw["num_kv_shared_layers"] = n_shared;
+  c->raw["hidden_size_per_layer_input"] = ple_dim;
+  c->raw["vocab_size_per_layer_input"] = c->n_vocab;
+  c->raw["attention_k_eq_v"] = k_eq_v;
+  c->raw["enable_moe_block"] = c->n_expert > 0;
+  c->raw["final_logit_softcapping"] = c->raw.value(r.key("final_logit_softcapping"), nlohmann::json(nullptr));
+  c->raw["rope_parameters"] = {
+      {"full_attention",
+       {{"rope_type", "proportional"}, {"partial_rotary_factor", partial}, {"rope_theta", c->rope_theta}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", theta_swa}}}};
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::string_view arch) {
   for (const auto& p : kGlobalNames)
     if (name == p.gguf) return std::string(p.hf);
+  if (arch == "gemma4") {
+    for (const auto& p : kGemma4GlobalNames)
+      if (name == p.gguf) return std::string(p.hf);
+  }
   constexpr std::string_view kBlk = "blk.";
   if (!name.starts_with(kBlk)) return std::nullopt;
   std::string_view rest = name.substr(kBlk.size());
@@ -363,6 +628,11 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::st
   if (n_digits >= rest.size() || rest[n_digits] != '.') return std::nullopt;
   const std::string_view layer = rest.substr(0, n_digits);
   const std::string_view suffix = rest.substr(n_digits + 1);
+  if (arch == "gemma4") {
+    for (const auto& p : kGemma4LayerNames) {
+      if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    }
+  }
   if (is_gemma(arch)) {
     for (const auto& p : kGemmaLayerNames) {
       if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
@@ -370,6 +640,16 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::st
   }
   if (arch == "gpt-oss") {
     for (const auto& p : kGptOssLayerNames) {
+      if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    }
+  }
+  if (is_mla(arch)) {
+    for (const auto& p : kMlaLayerNames) {
+      if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    }
+  }
+  if (is_routed_moe(arch)) {
+    for (const auto& p : kRoutedMoeLayerNames) {
       if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
     }
   }
@@ -418,7 +698,11 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
     return Error{file.path() + ": '" + r.key("block_count") + "' (" + std::to_string(c.n_layer) + ") exceeds " +
                  std::to_string(kMaxLayers) + " layers"};
   RILL_ASSIGN_OR_RETURN(c.n_head, r.positive("attention.head_count"));
-  RILL_ASSIGN_OR_RETURN(c.n_head_kv, r.positive_or("attention.head_count_kv", c.n_head));
+  if (const GgufArray* kv = file.get_array(r.key("attention.head_count_kv")); kv && *arch_name == "gemma4") {
+    c.n_head_kv = c.n_head;  // per layer: read_gemma4 reads the array
+  } else {
+    RILL_ASSIGN_OR_RETURN(c.n_head_kv, r.positive_or("attention.head_count_kv", c.n_head));
+  }
   if (c.n_head % c.n_head_kv != 0)
     return Error{file.path() + ": attention.head_count " + std::to_string(c.n_head) +
                  " is not a multiple of head_count_kv " + std::to_string(c.n_head_kv)};
@@ -475,6 +759,9 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
     c.raw[valid_utf8(key)] = to_json(value);
   }
   if (is_hybrid(*arch_name)) RILL_TRY(read_hybrid(file, r, &c));
+  if (is_routed_moe(*arch_name)) RILL_TRY(read_routed_moe(file, r, &c));
+  if (is_mla(*arch_name)) RILL_TRY(read_mla(file, r, *arch_name, &c));
+  if (*arch_name == "gemma4") RILL_TRY(read_gemma4(file, r, &c));
   return c;
 }
 

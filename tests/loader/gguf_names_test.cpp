@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 #include "gguf_writer.h"
 
@@ -459,6 +460,61 @@ TEST(GgufNames, MapsGptOssNames) {
   EXPECT_EQ(c.n_expert, 32);
   EXPECT_EQ(c.n_ff_expert, 2880);
   EXPECT_EQ(c.sliding_window, 128);
+}
+
+TEST(GgufNames, MapsMlaRoutedMoeAndGemma4Names) {
+  const std::tuple<const char*, const char*, const char*> kCases[] = {
+      {"deepseek2", "blk.0.attn_q_a.weight", "model.layers.0.self_attn.q_a_proj.weight"},
+      {"deepseek2", "blk.0.attn_kv_a_mqa.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"},
+      {"deepseek2", "blk.0.attn_k_b.weight", "model.layers.0.self_attn.k_b_proj.weight"},
+      {"deepseek2", "blk.0.attn_v_b.weight", "model.layers.0.self_attn.v_b_proj.weight"},
+      {"deepseek2", "blk.1.exp_probs_b.bias", "model.layers.1.mlp.gate.e_score_correction_bias"},
+      {"deepseek2", "blk.1.ffn_up_shexp.weight", "model.layers.1.mlp.shared_experts.up_proj.weight"},
+      {"minicpm3", "blk.2.attn_kv_b.weight", "model.layers.2.self_attn.kv_b_proj.weight"},
+      {"glm4moe", "blk.1.post_attention_norm.weight", "model.layers.1.post_attention_layernorm.weight"},
+      {"glm4moe", "blk.1.ffn_gate_exps.weight", "model.layers.1.mlp.experts.gate_proj.weight"},
+      {"qwen3moe", "blk.1.ffn_up_shexp.weight", "model.layers.1.mlp.shared_expert.up_proj.weight"},
+      {"gemma4", "per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight"},
+      {"gemma4", "blk.3.layer_output_scale.weight", "model.layers.3.layer_scalar"},
+      {"gemma4", "blk.3.proj.weight", "model.layers.3.per_layer_projection.weight"},
+      {"gemma4", "blk.3.ffn_gate_up_exps.weight", "model.layers.3.experts.gate_up_proj"},
+      {"gemma4", "blk.3.ffn_down_exps.scale", "model.layers.3.router.per_expert_scale"},
+      {"gemma4", "blk.3.ffn_norm.weight", "model.layers.3.pre_feedforward_layernorm.weight"},
+  };
+  for (const auto& [arch, gguf, hf] : kCases) EXPECT_EQ(gguf_to_hf_tensor_name(gguf, arch), hf) << arch << " " << gguf;
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.0.attn_k_b.weight", "llama"), std::nullopt);
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.3.proj.weight", "gemma3"), std::nullopt);
+}
+
+// deepseek2 / glm4moe: llama.cpp's defaults for the sigmoid router's keys.
+TEST(GgufConfig, RoutedMoeKeysBecomeTheHuggingFaceFields) {
+  GgufWriter w = llama_file("glm4moe");
+  w.add_u32("glm4moe.expert_count", 8);
+  w.add_u32("glm4moe.expert_used_count", 2);
+  w.add_u32("glm4moe.expert_feed_forward_length", 32);
+  w.add_u32("glm4moe.expert_shared_count", 1);
+  w.add_u32("glm4moe.leading_dense_block_count", 2);
+  w.add_u32("glm4moe.nextn_predict_layers", 1);
+  w.add_u32("glm4moe.expert_group_count", 4);
+  w.add_u32("glm4moe.expert_group_used_count", 2);
+  const ModelConfig c = config_of(w);
+  EXPECT_EQ(c.architecture, "glm4_moe");
+  EXPECT_EQ(c.n_layer, 29);  // the MTP block left out
+  EXPECT_EQ(c.dense_layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(c.n_ff_shared_expert, 32);
+  EXPECT_FALSE(c.norm_topk_prob);  // no expert_weights_norm: llama.cpp does not renormalise
+  EXPECT_EQ(c.raw.at("n_routed_experts"), 8);
+  EXPECT_EQ(c.raw.at("n_group"), 4);
+  EXPECT_EQ(c.raw.at("topk_group"), 2);
+  EXPECT_EQ(c.raw.at("routed_scaling_factor"), 1.0);
+
+  GgufWriter d = llama_file("deepseek2");
+  d.add_u32("deepseek2.expert_count", 8);
+  d.add_u32("deepseek2.expert_used_count", 2);
+  d.add_u32("deepseek2.expert_feed_forward_length", 32);
+  d.add_u32("deepseek2.expert_gating_func", 1);
+  EXPECT_EQ(config_error(d),
+            "x.gguf: 'deepseek2.expert_gating_func' is 1: only the sigmoid router (2) is supported for deepseek_v3");
 }
 
 }  // namespace

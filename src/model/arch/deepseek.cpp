@@ -128,6 +128,26 @@ Status split_kv_b(const WeightView& kv_b, const MlaParams& p, int64_t n_head, Ml
   return Status::Ok();
 }
 
+// llama.cpp's deepseek2 files hold kv_b already split per head: k_b_proj
+// [H, kv_lora, nope] is W_uk^T and v_b_proj [H, v, kv_lora] is W_uv, in the
+// layouts of wk_t and wv, so they are copied as they are. Both in one dtype.
+Result<DType> copy_split_kv_b(const ModelFiles& f, const std::string& at, const MlaParams& p, int64_t n_head,
+                              MlaLayerWeights& L) {
+  RILL_ASSIGN_OR_RETURN(const TensorRef* k_b, f.require(at + "k_b_proj.weight", {n_head, p.kv_lora_rank, p.nope}));
+  RILL_ASSIGN_OR_RETURN(const TensorRef* v_b, f.require(at + "v_b_proj.weight", {n_head, p.v_dim, p.kv_lora_rank}));
+  for (const TensorRef* t : {k_b, v_b}) {
+    if ((t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) || t->dtype != k_b->dtype) {
+      return Error{t->file + ": '" + at + "k_b_proj.weight' and 'v_b_proj.weight' in " +
+                   std::string(dtype_name(k_b->dtype)) + " and " + std::string(dtype_name(v_b->dtype)) +
+                   " (one of F32, F16 or BF16 for both, for now)"};
+    }
+  }
+  const size_t es = k_b->dtype == DType::kF32 ? 4 : 2;
+  L.wk_t.assign(k_b->data, k_b->data + static_cast<size_t>(n_head * p.kv_lora_rank * p.nope) * es);
+  L.wv.assign(v_b->data, v_b->data + static_cast<size_t>(n_head * p.v_dim * p.kv_lora_rank) * es);
+  return k_b->dtype;
+}
+
 Result<MlaWeights> bind_mla(const ModelFiles& f) {
   const ModelConfig& cfg = f.config;
   const int64_t E = cfg.n_embd, V = cfg.n_vocab, H = cfg.n_head;
@@ -159,11 +179,17 @@ Result<MlaWeights> bind_mla(const ModelFiles& f) {
     }
     RILL_ASSIGN_OR_RETURN(L.kv_a, bind_linear(f, at + "kv_a_proj_with_mqa", p.kv_lora_rank + p.rope, E));
     RILL_ASSIGN_OR_RETURN(L.kv_norm, load_vector(f, at + "kv_a_layernorm.weight", p.kv_lora_rank));
-    RILL_ASSIGN_OR_RETURN(const WeightView kv_b,
-                          bind_matrix(f, at + "kv_b_proj.weight", H * (p.nope + p.v_dim), p.kv_lora_rank));
-    const Status split = split_kv_b(kv_b, p, H, L);
-    if (!split.ok()) return Error{f.path + ": '" + at + "kv_b_proj.weight': " + split.error().message};
-    w.kv_b_dtype = kv_b.dtype;
+    DType kv_b_dtype = DType::kF32;
+    if (f.find(at + "kv_b_proj.weight") || !f.find(at + "k_b_proj.weight")) {
+      RILL_ASSIGN_OR_RETURN(const WeightView kv_b,
+                            bind_matrix(f, at + "kv_b_proj.weight", H * (p.nope + p.v_dim), p.kv_lora_rank));
+      const Status split = split_kv_b(kv_b, p, H, L);
+      if (!split.ok()) return Error{f.path + ": '" + at + "kv_b_proj.weight': " + split.error().message};
+      kv_b_dtype = kv_b.dtype;
+    } else {
+      RILL_ASSIGN_OR_RETURN(kv_b_dtype, copy_split_kv_b(f, at, p, H, L));
+    }
+    w.kv_b_dtype = kv_b_dtype;
     RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, at + "o_proj", E, H * p.v_dim));
     if (p.dsa.enabled() && !p.dsa.shared[static_cast<size_t>(il)]) {
       const std::string ix = at + "indexer.";
@@ -186,7 +212,7 @@ Result<MlaWeights> bind_mla(const ModelFiles& f) {
       RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, pre + "mlp.down_proj", E, cfg.n_ff));
       w.all_f32 = w.all_f32 && L.gate.w.dtype == DType::kF32;
     }
-    w.all_f32 = w.all_f32 && L.kv_a.w.dtype == DType::kF32 && kv_b.dtype == DType::kF32;
+    w.all_f32 = w.all_f32 && L.kv_a.w.dtype == DType::kF32 && kv_b_dtype == DType::kF32;
   }
   cpu::RopeScalingParams rs = rope_scaling_params(cfg.rope_scaling);
   if (p.rope_attention_factor) rs.attention_factor = p.rope_attention_factor;

@@ -125,7 +125,7 @@ Status read_dsa_params(const RawFields& r, const ModelConfig& cfg, const std::st
 
 Result<MlaParams> read_mla_params(const ModelFiles& f) {
   const ModelConfig& cfg = f.config;
-  const std::string file = f.path + "/config.json";
+  const std::string file = f.format == ModelFormat::kGguf ? f.path : f.path + "/config.json";
   const RawFields r(cfg.raw, file);
   MlaParams p;
   RILL_ASSIGN_OR_RETURN(p.q_lora_rank, r.dim("q_lora_rank", 0));

@@ -278,7 +278,10 @@ Result<GemmaParams> read_gguf_params(const ModelConfig& c, const std::string& fi
 
 Result<GemmaParams> read_gemma_params(const ModelFiles& f) {
   GemmaParams p;
-  if (f.format == ModelFormat::kGguf) {
+  if (f.format == ModelFormat::kGguf && f.config.architecture == "gemma4_text") {
+    // loader/gguf_names.cpp wrote the Hugging Face fields from llama.cpp's keys.
+    RILL_ASSIGN_OR_RETURN(p, read_hf_params(f.config, f.path));
+  } else if (f.format == ModelFormat::kGguf) {
     RILL_ASSIGN_OR_RETURN(p, read_gguf_params(f.config, f.path));
   } else {
     RILL_ASSIGN_OR_RETURN(p, read_hf_params(f.config, f.path + "/config.json"));
