@@ -188,8 +188,9 @@ struct EngineOptions {
   std::string model_id;
   // Speculative decoding (engine/speculator.h): "off", or "ngram" (prompt
   // lookup); at most spec_tokens (>= 1) drafts per request per step, fewer
-  // as its drafts get rejected. Models with recurrent layers run without
-  // (their state cannot be rolled back yet; a log line says so).
+  // as its drafts get rejected. Models with recurrent layers need
+  // ModelOptions::n_spec_states >= spec_tokens (Engine::load sets it), else
+  // they run without (a log line says so).
   std::string spec = "off";
   int32_t spec_tokens = 4;
 };

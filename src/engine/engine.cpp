@@ -96,7 +96,9 @@ EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Token
       pool_(model_->n_kv_blocks(), model_->kv_block_size()),
       tree_(pool_),
       states_(has_recurrent(*model_) ? model_->n_state_slots() : 0,
-              has_recurrent(*model_) ? model_->n_state_checkpoints() : 0),
+              has_recurrent(*model_) ? model_->n_state_checkpoints() - model_->n_state_slots() * model_->n_spec_states()
+                                     : 0,
+              has_recurrent(*model_) ? model_->n_spec_states() : 0),
       kv_(model_->kv_spec(), pool_, tree_, states_),
       scheduler_(kv_, scheduler_options(*model_, options)),
       runner_(*model_, kv_) {
@@ -129,14 +131,13 @@ Status EngineImpl::start() {
   }
   RILL_ASSIGN_OR_RETURN(speculator_, make_speculator(options_.spec));
   if (speculator_ && options_.spec_tokens < 1) return Error{"spec_tokens: must be at least 1"};
-  if (speculator_ && has_recurrent(*model_)) {
-    // Rejected drafts would have advanced the recurrent state: rolling it
-    // back needs a checkpoint before the verify and a replay of the
-    // accepted prefix, which is not implemented.
+  if (speculator_ && has_recurrent(*model_) && states_.n_spec_states() < options_.spec_tokens) {
+    // A rejected draft rolls the recurrent state back to a verify state
+    // (kv/state_pool.h), which the model must hold for every draft.
     std::fprintf(stderr,
-                 "speculative decoding (--spec %s) is off for this model: its recurrent layers' state cannot be "
-                 "rolled back after a rejected draft yet\n",
-                 options_.spec.c_str());
+                 "speculative decoding (--spec %s) is off for this model: its recurrent state pool keeps %d verify "
+                 "states per sequence, --spec-tokens needs %d (ModelOptions::n_spec_states)\n",
+                 options_.spec.c_str(), states_.n_spec_states(), options_.spec_tokens);
     speculator_.reset();
   }
   stats_.speculator = speculator_ ? speculator_->name() : "";

@@ -51,6 +51,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   // rows may exceed its sequences (the scheduler keeps within the model's).
   if (!options.spec.empty() && options.spec != "off") {
     mo.max_batch_seqs = std::min(mo.max_batch_tokens, mo.max_batch_seqs * (1 + std::max(1, options.spec_tokens)));
+    mo.n_spec_states = std::max(1, options.spec_tokens);  // hybrids: rollback of the recurrent state
   }
   mo.kv_block_size = options.kv_block_size;
   if (options.kv_cache_mb > 0) {
