@@ -60,6 +60,10 @@ struct ModelOptions {
   // a rejected draft rolls back; kv/state_pool.h), checkpoint ids after the
   // n_state_checkpoints ones. The engine needs its --spec-tokens of them.
   int n_spec_states = 0;
+  // Models with recurrent layers: live state slots when > 0 (the most
+  // requests that run at once), else max_batch_seqs (which speculation
+  // raises to cover every draft's logit row, not more sequences).
+  int n_state_slots = 0;
   // Tensor parallelism: the model split over this many ranks (see
   // model/tensor_split.h), each holding its share of the weights and KV
   // heads. kCpu: simulated ranks in one process (SimulatedGroup), the

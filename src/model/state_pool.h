@@ -28,7 +28,8 @@ namespace rill {
 
 class StatePool {
  public:
-  // Live slots: at least max_seqs and options.n_kv_slots; checkpoints:
+  // Live slots: at least options.n_state_slots (max_seqs when 0) and
+  // options.n_kv_slots; checkpoints:
   // options.n_state_checkpoints, as many as slots when negative, then
   // options.n_spec_states per slot. The
   // memory comes from b.allocate() (zeroed). Errors name the sizes.
