@@ -16,8 +16,9 @@ struct SpecFlags {
   void add_to(CLI::App* app) {
     app->add_option("--spec", spec,
                     "speculative decoding: ngram (prompt lookup: drafts copied from the prompt and output, for "
-                    "edits and code) or off; requests opt out with \"speculative\": false (output is the same "
-                    "either way; draft=MODEL and mtp are not implemented yet)")
+                    "edits and code), draft=PATH (a smaller model with the same tokenizer drafts greedily) or off; "
+                    "requests opt out with \"speculative\": false (output is the same either way; mtp is not "
+                    "implemented yet)")
         ->check([](const std::string& v) -> std::string {
           if (v == "off" || v == "ngram" || v == "mtp" || v.rfind("draft=", 0) == 0) return {};
           return "expected ngram, off, draft=MODEL or mtp";

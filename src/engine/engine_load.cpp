@@ -75,6 +75,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
   EngineOptions eo = options;
+  eo.model_path = model_path;
   // The artifact fingerprint keys only the disk tier's files, and reads
   // every weight byte: computed only for a disk tier, and remembered in its
   // directory's sidecar so a restart on unchanged files does not rehash
