@@ -118,7 +118,10 @@ void DraftModelSpeculator::propose(uint64_t seq, std::span<const int32_t> tokens
   if (static_cast<int64_t>(tokens.size()) + max_tokens > model_->n_ctx()) return;
   if (!kv_.contains(id)) {
     if (!kv_.admit(id, 0, tokens).ok()) return;
-    seqs_[seq] = Sequence{{}, static_cast<int32_t>(tokens.size())};
+    // Its first propose follows the request's first output token (the
+    // owed one): the output starts there, computed in the decode form as
+    // the target computes it.
+    seqs_[seq] = Sequence{{}, static_cast<int32_t>(tokens.size()) - 1};
   }
   Sequence& sq = seqs_[seq];
   std::vector<int32_t>& computed = sq.computed;

@@ -56,7 +56,7 @@ class DraftModelSpeculator final : public Speculator {
   KvManager kv_;
   struct Sequence {
     std::vector<int32_t> computed;  // the tokens in the draft's KV
-    int32_t decode_from = 0;        // BatchSeq::decode_from: the tokens of its first propose()
+    int32_t decode_from = 0;        // BatchSeq::decode_from: where its first propose()'s owed token is
   };
   std::unordered_map<uint64_t, Sequence> seqs_;  // by request id
   Batch batch_;
