@@ -41,6 +41,8 @@ Result<std::unique_ptr<Speculator>> DraftModelSpeculator::load(const std::string
   mo.max_batch_tokens = std::max(1, target.options.max_batch_tokens);
   mo.max_batch_seqs = 1;  // one request at a time
   mo.kv_block_size = target.options.kv_block_size;
+  mo.batch_invariant = target.options.batch_invariant;
+  mo.quantize = target.options.quantize;
   if (target.options.kv_cache_mb > 0) {
     mo.kv_cache_bytes = target.options.kv_cache_mb << 20;
   } else {
