@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Speculative decoding on the CPU: prompt lookup (`--spec ngram`) on and off
-in the same run, on the same server, request by request.
+"""Speculative decoding on the CPU: prompt lookup (`--spec ngram`, or a draft
+model with `--spec draft=PATH`) on and off in the same run, on the same
+server, request by request.
 
-One `rill serve MODEL --spec ngram --spec-tokens K` process; every prompt is
+One `rill serve MODEL --spec SPEC --spec-tokens K` process; every prompt is
 sent twice per repeat, once with "speculative": false (off) and once with
 speculation (on), alternating which goes first, greedy (temperature 0),
 streamed. A fresh prefix-cache namespace is not needed: decode speed is
@@ -76,9 +77,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(rill, model, threads, k):
+def start(rill, model, threads, k, spec):
     port = free_port()
-    cmd = [rill, "serve", model, "--port", str(port), "--threads", str(threads), "--spec", "ngram",
+    cmd = [rill, "serve", model, "--port", str(port), "--threads", str(threads), "--spec", spec,
            "--spec-tokens", str(k), "--ctx-size", "2048", "--kv-cache-mb", "128"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
@@ -138,13 +139,14 @@ def main():
     ap.add_argument("--rill", default="build/rill")
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--spec", default="ngram", help="ngram or draft=PATH")
     ap.add_argument("--spec-tokens", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default="build/bench/spec_bench.json")
     a = ap.parse_args()
     load_before = os.getloadavg()
-    proc, port, cmd = start(a.rill, a.model, a.threads, a.spec_tokens)
+    proc, port, cmd = start(a.rill, a.model, a.threads, a.spec_tokens, a.spec)
     results = {}
     try:
         run_one(port, "Hello", 8, False)  # warm-up
@@ -168,12 +170,12 @@ def main():
         proc.wait(timeout=30)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "cpu": cpu_name(),
               "load_before": load_before, "load_after": os.getloadavg(), "command": cmd,
-              "max_tokens": a.max_tokens, "results": results}
+              "spec": a.spec, "max_tokens": a.max_tokens, "results": results}
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(report, f, indent=2)
     print(f"CPU: {report['cpu']}, load {load_before[0]:.1f} -> {report['load_after'][0]:.1f}, "
-          f"--spec-tokens {a.spec_tokens}, greedy, max_tokens {a.max_tokens}\n")
+          f"--spec {a.spec} --spec-tokens {a.spec_tokens}, greedy, max_tokens {a.max_tokens}\n")
     print("| workload | off tok/s | on tok/s | speedup | acceptance | same output |")
     print("|---|---|---|---|---|---|")
     for name, r in results.items():

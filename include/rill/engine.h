@@ -186,10 +186,11 @@ struct EngineOptions {
   // The model artifact's identity for disk entries; Engine::load sets it
   // (artifact fingerprint), Engine::create callers may.
   std::string model_id;
-  // Speculative decoding (engine/speculator.h): "off", or "ngram" (prompt
-  // lookup); at most spec_tokens (>= 1) drafts per request per step, fewer
-  // as its drafts get rejected. Models with recurrent layers run without
-  // (their state cannot be rolled back yet; a log line says so).
+  std::string model_path;  // the model's files, for messages; Engine::load sets it
+  // Speculative decoding (engine/speculator.h): "off", "ngram" (prompt
+  // lookup) or "draft=PATH" (a smaller model of the same tokenizer); at most spec_tokens (>= 1) drafts per request per
+  // step, fewer as its drafts get rejected. Models with recurrent layers need ModelOptions::n_spec_states >=
+  // spec_tokens (Engine::load sets it), else they run without (a log line says so).
   std::string spec = "off";
   int32_t spec_tokens = 4;
 };

@@ -14,12 +14,12 @@ struct SpecFlags {
   int32_t spec_tokens = 4;
 
   void add_to(CLI::App* app) {
-    app->add_option(
-           "--spec", spec,
-           "speculative decoding: ngram (prompt lookup: drafts copied from the prompt and output, for "
-           "edits and code) or off; requests opt out with \"speculative\": false (output is the same "
-           "either way; draft=MODEL and mtp are not implemented yet; replay=FILE[:A] replays the continuations "
-           "`rill bench --record-tokens FILE` recorded, a benchmark of the mechanism)")
+    app->add_option("--spec", spec,
+                    "speculative decoding: ngram (prompt lookup: drafts copied from the prompt and output, for "
+                    "edits and code), draft=PATH (a smaller model with the same tokenizer drafts greedily) or off; "
+                    "requests opt out with \"speculative\": false (output is the same either way; mtp is not "
+                    "implemented yet; replay=FILE[:A] replays the continuations `rill bench --record-tokens FILE` "
+                    "recorded, a benchmark of the mechanism)")
         ->check([](const std::string& v) -> std::string {
           if (v == "off" || v == "ngram" || v == "mtp" || v.rfind("draft=", 0) == 0 || v.rfind("replay=", 0) == 0)
             return {};

@@ -96,7 +96,9 @@ EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Token
       pool_(model_->n_kv_blocks(), model_->kv_block_size()),
       tree_(pool_),
       states_(has_recurrent(*model_) ? model_->n_state_slots() : 0,
-              has_recurrent(*model_) ? model_->n_state_checkpoints() : 0),
+              has_recurrent(*model_) ? model_->n_state_checkpoints() - model_->n_state_slots() * model_->n_spec_states()
+                                     : 0,
+              has_recurrent(*model_) ? model_->n_spec_states() : 0),
       kv_(model_->kv_spec(), pool_, tree_, states_),
       scheduler_(kv_, scheduler_options(*model_, options)),
       runner_(*model_, kv_) {
@@ -127,16 +129,16 @@ Status EngineImpl::start() {
     c.write_behind_min_tokens = options_.cache_write_behind_min_tokens;
     RILL_ASSIGN_OR_RETURN(tiers_, KvTiers::open(c, *model_, pool_, tree_, &states_));
   }
-  RILL_ASSIGN_OR_RETURN(speculator_, make_speculator(options_.spec));
+  RILL_ASSIGN_OR_RETURN(
+      speculator_, make_speculator(options_.spec, {model_.get(), tokenizer_.get(), options_.model_path, options_}));
   if (speculator_ && options_.spec_tokens < 1) return Error{"spec_tokens: must be at least 1"};
-  if (speculator_ && has_recurrent(*model_)) {
-    // Rejected drafts would have advanced the recurrent state: rolling it
-    // back needs a checkpoint before the verify and a replay of the
-    // accepted prefix, which is not implemented.
+  if (speculator_ && has_recurrent(*model_) && states_.n_spec_states() < options_.spec_tokens) {
+    // A rejected draft rolls the recurrent state back to a verify state
+    // (kv/state_pool.h), which the model must hold for every draft.
     std::fprintf(stderr,
-                 "speculative decoding (--spec %s) is off for this model: its recurrent layers' state cannot be "
-                 "rolled back after a rejected draft yet\n",
-                 options_.spec.c_str());
+                 "speculative decoding (--spec %s) is off for this model: its recurrent state pool keeps %d verify "
+                 "states per sequence, --spec-tokens needs %d (ModelOptions::n_spec_states)\n",
+                 options_.spec.c_str(), states_.n_spec_states(), options_.spec_tokens);
     speculator_.reset();
   }
   stats_.speculator = speculator_ ? speculator_->name() : "";
@@ -375,7 +377,7 @@ void EngineImpl::propose_drafts() {
     const int32_t k = std::min(sp.k, r->params.max_tokens - r->n_output() - 1);
     if (k < 1) continue;
     drafts_.clear();
-    speculator_->propose(r->tokens, k, drafts_);
+    speculator_->propose(r->id, r->tokens, k, drafts_);
     assert(static_cast<int32_t>(drafts_.size()) <= k);
     r->tokens.insert(r->tokens.end(), drafts_.begin(), drafts_.end());
     r->n_draft = static_cast<int32_t>(drafts_.size());
@@ -670,6 +672,7 @@ void EngineImpl::commit_token(Request& r, int32_t id, const SampledToken* sample
 void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event, std::string error) {
   if (r.finished()) return;
   scheduler_.remove(&r);
+  if (speculator_) speculator_->release(r.id);
   r.state = RequestState::kFinished;
   if (r.params.persist_prefix && reason != FinishReason::kError && reason != FinishReason::kAborted) {
     // Cache warm-up: the prompt's blocks are cached in the tree (released

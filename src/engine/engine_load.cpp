@@ -47,10 +47,12 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   mo.n_ctx = options.n_ctx;
   mo.max_batch_tokens = std::max(1, options.max_batch_tokens);
   mo.max_batch_seqs = std::max(1, options.max_running);
+  mo.n_state_slots = mo.max_batch_seqs;  // hybrids: one live state per running request
   // Speculation: a verify chunk returns a logit row per draft, so a step's
   // rows may exceed its sequences (the scheduler keeps within the model's).
   if (!options.spec.empty() && options.spec != "off") {
     mo.max_batch_seqs = std::min(mo.max_batch_tokens, mo.max_batch_seqs * (1 + std::max(1, options.spec_tokens)));
+    mo.n_spec_states = std::max(1, options.spec_tokens);  // hybrids: rollback of the recurrent state
   }
   mo.kv_block_size = options.kv_block_size;
   if (options.kv_cache_mb > 0) {
@@ -73,6 +75,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
   EngineOptions eo = options;
+  eo.model_path = model_path;
   // The artifact fingerprint keys only the disk tier's files, and reads
   // every weight byte: computed only for a disk tier, and remembered in its
   // directory's sidecar so a restart on unchanged files does not rehash

@@ -37,7 +37,9 @@ const std::vector<int32_t>* ReplaySpeculator::match(std::span<const int32_t> tok
   return nullptr;
 }
 
-void ReplaySpeculator::propose(std::span<const int32_t> tokens, int32_t max_tokens, std::vector<int32_t>& out) {
+void ReplaySpeculator::propose(uint64_t seq, std::span<const int32_t> tokens, int32_t max_tokens,
+                               std::vector<int32_t>& out) {
+  (void)seq;  // matched by its tokens: a request id differs between the recording run and this one
   assert(max_tokens >= 1);
   if (tokens.empty()) return;
   const std::vector<int32_t>* s = match(tokens);

@@ -30,7 +30,7 @@ class ReplaySpeculator final : public Speculator {
   // acceptance in [0, 1]: the chance each proposed token is the recorded one.
   ReplaySpeculator(std::vector<std::vector<int32_t>> sequences, double acceptance);
   const char* name() const override { return "replay"; }
-  void propose(std::span<const int32_t> tokens, int32_t max_tokens, std::vector<int32_t>& out) override;
+  void propose(uint64_t seq, std::span<const int32_t> tokens, int32_t max_tokens, std::vector<int32_t>& out) override;
 
  private:
   // The recorded sequence `tokens` is a prefix of, or null.

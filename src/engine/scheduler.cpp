@@ -101,11 +101,11 @@ int32_t Scheduler::fit_rows(const Request& r, int32_t n, int32_t later) const {
 void Scheduler::schedule_chunk(Request* r, int32_t n) {
   assert(n >= 1 && n <= r->n_uncomputed());
   rows_ += r->logit_rows(n);
-  Status st = kv_.append(static_cast<int64_t>(r->id), n);
-  assert(st.ok());
-  (void)st;
   const int32_t end = r->n_computed + n;
   const int32_t n_draft = std::max(0, end - (r->n_target() - r->n_draft));
+  Status st = kv_.append(static_cast<int64_t>(r->id), n, n_draft);
+  assert(st.ok());
+  (void)st;
   plan_.chunks.push_back({r, n, n_draft, end == r->n_target()});
   plan_.n_tokens += n;
   budget_ -= n;
@@ -249,11 +249,12 @@ Status Scheduler::step_computed() {
 
 Status Scheduler::verified(Request& r) {
   const auto seq = static_cast<int64_t>(r.id);
-  RILL_TRY(kv_.truncate(seq, r.n_computed));
+  // Commit before truncating: truncate() leaves a recurrent state restore
+  // for the next step, which a commit would clear.
   const std::span<const int32_t> computed(r.tokens.data(), static_cast<size_t>(r.n_computed));
   auto cached = kv_.commit_full_blocks(seq, computed);
   if (!cached.ok()) return cached.error();
-  return Status::Ok();
+  return kv_.truncate(seq, r.n_computed);
 }
 
 }  // namespace rill

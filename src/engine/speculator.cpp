@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 
+#include "engine/draft_speculator.h"
 #include "engine/replay_speculator.h"
 
 namespace rill {
@@ -10,7 +11,8 @@ namespace rill {
 NgramSpeculator::NgramSpeculator(int32_t max_ngram, int32_t min_ngram)
     : max_ngram_(std::max(1, max_ngram)), min_ngram_(std::clamp(min_ngram, 1, std::max(1, max_ngram))) {}
 
-void NgramSpeculator::propose(std::span<const int32_t> tokens, int32_t max_tokens, std::vector<int32_t>& out) {
+void NgramSpeculator::propose(uint64_t /*seq*/, std::span<const int32_t> tokens, int32_t max_tokens,
+                              std::vector<int32_t>& out) {
   assert(max_tokens >= 1);
   const auto n_tokens = static_cast<int64_t>(tokens.size());
   for (int32_t n = max_ngram_; n >= min_ngram_; --n) {
@@ -29,13 +31,18 @@ void NgramSpeculator::propose(std::span<const int32_t> tokens, int32_t max_token
   }
 }
 
-Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec) {
+Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, const SpeculatorTarget& target) {
   if (spec.empty() || spec == "off") return std::unique_ptr<Speculator>();
   if (spec == "ngram") return std::unique_ptr<Speculator>(std::make_unique<NgramSpeculator>());
   if (spec.rfind("replay=", 0) == 0) return make_replay_speculator(spec.substr(7));
-  if (spec.rfind("draft=", 0) == 0 || spec == "mtp") {
-    return Error{"--spec " + spec + ": not implemented yet (the draft-model and MTP speculators); use ngram or off"};
+  if (spec.rfind("draft=", 0) == 0) {
+    const std::string path = spec.substr(6);
+    if (path.empty()) return Error{"--spec draft=PATH: the draft model's path is empty"};
+    if (!target.model) return Error{"--spec " + spec + ": a draft model needs the target model"};
+    return DraftModelSpeculator::load(path, target);
   }
+  if (spec == "mtp")
+    return Error{"--spec mtp: not implemented yet (the MTP speculator); use ngram, draft=MODEL or off"};
   return Error{"--spec: unknown speculator '" + spec + "' (expected ngram, off, draft=MODEL, mtp or replay=FILE)"};
 }
 

@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "core/result.h"
+#include "model/model.h"
+#include "rill/engine.h"
+#include "text/tokenizer.h"
 
 namespace rill {
 
@@ -28,8 +31,13 @@ class Speculator {
   virtual const char* name() const = 0;
   // Appends up to max_tokens (>= 1) guesses of what follows `tokens` (the
   // request's prompt and output so far, at least one token) to `out`;
-  // appends nothing when it has no guess.
-  virtual void propose(std::span<const int32_t> tokens, int32_t max_tokens, std::vector<int32_t>& out) = 0;
+  // appends nothing when it has no guess. `seq` is the request's id: a
+  // stateful speculator (a draft model's KV) keeps its state under it, and
+  // finds in `tokens` which of its earlier guesses were kept.
+  virtual void propose(uint64_t seq, std::span<const int32_t> tokens, int32_t max_tokens,
+                       std::vector<int32_t>& out) = 0;
+  // Request `seq` ended: drop what propose() kept for it.
+  virtual void release(uint64_t seq) { (void)seq; }
 };
 
 // Prompt lookup: finds the latest earlier occurrence of the last n tokens
@@ -41,15 +49,26 @@ class NgramSpeculator final : public Speculator {
  public:
   explicit NgramSpeculator(int32_t max_ngram = 3, int32_t min_ngram = 1);
   const char* name() const override { return "ngram"; }
-  void propose(std::span<const int32_t> tokens, int32_t max_tokens, std::vector<int32_t>& out) override;
+  void propose(uint64_t seq, std::span<const int32_t> tokens, int32_t max_tokens, std::vector<int32_t>& out) override;
 
  private:
   int32_t max_ngram_, min_ngram_;
 };
 
-// The server's choice (`--spec`): "off" or "ngram". "draft=MODEL" and "mtp"
-// are refused with a message saying they are not implemented; anything else
-// is refused naming the accepted values. "off" gives null.
-Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec);
+// What a speculator serves: the target model, its tokenizer (may be null),
+// where it came from (for messages) and the engine's options (a draft
+// model runs on the same device with the same threads and context).
+struct SpeculatorTarget {
+  const Model* model = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  std::string model_path;
+  EngineOptions options;
+};
+
+// The server's choice (`--spec`): "off", "ngram" or "draft=PATH" (a draft
+// model, engine/draft_speculator.h; needs target.model). "mtp" is refused
+// with a message saying it is not implemented; anything else is refused
+// naming the accepted values. "off" gives null.
+Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, const SpeculatorTarget& target = {});
 
 }  // namespace rill

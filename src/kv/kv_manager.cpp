@@ -186,10 +186,18 @@ bool KvManager::can_allocate(int64_t seq, int32_t n_new_tokens) const {
   return contains(seq) && n_new_tokens >= 0 && pool_.can_allocate(blocks_needed(seq, n_new_tokens));
 }
 
-Status KvManager::append(int64_t seq, int32_t n_tokens) {
+Status KvManager::append(int64_t seq, int32_t n_tokens, int32_t n_draft) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return Error{seq_name(seq) + ": append to an unknown sequence"};
   if (n_tokens < 0) return Error{seq_name(seq) + ": append of a negative token count"};
+  if (n_draft < 0 || n_draft >= std::max(1, n_tokens)) {
+    return Error{seq_name(seq) + ": " + std::to_string(n_draft) + " drafts in an append of " +
+                 std::to_string(n_tokens) + " tokens"};
+  }
+  if (has_recurrent() && n_draft > states_.n_spec_states()) {
+    return Error{seq_name(seq) + ": " + std::to_string(n_draft) + " drafts but the recurrent state pool keeps " +
+                 std::to_string(states_.n_spec_states()) + " verify states per sequence"};
+  }
   Sequence& s = it->second;
   // Every appended token so far is computed, so blocks dead at the current
   // length can go back now (last first), before allocating.
@@ -216,7 +224,42 @@ Status KvManager::append(int64_t seq, int32_t n_tokens) {
   const int32_t n_before = s.n_tokens;
   s.n_tokens += n_tokens;
   plan_checkpoints(s, n_before);
+  plan_verify_saves(s, n_draft);
   return Status::Ok();
+}
+
+// The state after each position in [n_tokens - 1 - n_draft, n_tokens - 1):
+// the owed token's and every draft's but the last (the live slot ends after
+// it). A position that already has a prefix checkpoint save reuses it (a
+// step saves a position once).
+void KvManager::plan_verify_saves(Sequence& s, int32_t n_draft) {
+  s.verify_states.clear();
+  if (n_draft == 0 || !has_recurrent()) return;
+  int32_t slot = -1;
+  for (size_t g = 0; g < spec_.size(); ++g) {
+    if (!spec_[g].is_attention()) slot = s.groups[g].state.slot();
+  }
+  s.verify_from = s.n_tokens - 1 - n_draft;
+  const size_t n_prefix_saves = s.saves.size();
+  for (int32_t j = 0; j < n_draft; ++j) {
+    const int32_t pos = s.verify_from + j;
+    auto same = std::find_if(s.saves.begin(), s.saves.begin() + static_cast<std::ptrdiff_t>(n_prefix_saves),
+                             [&](const CheckpointSave& v) { return v.pos == pos; });
+    if (same != s.saves.begin() + static_cast<std::ptrdiff_t>(n_prefix_saves)) {
+      s.verify_states.push_back(same->checkpoint);
+      continue;
+    }
+    s.verify_states.push_back(states_.spec_state(slot, j));
+    s.saves.push_back({pos, s.verify_states.back()});
+  }
+  std::sort(s.saves.begin(), s.saves.end(),
+            [](const CheckpointSave& a, const CheckpointSave& b) { return a.pos < b.pos; });
+}
+
+void KvManager::clear_restore(Sequence& s) {
+  if (s.restore_pinned) states_.set_pinned(s.restore, false);
+  s.restore_pinned = false;
+  s.restore = -1;
 }
 
 Result<int32_t> KvManager::commit_full_blocks(int64_t seq, std::span<const int32_t> tokens) {
@@ -227,7 +270,7 @@ Result<int32_t> KvManager::commit_full_blocks(int64_t seq, std::span<const int32
     return Error{seq_name(seq) + ": commit of " + std::to_string(tokens.size()) + " tokens but only " +
                  std::to_string(s.n_tokens) + " were appended"};
   }
-  s.restore = -1;  // the step that needed it (and took the saves) has run
+  clear_restore(s);  // the step that needed it (and took the saves) has run
   s.saves.clear();
   const auto n_full = static_cast<int32_t>(tokens.size()) / bs_;
   int32_t n_new = 0;
@@ -268,13 +311,33 @@ Status KvManager::truncate(int64_t seq, int32_t n_tokens) {
     return Error{seq_name(seq) + ": truncate to " + std::to_string(n_tokens) + " of " + std::to_string(s.n_tokens) +
                  " tokens"};
   }
-  if (has_recurrent()) return Error{seq_name(seq) + ": a recurrent state cannot be truncated"};
   const int32_t n_keep = blocks_for(n_tokens);
   for (Group& grp : s.groups) {
     if (grp.n_offered > n_keep) {
       return Error{seq_name(seq) + ": truncate to " + std::to_string(n_tokens) + " tokens would drop cached blocks"};
     }
   }
+  if (has_recurrent() && n_tokens < s.n_tokens) {
+    const int32_t j = n_tokens - 1 - s.verify_from;
+    if (j < 0 || j >= static_cast<int32_t>(s.verify_states.size()) || s.restore >= 0) {
+      return Error{seq_name(seq) + ": the recurrent state after position " + std::to_string(n_tokens - 1) +
+                   " was not saved, so it cannot be truncated to " + std::to_string(n_tokens) + " tokens"};
+    }
+    s.restore = s.verify_states[static_cast<size_t>(j)];
+    if (s.restore < states_.n_checkpoints()) {  // a prefix checkpoint: the next step's saves must not recycle it
+      states_.set_pinned(s.restore, true);
+      s.restore_pinned = true;
+    }
+    // A block past the accepted tokens (kept partial or given back) had its
+    // checkpoint saved after rejected tokens.
+    if (key_group_ >= 0) {
+      const auto& blocks = s.groups[static_cast<size_t>(key_group_)].blocks;
+      for (size_t b = static_cast<size_t>(n_tokens / bs_); b < blocks.size(); ++b) {
+        if (blocks[b].valid()) states_.drop_checkpoint(blocks[b].block());
+      }
+    }
+  }
+  s.verify_states.clear();
   for (Group& grp : s.groups) {
     if (static_cast<int32_t>(grp.blocks.size()) <= n_keep) continue;
     std::vector<BlockLease> tail(std::make_move_iterator(grp.blocks.begin() + n_keep),
@@ -289,6 +352,7 @@ Status KvManager::truncate(int64_t seq, int32_t n_tokens) {
 void KvManager::release(int64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
+  clear_restore(it->second);
   for (Group& grp : it->second.groups) {
     release_tail_first(grp.blocks);
     grp.state.release();
@@ -397,12 +461,13 @@ Status KvManager::check_integrity() const {
     }
   }
   for (const auto& [seq, s] : seqs_) {
-    if (s.restore < -1 || s.restore >= states_.n_checkpoints()) {
+    if (s.restore < -1 || s.restore >= states_.n_state_ids()) {
       return Error{seq_name(seq) + ": pending restore of checkpoint " + std::to_string(s.restore) + " does not exist"};
     }
     for (const CheckpointSave& v : s.saves) {
-      if (v.checkpoint < 0 || v.checkpoint >= states_.n_checkpoints() || v.pos >= s.n_tokens ||
-          (v.pos + 1) % bs_ != 0) {
+      const bool verify_state = v.checkpoint >= states_.n_checkpoints();  // at any position (append())
+      if (v.checkpoint < 0 || v.checkpoint >= states_.n_state_ids() || v.pos >= s.n_tokens ||
+          (!verify_state && (v.pos + 1) % bs_ != 0)) {
         return Error{seq_name(seq) + ": planned checkpoint " + std::to_string(v.checkpoint) + " after position " +
                      std::to_string(v.pos) + " is not at a block boundary of the sequence"};
       }

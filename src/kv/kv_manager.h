@@ -92,14 +92,23 @@ class KvManager {
   // future token can attend to, then allocates the missing blocks of every
   // attention group. When blocks run out it fails without allocating (the
   // dead sliding blocks are given back either way: that is always valid).
-  Status append(int64_t seq, int32_t n_tokens);
+  // n_draft > 0 (speculative decoding): the last n_draft tokens are drafts;
+  // with a recurrent group the step also saves the state after each of the
+  // n_draft positions before the last (the pool's verify states, or a
+  // prefix checkpoint planned at the same position), so truncate() can
+  // roll the state back. Fails (nothing changes) when the pool has fewer
+  // verify states.
+  Status append(int64_t seq, int32_t n_tokens, int32_t n_draft = 0);
 
   // Shrinks the sequence to its first n_tokens (speculative decoding: the
   // KV of rejected draft tokens), giving back the blocks past them tail
   // first. Requires n_tokens <= length(seq), n_tokens to keep every block
-  // offered to the prefix cache (shared blocks are never rewritten) and no
-  // recurrent group (its state cannot be shrunk). The partial tail block
-  // kept is rewritten by the next append's tokens.
+  // offered to the prefix cache (shared blocks are never rewritten). The
+  // partial tail block kept is rewritten by the next append's tokens. With
+  // a recurrent group, n_tokens must end at a position the last append saved
+  // (its drafts, see append()): that state becomes the pending restore
+  // (state_restore(), read by the next step), and the prefix checkpoints of
+  // blocks no longer full (their state saw rejected tokens) are dropped.
   Status truncate(int64_t seq, int32_t n_tokens);
 
   // `tokens` are the sequence's tokens so far (size <= length, all
@@ -166,7 +175,12 @@ class KvManager {
     int32_t n_tokens = 0;
     int32_t n_prompt = 0;
     int32_t restore = -1;               // pending checkpoint restore
+    bool restore_pinned = false;        // restore is a prefix checkpoint pinned by truncate()
     std::vector<CheckpointSave> saves;  // of the planned step
+    // The last append's drafts: verify_states[j] holds the state after
+    // position verify_from + j (append()).
+    int32_t verify_from = 0;
+    std::vector<int32_t> verify_states;
     std::vector<Group> groups;
   };
 
@@ -181,6 +195,8 @@ class KvManager {
   // Whether the boundary after block k (1-based count of full blocks) gets a checkpoint.
   bool wants_checkpoint(const Sequence& s, int32_t k) const;
   void plan_checkpoints(Sequence& s, int32_t n_before);
+  void plan_verify_saves(Sequence& s, int32_t n_draft);
+  void clear_restore(Sequence& s);
   void move_duplicate_checkpoints(const Group& grp, uint64_t gns, std::span<const int32_t> tokens, int32_t first,
                                   int32_t end);
 

@@ -22,11 +22,13 @@ void StateSlot::release() {
   slot_ = -1;
 }
 
-StatePool::StatePool(int32_t n_slots, int32_t n_checkpoints)
+StatePool::StatePool(int32_t n_slots, int32_t n_checkpoints, int32_t n_spec_states)
     : leased_(static_cast<size_t>(n_slots), 0),
       ckpt_block_(static_cast<size_t>(n_checkpoints), -1),
-      ckpt_stamp_(static_cast<size_t>(n_checkpoints), 0) {
-  assert(n_slots >= 0 && n_checkpoints >= 0);
+      ckpt_stamp_(static_cast<size_t>(n_checkpoints), 0),
+      ckpt_pinned_(static_cast<size_t>(n_checkpoints), 0),
+      n_spec_states_(n_spec_states) {
+  assert(n_slots >= 0 && n_checkpoints >= 0 && n_spec_states >= 0);
   // Stack order: slot 0 is handed out first.
   for (int32_t s = n_slots - 1; s >= 0; --s) free_.push_back(s);
 }
@@ -57,6 +59,7 @@ Result<int32_t> StatePool::take_checkpoint(int32_t block, uint64_t keep_since) {
   // O(n) over checkpoint slots: taken once per checkpointed block, not per token.
   int32_t pick = -1;
   for (int32_t c = 0; c < n_checkpoints(); ++c) {
+    if (ckpt_pinned_[c]) continue;  // even when its block lost it: a restore still reads it
     if (ckpt_block_[c] < 0) {
       pick = c;
       break;

@@ -13,6 +13,11 @@
 // before its block id holds other tokens, otherwise the id would resolve to
 // a stale state (the KvManager drops it when the id is allocated again).
 //
+// Speculative decoding on a hybrid model: each live slot also owns
+// n_spec_states "verify states" (checkpoint ids after the prefix cache's,
+// spec_state()), where a verify step saves the state after each of its
+// positions but the last, so a rejection restores the accepted one.
+//
 // Not thread-safe (engine thread). Neither copyable nor movable: StateSlot
 // leases point to the pool, which must outlive them.
 #include <cstdint>
@@ -50,8 +55,9 @@ class StateSlot {
 
 class StatePool {
  public:
-  // n_slots >= 0 live slots, n_checkpoints >= 0 checkpoint slots.
-  StatePool(int32_t n_slots, int32_t n_checkpoints);
+  // n_slots >= 0 live slots, n_checkpoints >= 0 checkpoint slots (the
+  // prefix cache's), n_spec_states >= 0 verify states per live slot.
+  StatePool(int32_t n_slots, int32_t n_checkpoints, int32_t n_spec_states = 0);
   StatePool(const StatePool&) = delete;
   StatePool& operator=(const StatePool&) = delete;
 
@@ -84,6 +90,15 @@ class StatePool {
   void move_checkpoint(int32_t from, int32_t to);
 
   int32_t n_checkpoints() const { return static_cast<int32_t>(ckpt_block_.size()); }
+  // Verify state j of live slot `slot`: a checkpoint id past the prefix
+  // cache's (the model's pool holds them there, ModelOptions::n_spec_states).
+  int32_t n_spec_states() const { return n_spec_states_; }
+  int32_t spec_state(int32_t slot, int32_t j) const { return n_checkpoints() + slot * n_spec_states_ + j; }
+  // Every checkpoint id a restore or save may name.
+  int32_t n_state_ids() const { return n_checkpoints() + n_slots() * n_spec_states_; }
+  // A pinned checkpoint is never recycled by take_checkpoint() (a pending
+  // restore of a rolled-back verify reads it in the next step).
+  void set_pinned(int32_t checkpoint, bool pinned) { ckpt_pinned_[static_cast<size_t>(checkpoint)] = pinned; }
   int32_t n_checkpoints_used() const { return static_cast<int32_t>(ckpt_of_block_.size()); }
 
   // Verifies: free list and leased flags agree, no duplicates; the
@@ -98,8 +113,10 @@ class StatePool {
   std::vector<int32_t> free_;         // stack of free live slots
   std::vector<int32_t> ckpt_block_;   // by checkpoint; -1 = free
   std::vector<uint64_t> ckpt_stamp_;  // last take/find time
+  std::vector<uint8_t> ckpt_pinned_;  // by checkpoint
   std::unordered_map<int32_t, int32_t> ckpt_of_block_;
   uint64_t clock_ = 0;
+  int32_t n_spec_states_ = 0;
 };
 
 }  // namespace rill

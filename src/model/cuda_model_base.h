@@ -200,6 +200,7 @@ class CudaModelBase : public Model {
   // The recurrent-state pool's (families that create_states()).
   int32_t n_state_slots() const override { return states_ ? states_->n_slots() : 0; }
   int32_t n_state_checkpoints() const override { return states_ ? states_->n_checkpoints() : 0; }
+  int32_t n_spec_states() const override { return states_ ? states_->n_spec_states() : 0; }
   size_t state_bytes() const override { return states_ ? states_->state_bytes() : 0; }
   std::vector<std::vector<StateTensor>> state_layers() const override {
     return states_ ? states_->state_layers() : std::vector<std::vector<StateTensor>>{};

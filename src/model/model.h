@@ -55,6 +55,15 @@ struct ModelOptions {
   // as large as a live state, see Model::state_bytes()) for prefix caching;
   // -1: as many as live state slots; 0: no checkpoints (no hybrid prefix reuse).
   int n_state_checkpoints = -1;
+  // Models with recurrent layers under speculative decoding: verify states
+  // per live slot (the state after each verified position but the last, so
+  // a rejected draft rolls back; kv/state_pool.h), checkpoint ids after the
+  // n_state_checkpoints ones. The engine needs its --spec-tokens of them.
+  int n_spec_states = 0;
+  // Models with recurrent layers: live state slots when > 0 (the most
+  // requests that run at once), else max_batch_seqs (which speculation
+  // raises to cover every draft's logit row, not more sequences).
+  int n_state_slots = 0;
   // Tensor parallelism: the model split over this many ranks (see
   // model/tensor_split.h), each holding its share of the weights and KV
   // heads. kCpu: simulated ranks in one process (SimulatedGroup), the
@@ -118,7 +127,8 @@ class Model {
   // checkpoint slots (Batch::state_restore / state_saves) and the bytes of
   // one state (every recurrent layer's conv + recurrent state).
   virtual int32_t n_state_slots() const { return 0; }
-  virtual int32_t n_state_checkpoints() const { return 0; }
+  virtual int32_t n_state_checkpoints() const { return 0; }  // the verify states included
+  virtual int32_t n_spec_states() const { return 0; }        // per live slot (ModelOptions::n_spec_states)
   virtual size_t state_bytes() const { return 0; }
 
   // Computes the batch and writes one row of n_vocab logits per sample row:

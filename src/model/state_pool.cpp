@@ -16,8 +16,10 @@ Result<StatePool> StatePool::create(Backend& b, int64_t n_layers, std::vector<Mo
     p.layer_floats_ += n;
   }
   p.state_stride_ = n_layers * p.layer_floats_;
-  p.n_slots_ = std::max(max_seqs, std::max(1, options.n_kv_slots));
+  p.n_slots_ = std::max(options.n_state_slots > 0 ? options.n_state_slots : max_seqs, std::max(1, options.n_kv_slots));
   p.n_checkpoints_ = options.n_state_checkpoints < 0 ? p.n_slots_ : options.n_state_checkpoints;
+  p.n_spec_states_ = std::max(0, options.n_spec_states);
+  p.n_checkpoints_ += p.n_slots_ * p.n_spec_states_;
   const size_t n_states = static_cast<size_t>(p.n_slots_) + static_cast<size_t>(p.n_checkpoints_) + 1;  // + scratch
   size_t total = 0;
   if (n_layers <= 0 || p.layer_floats_ <= 0 || p.n_checkpoints_ < 0 ||

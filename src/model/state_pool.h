@@ -28,14 +28,17 @@ namespace rill {
 
 class StatePool {
  public:
-  // Live slots: at least max_seqs and options.n_kv_slots; checkpoints:
-  // options.n_state_checkpoints, as many as slots when negative. The
+  // Live slots: at least options.n_state_slots (max_seqs when 0) and
+  // options.n_kv_slots; checkpoints:
+  // options.n_state_checkpoints, as many as slots when negative, then
+  // options.n_spec_states per slot. The
   // memory comes from b.allocate() (zeroed). Errors name the sizes.
   static Result<StatePool> create(Backend& b, int64_t n_layers, std::vector<Model::StateTensor> layer_tensors,
                                   int32_t max_seqs, const ModelOptions& options);
 
   int32_t n_slots() const { return n_slots_; }
-  int32_t n_checkpoints() const { return n_checkpoints_; }
+  int32_t n_checkpoints() const { return n_checkpoints_; }  // the prefix cache's, then the verify states
+  int32_t n_spec_states() const { return n_spec_states_; }  // verify states per live slot
   int32_t scratch_id() const { return n_slots_ + n_checkpoints_; }
   int64_t n_layers() const { return n_layers_; }
   // Bytes of one state (every layer).
@@ -72,7 +75,7 @@ class StatePool {
 
   Buffer buf_;
   std::vector<Model::StateTensor> tensors_;
-  int32_t n_slots_ = 0, n_checkpoints_ = 0;
+  int32_t n_slots_ = 0, n_checkpoints_ = 0, n_spec_states_ = 0;
   int64_t n_layers_ = 0, layer_floats_ = 0, state_stride_ = 0;
 };
 

@@ -7,7 +7,10 @@
 //     continuation with --spec ngram, and prompts that repeat themselves
 //     (drafts proposed, mostly rejected) give the tokens they give without
 //     speculation, alone and batched;
-//  2. the default model on an edit prompt (drafts mostly held): greedy and
+//     the hybrid qwen3-next included (its recurrent state rolled back);
+//  2. the draft-model speculator (llama goldens): the same output, a self
+//     draft accepted throughout;
+//  3. the default model on an edit prompt (drafts mostly held): greedy and
 //     seeded output the same with and without speculation.
 // Skipped without a CUDA device or the model files.
 #include <filesystem>
@@ -66,13 +69,44 @@ TEST_P(CudaSpeculative, GreedyOutputIsTheSameWithAndWithout) {
   EXPECT_EQ((*on)->stats().integrity_errors, 0) << (*on)->stats().last_integrity_error;
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, CudaSpeculative, ::testing::Values("llama", "gemma2", "qwen3-moe"),
+INSTANTIATE_TEST_SUITE_P(Families, CudaSpeculative, ::testing::Values("llama", "gemma2", "qwen3-moe", "qwen3-next"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
                          });
+
+// The draft-model speculator on the device: the llama golden drafting for
+// itself is accepted throughout (batch-invariant rows), a llama draft for
+// llama3-tied (same vocabulary, other weights) is rejected, and the
+// target's greedy output is the same either way.
+TEST(CudaSpeculativeDraft, OutputIsTheSameAndASelfDraftIsAccepted) {
+  RILL_REQUIRE_GPU();
+  const std::string llama = test::hf_golden_dir("llama"), tied = test::hf_golden_dir("llama3-tied");
+  if (!test::has_hf_golden(llama) || !test::has_hf_golden(tied)) GTEST_SKIP() << "llama goldens not found";
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  for (const auto& [target, draft] : {std::pair{llama, llama}, std::pair{tied, llama}}) {
+    auto on = Engine::load(target, cuda_options("draft=" + draft));
+    auto off = Engine::load(target, cuda_options("off"));
+    ASSERT_TRUE(on.ok()) << on.error().message;
+    ASSERT_TRUE(off.ok()) << off.error().message;
+    const test::HfGolden g = test::read_hf_golden(target);
+    const auto prompts = test::prompts_from(g.prompt_ids);
+    const auto want = test::generate_all(**off, prompts, greedy, false, 1, 24);
+    EXPECT_EQ(test::generate_all(**on, prompts, greedy, false, 1, 24), want) << target;
+    EXPECT_EQ(test::generate_all(**on, prompts, greedy, true, 2, 24), want) << target << " batched";
+    const EngineStats st = (*on)->stats();
+    EXPECT_GT(st.spec_draft_tokens, 0) << target;
+    if (target == draft) {
+      EXPECT_EQ(st.spec_accepted_tokens, st.spec_draft_tokens) << "a model drafting for itself";
+    } else {
+      EXPECT_LT(st.spec_accepted_tokens, st.spec_draft_tokens) << "another model's drafts";
+    }
+    EXPECT_EQ(st.integrity_errors, 0) << st.last_integrity_error;
+  }
+}
 
 TEST(CudaSpeculativeDefaultModel, EditOutputIsTheSameWithAndWithout) {
   RILL_REQUIRE_GPU();

@@ -22,7 +22,7 @@ namespace {
 
 std::vector<int32_t> propose(Speculator& s, const std::vector<int32_t>& tokens, int32_t k) {
   std::vector<int32_t> out;
-  s.propose(tokens, k, out);
+  s.propose(0, tokens, k, out);
   return out;
 }
 

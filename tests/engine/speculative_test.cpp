@@ -28,7 +28,7 @@ namespace {
 
 std::vector<int32_t> propose(NgramSpeculator& s, const std::vector<int32_t>& tokens, int32_t k) {
   std::vector<int32_t> out;
-  s.propose(tokens, k, out);
+  s.propose(0, tokens, k, out);
   return out;
 }
 
@@ -55,9 +55,12 @@ TEST(MakeSpeculator, NamesWhatItAccepts) {
   auto ngram = make_speculator("ngram");
   ASSERT_TRUE(ngram.ok());
   EXPECT_STREQ(ngram.value()->name(), "ngram");
-  auto draft = make_speculator("draft=models/x.gguf");
+  auto draft = make_speculator("draft=models/x.gguf");  // no target model
   ASSERT_FALSE(draft.ok());
-  EXPECT_NE(draft.error().message.find("not implemented"), std::string::npos);
+  EXPECT_NE(draft.error().message.find("target"), std::string::npos);
+  auto mtp = make_speculator("mtp");
+  ASSERT_FALSE(mtp.ok());
+  EXPECT_NE(mtp.error().message.find("not implemented"), std::string::npos);
   auto bad = make_speculator("eagle");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("eagle"), std::string::npos);

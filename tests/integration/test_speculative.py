@@ -5,7 +5,8 @@ Anthropic messages); usage reports the drafts that held and did not
 request's "speculative": false opts out (no drafts, same output); a
 non-boolean "speculative" is a 400 naming it (chat, completions,
 messages, responses); /metrics counts the drafts
-per speculator."""
+per speculator; `--spec draft=PATH` (the default model drafting for
+itself) gives the same output."""
 import json
 import urllib.error
 import urllib.request
@@ -136,6 +137,21 @@ def test_unknown_speculator_refuses_to_start():
         pytest.skip("no model")
     with pytest.raises(RuntimeError):
         Server("--spec", "draft=missing.gguf").stop()
+
+
+def test_draft_model_speculator(servers):
+    # The default model drafting for itself (`--spec draft=PATH`): the same
+    # output, its drafts held, /metrics labelled "draft".
+    _, off = servers
+    on = Server("--spec", f"draft={MODEL}", "--spec-tokens", "4", "--ctx-size", "1024", "--kv-cache-mb", "64")
+    try:
+        a, b = chat(on), chat(off)
+        assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+        assert a["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+        with urllib.request.urlopen(on.base + "/metrics", timeout=10) as r:
+            assert 'rill_spec_draft_tokens_total{speculator="draft"}' in r.read().decode()
+    finally:
+        on.stop()
 
 
 def test_logprobs_stop_strings_and_max_tokens_as_without(servers):

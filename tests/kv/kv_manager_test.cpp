@@ -14,10 +14,10 @@ namespace {
 // One pool + tree + state pool + manager, as the engine wires them.
 struct Rig {
   Rig(KvSpec spec, int32_t n_blocks, int32_t block_size, int32_t n_slots = 0, int32_t n_checkpoints = 2,
-      int32_t checkpoint_every = 8)
+      int32_t checkpoint_every = 8, int32_t n_spec_states = 0)
       : pool(n_blocks, block_size),
         tree(pool),
-        states(n_slots, n_checkpoints),
+        states(n_slots, n_checkpoints, n_spec_states),
         kv(std::move(spec), pool, tree, states, checkpoint_every) {}
   void expect_ok() const {
     Status s = kv.check_integrity();
@@ -301,6 +301,65 @@ TEST(KvManager, HybridPrefixesResumeAtCheckpointedBoundaries) {
   ASSERT_TRUE(adm.ok());
   EXPECT_EQ(adm->n_cached_tokens, 0);
   EXPECT_EQ(adm->state_restore, -1);
+  r.expect_ok();
+}
+
+// Speculative decoding on a hybrid: a verify step saves the state after
+// the owed token and each draft but the last (a position with a prefix
+// checkpoint save reuses it); truncate() makes the accepted one the pending
+// restore, pins it while it is a prefix checkpoint, and drops the
+// checkpoints of blocks that saw rejected tokens.
+TEST(KvManager, VerifyStatesRollTheRecurrentStateBack) {
+  Rig r({full(), recurrent()}, 16, 4, 2, 2, 2, 3);  // prefix checkpoints every 2nd block, 3 verify states
+  const auto toks = iota(10);
+  const auto first = [&](int32_t n) { return std::span<const int32_t>(toks).first(static_cast<size_t>(n)); };
+  r.kv.begin_step();
+  ASSERT_TRUE(r.kv.admit(1, 0, first(6)).ok());
+  ASSERT_TRUE(r.kv.append(1, 6).ok());
+  ASSERT_TRUE(r.kv.commit_full_blocks(1, first(6)).ok());
+  const int32_t slot = r.kv.state_slot(1, 1);
+
+  // Owed token at 6, drafts at 7..9: states after 6, 7 and 8 are saved; 7
+  // ends block 1, whose prefix checkpoint is the one save there.
+  r.kv.begin_step();
+  EXPECT_FALSE(r.kv.append(1, 5, 4).ok()) << "more drafts than verify states";
+  ASSERT_TRUE(r.kv.append(1, 4, 3).ok());
+  auto s = saves(r.kv, 1);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].pos, 6);
+  EXPECT_EQ(s[0].checkpoint, r.states.spec_state(slot, 0));
+  EXPECT_EQ(s[1].pos, 7);
+  EXPECT_LT(s[1].checkpoint, r.states.n_checkpoints());  // the prefix checkpoint of block 1
+  EXPECT_EQ(s[2].pos, 8);
+  EXPECT_EQ(s[2].checkpoint, r.states.spec_state(slot, 2));
+  r.expect_ok();
+  ASSERT_TRUE(r.kv.commit_full_blocks(1, first(7)).ok());  // drafts are not committed
+  EXPECT_FALSE(r.kv.truncate(1, 6).ok()) << "the state after position 5 was not saved";
+  // One draft held: 8 tokens, the state after position 7 (a prefix checkpoint, pinned).
+  ASSERT_TRUE(r.kv.commit_full_blocks(1, first(8)).ok());
+  ASSERT_TRUE(r.kv.truncate(1, 8).ok());
+  EXPECT_EQ(r.kv.state_restore(1), s[1].checkpoint);
+  r.expect_ok();
+  r.kv.begin_step();
+  for (int32_t b = 100; b < 104; ++b) EXPECT_NE(r.states.take_checkpoint(b).value(), s[1].checkpoint);
+  ASSERT_TRUE(r.kv.append(1, 1).ok());
+  ASSERT_TRUE(r.kv.commit_full_blocks(1, first(9)).ok());  // the step that read the restore ran: unpinned
+  EXPECT_EQ(r.kv.state_restore(1), -1);
+
+  // Next round: owed token at 9, drafts at 10, 11 (none held): the state after 9.
+  r.kv.begin_step();
+  ASSERT_TRUE(r.kv.truncate(1, 9).ok());  // nothing to roll back
+  ASSERT_TRUE(r.kv.append(1, 3, 2).ok());
+  r.kv.begin_step();
+  ASSERT_TRUE(r.kv.commit_full_blocks(1, first(10)).ok());
+  const int32_t block2 = r.kv.block_table(1)[2];
+  ASSERT_TRUE(r.states.take_checkpoint(block2).ok());  // as if position 11 had ended a checkpointed block
+  ASSERT_TRUE(r.kv.truncate(1, 10).ok());
+  EXPECT_EQ(r.kv.state_restore(1), r.states.spec_state(slot, 0));
+  EXPECT_FALSE(r.states.checkpoint_of(block2).has_value()) << "a checkpoint after rejected tokens survived";
+  EXPECT_EQ(r.kv.length(1), 10);
+  r.expect_ok();
+  r.kv.release(1);
   r.expect_ok();
 }
 
