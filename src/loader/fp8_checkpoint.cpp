@@ -287,7 +287,10 @@ Result<Fp8Weights> read_fp8_weights(const SafetensorsCheckpoint& ck, const Fp8Sc
   for (const auto& [name, loc] : ck.tensors) {
     const SafetensorsTensor& t = tensor_at(loc);
     const std::string& file = ck.file_paths[loc.first];
-    auto bad = [&](const std::string& what) { return Error{file + ": tensor '" + name + "' " + what}; };
+    // A named copy: clang 14 cannot capture a structured binding in a lambda.
+    auto bad = [&, &tensor = name](const std::string& what) {
+      return Error{file + ": tensor '" + tensor + "' " + what};
+    };
     if (ends_with(name, ".input_scale")) {
       return bad("is a static input scale; only dynamic activation quantization is supported");
     }
