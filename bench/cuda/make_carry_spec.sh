@@ -18,7 +18,7 @@ SHARED=${RILL_SHARED_DIR:-/work/shared}
 rm -rf "$D" && mkdir -p "$D/bin" "$D/lib" "$D/bench" "$D/shared/goldens/hf" "$D/shared/tools" "$D/shared/tokenizers"
 TESTS=${TESTS:-$(cd "$B/tests" && ls test_cuda_* | grep -v -E "cmake|_tp_test|nccl_group")}
 for t in $TESTS; do cp "$B/tests/$t" "$D/bin/"; done
-cp "$B/rill" "$D/bin/"
+[ -n "${NO_RILL:-}" ] || cp "$B/rill" "$D/bin/"
 strip "$D"/bin/*
 (cd "$D" && tar cJf bin.tar.xz bin && rm -rf bin)
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0 libspdlog.so.1.10 libfmt.so.9; do cp -L /lib/x86_64-linux-gnu/$l "$D/lib/"; done
