@@ -19,7 +19,10 @@
 //    not multiples of 32: every id equals the host Sampler's under the
 //    same mask (Sampler::reference_draw), kept sets and probabilities as
 //    the host's; and the model's forward_greedy / forward_sample with a
-//    step's masks give the host's draws from forward()'s logits.
+//    step's masks give the host's draws from forward()'s logits; on the
+//    default model (batch-invariant, so a row's logits do not depend on
+//    the path), constrained requests give the same tokens drawn on the
+//    device as sampled on the host.
 // Skipped without a CUDA device. DISABLED_KernelTimes prints the kernel's
 // time at a 128k vocabulary (run with --gtest_also_run_disabled_tests).
 #include <gtest/gtest.h>
@@ -28,6 +31,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
 
@@ -38,6 +43,8 @@
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
+#include "text/grammar/grammar_cache.h"
+#include "text/grammar/json_schema_grammar.h"
 
 namespace rill {
 namespace {
@@ -497,6 +504,95 @@ TEST(CudaSampling, ModelDrawsUnderAStepsMasksAsTheHost) {
   const std::vector<int32_t> bad = {-1, 0, 1, -1, 2, 4};
   EXPECT_FALSE(model.forward_greedy(b, TokenMasks{bad.data(), words.data(), 4, n_words}, greedy.data()).ok());
   EXPECT_FALSE(model.forward_greedy(b, TokenMasks{row_mask.data(), words.data(), 4, n_words + 1}, greedy.data()).ok());
+}
+
+std::shared_ptr<const grammar::CompiledGrammar> compile(const std::string& gbnf) {
+  auto g = grammar::GrammarCache::shared().get(gbnf);
+  EXPECT_TRUE(g.ok()) << g.error().message;
+  return g.ok() ? *g : nullptr;
+}
+
+struct Finished {
+  std::vector<int32_t> ids;
+  FinishReason reason = FinishReason::kError;
+  std::string error;
+};
+
+// Submits every request at once and waits for all.
+std::vector<Finished> run_together(Engine& e, const std::vector<GenerationRequest>& requests) {
+  std::vector<RequestHandle> hs;
+  for (const GenerationRequest& r : requests) {
+    auto h = e.submit(r);
+    EXPECT_TRUE(h.ok()) << h.error().message;
+    if (h.ok()) hs.push_back(std::move(h).value());
+  }
+  std::vector<Finished> out;
+  for (RequestHandle& h : hs) {
+    Finished f;
+    GenerationEvent ev;
+    while (h.next(ev)) {
+      f.ids.insert(f.ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+      if (ev.finished) f.reason = ev.finish_reason, f.error = ev.error;
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+TEST(CudaSampling, ConstrainedRequestsDrawOnTheDeviceAsOnTheHost) {
+  RILL_REQUIRE_GPU();
+  const char* env = std::getenv("RILL_MODEL_DIR");
+  const std::string path = std::string(env ? env : RILL_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found";
+  EngineOptions o;
+  o.device = Device::kCuda;
+  o.batch_invariant = true;  // a row's logits do not depend on what shares its step
+  o.n_ctx = 256;
+  o.max_batch_tokens = 128;
+  o.max_running = 8;
+  o.kv_cache_mb = 32;
+  o.check_integrity = true;
+  auto engine = Engine::load(path, o);
+  ASSERT_TRUE(engine.ok()) << engine.error().message;
+  auto schema = grammar::json_schema_to_gbnf(nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}, "ok": {"type": "boolean"}},
+      "required": ["name", "n", "ok"], "additionalProperties": false})"));
+  ASSERT_TRUE(schema.ok()) << schema.error().message;
+  auto choice = grammar::choice_gbnf({"yes", "no", "maybe later"});
+  ASSERT_TRUE(choice.ok());
+  const std::vector<std::shared_ptr<const grammar::CompiledGrammar>> grammars = {
+      compile(*schema), compile(grammar::json_object_gbnf()), compile(*choice), nullptr};
+  std::vector<GenerationRequest> device;
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r;
+    for (int t = 0; t < 6 + i; ++t) r.prompt.push_back(1 + (t * 211 + i * 97) % 4000);
+    r.max_tokens = 40;
+    r.grammar = grammars[static_cast<size_t>(i) % grammars.size()];
+    r.sampling.temperature = i < 4 ? 0.0f : 0.9f;  // a greedy set (forward_greedy) and a seeded set
+    r.sampling.top_p = i == 5 ? 0.9f : 1.0f;
+    r.sampling.top_k = i == 6 ? 30 : 0;
+    r.sampling.seed = 300 + static_cast<uint64_t>(i);
+    device.push_back(std::move(r));
+  }
+  // Logprobs keep a request's rows on the host sampler (the token does not
+  // depend on them): the host side of the comparison.
+  std::vector<GenerationRequest> host = device;
+  for (GenerationRequest& r : host) r.logprobs = 0;
+  for (size_t half : {size_t{0}, size_t{4}}) {
+    const std::vector<GenerationRequest> d(device.begin() + half, device.begin() + half + 4);
+    const std::vector<GenerationRequest> h(host.begin() + half, host.begin() + half + 4);
+    const auto got = run_together(**engine, d);
+    const auto want = run_together(**engine, h);
+    ASSERT_EQ(got.size(), 4u);
+    ASSERT_EQ(want.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(got[i].ids, want[i].ids) << "request " << half + i;
+      EXPECT_EQ(got[i].reason, want[i].reason) << "request " << half + i << ": " << got[i].error;
+      EXPECT_NE(want[i].reason, FinishReason::kError) << want[i].error;
+      EXPECT_FALSE(got[i].ids.empty());
+    }
+  }
+  EXPECT_EQ((*engine)->stats().integrity_errors, 0) << (*engine)->stats().last_integrity_error;
 }
 
 TEST(CudaSampling, DISABLED_KernelTimes) {
