@@ -532,7 +532,7 @@ int run(int argc, char** argv) {
         const bool profiled = profile_batch > 0 && step == 4;
         if (profiled) cudaProfilerStart();
         const auto t0 = Clock::now();
-        auto st = greedy ? m.forward_greedy(b, ids.data()) : m.forward(b, logits.data());
+        auto st = greedy ? m.forward_greedy(b, TokenMasks{}, ids.data()) : m.forward(b, logits.data());
         if (!st.ok()) {
           std::fprintf(stderr, "decode: %s\n", st.error().message.c_str());
           return 1;

@@ -37,6 +37,29 @@ struct DeviceSamplingParams {
   uint64_t counter = 0;
 };
 
+// A step's token masks (constrained decoding) for the draws where the model
+// runs: sample row i draws only among the tokens its mask allows, as if
+// every other logit were -inf (the host Sampler's token mask). Only masked
+// rows have a mask: row_mask[i] is the row's index into `words`, or -1.
+// Mask m is words[m * n_words, (m + 1) * n_words): token t is allowed iff
+// bit t % 32 of word t / 32 is set (n_words = ceil(n_vocab / 32)).
+// n_masked == 0: no row is masked (row_mask and words may be null), and the
+// model does nothing for masks (no upload, no kernel).
+struct TokenMasks {
+  const int32_t* row_mask = nullptr;  // [n_sample]
+  const uint32_t* words = nullptr;    // [n_masked, n_words]
+  int32_t n_masked = 0;
+  int64_t n_words = 0;
+  bool empty() const { return n_masked == 0; }
+};
+
+RILL_HD int64_t token_mask_words(int64_t n_vocab) {
+  return (n_vocab + 31) / 32;
+}
+RILL_HD bool token_mask_allows(const uint32_t* mask, int64_t id) {
+  return (mask[id >> 5] >> (id & 31)) & 1u;
+}
+
 // The draw is an argmax over the logits (lowest id on ties) and consumes no
 // random number: tiny, negative or non-finite temperatures (1/T would
 // overflow) or top_k == 1.

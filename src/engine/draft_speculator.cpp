@@ -106,7 +106,7 @@ int32_t DraftModelSpeculator::run(uint64_t seq, const int32_t* ids, int32_t n, i
     kv_.append_block_table(id, static_cast<int32_t>(g), batch_.group_tables[g - 1]);
   int32_t next = -1;
   if (model_->has_forward_greedy()) {
-    if (!model_->forward_greedy(batch_, &next).ok()) return -1;
+    if (!model_->forward_greedy(batch_, TokenMasks{}, &next).ok()) return -1;
     return next;
   }
   if (!model_->forward(batch_, logits_.data()).ok()) return -1;

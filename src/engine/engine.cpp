@@ -421,11 +421,13 @@ void EngineImpl::run_step() {
   // Steps whose every sampling row can be drawn where the model runs take
   // only token ids from the model (on a GPU the logit rows never cross to
   // the host): an argmax when every row is plain greedy, else a draw under
-  // each row's parameters, which gives the token the Sampler would. A row
-  // with logprobs, logit bias, penalties or a grammar (its token mask)
-  // needs its logits here, and then the whole step samples here; the other
-  // rows draw the token the device would (the shared rule of
-  // backend/sampling.h), so their output does not depend on the batch.
+  // each row's parameters, which gives the token the Sampler would; a
+  // constrained row draws there under its token mask. A row with logprobs,
+  // logit bias, penalties, a thinking budget or a grammar and drafts (each
+  // draft's mask follows the drafts before it) needs its logits here, and
+  // then the whole step samples here; the other rows draw the token the
+  // device would (the shared rule of backend/sampling.h), so their output
+  // does not depend on the batch.
   bool all_greedy = true, all_device = true, has_drafts = false;
   for (const ScheduledChunk& c : plan.chunks) {
     has_drafts = has_drafts || c.n_draft > 0;
@@ -433,7 +435,8 @@ void EngineImpl::run_step() {
     if (r.n_scored_rows(c.n_tokens) > 0) all_device = false;  // scored prompt rows are logits
     if (r.params.embed) all_device = false;                   // pooled rows come back with the logits
     if (!c.samples || r.params.prompt_only || r.params.embed) continue;
-    all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits() && !r.matcher &&
+    all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits() &&
+                 !(r.grammar_applies() && c.n_draft > 0) &&
                  r.params.thinking.budget < 0;  // a spent budget forces a token here
     all_greedy = all_greedy && r.sampler->is_plain_greedy();
   }
@@ -443,6 +446,7 @@ void EngineImpl::run_step() {
   } else if (all_device && !has_drafts && model_->has_forward_sample()) {
     ids = StepIds::kSample;
   }
+  if (ids != StepIds::kHost && !fill_device_masks(plan)) ids = StepIds::kHost;
   const int32_t n_step_tokens = plan.n_tokens;  // finish() edits the plan's chunks
   Status st = runner_.run(plan, ids);
   if (st.ok()) st = scheduler_.step_computed();
@@ -585,15 +589,30 @@ void EngineImpl::score_prompt(Request& r, const ModelRunner::ChunkRows& rows) {
   r.n_prompt_scored = from + rows.n_scored;
 }
 
-bool EngineImpl::fill_grammar_mask(Request& r) {
+bool EngineImpl::fill_mask(Request& r, bool& complete) {
   // A mask the parse-stack bounds cut (fill_mask false) still allows only
   // tokens that keep to the grammar: generation goes on with those.
-  const bool complete = r.matcher->fill_mask(r.mask);
+  complete = r.matcher->fill_mask(r.mask);
   if (r.think == Request::Think::kMaybe) {  // the first token may open the thinking block instead
     const auto open = static_cast<size_t>(r.params.thinking.open);
     if (open / 64 < r.mask.size()) r.mask[open / 64] |= uint64_t{1} << (open % 64);
   }
-  if (std::any_of(r.mask.begin(), r.mask.end(), [](uint64_t w) { return w != 0; })) return true;
+  return std::any_of(r.mask.begin(), r.mask.end(), [](uint64_t w) { return w != 0; });
+}
+
+bool EngineImpl::fill_device_masks(const StepPlan& plan) {
+  for (const ScheduledChunk& c : plan.chunks) {
+    Request& r = *c.request;
+    if (!c.samples || r.params.prompt_only || r.params.embed || !r.grammar_applies()) continue;
+    bool complete = true;
+    if (!fill_mask(r, complete)) return false;
+  }
+  return true;
+}
+
+bool EngineImpl::fill_grammar_mask(Request& r) {
+  bool complete = true;
+  if (fill_mask(r, complete)) return true;
   finish(r, FinishReason::kError, GenerationEvent{},
          complete ? "grammar: no token of the vocabulary can continue the output here"
                   : "grammar: too ambiguous (the matcher's parse-stack bounds were reached)");

@@ -66,6 +66,14 @@ class EngineImpl final : public Engine {
   // Fills r's token mask for this step; false (r finished with an error)
   // when the grammar allows no token here.
   bool fill_grammar_mask(Request& r);
+  // fill_grammar_mask without the finish: false when the mask allows no
+  // token (`complete`: the matcher's parse-stack bounds were not reached).
+  static bool fill_mask(Request& r, bool& complete);
+  // Before a kGreedy / kSample step: fills the mask of every sampling chunk
+  // whose grammar applies (ModelRunner hands them to the model). False when
+  // one allows no token: the step then samples on the host, where
+  // pick_token ends that request exactly as a host step would.
+  bool fill_device_masks(const StepPlan& plan);
   // Appends the sampled token `id` (with its logprobs when the request asked
   // for them) to r and to `event`; finishes r when it stops.
   // Moves r.think past token id (GenerationRequest::Thinking).

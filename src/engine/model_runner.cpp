@@ -3,6 +3,22 @@
 #include <cassert>
 
 namespace rill {
+namespace {
+
+// A Request::mask (64-bit words over the tokenizer's vocabulary) as one
+// TokenMasks mask over the model's n_vocab tokens: a token past either
+// vocabulary's end is not allowed.
+void pack_mask(std::span<const uint64_t> mask, int64_t n_vocab, uint32_t* out) {
+  const int64_t n_words = token_mask_words(n_vocab);
+  for (int64_t w = 0; w < n_words; ++w) {
+    const auto m = static_cast<size_t>(w / 2);
+    const uint64_t bits = m < mask.size() ? mask[m] : 0;
+    out[w] = static_cast<uint32_t>(w % 2 ? bits >> 32 : bits);
+  }
+  if (n_vocab % 32 != 0) out[n_words - 1] &= (uint32_t{1} << (n_vocab % 32)) - 1;
+}
+
+}  // namespace
 
 ModelRunner::ModelRunner(Model& model, const KvManager& kv) : model_(model), kv_(kv) {
   const size_t n_groups = model_.kv_spec().size();
@@ -16,7 +32,9 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
   batch_.clear();
   rows_.clear();
   chunk_rows_.clear();
-  int32_t n_sample = 0;
+  row_masks_.clear();
+  int32_t n_sample = 0, n_masked = 0;
+  const int64_t n_words = token_mask_words(model_.n_vocab());
   const auto n_groups = static_cast<int32_t>(model_.kv_spec().size());
   for (const ScheduledChunk& c : plan.chunks) {
     const Request& r = *c.request;
@@ -55,11 +73,25 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
     }
     n_sample += rows.n_scored + (rows.samples ? 1 + rows.n_draft : 0);
     if (mode == StepIds::kSample && rows.samples) rows_.push_back(c.request->sampler->take_device_draw());
+    if (mode != StepIds::kHost && rows.samples) {
+      const bool masked = r.grammar_applies();
+      assert(!masked || rows.n_draft == 0);
+      row_masks_.push_back(masked ? n_masked : -1);
+      row_masks_.insert(row_masks_.end(), static_cast<size_t>(rows.n_draft), -1);
+      if (masked) {
+        mask_words_.resize(static_cast<size_t>((n_masked + 1) * n_words));
+        pack_mask(r.mask, model_.n_vocab(), mask_words_.data() + n_masked * n_words);
+        ++n_masked;
+      }
+    }
   }
   if (mode != StepIds::kHost) {
     if (ids_.size() < static_cast<size_t>(n_sample)) ids_.resize(static_cast<size_t>(n_sample));
-    if (mode == StepIds::kGreedy) return model_.forward_greedy(batch_, ids_.data());
-    return model_.forward_sample(batch_, rows_.data(), ids_.data());
+    // Only constrained rows carry a mask; a step without any passes none.
+    const TokenMasks masks =
+        n_masked > 0 ? TokenMasks{row_masks_.data(), mask_words_.data(), n_masked, n_words} : TokenMasks{};
+    if (mode == StepIds::kGreedy) return model_.forward_greedy(batch_, masks, ids_.data());
+    return model_.forward_sample(batch_, rows_.data(), masks, ids_.data());
   }
   const size_t need = static_cast<size_t>(n_sample) * static_cast<size_t>(model_.n_vocab());
   if (logits_.size() < need) logits_.resize(need);

@@ -46,6 +46,9 @@ class ModelRunner {
   // the token where the model runs and only token(i) is valid: no logits
   // cross to the host; they require a plan without scored rows,
   // and kSample one without drafts (a draw is taken per accepted token).
+  // In both, a sampling chunk whose request grammar_applies() draws under
+  // its Request::mask, which the caller filled for this token (and such a
+  // chunk verifies no drafts: their masks depend on the drafts before them).
   Status run(const StepPlan& plan, StepIds mode = StepIds::kHost);
   // One entry per plan chunk, in plan order.
   const std::vector<ChunkRows>& chunk_rows() const { return chunk_rows_; }
@@ -67,6 +70,8 @@ class ModelRunner {
   std::vector<float> logits_;               // [n_sample, n_vocab]
   std::vector<int32_t> ids_;                // [n_sample], kGreedy and kSample steps
   std::vector<DeviceSamplingParams> rows_;  // [n_sample], kSample steps
+  std::vector<int32_t> row_masks_;          // [n_sample], kGreedy and kSample steps: TokenMasks::row_mask
+  std::vector<uint32_t> mask_words_;        // [n_masked, token_mask_words(n_vocab)]: TokenMasks::words
   std::vector<ChunkRows> chunk_rows_;       // [plan chunks]
   std::vector<float> pooled_;               // [pool_seqs, n_dims]
 };

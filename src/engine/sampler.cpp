@@ -174,7 +174,8 @@ void Sampler::apply_mask(float* logits, std::span<const uint64_t> allowed) const
   }
 }
 
-int32_t Sampler::reference_draw(const DeviceSamplingParams& row, const float* logits, int64_t n_vocab) {
+int32_t Sampler::reference_draw(const DeviceSamplingParams& row, const float* logits, int64_t n_vocab,
+                                const uint32_t* allowed) {
   SamplingParams p;
   p.temperature = row.temperature;
   p.top_k = row.top_k;
@@ -184,7 +185,12 @@ int32_t Sampler::reference_draw(const DeviceSamplingParams& row, const float* lo
   Sampler s(p, n_vocab);
   s.n_draws_ = row.counter;
   std::vector<float> copy(logits, logits + n_vocab);
-  return s.sample(copy.data());
+  if (!allowed) return s.sample(copy.data());
+  std::vector<uint64_t> mask(static_cast<size_t>((n_vocab + 63) / 64));
+  for (int64_t w = 0; w < token_mask_words(n_vocab); ++w) {
+    mask[static_cast<size_t>(w / 2)] |= static_cast<uint64_t>(allowed[w]) << (w % 2 ? 32 : 0);
+  }
+  return s.sample(copy.data(), -1, nullptr, mask);
 }
 
 uint64_t Sampler::kept_bound(const float* logits) {

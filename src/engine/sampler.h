@@ -121,9 +121,12 @@ class Sampler {
   uint64_t kept_bound(const float* logits);
 
   // The token Model::forward_sample must give for `row` and logits[n_vocab]
-  // (not modified): a Sampler of row's parameters at draw index
-  // row.counter. The host reference for device samplers and fakes; allocates.
-  static int32_t reference_draw(const DeviceSamplingParams& row, const float* logits, int64_t n_vocab);
+  // (not modified) under the row's token mask `allowed` (one mask of
+  // TokenMasks words, backend/sampling.h; null: unmasked): a Sampler of
+  // row's parameters at draw index row.counter, sampling under that mask.
+  // The host reference for device samplers and fakes; allocates.
+  static int32_t reference_draw(const DeviceSamplingParams& row, const float* logits, int64_t n_vocab,
+                                const uint32_t* allowed = nullptr);
 
   uint64_t seed() const { return seed_; }
   uint64_t n_draws() const { return n_draws_; }

@@ -95,4 +95,24 @@ Status check_batch(const Batch& batch, const BatchLimits& limits, const KvSpec& 
   return Status::Ok();
 }
 
+Status check_token_masks(const TokenMasks& masks, int64_t n_sample, int64_t n_vocab) {
+  if (masks.empty()) return Status::Ok();
+  if (masks.n_words != token_mask_words(n_vocab)) {
+    return Error{"token masks of " + std::to_string(masks.n_words) + " words for a vocabulary of " +
+                 std::to_string(n_vocab) + " tokens (" + std::to_string(token_mask_words(n_vocab)) + " words)"};
+  }
+  if (masks.n_masked < 0 || masks.n_masked > n_sample || !masks.row_mask || !masks.words) {
+    return Error{"token masks: " + std::to_string(masks.n_masked) + " masks for " + std::to_string(n_sample) +
+                 " sample rows"};
+  }
+  for (int64_t i = 0; i < n_sample; ++i) {
+    const int32_t m = masks.row_mask[i];
+    if (m < -1 || m >= masks.n_masked) {
+      return Error{"sample row " + std::to_string(i) + " names token mask " + std::to_string(m) + " of " +
+                   std::to_string(masks.n_masked)};
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace rill

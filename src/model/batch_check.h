@@ -3,6 +3,7 @@
 // implementations (the CUDA Llama uses it; it is the CPU Llama's rules).
 #include <cstdint>
 
+#include "backend/sampling.h"
 #include "core/result.h"
 #include "model/batch.h"
 #include "model/kv_spec.h"
@@ -28,5 +29,10 @@ Status check_batch(const Batch& batch, const BatchLimits& limits);
 // start and length as group 0's, naming a KV block wherever a query of the
 // step can attend (holes only wholly before a sliding group's window).
 Status check_batch(const Batch& batch, const BatchLimits& limits, const KvSpec& spec);
+
+// A step's token masks (backend/sampling.h) for n_sample rows of n_vocab
+// logits: n_words = ceil(n_vocab / 32), each row's index -1 or a mask, and
+// n_masked <= n_sample.
+Status check_token_masks(const TokenMasks& masks, int64_t n_sample, int64_t n_vocab);
 
 }  // namespace rill

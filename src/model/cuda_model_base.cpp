@@ -198,6 +198,12 @@ void StepMeta::carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n
   tables[0] = a.take<int32_t>(table_cap);
 }
 
+void DrawInputs::carve(cuda::Arena& a, size_t S, size_t n_words) {
+  params = a.take<DeviceSamplingParams>(S);
+  row_mask = a.take<int32_t>(S);
+  words = a.take<uint32_t>(S * n_words);
+}
+
 // --- CudaModelBase: init ----------------------------------------------------
 
 Status CudaModelBase::read_dims() {
@@ -294,7 +300,6 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
                                 : a.take<float>(cuda::attention_partial_floats(
                                       max_tokens_, static_cast<int32_t>(n_head_), static_cast<int32_t>(hd_)));
     ids_dev_ = a.take<int32_t>(S);
-    sample_params_dev_ = a.take<DeviceSamplingParams>(S);
     if (sharded()) {
       vocab_local_ = a.take<float>(S * static_cast<size_t>(split_.vocab_stride));
       vocab_all_ = a.take<float>(static_cast<size_t>(split_.size) * S * static_cast<size_t>(split_.vocab_stride));
@@ -318,8 +323,15 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   meta_host_.carve(mh, T, S, table_cap_, n_groups);
   meta_dev_.carve(md, T, S, table_cap_, n_groups);
   RILL_ASSIGN_OR_RETURN(ids_host_, cuda::PinnedBuffer::allocate(S * sizeof(int32_t), "greedy ids"));
-  RILL_ASSIGN_OR_RETURN(sample_params_host_,
-                        cuda::PinnedBuffer::allocate(S * sizeof(DeviceSamplingParams), "sampling parameters"));
+  // The draws' inputs: a token mask per row is 1/32 of the row's logits.
+  const auto n_words = static_cast<size_t>(token_mask_words(V_));
+  cuda::Arena draw_sizing;
+  draw_host_.carve(draw_sizing, S, n_words);
+  RILL_ASSIGN_OR_RETURN(draw_host_buf_, cuda::PinnedBuffer::allocate(draw_sizing.used(), "sampling parameters"));
+  RILL_ASSIGN_OR_RETURN(draw_dev_buf_, cuda::DeviceBuffer::allocate(draw_sizing.used(), "sampling parameters"));
+  cuda::Arena dh(draw_host_buf_.data()), dd(draw_dev_buf_.data());
+  draw_host_.carve(dh, S, n_words);
+  draw_dev_.carve(dd, S, n_words);
 
   // KV pool: explicit bytes, else a share of device memory, else whole contexts.
   const int64_t n_kv_layers = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
@@ -539,28 +551,50 @@ Status CudaModelBase::forward(const Batch& batch, float* logits) {
   return ctx_->synchronize();
 }
 
-Status CudaModelBase::forward_greedy(const Batch& batch, int32_t* ids) {
+// Masked steps pick their argmax in the sampler's kernel, which reads the
+// masks; unmasked ones in argmax_rows, as before masks existed.
+Status CudaModelBase::forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) {
   if (batch.n_tokens() <= 0) return {};
-  RILL_TRY(compute(batch));
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
-  if (n_sample > 0) cuda::argmax_rows(logits_, n_sample, V_, ids_dev_, ctx_->stream());
+  RILL_TRY(check_token_masks(masks, n_sample, V_));
+  RILL_TRY(compute(batch));
+  if (n_sample > 0 && masks.empty()) cuda::argmax_rows(logits_, n_sample, V_, ids_dev_, ctx_->stream());
+  if (n_sample > 0 && !masks.empty()) {
+    const TokenMasks dev = stage_masks(masks, n_sample);
+    const auto* from = reinterpret_cast<const uint8_t*>(draw_host_.row_mask);
+    RILL_CUDA_CHECK(cudaMemcpyAsync(draw_dev_.row_mask, from, static_cast<size_t>(masks_end(masks) - from),
+                                    cudaMemcpyHostToDevice, ctx_->stream()));
+    cuda::sample_rows(logits_, n_sample, V_, nullptr, dev, ids_dev_, nullptr, ctx_->stream());
+  }
   return read_ids(n_sample, ids);
 }
 
-Status CudaModelBase::forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) {
+Status CudaModelBase::forward_sample(const Batch& batch, const DeviceSamplingParams* rows, const TokenMasks& masks,
+                                     int32_t* ids) {
   if (batch.n_tokens() <= 0) return {};
-  RILL_TRY(compute(batch));
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  RILL_TRY(check_token_masks(masks, n_sample, V_));
+  RILL_TRY(compute(batch));
   if (n_sample > 0) {
     // The previous step's upload from the pinned rows finished at its
-    // synchronize, so they may be rewritten now.
-    const size_t bytes = static_cast<size_t>(n_sample) * sizeof(DeviceSamplingParams);
-    std::memcpy(sample_params_host_.data(), rows, bytes);
-    RILL_CUDA_CHECK(
-        cudaMemcpyAsync(sample_params_dev_, sample_params_host_.data(), bytes, cudaMemcpyHostToDevice, ctx_->stream()));
-    cuda::sample_rows(logits_, n_sample, V_, sample_params_dev_, ids_dev_, nullptr, ctx_->stream());
+    // synchronize, so they may be rewritten now. One copy: the rows, and
+    // the masks after them when the step has any.
+    std::memcpy(draw_host_.params, rows, static_cast<size_t>(n_sample) * sizeof(DeviceSamplingParams));
+    const TokenMasks dev = masks.empty() ? TokenMasks{} : stage_masks(masks, n_sample);
+    const auto* from = reinterpret_cast<const uint8_t*>(draw_host_.params);
+    const size_t bytes = masks.empty() ? static_cast<size_t>(n_sample) * sizeof(DeviceSamplingParams)
+                                       : static_cast<size_t>(masks_end(masks) - from);
+    RILL_CUDA_CHECK(cudaMemcpyAsync(draw_dev_.params, from, bytes, cudaMemcpyHostToDevice, ctx_->stream()));
+    cuda::sample_rows(logits_, n_sample, V_, draw_dev_.params, dev, ids_dev_, nullptr, ctx_->stream());
   }
   return read_ids(n_sample, ids);
+}
+
+TokenMasks CudaModelBase::stage_masks(const TokenMasks& masks, int64_t n_sample) {
+  std::memcpy(draw_host_.row_mask, masks.row_mask, static_cast<size_t>(n_sample) * sizeof(int32_t));
+  std::memcpy(draw_host_.words, masks.words,
+              static_cast<size_t>(masks.n_masked) * static_cast<size_t>(masks.n_words) * sizeof(uint32_t));
+  return {draw_dev_.row_mask, draw_dev_.words, masks.n_masked, masks.n_words};
 }
 
 Status CudaModelBase::read_ids(int64_t n_sample, int32_t* ids) {

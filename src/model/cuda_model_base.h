@@ -6,7 +6,8 @@
 // step indices uploaded each step), the step's index arrays uploaded with
 // one copy from pinned memory, decode
 // steps replayed as CUDA graphs, and forward / forward_greedy /
-// forward_sample (ids drawn on the device, backend/cuda/sampling.h). A
+// forward_sample (ids drawn on the device under the step's token masks,
+// backend/cuda/sampling.h). A
 // family supplies its weights, its activations and run_layers() (every
 // kernel of one step). A family on the device-neutral Backend (the Llama and
 // Gemma graphs) calls create_backend(), places its weights through
@@ -159,6 +160,18 @@ struct StepMeta {
   void carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n_groups);
 };
 
+// What a step's draws read besides the logits, the same layout in pinned
+// host memory and on the device: forward_sample's rows, then the token
+// masks (backend/sampling.h TokenMasks), so one copy of a used prefix
+// uploads a step's rows and masks. Steps without masks copy the rows only.
+struct DrawInputs {
+  DeviceSamplingParams* params = nullptr;  // [S]
+  int32_t* row_mask = nullptr;             // [S]
+  uint32_t* words = nullptr;               // [S, n_words]
+
+  void carve(cuda::Arena& a, size_t S, size_t n_words);
+};
+
 class CudaModelBase : public Model {
  public:
   const ModelConfig& config() const override { return cfg_; }
@@ -172,9 +185,10 @@ class CudaModelBase : public Model {
   size_t kv_bytes_per_token() const override { return kv_token_bytes_; }
   Status forward(const Batch& batch, float* logits) override;
   bool has_forward_greedy() const override { return true; }
-  Status forward_greedy(const Batch& batch, int32_t* ids) override;
+  Status forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) override;
   bool has_forward_sample() const override { return device_sampling_; }
-  Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) override;
+  Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, const TokenMasks& masks,
+                        int32_t* ids) override;
   ~CudaModelBase() override;
 
   // KV export and import for the prefix cache tiers (model/cuda_kv_export.cpp):
@@ -345,6 +359,12 @@ class CudaModelBase : public Model {
   Status compute(const Batch& batch);
   // Copies the ids of the step's n_sample rows (in ids_dev_) to `ids`.
   Status read_ids(int64_t n_sample, int32_t* ids);
+  // Copies `masks` (host, checked) into draw_host_; returns their device
+  // view in draw_dev_, valid once draw_host_ is uploaded up to masks_end().
+  TokenMasks stage_masks(const TokenMasks& masks, int64_t n_sample);
+  const uint8_t* masks_end(const TokenMasks& masks) const {
+    return reinterpret_cast<const uint8_t*>(draw_host_.words + masks.n_masked * masks.n_words);
+  }
   // kv_spec_'s groups with block tables: those before the first recurrent one.
   int n_table_groups() const;
   // KV export: the checks shared by the copies, and the staging buffer.
@@ -366,10 +386,9 @@ class CudaModelBase : public Model {
   cuda::DeviceBuffer kv_;
   cuda::DeviceBuffer act_buf_;
   float* partial_ = nullptr;
-  float* vocab_local_ = nullptr;                       // shards: [S, split_.vocab_stride] this rank's logits
-  float* vocab_all_ = nullptr;                         // shards: [N, S, split_.vocab_stride] gathered
-  int32_t* ids_dev_ = nullptr;                         // [S] greedy or sampled ids
-  DeviceSamplingParams* sample_params_dev_ = nullptr;  // [S] forward_sample's rows
+  float* vocab_local_ = nullptr;  // shards: [S, split_.vocab_stride] this rank's logits
+  float* vocab_all_ = nullptr;    // shards: [N, S, split_.vocab_stride] gathered
+  int32_t* ids_dev_ = nullptr;    // [S] greedy or sampled ids
 
   // states_' step indices: pinned host and device copies ([T] each), and
   // the step's (device pointers).
@@ -380,9 +399,10 @@ class CudaModelBase : public Model {
   int32_t *rec_tok_host_ = nullptr, *rec_tok_dev_ = nullptr;
   RecurrentStep rec_step_;
 
-  cuda::PinnedBuffer meta_host_buf_, ids_host_, sample_params_host_;
-  cuda::DeviceBuffer meta_dev_buf_;
+  cuda::PinnedBuffer meta_host_buf_, ids_host_, draw_host_buf_;
+  cuda::DeviceBuffer meta_dev_buf_, draw_dev_buf_;
   StepMeta meta_host_, meta_dev_;
+  DrawInputs draw_host_, draw_dev_;
 
   // Decode graphs, keyed by padded batch size << 8 | split count. A key is
   // run eagerly the first time (plans GEMMs, sets kernel attributes) and

@@ -151,25 +151,26 @@ class Model {
 
   // forward() followed by a greedy pick per sample row, done where the model
   // runs so that only ids[sample_rows.size()] cross to the host (argmax,
-  // lowest index on ties, as the CPU sampler). Optional: models that do not
+  // lowest index on ties, as the CPU sampler). Rows with a token mask
+  // (`masks`, backend/sampling.h) pick as the host Sampler does under that
+  // mask: the argmax of the allowed logits. Optional: models that do not
   // offer it return an error and callers sample from forward()'s logits.
   virtual bool has_forward_greedy() const { return false; }
-  virtual Status forward_greedy(const Batch& batch, int32_t* ids) {
-    (void)batch;
-    (void)ids;
+  virtual Status forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) {
+    (void)batch, (void)masks, (void)ids;
     return Error{"this model has no forward_greedy; sample from forward()'s logits"};
   }
 
   // forward() followed by one draw per sample row under rows[i] (the rule
   // of backend/sampling.h: the host Sampler's, same token for the same
-  // logits, parameters and (seed, counter)), done where the model runs so
-  // that only ids[sample_rows.size()] cross to the host. Rows whose draw is
-  // an argmax behave as in forward_greedy. Optional, like forward_greedy.
+  // logits, parameters, token mask and (seed, counter)), done where the
+  // model runs so that only ids[sample_rows.size()] cross to the host. Rows
+  // whose draw is an argmax behave as in forward_greedy. Optional, like
+  // forward_greedy.
   virtual bool has_forward_sample() const { return false; }
-  virtual Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) {
-    (void)batch;
-    (void)rows;
-    (void)ids;
+  virtual Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, const TokenMasks& masks,
+                                int32_t* ids) {
+    (void)batch, (void)rows, (void)masks, (void)ids;
     return Error{"this model has no forward_sample; sample from forward()'s logits"};
   }
 

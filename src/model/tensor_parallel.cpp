@@ -179,12 +179,13 @@ Status TensorParallelModel::forward(const Batch& batch, float* logits) {
   return run_step(batch, [&] { return shards_[0]->forward(batch, logits); });
 }
 
-Status TensorParallelModel::forward_greedy(const Batch& batch, int32_t* ids) {
-  return run_step(batch, [&] { return shards_[0]->forward_greedy(batch, ids); });
+Status TensorParallelModel::forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) {
+  return run_step(batch, [&] { return shards_[0]->forward_greedy(batch, masks, ids); });
 }
 
-Status TensorParallelModel::forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) {
-  return run_step(batch, [&] { return shards_[0]->forward_sample(batch, rows, ids); });
+Status TensorParallelModel::forward_sample(const Batch& batch, const DeviceSamplingParams* rows,
+                                           const TokenMasks& masks, int32_t* ids) {
+  return run_step(batch, [&] { return shards_[0]->forward_sample(batch, rows, masks, ids); });
 }
 
 Result<std::unique_ptr<Model>> create_tensor_parallel_model(std::unique_ptr<CommunicatorGroup> group,

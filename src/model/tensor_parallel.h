@@ -69,9 +69,10 @@ class TensorParallelModel final : public Model {
   // Runs the step on every rank; the first failing rank's error, else Ok.
   Status forward(const Batch& batch, float* logits) override;
   bool has_forward_greedy() const override { return shards_[0]->has_forward_greedy(); }
-  Status forward_greedy(const Batch& batch, int32_t* ids) override;
+  Status forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) override;
   bool has_forward_sample() const override { return shards_[0]->has_forward_sample(); }
-  Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, int32_t* ids) override;
+  Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, const TokenMasks& masks,
+                        int32_t* ids) override;
 
   // KV export: see above. Empty (tiers off) when a rank exports none or the
   // ranks' layers disagree.

@@ -71,14 +71,22 @@ class FakeModel final : public Model {
 
   bool has_forward_greedy() const override { return o_.device_greedy; }
   // The rows' argmax (first maximum: the lowest id on ties) from a scratch
-  // copy of forward()'s logits.
-  Status forward_greedy(const Batch& batch, int32_t* ids) override {
+  // copy of forward()'s logits; masked rows: the host reference's argmax
+  // under the mask.
+  Status forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) override {
     if (!o_.device_greedy) return Error{"forward_greedy not offered"};
     ++n_greedy_calls_;
     const size_t n_rows = batch.sample_rows.size(), V = static_cast<size_t>(o_.n_vocab);
+    RILL_TRY(check_masks(masks, n_rows));
     std::vector<float> rows(n_rows * V);
     RILL_TRY(compute(batch, rows.data()));
     for (size_t i = 0; i < n_rows; ++i) {
+      const uint32_t* allowed = mask_of(masks, i);
+      if (allowed) {
+        ids[i] = Sampler::reference_draw(DeviceSamplingParams{.temperature = 0.0f}, rows.data() + i * V, o_.n_vocab,
+                                         allowed);
+        continue;
+      }
       ids[i] = static_cast<int32_t>(std::max_element(rows.begin() + i * V, rows.begin() + (i + 1) * V) -
                                     (rows.begin() + i * V));
     }
@@ -86,15 +94,22 @@ class FakeModel final : public Model {
   }
 
   bool has_forward_sample() const override { return o_.device_sample; }
-  Status forward_sample(const Batch& batch, const DeviceSamplingParams* params, int32_t* ids) override {
+  Status forward_sample(const Batch& batch, const DeviceSamplingParams* params, const TokenMasks& masks,
+                        int32_t* ids) override {
     if (!o_.device_sample) return Error{"forward_sample not offered"};
     ++n_sample_calls_;
     const size_t n_rows = batch.sample_rows.size(), V = static_cast<size_t>(o_.n_vocab);
+    RILL_TRY(check_masks(masks, n_rows));
     std::vector<float> rows(n_rows * V);
     RILL_TRY(compute(batch, rows.data()));
-    for (size_t i = 0; i < n_rows; ++i) ids[i] = Sampler::reference_draw(params[i], rows.data() + i * V, o_.n_vocab);
+    for (size_t i = 0; i < n_rows; ++i) {
+      ids[i] = Sampler::reference_draw(params[i], rows.data() + i * V, o_.n_vocab, mask_of(masks, i));
+    }
     return Status::Ok();
   }
+  // Steps whose draws carried token masks, and the masked rows in all.
+  int n_masked_steps() const { return n_masked_steps_; }
+  int n_masked_rows() const { return n_masked_rows_; }
 
   Status forward(const Batch& batch, float* logits) override {
     ++n_logit_calls_;
@@ -153,6 +168,22 @@ class FakeModel final : public Model {
   }
 
  private:
+  // The masks' shape as a device model checks it; counts masked steps.
+  Status check_masks(const TokenMasks& masks, size_t n_rows) {
+    if (masks.empty()) return Status::Ok();
+    if (masks.n_words != (o_.n_vocab + 31) / 32) return Error{"token masks of the wrong width"};
+    for (size_t i = 0; i < n_rows; ++i) {
+      if (masks.row_mask[i] < -1 || masks.row_mask[i] >= masks.n_masked) return Error{"bad token mask index"};
+    }
+    ++n_masked_steps_;
+    n_masked_rows_ += masks.n_masked;
+    return Status::Ok();
+  }
+  static const uint32_t* mask_of(const TokenMasks& masks, size_t row) {
+    if (masks.empty() || masks.row_mask[row] < 0) return nullptr;
+    return masks.words + static_cast<size_t>(masks.row_mask[row]) * static_cast<size_t>(masks.n_words);
+  }
+
   struct Cell {
     int32_t token = -1;
     int32_t pos = -1;
@@ -163,6 +194,7 @@ class FakeModel final : public Model {
   std::vector<Cell> cells_;
   std::atomic<bool> fail_next_{false};
   std::atomic<int> n_greedy_calls_{0}, n_logit_calls_{0}, n_sample_calls_{0};
+  std::atomic<int> n_masked_steps_{0}, n_masked_rows_{0};
   mutable std::mutex mu_;
   std::vector<int32_t> step_tokens_, step_seqs_;
 };

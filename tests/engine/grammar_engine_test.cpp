@@ -5,7 +5,9 @@
 // end, the request ends when nothing more can follow, constrained and
 // unconstrained requests share steps without changing the unconstrained
 // tokens (also when the unconstrained ones would otherwise be drawn on the
-// device), and the errors name the field.
+// device), constrained rows drawn where the model runs (forward_greedy /
+// forward_sample with the step's token masks) give the host's tokens, ends
+// and errors, and the errors name the field.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -320,6 +322,115 @@ TEST(GrammarEngine, ThinkingIdsAreChecked) {
     ASSERT_FALSE(h.ok());
     EXPECT_EQ(h.error().message.rfind("thinking:", 0), 0u) << h.error().message;
   }
+}
+
+struct Finished {
+  std::vector<int32_t> ids;
+  FinishReason reason = FinishReason::kError;
+  std::string error;
+  bool operator==(const Finished&) const = default;
+};
+
+// Submits every request at once (so they share steps) and waits for all.
+std::vector<Finished> run_together(Engine& e, const std::vector<GenerationRequest>& requests) {
+  std::vector<RequestHandle> handles;
+  for (const GenerationRequest& r : requests) {
+    auto h = e.submit(r);
+    EXPECT_TRUE(h.ok()) << h.error().message;
+    if (h.ok()) handles.push_back(std::move(h).value());
+  }
+  std::vector<Finished> out;
+  for (RequestHandle& h : handles) {
+    Finished f;
+    GenerationEvent ev;
+    while (h.next(ev)) {
+      f.ids.insert(f.ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+      if (ev.finished) f.reason = ev.finish_reason, f.error = ev.error;
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+TEST(GrammarEngine, MaskedDrawsWhereTheModelRunsGiveTheHostsTokens) {
+  // The same requests on a model that samples only on the host and on one
+  // that draws where it runs (the FakeModel's device draws are the host
+  // reference under the mask it is handed): every request gets the same
+  // tokens and end, and the device run takes no logits at all, so the
+  // engine's per-step mask table (which row has which mask) is right.
+  auto gbnf = grammar::json_schema_to_gbnf(nlohmann::ordered_json::parse(kSchema));
+  ASSERT_TRUE(gbnf.ok()) << gbnf.error().message;
+  auto choice = grammar::choice_gbnf({"alpha", "beta", "gamma delta"});
+  ASSERT_TRUE(choice.ok());
+  const auto schema = compile(*gbnf), object = compile(grammar::json_object_gbnf()), words = compile(*choice);
+  Fixture probe = make();
+  if (!probe.tok) GTEST_SKIP() << "SmolLM2 model file missing";
+  const Tokenizer& tok = *probe.tok;
+  std::vector<GenerationRequest> sampled;  // constrained and not, seeded and greedy: forward_sample steps
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    GenerationRequest r = request(tok, 60, 1.0f, seed);
+    r.grammar = schema;
+    r.sampling.top_k = seed == 2 ? 40 : 0;
+    r.sampling.top_p = seed == 3 ? 0.9f : 1.0f;
+    sampled.push_back(std::move(r));
+  }
+  for (float temperature : {0.0f, 0.8f}) {
+    GenerationRequest r = request(tok, 40, temperature, 9);
+    r.grammar = object;
+    sampled.push_back(std::move(r));
+  }
+  sampled.push_back(request(tok, 24, 0.9f, 12));  // unconstrained
+  GenerationRequest think = request(tok, 30, 0.7f, 4);
+  think.grammar = words;
+  think.thinking = {kOpen, kClose, false, -1};  // the first token may open the block instead
+  sampled.push_back(std::move(think));
+  std::vector<GenerationRequest> greedy;  // every row plain greedy: forward_greedy steps
+  for (const auto& g : {schema, object, words}) {
+    GenerationRequest r = request(tok, 60, 0.0f, 1);
+    r.grammar = g;
+    greedy.push_back(std::move(r));
+  }
+  greedy.push_back(request(tok, 20, 0.0f, 1));
+
+  for (const auto* set : {&sampled, &greedy}) {
+    SCOPED_TRACE(set == &sampled ? "forward_sample" : "forward_greedy");
+    Fixture host = make(false), device = make(true);
+    const std::vector<Finished> want = run_together(*host.engine, *set);
+    const std::vector<Finished> got = run_together(*device.engine, *set);
+    ASSERT_EQ(got.size(), set->size());
+    for (size_t i = 0; i < set->size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << "request " << i << ": " << got[i].error;
+      EXPECT_NE(want[i].reason, FinishReason::kError) << want[i].error;
+      if ((*set)[i].grammar) expect_tokens_in_grammar(host, (*set)[i].grammar, want[i].ids);
+    }
+    EXPECT_EQ(device.model->n_logit_calls(), 0) << "a step took its logits to the host";
+    EXPECT_GT(device.model->n_masked_steps(), 0);
+    EXPECT_EQ(host.model->n_masked_steps(), 0);
+    EXPECT_GT(set == &sampled ? device.model->n_sample_calls() : device.model->n_greedy_calls(), 0);
+    const auto seqs = device.model->step_seqs();
+    EXPECT_GT(*std::max_element(seqs.begin(), seqs.end()), 1) << "requests were never batched";
+  }
+}
+
+TEST(GrammarEngine, AMaskThatAllowsNothingEndsTheRequestAsOnTheHost) {
+  // After "a" the grammar wants a special token the vocabulary lacks: the
+  // mask allows nothing. Drawn where the model runs, the first token is
+  // masked there; the dead end sends its step to the host, which ends the
+  // request with the host's error.
+  Fixture host = make(false), device = make(true);
+  if (!host.tok) GTEST_SKIP() << "SmolLM2 model file missing";
+  GenerationRequest r = request(*host.tok, 10, 0.0f, 1);
+  r.grammar = compile(R"(root ::= "a" <|no_such_token|>)");
+  const std::vector<Finished> want = run_together(*host.engine, {r});
+  const std::vector<Finished> got = run_together(*device.engine, {r});
+  ASSERT_EQ(want.size(), 1u);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(want[0].ids, host.tok->encode("a", false, false));
+  EXPECT_EQ(want[0].reason, FinishReason::kError);
+  EXPECT_EQ(want[0].error, "grammar: no token of the vocabulary can continue the output here");
+  EXPECT_EQ(got[0], want[0]);
+  EXPECT_EQ(device.model->n_masked_steps(), 1);  // the first token's
+  EXPECT_EQ(device.model->n_logit_calls(), 1);   // the dead end's step
 }
 
 }  // namespace

@@ -99,12 +99,18 @@ __device__ uint64_t block_max_u64(uint64_t v, uint64_t* warp_tot) {
   return r;
 }
 
-// Lowest index of the row maximum (the CPU sampler's argmax).
-__device__ int32_t block_argmax(const float* x, int64_t n, Shared& sh) {
+// Logit i as the draw sees it: -inf where the row's mask (null: none)
+// disallows the token, as the host Sampler's apply_mask writes it.
+__device__ __forceinline__ float masked_logit(const float* x, const uint32_t* allow, int64_t i) {
+  return !allow || token_mask_allows(allow, i) ? x[i] : -INFINITY;
+}
+
+// Lowest index of the (masked) row maximum (the CPU sampler's argmax).
+__device__ int32_t block_argmax(const float* x, const uint32_t* allow, int64_t n, Shared& sh) {
   float v = -INFINITY;
   int64_t idx = n;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    const float e = x[i];
+    const float e = masked_logit(x, allow, i);
     if (e > v || idx == n) {
       v = e;
       idx = i;
@@ -265,43 +271,59 @@ __device__ int32_t draw(const float* p, int64_t n, uint64_t bound, double u, Sha
   return sh.result;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    sample_kernel(float* logits, int64_t n, const DeviceSamplingParams* params, int32_t* ids, uint64_t* kept_bounds) {
+__global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int64_t n, const DeviceSamplingParams* params,
+                                                          TokenMasks masks, int32_t* ids, uint64_t* kept_bounds) {
   __shared__ Shared sh;
   const int tid = threadIdx.x;
-  const DeviceSamplingParams P = params[blockIdx.x];
   float* x = logits + static_cast<int64_t>(blockIdx.x) * n;
-  if (sampling_is_argmax(P.temperature, P.top_k)) {
-    const int32_t id = block_argmax(x, n, sh);
+  const int32_t mask = masks.n_masked > 0 ? masks.row_mask[blockIdx.x] : -1;
+  const uint32_t* allow = mask >= 0 ? masks.words + mask * masks.n_words : nullptr;
+  if (!params || sampling_is_argmax(params[blockIdx.x].temperature, params[blockIdx.x].top_k)) {
+    // Masked: the host's argmax of the masked logits, which is also its
+    // answer when that argmax is not allowed (a row of -inf).
+    const int32_t id = block_argmax(x, allow, n, sh);
     if (tid == 0) {
       ids[blockIdx.x] = id;
       if (kept_bounds) kept_bounds[blockIdx.x] = ~uint64_t{0};
     }
     return;
   }
-  // Probabilities in place, and the first-ranked key (p = 1, lowest id).
+  const DeviceSamplingParams P = params[blockIdx.x];
+  // Probabilities in place (0 where the mask disallows), and the
+  // first-ranked key (p = 1, lowest id).
   float m = -INFINITY;
-  for (int64_t i = tid; i < n; i += kThreads) m = fmaxf(m, x[i]);
+  for (int64_t i = tid; i < n; i += kThreads) m = fmaxf(m, masked_logit(x, allow, i));
   m = detail::warp_max(m);
   if ((tid & 31) == 0) sh.warp_f64[tid >> 5] = m;
   __syncthreads();
   m = -INFINITY;
   for (int w = 0; w < kWarps; ++w) m = fmaxf(m, static_cast<float>(sh.warp_f64[w]));
   const float inv_t = __fdiv_rn(1.0f, P.temperature);
-  uint64_t top = 0;
+  uint64_t top = 0, first_max = 0;  // first_max: masked rows, 0xffffffff - the lowest id holding m
   for (int64_t i = tid; i < n; i += kThreads) {
-    const float p = sampling_prob(x[i], m, inv_t);
+    const float l = masked_logit(x, allow, i);
+    if (allow && l == m) first_max = max(first_max, static_cast<uint64_t>(0xffffffffu - static_cast<uint32_t>(i)));
+    const float p = sampling_prob(l, m, inv_t);
     x[i] = p;
     top = max(top, sampling_key(p, static_cast<int32_t>(i)));
   }
   top = block_max_u64(top, sh.warp_u64);  // its barrier also publishes x
+  // A masked row's draw that lands outside the mask (the last kept id, when
+  // rounding leaves none) takes the argmax of the masked logits instead, as
+  // the host Sampler does.
+  int32_t fallback = 0;
+  if (allow) {
+    first_max = block_max_u64(first_max, sh.warp_u64);
+    fallback = first_max ? static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(first_max)) : 0;
+  }
 
   uint64_t bound = 0;
   if (P.top_k > 0 && P.top_k < n) bound = select_bound<false>(x, n, 0, static_cast<u128>(P.top_k), 0.0f, sh);
   if (P.top_p < 1.0f) bound = P.top_p > 0.0f ? select_bound<true>(x, n, bound, 0, P.top_p, sh) : top;
   if (P.min_p > 0.0f) bound = max(bound, sampling_min_p_bound(P.min_p));
   bound = min(bound, top);
-  const int32_t id = draw(x, n, bound, sampling_uniform(P.seed, P.counter), sh);
+  int32_t id = draw(x, n, bound, sampling_uniform(P.seed, P.counter), sh);
+  if (allow && (id < 0 || !token_mask_allows(allow, id))) id = fallback;
   if (tid == 0) {
     ids[blockIdx.x] = id;
     if (kept_bounds) kept_bounds[blockIdx.x] = bound;
@@ -310,10 +332,11 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void sample_rows(float* logits, int64_t n_rows, int64_t n_vocab, const DeviceSamplingParams* params, int32_t* ids,
-                 uint64_t* kept_bounds, cudaStream_t stream) {
+void sample_rows(float* logits, int64_t n_rows, int64_t n_vocab, const DeviceSamplingParams* params,
+                 const TokenMasks& masks, int32_t* ids, uint64_t* kept_bounds, cudaStream_t stream) {
   if (n_rows <= 0) return;
-  sample_kernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(logits, n_vocab, params, ids, kept_bounds);
+  sample_kernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(logits, n_vocab, params, masks, ids,
+                                                                        kept_bounds);
   RILL_CUDA_CHECK_LAUNCH();
 }
 

@@ -22,12 +22,16 @@
 namespace rill::cuda {
 
 // ids[r] = the token drawn from row r of logits ([n_rows, n_vocab] f32)
-// under params[r]. Rows whose draw is not an argmax (sampling_is_argmax)
-// are overwritten with their tempered probabilities. kept_bounds (optional,
-// [n_rows]) receives each row's kept-set bound, as Sampler::kept_bound
-// defines it (all ones for argmax rows). Every pointer is a device pointer;
-// n_vocab < 2^31.
-void sample_rows(float* logits, int64_t n_rows, int64_t n_vocab, const DeviceSamplingParams* params, int32_t* ids,
-                 uint64_t* kept_bounds, cudaStream_t stream);
+// under params[r] (params null: every row an argmax) and row r's token mask
+// in `masks` if it has one (the host Sampler's draw under that mask: the
+// masked logits are -inf, and a draw that lands outside the mask takes the
+// masked argmax). Rows whose draw is not an argmax (sampling_is_argmax)
+// are overwritten with their tempered probabilities (0 where masked).
+// kept_bounds (optional, [n_rows]) receives each row's kept-set bound, as
+// Sampler::kept_bound defines it (all ones for argmax rows). Every pointer,
+// masks' too, is a device pointer; n_vocab < 2^31. Unmasked rows read no
+// mask; a masked draw costs one more block reduction (its argmax).
+void sample_rows(float* logits, int64_t n_rows, int64_t n_vocab, const DeviceSamplingParams* params,
+                 const TokenMasks& masks, int32_t* ids, uint64_t* kept_bounds, cudaStream_t stream);
 
 }  // namespace rill::cuda
