@@ -242,6 +242,9 @@ Result<std::string> render_text(const ServerContext& ctx, const ChatInput& in, o
       if (it.key() != "messages") context[it.key()] = it.value();
     }
   }
+  if (in.reasoning_effort && !context.contains("reasoning_effort")) {
+    context["reasoning_effort"] = in.reasoning_effort->value;
+  }
   return ctx.chat_template->render(context);
 }
 
@@ -316,13 +319,28 @@ GenerationRequest::Thinking model_thinking_tokens(const ServerContext& ctx) {
 
 std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx, const ChatInput& in) {
   ChatPrompt prompt;
+  // gpt-oss: the harmony format's channels carry reasoning, answer and calls.
+  const bool harmony = ctx.chat_template != nullptr &&
+                       tool_call_format_of_source(ctx.chat_template->source()) == ToolCallFormat::kHarmony;
+  std::optional<ChatInput::ThinkingRequest> thinking = in.thinking;
+  if (harmony && in.reasoning_effort) {
+    // The template's "Reasoning: <effort>" line is harmony's control: no budget.
+    const ChatInput::ReasoningEffort& effort = in.reasoning_effort.value();
+    if (effort.value != "low" && effort.value != "medium" && effort.value != "high") {
+      return ApiError(400,
+                      effort.param + ": this model (gpt-oss, harmony) reasons at low, medium or high effort, got \"" +
+                          effort.value + "\"",
+                      "invalid_request_error", effort.param);
+    }
+    if (thinking && thinking->param == effort.param) thinking.reset();
+  }
   prompt.thinking = model_thinking_tokens(ctx);
-  if (in.thinking && !prompt.thinking.tracked()) {
+  if (thinking && !prompt.thinking.tracked()) {
     return ApiError(400,
-                    in.thinking->param +
+                    thinking->param +
                         ": this model has no thinking mode (its chat template writes no <think> block with a "
                         "<think> / </think> token pair)",
-                    "invalid_request_error", in.thinking->param);
+                    "invalid_request_error", thinking->param);
   }
   bool starts_in_reasoning = false, tools_native = false;
   auto ids = render_chat_prompt(ctx, in, &starts_in_reasoning, &tools_native);
@@ -333,11 +351,8 @@ std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx,
   prompt.parser.parse_reasoning = true;
   prompt.parser.starts_in_reasoning = starts_in_reasoning;
   prompt.thinking.starts_inside = starts_in_reasoning && prompt.thinking.tracked();
-  if (in.thinking) prompt.thinking.budget = in.thinking->budget;
+  if (thinking) prompt.thinking.budget = thinking->budget;
   prompt.parser.parse_tool_calls = in.tools.is_array() && !in.tools.empty();
-  // gpt-oss: the harmony format's channels carry reasoning, answer and calls.
-  const bool harmony = ctx.chat_template != nullptr &&
-                       tool_call_format_of_source(ctx.chat_template->source()) == ToolCallFormat::kHarmony;
   prompt.parser.harmony = harmony;
   if (harmony && ctx.engine.tokenizer() != nullptr) {
     // <|end|> closes a harmony message (the analysis before the answer),

@@ -47,6 +47,16 @@ struct ChatInput {
     int32_t budget = -1;
   };
   std::optional<ThinkingRequest> thinking;
+  // Chat reasoning_effort / Responses reasoning.effort as given (`param`
+  // names the field): the template sees it as `reasoning_effort` unless
+  // template_kwargs sets that. A harmony template (gpt-oss) writes it into
+  // its system message ("Reasoning: low"), so there it must be low, medium
+  // or high (else a 400 naming `param`) and it replaces the thinking budget
+  // the effort asked for (`thinking` with the same param).
+  struct ReasoningEffort {
+    std::string param, value;
+  };
+  std::optional<ReasoningEffort> reasoning_effort;
 };
 
 // The thinking budget a reasoning effort stands for: none and minimal ask
