@@ -369,7 +369,7 @@ std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx,
     prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));
   } else if (!in.constraint.empty()) {
     bool names_tokens = false;
-    auto g = compile_constraint(in.constraint, ctx.engine.tokenizer(), &names_tokens);
+    auto g = compile_constraint(in.constraint, ctx.engine.tokenizer(), &names_tokens, harmony);
     if (names_tokens) prompt.keep_special_tokens = true;
     if (auto* e = std::get_if<ApiError>(&g)) return std::move(*e);
     prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));

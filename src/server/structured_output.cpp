@@ -90,6 +90,28 @@ void prefix_refs(grammar::Expr& e, const std::string& prefix) {
   for (grammar::Expr& c : e.children) prefix_refs(c, prefix);
 }
 
+// Literals for a format's markers: a spelling the tokenizer has as one
+// special token is that token (the model writes it so), otherwise its text;
+// `bits` records each choice (a grammar's cache key must hold them). No
+// tokenizer: all text.
+struct Markers {
+  const Tokenizer* tokenizer = nullptr;
+  std::string bits;
+  grammar::Expr operator()(std::string_view spelling) {
+    bool special = false;
+    if (tokenizer != nullptr) {
+      const std::vector<int32_t> ids = tokenizer->encode(spelling, /*add_special=*/false, /*parse_special=*/true);
+      special = ids.size() == 1 && tokenizer->is_special(ids[0]);
+    }
+    bits += special ? '1' : '0';
+    return literal(special ? grammar::special_token_literal(spelling) : std::string(spelling));
+  }
+};
+
+// gpt-oss (compile_constraint's `harmony`): `gbnf` over the final channel's
+// text, after an analysis message of free text or none.
+Result<grammar::GrammarAst> harmony_answer_ast(const std::string& gbnf, Markers& marker);
+
 }  // namespace
 
 std::optional<ApiError> read_response_format(const FieldReader& body, OutputConstraint& out) {
@@ -199,9 +221,11 @@ void named_tokens(const grammar::Expr& e, std::vector<std::string>& out) {
 
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(const OutputConstraint& c,
                                                                                            const Tokenizer* tokenizer,
-                                                                                           bool* names_tokens) {
+                                                                                           bool* names_tokens,
+                                                                                           bool harmony) {
   if (names_tokens != nullptr) *names_tokens = false;
   if (c.empty()) return std::shared_ptr<const grammar::CompiledGrammar>();
+  bool named = false;
   // Only GBNF text names special tokens (<|channel|>): each must be one of
   // this model's, or the grammar could never be followed.
   if (c.gbnf.find('<') != std::string::npos) {
@@ -217,8 +241,19 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
                              "the grammar names " + name + ", which is not a special token of this model");
         }
       }
-      if (names_tokens != nullptr) *names_tokens = !names.empty();
+      named = !names.empty();
     }
+  }
+  if (names_tokens != nullptr) *names_tokens = named;
+  if (harmony && !named) {
+    Markers marker{tokenizer, {}};
+    auto ast = harmony_answer_ast(c.gbnf, marker);
+    if (!ast.ok()) return field_error(c.param.empty() ? "grammar" : c.param, ast.error().message);
+    if (names_tokens != nullptr) *names_tokens = true;
+    auto g = grammar::GrammarCache::shared().get_built("harmony final\n" + marker.bits + "\n" + c.gbnf,
+                                                       [&]() -> Result<grammar::GrammarAst> { return *ast; });
+    if (!g.ok()) return field_error(c.param.empty() ? "grammar" : c.param, g.error().message);
+    return std::move(g).value();
   }
   auto g = grammar::GrammarCache::shared().get(c.gbnf);
   if (!g.ok()) return field_error(c.param.empty() ? "grammar" : c.param, g.error().message);
@@ -470,6 +505,23 @@ grammar::Expr repeat(grammar::Expr e, uint32_t min, uint32_t max) {
   return r;
 }
 
+Result<grammar::GrammarAst> harmony_answer_ast(const std::string& gbnf, Markers& marker) {
+  using Kind = grammar::Expr::Kind;
+  grammar::GrammarAst ast;
+  RILL_ASSIGN_OR_RETURN(grammar::Expr answer, splice(ast, gbnf, "answer-"));
+  grammar::Expr any_char;  // text: no special token can be spelled by it (grammar_ast.h)
+  any_char.kind = Kind::kClass;
+  any_char.ranges = {{0, grammar::kMaxCodepoint}};
+  grammar::Expr analysis = node(Kind::kSeq, {marker("<|channel|>"), literal("analysis"), marker("<|message|>"),
+                                             repeat(std::move(any_char), 0, grammar::kUnbounded), marker("<|end|>"),
+                                             marker("<|start|>"), literal("assistant")});
+  grammar::Expr root = node(Kind::kSeq, {repeat(ref("analysis"), 0, 1), marker("<|channel|>"), literal("final"),
+                                         marker("<|message|>"), std::move(answer)});
+  ast.rules.insert(ast.rules.begin(),
+                   {grammar::Rule{"root", std::move(root), 0}, {"analysis", std::move(analysis), 0}});
+  return ast;
+}
+
 // Nine alphanumerics: a Mistral call id (the server replaces it).
 grammar::Expr mistral_call_id() {
   grammar::Expr c;
@@ -557,16 +609,7 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
   }
   // A marker the tokenizer has as one special token is that token (the
   // model writes it so); otherwise its text. The choice is in the cache key.
-  std::string marker_bits;
-  auto marker = [&](std::string_view spelling) {
-    bool special = false;
-    if (tokenizer != nullptr) {
-      const std::vector<int32_t> ids = tokenizer->encode(spelling, /*add_special=*/false, /*parse_special=*/true);
-      special = ids.size() == 1 && tokenizer->is_special(ids[0]);
-    }
-    marker_bits += special ? '1' : '0';
-    return literal(special ? grammar::special_token_literal(spelling) : std::string(spelling));
-  };
+  Markers marker{tokenizer, {}};
   auto build = [&]() -> Result<grammar::GrammarAst> {
     using Kind = grammar::Expr::Kind;
     grammar::GrammarAst ast;
@@ -741,7 +784,7 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
   auto ast = build();
   if (!ast.ok()) return field_error("tools", ast.error().message);
   std::string key =
-      "tools\n" + std::to_string(static_cast<int>(format)) + (parallel ? "p\n" : "1\n") + marker_bits + "\n";
+      "tools\n" + std::to_string(static_cast<int>(format)) + (parallel ? "p\n" : "1\n") + marker.bits + "\n";
   for (size_t i = 0; i < tools.size(); ++i) {
     key += tools[i]["function"]["name"].get<std::string>() + "\n";
     if (!xml) {

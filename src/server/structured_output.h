@@ -54,10 +54,18 @@ std::optional<ApiError> read_grammar_fields(const FieldReader& body, OutputConst
 // The compiled grammar (shared between requests: GrammarCache::shared());
 // null for an empty constraint; a 400 naming c.param when it does not compile.
 // A grammar that names a special token (<|channel|>) the tokenizer lacks is a
-// 400; *names_tokens tells whether it names any (the reply's text must then
-// keep special tokens).
+// 400; *names_tokens tells whether the compiled grammar names any (the
+// reply's text must then keep special tokens).
+// `harmony` (gpt-oss): the constraint is the answer's, in the final channel,
+// after the reasoning, as after </think> for <think> models:
+//   root     ::= analysis? <|channel|> "final" <|message|> CONSTRAINT
+//   analysis ::= <|channel|> "analysis" <|message|> TEXT <|end|> <|start|> "assistant"
+// (TEXT: any text, which no special token is; one analysis message, as
+// gpt-oss writes before its answer, so the answer must follow it). A grammar
+// that names special tokens itself constrains the whole reply as written.
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(
-    const OutputConstraint& c, const Tokenizer* tokenizer = nullptr, bool* names_tokens = nullptr);
+    const OutputConstraint& c, const Tokenizer* tokenizer = nullptr, bool* names_tokens = nullptr,
+    bool harmony = false);
 
 // How the model writes tool calls (what the output parser reads back):
 //   kHermes         <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, calls joined by "\n"
