@@ -282,8 +282,9 @@ Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const 
   RILL_ASSIGN_OR_RETURN(std::string text, render_text(ctx, in, messages, tools));
   bool native = false;
   if (has_tools) {
-    RILL_ASSIGN_OR_RETURN(std::string without, render_text(ctx, in, messages, ojson(nullptr)));
-    native = without != text;
+    // A template that fails without tools reads them (Command R+'s tool-use template).
+    auto without = render_text(ctx, in, messages, ojson(nullptr));
+    native = !without.ok() || without.value() != text;
     if (!native) {
       RILL_ASSIGN_OR_RETURN(text, render_text(ctx, in, with_generic_tools(std::move(messages), tools), ojson(nullptr)));
     }

@@ -288,6 +288,10 @@ const char* tool_call_format_name(ToolCallFormat format) {
       return "kimi-k2";
     case ToolCallFormat::kCommandR7b:
       return "command-r7b";
+    case ToolCallFormat::kCommandR:
+      return "command-r";
+    case ToolCallFormat::kGranite:
+      return "granite";
     case ToolCallFormat::kHarmony:
       return "harmony";
     case ToolCallFormat::kGemma4:
@@ -308,6 +312,9 @@ ToolCallFormat tool_call_format_of_source(const std::string& src) {
   if (has("<｜tool▁calls▁begin｜>") && has("<｜tool▁sep｜>") && !has("```json")) return ToolCallFormat::kDeepSeekV31;
   if (has("<|tool_calls_section_begin|>")) return ToolCallFormat::kKimi;
   if (has("<|START_ACTION|>")) return ToolCallFormat::kCommandR7b;
+  // Command R / R+: "Action:" and a ```json list of {"tool_name", "parameters"}.
+  if (has("Action:") && has("```json") && has("\"tool_name\"")) return ToolCallFormat::kCommandR;
+  if (has("<|tool_call|>")) return ToolCallFormat::kGranite;
   if (has("<tool_call>")) {
     if (has("<function=")) return ToolCallFormat::kQwenXml;
     // GLM writes <tool_call>name<arg_key>... (4.5 / 4.6 on lines of their own).
@@ -716,6 +723,15 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
                                             literal("\", \"tool_name\": " + name_json.dump() + ", \"parameters\": "),
                                             std::move(args), literal("}")}));
           break;
+        case ToolCallFormat::kCommandR:  // as the template writes a call (its tojson indents the arguments)
+          calls.push_back(node(
+              Kind::kSeq, {literal("    {\n        \"tool_name\": " + name_json.dump() + ",\n        \"parameters\": "),
+                           std::move(args), literal("\n    }")}));
+          break;
+        case ToolCallFormat::kGranite:
+          calls.push_back(node(Kind::kSeq, {literal("{\"name\": " + name_json.dump() + ", \"arguments\": "),
+                                            std::move(args), literal("}")}));
+          break;
         case ToolCallFormat::kHarmony:
           // The model's own header form (the template writes the recipient
           // first in history; the parser reads both). <|call|> ends it as EOS.
@@ -741,6 +757,8 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
     if (format == ToolCallFormat::kLlama3Json) separator = "; ";
     if (format == ToolCallFormat::kMistralJson) separator = ", ";
     if (format == ToolCallFormat::kCommandR7b) separator = ",\n    ";
+    if (format == ToolCallFormat::kCommandR) separator = ",\n";
+    if (format == ToolCallFormat::kGranite) separator = ", ";
     if (format == ToolCallFormat::kMistralArgs || format == ToolCallFormat::kMistralCallId ||
         format == ToolCallFormat::kGlmCompact || format == ToolCallFormat::kGemma4 ||
         format == ToolCallFormat::kDeepSeekV31 || format == ToolCallFormat::kKimi || format == ToolCallFormat::kDsml) {
@@ -768,6 +786,12 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
       case ToolCallFormat::kDsml:
         root_body = node(Kind::kSeq, {literal("<｜DSML｜function_calls>\n"), std::move(root_body),
                                       literal("</｜DSML｜function_calls>")});
+        break;
+      case ToolCallFormat::kCommandR:
+        root_body = node(Kind::kSeq, {literal("Action:\n```json\n[\n"), std::move(root_body), literal("\n]```")});
+        break;
+      case ToolCallFormat::kGranite:
+        root_body = node(Kind::kSeq, {marker("<|tool_call|>"), literal("["), std::move(root_body), literal("]")});
         break;
       case ToolCallFormat::kCommandR7b:
         root_body = node(Kind::kSeq, {marker("<|START_ACTION|>"), literal("[\n    "), std::move(root_body),

@@ -73,7 +73,7 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
 //   kGeneric        {"name": "f", "arguments": {...}}, calls joined by "\n": rill's format for
 //                   templates that render no tools (described to the model in a system message),
 //                   and the forced form for templates whose own call syntax the parser does not
-//                   read (GLM <arg_key>, Kimi, DeepSeek, Command-R, Granite 3, functionary...)
+//                   read (Apertus, LFM2, Nemotron Nano v2, MiniMax, functionary...)
 //   kMistralArgs    [TOOL_CALLS]f[ARGS]{...} per call (Ministral 3, Devstral, Magistral)
 //   kMistralCallId  [TOOL_CALLS]f[CALL_ID]<9 alphanumerics>[ARGS]{...} per call (Mistral Small 3.2)
 //   kMistralJson    [TOOL_CALLS][{"name": "f", "arguments": {...}, "id": "<9>"}, ...] (Nemo)
@@ -90,6 +90,9 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
 //                   <|tool_call_argument_begin|>{...}<|tool_call_end|>)+<|tool_calls_section_end|>
 //   kCommandR7b     <|START_ACTION|>[\n    {"tool_call_id": "N", "tool_name": "f", "parameters": {...}},...
 //                   \n]<|END_ACTION|>
+//   kCommandR       Command R / R+ (08-2024): Action:\n```json\n[\n    {\n        "tool_name": "f",\n
+//                           "parameters": {...}\n    },\n...\n]```
+//   kGranite        Granite 3.3: <|tool_call|>[{"name": "f", "arguments": {...}}, ...]
 //   kHarmony        gpt-oss: <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}
 //                   then <|call|> (an end-of-generation token); one call per turn
 //   kGemma4         <|tool_call>call:f{p:<|"|>text<|"|>,n:3}<tool_call|> per call; tools with
@@ -108,6 +111,8 @@ enum class ToolCallFormat {
   kDsml,
   kKimi,
   kCommandR7b,
+  kCommandR,
+  kGranite,
   kHarmony,
   kGemma4,
 };

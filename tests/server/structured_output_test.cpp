@@ -181,7 +181,8 @@ TEST(StructuredOutput, ToolCallGrammarsProduceWhatTheParserReadsBack) {
        {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kGeneric, ToolCallFormat::kMistralArgs,
         ToolCallFormat::kMistralCallId, ToolCallFormat::kMistralJson, ToolCallFormat::kQwenXml, ToolCallFormat::kGlm,
         ToolCallFormat::kGlmCompact, ToolCallFormat::kDeepSeekV31, ToolCallFormat::kDsml, ToolCallFormat::kKimi,
-        ToolCallFormat::kCommandR7b, ToolCallFormat::kHarmony, ToolCallFormat::kGemma4}) {
+        ToolCallFormat::kCommandR7b, ToolCallFormat::kCommandR, ToolCallFormat::kGranite, ToolCallFormat::kHarmony,
+        ToolCallFormat::kGemma4}) {
     SCOPED_TRACE(tool_call_format_name(format));
     for (bool parallel : {false, true}) {
       auto g = tool_call_grammar(tools, format, parallel);
