@@ -248,19 +248,28 @@ Result<std::string> render_text(const ServerContext& ctx, const ChatInput& in, o
   return ctx.chat_template->render(context);
 }
 
-// The messages with the tools described in a system message and earlier
-// calls written as content, in the generic format.
-ojson with_generic_tools(ojson messages, const ojson& tools) {
-  const std::string description = generic_tools_prompt(tools);
+// Assistant turns' tool_calls written after their content as `calls_text`
+// gives them (the template then sees no tool_calls); false when none had any.
+bool calls_into_content(ojson& messages, std::string (*calls_text)(const ojson&)) {
+  bool any = false;
   for (ojson& m : messages) {
     auto calls = m.find("tool_calls");
     if (m["role"] != "assistant" || calls == m.end()) continue;
     std::string content = m["content"].get<std::string>();
     if (!content.empty()) content += "\n";
-    content += generic_tool_calls_text(*calls);
+    content += calls_text(*calls);
     m["content"] = std::move(content);
     m.erase("tool_calls");
+    any = true;
   }
+  return any;
+}
+
+// The messages with the tools described in a system message and earlier
+// calls written as content, in the generic format.
+ojson with_generic_tools(ojson messages, const ojson& tools) {
+  const std::string description = generic_tools_prompt(tools);
+  calls_into_content(messages, &generic_tool_calls_text);
   if (!messages.empty() && messages[0]["role"] == "system") {
     std::string content = messages[0]["content"].get<std::string>();
     messages[0]["content"] = content.empty() ? description : content + "\n\n" + description;
@@ -287,6 +296,10 @@ Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const 
     native = !without.ok() || without.value() != text;
     if (!native) {
       RILL_ASSIGN_OR_RETURN(text, render_text(ctx, in, with_generic_tools(std::move(messages), tools), ojson(nullptr)));
+    } else if (tool_call_format(ctx.chat_template, true) == ToolCallFormat::kGranite &&
+               calls_into_content(messages, &granite_tool_calls_text)) {
+      // Granite 3.3's template drops earlier calls: they go in as the text the model writes.
+      RILL_ASSIGN_OR_RETURN(text, render_text(ctx, in, std::move(messages), tools));
     }
   }
   if (tools_native != nullptr) *tools_native = native;

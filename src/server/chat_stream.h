@@ -110,7 +110,9 @@ struct ChatCallbacks {
 // message instead (appended to the first system message, or a new one
 // first), with rill's generic call format (structured_output.h:
 // kGeneric), and earlier assistant tool_calls become that format's text in
-// the assistant's content. *tools_native tells which happened.
+// the assistant's content. *tools_native tells which happened. A template
+// that renders tools but drops earlier calls (Granite 3.3) gets them as its
+// format's text in the content too.
 Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const ChatInput& in,
                                                 bool* starts_in_reasoning, bool* tools_native = nullptr);
 

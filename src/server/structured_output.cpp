@@ -853,6 +853,19 @@ std::string generic_tools_prompt(const Json& tools) {
   return text;
 }
 
+std::string granite_tool_calls_text(const Json& tool_calls) {
+  // Spaced as the forced form writes it (tool_call_grammar).
+  std::string text = "<|tool_call|>[";
+  for (const Json& c : tool_calls) {
+    const Json& fn = c["function"];
+    const Json args = fn.contains("arguments") ? fn["arguments"] : Json::object();
+    if (text.back() != '[') text += ", ";
+    text += "{\"name\": " + Json(fn.value("name", "")).dump(-1, ' ', false, Json::error_handler_t::replace) +
+            ", \"arguments\": " + args.dump(-1, ' ', false, Json::error_handler_t::replace) + "}";
+  }
+  return text + "]";
+}
+
 std::string generic_tool_calls_text(const Json& tool_calls) {
   std::string text;
   for (const Json& c : tool_calls) {

@@ -150,5 +150,8 @@ std::shared_ptr<const ToolParameterTypes> tool_parameter_types(const nlohmann::o
 // An assistant turn's earlier calls (OpenAI tool_calls, arguments parsed or
 // text) written in the kGeneric format, for templates that render no tools.
 std::string generic_tool_calls_text(const nlohmann::ordered_json& tool_calls);
+// The same in Granite 3.3's syntax (kGranite), whose template renders tools
+// but drops an assistant turn's tool_calls: <|tool_call|>[{"name", "arguments"}, ...].
+std::string granite_tool_calls_text(const nlohmann::ordered_json& tool_calls);
 
 }  // namespace rill::server

@@ -314,5 +314,35 @@ TEST_F(ChatStreamTest, HarmonyReasoningEffortThroughTheApis) {
   }
 }
 
+// Granite 3.3's template renders tools but drops an assistant turn's
+// tool_calls: they reach it as the text the model writes for them.
+TEST_F(ChatStreamTest, GraniteEarlierCallsBecomeTheirCallText) {
+  std::ifstream f(std::string(RILL_SHARED_DIR) + "/templates/ibm-granite-granite-3.3-2B-Instruct.jinja");
+  ASSERT_TRUE(f.good());
+  const std::string source((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ChatInput in;
+  in.messages = ojson::parse(R"([
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])");
+  in.tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const std::string prompt = render_with(source, in);
+  EXPECT_NE(prompt.find("<|start_of_role|>assistant<|end_of_role|><|tool_call|>[{\"name\": \"get_weather\", "
+                        "\"arguments\": {\"city\":\"Paris\"}}]<|end_of_text|>\n<|start_of_role|>tool"),
+            std::string::npos)
+      << prompt;
+  // The parser reads that text back to the call.
+  OutputParserOptions options;
+  options.parse_tool_calls = true;
+  OutputParser parser(options);
+  OutputDelta d;
+  parser.push(granite_tool_calls_text(in.messages[1]["tool_calls"]), d);
+  parser.finish(d);
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].name, "get_weather");
+}
+
 }  // namespace
 }  // namespace rill::server::testing
