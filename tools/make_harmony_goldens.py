@@ -34,6 +34,7 @@ def conversations():
         ("single_user", {"messages": [mtg.U1], "add_generation_prompt": True}),
         ("developer_instructions", {"messages": [mtg.SYSTEM, mtg.U1, mtg.A1, mtg.U2], "add_generation_prompt": True}),
         ("reasoning_effort_high", {"messages": [mtg.U1], "add_generation_prompt": True, "reasoning_effort": "high"}),
+        ("reasoning_effort_low", {"messages": [mtg.U1], "add_generation_prompt": True, "reasoning_effort": "low"}),
         ("model_identity", {"messages": [mtg.U1], "add_generation_prompt": True,
                             "model_identity": "You are Rill, a local model."}),
         ("tools_offered", {"messages": [U], "tools": [mtg.WEATHER_TOOL, mtg.TIME_TOOL], "add_generation_prompt": True}),

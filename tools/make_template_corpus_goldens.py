@@ -97,14 +97,19 @@ def ends_inside_think(text):
 def call_text(env, source, n_calls):
     """{text, starts_in_reasoning}: what the template writes for an assistant
     turn with n_calls calls after a user turn, or None."""
-    base = {"bos_token": BOS, "eos_token": EOS, "tools": TOOLS}
-    try:
-        template = env.from_string(source)
-        prompt = template.render(messages=[USER], add_generation_prompt=True, **base)
-        history = template.render(messages=[USER], add_generation_prompt=False, **base)
-        full = template.render(messages=[USER, assistant(n_calls)], add_generation_prompt=False, **base)
-    except Exception:  # noqa: BLE001 - a template that cannot render the turn has no call text
-        return None
+    # Command R+ needs a description on every parameter (and an object's value
+    # type): a second try has them.
+    for tools in (TOOLS, described(TOOLS)):
+        base = {"bos_token": BOS, "eos_token": EOS, "tools": tools}
+        try:
+            template = env.from_string(source)
+            prompt = template.render(messages=[USER], add_generation_prompt=True, **base)
+            history = template.render(messages=[USER], add_generation_prompt=False, **base)
+            full = template.render(messages=[USER, assistant(n_calls)], add_generation_prompt=False, **base)
+            break
+        except Exception:  # noqa: BLE001 - a template that cannot render the turn has no call text
+            if tools is not TOOLS:
+                return None
     in_think = ends_inside_think(prompt)
     if full.startswith(prompt):
         text = full[len(prompt):]
@@ -119,6 +124,15 @@ def call_text(env, source, n_calls):
         text = text[len(header):]
         # The history form closes an empty think block the prompt opened (GLM 4.7).
         in_think = text.startswith("</think>")
+    elif prompt.startswith(history) and trailer_split(history, full):
+        # The template writes a trailer after the messages (Command R+'s
+        # closing instruction): the turn is what full adds before it.
+        head, tail = trailer_split(history, full)
+        text = full[len(head):len(full) - len(tail)]
+        opening = prompt[len(history):]
+        if not text.startswith(opening):
+            return None
+        text = text[len(opening):]
     else:
         return None
     for m in CUT_AT:
@@ -133,6 +147,28 @@ def call_text(env, source, n_calls):
                 text = text[:-len(m)]
                 changed = True
     return {"text": text, "starts_in_reasoning": in_think}
+
+
+def described(tools):
+    out = copy.deepcopy(tools)
+    for t in out:
+        for name, p in t["function"]["parameters"]["properties"].items():
+            p["description"] = "The " + name
+            if p["type"] == "object":
+                p["additionalProperties"] = {"type": "string"}
+    return out
+
+
+def trailer_split(history, full):
+    """(head, tail) with history == head + tail and full == head + turn + tail,
+    tail the longest common suffix, or None."""
+    n = 0
+    while n < min(len(history), len(full)) and history[-1 - n] == full[-1 - n]:
+        n += 1
+    if n == 0 or n == len(history):
+        return None
+    head = history[:len(history) - n]
+    return (head, history[len(head):]) if full.startswith(head) else None
 
 
 def main():

@@ -242,22 +242,34 @@ Result<std::string> render_text(const ServerContext& ctx, const ChatInput& in, o
       if (it.key() != "messages") context[it.key()] = it.value();
     }
   }
+  if (in.reasoning_effort && !context.contains("reasoning_effort")) {
+    context["reasoning_effort"] = in.reasoning_effort->value;
+  }
   return ctx.chat_template->render(context);
+}
+
+// Assistant turns' tool_calls written after their content as `calls_text`
+// gives them (the template then sees no tool_calls); false when none had any.
+bool calls_into_content(ojson& messages, std::string (*calls_text)(const ojson&)) {
+  bool any = false;
+  for (ojson& m : messages) {
+    auto calls = m.find("tool_calls");
+    if (m["role"] != "assistant" || calls == m.end()) continue;
+    std::string content = m["content"].get<std::string>();
+    if (!content.empty()) content += "\n";
+    content += calls_text(*calls);
+    m["content"] = std::move(content);
+    m.erase("tool_calls");
+    any = true;
+  }
+  return any;
 }
 
 // The messages with the tools described in a system message and earlier
 // calls written as content, in the generic format.
 ojson with_generic_tools(ojson messages, const ojson& tools) {
   const std::string description = generic_tools_prompt(tools);
-  for (ojson& m : messages) {
-    auto calls = m.find("tool_calls");
-    if (m["role"] != "assistant" || calls == m.end()) continue;
-    std::string content = m["content"].get<std::string>();
-    if (!content.empty()) content += "\n";
-    content += generic_tool_calls_text(*calls);
-    m["content"] = std::move(content);
-    m.erase("tool_calls");
-  }
+  calls_into_content(messages, &generic_tool_calls_text);
   if (!messages.empty() && messages[0]["role"] == "system") {
     std::string content = messages[0]["content"].get<std::string>();
     messages[0]["content"] = content.empty() ? description : content + "\n\n" + description;
@@ -279,10 +291,15 @@ Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const 
   RILL_ASSIGN_OR_RETURN(std::string text, render_text(ctx, in, messages, tools));
   bool native = false;
   if (has_tools) {
-    RILL_ASSIGN_OR_RETURN(std::string without, render_text(ctx, in, messages, ojson(nullptr)));
-    native = without != text;
+    // A template that fails without tools reads them (Command R+'s tool-use template).
+    auto without = render_text(ctx, in, messages, ojson(nullptr));
+    native = !without.ok() || without.value() != text;
     if (!native) {
       RILL_ASSIGN_OR_RETURN(text, render_text(ctx, in, with_generic_tools(std::move(messages), tools), ojson(nullptr)));
+    } else if (tool_call_format(ctx.chat_template, true) == ToolCallFormat::kGranite &&
+               calls_into_content(messages, &granite_tool_calls_text)) {
+      // Granite 3.3's template drops earlier calls: they go in as the text the model writes.
+      RILL_ASSIGN_OR_RETURN(text, render_text(ctx, in, std::move(messages), tools));
     }
   }
   if (tools_native != nullptr) *tools_native = native;
@@ -316,13 +333,28 @@ GenerationRequest::Thinking model_thinking_tokens(const ServerContext& ctx) {
 
 std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx, const ChatInput& in) {
   ChatPrompt prompt;
+  // gpt-oss: the harmony format's channels carry reasoning, answer and calls.
+  const bool harmony = ctx.chat_template != nullptr &&
+                       tool_call_format_of_source(ctx.chat_template->source()) == ToolCallFormat::kHarmony;
+  std::optional<ChatInput::ThinkingRequest> thinking = in.thinking;
+  if (harmony && in.reasoning_effort) {
+    // The template's "Reasoning: <effort>" line is harmony's control: no budget.
+    const ChatInput::ReasoningEffort& effort = in.reasoning_effort.value();
+    if (effort.value != "low" && effort.value != "medium" && effort.value != "high") {
+      return ApiError(400,
+                      effort.param + ": this model (gpt-oss, harmony) reasons at low, medium or high effort, got \"" +
+                          effort.value + "\"",
+                      "invalid_request_error", effort.param);
+    }
+    if (thinking && thinking->param == effort.param) thinking.reset();
+  }
   prompt.thinking = model_thinking_tokens(ctx);
-  if (in.thinking && !prompt.thinking.tracked()) {
+  if (thinking && !prompt.thinking.tracked()) {
     return ApiError(400,
-                    in.thinking->param +
+                    thinking->param +
                         ": this model has no thinking mode (its chat template writes no <think> block with a "
                         "<think> / </think> token pair)",
-                    "invalid_request_error", in.thinking->param);
+                    "invalid_request_error", thinking->param);
   }
   bool starts_in_reasoning = false, tools_native = false;
   auto ids = render_chat_prompt(ctx, in, &starts_in_reasoning, &tools_native);
@@ -333,11 +365,8 @@ std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx,
   prompt.parser.parse_reasoning = true;
   prompt.parser.starts_in_reasoning = starts_in_reasoning;
   prompt.thinking.starts_inside = starts_in_reasoning && prompt.thinking.tracked();
-  if (in.thinking) prompt.thinking.budget = in.thinking->budget;
+  if (thinking) prompt.thinking.budget = thinking->budget;
   prompt.parser.parse_tool_calls = in.tools.is_array() && !in.tools.empty();
-  // gpt-oss: the harmony format's channels carry reasoning, answer and calls.
-  const bool harmony = ctx.chat_template != nullptr &&
-                       tool_call_format_of_source(ctx.chat_template->source()) == ToolCallFormat::kHarmony;
   prompt.parser.harmony = harmony;
   if (harmony && ctx.engine.tokenizer() != nullptr) {
     // <|end|> closes a harmony message (the analysis before the answer),
@@ -354,7 +383,7 @@ std::variant<ChatPrompt, ApiError> prepare_chat_prompt(const ServerContext& ctx,
     prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));
   } else if (!in.constraint.empty()) {
     bool names_tokens = false;
-    auto g = compile_constraint(in.constraint, ctx.engine.tokenizer(), &names_tokens);
+    auto g = compile_constraint(in.constraint, ctx.engine.tokenizer(), &names_tokens, harmony);
     if (names_tokens) prompt.keep_special_tokens = true;
     if (auto* e = std::get_if<ApiError>(&g)) return std::move(*e);
     prompt.grammar = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(std::move(g));

@@ -47,6 +47,16 @@ struct ChatInput {
     int32_t budget = -1;
   };
   std::optional<ThinkingRequest> thinking;
+  // Chat reasoning_effort / Responses reasoning.effort as given (`param`
+  // names the field): the template sees it as `reasoning_effort` unless
+  // template_kwargs sets that. A harmony template (gpt-oss) writes it into
+  // its system message ("Reasoning: low"), so there it must be low, medium
+  // or high (else a 400 naming `param`) and it replaces the thinking budget
+  // the effort asked for (`thinking` with the same param).
+  struct ReasoningEffort {
+    std::string param, value;
+  };
+  std::optional<ReasoningEffort> reasoning_effort;
 };
 
 // The thinking budget a reasoning effort stands for: none and minimal ask
@@ -100,7 +110,9 @@ struct ChatCallbacks {
 // message instead (appended to the first system message, or a new one
 // first), with rill's generic call format (structured_output.h:
 // kGeneric), and earlier assistant tool_calls become that format's text in
-// the assistant's content. *tools_native tells which happened.
+// the assistant's content. *tools_native tells which happened. A template
+// that renders tools but drops earlier calls (Granite 3.3) gets them as its
+// format's text in the content too.
 Result<std::vector<int32_t>> render_chat_prompt(const ServerContext& ctx, const ChatInput& in,
                                                 bool* starts_in_reasoning, bool* tools_native = nullptr);
 

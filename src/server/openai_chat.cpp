@@ -103,7 +103,7 @@ std::optional<ApiError> read_template_kwargs(const FieldReader& body, ChatInput&
     // An explicit chat_template_kwargs.enable_thinking wins.
     const std::optional<int32_t> budget = thinking_budget_for_effort(*effort);
     if (!in.template_kwargs.contains("enable_thinking")) in.template_kwargs["enable_thinking"] = budget.has_value();
-    if (!in.template_kwargs.contains("reasoning_effort")) in.template_kwargs["reasoning_effort"] = *effort;
+    in.reasoning_effort = ChatInput::ReasoningEffort{"reasoning_effort", *effort};
     if (budget) in.thinking = ChatInput::ThinkingRequest{"reasoning_effort", *budget};
   }
   // rill extension: the thinking block's budget in tokens (wins over the

@@ -164,6 +164,10 @@ void handle_responses_create(ServerContext& ctx, const HttpRequest& req, std::sh
   chat.constraint = request.constraint;
   if (request.enable_thinking) chat.template_kwargs["enable_thinking"] = *request.enable_thinking;
   if (request.thinking_budget) chat.thinking = ChatInput::ThinkingRequest{"reasoning.effort", *request.thinking_budget};
+  if (request.reasoning.is_object() && request.reasoning["effort"].is_string()) {
+    chat.reasoning_effort =
+        ChatInput::ReasoningEffort{"reasoning.effort", request.reasoning["effort"].get<std::string>()};
+  }
   auto prepared = prepare_chat_prompt(ctx, chat);
   if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(*res, *e);
   ChatPrompt& prompt = std::get<ChatPrompt>(prepared);

@@ -25,6 +25,8 @@
 //   effort true with the effort's thinking budget (low 1,024 tokens, medium
 //   4,096, high / xhigh unbounded; a 400 naming reasoning.effort for a model
 //   without thinking); without `reasoning` the template's default applies.
+//   gpt-oss (harmony) takes low / medium / high as its template's
+//   reasoning_effort instead (ChatInput::reasoning_effort).
 // - rill extensions: top_k, min_p, repetition_penalty, seed.
 #include <cstdint>
 #include <optional>

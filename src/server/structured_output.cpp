@@ -90,6 +90,28 @@ void prefix_refs(grammar::Expr& e, const std::string& prefix) {
   for (grammar::Expr& c : e.children) prefix_refs(c, prefix);
 }
 
+// Literals for a format's markers: a spelling the tokenizer has as one
+// special token is that token (the model writes it so), otherwise its text;
+// `bits` records each choice (a grammar's cache key must hold them). No
+// tokenizer: all text.
+struct Markers {
+  const Tokenizer* tokenizer = nullptr;
+  std::string bits;
+  grammar::Expr operator()(std::string_view spelling) {
+    bool special = false;
+    if (tokenizer != nullptr) {
+      const std::vector<int32_t> ids = tokenizer->encode(spelling, /*add_special=*/false, /*parse_special=*/true);
+      special = ids.size() == 1 && tokenizer->is_special(ids[0]);
+    }
+    bits += special ? '1' : '0';
+    return literal(special ? grammar::special_token_literal(spelling) : std::string(spelling));
+  }
+};
+
+// gpt-oss (compile_constraint's `harmony`): `gbnf` over the final channel's
+// text, after an analysis message of free text or none.
+Result<grammar::GrammarAst> harmony_answer_ast(const std::string& gbnf, Markers& marker);
+
 }  // namespace
 
 std::optional<ApiError> read_response_format(const FieldReader& body, OutputConstraint& out) {
@@ -199,9 +221,11 @@ void named_tokens(const grammar::Expr& e, std::vector<std::string>& out) {
 
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(const OutputConstraint& c,
                                                                                            const Tokenizer* tokenizer,
-                                                                                           bool* names_tokens) {
+                                                                                           bool* names_tokens,
+                                                                                           bool harmony) {
   if (names_tokens != nullptr) *names_tokens = false;
   if (c.empty()) return std::shared_ptr<const grammar::CompiledGrammar>();
+  bool named = false;
   // Only GBNF text names special tokens (<|channel|>): each must be one of
   // this model's, or the grammar could never be followed.
   if (c.gbnf.find('<') != std::string::npos) {
@@ -217,8 +241,19 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
                              "the grammar names " + name + ", which is not a special token of this model");
         }
       }
-      if (names_tokens != nullptr) *names_tokens = !names.empty();
+      named = !names.empty();
     }
+  }
+  if (names_tokens != nullptr) *names_tokens = named;
+  if (harmony && !named) {
+    Markers marker{tokenizer, {}};
+    auto ast = harmony_answer_ast(c.gbnf, marker);
+    if (!ast.ok()) return field_error(c.param.empty() ? "grammar" : c.param, ast.error().message);
+    if (names_tokens != nullptr) *names_tokens = true;
+    auto g = grammar::GrammarCache::shared().get_built("harmony final\n" + marker.bits + "\n" + c.gbnf,
+                                                       [&]() -> Result<grammar::GrammarAst> { return *ast; });
+    if (!g.ok()) return field_error(c.param.empty() ? "grammar" : c.param, g.error().message);
+    return std::move(g).value();
   }
   auto g = grammar::GrammarCache::shared().get(c.gbnf);
   if (!g.ok()) return field_error(c.param.empty() ? "grammar" : c.param, g.error().message);
@@ -253,6 +288,10 @@ const char* tool_call_format_name(ToolCallFormat format) {
       return "kimi-k2";
     case ToolCallFormat::kCommandR7b:
       return "command-r7b";
+    case ToolCallFormat::kCommandR:
+      return "command-r";
+    case ToolCallFormat::kGranite:
+      return "granite";
     case ToolCallFormat::kHarmony:
       return "harmony";
     case ToolCallFormat::kGemma4:
@@ -273,6 +312,9 @@ ToolCallFormat tool_call_format_of_source(const std::string& src) {
   if (has("<｜tool▁calls▁begin｜>") && has("<｜tool▁sep｜>") && !has("```json")) return ToolCallFormat::kDeepSeekV31;
   if (has("<|tool_calls_section_begin|>")) return ToolCallFormat::kKimi;
   if (has("<|START_ACTION|>")) return ToolCallFormat::kCommandR7b;
+  // Command R / R+: "Action:" and a ```json list of {"tool_name", "parameters"}.
+  if (has("Action:") && has("```json") && has("\"tool_name\"")) return ToolCallFormat::kCommandR;
+  if (has("<|tool_call|>")) return ToolCallFormat::kGranite;
   if (has("<tool_call>")) {
     if (has("<function=")) return ToolCallFormat::kQwenXml;
     // GLM writes <tool_call>name<arg_key>... (4.5 / 4.6 on lines of their own).
@@ -470,6 +512,23 @@ grammar::Expr repeat(grammar::Expr e, uint32_t min, uint32_t max) {
   return r;
 }
 
+Result<grammar::GrammarAst> harmony_answer_ast(const std::string& gbnf, Markers& marker) {
+  using Kind = grammar::Expr::Kind;
+  grammar::GrammarAst ast;
+  RILL_ASSIGN_OR_RETURN(grammar::Expr answer, splice(ast, gbnf, "answer-"));
+  grammar::Expr any_char;  // text: no special token can be spelled by it (grammar_ast.h)
+  any_char.kind = Kind::kClass;
+  any_char.ranges = {{0, grammar::kMaxCodepoint}};
+  grammar::Expr analysis = node(Kind::kSeq, {marker("<|channel|>"), literal("analysis"), marker("<|message|>"),
+                                             repeat(std::move(any_char), 0, grammar::kUnbounded), marker("<|end|>"),
+                                             marker("<|start|>"), literal("assistant")});
+  grammar::Expr root = node(Kind::kSeq, {repeat(ref("analysis"), 0, 1), marker("<|channel|>"), literal("final"),
+                                         marker("<|message|>"), std::move(answer)});
+  ast.rules.insert(ast.rules.begin(),
+                   {grammar::Rule{"root", std::move(root), 0}, {"analysis", std::move(analysis), 0}});
+  return ast;
+}
+
 // Nine alphanumerics: a Mistral call id (the server replaces it).
 grammar::Expr mistral_call_id() {
   grammar::Expr c;
@@ -557,16 +616,7 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
   }
   // A marker the tokenizer has as one special token is that token (the
   // model writes it so); otherwise its text. The choice is in the cache key.
-  std::string marker_bits;
-  auto marker = [&](std::string_view spelling) {
-    bool special = false;
-    if (tokenizer != nullptr) {
-      const std::vector<int32_t> ids = tokenizer->encode(spelling, /*add_special=*/false, /*parse_special=*/true);
-      special = ids.size() == 1 && tokenizer->is_special(ids[0]);
-    }
-    marker_bits += special ? '1' : '0';
-    return literal(special ? grammar::special_token_literal(spelling) : std::string(spelling));
-  };
+  Markers marker{tokenizer, {}};
   auto build = [&]() -> Result<grammar::GrammarAst> {
     using Kind = grammar::Expr::Kind;
     grammar::GrammarAst ast;
@@ -673,6 +723,15 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
                                             literal("\", \"tool_name\": " + name_json.dump() + ", \"parameters\": "),
                                             std::move(args), literal("}")}));
           break;
+        case ToolCallFormat::kCommandR:  // as the template writes a call (its tojson indents the arguments)
+          calls.push_back(node(
+              Kind::kSeq, {literal("    {\n        \"tool_name\": " + name_json.dump() + ",\n        \"parameters\": "),
+                           std::move(args), literal("\n    }")}));
+          break;
+        case ToolCallFormat::kGranite:
+          calls.push_back(node(Kind::kSeq, {literal("{\"name\": " + name_json.dump() + ", \"arguments\": "),
+                                            std::move(args), literal("}")}));
+          break;
         case ToolCallFormat::kHarmony:
           // The model's own header form (the template writes the recipient
           // first in history; the parser reads both). <|call|> ends it as EOS.
@@ -698,6 +757,8 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
     if (format == ToolCallFormat::kLlama3Json) separator = "; ";
     if (format == ToolCallFormat::kMistralJson) separator = ", ";
     if (format == ToolCallFormat::kCommandR7b) separator = ",\n    ";
+    if (format == ToolCallFormat::kCommandR) separator = ",\n";
+    if (format == ToolCallFormat::kGranite) separator = ", ";
     if (format == ToolCallFormat::kMistralArgs || format == ToolCallFormat::kMistralCallId ||
         format == ToolCallFormat::kGlmCompact || format == ToolCallFormat::kGemma4 ||
         format == ToolCallFormat::kDeepSeekV31 || format == ToolCallFormat::kKimi || format == ToolCallFormat::kDsml) {
@@ -726,6 +787,12 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
         root_body = node(Kind::kSeq, {literal("<｜DSML｜function_calls>\n"), std::move(root_body),
                                       literal("</｜DSML｜function_calls>")});
         break;
+      case ToolCallFormat::kCommandR:
+        root_body = node(Kind::kSeq, {literal("Action:\n```json\n[\n"), std::move(root_body), literal("\n]```")});
+        break;
+      case ToolCallFormat::kGranite:
+        root_body = node(Kind::kSeq, {marker("<|tool_call|>"), literal("["), std::move(root_body), literal("]")});
+        break;
       case ToolCallFormat::kCommandR7b:
         root_body = node(Kind::kSeq, {marker("<|START_ACTION|>"), literal("[\n    "), std::move(root_body),
                                       literal("\n]"), marker("<|END_ACTION|>")});
@@ -741,7 +808,7 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> tool_cal
   auto ast = build();
   if (!ast.ok()) return field_error("tools", ast.error().message);
   std::string key =
-      "tools\n" + std::to_string(static_cast<int>(format)) + (parallel ? "p\n" : "1\n") + marker_bits + "\n";
+      "tools\n" + std::to_string(static_cast<int>(format)) + (parallel ? "p\n" : "1\n") + marker.bits + "\n";
   for (size_t i = 0; i < tools.size(); ++i) {
     key += tools[i]["function"]["name"].get<std::string>() + "\n";
     if (!xml) {
@@ -784,6 +851,19 @@ std::string generic_tools_prompt(const Json& tools) {
     text += "\n" + t["function"].dump(-1, ' ', false, Json::error_handler_t::replace);
   }
   return text;
+}
+
+std::string granite_tool_calls_text(const Json& tool_calls) {
+  // Spaced as the forced form writes it (tool_call_grammar).
+  std::string text = "<|tool_call|>[";
+  for (const Json& c : tool_calls) {
+    const Json& fn = c["function"];
+    const Json args = fn.contains("arguments") ? fn["arguments"] : Json::object();
+    if (text.back() != '[') text += ", ";
+    text += "{\"name\": " + Json(fn.value("name", "")).dump(-1, ' ', false, Json::error_handler_t::replace) +
+            ", \"arguments\": " + args.dump(-1, ' ', false, Json::error_handler_t::replace) + "}";
+  }
+  return text + "]";
 }
 
 std::string generic_tool_calls_text(const Json& tool_calls) {

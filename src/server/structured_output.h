@@ -54,10 +54,18 @@ std::optional<ApiError> read_grammar_fields(const FieldReader& body, OutputConst
 // The compiled grammar (shared between requests: GrammarCache::shared());
 // null for an empty constraint; a 400 naming c.param when it does not compile.
 // A grammar that names a special token (<|channel|>) the tokenizer lacks is a
-// 400; *names_tokens tells whether it names any (the reply's text must then
-// keep special tokens).
+// 400; *names_tokens tells whether the compiled grammar names any (the
+// reply's text must then keep special tokens).
+// `harmony` (gpt-oss): the constraint is the answer's, in the final channel,
+// after the reasoning, as after </think> for <think> models:
+//   root     ::= analysis? <|channel|> "final" <|message|> CONSTRAINT
+//   analysis ::= <|channel|> "analysis" <|message|> TEXT <|end|> <|start|> "assistant"
+// (TEXT: any text, which no special token is; one analysis message, as
+// gpt-oss writes before its answer, so the answer must follow it). A grammar
+// that names special tokens itself constrains the whole reply as written.
 std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_constraint(
-    const OutputConstraint& c, const Tokenizer* tokenizer = nullptr, bool* names_tokens = nullptr);
+    const OutputConstraint& c, const Tokenizer* tokenizer = nullptr, bool* names_tokens = nullptr,
+    bool harmony = false);
 
 // How the model writes tool calls (what the output parser reads back):
 //   kHermes         <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, calls joined by "\n"
@@ -65,7 +73,7 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
 //   kGeneric        {"name": "f", "arguments": {...}}, calls joined by "\n": rill's format for
 //                   templates that render no tools (described to the model in a system message),
 //                   and the forced form for templates whose own call syntax the parser does not
-//                   read (GLM <arg_key>, Kimi, DeepSeek, Command-R, Granite 3, functionary...)
+//                   read (Apertus, LFM2, Nemotron Nano v2, MiniMax, functionary...)
 //   kMistralArgs    [TOOL_CALLS]f[ARGS]{...} per call (Ministral 3, Devstral, Magistral)
 //   kMistralCallId  [TOOL_CALLS]f[CALL_ID]<9 alphanumerics>[ARGS]{...} per call (Mistral Small 3.2)
 //   kMistralJson    [TOOL_CALLS][{"name": "f", "arguments": {...}, "id": "<9>"}, ...] (Nemo)
@@ -82,6 +90,9 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> compile_
 //                   <|tool_call_argument_begin|>{...}<|tool_call_end|>)+<|tool_calls_section_end|>
 //   kCommandR7b     <|START_ACTION|>[\n    {"tool_call_id": "N", "tool_name": "f", "parameters": {...}},...
 //                   \n]<|END_ACTION|>
+//   kCommandR       Command R / R+ (08-2024): Action:\n```json\n[\n    {\n        "tool_name": "f",\n
+//                           "parameters": {...}\n    },\n...\n]```
+//   kGranite        Granite 3.3: <|tool_call|>[{"name": "f", "arguments": {...}}, ...]
 //   kHarmony        gpt-oss: <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}
 //                   then <|call|> (an end-of-generation token); one call per turn
 //   kGemma4         <|tool_call>call:f{p:<|"|>text<|"|>,n:3}<tool_call|> per call; tools with
@@ -100,6 +111,8 @@ enum class ToolCallFormat {
   kDsml,
   kKimi,
   kCommandR7b,
+  kCommandR,
+  kGranite,
   kHarmony,
   kGemma4,
 };
@@ -137,5 +150,8 @@ std::shared_ptr<const ToolParameterTypes> tool_parameter_types(const nlohmann::o
 // An assistant turn's earlier calls (OpenAI tool_calls, arguments parsed or
 // text) written in the kGeneric format, for templates that render no tools.
 std::string generic_tool_calls_text(const nlohmann::ordered_json& tool_calls);
+// The same in Granite 3.3's syntax (kGranite), whose template renders tools
+// but drops an assistant turn's tool_calls: <|tool_call|>[{"name", "arguments"}, ...].
+std::string granite_tool_calls_text(const nlohmann::ordered_json& tool_calls);
 
 }  // namespace rill::server

@@ -48,17 +48,25 @@ constexpr std::string_view kDsmlOpen = "<｜DSML｜function_calls>";
 constexpr std::string_view kDsmlClose = "</｜DSML｜function_calls>";
 constexpr std::string_view kActionOpen = "<|START_ACTION|>";
 constexpr std::string_view kActionClose = "<|END_ACTION|>";
+// Command R / R+: Action: ```json [...] ``` (calls only when the fence follows).
+constexpr std::string_view kCommandRAction = "Action:";
+constexpr std::string_view kJsonFenceOpen = "```json";
+constexpr std::string_view kFence = "```";
+// Granite 3.3: <|tool_call|>[{"name": ..., "arguments": ...}, ...], read as Mistral Nemo's list.
+constexpr std::string_view kGraniteCalls = "<|tool_call|>";
 
 constexpr size_t kMaxFramedName = 256;  // a longer name is not a call
 
 // What opens tool calls in content, in the order step_content handles them.
-constexpr std::array<std::string_view, 7> kCallMarkers = {kToolOpen,
+constexpr std::array<std::string_view, 9> kCallMarkers = {kToolOpen,
                                                           kMistralCalls,
                                                           kGemmaCallOpen,
                                                           kDsmlOpen,
                                                           kActionOpen,
                                                           kDeepSeekCalls.section_open,
-                                                          kKimiCalls.section_open};
+                                                          kKimiCalls.section_open,
+                                                          kCommandRAction,
+                                                          kGraniteCalls};
 constexpr int kMaxGemmaDepth = 64;
 
 bool is_space(char c) {
@@ -357,9 +365,9 @@ bool OutputParser::step_content(bool final, OutputDelta& out) {
   if (at != std::string::npos) {
     emit_content(std::string_view(buf_).substr(0, at), out);  // whitespace before it stays held
     const std::string_view marker = kCallMarkers[which];
-    if (marker == kMistralCalls) {
+    if (marker == kMistralCalls || marker == kGraniteCalls) {
       buf_.erase(0, at);  // the marker stays: it is content if no call follows
-      json_scan_ = kMistralCalls.size();
+      json_scan_ = marker.size();
       mode_ = Mode::kMistralCalls;
       return true;
     }
@@ -372,6 +380,8 @@ bool OutputParser::step_content(bool final, OutputDelta& out) {
       start_block(BlockKind::kDsml, kDsmlOpen, kDsmlClose);
     } else if (marker == kActionOpen) {
       start_block(BlockKind::kAction, kActionOpen, kActionClose);
+    } else if (marker == kCommandRAction) {
+      start_block(BlockKind::kCommandR, kCommandRAction, kFence);
     } else {
       framed_ = marker == kKimiCalls.section_open ? &kKimiCalls : &kDeepSeekCalls;
       mode_ = Mode::kFramedCalls;
@@ -389,6 +399,7 @@ bool OutputParser::step_content(bool final, OutputDelta& out) {
 
 void OutputParser::start_block(BlockKind kind, std::string_view open, std::string_view close) {
   block_kind_ = kind;
+  block_scanned_ = 0;
   block_open_ = open;
   block_close_ = close;
   mode_ = Mode::kBlockCalls;
@@ -398,9 +409,39 @@ void OutputParser::start_block(BlockKind kind, std::string_view open, std::strin
 // calls then stream one delta each. Text that is not such a block stays
 // content, markers included.
 bool OutputParser::step_block_calls(bool final, OutputDelta& out) {
-  const size_t at = buf_.find(block_close_);
+  size_t from = 0, at = std::string::npos;
+  if (block_kind_ == BlockKind::kCommandR) {
+    // "Action:" opens calls only when a ```json fence follows; otherwise it
+    // is content and the text after it is read as content again.
+    while (from < buf_.size() && is_space(buf_[from])) ++from;
+    const std::string_view rest = std::string_view(buf_).substr(from);
+    if (!starts_with(rest, kJsonFenceOpen)) {
+      if (!final && is_partial(rest, kJsonFenceOpen)) return false;
+      emit_content(block_open_, out);
+      mode_ = Mode::kContent;
+      return true;
+    }
+    from += kJsonFenceOpen.size();
+    // The closing fence is the first after a ']' that ends the list (a ```
+    // inside a string does not); fences already tried are not tried again.
+    std::vector<ToolCall> probe;
+    for (at = buf_.find(kFence, std::max(from, block_scanned_)); at != std::string::npos;
+         at = buf_.find(kFence, at + 1)) {
+      size_t end = at;
+      while (end > from && is_space(buf_[end - 1])) --end;
+      if (end > from && buf_[end - 1] == ']' &&
+          parse_action_calls(std::string_view(buf_).substr(from, at - from), probe)) {
+        break;
+      }
+      probe.clear();
+    }
+    block_scanned_ = buf_.size() < kFence.size() ? 0 : buf_.size() - kFence.size() + 1;
+  } else {
+    at = buf_.find(block_close_);
+  }
   if (at == std::string::npos && !final) return false;
-  const std::string_view body = std::string_view(buf_).substr(0, at == std::string::npos ? buf_.size() : at);
+  const std::string_view body =
+      std::string_view(buf_).substr(from, (at == std::string::npos ? buf_.size() : at) - from);
   const size_t used = at == std::string::npos ? buf_.size() : at + block_close_.size();
   std::vector<ToolCall> calls;
   bool ok = false;
@@ -415,6 +456,7 @@ bool OutputParser::step_block_calls(bool final, OutputDelta& out) {
       ok = parse_dsml_calls(body, calls);
       break;
     case BlockKind::kAction:
+    case BlockKind::kCommandR:
       ok = parse_action_calls(body, calls);
       break;
   }
@@ -791,16 +833,22 @@ bool OutputParser::step_mistral_calls(bool final, OutputDelta& out) {
     mode_ = Mode::kContent;
     return true;
   }
-  // buf_ = "[TOOL_CALLS]" + what follows; json_scan_ is just past the marker.
+  // buf_ = "[TOOL_CALLS]" (or Granite's "<|tool_call|>") + what follows;
+  // json_scan_ is just past the marker.
   auto give_up = [&](size_t upto) {  // [0, upto) is content, and the reply goes on as content
     emit_content(std::string_view(buf_).substr(0, upto), out);
     buf_.erase(0, upto);
     mode_ = Mode::kContent;
     return true;
   };
-  const size_t p = json_scan_;
+  const bool granite = starts_with(buf_, kGraniteCalls);
+  size_t p = json_scan_;
+  if (granite) {
+    while (p < buf_.size() && is_space(buf_[p])) ++p;
+  }
   if (p == buf_.size()) return final ? give_up(p) : false;
-  if (buf_[p] == '[') {  // Mistral Nemo: a JSON array of {"name", "arguments", "id"} objects
+  if (granite && buf_[p] != '[') return give_up(p);  // Granite writes only the list
+  if (buf_[p] == '[') {  // Mistral Nemo, Granite: a JSON array of {"name", "arguments"(, "id")} objects
     json_scan_ = p + 1;
     json_object_ = std::string::npos;
     json_any_call_ = false;

@@ -24,10 +24,13 @@
 //                   ...<｜tool▁calls▁end｜>; the arguments stream as Mistral's.
 //   Kimi K2         <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
 //                   <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
+//   Granite 3.3     <|tool_call|>[{"name": ..., "arguments": {...}}, ...]: read as Nemo's list.
 //   GLM 4.5-4.7,    <tool_call>NAME<arg_key>..., <｜DSML｜function_calls>...,
-//   DeepSeek V3.2,  <|START_ACTION|>[...]<|END_ACTION|>: read whole at the
-//   Command R7B     closing marker (text/tool_call_blocks.h), then each call
-//                   streams at once.
+//   DeepSeek V3.2,  <|START_ACTION|>[...]<|END_ACTION|>, Action: ```json
+//   Command R7B,    [{"tool_name": ..., "parameters": {...}}, ...]``` (the
+//   Command R / R+  closing fence the first after the list; "Action:" without
+//                   the fence is content): read whole at the closing marker
+//                   (text/tool_call_blocks.h), then each call streams at once.
 // Reasoning: <think>...</think>, or Gemma 4's <|channel>thought...<channel|>,
 // at the start of the reply.
 // Text that might still turn into a marker is held back (never streamed as
@@ -159,7 +162,7 @@ class OutputParser {
     kBlockCalls,    // after block_open_: buf_ holds the block until block_close_ (tool_call_blocks.h)
     kFramedCalls,   // after framed_->section_open (DeepSeek V3.1, Kimi K2)
   };
-  enum class BlockKind { kGlm, kDsml, kAction };
+  enum class BlockKind { kGlm, kDsml, kAction, kCommandR };
   // Consumes buf_ as far as it is decided; `final`: no more text comes.
   void drain(bool final, OutputDelta& out);
   // One step of each mode; true when the mode changed and draining goes on.
@@ -215,6 +218,7 @@ class OutputParser {
   bool xml_string_value_ = false;              // typed "string": its text streams as it comes
   BlockKind block_kind_ = BlockKind::kGlm;     // kBlockCalls
   std::string_view block_open_, block_close_;  // its markers (static strings)
+  size_t block_scanned_ = 0;                   // kCommandR: closing fences before this offset were tried
   const FramedCallFormat* framed_ = nullptr;   // kFramedCalls
   std::unique_ptr<HarmonyParser> harmony_;     // options_.harmony: the whole reply goes through it
 };

@@ -10,9 +10,14 @@ Qwen3 tokenizer with harmony's special tokens added (<|start|>, <|channel|>,
 real gpt-oss template from ../shared/templates, so the server picks the
 harmony parser from the template. A random model writes no harmony by
 itself: a grammar (the `grammar` extension naming the special tokens, or
-the forced tool call) makes it, and what comes back is the parser's work."""
+the forced tool call) makes it, and what comes back is the parser's work.
+A response_format (or regex, choice) constrains the final channel only: the
+grammar lets the model write an analysis message of any text first, which
+these tests end by making <|end|> likely (logit_bias), since the random
+model would otherwise write analysis until max_tokens."""
 import json
 import os
+import re
 
 import anthropic
 import jsonschema
@@ -24,7 +29,7 @@ from test_thinking import TEMPLATES, TOKENIZER, make_model, serve
 
 HARMONY_TOKENS = ["<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|return|>", "<|call|>"]
 FIRST_ID = 151700  # past Qwen3's tokens, inside its embedding rows
-RETURN_ID, CALL_ID = FIRST_ID + 5, FIRST_ID + 6
+END_ID, RETURN_ID, CALL_ID = FIRST_ID + 4, FIRST_ID + 5, FIRST_ID + 6
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]},
                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
@@ -155,3 +160,56 @@ def test_a_grammar_naming_a_token_the_model_lacks_is_a_400(harmony):
     r = oai.completions.create(model="m", prompt="hi", max_tokens=8,
                                extra_body={"grammar": 'root ::= <|channel|> "final" <|message|> "ok"'})
     assert r.choices[0].text == "<|channel|>final<|message|>ok"
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "enum": ["Ada", "Alan"]},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+
+def test_response_format_constrains_the_final_channel_not_the_analysis(harmony):
+    _, oai = clients(harmony)
+    reasonings = []
+    for bias in (9, 10, 12):  # <|end|>: how soon the analysis ends
+        r = oai.chat.completions.create(model="m", max_tokens=80, messages=MSG, temperature=0, logprobs=True,
+                                        logit_bias={str(END_ID): bias}, response_format=PERSON_FORMAT)
+        c = r.choices[0]
+        tokens = [t.token for t in c.logprobs.content]
+        assert c.finish_reason == "stop", tokens
+        jsonschema.validate(json.loads(c.message.content), PERSON)
+        # The reply is harmony: an analysis message, then the answer in the final channel
+        # (the markers single tokens).
+        text = "".join(tokens)
+        analysis = text[len("<|channel|>analysis<|message|>"):text.index("<|end|>")]
+        assert text == ("<|channel|>analysis<|message|>" + analysis +
+                        "<|end|><|start|>assistant<|channel|>final<|message|>" + c.message.content), text
+        assert [tokens.count(m) for m in ("<|channel|>", "<|message|>", "<|end|>", "<|start|>")] == [2, 2, 1, 1]
+        reasonings.append(getattr(c.message, "reasoning_content", None) or "")
+    # Free text in the analysis: what the random model writes, not JSON.
+    free = [t for t in reasonings if t]
+    assert free, reasonings
+    for text in free:
+        with pytest.raises(ValueError):
+            json.loads(text)
+    # Streamed: the same reasoning and answer.
+    reasoning, content = "", ""
+    for chunk in oai.chat.completions.create(model="m", max_tokens=80, messages=MSG, temperature=0, stream=True,
+                                             logit_bias={str(END_ID): 9}, response_format=PERSON_FORMAT):
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            content += delta.content or ""
+    assert reasoning == reasonings[0]
+    jsonschema.validate(json.loads(content), PERSON)
+
+
+def test_choice_and_regex_apply_to_the_answer(harmony):
+    _, oai = clients(harmony)
+    bias = {str(END_ID): 9}
+    r = oai.chat.completions.create(model="m", max_tokens=80, messages=MSG, temperature=0, logit_bias=bias,
+                                    extra_body={"choice": ["sunny", "rainy"]})
+    assert r.choices[0].message.content in ("sunny", "rainy")
+    r = oai.chat.completions.create(model="m", max_tokens=80, messages=MSG, temperature=0, logit_bias=bias,
+                                    extra_body={"regex": "[0-9]{3}-[a-z]{2}"})
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", r.choices[0].message.content), r.choices[0].message.content

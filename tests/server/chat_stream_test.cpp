@@ -5,6 +5,8 @@
 #include "server/chat_stream.h"
 
 #include <atomic>
+#include <fstream>
+#include <set>
 
 #include "server_test_util.h"
 #include "text/chat_template.h"
@@ -215,6 +217,131 @@ TEST_F(ChatStreamTest, StreamCallbacksAndMaxTokens) {
   ASSERT_TRUE(std::holds_alternative<ApiError>(refused));
   EXPECT_EQ(std::get<ApiError>(refused).param, "max_tokens");
   EXPECT_TRUE(engine_idle());
+}
+
+// gpt-oss: reasoning_effort reaches the harmony template as its
+// `reasoning_effort` variable ("Reasoning: low" in the system message),
+// rendered as jinja2 renders it (tests/data/templates/gpt_oss.json, up to
+// the date strftime_now writes), instead of a thinking budget.
+TEST_F(ChatStreamTest, HarmonyReasoningEffortIsTheTemplatesVariable) {
+  std::ifstream f(std::string(RILL_TEST_DATA) + "/templates/gpt_oss.json");
+  ASSERT_TRUE(f.good());
+  const ojson golden = ojson::parse(f);
+  auto without_date = [](std::string text) {
+    constexpr std::string_view kDate = "Current date: ";
+    const size_t at = text.find(kDate);
+    if (at != std::string::npos) text.replace(at + kDate.size(), 10, "YYYY-MM-DD");
+    return text;
+  };
+  auto expected = [&](const std::string& name) {
+    for (const ojson& c : golden["cases"]) {
+      if (c["name"] == name) return without_date(c["expected"].get<std::string>());
+    }
+    ADD_FAILURE() << name;
+    return std::string();
+  };
+  auto t = ChatTemplate::parse(golden["template"].get<std::string>());
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  ctx_->chat_template = &t.value();
+  ChatInput in;
+  for (const ojson& c : golden["cases"]) {
+    if (c["name"] == "single_user") in.messages = c["context"]["messages"];
+  }
+  const std::pair<const char*, const char*> kCases[] = {{"", "single_user"},
+                                                        {"low", "reasoning_effort_low"},
+                                                        {"medium", "single_user"},
+                                                        {"high", "reasoning_effort_high"}};
+  std::set<std::string> prompts;
+  for (const auto& [effort, case_name] : kCases) {
+    SCOPED_TRACE(effort);
+    in.reasoning_effort.reset();
+    in.thinking.reset();
+    if (*effort) {
+      // As the chat adapter sets them: the effort, and the budget it stands for elsewhere.
+      in.reasoning_effort = ChatInput::ReasoningEffort{"reasoning_effort", effort};
+      in.thinking = ChatInput::ThinkingRequest{"reasoning_effort", thinking_budget_for_effort(effort).value()};
+    }
+    auto p = prepare_chat_prompt(*ctx_, in);
+    ASSERT_TRUE(std::holds_alternative<ChatPrompt>(p)) << std::get<ApiError>(p).message;
+    EXPECT_FALSE(std::get<ChatPrompt>(p).thinking.tracked());
+    const std::string text = engine_->tokenizer()->decode(std::get<ChatPrompt>(p).ids, /*skip_special=*/false);
+    EXPECT_EQ(without_date(text), expected(case_name));
+    prompts.insert(text);
+  }
+  EXPECT_EQ(prompts.size(), 3u);  // low, medium (the default), high
+  // An explicit chat_template_kwargs.reasoning_effort wins.
+  in.template_kwargs = {{"reasoning_effort", "high"}};
+  in.reasoning_effort = ChatInput::ReasoningEffort{"reasoning_effort", "low"};
+  auto p = prepare_chat_prompt(*ctx_, in);
+  ASSERT_TRUE(std::holds_alternative<ChatPrompt>(p));
+  EXPECT_EQ(without_date(engine_->tokenizer()->decode(std::get<ChatPrompt>(p).ids, false)),
+            expected("reasoning_effort_high"));
+}
+
+// Through the chat and Responses handlers: the effort reaches the template
+// (this one raises unless it is low; its comment makes it harmony's), and
+// efforts harmony lacks are 400s naming the field.
+TEST_F(ChatStreamTest, HarmonyReasoningEffortThroughTheApis) {
+  auto t = ChatTemplate::parse(
+      "{#- <|channel|> <|call|> #}{% if reasoning_effort != 'low' %}{{ raise_exception('effort ' + "
+      "reasoning_effort|string) }}{% endif %}<|im_start|>user\n{{ messages[-1].content }}<|im_end|>\n"
+      "<|im_start|>assistant\n");
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  ctx_->chat_template = &t.value();
+  const json msgs = json::parse(R"([{"role": "user", "content": "hi"}])");
+  auto res = chat({{"messages", msgs}, {"max_tokens", 1}, {"reasoning_effort", "low"}});
+  EXPECT_EQ(res->status(), 200) << res->body();
+  res = chat({{"messages", msgs}, {"max_tokens", 1}, {"reasoning_effort", "high"}});
+  EXPECT_EQ(res->status(), 400);
+  EXPECT_NE(res->body().find("effort high"), std::string::npos) << res->body();
+  res = call(&handle_responses_create,
+             json{{"input", "hi"}, {"max_output_tokens", 1}, {"reasoning", {{"effort", "low"}}}}.dump());
+  EXPECT_EQ(res->status(), 200) << res->body();
+  res = call(&handle_responses_create,
+             json{{"input", "hi"}, {"max_output_tokens", 1}, {"reasoning", {{"effort", "high"}}}}.dump());
+  EXPECT_EQ(res->status(), 400);
+  EXPECT_NE(res->body().find("effort high"), std::string::npos) << res->body();
+  for (const char* effort : {"none", "minimal"}) {
+    res = chat({{"messages", msgs}, {"max_tokens", 1}, {"reasoning_effort", effort}});
+    EXPECT_EQ(res->status(), 400);
+    EXPECT_EQ(json::parse(res->body())["error"]["param"], "reasoning_effort") << res->body();
+  }
+  for (const char* effort : {"minimal", "xhigh"}) {
+    res = call(&handle_responses_create,
+               json{{"input", "hi"}, {"max_output_tokens", 1}, {"reasoning", {{"effort", effort}}}}.dump());
+    EXPECT_EQ(res->status(), 400);
+    EXPECT_EQ(json::parse(res->body())["error"]["param"], "reasoning.effort") << res->body();
+  }
+}
+
+// Granite 3.3's template renders tools but drops an assistant turn's
+// tool_calls: they reach it as the text the model writes for them.
+TEST_F(ChatStreamTest, GraniteEarlierCallsBecomeTheirCallText) {
+  std::ifstream f(std::string(RILL_SHARED_DIR) + "/templates/ibm-granite-granite-3.3-2B-Instruct.jinja");
+  ASSERT_TRUE(f.good());
+  const std::string source((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ChatInput in;
+  in.messages = ojson::parse(R"([
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])");
+  in.tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const std::string prompt = render_with(source, in);
+  EXPECT_NE(prompt.find("<|start_of_role|>assistant<|end_of_role|><|tool_call|>[{\"name\": \"get_weather\", "
+                        "\"arguments\": {\"city\":\"Paris\"}}]<|end_of_text|>\n<|start_of_role|>tool"),
+            std::string::npos)
+      << prompt;
+  // The parser reads that text back to the call.
+  OutputParserOptions options;
+  options.parse_tool_calls = true;
+  OutputParser parser(options);
+  OutputDelta d;
+  parser.push(granite_tool_calls_text(in.messages[1]["tool_calls"]), d);
+  parser.finish(d);
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].name, "get_weather");
 }
 
 }  // namespace

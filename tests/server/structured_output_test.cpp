@@ -104,6 +104,39 @@ TEST(StructuredOutput, ResponsesTextFormat) {
   EXPECT_NE(e->message.find("'not'"), std::string::npos) << e->message;
 }
 
+// gpt-oss: the constraint applies to the final channel's text, after an
+// analysis message of any text (here without a tokenizer: the markers as
+// text, which the analysis text may then spell too; with harmony's special
+// tokens it cannot: tests/integration/test_harmony.py).
+TEST(StructuredOutput, HarmonyConstraintsApplyToTheFinalChannel) {
+  Json text = Json::parse(R"({"format": {"type": "json_schema", "name": "c", "strict": true, "schema":
+      {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}}})");
+  OutputConstraint out;
+  ASSERT_FALSE(read_text_format(FieldReader(text, "text"), out).has_value());
+  bool names_tokens = false;
+  auto g = compile_constraint(out, nullptr, &names_tokens, /*harmony=*/true);
+  ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const grammar::CompiledGrammar>>(g));
+  EXPECT_TRUE(names_tokens);
+  const auto& compiled = std::get<std::shared_ptr<const grammar::CompiledGrammar>>(g);
+  const std::string final_answer = "<|channel|>final<|message|>{\"a\": true}";
+  for (const std::string& good :
+       {final_answer, "<|channel|>analysis<|message|>{ not JSON ü\n<|end|><|start|>assistant" + final_answer,
+        "<|channel|>analysis<|message|><|end|><|start|>assistant" + final_answer}) {
+    grammar::GrammarMatcher m(compiled);
+    EXPECT_TRUE(m.accept_bytes(good) && m.can_end()) << good;
+  }
+  for (const std::string& bad : {std::string("{\"a\": true}"), std::string("<|channel|>final<|message|>{\"a\": 1}"),
+                                 std::string("<|channel|>commentary<|message|>{\"a\": true}")}) {
+    grammar::GrammarMatcher m(compiled);
+    EXPECT_FALSE(m.accept_bytes(bad) && m.can_end()) << bad;
+  }
+  // Not harmony: the constraint is the whole reply.
+  auto plain = compile_constraint(out);
+  ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const grammar::CompiledGrammar>>(plain));
+  grammar::GrammarMatcher m(std::get<std::shared_ptr<const grammar::CompiledGrammar>>(plain));
+  EXPECT_TRUE(m.accept_bytes("{\"a\": false}") && m.can_end());
+}
+
 const char* kTools = R"([
   {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
     "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"type": "string", "enum": ["c", "f"]}},
@@ -148,7 +181,8 @@ TEST(StructuredOutput, ToolCallGrammarsProduceWhatTheParserReadsBack) {
        {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kGeneric, ToolCallFormat::kMistralArgs,
         ToolCallFormat::kMistralCallId, ToolCallFormat::kMistralJson, ToolCallFormat::kQwenXml, ToolCallFormat::kGlm,
         ToolCallFormat::kGlmCompact, ToolCallFormat::kDeepSeekV31, ToolCallFormat::kDsml, ToolCallFormat::kKimi,
-        ToolCallFormat::kCommandR7b, ToolCallFormat::kHarmony, ToolCallFormat::kGemma4}) {
+        ToolCallFormat::kCommandR7b, ToolCallFormat::kCommandR, ToolCallFormat::kGranite, ToolCallFormat::kHarmony,
+        ToolCallFormat::kGemma4}) {
     SCOPED_TRACE(tool_call_format_name(format));
     for (bool parallel : {false, true}) {
       auto g = tool_call_grammar(tools, format, parallel);

@@ -54,8 +54,8 @@ const std::map<std::string, std::string> kExpectedFormat = {
     {"Apertus-8B-Instruct.jinja", "generic"},  // <|tools_prefix|>[{"name": {...}}]
     {"Apriel-1.6-15b-Thinker-fixed.jinja", "generic"},
     {"Bielik-11B-v3.0-Instruct.jinja", "hermes"},
-    {"ByteDance-Seed-OSS.jinja", "generic"},                        // <seed:tool_call>
-    {"CohereForAI-c4ai-command-r-plus-tool_use.jinja", "generic"},  // Action: ```json
+    {"ByteDance-Seed-OSS.jinja", "generic"},  // <seed:tool_call>
+    {"CohereForAI-c4ai-command-r-plus-tool_use.jinja", "command-r"},
     {"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"},
     {"GLM-4.6.jinja", "glm"},
     {"GLM-4.7-Flash.jinja", "glm-compact"},
@@ -89,7 +89,7 @@ const std::map<std::string, std::string> kExpectedFormat = {
     {"google-gemma-2-2b-it.jinja", "generic"},
     {"google-gemma-4-31B-it-interleaved.jinja", "gemma4"},
     {"google-gemma-4-31B-it.jinja", "gemma4"},
-    {"ibm-granite-granite-3.3-2B-Instruct.jinja", "generic"},
+    {"ibm-granite-granite-3.3-2B-Instruct.jinja", "granite"},
     {"ibm-granite-granite-4.0.jinja", "hermes"},
     {"ibm-granite-granite-4.1.jinja", "hermes"},
     {"llama-cpp-deepseek-r1.jinja", "generic"},
@@ -113,6 +113,10 @@ const std::map<std::string, std::string> kExpectedFormat = {
 // Templates whose own call syntax the parser reads although the server
 // forces rill's generic form for them (the template renders no tools).
 const std::set<std::string> kReadBack = {"deepseek-ai-DeepSeek-V3.1.jinja"};
+
+// Templates that render tools but drop an assistant turn's tool_calls: the
+// call syntax is the vendor's documented one (Granite 3.3: <|tool_call|>[...]).
+const std::set<std::string> kWritesNoCalls = {"ibm-granite-granite-3.3-2B-Instruct.jinja"};
 
 // Renders where rill differs from jinja2: {template/case: a piece of rill's
 // error that names the construct}. Every entry is checked to still fail so.
@@ -200,8 +204,10 @@ TEST_F(TemplateCorpus, ToolCallFormatsAreDetectedAndReadBack) {
       if (c["name"] == "no_tools") without = &c;
     }
     ASSERT_TRUE(with != nullptr && without != nullptr);
+    // A template that fails on the tools where it renders without them reads
+    // them (Command R+ wants a description on every parameter).
     const bool renders_tools =
-        with->contains("expected") && without->contains("expected") && (*with)["expected"] != (*without)["expected"];
+        without->contains("expected") && (!with->contains("expected") || (*with)["expected"] != (*without)["expected"]);
     const ToolCallFormat format = tool_call_format(&tmpl.value(), renders_tools);
     const auto expected = kExpectedFormat.find(name);
     ASSERT_NE(expected, kExpectedFormat.end());
@@ -213,6 +219,10 @@ TEST_F(TemplateCorpus, ToolCallFormatsAreDetectedAndReadBack) {
     for (size_t n_calls = 1; n_calls <= 2; ++n_calls) {
       const Json& call_text = g["call_texts"][n_calls - 1];
       if (call_text.is_null()) continue;  // the template refuses the turn (Llama 3.x: one call at a time)
+      if (kWritesNoCalls.count(name)) {   // its vendor's call syntax: tests/text/output_parser_test.cpp
+        EXPECT_EQ(call_text["text"], "");
+        continue;
+      }
       SCOPED_TRACE(call_text["text"].get<std::string>());
       const OutputParserOptions options{.parse_reasoning = true,
                                         .starts_in_reasoning = call_text["starts_in_reasoning"].get<bool>(),

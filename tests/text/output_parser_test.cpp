@@ -448,6 +448,62 @@ TEST(OutputParser, TemplateCallsReadBack) {
   }
 }
 
+// Command R / R+ (08-2024) and Granite 3.3 write calls as their vendors
+// document them: Cohere's "Action: ```json [{tool_name, parameters}]```"
+// (after an optional plan, which is content) and IBM's
+// <|tool_call|>[{name, arguments}, ...]. Each read the same at every split
+// point; what only looks like them stays content, verbatim.
+TEST(OutputParser, CommandRAndGraniteCalls) {
+  using Calls = std::vector<std::pair<std::string, std::string>>;
+  struct Case {
+    std::string text, content;
+    Calls calls;
+  };
+  const Case cases[] = {
+      {"Plan: I will look up the weather.\nAction: ```json\n[\n    {\n        \"tool_name\": \"get_weather\",\n"
+       "        \"parameters\": {\n            \"city\": \"Paris\"\n        }\n    }\n]\n```",
+       "Plan: I will look up the weather.",
+       {{"get_weather", R"({"city":"Paris"})"}}},
+      {"Action:\n```json\n[{\"tool_name\": \"run\", \"parameters\": {\"code\": \"```py\\nx\\n```\"}}, "
+       "{\"tool_name\": \"directly-answer\", \"parameters\": {}}]```\nDone.",
+       "Done.",
+       {{"run", R"({"code":"```py\nx\n```"})"}, {"directly-answer", "{}"}}},
+      {"Action: ```json\n[{\"tool_name\": \"f\", \"parameters\": {\"s\": \"[x]```\"}}]\n```",
+       "",
+       {{"f", R"({"s":"[x]```"})"}}},
+      {"<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+       "{\"name\": \"search\", \"arguments\": {\"q\": [1, 2]}}]",
+       "",
+       {{"get_weather", R"({"city":"Paris"})"}, {"search", R"({"q":[1,2]})"}}},
+      {"Sure. <|tool_call|> [{\"arguments\": {}, \"name\": \"ping\"}]", "Sure.", {{"ping", "{}"}}},
+      {"Action: go home. Action: ```python\nx = 1\n```", "Action: go home. Action: ```python\nx = 1\n```", {}},
+      {"Action: ```json\n[{\"tool_name\": 3}]\n``` after", "Action: ```json\n[{\"tool_name\": 3}]\n``` after", {}},
+      {"Action: ```json\n[{\"tool_name\": \"f\"", "Action: ```json\n[{\"tool_name\": \"f\"", {}},
+      {"<|tool_call|>not a list", "<|tool_call|>not a list", {}},
+      {"<|tool_call|>", "<|tool_call|>", {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    Parsed want;
+    want.content = c.content;
+    want.calls = c.calls;
+    want.saw_calls = !c.calls.empty();
+    EXPECT_EQ(parse_whole(tools_on(), c.text), want);
+    std::vector<std::string> bytes;
+    for (char ch : c.text) bytes.emplace_back(1, ch);
+    EXPECT_EQ(parse_pieces(tools_on(), bytes), want);
+    for (size_t at = 1; at < c.text.size(); ++at) {
+      ASSERT_EQ(parse_pieces(tools_on(), {c.text.substr(0, at), c.text.substr(at)}), want) << "split at " << at;
+    }
+  }
+  // Granite's list streams as Nemo's: the name once its string closes, then the arguments.
+  const std::string text = "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]";
+  const std::vector<Timed> got = stream_bytes(tools_on(), text);
+  ASSERT_GE(got.size(), 3u);
+  EXPECT_EQ(got[0].delta.name, "get_weather");
+  EXPECT_LT(got[0].at, text.find("Oslo"));
+}
+
 TEST(OutputParser, MistralCallStreamsOnceItsNameEnds) {
   const std::string text = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}";
   const std::vector<Timed> got = stream_bytes(tools_on(), text);
@@ -593,6 +649,8 @@ TEST(OutputParser, AnySplitGivesTheSameResult) {
       "<|channel>thought\nplan <|tool_call>x<channel|>ok "
       "<|tool_call>call:f{a:<|\"|>s,}<|\"|>,b:[1,{c:None}]}<tool_call|>",
       "<|tool_call>call:f{a:<tool_call|> <|tool_call>call:g{}<tool_call|> <|tool_call>call:h{x:1",
+      "Plan: x\nAction: ```json\n[{\"tool_name\": \"f\", \"parameters\": {\"s\": \"]```\"}}]\n```\nAction: no",
+      "<|tool_call|>[{\"name\": \"f\", \"arguments\": {}}] then <|tool_call|>{\"name\": \"g\"}",
       "   ",
       "",
   };
