@@ -4,11 +4,14 @@
 // bits taken once per tile), folded to llama.cpp's 8 lanes (lane l + lane
 // l + 8: integer sums, so the same bits) before the convert; IQ4_NL on the
 // 256-bit tiles of gemm_iquant_x86_impl.h with vpdpbusd. 32 vector
-// registers: 4 x 4 tiles (IQ4_NL 4 x 2). Installed only with AVX512_VNNI.
+// registers: 4 x 4 tiles (IQ4_NL 4 x 2). IQ4_XS with 9+ token rows (prefill)
+// runs the token-pair tile of gemm_kquant_pair_avx512_impl.h (KPairXS).
+// Installed only with AVX512_VNNI.
 #define RILL_KERNEL_TARGET __attribute__((target("avx512vnni,bmi2")))  // every AVX-512 CPU has BMI2
 #include <vector>
 
 #include "backend/cpu/gemm_iquant_x86_impl.h"
+#include "backend/cpu/gemm_kquant_pair_avx512_impl.h"
 
 namespace rill::cpu {
 namespace {
@@ -301,6 +304,45 @@ RILL_KERNEL_TARGET void gemm_xs_entry(int64_t n, const void* w, size_t w_stride,
   }
 }
 
+// IQ4_XS for the token-pair tile (gemm_kquant_pair_avx512_impl.h): a
+// sub-block's 16 bytes broadcast to every 128-bit lane, lanes 0 and 2 keep
+// the low nibbles (elements 0..15), 1 and 3 the high ones (16..31), so each
+// 256-bit half is the sub-block in element order, as the activation pairs.
+struct KPairXS {
+  using Block = BlockIQ4_XS;
+  using Meta = KPairMeta4;  // sc2 and d (mins, dmin unused)
+  static constexpr int kMins = 0;
+  static constexpr bool kScales16 = false, kSigned = true;
+  static constexpr GemmTileFn small_gemm = &gemm_xs_entry;
+  RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) {
+    uint32_t sl;
+    std::memcpy(&sl, b->scales_l, 4);
+    const uint64_t s6 = _pdep_u64(sl, 0x0F0F0F0F0F0F0F0FULL) | _pdep_u64(b->scales_h, 0x3030303030303030ULL);
+    const __m256i s32 =
+        _mm256_cvtepi8_epi32(_mm_sub_epi8(_mm_cvtsi64_si128(static_cast<long long>(s6)), _mm_set1_epi8(32)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc2),
+                       _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s32, 16)));
+    m->d = simd::f16(b->d);
+    m->dmin = 0.0f;
+  }
+  struct Ctx {};
+  RILL_KERNEL_TARGET static Ctx ctx(const Block*) { return {}; }
+  RILL_KERNEL_TARGET static void decode_one(const Block* b, int k, __m512i* q, __mmask64* neg) {
+    const __m512i shift = _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
+                                            0x0004000400040004LL, 0x0004000400040004LL);
+    const __m512i raw = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + 16 * k)));
+    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(raw, shift), _mm512_set1_epi8(0x0F));
+    *q = _mm512_shuffle_epi8(_mm512_load_si512(kIq4nlAbs4), nib);
+    *neg = _mm512_cmplt_epu8_mask(nib, _mm512_set1_epi8(8));  // codes 0..7 are the negative values
+  }
+  // Sub-blocks 2g and 2g + 1: |w| and where w < 0.
+  RILL_KERNEL_TARGET static void decode(const Block* b, const Ctx&, int g, __m512i* q0, __m512i* q1, __mmask64* n0,
+                                        __mmask64* n1) {
+    decode_one(b, 2 * g, q0, n0);
+    decode_one(b, 2 * g + 1, q1, n1);
+  }
+};
+
 }  // namespace
 
 void fill_iquant_avx512(Kernels& k) {
@@ -308,7 +350,7 @@ void fill_iquant_avx512(Kernels& k) {
   fill_iquant_gemm<IqOpsVnni>(k);
   k.gemm[static_cast<size_t>(DType::kQ2_K)] = &gemm_tiles<kIqTiles512<ZDecQ2K>, IqMaxT<4>>;
   k.gemm[static_cast<size_t>(DType::kQ3_K)] = &gemm_tiles<kIqTiles512<ZDecQ3K>, IqMaxT<4>>;
-  k.gemm[static_cast<size_t>(DType::kIQ4_XS)] = &gemm_xs_entry;
+  k.gemm[static_cast<size_t>(DType::kIQ4_XS)] = gemm_k_pair<KPairXS>();
 }
 
 }  // namespace rill::cpu

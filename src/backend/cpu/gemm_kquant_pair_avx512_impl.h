@@ -1,8 +1,9 @@
 #pragma once
-// The K-quant gemm (Q4_K, Q5_K, Q6_K weights against Q8_K activations) for
-// batches of token rows on AVX-512BW + VNNI: prefill and batched decode. One
-// token row keeps the tiles of gemm_kquant_avx512_impl.h. Include only from
-// quants_avx512.cpp (after gemm_kquant_avx512_impl.h); internal linkage.
+// The K-quant gemm (Q4_K, Q5_K, Q6_K weights against Q8_K activations; also
+// IQ4_XS, whose decoder lives in gemm_iquant_avx512.cpp) for batches of
+// token rows on AVX-512BW + VNNI: prefill and batched decode. Fewer token
+// rows keep the decoder's own tiles (Dec::small_gemm). Include only from
+// the *_avx512.cpp kernel files; internal linkage.
 //
 // Arithmetic: llama.cpp's x86 vec_dot lanes, bit for bit, as the one-token
 // tile (see quants_ref.cpp): per super-block an 8-lane int32 sum, lane l the
@@ -12,7 +13,7 @@
 // instead of two sub-blocks of one token:
 //  * activations are repacked once per call in token pairs: for pair p and
 //    sub-block k one zmm is [token 2p's 32 values | token 2p+1's 32 values]
-//    (KActPairs, up to 8 tokens per group);
+//    (KActPairs, up to 16 tokens per group);
 //  * a weight sub-block is decoded once per (row, super-block) into 32
 //    values broadcast to both halves, and serves all the group's pairs:
 //    vpmaddubsw + vpdpwssd leave lanes 0..7 with token 2p's llama.cpp lanes
@@ -21,8 +22,19 @@
 //    (KPairMeta*), not once per row tile and token group: a sub-block's
 //    scale is one dword (the i16 scale twice) the vpdpwssd reads as an
 //    embedded broadcast.
-// The decode work per super-block is amortized over up to 8 tokens (the
+// The decode work per super-block is amortized over up to 16 tokens (the
 // one-token tile's layout amortizes it over at most 4, plus a fold per pair).
+// Signed weights (IQ4_XS, Dec::kSigned) decode to |w| and a sign mask and
+// go through maddubs with llama.cpp's sign trick, |w| x sign(a, w), the
+// sign put onto each activation zmm by a masked negate (0 - (-128) wraps
+// to -128 as vpsignb does; IQ4 values are never 0).
+//
+// A decoder Dec supplies: Block, Meta (per row and super-block, decoded once
+// per call by Dec::meta), Ctx and decode (sub-block pair g as two zmm, both
+// halves alike; signed types also their sign masks), kMins (0: none, 1:
+// Q4_K's min term, 2: Q5_K's), kScales16 (Q6_K: a scale per 16 elements
+// and the -32 offset through bsums), kSigned, and small_gemm (the
+// GemmTileFn for fewer than kPairMinTokens token rows).
 #include <vector>
 
 #include "backend/cpu/gemm_kquant_avx512_impl.h"
@@ -38,8 +50,9 @@ inline constexpr int kPairQuads = kPairTiles / 2;  // min-term vectors per row (
 inline constexpr int kPairWideBlocks = 8;
 inline constexpr int kPairMinTokens = 9;  // fewer: the tiles of gemm_kquant_avx512_impl.h
 
-// One super-block of a group of up to 8 token rows. Tokens past the last
-// real one repeat it (computed, never stored).
+// One super-block of a group of up to 16 token rows. Tokens past the last
+// real one repeat it (computed, never stored). bsums, subsums and dneg are
+// filled only for the decoders that read them.
 struct KActPairs {
   alignas(64) int8_t qs[kPairTiles][8][64];     // pair p, sub-block k: [token 2p | token 2p+1]
   alignas(64) int16_t bsums[kPairTiles][32];    // pair p: token 2p's 16 bsums, then 2p+1's (Q6_K)
@@ -48,6 +61,7 @@ struct KActPairs {
   alignas(64) float dneg[kPairQuads][16];       // -a.d of token 4q+t in lanes 4t..4t+3
 };
 
+template <typename Dec>
 RILL_KERNEL_TARGET void prepare_k_pairs(KActPairs* out, int64_t nb, const void* a, size_t a_stride, int n_t) {
   constexpr int kT = 2 * kPairTiles;
   const BlockQ8_K* ar[kT];
@@ -65,24 +79,27 @@ RILL_KERNEL_TARGET void prepare_k_pairs(KActPairs* out, int64_t nb, const void* 
         _mm256_store_si256(reinterpret_cast<__m256i*>(o.qs[p][k] + 32),
                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1.qs + 32 * k)));
       }
-      _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[p]),
-                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0.bsums)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[p] + 16),
-                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1.bsums)));
+      if constexpr (Dec::kScales16) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[p]),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0.bsums)));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[p] + 16),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1.bsums)));
+      }
       for (int l = 0; l < 8; ++l) {
         o.dpair[p][l] = b0.d;
         o.dpair[p][8 + l] = b1.d;
       }
     }
-    for (int q = 0; q < n_quads; ++q)
-      for (int t = 0; t < 4; ++t) {
-        const BlockQ8_K& b = ar[4 * q + t][ib];
-        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.bsums));
-        // sub-block j's sum: bsums[2j] + bsums[2j+1] (as llama.cpp's hadd_epi16)
-        _mm_store_si128(reinterpret_cast<__m128i*>(o.subsums[q] + 8 * t),
-                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
-        for (int l = 0; l < 4; ++l) o.dneg[q][4 * t + l] = -b.d;
-      }
+    if constexpr (Dec::kMins != 0)
+      for (int q = 0; q < n_quads; ++q)
+        for (int t = 0; t < 4; ++t) {
+          const BlockQ8_K& b = ar[4 * q + t][ib];
+          const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.bsums));
+          // sub-block j's sum: bsums[2j] + bsums[2j+1] (as llama.cpp's hadd_epi16)
+          _mm_store_si128(reinterpret_cast<__m128i*>(o.subsums[q] + 8 * t),
+                          _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+          for (int l = 0; l < 4; ++l) o.dneg[q][4 * t + l] = -b.d;
+        }
   }
 }
 
@@ -111,8 +128,9 @@ RILL_KERNEL_TARGET static inline void k4_meta(const uint8_t* scales, uint16_t d,
 struct KPairQ4 {
   using Block = BlockQ4_K;
   using Meta = KPairMeta4;
-  using Vnni = KVnniQ4;
   static constexpr int kMins = 1;
+  static constexpr bool kScales16 = false, kSigned = false;
+  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ4>;
   RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) { k4_meta(b->scales, b->d, b->dmin, m); }
   struct Ctx {};
   RILL_KERNEL_TARGET static Ctx ctx(const Block*) { return {}; }
@@ -128,8 +146,9 @@ struct KPairQ4 {
 struct KPairQ5 {
   using Block = BlockQ5_K;
   using Meta = KPairMeta4;
-  using Vnni = KVnniQ5;
   static constexpr int kMins = 2;
+  static constexpr bool kScales16 = false, kSigned = false;
+  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ5>;
   RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) { k4_meta(b->scales, b->d, b->dmin, m); }
   struct Ctx {
     __m512i qh;
@@ -152,8 +171,9 @@ struct KPairQ5 {
 struct KPairQ6 {
   using Block = BlockQ6_K;
   using Meta = KPairMeta6;
-  using Vnni = KVnniQ6;
   static constexpr int kMins = 0;
+  static constexpr bool kScales16 = true, kSigned = false;
+  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ6>;
   RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) {
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)));
     _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc), s16);
@@ -194,7 +214,7 @@ struct KPairQ6 {
 // Q6_K the scales of its two 16-element halves, in each 256-bit half.
 template <typename Dec>
 RILL_KERNEL_TARGET static inline __m512i pair_scale(const typename Dec::Meta& m, __m512i sc6, int k) {
-  if constexpr (Dec::kMins == 0) {
+  if constexpr (Dec::kScales16) {
     const __m512i half = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
                                                             16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                            3);  // lane i: i / 8, so (i % 16) / 8 after the & 1 below
@@ -248,15 +268,21 @@ RILL_KERNEL_TARGET void gemm_k_pair_tile(int64_t nb, const void* w, size_t w_str
       m[r] = &mr[r][ib];
       c[r] = Dec::ctx(b[r]);
       sc6[r] = _mm512_setzero_si512();
-      if constexpr (Dec::kMins == 0) sc6[r] = _mm512_load_si512(m[r]->sc);
+      if constexpr (Dec::kScales16) sc6[r] = _mm512_load_si512(m[r]->sc);
       RILL_UNROLL
       for (int p = 0; p < P; ++p) s[r][p] = _mm512_setzero_si512();
     }
     RILL_UNROLL
     for (int g = 0; g < 4; ++g) {
       __m512i q[R][2];
+      __mmask64 neg[R][2];  // signed types: where w < 0
       RILL_UNROLL
-      for (int r = 0; r < R; ++r) Dec::decode(b[r], c[r], g, &q[r][0], &q[r][1]);
+      for (int r = 0; r < R; ++r) {
+        if constexpr (Dec::kSigned)
+          Dec::decode(b[r], c[r], g, &q[r][0], &q[r][1], &neg[r][0], &neg[r][1]);
+        else
+          Dec::decode(b[r], c[r], g, &q[r][0], &q[r][1]);
+      }
       RILL_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int k = 2 * g + h;
@@ -267,7 +293,11 @@ RILL_KERNEL_TARGET void gemm_k_pair_tile(int64_t nb, const void* w, size_t w_str
         for (int p = 0; p < P; ++p) {
           const __m512i av = _mm512_load_si512(ab.qs[p][k]);
           RILL_UNROLL
-          for (int r = 0; r < R; ++r) s[r][p] = _mm512_dpwssd_epi32(s[r][p], _mm512_maddubs_epi16(q[r][h], av), sc[r]);
+          for (int r = 0; r < R; ++r) {
+            __m512i as = av;
+            if constexpr (Dec::kSigned) as = _mm512_mask_sub_epi8(av, neg[r][h], _mm512_setzero_si512(), av);
+            s[r][p] = _mm512_dpwssd_epi32(s[r][p], _mm512_maddubs_epi16(q[r][h], as), sc[r]);
+          }
         }
       }
     }
@@ -277,7 +307,7 @@ RILL_KERNEL_TARGET void gemm_k_pair_tile(int64_t nb, const void* w, size_t w_str
       RILL_UNROLL
       for (int p = 0; p < P; ++p) {
         __m512i f = s[r][p];
-        if constexpr (Dec::kMins == 0)  // lane l: 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1])
+        if constexpr (Dec::kScales16)  // lane l: 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1])
           f = _mm512_sub_epi32(
               f, _mm512_madd_epi16(_mm512_load_si512(ab.bsums[p]), _mm512_broadcast_i64x4(_mm256_load_si256(
                                                                        reinterpret_cast<const __m256i*>(m[r]->sc32)))));
@@ -339,7 +369,7 @@ RILL_KERNEL_TARGET void gemm_k_pair_groups(int64_t nb, const uint8_t* wb, size_t
   constexpr int kGroup = 2 * kMaxP;
   for (int t0 = 0; t0 < n_t; t0 += kGroup) {
     const int nt = n_t - t0 < kGroup ? n_t - t0 : kGroup;
-    prepare_k_pairs(ad, nb, a + static_cast<size_t>(t0) * a_stride, a_stride, nt);
+    prepare_k_pairs<Dec>(ad, nb, a + static_cast<size_t>(t0) * a_stride, a_stride, nt);
     const int np = (nt + 1) / 2;
     for (int r0 = 0; r0 < n_r; r0 += kMaxR) {
       const int nr = n_r - r0 < kMaxR ? n_r - r0 : kMaxR;
@@ -350,8 +380,8 @@ RILL_KERNEL_TARGET void gemm_k_pair_groups(int64_t nb, const uint8_t* wb, size_t
   }
 }
 
-// GemmTileFn entry. Fewer than kPairMinTokens token rows: the tiles of
-// gemm_kquant_avx512_impl.h. Otherwise the rows' scales are decoded once
+// GemmTileFn entry. Fewer than kPairMinTokens token rows: Dec::small_gemm
+// (the K-quants: the tiles of gemm_kquant_avx512_impl.h). Otherwise the rows' scales are decoded once
 // (KPairMeta*), then the tokens go in groups, each repacked in pairs once
 // (KActPairs), and every row tile runs against the group. Per-thread
 // grow-only buffers.
@@ -359,7 +389,7 @@ template <typename Dec>
 RILL_KERNEL_TARGET void gemm_k_pair_entry(int64_t n, const void* w, size_t w_stride, int n_r, const void* a,
                                           size_t a_stride, int n_t, float* y, int64_t y_stride) {
   if (n_t < kPairMinTokens) {
-    gemm_k_vnni_entry<typename Dec::Vnni>(n, w, w_stride, n_r, a, a_stride, n_t, y, y_stride);
+    Dec::small_gemm(n, w, w_stride, n_r, a, a_stride, n_t, y, y_stride);
     return;
   }
   constexpr int kMetaRows = 64;  // bounds the per-thread scale table (the matmul driver's chunks are this size)
