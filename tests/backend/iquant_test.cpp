@@ -378,13 +378,13 @@ TEST(IQuant, GemmBitExactLongRowsBatchesAndOddBlockCounts) {
     expect_gemm_matches_reference(t, 2048, 64, 17, seed++, 3.0f);
   }
   for (int64_t n : {32, 96, 288, 2080})  // odd numbers of IQ4_NL blocks
-    for (int n_t : {1, 2, 3}) expect_gemm_matches_reference(DType::kIQ4_NL, n, 5, n_t, seed++, 3.0f);
+    for (int n_t : {1, 2, 3, 4, 5, 9, 17}) expect_gemm_matches_reference(DType::kIQ4_NL, n, 5, n_t, seed++, 3.0f);
 }
 
-// 9+ token rows: the token-pair groups of the AVX-512 types that have them
-// (IQ4_XS: 16 tokens x 1 row for rows of up to 8 super-blocks, 8 tokens x 2
-// rows past that), partial groups, odd rows and more rows than the per-call
-// scale table (64).
+// Prefill-sized batches: the token-pair groups of the AVX-512 tiles (IQ4_XS,
+// IQ4_NL: 16 tokens a group, rows in column chunks), partial groups, rows
+// of several chunks, odd rows and more rows than the per-call scale table
+// (64).
 TEST(IQuant, GemmBitExactTokenPairGroups) {
   uint32_t seed = 700;
   for (DType t : kTypes)

@@ -34,7 +34,8 @@
 // halves alike; signed types also their sign masks), kMins (0: none, 1:
 // Q4_K's min term, 2: Q5_K's), kScales16 (Q6_K: a scale per 16 elements
 // and the -32 offset through bsums), kSigned, and small_gemm (the
-// GemmTileFn for fewer than kPairMinTokens token rows).
+// GemmTileFn for fewer than kMinTokens token rows, where the pair tile
+// stops paying).
 #include <vector>
 
 #include "backend/cpu/gemm_kquant_avx512_impl.h"
@@ -50,7 +51,8 @@ namespace {
 inline constexpr int kPairTiles = 8;               // token pairs per group, at most
 inline constexpr int kPairQuads = kPairTiles / 2;  // min-term vectors per row (4 tokens each)
 inline constexpr int64_t kPairChunkBlocks = 8;
-inline constexpr int kPairMinTokens = 9;  // fewer: the tiles of gemm_kquant_avx512_impl.h
+// The K-quants' kMinTokens: at 4 tokens their own tiles are faster, at 8 even.
+inline constexpr int kPairMinTokensK = 9;
 
 // One super-block of a group of up to 16 token rows. Tokens past the last
 // real one repeat it (computed, never stored). bsums, subsums and dneg are
@@ -132,6 +134,7 @@ struct KPairQ4 {
   using Meta = KPairMeta4;
   static constexpr int kMins = 1;
   static constexpr bool kScales16 = false, kSigned = false;
+  static constexpr int kMinTokens = kPairMinTokensK;
   static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ4>;
   RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) { k4_meta(b->scales, b->d, b->dmin, m); }
   struct Ctx {};
@@ -150,6 +153,7 @@ struct KPairQ5 {
   using Meta = KPairMeta4;
   static constexpr int kMins = 2;
   static constexpr bool kScales16 = false, kSigned = false;
+  static constexpr int kMinTokens = kPairMinTokensK;
   static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ5>;
   RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) { k4_meta(b->scales, b->d, b->dmin, m); }
   struct Ctx {
@@ -175,6 +179,7 @@ struct KPairQ6 {
   using Meta = KPairMeta6;
   static constexpr int kMins = 0;
   static constexpr bool kScales16 = true, kSigned = false;
+  static constexpr int kMinTokens = kPairMinTokensK;
   static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ6>;
   RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) {
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)));
@@ -375,7 +380,7 @@ RILL_KERNEL_TARGET void gemm_k_pair_groups(int64_t nb, const uint8_t* wb, size_t
   }
 }
 
-// GemmTileFn entry. Fewer than kPairMinTokens token rows: Dec::small_gemm
+// GemmTileFn entry. Fewer than Dec::kMinTokens token rows: Dec::small_gemm
 // (the K-quants: the tiles of gemm_kquant_avx512_impl.h). Otherwise the rows' scales are decoded once
 // (KPairMeta*), then the tokens go in groups, each repacked in pairs once
 // (KActPairs), and every row tile runs against the group. Per-thread
@@ -383,7 +388,7 @@ RILL_KERNEL_TARGET void gemm_k_pair_groups(int64_t nb, const uint8_t* wb, size_t
 template <typename Dec>
 RILL_KERNEL_TARGET void gemm_k_pair_entry(int64_t n, const void* w, size_t w_stride, int n_r, const void* a,
                                           size_t a_stride, int n_t, float* y, int64_t y_stride) {
-  if (n_t < kPairMinTokens) {
+  if (n_t < Dec::kMinTokens) {
     Dec::small_gemm(n, w, w_stride, n_r, a, a_stride, n_t, y, y_stride);
     return;
   }
