@@ -21,6 +21,12 @@ Q2_K_S; llama-quant.cpp's tensor_requires_imatrix) are refused: a
 random-weight model has no calibration text to compute one from. IQ4_XS,
 IQ4_NL, IQ3_S/IQ3_M and the K-quants need none.
 
+--random-blocks writes, instead of quantizing, <shape>.<TYPE>-random.gguf
+with every 2-D weight random blocks of that one GGML type (Q4_K, Q5_K,
+Q6_K, Q8_0, IQ4_XS, IQ4_NL; d = 1e-3): for speed comparisons when
+llama-quantize is not at hand (both engines read the same file; the
+values mean nothing, and the type mix differs from llama-quantize's).
+
 Prints the quantized files' paths, one a line. Needs the gguf and numpy
 packages (installed into .venv-tools when missing).
 """
@@ -60,7 +66,26 @@ def add_vocab(w, n_vocab):
     w.add_add_bos_token(False)
 
 
-def write_f16(path, shape_name, seed):
+# --random-blocks: ggml type -> (block bytes, block size, offset of the f16 d field(s)).
+RANDOM_BLOCK_TYPES = {"Q4_K": (144, 256, (0, 2)), "Q5_K": (176, 256, (0, 2)), "Q6_K": (210, 256, (208,)),
+                      "Q8_0": (34, 32, (0,)), "IQ4_XS": (136, 256, (0,)), "IQ4_NL": (18, 32, (0,))}
+
+
+def random_blocks(rng, shape, qtype):
+    """[rows, bytes per row] uint8: random quant bytes, every d (and dmin) 1e-3."""
+    import numpy as np
+    bb, bs, d_offsets = RANDOM_BLOCK_TYPES[qtype]
+    rows, cols = shape
+    blocks = rng.integers(0, 256, size=(rows, cols // bs, bb), dtype=np.uint8)
+    d = np.frombuffer(np.float16(1e-3).tobytes(), dtype=np.uint8)
+    for off in d_offsets:
+        blocks[:, :, off:off + 2] = d
+    return blocks.reshape(rows, -1)
+
+
+def write_f16(path, shape_name, seed, qtype=None):
+    """F16 weights (norms f32); with qtype every 2-D weight is instead random
+    blocks of that type (speed only: the values mean nothing)."""
     import gguf
     import numpy as np
     n_layer, d, n_head, n_kv, ffn, vocab, theta, eps = SHAPES[shape_name]
@@ -79,7 +104,8 @@ def write_f16(path, shape_name, seed):
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_vocab_size(vocab)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if qtype is None else
+                    getattr(gguf.LlamaFileType, "MOSTLY_" + {"Q4_K": "Q4_K_S", "Q5_K": "Q5_K_S"}.get(qtype, qtype)))
     add_vocab(w, vocab)
 
     # (name, numpy shape [rows, cols], is_norm), in llama.cpp's tensor order.
@@ -94,6 +120,12 @@ def write_f16(path, shape_name, seed):
                     (p + "ffn_down.weight", (d, ffn), False)]
     tensors.append(("output_norm.weight", (d,), True))
     for name, shape, norm in tensors:
+        if qtype is not None and not norm:
+            bb, bs, _ = RANDOM_BLOCK_TYPES[qtype]
+            byte_shape = (shape[0], shape[1] // bs * bb)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1],
+                              raw_dtype=getattr(gguf.GGMLQuantizationType, qtype))
+            continue
         dt = np.float32 if norm else np.float16
         nbytes = int(np.prod(shape)) * np.dtype(dt).itemsize
         w.add_tensor_info(name, shape, np.dtype(dt), nbytes)
@@ -104,6 +136,8 @@ def write_f16(path, shape_name, seed):
     for name, shape, norm in tensors:  # streamed: one tensor in memory at a time
         if norm:
             t = np.ones(shape, dtype=np.float32)
+        elif qtype is not None:
+            t = random_blocks(rng, shape, qtype)
         else:
             t = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
         w.write_tensor_data(t)
@@ -118,8 +152,22 @@ def main():
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "build", "bench", "models"))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2, help="llama-quantize threads")
+    ap.add_argument("--random-blocks", action="store_true",
+                    help="no llama-quantize: every 2-D weight random blocks of the one type, "
+                    f"<shape>.<TYPE>-random.gguf (speed only; types {','.join(RANDOM_BLOCK_TYPES)})")
     args = ap.parse_args()
     tools_venv.ensure(["gguf", "numpy"], ["gguf", "numpy"])
+    os.makedirs(args.out_dir, exist_ok=True)
+    if args.random_blocks:
+        for t in [t.strip() for t in args.types.split(",") if t.strip()]:
+            if t not in RANDOM_BLOCK_TYPES:
+                sys.exit(f"make_bench_model.py: --random-blocks knows {', '.join(RANDOM_BLOCK_TYPES)}, not {t}")
+            out = os.path.join(args.out_dir, f"{args.shape}.{t}-random.gguf")
+            if not os.path.exists(out):
+                write_f16(out + ".tmp", args.shape, args.seed, t)
+                os.replace(out + ".tmp", out)
+            print(out)
+        return
 
     os.makedirs(args.out_dir, exist_ok=True)
     f16 = os.path.join(args.out_dir, f"{args.shape}.F16.gguf")

@@ -123,12 +123,24 @@ void BM_Q4_K_down_2048x8192(benchmark::State& s) {
 void BM_Q6_K_down_2048x8192(benchmark::State& s) {
   run_matmul(s, DType::kQ6_K, 2048, 8192);
 }
+void BM_IQ4_XS_2048x2048(benchmark::State& s) {
+  run_matmul(s, DType::kIQ4_XS, 2048, 2048);
+}
+void BM_IQ4_NL_2048x2048(benchmark::State& s) {
+  run_matmul(s, DType::kIQ4_NL, 2048, 2048);
+}
+void BM_IQ4_XS_down_2048x8192(benchmark::State& s) {
+  run_matmul(s, DType::kIQ4_XS, 2048, 8192);
+}
 BENCHMARK(BM_Q4_K_2048x2048)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_Q5_K_2048x2048)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_Q6_K_2048x2048)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_Q8_0_2048x2048)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_Q4_K_down_2048x8192)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_Q6_K_down_2048x8192)->Apply(kquant_args)->UseRealTime();
+BENCHMARK(BM_IQ4_XS_2048x2048)->Apply(kquant_args)->UseRealTime();
+BENCHMARK(BM_IQ4_NL_2048x2048)->Apply(kquant_args)->UseRealTime();
+BENCHMARK(BM_IQ4_XS_down_2048x8192)->Apply(kquant_args)->UseRealTime();
 
 // One decode token's matmuls of the whole model with distinct weights per
 // layer (30 x {q, k, v, o, gate, up, down} Q4_1 + the Q8_0 LM head, ~96 MB),

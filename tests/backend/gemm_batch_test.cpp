@@ -19,8 +19,9 @@ using testing::available_isas;
 using testing::random_floats;
 using testing::random_weight_rows;
 
-const DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
-                        DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kF16};
+const DType kTypes[] = {DType::kQ4_0,   DType::kQ4_1,   DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
+                        DType::kQ4_K,   DType::kQ5_K,   DType::kQ6_K, DType::kQ2_K, DType::kQ3_K,
+                        DType::kIQ4_XS, DType::kIQ4_NL, DType::kF16};
 
 void expect_batched_equals_single(Isa isa, DType t, int64_t n, int n_r, int n_t, uint32_t seed) {
   const DType p = vec_dot_partner(t);

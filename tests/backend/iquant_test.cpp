@@ -378,11 +378,25 @@ TEST(IQuant, GemmBitExactLongRowsBatchesAndOddBlockCounts) {
     expect_gemm_matches_reference(t, 2048, 64, 17, seed++, 3.0f);
   }
   for (int64_t n : {32, 96, 288, 2080})  // odd numbers of IQ4_NL blocks
-    for (int n_t : {1, 2, 3}) expect_gemm_matches_reference(DType::kIQ4_NL, n, 5, n_t, seed++, 3.0f);
+    for (int n_t : {1, 2, 3, 4, 5, 9, 17}) expect_gemm_matches_reference(DType::kIQ4_NL, n, 5, n_t, seed++, 3.0f);
+}
+
+// Prefill-sized batches: the token-pair groups of the AVX-512 tiles (IQ4_XS,
+// IQ4_NL: 16 tokens a group, rows in column chunks), partial groups, rows
+// of several chunks, odd rows and more rows than the per-call scale table
+// (64).
+TEST(IQuant, GemmBitExactTokenPairGroups) {
+  uint32_t seed = 700;
+  for (DType t : kTypes)
+    for (int64_t n : {256, 2048, 2304})
+      for (int n_t : {9, 10, 16, 17, 33})
+        for (int n_r : {1, 3}) expect_gemm_matches_reference(t, n, n_r, n_t, seed++, 3.0f);
+  for (DType t : kTypes) expect_gemm_matches_reference(t, 512, 70, 9, seed++, 3.0f);
 }
 
 // Extreme values: the largest codes and scales against activations of +-127
-// exercise maddubs' i16 range and the sign trick.
+// exercise maddubs' i16 range and the sign trick (3 token rows: the
+// small-batch tiles; 17: the token-pair groups).
 TEST(IQuant, GemmBitExactExtremeValues) {
   const int64_t n = 512;
   uint32_t seed = 900;
@@ -409,20 +423,23 @@ TEST(IQuant, GemmBitExactExtremeValues) {
       }
     }
     // +-1 alternating activations quantize to +-127.
-    std::vector<float> x(static_cast<size_t>(n * 3));
+    constexpr int kT = 17;
+    std::vector<float> x(static_cast<size_t>(n * kT));
     for (size_t i = 0; i < x.size(); ++i) x[i] = (i / 3) % 2 ? 1.0f : -1.0f;
     const DType p = vec_dot_partner(t);
-    const auto a = quantize_rows(p, x, n, 3);
+    const auto a = quantize_rows(p, x, n, kT);
     const size_t ws = row_bytes(t, n), as = row_bytes(p, n);
-    float want[3][4], got[3][4];
-    ref::gemm_tile(t, n, w.data(), ws, 4, a.data(), as, 3, &want[0][0], 4);
+    float want[kT][4], got[kT][4];
+    ref::gemm_tile(t, n, w.data(), ws, 4, a.data(), as, kT, &want[0][0], 4);
     EXPECT_TRUE(same_bits(want[0][0], llama_dot(t, n, w.data(), a.data()))) << dtype_name(t);
     for (Isa isa : available_isas()) {
-      kernels(isa).gemm[static_cast<size_t>(t)](n, w.data(), ws, 4, a.data(), as, 3, &got[0][0], 4);
-      for (int c = 0; c < 3; ++c)
-        for (int r = 0; r < 4; ++r)
-          EXPECT_TRUE(same_bits(got[c][r], want[c][r]))
-              << isa_name(isa) << " " << dtype_name(t) << ": " << got[c][r] << " vs " << want[c][r];
+      for (int n_t : {3, kT}) {
+        kernels(isa).gemm[static_cast<size_t>(t)](n, w.data(), ws, 4, a.data(), as, n_t, &got[0][0], 4);
+        for (int c = 0; c < n_t; ++c)
+          for (int r = 0; r < 4; ++r)
+            EXPECT_TRUE(same_bits(got[c][r], want[c][r])) << isa_name(isa) << " " << dtype_name(t) << " " << n_t
+                                                          << " tokens: " << got[c][r] << " vs " << want[c][r];
+      }
     }
     ++seed;
   }

@@ -1,8 +1,9 @@
 #pragma once
-// The K-quant gemm (Q4_K, Q5_K, Q6_K weights against Q8_K activations) for
-// batches of token rows on AVX-512BW + VNNI: prefill and batched decode. One
-// token row keeps the tiles of gemm_kquant_avx512_impl.h. Include only from
-// quants_avx512.cpp (after gemm_kquant_avx512_impl.h); internal linkage.
+// The K-quant gemm (Q4_K, Q5_K, Q6_K weights against Q8_K activations; also
+// IQ4_XS, whose decoder lives in gemm_iquant_avx512.cpp) for batches of
+// token rows on AVX-512BW + VNNI: prefill and batched decode. Fewer token
+// rows keep the decoder's own tiles (Dec::small_gemm). Include only from
+// the *_avx512.cpp kernel files; internal linkage.
 //
 // Arithmetic: llama.cpp's x86 vec_dot lanes, bit for bit, as the one-token
 // tile (see quants_ref.cpp): per super-block an 8-lane int32 sum, lane l the
@@ -12,7 +13,7 @@
 // instead of two sub-blocks of one token:
 //  * activations are repacked once per call in token pairs: for pair p and
 //    sub-block k one zmm is [token 2p's 32 values | token 2p+1's 32 values]
-//    (KActPairs, up to 8 tokens per group);
+//    (KActPairs, up to 16 tokens per group);
 //  * a weight sub-block is decoded once per (row, super-block) into 32
 //    values broadcast to both halves, and serves all the group's pairs:
 //    vpmaddubsw + vpdpwssd leave lanes 0..7 with token 2p's llama.cpp lanes
@@ -21,8 +22,20 @@
 //    (KPairMeta*), not once per row tile and token group: a sub-block's
 //    scale is one dword (the i16 scale twice) the vpdpwssd reads as an
 //    embedded broadcast.
-// The decode work per super-block is amortized over up to 8 tokens (the
+// The decode work per super-block is amortized over up to 16 tokens (the
 // one-token tile's layout amortizes it over at most 4, plus a fold per pair).
+// Signed weights (IQ4_XS, Dec::kSigned) decode to |w| and a sign mask and
+// go through maddubs with llama.cpp's sign trick, |w| x sign(a, w), the
+// sign put onto each activation zmm by a masked negate (0 - (-128) wraps
+// to -128 as vpsignb does; IQ4 values are never 0).
+//
+// A decoder Dec supplies: Block, Meta (per row and super-block, decoded once
+// per call by Dec::meta), Ctx and decode (sub-block pair g as two zmm, both
+// halves alike; signed types also their sign masks), kMins (0: none, 1:
+// Q4_K's min term, 2: Q5_K's), kScales16 (Q6_K: a scale per 16 elements
+// and the -32 offset through bsums), kSigned, and small_gemm (the
+// GemmTileFn for fewer than kMinTokens token rows, where the pair tile
+// stops paying).
 #include <vector>
 
 #include "backend/cpu/gemm_kquant_avx512_impl.h"
@@ -30,16 +43,20 @@
 namespace rill::cpu {
 namespace {
 
-// Token groups: 16 tokens (8 pairs) x 1 weight row per register tile when
-// a group's repacked activations fit L1 (rows of up to kPairWideBlocks
-// super-blocks), else 8 tokens x 2 rows (long rows: FFN down).
+// Token groups: 16 tokens (8 pairs) x 1 weight row per register tile, over
+// column chunks of kPairChunkBlocks super-blocks, whose repacked
+// activations (~5 KiB per super-block) fit L1 with the weights passing
+// through (long rows, FFN down, are chunked; the accumulators go to
+// KPairState between chunks).
 inline constexpr int kPairTiles = 8;               // token pairs per group, at most
 inline constexpr int kPairQuads = kPairTiles / 2;  // min-term vectors per row (4 tokens each)
-inline constexpr int kPairWideBlocks = 8;
-inline constexpr int kPairMinTokens = 9;  // fewer: the tiles of gemm_kquant_avx512_impl.h
+inline constexpr int64_t kPairChunkBlocks = 8;
+// The K-quants' kMinTokens: at 4 tokens their own tiles are faster, at 8 even.
+inline constexpr int kPairMinTokensK = 9;
 
-// One super-block of a group of up to 8 token rows. Tokens past the last
-// real one repeat it (computed, never stored).
+// One super-block of a group of up to 16 token rows. Tokens past the last
+// real one repeat it (computed, never stored). bsums, subsums and dneg are
+// filled only for the decoders that read them.
 struct KActPairs {
   alignas(64) int8_t qs[kPairTiles][8][64];     // pair p, sub-block k: [token 2p | token 2p+1]
   alignas(64) int16_t bsums[kPairTiles][32];    // pair p: token 2p's 16 bsums, then 2p+1's (Q6_K)
@@ -48,6 +65,7 @@ struct KActPairs {
   alignas(64) float dneg[kPairQuads][16];       // -a.d of token 4q+t in lanes 4t..4t+3
 };
 
+template <typename Dec>
 RILL_KERNEL_TARGET void prepare_k_pairs(KActPairs* out, int64_t nb, const void* a, size_t a_stride, int n_t) {
   constexpr int kT = 2 * kPairTiles;
   const BlockQ8_K* ar[kT];
@@ -65,24 +83,27 @@ RILL_KERNEL_TARGET void prepare_k_pairs(KActPairs* out, int64_t nb, const void* 
         _mm256_store_si256(reinterpret_cast<__m256i*>(o.qs[p][k] + 32),
                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1.qs + 32 * k)));
       }
-      _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[p]),
-                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0.bsums)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[p] + 16),
-                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1.bsums)));
+      if constexpr (Dec::kScales16) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[p]),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0.bsums)));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[p] + 16),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1.bsums)));
+      }
       for (int l = 0; l < 8; ++l) {
         o.dpair[p][l] = b0.d;
         o.dpair[p][8 + l] = b1.d;
       }
     }
-    for (int q = 0; q < n_quads; ++q)
-      for (int t = 0; t < 4; ++t) {
-        const BlockQ8_K& b = ar[4 * q + t][ib];
-        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.bsums));
-        // sub-block j's sum: bsums[2j] + bsums[2j+1] (as llama.cpp's hadd_epi16)
-        _mm_store_si128(reinterpret_cast<__m128i*>(o.subsums[q] + 8 * t),
-                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
-        for (int l = 0; l < 4; ++l) o.dneg[q][4 * t + l] = -b.d;
-      }
+    if constexpr (Dec::kMins != 0)
+      for (int q = 0; q < n_quads; ++q)
+        for (int t = 0; t < 4; ++t) {
+          const BlockQ8_K& b = ar[4 * q + t][ib];
+          const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.bsums));
+          // sub-block j's sum: bsums[2j] + bsums[2j+1] (as llama.cpp's hadd_epi16)
+          _mm_store_si128(reinterpret_cast<__m128i*>(o.subsums[q] + 8 * t),
+                          _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+          for (int l = 0; l < 4; ++l) o.dneg[q][4 * t + l] = -b.d;
+        }
   }
 }
 
@@ -111,8 +132,10 @@ RILL_KERNEL_TARGET static inline void k4_meta(const uint8_t* scales, uint16_t d,
 struct KPairQ4 {
   using Block = BlockQ4_K;
   using Meta = KPairMeta4;
-  using Vnni = KVnniQ4;
   static constexpr int kMins = 1;
+  static constexpr bool kScales16 = false, kSigned = false;
+  static constexpr int kMinTokens = kPairMinTokensK;
+  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ4>;
   RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) { k4_meta(b->scales, b->d, b->dmin, m); }
   struct Ctx {};
   RILL_KERNEL_TARGET static Ctx ctx(const Block*) { return {}; }
@@ -128,8 +151,10 @@ struct KPairQ4 {
 struct KPairQ5 {
   using Block = BlockQ5_K;
   using Meta = KPairMeta4;
-  using Vnni = KVnniQ5;
   static constexpr int kMins = 2;
+  static constexpr bool kScales16 = false, kSigned = false;
+  static constexpr int kMinTokens = kPairMinTokensK;
+  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ5>;
   RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) { k4_meta(b->scales, b->d, b->dmin, m); }
   struct Ctx {
     __m512i qh;
@@ -152,8 +177,10 @@ struct KPairQ5 {
 struct KPairQ6 {
   using Block = BlockQ6_K;
   using Meta = KPairMeta6;
-  using Vnni = KVnniQ6;
   static constexpr int kMins = 0;
+  static constexpr bool kScales16 = true, kSigned = false;
+  static constexpr int kMinTokens = kPairMinTokensK;
+  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ6>;
   RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) {
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)));
     _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc), s16);
@@ -194,7 +221,7 @@ struct KPairQ6 {
 // Q6_K the scales of its two 16-element halves, in each 256-bit half.
 template <typename Dec>
 RILL_KERNEL_TARGET static inline __m512i pair_scale(const typename Dec::Meta& m, __m512i sc6, int k) {
-  if constexpr (Dec::kMins == 0) {
+  if constexpr (Dec::kScales16) {
     const __m512i half = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
                                                             16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                            3);  // lane i: i / 8, so (i % 16) / 8 after the & 1 below
@@ -207,159 +234,162 @@ RILL_KERNEL_TARGET static inline __m512i pair_scale(const typename Dec::Meta& m,
   }
 }
 
-template <typename Dec, int R, int P>
-RILL_KERNEL_TARGET void gemm_k_pair_tile(int64_t nb, const void* w, size_t w_stride, const typename Dec::Meta* meta,
-                                         int64_t meta_stride, const KActPairs* act, int n_t, float* y,
-                                         int64_t y_stride) {
-  static_assert(R >= 1 && R <= 2 && P >= 1 && P <= kPairTiles && R * P <= 8);
+// A row's f32 accumulators between column chunks (llama.cpp's per-lane
+// fma chain continues where the last chunk left it, so chunking keeps
+// the bits).
+struct alignas(64) KPairState {
+  float acc[kPairTiles][16];
+  float accm[kPairQuads][16];
+};
+
+// One weight row against a group of 2P tokens over super-blocks [ib0, ib1):
+// accumulators from st (zero when first), back to st, or when last
+// reduced and written to y (token t at y[t * y_stride]). The weight
+// prefetch runs on into the next row's chunk (w + w_stride), the tile the
+// driver calls next.
+template <typename Dec, int P>
+RILL_KERNEL_TARGET void gemm_k_pair_tile(int64_t ib0, int64_t ib1, bool first, bool last, const void* w,
+                                         size_t w_stride, const typename Dec::Meta* meta, const KActPairs* act, int n_t,
+                                         KPairState* st, float* y, int64_t y_stride) {
+  static_assert(P >= 1 && P <= kPairTiles);
   using WBlock = typename Dec::Block;
   constexpr int Q = (P + 1) / 2;  // token quads (min terms)
-  const WBlock* wr[R];
-  const typename Dec::Meta* mr[R];
+  const auto* wr = static_cast<const WBlock*>(w);
+  __m512 acc[P];
+  __m512 accm[Q];
   RILL_UNROLL
-  for (int r = 0; r < R; ++r) {
-    wr[r] = reinterpret_cast<const WBlock*>(static_cast<const uint8_t*>(w) + r * w_stride);
-    mr[r] = meta + r * meta_stride;
-  }
-  __m512 acc[R][P];
-  __m512 accm[R][Q];
+  for (int p = 0; p < P; ++p) acc[p] = first ? _mm512_setzero_ps() : _mm512_load_ps(st->acc[p]);
   RILL_UNROLL
-  for (int r = 0; r < R; ++r) {
-    RILL_UNROLL
-    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
-    RILL_UNROLL
-    for (int q = 0; q < Q; ++q) accm[r][q] = _mm512_setzero_ps();
-  }
-  for (int64_t ib = 0; ib < nb; ++ib) {
+  for (int q = 0; q < Q; ++q) accm[q] = first ? _mm512_setzero_ps() : _mm512_load_ps(st->accm[q]);
+  for (int64_t ib = ib0; ib < ib1; ++ib) {
     const KActPairs& ab = act[ib];
-    // Rows innermost: each activation zmm is loaded once for the R rows.
-    const WBlock* b[R];
-    const typename Dec::Meta* m[R];
-    typename Dec::Ctx c[R];
-    __m512i sc6[R];
-    __m512i s[R][P];
+    // Weights stream from L2 / L3: prefetch as the one-token tile, past the chunk into the next row's.
+    const int64_t ipf = ib + kKPrefetchBlocks;
+    const char* pf = ipf < ib1 ? reinterpret_cast<const char*>(wr + ipf)
+                               : reinterpret_cast<const char*>(wr + ib0 + (ipf - ib1)) + w_stride;
     RILL_UNROLL
-    for (int r = 0; r < R; ++r) {
-      // Weights stream from L3 / DRAM when the call has few tokens: prefetch as the one-token tile.
-      const char* pf = reinterpret_cast<const char*>(wr[r] + ib + kKPrefetchBlocks);
-      RILL_UNROLL
-      for (size_t l = 0; l < sizeof(WBlock); l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
-      b[r] = wr[r] + ib;
-      m[r] = &mr[r][ib];
-      c[r] = Dec::ctx(b[r]);
-      sc6[r] = _mm512_setzero_si512();
-      if constexpr (Dec::kMins == 0) sc6[r] = _mm512_load_si512(m[r]->sc);
-      RILL_UNROLL
-      for (int p = 0; p < P; ++p) s[r][p] = _mm512_setzero_si512();
-    }
+    for (size_t l = 0; l < sizeof(WBlock); l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    const WBlock* b = wr + ib;
+    const typename Dec::Meta& m = meta[ib];
+    const typename Dec::Ctx c = Dec::ctx(b);
+    __m512i sc6 = _mm512_setzero_si512();
+    if constexpr (Dec::kScales16) sc6 = _mm512_load_si512(m.sc);
+    __m512i s[P];
+    RILL_UNROLL
+    for (int p = 0; p < P; ++p) s[p] = _mm512_setzero_si512();
     RILL_UNROLL
     for (int g = 0; g < 4; ++g) {
-      __m512i q[R][2];
-      RILL_UNROLL
-      for (int r = 0; r < R; ++r) Dec::decode(b[r], c[r], g, &q[r][0], &q[r][1]);
+      __m512i q[2];
+      __mmask64 neg[2];  // signed types: where w < 0
+      if constexpr (Dec::kSigned)
+        Dec::decode(b, c, g, &q[0], &q[1], &neg[0], &neg[1]);
+      else
+        Dec::decode(b, c, g, &q[0], &q[1]);
       RILL_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int k = 2 * g + h;
-        __m512i sc[R];
-        RILL_UNROLL
-        for (int r = 0; r < R; ++r) sc[r] = pair_scale<Dec>(*m[r], sc6[r], k);
+        const __m512i sc = pair_scale<Dec>(m, sc6, k);
         RILL_UNROLL
         for (int p = 0; p < P; ++p) {
-          const __m512i av = _mm512_load_si512(ab.qs[p][k]);
-          RILL_UNROLL
-          for (int r = 0; r < R; ++r) s[r][p] = _mm512_dpwssd_epi32(s[r][p], _mm512_maddubs_epi16(q[r][h], av), sc[r]);
+          __m512i av = _mm512_load_si512(ab.qs[p][k]);
+          if constexpr (Dec::kSigned) av = _mm512_mask_sub_epi8(av, neg[h], _mm512_setzero_si512(), av);
+          s[p] = _mm512_dpwssd_epi32(s[p], _mm512_maddubs_epi16(q[h], av), sc);
         }
       }
     }
+    const __m512 vd = _mm512_set1_ps(m.d);
     RILL_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m512 vd = _mm512_set1_ps(m[r]->d);
+    for (int p = 0; p < P; ++p) {
+      __m512i f = s[p];
+      if constexpr (Dec::kScales16)  // lane l: 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1])
+        f = _mm512_sub_epi32(
+            f, _mm512_madd_epi16(_mm512_load_si512(ab.bsums[p]),
+                                 _mm512_broadcast_i64x4(_mm256_load_si256(reinterpret_cast<const __m256i*>(m.sc32)))));
+      const __m512 d = _mm512_mul_ps(_mm512_load_ps(ab.dpair[p]), vd);
+      acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(f), acc[p]);
+    }
+    if constexpr (Dec::kMins != 0) {
+      const __m512i mins =
+          _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(m.mins)));  // every 128-bit lane
+      const __m512 vdmin = _mm512_set1_ps(m.dmin);
       RILL_UNROLL
-      for (int p = 0; p < P; ++p) {
-        __m512i f = s[r][p];
-        if constexpr (Dec::kMins == 0)  // lane l: 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1])
-          f = _mm512_sub_epi32(
-              f, _mm512_madd_epi16(_mm512_load_si512(ab.bsums[p]), _mm512_broadcast_i64x4(_mm256_load_si256(
-                                                                       reinterpret_cast<const __m256i*>(m[r]->sc32)))));
-        const __m512 d = _mm512_mul_ps(_mm512_load_ps(ab.dpair[p]), vd);
-        acc[r][p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(f), acc[r][p]);
-      }
-      if constexpr (Dec::kMins != 0) {
-        const __m512i mins =
-            _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(m[r]->mins)));  // every 128-bit lane
-        const __m512 vdmin = _mm512_set1_ps(m[r]->dmin);
-        RILL_UNROLL
-        for (int q = 0; q < Q; ++q) {
-          __m512i prod = _mm512_madd_epi16(mins, _mm512_load_si512(ab.subsums[q]));  // lane 4t + k
-          if constexpr (Dec::kMins == 2) {
-            prod = _mm512_add_epi32(prod, _mm512_shuffle_epi32(prod, _MM_PERM_BADC));
-            prod = _mm512_add_epi32(prod, _mm512_shuffle_epi32(prod, _MM_PERM_CDAB));
-          }
-          const __m512 dmin = _mm512_mul_ps(_mm512_load_ps(ab.dneg[q]), vdmin);
-          accm[r][q] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(prod), accm[r][q]);
+      for (int q = 0; q < Q; ++q) {
+        __m512i prod = _mm512_madd_epi16(mins, _mm512_load_si512(ab.subsums[q]));  // lane 4t + k
+        if constexpr (Dec::kMins == 2) {
+          prod = _mm512_add_epi32(prod, _mm512_shuffle_epi32(prod, _MM_PERM_BADC));
+          prod = _mm512_add_epi32(prod, _mm512_shuffle_epi32(prod, _MM_PERM_CDAB));
         }
+        const __m512 dmin = _mm512_mul_ps(_mm512_load_ps(ab.dneg[q]), vdmin);
+        accm[q] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(prod), accm[q]);
       }
     }
   }
+  if (!last) {
+    RILL_UNROLL
+    for (int p = 0; p < P; ++p) _mm512_store_ps(st->acc[p], acc[p]);
+    RILL_UNROLL
+    for (int q = 0; q < Q; ++q) _mm512_store_ps(st->accm[q], accm[q]);
+    return;
+  }
+  alignas(64) float a[P][16];
+  alignas(64) float mm[Q][16];
   RILL_UNROLL
-  for (int r = 0; r < R; ++r) {
-    alignas(64) float a[P][16];
-    alignas(64) float mm[Q][16];
-    RILL_UNROLL
-    for (int p = 0; p < P; ++p) _mm512_store_ps(a[p], acc[r][p]);
-    RILL_UNROLL
-    for (int q = 0; q < Q; ++q) _mm512_store_ps(mm[q], accm[r][q]);
-    for (int t = 0; t < n_t && t < 2 * P; ++t) {
-      const float* l = a[t / 2] + 8 * (t % 2);
-      const float h = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-      const float* mt = mm[t / 4] + 4 * (t % 4);
-      float out = h;
-      if constexpr (Dec::kMins == 1) out = h + ((mt[0] + mt[2]) + (mt[1] + mt[3]));
-      if constexpr (Dec::kMins == 2) out = h + mt[0];
-      y[t * y_stride + r] = out;
-    }
+  for (int p = 0; p < P; ++p) _mm512_store_ps(a[p], acc[p]);
+  RILL_UNROLL
+  for (int q = 0; q < Q; ++q) _mm512_store_ps(mm[q], accm[q]);
+  for (int t = 0; t < n_t && t < 2 * P; ++t) {
+    const float* l = a[t / 2] + 8 * (t % 2);
+    const float h = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    const float* mt = mm[t / 4] + 4 * (t % 4);
+    float out = h;
+    if constexpr (Dec::kMins == 1) out = h + ((mt[0] + mt[2]) + (mt[1] + mt[3]));
+    if constexpr (Dec::kMins == 2) out = h + mt[0];
+    y[t * y_stride] = out;
   }
 }
 
 template <typename Dec>
-using KPairTileFn = void (*)(int64_t, const void*, size_t, const typename Dec::Meta*, int64_t, const KActPairs*, int,
-                             float*, int64_t);
-// Tables by (rows - 1) * kMaxP + (pairs - 1) for groups of 2 * kMaxP tokens, kMaxR rows per tile.
-template <typename Dec, int kMaxR, int kMaxP, int... I>
+using KPairTileFn = void (*)(int64_t, int64_t, bool, bool, const void*, size_t, const typename Dec::Meta*,
+                             const KActPairs*, int, KPairState*, float*, int64_t);
+// Tables by pairs - 1.
+template <typename Dec, int... I>
 constexpr std::array<KPairTileFn<Dec>, sizeof...(I)> k_pair_tiles(std::integer_sequence<int, I...>) {
-  return {&gemm_k_pair_tile<Dec, I / kMaxP + 1, I % kMaxP + 1>...};
+  return {&gemm_k_pair_tile<Dec, I + 1>...};
 }
-template <typename Dec, int kMaxR, int kMaxP>
-inline constexpr auto kKPairTiles = k_pair_tiles<Dec, kMaxR, kMaxP>(std::make_integer_sequence<int, kMaxR * kMaxP>{});
+template <typename Dec>
+inline constexpr auto kKPairTiles = k_pair_tiles<Dec>(std::make_integer_sequence<int, kPairTiles>{});
 
-template <typename Dec, int kMaxR, int kMaxP>
+// The token groups: each repacked once (the whole row), then column chunk
+// by chunk (kPairChunkBlocks super-blocks: the chunk's repacked
+// activations stay in L1 while every row passes over them), every row.
+template <typename Dec>
 RILL_KERNEL_TARGET void gemm_k_pair_groups(int64_t nb, const uint8_t* wb, size_t w_stride, int n_r,
-                                           const typename Dec::Meta* md, KActPairs* ad, const uint8_t* a,
-                                           size_t a_stride, int n_t, float* y, int64_t y_stride) {
-  constexpr int kGroup = 2 * kMaxP;
+                                           const typename Dec::Meta* md, KActPairs* ad, KPairState* st,
+                                           const uint8_t* a, size_t a_stride, int n_t, float* y, int64_t y_stride) {
+  constexpr int kGroup = 2 * kPairTiles;
   for (int t0 = 0; t0 < n_t; t0 += kGroup) {
     const int nt = n_t - t0 < kGroup ? n_t - t0 : kGroup;
-    prepare_k_pairs(ad, nb, a + static_cast<size_t>(t0) * a_stride, a_stride, nt);
-    const int np = (nt + 1) / 2;
-    for (int r0 = 0; r0 < n_r; r0 += kMaxR) {
-      const int nr = n_r - r0 < kMaxR ? n_r - r0 : kMaxR;
-      kKPairTiles<Dec, kMaxR, kMaxP>[(nr - 1) * kMaxP + (np - 1)](nb, wb + static_cast<size_t>(r0) * w_stride, w_stride,
-                                                                  md + r0 * nb, nb, ad, nt, y + t0 * y_stride + r0,
-                                                                  y_stride);
+    prepare_k_pairs<Dec>(ad, nb, a + static_cast<size_t>(t0) * a_stride, a_stride, nt);
+    const KPairTileFn<Dec> tile = kKPairTiles<Dec>[(nt + 1) / 2 - 1];
+    for (int64_t ib0 = 0; ib0 < nb; ib0 += kPairChunkBlocks) {
+      const int64_t ib1 = nb - ib0 < kPairChunkBlocks ? nb : ib0 + kPairChunkBlocks;
+      for (int r = 0; r < n_r; ++r)
+        tile(ib0, ib1, ib0 == 0, ib1 == nb, wb + static_cast<size_t>(r) * w_stride, w_stride, md + r * nb, ad, nt,
+             st + r, y + t0 * y_stride + r, y_stride);
     }
   }
 }
 
-// GemmTileFn entry. Fewer than kPairMinTokens token rows: the tiles of
-// gemm_kquant_avx512_impl.h. Otherwise the rows' scales are decoded once
+// GemmTileFn entry. Fewer than Dec::kMinTokens token rows: Dec::small_gemm
+// (the K-quants: the tiles of gemm_kquant_avx512_impl.h). Otherwise the rows' scales are decoded once
 // (KPairMeta*), then the tokens go in groups, each repacked in pairs once
 // (KActPairs), and every row tile runs against the group. Per-thread
 // grow-only buffers.
 template <typename Dec>
 RILL_KERNEL_TARGET void gemm_k_pair_entry(int64_t n, const void* w, size_t w_stride, int n_r, const void* a,
                                           size_t a_stride, int n_t, float* y, int64_t y_stride) {
-  if (n_t < kPairMinTokens) {
-    gemm_k_vnni_entry<typename Dec::Vnni>(n, w, w_stride, n_r, a, a_stride, n_t, y, y_stride);
+  if (n_t < Dec::kMinTokens) {
+    Dec::small_gemm(n, w, w_stride, n_r, a, a_stride, n_t, y, y_stride);
     return;
   }
   constexpr int kMetaRows = 64;  // bounds the per-thread scale table (the matmul driver's chunks are this size)
@@ -372,20 +402,19 @@ RILL_KERNEL_TARGET void gemm_k_pair_entry(int64_t n, const void* w, size_t w_str
   using Meta = typename Dec::Meta;
   thread_local std::vector<KActPairs> act;
   thread_local std::vector<Meta> meta;
+  thread_local std::vector<KPairState> state;
   const int64_t nb = n / kQKK;
   if (static_cast<int64_t>(act.size()) < nb) act.resize(static_cast<size_t>(nb));
   if (static_cast<int64_t>(meta.size()) < nb * n_r) meta.resize(static_cast<size_t>(nb * n_r));
+  if (static_cast<int>(state.size()) < n_r) state.resize(static_cast<size_t>(n_r));
   const auto* wb = static_cast<const uint8_t*>(w);
   Meta* const md = meta.data();  // (not the thread_locals in the loops: their access is a call)
   for (int r = 0; r < n_r; ++r) {
     const auto* row = reinterpret_cast<const typename Dec::Block*>(wb + static_cast<size_t>(r) * w_stride);
     for (int64_t ib = 0; ib < nb; ++ib) Dec::meta(row + ib, md + r * nb + ib);
   }
-  const auto* ab = static_cast<const uint8_t*>(a);
-  if (nb <= kPairWideBlocks)
-    gemm_k_pair_groups<Dec, 1, 8>(nb, wb, w_stride, n_r, md, act.data(), ab, a_stride, n_t, y, y_stride);
-  else
-    gemm_k_pair_groups<Dec, 2, 4>(nb, wb, w_stride, n_r, md, act.data(), ab, a_stride, n_t, y, y_stride);
+  gemm_k_pair_groups<Dec>(nb, wb, w_stride, n_r, md, act.data(), state.data(), static_cast<const uint8_t*>(a), a_stride,
+                          n_t, y, y_stride);
 }
 
 template <typename Dec>
