@@ -709,7 +709,7 @@ Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const Mod
                                                        const ModelOptions& options) {
   if (moe_params(files->config).sigmoid_scores) {
     return Error{files->path + ": " + files->config.architecture +
-                 "'s sigmoid, group-limited MoE router is not on CUDA yet (model/cuda_moe.h routes by softmax); "
+                 "'s sigmoid, group-limited MoE router is not on CUDA yet (the CUDA MoE routes by softmax); "
                  "run it on the CPU"};
   }
   if (options.tensor_parallel != 1) return create_llama_cuda_tp_model(std::move(files), options);
