@@ -35,7 +35,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/rope.h"
 #include "core/dtype.h"
@@ -371,6 +373,75 @@ struct LightningIndexOp {
   int kv_group = 0;
 };
 
+// --- Mixtures of experts ---------------------------------------------------
+// One MoE layer's routing and experts (model/moe.h reads them from a config;
+// backend/cpu/moe.h has the reference arithmetic):
+//   probs  = softmax(router x)                       [n_expert], f32
+//   top-k  = the n_expert_used largest probs (ties: lower expert id first),
+//            renormalised to sum to 1 when norm_topk_prob, then scaled by
+//            HostMoe::expert_scale (when given)
+//   (sigmoid_scores: probs = sigmoid(router x); the choice adds the score
+//   bias and, with n_group > 1, keeps only the experts of the topk_group
+//   groups whose two best choice scores sum highest, the others scored 0 as
+//   transformers masks them; the weights are the chosen probs, renormalised
+//   (+1e-20) and times routed_scaling_factor)
+//   out    = sum over the token's experts e, in increasing e, of
+//            w_e * down_e(act(gate_e x) * up_e x)
+//          + sigmoid(shared_gate . x) * shared(x)   (a shared expert; without
+//                                                    shared_gate: + shared(x))
+struct MoeParams {
+  int64_t n_embd = 0;
+  int64_t n_expert = 0;        // routed experts
+  int64_t n_expert_used = 0;   // top-k per token, in [1, n_expert]
+  int64_t n_ff = 0;            // each routed expert's intermediate size
+  bool norm_topk_prob = true;  // renormalise the top-k probabilities
+  int64_t n_ff_shared = 0;     // the shared expert's intermediate size; 0: none
+  // gpt-oss: the top-k of the router's logits (the router's bias included),
+  // then a softmax over those k only (norm_topk_prob does not apply).
+  bool softmax_after_topk = false;
+  // gpt-oss's clamped SwiGLU when swiglu_limit > 0: with g = min(gate,
+  // limit) and u = clamp(up, -limit, limit), act = g * sigmoid(alpha g) *
+  // (u + 1). 0: silu(gate) * up.
+  float swiglu_limit = 0.0f;
+  float swiglu_alpha = 1.702f;
+  bool gelu_tanh = false;  // experts are GeGLU: gelu_tanh(gate x) * up x (Gemma 4); else SwiGLU
+  // DeepSeek-V3 / GLM-4.5 routing; the defaults keep the softmax router.
+  bool sigmoid_scores = false;         // scores = sigmoid(router x), each token's weights its chosen scores
+  int64_t n_group = 1;                 // experts in n_group equal groups; only the topk_group groups with
+  int64_t topk_group = 1;              // the largest sums of their top-2 choice scores are eligible
+  float routed_scaling_factor = 1.0f;  // multiplies the routed experts' weights (after norm_topk_prob)
+  bool shared_gate = true;             // the shared expert's sigmoid gate (Qwen3-Next); false: weight 1
+};
+
+// One expert FFN in host memory: gate, up [n_ff, n_embd], down [n_embd,
+// n_ff]; a bias (f32, one per row) or null.
+struct HostExpert {
+  HostMatrix gate, up, down;
+  const float* gate_bias = nullptr;
+  const float* up_bias = nullptr;
+  const float* down_bias = nullptr;
+};
+
+// One MoE layer as the model files hold it (Backend::place_moe). The
+// vectors are copied at placement; the matrices as place() takes them.
+struct HostMoe {
+  MoeParams p;
+  HostMatrix router;                    // [n_expert, n_embd]
+  const float* router_bias = nullptr;   // [n_expert] or null
+  std::vector<HostExpert> experts;      // n_expert
+  std::optional<HostExpert> shared;     // with p.n_ff_shared > 0
+  HostMatrix shared_gate;               // [1, n_embd] with a shared expert and p.shared_gate
+  const float* expert_scale = nullptr;  // [n_expert]: times each chosen expert's weight (Gemma 4), or null
+  const float* score_bias = nullptr;    // [n_expert]: added for the choice only (DeepSeek), or null
+};
+
+// A placed MoE layer; opaque as Weight.
+struct MoeWeight {
+  MoeParams p;
+  const void* placed = nullptr;
+  explicit operator bool() const { return placed != nullptr; }
+};
+
 // What reserve() sizes scratch for: steps of up to max_tokens tokens with
 // attention of up to n_head heads of head_dim. Two placed weights may be
 // named because steps use them less: `embedding`, only gathered (embed()),
@@ -491,6 +562,33 @@ class Backend {
   // y, x F32 [rows, dim]; y is scratch (its contents are unspecified after
   // the call). w_next absent: only the first line (out unused).
   virtual void post_norm_add(Tensor y, Vec w_post, Tensor x, Vec w_next, float eps, float w_offset, Tensor out) = 0;
+
+  // --- Mixtures of experts. A Backend without them keeps these defaults:
+  // place_moe() refuses, so a family refuses the model at load. --------------
+
+  // Places one MoE layer (the matrices as place() would, every vector
+  // copied). Errors name `what`, also for options this Backend does not
+  // run (CUDA: see backend/cuda/cuda_backend.cpp).
+  virtual Result<MoeWeight> place_moe(const HostMoe& layer, const std::string& what) {
+    (void)layer;
+    return Error{what + ": the " + std::string(name()) + " backend has no mixture-of-experts ops"};
+  }
+  // out[t] (+)= MoE(in[t]) for the step's tokens (MoeParams), the router
+  // reading router_in[t] (Gemma 4 routes its own norm of the residual;
+  // otherwise router_in is in). router_in, in [n, n_embd] in act_dtype(),
+  // out [n, n_embd] F32, all dense; out aliases neither input. accumulate
+  // adds into out (the residual stream), else overwrites it. The step is
+  // read for its attention routing only (CUDA: a step without prefill
+  // tiles may be captured in a graph, so its MoE routes on the device). A
+  // token's result does not depend on the other tokens of the step (CUDA:
+  // f32 weights, or batch-invariant mode). reserve() sizes the scratch for
+  // the layers placed before it.
+  virtual Status moe_ffn(const MoeWeight& w, Tensor router_in, Tensor in, Tensor out, bool accumulate,
+                         const StepMetadata& step) {
+    (void)w, (void)router_in, (void)in, (void)out, (void)accumulate, (void)step;
+    assert(false && "moe_ffn: this Backend has no MoE ops");
+    return Error{"moe_ffn: this Backend has no MoE ops"};
+  }
 
   // --- Gemma 4. A Backend without these keeps the asserting defaults and
   // says so in has_gemma4_ops(); the Gemma family refuses Gemma 4 files on

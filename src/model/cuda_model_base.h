@@ -13,8 +13,7 @@
 // Gemma graphs) calls create_backend(), places its weights through
 // backend_, carves its activations (carve_tensor) and the Backend's scratch
 // (carve_cuda_scratch) in carve_activations(), and runs its forward over
-// step_metadata() and kv_view(); the others use WeightUpload and call
-// backend/cuda/ops.h directly.
+// step_metadata() and kv_view().
 //
 // KV groups (Model::kv_spec()): every layer has a plane of n_kv_blocks()
 // blocks; a block id belongs to one group, whose layers alone write it.
@@ -42,7 +41,6 @@
 #include "model/tensor_split.h"
 
 #if RILL_HAVE_CUDA
-#include <initializer_list>
 #include <optional>
 
 #include "backend/backend.h"       // kMaxKvGroups
@@ -81,56 +79,6 @@ struct CudaDtypes {
 };
 Result<CudaDtypes> pick_cuda_dtypes(const std::string& path, const std::vector<const WeightView*>& layer_mats,
                                     const WeightView& embed);
-
-// Weights into one device buffer: a layout pass (vec / mat / cat return
-// each tensor's offset), then upload() allocates and copies, converting on
-// the host where the device dtype differs. Matrices go in the activation
-// dtype unless their GGUF block type stays quantized (cuda/quant.h);
-// vectors (norms, biases) in f32.
-class WeightUpload {
- public:
-  explicit WeightUpload(DType act) : act_(act) {}
-  size_t vec(std::vector<float> v);  // kept until upload()
-  // w's rows packed; a view with a longer row_stride (a column slice,
-  // tensor_split.h's slice_cols) is gathered row by row.
-  size_t mat(const WeightView& w);
-  // Rows of each part in sequence (no padding between); quantized when
-  // every part has the same quantized type, else in act.
-  size_t cat(std::initializer_list<const WeightView*> parts);
-  Status upload(const std::string& what);
-
-  // After upload(): device addresses.
-  cuda::DeviceWeight weight(size_t at) const { return {base() + at, dtype_.at(at)}; }
-  // A layer matrix of n_elems: quantized ones size the dequantize scratch.
-  cuda::DeviceWeight layer_weight(size_t at, int64_t n_elems);
-  const float* f32(size_t at) const { return reinterpret_cast<const float*>(base() + at); }
-  int64_t quant_max_elems() const { return quant_max_elems_; }
-  cuda::DeviceBuffer take_buffer() { return std::move(buf_); }
-
- private:
-  struct Copy {
-    size_t off;
-    const void* src;  // host
-    DType src_dtype;
-    int64_t n;  // elements (of each row when rows > 1)
-    DType dst_dtype;
-    int64_t rows = 1;
-    size_t src_pitch = 0;  // bytes from one source row to the next (rows > 1)
-  };
-  size_t place(const void* src, DType src_dtype, int64_t n, DType dst_dtype, int64_t rows = 1, size_t src_pitch = 0);
-  Status copy_packed(uint8_t* dst, const void* src, DType src_dtype, int64_t n, DType dst_dtype);
-  const uint8_t* base() const { return buf_.as<uint8_t>(); }
-
-  DType act_;
-  size_t off_ = 0;
-  std::vector<Copy> copies_;
-  std::vector<std::vector<float>> vecs_;
-  std::vector<uint8_t> conv_;  // upload(): conversion buffers
-  std::vector<float> tmp_;
-  std::unordered_map<size_t, DType> dtype_;  // offset of a tensor -> its device dtype
-  int64_t quant_max_elems_ = 0;
-  cuda::DeviceBuffer buf_;
-};
 
 // A RoPE table on the device: inv_freq [rot_dim / 2], then the ggml
 // divisors [rot_dim / 2] (zeros when none).
@@ -426,7 +374,7 @@ class CudaModelBase : public Model {
   // How: every matmul goes through gemm_'s invariant mode (bf16/f16 and
   // dequantized weights: gemm_invariant; f32: the GEMV; never cuBLASLt nor a
   // switch by token count), the MoE experts through device routing and the
-  // fixed-order expert kernels at every token count (cuda_moe.h), and every
+  // fixed-order expert kernels at every token count (backend/cuda/moe_ffn.h), and every
   // token's attention through the split-KV decode kernel, whose splits
   // depend on the token's own length (the prefill tile kernel would make a
   // prompt token's bits depend on its chunk's length). The rest is per

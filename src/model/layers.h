@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/host_ops.h"
+#include "backend/cpu/linear.h"
 #include "backend/cpu/rope_table.h"
 #include "core/result.h"
 #include "loader/model_files.h"
@@ -14,24 +15,6 @@ namespace rill {
 
 // The config's RoPE scaling as the backend's RoPE table takes it.
 cpu::RopeScalingParams rope_scaling_params(const RopeScaling& s);
-
-// y = x W^T (+ b). W: [n_out, n_in] in any supported dtype, left in the
-// mapped file; the bias (if any) is copied to f32.
-struct Linear {
-  WeightView w;
-  std::vector<float> bias;  // empty: no bias
-  int64_t n_out() const { return w.n_rows; }
-  int64_t n_in() const { return w.n_cols; }
-
-  // x: [n_tokens, n_in], y: [n_tokens, n_out]
-  void forward(const float* x, int64_t n_tokens, float* y, cpu::HostOps& backend) const;
-};
-
-// Applies several Linears to the same x (q/k/v, gate/up) through
-// cpu::HostOps::matmul_group; results equal separate forward() calls bit for bit.
-// ys[i]: [n_tokens, ls[i]->n_out()].
-void forward_group(const Linear* const* ls, float* const* ys, int n, const float* x, int64_t n_tokens,
-                   cpu::HostOps& backend);
 
 enum class Bias { kNone, kOptional, kRequired };
 

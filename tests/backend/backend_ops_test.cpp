@@ -16,7 +16,9 @@
 //  - attention over f16 KV: the CPU rounds q and the probabilities to f16
 //    as llama.cpp does, CUDA does not: 4e-3;
 //  - quantized weights: the CPU quantizes x to the llama.cpp partner type
-//    (Q8_0 / Q8_K), CUDA multiplies its act values: 3e-2.
+//    (Q8_0 / Q8_K), CUDA multiplies its act values: 3e-2;
+//  - the MoE FFN: f32 1e-4; bf16 / f16 (CUDA rounds the experts' GLU output
+//    to act before down): 2e-2.
 // The CPU Backend itself is held to the CPU kernels in cpu_backend_test.cpp.
 #include <gtest/gtest.h>
 
@@ -746,6 +748,81 @@ TEST_P(BackendOps, MultiHeadLatentAttention) {
     expect_close(vs[1], vs[0], tol(store), what + " V plane");
     expect_close(lats[1], lats[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-4), what + " latent attention");
     expect_close(outs[1], outs[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-4), what + " output");
+  }
+}
+
+// A random MoE layer (softmax top-k, renormalised, SwiGLU experts, with or
+// without a gated shared expert), its matrices in dtype t.
+struct RandomMoeLayer {
+  MoeParams p;
+  std::vector<std::vector<uint8_t>> store;
+  HostMoe host;
+  HostMatrix mat(int64_t rows, int64_t cols, DType t, uint32_t seed) {
+    store.push_back(encode(t, random_floats(rows * cols, seed, -0.5f, 0.5f)));
+    return {store.back().data(), t, rows, cols, row_bytes(t, cols)};
+  }
+  RandomMoeLayer(int64_t n_ff_shared, DType t) {
+    p.n_embd = 64;
+    p.n_expert = 8;
+    p.n_expert_used = 2;
+    p.n_ff = 40;
+    p.n_ff_shared = n_ff_shared;
+    store.reserve(static_cast<size_t>(3 * p.n_expert + 5));  // the matrices keep their addresses
+    host.p = p;
+    host.router = mat(p.n_expert, p.n_embd, t, 800);
+    for (int64_t e = 0; e < p.n_expert; ++e) {
+      const auto seed = static_cast<uint32_t>(810 + 3 * e);
+      host.experts.push_back(
+          {mat(p.n_ff, p.n_embd, t, seed), mat(p.n_ff, p.n_embd, t, seed + 1), mat(p.n_embd, p.n_ff, t, seed + 2)});
+    }
+    if (n_ff_shared > 0) {
+      host.shared = HostExpert{mat(n_ff_shared, p.n_embd, t, 850), mat(n_ff_shared, p.n_embd, t, 851),
+                               mat(p.n_embd, n_ff_shared, t, 852)};
+      host.shared_gate = mat(1, p.n_embd, t, 853);
+    }
+  }
+};
+
+// out += MoE(in) for a decode step (CUDA: device routing) and a prefill step
+// (CUDA: the grouped GEMMs for bf16/f16), with and without a shared expert.
+// CUDA rounds act(gate) * up to act before down and multiplies in act.
+TEST_P(BackendOps, MoeFfnRoutedAndSharedExperts) {
+  const int64_t n = 23, E = 64;
+  for (int64_t shared : {int64_t{0}, int64_t{48}}) {
+    const RandomMoeLayer layer(shared, act());
+    const auto in = rounded(act(), random_floats(n * E, 860, -2, 2));
+    const auto residual = random_floats(n * E, 861);
+    for (bool prefill : {false, true}) {
+      std::vector<std::vector<float>> outs;
+      for (Side* s : {&ref_, &dev_}) {
+        auto w = s->b->place_moe(layer.host, "test MoE layer");
+        ASSERT_TRUE(w.ok()) << w.error().message;
+        ASSERT_TRUE(s->b->reserve({n, 1, 64}).ok());
+        const Tensor x = s->tensor(in, n, E, s == &ref_ ? DType::kF32 : act());
+        Tensor out = s->tensor(residual, n, E, DType::kF32);
+        StepMetadata step;
+        step.n_tokens = static_cast<int32_t>(n);
+        step.n_tiles = prefill ? 1 : 0;  // only the routing is read
+        const Status st = s->b->moe_ffn(*w, x, x, out, true, step);
+        ASSERT_TRUE(st.ok()) << st.error().message;
+        outs.push_back(s->read(out));
+      }
+      const std::string what = "moe_ffn shared " + std::to_string(shared) + (prefill ? " prefill" : " decode");
+      expect_close(outs[1], outs[0], exact_ ? 0 : act() == DType::kF32 ? 1e-4 : 2e-2, what);
+    }
+  }
+}
+
+// Options a Backend does not run are refused at placement, by name.
+TEST_P(BackendOps, MoePlacementRefusesWhatTheBackendDoesNotRun) {
+  RandomMoeLayer layer(0, act());
+  layer.host.p.sigmoid_scores = true;
+  auto w = dev_.b->place_moe(layer.host, "sigmoid layer");
+  if (exact_) {
+    EXPECT_TRUE(w.ok()) << w.error().message;
+  } else {
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.error().message.find("sigmoid layer"), std::string::npos) << w.error().message;
   }
 }
 

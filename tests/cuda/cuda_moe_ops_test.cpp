@@ -1,5 +1,5 @@
-// The CUDA MoE kernels (backend/cuda/moe.h) and block (model/cuda_moe.h)
-// against the CPU:
+// The CUDA MoE kernels (backend/cuda/moe.h) and the CUDA Backend's moe_ffn
+// (backend/cuda/moe_ffn.h) against the CPU:
 //  - moe_route: top-k ids and weights against a host softmax top-k (with and
 //    without norm_topk_prob), and its grouping: each expert's pairs in
 //    increasing order, padded rows inside the expert's padded range;
@@ -7,9 +7,10 @@
 //    (f32, f16, bf16; the CUDA-core GEMV and the tensor-core kernel), with
 //    experts that get more pairs than one pass takes, and a token's outputs
 //    bit-identical alone and in a batch;
-//  - CudaMoe::forward against MoeFfn::forward (the CPU reference) with and
-//    without a shared expert, through device routing and grouped GEMMs,
-//    f32 within 1e-5 and bf16 weights within bf16 error.
+//  - the CUDA Backend's moe_ffn against MoeFfn::forward (the CPU reference)
+//    with and without a shared expert, in decode steps (device routing) and
+//    prefill steps (grouped GEMMs for bf16; f32 always routes on the
+//    device), f32 within 1e-5 and bf16 weights within bf16 error.
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -20,9 +21,9 @@
 #include <random>
 
 #include "backend/cpu/host_ops.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/moe.h"
 #include "cuda_test_util.h"
-#include "model/cuda_moe.h"
 #include "model/moe.h"
 
 namespace rill {
@@ -189,7 +190,7 @@ TEST(CudaMoe, ExpertGemvMatchesReferenceAndIsBatchInvariant) {
 }
 
 // A random MoE layer on the host (f32 views of owned vectors).
-struct HostMoe {
+struct RandomMoe {
   MoeParams p;
   std::vector<std::vector<float>> store;
   MoeWeights w;
@@ -201,7 +202,7 @@ struct HostMoe {
     l.w = {DType::kF32, r, c, store.back().data(), static_cast<size_t>(c) * 4};
     return l;
   }
-  HostMoe(const MoeParams& params, uint32_t seed, DType round) : p(params) {
+  RandomMoe(const MoeParams& params, uint32_t seed, DType round) : p(params) {
     std::mt19937 rng(seed);
     store.reserve(static_cast<size_t>(4 * p.n_expert + 8));  // views keep their addresses
     w.router = mat(p.n_expert, p.n_embd, rng, 0.5f, round);
@@ -223,43 +224,43 @@ struct HostMoe {
   }
 };
 
-// CudaMoe::forward (act: the device dtype) against MoeFfn::forward over the
-// same weights; returns max |gpu - cpu| and the largest |cpu| output.
+// The CUDA Backend's moe_ffn (act: the device dtype; a prefill step or a
+// decode step) against MoeFfn::forward over the same weights; returns max
+// |gpu - cpu| and the largest |cpu| output.
 std::pair<double, double> compare_with_cpu(const MoeParams& p, DType act, bool grouped, int64_t n, uint32_t seed) {
-  const HostMoe host(p, seed, act);
+  const RandomMoe host(p, seed, act);
   auto ffn = MoeFfn::create(p, host.w);
   EXPECT_TRUE(ffn.ok()) << ffn.error().message;
   std::vector<float> h = random_floats(static_cast<size_t>(n * p.n_embd), seed + 1);
   for (float& v : h) v = round_to(act, v);
   MoeScratch scratch;
   scratch.reserve(p, n);
-  auto backend = cpu::make_host_ops(2);
+  auto host_ops = cpu::make_host_ops(2);
   std::vector<float> ref(h.size());
-  ffn->forward(h.data(), n, ref.data(), scratch, *backend);
+  ffn->forward(h.data(), n, ref.data(), scratch, *host_ops);
 
-  auto ctx = cuda::Context::create(0);
-  EXPECT_TRUE(ctx.ok());
-  cuda::Gemm gemm(**ctx);
-  WeightUpload up(act);
-  auto placed = CudaMoePlacement::place(*ffn, up, "test layer");
+  auto backend = make_cuda_backend({act, false, 0});
+  EXPECT_TRUE(backend.ok()) << backend.error().message;
+  Backend& dev = **backend;
+  auto placed = dev.place_moe(ffn->host(), "test layer");
   EXPECT_TRUE(placed.ok()) << placed.error().message;
-  EXPECT_TRUE(up.upload("test weights").ok());
-  const CudaMoeWeights dw = placed->resolve(up);
-  CudaMoe moe;
-  EXPECT_TRUE(moe.init(p, act, "test").ok());
-  cuda::Arena sizing;
-  moe.carve(sizing, n);
-  auto arena_buf = cuda::DeviceBuffer::allocate(sizing.used(), "test arena");
-  EXPECT_TRUE(arena_buf.ok());
-  cuda::Arena arena(arena_buf->data());
-  moe.carve(arena, n);
-  cuda::DeviceBuffer dh = upload(cuda::testing::encode(act, h));
+  EXPECT_TRUE(dev.reserve({n, 1, 64}).ok());
+  const std::vector<uint8_t> h_act = cuda::testing::encode(act, h);
   const std::vector<float> base = random_floats(h.size(), seed + 2);  // the residual the result adds to
-  cuda::DeviceBuffer dx = upload(base);
-  const Status st = moe.forward(dw, dh.data(), n, !grouped, dx.as<float>(), gemm, (*ctx)->stream(), grouped);
+  auto dh = dev.allocate(h_act.size(), "test input");
+  auto dx = dev.allocate(base.size() * 4, "test residual");
+  EXPECT_TRUE(dh.ok() && dx.ok());
+  EXPECT_TRUE(dev.copy_in(dh->data(), h_act.data(), h_act.size()).ok());
+  EXPECT_TRUE(dev.copy_in(dx->data(), base.data(), base.size() * 4).ok());
+  const Tensor in = Tensor::dense(dh->data(), act, n, p.n_embd);
+  const Tensor x = Tensor::dense(dx->data(), DType::kF32, n, p.n_embd);
+  StepMetadata step;
+  step.n_tokens = static_cast<int32_t>(n);
+  step.n_tiles = grouped ? 1 : 0;  // a prefill step: the grouped GEMMs (bf16)
+  const Status st = dev.moe_ffn(*placed, in, in, x, true, step);
   EXPECT_TRUE(st.ok()) << st.error().message;
-  EXPECT_TRUE((*ctx)->synchronize().ok());
-  const std::vector<float> out = download<float>(dx, h.size());
+  std::vector<float> out(h.size());
+  EXPECT_TRUE(dev.copy_out(out.data(), dx->data(), out.size() * 4).ok());
   double max_err = 0, max_ref = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     max_err = std::max(max_err, std::fabs(double(out[i]) - base[i] - ref[i]));
@@ -285,9 +286,9 @@ TEST(CudaMoe, BlockMatchesCpuMoeFfn) {
     for (bool grouped : {false, true}) {
       const auto [err, ref] = compare_with_cpu(params(shared), DType::kF32, grouped, 45, 21);
       EXPECT_GT(ref, 0.05);
-      EXPECT_LT(err, 1e-5) << "shared " << shared << (grouped ? " grouped" : " device routing");
+      EXPECT_LT(err, 1e-5) << "shared " << shared << (grouped ? " prefill step" : " decode step");
       std::printf("[ cuda moe ] f32 shared=%d %s: max |gpu - cpu| = %.3g (max |out| %.3g)\n", int(shared),
-                  grouped ? "grouped GEMMs" : "device routing", err, ref);
+                  grouped ? "prefill step" : "decode step", err, ref);
     }
   }
   MoeParams p = params(0);

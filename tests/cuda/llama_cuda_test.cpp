@@ -1,6 +1,6 @@
 // The CUDA Llama against Hugging Face and against the CPU Llama:
 //  - the ../shared/goldens/hf Llama families, mixtures of experts included
-//    (mixtral, qwen3-moe: routed through model/cuda_moe.h; their many-token
+//    (mixtral, qwen3-moe: through the CUDA Backend's moe_ffn; their many-token
 //    batch invariance is moe_cuda_test.cpp) (f32 weights): logits within 1e-3 of
 //    transformers at every prompt position (prompt prefilled in chunks of
 //    7 tokens) and the greedy continuation identical, as on the CPU;

@@ -1,7 +1,7 @@
 // The MLA families (deepseek_v3, minicpm3, glm_moe_dsa: GLM-5's sparse
 // attention too) and GLM-4.5's sigmoid MoE router
 // on CUDA: not implemented yet (the CUDA Backend has no multi-head latent
-// attention ops; model/cuda_moe.h routes by softmax), so asking for the
+// attention ops; the CUDA MoE routes by softmax), so asking for the
 // CUDA device refuses at load with a message that says so and names the CPU,
 // never computes other numbers. When the CUDA MLA ops land this becomes the
 // parity test of gemma_cuda_test.cpp (HF goldens within 1e-3, greedy ids,

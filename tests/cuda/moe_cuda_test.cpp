@@ -1,4 +1,4 @@
-// The CUDA Mixtral and Qwen3-MoE (llama.cuda in arch/llama.cpp with model/cuda_moe.h):
+// The CUDA Mixtral and Qwen3-MoE (llama.cuda in arch/llama.cpp, the CUDA Backend's moe_ffn):
 // batch invariance (f32) with many routed tokens: a decode row's logits
 // bit-identical alone and beside 39 other sequences (80 routed pairs over 4
 // or 8 experts: every expert serves several tokens, most more than 8), and

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 
+#include "backend/backend.h"
 #include "model/moe.h"
 
 namespace rill {
@@ -390,6 +391,46 @@ TEST(MoeFfn, TokenOutputsDoNotDependOnTheBatch) {
   for (size_t i = 0; i < std::size(sub); ++i) {
     EXPECT_EQ(0, std::memcmp(ys.data() + i * E, batched.data() + sub[i] * E, static_cast<size_t>(E) * sizeof(float)))
         << "sub-batch row " << i;
+  }
+}
+
+// The CPU Backend's moe_ffn is MoeFfn::forward bit for bit (the same
+// arithmetic behind the op): overwriting, and adding into a residual as
+// the families do, for the softmax router with a gated shared expert,
+// DeepSeek's sigmoid group-limited router and Gemma 4's GeGLU experts with
+// scales and their own router input.
+TEST(MoeFfn, CpuBackendOpIsMoeFfnBitForBit) {
+  MoeParams gemma4 = params(true);
+  gemma4.gelu_tanh = true;
+  for (const MoeParams& p : {params(true, 24), sigmoid_params(), gemma4}) {
+    RandomMoe m(p, 31);
+    if (p.gelu_tanh) m.expert_scale.assign(static_cast<size_t>(p.n_expert), 1.25f);
+    auto moe = MoeFfn::create(p, m.weights());
+    ASSERT_TRUE(moe.ok()) << moe.error().message;
+    const int64_t n = 11;
+    const std::vector<float> x = random_input(n, p.n_embd, 32), residual = random_input(n, p.n_embd, 34);
+    const std::vector<float> rx = p.gelu_tanh ? random_input(n, p.n_embd, 33) : x;
+    MoeScratch scratch;
+    scratch.reserve(p, n);
+    auto host = cpu::make_host_ops(1);
+    std::vector<float> want(x.size());
+    moe->forward(rx.data(), x.data(), n, want.data(), scratch, *host);
+
+    auto backend = make_cpu_backend(2);
+    auto w = backend->place_moe(moe->host(), "layer");
+    ASSERT_TRUE(w.ok()) << w.error().message;
+    ASSERT_TRUE(backend->reserve({n, 1, 16}).ok());
+    std::vector<float> in = x, router_in = rx, out(x.size(), NAN), acc = residual;
+    const Tensor in_t = Tensor::dense(in.data(), DType::kF32, n, p.n_embd);
+    const Tensor router_t = Tensor::dense(router_in.data(), DType::kF32, n, p.n_embd);
+    StepMetadata step;
+    step.n_tokens = static_cast<int32_t>(n);
+    ASSERT_TRUE(
+        backend->moe_ffn(*w, router_t, in_t, Tensor::dense(out.data(), DType::kF32, n, p.n_embd), false, step).ok());
+    ASSERT_TRUE(
+        backend->moe_ffn(*w, router_t, in_t, Tensor::dense(acc.data(), DType::kF32, n, p.n_embd), true, step).ok());
+    EXPECT_EQ(out, want);
+    for (size_t i = 0; i < acc.size(); ++i) ASSERT_EQ(acc[i], residual[i] + want[i]) << "at " << i;
   }
 }
 

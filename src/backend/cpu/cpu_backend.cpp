@@ -24,6 +24,10 @@
 //    cpu::matmul over gathered columns; cpu::rope / rms_norm per token; a
 //    plain f32 softmax per (token, head) over the stored latent rows (or the
 //    keys lightning_index selected: cpu::lightning_index);
+//  - moe_ffn: backend/cpu/moe.h's cpu::moe_forward (the CPU MoE families'
+//    arithmetic) over a cpu::HostOps on the backend's threads, into a
+//    scratch added into out when accumulating (the families' "moe_out; x +=
+//    moe_out");
 //  - glu: silu_mul / gelu_tanh_mul per row (llama.cpp's ggml_vec_swiglu runs
 //    per row too, and a row's SIMD/tail split then depends on F alone).
 #include <algorithm>
@@ -33,14 +37,17 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/attention_f16.h"
 #include "backend/cpu/attention_quant.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gated_delta.h"
+#include "backend/cpu/host_ops.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/lightning_index.h"
+#include "backend/cpu/moe.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quants.h"
 #include "core/half.h"
@@ -63,6 +70,47 @@ const RopeTable& record(const Rope& r) {
   return *static_cast<const RopeTable*>(r.placed);
 }
 
+// A placed MoE layer: views of its matrices, copies of its vectors.
+struct CpuMoe {
+  MoeParams p;
+  MoeWeights w;
+};
+
+const CpuMoe& record(const MoeWeight& w) {
+  return *static_cast<const CpuMoe*>(w.placed);
+}
+
+std::string shape(const HostMatrix& m) {
+  return "[" + std::to_string(m.rows) + ", " + std::to_string(m.cols) + "]";
+}
+
+// The shapes place_moe() takes (MoeFfn::create checks bound layers more fully).
+Status check_moe(const HostMoe& h, const std::string& what) {
+  const MoeParams& p = h.p;
+  auto check = [&](const HostMatrix& m, int64_t rows, int64_t cols, const std::string& name) -> Status {
+    if (m.data && m.rows == rows && m.cols == cols) return Status::Ok();
+    return Error{what + ": the MoE " + name + " is " + shape(m) + ", expected [" + std::to_string(rows) + ", " +
+                 std::to_string(cols) + "]"};
+  };
+  if (p.n_expert <= 0 || p.n_expert_used < 1 || p.n_expert_used > p.n_expert ||
+      static_cast<int64_t>(h.experts.size()) != p.n_expert || (p.n_ff_shared > 0) != h.shared.has_value()) {
+    return Error{what + ": an MoE layer of " + std::to_string(h.experts.size()) + " experts does not match its " +
+                 "parameters (" + std::to_string(p.n_expert_used) + " of " + std::to_string(p.n_expert) + ")"};
+  }
+  RILL_TRY(check(h.router, p.n_expert, p.n_embd, "router"));
+  auto ffn = [&](const HostExpert& e, int64_t F, const std::string& name) -> Status {
+    RILL_TRY(check(e.gate, F, p.n_embd, name + " gate"));
+    RILL_TRY(check(e.up, F, p.n_embd, name + " up"));
+    return check(e.down, p.n_embd, F, name + " down");
+  };
+  for (const HostExpert& e : h.experts) RILL_TRY(ffn(e, p.n_ff, "expert"));
+  if (h.shared) {
+    RILL_TRY(ffn(*h.shared, p.n_ff_shared, "shared expert"));
+    if (p.shared_gate) RILL_TRY(check(h.shared_gate, 1, p.n_embd, "shared expert gate"));
+  }
+  return Status::Ok();
+}
+
 void free_host(void* p) {
   std::free(p);
 }
@@ -73,6 +121,7 @@ struct Placements {
   std::deque<CpuWeight> weights;
   std::deque<std::vector<float>> vectors;
   std::deque<RopeTable> ropes;
+  std::deque<CpuMoe> moes;
 };
 
 class CpuBackend final : public Backend {
@@ -81,7 +130,8 @@ class CpuBackend final : public Backend {
   CpuBackend(int n_threads, ThreadPool* shared, std::shared_ptr<Placements> placed)
       : own_pool_(shared ? nullptr : std::make_unique<ThreadPool>(n_threads)),
         pool_(shared ? *shared : *own_pool_),
-        placed_(placed ? std::move(placed) : std::make_shared<Placements>()) {}
+        placed_(placed ? std::move(placed) : std::make_shared<Placements>()),
+        moe_ops_(cpu::make_host_ops_on(pool_)) {}
   const std::shared_ptr<Placements>& placements() const { return placed_; }
 
   const char* name() const override { return "cpu"; }
@@ -126,7 +176,22 @@ class CpuBackend final : public Backend {
     return Rope{table.rot_dim, &placed_->ropes.back()};
   }
 
+  Result<MoeWeight> place_moe(const HostMoe& layer, const std::string& what) override {
+    RILL_TRY(check_moe(layer, what));
+    placed_->moes.push_back({layer.p, cpu::moe_weights(layer)});
+    return MoeWeight{layer.p, &placed_->moes.back()};
+  }
+
   Status reserve(const StepLimits& limits) override {
+    std::vector<const WeightView*> moe_weights;
+    for (const CpuMoe& m : placed_->moes) {
+      moe_scratch_.reserve(m.p, limits.max_tokens);
+      moe_out_.resize(std::max(moe_out_.size(), static_cast<size_t>(limits.max_tokens * m.p.n_embd)));
+      cpu::collect_moe_weights(m.p, m.w, &moe_weights);
+    }
+    if (!moe_weights.empty()) {
+      moe_ops_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), limits.max_tokens);
+    }
     size_t scratch = 0;
     int64_t max_rows = 0;  // of the weights that may accumulate: not the embedding or the LM head
     const void* embedding = limits.embedding ? limits.embedding->placed : nullptr;
@@ -223,6 +288,24 @@ class CpuBackend final : public Backend {
           cpu::add_inplace(static_cast<float*>(y.at(t, 0)), acc_.data() + t * w.rows, w.rows);
       }
     }
+    return Status::Ok();
+  }
+
+  Status moe_ffn(const MoeWeight& w, Tensor router_in, Tensor in, Tensor out, bool accumulate,
+                 const StepMetadata& step) override {
+    (void)step;
+    const CpuMoe& m = record(w);
+    const int64_t n = in.rows, E = m.p.n_embd;
+    assert(in.dtype == DType::kF32 && router_in.dtype == DType::kF32 && out.dtype == DType::kF32);
+    assert(in.is_dense() && router_in.is_dense() && out.is_dense() && in.cols == E && out.cols == E);
+    assert(router_in.rows == n && out.rows == n && out.data != in.data && out.data != router_in.data);
+    if (!accumulate) {
+      cpu::moe_forward(m.p, m.w, router_in.f32(), in.f32(), n, out.f32(), moe_scratch_, *moe_ops_);
+      return Status::Ok();
+    }
+    assert(static_cast<size_t>(n * E) <= moe_out_.size());
+    cpu::moe_forward(m.p, m.w, router_in.f32(), in.f32(), n, moe_out_.data(), moe_scratch_, *moe_ops_);
+    cpu::add_inplace(out.f32(), moe_out_.data(), n * E);
     return Status::Ok();
   }
 
@@ -697,6 +780,11 @@ class CpuBackend final : public Backend {
   std::vector<cpu::GatedDeltaSeq> delta_seqs_;
   std::vector<cpu::StateSnapshot> conv_snaps_, delta_snaps_;
   std::vector<float> heads_x_;  // matmul_heads(): one head's x, [max_tokens, StepLimits::max_head_cols]
+  // moe_ffn(): the MoE arithmetic's ops on pool_ with their own scratch, the
+  // routing scratch, and the layer's output before it is added into out.
+  std::unique_ptr<cpu::HostOps> moe_ops_;
+  MoeScratch moe_scratch_;
+  std::vector<float> moe_out_;  // [max_tokens, n_embd]
 };
 
 }  // namespace

@@ -10,8 +10,8 @@
 namespace rill {
 
 // A CPU Backend whose ops run on `pool` (not owned: it must outlive the
-// Backend), so a model that still calls cpu::HostOps for some layers (MoE)
-// keeps one set of worker threads.
+// Backend), so a CPU runtime keeps one set of worker threads (its
+// CpuPagedModel's cpu::HostOps pool).
 std::unique_ptr<Backend> make_cpu_backend_on(ThreadPool& pool);
 
 // A decode lane: a CPU Backend on n_threads threads of its own that reads

@@ -1,6 +1,7 @@
 // The implementation of cpu::HostOps: a thread pool, grow-only scratch, and
 // the kernels of backend/cpu (scalar reference, AVX2, AVX-512 chosen at run time).
 #include <algorithm>
+#include <memory>
 
 #include "backend/cpu/attention_f16.h"
 #include "backend/cpu/host_ops.h"
@@ -11,7 +12,9 @@ namespace {
 
 class CpuHostOps final : public HostOps {
  public:
-  explicit CpuHostOps(int n_threads) : pool_(n_threads) {}
+  // On a pool of its own (n_threads), or on `shared` (not owned).
+  CpuHostOps(int n_threads, ThreadPool* shared)
+      : own_pool_(shared ? nullptr : std::make_unique<ThreadPool>(n_threads)), pool_(shared ? *shared : *own_pool_) {}
 
   const char* name() const override { return "cpu"; }
   ThreadPool* pool() override { return &pool_; }
@@ -87,14 +90,19 @@ class CpuHostOps final : public HostOps {
   void add_inplace(float* y, const float* x, int64_t n) override { cpu::add_inplace(y, x, n); }
 
  private:
-  ThreadPool pool_;
+  std::unique_ptr<ThreadPool> own_pool_;
+  ThreadPool& pool_;
   cpu::Scratch scratch_;
 };
 
 }  // namespace
 
 std::unique_ptr<HostOps> make_host_ops(int n_threads) {
-  return std::make_unique<CpuHostOps>(n_threads);
+  return std::make_unique<CpuHostOps>(n_threads, nullptr);
+}
+
+std::unique_ptr<HostOps> make_host_ops_on(ThreadPool& pool) {
+  return std::make_unique<CpuHostOps>(0, &pool);
 }
 
 }  // namespace rill::cpu

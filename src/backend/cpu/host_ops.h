@@ -66,6 +66,9 @@ class HostOps {
 
 // The CPU's HostOps: n_threads <= 0 means one thread per core.
 std::unique_ptr<HostOps> make_host_ops(int n_threads);
+// The same on `pool` (not owned: it must outlive the HostOps); the CPU
+// Backend's MoE runs on its own threads this way.
+std::unique_ptr<HostOps> make_host_ops_on(ThreadPool& pool);
 
 }  // namespace cpu
 

@@ -2,8 +2,9 @@
 // arguments read from the device-neutral views. Placement outside
 // place_model() (the ops test) gives each weight a device buffer of its own;
 // place_model() lays a whole model out in a sizing pass and then places it
-// into one device buffer (what model/cuda_model_base.h's WeightUpload does
-// for the families not yet on the Backend).
+// into one device buffer. MoE layers (moe_ffn.h) go into it too: the
+// router, every expert's [gate | up] rows and every expert's down rows, each
+// projection's experts at a constant stride, in the activation dtype.
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gated_delta.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/moe_ffn.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_gemma4.h"
 #include "backend/cuda/quant.h"
@@ -56,6 +58,57 @@ const CudaWeight& record(const Weight& w) {
 }
 const CudaRope& record(const Rope& r) {
   return *static_cast<const CudaRope*>(r.placed);
+}
+const CudaMoeWeights& record(const MoeWeight& w) {
+  return *static_cast<const CudaMoeWeights*>(w.placed);
+}
+
+// What the CUDA MoE (moe_ffn.h) runs: the softmax router with top-k and
+// norm_topk_prob, SwiGLU experts and a gated shared expert, in F32/F16/BF16
+// weights. Everything else is refused by name, so a family's load fails
+// clearly rather than computing another model.
+Status check_cuda_moe(const HostMoe& h, const std::string& what) {
+  const MoeParams& p = h.p;
+  auto refuse = [&](const std::string& why) { return Error{what + ": " + why + "; the CPU runs it"}; };
+  if (p.sigmoid_scores || p.n_group > 1 || h.score_bias || p.routed_scaling_factor != 1.0f) {
+    return refuse("the sigmoid, group-limited MoE router is not on CUDA yet (the CUDA MoE routes by softmax)");
+  }
+  if (p.softmax_after_topk || p.swiglu_limit > 0 || h.router_bias) {
+    return refuse("gpt-oss's MoE (top-k then softmax, clamped SwiGLU, biases) is not on CUDA yet");
+  }
+  if (p.gelu_tanh || h.expert_scale) {
+    return refuse("GeGLU experts and per-expert scales (Gemma 4) are not on CUDA yet");
+  }
+  if (h.shared && !p.shared_gate) return refuse("an ungated shared expert is not on CUDA yet");
+  if (p.n_expert > cuda::kMoeMaxExperts || p.n_expert_used > cuda::kMoeMaxExpertsUsed ||
+      static_cast<int64_t>(h.experts.size()) != p.n_expert) {
+    return Error{what + ": the CUDA MoE layer takes up to " + std::to_string(cuda::kMoeMaxExperts) + " experts and " +
+                 std::to_string(cuda::kMoeMaxExpertsUsed) + " per token (model: " + std::to_string(p.n_expert_used) +
+                 " of " + std::to_string(p.n_expert) + ")"};
+  }
+  // The expert GEMV reads rows as 16-byte vectors: 8 bf16/f16 or 4 f32.
+  if (p.n_embd % 8 != 0 || p.n_ff % 8 != 0) {
+    return Error{what + ": the CUDA MoE layer needs hidden and expert sizes that are multiples of 8 (model: " +
+                 std::to_string(p.n_embd) + ", " + std::to_string(p.n_ff) + ")"};
+  }
+  auto float_weight = [&](const HostMatrix& m, const char* name) -> Status {
+    if (m.dtype == DType::kF32 || m.dtype == DType::kF16 || m.dtype == DType::kBF16) return Status::Ok();
+    return Error{what + ": the CUDA MoE layer takes F32, F16 or BF16 weights; its " + name + " is " +
+                 std::string(dtype_name(m.dtype))};
+  };
+  auto expert = [&](const HostExpert& e, const char* gate, const char* up, const char* down) -> Status {
+    if (e.gate_bias || e.up_bias || e.down_bias) return refuse("expert biases are not on CUDA yet");
+    RILL_TRY(float_weight(e.gate, gate));
+    RILL_TRY(float_weight(e.up, up));
+    return float_weight(e.down, down);
+  };
+  RILL_TRY(float_weight(h.router, "router"));
+  for (const HostExpert& e : h.experts) RILL_TRY(expert(e, "expert gate", "expert up", "expert down"));
+  if (h.shared) {
+    RILL_TRY(expert(*h.shared, "shared expert gate", "shared expert up", "shared expert down"));
+    RILL_TRY(float_weight(h.shared_gate, "shared expert's sigmoid gate"));
+  }
+  return Status::Ok();
 }
 
 void free_device(void* p) {
@@ -184,14 +237,58 @@ class CudaBackend final : public Backend {
     return Rope{table.rot_dim, &ropes_.back()};
   }
 
+  Result<MoeWeight> place_moe(const HostMoe& h, const std::string& what) override {
+    RILL_TRY(check_cuda_moe(h, what));
+    const MoeParams& p = h.p;
+    if (pass_ != Pass::kSizing) {  // the layers share one CudaMoe, sized for the largest of each width
+      MoeParams m = moe_.initialized() ? moe_.params() : p;
+      m.n_embd = std::max(m.n_embd, p.n_embd);
+      m.n_expert = std::max(m.n_expert, p.n_expert);
+      m.n_expert_used = std::max(m.n_expert_used, p.n_expert_used);
+      m.n_ff = std::max(m.n_ff, p.n_ff);
+      m.n_ff_shared = std::max(m.n_ff_shared, p.n_ff_shared);
+      if (!moe_.initialized() || m.n_embd != moe_.params().n_embd || m.n_expert != moe_.params().n_expert ||
+          m.n_expert_used != moe_.params().n_expert_used || m.n_ff != moe_.params().n_ff ||
+          m.n_ff_shared != moe_.params().n_ff_shared) {
+        RILL_TRY(moe_.init(m, act_));
+      }
+    }
+    const int64_t X = p.n_expert, E = p.n_embd, F = p.n_ff;
+    const size_t gu_bytes = row_bytes(act_, E) * static_cast<size_t>(2 * F);
+    const size_t dn_bytes = row_bytes(act_, F) * static_cast<size_t>(E);
+    CudaMoeWeights d;
+    d.p = p;
+    RILL_ASSIGN_OR_RETURN(d.router, place_in_act(&h.router, 1, what + " router"));
+    RILL_ASSIGN_OR_RETURN(uint8_t* const gu, take(gu_bytes * static_cast<size_t>(X), what + " experts"));
+    RILL_ASSIGN_OR_RETURN(uint8_t* const dn, take(dn_bytes * static_cast<size_t>(X), what + " experts"));
+    for (int64_t e = 0; e < X && gu; ++e) {
+      const HostExpert& x = h.experts[static_cast<size_t>(e)];
+      uint8_t* at = gu + static_cast<size_t>(e) * gu_bytes;
+      RILL_TRY(copy_part(x.gate, act_, at, what + " expert gate"));
+      RILL_TRY(copy_part(x.up, act_, at + gu_bytes / 2, what + " expert up"));
+      RILL_TRY(copy_part(x.down, act_, dn + static_cast<size_t>(e) * dn_bytes, what + " expert down"));
+    }
+    d.gate_up = {gu, act_, gu_bytes, 2 * F, E};
+    d.down = {dn, act_, dn_bytes, E, F};
+    if (h.shared) {
+      const HostMatrix gate_up[] = {h.shared->gate, h.shared->up};
+      RILL_ASSIGN_OR_RETURN(d.shared_gate_up, place_in_act(gate_up, 2, what + " shared expert"));
+      RILL_ASSIGN_OR_RETURN(d.shared_down, place_in_act(&h.shared->down, 1, what + " shared expert down"));
+      RILL_ASSIGN_OR_RETURN(d.shared_gate, place_in_act(&h.shared_gate, 1, what + " shared expert gate"));
+    }
+    moes_.push_back(d);
+    return MoeWeight{p, &moes_.back()};
+  }
+
   Status place_model(const std::function<Status()>& place_all) override {
     if (pass_ != Pass::kDirect || model_.data()) return Error{"CUDA backend: one place_model() per backend"};
-    const size_t n_weights = weights_.size(), n_ropes = ropes_.size();
+    const size_t n_weights = weights_.size(), n_ropes = ropes_.size(), n_moes = moes_.size();
     pass_ = Pass::kSizing;
     model_used_ = 0;
     const Status sized = place_all();
     weights_.resize(n_weights);  // the sizing pass's records go
     ropes_.resize(n_ropes);
+    moes_.resize(n_moes);
     pass_ = Pass::kDirect;
     RILL_TRY(sized);
     RILL_ASSIGN_OR_RETURN(model_, cuda::DeviceBuffer::allocate(std::max<size_t>(model_used_, 1), "the model weights"));
@@ -233,6 +330,7 @@ class CudaBackend final : public Backend {
     if (fp8_cols > 0 && !invariant_) {
       fp8scratch_.carve(a, std::max<int64_t>(limits.max_tokens, limits.max_head_tokens), fp8_cols);
     }
+    if (!moes_.empty()) moe_.carve(a, limits.max_tokens);
   }
 
   Result<Buffer> allocate(size_t bytes, const std::string& what) override {
@@ -280,6 +378,18 @@ class CudaBackend final : public Backend {
     }
     if (bias) cuda::add_bias(y.f32(), bias.data, y.rows, y.cols, stream());
     return Status::Ok();
+  }
+
+  // The CUDA MoE adds into the residual stream and routes its own input
+  // (place_moe() refused the models that need otherwise: Gemma 4, rank
+  // partial sums are refused by their families).
+  Status moe_ffn(const MoeWeight& w, Tensor router_in, Tensor in, Tensor out, bool accumulate,
+                 const StepMetadata& step) override {
+    if (!accumulate || router_in.data != in.data) {
+      return Error{"CUDA backend: moe_ffn adds into its output and routes its input only"};
+    }
+    assert(in.dtype == act_ && in.is_dense() && out.dtype == DType::kF32 && out.is_dense() && in.rows == out.rows);
+    return moe_.forward(record(w), in.data, in.rows, step.n_tiles == 0, out.f32(), *gemm_, stream());
   }
 
   void add_bias(Tensor y, Vec b) override {
@@ -465,6 +575,20 @@ class CudaBackend final : public Backend {
     return placed_.back().as<uint8_t>();
   }
 
+  // parts' rows in the activation dtype (never quantized or FP8: the MoE's
+  // matrices), one after another; data null in place_model()'s sizing pass.
+  Result<cuda::DeviceWeight> place_in_act(const HostMatrix* parts, int n_parts, const std::string& what) {
+    size_t bytes = 0;
+    for (int i = 0; i < n_parts; ++i) bytes += row_bytes(act_, parts[i].cols) * static_cast<size_t>(parts[i].rows);
+    RILL_ASSIGN_OR_RETURN(uint8_t* const dev, take(bytes, what));
+    uint8_t* at = dev;
+    for (int i = 0; i < n_parts && dev; ++i) {
+      RILL_TRY(copy_part(parts[i], act_, at, what));
+      at += row_bytes(act_, parts[i].cols) * static_cast<size_t>(parts[i].rows);
+    }
+    return cuda::DeviceWeight{dev, act_};
+  }
+
   // p's rows packed into dst in dtype t: straight from the host when the
   // dtypes agree (strided rows in one 2-D copy), else converted on the host
   // in chunks of rows.
@@ -560,6 +684,8 @@ class CudaBackend final : public Backend {
   std::deque<cuda::DeviceBuffer> placed_;  // what was placed outside place_model()
   std::deque<CudaWeight> weights_;         // deques: records stay put as more are placed
   std::deque<CudaRope> ropes_;
+  std::deque<CudaMoeWeights> moes_;
+  CudaMoe moe_;  // the MoE layers' scratch and kernels (one layer at a time; reserve() after placing them)
   std::vector<uint8_t> staging_;    // host conversions while placing
   bool fp8_;                        // CudaBackendOptions::fp8_weights
   cuda::DeviceBuffer fp8_staging_;  // a part in act_ before quantize_part

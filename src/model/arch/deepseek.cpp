@@ -44,8 +44,7 @@
 //
 // One graph (MlaGraph, place_mla, mla_forward) over Backend ops (the MLA
 // ops: matmul_heads, rope_store_latent, latent_attention, lightning_index)
-// and a hook for the MoE FFN (model/moe.h on the CPU, until MoE is a
-// Backend op); the CPU runtime (`deepseek_v3.cpu`, `minicpm3.cpu`,
+// and the MoE FFN (Backend::moe_ffn); the CPU runtime (`deepseek_v3.cpu`, `minicpm3.cpu`,
 // `glm_moe_dsa.cpu`, a CpuPagedModel). The CUDA
 // Backend has no MLA ops yet, so the `.cuda` ids refuse at load.
 #include <algorithm>
@@ -230,7 +229,8 @@ struct MlaLayer {
   Weight wv;                                   // [H v, kv_lora]
   Weight wo;                                   // [E, H v]
   Weight w_gate_up, w_down;                    // dense FFN
-  bool is_moe = false;                         // MlaHooks::moe_ffn instead
+  bool is_moe = false;                         // Backend::moe_ffn over `moe` instead
+  MoeWeight moe;
   // The lightning indexer; absent (no DSA, or a shared layer): the layer
   // attends to every key, or to the selection of the layer before it.
   bool has_indexer = false;
@@ -304,7 +304,10 @@ Status place_pass(Backend& b, const MlaWeights& w, MlaGraph& g) {
       RILL_ASSIGN_OR_RETURN(L.index_k_norm, vec(h.index_k_norm, "self_attn.indexer.k_norm.weight"));
       RILL_ASSIGN_OR_RETURN(L.index_k_bias, vec(h.index_k_bias, "self_attn.indexer.k_norm.bias"));
     }
-    if (h.moe) continue;
+    if (h.moe) {
+      RILL_ASSIGN_OR_RETURN(L.moe, b.place_moe(h.moe->host(), pre + "mlp (experts)"));
+      continue;
+    }
     const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
     RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, pre + "mlp.{gate,up}_proj"));
     const HostMatrix dm = host_matrix(h.down.w);
@@ -351,19 +354,11 @@ struct MlaActivations {
   int32_t* n_selected = nullptr;
 };
 
-// What a runtime adds to the graph: the MoE FFN of layer il over the normed
-// rows h [n, E], added into the residual x [n, E] (until MoE is a Backend op).
-class MlaHooks {
- public:
-  virtual ~MlaHooks() = default;
-  virtual Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) = 0;
-};
-
 // One step: embedding, every layer, the final norm of the sample rows and
 // logits [n_sample, V] F32. kv: every layer's cache (rows of
-// MlaGraph::kv_row(), group 0). Backend ops only, plus the MoE hook.
+// MlaGraph::kv_row(), group 0). Backend ops only.
 Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const MlaActivations& a,
-                   const std::vector<KvCacheView>& kv, Tensor logits, MlaHooks& hooks) {
+                   const std::vector<KvCacheView>& kv, Tensor logits) {
   const int64_t n = md.n_tokens;
   const MlaParams& p = g.p;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), act_a = a.a.rows_from(0, n);
@@ -441,7 +436,7 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
     RILL_TRY(b.matmul(L.wo, attn, x, true));
     b.rms_norm(x, nullptr, L.ffn_norm, eps, 0.0f, h);
     if (L.is_moe) {
-      RILL_TRY(hooks.moe_ffn(static_cast<int64_t>(il), h, x, md));
+      RILL_TRY(b.moe_ffn(L.moe, h, h, x, true, md));
     } else {
       const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
       RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
@@ -460,7 +455,7 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
 
 // --- The CPU runtime ------------------------------------------------------------
 
-class MlaModel final : public CpuPagedModel, private MlaHooks {
+class MlaModel final : public CpuPagedModel {
  public:
   MlaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
       : CpuPagedModel(std::move(files), options.n_threads) {}
@@ -474,22 +469,12 @@ class MlaModel final : public CpuPagedModel, private MlaHooks {
   }
 
  private:
-  Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override {
-    (void)step;
-    const int64_t n = x.rows;
-    w_.layers[static_cast<size_t>(il)].moe->forward(h.f32(), n, moe_out_.data(), moe_scratch_, *backend_);
-    backend_->add_inplace(x.f32(), moe_out_.data(), n * x.cols);
-    return Status::Ok();
-  }
-
   std::unique_ptr<Backend> device_;  // on backend_'s threads
-  MlaWeights w_;                     // the CPU Backend views kv_b's copies; the MoE experts
+  MlaWeights w_;                     // the CPU Backend views kv_b's copies
   MlaGraph graph_;
   std::vector<float> x_, h_, a_, qn_, q_, q_lat_, lat_, attn_, gu_, mlp_, final_rows_, iq_, ikw_;  // f32
   std::vector<int32_t> selected_, n_selected_;                                                     // DSA
   MlaActivations act_;
-  std::vector<float> moe_out_;
-  MoeScratch moe_scratch_;
   CpuStepArrays step_;
   std::vector<KvCacheView> kv_views_;  // per layer
 };
@@ -541,16 +526,6 @@ Status MlaModel::init(const ModelOptions& options) {
   n_selected_.resize(static_cast<size_t>(T));
   act_.selected = selected_.data();
   act_.n_selected = n_selected_.data();
-  std::vector<const WeightView*> moe_weights;
-  for (const MlaLayerWeights& L : w_.layers) {
-    if (!L.moe) continue;
-    moe_scratch_.reserve(L.moe->params(), max_tokens_);
-    moe_out_.resize(static_cast<size_t>(T * graph_.E));
-    L.moe->collect_weights(&moe_weights);
-  }
-  if (!moe_weights.empty()) {
-    backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), max_tokens_);
-  }
   step_.reserve(T);
   return device_->reserve(graph_.step_limits(T, max_seqs_));
 }
@@ -567,7 +542,7 @@ Status MlaModel::forward(const Batch& batch, float* logits) {
   RILL_TRY(check_batch(batch, lim, kv_spec_));
   const StepMetadata md = step_metadata(batch, step_);
   return mla_forward(*device_, graph_, md, act_, kv_views_,
-                     Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this);
+                     Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
 }
 
 }  // namespace

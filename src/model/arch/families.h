@@ -37,8 +37,8 @@ inline Error cuda_not_built() {
 // model/tensor_parallel.h's create_tensor_parallel_model.
 Result<std::unique_ptr<Model>> create_llama_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                       const ModelOptions& options);
-// llama.cuda (llama.cpp under RILL_HAVE_CUDA; MoE layers through model/cuda_moe.h; quantized
-// GGUF experts are refused there); options.tensor_parallel > 1: one rank
+// llama.cuda (llama.cpp under RILL_HAVE_CUDA; MoE layers through the CUDA
+// Backend's moe_ffn; quantized GGUF experts are refused there); options.tensor_parallel > 1: one rank
 // per GPU over NCCL, tied by the same factory, dense models only.
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options);

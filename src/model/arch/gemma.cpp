@@ -206,7 +206,8 @@ struct GemmaLayer {
   Weight w_gate_up;    // [2 F, E]
   Weight w_down;       // [E, F]
   Vec post_ffn_norm;   // [E]
-  bool moe = false;    // Gemma 4's MoE block beside the MLP (GemmaHooks::moe_ffn)
+  bool moe = false;    // Gemma 4's MoE block beside the MLP (Backend::moe_ffn over `experts`)
+  MoeWeight experts;
   Vec router_norm, pre_ffn_norm_2, post_ffn_norm_1, post_ffn_norm_2;  // [E]
   Weight w_ple_gate;                                                  // [P, E]; Gemma 4's per-layer input
   Weight w_ple_proj;                                                  // [E, P]
@@ -333,6 +334,7 @@ Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
     RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
     RILL_ASSIGN_OR_RETURN(L.post_ffn_norm, vec(h.post_ffn_norm, "post_feedforward_layernorm.weight"));
     if (L.moe) {
+      RILL_ASSIGN_OR_RETURN(L.experts, b.place_moe(h.moe->host(), p + "experts"));
       RILL_ASSIGN_OR_RETURN(L.router_norm, vec(h.router_norm, "router.scale"));
       RILL_ASSIGN_OR_RETURN(L.pre_ffn_norm_2, vec(h.pre_ffn_norm_2, "pre_feedforward_layernorm_2.weight"));
       RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_1, vec(h.post_ffn_norm_1, "post_feedforward_layernorm_1.weight"));
@@ -418,21 +420,12 @@ Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWe
 // Gemma 4's per-layer input (P > 0): ple [T, n_layer * P] F32 (every
 // layer's input), ple_tmp [T, n_layer * P] F32, pl_gate [T, P] F32, pl_act
 // [T, P] act, xa [T, E] act (x as a matmul input).
-// Gemma 4's MoE block: router_in, moe_in [T, E] (the hook's inputs, act on
-// CUDA, F32 on the CPU), moe_out [T, E] F32.
+// Gemma 4's MoE block: router_in, moe_in [T, E] act (moe_ffn's inputs),
+// moe_out [T, E] F32.
 struct GemmaActivations {
   Tensor x, h, qkv, attn, y, gu, mlp, final_rows;
   Tensor ple, ple_tmp, pl_gate, pl_act, xa;
   Tensor router_in, moe_in, moe_out;
-};
-
-// What a runtime adds to the graph: Gemma 4's MoE block until MoE is a
-// Backend op. moe_ffn(il, r, m, out): out [n, E] F32 = the weighted sum of
-// layer il's top-k experts of m, routed by r (both [n, E]).
-class GemmaHooks {
- public:
-  virtual ~GemmaHooks() = default;
-  virtual Status moe_ffn(size_t il, Tensor router_in, Tensor moe_in, Tensor out) = 0;
 };
 
 // The first rows x cols of t's memory as a dense view (a layer narrower than
@@ -448,8 +441,7 @@ Tensor dense_view(const Tensor& t, int64_t rows, int64_t cols) {
 // the previous post_norm_add (the first from rms_norm) unless a layer
 // scalar sits between.
 Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, const GemmaActivations& a,
-                     const std::vector<KvCacheView>& kv, Tensor logits, GemmaHooks* hooks = nullptr) {
-  assert(!g.any_moe || hooks);
+                     const std::vector<KvCacheView>& kv, Tensor logits) {
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), y = a.y.rows_from(0, n);
   const float eps = g.eps, off = g.norm_offset;
@@ -514,7 +506,7 @@ Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, co
       b.rms_norm(y, nullptr, L.post_ffn_norm_1, eps, off, y);
       b.rms_norm(x, nullptr, L.router_norm, eps, 0.0f, r_in);
       b.rms_norm(x, nullptr, L.pre_ffn_norm_2, eps, off, m_in);
-      RILL_TRY(hooks->moe_ffn(il, r_in, m_in, m_out));
+      RILL_TRY(b.moe_ffn(L.experts, r_in, m_in, m_out, false, md));
       b.post_norm_add(m_out, L.post_ffn_norm_2, y, {}, eps, off, {});
     }
     const Vec next_norm = il + 1 < g.layers.size() ? g.layers[il + 1].attn_norm : Vec{};
@@ -548,7 +540,7 @@ Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, co
 
 // --- The CPU runtime ------------------------------------------------------------
 
-class GemmaModel final : public CpuPagedModel, public GemmaHooks {
+class GemmaModel final : public CpuPagedModel {
  public:
   GemmaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
       : CpuPagedModel(std::move(files), options.n_threads) {}
@@ -559,7 +551,6 @@ class GemmaModel final : public CpuPagedModel, public GemmaHooks {
     const std::vector<KvLayer> groups = graph_.kv_layers(DType::kF16);
     return cache_kv_layers([&](int64_t l) { return groups[static_cast<size_t>(l)].group; });
   }
-  Status moe_ffn(size_t il, Tensor router_in, Tensor moe_in, Tensor out) override;
 
  private:
   std::unique_ptr<Backend> device_;  // on backend_'s threads
@@ -567,9 +558,7 @@ class GemmaModel final : public CpuPagedModel, public GemmaHooks {
   std::vector<float> x_, h_, qkv_, attn_, y_, gu_, mlp_, final_rows_;  // [max_tokens_, ...] f32
   std::vector<float> ple_, ple_tmp_, pl_gate_, pl_act_, xa_;           // Gemma 4's per-layer input
   std::vector<float> router_in_, moe_in_, moe_out_;                    // Gemma 4's MoE block
-  std::vector<std::optional<MoeFfn>> moe_;                             // [n_layer]
-  MoeScratch moe_scratch_;
-  GemmaActivations act_;  // views of the vectors above
+  GemmaActivations act_;                                               // views of the vectors above
   CpuStepArrays step_;
   std::vector<KvCacheView> kv_views_;  // per layer
 };
@@ -616,15 +605,6 @@ Status GemmaModel::init(const ModelOptions& options) {
     act_.router_in = view(router_in_, graph_.E);
     act_.moe_in = view(moe_in_, graph_.E);
     act_.moe_out = view(moe_out_, graph_.E);
-    std::vector<const WeightView*> moe_weights;
-    for (GemmaLayerWeights& L : w.layers) {
-      if (L.moe) {
-        moe_scratch_.reserve(L.moe->params(), T);
-        L.moe->collect_weights(&moe_weights);
-      }
-      moe_.push_back(std::move(L.moe));
-    }
-    backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), T);
   }
   step_.reserve(T);
   return device_->reserve(graph_.step_limits(T, max_seqs_));
@@ -642,13 +622,7 @@ Status GemmaModel::forward(const Batch& batch, float* logits) {
   RILL_TRY(check_batch(batch, lim, kv_spec_));
   const StepMetadata md = step_metadata(batch, step_);
   return gemma_forward(*device_, graph_, md, act_, kv_views_,
-                       Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), this);
-}
-
-Status GemmaModel::moe_ffn(size_t il, Tensor router_in, Tensor moe_in, Tensor out) {
-  assert(router_in.is_dense() && moe_in.is_dense() && out.is_dense());
-  moe_[il]->forward(router_in.f32(), moe_in.f32(), out.rows, out.f32(), moe_scratch_, *backend_);
-  return Status::Ok();
+                       Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
 }
 
 // --- The CUDA runtime's glue ------------------------------------------------------

@@ -21,9 +21,8 @@
 // every other family.
 //
 // One graph (GptOssGraph, place_gpt_oss, gpt_oss_forward) over Backend ops
-// runs on every device, the MoE FFN through GptOssHooks until MoE is a
-// Backend op: the CPU runtime (`gpt_oss.cpu`, a CpuPagedModel; MoE on
-// model/moe.h's MoeFfn). The CPU keeps f32 KV (the CPU's sink attention is
+// (the MoE FFN: Backend::moe_ffn) runs on every device: the CPU runtime
+// (`gpt_oss.cpu`, a CpuPagedModel). The CPU keeps f32 KV (the CPU's sink attention is
 // the f32 kernel's). `gpt_oss.cuda` refuses at load for now (see its
 // factory). GGUF files (llama.cpp's `gpt-oss`) bind through the stacked
 // expert tensors, MXFP4 included.
@@ -270,6 +269,7 @@ struct GptOssLayer {
   Vec bo;         // [E] or absent
   Vec sinks;      // [n_head]
   Vec ffn_norm;   // [E]
+  MoeWeight moe;  // every layer's FFN
 };
 
 struct GptOssGraph {
@@ -334,6 +334,7 @@ Status place_pass(Backend& b, const GptOssWeights& w, GptOssGraph& g) {
     }
     RILL_ASSIGN_OR_RETURN(L.sinks, vec(h.sinks, "self_attn.sinks"));
     RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "post_attention_layernorm.weight"));
+    RILL_ASSIGN_OR_RETURN(L.moe, b.place_moe(h.moe.host(), p + "mlp (experts)"));
   }
   RILL_ASSIGN_OR_RETURN(g.rope, b.place_rope(w.rope));
   return Status::Ok();
@@ -364,19 +365,10 @@ struct GptOssActivations {
   Tensor x, h, qkv, attn, final_rows;
 };
 
-// The runtime's part: each layer's KV and, until MoE is a Backend op, the
-// MoE FFN: x[t] += MoE(h[t]) over x [n, E] F32 and h [n, E] act. Called once
-// per layer, never per token.
-class GptOssHooks {
- public:
-  virtual ~GptOssHooks() = default;
-  virtual Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) = 0;
-};
-
 // One step: embedding, every layer, the final norm of the sample rows and
-// logits [n_sample, V] F32. Backend ops and the hooks only.
+// logits [n_sample, V] F32. Backend ops only.
 Status gpt_oss_forward(Backend& b, const GptOssGraph& g, const StepMetadata& md, const GptOssActivations& a,
-                       const std::vector<KvCacheView>& kv, Tensor logits, GptOssHooks& hooks) {
+                       const std::vector<KvCacheView>& kv, Tensor logits) {
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), qkv = a.qkv.rows_from(0, n);
   const Tensor attn = a.attn.rows_from(0, n);
@@ -409,7 +401,7 @@ Status gpt_oss_forward(Backend& b, const GptOssGraph& g, const StepMetadata& md,
     b.attention(at, md);
     RILL_TRY(b.matmul(L.wo, attn, x, true, L.bo));
     b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
-    RILL_TRY(hooks.moe_ffn(static_cast<int64_t>(il), h, x, md));
+    RILL_TRY(b.moe_ffn(L.moe, h, h, x, true, md));
   }
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
@@ -419,7 +411,7 @@ Status gpt_oss_forward(Backend& b, const GptOssGraph& g, const StepMetadata& md,
 
 // --- The CPU runtime ------------------------------------------------------------
 
-class GptOssModel final : public CpuPagedModel, GptOssHooks {
+class GptOssModel final : public CpuPagedModel {
  public:
   GptOssModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
       : CpuPagedModel(std::move(files), options.n_threads) {}
@@ -432,13 +424,10 @@ class GptOssModel final : public CpuPagedModel, GptOssHooks {
   }
 
  private:
-  Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override;
-
-  GptOssWeights weights_;            // the experts' MoeFfn and their transposed copies
+  GptOssWeights weights_;            // the experts' transposed copies (HF files), which the Backend views
   std::unique_ptr<Backend> device_;  // on backend_'s threads
   GptOssGraph graph_;
-  std::vector<float> x_, h_, qkv_, attn_, final_rows_, moe_out_;  // [max_tokens_, ...] f32
-  MoeScratch moe_scratch_;
+  std::vector<float> x_, h_, qkv_, attn_, final_rows_;  // [max_tokens_, ...] f32
   GptOssActivations act_;
   CpuStepArrays step_;
   std::vector<KvCacheView> kv_views_;
@@ -472,23 +461,8 @@ Status GptOssModel::init(const ModelOptions& options) {
   };
   act_ = {view(x_, graph_.E), view(h_, graph_.E), view(qkv_, graph_.qkv_width()), view(attn_, graph_.Q),
           view(final_rows_, graph_.E)};
-  moe_out_.resize(static_cast<size_t>(T * graph_.E));
-  std::vector<const WeightView*> moe_weights;
-  for (const GptOssLayerWeights& L : weights_.layers) {
-    moe_scratch_.reserve(L.moe.params(), T);
-    L.moe.collect_weights(&moe_weights);
-  }
-  backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), T);
   step_.reserve(T);
   return device_->reserve(graph_.step_limits(T, max_seqs_));
-}
-
-Status GptOssModel::moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) {
-  (void)step;
-  const int64_t n = x.rows;
-  weights_.layers[static_cast<size_t>(il)].moe.forward(h.f32(), n, moe_out_.data(), moe_scratch_, *backend_);
-  backend_->add_inplace(x.f32(), moe_out_.data(), n * x.cols);
-  return Status::Ok();
 }
 
 Status GptOssModel::forward(const Batch& batch, float* logits) {
@@ -503,7 +477,7 @@ Status GptOssModel::forward(const Batch& batch, float* logits) {
   RILL_TRY(check_batch(batch, lim, kv_spec_));
   const StepMetadata md = step_metadata(batch, step_);
   return gpt_oss_forward(*device_, graph_, md, act_, kv_views_,
-                         Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this);
+                         Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
 }
 
 }  // namespace
@@ -513,8 +487,8 @@ Result<std::unique_ptr<Model>> create_gpt_oss_cpu_model(std::shared_ptr<const Mo
   return init_model(std::make_unique<GptOssModel>(std::move(files), options), options);
 }
 
-// Not yet: the CUDA attention kernels have no sink logits, model/cuda_moe.h
-// no expert biases, top-k-then-softmax routing nor the clamped SwiGLU, and
+// Not yet: the CUDA attention kernels have no sink logits, the CUDA MoE
+// (backend/cuda/moe_ffn.h) no expert biases, top-k-then-softmax routing nor the clamped SwiGLU, and
 // MXFP4 no CUDA kernels; refused at load rather than run without them.
 Result<std::unique_ptr<Model>> create_gpt_oss_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                          const ModelOptions& options) {

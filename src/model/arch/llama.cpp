@@ -12,9 +12,9 @@
 // The graph (model/arch/llama.h: LlamaGraph, place_llama, llama_forward) is
 // written once over Backend ops and runs on every device; this file also
 // holds the CPU runtime (`llama.cpu`: activations in host memory, decode
-// lanes, the MoE FFN on cpu::HostOps, and tensor parallelism over simulated
-// ranks) and, under RILL_HAVE_CUDA, the CUDA runtime's glue (`llama.cuda`,
-// at the end of the file).
+// lanes, and tensor parallelism over simulated ranks) and, under
+// RILL_HAVE_CUDA, the CUDA runtime's glue (`llama.cuda`, at the end of the
+// file).
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -50,7 +50,6 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "model/cuda_model_base.h"
-#include "model/cuda_moe.h"
 #endif
 
 namespace rill {
@@ -111,6 +110,7 @@ Status place_pass(Backend& b, const LlamaWeights& w, const RopeTable& rope, Llam
     RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "post_attention_layernorm.weight"));
     if (h.moe) {
       L.is_moe = true;
+      RILL_ASSIGN_OR_RETURN(L.moe, b.place_moe(h.moe->host(), p + "mlp (experts)"));
       continue;
     }
     const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
@@ -158,12 +158,12 @@ Status attention_block(Backend& b, const LlamaGraph& g, const LlamaLayer& L, int
   return Status::Ok();
 }
 
-Status mlp_block(Backend& b, const LlamaLayer& L, int64_t il, const StepMetadata& md, const LlamaActivations& a,
+Status mlp_block(Backend& b, const LlamaLayer& L, const StepMetadata& md, const LlamaActivations& a,
                  LlamaHooks& hooks) {
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
-  if (L.is_moe) {
-    RILL_TRY(hooks.moe_ffn(il, h, x, md));
+  if (L.is_moe) {  // a shard adds (owns_residual) or writes its partial sum, its slice of every expert
+    RILL_TRY(b.moe_ffn(L.moe, h, h, x, hooks.owns_residual(), md));
     return hooks.reduce_residual(x);
   }
   const Tensor gu = a.gu.rows_from(0, n);
@@ -205,7 +205,7 @@ Status llama_forward(Backend& b, const LlamaGraph& g, const StepMetadata& md, co
     b.rms_norm(x, nullptr, L.attn_norm, g.eps, 0.0f, h);
     RILL_TRY(attention_block(b, g, L, static_cast<int64_t>(il), md, a, hooks));
     b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
-    RILL_TRY(mlp_block(b, L, static_cast<int64_t>(il), md, a, hooks));
+    RILL_TRY(mlp_block(b, L, md, a, hooks));
   }
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
@@ -222,8 +222,6 @@ namespace {
 // are f32 (the Backend's act dtype), so h feeds every matmul.
 struct Activations {
   std::vector<float> x, h, qkv, attn, gu, mlp, final_rows;
-  std::vector<float> moe_out;  // [max_tokens, n_embd] when some layer is MoE
-  MoeScratch moe;
   CpuStepArrays step;      // the step's metadata (CpuPagedModel::step_metadata)
   LlamaActivations views;  // over the vectors above
 };
@@ -280,14 +278,11 @@ class LlamaModel final : public CpuPagedModel, private LlamaHooks {
 
  private:
   // LlamaHooks: the paged pool's layer views; a rank's residual ownership
-  // and all-reduce (see above); MoE on cpu::HostOps (host memory) until MoE
-  // is a Backend op. Lanes never run MoE models, so the MoE scratch is the
-  // whole-batch activations'.
+  // and all-reduce (see above).
   KvCacheView kv_cache(int64_t il) const override { return kv_.layer_view(il); }
   bool sharded() const override { return comm_ != nullptr; }
   bool owns_residual() const override { return comm_ == nullptr || comm_->rank() == 0; }
   Status reduce_residual(Tensor x) override;
-  Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override;
 
   // A rank's share of w (views of the mapped tensors) and d narrowed to its widths.
   Status shard(LlamaWeights& w, LlamaDims& d);
@@ -302,9 +297,8 @@ class LlamaModel final : public CpuPagedModel, private LlamaHooks {
   std::pair<int32_t, int32_t> lane_range(int32_t l, int32_t n) const;
   Status check_batch(const Batch& batch) const;
 
-  std::unique_ptr<Backend> device_;  // on backend_'s threads (the MoE layers' cpu::HostOps)
+  std::unique_ptr<Backend> device_;  // on backend_'s threads
   LlamaGraph graph_;
-  std::vector<std::optional<MoeFfn>> moe_;  // per layer: its experts where MoE
   Activations a_;
   int n_threads_ = 1;                      // the backend's threads, shared out among the lanes
   int64_t lane_tokens_ = 0;                // the most sequences a lane takes
@@ -346,14 +340,6 @@ Status LlamaModel::init(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(embedding_, declared_pooling(f));
   if (embedding_.pooling != EmbeddingSpec::Pooling::kNone) pool_rows_.resize(static_cast<size_t>(max_tokens_ * d.E));
 
-  std::vector<const WeightView*> moe_weights;
-  moe_.resize(w.layers.size());
-  for (size_t il = 0; il < w.layers.size(); ++il) {
-    if (!w.layers[il].moe) continue;
-    moe_[il] = std::move(w.layers[il].moe);
-    moe_[il]->collect_weights(&moe_weights);
-  }
-
   // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise
   // f16 KV, as llama.cpp stores it.
   const DType kv_dtype = w.all_f32() ? DType::kF32 : DType::kF16;
@@ -363,14 +349,8 @@ Status LlamaModel::init(const ModelOptions& options) {
   size_activations(a_, max_tokens_);
   const StepLimits limits = graph_.step_limits(max_tokens_, max_tokens_);
   RILL_TRY(dev.reserve(limits));
-  bool any_moe = false;
-  for (const std::optional<MoeFfn>& m : moe_) {
-    if (!m) continue;
-    any_moe = true;
-    a_.moe.reserve(m->params(), max_tokens_);
-    a_.moe_out.resize(static_cast<size_t>(max_tokens_ * d.E));
-  }
-  if (any_moe) backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), max_tokens_);
+  const bool any_moe =
+      std::any_of(graph_.layers.begin(), graph_.layers.end(), [](const LlamaLayer& L) { return L.is_moe; });
   n_threads_ =
       options.n_threads > 0 ? options.n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int n_threads = n_threads_;
@@ -431,19 +411,6 @@ void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
 Status LlamaModel::reduce_residual(Tensor x) {
   assert(x.is_dense());
   return comm_ ? comm_->all_reduce_sum(x.f32(), x.rows * x.cols) : Status::Ok();
-}
-
-Status LlamaModel::moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) {
-  (void)step;
-  const int64_t n = x.rows;
-  const MoeFfn& moe = *moe_[static_cast<size_t>(il)];
-  if (!owns_residual()) {  // a rank's partial sum, which reduce_residual completes
-    moe.forward(h.f32(), n, x.f32(), a_.moe, *backend_);
-    return Status::Ok();
-  }
-  moe.forward(h.f32(), n, a_.moe_out.data(), a_.moe, *backend_);
-  backend_->add_inplace(x.f32(), a_.moe_out.data(), n * x.cols);
-  return Status::Ok();
 }
 
 Status LlamaModel::check_batch(const Batch& batch) const {
@@ -592,7 +559,7 @@ Result<std::unique_ptr<Model>> create_llama_cpu_model(std::shared_ptr<const Mode
 // stays whole on every rank: a step reads only its n rows, so a
 // vocabulary-parallel gather would save memory (1 GB for the 8B) at the cost
 // of one more all-reduce of [n, E] per step. mixtral / qwen3_moe layers run
-// model/cuda_moe.h's MoE FFN (its experts in a second device buffer), which
+// the CUDA Backend's moe_ffn (experts placed in the model's buffer), which
 // adds into the residual stream like down_proj (unsharded only: tensor
 // parallelism on CUDA refuses MoE models).
 //
@@ -616,8 +583,7 @@ class LlamaCudaModel final : public CudaModelBase {
   Status init(const ModelOptions& options);
 
  private:
-  // The graph's runtime hooks: the KV planes, the shard's all-reduce, the
-  // MoE FFN (model/cuda_moe.h; never on a shard, see the top).
+  // The graph's runtime hooks: the KV planes, the shard's all-reduce.
   class Hooks final : public LlamaHooks {
    public:
     explicit Hooks(LlamaCudaModel& m) : m_(m) {}
@@ -625,10 +591,6 @@ class LlamaCudaModel final : public CudaModelBase {
     bool sharded() const override { return m_.sharded(); }
     bool owns_residual() const override { return m_.owns_residual(); }
     Status reduce_residual(Tensor x) override { return m_.reduce_residual(x.f32(), x.rows); }
-    Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override {
-      return m_.moe_.forward(*m_.moe_weights_[static_cast<size_t>(il)], h.data, x.rows, step.n_tiles == 0, x.f32(),
-                             *m_.gemm_, m_.stream());
-    }
 
    private:
     LlamaCudaModel& m_;
@@ -636,16 +598,10 @@ class LlamaCudaModel final : public CudaModelBase {
 
   void carve_activations(cuda::Arena& a) override;
   Status run_layers(const Step& s) override;
-  Status place_moe(const LlamaWeights& w);
 
   LlamaGraph graph_;
   Hooks hooks_;
   LlamaActivations act_views_;  // over the arena
-  // MoE layers (mixtral, qwen3_moe): their experts, in a buffer of their own
-  // until MoE is a Backend op, and the MoE scratch.
-  cuda::DeviceBuffer moe_buf_;
-  std::vector<std::optional<CudaMoeWeights>> moe_weights_;
-  CudaMoe moe_;
 };
 
 Status LlamaCudaModel::init(const ModelOptions& options) {
@@ -674,28 +630,8 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   RILL_TRY(create_backend(options));
   RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(*backend_, cfg_, w, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, rope));
-  RILL_TRY(place_moe(w));
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
   return init_runtime(options);
-}
-
-// The MoE layers' experts into one device buffer (cuda_moe.h's placement).
-Status LlamaCudaModel::place_moe(const LlamaWeights& w) {
-  moe_weights_.resize(w.layers.size());
-  if (cfg_.n_expert <= 0) return Status::Ok();
-  WeightUpload up(act_);
-  std::vector<std::optional<CudaMoePlacement>> at(w.layers.size());
-  for (size_t il = 0; il < w.layers.size(); ++il) {
-    if (!w.layers[il].moe) continue;
-    RILL_ASSIGN_OR_RETURN(
-        at[il], CudaMoePlacement::place(*w.layers[il].moe, up, files_->path + ": layer " + std::to_string(il)));
-  }
-  RILL_TRY(up.upload("the MoE experts (" + files_->path + ")"));
-  for (size_t il = 0; il < at.size(); ++il) {
-    if (at[il]) moe_weights_[il] = at[il]->resolve(up);
-  }
-  moe_buf_ = up.take_buffer();
-  return moe_.init(moe_params(cfg_), act_, files_->path);
 }
 
 void LlamaCudaModel::carve_activations(cuda::Arena& a) {
@@ -708,7 +644,6 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.gu = carve_tensor(a, DType::kF32, T, 2 * F);
   act_views_.mlp = carve_tensor(a, act_, T, F);
   act_views_.final_rows = carve_tensor(a, act_, S, E_);
-  if (cfg_.n_expert > 0) moe_.carve(a, T);
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }
 
@@ -774,7 +709,7 @@ Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const Mod
                                                        const ModelOptions& options) {
   if (moe_params(files->config).sigmoid_scores) {
     return Error{files->path + ": " + files->config.architecture +
-                 "'s sigmoid, group-limited MoE router is not on CUDA yet (model/cuda_moe.h routes by softmax); "
+                 "'s sigmoid, group-limited MoE router is not on CUDA yet (the CUDA MoE routes by softmax); "
                  "run it on the CPU"};
   }
   if (options.tensor_parallel != 1) return create_llama_cuda_tp_model(std::move(files), options);

@@ -2,12 +2,12 @@
 // The Llama graph, written once for every device (issue 16): the weights as
 // a Backend placed them, their placement from the bound LlamaWeights, and
 // one step's forward pass over Backend ops. model/arch/llama.cpp holds it
-// with the CPU runtime (`llama.cpu`: decode lanes, cpu::HostOps MoE, a rank
+// with the CPU runtime (`llama.cpu`: decode lanes, a rank
 // of simulated tensor parallelism); model/arch/llama.cpp also holds the CUDA
 // runtime's glue (`llama.cuda`, over model/cuda_model_base.h; a rank per
-// GPU). What a runtime adds goes through LlamaHooks: the KV cache's layout,
-// tensor parallelism (residual ownership and the all-reduce after o, down
-// and the MoE FFN) and, until MoE is a Backend op, the MoE FFN.
+// GPU). What a runtime adds goes through LlamaHooks: the KV cache's layout
+// and tensor parallelism (residual ownership and the all-reduce after o,
+// down and the MoE FFN).
 #include <cstdint>
 #include <vector>
 
@@ -29,7 +29,8 @@ struct LlamaLayer {
   Vec ffn_norm;         // [E]
   Weight w_gate_up;     // [2 F, E]; dense layers
   Weight w_down;        // [E, F]
-  bool is_moe = false;  // the runtime's LlamaHooks::moe_ffn instead of gate/up/down
+  bool is_moe = false;  // Backend::moe_ffn over `moe` instead of gate/up/down
+  MoeWeight moe;        // mixtral / qwen3_moe / glm4_moe layers (a shard: its slice of every expert)
 };
 
 // The placed model. Widths are one rank's (its heads, KV heads, FFN slice)
@@ -59,8 +60,8 @@ struct LlamaGraph {
 // model in one device buffer): fused q/k/v and gate/up, the qkv biases
 // zero-filled where a part has none, the head unless tied (w.lm_head when
 // tied but sliced: a shard's rows). dims: the widths of w's layers (a
-// shard's, after shard_llama_layers), hd and E whole. MoE layers are marked
-// and left to the runtime. Errors name the tensor.
+// shard's, after shard_llama_layers), hd and E whole. MoE layers are placed
+// through Backend::place_moe. Errors name the tensor.
 Result<LlamaGraph> place_llama(Backend& b, const ModelConfig& cfg, const LlamaWeights& w, const LlamaDims& dims,
                                const RopeTable& rope);
 
@@ -91,10 +92,6 @@ class LlamaHooks {
     (void)x;
     return Status::Ok();
   }
-  // MoE layer il: x[t] += MoE(h[t]) over x [n, E] F32, h [n, E] act. A
-  // shard adds (owns_residual()) or writes this rank's partial MoE(h), its
-  // slice of every expert; the graph calls reduce_residual() after it.
-  virtual Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) = 0;
 };
 
 // One step: embedding, every layer, the final norm of the sample rows and

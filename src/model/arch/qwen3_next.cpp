@@ -31,8 +31,7 @@
 //    [q heads | k | v | gate heads], so rope_store_kv runs on the first
 //    Q + 2 KV columns and sigmoid_mul reads the gate columns;
 //  - o_proj, out_proj and down_proj accumulate into the f32 residual, and so
-//    does Qwen3-Next's MoE FFN (the runtime's, through HybridHooks, until
-//    MoE is a Backend op: model/moe.h on the CPU, model/cuda_moe.h on CUDA).
+//    does Qwen3-Next's MoE FFN (Backend::moe_ffn, shared expert included).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -59,7 +58,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gated_delta.h"
 #include "model/cuda_model_base.h"
-#include "model/cuda_moe.h"
 #endif
 
 namespace rill {
@@ -211,7 +209,8 @@ struct HybridLayer {
   Vec b_o;
   // FFN
   Weight w_gate_up, w_down;
-  bool is_moe = false;  // the runtime's HybridHooks::moe_ffn instead
+  bool is_moe = false;  // Backend::moe_ffn over `moe` instead
+  MoeWeight moe;
 };
 
 struct HybridGraph {
@@ -379,7 +378,10 @@ Status place_pass(Backend& b, HybridWeights& w, HybridGraph& g) {
         RILL_ASSIGN_OR_RETURN(L.b_o, vec(h.o.bias, "self_attn.o_proj.bias"));
       }
     }
-    if (h.moe) continue;
+    if (h.moe) {
+      RILL_ASSIGN_OR_RETURN(L.moe, b.place_moe(h.moe->host(), p + "mlp (experts)"));
+      continue;
+    }
     const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
     RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, p + "mlp.{gate,up}_proj"));
     const HostMatrix dm = host_matrix(h.down.w);
@@ -427,21 +429,12 @@ struct HybridActivations {
   Tensor x, h, proj, mixed, g, beta, core, attn, mix, gu, mlp, final_rows;
 };
 
-// The runtime's part of the graph, called once per layer (never per token;
-// no allocation, no host synchronization on CUDA).
-class HybridHooks {
- public:
-  virtual ~HybridHooks() = default;
-  // MoE layer il: x[t] += MoE(h[t]) over x [n, E] F32, h [n, E] act.
-  virtual Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) = 0;
-};
-
 // One step: embedding, every layer, the final norm of the sample rows and
 // logits [n_sample, V] F32. kv: the attention layers' K and V (by index
 // among them); states: the pool whose ids step.recurrent names. Only
-// Backend ops and the hooks: graph-capturable on CUDA.
+// Backend ops: graph-capturable on CUDA.
 Status hybrid_forward(Backend& b, const HybridGraph& g, const StepMetadata& md, const HybridActivations& a,
-                      const std::vector<KvCacheView>& kv, const StatePool& states, Tensor logits, HybridHooks& hooks) {
+                      const std::vector<KvCacheView>& kv, const StatePool& states, Tensor logits) {
   const int64_t n = md.n_tokens;
   const GatedDeltaDims& d = g.gdn;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
@@ -512,7 +505,7 @@ Status hybrid_forward(Backend& b, const HybridGraph& g, const StepMetadata& md, 
     }
     b.rms_norm(x, nullptr, L.post_norm, eps, off, h);
     if (L.is_moe) {
-      RILL_TRY(hooks.moe_ffn(static_cast<int64_t>(il), h, x, md));
+      RILL_TRY(b.moe_ffn(L.moe, h, h, x, true, md));
       continue;
     }
     const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
@@ -528,7 +521,7 @@ Status hybrid_forward(Backend& b, const HybridGraph& g, const StepMetadata& md, 
 
 // --- The CPU runtime ------------------------------------------------------------
 
-class HybridModel final : public CpuPagedModel, private HybridHooks {
+class HybridModel final : public CpuPagedModel {
  public:
   HybridModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
       : CpuPagedModel(std::move(files), options.n_threads) {}
@@ -542,22 +535,11 @@ class HybridModel final : public CpuPagedModel, private HybridHooks {
   }
 
  private:
-  // Qwen3-Next's MoE FFN over cpu::HostOps (model/moe.h), into x like down_proj.
-  Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override {
-    (void)step;
-    const int64_t n = x.rows;
-    w_.layers[static_cast<size_t>(il)].moe->forward(h.f32(), n, moe_out_.data(), moe_scratch_, *backend_);
-    backend_->add_inplace(x.f32(), moe_out_.data(), n * x.cols);
-    return Status::Ok();
-  }
-
   std::unique_ptr<Backend> device_;  // on backend_'s threads
-  HybridWeights w_;                  // the CPU Backend views its reassembled rows; the MoE experts
+  HybridWeights w_;                  // the CPU Backend views its reassembled rows
   HybridGraph graph_;
   std::vector<float> x_, h_, proj_, mixed_, g_, beta_, core_, attn_, mix_, gu_, mlp_, final_rows_;  // f32
   HybridActivations act_;  // views of the vectors above
-  std::vector<float> moe_out_;
-  MoeScratch moe_scratch_;
   CpuStepArrays step_;
   std::vector<KvCacheView> kv_views_;  // per attention layer
 };
@@ -585,16 +567,6 @@ Status HybridModel::init(const ModelOptions& options) {
           view(mixed_, T, d.conv_dim()), view(g_, T, d.n_v_heads), view(beta_, T, d.n_v_heads),
           view(core_, T, d.value_dim()), view(attn_, T, graph_.Q), view(mix_, T, std::max(d.value_dim(), graph_.Q)),
           view(gu_, T, 2 * F),           view(mlp_, T, F),         view(final_rows_, max_seqs_, graph_.E)};
-  std::vector<const WeightView*> moe_weights;
-  for (const HybridLayerWeights& L : w_.layers) {
-    if (!L.moe) continue;
-    moe_scratch_.reserve(L.moe->params(), max_tokens_);
-    moe_out_.resize(static_cast<size_t>(T * graph_.E));
-    L.moe->collect_weights(&moe_weights);
-  }
-  if (!moe_weights.empty()) {
-    backend_->reserve(moe_weights.data(), static_cast<int>(moe_weights.size()), max_tokens_);
-  }
   step_.reserve(T);
   return device_->reserve(graph_.step_limits(T, max_seqs_));
 }
@@ -612,35 +584,24 @@ Status HybridModel::forward(const Batch& batch, float* logits) {
   RILL_TRY(states_->check(batch));
   const StepMetadata md = step_metadata(batch, step_);
   return hybrid_forward(*device_, graph_, md, act_, kv_views_, *states_,
-                        Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this);
+                        Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
 }
 
 // --- The CUDA runtime's glue ------------------------------------------------------
 
 #if RILL_HAVE_CUDA
-class HybridCudaModel final : public CudaModelBase, private HybridHooks {
+class HybridCudaModel final : public CudaModelBase {
  public:
   explicit HybridCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
   Status init(const ModelOptions& options);
 
  private:
-  // Qwen3-Next's MoE FFN (model/cuda_moe.h, shared expert included), into x.
-  Status moe_ffn(int64_t il, Tensor h, Tensor x, const StepMetadata& step) override {
-    return moe_.forward(*moe_weights_[static_cast<size_t>(il)], h.data, x.rows, step.n_tiles == 0, x.f32(), *gemm_,
-                        stream());
-  }
   void carve_activations(cuda::Arena& a) override;
   Status run_layers(const Step& s) override;
-  Status place_moe(const HybridWeights& w);
 
   HybridGraph graph_;
   HybridActivations act_views_;        // over the arena
   std::vector<KvCacheView> kv_views_;  // per attention layer
-  // MoE layers: their experts in a buffer of their own until MoE is a
-  // Backend op, and the MoE scratch.
-  cuda::DeviceBuffer moe_buf_;
-  std::vector<std::optional<CudaMoeWeights>> moe_weights_;
-  CudaMoe moe_;
 };
 
 Status HybridCudaModel::init(const ModelOptions& options) {
@@ -666,32 +627,12 @@ Status HybridCudaModel::init(const ModelOptions& options) {
   kv_dtype_ = dt.kv;  // as the CPU model: f32 checkpoints keep f32 KV
   RILL_TRY(create_backend(options));
   RILL_ASSIGN_OR_RETURN(graph_, place_hybrid(*backend_, cfg_, w));
-  RILL_TRY(place_moe(w));
   kv_spec_ = {full(), recurrent()};
   n_kv_layers_ = graph_.n_attn;
   RILL_TRY(create_states(graph_.n_linear, graph_.state_tensors(), options));  // before the KV pool
   RILL_TRY(init_runtime(options));
   for (int64_t i = 0; i < graph_.n_attn; ++i) kv_views_.push_back(kv_view(static_cast<size_t>(i)));
   return Status::Ok();
-}
-
-// The MoE layers' experts into one device buffer (cuda_moe.h's placement).
-Status HybridCudaModel::place_moe(const HybridWeights& w) {
-  moe_weights_.resize(w.layers.size());
-  if (cfg_.n_expert <= 0) return Status::Ok();
-  WeightUpload up(act_);
-  std::vector<std::optional<CudaMoePlacement>> at(w.layers.size());
-  for (size_t il = 0; il < w.layers.size(); ++il) {
-    if (!w.layers[il].moe) continue;
-    RILL_ASSIGN_OR_RETURN(
-        at[il], CudaMoePlacement::place(*w.layers[il].moe, up, files_->path + ": layer " + std::to_string(il)));
-  }
-  RILL_TRY(up.upload("the MoE experts (" + files_->path + ")"));
-  for (size_t il = 0; il < at.size(); ++il) {
-    if (at[il]) moe_weights_[il] = at[il]->resolve(up);
-  }
-  moe_buf_ = up.take_buffer();
-  return moe_.init(moe_params(cfg_), act_, files_->path);
 }
 
 void HybridCudaModel::carve_activations(cuda::Arena& a) {
@@ -710,13 +651,12 @@ void HybridCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.gu = carve_tensor(a, DType::kF32, T, 2 * F);
   act_views_.mlp = carve_tensor(a, act_, T, F);
   act_views_.final_rows = carve_tensor(a, act_, S, E_);
-  if (cfg_.n_expert > 0) moe_.carve(a, T);
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }
 
 Status HybridCudaModel::run_layers(const Step& s) {
   const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.V);
-  return hybrid_forward(*backend_, graph_, step_metadata(s), act_views_, kv_views_, states(), logits, *this);
+  return hybrid_forward(*backend_, graph_, step_metadata(s), act_views_, kv_views_, states(), logits);
 }
 #endif  // RILL_HAVE_CUDA
 

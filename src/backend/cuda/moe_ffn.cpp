@@ -1,113 +1,24 @@
-#include "model/cuda_moe.h"
+#include "backend/cuda/moe_ffn.h"
 
-#if RILL_HAVE_CUDA
 #include <algorithm>
-#include <tuple>
-#include <utility>
 
 #include "backend/cuda/ops.h"
-#include "backend/cuda/quant.h"
 
 namespace rill {
 namespace {
 
-std::string str(int64_t v) {
-  return std::to_string(v);
-}
-
-Status check_unquantized(const WeightView& w, const std::string& what, const char* name) {
-  if (cuda::quant_supported(w.dtype) || (w.dtype != DType::kF32 && w.dtype != DType::kF16 && w.dtype != DType::kBF16)) {
-    return Error{what + ": the CUDA MoE layer takes F32, F16 or BF16 weights; its " + name + " is " +
-                 std::string(dtype_name(w.dtype))};
-  }
-  return Status::Ok();
-}
-
-// Places n matrices one after another (each from `place_one`) and returns
-// the first's offset and the constant distance between them.
-template <typename Fn>
-Result<std::pair<size_t, size_t>> place_strided(int64_t n, Fn place_one, const std::string& what) {
-  const size_t first = place_one(0);
-  size_t stride = 0;
-  for (int64_t e = 1; e < n; ++e) {
-    const size_t at = place_one(e);
-    if (e == 1) stride = at - first;
-    if (at != first + static_cast<size_t>(e) * stride) {
-      return Error{what + ": expert matrices were not placed at a constant stride"};
-    }
-  }
-  return std::pair{first, stride};
+// Bytes of one element of a float dtype on the device (F32: 4, F16/BF16: 2).
+size_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : 2;
 }
 
 }  // namespace
 
-Result<CudaMoePlacement> CudaMoePlacement::place(const MoeFfn& host, WeightUpload& up, const std::string& what) {
-  const MoeParams& p = host.params();
-  const MoeWeights& w = host.weights();
-  if (p.n_expert > cuda::kMoeMaxExperts || p.n_expert_used > cuda::kMoeMaxExpertsUsed) {
-    return Error{what + ": the CUDA MoE layer takes up to " + str(cuda::kMoeMaxExperts) + " experts and " +
-                 str(cuda::kMoeMaxExpertsUsed) + " per token (model: " + str(p.n_expert_used) + " of " +
-                 str(p.n_expert) + ")"};
-  }
-  // The expert GEMV reads rows as 16-byte vectors: 8 bf16/f16 or 4 f32.
-  if (p.n_embd % 8 != 0 || p.n_ff % 8 != 0) {
-    return Error{what + ": the CUDA MoE layer needs hidden and expert sizes that are multiples of 8 (model: " +
-                 str(p.n_embd) + ", " + str(p.n_ff) + ")"};
-  }
-  RILL_TRY(check_unquantized(w.router.w, what, "router"));
-  for (const GluFfnWeights& f : w.experts) {
-    RILL_TRY(check_unquantized(f.gate.w, what, "expert gate"));
-    RILL_TRY(check_unquantized(f.up.w, what, "expert up"));
-    RILL_TRY(check_unquantized(f.down.w, what, "expert down"));
-  }
-  CudaMoePlacement pl;
-  pl.p = p;
-  pl.router = up.mat(w.router.w);
-  auto gu = place_strided(
-      p.n_expert,
-      [&](int64_t e) {
-        const GluFfnWeights& f = w.experts[static_cast<size_t>(e)];
-        return up.cat({&f.gate.w, &f.up.w});
-      },
-      what);
-  if (!gu.ok()) return gu.error();
-  auto dn = place_strided(
-      p.n_expert, [&](int64_t e) { return up.mat(w.experts[static_cast<size_t>(e)].down.w); }, what);
-  if (!dn.ok()) return dn.error();
-  std::tie(pl.gate_up, pl.gate_up_stride) = *gu;
-  std::tie(pl.down, pl.down_stride) = *dn;
-  if (w.shared) {
-    RILL_TRY(check_unquantized(w.shared->gate.w, what, "shared expert gate"));
-    RILL_TRY(check_unquantized(w.shared->up.w, what, "shared expert up"));
-    RILL_TRY(check_unquantized(w.shared->down.w, what, "shared expert down"));
-    RILL_TRY(check_unquantized(w.shared_gate.w, what, "shared expert's sigmoid gate"));
-    pl.shared_gate_up = up.cat({&w.shared->gate.w, &w.shared->up.w});
-    pl.shared_down = up.mat(w.shared->down.w);
-    pl.shared_gate = up.mat(w.shared_gate.w);
-  }
-  return pl;
-}
-
-CudaMoeWeights CudaMoePlacement::resolve(const WeightUpload& up) const {
-  CudaMoeWeights d;
-  d.p = p;
-  d.router = up.weight(router);
-  const cuda::DeviceWeight gu = up.weight(gate_up), dn = up.weight(down);
-  d.gate_up = {gu.data, gu.dtype, gate_up_stride, 2 * p.n_ff, p.n_embd};
-  d.down = {dn.data, dn.dtype, down_stride, p.n_embd, p.n_ff};
-  if (p.n_ff_shared > 0) {
-    d.shared_gate_up = up.weight(shared_gate_up);
-    d.shared_down = up.weight(shared_down);
-    d.shared_gate = up.weight(shared_gate);
-  }
-  return d;
-}
-
-Status CudaMoe::init(const MoeParams& p, DType act, const std::string& path) {
+Status CudaMoe::init(const MoeParams& p, DType act) {
   p_ = p;
   act_ = act;
-  RILL_ASSIGN_OR_RETURN(
-      padded_host_, cuda::PinnedBuffer::allocate(static_cast<size_t>(p.n_expert + 1) * 4, path + ": MoE row counts"));
+  RILL_ASSIGN_OR_RETURN(padded_host_,
+                        cuda::PinnedBuffer::allocate(static_cast<size_t>(p.n_expert + 1) * 4, "the MoE row counts"));
   return Status::Ok();
 }
 
@@ -116,7 +27,7 @@ void CudaMoe::carve(cuda::Arena& a, int64_t max_tokens) {
   // silu_mul launches one grid row per expert row: at most 65,535.
   chunk_ = std::clamp<int64_t>(max_tokens, 1, std::min<int64_t>(kMaxChunk, (60000 - X * kPad) / K));
   rows_ = chunk_ * K + X * kPad;
-  const size_t as = cuda_dtype_size(act_);
+  const size_t as = dtype_size(act_);
   const auto C = static_cast<size_t>(chunk_), R = static_cast<size_t>(rows_);
   const auto pairs = C * static_cast<size_t>(K), ne = static_cast<size_t>(X);
   logits_ = a.take<float>(C * ne);
@@ -141,15 +52,15 @@ void CudaMoe::carve(cuda::Arena& a, int64_t max_tokens) {
 }
 
 Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool decode_only, float* x, cuda::Gemm& gemm,
-                        cudaStream_t stream, bool grouped) {
+                        cudaStream_t stream) {
   const MoeParams& p = w.p;
   // Batch-invariant mode (gemm.batch_invariant()): device routing and the
   // fixed-order expert kernels (tensor cores where moe_mma_supported) at
   // every token count, never the grouped cuBLASLt GEMMs.
   const bool invariant = gemm.batch_invariant();
-  const bool device_routing = invariant || (!grouped && (decode_only || act_ == DType::kF32));
+  const bool device_routing = invariant || decode_only || act_ == DType::kF32;
   const int64_t X = p.n_expert, K = p.n_expert_used, E = p.n_embd, F = p.n_ff, Fs = p.n_ff_shared;
-  const size_t as = cuda_dtype_size(act_);
+  const size_t as = dtype_size(act_);
   for (int64_t t0 = 0; t0 < n; t0 += chunk_) {
     const int64_t m = std::min(chunk_, n - t0);
     const void* hc = static_cast<const uint8_t*>(h) + static_cast<size_t>(t0 * E) * as;
@@ -183,7 +94,7 @@ Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool 
 Status CudaMoe::experts_grouped(const CudaMoeWeights& w, const void* h, int64_t m, cuda::Gemm& gemm,
                                 cudaStream_t stream) {
   const int64_t X = w.p.n_expert, K = w.p.n_expert_used, E = w.p.n_embd, F = w.p.n_ff;
-  const size_t as = cuda_dtype_size(act_);
+  const size_t as = dtype_size(act_);
   auto* padded = static_cast<int32_t*>(padded_host_.data());
   RILL_CUDA_CHECK(
       cudaMemcpyAsync(padded, routing_.padded, static_cast<size_t>(X + 1) * 4, cudaMemcpyDeviceToHost, stream));
@@ -212,4 +123,3 @@ Status CudaMoe::experts_grouped(const CudaMoeWeights& w, const void* h, int64_t 
 }
 
 }  // namespace rill
-#endif  // RILL_HAVE_CUDA
