@@ -7,6 +7,12 @@
 // the tokens per GiB of KV against f16's; KL and argmax also against f32 KV.
 //
 //   bench_kv_quality MODEL TEXT_FILE N_TOKENS [TYPE...]   (default: every type)
+//
+// TYPE: a KV type for both sides, K/V (q8_0/q4_0h) or @FILE (a --kv-config
+// file). On a model with quantized weights every matmul quantizes its
+// activations to 8 bits (Q8_0/Q8_1), which turns any small change of the
+// KV into a larger one (an activation near a rounding boundary flips): see
+// docs/perf.md, and tools/dequantize_gguf.py for an f32 copy of the weights.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,11 +37,26 @@ struct Scored {
   double seconds = 0;
 };
 
-Result<Scored> score(std::shared_ptr<const ModelFiles> files, const std::vector<int32_t>& ids, const char* kv) {
+// A type argument: T (both sides), K/V (e.g. q8_0/q4_0h) or @FILE (a
+// --kv-config file over f16).
+Result<KvTypeOptions> parse_types(const std::string& arg) {
+  KvTypeOptions t;
+  if (arg.starts_with("@")) {
+    RILL_TRY(load_kv_config(arg.substr(1), t));
+    return t;
+  }
+  const size_t slash = arg.find('/');
+  t.k = parse_kv_type(arg.substr(0, slash));
+  t.v = slash == std::string::npos ? t.k : parse_kv_type(arg.substr(slash + 1));
+  if (!t.k || !t.v) return Error{"unknown KV type " + arg + " (one of " + kv_type_names() + ", K/V or @FILE)"};
+  return t;
+}
+
+Result<Scored> score(std::shared_ptr<const ModelFiles> files, const std::vector<int32_t>& ids, const std::string& kv) {
   ModelOptions o;
   o.n_ctx = static_cast<int64_t>(ids.size());
   o.max_batch_tokens = 512;
-  o.kv_types.k = o.kv_types.v = parse_kv_type(kv);
+  RILL_ASSIGN_OR_RETURN(o.kv_types, parse_types(kv));
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, o));
   SequenceRunner runner(*model);
   Scored s;
@@ -80,7 +101,11 @@ int run(int argc, char** argv) {
   ids.resize(n);
   std::vector<std::string> types;
   for (int i = 4; i < argc; ++i) types.emplace_back(argv[i]);
-  if (types.empty()) types = {"f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "q4_0h"};
+  if (types.empty()) types = {"f16", "bf16", "q8_0", "q8_0h", "q5_1", "q5_0", "q4_1", "q4_0", "q4_0h"};
+  for (const std::string& t : types) {
+    if (auto parsed = parse_types(t); !parsed.ok())
+      return std::fprintf(stderr, "%s\n", parsed.error().message.c_str()), 1;
+  }
   // Two references: f16 KV (the default, llama.cpp's rounding: the query
   // and the probabilities rounded to f16) and f32 KV (exact arithmetic), so
   // a type's distance from f16 can be told apart from f16's own.
@@ -91,7 +116,7 @@ int run(int argc, char** argv) {
   const size_t V = ref->logp.size() / n;
   std::printf("model %s, text %s, %zu tokens; KL(ref || type) per position, mean over %zu positions\n", argv[1],
               argv[2], n, n - 1);
-  std::printf("%-6s %11s %11s %12s %12s %9s %9s %11s %9s %8s\n", "type", "perplexity", "ppl vs f16", "KL vs f16",
+  std::printf("%-10s %11s %11s %12s %12s %9s %9s %11s %9s %8s\n", "type", "perplexity", "ppl vs f16", "KL vs f16",
               "KL vs f32", "top1!=f16", "top1!=f32", "KV B/token", "tok/GiB x", "score s");
   auto row = [&](const std::string& t, const Scored& s) {
     double nll = 0, nll_ref = 0, kl = 0, kl32 = 0;
@@ -115,7 +140,7 @@ int run(int argc, char** argv) {
     }
     const double m = static_cast<double>(n - 1);
     const double ppl = std::exp(nll / m), ppl_ref = std::exp(nll_ref / m);
-    std::printf("%-6s %11.4f %+10.3f%% %12.3e %12.3e %8.2f%% %8.2f%% %11zu %9.3f %8.1f\n", t.c_str(), ppl,
+    std::printf("%-10s %11.4f %+10.3f%% %12.3e %12.3e %8.2f%% %8.2f%% %11zu %9.3f %8.1f\n", t.c_str(), ppl,
                 100.0 * (ppl / ppl_ref - 1.0), kl / m, kl32 / m, 100.0 * static_cast<double>(flips) / m,
                 100.0 * static_cast<double>(flips32) / m, s.kv_bytes_per_token,
                 static_cast<double>(ref->kv_bytes_per_token) / static_cast<double>(s.kv_bytes_per_token), s.seconds);
@@ -124,9 +149,8 @@ int run(int argc, char** argv) {
   row("f16", *ref);
   row("f32", *ref32);
   for (const std::string& t : types) {
-    if (!parse_kv_type(t)) return std::fprintf(stderr, "unknown KV type %s\n", t.c_str()), 1;
     if (t == "f16" || t == "f32") continue;
-    auto s = score(*files, ids, t.c_str());
+    auto s = score(*files, ids, t);
     if (!s.ok()) return std::fprintf(stderr, "%s: %s\n", t.c_str(), s.error().message.c_str()), 1;
     row(t, *s);
   }

@@ -29,9 +29,9 @@
 // quantized KV cache (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: shape in elements, rows
 // of whole blocks, bytes as GGML lays them out); a block type's tensor says
 // its block ("groupSize": 32), and a file whose groupSize differs from its
-// dtype's is refused. A Hadamard-rotated type (q4_0h) is stored as its
-// dtype; "numerics" names the KV types ("cpu avx2 kv=q4_0h"), so a file is
-// never resumed under other types.
+// dtype's is refused. A rotated type (q4_0h, q8_0h) is stored as its dtype;
+// "numerics" names the KV types and rotated ones' encoder ("kv=q4_0h#2"), so
+// a file is never resumed under other types or another encoder revision.
 //
 // All integers little-endian. ns, tokenizerHash and every tensor hash are
 // 16 hex digits (XXH3-64; JSON numbers would lose bits in many readers).

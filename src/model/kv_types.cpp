@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "backend/cpu/kv_quant.h"
+
 namespace rill {
 namespace {
 
@@ -16,6 +18,7 @@ constexpr Named kTypes[] = {
     {"f32", {DType::kF32, false}},   {"f16", {DType::kF16, false}},   {"bf16", {DType::kBF16, false}},
     {"q8_0", {DType::kQ8_0, false}}, {"q4_0", {DType::kQ4_0, false}}, {"q4_1", {DType::kQ4_1, false}},
     {"q5_0", {DType::kQ5_0, false}}, {"q5_1", {DType::kQ5_1, false}}, {"q4_0h", {DType::kQ4_0, true}},
+    {"q8_0h", {DType::kQ8_0, true}},
 };
 
 std::optional<int64_t> parse_int(std::string_view s) {
@@ -157,9 +160,12 @@ std::string describe_kv_types(const std::vector<KvLayerTypes>& types, DType base
     all_same = all_same && t == types.front();
   }
   if (all_plain) return "";
-  auto pair = [](const KvLayerTypes& t) {
-    return t.k == t.v ? kv_type_name(t.k) : "k:" + kv_type_name(t.k) + "/v:" + kv_type_name(t.v);
+  // Rotated types carry their encoder's revision (rill's own encoder, not
+  // GGUF's), so KV stored by another revision does not match.
+  auto name = [](KvType t) {
+    return kv_type_name(t) + (t.rotated ? "#" + std::to_string(cpu::kKvRotatedEncoder) : "");
   };
+  auto pair = [&](const KvLayerTypes& t) { return t.k == t.v ? name(t.k) : "k:" + name(t.k) + "/v:" + name(t.v); };
   if (all_same) return "kv=" + pair(types.front());
   std::string s = "kv=";
   for (size_t l = 0; l < types.size(); ++l) s += (l ? "," : "") + pair(types[l]);

@@ -3,13 +3,13 @@
 // is stored in. The plain kinds are f32 / f16 / bf16; the quantized ones are
 // GGML's classic blocks of 32 (q8_0, q4_0, q4_1, q5_0, q5_1, byte-for-byte
 // as backend/cpu/quants.h lays them out), quantized where K/V are stored
-// (Backend::rope_store_kv) and read block by block by attention. q4_0h is
-// q4_0 over a Walsh-Hadamard rotated head: each head's row is multiplied by
-// the orthonormal H / sqrt(head_dim) before it is quantized, which spreads
-// an outlier channel over the whole head so 4-bit blocks keep their
-// accuracy. For K the query is rotated the same way (q.k is unchanged, H
-// being orthonormal); for V attention's output is rotated back (H is its own
-// inverse).
+// (Backend::rope_store_kv) and read block by block by attention. q4_0h /
+// q8_0h: q4_0 / q8_0 over a Walsh-Hadamard rotated head (rill's own encoder,
+// cpu::quantize_rotated_row): each head times the orthonormal H/sqrt(d)
+// before it is quantized spreads K's outlier channels (what limits plain
+// q8_0, docs/perf.md) over the head. For K the query is rotated the same
+// way (q.k is unchanged, H being orthonormal); for V attention's output is
+// rotated back (H is its own inverse).
 //
 // Types are chosen per side and per KV layer: --kv-type / --kv-type-k /
 // --kv-type-v for every layer, and a --kv-config file for single layers:
@@ -35,7 +35,7 @@ namespace rill {
 
 struct KvType {
   DType dtype = DType::kF16;
-  bool rotated = false;  // Walsh-Hadamard rotated per head (q4_0h)
+  bool rotated = false;  // Walsh-Hadamard rotated per head (q4_0h, q8_0h)
 
   bool operator==(const KvType&) const = default;
   bool quantized() const { return dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16; }
@@ -43,7 +43,7 @@ struct KvType {
   int group_size() const;
 };
 
-// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h".
+// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h".
 std::string kv_type_name(KvType t);
 std::optional<KvType> parse_kv_type(std::string_view name);
 // The accepted names, for error messages: "f16, bf16, ...".
@@ -88,7 +88,7 @@ Status check_kv_layer_types(int64_t layer, const KvLayerTypes& types, int64_t n_
 
 // A short description of non-default types for Model::kv_numerics() and
 // /stats: "" when every layer is `base` on both sides, else e.g.
-// "kv=q8_0" (all alike) or "kv=k:q8_0/v:q4_0h,0:q8_0/q8_0,...".
+// "kv=q8_0" (all alike) or "kv=k:q8_0/v:q4_0h#2,q8_0,..." (#: encoder).
 std::string describe_kv_types(const std::vector<KvLayerTypes>& types, DType base);
 
 }  // namespace rill

@@ -26,7 +26,7 @@ struct ConfigFile {
 };
 
 TEST(KvTypes, NamesRoundTrip) {
-  for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h"}) {
+  for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h"}) {
     const auto t = parse_kv_type(n);
     ASSERT_TRUE(t) << n;
     EXPECT_EQ(kv_type_name(*t), n);
@@ -34,6 +34,7 @@ TEST(KvTypes, NamesRoundTrip) {
   EXPECT_FALSE(parse_kv_type("q4_K"));
   EXPECT_FALSE(parse_kv_type("fp8"));
   EXPECT_TRUE(parse_kv_type("q4_0h")->rotated);
+  EXPECT_EQ(*parse_kv_type("q8_0h"), (KvType{DType::kQ8_0, true}));
 }
 
 TEST(KvTypes, ConfigResolvesPerLayer) {
@@ -49,7 +50,9 @@ TEST(KvTypes, ConfigResolvesPerLayer) {
   EXPECT_EQ((*r)[2], (KvLayerTypes{q51, q4h}));
   EXPECT_EQ((*r)[3], (KvLayerTypes{q51, q4h}));
   EXPECT_EQ((*r)[5], (KvLayerTypes{q8, q8}));
-  EXPECT_EQ(describe_kv_types(*r, DType::kF16), "kv=q8_0,q4_0h,k:q5_1/v:q4_0h,k:q5_1/v:q4_0h,q4_0h,q8_0");
+  // Rotated types carry their encoder's revision (cpu::kKvRotatedEncoder),
+  // so KV files stored by another revision are refused.
+  EXPECT_EQ(describe_kv_types(*r, DType::kF16), "kv=q8_0,q4_0h#2,k:q5_1/v:q4_0h#2,k:q5_1/v:q4_0h#2,q4_0h#2,q8_0");
   // No option: the model's own type, described as nothing.
   auto plain = KvTypeOptions{}.resolve(3, DType::kF32);
   ASSERT_TRUE(plain.ok());
