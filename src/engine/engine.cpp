@@ -435,8 +435,7 @@ void EngineImpl::run_step() {
     if (r.n_scored_rows(c.n_tokens) > 0) all_device = false;  // scored prompt rows are logits
     if (r.params.embed) all_device = false;                   // pooled rows come back with the logits
     if (!c.samples || r.params.prompt_only || r.params.embed) continue;
-    all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits() &&
-                 !(r.grammar_applies() && c.n_draft > 0) &&
+    all_device = all_device && r.params.logprobs < 0 && !r.sampler->edits_logits() && !(r.matcher && c.n_draft > 0) &&
                  r.params.thinking.budget < 0;  // a spent budget forces a token here
     all_greedy = all_greedy && r.sampler->is_plain_greedy();
   }

@@ -9,6 +9,7 @@
 #include "backend/cuda/sampling.h"
 #include "core/half.h"
 #include "model/batch_check.h"
+#include "model/kv_types.h"
 #include "parallel/nccl_group.h"
 
 namespace rill {
@@ -162,6 +163,17 @@ int CudaModelBase::n_table_groups() const {
 
 Status CudaModelBase::init_runtime(const ModelOptions& options) {
   const ModelFiles& f = *files_;
+  // The KV is stored in kv_dtype_ (the family's pick_cuda_dtypes): a named
+  // KV type is accepted only when it is that one, never silently replaced.
+  const KvTypeOptions& kt = options.kv_types;
+  std::vector<std::optional<KvType>> sides = {kt.k, kt.v};
+  for (const KvTypeOptions::Entry& e : kt.layers) sides.insert(sides.end(), {e.k, e.v});
+  for (const std::optional<KvType>& side : sides) {
+    if (side && *side != KvType{kv_dtype_, false}) {
+      return Error{f.path + ": KV type " + kv_type_name(*side) + " is not what CUDA stores for this model (" +
+                   std::string(dtype_name(kv_dtype_)) + "); drop --kv-type / --kv-config or use --device cpu"};
+    }
+  }
   const int n_groups = n_table_groups();
   for (size_t g = static_cast<size_t>(n_groups); g < kv_spec_.size(); ++g) {
     if (kv_spec_[g].is_attention()) return Error{f.path + ": the CUDA models take recurrent KV groups last"};
@@ -448,8 +460,10 @@ Status CudaModelBase::forward(const Batch& batch, float* logits) {
 Status CudaModelBase::forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) {
   if (batch.n_tokens() <= 0) return {};
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
-  RILL_TRY(check_token_masks(masks, n_sample, V_));
+  // After compute(): a tensor-parallel rank 0 that returned before it would
+  // leave the other ranks waiting in the step's collectives.
   RILL_TRY(compute(batch));
+  RILL_TRY(check_token_masks(masks, n_sample, V_));
   if (n_sample > 0 && masks.empty()) cuda::argmax_rows(logits_, n_sample, V_, ids_dev_, ctx_->stream());
   if (n_sample > 0 && !masks.empty()) {
     const TokenMasks dev = stage_masks(masks, n_sample);
@@ -465,8 +479,10 @@ Status CudaModelBase::forward_sample(const Batch& batch, const DeviceSamplingPar
                                      int32_t* ids) {
   if (batch.n_tokens() <= 0) return {};
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
-  RILL_TRY(check_token_masks(masks, n_sample, V_));
+  // After compute(): a tensor-parallel rank 0 that returned before it would
+  // leave the other ranks waiting in the step's collectives.
   RILL_TRY(compute(batch));
+  RILL_TRY(check_token_masks(masks, n_sample, V_));
   if (n_sample > 0) {
     // The previous step's upload from the pinned rows finished at its
     // synchronize, so they may be rewritten now. One copy: the rows, and

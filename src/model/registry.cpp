@@ -208,15 +208,15 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
     return Error{files->path + ": --quantize fp8 runs on --device cuda only (the CPU kernels read GGUF types)"};
   }
   if (options.device == Device::kCuda) {
-    // CUDA stores f16 KV (f32 for f32 checkpoints) and reads no other type.
+    // CUDA stores f16 KV (f32 for f32 checkpoints) and reads no other type;
+    // which of the two the model stores, CudaModelBase::init_runtime checks.
     std::vector<std::optional<KvType>> sides = {options.kv_types.k, options.kv_types.v};
     for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
     for (const std::optional<KvType>& side : sides) {
-      {
-        if (side && *side != KvType{DType::kF16, false}) {
-          return Error{files->path + ": KV type " + kv_type_name(*side) +
-                       " runs on the CPU only (CUDA stores f16 KV); drop --kv-type / --kv-config or use --device cpu"};
-        }
+      if (side && side->dtype != DType::kF16 && side->dtype != DType::kF32) {
+        return Error{files->path + ": KV type " + kv_type_name(*side) +
+                     " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints); drop --kv-type / "
+                     "--kv-config or use --device cpu"};
       }
     }
   }

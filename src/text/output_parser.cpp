@@ -52,6 +52,7 @@ constexpr std::string_view kActionClose = "<|END_ACTION|>";
 constexpr std::string_view kCommandRAction = "Action:";
 constexpr std::string_view kJsonFenceOpen = "```json";
 constexpr std::string_view kFence = "```";
+constexpr int kMaxFenceTries = 16;  // closing-fence candidates tried per Command R block
 // Granite 3.3: <|tool_call|>[{"name": ..., "arguments": ...}, ...], read as Mistral Nemo's list.
 constexpr std::string_view kGraniteCalls = "<|tool_call|>";
 
@@ -400,6 +401,7 @@ bool OutputParser::step_content(bool final, OutputDelta& out) {
 void OutputParser::start_block(BlockKind kind, std::string_view open, std::string_view close) {
   block_kind_ = kind;
   block_scanned_ = 0;
+  block_tries_ = 0;
   block_open_ = open;
   block_close_ = close;
   mode_ = Mode::kBlockCalls;
@@ -429,10 +431,16 @@ bool OutputParser::step_block_calls(bool final, OutputDelta& out) {
          at = buf_.find(kFence, at + 1)) {
       size_t end = at;
       while (end > from && is_space(buf_[end - 1])) --end;
-      if (end > from && buf_[end - 1] == ']' &&
-          parse_action_calls(std::string_view(buf_).substr(from, at - from), probe)) {
+      if (end <= from || buf_[end - 1] != ']') continue;
+      // Each try parses the block from its start: a bounded number keeps a
+      // reply of many "]```" (a grammar can force one) linear, not
+      // quadratic, on the engine thread; past it the block is read at the end.
+      if (block_tries_ >= kMaxFenceTries) {
+        at = std::string::npos;
         break;
       }
+      ++block_tries_;
+      if (parse_action_calls(std::string_view(buf_).substr(from, at - from), probe)) break;
       probe.clear();
     }
     block_scanned_ = buf_.size() < kFence.size() ? 0 : buf_.size() - kFence.size() + 1;

@@ -219,6 +219,7 @@ class OutputParser {
   BlockKind block_kind_ = BlockKind::kGlm;     // kBlockCalls
   std::string_view block_open_, block_close_;  // its markers (static strings)
   size_t block_scanned_ = 0;                   // kCommandR: closing fences before this offset were tried
+  int block_tries_ = 0;                        // kCommandR: fences tried (each parses the block)
   const FramedCallFormat* framed_ = nullptr;   // kFramedCalls
   std::unique_ptr<HarmonyParser> harmony_;     // options_.harmony: the whole reply goes through it
 };

@@ -78,6 +78,31 @@ TEST_P(CudaHf, LogitsAndGreedyMatchTransformers) {
   EXPECT_EQ(gen->ids, g.greedy_ids) << GetParam();
 }
 
+// CUDA stores the KV of an f32 checkpoint in f32 and of any other in f16:
+// naming that type is accepted, naming another one is refused (never
+// accepted and silently stored as the other), bf16 weights included.
+TEST_P(CudaHf, KvTypeIsTheOneCudaStoresOrARefusal) {
+  auto files = open_model_files(dir_);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  auto with_kv = [&](DType t) {
+    ModelOptions o = options(Device::kCuda);
+    o.kv_types.k = KvType{t, false};
+    return create_model(builtin_registry(), infer_profile(**files), *files, o);
+  };
+  ASSERT_TRUE(with_kv(DType::kF32).ok()) << GetParam() << ": f32 KV of an f32 checkpoint";
+  auto f16 = with_kv(DType::kF16);
+  ASSERT_FALSE(f16.ok()) << GetParam() << ": f16 KV named, f32 stored";
+  EXPECT_NE(f16.error().message.find("not what CUDA stores for this model (F32)"), std::string::npos)
+      << f16.error().message;
+  auto q8 = with_kv(DType::kQ8_0);
+  ASSERT_FALSE(q8.ok());
+  EXPECT_NE(q8.error().message.find("runs on the CPU only"), std::string::npos) << q8.error().message;
+  std::vector<std::vector<uint16_t>> store;
+  test::to_bf16(**files, store);
+  EXPECT_TRUE(with_kv(DType::kF16).ok()) << GetParam() << ": f16 KV of bf16 weights";
+  EXPECT_FALSE(with_kv(DType::kF32).ok()) << GetParam() << ": f32 KV named, f16 stored";
+}
+
 TEST_P(CudaHf, Bf16WeightsMatchTheCpuWithinBf16Error) {
   const test::HfGolden g = test::read_hf_golden(dir_);
   std::vector<std::vector<uint16_t>> store;

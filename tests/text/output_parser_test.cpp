@@ -504,6 +504,29 @@ TEST(OutputParser, CommandRAndGraniteCalls) {
   EXPECT_LT(got[0].at, text.find("Oslo"));
 }
 
+// A Command R block is parsed whole at each "]```" that may close it; a
+// reply can hold many inside strings (a grammar can force them), so only
+// the first 16 are tried and the block is otherwise read at the reply's
+// end, where its closing fence makes it content: parsing stays linear.
+TEST(OutputParser, CommandRTriesABoundedNumberOfClosingFences) {
+  auto block = [](int n) {
+    std::string arg;
+    for (int i = 0; i < n; ++i) arg += "[" + std::to_string(i) + "]```";
+    return "Action: ```json\n[{\"tool_name\": \"f\", \"parameters\": {\"s\": \"" + arg + "\"}}]\n```";
+  };
+  const Parsed few = parse_whole(tools_on(), block(15));
+  ASSERT_EQ(few.calls.size(), 1u);
+  EXPECT_EQ(few.calls[0].first, "f");
+  EXPECT_TRUE(few.content.empty());
+  const std::string many = block(40);
+  const Parsed got = parse_whole(tools_on(), many);
+  EXPECT_TRUE(got.calls.empty());
+  EXPECT_EQ(got.content, many);
+  std::vector<std::string> bytes;
+  for (char ch : many) bytes.emplace_back(1, ch);
+  EXPECT_EQ(parse_pieces(tools_on(), bytes), got);
+}
+
 TEST(OutputParser, MistralCallStreamsOnceItsNameEnds) {
   const std::string text = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}";
   const std::vector<Timed> got = stream_bytes(tools_on(), text);

@@ -145,6 +145,9 @@ uint16_t fit_scale(const float* x, int q_min, int q_max, int* q) {
     std::fill(q, q + kQK, 0);
     return f32_to_f16(0.0f);
   }
+  // Levels of a zero scale until a candidate wins: none does when the block
+  // holds a NaN or a scale overflows f16 (every error is then NaN).
+  std::fill(q, q + kQK, 0);
   double best = INFINITY;
   uint16_t best_d = 0;
   int cand[kQK];
