@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-quantize and llama-bench from the llama.cpp inside
+# Builds llama.cpp's llama-quantize, llama-bench and llama-server from the llama.cpp inside
 # the llama-cpp-python source package on PyPI (the same code as the peer
 # that bench/e2e/cpu_vs_llamacpp.py loads), into build/llamacpp/.
 #
@@ -39,7 +39,9 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S "$SRC" -B "$DIR/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   "${cpu_flags[@]}" -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-  -DLLAMA_BUILD_SERVER=OFF >&2
+  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >&2
 # TARGETS="llama ggml": the libraries alone (tools/make_family_gguf.py links its own tool).
-cmake --build "$DIR/build" -j "${JOBS:-2}" --target ${TARGETS:-llama-quantize llama-bench} >&2
+# llama-server is the served peer of bench/e2e/serve_vs_llamaserver.py (its web UI is
+# not built: no assets are fetched, the API is all the benchmark needs).
+cmake --build "$DIR/build" -j "${JOBS:-2}" --target ${TARGETS:-llama-quantize llama-bench llama-server} >&2
 echo "$DIR/build/bin"
