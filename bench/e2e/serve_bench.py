@@ -258,6 +258,8 @@ class Server:
 
         def pump():  # keep reading stdout so the pipe never fills
             for line in self.proc.stdout:
+                if self.log.closed:  # stop() closed the log; the child's last lines go nowhere
+                    break
                 self.log.write(line)
                 self.log.flush()
                 m = re.search(r"listening on http://[^:\s]+:(\d+)", line)
