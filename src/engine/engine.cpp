@@ -365,6 +365,8 @@ void EngineImpl::propose_drafts() {
   // Compute-bound: once decode rounds fill half the step's token budget,
   // extra tokens per row would slow every row more than drafts can win.
   if (n_decoding == 0 || 2 * n_decoding > scheduler_.options().token_budget) return;
+  draft_requests_.clear();
+  draft_rows_.clear();
   for (Request* r : running) {
     if (!r->decoding() || r->n_draft > 0 || !r->params.speculative) continue;
     Request::Speculation& sp = r->spec;
@@ -376,11 +378,20 @@ void EngineImpl::propose_drafts() {
     // The owed token and the drafts all become output when every draft holds.
     const int32_t k = std::min(sp.k, r->params.max_tokens - r->n_output() - 1);
     if (k < 1) continue;
-    drafts_.clear();
-    speculator_->propose(r->id, r->tokens, k, drafts_);
-    assert(static_cast<int32_t>(drafts_.size()) <= k);
-    r->tokens.insert(r->tokens.end(), drafts_.begin(), drafts_.end());
-    r->n_draft = static_cast<int32_t>(drafts_.size());
+    draft_requests_.push_back(DraftRequest{r->id, r->tokens, k, 0});
+    draft_rows_.push_back(r);
+  }
+  if (draft_requests_.empty()) return;
+  drafts_.clear();
+  speculator_->propose_batch(draft_requests_, drafts_);
+  auto next = drafts_.begin();
+  for (size_t i = 0; i < draft_rows_.size(); ++i) {
+    const DraftRequest& d = draft_requests_[i];
+    assert(d.n_drafts >= 0 && d.n_drafts <= d.max_tokens);
+    Request* r = draft_rows_[i];
+    r->tokens.insert(r->tokens.end(), next, next + d.n_drafts);
+    r->n_draft = d.n_drafts;
+    next += d.n_drafts;
   }
 }
 

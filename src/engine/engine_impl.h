@@ -105,6 +105,8 @@ class EngineImpl final : public Engine {
   std::optional<GrammarMasks> grammar_masks_;     // with a tokenizer
   std::unique_ptr<Speculator> speculator_;        // null: no speculation
   std::vector<int32_t> drafts_;                   // propose / verify scratch
+  std::vector<DraftRequest> draft_requests_;      // propose_drafts scratch: one per speculating row
+  std::vector<Request*> draft_rows_;              // ... and its request
   int64_t spec_drafted_ = 0, spec_accepted_ = 0;  // EngineStats::spec_*
 
   // Engine thread only.

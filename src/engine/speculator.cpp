@@ -8,6 +8,14 @@
 
 namespace rill {
 
+void Speculator::propose_batch(std::span<DraftRequest> requests, std::vector<int32_t>& out) {
+  for (DraftRequest& r : requests) {
+    const size_t before = out.size();
+    propose(r.seq, r.tokens, r.max_tokens, out);
+    r.n_drafts = static_cast<int32_t>(out.size() - before);
+  }
+}
+
 NgramSpeculator::NgramSpeculator(int32_t max_ngram, int32_t min_ngram)
     : max_ngram_(std::max(1, max_ngram)), min_ngram_(std::clamp(min_ngram, 1, std::max(1, max_ngram))) {}
 

@@ -9,8 +9,9 @@
 // on what a speculator proposes, only the number of steps does.
 //
 // Chosen per server (EngineOptions::spec, `--spec`), opted out of per
-// request (GenerationRequest::speculative). Engine thread only; propose()
-// must not allocate once `out` has grown (it runs per row per step).
+// request (GenerationRequest::speculative). Engine thread only; the engine
+// asks once per step for every speculating row (propose_batch), which
+// must not allocate once its buffers have grown.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -24,6 +25,14 @@
 
 namespace rill {
 
+// One request's part of a step's propose_batch().
+struct DraftRequest {
+  uint64_t seq = 0;                 // the request's id
+  std::span<const int32_t> tokens;  // its prompt and output so far (at least one token)
+  int32_t max_tokens = 0;           // >= 1
+  int32_t n_drafts = 0;             // set by propose_batch: how many of `out` are its drafts
+};
+
 class Speculator {
  public:
   virtual ~Speculator() = default;
@@ -36,6 +45,13 @@ class Speculator {
   // finds in `tokens` which of its earlier guesses were kept.
   virtual void propose(uint64_t seq, std::span<const int32_t> tokens, int32_t max_tokens,
                        std::vector<int32_t>& out) = 0;
+  // propose() for every request of one step: appends each request's drafts
+  // to `out` in request order and sets its n_drafts. A request's drafts are
+  // what propose() alone would give it; a speculator that runs a model
+  // overrides this to compute every request's draft position in one
+  // forward (k forwards per step instead of k per request). Default:
+  // propose() per request. Requests must have distinct seqs.
+  virtual void propose_batch(std::span<DraftRequest> requests, std::vector<int32_t>& out);
   // Request `seq` ended: drop what propose() kept for it.
   virtual void release(uint64_t seq) { (void)seq; }
 };
