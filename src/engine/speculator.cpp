@@ -5,6 +5,8 @@
 
 #include "engine/draft_speculator.h"
 #include "engine/replay_speculator.h"
+#include "loader/model_files.h"
+#include "loader/mtp_layers.h"
 
 namespace rill {
 
@@ -39,6 +41,30 @@ void NgramSpeculator::propose(uint64_t /*seq*/, std::span<const int32_t> tokens,
   }
 }
 
+namespace {
+
+// `--spec mtp`: finds the target's MTP layers (loader/mtp_layers.h). Running
+// them is not implemented yet, so a checkpoint that carries them is refused
+// as well, naming them.
+Result<std::unique_ptr<Speculator>> make_mtp_speculator(const SpeculatorTarget& target) {
+  if (target.model_path.empty()) return Error{"--spec mtp: needs the target model's files"};
+  const std::string& name = target.model_path;
+  auto files = open_model_files(name);
+  if (!files.ok()) return Error{"--spec mtp: " + files.error().message};
+  auto layers = find_mtp_layers(**files);
+  if (!layers.ok()) return Error{"--spec mtp: " + layers.error().message};
+  if (layers->n_layers() == 0) {
+    return Error{"--spec mtp: " + name +
+                 " has no multi-token-prediction (MTP) layers (its config declares none: num_nextn_predict_layers, "
+                 "mtp_num_hidden_layers or <arch>.nextn_predict_layers); use --spec ngram or draft=MODEL"};
+  }
+  return Error{"--spec mtp: " + name + " carries " + std::to_string(layers->n_layers()) + " MTP layer" +
+               (layers->n_layers() == 1 ? "" : "s") + " (" + layers->prefixes.front() +
+               "*), but rill does not run MTP layers yet; use --spec ngram or draft=MODEL"};
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, const SpeculatorTarget& target) {
   if (spec.empty() || spec == "off") return std::unique_ptr<Speculator>();
   if (spec == "ngram") return std::unique_ptr<Speculator>(std::make_unique<NgramSpeculator>());
@@ -49,8 +75,7 @@ Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, con
     if (!target.model) return Error{"--spec " + spec + ": a draft model needs the target model"};
     return DraftModelSpeculator::load(path, target);
   }
-  if (spec == "mtp")
-    return Error{"--spec mtp: not implemented yet (the MTP speculator); use ngram, draft=MODEL or off"};
+  if (spec == "mtp") return make_mtp_speculator(target);
   return Error{"--spec: unknown speculator '" + spec + "' (expected ngram, off, draft=MODEL, mtp or replay=FILE)"};
 }
 

@@ -81,10 +81,12 @@ struct SpeculatorTarget {
   EngineOptions options;
 };
 
-// The server's choice (`--spec`): "off", "ngram" or "draft=PATH" (a draft
-// model, engine/draft_speculator.h; needs target.model). "mtp" is refused
-// with a message saying it is not implemented; anything else is refused
-// naming the accepted values. "off" gives null.
+// The server's choice (`--spec`): "off", "ngram", "draft=PATH" (a draft
+// model, engine/draft_speculator.h; needs target.model) or "mtp" (the
+// target's multi-token-prediction layers, loader/mtp_layers.h: refused
+// naming the model when it has none or its files lack them, and, since
+// rill does not run MTP layers yet, refused naming them when it has them);
+// anything else is refused naming the accepted values. "off" gives null.
 Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, const SpeculatorTarget& target = {});
 
 }  // namespace rill
