@@ -4,9 +4,8 @@
 #include <cassert>
 
 #include "engine/draft_speculator.h"
+#include "engine/mtp_speculator.h"
 #include "engine/replay_speculator.h"
-#include "loader/model_files.h"
-#include "loader/mtp_layers.h"
 
 namespace rill {
 
@@ -43,24 +42,16 @@ void NgramSpeculator::propose(uint64_t /*seq*/, std::span<const int32_t> tokens,
 
 namespace {
 
-// `--spec mtp`: finds the target's MTP layers (loader/mtp_layers.h). Running
-// them is not implemented yet, so a checkpoint that carries them is refused
-// as well, naming them.
+// `--spec mtp`: the target's MTP layer, which Engine::load binds
+// (ModelOptions::mtp) after refusing files without one.
 Result<std::unique_ptr<Speculator>> make_mtp_speculator(const SpeculatorTarget& target) {
-  if (target.model_path.empty()) return Error{"--spec mtp: needs the target model's files"};
-  const std::string& name = target.model_path;
-  auto files = open_model_files(name);
-  if (!files.ok()) return Error{"--spec mtp: " + files.error().message};
-  auto layers = find_mtp_layers(**files);
-  if (!layers.ok()) return Error{"--spec mtp: " + layers.error().message};
-  if (layers->n_layers() == 0) {
+  if (!target.model) return Error{"--spec mtp: needs the target model"};
+  if (target.model->n_mtp_layers() == 0) {
+    const std::string name = target.model_path.empty() ? std::string("the model") : target.model_path;
     return Error{"--spec mtp: " + name +
-                 " has no multi-token-prediction (MTP) layers (its config declares none: num_nextn_predict_layers, "
-                 "mtp_num_hidden_layers or <arch>.nextn_predict_layers); use --spec ngram or draft=MODEL"};
+                 " was loaded without its multi-token-prediction layer (ModelOptions::mtp, which Engine::load sets)"};
   }
-  return Error{"--spec mtp: " + name + " carries " + std::to_string(layers->n_layers()) + " MTP layer" +
-               (layers->n_layers() == 1 ? "" : "s") + " (" + layers->prefixes.front() +
-               "*), but rill does not run MTP layers yet; use --spec ngram or draft=MODEL"};
+  return std::unique_ptr<Speculator>(std::make_unique<MtpSpeculator>(*target.model));
 }
 
 }  // namespace

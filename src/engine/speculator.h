@@ -25,6 +25,19 @@
 
 namespace rill {
 
+// Rows of one request's step that a speculator reading the target's hidden
+// states sees (Speculator::observe): positions [first, first + n), whose
+// KV the target kept (rejected drafts' rows are not among them).
+struct HiddenRows {
+  uint64_t seq = 0;
+  std::span<const int32_t> tokens;  // the request's tokens now: more than first + n of them
+  int32_t first = 0;
+  int32_t n = 0;
+  const float* hidden = nullptr;         // [n, n_embd]: final-normed (Model::forward_hidden)
+  std::span<const int32_t> block_table;  // the request's KV blocks (group 0), covering first + n
+  int32_t decode_from = 0;               // BatchSeq::decode_from: the request's prompt length
+};
+
 // One request's part of a step's propose_batch().
 struct DraftRequest {
   uint64_t seq = 0;                 // the request's id
@@ -52,6 +65,12 @@ class Speculator {
   // forward (k forwards per step instead of k per request). Default:
   // propose() per request. Requests must have distinct seqs.
   virtual void propose_batch(std::span<DraftRequest> requests, std::vector<int32_t>& out);
+  // A speculator that reads the target's hidden states (MTP) returns true;
+  // the engine then computes them in every step (ModelRunner::
+  // set_want_hidden) and hands each speculating request's kept rows to
+  // observe() after the step's verification.
+  virtual bool wants_hidden() const { return false; }
+  virtual void observe(std::span<const HiddenRows> rows) { (void)rows; }
   // Request `seq` ended: drop what propose() kept for it.
   virtual void release(uint64_t seq) { (void)seq; }
 };
@@ -75,7 +94,7 @@ class NgramSpeculator final : public Speculator {
 // where it came from (for messages) and the engine's options (a draft
 // model runs on the same device with the same threads and context).
 struct SpeculatorTarget {
-  const Model* model = nullptr;
+  Model* model = nullptr;  // an MTP speculator runs the target's MTP layer
   const Tokenizer* tokenizer = nullptr;
   std::string model_path;
   EngineOptions options;
@@ -83,10 +102,9 @@ struct SpeculatorTarget {
 
 // The server's choice (`--spec`): "off", "ngram", "draft=PATH" (a draft
 // model, engine/draft_speculator.h; needs target.model) or "mtp" (the
-// target's multi-token-prediction layers, loader/mtp_layers.h: refused
-// naming the model when it has none or its files lack them, and, since
-// rill does not run MTP layers yet, refused naming them when it has them);
-// anything else is refused naming the accepted values. "off" gives null.
+// target's multi-token-prediction layer, engine/mtp_speculator.h; needs
+// target.model loaded with ModelOptions::mtp); anything else is refused
+// naming the accepted values. "off" gives null.
 Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, const SpeculatorTarget& target = {});
 
 }  // namespace rill

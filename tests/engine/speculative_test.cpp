@@ -66,38 +66,6 @@ TEST(MakeSpeculator, NamesWhatItAccepts) {
   EXPECT_NE(bad.error().message.find("eagle"), std::string::npos);
 }
 
-// `--spec mtp` names the model: one without MTP layers, one whose config
-// declares a layer its files dropped (the transformers-saved golden), and
-// one that carries a layer (rill does not run MTP layers yet). The
-// checkpoint with the MTP layer still serves as its base model.
-TEST(MakeSpeculator, MtpIsRefusedNamingTheModel) {
-  const std::string llama = test::hf_golden_dir("llama"), deepseek = test::hf_golden_dir("deepseek-v3");
-  const std::string with_mtp = std::string(RILL_TEST_DATA) + "/mtp-deepseek-v3";
-  if (!test::has_hf_golden(llama) || !test::has_hf_golden(deepseek)) GTEST_SKIP() << "goldens not found";
-  EngineOptions o;
-  o.n_threads = 2;
-  o.n_ctx = 128;
-  o.kv_cache_mb = 8;
-  o.spec = "mtp";
-  auto none = Engine::load(llama, o);
-  ASSERT_FALSE(none.ok());
-  EXPECT_NE(none.error().message.find(llama), std::string::npos) << none.error().message;
-  EXPECT_NE(none.error().message.find("no multi-token-prediction"), std::string::npos) << none.error().message;
-  auto dropped = Engine::load(deepseek, o);
-  ASSERT_FALSE(dropped.ok());
-  EXPECT_NE(dropped.error().message.find(deepseek), std::string::npos) << dropped.error().message;
-  EXPECT_NE(dropped.error().message.find("model.layers.3.eh_proj.weight"), std::string::npos)
-      << dropped.error().message;
-  auto carried = Engine::load(with_mtp, o);
-  ASSERT_FALSE(carried.ok());
-  EXPECT_NE(carried.error().message.find(with_mtp), std::string::npos) << carried.error().message;
-  EXPECT_NE(carried.error().message.find("model.layers.3."), std::string::npos) << carried.error().message;
-  o.spec = "off";
-  auto base = Engine::load(with_mtp, o);
-  ASSERT_TRUE(base.ok()) << base.error().message;
-  test::expect_greedy_prefixes(**base, test::read_hf_golden(deepseek), 2, "deepseek-v3 with an MTP layer");
-}
-
 // The fake model's logits depend on the whole context, so its greedy
 // continuation of a prompt that repeats a pattern soon repeats itself too
 // (a cycle of the hash); the n-gram speculator then drafts it.

@@ -182,9 +182,9 @@ TEST(MlaModel, MtpHeadMatchesTheNumpyReference) {
       Batch mb;
       mb.add_sequence(shifted.data() + from, len, from, false, table);
       for (int32_t i = 0; i < len; ++i) mb.sample_rows.push_back(i);
-      ASSERT_TRUE(m.forward_mtp(mb, hidden.data() + static_cast<size_t>(from * E),
-                                got.data() + static_cast<size_t>(from * V))
-                      .ok());
+      ASSERT_TRUE(
+          m.forward_mtp(mb, hidden.data() + static_cast<size_t>(from * E), got.data() + static_cast<size_t>(from * V))
+              .ok());
     }
     double err = 0;
     for (int32_t r = 0; r < n; ++r)
@@ -192,8 +192,7 @@ TEST(MlaModel, MtpHeadMatchesTheNumpyReference) {
         err = std::max(err, std::fabs(double(got[static_cast<size_t>(r * V + v)]) - want[r][v]));
     std::printf("MTP head, chunks of %d: max |logit - numpy reference| = %.3g\n", split, err);
     EXPECT_LT(err, 1e-3) << "chunks of " << split;
-    const auto first_draft = static_cast<int32_t>(
-        std::max_element(got.end() - V, got.end()) - (got.end() - V));
+    const auto first_draft = static_cast<int32_t>(std::max_element(got.end() - V, got.end()) - (got.end() - V));
     EXPECT_EQ(first_draft, gold["mtp_greedy"].back().get<int32_t>()) << "chunks of " << split;
   }
   // A model without MTP layers is refused, naming the file.

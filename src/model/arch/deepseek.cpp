@@ -175,7 +175,8 @@ Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
   if (mtp) {
     RILL_ASSIGN_OR_RETURN(const MtpLayers found, find_mtp_layers(f));
     if (found.n_layers() == 0) return Error{f.path + ": --spec mtp: the files carry no multi-token-prediction layers"};
-    if (found.naming != MtpLayers::Naming::kNextn || found.prefixes[0] != "model.layers." + std::to_string(cfg.n_layer) + ".")
+    if (found.naming != MtpLayers::Naming::kNextn ||
+        found.prefixes[0] != "model.layers." + std::to_string(cfg.n_layer) + ".")
       return Error{f.path + ": --spec mtp: MTP layers named '" + found.prefixes[0] + "*' are not run by this family"};
     if (p.dsa.enabled()) return Error{f.path + ": --spec mtp: the MTP layers of DSA models are not run yet"};
     mtp_prefix = found.prefixes[0];
@@ -284,7 +285,7 @@ struct MlaGraph {
   float eps = 1e-6f;
   Weight embed, lm_head;
   Vec final_norm;
-  int64_t n_main = 0;           // decoder layers
+  int64_t n_main = 0;            // decoder layers
   std::vector<MlaLayer> layers;  // [n_main] and, with an MTP layer, the MTP layer's decoder layer
   Rope rope;
   // The MTP head (has_mtp): h' = eh_e enorm(emb(t)) + eh_h hnorm(h), the
@@ -590,7 +591,7 @@ class MlaModel final : public CpuPagedModel {
   Result<StepMetadata> begin_step(const Batch& batch);
 
   std::vector<float> x_, h_, a_, qn_, q_, q_lat_, lat_, attn_, gu_, mlp_, final_rows_, iq_, ikw_, mtp_h_;  // f32
-  std::vector<int32_t> selected_, n_selected_;                                                     // DSA
+  std::vector<int32_t> selected_, n_selected_;                                                             // DSA
   MlaActivations act_;
   CpuStepArrays step_;
   std::vector<KvCacheView> kv_views_;  // per layer
