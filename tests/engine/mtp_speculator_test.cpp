@@ -74,6 +74,29 @@ TEST(MtpSpeculator, OutputIsTheSameWithAndWithout) {
   while (h->next(ev)) usage = ev.usage;
   EXPECT_GT(usage.draft_tokens, 0);
   EXPECT_LE(usage.accepted_draft_tokens, usage.draft_tokens);
+  std::vector<int32_t> speculated;
+  for (const bool speculative : {true, false}) {  // "speculative": false opts out, same tokens
+    GenerationRequest q;
+    q.prompt = prompts[2];
+    q.max_tokens = 16;
+    q.ignore_eos = true;
+    q.sampling = greedy;
+    q.speculative = speculative;
+    auto hq = (*on)->submit(std::move(q));
+    ASSERT_TRUE(hq.ok()) << hq.error().message;
+    std::vector<int32_t> out;
+    while (hq->next(ev)) {
+      out.insert(out.end(), ev.token_ids.begin(), ev.token_ids.end());
+      usage = ev.usage;
+    }
+    if (speculative) {
+      EXPECT_GT(usage.draft_tokens, 0);
+      speculated = out;
+    } else {
+      EXPECT_EQ(usage.draft_tokens, 0);
+      EXPECT_EQ(out, speculated);
+    }
+  }
 }
 
 // The first draft after a prompt is the MTP head's argmax at the prompt's
