@@ -23,7 +23,7 @@ EngineOptions options() {
   return o;
 }
 
-std::unique_ptr<Speculator> make_draft(const std::string& dir, const Model& target) {
+std::unique_ptr<Speculator> make_draft(const std::string& dir, Model& target) {
   SpeculatorTarget t;
   t.model = &target;
   t.model_path = dir;
