@@ -16,9 +16,10 @@ struct SpecFlags {
   void add_to(CLI::App* app) {
     app->add_option("--spec", spec,
                     "speculative decoding: ngram (prompt lookup: drafts copied from the prompt and output, for "
-                    "edits and code), draft=PATH (a smaller model with the same tokenizer drafts greedily) or off; "
-                    "requests opt out with \"speculative\": false (output is the same either way; mtp is not "
-                    "implemented yet; replay=FILE[:A] replays the continuations `rill bench --record-tokens FILE` "
+                    "edits and code), draft=PATH (a smaller model with the same tokenizer drafts greedily), mtp (the "
+                    "model's own multi-token-prediction layer drafts one token: DeepSeek-V3-style checkpoints that "
+                    "carry it, on the CPU) or off; requests opt out with \"speculative\": false (output is the same "
+                    "either way; replay=FILE[:A] replays the continuations `rill bench --record-tokens FILE` "
                     "recorded, a benchmark of the mechanism)")
         ->check([](const std::string& v) -> std::string {
           if (v == "off" || v == "ngram" || v == "mtp" || v.rfind("draft=", 0) == 0 || v.rfind("replay=", 0) == 0)

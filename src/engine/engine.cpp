@@ -142,6 +142,7 @@ Status EngineImpl::start() {
     speculator_.reset();
   }
   stats_.speculator = speculator_ ? speculator_->name() : "";
+  runner_.set_want_hidden(speculator_ && speculator_->wants_hidden());
   publish_stats();  // the tiers' contents are known before the first step
   thread_ = std::thread([this] { loop(); });
   return {};
@@ -365,6 +366,8 @@ void EngineImpl::propose_drafts() {
   // Compute-bound: once decode rounds fill half the step's token budget,
   // extra tokens per row would slow every row more than drafts can win.
   if (n_decoding == 0 || 2 * n_decoding > scheduler_.options().token_budget) return;
+  draft_requests_.clear();
+  draft_rows_.clear();
   for (Request* r : running) {
     if (!r->decoding() || r->n_draft > 0 || !r->params.speculative) continue;
     Request::Speculation& sp = r->spec;
@@ -376,12 +379,45 @@ void EngineImpl::propose_drafts() {
     // The owed token and the drafts all become output when every draft holds.
     const int32_t k = std::min(sp.k, r->params.max_tokens - r->n_output() - 1);
     if (k < 1) continue;
-    drafts_.clear();
-    speculator_->propose(r->id, r->tokens, k, drafts_);
-    assert(static_cast<int32_t>(drafts_.size()) <= k);
-    r->tokens.insert(r->tokens.end(), drafts_.begin(), drafts_.end());
-    r->n_draft = static_cast<int32_t>(drafts_.size());
+    draft_requests_.push_back(DraftRequest{r->id, r->tokens, k, 0});
+    draft_rows_.push_back(r);
   }
+  if (draft_requests_.empty()) return;
+  drafts_.clear();
+  speculator_->propose_batch(draft_requests_, drafts_);
+  auto next = drafts_.begin();
+  for (size_t i = 0; i < draft_rows_.size(); ++i) {
+    const DraftRequest& d = draft_requests_[i];
+    assert(d.n_drafts >= 0 && d.n_drafts <= d.max_tokens);
+    Request* r = draft_rows_[i];
+    r->tokens.insert(r->tokens.end(), next, next + d.n_drafts);
+    r->n_draft = d.n_drafts;
+    next += d.n_drafts;
+  }
+}
+
+void EngineImpl::observe_hidden() {
+  hidden_rows_.clear();
+  hidden_tables_.clear();
+  table_spans_.clear();
+  for (size_t i = 0; i < step_chunks_.size(); ++i) {
+    const Request& r = *step_chunks_[i].request;
+    const int32_t first = chunk_starts_[i];
+    // The kept positions of the chunk (a verify chunk's rejected drafts
+    // are gone from n_computed); the token after the last must be known.
+    const int32_t n = r.n_computed - first;
+    if (r.finished() || !r.params.speculative || n <= 0 || r.tokens.size() <= static_cast<size_t>(r.n_computed))
+      continue;
+    const size_t at = hidden_tables_.size();
+    kv_.append_block_table(static_cast<int64_t>(r.id), 0, hidden_tables_);
+    table_spans_.emplace_back(at, hidden_tables_.size() - at);
+    const int32_t q_start = runner_.batch().seqs[i].q_start;
+    hidden_rows_.push_back(HiddenRows{r.id, r.tokens, first, n, runner_.hidden(q_start), {}, r.n_prompt});
+  }
+  for (size_t i = 0; i < hidden_rows_.size(); ++i)  // spans once the tables stopped growing
+    hidden_rows_[i].block_table =
+        std::span<const int32_t>(hidden_tables_).subspan(table_spans_[i].first, table_spans_[i].second);
+  if (!hidden_rows_.empty()) speculator_->observe(hidden_rows_);
 }
 
 void EngineImpl::run_step() {
@@ -445,6 +481,7 @@ void EngineImpl::run_step() {
   } else if (all_device && !has_drafts && model_->has_forward_sample()) {
     ids = StepIds::kSample;
   }
+  if (speculator_ && speculator_->wants_hidden()) ids = StepIds::kHost;  // hidden states come with logits
   if (ids != StepIds::kHost && !fill_device_masks(plan)) ids = StepIds::kHost;
   const int32_t n_step_tokens = plan.n_tokens;  // finish() edits the plan's chunks
   Status st = runner_.run(plan, ids);
@@ -479,6 +516,8 @@ void EngineImpl::run_step() {
     }
   }
   step_chunks_.assign(plan.chunks.begin(), plan.chunks.end());  // finish() edits the plan; no allocation once grown
+  chunk_starts_.clear();  // each chunk's first position, before verification moves n_computed
+  for (const ScheduledChunk& c : step_chunks_) chunk_starts_.push_back(c.request->n_computed - c.n_tokens);
   for (size_t i = 0; i < step_chunks_.size(); ++i) {
     const ScheduledChunk& c = step_chunks_[i];
     const ModelRunner::ChunkRows& rows = runner_.chunk_rows()[i];
@@ -502,6 +541,7 @@ void EngineImpl::run_step() {
     sample_chunk(r, c, rows, ids, event);
     if (!r.finished()) deliver(r, std::move(event));
   }
+  if (speculator_ && speculator_->wants_hidden()) observe_hidden();
   // The wall time a decoding stream waited for this step's token: the
   // forward, sampling and delivery (what latency-aware planning bounds).
   scheduler_.cost_model().observe(n_step_tokens, seconds(now, Clock::now()));

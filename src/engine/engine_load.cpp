@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "loader/model_files.h"
+#include "loader/mtp_layers.h"
 #include "model/fingerprint.h"
 #include "model/registry.h"
 #include "rill/engine.h"
@@ -72,6 +73,16 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   if (options.device == Device::kCuda && options.kv_cache_mb <= 0) {  // size KV from device memory, not RAM
     mo.kv_cache_bytes = 0;
     mo.gpu_memory_fraction = options.gpu_memory_fraction;
+  }
+  if (options.spec == "mtp") {  // the target's own MTP layer drafts (engine/mtp_speculator.h)
+    auto mtp = find_mtp_layers(*files);
+    if (!mtp.ok()) return Error{"--spec mtp: " + mtp.error().message};
+    if (mtp->n_layers() == 0) {
+      return Error{"--spec mtp: " + files->path +
+                   " has no multi-token-prediction (MTP) layers (its config declares none: num_nextn_predict_layers, "
+                   "mtp_num_hidden_layers or <arch>.nextn_predict_layers); use --spec ngram or draft=MODEL"};
+    }
+    mo.mtp = true;
   }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
   EngineOptions eo = options;

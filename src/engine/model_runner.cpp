@@ -95,6 +95,11 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
   }
   const size_t need = static_cast<size_t>(n_sample) * static_cast<size_t>(model_.n_vocab());
   if (logits_.size() < need) logits_.resize(need);
+  if (want_hidden_ && batch_.pool_seqs.empty()) {
+    const size_t n_hidden = static_cast<size_t>(batch_.n_tokens()) * static_cast<size_t>(model_.config().n_embd);
+    if (hidden_.size() < n_hidden) hidden_.resize(n_hidden);
+    return model_.forward_hidden(batch_, logits_.data(), hidden_.data());
+  }
   if (batch_.pool_seqs.empty()) return model_.forward(batch_, logits_.data());
   assert(mode == StepIds::kHost);
   const size_t n_pooled = batch_.pool_seqs.size() * static_cast<size_t>(model_.embedding().n_dims);

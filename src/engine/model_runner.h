@@ -60,6 +60,14 @@ class ModelRunner {
     return pooled_.data() + static_cast<size_t>(i) * static_cast<size_t>(model_.embedding().n_dims);
   }
   int32_t token(int32_t sample_index) const { return ids_[static_cast<size_t>(sample_index)]; }
+  // Speculators that read the target's hidden states (Speculator::
+  // wants_hidden): kHost steps without pooled rows then compute every
+  // token's final-normed hidden state (Model::forward_hidden); hidden(t) is
+  // batch token t's row of n_embd floats.
+  void set_want_hidden(bool want) { want_hidden_ = want; }
+  const float* hidden(int32_t token_index) const {
+    return hidden_.data() + static_cast<size_t>(token_index) * static_cast<size_t>(model_.config().n_embd);
+  }
   const Batch& batch() const { return batch_; }
 
  private:
@@ -74,6 +82,8 @@ class ModelRunner {
   std::vector<uint32_t> mask_words_;        // [n_masked, token_mask_words(n_vocab)]: TokenMasks::words
   std::vector<ChunkRows> chunk_rows_;       // [plan chunks]
   std::vector<float> pooled_;               // [pool_seqs, n_dims]
+  bool want_hidden_ = false;
+  std::vector<float> hidden_;  // [n_tokens, n_embd] with want_hidden_
 };
 
 }  // namespace rill

@@ -4,9 +4,18 @@
 #include <cassert>
 
 #include "engine/draft_speculator.h"
+#include "engine/mtp_speculator.h"
 #include "engine/replay_speculator.h"
 
 namespace rill {
+
+void Speculator::propose_batch(std::span<DraftRequest> requests, std::vector<int32_t>& out) {
+  for (DraftRequest& r : requests) {
+    const size_t before = out.size();
+    propose(r.seq, r.tokens, r.max_tokens, out);
+    r.n_drafts = static_cast<int32_t>(out.size() - before);
+  }
+}
 
 NgramSpeculator::NgramSpeculator(int32_t max_ngram, int32_t min_ngram)
     : max_ngram_(std::max(1, max_ngram)), min_ngram_(std::clamp(min_ngram, 1, std::max(1, max_ngram))) {}
@@ -31,6 +40,22 @@ void NgramSpeculator::propose(uint64_t /*seq*/, std::span<const int32_t> tokens,
   }
 }
 
+namespace {
+
+// `--spec mtp`: the target's MTP layer, which Engine::load binds
+// (ModelOptions::mtp) after refusing files without one.
+Result<std::unique_ptr<Speculator>> make_mtp_speculator(const SpeculatorTarget& target) {
+  if (!target.model) return Error{"--spec mtp: needs the target model"};
+  if (target.model->n_mtp_layers() == 0) {
+    const std::string name = target.model_path.empty() ? std::string("the model") : target.model_path;
+    return Error{"--spec mtp: " + name +
+                 " was loaded without its multi-token-prediction layer (ModelOptions::mtp, which Engine::load sets)"};
+  }
+  return std::unique_ptr<Speculator>(std::make_unique<MtpSpeculator>(*target.model));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, const SpeculatorTarget& target) {
   if (spec.empty() || spec == "off") return std::unique_ptr<Speculator>();
   if (spec == "ngram") return std::unique_ptr<Speculator>(std::make_unique<NgramSpeculator>());
@@ -41,8 +66,7 @@ Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, con
     if (!target.model) return Error{"--spec " + spec + ": a draft model needs the target model"};
     return DraftModelSpeculator::load(path, target);
   }
-  if (spec == "mtp")
-    return Error{"--spec mtp: not implemented yet (the MTP speculator); use ngram, draft=MODEL or off"};
+  if (spec == "mtp") return make_mtp_speculator(target);
   return Error{"--spec: unknown speculator '" + spec + "' (expected ngram, off, draft=MODEL, mtp or replay=FILE)"};
 }
 

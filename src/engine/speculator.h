@@ -9,8 +9,9 @@
 // on what a speculator proposes, only the number of steps does.
 //
 // Chosen per server (EngineOptions::spec, `--spec`), opted out of per
-// request (GenerationRequest::speculative). Engine thread only; propose()
-// must not allocate once `out` has grown (it runs per row per step).
+// request (GenerationRequest::speculative). Engine thread only; the engine
+// asks once per step for every speculating row (propose_batch), which
+// must not allocate once its buffers have grown.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -24,6 +25,27 @@
 
 namespace rill {
 
+// Rows of one request's step that a speculator reading the target's hidden
+// states sees (Speculator::observe): positions [first, first + n), whose
+// KV the target kept (rejected drafts' rows are not among them).
+struct HiddenRows {
+  uint64_t seq = 0;
+  std::span<const int32_t> tokens;  // the request's tokens now: more than first + n of them
+  int32_t first = 0;
+  int32_t n = 0;
+  const float* hidden = nullptr;         // [n, n_embd]: final-normed (Model::forward_hidden)
+  std::span<const int32_t> block_table;  // the request's KV blocks (group 0), covering first + n
+  int32_t decode_from = 0;               // BatchSeq::decode_from: the request's prompt length
+};
+
+// One request's part of a step's propose_batch().
+struct DraftRequest {
+  uint64_t seq = 0;                 // the request's id
+  std::span<const int32_t> tokens;  // its prompt and output so far (at least one token)
+  int32_t max_tokens = 0;           // >= 1
+  int32_t n_drafts = 0;             // set by propose_batch: how many of `out` are its drafts
+};
+
 class Speculator {
  public:
   virtual ~Speculator() = default;
@@ -36,6 +58,19 @@ class Speculator {
   // finds in `tokens` which of its earlier guesses were kept.
   virtual void propose(uint64_t seq, std::span<const int32_t> tokens, int32_t max_tokens,
                        std::vector<int32_t>& out) = 0;
+  // propose() for every request of one step: appends each request's drafts
+  // to `out` in request order and sets its n_drafts. A request's drafts are
+  // what propose() alone would give it; a speculator that runs a model
+  // overrides this to compute every request's draft position in one
+  // forward (k forwards per step instead of k per request). Default:
+  // propose() per request. Requests must have distinct seqs.
+  virtual void propose_batch(std::span<DraftRequest> requests, std::vector<int32_t>& out);
+  // A speculator that reads the target's hidden states (MTP) returns true;
+  // the engine then computes them in every step (ModelRunner::
+  // set_want_hidden) and hands each speculating request's kept rows to
+  // observe() after the step's verification.
+  virtual bool wants_hidden() const { return false; }
+  virtual void observe(std::span<const HiddenRows> rows) { (void)rows; }
   // Request `seq` ended: drop what propose() kept for it.
   virtual void release(uint64_t seq) { (void)seq; }
 };
@@ -59,15 +94,16 @@ class NgramSpeculator final : public Speculator {
 // where it came from (for messages) and the engine's options (a draft
 // model runs on the same device with the same threads and context).
 struct SpeculatorTarget {
-  const Model* model = nullptr;
+  Model* model = nullptr;  // an MTP speculator runs the target's MTP layer
   const Tokenizer* tokenizer = nullptr;
   std::string model_path;
   EngineOptions options;
 };
 
-// The server's choice (`--spec`): "off", "ngram" or "draft=PATH" (a draft
-// model, engine/draft_speculator.h; needs target.model). "mtp" is refused
-// with a message saying it is not implemented; anything else is refused
+// The server's choice (`--spec`): "off", "ngram", "draft=PATH" (a draft
+// model, engine/draft_speculator.h; needs target.model) or "mtp" (the
+// target's multi-token-prediction layer, engine/mtp_speculator.h; needs
+// target.model loaded with ModelOptions::mtp); anything else is refused
 // naming the accepted values. "off" gives null.
 Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, const SpeculatorTarget& target = {});
 

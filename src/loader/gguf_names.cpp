@@ -22,6 +22,19 @@ constexpr NamePair kGlobalNames[] = {
     {"output.weight", "lm_head.weight"},
 };
 
+// A multi-token-prediction (MTP) layer's own tensors, in blocks past
+// block_count - nextn_predict_layers (llama.cpp's names for DeepSeek-V3 /
+// GLM and Qwen3.5's MTP layers alike) -> DeepSeek-V3's Hugging Face names
+// (loader/mtp_layers.h). The layer's decoder tensors map as any block's.
+constexpr NamePair kNextnNames[] = {
+    {"nextn.eh_proj.weight", "eh_proj.weight"},
+    {"nextn.enorm.weight", "enorm.weight"},
+    {"nextn.hnorm.weight", "hnorm.weight"},
+    {"nextn.embed_tokens.weight", "embed_tokens.weight"},
+    {"nextn.shared_head_head.weight", "shared_head.head.weight"},
+    {"nextn.shared_head_norm.weight", "shared_head.norm.weight"},
+};
+
 // Per-layer tensors: "blk.N.<gguf>" -> "model.layers.N.<hf>".
 constexpr NamePair kLayerNames[] = {
     {"attn_norm.weight", "input_layernorm.weight"},
@@ -372,7 +385,7 @@ Status read_experts(const GgufFile& file, const ConfigReader& r, ModelConfig* c)
 // head_v_dim = inner_size / time_step_rank, layer il is linear attention
 // when attention.recurrent_layers[il] (else when (il + 1) %
 // full_attention_interval != 0). Blocks past block_count -
-// nextn_predict_layers are multi-token-prediction heads rill does not run.
+// nextn_predict_layers are multi-token-prediction heads (loader/mtp_layers.h).
 Status read_hybrid(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
   RILL_ASSIGN_OR_RETURN(const int64_t n_nextn, r.count_or("nextn_predict_layers", 0));
   if (n_nextn >= c->n_layer)
@@ -415,7 +428,7 @@ Status read_hybrid(const GgufFile& file, const ConfigReader& r, ModelConfig* c) 
 }
 
 // Blocks past block_count - nextn_predict_layers are multi-token-prediction
-// heads rill does not run.
+// heads: not decoder layers (loader/mtp_layers.h finds them).
 Status drop_nextn_layers(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
   RILL_ASSIGN_OR_RETURN(const int64_t n_nextn, r.count_or("nextn_predict_layers", 0));
   if (n_nextn >= c->n_layer)
@@ -657,6 +670,9 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::st
     for (const auto& p : kHybridLayerNames) {
       if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
     }
+  }
+  for (const auto& p : kNextnNames) {
+    if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
   }
   for (const auto& p : kLayerNames) {
     if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);

@@ -86,6 +86,10 @@ struct ModelOptions {
   // as logits (--host-sampling; benchmarks compare the two).
   bool cuda_device_sampling = true;
   WeightQuantization quantize = WeightQuantization::kNone;
+  // Bind the files' first multi-token-prediction layer (loader/mtp_layers.h)
+  // for forward_mtp; its KV rows are one more layer in the pool. Files
+  // without one, and runtimes that do not run MTP layers, are refused.
+  bool mtp = false;
 };
 
 // How a model turns a sequence's last hidden states into one embedding
@@ -172,6 +176,26 @@ class Model {
                                 int32_t* ids) {
     (void)batch, (void)rows, (void)masks, (void)ids;
     return Error{"this model has no forward_sample; sample from forward()'s logits"};
+  }
+
+  // Multi-token prediction (ModelOptions::mtp): the MTP layers bound (0
+  // without), forward() that also writes every token's hidden state after
+  // the final norm (the MTP layer's input h_i): hidden [n_tokens, n_embd],
+  // and the MTP head: batch token j is t_{p+1} at batch position p, with
+  // hidden row j the model's h_p (forward_hidden's row for position p);
+  // writes the MTP layer's KV rows of those positions into the blocks the
+  // batch's tables name (the pool's MTP layer, beside the model's layers)
+  // and the MTP head's logits [n_sample, n_vocab]: its guess of t_{p+2}.
+  // The same preconditions as forward(); the MTP rows of positions before
+  // the batch's must have been computed by forward_mtp.
+  virtual int32_t n_mtp_layers() const { return 0; }
+  virtual Status forward_hidden(const Batch& batch, float* logits, float* hidden) {
+    (void)batch, (void)logits, (void)hidden;
+    return Error{"this model does not export its hidden states"};
+  }
+  virtual Status forward_mtp(const Batch& batch, const float* hidden, float* logits) {
+    (void)batch, (void)hidden, (void)logits;
+    return Error{"this model runs no multi-token-prediction layers"};
   }
 
   // KV export and import for the prefix cache's RAM and disk tiers. One

@@ -224,7 +224,12 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
     return Error{files->path + ": " + impl->id + " (" + profile.graph +
                  ") has no tensor-parallel implementation; run it with --tensor-parallel 1"};
   }
-  return impl->create(std::move(files), options);
+  const std::string path = files->path;
+  auto model = impl->create(std::move(files), options);
+  if (model.ok() && options.mtp && (*model)->n_mtp_layers() == 0) {
+    return Error{path + ": " + impl->id + " does not run multi-token-prediction layers (--spec mtp)"};
+  }
+  return model;
 }
 
 }  // namespace rill

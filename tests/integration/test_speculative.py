@@ -139,6 +139,14 @@ def test_unknown_speculator_refuses_to_start():
         Server("--spec", "draft=missing.gguf").stop()
 
 
+def test_mtp_without_mtp_layers_refuses_to_start():
+    # The default model carries no multi-token-prediction layers.
+    if not os.path.exists(MODEL):
+        pytest.skip("no model")
+    with pytest.raises(RuntimeError):
+        Server("--spec", "mtp").stop()
+
+
 def test_draft_model_speculator(servers):
     # The default model drafting for itself (`--spec draft=PATH`): the same
     # output, its drafts held, /metrics labelled "draft".

@@ -39,6 +39,22 @@ TEST(GgufNames, MapsLlamaFamilyNames) {
   for (const auto& [gguf, hf] : kCases) EXPECT_EQ(gguf_to_hf_tensor_name(gguf), hf) << gguf;
 }
 
+// llama.cpp's MTP tensors (blk.N.nextn.*, N past the decoder layers) take
+// DeepSeek-V3's Hugging Face names (loader/mtp_layers.h), in every family.
+TEST(GgufNames, MapsNextnNamesToDeepSeekMtpNames) {
+  const std::pair<const char*, const char*> kCases[] = {
+      {"blk.46.nextn.eh_proj.weight", "model.layers.46.eh_proj.weight"},
+      {"blk.46.nextn.enorm.weight", "model.layers.46.enorm.weight"},
+      {"blk.46.nextn.hnorm.weight", "model.layers.46.hnorm.weight"},
+      {"blk.46.nextn.embed_tokens.weight", "model.layers.46.embed_tokens.weight"},
+      {"blk.46.nextn.shared_head_head.weight", "model.layers.46.shared_head.head.weight"},
+      {"blk.46.nextn.shared_head_norm.weight", "model.layers.46.shared_head.norm.weight"},
+  };
+  for (const char* arch : {"glm4moe", "deepseek2", "qwen35moe", "llama"}) {
+    for (const auto& [gguf, hf] : kCases) EXPECT_EQ(gguf_to_hf_tensor_name(gguf, arch), hf) << arch << " " << gguf;
+  }
+}
+
 // Gemma 2/3 files name their sandwich norms differently: ffn_norm is the
 // norm before the MLP there, and the post norms have names of their own.
 TEST(GgufNames, MapsGemmaNamesPerArchitecture) {

@@ -6,7 +6,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -124,6 +126,83 @@ TEST(MlaModel, Glm5FullLayerWithoutIndexerWeightsIsRefused) {
   EXPECT_NE(model.error().message.find("model.layers.2.self_attn.indexer."), std::string::npos)
       << model.error().message;
   fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace rill
+
+namespace rill {
+namespace {
+
+// The MTP head (ModelOptions::mtp, Model::forward_mtp) on the tiny
+// DeepSeek-V3 checkpoint with an MTP layer (tests/data/mtp-deepseek-v3):
+// the model's greedy pick after the prompt is the golden's next_token, and
+// the MTP head's logits at every prompt position (t_{p+1} the next prompt
+// token, the last row the model's pick) equal the numpy reference of
+// tools/make_mtp_golden.py, whole and fed in two chunks (the MTP layer's KV
+// carried between steps).
+TEST(MlaModel, MtpHeadMatchesTheNumpyReference) {
+  const std::string dir = std::string(RILL_TEST_DATA) + "/mtp-deepseek-v3";
+  std::ifstream in(dir + "/golden.json");
+  ASSERT_TRUE(in) << dir;
+  const auto gold = nlohmann::json::parse(in);
+  const auto prompt = gold["prompt_ids"].get<std::vector<int32_t>>();
+  const auto want = gold["mtp_logits"].get<std::vector<std::vector<float>>>();
+  const auto n = static_cast<int32_t>(prompt.size());
+  auto files = open_model_files(dir);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  ModelOptions o;
+  o.n_threads = 1;
+  o.n_ctx = 64;
+  o.max_batch_tokens = 32;
+  auto plain = create_model(builtin_registry(), infer_profile(**files), *files, o);
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  EXPECT_EQ((*plain)->n_mtp_layers(), 0);  // bound only when asked for
+  o.mtp = true;
+  auto model = create_model(builtin_registry(), infer_profile(**files), *files, o);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  Model& m = **model;
+  ASSERT_EQ(m.n_mtp_layers(), 1);
+  const int64_t E = m.config().n_embd, V = m.n_vocab();
+  const std::vector<int32_t> table = slot_block_table(0, m.n_ctx(), m.kv_block_size());
+
+  Batch b;
+  b.add_sequence(prompt.data(), n, 0, true, table);
+  std::vector<float> logits(static_cast<size_t>(V)), hidden(static_cast<size_t>(n * E));
+  ASSERT_TRUE(m.forward_hidden(b, logits.data(), hidden.data()).ok());
+  const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  EXPECT_EQ(next, gold["next_token"].get<int32_t>());
+
+  std::vector<int32_t> shifted(prompt.begin() + 1, prompt.end());
+  shifted.push_back(next);
+  for (const int32_t split : {n, 9}) {  // whole, then positions [0, 9) and [9, n)
+    std::vector<float> got(static_cast<size_t>(n * V));
+    for (int32_t from = 0; from < n; from += split) {
+      const int32_t len = std::min(split, n - from);
+      Batch mb;
+      mb.add_sequence(shifted.data() + from, len, from, false, table);
+      for (int32_t i = 0; i < len; ++i) mb.sample_rows.push_back(i);
+      ASSERT_TRUE(
+          m.forward_mtp(mb, hidden.data() + static_cast<size_t>(from * E), got.data() + static_cast<size_t>(from * V))
+              .ok());
+    }
+    double err = 0;
+    for (int32_t r = 0; r < n; ++r)
+      for (int64_t v = 0; v < V; ++v)
+        err = std::max(err, std::fabs(double(got[static_cast<size_t>(r * V + v)]) - want[r][v]));
+    std::printf("MTP head, chunks of %d: max |logit - numpy reference| = %.3g\n", split, err);
+    EXPECT_LT(err, 1e-3) << "chunks of " << split;
+    const auto first_draft = static_cast<int32_t>(std::max_element(got.end() - V, got.end()) - (got.end() - V));
+    EXPECT_EQ(first_draft, gold["mtp_greedy"].back().get<int32_t>()) << "chunks of " << split;
+  }
+  // A model without MTP layers is refused, naming the file.
+  const std::string llama = kGoldens + "llama";
+  if (!fs::exists(llama + "/config.json")) return;
+  auto lf = open_model_files(llama);
+  ASSERT_TRUE(lf.ok()) << lf.error().message;
+  auto none = create_model(builtin_registry(), infer_profile(**lf), *lf, o);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message.find(llama), std::string::npos) << none.error().message;
 }
 
 }  // namespace

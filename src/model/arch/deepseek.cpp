@@ -48,6 +48,7 @@
 // `glm_moe_dsa.cpu`, a CpuPagedModel). The CUDA
 // Backend has no MLA ops yet, so the `.cuda` ids refuse at load.
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -59,6 +60,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/rope_table.h"
+#include "loader/mtp_layers.h"
 #include "model/arch/deepseek_config.h"
 #include "model/arch/families.h"
 #include "model/batch_check.h"
@@ -95,9 +97,14 @@ struct MlaWeights {
   bool tied = false;
   std::vector<float> final_norm;
   DType kv_b_dtype = DType::kF32;
-  std::vector<MlaLayerWeights> layers;
+  std::vector<MlaLayerWeights> layers;  // the decoder layers, then the MTP layer when bound
   RopeTable rope;
   bool all_f32 = true;
+  // The MTP layer (ModelOptions::mtp): layers.back(), its decoder layer.
+  bool has_mtp = false;
+  std::vector<float> mtp_enorm, mtp_hnorm, mtp_head_norm;  // [E]
+  WeightView mtp_embed, mtp_head;                          // [V, E]: its own copies, else the model's
+  WeightView mtp_eh;                                       // eh_proj [E, 2E]: [embedding | hidden] columns
 };
 
 // Splits kv_b [H * (nope + v), kv_lora] into head-major W_uk^T [H * kv_lora,
@@ -147,7 +154,7 @@ Result<DType> copy_split_kv_b(const ModelFiles& f, const std::string& at, const 
   return k_b->dtype;
 }
 
-Result<MlaWeights> bind_mla(const ModelFiles& f) {
+Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
   const ModelConfig& cfg = f.config;
   const int64_t E = cfg.n_embd, V = cfg.n_vocab, H = cfg.n_head;
   if (E <= 0 || V <= 0 || cfg.n_layer <= 0 || H <= 0) return Error{f.path + ": inconsistent model config"};
@@ -162,8 +169,21 @@ Result<MlaWeights> bind_mla(const ModelFiles& f) {
   }
   RILL_ASSIGN_OR_RETURN(w.final_norm, load_vector(f, "model.norm.weight", E));
   w.all_f32 = w.embed.dtype == DType::kF32;
-  w.layers.resize(static_cast<size_t>(cfg.n_layer));
-  for (int64_t il = 0; il < cfg.n_layer; ++il) {
+  // The MTP layer is bound as decoder layer n_layer (its tensors are
+  // DeepSeek's model.layers.{n_layer}.*, loader/mtp_layers.h).
+  std::string mtp_prefix;
+  if (mtp) {
+    RILL_ASSIGN_OR_RETURN(const MtpLayers found, find_mtp_layers(f));
+    if (found.n_layers() == 0) return Error{f.path + ": --spec mtp: the files carry no multi-token-prediction layers"};
+    if (found.naming != MtpLayers::Naming::kNextn ||
+        found.prefixes[0] != "model.layers." + std::to_string(cfg.n_layer) + ".")
+      return Error{f.path + ": --spec mtp: MTP layers named '" + found.prefixes[0] + "*' are not run by this family"};
+    if (p.dsa.enabled()) return Error{f.path + ": --spec mtp: the MTP layers of DSA models are not run yet"};
+    mtp_prefix = found.prefixes[0];
+  }
+  const int64_t n_bound = cfg.n_layer + (mtp ? 1 : 0);
+  w.layers.resize(static_cast<size_t>(n_bound));
+  for (int64_t il = 0; il < n_bound; ++il) {
     MlaLayerWeights& L = w.layers[static_cast<size_t>(il)];
     const std::string pre = "model.layers." + std::to_string(il) + ".";
     const std::string at = pre + "self_attn.";
@@ -213,6 +233,26 @@ Result<MlaWeights> bind_mla(const ModelFiles& f) {
     }
     w.all_f32 = w.all_f32 && L.kv_a.w.dtype == DType::kF32 && kv_b_dtype == DType::kF32;
   }
+  if (mtp) {
+    const std::string& m = mtp_prefix;
+    w.has_mtp = true;
+    RILL_ASSIGN_OR_RETURN(w.mtp_enorm, load_vector(f, m + "enorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(w.mtp_hnorm, load_vector(f, m + "hnorm.weight", E));
+    RILL_ASSIGN_OR_RETURN(w.mtp_head_norm, load_vector(f, m + "shared_head.norm.weight", E));
+    w.mtp_embed = w.embed;
+    if (f.find(m + "embed_tokens.weight")) {
+      RILL_ASSIGN_OR_RETURN(w.mtp_embed, bind_matrix(f, m + "embed_tokens.weight", V, E));
+    }
+    w.mtp_head = w.lm_head;
+    if (f.find(m + "shared_head.head.weight")) {
+      RILL_ASSIGN_OR_RETURN(w.mtp_head, bind_matrix(f, m + "shared_head.head.weight", V, E));
+    }
+    RILL_ASSIGN_OR_RETURN(w.mtp_eh, bind_matrix(f, m + "eh_proj.weight", E, 2 * E));
+    // Placed as two column halves (no concatenation): whole-element dtypes only.
+    if (w.mtp_eh.dtype != DType::kF32 && w.mtp_eh.dtype != DType::kF16 && w.mtp_eh.dtype != DType::kBF16)
+      return Error{f.path + ": '" + m + "eh_proj.weight' in " + std::string(dtype_name(w.mtp_eh.dtype)) +
+                   " (F32, F16 or BF16 only for now)"};
+  }
   cpu::RopeScalingParams rs = rope_scaling_params(cfg.rope_scaling);
   if (p.rope_attention_factor) rs.attention_factor = p.rope_attention_factor;
   w.rope = cpu::make_rope_table(cfg.rope_theta, p.rope, p.interleaved, rs);
@@ -245,8 +285,14 @@ struct MlaGraph {
   float eps = 1e-6f;
   Weight embed, lm_head;
   Vec final_norm;
-  std::vector<MlaLayer> layers;
+  int64_t n_main = 0;            // decoder layers
+  std::vector<MlaLayer> layers;  // [n_main] and, with an MTP layer, the MTP layer's decoder layer
   Rope rope;
+  // The MTP head (has_mtp): h' = eh_e enorm(emb(t)) + eh_h hnorm(h), the
+  // decoder layer layers[n_main], then mtp_head(mtp_head_norm(.)).
+  bool has_mtp = false;
+  Weight mtp_embed, mtp_head, mtp_eh_e, mtp_eh_h;  // eh_e / eh_h: eh_proj's column halves [E, E]
+  Vec mtp_enorm, mtp_hnorm, mtp_head_norm;
 
   int64_t q_width() const { return H * p.qk_dim(); }
   int64_t kv_a_width() const { return p.kv_lora_rank + p.rope; }
@@ -313,6 +359,17 @@ Status place_pass(Backend& b, const MlaWeights& w, MlaGraph& g) {
     const HostMatrix dm = host_matrix(h.down.w);
     RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, pre + "mlp.down_proj"));
   }
+  if (w.has_mtp) {
+    RILL_TRY(place_embedding_and_head(b, w.mtp_embed, w.mtp_head, false, w.mtp_head_norm, g.mtp_embed, g.mtp_head,
+                                      g.mtp_head_norm));
+    RILL_ASSIGN_OR_RETURN(g.mtp_enorm, b.place_vector(w.mtp_enorm.data(), g.E, "mtp.enorm.weight"));
+    RILL_ASSIGN_OR_RETURN(g.mtp_hnorm, b.place_vector(w.mtp_hnorm.data(), g.E, "mtp.hnorm.weight"));
+    HostMatrix half = host_matrix(w.mtp_eh);
+    half.cols = g.E;
+    RILL_ASSIGN_OR_RETURN(g.mtp_eh_e, b.place(&half, 1, "mtp.eh_proj (embedding columns)"));
+    half.data = static_cast<const uint8_t*>(half.data) + row_bytes(w.mtp_eh.dtype, g.E);
+    RILL_ASSIGN_OR_RETURN(g.mtp_eh_h, b.place(&half, 1, "mtp.eh_proj (hidden columns)"));
+  }
   RILL_ASSIGN_OR_RETURN(g.rope, b.place_rope(w.rope));
   return Status::Ok();
 }
@@ -329,6 +386,8 @@ Result<MlaGraph> place_mla(Backend& b, const ModelConfig& cfg, const MlaWeights&
   g.H = cfg.n_head;
   g.p = w.params;
   g.eps = cfg.rms_norm_eps;
+  g.n_main = cfg.n_layer;
+  g.has_mtp = w.has_mtp;
   g.layers.assign(w.layers.size(), MlaLayer{});
   if (w.params.dsa.enabled() && !b.has_encoder_ops()) {
     return Error{std::string("the ") + b.name() + " Backend has no layer_norm (the lightning indexer's key norm)"};
@@ -350,26 +409,25 @@ Result<MlaGraph> place_mla(Backend& b, const ModelConfig& cfg, const MlaWeights&
 //   (selected [T, topk], n_selected [T]) that shared layers reuse.
 struct MlaActivations {
   Tensor x, h, a, qn, q, q_lat, lat, attn, gu, mlp, final_rows, iq, ikw;
+  Tensor mtp_h;  // [T, E] hnorm(h), with an MTP layer
   int32_t* selected = nullptr;
   int32_t* n_selected = nullptr;
 };
 
-// One step: embedding, every layer, the final norm of the sample rows and
-// logits [n_sample, V] F32. kv: every layer's cache (rows of
-// MlaGraph::kv_row(), group 0). Backend ops only.
-Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const MlaActivations& a,
-                   const std::vector<KvCacheView>& kv, Tensor logits) {
-  const int64_t n = md.n_tokens;
-  const MlaParams& p = g.p;
-  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), act_a = a.a.rows_from(0, n);
-  const Tensor q_lat = a.q_lat.rows_from(0, n), lat = a.lat.rows_from(0, n), attn = a.attn.rows_from(0, n);
-  const bool q_lora = p.q_lora_rank > 0;
-  const Tensor q = q_lora ? a.q.rows_from(0, n) : act_a.cols_from(0, g.q_width());
-  const float eps = g.eps;
-  b.embed(g.embed, md.ids, n, x);
-  if (p.embed_scale != 1.0f) b.scale(x, p.embed_scale);
-  b.rms_norm(x, nullptr, g.layers[0].attn_norm, eps, 0.0f, h);
+// The ops of a step of n tokens, their fixed fields filled (the layer loop
+// sets the per-layer ones).
+struct MlaStepOps {
   LatentKvOp st;
+  LatentAttentionOp at;
+  LightningIndexOp ix;
+};
+
+MlaStepOps mla_step_ops(const MlaGraph& g, const MlaActivations& a, int64_t n) {
+  const MlaParams& p = g.p;
+  const Tensor act_a = a.a.rows_from(0, n);
+  const Tensor q = p.q_lora_rank > 0 ? a.q.rows_from(0, n) : act_a.cols_from(0, g.q_width());
+  MlaStepOps o;
+  LatentKvOp& st = o.st;
   st.q = q;
   st.kv = act_a.cols_from(g.a_width() - g.kv_a_width(), g.kv_a_width());
   st.n_head = static_cast<int32_t>(g.H);
@@ -377,19 +435,19 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
   st.q_rope_col = static_cast<int32_t>(p.nope);
   st.kv_lora_rank = static_cast<int32_t>(p.kv_lora_rank);
   st.rope_dim = static_cast<int32_t>(p.rope);
-  st.norm_eps = eps;
+  st.norm_eps = g.eps;
   st.rope = g.rope;
-  LatentAttentionOp at;
-  at.q_latent = q_lat;
+  LatentAttentionOp& at = o.at;
+  at.q_latent = a.q_lat.rows_from(0, n);
   at.q_rope = q.cols_from(p.nope, g.q_width() - p.nope);
   at.q_rope_step = p.qk_dim();
-  at.out = lat;
+  at.out = a.lat.rows_from(0, n);
   at.n_head = st.n_head;
   at.kv_lora_rank = st.kv_lora_rank;
   at.rope_dim = st.rope_dim;
   at.scale = p.attn_scale;
-  LightningIndexOp ix;
   if (p.dsa.enabled()) {
+    LightningIndexOp& ix = o.ix;
     const int64_t D = p.dsa.head_dim;
     ix.q = a.iq.rows_from(0, n);
     ix.k = a.ikw.rows_from(0, n).cols_from(0, D);
@@ -408,49 +466,103 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
     at.n_selected = a.n_selected;
     at.selected_stride = ix.topk;
   }
-  for (size_t il = 0; il < g.layers.size(); ++il) {
-    const MlaLayer& L = g.layers[il];
-    RILL_TRY(b.matmul(L.w_a, h, act_a, false));
-    if (q_lora) {
-      const Tensor qn = a.qn.rows_from(0, n);
-      b.rms_norm(act_a.cols_from(0, p.q_lora_rank), nullptr, L.q_a_norm, eps, 0.0f, qn);
-      RILL_TRY(b.matmul(L.q_b, qn, q, false));
-    }
-    st.kv_norm = L.kv_norm;
-    st.kv_cache = kv[il];
-    b.rope_store_latent(st, md);
-    if (L.has_indexer) {  // after the latent row's store, which zeroes the key's columns
-      RILL_TRY(b.matmul(L.index_q, a.qn.rows_from(0, n), ix.q, false));
-      RILL_TRY(b.matmul(L.index_kw, h, a.ikw.rows_from(0, n), false));
-      b.layer_norm(ix.k, L.index_k_norm, L.index_k_bias, 1e-6f, ix.k);
-      ix.kv = kv[il];
-      b.lightning_index(ix, md);
-    }
-    b.matmul_heads(L.wk_t, st.n_head, q, p.qk_dim(), q_lat, p.kv_lora_rank);
-    at.kv = kv[il];
-    b.latent_attention(at, md);
-    b.matmul_heads(L.wv, st.n_head, lat, p.kv_lora_rank, attn, p.v_dim);
-    // MiniCPM3's residual scale on o_proj's input: o is linear, so x +=
-    // o(s attn) is x += s o(attn) within rounding.
-    if (p.residual_scale != 1.0f) b.scale(attn, p.residual_scale);
-    RILL_TRY(b.matmul(L.wo, attn, x, true));
-    b.rms_norm(x, nullptr, L.ffn_norm, eps, 0.0f, h);
-    if (L.is_moe) {
-      RILL_TRY(b.moe_ffn(L.moe, h, h, x, true, md));
-    } else {
-      const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
-      RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
-      b.glu(Glu::kSilu, gu, mlp);
-      if (p.residual_scale != 1.0f) b.scale(mlp, p.residual_scale);
-      RILL_TRY(b.matmul(L.w_down, mlp, x, true));
-    }
-    if (il + 1 < g.layers.size()) b.rms_norm(x, nullptr, g.layers[il + 1].attn_norm, eps, 0.0f, h);
+  return o;
+}
+
+// Layer L of a step of md.n_tokens tokens: h holds rms_norm(x) under L's
+// attn_norm; adds the attention and FFN branches to the residual x (h is
+// scratch afterwards). kv: L's cache.
+Status mla_layer(Backend& b, const MlaGraph& g, const MlaLayer& L, MlaStepOps& o, const StepMetadata& md,
+                 const MlaActivations& a, const KvCacheView& kv) {
+  const int64_t n = md.n_tokens;
+  const MlaParams& p = g.p;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), act_a = a.a.rows_from(0, n);
+  const Tensor lat = a.lat.rows_from(0, n), attn = a.attn.rows_from(0, n);
+  const float eps = g.eps;
+  RILL_TRY(b.matmul(L.w_a, h, act_a, false));
+  if (p.q_lora_rank > 0) {
+    const Tensor qn = a.qn.rows_from(0, n);
+    b.rms_norm(act_a.cols_from(0, p.q_lora_rank), nullptr, L.q_a_norm, eps, 0.0f, qn);
+    RILL_TRY(b.matmul(L.q_b, qn, o.st.q, false));
   }
+  o.st.kv_norm = L.kv_norm;
+  o.st.kv_cache = kv;
+  b.rope_store_latent(o.st, md);
+  if (L.has_indexer) {  // after the latent row's store, which zeroes the key's columns
+    RILL_TRY(b.matmul(L.index_q, a.qn.rows_from(0, n), o.ix.q, false));
+    RILL_TRY(b.matmul(L.index_kw, h, a.ikw.rows_from(0, n), false));
+    b.layer_norm(o.ix.k, L.index_k_norm, L.index_k_bias, 1e-6f, o.ix.k);
+    o.ix.kv = kv;
+    b.lightning_index(o.ix, md);
+  }
+  b.matmul_heads(L.wk_t, o.st.n_head, o.st.q, p.qk_dim(), o.at.q_latent, p.kv_lora_rank);
+  o.at.kv = kv;
+  b.latent_attention(o.at, md);
+  b.matmul_heads(L.wv, o.st.n_head, lat, p.kv_lora_rank, attn, p.v_dim);
+  // MiniCPM3's residual scale on o_proj's input: o is linear, so x +=
+  // o(s attn) is x += s o(attn) within rounding.
+  if (p.residual_scale != 1.0f) b.scale(attn, p.residual_scale);
+  RILL_TRY(b.matmul(L.wo, attn, x, true));
+  b.rms_norm(x, nullptr, L.ffn_norm, eps, 0.0f, h);
+  if (L.is_moe) return b.moe_ffn(L.moe, h, h, x, true, md);
+  const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
+  RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
+  b.glu(Glu::kSilu, gu, mlp);
+  if (p.residual_scale != 1.0f) b.scale(mlp, p.residual_scale);
+  return b.matmul(L.w_down, mlp, x, true);
+}
+
+// One step: embedding, every decoder layer, the final norm of the sample
+// rows and logits [n_sample, V] F32; with `hidden` (a [n_tokens, E] F32
+// view), every token's final-normed hidden state too. kv: every layer's
+// cache (rows of MlaGraph::kv_row(), group 0). Backend ops only.
+Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const MlaActivations& a,
+                   const std::vector<KvCacheView>& kv, Tensor logits, const Tensor* hidden = nullptr) {
+  const int64_t n = md.n_tokens;
+  const MlaParams& p = g.p;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
+  const float eps = g.eps;
+  b.embed(g.embed, md.ids, n, x);
+  if (p.embed_scale != 1.0f) b.scale(x, p.embed_scale);
+  b.rms_norm(x, nullptr, g.layers[0].attn_norm, eps, 0.0f, h);
+  MlaStepOps ops = mla_step_ops(g, a, n);
+  for (int64_t il = 0; il < g.n_main; ++il) {
+    const auto l = static_cast<size_t>(il);
+    RILL_TRY(mla_layer(b, g, g.layers[l], ops, md, a, kv[l]));
+    if (il + 1 < g.n_main) b.rms_norm(x, nullptr, g.layers[l + 1].attn_norm, eps, 0.0f, h);
+  }
+  if (hidden) b.rms_norm(x, nullptr, g.final_norm, eps, 0.0f, *hidden);
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
   b.rms_norm(x, md.sample_rows, g.final_norm, eps, 0.0f, final_rows);
   if (p.logit_scale != 1.0f) b.scale(final_rows, p.logit_scale);
   return b.matmul(g.lm_head, final_rows, logits, false);
+}
+
+// The MTP head over a step (Model::forward_mtp): token j is t_{p+1} at
+// position p, hidden [n_tokens, E] the model's final-normed h_p. h' =
+// eh_proj([enorm(emb(t_{p+1})); hnorm(h_p)]) as eh_e enorm(.) + eh_h
+// hnorm(.), the MTP decoder layer (its KV: kv[n_main]), then the shared
+// head's norm and head for the sample rows: logits [n_sample, V].
+Status mla_mtp_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const MlaActivations& a,
+                       const std::vector<KvCacheView>& kv, Tensor hidden, Tensor logits) {
+  assert(g.has_mtp);
+  const int64_t n = md.n_tokens;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), mtp_h = a.mtp_h.rows_from(0, n);
+  const float eps = g.eps;
+  const MlaLayer& L = g.layers[static_cast<size_t>(g.n_main)];
+  b.embed(g.mtp_embed, md.ids, n, x);
+  b.rms_norm(x, nullptr, g.mtp_enorm, eps, 0.0f, h);
+  b.rms_norm(hidden, nullptr, g.mtp_hnorm, eps, 0.0f, mtp_h);
+  RILL_TRY(b.matmul(g.mtp_eh_e, h, x, false));
+  RILL_TRY(b.matmul(g.mtp_eh_h, mtp_h, x, true));
+  b.rms_norm(x, nullptr, L.attn_norm, eps, 0.0f, h);
+  MlaStepOps ops = mla_step_ops(g, a, n);
+  RILL_TRY(mla_layer(b, g, L, ops, md, a, kv[static_cast<size_t>(g.n_main)]));
+  if (md.n_sample <= 0) return Status::Ok();
+  const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
+  b.rms_norm(x, md.sample_rows, g.mtp_head_norm, eps, 0.0f, final_rows);
+  return b.matmul(g.mtp_head, final_rows, logits, false);
 }
 
 // --- The CPU runtime ------------------------------------------------------------
@@ -462,6 +574,9 @@ class MlaModel final : public CpuPagedModel {
 
   Status init(const ModelOptions& options);
   Status forward(const Batch& batch, float* logits) override;
+  int32_t n_mtp_layers() const override { return graph_.has_mtp ? 1 : 0; }
+  Status forward_hidden(const Batch& batch, float* logits, float* hidden) override;
+  Status forward_mtp(const Batch& batch, const float* hidden, float* logits) override;
   // Every layer keeps its latent rows in group 0 (one row split over the K
   // and V planes: row_bytes is one plane's).
   std::vector<KvLayer> kv_layers() const override {
@@ -472,15 +587,18 @@ class MlaModel final : public CpuPagedModel {
   std::unique_ptr<Backend> device_;  // on backend_'s threads
   MlaWeights w_;                     // the CPU Backend views kv_b's copies
   MlaGraph graph_;
-  std::vector<float> x_, h_, a_, qn_, q_, q_lat_, lat_, attn_, gu_, mlp_, final_rows_, iq_, ikw_;  // f32
-  std::vector<int32_t> selected_, n_selected_;                                                     // DSA
+  // Checks the batch against the limits and fills step_; its metadata.
+  Result<StepMetadata> begin_step(const Batch& batch);
+
+  std::vector<float> x_, h_, a_, qn_, q_, q_lat_, lat_, attn_, gu_, mlp_, final_rows_, iq_, ikw_, mtp_h_;  // f32
+  std::vector<int32_t> selected_, n_selected_;                                                             // DSA
   MlaActivations act_;
   CpuStepArrays step_;
   std::vector<KvCacheView> kv_views_;  // per layer
 };
 
 Status MlaModel::init(const ModelOptions& options) {
-  RILL_ASSIGN_OR_RETURN(w_, bind_mla(*files_));
+  RILL_ASSIGN_OR_RETURN(w_, bind_mla(*files_, options.mtp));
   device_ = make_cpu_backend_on(*backend_->pool());
   RILL_ASSIGN_OR_RETURN(graph_, place_mla(*device_, cfg_, w_));
   set_limits(options);
@@ -500,8 +618,10 @@ Status MlaModel::init(const ModelOptions& options) {
     }
   }
   const int64_t plane = graph_.kv_row().plane_width();
-  RILL_TRY(create_kv(options, cfg_.n_layer, plane, plane, kv_dtype));
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) kv_views_.push_back(kv_.layer_view(il));
+  // The MTP layer's rows are one more layer of the pool.
+  const int64_t n_kv_layers = static_cast<int64_t>(graph_.layers.size());
+  RILL_TRY(create_kv(options, n_kv_layers, plane, plane, kv_dtype));
+  for (int64_t il = 0; il < n_kv_layers; ++il) kv_views_.push_back(kv_.layer_view(il));
 
   const int64_t T = max_tokens_, H = graph_.H;
   const MlaParams& p = graph_.p;
@@ -521,7 +641,8 @@ Status MlaModel::init(const ModelOptions& options) {
           view(mlp_, T, graph_.F),
           view(final_rows_, max_seqs_, graph_.E),
           view(iq_, T, p.dsa.n_head * p.dsa.head_dim),
-          view(ikw_, T, p.dsa.head_dim + p.dsa.n_head)};
+          view(ikw_, T, p.dsa.head_dim + p.dsa.n_head),
+          view(mtp_h_, graph_.has_mtp ? T : 0, graph_.E)};
   selected_.resize(static_cast<size_t>(T * p.dsa.topk));
   n_selected_.resize(static_cast<size_t>(T));
   act_.selected = selected_.data();
@@ -530,8 +651,7 @@ Status MlaModel::init(const ModelOptions& options) {
   return device_->reserve(graph_.step_limits(T, max_seqs_));
 }
 
-Status MlaModel::forward(const Batch& batch, float* logits) {
-  if (batch.n_tokens() <= 0) return {};
+Result<StepMetadata> MlaModel::begin_step(const Batch& batch) {
   BatchLimits lim;
   lim.max_tokens = max_tokens_;
   lim.max_sample_rows = max_seqs_;
@@ -540,9 +660,32 @@ Status MlaModel::forward(const Batch& batch, float* logits) {
   lim.block_size = kv_.block_size();
   lim.n_blocks = kv_.n_blocks();
   RILL_TRY(check_batch(batch, lim, kv_spec_));
-  const StepMetadata md = step_metadata(batch, step_);
+  return step_metadata(batch, step_);
+}
+
+Status MlaModel::forward(const Batch& batch, float* logits) {
+  if (batch.n_tokens() <= 0) return {};
+  RILL_ASSIGN_OR_RETURN(const StepMetadata md, begin_step(batch));
   return mla_forward(*device_, graph_, md, act_, kv_views_,
                      Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
+}
+
+Status MlaModel::forward_hidden(const Batch& batch, float* logits, float* hidden) {
+  if (batch.n_tokens() <= 0) return {};
+  RILL_ASSIGN_OR_RETURN(const StepMetadata md, begin_step(batch));
+  const Tensor rows = Tensor::dense(hidden, DType::kF32, md.n_tokens, cfg_.n_embd);
+  return mla_forward(*device_, graph_, md, act_, kv_views_,
+                     Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), &rows);
+}
+
+Status MlaModel::forward_mtp(const Batch& batch, const float* hidden, float* logits) {
+  if (!graph_.has_mtp) return Error{files_->path + ": no MTP layer bound (ModelOptions::mtp)"};
+  if (batch.n_tokens() <= 0) return {};
+  RILL_ASSIGN_OR_RETURN(const StepMetadata md, begin_step(batch));
+  // The hidden rows are only read (rms_norm's input).
+  const Tensor rows = Tensor::dense(const_cast<float*>(hidden), DType::kF32, md.n_tokens, cfg_.n_embd);
+  return mla_mtp_forward(*device_, graph_, md, act_, kv_views_, rows,
+                         Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
 }
 
 }  // namespace

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""A tiny DeepSeek-V3 checkpoint with a multi-token-prediction (MTP) layer, and
+the MTP head's draft logits from a numpy reference.
+
+The Hugging Face goldens drop MTP weights (transformers does not run them), so
+there is no transformers reference for the MTP head. This script:
+  1. holds its numpy DeepSeek-V3 (MLA attention, dense and group-limited MoE
+     layers) to ../shared/goldens/hf/deepseek-v3/golden.json: every prompt
+     position's logits within 1e-4 and the greedy continuation;
+  2. adds one MTP layer with random weights (seeded) under the names the
+     DeepSeek-V3 checkpoints use, model.layers.{num_hidden_layers}.*:
+     embed_tokens, enorm, hnorm, eh_proj, a whole decoder layer
+     (input_layernorm, self_attn.*, post_attention_layernorm, mlp.*: an MoE
+     layer, as the layer index is past first_k_dense_replace) and
+     shared_head.{norm,head}; embed_tokens and shared_head.head are copies of
+     the main model's (DeepSeek-V3 stores them so);
+  3. writes OUT/config.json, OUT/model.safetensors and OUT/golden.json.
+
+The MTP head (DeepSeek-V3 technical report, section 2.2, with k = 1): for
+position i with the main model's hidden state h_i and the next token t_{i+1},
+    h'_i = eh_proj([enorm(emb(t_{i+1})); hnorm(h_i)])     (embedding first,
+           as the released weights, vLLM, SGLang and llama.cpp order it; the
+           report's equation writes the hidden state first)
+    o_i  = DecoderLayer(h'_0..h'_i)[i]   (causal attention over the MTP
+           layer's own keys of positions 0..i, RoPE at position i)
+    logits_i = shared_head.head(shared_head.norm(o_i)), a guess of t_{i+2}.
+h_i is the main model's last hidden state after its final norm (model.norm),
+as vLLM, SGLang and llama.cpp feed the MTP layer. No position is masked
+(vLLM zeroes the embedding at position 0; that is not part of the report).
+
+golden.json: prompt_ids (the golden's), next_token (the main model's greedy
+pick after the prompt), mtp_logits [len(prompt)][n_vocab]: row i is the MTP
+head at position i with t_{i+1} = prompt[i + 1], the last row with
+t_{S} = next_token (the first draft a speculator would propose), and
+mtp_greedy: each row's argmax.
+  .venv-tools/bin/python tools/make_mtp_golden.py ../shared/goldens/hf/deepseek-v3 tests/data/mtp-deepseek-v3
+(tools/tools_venv.sh numpy makes the venv.)
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+
+def load(d):
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    raw = open(os.path.join(d, "model.safetensors"), "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    w = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        assert v["dtype"] == "F32", k
+        w[k] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(v["shape"]).copy()
+    return cfg, w
+
+
+def save_safetensors(path, w):
+    header, blobs, off = {}, [], 0
+    for k in sorted(w):
+        b = np.ascontiguousarray(w[k], dtype=np.float32).tobytes()
+        header[k] = {"dtype": "F32", "shape": list(w[k].shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    header["__metadata__"] = {"format": "pt"}
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+class Model:
+    def __init__(self, cfg, w):
+        self.c = cfg
+        self.w = {k: v.astype(np.float64) for k, v in w.items()}
+        self.rope_dim = cfg["qk_rope_head_dim"]
+        theta = cfg["rope_parameters"]["rope_theta"]
+        assert cfg["rope_parameters"]["rope_type"] == "default" and cfg["rope_interleave"]
+        self.inv_freq = 1.0 / theta ** (np.arange(0, self.rope_dim, 2) / self.rope_dim)
+
+    def rope(self, x, pos):  # pairs (2i, 2i+1) of the last axis; x [..., S, rope_dim]
+        f = np.outer(pos, self.inv_freq)
+        c, s = np.cos(f), np.sin(f)
+        o = np.empty_like(x)
+        o[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * s
+        o[..., 1::2] = x[..., 0::2] * s + x[..., 1::2] * c
+        return o
+
+    def rms(self, x, w):
+        return w * x / np.sqrt((x * x).mean(-1, keepdims=True) + self.c["rms_norm_eps"])
+
+    def mlp(self, x, p):
+        W = self.w
+        g = x @ W[p + "gate_proj.weight"].T
+        return (g / (1 + np.exp(-g)) * (x @ W[p + "up_proj.weight"].T)) @ W[p + "down_proj.weight"].T
+
+    def moe(self, x, p):
+        """DeepSeek-V3's router: sigmoid scores, the correction bias for the
+        choice only, the best topk_group groups by the sum of their top-2
+        biased scores, top-k experts among them, weights normalized and
+        scaled by routed_scaling_factor; plus the shared expert."""
+        c, W = self.c, self.w
+        E, G = c["n_routed_experts"], c["n_group"]
+        sc = 1 / (1 + np.exp(-(x @ W[p + "gate.weight"].T)))
+        choice = sc + W[p + "gate.e_score_correction_bias"]
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            groups = choice[t].reshape(G, E // G)
+            gscore = np.sort(groups, -1)[:, -2:].sum(-1)
+            keep = np.argsort(-gscore, kind="stable")[:c["topk_group"]]
+            masked = np.zeros(E)  # transformers fills the other groups with 0
+            for g in keep:
+                masked[g * (E // G):(g + 1) * (E // G)] = groups[g]
+            idx = np.argsort(-masked, kind="stable")[:c["num_experts_per_tok"]]
+            wt = sc[t, idx]
+            if c["norm_topk_prob"]:
+                wt = wt / (wt.sum() + 1e-20)
+            wt = wt * c["routed_scaling_factor"]
+            for e, we in zip(idx, wt):
+                out[t] += we * self.mlp(x[t:t + 1], p + "experts.%d." % e)[0]
+        return out + self.mlp(x, p + "shared_experts.")
+
+    def layer(self, x, il):
+        """Decoder layer `il` over x [S, E] at positions 0..S-1, causal."""
+        c, W = self.c, self.w
+        S, H, R = x.shape[0], c["num_attention_heads"], self.rope_dim
+        L, nope, vd = c["kv_lora_rank"], c["qk_nope_head_dim"], c["v_head_dim"]
+        pos = np.arange(S)
+        p = "model.layers.%d." % il
+        a = p + "self_attn."
+        h = self.rms(x, W[p + "input_layernorm.weight"])
+        qr = self.rms(h @ W[a + "q_a_proj.weight"].T, W[a + "q_a_layernorm.weight"])
+        q = (qr @ W[a + "q_b_proj.weight"].T).reshape(S, H, nope + R).transpose(1, 0, 2)
+        q = np.concatenate([q[..., :nope], self.rope(q[..., nope:], pos)], -1)
+        kv = h @ W[a + "kv_a_proj_with_mqa.weight"].T
+        lat = self.rms(kv[:, :L], W[a + "kv_a_layernorm.weight"])
+        kvb = (lat @ W[a + "kv_b_proj.weight"].T).reshape(S, H, nope + vd).transpose(1, 0, 2)
+        k = np.concatenate([kvb[..., :nope], np.broadcast_to(self.rope(kv[:, L:], pos), (H, S, R))], -1)
+        att = np.einsum("hsd,htd->hst", q, k) * (nope + R) ** -0.5
+        att = np.where(np.tril(np.ones((S, S), bool))[None], att, -np.inf)
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        o = np.einsum("hst,htd->shd", att, kvb[..., nope:]).reshape(S, H * vd)
+        x = x + o @ W[a + "o_proj.weight"].T
+        h2 = self.rms(x, W[p + "post_attention_layernorm.weight"])
+        dense = il < c["first_k_dense_replace"]
+        return x + (self.mlp(h2, p + "mlp.") if dense else self.moe(h2, p + "mlp."))
+
+    def hidden(self, ids):
+        """The main model's last hidden states after model.norm: [S, E]."""
+        x = self.w["model.embed_tokens.weight"][ids]
+        for il in range(self.c["num_hidden_layers"]):
+            x = self.layer(x, il)
+        return self.rms(x, self.w["model.norm.weight"])
+
+    def logits(self, ids):
+        return self.hidden(ids) @ self.w["lm_head.weight"].T
+
+    def mtp_logits(self, h, next_ids):
+        """The MTP head (k = 1) at positions 0..S-1: h [S, E] the main model's
+        hidden states, next_ids[i] = t_{i+1}. Returns [S, n_vocab]."""
+        W = self.w
+        p = "model.layers.%d." % self.c["num_hidden_layers"]
+        e = W[p + "embed_tokens.weight"][next_ids]
+        x = np.concatenate([self.rms(e, W[p + "enorm.weight"]), self.rms(h, W[p + "hnorm.weight"])], -1)
+        x = x @ W[p + "eh_proj.weight"].T
+        x = self.layer(x, self.c["num_hidden_layers"])
+        return self.rms(x, W[p + "shared_head.norm.weight"]) @ W[p + "shared_head.head.weight"].T
+
+
+def add_mtp_layer(cfg, w, rng):
+    """Random weights for model.layers.{num_hidden_layers}: a copy of the last
+    layer's tensor names (an MoE layer), resampled at the scale of each
+    tensor, plus the MTP tensors."""
+    L, E = cfg["num_hidden_layers"], cfg["hidden_size"]
+    src, dst = "model.layers.%d." % (L - 1), "model.layers.%d." % L
+    assert L - 1 >= cfg["first_k_dense_replace"], "the last layer must be an MoE layer to copy its names"
+    for k in [k for k in w if k.startswith(src)]:
+        v = w[k]
+        if k.endswith("norm.weight") or k.endswith("layernorm.weight"):
+            w[dst + k[len(src):]] = (1 + 0.1 * rng.standard_normal(v.shape)).astype(np.float32)
+        elif k.endswith("e_score_correction_bias"):
+            w[dst + k[len(src):]] = (0.05 * rng.standard_normal(v.shape)).astype(np.float32)
+        else:
+            w[dst + k[len(src):]] = (rng.standard_normal(v.shape) * v.std()).astype(np.float32)
+    w[dst + "embed_tokens.weight"] = w["model.embed_tokens.weight"].copy()
+    w[dst + "shared_head.head.weight"] = w["lm_head.weight"].copy()
+    for n in ("enorm", "hnorm", "shared_head.norm"):
+        w[dst + n + ".weight"] = (1 + 0.1 * rng.standard_normal(E)).astype(np.float32)
+    w[dst + "eh_proj.weight"] = (rng.standard_normal((E, 2 * E)) * (2 * E) ** -0.5).astype(np.float32)
+
+
+def main():
+    src, out = sys.argv[1], sys.argv[2]
+    cfg, w = load(src)
+    gold = json.load(open(os.path.join(src, "golden.json")))
+    assert cfg["model_type"] == "deepseek_v3"
+    prompt = gold["prompt_ids"]
+    m = Model(cfg, w)
+    err = np.abs(m.logits(prompt) - np.array(gold["logits"])).max()
+    ids = list(prompt)
+    for _ in range(len(gold["greedy_ids"])):
+        ids.append(int(np.argmax(m.logits(ids)[-1])))
+    greedy = ids[len(prompt):]
+    print("numpy DeepSeek-V3 vs transformers: max |logit - golden| = %.3g, greedy ids %s" %
+          (err, greedy == gold["greedy_ids"]))
+    assert err < 1e-4 and greedy == gold["greedy_ids"], "the numpy model does not reproduce transformers"
+
+    cfg["num_nextn_predict_layers"] = 1
+    add_mtp_layer(cfg, w, np.random.default_rng(21))
+    m = Model(cfg, w)
+    h = m.hidden(prompt)
+    next_token = int(np.argmax(h[-1] @ m.w["lm_head.weight"].T))
+    mtp = m.mtp_logits(h, prompt[1:] + [next_token]).astype(np.float32)
+    mtp_greedy = [int(v) for v in np.argmax(mtp, -1)]
+    # How often the head's guess of t_{i+2} is the prompt's (random weights: chance).
+    hits = sum(mtp_greedy[i] == prompt[i + 2] for i in range(len(prompt) - 2))
+    print("MTP head: %d rows, guesses matching the prompt %d/%d, first draft %d" %
+          (len(mtp), hits, len(prompt) - 2, mtp_greedy[-1]))
+
+    os.makedirs(out, exist_ok=True)
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+    save_safetensors(os.path.join(out, "model.safetensors"), w)
+    json.dump({"model_type": cfg["model_type"], "prompt_ids": prompt, "next_token": next_token,
+               "mtp_logits": [[round(float(v), 6) for v in row] for row in mtp],
+               "mtp_greedy": mtp_greedy,
+               "note": "tools/make_mtp_golden.py: ../shared/goldens/hf/deepseek-v3 plus one random MTP layer; "
+                       "numpy reference of the DeepSeek-V3 MTP head (k = 1)"},
+              open(os.path.join(out, "golden.json"), "w"))
+
+
+if __name__ == "__main__":
+    main()
