@@ -249,7 +249,7 @@ struct RopeKvOp {
 // on the CPU. out: [n_tokens, n_head * head_dim] in out.dtype.
 // sinks [n_head] (gpt-oss; absent: none): head h's softmax denominator also
 // holds exp(sinks[h]), a logit without a value (the CPU: F32 KV only; CUDA:
-// not yet, asserted).
+// every kernel, F32 and F16 KV).
 struct AttentionOp {
   Tensor q, out;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;

@@ -590,6 +590,70 @@ TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
   }
 }
 
+// Sink logits (gpt-oss): head h's softmax denominator also holds
+// exp(sinks[h]). The CPU's sinks run over f32 KV only, so an f16 cache is
+// held to the CPU over f32 planes of the same (f16-rounded) values; the
+// tolerance is the f16 kernels' (the tensor-core prefill rounds q and the
+// probabilities to f16). Shapes: gpt-oss-20b's heads (64, 8 q heads per KV
+// head), the fast decode kernel's head-owning path (128, 4), 64 with 4, and
+// the HF golden's 16 (the general kernels); full and sliding (window 24:
+// the 300-key decode token's first split holds no key of its window). One
+// sink dominates (8), one vanishes (-20), the rest are the scores' size.
+// (The CPU instance runs f32 KV: its f16 kernels have no sinks.)
+TEST_P(BackendOps, AttentionWithSinksOverPagedKv) {
+  struct Shape {
+    int32_t n_head, n_head_kv, hd;
+  };
+  const int32_t shift = 4, n_blocks = 64;
+  const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 300}, {3, 17}, {40, 70}, {70, 70}};
+  for (const Shape sh : {Shape{8, 1, 64}, Shape{8, 2, 128}, Shape{8, 2, 64}, Shape{4, 2, 16}}) {
+    const int64_t Q = int64_t{sh.n_head} * sh.hd, KV = int64_t{sh.n_head_kv} * sh.hd, QKV = Q + 2 * KV;
+    std::vector<float> sinks = random_floats(sh.n_head, 16, -1, 3);
+    sinks[1] = 8.0f;
+    sinks[2] = -20.0f;
+    for (DType kv_t : {DType::kF32, DType::kF16}) {
+      if (kv_t == DType::kF16 && exact_) continue;  // the CPU's f16 kernels have no sinks
+      for (int32_t window : {0, 24}) {
+        std::vector<std::vector<float>> outs;
+        for (Side* s : {&ref_, &dev_}) {
+          const DType stored = s == &ref_ ? DType::kF32 : kv_t;
+          const HostStep hs(seqs, shift, n_blocks, 13, s->b->attention_routing(stored, sh.hd));
+          ASSERT_TRUE(s->b->reserve({hs.n_tokens, sh.n_head, sh.hd}).ok());
+          const StepMetadata md = hs.place(*s);
+          KvPlanes kv;
+          kv.view.dtype = stored;
+          kv.view.block_shift = shift;
+          kv.view.row_bytes = static_cast<size_t>(KV) * elem_bytes(stored);
+          kv.view.block_stride = kv.view.row_bytes << shift;
+          const int64_t n_elems = KV * (int64_t{1} << shift) * n_blocks;
+          const auto k = encode(stored, rounded(kv_t, random_floats(n_elems, 14)));
+          const auto v = encode(stored, rounded(kv_t, random_floats(n_elems, 15)));
+          kv.view.k = s->put(k.data(), k.size());
+          kv.view.v = s->put(v.data(), v.size());
+          AttentionOp op;
+          Tensor qkv = s->tensor(random_floats(hs.n_tokens * QKV, 17, -1, 1), hs.n_tokens, QKV, DType::kF32);
+          op.q = qkv.cols_from(0, Q);
+          op.out = s->tensor(std::vector<float>(hs.n_tokens * Q, NAN), hs.n_tokens, Q,
+                             s == &ref_ ? DType::kF32 : s->b->act_dtype());
+          op.n_head = sh.n_head;
+          op.n_head_kv = sh.n_head_kv;
+          op.head_dim = sh.hd;
+          op.scale = 1.0f / std::sqrt(static_cast<float>(sh.hd));
+          op.window = window;
+          op.kv = kv.view;
+          op.sinks = s->vec(sinks);
+          s->b->attention(op, md);
+          outs.push_back(s->read(op.out));
+        }
+        expect_close(outs[1], outs[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-5, act()),
+                     "attention with sinks, head_dim " + std::to_string(sh.hd) + ", " + std::to_string(sh.n_head) +
+                         "/" + std::to_string(sh.n_head_kv) + " heads, window " + std::to_string(window) + ", kv " +
+                         std::string(dtype_name(kv_t)));
+      }
+    }
+  }
+}
+
 // A step of three sequences over a pool of 3 slots + 3 checkpoints + 1
 // scratch, two layers (the op runs on layer 1): one from zeros with a
 // snapshot after its third token, a decode token from its slot, one

@@ -1,7 +1,8 @@
 // Paged attention on the device (split-KV decode and tiled prefill) against
 // cpu::attention on the same paged cache: f32 and f16 KV, GQA groups
 // 1/2/3/4/8, head_dim 16/64/96/128/256, sliding window, softcap, shuffled
-// block tables; decode through both the fast and the general kernel.
+// block tables; decode through both the fast and the general kernel;
+// gpt-oss's sink logits (f32 KV, every path).
 // Tolerance: 2e-5 absolute on outputs of magnitude <= 1 (f32 softmax and
 // sums in another order; no rounding of q or probabilities on either side),
 // plus one output rounding for bf16 outputs; 3e-3 for prefill rows on the
@@ -76,6 +77,7 @@ class Paged {
     p.window = c_.window;
     p.softcap = c_.softcap;
     p.kv_dtype = c_.kv;
+    if (!sinks_.empty()) p.sinks = sinks_.data();
     const size_t es = c_.kv == DType::kF32 ? 4 : 2;
     int32_t t0 = 0;
     for (size_t s = 0; s < seqs_.size(); ++s) {
@@ -116,6 +118,7 @@ class Paged {
     auto dt = upload(tables_), dts = upload(table_start_), dseq = upload(seq_of_), dpos = upload(pos_);
     auto ddec = upload(decode_tokens.empty() ? std::vector<int32_t>{0} : decode_tokens);
     auto dtiles = upload(tiles.empty() ? std::vector<PrefillTile>{{0, 0, 0}} : tiles);
+    auto dsinks = upload(sinks_.empty() ? std::vector<float>{0.0f} : sinks_);
     auto dpart =
         poisoned(attention_partial_floats(std::max<size_t>(1, decode_tokens.size()), c_.n_head, c_.head_dim) * 4);
     const size_t es = out_dtype == DType::kF32 ? 4 : 2;
@@ -129,6 +132,7 @@ class Paged {
     a.scale = 1.0f / std::sqrt(float(c_.head_dim));
     a.softcap = c_.softcap;
     a.window = c_.window;
+    a.sinks = sinks_.empty() ? nullptr : dsinks.as<float>();
     a.k_cache = dk.data();
     a.v_cache = dv.data();
     a.kv_dtype = c_.kv;
@@ -164,6 +168,10 @@ class Paged {
     return 2e-5;
   }
 
+  // Sink logits [n_head] (gpt-oss) on both sides; empty: none. The CPU's
+  // sinks run over f32 KV only.
+  void set_sinks(std::vector<float> sinks) { sinks_ = std::move(sinks); }
+
   int32_t first_token(int s) const {
     int32_t t = 0;
     for (int i = 0; i < s; ++i) t += seqs_[static_cast<size_t>(i)].q_len;
@@ -177,7 +185,7 @@ class Paged {
   int64_t row_elems_ = 0;
   std::vector<int32_t> tables_, table_start_, seq_of_, pos_;
   std::vector<uint8_t> k_, v_;
-  std::vector<float> q_;
+  std::vector<float> q_, sinks_;
 };
 
 TEST(CudaAttention, MatchesCpuOnPagedKv) {
@@ -241,6 +249,44 @@ TEST(CudaAttention, InKernelSplitMergeEqualsTheCombineKernel) {
     }
     const auto left = download<int32_t>(counts, static_cast<size_t>(n_decode * c.n_head_kv));
     for (int32_t v : left) ASSERT_EQ(v, 0);
+  }
+}
+
+// Sink logits (gpt-oss) against the CPU's f32 kernel on every f32 path:
+// the fast and the general decode kernel, split merges in the combine
+// kernel and in the decode kernels' last block (bit for bit the same), the
+// SIMT prefill; the shapes of the HF golden (head_dim 16) and of
+// gpt-oss-20b (64 heads over 8 KV heads of 64, window 128). One sink
+// dominates its head (8), one vanishes (-20). (f16 KV and the tensor-core
+// prefill: tests/backend/backend_ops_test.cpp.)
+TEST(CudaAttention, SinksMatchCpuOnEveryPath) {
+  RILL_REQUIRE_GPU();
+  const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {70, 70}, {1, 1}, {150, 400}, {1, 2050}};
+  const std::vector<Case> cases = {{64, 8, 64, 128, 0.0f, DType::kF32},
+                                   {8, 2, 128, 90, 0.0f, DType::kF32},
+                                   {4, 2, 16, 8, 0.0f, DType::kF32},
+                                   {8, 1, 64, 0, 0.0f, DType::kF32}};
+  for (const Case& c : cases) {
+    Paged p(c, seqs);
+    std::vector<float> sinks = random_floats(static_cast<size_t>(c.n_head), 23, -1, 3);
+    sinks[1] = 8.0f;
+    sinks[2] = -20.0f;
+    p.set_sinks(sinks);
+    const auto want = p.cpu_out();
+    int32_t n_decode = 0;
+    for (const SeqSpec& s : seqs) n_decode += s.q_len <= kDecodeMaxQ ? s.q_len : 0;
+    auto counts = upload(std::vector<int32_t>(static_cast<size_t>(n_decode * c.n_head_kv), 0));
+    for (bool general : {false, true}) {
+      const auto got = p.gpu_out(DType::kF32, {}, nullptr, general);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], p.tolerance(i))
+            << "sinks, heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim << " window " << c.window
+            << (general ? " general" : " fast") << " elem " << i;
+      }
+      const auto merged = p.gpu_out(DType::kF32, {}, counts.as<int32_t>(), general);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(merged[i], got[i]) << "in-kernel merge, elem " << i;
+    }
   }
 }
 

@@ -2,7 +2,9 @@
 // Both read K/V rows through the block tables; both keep scores and the
 // softmax in f32 with the CPU reference's order (scale, softcap, max
 // subtraction, exp, sum), and differ from it only by summation order (and
-// exp2 for expf in attention_decode.cu's main path).
+// exp2 for expf in attention_decode.cu's main path). Sink logits
+// (AttentionArgs::sinks) join each head's denominator where its output is
+// finished (detail::add_sink): once per head, outside the key loops.
 // Decode goes to attention_decode.cu's kernel where it supports the cache
 // (f16/f32, head_dim 64/128/256), else to the general kernel here.
 #include <cassert>
@@ -19,6 +21,7 @@
 namespace rill::cuda {
 namespace {
 
+using detail::add_sink;
 using detail::cache_row;
 using detail::from_f32;
 using detail::partial_at;
@@ -233,7 +236,9 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
         red[(0 * G + g) * hd + d] + red[(1 * G + g) * hd + d] + red[(2 * G + g) * hd + d] + red[(3 * G + g) * hd + d];
     if (n_splits == 1) {
       const int64_t h = kvh * G + g;
-      store_out(a.out_dtype, a.out, (static_cast<int64_t>(t) * a.n_head + h) * hd + d, s / l_s[g]);
+      float num = s, den = l_s[g];
+      if (a.sinks) num *= add_sink(a.sinks[h], m_s[g], den);
+      store_out(a.out_dtype, a.out, (static_cast<int64_t>(t) * a.n_head + h) * hd + d, num / den);
       continue;
     }
     float* part = partial_at(a, z, kvh * G + g, split);
@@ -391,7 +396,11 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a) {
     }
   }
   if (!row_ok) return;
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  if (a.sinks) {
+    const float corr = add_sink(a.sinks[h], m, l);
+    inv = corr / l;
+  }
   Out* out =
       static_cast<Out*>(a.out) + static_cast<int64_t>(tile.t0 + r) * a.n_head * hd + static_cast<int64_t>(h) * hd;
 #pragma unroll

@@ -18,6 +18,18 @@ __device__ __forceinline__ float softcap_score(float s, float softcap) {
   return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
 }
 
+// A sink logit joins a head's finished softmax state: the keys' sum l of
+// exp(s - m) (m their max; -inf without keys) becomes the sum over the keys
+// and the sink, both relative to max(m, sink); returns the factor the
+// output accumulator (relative to m) takes. Callers divide by the updated
+// l. The CPU's order (backend/cpu/attend_row_impl.h).
+__device__ __forceinline__ float add_sink(float sink, float m, float& l) {
+  const float m2 = fmaxf(m, sink);
+  const float corr = expf(m - m2);  // 0 without keys
+  l = l * corr + expf(sink - m2);
+  return corr;
+}
+
 // Splits of a decode token whose keys span [0, len): a function of len only
 // (batch invariance). Split s covers keys [s * split_len, (s + 1) * split_len).
 __host__ __device__ __forceinline__ int32_t splits_for(int32_t len) {
@@ -65,6 +77,11 @@ __device__ void merge_heads(const AttentionArgs& a, int z, int32_t t, int h0, in
       const float l = ls[g][s], w = expf(ms[g][s] - m);
       ws[g][s] = l > 0.0f ? w : -1.0f;  // -1: an empty split, skipped
       if (l > 0.0f) den += w * l;
+    }
+    if (a.sinks) {  // the sink joins the merged denominator
+      const float corr = add_sink(a.sinks[h0 + g], m, den);
+      inv_s[g] = corr / den;
+      continue;
     }
     inv_s[g] = den > 0.0f ? 1.0f / den : 0.0f;
   }

@@ -373,6 +373,7 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
     }
     const int h = kvh * kG + g;
     if (n_splits == 1) {
+      if (a.sinks) num *= detail::add_sink(a.sinks[h], mx, den);
       store_out(a.out_dtype, a.out, (static_cast<int64_t>(t) * a.n_head + h) * kHd + d, num / den);
     } else {
       float* part = partial_at(a, z, h, split);

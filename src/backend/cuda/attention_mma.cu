@@ -11,6 +11,7 @@
 // there between tiles.
 #include <mma.h>
 
+#include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
@@ -191,10 +192,11 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
     const int r = i / HD, d = i % HD;
     const int row = warp * 16 + r;
     if (row >= tile.n_q) continue;
-    const float l = l_s[row];
+    float l = l_s[row], o = o_w[r * L::kLdO + d];
+    if (a.sinks) o *= detail::add_sink(a.sinks[h], m_s[row], l);  // the sink joins the denominator
     Out* out =
         static_cast<Out*>(a.out) + static_cast<int64_t>(tile.t0 + row) * a.n_head * HD + static_cast<int64_t>(h) * HD;
-    out[d] = from_f32<Out>(l > 0.0f ? o_w[r * L::kLdO + d] / l : 0.0f);
+    out[d] = from_f32<Out>(l > 0.0f ? o / l : 0.0f);
   }
 }
 

@@ -431,8 +431,6 @@ class CudaBackend final : public Backend {
 
   void attention(const AttentionOp& op, const StepMetadata& step) override {
     assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && op.out.is_dense());
-    // Sink logits (gpt-oss) have no CUDA kernel yet; gpt_oss.cuda refuses at load.
-    assert(!op.sinks && "attention sinks are not implemented on CUDA");
     cuda::AttentionArgs a;
     a.q = op.q.f32();
     a.q_stride = op.q.stride;
@@ -442,6 +440,7 @@ class CudaBackend final : public Backend {
     a.scale = op.scale;
     a.softcap = op.softcap;
     a.window = op.window;
+    a.sinks = op.sinks.data;
     a.k_cache = op.kv.k;
     a.v_cache = op.kv.v;
     a.kv_dtype = op.kv.dtype;

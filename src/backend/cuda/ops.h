@@ -99,6 +99,11 @@ struct AttentionArgs {
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
   float scale = 1.0f, softcap = 0.0f;
   int32_t window = 0;
+  // [n_head] sink logits (gpt-oss), device memory: head h's softmax
+  // denominator also holds exp(sinks[h]), a logit without a value (the CPU
+  // f32 kernel's order: both rescaled to max(m, sink)). Null: none, and the
+  // kernels run exactly as without the field.
+  const float* sinks = nullptr;
   const void* k_cache = nullptr;
   const void* v_cache = nullptr;
   DType kv_dtype = DType::kF32;

@@ -62,8 +62,8 @@ Result<std::unique_ptr<Model>> create_qwen3_next_cuda_model(std::shared_ptr<cons
 
 // gpt-oss (gpt_oss): alternating sliding / full attention with sink
 // logits, YaRN, an MoE FFN with biases and the clamped SwiGLU on every
-// layer. gpt_oss.cpu: one graph (gpt_oss.cpp); gpt_oss.cuda refuses at load
-// until the CUDA kernels have sinks and the gpt-oss MoE.
+// layer. gpt_oss.cpu and gpt_oss.cuda: one graph (gpt_oss.cpp); the CUDA
+// one loads once the CUDA Backend's place_moe takes gpt-oss's experts.
 Result<std::unique_ptr<Model>> create_gpt_oss_cpu_model(std::shared_ptr<const ModelFiles> files,
                                                         const ModelOptions& options);
 Result<std::unique_ptr<Model>> create_gpt_oss_cuda_model(std::shared_ptr<const ModelFiles> files,

@@ -22,10 +22,12 @@
 //
 // One graph (GptOssGraph, place_gpt_oss, gpt_oss_forward) over Backend ops
 // (the MoE FFN: Backend::moe_ffn) runs on every device: the CPU runtime
-// (`gpt_oss.cpu`, a CpuPagedModel). The CPU keeps f32 KV (the CPU's sink attention is
-// the f32 kernel's). `gpt_oss.cuda` refuses at load for now (see its
-// factory). GGUF files (llama.cpp's `gpt-oss`) bind through the stacked
-// expert tensors, MXFP4 included.
+// (`gpt_oss.cpu`, a CpuPagedModel; f32 KV, the CPU's sink attention is the
+// f32 kernel's) and, under RILL_HAVE_CUDA, the CUDA runtime's glue
+// (`gpt_oss.cuda`, over model/cuda_model_base.h: f32 or f16 KV, every CUDA
+// attention kernel takes the sinks; the MoE layers are the CUDA Backend's
+// place_moe to accept or refuse). GGUF files (llama.cpp's `gpt-oss`) bind
+// through the stacked expert tensors, MXFP4 included.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -45,6 +47,11 @@
 #include "model/layers.h"
 #include "model/moe.h"
 #include "model/placement.h"
+
+#if RILL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "model/cuda_model_base.h"
+#endif
 
 namespace rill {
 namespace {
@@ -480,6 +487,84 @@ Status GptOssModel::forward(const Batch& batch, float* logits) {
                          Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
 }
 
+// --- The CUDA runtime's glue ------------------------------------------------------
+
+#if RILL_HAVE_CUDA
+// gpt_oss_forward on the CUDA Backend over the base's arena, step metadata
+// and KV planes (one per layer, in its sliding or full group), captured in
+// the base's decode graphs. The host weights (HF files: the experts'
+// transposed copies) live only through init: placement copies them to the
+// device.
+class GptOssCudaModel final : public CudaModelBase {
+ public:
+  explicit GptOssCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
+  Status init(const ModelOptions& options);
+  std::vector<KvLayer> kv_layers() const override {
+    return graph_.kv_layers(kv_dtype_, static_cast<size_t>(KV_) * cuda_dtype_size(kv_dtype_));
+  }
+
+ private:
+  void carve_activations(cuda::Arena& a) override;
+  Status run_layers(const Step& s) override;
+
+  GptOssGraph graph_;
+  GptOssActivations act_views_;        // over the arena
+  std::vector<KvCacheView> kv_views_;  // per layer
+};
+
+Status GptOssCudaModel::init(const ModelOptions& options) {
+  RILL_TRY(read_dims());  // the CUDA kernels' limits (head_dim, heads per KV head)
+  // The sinks are in the f32 / f16 KV kernels: a quantized KV type is
+  // refused rather than run without them.
+  if (!options.kv_types.empty()) {
+    RILL_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> types, options.kv_types.resolve(cfg_.n_layer, DType::kF16));
+    for (const KvLayerTypes& t : types) {
+      if (t.k.quantized() || t.v.quantized() || t.k.rotated || t.v.rotated) {
+        return Error{files_->path + ": gpt-oss on CUDA keeps float KV (its attention sinks run in the f32 / f16 " +
+                     "kernels), not " + kv_type_name(t.k) + "/" + kv_type_name(t.v) + "; drop --kv-type / --kv-config"};
+      }
+    }
+  }
+  RILL_TRY(create_context());
+  constexpr int64_t kMaxHeadDim = 256;  // read_dims' limit
+  RILL_ASSIGN_OR_RETURN(const GptOssWeights w, bind_gpt_oss(*files_, kMaxHeadDim));
+  // The activation and KV dtypes follow the attention matrices and the
+  // float experts; MXFP4 experts are place_moe's to take or refuse.
+  std::vector<const WeightView*> mats, experts;
+  for (const GptOssLayerWeights& L : w.layers) {
+    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o}) mats.push_back(&l->w);
+    L.moe.collect_weights(&experts);
+  }
+  for (const WeightView* e : experts) {
+    if (e->dtype != DType::kMXFP4) mats.push_back(e);
+  }
+  RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(files_->path, mats, w.embed));
+  act_ = dt.act;
+  kv_dtype_ = dt.kv;  // f32 checkpoints keep f32 KV (as the CPU)
+  RILL_TRY(create_backend(options));
+  RILL_ASSIGN_OR_RETURN(graph_, place_gpt_oss(*backend_, cfg_, w));
+  kv_spec_ = graph_.make_kv_spec();
+  RILL_TRY(init_runtime(options));  // refuses KV types other than kv_dtype_ (f32 / f16: the kernels with sinks)
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) kv_views_.push_back(kv_view(static_cast<size_t>(l)));
+  return Status::Ok();
+}
+
+void GptOssCudaModel::carve_activations(cuda::Arena& a) {
+  const int64_t T = max_batch_tokens(), S = max_batch_seqs();
+  act_views_.x = carve_tensor(a, DType::kF32, T, graph_.E);
+  act_views_.h = carve_tensor(a, act_, T, graph_.E);
+  act_views_.qkv = carve_tensor(a, DType::kF32, T, graph_.qkv_width());
+  act_views_.attn = carve_tensor(a, act_, T, graph_.Q);
+  act_views_.final_rows = carve_tensor(a, act_, S, graph_.E);
+  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
+}
+
+Status GptOssCudaModel::run_layers(const Step& s) {
+  const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.V);
+  return gpt_oss_forward(*backend_, graph_, step_metadata(s), act_views_, kv_views_, logits);
+}
+#endif  // RILL_HAVE_CUDA
+
 }  // namespace
 
 Result<std::unique_ptr<Model>> create_gpt_oss_cpu_model(std::shared_ptr<const ModelFiles> files,
@@ -487,17 +572,13 @@ Result<std::unique_ptr<Model>> create_gpt_oss_cpu_model(std::shared_ptr<const Mo
   return init_model(std::make_unique<GptOssModel>(std::move(files), options), options);
 }
 
-// Not yet: the CUDA attention kernels have no sink logits, the CUDA MoE
-// (backend/cuda/moe_ffn.h) no expert biases, top-k-then-softmax routing nor the clamped SwiGLU, and
-// MXFP4 no CUDA kernels; refused at load rather than run without them.
 Result<std::unique_ptr<Model>> create_gpt_oss_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                          const ModelOptions& options) {
-  (void)options;
 #if RILL_HAVE_CUDA
-  return Error{files->path + ": gpt_oss.cuda is not implemented yet (CUDA attention sinks and the gpt-oss MoE); " +
-               "use --device cpu"};
+  return init_model(std::make_unique<GptOssCudaModel>(std::move(files)), options);
 #else
   (void)files;
+  (void)options;
   return cuda_not_built();
 #endif
 }
