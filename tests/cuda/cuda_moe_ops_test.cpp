@@ -79,11 +79,20 @@ void host_route(const float* l, int32_t X, int32_t K, bool norm, int32_t* ids, f
   }
 }
 
+// The softmax router of Mixtral / Qwen3-MoE (MoeRouter's defaults).
+cuda::MoeRouter softmax_router(int32_t X, int32_t K, bool norm) {
+  cuda::MoeRouter m;
+  m.n_expert = X;
+  m.n_expert_used = K;
+  m.norm_topk_prob = norm;
+  return m;
+}
+
 void check_route(int64_t n, int32_t X, int32_t K, bool norm, int32_t pad, uint32_t seed) {
   const std::vector<float> logits = random_floats(static_cast<size_t>(n * X), seed, -3.0f, 3.0f);
   cuda::DeviceBuffer dl = upload(logits);
   DeviceRouting d(n, X, K);
-  cuda::moe_route(dl.as<float>(), n, X, K, norm, pad, d.r, nullptr);
+  cuda::moe_route(dl.as<float>(), n, softmax_router(X, K, norm), pad, d.r, nullptr);
   const size_t pairs = static_cast<size_t>(n * K);
   const auto ids = download<int32_t>(d.ids, pairs);
   const auto ws = download<float>(d.weights, pairs);
@@ -139,12 +148,12 @@ std::vector<float> run_gemv(DType dt, const std::vector<float>& w, int32_t X, in
   cuda::DeviceBuffer dx = upload(cuda::testing::encode(dt, std::vector<float>(x.begin(), x.begin() + n * cols)));
   cuda::DeviceBuffer dl = upload(std::vector<float>(logits.begin(), logits.begin() + n * X));
   DeviceRouting d(n, X, K);
-  cuda::moe_route(dl.as<float>(), n, X, K, true, 1, d.r, nullptr);
+  cuda::moe_route(dl.as<float>(), n, softmax_router(X, K, true), 1, d.r, nullptr);
   cuda::DeviceBuffer y = poisoned(static_cast<size_t>(n * K * rows) * 4);
   const size_t es = dt == DType::kF32 ? 4 : 2;
   const cuda::MoeExperts ex{dw.data(), dt, static_cast<size_t>(rows * cols) * es, rows, cols};
-  cuda::moe_gemv(ex, dx.data(), K, d.r, static_cast<int32_t>(std::min<int64_t>(n * K, X)), y.as<float>(), tensor_cores,
-                 nullptr);
+  cuda::moe_gemv(ex, dx.data(), dt, K, d.r, static_cast<int32_t>(std::min<int64_t>(n * K, X)), y.as<float>(),
+                 tensor_cores, nullptr);
   return download<float>(y, static_cast<size_t>(n * K * rows));
 }
 

@@ -1,7 +1,9 @@
 // The CUDA Llama against Hugging Face and against the CPU Llama:
 //  - the ../shared/goldens/hf Llama families, mixtures of experts included
-//    (mixtral, qwen3-moe: through the CUDA Backend's moe_ffn; their many-token
-//    batch invariance is moe_cuda_test.cpp) (f32 weights): logits within 1e-3 of
+//    (mixtral, qwen3-moe; glm4-moe: the sigmoid router with its correction
+//    bias, an ungated shared expert, a first dense layer, partial rotary
+//    0.5 and q/k norms; all through the CUDA Backend's moe_ffn; their
+//    many-token batch invariance is moe_cuda_test.cpp) (f32 weights): logits within 1e-3 of
 //    transformers at every prompt position (prompt prefilled in chunks of
 //    7 tokens) and the greedy continuation identical, as on the CPU;
 //  - the same models converted to bf16 in memory: GPU (bf16 activations)
@@ -184,7 +186,7 @@ TEST_P(CudaHf, DecodeRowIsBatchInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(LlamaFamily, CudaHf,
                          ::testing::Values("llama", "llama3-tied", "mistral-swa", "qwen2", "qwen3", "mixtral",
-                                           "qwen3-moe"),
+                                           "qwen3-moe", "glm4-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

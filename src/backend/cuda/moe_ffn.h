@@ -1,10 +1,15 @@
 #pragma once
 // The mixture-of-experts FFN on a CUDA device: the CUDA Backend's moe_ffn
-// (backend/backend.h; the CPU reference is backend/cpu/moe.h). It runs the
-// softmax router (top-k, norm_topk_prob), routed experts computed per token
-// group (never a dense pass over all experts) and an optional shared expert
-// with its sigmoid gate; the other MoeParams options are refused at
-// placement (cuda_backend.cpp).
+// (backend/backend.h; the CPU reference is backend/cpu/moe.h). It runs
+// every router of MoeParams on the device (softmax top-k with
+// norm_topk_prob; DeepSeek / GLM's sigmoid scores with the correction bias,
+// group-limited choice and routed_scaling_factor; gpt-oss's top-k then
+// softmax with the router's bias; Gemma 4's per-expert scales), SwiGLU,
+// GeGLU or gpt-oss's clamped SwiGLU experts with optional biases, routed
+// experts computed per token group (never a dense pass over all experts)
+// and an optional shared expert, gated by a sigmoid or not. Routed experts
+// stay in their GGUF blocks where the kernels decode them (MXFP4, Q8_0, ...;
+// quant.h), else in the activation dtype.
 //
 // Two ways through a layer:
 //  - device routing (decode steps, CUDA-graph safe): the router GEMM, then
@@ -27,7 +32,9 @@
 // (gemm_invariant).
 // F32 weights always take the first: every f32 matmul is the fixed-order
 // GEMV anyway (cuda/gemm.h), so a token's result is then the same in a
-// decode step, a prefill chunk or a mixed step.
+// decode step, a prefill chunk or a mixed step. Quantized experts also
+// always take it (the expert-indexed GEMV decodes their blocks; there is no
+// grouped GEMM over blocks yet), so they are batch invariant too.
 // Both add the result into the f32 residual stream x, so the FFN's residual
 // add costs nothing. Tokens go in chunks of at most kMaxChunk (scratch is
 // sized for one chunk when the backend's scratch is carved; nothing
@@ -44,15 +51,22 @@
 
 namespace rill {
 
-// One MoE layer's weights in device memory (matrices in the activation dtype).
+// One MoE layer's weights in device memory (the router and shared expert
+// in the activation dtype; the routed experts in it or in their quantized
+// blocks). Vectors f32, null when absent.
 struct CudaMoeWeights {
   MoeParams p;
-  cuda::DeviceWeight router;          // [X, E]
-  cuda::MoeExperts gate_up;           // X x [2F, E]: gate rows, then up rows
-  cuda::MoeExperts down;              // X x [E, F]
-  cuda::DeviceWeight shared_gate_up;  // [2 Fs, E]; data null without a shared expert
-  cuda::DeviceWeight shared_down;     // [E, Fs]
-  cuda::DeviceWeight shared_gate;     // [1, E]
+  cuda::DeviceWeight router;            // [X, E]
+  const float* router_bias = nullptr;   // [X]: added to the logits
+  const float* score_bias = nullptr;    // [X]: the choice's correction bias
+  const float* expert_scale = nullptr;  // [X]: times each chosen expert's weight
+  cuda::MoeExperts gate_up;             // X x [2F, E]: gate rows, then up rows
+  cuda::MoeExperts down;                // X x [E, F]
+  const float* gate_up_bias = nullptr;  // [X, 2F]: gate biases, then up biases
+  const float* down_bias = nullptr;     // [X, E]
+  cuda::DeviceWeight shared_gate_up;    // [2 Fs, E]; data null without a shared expert
+  cuda::DeviceWeight shared_down;       // [E, Fs]
+  cuda::DeviceWeight shared_gate;       // [1, E]; data null: ungated (weight 1)
 };
 
 // Scratch and forward, shared by a model's MoE layers (they run one at a
@@ -74,15 +88,22 @@ class CudaMoe {
   // pass, then the real one).
   void carve(cuda::Arena& a, int64_t max_tokens);
 
-  // x[t] += MoE(h[t]) for n tokens. h: [n, E] in the activation dtype,
-  // x: [n, E] f32. decode_only: the step may be captured in a CUDA graph
-  // (no prefill tiles): device routing. Otherwise the grouped GEMMs (which
-  // synchronize the stream) unless the weights are f32.
-  Status forward(const CudaMoeWeights& w, const void* h, int64_t n, bool decode_only, float* x, cuda::Gemm& gemm,
-                 cudaStream_t stream);
+  // x[t] (+)= MoE(h[t]) for n tokens, the router reading router_h[t]
+  // (h itself but for Gemma 4). router_h, h: [n, E] in the activation
+  // dtype, x: [n, E] f32 (accumulate: added to, else overwritten).
+  // decode_only: the step may be captured in a CUDA graph (no prefill
+  // tiles): device routing. Otherwise the grouped GEMMs (which synchronize
+  // the stream) unless the experts are f32 or quantized.
+  Status forward(const CudaMoeWeights& w, const void* router_h, const void* h, int64_t n, bool decode_only, float* x,
+                 bool accumulate, cuda::Gemm& gemm, cudaStream_t stream);
 
  private:
   Status experts_grouped(const CudaMoeWeights& w, const void* h, int64_t n, cuda::Gemm& gemm, cudaStream_t stream);
+  // mid = act(gate) * up over n_rows rows of gu (the layer's activation; a
+  // row's expert for the biases from the routing: pair rows, or the
+  // grouped path's padded rows).
+  void activate(const CudaMoeWeights& w, const float* gu, int64_t n_rows, int64_t n_ff, bool routed, bool grouped,
+                void* mid, cudaStream_t stream) const;
 
   MoeParams p_;
   DType act_ = DType::kBF16;
