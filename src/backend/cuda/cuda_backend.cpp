@@ -259,6 +259,7 @@ class CudaBackend final : public Backend {
   Result<MoeWeight> place_moe(const HostMoe& h, const std::string& what) override {
     RILL_TRY(check_cuda_moe(h, what));
     const MoeParams& p = h.p;
+    const DType gu_t = expert_dtype(h, true, act_), dn_t = expert_dtype(h, false, act_);
     if (pass_ != Pass::kSizing) {  // the layers share one CudaMoe, sized for the largest of each width
       MoeParams m = moe_.initialized() ? moe_.params() : p;
       m.n_embd = std::max(m.n_embd, p.n_embd);
@@ -266,14 +267,14 @@ class CudaBackend final : public Backend {
       m.n_expert_used = std::max(m.n_expert_used, p.n_expert_used);
       m.n_ff = std::max(m.n_ff, p.n_ff);
       m.n_ff_shared = std::max(m.n_ff_shared, p.n_ff_shared);
+      const bool quantized = (moe_.initialized() && moe_.quantized_experts()) || gu_t != act_ || dn_t != act_;
       if (!moe_.initialized() || m.n_embd != moe_.params().n_embd || m.n_expert != moe_.params().n_expert ||
           m.n_expert_used != moe_.params().n_expert_used || m.n_ff != moe_.params().n_ff ||
-          m.n_ff_shared != moe_.params().n_ff_shared) {
-        RILL_TRY(moe_.init(m, act_));
+          m.n_ff_shared != moe_.params().n_ff_shared || quantized != moe_.quantized_experts()) {
+        RILL_TRY(moe_.init(m, act_, quantized));
       }
     }
     const int64_t X = p.n_expert, E = p.n_embd, F = p.n_ff;
-    const DType gu_t = expert_dtype(h, true, act_), dn_t = expert_dtype(h, false, act_);
     // Each expert's matrices start 16-byte aligned (the float GEMV's vector loads).
     auto aligned = [](size_t b) { return (b + 15) / 16 * 16; };
     const size_t gu_bytes = aligned(row_bytes(gu_t, E) * static_cast<size_t>(2 * F));

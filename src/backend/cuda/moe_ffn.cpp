@@ -14,9 +14,10 @@ size_t dtype_size(DType t) {
 
 }  // namespace
 
-Status CudaMoe::init(const MoeParams& p, DType act) {
+Status CudaMoe::init(const MoeParams& p, DType act, bool quantized_experts) {
   p_ = p;
   act_ = act;
+  quantized_ = quantized_experts;
   RILL_ASSIGN_OR_RETURN(padded_host_,
                         cuda::PinnedBuffer::allocate(static_cast<size_t>(p.n_expert + 1) * 4, "the MoE row counts"));
   return Status::Ok();
@@ -43,6 +44,7 @@ void CudaMoe::carve(cuda::Arena& a, int64_t max_tokens) {
   gu_ = a.take<float>(R * static_cast<size_t>(2 * F));
   mid_ = a.take<uint8_t>(R * static_cast<size_t>(F) * as);
   y_ = a.take<float>(R * static_cast<size_t>(E));
+  if (quantized_) wq_ = a.take<uint8_t>(static_cast<size_t>(2 * F * E) * as);
   if (Fs > 0) {
     shared_gu_ = a.take<float>(C * static_cast<size_t>(2 * Fs));
     shared_mid_ = a.take<uint8_t>(C * static_cast<size_t>(Fs) * as);
@@ -83,8 +85,7 @@ Status CudaMoe::forward(const CudaMoeWeights& w, const void* router_h, const voi
   // fixed-order expert kernels (tensor cores where moe_mma_supported) at
   // every token count, never the grouped cuBLASLt GEMMs.
   const bool invariant = gemm.batch_invariant();
-  const bool quantized = dtype_info(w.gate_up.dtype).quantized || dtype_info(w.down.dtype).quantized;
-  const bool device_routing = invariant || decode_only || act_ == DType::kF32 || quantized;
+  const bool device_routing = invariant || decode_only || act_ == DType::kF32;
   const int64_t X = p.n_expert, K = p.n_expert_used, E = p.n_embd, F = p.n_ff, Fs = p.n_ff_shared;
   const size_t as = dtype_size(act_);
   cuda::MoeRouter router;
@@ -149,20 +150,26 @@ Status CudaMoe::experts_grouped(const CudaMoeWeights& w, const void* h, int64_t 
   cuda::moe_gather(act_, h, m, static_cast<int32_t>(K), E, routing_.row_of_pair, xg_, stream);
   auto* xg = static_cast<uint8_t*>(xg_);
   auto* mid = static_cast<uint8_t*>(mid_);
-  const auto* wgu = static_cast<const uint8_t*>(w.gate_up.data);
-  const auto* wdn = static_cast<const uint8_t*>(w.down.data);
+  // An expert in quantized blocks is dequantized to act into wq_ first
+  // (the stream orders each use of wq_ after the GEMM before it).
+  auto matrix = [&](const cuda::MoeExperts& x, int64_t e) -> const void* {
+    const uint8_t* at = static_cast<const uint8_t*>(x.data) + static_cast<size_t>(e) * x.stride;
+    if (!dtype_info(x.dtype).quantized) return at;
+    cuda::dequantize_rows(x.dtype, at, x.n_cols, 0, x.n_rows, act_, wq_, stream);
+    return wq_;
+  };
   for (int64_t e = 0; e < X; ++e) {
     const int64_t r0 = padded[e], rows = padded[e + 1] - r0;
     if (rows == 0) continue;
-    RILL_TRY(gemm.matmul(act_, wgu + static_cast<size_t>(e) * w.gate_up.stride, xg + static_cast<size_t>(r0 * E) * as,
-                         rows, 2 * F, E, gu_ + r0 * 2 * F, false));
+    RILL_TRY(gemm.matmul(act_, matrix(w.gate_up, e), xg + static_cast<size_t>(r0 * E) * as, rows, 2 * F, E,
+                         gu_ + r0 * 2 * F, false));
   }
   activate(w, gu_, padded[X], F, true, true, mid_, stream);
   for (int64_t e = 0; e < X; ++e) {
     const int64_t r0 = padded[e], rows = padded[e + 1] - r0;
     if (rows == 0) continue;
-    RILL_TRY(gemm.matmul(act_, wdn + static_cast<size_t>(e) * w.down.stride, mid + static_cast<size_t>(r0 * F) * as,
-                         rows, E, F, y_ + r0 * E, false));
+    RILL_TRY(
+        gemm.matmul(act_, matrix(w.down, e), mid + static_cast<size_t>(r0 * F) * as, rows, E, F, y_ + r0 * E, false));
   }
   return Status::Ok();
 }

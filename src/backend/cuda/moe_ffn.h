@@ -32,9 +32,10 @@
 // (gemm_invariant).
 // F32 weights always take the first: every f32 matmul is the fixed-order
 // GEMV anyway (cuda/gemm.h), so a token's result is then the same in a
-// decode step, a prefill chunk or a mixed step. Quantized experts also
-// always take it (the expert-indexed GEMV decodes their blocks; there is no
-// grouped GEMM over blocks yet), so they are batch invariant too.
+// decode step, a prefill chunk or a mixed step. Quantized experts (GGUF
+// blocks: MXFP4, ...) go through the same two ways: the expert-indexed GEMV
+// decodes their blocks; the grouped path dequantizes each active expert to
+// the activation dtype into one expert's scratch before its GEMM.
 // Both add the result into the f32 residual stream x, so the FFN's residual
 // add costs nothing. Tokens go in chunks of at most kMaxChunk (scratch is
 // sized for one chunk when the backend's scratch is carved; nothing
@@ -79,9 +80,12 @@ class CudaMoe {
   static constexpr int64_t kMmaMinTokens = 2;
 
   // p: the layers' largest widths (n_embd, n_expert, n_expert_used, n_ff,
-  // n_ff_shared); act: the activation dtype. Allocates the pinned row
-  // counts (again when called again).
-  Status init(const MoeParams& p, DType act);
+  // n_ff_shared); act: the activation dtype; quantized_experts: some
+  // layer keeps its experts in quantized blocks (carve() then adds one
+  // expert's dequantization scratch). Allocates the pinned row counts
+  // (again when called again).
+  Status init(const MoeParams& p, DType act, bool quantized_experts);
+  bool quantized_experts() const { return quantized_; }
   bool initialized() const { return padded_host_.data() != nullptr; }
   const MoeParams& params() const { return p_; }
   // Activation scratch for steps of up to max_tokens tokens (arena sizing
@@ -93,7 +97,7 @@ class CudaMoe {
   // dtype, x: [n, E] f32 (accumulate: added to, else overwritten).
   // decode_only: the step may be captured in a CUDA graph (no prefill
   // tiles): device routing. Otherwise the grouped GEMMs (which synchronize
-  // the stream) unless the experts are f32 or quantized.
+  // the stream) unless the weights are f32.
   Status forward(const CudaMoeWeights& w, const void* router_h, const void* h, int64_t n, bool decode_only, float* x,
                  bool accumulate, cuda::Gemm& gemm, cudaStream_t stream);
 
@@ -107,6 +111,7 @@ class CudaMoe {
 
   MoeParams p_;
   DType act_ = DType::kBF16;
+  bool quantized_ = false;
   // The decode path's bf16/f16 experts run on tensor cores from
   // kMmaMinTokens tokens on, the CUDA-core GEMV below (on the H200 with
   // moe-7b-a1b the GEMV was 2.4% faster at one token, tensor cores 6%
@@ -120,6 +125,7 @@ class CudaMoe {
   float* gu_ = nullptr;             // [rows, 2F]
   void* mid_ = nullptr;             // [rows, F] act: silu(gate) * up
   float* y_ = nullptr;              // [rows, E]: expert outputs
+  void* wq_ = nullptr;              // [2F, E] act: one quantized expert's matrix, dequantized (grouped path)
   float* shared_gu_ = nullptr;      // [chunk, 2 Fs]
   void* shared_mid_ = nullptr;      // [chunk, Fs] act
   float* shared_y_ = nullptr;       // [chunk, E]
