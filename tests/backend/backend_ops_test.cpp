@@ -18,7 +18,7 @@
 //  - quantized weights: the CPU quantizes x to the llama.cpp partner type
 //    (Q8_0 / Q8_K), CUDA multiplies its act values: 3e-2;
 //  - the MoE FFN: f32 1e-4; bf16 / f16 (CUDA rounds the experts' GLU output
-//    to act before down): 2e-2.
+//    to act before down): 2e-2; MXFP4 experts as quantized weights, 3e-2.
 // The CPU Backend itself is held to the CPU kernels in cpu_backend_test.cpp.
 #include <gtest/gtest.h>
 
@@ -815,78 +815,183 @@ TEST_P(BackendOps, MultiHeadLatentAttention) {
   }
 }
 
-// A random MoE layer (softmax top-k, renormalised, SwiGLU experts, with or
-// without a gated shared expert), its matrices in dtype t.
+// The MoE layers of the families, small and random:
+//  kSoftmax:  softmax top-k, renormalised, SwiGLU experts (Mixtral, Qwen3-MoE),
+//             with or without a sigmoid-gated shared expert (Qwen3-Next);
+//  kDeepSeek: sigmoid scores, score correction bias, 4 groups of 2 experts
+//             with 2 kept, renormalised, routed_scaling_factor 2.5 and an
+//             ungated shared expert (DeepSeek-V3, GLM-4.5 / GLM-5);
+//  kGptOss:   the router's bias, top-k then softmax, clamped SwiGLU (alpha
+//             1.702, limit 7), biases on every expert's gate/up/down;
+//  kGemma4:   GeGLU experts, per-expert scales, the router reading its own
+//             input, the output overwritten (not accumulated);
+//  kGptOssMxfp4: kGptOss with its expert matrices in MXFP4 (gpt-oss's GGUF).
+enum class MoeVariant { kSoftmax, kDeepSeek, kGptOss, kGemma4, kGptOssMxfp4 };
+
 struct RandomMoeLayer {
   MoeParams p;
   std::vector<std::vector<uint8_t>> store;
+  std::vector<std::vector<float>> vectors;
   HostMoe host;
   HostMatrix mat(int64_t rows, int64_t cols, DType t, uint32_t seed) {
-    store.push_back(encode(t, random_floats(rows * cols, seed, -0.5f, 0.5f)));
+    if (dtype_info(t).quantized) {
+      store.push_back(cpu::testing::random_weight_rows(t, rows, cols, seed));
+    } else {
+      store.push_back(encode(t, random_floats(rows * cols, seed, -0.5f, 0.5f)));
+    }
     return {store.back().data(), t, rows, cols, row_bytes(t, cols)};
   }
-  RandomMoeLayer(int64_t n_ff_shared, DType t) {
+  const float* vec(int64_t n, uint32_t seed, float lo, float hi) {
+    vectors.push_back(random_floats(n, seed, lo, hi));
+    return vectors.back().data();
+  }
+  RandomMoeLayer(int64_t n_ff_shared, DType t, MoeVariant v = MoeVariant::kSoftmax) {
+    const bool oss = v == MoeVariant::kGptOss || v == MoeVariant::kGptOssMxfp4;
     p.n_embd = 64;
     p.n_expert = 8;
-    p.n_expert_used = 2;
-    p.n_ff = 40;
+    p.n_expert_used = v == MoeVariant::kDeepSeek ? 3 : 2;
+    p.n_ff = v == MoeVariant::kGptOssMxfp4 ? 64 : 40;  // MXFP4 rows: whole blocks of 32
     p.n_ff_shared = n_ff_shared;
+    if (v == MoeVariant::kDeepSeek) {
+      p.sigmoid_scores = true;
+      p.n_group = 4;
+      p.topk_group = 2;
+      p.routed_scaling_factor = 2.5f;
+      p.shared_gate = false;
+    }
+    if (oss) {
+      p.softmax_after_topk = true;
+      p.swiglu_limit = 7.0f;
+      p.swiglu_alpha = 1.702f;
+    }
+    p.gelu_tanh = v == MoeVariant::kGemma4;
+    const DType et = v == MoeVariant::kGptOssMxfp4 ? DType::kMXFP4 : t;
     store.reserve(static_cast<size_t>(3 * p.n_expert + 5));  // the matrices keep their addresses
+    vectors.reserve(static_cast<size_t>(3 * p.n_expert + 5));
     host.p = p;
     host.router = mat(p.n_expert, p.n_embd, t, 800);
     for (int64_t e = 0; e < p.n_expert; ++e) {
       const auto seed = static_cast<uint32_t>(810 + 3 * e);
       host.experts.push_back(
-          {mat(p.n_ff, p.n_embd, t, seed), mat(p.n_ff, p.n_embd, t, seed + 1), mat(p.n_embd, p.n_ff, t, seed + 2)});
+          {mat(p.n_ff, p.n_embd, et, seed), mat(p.n_ff, p.n_embd, et, seed + 1), mat(p.n_embd, p.n_ff, et, seed + 2)});
+      if (oss) {
+        HostExpert& x = host.experts.back();
+        x.gate_bias = vec(p.n_ff, seed + 100, -1, 1);
+        x.up_bias = vec(p.n_ff, seed + 101, -1, 1);
+        x.down_bias = vec(p.n_embd, seed + 102, -1, 1);
+      }
     }
     if (n_ff_shared > 0) {
       host.shared = HostExpert{mat(n_ff_shared, p.n_embd, t, 850), mat(n_ff_shared, p.n_embd, t, 851),
                                mat(p.n_embd, n_ff_shared, t, 852)};
-      host.shared_gate = mat(1, p.n_embd, t, 853);
+      if (p.shared_gate) host.shared_gate = mat(1, p.n_embd, t, 853);
     }
+    if (oss) host.router_bias = vec(p.n_expert, 870, -1, 1);
+    if (v == MoeVariant::kDeepSeek) host.score_bias = vec(p.n_expert, 871, -0.2f, 0.2f);
+    if (v == MoeVariant::kGemma4) host.expert_scale = vec(p.n_expert, 872, 0.5f, 2.0f);
   }
 };
 
-// out += MoE(in) for a decode step (CUDA: device routing) and a prefill step
-// (CUDA: the grouped GEMMs for bf16/f16), with and without a shared expert.
-// CUDA rounds act(gate) * up to act before down and multiplies in act.
-TEST_P(BackendOps, MoeFfnRoutedAndSharedExperts) {
+const char* variant_name(MoeVariant v) {
+  switch (v) {
+    case MoeVariant::kSoftmax:
+      return "softmax";
+    case MoeVariant::kDeepSeek:
+      return "deepseek sigmoid groups";
+    case MoeVariant::kGptOss:
+      return "gpt-oss";
+    case MoeVariant::kGemma4:
+      return "gemma4 geglu";
+    case MoeVariant::kGptOssMxfp4:
+      return "gpt-oss mxfp4";
+  }
+  return "?";
+}
+
+// out (+)= MoE(in) of one variant for a decode step (CUDA: device routing)
+// and a prefill step (CUDA: the grouped GEMMs for bf16/f16 float experts),
+// both backends from the same inputs. Gemma 4's router reads its own input
+// and the output is overwritten.
+void run_moe_case(Side& ref, Side& dev, MoeVariant v, int64_t shared, DType act, double tol) {
   const int64_t n = 23, E = 64;
-  for (int64_t shared : {int64_t{0}, int64_t{48}}) {
-    const RandomMoeLayer layer(shared, act());
-    const auto in = rounded(act(), random_floats(n * E, 860, -2, 2));
-    const auto residual = random_floats(n * E, 861);
-    for (bool prefill : {false, true}) {
-      std::vector<std::vector<float>> outs;
-      for (Side* s : {&ref_, &dev_}) {
-        auto w = s->b->place_moe(layer.host, "test MoE layer");
-        ASSERT_TRUE(w.ok()) << w.error().message;
-        ASSERT_TRUE(s->b->reserve({n, 1, 64}).ok());
-        const Tensor x = s->tensor(in, n, E, s == &ref_ ? DType::kF32 : act());
-        Tensor out = s->tensor(residual, n, E, DType::kF32);
-        StepMetadata step;
-        step.n_tokens = static_cast<int32_t>(n);
-        step.n_tiles = prefill ? 1 : 0;  // only the routing is read
-        const Status st = s->b->moe_ffn(*w, x, x, out, true, step);
-        ASSERT_TRUE(st.ok()) << st.error().message;
-        outs.push_back(s->read(out));
-      }
-      const std::string what = "moe_ffn shared " + std::to_string(shared) + (prefill ? " prefill" : " decode");
-      expect_close(outs[1], outs[0], exact_ ? 0 : act() == DType::kF32 ? 1e-4 : 2e-2, what);
+  const RandomMoeLayer layer(shared, act, v);
+  const bool gemma = v == MoeVariant::kGemma4;
+  const auto in = rounded(act, random_floats(n * E, 860, -2, 2));
+  const auto router_in = rounded(act, random_floats(n * E, 862, -2, 2));
+  const auto residual = random_floats(n * E, 861);
+  for (bool prefill : {false, true}) {
+    std::vector<std::vector<float>> outs;
+    for (Side* s : {&ref, &dev}) {
+      auto w = s->b->place_moe(layer.host, "test MoE layer");
+      ASSERT_TRUE(w.ok()) << w.error().message;
+      ASSERT_TRUE(s->b->reserve({n, 1, 64}).ok());
+      const DType t = s == &ref ? DType::kF32 : act;
+      const Tensor x = s->tensor(in, n, E, t);
+      const Tensor r = gemma ? s->tensor(router_in, n, E, t) : x;
+      Tensor out = s->tensor(residual, n, E, DType::kF32);
+      StepMetadata step;
+      step.n_tokens = static_cast<int32_t>(n);
+      step.n_tiles = prefill ? 1 : 0;  // only the routing is read
+      const Status st = s->b->moe_ffn(*w, r, x, out, !gemma, step);
+      ASSERT_TRUE(st.ok()) << st.error().message;
+      outs.push_back(s->read(out));
     }
+    const std::string what = std::string("moe_ffn ") + variant_name(v) + " shared " + std::to_string(shared) +
+                             (prefill ? " prefill" : " decode");
+    expect_close(outs[1], outs[0], tol, what);
   }
 }
 
-// Options a Backend does not run are refused at placement, by name.
+// CUDA rounds act(gate) * up to act before down and multiplies in act.
+TEST_P(BackendOps, MoeFfnRoutedAndSharedExperts) {
+  for (int64_t shared : {int64_t{0}, int64_t{48}}) {
+    run_moe_case(ref_, dev_, MoeVariant::kSoftmax, shared, act(), exact_ ? 0 : act() == DType::kF32 ? 1e-4 : 2e-2);
+  }
+}
+
+// DeepSeek-V3 / GLM-4.5 / GLM-5: the group-limited sigmoid router with its
+// correction bias and scaling, an ungated shared expert.
+TEST_P(BackendOps, MoeFfnSigmoidGroupRouterAndUngatedSharedExpert) {
+  for (int64_t shared : {int64_t{0}, int64_t{48}}) {
+    run_moe_case(ref_, dev_, MoeVariant::kDeepSeek, shared, act(), exact_ ? 0 : act() == DType::kF32 ? 1e-4 : 2e-2);
+  }
+}
+
+// gpt-oss: router bias, top-k then softmax, clamped SwiGLU, expert biases.
+TEST_P(BackendOps, MoeFfnGptOssRouterClampedSwigluAndBiases) {
+  run_moe_case(ref_, dev_, MoeVariant::kGptOss, 0, act(), exact_ ? 0 : act() == DType::kF32 ? 1e-4 : 2e-2);
+}
+
+// Gemma 4: GeGLU experts, per-expert scales, a router input of its own, out
+// overwritten.
+TEST_P(BackendOps, MoeFfnGemma4GegluScalesAndRouterInput) {
+  run_moe_case(ref_, dev_, MoeVariant::kGemma4, 0, act(), exact_ ? 0 : act() == DType::kF32 ? 1e-4 : 2e-2);
+}
+
+// gpt-oss's GGUF experts in MXFP4: the CPU multiplies them with x quantized
+// to Q8_0 (llama.cpp's pairing), CUDA with x in act (decoded blocks): the
+// quantized-weights tolerance, 3e-2.
+TEST_P(BackendOps, MoeFfnMxfp4Experts) {
+  run_moe_case(ref_, dev_, MoeVariant::kGptOssMxfp4, 0, act(), exact_ ? 0 : 3e-2);
+}
+
+// Options a Backend does not run are refused at placement, by name (CUDA:
+// more than 32 expert groups).
 TEST_P(BackendOps, MoePlacementRefusesWhatTheBackendDoesNotRun) {
   RandomMoeLayer layer(0, act());
+  layer.host.p.n_expert = 64;
+  layer.host.p.n_group = 64;
+  layer.host.p.topk_group = 1;
   layer.host.p.sigmoid_scores = true;
+  layer.host.experts.resize(64, layer.host.experts[0]);
+  layer.host.router = layer.mat(64, 64, act(), 801);  // store keeps its reserved room: no reallocation
   auto w = dev_.b->place_moe(layer.host, "sigmoid layer");
   if (exact_) {
     EXPECT_TRUE(w.ok()) << w.error().message;
   } else {
     ASSERT_FALSE(w.ok());
     EXPECT_NE(w.error().message.find("sigmoid layer"), std::string::npos) << w.error().message;
+    EXPECT_NE(w.error().message.find("groups"), std::string::npos) << w.error().message;
   }
 }
 

@@ -77,6 +77,9 @@ inline std::vector<uint8_t> random_weight_rows(DType t, int64_t n_rows, int64_t 
       case DType::kIQ4_XS:
         put_f16(blk, scale * real(rng) * 0.01f);
         break;
+      case DType::kMXFP4:  // e8m0 scales 2^-10 .. 2^-3 (values up to 12 of them)
+        blk[0] = static_cast<uint8_t>(118 + byte(rng) % 8);
+        break;
       default:
         break;
     }

@@ -1,6 +1,8 @@
 // Batch-invariant mode of the CUDA models (ModelOptions::batch_invariant,
 // CudaModelBase::batch_invariant_), on HF goldens converted in memory to
-// bf16 weights (Llama, Gemma 2, the Qwen3 MoE) and to Q8_0 (Llama):
+// bf16 weights (Llama, Gemma 2, the Qwen3 MoE, Mixtral, GLM-4.5's sigmoid
+// router, Gemma 4's MoE block) and to Q8_0 (Llama; GLM-4.5, whose experts
+// then stay Q8_0 blocks in the CUDA MoE's expert GEMV):
 //  1. a decode row's logits are bit-identical alone and in steps of 3, 9 and
 //     40 sequences and beside a 100-token prompt; with the mode off the test only logs how many logits of
 //     the 9- and 40-sequence rows differ (what the mode buys);
@@ -229,7 +231,8 @@ TEST_P(CudaBatchInvariant, EngineTokensAloneAndTogetherAreIdentical) {
 INSTANTIATE_TEST_SUITE_P(Families, CudaBatchInvariant,
                          ::testing::Values(Case{"llama", DType::kBF16}, Case{"llama", DType::kQ8_0},
                                            Case{"gemma2", DType::kBF16}, Case{"qwen3-moe", DType::kBF16},
-                                           Case{"mixtral", DType::kBF16}),
+                                           Case{"mixtral", DType::kBF16}, Case{"glm4-moe", DType::kBF16},
+                                           Case{"glm4-moe", DType::kQ8_0}, Case{"gemma4-moe", DType::kBF16}),
                          [](const auto& info) {
                            std::string n = info.param.golden + (info.param.weights == DType::kQ8_0 ? "_q8" : "_bf16");
                            for (char& c : n)

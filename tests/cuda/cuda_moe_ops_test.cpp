@@ -7,6 +7,8 @@
 //    (f32, f16, bf16; the CUDA-core GEMV and the tensor-core kernel), with
 //    experts that get more pairs than one pass takes, and a token's outputs
 //    bit-identical alone and in a batch;
+//  - moe_gemv over MXFP4 experts (gpt-oss's GGUF) against the f64 sum of
+//    the reference-dequantized weights, batch invariant likewise;
 //  - the CUDA Backend's moe_ffn against MoeFfn::forward (the CPU reference)
 //    with and without a shared expert, in decode steps (device routing) and
 //    prefill steps (grouped GEMMs for bf16; f32 always routes on the
@@ -19,8 +21,11 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 
+#include "../backend/quant_test_util.h"
 #include "backend/cpu/host_ops.h"
+#include "backend/cpu/quants.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/moe.h"
 #include "cuda_test_util.h"
@@ -79,11 +84,20 @@ void host_route(const float* l, int32_t X, int32_t K, bool norm, int32_t* ids, f
   }
 }
 
+// The softmax router of Mixtral / Qwen3-MoE (MoeRouter's defaults).
+cuda::MoeRouter softmax_router(int32_t X, int32_t K, bool norm) {
+  cuda::MoeRouter m;
+  m.n_expert = X;
+  m.n_expert_used = K;
+  m.norm_topk_prob = norm;
+  return m;
+}
+
 void check_route(int64_t n, int32_t X, int32_t K, bool norm, int32_t pad, uint32_t seed) {
   const std::vector<float> logits = random_floats(static_cast<size_t>(n * X), seed, -3.0f, 3.0f);
   cuda::DeviceBuffer dl = upload(logits);
   DeviceRouting d(n, X, K);
-  cuda::moe_route(dl.as<float>(), n, X, K, norm, pad, d.r, nullptr);
+  cuda::moe_route(dl.as<float>(), n, softmax_router(X, K, norm), pad, d.r, nullptr);
   const size_t pairs = static_cast<size_t>(n * K);
   const auto ids = download<int32_t>(d.ids, pairs);
   const auto ws = download<float>(d.weights, pairs);
@@ -139,12 +153,12 @@ std::vector<float> run_gemv(DType dt, const std::vector<float>& w, int32_t X, in
   cuda::DeviceBuffer dx = upload(cuda::testing::encode(dt, std::vector<float>(x.begin(), x.begin() + n * cols)));
   cuda::DeviceBuffer dl = upload(std::vector<float>(logits.begin(), logits.begin() + n * X));
   DeviceRouting d(n, X, K);
-  cuda::moe_route(dl.as<float>(), n, X, K, true, 1, d.r, nullptr);
+  cuda::moe_route(dl.as<float>(), n, softmax_router(X, K, true), 1, d.r, nullptr);
   cuda::DeviceBuffer y = poisoned(static_cast<size_t>(n * K * rows) * 4);
   const size_t es = dt == DType::kF32 ? 4 : 2;
   const cuda::MoeExperts ex{dw.data(), dt, static_cast<size_t>(rows * cols) * es, rows, cols};
-  cuda::moe_gemv(ex, dx.data(), K, d.r, static_cast<int32_t>(std::min<int64_t>(n * K, X)), y.as<float>(), tensor_cores,
-                 nullptr);
+  cuda::moe_gemv(ex, dx.data(), dt, K, d.r, static_cast<int32_t>(std::min<int64_t>(n * K, X)), y.as<float>(),
+                 tensor_cores, nullptr);
   return download<float>(y, static_cast<size_t>(n * K * rows));
 }
 
@@ -185,6 +199,66 @@ TEST(CudaMoe, ExpertGemvMatchesReferenceAndIsBatchInvariant) {
         EXPECT_TRUE(std::equal(few.begin(), few.end(), y.begin()))
             << dtype_name(dt) << " cols " << cols << (mma ? " tensor cores" : " GEMV") << ": " << m << " tokens";
       }
+    }
+  }
+}
+
+// Experts in MXFP4 blocks (gpt-oss's GGUF): the expert-indexed GEMV decodes
+// them as cpu::ref::dequantize_row (held to the gguf package's numpy
+// reference by tests/backend/mxfp4_test.cpp; cuda_quant_test.cpp holds the
+// device decoder to it bit for bit). Every pair's rows against the f64 sum
+// of the dequantized weights times x (in F32, F16 and BF16) within 1e-5 of
+// sum |w x|, and a token's rows the same bits alone and in the batch.
+TEST(CudaMoe, Mxfp4ExpertGemvMatchesTheDequantizedReference) {
+  RILL_REQUIRE_GPU();
+  const int32_t X = 4, K = 2;
+  const int64_t rows = 40, cols = 2880, n = 40;  // gpt-oss-20b's width; 80 pairs: several passes of 8
+  const size_t rb = row_bytes(DType::kMXFP4, cols);
+  const auto wq = cpu::testing::random_weight_rows(DType::kMXFP4, X * rows, cols, 21);
+  std::vector<float> w(static_cast<size_t>(X * rows * cols));
+  for (int64_t r = 0; r < X * rows; ++r) {
+    cpu::ref::dequantize_row(DType::kMXFP4, wq.data() + static_cast<size_t>(r) * rb, w.data() + r * cols, cols);
+  }
+  const std::vector<float> logits = random_floats(static_cast<size_t>(n * X), 23, -2.0f, 2.0f);
+  std::vector<int32_t> ids(static_cast<size_t>(n * K));
+  std::vector<float> ws(ids.size());
+  for (int64_t t = 0; t < n; ++t) host_route(&logits[t * X], X, K, true, &ids[t * K], &ws[t * K]);
+  const cuda::DeviceBuffer dw = upload(wq);
+  const cuda::MoeExperts ex{dw.data(), DType::kMXFP4, rb * static_cast<size_t>(rows), rows, cols};
+  for (DType xt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    std::vector<float> x = random_floats(static_cast<size_t>(n * cols), 22);
+    for (float& v : x) v = round_to(xt, v);
+    auto run = [&](int64_t m) {
+      cuda::DeviceBuffer dx = upload(cuda::testing::encode(xt, std::vector<float>(x.begin(), x.begin() + m * cols)));
+      cuda::DeviceBuffer dl = upload(std::vector<float>(logits.begin(), logits.begin() + m * X));
+      DeviceRouting d(m, X, K);
+      cuda::moe_route(dl.as<float>(), m, softmax_router(X, K, true), 1, d.r, nullptr);
+      cuda::DeviceBuffer y = poisoned(static_cast<size_t>(m * K * rows) * 4);
+      cuda::moe_gemv(ex, dx.data(), xt, K, d.r, static_cast<int32_t>(std::min<int64_t>(m * K, X)), y.as<float>(), true,
+                     nullptr);
+      return download<float>(y, static_cast<size_t>(m * K * rows));
+    };
+    const std::vector<float> y = run(n);
+    double worst = 0;
+    for (int64_t p = 0; p < n * K; ++p) {
+      const float* we = &w[static_cast<size_t>(ids[p]) * rows * cols];
+      for (int64_t r = 0; r < rows; ++r) {
+        double ref = 0, mag = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double t = double(we[r * cols + c]) * x[(p / K) * cols + c];
+          ref += t;
+          mag += std::fabs(t);
+        }
+        const double e = std::fabs(ref - y[p * rows + r]) / (mag + 1e-30);
+        if (!(e <= worst)) worst = e;
+      }
+    }
+    EXPECT_LT(worst, 1e-5) << "x " << dtype_name(xt);
+    std::printf("[ cuda mxfp4 ] moe_gemv x %s: max |y - ref| / sum |w x| = %.3g\n", std::string(dtype_name(xt)).c_str(),
+                worst);
+    for (int64_t m : {int64_t{1}, int64_t{3}}) {
+      const std::vector<float> few = run(m);
+      EXPECT_TRUE(std::equal(few.begin(), few.end(), y.begin())) << "x " << dtype_name(xt) << ": " << m << " tokens";
     }
   }
 }

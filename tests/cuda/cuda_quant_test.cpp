@@ -36,8 +36,8 @@ using testing::poisoned;
 using testing::round_to;
 using testing::upload;
 
-const DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
-                        DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+const DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
+                        DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kMXFP4};
 
 struct Shape {
   int64_t rows, cols;

@@ -1,7 +1,9 @@
 // The CUDA Llama against Hugging Face and against the CPU Llama:
 //  - the ../shared/goldens/hf Llama families, mixtures of experts included
-//    (mixtral, qwen3-moe: through the CUDA Backend's moe_ffn; their many-token
-//    batch invariance is moe_cuda_test.cpp) (f32 weights): logits within 1e-3 of
+//    (mixtral, qwen3-moe; glm4-moe: the sigmoid router with its correction
+//    bias, an ungated shared expert, a first dense layer, partial rotary
+//    0.5 and q/k norms; all through the CUDA Backend's moe_ffn; their
+//    many-token batch invariance is moe_cuda_test.cpp) (f32 weights): logits within 1e-3 of
 //    transformers at every prompt position (prompt prefilled in chunks of
 //    7 tokens) and the greedy continuation identical, as on the CPU;
 //  - the same models converted to bf16 in memory: GPU (bf16 activations)
@@ -103,12 +105,32 @@ TEST_P(CudaHf, KvTypeIsTheOneCudaStoresOrARefusal) {
   EXPECT_FALSE(with_kv(DType::kF32).ok()) << GetParam() << ": f32 KV named, f16 stored";
 }
 
+// Sigmoid routers (glm4-moe) pick among near-equal scores (the golden's
+// 8 experts of ~0.5 each): bf16 activations on the GPU flip some picks the
+// CPU's f32 activations make (0.375 of max |logit| 2.37 measured on the
+// H200 with the golden as it is), so the comparison pins the choice with a
+// spread correction bias (expert e: -e, wider than the scores' range
+// (0, 1): experts 0 and 1 always); the weights stay the tokens' own sigmoid
+// scores. The choice
+// itself is held by the f32 golden above.
+void pin_sigmoid_choice(ModelFiles& files, std::vector<std::vector<float>>& store) {
+  for (auto& [name, t] : files.tensors) {
+    if (name.find("e_score_correction_bias") == std::string::npos || t.dtype != DType::kF32) continue;
+    std::vector<float> b(static_cast<size_t>(t.n_elements()));
+    for (size_t e = 0; e < b.size(); ++e) b[e] = -static_cast<float>(e);
+    store.push_back(std::move(b));
+    t.data = reinterpret_cast<const uint8_t*>(store.back().data());
+  }
+}
+
 TEST_P(CudaHf, Bf16WeightsMatchTheCpuWithinBf16Error) {
   const test::HfGolden g = test::read_hf_golden(dir_);
   std::vector<std::vector<uint16_t>> store;
+  std::vector<std::vector<float>> biases;
   auto files = open_model_files(dir_);
   ASSERT_TRUE(files.ok()) << files.error().message;
   test::to_bf16(**files, store);
+  pin_sigmoid_choice(**files, biases);
   auto cpu = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCpu));
   auto gpu = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCuda));
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;
@@ -123,6 +145,16 @@ TEST_P(CudaHf, Bf16WeightsMatchTheCpuWithinBf16Error) {
     max_ref = std::max(max_ref, std::fabs(double((*lc)[i])));
   }
   EXPECT_LT(max_err, 0.03 * max_ref) << GetParam();
+  if (max_err >= 0.03 * max_ref) {  // where it went wrong: the largest difference per prompt position
+    const size_t V = lc->size() / g.prompt_ids.size();
+    std::printf("[ cuda bf16 ] %s per position:", GetParam().c_str());
+    for (size_t p = 0; p < g.prompt_ids.size(); ++p) {
+      double m = 0;
+      for (size_t v = 0; v < V; ++v) m = std::max(m, std::fabs(double((*lc)[p * V + v]) - (*lg)[p * V + v]));
+      std::printf(" %.3g", m);
+    }
+    std::printf("\n");
+  }
   std::printf("[ cuda bf16 ] %s: max |gpu - cpu| = %.3g (max |logit| %.3g)\n", GetParam().c_str(), max_err, max_ref);
 }
 
@@ -184,7 +216,7 @@ TEST_P(CudaHf, DecodeRowIsBatchInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(LlamaFamily, CudaHf,
                          ::testing::Values("llama", "llama3-tied", "mistral-swa", "qwen2", "qwen3", "mixtral",
-                                           "qwen3-moe"),
+                                           "qwen3-moe", "glm4-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

@@ -1,4 +1,6 @@
-// The CUDA Mixtral and Qwen3-MoE (llama.cuda in arch/llama.cpp, the CUDA Backend's moe_ffn):
+// The CUDA Mixtral, Qwen3-MoE and GLM-4.5 (glm4-moe: the sigmoid router,
+// an ungated shared expert) (llama.cuda in arch/llama.cpp, the CUDA
+// Backend's moe_ffn):
 // batch invariance (f32) with many routed tokens: a decode row's logits
 // bit-identical alone and beside 39 other sequences (80 routed pairs over 4
 // or 8 experts: every expert serves several tokens, most more than 8), and
@@ -106,12 +108,13 @@ TEST_P(CudaMoeHf, DecodeAndPrefillAreBatchInvariant) {
   EXPECT_EQ(n_diff, 0) << GetParam() << ": prompt logits differ alone vs. beside another prompt";
 }
 
-INSTANTIATE_TEST_SUITE_P(MoeFamily, CudaMoeHf, ::testing::Values("mixtral", "qwen3-moe"), [](const auto& info) {
-  std::string n = info.param;
-  for (char& c : n)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(MoeFamily, CudaMoeHf, ::testing::Values("mixtral", "qwen3-moe", "glm4-moe"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace rill

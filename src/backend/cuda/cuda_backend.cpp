@@ -4,7 +4,8 @@
 // place_model() lays a whole model out in a sizing pass and then places it
 // into one device buffer. MoE layers (moe_ffn.h) go into it too: the
 // router, every expert's [gate | up] rows and every expert's down rows, each
-// projection's experts at a constant stride, in the activation dtype.
+// projection's experts at a constant stride, in the activation dtype or
+// (quantized GGUF experts the kernels decode, MXFP4 included) their blocks.
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -63,52 +64,70 @@ const CudaMoeWeights& record(const MoeWeight& w) {
   return *static_cast<const CudaMoeWeights*>(w.placed);
 }
 
-// What the CUDA MoE (moe_ffn.h) runs: the softmax router with top-k and
-// norm_topk_prob, SwiGLU experts and a gated shared expert, in F32/F16/BF16
-// weights. Everything else is refused by name, so a family's load fails
-// clearly rather than computing another model.
+// Whether the CUDA MoE keeps an expert projection in its GGUF blocks: every
+// expert's matrices of the projection (`parts` per expert) in one block type
+// the expert GEMV decodes (quant.h), rows of whole blocks. Else they go in
+// the activation dtype (dequantized at placement).
+DType expert_dtype(const HostMoe& h, bool gate_up, DType act) {
+  const DType t = gate_up ? h.experts[0].gate.dtype : h.experts[0].down.dtype;
+  if (!dtype_info(t).quantized || t == cuda::kFp8Rows || !cuda::quant_supported(t)) return act;
+  for (const HostExpert& e : h.experts) {
+    const HostMatrix& m = gate_up ? e.gate : e.down;
+    if (m.dtype != t || (gate_up && e.up.dtype != t) || !cuda::moe_gemv_supported(t, m.cols)) return act;
+  }
+  return t;
+}
+
+// What the CUDA MoE (moe_ffn.h) runs: every router and expert option of
+// MoeParams. Refused by name, so a family's load fails clearly rather than
+// computing another model: more experts, groups or picks than the kernels
+// take, widths the vector loads cannot read, biases on a shared expert.
 Status check_cuda_moe(const HostMoe& h, const std::string& what) {
   const MoeParams& p = h.p;
-  auto refuse = [&](const std::string& why) { return Error{what + ": " + why + "; the CPU runs it"}; };
-  if (p.sigmoid_scores || p.n_group > 1 || h.score_bias || p.routed_scaling_factor != 1.0f) {
-    return refuse("the sigmoid, group-limited MoE router is not on CUDA yet (the CUDA MoE routes by softmax)");
-  }
-  if (p.softmax_after_topk || p.swiglu_limit > 0 || h.router_bias) {
-    return refuse("gpt-oss's MoE (top-k then softmax, clamped SwiGLU, biases) is not on CUDA yet");
-  }
-  if (p.gelu_tanh || h.expert_scale) {
-    return refuse("GeGLU experts and per-expert scales (Gemma 4) are not on CUDA yet");
-  }
-  if (h.shared && !p.shared_gate) return refuse("an ungated shared expert is not on CUDA yet");
   if (p.n_expert > cuda::kMoeMaxExperts || p.n_expert_used > cuda::kMoeMaxExpertsUsed ||
       static_cast<int64_t>(h.experts.size()) != p.n_expert) {
     return Error{what + ": the CUDA MoE layer takes up to " + std::to_string(cuda::kMoeMaxExperts) + " experts and " +
                  std::to_string(cuda::kMoeMaxExpertsUsed) + " per token (model: " + std::to_string(p.n_expert_used) +
-                 " of " + std::to_string(p.n_expert) + ")"};
+                 " of " + std::to_string(p.n_expert) + "); the CPU runs it"};
+  }
+  if (p.n_group > cuda::kMoeMaxGroups || p.n_group < 1 || p.n_expert % p.n_group != 0 || p.topk_group < 1 ||
+      p.topk_group > p.n_group) {
+    return Error{what + ": the CUDA MoE router takes up to " + std::to_string(cuda::kMoeMaxGroups) +
+                 " equal expert groups (model: " + std::to_string(p.n_group) + " groups, " +
+                 std::to_string(p.topk_group) + " kept); the CPU runs it"};
   }
   // The expert GEMV reads rows as 16-byte vectors: 8 bf16/f16 or 4 f32.
-  if (p.n_embd % 8 != 0 || p.n_ff % 8 != 0) {
+  if (p.n_embd % 8 != 0 || p.n_ff % 8 != 0 || p.n_ff_shared % 8 != 0) {
     return Error{what + ": the CUDA MoE layer needs hidden and expert sizes that are multiples of 8 (model: " +
-                 std::to_string(p.n_embd) + ", " + std::to_string(p.n_ff) + ")"};
+                 std::to_string(p.n_embd) + ", " + std::to_string(p.n_ff) + ", shared " +
+                 std::to_string(p.n_ff_shared) + ")"};
   }
-  auto float_weight = [&](const HostMatrix& m, const char* name) -> Status {
-    if (m.dtype == DType::kF32 || m.dtype == DType::kF16 || m.dtype == DType::kBF16) return Status::Ok();
-    return Error{what + ": the CUDA MoE layer takes F32, F16 or BF16 weights; its " + name + " is " +
-                 std::string(dtype_name(m.dtype))};
-  };
-  auto expert = [&](const HostExpert& e, const char* gate, const char* up, const char* down) -> Status {
-    if (e.gate_bias || e.up_bias || e.down_bias) return refuse("expert biases are not on CUDA yet");
-    RILL_TRY(float_weight(e.gate, gate));
-    RILL_TRY(float_weight(e.up, up));
-    return float_weight(e.down, down);
-  };
-  RILL_TRY(float_weight(h.router, "router"));
-  for (const HostExpert& e : h.experts) RILL_TRY(expert(e, "expert gate", "expert up", "expert down"));
-  if (h.shared) {
-    RILL_TRY(expert(*h.shared, "shared expert gate", "shared expert up", "shared expert down"));
-    RILL_TRY(float_weight(h.shared_gate, "shared expert's sigmoid gate"));
+  if (h.shared && (h.shared->gate_bias || h.shared->up_bias || h.shared->down_bias)) {
+    return Error{what + ": biases on the shared expert are not on CUDA (no model has them); the CPU runs it"};
   }
   return Status::Ok();
+}
+
+// Expert e's biases of one projection laid out [X, rows] (gate then up
+// for gate_up: [X, 2F]); zeros for a missing bias. Empty when no expert has one.
+std::vector<float> expert_biases(const HostMoe& h, bool gate_up) {
+  const MoeParams& p = h.p;
+  bool any = false;
+  for (const HostExpert& e : h.experts) any = any || (gate_up ? e.gate_bias || e.up_bias : e.down_bias != nullptr);
+  if (!any) return {};
+  const int64_t rows = gate_up ? 2 * p.n_ff : p.n_embd;
+  std::vector<float> v(static_cast<size_t>(p.n_expert * rows), 0.0f);
+  for (int64_t e = 0; e < p.n_expert; ++e) {
+    const HostExpert& x = h.experts[static_cast<size_t>(e)];
+    float* at = v.data() + e * rows;
+    if (gate_up) {
+      if (x.gate_bias) std::copy(x.gate_bias, x.gate_bias + p.n_ff, at);
+      if (x.up_bias) std::copy(x.up_bias, x.up_bias + p.n_ff, at + p.n_ff);
+    } else {
+      std::copy(x.down_bias, x.down_bias + p.n_embd, at);
+    }
+  }
+  return v;
 }
 
 void free_device(void* p) {
@@ -240,6 +259,7 @@ class CudaBackend final : public Backend {
   Result<MoeWeight> place_moe(const HostMoe& h, const std::string& what) override {
     RILL_TRY(check_cuda_moe(h, what));
     const MoeParams& p = h.p;
+    const DType gu_t = expert_dtype(h, true, act_), dn_t = expert_dtype(h, false, act_);
     if (pass_ != Pass::kSizing) {  // the layers share one CudaMoe, sized for the largest of each width
       MoeParams m = moe_.initialized() ? moe_.params() : p;
       m.n_embd = std::max(m.n_embd, p.n_embd);
@@ -247,34 +267,50 @@ class CudaBackend final : public Backend {
       m.n_expert_used = std::max(m.n_expert_used, p.n_expert_used);
       m.n_ff = std::max(m.n_ff, p.n_ff);
       m.n_ff_shared = std::max(m.n_ff_shared, p.n_ff_shared);
+      const bool quantized = (moe_.initialized() && moe_.quantized_experts()) || gu_t != act_ || dn_t != act_;
       if (!moe_.initialized() || m.n_embd != moe_.params().n_embd || m.n_expert != moe_.params().n_expert ||
           m.n_expert_used != moe_.params().n_expert_used || m.n_ff != moe_.params().n_ff ||
-          m.n_ff_shared != moe_.params().n_ff_shared) {
-        RILL_TRY(moe_.init(m, act_));
+          m.n_ff_shared != moe_.params().n_ff_shared || quantized != moe_.quantized_experts()) {
+        RILL_TRY(moe_.init(m, act_, quantized));
       }
     }
     const int64_t X = p.n_expert, E = p.n_embd, F = p.n_ff;
-    const size_t gu_bytes = row_bytes(act_, E) * static_cast<size_t>(2 * F);
-    const size_t dn_bytes = row_bytes(act_, F) * static_cast<size_t>(E);
+    // Each expert's matrices start 16-byte aligned (the float GEMV's vector loads).
+    auto aligned = [](size_t b) { return (b + 15) / 16 * 16; };
+    const size_t gu_bytes = aligned(row_bytes(gu_t, E) * static_cast<size_t>(2 * F));
+    const size_t dn_bytes = aligned(row_bytes(dn_t, F) * static_cast<size_t>(E));
     CudaMoeWeights d;
     d.p = p;
     RILL_ASSIGN_OR_RETURN(d.router, place_in_act(&h.router, 1, what + " router"));
+    auto vec = [&](const float* v, int64_t n, const std::string& name) -> Result<const float*> {
+      if (!v) return static_cast<const float*>(nullptr);
+      RILL_ASSIGN_OR_RETURN(const Vec placed, place_vector(v, n, what + " " + name));
+      return placed.data;
+    };
+    RILL_ASSIGN_OR_RETURN(d.router_bias, vec(h.router_bias, X, "router bias"));
+    RILL_ASSIGN_OR_RETURN(d.score_bias, vec(h.score_bias, X, "score correction bias"));
+    RILL_ASSIGN_OR_RETURN(d.expert_scale, vec(h.expert_scale, X, "per-expert scales"));
+    const std::vector<float> gu_bias = expert_biases(h, true), dn_bias = expert_biases(h, false);
+    RILL_ASSIGN_OR_RETURN(d.gate_up_bias, vec(gu_bias.empty() ? nullptr : gu_bias.data(), X * 2 * F, "expert biases"));
+    RILL_ASSIGN_OR_RETURN(d.down_bias, vec(dn_bias.empty() ? nullptr : dn_bias.data(), X * E, "expert down biases"));
     RILL_ASSIGN_OR_RETURN(uint8_t* const gu, take(gu_bytes * static_cast<size_t>(X), what + " experts"));
     RILL_ASSIGN_OR_RETURN(uint8_t* const dn, take(dn_bytes * static_cast<size_t>(X), what + " experts"));
     for (int64_t e = 0; e < X && gu; ++e) {
       const HostExpert& x = h.experts[static_cast<size_t>(e)];
       uint8_t* at = gu + static_cast<size_t>(e) * gu_bytes;
-      RILL_TRY(copy_part(x.gate, act_, at, what + " expert gate"));
-      RILL_TRY(copy_part(x.up, act_, at + gu_bytes / 2, what + " expert up"));
-      RILL_TRY(copy_part(x.down, act_, dn + static_cast<size_t>(e) * dn_bytes, what + " expert down"));
+      RILL_TRY(copy_part(x.gate, gu_t, at, what + " expert gate"));
+      RILL_TRY(copy_part(x.up, gu_t, at + row_bytes(gu_t, E) * static_cast<size_t>(F), what + " expert up"));
+      RILL_TRY(copy_part(x.down, dn_t, dn + static_cast<size_t>(e) * dn_bytes, what + " expert down"));
     }
-    d.gate_up = {gu, act_, gu_bytes, 2 * F, E};
-    d.down = {dn, act_, dn_bytes, E, F};
+    d.gate_up = {gu, gu_t, gu_bytes, 2 * F, E};
+    d.down = {dn, dn_t, dn_bytes, E, F};
     if (h.shared) {
       const HostMatrix gate_up[] = {h.shared->gate, h.shared->up};
       RILL_ASSIGN_OR_RETURN(d.shared_gate_up, place_in_act(gate_up, 2, what + " shared expert"));
       RILL_ASSIGN_OR_RETURN(d.shared_down, place_in_act(&h.shared->down, 1, what + " shared expert down"));
-      RILL_ASSIGN_OR_RETURN(d.shared_gate, place_in_act(&h.shared_gate, 1, what + " shared expert gate"));
+      if (p.shared_gate) {
+        RILL_ASSIGN_OR_RETURN(d.shared_gate, place_in_act(&h.shared_gate, 1, what + " shared expert gate"));
+      }
     }
     moes_.push_back(d);
     return MoeWeight{p, &moes_.back()};
@@ -380,16 +416,12 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  // The CUDA MoE adds into the residual stream and routes its own input
-  // (place_moe() refused the models that need otherwise: Gemma 4, rank
-  // partial sums are refused by their families).
   Status moe_ffn(const MoeWeight& w, Tensor router_in, Tensor in, Tensor out, bool accumulate,
                  const StepMetadata& step) override {
-    if (!accumulate || router_in.data != in.data) {
-      return Error{"CUDA backend: moe_ffn adds into its output and routes its input only"};
-    }
     assert(in.dtype == act_ && in.is_dense() && out.dtype == DType::kF32 && out.is_dense() && in.rows == out.rows);
-    return moe_.forward(record(w), in.data, in.rows, step.n_tiles == 0, out.f32(), *gemm_, stream());
+    assert(router_in.dtype == act_ && router_in.is_dense() && router_in.rows == in.rows);
+    return moe_.forward(record(w), router_in.data, in.data, in.rows, step.n_tiles == 0, out.f32(), accumulate, *gemm_,
+                        stream());
   }
 
   void add_bias(Tensor y, Vec b) override {

@@ -6,66 +6,135 @@
 
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/quant.h"
+#include "backend/cuda/quant_blocks.cuh"
 
 namespace rill::cuda {
 namespace {
 
+using detail::from_f32;
 using detail::warp_max;
 using detail::warp_sum;
 
 // --- routing and grouping ---------------------------------------------------
 
-// The softmax rows of the warps live in dynamic shared memory, at most
-// this many bytes: 32 warps for up to 192 experts, fewer above.
+// The score rows of the warps live in dynamic shared memory, at most this
+// many bytes: 32 warps for up to 192 experts (96 where the choice scores
+// need a row of their own), fewer above.
 constexpr int kRouteProbBytes = 24 * 1024;
 
+// Whether the choice scores differ from the weights' scores (their own row).
+__host__ __device__ inline bool separate_choice(const MoeRouter& m) {
+  return m.sigmoid_scores || m.score_bias != nullptr || m.n_group > 1;
+}
+
+// Keeps only the topk_group best groups' choice scores of one token (the
+// others become 0), as cpu::choice_scores: a group's score is the sum of
+// its two best (a + b, a >= b); groups are picked by repeated arg-max,
+// ties to the lower group. Lane g owns group g.
+__device__ void mask_groups(float* cs, const MoeRouter& m, int lane) {
+  const int32_t G = m.n_group, per = m.n_expert / G;
+  float gv = -INFINITY;
+  if (lane < G) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int32_t e = lane * per; e < (lane + 1) * per; ++e) {
+      const float v = cs[e];
+      if (v > a) {
+        b = a;
+        a = v;
+      } else if (v > b) {
+        b = v;
+      }
+    }
+    gv = a + b;
+  }
+  uint32_t kept = 0;
+  for (int k = 0; k < m.topk_group; ++k) {
+    float bv = gv;
+    int32_t bg = lane < G ? lane : kMoeMaxGroups;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int32_t og = __shfl_xor_sync(0xffffffffu, bg, o);
+      if (ov > bv || (ov == bv && og < bg)) {
+        bv = ov;
+        bg = og;
+      }
+    }
+    bg = min(bg, G - 1);
+    kept |= 1u << bg;
+    if (lane == bg) gv = -INFINITY;
+  }
+  __syncwarp();
+  for (int32_t e = lane; e < m.n_expert; e += 32) {
+    if (!((kept >> (e / per)) & 1u)) cs[e] = 0.0f;
+  }
+  __syncwarp();
+}
+
 // One block. Phase 1: each warp routes tokens warp, warp + n_warps, ...
-// (softmax, K arg-max passes, the K picks ordered by id) and counts pairs
+// (scores, K arg-max passes, the K picks ordered by id) and counts pairs
 // per expert. Phase 2 (warp 0): offsets by an exclusive scan over experts.
 // Phase 3 (warp 0): pairs placed in increasing index, 32 at a time, ranks
 // among equal experts from __match_any_sync, so the grouping is the same
 // on every run.
-__global__ void route_kernel(const float* __restrict__ logits, int32_t n, int32_t X, int32_t K, bool norm, int32_t pad,
-                             MoeRouting r) {
-  extern __shared__ float probs_all[];       // [n_warps, X]
+__global__ void route_kernel(const float* __restrict__ logits, int32_t n, MoeRouter m, int32_t pad, MoeRouting r) {
+  extern __shared__ float probs_all[];       // [n_warps, X] (or [n_warps, 2X]: scores, choice scores)
   __shared__ int32_t cnt[kMoeMaxExperts];    // pairs per expert, then the fill cursor
   __shared__ int32_t off_s[kMoeMaxExperts];  // offsets[e]
   __shared__ int32_t pad_s[kMoeMaxExperts];  // padded[e]
   detail::pdl_wait();
   detail::pdl_trigger();
+  const int32_t X = m.n_expert, K = m.n_expert_used;
+  const bool separate = separate_choice(m);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
   for (int e = threadIdx.x; e < X; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
 
-  float* pr = probs_all + static_cast<size_t>(warp) * X;
+  float* pr = probs_all + static_cast<size_t>(warp) * X * (separate ? 2 : 1);
+  float* cs = separate ? pr + X : pr;  // the choice scores; a picked one becomes -inf
   for (int32_t t = warp; t < n; t += n_warps) {
     const float* l = logits + static_cast<int64_t>(t) * X;
-    float mx = -FLT_MAX;
-    for (int e = lane; e < X; e += 32) {
-      const float v = l[e];
-      pr[e] = v;
-      mx = fmaxf(mx, v);
+    if (m.softmax_after_topk) {
+      for (int e = lane; e < X; e += 32) pr[e] = m.router_bias ? l[e] + m.router_bias[e] : l[e];
+    } else if (m.sigmoid_scores) {
+      for (int e = lane; e < X; e += 32) {
+        const float v = m.router_bias ? l[e] + m.router_bias[e] : l[e];
+        pr[e] = 1.0f / (1.0f + expf(-v));
+      }
+    } else {
+      float mx = -FLT_MAX;
+      for (int e = lane; e < X; e += 32) {
+        const float v = m.router_bias ? l[e] + m.router_bias[e] : l[e];
+        pr[e] = v;
+        mx = fmaxf(mx, v);
+      }
+      mx = warp_max(mx);
+      float sum = 0.0f;
+      for (int e = lane; e < X; e += 32) {
+        const float v = expf(pr[e] - mx);
+        pr[e] = v;
+        sum += v;
+      }
+      sum = warp_sum(sum);
+      for (int e = lane; e < X; e += 32) pr[e] = pr[e] / sum;
     }
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int e = lane; e < X; e += 32) {
-      const float v = expf(pr[e] - mx);
-      pr[e] = v;
-      sum += v;
+    if (separate) {
+      for (int e = lane; e < X; e += 32) cs[e] = pr[e] + (m.score_bias ? m.score_bias[e] : 0.0f);
     }
-    sum = warp_sum(sum);
-    for (int e = lane; e < X; e += 32) pr[e] = pr[e] / sum;
     __syncwarp();
-    // K arg-max passes; a picked expert's probability becomes -1 (all
-    // others are >= 0). Lane k keeps pick k.
+    if (m.n_group > 1) mask_groups(cs, m, lane);
+    // K arg-max passes over the choice scores. Lane k keeps pick k: its id
+    // and its weight's score (pr: the probability, gpt-oss: the logit).
     int32_t my_id = 0;
     float my_p = 0.0f, picked_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
-      float bv = -1.0f;
+      float bv = -INFINITY;
       int32_t be = X;
       for (int e = lane; e < X; e += 32) {
-        const float v = pr[e];
+        const float v = cs[e];
         if (v > bv) {  // ascending e: ties keep the lower id
           bv = v;
           be = e;
@@ -81,14 +150,29 @@ __global__ void route_kernel(const float* __restrict__ logits, int32_t n, int32_
         }
       }
       be = min(be, X - 1);  // only NaN logits leave nothing to pick
+      const float pv = separate ? pr[be] : bv;
       if (lane == k) {
         my_id = be;
-        my_p = bv;
+        my_p = pv;
       }
-      picked_sum += bv;  // in pick order, as the CPU
+      picked_sum += pv;  // in pick order, as the CPU
       __syncwarp();
-      if (lane == 0) pr[be] = -1.0f;
+      if (lane == 0) cs[be] = -INFINITY;
       __syncwarp();
+    }
+    float my_w;
+    if (m.softmax_after_topk) {
+      // The first pick is the largest logit; the sum in pick order.
+      const float mx = __shfl_sync(0xffffffffu, my_p, 0);
+      const float ex = expf(my_p - mx);
+      float sum = 0.0f;
+      for (int k = 0; k < K; ++k) sum += __shfl_sync(0xffffffffu, ex, k);
+      my_w = ex / sum;
+    } else {
+      my_w = my_p;
+      if (m.norm_topk_prob) my_w = my_p / (m.sigmoid_scores ? picked_sum + 1e-20f : picked_sum);
+      if (m.routed_scaling_factor != 1.0f) my_w *= m.routed_scaling_factor;
+      if (m.expert_scale && lane < K) my_w *= m.expert_scale[my_id];
     }
     // Order the picks by id: lane k's place is the number of smaller ids.
     int32_t rank = 0;
@@ -99,7 +183,7 @@ __global__ void route_kernel(const float* __restrict__ logits, int32_t n, int32_
     if (lane < K) {
       const int64_t at = static_cast<int64_t>(t) * K + rank;
       r.ids[at] = my_id;
-      r.weights[at] = norm ? my_p / picked_sum : my_p;
+      r.weights[at] = my_w;
       atomicAdd(&cnt[my_id], 1);
     }
     __syncwarp();
@@ -411,6 +495,136 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 }
 
+// --- expert-indexed GEMV over quantized blocks ---------------------------------
+
+constexpr int kQuantWarps = 4;  // one row per warp
+
+// 4 consecutive x elements as f32 (x rows start 16-byte aligned and c is a
+// multiple of 4).
+__device__ __forceinline__ void load_x4(const float* p, float* v) {
+  const float4 u = *reinterpret_cast<const float4*>(p);
+  v[0] = u.x;
+  v[1] = u.y;
+  v[2] = u.z;
+  v[3] = u.w;
+}
+template <typename T>
+__device__ __forceinline__ void load_x4(const T* p, float* v) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  uint4 w = make_uint4(u.x, u.y, 0, 0);
+  float f[8];
+  unpack8(w, static_cast<const T*>(nullptr), f);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = f[i];
+}
+
+// Grid: (row blocks, active expert slots); warp w of block (b, a) computes
+// row b kQuantWarps + w of active expert a for all of its pairs,
+// kPairsPerPass at a time (the row's blocks decoded again each pass: they
+// come from L1/L2 after the first). Lane L takes items L, L + 32, ... of the
+// row in order, then the warp's xor tree: a pair's sum has one order,
+// whatever the other pairs are.
+template <class Q, typename T>
+__global__ void __launch_bounds__(kQuantWarps * 32)
+    moe_quant_kernel(const uint8_t* __restrict__ w, size_t stride, int64_t n_rows, int64_t n_cols,
+                     const T* __restrict__ x, int32_t x_div, const int32_t* __restrict__ offsets,
+                     const int32_t* __restrict__ active, const int32_t* __restrict__ n_active,
+                     const int32_t* __restrict__ pairs, float* __restrict__ y) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int a = blockIdx.y;
+  if (a >= *n_active) return;
+  const int32_t e = active[a];
+  const int32_t p0 = offsets[e], p1 = offsets[e + 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kQuantWarps + warp;
+  if (row >= n_rows) return;
+  const int64_t n_blocks = n_cols / Q::kElems;
+  const uint8_t* wr = w + static_cast<size_t>(e) * stride + static_cast<size_t>(row * n_blocks * Q::kBytes);
+  const int64_t n_items = n_blocks * Q::kItems;
+  for (int32_t c = p0; c < p1; c += kPairsPerPass) {
+    const int cnt = min(kPairsPerPass, p1 - c);
+    const T* xs[kPairsPerPass];
+#pragma unroll
+    for (int t = 0; t < kPairsPerPass; ++t) {
+      xs[t] = x + static_cast<int64_t>(pairs[c + min(t, cnt - 1)] / x_div) * n_cols;
+    }
+    float acc[kPairsPerPass];
+#pragma unroll
+    for (int t = 0; t < kPairsPerPass; ++t) acc[t] = 0.0f;
+    for (int64_t it = lane; it < n_items; it += 32) {
+      const int64_t b = it / Q::kItems;
+      const int k = static_cast<int>(it % Q::kItems);
+      float wf[8];
+      Q::decode(wr + b * Q::kBytes, k, wf);
+      const int64_t c0 = b * Q::kElems + Q::col0(k), c1 = b * Q::kElems + Q::col1(k);
+#pragma unroll
+      for (int t = 0; t < kPairsPerPass; ++t) {
+        if (t < cnt) {
+          float xa[4], xb[4];
+          load_x4(xs[t] + c0, xa);
+          load_x4(xs[t] + c1, xb);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[t] = fmaf(wf[i], xa[i], acc[t]);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[t] = fmaf(wf[4 + i], xb[i], acc[t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kPairsPerPass; ++t) {
+      const float sum = warp_sum(acc[t]);
+      if (lane == 0 && t < cnt) y[static_cast<int64_t>(pairs[c + t]) * n_rows + row] = sum;
+    }
+  }
+}
+
+// --- the experts' activation ----------------------------------------------------
+
+// Grid: one block per row.
+template <typename Out>
+__global__ void glu_kernel(const float* __restrict__ gate_up, int64_t n_ff, MoeGlu g, Out* __restrict__ out) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int64_t r = blockIdx.x;
+  const float* gu = gate_up + r * 2 * n_ff;
+  const float* bias = nullptr;
+  if (g.bias) {
+    int32_t e = 0;
+    if (g.row_expert) {
+      e = g.row_expert[r];
+    } else {  // the last e with padded[e] <= r
+      int32_t lo = 0, hi = g.n_expert - 1;
+      while (lo < hi) {
+        const int32_t mid = (lo + hi + 1) / 2;
+        if (g.padded[mid] <= r) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      e = lo;
+    }
+    bias = g.bias + static_cast<int64_t>(e) * 2 * n_ff;
+  }
+  for (int64_t i = threadIdx.x; i < n_ff; i += blockDim.x) {
+    const float x = bias ? gu[i] + bias[i] : gu[i];
+    const float u = bias ? gu[n_ff + i] + bias[n_ff + i] : gu[n_ff + i];
+    float v;
+    if (g.act == MoeAct::kClampedSwiglu) {
+      const float gc = fminf(x, g.limit);
+      const float uc = fminf(fmaxf(u, -g.limit), g.limit);
+      v = gc * (1.0f / (1.0f + expf(-(g.alpha * gc)))) * (uc + 1.0f);
+    } else if (g.act == MoeAct::kGeluTanh) {
+      v = 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x))) * u;
+    } else {
+      v = x / (1.0f + expf(-x)) * u;
+    }
+    out[r * n_ff + i] = from_f32<Out>(v);
+  }
+}
+
 // --- gather and combine -------------------------------------------------------
 
 // One block per pair: 16-byte copies of its token's row.
@@ -424,41 +638,47 @@ __global__ void gather_kernel(const uint4* __restrict__ x, int32_t K, int64_t ro
   for (int64_t i = threadIdx.x; i < row_vecs; i += blockDim.x) dst[i] = src[i];
 }
 
-__global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ row_of_pair,
-                               const float* __restrict__ weights, int32_t K, int64_t dim,
-                               const float* __restrict__ shared_y, const float* __restrict__ shared_logit,
-                               float* __restrict__ out) {
+__global__ void combine_kernel(const float* __restrict__ y, const float* __restrict__ weights, int32_t K, int64_t dim,
+                               MoeCombine c, float* __restrict__ out) {
   detail::pdl_wait();
   detail::pdl_trigger();
   __shared__ int64_t rows[kMoeMaxExpertsUsed];
+  __shared__ const float* biases[kMoeMaxExpertsUsed];
   __shared__ float ws[kMoeMaxExpertsUsed];
   const int64_t t = blockIdx.x;
   if (threadIdx.x < K) {
     const int64_t p = t * K + threadIdx.x;
-    rows[threadIdx.x] = row_of_pair ? row_of_pair[p] : p;
+    rows[threadIdx.x] = c.row_of_pair ? c.row_of_pair[p] : p;
     ws[threadIdx.x] = weights[p];
+    biases[threadIdx.x] = c.down_bias ? c.down_bias + static_cast<int64_t>(c.ids[p]) * dim : nullptr;
   }
   __syncthreads();
-  const float g = shared_y ? 1.0f / (1.0f + expf(-shared_logit[t])) : 0.0f;
+  const float g = !c.shared_y ? 0.0f : c.shared_logit ? 1.0f / (1.0f + expf(-c.shared_logit[t])) : 1.0f;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
     float acc = 0.0f;
-    for (int k = 0; k < K; ++k) acc += ws[k] * y[rows[k] * dim + j];
-    if (shared_y) acc += g * shared_y[t * dim + j];
-    out[t * dim + j] += acc;
+    if (c.down_bias) {
+      for (int k = 0; k < K; ++k) acc += ws[k] * (y[rows[k] * dim + j] + biases[k][j]);
+    } else {
+      for (int k = 0; k < K; ++k) acc += ws[k] * y[rows[k] * dim + j];
+    }
+    if (c.shared_y) acc += g * c.shared_y[t * dim + j];
+    out[t * dim + j] = c.accumulate ? out[t * dim + j] + acc : acc;
   }
 }
 
 }  // namespace
 
-void moe_route(const float* logits, int64_t n, int32_t n_expert, int32_t n_expert_used, bool norm_topk_prob,
-               int32_t pad, const MoeRouting& r, cudaStream_t stream) {
-  assert(n_expert >= 1 && n_expert <= kMoeMaxExperts && n_expert_used >= 1 &&
-         n_expert_used <= std::min(n_expert, kMoeMaxExpertsUsed) && pad >= 1);
+void moe_route(const float* logits, int64_t n, const MoeRouter& m, int32_t pad, const MoeRouting& r,
+               cudaStream_t stream) {
+  assert(m.n_expert >= 1 && m.n_expert <= kMoeMaxExperts && m.n_expert_used >= 1 &&
+         m.n_expert_used <= std::min(m.n_expert, kMoeMaxExpertsUsed) && pad >= 1);
+  assert(m.n_group >= 1 && m.n_group <= kMoeMaxGroups && m.n_expert % m.n_group == 0 && m.topk_group >= 1 &&
+         m.topk_group <= m.n_group);
   if (n <= 0) return;
-  const int n_warps = std::clamp(kRouteProbBytes / (n_expert * 4), 1, 32);
-  const size_t smem = static_cast<size_t>(n_warps) * n_expert * sizeof(float);
-  launch_pdl(route_kernel, 1, n_warps * 32, smem, stream, logits, static_cast<int32_t>(n), n_expert, n_expert_used,
-             norm_topk_prob, pad, r);
+  const int row_bytes = m.n_expert * 4 * (separate_choice(m) ? 2 : 1);
+  const int n_warps = std::clamp(kRouteProbBytes / row_bytes, 1, 32);
+  const size_t smem = static_cast<size_t>(n_warps) * row_bytes;
+  launch_pdl(route_kernel, 1, n_warps * 32, smem, stream, logits, static_cast<int32_t>(n), m, pad, r);
 }
 
 bool moe_mma_supported(DType w, int64_t n_cols) {
@@ -466,13 +686,30 @@ bool moe_mma_supported(DType w, int64_t n_cols) {
 }
 
 bool moe_gemv_supported(DType w, int64_t n_cols) {
+  if (w != kFp8Rows && quant_supported(w)) return n_cols % dtype_info(w).block_size == 0;
   return (w == DType::kF32 && n_cols % 4 == 0) || ((w == DType::kF16 || w == DType::kBF16) && n_cols % 8 == 0);
 }
 
-void moe_gemv(const MoeExperts& w, const void* x, int32_t x_div, const MoeRouting& r, int32_t max_active, float* y,
-              bool tensor_cores, cudaStream_t stream) {
-  assert(moe_gemv_supported(w.dtype, w.n_cols) && w.stride % 16 == 0);
+void moe_gemv(const MoeExperts& w, const void* x, DType x_dtype, int32_t x_div, const MoeRouting& r, int32_t max_active,
+              float* y, bool tensor_cores, cudaStream_t stream) {
+  assert(moe_gemv_supported(w.dtype, w.n_cols));
   if (max_active <= 0 || w.n_rows <= 0) return;
+  if (dtype_info(w.dtype).quantized) {
+    const dim3 grid(static_cast<unsigned>((w.n_rows + kQuantWarps - 1) / kQuantWarps),
+                    static_cast<unsigned>(max_active));
+    const auto* base = static_cast<const uint8_t*>(w.data);
+    const auto* off = static_cast<const int32_t*>(r.offsets);
+    const auto* act = static_cast<const int32_t*>(r.active);
+    const auto* n_act = static_cast<const int32_t*>(r.n_active);
+    const auto* pairs = static_cast<const int32_t*>(r.sorted_pairs);
+    RILL_CUDA_DISPATCH_QUANT(
+        w.dtype,
+        RILL_CUDA_DISPATCH_FLOAT(
+            x_dtype, launch_pdl(moe_quant_kernel<Q, T>, grid, kQuantWarps * 32, 0, stream, base, w.stride, w.n_rows,
+                                w.n_cols, static_cast<const T*>(x), x_div, off, act, n_act, pairs, y)));
+    return;
+  }
+  assert(w.stride % 16 == 0 && x_dtype == w.dtype);
   if (tensor_cores && moe_mma_supported(w.dtype, w.n_cols)) {
     const dim3 grid(static_cast<unsigned>((w.n_rows + kMmaRows - 1) / kMmaRows), static_cast<unsigned>(max_active));
     const auto* base = static_cast<const uint8_t*>(w.data);
@@ -509,12 +746,20 @@ void moe_gather(DType dtype, const void* x, int64_t n, int32_t n_expert_used, in
              n_expert_used, row_bytes / 16, row_of_pair, static_cast<uint4*>(xg));
 }
 
-void moe_combine(const float* y, const int32_t* row_of_pair, const float* weights, int64_t n, int32_t n_expert_used,
-                 int64_t dim, const float* shared_y, const float* shared_logit, float* out, cudaStream_t stream) {
-  assert(n_expert_used >= 1 && n_expert_used <= kMoeMaxExpertsUsed);
+void moe_glu(const float* gate_up, int64_t n_rows, int64_t n_ff, const MoeGlu& g, DType out_dtype, void* out,
+             cudaStream_t stream) {
+  assert(!g.bias || g.row_expert || (g.padded && g.n_expert >= 1));
+  if (n_rows <= 0) return;
+  const int threads = static_cast<int>(std::min<int64_t>(256, (n_ff + 31) / 32 * 32));
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(glu_kernel<T>, static_cast<unsigned>(n_rows), threads, 0, stream,
+                                                 gate_up, n_ff, g, static_cast<T*>(out)));
+}
+
+void moe_combine(const float* y, const float* weights, int64_t n, int32_t n_expert_used, int64_t dim,
+                 const MoeCombine& c, float* out, cudaStream_t stream) {
+  assert(n_expert_used >= 1 && n_expert_used <= kMoeMaxExpertsUsed && (!c.down_bias || c.ids));
   if (n <= 0) return;
-  launch_pdl(combine_kernel, static_cast<unsigned>(n), 256, 0, stream, y, row_of_pair, weights, n_expert_used, dim,
-             shared_y, shared_logit, out);
+  launch_pdl(combine_kernel, static_cast<unsigned>(n), 256, 0, stream, y, weights, n_expert_used, dim, c, out);
 }
 
 }  // namespace rill::cuda

@@ -14,9 +14,10 @@ size_t dtype_size(DType t) {
 
 }  // namespace
 
-Status CudaMoe::init(const MoeParams& p, DType act) {
+Status CudaMoe::init(const MoeParams& p, DType act, bool quantized_experts) {
   p_ = p;
   act_ = act;
+  quantized_ = quantized_experts;
   RILL_ASSIGN_OR_RETURN(padded_host_,
                         cuda::PinnedBuffer::allocate(static_cast<size_t>(p.n_expert + 1) * 4, "the MoE row counts"));
   return Status::Ok();
@@ -43,6 +44,7 @@ void CudaMoe::carve(cuda::Arena& a, int64_t max_tokens) {
   gu_ = a.take<float>(R * static_cast<size_t>(2 * F));
   mid_ = a.take<uint8_t>(R * static_cast<size_t>(F) * as);
   y_ = a.take<float>(R * static_cast<size_t>(E));
+  if (quantized_) wq_ = a.take<uint8_t>(static_cast<size_t>(2 * F * E) * as);
   if (Fs > 0) {
     shared_gu_ = a.take<float>(C * static_cast<size_t>(2 * Fs));
     shared_mid_ = a.take<uint8_t>(C * static_cast<size_t>(Fs) * as);
@@ -51,8 +53,33 @@ void CudaMoe::carve(cuda::Arena& a, int64_t max_tokens) {
   }
 }
 
-Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool decode_only, float* x, cuda::Gemm& gemm,
-                        cudaStream_t stream) {
+void CudaMoe::activate(const CudaMoeWeights& w, const float* gu, int64_t n_rows, int64_t n_ff, bool routed,
+                       bool grouped, void* mid, cudaStream_t stream) const {
+  const MoeParams& p = w.p;
+  const float* bias = routed ? w.gate_up_bias : nullptr;
+  if (!bias && p.swiglu_limit <= 0) {  // the plain GLUs of the dense layers
+    if (p.gelu_tanh) {
+      cuda::gelu_tanh_mul(gu, n_rows, n_ff, act_, mid, stream);
+    } else {
+      cuda::silu_mul(gu, n_rows, n_ff, act_, mid, stream);
+    }
+    return;
+  }
+  cuda::MoeGlu g;
+  g.act = p.swiglu_limit > 0 ? cuda::MoeAct::kClampedSwiglu
+          : p.gelu_tanh      ? cuda::MoeAct::kGeluTanh
+                             : cuda::MoeAct::kSilu;
+  g.limit = p.swiglu_limit;
+  g.alpha = p.swiglu_alpha;
+  g.bias = bias;
+  g.row_expert = grouped ? nullptr : routing_.ids;
+  g.padded = routing_.padded;
+  g.n_expert = static_cast<int32_t>(p.n_expert);
+  cuda::moe_glu(gu, n_rows, n_ff, g, act_, mid, stream);
+}
+
+Status CudaMoe::forward(const CudaMoeWeights& w, const void* router_h, const void* h, int64_t n, bool decode_only,
+                        float* x, bool accumulate, cuda::Gemm& gemm, cudaStream_t stream) {
   const MoeParams& p = w.p;
   // Batch-invariant mode (gemm.batch_invariant()): device routing and the
   // fixed-order expert kernels (tensor cores where moe_mma_supported) at
@@ -61,30 +88,49 @@ Status CudaMoe::forward(const CudaMoeWeights& w, const void* h, int64_t n, bool 
   const bool device_routing = invariant || decode_only || act_ == DType::kF32;
   const int64_t X = p.n_expert, K = p.n_expert_used, E = p.n_embd, F = p.n_ff, Fs = p.n_ff_shared;
   const size_t as = dtype_size(act_);
+  cuda::MoeRouter router;
+  router.n_expert = static_cast<int32_t>(X);
+  router.n_expert_used = static_cast<int32_t>(K);
+  router.norm_topk_prob = p.norm_topk_prob;
+  router.sigmoid_scores = p.sigmoid_scores;
+  router.softmax_after_topk = p.softmax_after_topk;
+  router.n_group = static_cast<int32_t>(p.n_group);
+  router.topk_group = static_cast<int32_t>(p.topk_group);
+  router.routed_scaling_factor = p.routed_scaling_factor;
+  router.router_bias = w.router_bias;
+  router.score_bias = w.score_bias;
+  router.expert_scale = w.expert_scale;
+  const bool gated_shared = w.shared_gate.data != nullptr;
   for (int64_t t0 = 0; t0 < n; t0 += chunk_) {
     const int64_t m = std::min(chunk_, n - t0);
     const void* hc = static_cast<const uint8_t*>(h) + static_cast<size_t>(t0 * E) * as;
+    const void* rc = static_cast<const uint8_t*>(router_h) + static_cast<size_t>(t0 * E) * as;
     float* xc = x + t0 * E;
-    RILL_TRY(gemm.matmul(act_, w.router.data, hc, m, X, E, logits_, false));
-    cuda::moe_route(logits_, m, static_cast<int32_t>(X), static_cast<int32_t>(K), p.norm_topk_prob, kPad, routing_,
-                    stream);
+    RILL_TRY(gemm.matmul(act_, w.router.data, rc, m, X, E, logits_, false));
+    cuda::moe_route(logits_, m, router, kPad, routing_, stream);
     if (Fs > 0) {
       RILL_TRY(gemm.matmul(act_, w.shared_gate_up.data, hc, m, 2 * Fs, E, shared_gu_, false));
-      cuda::silu_mul(shared_gu_, m, Fs, act_, shared_mid_, stream);
+      activate(w, shared_gu_, m, Fs, false, false, shared_mid_, stream);
       RILL_TRY(gemm.matmul(act_, w.shared_down.data, shared_mid_, m, E, Fs, shared_y_, false));
-      RILL_TRY(gemm.matmul(act_, w.shared_gate.data, hc, m, 1, E, shared_logit_, false));
+      if (gated_shared) RILL_TRY(gemm.matmul(act_, w.shared_gate.data, hc, m, 1, E, shared_logit_, false));
     }
     if (device_routing) {
       const auto max_active = static_cast<int32_t>(std::min(m * K, X));
       const bool tensor_cores = invariant || m >= kMmaMinTokens;
-      cuda::moe_gemv(w.gate_up, hc, static_cast<int32_t>(K), routing_, max_active, gu_, tensor_cores, stream);
-      cuda::silu_mul(gu_, m * K, F, act_, mid_, stream);
-      cuda::moe_gemv(w.down, mid_, 1, routing_, max_active, y_, tensor_cores, stream);
+      cuda::moe_gemv(w.gate_up, hc, act_, static_cast<int32_t>(K), routing_, max_active, gu_, tensor_cores, stream);
+      activate(w, gu_, m * K, F, true, false, mid_, stream);
+      cuda::moe_gemv(w.down, mid_, act_, 1, routing_, max_active, y_, tensor_cores, stream);
     } else {
       RILL_TRY(experts_grouped(w, hc, m, gemm, stream));
     }
-    cuda::moe_combine(y_, device_routing ? nullptr : routing_.row_of_pair, routing_.weights, m, static_cast<int32_t>(K),
-                      E, Fs > 0 ? shared_y_ : nullptr, shared_logit_, xc, stream);
+    cuda::MoeCombine c;
+    c.row_of_pair = device_routing ? nullptr : routing_.row_of_pair;
+    c.ids = routing_.ids;
+    c.down_bias = w.down_bias;
+    c.shared_y = Fs > 0 ? shared_y_ : nullptr;
+    c.shared_logit = gated_shared ? shared_logit_ : nullptr;
+    c.accumulate = accumulate;
+    cuda::moe_combine(y_, routing_.weights, m, static_cast<int32_t>(K), E, c, xc, stream);
   }
   return Status::Ok();
 }
@@ -104,20 +150,26 @@ Status CudaMoe::experts_grouped(const CudaMoeWeights& w, const void* h, int64_t 
   cuda::moe_gather(act_, h, m, static_cast<int32_t>(K), E, routing_.row_of_pair, xg_, stream);
   auto* xg = static_cast<uint8_t*>(xg_);
   auto* mid = static_cast<uint8_t*>(mid_);
-  const auto* wgu = static_cast<const uint8_t*>(w.gate_up.data);
-  const auto* wdn = static_cast<const uint8_t*>(w.down.data);
+  // An expert in quantized blocks is dequantized to act into wq_ first
+  // (the stream orders each use of wq_ after the GEMM before it).
+  auto matrix = [&](const cuda::MoeExperts& x, int64_t e) -> const void* {
+    const uint8_t* at = static_cast<const uint8_t*>(x.data) + static_cast<size_t>(e) * x.stride;
+    if (!dtype_info(x.dtype).quantized) return at;
+    cuda::dequantize_rows(x.dtype, at, x.n_cols, 0, x.n_rows, act_, wq_, stream);
+    return wq_;
+  };
   for (int64_t e = 0; e < X; ++e) {
     const int64_t r0 = padded[e], rows = padded[e + 1] - r0;
     if (rows == 0) continue;
-    RILL_TRY(gemm.matmul(act_, wgu + static_cast<size_t>(e) * w.gate_up.stride, xg + static_cast<size_t>(r0 * E) * as,
-                         rows, 2 * F, E, gu_ + r0 * 2 * F, false));
+    RILL_TRY(gemm.matmul(act_, matrix(w.gate_up, e), xg + static_cast<size_t>(r0 * E) * as, rows, 2 * F, E,
+                         gu_ + r0 * 2 * F, false));
   }
-  cuda::silu_mul(gu_, padded[X], F, act_, mid_, stream);
+  activate(w, gu_, padded[X], F, true, true, mid_, stream);
   for (int64_t e = 0; e < X; ++e) {
     const int64_t r0 = padded[e], rows = padded[e + 1] - r0;
     if (rows == 0) continue;
-    RILL_TRY(gemm.matmul(act_, wdn + static_cast<size_t>(e) * w.down.stride, mid + static_cast<size_t>(r0 * F) * as,
-                         rows, E, F, y_ + r0 * E, false));
+    RILL_TRY(
+        gemm.matmul(act_, matrix(w.down, e), mid + static_cast<size_t>(r0 * F) * as, rows, E, F, y_ + r0 * E, false));
   }
   return Status::Ok();
 }

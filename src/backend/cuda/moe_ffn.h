@@ -1,10 +1,15 @@
 #pragma once
 // The mixture-of-experts FFN on a CUDA device: the CUDA Backend's moe_ffn
-// (backend/backend.h; the CPU reference is backend/cpu/moe.h). It runs the
-// softmax router (top-k, norm_topk_prob), routed experts computed per token
-// group (never a dense pass over all experts) and an optional shared expert
-// with its sigmoid gate; the other MoeParams options are refused at
-// placement (cuda_backend.cpp).
+// (backend/backend.h; the CPU reference is backend/cpu/moe.h). It runs
+// every router of MoeParams on the device (softmax top-k with
+// norm_topk_prob; DeepSeek / GLM's sigmoid scores with the correction bias,
+// group-limited choice and routed_scaling_factor; gpt-oss's top-k then
+// softmax with the router's bias; Gemma 4's per-expert scales), SwiGLU,
+// GeGLU or gpt-oss's clamped SwiGLU experts with optional biases, routed
+// experts computed per token group (never a dense pass over all experts)
+// and an optional shared expert, gated by a sigmoid or not. Routed experts
+// stay in their GGUF blocks where the kernels decode them (MXFP4, Q8_0, ...;
+// quant.h), else in the activation dtype.
 //
 // Two ways through a layer:
 //  - device routing (decode steps, CUDA-graph safe): the router GEMM, then
@@ -27,7 +32,10 @@
 // (gemm_invariant).
 // F32 weights always take the first: every f32 matmul is the fixed-order
 // GEMV anyway (cuda/gemm.h), so a token's result is then the same in a
-// decode step, a prefill chunk or a mixed step.
+// decode step, a prefill chunk or a mixed step. Quantized experts (GGUF
+// blocks: MXFP4, ...) go through the same two ways: the expert-indexed GEMV
+// decodes their blocks; the grouped path dequantizes each active expert to
+// the activation dtype into one expert's scratch before its GEMM.
 // Both add the result into the f32 residual stream x, so the FFN's residual
 // add costs nothing. Tokens go in chunks of at most kMaxChunk (scratch is
 // sized for one chunk when the backend's scratch is carved; nothing
@@ -44,15 +52,22 @@
 
 namespace rill {
 
-// One MoE layer's weights in device memory (matrices in the activation dtype).
+// One MoE layer's weights in device memory (the router and shared expert
+// in the activation dtype; the routed experts in it or in their quantized
+// blocks). Vectors f32, null when absent.
 struct CudaMoeWeights {
   MoeParams p;
-  cuda::DeviceWeight router;          // [X, E]
-  cuda::MoeExperts gate_up;           // X x [2F, E]: gate rows, then up rows
-  cuda::MoeExperts down;              // X x [E, F]
-  cuda::DeviceWeight shared_gate_up;  // [2 Fs, E]; data null without a shared expert
-  cuda::DeviceWeight shared_down;     // [E, Fs]
-  cuda::DeviceWeight shared_gate;     // [1, E]
+  cuda::DeviceWeight router;            // [X, E]
+  const float* router_bias = nullptr;   // [X]: added to the logits
+  const float* score_bias = nullptr;    // [X]: the choice's correction bias
+  const float* expert_scale = nullptr;  // [X]: times each chosen expert's weight
+  cuda::MoeExperts gate_up;             // X x [2F, E]: gate rows, then up rows
+  cuda::MoeExperts down;                // X x [E, F]
+  const float* gate_up_bias = nullptr;  // [X, 2F]: gate biases, then up biases
+  const float* down_bias = nullptr;     // [X, E]
+  cuda::DeviceWeight shared_gate_up;    // [2 Fs, E]; data null without a shared expert
+  cuda::DeviceWeight shared_down;       // [E, Fs]
+  cuda::DeviceWeight shared_gate;       // [1, E]; data null: ungated (weight 1)
 };
 
 // Scratch and forward, shared by a model's MoE layers (they run one at a
@@ -65,27 +80,38 @@ class CudaMoe {
   static constexpr int64_t kMmaMinTokens = 2;
 
   // p: the layers' largest widths (n_embd, n_expert, n_expert_used, n_ff,
-  // n_ff_shared); act: the activation dtype. Allocates the pinned row
-  // counts (again when called again).
-  Status init(const MoeParams& p, DType act);
+  // n_ff_shared); act: the activation dtype; quantized_experts: some
+  // layer keeps its experts in quantized blocks (carve() then adds one
+  // expert's dequantization scratch). Allocates the pinned row counts
+  // (again when called again).
+  Status init(const MoeParams& p, DType act, bool quantized_experts);
+  bool quantized_experts() const { return quantized_; }
   bool initialized() const { return padded_host_.data() != nullptr; }
   const MoeParams& params() const { return p_; }
   // Activation scratch for steps of up to max_tokens tokens (arena sizing
   // pass, then the real one).
   void carve(cuda::Arena& a, int64_t max_tokens);
 
-  // x[t] += MoE(h[t]) for n tokens. h: [n, E] in the activation dtype,
-  // x: [n, E] f32. decode_only: the step may be captured in a CUDA graph
-  // (no prefill tiles): device routing. Otherwise the grouped GEMMs (which
-  // synchronize the stream) unless the weights are f32.
-  Status forward(const CudaMoeWeights& w, const void* h, int64_t n, bool decode_only, float* x, cuda::Gemm& gemm,
-                 cudaStream_t stream);
+  // x[t] (+)= MoE(h[t]) for n tokens, the router reading router_h[t]
+  // (h itself but for Gemma 4). router_h, h: [n, E] in the activation
+  // dtype, x: [n, E] f32 (accumulate: added to, else overwritten).
+  // decode_only: the step may be captured in a CUDA graph (no prefill
+  // tiles): device routing. Otherwise the grouped GEMMs (which synchronize
+  // the stream) unless the weights are f32.
+  Status forward(const CudaMoeWeights& w, const void* router_h, const void* h, int64_t n, bool decode_only, float* x,
+                 bool accumulate, cuda::Gemm& gemm, cudaStream_t stream);
 
  private:
   Status experts_grouped(const CudaMoeWeights& w, const void* h, int64_t n, cuda::Gemm& gemm, cudaStream_t stream);
+  // mid = act(gate) * up over n_rows rows of gu (the layer's activation; a
+  // row's expert for the biases from the routing: pair rows, or the
+  // grouped path's padded rows).
+  void activate(const CudaMoeWeights& w, const float* gu, int64_t n_rows, int64_t n_ff, bool routed, bool grouped,
+                void* mid, cudaStream_t stream) const;
 
   MoeParams p_;
   DType act_ = DType::kBF16;
+  bool quantized_ = false;
   // The decode path's bf16/f16 experts run on tensor cores from
   // kMmaMinTokens tokens on, the CUDA-core GEMV below (on the H200 with
   // moe-7b-a1b the GEMV was 2.4% faster at one token, tensor cores 6%
@@ -99,6 +125,7 @@ class CudaMoe {
   float* gu_ = nullptr;             // [rows, 2F]
   void* mid_ = nullptr;             // [rows, F] act: silu(gate) * up
   float* y_ = nullptr;              // [rows, E]: expert outputs
+  void* wq_ = nullptr;              // [2F, E] act: one quantized expert's matrix, dequantized (grouped path)
   float* shared_gu_ = nullptr;      // [chunk, 2 Fs]
   void* shared_mid_ = nullptr;      // [chunk, Fs] act
   float* shared_y_ = nullptr;       // [chunk, E]

@@ -7,7 +7,7 @@
 //    copy of the matrix (quant_matmul picks the path by token count);
 //  - embed_rows_any: the embedding gather from a quantized table.
 // Every pointer is a device pointer. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// Q4_K, Q5_K, Q6_K (quant_supported); rows are whole blocks (GGUF's rule).
+// Q4_K, Q5_K, Q6_K, MXFP4 (quant_supported); rows are whole blocks (GGUF's rule).
 // quant_gemv, dequantize_rows and quant_matmul also take the backend's FP8
 // weights (fp8.h, kFp8Rows: e4m3 rows with a scale each), never a table.
 #include <cuda_runtime.h>

@@ -12,8 +12,8 @@
 // dequantize kernel (a thread).
 //
 // Blocks are 2-byte aligned at least (Q4_0 18 bytes, Q5_0 22, Q8_0 34,
-// Q6_K 210), 4-byte for Q4_1/Q5_1, 16-byte for Q4_K/Q5_K: loads are sized
-// to that (matrix bases are 256-byte aligned, rows are whole blocks).
+// Q6_K 210), 4-byte for Q4_1/Q5_1, 16-byte for Q4_K/Q5_K, MXFP4 (17
+// bytes) 1-byte: loads are sized to that (matrix bases are 256-byte aligned, rows are whole blocks).
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -210,46 +210,76 @@ struct Q6_K {
   }
 };
 
+// MXFP4 (gpt-oss's experts): x = 2^(e - 128) * v with v an e2m1 value
+// doubled (cpu::kMxfp4Values: 0, 1, 2, 3, 4, 6, 8, 12 and negatives) and
+// the e8m0 byte e first (cpu::e8m0_to_f32_half); byte j of the 16 qs
+// bytes: element j (low nibble), j + 16 (high). Blocks are 17 bytes: byte
+// loads only.
+struct MXFP4 {
+  static constexpr int kElems = 32, kBytes = 17, kItems = 4;
+  __device__ static int col0(int k) { return 4 * k; }
+  __device__ static int col1(int k) { return 16 + 4 * k; }
+  __device__ static float value(int nib) {
+    const int m = nib & 7;
+    const int v = m < 4 ? m : m < 6 ? 2 * m - 4 : 4 * m - 16;
+    return static_cast<float>(nib & 8 ? -v : v);
+  }
+  __device__ static void decode(const uint8_t* b, int k, float* w) {
+    const uint32_t e = __ldg(b);
+    const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int q = __ldg(b + 1 + 4 * k + i);
+      w[i] = mul(value(q & 0xF), d);
+      w[4 + i] = mul(value(q >> 4), d);
+    }
+  }
+};
+
 }  // namespace rill::cuda::quant
 
 // Calls the statement list with Q the decoder of a quant_supported dtype
 // (other dtypes: nothing).
-#define RILL_CUDA_DISPATCH_QUANT(dtype, ...) \
-  do {                                       \
-    switch (dtype) {                         \
-      case ::rill::DType::kQ4_0: {           \
-        using Q = ::rill::cuda::quant::Q4_0; \
-        __VA_ARGS__;                         \
-      } break;                               \
-      case ::rill::DType::kQ4_1: {           \
-        using Q = ::rill::cuda::quant::Q4_1; \
-        __VA_ARGS__;                         \
-      } break;                               \
-      case ::rill::DType::kQ5_0: {           \
-        using Q = ::rill::cuda::quant::Q5_0; \
-        __VA_ARGS__;                         \
-      } break;                               \
-      case ::rill::DType::kQ5_1: {           \
-        using Q = ::rill::cuda::quant::Q5_1; \
-        __VA_ARGS__;                         \
-      } break;                               \
-      case ::rill::DType::kQ8_0: {           \
-        using Q = ::rill::cuda::quant::Q8_0; \
-        __VA_ARGS__;                         \
-      } break;                               \
-      case ::rill::DType::kQ4_K: {           \
-        using Q = ::rill::cuda::quant::Q4_K; \
-        __VA_ARGS__;                         \
-      } break;                               \
-      case ::rill::DType::kQ5_K: {           \
-        using Q = ::rill::cuda::quant::Q5_K; \
-        __VA_ARGS__;                         \
-      } break;                               \
-      case ::rill::DType::kQ6_K: {           \
-        using Q = ::rill::cuda::quant::Q6_K; \
-        __VA_ARGS__;                         \
-      } break;                               \
-      default:                               \
-        break;                               \
-    }                                        \
+#define RILL_CUDA_DISPATCH_QUANT(dtype, ...)  \
+  do {                                        \
+    switch (dtype) {                          \
+      case ::rill::DType::kQ4_0: {            \
+        using Q = ::rill::cuda::quant::Q4_0;  \
+        __VA_ARGS__;                          \
+      } break;                                \
+      case ::rill::DType::kQ4_1: {            \
+        using Q = ::rill::cuda::quant::Q4_1;  \
+        __VA_ARGS__;                          \
+      } break;                                \
+      case ::rill::DType::kQ5_0: {            \
+        using Q = ::rill::cuda::quant::Q5_0;  \
+        __VA_ARGS__;                          \
+      } break;                                \
+      case ::rill::DType::kQ5_1: {            \
+        using Q = ::rill::cuda::quant::Q5_1;  \
+        __VA_ARGS__;                          \
+      } break;                                \
+      case ::rill::DType::kQ8_0: {            \
+        using Q = ::rill::cuda::quant::Q8_0;  \
+        __VA_ARGS__;                          \
+      } break;                                \
+      case ::rill::DType::kQ4_K: {            \
+        using Q = ::rill::cuda::quant::Q4_K;  \
+        __VA_ARGS__;                          \
+      } break;                                \
+      case ::rill::DType::kQ5_K: {            \
+        using Q = ::rill::cuda::quant::Q5_K;  \
+        __VA_ARGS__;                          \
+      } break;                                \
+      case ::rill::DType::kQ6_K: {            \
+        using Q = ::rill::cuda::quant::Q6_K;  \
+        __VA_ARGS__;                          \
+      } break;                                \
+      case ::rill::DType::kMXFP4: {           \
+        using Q = ::rill::cuda::quant::MXFP4; \
+        __VA_ARGS__;                          \
+      } break;                                \
+      default:                                \
+        break;                                \
+    }                                         \
   } while (0)

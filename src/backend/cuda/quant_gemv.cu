@@ -129,6 +129,7 @@ bool quant_supported(DType t) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K:
+    case DType::kMXFP4:
       return true;
     default:
       return false;

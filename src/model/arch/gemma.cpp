@@ -650,9 +650,6 @@ Status GemmaCudaModel::init(const ModelOptions& options) {
   // Gemma 4's full layers are held to it here.
   constexpr int64_t kMaxHeadDim = 256;
   RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
-  if (w.params.moe) {
-    return Error{files_->path + ": Gemma 4's MoE block does not run on CUDA yet (gemma.cpu runs it)"};
-  }
   for (const GemmaLayerDims& d : w.layer_dims) {
     if (d.head_dim % 4 != 0 || cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(d.head_dim)) !=
                                    cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(hd_))) {
@@ -690,6 +687,11 @@ void GemmaCudaModel::carve_activations(cuda::Arena& a) {
     act_views_.pl_gate = carve_tensor(a, DType::kF32, T, graph_.P);
     act_views_.pl_act = carve_tensor(a, act_, T, graph_.P);
     act_views_.xa = carve_tensor(a, act_, T, E_);
+  }
+  if (graph_.any_moe) {
+    act_views_.router_in = carve_tensor(a, act_, T, E_);
+    act_views_.moe_in = carve_tensor(a, act_, T, E_);
+    act_views_.moe_out = carve_tensor(a, DType::kF32, T, E_);
   }
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }

@@ -707,11 +707,6 @@ Result<std::unique_ptr<Model>> create_llama_cuda_tp_model(std::shared_ptr<const 
 
 Result<std::unique_ptr<Model>> create_llama_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                        const ModelOptions& options) {
-  if (moe_params(files->config).sigmoid_scores) {
-    return Error{files->path + ": " + files->config.architecture +
-                 "'s sigmoid, group-limited MoE router is not on CUDA yet (the CUDA MoE routes by softmax); "
-                 "run it on the CPU"};
-  }
   if (options.tensor_parallel != 1) return create_llama_cuda_tp_model(std::move(files), options);
 #if RILL_HAVE_CUDA
   return init_model(std::make_unique<LlamaCudaModel>(std::move(files)), options);
