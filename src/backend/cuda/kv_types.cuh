@@ -1,0 +1,179 @@
+#pragma once
+// The KV types the CUDA attention kernels read and rope_store_kv writes
+// (model/kv_types.h: f32, f16, and q8_0 / q4_0 in GGML's block layouts,
+// byte for byte the CPU's, so the prefix-cache tiers and KV files carry it between
+// devices). Each is a tag type with:
+//   row_bytes(n)         bytes of n elements (n a multiple of kBlock); a KV
+//                        row is n_head_kv heads end to end, head h at
+//                        elements [h * head_dim, (h + 1) * head_dim)
+//   load4(row, e, v)     elements [e, e + 4) of a row as f32 (e % 4 == 0)
+//   load1(row, e)        element e as f32
+//   store(x, row, e0, n) n f32 values x (shared memory) into elements
+//                        [e0, e0 + n) of a row, e0 and n whole blocks, by
+//                        the whole thread block (blockDim.x a multiple of
+//                        32; every thread calls it after x is written)
+// Elements are addressed within the row, not the head: heads smaller than
+// a block (head_dim 16: two heads share a q8_0 block, as on the CPU) are
+// read in place like any other.
+// The kernels are templated on the tag, so each type's loads compile into
+// the same loop (no dequantized copy of the context: a head is converted
+// in registers as it is read).
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_math.cuh"
+#include "core/dtype.h"
+
+namespace rill::cuda::detail {
+
+struct KvF32 {
+  static constexpr DType kDtype = DType::kF32;
+  static constexpr int kBlock = 1;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n * 4; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const float4 x = *reinterpret_cast<const float4*>(row + 4 * e);
+    v[0] = x.x;
+    v[1] = x.y;
+    v[2] = x.z;
+    v[3] = x.w;
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) { return reinterpret_cast<const float*>(row)[e]; }
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<float*>(row)[e0 + i] = x[i];
+  }
+};
+
+struct KvF16 {
+  static constexpr DType kDtype = DType::kF16;
+  static constexpr int kBlock = 1;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n * 2; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(row + 2 * e);
+    const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+    const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+    v[0] = fa.x;
+    v[1] = fa.y;
+    v[2] = fb.x;
+    v[3] = fb.y;
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    return __half2float(reinterpret_cast<const __half*>(row)[e]);
+  }
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<__half*>(row)[e0 + i] = __float2half_rn(x[i]);
+  }
+};
+
+// GGML's block_q8_0: an f16 scale, then 32 int8 levels; x = scale * q.
+// Blocks are 34 bytes, so a block's levels are only 2-byte aligned: loads
+// go 2 bytes at a time. The quantizer is llama.cpp's reference
+// (quantize_row_q8_0_ref, the CPU's ref::quantize_kv_row): scale =
+// max|x| / 127 in f32, levels round(x / scale) via the f32 reciprocal, so
+// the same floats give the same bytes on both devices.
+struct KvQ8_0 {
+  static constexpr DType kDtype = DType::kQ8_0;
+  static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 34;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (e & 31));
+    const uint16_t lo = q[0], hi = q[1];
+    v[0] = s * static_cast<float>(static_cast<int8_t>(lo & 0xff));
+    v[1] = s * static_cast<float>(static_cast<int8_t>(lo >> 8));
+    v[2] = s * static_cast<float>(static_cast<int8_t>(hi & 0xff));
+    v[3] = s * static_cast<float>(static_cast<int8_t>(hi >> 8));
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    return s * static_cast<float>(static_cast<int8_t>(blk[2 + (e & 31)]));
+  }
+  // Warp w quantizes blocks w, w + n_warps, ...: lane i holds element i of
+  // the block, the block's max|x| is a warp reduction.
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    const int lane = threadIdx.x & 31;
+    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
+    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
+      const float v = x[i0 + lane];
+      const float amax = warp_max(fabsf(v));
+      const float scale = amax / 127.0f;
+      const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
+      if (lane == 0) *reinterpret_cast<__half*>(blk) = __float2half_rn(scale);
+      blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(roundf(v * inv)));
+    }
+  }
+};
+
+// GGML's block_q4_0: an f16 scale d, then 16 bytes: element j < 16 in the
+// low nibble of byte j, element j + 16 in its high nibble; x = d (q - 8).
+// The quantizer is llama.cpp's reference: d = -(the element of largest
+// magnitude, the first on ties) / 8, q = min(15, trunc(x / d + 8.5)).
+struct KvQ4_0 {
+  static constexpr DType kDtype = DType::kQ4_0;
+  static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 18;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const int j = static_cast<int>(e & 31), shift = j >= 16 ? 4 : 0;
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (j & 15));
+    const uint32_t b = q[0] | (static_cast<uint32_t>(q[1]) << 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = s * static_cast<float>(static_cast<int>((b >> (8 * i + shift)) & 0xF) - 8);
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const int j = static_cast<int>(e & 31);
+    const int q = (blk[2 + (j & 15)] >> (j >= 16 ? 4 : 0)) & 0xF;
+    return s * static_cast<float>(q - 8);
+  }
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    const int lane = threadIdx.x & 31;
+    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
+    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
+      const float v = x[i0 + lane];
+      const float amax = warp_max(fabsf(v));
+      const unsigned at_max = __ballot_sync(0xffffffffu, fabsf(v) == amax);
+      const float max = __shfl_sync(0xffffffffu, v, __ffs(at_max) - 1);
+      const float d = (amax > 0.0f ? max : 0.0f) / -8.0f;
+      const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+      const int q = min(15, static_cast<int>(v * inv + 8.5f));
+      const int hi = __shfl_down_sync(0xffffffffu, q, 16);
+      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
+      if (lane == 0) *reinterpret_cast<__half*>(blk) = __float2half_rn(d);
+      if (lane < 16) blk[2 + lane] = static_cast<uint8_t>(q | (hi << 4));
+    }
+  }
+};
+
+}  // namespace rill::cuda::detail
+
+// Calls MACRO(KvT) with KvT the tag of a KV dtype the CUDA kernels take
+// (F16, Q8_0, Q4_0; anything else: F32).
+#define RILL_CUDA_DISPATCH_KV(dtype, ...)         \
+  do {                                            \
+    switch (dtype) {                              \
+      case ::rill::DType::kF16: {                 \
+        using KvT = ::rill::cuda::detail::KvF16;  \
+        __VA_ARGS__;                              \
+      } break;                                    \
+      case ::rill::DType::kQ8_0: {                \
+        using KvT = ::rill::cuda::detail::KvQ8_0; \
+        __VA_ARGS__;                              \
+      } break;                                    \
+      case ::rill::DType::kQ4_0: {                \
+        using KvT = ::rill::cuda::detail::KvQ4_0; \
+        __VA_ARGS__;                              \
+      } break;                                    \
+      default: {                                  \
+        using KvT = ::rill::cuda::detail::KvF32;  \
+        __VA_ARGS__;                              \
+      } break;                                    \
+    }                                             \
+  } while (0)
