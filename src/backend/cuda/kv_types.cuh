@@ -143,7 +143,8 @@ struct KvQ4_0 {
       const float max = __shfl_sync(0xffffffffu, v, __ffs(at_max) - 1);
       const float d = (amax > 0.0f ? max : 0.0f) / -8.0f;
       const float inv = d != 0.0f ? 1.0f / d : 0.0f;
-      const int q = min(15, static_cast<int>(v * inv + 8.5f));
+      // Rounded multiply, then add (no FMA): the CPU reference's two roundings.
+      const int q = min(15, static_cast<int>(__fadd_rn(__fmul_rn(v, inv), 8.5f)));
       const int hi = __shfl_down_sync(0xffffffffu, q, 16);
       uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<__half*>(blk) = __float2half_rn(d);
