@@ -14,9 +14,10 @@
 //  - outputs in bf16 / f16: one more rounding, 2^-8 / 2^-11;
 //  - RoPE: CUDA's sincosf against glibc's: 5e-5 absolute;
 //  - attention over f16 KV: the CPU rounds q and the probabilities to f16
-//    as llama.cpp does, CUDA does not: 4e-3; over q8_0 / q4_0 KV (the
-//    same blocks): as f32, 2e-5; their stores: one level of K's RoPE
-//    difference; V quantized from the same floats: exact;
+//    as llama.cpp does, CUDA does not: 4e-3; over GGML-block KV (q8_0,
+//    q4_0, q4_1, q5_0, q5_1: the same blocks): as f32, 2e-5; their stores:
+//    one level of K's RoPE difference; V quantized from the same floats:
+//    exact;
 //  - quantized weights: the CPU quantizes x to the llama.cpp partner type
 //    (Q8_0 / Q8_K), CUDA multiplies its act values: 3e-2;
 //  - the MoE FFN: f32 1e-4; bf16 / f16 (CUDA rounds the experts' GLU output
@@ -34,6 +35,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/kv_quant.h"
+#include "backend/cpu/quants.h"
 #include "backend/cpu/rope_table.h"
 #include "core/half.h"
 #include "model/kv_spec.h"
@@ -402,10 +404,30 @@ struct KvPlanes {
   KvCacheView view;
   size_t bytes = 0;
 };
-// Plane bytes of floats v in a KV dtype: plain ones rounded, Q8_0 / Q4_0
-// by the CPU's reference quantizer (the blocks both backends read).
+// The GGML block types CUDA stores KV in, and each one's level step as a
+// fraction of its block's largest magnitude (q4_1 / q5_1: of max - min, up
+// to twice that): how far one value moved to the next level may differ.
+bool block_kv(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1;
+}
+double level_step(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+      return 1.0 / 127;
+    case DType::kQ4_0:
+      return 1.0 / 8;
+    case DType::kQ4_1:
+      return 2.0 / 15;
+    case DType::kQ5_0:
+      return 1.0 / 16;
+    default:  // Q5_1
+      return 2.0 / 31;
+  }
+}
+// Plane bytes of floats v in a KV dtype: plain ones rounded, GGML blocks by
+// the CPU's reference quantizer (the blocks both backends read).
 std::vector<uint8_t> encode_plane(DType t, const std::vector<float>& v) {
-  if (t != DType::kQ8_0 && t != DType::kQ4_0) return encode(t, v);
+  if (!block_kv(t)) return encode(t, v);
   std::vector<uint8_t> out(row_bytes(t, static_cast<int64_t>(v.size())));
   cpu::ref::quantize_kv_row(t, v.data(), out.data(), static_cast<int64_t>(v.size()));
   return out;
@@ -428,21 +450,10 @@ std::vector<float> read_plane(Side& s, const void* plane, size_t bytes, DType dt
   std::vector<uint8_t> raw(bytes);
   EXPECT_TRUE(s.b->copy_out(raw.data(), plane, bytes).ok());
   std::vector<float> out;
-  if (dtype == DType::kQ8_0) {  // GGML's block_q8_0: f16 scale, 32 int8 levels
-    for (size_t b = 0; b + 34 <= bytes; b += 34) {
-      const float d = decode_one(DType::kF16, raw.data() + b);
-      for (size_t i = 0; i < 32; ++i) out.push_back(d * static_cast<float>(static_cast<int8_t>(raw[b + 2 + i])));
-    }
-    return out;
-  }
-  if (dtype == DType::kQ4_0) {  // GGML's block_q4_0: f16 scale, element j | j + 16 in byte j's nibbles
-    for (size_t b = 0; b + 18 <= bytes; b += 18) {
-      const float d = decode_one(DType::kF16, raw.data() + b);
-      for (size_t j = 0; j < 32; ++j) {
-        const int q = (raw[b + 2 + j % 16] >> (j < 16 ? 0 : 4)) & 0xF;
-        out.push_back(static_cast<float>(q - 8) * d);
-      }
-    }
+  if (block_kv(dtype)) {  // the CPU's dequantization of GGML's blocks
+    const DTypeInfo info = dtype_info(dtype);
+    out.resize(bytes / static_cast<size_t>(info.block_bytes) * static_cast<size_t>(info.block_size));
+    cpu::dequantize_row(dtype, raw.data(), out.data(), static_cast<int64_t>(out.size()));
     return out;
   }
   for (size_t i = 0; i < bytes; i += elem_bytes(dtype)) out.push_back(decode_one(dtype, raw.data() + i));
@@ -489,13 +500,10 @@ TEST_P(BackendOps, RopeQkNormAndKvStore) {
                                  " head_dim " + std::to_string(hd);
         // RoPE: absolute 5e-5 of values of magnitude <= ~4 (normed: a few).
         expect_close(qkvs[1], qkvs[0], tol(2e-5), what + " q");
-        // Q8_0 / Q4_0: K's f32 values differ by RoPE's 5e-5, which may move a
-        // value to the next level (a step of max|x| / 127, / 8 of its block);
-        // V is quantized from the same floats by the same rule: exact.
-        const double k_tol = kv_t == DType::kQ8_0   ? 1.0 / 127
-                             : kv_t == DType::kQ4_0 ? 1.0 / 7
-                             : kv_t == DType::kF16  ? 2e-3
-                                                    : 2e-5;
+        // GGML blocks: K's f32 values differ by RoPE's 5e-5, which may move a
+        // value to the next level (level_step of its block); V is quantized
+        // from the same floats by the same rule: exact.
+        const double k_tol = block_kv(kv_t) ? level_step(kv_t) : kv_t == DType::kF16 ? 2e-3 : 2e-5;
         expect_close(ks[1], ks[0], tol(k_tol), what + " K cache");
         expect_close(vs[1], vs[0], 0, what + " V cache");
       }

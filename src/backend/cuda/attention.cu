@@ -35,7 +35,19 @@ using detail::warp_sum;
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeChunk = 128;  // keys scored before each softmax update
 
-constexpr int kKeys = 4;
+// Keys each warp has in flight per round: 4 rows of f32/f16; 8 of a block
+// type, whose rows are a quarter to a half the bytes (its rounds are
+// latency bound: more loads per round, fewer rounds).
+template <typename KvT>
+inline constexpr int kKeysInFlight = KvT::kBlock > 1 ? 8 : 4;
+// Grids of at most this many blocks (every block resident at once on an
+// H200, as attention_decode.cu) prefetch their split's K/V rows into L2
+// before waiting for the preceding kernel.
+constexpr unsigned kPrefetchMaxBlocks = 264;
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 
 // rows[u] = cache rows cache_rows[base + 4 u] (those below n), this lane's
 // 4 * kChunks elements of each (KvT: a tag of kv_types.cuh).
@@ -65,6 +77,7 @@ template <typename KvT, int kChunks, int kG>
 __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem, float* m_s, float* corr_s, float* l_s,
                                              int32_t* rows_s, int kvh, int split, int z, int32_t t, int32_t k_begin,
                                              int32_t k_end, int32_t n_splits) {
+  constexpr int kKeys = kKeysInFlight<KvT>;
   const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* q_s = smem;                   // [G][hd]
@@ -236,18 +249,34 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
   extern __shared__ float smem[];  // [G][hd] q, [G][kDecodeChunk] scores, [4][G][hd] sums
   __shared__ float m_s[kG], corr_s[kG], l_s[kG];
   __shared__ int32_t rows_s[kDecodeChunk];
-  detail::pdl_wait();
-  detail::pdl_trigger();
   const int G = a.n_head / a.n_head_kv;
   const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
+  // The step's indices and block tables are written before its first
+  // kernel: read (and the split's rows prefetched) before the wait.
   const int32_t t = a.decode_tokens[z];
   const int32_t p = a.pos[t];
   const int32_t len = p + 1;
   const int32_t n_splits = splits_for(len);
-  if (split >= n_splits) return;
   const int32_t split_len = (len + n_splits - 1) / n_splits;
   const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
   const int32_t k_begin = max(split * split_len, lo), k_end = min(len, (split + 1) * split_len);
+  if (split < n_splits && gridDim.x * gridDim.y * gridDim.z <= kPrefetchMaxBlocks) {
+    const int32_t* table = a.block_tables + a.table_start[a.seq_of[t]];
+    const int64_t row_bytes = KvT::row_bytes(static_cast<int64_t>(a.n_head_kv) * a.head_dim);
+    // The head's bytes: from the block holding its first element, whole blocks.
+    const int64_t first = static_cast<int64_t>(kvh) * a.head_dim / KvT::kBlock * KvT::kBlock;
+    const int64_t head_off = KvT::row_bytes(first), head_bytes = KvT::row_bytes(max(a.head_dim, KvT::kBlock));
+    for (int32_t j = k_begin + static_cast<int32_t>(threadIdx.x); j < k_end; j += kDecodeThreads) {
+      const int64_t off = cache_row(a, table, j) * row_bytes + head_off;
+      for (int64_t b = off & ~int64_t{127}; b < off + head_bytes; b += 128) {
+        prefetch_l2(static_cast<const uint8_t*>(a.k_cache) + b);
+        prefetch_l2(static_cast<const uint8_t*>(a.v_cache) + b);
+      }
+    }
+  }
+  detail::pdl_wait();  // every block waits before it exits (the chain stays transitive)
+  detail::pdl_trigger();
+  if (split >= n_splits) return;
   if (k_begin >= k_end) {
     if (threadIdx.x < G) {
       float* part = partial_at(a, z, kvh * G + threadIdx.x, split);
@@ -449,7 +478,18 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool kv_supported(DType kv_dtype) {
-  return kv_dtype == DType::kF32 || kv_dtype == DType::kF16 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0;
+  switch (kv_dtype) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+      return true;
+    default:
+      return false;
+  }
 }
 
 int32_t decode_splits(int32_t len) {
