@@ -19,6 +19,11 @@
 //   one 2,048-token prompt (after a warm-up forward)
 //   bench_cuda MODEL_DIR --quantize fp8: the model with FP8 weights
 //   (ModelOptions::quantize; the roofline counts their bytes)
+//   bench_cuda MODEL_DIR --kv-type q8_0: K and V stored in that KV type
+//   (model/kv_types.h; the roofline counts its bytes per token)
+//   bench_cuda MODEL_DIR --context N: decode after prompts of N tokens
+//   (default 128; long contexts make attention's KV reads a large part of
+//   a step, the regime where a smaller KV type pays)
 //
 // Reports: decode tok/s at batch 1/8/32/64/128 (128-token prompts, then N
 // steps; median step; greedy on the device, and with full logits copied
@@ -324,7 +329,7 @@ int run(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: bench_cuda MODEL_DIR [--steps N] [--batches B,..] [--tensor-parallel N,..] [--batch-invariant "
-                 "0,1] [--graphs 0|1] [--json OUT]\n");
+                 "0,1] [--graphs 0|1] [--kv-type T] [--context N] [--json OUT]\n");
     return 2;
   }
   const std::string path = argv[1];
@@ -338,7 +343,11 @@ int run(int argc, char** argv) {
   int profile_batch = 0;         // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
   bool profile_prefill = false;  // the second 2,048-token prefill between cudaProfilerStart/Stop, then exit
   bool fp8 = false;              // --quantize fp8
+  std::string kv_type;           // --kv-type: K and V in this KV type
+  int context = 128;             // --context: prompt tokens before the decode steps
   for (int i = 2; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--kv-type")) kv_type = argv[i + 1];
+    if (!std::strcmp(argv[i], "--context")) context = std::max(1, std::atoi(argv[i + 1]));
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
     if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]) != 0;
@@ -359,7 +368,10 @@ int run(int argc, char** argv) {
   for (int tp : tps) {
     for (int inv : invs) cfgs.push_back({tp, inv != 0});
   }
-  const int kPrompt = 128, kPrefill = 2048, kMaxBatch = 128, kSlotTokens = 512;
+  const int kPrompt = context, kPrefill = 2048, kTtftPrompt = 128;
+  const int kMaxBatch = std::max(profile_batch, *std::max_element(batches.begin(), batches.end()));
+  // A slot holds the prompt, the decode steps and the warm-up ones, in whole blocks.
+  const int kSlotTokens = std::max(512, (kPrompt + 2 * steps + 8 + 15) / 16 * 16);
   auto t_load = Clock::now();
   auto files = open_model_files(path);
   if (!files.ok()) {
@@ -369,15 +381,23 @@ int run(int argc, char** argv) {
   const double open_s = std::chrono::duration<double>(Clock::now() - t_load).count();
   ModelOptions o;
   o.device = Device::kCuda;
-  o.n_ctx = 4096;
+  o.n_ctx = std::max(4096, kSlotTokens);
   o.max_batch_tokens = kPrefill;
   o.max_batch_seqs = kMaxBatch;
   o.kv_block_size = 16;
   o.cuda_graphs = graphs;
   if (fp8) o.quantize = WeightQuantization::kFp8;
+  if (!kv_type.empty()) {
+    const std::optional<KvType> t = parse_kv_type(kv_type);
+    if (!t) {
+      std::fprintf(stderr, "--kv-type %s: expected one of %s\n", kv_type.c_str(), kv_type_names().c_str());
+      return 2;
+    }
+    o.kv_types.k = o.kv_types.v = t;
+  }
   const ModelConfig& c = (*files)->config;
   const int64_t hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
-  const int64_t kv_token = 2 * c.n_layer * c.n_head_kv * hd * 2;  // f16 KV
+  const int64_t kv_token = 2 * c.n_layer * c.n_head_kv * hd * 2;  // f16 KV (room to spare for smaller types)
   const int32_t slot_blocks = kSlotTokens / 16;
   const int32_t n_blocks = kMaxBatch * slot_blocks + kPrefill / 16 + 8;
   o.kv_cache_bytes = static_cast<int64_t>(n_blocks) * 16 * kv_token;  // tensor parallel: split over the GPUs
@@ -493,12 +513,12 @@ int run(int argc, char** argv) {
       return median(t);
     };
     const double prefill_s = profile_batch > 0 ? 1 : prompt_time(kPrefill);
-    const double ttft_s = profile_batch > 0 ? 1 : prompt_time(kPrompt);
+    const double ttft_s = profile_batch > 0 ? 1 : prompt_time(kTtftPrompt);
     const double prefill_flops = 2.0 * static_cast<double>(matmul_params) * kPrefill;
     std::printf("prefill %d tokens: %.1f ms, %.0f tok/s, %.0f TFLOP/s in matmuls (%.0f%% of the GEMM peak%s)\n",
                 kPrefill, prefill_s * 1e3, kPrefill / prefill_s, prefill_flops / prefill_s / 1e12,
                 100 * prefill_flops / prefill_s / 1e12 / (peak * n_gpus), n_gpus > 1 ? " times the GPUs" : "");
-    std::printf("TTFT (forward of a %d-token prompt): %.1f ms\n", kPrompt, ttft_s * 1e3);
+    std::printf("TTFT (forward of a %d-token prompt): %.1f ms\n", kTtftPrompt, ttft_s * 1e3);
     jr["prefill"] = {{"tokens", kPrefill},
                      {"ms", prefill_s * 1e3},
                      {"tok_s", kPrefill / prefill_s},
@@ -509,14 +529,21 @@ int run(int argc, char** argv) {
     for (int B : batches) {
       std::vector<std::vector<int32_t>> tables;
       for (int s = 0; s < B; ++s) tables.push_back(range_table(s * slot_blocks, slot_blocks));
-      for (int s0 = 0; s0 < B; s0 += kPrefill / kPrompt) {
-        b.clear();
-        for (int s = s0; s < std::min(B, s0 + kPrefill / kPrompt); ++s) {
-          std::vector<int32_t> ids(kPrompt);
-          for (int i = 0; i < kPrompt; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 31 + s * 101) % V);
-          add(b, ids.data(), kPrompt, 0, tables[static_cast<size_t>(s)], s);
+      // Prompts of up to kPrefill tokens go several to a forward; longer
+      // ones in chunks of kPrefill.
+      const int per_forward = std::max(1, kPrefill / kPrompt), chunk = std::min(kPrompt, kPrefill);
+      for (int s0 = 0; s0 < B; s0 += per_forward) {
+        for (int c0 = 0; c0 < kPrompt; c0 += chunk) {
+          b.clear();
+          const int n = std::min(chunk, kPrompt - c0);
+          for (int s = s0; s < std::min(B, s0 + per_forward); ++s) {
+            std::vector<int32_t> ids(static_cast<size_t>(n));
+            for (int i = 0; i < n; ++i)
+              ids[static_cast<size_t>(i)] = static_cast<int32_t>(((c0 + i) * 31 + s * 101) % V);
+            add(b, ids.data(), n, c0, tables[static_cast<size_t>(s)], s);
+          }
+          if (!m.forward(b, logits.data()).ok()) return 1;
         }
-        if (!m.forward(b, logits.data()).ok()) return 1;
       }
       // Steps alternate between greedy on the device (ids back) and full
       // logits back to the host, at the same positions' lengths +- 1.

@@ -120,7 +120,8 @@ struct KvCacheView {
   int32_t block_shift = 4;
   size_t block_stride = 0;
   size_t row_bytes = 0;
-  // Quantized KV (model/kv_types.h, the CPU only): V's type and row bytes
+  // Quantized KV (model/kv_types.h; CUDA takes Q8_0 with V as K,
+  // unrotated: cuda::kv_supported): V's type and row bytes
   // where V is stored apart from K (v_row_bytes 0: V as K, dtype and
   // row_bytes); *_rotated: that side is Walsh-Hadamard rotated per head.
   // dtype / v_dtype may then be BF16 or GGML blocks (Q8_0, Q4_0, Q4_1,

@@ -28,7 +28,7 @@ std::vector<Model::KvLayer> CudaModelBase::kv_layers() const {
   const int64_t n = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
   std::vector<KvLayer> out;
   for (size_t l = 0; l < static_cast<size_t>(n); ++l) {
-    out.push_back(KvLayer{0, kv_dtype_, static_cast<size_t>(kv_width(l)) * cuda_dtype_size(kv_dtype_)});
+    out.push_back(KvLayer{0, kv_dtype_, kv_row_bytes(l)});
   }
   return out;
 }
@@ -40,6 +40,7 @@ std::string CudaModelBase::kv_numerics() const {
   std::string s = "cuda sm_" + std::to_string(p.major) + std::to_string(p.minor) + " act=" + act;
   if (batch_invariant_) s += " batch-invariant";
   if (fp8_weights_) s += " weights=fp8";
+  if (!kv_types_desc_.empty()) s += " " + kv_types_desc_;
   if (sharded()) s += " tp=" + std::to_string(split_.size);
   return s;
 }
@@ -105,8 +106,7 @@ Status CudaModelBase::copy_kv_blocks(int64_t layer, std::span<const int32_t> blo
 }
 
 size_t CudaModelBase::kv_block_bytes(int64_t layer) const {
-  return static_cast<size_t>(block_size_) * static_cast<size_t>(kv_width(static_cast<size_t>(layer))) *
-         cuda_dtype_size(kv_dtype_);
+  return static_cast<size_t>(block_size_) * kv_row_bytes(static_cast<size_t>(layer));
 }
 
 Status CudaModelBase::copy_kv_out(int64_t layer, int32_t block, uint8_t* k, uint8_t* v) const {

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
 #include "core/half.h"
 #include "model/batch_check.h"
@@ -161,19 +162,47 @@ int CudaModelBase::n_table_groups() const {
   return n;
 }
 
-Status CudaModelBase::init_runtime(const ModelOptions& options) {
+Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
   const ModelFiles& f = *files_;
-  // The KV is stored in kv_dtype_ (the family's pick_cuda_dtypes): a named
-  // KV type is accepted only when it is that one, never silently replaced.
-  const KvTypeOptions& kt = options.kv_types;
-  std::vector<std::optional<KvType>> sides = {kt.k, kt.v};
-  for (const KvTypeOptions::Entry& e : kt.layers) sides.insert(sides.end(), {e.k, e.v});
-  for (const std::optional<KvType>& side : sides) {
-    if (side && *side != KvType{kv_dtype_, false}) {
-      return Error{f.path + ": KV type " + kv_type_name(*side) + " is not what CUDA stores for this model (" +
-                   std::string(dtype_name(kv_dtype_)) + "); drop --kv-type / --kv-config or use --device cpu"};
+  if (kt.empty()) return Status::Ok();
+  const int64_t n_kv_layers = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
+  const DType base = kv_dtype_;
+  RILL_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> types, kt.resolve(n_kv_layers, base));
+  if (types.empty()) return Status::Ok();
+  const KvType t = types[0].k;
+  for (const KvLayerTypes& lt : types) {
+    if (lt.k != t || lt.v != t) {
+      return Error{f.path + ": CUDA stores one KV type for every layer and both K and V, not " +
+                   describe_kv_types(types, base) + "; name one --kv-type, or use --device cpu"};
     }
   }
+  if (!t.quantized() && t != KvType{base, false}) {
+    return Error{f.path + ": KV type " + kv_type_name(t) + " is not what CUDA stores for this model (" +
+                 std::string(dtype_name(base)) + "); drop --kv-type / --kv-config or use --device cpu"};
+  }
+  if (t.quantized() && (t.rotated || !cuda::kv_supported(t.dtype))) {
+    return Error{f.path + ": KV type " + kv_type_name(t) +
+                 " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, or q8_0, q4_0, q4_1, q5_0, "
+                 "q5_1); use one of those, or --device cpu"};
+  }
+  // Heads of whole blocks, or (small heads) blocks of whole heads that the
+  // rope kernel stores together (backend/cuda/ops.cu kv_heads_per_block).
+  const int64_t block = dtype_info(t.dtype).block_size;
+  bool whole = hd_ % block == 0 || (block % hd_ == 0 && n_head_kv_ % (block / hd_) == 0);
+  for (int64_t l = 0; l < n_kv_layers; ++l) whole = whole && kv_width(static_cast<size_t>(l)) % block == 0;
+  if (!whole) {
+    return Error{f.path + ": KV type " + kv_type_name(t) + " needs K/V heads of whole blocks of " +
+                 std::to_string(block) + " (or blocks of whole heads) on CUDA; head_dim is " + std::to_string(hd_) +
+                 ", " + std::to_string(n_head_kv_) + " KV heads"};
+  }
+  kv_dtype_ = t.dtype;
+  kv_types_desc_ = describe_kv_types(types, base);
+  return Status::Ok();
+}
+
+Status CudaModelBase::init_runtime(const ModelOptions& options) {
+  const ModelFiles& f = *files_;
+  RILL_TRY(choose_kv_type(options.kv_types));
   const int n_groups = n_table_groups();
   for (size_t g = static_cast<size_t>(n_groups); g < kv_spec_.size(); ++g) {
     if (kv_spec_[g].is_attention()) return Error{f.path + ": the CUDA models take recurrent KV groups last"};
@@ -245,7 +274,7 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   }
   kv_token_bytes_ = 0;
   for (int64_t l = 0; l < n_kv_layers; ++l) {
-    kv_token_bytes_ += 2 * static_cast<size_t>(kv_width(static_cast<size_t>(l))) * cuda_dtype_size(kv_dtype_);
+    kv_token_bytes_ += 2 * kv_row_bytes(static_cast<size_t>(l));
   }
   const size_t block_bytes = kv_token_bytes_ * static_cast<size_t>(block_size_);
   int64_t n_blocks = 0;
@@ -413,7 +442,7 @@ KvCacheView CudaModelBase::kv_view(size_t layer) const {
   v.v = v_cache(layer);
   v.dtype = kv_dtype_;
   v.block_shift = block_shift_;
-  v.row_bytes = static_cast<size_t>(kv_width(layer)) * cuda_dtype_size(kv_dtype_);
+  v.row_bytes = kv_row_bytes(layer);
   v.block_stride = v.row_bytes << block_shift_;
   return v;
 }

@@ -141,7 +141,7 @@ class CudaModelBase : public Model {
 
   // KV export and import for the prefix cache tiers (model/cuda_kv_export.cpp):
   // layer i < n_kv_layers_ is plane pair i, rows in kv_dtype_ (f16; f32 for
-  // f32 checkpoints), one token's K (or V) row KV_ elements, head-major: the
+  // f32 checkpoints; q8_0 blocks where chosen), one token's K (or V) row KV_ elements, head-major: the
   // layout the CPU models' PagedKvCache exports. Every layer is in group 0;
   // families with several groups (Gemma) say which group each layer is in.
   // The copies go on stream(), so they are ordered after any step queued
@@ -259,9 +259,10 @@ class CudaModelBase : public Model {
   void* v_cache(size_t layer) const { return kv_.as<uint8_t>() + kv_plane_off_[layer] + kv_plane_bytes(layer); }
   // Elements of one token's K (or V) row in KV layer `layer`.
   int64_t kv_width(size_t layer) const { return kv_widths_.empty() ? KV_ : kv_widths_[layer]; }
+  // Bytes of one token's K (or V) row in KV layer `layer` (kv_dtype_'s blocks).
+  size_t kv_row_bytes(size_t layer) const { return row_bytes(kv_dtype_, kv_width(layer)); }
   size_t kv_plane_bytes(size_t layer) const {
-    return static_cast<size_t>(n_blocks_ + 1) * static_cast<size_t>(block_size_) *
-           static_cast<size_t>(kv_width(layer)) * cuda_dtype_size(kv_dtype_);
+    return static_cast<size_t>(n_blocks_ + 1) * static_cast<size_t>(block_size_) * kv_row_bytes(layer);
   }
   cudaStream_t stream() const { return ctx_->stream(); }
 
@@ -273,6 +274,9 @@ class CudaModelBase : public Model {
   // the families on backend/cuda/ops.h.
   std::unique_ptr<Backend> backend_;
   std::optional<StatePool> states_;  // create_states()
+  // kv_dtype_: what the KV planes store. A family sets its own (f16; f32
+  // for f32 checkpoints) before init_runtime(), which replaces it by the
+  // KV type options name (choose_kv_type()).
   DType act_ = DType::kBF16, kv_dtype_ = DType::kF16;
   int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
   // Attention groups (with block tables) first; a recurrent group, whose
@@ -315,6 +319,11 @@ class CudaModelBase : public Model {
   }
   // kv_spec_'s groups with block tables: those before the first recurrent one.
   int n_table_groups() const;
+  // The KV type options against what CUDA stores: one type for every layer
+  // and both sides, the family's kv_dtype_ or a quantized type the kernels
+  // read (cuda::kv_supported: q8_0), which then becomes kv_dtype_. Errors
+  // name the model file and the type.
+  Status choose_kv_type(const KvTypeOptions& kt);
   // KV export: the checks shared by the copies, and the staging buffer.
   Status check_kv_blocks(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes) const;
   // Device -> out[0] (K), out[1] (V) when out is set, else in -> device.
@@ -327,6 +336,7 @@ class CudaModelBase : public Model {
   int64_t n_ctx_ = 0;
   int32_t block_size_ = 16, block_shift_ = 4, n_blocks_ = 0;
   size_t kv_token_bytes_ = 0;
+  std::string kv_types_desc_;         // describe_kv_types() of the KV types in use, for kv_numerics()
   std::vector<size_t> kv_plane_off_;  // [n_kv_layers]: the K plane of each layer (its V plane follows)
   size_t table_cap_ = 0;
   cuda::QuantScratch qscratch_;

@@ -14,7 +14,10 @@
 //  - outputs in bf16 / f16: one more rounding, 2^-8 / 2^-11;
 //  - RoPE: CUDA's sincosf against glibc's: 5e-5 absolute;
 //  - attention over f16 KV: the CPU rounds q and the probabilities to f16
-//    as llama.cpp does, CUDA does not: 4e-3;
+//    as llama.cpp does, CUDA does not: 4e-3; over GGML-block KV (q8_0,
+//    q4_0, q4_1, q5_0, q5_1: the same blocks): as f32, 2e-5; their stores:
+//    one level of K's RoPE difference; V quantized from the same floats:
+//    exact;
 //  - quantized weights: the CPU quantizes x to the llama.cpp partner type
 //    (Q8_0 / Q8_K), CUDA multiplies its act values: 3e-2;
 //  - the MoE FFN: f32 1e-4; bf16 / f16 (CUDA rounds the experts' GLU output
@@ -31,6 +34,8 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/cpu/kv_quant.h"
+#include "backend/cpu/quants.h"
 #include "backend/cpu/rope_table.h"
 #include "core/half.h"
 #include "model/kv_spec.h"
@@ -399,16 +404,44 @@ struct KvPlanes {
   KvCacheView view;
   size_t bytes = 0;
 };
+// The GGML block types CUDA stores KV in, and each one's level step as a
+// fraction of its block's largest magnitude (q4_1 / q5_1: of max - min, up
+// to twice that): how far one value moved to the next level may differ.
+bool block_kv(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1;
+}
+double level_step(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+      return 1.0 / 127;
+    case DType::kQ4_0:
+      return 1.0 / 8;
+    case DType::kQ4_1:
+      return 2.0 / 15;
+    case DType::kQ5_0:
+      return 1.0 / 16;
+    default:  // Q5_1
+      return 2.0 / 31;
+  }
+}
+// Plane bytes of floats v in a KV dtype: plain ones rounded, GGML blocks by
+// the CPU's reference quantizer (the blocks both backends read).
+std::vector<uint8_t> encode_plane(DType t, const std::vector<float>& v) {
+  if (!block_kv(t)) return encode(t, v);
+  std::vector<uint8_t> out(row_bytes(t, static_cast<int64_t>(v.size())));
+  cpu::ref::quantize_kv_row(t, v.data(), out.data(), static_cast<int64_t>(v.size()));
+  return out;
+}
 KvPlanes make_kv(Side& s, DType dtype, int32_t block_shift, int32_t n_blocks, int64_t kv_width, uint32_t seed) {
   KvPlanes p;
   p.view.dtype = dtype;
   p.view.block_shift = block_shift;
-  p.view.row_bytes = static_cast<size_t>(kv_width) * elem_bytes(dtype);
+  p.view.row_bytes = row_bytes(dtype, kv_width);
   p.view.block_stride = p.view.row_bytes << block_shift;
   p.bytes = p.view.block_stride * static_cast<size_t>(n_blocks);
-  const int64_t n_elems = static_cast<int64_t>(p.bytes / elem_bytes(dtype));
-  const auto k = seed ? encode(dtype, random_floats(n_elems, seed)) : std::vector<uint8_t>(p.bytes, 0);
-  const auto v = seed ? encode(dtype, random_floats(n_elems, seed + 1)) : std::vector<uint8_t>(p.bytes, 0);
+  const int64_t n_elems = kv_width * (int64_t{n_blocks} << block_shift);
+  const auto k = seed ? encode_plane(dtype, random_floats(n_elems, seed)) : std::vector<uint8_t>(p.bytes, 0);
+  const auto v = seed ? encode_plane(dtype, random_floats(n_elems, seed + 1)) : std::vector<uint8_t>(p.bytes, 0);
   p.view.k = s.put(k.data(), k.size());
   p.view.v = s.put(v.data(), v.size());
   return p;
@@ -417,49 +450,63 @@ std::vector<float> read_plane(Side& s, const void* plane, size_t bytes, DType dt
   std::vector<uint8_t> raw(bytes);
   EXPECT_TRUE(s.b->copy_out(raw.data(), plane, bytes).ok());
   std::vector<float> out;
+  if (block_kv(dtype)) {  // the CPU's dequantization of GGML's blocks
+    const DTypeInfo info = dtype_info(dtype);
+    out.resize(bytes / static_cast<size_t>(info.block_bytes) * static_cast<size_t>(info.block_size));
+    cpu::dequantize_row(dtype, raw.data(), out.data(), static_cast<int64_t>(out.size()));
+    return out;
+  }
   for (size_t i = 0; i < bytes; i += elem_bytes(dtype)) out.push_back(decode_one(dtype, raw.data() + i));
   return out;
 }
 
 TEST_P(BackendOps, RopeQkNormAndKvStore) {
-  const int32_t n_head = 4, n_head_kv = 2, hd = 64, shift = 4, n_blocks = 16;
-  const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
-  const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 40}, {3, 9}, {20, 20}};
-  for (DType kv_t : {DType::kF32, DType::kF16}) {
-    for (int variant = 0; variant < 3; ++variant) {
-      // 0: HF angles, full rotary, no norms; 1: ggml angles + q/k norms; 2: partial interleaved rotary
-      RopeTable table = cpu::make_rope_table(10000.0f, variant == 2 ? 32 : hd, variant == 2);
-      if (variant == 1) table.ggml_theta_scale = std::pow(10000.0f, -2.0f / hd);
-      const auto qn = random_floats(hd, 40), kn = random_floats(hd, 41);
-      std::vector<std::vector<float>> qkvs, ks, vs;
-      for (Side* s : {&ref_, &dev_}) {
-        const HostStep hs(seqs, shift, n_blocks, 11, s->b->attention_routing(kv_t, hd));
-        const StepMetadata md = hs.place(*s);
-        auto rope = s->b->place_rope(table);
-        ASSERT_TRUE(rope.ok());
-        KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, KV, 0);
-        RopeKvOp op;
-        op.qkv = s->tensor(random_floats(hs.n_tokens * QKV, 12, -2, 2), hs.n_tokens, QKV, DType::kF32, QKV + 8);
-        op.n_head = n_head;
-        op.n_head_kv = n_head_kv;
-        op.head_dim = hd;
-        if (variant == 1) {
-          op.q_norm = s->vec(qn);
-          op.k_norm = s->vec(kn);
-          op.norm_offset = 1.0f;
+  // head_dim 16: two heads to a q8_0 block, stored by one block of CUDA's kernel
+  for (const int32_t hd : {64, 16}) {
+    const int32_t n_head = 4, n_head_kv = 2, shift = 4, n_blocks = 16;
+    const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
+    const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 40}, {3, 9}, {20, 20}};
+    for (DType kv_t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        // 0: HF angles, full rotary, no norms; 1: ggml angles + q/k norms; 2: partial interleaved rotary
+        RopeTable table = cpu::make_rope_table(10000.0f, variant == 2 ? hd / 2 : hd, variant == 2);
+        if (variant == 1) table.ggml_theta_scale = std::pow(10000.0f, -2.0f / hd);
+        const auto qn = random_floats(hd, 40), kn = random_floats(hd, 41);
+        std::vector<std::vector<float>> qkvs, ks, vs;
+        for (Side* s : {&ref_, &dev_}) {
+          const HostStep hs(seqs, shift, n_blocks, 11, s->b->attention_routing(kv_t, hd));
+          const StepMetadata md = hs.place(*s);
+          auto rope = s->b->place_rope(table);
+          ASSERT_TRUE(rope.ok());
+          KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, KV, 0);
+          RopeKvOp op;
+          op.qkv = s->tensor(random_floats(hs.n_tokens * QKV, 12, -2, 2), hs.n_tokens, QKV, DType::kF32, QKV + 8);
+          op.n_head = n_head;
+          op.n_head_kv = n_head_kv;
+          op.head_dim = hd;
+          if (variant == 1) {
+            op.q_norm = s->vec(qn);
+            op.k_norm = s->vec(kn);
+            op.norm_offset = 1.0f;
+          }
+          op.rope = *rope;
+          op.kv = kv.view;
+          s->b->rope_store_kv(op, md);
+          qkvs.push_back(s->read(op.qkv.cols_from(0, Q)));  // k and v columns: unspecified after the op
+          ks.push_back(read_plane(*s, kv.view.k, kv.bytes, kv_t));
+          vs.push_back(read_plane(*s, kv.view.v, kv.bytes, kv_t));
         }
-        op.rope = *rope;
-        op.kv = kv.view;
-        s->b->rope_store_kv(op, md);
-        qkvs.push_back(s->read(op.qkv.cols_from(0, Q)));  // k and v columns: unspecified after the op
-        ks.push_back(read_plane(*s, kv.view.k, kv.bytes, kv_t));
-        vs.push_back(read_plane(*s, kv.view.v, kv.bytes, kv_t));
+        const std::string what = "rope variant " + std::to_string(variant) + " kv " + std::string(dtype_name(kv_t)) +
+                                 " head_dim " + std::to_string(hd);
+        // RoPE: absolute 5e-5 of values of magnitude <= ~4 (normed: a few).
+        expect_close(qkvs[1], qkvs[0], tol(2e-5), what + " q");
+        // GGML blocks: K's f32 values differ by RoPE's 5e-5, which may move a
+        // value to the next level (level_step of its block); V is quantized
+        // from the same floats by the same rule: exact.
+        const double k_tol = block_kv(kv_t) ? level_step(kv_t) : kv_t == DType::kF16 ? 2e-3 : 2e-5;
+        expect_close(ks[1], ks[0], tol(k_tol), what + " K cache");
+        expect_close(vs[1], vs[0], 0, what + " V cache");
       }
-      const std::string what = "rope variant " + std::to_string(variant) + " kv " + std::string(dtype_name(kv_t));
-      // RoPE: absolute 5e-5 of values of magnitude <= ~4 (normed: a few).
-      expect_close(qkvs[1], qkvs[0], tol(2e-5), what + " q");
-      expect_close(ks[1], ks[0], tol(kv_t == DType::kF16 ? 2e-3 : 2e-5), what + " K cache");
-      expect_close(vs[1], vs[0], 0, what + " V cache");
     }
   }
 }
@@ -557,35 +604,46 @@ TEST_P(BackendOps, Gemma4GluSplitAndConvert) {
 }
 
 TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
-  const int32_t n_head = 8, n_head_kv = 2, hd = 64, shift = 4, n_blocks = 64;
-  const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
-  // decode (1 and 3 tokens), a prefill chunk of 40 after 30 cached, a whole prompt of 70
-  const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 300}, {3, 17}, {40, 70}, {70, 70}};
-  for (DType kv_t : {DType::kF32, DType::kF16}) {
-    for (int variant = 0; variant < 2; ++variant) {
-      std::vector<std::vector<float>> outs;
-      for (Side* s : {&ref_, &dev_}) {
-        const HostStep hs(seqs, shift, n_blocks, 13, s->b->attention_routing(kv_t, hd));
-        ASSERT_TRUE(s->b->reserve({hs.n_tokens, n_head, hd}).ok());
-        const StepMetadata md = hs.place(*s);
-        KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, KV, 14);
-        AttentionOp op;
-        Tensor qkv = s->tensor(random_floats(hs.n_tokens * QKV, 15, -1, 1), hs.n_tokens, QKV, DType::kF32);
-        op.q = qkv.cols_from(0, Q);
-        op.out = s->tensor(std::vector<float>(hs.n_tokens * Q, NAN), hs.n_tokens, Q,
-                           s == &ref_ ? DType::kF32 : s->b->act_dtype());
-        op.n_head = n_head;
-        op.n_head_kv = n_head_kv;
-        op.head_dim = hd;
-        op.scale = 0.125f;
-        op.softcap = variant == 1 ? 20.0f : 0.0f;
-        op.window = variant == 1 ? 24 : 0;
-        op.kv = kv.view;
-        s->b->attention(op, md);
-        outs.push_back(s->read(op.out));
+  // head_dim 16: the goldens' heads, two to a q8_0 block
+  for (const int32_t hd : {64, 16}) {
+    const int32_t n_head = 8, n_head_kv = 2, shift = 4, n_blocks = 64;
+    const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
+    // decode (1 and 3 tokens), a prefill chunk of 40 after 30 cached, a whole prompt of 70
+    const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 300}, {3, 17}, {40, 70}, {70, 70}};
+    for (DType kv_t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+      for (int variant = 0; variant < 2; ++variant) {
+        std::vector<std::vector<float>> outs;
+        for (Side* s : {&ref_, &dev_}) {
+          const HostStep hs(seqs, shift, n_blocks, 13, s->b->attention_routing(kv_t, hd));
+          ASSERT_TRUE(s->b->reserve({hs.n_tokens, n_head, hd}).ok());
+          const StepMetadata md = hs.place(*s);
+          KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, KV, 14);
+          AttentionOp op;
+          Tensor qkv = s->tensor(random_floats(hs.n_tokens * QKV, 15, -1, 1), hs.n_tokens, QKV, DType::kF32);
+          op.q = qkv.cols_from(0, Q);
+          op.out = s->tensor(std::vector<float>(hs.n_tokens * Q, NAN), hs.n_tokens, Q,
+                             s == &ref_ ? DType::kF32 : s->b->act_dtype());
+          op.n_head = n_head;
+          op.n_head_kv = n_head_kv;
+          op.head_dim = hd;
+          op.scale = 0.125f;
+          op.softcap = variant == 1 ? 20.0f : 0.0f;
+          op.window = variant == 1 ? 24 : 0;
+          op.kv = kv.view;
+          s->b->attention(op, md);
+          outs.push_back(s->read(op.out));
+        }
+        // Q8_0 / Q4_0: both dequantize the same blocks to the same f32
+        // products (scale * level) and differ in summation order only, as f32.
+        const bool blocks = kv_t == DType::kQ8_0 || kv_t == DType::kQ4_0;
+        expect_close(outs[1], outs[0],
+                     tol(kv_t == DType::kF16 ? 4e-3
+                         : blocks            ? 2e-5
+                                             : 1e-5,
+                         act()),
+                     "attention variant " + std::to_string(variant) + " kv " + std::string(dtype_name(kv_t)) +
+                         " head_dim " + std::to_string(hd));
       }
-      expect_close(outs[1], outs[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-5, act()),
-                   "attention variant " + std::to_string(variant) + " kv " + std::string(dtype_name(kv_t)));
     }
   }
 }

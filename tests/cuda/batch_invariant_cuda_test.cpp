@@ -2,7 +2,8 @@
 // CudaModelBase::batch_invariant_), on HF goldens converted in memory to
 // bf16 weights (Llama, Gemma 2, the Qwen3 MoE, Mixtral, GLM-4.5's sigmoid
 // router, Gemma 4's MoE block) and to Q8_0 (Llama; GLM-4.5, whose experts
-// then stay Q8_0 blocks in the CUDA MoE's expert GEMV):
+// then stay Q8_0 blocks in the CUDA MoE's expert GEMV), and with q8_0 KV
+// (Llama, Gemma 2: kv_types_cuda_test.cpp holds its accuracy):
 //  1. a decode row's logits are bit-identical alone and in steps of 3, 9 and
 //     40 sequences and beside a 100-token prompt; with the mode off the test only logs how many logits of
 //     the 9- and 40-sequence rows differ (what the mode buys);
@@ -30,7 +31,8 @@ namespace {
 
 struct Case {
   std::string golden;
-  DType weights;  // kBF16 or kQ8_0
+  DType weights;             // kBF16 or kQ8_0
+  std::string kv_type = "";  // a --kv-type (q8_0: quantized KV); "": the model's own
 };
 
 // Every 2-D f32 tensor converted to `to` (bf16, or Q8_0 where rows are a
@@ -67,7 +69,10 @@ class CudaBatchInvariant : public ::testing::TestWithParam<Case> {
     files_ = std::move(files).value();
     convert(*files_, GetParam().weights, store_);
   }
-  std::string name() const { return GetParam().golden + (GetParam().weights == DType::kQ8_0 ? " q8_0" : " bf16"); }
+  std::string name() const {
+    return GetParam().golden + (GetParam().weights == DType::kQ8_0 ? " q8_0" : " bf16") +
+           (GetParam().kv_type.empty() ? "" : " kv " + GetParam().kv_type);
+  }
   std::unique_ptr<Model> model(bool invariant, int max_tokens, int n_slots) {
     ModelOptions o;
     o.device = Device::kCuda;
@@ -75,6 +80,7 @@ class CudaBatchInvariant : public ::testing::TestWithParam<Case> {
     o.max_batch_tokens = max_tokens;
     o.n_kv_slots = n_slots;
     o.batch_invariant = invariant;
+    if (!GetParam().kv_type.empty()) o.kv_types.k = o.kv_types.v = parse_kv_type(GetParam().kv_type);
     auto m = create_model(builtin_registry(), infer_profile(*files_), files_, o);
     EXPECT_TRUE(m.ok()) << m.error().message;
     return m.ok() ? std::move(m).value() : nullptr;
@@ -232,9 +238,12 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaBatchInvariant,
                          ::testing::Values(Case{"llama", DType::kBF16}, Case{"llama", DType::kQ8_0},
                                            Case{"gemma2", DType::kBF16}, Case{"qwen3-moe", DType::kBF16},
                                            Case{"mixtral", DType::kBF16}, Case{"glm4-moe", DType::kBF16},
-                                           Case{"glm4-moe", DType::kQ8_0}, Case{"gemma4-moe", DType::kBF16}),
+                                           Case{"glm4-moe", DType::kQ8_0}, Case{"gemma4-moe", DType::kBF16},
+                                           Case{"llama", DType::kBF16, "q8_0"},
+                                           Case{"gemma2", DType::kBF16, "q8_0"}),
                          [](const auto& info) {
-                           std::string n = info.param.golden + (info.param.weights == DType::kQ8_0 ? "_q8" : "_bf16");
+                           std::string n = info.param.golden + (info.param.weights == DType::kQ8_0 ? "_q8" : "_bf16") +
+                                           (info.param.kv_type.empty() ? "" : "_kv_" + info.param.kv_type);
                            for (char& c : n)
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;

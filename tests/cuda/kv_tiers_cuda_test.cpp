@@ -98,8 +98,11 @@ size_t n_kv_files(const fs::path& dir) {
   return n;
 }
 
-EngineOptions engine_options(Device d, const std::string& cache_dir = "", int64_t ram_mb = 0) {
+// kv_type: a --kv-type for K and V ("": the model's own).
+EngineOptions engine_options(Device d, const std::string& cache_dir = "", int64_t ram_mb = 0,
+                             const std::string& kv_type = "") {
   EngineOptions o;
+  if (!kv_type.empty()) o.kv_types.k = o.kv_types.v = parse_kv_type(kv_type);
   o.device = d;
   o.n_threads = 2;
   o.n_ctx = 512;
@@ -137,6 +140,7 @@ class Models {
       mo.n_ctx = eo.n_ctx;
       mo.max_batch_tokens = eo.max_batch_tokens;
       mo.kv_cache_bytes = eo.kv_cache_mb << 20;
+      mo.kv_types = eo.kv_types;
       auto m = create_model(builtin_registry(), infer_profile(*files_), files_, mo);
       EXPECT_TRUE(m.ok()) << m.error().message;
       if (!m.ok()) return nullptr;
@@ -158,6 +162,7 @@ class Models {
 struct Case {
   std::string model;
   bool bf16;
+  std::string kv_type = "";  // "q8_0": quantized KV blocks through the tiers
 };
 
 class CudaKvTiers : public ::testing::TestWithParam<Case> {
@@ -166,7 +171,8 @@ class CudaKvTiers : public ::testing::TestWithParam<Case> {
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  std::string s = info.param.model + (info.param.bf16 ? "_bf16" : "");
+  std::string s = info.param.model + (info.param.bf16 ? "_bf16" : "") +
+                  (info.param.kv_type.empty() ? "" : "_kv_" + info.param.kv_type);
   for (char& c : s) {
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   }
@@ -180,14 +186,14 @@ TEST_P(CudaKvTiers, DiskPrefixSurvivesARestart) {
   const auto prompt = random_prompt(kPrompt, 512, 11);
   GenRun cold, device_hit;
   {
-    auto e = models.engine(engine_options(Device::kCuda));
+    auto e = models.engine(engine_options(Device::kCuda, "", 0, GetParam().kv_type));
     ASSERT_TRUE(e);
     cold = generate(*e, prompt, 6);
     device_hit = generate(*e, prompt, 6);
     EXPECT_EQ(cold.cached, 0);
     EXPECT_EQ(device_hit.cached, kCached);
   }
-  const EngineOptions o = engine_options(Device::kCuda, dir.path.string());
+  const EngineOptions o = engine_options(Device::kCuda, dir.path.string(), 0, GetParam().kv_type);
   {
     auto e = models.engine(o);
     ASSERT_TRUE(e);
@@ -214,23 +220,29 @@ TEST_P(CudaKvTiers, DiskPrefixSurvivesARestart) {
   EXPECT_EQ(s.tier_restored_tokens, kCached);
   EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
   std::printf(
-      "[ cuda tiers ] %s%s: restart restored %d cached tokens from disk in %.3f ms, tokens %s, max |logprob - "
+      "[ cuda tiers ] %s%s%s: restart restored %d cached tokens from disk in %.3f ms, tokens %s, max |logprob - "
       "device hit| %.3g\n",
-      GetParam().model.c_str(), GetParam().bf16 ? " bf16" : "", warm.cached, s.disk_tier.load_seconds * 1e3,
-      warm.tokens == cold.tokens ? "= cold" : "DIFFER", max_diff);
+      GetParam().model.c_str(), GetParam().bf16 ? " bf16" : "",
+      GetParam().kv_type.empty() ? "" : (" kv " + GetParam().kv_type).c_str(), warm.cached,
+      s.disk_tier.load_seconds * 1e3, warm.tokens == cold.tokens ? "= cold" : "DIFFER", max_diff);
 }
 
 INSTANTIATE_TEST_SUITE_P(Goldens, CudaKvTiers,
                          ::testing::Values(Case{"llama", false}, Case{"llama", true}, Case{"gemma2", false},
-                                           Case{"qwen3_5", false}, Case{"gemma4", false}),
+                                           Case{"qwen3_5", false}, Case{"gemma4", false}, Case{"llama", false, "q8_0"},
+                                           Case{"llama", true, "q8_0"}, Case{"gemma2", false, "q8_0"}),
                          case_name);
 
-TEST(CudaKvTiersRam, EvictedPrefixComesBackFromTheRamTier) {
-  RILL_REQUIRE_GPU();
+class CudaKvTiersRam : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { RILL_REQUIRE_GPU(); }
+};
+
+TEST_P(CudaKvTiersRam, EvictedPrefixComesBackFromTheRamTier) {
   Models models("llama", /*bf16=*/true);
   if (!models.present()) GTEST_SKIP() << "llama golden not found";
-  EngineOptions o = engine_options(Device::kCuda, "", /*ram_mb=*/64);
-  o.kv_cache_mb = 1;  // 170 blocks of this model's f16 KV (384 bytes a token)
+  EngineOptions o = engine_options(Device::kCuda, "", /*ram_mb=*/64, GetParam());
+  o.kv_cache_mb = 1;  // 170 blocks of this model's f16 KV (384 bytes a token), 321 of q8_0 (204)
   auto e = models.engine(o);
   ASSERT_TRUE(e);
   const auto a = random_prompt(kPrompt, 512, 1);
@@ -248,9 +260,13 @@ TEST(CudaKvTiersRam, EvictedPrefixComesBackFromTheRamTier) {
   EXPECT_EQ(warm.tokens, cold.tokens);
   EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored KV must be bit-identical";
   EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
-  std::printf("[ cuda tiers ] llama bf16: RAM tier restored %lld tokens (%lld hits)\n",
-              static_cast<long long>(s.tier_restored_tokens), static_cast<long long>(s.ram_tier.hits));
+  std::printf("[ cuda tiers ] llama bf16 kv %s: RAM tier restored %lld tokens (%lld hits)\n",
+              GetParam().empty() ? "f16" : GetParam().c_str(), static_cast<long long>(s.tier_restored_tokens),
+              static_cast<long long>(s.ram_tier.hits));
 }
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, CudaKvTiersRam, ::testing::Values(std::string(), std::string("q8_0")),
+                         [](const auto& info) { return info.param.empty() ? std::string("f16") : info.param; });
 
 ModelOptions model_options(Device d) {
   ModelOptions o;

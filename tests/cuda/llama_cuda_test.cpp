@@ -86,23 +86,38 @@ TEST_P(CudaHf, LogitsAndGreedyMatchTransformers) {
 TEST_P(CudaHf, KvTypeIsTheOneCudaStoresOrARefusal) {
   auto files = open_model_files(dir_);
   ASSERT_TRUE(files.ok()) << files.error().message;
-  auto with_kv = [&](DType t) {
+  auto with_kv = [&](KvType k, KvType v) {
     ModelOptions o = options(Device::kCuda);
-    o.kv_types.k = KvType{t, false};
+    o.kv_types.k = k;
+    o.kv_types.v = v;
     return create_model(builtin_registry(), infer_profile(**files), *files, o);
   };
-  ASSERT_TRUE(with_kv(DType::kF32).ok()) << GetParam() << ": f32 KV of an f32 checkpoint";
-  auto f16 = with_kv(DType::kF16);
+  auto with = [&](DType t) { return with_kv(KvType{t, false}, KvType{t, false}); };
+  ASSERT_TRUE(with(DType::kF32).ok()) << GetParam() << ": f32 KV of an f32 checkpoint";
+  auto f16 = with(DType::kF16);
   ASSERT_FALSE(f16.ok()) << GetParam() << ": f16 KV named, f32 stored";
   EXPECT_NE(f16.error().message.find("not what CUDA stores for this model (F32)"), std::string::npos)
       << f16.error().message;
-  auto q8 = with_kv(DType::kQ8_0);
-  ASSERT_FALSE(q8.ok());
-  EXPECT_NE(q8.error().message.find("runs on the CPU only"), std::string::npos) << q8.error().message;
+  auto q8 = with(DType::kQ8_0);  // kv_types_cuda_test.cpp holds its numbers
+  ASSERT_TRUE(q8.ok()) << q8.error().message;
+  EXPECT_NE((*q8)->kv_numerics().find("kv=q8_0"), std::string::npos) << (*q8)->kv_numerics();
+  for (const DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
+    EXPECT_TRUE(with(t).ok()) << GetParam() << ": " << dtype_name(t) << " KV";
+  }
+  for (const KvType t : {KvType{DType::kBF16, false}, KvType{DType::kQ8_0, true}}) {
+    auto other = with_kv(t, t);
+    ASSERT_FALSE(other.ok()) << kv_type_name(t);
+    EXPECT_NE(other.error().message.find("runs on the CPU only"), std::string::npos) << other.error().message;
+  }
+  auto mixed = with_kv(KvType{DType::kQ8_0, false}, KvType{DType::kF32, false});
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.error().message.find("one KV type for every layer and both K and V"), std::string::npos)
+      << mixed.error().message;
   std::vector<std::vector<uint16_t>> store;
   test::to_bf16(**files, store);
-  EXPECT_TRUE(with_kv(DType::kF16).ok()) << GetParam() << ": f16 KV of bf16 weights";
-  EXPECT_FALSE(with_kv(DType::kF32).ok()) << GetParam() << ": f32 KV named, f16 stored";
+  EXPECT_TRUE(with(DType::kF16).ok()) << GetParam() << ": f16 KV of bf16 weights";
+  EXPECT_FALSE(with(DType::kF32).ok()) << GetParam() << ": f32 KV named, f16 stored";
+  EXPECT_TRUE(with(DType::kQ8_0).ok()) << GetParam() << ": q8_0 KV of bf16 weights";
 }
 
 // Sigmoid routers (glm4-moe) pick among near-equal scores (the golden's

@@ -6,7 +6,9 @@
 // (AttentionArgs::sinks) join each head's denominator where its output is
 // finished (detail::add_sink): once per head, outside the key loops.
 // Decode goes to attention_decode.cu's kernel where it supports the cache
-// (f16/f32, head_dim 64/128/256), else to the general kernel here.
+// (f16/f32, head_dim 64/128/256), else to the general kernel here. The
+// general kernels read every KV type of kv_types.cuh (q8_0: only here, a
+// head dequantized in registers as it is loaded).
 #include <cassert>
 #include <cmath>
 
@@ -15,6 +17,7 @@
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/kv_types.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/smem_opt_in.h"
 
@@ -28,7 +31,6 @@ using detail::partial_at;
 using detail::softcap_score;
 using detail::splits_for;
 using detail::store_out;
-using detail::to_f32;
 using detail::warp_max;
 using detail::warp_sum;
 
@@ -36,40 +38,36 @@ using detail::warp_sum;
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeChunk = 128;  // keys scored before each softmax update
 
-// Loads 4 consecutive KV elements as f32.
-__device__ __forceinline__ void load4(const float* p, float* v) {
-  const float4 x = *reinterpret_cast<const float4*>(p);
-  v[0] = x.x;
-  v[1] = x.y;
-  v[2] = x.z;
-  v[3] = x.w;
-}
-__device__ __forceinline__ void load4(const __half* p, float* v) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(p);
-  const __half2 a = *reinterpret_cast<const __half2*>(&raw.x), b = *reinterpret_cast<const __half2*>(&raw.y);
-  const float2 fa = __half22float2(a), fb = __half22float2(b);
-  v[0] = fa.x;
-  v[1] = fa.y;
-  v[2] = fb.x;
-  v[3] = fb.y;
-}
+// Keys each warp has in flight per round: 4 rows of f32/f16; 8 of a block
+// type, whose rows are a quarter to a half the bytes (its rounds are
+// latency bound: more loads per round, fewer rounds).
+template <typename KvT>
+inline constexpr int kKeysInFlight = KvT::kBlock > 1 ? 8 : 4;
+// Grids of at most this many blocks (every block resident at once on an
+// H200, as attention_decode.cu) prefetch their split's K/V rows into L2
+// before waiting for the preceding kernel.
+constexpr unsigned kPrefetchMaxBlocks = 264;
 
-constexpr int kKeys = 4;
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 
 // rows[u] = cache rows cache_rows[base + 4 u] (those below n), this lane's
-// 4 * kChunks elements of each.
-template <typename KV, int kRowsN, int kChunks>
-__device__ __forceinline__ void load_rows(const KV* base_ptr, const int32_t* cache_rows, int base, int n,
-                                          int64_t row_elems, int hd, int lane, float (&rows)[kRowsN][kChunks][4]) {
+// 4 * kChunks elements of each (KvT: a tag of kv_types.cuh).
+// The head's elements start at element head_elem of each row.
+template <typename KvT, int kRowsN, int kChunks>
+__device__ __forceinline__ void load_rows(const uint8_t* plane, int64_t head_elem, const int32_t* cache_rows, int base,
+                                          int n, int64_t row_bytes, int hd, int lane,
+                                          float (&rows)[kRowsN][kChunks][4]) {
 #pragma unroll
   for (int u = 0; u < kRowsN; ++u) {
     const int jj = base + 4 * u;
     if (jj < n) {
-      const KV* r = base_ptr + cache_rows[jj] * row_elems;
+      const uint8_t* r = plane + cache_rows[jj] * row_bytes;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const int d = lane * 4 + c * 128;
-        if (d < hd) load4(r + d, rows[u][c]);
+        if (d < hd) KvT::load4(r, head_elem + d, rows[u][c]);
       }
     }
   }
@@ -78,10 +76,11 @@ __device__ __forceinline__ void load_rows(const KV* base_ptr, const int32_t* cac
 // KV head kvh for its G query heads; writes the split's partials, or the
 // output itself when the token has one split. Called by all threads of the
 // block (it synchronizes).
-template <typename KV, int kChunks, int kG>
+template <typename KvT, int kChunks, int kG>
 __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem, float* m_s, float* corr_s, float* l_s,
                                              int32_t* rows_s, int kvh, int split, int z, int32_t t, int32_t k_begin,
                                              int32_t k_end, int32_t n_splits) {
+  constexpr int kKeys = kKeysInFlight<KvT>;
   const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* q_s = smem;                   // [G][hd]
@@ -94,9 +93,10 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
     m_s[threadIdx.x] = -INFINITY;
     l_s[threadIdx.x] = 0.0f;
   }
-  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
-  const KV* kbase = static_cast<const KV*>(a.k_cache) + static_cast<int64_t>(kvh) * hd;
-  const KV* vbase = static_cast<const KV*>(a.v_cache) + static_cast<int64_t>(kvh) * hd;
+  const int64_t row_bytes = KvT::row_bytes(static_cast<int64_t>(a.n_head_kv) * hd);
+  const int64_t head_elem = static_cast<int64_t>(kvh) * hd;
+  const auto* kbase = static_cast<const uint8_t*>(a.k_cache);
+  const auto* vbase = static_cast<const uint8_t*>(a.v_cache);
   float acc[kG][kChunks][4];
 #pragma unroll
   for (int g = 0; g < kG; ++g)
@@ -115,18 +115,7 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
     __syncthreads();
     for (int base = warp; base < n; base += 4 * kKeys) {
       float kv[kKeys][kChunks][4];
-#pragma unroll
-      for (int u = 0; u < kKeys; ++u) {
-        const int jj = base + 4 * u;
-        if (jj < n) {
-          const KV* kr = kbase + rows_s[jj] * row_elems;
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c) {
-            const int d = lane * 4 + c * 128;
-            if (d < hd) load4(kr + d, kv[u][c]);
-          }
-        }
-      }
+      load_rows<KvT, kKeys, kChunks>(kbase, head_elem, rows_s, base, n, row_bytes, hd, lane, kv);
 #pragma unroll
       for (int u = 0; u < kKeys; ++u) {
         const int jj = base + 4 * u;
@@ -192,7 +181,7 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
       // (Loading the first round of V before the softmax overlaps its
       // latency but costs 11 registers: 6 -> 5 blocks per SM; not taken.)
       float vv[kKeys][kChunks][4];
-      load_rows<KV, kKeys, kChunks>(vbase, rows_s, base, n, row_elems, hd, lane, vv);
+      load_rows<KvT, kKeys, kChunks>(vbase, head_elem, rows_s, base, n, row_bytes, hd, lane, vv);
 #pragma unroll
       for (int u = 0; u < kKeys; ++u) {
         const int jj = base + 4 * u;
@@ -260,23 +249,39 @@ __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem
 // accumulators in registers and the register count, hence occupancy, low).
 // A token with one split writes out; with more, a.split_counts lets the
 // last block of each (token, KV head) merge the splits (no combine kernel).
-template <typename KV, int kChunks, int kG>
+template <typename KvT, int kChunks, int kG>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a) {
   extern __shared__ float smem[];  // [G][hd] q, [G][kDecodeChunk] scores, [4][G][hd] sums
   __shared__ float m_s[kG], corr_s[kG], l_s[kG];
   __shared__ int32_t rows_s[kDecodeChunk];
-  detail::pdl_wait();
-  detail::pdl_trigger();
   const int G = a.n_head / a.n_head_kv;
   const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
+  // The step's indices and block tables are written before its first
+  // kernel: read (and the split's rows prefetched) before the wait.
   const int32_t t = a.decode_tokens[z];
   const int32_t p = a.pos[t];
   const int32_t len = p + 1;
   const int32_t n_splits = splits_for(len);
-  if (split >= n_splits) return;
   const int32_t split_len = (len + n_splits - 1) / n_splits;
   const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
   const int32_t k_begin = max(split * split_len, lo), k_end = min(len, (split + 1) * split_len);
+  if (split < n_splits && gridDim.x * gridDim.y * gridDim.z <= kPrefetchMaxBlocks) {
+    const int32_t* table = a.block_tables + a.table_start[a.seq_of[t]];
+    const int64_t row_bytes = KvT::row_bytes(static_cast<int64_t>(a.n_head_kv) * a.head_dim);
+    // The head's bytes: from the block holding its first element, whole blocks.
+    const int64_t first = static_cast<int64_t>(kvh) * a.head_dim / KvT::kBlock * KvT::kBlock;
+    const int64_t head_off = KvT::row_bytes(first), head_bytes = KvT::row_bytes(max(a.head_dim, KvT::kBlock));
+    for (int32_t j = k_begin + static_cast<int32_t>(threadIdx.x); j < k_end; j += kDecodeThreads) {
+      const int64_t off = cache_row(a, table, j) * row_bytes + head_off;
+      for (int64_t b = off & ~int64_t{127}; b < off + head_bytes; b += 128) {
+        prefetch_l2(static_cast<const uint8_t*>(a.k_cache) + b);
+        prefetch_l2(static_cast<const uint8_t*>(a.v_cache) + b);
+      }
+    }
+  }
+  detail::pdl_wait();  // every block waits before it exits (the chain stays transitive)
+  detail::pdl_trigger();
+  if (split >= n_splits) return;
   if (k_begin >= k_end) {
     if (threadIdx.x < G) {
       float* part = partial_at(a, z, kvh * G + threadIdx.x, split);
@@ -284,7 +289,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a)
       part[1] = 0.0f;
     }
   } else {
-    decode_split<KV, kChunks, kG>(a, smem, m_s, corr_s, l_s, rows_s, kvh, split, z, t, k_begin, k_end, n_splits);
+    decode_split<KvT, kChunks, kG>(a, smem, m_s, corr_s, l_s, rows_s, kvh, split, z, t, k_begin, k_end, n_splits);
   }
   if (a.split_counts && n_splits > 1) detail::merge_if_last<kG>(a, z, t, kvh, G, n_splits);
 }
@@ -304,7 +309,7 @@ __global__ void combine_kernel(AttentionArgs a) {
 // owns query row r of the tile and dims sub, sub + 4, ... of its output.
 // K/V tiles of 32 keys are staged in shared memory as f32.
 constexpr int kTileK = 32;
-template <typename KV, typename Out, int kDims>  // kDims = head_dim / 4 rounded up
+template <typename KvT, typename Out, int kDims>  // kDims = head_dim / 4 rounded up
 __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a) {
   extern __shared__ float smem[];
   const int hd = a.head_dim, ld = hd + 1;
@@ -316,9 +321,10 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a) {
   const int h = blockIdx.y, kvh = h / (a.n_head / a.n_head_kv);
   const int r = threadIdx.x >> 2, sub = threadIdx.x & 3;
   const int32_t* table = a.block_tables + a.table_start[tile.seq];
-  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
-  const KV* kbase = static_cast<const KV*>(a.k_cache) + static_cast<int64_t>(kvh) * hd;
-  const KV* vbase = static_cast<const KV*>(a.v_cache) + static_cast<int64_t>(kvh) * hd;
+  const int64_t row_bytes = KvT::row_bytes(static_cast<int64_t>(a.n_head_kv) * hd);
+  const int64_t head_elem = static_cast<int64_t>(kvh) * hd;
+  const auto* kbase = static_cast<const uint8_t*>(a.k_cache);
+  const auto* vbase = static_cast<const uint8_t*>(a.v_cache);
 
   for (int i = threadIdx.x; i < kPrefillTileQ * hd; i += 128) {
     const int rr = i / hd, d = i % hd;
@@ -342,9 +348,9 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a) {
       const int32_t j = kc + jj;
       float kv = 0.0f, vv = 0.0f;
       if (j < k_hi) {
-        const int64_t row = cache_row(a, table, j) * row_elems;
-        kv = to_f32(kbase[row + d]);
-        vv = to_f32(vbase[row + d]);
+        const int64_t row = cache_row(a, table, j) * row_bytes;
+        kv = KvT::load1(kbase + row, head_elem + d);
+        vv = KvT::load1(vbase + row, head_elem + d);
       }
       ks[jj * ld + d] = kv;
       vs[jj * hd + d] = vv;
@@ -410,41 +416,41 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a) {
   }
 }
 
-template <typename KV, typename Out, int kDims>
+template <typename KvT, typename Out, int kDims>
 void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   const size_t smem = sizeof(float) * (static_cast<size_t>(kPrefillTileQ + kTileK) * (a.head_dim + 1) +
                                        static_cast<size_t>(kTileK) * a.head_dim + 32 * 33);
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(prefill_kernel<KV, Out, kDims>),
+  opt_in.ensure(reinterpret_cast<const void*>(prefill_kernel<KvT, Out, kDims>),
                 sizeof(float) * (64 * 257 + 32 * 256 + 32 * 33));
   const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
-  prefill_kernel<KV, Out, kDims><<<grid, 128, smem, stream>>>(a);
+  prefill_kernel<KvT, Out, kDims><<<grid, 128, smem, stream>>>(a);
   RILL_CUDA_CHECK_LAUNCH();
 }
 
-template <typename KV, int kChunks, int kG>
+template <typename KvT, int kChunks, int kG>
 void launch_decode_g(const AttentionArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(decode_kernel<KV, kChunks, kG>),
+  opt_in.ensure(reinterpret_cast<const void*>(decode_kernel<KvT, kChunks, kG>),
                 sizeof(float) * (kG * 256 * 5 + kG * kDecodeChunk));
-  launch_pdl(decode_kernel<KV, kChunks, kG>, grid, kDecodeThreads, smem, stream, a);
+  launch_pdl(decode_kernel<KvT, kChunks, kG>, grid, kDecodeThreads, smem, stream, a);
 }
 
-template <typename KV, int kChunks>
+template <typename KvT, int kChunks>
 void launch_decode(const AttentionArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
   const int G = a.n_head / a.n_head_kv;
   if (G <= 1) {
-    launch_decode_g<KV, kChunks, 1>(a, grid, smem, stream);
+    launch_decode_g<KvT, kChunks, 1>(a, grid, smem, stream);
   } else if (G <= 2) {
-    launch_decode_g<KV, kChunks, 2>(a, grid, smem, stream);
+    launch_decode_g<KvT, kChunks, 2>(a, grid, smem, stream);
   } else if (G <= 4) {
-    launch_decode_g<KV, kChunks, 4>(a, grid, smem, stream);
+    launch_decode_g<KvT, kChunks, 4>(a, grid, smem, stream);
   } else {
-    launch_decode_g<KV, kChunks, 8>(a, grid, smem, stream);
+    launch_decode_g<KvT, kChunks, 8>(a, grid, smem, stream);
   }
 }
 
-template <typename KV, typename Out>
+template <typename KvT, typename Out>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_decode > 0) {
     const int G = a.n_head / a.n_head_kv;
@@ -456,9 +462,9 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
     if (!a.general_decode && decode_fast_supported(a.kv_dtype, a.head_dim, G)) {
       decode_attention_fast(a, n_splits, stream);
     } else if (a.head_dim <= 128) {
-      launch_decode<KV, 1>(a, grid, smem, stream);
+      launch_decode<KvT, 1>(a, grid, smem, stream);
     } else {
-      launch_decode<KV, 2>(a, grid, smem, stream);
+      launch_decode<KvT, 2>(a, grid, smem, stream);
     }
     if (!a.split_counts && n_splits > 1) {
       const dim3 cgrid(static_cast<unsigned>(a.n_decode), static_cast<unsigned>(a.n_head));
@@ -469,16 +475,31 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
     prefill_attention_mma(a, stream);
   } else if (a.n_tiles > 0) {
     if (a.head_dim <= 64) {
-      launch_prefill<KV, Out, 16>(a, stream);
+      launch_prefill<KvT, Out, 16>(a, stream);
     } else if (a.head_dim <= 128) {
-      launch_prefill<KV, Out, 32>(a, stream);
+      launch_prefill<KvT, Out, 32>(a, stream);
     } else {
-      launch_prefill<KV, Out, 64>(a, stream);
+      launch_prefill<KvT, Out, 64>(a, stream);
     }
   }
 }
 
 }  // namespace
+
+bool kv_supported(DType kv_dtype) {
+  switch (kv_dtype) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+      return true;
+    default:
+      return false;
+  }
+}
 
 int32_t decode_splits(int32_t len) {
   return splits_for(len);
@@ -495,11 +516,8 @@ size_t attention_partial_floats(int64_t n_decode, int32_t n_head, int32_t head_d
 void attention(const AttentionArgs& a, cudaStream_t stream) {
   assert(a.n_head % a.n_head_kv == 0 && a.n_head / a.n_head_kv <= kMaxGroup);
   assert(a.head_dim % 4 == 0 && a.head_dim <= 256);
-  if (a.kv_dtype == DType::kF16) {
-    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<__half, T>(a, stream));
-  } else {
-    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<float, T>(a, stream));
-  }
+  assert(kv_supported(a.kv_dtype) && a.n_head_kv * a.head_dim % dtype_info(a.kv_dtype).block_size == 0);
+  RILL_CUDA_DISPATCH_KV(a.kv_dtype, RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, T>(a, stream)));
 }
 
 }  // namespace rill::cuda

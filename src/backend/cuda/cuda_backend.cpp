@@ -429,8 +429,14 @@ class CudaBackend final : public Backend {
     cuda::add_bias(y.f32(), b.data, y.rows, y.cols, stream());
   }
 
+  // The KV types the kernels take (cuda::kv_supported): K and V alike, unrotated.
+  static bool kv_readable(const KvCacheView& kv) {
+    return cuda::kv_supported(kv.dtype) && kv.v_type() == kv.dtype && kv.v_bytes() == kv.row_bytes && !kv.k_rotated &&
+           !kv.v_rotated;
+  }
+
   void rope_store_kv(const RopeKvOp& op, const StepMetadata& step) override {
-    assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift);
+    assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && kv_readable(op.kv));
     const CudaRope& rope = record(op.rope);
     cuda::RopeKvArgs a;
     a.qkv = op.qkv.f32();
@@ -462,7 +468,7 @@ class CudaBackend final : public Backend {
   }
 
   void attention(const AttentionOp& op, const StepMetadata& step) override {
-    assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && op.out.is_dense());
+    assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && op.out.is_dense() && kv_readable(op.kv));
     cuda::AttentionArgs a;
     a.q = op.q.f32();
     a.q_stride = op.q.stride;

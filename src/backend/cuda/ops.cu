@@ -4,6 +4,7 @@
 
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/kv_types.cuh"
 #include "backend/cuda/ops.h"
 
 namespace rill::cuda {
@@ -115,45 +116,68 @@ __device__ __forceinline__ void rope_angle(const RopeKvArgs& a, int32_t p, int i
   *sn = sinf(theta) * a.attn_factor;
 }
 
-// One block per (token, head); heads [0, n_head) are q, then n_head_kv k
-// heads, then n_head_kv v heads. The head is staged in shared memory.
-template <typename KV>
+// K/V heads one block of the rope kernel stores together: a head, or as
+// many as share one block of the KV type (head_dim 16 in q8_0's blocks of
+// 32: two; the block's scale needs all of its elements).
+template <typename KvT>
+__host__ __device__ __forceinline__ int kv_heads_per_block(int head_dim) {
+  return KvT::kBlock > head_dim ? KvT::kBlock / head_dim : 1;
+}
+
+// One block per (token, q head) and per (token, group of n_sub K or V
+// heads, kv_heads_per_block): q heads [0, n_head), then the K groups, then
+// the V groups. The heads are staged in shared memory.
+template <typename KvT>
 __global__ void rope_kv_kernel(RopeKvArgs a) {
-  extern __shared__ float h[];  // [head_dim]
+  extern __shared__ float h[];  // [n_sub * head_dim]
   __shared__ float red[32];
   const int64_t t = blockIdx.x;
-  const int head = blockIdx.y;
   const int hd = a.head_dim;
-  const bool is_q = head < a.n_head, is_k = !is_q && head < a.n_head + a.n_head_kv;
+  const int n_sub_kv = kv_heads_per_block<KvT>(hd), n_groups = a.n_head_kv / n_sub_kv;
+  const int y = blockIdx.y;
+  const bool is_q = y < a.n_head, is_k = !is_q && y < a.n_head + n_groups;
+  const int n_sub = is_q ? 1 : n_sub_kv;
+  // The first head of this block, counting q, then k, then v heads.
+  const int head = is_q   ? y
+                   : is_k ? a.n_head + (y - a.n_head) * n_sub
+                          : a.n_head + a.n_head_kv + (y - a.n_head - n_groups) * n_sub;
   const int n_pairs = a.rot_dim / 2;
   // The angle of this thread's pair (a function of the position, step
   // metadata, and constants) before waiting for the qkv rows, when every
   // thread has at most one pair.
-  const bool pre = (is_q || is_k) && n_pairs <= static_cast<int>(blockDim.x);
+  const bool pre = (is_q || is_k) && n_sub * n_pairs <= static_cast<int>(blockDim.x);
   float pre_cs = 0.0f, pre_sn = 0.0f;
-  if (pre && static_cast<int>(threadIdx.x) < n_pairs) rope_angle(a, a.positions[t], threadIdx.x, &pre_cs, &pre_sn);
+  if (pre && static_cast<int>(threadIdx.x) < n_sub * n_pairs) {
+    rope_angle(a, a.positions[t], threadIdx.x % n_pairs, &pre_cs, &pre_sn);
+  }
   detail::pdl_wait();
   detail::pdl_trigger();
+  const int width = n_sub * hd;
   float* src = a.qkv + t * a.qkv_stride + static_cast<int64_t>(head) * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) h[d] = src[d];
+  for (int d = threadIdx.x; d < width; d += blockDim.x) h[d] = src[d];
   const float* norm_w = is_q ? a.q_norm : is_k ? a.k_norm : nullptr;
   if (norm_w) {  // per-head RMSNorm (qwen3, gemma3), as cpu::rms_norm over head_dim
-    __syncthreads();
-    float ss = 0.0f;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += h[d] * h[d];
-    ss = block_sum(ss, red);
-    const float scale = 1.0f / sqrtf(ss / static_cast<float>(hd) + a.norm_eps);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) h[d] = (h[d] * scale) * (a.norm_offset + norm_w[d]);
+    for (int sub = 0; sub < n_sub; ++sub) {
+      float* hs = h + sub * hd;
+      __syncthreads();
+      float ss = 0.0f;
+      for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += hs[d] * hs[d];
+      ss = block_sum(ss, red);
+      const float scale = 1.0f / sqrtf(ss / static_cast<float>(hd) + a.norm_eps);
+      for (int d = threadIdx.x; d < hd; d += blockDim.x) hs[d] = (hs[d] * scale) * (a.norm_offset + norm_w[d]);
+    }
   }
   __syncthreads();
   if (is_q || is_k) {
-    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n_sub * n_pairs; i += blockDim.x) {
       float cs = pre_cs, sn = pre_sn;
-      if (!pre) rope_angle(a, a.positions[t], i, &cs, &sn);
-      const int i0 = a.interleaved ? 2 * i : i, i1 = a.interleaved ? 2 * i + 1 : i + n_pairs;
-      const float x0 = h[i0], x1 = h[i1];
-      h[i0] = x0 * cs - x1 * sn;
-      h[i1] = x0 * sn + x1 * cs;
+      const int sub = i / n_pairs, pair = i % n_pairs;
+      if (!pre) rope_angle(a, a.positions[t], pair, &cs, &sn);
+      float* hs = h + sub * hd;
+      const int i0 = a.interleaved ? 2 * pair : pair, i1 = a.interleaved ? 2 * pair + 1 : pair + n_pairs;
+      const float x0 = hs[i0], x1 = hs[i1];
+      hs[i0] = x0 * cs - x1 * sn;
+      hs[i1] = x0 * sn + x1 * cs;
     }
     __syncthreads();
   }
@@ -162,9 +186,9 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
     return;
   }
   const int kv_head = is_k ? head - a.n_head : head - a.n_head - a.n_head_kv;
-  KV* cache = static_cast<KV*>(is_k ? a.k_cache : a.v_cache);
-  KV* dst = cache + static_cast<int64_t>(a.slots[t]) * a.n_head_kv * hd + static_cast<int64_t>(kv_head) * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = from_f32<KV>(h[d]);
+  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
+  auto* row = static_cast<uint8_t*>(is_k ? a.k_cache : a.v_cache) + KvT::row_bytes(a.slots[t] * row_elems);
+  KvT::store(h, row, static_cast<int64_t>(kv_head) * hd, width);
 }
 
 __global__ void argmax_kernel(const float* logits, int64_t n_cols, int32_t* ids) {
@@ -302,14 +326,17 @@ void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int32_t* i
 void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return;
   assert(a.rot_dim <= a.head_dim && a.rot_dim % 2 == 0);
-  const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head + 2 * a.n_head_kv));
-  const int threads = a.head_dim >= 128 ? 64 : 32;
-  const size_t smem = static_cast<size_t>(a.head_dim) * sizeof(float);
-  if (a.kv_dtype == DType::kF16) {
-    launch_pdl(rope_kv_kernel<__half>, grid, threads, smem, stream, a);
-  } else {
-    launch_pdl(rope_kv_kernel<float>, grid, threads, smem, stream, a);
-  }
+  assert(kv_supported(a.kv_dtype));
+  RILL_CUDA_DISPATCH_KV(a.kv_dtype, {
+    const int n_sub = kv_heads_per_block<KvT>(a.head_dim);
+    // A K or V group is whole blocks of the type: head_dim a multiple of
+    // the block, or a divisor of it with the row whole groups.
+    assert((a.head_dim * n_sub) % KvT::kBlock == 0 && a.n_head_kv % n_sub == 0);
+    const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head + 2 * (a.n_head_kv / n_sub)));
+    const int threads = a.head_dim * n_sub >= 128 ? 64 : 32;
+    const size_t smem = static_cast<size_t>(a.head_dim * n_sub) * sizeof(float);
+    launch_pdl(rope_kv_kernel<KvT>, grid, threads, smem, stream, a);
+  });
 }
 
 }  // namespace rill::cuda

@@ -35,12 +35,19 @@ void add_bias(float* y, const float* b, int64_t n_rows, int64_t n_cols, cudaStre
 // out[i] = x[i] converted to dtype (F32/F16/BF16).
 void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream);
 
+// KV types the CUDA kernels store and read (backend/cuda/kv_types.cuh):
+// F32, F16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 (GGML's blocks, the CPU's
+// layout; K/V heads of whole blocks, or blocks of whole heads).
+bool kv_supported(DType kv_dtype);
+
 // RoPE (+ optional per-head RMSNorm: qwen3, gemma3) on the q and k heads of a fused
 // qkv buffer, and K/V written into the paged cache.
 //   qkv: [n_tokens, qkv_stride] f32: q heads [n_head, head_dim], then k
 //        heads [n_head_kv, head_dim], then v heads; q is rotated in place.
 //   slots[t]: the cache row of token t (block * block_size + offset).
-//   k_cache / v_cache: one layer's rows [n_rows, n_head_kv * head_dim] in kv_dtype (F32/F16).
+//   k_cache / v_cache: one layer's rows [n_rows, n_head_kv * head_dim] in kv_dtype
+//   (kv_supported(): Q8_0 quantized here, each head's blocks from its
+//   rotated f32 values, as the CPU's ref::quantize_kv_row).
 // Angles as cpu::rope: theta_i = pos * inv_freq[i] (or the ggml recurrence
 // when ggml_theta_scale > 0), cos and sin in f32 times attn_factor.
 struct RopeKvArgs {
@@ -72,7 +79,8 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 // else 0; key j lives at cache row table[j >> block_shift] * block_size +
 // (j & (block_size - 1)) where table = block_tables + table_start[seq].
 // score = scale * q.k, softcap then f32 softmax (cpu::attention's order).
-// out: [n_tokens, n_head * head_dim] in out_dtype.
+// out: [n_tokens, n_head * head_dim] in out_dtype. K/V in kv_dtype
+// (kv_supported()); Q8_0 is read block by block where it lies.
 //
 // Two kernels share the step: sequences with q_len > kDecodeMaxQ go through
 // a tiled kernel (prefill: one block per 32 queries and head, K/V tiles in

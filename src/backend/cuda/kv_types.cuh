@@ -1,0 +1,355 @@
+#pragma once
+// The KV types the CUDA attention kernels read and rope_store_kv writes
+// (model/kv_types.h: f32, f16, and q8_0 / q4_0 / q4_1 / q5_0 / q5_1 in
+// GGML's block layouts, byte for byte the CPU's, so the prefix-cache tiers and KV files carry it between
+// devices). Each is a tag type with:
+//   row_bytes(n)         bytes of n elements (n a multiple of kBlock); a KV
+//                        row is n_head_kv heads end to end, head h at
+//                        elements [h * head_dim, (h + 1) * head_dim)
+//   load4(row, e, v)     elements [e, e + 4) of a row as f32 (e % 4 == 0)
+//   load1(row, e)        element e as f32
+//   store(x, row, e0, n) n f32 values x (shared memory) into elements
+//                        [e0, e0 + n) of a row, e0 and n whole blocks, by
+//                        the whole thread block (blockDim.x a multiple of
+//                        32; every thread calls it after x is written)
+// Elements are addressed within the row, not the head: heads smaller than
+// a block (head_dim 16: two heads share a q8_0 block, as on the CPU) are
+// read in place like any other.
+// The kernels are templated on the tag, so each type's loads compile into
+// the same loop (no dequantized copy of the context: a head is converted
+// in registers as it is read).
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_math.cuh"
+#include "core/dtype.h"
+
+namespace rill::cuda::detail {
+
+struct KvF32 {
+  static constexpr DType kDtype = DType::kF32;
+  static constexpr int kBlock = 1;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n * 4; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const float4 x = *reinterpret_cast<const float4*>(row + 4 * e);
+    v[0] = x.x;
+    v[1] = x.y;
+    v[2] = x.z;
+    v[3] = x.w;
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) { return reinterpret_cast<const float*>(row)[e]; }
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<float*>(row)[e0 + i] = x[i];
+  }
+};
+
+struct KvF16 {
+  static constexpr DType kDtype = DType::kF16;
+  static constexpr int kBlock = 1;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n * 2; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(row + 2 * e);
+    const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+    const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+    v[0] = fa.x;
+    v[1] = fa.y;
+    v[2] = fb.x;
+    v[3] = fb.y;
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    return __half2float(reinterpret_cast<const __half*>(row)[e]);
+  }
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<__half*>(row)[e0 + i] = __float2half_rn(x[i]);
+  }
+};
+
+// GGML's block_q8_0: an f16 scale, then 32 int8 levels; x = scale * q.
+// Blocks are 34 bytes, so a block's levels are only 2-byte aligned: loads
+// go 2 bytes at a time. The quantizer is llama.cpp's reference
+// (quantize_row_q8_0_ref, the CPU's ref::quantize_kv_row): scale =
+// max|x| / 127 in f32, levels round(x / scale) via the f32 reciprocal, so
+// the same floats give the same bytes on both devices.
+struct KvQ8_0 {
+  static constexpr DType kDtype = DType::kQ8_0;
+  static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 34;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (e & 31));
+    const uint16_t lo = q[0], hi = q[1];
+    v[0] = s * static_cast<float>(static_cast<int8_t>(lo & 0xff));
+    v[1] = s * static_cast<float>(static_cast<int8_t>(lo >> 8));
+    v[2] = s * static_cast<float>(static_cast<int8_t>(hi & 0xff));
+    v[3] = s * static_cast<float>(static_cast<int8_t>(hi >> 8));
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    return s * static_cast<float>(static_cast<int8_t>(blk[2 + (e & 31)]));
+  }
+  // Warp w quantizes blocks w, w + n_warps, ...: lane i holds element i of
+  // the block, the block's max|x| is a warp reduction.
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    const int lane = threadIdx.x & 31;
+    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
+    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
+      const float v = x[i0 + lane];
+      const float amax = warp_max(fabsf(v));
+      const float scale = amax / 127.0f;
+      const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
+      if (lane == 0) *reinterpret_cast<__half*>(blk) = __float2half_rn(scale);
+      blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(roundf(v * inv)));
+    }
+  }
+};
+
+// GGML's block_q4_0: an f16 scale d, then 16 bytes: element j < 16 in the
+// low nibble of byte j, element j + 16 in its high nibble; x = d (q - 8).
+// The quantizer is llama.cpp's reference: d = -(the element of largest
+// magnitude, the first on ties) / 8, q = min(15, trunc(x / d + 8.5)).
+struct KvQ4_0 {
+  static constexpr DType kDtype = DType::kQ4_0;
+  static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 18;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const int j = static_cast<int>(e & 31), shift = j >= 16 ? 4 : 0;
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (j & 15));
+    const uint32_t b = q[0] | (static_cast<uint32_t>(q[1]) << 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = s * static_cast<float>(static_cast<int>((b >> (8 * i + shift)) & 0xF) - 8);
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const int j = static_cast<int>(e & 31);
+    const int q = (blk[2 + (j & 15)] >> (j >= 16 ? 4 : 0)) & 0xF;
+    return s * static_cast<float>(q - 8);
+  }
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    const int lane = threadIdx.x & 31;
+    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
+    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
+      const float v = x[i0 + lane];
+      const float amax = warp_max(fabsf(v));
+      const unsigned at_max = __ballot_sync(0xffffffffu, fabsf(v) == amax);
+      const float max = __shfl_sync(0xffffffffu, v, __ffs(at_max) - 1);
+      const float d = (amax > 0.0f ? max : 0.0f) / -8.0f;
+      const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+      // Rounded multiply, then add (no FMA): the CPU reference's two roundings.
+      const int q = min(15, static_cast<int>(__fadd_rn(__fmul_rn(v, inv), 8.5f)));
+      const int hi = __shfl_down_sync(0xffffffffu, q, 16);
+      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
+      if (lane == 0) *reinterpret_cast<__half*>(blk) = __float2half_rn(d);
+      if (lane < 16) blk[2 + lane] = static_cast<uint8_t>(q | (hi << 4));
+    }
+  }
+};
+
+// The 4-bit packing of GGML's q4 / q5 blocks: byte j of qs holds element
+// j's low nibble and element j + 16's in its high nibble. Called by a whole
+// warp, lane i holding element i's level.
+__device__ __forceinline__ void pack_nibbles(int q, uint8_t* qs) {
+  const int lane = threadIdx.x & 31;
+  const int hi = __shfl_down_sync(0xffffffffu, q, 16);
+  if (lane < 16) qs[lane] = static_cast<uint8_t>((q & 0xF) | ((hi & 0xF) << 4));
+}
+
+// Element j's 4-bit level in a block's qs (16 bytes at qs), and 4 of them
+// (j % 4 == 0, qs 2-byte aligned).
+__device__ __forceinline__ void nibbles4(const uint8_t* qs, int j, int (&q)[4]) {
+  const auto* p = reinterpret_cast<const uint16_t*>(qs + (j & 15));
+  const uint32_t b = p[0] | (static_cast<uint32_t>(p[1]) << 16);
+  const int shift = j >= 16 ? 4 : 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) q[i] = static_cast<int>((b >> (8 * i + shift)) & 0xF);
+}
+
+// A warp's min and max of v (lane i: element i), as the CPU's min_max.
+__device__ __forceinline__ void warp_min_max(float v, float* mn, float* mx) {
+  float lo = v, hi = v;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  *mn = lo;
+  *mx = hi;
+}
+
+// The element of largest magnitude of a warp's block (the first on ties),
+// with its sign; 0 for an all-zero block (the CPU's signed_absmax).
+__device__ __forceinline__ float warp_signed_absmax(float v) {
+  const float amax = warp_max(fabsf(v));
+  const unsigned at_max = __ballot_sync(0xffffffffu, fabsf(v) == amax);
+  const float m = __shfl_sync(0xffffffffu, v, __ffs(at_max) - 1);
+  return amax > 0.0f ? m : 0.0f;
+}
+
+// (x - min) * id + add, each step rounded (no FMA: the CPU reference's
+// roundings), truncated toward zero as the reference's int8 conversion.
+__device__ __forceinline__ int level_of(float x, float min, float id, float add) {
+  return static_cast<int>(__fadd_rn(__fmul_rn(__fsub_rn(x, min), id), add));
+}
+
+// GGML's block_q4_1: f16 d, f16 m, then q4 nibbles; x = d q + m, q =
+// min(15, trunc((x - min) / d + 0.5)), d = (max - min) / 15.
+struct KvQ4_1 {
+  static constexpr DType kDtype = DType::kQ4_1;
+  static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 20;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float d = __half2float(*reinterpret_cast<const __half*>(blk));
+    const float m = __half2float(*reinterpret_cast<const __half*>(blk + 2));
+    int q[4];
+    nibbles4(blk + 4, static_cast<int>(e & 31), q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = static_cast<float>(q[i]) * d + m;
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    float v[4];
+    load4(row, e & ~int64_t{3}, v);
+    return v[e & 3];
+  }
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    const int lane = threadIdx.x & 31;
+    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
+    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
+      const float v = x[i0 + lane];
+      float mn, mx;
+      warp_min_max(v, &mn, &mx);
+      const float d = (mx - mn) / 15.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
+      if (lane == 0) {
+        reinterpret_cast<__half*>(blk)[0] = __float2half_rn(d);
+        reinterpret_cast<__half*>(blk)[1] = __float2half_rn(mn);
+      }
+      pack_nibbles(min(15, level_of(v, mn, id, 0.5f)), blk + 4);
+    }
+  }
+};
+
+// GGML's block_q5_0: f16 d, qh (u32, bit j: bit 4 of element j), q4
+// nibbles; x = d (q - 16), d = -(signed max) / 16, q = min(31, trunc(x / d
+// + 16.5)).
+struct KvQ5_0 {
+  static constexpr DType kDtype = DType::kQ5_0;
+  static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 22;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float d = __half2float(*reinterpret_cast<const __half*>(blk));
+    const auto* qh16 = reinterpret_cast<const uint16_t*>(blk + 2);
+    const uint32_t qh = qh16[0] | (static_cast<uint32_t>(qh16[1]) << 16);
+    const int j = static_cast<int>(e & 31);
+    int q[4];
+    nibbles4(blk + 6, j, q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = static_cast<float>((q[i] | (((qh >> (j + i)) & 1) << 4)) - 16) * d;
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    float v[4];
+    load4(row, e & ~int64_t{3}, v);
+    return v[e & 3];
+  }
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    const int lane = threadIdx.x & 31;
+    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
+    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
+      const float v = x[i0 + lane];
+      const float d = warp_signed_absmax(v) / -16.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const int q = min(31, level_of(v, 0.0f, id, 16.5f));
+      const unsigned qh = __ballot_sync(0xffffffffu, (q & 0x10) != 0);
+      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
+      if (lane == 0) {
+        *reinterpret_cast<__half*>(blk) = __float2half_rn(d);
+        reinterpret_cast<uint16_t*>(blk + 2)[0] = static_cast<uint16_t>(qh & 0xFFFF);
+        reinterpret_cast<uint16_t*>(blk + 2)[1] = static_cast<uint16_t>(qh >> 16);
+      }
+      pack_nibbles(q, blk + 6);
+    }
+  }
+};
+
+// GGML's block_q5_1: f16 d, f16 m, qh, q4 nibbles; x = d q + m, d = (max -
+// min) / 31, q = min(31, trunc((x - min) / d + 0.5)).
+struct KvQ5_1 {
+  static constexpr DType kDtype = DType::kQ5_1;
+  static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 24;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float d = __half2float(*reinterpret_cast<const __half*>(blk));
+    const float m = __half2float(*reinterpret_cast<const __half*>(blk + 2));
+    const uint32_t qh = *reinterpret_cast<const uint32_t*>(blk + 4);
+    const int j = static_cast<int>(e & 31);
+    int q[4];
+    nibbles4(blk + 8, j, q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = static_cast<float>(q[i] | (((qh >> (j + i)) & 1) << 4)) * d + m;
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    float v[4];
+    load4(row, e & ~int64_t{3}, v);
+    return v[e & 3];
+  }
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    const int lane = threadIdx.x & 31;
+    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
+    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
+      const float v = x[i0 + lane];
+      float mn, mx;
+      warp_min_max(v, &mn, &mx);
+      const float d = (mx - mn) / 31.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const int q = min(31, level_of(v, mn, id, 0.5f));
+      const unsigned qh = __ballot_sync(0xffffffffu, (q & 0x10) != 0);
+      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
+      if (lane == 0) {
+        reinterpret_cast<__half*>(blk)[0] = __float2half_rn(d);
+        reinterpret_cast<__half*>(blk)[1] = __float2half_rn(mn);
+        *reinterpret_cast<uint32_t*>(blk + 4) = qh;
+      }
+      pack_nibbles(q, blk + 8);
+    }
+  }
+};
+
+}  // namespace rill::cuda::detail
+
+// Calls MACRO(KvT) with KvT the tag of a KV dtype the CUDA kernels take
+// (F16 and the GGML blocks; anything else: F32).
+#define RILL_CUDA_DISPATCH_KV(dtype, ...)         \
+  do {                                            \
+    switch (dtype) {                              \
+      case ::rill::DType::kF16: {                 \
+        using KvT = ::rill::cuda::detail::KvF16;  \
+        __VA_ARGS__;                              \
+      } break;                                    \
+      case ::rill::DType::kQ8_0: {                \
+        using KvT = ::rill::cuda::detail::KvQ8_0; \
+        __VA_ARGS__;                              \
+      } break;                                    \
+      case ::rill::DType::kQ4_0: {                \
+        using KvT = ::rill::cuda::detail::KvQ4_0; \
+        __VA_ARGS__;                              \
+      } break;                                    \
+      default: {                                  \
+        using KvT = ::rill::cuda::detail::KvF32;  \
+        __VA_ARGS__;                              \
+      } break;                                    \
+    }                                             \
+  } while (0)

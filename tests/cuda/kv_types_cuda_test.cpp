@@ -1,0 +1,164 @@
+// Quantized KV on CUDA (backend/cuda/kv_types.cuh) on the HF goldens
+// (../shared/goldens/hf; f32 weights, so the CUDA model's own KV is f32):
+//  - q8_0 K and V give the greedy continuation of the model's own KV
+//    wherever that one's top-2 gap exceeds twice the bound below, and the
+//    teacher-forced logits stay within kQ8LogitBound of it (the CPU's bound
+//    for q8_0 against f16 KV, tests/engine/kv_quant_parity_test.cpp);
+//  - CUDA's q8_0 logits stay within the same bound of the CPU's q8_0 ones
+//    (the blocks are the same format; K's f32 values differ by RoPE's
+//    rounding, which may move a value to the next level);
+//  - the KV numerics (the prefix cache's fingerprint) name the type, and
+//    the bytes per token are q8_0's (34 bytes a block of 32);
+//  - q4_0, q4_1, q5_0, q5_1: the rms logit error within the CPU's bounds.
+// The ops are held to the CPU Backend in tests/backend/backend_ops_test.cpp,
+// batch invariance in batch_invariant_cuda_test.cpp, the tiers in
+// kv_tiers_cuda_test.cpp. Skipped without a CUDA device or the goldens.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cuda_model_test_util.h"
+#include "cuda_test_util.h"
+#include "engine/sequence_runner.h"
+#include "loader/model_files.h"
+#include "model/registry.h"
+
+namespace rill {
+namespace {
+
+constexpr float kQ8LogitBound = 0.05f;
+constexpr float kGap = 2 * kQ8LogitBound;
+
+std::unique_ptr<Model> open(const std::string& dir, Device d, const char* kv) {
+  auto files = open_model_files(dir);
+  EXPECT_TRUE(files.ok()) << files.error().message;
+  if (!files.ok()) return nullptr;
+  ModelOptions o;
+  o.device = d;
+  o.n_threads = 2;
+  o.n_ctx = 256;
+  o.max_batch_tokens = 7;  // chunked prefill: decode and prefill kernels both read the blocks
+  if (kv) o.kv_types.k = o.kv_types.v = parse_kv_type(kv);
+  auto m = create_model(builtin_registry(), infer_profile(**files), *files, o);
+  EXPECT_TRUE(m.ok()) << m.error().message;
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+std::vector<float> score(Model& m, const std::vector<int32_t>& ids) {
+  SequenceRunner runner(m);
+  auto logits = runner.score(ids);
+  EXPECT_TRUE(logits.ok()) << logits.error().message;
+  return logits.ok() ? *logits : std::vector<float>{};
+}
+
+struct Top2 {
+  int32_t id;
+  float gap;
+};
+Top2 top2(const float* row, size_t n) {
+  size_t best = 0;
+  for (size_t i = 1; i < n; ++i) best = row[i] > row[best] ? i : best;
+  float second = -INFINITY;
+  for (size_t i = 0; i < n; ++i) {
+    if (i != best) second = std::max(second, row[i]);
+  }
+  return {static_cast<int32_t>(best), row[best] - second};
+}
+
+class CudaKvQ8 : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    RILL_REQUIRE_GPU();
+    dir_ = test::hf_golden_dir(GetParam());
+    if (!std::filesystem::exists(dir_ + "/golden.json")) GTEST_SKIP() << dir_ << " not found";
+  }
+  std::string dir_;
+};
+
+TEST_P(CudaKvQ8, GreedyMatchesTheModelsOwnKvWhereTheGapAllows) {
+  const test::HfGolden g = test::read_hf_golden(dir_);
+  std::vector<int32_t> ids = g.prompt_ids;
+  ids.insert(ids.end(), g.greedy_ids.begin(), g.greedy_ids.end());
+  auto own = open(dir_, Device::kCuda, nullptr), q8 = open(dir_, Device::kCuda, "q8_0");
+  auto cpu_q8 = open(dir_, Device::kCpu, "q8_0");
+  ASSERT_TRUE(own && q8 && cpu_q8);
+  EXPECT_NE(q8->kv_numerics(), own->kv_numerics());
+  EXPECT_NE(q8->kv_numerics().find("kv=q8_0"), std::string::npos) << q8->kv_numerics();
+  // f32 KV: 4 bytes an element; q8_0: 34 bytes a block of 32.
+  EXPECT_EQ(q8->kv_bytes_per_token() * 4 * 32, own->kv_bytes_per_token() * 34);
+  const std::vector<float> f = score(*own, ids), q = score(*q8, ids), c = score(*cpu_q8, ids);
+  ASSERT_FALSE(f.empty());
+  ASSERT_EQ(f.size(), q.size());
+  ASSERT_EQ(c.size(), q.size());
+  const double err_own = test::max_abs_diff(q, f), err_cpu = test::max_abs_diff(q, c);
+  EXPECT_LT(err_own, kQ8LogitBound) << GetParam() << ": q8_0 against the model's own KV";
+  EXPECT_LT(err_cpu, kQ8LogitBound) << GetParam() << ": CUDA q8_0 against CPU q8_0";
+  const size_t V = f.size() / ids.size();
+  int checked = 0;
+  for (size_t k = 0; k < g.greedy_ids.size(); ++k) {
+    const size_t p = g.prompt_ids.size() + k - 1;  // predicts greedy_ids[k]
+    const Top2 ref = top2(f.data() + p * V, V);
+    if (ref.gap <= kGap) continue;
+    ++checked;
+    EXPECT_EQ(ref.id, g.greedy_ids[k]) << "own KV at step " << k;
+    EXPECT_EQ(top2(q.data() + p * V, V).id, g.greedy_ids[k]) << "q8_0 KV at step " << k << " (gap " << ref.gap << ")";
+  }
+  EXPECT_GE(checked * 3, static_cast<int>(g.greedy_ids.size())) << "a third of the steps have a usable gap";
+  std::printf("[ cuda kv q8_0 ] %s: max |logit - own KV| %.3g, - CPU q8_0 %.3g; %d of %zu steps checked\n",
+              GetParam().c_str(), err_own, err_cpu, checked, g.greedy_ids.size());
+}
+
+double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double s = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) s += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+  return a.empty() ? INFINITY : std::sqrt(s / static_cast<double>(a.size()));
+}
+
+// The other GGML block types for K and V: the rms logit error against the
+// model's own KV within the CPU's bound for the type's bits against f16 KV
+// (kv_quant_parity_test.cpp: 4 bits 0.25, 5 bits 0.1), and CUDA's logits
+// within the same rms of the CPU's over the same type; the bytes per token
+// are the type's.
+TEST_P(CudaKvQ8, BlockTypesLogitErrorWithinTheCpusBounds) {
+  const test::HfGolden g = test::read_hf_golden(dir_);
+  auto own = open(dir_, Device::kCuda, nullptr);
+  ASSERT_TRUE(own);
+  const std::vector<float> f = score(*own, g.prompt_ids);
+  struct Type {
+    const char* name;
+    DType dtype;
+    double bound;
+  };
+  for (const Type t : {Type{"q4_0", DType::kQ4_0, 0.25}, Type{"q4_1", DType::kQ4_1, 0.25},
+                       Type{"q5_0", DType::kQ5_0, 0.1}, Type{"q5_1", DType::kQ5_1, 0.1}}) {
+    auto gpu = open(dir_, Device::kCuda, t.name), cpu = open(dir_, Device::kCpu, t.name);
+    ASSERT_TRUE(gpu && cpu) << t.name;
+    EXPECT_NE(gpu->kv_numerics().find(std::string("kv=") + t.name), std::string::npos) << gpu->kv_numerics();
+    const DTypeInfo info = dtype_info(t.dtype);
+    EXPECT_EQ(gpu->kv_bytes_per_token() * 4 * static_cast<size_t>(info.block_size),
+              own->kv_bytes_per_token() * static_cast<size_t>(info.block_bytes))
+        << t.name;
+    const std::vector<float> q = score(*gpu, g.prompt_ids), c = score(*cpu, g.prompt_ids);
+    const double e_own = rms_diff(q, f), e_cpu = rms_diff(q, c);
+    EXPECT_LT(e_own, t.bound) << GetParam() << " " << t.name;
+    EXPECT_LT(e_cpu, t.bound) << GetParam() << " " << t.name;
+    std::printf("[ cuda kv %s ] %s: rms logit error vs own KV %.3g, vs CPU %s %.3g\n", t.name, GetParam().c_str(),
+                e_own, t.name, e_cpu);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaKvQ8, ::testing::Values("llama", "qwen3", "gemma3", "gemma2", "qwen3_5"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace rill
