@@ -23,7 +23,9 @@
 //    decode step), in the default and the batch-invariant modes; in the
 //    batch-invariant mode the prompt in chunks of 5 gives the bits of the
 //    prompt whole;
-//  - the KV cache holds one latent row per token and layer.
+//  - the KV cache holds one latent row per token and layer, exported in the
+//    CPU model's layout, and rows exported and imported elsewhere give the
+//    same decode logits (the prefix-cache tiers).
 // deepseek-v3 and glm-5 need the CUDA MoE's sigmoid, group-limited router
 // with shared experts (place_moe refuses it until then, and these cases
 // fail at load).
@@ -249,6 +251,73 @@ TEST_P(CudaMla, KvCacheHoldsOneLatentRowPerTokenAndLayer) {
   ASSERT_EQ(layers.size(), n_layers);
   EXPECT_EQ(layers[0].row_bytes, (row + 1) / 2 * sizeof(float));
   ASSERT_EQ((*model)->kv_spec().size(), 1u);
+}
+
+// Every layer's latent rows of blocks, K plane then V plane, as floats.
+std::vector<float> exported_kv(Model& m, const std::vector<int32_t>& blocks) {
+  const size_t bb = m.kv_layers()[0].row_bytes * static_cast<size_t>(m.kv_block_size());
+  std::vector<float> out;
+  for (size_t l = 0; l < m.kv_layers().size(); ++l) {
+    std::vector<float> k(bb * blocks.size() / sizeof(float)), v(k.size());
+    const Status st = m.copy_kv_blocks_out(static_cast<int64_t>(l), blocks, bb, reinterpret_cast<uint8_t*>(k.data()),
+                                           reinterpret_cast<uint8_t*>(v.data()));
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    out.insert(out.end(), k.begin(), k.end());
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// The prefix-cache tiers' export: the CUDA model's latent rows have the CPU
+// model's layout (within f32 rounding), and rows exported from one CUDA
+// model and imported into another elsewhere give the first one's decode
+// logits bit for bit.
+TEST_P(CudaMla, KvExportHasTheCpuLayoutAndRestores) {
+  ModelOptions o = options(Device::kCuda, 64);
+  o.n_kv_slots = 4;  // 64 blocks of 4
+  ModelOptions oc = o;
+  oc.device = Device::kCpu;
+  auto cpu = open(oc);
+  auto gpu = open(o);
+  auto fresh = open(o);
+  ASSERT_TRUE(cpu.ok() && gpu.ok() && fresh.ok());
+  ASSERT_EQ((*cpu)->kv_layers().size(), (*gpu)->kv_layers().size());
+  EXPECT_EQ((*cpu)->kv_layers()[0].row_bytes, (*gpu)->kv_layers()[0].row_bytes);
+  const size_t V = static_cast<size_t>((*gpu)->n_vocab());
+  const int32_t n = 20;  // five whole blocks
+  const std::vector<int32_t> blocks = {0, 1, 2, 3, 4}, moved = {10, 11, 12, 13, 14};
+  std::vector<float> logits(V);
+  for (Model* m : {cpu->get(), gpu->get()}) {
+    Batch b;
+    b.add_sequence(hf_.prompt_ids.data(), n, 0, true, blocks);
+    ASSERT_TRUE(m->forward(b, logits.data()).ok());
+  }
+  const std::vector<float> want = exported_kv(**cpu, blocks), got = exported_kv(**gpu, blocks);
+  double max_ref = 0;
+  for (float x : want) max_ref = std::max(max_ref, double(std::fabs(x)));
+  EXPECT_GT(max_ref, 1e-3);
+  EXPECT_LT(test::max_abs_diff(got, want), 1e-4 * std::max(1.0, max_ref)) << GetParam();
+
+  const size_t bb = (*gpu)->kv_layers()[0].row_bytes * static_cast<size_t>((*gpu)->kv_block_size());
+  const size_t per_layer = 2 * bb * blocks.size() / sizeof(float);
+  for (size_t l = 0; l < (*gpu)->kv_layers().size(); ++l) {
+    const auto* k = reinterpret_cast<const uint8_t*>(got.data() + l * per_layer);
+    const Status st = (*fresh)->copy_kv_blocks_in(static_cast<int64_t>(l), moved, bb, k, k + bb * blocks.size());
+    ASSERT_TRUE(st.ok()) << st.error().message;
+  }
+  const int32_t next = hf_.prompt_ids[static_cast<size_t>(n)];
+  std::vector<float> decoded(V), restored(V);
+  Batch b;
+  std::vector<int32_t> table = blocks;
+  table.push_back(5);
+  b.add_sequence(&next, 1, n, true, table);
+  ASSERT_TRUE((*gpu)->forward(b, decoded.data()).ok());
+  b.clear();
+  table = moved;
+  table.push_back(15);
+  b.add_sequence(&next, 1, n, true, table);
+  ASSERT_TRUE((*fresh)->forward(b, restored.data()).ok());
+  EXPECT_EQ(restored, decoded) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Mla, CudaMla, ::testing::Values("minicpm3", "deepseek-v3", "glm-5"), [](const auto& info) {
