@@ -759,7 +759,9 @@ TEST_P(BackendOps, MultiHeadLatentAttention) {
 // chunk, whole prompts, sequences with fewer keys than topk), queries
 // rotated, and the top-k selection over random earlier rows, where many
 // keys score exactly 0 (every head's dot product negative: ReLU) so ties
-// fall at the cut. The selection must be the CPU's exactly.
+// fall at the cut. The selection must be the CPU's exactly; then
+// latent_attention over the selected keys only (4 heads over the rows'
+// latent and rope columns), 1e-4 (f16 KV 4e-3) as above.
 TEST_P(BackendOps, LightningIndexSelectsAsTheCpu) {
   if (!dev_.b->has_mla_ops()) GTEST_SKIP() << dev_.b->name() << " has no MLA ops yet";
   const int32_t H = 2, D = 16, rope_dim = 8, topk = 8, shift = 2, n_blocks = 40;
@@ -767,7 +769,7 @@ TEST_P(BackendOps, LightningIndexSelectsAsTheCpu) {
   const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 37}, {3, 11}, {12, 12}, {1, 5}, {2, 8}};
   const RopeTable table = cpu::make_rope_table(10000.0f, rope_dim, /*interleaved=*/true);
   for (DType kv_t : {DType::kF32, DType::kF16}) {
-    std::vector<std::vector<float>> qs, ks, vs;
+    std::vector<std::vector<float>> qs, ks, vs, lats;
     std::vector<std::vector<int32_t>> sels, counts;
     for (Side* s : {&ref_, &dev_}) {
       const HostStep hs(seqs, shift, n_blocks, 31, s->b->attention_routing(kv_t, D));
@@ -807,6 +809,25 @@ TEST_P(BackendOps, LightningIndexSelectsAsTheCpu) {
       }
       sels.push_back(sel);
       counts.push_back(n_sel);
+      const int32_t n_attn_heads = 4;
+      LatentAttentionOp at;
+      at.q_latent = s->tensor(random_floats(T * n_attn_heads * row.kv_lora_rank, 35, -2, 2), T,
+                              n_attn_heads * row.kv_lora_rank, DType::kF32);
+      at.q_rope = s->tensor(random_floats(T * n_attn_heads * rope_dim, 36, -2, 2), T, n_attn_heads * rope_dim,
+                            DType::kF32, n_attn_heads * rope_dim + 5);
+      at.q_rope_step = rope_dim;
+      at.out = s->tensor(std::vector<float>(T * n_attn_heads * row.kv_lora_rank, NAN), T,
+                         n_attn_heads * row.kv_lora_rank, DType::kF32);
+      at.n_head = n_attn_heads;
+      at.kv_lora_rank = row.kv_lora_rank;
+      at.rope_dim = rope_dim;
+      at.scale = 0.2f;
+      at.kv = kv.view;
+      at.selected = ix.selected;
+      at.n_selected = ix.n_selected;
+      at.selected_stride = topk;
+      s->b->latent_attention(at, md);
+      lats.push_back(s->read(at.out));
     }
     const std::string what = "lightning_index kv " + std::string(dtype_name(kv_t));
     expect_close(qs[1], qs[0], tol(2e-5), what + " q (rope dims rotated)");
@@ -814,6 +835,7 @@ TEST_P(BackendOps, LightningIndexSelectsAsTheCpu) {
     expect_close(vs[1], vs[0], tol(kv_t == DType::kF16 ? 2e-3 : 2e-5), what + " V plane");
     EXPECT_EQ(counts[1], counts[0]) << what;
     EXPECT_EQ(sels[1], sels[0]) << what << ": the selected keys";
+    expect_close(lats[1], lats[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-4), what + " sparse latent attention");
   }
 }
 
