@@ -458,6 +458,9 @@ struct StepLimits {
   // matmul_heads(): the widest per-head input (w.cols) it is called with;
   // 0: the model never calls it.
   int64_t max_head_cols = 0;
+  // lightning_index(): the most keys a token scores (the context length);
+  // 0: the model never calls it.
+  int64_t max_index_keys = 0;
 };
 
 // Memory from allocate(): freed when the Buffer goes (before its Backend).
@@ -672,7 +675,9 @@ class Backend {
     (void)op, (void)step;
     assert(false && "latent_attention: this Backend has no MLA ops");
   }
-  // DeepSeek sparse attention (GLM-5); has_mla_ops() covers it.
+  // DeepSeek sparse attention (GLM-5); has_mla_ops() covers it and the
+  // layer_norm() of its keys. reserve()'s StepLimits::max_index_keys at
+  // least the longest context.
   virtual void lightning_index(const LightningIndexOp& op, const StepMetadata& step) {
     (void)op, (void)step;
     assert(false && "lightning_index: this Backend has no MLA ops");

@@ -806,15 +806,18 @@ TEST_P(BackendOps, GatedRmsNormAndSigmoidMul) {
 // Multi-head latent attention (DeepSeek-V3, MiniCPM3), on backends that
 // have the ops: matmul_heads over strided head columns, rope_store_latent
 // into a cache of random earlier rows (decode, a chunk, a whole prompt),
-// latent_attention over it. Tolerances as the ops they stand for: RoPE and
-// the stores 2e-5 (f16 KV: the rounding, 2e-3), attention 1e-5 (f16 KV
-// 4e-3), the products 1e-4.
+// latent_attention over it. W_uk^T and W_uv in the activation dtype on
+// both sides (CUDA places float weights in it). Tolerances as the ops they
+// stand for: RoPE and the stores 2e-5 (f16 KV: the rounding, 2e-3),
+// attention 1e-5 (f16 KV 4e-3), the products 1e-4.
 TEST_P(BackendOps, MultiHeadLatentAttention) {
   if (!dev_.b->has_mla_ops()) GTEST_SKIP() << dev_.b->name() << " has no MLA ops yet";
   const int32_t H = 4, nope = 16, rope_dim = 8, lora = 32, v_dim = 12, qk = nope + rope_dim, shift = 2, n_blocks = 32;
   const LatentKvRow row{lora, rope_dim};
   const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 30}, {3, 11}, {9, 9}};
-  const auto wk = random_floats(H * lora * nope, 21), wv = random_floats(H * v_dim * lora, 22);
+  const auto wk = encode(act(), random_floats(H * lora * nope, 21));
+  const auto wv = encode(act(), random_floats(H * v_dim * lora, 22));
+  const size_t es = elem_bytes(act());
   const auto kv_norm = random_floats(lora, 23);
   const RopeTable table = cpu::make_rope_table(10000.0f, rope_dim, /*interleaved=*/true);
   for (DType kv_t : {DType::kF32, DType::kF16}) {
@@ -822,8 +825,8 @@ TEST_P(BackendOps, MultiHeadLatentAttention) {
     for (Side* s : {&ref_, &dev_}) {
       const HostStep hs(seqs, shift, n_blocks, 24, s->b->attention_routing(kv_t, qk));
       const int32_t T = hs.n_tokens;
-      const Weight w_k = s->place({{wk.data(), DType::kF32, H * lora, nope, nope * 4u}});
-      const Weight w_v = s->place({{wv.data(), DType::kF32, H * v_dim, lora, lora * 4u}});
+      const Weight w_k = s->place({{wk.data(), act(), H * lora, nope, nope * es}});
+      const Weight w_v = s->place({{wv.data(), act(), H * v_dim, lora, lora * es}});
       auto rope = s->b->place_rope(table);
       ASSERT_TRUE(rope.ok());
       StepLimits lim{T, H, qk};
@@ -871,6 +874,105 @@ TEST_P(BackendOps, MultiHeadLatentAttention) {
     expect_close(lats[1], lats[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-4), what + " latent attention");
     expect_close(outs[1], outs[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-4), what + " output");
   }
+}
+
+// DeepSeek sparse attention's indexer (GLM-5) on backends with the MLA
+// ops: keys stored into the indexer columns of latent rows (decode, a
+// chunk, whole prompts, sequences with fewer keys than topk), queries
+// rotated, and the top-k selection over random earlier rows, where many
+// keys score exactly 0 (every head's dot product negative: ReLU) so ties
+// fall at the cut. The selection must be the CPU's exactly; then
+// latent_attention over the selected keys only (4 heads over the rows'
+// latent and rope columns), 1e-4 (f16 KV 4e-3) as above.
+TEST_P(BackendOps, LightningIndexSelectsAsTheCpu) {
+  if (!dev_.b->has_mla_ops()) GTEST_SKIP() << dev_.b->name() << " has no MLA ops yet";
+  const int32_t H = 2, D = 16, rope_dim = 8, topk = 8, shift = 2, n_blocks = 40;
+  const LatentKvRow row{16, rope_dim, D};
+  const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 37}, {3, 11}, {12, 12}, {1, 5}, {2, 8}};
+  const RopeTable table = cpu::make_rope_table(10000.0f, rope_dim, /*interleaved=*/true);
+  for (DType kv_t : {DType::kF32, DType::kF16}) {
+    std::vector<std::vector<float>> qs, ks, vs, lats;
+    std::vector<std::vector<int32_t>> sels, counts;
+    for (Side* s : {&ref_, &dev_}) {
+      const HostStep hs(seqs, shift, n_blocks, 31, s->b->attention_routing(kv_t, D));
+      const int32_t T = hs.n_tokens;
+      auto rope = s->b->place_rope(table);
+      ASSERT_TRUE(rope.ok());
+      StepLimits lim{T, H, D};
+      lim.max_index_keys = 64;
+      ASSERT_TRUE(s->b->reserve(lim).ok());
+      const StepMetadata md = hs.place(*s);
+      KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, row.plane_width(), 32);
+      LightningIndexOp ix;
+      ix.q = s->tensor(random_floats(T * H * D, 33, -2, 2), T, H * D, DType::kF32, H * D + 3);
+      const Tensor kw = s->tensor(random_floats(T * (D + H), 34, -2, 2), T, D + H, DType::kF32);
+      ix.k = kw.cols_from(0, D);
+      ix.w = kw.cols_from(D, H);
+      ix.n_head = H;
+      ix.head_dim = D;
+      ix.rope_dim = rope_dim;
+      ix.score_scale = 0.25f;
+      ix.weight_scale = 0.7f;
+      ix.rope = *rope;
+      ix.key_col = row.index_col();
+      ix.topk = topk;
+      ix.selected = s->put(std::vector<int32_t>(static_cast<size_t>(T * topk), -1));
+      ix.n_selected = s->put(std::vector<int32_t>(static_cast<size_t>(T), -1));
+      ix.kv = kv.view;
+      s->b->lightning_index(ix, md);
+      qs.push_back(s->read(ix.q));
+      ks.push_back(read_plane(*s, kv.view.k, kv.bytes, kv_t));
+      vs.push_back(read_plane(*s, kv.view.v, kv.bytes, kv_t));
+      std::vector<int32_t> sel(static_cast<size_t>(T * topk)), n_sel(static_cast<size_t>(T));
+      ASSERT_TRUE(s->b->copy_out(sel.data(), ix.selected, sel.size() * 4).ok());
+      ASSERT_TRUE(s->b->copy_out(n_sel.data(), ix.n_selected, n_sel.size() * 4).ok());
+      for (size_t t = 0; t < n_sel.size(); ++t) {  // entries past a token's count are unspecified
+        for (int32_t i = std::max(0, n_sel[t]); i < topk; ++i) sel[t * topk + static_cast<size_t>(i)] = -1;
+      }
+      sels.push_back(sel);
+      counts.push_back(n_sel);
+      const int32_t n_attn_heads = 4;
+      LatentAttentionOp at;
+      at.q_latent = s->tensor(random_floats(T * n_attn_heads * row.kv_lora_rank, 35, -2, 2), T,
+                              n_attn_heads * row.kv_lora_rank, DType::kF32);
+      at.q_rope = s->tensor(random_floats(T * n_attn_heads * rope_dim, 36, -2, 2), T, n_attn_heads * rope_dim,
+                            DType::kF32, n_attn_heads * rope_dim + 5);
+      at.q_rope_step = rope_dim;
+      at.out = s->tensor(std::vector<float>(T * n_attn_heads * row.kv_lora_rank, NAN), T,
+                         n_attn_heads * row.kv_lora_rank, DType::kF32);
+      at.n_head = n_attn_heads;
+      at.kv_lora_rank = row.kv_lora_rank;
+      at.rope_dim = rope_dim;
+      at.scale = 0.2f;
+      at.kv = kv.view;
+      at.selected = ix.selected;
+      at.n_selected = ix.n_selected;
+      at.selected_stride = topk;
+      s->b->latent_attention(at, md);
+      lats.push_back(s->read(at.out));
+    }
+    const std::string what = "lightning_index kv " + std::string(dtype_name(kv_t));
+    expect_close(qs[1], qs[0], tol(2e-5), what + " q (rope dims rotated)");
+    expect_close(ks[1], ks[0], tol(kv_t == DType::kF16 ? 2e-3 : 2e-5), what + " K plane");
+    expect_close(vs[1], vs[0], tol(kv_t == DType::kF16 ? 2e-3 : 2e-5), what + " V plane");
+    EXPECT_EQ(counts[1], counts[0]) << what;
+    EXPECT_EQ(sels[1], sels[0]) << what << ": the selected keys";
+    expect_close(lats[1], lats[0], tol(kv_t == DType::kF16 ? 4e-3 : 1e-4), what + " sparse latent attention");
+  }
+}
+
+// LayerNorm (the indexer's key norm) over strided rows, in place.
+TEST_P(BackendOps, LayerNormInPlaceOverStridedRows) {
+  if (!dev_.b->has_mla_ops() && !dev_.b->has_encoder_ops()) GTEST_SKIP() << dev_.b->name() << " has no layer_norm";
+  const int64_t n = 9, D = 48, stride = 56;
+  const auto x = random_floats(n * D, 40, -3, 3), w = random_floats(D, 41), b = random_floats(D, 42);
+  std::vector<std::vector<float>> outs;
+  for (Side* s : {&ref_, &dev_}) {
+    const Tensor xt = s->tensor(x, n, D, DType::kF32, stride);
+    s->b->layer_norm(xt, s->vec(w), s->vec(b), 1e-6f, xt);
+    outs.push_back(s->read(xt));
+  }
+  expect_close(outs[1], outs[0], tol(1e-5), "layer_norm");
 }
 
 // The MoE layers of the families, small and random:

@@ -20,6 +20,8 @@
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gated_delta.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/latent_attention.h"
+#include "backend/cuda/lightning_index.h"
 #include "backend/cuda/moe_ffn.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_gemma4.h"
@@ -76,6 +78,31 @@ DType expert_dtype(const HostMoe& h, bool gate_up, DType act) {
     if (m.dtype != t || (gate_up && e.up.dtype != t) || !cuda::moe_gemv_supported(t, m.cols)) return act;
   }
   return t;
+}
+
+cuda::RopeAngles angles(const CudaRope& r) {
+  cuda::RopeAngles a;
+  a.inv_freq = r.inv_freq;
+  a.freq_divisor = r.freq_divisor;
+  a.rot_dim = static_cast<int32_t>(r.table.rot_dim);
+  a.interleaved = r.table.interleaved;
+  a.attn_factor = r.table.attn_factor;
+  a.ggml_theta_scale = r.table.ggml_theta_scale;
+  return a;
+}
+
+// A layer's latent rows (LatentKvRow) as the MLA kernels address them.
+cuda::LatentCache latent_cache(const KvCacheView& v) {
+  assert(v.dtype == DType::kF32 || v.dtype == DType::kF16);
+  cuda::LatentCache c;
+  c.k = v.k;
+  c.v = v.v;
+  c.dtype = v.dtype;
+  c.plane = static_cast<int32_t>(v.row_bytes / (v.dtype == DType::kF32 ? 4 : 2));
+  c.block_shift = v.block_shift;
+  c.row_bytes = v.row_bytes;
+  c.block_stride = v.block_stride;
+  return c;
 }
 
 // What the CUDA MoE (moe_ffn.h) runs: every router and expert option of
@@ -367,6 +394,8 @@ class CudaBackend final : public Backend {
       fp8scratch_.carve(a, std::max<int64_t>(limits.max_tokens, limits.max_head_tokens), fp8_cols);
     }
     if (!moes_.empty()) moe_.carve(a, limits.max_tokens);
+    index_keys_ = limits.max_index_keys;
+    index_scores_ = index_keys_ > 0 ? a.take<float>(static_cast<size_t>(cuda::kIndexBlocks * index_keys_)) : nullptr;
   }
 
   Result<Buffer> allocate(size_t bytes, const std::string& what) override {
@@ -586,6 +615,119 @@ class CudaBackend final : public Backend {
     cuda::sigmoid_gate_mul(x.f32(), gate.f32(), gate.stride, x.rows, x.cols, out.dtype, out.data, stream());
   }
 
+  // --- Multi-head latent attention (cuda/latent_attention.h,
+  // cuda/lightning_index.h): per-token kernels, batch invariant in either
+  // mode. The indexer's LayerNorm is the one encoder op the MLA family needs.
+  bool has_mla_ops() const override { return true; }
+
+  void matmul_heads(const Weight& w, int32_t n_heads, Tensor x, int64_t x_step, Tensor y, int64_t y_step) override {
+    const cuda::DeviceWeight& d = record(w).w;
+    assert(d.dtype == DType::kF32 || d.dtype == DType::kF16 || d.dtype == DType::kBF16);
+    assert(x.dtype == DType::kF32 && y.dtype == DType::kF32 && w.rows % n_heads == 0 && y.rows == x.rows);
+    cuda::HeadsMatmulArgs a;
+    a.w = d.data;
+    a.w_dtype = d.dtype;
+    a.n_heads = n_heads;
+    a.R = w.rows / n_heads;
+    a.C = w.cols;
+    a.x = x.f32();
+    a.x_stride = x.stride;
+    a.x_step = x_step;
+    a.y = y.f32();
+    a.y_stride = y.stride;
+    a.y_step = y_step;
+    a.n_tokens = x.rows;
+    cuda::matmul_heads(a, stream());
+  }
+
+  void rope_store_latent(const LatentKvOp& op, const StepMetadata& step) override {
+    assert(op.q.dtype == DType::kF32 && op.kv.dtype == DType::kF32 && op.kv.cols == op.kv_lora_rank + op.rope_dim);
+    cuda::LatentStoreArgs a;
+    a.q = op.q.f32();
+    a.q_stride = op.q.stride;
+    a.n_head = op.n_head;
+    a.q_head_dim = op.q_head_dim;
+    a.q_rope_col = op.q_rope_col;
+    a.kv = op.kv.f32();
+    a.kv_stride = op.kv.stride;
+    a.kv_lora_rank = op.kv_lora_rank;
+    a.rope_dim = op.rope_dim;
+    a.kv_norm = op.kv_norm.data;
+    a.norm_eps = op.norm_eps;
+    a.rope = angles(record(op.rope));
+    a.pos = step.pos;
+    a.slots = step.slots[op.kv_group];
+    a.n_tokens = op.q.rows;
+    a.cache = latent_cache(op.kv_cache);
+    assert(2 * a.cache.plane >= op.kv_lora_rank + op.rope_dim);
+    cuda::rope_store_latent(a, stream());
+  }
+
+  void latent_attention(const LatentAttentionOp& op, const StepMetadata& step) override {
+    assert(op.q_latent.dtype == DType::kF32 && op.q_rope.dtype == DType::kF32 && op.out.dtype == DType::kF32);
+    assert(op.kv_lora_rank + op.rope_dim <= cuda::kLatentMaxRow);
+    cuda::LatentAttentionArgs a;
+    a.q_latent = op.q_latent.f32();
+    a.q_latent_stride = op.q_latent.stride;
+    a.q_rope = op.q_rope.f32();
+    a.q_rope_stride = op.q_rope.stride;
+    a.q_rope_step = op.q_rope_step;
+    a.out = op.out.f32();
+    a.out_stride = op.out.stride;
+    a.n_head = op.n_head;
+    a.kv_lora_rank = op.kv_lora_rank;
+    a.rope_dim = op.rope_dim;
+    a.scale = op.scale;
+    a.cache = latent_cache(op.kv);
+    a.pos = step.pos;
+    a.seq_of = step.seq_of;
+    a.table_start = step.table_start;
+    a.block_tables = step.block_tables[op.kv_group];
+    a.selected = op.selected;
+    a.n_selected = op.n_selected;
+    a.selected_stride = op.selected_stride;
+    a.n_tokens = step.n_tokens;
+    cuda::latent_attention(a, stream());
+  }
+
+  void lightning_index(const LightningIndexOp& op, const StepMetadata& step) override {
+    assert(op.q.dtype == DType::kF32 && op.k.dtype == DType::kF32 && op.w.dtype == DType::kF32);
+    assert(index_scores_ && "lightning_index: reserve() with StepLimits::max_index_keys");
+    cuda::LightningIndexArgs a;
+    a.q = op.q.f32();
+    a.q_stride = op.q.stride;
+    a.k = op.k.f32();
+    a.k_stride = op.k.stride;
+    a.w = op.w.f32();
+    a.w_stride = op.w.stride;
+    a.n_head = op.n_head;
+    a.head_dim = op.head_dim;
+    a.score_scale = op.score_scale;
+    a.weight_scale = op.weight_scale;
+    a.rope = angles(record(op.rope));
+    a.key_col = op.key_col;
+    a.topk = op.topk;
+    a.selected = op.selected;
+    a.n_selected = op.n_selected;
+    a.cache = latent_cache(op.kv);
+    assert(op.key_col + op.head_dim <= 2 * a.cache.plane);
+    a.pos = step.pos;
+    a.seq_of = step.seq_of;
+    a.table_start = step.table_start;
+    a.block_tables = step.block_tables[op.kv_group];
+    a.slots = step.slots[op.kv_group];
+    a.n_tokens = step.n_tokens;
+    a.scores = index_scores_;
+    a.max_keys = index_keys_;
+    cuda::lightning_index(a, stream());
+  }
+
+  void layer_norm(Tensor x, Vec w, Vec b, float eps, Tensor out) override {
+    assert(x.dtype == DType::kF32 && out.dtype == DType::kF32 && out.cols == x.cols && out.rows == x.rows);
+    assert(w.n == x.cols && b.n == x.cols);
+    cuda::layer_norm(x.f32(), x.stride, w.data, b.data, x.rows, x.cols, eps, out.f32(), out.stride, stream());
+  }
+
  private:
   enum class Pass { kDirect, kSizing, kPlacing };
 
@@ -728,6 +870,8 @@ class CudaBackend final : public Backend {
   cuda::DeviceBuffer fp8_staging_;  // a part in act_ before quantize_part
   cuda::DeviceBuffer scratch_;
   float* partial_ = nullptr;
+  float* index_scores_ = nullptr;  // lightning_index(): [kIndexBlocks, index_keys_]
+  int64_t index_keys_ = 0;
   cuda::QuantScratch qscratch_;
   cuda::Fp8Scratch fp8scratch_;
 };

@@ -45,8 +45,11 @@
 // One graph (MlaGraph, place_mla, mla_forward) over Backend ops (the MLA
 // ops: matmul_heads, rope_store_latent, latent_attention, lightning_index)
 // and the MoE FFN (Backend::moe_ffn); the CPU runtime (`deepseek_v3.cpu`, `minicpm3.cpu`,
-// `glm_moe_dsa.cpu`, a CpuPagedModel). The CUDA
-// Backend has no MLA ops yet, so the `.cuda` ids refuse at load.
+// `glm_moe_dsa.cpu`, a CpuPagedModel) and the CUDA runtime's glue
+// (`.cuda`, over model/cuda_model_base.h: one plane pair per layer, each
+// plane half a latent row wide). On CUDA the MoE layers (DeepSeek-V3,
+// GLM-5) load only as far as the CUDA Backend's place_moe takes their
+// router.
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -68,6 +71,12 @@
 #include "model/layers.h"
 #include "model/moe.h"
 #include "model/placement.h"
+
+#if RILL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/latent_attention.h"
+#include "model/cuda_model_base.h"
+#endif
 
 namespace rill {
 namespace {
@@ -301,7 +310,8 @@ struct MlaGraph {
   LatentKvRow kv_row() const {
     return {static_cast<int32_t>(p.kv_lora_rank), static_cast<int32_t>(p.rope), static_cast<int32_t>(p.dsa.head_dim)};
   }
-  StepLimits step_limits(int64_t max_tokens, int64_t max_sample) const {
+  // n_ctx: the longest context (the indexer scores up to that many keys).
+  StepLimits step_limits(int64_t max_tokens, int64_t max_sample, int64_t n_ctx) const {
     StepLimits l;
     l.max_tokens = max_tokens;
     l.n_head = static_cast<int32_t>(H);
@@ -310,6 +320,7 @@ struct MlaGraph {
     l.lm_head = &lm_head;
     l.max_head_tokens = max_sample;
     l.max_head_cols = std::max(p.nope, p.kv_lora_rank);
+    l.max_index_keys = p.dsa.enabled() ? n_ctx : 0;
     return l;
   }
 };
@@ -334,11 +345,14 @@ Status place_pass(Backend& b, const MlaWeights& w, MlaGraph& g) {
       const HostMatrix qb = host_matrix(h.q_b.w);
       RILL_ASSIGN_OR_RETURN(L.q_b, b.place(&qb, 1, pre + "self_attn.q_b_proj"));
     }
+    // matmul_heads reads W_uk^T and W_uv in a float dtype: `gathered` keeps
+    // a backend from requantizing them (CUDA's FP8 weights).
     const size_t es = w.kv_b_dtype == DType::kF32 ? 4 : 2;
-    const HostMatrix wk{h.wk_t.data(), w.kv_b_dtype, g.H * p.kv_lora_rank, p.nope, static_cast<size_t>(p.nope) * es};
+    HostMatrix wk{h.wk_t.data(), w.kv_b_dtype, g.H * p.kv_lora_rank, p.nope, static_cast<size_t>(p.nope) * es};
+    wk.gathered = true;
     RILL_ASSIGN_OR_RETURN(L.wk_t, b.place(&wk, 1, pre + "self_attn.kv_b_proj (K part, transposed)"));
-    const HostMatrix wv{h.wv.data(), w.kv_b_dtype, g.H * p.v_dim, p.kv_lora_rank,
-                        static_cast<size_t>(p.kv_lora_rank) * es};
+    HostMatrix wv{h.wv.data(), w.kv_b_dtype, g.H * p.v_dim, p.kv_lora_rank, static_cast<size_t>(p.kv_lora_rank) * es};
+    wv.gathered = true;
     RILL_ASSIGN_OR_RETURN(L.wv, b.place(&wv, 1, pre + "self_attn.kv_b_proj (V part)"));
     const HostMatrix om = host_matrix(h.o.w);
     RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, pre + "self_attn.o_proj"));
@@ -389,9 +403,6 @@ Result<MlaGraph> place_mla(Backend& b, const ModelConfig& cfg, const MlaWeights&
   g.n_main = cfg.n_layer;
   g.has_mtp = w.has_mtp;
   g.layers.assign(w.layers.size(), MlaLayer{});
-  if (w.params.dsa.enabled() && !b.has_encoder_ops()) {
-    return Error{std::string("the ") + b.name() + " Backend has no layer_norm (the lightning indexer's key norm)"};
-  }
   for (size_t il = 0; il < w.layers.size(); ++il) {
     g.layers[il].is_moe = w.layers[il].moe.has_value();
     g.layers[il].has_indexer = w.params.dsa.enabled() && !w.params.dsa.shared[il];
@@ -401,15 +412,21 @@ Result<MlaGraph> place_mla(Backend& b, const ModelConfig& cfg, const MlaWeights&
   return g;
 }
 
-// Activation views for up to the limit's tokens (rows), each dense, F32:
+// Activation views for up to the limit's tokens (rows), each dense, F32
+// but the matmul inputs h, qn, mlp and final_rows (in the Backend's
+// act_dtype()):
 //   x [T, E] residual; h [T, E] normed; a [T, a_width]; qn [T, q_lora];
 //   q [T, H qk]; q_lat, lat [T, H kv_lora]; attn [T, H v]; gu [T, 2 F];
 //   mlp [T, F]; final_rows [S, E]; with DSA the indexer's iq [T, n_head D]
 //   and ikw [T, D + n_head] (key, then head weights), and the selection
 //   (selected [T, topk], n_selected [T]) that shared layers reuse.
+// Where act_dtype() is not F32: attn_act [T, H v] (o_proj's input), and
+// F32 copies for the muP scales before their conversion, mlp32 [T, F] and
+// final32 [S, E] (empty when unscaled).
 struct MlaActivations {
   Tensor x, h, a, qn, q, q_lat, lat, attn, gu, mlp, final_rows, iq, ikw;
   Tensor mtp_h;  // [T, E] hnorm(h), with an MTP layer
+  Tensor attn_act, mlp32, final32;
   int32_t* selected = nullptr;
   int32_t* n_selected = nullptr;
 };
@@ -502,13 +519,20 @@ Status mla_layer(Backend& b, const MlaGraph& g, const MlaLayer& L, MlaStepOps& o
   // MiniCPM3's residual scale on o_proj's input: o is linear, so x +=
   // o(s attn) is x += s o(attn) within rounding.
   if (p.residual_scale != 1.0f) b.scale(attn, p.residual_scale);
-  RILL_TRY(b.matmul(L.wo, attn, x, true));
+  // Non-F32 activations: o_proj reads attn converted (and the muP scales
+  // apply in F32 before their conversions).
+  const bool f32_act = b.act_dtype() == DType::kF32;
+  const Tensor attn_in = f32_act ? attn : a.attn_act.rows_from(0, n);
+  if (!f32_act) b.convert(attn, attn_in);
+  RILL_TRY(b.matmul(L.wo, attn_in, x, true));
   b.rms_norm(x, nullptr, L.ffn_norm, eps, 0.0f, h);
   if (L.is_moe) return b.moe_ffn(L.moe, h, h, x, true, md);
   const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
   RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
-  b.glu(Glu::kSilu, gu, mlp);
-  if (p.residual_scale != 1.0f) b.scale(mlp, p.residual_scale);
+  const Tensor glu_out = f32_act || p.residual_scale == 1.0f ? mlp : a.mlp32.rows_from(0, n);
+  b.glu(Glu::kSilu, gu, glu_out);
+  if (p.residual_scale != 1.0f) b.scale(glu_out, p.residual_scale);
+  if (glu_out.data != mlp.data) b.convert(glu_out, mlp);
   return b.matmul(L.w_down, mlp, x, true);
 }
 
@@ -522,6 +546,7 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
   const MlaParams& p = g.p;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
   const float eps = g.eps;
+  const bool f32_act = b.act_dtype() == DType::kF32;
   b.embed(g.embed, md.ids, n, x);
   if (p.embed_scale != 1.0f) b.scale(x, p.embed_scale);
   b.rms_norm(x, nullptr, g.layers[0].attn_norm, eps, 0.0f, h);
@@ -534,8 +559,10 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
   if (hidden) b.rms_norm(x, nullptr, g.final_norm, eps, 0.0f, *hidden);
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
-  b.rms_norm(x, md.sample_rows, g.final_norm, eps, 0.0f, final_rows);
-  if (p.logit_scale != 1.0f) b.scale(final_rows, p.logit_scale);
+  const Tensor normed = f32_act || p.logit_scale == 1.0f ? final_rows : a.final32.rows_from(0, md.n_sample);
+  b.rms_norm(x, md.sample_rows, g.final_norm, eps, 0.0f, normed);
+  if (p.logit_scale != 1.0f) b.scale(normed, p.logit_scale);
+  if (normed.data != final_rows.data) b.convert(normed, final_rows);
   return b.matmul(g.lm_head, final_rows, logits, false);
 }
 
@@ -642,13 +669,16 @@ Status MlaModel::init(const ModelOptions& options) {
           view(final_rows_, max_seqs_, graph_.E),
           view(iq_, T, p.dsa.n_head * p.dsa.head_dim),
           view(ikw_, T, p.dsa.head_dim + p.dsa.n_head),
-          view(mtp_h_, graph_.has_mtp ? T : 0, graph_.E)};
+          view(mtp_h_, graph_.has_mtp ? T : 0, graph_.E),
+          Tensor{},  // F32 activations: no converted copies
+          Tensor{},
+          Tensor{}};
   selected_.resize(static_cast<size_t>(T * p.dsa.topk));
   n_selected_.resize(static_cast<size_t>(T));
   act_.selected = selected_.data();
   act_.n_selected = n_selected_.data();
   step_.reserve(T);
-  return device_->reserve(graph_.step_limits(T, max_seqs_));
+  return device_->reserve(graph_.step_limits(T, max_seqs_, n_ctx_));
 }
 
 Result<StepMetadata> MlaModel::begin_step(const Batch& batch) {
@@ -688,6 +718,95 @@ Status MlaModel::forward_mtp(const Batch& batch, const float* hidden, float* log
                          Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
 }
 
+// --- The CUDA runtime's glue ------------------------------------------------------
+
+#if RILL_HAVE_CUDA
+class MlaCudaModel final : public CudaModelBase {
+ public:
+  explicit MlaCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
+  Status init(const ModelOptions& options);
+
+ private:
+  void carve_activations(cuda::Arena& a) override;
+  Status run_layers(const Step& s) override;
+
+  MlaGraph graph_;
+  MlaActivations act_views_;           // over the arena
+  std::vector<KvCacheView> kv_views_;  // per layer
+};
+
+Status MlaCudaModel::init(const ModelOptions& options) {
+  // The dims the base runtime reads; the attention heads' limits of
+  // read_dims() do not apply (no per-head K/V).
+  E_ = cfg_.n_embd;
+  V_ = cfg_.n_vocab;
+  F_ = cfg_.n_ff;
+  n_head_ = cfg_.n_head;
+  // The MTP layer (--spec mtp) runs on the CPU runtime only.
+  if (options.mtp) return Error{files_->path + ": the MTP layer (--spec mtp) is not on CUDA yet; the CPU runs it"};
+  RILL_ASSIGN_OR_RETURN(const MlaWeights w, bind_mla(*files_, false));
+  const MlaParams& p = w.params;
+  hd_ = p.qk_dim();
+  if (p.kv_lora_rank + p.rope > cuda::kLatentMaxRow) {
+    return Error{files_->path + ": kv_lora_rank + qk_rope_head_dim " + std::to_string(p.kv_lora_rank + p.rope) +
+                 " is above the CUDA latent attention's " + std::to_string(cuda::kLatentMaxRow)};
+  }
+  if (!options.kv_types.empty()) {
+    return Error{files_->path +
+                 ": multi-head latent attention keeps its latent KV rows in the model's float dtype; "
+                 "drop --kv-type / --kv-config"};
+  }
+  RILL_TRY(create_context());
+  std::vector<const WeightView*> mats;
+  for (const MlaLayerWeights& L : w.layers) {
+    for (const Linear* l : {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.o, &L.gate, &L.up, &L.down}) {
+      if (l->w.data) mats.push_back(&l->w);
+    }
+  }
+  RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(files_->path, mats, w.embed));
+  act_ = dt.act;
+  kv_dtype_ = w.all_f32 ? DType::kF32 : DType::kF16;  // as the CPU model
+  RILL_TRY(create_backend(options));
+  RILL_ASSIGN_OR_RETURN(graph_, place_mla(*backend_, cfg_, w));
+  kv_spec_ = {full()};
+  kv_widths_.assign(static_cast<size_t>(cfg_.n_layer), graph_.kv_row().plane_width());
+  RILL_TRY(init_runtime(options));
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) kv_views_.push_back(kv_view(static_cast<size_t>(l)));
+  return Status::Ok();
+}
+
+void MlaCudaModel::carve_activations(cuda::Arena& a) {
+  const int64_t T = max_batch_tokens(), S = max_batch_seqs(), H = graph_.H;
+  const MlaParams& p = graph_.p;
+  const bool f32 = act_ == DType::kF32;
+  MlaActivations& v = act_views_;
+  v.x = carve_tensor(a, DType::kF32, T, E_);
+  v.h = carve_tensor(a, act_, T, E_);
+  v.a = carve_tensor(a, DType::kF32, T, graph_.a_width());
+  v.qn = carve_tensor(a, act_, T, p.q_lora_rank);
+  v.q = carve_tensor(a, DType::kF32, T, p.q_lora_rank > 0 ? graph_.q_width() : 0);
+  v.q_lat = carve_tensor(a, DType::kF32, T, H * p.kv_lora_rank);
+  v.lat = carve_tensor(a, DType::kF32, T, H * p.kv_lora_rank);
+  v.attn = carve_tensor(a, DType::kF32, T, H * p.v_dim);
+  v.attn_act = carve_tensor(a, act_, T, f32 ? 0 : H * p.v_dim);
+  v.gu = carve_tensor(a, DType::kF32, T, 2 * graph_.F);
+  v.mlp = carve_tensor(a, act_, T, graph_.F);
+  v.mlp32 = carve_tensor(a, DType::kF32, T, f32 || p.residual_scale == 1.0f ? 0 : graph_.F);
+  v.final_rows = carve_tensor(a, act_, S, E_);
+  v.final32 = carve_tensor(a, DType::kF32, S, f32 || p.logit_scale == 1.0f ? 0 : E_);
+  v.iq = carve_tensor(a, DType::kF32, T, p.dsa.n_head * p.dsa.head_dim);
+  v.ikw = carve_tensor(a, DType::kF32, T, p.dsa.head_dim + p.dsa.n_head);
+  v.selected = a.take<int32_t>(static_cast<size_t>(T * p.dsa.topk));
+  v.n_selected = a.take<int32_t>(static_cast<size_t>(p.dsa.enabled() ? T : 0));
+  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S, n_ctx()));
+}
+
+Status MlaCudaModel::run_layers(const Step& s) {
+  const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.V);
+  return mla_forward(*backend_, graph_, step_metadata(s), act_views_, kv_views_, logits);
+}
+#endif  // RILL_HAVE_CUDA
+
 }  // namespace
 
 Result<std::unique_ptr<Model>> create_mla_cpu_model(std::shared_ptr<const ModelFiles> files,
@@ -698,10 +817,7 @@ Result<std::unique_ptr<Model>> create_mla_cpu_model(std::shared_ptr<const ModelF
 Result<std::unique_ptr<Model>> create_mla_cuda_model(std::shared_ptr<const ModelFiles> files,
                                                      const ModelOptions& options) {
 #if RILL_HAVE_CUDA
-  (void)options;
-  return Error{files->path + ": " + files->config.architecture +
-               " has no CUDA implementation yet (the CUDA Backend lacks the multi-head latent attention ops); "
-               "run it on the CPU"};
+  return init_model(std::make_unique<MlaCudaModel>(std::move(files)), options);
 #else
   (void)files;
   (void)options;
