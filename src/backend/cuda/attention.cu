@@ -478,18 +478,9 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool kv_supported(DType kv_dtype) {
-  switch (kv_dtype) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_1:
-    case DType::kQ5_0:
-    case DType::kQ5_1:
-      return true;
-    default:
-      return false;
-  }
+  bool supported = false;
+  RILL_CUDA_DISPATCH_KV(kv_dtype, supported = KvT::kDtype == kv_dtype);
+  return supported;
 }
 
 int32_t decode_splits(int32_t len) {
