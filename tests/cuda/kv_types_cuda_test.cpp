@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/ops.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
@@ -142,6 +143,17 @@ TEST_P(CudaKvQ8, Q4_0LogitErrorWithinTheCpusBound) {
   EXPECT_LT(e_cpu, 1e-3) << GetParam();
   std::printf("[ cuda kv q4_0 ] %s: rms logit error vs own KV %.3g, vs CPU q4_0 %.3g\n", GetParam().c_str(), e_own,
               e_cpu);
+}
+
+// The host's list of the types the kernels take is the dispatch's (a type
+// missing from the dispatch was once read and written as f32); no GPU needed.
+TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
+  for (const DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+    EXPECT_TRUE(cuda::kv_supported(t)) << dtype_name(t);
+  }
+  for (const DType t : {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4}) {
+    EXPECT_FALSE(cuda::kv_supported(t)) << dtype_name(t);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaKvQ8, ::testing::Values("llama", "qwen3", "gemma3", "gemma2", "qwen3_5"),
