@@ -208,17 +208,18 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
     return Error{files->path + ": --quantize fp8 runs on --device cuda only (the CPU kernels read GGUF types)"};
   }
   if (options.device == Device::kCuda) {
-    // CUDA stores f16 KV (f32 for f32 checkpoints) or GGML's classic blocks
-    // and no rotated or bf16 type; which plain type the model stores, and
-    // that one type covers every layer and side,
-    // CudaModelBase::choose_kv_type checks.
+    // CUDA stores f16 KV (f32 for f32 checkpoints), q8_0 or q4_0 and reads
+    // no other type; which plain type the model stores, and that one type
+    // covers every layer and side, CudaModelBase::choose_kv_type checks.
     std::vector<std::optional<KvType>> sides = {options.kv_types.k, options.kv_types.v};
     for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
     for (const std::optional<KvType>& side : sides) {
-      if (side && (side->rotated || side->dtype == DType::kBF16)) {
+      const bool cuda_reads = !side || (!side->rotated && (side->dtype == DType::kF16 || side->dtype == DType::kF32 ||
+                                                           side->dtype == DType::kQ8_0 || side->dtype == DType::kQ4_0));
+      if (!cuda_reads) {
         return Error{files->path + ": KV type " + kv_type_name(*side) +
-                     " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, or q8_0, q4_0, q4_1, "
-                     "q5_0, q5_1); use one of those, or --device cpu"};
+                     " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0 or q4_0); use one of "
+                     "those, or --device cpu"};
       }
     }
   }

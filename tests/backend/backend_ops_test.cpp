@@ -14,10 +14,9 @@
 //  - outputs in bf16 / f16: one more rounding, 2^-8 / 2^-11;
 //  - RoPE: CUDA's sincosf against glibc's: 5e-5 absolute;
 //  - attention over f16 KV: the CPU rounds q and the probabilities to f16
-//    as llama.cpp does, CUDA does not: 4e-3; over GGML-block KV (q8_0,
-//    q4_0, q4_1, q5_0, q5_1: the same blocks): as f32, 2e-5; their stores:
-//    one level of K's RoPE difference; V quantized from the same floats:
-//    exact;
+//    as llama.cpp does, CUDA does not: 4e-3; over q8_0 / q4_0 KV (the
+//    same blocks): as f32, 2e-5; their stores: one level of K's RoPE
+//    difference; V quantized from the same floats: exact;
 //  - quantized weights: the CPU quantizes x to the llama.cpp partner type
 //    (Q8_0 / Q8_K), CUDA multiplies its act values: 3e-2;
 //  - the MoE FFN: f32 1e-4; bf16 / f16 (CUDA rounds the experts' GLU output
@@ -405,24 +404,13 @@ struct KvPlanes {
   size_t bytes = 0;
 };
 // The GGML block types CUDA stores KV in, and each one's level step as a
-// fraction of its block's largest magnitude (q4_1 / q5_1: of max - min, up
-// to twice that): how far one value moved to the next level may differ.
+// fraction of its block's largest magnitude: how far one value moved to
+// the next level may differ.
 bool block_kv(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1;
+  return t == DType::kQ8_0 || t == DType::kQ4_0;
 }
 double level_step(DType t) {
-  switch (t) {
-    case DType::kQ8_0:
-      return 1.0 / 127;
-    case DType::kQ4_0:
-      return 1.0 / 8;
-    case DType::kQ4_1:
-      return 2.0 / 15;
-    case DType::kQ5_0:
-      return 1.0 / 16;
-    default:  // Q5_1
-      return 2.0 / 31;
-  }
+  return t == DType::kQ8_0 ? 1.0 / 127 : 1.0 / 8;
 }
 // Plane bytes of floats v in a KV dtype: plain ones rounded, GGML blocks by
 // the CPU's reference quantizer (the blocks both backends read).

@@ -4,12 +4,14 @@
 //    wherever that one's top-2 gap exceeds twice the bound below, and the
 //    teacher-forced logits stay within kQ8LogitBound of it (the CPU's bound
 //    for q8_0 against f16 KV, tests/engine/kv_quant_parity_test.cpp);
-//  - CUDA's q8_0 logits stay within the same bound of the CPU's q8_0 ones
-//    (the blocks are the same format; K's f32 values differ by RoPE's
-//    rounding, which may move a value to the next level);
+//  - CUDA's q8_0 logits stay within 1e-3 of the CPU's q8_0 ones (the
+//    blocks are the same format; K's f32 values differ by RoPE's rounding,
+//    which may move a value to the next level), and differ from the own
+//    KV's (the type is stored, not ignored);
 //  - the KV numerics (the prefix cache's fingerprint) name the type, and
 //    the bytes per token are q8_0's (34 bytes a block of 32);
-//  - q4_0, q4_1, q5_0, q5_1: the rms logit error within the CPU's bounds.
+//  - q4_0: the rms logit error within the CPU's bound, and CUDA's logits
+//    within 1e-3 of the CPU's q4_0 ones.
 // The ops are held to the CPU Backend in tests/backend/backend_ops_test.cpp,
 // batch invariance in batch_invariant_cuda_test.cpp, the tiers in
 // kv_tiers_cuda_test.cpp. Skipped without a CUDA device or the goldens.
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/ops.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
@@ -96,7 +99,8 @@ TEST_P(CudaKvQ8, GreedyMatchesTheModelsOwnKvWhereTheGapAllows) {
   ASSERT_EQ(c.size(), q.size());
   const double err_own = test::max_abs_diff(q, f), err_cpu = test::max_abs_diff(q, c);
   EXPECT_LT(err_own, kQ8LogitBound) << GetParam() << ": q8_0 against the model's own KV";
-  EXPECT_LT(err_cpu, kQ8LogitBound) << GetParam() << ": CUDA q8_0 against CPU q8_0";
+  EXPECT_LT(err_cpu, 1e-3) << GetParam() << ": CUDA q8_0 against CPU q8_0 (measured <= 3.5e-6)";
+  EXPECT_GT(err_own, 1e-3) << GetParam() << ": q8_0 KV gave the model's own KV's logits";
   const size_t V = f.size() / ids.size();
   int checked = 0;
   for (size_t k = 0; k < g.greedy_ids.size(); ++k) {
@@ -119,36 +123,36 @@ double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return a.empty() ? INFINITY : std::sqrt(s / static_cast<double>(a.size()));
 }
 
-// The other GGML block types for K and V: the rms logit error against the
-// model's own KV within the CPU's bound for the type's bits against f16 KV
-// (kv_quant_parity_test.cpp: 4 bits 0.25, 5 bits 0.1), and CUDA's logits
-// within the same rms of the CPU's over the same type; the bytes per token
-// are the type's.
-TEST_P(CudaKvQ8, BlockTypesLogitErrorWithinTheCpusBounds) {
+// q4_0 K and V: the rms logit error against the model's own KV within the
+// CPU's bound for q4_0 against f16 KV (kv_quant_parity_test.cpp) and not
+// zero (a type stored as another would give the own KV's logits), and
+// CUDA's logits within 1e-3 of the CPU's over the same blocks (measured
+// 2e-7 to 6e-7: the blocks are the same but for K's rounding).
+TEST_P(CudaKvQ8, Q4_0LogitErrorWithinTheCpusBound) {
   const test::HfGolden g = test::read_hf_golden(dir_);
-  auto own = open(dir_, Device::kCuda, nullptr);
-  ASSERT_TRUE(own);
-  const std::vector<float> f = score(*own, g.prompt_ids);
-  struct Type {
-    const char* name;
-    DType dtype;
-    double bound;
-  };
-  for (const Type t : {Type{"q4_0", DType::kQ4_0, 0.25}, Type{"q4_1", DType::kQ4_1, 0.25},
-                       Type{"q5_0", DType::kQ5_0, 0.1}, Type{"q5_1", DType::kQ5_1, 0.1}}) {
-    auto gpu = open(dir_, Device::kCuda, t.name), cpu = open(dir_, Device::kCpu, t.name);
-    ASSERT_TRUE(gpu && cpu) << t.name;
-    EXPECT_NE(gpu->kv_numerics().find(std::string("kv=") + t.name), std::string::npos) << gpu->kv_numerics();
-    const DTypeInfo info = dtype_info(t.dtype);
-    EXPECT_EQ(gpu->kv_bytes_per_token() * 4 * static_cast<size_t>(info.block_size),
-              own->kv_bytes_per_token() * static_cast<size_t>(info.block_bytes))
-        << t.name;
-    const std::vector<float> q = score(*gpu, g.prompt_ids), c = score(*cpu, g.prompt_ids);
-    const double e_own = rms_diff(q, f), e_cpu = rms_diff(q, c);
-    EXPECT_LT(e_own, t.bound) << GetParam() << " " << t.name;
-    EXPECT_LT(e_cpu, t.bound) << GetParam() << " " << t.name;
-    std::printf("[ cuda kv %s ] %s: rms logit error vs own KV %.3g, vs CPU %s %.3g\n", t.name, GetParam().c_str(),
-                e_own, t.name, e_cpu);
+  auto own = open(dir_, Device::kCuda, nullptr), q4 = open(dir_, Device::kCuda, "q4_0");
+  auto cpu_q4 = open(dir_, Device::kCpu, "q4_0");
+  ASSERT_TRUE(own && q4 && cpu_q4);
+  EXPECT_NE(q4->kv_numerics().find("kv=q4_0"), std::string::npos) << q4->kv_numerics();
+  EXPECT_EQ(q4->kv_bytes_per_token() * 4 * 32, own->kv_bytes_per_token() * 18);
+  const std::vector<float> f = score(*own, g.prompt_ids), q = score(*q4, g.prompt_ids),
+                           c = score(*cpu_q4, g.prompt_ids);
+  const double e_own = rms_diff(q, f), e_cpu = rms_diff(q, c);
+  EXPECT_LT(e_own, 0.25) << GetParam();
+  EXPECT_GT(e_own, 1e-3) << GetParam() << ": q4_0 KV gave the model's own KV's logits";
+  EXPECT_LT(e_cpu, 1e-3) << GetParam();
+  std::printf("[ cuda kv q4_0 ] %s: rms logit error vs own KV %.3g, vs CPU q4_0 %.3g\n", GetParam().c_str(), e_own,
+              e_cpu);
+}
+
+// The host's list of the types the kernels take is the dispatch's (a type
+// missing from the dispatch was once read and written as f32); no GPU needed.
+TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
+  for (const DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+    EXPECT_TRUE(cuda::kv_supported(t)) << dtype_name(t);
+  }
+  for (const DType t : {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4}) {
+    EXPECT_FALSE(cuda::kv_supported(t)) << dtype_name(t);
   }
 }
 

@@ -101,10 +101,9 @@ TEST_P(CudaHf, KvTypeIsTheOneCudaStoresOrARefusal) {
   auto q8 = with(DType::kQ8_0);  // kv_types_cuda_test.cpp holds its numbers
   ASSERT_TRUE(q8.ok()) << q8.error().message;
   EXPECT_NE((*q8)->kv_numerics().find("kv=q8_0"), std::string::npos) << (*q8)->kv_numerics();
-  for (const DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
-    EXPECT_TRUE(with(t).ok()) << GetParam() << ": " << dtype_name(t) << " KV";
-  }
-  for (const KvType t : {KvType{DType::kBF16, false}, KvType{DType::kQ8_0, true}}) {
+  EXPECT_TRUE(with(DType::kQ4_0).ok()) << GetParam() << ": q4_0 KV";
+  for (const KvType t : {KvType{DType::kQ4_1, false}, KvType{DType::kQ5_0, false}, KvType{DType::kBF16, false},
+                         KvType{DType::kQ8_0, true}}) {
     auto other = with_kv(t, t);
     ASSERT_FALSE(other.ok()) << kv_type_name(t);
     EXPECT_NE(other.error().message.find("runs on the CPU only"), std::string::npos) << other.error().message;

@@ -1,7 +1,7 @@
 #pragma once
 // The KV types the CUDA attention kernels read and rope_store_kv writes
-// (model/kv_types.h: f32, f16, and q8_0 / q4_0 / q4_1 / q5_0 / q5_1 in
-// GGML's block layouts, byte for byte the CPU's, so the prefix-cache tiers and KV files carry it between
+// (model/kv_types.h: f32, f16, and q8_0 / q4_0 in GGML's block layouts,
+// byte for byte the CPU's, so the prefix-cache tiers and KV files carry it between
 // devices). Each is a tag type with:
 //   row_bytes(n)         bytes of n elements (n a multiple of kBlock); a KV
 //                        row is n_head_kv heads end to end, head h at
@@ -153,188 +153,18 @@ struct KvQ4_0 {
   }
 };
 
-// The 4-bit packing of GGML's q4 / q5 blocks: byte j of qs holds element
-// j's low nibble and element j + 16's in its high nibble. Called by a whole
-// warp, lane i holding element i's level.
-__device__ __forceinline__ void pack_nibbles(int q, uint8_t* qs) {
-  const int lane = threadIdx.x & 31;
-  const int hi = __shfl_down_sync(0xffffffffu, q, 16);
-  if (lane < 16) qs[lane] = static_cast<uint8_t>((q & 0xF) | ((hi & 0xF) << 4));
-}
-
-// Element j's 4-bit level in a block's qs (16 bytes at qs), and 4 of them
-// (j % 4 == 0, qs 2-byte aligned).
-__device__ __forceinline__ void nibbles4(const uint8_t* qs, int j, int (&q)[4]) {
-  const auto* p = reinterpret_cast<const uint16_t*>(qs + (j & 15));
-  const uint32_t b = p[0] | (static_cast<uint32_t>(p[1]) << 16);
-  const int shift = j >= 16 ? 4 : 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) q[i] = static_cast<int>((b >> (8 * i + shift)) & 0xF);
-}
-
-// A warp's min and max of v (lane i: element i), as the CPU's min_max.
-__device__ __forceinline__ void warp_min_max(float v, float* mn, float* mx) {
-  float lo = v, hi = v;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-  }
-  *mn = lo;
-  *mx = hi;
-}
-
-// The element of largest magnitude of a warp's block (the first on ties),
-// with its sign; 0 for an all-zero block (the CPU's signed_absmax).
-__device__ __forceinline__ float warp_signed_absmax(float v) {
-  const float amax = warp_max(fabsf(v));
-  const unsigned at_max = __ballot_sync(0xffffffffu, fabsf(v) == amax);
-  const float m = __shfl_sync(0xffffffffu, v, __ffs(at_max) - 1);
-  return amax > 0.0f ? m : 0.0f;
-}
-
-// (x - min) * id + add, each step rounded (no FMA: the CPU reference's
-// roundings), truncated toward zero as the reference's int8 conversion.
-__device__ __forceinline__ int level_of(float x, float min, float id, float add) {
-  return static_cast<int>(__fadd_rn(__fmul_rn(__fsub_rn(x, min), id), add));
-}
-
-// GGML's block_q4_1: f16 d, f16 m, then q4 nibbles; x = d q + m, q =
-// min(15, trunc((x - min) / d + 0.5)), d = (max - min) / 15.
-struct KvQ4_1 {
-  static constexpr DType kDtype = DType::kQ4_1;
-  static constexpr int kBlock = 32;
-  static constexpr int kBlockBytes = 20;
-  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
-  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
-    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
-    const float d = __half2float(*reinterpret_cast<const __half*>(blk));
-    const float m = __half2float(*reinterpret_cast<const __half*>(blk + 2));
-    int q[4];
-    nibbles4(blk + 4, static_cast<int>(e & 31), q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = static_cast<float>(q[i]) * d + m;
-  }
-  __device__ static float load1(const uint8_t* row, int64_t e) {
-    float v[4];
-    load4(row, e & ~int64_t{3}, v);
-    return v[e & 3];
-  }
-  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
-    const int lane = threadIdx.x & 31;
-    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
-    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const float v = x[i0 + lane];
-      float mn, mx;
-      warp_min_max(v, &mn, &mx);
-      const float d = (mx - mn) / 15.0f;
-      const float id = d != 0.0f ? 1.0f / d : 0.0f;
-      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
-      if (lane == 0) {
-        reinterpret_cast<__half*>(blk)[0] = __float2half_rn(d);
-        reinterpret_cast<__half*>(blk)[1] = __float2half_rn(mn);
-      }
-      pack_nibbles(min(15, level_of(v, mn, id, 0.5f)), blk + 4);
-    }
-  }
-};
-
-// GGML's block_q5_0: f16 d, qh (u32, bit j: bit 4 of element j), q4
-// nibbles; x = d (q - 16), d = -(signed max) / 16, q = min(31, trunc(x / d
-// + 16.5)).
-struct KvQ5_0 {
-  static constexpr DType kDtype = DType::kQ5_0;
-  static constexpr int kBlock = 32;
-  static constexpr int kBlockBytes = 22;
-  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
-  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
-    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
-    const float d = __half2float(*reinterpret_cast<const __half*>(blk));
-    const auto* qh16 = reinterpret_cast<const uint16_t*>(blk + 2);
-    const uint32_t qh = qh16[0] | (static_cast<uint32_t>(qh16[1]) << 16);
-    const int j = static_cast<int>(e & 31);
-    int q[4];
-    nibbles4(blk + 6, j, q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = static_cast<float>((q[i] | (((qh >> (j + i)) & 1) << 4)) - 16) * d;
-  }
-  __device__ static float load1(const uint8_t* row, int64_t e) {
-    float v[4];
-    load4(row, e & ~int64_t{3}, v);
-    return v[e & 3];
-  }
-  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
-    const int lane = threadIdx.x & 31;
-    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
-    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const float v = x[i0 + lane];
-      const float d = warp_signed_absmax(v) / -16.0f;
-      const float id = d != 0.0f ? 1.0f / d : 0.0f;
-      const int q = min(31, level_of(v, 0.0f, id, 16.5f));
-      const unsigned qh = __ballot_sync(0xffffffffu, (q & 0x10) != 0);
-      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
-      if (lane == 0) {
-        *reinterpret_cast<__half*>(blk) = __float2half_rn(d);
-        reinterpret_cast<uint16_t*>(blk + 2)[0] = static_cast<uint16_t>(qh & 0xFFFF);
-        reinterpret_cast<uint16_t*>(blk + 2)[1] = static_cast<uint16_t>(qh >> 16);
-      }
-      pack_nibbles(q, blk + 6);
-    }
-  }
-};
-
-// GGML's block_q5_1: f16 d, f16 m, qh, q4 nibbles; x = d q + m, d = (max -
-// min) / 31, q = min(31, trunc((x - min) / d + 0.5)).
-struct KvQ5_1 {
-  static constexpr DType kDtype = DType::kQ5_1;
-  static constexpr int kBlock = 32;
-  static constexpr int kBlockBytes = 24;
-  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
-  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
-    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
-    const float d = __half2float(*reinterpret_cast<const __half*>(blk));
-    const float m = __half2float(*reinterpret_cast<const __half*>(blk + 2));
-    const uint32_t qh = *reinterpret_cast<const uint32_t*>(blk + 4);
-    const int j = static_cast<int>(e & 31);
-    int q[4];
-    nibbles4(blk + 8, j, q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = static_cast<float>(q[i] | (((qh >> (j + i)) & 1) << 4)) * d + m;
-  }
-  __device__ static float load1(const uint8_t* row, int64_t e) {
-    float v[4];
-    load4(row, e & ~int64_t{3}, v);
-    return v[e & 3];
-  }
-  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
-    const int lane = threadIdx.x & 31;
-    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
-    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const float v = x[i0 + lane];
-      float mn, mx;
-      warp_min_max(v, &mn, &mx);
-      const float d = (mx - mn) / 31.0f;
-      const float id = d != 0.0f ? 1.0f / d : 0.0f;
-      const int q = min(31, level_of(v, mn, id, 0.5f));
-      const unsigned qh = __ballot_sync(0xffffffffu, (q & 0x10) != 0);
-      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
-      if (lane == 0) {
-        reinterpret_cast<__half*>(blk)[0] = __float2half_rn(d);
-        reinterpret_cast<__half*>(blk)[1] = __float2half_rn(mn);
-        *reinterpret_cast<uint32_t*>(blk + 4) = qh;
-      }
-      pack_nibbles(q, blk + 8);
-    }
-  }
-};
-
 }  // namespace rill::cuda::detail
 
 // Calls MACRO(KvT) with KvT the tag of a KV dtype the CUDA kernels take
-// (F16 and the GGML blocks; anything else: F32).
+// (F32, F16, Q8_0, Q4_0); for any other dtype nothing (callers check
+// kv_supported(), which is this list).
 #define RILL_CUDA_DISPATCH_KV(dtype, ...)         \
   do {                                            \
     switch (dtype) {                              \
+      case ::rill::DType::kF32: {                 \
+        using KvT = ::rill::cuda::detail::KvF32;  \
+        __VA_ARGS__;                              \
+      } break;                                    \
       case ::rill::DType::kF16: {                 \
         using KvT = ::rill::cuda::detail::KvF16;  \
         __VA_ARGS__;                              \
@@ -347,9 +177,7 @@ struct KvQ5_1 {
         using KvT = ::rill::cuda::detail::KvQ4_0; \
         __VA_ARGS__;                              \
       } break;                                    \
-      default: {                                  \
-        using KvT = ::rill::cuda::detail::KvF32;  \
-        __VA_ARGS__;                              \
-      } break;                                    \
+      default:                                    \
+        break;                                    \
     }                                             \
   } while (0)

@@ -36,8 +36,8 @@ void add_bias(float* y, const float* b, int64_t n_rows, int64_t n_cols, cudaStre
 void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream);
 
 // KV types the CUDA kernels store and read (backend/cuda/kv_types.cuh):
-// F32, F16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 (GGML's blocks, the CPU's
-// layout; K/V heads of whole blocks, or blocks of whole heads).
+// F32, F16, Q8_0 and Q4_0 (GGML's blocks, the CPU's layout; K/V heads of
+// whole blocks, or blocks of whole heads).
 bool kv_supported(DType kv_dtype);
 
 // RoPE (+ optional per-head RMSNorm: qwen3, gemma3) on the q and k heads of a fused
