@@ -151,7 +151,7 @@ std::vector<float> expert_biases(const HostMoe& h, bool gate_up) {
       if (x.gate_bias) std::copy(x.gate_bias, x.gate_bias + p.n_ff, at);
       if (x.up_bias) std::copy(x.up_bias, x.up_bias + p.n_ff, at + p.n_ff);
     } else {
-      std::copy(x.down_bias, x.down_bias + p.n_embd, at);
+      if (x.down_bias) std::copy(x.down_bias, x.down_bias + p.n_embd, at);
     }
   }
   return v;

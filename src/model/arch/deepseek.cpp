@@ -217,6 +217,12 @@ Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
     } else {
       RILL_ASSIGN_OR_RETURN(kv_b_dtype, copy_split_kv_b(f, at, p, H, L));
     }
+    // place_pass reads every layer's split kv_b in one dtype (its element
+    // size sizes the rows): a file that mixes them is refused, not misread.
+    if (il > 0 && kv_b_dtype != w.kv_b_dtype) {
+      return Error{f.path + ": '" + at + "kv_b_proj' is " + std::string(dtype_name(kv_b_dtype)) + ", layer 0's is " +
+                   std::string(dtype_name(w.kv_b_dtype)) + "; mixed kv_b dtypes are not supported"};
+    }
     w.kv_b_dtype = kv_b_dtype;
     RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, at + "o_proj", E, H * p.v_dim));
     if (p.dsa.enabled() && !p.dsa.shared[static_cast<size_t>(il)]) {
@@ -238,9 +244,11 @@ Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
       RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, pre + "mlp.gate_proj", cfg.n_ff, E));
       RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, pre + "mlp.up_proj", cfg.n_ff, E));
       RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, pre + "mlp.down_proj", E, cfg.n_ff));
-      w.all_f32 = w.all_f32 && L.gate.w.dtype == DType::kF32;
+      if (il < cfg.n_layer) w.all_f32 = w.all_f32 && L.gate.w.dtype == DType::kF32;
     }
-    w.all_f32 = w.all_f32 && L.kv_a.w.dtype == DType::kF32 && kv_b_dtype == DType::kF32;
+    // The KV dtype follows the decoder layers only, so binding the MTP layer
+    // (--spec mtp) never changes the target's numbers.
+    if (il < cfg.n_layer) w.all_f32 = w.all_f32 && L.kv_a.w.dtype == DType::kF32 && kv_b_dtype == DType::kF32;
   }
   if (mtp) {
     const std::string& m = mtp_prefix;
