@@ -35,7 +35,12 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": [
                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
            "required": ["city", "days"], "additionalProperties": False}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "description": "Time", "parameters": {"type": "object", "properties": {}}}}]
+         {"type": "function", "function": {"name": "get_time", "description": "Time",
+                                           "parameters": {"type": "object", "properties": {},
+                                                          "additionalProperties": False}}}]
+# Both tools' arguments are bounded (closed objects): a forced call ends within
+# max_tokens whichever tool the random model picks (an open object lets it write
+# keys until the limit, as it did on one machine's kernels).
 MSG = [{"role": "user", "content": "Weather in Paris?"}]  # (the template needs tool descriptions)
 # Reasoning, then the answer, as gpt-oss writes them after <|start|>assistant.
 ANSWER = ('root ::= <|channel|> "analysis" <|message|> "Let me think." <|end|> <|start|> "assistant" '
