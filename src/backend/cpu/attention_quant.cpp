@@ -35,6 +35,10 @@ void attention_quant_batch(const AttentionSeq* seqs, int n_seqs, const Attention
   const int64_t width = p.n_head_kv * hd;
   const bool k_whole = hd % dtype_info(t.k).block_size == 0, v_whole = hd % dtype_info(t.v).block_size == 0;
   assert((k_whole && v_whole) || width <= 4096);
+  // AVX-512 where the shape allows, chosen once per call from the types and
+  // shape only, so every row of every batch takes the same kernel.
+  const detail::QuantAttend fast =
+      best_isa() == Isa::kAvx512 && k_whole && v_whole ? detail::attend_quant_avx512_for(t.k, t.v, hd) : nullptr;
   const size_t k_head_bytes = k_whole ? row_bytes(t.k, hd) : 0, v_head_bytes = v_whole ? row_bytes(t.v, hd) : 0;
   // One unit per (query, KV head); first_unit[s]: the first of sequence s.
   thread_local std::vector<int64_t> first_unit;
@@ -94,7 +98,9 @@ void attention_quant_batch(const AttentionSeq* seqs, int n_seqs, const Attention
         std::fill(out, out + group * hd, 0.0f);
         continue;
       }
-      if (avx2) {
+      if (fast) {
+        fast(a);
+      } else if (avx2) {
         detail::attend_quant_avx2(a);
       } else {
         detail::attend_quant_scalar(a);
