@@ -54,7 +54,7 @@ void attend_quant_scalar(const QuantAttendArgs& a);
 void attend_quant_avx2(const QuantAttendArgs& a);
 // The AVX-512 kernel for K type k and V type v (attention_quant_avx512.cpp):
 // heads of whole blocks only (k_row_elems == v_row_elems == 0), head_dim 32,
-// 64, 128 or 256; nullptr for any other case (the caller takes AVX2). Same
+// 64, 96, 128 or 256; nullptr for any other case (the caller takes AVX2). Same
 // contract as attend_quant_avx2 within rounding (exp is ggml's AVX-512 expf,
 // the q.k and p.v sums associate differently).
 using QuantAttend = void (*)(const QuantAttendArgs&);

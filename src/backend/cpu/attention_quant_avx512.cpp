@@ -1,5 +1,5 @@
 // The AVX-512 form of attention_quant_impl.h's attend for heads of whole
-// 32-element blocks (head_dim a multiple of 32, at most 256): each K/V row's
+// 32-element blocks (head_dim 32, 64, 96, 128 or 256): each K/V row's
 // head is dequantized straight into zmm registers (no buffer, no call per
 // row: the kernel is instantiated per type) once for the whole GQA group.
 // Same contract as the baseline: f32 scores, softmax with max subtraction,
@@ -200,6 +200,8 @@ QuantAttend for_head(int64_t head_dim) {
       return attend<KT, VT, 1>;
     case 64:
       return attend<KT, VT, 2>;
+    case 96:
+      return attend<KT, VT, 3>;
     case 128:
       return attend<KT, VT, 4>;
     case 256:
