@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cpu/attention_f16_avx512_impl.h"  // reduce16x16
 #include "backend/cpu/attention_quant.h"
 #include "backend/cpu/exp_ggml_avx512.h"
 #include "backend/cpu/quants.h"
@@ -106,25 +107,48 @@ inline void dq_head(const uint8_t* p, __m512 (&x)[2 * NB]) {
 }
 
 // scores[g * n + j - j_begin] = scale * q_g.k_j (softcapped) for every head
-// of the group: each K row dequantized once. q.k: one fma chain per 16-dim
-// vector pair, the 2 * NB products summed as a tree, then across lanes.
+// of the group, 16 keys at a time: each K row dequantized once per kHeads
+// heads; per (key, head) one fma chain per 16-dim half of each block pair,
+// the two added, then the 16 keys' lane sums at once (reduce16x16). A
+// partial last block is padded with zero vectors, so every key's score is
+// the same arithmetic wherever it falls.
 template <DType KT, int NB>
 void k_scores(const QuantAttendArgs& a, int64_t n) {
   constexpr int64_t hd = 32 * NB;
-  for (int64_t j = a.j_begin; j < a.j_end; ++j) {
-    __m512 k[2 * NB];
-    dq_head<KT, NB>(a.kv.k_row(j), k);
-    for (int g = 0; g < a.n_heads; ++g) {
-      const float* q = a.q + g * hd;
-      __m512 s0 = _mm512_mul_ps(k[0], _mm512_loadu_ps(q)), s1 = _mm512_mul_ps(k[1], _mm512_loadu_ps(q + 16));
+  constexpr int kHeads = 8;
+  alignas(64) __m512 c[kHeads][16];
+  alignas(64) float dots[16];
+  for (int g0 = 0; g0 < a.n_heads; g0 += kHeads) {
+    const int gc = a.n_heads - g0 < kHeads ? a.n_heads - g0 : kHeads;
+    for (int64_t j0 = a.j_begin; j0 < a.j_end; j0 += 16) {
+      const int cnt = a.j_end - j0 < 16 ? static_cast<int>(a.j_end - j0) : 16;
+      for (int t = 0; t < 16; ++t) {
+        if (t >= cnt) {
+          for (int g = 0; g < gc; ++g) c[g][t] = _mm512_setzero_ps();
+          continue;
+        }
+        __m512 k[2 * NB];
+        dq_head<KT, NB>(a.kv.k_row(j0 + t), k);
+        for (int g = 0; g < gc; ++g) {
+          const float* q = a.q + (g0 + g) * hd;
+          __m512 s0 = _mm512_mul_ps(k[0], _mm512_loadu_ps(q)), s1 = _mm512_mul_ps(k[1], _mm512_loadu_ps(q + 16));
 #pragma GCC unroll 8
-      for (int b = 1; b < NB; ++b) {
-        s0 = _mm512_fmadd_ps(k[2 * b], _mm512_loadu_ps(q + 32 * b), s0);
-        s1 = _mm512_fmadd_ps(k[2 * b + 1], _mm512_loadu_ps(q + 32 * b + 16), s1);
+          for (int b = 1; b < NB; ++b) {
+            s0 = _mm512_fmadd_ps(k[2 * b], _mm512_loadu_ps(q + 32 * b), s0);
+            s1 = _mm512_fmadd_ps(k[2 * b + 1], _mm512_loadu_ps(q + 32 * b + 16), s1);
+          }
+          c[g][t] = _mm512_add_ps(s0, s1);
+        }
       }
-      float x = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * a.scale;
-      if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
-      a.scores[g * n + (j - a.j_begin)] = x;
+      for (int g = 0; g < gc; ++g) {
+        reduce16x16(c[g], dots);
+        float* out = a.scores + (g0 + g) * n + (j0 - a.j_begin);
+        for (int t = 0; t < cnt; ++t) {
+          float x = dots[t] * a.scale;
+          if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
+          out[t] = x;
+        }
+      }
     }
   }
 }
