@@ -76,6 +76,29 @@ detail::QuantAttendArgs args(const Case& c, const float* q, int n_heads, int64_t
   return a;
 }
 
+// The same problem as one AVX-512 tile: queries i at q + i * n_heads * hd,
+// reading keys [jb[i], je[i]).
+detail::QuantTileArgs tile_args(const Case& c, const float* q, int n_q, int n_heads, const int64_t* jb,
+                                const int64_t* je, float softcap, std::vector<float>& scores, float* out) {
+  detail::QuantTileArgs a;
+  a.q = q;
+  a.kv = make_contiguous_kv(c.k.data(), c.v.data(), row_bytes(c.kt, c.hd));
+  a.kv.v_row_bytes = row_bytes(c.vt, c.hd) == row_bytes(c.kt, c.hd) ? 0 : row_bytes(c.vt, c.hd);
+  a.head_dim = c.hd;
+  a.j_begin = jb;
+  a.j_end = je;
+  a.n_q = n_q;
+  a.n_heads = n_heads;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  a.softcap = softcap;
+  a.score_stride = c.n_kv;
+  scores.assign(static_cast<size_t>(n_q * n_heads * c.n_kv), NAN);
+  a.scores = scores.data();
+  a.out = out;
+  a.out_stride = n_heads * c.hd;
+  return a;
+}
+
 bool have_avx512() {
   return best_isa() == Isa::kAvx512;
 }
@@ -90,7 +113,7 @@ TEST(AttentionQuantAvx512, MatchesScalarEveryTypePairAndHeadDim) {
   for (int64_t hd : {32, 64, 96, 128, 256}) {
     for (DType kt : kTypes) {
       for (DType vt : kTypes) {
-        const detail::QuantAttend fast = detail::attend_quant_avx512_for(kt, vt, hd);
+        const detail::QuantTileAttend fast = detail::attend_quant_avx512_for(kt, vt, hd);
         ASSERT_NE(fast, nullptr);
         const int g = hd <= 64 ? 5 : 3;  // more heads than one V pass takes (4 at hd 64, 2 at 128)
         const Case c = make_case(kt, vt, hd, g, 77, seed++);
@@ -100,7 +123,8 @@ TEST(AttentionQuantAvx512, MatchesScalarEveryTypePairAndHeadDim) {
                          " j_begin " + std::to_string(j_begin) + " softcap " + std::to_string(softcap));
             std::vector<float> ref(c.q.size(), NAN), out(c.q.size(), NAN), s0, s1;
             detail::attend_quant_scalar(args(c, c.q.data(), g, j_begin, softcap, s0, ref.data()));
-            fast(args(c, c.q.data(), g, j_begin, softcap, s1, out.data()));
+            const int64_t jb = j_begin, je = c.n_kv;
+            fast(tile_args(c, c.q.data(), 1, g, &jb, &je, softcap, s1, out.data()));
             double ms = 0;
             for (float x : ref) ms += double{x} * x;
             const double rms = std::sqrt(ms / static_cast<double>(ref.size()));
@@ -123,12 +147,51 @@ TEST(AttentionQuantAvx512, GroupEqualsOneHeadAtATime) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " hd " + std::to_string(hd));
       const int g = 7;
       const Case c = make_case(t, t, hd, g, 300, static_cast<uint32_t>(hd) + static_cast<uint32_t>(t));
-      const detail::QuantAttend fast = detail::attend_quant_avx512_for(t, t, hd);
+      const detail::QuantTileAttend fast = detail::attend_quant_avx512_for(t, t, hd);
       ASSERT_NE(fast, nullptr);
       std::vector<float> grouped(c.q.size(), NAN), alone(c.q.size(), NAN), s;
-      fast(args(c, c.q.data(), g, 3, 0.0f, s, grouped.data()));
-      for (int h = 0; h < g; ++h) fast(args(c, c.q.data() + h * hd, 1, 3, 0.0f, s, alone.data() + h * hd));
+      const int64_t jb = 3, je = c.n_kv;
+      fast(tile_args(c, c.q.data(), 1, g, &jb, &je, 0.0f, s, grouped.data()));
+      for (int h = 0; h < g; ++h) {
+        fast(tile_args(c, c.q.data() + h * hd, 1, 1, &jb, &je, 0.0f, s, alone.data() + h * hd));
+      }
       EXPECT_EQ(0, std::memcmp(grouped.data(), alone.data(), grouped.size() * sizeof(float)));
+    }
+  }
+}
+
+// A tile of queries (each row dequantized once for all of them) gives each
+// query the bits it gets alone: causal ranges that end apart, a window, an
+// empty range (zeros) and more query heads than one K pass takes (16).
+TEST(AttentionQuantAvx512, TileEqualsOneQueryAtATime) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (int64_t hd : {64, 128}) {
+    for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_1}) {
+      for (float softcap : {0.0f, 5.0f}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " hd " + std::to_string(hd));
+        const int g = 3, n_q = 6;  // 18 query heads: two K passes
+        const Case c = make_case(t, t, hd, g * n_q, 200, static_cast<uint32_t>(hd) * 7 + static_cast<uint32_t>(t));
+        const detail::QuantTileAttend fast = detail::attend_quant_avx512_for(t, t, hd);
+        ASSERT_NE(fast, nullptr);
+        const int64_t jb[n_q] = {0, 0, 90, 150, 5, 17};
+        const int64_t je[n_q] = {180, 181, 182, 150, 199, 200};  // query 3: no keys
+        std::vector<float> tiled(c.q.size(), NAN), alone(c.q.size(), NAN), s;
+        fast(tile_args(c, c.q.data(), n_q, g, jb, je, softcap, s, tiled.data()));
+        for (int i = 0; i < n_q; ++i) {
+          fast(tile_args(c, c.q.data() + i * g * hd, 1, g, jb + i, je + i, softcap, s, alone.data() + i * g * hd));
+        }
+        EXPECT_EQ(0, std::memcmp(tiled.data(), alone.data(), tiled.size() * sizeof(float)));
+        for (int64_t d = 0; d < g * hd; ++d) ASSERT_EQ(tiled[static_cast<size_t>(3 * g * hd + d)], 0.0f);
+        // And each query agrees with the baseline kernel on its own range.
+        for (int i = 0; i < n_q; ++i) {
+          if (je[i] <= jb[i]) continue;
+          std::vector<float> ref(static_cast<size_t>(g * hd)), s0;
+          detail::QuantAttendArgs a = args(c, c.q.data() + i * g * hd, g, jb[i], softcap, s0, ref.data());
+          a.j_end = je[i];
+          detail::attend_quant_scalar(a);
+          for (int64_t d = 0; d < g * hd; ++d) ASSERT_NEAR(tiled[static_cast<size_t>(i * g * hd + d)], ref[d], 1e-5);
+        }
+      }
     }
   }
 }

@@ -18,6 +18,13 @@
 #include "backend/cpu/quants.h"
 #include "core/half.h"
 
+// GCC 12 reports the deliberately undefined pass-through operands of its
+// unmasked AVX-512 intrinsics (_mm512_max_ps, _mm512_scalef_ps, the
+// reductions) as used uninitialized once inlined into these loops; with no
+// mask nothing undefined is ever read (as attention_f16_group_avx512.cpp).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace rill::cpu::detail {
 namespace {
 
@@ -106,48 +113,69 @@ inline void dq_head(const uint8_t* p, __m512 (&x)[2 * NB]) {
   for (int b = 0; b < NB; ++b) dq32<T>(p, b, x[2 * b], x[2 * b + 1]);
 }
 
-// scores[g * n + j - j_begin] = scale * q_g.k_j (softcapped) for every head
-// of the group, 16 keys at a time: each K row dequantized once per kHeads
-// heads; per (key, head) one fma chain per 16-dim half of each block pair,
-// the two added, then the 16 keys' lane sums at once (reduce16x16). A
-// partial last block is padded with zero vectors, so every key's score is
-// the same arithmetic wherever it falls.
+// Head h of a tile: query h / n_heads, its query head h % n_heads.
+struct TileHeads {
+  const QuantTileArgs& a;
+  int64_t begin(int h) const { return a.j_begin[h / a.n_heads]; }
+  int64_t end(int h) const { return a.j_end[h / a.n_heads]; }
+  float* scores(int h) const { return a.scores + h * a.score_stride; }
+  float* out(int h) const { return a.out + (h / a.n_heads) * a.out_stride + (h % a.n_heads) * a.head_dim; }
+};
+
+// scores(h)[j - begin(h)] = scale * q_h.k_j (softcapped) for the heads
+// [h0, h0 + hc), hc <= kHeads, 16 keys at a time over the union of their
+// ranges: each K row dequantized once for all of them; per (key, head) one
+// fma chain per 16-dim half of each block pair, the two added, then the 16
+// keys' lane sums at once (reduce16x16, where each key's sum reads only its
+// own vector). A key outside a head's range gets a zero vector and no
+// score, so each score is the same arithmetic wherever its key falls and
+// whatever the tile holds.
+constexpr int kHeads = 16;
 template <DType KT, int NB>
-void k_scores(const QuantAttendArgs& a, int64_t n) {
+void k_scores(const QuantTileArgs& a, const TileHeads& th, int h0, int hc, int64_t lo, int64_t hi) {
   constexpr int64_t hd = 32 * NB;
-  constexpr int kHeads = 8;
   alignas(64) __m512 c[kHeads][16];
   alignas(64) float dots[16];
-  for (int g0 = 0; g0 < a.n_heads; g0 += kHeads) {
-    const int gc = a.n_heads - g0 < kHeads ? a.n_heads - g0 : kHeads;
-    for (int64_t j0 = a.j_begin; j0 < a.j_end; j0 += 16) {
-      const int cnt = a.j_end - j0 < 16 ? static_cast<int>(a.j_end - j0) : 16;
-      for (int t = 0; t < 16; ++t) {
-        if (t >= cnt) {
-          for (int g = 0; g < gc; ++g) c[g][t] = _mm512_setzero_ps();
+  int64_t hb[kHeads], he[kHeads];
+  for (int h = 0; h < hc; ++h) {
+    hb[h] = th.begin(h0 + h);
+    he[h] = th.end(h0 + h);
+  }
+  for (int64_t j0 = lo; j0 < hi; j0 += 16) {
+    const int cnt = hi - j0 < 16 ? static_cast<int>(hi - j0) : 16;
+    for (int t = 0; t < 16; ++t) {
+      const int64_t j = j0 + t;
+      if (t >= cnt) {
+        for (int h = 0; h < hc; ++h) c[h][t] = _mm512_setzero_ps();
+        continue;
+      }
+      __m512 k[2 * NB];
+      dq_head<KT, NB>(a.kv.k_row(j), k);
+      for (int h = 0; h < hc; ++h) {
+        if (j < hb[h] || j >= he[h]) {
+          c[h][t] = _mm512_setzero_ps();
           continue;
         }
-        __m512 k[2 * NB];
-        dq_head<KT, NB>(a.kv.k_row(j0 + t), k);
-        for (int g = 0; g < gc; ++g) {
-          const float* q = a.q + (g0 + g) * hd;
-          __m512 s0 = _mm512_mul_ps(k[0], _mm512_loadu_ps(q)), s1 = _mm512_mul_ps(k[1], _mm512_loadu_ps(q + 16));
+        const float* q = a.q + (h0 + h) * hd;
+        __m512 s0 = _mm512_mul_ps(k[0], _mm512_loadu_ps(q)), s1 = _mm512_mul_ps(k[1], _mm512_loadu_ps(q + 16));
 #pragma GCC unroll 8
-          for (int b = 1; b < NB; ++b) {
-            s0 = _mm512_fmadd_ps(k[2 * b], _mm512_loadu_ps(q + 32 * b), s0);
-            s1 = _mm512_fmadd_ps(k[2 * b + 1], _mm512_loadu_ps(q + 32 * b + 16), s1);
-          }
-          c[g][t] = _mm512_add_ps(s0, s1);
+        for (int b = 1; b < NB; ++b) {
+          s0 = _mm512_fmadd_ps(k[2 * b], _mm512_loadu_ps(q + 32 * b), s0);
+          s1 = _mm512_fmadd_ps(k[2 * b + 1], _mm512_loadu_ps(q + 32 * b + 16), s1);
         }
+        c[h][t] = _mm512_add_ps(s0, s1);
       }
-      for (int g = 0; g < gc; ++g) {
-        reduce16x16(c[g], dots);
-        float* out = a.scores + (g0 + g) * n + (j0 - a.j_begin);
-        for (int t = 0; t < cnt; ++t) {
-          float x = dots[t] * a.scale;
-          if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
-          out[t] = x;
-        }
+    }
+    for (int h = 0; h < hc; ++h) {
+      const int64_t b = hb[h], e = he[h];
+      if (e <= j0 || b >= j0 + cnt) continue;
+      reduce16x16(c[h], dots);
+      float* out = th.scores(h0 + h) - b;
+      for (int t = 0; t < cnt; ++t) {
+        if (j0 + t < b || j0 + t >= e) continue;
+        float x = dots[t] * a.scale;
+        if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
+        out[j0 + t] = x;
       }
     }
   }
@@ -175,50 +203,74 @@ inline void softmax(float* s, int64_t n) {
   }
 }
 
-// out[g] = sum_j p_gj v_j for the heads [g0, g0 + gc), gc <= GC, their
-// accumulators in registers; each V row dequantized once per GC heads.
+// out(h) = sum_j p_hj v_j for the heads [h0, h0 + hc), hc <= GC, their
+// accumulators in registers; each V row of the union of their ranges
+// dequantized once for all of them; a head adds its own keys in order.
 template <DType VT, int NB, int GC>
-void pv_heads(const QuantAttendArgs& a, int64_t n, int g0, int gc) {
-  constexpr int64_t hd = 32 * NB;
+void pv_heads(const QuantTileArgs& a, const TileHeads& th, int h0, int hc) {
   __m512 acc[GC][2 * NB];
+  int64_t b[GC], e[GC];
+  const float* p[GC];
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
 #pragma GCC unroll 4
-  for (int g = 0; g < GC; ++g)
+  for (int g = 0; g < GC; ++g) {
 #pragma GCC unroll 16
     for (int i = 0; i < 2 * NB; ++i) acc[g][i] = _mm512_setzero_ps();
-  const float* p = a.scores + g0 * n - a.j_begin;
-  for (int64_t j = a.j_begin; j < a.j_end; ++j) {
+    b[g] = g < hc ? th.begin(h0 + g) : 0;
+    e[g] = g < hc ? th.end(h0 + g) : 0;
+    p[g] = g < hc ? th.scores(h0 + g) - b[g] : nullptr;
+    if (g < hc && e[g] > b[g]) {
+      lo = b[g] < lo ? b[g] : lo;
+      hi = e[g] > hi ? e[g] : hi;
+    }
+  }
+  for (int64_t j = lo; j < hi; ++j) {
     __m512 v[2 * NB];
     dq_head<VT, NB>(a.kv.v_row(j), v);
 #pragma GCC unroll 4
     for (int g = 0; g < GC; ++g) {
-      if (g >= gc) break;
-      const __m512 pg = _mm512_set1_ps(p[g * n + j]);
+      if (g >= hc) break;
+      if (j < b[g] || j >= e[g]) continue;
+      const __m512 pg = _mm512_set1_ps(p[g][j]);
 #pragma GCC unroll 16
       for (int i = 0; i < 2 * NB; ++i) acc[g][i] = _mm512_fmadd_ps(v[i], pg, acc[g][i]);
     }
   }
 #pragma GCC unroll 4
   for (int g = 0; g < GC; ++g) {
-    if (g >= gc) break;
+    if (g >= hc) break;
 #pragma GCC unroll 16
-    for (int i = 0; i < 2 * NB; ++i) _mm512_storeu_ps(a.out + (g0 + g) * hd + 16 * i, acc[g][i]);
+    for (int i = 0; i < 2 * NB; ++i) _mm512_storeu_ps(th.out(h0 + g) + 16 * i, acc[g][i]);
   }
 }
 
 template <DType KT, DType VT, int NB>
-void attend(const QuantAttendArgs& a) {
+void attend(const QuantTileArgs& a) {
   // Heads per V pass: their accumulators (2 * NB zmm each) in at most 16 registers.
   constexpr int GC = NB >= 8 ? 1 : (8 / NB > 4 ? 4 : 8 / NB);
-  const int64_t n = a.j_end - a.j_begin;
-  k_scores<KT, NB>(a, n);
-  for (int g = 0; g < a.n_heads; ++g) softmax(a.scores + g * n, n);
-  for (int g0 = 0; g0 < a.n_heads; g0 += GC) {
-    pv_heads<VT, NB, GC>(a, n, g0, a.n_heads - g0 < GC ? a.n_heads - g0 : GC);
+  const TileHeads th{a};
+  const int n_h = a.n_q * a.n_heads;
+  for (int h0 = 0; h0 < n_h; h0 += kHeads) {
+    const int hc = n_h - h0 < kHeads ? n_h - h0 : kHeads;
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (int h = h0; h < h0 + hc; ++h) {
+      if (th.end(h) <= th.begin(h)) continue;
+      lo = th.begin(h) < lo ? th.begin(h) : lo;
+      hi = th.end(h) > hi ? th.end(h) : hi;
+    }
+    k_scores<KT, NB>(a, th, h0, hc, lo, hi);
+  }
+  for (int h = 0; h < n_h; ++h) {
+    if (th.end(h) > th.begin(h)) softmax(th.scores(h), th.end(h) - th.begin(h));
+  }
+  for (int h0 = 0; h0 < n_h; h0 += GC) pv_heads<VT, NB, GC>(a, th, h0, n_h - h0 < GC ? n_h - h0 : GC);
+  for (int h = 0; h < n_h; ++h) {  // no keys: zeros, as the baseline
+    if (th.end(h) <= th.begin(h)) std::memset(th.out(h), 0, static_cast<size_t>(a.head_dim) * sizeof(float));
   }
 }
 
 template <DType KT, DType VT>
-QuantAttend for_head(int64_t head_dim) {
+QuantTileAttend for_head(int64_t head_dim) {
   switch (head_dim) {
     case 32:
       return attend<KT, VT, 1>;
@@ -236,7 +288,7 @@ QuantAttend for_head(int64_t head_dim) {
 }
 
 template <DType KT>
-QuantAttend for_v(DType v, int64_t head_dim) {
+QuantTileAttend for_v(DType v, int64_t head_dim) {
   switch (v) {
     case DType::kF32:
       return for_head<KT, DType::kF32>(head_dim);
@@ -261,7 +313,7 @@ QuantAttend for_v(DType v, int64_t head_dim) {
 
 }  // namespace
 
-QuantAttend attend_quant_avx512_for(DType k, DType v, int64_t head_dim) {
+QuantTileAttend attend_quant_avx512_for(DType k, DType v, int64_t head_dim) {
   switch (k) {
     case DType::kF32:
       return for_v<DType::kF32>(v, head_dim);
