@@ -1,7 +1,9 @@
-// The AVX-512 kernel of attention over quantized KV (attention_quant_avx512.cpp)
-// against the baseline kernel on the same blocks, for every K type x V type
-// and head_dim it takes, with windows and softcap; its GQA grouping against
-// one call per query head (bit-identical); and the shapes it refuses.
+// The AVX-512 kernel of attention over quantized KV
+// (attention_quant_avx512.cpp) and the AVX2 one against the baseline kernel
+// on the same blocks, for every K type x V type and head_dim the first
+// takes, with windows and softcap; its GQA grouping against one call per
+// query head and its query tiles against one query at a time
+// (bit-identical); and the shapes it refuses.
 // kv_quant_test.cpp holds the batched driver (which takes this kernel on an
 // AVX-512 machine) against f32 attention and checks batch invariance.
 #include <gtest/gtest.h>
@@ -130,6 +132,14 @@ TEST(AttentionQuantAvx512, MatchesScalarEveryTypePairAndHeadDim) {
             const double rms = std::sqrt(ms / static_cast<double>(ref.size()));
             ASSERT_GT(rms, 0.01);
             for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5 * rms) << i;
+            // The AVX2 kernel, which the driver no longer takes on this CPU
+            // for these shapes, held to the same bound.
+            std::vector<float> avx2(c.q.size(), NAN);
+            detail::QuantAttendArgs a2 = args(c, c.q.data(), g, j_begin, softcap, s0, avx2.data());
+            a2.k_dequant = detail::kv_dequant_avx2(kt);
+            a2.v_dequant = detail::kv_dequant_avx2(vt);
+            detail::attend_quant_avx2(a2);
+            for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(avx2[i], ref[i], 2e-5 * rms) << i;
           }
         }
       }
