@@ -3,7 +3,7 @@
 
 For each --depths D and each --kv-types T, types alternating within a repeat:
   rill run MODEL --prompt-ids <D seeded ids> --max-tokens G+1 --ignore-eos --json
-           --threads N --kv-type T
+           --threads N --kv-type T --ctx-size D+G+16
 decode tok/s = decode_tokens / decode_s of its timings (the prefill of the D
 prompt tokens is timed apart and reported too). Medians over --repeats;
 markdown to stdout, JSON (date, machine, load, commands) to --out.
@@ -26,8 +26,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def rill_run(a, kv_type, ids):
+    # The context holds the prompt, the generated tokens and a margin (the
+    # default context, 4096, is too small past depth ~4000).
     cmd = [a.rill, "run", a.model, "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", str(a.gen_tokens + 1),
-           "--ignore-eos", "--json", "--threads", str(a.threads), "--kv-type", kv_type]
+           "--ignore-eos", "--json", "--threads", str(a.threads), "--kv-type", kv_type,
+           "--ctx-size", str(len(ids) + a.gen_tokens + 16)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"rill exited {p.returncode}: {p.stderr.strip()[-400:]}")

@@ -52,6 +52,30 @@ KvDequant kv_dequant_scalar(DType t);
 KvDequant kv_dequant_avx2(DType t);
 void attend_quant_scalar(const QuantAttendArgs& a);
 void attend_quant_avx2(const QuantAttendArgs& a);
+// The AVX-512 kernel (attention_quant_avx512.cpp) takes a tile of n_q
+// queries of one sequence for one KV head: each K/V row is dequantized once
+// for all n_q * n_heads query heads whose key ranges hold it. A (query,
+// head)'s arithmetic is the same whatever else the tile holds (bit-identical
+// to a tile of that query alone), so tiles keep results batch invariant.
+struct QuantTileArgs {
+  const float* q;  // [n_q * n_heads, head_dim] f32, rotated where K is
+  PagedKv kv;      // at this KV head's first byte of physical block 0
+  int64_t head_dim;
+  const int64_t *j_begin, *j_end;  // [n_q]: query i reads keys [j_begin[i], j_end[i])
+  int n_q, n_heads;
+  float scale, softcap;
+  float* scores;         // scratch [n_q * n_heads, score_stride]
+  int64_t score_stride;  // >= the longest range
+  float* out;            // query i, head g at out + i * out_stride + g * head_dim
+  int64_t out_stride;
+};
+// For K type k and V type v: heads of whole blocks only (k_row_elems ==
+// v_row_elems == 0), head_dim 32, 64, 96, 128 or 256; nullptr for any other
+// case (the caller takes AVX2). Same contract as attend_quant_avx2 within
+// rounding (exp is ggml's AVX-512 expf, the q.k and p.v sums associate
+// differently); a query with no keys gets zeros.
+using QuantTileAttend = void (*)(const QuantTileArgs&);
+QuantTileAttend attend_quant_avx512_for(DType k, DType v, int64_t head_dim);
 }  // namespace detail
 
 }  // namespace rill::cpu

@@ -1,0 +1,339 @@
+// The AVX-512 form of attention_quant_impl.h's attend for heads of whole
+// 32-element blocks (head_dim 32, 64, 96, 128 or 256): each K/V row's
+// head is dequantized straight into zmm registers (no buffer, no call per
+// row: the kernel is instantiated per type) once for the whole GQA group.
+// Same contract as the baseline: f32 scores, softmax with max subtraction,
+// exp as ggml's AVX-512 expf, the sum in double per 16 keys, f32 p.v. The
+// arithmetic of a (query, head) depends only on its keys [j_begin, j_end)
+// and head count, never on the batch, so results stay batch invariant.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cpu/attention_f16_avx512_impl.h"  // reduce16x16
+#include "backend/cpu/attention_quant.h"
+#include "backend/cpu/exp_ggml_avx512.h"
+#include "backend/cpu/quants.h"
+#include "core/half.h"
+
+// GCC 12 reports the deliberately undefined pass-through operands of its
+// unmasked AVX-512 intrinsics (_mm512_max_ps, _mm512_scalef_ps, the
+// reductions) as used uninitialized once inlined into these loops; with no
+// mask nothing undefined is ever read (as attention_f16_group_avx512.cpp).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace rill::cpu::detail {
+namespace {
+
+inline __m512 splat_f16(uint16_t h) {
+  return _mm512_set1_ps(f16_to_f32(h));
+}
+
+// 4-bit codes of one block (16 bytes): elements 0..15 (low nibbles) and
+// 16..31 (high nibbles) as 32-bit ints.
+inline void nibbles(const uint8_t* qs, __m512i& lo, __m512i& hi) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  lo = _mm512_cvtepu8_epi32(_mm_and_si128(x, mask));
+  hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(x, 4), mask));
+}
+// Adds 16 to the elements whose bit is set in the block's qh (bit j: element j).
+inline void high_bits(const uint8_t* qh, __m512i& lo, __m512i& hi) {
+  uint32_t h;
+  std::memcpy(&h, qh, 4);
+  const __m512i sixteen = _mm512_set1_epi32(16);
+  lo = _mm512_mask_add_epi32(lo, static_cast<__mmask16>(h & 0xFFFF), lo, sixteen);
+  hi = _mm512_mask_add_epi32(hi, static_cast<__mmask16>(h >> 16), hi, sixteen);
+}
+
+// Block b (32 elements) of a head of type T at p: elements 0..15 in lo,
+// 16..31 in hi; the same values as attention_quant_impl.h's dequantizers.
+template <DType T>
+inline void dq32(const uint8_t* p, int b, __m512& lo, __m512& hi) {
+  if constexpr (T == DType::kF32) {
+    const auto* f = reinterpret_cast<const float*>(p) + 32 * b;
+    lo = _mm512_loadu_ps(f);
+    hi = _mm512_loadu_ps(f + 16);
+  } else if constexpr (T == DType::kF16) {
+    const auto* h = reinterpret_cast<const __m256i*>(p + 64 * b);
+    lo = _mm512_cvtph_ps(_mm256_loadu_si256(h));
+    hi = _mm512_cvtph_ps(_mm256_loadu_si256(h + 1));
+  } else if constexpr (T == DType::kBF16) {
+    const auto* h = reinterpret_cast<const __m256i*>(p + 64 * b);
+    lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(h)), 16));
+    hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(h + 1)), 16));
+  } else if constexpr (T == DType::kQ8_0) {
+    const auto* blk = reinterpret_cast<const BlockQ8_0*>(p) + b;
+    const __m512 d = splat_f16(blk->d);
+    const auto* q = reinterpret_cast<const __m128i*>(blk->qs);
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), d);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), d);
+  } else if constexpr (T == DType::kQ4_0) {
+    const auto* blk = reinterpret_cast<const BlockQ4_0*>(p) + b;
+    const __m512 d = splat_f16(blk->d);
+    __m512i l, h;
+    nibbles(blk->qs, l, h);
+    const __m512i eight = _mm512_set1_epi32(8);
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l, eight)), d);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(h, eight)), d);
+  } else if constexpr (T == DType::kQ4_1) {
+    const auto* blk = reinterpret_cast<const BlockQ4_1*>(p) + b;
+    const __m512 d = splat_f16(blk->d), m = splat_f16(blk->m);
+    __m512i l, h;
+    nibbles(blk->qs, l, h);
+    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), d, m);
+    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), d, m);
+  } else if constexpr (T == DType::kQ5_0) {
+    const auto* blk = reinterpret_cast<const BlockQ5_0*>(p) + b;
+    const __m512 d = splat_f16(blk->d);
+    __m512i l, h;
+    nibbles(blk->qs, l, h);
+    high_bits(blk->qh, l, h);
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l, sixteen)), d);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(h, sixteen)), d);
+  } else {
+    static_assert(T == DType::kQ5_1);
+    const auto* blk = reinterpret_cast<const BlockQ5_1*>(p) + b;
+    const __m512 d = splat_f16(blk->d), m = splat_f16(blk->m);
+    __m512i l, h;
+    nibbles(blk->qs, l, h);
+    high_bits(blk->qh, l, h);
+    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), d, m);
+    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), d, m);
+  }
+}
+
+template <DType T, int NB>
+inline void dq_head(const uint8_t* p, __m512 (&x)[2 * NB]) {
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) dq32<T>(p, b, x[2 * b], x[2 * b + 1]);
+}
+
+// Head h of a tile: query h / n_heads, its query head h % n_heads.
+struct TileHeads {
+  const QuantTileArgs& a;
+  int64_t begin(int h) const { return a.j_begin[h / a.n_heads]; }
+  int64_t end(int h) const { return a.j_end[h / a.n_heads]; }
+  float* scores(int h) const { return a.scores + h * a.score_stride; }
+  float* out(int h) const { return a.out + (h / a.n_heads) * a.out_stride + (h % a.n_heads) * a.head_dim; }
+};
+
+// scores(h)[j - begin(h)] = scale * q_h.k_j (softcapped) for the heads
+// [h0, h0 + hc), hc <= kHeads, 16 keys at a time over the union of their
+// ranges: each K row dequantized once for all of them; per (key, head) one
+// fma chain per 16-dim half of each block pair, the two added, then the 16
+// keys' lane sums at once (reduce16x16, where each key's sum reads only its
+// own vector). A key outside a head's range gets a zero vector and no
+// score, so each score is the same arithmetic wherever its key falls and
+// whatever the tile holds.
+constexpr int kHeads = 16;
+template <DType KT, int NB>
+void k_scores(const QuantTileArgs& a, const TileHeads& th, int h0, int hc, int64_t lo, int64_t hi) {
+  constexpr int64_t hd = 32 * NB;
+  alignas(64) __m512 c[kHeads][16];
+  alignas(64) float dots[16];
+  int64_t hb[kHeads], he[kHeads];
+  for (int h = 0; h < hc; ++h) {
+    hb[h] = th.begin(h0 + h);
+    he[h] = th.end(h0 + h);
+  }
+  for (int64_t j0 = lo; j0 < hi; j0 += 16) {
+    const int cnt = hi - j0 < 16 ? static_cast<int>(hi - j0) : 16;
+    for (int t = 0; t < 16; ++t) {
+      const int64_t j = j0 + t;
+      if (t >= cnt) {
+        for (int h = 0; h < hc; ++h) c[h][t] = _mm512_setzero_ps();
+        continue;
+      }
+      __m512 k[2 * NB];
+      dq_head<KT, NB>(a.kv.k_row(j), k);
+      for (int h = 0; h < hc; ++h) {
+        if (j < hb[h] || j >= he[h]) {
+          c[h][t] = _mm512_setzero_ps();
+          continue;
+        }
+        const float* q = a.q + (h0 + h) * hd;
+        __m512 s0 = _mm512_mul_ps(k[0], _mm512_loadu_ps(q)), s1 = _mm512_mul_ps(k[1], _mm512_loadu_ps(q + 16));
+#pragma GCC unroll 8
+        for (int b = 1; b < NB; ++b) {
+          s0 = _mm512_fmadd_ps(k[2 * b], _mm512_loadu_ps(q + 32 * b), s0);
+          s1 = _mm512_fmadd_ps(k[2 * b + 1], _mm512_loadu_ps(q + 32 * b + 16), s1);
+        }
+        c[h][t] = _mm512_add_ps(s0, s1);
+      }
+    }
+    for (int h = 0; h < hc; ++h) {
+      const int64_t b = hb[h], e = he[h];
+      if (e <= j0 || b >= j0 + cnt) continue;
+      reduce16x16(c[h], dots);
+      float* out = th.scores(h0 + h) - b;
+      for (int t = 0; t < cnt; ++t) {
+        if (j0 + t < b || j0 + t >= e) continue;
+        float x = dots[t] * a.scale;
+        if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
+        out[j0 + t] = x;
+      }
+    }
+  }
+}
+
+// s[0, n) = softmax(s): max subtracted, exp, sum in double per 16 keys.
+inline void softmax(float* s, int64_t n) {
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) {
+    const auto m = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, s + j));
+  }
+  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; j += 16) {
+    const auto m = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp_ggml512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), mx)));
+    _mm512_mask_storeu_ps(s + j, m, e);
+    sum += static_cast<double>(_mm512_reduce_add_ps(e));
+  }
+  const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / sum));
+  for (int64_t j = 0; j < n; j += 16) {
+    const auto m = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    _mm512_mask_storeu_ps(s + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), inv));
+  }
+}
+
+// out(h) = sum_j p_hj v_j for the heads [h0, h0 + hc), hc <= GC, their
+// accumulators in registers; each V row of the union of their ranges
+// dequantized once for all of them; a head adds its own keys in order.
+template <DType VT, int NB, int GC>
+void pv_heads(const QuantTileArgs& a, const TileHeads& th, int h0, int hc) {
+  __m512 acc[GC][2 * NB];
+  int64_t b[GC], e[GC];
+  const float* p[GC];
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+#pragma GCC unroll 4
+  for (int g = 0; g < GC; ++g) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 2 * NB; ++i) acc[g][i] = _mm512_setzero_ps();
+    b[g] = g < hc ? th.begin(h0 + g) : 0;
+    e[g] = g < hc ? th.end(h0 + g) : 0;
+    p[g] = g < hc ? th.scores(h0 + g) - b[g] : nullptr;
+    if (g < hc && e[g] > b[g]) {
+      lo = b[g] < lo ? b[g] : lo;
+      hi = e[g] > hi ? e[g] : hi;
+    }
+  }
+  for (int64_t j = lo; j < hi; ++j) {
+    __m512 v[2 * NB];
+    dq_head<VT, NB>(a.kv.v_row(j), v);
+#pragma GCC unroll 4
+    for (int g = 0; g < GC; ++g) {
+      if (g >= hc) break;
+      if (j < b[g] || j >= e[g]) continue;
+      const __m512 pg = _mm512_set1_ps(p[g][j]);
+#pragma GCC unroll 16
+      for (int i = 0; i < 2 * NB; ++i) acc[g][i] = _mm512_fmadd_ps(v[i], pg, acc[g][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < GC; ++g) {
+    if (g >= hc) break;
+#pragma GCC unroll 16
+    for (int i = 0; i < 2 * NB; ++i) _mm512_storeu_ps(th.out(h0 + g) + 16 * i, acc[g][i]);
+  }
+}
+
+template <DType KT, DType VT, int NB>
+void attend(const QuantTileArgs& a) {
+  // Heads per V pass: their accumulators (2 * NB zmm each) in at most 16 registers.
+  constexpr int GC = NB >= 8 ? 1 : (8 / NB > 4 ? 4 : 8 / NB);
+  const TileHeads th{a};
+  const int n_h = a.n_q * a.n_heads;
+  for (int h0 = 0; h0 < n_h; h0 += kHeads) {
+    const int hc = n_h - h0 < kHeads ? n_h - h0 : kHeads;
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (int h = h0; h < h0 + hc; ++h) {
+      if (th.end(h) <= th.begin(h)) continue;
+      lo = th.begin(h) < lo ? th.begin(h) : lo;
+      hi = th.end(h) > hi ? th.end(h) : hi;
+    }
+    k_scores<KT, NB>(a, th, h0, hc, lo, hi);
+  }
+  for (int h = 0; h < n_h; ++h) {
+    if (th.end(h) > th.begin(h)) softmax(th.scores(h), th.end(h) - th.begin(h));
+  }
+  for (int h0 = 0; h0 < n_h; h0 += GC) pv_heads<VT, NB, GC>(a, th, h0, n_h - h0 < GC ? n_h - h0 : GC);
+  for (int h = 0; h < n_h; ++h) {  // no keys: zeros, as the baseline
+    if (th.end(h) <= th.begin(h)) std::memset(th.out(h), 0, static_cast<size_t>(a.head_dim) * sizeof(float));
+  }
+}
+
+template <DType KT, DType VT>
+QuantTileAttend for_head(int64_t head_dim) {
+  switch (head_dim) {
+    case 32:
+      return attend<KT, VT, 1>;
+    case 64:
+      return attend<KT, VT, 2>;
+    case 96:
+      return attend<KT, VT, 3>;
+    case 128:
+      return attend<KT, VT, 4>;
+    case 256:
+      return attend<KT, VT, 8>;
+    default:
+      return nullptr;
+  }
+}
+
+template <DType KT>
+QuantTileAttend for_v(DType v, int64_t head_dim) {
+  switch (v) {
+    case DType::kF32:
+      return for_head<KT, DType::kF32>(head_dim);
+    case DType::kF16:
+      return for_head<KT, DType::kF16>(head_dim);
+    case DType::kBF16:
+      return for_head<KT, DType::kBF16>(head_dim);
+    case DType::kQ8_0:
+      return for_head<KT, DType::kQ8_0>(head_dim);
+    case DType::kQ4_0:
+      return for_head<KT, DType::kQ4_0>(head_dim);
+    case DType::kQ4_1:
+      return for_head<KT, DType::kQ4_1>(head_dim);
+    case DType::kQ5_0:
+      return for_head<KT, DType::kQ5_0>(head_dim);
+    case DType::kQ5_1:
+      return for_head<KT, DType::kQ5_1>(head_dim);
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+QuantTileAttend attend_quant_avx512_for(DType k, DType v, int64_t head_dim) {
+  switch (k) {
+    case DType::kF32:
+      return for_v<DType::kF32>(v, head_dim);
+    case DType::kF16:
+      return for_v<DType::kF16>(v, head_dim);
+    case DType::kBF16:
+      return for_v<DType::kBF16>(v, head_dim);
+    case DType::kQ8_0:
+      return for_v<DType::kQ8_0>(v, head_dim);
+    case DType::kQ4_0:
+      return for_v<DType::kQ4_0>(v, head_dim);
+    case DType::kQ4_1:
+      return for_v<DType::kQ4_1>(v, head_dim);
+    case DType::kQ5_0:
+      return for_v<DType::kQ5_0>(v, head_dim);
+    case DType::kQ5_1:
+      return for_v<DType::kQ5_1>(v, head_dim);
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace rill::cpu::detail
