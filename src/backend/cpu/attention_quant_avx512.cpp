@@ -107,6 +107,14 @@ inline void dq32(const uint8_t* p, int b, __m512& lo, __m512& hi) {
   }
 }
 
+// The cache lines of a head of `bytes` bytes at p.
+inline void prefetch_head(const uint8_t* p, size_t bytes) {
+  const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  for (uintptr_t l = first; l < reinterpret_cast<uintptr_t>(p) + bytes; l += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(l), _MM_HINT_T0);
+  }
+}
+
 template <DType T, int NB>
 inline void dq_head(const uint8_t* p, __m512 (&x)[2 * NB]) {
 #pragma GCC unroll 8
@@ -137,12 +145,15 @@ void k_scores(const QuantTileArgs& a, const TileHeads& th, int h0, int hc, int64
   alignas(64) __m512 c[kHeads][16];
   alignas(64) float dots[16];
   int64_t hb[kHeads], he[kHeads];
+  const size_t k_bytes = row_bytes(KT, hd);
   for (int h = 0; h < hc; ++h) {
     hb[h] = th.begin(h0 + h);
     he[h] = th.end(h0 + h);
   }
   for (int64_t j0 = lo; j0 < hi; j0 += 16) {
     const int cnt = hi - j0 < 16 ? static_cast<int>(hi - j0) : 16;
+    // Deep contexts stream K from memory: ask for the rows 32 keys ahead.
+    for (int64_t j = j0 + 32; j < j0 + 48 && j < hi; ++j) prefetch_head(a.kv.k_row(j), k_bytes);
     for (int t = 0; t < 16; ++t) {
       const int64_t j = j0 + t;
       if (t >= cnt) {
@@ -212,6 +223,7 @@ void pv_heads(const QuantTileArgs& a, const TileHeads& th, int h0, int hc) {
   int64_t b[GC], e[GC];
   const float* p[GC];
   int64_t lo = INT64_MAX, hi = INT64_MIN;
+  const size_t v_bytes = row_bytes(VT, 32 * NB);
 #pragma GCC unroll 4
   for (int g = 0; g < GC; ++g) {
 #pragma GCC unroll 16
@@ -225,6 +237,7 @@ void pv_heads(const QuantTileArgs& a, const TileHeads& th, int h0, int hc) {
     }
   }
   for (int64_t j = lo; j < hi; ++j) {
+    if (j + 16 < hi) prefetch_head(a.kv.v_row(j + 16), v_bytes);
     __m512 v[2 * NB];
     dq_head<VT, NB>(a.kv.v_row(j), v);
 #pragma GCC unroll 4
