@@ -239,8 +239,7 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaBatchInvariant,
                                            Case{"gemma2", DType::kBF16}, Case{"qwen3-moe", DType::kBF16},
                                            Case{"mixtral", DType::kBF16}, Case{"glm4-moe", DType::kBF16},
                                            Case{"glm4-moe", DType::kQ8_0}, Case{"gemma4-moe", DType::kBF16},
-                                           Case{"llama", DType::kBF16, "q8_0"},
-                                           Case{"gemma2", DType::kBF16, "q8_0"}),
+                                           Case{"llama", DType::kBF16, "q8_0"}, Case{"gemma2", DType::kBF16, "q8_0"}),
                          [](const auto& info) {
                            std::string n = info.param.golden + (info.param.weights == DType::kQ8_0 ? "_q8" : "_bf16") +
                                            (info.param.kv_type.empty() ? "" : "_kv_" + info.param.kv_type);
