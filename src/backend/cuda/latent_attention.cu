@@ -96,6 +96,7 @@ size_t latent_smem_bytes(int32_t W, int32_t L) {
 
 __global__ void __launch_bounds__(kThreads) latent_attention_kernel(LatentAttentionArgs a) {
   extern __shared__ float smem[];
+  __shared__ size_t offsets[kKeys];  // the chunk's rows' byte offsets
   const int L = a.kv_lora_rank, R = a.rope_dim, W = L + R;
   float* qs = smem;
   float* rows = qs + kGroup * W;
@@ -131,10 +132,18 @@ __global__ void __launch_bounds__(kThreads) latent_attention_kernel(LatentAttent
 
   for (int32_t j0 = 0; j0 < n_kv; j0 += kKeys) {
     const int nk = min(kKeys, n_kv - j0);
-    for (int idx = threadIdx.x; idx < nk * W; idx += blockDim.x) {
-      const int j = idx / W, i = idx % W;
-      const int32_t key = sel ? sel[j0 + j] : j0 + j;
-      rows[idx] = detail::latent_read(a.cache, detail::latent_key_offset(a.cache, table, key), i);
+    // The chunk's row offsets once (the selection and block table reads),
+    // then the rows a warp each, lanes over the row: independent loads, so
+    // a thread has several in flight instead of one dependent pair each.
+    if (static_cast<int>(threadIdx.x) < nk) {
+      const int32_t key = sel ? sel[j0 + threadIdx.x] : j0 + static_cast<int32_t>(threadIdx.x);
+      offsets[threadIdx.x] = detail::latent_key_offset(a.cache, table, key);
+    }
+    __syncthreads();
+    for (int j = warp; j < nk; j += n_warps) {
+      const size_t at = offsets[j];
+#pragma unroll 8
+      for (int i = lane; i < W; i += 32) rows[j * W + i] = detail::latent_read(a.cache, at, i);
     }
     __syncthreads();
     for (int pair = warp; pair < kGroup * kKeys; pair += n_warps) {
