@@ -40,6 +40,11 @@ int max_running(const Model& m, const EngineOptions& o) {
 // prefill share stays about 1.5x the decode tokens' cost).
 constexpr double kAutoStepFactor = 2.5;
 
+// Events waiting for the dispatcher's thread before the engine thread waits
+// for room (EventDispatcher: a slow consumer slows generation, it does not
+// grow memory): 64 steps of a full 64-row batch.
+constexpr size_t kMaxPendingEvents = 4096;
+
 // Speculation's draft length per request: a round whose drafts all held
 // doubles the next one (up to EngineOptions::spec_tokens), a rejection sets
 // it to one more than what held (a run that broke off early tends to again).
@@ -144,6 +149,15 @@ Status EngineImpl::start() {
   stats_.speculator = speculator_ ? speculator_->name() : "";
   runner_.set_want_hidden(speculator_ && speculator_->wants_hidden());
   publish_stats();  // the tiers' contents are known before the first step
+  dispatcher_ = std::make_unique<EventDispatcher>(
+      [this](uint64_t id, std::string message) {
+        {
+          std::lock_guard lk(mu_);
+          consumer_failures_.emplace_back(id, std::move(message));
+        }
+        wake_.notify_all();
+      },
+      kMaxPendingEvents);
   thread_ = std::thread([this] { loop(); });
   return {};
 }
@@ -155,6 +169,7 @@ EngineImpl::~EngineImpl() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  dispatcher_.reset();  // delivers the final events the engine thread posted
 }
 
 Status EngineImpl::validate(const GenerationRequest& r) const {
@@ -231,7 +246,7 @@ Result<uint64_t> EngineImpl::submit(GenerationRequest request, EventCallback on_
   }
   auto r = std::make_unique<Request>();
   r->params = std::move(request);
-  r->on_event = std::move(on_event);
+  if (on_event) r->on_event = std::make_shared<const EventCallback>(std::move(on_event));
   r->tokens = r->params.prompt;
   r->n_prompt = static_cast<int32_t>(r->tokens.size());
   if (tokenizer_) r->decoder.emplace(*tokenizer_, r->params.skip_special_tokens);
@@ -289,22 +304,27 @@ EngineStats EngineImpl::stats() const {
   return s;
 }
 
-void EngineImpl::take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels) {
+void EngineImpl::take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels,
+                            std::vector<std::pair<uint64_t, std::string>>& consumer_failures) {
   std::unique_lock lk(mu_);
   wake_.wait(lk, [&] {
-    return stopping_ || !inbox_.empty() || !cancel_inbox_.empty() || has_work() || (shut_down_ && !shut_down_done_);
+    return stopping_ || !inbox_.empty() || !cancel_inbox_.empty() || !consumer_failures_.empty() || has_work() ||
+           (shut_down_ && !shut_down_done_);
   });
   incoming.swap(inbox_);
   cancels.swap(cancel_inbox_);
+  consumer_failures.swap(consumer_failures_);
 }
 
 void EngineImpl::loop() {
   std::vector<std::unique_ptr<Request>> incoming;
   std::vector<uint64_t> cancels;
+  std::vector<std::pair<uint64_t, std::string>> consumer_failures;
   for (;;) {
     incoming.clear();
     cancels.clear();
-    take_inbox(incoming, cancels);
+    consumer_failures.clear();
+    take_inbox(incoming, cancels, consumer_failures);
     bool stopping = false;
     std::optional<std::string> shut_down;
     {
@@ -339,6 +359,11 @@ void EngineImpl::loop() {
     for (uint64_t id : cancels) {
       auto it = live_.find(id);
       if (it != live_.end() && !it->second->finished()) finish(*it->second, FinishReason::kAborted, GenerationEvent{});
+    }
+    for (auto& [id, message] : consumer_failures) {  // a consumer threw: its request ends here
+      auto it = live_.find(id);
+      if (it != live_.end() && !it->second->finished())
+        finish(*it->second, FinishReason::kError, GenerationEvent{}, std::move(message));
     }
     for (uint64_t id : finished_ids_) live_.erase(id);
     finished_ids_.clear();
@@ -799,27 +824,15 @@ void EngineImpl::finish(Request& r, FinishReason reason, GenerationEvent&& event
   // Whoever hears that the request ended may read stats() next: they must
   // already show what it did (a tier restore or persist, its KV blocks).
   publish_stats();
-  try {
-    if (r.on_event) r.on_event(std::move(event));
-  } catch (...) {
-    // The consumer is gone; the request is already over.
-  }
+  dispatcher_->post(r.id, r.on_event, std::move(event));
 }
 
 int64_t EngineImpl::flush_cache_tiers(std::chrono::steady_clock::time_point deadline) {
   return tiers_ ? tiers_->close_disk_queue(deadline) : 0;  // tiers_ is set before the engine thread starts
 }
 
-bool EngineImpl::deliver(Request& r, GenerationEvent&& event) {
-  try {
-    if (r.on_event) r.on_event(std::move(event));
-    return true;
-  } catch (const std::exception& e) {
-    finish(r, FinishReason::kError, GenerationEvent{}, std::string("the event consumer failed: ") + e.what());
-  } catch (...) {
-    finish(r, FinishReason::kError, GenerationEvent{}, "the event consumer failed");
-  }
-  return false;
+void EngineImpl::deliver(Request& r, GenerationEvent&& event) {
+  dispatcher_->post(r.id, r.on_event, std::move(event));
 }
 
 void EngineImpl::publish_stats() {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <optional>
+#include "engine/event_dispatcher.h"
 #include "engine/grammar_masks.h"
 #include "engine/kv_tiers.h"
 #include "engine/model_runner.h"
@@ -50,7 +51,8 @@ class EngineImpl final : public Engine {
   Status validate(const GenerationRequest& r) const;
   void loop();
   bool has_work() const { return !live_.empty(); }
-  void take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels);
+  void take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels,
+                  std::vector<std::pair<uint64_t, std::string>>& consumer_failures);
   void run_step();
   // Appends drafts to the decoding requests that speculate this step.
   void propose_drafts();
@@ -87,8 +89,9 @@ class EngineImpl final : public Engine {
   void score_prompt(Request& r, const ModelRunner::ChunkRows& rows);
   // Ends r: frees its KV, sends the final event (merged into `event`).
   void finish(Request& r, FinishReason reason, GenerationEvent&& event, std::string error = {});
-  // Delivers an event; false when the consumer threw (r is then finished).
-  bool deliver(Request& r, GenerationEvent&& event);
+  // Hands an event to the dispatcher (its consumer runs off this thread; a
+  // consumer that throws ends r at a later step, through take_inbox).
+  void deliver(Request& r, GenerationEvent&& event);
   void publish_stats();
 
   std::unique_ptr<Model> model_;
@@ -126,6 +129,7 @@ class EngineImpl final : public Engine {
   std::condition_variable wake_;
   std::vector<std::unique_ptr<Request>> inbox_;
   std::vector<uint64_t> cancel_inbox_;
+  std::vector<std::pair<uint64_t, std::string>> consumer_failures_;  // from the dispatcher: (request, message)
   bool stopping_ = false;
   std::optional<std::string> shut_down_;  // shut_down()'s reason; submissions refused
   bool shut_down_done_ = false;           // the engine thread ended every request
@@ -135,6 +139,9 @@ class EngineImpl final : public Engine {
   EngineStats stats_;
 
   std::thread thread_;
+  // Consumers' callbacks run here; created before and destroyed after thread_
+  // (every event the engine thread posted is delivered before it goes).
+  std::unique_ptr<EventDispatcher> dispatcher_;
 };
 
 }  // namespace rill

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,7 +40,7 @@ struct Request {
 
   uint64_t id = 0;
   GenerationRequest params;
-  EventCallback on_event;
+  std::shared_ptr<const EventCallback> on_event;  // null: no consumer (shared with queued events)
   RequestState state = RequestState::kWaiting;
 
   std::vector<int32_t> tokens;  // prompt, then output

@@ -8,8 +8,10 @@
 // written, shared, evicted and restored correctly.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -32,6 +34,9 @@ class FakeModel final : public Model {
     // Offer forward_sample (ids drawn by the host reference of the device
     // rule, Sampler::reference_draw); it counts its calls too.
     bool device_sample = false;
+    // Each forward takes at least this long (a device step's duration, for
+    // tests of what happens on other threads meanwhile).
+    std::chrono::microseconds forward_delay{0};
   };
 
   explicit FakeModel(Options o) : o_(o), spec_{full()} {
@@ -125,6 +130,7 @@ class FakeModel final : public Model {
       step_tokens_.push_back(batch.n_tokens());
       step_seqs_.push_back(static_cast<int32_t>(batch.seqs.size()));
     }
+    if (o_.forward_delay.count() > 0) std::this_thread::sleep_for(o_.forward_delay);
     if (fail_next_.exchange(false)) return Error{"injected forward failure"};
     if (batch.n_tokens() > o_.max_batch_tokens) return Error{"batch too large"};
     if (static_cast<int>(batch.sample_rows.size()) > o_.max_batch_seqs) return Error{"too many sample rows"};
