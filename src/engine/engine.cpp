@@ -346,6 +346,7 @@ void EngineImpl::loop() {
       }
       live_.clear();
       publish_stats();
+      dispatcher_->flush();
       return;
     }
     if (shut_down) {
@@ -367,7 +368,9 @@ void EngineImpl::loop() {
     }
     for (uint64_t id : finished_ids_) live_.erase(id);
     finished_ids_.clear();
+    dispatcher_->flush();  // the events of ended requests go out before the step
     if (has_work()) run_step();
+    dispatcher_->flush();  // the step's events, in one hand-over
     for (uint64_t id : finished_ids_) live_.erase(id);
     finished_ids_.clear();
     if (options_.check_integrity) {

@@ -11,6 +11,7 @@ EventDispatcher::EventDispatcher(FailureSink on_failure, size_t max_pending)
 }
 
 EventDispatcher::~EventDispatcher() {
+  flush();
   {
     std::lock_guard lk(mu_);
     stop_ = true;
@@ -21,10 +22,16 @@ EventDispatcher::~EventDispatcher() {
 
 void EventDispatcher::post(uint64_t id, std::shared_ptr<const EventCallback> callback, GenerationEvent&& event) {
   if (!callback || !*callback) return;
+  staged_.push_back(Item{id, std::move(callback), std::move(event)});
+}
+
+void EventDispatcher::flush() {
+  if (staged_.empty()) return;
   std::unique_lock lk(mu_);
   space_.wait(lk, [&] { return queue_.size() < max_pending_; });
-  queue_.push_back(Item{id, std::move(callback), std::move(event)});
+  for (Item& item : staged_) queue_.push_back(std::move(item));
   lk.unlock();
+  staged_.clear();
   ready_.notify_one();
 }
 

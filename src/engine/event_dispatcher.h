@@ -11,10 +11,14 @@
 //    FailureSink (the engine ends that request with an error), and every
 //    later non-final event of that request is dropped; its final event is
 //    still delivered (a consumer that throws again there is ignored).
-//  - At most `max_pending` events wait: post() blocks while the queue is
-//    full, so a consumer slower than generation slows generation instead of
-//    growing memory.
-//  - The destructor delivers every event posted before it, then joins.
+//  - One producer thread: post() stages events, flush() hands the staged
+//    ones over with one lock and one wake-up (a step's 64 events cost one
+//    futex call, not 64).
+//  - flush() blocks while `max_pending` or more events wait, so a consumer
+//    slower than generation slows generation instead of growing memory
+//    (the queue holds at most max_pending plus one flush's events).
+//  - The destructor flushes and delivers every event posted before it, then
+//    joins.
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +29,7 @@
 #include <string>
 #include <thread>
 #include <unordered_set>
+#include <vector>
 
 #include "rill/engine.h"
 
@@ -39,8 +44,11 @@ class EventDispatcher {
   EventDispatcher(const EventDispatcher&) = delete;
   EventDispatcher& operator=(const EventDispatcher&) = delete;
 
-  // Queues `event` for request `id`'s callback (null: the event is dropped).
+  // Stages `event` for request `id`'s callback (null: the event is dropped);
+  // it is delivered after the next flush().
   void post(uint64_t id, std::shared_ptr<const EventCallback> callback, GenerationEvent&& event);
+  // Hands every staged event to the dispatcher thread.
+  void flush();
 
  private:
   struct Item {
@@ -57,6 +65,7 @@ class EventDispatcher {
   std::condition_variable ready_;  // the queue has items, or stop_
   std::condition_variable space_;  // the queue has room
   std::deque<Item> queue_;
+  std::vector<Item> staged_;  // the producer's, between flushes
   bool stop_ = false;
   std::unordered_set<uint64_t> failed_;  // dispatcher thread only: consumers that threw, until their final event
   std::thread thread_;

@@ -48,6 +48,7 @@ TEST(EventDispatcher, DeliversEachRequestsEventsInOrderOffTheCallersThread) {
     for (int32_t t = 0; t < 100; ++t) {
       d.post(1, cb_a, event_with(t, t == 99));
       d.post(2, cb_b, event_with(1000 + t, t == 99));
+      if (t % 7 == 0) d.flush();
     }
   }  // the destructor delivers everything posted
   ASSERT_EQ(a.size(), 100u);
@@ -76,6 +77,7 @@ TEST(EventDispatcher, AThrowingConsumerIsReportedOnceAndGetsOnlyItsFinalEvent) {
     });
     for (int32_t t = 0; t < 10; ++t) d.post(7, cb, event_with(t));
     d.post(7, cb, event_with(10, true));
+    d.flush();
   }
   EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2}));  // nothing after the throw but the final event
   EXPECT_TRUE(got_final);
@@ -84,7 +86,7 @@ TEST(EventDispatcher, AThrowingConsumerIsReportedOnceAndGetsOnlyItsFinalEvent) {
   EXPECT_NE(failures.seen[0].second.find("client went away"), std::string::npos);
 }
 
-TEST(EventDispatcher, AFullQueueBlocksThePosterUntilTheConsumerCatchesUp) {
+TEST(EventDispatcher, AFullQueueBlocksTheFlushUntilTheConsumerCatchesUp) {
   Failures failures;
   std::mutex mu;
   std::condition_variable cv;
@@ -100,10 +102,11 @@ TEST(EventDispatcher, AFullQueueBlocksThePosterUntilTheConsumerCatchesUp) {
   std::thread poster([&] {
     for (int32_t t = 0; t < 6; ++t) {
       d.post(1, cb, event_with(t));
+      d.flush();
       ++posted;
     }
   });
-  // One event is in the consumer (held), two wait: the fourth post blocks.
+  // One event is in the consumer (held), two wait: the fourth flush blocks.
   for (int i = 0; i < 200 && posted < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(posted.load(), 3);
@@ -117,12 +120,18 @@ TEST(EventDispatcher, AFullQueueBlocksThePosterUntilTheConsumerCatchesUp) {
   EXPECT_EQ(posted.load(), 6);
 }
 
-TEST(EventDispatcher, ANullCallbackDropsTheEvent) {
+TEST(EventDispatcher, ANullCallbackDropsTheEventAndOthersStillArrive) {
   Failures failures;
-  EventDispatcher d(failures.sink(), 4);
-  d.post(1, nullptr, event_with(1));
-  d.post(1, std::make_shared<const EventCallback>(), event_with(2));  // empty std::function
-  SUCCEED();
+  int delivered = 0;
+  {
+    EventDispatcher d(failures.sink(), 4);
+    d.post(1, nullptr, event_with(1));
+    d.post(1, std::make_shared<const EventCallback>(), event_with(2));  // empty std::function
+    d.post(2, std::make_shared<const EventCallback>([&](GenerationEvent&&) { ++delivered; }), event_with(3));
+    d.flush();
+  }
+  EXPECT_EQ(delivered, 1);
+  EXPECT_TRUE(failures.seen.empty());
 }
 
 }  // namespace
