@@ -56,6 +56,23 @@ set_gguf_parameters:
     n_layer_kv_from_start - 2 (sliding) and - 1 (full) as the donors, and
     the golden's last unshared layers are full then sliding (GGML_ASSERT in
     llama-kv-cache.cpp); its file is written, without a llama.cpp golden.
+  * glm-dsa (GlmMoeDsaModel: DeepseekV2Model's MLA and MoE layout, --no-mtp):
+    rope.dimension_count qk_rope_head_dim * partial_rotary_factor,
+    attention.indexer.{head_count, key_length, top_k} from index_n_heads,
+    index_head_dim, index_topk, attention.indexer.types (true: "full") from
+    indexer_types; indexer.{wq_b, wk, k_norm, weights_proj} ->
+    blk.N.indexer.{attn_q_b, attn_k, k_norm, proj}; no expert_gating_func
+    (the golden's config has no scoring_func; llama.cpp's glm-dsa then uses
+    a sigmoid). llama.cpp's graph does apply the index top-k (it unmasks the
+    selected keys of the KQ mask), but it multiplies indexer queries and keys
+    by Hadamard matrices of 64 x 64 and up, so it aborts on the golden's
+    16-wide indexer (glm_dsa has no llama.cpp golden); glm_dsa_ix64 is the
+    same model with an indexer 64 wide that selects the same keys
+    (widen_indexer). Index scores tie exactly (0) on this golden, and
+    llama.cpp, transformers and rill break ties differently, so llama.cpp
+    is compared over the prompt positions before the first tie at a top-k
+    cut only (dsa_determined_positions; 11 of 24), written to the JSON as
+    determined_positions.
 <name>_f16 files are --outtype f16 (F16 matrices; 1-D tensors, norms and
 routers F32, as ModelBase.prepare_tensors picks).
 The tokenizer is a synthetic 512-token SentencePiece ("llama") vocabulary:
@@ -86,7 +103,8 @@ MODELS = [("deepseek2", "deepseek-v3", "deepseek2"), ("minicpm3", "minicpm3", "m
           ("glm4moe", "glm4-moe", "glm4moe"), ("gpt_oss", "gpt-oss", "gpt-oss"),
           ("gpt_oss_mxfp4", "gpt-oss", "gpt-oss"), ("gemma4", "gemma4", "gemma4"),
           ("gemma4_moe", "gemma4-moe", "gemma4"), ("deepseek2_f16", "deepseek-v3", "deepseek2"),
-          ("glm4moe_f16", "glm4-moe", "glm4moe")]
+          ("glm4moe_f16", "glm4-moe", "glm4moe"), ("glm_dsa", "glm-5", "glm-dsa"),
+          ("glm_dsa_ix64", "glm-5", "glm-dsa")]
 
 
 def add_vocab(w, n_vocab, bos, eos):
@@ -157,7 +175,7 @@ def hf_tensors(cfg, t, arch, np):
             bid = int(name.split(".")[2])
             if bid >= n_layer:
                 continue  # MTP layers (skip_mtp / --no-mtp)
-        if arch in ("deepseek2", "glm4moe") and ".mlp.experts." in name:
+        if arch in ("deepseek2", "glm4moe", "glm-dsa") and ".mlp.experts." in name:
             prefix = name[:name.index(".mlp.experts.")]
             if prefix in stacked:
                 continue
@@ -167,7 +185,7 @@ def hf_tensors(cfg, t, arch, np):
                             np.stack([t[f"{prefix}.mlp.experts.{e}.{proj}.weight"]
                                       for e in range(cfg["n_routed_experts"])])))
             continue
-        if arch == "deepseek2" and name.endswith("kv_b_proj.weight"):
+        if arch in ("deepseek2", "glm-dsa") and name.endswith("kv_b_proj.weight"):
             H, v, nope = cfg["num_key_value_heads"], cfg["v_head_dim"], cfg["qk_nope_head_dim"]
             kv_b = a.reshape(H, nope + v, a.shape[-1])
             out.append((name.replace("kv_b_proj", "k_b_proj"), kv_b[:, :nope].transpose(0, 2, 1)))
@@ -202,6 +220,32 @@ def hf_tensors(cfg, t, arch, np):
                 continue
         out.append((name, a))
     return out
+
+
+def widen_indexer(cfg, t, width, np):
+    """GLM-5's lightning indexer with head size `width` (a multiple of the
+    golden's D) computing the same selection: wk, k_norm's weight and bias
+    tiled width / D times (so k's LayerNorm sees the same mean and variance
+    and k is [k | k | ...]), each wq_b head padded with zero rows (q is [q |
+    0 | ...]). q . k is unchanged, RoPE still turns the first
+    qk_rope_head_dim dims of both, and the indexer's score scale
+    (width * n_heads)^-1/2 only scales every score alike, which leaves the
+    top-k selection as it was. llama.cpp's glm-dsa multiplies indexer
+    queries and keys by a Hadamard matrix of at least 64 x 64, so it runs
+    only indexers whose head size is a multiple of 64."""
+    D, H = cfg["index_head_dim"], cfg["index_n_heads"]
+    assert width % D == 0
+    cfg["index_head_dim"] = width
+    for name in list(t):
+        if ".self_attn.indexer." not in name:
+            continue
+        a = t[name]
+        if name.endswith(("indexer.wk.weight", "indexer.k_norm.weight", "indexer.k_norm.bias")):
+            t[name] = np.concatenate([a] * (width // D), axis=0)
+        elif name.endswith("indexer.wq_b.weight"):
+            q = np.zeros((H, width, a.shape[1]), dtype=a.dtype)
+            q[:, :D] = a.reshape(H, D, a.shape[1])
+            t[name] = q.reshape(H * width, a.shape[1])
 
 
 def gemma4_params(w, cfg, gguf):
@@ -248,17 +292,19 @@ def f16_type(new_name, a, gguf):
     return gguf.GGMLQuantizationType.F32 if a.ndim <= 1 or keep else gguf.GGMLQuantizationType.F16
 
 
-def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False, f16=False):
+def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False, f16=False, indexer_width=None):
     import numpy as np
     from safetensors.numpy import load_file
 
     with open(os.path.join(golden_dir, "config.json")) as f:
         cfg = json.load(f)
     t = load_file(os.path.join(golden_dir, "model.safetensors"))
+    if indexer_width:
+        widen_indexer(cfg, t, indexer_width, np)
     rope = cfg.get("rope_parameters") or {}
     w = gguf.GGUFWriter(out_path, arch)
     w.add_name(os.path.basename(golden_dir))
-    if arch == "deepseek2":  # DeepseekV2Model.set_gguf_parameters
+    if arch in ("deepseek2", "glm-dsa"):  # DeepseekV2Model.set_gguf_parameters
         text_model_params(w, cfg, gguf, n_head_kv=1)
         kv_lora = cfg["kv_lora_rank"]
         w.add_leading_dense_block_count(cfg.get("first_k_dense_replace", 0))
@@ -277,8 +323,16 @@ def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False, f16=False):
         if cfg.get("norm_topk_prob"):
             w.add_expert_weights_norm(True)
         w.add_rope_dimension_count(cfg["qk_rope_head_dim"])
-        # TextModel's scoring_func -> expert_gating_func (DeepSeek-V3's config says sigmoid).
-        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        if arch == "deepseek2":
+            # TextModel's scoring_func -> expert_gating_func (DeepSeek-V3's config says sigmoid).
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        else:  # GlmMoeDsaModel.set_gguf_parameters (--no-mtp: the golden has no MTP layer)
+            w.add_rope_dimension_count(int(cfg["qk_rope_head_dim"] * rope.get("partial_rotary_factor", 1.0)))
+            w.add_indexer_head_count(cfg["index_n_heads"])
+            w.add_indexer_key_length(cfg["index_head_dim"])
+            w.add_indexer_top_k(cfg["index_topk"])
+            if cfg.get("indexer_types") is not None:
+                w.add_indexer_types([t == "full" for t in cfg["indexer_types"]])
     elif arch == "minicpm3":  # MiniCPM3Model.set_gguf_parameters (not TextModel's)
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         w.add_context_length(cfg["max_position_embeddings"])
@@ -339,6 +393,35 @@ def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False, f16=False):
     w.close()
 
 
+def dsa_determined_positions(golden_dir, np):
+    """GLM-5: the number of leading prompt positions whose logits do not
+    depend on how index top-k breaks ties. Index scores tie exactly where
+    every indexer head's ReLU is 0 (two heads in the golden), and llama.cpp
+    (std::partial_sort over its whole KV row), transformers (torch.topk over
+    the masked row) and rill (the later key) each break ties their own way;
+    position t's logits read only tokens 0..t, so they agree up to the first
+    token whose selection in any indexer layer has (near-)equal scores on
+    both sides of the top-k cut. Found with the numpy reference of
+    tools/make_dsa_causal_golden.py (float64, rill's causal rule)."""
+    import make_dsa_causal_golden as ref
+
+    cfg, w = ref.load(golden_dir)
+    with open(os.path.join(golden_dir, "golden.json")) as f:
+        prompt = json.load(f)["prompt_ids"]
+    k = cfg["index_topk"]
+    first_tie = [len(prompt)]
+
+    class Probe(ref.Model):
+        def select(self, scores, t, tail):
+            s = np.sort(np.asarray(scores[:t + 1], dtype=np.float64))[::-1]
+            if len(s) > k and s[k - 1] - s[k] <= 1e-6 * max(abs(s[0]), 1e-30):
+                first_tie[0] = min(first_tie[0], t)
+            return super().select(scores, t, tail)
+
+    causal = Probe(cfg, w).forward(prompt, None)
+    return first_tie[0], causal
+
+
 def build_llamacpp_logits():
     """Builds llama.cpp (bench/build_llamacpp_tools.sh) and links
     tools/llamacpp_logits against it; returns (the tool, the llama.cpp source)."""
@@ -379,7 +462,8 @@ def main():
         with open(os.path.join(gdir, "golden.json")) as f:
             g = json.load(f)
         path = os.path.join(OUT_DIR, name + ".gguf")
-        convert(gdir, arch, path, gguf, mxfp4_experts=name.endswith("_mxfp4"), f16=name.endswith("_f16"))
+        convert(gdir, arch, path, gguf, mxfp4_experts=name.endswith("_mxfp4"), f16=name.endswith("_f16"),
+                indexer_width=64 if name.endswith("_ix64") else None)
         prompt, ref_ids = g["prompt_ids"], g["greedy_ids"]
         run = subprocess.run([exe, path, str(len(ref_ids)), str(args.threads), ",".join(map(str, prompt))],
                              capture_output=True, text=True)
@@ -397,16 +481,27 @@ def main():
         logits = np.array(res["logits"], dtype=np.float64)
         greedy = res["greedy_ids"]
         ref = np.array(g["logits"], dtype=np.float64)
+        determined = len(prompt)  # positions whose logits every implementation must agree on
+        if arch == "glm-dsa":
+            determined, causal = dsa_determined_positions(gdir, np)
+            print(f"{name}: index top-k ties from prompt position {determined}; llama.cpp vs the causal "
+                  f"numpy reference over positions [0, {determined}): max |logit diff| "
+                  f"{np.max(np.abs(logits[:determined] - causal[:determined])):.2e}", file=sys.stderr)
+            logits_cmp, ref = logits[:determined], ref[:determined]
+            # The greedy continuation runs past the ties: not comparable.
+            same_ids = True
         # MiniCPM3: llama.cpp's hard-coded dim_model_base (256) against the golden's.
         scale = 1.0
         if arch == "minicpm3":
             with open(os.path.join(gdir, "config.json")) as f:
                 scale = 256.0 / json.load(f)["dim_model_base"]
-        max_err = float(np.max(np.abs(logits / scale - ref)))
-        same_ids = greedy == ref_ids
+        if arch != "glm-dsa":
+            logits_cmp, same_ids = logits, greedy == ref_ids
+        max_err = float(np.max(np.abs(logits_cmp / scale - ref)))
         print(f"{name}: {arch}, {os.path.getsize(path)} bytes; llama.cpp vs transformers"
               f"{f' (llama.cpp / {scale:g})' if scale != 1 else ''}: max |logit diff| {max_err:.2e} over "
-              f"{logits.shape[0]} positions, greedy ids {'identical' if same_ids else 'DIFFER'}", file=sys.stderr)
+              f"{logits_cmp.shape[0]} positions, greedy ids "
+              f"{'not compared' if arch == 'glm-dsa' else 'identical' if same_ids else 'DIFFER'}", file=sys.stderr)
         # ggml's CPU GELU reads a table of f16 values at f16(x): Gemma 4's MLPs drift ~1e-3.
         # --outtype f16 files: the weights rounded to f16.
         bound = 5e-3 if arch == "gemma4" else 1e-2 if name.endswith("_f16") else 1e-3
@@ -415,12 +510,16 @@ def main():
         out = {
             "what": f"llama.cpp on {name}.gguf (GGUF architecture {arch}, converted from goldens/hf/{golden} "
                     "by tools/make_family_gguf.py): logits at every prompt position (f32 KV cache, one "
-                    "batch) and greedy ids (argmax, one token per decode).",
+                    "batch) and greedy ids (argmax, one token per decode)" +
+                    (f"; only positions [0, determined_positions) are free of index top-k ties (GLM-5's "
+                     "sparse attention: llama.cpp, transformers and rill break exact ties differently), so "
+                     "only they, not the greedy ids, are comparable." if arch == "glm-dsa" else "."),
             "architecture": arch,
             "llama_cpp_python_version": VERSION,
             "logit_scale_vs_transformers": scale,
             "max_abs_diff_vs_transformers": max_err,
-            "greedy_matches_transformers": same_ids,
+            "greedy_matches_transformers": greedy == ref_ids,
+            "determined_positions": determined,
             "prompt_ids": prompt,
             "greedy_ids": greedy,
             "logits": [[round(float(x), 6) for x in row] for row in logits],
