@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <tuple>
 
@@ -643,6 +645,22 @@ TEST(GgufConfig, GlmDsaErrorsNameTheKey) {
   softmax.add_u32("glm-dsa.expert_gating_func", 1);
   EXPECT_EQ(config_error(softmax),
             "x.gguf: 'glm-dsa.expert_gating_func' is 1: only the sigmoid router (2) is supported for glm_moe_dsa");
+}
+
+// The fuzz seed tools/make_gguf_fuzz_seeds.py writes for glm-dsa (written by
+// the gguf package) is a whole config, so fuzzing starts inside read_dsa.
+TEST(GgufConfig, GlmDsaFuzzSeedIsAConfig) {
+  std::ifstream in(std::string(RILL_SOURCE_DIR) + "/tests/fuzz/corpus/gguf/glm_dsa_tiny.gguf", std::ios::binary);
+  const std::vector<uint8_t> image{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  ASSERT_FALSE(image.empty());
+  auto f = parse_image(image);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  auto c = gguf_model_config(**f);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->architecture, "glm_moe_dsa");
+  EXPECT_EQ(c->n_layer, 2);  // the MTP block left out
+  EXPECT_EQ(c->raw.at("indexer_types"), nlohmann::json({"full", "shared"}));
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.2.nextn.eh_proj.weight", "glm-dsa"), "model.layers.2.eh_proj.weight");
 }
 
 }  // namespace
