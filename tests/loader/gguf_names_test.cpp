@@ -10,6 +10,8 @@
 #include <tuple>
 
 #include "gguf_writer.h"
+#include "loader/model_files.h"
+#include "loader/mtp_layers.h"
 
 namespace rill {
 namespace {
@@ -661,6 +663,30 @@ TEST(GgufConfig, GlmDsaFuzzSeedIsAConfig) {
   EXPECT_EQ(c->n_layer, 2);  // the MTP block left out
   EXPECT_EQ(c->raw.at("indexer_types"), nlohmann::json({"full", "shared"}));
   EXPECT_EQ(gguf_to_hf_tensor_name("blk.2.nextn.eh_proj.weight", "glm-dsa"), "model.layers.2.eh_proj.weight");
+}
+
+// GLM-5's MTP block in llama.cpp's layout (blk.{n_layer}.nextn.* plus the
+// block's decoder tensors, block_count counting it) is found by
+// loader/mtp_layers under DeepSeek's names, as --spec mtp reads them.
+TEST(GgufConfig, GlmDsaMtpBlockIsFound) {
+  constexpr int64_t E = 576;  // llama_file's embedding_length
+  GgufWriter w = glm_dsa_file();
+  add_indexer(w);
+  auto f32 = [](int64_t n) { return std::vector<uint8_t>(static_cast<size_t>(n) * 4, 0); };
+  w.add_tensor("blk.29.nextn.eh_proj.weight", 0, {2 * E, E}, f32(2 * E * E));  // ne: innermost first
+  for (const char* t : {"blk.29.nextn.enorm.weight", "blk.29.nextn.hnorm.weight",
+                        "blk.29.nextn.shared_head_norm.weight", "blk.29.attn_norm.weight"})
+    w.add_tensor(t, 0, {E}, f32(E));
+  const std::string path = testing::write_temp_file(w.build(), "glm_dsa_mtp.gguf");
+  auto files = open_model_files(path);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  EXPECT_EQ((*files)->config.n_layer, 29);
+  auto layers = find_mtp_layers(**files);
+  ASSERT_TRUE(layers.ok()) << layers.error().message;
+  EXPECT_EQ(layers->naming, MtpLayers::Naming::kNextn);
+  ASSERT_EQ(layers->n_layers(), 1);
+  EXPECT_EQ(layers->prefixes[0], "model.layers.29.");
+  std::filesystem::remove(path);
 }
 
 }  // namespace
