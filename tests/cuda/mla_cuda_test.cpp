@@ -25,7 +25,11 @@
 //    prompt whole;
 //  - the KV cache holds one latent row per token and layer, exported in the
 //    CPU model's layout, and rows exported and imported elsewhere give the
-//    same decode logits (the prefix-cache tiers).
+//    same decode logits (the prefix-cache tiers);
+//  - llama.cpp's GGUF layout of the goldens (tests/data/gguf_families:
+//    deepseek2.gguf, glm_dsa.gguf, by tools/make_family_gguf.py) gives the
+//    Hugging Face load's logits on CUDA and the greedy ids (minicpm3's file
+//    is left out: llama.cpp hard-codes other muP constants).
 // RILL_SHARED_DIR / RILL_TEST_DATA in the environment override the
 // build-time paths. Skipped without a CUDA device.
 #include <gtest/gtest.h>
@@ -121,6 +125,34 @@ TEST_P(CudaMla, LogitsMatchTheGoldensWholeAndChunked) {
       std::printf("[ cuda causal ] glm-5 chunks of %d: max |logit - reference| = %.3g\n", chunk, err);
     }
   }
+}
+
+TEST_P(CudaMla, GgufFileGivesTheHuggingFaceLogits) {
+  if (GetParam() == "minicpm3") GTEST_SKIP() << "llama.cpp's minicpm3 files hard-code other muP constants";
+  const std::string path =
+      test_data_dir() + "/gguf_families/" + (GetParam() == "glm-5" ? "glm_dsa.gguf" : "deepseek2.gguf");
+  auto files = open_model_files(path);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  auto model = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCuda));
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  SequenceRunner runner(**model);
+  auto logits = runner.score(hf_.prompt_ids);
+  ASSERT_TRUE(logits.ok()) << logits.error().message;
+  const std::vector<float> hf = score(options(Device::kCuda));
+  const double vs_hf = test::max_abs_diff(*logits, hf);
+  const double vs_ref = test::max_golden_error(*logits, ref_);
+  EXPECT_LT(vs_hf, 1e-5) << path;
+  EXPECT_LT(vs_ref, 1e-3) << path;
+  std::printf("[ cuda gguf ] %s: max |gguf - hf| = %.3g (bit for bit: %s), vs the reference %.3g\n", path.c_str(),
+              vs_hf, *logits == hf ? "yes" : "no", vs_ref);
+  runner.reset();
+  GenerationOptions go;
+  go.max_tokens = static_cast<int>(ref_.greedy_ids.size());
+  go.ignore_eos = true;
+  go.sampling.temperature = 0;
+  auto gen = runner.generate(ref_.prompt_ids, go, [](int32_t) { return true; });
+  ASSERT_TRUE(gen.ok()) << gen.error().message;
+  EXPECT_EQ(gen->ids, ref_.greedy_ids) << path;
 }
 
 TEST_P(CudaMla, GreedyTokensMatchTheGolden) {
