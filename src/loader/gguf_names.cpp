@@ -573,6 +573,8 @@ Status read_dsa(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
       if (!b) return Error{file.path() + ": '" + types_key + "' must hold booleans"};
       full[il] = *b != 0;
     }
+    if (!full.empty() && !full[0])
+      return Error{file.path() + ": '" + types_key + "' makes layer 0 shared (it has no full layer before it)"};
   } else if (c->max_position >= (int64_t{1} << 20)) {
     for (size_t il = 0; il < full.size(); ++il) full[il] = il < 2 || (il < 78 && (il - 2) % 4 == 0);
   }

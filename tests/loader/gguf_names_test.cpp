@@ -642,6 +642,12 @@ TEST(GgufConfig, GlmDsaErrorsNameTheKey) {
   str.add_string_array("glm-dsa.attention.indexer.types", std::vector<std::string>(29, "full"));
   EXPECT_EQ(config_error(str), "x.gguf: 'glm-dsa.attention.indexer.types' must hold booleans");
 
+  GgufWriter first = glm_dsa_file();
+  add_indexer(first);
+  first.add_bool("glm-dsa.attention.indexer.types", false);
+  EXPECT_EQ(config_error(first),
+            "x.gguf: 'glm-dsa.attention.indexer.types' makes layer 0 shared (it has no full layer before it)");
+
   GgufWriter softmax = glm_dsa_file();
   add_indexer(softmax);
   softmax.add_u32("glm-dsa.expert_gating_func", 1);
