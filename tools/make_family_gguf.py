@@ -71,8 +71,12 @@ set_gguf_parameters:
     (widen_indexer). Index scores tie exactly (0) on this golden, and
     llama.cpp, transformers and rill break ties differently, so llama.cpp
     is compared over the prompt positions before the first tie at a top-k
-    cut only (dsa_determined_positions; 11 of 24), written to the JSON as
-    determined_positions.
+    cut only (dsa_tie_free_positions; 11 of 24), written to the JSON as
+    determined_positions (counted over the prompt and the greedy ids).
+    glm_dsa_h8 also gives the indexer 8 heads (add_indexer_heads): no ties
+    on the prompt or the greedy continuation, so llama.cpp is compared at
+    every position and on its greedy ids, against the numpy model of
+    tools/make_dsa_causal_golden.py (no transformers golden: another model).
 <name>_f16 files are --outtype f16 (F16 matrices; 1-D tensors, norms and
 routers F32, as ModelBase.prepare_tensors picks).
 The tokenizer is a synthetic 512-token SentencePiece ("llama") vocabulary:
@@ -104,7 +108,7 @@ MODELS = [("deepseek2", "deepseek-v3", "deepseek2"), ("minicpm3", "minicpm3", "m
           ("gpt_oss_mxfp4", "gpt-oss", "gpt-oss"), ("gemma4", "gemma4", "gemma4"),
           ("gemma4_moe", "gemma4-moe", "gemma4"), ("deepseek2_f16", "deepseek-v3", "deepseek2"),
           ("glm4moe_f16", "glm4-moe", "glm4moe"), ("glm_dsa", "glm-5", "glm-dsa"),
-          ("glm_dsa_ix64", "glm-5", "glm-dsa")]
+          ("glm_dsa_ix64", "glm-5", "glm-dsa"), ("glm_dsa_h8", "glm-5", "glm-dsa")]
 
 
 def add_vocab(w, n_vocab, bos, eos):
@@ -248,6 +252,29 @@ def widen_indexer(cfg, t, width, np):
             t[name] = q.reshape(H * width, a.shape[1])
 
 
+def add_indexer_heads(cfg, t, n_heads, np):
+    """GLM-5's lightning indexer with n_heads heads: the golden's, then new
+    ones (wq_b and weights_proj rows drawn at the scale of the golden's,
+    seed 20). A key scores exactly 0 only where every head's ReLU is 0, so
+    with 8 heads the index top-k meets no ties on the golden's prompt and
+    its greedy continuation (checked: dsa_tie_free_positions), and every
+    implementation must select the same keys at every position: a model for
+    holding rill to llama.cpp beyond the golden's first tie. It is not the
+    golden's model (no transformers reference); the numpy reference of
+    tools/make_dsa_causal_golden.py checks llama.cpp on it."""
+    D, H = cfg["index_head_dim"], cfg["index_n_heads"]
+    rng = np.random.default_rng(20)
+    cfg["index_n_heads"] = n_heads
+    for name in sorted(t):
+        a = t[name]
+        if name.endswith("indexer.wq_b.weight"):
+            new = rng.standard_normal(((n_heads - H) * D, a.shape[1])) * a.std()
+            t[name] = np.concatenate([a, new.astype(a.dtype)], axis=0)
+        elif name.endswith("indexer.weights_proj.weight"):
+            new = rng.standard_normal((n_heads - H, a.shape[1])) * a.std()
+            t[name] = np.concatenate([a, new.astype(a.dtype)], axis=0)
+
+
 def gemma4_params(w, cfg, gguf):
     """Gemma3Model then Gemma4Model.set_gguf_parameters; returns the
     rope_freqs tensor of generate_extra_tensors (the full layers'
@@ -292,15 +319,24 @@ def f16_type(new_name, a, gguf):
     return gguf.GGMLQuantizationType.F32 if a.ndim <= 1 or keep else gguf.GGMLQuantizationType.F16
 
 
-def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False, f16=False, indexer_width=None):
-    import numpy as np
+def load_golden(golden_dir, name, np):
+    """The golden's config and f32 tensors, as the output `name` changes
+    them: *_ix64 widens GLM-5's indexer to 64, *_h8 also gives it 8 heads."""
     from safetensors.numpy import load_file
 
     with open(os.path.join(golden_dir, "config.json")) as f:
         cfg = json.load(f)
     t = load_file(os.path.join(golden_dir, "model.safetensors"))
-    if indexer_width:
-        widen_indexer(cfg, t, indexer_width, np)
+    if name.endswith("_h8"):
+        add_indexer_heads(cfg, t, 8, np)
+    if name.endswith(("_ix64", "_h8")):
+        widen_indexer(cfg, t, 64, np)
+    return cfg, t
+
+
+def convert(golden_dir, cfg, t, arch, out_path, gguf, mxfp4_experts=False, f16=False):
+    import numpy as np
+
     rope = cfg.get("rope_parameters") or {}
     w = gguf.GGUFWriter(out_path, arch)
     w.add_name(os.path.basename(golden_dir))
@@ -393,23 +429,22 @@ def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False, f16=False, in
     w.close()
 
 
-def dsa_determined_positions(golden_dir, np):
-    """GLM-5: the number of leading prompt positions whose logits do not
-    depend on how index top-k breaks ties. Index scores tie exactly where
-    every indexer head's ReLU is 0 (two heads in the golden), and llama.cpp
-    (std::partial_sort over its whole KV row), transformers (torch.topk over
-    the masked row) and rill (the later key) each break ties their own way;
-    position t's logits read only tokens 0..t, so they agree up to the first
-    token whose selection in any indexer layer has (near-)equal scores on
-    both sides of the top-k cut. Found with the numpy reference of
-    tools/make_dsa_causal_golden.py (float64, rill's causal rule)."""
+def dsa_tie_free_positions(cfg, t, ids, np):
+    """GLM-5: the number of leading positions of `ids` whose logits do not
+    depend on how index top-k breaks ties, and the numpy reference's logits
+    at every position (float64, rill's causal rule). Index scores tie
+    exactly where every indexer head's ReLU is 0 (two heads in the golden),
+    and llama.cpp (std::partial_sort over its whole KV row), transformers
+    (torch.topk over the masked row) and rill (the later key) each break
+    ties their own way; position t's logits read only tokens 0..t, so they
+    agree up to the first token whose selection in any indexer layer has
+    (near-)equal scores on both sides of the top-k cut. The model is
+    tools/make_dsa_causal_golden.py's."""
     import make_dsa_causal_golden as ref
 
-    cfg, w = ref.load(golden_dir)
-    with open(os.path.join(golden_dir, "golden.json")) as f:
-        prompt = json.load(f)["prompt_ids"]
+    w = {k: v.astype(np.float64) for k, v in t.items()}
     k = cfg["index_topk"]
-    first_tie = [len(prompt)]
+    first_tie = [len(ids)]
 
     class Probe(ref.Model):
         def select(self, scores, t, tail):
@@ -418,7 +453,7 @@ def dsa_determined_positions(golden_dir, np):
                 first_tie[0] = min(first_tie[0], t)
             return super().select(scores, t, tail)
 
-    causal = Probe(cfg, w).forward(prompt, None)
+    causal = Probe(cfg, w).forward(ids, None)
     return first_tie[0], causal
 
 
@@ -462,8 +497,8 @@ def main():
         with open(os.path.join(gdir, "golden.json")) as f:
             g = json.load(f)
         path = os.path.join(OUT_DIR, name + ".gguf")
-        convert(gdir, arch, path, gguf, mxfp4_experts=name.endswith("_mxfp4"), f16=name.endswith("_f16"),
-                indexer_width=64 if name.endswith("_ix64") else None)
+        cfg, t = load_golden(gdir, name, np)
+        convert(gdir, cfg, t, arch, path, gguf, mxfp4_experts=name.endswith("_mxfp4"), f16=name.endswith("_f16"))
         prompt, ref_ids = g["prompt_ids"], g["greedy_ids"]
         run = subprocess.run([exe, path, str(len(ref_ids)), str(args.threads), ",".join(map(str, prompt))],
                              capture_output=True, text=True)
@@ -481,15 +516,26 @@ def main():
         logits = np.array(res["logits"], dtype=np.float64)
         greedy = res["greedy_ids"]
         ref = np.array(g["logits"], dtype=np.float64)
-        determined = len(prompt)  # positions whose logits every implementation must agree on
+        # Positions of prompt + greedy ids whose logits every implementation must agree on.
+        determined = len(prompt) + len(greedy)
+        numpy_err = None
         if arch == "glm-dsa":
-            determined, causal = dsa_determined_positions(gdir, np)
-            print(f"{name}: index top-k ties from prompt position {determined}; llama.cpp vs the causal "
-                  f"numpy reference over positions [0, {determined}): max |logit diff| "
-                  f"{np.max(np.abs(logits[:determined] - causal[:determined])):.2e}", file=sys.stderr)
-            logits_cmp, ref = logits[:determined], ref[:determined]
-            # The greedy continuation runs past the ties: not comparable.
-            same_ids = True
+            determined, causal = dsa_tie_free_positions(cfg, t, prompt + greedy, np)
+            n = min(determined, len(prompt))
+            numpy_err = float(np.max(np.abs(logits[:n] - causal[:n])))
+            # llama.cpp's greedy ids are the argmax of the reference's rows where no tie intervened.
+            numpy_ids = [int(np.argmax(r)) for r in causal[len(prompt) - 1:-1]]
+            whole = determined == len(prompt) + len(greedy)
+            print(f"{name}: index top-k tie-free positions {determined} of {len(prompt)} + {len(greedy)}; "
+                  f"llama.cpp vs the numpy reference over prompt positions [0, {n}): max |logit diff| "
+                  f"{numpy_err:.2e}, greedy ids {'identical' if numpy_ids == greedy else 'DIFFER'}"
+                  f"{'' if whole else ' (not comparable: past a tie)'}", file=sys.stderr)
+            if numpy_err > 1e-3 or (whole and numpy_ids != greedy):
+                failed = True
+            logits_cmp, ref = logits[:n], ref[:n]
+            same_ids = True  # the golden's own ids come from transformers' tie rule
+            if name.endswith("_h8"):  # not the golden's model: the numpy reference is the reference
+                ref = causal[:n]
         # MiniCPM3: llama.cpp's hard-coded dim_model_base (256) against the golden's.
         scale = 1.0
         if arch == "minicpm3":
@@ -498,7 +544,8 @@ def main():
         if arch != "glm-dsa":
             logits_cmp, same_ids = logits, greedy == ref_ids
         max_err = float(np.max(np.abs(logits_cmp / scale - ref)))
-        print(f"{name}: {arch}, {os.path.getsize(path)} bytes; llama.cpp vs transformers"
+        print(f"{name}: {arch}, {os.path.getsize(path)} bytes; llama.cpp vs "
+              f"{'the numpy reference' if name.endswith('_h8') else 'transformers'}"
               f"{f' (llama.cpp / {scale:g})' if scale != 1 else ''}: max |logit diff| {max_err:.2e} over "
               f"{logits_cmp.shape[0]} positions, greedy ids "
               f"{'not compared' if arch == 'glm-dsa' else 'identical' if same_ids else 'DIFFER'}", file=sys.stderr)
@@ -511,15 +558,20 @@ def main():
             "what": f"llama.cpp on {name}.gguf (GGUF architecture {arch}, converted from goldens/hf/{golden} "
                     "by tools/make_family_gguf.py): logits at every prompt position (f32 KV cache, one "
                     "batch) and greedy ids (argmax, one token per decode)" +
-                    (f"; only positions [0, determined_positions) are free of index top-k ties (GLM-5's "
-                     "sparse attention: llama.cpp, transformers and rill break exact ties differently), so "
-                     "only they, not the greedy ids, are comparable." if arch == "glm-dsa" else "."),
+                    (f"; positions [0, determined_positions) of the prompt followed by the greedy ids are "
+                     "free of index top-k ties (GLM-5's sparse attention: llama.cpp, transformers and rill "
+                     "break exact ties differently): only their logits, and the greedy ids when all are, "
+                     "are comparable" + (". The golden's indexer widened to 8 heads (add_indexer_heads): "
+                                         "max_abs_diff_vs_transformers is against the numpy reference"
+                                         if name.endswith("_h8") else "") + "."
+                     if arch == "glm-dsa" else "."),
             "architecture": arch,
             "llama_cpp_python_version": VERSION,
             "logit_scale_vs_transformers": scale,
             "max_abs_diff_vs_transformers": max_err,
             "greedy_matches_transformers": greedy == ref_ids,
             "determined_positions": determined,
+            "max_abs_diff_vs_numpy_reference": numpy_err,
             "prompt_ids": prompt,
             "greedy_ids": greedy,
             "logits": [[round(float(x), 6) for x in row] for row in logits],
