@@ -28,9 +28,9 @@
 //    same decode logits (the prefix-cache tiers);
 //  - llama.cpp's GGUF layout of the goldens (tests/data/gguf_families:
 //    deepseek2.gguf, glm_dsa.gguf, by tools/make_family_gguf.py) gives the
-//    Hugging Face load's logits on CUDA bit for bit and the greedy ids (minicpm3's file
-//    is left out: llama.cpp hard-codes other muP constants), and
-//    glm_dsa_h8.gguf gives llama.cpp's logits and greedy ids.
+//    Hugging Face load's logits on CUDA bit for bit and the greedy ids
+//    (minicpm3's file is left out: llama.cpp hard-codes other muP
+//    constants), and glm_dsa_h8.gguf gives llama.cpp's logits and ids.
 // RILL_SHARED_DIR / RILL_TEST_DATA in the environment override the
 // build-time paths. Skipped without a CUDA device.
 #include <gtest/gtest.h>
