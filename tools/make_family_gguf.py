@@ -56,6 +56,27 @@ set_gguf_parameters:
     n_layer_kv_from_start - 2 (sliding) and - 1 (full) as the donors, and
     the golden's last unshared layers are full then sliding (GGML_ASSERT in
     llama-kv-cache.cpp); its file is written, without a llama.cpp golden.
+  * glm-dsa (GlmMoeDsaModel: DeepseekV2Model's MLA and MoE layout, --no-mtp):
+    rope.dimension_count qk_rope_head_dim * partial_rotary_factor,
+    attention.indexer.{head_count, key_length, top_k} from index_n_heads,
+    index_head_dim, index_topk, attention.indexer.types (true: "full") from
+    indexer_types; indexer.{wq_b, wk, k_norm, weights_proj} ->
+    blk.N.indexer.{attn_q_b, attn_k, k_norm, proj}; no expert_gating_func
+    (the golden's config has no scoring_func; llama.cpp's glm-dsa then uses
+    a sigmoid). llama.cpp's graph does apply the index top-k (it unmasks the
+    selected keys of the KQ mask), but it multiplies indexer queries and keys
+    by Hadamard matrices of 64 x 64 and up, so it aborts on the golden's
+    16-wide indexer (glm_dsa has no llama.cpp golden); glm_dsa_ix64 is the
+    same model with an indexer 64 wide that selects the same keys
+    (widen_indexer). Index scores tie exactly (0) on this golden, and
+    llama.cpp, transformers and rill break ties differently, so llama.cpp
+    is compared over the prompt positions before the first tie at a top-k
+    cut only (dsa_tie_free_positions; 11 of 24), written to the JSON as
+    determined_positions (counted over the prompt and the greedy ids).
+    glm_dsa_h8 also gives the indexer 8 heads (add_indexer_heads): no ties
+    on the prompt or the greedy continuation, so llama.cpp is compared at
+    every position and on its greedy ids, against the numpy model of
+    tools/make_dsa_causal_golden.py (no transformers golden: another model).
 <name>_f16 files are --outtype f16 (F16 matrices; 1-D tensors, norms and
 routers F32, as ModelBase.prepare_tensors picks).
 The tokenizer is a synthetic 512-token SentencePiece ("llama") vocabulary:
@@ -86,7 +107,8 @@ MODELS = [("deepseek2", "deepseek-v3", "deepseek2"), ("minicpm3", "minicpm3", "m
           ("glm4moe", "glm4-moe", "glm4moe"), ("gpt_oss", "gpt-oss", "gpt-oss"),
           ("gpt_oss_mxfp4", "gpt-oss", "gpt-oss"), ("gemma4", "gemma4", "gemma4"),
           ("gemma4_moe", "gemma4-moe", "gemma4"), ("deepseek2_f16", "deepseek-v3", "deepseek2"),
-          ("glm4moe_f16", "glm4-moe", "glm4moe")]
+          ("glm4moe_f16", "glm4-moe", "glm4moe"), ("glm_dsa", "glm-5", "glm-dsa"),
+          ("glm_dsa_ix64", "glm-5", "glm-dsa"), ("glm_dsa_h8", "glm-5", "glm-dsa")]
 
 
 def add_vocab(w, n_vocab, bos, eos):
@@ -157,7 +179,7 @@ def hf_tensors(cfg, t, arch, np):
             bid = int(name.split(".")[2])
             if bid >= n_layer:
                 continue  # MTP layers (skip_mtp / --no-mtp)
-        if arch in ("deepseek2", "glm4moe") and ".mlp.experts." in name:
+        if arch in ("deepseek2", "glm4moe", "glm-dsa") and ".mlp.experts." in name:
             prefix = name[:name.index(".mlp.experts.")]
             if prefix in stacked:
                 continue
@@ -167,7 +189,7 @@ def hf_tensors(cfg, t, arch, np):
                             np.stack([t[f"{prefix}.mlp.experts.{e}.{proj}.weight"]
                                       for e in range(cfg["n_routed_experts"])])))
             continue
-        if arch == "deepseek2" and name.endswith("kv_b_proj.weight"):
+        if arch in ("deepseek2", "glm-dsa") and name.endswith("kv_b_proj.weight"):
             H, v, nope = cfg["num_key_value_heads"], cfg["v_head_dim"], cfg["qk_nope_head_dim"]
             kv_b = a.reshape(H, nope + v, a.shape[-1])
             out.append((name.replace("kv_b_proj", "k_b_proj"), kv_b[:, :nope].transpose(0, 2, 1)))
@@ -202,6 +224,55 @@ def hf_tensors(cfg, t, arch, np):
                 continue
         out.append((name, a))
     return out
+
+
+def widen_indexer(cfg, t, width, np):
+    """GLM-5's lightning indexer with head size `width` (a multiple of the
+    golden's D) computing the same selection: wk, k_norm's weight and bias
+    tiled width / D times (so k's LayerNorm sees the same mean and variance
+    and k is [k | k | ...]), each wq_b head padded with zero rows (q is [q |
+    0 | ...]). q . k is unchanged, RoPE still turns the first
+    qk_rope_head_dim dims of both, and the indexer's score scale
+    (width * n_heads)^-1/2 only scales every score alike, which leaves the
+    top-k selection as it was. llama.cpp's glm-dsa multiplies indexer
+    queries and keys by a Hadamard matrix of at least 64 x 64, so it runs
+    only indexers whose head size is a multiple of 64."""
+    D, H = cfg["index_head_dim"], cfg["index_n_heads"]
+    assert width % D == 0
+    cfg["index_head_dim"] = width
+    for name in list(t):
+        if ".self_attn.indexer." not in name:
+            continue
+        a = t[name]
+        if name.endswith(("indexer.wk.weight", "indexer.k_norm.weight", "indexer.k_norm.bias")):
+            t[name] = np.concatenate([a] * (width // D), axis=0)
+        elif name.endswith("indexer.wq_b.weight"):
+            q = np.zeros((H, width, a.shape[1]), dtype=a.dtype)
+            q[:, :D] = a.reshape(H, D, a.shape[1])
+            t[name] = q.reshape(H * width, a.shape[1])
+
+
+def add_indexer_heads(cfg, t, n_heads, np):
+    """GLM-5's lightning indexer with n_heads heads: the golden's, then new
+    ones (wq_b and weights_proj rows drawn at the scale of the golden's,
+    seed 20). A key scores exactly 0 only where every head's ReLU is 0, so
+    with 8 heads the index top-k meets no ties on the golden's prompt and
+    its greedy continuation (checked: dsa_tie_free_positions), and every
+    implementation must select the same keys at every position: a model for
+    holding rill to llama.cpp beyond the golden's first tie. It is not the
+    golden's model (no transformers reference); the numpy reference of
+    tools/make_dsa_causal_golden.py checks llama.cpp on it."""
+    D, H = cfg["index_head_dim"], cfg["index_n_heads"]
+    rng = np.random.default_rng(20)
+    cfg["index_n_heads"] = n_heads
+    for name in sorted(t):
+        a = t[name]
+        if name.endswith("indexer.wq_b.weight"):
+            new = rng.standard_normal(((n_heads - H) * D, a.shape[1])) * a.std()
+            t[name] = np.concatenate([a, new.astype(a.dtype)], axis=0)
+        elif name.endswith("indexer.weights_proj.weight"):
+            new = rng.standard_normal((n_heads - H, a.shape[1])) * a.std()
+            t[name] = np.concatenate([a, new.astype(a.dtype)], axis=0)
 
 
 def gemma4_params(w, cfg, gguf):
@@ -248,17 +319,28 @@ def f16_type(new_name, a, gguf):
     return gguf.GGMLQuantizationType.F32 if a.ndim <= 1 or keep else gguf.GGMLQuantizationType.F16
 
 
-def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False, f16=False):
-    import numpy as np
+def load_golden(golden_dir, name, np):
+    """The golden's config and f32 tensors, as the output `name` changes
+    them: *_ix64 widens GLM-5's indexer to 64, *_h8 also gives it 8 heads."""
     from safetensors.numpy import load_file
 
     with open(os.path.join(golden_dir, "config.json")) as f:
         cfg = json.load(f)
     t = load_file(os.path.join(golden_dir, "model.safetensors"))
+    if name.endswith("_h8"):
+        add_indexer_heads(cfg, t, 8, np)
+    if name.endswith(("_ix64", "_h8")):
+        widen_indexer(cfg, t, 64, np)
+    return cfg, t
+
+
+def convert(golden_dir, cfg, t, arch, out_path, gguf, mxfp4_experts=False, f16=False):
+    import numpy as np
+
     rope = cfg.get("rope_parameters") or {}
     w = gguf.GGUFWriter(out_path, arch)
     w.add_name(os.path.basename(golden_dir))
-    if arch == "deepseek2":  # DeepseekV2Model.set_gguf_parameters
+    if arch in ("deepseek2", "glm-dsa"):  # DeepseekV2Model.set_gguf_parameters
         text_model_params(w, cfg, gguf, n_head_kv=1)
         kv_lora = cfg["kv_lora_rank"]
         w.add_leading_dense_block_count(cfg.get("first_k_dense_replace", 0))
@@ -277,8 +359,16 @@ def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False, f16=False):
         if cfg.get("norm_topk_prob"):
             w.add_expert_weights_norm(True)
         w.add_rope_dimension_count(cfg["qk_rope_head_dim"])
-        # TextModel's scoring_func -> expert_gating_func (DeepSeek-V3's config says sigmoid).
-        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        if arch == "deepseek2":
+            # TextModel's scoring_func -> expert_gating_func (DeepSeek-V3's config says sigmoid).
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        else:  # GlmMoeDsaModel.set_gguf_parameters (--no-mtp: the golden has no MTP layer)
+            w.add_rope_dimension_count(int(cfg["qk_rope_head_dim"] * rope.get("partial_rotary_factor", 1.0)))
+            w.add_indexer_head_count(cfg["index_n_heads"])
+            w.add_indexer_key_length(cfg["index_head_dim"])
+            w.add_indexer_top_k(cfg["index_topk"])
+            if cfg.get("indexer_types") is not None:
+                w.add_indexer_types([t == "full" for t in cfg["indexer_types"]])
     elif arch == "minicpm3":  # MiniCPM3Model.set_gguf_parameters (not TextModel's)
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         w.add_context_length(cfg["max_position_embeddings"])
@@ -339,6 +429,34 @@ def convert(golden_dir, arch, out_path, gguf, mxfp4_experts=False, f16=False):
     w.close()
 
 
+def dsa_tie_free_positions(cfg, t, ids, np):
+    """GLM-5: the number of leading positions of `ids` whose logits do not
+    depend on how index top-k breaks ties, and the numpy reference's logits
+    at every position (float64, rill's causal rule). Index scores tie
+    exactly where every indexer head's ReLU is 0 (two heads in the golden),
+    and llama.cpp (std::partial_sort over its whole KV row), transformers
+    (torch.topk over the masked row) and rill (the later key) each break
+    ties their own way; position t's logits read only tokens 0..t, so they
+    agree up to the first token whose selection in any indexer layer has
+    (near-)equal scores on both sides of the top-k cut. The model is
+    tools/make_dsa_causal_golden.py's."""
+    import make_dsa_causal_golden as ref
+
+    w = {k: v.astype(np.float64) for k, v in t.items()}
+    k = cfg["index_topk"]
+    first_tie = [len(ids)]
+
+    class Probe(ref.Model):
+        def select(self, scores, t, tail):
+            s = np.sort(np.asarray(scores[:t + 1], dtype=np.float64))[::-1]
+            if len(s) > k and s[k - 1] - s[k] <= 1e-6 * max(abs(s[0]), 1e-30):
+                first_tie[0] = min(first_tie[0], t)
+            return super().select(scores, t, tail)
+
+    causal = Probe(cfg, w).forward(ids, None)
+    return first_tie[0], causal
+
+
 def build_llamacpp_logits():
     """Builds llama.cpp (bench/build_llamacpp_tools.sh) and links
     tools/llamacpp_logits against it; returns (the tool, the llama.cpp source)."""
@@ -379,7 +497,8 @@ def main():
         with open(os.path.join(gdir, "golden.json")) as f:
             g = json.load(f)
         path = os.path.join(OUT_DIR, name + ".gguf")
-        convert(gdir, arch, path, gguf, mxfp4_experts=name.endswith("_mxfp4"), f16=name.endswith("_f16"))
+        cfg, t = load_golden(gdir, name, np)
+        convert(gdir, cfg, t, arch, path, gguf, mxfp4_experts=name.endswith("_mxfp4"), f16=name.endswith("_f16"))
         prompt, ref_ids = g["prompt_ids"], g["greedy_ids"]
         run = subprocess.run([exe, path, str(len(ref_ids)), str(args.threads), ",".join(map(str, prompt))],
                              capture_output=True, text=True)
@@ -397,16 +516,39 @@ def main():
         logits = np.array(res["logits"], dtype=np.float64)
         greedy = res["greedy_ids"]
         ref = np.array(g["logits"], dtype=np.float64)
+        # Positions of prompt + greedy ids whose logits every implementation must agree on.
+        determined = len(prompt) + len(greedy)
+        numpy_err = None
+        if arch == "glm-dsa":
+            determined, causal = dsa_tie_free_positions(cfg, t, prompt + greedy, np)
+            n = min(determined, len(prompt))
+            numpy_err = float(np.max(np.abs(logits[:n] - causal[:n])))
+            # llama.cpp's greedy ids are the argmax of the reference's rows where no tie intervened.
+            numpy_ids = [int(np.argmax(r)) for r in causal[len(prompt) - 1:-1]]
+            whole = determined == len(prompt) + len(greedy)
+            print(f"{name}: index top-k tie-free positions {determined} of {len(prompt)} + {len(greedy)}; "
+                  f"llama.cpp vs the numpy reference over prompt positions [0, {n}): max |logit diff| "
+                  f"{numpy_err:.2e}, greedy ids {'identical' if numpy_ids == greedy else 'DIFFER'}"
+                  f"{'' if whole else ' (not comparable: past a tie)'}", file=sys.stderr)
+            if numpy_err > 1e-3 or (whole and numpy_ids != greedy):
+                failed = True
+            logits_cmp, ref = logits[:n], ref[:n]
+            same_ids = True  # the golden's own ids come from transformers' tie rule
+            if name.endswith("_h8"):  # not the golden's model: the numpy reference is the reference
+                ref = causal[:n]
         # MiniCPM3: llama.cpp's hard-coded dim_model_base (256) against the golden's.
         scale = 1.0
         if arch == "minicpm3":
             with open(os.path.join(gdir, "config.json")) as f:
                 scale = 256.0 / json.load(f)["dim_model_base"]
-        max_err = float(np.max(np.abs(logits / scale - ref)))
-        same_ids = greedy == ref_ids
-        print(f"{name}: {arch}, {os.path.getsize(path)} bytes; llama.cpp vs transformers"
+        if arch != "glm-dsa":
+            logits_cmp, same_ids = logits, greedy == ref_ids
+        max_err = float(np.max(np.abs(logits_cmp / scale - ref)))
+        print(f"{name}: {arch}, {os.path.getsize(path)} bytes; llama.cpp vs "
+              f"{'the numpy reference' if name.endswith('_h8') else 'transformers'}"
               f"{f' (llama.cpp / {scale:g})' if scale != 1 else ''}: max |logit diff| {max_err:.2e} over "
-              f"{logits.shape[0]} positions, greedy ids {'identical' if same_ids else 'DIFFER'}", file=sys.stderr)
+              f"{logits_cmp.shape[0]} positions, greedy ids "
+              f"{'as above' if arch == 'glm-dsa' else 'identical' if same_ids else 'DIFFER'}", file=sys.stderr)
         # ggml's CPU GELU reads a table of f16 values at f16(x): Gemma 4's MLPs drift ~1e-3.
         # --outtype f16 files: the weights rounded to f16.
         bound = 5e-3 if arch == "gemma4" else 1e-2 if name.endswith("_f16") else 1e-3
@@ -415,12 +557,21 @@ def main():
         out = {
             "what": f"llama.cpp on {name}.gguf (GGUF architecture {arch}, converted from goldens/hf/{golden} "
                     "by tools/make_family_gguf.py): logits at every prompt position (f32 KV cache, one "
-                    "batch) and greedy ids (argmax, one token per decode).",
+                    "batch) and greedy ids (argmax, one token per decode)" +
+                    (f"; positions [0, determined_positions) of the prompt followed by the greedy ids are "
+                     "free of index top-k ties (GLM-5's sparse attention: llama.cpp, transformers and rill "
+                     "break exact ties differently): only their logits, and the greedy ids when all are, "
+                     "are comparable" + (". The golden's indexer widened to 8 heads (add_indexer_heads): "
+                                         "max_abs_diff_vs_transformers is against the numpy reference"
+                                         if name.endswith("_h8") else "") + "."
+                     if arch == "glm-dsa" else "."),
             "architecture": arch,
             "llama_cpp_python_version": VERSION,
             "logit_scale_vs_transformers": scale,
             "max_abs_diff_vs_transformers": max_err,
-            "greedy_matches_transformers": same_ids,
+            "greedy_matches_transformers": greedy == ref_ids,
+            **({"determined_positions": determined, "max_abs_diff_vs_numpy_reference": numpy_err}
+               if arch == "glm-dsa" else {}),
             "prompt_ids": prompt,
             "greedy_ids": greedy,
             "logits": [[round(float(x), 6) for x in row] for row in logits],

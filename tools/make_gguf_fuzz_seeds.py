@@ -88,6 +88,36 @@ def qwen2_yarn(path):
     finish(w, path)
 
 
+def glm_dsa_tiny(path):
+    """llama.cpp's glm-dsa (GLM-5): MLA, routed-MoE and lightning-indexer keys
+    (indexer.types, one per decoder layer) and an MTP block, with a few of its
+    tensors, so the fuzzer reaches gguf_names.cpp's read_dsa."""
+    a = "glm-dsa"
+    w = GGUFWriter(path, a)
+    for key, value in [("block_count", 3), ("context_length", 512), ("embedding_length", N_EMBD),
+                       ("feed_forward_length", N_FF), ("attention.head_count", 4), ("attention.head_count_kv", 1),
+                       ("attention.q_lora_rank", 16), ("attention.kv_lora_rank", 8), ("attention.key_length", 12),
+                       ("attention.value_length", 8), ("attention.key_length_mla", 12),
+                       ("attention.value_length_mla", 8), ("rope.dimension_count", 4), ("expert_count", 4),
+                       ("expert_used_count", 2), ("expert_feed_forward_length", 16), ("expert_shared_count", 1),
+                       ("leading_dense_block_count", 1), ("nextn_predict_layers", 1),
+                       ("attention.indexer.head_count", 2), ("attention.indexer.key_length", 8),
+                       ("attention.indexer.top_k", 4), ("vocab_size", N_VOCAB)]:
+        w.add_key_value(f"{a}.{key}", value, V.UINT32)
+    w.add_key_value(f"{a}.attention.layer_norm_rms_epsilon", 1e-6, V.FLOAT32)
+    w.add_key_value(f"{a}.expert_weights_scale", 2.5, V.FLOAT32)
+    w.add_key_value(f"{a}.expert_weights_norm", True, V.BOOL)
+    w.add_array(f"{a}.attention.indexer.types", [True, False])
+    add_tokens(w)
+    w.add_tensor("token_embd.weight", rng.standard_normal((N_VOCAB, N_EMBD)).astype(np.float32))
+    w.add_tensor("blk.0.attn_k_b.weight", rng.standard_normal((4, 8, 8)).astype(np.float16))
+    w.add_tensor("blk.0.indexer.attn_q_b.weight", rng.standard_normal((16, 16)).astype(np.float32))
+    w.add_tensor("blk.0.indexer.k_norm.bias", np.zeros(8, dtype=np.float32))
+    w.add_tensor("blk.1.exp_probs_b.bias", np.zeros(4, dtype=np.float32))
+    w.add_tensor("blk.2.nextn.eh_proj.weight", rng.standard_normal((N_EMBD, 2 * N_EMBD)).astype(np.float16))
+    finish(w, path)
+
+
 def all_types(path):
     w = GGUFWriter(path, "test")
     w.add_key_value("t.u8", 200, V.UINT8)
@@ -121,6 +151,7 @@ def main():
     qwen2_yarn(os.path.join(out, "qwen2_yarn.gguf"))
     all_types(os.path.join(out, "all_types.gguf"))
     empty(os.path.join(out, "arch_only.gguf"))
+    glm_dsa_tiny(os.path.join(out, "glm_dsa_tiny.gguf"))
     # GGUF v2 differs from v3 only in the version field for little-endian files.
     with open(os.path.join(out, "all_types.gguf"), "rb") as f:
         data = bytearray(f.read())

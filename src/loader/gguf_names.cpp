@@ -149,8 +149,21 @@ constexpr NamePair kMlaLayerNames[] = {
 };
 
 bool is_mla(std::string_view arch) {
-  return arch == "deepseek2" || arch == "minicpm3";
+  return arch == "deepseek2" || arch == "minicpm3" || arch == "glm-dsa";
 }
+
+// GLM-5's lightning indexer (llama.cpp's glm-dsa: DeepSeek-V3's MLA and
+// MoE plus DeepSeek sparse attention), on the layers whose
+// attention.indexer.types entry is true ("full"); model/arch/deepseek.cpp
+// reads it under the Hugging Face names. k_norm is a LayerNorm (weight and
+// bias). Looked up before kLayerNames for that architecture.
+constexpr NamePair kDsaLayerNames[] = {
+    {"indexer.attn_q_b.weight", "self_attn.indexer.wq_b.weight"},      // [n_head D, q_lora]
+    {"indexer.attn_k.weight", "self_attn.indexer.wk.weight"},          // [D, E]
+    {"indexer.k_norm.weight", "self_attn.indexer.k_norm.weight"},      // [D]
+    {"indexer.k_norm.bias", "self_attn.indexer.k_norm.bias"},          // [D]
+    {"indexer.proj.weight", "self_attn.indexer.weights_proj.weight"},  // [n_head, E]
+};
 
 // The sigmoid-routed mixtures (deepseek2, glm4moe): ungated shared experts
 // under DeepSeek's name, the router's correction bias. glm4moe's
@@ -164,7 +177,7 @@ constexpr NamePair kRoutedMoeLayerNames[] = {
 };
 
 bool is_routed_moe(std::string_view arch) {
-  return arch == "deepseek2" || arch == "glm4moe";
+  return arch == "deepseek2" || arch == "glm4moe" || arch == "glm-dsa";
 }
 
 // Mixture-of-experts tensors (llama.cpp's names). Routed experts are stacked
@@ -208,6 +221,7 @@ constexpr ArchInfo kArchs[] = {
     {"minicpm3", "minicpm3", RopeStyle::kHalf},
     {"glm4moe", "glm4_moe", RopeStyle::kHalf},
     {"gemma4", "gemma4_text", RopeStyle::kHalf},
+    {"glm-dsa", "glm_moe_dsa", RopeStyle::kInterleaved},  // llama.cpp's rope type NORM: pairs (2i, 2i+1)
 };
 
 // Arrays this long are tokenizer tables, not configuration: left out of `raw`.
@@ -438,7 +452,7 @@ Status drop_nextn_layers(const GgufFile& file, const ConfigReader& r, ModelConfi
   return Status::Ok();
 }
 
-// deepseek2 / glm4moe: the sigmoid router's keys, written into `raw` under
+// deepseek2 / glm4moe / glm-dsa: the sigmoid router's keys, written into `raw` under
 // the Hugging Face names moe_params() reads (n_routed_experts, n_group,
 // topk_group, routed_scaling_factor), with llama.cpp's defaults: no
 // renormalisation of the top-k weights without expert_weights_norm, scale
@@ -455,7 +469,9 @@ Status read_routed_moe(const GgufFile& file, const ConfigReader& r, ModelConfig*
   for (int64_t il = 0; il < n_dense; ++il) c->dense_layers.push_back(il);
   if (c->n_expert == 0) return Status::Ok();  // every layer dense
   const std::string gating_key = r.key("expert_gating_func");
-  RILL_ASSIGN_OR_RETURN(const int64_t gating, r.count_or("expert_gating_func", c->architecture == "glm4_moe" ? 2 : 0));
+  // llama.cpp's glm4moe and glm-dsa route with a sigmoid when the key is absent.
+  const bool glm = c->architecture == "glm4_moe" || c->architecture == "glm_moe_dsa";
+  RILL_ASSIGN_OR_RETURN(const int64_t gating, r.count_or("expert_gating_func", glm ? 2 : 0));
   if (gating != 2)  // llama_expert_gating_func_type: 1 softmax, 2 sigmoid
     return Error{file.path() + ": '" + gating_key + "' " +
                  (gating == 0 ? "is missing (a softmax router)" : "is " + std::to_string(gating)) +
@@ -481,16 +497,16 @@ Status read_routed_moe(const GgufFile& file, const ConfigReader& r, ModelConfig*
   return Status::Ok();
 }
 
-// deepseek2 / minicpm3: the latent attention's keys, written into `raw`
-// under the Hugging Face names model/arch/deepseek.cpp reads. deepseek2
-// files declare MQA over the latent (head_count_kv 1, key_length kv_lora +
+// deepseek2 / glm-dsa / minicpm3: the latent attention's keys, written into
+// `raw` under the Hugging Face names model/arch/deepseek.cpp reads. deepseek2
+// and glm-dsa files declare MQA over the latent (head_count_kv 1, key_length kv_lora +
 // rope, value_length kv_lora) and the heads' sizes in *_length_mla (older
 // files: key_length / value_length are the heads'); minicpm3 files have
 // key_length nope + rope and value_length n_embd / n_head unless given.
 // llama.cpp's minicpm3 graph hard-codes MiniCPM3-4B's muP constants
 // (scale_emb 12, scale_depth 1.4, dim_model_base 256): no key carries them.
 Status read_mla(const GgufFile& file, const ConfigReader& r, std::string_view arch, ModelConfig* c) {
-  const bool deepseek = arch == "deepseek2";
+  const bool deepseek = arch == "deepseek2" || arch == "glm-dsa";
   RILL_ASSIGN_OR_RETURN(const int64_t kv_lora, r.positive("attention.kv_lora_rank"));
   RILL_ASSIGN_OR_RETURN(const int64_t q_lora, r.count_or("attention.q_lora_rank", 0));
   RILL_ASSIGN_OR_RETURN(const int64_t rope, r.positive("rope.dimension_count"));
@@ -500,7 +516,8 @@ Status read_mla(const GgufFile& file, const ConfigReader& r, std::string_view ar
     RILL_ASSIGN_OR_RETURN(k_dim, r.positive_or("attention.key_length_mla", c->head_dim));
     RILL_ASSIGN_OR_RETURN(v_dim, r.positive_or("attention.value_length_mla", v_len));
     if (c->rope_scaling.type != RopeScaling::Type::kNone)
-      return Error{file.path() + ": '" + r.key("rope.scaling.type") + "' is not supported for deepseek2 files yet"};
+      return Error{file.path() + ": '" + r.key("rope.scaling.type") + "' is not supported for " + std::string(arch) +
+                   " files yet"};
   } else {
     RILL_ASSIGN_OR_RETURN(v_dim, r.positive_or("attention.value_length", c->n_embd / c->n_head));
   }
@@ -517,12 +534,56 @@ Status read_mla(const GgufFile& file, const ConfigReader& r, std::string_view ar
   c->raw["qk_rope_head_dim"] = rope;
   c->raw["v_head_dim"] = v_dim;
   if (deepseek) {
-    c->raw["rope_interleave"] = true;  // llama.cpp's rope type for deepseek2: pairs (2i, 2i+1)
+    c->raw["rope_interleave"] = true;  // llama.cpp's rope type for deepseek2 / glm-dsa: pairs (2i, 2i+1)
   } else {
     c->raw["scale_emb"] = 12;
     c->raw["scale_depth"] = 1.4;
     c->raw["dim_model_base"] = 256;
   }
+  return Status::Ok();
+}
+
+// glm-dsa (GLM-5): the lightning indexer's keys, written into `raw` under
+// the Hugging Face names model/arch/deepseek_config.cpp reads (index_n_heads,
+// index_head_dim, index_topk, indexer_types), as llama.cpp's glm-dsa reads
+// them: attention.indexer.types lists per decoder layer true ("full": the
+// layer has an indexer) or false ("shared": it reuses the selection of the
+// full layer before it), or one boolean for all; without it, files of a
+// context_length below 2^20 (GLM-5, 5.1) have an indexer on every layer and
+// longer ones GLM-5.2's pattern (full on layers 0, 1 and every fourth from
+// 2, up to layer 77).
+Status read_dsa(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  RILL_ASSIGN_OR_RETURN(const int64_t n_head, r.positive("attention.indexer.head_count"));
+  RILL_ASSIGN_OR_RETURN(const int64_t head_dim, r.positive("attention.indexer.key_length"));
+  RILL_ASSIGN_OR_RETURN(const int64_t topk, r.positive("attention.indexer.top_k"));
+  if (head_dim < c->rope_dim)
+    return Error{file.path() + ": '" + r.key("attention.indexer.key_length") + "' (" + std::to_string(head_dim) +
+                 ") is below '" + r.key("rope.dimension_count") + "' (" + std::to_string(c->rope_dim) +
+                 "): the indexer rotates that many dims"};
+  std::vector<bool> full(static_cast<size_t>(c->n_layer), true);
+  const std::string types_key = r.key("attention.indexer.types");
+  if (const GgufValue* types = file.find(types_key)) {
+    const GgufArray* a = types->as_array();
+    if (a && a->size() != full.size())
+      return Error{file.path() + ": '" + types_key + "' has " + std::to_string(a->size()) + " entries, expected " +
+                   std::to_string(full.size()) + " (one per decoder layer)"};
+    for (size_t il = 0; il < full.size(); ++il) {
+      const GgufValue& v = a ? (*a)[il] : *types;
+      const auto b = v.as_int();  // a boolean (or an integer)
+      if (!b) return Error{file.path() + ": '" + types_key + "' must hold booleans"};
+      full[il] = *b != 0;
+    }
+    if (!full.empty() && !full[0])
+      return Error{file.path() + ": '" + types_key + "' makes layer 0 shared (it has no full layer before it)"};
+  } else if (c->max_position >= (int64_t{1} << 20)) {
+    for (size_t il = 0; il < full.size(); ++il) full[il] = il < 2 || (il < 78 && (il - 2) % 4 == 0);
+  }
+  nlohmann::json names = nlohmann::json::array();
+  for (const bool f : full) names.push_back(f ? "full" : "shared");
+  c->raw["index_n_heads"] = n_head;
+  c->raw["index_head_dim"] = head_dim;
+  c->raw["index_topk"] = topk;
+  c->raw["indexer_types"] = std::move(names);
   return Status::Ok();
 }
 
@@ -661,6 +722,11 @@ std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name, std::st
       if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
     }
   }
+  if (arch == "glm-dsa") {
+    for (const auto& p : kDsaLayerNames) {
+      if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
+    }
+  }
   if (is_routed_moe(arch)) {
     for (const auto& p : kRoutedMoeLayerNames) {
       if (suffix == p.gguf) return "model.layers." + std::string(layer) + "." + std::string(p.hf);
@@ -777,6 +843,7 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
   if (is_hybrid(*arch_name)) RILL_TRY(read_hybrid(file, r, &c));
   if (is_routed_moe(*arch_name)) RILL_TRY(read_routed_moe(file, r, &c));
   if (is_mla(*arch_name)) RILL_TRY(read_mla(file, r, *arch_name, &c));
+  if (*arch_name == "glm-dsa") RILL_TRY(read_dsa(file, r, &c));
   if (*arch_name == "gemma4") RILL_TRY(read_gemma4(file, r, &c));
   return c;
 }

@@ -25,11 +25,17 @@
 //    prompt whole;
 //  - the KV cache holds one latent row per token and layer, exported in the
 //    CPU model's layout, and rows exported and imported elsewhere give the
-//    same decode logits (the prefix-cache tiers).
+//    same decode logits (the prefix-cache tiers);
+//  - llama.cpp's GGUF layout of the goldens (tests/data/gguf_families:
+//    deepseek2.gguf, glm_dsa.gguf, by tools/make_family_gguf.py) gives the
+//    Hugging Face load's logits on CUDA bit for bit and the greedy ids
+//    (minicpm3's file is left out: llama.cpp hard-codes other muP
+//    constants), and glm_dsa_h8.gguf gives llama.cpp's logits and ids.
 // RILL_SHARED_DIR / RILL_TEST_DATA in the environment override the
 // build-time paths. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -121,6 +127,34 @@ TEST_P(CudaMla, LogitsMatchTheGoldensWholeAndChunked) {
       std::printf("[ cuda causal ] glm-5 chunks of %d: max |logit - reference| = %.3g\n", chunk, err);
     }
   }
+}
+
+TEST_P(CudaMla, GgufFileGivesTheHuggingFaceLogits) {
+  if (GetParam() == "minicpm3") GTEST_SKIP() << "llama.cpp's minicpm3 files hard-code other muP constants";
+  const std::string path =
+      test_data_dir() + "/gguf_families/" + (GetParam() == "glm-5" ? "glm_dsa.gguf" : "deepseek2.gguf");
+  auto files = open_model_files(path);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  auto model = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCuda));
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  SequenceRunner runner(**model);
+  auto logits = runner.score(hf_.prompt_ids);
+  ASSERT_TRUE(logits.ok()) << logits.error().message;
+  const std::vector<float> hf = score(options(Device::kCuda));
+  const double vs_hf = test::max_abs_diff(*logits, hf);
+  const double vs_ref = test::max_golden_error(*logits, ref_);
+  EXPECT_EQ(*logits, hf) << path << ": max |gguf - hf| = " << vs_hf;  // the same f32 numbers, the same kernels
+  EXPECT_LT(vs_ref, 1e-3) << path;
+  std::printf("[ cuda gguf ] %s: max |gguf - hf| = %.3g (bit for bit: %s), vs the reference %.3g\n", path.c_str(),
+              vs_hf, *logits == hf ? "yes" : "no", vs_ref);
+  runner.reset();
+  GenerationOptions go;
+  go.max_tokens = static_cast<int>(ref_.greedy_ids.size());
+  go.ignore_eos = true;
+  go.sampling.temperature = 0;
+  auto gen = runner.generate(ref_.prompt_ids, go, [](int32_t) { return true; });
+  ASSERT_TRUE(gen.ok()) << gen.error().message;
+  EXPECT_EQ(gen->ids, ref_.greedy_ids) << path;
 }
 
 TEST_P(CudaMla, GreedyTokensMatchTheGolden) {
@@ -315,6 +349,47 @@ TEST_P(CudaMla, KvExportHasTheCpuLayoutAndRestores) {
   b.add_sequence(&next, 1, n, true, table);
   ASSERT_TRUE((*fresh)->forward(b, restored.data()).ok());
   EXPECT_EQ(restored, decoded) << GetParam();
+}
+
+// glm_dsa_h8.gguf (the GLM-5 golden's indexer with 8 heads: no index top-k
+// ties on its prompt and greedy continuation, tests/engine/family_gguf_test)
+// on CUDA against llama.cpp's logits at every prompt position (1e-4, whole
+// and in chunks of 7 and 1) and its greedy ids.
+TEST(CudaMlaGguf, GlmDsaMatchesLlamaCpp) {
+  RILL_REQUIRE_GPU();
+  const std::string base = test_data_dir() + "/gguf_families/glm_dsa_h8";
+  std::ifstream in(base + ".json");
+  ASSERT_TRUE(in) << base << ".json";
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const auto prompt = j.at("prompt_ids").get<std::vector<int32_t>>();
+  const auto greedy = j.at("greedy_ids").get<std::vector<int32_t>>();
+  const auto ref = j.at("logits").get<std::vector<std::vector<float>>>();
+  ASSERT_EQ(j.at("determined_positions").get<size_t>(), prompt.size() + greedy.size());  // no ties anywhere
+  auto files = open_model_files(base + ".gguf");
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  for (int chunk : {64, 7, 1}) {
+    auto model = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCuda, chunk));
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    SequenceRunner runner(**model);
+    auto logits = runner.score(prompt);
+    ASSERT_TRUE(logits.ok()) << logits.error().message;
+    const size_t V = ref[0].size();
+    ASSERT_EQ(logits->size(), prompt.size() * V);
+    double err = 0;
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      for (size_t i = 0; i < V; ++i) err = std::max(err, std::fabs(double((*logits)[t * V + i]) - ref[t][i]));
+    }
+    EXPECT_LT(err, 1e-4) << "chunks of " << chunk;
+    std::printf("[ cuda gguf ] glm_dsa_h8 chunks of %d: max |logit - llama.cpp| = %.3g\n", chunk, err);
+    runner.reset();
+    GenerationOptions go;
+    go.max_tokens = static_cast<int>(greedy.size());
+    go.ignore_eos = true;
+    go.sampling.temperature = 0;
+    auto gen = runner.generate(prompt, go, [](int32_t) { return true; });
+    ASSERT_TRUE(gen.ok()) << gen.error().message;
+    EXPECT_EQ(gen->ids, greedy) << "chunks of " << chunk;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Mla, CudaMla, ::testing::Values("minicpm3", "deepseek-v3", "glm-5"), [](const auto& info) {

@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <tuple>
 
 #include "gguf_writer.h"
+#include "loader/model_files.h"
+#include "loader/mtp_layers.h"
 
 namespace rill {
 namespace {
@@ -50,7 +54,7 @@ TEST(GgufNames, MapsNextnNamesToDeepSeekMtpNames) {
       {"blk.46.nextn.shared_head_head.weight", "model.layers.46.shared_head.head.weight"},
       {"blk.46.nextn.shared_head_norm.weight", "model.layers.46.shared_head.norm.weight"},
   };
-  for (const char* arch : {"glm4moe", "deepseek2", "qwen35moe", "llama"}) {
+  for (const char* arch : {"glm4moe", "deepseek2", "glm-dsa", "qwen35moe", "llama"}) {
     for (const auto& [gguf, hf] : kCases) EXPECT_EQ(gguf_to_hf_tensor_name(gguf, arch), hf) << arch << " " << gguf;
   }
 }
@@ -89,11 +93,11 @@ TEST(GgufNames, UnknownNamesStayUnmapped) {
 }
 
 // A small llama file with every config key (values as in SmolLM2 where possible).
-GgufWriter llama_file(std::string_view arch = "llama") {
+GgufWriter llama_file(std::string_view arch = "llama", uint32_t context_length = 8192) {
   const std::string a(arch);
   GgufWriter w;
   w.add_string("general.architecture", arch);
-  w.add_u32(a + ".context_length", 8192);
+  w.add_u32(a + ".context_length", context_length);
   w.add_u32(a + ".embedding_length", 576);
   w.add_u32(a + ".block_count", 30);
   w.add_u32(a + ".feed_forward_length", 1536);
@@ -490,6 +494,16 @@ TEST(GgufNames, MapsMlaRoutedMoeAndGemma4Names) {
       {"glm4moe", "blk.1.post_attention_norm.weight", "model.layers.1.post_attention_layernorm.weight"},
       {"glm4moe", "blk.1.ffn_gate_exps.weight", "model.layers.1.mlp.experts.gate_proj.weight"},
       {"qwen3moe", "blk.1.ffn_up_shexp.weight", "model.layers.1.mlp.shared_expert.up_proj.weight"},
+      {"glm-dsa", "blk.0.attn_k_b.weight", "model.layers.0.self_attn.k_b_proj.weight"},
+      {"glm-dsa", "blk.0.attn_q_b.weight", "model.layers.0.self_attn.q_b_proj.weight"},
+      {"glm-dsa", "blk.0.indexer.attn_q_b.weight", "model.layers.0.self_attn.indexer.wq_b.weight"},
+      {"glm-dsa", "blk.0.indexer.attn_k.weight", "model.layers.0.self_attn.indexer.wk.weight"},
+      {"glm-dsa", "blk.0.indexer.k_norm.weight", "model.layers.0.self_attn.indexer.k_norm.weight"},
+      {"glm-dsa", "blk.0.indexer.k_norm.bias", "model.layers.0.self_attn.indexer.k_norm.bias"},
+      {"glm-dsa", "blk.0.indexer.proj.weight", "model.layers.0.self_attn.indexer.weights_proj.weight"},
+      {"glm-dsa", "blk.3.exp_probs_b.bias", "model.layers.3.mlp.gate.e_score_correction_bias"},
+      {"glm-dsa", "blk.3.ffn_down_exps.weight", "model.layers.3.mlp.experts.down_proj.weight"},
+      {"glm-dsa", "blk.3.ffn_gate_shexp.weight", "model.layers.3.mlp.shared_experts.gate_proj.weight"},
       {"gemma4", "per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight"},
       {"gemma4", "blk.3.layer_output_scale.weight", "model.layers.3.layer_scalar"},
       {"gemma4", "blk.3.proj.weight", "model.layers.3.per_layer_projection.weight"},
@@ -500,6 +514,7 @@ TEST(GgufNames, MapsMlaRoutedMoeAndGemma4Names) {
   for (const auto& [arch, gguf, hf] : kCases) EXPECT_EQ(gguf_to_hf_tensor_name(gguf, arch), hf) << arch << " " << gguf;
   EXPECT_EQ(gguf_to_hf_tensor_name("blk.0.attn_k_b.weight", "llama"), std::nullopt);
   EXPECT_EQ(gguf_to_hf_tensor_name("blk.3.proj.weight", "gemma3"), std::nullopt);
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.0.indexer.attn_k.weight", "deepseek2"), std::nullopt);
 }
 
 // deepseek2 / glm4moe: llama.cpp's defaults for the sigmoid router's keys.
@@ -531,6 +546,153 @@ TEST(GgufConfig, RoutedMoeKeysBecomeTheHuggingFaceFields) {
   d.add_u32("deepseek2.expert_gating_func", 1);
   EXPECT_EQ(config_error(d),
             "x.gguf: 'deepseek2.expert_gating_func' is 1: only the sigmoid router (2) is supported for deepseek_v3");
+}
+
+// glm-dsa (GLM-5) with GLM-5's sizes: the MLA, router and indexer keys
+// become the Hugging Face fields model/arch/deepseek_config.cpp reads.
+GgufWriter glm_dsa_file(uint32_t context_length = 8192) {
+  GgufWriter w = llama_file("glm-dsa", context_length);  // 30 blocks, rope.dimension_count 64
+  w.add_u32("glm-dsa.expert_count", 8);
+  w.add_u32("glm-dsa.expert_used_count", 2);
+  w.add_u32("glm-dsa.expert_feed_forward_length", 32);
+  w.add_u32("glm-dsa.expert_shared_count", 1);
+  w.add_u32("glm-dsa.leading_dense_block_count", 3);
+  w.add_u32("glm-dsa.nextn_predict_layers", 1);
+  w.add_u32("glm-dsa.attention.q_lora_rank", 2048);
+  w.add_u32("glm-dsa.attention.kv_lora_rank", 512);
+  w.add_u32("glm-dsa.attention.key_length", 512 + 64);
+  w.add_u32("glm-dsa.attention.value_length", 512);
+  w.add_u32("glm-dsa.attention.key_length_mla", 192 + 64);
+  w.add_u32("glm-dsa.attention.value_length_mla", 256);
+  return w;
+}
+
+void add_indexer(GgufWriter& w, uint32_t top_k = 2048) {
+  w.add_u32("glm-dsa.attention.indexer.head_count", 32);
+  w.add_u32("glm-dsa.attention.indexer.key_length", 128);
+  w.add_u32("glm-dsa.attention.indexer.top_k", top_k);
+}
+
+TEST(GgufConfig, GlmDsaKeysBecomeTheHuggingFaceFields) {
+  GgufWriter w = glm_dsa_file();
+  add_indexer(w);
+  std::vector<uint8_t> types(29, 0);
+  for (size_t il = 0; il < types.size(); il += 3) types[il] = 1;
+  w.add_array<uint8_t>("glm-dsa.attention.indexer.types", GgufType::kBool, types);
+  const ModelConfig c = config_of(w);
+  EXPECT_EQ(c.architecture, "glm_moe_dsa");
+  EXPECT_EQ(c.rope_style, RopeStyle::kInterleaved);
+  EXPECT_EQ(c.n_layer, 29);  // the MTP block left out
+  EXPECT_EQ(c.n_head_kv, c.n_head);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.dense_layers, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(c.raw.at("q_lora_rank"), 2048);
+  EXPECT_EQ(c.raw.at("kv_lora_rank"), 512);
+  EXPECT_EQ(c.raw.at("qk_nope_head_dim"), 192);
+  EXPECT_EQ(c.raw.at("qk_rope_head_dim"), 64);
+  EXPECT_EQ(c.raw.at("v_head_dim"), 256);
+  EXPECT_EQ(c.raw.at("rope_interleave"), true);
+  EXPECT_EQ(c.raw.at("index_n_heads"), 32);
+  EXPECT_EQ(c.raw.at("index_head_dim"), 128);
+  EXPECT_EQ(c.raw.at("index_topk"), 2048);
+  nlohmann::json want = nlohmann::json::array();
+  for (uint8_t t : types) want.push_back(t ? "full" : "shared");
+  EXPECT_EQ(c.raw.at("indexer_types"), want);
+}
+
+// Without attention.indexer.types llama.cpp gives GLM-5 / 5.1 files (context
+// below 2^20) an indexer on every layer and longer ones GLM-5.2's pattern.
+// No expert_gating_func: llama.cpp's glm-dsa routes with a sigmoid.
+TEST(GgufConfig, GlmDsaIndexerTypesDefaultAsLlamaCppReadsThem) {
+  GgufWriter w = glm_dsa_file();
+  add_indexer(w);
+  const ModelConfig c = config_of(w);
+  EXPECT_EQ(c.raw.at("indexer_types"), nlohmann::json(std::vector<std::string>(29, "full")));
+  EXPECT_EQ(c.raw.at("n_routed_experts"), 8);
+
+  GgufWriter l = glm_dsa_file(1048576);
+  add_indexer(l);
+  const ModelConfig c52 = config_of(l);
+  std::vector<std::string> want;
+  for (int il = 0; il < 29; ++il) want.push_back(il < 2 || (il - 2) % 4 == 0 ? "full" : "shared");
+  EXPECT_EQ(c52.raw.at("indexer_types"), nlohmann::json(want));
+
+  GgufWriter one = glm_dsa_file();
+  add_indexer(one);
+  one.add_bool("glm-dsa.attention.indexer.types", true);  // one value for every layer
+  EXPECT_EQ(config_of(one).raw.at("indexer_types"), nlohmann::json(std::vector<std::string>(29, "full")));
+}
+
+TEST(GgufConfig, GlmDsaErrorsNameTheKey) {
+  GgufWriter none = glm_dsa_file();
+  EXPECT_EQ(config_error(none), "x.gguf: missing metadata key 'glm-dsa.attention.indexer.head_count'");
+
+  GgufWriter zero = glm_dsa_file();
+  add_indexer(zero, 0);
+  EXPECT_EQ(config_error(zero), "x.gguf: 'glm-dsa.attention.indexer.top_k' must be a positive integer");
+
+  GgufWriter len = glm_dsa_file();
+  add_indexer(len);
+  len.add_array<uint8_t>("glm-dsa.attention.indexer.types", GgufType::kBool, std::vector<uint8_t>(30, 1));
+  EXPECT_EQ(config_error(len),
+            "x.gguf: 'glm-dsa.attention.indexer.types' has 30 entries, expected 29 (one per decoder layer)");
+
+  GgufWriter str = glm_dsa_file();
+  add_indexer(str);
+  str.add_string_array("glm-dsa.attention.indexer.types", std::vector<std::string>(29, "full"));
+  EXPECT_EQ(config_error(str), "x.gguf: 'glm-dsa.attention.indexer.types' must hold booleans");
+
+  GgufWriter first = glm_dsa_file();
+  add_indexer(first);
+  first.add_bool("glm-dsa.attention.indexer.types", false);
+  EXPECT_EQ(config_error(first),
+            "x.gguf: 'glm-dsa.attention.indexer.types' makes layer 0 shared (it has no full layer before it)");
+
+  GgufWriter softmax = glm_dsa_file();
+  add_indexer(softmax);
+  softmax.add_u32("glm-dsa.expert_gating_func", 1);
+  EXPECT_EQ(config_error(softmax),
+            "x.gguf: 'glm-dsa.expert_gating_func' is 1: only the sigmoid router (2) is supported for glm_moe_dsa");
+}
+
+// The fuzz seed tools/make_gguf_fuzz_seeds.py writes for glm-dsa (written by
+// the gguf package) is a whole config, so fuzzing starts inside read_dsa.
+TEST(GgufConfig, GlmDsaFuzzSeedIsAConfig) {
+  std::ifstream in(std::string(RILL_SOURCE_DIR) + "/tests/fuzz/corpus/gguf/glm_dsa_tiny.gguf", std::ios::binary);
+  const std::vector<uint8_t> image{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  ASSERT_FALSE(image.empty());
+  auto f = parse_image(image);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  auto c = gguf_model_config(**f);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->architecture, "glm_moe_dsa");
+  EXPECT_EQ(c->n_layer, 2);  // the MTP block left out
+  EXPECT_EQ(c->raw.at("indexer_types"), nlohmann::json({"full", "shared"}));
+  EXPECT_EQ(gguf_to_hf_tensor_name("blk.2.nextn.eh_proj.weight", "glm-dsa"), "model.layers.2.eh_proj.weight");
+}
+
+// GLM-5's MTP block in llama.cpp's layout (blk.{n_layer}.nextn.* plus the
+// block's decoder tensors, block_count counting it) is found by
+// loader/mtp_layers under DeepSeek's names, as --spec mtp reads them.
+TEST(GgufConfig, GlmDsaMtpBlockIsFound) {
+  constexpr int64_t E = 576;  // llama_file's embedding_length
+  GgufWriter w = glm_dsa_file();
+  add_indexer(w);
+  auto f32 = [](int64_t n) { return std::vector<uint8_t>(static_cast<size_t>(n) * 4, 0); };
+  w.add_tensor("blk.29.nextn.eh_proj.weight", 0, {2 * E, E}, f32(2 * E * E));  // ne: innermost first
+  for (const char* t : {"blk.29.nextn.enorm.weight", "blk.29.nextn.hnorm.weight",
+                        "blk.29.nextn.shared_head_norm.weight", "blk.29.attn_norm.weight"})
+    w.add_tensor(t, 0, {E}, f32(E));
+  const std::string path = testing::write_temp_file(w.build(), "glm_dsa_mtp.gguf");
+  auto files = open_model_files(path);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  EXPECT_EQ((*files)->config.n_layer, 29);
+  auto layers = find_mtp_layers(**files);
+  ASSERT_TRUE(layers.ok()) << layers.error().message;
+  EXPECT_EQ(layers->naming, MtpLayers::Naming::kNextn);
+  ASSERT_EQ(layers->n_layers(), 1);
+  EXPECT_EQ(layers->prefixes[0], "model.layers.29.");
+  std::filesystem::remove(path);
 }
 
 }  // namespace
