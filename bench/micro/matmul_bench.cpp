@@ -141,6 +141,10 @@ BENCHMARK(BM_Q6_K_down_2048x8192)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_IQ4_XS_2048x2048)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_IQ4_NL_2048x2048)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_IQ4_XS_down_2048x8192)->Apply(kquant_args)->UseRealTime();
+// A whole 512-token prefill step of one projection, 1 and 2 threads (do 2
+// threads double the GFLOP/s of one?).
+BENCHMARK(BM_Q6_K_2048x2048)->Args({512, 1})->Args({512, 2})->UseRealTime();
+BENCHMARK(BM_Q4_K_2048x2048)->Args({512, 1})->Args({512, 2})->UseRealTime();
 
 // One decode token's matmuls of the whole model with distinct weights per
 // layer (30 x {q, k, v, o, gate, up, down} Q4_1 + the Q8_0 LM head, ~96 MB),
