@@ -141,6 +141,10 @@ BENCHMARK(BM_Q6_K_down_2048x8192)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_IQ4_XS_2048x2048)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_IQ4_NL_2048x2048)->Apply(kquant_args)->UseRealTime();
 BENCHMARK(BM_IQ4_XS_down_2048x8192)->Apply(kquant_args)->UseRealTime();
+// A whole 512-token prefill step of one projection, 1 and 2 threads (do 2
+// threads double the GFLOP/s of one?).
+BENCHMARK(BM_Q6_K_2048x2048)->Args({512, 1})->Args({512, 2})->UseRealTime();
+BENCHMARK(BM_Q4_K_2048x2048)->Args({512, 1})->Args({512, 2})->UseRealTime();
 
 // One decode token's matmuls of the whole model with distinct weights per
 // layer (30 x {q, k, v, o, gate, up, down} Q4_1 + the Q8_0 LM head, ~96 MB),
@@ -195,6 +199,59 @@ BENCHMARK(BM_decode_token_all_layers)
     ->Args({1, 8})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// One decode token through 4 Llama-3.2-1B layers (q, k, v, o, gate, up,
+// down; distinct weights, 240-400 MB: streamed from DRAM as in real decode)
+// of one weight type. Compare weight_GB/s with BM_ReadBandwidth.
+// Args: {n_threads}.
+void run_decode_1b(benchmark::State& state, DType t) {
+  static ThreadPool pool2(kThreads), pool1(1);
+  ThreadPool& pool = state.range(0) == 1 ? pool1 : pool2;
+  struct Mat {
+    int64_t rows, cols;
+  };
+  const Mat layer[] = {{2048, 2048}, {512, 2048}, {512, 2048}, {2048, 2048}, {8192, 2048}, {8192, 2048}, {2048, 8192}};
+  std::vector<std::vector<uint8_t>> bufs;
+  std::vector<WeightView> views;
+  for (int l = 0; l < 4; ++l)
+    for (const Mat& m : layer) bufs.push_back(random_weights(t, m.rows, m.cols));
+  size_t i = 0, bytes = 0;
+  for (int l = 0; l < 4; ++l)
+    for (const Mat& m : layer) {
+      bytes += bufs[i].size();
+      views.push_back({t, m.rows, m.cols, bufs[i++].data(), row_bytes(t, m.cols)});
+    }
+  std::vector<float> x(8192), y(8192);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& v : x) v = u(rng);
+  Scratch scratch;
+  scratch.reserve(matmul_scratch_bytes(t, 8192, 1));
+  for (auto _ : state) {
+    for (const WeightView& v : views) matmul(v, x.data(), 1, y.data(), pool, scratch);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(static_cast<double>(bytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(isa_name(best_isa())) + " " + std::string(dtype_name(t)) + " " +
+                 std::to_string(bytes >> 20) + " MiB");
+}
+void BM_decode_1b_Q8_0(benchmark::State& s) {
+  run_decode_1b(s, DType::kQ8_0);
+}
+void BM_decode_1b_Q4_K(benchmark::State& s) {
+  run_decode_1b(s, DType::kQ4_K);
+}
+void BM_decode_1b_Q6_K(benchmark::State& s) {
+  run_decode_1b(s, DType::kQ6_K);
+}
+void BM_decode_1b_Q5_K(benchmark::State& s) {
+  run_decode_1b(s, DType::kQ5_K);
+}
+BENCHMARK(BM_decode_1b_Q8_0)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_decode_1b_Q4_K)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_decode_1b_Q5_K)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_decode_1b_Q6_K)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The decode ceiling: streaming reads of a buffer larger than the caches
 // (256 MiB) by the same 2 threads.

@@ -352,25 +352,34 @@ float llamacpp_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
   return h + summs;
 }
 
+// Every token count 1..9 (one-token decode, the 4-token tiles and their
+// lone-token tails, the Q8_0 pair tiles from 9) and 1..5 rows (5: a tile
+// and a lone row); row lengths below and above the AVX-512 tiles' per-call
+// tables (64 blocks of start lanes, 256 blocks of scales).
 TEST(FastPaths, DotsAreBitExactWithLlamaCppOrder) {
-  const int64_t n = 576;
-  for (DType t : {DType::kQ4_1, DType::kQ8_0}) {
-    const DType p = vec_dot_partner(t);
-    const auto w = random_weight_rows(t, kMaxTileRows, n, 91);
-    const auto x = random_floats(n * kMaxTileCols, 92, -3.0f, 3.0f);
-    const size_t ws = row_bytes(t, n), as = row_bytes(p, n);
-    std::vector<uint8_t> a(as * kMaxTileCols);
-    for (int c = 0; c < kMaxTileCols; ++c) ref::quantize_row(p, x.data() + c * n, a.data() + c * as, n);
-    for (Isa isa : available_isas()) {
-      if (isa == Isa::kScalar) continue;
-      for (int n_r = 1; n_r <= kMaxTileRows; ++n_r) {
-        for (int n_t = 1; n_t <= kMaxTileCols; ++n_t) {
-          float got[kMaxTileCols][kMaxTileRows];
-          kernels(isa).gemm[static_cast<size_t>(t)](n, w.data(), ws, n_r, a.data(), as, n_t, &got[0][0], kMaxTileRows);
-          for (int c = 0; c < n_t; ++c)
-            for (int r = 0; r < n_r; ++r)
-              ASSERT_EQ(got[c][r], llamacpp_dot(t, n, w.data() + r * ws, a.data() + c * as))
-                  << isa_name(isa) << " " << dtype_name(t) << " tile " << n_r << "x" << n_t;
+  constexpr int kRows = 5, kTokens = 9;
+  for (int64_t n : {576, 4096, 8448}) {
+    for (DType t : {DType::kQ4_1, DType::kQ8_0}) {
+      const DType p = vec_dot_partner(t);
+      const auto w = random_weight_rows(t, kRows, n, 91);
+      const auto x = random_floats(n * kTokens, 92, -3.0f, 3.0f);
+      const size_t ws = row_bytes(t, n), as = row_bytes(p, n);
+      std::vector<uint8_t> a(as * kTokens);
+      for (int c = 0; c < kTokens; ++c) ref::quantize_row(p, x.data() + c * n, a.data() + c * as, n);
+      float want[kTokens][kRows];
+      for (int c = 0; c < kTokens; ++c)
+        for (int r = 0; r < kRows; ++r) want[c][r] = llamacpp_dot(t, n, w.data() + r * ws, a.data() + c * as);
+      for (Isa isa : available_isas()) {
+        if (isa == Isa::kScalar) continue;
+        for (int n_r = 1; n_r <= kRows; ++n_r) {
+          for (int n_t = 1; n_t <= kTokens; ++n_t) {
+            float got[kTokens][kRows];
+            kernels(isa).gemm[static_cast<size_t>(t)](n, w.data(), ws, n_r, a.data(), as, n_t, &got[0][0], kRows);
+            for (int c = 0; c < n_t; ++c)
+              for (int r = 0; r < n_r; ++r)
+                ASSERT_EQ(got[c][r], want[c][r])
+                    << isa_name(isa) << " " << dtype_name(t) << " n=" << n << " tile " << n_r << "x" << n_t;
+          }
         }
       }
     }
