@@ -12,7 +12,9 @@
 //  - the prefetch happens only for grids that fit on the GPU at once
 //    (small batches); at large batches the lines would be evicted before use;
 //  - each warp streams its rounds (8 keys for f16 KV, head_dim 128) through
-//    a ring of kStages shared-memory stages with cp.async: the loads of the
+//    a ring of kStages shared-memory stages with cp.async (3; 5 for fp8 and
+//    block KV, whose stages are half the bytes: the same bytes of shared
+//    memory keep more rows in flight): the loads of the
 //    next kStages - 1 rounds are in flight while it computes one, so a warp
 //    pays about one memory latency per split, not one per round. Each lane
 //    reads back only the 16-byte pieces it copied itself (no barrier).
@@ -25,7 +27,7 @@
 // heads instead: the warp's lanes copy the round's K and V heads (kHeadBytes
 // each, 16/8/4-byte words: a head's blocks start at a multiple of the word)
 // into the stage, the warp synchronizes, and lane (rr, c) converts its 8
-// elements from shared memory (KvT::load4: scale x level in f32, the CPU's
+// elements from shared memory (KvT::load8: scale x level in f32, the CPU's
 // values). The lanes and registers are then f16's.
 // Lane (rr, c) holds elements [c * kE, (c + 1) * kE) of its q heads and
 // accumulators and scores rows rr, rr + kR, ... of the round; a score is a
@@ -57,7 +59,6 @@ using detail::store_out;
 
 constexpr int kWarps = 8;
 constexpr int kChunkKeys = kSplitKeys;        // cache rows staged in shared memory per pass
-constexpr int kStages = 3;                    // rounds in flight per warp
 constexpr unsigned kPrefetchMaxBlocks = 264;  // 2 blocks per SM on an H200: every block resident at once
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
@@ -101,11 +102,13 @@ struct Shape {
   static constexpr int kRowLines = (kHeadBytes + 127) / 128 + (kBlocks ? 1 : 0);
   static_assert(kL >= 1 && kL <= 32 && 32 % kL == 0, "a row must be a power-of-two number of lanes");
   // Shared memory: per warp kStages stages of K then V pieces [kLoads][32
-  // lanes] of 16 bytes (8-byte loads use the first half of theirs); block
-  // types: K then V heads [kRoundKeys][kHeadBytes] (rounded to 16 bytes).
-  // After the rounds the same bytes hold the warps' accumulators.
+  // lanes] of kLoadBytes; block types: K then V heads [kRoundKeys][kHeadBytes]
+  // (rounded to 16 bytes). After the rounds the same bytes hold the warps'
+  // accumulators.
+  static constexpr int kPieceBytes = 32 * kLoadBytes;  // one warp-wide load
   static constexpr size_t kStageBytes =
-      kBlocks ? (2 * static_cast<size_t>(kRoundKeys) * kHeadBytes + 15) / 16 * 16 : 2 * kLoads * 32 * 16;
+      kBlocks ? (2 * static_cast<size_t>(kRoundKeys) * kHeadBytes + 15) / 16 * 16 : 2 * kLoads * kPieceBytes;
+  static constexpr int kStages = kBlocks || kLoadBytes == 8 ? 5 : 3;  // rounds in flight per warp (see above)
   static constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kStageBytes;
   static constexpr size_t kAccBytes = sizeof(float) * kWarps * kG * kHd;
   static constexpr size_t kSmemBytes = kRingBytes > kAccBytes ? kRingBytes : kAccBytes;
@@ -182,8 +185,9 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
   __shared__ float m_s[kWarps][kG], l_s[kWarps][kG];
   __shared__ __align__(16) float p_all[kWarps][32 + kG];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int kStages = S::kStages;
   uint8_t* ring_w = smem + static_cast<size_t>(warp) * kStages * S::kStageBytes;  // this warp's stages
-  uint8_t* ring = ring_w + lane * 16;                                             // element types: this lane's pieces
+  uint8_t* ring = ring_w + lane * S::kLoadBytes;                                  // element types: this lane's pieces
   const int rr = lane / kL, c = lane % kL;
   const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
 
@@ -279,8 +283,8 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
         for (int i = 0; i < kLoads; ++i) {
           const int jj = base + i * kR;
           const int64_t off = jj < n ? static_cast<int64_t>(rows_s[jj]) * row_bytes + c * kE * sizeof(KV) : 0;
-          cp_async<S::kLoadBytes>(st + i * 512, kbytes + off, jj < n);
-          cp_async<S::kLoadBytes>(st + (kLoads + i) * 512, vbytes + off, jj < n);
+          cp_async<S::kLoadBytes>(st + i * S::kPieceBytes, kbytes + off, jj < n);
+          cp_async<S::kLoadBytes>(st + (kLoads + i) * S::kPieceBytes, vbytes + off, jj < n);
         }
       }
     };
@@ -306,8 +310,7 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
       // Elements [c kE, (c + 1) kE) of load i's K or V row as f32.
       auto unpack = [&](int i, bool v, float* f) {
         if constexpr (S::kBlocks) {
-          KV::load4(head_at(i, v), c * kE, f);
-          KV::load4(head_at(i, v), c * kE + 4, f + 4);
+          KV::load8(head_at(i, v), c * kE, f);
         } else {
           unpack8(v ? vr[i] : kr[i], static_cast<const KV*>(nullptr), f);
         }
@@ -316,8 +319,8 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
         const uint8_t* st = ring + (k % kStages) * S::kStageBytes;
 #pragma unroll
         for (int i = 0; i < kLoads; ++i) {
-          kr[i] = *reinterpret_cast<const Piece*>(st + i * 512);
-          vr[i] = *reinterpret_cast<const Piece*>(st + (kLoads + i) * 512);
+          kr[i] = *reinterpret_cast<const Piece*>(st + i * S::kPieceBytes);
+          vr[i] = *reinterpret_cast<const Piece*>(st + (kLoads + i) * S::kPieceBytes);
         }
       }
       float s[kLoads][kG];

@@ -71,8 +71,7 @@ __device__ __forceinline__ uint4 load8h(const uint8_t* row, int64_t e) {
     return h;
   } else {
     float f[8];
-    KvT::load4(row, e, f);
-    KvT::load4(row, e + 4, f + 4);
+    KvT::load8(row, e, f);
     uint4 h;
     uint32_t* w = &h.x;
 #pragma unroll

@@ -8,6 +8,8 @@
 //                        elements [h * head_dim, (h + 1) * head_dim)
 //   load4(row, e, v)     elements [e, e + 4) of a row as f32 (e % 4 == 0)
 //   load1(row, e)        element e as f32
+//   load8(row, e, v)     block types: elements [e, e + 8) as f32 (e % 8 == 0:
+//                        one block, its scale read once)
 //   store(x, row, e0, n) n f32 values x (shared memory) into elements
 //                        [e0, e0 + n) of a row, e0 and n whole blocks, by
 //                        the whole thread block (blockDim.x a multiple of
@@ -93,6 +95,17 @@ struct KvQ8_0 {
     const float s = __half2float(*reinterpret_cast<const __half*>(blk));
     return s * static_cast<float>(static_cast<int8_t>(blk[2 + (e & 31)]));
   }
+  __device__ static void load8(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (e & 31));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t two = q[i];
+      v[2 * i] = s * static_cast<float>(static_cast<int8_t>(two & 0xff));
+      v[2 * i + 1] = s * static_cast<float>(static_cast<int8_t>(two >> 8));
+    }
+  }
   // Warp w quantizes blocks w, w + n_warps, ...: lane i holds element i of
   // the block, the block's max|x| is a warp reduction.
   __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
@@ -134,6 +147,18 @@ struct KvQ4_0 {
     const int j = static_cast<int>(e & 31);
     const int q = (blk[2 + (j & 15)] >> (j >= 16 ? 4 : 0)) & 0xF;
     return s * static_cast<float>(q - 8);
+  }
+  __device__ static void load8(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const int j = static_cast<int>(e & 31), shift = j >= 16 ? 4 : 0;
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (j & 15));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t two = q[i];
+      v[2 * i] = s * static_cast<float>(static_cast<int>((two >> shift) & 0xF) - 8);
+      v[2 * i + 1] = s * static_cast<float>(static_cast<int>((two >> (8 + shift)) & 0xF) - 8);
+    }
   }
   __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
     const int lane = threadIdx.x & 31;
