@@ -2,7 +2,7 @@
 // The KV types the CUDA attention kernels read and rope_store_kv writes
 // (model/kv_types.h: f32, f16, and q8_0 / q4_0 in GGML's block layouts,
 // byte for byte the CPU's, so the prefix-cache tiers and KV files carry it between
-// devices; fp8 e4m3, CUDA only). Each is a tag type with:
+// devices; fp8: e4m3 bytes, the CPU's too). Each is a tag type with:
 //   row_bytes(n)         bytes of n elements (n a multiple of kBlock); a KV
 //                        row is n_head_kv heads end to end, head h at
 //                        elements [h * head_dim, (h + 1) * head_dim)
@@ -193,10 +193,8 @@ struct KvQ4_0 {
 // the layout of a plain element type (tiers, KV files and /stats count a
 // byte per element) and costs what e4m3 itself costs: 3 mantissa bits
 // (relative rounding <= 2^-4) for |x| >= 2^-6, an absolute 2^-10 below
-// that (subnormals down to 2^-9), and clipping above 448. K and V of the
-// models rill serves lie far inside +-448 (K after RoPE, V after the
-// projections: |x| rarely above 50); a model whose K/V do not would need
-// q8_0.
+// that (subnormals down to 2^-9), and clipping above 448: a model whose
+// K or V reach beyond +-448 (large K biases) should take q8_0 instead.
 // e4m3 converts to f16 exactly (every e4m3 value is an f16 value), so the
 // tensor-core prefill reads it through a cvt to f16 and nothing else.
 struct KvFp8 {
