@@ -5,8 +5,9 @@
 // gpt-oss's sink logits (f32 KV, every path). Block and fp8 KV (q8_0, q4_0,
 // e4m3: backend/cuda/kv_types.cuh) against cpu::attention over f32 KV
 // holding the same values (the host's dequantization of the same bytes),
-// through the fast decode kernel (fp8), the general one, the tensor-core
-// prefill and the SIMT one.
+// through the fast decode kernel (fp8 in 8-byte pieces, q8_0/q4_0 through
+// its shared-memory copy of whole heads), the general one, the
+// tensor-core prefill and the SIMT one; batch invariance per type.
 // Tolerance: 2e-5 absolute on outputs of magnitude <= 1 (f32 softmax and
 // sums in another order; no rounding of q or probabilities on either side),
 // plus one output rounding for bf16 outputs; 3e-3 for prefill rows on the
