@@ -120,12 +120,13 @@ struct KvCacheView {
   int32_t block_shift = 4;
   size_t block_stride = 0;
   size_t row_bytes = 0;
-  // Quantized KV (model/kv_types.h; CUDA takes Q8_0 with V as K,
+  // Quantized KV (model/kv_types.h; CUDA takes Q8_0, Q4_0, F8_E4M3 with V as K,
   // unrotated: cuda::kv_supported): V's type and row bytes
   // where V is stored apart from K (v_row_bytes 0: V as K, dtype and
   // row_bytes); *_rotated: that side is Walsh-Hadamard rotated per head.
-  // dtype / v_dtype may then be BF16 or GGML blocks (Q8_0, Q4_0, Q4_1,
-  // Q5_0, Q5_1), quantized by rope_store_kv and read by attention in place.
+  // dtype / v_dtype may then be BF16, GGML blocks (Q8_0, Q4_0, Q4_1,
+  // Q5_0, Q5_1) or e4m3 bytes (kF8E4M3, core/e4m3.h), quantized by
+  // rope_store_kv and read by attention in place.
   DType v_dtype = DType::kF16;
   size_t v_row_bytes = 0;
   bool k_rotated = false, v_rotated = false;

@@ -2,6 +2,8 @@
 
 #include <cassert>
 
+#include "core/e4m3.h"
+
 namespace rill {
 namespace {
 
@@ -55,6 +57,7 @@ std::optional<DTypeInfo> dtype_info(uint32_t id) {
 }
 
 DTypeInfo dtype_info(DType t) {
+  if (t == kF8E4M3) return DTypeInfo{"F8_E4M3", 1, 1, false};  // KV only: not a GGUF type
   auto info = dtype_info(static_cast<uint32_t>(t));
   assert(info);
   return *info;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/e4m3.h"
 #include "core/hash.h"
 
 namespace rill {
@@ -68,8 +69,8 @@ bool parse_hex64(const json& j, uint64_t* out) {
 
 bool parse_dtype(const std::string& s, DType* t) {
   // The KV cache's types (model/kv_types.h).
-  for (DType c :
-       {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
+  for (DType c : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                  DType::kQ5_1, kF8E4M3}) {
     if (dtype_name(c) == s) {
       *t = c;
       return true;

@@ -182,8 +182,8 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
   }
   if (t.quantized() && (t.rotated || !cuda::kv_supported(t.dtype))) {
     return Error{f.path + ": KV type " + kv_type_name(t) +
-                 " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0 or q4_0); use one of "
-                 "those, or --device cpu"};
+                 " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0 or fp8); use one "
+                 "of those, or --device cpu"};
   }
   // Heads of whole blocks, or (small heads) blocks of whole heads that the
   // rope kernel stores together (backend/cuda/ops.cu kv_heads_per_block).

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "backend/cpu/kv_quant.h"
+#include "core/e4m3.h"
 
 namespace rill {
 namespace {
@@ -18,7 +19,7 @@ constexpr Named kTypes[] = {
     {"f32", {DType::kF32, false}},   {"f16", {DType::kF16, false}},   {"bf16", {DType::kBF16, false}},
     {"q8_0", {DType::kQ8_0, false}}, {"q4_0", {DType::kQ4_0, false}}, {"q4_1", {DType::kQ4_1, false}},
     {"q5_0", {DType::kQ5_0, false}}, {"q5_1", {DType::kQ5_1, false}}, {"q4_0h", {DType::kQ4_0, true}},
-    {"q8_0h", {DType::kQ8_0, true}},
+    {"q8_0h", {DType::kQ8_0, true}}, {"fp8", {kF8E4M3, false}},
 };
 
 std::optional<int64_t> parse_int(std::string_view s) {

@@ -9,7 +9,10 @@
 // before it is quantized spreads K's outlier channels (what limits plain
 // q8_0, docs/perf.md) over the head. For K the query is rotated the same
 // way (q.k is unchanged, H being orthonormal); for V attention's output is
-// rotated back (H is its own inverse).
+// rotated back (H is its own inverse). fp8: each element one e4m3 byte
+// with no scale (core/e4m3.h kF8E4M3; vLLM's fp8 KV without calibrated
+// scales; backend/cuda/kv_types.cuh KvFp8 says why), rounded to nearest
+// even and saturating at +-448, the same bytes on both devices.
 //
 // Types are chosen per side and per KV layer: --kv-type / --kv-type-k /
 // --kv-type-v for every layer, and a --kv-config file for single layers:
@@ -43,7 +46,8 @@ struct KvType {
   int group_size() const;
 };
 
-// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h".
+// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h",
+// "fp8".
 std::string kv_type_name(KvType t);
 std::optional<KvType> parse_kv_type(std::string_view name);
 // The accepted names, for error messages: "f16, bf16, ...".

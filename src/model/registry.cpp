@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "core/e4m3.h"
 #include "model/arch/families.h"
 #include "model/fingerprint.h"
 
@@ -207,19 +208,20 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   if (options.quantize == WeightQuantization::kFp8 && options.device != Device::kCuda) {
     return Error{files->path + ": --quantize fp8 runs on --device cuda only (the CPU kernels read GGUF types)"};
   }
+  std::vector<std::optional<KvType>> sides = {options.kv_types.k, options.kv_types.v};
+  for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
   if (options.device == Device::kCuda) {
-    // CUDA stores f16 KV (f32 for f32 checkpoints), q8_0 or q4_0 and reads
-    // no other type; which plain type the model stores, and that one type
-    // covers every layer and side, CudaModelBase::choose_kv_type checks.
-    std::vector<std::optional<KvType>> sides = {options.kv_types.k, options.kv_types.v};
-    for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
+    // CUDA stores f16 KV (f32 for f32 checkpoints), q8_0, q4_0 or fp8 and
+    // reads no other type; which plain type the model stores, and that one
+    // type covers every layer and side, CudaModelBase::choose_kv_type checks.
     for (const std::optional<KvType>& side : sides) {
       const bool cuda_reads = !side || (!side->rotated && (side->dtype == DType::kF16 || side->dtype == DType::kF32 ||
-                                                           side->dtype == DType::kQ8_0 || side->dtype == DType::kQ4_0));
+                                                           side->dtype == DType::kQ8_0 || side->dtype == DType::kQ4_0 ||
+                                                           side->dtype == kF8E4M3));
       if (!cuda_reads) {
         return Error{files->path + ": KV type " + kv_type_name(*side) +
-                     " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0 or q4_0); use one of "
-                     "those, or --device cpu"};
+                     " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0 or fp8); use "
+                     "one of those, or --device cpu"};
       }
     }
   }

@@ -18,6 +18,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
+#include "core/e4m3.h"
 #include "core/thread_pool.h"
 
 namespace rill::cpu {
@@ -189,7 +190,8 @@ struct KvCase {
 // measured on this data (K with outlier
 // channels, q ~ N(0, 1/4), V ~ N(0, 1)): f16 0.0002, bf16 0.0013, q8_0
 // 0.0056, q5_0 0.048, q5_1 0.031, q4_0 0.113, q4_1 0.058, q4_0h 0.039,
-// q8_0h 0.0029, k:q8_0/v:q4_0h 0.033, k:f32/v:q5_1 0.013.
+// q8_0h 0.0029, k:q8_0/v:q4_0h 0.033, k:f32/v:q5_1 0.013, fp8 (e4m3, no
+// scale) 0.0235.
 constexpr KvCase kCases[] = {
     {"f16", DType::kF16, DType::kF16, false, false, 0.001f},
     {"bf16", DType::kBF16, DType::kBF16, false, false, 0.005f},
@@ -202,6 +204,7 @@ constexpr KvCase kCases[] = {
     {"q8_0h", DType::kQ8_0, DType::kQ8_0, true, true, 0.006f},
     {"k:q8_0/v:q4_0h", DType::kQ8_0, DType::kQ4_0, false, true, 0.06f},
     {"k:f32/v:q5_1", DType::kF32, DType::kQ5_1, false, false, 0.03f},
+    {"fp8", kF8E4M3, kF8E4M3, false, false, 0.05f},
 };
 
 // A paged KV of n_kv rows in one type per side: blocks of 16 rows in a

@@ -2,12 +2,18 @@
 // cpu::attention on the same paged cache: f32 and f16 KV, GQA groups
 // 1/2/3/4/8, head_dim 16/64/96/128/256, sliding window, softcap, shuffled
 // block tables; decode through both the fast and the general kernel;
-// gpt-oss's sink logits (f32 KV, every path).
+// gpt-oss's sink logits (f32 KV, every path). Block and fp8 KV (q8_0, q4_0,
+// e4m3: backend/cuda/kv_types.cuh) against cpu::attention over f32 KV
+// holding the same values (the host's dequantization of the same bytes),
+// through the fast decode kernel (fp8 in 8-byte pieces, q8_0/q4_0 through
+// its shared-memory copy of whole heads), the general one, the
+// tensor-core prefill and the SIMT one; batch invariance per type.
 // Tolerance: 2e-5 absolute on outputs of magnitude <= 1 (f32 softmax and
 // sums in another order; no rounding of q or probabilities on either side),
 // plus one output rounding for bf16 outputs; 3e-3 for prefill rows on the
 // tensor cores (f16 KV, head_dim 64/128), which round q and the
-// probabilities to f16 as llama.cpp does. A decode token gives bitwise
+// probabilities to f16 as llama.cpp does (and round q8_0/q4_0 values to f16:
+// a relative 2^-11 more, inside the same bound). A decode token gives bitwise
 // the same result alone and inside a batch (its split count depends only on
 // its own length).
 #include <gtest/gtest.h>
@@ -16,8 +22,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quants.h"
 #include "backend/cuda/ops.h"
+#include "core/e4m3.h"
 #include "cuda_test_util.h"
 
 namespace rill::cuda {
@@ -34,6 +43,36 @@ struct Case {
   float softcap;
   DType kv;
 };
+
+bool stored_as_blocks(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == kF8E4M3;
+}
+
+// Rows of `row_elems` floats in KV type t: F32/F16 as encode(), q8_0/q4_0
+// by the CPU's reference quantizer (the store kernel's bytes), fp8 rounded
+// to the nearest e4m3.
+std::vector<uint8_t> encode_kv(DType t, const std::vector<float>& v, int64_t row_elems) {
+  if (!stored_as_blocks(t)) return encode(t, v);
+  const size_t n_rows = v.size() / static_cast<size_t>(row_elems), rb = row_bytes(t, row_elems);
+  std::vector<uint8_t> out(n_rows * rb);
+  for (size_t r = 0; r < n_rows; ++r) {
+    if (t == kF8E4M3) {
+      for (int64_t e = 0; e < row_elems; ++e) out[r * rb + e] = e4m3_round(v[r * row_elems + e]);
+    } else {
+      cpu::ref::quantize_kv_row(t, v.data() + r * row_elems, out.data() + r * rb, row_elems);
+    }
+  }
+  return out;
+}
+
+// The f32 values of rows stored by encode_kv (the host's dequantization).
+std::vector<float> decode_kv(DType t, const std::vector<uint8_t>& b, int64_t row_elems) {
+  const size_t rb = row_bytes(t, row_elems), n_rows = b.size() / rb;
+  std::vector<float> out(n_rows * row_elems);
+  for (size_t r = 0; r < n_rows; ++r)
+    cpu::ref::dequantize_row(t, b.data() + r * rb, out.data() + r * row_elems, row_elems);
+  return out;
+}
 
 class Paged {
  public:
@@ -61,8 +100,8 @@ class Paged {
       }
     }
     row_elems_ = c.n_head_kv * c.head_dim;
-    k_ = encode(c.kv, random_floats(static_cast<size_t>(n_blocks_) * kBlock * row_elems_, 20));
-    v_ = encode(c.kv, random_floats(static_cast<size_t>(n_blocks_) * kBlock * row_elems_, 21));
+    k_ = encode_kv(c.kv, random_floats(static_cast<size_t>(n_blocks_) * kBlock * row_elems_, 20), row_elems_);
+    v_ = encode_kv(c.kv, random_floats(static_cast<size_t>(n_blocks_) * kBlock * row_elems_, 21), row_elems_);
     q_ = random_floats(pos_.size() * c.n_head * c.head_dim, 22, -2, 2);
   }
 
@@ -78,12 +117,17 @@ class Paged {
     p.softcap = c_.softcap;
     p.kv_dtype = c_.kv;
     if (!sinks_.empty()) p.sinks = sinks_.data();
-    const size_t es = c_.kv == DType::kF32 ? 4 : 2;
+    // Stored types: f32 attention over their values.
+    const bool blocks = stored_as_blocks(c_.kv);
+    const std::vector<uint8_t> k32 = blocks ? encode(DType::kF32, decode_kv(c_.kv, k_, row_elems_)) : k_;
+    const std::vector<uint8_t> v32 = blocks ? encode(DType::kF32, decode_kv(c_.kv, v_, row_elems_)) : v_;
+    if (blocks) p.kv_dtype = DType::kF32;
+    const size_t es = p.kv_dtype == DType::kF32 ? 4 : 2;
     int32_t t0 = 0;
     for (size_t s = 0; s < seqs_.size(); ++s) {
       cpu::PagedKv kv;
-      kv.k = k_.data();
-      kv.v = v_.data();
+      kv.k = k32.data();
+      kv.v = v32.data();
       kv.table = tables_.data() + table_start_[s];
       kv.block_shift = kShift;
       kv.row_bytes = row_elems_ * es;
@@ -290,20 +334,57 @@ TEST(CudaAttention, SinksMatchCpuOnEveryPath) {
   }
 }
 
+// fp8 (e4m3), q8_0 and q4_0 KV against f32 attention over the values they
+// hold, on every path: the fast decode kernel (fp8: 8-byte loads converted
+// in registers) and the general one, splits merged by the combine kernel,
+// the tensor-core prefill (fp8/q8_0/q4_0 tiles converted to f16 as they are
+// loaded) for head_dim 64/128/256 and the SIMT prefill for the others.
+// Bounds: the file comment's (the same f32 arithmetic over the same values
+// in decode; the tensor cores' f16 rounding in prefill).
+TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
+  RILL_REQUIRE_GPU();
+  const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {70, 70}, {1, 1}, {150, 400}, {1, 4100}};
+  const std::vector<Case> cases = {
+      {32, 8, 128, 0, 0.0f, kF8E4M3},      {8, 2, 64, 37, 0.0f, kF8E4M3},      {2, 1, 256, 0, 0.5f, kF8E4M3},
+      {8, 1, 64, 0, 0.0f, kF8E4M3},        {12, 4, 96, 0, 0.0f, kF8E4M3},      {4, 2, 16, 0, 0.0f, kF8E4M3},
+      {32, 8, 128, 0, 0.0f, DType::kQ8_0}, {8, 2, 64, 37, 0.5f, DType::kQ8_0}, {4, 2, 256, 0, 0.0f, DType::kQ8_0},
+      {32, 8, 128, 0, 0.0f, DType::kQ4_0}, {8, 2, 64, 0, 0.0f, DType::kQ4_0},
+  };
+  for (const Case& c : cases) {
+    const Paged p(c, seqs);
+    const auto want = p.cpu_out();
+    for (bool general : {false, true}) {
+      const auto got = p.gpu_out(DType::kF32, {}, nullptr, general);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], p.tolerance(i))
+            << "heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim << " window " << c.window
+            << " softcap " << c.softcap << " kv " << dtype_name(c.kv) << (general ? " general" : " fast") << " elem "
+            << i;
+      }
+    }
+    const auto got_bf16 = p.gpu_out(DType::kBF16);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << dtype_name(c.kv) << " " << i;
+  }
+}
+
 TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
   RILL_REQUIRE_GPU();
   const std::vector<SeqSpec> seqs = {{1, 700}, {1, 4000}, {2, 65}, {1, 129}};
-  const Case c{32, 8, 128, 0, 0.0f, DType::kF16};
-  const Paged p(c, seqs);
-  const int64_t w = c.n_head * c.head_dim;
-  for (bool general : {false, true}) {
-    const auto all = p.gpu_out(DType::kF32, {}, nullptr, general);
-    for (int s = 0; s < 4; ++s) {
-      const auto alone = p.gpu_out(DType::kF32, {s}, nullptr, general);
-      const int32_t t0 = p.first_token(s);
-      for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i) {
-        ASSERT_EQ(alone[t0 * w + i], all[t0 * w + i])
-            << "seq " << s << " elem " << i << (general ? " general" : " fast");
+  for (const DType kv : {DType::kF16, kF8E4M3, DType::kQ8_0, DType::kQ4_0}) {
+    const Case c{32, 8, 128, 0, 0.0f, kv};
+    const Paged p(c, seqs);
+    const int64_t w = c.n_head * c.head_dim;
+    for (bool general : {false, true}) {
+      const auto all = p.gpu_out(DType::kF32, {}, nullptr, general);
+      for (int s = 0; s < 4; ++s) {
+        const auto alone = p.gpu_out(DType::kF32, {s}, nullptr, general);
+        const int32_t t0 = p.first_token(s);
+        for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i) {
+          ASSERT_EQ(alone[t0 * w + i], all[t0 * w + i])
+              << dtype_name(kv) << " seq " << s << " elem " << i << (general ? " general" : " fast");
+        }
       }
     }
   }

@@ -230,7 +230,8 @@ TEST_P(CudaKvTiers, DiskPrefixSurvivesARestart) {
 INSTANTIATE_TEST_SUITE_P(Goldens, CudaKvTiers,
                          ::testing::Values(Case{"llama", false}, Case{"llama", true}, Case{"gemma2", false},
                                            Case{"qwen3_5", false}, Case{"gemma4", false}, Case{"llama", false, "q8_0"},
-                                           Case{"llama", true, "q8_0"}, Case{"gemma2", false, "q8_0"}),
+                                           Case{"llama", true, "q8_0"}, Case{"gemma2", false, "q8_0"},
+                                           Case{"llama", false, "fp8"}, Case{"llama", true, "fp8"}),
                          case_name);
 
 class CudaKvTiersRam : public ::testing::TestWithParam<std::string> {
@@ -265,7 +266,8 @@ TEST_P(CudaKvTiersRam, EvictedPrefixComesBackFromTheRamTier) {
               static_cast<long long>(s.ram_tier.hits));
 }
 
-INSTANTIATE_TEST_SUITE_P(KvTypes, CudaKvTiersRam, ::testing::Values(std::string(), std::string("q8_0")),
+INSTANTIATE_TEST_SUITE_P(KvTypes, CudaKvTiersRam,
+                         ::testing::Values(std::string(), std::string("q8_0"), std::string("fp8")),
                          [](const auto& info) { return info.param.empty() ? std::string("f16") : info.param; });
 
 ModelOptions model_options(Device d) {

@@ -11,7 +11,10 @@
 //  - the KV numerics (the prefix cache's fingerprint) name the type, and
 //    the bytes per token are q8_0's (34 bytes a block of 32);
 //  - q4_0: the rms logit error within the CPU's bound, and CUDA's logits
-//    within 1e-3 of the CPU's q4_0 ones.
+//    within 1e-3 of the CPU's q4_0 ones;
+//  - fp8 (e4m3, no scale): the rms logit error within q4_0's bound, the
+//    greedy continuation where the gap allows, a byte per element, the
+//    type named in the numerics, and CUDA's logits near the CPU's fp8 ones.
 // The ops are held to the CPU Backend in tests/backend/backend_ops_test.cpp,
 // batch invariance in batch_invariant_cuda_test.cpp, the tiers in
 // kv_tiers_cuda_test.cpp. Skipped without a CUDA device or the goldens.
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "backend/cuda/ops.h"
+#include "core/e4m3.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
@@ -145,10 +149,53 @@ TEST_P(CudaKvQ8, Q4_0LogitErrorWithinTheCpusBound) {
               e_cpu);
 }
 
+// fp8 K and V (e4m3, scale 1): 3 mantissa bits, so a relative rounding of
+// up to 2^-4 per element (q4_0's levels are coarser at a block's small
+// elements, finer at its large ones): held to q4_0's rms bound, to
+// kFp8LogitBound (measured max 0.10-0.17, rms 0.013-0.035 on the H200)
+// and, where the own KV's top-2 gap exceeds twice that, to its greedy
+// token. Against the CPU's fp8 (the same rounding, core/e4m3.h): within
+// q8_0's 1e-3 (measured <= 4.4e-6; K's f32 values differ by RoPE's
+// rounding, which could move an element to the next e4m3 value).
+constexpr float kFp8LogitBound = 0.25f;
+constexpr float kFp8Gap = 2 * kFp8LogitBound;
+TEST_P(CudaKvQ8, Fp8WithinQ4_0sBoundAndGreedyWhereTheGapAllows) {
+  const test::HfGolden g = test::read_hf_golden(dir_);
+  std::vector<int32_t> ids = g.prompt_ids;
+  ids.insert(ids.end(), g.greedy_ids.begin(), g.greedy_ids.end());
+  auto own = open(dir_, Device::kCuda, nullptr), f8 = open(dir_, Device::kCuda, "fp8");
+  auto cpu_f8 = open(dir_, Device::kCpu, "fp8");
+  ASSERT_TRUE(own && f8 && cpu_f8);
+  EXPECT_NE(f8->kv_numerics().find("kv=fp8"), std::string::npos) << f8->kv_numerics();
+  EXPECT_EQ(f8->kv_bytes_per_token() * 4, own->kv_bytes_per_token());  // f32 KV: 4 bytes an element; fp8: 1
+  const std::vector<float> f = score(*own, ids), q = score(*f8, ids), c = score(*cpu_f8, ids);
+  ASSERT_FALSE(f.empty());
+  ASSERT_EQ(f.size(), q.size());
+  ASSERT_EQ(c.size(), q.size());
+  const double e_rms = rms_diff(q, f), e_max = test::max_abs_diff(q, f), e_cpu = rms_diff(q, c);
+  EXPECT_LT(e_rms, 0.25) << GetParam();
+  EXPECT_LT(e_max, kFp8LogitBound) << GetParam();
+  EXPECT_LT(test::max_abs_diff(q, c), 1e-3) << GetParam() << ": CUDA fp8 against CPU fp8";
+  EXPECT_GT(e_rms, 1e-4) << GetParam() << ": fp8 KV gave the model's own KV's logits";
+  const size_t V = f.size() / ids.size();
+  int checked = 0;
+  for (size_t k = 0; k < g.greedy_ids.size(); ++k) {
+    const size_t p = g.prompt_ids.size() + k - 1;  // predicts greedy_ids[k]
+    const Top2 ref = top2(f.data() + p * V, V);
+    if (ref.gap <= kFp8Gap) continue;
+    ++checked;
+    EXPECT_EQ(top2(q.data() + p * V, V).id, ref.id) << "fp8 KV at step " << k << " (gap " << ref.gap << ")";
+  }
+  std::printf(
+      "[ cuda kv fp8 ] %s: rms logit error vs own KV %.3g, max %.3g, rms vs CPU fp8 %.3g (max %.3g); %d of %zu "
+      "steps checked\n",
+      GetParam().c_str(), e_rms, e_max, e_cpu, test::max_abs_diff(q, c), checked, g.greedy_ids.size());
+}
+
 // The host's list of the types the kernels take is the dispatch's (a type
 // missing from the dispatch was once read and written as f32); no GPU needed.
 TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
-  for (const DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+  for (const DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, kF8E4M3}) {
     EXPECT_TRUE(cuda::kv_supported(t)) << dtype_name(t);
   }
   for (const DType t : {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4}) {

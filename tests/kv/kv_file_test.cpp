@@ -18,6 +18,8 @@
 #include <random>
 #include <thread>
 
+#include "core/e4m3.h"
+
 namespace rill {
 namespace {
 namespace fs = std::filesystem;
@@ -107,6 +109,30 @@ TEST(KvFile, RoundTripKeepsEveryTensorAndField) {
   EXPECT_EQ(header_only->tokens, s.tokens);
   const KvFileIdentity want = identity();
   EXPECT_TRUE(KvFile::open(path, &want, false).ok());
+}
+
+// fp8 KV (kF8E4M3, a byte per element, no block): its tensors keep their
+// dtype ("F8_E4M3", no groupSize) and bytes through a file.
+TEST(KvFile, Fp8TensorsRoundTripWithTheirDtype) {
+  TmpDir dir;
+  const std::vector<int32_t> tokens = {1, 2, 3, 4};
+  const std::vector<uint8_t> k = bytes(4 * 16, 5), v = bytes(4 * 16, 6);
+  KvLayerData d;
+  d.kind = LayerKind::kFull;
+  d.tensors.push_back({"k", {4, 16}, kF8E4M3, k});
+  d.tensors.push_back({"v", {4, 16}, kF8E4M3, v});
+  const std::string path = (dir.path / "fp8.rkv").string();
+  const std::vector<KvLayerData> layers = {d};
+  ASSERT_TRUE(write_kv_file(path, identity(), tokens, layers).ok());
+  auto f = KvFile::open(path, nullptr, /*verify_tensors=*/true);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  ASSERT_EQ(f->header().layers.size(), 1u);
+  for (size_t t = 0; t < 2; ++t) {
+    EXPECT_EQ(f->header().layers[0].tensors[t].dtype, kF8E4M3);
+    const auto span = f->tensor(0, t);
+    ASSERT_EQ(span.size(), 64u);
+    EXPECT_EQ(0, std::memcmp(span.data(), (t == 0 ? k : v).data(), 64));
+  }
 }
 
 // A sliding layer that keeps only its window: "window" and "firstToken" in

@@ -26,13 +26,18 @@ struct ConfigFile {
 };
 
 TEST(KvTypes, NamesRoundTrip) {
-  for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h"}) {
+  for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h", "fp8"}) {
     const auto t = parse_kv_type(n);
     ASSERT_TRUE(t) << n;
     EXPECT_EQ(kv_type_name(*t), n);
   }
   EXPECT_FALSE(parse_kv_type("q4_K"));
-  EXPECT_FALSE(parse_kv_type("fp8"));
+  EXPECT_FALSE(parse_kv_type("fp8_e5m2"));
+  // fp8: e4m3 bytes (core/e4m3.h), a byte per element, not quantized in blocks.
+  EXPECT_EQ(parse_kv_type("fp8")->group_size(), 1);
+  EXPECT_EQ(row_bytes(parse_kv_type("fp8")->dtype, 128), 128u);
+  EXPECT_EQ(dtype_name(parse_kv_type("fp8")->dtype), "F8_E4M3");
+  EXPECT_EQ(describe_kv_types({{*parse_kv_type("fp8"), *parse_kv_type("fp8")}}, DType::kF16), "kv=fp8");
   EXPECT_TRUE(parse_kv_type("q4_0h")->rotated);
   EXPECT_EQ(*parse_kv_type("q8_0h"), (KvType{DType::kQ8_0, true}));
 }

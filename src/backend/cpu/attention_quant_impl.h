@@ -7,6 +7,7 @@
 
 #include "backend/cpu/attention_quant.h"
 #include "backend/cpu/quants.h"
+#include "core/e4m3.h"
 #include "core/half.h"
 
 namespace rill::cpu::detail::RILL_QUANT_ISA {
@@ -81,7 +82,13 @@ inline void dq_q5_1(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
+// fp8 (kF8E4M3, core/e4m3.h): a byte per element, exact in f32.
+inline void dq_fp8(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = e4m3_value(src[i]);
+}
+
 inline KvDequant dequant_for(DType t) {
+  if (t == kF8E4M3) return dq_fp8;
   switch (t) {
     case DType::kF32:
       return dq_f32;

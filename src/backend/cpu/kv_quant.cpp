@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/quants.h"
+#include "core/e4m3.h"
 #include "core/half.h"
 
 namespace rill::cpu {
@@ -222,7 +223,7 @@ bool kv_dtype_supported(DType t) {
     case DType::kQ5_1:
       return true;
     default:
-      return false;
+      return t == kF8E4M3;
   }
 }
 
@@ -230,6 +231,10 @@ namespace ref {
 
 void quantize_kv_row(DType t, const float* x, void* y, int64_t n) {
   const int64_t nb = n / kQK;
+  if (t == kF8E4M3) {  // CUDA's rounding (cvt.rn.satfinite): the same bytes on both devices
+    for (int64_t j = 0; j < n; ++j) static_cast<uint8_t*>(y)[j] = e4m3_round(x[j]);
+    return;
+  }
   switch (t) {
     case DType::kF32:
       std::memcpy(y, x, static_cast<size_t>(n) * 4);

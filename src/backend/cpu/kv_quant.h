@@ -20,7 +20,7 @@ namespace rill::cpu {
 void hadamard_rotate(float* x, int64_t n);
 
 // Dtypes a KV side may be stored in: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-// Q5_1.
+// Q5_1, F8_E4M3 (kF8E4M3: CUDA's fp8, e4m3 bytes with no scale).
 bool kv_dtype_supported(DType t);
 
 // Quantizes one row of n_head heads of head_dim floats into dst

@@ -12,12 +12,23 @@
 //  - the prefetch happens only for grids that fit on the GPU at once
 //    (small batches); at large batches the lines would be evicted before use;
 //  - each warp streams its rounds (8 keys for f16 KV, head_dim 128) through
-//    a ring of kStages shared-memory stages with cp.async: the loads of the
+//    a ring of kStages shared-memory stages with cp.async (3; 5 for fp8 and
+//    block KV, whose stages are half the bytes: the same bytes of shared
+//    memory keep more rows in flight): the loads of the
 //    next kStages - 1 rounds are in flight while it computes one, so a warp
 //    pays about one memory latency per split, not one per round. Each lane
 //    reads back only the 16-byte pieces it copied itself (no barrier).
 // Layout of a round: a K/V row is kL lanes of 16-byte loads (kL = head_dim /
-// elements per 16 bytes), so one warp-wide load covers kR = 32 / kL rows.
+// elements per 16 bytes; fp8 KV: 8-byte loads, 8 elements, so its lanes
+// hold as many elements as f16's and the kernel's registers are f16's), so
+// one warp-wide load covers kR = 32 / kL rows.
+// Block KV (q8_0, q4_0: GGML's 34 / 18-byte blocks, backend/cuda/kv_types.cuh)
+// cannot be cut into aligned 8-element pieces, so its rounds copy whole
+// heads instead: the warp's lanes copy the round's K and V heads (kHeadBytes
+// each, 16/8/4-byte words: a head's blocks start at a multiple of the word)
+// into the stage, the warp synchronizes, and lane (rr, c) converts its 8
+// elements from shared memory (KvT::load8: scale x level in f32, the CPU's
+// values). The lanes and registers are then f16's.
 // Lane (rr, c) holds elements [c * kE, (c + 1) * kE) of its q heads and
 // accumulators and scores rows rr, rr + kR, ... of the round; a score is a
 // sum over the kL lanes of its row (shuffles), the softmax max is shared by
@@ -27,9 +38,14 @@
 // below takes exp2 of log2(e)-scaled scores, within an ulp or two of expf);
 // the order of every sum depends only on the sequence length, never on the
 // batch.
+#include <cuda_fp8.h>
+
+#include <type_traits>
+
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_decode.h"
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/kv_types.cuh"
 #include "backend/cuda/smem_opt_in.h"
 
 namespace rill::cuda {
@@ -43,15 +59,35 @@ using detail::store_out;
 
 constexpr int kWarps = 8;
 constexpr int kChunkKeys = kSplitKeys;        // cache rows staged in shared memory per pass
-constexpr int kStages = 3;                    // rounds in flight per warp
 constexpr unsigned kPrefetchMaxBlocks = 264;  // 2 blocks per SM on an H200: every block resident at once
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
+// Whether KV is a block type's tag (its rows are blocks, not elements).
+template <typename KV>
+inline constexpr bool kIsBlocks = std::is_same_v<KV, detail::KvQ8_0> || std::is_same_v<KV, detail::KvQ4_0>;
+
+// Bytes of one head of kHd elements.
+template <typename KV, int kHd>
+constexpr int head_bytes() {
+  if constexpr (kIsBlocks<KV>) {
+    return kHd / KV::kBlock * KV::kBlockBytes;
+  } else {
+    return kHd * static_cast<int>(sizeof(KV));
+  }
+}
+
 template <typename KV, int kHd, int kG>
 struct Shape {
-  static constexpr int kE = 16 / static_cast<int>(sizeof(KV));  // elements per 16-byte load
-  static constexpr int kL = kHd / kE;                           // lanes per row
-  static constexpr int kR = 32 / kL;                            // rows per warp-wide load
+  static constexpr bool kBlocks = kIsBlocks<KV>;
+  static constexpr int kHeadBytes = head_bytes<KV, kHd>();
+  // Block types: the word of the heads' copies (a head starts at a multiple of it).
+  static constexpr int kWordBytes = kHeadBytes % 16 == 0 ? 16 : kHeadBytes % 8 == 0 ? 8 : 4;
+  static constexpr int kWords = kHeadBytes / kWordBytes;
+  static constexpr int kLoadBytes = kBlocks ? 16 : sizeof(KV) == 1 ? 8 : 16;  // bytes per lane per load (elements)
+  static constexpr int kE = kBlocks ? 8 : kLoadBytes / static_cast<int>(sizeof(KV));  // elements per lane per row
+  using Piece = std::conditional_t<kLoadBytes == 16, uint4, uint2>;
+  static constexpr int kL = kHd / kE;  // lanes per row
+  static constexpr int kR = 32 / kL;   // rows per warp-wide load
   // K (and V) loads per lane per round: registers for 2 blocks per SM at up
   // to 4 q heads (q and the accumulators take 2 * kG * kE of them).
   static constexpr int kLoads = kG >= 8 ? 2 : 4;
@@ -62,11 +98,17 @@ struct Shape {
   // each lane then keeps the softmax state of the one (key, head) it holds.
   static constexpr bool kOwn = kLoads * kG == kL;
   static constexpr int kRoundKeys = kR * kLoads;
-  static constexpr int kRowLines = (kHd * static_cast<int>(sizeof(KV)) + 127) / 128;  // 128-byte lines per row
+  // 128-byte lines a head touches (a block type's head need not start a line).
+  static constexpr int kRowLines = (kHeadBytes + 127) / 128 + (kBlocks ? 1 : 0);
   static_assert(kL >= 1 && kL <= 32 && 32 % kL == 0, "a row must be a power-of-two number of lanes");
-  // Shared memory: per warp kStages stages of K then V pieces [kLoads][32 lanes]
-  // of 16 bytes; after the rounds the same bytes hold the warps' accumulators.
-  static constexpr size_t kStageBytes = 2 * kLoads * 32 * 16;
+  // Shared memory: per warp kStages stages of K then V pieces [kLoads][32
+  // lanes] of kLoadBytes; block types: K then V heads [kRoundKeys][kHeadBytes]
+  // (rounded to 16 bytes). After the rounds the same bytes hold the warps'
+  // accumulators.
+  static constexpr int kPieceBytes = 32 * kLoadBytes;  // one warp-wide load
+  static constexpr size_t kStageBytes =
+      kBlocks ? (2 * static_cast<size_t>(kRoundKeys) * kHeadBytes + 15) / 16 * 16 : 2 * kLoads * kPieceBytes;
+  static constexpr int kStages = kBlocks || kLoadBytes == 8 ? 5 : 3;  // rounds in flight per warp (see above)
   static constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kStageBytes;
   static constexpr size_t kAccBytes = sizeof(float) * kWarps * kG * kHd;
   static constexpr size_t kSmemBytes = kRingBytes > kAccBytes ? kRingBytes : kAccBytes;
@@ -76,10 +118,37 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// 16 bytes global -> shared, bypassing L1; zeros when !valid (src unread).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+// kBytes (16, 8 or 4) global -> shared (16: bypassing L1, which .cg allows
+// for 16 only); zeros when !valid (src unread).
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
   const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+  } else {
+    static_assert(kBytes == 8 || kBytes == 4);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(kBytes),
+                 "r"(valid ? kBytes : 0)
+                 : "memory");
+  }
+}
+
+// 8 e4m3 bytes (fp8 KV, backend/cuda/kv_types.cuh) as f32: exact (e4m3 ->
+// f16 -> f32 are exact conversions). With device_math.cuh's overloads (this
+// one would hide them).
+using ::rill::cuda::unpack8;
+__device__ __forceinline__ void unpack8(const uint2& u, const __nv_fp8_e4m3*, float* f) {
+  const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const auto two = static_cast<__nv_fp8x2_storage_t>((w[i] >> (16 * j)) & 0xffff);
+      const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
+      f[4 * i + 2 * j] = v.x;
+      f[4 * i + 2 * j + 1] = v.y;
+    }
+  }
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
@@ -116,7 +185,9 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
   __shared__ float m_s[kWarps][kG], l_s[kWarps][kG];
   __shared__ __align__(16) float p_all[kWarps][32 + kG];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  uint8_t* ring = smem + static_cast<size_t>(warp) * kStages * S::kStageBytes + lane * 16;
+  constexpr int kStages = S::kStages;
+  uint8_t* ring_w = smem + static_cast<size_t>(warp) * kStages * S::kStageBytes;  // this warp's stages
+  uint8_t* ring = ring_w + lane * S::kLoadBytes;                                  // element types: this lane's pieces
   const int rr = lane / kL, c = lane % kL;
   const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
 
@@ -132,9 +203,10 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
   const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
   const int32_t k_begin = max(split * split_len, lo), k_end = min(len, (split + 1) * split_len);
   const int32_t* table = a.block_tables + a.table_start[a.seq_of[t]];
-  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * kHd;
-  const KV* kbase = static_cast<const KV*>(a.k_cache) + static_cast<int64_t>(kvh) * kHd;
-  const KV* vbase = static_cast<const KV*>(a.v_cache) + static_cast<int64_t>(kvh) * kHd;
+  const int64_t row_bytes = static_cast<int64_t>(a.n_head_kv) * S::kHeadBytes;
+  // This head's first byte in row 0.
+  const auto* kbytes = static_cast<const uint8_t*>(a.k_cache) + static_cast<int64_t>(kvh) * S::kHeadBytes;
+  const auto* vbytes = static_cast<const uint8_t*>(a.v_cache) + static_cast<int64_t>(kvh) * S::kHeadBytes;
 
   float q[kG][kE], m[kG], l[kG], acc[kG][kE];
   // kOwn: lane (rr, c) holds the score of key rr + (c / kG) kR of the round
@@ -157,12 +229,13 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
       const int64_t row = cache_row(a, table, c0 + jj);
       rows_s[jj] = static_cast<int32_t>(row);
       if (prefetch) {
-        const char* kp = reinterpret_cast<const char*>(kbase + row * row_elems);
-        const char* vp = reinterpret_cast<const char*>(vbase + row * row_elems);
+        const uint8_t* kp = kbytes + row * row_bytes;
+        const uint8_t* vp = vbytes + row * row_bytes;
 #pragma unroll
         for (int li = 0; li < S::kRowLines; ++li) {
-          prefetch_l2(kp + 128 * li);
-          prefetch_l2(vp + 128 * li);
+          const int at = min(128 * li, S::kHeadBytes - 1);
+          prefetch_l2(kp + at);
+          prefetch_l2(vp + at);
         }
       }
     }
@@ -188,14 +261,31 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
     const int n_rounds = (n + S::kRoundKeys - 1) / S::kRoundKeys;
     const int my_rounds = n_rounds > warp ? (n_rounds - warp + kWarps - 1) / kWarps : 0;
     auto issue = [&](int k) {
-      const int base = (warp + k * kWarps) * S::kRoundKeys + rr;
-      uint8_t* st = ring + (k % kStages) * S::kStageBytes;
+      if constexpr (S::kBlocks) {  // the round's heads, word by word, by the whole warp
+        const int round0 = (warp + k * kWarps) * S::kRoundKeys;
+        uint8_t* st = ring_w + (k % kStages) * S::kStageBytes;
+        constexpr int kAll = S::kRoundKeys * S::kWords;
 #pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        const int jj = base + i * kR;
-        const int64_t off = jj < n ? static_cast<int64_t>(rows_s[jj]) * row_elems + c * kE : 0;
-        cp_async16(st + i * 512, kbase + off, jj < n);
-        cp_async16(st + (kLoads + i) * 512, vbase + off, jj < n);
+        for (int w0 = 0; w0 < kAll; w0 += 32) {
+          const int w = w0 + lane;
+          if (kAll % 32 == 0 || w < kAll) {
+            const int qq = w / S::kWords, word = w % S::kWords, jj = round0 + qq;
+            const int64_t off = jj < n ? static_cast<int64_t>(rows_s[jj]) * row_bytes + word * S::kWordBytes : 0;
+            uint8_t* dst = st + qq * S::kHeadBytes + word * S::kWordBytes;
+            cp_async<S::kWordBytes>(dst, kbytes + off, jj < n);
+            cp_async<S::kWordBytes>(dst + S::kRoundKeys * S::kHeadBytes, vbytes + off, jj < n);
+          }
+        }
+      } else {
+        const int base = (warp + k * kWarps) * S::kRoundKeys + rr;
+        uint8_t* st = ring + (k % kStages) * S::kStageBytes;
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+          const int jj = base + i * kR;
+          const int64_t off = jj < n ? static_cast<int64_t>(rows_s[jj]) * row_bytes + c * kE * sizeof(KV) : 0;
+          cp_async<S::kLoadBytes>(st + i * S::kPieceBytes, kbytes + off, jj < n);
+          cp_async<S::kLoadBytes>(st + (kLoads + i) * S::kPieceBytes, vbytes + off, jj < n);
+        }
       }
     };
 #pragma unroll
@@ -204,22 +294,40 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
       cp_async_commit();
     }
     for (int k = 0; k < my_rounds; ++k) {
+      if constexpr (S::kBlocks) __syncwarp();  // every lane is done reading the stage issue() refills
       if (k + kStages - 1 < my_rounds) issue(k + kStages - 1);
       cp_async_commit();
       cp_async_wait<kStages - 1>();                               // round k's copies (this thread's) have landed
+      if constexpr (S::kBlocks) __syncwarp();                     // and every lane's
       const int base = (warp + k * kWarps) * S::kRoundKeys + rr;  // this lane's first row (chunk-relative)
-      const uint8_t* st = ring + (k % kStages) * S::kStageBytes;
-      uint4 kr[kLoads], vr[kLoads];
+      using Piece = typename S::Piece;
+      Piece kr[kLoads], vr[kLoads];
+      // Block types: this lane's K (V) head of load i in the stage.
+      const uint8_t* st_w = ring_w + (k % kStages) * S::kStageBytes;
+      auto head_at = [&](int i, bool v) {
+        return st_w + (v ? S::kRoundKeys * S::kHeadBytes : 0) + (i * kR + rr) * S::kHeadBytes;
+      };
+      // Elements [c kE, (c + 1) kE) of load i's K or V row as f32.
+      auto unpack = [&](int i, bool v, float* f) {
+        if constexpr (S::kBlocks) {
+          KV::load8(head_at(i, v), c * kE, f);
+        } else {
+          unpack8(v ? vr[i] : kr[i], static_cast<const KV*>(nullptr), f);
+        }
+      };
+      if constexpr (!S::kBlocks) {
+        const uint8_t* st = ring + (k % kStages) * S::kStageBytes;
 #pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        kr[i] = *reinterpret_cast<const uint4*>(st + i * 512);
-        vr[i] = *reinterpret_cast<const uint4*>(st + (kLoads + i) * 512);
+        for (int i = 0; i < kLoads; ++i) {
+          kr[i] = *reinterpret_cast<const Piece*>(st + i * S::kPieceBytes);
+          vr[i] = *reinterpret_cast<const Piece*>(st + (kLoads + i) * S::kPieceBytes);
+        }
       }
       float s[kLoads][kG];
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) {
         float kf[kE];
-        unpack8(kr[i], static_cast<const KV*>(nullptr), kf);
+        unpack(i, false, kf);
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
           float d = 0.0f;
@@ -260,7 +368,7 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
 #pragma unroll
         for (int i = 0; i < kLoads; ++i) {
           float vf[kE], pg[kG];
-          unpack8(vr[i], static_cast<const KV*>(nullptr), vf);
+          unpack(i, true, vf);
           const float* pp = p_s + rr * kL + i * kG;
           if constexpr (kG % 4 == 0) {
 #pragma unroll
@@ -309,7 +417,7 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
 #pragma unroll
         for (int i = 0; i < kLoads; ++i) {
           float vf[kE];
-          unpack8(vr[i], static_cast<const KV*>(nullptr), vf);
+          unpack(i, true, vf);
 #pragma unroll
           for (int g = 0; g < kG; ++g) {
             const float pr = expf(s[i][g] - m_new[g]);
@@ -413,11 +521,24 @@ void launch_g(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
   }
 }
 
+template <typename KV>
+void launch_hd(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
+  if (a.head_dim == 64) {
+    launch_g<KV, 64>(a, grid, stream);
+  } else if (a.head_dim == 128) {
+    launch_g<KV, 128>(a, grid, stream);
+  } else {
+    launch_g<KV, 256>(a, grid, stream);
+  }
+}
+
 }  // namespace
 
 bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group) {
   const bool group_ok = group == 1 || group == 2 || group == 4 || (group == 8 && head_dim <= 128);
-  if (kv_dtype == DType::kF16) return group_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  if (kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0) {
+    return group_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  }
   if (kv_dtype == DType::kF32) return group_ok && (head_dim == 64 || head_dim == 128);
   return false;
 }
@@ -433,6 +554,12 @@ void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaSt
     } else {
       launch_g<__half, 256>(a, grid, stream);
     }
+  } else if (a.kv_dtype == kF8E4M3) {
+    launch_hd<__nv_fp8_e4m3>(a, grid, stream);
+  } else if (a.kv_dtype == DType::kQ8_0) {
+    launch_hd<detail::KvQ8_0>(a, grid, stream);
+  } else if (a.kv_dtype == DType::kQ4_0) {
+    launch_hd<detail::KvQ4_0>(a, grid, stream);
   } else if (a.head_dim == 64) {
     launch_g<float, 64>(a, grid, stream);
   } else {

@@ -1,5 +1,9 @@
 // Prefill attention on the tensor cores (WMMA, f16 in, f32 accumulate) for
-// an f16 KV cache and head_dim 64, 128 or 256: FlashAttention-2's loop, one
+// f16, fp8 (e4m3), q8_0 and q4_0 KV caches and head_dim 64, 128 or 256:
+// K/V tiles are converted to f16 as they are loaded into shared memory
+// (load8h: f16 as it is, e4m3 exactly, a q8_0/q4_0 element's scale x level
+// rounded to f16 once: a relative 2^-11 on top of the block's own error),
+// so the context is never copied out dequantized. FlashAttention-2's loop, one
 // block per 64 queries of one head, 4 warps of 16 query rows each, K/V tiles
 // of 64 keys in shared memory. Scores and the online softmax stay f32; q is
 // rounded to f16 before Q K^T and the probabilities to f16 before P V (as
@@ -11,10 +15,13 @@
 // there between tiles.
 #include <mma.h>
 
+#include <type_traits>
+
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/kv_types.cuh"
 #include "backend/cuda/smem_opt_in.h"
 
 namespace rill::cuda {
@@ -46,7 +53,37 @@ __device__ __forceinline__ int64_t cache_row(const AttentionArgs& a, const int32
   return (static_cast<int64_t>(table[j >> a.block_shift]) << a.block_shift) + (j & mask);
 }
 
-template <int HD, typename Out>
+// Elements [e, e + 8) of a KV row (e % 8 == 0) as 8 f16 values.
+template <typename KvT>
+__device__ __forceinline__ uint4 load8h(const uint8_t* row, int64_t e) {
+  if constexpr (std::is_same_v<KvT, detail::KvF16>) {
+    return *reinterpret_cast<const uint4*>(row + 2 * e);
+  } else if constexpr (std::is_same_v<KvT, detail::KvFp8>) {
+    const uint2 b = *reinterpret_cast<const uint2*>(row + e);
+    uint4 h;
+    uint32_t* w = &h.x;
+    const uint32_t src[2] = {b.x, b.y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 v = detail::KvFp8::cvt2(static_cast<uint16_t>((src[i / 2] >> (16 * (i % 2))) & 0xffff));
+      w[i] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+    return h;
+  } else {
+    float f[8];
+    KvT::load8(row, e, f);
+    uint4 h;
+    uint32_t* w = &h.x;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 v = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+      w[i] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+    return h;
+  }
+}
+
+template <typename KvT, int HD, typename Out>
 __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs a) {
   using L = Smem<HD>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -64,9 +101,10 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
   const int h = blockIdx.y, kvh = h / (a.n_head / a.n_head_kv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int32_t* table = a.block_tables + a.table_start[tile.seq];
-  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * HD;
-  const half* kbase = static_cast<const half*>(a.k_cache) + static_cast<int64_t>(kvh) * HD;
-  const half* vbase = static_cast<const half*>(a.v_cache) + static_cast<int64_t>(kvh) * HD;
+  const int64_t row_bytes = KvT::row_bytes(static_cast<int64_t>(a.n_head_kv) * HD);
+  const auto* kbase = static_cast<const uint8_t*>(a.k_cache);
+  const auto* vbase = static_cast<const uint8_t*>(a.v_cache);
+  const int64_t head_e = static_cast<int64_t>(kvh) * HD;  // the head's first element in a row
 
   for (int i = threadIdx.x; i < kBQ * HD; i += kWarps * 32) {
     const int r = i / HD, d = i % HD;
@@ -100,9 +138,9 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
       const int32_t j = kc + jj;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
       if (j < k_hi) {
-        const int64_t row = cache_row(a, table, j) * row_elems;
-        kv = *reinterpret_cast<const uint4*>(kbase + row + v * 8);
-        vv = *reinterpret_cast<const uint4*>(vbase + row + v * 8);
+        const int64_t row = cache_row(a, table, j) * row_bytes;
+        kv = load8h<KvT>(kbase + row, head_e + v * 8);
+        vv = load8h<KvT>(vbase + row, head_e + v * 8);
       }
       *reinterpret_cast<uint4*>(ks + jj * L::kLdH + v * 8) = kv;
       *reinterpret_cast<uint4*>(vs + jj * L::kLdH + v * 8) = vv;
@@ -200,29 +238,44 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
   }
 }
 
-template <int HD, typename Out>
+template <typename KvT, int HD, typename Out>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(prefill_mma_kernel<HD, Out>), Smem<HD>::kBytes);
+  opt_in.ensure(reinterpret_cast<const void*>(prefill_mma_kernel<KvT, HD, Out>), Smem<HD>::kBytes);
   const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
-  prefill_mma_kernel<HD, Out><<<grid, kWarps * 32, Smem<HD>::kBytes, stream>>>(a);
+  prefill_mma_kernel<KvT, HD, Out><<<grid, kWarps * 32, Smem<HD>::kBytes, stream>>>(a);
   RILL_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 bool prefill_mma_supported(DType kv_dtype, int32_t head_dim) {
-  return kv_dtype == DType::kF16 && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  const bool type_ok =
+      kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0;
+  return type_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
+template <typename KvT>
+void launch_hd(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.head_dim == 64) {
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 64, T>(a, stream));
+  } else if (a.head_dim == 128) {
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 128, T>(a, stream));
+  } else {  // 256 (Qwen3.5, Gemma 3): 195 KB of shared memory, one block per SM
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 256, T>(a, stream));
+  }
 }
 
 void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles <= 0) return;
-  if (a.head_dim == 64) {
-    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<64, T>(a, stream));
-  } else if (a.head_dim == 128) {
-    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<128, T>(a, stream));
-  } else {  // 256 (Qwen3.5, Gemma 3): 195 KB of shared memory, one block per SM
-    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<256, T>(a, stream));
+  if (a.kv_dtype == kF8E4M3) return launch_hd<detail::KvFp8>(a, stream);
+  switch (a.kv_dtype) {
+    case DType::kQ8_0:
+      return launch_hd<detail::KvQ8_0>(a, stream);
+    case DType::kQ4_0:
+      return launch_hd<detail::KvQ4_0>(a, stream);
+    default:
+      return launch_hd<detail::KvF16>(a, stream);
   }
 }
 

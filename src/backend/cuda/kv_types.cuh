@@ -2,12 +2,14 @@
 // The KV types the CUDA attention kernels read and rope_store_kv writes
 // (model/kv_types.h: f32, f16, and q8_0 / q4_0 in GGML's block layouts,
 // byte for byte the CPU's, so the prefix-cache tiers and KV files carry it between
-// devices). Each is a tag type with:
+// devices; fp8: e4m3 bytes, the CPU's too). Each is a tag type with:
 //   row_bytes(n)         bytes of n elements (n a multiple of kBlock); a KV
 //                        row is n_head_kv heads end to end, head h at
 //                        elements [h * head_dim, (h + 1) * head_dim)
 //   load4(row, e, v)     elements [e, e + 4) of a row as f32 (e % 4 == 0)
 //   load1(row, e)        element e as f32
+//   load8(row, e, v)     block types: elements [e, e + 8) as f32 (e % 8 == 0:
+//                        one block, its scale read once)
 //   store(x, row, e0, n) n f32 values x (shared memory) into elements
 //                        [e0, e0 + n) of a row, e0 and n whole blocks, by
 //                        the whole thread block (blockDim.x a multiple of
@@ -19,11 +21,13 @@
 // the same loop (no dequantized copy of the context: a head is converted
 // in registers as it is read).
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
 #include "backend/cuda/device_math.cuh"
 #include "core/dtype.h"
+#include "core/e4m3.h"
 
 namespace rill::cuda::detail {
 
@@ -91,6 +95,17 @@ struct KvQ8_0 {
     const float s = __half2float(*reinterpret_cast<const __half*>(blk));
     return s * static_cast<float>(static_cast<int8_t>(blk[2 + (e & 31)]));
   }
+  __device__ static void load8(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (e & 31));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t two = q[i];
+      v[2 * i] = s * static_cast<float>(static_cast<int8_t>(two & 0xff));
+      v[2 * i + 1] = s * static_cast<float>(static_cast<int8_t>(two >> 8));
+    }
+  }
   // Warp w quantizes blocks w, w + n_warps, ...: lane i holds element i of
   // the block, the block's max|x| is a warp reduction.
   __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
@@ -133,6 +148,18 @@ struct KvQ4_0 {
     const int q = (blk[2 + (j & 15)] >> (j >= 16 ? 4 : 0)) & 0xF;
     return s * static_cast<float>(q - 8);
   }
+  __device__ static void load8(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const int j = static_cast<int>(e & 31), shift = j >= 16 ? 4 : 0;
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (j & 15));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t two = q[i];
+      v[2 * i] = s * static_cast<float>(static_cast<int>((two >> shift) & 0xF) - 8);
+      v[2 * i + 1] = s * static_cast<float>(static_cast<int>((two >> (8 + shift)) & 0xF) - 8);
+    }
+  }
   __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
     const int lane = threadIdx.x & 31;
     uint8_t* first = row + (e0 >> 5) * kBlockBytes;
@@ -153,13 +180,62 @@ struct KvQ4_0 {
   }
 };
 
+// fp8 (model/kv_types.h "fp8"): one OCP e4m3 (fn) byte per element, with
+// no stored scale (x = e4m3 value: vLLM's fp8 KV without calibrated
+// scales, k_scale = v_scale = 1). Stored by round to nearest even,
+// saturating at +-448 (a NaN stays NaN).
+// Why no per-head scale: a stored scale makes a row more than its
+// elements (a head of 128 would be 128 + 2 or 4 bytes), so rows lose the
+// 16-byte alignment that lets the fast decode kernel and the tensor-core
+// prefill kernel read 8 or 16 elements in one load; a per-layer scale needs
+// calibration data rill does not have (a scale fixed at load must hold
+// every future token, which the store kernel cannot know). Scale 1 keeps
+// the layout of a plain element type (tiers, KV files and /stats count a
+// byte per element) and costs what e4m3 itself costs: 3 mantissa bits
+// (relative rounding <= 2^-4) for |x| >= 2^-6, an absolute 2^-10 below
+// that (subnormals down to 2^-9), and clipping above 448: a model whose
+// K or V reach beyond +-448 (large K biases) should take q8_0 instead.
+// e4m3 converts to f16 exactly (every e4m3 value is an f16 value), so the
+// tensor-core prefill reads it through a cvt to f16 and nothing else.
+struct KvFp8 {
+  static constexpr DType kDtype = kF8E4M3;
+  static constexpr int kBlock = 1;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n; }
+  __device__ static __half2 cvt2(uint16_t two) {
+    return __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3));
+  }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint32_t four = *reinterpret_cast<const uint32_t*>(row + e);
+    const float2 a = __half22float2(cvt2(static_cast<uint16_t>(four & 0xffff)));
+    const float2 b = __half22float2(cvt2(static_cast<uint16_t>(four >> 16)));
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = b.x;
+    v[3] = b.y;
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(row[e]), __NV_E4M3)));
+  }
+  __device__ static uint8_t encode(float x) {
+    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+  }
+  __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) row[e0 + i] = encode(x[i]);
+  }
+};
+
 }  // namespace rill::cuda::detail
 
 // Calls MACRO(KvT) with KvT the tag of a KV dtype the CUDA kernels take
-// (F32, F16, Q8_0, Q4_0); for any other dtype nothing (callers check
+// (F32, F16, Q8_0, Q4_0, F8_E4M3); for any other dtype nothing (callers check
 // kv_supported(), which is this list).
 #define RILL_CUDA_DISPATCH_KV(dtype, ...)         \
   do {                                            \
+    if ((dtype) == ::rill::kF8E4M3) {             \
+      using KvT = ::rill::cuda::detail::KvFp8;    \
+      __VA_ARGS__;                                \
+      break;                                      \
+    }                                             \
     switch (dtype) {                              \
       case ::rill::DType::kF32: {                 \
         using KvT = ::rill::cuda::detail::KvF32;  \

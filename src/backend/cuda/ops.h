@@ -46,8 +46,9 @@ bool kv_supported(DType kv_dtype);
 //        heads [n_head_kv, head_dim], then v heads; q is rotated in place.
 //   slots[t]: the cache row of token t (block * block_size + offset).
 //   k_cache / v_cache: one layer's rows [n_rows, n_head_kv * head_dim] in kv_dtype
-//   (kv_supported(): Q8_0 quantized here, each head's blocks from its
-//   rotated f32 values, as the CPU's ref::quantize_kv_row).
+//   (kv_supported(): Q8_0 / Q4_0 / F8_E4M3 quantized here, each head's
+//   blocks or bytes from its rotated f32 values, as the CPU's
+//   ref::quantize_kv_row).
 // Angles as cpu::rope: theta_i = pos * inv_freq[i] (or the ggml recurrence
 // when ggml_theta_scale > 0), cos and sin in f32 times attn_factor.
 struct RopeKvArgs {
@@ -80,7 +81,7 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 // (j & (block_size - 1)) where table = block_tables + table_start[seq].
 // score = scale * q.k, softcap then f32 softmax (cpu::attention's order).
 // out: [n_tokens, n_head * head_dim] in out_dtype. K/V in kv_dtype
-// (kv_supported()); Q8_0 is read block by block where it lies.
+// (kv_supported()); Q8_0 / Q4_0 / F8_E4M3 are read where they lie.
 //
 // Two kernels share the step: sequences with q_len > kDecodeMaxQ go through
 // a tiled kernel (prefill: one block per 32 queries and head, K/V tiles in

@@ -1,0 +1,49 @@
+#pragma once
+// OCP FP8 e4m3 ("fn": no infinities; 0x7f / 0xff are NaN): the element of
+// the CUDA fp8 KV type (kF8E4M3, backend/cuda/kv_types.cuh), and its
+// conversions on the host, for dequantizing its rows and for references in
+// tests.
+#include <cmath>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace rill {
+
+// The KV-only dtype of fp8 KV (model/kv_types.h "fp8"): one e4m3 byte per
+// element, no stored scale. Not a GGML id (GGML has no e4m3 type) and not
+// an enumerator of DType: dtype_info(uint32_t), which checks GGUF tensor
+// types, refuses it; dtype_info(DType) describes it (F8_E4M3, a byte an
+// element). Like cuda::kFp8Rows, a value only rill's own code carries.
+inline constexpr DType kF8E4M3 = static_cast<DType>(0x4538);  // "E8"
+
+// The value of an e4m3 byte.
+inline float e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return NAN;
+  const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + m / 8.0f, e - 7);
+  return (b & 0x80) ? -mag : mag;
+}
+
+// x rounded to the nearest e4m3 value, ties to the even code, saturating at
+// +-448 (what cvt.rn.satfinite.e4m3x2.f32 does on the device); NaN -> 0x7f.
+inline uint8_t e4m3_round(float x) {
+  if (std::isnan(x)) return 0x7f;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const float a = std::fabs(x);
+  if (a >= 448.0f) return sign | 0x7e;
+  if (a < 0.015625f) {  // below 2^-6: subnormals, steps of 2^-9 (code 8 is 2^-6 itself)
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  int ex = 0;
+  const float f = std::frexp(a, &ex);                   // a = f 2^ex, f in [0.5, 1)
+  int m = static_cast<int>(std::nearbyint(f * 16.0f));  // 8 .. 16: the mantissa with its leading 1, rounded
+  int e = ex - 1 + 7;                                   // biased exponent, 1 .. 15
+  if (m == 16) {
+    m = 8;
+    ++e;
+  }
+  return sign | static_cast<uint8_t>((e << 3) | (m - 8));
+}
+
+}  // namespace rill
