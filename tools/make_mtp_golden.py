@@ -32,7 +32,8 @@ golden.json: prompt_ids (the golden's), next_token (the main model's greedy
 pick after the prompt), mtp_logits [len(prompt)][n_vocab]: row i is the MTP
 head at position i with t_{i+1} = prompt[i + 1], the last row with
 t_{S} = next_token (the first draft a speculator would propose), and
-mtp_greedy: each row's argmax.
+mtp_greedy: each row's argmax, mtp_chain: the first 4 drafts with the MTP
+layer chained on its own output (Model.mtp_chain).
   .venv-tools/bin/python tools/make_mtp_golden.py ../shared/goldens/hf/deepseek-v3 tests/data/mtp-deepseek-v3
 (tools/tools_venv.sh numpy makes the venv.)
 """
@@ -163,16 +164,36 @@ class Model:
     def logits(self, ids):
         return self.hidden(ids) @ self.w["lm_head.weight"].T
 
-    def mtp_logits(self, h, next_ids):
-        """The MTP head (k = 1) at positions 0..S-1: h [S, E] the main model's
-        hidden states, next_ids[i] = t_{i+1}. Returns [S, n_vocab]."""
+    def mtp_layer(self, h, next_ids):
+        """The MTP layer at positions 0..S-1: h [S, E] the hidden rows,
+        next_ids[i] = t_{i+1}. Returns its output before shared_head.norm
+        [S, E] and the head's logits [S, n_vocab]."""
         W = self.w
         p = "model.layers.%d." % self.c["num_hidden_layers"]
         e = W[p + "embed_tokens.weight"][next_ids]
         x = np.concatenate([self.rms(e, W[p + "enorm.weight"]), self.rms(h, W[p + "hnorm.weight"])], -1)
         x = x @ W[p + "eh_proj.weight"].T
         x = self.layer(x, self.c["num_hidden_layers"])
-        return self.rms(x, W[p + "shared_head.norm.weight"]) @ W[p + "shared_head.head.weight"].T
+        return x, self.rms(x, W[p + "shared_head.norm.weight"]) @ W[p + "shared_head.head.weight"].T
+
+    def mtp_logits(self, h, next_ids):
+        """The MTP head (k = 1) at positions 0..S-1: h [S, E] the main model's
+        hidden states, next_ids[i] = t_{i+1}. Returns [S, n_vocab]."""
+        return self.mtp_layer(h, next_ids)[1]
+
+    def mtp_chain(self, h, next_ids, k):
+        """k greedy drafts after position S-1 with the one MTP layer chained:
+        d_1 is the head's argmax at S-1; d_{j+1} its argmax at position
+        S-1+j, whose token is d_j and whose hidden row is the layer's own
+        output (before shared_head.norm) at S-2+j (as vLLM and SGLang chain
+        DeepSeek's MTP module; causal, so earlier rows never change)."""
+        h, ids, drafts = np.array(h), list(next_ids), []
+        for _ in range(k):
+            out, logits = self.mtp_layer(h, ids)
+            drafts.append(int(np.argmax(logits[-1])))
+            h = np.concatenate([h, out[-1:]], 0)
+            ids.append(drafts[-1])
+        return drafts
 
 
 def add_mtp_layer(cfg, w, rng):
@@ -225,12 +246,16 @@ def main():
     print("MTP head: %d rows, guesses matching the prompt %d/%d, first draft %d" %
           (len(mtp), hits, len(prompt) - 2, mtp_greedy[-1]))
 
+    chain = m.mtp_chain(h, prompt[1:] + [next_token], 4)
+    assert chain[0] == mtp_greedy[-1]
+    print("MTP chain after the prompt (k = 4): %s" % chain)
+
     os.makedirs(out, exist_ok=True)
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
     save_safetensors(os.path.join(out, "model.safetensors"), w)
     json.dump({"model_type": cfg["model_type"], "prompt_ids": prompt, "next_token": next_token,
                "mtp_logits": [[round(float(v), 6) for v in row] for row in mtp],
-               "mtp_greedy": mtp_greedy,
+               "mtp_greedy": mtp_greedy, "mtp_chain": chain,
                "note": "tools/make_mtp_golden.py: ../shared/goldens/hf/deepseek-v3 plus one random MTP layer; "
                        "numpy reference of the DeepSeek-V3 MTP head (k = 1)"},
               open(os.path.join(out, "golden.json"), "w"))

@@ -13,7 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/mtp_speculator.h"
 #include "golden_util.h"
+#include "loader/model_files.h"
+#include "model/batch.h"
+#include "model/registry.h"
 #include "rill/engine.h"
 
 namespace rill {
@@ -125,6 +129,62 @@ TEST(MtpSpeculator, FirstDraftIsTheReferenceHeads) {
   ASSERT_EQ(st.spec_draft_tokens, 1);
   // The draft held iff the target's second token is the head's guess.
   EXPECT_EQ(st.spec_accepted_tokens, out[1] == gold["mtp_greedy"].back().get<int32_t>() ? 1 : 0);
+}
+
+// Chained drafts (k > 1): after the prompt, the speculator's k drafts are
+// the numpy reference's chain (golden mtp_chain: the one MTP layer fed its
+// own output and its previous draft), for every k up to the golden's (each
+// observe rewrites the rows the previous chain wrote past the prompt).
+void expect_reference_chain(const std::string& dir) {
+  std::ifstream in(dir + "/golden.json");
+  ASSERT_TRUE(in) << dir;
+  const auto gold = nlohmann::json::parse(in);
+  const auto prompt = gold["prompt_ids"].get<std::vector<int32_t>>();
+  const auto chain = gold["mtp_chain"].get<std::vector<int32_t>>();
+  const auto n = static_cast<int32_t>(prompt.size());
+  auto files = open_model_files(dir);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  ModelOptions o;
+  o.n_threads = 2;
+  o.n_ctx = 64;
+  o.max_batch_tokens = 32;
+  o.max_batch_seqs = 4;
+  o.mtp = true;
+  auto model = create_model(builtin_registry(), infer_profile(**files), *files, o);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  Model& m = **model;
+  const int64_t E = m.config().n_embd, V = m.n_vocab();
+  // Two slots: the request's blocks, then blocks a second request holds.
+  const std::vector<int32_t> table = slot_block_table(0, m.n_ctx(), m.kv_block_size());
+  Batch b;
+  b.add_sequence(prompt.data(), n, 0, true, table);
+  b.seqs[0].decode_from = n;
+  std::vector<float> logits(static_cast<size_t>(V)), hidden(static_cast<size_t>(n * E));
+  ASSERT_TRUE(m.forward_hidden(b, logits.data(), hidden.data()).ok());
+  std::vector<int32_t> tokens = prompt;
+  tokens.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+  ASSERT_EQ(tokens.back(), gold["next_token"].get<int32_t>());
+
+  MtpSpeculator spec(m);
+  for (int32_t k = 1; k <= static_cast<int32_t>(chain.size()); ++k) {
+    const HiddenRows rows{7, tokens, 0, n, hidden.data(), table, n, k};
+    spec.observe(std::span<const HiddenRows>(&rows, 1));
+    std::vector<int32_t> drafts;
+    spec.propose(7, tokens, k, drafts);
+    EXPECT_EQ(drafts, std::vector<int32_t>(chain.begin(), chain.begin() + k)) << dir << ": k = " << k;
+    drafts.clear();
+    spec.propose(7, tokens, 1, drafts);  // fewer than drafted: the chain's head
+    EXPECT_EQ(drafts, std::vector<int32_t>(chain.begin(), chain.begin() + 1)) << dir << ": k = " << k;
+  }
+  // A request whose tokens moved on gets no stale drafts.
+  std::vector<int32_t> drafts;
+  tokens.push_back(chain[0]);
+  spec.propose(7, tokens, 4, drafts);
+  EXPECT_TRUE(drafts.empty());
+}
+
+TEST(MtpSpeculator, ChainedDraftsAreTheReferenceChain) {
+  expect_reference_chain(kMtpCheckpoint);
 }
 
 TEST(MtpSpeculator, AModelWithoutMtpLayersIsRefusedNamingIt) {

@@ -578,9 +578,10 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
 // position p, hidden [n_tokens, E] the model's final-normed h_p. h' =
 // eh_proj([enorm(emb(t_{p+1})); hnorm(h_p)]) as eh_e enorm(.) + eh_h
 // hnorm(.), the MTP decoder layer (its KV: kv[n_main]), then the shared
-// head's norm and head for the sample rows: logits [n_sample, V].
+// head's norm and head for the sample rows: logits [n_sample, V]; with
+// `out`, every token's layer output before that norm ([n_tokens, E] F32).
 Status mla_mtp_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const MlaActivations& a,
-                       const std::vector<KvCacheView>& kv, Tensor hidden, Tensor logits) {
+                       const std::vector<KvCacheView>& kv, Tensor hidden, Tensor logits, const Tensor* out) {
   assert(g.has_mtp);
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), mtp_h = a.mtp_h.rows_from(0, n);
@@ -594,6 +595,7 @@ Status mla_mtp_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, co
   b.rms_norm(x, nullptr, L.attn_norm, eps, 0.0f, h);
   MlaStepOps ops = mla_step_ops(g, a, n);
   RILL_TRY(mla_layer(b, g, L, ops, md, a, kv[static_cast<size_t>(g.n_main)]));
+  if (out) b.convert(x, *out);
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
   b.rms_norm(x, md.sample_rows, g.mtp_head_norm, eps, 0.0f, final_rows);
@@ -611,7 +613,7 @@ class MlaModel final : public CpuPagedModel {
   Status forward(const Batch& batch, float* logits) override;
   int32_t n_mtp_layers() const override { return graph_.has_mtp ? 1 : 0; }
   Status forward_hidden(const Batch& batch, float* logits, float* hidden) override;
-  Status forward_mtp(const Batch& batch, const float* hidden, float* logits) override;
+  Status forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) override;
   // Every layer keeps its latent rows in group 0 (one row split over the K
   // and V planes: row_bytes is one plane's).
   std::vector<KvLayer> kv_layers() const override {
@@ -716,14 +718,15 @@ Status MlaModel::forward_hidden(const Batch& batch, float* logits, float* hidden
                      Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), &rows);
 }
 
-Status MlaModel::forward_mtp(const Batch& batch, const float* hidden, float* logits) {
+Status MlaModel::forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) {
   if (!graph_.has_mtp) return Error{files_->path + ": no MTP layer bound (ModelOptions::mtp)"};
   if (batch.n_tokens() <= 0) return {};
   RILL_ASSIGN_OR_RETURN(const StepMetadata md, begin_step(batch));
   // The hidden rows are only read (rms_norm's input).
   const Tensor rows = Tensor::dense(const_cast<float*>(hidden), DType::kF32, md.n_tokens, cfg_.n_embd);
+  const Tensor out = Tensor::dense(mtp_hidden, DType::kF32, md.n_tokens, cfg_.n_embd);
   return mla_mtp_forward(*device_, graph_, md, act_, kv_views_, rows,
-                         Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
+                         Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), mtp_hidden ? &out : nullptr);
 }
 
 // --- The CUDA runtime's glue ------------------------------------------------------
