@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""A tiny DeepSeek-V3 checkpoint with a multi-token-prediction (MTP) layer, and
-the MTP head's draft logits from a numpy reference.
+"""A tiny DeepSeek-V3 or GLM-4.5 (glm4_moe) checkpoint with a
+multi-token-prediction (MTP) layer, and the MTP head's draft logits from a
+numpy reference.
 
 The Hugging Face goldens drop MTP weights (transformers does not run them), so
 there is no transformers reference for the MTP head. This script:
   1. holds its numpy DeepSeek-V3 (MLA attention, dense and group-limited MoE
-     layers) to ../shared/goldens/hf/deepseek-v3/golden.json: every prompt
-     position's logits within 1e-4 and the greedy continuation;
+     layers) or GLM-4.5 (GlmModel: Llama attention with q/k norms and
+     partial RoPE, the same MoE) to ../shared/goldens/hf/{deepseek-v3,
+     glm4-moe}/golden.json: every prompt position's logits within 1e-4 and
+     the greedy continuation;
   2. adds one MTP layer with random weights (seeded) under the names the
      DeepSeek-V3 checkpoints use, model.layers.{num_hidden_layers}.*:
      embed_tokens, enorm, hnorm, eh_proj, a whole decoder layer
@@ -35,6 +38,7 @@ t_{S} = next_token (the first draft a speculator would propose), and
 mtp_greedy: each row's argmax, mtp_chain: the first 4 drafts with the MTP
 layer chained on its own output (Model.mtp_chain).
   .venv-tools/bin/python tools/make_mtp_golden.py ../shared/goldens/hf/deepseek-v3 tests/data/mtp-deepseek-v3
+  .venv-tools/bin/python tools/make_mtp_golden.py ../shared/goldens/hf/glm4-moe tests/data/mtp-glm4-moe
 (tools/tools_venv.sh numpy makes the venv.)
 """
 import json
@@ -196,6 +200,65 @@ class Model:
         return drafts
 
 
+class GlmModel(Model):
+    """GLM-4.5 (glm4_moe): Llama attention (q/k/v with optional biases,
+    q_norm / k_norm over head_dim, GQA, RoPE on the first
+    partial_rotary_factor of each head in the rotate-half form), a dense
+    first_k_dense_replace prefix, then DeepSeek-V3's router and shared
+    experts (Model.moe). Its nextn (MTP) layer is the same scheme as
+    DeepSeek-V3's, around a glm4_moe decoder layer."""
+
+    def __init__(self, cfg, w):
+        self.c = cfg
+        self.w = {k: v.astype(np.float64) for k, v in w.items()}
+        rp = cfg["rope_parameters"]
+        assert rp["rope_type"] == "default"
+        self.hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        self.rope_dim = int(self.hd * rp.get("partial_rotary_factor", 1.0))
+        self.inv_freq = 1.0 / rp["rope_theta"] ** (np.arange(0, self.rope_dim, 2) / self.rope_dim)
+
+    def rope(self, x, pos):  # rotate-half over the first rope_dim dims of the last axis; x [..., S, hd]
+        R, f = self.rope_dim, np.outer(pos, self.inv_freq)
+        c, s = np.cos(f), np.sin(f)
+        o = np.array(x)
+        a, b = x[..., :R // 2], x[..., R // 2:R]
+        o[..., :R // 2] = a * c - b * s
+        o[..., R // 2:R] = b * c + a * s
+        return o
+
+    def layer(self, x, il):
+        c, W = self.c, self.w
+        S, H, KV, hd = x.shape[0], c["num_attention_heads"], c["num_key_value_heads"], self.hd
+        pos = np.arange(S)
+        p = "model.layers.%d." % il
+        a = p + "self_attn."
+        h = self.rms(x, W[p + "input_layernorm.weight"])
+
+        def proj(n, heads):
+            y = h @ W[a + n + "_proj.weight"].T
+            if a + n + "_proj.bias" in W:
+                y = y + W[a + n + "_proj.bias"]
+            return y.reshape(S, heads, hd).transpose(1, 0, 2)
+
+        q, k, v = proj("q", H), proj("k", KV), proj("v", KV)
+        if a + "q_norm.weight" in W:
+            q, k = self.rms(q, W[a + "q_norm.weight"]), self.rms(k, W[a + "k_norm.weight"])
+        q, k = self.rope(q, pos), self.rope(k, pos)
+        k, v = np.repeat(k, H // KV, 0), np.repeat(v, H // KV, 0)
+        att = np.einsum("hsd,htd->hst", q, k) * hd ** -0.5
+        att = np.where(np.tril(np.ones((S, S), bool))[None], att, -np.inf)
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        o = np.einsum("hst,htd->shd", att, v).reshape(S, H * hd)
+        x = x + o @ W[a + "o_proj.weight"].T
+        h2 = self.rms(x, W[p + "post_attention_layernorm.weight"])
+        dense = il < c["first_k_dense_replace"]
+        return x + (self.mlp(h2, p + "mlp.") if dense else self.moe(h2, p + "mlp."))
+
+
+FAMILIES = {"deepseek_v3": ("DeepSeek-V3", Model), "glm4_moe": ("GLM-4.5", GlmModel)}
+
+
 def add_mtp_layer(cfg, w, rng):
     """Random weights for model.layers.{num_hidden_layers}: a copy of the last
     layer's tensor names (an MoE layer), resampled at the scale of each
@@ -222,21 +285,21 @@ def main():
     src, out = sys.argv[1], sys.argv[2]
     cfg, w = load(src)
     gold = json.load(open(os.path.join(src, "golden.json")))
-    assert cfg["model_type"] == "deepseek_v3"
+    name, Family = FAMILIES[cfg["model_type"]]
     prompt = gold["prompt_ids"]
-    m = Model(cfg, w)
+    m = Family(cfg, w)
     err = np.abs(m.logits(prompt) - np.array(gold["logits"])).max()
     ids = list(prompt)
     for _ in range(len(gold["greedy_ids"])):
         ids.append(int(np.argmax(m.logits(ids)[-1])))
     greedy = ids[len(prompt):]
-    print("numpy DeepSeek-V3 vs transformers: max |logit - golden| = %.3g, greedy ids %s" %
-          (err, greedy == gold["greedy_ids"]))
+    print("numpy %s vs transformers: max |logit - golden| = %.3g, greedy ids %s" %
+          (name, err, greedy == gold["greedy_ids"]))
     assert err < 1e-4 and greedy == gold["greedy_ids"], "the numpy model does not reproduce transformers"
 
     cfg["num_nextn_predict_layers"] = 1
     add_mtp_layer(cfg, w, np.random.default_rng(21))
-    m = Model(cfg, w)
+    m = Family(cfg, w)
     h = m.hidden(prompt)
     next_token = int(np.argmax(h[-1] @ m.w["lm_head.weight"].T))
     mtp = m.mtp_logits(h, prompt[1:] + [next_token]).astype(np.float32)
@@ -256,8 +319,8 @@ def main():
     json.dump({"model_type": cfg["model_type"], "prompt_ids": prompt, "next_token": next_token,
                "mtp_logits": [[round(float(v), 6) for v in row] for row in mtp],
                "mtp_greedy": mtp_greedy, "mtp_chain": chain,
-               "note": "tools/make_mtp_golden.py: ../shared/goldens/hf/deepseek-v3 plus one random MTP layer; "
-                       "numpy reference of the DeepSeek-V3 MTP head (k = 1)"},
+               "note": "tools/make_mtp_golden.py: %s plus one random MTP layer; numpy reference of the %s "
+                       "MTP head (k = 1) and its chain" % (os.path.basename(os.path.normpath(src)), name)},
               open(os.path.join(out, "golden.json"), "w"))
 
 

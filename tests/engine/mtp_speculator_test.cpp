@@ -1,7 +1,7 @@
 // The MTP speculator (`--spec mtp`, engine/mtp_speculator.h) on the tiny
-// DeepSeek-V3 checkpoint with an MTP layer (tests/data/mtp-deepseek-v3,
-// tools/make_mtp_golden.py): greedy and seeded output equal the output
-// without speculation, alone and batched with opted-out rows, with drafts
+// DeepSeek-V3 and GLM-4.5 checkpoints with an MTP layer
+// (tests/data/mtp-{deepseek-v3,glm4-moe}, tools/make_mtp_golden.py): greedy
+// and seeded output equal the output without speculation, alone and batched with opted-out rows, with drafts
 // proposed and counted in the stats and usage (random weights: mostly
 // rejected, so the rollback runs); its first draft is the numpy
 // reference's; `--spec mtp` on a model without MTP layers, or whose files
@@ -24,6 +24,7 @@ namespace rill {
 namespace {
 
 const std::string kMtpCheckpoint = std::string(RILL_TEST_DATA) + "/mtp-deepseek-v3";
+const std::string kGlmCheckpoint = std::string(RILL_TEST_DATA) + "/mtp-glm4-moe";  // GLM-4.5's nextn layer
 
 EngineOptions options(const std::string& spec) {
   EngineOptions o;
@@ -38,16 +39,17 @@ EngineOptions options(const std::string& spec) {
   return o;
 }
 
-TEST(MtpSpeculator, OutputIsTheSameWithAndWithout) {
-  const std::string deepseek = test::hf_golden_dir("deepseek-v3");
-  if (!test::has_hf_golden(deepseek)) GTEST_SKIP() << deepseek << " not found";
-  auto on = Engine::load(kMtpCheckpoint, options("mtp"));
+// checkpoint: an MTP checkpoint made from the Hugging Face golden `golden`.
+void expect_same_output(const std::string& checkpoint, const std::string& golden) {
+  const std::string hf = test::hf_golden_dir(golden);
+  if (!test::has_hf_golden(hf)) GTEST_SKIP() << hf << " not found";
+  auto on = Engine::load(checkpoint, options("mtp"));
   ASSERT_TRUE(on.ok()) << on.error().message;
-  auto off = Engine::load(kMtpCheckpoint, options("off"));
+  auto off = Engine::load(checkpoint, options("off"));
   ASSERT_TRUE(off.ok()) << off.error().message;
   EXPECT_EQ((*on)->stats().speculator, "mtp");
-  const test::HfGolden g = test::read_hf_golden(deepseek);
-  test::expect_greedy_prefixes(**on, g, 2, "deepseek-v3 with --spec mtp");
+  const test::HfGolden g = test::read_hf_golden(hf);
+  test::expect_greedy_prefixes(**on, g, 2, golden + " with --spec mtp");
   const auto prompts = test::prompts_from(g.prompt_ids);
   SamplingParams greedy;
   greedy.temperature = 0.0f;
@@ -60,7 +62,7 @@ TEST(MtpSpeculator, OutputIsTheSameWithAndWithout) {
     EXPECT_EQ(test::generate_all(**on, prompts, s, true, 2, 24), want) << "temperature " << s.temperature << " batched";
   }
   const EngineStats st = (*on)->stats();
-  std::printf("deepseek-v3 MTP (random weights): %lld drafted, %lld accepted\n",
+  std::printf("%s MTP (random weights): %lld drafted, %lld accepted\n", golden.c_str(),
               static_cast<long long>(st.spec_draft_tokens), static_cast<long long>(st.spec_accepted_tokens));
   EXPECT_GT(st.spec_draft_tokens, 50);
   EXPECT_EQ(st.integrity_errors, 0) << st.last_integrity_error;
@@ -101,6 +103,13 @@ TEST(MtpSpeculator, OutputIsTheSameWithAndWithout) {
       EXPECT_EQ(out, speculated);
     }
   }
+}
+
+TEST(MtpSpeculator, OutputIsTheSameWithAndWithout) {
+  expect_same_output(kMtpCheckpoint, "deepseek-v3");
+}
+TEST(MtpSpeculator, Glm4MoeOutputIsTheSameWithAndWithout) {
+  expect_same_output(kGlmCheckpoint, "glm4-moe");
 }
 
 // The first draft after a prompt is the MTP head's argmax at the prompt's
@@ -185,6 +194,7 @@ void expect_reference_chain(const std::string& dir) {
 
 TEST(MtpSpeculator, ChainedDraftsAreTheReferenceChain) {
   expect_reference_chain(kMtpCheckpoint);
+  expect_reference_chain(kGlmCheckpoint);
 }
 
 TEST(MtpSpeculator, AModelWithoutMtpLayersIsRefusedNamingIt) {
