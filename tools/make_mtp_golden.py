@@ -189,8 +189,9 @@ class Model:
         """k greedy drafts after position S-1 with the one MTP layer chained:
         d_1 is the head's argmax at S-1; d_{j+1} its argmax at position
         S-1+j, whose token is d_j and whose hidden row is the layer's own
-        output (before shared_head.norm) at S-2+j (as vLLM and SGLang chain
-        DeepSeek's MTP module; causal, so earlier rows never change)."""
+        output at S-2+j (mtp_layer's first result: before shared_head.norm
+        for DeepSeek and GLM, after mtp.norm for Qwen3-Next, as vLLM and
+        SGLang chain them; causal, so earlier rows never change)."""
         h, ids, drafts = np.array(h), list(next_ids), []
         for _ in range(k):
             out, logits = self.mtp_layer(h, ids)
@@ -256,6 +257,110 @@ class GlmModel(Model):
         return x + (self.mlp(h2, p + "mlp.") if dense else self.moe(h2, p + "mlp."))
 
 
+class QwenNextMtp(GlmModel):
+    """Qwen3-Next's MTP block (mtp.*, as vLLM's qwen3_next_mtp runs it):
+    x = fc([pre_fc_norm_embedding(emb(t)); pre_fc_norm_hidden(h)]), one
+    full-attention decoder layer mtp.layers.0 (gated attention: q_proj
+    yields per head [query | gate], q/k norms, partial RoPE, out =
+    o_proj(attn * sigmoid(gate)); the softmax top-k MoE with a sigmoid-gated
+    shared expert), then o = mtp.norm(x) and logits = lm_head(o). Every
+    RMSNorm scales by (1 + w). The chain feeds o (normed) back. There is no
+    numpy gated DeltaNet here: the main model's hidden rows are given."""
+
+    def rms(self, x, w):
+        return (1 + w) * x / np.sqrt((x * x).mean(-1, keepdims=True) + self.c["rms_norm_eps"])
+
+    def moe(self, x, p):
+        c, W = self.c, self.w
+        logits = x @ W[p + "gate.weight"].T
+        prob = np.exp(logits - logits.max(-1, keepdims=True))
+        prob /= prob.sum(-1, keepdims=True)
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            idx = np.argsort(-prob[t], kind="stable")[:c["num_experts_per_tok"]]
+            wt = prob[t, idx]
+            if c["norm_topk_prob"]:
+                wt = wt / wt.sum()
+            for e, we in zip(idx, wt):
+                out[t] += we * self.mlp(x[t:t + 1], p + "experts.%d." % e)[0]
+        gate = 1 / (1 + np.exp(-(x @ W[p + "shared_expert_gate.weight"].T)))
+        return out + gate * self.mlp(x, p + "shared_expert.")
+
+    def layer(self, x, p):
+        c, W = self.c, self.w
+        S, H, KV, hd = x.shape[0], c["num_attention_heads"], c["num_key_value_heads"], self.hd
+        pos = np.arange(S)
+        a = p + "self_attn."
+        h = self.rms(x, W[p + "input_layernorm.weight"])
+        qg = (h @ W[a + "q_proj.weight"].T).reshape(S, H, 2 * hd)
+        q, gate = qg[..., :hd].transpose(1, 0, 2), qg[..., hd:].reshape(S, H * hd)
+        k = (h @ W[a + "k_proj.weight"].T).reshape(S, KV, hd).transpose(1, 0, 2)
+        v = (h @ W[a + "v_proj.weight"].T).reshape(S, KV, hd).transpose(1, 0, 2)
+        q, k = self.rms(q, W[a + "q_norm.weight"]), self.rms(k, W[a + "k_norm.weight"])
+        q, k = self.rope(q, pos), self.rope(k, pos)
+        k, v = np.repeat(k, H // KV, 0), np.repeat(v, H // KV, 0)
+        att = np.einsum("hsd,htd->hst", q, k) * hd ** -0.5
+        att = np.where(np.tril(np.ones((S, S), bool))[None], att, -np.inf)
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        o = np.einsum("hst,htd->shd", att, v).reshape(S, H * hd)
+        x = x + (o / (1 + np.exp(-gate))) @ W[a + "o_proj.weight"].T
+        return x + self.moe(self.rms(x, W[p + "post_attention_layernorm.weight"]), p + "mlp.")
+
+    def mtp_layer(self, h, next_ids):
+        W = self.w
+        e = W["model.embed_tokens.weight"][next_ids]
+        x = np.concatenate([self.rms(e, W["mtp.pre_fc_norm_embedding.weight"]),
+                            self.rms(h, W["mtp.pre_fc_norm_hidden.weight"])], -1)
+        o = self.rms(self.layer(x @ W["mtp.fc.weight"].T, "mtp.layers.0."), W["mtp.norm.weight"])
+        return o, o @ W["lm_head.weight"].T
+
+
+def add_qwen_mtp(cfg, w, rng):
+    """Random weights for mtp.*: the last (full-attention) layer's tensor
+    names under mtp.layers.0., resampled at each tensor's scale, plus fc and
+    the three norms ((1 + w) norms: w near 0)."""
+    E = cfg["hidden_size"]
+    src = "model.layers.%d." % (cfg["num_hidden_layers"] - 1)
+    assert cfg["layer_types"][-1] == "full_attention"
+    for k in [k for k in w if k.startswith(src)]:
+        v = w[k]
+        scale = 0.1 if k.endswith("norm.weight") else v.std()
+        w["mtp.layers.0." + k[len(src):]] = (rng.standard_normal(v.shape) * scale).astype(np.float32)
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        w["mtp.%s.weight" % n] = (0.1 * rng.standard_normal(E)).astype(np.float32)
+    w["mtp.fc.weight"] = (rng.standard_normal((E, 2 * E)) * (2 * E) ** -0.5).astype(np.float32)
+
+
+def main_qwen_next(src, out, cfg, w, gold):
+    """Qwen3-Next: the golden gives the main model's hidden rows (seeded
+    normal values, `hidden`), which the test feeds to forward_mtp, and the
+    next token is the transformers golden's greedy pick."""
+    prompt = gold["prompt_ids"]
+    cfg["mtp_num_hidden_layers"] = 1
+    rng = np.random.default_rng(21)
+    add_qwen_mtp(cfg, w, rng)
+    m = QwenNextMtp(cfg, w)
+    h = rng.standard_normal((len(prompt), cfg["hidden_size"]))
+    next_token = gold["greedy_ids"][0]
+    mtp = m.mtp_logits(h, prompt[1:] + [next_token]).astype(np.float32)
+    mtp_greedy = [int(v) for v in np.argmax(mtp, -1)]
+    chain = m.mtp_chain(h, prompt[1:] + [next_token], 4)
+    assert chain[0] == mtp_greedy[-1]
+    print("Qwen3-Next MTP head: %d rows, first draft %d, chain (k = 4) %s" % (len(mtp), mtp_greedy[-1], chain))
+    os.makedirs(out, exist_ok=True)
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+    save_safetensors(os.path.join(out, "model.safetensors"), w)
+    json.dump({"model_type": cfg["model_type"], "prompt_ids": prompt, "next_token": next_token,
+               "hidden": [[round(float(v), 6) for v in row] for row in h.astype(np.float32)],
+               "mtp_logits": [[round(float(v), 6) for v in row] for row in mtp],
+               "mtp_greedy": mtp_greedy, "mtp_chain": chain,
+               "note": "tools/make_mtp_golden.py: %s plus a random mtp.* block; numpy reference of the Qwen3-Next "
+                       "MTP head (k = 1) and its chain over the given hidden rows"
+                       % os.path.basename(os.path.normpath(src))},
+              open(os.path.join(out, "golden.json"), "w"))
+
+
 FAMILIES = {"deepseek_v3": ("DeepSeek-V3", Model), "glm4_moe": ("GLM-4.5", GlmModel)}
 
 
@@ -285,6 +390,8 @@ def main():
     src, out = sys.argv[1], sys.argv[2]
     cfg, w = load(src)
     gold = json.load(open(os.path.join(src, "golden.json")))
+    if cfg["model_type"] == "qwen3_next":
+        return main_qwen_next(src, out, cfg, w, gold)
     name, Family = FAMILIES[cfg["model_type"]]
     prompt = gold["prompt_ids"]
     m = Family(cfg, w)

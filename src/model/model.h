@@ -188,11 +188,12 @@ class Model {
   // and the MTP head's logits [n_sample, n_vocab]: its guess of t_{p+2}.
   // The same preconditions as forward(); the MTP rows of positions before
   // the batch's must have been computed by forward_mtp. mtp_hidden (may be
-  // null) receives every token's MTP layer output [n_tokens, n_embd], the
-  // residual stream before shared_head's norm: a chained draft (the guess
+  // null) receives every token's MTP layer output [n_tokens, n_embd] (the
+  // residual stream before shared_head's norm for DeepSeek and GLM, after
+  // mtp.norm for Qwen3-Next: model/mtp_head.h): a chained draft (the guess
   // of t_{p+3}) feeds it back as the hidden row of position p + 1, with
   // the first guess as its token (one MTP layer reused, as vLLM and
-  // SGLang chain DeepSeek's).
+  // SGLang chain them).
   virtual int32_t n_mtp_layers() const { return 0; }
   virtual Status forward_hidden(const Batch& batch, float* logits, float* hidden) {
     (void)batch, (void)logits, (void)hidden;

@@ -68,7 +68,11 @@ Status mtp_head_input(Backend& b, const MtpHead& m, const int32_t* ids, int64_t 
 
 Status mtp_head_logits(Backend& b, const MtpHead& m, Tensor x, const int32_t* sample_rows, Tensor final_rows,
                        Tensor logits, const Tensor* out) {
-  if (out) b.convert(x, *out);
+  if (out && m.feed_back_normed) {
+    b.rms_norm(x, nullptr, m.head_norm, m.eps, m.w_offset, *out);
+  } else if (out) {
+    b.convert(x, *out);
+  }
   if (final_rows.rows <= 0) return Status::Ok();
   b.rms_norm(x, sample_rows, m.head_norm, m.eps, m.w_offset, final_rows);
   return b.matmul(m.head, final_rows, logits, false);

@@ -42,6 +42,10 @@ struct MtpHead {
   Weight eh_e, eh_h;  // eh_proj's column halves [E, E]
   Vec enorm, hnorm, head_norm;
   float eps = 1e-6f, w_offset = 0.0f;
+  // What a chained draft feeds back (Model::forward_mtp's mtp_hidden): the
+  // layer's output before the head's norm (DeepSeek, GLM, as vLLM's
+  // deepseek_mtp), or after it (Qwen3-Next, as vLLM's qwen3_next_mtp).
+  bool feed_back_normed = false;
 };
 
 // embed_placed / head_placed: the model's placements, reused when the
@@ -54,8 +58,8 @@ Status place_mtp_head(Backend& b, const MtpHeadWeights& w, const WeightView& mod
 Status mtp_head_input(Backend& b, const MtpHead& m, const int32_t* ids, int64_t n, Tensor hidden, Tensor x, Tensor h,
                       Tensor hnormed);
 
-// After the decoder layer: `out` (when set) receives every row of x (the
-// layer's output before the head's norm, Model::forward_mtp's mtp_hidden);
+// After the decoder layer: `out` (when set) receives every row of x, or of
+// head_norm(x) when m.feed_back_normed (Model::forward_mtp's mtp_hidden);
 // then logits [n_sample, V] = head(head_norm(x[sample_rows])), final_rows
 // [n_sample, E] scratch.
 Status mtp_head_logits(Backend& b, const MtpHead& m, Tensor x, const int32_t* sample_rows, Tensor final_rows,

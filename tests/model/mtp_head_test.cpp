@@ -2,7 +2,8 @@
 // family's decoder layer; ModelOptions::mtp, Model::forward_mtp), held to
 // tools/make_mtp_golden.py's numpy reference on a tiny checkpoint with a
 // seeded MTP layer: the model's greedy pick after the prompt is the
-// golden's next_token, and the head's logits at every prompt position
+// golden's next_token, and the head's logits (over the model's hidden
+// states, or the golden's given rows for Qwen3-Next) at every prompt position
 // (t_{p+1} the next prompt token, the last row the model's pick) match,
 // whole and fed in two chunks (the MTP layer's KV carried between steps);
 // forward_mtp's mtp_hidden is the same with and without logits asked for.
@@ -51,10 +52,35 @@ void expect_reference_head(const std::string& name) {
 
   Batch b;
   b.add_sequence(prompt.data(), n, 0, true, table);
+  const KvSpec& groups = m.kv_spec();
+  if (std::any_of(groups.begin(), groups.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); }))
+    b.seqs[0].state_slot = 0;  // a hybrid's recurrent state (Qwen3-Next)
   std::vector<float> logits(static_cast<size_t>(V)), hidden(static_cast<size_t>(n * E));
-  ASSERT_TRUE(m.forward_hidden(b, logits.data(), hidden.data()).ok());
+  const Status st = m.forward_hidden(b, logits.data(), hidden.data());
+  ASSERT_TRUE(st.ok()) << st.error().message;
   const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   EXPECT_EQ(next, gold["next_token"].get<int32_t>()) << name;
+  if (gold.contains("hidden")) {
+    // Qwen3-Next (no numpy gated DeltaNet): the golden's head reads given
+    // rows. forward_hidden's are the states the LM head reads: its last
+    // row through lm_head is the logits row.
+    const TensorRef* head = (*files)->find("lm_head.weight");
+    ASSERT_TRUE(head != nullptr && head->dtype == DType::kF32) << name;
+    const float* wv = reinterpret_cast<const float*>(head->data);
+    const float* last = hidden.data() + static_cast<size_t>((n - 1) * E);
+    double err = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      double dot = 0;
+      for (int64_t e = 0; e < E; ++e) dot += double(wv[v * E + e]) * last[e];
+      err = std::max(err, std::fabs(dot - logits[static_cast<size_t>(v)]));
+    }
+    EXPECT_LT(err, 1e-4) << name << ": forward_hidden's last row is not what the head reads";
+    hidden.clear();
+    for (const auto& row : gold["hidden"]) {
+      for (const auto& x : row) hidden.push_back(x.get<float>());
+    }
+    ASSERT_EQ(hidden.size(), static_cast<size_t>(n * E)) << name;
+  }
 
   std::vector<int32_t> shifted(prompt.begin() + 1, prompt.end());
   shifted.push_back(next);
@@ -92,6 +118,9 @@ TEST(MtpHead, DeepSeekV3MatchesTheNumpyReference) {
 }
 TEST(MtpHead, Glm4MoeMatchesTheNumpyReference) {
   expect_reference_head("mtp-glm4-moe");
+}
+TEST(MtpHead, Qwen3NextMatchesTheNumpyReference) {
+  expect_reference_head("mtp-qwen3-next");
 }
 
 }  // namespace
