@@ -118,6 +118,46 @@ TEST(MtpSpeculator, Qwen3NextOutputIsTheSameWithAndWithout) {
   expect_same_output(kQwenCheckpoint, "qwen3-next");
 }
 
+// A prompt of exactly two blocks: the chain's rows past it need a block
+// the request does not hold yet, which the engine leases from the free
+// blocks for the chain alone. The first round then drafts 3 (max_tokens 5:
+// the owed token and 3 drafts), not the 1 a chain cut at the request's
+// blocks would give; output and block accounting stay exact.
+TEST(MtpSpeculator, ChainsPastTheRequestsBlocks) {
+  std::ifstream in(kMtpCheckpoint + "/golden.json");
+  ASSERT_TRUE(in);
+  const auto gold = nlohmann::json::parse(in);
+  std::vector<int32_t> prompt = gold["prompt_ids"].get<std::vector<int32_t>>();
+  prompt.insert(prompt.end(), prompt.begin(), prompt.begin() + (32 - static_cast<long>(prompt.size())));
+  ASSERT_EQ(prompt.size(), 32u);
+  auto on = Engine::load(kMtpCheckpoint, options("mtp"));
+  ASSERT_TRUE(on.ok()) << on.error().message;
+  auto off = Engine::load(kMtpCheckpoint, options("off"));
+  ASSERT_TRUE(off.ok()) << off.error().message;
+  std::vector<int32_t> outs[2];
+  Usage usage;
+  for (int i = 0; i < 2; ++i) {
+    GenerationRequest r;
+    r.prompt = prompt;
+    r.max_tokens = 5;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0.0f;
+    auto h = (i == 0 ? *on : *off)->submit(std::move(r));
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    GenerationEvent ev;
+    while (h->next(ev)) {
+      outs[i].insert(outs[i].end(), ev.token_ids.begin(), ev.token_ids.end());
+      if (i == 0) usage = ev.usage;
+    }
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  // Rejected drafts (random weights): rounds of 3, then 1 and 1.
+  if (usage.accepted_draft_tokens == 0) {
+    EXPECT_EQ(usage.draft_tokens, 5);
+  }
+  EXPECT_EQ((*on)->stats().integrity_errors, 0) << (*on)->stats().last_integrity_error;
+}
+
 // The first draft after a prompt is the MTP head's argmax at the prompt's
 // last position, which the numpy reference computed (mtp_greedy's last).
 TEST(MtpSpeculator, FirstDraftIsTheReferenceHeads) {
