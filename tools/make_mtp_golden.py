@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""A tiny DeepSeek-V3 or GLM-4.5 (glm4_moe) checkpoint with a
-multi-token-prediction (MTP) layer, and the MTP head's draft logits from a
-numpy reference.
+"""A tiny DeepSeek-V3, GLM-4.5 (glm4_moe), GLM-5 (glm_moe_dsa) or Qwen3-Next
+checkpoint with a multi-token-prediction (MTP) layer, and the MTP head's
+draft logits from a numpy reference.
+
+GLM-5 (DsaModel) is held to tests/data/glm-5-causal (rill's causal index
+selection, tools/make_dsa_causal_golden.py) instead of transformers'
+golden, and its MTP layer gets its own lightning indexer. Qwen3-Next
+(QwenNextMtp, main_qwen_next) has no numpy gated DeltaNet: its golden gives
+the hidden rows the head reads.
 
 The Hugging Face goldens drop MTP weights (transformers does not run them), so
 there is no transformers reference for the MTP head. This script:
@@ -39,6 +45,8 @@ mtp_greedy: each row's argmax, mtp_chain: the first 4 drafts with the MTP
 layer chained on its own output (Model.mtp_chain).
   .venv-tools/bin/python tools/make_mtp_golden.py ../shared/goldens/hf/deepseek-v3 tests/data/mtp-deepseek-v3
   .venv-tools/bin/python tools/make_mtp_golden.py ../shared/goldens/hf/glm4-moe tests/data/mtp-glm4-moe
+  .venv-tools/bin/python tools/make_mtp_golden.py ../shared/goldens/hf/glm-5 tests/data/mtp-glm-5
+  .venv-tools/bin/python tools/make_mtp_golden.py ../shared/goldens/hf/qwen3-next tests/data/mtp-qwen3-next
 (tools/tools_venv.sh numpy makes the venv.)
 """
 import json
@@ -257,6 +265,90 @@ class GlmModel(Model):
         return x + (self.mlp(h2, p + "mlp.") if dense else self.moe(h2, p + "mlp."))
 
 
+class DsaModel(Model):
+    """GLM-5 (glm_moe_dsa): DeepSeek-V3's MLA and MoE plus the lightning
+    indexer of DeepSeek sparse attention, with rill's causal selection
+    (tools/make_dsa_causal_golden.py: top index_topk keys of [0, t], ties to
+    the later key; a "shared" layer reuses the selection of the layer
+    before). Its MTP layer is an MLA layer with its own indexer (a "full"
+    one: the files hold its indexer weights)."""
+
+    def __init__(self, cfg, w):
+        self.c = cfg
+        self.w = {k: v.astype(np.float64) for k, v in w.items()}
+        self.rope_dim = cfg["qk_rope_head_dim"]
+        theta = cfg["rope_parameters"]["rope_theta"]
+        self.inv_freq = 1.0 / theta ** (np.arange(0, self.rope_dim, 2) / self.rope_dim)
+
+    def dsa_layer(self, x, il, sel):
+        """Decoder layer il over x [S, E]; sel: the selection a shared layer
+        reuses. Returns (x, the layer's selection)."""
+        c, W = self.c, self.w
+        S, H, R = x.shape[0], c["num_attention_heads"], self.rope_dim
+        L, nope, vd = c["kv_lora_rank"], c["qk_nope_head_dim"], c["v_head_dim"]
+        IH, ID = c["index_n_heads"], c["index_head_dim"]
+        pos = np.arange(S)
+        p = "model.layers.%d." % il
+        a = p + "self_attn."
+        h = self.rms(x, W[p + "input_layernorm.weight"])
+        qr = self.rms(h @ W[a + "q_a_proj.weight"].T, W[a + "q_a_layernorm.weight"])
+        q = (qr @ W[a + "q_b_proj.weight"].T).reshape(S, H, nope + R).transpose(1, 0, 2)
+        q = np.concatenate([q[..., :nope], self.rope(q[..., nope:], pos)], -1)
+        kv = h @ W[a + "kv_a_proj_with_mqa.weight"].T
+        lat = self.rms(kv[:, :L], W[a + "kv_a_layernorm.weight"])
+        kvb = (lat @ W[a + "kv_b_proj.weight"].T).reshape(S, H, nope + vd).transpose(1, 0, 2)
+        k = np.concatenate([kvb[..., :nope], np.broadcast_to(self.rope(kv[:, L:], pos), (H, S, R))], -1)
+        if a + "indexer.wq_b.weight" in W:
+            iq = (qr @ W[a + "indexer.wq_b.weight"].T).reshape(S, IH, ID).transpose(1, 0, 2)
+            iq = np.concatenate([self.rope(iq[..., :R], pos), iq[..., R:]], -1).transpose(1, 0, 2)
+            ik = h @ W[a + "indexer.wk.weight"].T
+            m = ik.mean(-1, keepdims=True)
+            ik = (ik - m) / np.sqrt(((ik - m) ** 2).mean(-1, keepdims=True) + 1e-6)
+            ik = ik * W[a + "indexer.k_norm.weight"] + W[a + "indexer.k_norm.bias"]
+            ik = np.concatenate([self.rope(ik[:, :R], pos), ik[:, R:]], -1)
+            hw = (h @ W[a + "indexer.weights_proj.weight"].T) * IH ** -0.5
+            sc = np.maximum(np.einsum("shd,td->sht", iq, ik) * ID ** -0.5, 0)
+            scores = np.einsum("sht,sh->st", sc, hw)
+            sel = np.zeros((S, S), bool)
+            for t in range(S):
+                order = sorted(range(t + 1), key=lambda j: (-scores[t][j], -j))
+                sel[t, order[:c["index_topk"]]] = True
+        att = np.einsum("hsd,htd->hst", q, k) * (nope + R) ** -0.5
+        att = np.where(sel[None], att, -np.inf)
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        o = np.einsum("hst,htd->shd", att, kvb[..., nope:]).reshape(S, H * vd)
+        x = x + o @ W[a + "o_proj.weight"].T
+        h2 = self.rms(x, W[p + "post_attention_layernorm.weight"])
+        types = c["mlp_layer_types"]
+        dense = il < len(types) and types[il] == "dense"
+        return x + (self.mlp(h2, p + "mlp.") if dense else self.moe(h2, p + "mlp.")), sel
+
+    def hidden(self, ids):
+        x, sel = self.w["model.embed_tokens.weight"][ids], None
+        for il in range(self.c["num_hidden_layers"]):
+            x, sel = self.dsa_layer(x, il, sel)
+        return self.rms(x, self.w["model.norm.weight"])
+
+    def layer(self, x, il):
+        return self.dsa_layer(x, il, None)[0]  # the MTP layer: its own indexer
+
+
+def add_dsa_indexer(cfg, w, rng):
+    """The MTP layer's own lightning indexer: the first full layer's
+    indexer tensor names, resampled at each tensor's scale."""
+    src = "model.layers.%d.self_attn.indexer." % cfg["indexer_types"].index("full")
+    dst = "model.layers.%d.self_attn.indexer." % cfg["num_hidden_layers"]
+    for k in [k for k in w if k.startswith(src)]:
+        v = w[k]
+        if k.endswith("k_norm.weight"):
+            w[dst + k[len(src):]] = (1 + 0.1 * rng.standard_normal(v.shape)).astype(np.float32)
+        elif k.endswith("k_norm.bias"):
+            w[dst + k[len(src):]] = (0.1 * rng.standard_normal(v.shape)).astype(np.float32)
+        else:
+            w[dst + k[len(src):]] = (rng.standard_normal(v.shape) * v.std()).astype(np.float32)
+
+
 class QwenNextMtp(GlmModel):
     """Qwen3-Next's MTP block (mtp.*, as vLLM's qwen3_next_mtp runs it):
     x = fc([pre_fc_norm_embedding(emb(t)); pre_fc_norm_hidden(h)]), one
@@ -361,7 +453,7 @@ def main_qwen_next(src, out, cfg, w, gold):
               open(os.path.join(out, "golden.json"), "w"))
 
 
-FAMILIES = {"deepseek_v3": ("DeepSeek-V3", Model), "glm4_moe": ("GLM-4.5", GlmModel)}
+FAMILIES = {"deepseek_v3": ("DeepSeek-V3", Model), "glm4_moe": ("GLM-4.5", GlmModel), "glm_moe_dsa": ("GLM-5", DsaModel)}
 
 
 def add_mtp_layer(cfg, w, rng):
@@ -393,6 +485,10 @@ def main():
     if cfg["model_type"] == "qwen3_next":
         return main_qwen_next(src, out, cfg, w, gold)
     name, Family = FAMILIES[cfg["model_type"]]
+    if cfg["model_type"] == "glm_moe_dsa":
+        # transformers breaks index ties by the whole call's top-k; rill's
+        # causal rule is tests/data/glm-5-causal's (make_dsa_causal_golden.py).
+        gold = json.load(open(os.path.join(os.path.dirname(__file__), "../tests/data/glm-5-causal/golden.json")))
     prompt = gold["prompt_ids"]
     m = Family(cfg, w)
     err = np.abs(m.logits(prompt) - np.array(gold["logits"])).max()
@@ -400,12 +496,16 @@ def main():
     for _ in range(len(gold["greedy_ids"])):
         ids.append(int(np.argmax(m.logits(ids)[-1])))
     greedy = ids[len(prompt):]
-    print("numpy %s vs transformers: max |logit - golden| = %.3g, greedy ids %s" %
-          (name, err, greedy == gold["greedy_ids"]))
+    print("numpy %s vs %s: max |logit - golden| = %.3g, greedy ids %s" %
+          (name, "tests/data/glm-5-causal" if cfg["model_type"] == "glm_moe_dsa" else "transformers", err,
+           greedy == gold["greedy_ids"]))
     assert err < 1e-4 and greedy == gold["greedy_ids"], "the numpy model does not reproduce transformers"
 
     cfg["num_nextn_predict_layers"] = 1
-    add_mtp_layer(cfg, w, np.random.default_rng(21))
+    rng = np.random.default_rng(21)
+    add_mtp_layer(cfg, w, rng)
+    if cfg["model_type"] == "glm_moe_dsa":
+        add_dsa_indexer(cfg, w, rng)
     m = Family(cfg, w)
     h = m.hidden(prompt)
     next_token = int(np.argmax(h[-1] @ m.w["lm_head.weight"].T))

@@ -119,6 +119,11 @@ TEST(MtpHead, DeepSeekV3MatchesTheNumpyReference) {
 TEST(MtpHead, Glm4MoeMatchesTheNumpyReference) {
   expect_reference_head("mtp-glm4-moe");
 }
+// GLM-5 (DSA): the MTP layer selects its keys with its own lightning
+// indexer (index_topk 8 of up to 24 keys, so the selection matters).
+TEST(MtpHead, Glm5MatchesTheNumpyReference) {
+  expect_reference_head("mtp-glm-5");
+}
 TEST(MtpHead, Qwen3NextMatchesTheNumpyReference) {
   expect_reference_head("mtp-qwen3-next");
 }

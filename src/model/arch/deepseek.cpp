@@ -163,6 +163,14 @@ Result<DType> copy_split_kv_b(const ModelFiles& f, const std::string& at, const 
   return k_b->dtype;
 }
 
+// Whether layer il runs a lightning indexer: a DSA layer that is not
+// "shared", and the MTP layer (past indexer_types: it has its own).
+bool has_indexer(const MlaParams& p, int64_t il) {
+  if (!p.dsa.enabled()) return false;
+  const auto i = static_cast<size_t>(il);
+  return i >= p.dsa.shared.size() || !p.dsa.shared[i];
+}
+
 Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
   const ModelConfig& cfg = f.config;
   const int64_t E = cfg.n_embd, V = cfg.n_vocab, H = cfg.n_head;
@@ -187,7 +195,11 @@ Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
     if (found.naming != MtpLayers::Naming::kNextn ||
         found.prefixes[0] != "model.layers." + std::to_string(cfg.n_layer) + ".")
       return Error{f.path + ": --spec mtp: MTP layers named '" + found.prefixes[0] + "*' are not run by this family"};
-    if (p.dsa.enabled()) return Error{f.path + ": --spec mtp: the MTP layers of DSA models are not run yet"};
+    // A DSA model's MTP layer (GLM-5) selects its keys with its own
+    // lightning indexer: no layer before it in its step to share one with.
+    if (p.dsa.enabled() && !f.find(found.prefixes[0] + "self_attn.indexer.wq_b.weight"))
+      return Error{f.path + ": --spec mtp: the MTP layer of a DSA model needs its own indexer ('" + found.prefixes[0] +
+                   "self_attn.indexer.wq_b.weight' is missing)"};
     mtp_prefix = found.prefixes[0];
   }
   const int64_t n_bound = cfg.n_layer + (mtp ? 1 : 0);
@@ -225,7 +237,7 @@ Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
     }
     w.kv_b_dtype = kv_b_dtype;
     RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, at + "o_proj", E, H * p.v_dim));
-    if (p.dsa.enabled() && !p.dsa.shared[static_cast<size_t>(il)]) {
+    if (has_indexer(p, il)) {
       const std::string ix = at + "indexer.";
       const int64_t D = p.dsa.head_dim;
       RILL_ASSIGN_OR_RETURN(L.index_q, bind_linear(f, ix + "wq_b", p.dsa.n_head * D, p.q_lora_rank));
@@ -413,7 +425,7 @@ Result<MlaGraph> place_mla(Backend& b, const ModelConfig& cfg, const MlaWeights&
   g.layers.assign(w.layers.size(), MlaLayer{});
   for (size_t il = 0; il < w.layers.size(); ++il) {
     g.layers[il].is_moe = w.layers[il].moe.has_value();
-    g.layers[il].has_indexer = w.params.dsa.enabled() && !w.params.dsa.shared[il];
+    g.layers[il].has_indexer = has_indexer(w.params, static_cast<int64_t>(il));
     if (!g.layers[il].is_moe) g.F = std::max(g.F, w.layers[il].gate.n_out());
   }
   RILL_TRY(b.place_model([&] { return place_pass(b, w, g); }));
