@@ -644,6 +644,7 @@ class LlamaCudaModel final : public CudaModelBase {
   explicit LlamaCudaModel(std::shared_ptr<const ModelFiles> files, CudaShard shard = {})
       : CudaModelBase(std::move(files), shard), hooks_(*this) {}
   Status init(const ModelOptions& options);
+  int32_t n_mtp_layers() const override { return graph_.has_mtp ? 1 : 0; }
 
  private:
   // The graph's runtime hooks: the KV planes, the shard's all-reduce.
@@ -672,6 +673,12 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   RILL_TRY(read_dims());
   RILL_TRY(create_context());
   RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, LlamaDims{E_, V_, F_, hd_, Q_, KV_}));
+  if (options.mtp) {
+    if (sharded()) return Error{f.path + ": --spec mtp is not run with tensor parallelism yet"};
+    RILL_TRY(bind_llama_mtp(f, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, w));
+    mtp_rows_ = true;
+    n_kv_layers_ = cfg_.n_layer + 1;  // the MTP layer's K and V: one more layer of the pool
+  }
   if (sharded()) {  // this rank's slices (views of the mapped tensors); o's bias is added after the all-reduce
     RILL_TRY(shard_llama_layers(w, split_, ff_split_, hd_, f.path));
     w.lm_head = slice_rows(w.lm_head, split_.vocab);
@@ -707,14 +714,25 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.gu = carve_tensor(a, DType::kF32, T, 2 * F);
   act_views_.mlp = carve_tensor(a, act_, T, F);
   act_views_.final_rows = carve_tensor(a, act_, S, E_);
+  if (graph_.has_mtp) act_views_.mtp_h = carve_tensor(a, act_, T, E_);
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }
 
 // The shared graph over the uploaded step metadata, then (shards) the
-// logits gather.
+// logits gather. The MTP kinds (step_kind()) run unsharded only.
 Status LlamaCudaModel::run_layers(const Step& s) {
   const StepMetadata md = step_metadata(s);
   const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.head_rows);
+  const Tensor rows = Tensor::dense(rows_out(), DType::kF32, s.n, E_);
+  switch (step_kind()) {
+    case StepKind::kHidden:
+      return llama_forward(*backend_, graph_, md, act_views_, logits, hooks_, &rows);
+    case StepKind::kMtp:
+      return llama_mtp_forward(*backend_, graph_, md, act_views_, Tensor::dense(rows_in(), DType::kF32, s.n, E_),
+                               logits, hooks_, &rows);
+    case StepKind::kForward:
+      break;
+  }
   RILL_TRY(llama_forward(*backend_, graph_, md, act_views_, logits, hooks_));
   return s.n_sample > 0 ? gather_logits(s.n_sample) : Status::Ok();
 }
