@@ -35,8 +35,7 @@ std::unique_ptr<Model> load(const std::shared_ptr<const ModelFiles>& files, Devi
   o.device = d;
   o.n_threads = 2;
   o.n_ctx = 64;
-  o.max_batch_tokens = 32;
-  o.max_batch_seqs = 4;
+  o.max_batch_tokens = 32;  // every row of a 24-token prompt samples (the head's logits)
   o.mtp = true;
   auto m = create_model(builtin_registry(), infer_profile(*files), files, o);
   EXPECT_TRUE(m.ok()) << m.error().message;
@@ -90,7 +89,8 @@ TEST(MtpCuda, Glm4MoeMatchesTheCpuAndTheReference) {
   std::vector<int32_t> shifted(prompt.begin() + 1, prompt.end());
   shifted.push_back(next);
   std::vector<float> cpu_out(static_cast<size_t>(n * E)), cpu_logits(static_cast<size_t>(n * V));
-  ASSERT_TRUE(mtp_rows(*cpu, shifted, hidden[1], table, 0, n, cpu_logits.data(), cpu_out.data()).ok());
+  const Status cpu_st = mtp_rows(*cpu, shifted, hidden[1], table, 0, n, cpu_logits.data(), cpu_out.data());
+  ASSERT_TRUE(cpu_st.ok()) << cpu_st.error().message;
   // Whole, in chunks of 9, and one token a step (decode steps: the third
   // and later replay the MTP kind's CUDA graph).
   for (const int32_t split : {n, 9, 1}) {
