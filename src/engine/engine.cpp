@@ -386,17 +386,25 @@ void EngineImpl::loop() {
   }
 }
 
-void EngineImpl::propose_drafts() {
-  if (!speculator_) return;
-  const std::vector<Request*>& running = scheduler_.running();
+bool EngineImpl::speculation_pays() const {
   int32_t n_decoding = 0;
-  for (const Request* r : running) n_decoding += r->decoding();
+  for (const Request* r : scheduler_.running()) n_decoding += r->decoding();
   // Compute-bound: once decode rounds fill half the step's token budget,
   // extra tokens per row would slow every row more than drafts can win.
-  if (n_decoding == 0 || 2 * n_decoding > scheduler_.options().token_budget) return;
+  return n_decoding > 0 && 2 * n_decoding <= scheduler_.options().token_budget;
+}
+
+int32_t EngineImpl::draft_length(const Request& r) const {
+  const int32_t k = r.spec.k == 0 ? options_.spec_tokens : r.spec.k;
+  // The owed token and the drafts all become output when every draft holds.
+  return std::max(0, std::min(k, r.params.max_tokens - r.n_output() - 1));
+}
+
+void EngineImpl::propose_drafts() {
+  if (!speculator_ || !speculation_pays()) return;
   draft_requests_.clear();
   draft_rows_.clear();
-  for (Request* r : running) {
+  for (Request* r : scheduler_.running()) {
     if (!r->decoding() || r->n_draft > 0 || !r->params.speculative) continue;
     Request::Speculation& sp = r->spec;
     if (sp.k == 0) sp.k = options_.spec_tokens;
@@ -404,8 +412,7 @@ void EngineImpl::propose_drafts() {
       --sp.n_skip;
       continue;
     }
-    // The owed token and the drafts all become output when every draft holds.
-    const int32_t k = std::min(sp.k, r->params.max_tokens - r->n_output() - 1);
+    const int32_t k = draft_length(*r);
     if (k < 1) continue;
     draft_requests_.push_back(DraftRequest{r->id, r->tokens, k, 0});
     draft_rows_.push_back(r);
@@ -428,6 +435,8 @@ void EngineImpl::observe_hidden() {
   hidden_rows_.clear();
   hidden_tables_.clear();
   table_spans_.clear();
+  const bool pays = speculation_pays();
+  const int32_t block_size = pool_.block_size();
   for (size_t i = 0; i < step_chunks_.size(); ++i) {
     const Request& r = *step_chunks_[i].request;
     const int32_t first = chunk_starts_[i];
@@ -436,16 +445,36 @@ void EngineImpl::observe_hidden() {
     const int32_t n = r.n_computed - first;
     if (r.finished() || !r.params.speculative || n <= 0 || r.tokens.size() <= static_cast<size_t>(r.n_computed))
       continue;
+    // What propose_drafts will ask of r next step (a decoding request).
+    int32_t n_drafts = !pays || !r.decoding() || r.spec.n_skip > 0 ? 0 : draft_length(r);
+    n_drafts = std::min(n_drafts, static_cast<int32_t>(model_->n_ctx()) - r.n_computed);
     const size_t at = hidden_tables_.size();
     kv_.append_block_table(static_cast<int64_t>(r.id), 0, hidden_tables_);
+    // Chained draft j >= 2 writes the MTP layer's row of position
+    // n_computed + j - 2: past the request's blocks it takes free blocks
+    // (never a cached prefix block) for this observe only; without them the
+    // chain stops where the request's tail block ends.
+    const auto owned = static_cast<int32_t>(hidden_tables_.size() - at);
+    const int32_t want = (r.n_computed + std::max(0, n_drafts - 1) + block_size - 1) / block_size - owned;
+    if (want > 0 && pool_.n_free() >= want) {
+      auto leased = pool_.allocate(want);
+      assert(leased.ok());  // free blocks only: no eviction
+      for (BlockLease& b : *leased) {
+        hidden_tables_.push_back(b.block());
+        chain_scratch_.push_back(std::move(b));
+      }
+    } else if (want > 0) {
+      n_drafts = std::min(n_drafts, owned * block_size - r.n_computed + 1);
+    }
     table_spans_.emplace_back(at, hidden_tables_.size() - at);
     const int32_t q_start = runner_.batch().seqs[i].q_start;
-    hidden_rows_.push_back(HiddenRows{r.id, r.tokens, first, n, runner_.hidden(q_start), {}, r.n_prompt});
+    hidden_rows_.push_back(HiddenRows{r.id, r.tokens, first, n, runner_.hidden(q_start), {}, r.n_prompt, n_drafts});
   }
   for (size_t i = 0; i < hidden_rows_.size(); ++i)  // spans once the tables stopped growing
     hidden_rows_[i].block_table =
         std::span<const int32_t>(hidden_tables_).subspan(table_spans_[i].first, table_spans_[i].second);
   if (!hidden_rows_.empty()) speculator_->observe(hidden_rows_);
+  chain_scratch_.clear();  // the chains' rows are dead: the blocks go back
 }
 
 void EngineImpl::run_step() {

@@ -56,6 +56,11 @@ class EngineImpl final : public Engine {
   void run_step();
   // Appends drafts to the decoding requests that speculate this step.
   void propose_drafts();
+  // False when the decode rounds are compute-bound (no drafts this step).
+  bool speculation_pays() const;
+  // The most drafts r takes in a step it speculates (Request::Speculation::k,
+  // at least 1 when it may speculate, capped by max_tokens); 0: none.
+  int32_t draft_length(const Request& r) const;
   // After a step's verification, hands the hidden states of every
   // speculating chunk's kept positions to a speculator that reads them.
   void observe_hidden();
@@ -117,6 +122,7 @@ class EngineImpl final : public Engine {
   std::vector<int32_t> hidden_tables_;                  // ... their block tables end to end
   std::vector<std::pair<size_t, size_t>> table_spans_;  // ... and where each is in it
   std::vector<Request*> draft_rows_;                    // ... and its request
+  std::vector<BlockLease> chain_scratch_;               // observe_hidden: blocks for chained drafts' rows
   int64_t spec_drafted_ = 0, spec_accepted_ = 0;        // EngineStats::spec_*
 
   // Engine thread only.

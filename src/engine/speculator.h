@@ -33,9 +33,15 @@ struct HiddenRows {
   std::span<const int32_t> tokens;  // the request's tokens now: more than first + n of them
   int32_t first = 0;
   int32_t n = 0;
-  const float* hidden = nullptr;         // [n, n_embd]: final-normed (Model::forward_hidden)
-  std::span<const int32_t> block_table;  // the request's KV blocks (group 0), covering first + n
-  int32_t decode_from = 0;               // BatchSeq::decode_from: the request's prompt length
+  const float* hidden = nullptr;  // [n, n_embd]: final-normed (Model::forward_hidden)
+  // The request's KV blocks (group 0), covering first + n + n_drafts - 1
+  // positions: past first + n, the request's own tail block or scratch
+  // blocks leased for this observe() only, where a chained draft may write
+  // rows that nothing reads after it (the next observe() rewrites every
+  // kept position before a draft reads it).
+  std::span<const int32_t> block_table;
+  int32_t decode_from = 0;  // BatchSeq::decode_from: the request's prompt length
+  int32_t n_drafts = 0;     // the most drafts the request's next step takes (0: none)
 };
 
 // One request's part of a step's propose_batch().

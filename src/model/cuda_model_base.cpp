@@ -233,6 +233,10 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
                                 : a.take<float>(cuda::attention_partial_floats(
                                       max_tokens_, static_cast<int32_t>(n_head_), static_cast<int32_t>(hd_)));
     ids_dev_ = a.take<int32_t>(S);
+    if (mtp_rows_) {
+      rows_in_ = a.take<float>(T * static_cast<size_t>(E_));
+      rows_out_ = a.take<float>(T * static_cast<size_t>(E_));
+    }
     if (sharded()) {
       vocab_local_ = a.take<float>(S * static_cast<size_t>(split_.vocab_stride));
       vocab_all_ = a.take<float>(static_cast<size_t>(split_.size) * S * static_cast<size_t>(split_.vocab_stride));
@@ -244,6 +248,9 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(act_buf_, cuda::DeviceBuffer::allocate(sizing.used(), "activations"));
   cuda::Arena real(act_buf_.data());
   carve(real);
+  // A decode graph's padding rows read rows_in() past the step's rows:
+  // zeros (finite) until real rows were there.
+  if (rows_in_) RILL_CUDA_CHECK(cudaMemset(rows_in_, 0, T * static_cast<size_t>(E_) * sizeof(float)));
 
   // Step metadata: block tables for every sequence of a full batch at full context.
   const size_t blocks_per_seq = static_cast<size_t>((n_ctx_ + block_size_ - 1) / block_size_);
@@ -484,6 +491,44 @@ Status CudaModelBase::forward(const Batch& batch, float* logits) {
   return ctx_->synchronize();
 }
 
+Status CudaModelBase::compute_kind(const Batch& batch, StepKind kind, float* logits, float* rows) {
+  step_kind_ = kind;
+  const Status st = compute(batch);
+  step_kind_ = StepKind::kForward;
+  RILL_TRY(st);
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  if (n_sample > 0 && logits) {
+    RILL_CUDA_CHECK(cudaMemcpyAsync(logits, logits_, static_cast<size_t>(n_sample * V_) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, ctx_->stream()));
+  }
+  if (rows) {
+    RILL_CUDA_CHECK(cudaMemcpyAsync(rows, rows_out_, static_cast<size_t>(batch.n_tokens() * E_) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, ctx_->stream()));
+  }
+  return ctx_->synchronize();
+}
+
+Status CudaModelBase::forward_hidden(const Batch& batch, float* logits, float* hidden) {
+  if (!mtp_rows_) return Model::forward_hidden(batch, logits, hidden);
+  if (batch.n_tokens() <= 0) return {};
+  return compute_kind(batch, StepKind::kHidden, logits, hidden);
+}
+
+Status CudaModelBase::forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) {
+  if (!mtp_rows_) return Model::forward_mtp(batch, hidden, logits, mtp_hidden);
+  const int64_t n = batch.n_tokens();
+  if (n <= 0) return {};
+  if (n > max_tokens_) {
+    return Error{"batch has " + std::to_string(n) + " tokens, more than the " + std::to_string(max_tokens_) +
+                 " the model planned for"};
+  }
+  // Ordered before the step's kernels (one stream); a replayed decode graph
+  // reads the same buffer.
+  RILL_CUDA_CHECK(cudaMemcpyAsync(rows_in_, hidden, static_cast<size_t>(n * E_) * sizeof(float), cudaMemcpyHostToDevice,
+                                  ctx_->stream()));
+  return compute_kind(batch, StepKind::kMtp, logits, mtp_hidden);
+}
+
 // Masked steps pick their argmax in the sampler's kernel, which reads the
 // masks; unmasked ones in argmax_rows, as before masks existed.
 Status CudaModelBase::forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) {
@@ -637,7 +682,8 @@ Status CudaModelBase::compute(const Batch& batch) {
 
   if (split_bucket == 0) return run_layers({n, n_sample, decode.n, max_decode_len, tiles.n});
   const Step step{n_run, n_run, decode.n, max_decode_len, 0};
-  Graph& g = graphs_[static_cast<uint32_t>(n_run) << 8 | static_cast<uint32_t>(split_bucket)];
+  Graph& g = graphs_[static_cast<uint32_t>(step_kind_) << 28 | static_cast<uint32_t>(n_run) << 8 |
+                     static_cast<uint32_t>(split_bucket)];
   if (g.exec) {
     if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess)
       return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};

@@ -134,6 +134,12 @@ class CudaModelBase : public Model {
   Status forward(const Batch& batch, float* logits) override;
   bool has_forward_greedy() const override { return true; }
   Status forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) override;
+  // A family with an MTP layer (mtp_rows_): the step with every token's
+  // final-normed hidden state (rows_out()), and the MTP layer over the
+  // uploaded hidden rows (rows_in(); its fed-back output in rows_out()).
+  // Decode steps replay graphs of their own kind. Otherwise Model's errors.
+  Status forward_hidden(const Batch& batch, float* logits, float* hidden) override;
+  Status forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) override;
   bool has_forward_sample() const override { return device_sampling_; }
   Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, const TokenMasks& masks,
                         int32_t* ids) override;
@@ -235,6 +241,17 @@ class CudaModelBase : public Model {
   // (logits_, or a shard's slice buffer), then the gather (no-op unsharded).
   float* head_out() const { return comm_ ? vocab_local_ : logits_; }
   Status gather_logits(int64_t n_sample);
+
+  // What run_layers() computes (forward_hidden, forward_mtp): kForward
+  // the logits; kHidden also every token's final-normed hidden state into
+  // rows_out(); kMtp the MTP layer over the hidden rows in rows_in(), its
+  // fed-back output into rows_out(). Both [max tokens, E_] F32, carved
+  // when the family set mtp_rows_ before init_runtime().
+  enum class StepKind : uint32_t { kForward = 0, kHidden = 1, kMtp = 2 };
+  StepKind step_kind() const { return step_kind_; }
+  float* rows_in() const { return rows_in_; }
+  float* rows_out() const { return rows_out_; }
+  bool mtp_rows_ = false;
 
   const StepMeta& meta() const { return meta_dev_; }
   // The step as a Backend reads it (backend/backend.h): meta()'s device
@@ -347,6 +364,11 @@ class CudaModelBase : public Model {
   float* vocab_local_ = nullptr;  // shards: [S, split_.vocab_stride] this rank's logits
   float* vocab_all_ = nullptr;    // shards: [N, S, split_.vocab_stride] gathered
   int32_t* ids_dev_ = nullptr;    // [S] greedy or sampled ids
+  StepKind step_kind_ = StepKind::kForward;
+  float *rows_in_ = nullptr, *rows_out_ = nullptr;  // mtp_rows_: [T, E_] each
+  // compute() as `kind` (then back to kForward), and the copies out:
+  // logits of the sample rows and `rows` [n, E_] from rows_out() when set.
+  Status compute_kind(const Batch& batch, StepKind kind, float* logits, float* rows);
 
   // states_' step indices: pinned host and device copies ([T] each), and
   // the step's (device pointers).
@@ -362,7 +384,8 @@ class CudaModelBase : public Model {
   StepMeta meta_host_, meta_dev_;
   DrawInputs draw_host_, draw_dev_;
 
-  // Decode graphs, keyed by padded batch size << 8 | split count. A key is
+  // Decode graphs, keyed by step kind << 28 | padded batch size << 8 |
+  // split count. A key is
   // run eagerly the first time (plans GEMMs, sets kernel attributes) and
   // captured the second.
   struct Graph {

@@ -187,14 +187,20 @@ class Model {
   // batch's tables name (the pool's MTP layer, beside the model's layers)
   // and the MTP head's logits [n_sample, n_vocab]: its guess of t_{p+2}.
   // The same preconditions as forward(); the MTP rows of positions before
-  // the batch's must have been computed by forward_mtp.
+  // the batch's must have been computed by forward_mtp. mtp_hidden (may be
+  // null) receives every token's MTP layer output [n_tokens, n_embd] (the
+  // residual stream before shared_head's norm for DeepSeek and GLM, after
+  // mtp.norm for Qwen3-Next: model/mtp_head.h): a chained draft (the guess
+  // of t_{p+3}) feeds it back as the hidden row of position p + 1, with
+  // the first guess as its token (one MTP layer reused, as vLLM and
+  // SGLang chain them).
   virtual int32_t n_mtp_layers() const { return 0; }
   virtual Status forward_hidden(const Batch& batch, float* logits, float* hidden) {
     (void)batch, (void)logits, (void)hidden;
     return Error{"this model does not export its hidden states"};
   }
-  virtual Status forward_mtp(const Batch& batch, const float* hidden, float* logits) {
-    (void)batch, (void)hidden, (void)logits;
+  virtual Status forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) {
+    (void)batch, (void)hidden, (void)logits, (void)mtp_hidden;
     return Error{"this model runs no multi-token-prediction layers"};
   }
 

@@ -182,9 +182,9 @@ TEST(MlaModel, MtpHeadMatchesTheNumpyReference) {
       Batch mb;
       mb.add_sequence(shifted.data() + from, len, from, false, table);
       for (int32_t i = 0; i < len; ++i) mb.sample_rows.push_back(i);
-      ASSERT_TRUE(
-          m.forward_mtp(mb, hidden.data() + static_cast<size_t>(from * E), got.data() + static_cast<size_t>(from * V))
-              .ok());
+      ASSERT_TRUE(m.forward_mtp(mb, hidden.data() + static_cast<size_t>(from * E),
+                                got.data() + static_cast<size_t>(from * V), nullptr)
+                      .ok());
     }
     double err = 0;
     for (int32_t r = 0; r < n; ++r)

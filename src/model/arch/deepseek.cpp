@@ -163,6 +163,14 @@ Result<DType> copy_split_kv_b(const ModelFiles& f, const std::string& at, const 
   return k_b->dtype;
 }
 
+// Whether layer il runs a lightning indexer: a DSA layer that is not
+// "shared", and the MTP layer (past indexer_types: it has its own).
+bool has_indexer(const MlaParams& p, int64_t il) {
+  if (!p.dsa.enabled()) return false;
+  const auto i = static_cast<size_t>(il);
+  return i >= p.dsa.shared.size() || !p.dsa.shared[i];
+}
+
 Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
   const ModelConfig& cfg = f.config;
   const int64_t E = cfg.n_embd, V = cfg.n_vocab, H = cfg.n_head;
@@ -187,7 +195,11 @@ Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
     if (found.naming != MtpLayers::Naming::kNextn ||
         found.prefixes[0] != "model.layers." + std::to_string(cfg.n_layer) + ".")
       return Error{f.path + ": --spec mtp: MTP layers named '" + found.prefixes[0] + "*' are not run by this family"};
-    if (p.dsa.enabled()) return Error{f.path + ": --spec mtp: the MTP layers of DSA models are not run yet"};
+    // A DSA model's MTP layer (GLM-5) selects its keys with its own
+    // lightning indexer: no layer before it in its step to share one with.
+    if (p.dsa.enabled() && !f.find(found.prefixes[0] + "self_attn.indexer.wq_b.weight"))
+      return Error{f.path + ": --spec mtp: the MTP layer of a DSA model needs its own indexer ('" + found.prefixes[0] +
+                   "self_attn.indexer.wq_b.weight' is missing)"};
     mtp_prefix = found.prefixes[0];
   }
   const int64_t n_bound = cfg.n_layer + (mtp ? 1 : 0);
@@ -225,7 +237,7 @@ Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
     }
     w.kv_b_dtype = kv_b_dtype;
     RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, at + "o_proj", E, H * p.v_dim));
-    if (p.dsa.enabled() && !p.dsa.shared[static_cast<size_t>(il)]) {
+    if (has_indexer(p, il)) {
       const std::string ix = at + "indexer.";
       const int64_t D = p.dsa.head_dim;
       RILL_ASSIGN_OR_RETURN(L.index_q, bind_linear(f, ix + "wq_b", p.dsa.n_head * D, p.q_lora_rank));
@@ -413,7 +425,7 @@ Result<MlaGraph> place_mla(Backend& b, const ModelConfig& cfg, const MlaWeights&
   g.layers.assign(w.layers.size(), MlaLayer{});
   for (size_t il = 0; il < w.layers.size(); ++il) {
     g.layers[il].is_moe = w.layers[il].moe.has_value();
-    g.layers[il].has_indexer = w.params.dsa.enabled() && !w.params.dsa.shared[il];
+    g.layers[il].has_indexer = has_indexer(w.params, static_cast<int64_t>(il));
     if (!g.layers[il].is_moe) g.F = std::max(g.F, w.layers[il].gate.n_out());
   }
   RILL_TRY(b.place_model([&] { return place_pass(b, w, g); }));
@@ -578,9 +590,10 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
 // position p, hidden [n_tokens, E] the model's final-normed h_p. h' =
 // eh_proj([enorm(emb(t_{p+1})); hnorm(h_p)]) as eh_e enorm(.) + eh_h
 // hnorm(.), the MTP decoder layer (its KV: kv[n_main]), then the shared
-// head's norm and head for the sample rows: logits [n_sample, V].
+// head's norm and head for the sample rows: logits [n_sample, V]; with
+// `out`, every token's layer output before that norm ([n_tokens, E] F32).
 Status mla_mtp_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const MlaActivations& a,
-                       const std::vector<KvCacheView>& kv, Tensor hidden, Tensor logits) {
+                       const std::vector<KvCacheView>& kv, Tensor hidden, Tensor logits, const Tensor* out) {
   assert(g.has_mtp);
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), mtp_h = a.mtp_h.rows_from(0, n);
@@ -594,6 +607,7 @@ Status mla_mtp_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, co
   b.rms_norm(x, nullptr, L.attn_norm, eps, 0.0f, h);
   MlaStepOps ops = mla_step_ops(g, a, n);
   RILL_TRY(mla_layer(b, g, L, ops, md, a, kv[static_cast<size_t>(g.n_main)]));
+  if (out) b.convert(x, *out);
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
   b.rms_norm(x, md.sample_rows, g.mtp_head_norm, eps, 0.0f, final_rows);
@@ -611,7 +625,7 @@ class MlaModel final : public CpuPagedModel {
   Status forward(const Batch& batch, float* logits) override;
   int32_t n_mtp_layers() const override { return graph_.has_mtp ? 1 : 0; }
   Status forward_hidden(const Batch& batch, float* logits, float* hidden) override;
-  Status forward_mtp(const Batch& batch, const float* hidden, float* logits) override;
+  Status forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) override;
   // Every layer keeps its latent rows in group 0 (one row split over the K
   // and V planes: row_bytes is one plane's).
   std::vector<KvLayer> kv_layers() const override {
@@ -716,14 +730,15 @@ Status MlaModel::forward_hidden(const Batch& batch, float* logits, float* hidden
                      Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), &rows);
 }
 
-Status MlaModel::forward_mtp(const Batch& batch, const float* hidden, float* logits) {
+Status MlaModel::forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) {
   if (!graph_.has_mtp) return Error{files_->path + ": no MTP layer bound (ModelOptions::mtp)"};
   if (batch.n_tokens() <= 0) return {};
   RILL_ASSIGN_OR_RETURN(const StepMetadata md, begin_step(batch));
   // The hidden rows are only read (rms_norm's input).
   const Tensor rows = Tensor::dense(const_cast<float*>(hidden), DType::kF32, md.n_tokens, cfg_.n_embd);
+  const Tensor out = Tensor::dense(mtp_hidden, DType::kF32, md.n_tokens, cfg_.n_embd);
   return mla_mtp_forward(*device_, graph_, md, act_, kv_views_, rows,
-                         Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
+                         Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), mtp_hidden ? &out : nullptr);
 }
 
 // --- The CUDA runtime's glue ------------------------------------------------------

@@ -76,6 +76,35 @@ StepLimits LlamaGraph::step_limits(int64_t max_tokens, int64_t max_sample) const
 
 namespace {
 
+// One decoder layer, its tensors named "<p>...".
+Status place_layer(Backend& b, const LlamaLayerWeights& h, const std::string& p, LlamaLayer& L) {
+  auto vec = [&](const std::vector<float>& v, const std::string& name) {
+    return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
+  };
+  RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
+  RILL_TRY(place_fused_qkv(b, h.q, h.k, h.v, p, L.wqkv, L.bqkv));
+  const HostMatrix om = host_matrix(h.o.w);
+  RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, p + "self_attn.o_proj"));
+  if (!h.o.bias.empty()) {
+    RILL_ASSIGN_OR_RETURN(L.bo, vec(h.o.bias, "self_attn.o_proj.bias"));
+  }
+  if (!h.q_norm.empty()) {
+    RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
+    RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
+  }
+  RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "post_attention_layernorm.weight"));
+  if (h.moe) {
+    L.is_moe = true;
+    RILL_ASSIGN_OR_RETURN(L.moe, b.place_moe(h.moe->host(), p + "mlp (experts)"));
+    return Status::Ok();
+  }
+  const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
+  RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, p + "mlp.{gate,up}_proj"));
+  const HostMatrix dm = host_matrix(h.down.w);
+  RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
+  return Status::Ok();
+}
+
 // One pass of place_llama's placement (Backend::place_model may run it twice).
 Status place_pass(Backend& b, const LlamaWeights& w, const RopeTable& rope, LlamaGraph& g) {
   HostMatrix embed_m = host_matrix(w.embed);
@@ -90,33 +119,13 @@ Status place_pass(Backend& b, const LlamaWeights& w, const RopeTable& rope, Llam
   RILL_ASSIGN_OR_RETURN(g.final_norm, b.place_vector(w.final_norm.data(), g.E, "model.norm.weight"));
   g.layers.assign(w.layers.size(), LlamaLayer{});
   for (size_t il = 0; il < w.layers.size(); ++il) {
-    const std::string p = "model.layers." + std::to_string(il) + ".";
-    const LlamaLayerWeights& h = w.layers[il];
-    LlamaLayer& L = g.layers[il];
-    auto vec = [&](const std::vector<float>& v, const std::string& name) {
-      return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
-    };
-    RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
-    RILL_TRY(place_fused_qkv(b, h.q, h.k, h.v, p, L.wqkv, L.bqkv));
-    const HostMatrix om = host_matrix(h.o.w);
-    RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, p + "self_attn.o_proj"));
-    if (!h.o.bias.empty()) {
-      RILL_ASSIGN_OR_RETURN(L.bo, vec(h.o.bias, "self_attn.o_proj.bias"));
-    }
-    if (!h.q_norm.empty()) {
-      RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
-      RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
-    }
-    RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "post_attention_layernorm.weight"));
-    if (h.moe) {
-      L.is_moe = true;
-      RILL_ASSIGN_OR_RETURN(L.moe, b.place_moe(h.moe->host(), p + "mlp (experts)"));
-      continue;
-    }
-    const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
-    RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, p + "mlp.{gate,up}_proj"));
-    const HostMatrix dm = host_matrix(h.down.w);
-    RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
+    RILL_TRY(place_layer(b, w.layers[il], "model.layers." + std::to_string(il) + ".", g.layers[il]));
+  }
+  g.has_mtp = w.mtp_layer.has_value();
+  if (g.has_mtp) {
+    RILL_TRY(place_layer(b, *w.mtp_layer, "model.layers." + std::to_string(w.layers.size()) + ".", g.mtp_layer));
+    RILL_TRY(place_mtp_head(b, *w.mtp_head, w.embed, g.embed, w.lm_head, g.lm_head, g.mtp));
+    g.mtp.eps = g.eps;
   }
   RILL_ASSIGN_OR_RETURN(g.rope, b.place_rope(rope));
   return Status::Ok();
@@ -196,7 +205,7 @@ Result<LlamaGraph> place_llama(Backend& b, const ModelConfig& cfg, const LlamaWe
 }
 
 Status llama_forward(Backend& b, const LlamaGraph& g, const StepMetadata& md, const LlamaActivations& a, Tensor logits,
-                     LlamaHooks& hooks) {
+                     LlamaHooks& hooks, const Tensor* hidden) {
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
   b.embed(g.embed, md.ids, n, x);
@@ -207,11 +216,26 @@ Status llama_forward(Backend& b, const LlamaGraph& g, const StepMetadata& md, co
     b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
     RILL_TRY(mlp_block(b, L, md, a, hooks));
   }
+  if (hidden) b.rms_norm(x, nullptr, g.final_norm, g.eps, 0.0f, *hidden);
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
   b.rms_norm(x, md.sample_rows, g.final_norm, g.eps, 0.0f, final_rows);
   if (g.head_rows <= 0) return Status::Ok();
   return b.matmul(g.lm_head, final_rows, logits, false);
+}
+
+Status llama_mtp_forward(Backend& b, const LlamaGraph& g, const StepMetadata& md, const LlamaActivations& a,
+                         Tensor hidden, Tensor logits, LlamaHooks& hooks, const Tensor* out) {
+  assert(g.has_mtp && !hooks.sharded());
+  const int64_t n = md.n_tokens;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
+  RILL_TRY(mtp_head_input(b, g.mtp, md.ids, n, hidden, x, h, a.mtp_h.rows_from(0, n)));
+  const LlamaLayer& L = g.mtp_layer;
+  b.rms_norm(x, nullptr, L.attn_norm, g.eps, 0.0f, h);
+  RILL_TRY(attention_block(b, g, L, static_cast<int64_t>(g.layers.size()), md, a, hooks));
+  b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
+  RILL_TRY(mlp_block(b, L, md, a, hooks));
+  return mtp_head_logits(b, g.mtp, x, md.sample_rows, a.final_rows.rows_from(0, md.n_sample), logits, out);
 }
 
 // --- The CPU runtime ------------------------------------------------------------
@@ -221,7 +245,7 @@ namespace {
 // Activations for up to max_tokens tokens, allocated once. CPU activations
 // are f32 (the Backend's act dtype), so h feeds every matmul.
 struct Activations {
-  std::vector<float> x, h, qkv, attn, gu, mlp, final_rows;
+  std::vector<float> x, h, qkv, attn, gu, mlp, final_rows, mtp_h;
   CpuStepArrays step;      // the step's metadata (CpuPagedModel::step_metadata)
   LlamaActivations views;  // over the vectors above
 };
@@ -270,6 +294,9 @@ class LlamaModel final : public CpuPagedModel, private LlamaHooks {
   Status init(const ModelOptions& options);
 
   Status forward(const Batch& batch, float* logits) override;
+  int32_t n_mtp_layers() const override { return graph_.has_mtp ? 1 : 0; }
+  Status forward_hidden(const Batch& batch, float* logits, float* hidden) override;
+  Status forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) override;
   EmbeddingSpec embedding() const override { return embedding_; }
   Status forward_pooled(const Batch& batch, float* logits, float* pooled) override;
   std::vector<KvLayer> kv_layers() const override {
@@ -333,6 +360,10 @@ Status LlamaModel::init(const ModelOptions& options) {
   Backend& dev = *device_;
 
   RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, d));
+  if (options.mtp) {
+    if (comm_) return Error{f.path + ": --spec mtp is not run with tensor parallelism yet"};
+    RILL_TRY(bind_llama_mtp(f, d, w));
+  }
   if (comm_) RILL_TRY(shard(w, d));
   RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, d.hd));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(dev, cfg_, w, d, rope));
@@ -344,7 +375,8 @@ Status LlamaModel::init(const ModelOptions& options) {
   // f16 KV, as llama.cpp stores it.
   const DType kv_dtype = w.all_f32() ? DType::kF32 : DType::kF16;
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
-  RILL_TRY(create_kv(options, cfg_.n_layer, d.KV, d.hd, kv_dtype));
+  // The MTP layer's K and V are one more layer of the pool.
+  RILL_TRY(create_kv(options, cfg_.n_layer + (graph_.has_mtp ? 1 : 0), d.KV, d.hd, kv_dtype));
 
   size_activations(a_, max_tokens_);
   const StepLimits limits = graph_.step_limits(max_tokens_, max_tokens_);
@@ -401,10 +433,17 @@ void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
   a.gu.resize(T * 2 * F);
   a.mlp.resize(T * F);
   a.final_rows.resize(T * E);
+  a.mtp_h.resize(graph_.has_mtp ? T * E : 0);
   const int64_t n = max_tokens;
   auto view = [n](std::vector<float>& v, int64_t cols) { return Tensor::dense(v.data(), DType::kF32, n, cols); };
-  a.views = {view(a.x, graph_.E),      view(a.h, graph_.E),   view(a.qkv, graph_.qkv_width()), view(a.attn, graph_.Q),
-             view(a.gu, 2 * graph_.F), view(a.mlp, graph_.F), view(a.final_rows, graph_.E)};
+  a.views = {view(a.x, graph_.E),
+             view(a.h, graph_.E),
+             view(a.qkv, graph_.qkv_width()),
+             view(a.attn, graph_.Q),
+             view(a.gu, 2 * graph_.F),
+             view(a.mlp, graph_.F),
+             view(a.final_rows, graph_.E),
+             view(a.mtp_h, graph_.has_mtp ? graph_.E : 0)};
   a.step.reserve(max_tokens);
 }
 
@@ -491,6 +530,30 @@ Status LlamaModel::forward_pooled(const Batch& batch, float* logits, float* pool
     pool_rows(embedding_, pool_rows_.data(), s.q_len, E, pooled + i * static_cast<size_t>(E));
   }
   return {};
+}
+
+// The whole batch on the whole-batch activations (never lanes).
+Status LlamaModel::forward_hidden(const Batch& batch, float* logits, float* hidden) {
+  if (!graph_.has_mtp) return Model::forward_hidden(batch, logits, hidden);
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(check_batch(batch));
+  const StepMetadata md = step_metadata(batch, a_.step);
+  const Tensor rows = Tensor::dense(hidden, DType::kF32, md.n_tokens, graph_.E);
+  return llama_forward(*device_, graph_, md, a_.views, Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab),
+                       *this, &rows);
+}
+
+Status LlamaModel::forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) {
+  if (!graph_.has_mtp) return Model::forward_mtp(batch, hidden, logits, mtp_hidden);
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(check_batch(batch));
+  const StepMetadata md = step_metadata(batch, a_.step);
+  // The hidden rows are only read (rms_norm's input).
+  const Tensor rows = Tensor::dense(const_cast<float*>(hidden), DType::kF32, md.n_tokens, graph_.E);
+  const Tensor out = Tensor::dense(mtp_hidden, DType::kF32, md.n_tokens, graph_.E);
+  return llama_mtp_forward(*device_, graph_, md, a_.views, rows,
+                           Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), *this,
+                           mtp_hidden ? &out : nullptr);
 }
 
 Status LlamaModel::run(const Exec& e, const Batch& batch, float* logits) {
@@ -581,6 +644,7 @@ class LlamaCudaModel final : public CudaModelBase {
   explicit LlamaCudaModel(std::shared_ptr<const ModelFiles> files, CudaShard shard = {})
       : CudaModelBase(std::move(files), shard), hooks_(*this) {}
   Status init(const ModelOptions& options);
+  int32_t n_mtp_layers() const override { return graph_.has_mtp ? 1 : 0; }
 
  private:
   // The graph's runtime hooks: the KV planes, the shard's all-reduce.
@@ -609,6 +673,12 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   RILL_TRY(read_dims());
   RILL_TRY(create_context());
   RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, LlamaDims{E_, V_, F_, hd_, Q_, KV_}));
+  if (options.mtp) {
+    if (sharded()) return Error{f.path + ": --spec mtp is not run with tensor parallelism yet"};
+    RILL_TRY(bind_llama_mtp(f, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, w));
+    mtp_rows_ = true;
+    n_kv_layers_ = cfg_.n_layer + 1;  // the MTP layer's K and V: one more layer of the pool
+  }
   if (sharded()) {  // this rank's slices (views of the mapped tensors); o's bias is added after the all-reduce
     RILL_TRY(shard_llama_layers(w, split_, ff_split_, hd_, f.path));
     w.lm_head = slice_rows(w.lm_head, split_.vocab);
@@ -644,14 +714,25 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.gu = carve_tensor(a, DType::kF32, T, 2 * F);
   act_views_.mlp = carve_tensor(a, act_, T, F);
   act_views_.final_rows = carve_tensor(a, act_, S, E_);
+  if (graph_.has_mtp) act_views_.mtp_h = carve_tensor(a, act_, T, E_);
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }
 
 // The shared graph over the uploaded step metadata, then (shards) the
-// logits gather.
+// logits gather. The MTP kinds (step_kind()) run unsharded only.
 Status LlamaCudaModel::run_layers(const Step& s) {
   const StepMetadata md = step_metadata(s);
   const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.head_rows);
+  const Tensor rows = Tensor::dense(rows_out(), DType::kF32, s.n, E_);
+  switch (step_kind()) {
+    case StepKind::kHidden:
+      return llama_forward(*backend_, graph_, md, act_views_, logits, hooks_, &rows);
+    case StepKind::kMtp:
+      return llama_mtp_forward(*backend_, graph_, md, act_views_, Tensor::dense(rows_in(), DType::kF32, s.n, E_),
+                               logits, hooks_, &rows);
+    case StepKind::kForward:
+      break;
+  }
   RILL_TRY(llama_forward(*backend_, graph_, md, act_views_, logits, hooks_));
   return s.n_sample > 0 ? gather_logits(s.n_sample) : Status::Ok();
 }

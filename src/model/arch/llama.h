@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "core/result.h"
 #include "model/arch/llama_weights.h"
+#include "model/mtp_head.h"
 
 namespace rill {
 
@@ -48,6 +49,11 @@ struct LlamaGraph {
   Vec final_norm;      // [E]
   std::vector<LlamaLayer> layers;
   Rope rope;
+  // The MTP layer (LlamaWeights::mtp_layer): its decoder layer, whose KV
+  // is pool layer n_layer (LlamaHooks::kv_cache), and its head.
+  bool has_mtp = false;
+  LlamaLayer mtp_layer;
+  MtpHead mtp;
 
   int64_t qkv_width() const { return Q + 2 * KV; }
   bool has_dense_ffn() const;
@@ -72,6 +78,7 @@ Result<LlamaGraph> place_llama(Backend& b, const ModelConfig& cfg, const LlamaWe
 // "act" is the Backend's act_dtype(). forward uses the first rows of each.
 struct LlamaActivations {
   Tensor x, h, qkv, attn, gu, mlp, final_rows;
+  Tensor mtp_h;  // [T, E] act: the MTP head's hnorm(h) (with an MTP layer)
 };
 
 // The runtime's part of the graph. Called once per layer (never per
@@ -95,9 +102,17 @@ class LlamaHooks {
 };
 
 // One step: embedding, every layer, the final norm of the sample rows and
-// logits [n_sample, head_rows] F32 (dense) from the head. Graph-capturable
-// on CUDA (only Backend ops and the hooks).
+// logits [n_sample, head_rows] F32 (dense) from the head; with `hidden`
+// ([n_tokens, E] F32), every token's final-normed hidden state too.
+// Graph-capturable on CUDA (only Backend ops and the hooks).
 Status llama_forward(Backend& b, const LlamaGraph& g, const StepMetadata& step, const LlamaActivations& a,
-                     Tensor logits, LlamaHooks& hooks);
+                     Tensor logits, LlamaHooks& hooks, const Tensor* hidden = nullptr);
+
+// The MTP layer over a step (Model::forward_mtp; requires g.has_mtp, an
+// unsharded graph): token j is t_{p+1} at position p, hidden [n_tokens, E]
+// the model's final-normed h_p; logits [n_sample, V]; `out` (optional,
+// [n_tokens, E] F32) the layer's output before the head's norm.
+Status llama_mtp_forward(Backend& b, const LlamaGraph& g, const StepMetadata& step, const LlamaActivations& a,
+                         Tensor hidden, Tensor logits, LlamaHooks& hooks, const Tensor* out);
 
 }  // namespace rill

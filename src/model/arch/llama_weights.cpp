@@ -35,6 +35,33 @@ bool LlamaWeights::all_f32() const {
   return true;
 }
 
+namespace {
+
+// Decoder layer il, its tensors under prefix p ("model.layers.{il}.").
+Result<LlamaLayerWeights> bind_llama_layer(const ModelFiles& f, const LlamaDims& d, const std::string& p, int64_t il) {
+  LlamaLayerWeights L;
+  RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", d.E));
+  RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", d.Q, d.E, Bias::kOptional));
+  RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", d.KV, d.E, Bias::kOptional));
+  RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", d.KV, d.E, Bias::kOptional));
+  RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", d.E, d.Q, Bias::kOptional));
+  if (f.find(p + "self_attn.q_norm.weight")) {
+    RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", d.hd));
+    RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", d.hd));
+  }
+  RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", d.E));
+  if (is_moe_layer(f.config, il)) {
+    RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind_llama(f, p));  // Mixtral's block_sparse_moe or mlp.experts
+    return L;
+  }
+  RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", d.F, d.E));
+  RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", d.F, d.E));
+  RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", d.E, d.F));
+  return L;
+}
+
+}  // namespace
+
 Result<LlamaWeights> bind_llama_weights(const ModelFiles& f, const LlamaDims& d) {
   const ModelConfig& c = f.config;
   LlamaWeights w;
@@ -48,27 +75,20 @@ Result<LlamaWeights> bind_llama_weights(const ModelFiles& f, const LlamaDims& d)
   RILL_ASSIGN_OR_RETURN(w.final_norm, load_vector(f, "model.norm.weight", d.E));
   w.layers.resize(static_cast<size_t>(c.n_layer));
   for (int64_t il = 0; il < c.n_layer; ++il) {
-    const std::string p = "model.layers." + std::to_string(il) + ".";
-    LlamaLayerWeights& L = w.layers[static_cast<size_t>(il)];
-    RILL_ASSIGN_OR_RETURN(L.attn_norm, load_vector(f, p + "input_layernorm.weight", d.E));
-    RILL_ASSIGN_OR_RETURN(L.q, bind_linear(f, p + "self_attn.q_proj", d.Q, d.E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.k, bind_linear(f, p + "self_attn.k_proj", d.KV, d.E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.v, bind_linear(f, p + "self_attn.v_proj", d.KV, d.E, Bias::kOptional));
-    RILL_ASSIGN_OR_RETURN(L.o, bind_linear(f, p + "self_attn.o_proj", d.E, d.Q, Bias::kOptional));
-    if (f.find(p + "self_attn.q_norm.weight")) {
-      RILL_ASSIGN_OR_RETURN(L.q_norm, load_vector(f, p + "self_attn.q_norm.weight", d.hd));
-      RILL_ASSIGN_OR_RETURN(L.k_norm, load_vector(f, p + "self_attn.k_norm.weight", d.hd));
-    }
-    RILL_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(f, p + "post_attention_layernorm.weight", d.E));
-    if (is_moe_layer(c, il)) {
-      RILL_ASSIGN_OR_RETURN(L.moe, MoeFfn::bind_llama(f, p));  // Mixtral's block_sparse_moe or mlp.experts
-      continue;
-    }
-    RILL_ASSIGN_OR_RETURN(L.gate, bind_linear(f, p + "mlp.gate_proj", d.F, d.E));
-    RILL_ASSIGN_OR_RETURN(L.up, bind_linear(f, p + "mlp.up_proj", d.F, d.E));
-    RILL_ASSIGN_OR_RETURN(L.down, bind_linear(f, p + "mlp.down_proj", d.E, d.F));
+    RILL_ASSIGN_OR_RETURN(w.layers[static_cast<size_t>(il)],
+                          bind_llama_layer(f, d, "model.layers." + std::to_string(il) + ".", il));
   }
   return w;
+}
+
+Status bind_llama_mtp(const ModelFiles& f, const LlamaDims& d, LlamaWeights& w) {
+  RILL_ASSIGN_OR_RETURN(const MtpLayers found, find_mtp_layers(f));
+  if (found.n_layers() == 0) return Error{f.path + ": --spec mtp: the files carry no multi-token-prediction layers"};
+  if (found.naming != MtpLayers::Naming::kNextn)
+    return Error{f.path + ": --spec mtp: MTP layers named '" + found.prefixes[0] + "*' are not run by this family"};
+  RILL_ASSIGN_OR_RETURN(w.mtp_layer, bind_llama_layer(f, d, found.prefixes[0], f.config.n_layer));
+  RILL_ASSIGN_OR_RETURN(w.mtp_head, bind_mtp_head(f, found, w.embed, w.lm_head));
+  return Status::Ok();
 }
 
 Status shard_llama_layers(LlamaWeights& w, const TensorSplit& split, const SplitRange& ff, int64_t hd,

@@ -15,6 +15,7 @@
 #include "loader/model_files.h"
 #include "model/layers.h"
 #include "model/moe.h"
+#include "model/mtp_head.h"
 #include "model/tensor_split.h"
 
 namespace rill {
@@ -44,6 +45,11 @@ struct LlamaWeights {
   bool tied = false;   // lm_head.weight absent
   std::vector<float> final_norm;
   std::vector<LlamaLayerWeights> layers;
+  // The multi-token-prediction layer (ModelOptions::mtp, bind_llama_mtp):
+  // its decoder layer (GLM-4.5's nextn layer n_layer: a glm4_moe layer) and
+  // its head (model/mtp_head.h).
+  std::optional<LlamaLayerWeights> mtp_layer;
+  std::optional<MtpHeadWeights> mtp_head;
 
   // Whether every matrix (and the embedding) is f32: such checkpoints keep
   // f32 KV so logits match the f32 reference; everything else stores f16
@@ -51,6 +57,9 @@ struct LlamaWeights {
   bool all_f32() const;
 };
 Result<LlamaWeights> bind_llama_weights(const ModelFiles& files, const LlamaDims& d);
+// Binds the files' first MTP layer into w (loader/mtp_layers.h: DeepSeek's
+// naming, layer n_layer); files without one are refused naming them.
+Status bind_llama_mtp(const ModelFiles& files, const LlamaDims& d, LlamaWeights& w);
 
 // Cuts every layer to one rank's share (model/tensor_split.h): q/k/v rows
 // of its heads and KV heads, o columns of its heads, gate/up rows and down

@@ -45,6 +45,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/host_ops.h"
 #include "backend/cpu/rope_table.h"
+#include "loader/mtp_layers.h"
 #include "model/arch/families.h"
 #include "model/arch/qwen3_next_config.h"
 #include "model/batch_check.h"
@@ -52,6 +53,7 @@
 #include "model/gated_delta.h"
 #include "model/layers.h"
 #include "model/moe.h"
+#include "model/mtp_head.h"
 #include "model/placement.h"
 
 #if RILL_HAVE_CUDA
@@ -87,6 +89,10 @@ struct HybridWeights {
   bool tied = true;
   std::vector<float> final_norm;
   std::vector<HybridLayerWeights> layers;
+  // The MTP layer (ModelOptions::mtp): a full-attention decoder layer whose
+  // K and V are attention layer n_attn of the pool, and its head.
+  std::optional<HybridLayerWeights> mtp_layer;
+  std::optional<MtpHeadWeights> mtp_head;
   RopeTable rope;
   bool all_f32 = false;  // embedding and layer matrices: f32 KV
   std::deque<std::vector<uint8_t>> assembled;
@@ -141,7 +147,7 @@ Status bind_layer(const ModelFiles& f, const std::string& p, int64_t il, HybridW
 
 // Binds the files' weights after checking the config; max_head_dim is the
 // runtime's (errors name the file and the field or tensor).
-Result<HybridWeights> bind_hybrid(const ModelFiles& f, int64_t max_head_dim) {
+Result<HybridWeights> bind_hybrid(const ModelFiles& f, int64_t max_head_dim, bool mtp) {
   const ModelConfig& cfg = f.config;
   const int64_t E = cfg.n_embd, V = cfg.n_vocab;
   if (E <= 0 || V <= 0 || cfg.n_layer <= 0 || cfg.n_head <= 0 || cfg.n_head_kv <= 0 ||
@@ -180,6 +186,14 @@ Result<HybridWeights> bind_hybrid(const ModelFiles& f, int64_t max_head_dim) {
   }
   if (w.n_attn == 0 || w.n_linear == 0) {
     return Error{f.path + ": a hybrid model needs both linear_attention and full_attention layers"};
+  }
+  if (mtp) {  // Qwen3-Next / Qwen3.5 mtp.* (or GGUF blk.N.nextn.*): one full-attention layer
+    RILL_ASSIGN_OR_RETURN(const MtpLayers found, find_mtp_layers(f));
+    if (found.n_layers() == 0) return Error{f.path + ": --spec mtp: the files carry no multi-token-prediction layers"};
+    HybridLayerWeights& L = w.mtp_layer.emplace();
+    L.index = w.n_attn;
+    RILL_TRY(bind_layer(f, found.prefixes[0], cfg.n_layer, w, L));
+    RILL_ASSIGN_OR_RETURN(w.mtp_head, bind_mtp_head(f, found, w.embed, w.lm_head));
   }
   const int64_t rot_dim = cfg.rope_dim > 0 ? cfg.rope_dim : w.hd;
   if (rot_dim > w.hd || rot_dim % 2 != 0 || cfg.rope_scaling.type != RopeScaling::Type::kNone) {
@@ -223,6 +237,11 @@ struct HybridGraph {
   Vec final_norm;
   std::vector<HybridLayer> layers;
   Rope rope;
+  // The MTP layer (HybridWeights::mtp_layer) and its head; the head's
+  // output, after mtp.norm, is what a chained draft feeds back.
+  bool has_mtp = false;
+  HybridLayer mtp_layer;
+  MtpHead mtp;
 
   int64_t in_width() const { return gdn.conv_dim() + gdn.value_dim() + 2 * gdn.n_v_heads; }  // P
   int64_t qkvg_width() const { return 2 * Q + 2 * KV; }
@@ -324,68 +343,76 @@ std::vector<HostMatrix> in_projection(const GatedDeltaNet& g, std::deque<std::ve
 }
 
 // One pass of place_hybrid's placement (Backend::place_model may run it twice).
+// One decoder layer, its tensors named "<p>..." (for messages).
+Status place_layer(Backend& b, HybridWeights& w, const HybridGraph& g, const HybridLayerWeights& h,
+                   const std::string& p, HybridLayer& L) {
+  auto vec = [&](const std::vector<float>& v, const std::string& name) {
+    return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
+  };
+  RILL_ASSIGN_OR_RETURN(L.in_norm, vec(h.in_norm, "input_layernorm.weight"));
+  RILL_ASSIGN_OR_RETURN(L.post_norm, vec(h.post_norm, "post_attention_layernorm.weight"));
+  if (h.linear) {
+    const GatedDeltaNet& d = h.gdn;
+    const std::vector<HostMatrix> parts = in_projection(d, w.assembled);
+    RILL_ASSIGN_OR_RETURN(L.w_in, b.place(parts.data(), static_cast<int>(parts.size()), p + "linear_attn.in_proj"));
+    RILL_ASSIGN_OR_RETURN(L.conv_w, vec(d.conv_w, "linear_attn.conv1d.weight"));
+    RILL_ASSIGN_OR_RETURN(L.neg_a, vec(d.neg_a, "linear_attn.A_log"));
+    RILL_ASSIGN_OR_RETURN(L.dt_bias, vec(d.dt_bias, "linear_attn.dt_bias"));
+    RILL_ASSIGN_OR_RETURN(L.gdn_norm, vec(d.norm_w, "linear_attn.norm.weight"));
+    const HostMatrix om = host_matrix(d.out.w);
+    RILL_ASSIGN_OR_RETURN(L.w_out, b.place(&om, 1, p + "linear_attn.out_proj"));
+    L.gdn_eps = d.eps;
+    L.tiled_k_heads = d.v_tiled ? static_cast<int32_t>(d.dims.n_k_heads) : 0;
+  } else {
+    std::vector<std::pair<int64_t, int64_t>> qr, gr;
+    for (int64_t hh = 0; hh < g.n_head; ++hh) {
+      qr.push_back({hh * 2 * g.hd, g.hd});
+      gr.push_back({hh * 2 * g.hd + g.hd, g.hd});
+    }
+    const HostMatrix parts[] = {gathered(h.q.w, qr, w.assembled), host_matrix(h.k.w), host_matrix(h.v.w),
+                                gathered(h.q.w, gr, w.assembled)};
+    RILL_ASSIGN_OR_RETURN(L.w_qkvg, b.place(parts, 4, p + "self_attn.{q,k,v}_proj"));
+    if (!h.q.bias.empty() || !h.k.bias.empty() || !h.v.bias.empty()) {
+      std::vector<float> bias(static_cast<size_t>(g.qkvg_width()), 0.0f);  // zeros where a part has none
+      if (!h.q.bias.empty()) {
+        for (int64_t hh = 0; hh < g.n_head; ++hh) {
+          const auto src = h.q.bias.begin() + hh * 2 * g.hd;
+          std::copy(src, src + g.hd, bias.begin() + hh * g.hd);
+          std::copy(src + g.hd, src + 2 * g.hd, bias.begin() + g.Q + 2 * g.KV + hh * g.hd);
+        }
+      }
+      std::copy(h.k.bias.begin(), h.k.bias.end(), bias.begin() + g.Q);
+      std::copy(h.v.bias.begin(), h.v.bias.end(), bias.begin() + g.Q + g.KV);
+      RILL_ASSIGN_OR_RETURN(L.b_qkvg, vec(bias, "self_attn qkv bias"));
+    }
+    RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
+    RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
+    const HostMatrix om = host_matrix(h.o.w);
+    RILL_ASSIGN_OR_RETURN(L.w_o, b.place(&om, 1, p + "self_attn.o_proj"));
+    if (!h.o.bias.empty()) {
+      RILL_ASSIGN_OR_RETURN(L.b_o, vec(h.o.bias, "self_attn.o_proj.bias"));
+    }
+  }
+  if (h.moe) {
+    RILL_ASSIGN_OR_RETURN(L.moe, b.place_moe(h.moe->host(), p + "mlp (experts)"));
+    return Status::Ok();
+  }
+  const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
+  RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, p + "mlp.{gate,up}_proj"));
+  const HostMatrix dm = host_matrix(h.down.w);
+  RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
+  return Status::Ok();
+}
+
 Status place_pass(Backend& b, HybridWeights& w, HybridGraph& g) {
   w.assembled.clear();
   RILL_TRY(place_embedding_and_head(b, w.embed, w.lm_head, w.tied, w.final_norm, g.embed, g.lm_head, g.final_norm));
   for (size_t il = 0; il < w.layers.size(); ++il) {
-    const std::string p = "layers." + std::to_string(il) + ".";
-    const HybridLayerWeights& h = w.layers[il];
-    HybridLayer& L = g.layers[il];
-    auto vec = [&](const std::vector<float>& v, const std::string& name) {
-      return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
-    };
-    RILL_ASSIGN_OR_RETURN(L.in_norm, vec(h.in_norm, "input_layernorm.weight"));
-    RILL_ASSIGN_OR_RETURN(L.post_norm, vec(h.post_norm, "post_attention_layernorm.weight"));
-    if (h.linear) {
-      const GatedDeltaNet& d = h.gdn;
-      const std::vector<HostMatrix> parts = in_projection(d, w.assembled);
-      RILL_ASSIGN_OR_RETURN(L.w_in, b.place(parts.data(), static_cast<int>(parts.size()), p + "linear_attn.in_proj"));
-      RILL_ASSIGN_OR_RETURN(L.conv_w, vec(d.conv_w, "linear_attn.conv1d.weight"));
-      RILL_ASSIGN_OR_RETURN(L.neg_a, vec(d.neg_a, "linear_attn.A_log"));
-      RILL_ASSIGN_OR_RETURN(L.dt_bias, vec(d.dt_bias, "linear_attn.dt_bias"));
-      RILL_ASSIGN_OR_RETURN(L.gdn_norm, vec(d.norm_w, "linear_attn.norm.weight"));
-      const HostMatrix om = host_matrix(d.out.w);
-      RILL_ASSIGN_OR_RETURN(L.w_out, b.place(&om, 1, p + "linear_attn.out_proj"));
-      L.gdn_eps = d.eps;
-      L.tiled_k_heads = d.v_tiled ? static_cast<int32_t>(d.dims.n_k_heads) : 0;
-    } else {
-      std::vector<std::pair<int64_t, int64_t>> qr, gr;
-      for (int64_t hh = 0; hh < g.n_head; ++hh) {
-        qr.push_back({hh * 2 * g.hd, g.hd});
-        gr.push_back({hh * 2 * g.hd + g.hd, g.hd});
-      }
-      const HostMatrix parts[] = {gathered(h.q.w, qr, w.assembled), host_matrix(h.k.w), host_matrix(h.v.w),
-                                  gathered(h.q.w, gr, w.assembled)};
-      RILL_ASSIGN_OR_RETURN(L.w_qkvg, b.place(parts, 4, p + "self_attn.{q,k,v}_proj"));
-      if (!h.q.bias.empty() || !h.k.bias.empty() || !h.v.bias.empty()) {
-        std::vector<float> bias(static_cast<size_t>(g.qkvg_width()), 0.0f);  // zeros where a part has none
-        if (!h.q.bias.empty()) {
-          for (int64_t hh = 0; hh < g.n_head; ++hh) {
-            const auto src = h.q.bias.begin() + hh * 2 * g.hd;
-            std::copy(src, src + g.hd, bias.begin() + hh * g.hd);
-            std::copy(src + g.hd, src + 2 * g.hd, bias.begin() + g.Q + 2 * g.KV + hh * g.hd);
-          }
-        }
-        std::copy(h.k.bias.begin(), h.k.bias.end(), bias.begin() + g.Q);
-        std::copy(h.v.bias.begin(), h.v.bias.end(), bias.begin() + g.Q + g.KV);
-        RILL_ASSIGN_OR_RETURN(L.b_qkvg, vec(bias, "self_attn qkv bias"));
-      }
-      RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
-      RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
-      const HostMatrix om = host_matrix(h.o.w);
-      RILL_ASSIGN_OR_RETURN(L.w_o, b.place(&om, 1, p + "self_attn.o_proj"));
-      if (!h.o.bias.empty()) {
-        RILL_ASSIGN_OR_RETURN(L.b_o, vec(h.o.bias, "self_attn.o_proj.bias"));
-      }
-    }
-    if (h.moe) {
-      RILL_ASSIGN_OR_RETURN(L.moe, b.place_moe(h.moe->host(), p + "mlp (experts)"));
-      continue;
-    }
-    const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
-    RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, p + "mlp.{gate,up}_proj"));
-    const HostMatrix dm = host_matrix(h.down.w);
-    RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
+    RILL_TRY(place_layer(b, w, g, w.layers[il], "layers." + std::to_string(il) + ".", g.layers[il]));
+  }
+  if (w.mtp_layer) {
+    RILL_TRY(place_layer(b, w, g, *w.mtp_layer, "MTP layer ", g.mtp_layer));
+    RILL_TRY(place_mtp_head(b, *w.mtp_head, w.embed, g.embed, w.lm_head, g.lm_head, g.mtp));
   }
   RILL_ASSIGN_OR_RETURN(g.rope, b.place_rope(w.rope));
   return Status::Ok();
@@ -415,6 +442,14 @@ Result<HybridGraph> place_hybrid(Backend& b, const ModelConfig& cfg, HybridWeigh
     g.layers[il].index = w.layers[il].index;
     g.layers[il].is_moe = w.layers[il].moe.has_value();
   }
+  g.has_mtp = w.mtp_layer.has_value();
+  if (g.has_mtp) {
+    g.mtp_layer.index = w.mtp_layer->index;
+    g.mtp_layer.is_moe = w.mtp_layer->moe.has_value();
+    g.mtp.eps = g.eps;
+    g.mtp.w_offset = g.norm_offset;
+    g.mtp.feed_back_normed = true;  // vLLM's qwen3_next_mtp returns mtp.norm's output
+  }
   RILL_TRY(b.place_model([&] { return place_pass(b, w, g); }));
   return g;
 }
@@ -427,26 +462,27 @@ Result<HybridGraph> place_hybrid(Backend& b, const ModelConfig& cfg, HybridWeigh
 //   FFN layers only); final_rows [S, E] act.
 struct HybridActivations {
   Tensor x, h, proj, mixed, g, beta, core, attn, mix, gu, mlp, final_rows;
+  Tensor mtp_h;  // [T, E] act: the MTP head's hnorm(h) (with an MTP layer)
 };
 
-// One step: embedding, every layer, the final norm of the sample rows and
-// logits [n_sample, V] F32. kv: the attention layers' K and V (by index
-// among them); states: the pool whose ids step.recurrent names. Only
-// Backend ops: graph-capturable on CUDA.
-Status hybrid_forward(Backend& b, const HybridGraph& g, const StepMetadata& md, const HybridActivations& a,
-                      const std::vector<KvCacheView>& kv, const StatePool& states, Tensor logits) {
-  const int64_t n = md.n_tokens;
-  const GatedDeltaDims& d = g.gdn;
-  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
-  const Tensor proj = Tensor{a.proj.data, DType::kF32, n, g.proj_width(), g.proj_width()};
-  const Tensor p_in = Tensor{proj.data, DType::kF32, n, g.in_width(), g.in_width()};
-  const Tensor p_qkvg = Tensor{proj.data, DType::kF32, n, g.qkvg_width(), g.qkvg_width()};
-  const Tensor core = a.core.rows_from(0, n), attn = a.attn.rows_from(0, n);
-  const float eps = g.eps, off = g.norm_offset;
-  b.embed(g.embed, md.ids, n, x);
-
+// What a step's layers share: the ops' fixed fields and the step's views.
+struct HybridStepOps {
   GatedDeltaOp gd;
-  gd.proj = p_in;
+  RopeKvOp rk;
+  AttentionOp at;
+  Tensor p_in, p_qkvg, core, attn, z, gdn_out, gate, attn_out;
+};
+
+HybridStepOps hybrid_step_ops(const HybridGraph& g, const HybridActivations& a, const StatePool& states, int64_t n) {
+  const GatedDeltaDims& d = g.gdn;
+  HybridStepOps o;
+  const Tensor proj = Tensor{a.proj.data, DType::kF32, n, g.proj_width(), g.proj_width()};
+  o.p_in = Tensor{proj.data, DType::kF32, n, g.in_width(), g.in_width()};
+  o.p_qkvg = Tensor{proj.data, DType::kF32, n, g.qkvg_width(), g.qkvg_width()};
+  o.core = a.core.rows_from(0, n);
+  o.attn = a.attn.rows_from(0, n);
+  GatedDeltaOp& gd = o.gd;
+  gd.proj = o.p_in;
   gd.b_col = d.conv_dim() + d.value_dim();
   gd.a_col = gd.b_col + d.n_v_heads;
   gd.n_k_heads = static_cast<int32_t>(d.n_k_heads);
@@ -458,65 +494,98 @@ Status hybrid_forward(Backend& b, const HybridGraph& g, const StepMetadata& md, 
   gd.mixed = a.mixed.rows_from(0, n);
   gd.g = a.g.rows_from(0, n);
   gd.beta = a.beta.rows_from(0, n);
-  gd.core = core;
-  const Tensor z = p_in.cols_from(d.conv_dim(), d.value_dim());
-  const Tensor gdn_out = Tensor::dense(a.mix.data, a.mix.dtype, n, d.value_dim());
+  gd.core = o.core;
+  o.z = o.p_in.cols_from(d.conv_dim(), d.value_dim());
+  o.gdn_out = Tensor::dense(a.mix.data, a.mix.dtype, n, d.value_dim());
 
-  RopeKvOp rk;
-  rk.qkv = p_qkvg.cols_from(0, g.Q + 2 * g.KV);
+  RopeKvOp& rk = o.rk;
+  rk.qkv = o.p_qkvg.cols_from(0, g.Q + 2 * g.KV);
   rk.n_head = g.n_head;
   rk.n_head_kv = g.n_head_kv;
   rk.head_dim = static_cast<int32_t>(g.hd);
-  rk.norm_eps = eps;
-  rk.norm_offset = off;
+  rk.norm_eps = g.eps;
+  rk.norm_offset = g.norm_offset;
   rk.rope = g.rope;
-  AttentionOp at;
-  at.q = p_qkvg.cols_from(0, g.Q);
-  at.out = attn;
+  AttentionOp& at = o.at;
+  at.q = o.p_qkvg.cols_from(0, g.Q);
+  at.out = o.attn;
   at.n_head = rk.n_head;
   at.n_head_kv = rk.n_head_kv;
   at.head_dim = rk.head_dim;
   at.scale = g.attn_scale;
-  const Tensor gate = p_qkvg.cols_from(g.Q + 2 * g.KV, g.Q);
-  const Tensor attn_out = Tensor::dense(a.mix.data, a.mix.dtype, n, g.Q);
+  o.gate = o.p_qkvg.cols_from(g.Q + 2 * g.KV, g.Q);
+  o.attn_out = Tensor::dense(a.mix.data, a.mix.dtype, n, g.Q);
+  return o;
+}
 
-  for (size_t il = 0; il < g.layers.size(); ++il) {
-    const HybridLayer& L = g.layers[il];
-    b.rms_norm(x, nullptr, L.in_norm, eps, off, h);
-    if (L.linear) {
-      RILL_TRY(b.matmul(L.w_in, h, p_in, false));
-      gd.conv_w = L.conv_w;
-      gd.neg_a = L.neg_a;
-      gd.dt_bias = L.dt_bias;
-      gd.states = states.layer(L.index);
-      b.gated_delta(gd, md);
-      b.gated_rms_norm(core, z, L.gdn_norm, gd.head_v_dim, L.gdn_eps, gdn_out, L.tiled_k_heads);
-      RILL_TRY(b.matmul(L.w_out, gdn_out, x, true));
-    } else {
-      RILL_TRY(b.matmul(L.w_qkvg, h, p_qkvg, false, L.b_qkvg));
-      rk.q_norm = L.q_norm;
-      rk.k_norm = L.k_norm;
-      rk.kv = kv[static_cast<size_t>(L.index)];
-      b.rope_store_kv(rk, md);
-      at.kv = rk.kv;
-      b.attention(at, md);
-      b.sigmoid_mul(attn, gate, attn_out);
-      RILL_TRY(b.matmul(L.w_o, attn_out, x, true, L.b_o));
-    }
-    b.rms_norm(x, nullptr, L.post_norm, eps, off, h);
-    if (L.is_moe) {
-      RILL_TRY(b.moe_ffn(L.moe, h, h, x, true, md));
-      continue;
-    }
-    const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
-    RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
-    b.glu(Glu::kSilu, gu, mlp);
-    RILL_TRY(b.matmul(L.w_down, mlp, x, true));
+// One decoder layer over the step's x (its residual stream).
+Status hybrid_layer(Backend& b, const HybridGraph& g, const HybridLayer& L, HybridStepOps& o, const StepMetadata& md,
+                    const HybridActivations& a, const std::vector<KvCacheView>& kv, const StatePool& states) {
+  const int64_t n = md.n_tokens;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
+  const float eps = g.eps, off = g.norm_offset;
+  b.rms_norm(x, nullptr, L.in_norm, eps, off, h);
+  if (L.linear) {
+    RILL_TRY(b.matmul(L.w_in, h, o.p_in, false));
+    o.gd.conv_w = L.conv_w;
+    o.gd.neg_a = L.neg_a;
+    o.gd.dt_bias = L.dt_bias;
+    o.gd.states = states.layer(L.index);
+    b.gated_delta(o.gd, md);
+    b.gated_rms_norm(o.core, o.z, L.gdn_norm, o.gd.head_v_dim, L.gdn_eps, o.gdn_out, L.tiled_k_heads);
+    RILL_TRY(b.matmul(L.w_out, o.gdn_out, x, true));
+  } else {
+    RILL_TRY(b.matmul(L.w_qkvg, h, o.p_qkvg, false, L.b_qkvg));
+    o.rk.q_norm = L.q_norm;
+    o.rk.k_norm = L.k_norm;
+    o.rk.kv = kv[static_cast<size_t>(L.index)];
+    b.rope_store_kv(o.rk, md);
+    o.at.kv = o.rk.kv;
+    b.attention(o.at, md);
+    b.sigmoid_mul(o.attn, o.gate, o.attn_out);
+    RILL_TRY(b.matmul(L.w_o, o.attn_out, x, true, L.b_o));
   }
+  b.rms_norm(x, nullptr, L.post_norm, eps, off, h);
+  if (L.is_moe) return b.moe_ffn(L.moe, h, h, x, true, md);
+  const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
+  RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
+  b.glu(Glu::kSilu, gu, mlp);
+  return b.matmul(L.w_down, mlp, x, true);
+}
+
+// One step: embedding, every layer, the final norm of the sample rows and
+// logits [n_sample, V] F32; with `hidden` ([n_tokens, E] F32), every
+// token's final-normed hidden state too. kv: the attention layers' K and V
+// (by index among them); states: the pool whose ids step.recurrent names.
+// Only Backend ops: graph-capturable on CUDA.
+Status hybrid_forward(Backend& b, const HybridGraph& g, const StepMetadata& md, const HybridActivations& a,
+                      const std::vector<KvCacheView>& kv, const StatePool& states, Tensor logits,
+                      const Tensor* hidden = nullptr) {
+  const int64_t n = md.n_tokens;
+  const Tensor x = a.x.rows_from(0, n);
+  b.embed(g.embed, md.ids, n, x);
+  HybridStepOps o = hybrid_step_ops(g, a, states, n);
+  for (const HybridLayer& L : g.layers) RILL_TRY(hybrid_layer(b, g, L, o, md, a, kv, states));
+  if (hidden) b.rms_norm(x, nullptr, g.final_norm, g.eps, g.norm_offset, *hidden);
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
-  b.rms_norm(x, md.sample_rows, g.final_norm, eps, off, final_rows);
+  b.rms_norm(x, md.sample_rows, g.final_norm, g.eps, g.norm_offset, final_rows);
   return b.matmul(g.lm_head, final_rows, logits, false);
+}
+
+// The MTP layer over a step (Model::forward_mtp): token j is t_{p+1} at
+// position p, hidden [n_tokens, E] the model's final-normed h_p; logits
+// [n_sample, V]; `out` (optional, [n_tokens, E] F32) mtp.norm's output.
+// Touches no recurrent state (the layer is full attention).
+Status hybrid_mtp_forward(Backend& b, const HybridGraph& g, const StepMetadata& md, const HybridActivations& a,
+                          const std::vector<KvCacheView>& kv, const StatePool& states, Tensor hidden, Tensor logits,
+                          const Tensor* out) {
+  const int64_t n = md.n_tokens;
+  const Tensor x = a.x.rows_from(0, n);
+  RILL_TRY(mtp_head_input(b, g.mtp, md.ids, n, hidden, x, a.h.rows_from(0, n), a.mtp_h.rows_from(0, n)));
+  HybridStepOps o = hybrid_step_ops(g, a, states, n);
+  RILL_TRY(hybrid_layer(b, g, g.mtp_layer, o, md, a, kv, states));
+  return mtp_head_logits(b, g.mtp, x, md.sample_rows, a.final_rows.rows_from(0, md.n_sample), logits, out);
 }
 
 // --- The CPU runtime ------------------------------------------------------------
@@ -528,6 +597,9 @@ class HybridModel final : public CpuPagedModel {
 
   Status init(const ModelOptions& options);
   Status forward(const Batch& batch, float* logits) override;
+  int32_t n_mtp_layers() const override { return graph_.has_mtp ? 1 : 0; }
+  Status forward_hidden(const Batch& batch, float* logits, float* hidden) override;
+  Status forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) override;
 
   // KV export: the attention layers (group 0), by their index among them.
   std::vector<KvLayer> kv_layers() const override {
@@ -541,19 +613,25 @@ class HybridModel final : public CpuPagedModel {
   std::vector<float> x_, h_, proj_, mixed_, g_, beta_, core_, attn_, mix_, gu_, mlp_, final_rows_;  // f32
   HybridActivations act_;  // views of the vectors above
   CpuStepArrays step_;
-  std::vector<KvCacheView> kv_views_;  // per attention layer
+  std::vector<KvCacheView> kv_views_;  // per attention layer (the MTP layer's last)
+  std::vector<float> mtp_h_;           // [T, E] with an MTP layer
+  // Checks the batch against the limits (group 0's tables; the recurrent
+  // group has none) and fills step_.
+  Result<StepMetadata> begin_step(const Batch& batch);
 };
 
 Status HybridModel::init(const ModelOptions& options) {
   constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
-  RILL_ASSIGN_OR_RETURN(w_, bind_hybrid(*files_, kMaxHeadDim));
+  RILL_ASSIGN_OR_RETURN(w_, bind_hybrid(*files_, kMaxHeadDim, options.mtp));
   device_ = make_cpu_backend_on(*backend_->pool());
   RILL_ASSIGN_OR_RETURN(graph_, place_hybrid(*device_, cfg_, w_));
   set_limits(options);
   kv_spec_ = {full(), recurrent()};
   // f32 checkpoints keep f32 KV so logits match the f32 reference; otherwise f16.
-  RILL_TRY(create_kv(options, graph_.n_attn, graph_.KV, graph_.hd, w_.all_f32 ? DType::kF32 : DType::kF16));
-  for (int64_t i = 0; i < graph_.n_attn; ++i) kv_views_.push_back(kv_.layer_view(i));
+  // The MTP layer's K and V are one more attention layer of the pool.
+  const int64_t n_kv_layers = graph_.n_attn + (graph_.has_mtp ? 1 : 0);
+  RILL_TRY(create_kv(options, n_kv_layers, graph_.KV, graph_.hd, w_.all_f32 ? DType::kF32 : DType::kF16));
+  for (int64_t i = 0; i < n_kv_layers; ++i) kv_views_.push_back(kv_.layer_view(i));
   RILL_TRY(create_states(*device_, graph_.n_linear, graph_.state_tensors(), options));
 
   const int64_t T = max_tokens_;
@@ -563,16 +641,24 @@ Status HybridModel::init(const ModelOptions& options) {
     return Tensor::dense(v.data(), DType::kF32, rows, cols);
   };
   const int64_t F = graph_.has_dense_ffn() ? graph_.F : 0;
-  act_ = {view(x_, T, graph_.E),         view(h_, T, graph_.E),    view(proj_, T, graph_.proj_width()),
-          view(mixed_, T, d.conv_dim()), view(g_, T, d.n_v_heads), view(beta_, T, d.n_v_heads),
-          view(core_, T, d.value_dim()), view(attn_, T, graph_.Q), view(mix_, T, std::max(d.value_dim(), graph_.Q)),
-          view(gu_, T, 2 * F),           view(mlp_, T, F),         view(final_rows_, max_seqs_, graph_.E)};
+  act_ = {view(x_, T, graph_.E),
+          view(h_, T, graph_.E),
+          view(proj_, T, graph_.proj_width()),
+          view(mixed_, T, d.conv_dim()),
+          view(g_, T, d.n_v_heads),
+          view(beta_, T, d.n_v_heads),
+          view(core_, T, d.value_dim()),
+          view(attn_, T, graph_.Q),
+          view(mix_, T, std::max(d.value_dim(), graph_.Q)),
+          view(gu_, T, 2 * F),
+          view(mlp_, T, F),
+          view(final_rows_, max_seqs_, graph_.E),
+          view(mtp_h_, graph_.has_mtp ? T : 0, graph_.E)};
   step_.reserve(T);
   return device_->reserve(graph_.step_limits(T, max_seqs_));
 }
 
-Status HybridModel::forward(const Batch& batch, float* logits) {
-  if (batch.n_tokens() <= 0) return {};
+Result<StepMetadata> HybridModel::begin_step(const Batch& batch) {
   BatchLimits lim;
   lim.max_tokens = max_tokens_;
   lim.max_sample_rows = max_seqs_;
@@ -580,11 +666,38 @@ Status HybridModel::forward(const Batch& batch, float* logits) {
   lim.n_vocab = cfg_.n_vocab;
   lim.block_size = kv_.block_size();
   lim.n_blocks = kv_.n_blocks();
-  RILL_TRY(check_batch(batch, lim));  // group 0's tables: the recurrent group has none
+  RILL_TRY(check_batch(batch, lim));
+  return step_metadata(batch, step_);
+}
+
+Status HybridModel::forward(const Batch& batch, float* logits) {
+  if (batch.n_tokens() <= 0) return {};
   RILL_TRY(states_->check(batch));
-  const StepMetadata md = step_metadata(batch, step_);
+  RILL_ASSIGN_OR_RETURN(const StepMetadata md, begin_step(batch));
   return hybrid_forward(*device_, graph_, md, act_, kv_views_, *states_,
                         Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
+}
+
+Status HybridModel::forward_hidden(const Batch& batch, float* logits, float* hidden) {
+  if (!graph_.has_mtp) return Model::forward_hidden(batch, logits, hidden);
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(states_->check(batch));
+  RILL_ASSIGN_OR_RETURN(const StepMetadata md, begin_step(batch));
+  const Tensor rows = Tensor::dense(hidden, DType::kF32, md.n_tokens, graph_.E);
+  return hybrid_forward(*device_, graph_, md, act_, kv_views_, *states_,
+                        Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), &rows);
+}
+
+// The MTP batch names no state slots: its one layer is full attention.
+Status HybridModel::forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) {
+  if (!graph_.has_mtp) return Model::forward_mtp(batch, hidden, logits, mtp_hidden);
+  if (batch.n_tokens() <= 0) return {};
+  RILL_ASSIGN_OR_RETURN(const StepMetadata md, begin_step(batch));
+  // The hidden rows are only read (rms_norm's input).
+  const Tensor rows = Tensor::dense(const_cast<float*>(hidden), DType::kF32, md.n_tokens, graph_.E);
+  const Tensor out = Tensor::dense(mtp_hidden, DType::kF32, md.n_tokens, graph_.E);
+  return hybrid_mtp_forward(*device_, graph_, md, act_, kv_views_, *states_, rows,
+                            Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), mtp_hidden ? &out : nullptr);
 }
 
 // --- The CUDA runtime's glue ------------------------------------------------------
@@ -608,7 +721,7 @@ Status HybridCudaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
   RILL_TRY(read_dims());  // the CUDA kernels' limits
   RILL_TRY(create_context());
-  RILL_ASSIGN_OR_RETURN(HybridWeights w, bind_hybrid(f, hd_));
+  RILL_ASSIGN_OR_RETURN(HybridWeights w, bind_hybrid(f, hd_, /*mtp=*/false));
   const GatedDeltaDims& d = w.hybrid.gdn;
   if (!cuda::gdn_supported(static_cast<int32_t>(d.n_k_heads), static_cast<int32_t>(d.n_v_heads),
                            static_cast<int32_t>(d.head_k_dim), static_cast<int32_t>(d.head_v_dim),
