@@ -5,9 +5,10 @@
 //    scale 1;
 //  - dequantize_fp8_rows gives e4m3 x scale exactly (F32) and that rounded
 //    to nearest even (BF16);
-//  - fp8_gemv (1..11 tokens, x in F32 and BF16, rows short and split)
-//    equals the f64 sum of the dequantized weights times x within 1e-5 of
-//    sum |w x|, and a token's result is the same bits alone and in a batch;
+//  - fp8_gemv (1..11 tokens, x in F32 and BF16, every shape class:
+//    kGemvShapes) equals the f64 sum of the dequantized weights times x
+//    within 1e-5 of sum |w x|, a token's result is the same bits at every
+//    token count 1..8, and accumulating adds exactly that result;
 //  - quant_matmul takes FP8 weights through both paths (GEMV; dequantize
 //    then GEMM, whole and in row chunks);
 //  - a model placed with ModelOptions::quantize kFp8 really runs FP8: its
@@ -136,10 +137,16 @@ TEST(Fp8Weights, QuantizeAndDequantizeMatchTheReference) {
   }
 }
 
+// The GEMV's shape classes: kShapes (one row; rows not a multiple of the
+// kernel's row groups; columns short of one round of loads and not a whole
+// number of rounds; split rows) and a qkv-like matrix with an odd row
+// count whose rows are split in two.
+const Shape kGemvShapes[] = {{1, 16}, {67, 576}, {300, 4096}, {40, 9216}, {33, 14336}, {5, 2064}, {2051, 4096}};
+
 TEST(Fp8Weights, GemvMatchesTheDequantizedSumAndIsBatchInvariant) {
   RILL_REQUIRE_GPU();
   for (DType xt : {DType::kF32, DType::kBF16}) {
-    for (const Shape s : kShapes) {
+    for (const Shape s : kGemvShapes) {
       SCOPED_TRACE(std::to_string(s.rows) + " x " + std::to_string(s.cols) + " x " + std::string(dtype_name(xt)));
       const std::vector<float> w = test_weights(s.rows, s.cols, 3, DType::kBF16);
       const HostFp8 ref = reference(w, s.rows, s.cols);
@@ -149,8 +156,8 @@ TEST(Fp8Weights, GemvMatchesTheDequantizedSumAndIsBatchInvariant) {
       for (float& v : x) v = round_to(xt, v);
       const DeviceBuffer xd = upload(encode(xt, x));
       auto y = DeviceBuffer::allocate(static_cast<size_t>(kTok * s.rows) * 4, "y");
-      auto y1 = DeviceBuffer::allocate(static_cast<size_t>(s.rows) * 4, "y1");
-      ASSERT_TRUE(y.ok() && y1.ok());
+      auto yn = DeviceBuffer::allocate(static_cast<size_t>(kTok * s.rows) * 4, "yn");
+      ASSERT_TRUE(y.ok() && yn.ok());
       fp8_gemv(q.as<uint8_t>(), xt, xd.data(), kTok, s.rows, s.cols, y->as<float>(), false, nullptr);
       const auto got = download<float>(*y, static_cast<size_t>(kTok * s.rows));
       for (int64_t t = 0; t < kTok; ++t) {
@@ -164,11 +171,23 @@ TEST(Fp8Weights, GemvMatchesTheDequantizedSumAndIsBatchInvariant) {
           ASSERT_NEAR(got[t * s.rows + r], sum, 1e-5 * mag + 1e-30) << "token " << t << " row " << r;
         }
       }
-      // Token 9 alone (a one-token launch) gives the bits it had in the batch.
-      const size_t x9 = static_cast<size_t>(9 * s.cols) * (xt == DType::kF32 ? 4 : 2);
-      fp8_gemv(q.as<uint8_t>(), xt, xd.as<uint8_t>() + x9, 1, s.rows, s.cols, y1->as<float>(), false, nullptr);
-      const auto alone = download<float>(*y1, static_cast<size_t>(s.rows));
-      for (int64_t r = 0; r < s.rows; ++r) ASSERT_EQ(alone[r], got[9 * s.rows + r]) << "row " << r;
+      // Every token count 1..8 (one launch each), from token 2 on: the bits
+      // the tokens had in the 11-token run (an 8-token launch, then 3).
+      const size_t x_bytes = xt == DType::kF32 ? 4 : 2;
+      for (int64_t n = 1; n <= 8; ++n) {
+        fp8_gemv(q.as<uint8_t>(), xt, xd.as<uint8_t>() + 2 * s.cols * x_bytes, n, s.rows, s.cols, yn->as<float>(),
+                 false, nullptr);
+        const auto part = download<float>(*yn, static_cast<size_t>(n * s.rows));
+        for (int64_t i = 0; i < n * s.rows; ++i) {
+          ASSERT_EQ(part[i], got[2 * s.rows + i]) << n << " tokens: token " << i / s.rows << " row " << i % s.rows;
+        }
+      }
+      // Accumulating: y + the same bits (3 tokens).
+      const std::vector<float> y0 = random_floats(static_cast<size_t>(3 * s.rows), 17);
+      const DeviceBuffer ya = upload(y0);
+      fp8_gemv(q.as<uint8_t>(), xt, xd.data(), 3, s.rows, s.cols, ya.as<float>(), true, nullptr);
+      const auto acc = download<float>(ya, static_cast<size_t>(3 * s.rows));
+      for (int64_t i = 0; i < 3 * s.rows; ++i) ASSERT_EQ(acc[i], y0[i] + got[i]) << "accumulated, entry " << i;
     }
   }
 }

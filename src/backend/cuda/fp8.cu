@@ -56,14 +56,9 @@ __device__ __forceinline__ void unpack8_e4m3(const uint2& u, float* f) {
   }
 }
 
-// 8 activations of token row xt from column c, as f32 (one 16- or two 32-byte loads).
+// 8 bf16 activations of token row xt from column c, as f32.
 __device__ __forceinline__ void load8(const __nv_bfloat16* xt, int64_t c, float* f) {
   unpack8(*reinterpret_cast<const uint4*>(xt + c), static_cast<const __nv_bfloat16*>(nullptr), f);
-}
-__device__ __forceinline__ void load8(const float* xt, int64_t c, float* f) {
-  const uint4* p = reinterpret_cast<const uint4*>(xt + c);
-  unpack8(p[0], static_cast<const float*>(nullptr), f);
-  unpack8(p[1], static_cast<const float*>(nullptr), f + 4);
 }
 
 // One warp per row and part `part` of its columns (vectors of 8 values):
@@ -131,9 +126,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Warps per row: enough warps to fill the device (about 4,096), at least
-// 64 vectors a part, at most the block's 8 warps.
-int split_for(int64_t n_rows, int64_t n_cols) {
+// Warps per row for the ring kernel: enough warps to fill the device
+// (about 4,096), at least 64 vectors a part, at most the block's 8 warps.
+int ring_split_for(int64_t n_rows, int64_t n_cols) {
   const int64_t n_vec = n_cols / 8;
   int n_split = 1;
   while (n_split < kWarps && n_rows * n_split < 4096 && n_vec / (2 * n_split) >= 64) n_split *= 2;
@@ -141,12 +136,169 @@ int split_for(int64_t n_rows, int64_t n_cols) {
 }
 
 template <typename T, int N>
-void launch_n(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
-              cudaStream_t stream) {
-  const int n_split = split_for(n_rows, n_cols);
+void launch_ring(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
+                 cudaStream_t stream) {
+  const int n_split = ring_split_for(n_rows, n_cols);
   const int64_t rows_per_block = kWarps / n_split;
   const auto blocks = static_cast<unsigned>((n_rows + rows_per_block - 1) / rows_per_block);
   launch_pdl(fp8_gemv_kernel<T, N>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols, n_split, y, accumulate);
+}
+
+// Weights: 16-byte streaming loads (read once per step, kept out of L1).
+__device__ __forceinline__ uint4 load_w(const uint4* p) {
+  return __ldcs(p);
+}
+
+// 16 activations of token row xt from column c as f32 (read-only path: the
+// same x serves every row of the block).
+__device__ __forceinline__ void load16(const __nv_bfloat16* xt, int64_t c, float* f) {
+  const uint4* p = reinterpret_cast<const uint4*>(xt + c);
+  unpack8(__ldg(p), static_cast<const __nv_bfloat16*>(nullptr), f);
+  unpack8(__ldg(p + 1), static_cast<const __nv_bfloat16*>(nullptr), f + 8);
+}
+__device__ __forceinline__ void load16(const float* xt, int64_t c, float* f) {
+  const uint4* p = reinterpret_cast<const uint4*>(xt + c);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) unpack8(__ldg(p + i), static_cast<const float*>(nullptr), f + 4 * i);
+}
+
+// The 16-byte GEMV: a warp takes R consecutive rows and part `part` of
+// their 16-byte vectors (n_split warps of a block share the rows); a round
+// is U vectors per row and lane, lane l taking vectors base + l + 32 u, so
+// lane l walks l, l + 32, l + 64, ... of its part in ascending order
+// whatever R, U and kPipe are. kPipe: two register sets, the next round's
+// loads in flight while this round computes. x is read once per round for
+// all R rows. A part's sums meet in shared memory in part order, then the
+// row's scale: n_split depends on the shape alone (split16_for), so a
+// row's result for a token is the same bits for every token count and
+// every (R, U, kPipe).
+template <typename T, int N, int R, int U, bool kPipe>
+__global__ void __launch_bounds__(kWarps * 32)
+    fp8_gemv16_kernel(const uint8_t* __restrict__ w, const T* __restrict__ x, int64_t n_rows, int64_t n_cols,
+                      int n_split, float* __restrict__ y, bool accumulate) {
+  __shared__ float red[kWarps][R][N];
+  constexpr int kRound = 32 * U;  // vectors per round of a warp
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kWarps / n_split) + warp / n_split) * R;
+  const int part = warp % n_split;
+  const int64_t n_vec = n_cols / 16;
+  const int64_t per = ((n_vec + n_split - 1) / n_split + 31) / 32 * 32;
+  const int64_t v0 = min(n_vec, part * per), v_end = min(n_vec, v0 + per);
+  const int64_t ld = kFp8RowHeader + n_cols;
+  const uint4* wr[R];
+  float scale[R];
+#pragma unroll
+  for (int k = 0; k < R; ++k) {
+    const int64_t r = row0 + k < n_rows ? row0 + k : n_rows - 1;  // a short last group re-reads a valid row
+    wr[k] = reinterpret_cast<const uint4*>(w + r * ld + kFp8RowHeader);
+    scale[k] = *reinterpret_cast<const float*>(w + r * ld);
+  }
+  float acc[R][N];
+#pragma unroll
+  for (int k = 0; k < R; ++k)
+#pragma unroll
+    for (int t = 0; t < N; ++t) acc[k][t] = 0.0f;
+  auto load_round = [&](uint4(&q)[R][U], int64_t base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + lane + 32 * u;
+#pragma unroll
+      for (int k = 0; k < R; ++k) q[k][u] = i < v_end ? load_w(wr[k] + i) : uint4{};
+    }
+  };
+  auto compute_round = [&](const uint4(&q)[R][U], int64_t base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + lane + 32 * u;
+      if (i < v_end) {
+        float wf[R][16];
+#pragma unroll
+        for (int k = 0; k < R; ++k) unpack16_e4m3(q[k][u], wf[k]);
+#pragma unroll
+        for (int t = 0; t < N; ++t) {
+          float xf[16];
+          load16(x + t * n_cols, i * 16, xf);
+#pragma unroll
+          for (int k = 0; k < R; ++k)
+#pragma unroll
+            for (int e = 0; e < 16; ++e) acc[k][t] = fmaf(wf[k][e], xf[e], acc[k][t]);
+        }
+      }
+    }
+  };
+  uint4 qa[R][U];
+  load_round(qa, v0);  // weights are never written: the first round goes out before the wait
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  if constexpr (kPipe) {
+    uint4 qb[R][U];
+    for (int64_t v = v0; v < v_end; v += 2 * kRound) {
+      if (v + kRound < v_end) load_round(qb, v + kRound);
+      compute_round(qa, v);
+      if (v + 2 * kRound < v_end) load_round(qa, v + 2 * kRound);
+      if (v + kRound < v_end) compute_round(qb, v + kRound);
+    }
+  } else {
+    for (int64_t v = v0; v < v_end; v += kRound) {
+      if (v != v0) load_round(qa, v);
+      compute_round(qa, v);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < R; ++k) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      const float s = detail::warp_sum(acc[k][t]);
+      if (lane == 0) red[warp][k][t] = s;
+    }
+  }
+  __syncthreads();
+  static_assert(R * N <= 32, "one lane per (row, token) result");
+  if (part == 0) {
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        if (lane == k * N + t && row0 + k < n_rows) {
+          float s = red[warp][k][t];
+          for (int p = 1; p < n_split; ++p) s += red[warp + p][k][t];
+          s = __fmul_rn(s, scale[k]);  // not contracted into the accumulation below
+          float* out = y + t * n_rows + row0 + k;
+          *out = accumulate ? *out + s : s;
+        }
+      }
+    }
+  }
+}
+
+// Warps per row group of the 16-byte GEMV, from the shape alone (batch
+// invariance): split a row's vectors while the device has fewer than
+// 8,192 row-warps and each part keeps 128+ vectors (4+ per lane).
+int split16_for(int64_t n_rows, int64_t n_cols) {
+  const int64_t n_vec = n_cols / 16;
+  int n_split = 1;
+  while (n_split < kWarps && n_rows * n_split < 8192 && n_vec / (2 * n_split) >= 128) n_split *= 2;
+  return n_split;
+}
+
+template <typename T, int N, int R, int U, bool kPipe>
+void launch16(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
+              cudaStream_t stream) {
+  const int n_split = split16_for(n_rows, n_cols);
+  const int64_t rows_per_block = int64_t{kWarps / n_split} * R;
+  const auto blocks = static_cast<unsigned>((n_rows + rows_per_block - 1) / rows_per_block);
+  launch_pdl(fp8_gemv16_kernel<T, N, R, U, kPipe>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols, n_split, y,
+             accumulate);
+}
+
+// The configuration fp8_gemv runs (fp8_gemv_variant times others).
+constexpr int kRowsPerWarp = 2, kLoads = 4;
+constexpr bool kPipelined = true;
+
+template <typename T, int N>
+void launch_n(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
+              cudaStream_t stream) {
+  launch16<T, N, kRowsPerWarp, kLoads, kPipelined>(w, x, n_rows, n_cols, y, accumulate, stream);
 }
 
 template <typename T>
@@ -282,6 +434,61 @@ void fp8_gemv(const uint8_t* w, DType x_dtype, const void* x, int64_t n_tokens, 
     launch_gemv(w, static_cast<const float*>(x), n_tokens, n_rows, n_cols, y, accumulate, stream);
   } else {
     launch_gemv(w, static_cast<const __nv_bfloat16*>(x), n_tokens, n_rows, n_cols, y, accumulate, stream);
+  }
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+int fp8_gemv_n_variants() {
+  return 9;
+}
+
+const char* fp8_gemv_variant_name(int variant) {
+  static const char* const kNames[] = {"ring8B", "R1U4", "R1U8", "R2U4", "R2U4p", "R1U4p", "R2U2p", "R4U2", "R4U2p"};
+  return variant >= 0 && variant < fp8_gemv_n_variants() ? kNames[variant] : "fp8_gemv";
+}
+
+void fp8_gemv_variant(int variant, int n_tokens, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols,
+                      float* y, cudaStream_t stream) {
+  using T = __nv_bfloat16;
+  const T* x = static_cast<const T*>(x_bf16);
+  const bool one = n_tokens == 1;
+  switch (variant) {
+    case 0:
+      one ? launch_ring<T, 1>(w, x, n_rows, n_cols, y, false, stream)
+          : launch_ring<T, 8>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 1:
+      one ? launch16<T, 1, 1, 4, false>(w, x, n_rows, n_cols, y, false, stream)
+          : launch16<T, 8, 1, 4, false>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 2:
+      one ? launch16<T, 1, 1, 8, false>(w, x, n_rows, n_cols, y, false, stream)
+          : launch16<T, 8, 1, 8, false>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 3:
+      one ? launch16<T, 1, 2, 4, false>(w, x, n_rows, n_cols, y, false, stream)
+          : launch16<T, 8, 2, 4, false>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 4:
+      one ? launch16<T, 1, 2, 4, true>(w, x, n_rows, n_cols, y, false, stream)
+          : launch16<T, 8, 2, 4, true>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 5:
+      one ? launch16<T, 1, 1, 4, true>(w, x, n_rows, n_cols, y, false, stream)
+          : launch16<T, 8, 1, 4, true>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 6:
+      one ? launch16<T, 1, 2, 2, true>(w, x, n_rows, n_cols, y, false, stream)
+          : launch16<T, 8, 2, 2, true>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 7:
+      one ? launch16<T, 1, 4, 2, false>(w, x, n_rows, n_cols, y, false, stream)
+          : launch16<T, 8, 4, 2, false>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    default:
+      one ? launch16<T, 1, 4, 2, true>(w, x, n_rows, n_cols, y, false, stream)
+          : launch16<T, 8, 4, 2, true>(w, x, n_rows, n_cols, y, false, stream);
+      break;
   }
   RILL_CUDA_CHECK_LAUNCH();
 }
