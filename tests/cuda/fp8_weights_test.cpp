@@ -137,6 +137,40 @@ TEST(Fp8Weights, QuantizeAndDequantizeMatchTheReference) {
   }
 }
 
+// quantize_fp8_tokens (the FP8 GEMM's activations): each token row's scale
+// and e4m3 values equal the host reference bit for bit, for rows held in
+// registers (up to 16 vectors a thread) and longer ones (two passes).
+TEST(Fp8Weights, TokenQuantizationMatchesTheReference) {
+  RILL_REQUIRE_GPU();
+  for (DType xt : {DType::kF32, DType::kBF16}) {
+    for (const int64_t cols :
+         {int64_t{16}, int64_t{576}, int64_t{2064}, int64_t{4096}, int64_t{14336}, int64_t{36864}}) {
+      SCOPED_TRACE(std::to_string(cols) + " columns of " + std::string(dtype_name(xt)));
+      const int64_t n = 5;
+      std::vector<float> x = test_weights(n, cols, 23, xt);
+      for (int64_t c = 0; c < cols; ++c) x[static_cast<size_t>(4 * cols + c)] *= 1e-30f;  // a tiny row
+      for (float& v : x) v = round_to(xt, v);
+      const HostFp8 ref = reference(x, n, cols);
+      const DeviceBuffer xd = upload(encode(xt, x));
+      auto q = DeviceBuffer::allocate(static_cast<size_t>(n * cols + 4 * n), "xq");
+      ASSERT_TRUE(q.ok());
+      float* xs = reinterpret_cast<float*>(q->as<uint8_t>() + n * cols);
+      quantize_fp8_tokens(xt, xd.data(), n, cols, q->as<uint8_t>(), xs, nullptr);
+      const auto bytes = download<uint8_t>(*q, static_cast<size_t>(n * cols + 4 * n));
+      for (int64_t t = 0; t < n; ++t) {
+        float scale;
+        std::memcpy(&scale, bytes.data() + n * cols + 4 * t, 4);
+        ASSERT_EQ(scale, ref.scale[t]) << "token " << t;
+        int64_t bad = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          bad += e4m3_value(bytes[static_cast<size_t>(t * cols + c)]) * scale != ref.value[t * cols + c];
+        }
+        EXPECT_EQ(bad, 0) << "token " << t << ": values differing from the reference";
+      }
+    }
+  }
+}
+
 // The GEMV's shape classes: kShapes (one row; rows not a multiple of the
 // kernel's row groups; columns short of one round of loads and not a whole
 // number of rounds; split rows) and a qkv-like matrix with an odd row

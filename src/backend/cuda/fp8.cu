@@ -144,9 +144,20 @@ void launch_ring(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, f
   launch_pdl(fp8_gemv_kernel<T, N>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols, n_split, y, accumulate);
 }
 
-// Weights: 16-byte streaming loads (read once per step, kept out of L1).
+// Weights: 16-byte streaming loads (read once per step, kept out of L1);
+// kL2Wide: the non-coherent path with a 256-byte L2 prefetch per request
+// (each lane's 16 bytes sit in a warp's contiguous 512).
+template <bool kL2Wide>
 __device__ __forceinline__ uint4 load_w(const uint4* p) {
-  return __ldcs(p);
+  if constexpr (kL2Wide) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+  } else {
+    return __ldcs(p);
+  }
 }
 
 // 16 activations of token row xt from column c as f32 (read-only path: the
@@ -172,7 +183,7 @@ __device__ __forceinline__ void load16(const float* xt, int64_t c, float* f) {
 // row's scale: n_split depends on the shape alone (split16_for), so a
 // row's result for a token is the same bits for every token count and
 // every (R, U, kPipe).
-template <typename T, int N, int R, int U, bool kPipe>
+template <typename T, int N, int R, int U, bool kPipe, bool kL2Wide = false>
 __global__ void __launch_bounds__(kWarps * 32)
     fp8_gemv16_kernel(const uint8_t* __restrict__ w, const T* __restrict__ x, int64_t n_rows, int64_t n_cols,
                       int n_split, float* __restrict__ y, bool accumulate) {
@@ -203,7 +214,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int u = 0; u < U; ++u) {
       const int64_t i = base + lane + 32 * u;
 #pragma unroll
-      for (int k = 0; k < R; ++k) q[k][u] = i < v_end ? load_w(wr[k] + i) : uint4{};
+      for (int k = 0; k < R; ++k) q[k][u] = i < v_end ? load_w<kL2Wide>(wr[k] + i) : uint4{};
     }
   };
   auto compute_round = [&](const uint4(&q)[R][U], int64_t base) {
@@ -281,14 +292,14 @@ int split16_for(int64_t n_rows, int64_t n_cols) {
   return n_split;
 }
 
-template <typename T, int N, int R, int U, bool kPipe>
+template <typename T, int N, int R, int U, bool kPipe, bool kL2Wide = false>
 void launch16(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
               cudaStream_t stream) {
   const int n_split = split16_for(n_rows, n_cols);
   const int64_t rows_per_block = int64_t{kWarps / n_split} * R;
   const auto blocks = static_cast<unsigned>((n_rows + rows_per_block - 1) / rows_per_block);
-  launch_pdl(fp8_gemv16_kernel<T, N, R, U, kPipe>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols, n_split, y,
-             accumulate);
+  launch_pdl(fp8_gemv16_kernel<T, N, R, U, kPipe, kL2Wide>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols,
+             n_split, y, accumulate);
 }
 
 // The configuration fp8_gemv runs (fp8_gemv_variant times others).
@@ -368,6 +379,73 @@ __global__ void __launch_bounds__(256) quantize_kernel(const T* __restrict__ src
   }
 }
 
+// Activations (quantize_fp8_tokens): one block per token row, its 16-byte
+// vectors read once into registers (kPer per thread), the row's max, then
+// the same rounding as quantize_kernel from the registers. The two-pass
+// quantize_kernel serves rows longer than 256 kPer vectors.
+template <typename T, int kPer>
+__global__ void __launch_bounds__(256)
+    quantize_tokens_kernel(const T* __restrict__ x, int64_t n_cols, uint8_t* __restrict__ xq, float* __restrict__ xs) {
+  constexpr int kElems = 16 / sizeof(T);
+  __shared__ float red[8];
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int64_t r = blockIdx.x, n_vec = n_cols / kElems;
+  const uint4* xv = reinterpret_cast<const uint4*>(x + r * n_cols);
+  uint4 v[kPer];
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t j = threadIdx.x + 256 * i;
+    v[i] = j < n_vec ? __ldg(xv + j) : uint4{};
+    float f[8];
+    unpack8(v[i], static_cast<const T*>(nullptr), f);
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) m = fmaxf(m, fabsf(f[e]));
+  }
+  m = detail::warp_max(m);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = red[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) m = fmaxf(m, red[i]);
+  const float scale = m > 0.0f ? m / kE4m3Max : 1.0f;
+  if (threadIdx.x == 0) xs[r] = scale;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t j = threadIdx.x + 256 * i;
+    if (j >= n_vec) break;
+    float f[8];
+    unpack8(v[i], static_cast<const T*>(nullptr), f);
+    uint8_t q[kElems];
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) q[e] = __nv_cvt_float_to_fp8(f[e] / scale, __NV_SATFINITE, __NV_E4M3);
+    uint8_t* out = xq + r * n_cols + j * kElems;
+    if constexpr (kElems == 8) {
+      *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(q);
+    } else {
+      *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(q);
+    }
+  }
+}
+
+template <typename T>
+void launch_quantize_tokens(const T* x, int64_t n, int64_t n_cols, uint8_t* xq, float* xs, cudaStream_t stream) {
+  const int64_t per = (n_cols / (16 / static_cast<int64_t>(sizeof(T))) + 255) / 256;
+  const auto blocks = static_cast<unsigned>(n);
+  if (per <= 2) {
+    launch_pdl(quantize_tokens_kernel<T, 2>, blocks, 256, 0, stream, x, n_cols, xq, xs);
+  } else if (per <= 4) {
+    launch_pdl(quantize_tokens_kernel<T, 4>, blocks, 256, 0, stream, x, n_cols, xq, xs);
+  } else if (per <= 8) {
+    launch_pdl(quantize_tokens_kernel<T, 8>, blocks, 256, 0, stream, x, n_cols, xq, xs);
+  } else if (per <= 16) {
+    launch_pdl(quantize_tokens_kernel<T, 16>, blocks, 256, 0, stream, x, n_cols, xq, xs);
+  } else {
+    launch_pdl(quantize_kernel<T>, blocks, 256, 0, stream, x, n_cols, false, xq, xs);
+  }
+}
+
 template <typename Out>
 __global__ void dequant_kernel(const uint8_t* __restrict__ w, int64_t n_cols, int64_t row0, int64_t n_rows,
                                Out* __restrict__ out) {
@@ -421,8 +499,8 @@ void quantize_fp8_rows(DType src_dtype, const void* src, int64_t n_rows, int64_t
 void quantize_fp8_tokens(DType x_dtype, const void* x, int64_t n, int64_t n_cols, uint8_t* xq, float* xs,
                          cudaStream_t stream) {
   if (n <= 0) return;
-  RILL_CUDA_DISPATCH_FLOAT(x_dtype, launch_pdl(quantize_kernel<T>, static_cast<unsigned>(n), 256, 0, stream,
-                                               static_cast<const T*>(x), n_cols, false, xq, xs));
+  assert(fp8_cols_ok(n_cols));
+  RILL_CUDA_DISPATCH_FLOAT(x_dtype, launch_quantize_tokens(static_cast<const T*>(x), n, n_cols, xq, xs, stream));
   RILL_CUDA_CHECK_LAUNCH();
 }
 
@@ -439,11 +517,12 @@ void fp8_gemv(const uint8_t* w, DType x_dtype, const void* x, int64_t n_tokens, 
 }
 
 int fp8_gemv_n_variants() {
-  return 9;
+  return 11;
 }
 
 const char* fp8_gemv_variant_name(int variant) {
-  static const char* const kNames[] = {"ring8B", "R1U4", "R1U8", "R2U4", "R2U4p", "R1U4p", "R2U2p", "R4U2", "R4U2p"};
+  static const char* const kNames[] = {"ring8B", "R1U4", "R1U8",  "R2U4",    "R2U4p", "R1U4p",
+                                       "R2U2p",  "R4U2", "R4U2p", "R2U4pL2", "R1U8L2"};
   return variant >= 0 && variant < fp8_gemv_n_variants() ? kNames[variant] : "fp8_gemv";
 }
 
@@ -485,9 +564,17 @@ void fp8_gemv_variant(int variant, int n_tokens, const uint8_t* w, const void* x
       one ? launch16<T, 1, 4, 2, false>(w, x, n_rows, n_cols, y, false, stream)
           : launch16<T, 8, 4, 2, false>(w, x, n_rows, n_cols, y, false, stream);
       break;
-    default:
+    case 8:
       one ? launch16<T, 1, 4, 2, true>(w, x, n_rows, n_cols, y, false, stream)
           : launch16<T, 8, 4, 2, true>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    case 9:
+      one ? launch16<T, 1, 2, 4, true, true>(w, x, n_rows, n_cols, y, false, stream)
+          : launch16<T, 8, 2, 4, true, true>(w, x, n_rows, n_cols, y, false, stream);
+      break;
+    default:
+      one ? launch16<T, 1, 1, 8, false, true>(w, x, n_rows, n_cols, y, false, stream)
+          : launch16<T, 8, 1, 8, false, true>(w, x, n_rows, n_cols, y, false, stream);
       break;
   }
   RILL_CUDA_CHECK_LAUNCH();
