@@ -8,17 +8,13 @@
 //   activation quantization, cuBLASLt's FP8 GEMM and its scale pass, and
 //   bf16 cuBLASLt), for ncu
 //
-// GEMV: every configuration fp8_gemv_variant offers at 1 and 8 tokens,
-// then fp8_gemv itself at 1..8 tokens (bf16 x; one token with f32 x too)
-// and the bf16 GEMV on the same shape in bf16 weights. Each figure is the
-// median over 5 runs of 20 back-to-back launches (programmatic launch, as
-// in a decode step) cycling over copies of the matrix that together exceed
-// the L2 cache several times; GB/s counts the weight bytes read.
-// GEMM (--gemm 1, the default): at 8..2,048 tokens, the activation
-// quantization (quantize_fp8_tokens), cuBLASLt's FP8 GEMM with its scale
-// pass (Gemm::run_fp8, overwriting and accumulating), the scale pass alone
-// (fp8_scale_rows) and bf16 cuBLASLt (Gemm::run), in microseconds and
-// TFLOP/s.
+// GEMV: every configuration fp8_gemv_variant offers at one token, then fp8_gemv itself at 1..8 tokens (bf16 x; one
+// token with f32 x too) and the bf16 GEMV on the same shape in bf16 weights. Each figure is the median over 5 runs of
+// 20 back-to-back launches (programmatic launch, as in a decode step) cycling over copies of the matrix that together
+// exceed the L2 cache several times; GB/s counts the weight bytes read. GEMM (--gemm 1, the default): at 8..2,048
+// tokens, the activation quantization (quantize_fp8_tokens), cuBLASLt's FP8 GEMM with its scale pass (Gemm::run_fp8,
+// overwriting and accumulating), the scale pass alone (fp8_scale_rows) and bf16 cuBLASLt (Gemm::run), in microseconds
+// and TFLOP/s.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -121,14 +117,10 @@ void gemv_bench(cudaStream_t s, double copy_gbs) {
       std::printf("  %-8s %-14s %8.1f us %6.0f GB/s %5.1f%%\n", sh.name, what, us, gb / (us * 1e-6),
                   100.0 * gb / (us * 1e-6) / copy_gbs);
     };
-    for (int n : {1, 8}) {
-      for (int v = 0; v < cuda::fp8_gemv_n_variants(); ++v) {
-        char what[64];
-        std::snprintf(what, sizeof what, "n%d %s", n, cuda::fp8_gemv_variant_name(v));
-        report(what, timer.us(20, [&](int i) {
-          cuda::fp8_gemv_variant(v, n, static_cast<const uint8_t*>(w[i % copies]), x, sh.rows, sh.cols, y, s);
-        }));
-      }
+    for (int v = 0; v < cuda::fp8_gemv_n_variants(); ++v) {
+      report(cuda::fp8_gemv_variant_name(v), timer.us(20, [&](int i) {
+        cuda::fp8_gemv_variant(v, static_cast<const uint8_t*>(w[i % copies]), x, sh.rows, sh.cols, y, s);
+      }));
     }
     for (int n = 1; n <= 8; ++n) {
       char what[64];

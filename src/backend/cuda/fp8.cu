@@ -144,20 +144,9 @@ void launch_ring(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, f
   launch_pdl(fp8_gemv_kernel<T, N>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols, n_split, y, accumulate);
 }
 
-// Weights: 16-byte streaming loads (read once per step, kept out of L1);
-// kL2Wide: the non-coherent path with a 256-byte L2 prefetch per request
-// (each lane's 16 bytes sit in a warp's contiguous 512).
-template <bool kL2Wide>
+// Weights: 16-byte streaming loads (read once per step, kept out of L1).
 __device__ __forceinline__ uint4 load_w(const uint4* p) {
-  if constexpr (kL2Wide) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-  } else {
-    return __ldcs(p);
-  }
+  return __ldcs(p);
 }
 
 // 16 activations of token row xt from column c as f32 (read-only path: the
@@ -173,24 +162,26 @@ __device__ __forceinline__ void load16(const float* xt, int64_t c, float* f) {
   for (int i = 0; i < 4; ++i) unpack8(__ldg(p + i), static_cast<const float*>(nullptr), f + 4 * i);
 }
 
-// The 16-byte GEMV: a warp takes R consecutive rows and part `part` of
-// their 16-byte vectors (n_split warps of a block share the rows); a round
-// is U vectors per row and lane, lane l taking vectors base + l + 32 u, so
-// lane l walks l, l + 32, l + 64, ... of its part in ascending order
-// whatever R, U and kPipe are. kPipe: two register sets, the next round's
-// loads in flight while this round computes. x is read once per round for
-// all R rows. A part's sums meet in shared memory in part order, then the
-// row's scale: n_split depends on the shape alone (split16_for), so a
+// The 16-byte GEMV. A block takes groups of kWarps / n_split row groups
+// (group g: rows from g * rows_per_block), blockIdx.x, then every gridDim.x-th
+// (a grid smaller than n_groups stays resident and leaves room on each SM
+// for the next kernel's blocks to start early); a warp takes R consecutive
+// rows and part `part` of their 16-byte vectors (n_split warps share the
+// rows); a round is U vectors per row and lane, lane l taking vectors
+// base + l + 32 u, so lane l walks l, l + 32, l + 64, ... of its part in
+// ascending order whatever R, U and the grid are. x is read once per round
+// for all R rows. A part's sums meet in shared memory in part order, then
+// the row's scale: n_split depends on the shape alone (split16_for), so a
 // row's result for a token is the same bits for every token count and
-// every (R, U, kPipe).
-template <typename T, int N, int R, int U, bool kPipe, bool kL2Wide = false>
+// every (R, U, grid). The next group's first round is loaded before the
+// block's barrier.
+template <typename T, int N, int R, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     fp8_gemv16_kernel(const uint8_t* __restrict__ w, const T* __restrict__ x, int64_t n_rows, int64_t n_cols,
-                      int n_split, float* __restrict__ y, bool accumulate) {
+                      int n_split, int64_t n_groups, float* __restrict__ y, bool accumulate) {
   __shared__ float red[kWarps][R][N];
   constexpr int kRound = 32 * U;  // vectors per round of a warp
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kWarps / n_split) + warp / n_split) * R;
   const int part = warp % n_split;
   const int64_t n_vec = n_cols / 16;
   const int64_t per = ((n_vec + n_split - 1) / n_split + 31) / 32 * 32;
@@ -198,87 +189,87 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t ld = kFp8RowHeader + n_cols;
   const uint4* wr[R];
   float scale[R];
+  int64_t row0 = 0;
+  auto setup = [&](int64_t g) {
+    row0 = (g * (kWarps / n_split) + warp / n_split) * R;
 #pragma unroll
-  for (int k = 0; k < R; ++k) {
-    const int64_t r = row0 + k < n_rows ? row0 + k : n_rows - 1;  // a short last group re-reads a valid row
-    wr[k] = reinterpret_cast<const uint4*>(w + r * ld + kFp8RowHeader);
-    scale[k] = *reinterpret_cast<const float*>(w + r * ld);
-  }
-  float acc[R][N];
-#pragma unroll
-  for (int k = 0; k < R; ++k)
-#pragma unroll
-    for (int t = 0; t < N; ++t) acc[k][t] = 0.0f;
-  auto load_round = [&](uint4(&q)[R][U], int64_t base) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t i = base + lane + 32 * u;
-#pragma unroll
-      for (int k = 0; k < R; ++k) q[k][u] = i < v_end ? load_w<kL2Wide>(wr[k] + i) : uint4{};
+    for (int k = 0; k < R; ++k) {
+      const int64_t r = row0 + k < n_rows ? row0 + k : n_rows - 1;  // a short last group re-reads a valid row
+      wr[k] = reinterpret_cast<const uint4*>(w + r * ld + kFp8RowHeader);
+      scale[k] = *reinterpret_cast<const float*>(w + r * ld);
     }
   };
-  auto compute_round = [&](const uint4(&q)[R][U], int64_t base) {
+  uint4 q[R][U];
+  auto load_round = [&](int64_t base) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t i = base + lane + 32 * u;
-      if (i < v_end) {
-        float wf[R][16];
 #pragma unroll
-        for (int k = 0; k < R; ++k) unpack16_e4m3(q[k][u], wf[k]);
+      for (int k = 0; k < R; ++k) q[k][u] = i < v_end ? load_w(wr[k] + i) : uint4{};
+    }
+  };
+  int64_t g = blockIdx.x;
+  setup(g);
+  load_round(v0);  // weights are never written: the first round goes out before the wait
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  for (;;) {
+    float acc[R][N];
 #pragma unroll
-        for (int t = 0; t < N; ++t) {
-          float xf[16];
-          load16(x + t * n_cols, i * 16, xf);
+    for (int k = 0; k < R; ++k)
 #pragma unroll
-          for (int k = 0; k < R; ++k)
+      for (int t = 0; t < N; ++t) acc[k][t] = 0.0f;
+    for (int64_t v = v0; v < v_end; v += kRound) {
+      if (v != v0) load_round(v);
 #pragma unroll
-            for (int e = 0; e < 16; ++e) acc[k][t] = fmaf(wf[k][e], xf[e], acc[k][t]);
+      for (int u = 0; u < U; ++u) {
+        const int64_t i = v + lane + 32 * u;
+        if (i < v_end) {
+          float wf[R][16];
+#pragma unroll
+          for (int k = 0; k < R; ++k) unpack16_e4m3(q[k][u], wf[k]);
+#pragma unroll
+          for (int t = 0; t < N; ++t) {
+            float xf[16];
+            load16(x + t * n_cols, i * 16, xf);
+#pragma unroll
+            for (int k = 0; k < R; ++k)
+#pragma unroll
+              for (int e = 0; e < 16; ++e) acc[k][t] = fmaf(wf[k][e], xf[e], acc[k][t]);
+          }
         }
       }
     }
-  };
-  uint4 qa[R][U];
-  load_round(qa, v0);  // weights are never written: the first round goes out before the wait
-  detail::pdl_wait();
-  detail::pdl_trigger();
-  if constexpr (kPipe) {
-    uint4 qb[R][U];
-    for (int64_t v = v0; v < v_end; v += 2 * kRound) {
-      if (v + kRound < v_end) load_round(qb, v + kRound);
-      compute_round(qa, v);
-      if (v + 2 * kRound < v_end) load_round(qa, v + 2 * kRound);
-      if (v + kRound < v_end) compute_round(qb, v + kRound);
-    }
-  } else {
-    for (int64_t v = v0; v < v_end; v += kRound) {
-      if (v != v0) load_round(qa, v);
-      compute_round(qa, v);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < R; ++k) {
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-      const float s = detail::warp_sum(acc[k][t]);
-      if (lane == 0) red[warp][k][t] = s;
-    }
-  }
-  __syncthreads();
-  static_assert(R * N <= 32, "one lane per (row, token) result");
-  if (part == 0) {
 #pragma unroll
     for (int k = 0; k < R; ++k) {
 #pragma unroll
       for (int t = 0; t < N; ++t) {
-        if (lane == k * N + t && row0 + k < n_rows) {
-          float s = red[warp][k][t];
-          for (int p = 1; p < n_split; ++p) s += red[warp + p][k][t];
-          s = __fmul_rn(s, scale[k]);  // not contracted into the accumulation below
-          float* out = y + t * n_rows + row0 + k;
-          *out = accumulate ? *out + s : s;
+        const float s = detail::warp_sum(acc[k][t]);
+        if (lane == 0) red[warp][k][t] = s;
+      }
+    }
+    __syncthreads();
+    static_assert(R * N <= 32, "one lane per (row, token) result");
+    if (part == 0) {
+#pragma unroll
+      for (int k = 0; k < R; ++k) {
+#pragma unroll
+        for (int t = 0; t < N; ++t) {
+          if (lane == k * N + t && row0 + k < n_rows) {
+            float s = red[warp][k][t];
+            for (int p = 1; p < n_split; ++p) s += red[warp + p][k][t];
+            s = __fmul_rn(s, scale[k]);  // not contracted into the accumulation below
+            float* out = y + t * n_rows + row0 + k;
+            *out = accumulate ? *out + s : s;
+          }
         }
       }
     }
+    g += gridDim.x;
+    if (g >= n_groups) break;
+    setup(g);
+    load_round(v0);
+    __syncthreads();  // red is read above before the next group writes it
   }
 }
 
@@ -292,24 +283,41 @@ int split16_for(int64_t n_rows, int64_t n_cols) {
   return n_split;
 }
 
-template <typename T, int N, int R, int U, bool kPipe, bool kL2Wide = false>
-void launch16(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
+    return count > 0 ? count : 1;
+  }();
+  return n;
+}
+
+// per_sm > 0: a grid of at most per_sm blocks per SM, each looping over
+// groups; else one block per group.
+template <typename T, int N, int R, int U>
+void launch16(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate, int per_sm,
               cudaStream_t stream) {
   const int n_split = split16_for(n_rows, n_cols);
   const int64_t rows_per_block = int64_t{kWarps / n_split} * R;
-  const auto blocks = static_cast<unsigned>((n_rows + rows_per_block - 1) / rows_per_block);
-  launch_pdl(fp8_gemv16_kernel<T, N, R, U, kPipe, kL2Wide>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols,
-             n_split, y, accumulate);
+  const int64_t n_groups = (n_rows + rows_per_block - 1) / rows_per_block;
+  const int64_t cap = per_sm > 0 ? int64_t{per_sm} * sm_count() : n_groups;
+  const auto blocks = static_cast<unsigned>(n_groups < cap ? n_groups : cap);
+  launch_pdl(fp8_gemv16_kernel<T, N, R, U>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols, n_split, n_groups, y,
+             accumulate);
 }
 
-// The configuration fp8_gemv runs (fp8_gemv_variant times others).
-constexpr int kRowsPerWarp = 2, kLoads = 4;
-constexpr bool kPipelined = true;
+// The configuration fp8_gemv runs (fp8_gemv_variant times others): four
+// rows per warp, two loads each, one block per group (the best sum over
+// the 8B's shapes of the configurations first timed, docs/perf.md).
+constexpr int kRowsPerWarp = 4, kLoads = 2, kBlocksPerSm = 0;
 
 template <typename T, int N>
 void launch_n(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
               cudaStream_t stream) {
-  launch16<T, N, kRowsPerWarp, kLoads, kPipelined>(w, x, n_rows, n_cols, y, accumulate, stream);
+  // R * N results per warp go out one per lane
+  constexpr int kR = kRowsPerWarp * N <= 32 ? kRowsPerWarp : 32 / N;
+  launch16<T, N, kR, kLoads>(w, x, n_rows, n_cols, y, accumulate, kBlocksPerSm, stream);
 }
 
 template <typename T>
@@ -465,17 +473,34 @@ __global__ void dequant_kernel(const uint8_t* __restrict__ w, int64_t n_cols, in
   }
 }
 
-__global__ void scale_rows_kernel(const float* d, int64_t n, int64_t n_part, int64_t y_stride, int64_t col0,
+// fp8_scale_rows: blockIdx.y a token, x-blocks over its columns; kVec 4:
+// float4 loads and stores (n_part, y_stride, col0 multiples of 4).
+template <int kVec>
+__global__ void scale_rows_kernel(const float* d, int64_t n_part, int64_t y_stride, int64_t col0,
                                   const float* __restrict__ xs, const float* __restrict__ ws, float* y,
                                   bool accumulate) {
   detail::pdl_wait();
   detail::pdl_trigger();
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n * n_part;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / n_part, j = i % n_part;
-    const float v = d[i] * xs[t] * ws[col0 + j];  // in place (d == y): y_stride == n_part, col0 == 0
-    float* o = y + t * y_stride + col0 + j;
-    *o = accumulate ? *o + v : v;
+  const int64_t t = blockIdx.y;
+  const float st = xs[t];
+  const float* dt = d + t * n_part;  // in place (d == y): y_stride == n_part, col0 == 0
+  float* yt = y + t * y_stride + col0;
+  const float* wt = ws + col0;
+  for (int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < n_part;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
+    if constexpr (kVec == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(dt + j);
+      const float4 s = *reinterpret_cast<const float4*>(wt + j);
+      float4 o = {v.x * st * s.x, v.y * st * s.y, v.z * st * s.z, v.w * st * s.w};
+      if (accumulate) {
+        const float4 a = *reinterpret_cast<const float4*>(yt + j);
+        o = {a.x + o.x, a.y + o.y, a.z + o.z, a.w + o.w};
+      }
+      *reinterpret_cast<float4*>(yt + j) = o;
+    } else {
+      const float v = dt[j] * st * wt[j];
+      yt[j] = accumulate ? yt[j] + v : v;
+    }
   }
 }
 
@@ -517,64 +542,49 @@ void fp8_gemv(const uint8_t* w, DType x_dtype, const void* x, int64_t n_tokens, 
 }
 
 int fp8_gemv_n_variants() {
-  return 11;
+  return 10;
 }
 
 const char* fp8_gemv_variant_name(int variant) {
-  static const char* const kNames[] = {"ring8B", "R1U4", "R1U8",  "R2U4",    "R2U4p", "R1U4p",
-                                       "R2U2p",  "R4U2", "R4U2p", "R2U4pL2", "R1U8L2"};
+  static const char* const kNames[] = {"ring8B",    "R4U2",      "R2U4",      "R1U4",      "R4U2 1/SM",
+                                       "R4U2 2/SM", "R2U4 2/SM", "R2U4 3/SM", "R1U4 4/SM", "R1U8 2/SM"};
   return variant >= 0 && variant < fp8_gemv_n_variants() ? kNames[variant] : "fp8_gemv";
 }
 
-void fp8_gemv_variant(int variant, int n_tokens, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols,
-                      float* y, cudaStream_t stream) {
+void fp8_gemv_variant(int variant, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols, float* y,
+                      cudaStream_t stream) {
   using T = __nv_bfloat16;
   const T* x = static_cast<const T*>(x_bf16);
-  const bool one = n_tokens == 1;
   switch (variant) {
     case 0:
-      one ? launch_ring<T, 1>(w, x, n_rows, n_cols, y, false, stream)
-          : launch_ring<T, 8>(w, x, n_rows, n_cols, y, false, stream);
+      launch_ring<T, 1>(w, x, n_rows, n_cols, y, false, stream);
       break;
     case 1:
-      one ? launch16<T, 1, 1, 4, false>(w, x, n_rows, n_cols, y, false, stream)
-          : launch16<T, 8, 1, 4, false>(w, x, n_rows, n_cols, y, false, stream);
+      launch16<T, 1, 4, 2>(w, x, n_rows, n_cols, y, false, 0, stream);
       break;
     case 2:
-      one ? launch16<T, 1, 1, 8, false>(w, x, n_rows, n_cols, y, false, stream)
-          : launch16<T, 8, 1, 8, false>(w, x, n_rows, n_cols, y, false, stream);
+      launch16<T, 1, 2, 4>(w, x, n_rows, n_cols, y, false, 0, stream);
       break;
     case 3:
-      one ? launch16<T, 1, 2, 4, false>(w, x, n_rows, n_cols, y, false, stream)
-          : launch16<T, 8, 2, 4, false>(w, x, n_rows, n_cols, y, false, stream);
+      launch16<T, 1, 1, 4>(w, x, n_rows, n_cols, y, false, 0, stream);
       break;
     case 4:
-      one ? launch16<T, 1, 2, 4, true>(w, x, n_rows, n_cols, y, false, stream)
-          : launch16<T, 8, 2, 4, true>(w, x, n_rows, n_cols, y, false, stream);
+      launch16<T, 1, 4, 2>(w, x, n_rows, n_cols, y, false, 1, stream);
       break;
     case 5:
-      one ? launch16<T, 1, 1, 4, true>(w, x, n_rows, n_cols, y, false, stream)
-          : launch16<T, 8, 1, 4, true>(w, x, n_rows, n_cols, y, false, stream);
+      launch16<T, 1, 4, 2>(w, x, n_rows, n_cols, y, false, 2, stream);
       break;
     case 6:
-      one ? launch16<T, 1, 2, 2, true>(w, x, n_rows, n_cols, y, false, stream)
-          : launch16<T, 8, 2, 2, true>(w, x, n_rows, n_cols, y, false, stream);
+      launch16<T, 1, 2, 4>(w, x, n_rows, n_cols, y, false, 2, stream);
       break;
     case 7:
-      one ? launch16<T, 1, 4, 2, false>(w, x, n_rows, n_cols, y, false, stream)
-          : launch16<T, 8, 4, 2, false>(w, x, n_rows, n_cols, y, false, stream);
+      launch16<T, 1, 2, 4>(w, x, n_rows, n_cols, y, false, 3, stream);
       break;
     case 8:
-      one ? launch16<T, 1, 4, 2, true>(w, x, n_rows, n_cols, y, false, stream)
-          : launch16<T, 8, 4, 2, true>(w, x, n_rows, n_cols, y, false, stream);
-      break;
-    case 9:
-      one ? launch16<T, 1, 2, 4, true, true>(w, x, n_rows, n_cols, y, false, stream)
-          : launch16<T, 8, 2, 4, true, true>(w, x, n_rows, n_cols, y, false, stream);
+      launch16<T, 1, 1, 4>(w, x, n_rows, n_cols, y, false, 4, stream);
       break;
     default:
-      one ? launch16<T, 1, 1, 8, false, true>(w, x, n_rows, n_cols, y, false, stream)
-          : launch16<T, 8, 1, 8, false, true>(w, x, n_rows, n_cols, y, false, stream);
+      launch16<T, 1, 1, 8>(w, x, n_rows, n_cols, y, false, 2, stream);
       break;
   }
   RILL_CUDA_CHECK_LAUNCH();
@@ -583,8 +593,17 @@ void fp8_gemv_variant(int variant, int n_tokens, const uint8_t* w, const void* x
 void fp8_scale_rows(const float* d, int64_t n, int64_t n_part, int64_t y_stride, int64_t col0, const float* xs,
                     const float* ws, float* y, bool accumulate, cudaStream_t stream) {
   if (n <= 0 || n_part <= 0) return;
-  launch_pdl(scale_rows_kernel, grid_for(n * n_part), 256, 0, stream, d, n, n_part, y_stride, col0, xs, ws, y,
-             accumulate);
+  const bool vec4 = n_part % 4 == 0 && y_stride % 4 == 0 && col0 % 4 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(y) % 16 == 0 && reinterpret_cast<uintptr_t>(ws) % 16 == 0;
+  const int64_t per_token = vec4 ? n_part / 4 : n_part;
+  const int64_t want = (per_token + 255) / 256,
+                cap = (int64_t{sm_count()} * 16 + n - 1) / n;  // about 16 blocks per SM in all
+  const dim3 grid(static_cast<unsigned>(want < 1 ? 1 : want > cap ? cap : want), static_cast<unsigned>(n));
+  if (vec4) {
+    launch_pdl(scale_rows_kernel<4>, grid, 256, 0, stream, d, n_part, y_stride, col0, xs, ws, y, accumulate);
+  } else {
+    launch_pdl(scale_rows_kernel<1>, grid, 256, 0, stream, d, n_part, y_stride, col0, xs, ws, y, accumulate);
+  }
   RILL_CUDA_CHECK_LAUNCH();
 }
 

@@ -65,12 +65,12 @@ void quantize_fp8_tokens(DType x_dtype, const void* x, int64_t n, int64_t n_cols
 void fp8_gemv(const uint8_t* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
               float* y, bool accumulate, cudaStream_t stream);
 
-// Benchmarks only (bench_fp8_kernels): the GEMV configurations timed,
-// one token or eight (x bf16, not accumulating).
+// Benchmarks only (bench_fp8_kernels): the GEMV configurations timed, one
+// token, x bf16, not accumulating.
 int fp8_gemv_n_variants();
 const char* fp8_gemv_variant_name(int variant);
-void fp8_gemv_variant(int variant, int n_tokens, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols,
-                      float* y, cudaStream_t stream);
+void fp8_gemv_variant(int variant, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols, float* y,
+                      cudaStream_t stream);
 
 // out[r, :] = W[row0 + r, :] (e4m3 value x scale, rounded to out_dtype:
 // F32/F16/BF16), out [n_rows, n_cols].

@@ -20,9 +20,11 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
   if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
   const bool invariant = gemm.batch_invariant();
   const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
-  // Up to kGemvMaxTokens tokens the GEMV: it reads the weights once for
-  // all of them (docs/perf.md, "FP8 GEMV, 16-byte loads").
-  if (!invariant && n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) {
+  // The GEMV for one token only: from two tokens on cuBLASLt's FP8 GEMM is
+  // as fast or faster on the H200 (at eight, 3-4x: the GEMV's f32 FMAs per
+  // weight grow with the tokens; docs/perf.md), as bf16 does.
+  if (!invariant && (n_tokens == 1 || !gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld)) &&
+      n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) {
     fp8_gemv(static_cast<const uint8_t*>(w), x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
     return Status::Ok();
   }
