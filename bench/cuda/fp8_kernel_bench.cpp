@@ -15,6 +15,7 @@
 // tokens, the activation quantization (quantize_fp8_tokens), cuBLASLt's FP8 GEMM with its scale pass (Gemm::run_fp8,
 // overwriting and accumulating), the scale pass alone (fp8_scale_rows) and bf16 cuBLASLt (Gemm::run), in microseconds
 // and TFLOP/s.
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -204,6 +205,97 @@ void gemm_bench(const cuda::Context& ctx) {
   cudaFree(d);
 }
 
+// cuBLASLt FP8 GEMM configurations Gemm does not use, timed beside the
+// one it does (unscaled, then fp8_scale_rows): (a) unscaled with
+// CUBLASLT_MATMUL_DESC_FAST_ACCUM; (b) the weights' row scales as an alpha
+// vector (CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST: one alpha
+// per output row) with one activation scale for all tokens (B scale
+// pointer), which would make the scale pass unnecessary if the activations
+// were quantized per tensor. "none": cuBLASLt has no algorithm.
+void gemm_probe(const cuda::Context& ctx) {
+  cudaStream_t s = ctx.stream();
+  Timer timer(s);
+  constexpr int64_t kMaxTok = 2048, kMaxCols = 14336;
+  auto* xq = static_cast<uint8_t*>(device_alloc(size_t{kMaxTok} * kMaxCols, 0x30));
+  auto* one = static_cast<float*>(device_alloc(4, 0));
+  const float f1 = 1.0f;
+  RILL_CUDA_CHECK(cudaMemcpy(one, &f1, 4, cudaMemcpyHostToDevice));
+  std::printf("cuBLASLt FP8 configurations (us; none: no algorithm)\n");
+  for (const Shape& sh : kShapes) {
+    if (sh.rows > 30000) continue;
+    void* w = device_alloc(fp8_bytes(sh), 0x38);
+    auto* y = static_cast<float*>(device_alloc(static_cast<size_t>(kMaxTok * sh.rows) * 4, 0));
+    const int64_t ld = static_cast<int64_t>(cuda::fp8_row_bytes(sh.cols));
+    const auto* wq = static_cast<const uint8_t*>(w) + cuda::kFp8RowHeader;
+    const float* ws = cuda::fp8_scales(w, sh.rows, sh.cols);
+    for (int64_t n : {64, 2048}) {
+      double t[3] = {-1, -1, -1};
+      for (int mode = 0; mode < 3; ++mode) {
+        cublasLtMatmulDesc_t desc = nullptr;
+        cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+        cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+        const int8_t fast = mode == 1 ? 1 : 0;
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
+        if (mode == 2) {
+          const int32_t pm = CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST;
+          cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm);
+          cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &one, sizeof one);
+        }
+        cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, static_cast<uint64_t>(sh.cols), static_cast<uint64_t>(sh.rows),
+                                   ld);
+        cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, static_cast<uint64_t>(sh.cols), static_cast<uint64_t>(n),
+                                   sh.cols);
+        cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, static_cast<uint64_t>(sh.rows), static_cast<uint64_t>(n), sh.rows);
+        cublasLtMatmulPreference_t pref = nullptr;
+        cublasLtMatmulPreferenceCreate(&pref);
+        const size_t wsb = ctx.workspace_bytes();
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+        cublasLtMatmulHeuristicResult_t res{};
+        int n_res = 0;
+        const bool ok = cublasLtMatmulAlgoGetHeuristic(ctx.blas(), desc, a, b, d, d, pref, 1, &res, &n_res) ==
+                            CUBLAS_STATUS_SUCCESS &&
+                        n_res > 0;
+        if (ok) {
+          const float alpha = 1.0f, beta = 0.0f;
+          const void* alpha_p = mode == 2 ? static_cast<const void*>(ws) : static_cast<const void*>(&alpha);
+          bool run_ok = true;
+          t[mode] = timer.us(10, [&](int) {
+            run_ok = run_ok && cublasLtMatmul(ctx.blas(), desc, alpha_p, wq, a, xq, b, &beta, y, d, y, d, &res.algo,
+                                              ctx.workspace(), wsb, s) == CUBLAS_STATUS_SUCCESS;
+          });
+          if (!run_ok) t[mode] = -2;
+        }
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(a);
+        cublasLtMatrixLayoutDestroy(b);
+        cublasLtMatrixLayoutDestroy(d);
+        cublasLtMatmulDescDestroy(desc);
+      }
+      auto show = [](double us) {
+        static char buf[4][32];
+        static int k = 0;
+        char* o = buf[k++ % 4];
+        if (us == -1)
+          std::snprintf(o, 32, "none");
+        else if (us == -2)
+          std::snprintf(o, 32, "run failed");
+        else
+          std::snprintf(o, 32, "%.1f", us);
+        return o;
+      };
+      std::printf("  %-8s n=%-5lld unscaled %s | unscaled fast-accum %s | alpha vector + B scale %s\n", sh.name,
+                  static_cast<long long>(n), show(t[0]), show(t[1]), show(t[2]));
+    }
+    cudaFree(w);
+    cudaFree(y);
+  }
+  cudaFree(xq);
+  cudaFree(one);
+}
+
 void profile_once(const cuda::Context& ctx) {
   cudaStream_t s = ctx.stream();
   cuda::Gemm gemm(ctx);
@@ -256,7 +348,10 @@ int run(int argc, char** argv) {
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   const double copy = copy_bandwidth((*ctx)->stream());
   gemv_bench((*ctx)->stream(), copy);
-  if (gemm) gemm_bench(**ctx);
+  if (gemm) {
+    gemm_bench(**ctx);
+    gemm_probe(**ctx);
+  }
   return 0;
 }
 

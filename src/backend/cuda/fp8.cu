@@ -1,16 +1,17 @@
 // FP8 (e4m3, row-scaled) weights: quantization at load, the decode GEMV
 // and dequantization for the GEMM path (fp8.h says the layout).
 //
-// The GEMV follows gemv.cu: memory bound, every weight byte read once with
-// streaming loads, one warp per row, 8 e4m3 values per lane and round (so
-// a lane's activation load per token is the 16 bytes the bf16 GEMV reads),
-// a ring of eight loads in flight per lane, the first round issued before
-// waiting for the kernel that writes x; a shape with few rows splits its
-// columns over up to eight warps whose sums meet in a fixed order.
-// (Measured on the H200 first: two rows per warp with 16-byte weight loads
-// left the 8B's o_proj at 256 blocks, 24% of the warps active and 38% of
-// DRAM bandwidth at one token, and lg-throttled at eight.) e4m3 pairs convert to f16 pairs in hardware
-// (cvt.rn.f16x2.e4m3x2, exact), then to f32.
+// The GEMV (fp8_gemv16_kernel) follows gemv.cu: memory bound, every weight
+// byte read once with 16-byte streaming loads, R rows per warp sharing each
+// activation load, the first round issued before waiting for the kernel
+// that writes x; e4m3 pairs convert to f16 pairs in hardware
+// (cvt.rn.f16x2.e4m3x2, exact), then to f32. Measured on the H200
+// (bench_fp8_kernels, docs/perf.md): at one token 4 rows x 2 loads per
+// lane reads the 8B's matrices at 54-96% of copy bandwidth, from 43-66%
+// for the earlier kernel (one warp per row, a ring of eight 8-byte loads:
+// fp8_gemv_kernel, kept as a benchmark variant); what is left at one
+// token is each launch's fixed ~3 us, and at eight tokens the f32 FMAs
+// (12-29% of bandwidth), so more tokens go to the FP8 GEMM.
 #include <cuda_fp8.h>
 
 #include <cassert>
