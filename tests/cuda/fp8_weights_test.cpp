@@ -11,6 +11,10 @@
 //    token count 1..8, and accumulating adds exactly that result;
 //  - quant_matmul takes FP8 weights through both paths (GEMV; dequantize
 //    then GEMM, whole and in row chunks);
+//  - quantize_fp8_tokens equals the host reference bit for bit; the FP8
+//    GEMM (overwriting and accumulating in row chunks) is within 1e-4 of
+//    the f64 sum over the quantized operands; fp8_scale_rows (vector and
+//    scalar forms) equals the host's products;
 //  - a model placed with ModelOptions::quantize kFp8 really runs FP8: its
 //    logits move away from the f32 reference (so the option is not
 //    ignored) by no more than e4m3's rounding allows, and the engine
@@ -286,14 +290,14 @@ TEST(Fp8Weights, TensorCoreGemmMatchesTheQuantizedSum) {
               gemm.fp8_gemm_outer_scales(40, rows, cols, static_cast<int64_t>(fp8_row_bytes(cols)))
                   ? "yes"
                   : "no (unscaled GEMM, then fp8_scale_rows)");
-  // (tokens, accumulate, rows per chunk of an accumulating GEMM): 301-row
-  // chunks start off a multiple of 4 (the scale pass's scalar form).
+  // (tokens, accumulate, rows per chunk of an accumulating GEMM; cuBLASLt's
+  // FP8 GEMM takes row counts that are multiples of 16).
   struct Case {
     int64_t n_tok;
     bool accumulate;
     int64_t chunk;
   };
-  for (const Case c : {Case{9, true, 300}, Case{40, true, 300}, Case{256, true, 300}, Case{40, true, 301},
+  for (const Case c : {Case{9, true, 300}, Case{40, true, 300}, Case{256, true, 300}, Case{40, true, 304},
                        Case{40, false, 300}, Case{256, false, 300}}) {
     const int64_t n_tok = c.n_tok;
     SCOPED_TRACE(std::to_string(n_tok) + " tokens" + (c.accumulate ? ", accumulating in chunks of " : ", chunk ") +
@@ -338,6 +342,42 @@ TEST(Fp8Weights, TensorCoreGemmMatchesTheQuantizedSum) {
   }
 }
 
+// fp8_scale_rows in both forms: float4 (aligned) and scalar (a part of 37
+// columns at column 5 of rows 50 apart), overwriting and accumulating:
+// y[t, col0 + j] (+)= d[t, j] xs[t] ws[col0 + j], as the host computes it.
+TEST(Fp8Weights, ScalePassMatchesTheHost) {
+  RILL_REQUIRE_GPU();
+  struct Case {
+    int64_t n, n_part, y_stride, col0;
+  };
+  for (const Case c : {Case{3, 64, 128, 32}, Case{3, 37, 50, 5}}) {
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(std::to_string(c.n_part) + " columns at " + std::to_string(c.col0) +
+                   (accumulate ? ", accumulating" : ""));
+      const std::vector<float> d = random_floats(static_cast<size_t>(c.n * c.n_part), 31);
+      const std::vector<float> xs = random_floats(static_cast<size_t>(c.n), 32, 0.5f, 2.0f);
+      const std::vector<float> ws = random_floats(static_cast<size_t>(c.col0 + c.n_part), 33, 0.5f, 2.0f);
+      const std::vector<float> y0 = random_floats(static_cast<size_t>(c.n * c.y_stride), 34);
+      const DeviceBuffer dd = upload(d), xd = upload(xs), wd = upload(ws), yd = upload(y0);
+      fp8_scale_rows(dd.as<float>(), c.n, c.n_part, c.y_stride, c.col0, xd.as<float>(), wd.as<float>(), yd.as<float>(),
+                     accumulate, nullptr);
+      const auto got = download<float>(yd, static_cast<size_t>(c.n * c.y_stride));
+      for (int64_t t = 0; t < c.n; ++t) {
+        for (int64_t j = 0; j < c.y_stride; ++j) {
+          const size_t i = static_cast<size_t>(t * c.y_stride + j);
+          if (j < c.col0 || j >= c.col0 + c.n_part) {
+            ASSERT_EQ(got[i], y0[i]) << "outside the part: token " << t << " column " << j;
+            continue;
+          }
+          const double v = double(d[static_cast<size_t>(t * c.n_part + j - c.col0)]) * xs[t] * ws[j];
+          const double want = accumulate ? y0[i] + v : v;
+          ASSERT_NEAR(got[i], want, 1e-6 * (std::fabs(want) + std::fabs(y0[i]))) << "token " << t << " column " << j;
+        }
+      }
+    }
+  }
+}
+
 ModelOptions model_options(WeightQuantization q) {
   ModelOptions o;
   o.device = Device::kCuda;
@@ -379,22 +419,25 @@ TEST(Fp8Weights, ModelsRunInFp8) {
     const double diff = test::max_abs_diff(fp8, ref);
     std::printf("[ fp8 ] %s f32 activations: max |logit fp8 - f32| = %.4g (max |logit| %.3g)\n", family, diff, max_ref);
     EXPECT_GT(diff, 1e-5) << "FP8 weights must change the logits: the option was ignored";
-    // Tiny random models amplify weight rounding: 9-11% of the largest
-    // logit was measured for these three in the session that added FP8;
-    // on 2026-12-02 13:50 (after the quantized-KV and FP8-checkpoint
-    // merges) 11.9% llama, 15.0-15.1% qwen3, 14.8-16.0% gemma3, f32 and
-    // bf16 activations; why it grew is not yet found. An error in the
-    // scales or the layout gives errors of the logits' own size (100%).
+    // Tiny random models amplify weight rounding. The prompt goes in
+    // chunks of 7 tokens, which take cuBLASLt's FP8 GEMM with the
+    // activations rounded to e4m3 per token: 11.9% of the largest logit
+    // llama, 15.0-15.1% qwen3, 14.8-16.0% gemma3 (H200, 2026-12-03, f32 and
+    // bf16 activations). One token per forward (below) takes the GEMV,
+    // activations exact: 8.9%, 10.6%, 11.1%, the figures measured when FP8
+    // landed, when the GEMV still took up to 8 tokens; the growth since is
+    // the activations' rounding (docs/perf.md). An error in the scales or
+    // the layout gives errors of the logits' own size (100%).
     EXPECT_LT(diff, 0.2 * max_ref) << "more than e4m3 rounding explains";
     // One token per forward: every matmul takes the FP8 GEMV, activations
     // exact (chunks of 7 take cuBLASLt's FP8 GEMM, activations rounded to
     // e4m3 per token): what the activations' rounding adds.
     const auto fp8_gemv_only = device_logits(*f32, WeightQuantization::kFp8, g.prompt_ids, 1);
     const auto ref_one = device_logits(*f32, WeightQuantization::kNone, g.prompt_ids, 1);
-    const double diff_gemm = test::max_abs_diff(fp8_gemv_only, ref_one);
+    const double diff_gemv = test::max_abs_diff(fp8_gemv_only, ref_one);
     std::printf("[ fp8 ] %s f32 activations, one token per forward (FP8 GEMV): max |logit fp8 - f32| = %.4g\n", family,
-                diff_gemm);
-    EXPECT_LT(diff_gemm, 0.2 * max_ref) << "more than e4m3 rounding explains";
+                diff_gemv);
+    EXPECT_LT(diff_gemv, 0.13 * max_ref) << "more than the weights' e4m3 rounding explains";
 
     // bf16 weights and activations: FP8 against bf16.
     auto bf = open_model_files(dir);
