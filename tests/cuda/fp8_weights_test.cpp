@@ -8,7 +8,8 @@
 //  - fp8_gemv (1..11 tokens, x in F32 and BF16, every shape class:
 //    kGemvShapes) equals the f64 sum of the dequantized weights times x
 //    within 1e-5 of sum |w x|, a token's result is the same bits at every
-//    token count 1..8, and accumulating adds exactly that result;
+//    token count 1..8 and in every configuration the kernel bench times,
+//    and accumulating adds exactly that result;
 //  - quant_matmul takes FP8 weights through both paths (GEMV; dequantize
 //    then GEMM, whole and in row chunks);
 //  - quantize_fp8_tokens equals the host reference bit for bit; the FP8
@@ -137,6 +138,36 @@ TEST(Fp8Weights, QuantizeAndDequantizeMatchTheReference) {
         for (size_t i = 0; i < got.size(); ++i) bad += got[i] != round_to(out, ref.value[i]);
         EXPECT_EQ(bad, 0) << "values differing from the reference (" << dtype_name(out) << ")";
       }
+    }
+  }
+}
+
+// Every 16-byte GEMV configuration bench_fp8_kernels times (rows per warp,
+// loads per round, grids of a few blocks per SM looping over row groups:
+// 9,000 rows are more groups than 4 blocks per SM take at once) gives
+// fp8_gemv's bits at one token: a row's order of additions depends on the
+// shape alone. (Variant 0, the earlier 8-byte kernel, sums in its own order.)
+TEST(Fp8Weights, GemvConfigurationsGiveTheSameBits) {
+  RILL_REQUIRE_GPU();
+  for (const Shape s : {Shape{9000, 64}, Shape{300, 4096}, Shape{33, 14336}}) {
+    SCOPED_TRACE(std::to_string(s.rows) + " x " + std::to_string(s.cols));
+    const std::vector<float> w = test_weights(s.rows, s.cols, 41, DType::kBF16);
+    const DeviceBuffer q = quantize(w, DType::kBF16, s.rows, s.cols);
+    std::vector<float> x = random_floats(static_cast<size_t>(s.cols), 43);
+    for (float& v : x) v = round_to(DType::kBF16, v);
+    const DeviceBuffer xd = upload(encode(DType::kBF16, x));
+    auto y = DeviceBuffer::allocate(static_cast<size_t>(s.rows) * 4, "y");
+    auto yv = DeviceBuffer::allocate(static_cast<size_t>(s.rows) * 4, "yv");
+    ASSERT_TRUE(y.ok() && yv.ok());
+    fp8_gemv(q.as<uint8_t>(), DType::kBF16, xd.data(), 1, s.rows, s.cols, y->as<float>(), false, nullptr);
+    const auto want = download<float>(*y, static_cast<size_t>(s.rows));
+    for (int v = 1; v < fp8_gemv_n_variants(); ++v) {
+      RILL_CUDA_CHECK(cudaMemset(yv->data(), 0xff, static_cast<size_t>(s.rows) * 4));
+      fp8_gemv_variant(v, q.as<uint8_t>(), xd.data(), s.rows, s.cols, yv->as<float>(), nullptr);
+      const auto got = download<float>(*yv, static_cast<size_t>(s.rows));
+      int64_t bad = 0;
+      for (int64_t r = 0; r < s.rows; ++r) bad += std::memcmp(&got[r], &want[r], 4) != 0;
+      EXPECT_EQ(bad, 0) << fp8_gemv_variant_name(v) << ": rows differing from fp8_gemv";
     }
   }
 }
