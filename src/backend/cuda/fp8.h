@@ -59,11 +59,20 @@ void quantize_fp8_tokens(DType x_dtype, const void* x, int64_t n, int64_t n_cols
                          cudaStream_t stream);
 
 // y[t, r] (+)= sum_c W[r, c] x[t, c], x [n_tokens, n_cols] in F32 or BF16,
-// y f32. One warp per row (four for rows of 8,192+ columns), f32
-// accumulation in a fixed order per row, times the row's scale at the end:
-// a token's result does not depend on n_tokens (tokens go 8 per launch).
+// y f32. 16-byte weight loads, four rows per warp (a row's columns split
+// over up to eight warps by its shape alone), f32 accumulation in a fixed
+// order per row, times the row's scale at the end: a token's result does
+// not depend on n_tokens (tokens go 8 per launch). Fast at one token; from
+// two, its f32 FMAs per weight byte make it slower than the FP8 GEMM.
 void fp8_gemv(const uint8_t* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
               float* y, bool accumulate, cudaStream_t stream);
+
+// Benchmarks only (bench_fp8_kernels): the GEMV configurations timed, one
+// token, x bf16, not accumulating.
+int fp8_gemv_n_variants();
+const char* fp8_gemv_variant_name(int variant);
+void fp8_gemv_variant(int variant, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols, float* y,
+                      cudaStream_t stream);
 
 // out[r, :] = W[row0 + r, :] (e4m3 value x scale, rounded to out_dtype:
 // F32/F16/BF16), out [n_rows, n_cols].

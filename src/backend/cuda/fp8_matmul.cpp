@@ -20,9 +20,9 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
   if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
   const bool invariant = gemm.batch_invariant();
   const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
-  // The GEMV for one token only: at 8 tokens it ran 3.6x slower than at
-  // one on the H200 (load-throttled on the activations), where the GEMM
-  // is about as fast as at 64 (docs/perf.md), as bf16 does.
+  // The GEMV for one token only: from two tokens on cuBLASLt's FP8 GEMM is
+  // as fast or faster on the H200 (at eight, 3-4x: the GEMV's f32 FMAs per
+  // weight grow with the tokens; docs/perf.md), as bf16 does.
   if (!invariant && (n_tokens == 1 || !gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld)) &&
       n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) {
     fp8_gemv(static_cast<const uint8_t*>(w), x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
