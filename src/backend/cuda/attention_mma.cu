@@ -11,6 +11,9 @@
 // there between tiles.
 #include <mma.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
@@ -217,6 +220,14 @@ bool prefill_mma_supported(DType kv_dtype, int32_t head_dim) {
 
 void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles <= 0) return;
+  static const bool flash = [] {
+    const char* env = std::getenv("RILL_CUDA_FLASH_PREFILL");
+    return !(env && std::string(env) == "0");
+  }();
+  if (flash && prefill_flash_supported(a.kv_dtype, a.head_dim)) {
+    prefill_attention_flash(a, stream);
+    return;
+  }
   if (a.head_dim == 64) {
     RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<64, T>(a, stream));
   } else if (a.head_dim == 128) {
