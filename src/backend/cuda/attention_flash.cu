@@ -83,18 +83,27 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
   const int32_t k_lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0, k_hi = p_last + 1;
   const int n_kv_tiles = (k_hi - k_lo + kBK - 1) / kBK;
 
-  constexpr int kVecs = HD / 8;  // 16-byte vectors per row
+  // Thread i copies 16-byte piece i % kVecs of keys i / kVecs + m kKeyStep
+  // (m < kPieces) of each tile: the table lookups of a tile are issued
+  // together, then the copies (one lookup latency per tile, not kPieces).
+  constexpr int kVecs = HD / 8;  // 16-byte pieces per row
+  constexpr int kKeyStep = kThreads / kVecs, kPieces = kBK / kKeyStep;
+  const int my_vec = threadIdx.x % kVecs, my_key = threadIdx.x / kVecs;
   auto load_tile = [&](int it) {
     const int32_t kc = k_lo + it * kBK;
     const uint32_t ks = kv_smem + 2 * (it & 1) * L::kTile, vs = ks + L::kTile;
-    for (int i = threadIdx.x; i < kBK * kVecs; i += kThreads) {
-      const int jj = i / kVecs, v = i % kVecs;
-      const int32_t j = kc + jj;
-      const bool ok = j < k_hi;
-      const int64_t row = ok ? detail::cache_row(a, table, j) * row_elems : 0;
-      const uint32_t off = static_cast<uint32_t>(jj * L::kLd + v * 8) * 2;
-      cp_async16(ks + off, kbase + row + v * 8, ok);
-      cp_async16(vs + off, vbase + row + v * 8, ok);
+    int64_t rows[kPieces];
+#pragma unroll
+    for (int m = 0; m < kPieces; ++m) {
+      const int32_t j = kc + my_key + m * kKeyStep;
+      rows[m] = j < k_hi ? detail::cache_row(a, table, j) * row_elems + my_vec * 8 : -1;
+    }
+#pragma unroll
+    for (int m = 0; m < kPieces; ++m) {
+      const uint32_t off = static_cast<uint32_t>((my_key + m * kKeyStep) * L::kLd + my_vec * 8) * 2;
+      const bool ok = rows[m] >= 0;
+      cp_async16(ks + off, kbase + (ok ? rows[m] : 0), ok);
+      cp_async16(vs + off, vbase + (ok ? rows[m] : 0), ok);
     }
     cp_async_commit();
   };
@@ -147,15 +156,18 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
       float s[kBK / 8][4];
 #pragma unroll
       for (int n = 0; n < kBK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      const uint32_t k_lane =
+          ks + static_cast<uint32_t>((((lane >> 4) << 3) + (lane & 7)) * L::kLd + (((lane >> 3) & 1) << 3)) * 2;
 #pragma unroll
       for (int k = 0; k < HD / 16; ++k) {
+        uint32_t b[kBK / 16][4];  // the k-step's fragments first, then its products
+#pragma unroll
+        for (int n = 0; n < kBK / 16; ++n)
+          ldmatrix_x4(b[n], k_lane + static_cast<uint32_t>(n * 16 * L::kLd + k * 16) * 2);
 #pragma unroll
         for (int n = 0; n < kBK / 16; ++n) {
-          uint32_t b[4];
-          const int key = n * 16 + ((lane >> 4) << 3) + (lane & 7), d = k * 16 + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4(b, ks + static_cast<uint32_t>(key * L::kLd + d) * 2);
-          mma_m16n8k16<__half>(s[2 * n], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[0], b[1]);
-          mma_m16n8k16<__half>(s[2 * n + 1], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[2], b[3]);
+          mma_m16n8k16<__half>(s[2 * n], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[n][0], b[n][1]);
+          mma_m16n8k16<__half>(s[2 * n + 1], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[n][2], b[n][3]);
         }
       }
       // Scale, softcap, mask; the rows' maxima over the 4 lanes sharing a row.
@@ -190,6 +202,8 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
         }
       }
       // O += P V, P straight from the score fragments.
+      const uint32_t v_lane =
+          vs + static_cast<uint32_t>(((((lane >> 3) & 1) << 3) + (lane & 7)) * L::kLd + ((lane >> 4) << 3)) * 2;
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
         uint32_t pa[4];
@@ -197,13 +211,19 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
         pa[1] = pack_half2(exp2f(s[2 * kk][2] - base[1]), exp2f(s[2 * kk][3] - base[1]), l[1]);
         pa[2] = pack_half2(exp2f(s[2 * kk + 1][0] - base[0]), exp2f(s[2 * kk + 1][1] - base[0]), l[0]);
         pa[3] = pack_half2(exp2f(s[2 * kk + 1][2] - base[1]), exp2f(s[2 * kk + 1][3] - base[1]), l[1]);
+        constexpr int kGroup = 4;  // V fragments loaded ahead of their products
 #pragma unroll
-        for (int nd = 0; nd < HD / 16; ++nd) {
-          uint32_t b[4];
-          const int key = kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7), d = nd * 16 + ((lane >> 4) << 3);
-          ldmatrix_x4_trans(b, vs + static_cast<uint32_t>(key * L::kLd + d) * 2);
-          mma_m16n8k16<__half>(o[2 * nd], pa[0], pa[1], pa[2], pa[3], b[0], b[1]);
-          mma_m16n8k16<__half>(o[2 * nd + 1], pa[0], pa[1], pa[2], pa[3], b[2], b[3]);
+        for (int n0 = 0; n0 < HD / 16; n0 += kGroup) {
+          uint32_t b[kGroup][4];
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g) {
+            ldmatrix_x4_trans(b[g], v_lane + static_cast<uint32_t>(kk * 16 * L::kLd + (n0 + g) * 16) * 2);
+          }
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g) {
+            mma_m16n8k16<__half>(o[2 * (n0 + g)], pa[0], pa[1], pa[2], pa[3], b[g][0], b[g][1]);
+            mma_m16n8k16<__half>(o[2 * (n0 + g) + 1], pa[0], pa[1], pa[2], pa[3], b[g][2], b[g][3]);
+          }
         }
       }
     }

@@ -80,7 +80,49 @@ bool Gemm::ask_heuristic(Plan& p) {
   }
   if (p.candidates.empty()) return false;
   p.algo = p.candidates.front();
+  if (tuning_ && p.key.n <= kSplitKMaxTokens) add_split_k_variants(p);
   return true;
+}
+
+// Few tokens: the weights' read bounds the GEMM, and a tile grid over the
+// output rows alone can leave SMs idle; split-K spreads the rows' columns.
+void Gemm::add_split_k_variants(Plan& p) {
+  const size_t n_base = p.candidates.size();
+  for (size_t i = 0; i < n_base; ++i) {
+    const cublasLtMatmulAlgo_t& base = p.candidates[i];
+    int32_t support = 0, current = 1;
+    uint32_t schemes = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support, sizeof support,
+                                          &written) != CUBLAS_STATUS_SUCCESS ||
+        !support ||
+        cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes,
+                                          &written) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigGetAttribute(&base, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &current, sizeof current,
+                                             &written) != CUBLAS_STATUS_SUCCESS ||
+        current > 1) {
+      continue;
+    }
+    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    for (uint32_t s : {uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE},
+                       uint32_t{CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE}, uint32_t{CUBLASLT_REDUCTION_SCHEME_INPLACE}}) {
+      if (scheme == CUBLASLT_REDUCTION_SCHEME_NONE && (schemes & s)) scheme = s;
+    }
+    if (scheme == CUBLASLT_REDUCTION_SCHEME_NONE) continue;
+    for (int32_t splits : {2, 4, 8}) {
+      if (p.candidates.size() >= static_cast<size_t>(kMaxCandidates)) return;
+      cublasLtMatmulAlgo_t algo = base;
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits) ==
+              CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) ==
+              CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulAlgoCheck(ctx_.blas(), p.desc, p.a, p.b, p.d, p.d, &algo, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= ctx_.workspace_bytes()) {
+        p.candidates.push_back(algo);
+      }
+    }
+  }
 }
 
 namespace {

@@ -81,8 +81,12 @@ class Gemm {
   // bucket's algorithm or the heuristic's first adds none).
   int64_t timings() const { return timings_; }
 
-  // Most candidates timed per shape.
+  // Most candidates asked of the heuristic per shape; shapes of up to
+  // kSplitKMaxTokens tokens also time split-K variants (2, 4, 8 splits) of
+  // those that allow it, up to kMaxCandidates in all.
   static constexpr int kTuneCandidates = 16;
+  static constexpr int kSplitKMaxTokens = 128;
+  static constexpr int kMaxCandidates = 40;
 
  private:
   struct Plan;
@@ -101,6 +105,7 @@ class Gemm {
   Plan* fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer);
   // Fills the plan's descriptors' heuristic candidates; false: none.
   bool ask_heuristic(Plan& p);
+  void add_split_k_variants(Plan& p);
   // Picks p's algorithm on its first call (a, b, out, beta: that call's
   // operands; out holds n x rows floats).
   Status choose(Plan& p, const void* a, const void* b, float* out, float beta);
