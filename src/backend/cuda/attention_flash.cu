@@ -84,20 +84,23 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
   const int n_kv_tiles = (k_hi - k_lo + kBK - 1) / kBK;
 
   // Thread i copies 16-byte piece i % kVecs of keys i / kVecs + m kKeyStep
-  // (m < kPieces) of each tile: the table lookups of a tile are issued
-  // together, then the copies (one lookup latency per tile, not kPieces).
+  // (m < kPieces) of each tile. A tile's block-table lookups are issued a
+  // tile ahead of its copies (while the tile before is computed), all
+  // kPieces together: their latency hides behind the products.
   constexpr int kVecs = HD / 8;  // 16-byte pieces per row
   constexpr int kKeyStep = kThreads / kVecs, kPieces = kBK / kKeyStep;
   const int my_vec = threadIdx.x % kVecs, my_key = threadIdx.x / kVecs;
-  auto load_tile = [&](int it) {
+  int64_t rows[kPieces];  // element offsets of this thread's pieces of the next tile to copy; -1: past k_hi
+  auto look_up = [&](int it) {
     const int32_t kc = k_lo + it * kBK;
-    const uint32_t ks = kv_smem + 2 * (it & 1) * L::kTile, vs = ks + L::kTile;
-    int64_t rows[kPieces];
 #pragma unroll
     for (int m = 0; m < kPieces; ++m) {
       const int32_t j = kc + my_key + m * kKeyStep;
       rows[m] = j < k_hi ? detail::cache_row(a, table, j) * row_elems + my_vec * 8 : -1;
     }
+  };
+  auto copy_tile = [&](int it) {
+    const uint32_t ks = kv_smem + 2 * (it & 1) * L::kTile, vs = ks + L::kTile;
 #pragma unroll
     for (int m = 0; m < kPieces; ++m) {
       const uint32_t off = static_cast<uint32_t>((my_key + m * kKeyStep) * L::kLd + my_vec * 8) * 2;
@@ -107,13 +110,34 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
     }
     cp_async_commit();
   };
-  load_tile(0);
+  look_up(0);
+  copy_tile(0);
+  if (n_kv_tiles > 1) look_up(1);
 
-  for (int i = threadIdx.x; i < kBQ * HD; i += kThreads) {
-    const int r = i / HD, d = i % HD;
-    const float q =
-        r < tile.n_q ? a.q[static_cast<int64_t>(tile.t0 + r) * a.q_stride + static_cast<int64_t>(h) * HD + d] : 0.0f;
-    qs[r * L::kLd + d] = __float2half_rn(q);
+  // Q rounded to f16, rows past n_q zero; float4 loads issued together
+  // where q's rows allow them.
+  const float* q_tile = a.q + static_cast<int64_t>(tile.t0) * a.q_stride + static_cast<int64_t>(h) * HD;
+  if (a.q_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0) {
+    constexpr int kQuads = kBQ * HD / 4 / kThreads;
+    float4 qv[kQuads];
+#pragma unroll
+    for (int u = 0; u < kQuads; ++u) {
+      const int i = (threadIdx.x + u * kThreads) * 4, r = i / HD, d = i % HD;
+      qv[u] = r < tile.n_q ? *reinterpret_cast<const float4*>(q_tile + static_cast<int64_t>(r) * a.q_stride + d)
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kQuads; ++u) {
+      const int i = (threadIdx.x + u * kThreads) * 4, r = i / HD, d = i % HD;
+      __half2* dst = reinterpret_cast<__half2*>(qs + r * L::kLd + d);
+      dst[0] = __floats2half2_rn(qv[u].x, qv[u].y);
+      dst[1] = __floats2half2_rn(qv[u].z, qv[u].w);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kBQ * HD; i += kThreads) {
+      const int r = i / HD, d = i % HD;
+      qs[r * L::kLd + d] = __float2half_rn(r < tile.n_q ? q_tile[static_cast<int64_t>(r) * a.q_stride + d] : 0.0f);
+    }
   }
   __syncthreads();
   // This warp's Q as A fragments: rows warp * 16 + [0, 16), HD / 16 chunks.
@@ -143,7 +167,8 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
 
   for (int it = 0; it < n_kv_tiles; ++it) {
     if (it + 1 < n_kv_tiles) {
-      load_tile(it + 1);
+      copy_tile(it + 1);
+      if (it + 2 < n_kv_tiles) look_up(it + 2);
     } else {
       cp_async_commit();  // an empty group: the wait below stays "all but the newest"
     }
