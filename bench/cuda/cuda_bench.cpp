@@ -21,6 +21,9 @@
 //   (ModelOptions::quantize; the roofline counts their bytes)
 //   bench_cuda MODEL_DIR --kv-type q8_0: K and V stored in that KV type
 //   (model/kv_types.h; the roofline counts its bytes per token)
+//   bench_cuda MODEL_DIR --prefill N: the prefill row for one prompt of N
+//   tokens in one forward (default 2,048; long prompts: 16,384, 32,768;
+//   the forward's token budget is N, and N > 4,096 times 2 runs, not 4)
 //   bench_cuda MODEL_DIR --context N: decode after prompts of N tokens
 //   (default 128; long contexts make attention's KV reads a large part of
 //   a step, the regime where a smaller KV type pays)
@@ -329,7 +332,7 @@ int run(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: bench_cuda MODEL_DIR [--steps N] [--batches B,..] [--tensor-parallel N,..] [--batch-invariant "
-                 "0,1] [--graphs 0|1] [--kv-type T] [--context N] [--json OUT]\n");
+                 "0,1] [--graphs 0|1] [--kv-type T] [--context N] [--prefill N] [--json OUT]\n");
     return 2;
   }
   const std::string path = argv[1];
@@ -345,9 +348,11 @@ int run(int argc, char** argv) {
   bool fp8 = false;              // --quantize fp8
   std::string kv_type;           // --kv-type: K and V in this KV type
   int context = 128;             // --context: prompt tokens before the decode steps
+  int prefill = 2048;            // --prefill: tokens of the timed prefill prompt
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--kv-type")) kv_type = argv[i + 1];
     if (!std::strcmp(argv[i], "--context")) context = std::max(1, std::atoi(argv[i + 1]));
+    if (!std::strcmp(argv[i], "--prefill")) prefill = std::max(16, std::atoi(argv[i + 1]));
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
     if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]) != 0;
@@ -368,7 +373,8 @@ int run(int argc, char** argv) {
   for (int tp : tps) {
     for (int inv : invs) cfgs.push_back({tp, inv != 0});
   }
-  const int kPrompt = context, kPrefill = 2048, kTtftPrompt = 128;
+  const int kPrompt = context, kPrefill = prefill, kTtftPrompt = 128;
+  const int kPrefillBlocks = (kPrefill + 15) / 16;
   const int kMaxBatch = std::max(profile_batch, *std::max_element(batches.begin(), batches.end()));
   // A slot holds the prompt, the decode steps and the warm-up ones, in whole blocks.
   const int kSlotTokens = std::max(512, (kPrompt + 2 * steps + 8 + 15) / 16 * 16);
@@ -381,7 +387,7 @@ int run(int argc, char** argv) {
   const double open_s = std::chrono::duration<double>(Clock::now() - t_load).count();
   ModelOptions o;
   o.device = Device::kCuda;
-  o.n_ctx = std::max(4096, kSlotTokens);
+  o.n_ctx = std::max({4096, kSlotTokens, kPrefillBlocks * 16});
   o.max_batch_tokens = kPrefill;
   o.max_batch_seqs = kMaxBatch;
   o.kv_block_size = 16;
@@ -399,7 +405,7 @@ int run(int argc, char** argv) {
   const int64_t hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
   const int64_t kv_token = 2 * c.n_layer * c.n_head_kv * hd * 2;  // f16 KV (room to spare for smaller types)
   const int32_t slot_blocks = kSlotTokens / 16;
-  const int32_t n_blocks = kMaxBatch * slot_blocks + kPrefill / 16 + 8;
+  const int32_t n_blocks = kMaxBatch * slot_blocks + kPrefillBlocks + 8;
   o.kv_cache_bytes = static_cast<int64_t>(n_blocks) * 16 * kv_token;  // tensor parallel: split over the GPUs
 
   // Weight bytes a decode step reads: every matrix but the embedding table
@@ -494,9 +500,10 @@ int run(int argc, char** argv) {
     auto prompt_time = [&](int n_tok) {
       std::vector<int32_t> ids(static_cast<size_t>(n_tok));
       for (int i = 0; i < n_tok; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % V);
-      const auto table = range_table(prefill_first, kPrefill / 16);
+      const auto table = range_table(prefill_first, kPrefillBlocks);
       std::vector<double> t;
-      for (int rep = 0; rep < 5; ++rep) {
+      const int reps = n_tok > 4096 ? 3 : 5;  // the first is a warm-up (and times the GEMM algorithms)
+      for (int rep = 0; rep < reps; ++rep) {
         b.clear();
         add(b, ids.data(), n_tok, 0, table, 0);
         const bool profiled = profile_prefill && rep == 1;

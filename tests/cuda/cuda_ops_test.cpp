@@ -98,19 +98,23 @@ TEST(CudaOps, RmsNormMatchesCpu) {
 
 TEST(CudaOps, SiluMulAndBiasMatchCpu) {
   RILL_REQUIRE_GPU();
-  const int64_t n = 3, F = 1000;
-  const auto gu = random_floats(n * 2 * F, 4, -12, 12);
-  std::vector<float> want(n * F);
-  for (int64_t r = 0; r < n; ++r) cpu::silu_mul(&gu[r * 2 * F], &gu[r * 2 * F + F], &want[r * F], F);
-  auto d_gu = upload(gu);
-  for (DType out : {DType::kF32, DType::kBF16}) {
-    auto d_out = poisoned(want.size() * 4);
-    silu_mul(d_gu.as<float>(), n, F, out, d_out.data(), nullptr);
-    const auto got = decode(out, download<uint8_t>(d_out, want.size() * (out == DType::kF32 ? 4 : 2)));
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_NEAR(got[i], want[i], (rel_tol(out) + 4e-6) * std::fabs(want[i]) + 1e-6) << dtype_name(out) << " " << i;
+  const int64_t n = 3;
+  for (int64_t F : {int64_t{1000}, int64_t{1001}}) {  // float4s, and the scalar kernel
+    const auto gu = random_floats(n * 2 * F, 4, -12, 12);
+    std::vector<float> want(n * F);
+    for (int64_t r = 0; r < n; ++r) cpu::silu_mul(&gu[r * 2 * F], &gu[r * 2 * F + F], &want[r * F], F);
+    auto d_gu = upload(gu);
+    for (DType out : {DType::kF32, DType::kBF16}) {
+      auto d_out = poisoned(want.size() * 4);
+      silu_mul(d_gu.as<float>(), n, F, out, d_out.data(), nullptr);
+      const auto got = decode(out, download<uint8_t>(d_out, want.size() * (out == DType::kF32 ? 4 : 2)));
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], (rel_tol(out) + 4e-6) * std::fabs(want[i]) + 1e-6)
+            << dtype_name(out) << " F=" << F << " " << i;
+      }
     }
   }
+  const int64_t F = 1000;
   auto y = random_floats(n * F, 5);
   const auto b = random_floats(F, 6);
   auto dy = upload(y);

@@ -15,6 +15,8 @@
 // there between tiles.
 #include <mma.h>
 
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/attention_common.cuh"
@@ -268,6 +270,14 @@ void launch_hd(const AttentionArgs& a, cudaStream_t stream) {
 
 void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles <= 0) return;
+  static const bool flash = [] {
+    const char* env = std::getenv("RILL_CUDA_FLASH_PREFILL");
+    return !(env && std::string(env) == "0");
+  }();
+  if (flash && prefill_flash_supported(a.kv_dtype, a.head_dim)) {
+    prefill_attention_flash(a, stream);
+    return;
+  }
   if (a.kv_dtype == kF8E4M3) return launch_hd<detail::KvFp8>(a, stream);
   switch (a.kv_dtype) {
     case DType::kQ8_0:

@@ -2,7 +2,15 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "backend/cuda/fp8.h"
+#include "backend/cuda/gemm_tune.h"
 #include "backend/cuda/ops.h"
 
 namespace rill::cuda {
@@ -31,6 +39,9 @@ struct Gemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first; emptied once chosen
+  bool chosen = false;
+  Key key{};
   ~Plan() {
     if (d) cublasLtMatrixLayoutDestroy(d);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -39,19 +50,172 @@ struct Gemm::Plan {
   }
 };
 
-Gemm::Gemm(const Context& ctx) : ctx_(ctx) {}
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(std::array<uint64_t, 8>));
+
+size_t Gemm::KeyHash::operator()(const Key& k) const {
+  uint64_t h = static_cast<uint64_t>(k.kind);
+  for (int64_t v : {k.n, k.rows, k.cols}) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001b3ull;
+  return static_cast<size_t>(h);
+}
+
+Gemm::Gemm(const Context& ctx) : ctx_(ctx) {
+  const char* env = std::getenv("RILL_GEMM_TUNE");
+  tuning_ = !(env && std::string(env) == "0");
+}
 Gemm::~Gemm() = default;
 
-Result<Gemm::Plan*> Gemm::plan(DType dtype, int64_t n, int64_t rows, int64_t cols) {
-  if (n >= (int64_t{1} << 14) || rows >= (int64_t{1} << 23) || cols >= (int64_t{1} << 23)) {
-    return Error{"GEMM of " + std::to_string(n) + " x " + std::to_string(rows) + " x " + std::to_string(cols) +
-                 " is larger than rill plans for"};
+bool Gemm::ask_heuristic(Plan& p) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
+  const size_t ws = ctx_.workspace_bytes();
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
+  int n_results = 0;
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(ctx_.blas(), p.desc, p.a, p.b, p.d, p.d, pref,
+                                                          kTuneCandidates, results, &n_results);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS) return false;
+  for (int i = 0; i < n_results; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
   }
-  const uint64_t key = (static_cast<uint64_t>(static_cast<uint8_t>(dtype) & 0xf) << 60) |
-                       (static_cast<uint64_t>(n) << 46) | (static_cast<uint64_t>(rows) << 23) |
-                       static_cast<uint64_t>(cols);
+  if (p.candidates.empty()) return false;
+  p.algo = p.candidates.front();
+  if (tuning_ && p.key.n <= kSplitKMaxTokens) add_split_k_variants(p);
+  return true;
+}
+
+// Few tokens: the weights' read bounds the GEMM, and a tile grid over the
+// output rows alone can leave SMs idle; split-K spreads the rows' columns.
+void Gemm::add_split_k_variants(Plan& p) {
+  const size_t n_base = p.candidates.size();
+  for (size_t i = 0; i < n_base; ++i) {
+    const cublasLtMatmulAlgo_t& base = p.candidates[i];
+    int32_t support = 0, current = 1;
+    uint32_t schemes = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support, sizeof support,
+                                          &written) != CUBLAS_STATUS_SUCCESS ||
+        !support ||
+        cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes,
+                                          &written) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigGetAttribute(&base, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &current, sizeof current,
+                                             &written) != CUBLAS_STATUS_SUCCESS ||
+        current > 1) {
+      continue;
+    }
+    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    for (uint32_t s : {uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE},
+                       uint32_t{CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE}, uint32_t{CUBLASLT_REDUCTION_SCHEME_INPLACE}}) {
+      if (scheme == CUBLASLT_REDUCTION_SCHEME_NONE && (schemes & s)) scheme = s;
+    }
+    if (scheme == CUBLASLT_REDUCTION_SCHEME_NONE) continue;
+    for (int32_t splits : {2, 4, 8}) {
+      if (p.candidates.size() >= static_cast<size_t>(kMaxCandidates)) return;
+      cublasLtMatmulAlgo_t algo = base;
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits) ==
+              CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) ==
+              CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulAlgoCheck(ctx_.blas(), p.desc, p.a, p.b, p.d, p.d, &algo, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= ctx_.workspace_bytes()) {
+        p.candidates.push_back(algo);
+      }
+    }
+  }
+}
+
+namespace {
+
+// Shapes of up to 128 tokens are timed one by one (decode batches: the CUDA
+// models pad them to a few sizes); longer ones share a power-of-two bucket.
+int64_t tuning_bucket(int64_t n) {
+  if (n <= 128) return n;
+  int64_t b = 256;
+  while (b < n) b <<= 1;
+  return b;
+}
+
+const char* kind_name(int kind) {
+  static const char* const names[] = {"f32", "f16", "bf16", "fp8 (outer scales)", "fp8"};
+  return names[kind];
+}
+
+}  // namespace
+
+Status Gemm::choose(Plan& p, const void* a, const void* b, float* out, float beta) {
+  const Key& key = p.key;
+  p.chosen = true;
+  const std::vector<cublasLtMatmulAlgo_t> cands = std::move(p.candidates);
+  p.candidates = {};
+  p.algo = cands.front();  // the heuristic's first unless a timing says otherwise
+  if (!tuning_ || cands.size() < 2) return Status::Ok();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(ctx_.stream(), &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    return Status::Ok();  // a graph being captured cannot be timed
+  }
+  Key bucket = key;
+  bucket.n = tuning_bucket(key.n);
+  if (auto it = bucket_winners_.find(bucket); it != bucket_winners_.end()) {
+    cublasLtMatmulAlgo_t algo;
+    std::memcpy(&algo, it->second.data(), sizeof algo);
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(ctx_.blas(), p.desc, p.a, p.b, p.d, p.d, &algo, &check) == CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= ctx_.workspace_bytes()) {
+      p.algo = algo;
+    }
+    return Status::Ok();
+  }
+
+  // Accumulating calls are timed into a scratch output, so y keeps its
+  // contents; a plain call's timing runs write y, which the real call
+  // overwrites after. No scratch memory: keep the heuristic's first.
+  const size_t out_bytes = static_cast<size_t>(key.n) * static_cast<size_t>(key.rows) * sizeof(float);
+  DeviceBuffer scratch;
+  float* target = out;
+  if (beta != 0.0f) {
+    auto buf = DeviceBuffer::allocate(out_bytes, "GEMM tuning output");
+    if (!buf.ok()) return Status::Ok();
+    scratch = std::move(*buf);
+    RILL_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, out_bytes, ctx_.stream()));
+    target = scratch.as<float>();
+  }
+  if (!flush_.data()) {
+    const size_t bytes = 2 * static_cast<size_t>(std::max(ctx_.props().l2CacheSize, 32 << 20));
+    if (auto buf = DeviceBuffer::allocate(bytes, "GEMM tuning L2 flush"); buf.ok()) flush_ = std::move(*buf);
+  }
+  const float alpha = 1.0f;
+  auto launch = [&](int i) {
+    return cublasLtMatmul(ctx_.blas(), p.desc, &alpha, a, p.a, b, p.b, &beta, target, p.d, target, p.d,
+                          &cands[static_cast<size_t>(i)], ctx_.workspace(), ctx_.workspace_bytes(),
+                          ctx_.stream()) == CUBLAS_STATUS_SUCCESS;
+  };
+  RILL_ASSIGN_OR_RETURN(std::vector<float> ms,
+                        time_candidates(ctx_, static_cast<int>(cands.size()), launch, flush_.data(), flush_.size()));
+  const int best = fastest(ms);
+  if (best >= 0) p.algo = cands[static_cast<size_t>(best)];
+  ++timings_;
+  std::array<uint64_t, 8> bytes;
+  std::memcpy(bytes.data(), &p.algo, sizeof p.algo);
+  bucket_winners_.emplace(bucket, bytes);
+  if (const char* log = std::getenv("RILL_GEMM_TUNE_LOG"); log && std::string(log) == "1") {
+    std::string times;
+    for (float t : ms) times += " " + (t < 0 ? std::string("-") : std::to_string(static_cast<int>(t * 1e3f + 0.5f)));
+    std::fprintf(stderr,
+                 "gemm tune %s %lld x %lld x %lld (bucket %lld): %zu candidates, heuristic's first %.1f us, "
+                 "chose #%d %.1f us; all (us):%s\n",
+                 kind_name(static_cast<int>(key.kind)), static_cast<long long>(key.n), static_cast<long long>(key.rows),
+                 static_cast<long long>(key.cols), static_cast<long long>(bucket.n), cands.size(), ms[0] * 1e3, best,
+                 best >= 0 ? ms[static_cast<size_t>(best)] * 1e3 : -1.0, times.c_str());
+  }
+  return Status::Ok();
+}
+
+Result<Gemm::Plan*> Gemm::plan(DType dtype, int64_t n, int64_t rows, int64_t cols) {
+  const Key key{dtype == DType::kF16 ? Kind::kF16 : dtype == DType::kBF16 ? Kind::kBF16 : Kind::kF32, n, rows, cols};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
+  p->key = key;
   const cudaDataType_t t = cuda_type(dtype);
   cublasStatus_t s = cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   if (s != CUBLAS_STATUS_SUCCESS) return Error{blas_error(s, "matmul descriptor")};
@@ -66,19 +230,10 @@ Result<Gemm::Plan*> Gemm::plan(DType dtype, int64_t n, int64_t rows, int64_t col
                                       rows)) != CUBLAS_STATUS_SUCCESS) {
     return Error{blas_error(s, "matrix layout")};
   }
-  cublasLtMatmulPreference_t pref = nullptr;
-  cublasLtMatmulPreferenceCreate(&pref);
-  const size_t ws = ctx_.workspace_bytes();
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  cublasLtMatmulHeuristicResult_t result{};
-  int n_results = 0;
-  s = cublasLtMatmulAlgoGetHeuristic(ctx_.blas(), p->desc, p->a, p->b, p->d, p->d, pref, 1, &result, &n_results);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (s != CUBLAS_STATUS_SUCCESS || n_results == 0) {
-    return Error{blas_error(s, "no algorithm") + " for " + std::string(dtype_name(dtype)) + " " + std::to_string(n) +
-                 " x " + std::to_string(rows) + " x " + std::to_string(cols)};
+  if (!ask_heuristic(*p)) {
+    return Error{"cuBLASLt has no algorithm for " + std::string(dtype_name(dtype)) + " " + std::to_string(n) + " x " +
+                 std::to_string(rows) + " x " + std::to_string(cols)};
   }
-  p->algo = result.algo;
   Plan* raw = p.get();
   plans_.emplace(key, std::move(p));
   return raw;
@@ -89,6 +244,7 @@ Status Gemm::run(DType dtype, const void* w, const void* x, int64_t n, int64_t r
   if (n <= 0) return Status::Ok();
   RILL_ASSIGN_OR_RETURN(Plan * p, plan(dtype, n, rows, cols));
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (!p->chosen) RILL_TRY(choose(*p, w, x, y, beta));
   const cublasStatus_t s = cublasLtMatmul(ctx_.blas(), p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d,
                                           &p->algo, ctx_.workspace(), ctx_.workspace_bytes(), ctx_.stream());
   if (s != CUBLAS_STATUS_SUCCESS) return Error{blas_error(s, "matmul")};
@@ -96,13 +252,11 @@ Status Gemm::run(DType dtype, const void* w, const void* x, int64_t n, int64_t r
 }
 
 Gemm::Plan* Gemm::fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer) {
-  if (n >= (int64_t{1} << 14) || rows >= (int64_t{1} << 23) || cols >= (int64_t{1} << 23) || w_ld != cols + 16) {
-    return nullptr;
-  }
-  const uint64_t key = (static_cast<uint64_t>(outer) << 63) | (static_cast<uint64_t>(n) << 46) |
-                       (static_cast<uint64_t>(rows) << 23) | static_cast<uint64_t>(cols);
+  if (w_ld != cols + 16) return nullptr;
+  const Key key{outer ? Kind::kFp8Outer : Kind::kFp8Plain, n, rows, cols};
   if (auto it = fp8_plans_.find(key); it != fp8_plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
+  p->key = key;
   bool ok = cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   ok = ok &&
@@ -125,19 +279,7 @@ Gemm::Plan* Gemm::fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, 
            CUBLAS_STATUS_SUCCESS &&
        cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, static_cast<uint64_t>(rows), static_cast<uint64_t>(n), rows) ==
            CUBLAS_STATUS_SUCCESS;
-  if (ok) {
-    cublasLtMatmulPreference_t pref = nullptr;
-    cublasLtMatmulPreferenceCreate(&pref);
-    const size_t ws = ctx_.workspace_bytes();
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    cublasLtMatmulHeuristicResult_t result{};
-    int n_results = 0;
-    ok = cublasLtMatmulAlgoGetHeuristic(ctx_.blas(), p->desc, p->a, p->b, p->d, p->d, pref, 1, &result, &n_results) ==
-             CUBLAS_STATUS_SUCCESS &&
-         n_results > 0;
-    cublasLtMatmulPreferenceDestroy(pref);
-    p->algo = result.algo;
-  }
+  ok = ok && ask_heuristic(*p);
   if (!ok) p.reset();
   Plan* raw = p.get();
   fp8_plans_.emplace(key, std::move(p));
@@ -152,7 +294,8 @@ Status Gemm::run_fp8(const uint8_t* wq, int64_t w_ld, const float* ws, const uin
                      int64_t rows, int64_t cols, float* y, bool accumulate, float* d, int64_t d_floats) {
   if (n <= 0) return Status::Ok();
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  auto matmul = [&](Plan* p, const uint8_t* a, float* out, float b) {
+  auto matmul = [&](Plan* p, const uint8_t* a, float* out, float b) -> Status {
+    if (!p->chosen) RILL_TRY(choose(*p, a, xq, out, b));
     const cublasStatus_t s = cublasLtMatmul(ctx_.blas(), p->desc, &alpha, a, p->a, xq, p->b, &b, out, p->d, out, p->d,
                                             &p->algo, ctx_.workspace(), ctx_.workspace_bytes(), ctx_.stream());
     return s == CUBLAS_STATUS_SUCCESS ? Status::Ok() : Status(Error{blas_error(s, "FP8 matmul")});

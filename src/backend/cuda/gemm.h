@@ -2,9 +2,25 @@
 // GEMM through cuBLASLt: y[n, rows] (+)= x[n, cols] . W[rows, cols]^T with
 // W and x in one dtype (F32, F16 or BF16) and y in f32. F32 runs in true
 // f32 (CUBLAS_COMPUTE_32F: no TF32), so f32 checkpoints match the CPU.
-// One plan (descriptors + the heuristic's algorithm) per shape, made the
-// first time a shape is seen and reused after: the step path only looks
-// plans up.
+// One plan (descriptors + algorithm) per shape, made the first time a shape
+// is seen and reused after: the step path only looks plans up.
+//
+// Algorithm choice (gemm_tune.h): the first call of a shape asks cuBLASLt's
+// heuristic for up to kTuneCandidates algorithms, times each on that call's
+// own operands with L2 flushed, and keeps the fastest for the shape's
+// lifetime in this Gemm, so a shape always runs the same algorithm. Shapes
+// with more than 128 tokens share one timing per power-of-two bucket of
+// tokens (each prefill chunk size would otherwise be timed anew): a later
+// shape of the bucket takes the bucket's algorithm when cuBLASLt accepts it
+// for that shape (cublasLtMatmulAlgoCheck), else the heuristic's first. A
+// first call inside a CUDA graph capture cannot be timed and takes the
+// heuristic's first (the CUDA models run each decode shape eagerly before
+// capturing it, so theirs are timed). RILL_GEMM_TUNE=0 in the environment,
+// or set_tuning(false), takes the heuristic's first everywhere (the
+// behaviour before tuning, for comparisons); RILL_GEMM_TUNE_LOG=1 prints
+// each timing to stderr. Batch-invariant mode never reaches cuBLASLt, so
+// tuning does not touch it.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
@@ -57,16 +73,53 @@ class Gemm {
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
 
+  // Whether shapes seen from now on are timed (see the top of this file).
+  // Shapes already planned keep their algorithm.
+  void set_tuning(bool on) { tuning_ = on; }
+  bool tuning() const { return tuning_; }
+  // How many timings ran (one per bucket of shapes; a shape that took its
+  // bucket's algorithm or the heuristic's first adds none).
+  int64_t timings() const { return timings_; }
+
+  // Most candidates asked of the heuristic per shape; shapes of up to
+  // kSplitKMaxTokens tokens also time split-K variants (2, 4, 8 splits) of
+  // those that allow it, up to kMaxCandidates in all.
+  static constexpr int kTuneCandidates = 16;
+  static constexpr int kSplitKMaxTokens = 128;
+  static constexpr int kMaxCandidates = 40;
+
  private:
   struct Plan;
+  // Kind of plan in a key: the activation dtype, or FP8 with/without outer scales.
+  enum class Kind : uint8_t { kF32, kF16, kBF16, kFp8Outer, kFp8Plain };
+  struct Key {
+    Kind kind;
+    int64_t n, rows, cols;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const;
+  };
   Result<Plan*> plan(DType dtype, int64_t n, int64_t rows, int64_t cols);
   // Null: no algorithm. `outer`: with outer-vector scales (else unscaled).
   Plan* fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer);
+  // Fills the plan's descriptors' heuristic candidates; false: none.
+  bool ask_heuristic(Plan& p);
+  void add_split_k_variants(Plan& p);
+  // Picks p's algorithm on its first call (a, b, out, beta: that call's
+  // operands; out holds n x rows floats).
+  Status choose(Plan& p, const void* a, const void* b, float* out, float beta);
 
   const Context& ctx_;
-  std::unordered_map<uint64_t, std::unique_ptr<Plan>> plans_;
-  std::unordered_map<uint64_t, std::unique_ptr<Plan>> fp8_plans_;  // a null plan: the shape has no algorithm
+  std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans_;
+  std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> fp8_plans_;  // a null plan: the shape has no algorithm
+  // The timed winner of each bucket (Key with n = the bucket's largest n):
+  // a cublasLtMatmulAlgo_t's bytes.
+  std::unordered_map<Key, std::array<uint64_t, 8>, KeyHash> bucket_winners_;
+  DeviceBuffer flush_;  // evicts L2 between timed runs; allocated at the first timing
   bool batch_invariant_ = false;
+  bool tuning_ = true;
+  int64_t timings_ = 0;
 };
 
 // The batch-invariant GEMM (gemm_invariant.cu): y[t, r] (+)= sum_c W[r, c]

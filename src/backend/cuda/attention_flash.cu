@@ -1,0 +1,302 @@
+// Prefill attention with the fragments in registers (FlashAttention-2's
+// loop on mma.sync m16n8k16) for an f16 KV cache and head_dim 64 or 128:
+// one block per 64 queries of one head, 4 warps of 16 query rows each. Each
+// warp holds its Q fragments, its scores and its output accumulators in
+// registers; K/V tiles of 64 keys come through a two-stage cp.async ring in
+// shared memory, read with ldmatrix (V transposed). The probabilities go
+// from the score accumulators straight into the A fragments of P V.
+// Arithmetic as attention_mma.cu's WMMA kernel: q rounded to f16 before
+// Q K^T, probabilities to f16 before P V (their f16 values summed into the
+// denominator), scores and the online softmax in f32 (base 2, the scale
+// folded in), so outputs differ from the f32 reference by ~1e-3 relative.
+#include <cuda_fp16.h>
+
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/attention_mma.h"
+#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/smem_opt_in.h"
+
+namespace rill::cuda {
+namespace {
+
+constexpr int kBQ = 64, kBK = 64, kWarps = 4, kThreads = kWarps * 32;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int HD>
+struct Layout {
+  static constexpr int kLd = HD + 8;  // halves per row: a 16-byte pad keeps ldmatrix free of bank conflicts
+  static constexpr uint32_t kTile = sizeof(__half) * kBK * kLd;
+  static constexpr uint32_t kQ = 0;                            // [kBQ][kLd]
+  static constexpr uint32_t kKV = sizeof(__half) * kBQ * kLd;  // stage s: K at 2s, V at 2s + 1 (tiles)
+  static constexpr size_t kBytes = static_cast<size_t>(kKV) + 4 * kTile;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, zero-filled when !valid.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_one() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+// (lo, hi) rounded to f16, lo in the low half; adds their rounded values to sum.
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi, float& sum) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  sum += __low2float(h) + __high2float(h);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <int HD, typename Out>
+__global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a) {
+  using L = Layout<HD>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __half* qs = reinterpret_cast<__half*>(smem + L::kQ);
+  const uint32_t kv_smem = smem_addr(smem + L::kKV);
+
+  // The longest tiles (latest queries) first: less of a tail.
+  const PrefillTile tile = a.tiles[gridDim.x - 1 - blockIdx.x];
+  const int h = blockIdx.y, kvh = h / (a.n_head / a.n_head_kv);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int32_t* table = a.block_tables + a.table_start[tile.seq];
+  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * HD;
+  const __half* kbase = static_cast<const __half*>(a.k_cache) + static_cast<int64_t>(kvh) * HD;
+  const __half* vbase = static_cast<const __half*>(a.v_cache) + static_cast<int64_t>(kvh) * HD;
+  const int32_t p_first = a.pos[tile.t0], p_last = a.pos[tile.t0 + tile.n_q - 1];
+  const int32_t k_lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0, k_hi = p_last + 1;
+  const int n_kv_tiles = (k_hi - k_lo + kBK - 1) / kBK;
+
+  // Thread i copies 16-byte piece i % kVecs of keys i / kVecs + m kKeyStep
+  // (m < kPieces) of each tile. A tile's block-table lookups are issued a
+  // tile ahead of its copies (while the tile before is computed), all
+  // kPieces together: their latency hides behind the products.
+  constexpr int kVecs = HD / 8;  // 16-byte pieces per row
+  constexpr int kKeyStep = kThreads / kVecs, kPieces = kBK / kKeyStep;
+  const int my_vec = threadIdx.x % kVecs, my_key = threadIdx.x / kVecs;
+  int64_t rows[kPieces];  // element offsets of this thread's pieces of the next tile to copy; -1: past k_hi
+  auto look_up = [&](int it) {
+    const int32_t kc = k_lo + it * kBK;
+#pragma unroll
+    for (int m = 0; m < kPieces; ++m) {
+      const int32_t j = kc + my_key + m * kKeyStep;
+      rows[m] = j < k_hi ? detail::cache_row(a, table, j) * row_elems + my_vec * 8 : -1;
+    }
+  };
+  auto copy_tile = [&](int it) {
+    const uint32_t ks = kv_smem + 2 * (it & 1) * L::kTile, vs = ks + L::kTile;
+#pragma unroll
+    for (int m = 0; m < kPieces; ++m) {
+      const uint32_t off = static_cast<uint32_t>((my_key + m * kKeyStep) * L::kLd + my_vec * 8) * 2;
+      const bool ok = rows[m] >= 0;
+      cp_async16(ks + off, kbase + (ok ? rows[m] : 0), ok);
+      cp_async16(vs + off, vbase + (ok ? rows[m] : 0), ok);
+    }
+    cp_async_commit();
+  };
+  look_up(0);
+  copy_tile(0);
+  if (n_kv_tiles > 1) look_up(1);
+
+  // Q rounded to f16, rows past n_q zero; float4 loads issued together
+  // where q's rows allow them.
+  const float* q_tile = a.q + static_cast<int64_t>(tile.t0) * a.q_stride + static_cast<int64_t>(h) * HD;
+  if (a.q_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0) {
+    constexpr int kQuads = kBQ * HD / 4 / kThreads;
+    float4 qv[kQuads];
+#pragma unroll
+    for (int u = 0; u < kQuads; ++u) {
+      const int i = (threadIdx.x + u * kThreads) * 4, r = i / HD, d = i % HD;
+      qv[u] = r < tile.n_q ? *reinterpret_cast<const float4*>(q_tile + static_cast<int64_t>(r) * a.q_stride + d)
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kQuads; ++u) {
+      const int i = (threadIdx.x + u * kThreads) * 4, r = i / HD, d = i % HD;
+      __half2* dst = reinterpret_cast<__half2*>(qs + r * L::kLd + d);
+      dst[0] = __floats2half2_rn(qv[u].x, qv[u].y);
+      dst[1] = __floats2half2_rn(qv[u].z, qv[u].w);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kBQ * HD; i += kThreads) {
+      const int r = i / HD, d = i % HD;
+      qs[r * L::kLd + d] = __float2half_rn(r < tile.n_q ? q_tile[static_cast<int64_t>(r) * a.q_stride + d] : 0.0f);
+    }
+  }
+  __syncthreads();
+  // This warp's Q as A fragments: rows warp * 16 + [0, 16), HD / 16 chunks.
+  uint32_t qf[HD / 16][4];
+#pragma unroll
+  for (int k = 0; k < HD / 16; ++k) {
+    const int row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = k * 16 + (lane >> 4) * 8;
+    ldmatrix_x4(qf[k], smem_addr(qs + row * L::kLd + col));
+  }
+
+  // This lane's two rows (fragment rows lane / 4 and lane / 4 + 8).
+  const bool warp_active = warp * 16 < tile.n_q;
+  int32_t p_row[2], lo_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp * 16 + (lane >> 2) + 8 * r;
+    p_row[r] = row < tile.n_q ? a.pos[tile.t0 + row] : -1;
+    lo_row[r] = a.window > 0 ? max(0, p_row[r] - a.window + 1) : 0;
+  }
+  const int32_t warp_last = warp_active ? a.pos[tile.t0 + min(tile.n_q - 1, warp * 16 + 15)] : -1;
+  const int32_t warp_lo = a.window > 0 && warp_active ? max(0, a.pos[tile.t0 + warp * 16] - a.window + 1) : 0;
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // m in log2 units; l this lane's part of the row's sum
+
+  for (int it = 0; it < n_kv_tiles; ++it) {
+    if (it + 1 < n_kv_tiles) {
+      copy_tile(it + 1);
+      if (it + 2 < n_kv_tiles) look_up(it + 2);
+    } else {
+      cp_async_commit();  // an empty group: the wait below stays "all but the newest"
+    }
+    cp_async_wait_one();
+    __syncthreads();
+    const int32_t kc = k_lo + it * kBK;
+    if (warp_active && kc <= warp_last && kc + kBK > warp_lo) {
+      const uint32_t ks = kv_smem + 2 * (it & 1) * L::kTile, vs = ks + L::kTile;
+      // S = Q K^T: 16 rows x 64 keys, 8 fragments of 8 keys.
+      float s[kBK / 8][4];
+#pragma unroll
+      for (int n = 0; n < kBK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      const uint32_t k_lane =
+          ks + static_cast<uint32_t>((((lane >> 4) << 3) + (lane & 7)) * L::kLd + (((lane >> 3) & 1) << 3)) * 2;
+#pragma unroll
+      for (int k = 0; k < HD / 16; ++k) {
+        uint32_t b[kBK / 16][4];  // the k-step's fragments first, then its products
+#pragma unroll
+        for (int n = 0; n < kBK / 16; ++n)
+          ldmatrix_x4(b[n], k_lane + static_cast<uint32_t>(n * 16 * L::kLd + k * 16) * 2);
+#pragma unroll
+        for (int n = 0; n < kBK / 16; ++n) {
+          mma_m16n8k16<__half>(s[2 * n], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[n][0], b[n][1]);
+          mma_m16n8k16<__half>(s[2 * n + 1], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[n][2], b[n][3]);
+        }
+      }
+      // Scale, softcap, mask; the rows' maxima over the 4 lanes sharing a row.
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kBK / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          const int32_t j = kc + n * 8 + (lane & 3) * 2 + (e & 1);
+          float x = s[n][e] * a.scale;
+          if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+          const bool ok = j < k_hi && j <= p_row[r] && j >= lo_row[r];
+          s[n][e] = ok ? x * kLog2e : -INFINITY;
+          mx[r] = fmaxf(mx[r], s[n][e]);
+        }
+      }
+      float base[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m[r], mx[r]);
+        base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: every p is 0
+        const float corr = exp2f(m[r] - base[r]);     // 0 while m is -inf
+        l[r] *= corr;
+        m[r] = m_new;
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n) {
+          o[n][2 * r] *= corr;
+          o[n][2 * r + 1] *= corr;
+        }
+      }
+      // O += P V, P straight from the score fragments.
+      const uint32_t v_lane =
+          vs + static_cast<uint32_t>(((((lane >> 3) & 1) << 3) + (lane & 7)) * L::kLd + ((lane >> 4) << 3)) * 2;
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        uint32_t pa[4];
+        pa[0] = pack_half2(exp2f(s[2 * kk][0] - base[0]), exp2f(s[2 * kk][1] - base[0]), l[0]);
+        pa[1] = pack_half2(exp2f(s[2 * kk][2] - base[1]), exp2f(s[2 * kk][3] - base[1]), l[1]);
+        pa[2] = pack_half2(exp2f(s[2 * kk + 1][0] - base[0]), exp2f(s[2 * kk + 1][1] - base[0]), l[0]);
+        pa[3] = pack_half2(exp2f(s[2 * kk + 1][2] - base[1]), exp2f(s[2 * kk + 1][3] - base[1]), l[1]);
+        constexpr int kGroup = 4;  // V fragments loaded ahead of their products
+#pragma unroll
+        for (int n0 = 0; n0 < HD / 16; n0 += kGroup) {
+          uint32_t b[kGroup][4];
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g) {
+            ldmatrix_x4_trans(b[g], v_lane + static_cast<uint32_t>(kk * 16 * L::kLd + (n0 + g) * 16) * 2);
+          }
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g) {
+            mma_m16n8k16<__half>(o[2 * (n0 + g)], pa[0], pa[1], pa[2], pa[3], b[g][0], b[g][1]);
+            mma_m16n8k16<__half>(o[2 * (n0 + g) + 1], pa[0], pa[1], pa[2], pa[3], b[g][2], b[g][3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // this stage is free for the load two tiles on
+  }
+  if (!warp_active) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int row = warp * 16 + (lane >> 2) + 8 * r;
+    if (row >= tile.n_q) continue;
+    float scale = 1.0f;
+    if (a.sinks) scale = detail::add_sink(a.sinks[h], m[r] / kLog2e, l[r]);  // the sink joins the denominator
+    scale = l[r] > 0.0f ? scale / l[r] : 0.0f;
+    Out* out =
+        static_cast<Out*>(a.out) + static_cast<int64_t>(tile.t0 + row) * a.n_head * HD + static_cast<int64_t>(h) * HD;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      const int d = n * 8 + (lane & 3) * 2;
+      out[d] = detail::from_f32<Out>(o[n][2 * r] * scale);
+      out[d + 1] = detail::from_f32<Out>(o[n][2 * r + 1] * scale);
+    }
+  }
+}
+
+template <int HD, typename Out>
+void launch(const AttentionArgs& a, cudaStream_t stream) {
+  static SmemOptIn opt_in;
+  opt_in.ensure(reinterpret_cast<const void*>(flash_prefill_kernel<HD, Out>), Layout<HD>::kBytes);
+  const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
+  flash_prefill_kernel<HD, Out><<<grid, kThreads, Layout<HD>::kBytes, stream>>>(a);
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool prefill_flash_supported(DType kv_dtype, int32_t head_dim) {
+  return kv_dtype == DType::kF16 && (head_dim == 64 || head_dim == 128);
+}
+
+void prefill_attention_flash(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.n_tiles <= 0) return;
+  if (a.head_dim == 64) {
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<64, T>(a, stream));
+  } else {
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<128, T>(a, stream));
+  }
+}
+
+}  // namespace rill::cuda
