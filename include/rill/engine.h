@@ -124,9 +124,14 @@ struct GenerationEvent {
   Usage usage;                        // set on the last event
 };
 
-// Called on the engine thread for each event of one request. Must not block.
-// If it throws, that request ends (its blocks are freed) and nothing else is
-// affected.
+// Called for each event of one request, in order, on the engine's event
+// dispatcher thread (not the engine thread: the engine goes on with its
+// next step meanwhile, so an event may arrive after submit() or cancel()
+// returned and after the request's blocks were freed). Should not block:
+// while 4,096 events wait, the engine waits too. If it throws on a
+// non-final event, that request ends at the engine's next step (a few more
+// tokens may be computed and counted in usage, none delivered) and nothing
+// else is affected; the final event is still delivered.
 using EventCallback = std::function<void(GenerationEvent&&)>;
 
 // A request's stream as a blocking queue, for callers that read from their

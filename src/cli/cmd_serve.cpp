@@ -184,7 +184,14 @@ int run_serve(ServeOptions& o) {
                 static_cast<long long>(o.engine.cache_disk_mb));
   }
   std::fflush(stdout);
-  return shut_down(signals, **http, **engine, o.shutdown_grace_s);
+  const int rc = shut_down(signals, **http, **engine, o.shutdown_grace_s);
+  // The engine goes first: its destructor ends what still runs and its
+  // dispatcher delivers every queued event, whose consumers use ctx, the
+  // metrics, the response store and the HTTP server's responders; only
+  // then may those go (they were declared after the engine, so they would
+  // otherwise be destroyed before it).
+  (*engine).reset();
+  return rc;
 }
 
 }  // namespace

@@ -51,6 +51,10 @@ Status place_mtp_head(Backend& b, const MtpHeadWeights& w, const WeightView& mod
   RILL_ASSIGN_OR_RETURN(out.head_norm, b.place_vector(w.head_norm.data(), E, "mtp head norm"));
   HostMatrix half = host_matrix(w.eh);
   half.cols = E;
+  // A row's FP8 scale covers both halves: each half is requantized from
+  // `data` (as tensor_split does for column slices), never read as stored.
+  half.e4m3 = nullptr;
+  half.e4m3_scales = nullptr;
   RILL_ASSIGN_OR_RETURN(out.eh_e, b.place(&half, 1, "mtp eh_proj (embedding columns)"));
   half.data = static_cast<const uint8_t*>(half.data) + row_bytes(w.eh.dtype, E);
   RILL_ASSIGN_OR_RETURN(out.eh_h, b.place(&half, 1, "mtp eh_proj (hidden columns)"));

@@ -13,7 +13,7 @@ namespace rill::server {
 
 namespace {
 
-// One /v1/messages call. The engine thread (callbacks) and the I/O thread
+// One /v1/messages call. The engine's event dispatcher thread (callbacks) and the I/O thread
 // (the handler, after start returns) both write; `mu` orders their frames,
 // and whichever comes first sends message_start.
 struct MessagesCall {

@@ -31,7 +31,7 @@ Result<std::vector<int32_t>> cache_warm_text_ids(const Engine& engine, const std
 Result<std::vector<int32_t>> cache_warm_chat_ids(const ServerContext& ctx, const nlohmann::ordered_json& messages);
 
 // Computes `ids` (one greedy output token) and persists the prefix. `done`
-// runs exactly once, on the engine thread, with the result or the engine's
+// runs exactly once, on the engine's event dispatcher thread, with the result or the engine's
 // error. A refused submission (e.g. the prompt does not fit) is returned and
 // `done` never runs.
 Status submit_cache_warm(Engine& engine, std::vector<int32_t> ids, std::function<void(Result<CacheWarmResult>)> done);

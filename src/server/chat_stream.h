@@ -86,7 +86,7 @@ struct ChatResult {
 struct ChatCallbacks {
   // A parsed delta and the engine event it came from (token ids, logprobs),
   // for every event, the last one included (its delta holds what the parser
-  // released at the end). Called on the engine thread; may be empty of text
+  // released at the end). Called on the engine's event dispatcher thread; may be empty of text
   // (e.g. held back).
   std::function<void(const OutputDelta&, const GenerationEvent&)> on_delta;
   // Exactly once, last (after the last on_delta).

@@ -113,7 +113,7 @@ std::string base64_encode(const void* data, size_t n) {
 namespace {
 
 // One request's inputs in flight: each engine request's last event lands
-// here (engine thread); the last one sends the reply.
+// here (the engine's event dispatcher thread); the last one sends the reply.
 struct EmbeddingsCall {
   ServerContext& ctx;
   std::shared_ptr<Responder> res;

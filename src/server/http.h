@@ -2,7 +2,7 @@
 // The HTTP surface the API handlers see, independent of the network layer
 // (server/http_server.cpp runs it on Boost.Beast). Handlers never block: they
 // validate, submit to the engine and return; the engine's event callbacks
-// then write into the Responder from the engine thread.
+// then write into the Responder from the engine's event dispatcher thread.
 #include <cstdint>
 #include <functional>
 #include <map>

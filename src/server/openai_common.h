@@ -103,7 +103,7 @@ ojson usage_json(const std::vector<ChatResult>& results, size_t per_prompt);
 // JSON body once all are done. A generation that fails ends the whole
 // reply: a 500 before streaming, an error frame + [DONE] after. The client
 // going away cancels every generation. The frame builders run with the
-// call's mutex held, on the engine thread (or the handler's, for open).
+// call's mutex held, on the engine's event dispatcher thread (or the handler's, for open).
 class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
  public:
   struct Job {

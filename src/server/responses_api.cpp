@@ -38,7 +38,7 @@ ApiError not_found(const std::string& id, const std::string& param) {
                   "invalid_request_error", param, param.empty() ? "" : "previous_response_not_found");
 }
 
-// One POST /v1/responses call. The engine thread (callbacks) and the I/O
+// One POST /v1/responses call. The engine's event dispatcher thread (callbacks) and the I/O
 // thread (the handler, after start returns) both write; `mu` orders their
 // frames, and whichever comes first opens the stream.
 struct ResponsesCall {

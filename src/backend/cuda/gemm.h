@@ -19,7 +19,12 @@
 // or set_tuning(false), takes the heuristic's first everywhere (the
 // behaviour before tuning, for comparisons); RILL_GEMM_TUNE_LOG=1 prints
 // each timing to stderr. Batch-invariant mode never reaches cuBLASLt, so
-// tuning does not touch it.
+// tuning does not touch it. What timing gives up: two Gemms (two engines,
+// two processes, a server and its restart) may pick different algorithms
+// for one shape and so round its GEMMs differently; in default mode a
+// request's output was never bitwise fixed across batch compositions
+// either. Where bits must match across engines, use batch-invariant mode
+// (or RILL_GEMM_TUNE=0).
 #include <array>
 #include <cstdint>
 #include <memory>
