@@ -10,6 +10,14 @@
 #   bench/build_llamacpp_tools.sh               # prints the bin directory
 #   bench/build_llamacpp_tools.sh --cmake-flags # prints the GGML CPU flags only
 #     (run_cpu_bench.sh passes them as CMAKE_ARGS to llama-cpp-python's build)
+#   bench/build_llamacpp_tools.sh --cuda        # llama-bench and llama-batched-bench
+#     with ggml's CUDA backend, into build/llamacpp/build-cuda (prints its bin
+#     directory). SASS for CUDA_ARCHS only (default 90-real: the H200; no PTX,
+#     so the binary stays small enough to ship to the device), the CPU flags as
+#     above, static ggml/llama, CUDA graphs on (llama.cpp's default), NCCL off
+#     (one GPU), FlashAttention kernels for f16 KV only (GGML_CUDA_FA_ALL_QUANTS
+#     off, llama.cpp's default). The CUDA objects compile slowly (~190 .cu
+#     files): ccache holds them between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
@@ -37,6 +45,16 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
 fi
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if [ "${1:-}" = --cuda ]; then
+  command -v ccache >/dev/null && launcher+=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  cmake -S "$SRC" -B "$DIR/build-cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
+    "${cpu_flags[@]}" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90-real}" \
+    -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_CUDA_NCCL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >&2
+  cmake --build "$DIR/build-cuda" -j "${JOBS:-2}" --target ${TARGETS:-llama-bench llama-batched-bench} >&2
+  echo "$DIR/build-cuda/bin"
+  exit 0
+fi
 cmake -S "$SRC" -B "$DIR/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   "${cpu_flags[@]}" -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >&2
