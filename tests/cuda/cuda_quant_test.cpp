@@ -292,8 +292,10 @@ TEST(CudaQuant, QuantizeX8MatchesTheHostRounding) {
       int sum = 0;
       for (int i = 0; i < 32; ++i) {
         const size_t k = static_cast<size_t>(b * 32 + i);
-        n_diff += static_cast<float>(double(q[k]) * double(d)) != want[k];
-        sum += q[k];
+        // Stored in the fragments' order: columns 4t..4t+3, 16+4t..16+4t+3, t = 0..3.
+        const size_t at = static_cast<size_t>(b * 32 + 8 * ((i & 15) >> 2) + 4 * (i >> 4) + (i & 3));
+        n_diff += static_cast<float>(double(q[at]) * double(d)) != want[k];
+        sum += q[at];
       }
       n_diff += ds[static_cast<size_t>(n * cols / 4 + 2 * b + 1)] != d * static_cast<float>(sum);
     }

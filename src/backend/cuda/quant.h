@@ -57,7 +57,9 @@ void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const 
 // The int8 path (quant_mma.cu). quantize_x8 turns x [n_tokens, n_cols]
 // (F32/BF16, n_cols a multiple of 32) into xq: per token and 32 columns,
 // q = x / d rounded to nearest even with d = max |x| / 127 (f32; llama.cpp's
-// q8_1 keeps d in f16), then (d, d * sum q); quantized_x_bytes of it.
+// q8_1 keeps d in f16), then (d, d * sum q); quantized_x_bytes of it. A
+// block's 32 int8 are stored in the order the tensor-core fragments read
+// them: columns 4 t .. 4 t + 3, then 16 + 4 t .. 16 + 4 t + 3, for t = 0..3.
 // quant_mma: y[t, r * ] (+)= sum_c W[r, c] xq[t, c] for a quant_mma_supported
 // W, y rows y_stride floats apart: exact int32 dots per 32 columns (16 for
 // Q6_K's scales) scaled and summed in f32 in a fixed order per (row,

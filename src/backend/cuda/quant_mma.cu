@@ -38,6 +38,12 @@ constexpr int kMaxTiles = kMmaMaxTokens / 8;
 
 // ---------------------------------------------------------------- x to int8
 
+// Where column c of a 32-column block sits in xq: lane t of a quad reads
+// its B words (columns 4 t .. 4 t + 3 and 16 + 4 t ..) as 8 bytes at 8 t.
+__device__ __forceinline__ int x8_pos(int c) {
+  return 8 * ((c & 15) >> 2) + 4 * (c >> 4) + (c & 3);
+}
+
 template <typename T>
 __global__ void quantize_x8_kernel(const T* __restrict__ x, int64_t n_blocks, int8_t* __restrict__ q,
                                    float2* __restrict__ ds) {
@@ -50,7 +56,7 @@ __global__ void quantize_x8_kernel(const T* __restrict__ x, int64_t n_blocks, in
   const float amax = detail::warp_max(fabsf(v));
   const float d = __fdiv_rn(amax, 127.0f);
   const int qi = amax > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
-  q[b * 32 + lane] = static_cast<int8_t>(qi);
+  q[b * 32 + x8_pos(lane)] = static_cast<int8_t>(qi);
   int s = qi;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -66,7 +72,7 @@ __global__ void quantize_x8_kernel(const T* __restrict__ x, int64_t n_blocks, in
 
 // Q8_0: x = d q. Unit = one block (34 bytes, 2-byte aligned).
 struct MmaQ8_0 {
-  static constexpr int kElems = 32, kBytes = 34, kCols = 32, kBlocks = 1;
+  static constexpr int kElems = 32, kBytes = 34, kCols = 32, kBlocks = 1, kUnroll = 4;
   static constexpr bool kMin = false, kHalves = false;
   struct Unit {
     int q[kBlocks][2];
@@ -80,35 +86,43 @@ struct MmaQ8_0 {
   }
 };
 
-// Q4_K: unit = group g of 64 columns of a 144-byte super-block (16-byte
-// aligned): its 32 qs bytes hold block 2g in low nibbles, 2g + 1 in high
-// ones; x = d sc q - dmin mn (scale_min_k4).
+// Q4_K: unit = one 144-byte super-block (16-byte aligned), 256 columns =
+// blocks j = 0..7 with 6-bit scale and min each (scale_min_k4, decoded once
+// per super-block); group g's 32 qs bytes hold block 2g in low nibbles,
+// 2g + 1 in high ones; x = d sc q - dmin mn.
 struct MmaQ4_K {
-  static constexpr int kElems = 256, kBytes = 144, kCols = 64, kBlocks = 2;
+  static constexpr int kElems = 256, kBytes = 144, kCols = 256, kBlocks = 8, kUnroll = 1;
   static constexpr bool kMin = true, kHalves = false;
   struct Unit {
     int q[kBlocks][2];
     float d[kBlocks], m[kBlocks];
   };
   __device__ static void load(const uint8_t* row, int u, int t, Unit& a) {
-    const uint8_t* b = row + static_cast<int64_t>(u >> 2) * kBytes;
-    const int g = u & 3;
+    const uint8_t* b = row + static_cast<int64_t>(u) * kBytes;
     const uint4 h = __ldg(reinterpret_cast<const uint4*>(b));
+    uint32_t qw[4][2];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      qw[g][0] = ld_u32_a4(b + 16 + 32 * g + 4 * t);
+      qw[g][1] = ld_u32_a4(b + 32 + 32 * g + 4 * t);
+    }
     const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x & 0xffffu)));
     const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x >> 16)));
     const uint32_t s[3] = {h.y, h.z, h.w};
-    int sc, mn;
-    quant::scale_min_k4(2 * g, s, &sc, &mn);
-    a.d[0] = __fmul_rn(d, static_cast<float>(sc));
-    a.m[0] = __fmul_rn(dmin, static_cast<float>(mn));
-    quant::scale_min_k4(2 * g + 1, s, &sc, &mn);
-    a.d[1] = __fmul_rn(d, static_cast<float>(sc));
-    a.m[1] = __fmul_rn(dmin, static_cast<float>(mn));
-    const uint32_t lo = ld_u32_a4(b + 16 + 32 * g + 4 * t), hi = ld_u32_a4(b + 32 + 32 * g + 4 * t);
-    a.q[0][0] = static_cast<int>(lo & 0x0F0F0F0Fu);
-    a.q[0][1] = static_cast<int>(hi & 0x0F0F0F0Fu);
-    a.q[1][0] = static_cast<int>((lo >> 4) & 0x0F0F0F0Fu);
-    a.q[1][1] = static_cast<int>((hi >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      int sc, mn;
+      quant::scale_min_k4(j, s, &sc, &mn);
+      a.d[j] = __fmul_rn(d, static_cast<float>(sc));
+      a.m[j] = __fmul_rn(dmin, static_cast<float>(mn));
+    }
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      a.q[2 * g][0] = static_cast<int>(qw[g][0] & 0x0F0F0F0Fu);
+      a.q[2 * g][1] = static_cast<int>(qw[g][1] & 0x0F0F0F0Fu);
+      a.q[2 * g + 1][0] = static_cast<int>((qw[g][0] >> 4) & 0x0F0F0F0Fu);
+      a.q[2 * g + 1][1] = static_cast<int>((qw[g][1] >> 4) & 0x0F0F0F0Fu);
+    }
   }
 };
 
@@ -117,7 +131,7 @@ struct MmaQ4_K {
 // (s < 2: low, else high) of ql[64 h + 32 (s & 1) + l] and bits 2 s, 2 s + 1
 // of qh[32 h + l]; x = d * scales[16-column group] * (q - 32).
 struct MmaQ6_K {
-  static constexpr int kElems = 256, kBytes = 210, kCols = 128, kBlocks = 4;
+  static constexpr int kElems = 256, kBytes = 210, kCols = 128, kBlocks = 4, kUnroll = 1;
   static constexpr bool kMin = false, kHalves = true;
   struct Unit {
     int q[kBlocks][2];
@@ -179,6 +193,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     quant_mma_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
                      int n_tok, int64_t n_rows, int64_t n_cols, float* __restrict__ y, int64_t y_stride,
                      bool accumulate) {
+  static_assert(!(Q::kHalves && Q::kMin), "a type with 16-column scales and a min term");
   __shared__ float red[kWarps][kTiles * 8][16];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16;
@@ -194,7 +209,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[kTiles][4];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll 2
+#pragma unroll Q::kUnroll
   for (int u = u_begin; u < u_end; ++u) {
     typename Q::Unit A, B;  // rows g and g + 8
     Q::load(wa, u, t, A);
@@ -205,9 +220,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int j = 0; j < kTiles; ++j) {
         if (j * 8 >= n_tok) break;
-        const int tb = min(j * 8 + g, n_tok - 1);  // this lane's B token
-        const int8_t* xp = xq + tb * n_cols + xb * 32;
-        const int b0 = *reinterpret_cast<const int*>(xp + 4 * t), b1 = *reinterpret_cast<const int*>(xp + 16 + 4 * t);
+        const int tb = min(j * 8 + g, n_tok - 1);                                            // this lane's B token
+        const int2 bx = *reinterpret_cast<const int2*>(xq + tb * n_cols + xb * 32 + 8 * t);  // x8_pos
+        const int b0 = bx.x, b1 = bx.y;
         int c[4] = {0, 0, 0, 0};
         if constexpr (Q::kHalves) {
           int c1[4] = {0, 0, 0, 0};
