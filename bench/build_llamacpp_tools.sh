@@ -18,6 +18,14 @@
 #     (one GPU), FlashAttention kernels for f16 KV only (GGML_CUDA_FA_ALL_QUANTS
 #     off, llama.cpp's default). The CUDA objects compile slowly (~190 .cu
 #     files): ccache holds them between runs.
+#     LLAMACPP_CUDA_MINIMAL=1: only the template instances the GGUF benchmark
+#     reaches (bench/cuda/gguf_vs_llamacpp.sh: Llama-3.1-8B in Q4_K_M / Q8_0,
+#     head size 128, GQA 4, f16 KV, flash attention on): the ggml-cuda
+#     CMakeLists.txt of the unpacked package gets a source filter, the tools
+#     link with unresolved symbols allowed, and a kernel left out crashes the
+#     tool if reached (no other code changes). About 60 of ~120 instance files
+#     are left out (mmq of other types, mmf, FA for other head sizes / GQA
+#     groupings / quantized KV): hours less on a 2-core builder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
@@ -47,10 +55,21 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 if [ "${1:-}" = --cuda ]; then
   command -v ccache >/dev/null && launcher+=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  minimal=(-DGGML_CUDA_INSTANCE_EXCLUDE= -DCMAKE_EXE_LINKER_FLAGS=)
+  if [ "${LLAMACPP_CUDA_MINIMAL:-0}" = 1 ]; then
+    cuda_cmake=$SRC/ggml/src/ggml-cuda/CMakeLists.txt
+    if ! grep -q GGML_CUDA_INSTANCE_EXCLUDE "$cuda_cmake"; then
+      sed -i 's|^    ggml_add_backend_library(ggml-cuda$|    if (GGML_CUDA_INSTANCE_EXCLUDE)\n        list(FILTER GGML_SOURCES_CUDA EXCLUDE REGEX "${GGML_CUDA_INSTANCE_EXCLUDE}")\n    endif()\n&|' "$cuda_cmake"
+      grep -q GGML_CUDA_INSTANCE_EXCLUDE "$cuda_cmake" || { echo "could not patch $cuda_cmake" >&2; exit 1; }
+    fi
+    ti='template-instances/'
+    minimal=(-DGGML_CUDA_INSTANCE_EXCLUDE="${ti}(mmq-instance-(iq|mxfp4|nvfp4|q1_0|q2_0|q2_k|q3_k|q4_0|q4_1|q5_0|q5_1|q5_k)|mmf-instance|fattn-mma-f16-instance-ncols1_[0-9]+-ncols2_(8|16|32)|fattn-vec-instance-(q4_0|q8_0|bf16)|fattn-tile-instance-dkq(40|64|72|80|96|112|192|256|320|512|576)-)"
+             -DCMAKE_EXE_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-all)
+  fi
   cmake -S "$SRC" -B "$DIR/build-cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
     "${cpu_flags[@]}" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90-real}" \
     -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_CUDA_NCCL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >&2
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF "${minimal[@]}" >&2
   cmake --build "$DIR/build-cuda" -j "${JOBS:-2}" --target ${TARGETS:-llama-bench llama-batched-bench} >&2
   echo "$DIR/build-cuda/bin"
   exit 0

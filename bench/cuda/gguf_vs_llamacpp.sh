@@ -7,8 +7,9 @@
 #  1. the random Llama-3.1-8B in F16 (make_bench_model.py --fast-random,
 #     seed 1) into /dev/shm, quantized with llama-quantize (16 threads) to
 #     Q4_K_M and Q8_0; each step timed; the F16 file removed after;
-#  2. per type: llama-bench (CUDA, -ngl 99, -p 2048 -n 128, -b/-ub and
-#     flash attention at their defaults) and llama-batched-bench (128-token
+#  2. per type: llama-bench (CUDA, -ngl 99, -p 2048 -n 128, -b/-ub at their
+#     defaults, flash attention on: what "auto" picks on CUDA, and the only
+#     attention a LLAMACPP_CUDA_MINIMAL build has) and llama-batched-bench (128-token
 #     prompts, 128 generated tokens, 1 / 8 / 64 sequences: S_TG is decode
 #     tok/s at that batch) when bin/ has them; rill's bench_cuda on the same
 #     file (decode B = 1 / 8 / 64 after 128-token prompts, prefill of 2,048
@@ -50,12 +51,12 @@ for q in Q4_K_M Q8_0; do
   echo "======== $q"
   if [ -x $B/llama-bench ]; then
     t=$(now)
-    timeout 100 $B/llama-bench -m $M -ngl 99 -p 2048 -n 128 -r 3 2>&1 | grep -E "^\| |error|failed"
+    timeout 100 $B/llama-bench -m $M -ngl 99 -fa on -p 2048 -n 128 -r 3 2>&1 | grep -E "^\| |error|failed"
     step "llama-bench $q" $t
   fi
   if [ -x $B/llama-batched-bench ]; then
     t=$(now)
-    timeout 100 $B/llama-batched-bench -m $M -ngl 99 -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,64 \
+    timeout 100 $B/llama-batched-bench -m $M -ngl 99 -fa on -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,64 \
       2>$D/bb_$q.log | grep -E "^\|"
     grep -E "error|failed" $D/bb_$q.log | head -3
     step "llama-batched-bench $q" $t
