@@ -374,7 +374,7 @@ void quant_kernel_bench(const cuda::Context& ctx) {
       });
       std::printf("  dequant+gemm n=64 %.1f us;", ms * 1e3);
       // The int8 path: quantize_x8 into the scratch, then quant_mma.
-      for (int n : {1, 8, 64}) {
+      for (int n : {1, 8, 16, 64}) {
         const double mm = time([&](void* p) {
           cuda::quantize_x8(DType::kBF16, x, n, sh.cols, scratch, ctx.stream());
           cuda::quant_mma(t, p, scratch, n, sh.rows, sh.cols, static_cast<float*>(y), sh.rows, false, ctx.stream());

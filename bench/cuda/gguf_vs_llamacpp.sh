@@ -5,8 +5,8 @@
 # tests, py/ with make_bench_model.py and llama.cpp's gguf-py). In one call:
 #  0. the GPU test binaries in bin/ (test_*), each run whole;
 #  1. the random Llama-3.1-8B in F16 (make_bench_model.py --fast-random,
-#     seed 1) into /dev/shm, quantized with llama-quantize (16 threads) to
-#     Q4_K_M and Q8_0; each step timed; the F16 file removed after;
+#     seed 1) into /dev/shm, quantized with llama-quantize (16 threads each,
+#     side by side) to Q4_K_M and Q8_0; timed; the F16 file removed after;
 #  2. per type: llama-bench (CUDA, -ngl 99, -p 2048 -n 128, -b/-ub at their
 #     defaults, flash attention on: what "auto" picks on CUDA, and the only
 #     attention a LLAMACPP_CUDA_MINIMAL build has) and llama-batched-bench (128-token
@@ -39,9 +39,13 @@ mk() {
     2>$D/make_$1.log | tail -1
 }
 t=$(now); mk F16 > /dev/null; step "F16 GGUF written (16 GB, numpy)" $t
+t=$(now)
+mk Q4_K_M > /dev/null &
+mk Q8_0 > /dev/null
+wait
+step "llama-quantize Q4_K_M and Q8_0 (side by side)" $t
 for q in Q4_K_M Q8_0; do
-  t=$(now); f=$(mk $q); step "llama-quantize $q" $t
-  [ -f "$f" ] || { echo "no $q file"; tail -5 $D/make_$q.log; tail -3 $D/make_F16.log; }
+  [ -f $D/${SHAPE:-llama-3.1-8b}.$q.gguf ] || { echo "no $q file"; tail -5 $D/make_$q.log; tail -3 $D/make_F16.log; }
 done
 rm -f $D/${SHAPE:-llama-3.1-8b}.F16.gguf
 ls -la $D/*.gguf | awk '{print $5, $9}'
@@ -50,6 +54,7 @@ for q in Q4_K_M Q8_0; do
   [ -f $M ] || continue
   echo "======== $q"
   if [ -x $B/llama-bench ]; then
+    ldd $B/llama-bench | grep "not found"
     t=$(now)
     timeout 100 $B/llama-bench -m $M -ngl 99 -fa on -p 2048 -n 128 -r 3 2>&1 | grep -E "^\| |error|failed"
     step "llama-bench $q" $t
@@ -63,7 +68,7 @@ for q in Q4_K_M Q8_0; do
   fi
   for mma in 0 1; do
     t=$(now)
-    echo "-- rill bench_cuda, RILL_CUDA_QUANT_MMA=$mma"
+    echo "-- rill bench_cuda, RILL_CUDA_QUANT_MMA=$mma ($([ $mma = 0 ] && echo "f32 GEMV / dequantize + GEMM: the baseline" || echo "default: the int8 path where quant_matmul picks it"))"
     RILL_CUDA_QUANT_MMA=$mma timeout 100 $B/bench_cuda $M --batches 1,8,64 --steps ${STEPS:-16} 2>&1 |
       grep -E "^(ceilings|model|prefill|decode|TTFT)|rror"
     step "rill bench_cuda $q mma=$mma" $t

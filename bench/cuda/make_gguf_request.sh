@@ -33,7 +33,7 @@ Y=$(ls -d "$SRC"/.venv-tools/lib/python3*/site-packages/yaml | head -1)
 mkdir -p "$T/bin/py/fallback/yaml" && cp "$Y"/*.py "$T/bin/py/fallback/yaml/"
 find "$T/bin/py" -name __pycache__ -prune -exec rm -rf {} +
 rm -rf "$D" && mkdir -p "$D"
-tar cJf "$D/bin.tar.xz" -C "$T" bin
+tar cf - -C "$T" bin | xz -9 -T1 > "$D/bin.tar.xz"  # -9: a 64 MiB window, the two llama tools share most bytes
 cp -r "$COMMON/lib" "$D/lib" && cp -L /lib/x86_64-linux-gnu/libgomp.so.1 "$D/lib/"
 cp "$COMMON/goldens.tar.xz" "$COMMON/env.sh" "$D/"
 cp "$SRC/bench/cuda/gguf_vs_llamacpp.sh" "$D/run.sh"

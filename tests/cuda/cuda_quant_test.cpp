@@ -381,7 +381,7 @@ TEST(CudaQuant, QuantMatmulTakesTheInt8PathWhenItsScratchHasRoom) {
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
   Gemm gemm(**ctx);
   cudaStream_t st = (*ctx)->stream();
-  const int64_t rows = 96, cols = 1024, n = 24;
+  const int64_t rows = 96, cols = 1024, n = 12;
   for (DType t : kMmaTypes) {
     const auto w = cpu::testing::random_weight_rows(t, rows, cols, 61 + static_cast<uint32_t>(t));
     const auto dw = upload(w);
@@ -449,7 +449,7 @@ TEST(CudaQuant, MixedTypePartsMatchTheReferenceOnEveryPath) {
           quant_matmul_parts(gemm, scratch, parts.data(), 3, DType::kF32, dx.data(), n, cols, dy.as<float>(), true, st);
       ASSERT_TRUE(s.ok()) << s.error().message;
       const auto y = download<float>(dy, static_cast<size_t>(n * rows));
-      const bool int8 = with_xq && n <= kMmaMaxTokens;
+      const bool int8 = with_xq && n <= kInt8PathMaxTokens;
       const double e = max_rel_err(y, deq, int8 ? x8 : x, n, rows, cols, DType::kF32, &y0);
       EXPECT_LT(e, 1e-5) << "n=" << n << (int8 ? " int8 path" : n <= kGemvMaxTokens ? " GEMV" : " dequant+GEMM");
     }

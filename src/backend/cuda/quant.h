@@ -67,7 +67,12 @@ void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const 
 // n_tokens is (batch invariant per row, as quant_gemv). Against the f32
 // GEMV the difference is x's rounding to int8: at most d / 2 per element.
 bool quant_mma_supported(DType t);
-inline constexpr int64_t kMmaMaxTokens = 64;
+inline constexpr int64_t kMmaMaxTokens = 64;  // quant_mma's limit
+// quant_matmul's choice, from bench_cuda --quant-kernels on an H200: the
+// int8 path up to this many tokens (past two tiles of 8 its per-tile cost
+// loses to dequantize + cuBLASLt at 64), but not for one token of Q8_0
+// (the f32 GEMV reads Q8_0 at 1.3-2.5 TB/s, the int8 path at 0.9-1.4).
+inline constexpr int64_t kInt8PathMaxTokens = 16;
 size_t quantized_x_bytes(int64_t n_tokens, int64_t n_cols);
 void quantize_x8(DType x_dtype, const void* x, int64_t n_tokens, int64_t n_cols, void* xq, cudaStream_t stream);
 void quant_mma(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
@@ -102,8 +107,9 @@ struct QuantScratch {
 inline constexpr int64_t kQuantChunkElems = int64_t{16} << 20;
 
 // y[t, r] (+)= sum_c W[r, c] x[t, c], x [n_tokens, n_cols] in x_dtype
-// (F32/F16/BF16). Up to kMmaMaxTokens tokens of a quant_mma_supported W
-// with x in F32/BF16 and scratch.xq large enough: quantize_x8 + quant_mma
+// (F32/F16/BF16). Up to kInt8PathMaxTokens tokens of a quant_mma_supported
+// W (Q8_0: 2 or more) with x in F32/BF16 and scratch.xq large enough:
+// quantize_x8 + quant_mma
 // (unless the environment sets RILL_CUDA_QUANT_MMA=0: the comparison
 // baseline of bench/cuda/gguf_vs_llamacpp.sh). Else up to kGemvMaxTokens
 // tokens with x in F32/BF16: quant_gemv. Otherwise W (in row chunks when it exceeds scratch.w_elems)

@@ -20,9 +20,9 @@ bool int8_path(const QuantScratch& scratch, DType w_dtype, DType x_dtype, int64_
     const char* e = std::getenv("RILL_CUDA_QUANT_MMA");
     return e != nullptr && std::strcmp(e, "0") == 0;
   }();
-  return !off && n_tokens <= kMmaMaxTokens && quant_mma_supported(w_dtype) &&
-         (x_dtype == DType::kF32 || x_dtype == DType::kBF16) && scratch.xq != nullptr &&
-         quantized_x_bytes(n_tokens, n_cols) <= scratch.xq_bytes;
+  return !off && n_tokens <= kInt8PathMaxTokens && quant_mma_supported(w_dtype) &&
+         !(w_dtype == DType::kQ8_0 && n_tokens == 1) && (x_dtype == DType::kF32 || x_dtype == DType::kBF16) &&
+         scratch.xq != nullptr && quantized_x_bytes(n_tokens, n_cols) <= scratch.xq_bytes;
 }
 
 }  // namespace

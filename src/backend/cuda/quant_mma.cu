@@ -167,8 +167,7 @@ struct MmaQ6_K {
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -217,41 +216,45 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int blk = 0; blk < Q::kBlocks; ++blk) {
       const int64_t xb = static_cast<int64_t>(u) * Q::kBlocks + blk;
+      // Every tile's x words and scales first (addresses clamped to valid
+      // tokens), so their loads overlap; then the tiles' mma and scaling.
+      int2 bx[kTiles];
+      float2 dx0[kTiles], dx1[kTiles];
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        bx[j] = *reinterpret_cast<const int2*>(xq + min(j * 8 + g, n_tok - 1) * n_cols + xb * 32 + 8 * t);  // x8_pos
+        dx0[j] = xds[min(j * 8 + 2 * t, n_tok - 1) * x_blocks + xb];
+        dx1[j] = xds[min(j * 8 + 2 * t + 1, n_tok - 1) * x_blocks + xb];
+      }
 #pragma unroll
       for (int j = 0; j < kTiles; ++j) {
         if (j * 8 >= n_tok) break;
-        const int tb = min(j * 8 + g, n_tok - 1);                                            // this lane's B token
-        const int2 bx = *reinterpret_cast<const int2*>(xq + tb * n_cols + xb * 32 + 8 * t);  // x8_pos
-        const int b0 = bx.x, b1 = bx.y;
+        const int b0 = bx[j].x, b1 = bx[j].y;
         int c[4] = {0, 0, 0, 0};
         if constexpr (Q::kHalves) {
           int c1[4] = {0, 0, 0, 0};
           mma_k16(c, A.q[blk][0], B.q[blk][0], b0);
           mma_k16(c1, A.q[blk][1], B.q[blk][1], b1);
-          const float2 dx0 = xds[min(j * 8 + 2 * t, n_tok - 1) * x_blocks + xb];
-          const float2 dx1 = xds[min(j * 8 + 2 * t + 1, n_tok - 1) * x_blocks + xb];
           // Each 16-column half with its own scale d * h (|dot| < 2^17: exact in f32).
           const float da0 = __fmul_rn(A.d[blk], static_cast<float>(A.h[blk][0]));
           const float da1 = __fmul_rn(A.d[blk], static_cast<float>(A.h[blk][1]));
           const float db0 = __fmul_rn(B.d[blk], static_cast<float>(B.h[blk][0]));
           const float db1 = __fmul_rn(B.d[blk], static_cast<float>(B.h[blk][1]));
-          acc[j][0] = apply(apply(acc[j][0], da0, 0.0f, c[0], dx0, false), da1, 0.0f, c1[0], dx0, false);
-          acc[j][1] = apply(apply(acc[j][1], da0, 0.0f, c[1], dx1, false), da1, 0.0f, c1[1], dx1, false);
-          acc[j][2] = apply(apply(acc[j][2], db0, 0.0f, c[2], dx0, false), db1, 0.0f, c1[2], dx0, false);
-          acc[j][3] = apply(apply(acc[j][3], db0, 0.0f, c[3], dx1, false), db1, 0.0f, c1[3], dx1, false);
+          acc[j][0] = apply(apply(acc[j][0], da0, 0.0f, c[0], dx0[j], false), da1, 0.0f, c1[0], dx0[j], false);
+          acc[j][1] = apply(apply(acc[j][1], da0, 0.0f, c[1], dx1[j], false), da1, 0.0f, c1[1], dx1[j], false);
+          acc[j][2] = apply(apply(acc[j][2], db0, 0.0f, c[2], dx0[j], false), db1, 0.0f, c1[2], dx0[j], false);
+          acc[j][3] = apply(apply(acc[j][3], db0, 0.0f, c[3], dx1[j], false), db1, 0.0f, c1[3], dx1[j], false);
         } else {
           mma_k32(c, A.q[blk][0], B.q[blk][0], A.q[blk][1], B.q[blk][1], b0, b1);
-          const float2 dx0 = xds[min(j * 8 + 2 * t, n_tok - 1) * x_blocks + xb];
-          const float2 dx1 = xds[min(j * 8 + 2 * t + 1, n_tok - 1) * x_blocks + xb];
           float ma = 0.0f, mb = 0.0f;
           if constexpr (Q::kMin) {
             ma = A.m[blk];
             mb = B.m[blk];
           }
-          acc[j][0] = apply(acc[j][0], A.d[blk], ma, c[0], dx0, Q::kMin);
-          acc[j][1] = apply(acc[j][1], A.d[blk], ma, c[1], dx1, Q::kMin);
-          acc[j][2] = apply(acc[j][2], B.d[blk], mb, c[2], dx0, Q::kMin);
-          acc[j][3] = apply(acc[j][3], B.d[blk], mb, c[3], dx1, Q::kMin);
+          acc[j][0] = apply(acc[j][0], A.d[blk], ma, c[0], dx0[j], Q::kMin);
+          acc[j][1] = apply(acc[j][1], A.d[blk], ma, c[1], dx1[j], Q::kMin);
+          acc[j][2] = apply(acc[j][2], B.d[blk], mb, c[2], dx0[j], Q::kMin);
+          acc[j][3] = apply(acc[j][3], B.d[blk], mb, c[3], dx1[j], Q::kMin);
         }
       }
     }
