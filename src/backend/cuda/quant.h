@@ -3,9 +3,9 @@
 // (backend/cpu/quants.h; values as cpu::ref::dequantize_row defines them):
 //  - quant_gemv: decode GEMV straight from the blocks, f32 accumulation in
 //    one fixed order per row whatever the token count (batch invariant);
-//  - quant_mma: decode batches (up to kMmaMaxTokens tokens) of Q4_K, Q6_K
-//    and Q8_0 on the int8 tensor cores, x quantized to int8 first
-//    (quantize_x8), as llama.cpp's mmvq / mmq compute;
+//  - quant_mma: decode batches (quant_matmul: up to kInt8PathMaxTokens
+//    tokens) of Q4_K, Q6_K and Q8_0 on the int8 tensor cores, x quantized
+//    to int8 first (quantize_x8), as llama.cpp's mmvq / mmq compute;
 //  - dequantize_rows + cuBLASLt: prefill, through a bf16/f16/f32 scratch
 //    copy of the matrix (quant_matmul picks the path by token count);
 //  - embed_rows_any: the embedding gather from a quantized table.
