@@ -108,13 +108,15 @@ struct MmaQ4_K {
     }
     const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x & 0xffffu)));
     const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x >> 16)));
-    const uint32_t s[3] = {h.y, h.z, h.w};
+    // scale_min_k4 for all 8 blocks, four 6-bit values per word: bytes
+    // 0-3 scales 0-3, 4-7 mins 0-3, 8-11 the low nibbles of scales / mins
+    // 4-7 whose top two bits are those of bytes 0-3 / 4-7.
+    const uint32_t sc_w[2] = {h.y & 0x3F3F3F3Fu, (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u)};
+    const uint32_t mn_w[2] = {h.z & 0x3F3F3F3Fu, ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u)};
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
-      int sc, mn;
-      quant::scale_min_k4(j, s, &sc, &mn);
-      a.d[j] = __fmul_rn(d, static_cast<float>(sc));
-      a.m[j] = __fmul_rn(dmin, static_cast<float>(mn));
+      a.d[j] = __fmul_rn(d, static_cast<float>((sc_w[j >> 2] >> (8 * (j & 3))) & 0xFFu));
+      a.m[j] = __fmul_rn(dmin, static_cast<float>((mn_w[j >> 2] >> (8 * (j & 3))) & 0xFFu));
     }
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
