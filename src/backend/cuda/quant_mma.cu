@@ -21,6 +21,9 @@
 // a0 / a1: rows g / g + 8 at block columns 4 t .. 4 t + 3, a2 / a3: the same
 // rows at 16 + 4 t ..; B regs b0 / b1: token g at columns 4 t .. and 16 +
 // 4 t ..; C: rows g (c0, c1) and g + 8 (c2, c3), tokens 2 t and 2 t + 1.
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant.h"
@@ -70,42 +73,69 @@ __global__ void quantize_x8_kernel(const T* __restrict__ x, int64_t n_blocks, in
 // min m[b], value = d q - m; kHalves: a scale per 16 columns, h[b][0..1],
 // the value d * h * q).
 
+// The loads (fetch) are apart from the decoding (decode), and fetch keeps
+// the loaded words as they are (2-byte aligned words as their two halves),
+// so the kernel can issue the next unit's loads before it decodes and
+// multiplies this one.
+__device__ __forceinline__ unsigned short ld_u16(const uint8_t* p) {
+  return __ldg(reinterpret_cast<const unsigned short*>(p));
+}
+__device__ __forceinline__ int join16(unsigned short lo, unsigned short hi) {
+  return static_cast<int>(static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16));
+}
+
 // Q8_0: x = d q. Unit = one block (34 bytes, 2-byte aligned).
 struct MmaQ8_0 {
   static constexpr int kElems = 32, kBytes = 34, kCols = 32, kBlocks = 1, kUnroll = 4;
   static constexpr bool kMin = false, kHalves = false;
+  struct Raw {
+    unsigned short d, q[4];
+  };
   struct Unit {
     int q[kBlocks][2];
     float d[kBlocks];
   };
-  __device__ static void load(const uint8_t* row, int u, int t, Unit& a) {
+  __device__ static void fetch(const uint8_t* row, int u, int t, Raw& r) {
     const uint8_t* b = row + static_cast<int64_t>(u) * kBytes;
-    a.d[0] = ld_f16(b);
-    a.q[0][0] = static_cast<int>(ld_u32_a2(b + 2 + 4 * t));
-    a.q[0][1] = static_cast<int>(ld_u32_a2(b + 18 + 4 * t));
+    r.d = ld_u16(b);
+    r.q[0] = ld_u16(b + 2 + 4 * t);
+    r.q[1] = ld_u16(b + 4 + 4 * t);
+    r.q[2] = ld_u16(b + 18 + 4 * t);
+    r.q[3] = ld_u16(b + 20 + 4 * t);
+  }
+  __device__ static void decode(const Raw& r, Unit& a) {
+    a.d[0] = __half2float(__ushort_as_half(r.d));
+    a.q[0][0] = join16(r.q[0], r.q[1]);
+    a.q[0][1] = join16(r.q[2], r.q[3]);
   }
 };
 
 // Q4_K: unit = one 144-byte super-block (16-byte aligned), 256 columns =
-// blocks j = 0..7 with 6-bit scale and min each (scale_min_k4, decoded once
-// per super-block); group g's 32 qs bytes hold block 2g in low nibbles,
-// 2g + 1 in high ones; x = d sc q - dmin mn.
+// blocks j = 0..7 with 6-bit scale and min each (scale_min_k4's values,
+// decoded once per super-block); group g's 32 qs bytes hold block 2g in low
+// nibbles, 2g + 1 in high ones; x = d sc q - dmin mn.
 struct MmaQ4_K {
   static constexpr int kElems = 256, kBytes = 144, kCols = 256, kBlocks = 8, kUnroll = 1;
   static constexpr bool kMin = true, kHalves = false;
+  struct Raw {
+    uint4 h;
+    uint32_t qw[4][2];
+  };
   struct Unit {
     int q[kBlocks][2];
     float d[kBlocks], m[kBlocks];
   };
-  __device__ static void load(const uint8_t* row, int u, int t, Unit& a) {
+  __device__ static void fetch(const uint8_t* row, int u, int t, Raw& r) {
     const uint8_t* b = row + static_cast<int64_t>(u) * kBytes;
-    const uint4 h = __ldg(reinterpret_cast<const uint4*>(b));
-    uint32_t qw[4][2];
+    r.h = __ldg(reinterpret_cast<const uint4*>(b));
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
-      qw[g][0] = ld_u32_a4(b + 16 + 32 * g + 4 * t);
-      qw[g][1] = ld_u32_a4(b + 32 + 32 * g + 4 * t);
+      r.qw[g][0] = ld_u32_a4(b + 16 + 32 * g + 4 * t);
+      r.qw[g][1] = ld_u32_a4(b + 32 + 32 * g + 4 * t);
     }
+  }
+  __device__ static void decode(const Raw& r, Unit& a) {
+    const uint4 h = r.h;
     const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x & 0xffffu)));
     const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x >> 16)));
     // scale_min_k4 for all 8 blocks, four 6-bit values per word: bytes
@@ -120,10 +150,10 @@ struct MmaQ4_K {
     }
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
-      a.q[2 * g][0] = static_cast<int>(qw[g][0] & 0x0F0F0F0Fu);
-      a.q[2 * g][1] = static_cast<int>(qw[g][1] & 0x0F0F0F0Fu);
-      a.q[2 * g + 1][0] = static_cast<int>((qw[g][0] >> 4) & 0x0F0F0F0Fu);
-      a.q[2 * g + 1][1] = static_cast<int>((qw[g][1] >> 4) & 0x0F0F0F0Fu);
+      a.q[2 * g][0] = static_cast<int>(r.qw[g][0] & 0x0F0F0F0Fu);
+      a.q[2 * g][1] = static_cast<int>(r.qw[g][1] & 0x0F0F0F0Fu);
+      a.q[2 * g + 1][0] = static_cast<int>((r.qw[g][0] >> 4) & 0x0F0F0F0Fu);
+      a.q[2 * g + 1][1] = static_cast<int>((r.qw[g][1] >> 4) & 0x0F0F0F0Fu);
     }
   }
 };
@@ -135,33 +165,57 @@ struct MmaQ4_K {
 struct MmaQ6_K {
   static constexpr int kElems = 256, kBytes = 210, kCols = 128, kBlocks = 4, kUnroll = 1;
   static constexpr bool kMin = false, kHalves = true;
+  // Words as halves: qh at 4 t and 16 + 4 t; ql at 4 t, 16 + 4 t (s = 0 / 2),
+  // 32 + 4 t, 48 + 4 t (s = 1 / 3); the half's 8 scales; d.
+  struct Raw {
+    unsigned short qh[4], ql[8], sc[4], d;
+  };
   struct Unit {
     int q[kBlocks][2];
     float d[kBlocks];
     int h[kBlocks][2];
   };
-  __device__ static void load(const uint8_t* row, int u, int t, Unit& a) {
+  __device__ static void fetch(const uint8_t* row, int u, int t, Raw& r) {
     const uint8_t* b = row + static_cast<int64_t>(u >> 1) * kBytes;
     const int hf = u & 1;
     const uint8_t* ql = b + 64 * hf;
     const uint8_t* qh = b + 128 + 32 * hf;
-    const uint32_t qh0 = ld_u32_a2(qh + 4 * t), qh1 = ld_u32_a2(qh + 16 + 4 * t);
-    const uint32_t ql_a[2] = {ld_u32_a2(ql + 4 * t), ld_u32_a2(ql + 16 + 4 * t)};       // s = 0 / 2
-    const uint32_t ql_b[2] = {ld_u32_a2(ql + 32 + 4 * t), ld_u32_a2(ql + 48 + 4 * t)};  // s = 1 / 3
-    const float d = ld_f16(b + 208);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      r.qh[2 * i] = ld_u16(qh + 16 * i + 4 * t);
+      r.qh[2 * i + 1] = ld_u16(qh + 16 * i + 4 * t + 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r.ql[2 * i] = ld_u16(ql + 16 * i + 4 * t);
+      r.ql[2 * i + 1] = ld_u16(ql + 16 * i + 4 * t + 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.sc[i] = ld_u16(b + 192 + 8 * hf + 2 * i);
+    r.d = ld_u16(b + 208);
+  }
+  __device__ static void decode(const Raw& r, Unit& a) {
+    const uint32_t qh0 = static_cast<uint32_t>(join16(r.qh[0], r.qh[1]));
+    const uint32_t qh1 = static_cast<uint32_t>(join16(r.qh[2], r.qh[3]));
+    const uint32_t ql_a[2] = {static_cast<uint32_t>(join16(r.ql[0], r.ql[1])),
+                              static_cast<uint32_t>(join16(r.ql[2], r.ql[3]))};  // s = 0 / 2
+    const uint32_t ql_b[2] = {static_cast<uint32_t>(join16(r.ql[4], r.ql[5])),
+                              static_cast<uint32_t>(join16(r.ql[6], r.ql[7]))};  // s = 1 / 3
+    const float d = __half2float(__ushort_as_half(r.d));
     // The 8 int8 scales of this half: groups 8 hf .. 8 hf + 7.
-    const uint32_t sc_lo = ld_u32_a2(b + 192 + 8 * hf), sc_hi = ld_u32_a2(b + 196 + 8 * hf);
+    const uint32_t sc_lo = static_cast<uint32_t>(join16(r.sc[0], r.sc[1]));
+    const uint32_t sc_hi = static_cast<uint32_t>(join16(r.sc[2], r.sc[3]));
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const uint32_t* l = (s & 1) ? ql_b : ql_a;
       const int shift = s < 2 ? 0 : 4;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t qh_w = r == 0 ? qh0 : qh1;
-        const uint32_t v = ((l[r] >> shift) & 0x0F0F0F0Fu) | (((qh_w >> (2 * s)) & 0x03030303u) << 4);
-        a.q[s][r] = static_cast<int>(__vsub4(v, 0x20202020u));
+      for (int q = 0; q < 2; ++q) {
+        const uint32_t qh_w = q == 0 ? qh0 : qh1;
+        const uint32_t v = ((l[q] >> shift) & 0x0F0F0F0Fu) | (((qh_w >> (2 * s)) & 0x03030303u) << 4);
+        a.q[s][q] = static_cast<int>(__vsub4(v, 0x20202020u));
         const uint32_t sw = s < 2 ? sc_lo : sc_hi;
-        a.h[s][r] = static_cast<int>(static_cast<int8_t>((sw >> (8 * (2 * (s & 1) + r))) & 0xffu));
+        a.h[s][q] = static_cast<int>(static_cast<int8_t>((sw >> (8 * (2 * (s & 1) + q))) & 0xffu));
       }
       a.d[s] = d;
     }
@@ -188,8 +242,9 @@ __device__ __forceinline__ float apply(float acc, float dw, float mw, int dot, f
 
 // y[t, row] (+)= sum_c W[row, c] x[t, c] over kTiles tiles of 8 tokens
 // (tiles at or past n_tok are skipped; tokens past it read token n_tok - 1
-// and are not written).
-template <class Q, int kTiles>
+// and are not written). kPipe: the next unit's loads are issued before
+// this unit is multiplied (more registers, fewer blocks per SM).
+template <class Q, int kTiles, bool kPipe>
 __global__ void __launch_bounds__(kWarps * 32)
     quant_mma_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
                      int n_tok, int64_t n_rows, int64_t n_cols, float* __restrict__ y, int64_t y_stride,
@@ -210,11 +265,24 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[kTiles][4];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  typename Q::Raw ra, rb;  // rows g and g + 8
+  if (kPipe && u_begin < u_end) {
+    Q::fetch(wa, u_begin, t, ra);
+    Q::fetch(wb, u_begin, t, rb);
+  }
 #pragma unroll Q::kUnroll
   for (int u = u_begin; u < u_end; ++u) {
-    typename Q::Unit A, B;  // rows g and g + 8
-    Q::load(wa, u, t, A);
-    Q::load(wb, u, t, B);
+    typename Q::Unit A, B;
+    if (!kPipe) {
+      Q::fetch(wa, u, t, ra);
+      Q::fetch(wb, u, t, rb);
+    }
+    Q::decode(ra, A);
+    Q::decode(rb, B);
+    if (kPipe && u + 1 < u_end) {  // the next unit's loads in flight while this one multiplies
+      Q::fetch(wa, u + 1, t, ra);
+      Q::fetch(wb, u + 1, t, rb);
+    }
 #pragma unroll
     for (int blk = 0; blk < Q::kBlocks; ++blk) {
       const int64_t xb = static_cast<int64_t>(u) * Q::kBlocks + blk;
@@ -280,12 +348,27 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// RILL_CUDA_QUANT_MMA_PIPE=1: the kPipe kernels (a benchmark switch while
+// the two are compared on the device).
+bool pipelined() {
+  static const bool on = [] {
+    const char* e = std::getenv("RILL_CUDA_QUANT_MMA_PIPE");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
 template <class Q, int kTiles>
 void launch_tiles(const uint8_t* w, const int8_t* xq, const float2* xds, int n_tok, int64_t n_rows, int64_t n_cols,
                   float* y, int64_t y_stride, bool accumulate, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((n_rows + 15) / 16);
-  launch_pdl(quant_mma_kernel<Q, kTiles>, blocks, kWarps * 32, 0, stream, w, xq, xds, n_tok, n_rows, n_cols, y,
-             y_stride, accumulate);
+  if (pipelined()) {
+    launch_pdl(quant_mma_kernel<Q, kTiles, true>, blocks, kWarps * 32, 0, stream, w, xq, xds, n_tok, n_rows, n_cols, y,
+               y_stride, accumulate);
+  } else {
+    launch_pdl(quant_mma_kernel<Q, kTiles, false>, blocks, kWarps * 32, 0, stream, w, xq, xds, n_tok, n_rows, n_cols, y,
+               y_stride, accumulate);
+  }
 }
 
 template <class Q>
