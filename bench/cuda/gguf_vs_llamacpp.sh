@@ -25,18 +25,13 @@ mkdir -p $D
 lscpu | grep -E "^Model name|^CPU\(s\)" | tr -s ' '
 now() { date +%s.%N; }
 step() { awk -v a="$2" -v b="$(now)" -v n="$1" 'BEGIN { printf "time: %-36s %6.1f s\n", n, b - a }'; }
-for pipe in 0 1; do  # RILL_CUDA_QUANT_MMA_PIPE: both quant_mma variants
-  for t in $B/test_*; do
-    [ -x "$t" ] || continue
-    s=$(now)
-    f=; [ $pipe = 1 ] && f=--gtest_filter=*Mma*:*Int8*:*Mixed*  # the second pass: the int8 path's tests
-    RILL_CUDA_QUANT_MMA_PIPE=$pipe timeout 60 $t $f > $D/$(basename $t).log 2>&1
-    echo "$(basename $t) RILL_CUDA_QUANT_MMA_PIPE=$pipe rc=$?"
-    grep -E "^\[ cuda|FAILED|Failure|Expected|Which is|error:|PASSED|SKIPPED" $D/$(basename $t).log |
-      grep -E "${TEST_LINES:-.}" | head -40
-    step "$(basename $t)" $s
-  done
-  TEST_LINES="FAILED|Failure|PASSED|int8"
+for t in $B/test_*; do
+  [ -x "$t" ] || continue
+  s=$(now)
+  timeout 60 $t > $D/$(basename $t).log 2>&1
+  echo "$(basename $t) rc=$?"
+  grep -E "^\[ cuda|FAILED|Failure|Expected|Which is|error:|PASSED|SKIPPED" $D/$(basename $t).log | head -40
+  step "$(basename $t)" $s
 done
 mk() {
   PYTHONPATH=$B/py:$B/py/fallback timeout 150 python3 $B/py/bench/make_bench_model.py --shape ${SHAPE:-llama-3.1-8b} \
@@ -71,20 +66,15 @@ for q in Q4_K_M Q8_0; do
     grep -E "error|failed" $D/bb_$q.log | head -3
     step "llama-batched-bench $q" $t
   fi
-  for mma in 0 1 pipe; do
+  for mma in 0 1; do
     t=$(now)
-    pipe=0
-    [ $mma = pipe ] && { mma=1; pipe=1; }
-    echo "-- rill bench_cuda, RILL_CUDA_QUANT_MMA=$mma ($([ $mma = 0 ] && echo "f32 GEMV / dequantize + GEMM: the baseline" || echo "default: the int8 path where quant_matmul picks it, PIPE=$pipe"))"
-    RILL_CUDA_QUANT_MMA_PIPE=$pipe RILL_CUDA_QUANT_MMA=$mma timeout 100 $B/bench_cuda $M --batches 1,8,64 --steps ${STEPS:-16} 2>&1 |
+    echo "-- rill bench_cuda, RILL_CUDA_QUANT_MMA=$mma ($([ $mma = 0 ] && echo "f32 GEMV / dequantize + GEMM: the baseline" || echo "default: the int8 path where quant_matmul picks it"))"
+    RILL_CUDA_QUANT_MMA=$mma timeout 100 $B/bench_cuda $M --batches 1,8,64 --steps ${STEPS:-16} 2>&1 |
       grep -E "^(ceilings|model|prefill|decode|TTFT)|rror"
     step "rill bench_cuda $q mma=$mma" $t
   done
 done
-for pipe in 0 1; do
-  t=$(now)
-  echo "-- quantized kernels, RILL_CUDA_QUANT_MMA_PIPE=$pipe"
-  RILL_CUDA_QUANT_MMA_PIPE=$pipe timeout 60 $B/bench_cuda x --quant-kernels 1 2>&1 | cut -c1-420
-  step "bench_cuda --quant-kernels" $t
-done
+t=$(now)
+timeout 60 $B/bench_cuda x --quant-kernels 1 2>&1 | cut -c1-420
+step "bench_cuda --quant-kernels" $t
 rm -rf $D

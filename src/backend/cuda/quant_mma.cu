@@ -21,9 +21,6 @@
 // a0 / a1: rows g / g + 8 at block columns 4 t .. 4 t + 3, a2 / a3: the same
 // rows at 16 + 4 t ..; B regs b0 / b1: token g at columns 4 t .. and 16 +
 // 4 t ..; C: rows g (c0, c1) and g + 8 (c2, c3), tokens 2 t and 2 t + 1.
-#include <cstdlib>
-#include <cstring>
-
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant.h"
@@ -73,10 +70,11 @@ __global__ void quantize_x8_kernel(const T* __restrict__ x, int64_t n_blocks, in
 // min m[b], value = d q - m; kHalves: a scale per 16 columns, h[b][0..1],
 // the value d * h * q).
 
-// The loads (fetch) are apart from the decoding (decode), and fetch keeps
-// the loaded words as they are (2-byte aligned words as their two halves),
-// so the kernel can issue the next unit's loads before it decodes and
-// multiplies this one.
+// The loads (fetch) are apart from the decoding (decode), fetch keeping
+// the words as loaded (2-byte aligned words as their two halves). Issuing
+// the next unit's loads before multiplying this one was measured on the
+// H200 (RILL_CUDA_QUANT_MMA_PIPE in e46ff69): 5-25% slower at one token
+// (more registers: 2 blocks per SM instead of 3), even at 8; not kept.
 __device__ __forceinline__ unsigned short ld_u16(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
@@ -242,9 +240,8 @@ __device__ __forceinline__ float apply(float acc, float dw, float mw, int dot, f
 
 // y[t, row] (+)= sum_c W[row, c] x[t, c] over kTiles tiles of 8 tokens
 // (tiles at or past n_tok are skipped; tokens past it read token n_tok - 1
-// and are not written). kPipe: the next unit's loads are issued before
-// this unit is multiplied (more registers, fewer blocks per SM).
-template <class Q, int kTiles, bool kPipe>
+// and are not written).
+template <class Q, int kTiles>
 __global__ void __launch_bounds__(kWarps * 32)
     quant_mma_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
                      int n_tok, int64_t n_rows, int64_t n_cols, float* __restrict__ y, int64_t y_stride,
@@ -266,23 +263,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
   typename Q::Raw ra, rb;  // rows g and g + 8
-  if (kPipe && u_begin < u_end) {
-    Q::fetch(wa, u_begin, t, ra);
-    Q::fetch(wb, u_begin, t, rb);
-  }
 #pragma unroll Q::kUnroll
   for (int u = u_begin; u < u_end; ++u) {
     typename Q::Unit A, B;
-    if (!kPipe) {
-      Q::fetch(wa, u, t, ra);
-      Q::fetch(wb, u, t, rb);
-    }
+    Q::fetch(wa, u, t, ra);
+    Q::fetch(wb, u, t, rb);
     Q::decode(ra, A);
     Q::decode(rb, B);
-    if (kPipe && u + 1 < u_end) {  // the next unit's loads in flight while this one multiplies
-      Q::fetch(wa, u + 1, t, ra);
-      Q::fetch(wb, u + 1, t, rb);
-    }
 #pragma unroll
     for (int blk = 0; blk < Q::kBlocks; ++blk) {
       const int64_t xb = static_cast<int64_t>(u) * Q::kBlocks + blk;
@@ -348,27 +335,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// RILL_CUDA_QUANT_MMA_PIPE=1: the kPipe kernels (a benchmark switch while
-// the two are compared on the device).
-bool pipelined() {
-  static const bool on = [] {
-    const char* e = std::getenv("RILL_CUDA_QUANT_MMA_PIPE");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  return on;
-}
-
 template <class Q, int kTiles>
 void launch_tiles(const uint8_t* w, const int8_t* xq, const float2* xds, int n_tok, int64_t n_rows, int64_t n_cols,
                   float* y, int64_t y_stride, bool accumulate, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((n_rows + 15) / 16);
-  if (pipelined()) {
-    launch_pdl(quant_mma_kernel<Q, kTiles, true>, blocks, kWarps * 32, 0, stream, w, xq, xds, n_tok, n_rows, n_cols, y,
-               y_stride, accumulate);
-  } else {
-    launch_pdl(quant_mma_kernel<Q, kTiles, false>, blocks, kWarps * 32, 0, stream, w, xq, xds, n_tok, n_rows, n_cols, y,
-               y_stride, accumulate);
-  }
+  launch_pdl(quant_mma_kernel<Q, kTiles>, blocks, kWarps * 32, 0, stream, w, xq, xds, n_tok, n_rows, n_cols, y,
+             y_stride, accumulate);
 }
 
 template <class Q>
