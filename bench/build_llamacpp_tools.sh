@@ -10,6 +10,25 @@
 #   bench/build_llamacpp_tools.sh               # prints the bin directory
 #   bench/build_llamacpp_tools.sh --cmake-flags # prints the GGML CPU flags only
 #     (run_cpu_bench.sh passes them as CMAKE_ARGS to llama-cpp-python's build)
+#   bench/build_llamacpp_tools.sh --cuda        # llama-bench and llama-batched-bench
+#     with ggml's CUDA backend, into build/llamacpp/build-cuda (prints its bin
+#     directory). SASS for CUDA_ARCHS only (default 90-real: the H200; no PTX,
+#     so the binary stays small enough to ship to the device), the CPU flags as
+#     above, static ggml/llama, CUDA graphs on (llama.cpp's default), NCCL off
+#     (one GPU), FlashAttention kernels for f16 KV only (GGML_CUDA_FA_ALL_QUANTS
+#     off, llama.cpp's default). The CUDA objects compile slowly (~190 .cu
+#     files): ccache holds them between runs.
+#     LLAMACPP_CUDA_MINIMAL=1: only the template instances the GGUF benchmark
+#     reaches (bench/cuda/gguf_vs_llamacpp.sh: Llama-3.1-8B in Q4_K_M / Q8_0,
+#     head size 128, GQA 4, f16 KV, flash attention on): the ggml-cuda
+#     CMakeLists.txt of the unpacked package gets a source filter, and the
+#     tools link against generated stubs for the left-out instances (named
+#     from the first link's undefined references), each of which aborts with
+#     its name if reached (no other code changes; linking with unresolved
+#     symbols allowed instead gives binaries the loader rejects: "unexpected
+#     PLT reloc type 0x00"). About 60 of ~120 instance files
+#     are left out (mmq of other types, mmf, FA for other head sizes / GQA
+#     groupings / quantized KV): hours less on a 2-core builder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
@@ -37,6 +56,43 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
 fi
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if [ "${1:-}" = --cuda ]; then
+  command -v ccache >/dev/null && launcher+=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  minimal=(-DGGML_CUDA_INSTANCE_EXCLUDE= -DCMAKE_EXE_LINKER_FLAGS=)
+  if [ "${LLAMACPP_CUDA_MINIMAL:-0}" = 1 ]; then
+    cuda_cmake=$SRC/ggml/src/ggml-cuda/CMakeLists.txt
+    if ! grep -q GGML_CUDA_INSTANCE_EXCLUDE "$cuda_cmake"; then
+      sed -i 's|^    ggml_add_backend_library(ggml-cuda$|    if (GGML_CUDA_INSTANCE_EXCLUDE)\n        list(FILTER GGML_SOURCES_CUDA EXCLUDE REGEX "${GGML_CUDA_INSTANCE_EXCLUDE}")\n    endif()\n&|' "$cuda_cmake"
+      grep -q GGML_CUDA_INSTANCE_EXCLUDE "$cuda_cmake" || { echo "could not patch $cuda_cmake" >&2; exit 1; }
+    fi
+    ti='template-instances/'
+    minimal=(-DGGML_CUDA_INSTANCE_EXCLUDE="${ti}(mmq-instance-(iq|mxfp4|nvfp4|q1_0|q2_0|q2_k|q3_k|q4_0|q4_1|q5_0|q5_1|q5_k)|mmf-instance|fattn-mma-f16-instance-ncols1_[0-9]+-ncols2_(8|16|32)|fattn-vec-instance-(q4_0|q8_0|bf16)|fattn-tile-instance-dkq(40|64|72|80|96|112|192|256|320|512|576)-)"
+             -DCMAKE_EXE_LINKER_FLAGS=-Wl,--no-demangle)
+  fi
+  cmake -S "$SRC" -B "$DIR/build-cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
+    "${cpu_flags[@]}" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90-real}" \
+    -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_CUDA_NCCL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF "${minimal[@]}" >&2
+  if [ "${LLAMACPP_CUDA_MINIMAL:-0}" = 1 ]; then
+    # First link: the undefined references are the left-out instances.
+    cmake --build "$DIR/build-cuda" -j "${JOBS:-2}" --target ${TARGETS:-llama-bench llama-batched-bench} \
+      > "$DIR/cuda-link.log" 2>&1 || true
+    grep -o "undefined reference to \`[A-Za-z0-9_]*'" "$DIR/cuda-link.log" | sed "s/.*\`//; s/'$//" | sort -u \
+      > "$DIR/cuda-missing.txt" || true
+    {
+      echo '#include <stdio.h>'
+      echo '#include <stdlib.h>'
+      echo 'static void left_out(const char* s) { fprintf(stderr, "llama.cpp kernel not built (LLAMACPP_CUDA_MINIMAL): %s\n", s); abort(); }'
+      while read -r sym; do echo "void $sym(void) { left_out(\"$sym\"); }"; done < "$DIR/cuda-missing.txt"
+    } > "$DIR/cuda_stubs.c"
+    cc -O1 -c "$DIR/cuda_stubs.c" -o "$DIR/cuda_stubs.o"
+    echo "$(wc -l < "$DIR/cuda-missing.txt") left-out symbols stubbed ($DIR/cuda_stubs.c)" >&2
+    cmake -S "$SRC" -B "$DIR/build-cuda" -DCMAKE_EXE_LINKER_FLAGS="$PWD/$DIR/cuda_stubs.o" >&2
+  fi
+  cmake --build "$DIR/build-cuda" -j "${JOBS:-2}" --target ${TARGETS:-llama-bench llama-batched-bench} >&2
+  echo "$DIR/build-cuda/bin"
+  exit 0
+fi
 cmake -S "$SRC" -B "$DIR/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   "${cpu_flags[@]}" -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >&2

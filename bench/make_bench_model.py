@@ -15,6 +15,18 @@ cached under --out-dir (default build/bench/models):
 
     bench/make_bench_model.py [--types Q4_K_M,Q8_0] [--shape llama-3.2-1b] [--out-dir DIR]
 
+Shapes: llama-3.2-1b (tied embeddings), llama-3.1-8b (32 layers, hidden
+4096, 32 / 8 heads of 128, FFN 14336, vocab 128256, its own output.weight,
+rope theta 500000) and tiny. --fast-random fills the F16 weights from one
+seeded pool of 2^24 + 4099 normal values, each tensor a window of it at a
+seeded offset (the pool's length is no multiple of a row, so rows differ):
+the 8B's 16 GB in seconds instead of minutes of normal draws, for speed
+runs (bench/cuda/gguf_vs_llamacpp.sh); the values are as random as a
+quantizer can tell, but not independent.
+--llama-quantize PATH uses that binary instead of building one, and
+--no-venv imports gguf/numpy from the running Python (PYTHONPATH) only: the
+device machine has no package index.
+
 Types whose tensors llama-quantize makes only with an importance matrix
 (the files IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS, IQ3_XS,
 Q2_K_S; llama-quant.cpp's tensor_requires_imatrix) are refused: a
@@ -40,11 +52,13 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import tools_venv  # noqa: E402
 
 SHAPES = {
-    # name: (layers, hidden, heads, kv heads, ffn, vocab, rope theta, rms eps)
-    "llama-3.2-1b": (16, 2048, 32, 8, 8192, 128256, 500000.0, 1e-5),
+    # name: (layers, hidden, heads, kv heads, ffn, vocab, rope theta, rms eps, tied embeddings)
+    "llama-3.2-1b": (16, 2048, 32, 8, 8192, 128256, 500000.0, 1e-5, True),
+    "llama-3.1-8b": (32, 4096, 32, 8, 14336, 128256, 500000.0, 1e-5, False),
     # Small enough for a quick check of the tool itself.
-    "tiny": (2, 256, 4, 2, 512, 1024, 10000.0, 1e-5),
+    "tiny": (2, 256, 4, 2, 512, 1024, 10000.0, 1e-5, True),
 }
+POOL_ELEMS = (1 << 24) + 4099  # --fast-random's pool (see the docstring)
 
 
 # llama-quantize refuses these without --imatrix (see the docstring).
@@ -83,12 +97,13 @@ def random_blocks(rng, shape, qtype):
     return blocks.reshape(rows, -1)
 
 
-def write_f16(path, shape_name, seed, qtype=None):
+def write_f16(path, shape_name, seed, qtype=None, fast=False):
     """F16 weights (norms f32); with qtype every 2-D weight is instead random
-    blocks of that type (speed only: the values mean nothing)."""
+    blocks of that type (speed only: the values mean nothing); fast: F16
+    windows of one random pool (--fast-random)."""
     import gguf
     import numpy as np
-    n_layer, d, n_head, n_kv, ffn, vocab, theta, eps = SHAPES[shape_name]
+    n_layer, d, n_head, n_kv, ffn, vocab, theta, eps, tied = SHAPES[shape_name]
     head_dim = d // n_head
     w = gguf.GGUFWriter(path, "llama")
     w.add_name(f"random {shape_name}")
@@ -119,6 +134,8 @@ def write_f16(path, shape_name, seed, qtype=None):
                     (p + "ffn_gate.weight", (ffn, d), False), (p + "ffn_up.weight", (ffn, d), False),
                     (p + "ffn_down.weight", (d, ffn), False)]
     tensors.append(("output_norm.weight", (d,), True))
+    if not tied:
+        tensors.append(("output.weight", (vocab, d), False))
     for name, shape, norm in tensors:
         if qtype is not None and not norm:
             bb, bs, _ = RANDOM_BLOCK_TYPES[qtype]
@@ -133,11 +150,16 @@ def write_f16(path, shape_name, seed, qtype=None):
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
+    pool = (rng.standard_normal(POOL_ELEMS, dtype=np.float32) * 0.02).astype(np.float16) if fast else None
     for name, shape, norm in tensors:  # streamed: one tensor in memory at a time
         if norm:
             t = np.ones(shape, dtype=np.float32)
         elif qtype is not None:
             t = random_blocks(rng, shape, qtype)
+        elif fast:
+            n = int(np.prod(shape))
+            start = int(rng.integers(0, POOL_ELEMS))
+            t = np.tile(pool, (start + n) // POOL_ELEMS + 1)[start:start + n].reshape(shape)
         else:
             t = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
         w.write_tensor_data(t)
@@ -152,11 +174,16 @@ def main():
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "build", "bench", "models"))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2, help="llama-quantize threads")
+    ap.add_argument("--fast-random", action="store_true",
+                    help="F16 weights as windows of one seeded random pool (see the docstring)")
+    ap.add_argument("--llama-quantize", help="this llama-quantize binary (default: build one)")
+    ap.add_argument("--no-venv", action="store_true", help="gguf and numpy from the running Python only")
     ap.add_argument("--random-blocks", action="store_true",
                     help="no llama-quantize: every 2-D weight random blocks of the one type, "
                     f"<shape>.<TYPE>-random.gguf (speed only; types {','.join(RANDOM_BLOCK_TYPES)})")
     args = ap.parse_args()
-    tools_venv.ensure(["gguf", "numpy"], ["gguf", "numpy"])
+    if not args.no_venv:
+        tools_venv.ensure(["gguf", "numpy"], ["gguf", "numpy"])
     os.makedirs(args.out_dir, exist_ok=True)
     if args.random_blocks:
         for t in [t.strip() for t in args.types.split(",") if t.strip()]:
@@ -173,7 +200,7 @@ def main():
     f16 = os.path.join(args.out_dir, f"{args.shape}.F16.gguf")
     if not os.path.exists(f16):
         print(f"writing {f16} ...", file=sys.stderr)
-        write_f16(f16 + ".tmp", args.shape, args.seed)
+        write_f16(f16 + ".tmp", args.shape, args.seed, fast=args.fast_random)
         os.replace(f16 + ".tmp", f16)
     types = [t.strip() for t in args.types.split(",") if t.strip()]
     refused = [t for t in types if t in NEEDS_IMATRIX]
@@ -186,11 +213,12 @@ def main():
         if t == "F16":
             out = f16
         elif not os.path.exists(out):
-            if bindir is None:
+            if bindir is None and not args.llama_quantize:
                 bindir = subprocess.run([os.path.join(ROOT, "bench", "build_llamacpp_tools.sh")], check=True,
                                         capture_output=True, text=True).stdout.strip().splitlines()[-1]
             print(f"quantizing {t} ...", file=sys.stderr)
-            subprocess.run([os.path.join(bindir, "llama-quantize"), f16, out + ".tmp", t, str(args.threads)],
+            quantize = args.llama_quantize or os.path.join(bindir, "llama-quantize")
+            subprocess.run([quantize, f16, out + ".tmp", t, str(args.threads)],
                            check=True, stdout=subprocess.DEVNULL)
             os.replace(out + ".tmp", out)
         print(out)

@@ -7,6 +7,9 @@
 //   (--graphs 0: decode without CUDA graphs, ModelOptions::cuda_graphs)
 //   bench_cuda MODEL_DIR --kernels 1: the decode GEMV shapes alone (every
 //   GEMV configuration and cuBLASLt) and the small per-layer kernels
+//   bench_cuda MODEL --quant-kernels 1: the quantized GEMV (quant_gemv,
+//   1 and 8 tokens) and dequantize + cuBLASLt (64 tokens) over the 8B's
+//   matrix shapes in Q4_K, Q6_K and Q8_0 (MODEL is not read)
 //   bench_cuda MODEL_DIR --profile-step B: one decode step of batch B inside
 //   cudaProfilerStart/Stop, for ncu --profile-from-start off
 //   bench_cuda MODEL_DIR --tensor-parallel 1,2,4: the same measurements for
@@ -62,6 +65,7 @@
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/quant.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 
@@ -312,6 +316,83 @@ void attention_bench(const cuda::Context& ctx) {
   for (void* p : {k, v, q, part, out, meta}) cudaFree(p);
 }
 
+// The 8B's decode matrices in GGUF block types (every byte 0x11: scales
+// are a small f16, no NaN; 3 copies rotating, beyond the L2), one token
+// and 8 through quant_gemv, 64 through dequantize_rows (bf16) + cuBLASLt;
+// GB/s of quantized weight bytes read.
+void quant_kernel_bench(const cuda::Context& ctx) {
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{"qkv", 6144, 4096},
+                          {"o", 4096, 4096},
+                          {"gate_up", 28672, 4096},
+                          {"down", 4096, 14336},
+                          {"lm_head", 128256, 4096}};
+  constexpr int kCopies = 3;
+  void *x = nullptr, *y = nullptr, *scratch = nullptr;
+  RILL_CUDA_CHECK(cudaMalloc(&x, 14336 * 2 * 64));
+  RILL_CUDA_CHECK(cudaMemset(x, 0x3c, 14336 * 2 * 64));
+  RILL_CUDA_CHECK(cudaMalloc(&y, 128256 * 4 * 64));
+  RILL_CUDA_CHECK(cudaMalloc(&scratch, 128256 * 4096 * 2));
+  cuda::Gemm gemm(ctx);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (DType t : {DType::kQ4_K, DType::kQ6_K, DType::kQ8_0}) {
+    for (const Shape& sh : shapes) {
+      const size_t bytes = row_bytes(t, sh.cols) * static_cast<size_t>(sh.rows);
+      std::vector<void*> w;
+      for (int c = 0; c < kCopies; ++c) {
+        void* p = nullptr;
+        RILL_CUDA_CHECK(cudaMalloc(&p, bytes));
+        RILL_CUDA_CHECK(cudaMemset(p, 0x11, bytes));
+        w.push_back(p);
+      }
+      auto time = [&](auto&& fn) {
+        std::vector<double> ts;
+        for (int rep = 0; rep < 24; ++rep) {
+          cudaEventRecord(e0, ctx.stream());
+          fn(w[static_cast<size_t>(rep % kCopies)]);
+          cudaEventRecord(e1, ctx.stream());
+          cudaEventSynchronize(e1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (rep >= 3) ts.push_back(ms);
+        }
+        return median(ts);
+      };
+      std::printf("quant %-5s %-8s %6lld x %5lld (%6.1f MB):", std::string(dtype_name(t)).c_str(), sh.name,
+                  static_cast<long long>(sh.rows), static_cast<long long>(sh.cols), bytes / 1e6);
+      for (int n : {1, 8}) {
+        const double ms = time([&](void* p) {
+          cuda::quant_gemv(t, p, DType::kBF16, x, n, sh.rows, sh.cols, static_cast<float*>(y), false, ctx.stream());
+        });
+        std::printf("  gemv n=%d %.1f us %.0f GB/s", n, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+      }
+      const double ms = time([&](void* p) {
+        cuda::dequantize_rows(t, p, sh.cols, 0, sh.rows, DType::kBF16, scratch, ctx.stream());
+        (void)gemm.run(DType::kBF16, scratch, x, 64, sh.rows, sh.cols, static_cast<float*>(y), false);
+      });
+      std::printf("  dequant+gemm n=64 %.1f us;", ms * 1e3);
+      // The int8 path: quantize_x8 into the scratch, then quant_mma.
+      for (int n : {1, 8, 16, 64}) {
+        const double mm = time([&](void* p) {
+          cuda::quantize_x8(DType::kBF16, x, n, sh.cols, scratch, ctx.stream());
+          cuda::quant_mma(t, p, scratch, n, sh.rows, sh.cols, static_cast<float*>(y), sh.rows, false, ctx.stream());
+        });
+        std::printf("  mma n=%d %.1f us %.0f GB/s", n, mm * 1e3, bytes / (mm * 1e-3) / 1e9);
+      }
+      std::printf("\n");
+      for (void* p : w) cudaFree(p);
+    }
+  }
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(scratch);
+}
+
 std::vector<int32_t> range_table(int32_t first, int32_t n) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
@@ -342,6 +423,7 @@ int run(int argc, char** argv) {
   std::vector<int> tps = {1};
   std::vector<int> invs = {0};  // --batch-invariant 0,1: both modes in one run
   bool kernels = false;
+  bool quant_kernels = false;
   bool graphs = true;
   int profile_batch = 0;         // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
   bool profile_prefill = false;  // the second 2,048-token prefill between cudaProfilerStart/Stop, then exit
@@ -356,6 +438,7 @@ int run(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
     if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--quant-kernels")) quant_kernels = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--profile-step")) profile_batch = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--profile-prefill")) profile_prefill = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--batches")) batches = parse_list(argv[i + 1]);
@@ -372,6 +455,12 @@ int run(int argc, char** argv) {
   std::vector<RunCfg> cfgs;
   for (int tp : tps) {
     for (int inv : invs) cfgs.push_back({tp, inv != 0});
+  }
+  if (quant_kernels) {
+    auto qctx = cuda::Context::create(0);
+    if (!qctx.ok()) return 1;
+    quant_kernel_bench(**qctx);
+    return 0;
   }
   const int kPrompt = context, kPrefill = prefill, kTtftPrompt = 128;
   const int kPrefillBlocks = (kPrefill + 15) / 16;

@@ -241,7 +241,9 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
       vocab_local_ = a.take<float>(S * static_cast<size_t>(split_.vocab_stride));
       vocab_all_ = a.take<float>(static_cast<size_t>(split_.size) * S * static_cast<size_t>(split_.vocab_stride));
     }
-    qscratch_.carve(a, act_, max_tokens_, quant_max_elems_, quant_head_ ? V_ : 0, E_, max_seqs_, batch_invariant_);
+    const int64_t quant_cols = quant_max_elems_ > 0 || quant_head_ ? std::max({E_, F_, Q_}) : 0;
+    qscratch_.carve(a, act_, max_tokens_, quant_max_elems_, quant_head_ ? V_ : 0, E_, max_seqs_, batch_invariant_,
+                    quant_cols);
   };
   cuda::Arena sizing;
   carve(sizing);

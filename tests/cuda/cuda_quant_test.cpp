@@ -11,10 +11,20 @@
 //    in row chunks) equals the f64 sum over the weights as the GEMM sees
 //    them (rounded to x's dtype) within 1e-5 of sum |w x|, and the exact
 //    weights within 4e-3 of sum |w x| for BF16 (weights and x rounded to
-//    bf16: relative error <= 2^-9 each).
+//    bf16: relative error <= 2^-9 each);
+//  - the int8 path (Q4_K, Q6_K, Q8_0; quantize_x8 + quant_mma, 1..64
+//    tokens, x in F32 and BF16): x's int8 copy is what the host computes
+//    (d = max |x| / 127, q = x / d to nearest even), y equals the f64 sum of
+//    the reference weights times that copy within 1e-5 of sum |w x|, and
+//    the exact x within sum |w| d / 2 (+1e-5 sum |w x|); a token's result is
+//    the same bits alone and in any batch; y_stride leaves other columns
+//    alone; quant_matmul takes the path when its scratch has room for x;
+//  - quant_matmul_parts over a matrix of Q4_K, Q6_K and Q4_K rows equals
+//    the reference on each path (GEMV, int8, dequantize + GEMM).
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -215,6 +225,234 @@ TEST(CudaQuant, DequantizeThenGemmMatchesTheCpuReference) {
         "[ cuda quant ] %-5s dequant+GEMM: vs its rounded weights %.3g, bf16 vs exact weights %.3g "
         "(of sum|w x|)\n",
         std::string(dtype_name(t)).c_str(), worst_path, worst_exact);
+  }
+}
+
+const DType kMmaTypes[] = {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K};
+
+// x [n, cols] as quantize_x8 rounds it: per token and 32 columns
+// d = max |x| / 127, q = x / d to nearest even (both in f32), value q d; and
+// d / 2 per element (the bound of that rounding).
+std::vector<float> x8_ref(const std::vector<float>& x, int64_t n, int64_t cols, std::vector<float>* half_d) {
+  std::vector<float> out(x.size());
+  half_d->assign(x.size(), 0.0f);
+  for (int64_t b = 0; b < n * cols / 32; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[static_cast<size_t>(b * 32 + i)]));
+    const float d = amax / 127.0f;
+    for (int i = 0; i < 32; ++i) {
+      const size_t k = static_cast<size_t>(b * 32 + i);
+      const float q = amax > 0 ? std::nearbyint(x[k] / d) : 0.0f;
+      out[k] = static_cast<float>(double(q) * double(d));
+      (*half_d)[k] = d / 2;
+    }
+  }
+  return out;
+}
+
+// Largest |y - sum w x| over the bound sum |w| half_d + 1e-5 sum |w x|.
+double max_over_x8_bound(const std::vector<float>& y, const std::vector<float>& deq, const std::vector<float>& x,
+                         const std::vector<float>& half_d, int64_t n, int64_t rows, int64_t cols) {
+  double worst = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0, a = 0, bound = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double w = deq[static_cast<size_t>(r * cols + c)];
+        const size_t k = static_cast<size_t>(t * cols + c);
+        s += w * x[k];
+        a += std::fabs(w * x[k]);
+        bound += std::fabs(w) * half_d[k];
+      }
+      const double e = std::fabs(double(y[static_cast<size_t>(t * rows + r)]) - s) / (bound + 1e-5 * a + 1e-30);
+      if (!(e <= worst)) worst = e;
+    }
+  }
+  return worst;
+}
+
+TEST(CudaQuant, QuantizeX8MatchesTheHostRounding) {
+  RILL_REQUIRE_GPU();
+  const int64_t n = 5, cols = 4096;
+  auto x = testing::random_floats(static_cast<size_t>(n * cols), 41, -3.0f, 3.0f);
+  for (int64_t c = 0; c < 32; ++c) x[static_cast<size_t>(64 + c)] = 0.0f;  // an all-zero block
+  for (DType xt : {DType::kF32, DType::kBF16}) {
+    std::vector<float> xr = x;
+    for (float& v : xr) v = round_to(xt, v);
+    std::vector<float> half_d;
+    const auto want = x8_ref(xr, n, cols, &half_d);
+    const auto dx = upload(encode(xt, xr));
+    auto dq = poisoned(quantized_x_bytes(n, cols));
+    quantize_x8(xt, dx.data(), n, cols, dq.data(), nullptr);
+    const auto q = download<int8_t>(dq, static_cast<size_t>(n * cols));
+    const auto ds = download<float>(dq, static_cast<size_t>(n * cols / 4 + 2 * (n * cols / 32)));
+    int64_t n_diff = 0;
+    for (int64_t b = 0; b < n * cols / 32; ++b) {
+      const float d = ds[static_cast<size_t>(n * cols / 4 + 2 * b)];
+      int sum = 0;
+      for (int i = 0; i < 32; ++i) {
+        const size_t k = static_cast<size_t>(b * 32 + i);
+        // Stored in the fragments' order: columns 4t..4t+3, 16+4t..16+4t+3, t = 0..3.
+        const size_t at = static_cast<size_t>(b * 32 + 8 * ((i & 15) >> 2) + 4 * (i >> 4) + (i & 3));
+        n_diff += static_cast<float>(double(q[at]) * double(d)) != want[k];
+        sum += q[at];
+      }
+      n_diff += ds[static_cast<size_t>(n * cols / 4 + 2 * b + 1)] != d * static_cast<float>(sum);
+    }
+    EXPECT_EQ(n_diff, 0) << dtype_name(xt);
+  }
+}
+
+TEST(CudaQuant, MmaMatchesTheCpuReferenceAndIsBatchInvariant) {
+  RILL_REQUIRE_GPU();
+  const int64_t n_max = kMmaMaxTokens;
+  for (DType t : kMmaTypes) {
+    double worst_q = 0, worst_x = 0;
+    for (const Shape& s : shapes(t)) {
+      const auto w = cpu::testing::random_weight_rows(t, s.rows, s.cols,
+                                                      51 + static_cast<uint32_t>(t) + static_cast<uint32_t>(s.cols));
+      const auto deq = dequant_ref(t, w, s.rows, s.cols);
+      const auto dw = upload(w);
+      for (DType xt : {DType::kF32, DType::kBF16}) {
+        const size_t es = xt == DType::kF32 ? 4 : 2;
+        auto x = testing::random_floats(static_cast<size_t>(n_max * s.cols), 7 + static_cast<uint32_t>(s.rows));
+        for (float& v : x) v = round_to(xt, v);
+        std::vector<float> half_d;
+        const auto x8 = x8_ref(x, n_max, s.cols, &half_d);
+        const auto dx = upload(encode(xt, x));
+        auto dq = poisoned(quantized_x_bytes(n_max, s.cols));
+        // Every token alone: [n_max, rows].
+        std::vector<float> alone;
+        for (int64_t t0 = 0; t0 < n_max; ++t0) {
+          quantize_x8(xt, dx.as<uint8_t>() + static_cast<size_t>(t0 * s.cols) * es, 1, s.cols, dq.data(), nullptr);
+          auto dy = poisoned(static_cast<size_t>(s.rows) * 4);
+          quant_mma(t, dw.data(), dq.data(), 1, s.rows, s.cols, dy.as<float>(), s.rows, false, nullptr);
+          const auto y = download<float>(dy, static_cast<size_t>(s.rows));
+          alone.insert(alone.end(), y.begin(), y.end());
+        }
+        const double eq = max_rel_err(alone, deq, x8, n_max, s.rows, s.cols);
+        const double ex = max_over_x8_bound(alone, deq, x, half_d, n_max, s.rows, s.cols);
+        EXPECT_LT(eq, 1e-5) << dtype_name(t) << " " << s.rows << "x" << s.cols << " x " << dtype_name(xt);
+        EXPECT_LE(ex, 1.0) << dtype_name(t) << " " << s.rows << "x" << s.cols << " x " << dtype_name(xt);
+        worst_q = std::max(worst_q, eq);
+        worst_x = std::max(worst_x, ex);
+        for (int64_t n : {3, 8, 11, 17, 40, 64}) {
+          quantize_x8(xt, dx.data(), n, s.cols, dq.data(), nullptr);
+          // accumulate = true onto known values, rows y_stride = rows + 5 apart.
+          const int64_t stride = s.rows + 5;
+          const auto y0 = testing::random_floats(static_cast<size_t>(n * stride), 99);
+          const auto dy = upload(y0);
+          quant_mma(t, dw.data(), dq.data(), n, s.rows, s.cols, dy.as<float>(), stride, true, nullptr);
+          const auto y = download<float>(dy, static_cast<size_t>(n * stride));
+          std::vector<float> yc, y0c;
+          int64_t n_touched = 0;
+          for (int64_t tk = 0; tk < n; ++tk) {
+            for (int64_t r = 0; r < stride; ++r) {
+              const size_t k = static_cast<size_t>(tk * stride + r);
+              if (r < s.rows) {
+                yc.push_back(y[k]);
+                y0c.push_back(y0[k]);
+              } else {
+                n_touched += std::memcmp(&y[k], &y0[k], 4) != 0;
+              }
+            }
+          }
+          EXPECT_EQ(n_touched, 0) << dtype_name(t) << " n=" << n << ": columns past n_rows written";
+          const double e = max_rel_err(yc, deq, x8, n, s.rows, s.cols, DType::kF32, &y0c);
+          EXPECT_LT(e, 1e-5) << dtype_name(t) << " n=" << n;
+          auto dz = poisoned(static_cast<size_t>(n * s.rows) * 4);
+          quant_mma(t, dw.data(), dq.data(), n, s.rows, s.cols, dz.as<float>(), s.rows, false, nullptr);
+          const auto z = download<float>(dz, static_cast<size_t>(n * s.rows));
+          int64_t n_diff = 0;
+          for (size_t i = 0; i < z.size(); ++i) n_diff += std::memcmp(&z[i], &alone[i], 4) != 0;
+          EXPECT_EQ(n_diff, 0) << dtype_name(t) << " " << s.rows << "x" << s.cols << ": " << n
+                               << " tokens differ from one at a time";
+        }
+      }
+    }
+    std::printf("[ cuda quant ] %-5s int8 mma: vs its int8 x %.3g of sum|w x|; vs exact x %.3g of the rounding bound\n",
+                std::string(dtype_name(t)).c_str(), worst_q, worst_x);
+  }
+}
+
+TEST(CudaQuant, QuantMatmulTakesTheInt8PathWhenItsScratchHasRoom) {
+  RILL_REQUIRE_GPU();
+  auto ctx = Context::create(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  Gemm gemm(**ctx);
+  cudaStream_t st = (*ctx)->stream();
+  const int64_t rows = 96, cols = 1024, n = 12;
+  for (DType t : kMmaTypes) {
+    const auto w = cpu::testing::random_weight_rows(t, rows, cols, 61 + static_cast<uint32_t>(t));
+    const auto dw = upload(w);
+    const auto x = testing::random_floats(static_cast<size_t>(n * cols), 8);
+    const auto dx = upload(encode(DType::kBF16, x));
+    // Direct: quantize_x8 + quant_mma.
+    auto dq = poisoned(quantized_x_bytes(n, cols));
+    quantize_x8(DType::kBF16, dx.data(), n, cols, dq.data(), st);
+    auto dd = poisoned(static_cast<size_t>(n * rows) * 4);
+    quant_mma(t, dw.data(), dq.data(), n, rows, cols, dd.as<float>(), rows, false, st);
+    // Through quant_matmul with room for x (and none for a dequantized copy).
+    auto xq = poisoned(quantized_x_bytes(n, cols));
+    QuantScratch scratch;
+    scratch.xq = xq.data();
+    scratch.xq_bytes = quantized_x_bytes(n, cols);
+    auto dy = poisoned(static_cast<size_t>(n * rows) * 4);
+    const Status s =
+        quant_matmul(gemm, scratch, t, dw.data(), DType::kBF16, dx.data(), n, rows, cols, dy.as<float>(), false, st);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    cudaStreamSynchronize(st);
+    const auto want = download<float>(dd, static_cast<size_t>(n * rows));
+    const auto got = download<float>(dy, static_cast<size_t>(n * rows));
+    int64_t n_diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) n_diff += std::memcmp(&got[i], &want[i], 4) != 0;
+    EXPECT_EQ(n_diff, 0) << dtype_name(t);
+  }
+}
+
+TEST(CudaQuant, MixedTypePartsMatchTheReferenceOnEveryPath) {
+  RILL_REQUIRE_GPU();
+  auto ctx = Context::create(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  Gemm gemm(**ctx);
+  cudaStream_t st = (*ctx)->stream();
+  const int64_t cols = 1536;
+  const DType types[] = {DType::kQ4_K, DType::kQ6_K, DType::kQ4_K};
+  const int64_t part_rows[] = {40, 24, 19};
+  const int64_t rows = 40 + 24 + 19;
+  std::vector<DeviceBuffer> dev;
+  std::vector<QuantPart> parts;
+  std::vector<float> deq;  // [rows, cols]
+  for (int i = 0; i < 3; ++i) {
+    const auto w = cpu::testing::random_weight_rows(types[i], part_rows[i], cols, 71 + static_cast<uint32_t>(i));
+    const auto d = dequant_ref(types[i], w, part_rows[i], cols);
+    deq.insert(deq.end(), d.begin(), d.end());
+    dev.push_back(upload(w));
+    parts.push_back({dev.back().data(), types[i], part_rows[i]});
+  }
+  for (int64_t n : {3, 24, 80}) {
+    const auto x = testing::random_floats(static_cast<size_t>(n * cols), 13 + static_cast<uint32_t>(n));
+    const auto dx = upload(encode(DType::kF32, x));
+    std::vector<float> half_d;
+    const auto x8 = x8_ref(x, n, cols, &half_d);
+    for (bool with_xq : {false, true}) {
+      auto sw = poisoned(static_cast<size_t>(rows * cols) * 4);
+      auto xq = poisoned(quantized_x_bytes(n, cols));
+      QuantScratch scratch{sw.data(), rows * cols, nullptr, 0};
+      if (with_xq) {
+        scratch.xq = xq.data();
+        scratch.xq_bytes = quantized_x_bytes(n, cols);
+      }
+      const auto y0 = testing::random_floats(static_cast<size_t>(n * rows), 5);
+      const auto dy = upload(y0);
+      const Status s =
+          quant_matmul_parts(gemm, scratch, parts.data(), 3, DType::kF32, dx.data(), n, cols, dy.as<float>(), true, st);
+      ASSERT_TRUE(s.ok()) << s.error().message;
+      const auto y = download<float>(dy, static_cast<size_t>(n * rows));
+      const bool int8 = with_xq && n <= kInt8PathMaxTokens;
+      const double e = max_rel_err(y, deq, int8 ? x8 : x, n, rows, cols, DType::kF32, &y0);
+      EXPECT_LT(e, 1e-5) << "n=" << n << (int8 ? " int8 path" : n <= kGemvMaxTokens ? " GEMV" : " dequant+GEMM");
+    }
   }
 }
 

@@ -49,6 +49,9 @@ struct CudaWeight {
   cuda::DeviceWeight w;
   int64_t elems = 0;
   int64_t cols = 0;
+  // A matrix of mixed block types (place(): parts of different quantized
+  // types) is its parts, each in its own type; w then holds the first.
+  std::vector<cuda::QuantPart> parts;
 };
 struct CudaRope {
   RopeTable table;
@@ -222,6 +225,14 @@ class CudaBackend final : public Backend {
     // The quantized GEMV pairs blocks with F32/BF16 activations only.
     t = cuda::quant_supported(t) && act_ != DType::kF16 ? t : act_;
     const int64_t cols = parts[0].cols;
+    if (t == act_ && n_parts > 1 && act_ != DType::kF16 && !fp8_ && !parts[0].gathered) {
+      // Parts of different block types, all of them read in place: kept
+      // as they are, side by side (not widened to act: 3.3x the bytes of
+      // Q4_K, read every step).
+      bool all_quant = true;
+      for (int i = 0; i < n_parts; ++i) all_quant = all_quant && cuda::quant_supported(parts[i].dtype) && !parts[i].fp8;
+      if (all_quant) return place_mixed(parts, n_parts, rows, what);
+    }
     // FP8 checkpoints' weights stay FP8 without --quantize fp8; where the
     // rows cannot be FP8 they run in act (their dequantized values).
     bool from_fp8 = false;
@@ -254,8 +265,31 @@ class CudaBackend final : public Backend {
       at += dst_row * static_cast<size_t>(parts[i].rows);
       row0 += parts[i].rows;
     }
-    weights_.push_back({cuda::DeviceWeight{dev, t}, rows * cols, cols});
+    weights_.push_back({cuda::DeviceWeight{dev, t}, rows * cols, cols, {}});
     return Weight{rows, cols, &weights_.back()};
+  }
+
+  // place()'s mixed-type case: the parts one after the other in their own
+  // types, each from a 256-byte boundary (the kernels' loads assume
+  // aligned matrix bases).
+  Result<Weight> place_mixed(const HostMatrix* parts, int n_parts, int64_t rows, const std::string& what) {
+    constexpr size_t kAlign = cuda::Arena::kAlign;
+    auto part_bytes = [&](int i) {
+      return (row_bytes(parts[i].dtype, parts[i].cols) * static_cast<size_t>(parts[i].rows) + kAlign - 1) / kAlign *
+             kAlign;
+    };
+    size_t bytes = 0;
+    for (int i = 0; i < n_parts; ++i) bytes += part_bytes(i);
+    RILL_ASSIGN_OR_RETURN(uint8_t* const dev, take(bytes, what));
+    CudaWeight rec{cuda::DeviceWeight{dev, parts[0].dtype}, rows * parts[0].cols, parts[0].cols, {}};
+    size_t at = 0;
+    for (int i = 0; i < n_parts; ++i) {
+      if (dev) RILL_TRY(copy_part(parts[i], parts[i].dtype, dev + at, what));
+      rec.parts.push_back({dev + at, parts[i].dtype, parts[i].rows});
+      at += part_bytes(i);
+    }
+    weights_.push_back(std::move(rec));
+    return Weight{rows, parts[0].cols, &weights_.back()};
   }
 
   Result<Vec> place_vector(const float* host, int64_t n, const std::string& what) override {
@@ -379,13 +413,14 @@ class CudaBackend final : public Backend {
     partial_ = a.take<float>(cuda::attention_partial_floats(limits.max_tokens, limits.n_head, limits.head_dim));
     const CudaWeight* table = limits.embedding ? &record(*limits.embedding) : nullptr;
     const CudaWeight* head = limits.lm_head ? &record(*limits.lm_head) : nullptr;
-    int64_t layer_max = 0;
+    int64_t layer_max = 0, quant_cols = 0;
     for (const CudaWeight& w : weights_) {
       if (&w != table && &w != head && cuda::quant_supported(w.w.dtype)) layer_max = std::max(layer_max, w.elems);
+      if (&w != table && cuda::quant_mma_supported(w.w.dtype)) quant_cols = std::max(quant_cols, w.cols);
     }
     const bool quant_head = head && cuda::quant_supported(head->w.dtype);
     qscratch_.carve(a, act_, limits.max_tokens, layer_max, quant_head ? limits.lm_head->rows : 0,
-                    quant_head ? limits.lm_head->cols : 0, limits.max_head_tokens, invariant_);
+                    quant_head ? limits.lm_head->cols : 0, limits.max_head_tokens, invariant_, quant_cols);
     int64_t fp8_cols = 0;  // the FP8 GEMM's activations: the widest FP8 matrix's rows
     for (const CudaWeight& w : weights_) {
       if (w.w.dtype == cuda::kFp8Rows) fp8_cols = std::max(fp8_cols, w.cols);
@@ -431,8 +466,12 @@ class CudaBackend final : public Backend {
     assert(x.dtype == act_ && x.is_dense() && x.cols == w.cols);
     assert(y.dtype == DType::kF32 && y.is_dense() && y.cols == w.rows && y.rows == x.rows);
     if (x.rows <= 0) return Status::Ok();
-    const cuda::DeviceWeight& d = record(w).w;
-    if (d.dtype == cuda::kFp8Rows) {
+    const CudaWeight& rec = record(w);
+    const cuda::DeviceWeight& d = rec.w;
+    if (!rec.parts.empty()) {
+      RILL_TRY(cuda::quant_matmul_parts(*gemm_, qscratch_, rec.parts.data(), static_cast<int>(rec.parts.size()), act_,
+                                        x.data, x.rows, w.cols, y.f32(), accumulate, stream()));
+    } else if (d.dtype == cuda::kFp8Rows) {
       RILL_TRY(cuda::fp8_matmul(*gemm_, qscratch_, fp8scratch_, d.data, act_, x.data, x.rows, w.rows, w.cols, y.f32(),
                                 accumulate, stream()));
     } else if (cuda::quant_supported(d.dtype)) {

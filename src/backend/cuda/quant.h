@@ -3,6 +3,9 @@
 // (backend/cpu/quants.h; values as cpu::ref::dequantize_row defines them):
 //  - quant_gemv: decode GEMV straight from the blocks, f32 accumulation in
 //    one fixed order per row whatever the token count (batch invariant);
+//  - quant_mma: decode batches (quant_matmul: up to kInt8PathMaxTokens
+//    tokens) of Q4_K, Q6_K and Q8_0 on the int8 tensor cores, x quantized
+//    to int8 first (quantize_x8), as llama.cpp's mmvq / mmq compute;
 //  - dequantize_rows + cuBLASLt: prefill, through a bf16/f16/f32 scratch
 //    copy of the matrix (quant_matmul picks the path by token count);
 //  - embed_rows_any: the embedding gather from a quantized table.
@@ -36,8 +39,9 @@ bool quant_supported(DType t);
 // One warp per row (four for rows of more than 8,192 elements, partial sums
 // added in a fixed order); a row's result for one token is the same bits
 // whatever n_tokens is (tokens go 8 per launch).
+// y rows are y_stride floats apart (0: n_rows).
 void quant_gemv(DType w_dtype, const void* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows,
-                int64_t n_cols, float* y, bool accumulate, cudaStream_t stream);
+                int64_t n_cols, float* y, bool accumulate, cudaStream_t stream, int64_t y_stride = 0);
 
 // out[r, :] = W[row0 + r, :] for r in [0, n_rows), dequantized exactly as
 // cpu::ref::dequantize_row (bit for bit in F32) and rounded to out_dtype
@@ -50,6 +54,30 @@ void dequantize_rows(DType w_dtype, const void* w, int64_t n_cols, int64_t row0,
 void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids, int64_t n_ids, float* out,
                     cudaStream_t stream);
 
+// The int8 path (quant_mma.cu). quantize_x8 turns x [n_tokens, n_cols]
+// (F32/BF16, n_cols a multiple of 32) into xq: per token and 32 columns,
+// q = x / d rounded to nearest even with d = max |x| / 127 (f32; llama.cpp's
+// q8_1 keeps d in f16), then (d, d * sum q); quantized_x_bytes of it. A
+// block's 32 int8 are stored in the order the tensor-core fragments read
+// them: columns 4 t .. 4 t + 3, then 16 + 4 t .. 16 + 4 t + 3, for t = 0..3.
+// quant_mma: y[t, r * ] (+)= sum_c W[r, c] xq[t, c] for a quant_mma_supported
+// W, y rows y_stride floats apart: exact int32 dots per 32 columns (16 for
+// Q6_K's scales) scaled and summed in f32 in a fixed order per (row,
+// token), so a row's result for one token is the same bits whatever
+// n_tokens is (batch invariant per row, as quant_gemv). Against the f32
+// GEMV the difference is x's rounding to int8: at most d / 2 per element.
+bool quant_mma_supported(DType t);
+inline constexpr int64_t kMmaMaxTokens = 64;  // quant_mma's limit
+// quant_matmul's choice, from bench_cuda --quant-kernels on an H200: the
+// int8 path up to this many tokens (past two tiles of 8 its per-tile cost
+// loses to dequantize + cuBLASLt at 64), but not for one token of Q8_0
+// (the f32 GEMV reads Q8_0 at 1.3-2.5 TB/s, the int8 path at 0.9-1.4).
+inline constexpr int64_t kInt8PathMaxTokens = 16;
+size_t quantized_x_bytes(int64_t n_tokens, int64_t n_cols);
+void quantize_x8(DType x_dtype, const void* x, int64_t n_tokens, int64_t n_cols, void* xq, cudaStream_t stream);
+void quant_mma(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
+               int64_t y_stride, bool accumulate, cudaStream_t stream);
+
 // Scratch of quant_matmul's dequantize-then-GEMM path, carved from a
 // model's activation arena: `w` holds w_elems dequantized weights (a whole
 // matrix, or a chunk of rows of a larger one), `y` the f32 GEMM output of
@@ -59,23 +87,32 @@ struct QuantScratch {
   int64_t w_elems = 0;
   float* y = nullptr;
   int64_t y_floats = 0;
+  // The int8 path's quantized x (quantize_x8), for up to kMmaMaxTokens
+  // tokens of up to max_cols columns; null: that path is off.
+  void* xq = nullptr;
+  size_t xq_bytes = 0;
   // Carves (from `a`, sizing pass included: see Arena) what matmuls in act
   // need over quantized matrices of up to max_elems elements with up to
   // max_tokens tokens, and over a quantized LM head [head_rows, head_cols]
   // (head_rows 0: none) with up to max_head_tokens: whole matrices, but a
   // head larger than both the layers' largest and kQuantChunkElems goes in
   // row chunks. Nothing where the GEMV takes every call (never in
-  // batch-invariant mode, which always dequantizes).
+  // batch-invariant mode, which always dequantizes). max_cols: the widest
+  // quantized matrix's columns (the int8 path's x; 0: no int8 path).
   void carve(Arena& a, DType act, int64_t max_tokens, int64_t max_elems, int64_t head_rows, int64_t head_cols,
-             int64_t max_head_tokens, bool batch_invariant = false);
+             int64_t max_head_tokens, bool batch_invariant = false, int64_t max_cols = 0);
 };
 // A quantized LM head larger than this (and than every layer matrix) is
 // dequantized in row chunks of this many elements (32 MiB in bf16).
 inline constexpr int64_t kQuantChunkElems = int64_t{16} << 20;
 
 // y[t, r] (+)= sum_c W[r, c] x[t, c], x [n_tokens, n_cols] in x_dtype
-// (F32/F16/BF16). Up to kGemvMaxTokens tokens with x in F32/BF16:
-// quant_gemv. Otherwise W (in row chunks when it exceeds scratch.w_elems)
+// (F32/F16/BF16). Up to kInt8PathMaxTokens tokens of a quant_mma_supported
+// W (Q8_0: 2 or more) with x in F32/BF16 and scratch.xq large enough:
+// quantize_x8 + quant_mma
+// (unless the environment sets RILL_CUDA_QUANT_MMA=0: the comparison
+// baseline of bench/cuda/gguf_vs_llamacpp.sh). Else up to kGemvMaxTokens
+// tokens with x in F32/BF16: quant_gemv. Otherwise W (in row chunks when it exceeds scratch.w_elems)
 // is dequantized to x_dtype into the scratch and multiplied by cuBLASLt
 // (f32 accumulation; its order depends on cuBLASLt's kernel choice, as for
 // bf16 weights). In batch-invariant mode (gemm.batch_invariant()) every
@@ -83,6 +120,22 @@ inline constexpr int64_t kQuantChunkElems = int64_t{16} << 20;
 // Errors when the scratch cannot hold one row chunk for n_tokens.
 Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, const void* w, DType x_dtype, const void* x,
                     int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate, cudaStream_t stream);
+
+// A matrix whose row ranges are in different block types, as
+// llama-quantize's mixes write a fused projection's parts (Q4_K_M: q and k
+// in Q4_K, v in Q6_K on half the layers): part i holds the next rows[i]
+// rows at data[i]. quant_matmul_parts is quant_matmul over the whole
+// matrix: each part on its own path when the path takes it part by part
+// (the int8 path quantizes x once; the GEMV), else every part dequantized
+// into its rows of the scratch and one GEMM (which must hold the matrix).
+struct QuantPart {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+};
+Status quant_matmul_parts(Gemm& gemm, const QuantScratch& scratch, const QuantPart* parts, int n_parts, DType x_dtype,
+                          const void* x, int64_t n_tokens, int64_t n_cols, float* y, bool accumulate,
+                          cudaStream_t stream);
 
 // y[t, col0 + j] (+)= part[t, j] over part [n_tokens, n_part] f32, y rows
 // y_stride floats apart.

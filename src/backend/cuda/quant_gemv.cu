@@ -12,6 +12,8 @@
 // other tokens of the launch or on their number (batch invariance).
 // Memory bound like the float GEMV: the quant bytes are read once; x rows
 // come through L1/L2.
+#include <cassert>
+
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/ops.h"
@@ -46,7 +48,7 @@ __device__ __forceinline__ void load4(const __nv_bfloat16* p, float* v) {
 template <class Q, typename T, int kMaxN>
 __global__ void __launch_bounds__(kWarps * 32)
     quant_gemv_kernel(const uint8_t* __restrict__ w, const T* __restrict__ x, int n_tok, int64_t n_rows, int64_t n_cols,
-                      int n_split, float* __restrict__ y, bool accumulate) {
+                      int n_split, float* __restrict__ y, int64_t y_stride, bool accumulate) {
   __shared__ float red[kWarps][kMaxN];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kWarps / n_split) + warp / n_split;
@@ -90,14 +92,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (part == 0 && lane < n_tok && row < n_rows) {
     float s = red[warp][lane];
     for (int p = 1; p < n_split; ++p) s += red[warp + p][lane];
-    float* out = y + lane * n_rows + row;
+    float* out = y + lane * y_stride + row;
     *out = accumulate ? *out + s : s;
   }
 }
 
 template <class Q, typename T>
 void launch(const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
-            cudaStream_t stream) {
+            cudaStream_t stream, int64_t y_stride) {
   const int64_t n_items = n_cols / Q::kElems * Q::kItems;
   const int n_split = n_items >= kSplitMinItems ? kSplit : 1;
   const int rows_per_block = kWarps / n_split;
@@ -108,10 +110,10 @@ void launch(const void* w, const void* x, int64_t n_tokens, int64_t n_rows, int6
     const int n = static_cast<int>(n_tokens - t0 < kGemvMaxTokens ? n_tokens - t0 : kGemvMaxTokens);
     if (n == 1) {
       launch_pdl(quant_gemv_kernel<Q, T, 1>, blocks, kWarps * 32, 0, stream, wq, xt + t0 * n_cols, n, n_rows, n_cols,
-                 n_split, y + t0 * n_rows, accumulate);
+                 n_split, y + t0 * y_stride, y_stride, accumulate);
     } else {
       launch_pdl(quant_gemv_kernel<Q, T, kGemvMaxTokens>, blocks, kWarps * 32, 0, stream, wq, xt + t0 * n_cols, n,
-                 n_rows, n_cols, n_split, y + t0 * n_rows, accumulate);
+                 n_rows, n_cols, n_split, y + t0 * y_stride, y_stride, accumulate);
     }
   }
 }
@@ -137,16 +139,20 @@ bool quant_supported(DType t) {
 }
 
 void quant_gemv(DType w_dtype, const void* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows,
-                int64_t n_cols, float* y, bool accumulate, cudaStream_t stream) {
+                int64_t n_cols, float* y, bool accumulate, cudaStream_t stream, int64_t y_stride) {
   if (n_tokens <= 0 || n_rows <= 0) return;
+  if (y_stride <= 0) y_stride = n_rows;
   if (w_dtype == kFp8Rows) {
+    assert(y_stride == n_rows);  // fp8_gemv writes rows n_rows apart
     fp8_gemv(static_cast<const uint8_t*>(w), x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
     return;
   }
   if (x_dtype == DType::kF32) {
-    RILL_CUDA_DISPATCH_QUANT(w_dtype, launch<Q, float>(w, x, n_tokens, n_rows, n_cols, y, accumulate, stream));
+    RILL_CUDA_DISPATCH_QUANT(w_dtype,
+                             launch<Q, float>(w, x, n_tokens, n_rows, n_cols, y, accumulate, stream, y_stride));
   } else {
-    RILL_CUDA_DISPATCH_QUANT(w_dtype, launch<Q, __nv_bfloat16>(w, x, n_tokens, n_rows, n_cols, y, accumulate, stream));
+    RILL_CUDA_DISPATCH_QUANT(w_dtype,
+                             launch<Q, __nv_bfloat16>(w, x, n_tokens, n_rows, n_cols, y, accumulate, stream, y_stride));
   }
   RILL_CUDA_CHECK_LAUNCH();
 }

@@ -1,6 +1,8 @@
 // quant_matmul: the GEMV from the blocks for decode-sized token counts,
 // else dequantize-to-scratch then cuBLASLt (see quant.h).
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/fp8.h"
@@ -9,9 +11,28 @@
 #include "backend/cuda/quant.h"
 
 namespace rill::cuda {
+namespace {
+
+// Whether quant_matmul takes the int8 path (quant.h) for this call, batch
+// invariance apart.
+bool int8_path(const QuantScratch& scratch, DType w_dtype, DType x_dtype, int64_t n_tokens, int64_t n_cols) {
+  static const bool off = [] {
+    const char* e = std::getenv("RILL_CUDA_QUANT_MMA");
+    return e != nullptr && std::strcmp(e, "0") == 0;
+  }();
+  return !off && n_tokens <= kInt8PathMaxTokens && quant_mma_supported(w_dtype) &&
+         !(w_dtype == DType::kQ8_0 && n_tokens == 1) && (x_dtype == DType::kF32 || x_dtype == DType::kBF16) &&
+         scratch.xq != nullptr && quantized_x_bytes(n_tokens, n_cols) <= scratch.xq_bytes;
+}
+
+}  // namespace
 
 void QuantScratch::carve(Arena& a, DType act, int64_t max_tokens, int64_t max_elems, int64_t head_rows,
-                         int64_t head_cols, int64_t max_head_tokens, bool batch_invariant) {
+                         int64_t head_cols, int64_t max_head_tokens, bool batch_invariant, int64_t max_cols) {
+  const bool float_x = act == DType::kF32 || act == DType::kBF16;
+  const int64_t mma_tokens = std::min(std::max(max_tokens, max_head_tokens), kMmaMaxTokens);
+  xq_bytes = !batch_invariant && float_x && max_cols > 0 ? quantized_x_bytes(mma_tokens, max_cols) : 0;
+  xq = a.take<uint8_t>(xq_bytes);
   const int64_t gemv_max = !batch_invariant && (act == DType::kF32 || act == DType::kBF16) ? kGemvMaxTokens : 0;
   w_elems = max_tokens > gemv_max ? max_elems : 0;
   y_floats = 0;
@@ -34,6 +55,11 @@ Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, cons
   // Batch-invariant mode: never the block GEMV (its order differs from the
   // GEMM's); always dequantize, then gemm.matmul's invariant kernel.
   const bool invariant = gemm.batch_invariant();
+  if (!invariant && int8_path(scratch, w_dtype, x_dtype, n_tokens, n_cols)) {
+    quantize_x8(x_dtype, x, n_tokens, n_cols, scratch.xq, stream);
+    quant_mma(w_dtype, w, scratch.xq, n_tokens, n_rows, n_cols, y, n_rows, accumulate, stream);
+    return Status::Ok();
+  }
   if (!invariant && n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) {
     quant_gemv(w_dtype, w, x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
     return Status::Ok();
@@ -60,6 +86,46 @@ Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, cons
     add_columns(scratch.y, n_tokens, rc, y, n_rows, r0, accumulate, stream);
   }
   return Status::Ok();
+}
+
+Status quant_matmul_parts(Gemm& gemm, const QuantScratch& scratch, const QuantPart* parts, int n_parts, DType x_dtype,
+                          const void* x, int64_t n_tokens, int64_t n_cols, float* y, bool accumulate,
+                          cudaStream_t stream) {
+  int64_t n_rows = 0;
+  bool all_int8 = true;
+  for (int i = 0; i < n_parts; ++i) {
+    n_rows += parts[i].rows;
+    all_int8 = all_int8 && int8_path(scratch, parts[i].dtype, x_dtype, n_tokens, n_cols);
+  }
+  if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
+  const bool invariant = gemm.batch_invariant();
+  if (!invariant && all_int8) {
+    quantize_x8(x_dtype, x, n_tokens, n_cols, scratch.xq, stream);
+    for (int64_t i = 0, r0 = 0; i < n_parts; r0 += parts[i].rows, ++i) {
+      quant_mma(parts[i].dtype, parts[i].data, scratch.xq, n_tokens, parts[i].rows, n_cols, y + r0, n_rows, accumulate,
+                stream);
+    }
+    return Status::Ok();
+  }
+  if (!invariant && n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) {
+    for (int64_t i = 0, r0 = 0; i < n_parts; r0 += parts[i].rows, ++i) {
+      quant_gemv(parts[i].dtype, parts[i].data, x_dtype, x, n_tokens, parts[i].rows, n_cols, y + r0, accumulate, stream,
+                 n_rows);
+    }
+    return Status::Ok();
+  }
+  if (scratch.w_elems < n_rows * n_cols) {
+    return Error{"quantized matmul of " + std::to_string(n_tokens) + " x " + std::to_string(n_rows) + " x " +
+                 std::to_string(n_cols) + " in " + std::to_string(n_parts) +
+                 " parts: the dequantization scratch does not hold the matrix"};
+  }
+  const size_t es = x_dtype == DType::kF32 ? 4 : 2;
+  for (int64_t i = 0, r0 = 0; i < n_parts; r0 += parts[i].rows, ++i) {
+    dequantize_rows(parts[i].dtype, parts[i].data, n_cols, 0, parts[i].rows, x_dtype,
+                    static_cast<uint8_t*>(scratch.w) + static_cast<size_t>(r0 * n_cols) * es, stream);
+  }
+  if (invariant) return gemm.matmul(x_dtype, scratch.w, x, n_tokens, n_rows, n_cols, y, accumulate);
+  return gemm.run(x_dtype, scratch.w, x, n_tokens, n_rows, n_cols, y, accumulate);
 }
 
 }  // namespace rill::cuda
