@@ -636,7 +636,7 @@ Status HybridModel::init(const ModelOptions& options) {
 
   const int64_t T = max_tokens_;
   const GatedDeltaDims& d = graph_.gdn;
-  auto view = [T](std::vector<float>& v, int64_t rows, int64_t cols) {
+  auto view = [](std::vector<float>& v, int64_t rows, int64_t cols) {
     v.resize(static_cast<size_t>(rows * cols));
     return Tensor::dense(v.data(), DType::kF32, rows, cols);
   };
