@@ -35,8 +35,9 @@
 // steps; median step; greedy on the device, and with full logits copied
 // to the host as Model::forward does), batch 1's fraction of the bandwidth roofline (bytes
 // read per step / measured copy bandwidth), prefill tok/s of one
-// 2,048-token prompt and its fraction of the GEMM peak, and the forward time
-// of a 128-token prompt (TTFT at the model, no queueing).
+// 2,048-token prompt and its fraction of the GEMM peak, the forward time
+// of a 128-token prompt (TTFT at the model, no queueing) and the KV
+// cache's bytes per token (Model::kv_bytes_per_token, /stats' figure).
 //
 // Mixtures of experts (config n_expert > 0): a token reads and multiplies
 // only its K of X experts. Prefill FLOPs count the routed experts only
@@ -558,6 +559,9 @@ int run(int argc, char** argv) {
           static_cast<long long>(c.n_expert_used), static_cast<long long>(c.n_expert), expert_bytes / 1e9,
           weight_bytes / 1e9);
     }
+    // The KV cache's bytes per token over all layers, as /stats reports them
+    // (latent attention: the latent and rope key; KV-shared layers: none).
+    std::printf("KV cache: %zu bytes per token\n", m.kv_bytes_per_token());
     // Hybrids: the sequence on blocks `table` runs in state slot `slot`;
     // every group after the first is the recurrent one (no tables read).
     const bool recurrent = m.n_state_slots() > 0;
@@ -582,6 +586,7 @@ int run(int argc, char** argv) {
     jr["tensor_parallel"] = n_gpus;
     jr["batch_invariant"] = cfgs[ti].invariant;
     jr["load_s"] = load_s;
+    jr["kv_bytes_per_token"] = m.kv_bytes_per_token();
     if (recurrent) jr["state_bytes"] = state_bytes;
 
     // Prefill of one 2,048-token prompt, and a 128-token prompt (TTFT).
