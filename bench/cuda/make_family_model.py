@@ -25,7 +25,10 @@ where each number came from):
                     plus 2 shared, vocab 102400 (15.7 B, 31 GB); default RoPE
                     and sigmoid routing (deepseek_v3's) instead of V2's YaRN
                     and softmax: the same bytes and FLOPs
+  gemma4-26b-a4b-hd256  the Gemma 4 preset with the full layers' head_dim 256
+                    instead of 512 (rill's CUDA attention kernels stop at 256)
   tiny-*            the same three layouts at toy sizes, for CPU checks
+  probe-*           Gemma 4 layouts with the real head dims at toy widths
 
 Weights are bf16 N(0, 0.02) drawn once into a pool of 2^20 + 4099 values;
 each tensor is a window of the pool at a seeded offset, repeated (the
@@ -104,6 +107,19 @@ PRESETS = {
                                 global_head_dim=32, num_global_key_value_heads=1, num_experts=8, top_k_experts=2,
                                 moe_intermediate_size=32, sliding_window=8, max_position_embeddings=512,
                                 layer_types=["sliding_attention"] * 5 + ["full_attention"]),
+    # rill's CUDA attention kernels take head_dim up to 256 (gemma.cpp refuses
+    # the full layers' 512): the same model with the full layers at 256.
+    "gemma4-26b-a4b-hd256": tiny(GEMMA4_26B, global_head_dim=256),
+    # Small models with the real head dims (256 / 512, and 256 / 256): what
+    # each engine accepts, in seconds.
+    "probe-gemma4-26b-a4b": tiny(GEMMA4_26B, vocab_size=512, hidden_size=256, intermediate_size=128,
+                                 num_hidden_layers=6, num_experts=8, top_k_experts=2, moe_intermediate_size=64,
+                                 max_position_embeddings=4096,
+                                 layer_types=["sliding_attention"] * 5 + ["full_attention"]),
+    "probe-gemma4-26b-a4b-hd256": tiny(GEMMA4_26B, vocab_size=512, hidden_size=256, intermediate_size=128,
+                                       num_hidden_layers=6, num_experts=8, top_k_experts=2, moe_intermediate_size=64,
+                                       global_head_dim=256, max_position_embeddings=4096,
+                                       layer_types=["sliding_attention"] * 5 + ["full_attention"]),
     "tiny-gpt-oss-20b": tiny(GPT_OSS_20B, vocab_size=512, hidden_size=64, intermediate_size=32,
                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                              num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
