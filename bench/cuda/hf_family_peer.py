@@ -10,7 +10,8 @@ AutoModelForCausalLM, bf16 weights on the GPU, the default attention
 implementation, eager PyTorch (no torch.compile: compiling these 24 to 30
 layer MoE graphs takes minutes per shape), the dynamic KV cache, and the
 experts backend "grouped_mm" (transformers' fastest without compilation;
-the default when it is refused).
+the default when from_pretrained refuses it, "eager" when the first forward
+fails with it; the JSON names the one used).
   prefill: one --prefill-token prompt of random ids, one forward (logits of
            the last position only), median of 3 after a warm-up
   decode:  B prompts of --prompt random ids in one forward, then greedy
@@ -30,13 +31,28 @@ def log(*a):
 
 
 def load(path):
+    """The model, and the experts backend its first forward ran with."""
     from transformers import AutoModelForCausalLM
     kw = dict(dtype=torch.bfloat16, device_map="cuda")
     try:
-        return AutoModelForCausalLM.from_pretrained(path, experts_implementation="grouped_mm", **kw), "grouped_mm"
+        model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="grouped_mm", **kw)
     except Exception as e:  # an older transformers, or a model without the experts interface
         log(f"experts_implementation='grouped_mm' refused ({type(e).__name__}: {str(e)[:200]}); default")
-        return AutoModelForCausalLM.from_pretrained(path, **kw), "default"
+        model = AutoModelForCausalLM.from_pretrained(path, **kw)
+    model.eval()
+    ids = torch.arange(1, 9, device="cuda")[None]
+    try:
+        with torch.inference_mode():
+            model(input_ids=ids, logits_to_keep=1)
+    except Exception as e:  # grouped_mm needs torch 2.9+: fall back to the reference loop
+        log(f"first forward failed ({type(e).__name__}: {str(e)[:200]}); experts 'eager'")
+        for m in model.modules():
+            cfg = getattr(m, "config", None)
+            if cfg is not None and hasattr(cfg, "_experts_implementation"):
+                cfg._experts_implementation = "eager"
+        with torch.inference_mode():
+            model(input_ids=ids, logits_to_keep=1)
+    return model, getattr(model.config, "_experts_implementation", None)
 
 
 @torch.inference_mode()
@@ -91,12 +107,11 @@ def main():
 
     try:
         model, experts = load(a.model)
-    except Exception as e:
+    except Exception as e:  # transformers cannot run this model: say why
         res["notes"].append(f"load failed: {type(e).__name__}: {str(e)[:400]}")
         log("hf peer:", res["notes"][-1])
         dump()
         return
-    model.eval()
     res["experts_implementation"] = experts
     res["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     res["load_s"] = time.time() - T0
