@@ -562,13 +562,16 @@ int run(int argc, char** argv) {
     // The KV cache's bytes per token over all layers, as /stats reports them
     // (latent attention: the latent and rope key; KV-shared layers: none).
     std::printf("KV cache: %zu bytes per token\n", m.kv_bytes_per_token());
-    // Hybrids: the sequence on blocks `table` runs in state slot `slot`;
-    // every group after the first is the recurrent one (no tables read).
+    // The sequence on blocks `table`; hybrids run it in state slot `slot`.
     const bool recurrent = m.n_state_slots() > 0;
     auto add = [&](Batch& batch, const int32_t* ids, int n, int32_t pos0, const std::vector<int32_t>& table,
                    int32_t slot) {
       batch.add_sequence(ids, n, pos0, true, table);
-      batch.group_tables.resize(m.kv_spec().size() - 1);
+      // Every further group (Gemma's and gpt-oss's sliding layers, a
+      // hybrid's recurrent one) reads the same block ids in its own planes,
+      // as the engine's SequenceRunner gives them.
+      batch.group_tables.resize(std::max<size_t>(m.kv_spec().size(), 1) - 1);
+      for (auto& t : batch.group_tables) t.insert(t.end(), table.begin(), table.end());
       if (recurrent) batch.seqs.back().state_slot = slot;
     };
     const double state_bytes = static_cast<double>(m.state_bytes());
@@ -603,7 +606,10 @@ int run(int argc, char** argv) {
         const bool profiled = profile_prefill && rep == 1;
         if (profiled) cudaProfilerStart();
         const auto t0 = Clock::now();
-        if (!m.forward(b, logits.data()).ok()) return -1.0;
+        if (const Status st = m.forward(b, logits.data()); !st.ok()) {
+          std::fprintf(stderr, "prompt of %d tokens: %s\n", n_tok, st.error().message.c_str());
+          return -1.0;
+        }
         if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
         if (profiled) {
           cudaProfilerStop();
@@ -727,5 +733,6 @@ int run(int argc, char** argv) {
 }  // namespace rill
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log as they are printed
   return rill::run(argc, argv);
 }

@@ -34,9 +34,10 @@ Weights are bf16 N(0, 0.02) drawn once into a pool of 2^20 + 4099 values;
 each tensor is a window of the pool at a seeded offset, repeated (the
 pool's length is no multiple of any row, so rows differ). Speed does not
 depend on the values; the fill is as fast as the disk takes the bytes
-(/dev/shm: tens of GB in seconds). Norm weights, Gemma 4's layer and router
-scales are 1; DeepSeek's routing correction bias is f32 zeros. One
-model.safetensors, config.json, and with --tokenizer a tokenizer.json /
+(/dev/shm: tens of GB in seconds; one shard per writer process, with
+model.safetensors.index.json). Norm weights, Gemma 4's layer and router
+scales are 1; DeepSeek's routing correction bias is f32 zeros. The
+shards, config.json, and with --tokenizer a tokenizer.json /
 tokenizer_config.json copied from DIR (tokenizer.json or .json.gz; the
 engines are fed token ids, so its vocabulary need not match).
 
@@ -250,27 +251,8 @@ def bf16_pool(seed):
     return h.tobytes()
 
 
-def write_tensors(path, pool, jobs):
-    """Writes each (file offset, bytes, kind, pool start) of `jobs` with pwrite."""
-    view = memoryview(pool)
-    one = struct.pack("<H", 0x3F80)  # bf16 1.0
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        for at, nbytes, kind, start in jobs:
-            if kind != "pool":
-                data = bytes(nbytes) if kind == "zeros" else one * (nbytes // 2)
-                os.pwrite(fd, data, at)
-                continue
-            while nbytes:  # a window of the pool from `start`, wrapping around
-                chunk = view[start:start + nbytes]
-                os.pwrite(fd, chunk, at)
-                at, nbytes, start = at + len(chunk), nbytes - len(chunk), 0
-    finally:
-        os.close(fd)
-
-
-def write_model(cfg, out, seed, tokenizer=None, n_proc=None):
-    tensors = tensors_of(cfg)
+def write_shard(path, tensors, pool, starts):
+    """One safetensors file holding `tensors` [(name, shape)], written in order."""
     header, at = {}, 0
     for name, shape in tensors:
         dt, es = ("F32", 4) if name.endswith("e_score_correction_bias") else ("BF16", 2)
@@ -278,39 +260,61 @@ def write_model(cfg, out, seed, tokenizer=None, n_proc=None):
         at += numel(shape) * es
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
-    os.makedirs(out, exist_ok=True)
-    pool = bf16_pool(seed)
-    rng = random.Random(seed + 1)
-    base = 8 + len(h)
-    jobs = []
-    for name, _ in tensors:
-        b, e = header[name]["data_offsets"]
-        kind = "zeros" if header[name]["dtype"] == "F32" else "ones" if name.endswith(ONES) else "pool"
-        jobs.append((base + b, e - b, kind, rng.randrange(POOL) * 2))
-    path = os.path.join(out, "model.safetensors")
+    view = memoryview(pool)
+    one = struct.pack("<H", 0x3F80)  # bf16 1.0
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
-        f.truncate(base + at)
-    # Processes take the tensors round-robin from the largest down (the
-    # bytes spread about evenly); each writes its own file ranges.
-    n_proc = max(1, min(n_proc or os.cpu_count() or 1, 16, len(jobs)))
-    order = sorted(jobs, key=lambda j: -j[1])
-    shares = [order[i::n_proc] for i in range(n_proc)]
+        for name, _ in tensors:
+            b, e = header[name]["data_offsets"]
+            if header[name]["dtype"] == "F32":
+                f.write(bytes(e - b))
+            elif name.endswith(ONES):
+                f.write(one * ((e - b) // 2))
+            else:  # a window of the pool from a seeded offset, wrapping around
+                start, left = starts[name], e - b
+                while left:
+                    chunk = view[start:start + left]
+                    f.write(chunk)
+                    left, start = left - len(chunk), 0
+    return at
+
+
+def write_model(cfg, out, seed, tokenizer=None, n_proc=None):
+    """Writes the weights as n_proc shards (one writer process each: writes
+    to one file serialize on its inode) with model.safetensors.index.json,
+    or one model.safetensors when n_proc is 1."""
+    tensors = tensors_of(cfg)
+    os.makedirs(out, exist_ok=True)
+    pool = bf16_pool(seed)
+    rng = random.Random(seed + 1)
+    starts = {name: rng.randrange(POOL) * 2 for name, _ in tensors}
+    n_proc = max(1, min(n_proc or os.cpu_count() or 1, 16, len(tensors)))
+    # Shards take the tensors round-robin from the largest down (about even
+    # bytes), each keeping the model's tensor order.
+    order = sorted(range(len(tensors)), key=lambda i: -numel(tensors[i][1]))
+    shares = [sorted(order[k::n_proc]) for k in range(n_proc)]
+    files = ["model.safetensors"] if n_proc == 1 else \
+        [f"model-{k + 1:05d}-of-{n_proc:05d}.safetensors" for k in range(n_proc)]
     pids = []
-    for share in shares[1:]:
+    for k in range(1, n_proc):
         pid = os.fork()
         if pid == 0:
             try:
-                write_tensors(path, pool, share)
+                write_shard(os.path.join(out, files[k]), [tensors[i] for i in shares[k]], pool, starts)
                 os._exit(0)
             except BaseException:
                 os._exit(1)
         pids.append(pid)
-    write_tensors(path, pool, shares[0])
+    write_shard(os.path.join(out, files[0]), [tensors[i] for i in shares[0]], pool, starts)
     failed = [pid for pid in pids if os.waitpid(pid, 0)[1] != 0]
     if failed:
         sys.exit(f"make_family_model.py: {len(failed)} writer process(es) failed")
+    total = sum(numel(s) * (4 if n.endswith("e_score_correction_bias") else 2) for n, s in tensors)
+    if n_proc > 1:
+        weight_map = {tensors[i][0]: files[k] for k in range(n_proc) for i in shares[k]}
+        with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(dict(cfg, dtype="bfloat16", use_cache=True), f, indent=1)
     if tokenizer:
@@ -321,7 +325,7 @@ def write_model(cfg, out, seed, tokenizer=None, n_proc=None):
             with gzip.open(src + ".gz", "rb") as s, open(os.path.join(out, "tokenizer.json"), "wb") as d:
                 shutil.copyfileobj(s, d)
         shutil.copy(os.path.join(tokenizer, "tokenizer_config.json"), os.path.join(out, "tokenizer_config.json"))
-    return sum(numel(s) for _, s in tensors), at
+    return sum(numel(s) for _, s in tensors), total
 
 
 def check(golden):
@@ -347,7 +351,7 @@ def main():
     ap.add_argument("out", nargs="?")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tokenizer", help="copy tokenizer.json(.gz) and tokenizer_config.json from this folder")
-    ap.add_argument("--jobs", type=int, help="writer processes (default: the cores, at most 16)")
+    ap.add_argument("--jobs", type=int, help="writer processes, one shard each (default: the cores, at most 16)")
     ap.add_argument("--check", nargs="+", metavar="GOLDEN_DIR", help="compare the layout with these goldens")
     a = ap.parse_args()
     if a.check:
