@@ -18,7 +18,8 @@ Rooflines, per model and point:
            GEMM rate bench_cuda measured in the same run
 KV bytes per token: rill's (Model::kv_bytes_per_token, as /stats reports)
 and computed here at 2 bytes an element: GQA K and V per KV head (Gemma 4's
-full layers K only, attention_k_eq_v), MLA the latent plus the rope key,
+K-as-V layers too: V is the projection before K's norm and RoPE, another
+row), MLA the latent plus the rope key,
 and what MLA's model would store as per-head K and V.
 Prints markdown rows and a JSON line.
 """
@@ -84,12 +85,11 @@ def kv_bytes(c):
     for i in range(L):
         full = c["layer_types"][i] == "full_attention"
         hd, kv = c["head_dim"], c["num_key_value_heads"]
-        k_only = full and c.get("attention_k_eq_v")
         if full and c.get("global_head_dim"):
             hd = c["global_head_dim"]
-        if k_only and c.get("num_global_key_value_heads"):
+        if full and c.get("attention_k_eq_v") and c.get("num_global_key_value_heads"):
             kv = c["num_global_key_value_heads"]
-        total += kv * hd * (1 if k_only else 2) * 2
+        total += 2 * kv * hd * 2  # K and V: with K as V the two rows still differ (K normed and rotated)
     return total, total
 
 
