@@ -35,8 +35,9 @@
 // steps; median step; greedy on the device, and with full logits copied
 // to the host as Model::forward does), batch 1's fraction of the bandwidth roofline (bytes
 // read per step / measured copy bandwidth), prefill tok/s of one
-// 2,048-token prompt and its fraction of the GEMM peak, and the forward time
-// of a 128-token prompt (TTFT at the model, no queueing).
+// 2,048-token prompt and its fraction of the GEMM peak, the forward time
+// of a 128-token prompt (TTFT at the model, no queueing) and the KV
+// cache's bytes per token (Model::kv_bytes_per_token, /stats' figure).
 //
 // Mixtures of experts (config n_expert > 0): a token reads and multiplies
 // only its K of X experts. Prefill FLOPs count the routed experts only
@@ -558,13 +559,19 @@ int run(int argc, char** argv) {
           static_cast<long long>(c.n_expert_used), static_cast<long long>(c.n_expert), expert_bytes / 1e9,
           weight_bytes / 1e9);
     }
-    // Hybrids: the sequence on blocks `table` runs in state slot `slot`;
-    // every group after the first is the recurrent one (no tables read).
+    // The KV cache's bytes per token over all layers, as /stats reports them
+    // (latent attention: the latent and rope key; KV-shared layers: none).
+    std::printf("KV cache: %zu bytes per token\n", m.kv_bytes_per_token());
+    // The sequence on blocks `table`; hybrids run it in state slot `slot`.
     const bool recurrent = m.n_state_slots() > 0;
     auto add = [&](Batch& batch, const int32_t* ids, int n, int32_t pos0, const std::vector<int32_t>& table,
                    int32_t slot) {
       batch.add_sequence(ids, n, pos0, true, table);
-      batch.group_tables.resize(m.kv_spec().size() - 1);
+      // Every further group (Gemma's and gpt-oss's sliding layers, a
+      // hybrid's recurrent one) reads the same block ids in its own planes,
+      // as the engine's SequenceRunner gives them.
+      batch.group_tables.resize(std::max<size_t>(m.kv_spec().size(), 1) - 1);
+      for (auto& t : batch.group_tables) t.insert(t.end(), table.begin(), table.end());
       if (recurrent) batch.seqs.back().state_slot = slot;
     };
     const double state_bytes = static_cast<double>(m.state_bytes());
@@ -582,6 +589,7 @@ int run(int argc, char** argv) {
     jr["tensor_parallel"] = n_gpus;
     jr["batch_invariant"] = cfgs[ti].invariant;
     jr["load_s"] = load_s;
+    jr["kv_bytes_per_token"] = m.kv_bytes_per_token();
     if (recurrent) jr["state_bytes"] = state_bytes;
 
     // Prefill of one 2,048-token prompt, and a 128-token prompt (TTFT).
@@ -598,7 +606,10 @@ int run(int argc, char** argv) {
         const bool profiled = profile_prefill && rep == 1;
         if (profiled) cudaProfilerStart();
         const auto t0 = Clock::now();
-        if (!m.forward(b, logits.data()).ok()) return -1.0;
+        if (const Status st = m.forward(b, logits.data()); !st.ok()) {
+          std::fprintf(stderr, "prompt of %d tokens: %s\n", n_tok, st.error().message.c_str());
+          return -1.0;
+        }
         if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
         if (profiled) {
           cudaProfilerStop();
@@ -722,5 +733,6 @@ int run(int argc, char** argv) {
 }  // namespace rill
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log as they are printed
   return rill::run(argc, argv);
 }

@@ -29,10 +29,12 @@
 // place_moe to accept or refuse). GGUF files (llama.cpp's `gpt-oss`) bind
 // through the stacked expert tensors, MXFP4 included.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +43,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/rope_table.h"
+#include "core/thread_pool.h"
 #include "model/arch/families.h"
 #include "model/batch_check.h"
 #include "model/cpu_paged_model.h"
@@ -108,32 +111,75 @@ Result<GptOssParams> read_gpt_oss_params(const ModelFiles& f) {
 // Expert matrices transposed out of Hugging Face's x @ W layout: owned
 // memory the Linear views point into (the model keeps it while it lives).
 struct GptOssExperts {
-  std::vector<std::vector<uint8_t>> buffers;
+  std::vector<std::unique_ptr<uint8_t[]>> buffers;
 };
 
 // out[o, r] = t[e, r, first + o * step] for o < n_out, r < t.shape[1]: a
-// column selection of expert e's [R, C] matrix, transposed. F32/F16/BF16,
-// kept in its dtype.
-Linear transposed_columns(const TensorRef& t, int64_t e, int64_t first, int64_t step, int64_t n_out,
-                          GptOssExperts& store) {
+// column selection of expert e's [R, C] matrix, transposed into `out`
+// ([n_out, R], t's dtype: F32/F16/BF16).
+void transpose_columns(const TensorRef& t, int64_t e, int64_t first, int64_t step, int64_t n_out, uint8_t* out) {
   const int64_t R = t.shape[1], C = t.shape[2];
   const size_t es = t.dtype == DType::kF32 ? 4 : 2;
-  std::vector<uint8_t> out(static_cast<size_t>(n_out * R) * es);
   const uint8_t* src = t.data + static_cast<size_t>(e * R * C) * es;
   for (int64_t o = 0; o < n_out; ++o) {
     for (int64_t r = 0; r < R; ++r) {
-      std::memcpy(&out[static_cast<size_t>(o * R + r) * es], src + static_cast<size_t>(r * C + first + o * step) * es,
+      std::memcpy(out + static_cast<size_t>(o * R + r) * es, src + static_cast<size_t>(r * C + first + o * step) * es,
                   es);
     }
   }
+}
+
+// A Linear of n_out rows of t.shape[1] columns in t's dtype over `data`.
+Linear rows_over(const TensorRef& t, int64_t n_out, const uint8_t* data) {
   Linear l;
   l.w.dtype = t.dtype;
   l.w.n_rows = n_out;
-  l.w.n_cols = R;
-  l.w.row_stride = static_cast<size_t>(R) * es;
-  l.w.data = out.data();
-  store.buffers.push_back(std::move(out));
+  l.w.n_cols = t.shape[1];
+  l.w.row_stride = static_cast<size_t>(t.shape[1]) * (t.dtype == DType::kF32 ? 4 : 2);
+  l.w.data = data;
   return l;
+}
+
+// Every expert's gate, up (HF's interleaved gate_up columns) and down
+// matrices transposed into rows, one expert per task on a pool of the
+// machine's cores. gpt-oss-20b's bf16 experts are 38 GB of fresh host
+// memory; loading them took 155 s on an H200 host (2026-12-03, one
+// thread), and on the CPU path perf puts that time in this transposition
+// and the page faults of its buffers. The buffers stay uninitialized until
+// the transposition writes them (no zero-fill pass); the store takes them
+// in expert order, so the result does not depend on the scheduling.
+Status transpose_experts(const TensorRef& gu, const TensorRef& dn, int64_t X, int64_t F, int64_t E,
+                         std::vector<GluFfnWeights>& experts, GptOssExperts& store) {
+  const size_t es = gu.dtype == DType::kF32 ? 4 : 2;
+  const size_t n_gate = static_cast<size_t>(F * E) * es, n_down = static_cast<size_t>(E * F) * es;
+  std::vector<std::unique_ptr<uint8_t[]>> bufs(static_cast<size_t>(3 * X));
+  std::atomic<bool> out_of_memory{false};
+  ThreadPool pool;
+  pool.parallel_for(X, 1, [&](int64_t b, int64_t end) {  // must not throw: nothrow allocations
+    for (int64_t e = b; e < end; ++e) {
+      const auto i = static_cast<size_t>(3 * e);
+      bufs[i].reset(new (std::nothrow) uint8_t[n_gate]);
+      bufs[i + 1].reset(new (std::nothrow) uint8_t[n_gate]);
+      bufs[i + 2].reset(new (std::nothrow) uint8_t[n_down]);
+      if (!bufs[i] || !bufs[i + 1] || !bufs[i + 2]) {
+        out_of_memory = true;
+        continue;
+      }
+      transpose_columns(gu, e, 0, 2, F, bufs[i].get());
+      transpose_columns(gu, e, 1, 2, F, bufs[i + 1].get());
+      transpose_columns(dn, e, 0, 1, E, bufs[i + 2].get());
+    }
+  });
+  if (out_of_memory) return Error{gu.file + ": out of host memory transposing the gpt-oss experts"};
+  for (int64_t e = 0; e < X; ++e) {
+    const auto i = static_cast<size_t>(3 * e);
+    GluFfnWeights& x = experts[static_cast<size_t>(e)];
+    x.gate = rows_over(gu, F, bufs[i].get());
+    x.up = rows_over(gu, F, bufs[i + 1].get());
+    x.down = rows_over(dn, E, bufs[i + 2].get());
+    for (size_t k = 0; k < 3; ++k) store.buffers.push_back(std::move(bufs[i + k]));
+  }
+  return Status::Ok();
 }
 
 // Elements [first, first + step * n) by step of row e of a 2-D tensor [X, C] as f32.
@@ -165,11 +211,9 @@ Result<MoeFfn> bind_gpt_oss_moe(const ModelFiles& f, const std::string& prefix, 
                      std::string(dtype_name(t->dtype)) + ")"};
       }
     }
+    RILL_TRY(transpose_experts(*gu, *dn, X, F, E, w.experts, store));
     for (int64_t e = 0; e < X; ++e) {
       GluFfnWeights& x = w.experts[static_cast<size_t>(e)];
-      x.gate = transposed_columns(*gu, e, 0, 2, F, store);
-      x.up = transposed_columns(*gu, e, 1, 2, F, store);
-      x.down = transposed_columns(*dn, e, 0, 1, E, store);
       x.gate.bias = strided_row(*gub, e, 0, 2, F);
       x.up.bias = strided_row(*gub, e, 1, 2, F);
       x.down.bias = strided_row(*dnb, e, 0, 1, E);
