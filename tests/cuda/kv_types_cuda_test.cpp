@@ -14,7 +14,10 @@
 //    within 1e-3 of the CPU's q4_0 ones;
 //  - fp8 (e4m3, no scale): the rms logit error within q4_0's bound, the
 //    greedy continuation where the gap allows, a byte per element, the
-//    type named in the numerics, and CUDA's logits near the CPU's fp8 ones.
+//    type named in the numerics, and CUDA's logits near the CPU's fp8 ones;
+//  - q8_0h / q4_0h (rotated): CUDA's logits near the CPU's same type, the
+//    greedy token of the CPU's q8_0h where its gap allows, the own KV's
+//    bounds of q8_0 / q4_0 (RotatedTypesMatchTheCpusSameType).
 // The ops are held to the CPU Backend in tests/backend/backend_ops_test.cpp,
 // batch invariance in batch_invariant_cuda_test.cpp, the tiers in
 // kv_tiers_cuda_test.cpp. Skipped without a CUDA device or the goldens.
@@ -190,6 +193,66 @@ TEST_P(CudaKvQ8, Fp8WithinQ4_0sBoundAndGreedyWhereTheGapAllows) {
       "[ cuda kv fp8 ] %s: rms logit error vs own KV %.3g, max %.3g, rms vs CPU fp8 %.3g (max %.3g); %d of %zu "
       "steps checked\n",
       GetParam().c_str(), e_rms, e_max, e_cpu, test::max_abs_diff(q, c), checked, g.greedy_ids.size());
+}
+
+// q8_0h / q4_0h (each K and V head Hadamard-rotated, then the rotated
+// types' encoder; kv_rotated.cuh): against the CPU's same type, whose
+// encoder CUDA's reproduces bit for bit (backend_ops_test.cpp
+// RotatedKvStoreIsTheCpuEncodersBytes). The f32 values reaching the
+// encoder still differ by RoPE's and the matmuls' rounding, and a block's
+// least-squares scale choice may then differ (a candidate 2.5% away), so
+// the bound against the CPU is wider than plain q8_0's 1e-3:
+// kRotatedCpuBound. q8_0h is held to q8_0's bound against the model's own
+// KV and to the CPU q8_0h's greedy token wherever the CPU's top-2 gap
+// exceeds twice kRotatedCpuBound; q4_0h to q4_0's rms bound. Both differ
+// from the own KV (the type is stored) and from plain q8_0 / q4_0 (the
+// rotation is applied), and the numerics name the type and encoder.
+constexpr float kRotatedCpuBound = 0.02f;
+TEST_P(CudaKvQ8, RotatedTypesMatchTheCpusSameType) {
+  const test::HfGolden g = test::read_hf_golden(dir_);
+  std::vector<int32_t> ids = g.prompt_ids;
+  ids.insert(ids.end(), g.greedy_ids.begin(), g.greedy_ids.end());
+  auto own = open(dir_, Device::kCuda, nullptr);
+  ASSERT_TRUE(own);
+  const std::vector<float> f = score(*own, ids);
+  ASSERT_FALSE(f.empty());
+  const size_t V = f.size() / ids.size();
+  for (const char* kv : {"q8_0h", "q4_0h"}) {
+    const std::string plain_name = std::string(kv).substr(0, 4);
+    auto gpu = open(dir_, Device::kCuda, kv), cpu = open(dir_, Device::kCpu, kv);
+    auto plain = open(dir_, Device::kCuda, plain_name.c_str());
+    ASSERT_TRUE(gpu && cpu && plain);
+    EXPECT_NE(gpu->kv_numerics().find(std::string("kv=") + kv + "#"), std::string::npos) << gpu->kv_numerics();
+    EXPECT_EQ(gpu->kv_bytes_per_token(), plain->kv_bytes_per_token()) << kv << ": the blocks of " << plain_name;
+    const std::vector<float> q = score(*gpu, ids), c = score(*cpu, ids), p = score(*plain, ids);
+    ASSERT_EQ(q.size(), f.size());
+    ASSERT_EQ(c.size(), f.size());
+    ASSERT_EQ(p.size(), f.size());
+    const double e_cpu = test::max_abs_diff(q, c), rms_cpu = rms_diff(q, c), e_own = test::max_abs_diff(q, f),
+                 rms_own = rms_diff(q, f), e_plain = rms_diff(q, p);
+    const bool q8 = plain_name == "q8_0";
+    EXPECT_LT(e_cpu, kRotatedCpuBound) << GetParam() << ": CUDA " << kv << " against CPU " << kv;
+    if (q8) {
+      EXPECT_LT(e_own, kQ8LogitBound) << GetParam() << ": q8_0h against the model's own KV";
+    } else {
+      EXPECT_LT(rms_own, 0.25) << GetParam() << ": q4_0h against the model's own KV (q4_0's rms bound)";
+    }
+    EXPECT_GT(rms_own, 1e-5) << GetParam() << ": " << kv << " KV gave the model's own KV's logits";
+    EXPECT_GT(e_plain, 1e-6) << GetParam() << ": " << kv << " gave " << plain_name << "'s logits (not rotated?)";
+    int checked = 0;
+    for (size_t k = 0; q8 && k < g.greedy_ids.size(); ++k) {
+      const size_t at = g.prompt_ids.size() + k - 1;
+      const Top2 ref = top2(c.data() + at * V, V);
+      if (ref.gap <= 2 * kRotatedCpuBound) continue;
+      ++checked;
+      EXPECT_EQ(top2(q.data() + at * V, V).id, ref.id) << kv << " at step " << k << " (CPU gap " << ref.gap << ")";
+    }
+    std::printf(
+        "[ cuda kv %s ] %s: vs CPU %s max %.3g rms %.3g; vs own KV max %.3g rms %.3g; vs %s rms %.3g; %d of %zu "
+        "greedy steps checked\n",
+        kv, GetParam().c_str(), kv, e_cpu, rms_cpu, e_own, rms_own, plain_name.c_str(), e_plain, checked,
+        g.greedy_ids.size());
+  }
 }
 
 // The host's list of the types the kernels take is the dispatch's (a type
