@@ -208,19 +208,19 @@ TEST_P(CudaKvQ8, Fp8WithinQ4_0sBoundAndGreedyWhereTheGapAllows) {
 // from the own KV (the type is stored) and from plain q8_0 / q4_0 (the
 // rotation is applied), and the numerics name the type and encoder.
 constexpr float kRotatedCpuBound = 0.02f;
-TEST_P(CudaKvQ8, RotatedTypesMatchTheCpusSameType) {
-  const test::HfGolden g = test::read_hf_golden(dir_);
+void check_rotated_types(const std::string& dir, const std::string& name) {
+  const test::HfGolden g = test::read_hf_golden(dir);
   std::vector<int32_t> ids = g.prompt_ids;
   ids.insert(ids.end(), g.greedy_ids.begin(), g.greedy_ids.end());
-  auto own = open(dir_, Device::kCuda, nullptr);
+  auto own = open(dir, Device::kCuda, nullptr);
   ASSERT_TRUE(own);
   const std::vector<float> f = score(*own, ids);
   ASSERT_FALSE(f.empty());
   const size_t V = f.size() / ids.size();
   for (const char* kv : {"q8_0h", "q4_0h"}) {
     const std::string plain_name = std::string(kv).substr(0, 4);
-    auto gpu = open(dir_, Device::kCuda, kv), cpu = open(dir_, Device::kCpu, kv);
-    auto plain = open(dir_, Device::kCuda, plain_name.c_str());
+    auto gpu = open(dir, Device::kCuda, kv), cpu = open(dir, Device::kCpu, kv);
+    auto plain = open(dir, Device::kCuda, plain_name.c_str());
     ASSERT_TRUE(gpu && cpu && plain);
     EXPECT_NE(gpu->kv_numerics().find(std::string("kv=") + kv + "#"), std::string::npos) << gpu->kv_numerics();
     EXPECT_EQ(gpu->kv_bytes_per_token(), plain->kv_bytes_per_token()) << kv << ": the blocks of " << plain_name;
@@ -231,14 +231,14 @@ TEST_P(CudaKvQ8, RotatedTypesMatchTheCpusSameType) {
     const double e_cpu = test::max_abs_diff(q, c), rms_cpu = rms_diff(q, c), e_own = test::max_abs_diff(q, f),
                  rms_own = rms_diff(q, f), e_plain = rms_diff(q, p);
     const bool q8 = plain_name == "q8_0";
-    EXPECT_LT(e_cpu, kRotatedCpuBound) << GetParam() << ": CUDA " << kv << " against CPU " << kv;
+    EXPECT_LT(e_cpu, kRotatedCpuBound) << name << ": CUDA " << kv << " against CPU " << kv;
     if (q8) {
-      EXPECT_LT(e_own, kQ8LogitBound) << GetParam() << ": q8_0h against the model's own KV";
+      EXPECT_LT(e_own, kQ8LogitBound) << name << ": q8_0h against the model's own KV";
     } else {
-      EXPECT_LT(rms_own, 0.25) << GetParam() << ": q4_0h against the model's own KV (q4_0's rms bound)";
+      EXPECT_LT(rms_own, 0.25) << name << ": q4_0h against the model's own KV (q4_0's rms bound)";
     }
-    EXPECT_GT(rms_own, 1e-5) << GetParam() << ": " << kv << " KV gave the model's own KV's logits";
-    EXPECT_GT(e_plain, 1e-6) << GetParam() << ": " << kv << " gave " << plain_name << "'s logits (not rotated?)";
+    EXPECT_GT(rms_own, 1e-5) << name << ": " << kv << " KV gave the model's own KV's logits";
+    EXPECT_GT(e_plain, 1e-6) << name << ": " << kv << " gave " << plain_name << "'s logits (not rotated?)";
     int checked = 0;
     for (size_t k = 0; q8 && k < g.greedy_ids.size(); ++k) {
       const size_t at = g.prompt_ids.size() + k - 1;
@@ -250,9 +250,23 @@ TEST_P(CudaKvQ8, RotatedTypesMatchTheCpusSameType) {
     std::printf(
         "[ cuda kv %s ] %s: vs CPU %s max %.3g rms %.3g; vs own KV max %.3g rms %.3g; vs %s rms %.3g; %d of %zu "
         "greedy steps checked\n",
-        kv, GetParam().c_str(), kv, e_cpu, rms_cpu, e_own, rms_own, plain_name.c_str(), e_plain, checked,
+        kv, name.c_str(), kv, e_cpu, rms_cpu, e_own, rms_own, plain_name.c_str(), e_plain, checked,
         g.greedy_ids.size());
   }
+}
+
+TEST_P(CudaKvQ8, RotatedTypesMatchTheCpusSameType) {
+  check_rotated_types(dir_, GetParam());
+}
+
+// Gemma 4's KV-shared layers read another layer's rotated planes (the query
+// rotated, the output rotated back, as for the layer's own), beside its
+// sliding and full layers.
+TEST(CudaKvRotated, Gemma4SharedLayersMatchTheCpusSameType) {
+  RILL_REQUIRE_GPU();
+  const std::string dir = test::hf_golden_dir("gemma4");
+  if (!std::filesystem::exists(dir + "/golden.json")) GTEST_SKIP() << dir << " not found";
+  check_rotated_types(dir, "gemma4");
 }
 
 // The host's list of the types the kernels take is the dispatch's (a type
@@ -263,6 +277,17 @@ TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
   }
   for (const DType t : {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4}) {
     EXPECT_FALSE(cuda::kv_supported(t)) << dtype_name(t);
+  }
+  // Rotation: the block types with a store_rotated (q8_0h, q4_0h), at a
+  // power-of-two head_dim attention takes (<= 256).
+  for (const int32_t hd : {16, 64, 128, 256}) {
+    EXPECT_TRUE(cuda::kv_rotation_supported(DType::kQ8_0, hd, true)) << hd;
+    EXPECT_TRUE(cuda::kv_rotation_supported(DType::kQ4_0, hd, true)) << hd;
+  }
+  for (const int32_t hd : {96, 80, 512}) EXPECT_FALSE(cuda::kv_rotation_supported(DType::kQ8_0, hd, true)) << hd;
+  for (const DType t : {DType::kF32, DType::kF16, kF8E4M3}) {
+    EXPECT_FALSE(cuda::kv_rotation_supported(t, 128, true)) << dtype_name(t);
+    EXPECT_TRUE(cuda::kv_rotation_supported(t, 96, false)) << dtype_name(t);
   }
 }
 
