@@ -202,13 +202,20 @@ TEST_P(CudaKvQ8, Fp8WithinQ4_0sBoundAndGreedyWhereTheGapAllows) {
 // encoder still differ by RoPE's and the matmuls' rounding, and a block's
 // least-squares scale choice may then differ (a candidate 2.5% away), so
 // the bound against the CPU is wider than plain q8_0's 1e-3:
-// kRotatedCpuBound. q8_0h is held to q8_0's bound against the model's own
-// KV and to the CPU q8_0h's greedy token wherever the CPU's top-2 gap
+// kRotatedCpuBound (measured on the H200: <= 1.3e-6 on the five families,
+// as plain q8_0; 5.8e-3 for Gemma 4's q8_0h). q8_0h is held to q8_0's
+// bound against the model's own KV and to the CPU q8_0h's greedy token
+// wherever the CPU's top-2 gap
 // exceeds twice kRotatedCpuBound; q4_0h to q4_0's rms bound. Both differ
 // from the own KV (the type is stored) and from plain q8_0 / q4_0 (the
 // rotation is applied), and the numerics name the type and encoder.
 constexpr float kRotatedCpuBound = 0.02f;
-void check_rotated_types(const std::string& dir, const std::string& name) {
+// own_bounds: hold the error against the model's own KV to q8_0's / q4_0's
+// bounds (calibrated on the five families of CudaKvQ8); otherwise (Gemma 4,
+// not calibrated: CUDA q8_0h is 0.53 max from its own KV there, 5.8e-3
+// from the CPU's q8_0h) to the CPU's own error with the same type, within
+// twice kRotatedCpuBound: CUDA's rotated KV costs what the CPU's does.
+void check_rotated_types(const std::string& dir, const std::string& name, bool own_bounds = true) {
   const test::HfGolden g = test::read_hf_golden(dir);
   std::vector<int32_t> ids = g.prompt_ids;
   ids.insert(ids.end(), g.greedy_ids.begin(), g.greedy_ids.end());
@@ -232,7 +239,13 @@ void check_rotated_types(const std::string& dir, const std::string& name) {
                  rms_own = rms_diff(q, f), e_plain = rms_diff(q, p);
     const bool q8 = plain_name == "q8_0";
     EXPECT_LT(e_cpu, kRotatedCpuBound) << name << ": CUDA " << kv << " against CPU " << kv;
-    if (q8) {
+    if (!own_bounds) {
+      auto cpu_own = open(dir, Device::kCpu, nullptr);
+      ASSERT_TRUE(cpu_own);
+      const double cpu_err = test::max_abs_diff(c, score(*cpu_own, ids));
+      EXPECT_NEAR(e_own, cpu_err, 2 * kRotatedCpuBound) << name << ": " << kv << "'s error against the own KV";
+      std::printf("[ cuda kv %s ] %s: CPU %s against the CPU's own KV max %.3g\n", kv, name.c_str(), kv, cpu_err);
+    } else if (q8) {
       EXPECT_LT(e_own, kQ8LogitBound) << name << ": q8_0h against the model's own KV";
     } else {
       EXPECT_LT(rms_own, 0.25) << name << ": q4_0h against the model's own KV (q4_0's rms bound)";
@@ -266,7 +279,7 @@ TEST(CudaKvRotated, Gemma4SharedLayersMatchTheCpusSameType) {
   RILL_REQUIRE_GPU();
   const std::string dir = test::hf_golden_dir("gemma4");
   if (!std::filesystem::exists(dir + "/golden.json")) GTEST_SKIP() << dir << " not found";
-  check_rotated_types(dir, "gemma4");
+  check_rotated_types(dir, "gemma4", /*own_bounds=*/false);
 }
 
 // The host's list of the types the kernels take is the dispatch's (a type

@@ -496,6 +496,8 @@ __global__ void rotate_heads_kernel(const float* in, int64_t in_stride, int n_he
   extern __shared__ float x[];  // [hd]
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
+  detail::pdl_wait();  // in may come from the kernel just before
+  detail::pdl_trigger();
   const float* src = in + t * in_stride + static_cast<int64_t>(h) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) x[d] = src[d];
   detail::hadamard_rotate_heads(x, hd, hd);  // synchronizes before and after
@@ -507,9 +509,8 @@ template <typename Out>
 void rotate_heads(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_heads, int32_t hd, Out* out,
                   cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
-  rotate_heads_kernel<Out>
-      <<<grid, 64, static_cast<size_t>(hd) * sizeof(float), stream>>>(in, in_stride, n_heads, hd, out);
-  RILL_CUDA_CHECK_LAUNCH();
+  launch_pdl(rotate_heads_kernel<Out>, grid, 64, static_cast<size_t>(hd) * sizeof(float), stream, in, in_stride,
+             n_heads, hd, out);
 }
 
 void dispatch(const AttentionArgs& a, cudaStream_t stream) {

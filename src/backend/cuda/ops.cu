@@ -1,5 +1,6 @@
 // Elementwise and per-row kernels: embedding gather, RMSNorm, SwiGLU, bias,
 // conversion, and RoPE fused with the paged K/V store.
+#include <algorithm>
 #include <cassert>
 
 #include "backend/cuda/cuda_context.h"
@@ -368,7 +369,10 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
     // the block, or a divisor of it with the row whole groups.
     assert((a.head_dim * n_sub) % KvT::kBlock == 0 && a.n_head_kv % n_sub == 0);
     const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head + 2 * (a.n_head_kv / n_sub)));
-    const int threads = a.head_dim * n_sub >= 128 ? 64 : 32;
+    // Rotated types: a warp per block of 32 (each block's encoder is a
+    // serial search, so warps in parallel are what shortens the store).
+    const int width = a.head_dim * n_sub;
+    const int threads = (a.k_rotated || a.v_rotated) ? std::min(width, 1024) : width >= 128 ? 64 : 32;
     const size_t smem = static_cast<size_t>(a.head_dim * n_sub) * sizeof(float);
     launch_pdl(rope_kv_kernel<KvT>, grid, threads, smem, stream, a);
   });
