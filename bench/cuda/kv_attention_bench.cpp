@@ -7,6 +7,9 @@
 // The KV bytes are constant (no NaN or infinity: the timing does not
 // depend on the values).
 //
+// Rotated types (q8_0h, q4_0h) include the query's rotation and the
+// output's rotation back (two small kernels around the attention's).
+//
 //   bench_kv_attention [--contexts 1024,8192] [--batches 1,64] [--types f16,q8_0,fp8,q4_0] [--general 0|1]
 #include <cuda_runtime.h>
 
@@ -87,7 +90,7 @@ int main(int argc, char** argv) {
   constexpr int32_t kHeads = 32, kHeadsKv = 8, kHd = 128, kBlock = 16, kShift = 4;
   for (const std::string& name : types) {
     const auto t = parse_kv_type(name);
-    if (!t || !cuda::kv_supported(t->dtype) || t->rotated) {
+    if (!t || !cuda::kv_supported(t->dtype) || !cuda::kv_rotation_supported(t->dtype, kHd, t->rotated)) {
       std::fprintf(stderr, "--types: %s is not a CUDA KV type\n", name.c_str());
       return 1;
     }
@@ -117,8 +120,9 @@ int main(int argc, char** argv) {
         int32_t *dt = upload(perm), *dts = upload(table_start), *dseq = upload(seq_of), *dpos = upload(pos),
                 *ddec = upload(decode);
         int32_t* counts = upload(std::vector<int32_t>(static_cast<size_t>(B) * kHeadsKv, 0));
-        float *partial = nullptr, *out = nullptr;
+        float *partial = nullptr, *out = nullptr, *rotation = nullptr;
         CHECK(cudaMalloc(&partial, cuda::attention_partial_floats(B, kHeads, kHd) * sizeof(float)));
+        CHECK(cudaMalloc(&rotation, cuda::attention_rotation_floats(B, kHeads, kHd) * sizeof(float)));
         CHECK(cudaMalloc(&out, qh.size() * 2));
         cuda::AttentionArgs a;
         a.q = q;
@@ -143,6 +147,9 @@ int main(int argc, char** argv) {
         a.out_dtype = DType::kBF16;
         a.out = out;
         a.general_decode = general;
+        a.k_rotated = a.v_rotated = t->rotated;  // q8_0h / q4_0h: q rotated first, the output rotated back
+        a.n_tokens = B;
+        a.rotation = rotation;
         cudaEvent_t e0, e1;
         CHECK(cudaEventCreate(&e0));
         CHECK(cudaEventCreate(&e1));
@@ -163,10 +170,10 @@ int main(int argc, char** argv) {
                     general ? " (general kernel)" : "", med * 1e6, read / 1e6, read / med / 1e9);
         CHECK(cudaEventDestroy(e0));
         CHECK(cudaEventDestroy(e1));
-        for (void* p :
-             {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q), static_cast<void*>(dt),
-              static_cast<void*>(dts), static_cast<void*>(dseq), static_cast<void*>(dpos), static_cast<void*>(ddec),
-              static_cast<void*>(counts), static_cast<void*>(partial), static_cast<void*>(out)})
+        for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q), static_cast<void*>(dt),
+                        static_cast<void*>(dts), static_cast<void*>(dseq), static_cast<void*>(dpos),
+                        static_cast<void*>(ddec), static_cast<void*>(counts), static_cast<void*>(partial),
+                        static_cast<void*>(out), static_cast<void*>(rotation)})
           CHECK(cudaFree(p));
       }
     }

@@ -180,10 +180,14 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
     return Error{f.path + ": KV type " + kv_type_name(t) + " is not what CUDA stores for this model (" +
                  std::string(dtype_name(base)) + "); drop --kv-type / --kv-config or use --device cpu"};
   }
-  if (t.quantized() && (t.rotated || !cuda::kv_supported(t.dtype))) {
+  if (t.quantized() && !cuda::kv_supported(t.dtype)) {
     return Error{f.path + ": KV type " + kv_type_name(t) +
-                 " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0 or fp8); use one "
-                 "of those, or --device cpu"};
+                 " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0, q8_0h, q4_0h or "
+                 "fp8); use one of those, or --device cpu"};
+  }
+  if (!cuda::kv_rotation_supported(t.dtype, static_cast<int32_t>(hd_), t.rotated)) {
+    return Error{f.path + ": KV type " + kv_type_name(t) + " needs a power-of-two head_dim of at most 256 on CUDA; " +
+                 "head_dim is " + std::to_string(hd_)};
   }
   // Heads of whole blocks, or (small heads) blocks of whole heads that the
   // rope kernel stores together (backend/cuda/ops.cu kv_heads_per_block).
@@ -196,6 +200,7 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
                  ", " + std::to_string(n_head_kv_) + " KV heads"};
   }
   kv_dtype_ = t.dtype;
+  kv_rotated_ = t.rotated;
   kv_types_desc_ = describe_kv_types(types, base);
   return Status::Ok();
 }
@@ -351,6 +356,8 @@ cuda::AttentionArgs CudaModelBase::attention_args(const Step& s) const {
   at.n_tiles = s.n_tiles;
   at.out_dtype = act_;
   at.general_decode = false;
+  at.k_rotated = at.v_rotated = kv_rotated_;  // then the caller sets at.rotation (attention_rotation_floats)
+  at.n_tokens = static_cast<int32_t>(s.n);
   return at;
 }
 
@@ -364,6 +371,7 @@ cuda::RopeKvArgs CudaModelBase::rope_args(const Step& s) const {
   rk.slots = meta_dev_.slots[0];
   rk.norm_eps = cfg_.rms_norm_eps;
   rk.kv_dtype = kv_dtype_;
+  rk.k_rotated = rk.v_rotated = kv_rotated_;
   return rk;
 }
 
@@ -450,6 +458,7 @@ KvCacheView CudaModelBase::kv_view(size_t layer) const {
   v.k = k_cache(layer);
   v.v = v_cache(layer);
   v.dtype = kv_dtype_;
+  v.k_rotated = v.v_rotated = kv_rotated_;
   v.block_shift = block_shift_;
   v.row_bytes = kv_row_bytes(layer);
   v.block_stride = v.row_bytes << block_shift_;

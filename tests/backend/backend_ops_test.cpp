@@ -398,6 +398,16 @@ TEST_P(BackendOps, PostNormAdd) {
   }
 }
 
+// A KV side's dtype and rotation (model/kv_types.h's KvType, which the
+// backend layer does not link): q8_0h / q4_0h are Q8_0 / Q4_0 rotated.
+struct KvKind {
+  DType dtype;
+  bool rotated;
+  std::string name() const { return std::string(dtype_name(dtype)) + (rotated ? " rotated" : ""); }
+};
+constexpr KvKind kKvKinds[] = {{DType::kF32, false},  {DType::kF16, false}, {DType::kQ8_0, false},
+                               {DType::kQ4_0, false}, {DType::kQ8_0, true}, {DType::kQ4_0, true}};
+
 // A per-layer KV plane pair of n_blocks blocks, as both devices address it.
 struct KvPlanes {
   KvCacheView view;
@@ -413,23 +423,34 @@ double level_step(DType t) {
   return t == DType::kQ8_0 ? 1.0 / 127 : 1.0 / 8;
 }
 // Plane bytes of floats v in a KV dtype: plain ones rounded, GGML blocks by
-// the CPU's reference quantizer (the blocks both backends read).
-std::vector<uint8_t> encode_plane(DType t, const std::vector<float>& v) {
+// the CPU's reference quantizer (the blocks both backends read); rotated
+// (q8_0h / q4_0h): each head of head_dim rotated, then the CPU's rotated
+// encoder (cpu::store_kv_row; blocks never straddle rows, so the plane is
+// one long row of heads).
+std::vector<uint8_t> encode_plane(DType t, const std::vector<float>& v, bool rotated = false, int64_t head_dim = 0) {
   if (!block_kv(t)) return encode(t, v);
   std::vector<uint8_t> out(row_bytes(t, static_cast<int64_t>(v.size())));
-  cpu::ref::quantize_kv_row(t, v.data(), out.data(), static_cast<int64_t>(v.size()));
+  if (rotated) {
+    cpu::store_kv_row(t, true, v.data(), out.data(), static_cast<int64_t>(v.size()) / head_dim, head_dim);
+  } else {
+    cpu::ref::quantize_kv_row(t, v.data(), out.data(), static_cast<int64_t>(v.size()));
+  }
   return out;
 }
-KvPlanes make_kv(Side& s, DType dtype, int32_t block_shift, int32_t n_blocks, int64_t kv_width, uint32_t seed) {
+KvPlanes make_kv(Side& s, DType dtype, int32_t block_shift, int32_t n_blocks, int64_t kv_width, uint32_t seed,
+                 bool rotated = false, int64_t head_dim = 0) {
   KvPlanes p;
   p.view.dtype = dtype;
+  p.view.k_rotated = p.view.v_rotated = rotated;
   p.view.block_shift = block_shift;
   p.view.row_bytes = row_bytes(dtype, kv_width);
   p.view.block_stride = p.view.row_bytes << block_shift;
   p.bytes = p.view.block_stride * static_cast<size_t>(n_blocks);
   const int64_t n_elems = kv_width * (int64_t{n_blocks} << block_shift);
-  const auto k = seed ? encode_plane(dtype, random_floats(n_elems, seed)) : std::vector<uint8_t>(p.bytes, 0);
-  const auto v = seed ? encode_plane(dtype, random_floats(n_elems, seed + 1)) : std::vector<uint8_t>(p.bytes, 0);
+  const auto k =
+      seed ? encode_plane(dtype, random_floats(n_elems, seed), rotated, head_dim) : std::vector<uint8_t>(p.bytes, 0);
+  const auto v = seed ? encode_plane(dtype, random_floats(n_elems, seed + 1), rotated, head_dim)
+                      : std::vector<uint8_t>(p.bytes, 0);
   p.view.k = s.put(k.data(), k.size());
   p.view.v = s.put(v.data(), v.size());
   return p;
@@ -495,6 +516,76 @@ TEST_P(BackendOps, RopeQkNormAndKvStore) {
         expect_close(ks[1], ks[0], tol(k_tol), what + " K cache");
         expect_close(vs[1], vs[0], 0, what + " V cache");
       }
+    }
+  }
+}
+
+// q8_0h / q4_0h stores: K and V heads rotated and encoded by the rotated
+// types' encoder give the CPU encoder's bytes (cpu::store_kv_row over the
+// same floats) on every backend, byte for byte. The RoPE table turns no
+// pair (every angle 0: cos 1 and sin 0 exactly on both devices), so K
+// reaches the encoder as the given floats, as V does. Heads of 128, 64 and
+// 16 (two to a block); K head 0 has an outlier channel (what the rotation
+// is for), K head 1 is small on some tokens (f16-subnormal scales) and
+// zero on others (scale 0).
+TEST_P(BackendOps, RotatedKvStoreIsTheCpuEncodersBytes) {
+  for (const int32_t hd : {128, 64, 16}) {
+    const int32_t n_head = 2, n_head_kv = 2, shift = 4, n_blocks = 16;
+    const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
+    const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 40}, {3, 9}, {20, 20}};
+    RopeTable table;
+    table.rot_dim = hd;
+    table.inv_freq.assign(static_cast<size_t>(hd / 2), 0.0f);
+    for (DType kv_t : {DType::kQ8_0, DType::kQ4_0}) {
+      const std::string what = std::string(dtype_name(kv_t)) + " rotated, head_dim " + std::to_string(hd);
+      std::vector<std::vector<uint8_t>> ks, vs;
+      std::vector<uint8_t> want_k, want_v;
+      for (Side* s : {&ref_, &dev_}) {
+        const HostStep hs(seqs, shift, n_blocks, 11, s->b->attention_routing(kv_t, hd));
+        const StepMetadata md = hs.place(*s);
+        auto rope = s->b->place_rope(table);
+        ASSERT_TRUE(rope.ok());
+        KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, KV, 0, /*rotated=*/true, hd);
+        std::vector<float> x = random_floats(hs.n_tokens * QKV, 12, -2, 2);
+        for (int32_t t = 0; t < hs.n_tokens; ++t) {
+          float* k = x.data() + t * QKV + Q;
+          k[3] = 40.0f;
+          for (int64_t d = hd; d < 2 * hd; ++d) k[d] = t % 3 == 2 ? 0.0f : t % 3 == 1 ? k[d] * 1e-3f : k[d];
+        }
+        if (s == &ref_) {  // the CPU encoder's plane for these rows
+          const size_t row = row_bytes(kv_t, KV);
+          want_k.assign(kv.bytes, 0);
+          want_v.assign(kv.bytes, 0);
+          for (int32_t t = 0; t < hs.n_tokens; ++t) {
+            const size_t at = static_cast<size_t>(hs.slots[static_cast<size_t>(t)]) * row;
+            cpu::store_kv_row(kv_t, true, x.data() + t * QKV + Q, want_k.data() + at, n_head_kv, hd);
+            cpu::store_kv_row(kv_t, true, x.data() + t * QKV + Q + KV, want_v.data() + at, n_head_kv, hd);
+          }
+        }
+        RopeKvOp op;
+        op.qkv = s->tensor(x, hs.n_tokens, QKV, DType::kF32, QKV + 8);
+        op.n_head = n_head;
+        op.n_head_kv = n_head_kv;
+        op.head_dim = hd;
+        op.rope = *rope;
+        op.kv = kv.view;
+        s->b->rope_store_kv(op, md);
+        for (auto [plane, out] : {std::pair{kv.view.k, &ks}, std::pair{kv.view.v, &vs}}) {
+          std::vector<uint8_t> raw(kv.bytes);
+          ASSERT_TRUE(s->b->copy_out(raw.data(), plane, kv.bytes).ok());
+          out->push_back(std::move(raw));
+        }
+      }
+      ASSERT_EQ(ks[0], want_k) << what << ": the CPU Backend's K is its encoder's";
+      ASSERT_EQ(vs[0], want_v) << what << ": the CPU Backend's V is its encoder's";
+      EXPECT_NE(std::count(want_k.begin(), want_k.end(), 0), static_cast<ptrdiff_t>(want_k.size())) << what;
+      size_t k_diff = 0, v_diff = 0;
+      for (size_t i = 0; i < want_k.size(); ++i) {
+        k_diff += ks[1][i] != want_k[i];
+        v_diff += vs[1][i] != want_v[i];
+      }
+      EXPECT_EQ(k_diff, 0u) << what << ": K bytes that differ from the CPU encoder's";
+      EXPECT_EQ(v_diff, 0u) << what << ": V bytes that differ from the CPU encoder's";
     }
   }
 }
@@ -598,14 +689,17 @@ TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
     const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
     // decode (1 and 3 tokens), a prefill chunk of 40 after 30 cached, a whole prompt of 70
     const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 300}, {3, 17}, {40, 70}, {70, 70}};
-    for (DType kv_t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+    // q8_0h / q4_0h: K and V rotated per head; the query is rotated and
+    // the output rotated back by each backend itself.
+    for (const KvKind kind : kKvKinds) {
+      const DType kv_t = kind.dtype;
       for (int variant = 0; variant < 2; ++variant) {
         std::vector<std::vector<float>> outs;
         for (Side* s : {&ref_, &dev_}) {
           const HostStep hs(seqs, shift, n_blocks, 13, s->b->attention_routing(kv_t, hd));
           ASSERT_TRUE(s->b->reserve({hs.n_tokens, n_head, hd}).ok());
           const StepMetadata md = hs.place(*s);
-          KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, KV, 14);
+          KvPlanes kv = make_kv(*s, kv_t, shift, n_blocks, KV, 14, kind.rotated, hd);
           AttentionOp op;
           Tensor qkv = s->tensor(random_floats(hs.n_tokens * QKV, 15, -1, 1), hs.n_tokens, QKV, DType::kF32);
           op.q = qkv.cols_from(0, Q);
@@ -625,16 +719,18 @@ TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
         // products (scale * level) and differ in summation order only, as
         // f32, except where CUDA's prefill takes the tensor cores (head_dim
         // 64): those round q, the probabilities and the values to f16, as
-        // for f16 KV.
+        // for f16 KV. Rotated: the query is rotated by the same butterflies
+        // on both (the same bits), the output rotated back in f32 (a sum of
+        // head_dim products more: within the same bounds).
         const bool blocks = kv_t == DType::kQ8_0 || kv_t == DType::kQ4_0;
         const bool f16_prefill = kv_t == DType::kF16 || (blocks && hd == 64);
-        expect_close(outs[1], outs[0],
-                     tol(f16_prefill ? 4e-3
-                         : blocks    ? 2e-5
-                                     : 1e-5,
-                         act()),
-                     "attention variant " + std::to_string(variant) + " kv " + std::string(dtype_name(kv_t)) +
-                         " head_dim " + std::to_string(hd));
+        expect_close(
+            outs[1], outs[0],
+            tol(f16_prefill ? 4e-3
+                : blocks    ? 2e-5
+                            : 1e-5,
+                act()),
+            "attention variant " + std::to_string(variant) + " kv " + kind.name() + " head_dim " + std::to_string(hd));
       }
     }
   }

@@ -3,7 +3,8 @@
 // bf16 weights (Llama, Gemma 2, the Qwen3 MoE, Mixtral, GLM-4.5's sigmoid
 // router, Gemma 4's MoE block) and to Q8_0 (Llama; GLM-4.5, whose experts
 // then stay Q8_0 blocks in the CUDA MoE's expert GEMV), and with q8_0 KV
-// (Llama, Gemma 2: kv_types_cuda_test.cpp holds its accuracy):
+// (Llama, Gemma 2), q8_0h (Llama) and q4_0h KV (Gemma 2: sliding and full
+// layers; kv_types_cuda_test.cpp holds their accuracy):
 //  1. a decode row's logits are bit-identical alone and in steps of 3, 9 and
 //     40 sequences and beside a 100-token prompt; with the mode off the test only logs how many logits of
 //     the 9- and 40-sequence rows differ (what the mode buys);
@@ -239,7 +240,8 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaBatchInvariant,
                                            Case{"gemma2", DType::kBF16}, Case{"qwen3-moe", DType::kBF16},
                                            Case{"mixtral", DType::kBF16}, Case{"glm4-moe", DType::kBF16},
                                            Case{"glm4-moe", DType::kQ8_0}, Case{"gemma4-moe", DType::kBF16},
-                                           Case{"llama", DType::kBF16, "q8_0"}, Case{"gemma2", DType::kBF16, "q8_0"}),
+                                           Case{"llama", DType::kBF16, "q8_0"}, Case{"gemma2", DType::kBF16, "q8_0"},
+                                           Case{"llama", DType::kBF16, "q8_0h"}, Case{"gemma2", DType::kBF16, "q4_0h"}),
                          [](const auto& info) {
                            std::string n = info.param.golden + (info.param.weights == DType::kQ8_0 ? "_q8" : "_bf16") +
                                            (info.param.kv_type.empty() ? "" : "_kv_" + info.param.kv_type);

@@ -12,6 +12,9 @@
 //  - the exported KV has the CPU models' layout: the f32 Llama's K and V
 //    blocks after the same prompt agree with the CPU's within f32 rounding
 //    (so a file's bytes mean the same on both devices);
+//  - q8_0h's exported blocks, dequantized and rotated back, agree with the
+//    CPU's f32 KV within q8_0h's error, and move into a CPU q8_0h model
+//    byte for byte;
 //  - block copies: scattered blocks written as a batch read back one by
 //    one; a block or layer that is not there is an error;
 //  - a cache written on the CPU is removed, not restored, by the device
@@ -28,6 +31,8 @@
 #include <filesystem>
 #include <random>
 
+#include "backend/cpu/kv_quant.h"
+#include "backend/cpu/ops.h"
 #include "core/half.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
@@ -240,7 +245,8 @@ INSTANTIATE_TEST_SUITE_P(Goldens, CudaKvTiers,
                          ::testing::Values(Case{"llama", false}, Case{"llama", true}, Case{"gemma2", false},
                                            Case{"qwen3_5", false}, Case{"gemma4", false}, Case{"llama", false, "q8_0"},
                                            Case{"llama", true, "q8_0"}, Case{"gemma2", false, "q8_0"},
-                                           Case{"llama", false, "fp8"}, Case{"llama", true, "fp8"}),
+                                           Case{"llama", false, "fp8"}, Case{"llama", true, "fp8"},
+                                           Case{"llama", true, "q8_0h"}, Case{"gemma2", false, "q4_0h"}),
                          case_name);
 
 class CudaKvTiersRam : public ::testing::TestWithParam<std::string> {
@@ -276,7 +282,8 @@ TEST_P(CudaKvTiersRam, EvictedPrefixComesBackFromTheRamTier) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KvTypes, CudaKvTiersRam,
-                         ::testing::Values(std::string(), std::string("q8_0"), std::string("fp8")),
+                         ::testing::Values(std::string(), std::string("q8_0"), std::string("fp8"),
+                                           std::string("q8_0h")),
                          [](const auto& info) { return info.param.empty() ? std::string("f16") : info.param; });
 
 ModelOptions model_options(Device d) {
@@ -290,9 +297,12 @@ ModelOptions model_options(Device d) {
   return o;
 }
 
-Result<std::unique_ptr<Model>> open_llama(Device d) {
+// kv: a KV type for K and V (null: the model's own, f32).
+Result<std::unique_ptr<Model>> open_llama(Device d, const char* kv = nullptr) {
   RILL_ASSIGN_OR_RETURN(auto files, open_model_files(test::hf_golden_dir("llama")));
-  return create_model(builtin_registry(), infer_profile(*files), files, model_options(d));
+  ModelOptions o = model_options(d);
+  if (kv) o.kv_types.k = o.kv_types.v = parse_kv_type(kv);
+  return create_model(builtin_registry(), infer_profile(*files), files, o);
 }
 
 // K and V of every layer's blocks [0, n) of slot 0 as f32.
@@ -336,6 +346,66 @@ TEST(CudaKvExport, KvHasTheCpuLayout) {
   EXPECT_NE((*cpu)->kv_numerics(), (*gpu)->kv_numerics());
   std::printf("[ cuda tiers ] llama f32 KV, GPU vs CPU export: max |diff| %.3g (max |kv| %.3g); numerics \"%s\"\n", err,
               max_ref, (*gpu)->kv_numerics().c_str());
+}
+
+// Rotated KV (q8_0h) exports in the CPU's layout: the CUDA model's blocks
+// after a prompt, dequantized (cpu::dequantize_row) and each head rotated
+// back (cpu::hadamard_rotate: H is its own inverse), agree with the CPU f32
+// model's exported K and V within q8_0h's error (a block's level step is at
+// most 1/127 of its largest element; rotating back spreads a head's error
+// over its 16 elements: sqrt(16) / 127 of the largest value, 5% here),
+// where a layout that differs (heads not rotated back, rows or blocks in
+// another order) is off by the values themselves. And the same blocks
+// imported into a CPU q8_0h model (the same block bytes) export back
+// unchanged: a tier's or file's bytes move between the devices as they are.
+TEST(CudaKvExport, RotatedKvHasTheCpuLayout) {
+  RILL_REQUIRE_GPU();
+  if (!fs::exists(test::hf_golden_dir("llama") + "/golden.json")) GTEST_SKIP() << "llama golden not found";
+  auto ref = open_llama(Device::kCpu);
+  auto gpu = open_llama(Device::kCuda, "q8_0h");
+  auto cpu_rot = open_llama(Device::kCpu, "q8_0h");
+  ASSERT_TRUE(ref.ok()) << ref.error().message;
+  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
+  ASSERT_TRUE(cpu_rot.ok()) << cpu_rot.error().message;
+  const std::vector<Model::KvLayer> layers = (*gpu)->kv_layers(), cpu_layers = (*cpu_rot)->kv_layers();
+  ASSERT_EQ(layers.size(), cpu_layers.size());
+  const auto prompt = random_prompt(48, 512, 5);  // three whole blocks
+  SequenceRunner rr(**ref), rg(**gpu);
+  ASSERT_TRUE(rr.score(prompt).ok());
+  ASSERT_TRUE(rg.score(prompt).ok());
+  const std::vector<float> want = exported_kv(**ref, 3);
+  const int64_t hd = 16;  // the golden's head_dim
+  const std::vector<int32_t> blocks = {0, 1, 2};
+  std::vector<float> got;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    EXPECT_EQ(layers[l].dtype, DType::kQ8_0);
+    EXPECT_EQ(layers[l].row_bytes, cpu_layers[l].row_bytes);
+    EXPECT_EQ(layers[l].dtype, cpu_layers[l].dtype);
+    const size_t bb = layers[l].row_bytes * static_cast<size_t>((*gpu)->kv_block_size());
+    std::vector<uint8_t> k(bb * blocks.size()), v(k.size());
+    Status st = (*gpu)->copy_kv_blocks_out(static_cast<int64_t>(l), blocks, bb, k.data(), v.data());
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    for (const std::vector<uint8_t>* plane : {&k, &v}) {
+      std::vector<float> x(plane->size() / 34 * 32);
+      cpu::dequantize_row(DType::kQ8_0, plane->data(), x.data(), static_cast<int64_t>(x.size()));
+      for (size_t h = 0; h < x.size(); h += hd) cpu::hadamard_rotate(x.data() + h, hd);
+      got.insert(got.end(), x.begin(), x.end());
+    }
+    ASSERT_TRUE((*cpu_rot)->copy_kv_blocks_in(static_cast<int64_t>(l), blocks, bb, k.data(), v.data()).ok());
+    std::vector<uint8_t> k2(k.size()), v2(v.size());
+    ASSERT_TRUE((*cpu_rot)->copy_kv_blocks_out(static_cast<int64_t>(l), blocks, bb, k2.data(), v2.data()).ok());
+    EXPECT_EQ(k2, k) << "layer " << l << ": CUDA's K blocks through the CPU model";
+    EXPECT_EQ(v2, v) << "layer " << l << ": CUDA's V blocks through the CPU model";
+  }
+  ASSERT_EQ(got.size(), want.size());
+  double max_ref = 0;
+  for (float x : want) max_ref = std::max(max_ref, double(std::fabs(x)));
+  const double err = test::max_abs_diff(got, want);
+  EXPECT_GT(max_ref, 1e-3);
+  EXPECT_LT(err, 0.05 * max_ref);
+  EXPECT_GT(err, 0.0) << "q8_0h blocks equal f32 KV: not quantized?";
+  std::printf("[ cuda tiers ] llama q8_0h KV, GPU export rotated back vs CPU f32 KV: max |diff| %.3g (max |kv| %.3g)\n",
+              err, max_ref);
 }
 
 TEST(CudaKvExport, BlockCopiesRoundTripAndRefuseWhatIsNotThere) {

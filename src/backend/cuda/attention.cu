@@ -487,7 +487,46 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
   }
 }
 
+// Rotated KV (AttentionArgs::k_rotated / v_rotated): head h of row t of in
+// (rows in_stride floats apart) times H / sqrt(head_dim)
+// (detail::hadamard_rotate_heads, the CPU's bits) into out, rows [n_rows,
+// n_heads * head_dim] in Out. One block per (row, head).
+template <typename Out>
+__global__ void rotate_heads_kernel(const float* in, int64_t in_stride, int n_heads, int hd, Out* out) {
+  extern __shared__ float x[];  // [hd]
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  detail::pdl_wait();  // in may come from the kernel just before
+  detail::pdl_trigger();
+  const float* src = in + t * in_stride + static_cast<int64_t>(h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) x[d] = src[d];
+  detail::hadamard_rotate_heads(x, hd, hd);  // synchronizes before and after
+  Out* dst = out + (t * n_heads + h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = from_f32<Out>(x[d]);
+}
+
+template <typename Out>
+void rotate_heads(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_heads, int32_t hd, Out* out,
+                  cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
+  launch_pdl(rotate_heads_kernel<Out>, grid, 64, static_cast<size_t>(hd) * sizeof(float), stream, in, in_stride,
+             n_heads, hd, out);
+}
+
+void dispatch(const AttentionArgs& a, cudaStream_t stream) {
+  RILL_CUDA_DISPATCH_KV(a.kv_dtype, RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, T>(a, stream)));
+}
+
 }  // namespace
+
+bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated) {
+  return !rotated || ((kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0) && head_dim > 0 && head_dim <= 256 &&
+                      (head_dim & (head_dim - 1)) == 0);
+}
+
+size_t attention_rotation_floats(int64_t n_tokens, int32_t n_head, int32_t head_dim) {
+  return 2 * static_cast<size_t>(n_tokens) * static_cast<size_t>(n_head) * static_cast<size_t>(head_dim);
+}
 
 bool kv_supported(DType kv_dtype) {
   bool supported = false;
@@ -511,7 +550,27 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   assert(a.n_head % a.n_head_kv == 0 && a.n_head / a.n_head_kv <= kMaxGroup);
   assert(a.head_dim % 4 == 0 && a.head_dim <= 256);
   assert(kv_supported(a.kv_dtype) && a.n_head_kv * a.head_dim % dtype_info(a.kv_dtype).block_size == 0);
-  RILL_CUDA_DISPATCH_KV(a.kv_dtype, RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, T>(a, stream)));
+  if (!a.k_rotated && !a.v_rotated) return dispatch(a, stream);
+  // Rotated KV: q's heads rotated into the scratch's first half, the
+  // kernels' f32 outputs into its second, rotated back into a.out.
+  assert(kv_rotation_supported(a.kv_dtype, a.head_dim, true) && a.rotation && a.n_tokens > 0);
+  const int64_t width = static_cast<int64_t>(a.n_head) * a.head_dim;
+  float* rotated_out = a.rotation + a.n_tokens * width;
+  AttentionArgs r = a;
+  if (a.k_rotated) {
+    rotate_heads(a.q, a.q_stride, a.n_tokens, a.n_head, a.head_dim, a.rotation, stream);
+    r.q = a.rotation;
+    r.q_stride = width;
+  }
+  if (a.v_rotated) {
+    r.out_dtype = DType::kF32;
+    r.out = rotated_out;
+  }
+  dispatch(r, stream);
+  if (a.v_rotated) {
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, rotate_heads(rotated_out, width, a.n_tokens, a.n_head, a.head_dim,
+                                                       static_cast<T*>(a.out), stream));
+  }
 }
 
 }  // namespace rill::cuda

@@ -411,6 +411,10 @@ class CudaBackend final : public Backend {
   // runtime's arena: carve_cuda_scratch).
   void carve(cuda::Arena& a, const StepLimits& limits) {
     partial_ = a.take<float>(cuda::attention_partial_floats(limits.max_tokens, limits.n_head, limits.head_dim));
+    // Rotated KV's queries and outputs (2 f32 rows a token: 1/16 of the
+    // partials above at head_dim 128), carved for every type: the limits
+    // do not name the KV types, and a model may store any of them.
+    rotation_ = a.take<float>(cuda::attention_rotation_floats(limits.max_tokens, limits.n_head, limits.head_dim));
     const CudaWeight* table = limits.embedding ? &record(*limits.embedding) : nullptr;
     const CudaWeight* head = limits.lm_head ? &record(*limits.lm_head) : nullptr;
     int64_t layer_max = 0, quant_cols = 0;
@@ -497,14 +501,15 @@ class CudaBackend final : public Backend {
     cuda::add_bias(y.f32(), b.data, y.rows, y.cols, stream());
   }
 
-  // The KV types the kernels take (cuda::kv_supported): K and V alike, unrotated.
-  static bool kv_readable(const KvCacheView& kv) {
-    return cuda::kv_supported(kv.dtype) && kv.v_type() == kv.dtype && kv.v_bytes() == kv.row_bytes && !kv.k_rotated &&
-           !kv.v_rotated;
+  // The KV types the kernels take (cuda::kv_supported): K and V in one
+  // dtype, either side rotated where cuda::kv_rotation_supported.
+  static bool kv_readable(const KvCacheView& kv, int32_t head_dim) {
+    return cuda::kv_supported(kv.dtype) && kv.v_type() == kv.dtype && kv.v_bytes() == kv.row_bytes &&
+           cuda::kv_rotation_supported(kv.dtype, head_dim, kv.k_rotated || kv.v_rotated);
   }
 
   void rope_store_kv(const RopeKvOp& op, const StepMetadata& step) override {
-    assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && kv_readable(op.kv));
+    assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && kv_readable(op.kv, op.head_dim));
     const CudaRope& rope = record(op.rope);
     cuda::RopeKvArgs a;
     a.qkv = op.qkv.f32();
@@ -528,6 +533,8 @@ class CudaBackend final : public Backend {
     a.k_cache = op.kv.k;
     a.v_cache = op.kv.v;
     a.kv_dtype = op.kv.dtype;
+    a.k_rotated = op.kv.k_rotated;
+    a.v_rotated = op.kv.v_rotated;
     if (op.v_norm && op.n_head_kv > 0) {  // Gemma 4: V heads normed in place before the store
       cuda::head_rms_norm(op.qkv.f32(), op.qkv.stride, op.qkv.rows, int64_t{op.n_head + op.n_head_kv} * op.head_dim,
                           op.n_head_kv, op.head_dim, op.norm_eps, stream());
@@ -536,7 +543,8 @@ class CudaBackend final : public Backend {
   }
 
   void attention(const AttentionOp& op, const StepMetadata& step) override {
-    assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && op.out.is_dense() && kv_readable(op.kv));
+    assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && op.out.is_dense() &&
+           kv_readable(op.kv, op.head_dim));
     cuda::AttentionArgs a;
     a.q = op.q.f32();
     a.q_stride = op.q.stride;
@@ -563,6 +571,10 @@ class CudaBackend final : public Backend {
     a.n_tiles = step.n_tiles;
     a.out_dtype = op.out.dtype;
     a.out = op.out.data;
+    a.k_rotated = op.kv.k_rotated;
+    a.v_rotated = op.kv.v_rotated;
+    a.n_tokens = static_cast<int32_t>(op.q.rows);
+    a.rotation = rotation_;
     cuda::attention(a, stream());
   }
 
@@ -909,6 +921,7 @@ class CudaBackend final : public Backend {
   cuda::DeviceBuffer fp8_staging_;  // a part in act_ before quantize_part
   cuda::DeviceBuffer scratch_;
   float* partial_ = nullptr;
+  float* rotation_ = nullptr;      // cuda::attention_rotation_floats of the limits
   float* index_scores_ = nullptr;  // lightning_index(): [kIndexBlocks, index_keys_]
   int64_t index_keys_ = 0;
   cuda::QuantScratch qscratch_;

@@ -14,6 +14,10 @@
 //                        [e0, e0 + n) of a row, e0 and n whole blocks, by
 //                        the whole thread block (blockDim.x a multiple of
 //                        32; every thread calls it after x is written)
+//   store_rotated(...)   Q8_0 / Q4_0 only (kRotatable): as store, for x
+//                        already Hadamard-rotated per head, by the rotated
+//                        types' encoder (kv_rotated.cuh fit_rotated_block):
+//                        q8_0h / q4_0h
 // Elements are addressed within the row, not the head: heads smaller than
 // a block (head_dim 16: two heads share a q8_0 block, as on the CPU) are
 // read in place like any other.
@@ -26,6 +30,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/kv_rotated.cuh"
 #include "core/dtype.h"
 #include "core/e4m3.h"
 
@@ -121,6 +126,17 @@ struct KvQ8_0 {
       blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(roundf(v * inv)));
     }
   }
+  static constexpr bool kRotatable = true;
+  __device__ static void store_rotated(const float* x, uint8_t* row, int64_t e0, int n) {
+    const int lane = threadIdx.x & 31;
+    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
+    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
+      const RotatedBlock b = fit_rotated_block(x + i0, x[i0 + lane], -127, 127);
+      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
+      if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
+      blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(b.q));
+    }
+  }
 };
 
 // GGML's block_q4_0: an f16 scale d, then 16 bytes: element j < 16 in the
@@ -178,6 +194,18 @@ struct KvQ4_0 {
       if (lane < 16) blk[2 + lane] = static_cast<uint8_t>(q | (hi << 4));
     }
   }
+  static constexpr bool kRotatable = true;
+  __device__ static void store_rotated(const float* x, uint8_t* row, int64_t e0, int n) {
+    const int lane = threadIdx.x & 31;
+    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
+    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
+      const RotatedBlock b = fit_rotated_block(x + i0, x[i0 + lane], -8, 7);
+      const int q = b.q + 8, hi = __shfl_down_sync(0xffffffffu, q, 16);
+      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
+      if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
+      if (lane < 16) blk[2 + lane] = static_cast<uint8_t>(q | (hi << 4));
+    }
+  }
 };
 
 // fp8 (model/kv_types.h "fp8"): one OCP e4m3 (fn) byte per element, with
@@ -222,6 +250,12 @@ struct KvFp8 {
   __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) row[e0 + i] = encode(x[i]);
   }
+};
+
+// Whether tag KvT has the rotated types' encoder (store_rotated).
+template <typename KvT>
+inline constexpr bool kv_rotatable = requires {
+  KvT::kRotatable;
 };
 
 }  // namespace rill::cuda::detail

@@ -1,5 +1,6 @@
 // Elementwise and per-row kernels: embedding gather, RMSNorm, SwiGLU, bias,
 // conversion, and RoPE fused with the paged K/V store.
+#include <algorithm>
 #include <cassert>
 
 #include "backend/cuda/cuda_context.h"
@@ -210,6 +211,13 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   const int kv_head = is_k ? head - a.n_head : head - a.n_head - a.n_head_kv;
   const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
   auto* row = static_cast<uint8_t*>(is_k ? a.k_cache : a.v_cache) + KvT::row_bytes(a.slots[t] * row_elems);
+  if constexpr (detail::kv_rotatable<KvT>) {
+    if (is_k ? a.k_rotated : a.v_rotated) {  // q8_0h / q4_0h: each head rotated, then the rotated encoder
+      detail::hadamard_rotate_heads(h, width, hd);
+      KvT::store_rotated(h, row, static_cast<int64_t>(kv_head) * hd, width);
+      return;
+    }
+  }
   KvT::store(h, row, static_cast<int64_t>(kv_head) * hd, width);
 }
 
@@ -354,14 +362,17 @@ void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int32_t* i
 void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return;
   assert(a.rot_dim <= a.head_dim && a.rot_dim % 2 == 0);
-  assert(kv_supported(a.kv_dtype));
+  assert(kv_supported(a.kv_dtype) && kv_rotation_supported(a.kv_dtype, a.head_dim, a.k_rotated || a.v_rotated));
   RILL_CUDA_DISPATCH_KV(a.kv_dtype, {
     const int n_sub = kv_heads_per_block<KvT>(a.head_dim);
     // A K or V group is whole blocks of the type: head_dim a multiple of
     // the block, or a divisor of it with the row whole groups.
     assert((a.head_dim * n_sub) % KvT::kBlock == 0 && a.n_head_kv % n_sub == 0);
     const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head + 2 * (a.n_head_kv / n_sub)));
-    const int threads = a.head_dim * n_sub >= 128 ? 64 : 32;
+    // Rotated types: a warp per block of 32 (each block's encoder is a
+    // serial search, so warps in parallel are what shortens the store).
+    const int width = a.head_dim * n_sub;
+    const int threads = (a.k_rotated || a.v_rotated) ? std::min(width, 1024) : width >= 128 ? 64 : 32;
     const size_t smem = static_cast<size_t>(a.head_dim * n_sub) * sizeof(float);
     launch_pdl(rope_kv_kernel<KvT>, grid, threads, smem, stream, a);
   });

@@ -39,6 +39,10 @@ void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t
 // F32, F16, Q8_0 and Q4_0 (GGML's blocks, the CPU's layout; K/V heads of
 // whole blocks, or blocks of whole heads).
 bool kv_supported(DType kv_dtype);
+// Whether a side of kv_dtype may be Hadamard-rotated per head (q8_0h /
+// q4_0h, model/kv_types.h): Q8_0 and Q4_0 with a power-of-two head_dim
+// (attention's limit, 256, applies too). Always true when !rotated.
+bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated);
 
 // RoPE (+ optional per-head RMSNorm: qwen3, gemma3) on the q and k heads of a fused
 // qkv buffer, and K/V written into the paged cache.
@@ -70,6 +74,11 @@ struct RopeKvArgs {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   DType kv_dtype = DType::kF32;
+  // q8_0h / q4_0h (kv_rotation_supported): each K (V) head is rotated by
+  // cpu::hadamard_rotate after RoPE and stored by the rotated types'
+  // encoder (kv_rotated.cuh), the CPU's bytes. q is not rotated here
+  // (attention does it), so q leaves this op as it does for any type.
+  bool k_rotated = false, v_rotated = false;
 };
 void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 
@@ -139,6 +148,18 @@ struct AttentionArgs {
   // Decode through the general kernel even where attention_decode.cu's
   // applies (tests and benchmarks compare the two).
   bool general_decode = false;
+  // Rotated KV (q8_0h / q4_0h, kv_rotation_supported): K's heads were
+  // stored Hadamard-rotated, so each query head is rotated the same way
+  // first (H orthonormal: q.k unchanged); V's were, so each output head is
+  // rotated back (H is its own inverse) in f32 before its conversion to
+  // out_dtype. Both go through `rotation` (attention_rotation_floats(
+  // n_tokens, ...) floats of scratch): the rotated queries, then the f32
+  // outputs, rows [n_tokens, n_head * head_dim]; every kernel (decode and
+  // prefill, SIMT and tensor-core) reads and writes them as it would q and
+  // out. n_tokens: the step's query rows (every row of q and out).
+  bool k_rotated = false, v_rotated = false;
+  int32_t n_tokens = 0;
+  float* rotation = nullptr;
 };
 // Splits of a decode token whose keys span [0, len): a function of len only.
 int32_t decode_splits(int32_t len);
@@ -147,6 +168,8 @@ int32_t decode_splits(int32_t len);
 int32_t prefill_tile_q(DType kv_dtype, int32_t head_dim);
 // Scratch floats attention() needs for n_decode tokens.
 size_t attention_partial_floats(int64_t n_decode, int32_t n_head, int32_t head_dim);
+// Scratch floats attention() needs for rotated KV over n_tokens query rows.
+size_t attention_rotation_floats(int64_t n_tokens, int32_t n_head, int32_t head_dim);
 void attention(const AttentionArgs& a, cudaStream_t stream);
 
 // Routes sequence s (tokens [q_start, q_start + q_len)) to the decode
