@@ -49,7 +49,9 @@
 // (`.cuda`, over model/cuda_model_base.h: one plane pair per layer, each
 // plane half a latent row wide). On CUDA the MoE layers (DeepSeek-V3,
 // GLM-5) load only as far as the CUDA Backend's place_moe takes their
-// router.
+// router. The MTP layer (--spec mtp, mla_mtp_forward) is the same graph on
+// both runtimes: one more MlaLayer and latent KV layer, with
+// model/mtp_head.h's head around it (CUDA: the base's step kinds).
 #include <algorithm>
 #include <cassert>
 #include <cmath>
