@@ -8,9 +8,10 @@
 //  - the hidden states and the logits of forward_hidden match the CPU
 //    model's (1e-3);
 //  - the head's logits match tools/make_mtp_golden.py's numpy reference
-//    (1e-3; the CPU tests hold 1e-4) and the CPU model's (1e-3), and the
-//    fed-back rows the CPU's, whole, in chunks of 9 and as one-token steps
-//    (the third and later replay CUDA graphs of the MTP kind);
+//    and the CPU model's (1e-4, the CPU tests' bound; 1.3e-6 and 6e-7 on
+//    the H200), and the fed-back rows the CPU's (1e-3), whole, in chunks
+//    of 9 and as one-token steps (the third and later replay CUDA graphs of
+//    the MTP kind);
 //  - the speculator's chained drafts on the device are the reference
 //    chain for every k up to the golden's;
 //  - an engine on the device gives the same greedy output with `--spec
@@ -150,8 +151,8 @@ TEST_P(MtpCuda, HeadMatchesTheCpuAndTheNumpyReference) {
     const double vs_cpu = test::max_abs_diff(got, cpu_logits);
     std::printf("%s MTP on CUDA, chunks of %d: max |logit - numpy| = %.3g, |logit - CPU| = %.3g\n", GetParam().c_str(),
                 split, err, vs_cpu);
-    EXPECT_LT(err, 1e-3) << "chunks of " << split;
-    EXPECT_LT(vs_cpu, 1e-3) << "logits against the CPU's, chunks of " << split;
+    EXPECT_LT(err, 1e-4) << "chunks of " << split;  // the CPU tests' bound (tests/model/mtp_head_test.cpp)
+    EXPECT_LT(vs_cpu, 1e-4) << "logits against the CPU's, chunks of " << split;
     EXPECT_LT(test::max_abs_diff(out, cpu_out), 1e-3) << "fed-back rows, chunks of " << split;
     const auto first_draft = static_cast<int32_t>(std::max_element(got.end() - V, got.end()) - (got.end() - V));
     EXPECT_EQ(first_draft, gold["mtp_greedy"].back().get<int32_t>()) << "chunks of " << split;
