@@ -8,11 +8,19 @@
 // BM_mtp_observe runs that step and then MtpSpeculator::observe with k
 // drafts per row (the MTP layer over the kept position, then k - 1 chained
 // one-token forwards of all rows together). observe's cost is the
-// difference. Args: {k, rows}; checkpoint 0 / 1 / 2 as above.
+// difference. Args: {k, rows, checkpoint}; checkpoint 0 / 1 / 2 as above,
+// 3 the directory RILL_BENCH_MTP_MODEL names (any checkpoint with an MTP
+// layer, e.g. a full-size one with random weights). RILL_BENCH_DEVICE=cuda
+// runs every model on the GPU (the CUDA runtimes' MTP step kinds). A model
+// is loaded once per checkpoint (for the largest row count) and shared by
+// the runs: each run starts its rows at position 0.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,21 +34,43 @@ namespace {
 
 const char* const kCheckpoints[] = {"mtp-deepseek-v3", "mtp-glm4-moe", "mtp-qwen3-next"};
 constexpr int32_t kPrompt = 24;
+constexpr int32_t kMaxRows = 8;
 
-void run(benchmark::State& state, int checkpoint, bool draft) {
-  const std::string dir = std::string(RILL_BENCH_SOURCE_DIR) + "/tests/data/" + kCheckpoints[checkpoint];
-  const auto k = static_cast<int32_t>(state.range(0));
-  const auto rows = static_cast<int32_t>(state.range(1));
-  auto files = open_model_files(dir);
-  if (!files.ok()) return state.SkipWithError(files.error().message.c_str());
+std::string checkpoint_dir(int checkpoint) {
+  if (checkpoint == 3) {
+    const char* env = std::getenv("RILL_BENCH_MTP_MODEL");
+    return env ? env : "";
+  }
+  return std::string(RILL_BENCH_SOURCE_DIR) + "/tests/data/" + kCheckpoints[checkpoint];
+}
+
+Device bench_device() {
+  const char* env = std::getenv("RILL_BENCH_DEVICE");
+  return env && std::string(env) == "cuda" ? Device::kCuda : Device::kCpu;
+}
+
+// The checkpoint's model with its MTP layer, loaded at the first call.
+Result<Model*> model_for(int checkpoint) {
+  static std::map<int, std::unique_ptr<Model>> models;
+  std::unique_ptr<Model>& m = models[checkpoint];
+  if (m) return m.get();
+  RILL_ASSIGN_OR_RETURN(auto files, open_model_files(checkpoint_dir(checkpoint)));
   ModelOptions mo;
+  mo.device = bench_device();
   mo.n_threads = 2;
   mo.n_ctx = 512;
-  mo.max_batch_tokens = std::max(64, rows * kPrompt);
-  mo.max_batch_seqs = rows;
-  mo.n_kv_slots = rows;  // one whole context per row (slot_block_table)
+  mo.max_batch_tokens = std::max(64, kMaxRows * kPrompt);
+  mo.max_batch_seqs = kMaxRows;
+  mo.n_kv_slots = kMaxRows;  // one whole context per row (slot_block_table)
   mo.mtp = true;
-  auto model = create_model(builtin_registry(), infer_profile(**files), *files, mo);
+  RILL_ASSIGN_OR_RETURN(m, create_model(builtin_registry(), infer_profile(*files), files, mo));
+  return m.get();
+}
+
+void run(benchmark::State& state, int checkpoint, bool draft) {
+  const auto k = static_cast<int32_t>(state.range(0));
+  const auto rows = static_cast<int32_t>(state.range(1));
+  auto model = model_for(checkpoint);
   if (!model.ok()) return state.SkipWithError(model.error().message.c_str());
   Model& m = **model;
   const KvSpec& groups = m.kv_spec();
@@ -52,7 +82,7 @@ void run(benchmark::State& state, int checkpoint, bool draft) {
     tables.push_back(slot_block_table(i, m.n_ctx(), m.kv_block_size()));
     for (int32_t j = 0; j < kPrompt; ++j) tokens[static_cast<size_t>(i)].push_back((7 + 13 * i + 29 * j) % 500);
   }
-  std::vector<float> logits(static_cast<size_t>(rows * V)), hidden(static_cast<size_t>(mo.max_batch_tokens * E));
+  std::vector<float> logits(static_cast<size_t>(rows * V)), hidden(static_cast<size_t>(m.max_batch_tokens() * E));
   MtpSpeculator spec(m);
   std::vector<HiddenRows> seen;
   Batch b;
@@ -103,7 +133,8 @@ void BM_mtp_observe(benchmark::State& state) {
 }
 
 void args(benchmark::internal::Benchmark* b, bool all_k) {
-  for (int c = 0; c < 3; ++c)
+  const int n_checkpoints = std::getenv("RILL_BENCH_MTP_MODEL") ? 4 : 3;
+  for (int c = 0; c < n_checkpoints; ++c)
     for (int rows : {1, 8})
       for (int k = 1; k <= (all_k ? 4 : 1); ++k) b->Args({k, rows, c});
 }

@@ -17,8 +17,8 @@ struct SpecFlags {
     app->add_option("--spec", spec,
                     "speculative decoding: ngram (prompt lookup: drafts copied from the prompt and output, for "
                     "edits and code), draft=PATH (a smaller model with the same tokenizer drafts greedily), mtp (the "
-                    "model's own multi-token-prediction layer drafts one token: DeepSeek-V3-style checkpoints that "
-                    "carry it, on the CPU) or off; requests opt out with \"speculative\": false (output is the same "
+                    "model's own multi-token-prediction layer drafts: DeepSeek-V3, GLM-4.5/5, Qwen3-Next checkpoints "
+                    "that carry it) or off; requests opt out with \"speculative\": false (output is the same "
                     "either way; replay=FILE[:A] replays the continuations `rill bench --record-tokens FILE` "
                     "recorded, a benchmark of the mechanism)")
         ->check([](const std::string& v) -> std::string {

@@ -689,7 +689,13 @@ Status CudaModelBase::compute(const Batch& batch) {
   for (int g = 1; g < n_groups; ++g) {
     RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_.tables[g], mh.tables[g], n_used * 4, cudaMemcpyHostToDevice, st));
   }
-  if (states_) RILL_TRY(upload_states(batch, n_run));
+  // An MTP step runs one full-attention layer: its batch names no state
+  // slots and its graph reads no recurrent indices.
+  if (step_kind_ == StepKind::kMtp) {
+    rec_step_ = {};
+  } else if (states_) {
+    RILL_TRY(upload_states(batch, n_run));
+  }
 
   if (split_bucket == 0) return run_layers({n, n_sample, decode.n, max_decode_len, tiles.n});
   const Step step{n_run, n_run, decode.n, max_decode_len, 0};

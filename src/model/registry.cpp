@@ -228,6 +228,13 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
       }
     }
   }
+  // No family splits its MTP layer over ranks (the Llama family's shards
+  // carry no MTP weights): refused here, before any rank is built.
+  if (options.mtp && options.tensor_parallel != 1) {
+    return Error{files->path + ": --spec mtp does not run with --tensor-parallel " +
+                 std::to_string(options.tensor_parallel) +
+                 " (no family splits its MTP layer over ranks yet); run it with --tensor-parallel 1"};
+  }
   if (options.tensor_parallel > 1 && !impl->tensor_parallel) {
     return Error{files->path + ": " + impl->id + " (" + profile.graph +
                  ") has no tensor-parallel implementation; run it with --tensor-parallel 1"};

@@ -278,5 +278,30 @@ TEST(MtpSpeculator, AModelWithoutMtpLayersIsRefusedNamingIt) {
       << dropped.error().message;
 }
 
+// No family splits its MTP layer over ranks: `--spec mtp` with
+// `--tensor-parallel N` is refused at load, naming both flags, for the
+// family whose CPU runtime splits (GLM-4.5, the Llama graph) and for those
+// that do not (DeepSeek-V3, Qwen3-Next), on either device (the refusal
+// comes before any rank or device is touched).
+TEST(MtpSpeculator, TensorParallelIsRefusedAtLoadNamingTheFlag) {
+  for (const std::string& dir : {kGlmCheckpoint, kMtpCheckpoint, kQwenCheckpoint}) {
+    for (const Device device : {Device::kCpu, Device::kCuda}) {
+      EngineOptions o = options("mtp");
+      o.device = device;
+      o.tensor_parallel = 2;
+      auto e = Engine::load(dir, o);
+      ASSERT_FALSE(e.ok()) << dir;
+      const std::string& msg = e.error().message;
+      EXPECT_NE(msg.find("--spec mtp"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--tensor-parallel 2"), std::string::npos) << msg;
+    }
+  }
+  // The split itself is not what is refused: the CPU splits GLM-4.5.
+  EngineOptions o = options("ngram");
+  o.tensor_parallel = 2;
+  auto split = Engine::load(kGlmCheckpoint, o);
+  EXPECT_TRUE(split.ok()) << split.error().message;
+}
+
 }  // namespace
 }  // namespace rill

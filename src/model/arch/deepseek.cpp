@@ -49,7 +49,9 @@
 // (`.cuda`, over model/cuda_model_base.h: one plane pair per layer, each
 // plane half a latent row wide). On CUDA the MoE layers (DeepSeek-V3,
 // GLM-5) load only as far as the CUDA Backend's place_moe takes their
-// router.
+// router. The MTP layer (--spec mtp, mla_mtp_forward) is the same graph on
+// both runtimes: one more MlaLayer and latent KV layer, with
+// model/mtp_head.h's head around it (CUDA: the base's step kinds).
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -70,6 +72,7 @@
 #include "model/cpu_paged_model.h"
 #include "model/layers.h"
 #include "model/moe.h"
+#include "model/mtp_head.h"
 #include "model/placement.h"
 
 #if RILL_HAVE_CUDA
@@ -109,11 +112,9 @@ struct MlaWeights {
   std::vector<MlaLayerWeights> layers;  // the decoder layers, then the MTP layer when bound
   RopeTable rope;
   bool all_f32 = true;
-  // The MTP layer (ModelOptions::mtp): layers.back(), its decoder layer.
-  bool has_mtp = false;
-  std::vector<float> mtp_enorm, mtp_hnorm, mtp_head_norm;  // [E]
-  WeightView mtp_embed, mtp_head;                          // [V, E]: its own copies, else the model's
-  WeightView mtp_eh;                                       // eh_proj [E, 2E]: [embedding | hidden] columns
+  // The MTP layer (ModelOptions::mtp): layers.back() is its decoder layer,
+  // mtp_head what is around it (model/mtp_head.h).
+  std::optional<MtpHeadWeights> mtp_head;
 };
 
 // Splits kv_b [H * (nope + v), kv_lora] into head-major W_uk^T [H * kv_lora,
@@ -188,7 +189,7 @@ Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
   w.all_f32 = w.embed.dtype == DType::kF32;
   // The MTP layer is bound as decoder layer n_layer (its tensors are
   // DeepSeek's model.layers.{n_layer}.*, loader/mtp_layers.h).
-  std::string mtp_prefix;
+  std::optional<MtpLayers> mtp_found;
   if (mtp) {
     RILL_ASSIGN_OR_RETURN(const MtpLayers found, find_mtp_layers(f));
     if (found.n_layers() == 0) return Error{f.path + ": --spec mtp: the files carry no multi-token-prediction layers"};
@@ -200,7 +201,7 @@ Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
     if (p.dsa.enabled() && !f.find(found.prefixes[0] + "self_attn.indexer.wq_b.weight"))
       return Error{f.path + ": --spec mtp: the MTP layer of a DSA model needs its own indexer ('" + found.prefixes[0] +
                    "self_attn.indexer.wq_b.weight' is missing)"};
-    mtp_prefix = found.prefixes[0];
+    mtp_found = found;
   }
   const int64_t n_bound = cfg.n_layer + (mtp ? 1 : 0);
   w.layers.resize(static_cast<size_t>(n_bound));
@@ -262,25 +263,8 @@ Result<MlaWeights> bind_mla(const ModelFiles& f, bool mtp) {
     // (--spec mtp) never changes the target's numbers.
     if (il < cfg.n_layer) w.all_f32 = w.all_f32 && L.kv_a.w.dtype == DType::kF32 && kv_b_dtype == DType::kF32;
   }
-  if (mtp) {
-    const std::string& m = mtp_prefix;
-    w.has_mtp = true;
-    RILL_ASSIGN_OR_RETURN(w.mtp_enorm, load_vector(f, m + "enorm.weight", E));
-    RILL_ASSIGN_OR_RETURN(w.mtp_hnorm, load_vector(f, m + "hnorm.weight", E));
-    RILL_ASSIGN_OR_RETURN(w.mtp_head_norm, load_vector(f, m + "shared_head.norm.weight", E));
-    w.mtp_embed = w.embed;
-    if (f.find(m + "embed_tokens.weight")) {
-      RILL_ASSIGN_OR_RETURN(w.mtp_embed, bind_matrix(f, m + "embed_tokens.weight", V, E));
-    }
-    w.mtp_head = w.lm_head;
-    if (f.find(m + "shared_head.head.weight")) {
-      RILL_ASSIGN_OR_RETURN(w.mtp_head, bind_matrix(f, m + "shared_head.head.weight", V, E));
-    }
-    RILL_ASSIGN_OR_RETURN(w.mtp_eh, bind_matrix(f, m + "eh_proj.weight", E, 2 * E));
-    // Placed as two column halves (no concatenation): whole-element dtypes only.
-    if (w.mtp_eh.dtype != DType::kF32 && w.mtp_eh.dtype != DType::kF16 && w.mtp_eh.dtype != DType::kBF16)
-      return Error{f.path + ": '" + m + "eh_proj.weight' in " + std::string(dtype_name(w.mtp_eh.dtype)) +
-                   " (F32, F16 or BF16 only for now)"};
+  if (mtp_found) {
+    RILL_ASSIGN_OR_RETURN(w.mtp_head, bind_mtp_head(f, *mtp_found, w.embed, w.lm_head));
   }
   cpu::RopeScalingParams rs = rope_scaling_params(cfg.rope_scaling);
   if (p.rope_attention_factor) rs.attention_factor = p.rope_attention_factor;
@@ -317,11 +301,12 @@ struct MlaGraph {
   int64_t n_main = 0;            // decoder layers
   std::vector<MlaLayer> layers;  // [n_main] and, with an MTP layer, the MTP layer's decoder layer
   Rope rope;
-  // The MTP head (has_mtp): h' = eh_e enorm(emb(t)) + eh_h hnorm(h), the
-  // decoder layer layers[n_main], then mtp_head(mtp_head_norm(.)).
+  // The MTP layer (has_mtp): the head's input (mtp_head_input), the
+  // decoder layer layers[n_main], then the head (mtp_head_logits). Its
+  // embedding and head are the model's placements unless the files carry
+  // copies of their own.
   bool has_mtp = false;
-  Weight mtp_embed, mtp_head, mtp_eh_e, mtp_eh_h;  // eh_e / eh_h: eh_proj's column halves [E, E]
-  Vec mtp_enorm, mtp_hnorm, mtp_head_norm;
+  MtpHead mtp;
 
   int64_t q_width() const { return H * p.qk_dim(); }
   int64_t kv_a_width() const { return p.kv_lora_rank + p.rope; }
@@ -393,17 +378,7 @@ Status place_pass(Backend& b, const MlaWeights& w, MlaGraph& g) {
     const HostMatrix dm = host_matrix(h.down.w);
     RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, pre + "mlp.down_proj"));
   }
-  if (w.has_mtp) {
-    RILL_TRY(place_embedding_and_head(b, w.mtp_embed, w.mtp_head, false, w.mtp_head_norm, g.mtp_embed, g.mtp_head,
-                                      g.mtp_head_norm));
-    RILL_ASSIGN_OR_RETURN(g.mtp_enorm, b.place_vector(w.mtp_enorm.data(), g.E, "mtp.enorm.weight"));
-    RILL_ASSIGN_OR_RETURN(g.mtp_hnorm, b.place_vector(w.mtp_hnorm.data(), g.E, "mtp.hnorm.weight"));
-    HostMatrix half = host_matrix(w.mtp_eh);
-    half.cols = g.E;
-    RILL_ASSIGN_OR_RETURN(g.mtp_eh_e, b.place(&half, 1, "mtp.eh_proj (embedding columns)"));
-    half.data = static_cast<const uint8_t*>(half.data) + row_bytes(w.mtp_eh.dtype, g.E);
-    RILL_ASSIGN_OR_RETURN(g.mtp_eh_h, b.place(&half, 1, "mtp.eh_proj (hidden columns)"));
-  }
+  if (w.mtp_head) RILL_TRY(place_mtp_head(b, *w.mtp_head, w.embed, g.embed, w.lm_head, g.lm_head, g.mtp));
   RILL_ASSIGN_OR_RETURN(g.rope, b.place_rope(w.rope));
   return Status::Ok();
 }
@@ -421,7 +396,8 @@ Result<MlaGraph> place_mla(Backend& b, const ModelConfig& cfg, const MlaWeights&
   g.p = w.params;
   g.eps = cfg.rms_norm_eps;
   g.n_main = cfg.n_layer;
-  g.has_mtp = w.has_mtp;
+  g.has_mtp = w.mtp_head.has_value();
+  g.mtp.eps = g.eps;  // DeepSeek's head feeds back the layer's output before its norm (feed_back_normed false)
   g.layers.assign(w.layers.size(), MlaLayer{});
   for (size_t il = 0; il < w.layers.size(); ++il) {
     g.layers[il].is_moe = w.layers[il].moe.has_value();
@@ -586,32 +562,24 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
   return b.matmul(g.lm_head, final_rows, logits, false);
 }
 
-// The MTP head over a step (Model::forward_mtp): token j is t_{p+1} at
-// position p, hidden [n_tokens, E] the model's final-normed h_p. h' =
-// eh_proj([enorm(emb(t_{p+1})); hnorm(h_p)]) as eh_e enorm(.) + eh_h
-// hnorm(.), the MTP decoder layer (its KV: kv[n_main]), then the shared
-// head's norm and head for the sample rows: logits [n_sample, V]; with
-// `out`, every token's layer output before that norm ([n_tokens, E] F32).
+// The MTP layer over a step (Model::forward_mtp): token j is t_{p+1} at
+// position p, hidden [n_tokens, E] the model's final-normed h_p. The
+// head's input (eh_proj over enorm(emb(t_{p+1})) and hnorm(h_p)), the MTP
+// decoder layer (its KV: kv[n_main]), then the shared head's norm and head
+// for the sample rows: logits [n_sample, V]; with `out`, every token's
+// layer output before that norm ([n_tokens, E] F32). Backend ops only:
+// graph-capturable on CUDA.
 Status mla_mtp_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const MlaActivations& a,
                        const std::vector<KvCacheView>& kv, Tensor hidden, Tensor logits, const Tensor* out) {
   assert(g.has_mtp);
   const int64_t n = md.n_tokens;
-  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), mtp_h = a.mtp_h.rows_from(0, n);
-  const float eps = g.eps;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
   const MlaLayer& L = g.layers[static_cast<size_t>(g.n_main)];
-  b.embed(g.mtp_embed, md.ids, n, x);
-  b.rms_norm(x, nullptr, g.mtp_enorm, eps, 0.0f, h);
-  b.rms_norm(hidden, nullptr, g.mtp_hnorm, eps, 0.0f, mtp_h);
-  RILL_TRY(b.matmul(g.mtp_eh_e, h, x, false));
-  RILL_TRY(b.matmul(g.mtp_eh_h, mtp_h, x, true));
-  b.rms_norm(x, nullptr, L.attn_norm, eps, 0.0f, h);
+  RILL_TRY(mtp_head_input(b, g.mtp, md.ids, n, hidden, x, h, a.mtp_h.rows_from(0, n)));
+  b.rms_norm(x, nullptr, L.attn_norm, g.eps, 0.0f, h);
   MlaStepOps ops = mla_step_ops(g, a, n);
   RILL_TRY(mla_layer(b, g, L, ops, md, a, kv[static_cast<size_t>(g.n_main)]));
-  if (out) b.convert(x, *out);
-  if (md.n_sample <= 0) return Status::Ok();
-  const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
-  b.rms_norm(x, md.sample_rows, g.mtp_head_norm, eps, 0.0f, final_rows);
-  return b.matmul(g.mtp_head, final_rows, logits, false);
+  return mtp_head_logits(b, g.mtp, x, md.sample_rows, a.final_rows.rows_from(0, md.n_sample), logits, out);
 }
 
 // --- The CPU runtime ------------------------------------------------------------
@@ -748,6 +716,7 @@ class MlaCudaModel final : public CudaModelBase {
  public:
   explicit MlaCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
   Status init(const ModelOptions& options);
+  int32_t n_mtp_layers() const override { return graph_.has_mtp ? 1 : 0; }
 
  private:
   void carve_activations(cuda::Arena& a) override;
@@ -755,7 +724,7 @@ class MlaCudaModel final : public CudaModelBase {
 
   MlaGraph graph_;
   MlaActivations act_views_;           // over the arena
-  std::vector<KvCacheView> kv_views_;  // per layer
+  std::vector<KvCacheView> kv_views_;  // per layer (the MTP layer's last)
 };
 
 Status MlaCudaModel::init(const ModelOptions& options) {
@@ -765,9 +734,7 @@ Status MlaCudaModel::init(const ModelOptions& options) {
   V_ = cfg_.n_vocab;
   F_ = cfg_.n_ff;
   n_head_ = cfg_.n_head;
-  // The MTP layer (--spec mtp) runs on the CPU runtime only.
-  if (options.mtp) return Error{files_->path + ": the MTP layer (--spec mtp) is not on CUDA yet; the CPU runs it"};
-  RILL_ASSIGN_OR_RETURN(const MlaWeights w, bind_mla(*files_, false));
+  RILL_ASSIGN_OR_RETURN(const MlaWeights w, bind_mla(*files_, options.mtp));
   const MlaParams& p = w.params;
   hd_ = p.qk_dim();
   if (p.kv_lora_rank + p.rope > cuda::kLatentMaxRow) {
@@ -792,9 +759,14 @@ Status MlaCudaModel::init(const ModelOptions& options) {
   RILL_TRY(create_backend(options));
   RILL_ASSIGN_OR_RETURN(graph_, place_mla(*backend_, cfg_, w));
   kv_spec_ = {full()};
-  kv_widths_.assign(static_cast<size_t>(cfg_.n_layer), graph_.kv_row().plane_width());
+  // The MTP layer (--spec mtp): its latent rows are one more layer of the
+  // pool, and the base runs its step kinds (forward_hidden, forward_mtp).
+  const auto n_kv_layers = static_cast<int64_t>(graph_.layers.size());
+  n_kv_layers_ = n_kv_layers;
+  mtp_rows_ = graph_.has_mtp;
+  kv_widths_.assign(static_cast<size_t>(n_kv_layers), graph_.kv_row().plane_width());
   RILL_TRY(init_runtime(options));
-  for (int64_t l = 0; l < cfg_.n_layer; ++l) kv_views_.push_back(kv_view(static_cast<size_t>(l)));
+  for (int64_t l = 0; l < n_kv_layers; ++l) kv_views_.push_back(kv_view(static_cast<size_t>(l)));
   return Status::Ok();
 }
 
@@ -816,6 +788,7 @@ void MlaCudaModel::carve_activations(cuda::Arena& a) {
   v.mlp = carve_tensor(a, act_, T, graph_.F);
   v.mlp32 = carve_tensor(a, DType::kF32, T, f32 || p.residual_scale == 1.0f ? 0 : graph_.F);
   v.final_rows = carve_tensor(a, act_, S, E_);
+  v.mtp_h = carve_tensor(a, act_, T, graph_.has_mtp ? E_ : 0);
   v.final32 = carve_tensor(a, DType::kF32, S, f32 || p.logit_scale == 1.0f ? 0 : E_);
   v.iq = carve_tensor(a, DType::kF32, T, p.dsa.n_head * p.dsa.head_dim);
   v.ikw = carve_tensor(a, DType::kF32, T, p.dsa.head_dim + p.dsa.n_head);
@@ -824,9 +797,23 @@ void MlaCudaModel::carve_activations(cuda::Arena& a) {
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S, n_ctx()));
 }
 
+// The shared graph over the uploaded step metadata, as step_kind() asks:
+// the logits, also every token's final-normed hidden state (rows_out()),
+// or the MTP layer over the hidden rows in rows_in().
 Status MlaCudaModel::run_layers(const Step& s) {
+  const StepMetadata md = step_metadata(s);
   const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.V);
-  return mla_forward(*backend_, graph_, step_metadata(s), act_views_, kv_views_, logits);
+  const Tensor rows = Tensor::dense(rows_out(), DType::kF32, s.n, E_);
+  switch (step_kind()) {
+    case StepKind::kHidden:
+      return mla_forward(*backend_, graph_, md, act_views_, kv_views_, logits, &rows);
+    case StepKind::kMtp:
+      return mla_mtp_forward(*backend_, graph_, md, act_views_, kv_views_,
+                             Tensor::dense(rows_in(), DType::kF32, s.n, E_), logits, &rows);
+    case StepKind::kForward:
+      break;
+  }
+  return mla_forward(*backend_, graph_, md, act_views_, kv_views_, logits);
 }
 #endif  // RILL_HAVE_CUDA
 

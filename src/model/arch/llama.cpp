@@ -361,7 +361,7 @@ Status LlamaModel::init(const ModelOptions& options) {
 
   RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, d));
   if (options.mtp) {
-    if (comm_) return Error{f.path + ": --spec mtp is not run with tensor parallelism yet"};
+    if (comm_) return Error{f.path + ": --spec mtp is not run with --tensor-parallel yet"};
     RILL_TRY(bind_llama_mtp(f, d, w));
   }
   if (comm_) RILL_TRY(shard(w, d));
@@ -674,7 +674,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   RILL_TRY(create_context());
   RILL_ASSIGN_OR_RETURN(LlamaWeights w, bind_llama_weights(f, LlamaDims{E_, V_, F_, hd_, Q_, KV_}));
   if (options.mtp) {
-    if (sharded()) return Error{f.path + ": --spec mtp is not run with tensor parallelism yet"};
+    if (sharded()) return Error{f.path + ": --spec mtp is not run with --tensor-parallel yet"};
     RILL_TRY(bind_llama_mtp(f, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, w));
     mtp_rows_ = true;
     n_kv_layers_ = cfg_.n_layer + 1;  // the MTP layer's K and V: one more layer of the pool

@@ -707,6 +707,7 @@ class HybridCudaModel final : public CudaModelBase {
  public:
   explicit HybridCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
   Status init(const ModelOptions& options);
+  int32_t n_mtp_layers() const override { return graph_.has_mtp ? 1 : 0; }
 
  private:
   void carve_activations(cuda::Arena& a) override;
@@ -714,14 +715,14 @@ class HybridCudaModel final : public CudaModelBase {
 
   HybridGraph graph_;
   HybridActivations act_views_;        // over the arena
-  std::vector<KvCacheView> kv_views_;  // per attention layer
+  std::vector<KvCacheView> kv_views_;  // per attention layer (the MTP layer's last)
 };
 
 Status HybridCudaModel::init(const ModelOptions& options) {
   const ModelFiles& f = *files_;
   RILL_TRY(read_dims());  // the CUDA kernels' limits
   RILL_TRY(create_context());
-  RILL_ASSIGN_OR_RETURN(HybridWeights w, bind_hybrid(f, hd_, /*mtp=*/false));
+  RILL_ASSIGN_OR_RETURN(HybridWeights w, bind_hybrid(f, hd_, options.mtp));
   const GatedDeltaDims& d = w.hybrid.gdn;
   if (!cuda::gdn_supported(static_cast<int32_t>(d.n_k_heads), static_cast<int32_t>(d.n_v_heads),
                            static_cast<int32_t>(d.head_k_dim), static_cast<int32_t>(d.head_v_dim),
@@ -741,10 +742,16 @@ Status HybridCudaModel::init(const ModelOptions& options) {
   RILL_TRY(create_backend(options));
   RILL_ASSIGN_OR_RETURN(graph_, place_hybrid(*backend_, cfg_, w));
   kv_spec_ = {full(), recurrent()};
-  n_kv_layers_ = graph_.n_attn;
+  // The MTP layer (--spec mtp, full attention): its K and V are one more
+  // attention layer of the pool; it has no recurrent state, so the base
+  // uploads none for its steps. The base runs its step kinds
+  // (forward_hidden, forward_mtp).
+  const int64_t n_kv_layers = graph_.n_attn + (graph_.has_mtp ? 1 : 0);
+  n_kv_layers_ = n_kv_layers;
+  mtp_rows_ = graph_.has_mtp;
   RILL_TRY(create_states(graph_.n_linear, graph_.state_tensors(), options));  // before the KV pool
   RILL_TRY(init_runtime(options));
-  for (int64_t i = 0; i < graph_.n_attn; ++i) kv_views_.push_back(kv_view(static_cast<size_t>(i)));
+  for (int64_t i = 0; i < n_kv_layers; ++i) kv_views_.push_back(kv_view(static_cast<size_t>(i)));
   return Status::Ok();
 }
 
@@ -764,12 +771,27 @@ void HybridCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.gu = carve_tensor(a, DType::kF32, T, 2 * F);
   act_views_.mlp = carve_tensor(a, act_, T, F);
   act_views_.final_rows = carve_tensor(a, act_, S, E_);
+  act_views_.mtp_h = carve_tensor(a, act_, T, graph_.has_mtp ? E_ : 0);
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }
 
+// The shared graph over the uploaded step metadata, as step_kind() asks:
+// the logits, also every token's final-normed hidden state (rows_out()),
+// or the MTP layer over the hidden rows in rows_in().
 Status HybridCudaModel::run_layers(const Step& s) {
+  const StepMetadata md = step_metadata(s);
   const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.V);
-  return hybrid_forward(*backend_, graph_, step_metadata(s), act_views_, kv_views_, states(), logits);
+  const Tensor rows = Tensor::dense(rows_out(), DType::kF32, s.n, E_);
+  switch (step_kind()) {
+    case StepKind::kHidden:
+      return hybrid_forward(*backend_, graph_, md, act_views_, kv_views_, states(), logits, &rows);
+    case StepKind::kMtp:
+      return hybrid_mtp_forward(*backend_, graph_, md, act_views_, kv_views_, states(),
+                                Tensor::dense(rows_in(), DType::kF32, s.n, E_), logits, &rows);
+    case StepKind::kForward:
+      break;
+  }
+  return hybrid_forward(*backend_, graph_, md, act_views_, kv_views_, states(), logits);
 }
 #endif  // RILL_HAVE_CUDA
 
