@@ -1,8 +1,9 @@
 // The K-quant dots (Q4_K, Q5_K, Q6_K x Q8_K): the scalar reference follows
-// llama.cpp's x86 vec_dot arithmetic (checked here against a second,
-// independent transcription of that code written from the dequantized
-// values), and every ISA's gemm gives the reference's bits for every tile
-// shape, batch size and row length, including rows of extreme values.
+// llama.cpp's x86 vec_dot arithmetic for Q4_K/Q5_K and rill's super-block
+// int32 definition for Q6_K (each checked here against a second,
+// independent transcription written from the integer values), and every
+// ISA's gemm gives the reference's bits for every tile shape, batch size and
+// row length, including rows of extreme values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -111,6 +112,28 @@ float llamacpp_k_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
   return h;
 }
 
+// rill's Q6_K definition (quants_ref.cpp), transcribed from the integer
+// values: per super-block the exact sum of scale * (q - 32) * a over all 256
+// elements (in int64, so an overflow of the kernels' int32 would show), one
+// fma with a.d * w.d into a single f32 accumulator.
+float superblock_q6_k_dot(int64_t n, const uint8_t* w, const uint8_t* a) {
+  const size_t bb = static_cast<size_t>(dtype_info(DType::kQ6_K).block_bytes);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    const KValues v = k_values(DType::kQ6_K, w + i * bb);
+    const auto& y = reinterpret_cast<const BlockQ8_K*>(a)[i];
+    int64_t isum = 0;
+    for (int e = 0; e < 256; ++e) isum += static_cast<int64_t>(v.scale[e]) * (v.q[e] - 32) * y.qs[e];
+    acc = std::fmaf(y.d * v.d, static_cast<float>(isum), acc);
+  }
+  return acc;
+}
+
+// The definition each type's reference follows.
+float independent_k_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
+  return t == DType::kQ6_K ? superblock_q6_k_dot(n, w, a) : llamacpp_k_dot(t, n, w, a);
+}
+
 std::vector<uint8_t> quantize_rows(DType p, const std::vector<float>& x, int64_t n, int n_t) {
   std::vector<uint8_t> a(row_bytes(p, n) * static_cast<size_t>(n_t));
   for (int c = 0; c < n_t; ++c) ref::quantize_row(p, x.data() + c * n, a.data() + c * row_bytes(p, n), n);
@@ -121,7 +144,7 @@ bool same_bits(float a, float b) {
   return std::memcmp(&a, &b, 4) == 0;
 }
 
-TEST(KQuant, ReferenceIsLlamaCppOrder) {
+TEST(KQuant, ReferenceFollowsItsDefinition) {
   for (DType t : kKTypes) {
     for (int64_t n : {256, 2048}) {
       const auto w = random_weight_rows(t, 3, n, 7 + static_cast<uint32_t>(n));
@@ -131,7 +154,7 @@ TEST(KQuant, ReferenceIsLlamaCppOrder) {
         for (int c = 0; c < 2; ++c) {
           const uint8_t* wr = w.data() + r * row_bytes(t, n);
           const uint8_t* ar = a.data() + c * row_bytes(DType::kQ8_K, n);
-          const float want = llamacpp_k_dot(t, n, wr, ar), got = ref::vec_dot(t, n, wr, ar);
+          const float want = independent_k_dot(t, n, wr, ar), got = ref::vec_dot(t, n, wr, ar);
           EXPECT_TRUE(same_bits(want, got)) << dtype_name(t) << " n=" << n << ": " << got << " vs " << want;
         }
     }
@@ -219,9 +242,41 @@ TEST(KQuant, GemmBitExactExtremeValues) {
             EXPECT_TRUE(same_bits(got[c][r], want[c][r])) << isa_name(isa) << " " << dtype_name(t) << " " << n_t
                                                           << " tokens: " << got[c][r] << " vs " << want[c][r];
       }
-      EXPECT_TRUE(same_bits(want[0][0], llamacpp_k_dot(t, n, w.data(), a.data())));
+      EXPECT_TRUE(same_bits(want[0][0], independent_k_dot(t, n, w.data(), a.data())));
     }
   }
+}
+
+// Q6_K's super-block int32 at its largest magnitude: every q = 0 (q - 32 =
+// -32), every scale -128, every activation -127: 256 * 32 * 128 * 127 =
+// 133,169,152 per super-block, which every path must hold exactly; the
+// token counts reach the one-token tiles and the prefill tiles.
+TEST(KQuant, Q6KSuperblockSumAtItsLargest) {
+  const int64_t n = 1024;
+  const DType t = DType::kQ6_K;
+  auto w = random_weight_rows(t, 5, n, 17);
+  for (size_t b = 0; b < w.size() / sizeof(BlockQ6_K); ++b) {
+    auto* blk = reinterpret_cast<BlockQ6_K*>(w.data()) + b;
+    std::memset(blk->ql, 0, sizeof(blk->ql));
+    std::memset(blk->qh, 0, sizeof(blk->qh));
+    for (int8_t& sc : blk->scales) sc = -128;
+  }
+  constexpr int kT = 21;
+  std::vector<float> x(static_cast<size_t>(n * kT), 1.0f);
+  for (int64_t i = n; i < 2 * n; ++i) x[i] = -1.0f;  // token 1: +127 instead
+  const auto a = quantize_rows(DType::kQ8_K, x, n, kT);
+  EXPECT_EQ(reinterpret_cast<const BlockQ8_K*>(a.data())->qs[0], -127);
+  const size_t ws = row_bytes(t, n), as = row_bytes(DType::kQ8_K, n);
+  std::vector<float> want(static_cast<size_t>(5 * kT));
+  ref::gemm_tile(t, n, w.data(), ws, 5, a.data(), as, kT, want.data(), 5);
+  EXPECT_TRUE(same_bits(want[0], independent_k_dot(t, n, w.data(), a.data())));
+  for (Isa isa : available_isas())
+    for (int n_t : {1, 4, kT}) {
+      std::vector<float> got(want.size(), -7.0f);
+      kernels(isa).gemm[static_cast<size_t>(t)](n, w.data(), ws, 5, a.data(), as, n_t, got.data(), 5);
+      for (int i = 0; i < 5 * n_t; ++i)
+        EXPECT_TRUE(same_bits(got[i], want[i])) << isa_name(isa) << " " << n_t << " tokens at " << i;
+    }
 }
 
 // Every ISA's Q8_K quantizer gives the reference's bytes, including an

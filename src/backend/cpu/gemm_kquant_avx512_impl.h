@@ -3,9 +3,9 @@
 // Q8_K activations) on AVX-512BW + VNNI, for decode (one token row) and
 // batched rows alike. Include only from quants_avx512.cpp; internal linkage.
 //
-// Arithmetic: exactly llama.cpp's x86 vec_dot (see quants_ref.cpp), so every
-// (weight row, token) result equals the reference bit for bit whatever the
-// tile shape. Per super-block, each 64-element chunk of a weight row is one
+// Arithmetic: exactly llama.cpp's x86 vec_dot for Q4_K/Q5_K, rill's
+// super-block int32 for Q6_K (see quants_ref.cpp), so every (weight row,
+// token) result equals the reference bit for bit whatever the tile shape. Per super-block, each 64-element chunk of a weight row is one
 // zmm of unsigned values: vpmaddubsw with the activations gives i16 pair
 // sums and vpdpwssd adds them times the i16 scales into 16 int32 lanes; the
 // chunk's lanes 0..7 and 8..15 hold the same element offsets (4l..4l+3 of a
@@ -32,6 +32,7 @@ struct KActBlock {
   alignas(64) int16_t subsums[32];   // token t's 8 sub-block sums at 8t (Q4_K, Q5_K)
   alignas(64) float dpair[2][16];    // a.d of token 2p in lanes 0..7, of 2p+1 in 8..15
   alignas(64) float dneg[16];        // -a.d of token t in lanes 4t..4t+3
+  alignas(16) float d[4];            // a.d of token t (Q6_K)
 };
 
 // kOrder[k]: the 32-element sub-block whose activations go k-th.
@@ -54,6 +55,7 @@ RILL_KERNEL_TARGET void prepare_k_acts(KActBlock* out, int64_t nb, const void* a
                       _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
       for (int l = 0; l < 8; ++l) o.dpair[t / 2][8 * (t % 2) + l] = b.d;
       for (int l = 0; l < 4; ++l) o.dneg[4 * t + l] = -b.d;
+      o.d[t] = b.d;
     }
   }
 }
@@ -196,9 +198,11 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
   for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const WBlock*>(static_cast<const uint8_t*>(w) + r * w_stride);
   __m512 acc[R][P];
   __m512 accm[R];  // lane 4t + k: token t's min lane k (Q4_K), or its scalar min sum in lane 4t (Q5_K)
+  __m128 acc6[R];  // Q6_K: token t's accumulator in lane t
   RILL_UNROLL
   for (int r = 0; r < R; ++r) {
     accm[r] = _mm512_setzero_ps();
+    acc6[r] = _mm_setzero_ps();
     RILL_UNROLL
     for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
   }
@@ -221,6 +225,27 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
           s[t] = _mm512_dpwssd_epi32(s[t], _mm512_maddubs_epi16(k.q[c], av), k.sc[c]);
         }
       }
+      if constexpr (Dec::kMins == 0) {
+        // Q6_K: token t's super-block int32 = (sum of s[t]'s lanes) - 32 sum_j sc[j] bsums[j], exact
+        // in any order; the 4 tokens' sums land in one xmm, one convert and fma (quants_ref.cpp).
+        __m128i x[4];
+        RILL_UNROLL
+        for (int t = 0; t < 4; ++t) {
+          if (t >= T) {
+            x[t] = x[T - 1];
+            continue;
+          }
+          const __m256i bs = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.bsums[t / 2] + 16 * (t % 2)));
+          const __m256i h = _mm256_sub_epi32(
+              _mm256_add_epi32(_mm512_castsi512_si256(s[t]), _mm512_extracti64x4_epi64(s[t], 1)),
+              _mm256_madd_epi16(bs, _mm512_castsi512_si256(k.mins)));
+          x[t] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        }
+        const __m128i sb = _mm_hadd_epi32(_mm_hadd_epi32(x[0], x[1]), _mm_hadd_epi32(x[2], x[3]));
+        const __m128 d = _mm_mul_ps(_mm_load_ps(ab.d), _mm_set1_ps(k.d));
+        acc6[r] = _mm_fmadd_ps(d, _mm_cvtepi32_ps(sb), acc6[r]);
+        continue;
+      }
       if constexpr (T % 2) s[T] = s[T - 1];
       const __m512 vd = _mm512_set1_ps(k.d);
       RILL_UNROLL
@@ -241,6 +266,16 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
         accm[r] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(prod), accm[r]);
       }
     }
+  }
+  if constexpr (Dec::kMins == 0) {
+    RILL_UNROLL
+    for (int r = 0; r < R; ++r) {
+      alignas(16) float o[4];
+      _mm_store_ps(o, acc6[r]);
+      RILL_UNROLL
+      for (int t = 0; t < T; ++t) y[t * y_stride + r] = o[t];
+    }
+    return;
   }
   RILL_UNROLL
   for (int r = 0; r < R; ++r) {

@@ -174,49 +174,6 @@ struct KPairQ5 {
   }
 };
 
-struct KPairQ6 {
-  using Block = BlockQ6_K;
-  using Meta = KPairMeta6;
-  static constexpr int kMins = 0;
-  static constexpr bool kScales16 = true, kSigned = false;
-  static constexpr int kMinTokens = kPairMinTokensK;
-  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ6>;
-  RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) {
-    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc), s16);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc + 16), s16);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc32), _mm256_slli_epi16(s16, 5));
-    m->d = simd::f16(b->d);
-  }
-  struct Ctx {};
-  RILL_KERNEL_TARGET static Ctx ctx(const Block*) { return {}; }
-  // Sub-block k = 4h + j (elements 128h + 32j + l): nibble of ql[64h + 32(j % 2) + l],
-  // low for j < 2; high bits (qh[32h + l] >> 2j) & 3. Pair g: sub-blocks 2g, 2g + 1.
-  RILL_KERNEL_TARGET static void decode(const Block* b, const Ctx&, int g, __m512i* q0, __m512i* q1) {
-    const int h = g / 2;
-    const bool high = g % 2;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i ql0 = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->ql + 64 * h)));
-    const __m512i ql1 =
-        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->ql + 64 * h + 32)));
-    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h)));
-    __m512i n0, n1, h0, h1;
-    if (!high) {  // j = 0, 1: low nibbles; qh bits 0-1 -> 4-5, bits 2-3 -> 4-5
-      n0 = _mm512_and_si512(ql0, m4);
-      n1 = _mm512_and_si512(ql1, m4);
-      h0 = _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30);
-      h1 = _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30);
-    } else {  // j = 2, 3: high nibbles; qh bits 4-5 stay, bits 6-7 -> 4-5
-      n0 = _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4);
-      n1 = _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4);
-      h0 = _mm512_and_si512(qh, m30);
-      h1 = _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30);
-    }
-    *q0 = _mm512_or_si512(n0, h0);
-    *q1 = _mm512_or_si512(n1, h1);
-  }
-};
-
 // Sub-block k's i16 scale vector: Q4_K/Q5_K one scale (a dword broadcast);
 // Q6_K the scales of its two 16-element halves, in each 256-bit half.
 template <typename Dec>

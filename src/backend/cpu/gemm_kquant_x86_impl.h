@@ -6,7 +6,9 @@
 // per (row, token) the integer dot is sum_k madd(maddubs(q_k, a_k), scale_k),
 // its 8 int32 lanes converted and fma'd with d into 8 f32 lanes, the min (or
 // -32 offset) term taken from Q8_K's bsums: llama.cpp's AVX2 vec_dot
-// arithmetic, so the results equal the reference (quants_ref.cpp) bit for bit.
+// arithmetic for Q4_K/Q5_K; Q6_K's lanes are summed into the super-block's
+// one int32 and fma'd once (rill's Q6_K definition). Either way the results
+// equal the reference (quants_ref.cpp) bit for bit.
 #include "backend/cpu/gemm_x86_impl.h"
 
 namespace rill::cpu {
@@ -111,9 +113,10 @@ RILL_KERNEL_TARGET void gemm_k_tile(int64_t n, const void* w, size_t w_stride, c
   const int64_t nb = n / kQKK;
   __m256 acc[R][T];
   __m128 accm[R][T];  // Q4_K: 4 lanes; Q5_K: lane 0
+  __m128 acc6[R][T];  // Q6_K: lane 0
   RILL_UNROLL
   for (int r = 0; r < R; ++r) RILL_UNROLL
-  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), accm[r][t] = _mm_setzero_ps();
+  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), accm[r][t] = _mm_setzero_ps(), acc6[r][t] = _mm_setzero_ps();
   KDecoded dec[R];
   for (int64_t ib = 0; ib < nb; ++ib) {
     RILL_UNROLL
@@ -135,7 +138,12 @@ RILL_KERNEL_TARGET void gemm_k_tile(int64_t n, const void* w, size_t w_stride, c
         }
         // lane j: corr[2j] * bsums[2j] + corr[2j+1] * bsums[2j+1]
         const __m256i corr = _mm256_madd_epi16(bsums, _mm256_load_si256(reinterpret_cast<const __m256i*>(dec[r].corr)));
-        if constexpr (Dec::kMins == 0) isum = _mm256_sub_epi32(isum, corr);
+        if constexpr (Dec::kMins == 0) {
+          // Q6_K: the super-block's one exact int32, one scalar fma (quants_ref.cpp).
+          const int sb = simd::hsum_i32(_mm256_sub_epi32(isum, corr));
+          acc6[r][t] = _mm_fmadd_ss(_mm_set_ss(ab.d * dec[r].d), _mm_cvtsi32_ss(_mm_setzero_ps(), sb), acc6[r][t]);
+          continue;
+        }
         acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * dec[r].d), _mm256_cvtepi32_ps(isum), acc[r][t]);
         if constexpr (Dec::kMins != 0) {
           // prod[k] = mn[2k] * s[2k] + mn[2k+1] * s[2k+1] (s: sub-block sums)
@@ -159,8 +167,11 @@ RILL_KERNEL_TARGET void gemm_k_tile(int64_t n, const void* w, size_t w_stride, c
       m = _mm_add_ps(m, _mm_movehl_ps(m, m));
       m = _mm_add_ss(m, _mm_movehdup_ps(m));
     }
-    const float h = simd::hsum(acc[r][t]);
-    y[t * y_stride + r] = Dec::kMins == 0 ? h : h + _mm_cvtss_f32(m);
+    if constexpr (Dec::kMins == 0) {
+      y[t * y_stride + r] = _mm_cvtss_f32(acc6[r][t]);
+    } else {
+      y[t * y_stride + r] = simd::hsum(acc[r][t]) + _mm_cvtss_f32(m);
+    }
   }
 }
 

@@ -78,7 +78,7 @@ void fill_kernels_avx512(Kernels& k) {
   k.gemm[id(DType::kQ8_0)] = &gemm_q8_pair_entry<DotVnni>;
   k.gemm[id(DType::kQ4_K)] = gemm_k_pair<KPairQ4>();
   k.gemm[id(DType::kQ5_K)] = gemm_k_pair<KPairQ5>();
-  k.gemm[id(DType::kQ6_K)] = gemm_k_pair<KPairQ6>();
+  k.gemm[id(DType::kQ6_K)] = gemm_k_vnni<KVnniQ6>();
 }
 
 }  // namespace rill::cpu

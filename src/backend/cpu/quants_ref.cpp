@@ -280,8 +280,7 @@ float dot_q8_0(int64_t nb, const BlockQ8_0* x, const BlockQ8_0* y) {
 // term. Q4_K's min term is a 4-lane accumulator, lane k fma(-a.d * w.dmin,
 // mn[2k]*s[2k] + mn[2k+1]*s[2k+1], .) with s[j] the sum of sub-block j's
 // activations, reduced (k0+k2)+(k1+k3); Q5_K's is a scalar fma chain of the
-// same products' total. Q6_K takes its -32 offset per lane as
-// 32 * (bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1]) subtracted before the convert.
+// same products' total. (Q6_K: its own definition, below dot_q5_k.)
 inline float hsum8_llama(const float* a) {
   return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
@@ -348,22 +347,30 @@ float dot_q5_k(int64_t nb, const BlockQ5_K* x, const BlockQ8_K* y) {
   return hsum8_llama(acc) + summs[0];
 }
 
-float dot_q6_k(int64_t nb, const BlockQ6_K* x, const BlockQ8_K* y) {
-  float acc[8] = {};
-  int q[kQKK];
-  for (int64_t i = 0; i < nb; ++i) {
-    for (int e = 0; e < kQKK; ++e) q[e] = q6_value(x[i], e) + 32;
-    int32_t lanes[8];
-    k_lanes(
-        q, y[i].qs, [&](int e) { return static_cast<int>(x[i].scales[e / 16]); }, lanes);
-    const float d = y[i].d * h2f(x[i].d);
-    for (int l = 0; l < 8; ++l) {
-      const int32_t sub =
-          32 * (y[i].bsums[2 * l] * x[i].scales[2 * l] + y[i].bsums[2 * l + 1] * x[i].scales[2 * l + 1]);
-      acc[l] = std::fmaf(d, static_cast<float>(lanes[l] - sub), acc[l]);
-    }
+// Q6_K is defined per super-block as ONE exact int32 (not llama.cpp's
+// vec_dot lanes): isum = sum over the 16 sub-blocks j of
+// sc[j] * sum_{e in j} (q[e] - 32) * a[e] (|isum| <= 256 * 32 * 127 * 128
+// < 2^31, so any summation order gives the same integer), then
+// acc = fma(a.d * w.d, float(isum), acc) over the super-blocks in order from
+// acc = 0; the dot is acc. With the lane layout free, a tile can put rows or
+// tokens in its vector lanes as suits it (gemm_kquant_rows_avx512_impl.h);
+// every path of the type computes exactly this, so results never depend on
+// the batch.
+inline int32_t q6_k_superblock_isum(const BlockQ6_K& x, const BlockQ8_K& y) {
+  int32_t isum = 0;
+  for (int j = 0; j < 16; ++j) {
+    int32_t s = 0;
+    for (int e = 16 * j; e < 16 * j + 16; ++e) s += q6_value(x, e) * y.qs[e];
+    isum += s * x.scales[j];
   }
-  return hsum8_llama(acc);
+  return isum;
+}
+
+float dot_q6_k(int64_t nb, const BlockQ6_K* x, const BlockQ8_K* y) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i)
+    acc = std::fmaf(y[i].d * h2f(x[i].d), static_cast<float>(q6_k_superblock_isum(x[i], y[i])), acc);
+  return acc;
 }
 
 }  // namespace
