@@ -198,16 +198,21 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
   for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const WBlock*>(static_cast<const uint8_t*>(w) + r * w_stride);
   __m512 acc[R][P];
   __m512 accm[R];  // lane 4t + k: token t's min lane k (Q4_K), or its scalar min sum in lane 4t (Q5_K)
-  __m128 acc6[R];  // Q6_K: token t's accumulator in lane t
+  // Q6_K: (row r, token t) = index i = r T + t; its accumulator is lane i % 4 of acc6[i / 4].
+  constexpr int G = (R * T + 3) / 4;
+  __m128 acc6[G];
+  RILL_UNROLL
+  for (int g = 0; g < G; ++g) acc6[g] = _mm_setzero_ps();
   RILL_UNROLL
   for (int r = 0; r < R; ++r) {
     accm[r] = _mm512_setzero_ps();
-    acc6[r] = _mm_setzero_ps();
     RILL_UNROLL
     for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
   }
   for (int64_t ib = 0; ib < nb; ++ib) {
     const KActBlock& ab = act[ib];
+    __m128i xs[4 * G];            // Q6_K: (r, t)'s 4 partial sums at r T + t
+    alignas(16) float wd[4 * G];  // Q6_K: w.d of each row
     RILL_UNROLL
     for (int r = 0; r < R; ++r) {
       const char* pf = reinterpret_cast<const char*>(wr[r] + ib + kKPrefetchBlocks);
@@ -227,23 +232,16 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
       }
       if constexpr (Dec::kMins == 0) {
         // Q6_K: token t's super-block int32 = (sum of s[t]'s lanes) - 32 sum_j sc[j] bsums[j], exact
-        // in any order; the 4 tokens' sums land in one xmm, one convert and fma (quants_ref.cpp).
-        __m128i x[4];
+        // in any order; reduced below, 4 (row, token) sums to an xmm (quants_ref.cpp).
+        wd[r] = k.d;
         RILL_UNROLL
-        for (int t = 0; t < 4; ++t) {
-          if (t >= T) {
-            x[t] = x[T - 1];
-            continue;
-          }
+        for (int t = 0; t < T; ++t) {
           const __m256i bs = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.bsums[t / 2] + 16 * (t % 2)));
           const __m256i h = _mm256_sub_epi32(
               _mm256_add_epi32(_mm512_castsi512_si256(s[t]), _mm512_extracti64x4_epi64(s[t], 1)),
               _mm256_madd_epi16(bs, _mm512_castsi512_si256(k.mins)));
-          x[t] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+          xs[r * T + t] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
         }
-        const __m128i sb = _mm_hadd_epi32(_mm_hadd_epi32(x[0], x[1]), _mm_hadd_epi32(x[2], x[3]));
-        const __m128 d = _mm_mul_ps(_mm_load_ps(ab.d), _mm_set1_ps(k.d));
-        acc6[r] = _mm_fmadd_ps(d, _mm_cvtepi32_ps(sb), acc6[r]);
         continue;
       }
       if constexpr (T % 2) s[T] = s[T - 1];
@@ -266,15 +264,39 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
         accm[r] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(prod), accm[r]);
       }
     }
+    if constexpr (Dec::kMins == 0) {
+      RILL_UNROLL
+      for (int i = R * T; i < 4 * G; ++i) xs[i] = xs[R * T - 1], wd[i] = wd[R - 1];
+      RILL_UNROLL
+      for (int g = 0; g < G; ++g) {
+        const __m128i sb = _mm_hadd_epi32(_mm_hadd_epi32(xs[4 * g], xs[4 * g + 1]),
+                                          _mm_hadd_epi32(xs[4 * g + 2], xs[4 * g + 3]));
+        __m128 d;  // lane l: w.d of row i / T times a.d of token i % T, i = 4 g + l
+        if constexpr (T == 1) {
+          d = _mm_mul_ps(_mm_load_ps(wd + 4 * g), _mm_set1_ps(ab.d[0]));
+        } else if constexpr (T == 4) {
+          d = _mm_mul_ps(_mm_set1_ps(wd[g]), _mm_load_ps(ab.d));
+        } else {
+          alignas(16) float dw[4], da[4];
+          RILL_UNROLL
+          for (int l = 0; l < 4; ++l) {
+            const int i = 4 * g + l < R * T ? 4 * g + l : R * T - 1;
+            dw[l] = wd[i / T];
+            da[l] = ab.d[i % T];
+          }
+          d = _mm_mul_ps(_mm_load_ps(dw), _mm_load_ps(da));
+        }
+        acc6[g] = _mm_fmadd_ps(d, _mm_cvtepi32_ps(sb), acc6[g]);
+      }
+    }
   }
   if constexpr (Dec::kMins == 0) {
+    alignas(16) float o[4 * G];
     RILL_UNROLL
-    for (int r = 0; r < R; ++r) {
-      alignas(16) float o[4];
-      _mm_store_ps(o, acc6[r]);
-      RILL_UNROLL
-      for (int t = 0; t < T; ++t) y[t * y_stride + r] = o[t];
-    }
+    for (int g = 0; g < G; ++g) _mm_store_ps(o + 4 * g, acc6[g]);
+    RILL_UNROLL
+    for (int r = 0; r < R; ++r) RILL_UNROLL
+    for (int t = 0; t < T; ++t) y[t * y_stride + r] = o[r * T + t];
     return;
   }
   RILL_UNROLL
