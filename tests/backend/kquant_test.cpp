@@ -1,9 +1,8 @@
 // The K-quant dots (Q4_K, Q5_K, Q6_K x Q8_K): the scalar reference follows
-// llama.cpp's x86 vec_dot arithmetic for Q4_K/Q5_K and rill's super-block
-// int32 definition for Q6_K (each checked here against a second,
-// independent transcription written from the integer values), and every
-// ISA's gemm gives the reference's bits for every tile shape, batch size and
-// row length, including rows of extreme values.
+// rill's definition (per super-block exact int32 sums, one fma each; checked
+// here against a second, independent transcription written from the integer
+// values), and every ISA's gemm gives the reference's bits for every tile
+// shape, batch size and row length, including rows of extreme values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,11 +23,8 @@ using testing::random_weight_rows;
 
 const DType kKTypes[] = {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
-// llama.cpp's ggml_vec_dot_{q4,q5,q6}_K_q8_K (AVX2 path), transcribed from
-// the integer weight values: the dequantization d * sc * q - dmin * mn
-// recovered per element from the reference dequantizer is not integer, so
-// this reads the quants through the block layout independently of
-// quants_ref.cpp's helpers.
+// A K-quant super-block's integer values, read through the block layout
+// independently of quants_ref.cpp's helpers.
 struct KValues {
   int q[256];      // unsigned values (Q6_K: 0..63, before the -32)
   int scale[256];  // scale of each element
@@ -80,58 +76,26 @@ KValues k_values(DType t, const uint8_t* blk) {
   return v;
 }
 
-float llamacpp_k_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
+// rill's K-quant definition (quants_ref.cpp), transcribed from the integer
+// values: per super-block the exact sums (in int64, so an overflow of the
+// kernels' int32 would show) of scale * q * a (Q6_K: q - 32) and, for
+// Q4_K/Q5_K, of min * (sub-block sum of a), each fma'd once into a single
+// f32 accumulator (with a.d * w.d and -a.d * w.dmin).
+float independent_k_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
   const size_t bb = static_cast<size_t>(dtype_info(t).block_bytes);
-  float acc[8] = {}, acc_m[4] = {}, summs = 0.0f;
+  float acc = 0.0f;
   for (int64_t i = 0; i < n / 256; ++i) {
     const KValues v = k_values(t, w + i * bb);
     const auto& y = reinterpret_cast<const BlockQ8_K*>(a)[i];
-    const float d = y.d * v.d;
-    int sumi[8] = {};
-    for (int c = 0; c < 8; ++c)
-      for (int e = 0; e < 32; ++e) sumi[e / 4] += v.scale[32 * c + e] * v.q[32 * c + e] * y.qs[32 * c + e];
-    if (t == DType::kQ6_K)
-      for (int l = 0; l < 8; ++l)
-        sumi[l] -= 32 * (y.bsums[2 * l] * v.scale[32 * l] + y.bsums[2 * l + 1] * v.scale[32 * l + 16]);
-    for (int l = 0; l < 8; ++l) acc[l] = std::fmaf(d, static_cast<float>(sumi[l]), acc[l]);
-    if (t != DType::kQ6_K) {
-      const float dmin = -y.d * v.dmin;
-      int q8s[8], prod[4];
-      for (int j = 0; j < 8; ++j) q8s[j] = y.bsums[2 * j] + y.bsums[2 * j + 1];
-      for (int k = 0; k < 4; ++k) prod[k] = v.mn[2 * k] * q8s[2 * k] + v.mn[2 * k + 1] * q8s[2 * k + 1];
-      if (t == DType::kQ4_K) {
-        for (int k = 0; k < 4; ++k) acc_m[k] = std::fmaf(dmin, static_cast<float>(prod[k]), acc_m[k]);
-      } else {
-        summs = std::fmaf(dmin, static_cast<float>(prod[0] + prod[1] + prod[2] + prod[3]), summs);
-      }
-    }
-  }
-  const float h = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-  if (t == DType::kQ4_K) return h + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
-  if (t == DType::kQ5_K) return h + summs;
-  return h;
-}
-
-// rill's Q6_K definition (quants_ref.cpp), transcribed from the integer
-// values: per super-block the exact sum of scale * (q - 32) * a over all 256
-// elements (in int64, so an overflow of the kernels' int32 would show), one
-// fma with a.d * w.d into a single f32 accumulator.
-float superblock_q6_k_dot(int64_t n, const uint8_t* w, const uint8_t* a) {
-  const size_t bb = static_cast<size_t>(dtype_info(DType::kQ6_K).block_bytes);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / 256; ++i) {
-    const KValues v = k_values(DType::kQ6_K, w + i * bb);
-    const auto& y = reinterpret_cast<const BlockQ8_K*>(a)[i];
-    int64_t isum = 0;
-    for (int e = 0; e < 256; ++e) isum += static_cast<int64_t>(v.scale[e]) * (v.q[e] - 32) * y.qs[e];
+    const int offset = t == DType::kQ6_K ? 32 : 0;
+    int64_t isum = 0, msum = 0;
+    for (int e = 0; e < 256; ++e) isum += static_cast<int64_t>(v.scale[e]) * (v.q[e] - offset) * y.qs[e];
     acc = std::fmaf(y.d * v.d, static_cast<float>(isum), acc);
+    if (t == DType::kQ6_K) continue;
+    for (int e = 0; e < 256; ++e) msum += static_cast<int64_t>(v.mn[e / 32]) * y.qs[e];
+    acc = std::fmaf(-y.d * v.dmin, static_cast<float>(msum), acc);
   }
   return acc;
-}
-
-// The definition each type's reference follows.
-float independent_k_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
-  return t == DType::kQ6_K ? superblock_q6_k_dot(n, w, a) : llamacpp_k_dot(t, n, w, a);
 }
 
 std::vector<uint8_t> quantize_rows(DType p, const std::vector<float>& x, int64_t n, int n_t) {

@@ -129,51 +129,6 @@ RILL_KERNEL_TARGET static inline void k4_meta(const uint8_t* scales, uint16_t d,
   m->dmin = simd::f16(dmin);
 }
 
-struct KPairQ4 {
-  using Block = BlockQ4_K;
-  using Meta = KPairMeta4;
-  static constexpr int kMins = 1;
-  static constexpr bool kScales16 = false, kSigned = false;
-  static constexpr int kMinTokens = kPairMinTokensK;
-  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ4>;
-  RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) { k4_meta(b->scales, b->d, b->dmin, m); }
-  struct Ctx {};
-  RILL_KERNEL_TARGET static Ctx ctx(const Block*) { return {}; }
-  // Sub-blocks 2g (low nibbles of qs[32g..32g+31]) and 2g+1 (high), each broadcast to both halves.
-  RILL_KERNEL_TARGET static void decode(const Block* b, const Ctx&, int g, __m512i* q0, __m512i* q1) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * g)));
-    *q0 = _mm512_and_si512(raw, m4);
-    *q1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-  }
-};
-
-struct KPairQ5 {
-  using Block = BlockQ5_K;
-  using Meta = KPairMeta4;
-  static constexpr int kMins = 2;
-  static constexpr bool kScales16 = false, kSigned = false;
-  static constexpr int kMinTokens = kPairMinTokensK;
-  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ5>;
-  RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) { k4_meta(b->scales, b->d, b->dmin, m); }
-  struct Ctx {
-    __m512i qh;
-  };
-  RILL_KERNEL_TARGET static Ctx ctx(const Block* b) {
-    return {_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh)))};
-  }
-  // As Q4_K, plus bit k of qh[l] as bit 4 of sub-block k's element l.
-  RILL_KERNEL_TARGET static void decode(const Block* b, const Ctx& c, int g, __m512i* q0, __m512i* q1) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
-    const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * g)));
-    const __m512i l0 = _mm512_and_si512(raw, m4), l1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-    *q0 = _mm512_mask_add_epi8(l0, _mm512_test_epi8_mask(c.qh, _mm512_set1_epi8(static_cast<char>(1 << (2 * g)))), l0,
-                               sixteen);
-    *q1 = _mm512_mask_add_epi8(l1, _mm512_test_epi8_mask(c.qh, _mm512_set1_epi8(static_cast<char>(1 << (2 * g + 1)))),
-                               l1, sixteen);
-  }
-};
-
 // Sub-block k's i16 scale vector: Q4_K/Q5_K one scale (a dword broadcast);
 // Q6_K the scales of its two 16-element halves, in each 256-bit half.
 template <typename Dec>

@@ -82,8 +82,8 @@ void fill_kernels_avx512(Kernels& k) {
   k.gemm[id(DType::kQ5_0)] = gemm_q_vnni<DecQ5_0, DotVnni>();
   k.gemm[id(DType::kQ5_1)] = gemm_q_vnni<DecQ5_1, DotVnni>();
   k.gemm[id(DType::kQ8_0)] = &gemm_q8_pair_entry<DotVnni>;
-  k.gemm[id(DType::kQ4_K)] = gemm_k_pair<KPairQ4>();
-  k.gemm[id(DType::kQ5_K)] = gemm_k_pair<KPairQ5>();
+  k.gemm[id(DType::kQ4_K)] = gemm_k_vnni<KVnniQ4>();
+  k.gemm[id(DType::kQ5_K)] = gemm_k_vnni<KVnniQ5>();
   k.gemm[id(DType::kQ6_K)] = &gemm_q6_rows_entry;
   k.gemm_max_tokens[id(DType::kQ6_K)] = 1 << 20;  // it blocks tokens itself, after one repack per call
 }
