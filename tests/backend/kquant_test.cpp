@@ -159,10 +159,12 @@ TEST(KQuant, GemmBitExactLongRowsAndBatches) {
     expect_gemm_matches_reference(t, 8192, 6, 5, seed++, 3.0f);
     expect_gemm_matches_reference(t, 2048, 64, 17, seed++, 3.0f);
   }
-  // Q6_K's row tile takes whole prefills: token blocks of 64 and column
-  // chunks of 8 super-blocks with their partial tails, partial 16-row groups.
-  expect_gemm_matches_reference(DType::kQ6_K, 2304, 37, 70, seed++, 3.0f);
-  expect_gemm_matches_reference(DType::kQ6_K, 4352, 20, 131, seed++, 3.0f);
+  // The row tiles take whole prefills: token blocks of 64 and column chunks
+  // of 8 super-blocks with their partial tails, partial 16-row groups.
+  for (DType t : kKTypes) {
+    expect_gemm_matches_reference(t, 2304, 37, 70, seed++, 3.0f);
+    expect_gemm_matches_reference(t, 4352, 20, 131, seed++, 3.0f);
+  }
 }
 
 // Prefill-sized batches: the AVX-512 path repacks 9+ token rows in pairs,
