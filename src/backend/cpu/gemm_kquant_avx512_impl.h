@@ -199,6 +199,8 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
     __m128i ms[4 * G];             // Q4_K/Q5_K: its min term likewise
     alignas(16) float wd[4 * G];   // w.d of row r at r
     alignas(16) float wdm[4 * G];  // w.dmin of row r at r
+    __m512i zs[4];                 // T = 1: row r's 16 partial sums (Q6_K: offset included)
+    __m128i zm[4];                 // T = 1, Q4_K/Q5_K: row r's 4 partial min sums
     RILL_UNROLL
     for (int r = 0; r < R; ++r) {
       const char* pf = reinterpret_cast<const char*>(wr[r] + ib + kKPrefetchBlocks);
@@ -218,6 +220,16 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
           const __m512i av = _mm512_load_si512(ab.qs[t] + 64 * c);
           s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(k.q[c], av), k.sc[c]);
         }
+        if constexpr (T == 1) {  // reduced across the rows below
+          if constexpr (!kMins) {
+            const __m256i bs = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.bsums[0]));
+            s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_madd_epi16(bs, _mm512_castsi512_si256(k.mins))));
+          } else {
+            zm[r] = _mm512_castsi512_si128(prod);
+          }
+          zs[r] = s;
+          continue;
+        }
         __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
         if constexpr (!kMins) {  // Q6_K: - 32 sum_j sc[j] bsums[j]
           const __m256i bs = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.bsums[t / 2] + 16 * (t % 2)));
@@ -230,6 +242,24 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
     }
     // The super-block's exact int32s, 4 (row, token) pairs per xmm, one convert and fma each
     // (quants_ref.cpp's definition).
+    if constexpr (T == 1) {
+      // 4 rows' 16 lanes each -> lane r of one xmm: a transpose-add tree (integers: any order).
+      RILL_UNROLL
+      for (int r = R; r < 4; ++r) zs[r] = zs[R - 1], zm[r] = zm[R - 1], wd[r] = wd[R - 1], wdm[r] = wdm[R - 1];
+      const __m512i u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(zs[0], zs[1]), _mm512_unpackhi_epi32(zs[0], zs[1]));
+      const __m512i u23 = _mm512_add_epi32(_mm512_unpacklo_epi32(zs[2], zs[3]), _mm512_unpackhi_epi32(zs[2], zs[3]));
+      const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(u01, u23), _mm512_unpackhi_epi64(u01, u23));
+      const __m256i v2 = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+      const __m128i sb = _mm_add_epi32(_mm256_castsi256_si128(v2), _mm256_extracti128_si256(v2, 1));
+      acc[0] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(ab.d[0]), _mm_load_ps(wd)), _mm_cvtepi32_ps(sb), acc[0]);
+      if constexpr (kMins) {
+        const __m128i m01 = _mm_add_epi32(_mm_unpacklo_epi32(zm[0], zm[1]), _mm_unpackhi_epi32(zm[0], zm[1]));
+        const __m128i m23 = _mm_add_epi32(_mm_unpacklo_epi32(zm[2], zm[3]), _mm_unpackhi_epi32(zm[2], zm[3]));
+        const __m128i mb = _mm_add_epi32(_mm_unpacklo_epi64(m01, m23), _mm_unpackhi_epi64(m01, m23));
+        acc[0] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(ab.dn[0]), _mm_load_ps(wdm)), _mm_cvtepi32_ps(mb), acc[0]);
+      }
+      continue;
+    }
     RILL_UNROLL
     for (int i = R * T; i < 4 * G; ++i) xs[i] = xs[R * T - 1], ms[i] = ms[R * T - 1];
     RILL_UNROLL
