@@ -136,13 +136,17 @@ struct KRowsQ6 {
 
 // Q4_K/Q5_K: chunk jb is sub-blocks 4 jb .. 4 jb + 3 (128 elements); output
 // o (0, 1) of a chunk is pieces 8 jb + 4 o + i', whose dword c is elements
-// 4 (4 o + i') .. + 3 of sub-block 4 jb + c. base[c]: where sub-block
-// 4 jb + c's first dword is in the (lo, hi) pair permutex2var reads.
-RILL_KERNEL_TARGET static inline __m512i k4_piece_index(int o, const int base[4]) {
-  alignas(64) int32_t idx[16];
-  for (int s = 0; s < 16; ++s) idx[s] = base[s % 4] + 4 * o + s / 4;
-  return _mm512_load_si512(idx);
-}
+// 4 (4 o + i') .. + 3 of sub-block 4 jb + c: permutex2var index
+// base[c] + 4 o + i' for dword 4 i' + c, base[c] being where sub-block
+// 4 jb + c starts in the (lo, hi) pair it reads.
+// Weights, base {0, 16, 8, 24} (low nibbles: sub-blocks 4 jb, 4 jb + 2; high: 4 jb + 1, 4 jb + 3):
+alignas(64) inline constexpr int32_t kK4WeightIndex[2][16] = {
+    {0, 16, 8, 24, 1, 17, 9, 25, 2, 18, 10, 26, 3, 19, 11, 27},
+    {4, 20, 12, 28, 5, 21, 13, 29, 6, 22, 14, 30, 7, 23, 15, 31}};
+// Activations, base {0, 8, 16, 24} (elements in order):
+alignas(64) inline constexpr int32_t kK4ActIndex[2][16] = {
+    {0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27},
+    {4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31}};
 
 template <bool kHighBit>
 struct KRowsK4 {
@@ -153,7 +157,6 @@ struct KRowsK4 {
       kHighBit ? &gemm_k_vnni_entry<KVnniQ5> : &gemm_k_vnni_entry<KVnniQ4>;
   RILL_KERNEL_TARGET static void repack(const Block& b, KRows16* out, int k, int r) {
     // In qs[64 jb ..], low nibbles: bytes 0..31 sub-block 4 jb, 32..63 4 jb + 2; high: 4 jb + 1, 4 jb + 3.
-    static constexpr int kBase[4] = {0, 16, 8, 24};
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     KRows16::Group& g = out->g[k];
     RILL_UNROLL
@@ -171,7 +174,8 @@ struct KRowsK4 {
         hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bits_hi), hi, sixteen);
       }
       RILL_UNROLL
-      for (int o = 0; o < 2; ++o) store_pieces(g, 8 * jb + 4 * o, r, _mm512_permutex2var_epi32(lo, k4_piece_index(o, kBase), hi));
+      for (int o = 0; o < 2; ++o)
+        store_pieces(g, 8 * jb + 4 * o, r, _mm512_permutex2var_epi32(lo, _mm512_load_si512(kK4WeightIndex[o]), hi));
     }
     const __m128i s8 = unpack_k4_scales_simd(b.scales);  // sc (bytes 0..7), mn (bytes 8..15)
     const __m512i s32 = _mm512_cvtepu8_epi32(s8);
@@ -185,13 +189,13 @@ struct KRowsK4 {
   }
   RILL_KERNEL_TARGET static void prepare(const BlockQ8_K& b, KRowsAct* out, KRowsActMeta* meta) {
     // Elements 128 jb ..: sub-blocks 4 jb, 4 jb + 1 in the first 64 bytes, 4 jb + 2, 4 jb + 3 in the next.
-    static constexpr int kBase[4] = {0, 8, 16, 24};
     RILL_UNROLL
     for (int jb = 0; jb < 2; ++jb) {
       const __m512i e0 = _mm512_loadu_si512(b.qs + 128 * jb), e1 = _mm512_loadu_si512(b.qs + 128 * jb + 64);
       RILL_UNROLL
       for (int o = 0; o < 2; ++o)
-        _mm512_store_si512(out->q + 128 * jb + 64 * o, _mm512_permutex2var_epi32(e0, k4_piece_index(o, kBase), e1));
+        _mm512_store_si512(out->q + 128 * jb + 64 * o,
+                           _mm512_permutex2var_epi32(e0, _mm512_load_si512(kK4ActIndex[o]), e1));
     }
     const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.bsums));
     // sub-block j's sum: bsums[2j] + bsums[2j+1] (|sum| <= 32 * 127: an i16)
