@@ -54,8 +54,8 @@ inline constexpr int64_t kPairChunkBlocks = 8;
 // One super-block of a group of up to 16 token rows. Tokens past the last
 // real one repeat it (computed, never stored).
 struct KActPairs {
-  alignas(64) int8_t qs[kPairTiles][8][64];     // pair p, sub-block k: [token 2p | token 2p+1]
-  alignas(64) float dpair[kPairTiles][16];      // a.d of token 2p in lanes 0..7, of 2p+1 in 8..15
+  alignas(64) int8_t qs[kPairTiles][8][64];  // pair p, sub-block k: [token 2p | token 2p+1]
+  alignas(64) float dpair[kPairTiles][16];   // a.d of token 2p in lanes 0..7, of 2p+1 in 8..15
 };
 
 template <typename Dec>

@@ -40,10 +40,10 @@
 namespace rill::cpu {
 namespace {
 
-inline constexpr int kRowsMinTokens = 8;          // fewer: the one-token tiles
-inline constexpr int64_t kRowsChunkBlocks = 8;    // super-blocks repacked at a time (L2-resident)
-inline constexpr int kRowsTokens = 4;             // tokens per register tile
-inline constexpr int kRowsTokenBlock = 64;        // prepared activations: 64 x 8 x 256 bytes, L2-resident
+inline constexpr int kRowsMinTokens = 8;        // fewer: the one-token tiles
+inline constexpr int64_t kRowsChunkBlocks = 8;  // super-blocks repacked at a time (L2-resident)
+inline constexpr int kRowsTokens = 4;           // tokens per register tile
+inline constexpr int kRowsTokenBlock = 64;      // prepared activations: 64 x 8 x 256 bytes, L2-resident
 
 // 16 rows of one super-block, repacked. Group k holds rows 4k..4k+3; row
 // 4k + r's per-row values sit in lane 4 r + k (the order the reduction
@@ -153,8 +153,7 @@ struct KRowsK4 {
   using Block = std::conditional_t<kHighBit, BlockQ5_K, BlockQ4_K>;
   static constexpr int kChunks = 2, kIters = 8;
   static constexpr bool kSignedW = false, kMins = true;
-  static constexpr GemmTileFn small_gemm =
-      kHighBit ? &gemm_k_vnni_entry<KVnniQ5> : &gemm_k_vnni_entry<KVnniQ4>;
+  static constexpr GemmTileFn small_gemm = kHighBit ? &gemm_k_vnni_entry<KVnniQ5> : &gemm_k_vnni_entry<KVnniQ4>;
   RILL_KERNEL_TARGET static void repack(const Block& b, KRows16* out, int k, int r) {
     // In qs[64 jb ..], low nibbles: bytes 0..31 sub-block 4 jb, 32..63 4 jb + 2; high: 4 jb + 1, 4 jb + 3.
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -268,8 +267,8 @@ RILL_KERNEL_TARGET void k_rows_tile(int64_t nbc, bool first, const KRows16* wr, 
         RILL_UNROLL
         for (int p = 0; p < 4; ++p)
           ms = _mm512_dpwssd_epi32(ms, _mm512_load_si512(w.mins[p]), _mm512_set1_epi32(am[t].sums[p]));
-        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(w.dmin), _mm512_set1_ps(-da)), _mm512_cvtepi32_ps(ms),
-                                 acc[t]);
+        acc[t] =
+            _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(w.dmin), _mm512_set1_ps(-da)), _mm512_cvtepi32_ps(ms), acc[t]);
       }
     }
   }

@@ -49,7 +49,7 @@ inline constexpr int kNumDTypeIds = 40;  // MXFP4 is 39
 
 struct Kernels {
   Isa isa = Isa::kScalar;
-  GemmTileFn gemm[kNumDTypeIds] = {};         // by weight dtype id
+  GemmTileFn gemm[kNumDTypeIds] = {};  // by weight dtype id
   // Token rows the matmul driver hands one gemm call at most (0: its
   // default block, sized for the activations to stay in cache). A gemm that
   // does per-call work on the weights (Q6_K's repack) blocks the tokens

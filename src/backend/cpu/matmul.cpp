@@ -54,8 +54,9 @@ struct MatJob {
 MatJob plan(const Kernels& k, const WeightView& w, float* y, int64_t y_stride, int64_t n_tokens, int n_threads) {
   constexpr int64_t kTokenBlock = 64;  // a block's activations stay in cache while the chunk's rows stream over them
   const int max_tokens = k.gemm_max_tokens[static_cast<size_t>(w.dtype)];
-  MatJob j{&w, k.gemm[static_cast<size_t>(w.dtype)], max_tokens > 0 ? max_tokens : kTokenBlock, y,
-           y_stride == 0 ? w.n_rows : y_stride, 0, 0};
+  MatJob j{&w, k.gemm[static_cast<size_t>(w.dtype)], max_tokens > 0 ? max_tokens : kTokenBlock,
+           y,  y_stride == 0 ? w.n_rows : y_stride,  0,
+           0};
   assert(j.gemm);
   // Small enough that every thread gets several chunks (handed out dynamically).
   int64_t chunk = w.n_rows / (n_threads * (n_tokens == 1 ? 8 : 4));
