@@ -201,6 +201,9 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
     alignas(16) float wdm[4 * G];  // w.dmin of row r at r
     __m512i zs[4];                 // T = 1: row r's 16 partial sums (Q6_K: offset included)
     __m128i zm[4];                 // T = 1, Q4_K/Q5_K: row r's 4 partial min sums
+    // T = 1: w.d and w.dmin of row r in lane r, built in registers (4 scalar stores then a
+    // vector load would stall on store forwarding once per super-block).
+    __m128 wdv = _mm_setzero_ps(), wdmv = _mm_setzero_ps();
     RILL_UNROLL
     for (int r = 0; r < R; ++r) {
       const char* pf = reinterpret_cast<const char*>(wr[r] + ib + kKPrefetchBlocks);
@@ -210,6 +213,10 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
       Dec::decode(wr[r] + ib, &k);
       wd[r] = k.d;
       wdm[r] = k.dmin;
+      if constexpr (T == 1) {
+        wdv = _mm_mask_mov_ps(wdv, static_cast<__mmask8>(1 << r), _mm_set1_ps(k.d));
+        wdmv = _mm_mask_mov_ps(wdmv, static_cast<__mmask8>(1 << r), _mm_set1_ps(k.dmin));
+      }
       __m512i prod = _mm512_setzero_si512();
       if constexpr (kMins) prod = _mm512_madd_epi16(k.mins, _mm512_load_si512(ab.subsums));  // lane 4t + k
       RILL_UNROLL
@@ -245,18 +252,18 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
     if constexpr (T == 1) {
       // 4 rows' 16 lanes each -> lane r of one xmm: a transpose-add tree (integers: any order).
       RILL_UNROLL
-      for (int r = R; r < 4; ++r) zs[r] = zs[R - 1], zm[r] = zm[R - 1], wd[r] = wd[R - 1], wdm[r] = wdm[R - 1];
+      for (int r = R; r < 4; ++r) zs[r] = zs[R - 1], zm[r] = zm[R - 1];
       const __m512i u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(zs[0], zs[1]), _mm512_unpackhi_epi32(zs[0], zs[1]));
       const __m512i u23 = _mm512_add_epi32(_mm512_unpacklo_epi32(zs[2], zs[3]), _mm512_unpackhi_epi32(zs[2], zs[3]));
       const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(u01, u23), _mm512_unpackhi_epi64(u01, u23));
       const __m256i v2 = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
       const __m128i sb = _mm_add_epi32(_mm256_castsi256_si128(v2), _mm256_extracti128_si256(v2, 1));
-      acc[0] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(ab.d[0]), _mm_load_ps(wd)), _mm_cvtepi32_ps(sb), acc[0]);
+      acc[0] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(ab.d[0]), wdv), _mm_cvtepi32_ps(sb), acc[0]);
       if constexpr (kMins) {
         const __m128i m01 = _mm_add_epi32(_mm_unpacklo_epi32(zm[0], zm[1]), _mm_unpackhi_epi32(zm[0], zm[1]));
         const __m128i m23 = _mm_add_epi32(_mm_unpacklo_epi32(zm[2], zm[3]), _mm_unpackhi_epi32(zm[2], zm[3]));
         const __m128i mb = _mm_add_epi32(_mm_unpacklo_epi64(m01, m23), _mm_unpackhi_epi64(m01, m23));
-        acc[0] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(ab.dn[0]), _mm_load_ps(wdm)), _mm_cvtepi32_ps(mb), acc[0]);
+        acc[0] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(ab.dn[0]), wdmv), _mm_cvtepi32_ps(mb), acc[0]);
       }
       continue;
     }
