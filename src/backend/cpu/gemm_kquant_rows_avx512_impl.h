@@ -42,7 +42,7 @@ namespace {
 
 inline constexpr int kRowsMinTokens = 8;        // fewer: the one-token tiles
 inline constexpr int64_t kRowsChunkBlocks = 8;  // super-blocks repacked at a time (L2-resident)
-inline constexpr int kRowsTokens = 4;           // tokens per register tile
+inline constexpr int kRowsTokens = 2;           // tokens per register tile (32 zmm: 16 sums, 8 partial, 2 + 1 operands)
 inline constexpr int kRowsTokenBlock = 64;      // prepared activations: 64 x 8 x 256 bytes, L2-resident
 
 // 16 rows of one super-block, repacked. Group k holds rows 4k..4k+3; row
@@ -231,23 +231,30 @@ RILL_KERNEL_TARGET void k_rows_tile(int64_t nbc, bool first, const KRows16* wr, 
     for (int t = 0; t < TB; ++t) s[k][t] = _mm512_setzero_si512();
     RILL_UNROLL
     for (int jb = 0; jb < Dec::kChunks; ++jb) {
+      // Each activation piece is loaded once and serves the 4 row groups (k); the weight piece
+      // serves the TB tokens: 0.75 loads per vpdpbusd at TB = 2.
+      __m512i r[4][TB];
       RILL_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        __m512i r[TB];
+      for (int i = 0; i < kI; ++i) {
+        __m512i av[TB];
         RILL_UNROLL
-        for (int i = 0; i < kI; ++i) {
+        for (int t = 0; t < TB; ++t)
+          av[t] = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(a[t].q + 16 * (kI * jb + i))));
+        RILL_UNROLL
+        for (int k = 0; k < 4; ++k) {
           const __m512i wq = _mm512_load_si512(w.g[k].q[kI * jb + i]);
           RILL_UNROLL
           for (int t = 0; t < TB; ++t) {
-            const __m512i av =
-                _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(a[t].q + 16 * (kI * jb + i))));
-            const __m512i r0 = i == 0 ? _mm512_setzero_si512() : r[t];
-            r[t] = Dec::kSignedW ? _mm512_dpbusd_epi32(r0, av, wq) : _mm512_dpbusd_epi32(r0, wq, av);
+            const __m512i r0 = i == 0 ? _mm512_setzero_si512() : r[k][t];
+            r[k][t] = Dec::kSignedW ? _mm512_dpbusd_epi32(r0, av[t], wq) : _mm512_dpbusd_epi32(r0, wq, av[t]);
           }
         }
+      }
+      RILL_UNROLL
+      for (int k = 0; k < 4; ++k) {
         const __m512i sc = _mm512_load_si512(w.g[k].sc[jb]);
         RILL_UNROLL
-        for (int t = 0; t < TB; ++t) s[k][t] = _mm512_add_epi32(s[k][t], _mm512_mullo_epi32(r[t], sc));
+        for (int t = 0; t < TB; ++t) s[k][t] = _mm512_add_epi32(s[k][t], _mm512_mullo_epi32(r[k][t], sc));
       }
     }
     const __m512 wd = _mm512_load_ps(w.d);
@@ -279,8 +286,7 @@ RILL_KERNEL_TARGET void k_rows_tile(int64_t nbc, bool first, const KRows16* wr, 
 using KRowsTileFn = void (*)(int64_t, bool, const KRows16*, const KRowsAct*, const KRowsActMeta*, int64_t, int, float*,
                              int64_t);
 template <typename Dec>
-inline constexpr KRowsTileFn kKRowsTiles[kRowsTokens] = {&k_rows_tile<Dec, 1>, &k_rows_tile<Dec, 2>,
-                                                         &k_rows_tile<Dec, 3>, &k_rows_tile<Dec, 4>};
+inline constexpr KRowsTileFn kKRowsTiles[kRowsTokens] = {&k_rows_tile<Dec, 1>, &k_rows_tile<Dec, 2>};
 
 // GemmTileFn entry. Fewer than kRowsMinTokens token rows: the one-token
 // tiles. Otherwise, kRowsChunkBlocks super-blocks at a time: the rows
