@@ -52,7 +52,7 @@ struct Kernels {
   GemmTileFn gemm[kNumDTypeIds] = {};  // by weight dtype id
   // Token rows the matmul driver hands one gemm call at most (0: its
   // default block, sized for the activations to stay in cache). A gemm that
-  // does per-call work on the weights (Q6_K's repack) blocks the tokens
+  // does per-call work on the weights (the K-quants' repack) blocks the tokens
   // itself and asks for them all.
   int gemm_max_tokens[kNumDTypeIds] = {};
   QuantizeRowFn quantize[kNumDTypeIds] = {};  // by activation (partner) dtype id

@@ -44,19 +44,18 @@ const uint8_t* prepare_activations(const Kernels& k, DType partner, const float*
 struct MatJob {
   const WeightView* w;
   GemmTileFn gemm;
-  int64_t token_block;  // token rows per gemm call
   float* y;
   int64_t y_stride;
   int64_t chunk;  // rows per chunk: a multiple of the tile height
   int64_t n_chunks;
+  int64_t token_block;  // token rows per gemm call
 };
 
 MatJob plan(const Kernels& k, const WeightView& w, float* y, int64_t y_stride, int64_t n_tokens, int n_threads) {
-  constexpr int64_t kTokenBlock = 64;  // a block's activations stay in cache while the chunk's rows stream over them
+  MatJob j{&w, k.gemm[static_cast<size_t>(w.dtype)], y, y_stride == 0 ? w.n_rows : y_stride, 0, 0, 0};
+  // 64 tokens a call: a block's activations stay in cache while the chunk's rows stream over them.
   const int max_tokens = k.gemm_max_tokens[static_cast<size_t>(w.dtype)];
-  MatJob j{&w, k.gemm[static_cast<size_t>(w.dtype)], max_tokens > 0 ? max_tokens : kTokenBlock,
-           y,  y_stride == 0 ? w.n_rows : y_stride,  0,
-           0};
+  j.token_block = max_tokens > 0 ? max_tokens : 64;
   assert(j.gemm);
   // Small enough that every thread gets several chunks (handed out dynamically).
   int64_t chunk = w.n_rows / (n_threads * (n_tokens == 1 ? 8 : 4));
