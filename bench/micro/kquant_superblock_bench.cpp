@@ -1,9 +1,10 @@
 // Prototypes, not kernels of rill: what a Q6_K prefill tile could cost if
 // the K-quant dot were defined per super-block as ONE exact int32 sum (then
 // one convert and one fma with d_w * d_a), instead of llama.cpp's vec_dot
-// lanes (8 int32 lanes, each converted and fma'd), which rill's tiles keep
-// bit for bit today. With one int32 per super-block the lane layout is
-// free:
+// lanes (8 int32 lanes, each converted and fma'd), which rill's tiles kept
+// when these were written (rill has since adopted the super-block
+// definition: gemm_kquant_rows_avx512_impl.h is the production tile). With
+// one int32 per super-block the lane layout is free:
 //  * BM_Q6_K_superblock_proto: token-major like llama.cpp's ggml-cpu/tiled
 //    path: a zmm holds 16 tokens x 4 activation bytes, a weight dword (4 u8
 //    values, decoded once per row and super-block) is broadcast, one

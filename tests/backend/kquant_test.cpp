@@ -1,6 +1,6 @@
 // The K-quant dots (Q4_K, Q5_K, Q6_K x Q8_K): the scalar reference follows
-// llama.cpp's x86 vec_dot arithmetic (checked here against a second,
-// independent transcription of that code written from the dequantized
+// rill's definition (per super-block exact int32 sums, one fma each; checked
+// here against a second, independent transcription written from the integer
 // values), and every ISA's gemm gives the reference's bits for every tile
 // shape, batch size and row length, including rows of extreme values.
 #include <gtest/gtest.h>
@@ -23,11 +23,8 @@ using testing::random_weight_rows;
 
 const DType kKTypes[] = {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
-// llama.cpp's ggml_vec_dot_{q4,q5,q6}_K_q8_K (AVX2 path), transcribed from
-// the integer weight values: the dequantization d * sc * q - dmin * mn
-// recovered per element from the reference dequantizer is not integer, so
-// this reads the quants through the block layout independently of
-// quants_ref.cpp's helpers.
+// A K-quant super-block's integer values, read through the block layout
+// independently of quants_ref.cpp's helpers.
 struct KValues {
   int q[256];      // unsigned values (Q6_K: 0..63, before the -32)
   int scale[256];  // scale of each element
@@ -79,36 +76,26 @@ KValues k_values(DType t, const uint8_t* blk) {
   return v;
 }
 
-float llamacpp_k_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
+// rill's K-quant definition (quants_ref.cpp), transcribed from the integer
+// values: per super-block the exact sums (in int64, so an overflow of the
+// kernels' int32 would show) of scale * q * a (Q6_K: q - 32) and, for
+// Q4_K/Q5_K, of min * (sub-block sum of a), each fma'd once into a single
+// f32 accumulator (with a.d * w.d and -a.d * w.dmin).
+float independent_k_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
   const size_t bb = static_cast<size_t>(dtype_info(t).block_bytes);
-  float acc[8] = {}, acc_m[4] = {}, summs = 0.0f;
+  float acc = 0.0f;
   for (int64_t i = 0; i < n / 256; ++i) {
     const KValues v = k_values(t, w + i * bb);
     const auto& y = reinterpret_cast<const BlockQ8_K*>(a)[i];
-    const float d = y.d * v.d;
-    int sumi[8] = {};
-    for (int c = 0; c < 8; ++c)
-      for (int e = 0; e < 32; ++e) sumi[e / 4] += v.scale[32 * c + e] * v.q[32 * c + e] * y.qs[32 * c + e];
-    if (t == DType::kQ6_K)
-      for (int l = 0; l < 8; ++l)
-        sumi[l] -= 32 * (y.bsums[2 * l] * v.scale[32 * l] + y.bsums[2 * l + 1] * v.scale[32 * l + 16]);
-    for (int l = 0; l < 8; ++l) acc[l] = std::fmaf(d, static_cast<float>(sumi[l]), acc[l]);
-    if (t != DType::kQ6_K) {
-      const float dmin = -y.d * v.dmin;
-      int q8s[8], prod[4];
-      for (int j = 0; j < 8; ++j) q8s[j] = y.bsums[2 * j] + y.bsums[2 * j + 1];
-      for (int k = 0; k < 4; ++k) prod[k] = v.mn[2 * k] * q8s[2 * k] + v.mn[2 * k + 1] * q8s[2 * k + 1];
-      if (t == DType::kQ4_K) {
-        for (int k = 0; k < 4; ++k) acc_m[k] = std::fmaf(dmin, static_cast<float>(prod[k]), acc_m[k]);
-      } else {
-        summs = std::fmaf(dmin, static_cast<float>(prod[0] + prod[1] + prod[2] + prod[3]), summs);
-      }
-    }
+    const int offset = t == DType::kQ6_K ? 32 : 0;
+    int64_t isum = 0, msum = 0;
+    for (int e = 0; e < 256; ++e) isum += static_cast<int64_t>(v.scale[e]) * (v.q[e] - offset) * y.qs[e];
+    acc = std::fmaf(y.d * v.d, static_cast<float>(isum), acc);
+    if (t == DType::kQ6_K) continue;
+    for (int e = 0; e < 256; ++e) msum += static_cast<int64_t>(v.mn[e / 32]) * y.qs[e];
+    acc = std::fmaf(-y.d * v.dmin, static_cast<float>(msum), acc);
   }
-  const float h = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-  if (t == DType::kQ4_K) return h + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
-  if (t == DType::kQ5_K) return h + summs;
-  return h;
+  return acc;
 }
 
 std::vector<uint8_t> quantize_rows(DType p, const std::vector<float>& x, int64_t n, int n_t) {
@@ -121,7 +108,7 @@ bool same_bits(float a, float b) {
   return std::memcmp(&a, &b, 4) == 0;
 }
 
-TEST(KQuant, ReferenceIsLlamaCppOrder) {
+TEST(KQuant, ReferenceFollowsItsDefinition) {
   for (DType t : kKTypes) {
     for (int64_t n : {256, 2048}) {
       const auto w = random_weight_rows(t, 3, n, 7 + static_cast<uint32_t>(n));
@@ -131,7 +118,7 @@ TEST(KQuant, ReferenceIsLlamaCppOrder) {
         for (int c = 0; c < 2; ++c) {
           const uint8_t* wr = w.data() + r * row_bytes(t, n);
           const uint8_t* ar = a.data() + c * row_bytes(DType::kQ8_K, n);
-          const float want = llamacpp_k_dot(t, n, wr, ar), got = ref::vec_dot(t, n, wr, ar);
+          const float want = independent_k_dot(t, n, wr, ar), got = ref::vec_dot(t, n, wr, ar);
           EXPECT_TRUE(same_bits(want, got)) << dtype_name(t) << " n=" << n << ": " << got << " vs " << want;
         }
     }
@@ -171,6 +158,12 @@ TEST(KQuant, GemmBitExactLongRowsAndBatches) {
   for (DType t : kKTypes) {
     expect_gemm_matches_reference(t, 8192, 6, 5, seed++, 3.0f);
     expect_gemm_matches_reference(t, 2048, 64, 17, seed++, 3.0f);
+  }
+  // The row tiles take whole prefills: token blocks of 64 and column chunks
+  // of 8 super-blocks with their partial tails, partial 16-row groups.
+  for (DType t : kKTypes) {
+    expect_gemm_matches_reference(t, 2304, 37, 70, seed++, 3.0f);
+    expect_gemm_matches_reference(t, 4352, 20, 131, seed++, 3.0f);
   }
 }
 
@@ -219,9 +212,41 @@ TEST(KQuant, GemmBitExactExtremeValues) {
             EXPECT_TRUE(same_bits(got[c][r], want[c][r])) << isa_name(isa) << " " << dtype_name(t) << " " << n_t
                                                           << " tokens: " << got[c][r] << " vs " << want[c][r];
       }
-      EXPECT_TRUE(same_bits(want[0][0], llamacpp_k_dot(t, n, w.data(), a.data())));
+      EXPECT_TRUE(same_bits(want[0][0], independent_k_dot(t, n, w.data(), a.data())));
     }
   }
+}
+
+// Q6_K's super-block int32 at its largest magnitude: every q = 0 (q - 32 =
+// -32), every scale -128, every activation -127: 256 * 32 * 128 * 127 =
+// 133,169,152 per super-block, which every path must hold exactly; the
+// token counts reach the one-token tiles and the prefill tiles.
+TEST(KQuant, Q6KSuperblockSumAtItsLargest) {
+  const int64_t n = 1024;
+  const DType t = DType::kQ6_K;
+  auto w = random_weight_rows(t, 5, n, 17);
+  for (size_t b = 0; b < w.size() / sizeof(BlockQ6_K); ++b) {
+    auto* blk = reinterpret_cast<BlockQ6_K*>(w.data()) + b;
+    std::memset(blk->ql, 0, sizeof(blk->ql));
+    std::memset(blk->qh, 0, sizeof(blk->qh));
+    for (int8_t& sc : blk->scales) sc = -128;
+  }
+  constexpr int kT = 21;
+  std::vector<float> x(static_cast<size_t>(n * kT), 1.0f);
+  for (int64_t i = n; i < 2 * n; ++i) x[i] = -1.0f;  // token 1: +127 instead
+  const auto a = quantize_rows(DType::kQ8_K, x, n, kT);
+  EXPECT_EQ(reinterpret_cast<const BlockQ8_K*>(a.data())->qs[0], -127);
+  const size_t ws = row_bytes(t, n), as = row_bytes(DType::kQ8_K, n);
+  std::vector<float> want(static_cast<size_t>(5 * kT));
+  ref::gemm_tile(t, n, w.data(), ws, 5, a.data(), as, kT, want.data(), 5);
+  EXPECT_TRUE(same_bits(want[0], independent_k_dot(t, n, w.data(), a.data())));
+  for (Isa isa : available_isas())
+    for (int n_t : {1, 4, kT}) {
+      std::vector<float> got(want.size(), -7.0f);
+      kernels(isa).gemm[static_cast<size_t>(t)](n, w.data(), ws, 5, a.data(), as, n_t, got.data(), 5);
+      for (int i = 0; i < 5 * n_t; ++i)
+        EXPECT_TRUE(same_bits(got[i], want[i])) << isa_name(isa) << " " << n_t << " tokens at " << i;
+    }
 }
 
 // Every ISA's Q8_K quantizer gives the reference's bytes, including an

@@ -133,6 +133,29 @@ TEST(Matmul, GroupEqualsSeparateCalls) {
   }
 }
 
+// The K-quants' batch tiles take a whole prefill per call
+// (Kernels::gemm_max_tokens): through the driver, on 2 threads, a 150-token
+// matmul (token blocks, column chunks, partial row groups) gives every token
+// the bits it gets alone.
+TEST(Matmul, KQuantPrefillEqualsOneTokenAtATime) {
+  const int64_t n_rows = 200, n_cols = 2304, n_tokens = 150;
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    const auto w = random_weight_rows(t, n_rows, n_cols, 77);
+    const auto x = random_floats(n_cols * n_tokens, 78);
+    const WeightView view{t, n_rows, n_cols, w.data(), row_bytes(t, n_cols)};
+    ThreadPool pool(2);
+    Scratch scratch;
+    scratch.reserve(matmul_scratch_bytes(t, n_cols, n_tokens));
+    std::vector<float> batched(static_cast<size_t>(n_rows * n_tokens)), alone(static_cast<size_t>(n_rows));
+    matmul(view, x.data(), n_tokens, batched.data(), pool, scratch);
+    for (int64_t c = 0; c < n_tokens; ++c) {
+      matmul(view, x.data() + c * n_cols, 1, alone.data(), pool, scratch);
+      ASSERT_EQ(std::memcmp(alone.data(), batched.data() + c * n_rows, alone.size() * 4), 0)
+          << dtype_name(t) << ": token " << c << " differs from its one-token matmul";
+    }
+  }
+}
+
 TEST(GetRows, GathersDequantizedRows) {
   const int64_t n_rows = 10, n_cols = 64;
   const auto w = random_weight_rows(DType::kQ8_0, n_rows, n_cols, 3);

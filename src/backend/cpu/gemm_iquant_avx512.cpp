@@ -311,9 +311,8 @@ RILL_KERNEL_TARGET void gemm_xs_entry(int64_t n, const void* w, size_t w_stride,
 // 256-bit half is the sub-block in element order, as the activation pairs.
 struct KPairXS {
   using Block = BlockIQ4_XS;
-  using Meta = KPairMeta4;  // sc2 and d (mins, dmin unused)
-  static constexpr int kMins = 0;
-  static constexpr bool kScales16 = false, kSigned = true;
+  using Meta = KPairMeta;
+  static constexpr bool kSigned = true;
   static constexpr int kMinTokens = 8;  // 8 tokens: 0.40 -> 0.32 ms on a 2048 x 2048 matmul; 4: even
   static constexpr GemmTileFn small_gemm = &gemm_xs_entry;
   RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) {
@@ -325,7 +324,6 @@ struct KPairXS {
     _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc2),
                        _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s32, 16)));
     m->d = simd::f16(b->d);
-    m->dmin = 0.0f;
   }
   struct Ctx {};
   RILL_KERNEL_TARGET static Ctx ctx(const Block*) { return {}; }

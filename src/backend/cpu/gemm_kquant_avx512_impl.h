@@ -3,15 +3,14 @@
 // Q8_K activations) on AVX-512BW + VNNI, for decode (one token row) and
 // batched rows alike. Include only from quants_avx512.cpp; internal linkage.
 //
-// Arithmetic: exactly llama.cpp's x86 vec_dot (see quants_ref.cpp), so every
-// (weight row, token) result equals the reference bit for bit whatever the
-// tile shape. Per super-block, each 64-element chunk of a weight row is one
-// zmm of unsigned values: vpmaddubsw with the activations gives i16 pair
-// sums and vpdpwssd adds them times the i16 scales into 16 int32 lanes; the
-// chunk's lanes 0..7 and 8..15 hold the same element offsets (4l..4l+3 of a
-// 32-element sub-block) of two sub-blocks, so adding the halves gives
-// llama.cpp's 8 lanes exactly (integer sums). Two tokens' folded lanes share
-// one zmm for the convert and the fma with d = a.d * w.d.
+// Arithmetic: rill's K-quant definition (quants_ref.cpp): per super-block
+// exact int32s, each converted and fma'd once, so every (weight row, token)
+// result equals the reference bit for bit whatever the tile shape. Per
+// super-block, each 64-element chunk of a weight row is one zmm of unsigned
+// values: vpmaddubsw with the activations gives i16 pair sums and vpdpwssd
+// adds them times the i16 scales into 16 int32 lanes; a (row, token)'s lanes
+// are summed (integers: any order) and 4 (row, token) pairs share one
+// convert and fma.
 //
 // The GGUF blocks are used in place (no repacking): a Q4_K/Q5_K zmm of 64
 // bytes holds sub-blocks (j, j+2) in its low nibbles, so the activations are
@@ -30,8 +29,8 @@ struct KActBlock {
   alignas(64) int8_t qs[4][kQKK];    // token t's values in its weight type's chunk order
   alignas(64) int16_t bsums[2][32];  // tokens (2p, 2p+1): their 16 bsums each (Q6_K)
   alignas(64) int16_t subsums[32];   // token t's 8 sub-block sums at 8t (Q4_K, Q5_K)
-  alignas(64) float dpair[2][16];    // a.d of token 2p in lanes 0..7, of 2p+1 in 8..15
-  alignas(64) float dneg[16];        // -a.d of token t in lanes 4t..4t+3
+  alignas(16) float d[4];            // a.d of token t
+  alignas(16) float dn[4];           // -a.d of token t
 };
 
 // kOrder[k]: the 32-element sub-block whose activations go k-th.
@@ -52,8 +51,8 @@ RILL_KERNEL_TARGET void prepare_k_acts(KActBlock* out, int64_t nb, const void* a
       // sub-block j's sum: bsums[2j] + bsums[2j+1] (as llama.cpp's hadd_epi16)
       _mm_store_si128(reinterpret_cast<__m128i*>(o.subsums + 8 * t),
                       _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
-      for (int l = 0; l < 8; ++l) o.dpair[t / 2][8 * (t % 2) + l] = b.d;
-      for (int l = 0; l < 4; ++l) o.dneg[4 * t + l] = -b.d;
+      o.d[t] = b.d;
+      o.dn[t] = -b.d;
     }
   }
 }
@@ -114,7 +113,7 @@ struct KVnniQ4 {
 
 struct KVnniQ5 {
   using Block = BlockQ5_K;
-  static constexpr int kMins = 2;
+  static constexpr int kMins = 1;
   static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
   RILL_KERNEL_TARGET static void decode(const Block* b, KRow* r) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -177,11 +176,6 @@ struct KVnniQ6 {
   }
 };
 
-// lanes 0..7: a's two 256-bit halves added; lanes 8..15: b's.
-RILL_KERNEL_TARGET static inline __m512i fold_pair(__m512i a, __m512i b) {
-  return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xEE));
-}
-
 inline constexpr int kKPrefetchBlocks = 6;  // super-blocks ahead, per row (decode streams weights from DRAM)
 
 template <typename Dec, int R, int T>
@@ -189,21 +183,27 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
                                          int64_t y_stride) {
   static_assert(R >= 1 && R <= 4 && T >= 1 && T <= 4);
   using WBlock = typename Dec::Block;
-  constexpr int P = (T + 1) / 2;  // token pairs
+  constexpr bool kMins = Dec::kMins != 0;
   const int64_t nb = n / kQKK;
   const WBlock* wr[R];
   RILL_UNROLL
   for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const WBlock*>(static_cast<const uint8_t*>(w) + r * w_stride);
-  __m512 acc[R][P];
-  __m512 accm[R];  // lane 4t + k: token t's min lane k (Q4_K), or its scalar min sum in lane 4t (Q5_K)
+  // (row r, token t) = index i = r T + t; its f32 accumulator is lane i % 4 of acc[i / 4].
+  constexpr int G = (R * T + 3) / 4;
+  __m128 acc[G];
   RILL_UNROLL
-  for (int r = 0; r < R; ++r) {
-    accm[r] = _mm512_setzero_ps();
-    RILL_UNROLL
-    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
-  }
+  for (int g = 0; g < G; ++g) acc[g] = _mm_setzero_ps();
   for (int64_t ib = 0; ib < nb; ++ib) {
     const KActBlock& ab = act[ib];
+    __m128i xs[4 * G];             // (r, t)'s super-block int32 as 4 partial sums, at r T + t
+    __m128i ms[4 * G];             // Q4_K/Q5_K: its min term likewise
+    alignas(16) float wd[4 * G];   // w.d of row r at r
+    alignas(16) float wdm[4 * G];  // w.dmin of row r at r
+    __m512i zs[4];                 // T = 1: row r's 16 partial sums (Q6_K: offset included)
+    __m128i zm[4];                 // T = 1, Q4_K/Q5_K: row r's 4 partial min sums
+    // T = 1: w.d and w.dmin of row r in lane r, built in registers (4 scalar stores then a
+    // vector load would stall on store forwarding once per super-block).
+    __m128 wdv = _mm_setzero_ps(), wdmv = _mm_setzero_ps();
     RILL_UNROLL
     for (int r = 0; r < R; ++r) {
       const char* pf = reinterpret_cast<const char*>(wr[r] + ib + kKPrefetchBlocks);
@@ -211,55 +211,101 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
       for (size_t l = 0; l < sizeof(WBlock); l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
       KRow k;
       Dec::decode(wr[r] + ib, &k);
-      __m512i s[2 * P];
+      wd[r] = k.d;
+      wdm[r] = k.dmin;
+      if constexpr (T == 1) {
+        wdv = _mm_mask_mov_ps(wdv, static_cast<__mmask8>(1 << r), _mm_set1_ps(k.d));
+        wdmv = _mm_mask_mov_ps(wdmv, static_cast<__mmask8>(1 << r), _mm_set1_ps(k.dmin));
+      }
+      __m512i prod = _mm512_setzero_si512();
+      if constexpr (kMins) prod = _mm512_madd_epi16(k.mins, _mm512_load_si512(ab.subsums));  // lane 4t + k
       RILL_UNROLL
       for (int t = 0; t < T; ++t) {
-        s[t] = _mm512_setzero_si512();
+        __m512i s = _mm512_setzero_si512();
         RILL_UNROLL
         for (int c = 0; c < 4; ++c) {
           const __m512i av = _mm512_load_si512(ab.qs[t] + 64 * c);
-          s[t] = _mm512_dpwssd_epi32(s[t], _mm512_maddubs_epi16(k.q[c], av), k.sc[c]);
+          s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(k.q[c], av), k.sc[c]);
         }
+        if constexpr (T == 1) {  // reduced across the rows below
+          if constexpr (!kMins) {
+            const __m256i bs = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.bsums[0]));
+            s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_madd_epi16(bs, _mm512_castsi512_si256(k.mins))));
+          } else {
+            zm[r] = _mm512_castsi512_si128(prod);
+          }
+          zs[r] = s;
+          continue;
+        }
+        __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+        if constexpr (!kMins) {  // Q6_K: - 32 sum_j sc[j] bsums[j]
+          const __m256i bs = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.bsums[t / 2] + 16 * (t % 2)));
+          h = _mm256_sub_epi32(h, _mm256_madd_epi16(bs, _mm512_castsi512_si256(k.mins)));
+        } else {
+          ms[r * T + t] = _mm512_extracti32x4_epi32(prod, t);
+        }
+        xs[r * T + t] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
       }
-      if constexpr (T % 2) s[T] = s[T - 1];
-      const __m512 vd = _mm512_set1_ps(k.d);
+    }
+    // The super-block's exact int32s, 4 (row, token) pairs per xmm, one convert and fma each
+    // (quants_ref.cpp's definition).
+    if constexpr (T == 1) {
+      // 4 rows' 16 lanes each -> lane r of one xmm: a transpose-add tree (integers: any order).
       RILL_UNROLL
-      for (int p = 0; p < P; ++p) {
-        __m512i f = fold_pair(s[2 * p], s[2 * p + 1]);
-        if constexpr (Dec::kMins == 0)  // lane l: 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1])
-          f = _mm512_sub_epi32(f, _mm512_madd_epi16(_mm512_load_si512(ab.bsums[p]), k.mins));
-        const __m512 d = _mm512_mul_ps(_mm512_load_ps(ab.dpair[p]), vd);
-        acc[r][p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(f), acc[r][p]);
+      for (int r = R; r < 4; ++r) zs[r] = zs[R - 1], zm[r] = zm[R - 1];
+      const __m512i u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(zs[0], zs[1]), _mm512_unpackhi_epi32(zs[0], zs[1]));
+      const __m512i u23 = _mm512_add_epi32(_mm512_unpacklo_epi32(zs[2], zs[3]), _mm512_unpackhi_epi32(zs[2], zs[3]));
+      const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(u01, u23), _mm512_unpackhi_epi64(u01, u23));
+      const __m256i v2 = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+      const __m128i sb = _mm_add_epi32(_mm256_castsi256_si128(v2), _mm256_extracti128_si256(v2, 1));
+      acc[0] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(ab.d[0]), wdv), _mm_cvtepi32_ps(sb), acc[0]);
+      if constexpr (kMins) {
+        const __m128i m01 = _mm_add_epi32(_mm_unpacklo_epi32(zm[0], zm[1]), _mm_unpackhi_epi32(zm[0], zm[1]));
+        const __m128i m23 = _mm_add_epi32(_mm_unpacklo_epi32(zm[2], zm[3]), _mm_unpackhi_epi32(zm[2], zm[3]));
+        const __m128i mb = _mm_add_epi32(_mm_unpacklo_epi64(m01, m23), _mm_unpackhi_epi64(m01, m23));
+        acc[0] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(ab.dn[0]), wdmv), _mm_cvtepi32_ps(mb), acc[0]);
       }
-      if constexpr (Dec::kMins != 0) {
-        __m512i prod = _mm512_madd_epi16(k.mins, _mm512_load_si512(ab.subsums));  // lane 4t + k
-        if constexpr (Dec::kMins == 2) {
-          prod = _mm512_add_epi32(prod, _mm512_shuffle_epi32(prod, _MM_PERM_BADC));
-          prod = _mm512_add_epi32(prod, _mm512_shuffle_epi32(prod, _MM_PERM_CDAB));
+      continue;
+    }
+    RILL_UNROLL
+    for (int i = R * T; i < 4 * G; ++i) xs[i] = xs[R * T - 1], ms[i] = ms[R * T - 1];
+    RILL_UNROLL
+    for (int r = R; r < 4 * G; ++r) wd[r] = wd[R - 1], wdm[r] = wdm[R - 1];
+    RILL_UNROLL
+    for (int g = 0; g < G; ++g) {
+      const __m128i sb =
+          _mm_hadd_epi32(_mm_hadd_epi32(xs[4 * g], xs[4 * g + 1]), _mm_hadd_epi32(xs[4 * g + 2], xs[4 * g + 3]));
+      // lane l: w.d (w.dmin) of row i / T and a.d (-a.d) of token i % T, i = 4 g + l
+      __m128 dw, dwm, da, dan;
+      if constexpr (T == 1) {
+        dw = _mm_load_ps(wd + 4 * g), dwm = _mm_load_ps(wdm + 4 * g);
+        da = _mm_set1_ps(ab.d[0]), dan = _mm_set1_ps(ab.dn[0]);
+      } else if constexpr (T == 4) {
+        dw = _mm_set1_ps(wd[g]), dwm = _mm_set1_ps(wdm[g]);
+        da = _mm_load_ps(ab.d), dan = _mm_load_ps(ab.dn);
+      } else {
+        alignas(16) float f[4][4];
+        RILL_UNROLL
+        for (int l = 0; l < 4; ++l) {
+          const int i = 4 * g + l < R * T ? 4 * g + l : R * T - 1;
+          f[0][l] = wd[i / T], f[1][l] = wdm[i / T], f[2][l] = ab.d[i % T], f[3][l] = ab.dn[i % T];
         }
-        const __m512 dmin = _mm512_mul_ps(_mm512_load_ps(ab.dneg), _mm512_set1_ps(k.dmin));
-        accm[r] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(prod), accm[r]);
+        dw = _mm_load_ps(f[0]), dwm = _mm_load_ps(f[1]), da = _mm_load_ps(f[2]), dan = _mm_load_ps(f[3]);
+      }
+      acc[g] = _mm_fmadd_ps(_mm_mul_ps(da, dw), _mm_cvtepi32_ps(sb), acc[g]);
+      if constexpr (kMins) {
+        const __m128i mb =
+            _mm_hadd_epi32(_mm_hadd_epi32(ms[4 * g], ms[4 * g + 1]), _mm_hadd_epi32(ms[4 * g + 2], ms[4 * g + 3]));
+        acc[g] = _mm_fmadd_ps(_mm_mul_ps(dan, dwm), _mm_cvtepi32_ps(mb), acc[g]);
       }
     }
   }
+  alignas(16) float o[4 * G];
   RILL_UNROLL
-  for (int r = 0; r < R; ++r) {
-    alignas(64) float a[P][16];
-    alignas(64) float m[16];
-    RILL_UNROLL
-    for (int p = 0; p < P; ++p) _mm512_store_ps(a[p], acc[r][p]);
-    _mm512_store_ps(m, accm[r]);
-    RILL_UNROLL
-    for (int t = 0; t < T; ++t) {
-      const float* l = a[t / 2] + 8 * (t % 2);
-      const float h = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-      const float* mt = m + 4 * t;
-      float out = h;
-      if constexpr (Dec::kMins == 1) out = h + ((mt[0] + mt[2]) + (mt[1] + mt[3]));
-      if constexpr (Dec::kMins == 2) out = h + mt[0];
-      y[t * y_stride + r] = out;
-    }
-  }
+  for (int g = 0; g < G; ++g) _mm_store_ps(o + 4 * g, acc[g]);
+  RILL_UNROLL
+  for (int r = 0; r < R; ++r) RILL_UNROLL
+  for (int t = 0; t < T; ++t) y[t * y_stride + r] = o[r * T + t];
 }
 
 using KTileFn = void (*)(int64_t, const void*, size_t, const KActBlock*, float*, int64_t);

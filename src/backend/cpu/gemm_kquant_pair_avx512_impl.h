@@ -1,14 +1,16 @@
 #pragma once
-// The K-quant gemm (Q4_K, Q5_K, Q6_K weights against Q8_K activations; also
-// IQ4_XS, whose decoder lives in gemm_iquant_avx512.cpp) for batches of
-// token rows on AVX-512BW + VNNI: prefill and batched decode. Fewer token
-// rows keep the decoder's own tiles (Dec::small_gemm). Include only from
-// the *_avx512.cpp kernel files; internal linkage.
+// The token-pair gemm for IQ4_XS weights against Q8_K activations (its
+// decoder, KPairXS, lives in gemm_iquant_avx512.cpp) for batches of token
+// rows on AVX-512BW + VNNI: prefill and batched decode. Fewer token rows
+// keep the decoder's own tiles (Dec::small_gemm). Include only from the
+// *_avx512.cpp kernel files; internal linkage. (Q4_K, Q5_K and Q6_K left it
+// for the row tile of gemm_kquant_rows_avx512_impl.h when rill redefined
+// their dots per super-block; IQ4_XS keeps llama.cpp's arithmetic.)
 //
 // Arithmetic: llama.cpp's x86 vec_dot lanes, bit for bit, as the one-token
-// tile (see quants_ref.cpp): per super-block an 8-lane int32 sum, lane l the
-// scaled products of elements 4l..4l+3 of every 32-element sub-block,
-// converted and fma'd with d = a.d * w.d; the min / -32 terms as there.
+// tile: per super-block an 8-lane int32 sum, lane l the scaled products of
+// elements 4l..4l+3 of every 32-element sub-block, converted and fma'd with
+// d = a.d * w.d.
 // What differs is the layout, chosen so that a zmm holds two token rows
 // instead of two sub-blocks of one token:
 //  * activations are repacked once per call in token pairs: for pair p and
@@ -18,8 +20,8 @@
 //    values broadcast to both halves, and serves all the group's pairs:
 //    vpmaddubsw + vpdpwssd leave lanes 0..7 with token 2p's llama.cpp lanes
 //    and 8..15 with token 2p+1's, so no fold is needed before the convert;
-//  * the weights' scales, mins and d are decoded once per call and row
-//    (KPairMeta*), not once per row tile and token group: a sub-block's
+//  * the weights' scales and d are decoded once per call and row
+//    (KPairMeta), not once per row tile and token group: a sub-block's
 //    scale is one dword (the i16 scale twice) the vpdpwssd reads as an
 //    embedded broadcast.
 // The decode work per super-block is amortized over up to 16 tokens (the
@@ -31,11 +33,9 @@
 //
 // A decoder Dec supplies: Block, Meta (per row and super-block, decoded once
 // per call by Dec::meta), Ctx and decode (sub-block pair g as two zmm, both
-// halves alike; signed types also their sign masks), kMins (0: none, 1:
-// Q4_K's min term, 2: Q5_K's), kScales16 (Q6_K: a scale per 16 elements
-// and the -32 offset through bsums), kSigned, and small_gemm (the
-// GemmTileFn for fewer than kMinTokens token rows, where the pair tile
-// stops paying).
+// halves alike; signed types also their sign masks), kSigned, kMinTokens
+// and small_gemm (the GemmTileFn for fewer than kMinTokens token rows,
+// where the pair tile stops paying).
 #include <vector>
 
 #include "backend/cpu/gemm_kquant_avx512_impl.h"
@@ -48,21 +48,14 @@ namespace {
 // activations (~5 KiB per super-block) fit L1 with the weights passing
 // through (long rows, FFN down, are chunked; the accumulators go to
 // KPairState between chunks).
-inline constexpr int kPairTiles = 8;               // token pairs per group, at most
-inline constexpr int kPairQuads = kPairTiles / 2;  // min-term vectors per row (4 tokens each)
+inline constexpr int kPairTiles = 8;  // token pairs per group, at most
 inline constexpr int64_t kPairChunkBlocks = 8;
-// The K-quants' kMinTokens: at 4 tokens their own tiles are faster, at 8 even.
-inline constexpr int kPairMinTokensK = 9;
 
 // One super-block of a group of up to 16 token rows. Tokens past the last
-// real one repeat it (computed, never stored). bsums, subsums and dneg are
-// filled only for the decoders that read them.
+// real one repeat it (computed, never stored).
 struct KActPairs {
-  alignas(64) int8_t qs[kPairTiles][8][64];     // pair p, sub-block k: [token 2p | token 2p+1]
-  alignas(64) int16_t bsums[kPairTiles][32];    // pair p: token 2p's 16 bsums, then 2p+1's (Q6_K)
-  alignas(64) int16_t subsums[kPairQuads][32];  // quad q: token 4q+t's 8 sub-block sums at 8t (Q4_K, Q5_K)
-  alignas(64) float dpair[kPairTiles][16];      // a.d of token 2p in lanes 0..7, of 2p+1 in 8..15
-  alignas(64) float dneg[kPairQuads][16];       // -a.d of token 4q+t in lanes 4t..4t+3
+  alignas(64) int8_t qs[kPairTiles][8][64];  // pair p, sub-block k: [token 2p | token 2p+1]
+  alignas(64) float dpair[kPairTiles][16];   // a.d of token 2p in lanes 0..7, of 2p+1 in 8..15
 };
 
 template <typename Dec>
@@ -71,7 +64,7 @@ RILL_KERNEL_TARGET void prepare_k_pairs(KActPairs* out, int64_t nb, const void* 
   const BlockQ8_K* ar[kT];
   for (int t = 0; t < kT; ++t)
     ar[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + (t < n_t ? t : n_t - 1) * a_stride);
-  const int n_pairs = (n_t + 1) / 2, n_quads = (n_t + 3) / 4;
+  const int n_pairs = (n_t + 1) / 2;
   for (int64_t ib = 0; ib < nb; ++ib) {
     KActPairs& o = out[ib];
     for (int p = 0; p < n_pairs; ++p) {
@@ -83,163 +76,25 @@ RILL_KERNEL_TARGET void prepare_k_pairs(KActPairs* out, int64_t nb, const void* 
         _mm256_store_si256(reinterpret_cast<__m256i*>(o.qs[p][k] + 32),
                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1.qs + 32 * k)));
       }
-      if constexpr (Dec::kScales16) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[p]),
-                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0.bsums)));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o.bsums[p] + 16),
-                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1.bsums)));
-      }
       for (int l = 0; l < 8; ++l) {
         o.dpair[p][l] = b0.d;
         o.dpair[p][8 + l] = b1.d;
       }
     }
-    if constexpr (Dec::kMins != 0)
-      for (int q = 0; q < n_quads; ++q)
-        for (int t = 0; t < 4; ++t) {
-          const BlockQ8_K& b = ar[4 * q + t][ib];
-          const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.bsums));
-          // sub-block j's sum: bsums[2j] + bsums[2j+1] (as llama.cpp's hadd_epi16)
-          _mm_store_si128(reinterpret_cast<__m128i*>(o.subsums[q] + 8 * t),
-                          _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
-          for (int l = 0; l < 4; ++l) o.dneg[q][4 * t + l] = -b.d;
-        }
   }
 }
 
-// Q4_K / Q5_K: per (row, super-block), decoded once per call.
-struct alignas(64) KPairMeta4 {
-  int32_t sc2[8];   // sub-block k's 6-bit scale in both i16 halves
-  int16_t mins[8];  // the 8 6-bit mins
-  float d, dmin;
-};
-// Q6_K: the 16 scales twice (i16), 32 * scale (i16), d.
-struct alignas(64) KPairMeta6 {
-  int16_t sc[32];
-  int16_t sc32[16];
+// Per (row, super-block), decoded once per call.
+struct alignas(64) KPairMeta {
+  int32_t sc2[8];  // sub-block k's scale in both i16 halves
   float d;
 };
-
-RILL_KERNEL_TARGET static inline void k4_meta(const uint8_t* scales, uint16_t d, uint16_t dmin, KPairMeta4* m) {
-  const __m128i s8 = unpack_k4_scales_simd(scales);  // sc (bytes 0..7), mn (bytes 8..15)
-  const __m256i sc32 = _mm256_cvtepu8_epi32(s8);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc2), _mm256_or_si256(sc32, _mm256_slli_epi32(sc32, 16)));
-  _mm_store_si128(reinterpret_cast<__m128i*>(m->mins), _mm_cvtepu8_epi16(_mm_srli_si128(s8, 8)));
-  m->d = simd::f16(d);
-  m->dmin = simd::f16(dmin);
-}
-
-struct KPairQ4 {
-  using Block = BlockQ4_K;
-  using Meta = KPairMeta4;
-  static constexpr int kMins = 1;
-  static constexpr bool kScales16 = false, kSigned = false;
-  static constexpr int kMinTokens = kPairMinTokensK;
-  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ4>;
-  RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) { k4_meta(b->scales, b->d, b->dmin, m); }
-  struct Ctx {};
-  RILL_KERNEL_TARGET static Ctx ctx(const Block*) { return {}; }
-  // Sub-blocks 2g (low nibbles of qs[32g..32g+31]) and 2g+1 (high), each broadcast to both halves.
-  RILL_KERNEL_TARGET static void decode(const Block* b, const Ctx&, int g, __m512i* q0, __m512i* q1) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * g)));
-    *q0 = _mm512_and_si512(raw, m4);
-    *q1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-  }
-};
-
-struct KPairQ5 {
-  using Block = BlockQ5_K;
-  using Meta = KPairMeta4;
-  static constexpr int kMins = 2;
-  static constexpr bool kScales16 = false, kSigned = false;
-  static constexpr int kMinTokens = kPairMinTokensK;
-  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ5>;
-  RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) { k4_meta(b->scales, b->d, b->dmin, m); }
-  struct Ctx {
-    __m512i qh;
-  };
-  RILL_KERNEL_TARGET static Ctx ctx(const Block* b) {
-    return {_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh)))};
-  }
-  // As Q4_K, plus bit k of qh[l] as bit 4 of sub-block k's element l.
-  RILL_KERNEL_TARGET static void decode(const Block* b, const Ctx& c, int g, __m512i* q0, __m512i* q1) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
-    const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * g)));
-    const __m512i l0 = _mm512_and_si512(raw, m4), l1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-    *q0 = _mm512_mask_add_epi8(l0, _mm512_test_epi8_mask(c.qh, _mm512_set1_epi8(static_cast<char>(1 << (2 * g)))), l0,
-                               sixteen);
-    *q1 = _mm512_mask_add_epi8(l1, _mm512_test_epi8_mask(c.qh, _mm512_set1_epi8(static_cast<char>(1 << (2 * g + 1)))),
-                               l1, sixteen);
-  }
-};
-
-struct KPairQ6 {
-  using Block = BlockQ6_K;
-  using Meta = KPairMeta6;
-  static constexpr int kMins = 0;
-  static constexpr bool kScales16 = true, kSigned = false;
-  static constexpr int kMinTokens = kPairMinTokensK;
-  static constexpr GemmTileFn small_gemm = &gemm_k_vnni_entry<KVnniQ6>;
-  RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) {
-    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc), s16);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc + 16), s16);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc32), _mm256_slli_epi16(s16, 5));
-    m->d = simd::f16(b->d);
-  }
-  struct Ctx {};
-  RILL_KERNEL_TARGET static Ctx ctx(const Block*) { return {}; }
-  // Sub-block k = 4h + j (elements 128h + 32j + l): nibble of ql[64h + 32(j % 2) + l],
-  // low for j < 2; high bits (qh[32h + l] >> 2j) & 3. Pair g: sub-blocks 2g, 2g + 1.
-  RILL_KERNEL_TARGET static void decode(const Block* b, const Ctx&, int g, __m512i* q0, __m512i* q1) {
-    const int h = g / 2;
-    const bool high = g % 2;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i ql0 = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->ql + 64 * h)));
-    const __m512i ql1 =
-        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->ql + 64 * h + 32)));
-    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h)));
-    __m512i n0, n1, h0, h1;
-    if (!high) {  // j = 0, 1: low nibbles; qh bits 0-1 -> 4-5, bits 2-3 -> 4-5
-      n0 = _mm512_and_si512(ql0, m4);
-      n1 = _mm512_and_si512(ql1, m4);
-      h0 = _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30);
-      h1 = _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30);
-    } else {  // j = 2, 3: high nibbles; qh bits 4-5 stay, bits 6-7 -> 4-5
-      n0 = _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4);
-      n1 = _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4);
-      h0 = _mm512_and_si512(qh, m30);
-      h1 = _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30);
-    }
-    *q0 = _mm512_or_si512(n0, h0);
-    *q1 = _mm512_or_si512(n1, h1);
-  }
-};
-
-// Sub-block k's i16 scale vector: Q4_K/Q5_K one scale (a dword broadcast);
-// Q6_K the scales of its two 16-element halves, in each 256-bit half.
-template <typename Dec>
-RILL_KERNEL_TARGET static inline __m512i pair_scale(const typename Dec::Meta& m, __m512i sc6, int k) {
-  if constexpr (Dec::kScales16) {
-    const __m512i half = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
-                                                            16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                           3);  // lane i: i / 8, so (i % 16) / 8 after the & 1 below
-    const __m512i idx =
-        _mm512_add_epi16(_mm512_and_si512(half, _mm512_set1_epi16(1)), _mm512_set1_epi16(static_cast<short>(2 * k)));
-    return _mm512_permutexvar_epi16(idx, sc6);
-  } else {
-    (void)sc6;
-    return _mm512_set1_epi32(m.sc2[k]);
-  }
-}
 
 // A row's f32 accumulators between column chunks (llama.cpp's per-lane
 // fma chain continues where the last chunk left it, so chunking keeps
 // the bits).
 struct alignas(64) KPairState {
   float acc[kPairTiles][16];
-  float accm[kPairQuads][16];
 };
 
 // One weight row against a group of 2P tokens over super-blocks [ib0, ib1):
@@ -253,14 +108,10 @@ RILL_KERNEL_TARGET void gemm_k_pair_tile(int64_t ib0, int64_t ib1, bool first, b
                                          KPairState* st, float* y, int64_t y_stride) {
   static_assert(P >= 1 && P <= kPairTiles);
   using WBlock = typename Dec::Block;
-  constexpr int Q = (P + 1) / 2;  // token quads (min terms)
   const auto* wr = static_cast<const WBlock*>(w);
   __m512 acc[P];
-  __m512 accm[Q];
   RILL_UNROLL
   for (int p = 0; p < P; ++p) acc[p] = first ? _mm512_setzero_ps() : _mm512_load_ps(st->acc[p]);
-  RILL_UNROLL
-  for (int q = 0; q < Q; ++q) accm[q] = first ? _mm512_setzero_ps() : _mm512_load_ps(st->accm[q]);
   for (int64_t ib = ib0; ib < ib1; ++ib) {
     const KActPairs& ab = act[ib];
     // Weights stream from L2 / L3: prefetch as the one-token tile, past the chunk into the next row's.
@@ -272,8 +123,6 @@ RILL_KERNEL_TARGET void gemm_k_pair_tile(int64_t ib0, int64_t ib1, bool first, b
     const WBlock* b = wr + ib;
     const typename Dec::Meta& m = meta[ib];
     const typename Dec::Ctx c = Dec::ctx(b);
-    __m512i sc6 = _mm512_setzero_si512();
-    if constexpr (Dec::kScales16) sc6 = _mm512_load_si512(m.sc);
     __m512i s[P];
     RILL_UNROLL
     for (int p = 0; p < P; ++p) s[p] = _mm512_setzero_si512();
@@ -288,7 +137,7 @@ RILL_KERNEL_TARGET void gemm_k_pair_tile(int64_t ib0, int64_t ib1, bool first, b
       RILL_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int k = 2 * g + h;
-        const __m512i sc = pair_scale<Dec>(m, sc6, k);
+        const __m512i sc = _mm512_set1_epi32(m.sc2[k]);  // the sub-block's i16 scale in every i16 lane
         RILL_UNROLL
         for (int p = 0; p < P; ++p) {
           __m512i av = _mm512_load_si512(ab.qs[p][k]);
@@ -300,51 +149,21 @@ RILL_KERNEL_TARGET void gemm_k_pair_tile(int64_t ib0, int64_t ib1, bool first, b
     const __m512 vd = _mm512_set1_ps(m.d);
     RILL_UNROLL
     for (int p = 0; p < P; ++p) {
-      __m512i f = s[p];
-      if constexpr (Dec::kScales16)  // lane l: 32 * (bsums[2l] sc[2l] + bsums[2l+1] sc[2l+1])
-        f = _mm512_sub_epi32(
-            f, _mm512_madd_epi16(_mm512_load_si512(ab.bsums[p]),
-                                 _mm512_broadcast_i64x4(_mm256_load_si256(reinterpret_cast<const __m256i*>(m.sc32)))));
       const __m512 d = _mm512_mul_ps(_mm512_load_ps(ab.dpair[p]), vd);
-      acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(f), acc[p]);
-    }
-    if constexpr (Dec::kMins != 0) {
-      const __m512i mins =
-          _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(m.mins)));  // every 128-bit lane
-      const __m512 vdmin = _mm512_set1_ps(m.dmin);
-      RILL_UNROLL
-      for (int q = 0; q < Q; ++q) {
-        __m512i prod = _mm512_madd_epi16(mins, _mm512_load_si512(ab.subsums[q]));  // lane 4t + k
-        if constexpr (Dec::kMins == 2) {
-          prod = _mm512_add_epi32(prod, _mm512_shuffle_epi32(prod, _MM_PERM_BADC));
-          prod = _mm512_add_epi32(prod, _mm512_shuffle_epi32(prod, _MM_PERM_CDAB));
-        }
-        const __m512 dmin = _mm512_mul_ps(_mm512_load_ps(ab.dneg[q]), vdmin);
-        accm[q] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(prod), accm[q]);
-      }
+      acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s[p]), acc[p]);
     }
   }
   if (!last) {
     RILL_UNROLL
     for (int p = 0; p < P; ++p) _mm512_store_ps(st->acc[p], acc[p]);
-    RILL_UNROLL
-    for (int q = 0; q < Q; ++q) _mm512_store_ps(st->accm[q], accm[q]);
     return;
   }
   alignas(64) float a[P][16];
-  alignas(64) float mm[Q][16];
   RILL_UNROLL
   for (int p = 0; p < P; ++p) _mm512_store_ps(a[p], acc[p]);
-  RILL_UNROLL
-  for (int q = 0; q < Q; ++q) _mm512_store_ps(mm[q], accm[q]);
   for (int t = 0; t < n_t && t < 2 * P; ++t) {
     const float* l = a[t / 2] + 8 * (t % 2);
-    const float h = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-    const float* mt = mm[t / 4] + 4 * (t % 4);
-    float out = h;
-    if constexpr (Dec::kMins == 1) out = h + ((mt[0] + mt[2]) + (mt[1] + mt[3]));
-    if constexpr (Dec::kMins == 2) out = h + mt[0];
-    y[t * y_stride] = out;
+    y[t * y_stride] = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
   }
 }
 
@@ -381,8 +200,8 @@ RILL_KERNEL_TARGET void gemm_k_pair_groups(int64_t nb, const uint8_t* wb, size_t
 }
 
 // GemmTileFn entry. Fewer than Dec::kMinTokens token rows: Dec::small_gemm
-// (the K-quants: the tiles of gemm_kquant_avx512_impl.h). Otherwise the rows' scales are decoded once
-// (KPairMeta*), then the tokens go in groups, each repacked in pairs once
+// (IQ4_XS: its own tiles). Otherwise the rows' scales are decoded once
+// (KPairMeta), then the tokens go in groups, each repacked in pairs once
 // (KActPairs), and every row tile runs against the group. Per-thread
 // grow-only buffers.
 template <typename Dec>

@@ -4,9 +4,10 @@
 // Each 256-element super-block of a weight row is decoded once per tile into
 // 8 vectors of 32 unsigned values plus the i16 scale of every maddubs lane;
 // per (row, token) the integer dot is sum_k madd(maddubs(q_k, a_k), scale_k),
-// its 8 int32 lanes converted and fma'd with d into 8 f32 lanes, the min (or
-// -32 offset) term taken from Q8_K's bsums: llama.cpp's AVX2 vec_dot
-// arithmetic, so the results equal the reference (quants_ref.cpp) bit for bit.
+// its 8 int32 lanes summed into the super-block's exact int32 and fma'd once
+// with d, the min (or -32 offset) term taken from Q8_K's bsums: rill's
+// K-quant definition (quants_ref.cpp), so the results equal the reference
+// bit for bit.
 #include "backend/cpu/gemm_x86_impl.h"
 
 namespace rill::cpu {
@@ -28,7 +29,7 @@ inline void unpack_k4_scales(const uint8_t* scales, uint8_t sc[8], uint8_t mn[8]
 
 struct KDecQ4 {
   using Block = BlockQ4_K;
-  static constexpr int kMins = 1;  // 1: 4-lane min accumulator (Q4_K); 2: scalar (Q5_K); 0: -32 offset (Q6_K)
+  static constexpr int kMins = 1;  // 1: a min term (Q4_K, Q5_K); 0: the -32 offset (Q6_K)
   static void decode(const Block* b, KDecoded* out) {
     uint8_t sc[8], mn[8];
     unpack_k4_scales(b->scales, sc, mn);
@@ -50,7 +51,7 @@ struct KDecQ4 {
 
 struct KDecQ5 {
   using Block = BlockQ5_K;
-  static constexpr int kMins = 2;
+  static constexpr int kMins = 1;
   static void decode(const Block* b, KDecoded* out) {
     uint8_t sc[8], mn[8];
     unpack_k4_scales(b->scales, sc, mn);
@@ -109,11 +110,10 @@ RILL_KERNEL_TARGET void gemm_k_tile(int64_t n, const void* w, size_t w_stride, c
                                     int64_t y_stride) {
   using WBlock = typename Dec::Block;
   const int64_t nb = n / kQKK;
-  __m256 acc[R][T];
-  __m128 accm[R][T];  // Q4_K: 4 lanes; Q5_K: lane 0
+  __m128 acc[R][T];  // lane 0: the (row, token)'s f32 accumulator
   RILL_UNROLL
   for (int r = 0; r < R; ++r) RILL_UNROLL
-  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), accm[r][t] = _mm_setzero_ps();
+  for (int t = 0; t < T; ++t) acc[r][t] = _mm_setzero_ps();
   KDecoded dec[R];
   for (int64_t ib = 0; ib < nb; ++ib) {
     RILL_UNROLL
@@ -135,33 +135,22 @@ RILL_KERNEL_TARGET void gemm_k_tile(int64_t n, const void* w, size_t w_stride, c
         }
         // lane j: corr[2j] * bsums[2j] + corr[2j+1] * bsums[2j+1]
         const __m256i corr = _mm256_madd_epi16(bsums, _mm256_load_si256(reinterpret_cast<const __m256i*>(dec[r].corr)));
-        if constexpr (Dec::kMins == 0) isum = _mm256_sub_epi32(isum, corr);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * dec[r].d), _mm256_cvtepi32_ps(isum), acc[r][t]);
-        if constexpr (Dec::kMins != 0) {
-          // prod[k] = mn[2k] * s[2k] + mn[2k+1] * s[2k+1] (s: sub-block sums)
-          const __m128i prod = _mm_hadd_epi32(_mm256_castsi256_si128(corr), _mm256_extracti128_si256(corr, 1));
-          const __m128 dmin = _mm_set1_ps(-ab.d * dec[r].dcorr);
-          if constexpr (Dec::kMins == 1) {
-            accm[r][t] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(prod), accm[r][t]);
-          } else {
-            const __m128i h = _mm_hadd_epi32(_mm_hadd_epi32(prod, _mm_setzero_si128()), _mm_setzero_si128());
-            accm[r][t] = _mm_fmadd_ss(dmin, _mm_cvtepi32_ps(h), accm[r][t]);
-          }
+        // The super-block's exact int32s, one scalar fma each (quants_ref.cpp).
+        const __m128 d = _mm_set_ss(ab.d * dec[r].d);
+        if constexpr (Dec::kMins == 0) {  // Q6_K: q - 32
+          const int sb = simd::hsum_i32(_mm256_sub_epi32(isum, corr));
+          acc[r][t] = _mm_fmadd_ss(d, _mm_cvtsi32_ss(_mm_setzero_ps(), sb), acc[r][t]);
+        } else {  // Q4_K, Q5_K: the min term at -a.d * dmin
+          const int sb = simd::hsum_i32(isum), ms = simd::hsum_i32(corr);
+          acc[r][t] = _mm_fmadd_ss(d, _mm_cvtsi32_ss(_mm_setzero_ps(), sb), acc[r][t]);
+          acc[r][t] = _mm_fmadd_ss(_mm_set_ss(-ab.d * dec[r].dcorr), _mm_cvtsi32_ss(_mm_setzero_ps(), ms), acc[r][t]);
         }
       }
     }
   }
   RILL_UNROLL
   for (int t = 0; t < T; ++t) RILL_UNROLL
-  for (int r = 0; r < R; ++r) {
-    __m128 m = accm[r][t];
-    if constexpr (Dec::kMins == 1) {
-      m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-      m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    }
-    const float h = simd::hsum(acc[r][t]);
-    y[t * y_stride + r] = Dec::kMins == 0 ? h : h + _mm_cvtss_f32(m);
-  }
+  for (int r = 0; r < R; ++r) y[t * y_stride + r] = _mm_cvtss_f32(acc[r][t]);
 }
 
 template <typename Dec, int... I>

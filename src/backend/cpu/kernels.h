@@ -49,7 +49,12 @@ inline constexpr int kNumDTypeIds = 40;  // MXFP4 is 39
 
 struct Kernels {
   Isa isa = Isa::kScalar;
-  GemmTileFn gemm[kNumDTypeIds] = {};         // by weight dtype id
+  GemmTileFn gemm[kNumDTypeIds] = {};  // by weight dtype id
+  // Token rows the matmul driver hands one gemm call at most (0: its
+  // default block, sized for the activations to stay in cache). A gemm that
+  // does per-call work on the weights (the K-quants' repack) blocks the tokens
+  // itself and asks for them all.
+  int gemm_max_tokens[kNumDTypeIds] = {};
   QuantizeRowFn quantize[kNumDTypeIds] = {};  // by activation (partner) dtype id
   void (*rms_norm_row)(const float* x, const float* w, int64_t dim, float eps, float w_offset, float* out) = nullptr;
   // The second half of rms_norm_row: out = (x * scale) * (w_offset + w)

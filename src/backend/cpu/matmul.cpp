@@ -48,10 +48,14 @@ struct MatJob {
   int64_t y_stride;
   int64_t chunk;  // rows per chunk: a multiple of the tile height
   int64_t n_chunks;
+  int64_t token_block;  // token rows per gemm call
 };
 
 MatJob plan(const Kernels& k, const WeightView& w, float* y, int64_t y_stride, int64_t n_tokens, int n_threads) {
-  MatJob j{&w, k.gemm[static_cast<size_t>(w.dtype)], y, y_stride == 0 ? w.n_rows : y_stride, 0, 0};
+  MatJob j{&w, k.gemm[static_cast<size_t>(w.dtype)], y, y_stride == 0 ? w.n_rows : y_stride, 0, 0, 0};
+  // 64 tokens a call: a block's activations stay in cache while the chunk's rows stream over them.
+  const int max_tokens = k.gemm_max_tokens[static_cast<size_t>(w.dtype)];
+  j.token_block = max_tokens > 0 ? max_tokens : 64;
   assert(j.gemm);
   // Small enough that every thread gets several chunks (handed out dynamically).
   int64_t chunk = w.n_rows / (n_threads * (n_tokens == 1 ? 8 : 4));
@@ -70,16 +74,14 @@ MatJob plan(const Kernels& k, const WeightView& w, float* y, int64_t y_stride, i
   return j;
 }
 
-// Rows [r0, r1) of one weight against all tokens. Tokens go in blocks so a
-// block's activations stay in cache while the chunk's rows stream over them;
-// the gemm function tiles the chunk x token block itself.
+// Rows [r0, r1) of one weight against all tokens, in blocks of
+// j.token_block tokens; the gemm function tiles the chunk x token block itself.
 void run_chunk(const MatJob& j, int64_t c, const uint8_t* a, size_t a_stride, int64_t n_tokens) {
-  constexpr int64_t kTokenBlock = 64;
   const WeightView& w = *j.w;
   const auto* wb = static_cast<const uint8_t*>(w.data);
   const int64_t r0 = c * j.chunk, r1 = std::min(w.n_rows, r0 + j.chunk);
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
-    const int64_t t1 = std::min(n_tokens, t0 + kTokenBlock);
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += j.token_block) {
+    const int64_t t1 = std::min(n_tokens, t0 + j.token_block);
     j.gemm(w.n_cols, wb + static_cast<size_t>(r0) * w.row_stride, w.row_stride, static_cast<int>(r1 - r0),
            a + static_cast<size_t>(t0) * a_stride, a_stride, static_cast<int>(t1 - t0), j.y + t0 * j.y_stride + r0,
            j.y_stride);

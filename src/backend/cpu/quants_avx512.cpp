@@ -3,11 +3,17 @@
 // the 32 vector registers AVX-512VL gives for 4 x 4 tiles: the 1-token tile
 // of gemm_x86_impl.h, and for 2..4 tokens the tile of gemm_q_avx512_impl.h
 // (same arithmetic per dot, fewer multiply-pipe instructions); the K-quant
-// tiles of gemm_kquant_avx512_impl.h on 512-bit vectors. Installed only
+// tiles of gemm_kquant_avx512_impl.h on 512-bit vectors (batches of 8+
+// tokens: gemm_kquant_rows_avx512_impl.h). Installed only
 // when the CPU has AVX512_VNNI; otherwise the AVX2 table stays.
 #define RILL_KERNEL_TARGET __attribute__((target("avx512vnni")))
+// GCC 12's AVX-512 permute / extract intrinsics read an undefined source
+// vector (gemm_kquant_rows_avx512_impl.h): not a bug here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "backend/cpu/gemm_kquant_avx512_impl.h"
 #include "backend/cpu/gemm_kquant_pair_avx512_impl.h"
+#include "backend/cpu/gemm_kquant_rows_avx512_impl.h"
 #include "backend/cpu/gemm_q8_pair_avx512_impl.h"
 #include "backend/cpu/gemm_q_avx512_impl.h"
 #include "backend/cpu/gemm_x86_impl.h"
@@ -76,9 +82,11 @@ void fill_kernels_avx512(Kernels& k) {
   k.gemm[id(DType::kQ5_0)] = gemm_q_vnni<DecQ5_0, DotVnni>();
   k.gemm[id(DType::kQ5_1)] = gemm_q_vnni<DecQ5_1, DotVnni>();
   k.gemm[id(DType::kQ8_0)] = &gemm_q8_pair_entry<DotVnni>;
-  k.gemm[id(DType::kQ4_K)] = gemm_k_pair<KPairQ4>();
-  k.gemm[id(DType::kQ5_K)] = gemm_k_pair<KPairQ5>();
-  k.gemm[id(DType::kQ6_K)] = gemm_k_pair<KPairQ6>();
+  k.gemm[id(DType::kQ4_K)] = &gemm_k_rows_entry<KRowsQ4>;
+  k.gemm[id(DType::kQ5_K)] = &gemm_k_rows_entry<KRowsQ5>;
+  k.gemm[id(DType::kQ6_K)] = &gemm_k_rows_entry<KRowsQ6>;
+  // The K-quant row tiles block tokens themselves, after one repack per call.
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) k.gemm_max_tokens[id(t)] = 1 << 20;
 }
 
 }  // namespace rill::cpu

@@ -271,29 +271,6 @@ float dot_q8_0(int64_t nb, const BlockQ8_0* x, const BlockQ8_0* y) {
   return sum;
 }
 
-// The K-quant dots follow llama.cpp's x86 (AVX2) vec_dot order, so the SIMD
-// tiles can match them bit for bit: per super-block an 8-lane int32 sum, lane
-// l holding sum over 32-element chunks c of scale(c, e) * q[32c + e] * a[32c + e]
-// for e in 4l..4l+3 (integers: exact in any order), converted to f32 and
-// fma'd with d = a.d * w.d into an 8-lane f32 accumulator, super-blocks in
-// order; at the end hsum8 ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) plus the min
-// term. Q4_K's min term is a 4-lane accumulator, lane k fma(-a.d * w.dmin,
-// mn[2k]*s[2k] + mn[2k+1]*s[2k+1], .) with s[j] the sum of sub-block j's
-// activations, reduced (k0+k2)+(k1+k3); Q5_K's is a scalar fma chain of the
-// same products' total. Q6_K takes its -32 offset per lane as
-// 32 * (bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1]) subtracted before the convert.
-inline float hsum8_llama(const float* a) {
-  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-}
-
-// q: a super-block's 256 unsigned values; scale_of(e): the scale of element e.
-template <typename ScaleOf>
-inline void k_lanes(const int* q, const int8_t* a, ScaleOf scale_of, int32_t lanes[8]) {
-  for (int l = 0; l < 8; ++l) lanes[l] = 0;
-  for (int c = 0; c < 8; ++c)
-    for (int e = 0; e < 32; ++e) lanes[e / 4] += scale_of(32 * c + e) * q[32 * c + e] * a[32 * c + e];
-}
-
 // Element e of a Q4_K/Q5_K super-block: within each 64-group, the first 32
 // elements are low nibbles of 32 bytes, the next 32 the high nibbles.
 inline int k4_nib(const uint8_t* qs, int e) {
@@ -301,69 +278,76 @@ inline int k4_nib(const uint8_t* qs, int e) {
   return (e % 64) < 32 ? (byte & 0xF) : (byte >> 4);
 }
 
-// Q4_K (kScalarMins false) and Q5_K (true): q holds the 256 values.
-template <bool kScalarMins>
-inline void k4_superblock(const uint8_t* scales, uint16_t dh, uint16_t dminh, const BlockQ8_K& y, const int* q,
-                          float acc[8], float accm[4]) {
+// Q4_K and Q5_K are defined per super-block as two exact int32s (not
+// llama.cpp's vec_dot lanes): isum = sum over the 8 sub-blocks j of
+// sc[j] * sum_{e in j} q[e] * a[e] (q unsigned; |isum| <= 256 * 31 * 127 * 63
+// < 2^26) and msum = sum_j mn[j] * (bsums[2j] + bsums[2j+1]), then
+// acc = fma(a.d * w.d, float(isum), acc); acc = fma(-a.d * w.dmin,
+// float(msum), acc) over the super-blocks in order from acc = 0; the dot is
+// acc. As for Q6_K below, the lane layout of a tile is then free.
+// q: the super-block's 256 unsigned values.
+inline float k4_superblock(const uint8_t* scales, uint16_t dh, uint16_t dminh, const BlockQ8_K& y, const int* q,
+                           float acc) {
   uint8_t sc[8], mn[8];
   for (int j = 0; j < 8; ++j) unpack_scale_min_k4(j, scales, &sc[j], &mn[j]);
-  const float d = y.d * h2f(dh);
-  const float dmin = -y.d * h2f(dminh);
-  int32_t prod[4];
-  for (int k = 0; k < 4; ++k) {
-    const int s0 = y.bsums[4 * k] + y.bsums[4 * k + 1], s1 = y.bsums[4 * k + 2] + y.bsums[4 * k + 3];
-    prod[k] = mn[2 * k] * s0 + mn[2 * k + 1] * s1;
+  int32_t isum = 0, msum = 0;
+  for (int j = 0; j < 8; ++j) {
+    int32_t s = 0;
+    for (int e = 32 * j; e < 32 * j + 32; ++e) s += q[e] * y.qs[e];
+    isum += s * sc[j];
+    msum += mn[j] * (y.bsums[2 * j] + y.bsums[2 * j + 1]);
   }
-  if (kScalarMins) {
-    accm[0] = std::fmaf(dmin, static_cast<float>((prod[0] + prod[1]) + (prod[2] + prod[3])), accm[0]);
-  } else {
-    for (int k = 0; k < 4; ++k) accm[k] = std::fmaf(dmin, static_cast<float>(prod[k]), accm[k]);
-  }
-  int32_t lanes[8];
-  k_lanes(
-      q, y.qs, [&](int e) { return static_cast<int>(sc[e / 32]); }, lanes);
-  for (int l = 0; l < 8; ++l) acc[l] = std::fmaf(d, static_cast<float>(lanes[l]), acc[l]);
+  acc = std::fmaf(y.d * h2f(dh), static_cast<float>(isum), acc);
+  return std::fmaf(-y.d * h2f(dminh), static_cast<float>(msum), acc);
 }
 
 float dot_q4_k(int64_t nb, const BlockQ4_K* x, const BlockQ8_K* y) {
-  float acc[8] = {}, accm[4] = {};
+  float acc = 0.0f;
   int q[kQKK];
   for (int64_t i = 0; i < nb; ++i) {
     for (int e = 0; e < kQKK; ++e) q[e] = k4_nib(x[i].qs, e);
-    k4_superblock<false>(x[i].scales, x[i].d, x[i].dmin, y[i], q, acc, accm);
+    acc = k4_superblock(x[i].scales, x[i].d, x[i].dmin, y[i], q, acc);
   }
-  return hsum8_llama(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+  return acc;
 }
 
 float dot_q5_k(int64_t nb, const BlockQ5_K* x, const BlockQ8_K* y) {
-  float acc[8] = {}, summs[4] = {};
+  float acc = 0.0f;
   int q[kQKK];
   for (int64_t i = 0; i < nb; ++i) {
     for (int e = 0; e < kQKK; ++e) {
       const int hbit = (x[i].qh[e % 32] >> (e / 32)) & 1;  // bit (2*(e/64) + half) of qh[l]
       q[e] = k4_nib(x[i].qs, e) | (hbit << 4);
     }
-    k4_superblock<true>(x[i].scales, x[i].d, x[i].dmin, y[i], q, acc, summs);
+    acc = k4_superblock(x[i].scales, x[i].d, x[i].dmin, y[i], q, acc);
   }
-  return hsum8_llama(acc) + summs[0];
+  return acc;
+}
+
+// Q6_K is defined per super-block as ONE exact int32 (not llama.cpp's
+// vec_dot lanes): isum = sum over the 16 sub-blocks j of
+// sc[j] * sum_{e in j} (q[e] - 32) * a[e] (|isum| <= 256 * 32 * 127 * 128
+// < 2^31, so any summation order gives the same integer), then
+// acc = fma(a.d * w.d, float(isum), acc) over the super-blocks in order from
+// acc = 0; the dot is acc. With the lane layout free, a tile can put rows or
+// tokens in its vector lanes as suits it (gemm_kquant_rows_avx512_impl.h);
+// every path of the type computes exactly this, so results never depend on
+// the batch.
+inline int32_t q6_k_superblock_isum(const BlockQ6_K& x, const BlockQ8_K& y) {
+  int32_t isum = 0;
+  for (int j = 0; j < 16; ++j) {
+    int32_t s = 0;
+    for (int e = 16 * j; e < 16 * j + 16; ++e) s += q6_value(x, e) * y.qs[e];
+    isum += s * x.scales[j];
+  }
+  return isum;
 }
 
 float dot_q6_k(int64_t nb, const BlockQ6_K* x, const BlockQ8_K* y) {
-  float acc[8] = {};
-  int q[kQKK];
-  for (int64_t i = 0; i < nb; ++i) {
-    for (int e = 0; e < kQKK; ++e) q[e] = q6_value(x[i], e) + 32;
-    int32_t lanes[8];
-    k_lanes(
-        q, y[i].qs, [&](int e) { return static_cast<int>(x[i].scales[e / 16]); }, lanes);
-    const float d = y[i].d * h2f(x[i].d);
-    for (int l = 0; l < 8; ++l) {
-      const int32_t sub =
-          32 * (y[i].bsums[2 * l] * x[i].scales[2 * l] + y[i].bsums[2 * l + 1] * x[i].scales[2 * l + 1]);
-      acc[l] = std::fmaf(d, static_cast<float>(lanes[l] - sub), acc[l]);
-    }
-  }
-  return hsum8_llama(acc);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i)
+    acc = std::fmaf(y[i].d * h2f(x[i].d), static_cast<float>(q6_k_superblock_isum(x[i], y[i])), acc);
+  return acc;
 }
 
 }  // namespace
