@@ -2,6 +2,7 @@
 // products, RoPE with the latent row's store, and the absorbed attention.
 #include <cassert>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 
 #include "backend/cuda/latent_attention.h"
@@ -53,15 +54,19 @@ __global__ void matmul_heads_kernel(HeadsMatmulArgs a) {
   if (r < a.R && t < a.n_tokens) a.y[t * a.y_stride + int64_t{h} * a.y_step + r] = acc;
 }
 
-// On the tensor cores (F16 / BF16 W, C a multiple of 16): a warp computes
-// 16 tokens x 16 rows of one head, a block 16 tokens x 64 rows, straight
-// from global memory (W's rows are read by every token tile from L2). x is
-// split into two values of W's type, hi = round(x) and lo = round(x - hi),
-// and both go through the same f32 accumulators (k-steps in ascending
-// order, hi then lo): W hi + W lo is W x within ~2^-16 relative, the f32
-// kernel's precision, with every product exact. A token's outputs depend
-// on nothing but its own x.
-constexpr int kHeadsRowsPerBlock = 64;
+// On the tensor cores (F16 / BF16 W, C a multiple of 64, x rows 16-byte
+// aligned): a block computes 16 tokens x 32 rows of one head; its 4 warps
+// split C's 64-column chunks into 4 contiguous ranges (the same split at
+// every token count) and their partial sums meet in shared memory in warp
+// order. Fragments come straight from global memory: lane (g, c) loads 16
+// consecutive columns of x rows g and g + 8 and of its weight rows, and a
+// chunk's 4 k16 steps share one permutation of k between A and B (step s
+// takes each lane's columns 4s .. 4s + 3), as moe.cu's expert kernel does.
+// x is split into two values of W's type, hi = round(x) and lo =
+// round(x - hi), both through the same f32 accumulators (hi then lo): W hi
+// + W lo is W x within ~2^-16 relative, with every product exact. A
+// token's outputs depend on nothing but its own x.
+constexpr int kHeadsRows = 32, kHeadsWarps = 4, kHeadsChunk = 64;
 
 __device__ __forceinline__ void split_pair(float x0, float x1, const __nv_bfloat16*, uint32_t& hi, uint32_t& lo) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
@@ -78,50 +83,88 @@ __device__ __forceinline__ void split_pair(float x0, float x1, const __half*, ui
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
+// 16 floats from p (16-byte aligned), or zeros.
+__device__ __forceinline__ void load16(const float* p, bool valid, float (&v)[16]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 u = valid ? __ldg(reinterpret_cast<const float4*>(p) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    v[4 * i] = u.x;
+    v[4 * i + 1] = u.y;
+    v[4 * i + 2] = u.z;
+    v[4 * i + 3] = u.w;
+  }
+}
+
 template <typename W>
-__global__ void __launch_bounds__(128) matmul_heads_mma_kernel(HeadsMatmulArgs a) {
+__global__ void __launch_bounds__(kHeadsWarps * 32) matmul_heads_mma_kernel(HeadsMatmulArgs a) {
+  constexpr int NT = kHeadsRows / 8;
+  __shared__ float4 red[kHeadsWarps][NT][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int h = blockIdx.z;
-  const int64_t t0 = int64_t{blockIdx.y} * 16, r0 = int64_t{blockIdx.x} * kHeadsRowsPerBlock + warp * 16;
-  if (r0 >= a.R) return;
+  const int64_t t0 = int64_t{blockIdx.y} * 16, r0 = int64_t{blockIdx.x} * kHeadsRows;
   const W* w = static_cast<const W*>(a.w) + (h * a.R) * a.C;
   const float* x = a.x + int64_t{h} * a.x_step;
   const int64_t ta = t0 + g, tb = t0 + g + 8;
   const bool va = ta < a.n_tokens, vb = tb < a.n_tokens;
   const float* xa = x + (va ? ta : 0) * a.x_stride;
   const float* xb = x + (vb ? tb : 0) * a.x_stride;
-  const W* wr[2];
-  bool vr[2];
+  const W* wr[NT];
+  bool vr[NT];
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
     const int64_t row = r0 + 8 * nt + g;
     vr[nt] = row < a.R;
     wr[nt] = w + (vr[nt] ? row : 0) * a.C;
   }
-  float acc[2][4] = {};
-#pragma unroll 4
-  for (int64_t k0 = 0; k0 < a.C; k0 += 16) {
-    const int64_t k = k0 + 2 * c;
-    uint32_t hi[4], lo[4];
-    split_pair(va ? xa[k] : 0.0f, va ? xa[k + 1] : 0.0f, static_cast<const W*>(nullptr), hi[0], lo[0]);
-    split_pair(vb ? xb[k] : 0.0f, vb ? xb[k + 1] : 0.0f, static_cast<const W*>(nullptr), hi[1], lo[1]);
-    split_pair(va ? xa[k + 8] : 0.0f, va ? xa[k + 9] : 0.0f, static_cast<const W*>(nullptr), hi[2], lo[2]);
-    split_pair(vb ? xb[k + 8] : 0.0f, vb ? xb[k + 9] : 0.0f, static_cast<const W*>(nullptr), hi[3], lo[3]);
+  const int64_t n_chunks = a.C / kHeadsChunk, per = (n_chunks + kHeadsWarps - 1) / kHeadsWarps;
+  const int64_t k0 = min(n_chunks, warp * per), k1 = min(n_chunks, k0 + per);
+  float acc[NT][4] = {};
+  for (int64_t ch = k0; ch < k1; ++ch) {
+    const int64_t col = ch * kHeadsChunk + 16 * c;
+    float fa[16], fb[16];
+    load16(xa + col, va, fa);
+    load16(xb + col, vb, fb);
+    uint4 wv[NT][2];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const uint32_t b0 = vr[nt] ? __ldg(reinterpret_cast<const unsigned int*>(wr[nt] + k)) : 0u;
-      const uint32_t b1 = vr[nt] ? __ldg(reinterpret_cast<const unsigned int*>(wr[nt] + k + 8)) : 0u;
-      mma_m16n8k16<W>(acc[nt], hi[0], hi[1], hi[2], hi[3], b0, b1);
-      mma_m16n8k16<W>(acc[nt], lo[0], lo[1], lo[2], lo[3], b0, b1);
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint4* p = reinterpret_cast<const uint4*>(wr[nt] + col);
+      wv[nt][0] = vr[nt] ? __ldg(p) : make_uint4(0, 0, 0, 0);
+      wv[nt][1] = vr[nt] ? __ldg(p + 1) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+      uint32_t hi[4], lo[4];
+      split_pair(fa[4 * st], fa[4 * st + 1], static_cast<const W*>(nullptr), hi[0], lo[0]);
+      split_pair(fb[4 * st], fb[4 * st + 1], static_cast<const W*>(nullptr), hi[1], lo[1]);
+      split_pair(fa[4 * st + 2], fa[4 * st + 3], static_cast<const W*>(nullptr), hi[2], lo[2]);
+      split_pair(fb[4 * st + 2], fb[4 * st + 3], static_cast<const W*>(nullptr), hi[3], lo[3]);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t* words = &wv[nt][st / 2].x;  // halves 4 st .. 4 st + 3 of the lane's 16
+        const uint32_t b0 = words[2 * (st % 2)], b1 = words[2 * (st % 2) + 1];
+        mma_m16n8k16<W>(acc[nt], hi[0], hi[1], hi[2], hi[3], b0, b1);
+        mma_m16n8k16<W>(acc[nt], lo[0], lo[1], lo[2], lo[3], b0, b1);
+      }
     }
   }
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) red[warp][nt][lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+  __syncthreads();
+  // Warp nt sums n-tile nt over the warps, in warp order.
+  const int nt = warp;
+  float4 s4 = red[0][nt][lane];
+  for (int k = 1; k < kHeadsWarps; ++k) {
+    const float4 o = red[k][nt][lane];
+    s4.x += o.x;
+    s4.y += o.y;
+    s4.z += o.z;
+    s4.w += o.w;
+  }
+  const float v[4] = {s4.x, s4.y, s4.z, s4.w};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t r = r0 + 8 * nt + 2 * c + e % 2, tok = e < 2 ? ta : tb;
-      if (r < a.R && (e < 2 ? va : vb)) a.y[tok * a.y_stride + int64_t{h} * a.y_step + r] = acc[nt][e];
-    }
+  for (int e = 0; e < 4; ++e) {
+    const int64_t r = r0 + 8 * nt + 2 * c + e % 2, tok = e < 2 ? ta : tb;
+    if (r < a.R && (e < 2 ? va : vb)) a.y[tok * a.y_stride + int64_t{h} * a.y_step + r] = v[e];
   }
 }
 
@@ -363,17 +406,19 @@ __global__ void __launch_bounds__(kMmaThreads) latent_attention_mma_kernel(Laten
     // The chunk's rows; rows past nk and columns past W are zeros (their
     // probabilities and q's columns are 0, and 0 * garbage could be NaN).
     if (vec) {
+      // Every 16-byte piece of the chunk in flight at once (cp.async; a
+      // piece past nk or W is zero-filled: source size 0).
       const int groups = Wp / 8;
       for (int idx = threadIdx.x; idx < kMmaKeys * groups; idx += kMmaThreads) {
         const int j = idx / groups, e = (idx % groups) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (j < nk && e < W) {
-          const bool in_k = e < a.cache.plane;
-          const uint8_t* base = static_cast<const uint8_t*>(in_k ? a.cache.k : a.cache.v) + offsets[j];
-          v = *reinterpret_cast<const uint4*>(base + 2 * (in_k ? e : e - a.cache.plane));
-        }
-        *reinterpret_cast<uint4*>(ks + j * ld + e) = v;
+        const bool in = j < nk && e < W, in_k = e < a.cache.plane;
+        const uint8_t* src = static_cast<const uint8_t*>(in_k ? a.cache.k : a.cache.v);
+        if (in) src += offsets[j] + 2 * (in_k ? e : e - a.cache.plane);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(ks + j * ld + e)), "l"(src),
+                     "r"(in ? 16 : 0)
+                     : "memory");
       }
+      asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
     } else {
       for (int idx = threadIdx.x; idx < kMmaKeys * Wp; idx += kMmaThreads) {
         const int j = idx / Wp, i = idx % Wp;
@@ -483,13 +528,15 @@ void launch_latent_mma(const LatentAttentionArgs& a, cudaStream_t stream) {
 void matmul_heads(const HeadsMatmulArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return;
   static_assert(kRows * kTokens == 256 && kTokens * kChunk == 256);
-  if ((a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16) && a.C % 16 == 0 && !mla_mma_off()) {
-    const dim3 grid(static_cast<unsigned>((a.R + kHeadsRowsPerBlock - 1) / kHeadsRowsPerBlock),
+  static_assert(kHeadsRows / 8 == kHeadsWarps, "one n-tile per warp in the reduction");
+  const bool aligned = a.x_stride % 4 == 0 && a.x_step % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+  if ((a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16) && a.C % kHeadsChunk == 0 && aligned && !mla_mma_off()) {
+    const dim3 grid(static_cast<unsigned>((a.R + kHeadsRows - 1) / kHeadsRows),
                     static_cast<unsigned>((a.n_tokens + 15) / 16), static_cast<unsigned>(a.n_heads));
     if (a.w_dtype == DType::kBF16) {
-      matmul_heads_mma_kernel<__nv_bfloat16><<<grid, 128, 0, stream>>>(a);
+      matmul_heads_mma_kernel<__nv_bfloat16><<<grid, kHeadsWarps * 32, 0, stream>>>(a);
     } else {
-      matmul_heads_mma_kernel<__half><<<grid, 128, 0, stream>>>(a);
+      matmul_heads_mma_kernel<__half><<<grid, kHeadsWarps * 32, 0, stream>>>(a);
     }
     RILL_CUDA_CHECK_LAUNCH();
     return;

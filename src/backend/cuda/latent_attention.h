@@ -40,8 +40,9 @@ struct LatentCache {
 // y[t, h y_step + r] = sum_c W[h R + r, c] x[t, h x_step + c] for r < R,
 // c < C, h < n_heads; W [n_heads R, C] in w_dtype (F32, F16 or BF16), x and
 // y F32 with row strides (floats). F32 W: f32 sums over c in ascending
-// order on the CUDA cores. F16 / BF16 W with C % 16 == 0: the tensor cores,
-// x split into hi + lo values of W's type (f32 precision within ~2^-16).
+// order on the CUDA cores. F16 / BF16 W with C % 64 == 0 (x rows 16-byte
+// aligned): the tensor cores, x split into hi + lo values of W's type (f32
+// precision within ~2^-16), C split over 4 warps summed in warp order.
 struct HeadsMatmulArgs {
   const void* w = nullptr;
   DType w_dtype = DType::kF32;
