@@ -264,6 +264,12 @@ class BackendOps : public ::testing::TestWithParam<Instance> {
   void reserve(int64_t max_tokens, int32_t n_head, int32_t head_dim) {
     for (Side* s : {&ref_, &dev_}) ASSERT_TRUE(s->b->reserve({max_tokens, n_head, head_dim}).ok());
   }
+  struct MlaShape {
+    int32_t H, nope, rope_dim, lora, v_dim, n_blocks;
+    std::vector<std::pair<int32_t, int32_t>> seqs;  // (new tokens, keys) per sequence
+    float scale, w_range;                           // attention scale; W_uk^T, W_uv in [-w_range, w_range]
+  };
+  void check_mla(const MlaShape& m);
 
   Side ref_, dev_;
   bool exact_ = false;
@@ -900,11 +906,27 @@ TEST_P(BackendOps, GatedRmsNormAndSigmoidMul) {
 // attention 1e-5 (f16 KV 4e-3), the products 1e-4.
 TEST_P(BackendOps, MultiHeadLatentAttention) {
   if (!dev_.b->has_mla_ops()) GTEST_SKIP() << dev_.b->name() << " has no MLA ops yet";
-  const int32_t H = 4, nope = 16, rope_dim = 8, lora = 32, v_dim = 12, qk = nope + rope_dim, shift = 2, n_blocks = 32;
+  check_mla({4, 16, 8, 32, 12, 32, {{1, 30}, {3, 11}, {9, 9}}, 0.2f, 1.0f});
+}
+
+// The same at the models' widths, where CUDA's tensor-core kernels run
+// (matmul_heads on F16 / BF16 weights, latent_attention on F16 rows: L 512
+// and 256, the second with a partial group of 16 heads), over more than
+// one chunk of 64 keys; scale and weights as the models' (scores of a few
+// units).
+TEST_P(BackendOps, MultiHeadLatentAttentionAtModelWidths) {
+  if (!dev_.b->has_mla_ops()) GTEST_SKIP() << dev_.b->name() << " has no MLA ops yet";
+  check_mla({16, 128, 64, 512, 128, 96, {{1, 150}, {3, 70}, {40, 40}, {2, 65}}, 0.072f, 0.1f});
+  check_mla({20, 64, 32, 256, 64, 96, {{1, 130}, {33, 33}}, 0.1f, 0.15f});
+}
+
+void BackendOps::check_mla(const MlaShape& m) {
+  const int32_t H = m.H, nope = m.nope, rope_dim = m.rope_dim, lora = m.lora, v_dim = m.v_dim, qk = nope + rope_dim;
+  const int32_t shift = 2, n_blocks = m.n_blocks;
   const LatentKvRow row{lora, rope_dim};
-  const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 30}, {3, 11}, {9, 9}};
-  const auto wk = encode(act(), random_floats(H * lora * nope, 21));
-  const auto wv = encode(act(), random_floats(H * v_dim * lora, 22));
+  const auto& seqs = m.seqs;
+  const auto wk = encode(act(), random_floats(H * lora * nope, 21, -m.w_range, m.w_range));
+  const auto wv = encode(act(), random_floats(H * v_dim * lora, 22, -m.w_range, m.w_range));
   const size_t es = elem_bytes(act());
   const auto kv_norm = random_floats(lora, 23);
   const RopeTable table = cpu::make_rope_table(10000.0f, rope_dim, /*interleaved=*/true);
@@ -946,7 +968,7 @@ TEST_P(BackendOps, MultiHeadLatentAttention) {
       at.n_head = H;
       at.kv_lora_rank = lora;
       at.rope_dim = rope_dim;
-      at.scale = 0.2f;
+      at.scale = m.scale;
       at.kv = kv.view;
       s->b->latent_attention(at, md);
       lats.push_back(s->read(at.out));
@@ -954,7 +976,7 @@ TEST_P(BackendOps, MultiHeadLatentAttention) {
       s->b->matmul_heads(w_v, H, at.out, lora, out, v_dim);
       outs.push_back(s->read(out));
     }
-    const std::string what = "MLA kv " + std::string(dtype_name(kv_t));
+    const std::string what = "MLA L " + std::to_string(lora) + " kv " + std::string(dtype_name(kv_t));
     const double store = kv_t == DType::kF16 ? 2e-3 : 2e-5;
     expect_close(qs[1], qs[0], tol(2e-5), what + " q (rope dims rotated)");
     expect_close(ks[1], ks[0], tol(store), what + " K plane");

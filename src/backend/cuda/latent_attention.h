@@ -6,7 +6,8 @@
 // row is element i % plane of the K plane (i < plane) or of the V plane, at
 // the token's cache row. Every kernel computes a token's outputs in a fixed
 // order that depends on nothing but that token (its position and its own
-// keys), so results are batch invariant in every mode.
+// keys), and which kernel runs depends on the shapes and dtypes only, never
+// on the step's token count, so results are batch invariant in every mode.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -38,7 +39,10 @@ struct LatentCache {
 
 // y[t, h y_step + r] = sum_c W[h R + r, c] x[t, h x_step + c] for r < R,
 // c < C, h < n_heads; W [n_heads R, C] in w_dtype (F32, F16 or BF16), x and
-// y F32 with row strides (floats). f32 sums over c in ascending order.
+// y F32 with row strides (floats). F32 W: f32 sums over c in ascending
+// order on the CUDA cores. F16 / BF16 W with C % 64 == 0 (x rows 16-byte
+// aligned): the tensor cores, x split into hi + lo values of W's type (f32
+// precision within ~2^-16), C split over 4 warps summed in warp order.
 struct HeadsMatmulArgs {
   const void* w = nullptr;
   DType w_dtype = DType::kF32;
@@ -75,7 +79,11 @@ void rope_store_latent(const LatentStoreArgs& a, cudaStream_t stream);
 // backend.h's latent_attention(): one block per (token, group of heads), a
 // key's row read once per block for its heads; keys in chunks with an
 // online f32 softmax. selected / n_selected (device; null: every key
-// [0, pos[t]]) as LatentAttentionOp says.
+// [0, pos[t]]) as LatentAttentionOp says. F16 rows with kv_lora_rank 32,
+// 64, 128, 256 or 512: on the tensor cores (q and the probabilities
+// rounded to f16, as the f16 prefill attention does; scores, softmax and
+// sums f32); F32 rows and other widths: f32 on the CUDA cores.
+// RILL_MLA_MMA=0 in the environment keeps both ops on their f32 kernels.
 struct LatentAttentionArgs {
   const float* q_latent = nullptr;
   int64_t q_latent_stride = 0;

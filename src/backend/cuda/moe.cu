@@ -74,28 +74,20 @@ __device__ void mask_groups(float* cs, const MoeRouter& m, int lane) {
   __syncwarp();
 }
 
-// One block. Phase 1: each warp routes tokens warp, warp + n_warps, ...
-// (scores, K arg-max passes, the K picks ordered by id) and counts pairs
-// per expert. Phase 2 (warp 0): offsets by an exclusive scan over experts.
-// Phase 3 (warp 0): pairs placed in increasing index, 32 at a time, ranks
-// among equal experts from __match_any_sync, so the grouping is the same
-// on every run.
-__global__ void route_kernel(const float* __restrict__ logits, int32_t n, MoeRouter m, int32_t pad, MoeRouting r) {
-  extern __shared__ float probs_all[];       // [n_warps, X] (or [n_warps, 2X]: scores, choice scores)
-  __shared__ int32_t cnt[kMoeMaxExperts];    // pairs per expert, then the fill cursor
-  __shared__ int32_t off_s[kMoeMaxExperts];  // offsets[e]
-  __shared__ int32_t pad_s[kMoeMaxExperts];  // padded[e]
+// Routing, part 1 (blocks of n_warps warps, as many as the tokens need):
+// each warp routes its tokens (scores, K arg-max passes, the K picks
+// ordered by id) into r.ids / r.weights. A token's picks depend on its
+// logits only.
+__global__ void route_pick_kernel(const float* __restrict__ logits, int32_t n, MoeRouter m, MoeRouting r) {
+  extern __shared__ float probs_all[];  // [n_warps, X] (or [n_warps, 2X]: scores, choice scores)
   detail::pdl_wait();
   detail::pdl_trigger();
   const int32_t X = m.n_expert, K = m.n_expert_used;
   const bool separate = separate_choice(m);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
-  for (int e = threadIdx.x; e < X; e += blockDim.x) cnt[e] = 0;
-  __syncthreads();
-
   float* pr = probs_all + static_cast<size_t>(warp) * X * (separate ? 2 : 1);
   float* cs = separate ? pr + X : pr;  // the choice scores; a picked one becomes -inf
-  for (int32_t t = warp; t < n; t += n_warps) {
+  for (int32_t t = blockIdx.x * n_warps + warp; t < n; t += gridDim.x * n_warps) {
     const float* l = logits + static_cast<int64_t>(t) * X;
     if (m.softmax_after_topk) {
       for (int e = lane; e < X; e += 32) pr[e] = m.router_bias ? l[e] + m.router_bias[e] : l[e];
@@ -184,10 +176,26 @@ __global__ void route_kernel(const float* __restrict__ logits, int32_t n, MoeRou
       const int64_t at = static_cast<int64_t>(t) * K + rank;
       r.ids[at] = my_id;
       r.weights[at] = my_w;
-      atomicAdd(&cnt[my_id], 1);
     }
     __syncwarp();
   }
+}
+
+// Routing, part 2 (one block): pairs per expert counted from r.ids, then
+// (warp 0) offsets by an exclusive scan over experts, and the pairs placed
+// in increasing index, 32 at a time, ranks among equal experts from
+// __match_any_sync, so the grouping is the same on every run.
+__global__ void route_group_kernel(int32_t n, MoeRouter m, int32_t pad, MoeRouting r) {
+  __shared__ int32_t cnt[kMoeMaxExperts];    // pairs per expert, then the fill cursor
+  __shared__ int32_t off_s[kMoeMaxExperts];  // offsets[e]
+  __shared__ int32_t pad_s[kMoeMaxExperts];  // padded[e]
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int32_t X = m.n_expert, K = m.n_expert_used;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int e = threadIdx.x; e < X; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int32_t i = threadIdx.x; i < n * K; i += blockDim.x) atomicAdd(&cnt[r.ids[i]], 1);
   __syncthreads();
   if (warp != 0) return;
 
@@ -231,8 +239,7 @@ __global__ void route_kernel(const float* __restrict__ logits, int32_t n, MoeRou
   }
   __syncwarp();
 
-  // Stable fill. The ids were written above by this block (visible after
-  // __syncthreads).
+  // Stable fill (the ids: route_pick_kernel's, visible after pdl_wait).
   const int32_t n_pairs = n * K;
   for (int32_t base = 0; base < n_pairs; base += 32) {
     const int32_t i = base + lane;
@@ -678,7 +685,9 @@ void moe_route(const float* logits, int64_t n, const MoeRouter& m, int32_t pad, 
   const int row_bytes = m.n_expert * 4 * (separate_choice(m) ? 2 : 1);
   const int n_warps = std::clamp(kRouteProbBytes / row_bytes, 1, 32);
   const size_t smem = static_cast<size_t>(n_warps) * row_bytes;
-  launch_pdl(route_kernel, 1, n_warps * 32, smem, stream, logits, static_cast<int32_t>(n), m, pad, r);
+  const auto blocks = static_cast<unsigned>((n + n_warps - 1) / n_warps);
+  launch_pdl(route_pick_kernel, blocks, n_warps * 32, smem, stream, logits, static_cast<int32_t>(n), m, r);
+  launch_pdl(route_group_kernel, 1, 1024, 0, stream, static_cast<int32_t>(n), m, pad, r);
 }
 
 bool moe_mma_supported(DType w, int64_t n_cols) {

@@ -13,7 +13,7 @@
 //
 // Two ways through a layer:
 //  - device routing (decode steps, CUDA-graph safe): the router GEMM, then
-//    moe.h's route-and-group kernel, the expert-indexed products for
+//    moe.h's routing kernels (picks, then grouping), the expert-indexed products for
 //    gate/up and down (each expert's weights read once per 8 of its tokens
 //    by a GEMV, or per 32 on tensor cores: bf16/f16 steps of kMmaMinTokens
 //    tokens or more), and the weighted sum per token. No host
