@@ -151,6 +151,28 @@ double block_error(const float* x, float d, const Levels& lv, int* q) {
   }
   return err;
 }
+// The same for iq4_nl's levels, the codes counted midpoint by midpoint over
+// the whole block (NlLevels::code's rule, in a loop the compiler
+// vectorizes: the store is the rotated types' hot spot).
+template <>
+double block_error(const float* x, float d, const NlLevels& lv, int* q) {
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  float y[kQK];
+  for (int j = 0; j < kQK; ++j) {
+    y[j] = x[j] * id;
+    q[j] = 0;
+  }
+  for (int i = 0; i < 15; ++i) {
+    const float mid = 0.5f * static_cast<float>(kIq4nlValues[i] + kIq4nlValues[i + 1]);
+    for (int j = 0; j < kQK; ++j) q[j] += y[j] > mid ? 1 : 0;
+  }
+  double err = 0;
+  for (int j = 0; j < kQK; ++j) {
+    const double e = double{x[j]} - double{lv.value(q[j]) * d};
+    err += e * e;
+  }
+  return err;
+}
 
 // Rotated types are rill's own (no GGUF file holds them), so their encoder
 // is free to choose each block's levels and scale. Levels: those of the
