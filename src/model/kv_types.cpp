@@ -16,10 +16,10 @@ struct Named {
   KvType type;
 };
 constexpr Named kTypes[] = {
-    {"f32", {DType::kF32, false}},   {"f16", {DType::kF16, false}},   {"bf16", {DType::kBF16, false}},
-    {"q8_0", {DType::kQ8_0, false}}, {"q4_0", {DType::kQ4_0, false}}, {"q4_1", {DType::kQ4_1, false}},
-    {"q5_0", {DType::kQ5_0, false}}, {"q5_1", {DType::kQ5_1, false}}, {"q4_0h", {DType::kQ4_0, true}},
-    {"q8_0h", {DType::kQ8_0, true}}, {"fp8", {kF8E4M3, false}},
+    {"f32", {DType::kF32, false}},   {"f16", {DType::kF16, false}},       {"bf16", {DType::kBF16, false}},
+    {"q8_0", {DType::kQ8_0, false}}, {"q4_0", {DType::kQ4_0, false}},     {"q4_1", {DType::kQ4_1, false}},
+    {"q5_0", {DType::kQ5_0, false}}, {"q5_1", {DType::kQ5_1, false}},     {"q4_0h", {DType::kQ4_0, true}},
+    {"q8_0h", {DType::kQ8_0, true}}, {"iq4_nlh", {DType::kIQ4_NL, true}}, {"fp8", {kF8E4M3, false}},
 };
 
 std::optional<int64_t> parse_int(std::string_view s) {
@@ -138,6 +138,9 @@ Status check_kv_layer_types(int64_t layer, const KvLayerTypes& types, int64_t n_
         ((t.quantized() || t.rotated) && head_dim > 1024)) {
       return Error{what + ": a KV row of " + std::to_string(n_head_kv) + " heads of " + std::to_string(head_dim) +
                    " is not whole blocks of " + std::to_string(t.group_size()) + " (or head_dim > 1024)"};
+    }
+    if (t.dtype == DType::kIQ4_NL && !t.rotated) {
+      return Error{what + ": iq4_nl blocks are stored rotated only (iq4_nlh): rill has no GGML iq4_nl encoder"};
     }
     if (t.rotated && !std::has_single_bit(static_cast<uint64_t>(head_dim))) {
       return Error{what + ": the Hadamard rotation needs a power-of-two head_dim, not " + std::to_string(head_dim)};

@@ -9,7 +9,11 @@
 // before it is quantized spreads K's outlier channels (what limits plain
 // q8_0, docs/perf.md) over the head. For K the query is rotated the same
 // way (q.k is unchanged, H being orthonormal); for V attention's output is
-// rotated back (H is its own inverse). fp8: each element one e4m3 byte
+// rotated back (H is its own inverse). iq4_nlh: the same rotation and
+// encoder over GGML's IQ4_NL blocks (f16 d, 32 nibbles; x = d *
+// kIq4nlValues[q], 16 non-uniform levels spaced for near-Gaussian values),
+// the same 18 bytes per 32 values as q4_0h and less error on a rotated head
+// (docs/perf.md, "the rotated 4-bit type's levels"). fp8: each element one e4m3 byte
 // with no scale (core/e4m3.h kF8E4M3; vLLM's fp8 KV without calibrated
 // scales; backend/cuda/kv_types.cuh KvFp8 says why), rounded to nearest
 // even and saturating at +-448, the same bytes on both devices.
@@ -38,7 +42,7 @@ namespace rill {
 
 struct KvType {
   DType dtype = DType::kF16;
-  bool rotated = false;  // Walsh-Hadamard rotated per head (q4_0h, q8_0h)
+  bool rotated = false;  // Walsh-Hadamard rotated per head (q4_0h, q8_0h, iq4_nlh)
 
   bool operator==(const KvType&) const = default;
   bool quantized() const { return dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16; }
@@ -47,7 +51,7 @@ struct KvType {
 };
 
 // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h",
-// "fp8".
+// "iq4_nlh", "fp8".
 std::string kv_type_name(KvType t);
 std::optional<KvType> parse_kv_type(std::string_view name);
 // The accepted names, for error messages: "f16, bf16, ...".

@@ -84,7 +84,7 @@ TEST_P(KvQuantParity, Q8_0GreedyMatchesWhereTheGapAllows) {
 // The logit error of each type against f16 KV, within per-type bounds (about
 // twice what was measured) and ordered by bits. These random-weight models
 // have no outlier channels in K, so the rotation has nothing to spread here:
-// q4_0h is held to q4_0's bound (its gain is tested on outlier-channel K in
+// q4_0h and iq4_nlh are held to q4_0's bound (its gain is tested on outlier-channel K in
 // tests/backend/kv_quant_test.cpp and measured on the default model in
 // docs/perf.md).
 TEST_P(KvQuantParity, LogitErrorPerType) {
@@ -100,9 +100,10 @@ TEST_P(KvQuantParity, LogitErrorPerType) {
     return std::sqrt(s / static_cast<double>(x.size()));
   };
   const double e_bf16 = rms_err("bf16"), e_q8 = rms_err("q8_0"), e_q5 = rms_err("q5_0"), e_q4 = rms_err("q4_0"),
-               e_q4h = rms_err("q4_0h"), e_f8 = rms_err("fp8");
-  std::printf("%s rms logit error vs f16 KV: bf16 %.2e q8_0 %.2e q5_0 %.2e q4_0 %.2e q4_0h %.2e fp8 %.2e\n",
-              GetParam().c_str(), e_bf16, e_q8, e_q5, e_q4, e_q4h, e_f8);
+               e_q4h = rms_err("q4_0h"), e_nlh = rms_err("iq4_nlh"), e_f8 = rms_err("fp8");
+  std::printf(
+      "%s rms logit error vs f16 KV: bf16 %.2e q8_0 %.2e q5_0 %.2e q4_0 %.2e q4_0h %.2e iq4_nlh %.2e fp8 %.2e\n",
+      GetParam().c_str(), e_bf16, e_q8, e_q5, e_q4, e_q4h, e_nlh, e_f8);
   EXPECT_LT(e_q8, e_q5);
   EXPECT_LT(e_q5, e_q4);
   EXPECT_LT(e_bf16, e_q8);
@@ -110,6 +111,7 @@ TEST_P(KvQuantParity, LogitErrorPerType) {
   EXPECT_LT(e_q5, 0.1);
   EXPECT_LT(e_q4, 0.25);
   EXPECT_LT(e_q4h, 0.25);
+  EXPECT_LT(e_nlh, 0.25);  // q4_0h's bytes with iq4_nl's levels: held to the same bound
   // fp8 (e4m3, no scale): 3 mantissa bits, between q8_0 and q4_0
   // (measured 0.023-0.036, q5_0's 0.044-0.045).
   EXPECT_LT(e_q8, e_f8);

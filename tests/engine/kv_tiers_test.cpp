@@ -762,6 +762,12 @@ TEST(KvTiers, DiskPrefixSurvivesARestartRotatedQ4Kv) {
   disk_round_trip(kGoldens + "gemma3", 512, 70, 64, with_kv(kv_all("q4_0h")), nullptr, DType::kQ4_0);
 }
 
+TEST(KvTiers, DiskPrefixSurvivesARestartRotatedIq4nlKv) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  // The file holds GGML's IQ4_NL blocks of the rotated heads.
+  disk_round_trip(kSmol, 49152, 100, 96, with_kv(kv_all("iq4_nlh")), nullptr, DType::kIQ4_NL);
+}
+
 TEST(KvTiers, DiskPrefixSurvivesARestartPerLayerKv) {
   if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
   TmpDir cfg_dir;
@@ -829,24 +835,27 @@ TEST(KvTiers, TensorParallelQuantizedPrefixSurvivesARestart) {
 
 TEST(KvTiers, EvictedQuantizedPrefixComesBackFromTheRamTier) {
   if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
-  EngineOptions o;
-  o.kv_cache_mb = 3;  // q4_0h: ~3.5x the tokens of f16 per MiB, still too few for three prompts
-  o.cache_ram_mb = 256;
-  o.kv_types = kv_all("q4_0h");
-  auto e = load(kSmol, o);
-  ASSERT_TRUE(e);
-  EXPECT_EQ(e->stats().kv_bytes_per_token, 30 * 2 * 3 * 64 / 32 * 18) << "30 layers, K and V, 3 KV heads of 64";
-  const auto a = random_prompt(161, 49152, 1);
-  const GenRun cold = generate(*e, a, 8);
-  const GenRun device_hit = generate(*e, a, 8);
-  EXPECT_EQ(device_hit.cached, 160);
-  generate(*e, random_prompt(161, 49152, 2), 8);
-  generate(*e, random_prompt(161, 49152, 3), 8);
-  const GenRun warm = generate(*e, a, 8);
-  EXPECT_GE(e->stats().ram_tier.hits, 1);
-  EXPECT_EQ(warm.cached, 160);
-  EXPECT_EQ(warm.tokens, device_hit.tokens);
-  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored quantized KV must be bit-identical";
+  for (const char* type : {"q4_0h", "iq4_nlh"}) {
+    SCOPED_TRACE(type);
+    EngineOptions o;
+    o.kv_cache_mb = 3;  // 4-bit rotated: ~3.5x the tokens of f16 per MiB, still too few for three prompts
+    o.cache_ram_mb = 256;
+    o.kv_types = kv_all(type);
+    auto e = load(kSmol, o);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->stats().kv_bytes_per_token, 30 * 2 * 3 * 64 / 32 * 18) << "30 layers, K and V, 3 KV heads of 64";
+    const auto a = random_prompt(161, 49152, 1);
+    const GenRun cold = generate(*e, a, 8);
+    const GenRun device_hit = generate(*e, a, 8);
+    EXPECT_EQ(device_hit.cached, 160);
+    generate(*e, random_prompt(161, 49152, 2), 8);
+    generate(*e, random_prompt(161, 49152, 3), 8);
+    const GenRun warm = generate(*e, a, 8);
+    EXPECT_GE(e->stats().ram_tier.hits, 1);
+    EXPECT_EQ(warm.cached, 160);
+    EXPECT_EQ(warm.tokens, device_hit.tokens);
+    EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored quantized KV must be bit-identical";
+  }
 }
 
 // A file written under one KV type is never resumed under another: the
@@ -863,7 +872,8 @@ TEST(KvTiers, ChangedKvTypeInvalidatesDiskFiles) {
     ASSERT_TRUE(e);
     EXPECT_EQ(generate(*e, prompt, 1, /*persist=*/true).persisted, 96);
   }
-  for (const char* other : {"f16", "q4_0h"}) {
+  // iq4_nlh and q4_0h: the same bytes per block, other levels.
+  for (const char* other : {"f16", "q4_0h", "iq4_nlh"}) {
     o.kv_types = std::string(other) == "f16" ? KvTypeOptions{} : kv_all(other);
     auto e = load(kSmol, o);
     ASSERT_TRUE(e);

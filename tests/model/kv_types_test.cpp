@@ -26,7 +26,8 @@ struct ConfigFile {
 };
 
 TEST(KvTypes, NamesRoundTrip) {
-  for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h", "fp8"}) {
+  for (const char* n :
+       {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h", "iq4_nlh", "fp8"}) {
     const auto t = parse_kv_type(n);
     ASSERT_TRUE(t) << n;
     EXPECT_EQ(kv_type_name(*t), n);
@@ -40,6 +41,17 @@ TEST(KvTypes, NamesRoundTrip) {
   EXPECT_EQ(describe_kv_types({{*parse_kv_type("fp8"), *parse_kv_type("fp8")}}, DType::kF16), "kv=fp8");
   EXPECT_TRUE(parse_kv_type("q4_0h")->rotated);
   EXPECT_EQ(*parse_kv_type("q8_0h"), (KvType{DType::kQ8_0, true}));
+  // iq4_nlh: GGML's IQ4_NL blocks (18 bytes per 32, as q4_0h) of rotated
+  // heads; plain iq4_nl is not a KV type (no GGML encoder here).
+  EXPECT_EQ(*parse_kv_type("iq4_nlh"), (KvType{DType::kIQ4_NL, true}));
+  EXPECT_EQ(row_bytes(DType::kIQ4_NL, 64), row_bytes(DType::kQ4_0, 64));
+  EXPECT_FALSE(parse_kv_type("iq4_nl"));
+  EXPECT_EQ(describe_kv_types({{*parse_kv_type("iq4_nlh"), *parse_kv_type("iq4_nlh")}}, DType::kF16), "kv=iq4_nlh#2");
+  const KvType plain_nl{DType::kIQ4_NL, false};
+  const Status refused = check_kv_layer_types(0, {plain_nl, plain_nl}, 3, 64);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("iq4_nlh"), std::string::npos) << refused.error().message;
+  EXPECT_TRUE(check_kv_layer_types(0, {*parse_kv_type("iq4_nlh"), *parse_kv_type("iq4_nlh")}, 3, 64).ok());
 }
 
 TEST(KvTypes, ConfigResolvesPerLayer) {

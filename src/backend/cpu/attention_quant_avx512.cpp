@@ -79,6 +79,15 @@ inline void dq32(const uint8_t* p, int b, __m512& lo, __m512& hi) {
     const __m512i eight = _mm512_set1_epi32(8);
     lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l, eight)), d);
     hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(h, eight)), d);
+  } else if constexpr (T == DType::kIQ4_NL) {
+    const auto* blk = reinterpret_cast<const BlockIQ4_NL*>(p) + b;
+    const __m512 d = splat_f16(blk->d);
+    __m512i l, h;
+    nibbles(blk->qs, l, h);
+    const __m512 levels =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues))));
+    lo = _mm512_mul_ps(_mm512_permutexvar_ps(l, levels), d);
+    hi = _mm512_mul_ps(_mm512_permutexvar_ps(h, levels), d);
   } else if constexpr (T == DType::kQ4_1) {
     const auto* blk = reinterpret_cast<const BlockQ4_1*>(p) + b;
     const __m512 d = splat_f16(blk->d), m = splat_f16(blk->m);
@@ -319,6 +328,8 @@ QuantTileAttend for_v(DType v, int64_t head_dim) {
       return for_head<KT, DType::kQ5_0>(head_dim);
     case DType::kQ5_1:
       return for_head<KT, DType::kQ5_1>(head_dim);
+    case DType::kIQ4_NL:
+      return for_head<KT, DType::kIQ4_NL>(head_dim);
     default:
       return nullptr;
   }
@@ -344,6 +355,8 @@ QuantTileAttend attend_quant_avx512_for(DType k, DType v, int64_t head_dim) {
       return for_v<DType::kQ5_0>(v, head_dim);
     case DType::kQ5_1:
       return for_v<DType::kQ5_1>(v, head_dim);
+    case DType::kIQ4_NL:
+      return for_v<DType::kIQ4_NL>(v, head_dim);
     default:
       return nullptr;
   }

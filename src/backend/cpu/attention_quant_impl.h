@@ -43,6 +43,17 @@ inline void dq_q4_0(const uint8_t* src, float* dst, int64_t n) {
     }
   }
 }
+// GGML's IQ4_NL blocks (the rotated iq4_nlh): x = d * kIq4nlValues[q].
+inline void dq_iq4_nl(const uint8_t* src, float* dst, int64_t n) {
+  const auto* b = reinterpret_cast<const BlockIQ4_NL*>(src);
+  for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
+    const float d = f16_to_f32(b[i].d);
+    for (int j = 0; j < kQK / 2; ++j) {
+      dst[j] = static_cast<float>(kIq4nlValues[b[i].qs[j] & 0xF]) * d;
+      dst[j + kQK / 2] = static_cast<float>(kIq4nlValues[b[i].qs[j] >> 4]) * d;
+    }
+  }
+}
 inline void dq_q4_1(const uint8_t* src, float* dst, int64_t n) {
   const auto* b = reinterpret_cast<const BlockQ4_1*>(src);
   for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
@@ -106,6 +117,8 @@ inline KvDequant dequant_for(DType t) {
       return dq_q5_0;
     case DType::kQ5_1:
       return dq_q5_1;
+    case DType::kIQ4_NL:
+      return dq_iq4_nl;
     default:
       return nullptr;
   }

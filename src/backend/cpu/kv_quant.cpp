@@ -112,14 +112,63 @@ void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t nb) {
   }
 }
 
-// The squared error of a block stored as q[j] * d, q[j] the level nearest
-// x[j] in [q_min, q_max].
-double block_error(const float* x, float d, int q_min, int q_max, int* q) {
+// The levels of a rotated block: code q stands for value(q) * d.
+// Uniform: the integers [lo, hi] (q4_0: -8..7, q8_0: -127..127), the
+// nearest by nearbyint, clamped. Nl: iq4_nl's 16 levels (kIq4nlValues,
+// GGML's IQ4_NL), spaced for a near-Gaussian block: the code of y is the
+// number of midpoints (v[i] + v[i+1]) / 2 strictly below y (exact in f32),
+// i.e. the nearest level, the lower one on a tie.
+struct UniformLevels {
+  int lo, hi;
+  float first() const { return static_cast<float>(lo); }
+  float last() const { return static_cast<float>(hi); }
+  int code(float y) const { return std::clamp(static_cast<int>(std::nearbyint(y)), lo, hi); }
+  float value(int q) const { return static_cast<float>(q); }
+};
+struct NlLevels {
+  float first() const { return static_cast<float>(kIq4nlValues[0]); }
+  float last() const { return static_cast<float>(kIq4nlValues[15]); }
+  int code(float y) const {
+    int q = 0;
+    for (int i = 0; i < 15; ++i) {
+      q += y > 0.5f * static_cast<float>(kIq4nlValues[i] + kIq4nlValues[i + 1]) ? 1 : 0;
+    }
+    return q;
+  }
+  float value(int q) const { return static_cast<float>(kIq4nlValues[q]); }
+};
+
+// The squared error of a block stored as value(q[j]) * d, q[j] the code of
+// x[j] / d.
+template <class Levels>
+double block_error(const float* x, float d, const Levels& lv, int* q) {
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   double err = 0;
   for (int j = 0; j < kQK; ++j) {
-    q[j] = std::clamp(static_cast<int>(std::nearbyint(x[j] * id)), q_min, q_max);
-    const double e = double{x[j]} - double{static_cast<float>(q[j]) * d};
+    q[j] = lv.code(x[j] * id);
+    const double e = double{x[j]} - double{lv.value(q[j]) * d};
+    err += e * e;
+  }
+  return err;
+}
+// The same for iq4_nl's levels, the codes counted midpoint by midpoint over
+// the whole block (NlLevels::code's rule, in a loop the compiler
+// vectorizes: the store is the rotated types' hot spot).
+template <>
+double block_error(const float* x, float d, const NlLevels& lv, int* q) {
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  float y[kQK];
+  for (int j = 0; j < kQK; ++j) {
+    y[j] = x[j] * id;
+    q[j] = 0;
+  }
+  for (int i = 0; i < 15; ++i) {
+    const float mid = 0.5f * static_cast<float>(kIq4nlValues[i] + kIq4nlValues[i + 1]);
+    for (int j = 0; j < kQK; ++j) q[j] += y[j] > mid ? 1 : 0;
+  }
+  double err = 0;
+  for (int j = 0; j < kQK; ++j) {
+    const double e = double{x[j]} - double{lv.value(q[j]) * d};
     err += e * e;
   }
   return err;
@@ -129,51 +178,52 @@ double block_error(const float* x, float d, int q_min, int q_max, int* q) {
 // is free to choose each block's levels and scale. Levels: those of the
 // scale with the least squared error (a rotated head is close to Gaussian,
 // whose max-abs scale spends levels on the tails). Tried: d from the signed
-// maximum onto q_min or onto q_max, each times 1, 0.975, ..., 0.6, then a
-// least-squares refit of d to the best candidate's levels; errors with d
-// rounded to f16 as stored. Scale: then refit so the block is not shrunk
-// (x_hat . x = x . x): least-squares scales shrink every block a little,
-// which does not average out over a context as noise does: shrunk V damps
-// every attention output and shrunk K flattens every softmax. Measured on
-// the default model (docs/perf.md, q4_0h, 1,024 tokens): least squares
-// alone cut KL 5% but raised perplexity from +5.7% to +9.2% over f16;
-// with the refit +5.2%. Returns d's f16 bits; q the levels. About 35
+// maximum onto the first or onto the last level, each times 1, 0.975, ...,
+// 0.6, then a least-squares refit of d to the best candidate's levels;
+// errors with d rounded to f16 as stored. Scale: then refit so the block is
+// not shrunk (x_hat . x = x . x): least-squares scales shrink every block a
+// little, which does not average out over a context as noise does: shrunk
+// V damps every attention output and shrunk K flattens every softmax.
+// Measured on the default model (docs/perf.md, q4_0h, 1,024 tokens): least
+// squares alone cut KL 5% but raised perplexity from +5.7% to +9.2% over
+// f16; with the refit +5.2%. Returns d's f16 bits; q the codes. About 35
 // candidates of 32 multiply-rounds per block: ~1M operations per token of
-// the default model.
-uint16_t fit_scale(const float* x, int q_min, int q_max, int* q) {
+// the default model (q4_0h; iq4_nlh's 15 compares per element cost more).
+template <class Levels>
+uint16_t fit_scale(const float* x, const Levels& lv, int* q) {
   const float m = signed_absmax(x);
   if (m == 0.0f) {
-    std::fill(q, q + kQK, 0);
+    std::fill(q, q + kQK, lv.code(0.0f));
     return f32_to_f16(0.0f);
   }
-  // Levels of a zero scale until a candidate wins: none does when the block
+  // Codes of a zero scale until a candidate wins: none does when the block
   // holds a NaN or a scale overflows f16 (every error is then NaN).
-  std::fill(q, q + kQK, 0);
+  std::fill(q, q + kQK, lv.code(0.0f));
   double best = INFINITY;
   uint16_t best_d = 0;
   int cand[kQK];
   auto consider = [&](float d) {
     const uint16_t dh = f32_to_f16(d);
-    const double err = block_error(x, f16_to_f32(dh), q_min, q_max, cand);
+    const double err = block_error(x, f16_to_f32(dh), lv, cand);
     if (err < best) {
       best = err;
       best_d = dh;
       std::copy(cand, cand + kQK, q);
     }
   };
-  for (const int top : {q_min, q_max}) {
-    for (int i = 0; i <= 16; ++i) consider(m / static_cast<float>(top) * (1.0f - 0.025f * static_cast<float>(i)));
+  for (const float top : {lv.first(), lv.last()}) {
+    for (int i = 0; i <= 16; ++i) consider(m / top * (1.0f - 0.025f * static_cast<float>(i)));
   }
   double xx = 0, xq = 0, qq = 0;
   for (int j = 0; j < kQK; ++j) {
-    xq += double{x[j]} * q[j];
-    qq += static_cast<double>(q[j]) * q[j];
+    xq += double{x[j]} * lv.value(q[j]);
+    qq += static_cast<double>(lv.value(q[j])) * lv.value(q[j]);
   }
   if (qq > 0) consider(static_cast<float>(xq / qq));
   xq = 0;
   for (int j = 0; j < kQK; ++j) {
     xx += double{x[j]} * x[j];
-    xq += double{x[j]} * q[j];
+    xq += double{x[j]} * lv.value(q[j]);
   }
   return xq != 0 ? f32_to_f16(static_cast<float>(xx / xq)) : best_d;
 }
@@ -181,7 +231,7 @@ uint16_t fit_scale(const float* x, int q_min, int q_max, int* q) {
 void quantize_q4_0_fit(const float* x, BlockQ4_0* y, int64_t nb) {
   int q[kQK];
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    y[i].d = fit_scale(x, -8, 7, q);
+    y[i].d = fit_scale(x, UniformLevels{-8, 7}, q);
     for (int j = 0; j < kQK / 2; ++j) y[i].qs[j] = static_cast<uint8_t>((q[j] + 8) | ((q[j + kQK / 2] + 8) << 4));
   }
 }
@@ -189,8 +239,17 @@ void quantize_q4_0_fit(const float* x, BlockQ4_0* y, int64_t nb) {
 void quantize_q8_0_fit(const float* x, BlockQ8_0* y, int64_t nb) {
   int q[kQK];
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    y[i].d = fit_scale(x, -127, 127, q);
+    y[i].d = fit_scale(x, UniformLevels{-127, 127}, q);
     for (int j = 0; j < kQK; ++j) y[i].qs[j] = static_cast<int8_t>(q[j]);
+  }
+}
+
+// GGML's IQ4_NL block (nibbles as Q4_0's: element j low, j + 16 high).
+void quantize_iq4_nl_fit(const float* x, BlockIQ4_NL* y, int64_t nb) {
+  int q[kQK];
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    y[i].d = fit_scale(x, NlLevels{}, q);
+    for (int j = 0; j < kQK / 2; ++j) y[i].qs[j] = static_cast<uint8_t>(q[j] | (q[j + kQK / 2] << 4));
   }
 }
 
@@ -221,6 +280,7 @@ bool kv_dtype_supported(DType t) {
     case DType::kQ4_1:
     case DType::kQ5_0:
     case DType::kQ5_1:
+    case DType::kIQ4_NL:  // rotated only (iq4_nlh): check_kv_layer_types refuses it plain
       return true;
     default:
       return t == kF8E4M3;
@@ -284,6 +344,8 @@ void quantize_rotated_row(DType t, const float* x, void* y, int64_t n) {
       return quantize_q4_0_fit(x, static_cast<BlockQ4_0*>(y), n / kQK);
     case DType::kQ8_0:
       return quantize_q8_0_fit(x, static_cast<BlockQ8_0*>(y), n / kQK);
+    case DType::kIQ4_NL:
+      return quantize_iq4_nl_fit(x, static_cast<BlockIQ4_NL*>(y), n / kQK);
     default:
       return ref::quantize_kv_row(t, x, y, n);
   }

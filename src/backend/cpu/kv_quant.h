@@ -20,7 +20,8 @@ namespace rill::cpu {
 void hadamard_rotate(float* x, int64_t n);
 
 // Dtypes a KV side may be stored in: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-// Q5_1, F8_E4M3 (kF8E4M3: CUDA's fp8, e4m3 bytes with no scale).
+// Q5_1, IQ4_NL (rotated only: iq4_nlh), F8_E4M3 (kF8E4M3: CUDA's fp8, e4m3
+// bytes with no scale).
 bool kv_dtype_supported(DType t);
 
 // Quantizes one row of n_head heads of head_dim floats into dst
@@ -31,10 +32,11 @@ bool kv_dtype_supported(DType t);
 void store_kv_row(DType t, bool rotated, const float* src, uint8_t* dst, int64_t n_head, int64_t head_dim);
 
 // The encoder of rotated types (rill's own, kKvRotatedEncoder): one row of n
-// already-rotated floats (whole blocks) into blocks of t. Q4_0 and Q8_0
-// choose each block's levels for the least squared error, then the scale
-// that does not shrink the block (x_hat . x = x . x); other types use the
-// reference quantizers below.
+// already-rotated floats (whole blocks) into blocks of t. Q4_0, Q8_0 and
+// IQ4_NL (iq4_nlh: GGML's block, x = d * kIq4nlValues[q]) choose each
+// block's levels for the least squared error, then the scale that does not
+// shrink the block (x_hat . x = x . x); other types use the reference
+// quantizers below (IQ4_NL is rotated only).
 void quantize_rotated_row(DType t, const float* x, void* y, int64_t n);
 // Bumped whenever quantize_rotated_row's output changes, so KV computed by
 // an older encoder is not resumed (Model::kv_numerics names it).
