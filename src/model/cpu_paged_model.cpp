@@ -144,7 +144,9 @@ StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) 
 }
 
 std::string CpuPagedModel::kv_numerics() const {
-  std::string s = std::string("cpu ") + cpu::isa_name(cpu::best_isa());
+  // r2: Q4_K/Q5_K/Q6_K dots as exact int32s per super-block (quants_ref.cpp);
+  // KV computed by earlier builds' K-quant arithmetic is refused.
+  std::string s = std::string("cpu ") + cpu::isa_name(cpu::best_isa()) + " r2";
   if (!kv_types_desc_.empty()) s += " " + kv_types_desc_;
   return s;
 }

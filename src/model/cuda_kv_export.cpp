@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/latent_attention.h"
 #include "model/cuda_model_base.h"
 
 #if RILL_HAVE_CUDA
@@ -40,6 +41,9 @@ std::string CudaModelBase::kv_numerics() const {
   std::string s = "cuda sm_" + std::to_string(p.major) + std::to_string(p.minor) + " act=" + act;
   if (batch_invariant_) s += " batch-invariant";
   if (fp8_weights_) s += " weights=fp8";
+  // r2: the tensor-core MLA kernels (f16 q and probabilities); a file of
+  // the f32 MLA kernels (RILL_MLA_MMA=0) or of earlier builds is refused.
+  s += cuda::mla_tensor_cores_off() ? " mla=f32" : " r2";
   if (!kv_types_desc_.empty()) s += " " + kv_types_desc_;
   if (sharded()) s += " tp=" + std::to_string(split_.size);
   return s;

@@ -336,45 +336,6 @@ CudaModelBase::~CudaModelBase() {
 
 // --- CudaModelBase: steps ---------------------------------------------------
 
-cuda::AttentionArgs CudaModelBase::attention_args(const Step& s) const {
-  cuda::AttentionArgs at;
-  at.n_head = static_cast<int32_t>(n_head_);
-  at.n_head_kv = static_cast<int32_t>(n_head_kv_);
-  at.head_dim = static_cast<int32_t>(hd_);
-  at.kv_dtype = kv_dtype_;
-  at.block_shift = block_shift_;
-  at.block_tables = meta_dev_.tables[0];
-  at.table_start = meta_dev_.table_start;
-  at.seq_of = meta_dev_.seq_of;
-  at.pos = meta_dev_.pos;
-  at.decode_tokens = meta_dev_.decode_tokens;
-  at.n_decode = s.n_decode;
-  at.max_decode_len = s.max_decode_len;
-  at.partial = partial_;
-  at.split_counts = nullptr;  // splits combined by their own kernel (the in-kernel merge was slower: cuda_model_base.h)
-  at.tiles = meta_dev_.tiles;
-  at.n_tiles = s.n_tiles;
-  at.out_dtype = act_;
-  at.general_decode = false;
-  at.k_rotated = at.v_rotated = kv_rotated_;  // then the caller sets at.rotation (attention_rotation_floats)
-  at.n_tokens = static_cast<int32_t>(s.n);
-  return at;
-}
-
-cuda::RopeKvArgs CudaModelBase::rope_args(const Step& s) const {
-  cuda::RopeKvArgs rk;
-  rk.n_tokens = s.n;
-  rk.n_head = static_cast<int32_t>(n_head_);
-  rk.n_head_kv = static_cast<int32_t>(n_head_kv_);
-  rk.head_dim = static_cast<int32_t>(hd_);
-  rk.positions = meta_dev_.pos;
-  rk.slots = meta_dev_.slots[0];
-  rk.norm_eps = cfg_.rms_norm_eps;
-  rk.kv_dtype = kv_dtype_;
-  rk.k_rotated = rk.v_rotated = kv_rotated_;
-  return rk;
-}
-
 Status CudaModelBase::reduce_residual(float* x, int64_t n) {
   return comm_ ? comm_->all_reduce_sum(x, n * E_) : Status::Ok();
 }

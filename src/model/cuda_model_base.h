@@ -260,10 +260,6 @@ class CudaModelBase : public Model {
   StepMetadata step_metadata(const Step& s) const;
   // Layer `layer`'s K and V planes as a Backend reads them.
   KvCacheView kv_view(size_t layer) const;
-  // Attention and RoPE arguments with the step's common fields set; the
-  // family sets caches, tables, slots, scale, window, softcap and norms.
-  cuda::AttentionArgs attention_args(const Step& s) const;
-  cuda::RopeKvArgs rope_args(const Step& s) const;
   Status matmul(const cuda::DeviceWeight& w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
                 bool accumulate) {
     if (cuda::quant_supported(w.dtype)) {

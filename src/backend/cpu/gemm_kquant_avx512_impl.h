@@ -200,7 +200,7 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
     alignas(16) float wd[4 * G];   // w.d of row r at r
     alignas(16) float wdm[4 * G];  // w.dmin of row r at r
     __m512i zs[4];                 // T = 1: row r's 16 partial sums (Q6_K: offset included)
-    __m128i zm[4];                 // T = 1, Q4_K/Q5_K: row r's 4 partial min sums
+    __m128i zm[4] = {};            // T = 1, Q4_K/Q5_K: row r's 4 partial min sums (Q6_K: unused)
     // T = 1: w.d and w.dmin of row r in lane r, built in registers (4 scalar stores then a
     // vector load would stall on store forwarding once per super-block).
     __m128 wdv = _mm_setzero_ps(), wdmv = _mm_setzero_ps();

@@ -90,8 +90,11 @@ void run_chunk(const MatJob& j, int64_t c, const uint8_t* a, size_t a_stride, in
 
 }  // namespace
 
-// For llama.cpp parity every (row, token) dot uses the same kernel and sum
-// order whatever the batch size (llama.cpp runs vec_dot per pair).
+// Every (row, token) dot gives the same bits whatever the batch size: the
+// one-token and prefill tiles compute the type's one dot definition (for
+// most types llama.cpp's vec_dot order; Q4_K/Q5_K/Q6_K: exact int32s per
+// super-block, quants_ref.cpp), so the kernel chosen by token count never
+// changes a result.
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, Scratch& scratch,
             int64_t y_stride) {
   if (n_tokens <= 0 || w.n_rows <= 0) return;

@@ -525,11 +525,16 @@ void launch_latent_mma(const LatentAttentionArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+bool mla_tensor_cores_off() {
+  return mla_mma_off();
+}
+
 void matmul_heads(const HeadsMatmulArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return;
   static_assert(kRows * kTokens == 256 && kTokens * kChunk == 256);
   static_assert(kHeadsRows / 8 == kHeadsWarps, "one n-tile per warp in the reduction");
-  const bool aligned = a.x_stride % 4 == 0 && a.x_step % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+  const bool aligned = a.x_stride % 4 == 0 && a.x_step % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(a.w) % 16 == 0;  // W's rows are read as 16-byte vectors
   if ((a.w_dtype == DType::kBF16 || a.w_dtype == DType::kF16) && a.C % kHeadsChunk == 0 && aligned && !mla_mma_off()) {
     const dim3 grid(static_cast<unsigned>((a.R + kHeadsRows - 1) / kHeadsRows),
                     static_cast<unsigned>((a.n_tokens + 15) / 16), static_cast<unsigned>(a.n_heads));

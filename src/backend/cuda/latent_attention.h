@@ -40,9 +40,12 @@ struct LatentCache {
 // y[t, h y_step + r] = sum_c W[h R + r, c] x[t, h x_step + c] for r < R,
 // c < C, h < n_heads; W [n_heads R, C] in w_dtype (F32, F16 or BF16), x and
 // y F32 with row strides (floats). F32 W: f32 sums over c in ascending
-// order on the CUDA cores. F16 / BF16 W with C % 64 == 0 (x rows 16-byte
-// aligned): the tensor cores, x split into hi + lo values of W's type (f32
-// precision within ~2^-16), C split over 4 warps summed in warp order.
+// order on the CUDA cores. F16 / BF16 W with C % 64 == 0 (W and x rows
+// 16-byte aligned): the tensor cores, x split into hi + lo values of W's
+// type (f32 precision within ~2^-16 relative; with F16 W, x must lie in
+// f16's range (|x| < 65504: beyond it the sum is not finite) and values
+// under 2^-14 keep an absolute error of ~2^-25), C split over 4 warps
+// summed in warp order.
 struct HeadsMatmulArgs {
   const void* w = nullptr;
   DType w_dtype = DType::kF32;
@@ -55,6 +58,11 @@ struct HeadsMatmulArgs {
   int64_t n_tokens = 0;
 };
 void matmul_heads(const HeadsMatmulArgs& a, cudaStream_t stream);
+
+// RILL_MLA_MMA=0 in the environment (read once): matmul_heads and
+// latent_attention keep to their f32 CUDA-core kernels, whose numbers
+// differ from the tensor-core kernels' (so the KV numerics name it).
+bool mla_tensor_cores_off();
 
 // backend.h's rope_store_latent(): per token, the rope dims of every q head
 // rotated in place, the latent RMS-normed (kv_norm), the rope key rotated,

@@ -666,6 +666,16 @@ Status GemmaCudaModel::init(const ModelOptions& options) {
   n_kv_layers_ = static_cast<int64_t>(graph_.kv_layer_of.size());  // KV-shared layers keep none
   kv_widths_ = graph_.kv_widths();
   RILL_TRY(init_runtime(options));
+  // init_runtime held a rotated KV type to hd_; Gemma 4's full layers have
+  // their own head_dim, whose heads the rotation kernels must fit too.
+  for (const GemmaLayerDims& d : w.layer_dims) {
+    if (!cuda::kv_rotation_supported(kv_dtype_, static_cast<int32_t>(d.head_dim), kv_rotated_)) {
+      return Error{files_->path +
+                   ": a rotated KV type (q8_0h / q4_0h) needs a power-of-two head_dim of at "
+                   "most 256 on CUDA in every layer; a layer has head_dim " +
+                   std::to_string(d.head_dim)};
+    }
+  }
   for (int64_t l = 0; l < n_kv_layers_; ++l) kv_views_.push_back(kv_view(static_cast<size_t>(l)));
   return Status::Ok();
 }

@@ -151,7 +151,8 @@ Linear rows_over(const TensorRef& t, int64_t n_out, const uint8_t* data) {
 Status transpose_experts(const TensorRef& gu, const TensorRef& dn, int64_t X, int64_t F, int64_t E,
                          std::vector<GluFfnWeights>& experts, GptOssExperts& store) {
   const size_t es = gu.dtype == DType::kF32 ? 4 : 2;
-  const size_t n_gate = static_cast<size_t>(F * E) * es, n_down = static_cast<size_t>(E * F) * es;
+  const size_t es_down = dn.dtype == DType::kF32 ? 4 : 2;  // gate_up and down may differ in dtype
+  const size_t n_gate = static_cast<size_t>(F * E) * es, n_down = static_cast<size_t>(E * F) * es_down;
   std::vector<std::unique_ptr<uint8_t[]>> bufs(static_cast<size_t>(3 * X));
   std::atomic<bool> out_of_memory{false};
   ThreadPool pool;
