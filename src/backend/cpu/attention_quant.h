@@ -7,7 +7,8 @@
 // into a copy.
 //
 // Arithmetic (the same for every call, so a (query, head)'s bits depend only
-// on its position and its KV, not on its batch): the query in f32 (rotated
+// on its position and its KV, not on its batch; as written here for the
+// scalar/AVX2 kernels, the AVX-512 kernel below within rounding): the query in f32 (rotated
 // by the same transform when K is rotated: H orthonormal keeps q.k);
 // score = scale * q.k in f32 (8 partial sums), softcap as cpu::attention;
 // f32 softmax with max subtraction, the sum in double; out = sum_j p_j v_j
