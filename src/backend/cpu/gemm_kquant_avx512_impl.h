@@ -72,6 +72,21 @@ RILL_KERNEL_TARGET static inline __m512i scale_index_k4(int a, int b) {
   return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(a)), _mm256_set1_epi16(static_cast<short>(b)), 1);
 }
 
+// 128-bit lane i (0..3) of v. The immediate must be a constant expression
+// for clang even where an unrolled loop makes i one (gcc folds it).
+RILL_KERNEL_TARGET static inline __m128i lane128(__m512i v, int i) {
+  switch (i) {
+    case 0:
+      return _mm512_castsi512_si128(v);
+    case 1:
+      return _mm512_extracti32x4_epi32(v, 1);
+    case 2:
+      return _mm512_extracti32x4_epi32(v, 2);
+    default:
+      return _mm512_extracti32x4_epi32(v, 3);
+  }
+}
+
 // The 12 packed scale bytes -> sc (bytes 0..7) and mn (bytes 8..15), as
 // llama.cpp's utmp shuffle, in one xmm.
 RILL_KERNEL_TARGET static inline __m128i unpack_k4_scales_simd(const uint8_t* scales) {
@@ -242,7 +257,7 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
           const __m256i bs = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.bsums[t / 2] + 16 * (t % 2)));
           h = _mm256_sub_epi32(h, _mm256_madd_epi16(bs, _mm512_castsi512_si256(k.mins)));
         } else {
-          ms[r * T + t] = _mm512_extracti32x4_epi32(prod, t);
+          ms[r * T + t] = lane128(prod, t);
         }
         xs[r * T + t] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
       }

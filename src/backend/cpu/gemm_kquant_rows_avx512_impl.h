@@ -117,8 +117,7 @@ struct KRowsQ6 {
       weighted = _mm512_add_epi32(weighted, _mm512_mullo_epi32(sum4, sc_of));
     }
     RILL_UNROLL
-    for (int jb = 0; jb < 4; ++jb)
-      _mm_store_si128(reinterpret_cast<__m128i*>(g.sc[jb] + 4 * r), _mm512_extracti32x4_epi32(s32, jb));
+    for (int jb = 0; jb < 4; ++jb) _mm_store_si128(reinterpret_cast<__m128i*>(g.sc[jb] + 4 * r), lane128(s32, jb));
     // sum_j sc[j] * sum_{e in j} (q[e] - 32) = sum sc * q - 16 * 32 * sum_j sc[j]
     out->corr[4 * r + k] = 128 * (_mm512_reduce_add_epi32(weighted) - 512 * _mm512_reduce_add_epi32(s32));
     out->d[4 * r + k] = simd::f16(b.d);
