@@ -2,11 +2,13 @@
 // (tests/data/gpt_oss_mxfp4, tools/make_mxfp4_checkpoint.py: the gpt-oss
 // golden with its experts in MXFP4 blocks and scales) on the CPU:
 //  (a) against the same model with transformers' dequantization of the
-//      experts in their place (dequantized.safetensors, f32): the MXFP4 run
-//      multiplies the experts' blocks by Q8_0-quantized activations (ggml's
-//      MXFP4 dot product), the dense run by f32 ones, so the logits differ
-//      by that rounding only (bounded here, the measured value printed);
-//      greedy ids identical;
+//      experts in their place (dequantized.safetensors): held exactly in
+//      Q8_0 (every dequantized value is a small integer times a power of
+//      two), whose CPU dot products take the same Q8_0 activations as
+//      MXFP4's, the logits agree within 1e-4 (measured: bit for bit) and
+//      the greedy ids are identical; in f32 (f32 activations) they differ
+//      by the Q8_0 activation rounding alone (bounded, measured value
+//      printed);
 //  (b) against llama.cpp's converter's GGUF of the same checkpoint
 //      (tests/data/gguf_families/gpt_oss_mxfp4.gguf, byte for byte what the
 //      converter makes of it): the same blocks, so rill's safetensors and
