@@ -334,7 +334,10 @@ def load_golden(golden_dir, name, np):
     return cfg, t
 
 
-def convert(golden_dir, cfg, t, arch, out_path, gguf, mxfp4_experts=False, f16=False):
+def convert(golden_dir, cfg, t, arch, out_path, gguf, mxfp4_experts=False, f16=False, raw_experts=None):
+    """raw_experts: {GGUF name: MXFP4 bytes} written as they are in place of
+    quantizing those tensors (tools/make_mxfp4_checkpoint.py: the blocks the
+    converter repacks from an MXFP4 Hugging Face checkpoint)."""
     import numpy as np
 
     rope = cfg.get("rope_parameters") or {}
@@ -416,7 +419,9 @@ def convert(golden_dir, cfg, t, arch, out_path, gguf, mxfp4_experts=False, f16=F
         if new_name is None:
             raise ValueError(f"cannot map {name!r}")
         a = np.ascontiguousarray(a, dtype=np.float32)
-        if mxfp4_experts and new_name.endswith(MXFP4_EXPERTS):
+        if raw_experts is not None and new_name in raw_experts:
+            w.add_tensor(new_name, raw_experts[new_name], raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+        elif mxfp4_experts and new_name.endswith(MXFP4_EXPERTS):
             q = gguf.GGMLQuantizationType.MXFP4
             w.add_tensor(new_name, gguf.quants.quantize(a, q), raw_dtype=q)
         elif f16 and f16_type(new_name, a, gguf) == gguf.GGMLQuantizationType.F16:

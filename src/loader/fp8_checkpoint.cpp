@@ -267,9 +267,10 @@ Result<Fp8Scheme> parse_fp8_scheme(const json& config, const std::string& config
   const json method = q->value("quant_method", json());
   if (method == "fp8") return parse_transformers_fp8(c, *q);
   if (method == "compressed-tensors") return parse_compressed_tensors(c, *q);
+  if (method == "mxfp4") return Fp8Scheme{};  // loader/mxfp4_checkpoint.h reads it
   return c.bad("quant_method", "is " + method.dump() +
-                                   "; supported: \"fp8\" and \"compressed-tensors\" (float-quantized FP8). "
-                                   "GGUF files carry rill's other quantized types");
+                                   "; supported: \"fp8\" and \"compressed-tensors\" (float-quantized FP8), "
+                                   "\"mxfp4\" (gpt-oss experts). GGUF files carry rill's other quantized types");
 }
 
 Result<Fp8Weights> read_fp8_weights(const SafetensorsCheckpoint& ck, const Fp8Scheme& scheme,
@@ -317,7 +318,7 @@ Result<Fp8Weights> read_fp8_weights(const SafetensorsCheckpoint& ck, const Fp8Sc
     const SafetensorsTensor& st = tensor_at(s->second);
     const std::string& scale_file = ck.file_paths[s->second.first];
     const ScaleGrid g = grid_of(scheme, rows, cols);
-    if (st.float8 != Float8::kNone ||
+    if (st.float8 != Float8::kNone || st.u8 ||
         (st.dtype != DType::kF32 && st.dtype != DType::kBF16 && st.dtype != DType::kF16)) {
       return Error{scale_file + ": tensor '" + scale_name + "' must be F32, BF16 or F16"};
     }

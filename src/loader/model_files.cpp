@@ -128,9 +128,12 @@ Result<std::shared_ptr<ModelFiles>> open_hf_dir(const std::string& dir) {
   const std::string config_path = (fs::path(dir) / "config.json").string();
   RILL_ASSIGN_OR_RETURN(const Fp8Scheme scheme, parse_fp8_scheme(files->config.raw, config_path));
   RILL_ASSIGN_OR_RETURN(files->fp8, read_fp8_weights(ck, scheme, config_path));
+  RILL_ASSIGN_OR_RETURN(const Mxfp4Scheme mxfp4, parse_mxfp4_scheme(files->config.raw, config_path));
+  RILL_ASSIGN_OR_RETURN(files->mxfp4, read_mxfp4_weights(ck, mxfp4, files->config.architecture, config_path));
   for (const auto& [name, loc] : ck.tensors) {
     const SafetensorsTensor& st = ck.files[loc.first].tensors[loc.second];
     if (st.float8 != Float8::kNone || files->fp8.scale_tensors.count(name)) continue;  // below
+    if (st.u8) continue;  // MXFP4 blocks and scales (below); other U8 tensors are buffers no graph reads
     TensorRef t;
     t.name = name;
     t.file = ck.file_paths[loc.first];
@@ -153,6 +156,20 @@ Result<std::shared_ptr<ModelFiles>> open_hf_dir(const std::string& dir) {
     t.e4m3 = w.e4m3;
     t.e4m3_scales = w.e4m3 ? w.row_scales.data() : nullptr;
     files->tensors.emplace(w.name, std::move(t));
+  }
+  for (const Mxfp4Tensor& m : files->mxfp4.tensors) {
+    TensorRef t;
+    t.name = m.name;
+    t.file = ck.file_paths[m.file];
+    t.dtype = DType::kMXFP4;
+    t.shape = m.shape;
+    t.data = m.blocks.get();
+    t.n_bytes = m.n_bytes;
+    auto [it, inserted] = files->tensors.emplace(m.name, std::move(t));
+    if (!inserted) {
+      return Error{ck.file_paths[m.file] + ": tensor '" + m.name + "' is stored both dense and as MXFP4 ('" + m.name +
+                   "_blocks')"};
+    }
   }
   // Moving a MappedFile keeps its address range, so the pointers above stay valid.
   for (auto& f : ck.files) files->mappings.push_back(std::move(f.mapping));

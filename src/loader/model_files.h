@@ -18,6 +18,7 @@
 #include "core/result.h"
 #include "loader/fp8_checkpoint.h"
 #include "loader/model_config.h"
+#include "loader/mxfp4_checkpoint.h"
 
 namespace rill {
 
@@ -36,6 +37,9 @@ struct TensorRef {
   bool fp8 = false;
   const uint8_t* e4m3 = nullptr;
   const float* e4m3_scales = nullptr;
+  // A tensor of an MXFP4 checkpoint (loader/mxfp4_checkpoint.h): dtype
+  // kMXFP4, `data` its blocks re-laid for GGML, shape [n_expert, rows, cols]
+  // rows first; `file` holds its "<name>_blocks" and "<name>_scales".
 
   int64_t n_elements() const;
   std::string shape_string() const;  // "[576, 49152]"
@@ -58,6 +62,7 @@ struct ModelFiles {
 
   std::vector<MappedFile> mappings;  // keep the tensor data alive
   Fp8Weights fp8;                    // an FP8 checkpoint's dequantized weights (TensorRef::fp8 point here)
+  Mxfp4Weights mxfp4;                // an MXFP4 checkpoint's re-laid blocks (its kMXFP4 TensorRefs point here)
   std::map<std::string, TensorRef, std::less<>> tensors;
 
   // nullptr when absent.

@@ -54,15 +54,16 @@ bool read_u64(const nlohmann::json& j, uint64_t* out) {
   return false;
 }
 
-// Integer tensors are index buffers that transformers saves beside the
-// weights (BERT's embeddings.position_ids: 0, 1, 2, ...); no graph reads
-// them, so they are left out rather than refused.
+// Integer tensors other than U8 are index buffers that transformers saves
+// beside the weights (BERT's embeddings.position_ids: 0, 1, 2, ...); no graph
+// reads them, so they are left out rather than refused. U8 tensors are kept:
+// MXFP4 checkpoints store their blocks and scales as U8.
 bool is_index_buffer(const nlohmann::json& info) {
   if (!info.is_object()) return false;
   auto dt = info.find("dtype");
   if (dt == info.end() || !dt->is_string()) return false;
   const std::string d = dt->get<std::string>();
-  return d == "I64" || d == "I32" || d == "I16" || d == "I8" || d == "U8" || d == "BOOL";
+  return d == "I64" || d == "I32" || d == "I16" || d == "I8" || d == "BOOL";
 }
 
 Result<SafetensorsTensor> parse_entry(const std::string& tensor, const nlohmann::json& info,
@@ -79,8 +80,10 @@ Result<SafetensorsTensor> parse_entry(const std::string& tensor, const nlohmann:
     t.float8 = Float8::kE4M3;
   } else if (dtype == "F8_E5M2") {
     t.float8 = Float8::kE5M2;
+  } else if (dtype == "U8") {
+    t.u8 = true;
   } else if (!parse_dtype(dtype, &t.dtype)) {
-    return bad("has unsupported dtype '" + dtype + "' (supported: F32, F16, BF16, F8_E4M3, F8_E5M2)");
+    return bad("has unsupported dtype '" + dtype + "' (supported: F32, F16, BF16, F8_E4M3, F8_E5M2, U8)");
   }
 
   auto sh = info.find("shape");
@@ -98,7 +101,8 @@ Result<SafetensorsTensor> parse_entry(const std::string& tensor, const nlohmann:
       return bad("has a shape whose element count overflows");
     n_elements *= v;
   }
-  const uint64_t elem_bytes = t.float8 != Float8::kNone ? 1 : static_cast<uint64_t>(dtype_info(t.dtype).block_bytes);
+  const uint64_t elem_bytes =
+      t.float8 != Float8::kNone || t.u8 ? 1 : static_cast<uint64_t>(dtype_info(t.dtype).block_bytes);
   if (n_elements > std::numeric_limits<uint64_t>::max() / elem_bytes)
     return bad("has a shape whose byte size overflows");
   const uint64_t expected_bytes = n_elements * elem_bytes;

@@ -23,8 +23,12 @@ enum class Float8 : uint8_t { kNone, kE4M3, kE5M2 };
 
 struct SafetensorsTensor {
   std::string name;
-  DType dtype = DType::kF32;      // F32, F16 or BF16; unused when float8 is set
+  DType dtype = DType::kF32;      // F32, F16 or BF16; unused when float8 or u8 is set
   Float8 float8 = Float8::kNone;  // an F8 tensor: one byte per element
+  // A U8 tensor: MXFP4 blocks and scales (loader/mxfp4_checkpoint.h) are
+  // U8; other integer tensors (I64, I32, I16, I8, BOOL) are index buffers
+  // that no graph reads, left out of the parse.
+  bool u8 = false;
   std::vector<int64_t> shape;     // outermost first; [] is a scalar
   const uint8_t* data = nullptr;  // into the parsed buffer; null when n_bytes == 0
   size_t n_bytes = 0;

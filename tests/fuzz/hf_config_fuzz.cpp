@@ -1,12 +1,14 @@
 // Fuzz target: config.json / generation_config.json text. Any input must give
-// a ModelConfig or an Error (also its quantization_config, as an Fp8Scheme);
-// no nlohmann exception may escape.
+// a ModelConfig or an Error (also its quantization_config, as an Fp8Scheme
+// or an Mxfp4Scheme, whose module patterns are then matched against a
+// name); no nlohmann or regex exception may escape.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
 #include "loader/fp8_checkpoint.h"
 #include "loader/hf_config.h"
+#include "loader/mxfp4_checkpoint.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);
@@ -17,6 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     rill::GenerationDefaults defaults;
     (void)rill::apply_generation_config(gen, "fuzz/generation_config.json", &defaults).ok();
     (void)rill::parse_fp8_scheme(gen, "fuzz/config.json").ok();
+    auto mxfp4 = rill::parse_mxfp4_scheme(gen, "fuzz/config.json");
+    if (mxfp4.ok()) (void)rill::mxfp4_converts(*mxfp4, "model.layers.11.mlp.experts");
   }
   return 0;
 }

@@ -168,6 +168,25 @@ TEST(Safetensors, IntegerIndexBuffersAreLeftOut) {
   EXPECT_EQ((*r)[0].name, "w");
 }
 
+// U8 tensors are kept, one byte per element: MXFP4 checkpoints store their
+// blocks and scales as U8 (loader/mxfp4_checkpoint.h); the other integer
+// dtypes stay index buffers.
+TEST(Safetensors, U8TensorsAreKeptOneBytePerElement) {
+  json h;
+  h["b"] = {{"dtype", "U8"}, {"shape", {2, 1, 16}}, {"data_offsets", {0, 32}}};
+  h["i"] = {{"dtype", "I8"}, {"shape", {2}}, {"data_offsets", {32, 34}}};
+  const std::vector<uint8_t> b = make_image(h.dump(), std::vector<uint8_t>(34, 7));
+  auto r = parse(b);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].name, "b");
+  EXPECT_TRUE((*r)[0].u8);
+  EXPECT_EQ((*r)[0].n_bytes, 32u);
+  EXPECT_EQ((*r)[0].data[31], 7);
+  expect_error(with_entry({{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", {0, 8}}}),
+               "tensor 'x' has 8 bytes but its shape and dtype need 4");
+}
+
 // F8_E4M3 / F8_E5M2 are one byte per element (loader/fp8_checkpoint.h
 // gives them meaning); a byte count that assumes another size is refused.
 TEST(Safetensors, Float8TensorsAreOneBytePerElement) {

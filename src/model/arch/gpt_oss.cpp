@@ -18,7 +18,12 @@
 // down_proj [n_expert, F, E], the biases [n_expert, 2 F] / [n_expert, E].
 // Binding transposes them once into Linear rows (gate [F, E], up [F, E],
 // down [E, F]) held by GptOssExperts, so the MoE code sees the layout of
-// every other family.
+// every other family. MXFP4 checkpoints (OpenAI's: quantization_config
+// mxfp4, loader/mxfp4_checkpoint.h) store the experts rows first,
+// gate_up [n_expert, 2 F, E] and down [n_expert, E, F], in blocks the
+// loader re-lays for GGML: the Linears view them in place (gate the even
+// rows, up the odd ones, by a doubled row stride), 4.25 bits a weight as
+// stored, on the CPU (MXFP4 x Q8_0 dot products) and the CUDA MoE alike.
 //
 // One graph (GptOssGraph, place_gpt_oss, gpt_oss_forward) over Backend ops
 // (the MoE FFN: Backend::moe_ffn) runs on every device: the CPU runtime
@@ -192,16 +197,74 @@ std::vector<float> strided_row(const TensorRef& t, int64_t e, int64_t first, int
   return out;
 }
 
+// An MXFP4 checkpoint's expert tensor (loader/mxfp4_checkpoint.h: rows
+// first, [X, rows, cols]) against the config; errors name the stored
+// tensors and config.json.
+Result<const TensorRef*> require_mxfp4(const ModelFiles& f, const std::string& name, int64_t X, int64_t rows,
+                                       int64_t cols) {
+  const TensorRef* t = f.find(name);
+  if (!t || t->dtype != DType::kMXFP4) {
+    return Error{f.path + ": missing tensor '" + name + "_blocks' (the other expert matrix of the layer is MXFP4)"};
+  }
+  if (t->shape != std::vector<int64_t>{X, rows, cols}) {
+    auto dims = [](int64_t x, int64_t r, int64_t c) {
+      return "[" + std::to_string(x) + ", " + std::to_string(r) + ", " + std::to_string(c / 32) + ", 16]";
+    };
+    const std::string want = cols % 32 == 0 ? dims(X, rows, cols) : "a whole number of 32-weight groups per row";
+    return Error{t->file + ": tensor '" + name + "_blocks' has shape " + dims(t->shape[0], t->shape[1], t->shape[2]) +
+                 ", " + f.path + "/config.json (num_local_experts " + std::to_string(X) + ", hidden_size / " +
+                 "intermediate_size) expects " + want};
+  }
+  return t;
+}
+
+// Expert e's rows first, first + step, ... (n_rows of them) of an MXFP4
+// checkpoint's [X, R, C] tensor: a strided view of its blocks, no copy.
+Linear mxfp4_rows(const TensorRef& t, int64_t e, int64_t first, int64_t step, int64_t n_rows) {
+  const size_t rb = row_bytes(DType::kMXFP4, t.shape[2]);
+  Linear l;
+  l.w.dtype = DType::kMXFP4;
+  l.w.n_rows = n_rows;
+  l.w.n_cols = t.shape[2];
+  l.w.row_stride = rb * static_cast<size_t>(step);
+  l.w.data = t.data + (static_cast<size_t>(e * t.shape[1]) + static_cast<size_t>(first)) * rb;
+  return l;
+}
+
 // Layer `prefix`'s MoE FFN ("model.layers.N.mlp."): Hugging Face's
-// interleaved gate_up_proj, or stacked gate/up/down projections with
-// biases (GGUF).
+// interleaved gate_up_proj (dense, or MXFP4 blocks re-laid at load), or
+// stacked gate/up/down projections with biases (GGUF).
 Result<MoeFfn> bind_gpt_oss_moe(const ModelFiles& f, const std::string& prefix, const MoeParams& mp,
                                 GptOssExperts& store) {
   const int64_t X = mp.n_expert, E = mp.n_embd, F = mp.n_ff;
   MoeWeights w;
   RILL_ASSIGN_OR_RETURN(w.router, bind_linear(f, prefix + "router", X, E, Bias::kRequired));
   w.experts.resize(static_cast<size_t>(X));
-  if (f.find(prefix + "experts.gate_up_proj")) {
+  const TensorRef* gate_up = f.find(prefix + "experts.gate_up_proj");
+  const TensorRef* down = f.find(prefix + "experts.down_proj");
+  if (f.format == ModelFormat::kHuggingFace &&
+      ((gate_up && gate_up->dtype == DType::kMXFP4) || (down && down->dtype == DType::kMXFP4))) {
+    // MXFP4 experts: [X, 2F, E] gate (even rows) and up (odd rows), [X, E, F] down.
+    RILL_ASSIGN_OR_RETURN(const TensorRef* gu, require_mxfp4(f, prefix + "experts.gate_up_proj", X, 2 * F, E));
+    RILL_ASSIGN_OR_RETURN(const TensorRef* dn, require_mxfp4(f, prefix + "experts.down_proj", X, E, F));
+    RILL_ASSIGN_OR_RETURN(const TensorRef* gub, f.require(prefix + "experts.gate_up_proj_bias", {X, 2 * F}));
+    RILL_ASSIGN_OR_RETURN(const TensorRef* dnb, f.require(prefix + "experts.down_proj_bias", {X, E}));
+    for (const TensorRef* t : {gub, dnb}) {
+      if (t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) {
+        return Error{t->file + ": tensor '" + t->name + "' must be F32, F16 or BF16 (got " +
+                     std::string(dtype_name(t->dtype)) + ")"};
+      }
+    }
+    for (int64_t e = 0; e < X; ++e) {
+      GluFfnWeights& x = w.experts[static_cast<size_t>(e)];
+      x.gate = mxfp4_rows(*gu, e, 0, 2, F);
+      x.up = mxfp4_rows(*gu, e, 1, 2, F);
+      x.down = mxfp4_rows(*dn, e, 0, 1, E);
+      x.gate.bias = strided_row(*gub, e, 0, 2, F);
+      x.up.bias = strided_row(*gub, e, 1, 2, F);
+      x.down.bias = strided_row(*dnb, e, 0, 1, E);
+    }
+  } else if (gate_up) {
     RILL_ASSIGN_OR_RETURN(const TensorRef* gu, f.require(prefix + "experts.gate_up_proj", {X, E, 2 * F}));
     RILL_ASSIGN_OR_RETURN(const TensorRef* gub, f.require(prefix + "experts.gate_up_proj_bias", {X, 2 * F}));
     RILL_ASSIGN_OR_RETURN(const TensorRef* dn, f.require(prefix + "experts.down_proj", {X, F, E}));
