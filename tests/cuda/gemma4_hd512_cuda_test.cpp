@@ -4,24 +4,24 @@
 // CPU Gemma on the same files:
 //  - f32 weights (f32 KV: the SIMT prefill and the general decode kernel at
 //    512): logits within 1e-3 (the HF goldens' bound in
-//    gemma_cuda_test.cpp) at every position of a 300-token prompt in chunks
-//    of 64, 7 and 1 tokens (decode splits past 256 keys, chunked prefill
-//    over a prefix), the same KV bytes per token, and the greedy
-//    continuation of a 260-token prompt identical;
+//    gemma_cuda_test.cpp; 6.4e-6 measured on the H200) at every position
+//    of a 300-token prompt in chunks of 64, 7 and 1 tokens (decode splits
+//    past 256 keys, chunked prefill over a prefix), the same KV bytes per
+//    token, and the greedy continuation of a 260-token prompt identical;
 //  - quantized KV (q8_0, q4_0, fp8, q8_0h, q4_0h: every type CUDA stores
-//    takes head_dim 512) against the CPU's same type: decode kernels only
-//    (chunks of 4 tokens) within kv_types_cuda_test.cpp's bounds (1e-3;
-//    0.02 for the rotated types), and prefill chunks of 64 (the
-//    tensor-core kernel, which rounds q and the probabilities to f16)
-//    within kMmaBound;
+//    takes head_dim 512) against the CPU's same type, decode kernels only
+//    (chunks of 4 tokens) and prefill chunks of 64 (the tensor-core
+//    kernel), each within a share of what the type changes (kDecodeShare,
+//    kMmaShare), and changing CUDA's logits as much as the CPU's;
 //  - bf16 weights (bf16 activations, f16 KV: the tensor-core prefill in
 //    half tiles at 512) within gemma_cuda_test.cpp's bf16 bound for Gemma 4
-//    (5% of the largest |logit|).
+//    (5% of the largest |logit|; 2.2% measured).
 // Batch invariance: batch_invariant_cuda_test.cpp; the tiers:
 // kv_tiers_cuda_test.cpp (both take this checkpoint). Skipped without a
 // CUDA device or the gemma4 golden.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -37,11 +37,26 @@
 namespace rill {
 namespace {
 
-// CUDA against the CPU's same quantized KV type with prefill on the tensor
-// cores (q and probabilities in f16): the op-level 3e-3 of attention
-// outputs (cuda_attention_test.cpp) carried through six layers and the
-// final softcap.
-constexpr double kMmaBound = 0.02;
+// Quantized KV, CUDA against the CPU's same type, as a share of what the
+// type itself changes on the CPU (rms over every logit of every position).
+// The two store the same bytes for the same floats; their floats differ by
+// f32 rounding (the f32 test below: 6e-6), so now and then an element
+// lands on the next level, and the tensor-core prefill rounds q and the
+// probabilities to f16 (on the CPU, f16 KV instead of f32 moves this
+// model's logits by 5.6e-4 rms, against 0.0084 for q8_0h, the least
+// disruptive type). A type CUDA did not store, or stored otherwise, costs
+// its whole change or more. Measured on the H200 (2026-12-03): shares up
+// to 0.06 (q8_0) through the decode kernels, up to 0.24 (q8_0h) through
+// the tensor-core prefill, whose f16 rounding does not shrink with the
+// type's own change.
+constexpr double kDecodeShare = 0.15, kMmaShare = 0.5;
+
+double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double ss = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) ss += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  return a.empty() ? 0.0 : std::sqrt(ss / static_cast<double>(a.size()));
+}
 
 std::vector<int32_t> prompt(size_t n, int64_t vocab) {
   std::vector<int32_t> ids(n);
@@ -168,11 +183,10 @@ TEST_F(CudaGemma4Hd512, GreedyTokensMatchTheCpu) {
 
 TEST_F(CudaGemma4Hd512, QuantizedKvMatchesTheCpusSameType) {
   const std::vector<int32_t> ids = prompt(280, files_->config.n_vocab);
-  auto own = open(Device::kCuda, 64);
-  ASSERT_TRUE(own);
-  const std::vector<float> f = score(*own, ids);
+  auto own_cpu = open(Device::kCpu, 64), own_gpu = open(Device::kCuda, 64);
+  ASSERT_TRUE(own_cpu && own_gpu);
+  const std::vector<float> f_cpu = score(*own_cpu, ids), f_gpu = score(*own_gpu, ids);
   for (const char* kv : {"q8_0", "q4_0", "fp8", "q8_0h", "q4_0h"}) {
-    const bool rotated = std::string(kv).back() == 'h';
     auto cpu = open(Device::kCpu, 64, kv);
     ASSERT_TRUE(cpu) << kv;
     const std::vector<float> c = score(*cpu, ids);
@@ -180,13 +194,15 @@ TEST_F(CudaGemma4Hd512, QuantizedKvMatchesTheCpusSameType) {
     ASSERT_TRUE(dec && pre) << kv;
     EXPECT_EQ(dec->kv_bytes_per_token(), cpu->kv_bytes_per_token()) << kv;
     const std::vector<float> q_dec = score(*dec, ids), q_pre = score(*pre, ids);
-    const double e_dec = test::max_abs_diff(q_dec, c), e_pre = test::max_abs_diff(q_pre, c);
-    const double e_own = test::max_abs_diff(q_pre, f);
-    EXPECT_LT(e_dec, rotated ? 0.02 : 1e-3) << kv << ": decode kernels against the CPU's " << kv;
-    EXPECT_LT(e_pre, kMmaBound) << kv << ": tensor-core prefill against the CPU's " << kv;
-    EXPECT_GT(e_own, 1e-5) << kv << " gave the model's own KV's logits (not stored?)";
-    std::printf("[ cuda gemma4 hd512 ] kv %s: vs CPU %s max %.3g (chunks of 4), %.3g (chunks of 64); vs own KV %.3g\n",
-                kv, kv, e_dec, e_pre, e_own);
+    const double own = rms_diff(c, f_cpu), e_dec = rms_diff(q_dec, c), e_pre = rms_diff(q_pre, c);
+    EXPECT_LT(e_dec, kDecodeShare * own) << kv << ": decode kernels against the CPU's " << kv;
+    EXPECT_LT(e_pre, kMmaShare * own) << kv << ": tensor-core prefill against the CPU's " << kv;
+    EXPECT_GT(rms_diff(q_pre, f_gpu), 0.5 * own) << kv << " on CUDA does not cost what it costs on the CPU";
+    std::printf(
+        "[ cuda gemma4 hd512 ] kv %s: vs CPU %s rms %.3g max %.3g (chunks of 4), rms %.3g max %.3g (chunks of 64); "
+        "CPU %s vs its own KV rms %.3g max %.3g\n",
+        kv, kv, e_dec, test::max_abs_diff(q_dec, c), e_pre, test::max_abs_diff(q_pre, c), kv, own,
+        test::max_abs_diff(c, f_cpu));
   }
 }
 

@@ -9,11 +9,18 @@
 // full layer 5 reads layer 2's KV), per-layer embeddings, proportional
 // partial RoPE (0.25 of 512) and the final softcap stay the golden's.
 // Tensors whose shape depends on the heads are redrawn: element i of a new
-// tensor is element (i * 7919 + 13) mod n of the golden's tensor of that
-// name (the same value distribution, scrambled; deterministic); every other
-// tensor is copied as it is.
+// projection is element (i * 7919 + 13) mod n of the golden's tensor of that
+// name (the same value distribution, scrambled; deterministic); the q and k
+// norms' weights (the golden's are 1) become (0.25 / head_dim)^(1/4), so
+// that q.k (Gemma 4's attention scale is 1) spreads about 0.5 over random
+// directions at every width. At weight 1 a 512-wide head's scores spread
+// 22.6: so peaked a softmax that roundings decide which key wins, and two
+// correct engines differ by whole logits (measured on the H200: CUDA's
+// q8_0 KV 2.4 from the CPU's; on the CPU, q8_0 KV 2.9 from f32 KV, 0.14
+// with these weights). Every other tensor is copied as it is.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -87,7 +94,15 @@ inline std::string gemma4_hd512_model_dir() {
         size_t n_new = 1;
         for (int64_t d : shape) n_new *= static_cast<size_t>(d);
         std::string drawn(n_new * 4, '\0');
-        for (size_t i = 0; i < n_new; ++i) std::memcpy(&drawn[i * 4], &bytes[((i * 7919 + 13) % n_old) * 4], 4);
+        const bool norm = what == "q_norm" || what == "k_norm";
+        const float norm_w = std::pow(0.25f / static_cast<float>(hd), 0.25f);
+        for (size_t i = 0; i < n_new; ++i) {
+          if (norm) {
+            std::memcpy(&drawn[i * 4], &norm_w, 4);
+          } else {
+            std::memcpy(&drawn[i * 4], &bytes[((i * 7919 + 13) % n_old) * 4], 4);
+          }
+        }
         bytes = std::move(drawn);
       }
       out_h[name] = {
