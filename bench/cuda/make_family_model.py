@@ -26,7 +26,8 @@ where each number came from):
                     and sigmoid routing (deepseek_v3's) instead of V2's YaRN
                     and softmax: the same bytes and FLOPs
   gemma4-26b-a4b-hd256  the Gemma 4 preset with the full layers' head_dim 256
-                    instead of 512 (rill's CUDA attention kernels stop at 256)
+                    instead of 512 (rill's CUDA attention stopped at 256 until
+                    2026-12-03; kept for the comparison in docs/perf.md)
   tiny-*            the same three layouts at toy sizes, for CPU checks
   probe-*           Gemma 4 layouts with the real head dims at toy widths
 
@@ -108,8 +109,8 @@ PRESETS = {
                                 global_head_dim=32, num_global_key_value_heads=1, num_experts=8, top_k_experts=2,
                                 moe_intermediate_size=32, sliding_window=8, max_position_embeddings=512,
                                 layer_types=["sliding_attention"] * 5 + ["full_attention"]),
-    # rill's CUDA attention kernels take head_dim up to 256 (gemma.cpp refuses
-    # the full layers' 512): the same model with the full layers at 256.
+    # The same model with the full layers at 256 (what rill's CUDA backend ran
+    # before its attention took 512; docs/perf.md compares the two).
     "gemma4-26b-a4b-hd256": tiny(GEMMA4_26B, global_head_dim=256),
     # Small models with the real head dims (256 / 512, and 256 / 256): what
     # each engine accepts, in seconds.

@@ -186,8 +186,8 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
                  "fp8); use one of those, or --device cpu"};
   }
   if (!cuda::kv_rotation_supported(t.dtype, static_cast<int32_t>(hd_), t.rotated)) {
-    return Error{f.path + ": KV type " + kv_type_name(t) + " needs a power-of-two head_dim of at most 256 on CUDA; " +
-                 "head_dim is " + std::to_string(hd_)};
+    return Error{f.path + ": KV type " + kv_type_name(t) + " needs a power-of-two head_dim of at most " +
+                 std::to_string(cuda::kMaxHeadDim) + " on CUDA; " + "head_dim is " + std::to_string(hd_)};
   }
   // Heads of whole blocks, or (small heads) blocks of whole heads that the
   // rope kernel stores together (backend/cuda/ops.cu kv_heads_per_block).

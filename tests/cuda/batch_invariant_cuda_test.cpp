@@ -4,7 +4,8 @@
 // router, Gemma 4's MoE block) and to Q8_0 (Llama; GLM-4.5, whose experts
 // then stay Q8_0 blocks in the CUDA MoE's expert GEMV), and with q8_0 KV
 // (Llama, Gemma 2), q8_0h (Llama) and q4_0h KV (Gemma 2: sliding and full
-// layers; kv_types_cuda_test.cpp holds their accuracy):
+// layers; kv_types_cuda_test.cpp holds their accuracy), and Gemma 4 with
+// full layers of head_dim 512 (gemma4_hd512_model.h; f16 and q8_0 KV):
 //  1. a decode row's logits are bit-identical alone and in steps of 3, 9 and
 //     40 sequences and beside a 100-token prompt; with the mode off the test only logs how many logits of
 //     the 9- and 40-sequence rows differ (what the mode buys);
@@ -23,6 +24,7 @@
 #include "core/half.h"
 #include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
+#include "gemma4_hd512_model.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
@@ -63,7 +65,9 @@ class CudaBatchInvariant : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     RILL_REQUIRE_GPU();
-    dir_ = test::hf_golden_dir(GetParam().golden);
+    dir_ =
+        GetParam().golden == "gemma4-hd512" ? test::gemma4_hd512_model_dir() : test::hf_golden_dir(GetParam().golden);
+    if (dir_.empty()) GTEST_SKIP() << "the gemma4 golden is missing";
     if (!std::filesystem::exists(dir_ + "/config.json")) GTEST_SKIP() << dir_ << " not found";
     auto files = open_model_files(dir_);
     ASSERT_TRUE(files.ok()) << files.error().message;
@@ -241,7 +245,9 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaBatchInvariant,
                                            Case{"mixtral", DType::kBF16}, Case{"glm4-moe", DType::kBF16},
                                            Case{"glm4-moe", DType::kQ8_0}, Case{"gemma4-moe", DType::kBF16},
                                            Case{"llama", DType::kBF16, "q8_0"}, Case{"gemma2", DType::kBF16, "q8_0"},
-                                           Case{"llama", DType::kBF16, "q8_0h"}, Case{"gemma2", DType::kBF16, "q4_0h"}),
+                                           Case{"llama", DType::kBF16, "q8_0h"}, Case{"gemma2", DType::kBF16, "q4_0h"},
+                                           Case{"gemma4-hd512", DType::kBF16},
+                                           Case{"gemma4-hd512", DType::kBF16, "q8_0"}),
                          [](const auto& info) {
                            std::string n = info.param.golden + (info.param.weights == DType::kQ8_0 ? "_q8" : "_bf16") +
                                            (info.param.kv_type.empty() ? "" : "_kv_" + info.param.kv_type);

@@ -8,10 +8,13 @@
 // through the fast decode kernel (fp8 in 8-byte pieces, q8_0/q4_0 through
 // its shared-memory copy of whole heads), the general one, the
 // tensor-core prefill and the SIMT one; batch invariance per type.
+// head_dim 512 (Gemma 4's full layers: the general decode kernel, the
+// tensor-core prefill in half tiles, the SIMT prefill) for every KV type,
+// GQA groups 1/2/4/8, window and softcap, chunked prefill over a prefix.
 // Tolerance: 2e-5 absolute on outputs of magnitude <= 1 (f32 softmax and
 // sums in another order; no rounding of q or probabilities on either side),
 // plus one output rounding for bf16 outputs; 3e-3 for prefill rows on the
-// tensor cores (f16 KV, head_dim 64/128), which round q and the
+// tensor cores (f16 KV, head_dim 64/128/256/512), which round q and the
 // probabilities to f16 as llama.cpp does (and round q8_0/q4_0 values to f16:
 // a relative 2^-11 more, inside the same bound). A decode token gives bitwise
 // the same result alone and inside a batch (its split count depends only on
@@ -25,6 +28,7 @@
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quants.h"
+#include "backend/cuda/attention_decode.h"
 #include "backend/cuda/ops.h"
 #include "core/e4m3.h"
 #include "cuda_test_util.h"
@@ -366,6 +370,52 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
     const auto got_bf16 = p.gpu_out(DType::kBF16);
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << dtype_name(c.kv) << " " << i;
+  }
+}
+
+// head_dim 512 (Gemma 4's full layers; 16 q heads over 2 KV heads in the
+// public 26B-A4B and 31B) on every path and KV type against the CPU: the
+// general decode kernel (the fast one stops at 256) with splits merged by
+// the combine kernel and in-kernel (bit for bit equal), the tensor-core
+// prefill (two blocks of 32 queries per 64-query tile: tiles of 64, of 40
+// and of 2 queries below) for f16 / fp8 / q8_0 / q4_0, the SIMT prefill for
+// f32; prefill chunks after a prefix of 230 keys (chunked prefill), GQA
+// groups 1, 2, 4 and 8, a window and softcap; decode batch invariance.
+TEST(CudaAttention, HeadDim512MatchesCpuOnEveryPath) {
+  RILL_REQUIRE_GPU();
+  const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {70, 300}, {1, 1}, {130, 200}, {1, 2100}};
+  const std::vector<Case> cases = {
+      {16, 2, 512, 0, 0.0f, DType::kF16},  {16, 2, 512, 0, 0.0f, DType::kF32},  {8, 8, 512, 0, 0.0f, DType::kF16},
+      {4, 2, 512, 100, 0.5f, DType::kF16}, {8, 2, 512, 0, 0.0f, DType::kF16},   {16, 2, 512, 0, 0.0f, kF8E4M3},
+      {16, 2, 512, 0, 0.0f, DType::kQ8_0}, {8, 2, 512, 37, 0.0f, DType::kQ4_0},
+  };
+  EXPECT_FALSE(decode_fast_supported(DType::kF16, 512, 8)) << "512 runs the general decode kernel";
+  for (const Case& c : cases) {
+    ASSERT_EQ(prefill_tile_q(c.kv, c.head_dim), prefill_tile_q(c.kv, 256)) << "tiles are cut once for every layer";
+    const Paged p(c, seqs);
+    const auto want = p.cpu_out();
+    int32_t n_decode = 0;
+    for (const SeqSpec& s : seqs) n_decode += s.q_len <= kDecodeMaxQ ? s.q_len : 0;
+    auto counts = upload(std::vector<int32_t>(static_cast<size_t>(n_decode * c.n_head_kv), 0));
+    const auto got = p.gpu_out(DType::kF32);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], p.tolerance(i))
+          << "hd 512, heads " << c.n_head << "/" << c.n_head_kv << " window " << c.window << " softcap " << c.softcap
+          << " kv " << dtype_name(c.kv) << " elem " << i;
+    }
+    const auto merged = p.gpu_out(DType::kF32, {}, counts.as<int32_t>());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(merged[i], got[i]) << "in-kernel merge, elem " << i;
+    const auto got_bf16 = p.gpu_out(DType::kBF16);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << dtype_name(c.kv) << " " << i;
+    const int64_t w = c.n_head * c.head_dim;
+    for (int s : {0, 2, 6}) {
+      const auto alone = p.gpu_out(DType::kF32, {s});
+      const int32_t t0 = p.first_token(s);
+      for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i)
+        ASSERT_EQ(alone[t0 * w + i], got[t0 * w + i]) << dtype_name(c.kv) << " seq " << s << " elem " << i;
+    }
   }
 }
 

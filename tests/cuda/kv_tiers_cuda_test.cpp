@@ -19,6 +19,8 @@
 //    one; a block or layer that is not there is an error;
 //  - a cache written on the CPU is removed, not restored, by the device
 //    engine (another "numerics"), and the reverse: the prompt is computed.
+// Gemma 4 with full layers of head_dim 512 (gemma4_hd512_model.h; f32, bf16
+// and q8_0 KV) takes the disk round trip too.
 // RILL_SHARED_DIR in the environment overrides the build-time path.
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
@@ -37,6 +39,7 @@
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
+#include "gemma4_hd512_model.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
@@ -126,8 +129,10 @@ EngineOptions engine_options(Device d, const std::string& cache_dir = "", int64_
 // Engine::create over the converted files (kept in `store`).
 class Models {
  public:
-  Models(std::string name, bool bf16) : dir_(test::hf_golden_dir(name)), bf16_(bf16) {}
-  bool present() const { return fs::exists(dir_ + "/golden.json"); }
+  // "gemma4-hd512": gemma4_hd512_model.h's checkpoint (full layers of head_dim 512).
+  Models(std::string name, bool bf16)
+      : dir_(name == "gemma4-hd512" ? test::gemma4_hd512_model_dir() : test::hf_golden_dir(name)), bf16_(bf16) {}
+  bool present() const { return !dir_.empty() && fs::exists(dir_ + "/config.json"); }
   std::unique_ptr<Engine> engine(const EngineOptions& eo) {
     Result<std::unique_ptr<Engine>> e = Error{"unset"};
     if (!bf16_) {
@@ -246,7 +251,9 @@ INSTANTIATE_TEST_SUITE_P(Goldens, CudaKvTiers,
                                            Case{"qwen3_5", false}, Case{"gemma4", false}, Case{"llama", false, "q8_0"},
                                            Case{"llama", true, "q8_0"}, Case{"gemma2", false, "q8_0"},
                                            Case{"llama", false, "fp8"}, Case{"llama", true, "fp8"},
-                                           Case{"llama", true, "q8_0h"}, Case{"gemma2", false, "q4_0h"}),
+                                           Case{"llama", true, "q8_0h"}, Case{"gemma2", false, "q4_0h"},
+                                           Case{"gemma4-hd512", false}, Case{"gemma4-hd512", true},
+                                           Case{"gemma4-hd512", false, "q8_0"}),
                          case_name);
 
 class CudaKvTiersRam : public ::testing::TestWithParam<std::string> {

@@ -292,12 +292,12 @@ TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
     EXPECT_FALSE(cuda::kv_supported(t)) << dtype_name(t);
   }
   // Rotation: the block types with a store_rotated (q8_0h, q4_0h), at a
-  // power-of-two head_dim attention takes (<= 256).
-  for (const int32_t hd : {16, 64, 128, 256}) {
+  // power-of-two head_dim attention takes (<= 512, Gemma 4's full layers).
+  for (const int32_t hd : {16, 64, 128, 256, 512}) {
     EXPECT_TRUE(cuda::kv_rotation_supported(DType::kQ8_0, hd, true)) << hd;
     EXPECT_TRUE(cuda::kv_rotation_supported(DType::kQ4_0, hd, true)) << hd;
   }
-  for (const int32_t hd : {96, 80, 512}) EXPECT_FALSE(cuda::kv_rotation_supported(DType::kQ8_0, hd, true)) << hd;
+  for (const int32_t hd : {96, 80, 1024}) EXPECT_FALSE(cuda::kv_rotation_supported(DType::kQ8_0, hd, true)) << hd;
   for (const DType t : {DType::kF32, DType::kF16, kF8E4M3}) {
     EXPECT_FALSE(cuda::kv_rotation_supported(t, 128, true)) << dtype_name(t);
     EXPECT_TRUE(cuda::kv_rotation_supported(t, 96, false)) << dtype_name(t);

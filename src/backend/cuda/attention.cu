@@ -6,9 +6,10 @@
 // (AttentionArgs::sinks) join each head's denominator where its output is
 // finished (detail::add_sink): once per head, outside the key loops.
 // Decode goes to attention_decode.cu's kernel where it supports the cache
-// (f16/f32, head_dim 64/128/256), else to the general kernel here. The
-// general kernels read every KV type of kv_types.cuh (q8_0: only here, a
-// head dequantized in registers as it is loaded).
+// (decode_fast_supported: head_dim 64/128/256), else to the general kernel
+// here (head_dim 512, Gemma 4's full layers, among others). The general
+// kernels read every KV type of kv_types.cuh (a head dequantized in
+// registers as it is loaded) at every head_dim up to 512.
 #include <cassert>
 #include <cmath>
 
@@ -44,8 +45,11 @@ constexpr int kDecodeChunk = 128;  // keys scored before each softmax update
 // keys w, w + 4, ... in order, so the arithmetic is the same. Measured with
 // the prefetch below (docs/perf.md, Llama-3.1-8B q8_0, 1,024 tokens):
 // batch 1 +10%, batch 64 -12% (registers: fewer resident blocks).
-template <typename KvT>
-inline constexpr int kKeysInFlight = KvT::kBlock > 1 ? 8 : 4;
+// Heads of 512 (kChunks 4) keep 2: the rows' registers are 4x head_dim 128's.
+template <typename KvT, int kChunks>
+inline constexpr int kKeysInFlight = kChunks >= 4      ? 2
+                                     : KvT::kBlock > 1 ? 8
+                                                       : 4;
 // Grids of at most this many blocks (every block resident at once on an
 // H200, as attention_decode.cu) prefetch their split's K/V rows into L2
 // before waiting for the preceding kernel.
@@ -83,7 +87,7 @@ template <typename KvT, int kChunks, int kG>
 __device__ __forceinline__ void decode_split(const AttentionArgs& a, float* smem, float* m_s, float* corr_s, float* l_s,
                                              int32_t* rows_s, int kvh, int split, int z, int32_t t, int32_t k_begin,
                                              int32_t k_end, int32_t n_splits) {
-  constexpr int kKeys = kKeysInFlight<KvT>;
+  constexpr int kKeys = kKeysInFlight<KvT, kChunks>;
   const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* q_s = smem;                   // [G][hd]
@@ -419,13 +423,17 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a) {
   }
 }
 
+// Dynamic shared memory of the prefill kernel at head_dim hd (201 KB at 512).
+constexpr size_t prefill_smem_bytes(int hd) {
+  return sizeof(float) *
+         (static_cast<size_t>(kPrefillTileQ + kTileK) * (hd + 1) + static_cast<size_t>(kTileK) * hd + 32 * 33);
+}
+
 template <typename KvT, typename Out, int kDims>
 void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
-  const size_t smem = sizeof(float) * (static_cast<size_t>(kPrefillTileQ + kTileK) * (a.head_dim + 1) +
-                                       static_cast<size_t>(kTileK) * a.head_dim + 32 * 33);
+  const size_t smem = prefill_smem_bytes(a.head_dim);
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(prefill_kernel<KvT, Out, kDims>),
-                sizeof(float) * (64 * 257 + 32 * 256 + 32 * 33));
+  opt_in.ensure(reinterpret_cast<const void*>(prefill_kernel<KvT, Out, kDims>), prefill_smem_bytes(4 * kDims));
   const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
   prefill_kernel<KvT, Out, kDims><<<grid, 128, smem, stream>>>(a);
   RILL_CUDA_CHECK_LAUNCH();
@@ -435,7 +443,7 @@ template <typename KvT, int kChunks, int kG>
 void launch_decode_g(const AttentionArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
   static SmemOptIn opt_in;
   opt_in.ensure(reinterpret_cast<const void*>(decode_kernel<KvT, kChunks, kG>),
-                sizeof(float) * (kG * 256 * 5 + kG * kDecodeChunk));
+                sizeof(float) * (kG * 128 * kChunks * 5 + kG * kDecodeChunk));
   launch_pdl(decode_kernel<KvT, kChunks, kG>, grid, kDecodeThreads, smem, stream, a);
 }
 
@@ -466,8 +474,10 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
       decode_attention_fast(a, n_splits, stream);
     } else if (a.head_dim <= 128) {
       launch_decode<KvT, 1>(a, grid, smem, stream);
-    } else {
+    } else if (a.head_dim <= 256) {
       launch_decode<KvT, 2>(a, grid, smem, stream);
+    } else {
+      launch_decode<KvT, 4>(a, grid, smem, stream);
     }
     if (!a.split_counts && n_splits > 1) {
       const dim3 cgrid(static_cast<unsigned>(a.n_decode), static_cast<unsigned>(a.n_head));
@@ -481,8 +491,10 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
       launch_prefill<KvT, Out, 16>(a, stream);
     } else if (a.head_dim <= 128) {
       launch_prefill<KvT, Out, 32>(a, stream);
-    } else {
+    } else if (a.head_dim <= 256) {
       launch_prefill<KvT, Out, 64>(a, stream);
+    } else {
+      launch_prefill<KvT, Out, 128>(a, stream);
     }
   }
 }
@@ -520,7 +532,7 @@ void dispatch(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated) {
-  return !rotated || ((kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0) && head_dim > 0 && head_dim <= 256 &&
+  return !rotated || ((kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0) && head_dim > 0 && head_dim <= 512 &&
                       (head_dim & (head_dim - 1)) == 0);
 }
 
@@ -548,7 +560,7 @@ size_t attention_partial_floats(int64_t n_decode, int32_t n_head, int32_t head_d
 
 void attention(const AttentionArgs& a, cudaStream_t stream) {
   assert(a.n_head % a.n_head_kv == 0 && a.n_head / a.n_head_kv <= kMaxGroup);
-  assert(a.head_dim % 4 == 0 && a.head_dim <= 256);
+  assert(a.head_dim % 4 == 0 && a.head_dim <= kMaxHeadDim);
   assert(kv_supported(a.kv_dtype) && a.n_head_kv * a.head_dim % dtype_info(a.kv_dtype).block_size == 0);
   if (!a.k_rotated && !a.v_rotated) return dispatch(a, stream);
   // Rotated KV: q's heads rotated into the scratch's first half, the

@@ -1,11 +1,17 @@
 // Prefill attention on the tensor cores (WMMA, f16 in, f32 accumulate) for
-// f16, fp8 (e4m3), q8_0 and q4_0 KV caches and head_dim 64, 128 or 256:
+// f16, fp8 (e4m3), q8_0 and q4_0 KV caches and head_dim 64, 128, 256 or 512:
 // K/V tiles are converted to f16 as they are loaded into shared memory
 // (load8h: f16 as it is, e4m3 exactly, a q8_0/q4_0 element's scale x level
 // rounded to f16 once: a relative 2^-11 on top of the block's own error),
-// so the context is never copied out dequantized. FlashAttention-2's loop, one
-// block per 64 queries of one head, 4 warps of 16 query rows each, K/V tiles
-// of 64 keys in shared memory. Scores and the online softmax stay f32; q is
+// so the context is never copied out dequantized. FlashAttention-2's loop:
+// a block takes kRows queries of one head (warps of 16 query rows each) and
+// walks K/V tiles of kKeys keys in shared memory; head_dim up to 256 takes
+// a whole tile of kPrefillTileQMma (64) queries per block and 64-key tiles,
+// head_dim 512 (Gemma 4's full layers) half a tile per block (grid z picks
+// the half) and 32-key tiles, so its Q, K, V and output rows fit the 227 KB
+// of shared memory (169 KB; 64 queries would need 358 KB; 2 warps a block,
+// one block per SM: 23% slower prefill than head_dim 256 on Gemma-4
+// 26B-A4B, docs/perf.md). Scores and the online softmax stay f32; q is
 // rounded to f16 before Q K^T and the probabilities to f16 before P V (as
 // llama.cpp's f16 attention does), so outputs differ from the f32 reference
 // by ~1e-3 relative (tests/cuda/cuda_attention_test.cpp).
@@ -32,10 +38,17 @@ namespace {
 using namespace nvcuda;
 using detail::from_f32;
 
-constexpr int kBQ = 64, kBK = 64, kWarps = 4;
-
+// A block's shape at head_dim HD: kRows queries (kWarps warps of 16 rows),
+// K/V tiles of kKeys keys; kParts blocks share a tile of kPrefillTileQMma
+// queries (grid z), each taking rows [z kRows, (z + 1) kRows) of it.
 template <int HD>
 struct Smem {
+  static constexpr int kRows = HD <= 256 ? 64 : 32;
+  static constexpr int kKeys = HD <= 256 ? 64 : 32;
+  static constexpr int kWarps = kRows / 16;
+  static constexpr int kParts = kPrefillTileQMma / kRows;
+  static constexpr int kHalf = kKeys / 2;  // score columns per lane (2 lanes per row)
+  static constexpr int kBQ = kRows, kBK = kKeys;
   static constexpr int kLdH = HD + 8;   // halves per Q/K/V row (pad: fewer bank conflicts; ldm % 8 == 0)
   static constexpr int kLdS = kBK + 4;  // floats per score row
   static constexpr int kLdP = kBK + 8;  // halves per probability row
@@ -48,6 +61,7 @@ struct Smem {
   static constexpr size_t kO = kP + sizeof(half) * kBQ * kLdP;
   static constexpr size_t kStats = kO + sizeof(float) * kBQ * kLdO;  // m, l, corr [kBQ] each
   static constexpr size_t kBytes = kStats + sizeof(float) * 3 * kBQ;
+  static_assert(kPrefillTileQMma % kRows == 0 && kBytes <= 227 * 1024, "a block must fit an SM's shared memory");
 };
 
 __device__ __forceinline__ int64_t cache_row(const AttentionArgs& a, const int32_t* table, int32_t j) {
@@ -86,8 +100,9 @@ __device__ __forceinline__ uint4 load8h(const uint8_t* row, int64_t e) {
 }
 
 template <typename KvT, int HD, typename Out>
-__global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs a) {
+__global__ void __launch_bounds__(Smem<HD>::kWarps * 32) prefill_mma_kernel(AttentionArgs a) {
   using L = Smem<HD>;
+  constexpr int kBQ = L::kBQ, kBK = L::kBK, kWarps = L::kWarps, kHalf = L::kHalf;
   extern __shared__ __align__(128) uint8_t smem[];
   half* qs = reinterpret_cast<half*>(smem + L::kQ);
   half* ks = reinterpret_cast<half*>(smem + L::kK);
@@ -99,7 +114,12 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
   float* l_s = m_s + kBQ;
   float* c_s = l_s + kBQ;
 
-  const PrefillTile tile = a.tiles[blockIdx.x];
+  // This block's rows of the tile: [t0, t0 + n_q) (flat token indices).
+  const PrefillTile whole = a.tiles[blockIdx.x];
+  PrefillTile tile = whole;
+  tile.t0 = whole.t0 + static_cast<int32_t>(blockIdx.z) * kBQ;
+  tile.n_q = min(kBQ, whole.n_q - static_cast<int32_t>(blockIdx.z) * kBQ);
+  if (tile.n_q <= 0) return;  // a short tile's unused part (the whole block)
   const int h = blockIdx.y, kvh = h / (a.n_head / a.n_head_kv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int32_t* table = a.block_tables + a.table_start[tile.seq];
@@ -121,8 +141,8 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
   }
   const int32_t p_first = a.pos[tile.t0], p_last = a.pos[tile.t0 + tile.n_q - 1];
   const int32_t k_lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0, k_hi = p_last + 1;
-  // This lane's softmax row (2 lanes per row, 32 columns each).
-  const int sr = warp * 16 + (lane >> 1), sc0 = (lane & 1) * 32;
+  // This lane's softmax row (2 lanes per row, kHalf columns each).
+  const int sr = warp * 16 + (lane >> 1), sc0 = (lane & 1) * kHalf;
   const bool row_ok = sr < tile.n_q;
   const int32_t p_row = row_ok ? a.pos[tile.t0 + sr] : -1;
   const int32_t lo_row = a.window > 0 ? max(0, p_row - a.window + 1) : 0;
@@ -174,10 +194,10 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
     // Online softmax over the tile, f32; probabilities rounded to f16.
     {
       const int r = lane >> 1;
-      float sv[32];
+      float sv[kHalf];
       float tmax = -INFINITY;
 #pragma unroll
-      for (int c = 0; c < 32; ++c) {
+      for (int c = 0; c < kHalf; ++c) {
         const int32_t j = kc + sc0 + c;
         const bool ok = row_ok && j < k_hi && j <= p_row && j >= lo_row;
         float x = s_w[r * L::kLdS + sc0 + c] * a.scale;
@@ -190,7 +210,7 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_mma_kernel(AttentionArgs 
       const float m_new = fmaxf(m_old, tmax);
       float sum = 0.0f;
 #pragma unroll
-      for (int c = 0; c < 32; ++c) {
+      for (int c = 0; c < kHalf; ++c) {
         const half pv = __float2half_rn(sv[c] == -INFINITY ? 0.0f : __expf(sv[c] - m_new));
         p_w[r * L::kLdP + sc0 + c] = pv;
         sum += __half2float(pv);
@@ -244,8 +264,8 @@ template <typename KvT, int HD, typename Out>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
   static SmemOptIn opt_in;
   opt_in.ensure(reinterpret_cast<const void*>(prefill_mma_kernel<KvT, HD, Out>), Smem<HD>::kBytes);
-  const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
-  prefill_mma_kernel<KvT, HD, Out><<<grid, kWarps * 32, Smem<HD>::kBytes, stream>>>(a);
+  const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head), Smem<HD>::kParts);
+  prefill_mma_kernel<KvT, HD, Out><<<grid, Smem<HD>::kWarps * 32, Smem<HD>::kBytes, stream>>>(a);
   RILL_CUDA_CHECK_LAUNCH();
 }
 
@@ -254,7 +274,7 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 bool prefill_mma_supported(DType kv_dtype, int32_t head_dim) {
   const bool type_ok =
       kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0;
-  return type_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  return type_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512);
 }
 
 template <typename KvT>
@@ -263,8 +283,10 @@ void launch_hd(const AttentionArgs& a, cudaStream_t stream) {
     RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 64, T>(a, stream));
   } else if (a.head_dim == 128) {
     RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 128, T>(a, stream));
-  } else {  // 256 (Qwen3.5, Gemma 3): 195 KB of shared memory, one block per SM
+  } else if (a.head_dim == 256) {  // Qwen3.5, Gemma 3: 195 KB of shared memory, one block per SM
     RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 256, T>(a, stream));
+  } else {  // 512 (Gemma 4's full layers): 169 KB, half a tile per block
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 512, T>(a, stream));
   }
 }
 

@@ -6,7 +6,8 @@
 
 namespace rill::cuda {
 
-// f16, fp8, q8_0 or q4_0 KV and head_dim 64, 128 or 256; tiles of up to kPrefillTileQMma queries.
+// f16, fp8, q8_0 or q4_0 KV and head_dim 64, 128, 256 or 512; tiles of up to kPrefillTileQMma
+// queries (at 512 two blocks of 32 share a tile).
 // f16 KV at head_dim 64 and 128 runs attention_flash.cu's kernel, unless
 // RILL_CUDA_FLASH_PREFILL=0 is in the environment (for comparisons); every
 // other case the WMMA kernel of attention_mma.cu.

@@ -41,7 +41,7 @@ void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t
 bool kv_supported(DType kv_dtype);
 // Whether a side of kv_dtype may be Hadamard-rotated per head (q8_0h /
 // q4_0h, model/kv_types.h): Q8_0 and Q4_0 with a power-of-two head_dim
-// (attention's limit, 256, applies too). Always true when !rotated.
+// (attention's limit, kMaxHeadDim, applies too). Always true when !rotated.
 bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated);
 
 // RoPE (+ optional per-head RMSNorm: qwen3, gemma3) on the q and k heads of a fused
@@ -102,8 +102,13 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 // preceding kernel (programmatic launch): they must be written before the
 // step's first kernel (q and K/V may come from the kernel just before).
 inline constexpr int32_t kDecodeMaxQ = 4;
+// head_dim a multiple of 4 up to kMaxHeadDim (Gemma 4's full layers: 512),
+// every KV type of kv_supported(). Where attention_decode.cu's fast kernel
+// and the tensor-core prefill stop (decode_fast_supported,
+// prefill_mma_supported), the general kernels of attention.cu take over.
+inline constexpr int32_t kMaxHeadDim = 512;
 inline constexpr int32_t kPrefillTileQ = 32;     // queries per tile of the f32 (SIMT) kernel
-inline constexpr int32_t kPrefillTileQMma = 64;  // of the tensor-core kernel (f16 KV, head_dim 64/128/256)
+inline constexpr int32_t kPrefillTileQMma = 64;  // of the tensor-core kernel (head_dim 64/128/256/512)
 inline constexpr int32_t kMaxSplits = 32;
 inline constexpr int32_t kSplitKeys = 256;  // keys per split (until kMaxSplits)
 struct PrefillTile {

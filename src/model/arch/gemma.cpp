@@ -646,15 +646,19 @@ class GemmaCudaModel final : public CudaModelBase {
 Status GemmaCudaModel::init(const ModelOptions& options) {
   RILL_TRY(read_dims());  // the CUDA kernels' limits
   RILL_TRY(create_context());
-  // read_dims held hd_ (the sliding / every layer's) to the kernels' limit;
-  // Gemma 4's full layers are held to it here.
-  constexpr int64_t kMaxHeadDim = 256;
-  RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
-  for (const GemmaLayerDims& d : w.layer_dims) {
-    if (d.head_dim % 4 != 0 || cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(d.head_dim)) !=
-                                   cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(hd_))) {
-      return Error{files_->path + ": head_dim " + std::to_string(d.head_dim) + " beside " + std::to_string(hd_) +
-                   " is not supported by the CUDA attention kernels"};
+  // read_dims held hd_ (the sliding / every layer's) to its limit; Gemma
+  // 4's full layers (512 in the public checkpoints) are held to the
+  // attention kernels' own here. A step's prefill tiles are cut once for
+  // every layer (tile_q of hd_), so each layer's head_dim must take them.
+  RILL_ASSIGN_OR_RETURN(const GemmaWeights w, bind_gemma(*files_, cuda::kMaxHeadDim));
+  // (f16, fp8, q8_0 and q4_0 share the tensor-core kernel's head dims; f32
+  // KV always takes the SIMT kernel's tiles.)
+  for (size_t il = 0; il < w.layer_dims.size(); ++il) {
+    const int64_t hd = w.layer_dims[il].head_dim;
+    if (hd % 4 != 0 || cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(hd)) !=
+                           cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(hd_))) {
+      return Error{files_->path + ": layer " + std::to_string(il) + "'s head_dim " + std::to_string(hd) + " beside " +
+                   std::to_string(hd_) + " is not supported by the CUDA attention kernels"};
     }
   }
   RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(files_->path, w.layer_matrices(), w.embed));
@@ -668,12 +672,12 @@ Status GemmaCudaModel::init(const ModelOptions& options) {
   RILL_TRY(init_runtime(options));
   // init_runtime held a rotated KV type to hd_; Gemma 4's full layers have
   // their own head_dim, whose heads the rotation kernels must fit too.
-  for (const GemmaLayerDims& d : w.layer_dims) {
-    if (!cuda::kv_rotation_supported(kv_dtype_, static_cast<int32_t>(d.head_dim), kv_rotated_)) {
-      return Error{files_->path +
-                   ": a rotated KV type (q8_0h / q4_0h) needs a power-of-two head_dim of at "
-                   "most 256 on CUDA in every layer; a layer has head_dim " +
-                   std::to_string(d.head_dim)};
+  for (size_t il = 0; il < w.layer_dims.size(); ++il) {
+    const int64_t hd = w.layer_dims[il].head_dim;
+    if (!cuda::kv_rotation_supported(kv_dtype_, static_cast<int32_t>(hd), kv_rotated_)) {
+      return Error{files_->path + ": a rotated KV type (q8_0h / q4_0h) needs a power-of-two head_dim of at most " +
+                   std::to_string(cuda::kMaxHeadDim) + " on CUDA in every layer; layer " + std::to_string(il) +
+                   " has head_dim " + std::to_string(hd)};
     }
   }
   for (int64_t l = 0; l < n_kv_layers_; ++l) kv_views_.push_back(kv_view(static_cast<size_t>(l)));
