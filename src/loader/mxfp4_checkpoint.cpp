@@ -1,6 +1,7 @@
 #include "loader/mxfp4_checkpoint.h"
 
 #include <algorithm>
+#include <cassert>
 #include <new>
 #include <optional>
 #include <regex>
@@ -70,7 +71,7 @@ Result<Mxfp4Scheme> parse_mxfp4_scheme(const json& config, const std::string& co
                                                  std::to_string(kMaxPatternChars) + " characters");
       }
       try {
-        (void)compile(p.get<std::string>());
+        s.not_convert_res.push_back(compile(p.get<std::string>()));
       } catch (const std::regex_error&) {
         return bad("modules_to_not_convert", "entry " + p.dump() + " is not a valid regular expression");
       }
@@ -82,17 +83,13 @@ Result<Mxfp4Scheme> parse_mxfp4_scheme(const json& config, const std::string& co
 }
 
 bool mxfp4_converts(const Mxfp4Scheme& scheme, const std::string& module) {
-  for (const std::string& pattern : scheme.modules_to_not_convert) {
-    if (ends_with(module, pattern)) return false;
-    const std::regex re = compile(pattern);
-    // A match of the whole prefix [0, p) for some p at a module boundary:
-    // p at the end, before a '.', or just after one.
-    for (size_t p = 0; p <= module.size(); ++p) {
-      const bool boundary = p == module.size() || module[p] == '.' || (p > 0 && module[p - 1] == '.');
-      if (boundary && std::regex_match(module.begin(), module.begin() + static_cast<std::ptrdiff_t>(p), re)) {
-        return false;
-      }
-    }
+  assert(scheme.not_convert_res.size() == scheme.modules_to_not_convert.size());
+  assert(module.size() <= kMaxMxfp4ModuleChars);
+  for (size_t i = 0; i < scheme.modules_to_not_convert.size(); ++i) {
+    if (ends_with(module, scheme.modules_to_not_convert[i])) return false;
+    // re.match(key, name): a match anchored at the start, of any length
+    // (re.match(key + "\\.", name) is one of them).
+    if (std::regex_search(module, scheme.not_convert_res[i], std::regex_constants::match_continuous)) return false;
   }
   return true;
 }
@@ -128,6 +125,10 @@ Result<Mxfp4Weights> read_mxfp4_weights(const SafetensorsCheckpoint& ck, const M
     auto bad = [&, &tensor = name](const std::string& what) {
       return Error{file + ": tensor '" + tensor + "' " + what};
     };
+    if (scheme.enabled && name.size() > kMaxMxfp4ModuleChars) {
+      return bad("has a name of " + std::to_string(name.size()) + " characters; an MXFP4 checkpoint's are at most " +
+                 std::to_string(kMaxMxfp4ModuleChars));
+    }
     const bool is_blocks = ends_with(name, "_blocks"), is_scales = ends_with(name, "_scales");
     if (!is_blocks && !is_scales) {
       // A dense expert matrix the config converts: transformers' MXFP4

@@ -33,6 +33,7 @@
 // (experts it excludes stored as MXFP4, or experts it converts stored dense).
 #include <cstdint>
 #include <memory>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -47,6 +48,7 @@ namespace rill {
 struct Mxfp4Scheme {
   bool enabled = false;                             // quant_method "mxfp4"
   std::vector<std::string> modules_to_not_convert;  // transformers' patterns
+  std::vector<std::regex> not_convert_res;          // the same, compiled once (parse_mxfp4_scheme)
 };
 
 // Reads config["quantization_config"] when its quant_method is "mxfp4"
@@ -55,10 +57,13 @@ struct Mxfp4Scheme {
 Result<Mxfp4Scheme> parse_mxfp4_scheme(const nlohmann::json& config, const std::string& config_path);
 
 // transformers' should_convert_module: false when a pattern of
-// modules_to_not_convert matches `module` from its start up to a module
-// boundary ("layer.1" matches "layer.1.attn", not "layer.11.attn"), as a
-// regular expression with the same boundary ("model.layers.*.self_attn"),
-// or as a suffix.
+// modules_to_not_convert matches a prefix of `module` as a regular
+// expression (Python's re.match: "model.layers.*.self_attn" matches
+// "model.layers.3.self_attn.q_proj"; with no module boundary, so "layer.1"
+// also matches "layer.11.attn", as in transformers) or is its suffix.
+// `module` is at most kMaxMxfp4ModuleChars long (read_mxfp4_weights refuses
+// longer names first: std::regex recurses per character).
+inline constexpr size_t kMaxMxfp4ModuleChars = 1024;
 bool mxfp4_converts(const Mxfp4Scheme& scheme, const std::string& module);
 
 // One re-laid tensor.

@@ -140,19 +140,29 @@ TEST(Mxfp4Checkpoint, GroupRelayout) {
 }
 
 TEST(Mxfp4Checkpoint, ModulesToNotConvertMatchAsTransformersDoes) {
-  Mxfp4Scheme s;
-  s.modules_to_not_convert = {"model.layers.*.self_attn", "lm_head", "layer.1", "mlp.gate"};
+  // The expectations are transformers 5.25's should_convert_module on the
+  // same names (re.match: a prefix match with no module boundary).
+  auto scheme = [](std::vector<std::string> patterns) {
+    nlohmann::json config = {{"quantization_config", {{"quant_method", "mxfp4"}}}};
+    config["quantization_config"]["modules_to_not_convert"] = std::move(patterns);
+    auto s = parse_mxfp4_scheme(config, "config.json");
+    EXPECT_TRUE(s.ok()) << s.error().message;
+    return *s;
+  };
+  Mxfp4Scheme s = scheme({"model.layers.*.self_attn", "lm_head", "layer.1", "mlp.gate"});
   EXPECT_FALSE(mxfp4_converts(s, "model.layers.3.self_attn"));
-  EXPECT_FALSE(mxfp4_converts(s, "model.layers.3.self_attn.q_proj"));  // up to a module boundary
+  EXPECT_FALSE(mxfp4_converts(s, "model.layers.3.self_attn.q_proj"));  // a prefix
   EXPECT_FALSE(mxfp4_converts(s, "lm_head"));
   EXPECT_FALSE(mxfp4_converts(s, "model.lm_head"));  // as a suffix
   EXPECT_FALSE(mxfp4_converts(s, "layer.1.attn"));
-  EXPECT_TRUE(mxfp4_converts(s, "layer.11.attn"));
-  EXPECT_TRUE(mxfp4_converts(s, "mlp.gate_proj"));
+  EXPECT_FALSE(mxfp4_converts(s, "layer.11.attn"));  // no module boundary in re.match
+  EXPECT_FALSE(mxfp4_converts(s, "mlp.gate_proj"));
+  EXPECT_TRUE(mxfp4_converts(s, "mlp.up_proj"));
   EXPECT_TRUE(mxfp4_converts(s, "model.layers.3.mlp.experts"));
-  s.modules_to_not_convert = {"model.layers.1.mlp.experts"};
+  s = scheme({"model.layers.1.mlp.experts"});
   EXPECT_FALSE(mxfp4_converts(s, "model.layers.1.mlp.experts"));
   EXPECT_TRUE(mxfp4_converts(s, "model.layers.11.mlp.experts"));
+  EXPECT_TRUE(mxfp4_converts(s, "model.layers.2.mlp.experts"));
 }
 
 // --- configs and malformed files --------------------------------------------
@@ -239,6 +249,18 @@ TEST(Mxfp4Checkpoint, MissingScalesNameTheTensor) {
   std::erase_if(es, [](const Entry& e) { return e.name == kGu + "_blocks"; });
   EXPECT_EQ(open_error(config(), es), dir + "/model.safetensors: tensor '" + kGu +
                                           "_scales' is MXFP4 but its blocks '" + kGu + "_blocks' are missing");
+}
+
+// A crafted name long enough to overflow std::regex's recursion (one frame
+// per character) is refused before any pattern is matched.
+TEST(Mxfp4Checkpoint, OverlongTensorNameIsRefused) {
+  auto es = entries();
+  const std::string name = "model.layers." + std::string(200000, 'a') + ".mlp.experts.gate_up_proj";
+  es.push_back({name, "F32", {1}, std::vector<uint8_t>(4, 0)});
+  const std::string dir = model_dir();
+  EXPECT_EQ(open_error(config(), es), dir + "/model.safetensors: tensor '" + name + "' has a name of " +
+                                          std::to_string(name.size()) +
+                                          " characters; an MXFP4 checkpoint's are at most 1024");
 }
 
 TEST(Mxfp4Checkpoint, WrongScalesShapeNamesTheTensor) {
