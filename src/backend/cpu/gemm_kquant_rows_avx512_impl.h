@@ -1,10 +1,11 @@
 #pragma once
-// The K-quant gemm (Q4_K, Q5_K, Q6_K) for batches of token rows (prefill,
-// batched decode) on AVX-512BW + VNNI, on rill's K-quant definition
-// (quants_ref.cpp): per super-block exact int32s, each converted and fma'd
-// once. Fewer token rows keep the one-token tiles
-// (gemm_kquant_avx512_impl.h), which compute the same. Include only from
-// quants_avx512.cpp; internal linkage.
+// The K-quant gemm (Q4_K, Q5_K, Q6_K; IQ4_XS with its decoder KRowsXS in
+// gemm_iquant_avx512.cpp) for batches of token rows (prefill, batched
+// decode) on AVX-512BW + VNNI, on rill's K-quant definition (quants_ref.cpp,
+// quants_iq_ref.cpp): per super-block exact int32s, each converted and fma'd
+// once. Fewer token rows keep the one-token tiles (gemm_kquant_avx512_impl.h,
+// gemm_xs_entry), which compute the same. Include only from
+// quants_avx512.cpp and gemm_iquant_avx512.cpp; internal linkage.
 //
 // Layout: rows in the vector lanes, the weights repacked once per call.
 //  * a zmm holds 4 weight rows x 16 values, one 128-bit lane per row; over
