@@ -212,6 +212,7 @@ RILL_KERNEL_TARGET void gemm_xs_tile(int64_t n, const void* w, size_t w_stride, 
   RILL_UNROLL
   for (int r = 0; r < R; ++r) RILL_UNROLL
   for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+  __m128 acc1 = _mm_setzero_ps();  // T = 1: row r's accumulator in lane r
   const __m512i abs_table = _mm512_load_si512(kIq4nlAbs4);
   const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   // i16 lane i of the scale vectors: sub-block i / 8 (low half of the block) or 4 + i / 8.
@@ -256,6 +257,7 @@ RILL_KERNEL_TARGET void gemm_xs_tile(int64_t n, const void* w, size_t w_stride, 
       __m512i av[4];
       RILL_UNROLL
       for (int z = 0; z < 4; ++z) av[z] = _mm512_load_si512(ab.qs[z]);
+      __m512i zs[4];  // T = 1: row r's 16 partial sums
       RILL_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m512i zero = _mm512_setzero_si512();
@@ -267,10 +269,34 @@ RILL_KERNEL_TARGET void gemm_xs_tile(int64_t n, const void* w, size_t w_stride, 
           part[e] = _mm512_dpwssd_epi32(zero, _mm512_maddubs_epi16(q[r][e], a0), sc[r][0]);
           part[e] = _mm512_dpwssd_epi32(part[e], _mm512_maddubs_epi16(q[r][e + 2], a2), sc[r][1]);
         }
-        const int32_t isum = _mm512_reduce_add_epi32(_mm512_add_epi32(part[0], part[1]));
-        acc[r][t] = std::fmaf(dw[r] * ab.d, static_cast<float>(isum), acc[r][t]);
+        if constexpr (T == 1) {
+          zs[r] = _mm512_add_epi32(part[0], part[1]);
+        } else {
+          const int32_t isum = _mm512_reduce_add_epi32(_mm512_add_epi32(part[0], part[1]));
+          acc[r][t] = std::fmaf(dw[r] * ab.d, static_cast<float>(isum), acc[r][t]);
+        }
+      }
+      if constexpr (T == 1) {
+        // The rows' 16 lanes each -> lane r of one xmm (integers: any order), then one
+        // convert and fma for the 4 rows, each lane the scalar fma of the definition.
+        RILL_UNROLL
+        for (int r = R; r < 4; ++r) zs[r] = zs[R - 1];
+        const __m512i u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(zs[0], zs[1]), _mm512_unpackhi_epi32(zs[0], zs[1]));
+        const __m512i u23 = _mm512_add_epi32(_mm512_unpacklo_epi32(zs[2], zs[3]), _mm512_unpackhi_epi32(zs[2], zs[3]));
+        const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(u01, u23), _mm512_unpackhi_epi64(u01, u23));
+        const __m256i v2 = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+        const __m128i sb = _mm_add_epi32(_mm256_castsi256_si128(v2), _mm256_extracti128_si256(v2, 1));
+        const __m128 dwv = _mm_setr_ps(dw[0], dw[R > 1 ? 1 : 0], dw[R > 2 ? 2 : 0], dw[R > 3 ? 3 : 0]);
+        acc1 = _mm_fmadd_ps(_mm_mul_ps(dwv, _mm_set1_ps(ab.d)), _mm_cvtepi32_ps(sb), acc1);
       }
     }
+  }
+  if constexpr (T == 1) {
+    alignas(16) float o[4];
+    _mm_store_ps(o, acc1);
+    RILL_UNROLL
+    for (int r = 0; r < R; ++r) y[r] = o[r];
+    return;
   }
   RILL_UNROLL
   for (int t = 0; t < T; ++t) RILL_UNROLL
