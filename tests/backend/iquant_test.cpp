@@ -1,9 +1,11 @@
 // The low-bit GGUF types Q2_K, Q3_K, IQ4_NL, IQ4_XS: dequantization against
 // the gguf package's numpy reference, the scalar dots against a second,
-// independent transcription of llama.cpp's x86 vec_dot (read from the block
-// bytes the way that code does, not through quants.h's helpers), and every
-// ISA's gemm tiles against the scalar reference bit for bit, for every tile
-// shape, long rows, batches, odd IQ4_NL block counts and extreme values.
+// independent transcription of their definition (read from the block bytes
+// the way llama.cpp's code does, not through quants.h's helpers: llama.cpp's
+// x86 vec_dot order for Q2_K, Q3_K, IQ4_NL; for IQ4_XS rill's own, one exact
+// int32 per super-block, which stays within rounding of llama.cpp's), and
+// every ISA's gemm tiles against the scalar reference bit for bit, for every
+// tile shape, long rows, batches, odd IQ4_NL block counts and extreme values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -211,9 +213,15 @@ float llama_q3_k(int64_t nb, const uint8_t* w, const uint8_t* a) {
 
 const int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-// ggml_vec_dot_iq4_xs_q8_K: ls1/ls2 from scales_l nibbles and scales_h >> 4 per pair.
-float llama_iq4_xs(int64_t nb, const uint8_t* w, const uint8_t* a) {
+// IQ4_XS blocks read as ggml_vec_dot_iq4_xs_q8_K does (ls1/ls2 from scales_l
+// nibbles and scales_h >> 4 per pair). kLanes: llama.cpp's 8 lanes, one fma
+// each per super-block, and its horizontal add; otherwise rill's definition
+// (quants_iq_ref.cpp): the super-block's sum as one integer (int64 here, so
+// an int32 overflow in a kernel would show), one fma.
+template <bool kLanes>
+float iq4_xs_dot(int64_t nb, const uint8_t* w, const uint8_t* a) {
   float acc[8] = {};
+  float acc1 = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* x = w + i * 136;
     const auto& y = reinterpret_cast<const BlockQ8_K*>(a)[i];
@@ -236,9 +244,14 @@ float llama_iq4_xs(int64_t nb, const uint8_t* w, const uint8_t* a) {
       q8 += 64;
     }
     const float d = f16_to_f32(dh) * y.d;
-    for (int l = 0; l < 8; ++l) acc[l] = std::fmaf(d, static_cast<float>(sumi[l]), acc[l]);
+    int64_t isum = 0;
+    for (int l = 0; l < 8; ++l) {
+      acc[l] = std::fmaf(d, static_cast<float>(sumi[l]), acc[l]);
+      isum += sumi[l];
+    }
+    acc1 = std::fmaf(d, static_cast<float>(isum), acc1);
   }
-  return hsum_float_8(acc);
+  return kLanes ? hsum_float_8(acc) : acc1;
 }
 
 // ggml_vec_dot_iq4_nl_q8_0: accum1 (even blocks) and accum2 (odd), then a scalar tail.
@@ -273,14 +286,14 @@ float llama_iq4_nl(int64_t nb, const uint8_t* w, const uint8_t* a) {
   return sumf;
 }
 
-float llama_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
+float independent_dot(DType t, int64_t n, const uint8_t* w, const uint8_t* a) {
   switch (t) {
     case DType::kQ2_K:
       return llama_q2_k(n / 256, w, a);
     case DType::kQ3_K:
       return llama_q3_k(n / 256, w, a);
     case DType::kIQ4_XS:
-      return llama_iq4_xs(n / 256, w, a);
+      return iq4_xs_dot<false>(n / 256, w, a);
     default:
       return llama_iq4_nl(n / 32, w, a);
   }
@@ -292,7 +305,7 @@ std::vector<uint8_t> quantize_rows(DType p, const std::vector<float>& x, int64_t
   return a;
 }
 
-TEST(IQuant, ReferenceIsLlamaCppOrder) {
+TEST(IQuant, ReferenceMatchesIndependentTranscription) {
   for (DType t : kTypes) {
     for (int64_t n : {256, 2048, 2304}) {  // 2304 / 32 = 72 blocks; 2336 below: odd IQ4_NL count
       const auto w = random_weight_rows(t, 3, n, 7 + static_cast<uint32_t>(n));
@@ -303,7 +316,7 @@ TEST(IQuant, ReferenceIsLlamaCppOrder) {
         for (int c = 0; c < 2; ++c) {
           const uint8_t* wr = w.data() + r * row_bytes(t, n);
           const uint8_t* ar = a.data() + c * row_bytes(p, n);
-          const float want = llama_dot(t, n, wr, ar), got = ref::vec_dot(t, n, wr, ar);
+          const float want = independent_dot(t, n, wr, ar), got = ref::vec_dot(t, n, wr, ar);
           EXPECT_TRUE(same_bits(want, got)) << dtype_name(t) << " n=" << n << ": " << got << " vs " << want;
         }
     }
@@ -312,9 +325,29 @@ TEST(IQuant, ReferenceIsLlamaCppOrder) {
     const auto w = random_weight_rows(DType::kIQ4_NL, 1, n, 3);
     const auto x = random_floats(n, 4, -3.0f, 3.0f);
     const auto a = quantize_rows(DType::kQ8_0, x, n, 1);
-    EXPECT_TRUE(same_bits(llama_dot(DType::kIQ4_NL, n, w.data(), a.data()),
+    EXPECT_TRUE(same_bits(independent_dot(DType::kIQ4_NL, n, w.data(), a.data()),
                           ref::vec_dot(DType::kIQ4_NL, n, w.data(), a.data())))
         << n;
+  }
+}
+
+// rill's IQ4_XS (one int32 per super-block) and llama.cpp's (8 lanes, each
+// converted and fma'd) differ only by f32 rounding.
+TEST(IQuant, IQ4XSWithinRoundingOfLlamaCppLanes) {
+  for (int64_t n : {256, 2048, 8192}) {
+    const auto w = random_weight_rows(DType::kIQ4_XS, 4, n, 40 + static_cast<uint32_t>(n));
+    const auto x = random_floats(n, 41, -3.0f, 3.0f);
+    const auto a = quantize_rows(DType::kQ8_K, x, n, 1);
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* wr = w.data() + r * row_bytes(DType::kIQ4_XS, n);
+      const auto wf = dequant(DType::kIQ4_XS, wr, n);
+      const auto af = dequant(DType::kQ8_K, a.data(), n);
+      double mag = 0.0;
+      for (int64_t i = 0; i < n; ++i) mag += std::fabs(static_cast<double>(wf[i]) * af[i]);
+      const float rill = ref::vec_dot(DType::kIQ4_XS, n, wr, a.data()), llama = iq4_xs_dot<true>(n / 256, wr, a.data());
+      EXPECT_NEAR(rill, llama, 1e-6 * mag) << "n=" << n << " row " << r;
+      EXPECT_TRUE(same_bits(rill, iq4_xs_dot<false>(n / 256, wr, a.data())));
+    }
   }
 }
 
@@ -349,7 +382,7 @@ void expect_gemm_matches_reference(DType t, int64_t n, int n_r, int n_t, uint32_
   ref::gemm_tile(t, n, w.data(), ws, n_r, a.data(), as, n_t, want.data(), ys);
   for (int c = 0; c < n_t; ++c)
     for (int r = 0; r < n_r; ++r)
-      ASSERT_TRUE(same_bits(want[c * ys + r], llama_dot(t, n, w.data() + r * ws, a.data() + c * as)));
+      ASSERT_TRUE(same_bits(want[c * ys + r], independent_dot(t, n, w.data() + r * ws, a.data() + c * as)));
   for (Isa isa : available_isas()) {
     const GemmTileFn gemm = kernels(isa).gemm[static_cast<size_t>(t)];
     ASSERT_NE(gemm, nullptr) << isa_name(isa) << " " << dtype_name(t);
@@ -381,10 +414,10 @@ TEST(IQuant, GemmBitExactLongRowsBatchesAndOddBlockCounts) {
     for (int n_t : {1, 2, 3, 4, 5, 9, 17}) expect_gemm_matches_reference(DType::kIQ4_NL, n, 5, n_t, seed++, 3.0f);
 }
 
-// Prefill-sized batches: the token-pair groups of the AVX-512 tiles (IQ4_XS,
-// IQ4_NL: 16 tokens a group, rows in column chunks), partial groups, rows
-// of several chunks, odd rows and more rows than the per-call scale table
-// (64).
+// Prefill-sized batches: IQ4_NL's token-pair groups (16 tokens a group, rows
+// in column chunks) and IQ4_XS's row tile (16-row groups, column chunks of 8
+// super-blocks, token blocks of 64), partial groups, rows of several
+// chunks, odd rows and more rows than a per-call table (64).
 TEST(IQuant, GemmBitExactTokenPairGroups) {
   uint32_t seed = 700;
   for (DType t : kTypes)
@@ -392,6 +425,8 @@ TEST(IQuant, GemmBitExactTokenPairGroups) {
       for (int n_t : {9, 10, 16, 17, 33})
         for (int n_r : {1, 3}) expect_gemm_matches_reference(t, n, n_r, n_t, seed++, 3.0f);
   for (DType t : kTypes) expect_gemm_matches_reference(t, 512, 70, 9, seed++, 3.0f);
+  expect_gemm_matches_reference(DType::kIQ4_XS, 2304, 37, 70, seed++, 3.0f);
+  expect_gemm_matches_reference(DType::kIQ4_XS, 4352, 20, 131, seed++, 3.0f);
 }
 
 // Extreme values: the largest codes and scales against activations of +-127
@@ -431,7 +466,7 @@ TEST(IQuant, GemmBitExactExtremeValues) {
     const size_t ws = row_bytes(t, n), as = row_bytes(p, n);
     float want[kT][4], got[kT][4];
     ref::gemm_tile(t, n, w.data(), ws, 4, a.data(), as, kT, &want[0][0], 4);
-    EXPECT_TRUE(same_bits(want[0][0], llama_dot(t, n, w.data(), a.data()))) << dtype_name(t);
+    EXPECT_TRUE(same_bits(want[0][0], independent_dot(t, n, w.data(), a.data()))) << dtype_name(t);
     for (Isa isa : available_isas()) {
       for (int n_t : {3, kT}) {
         kernels(isa).gemm[static_cast<size_t>(t)](n, w.data(), ws, 4, a.data(), as, n_t, &got[0][0], 4);

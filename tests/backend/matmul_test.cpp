@@ -133,13 +133,13 @@ TEST(Matmul, GroupEqualsSeparateCalls) {
   }
 }
 
-// The K-quants' batch tiles take a whole prefill per call
+// The K-quants' (and IQ4_XS's) batch tiles take a whole prefill per call
 // (Kernels::gemm_max_tokens): through the driver, on 2 threads, a 150-token
 // matmul (token blocks, column chunks, partial row groups) gives every token
 // the bits it gets alone.
 TEST(Matmul, KQuantPrefillEqualsOneTokenAtATime) {
   const int64_t n_rows = 200, n_cols = 2304, n_tokens = 150;
-  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS}) {
     const auto w = random_weight_rows(t, n_rows, n_cols, 77);
     const auto x = random_floats(n_cols * n_tokens, 78);
     const WeightView view{t, n_rows, n_cols, w.data(), row_bytes(t, n_cols)};

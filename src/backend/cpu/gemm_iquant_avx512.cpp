@@ -5,14 +5,19 @@
 // l + 8: integer sums, so the same bits) before the convert; IQ4_NL on the
 // 256-bit tiles of gemm_iquant_x86_impl.h with vpdpbusd. 32 vector
 // registers: 4 x 4 tiles (IQ4_NL 4 x 2). With 8+ token rows (prefill)
-// IQ4_XS runs the token-pair tile of gemm_kquant_pair_avx512_impl.h
-// (KPairXS), and with 4+ IQ4_NL its own on that layout (gemm_nl_pair_tile).
+// IQ4_XS runs the row tile of gemm_kquant_rows_avx512_impl.h (KRowsXS; its
+// one-token tile sums each super-block to one int32 too), and with 4+
+// IQ4_NL its own token-pair tile (gemm_nl_pair_tile).
 // Installed only with AVX512_VNNI.
 #define RILL_KERNEL_TARGET __attribute__((target("avx512vnni,bmi2")))  // every AVX-512 CPU has BMI2
+// GCC 12's AVX-512 permute / extract intrinsics read an undefined source
+// vector (gemm_kquant_rows_avx512_impl.h): not a bug here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <vector>
 
 #include "backend/cpu/gemm_iquant_x86_impl.h"
-#include "backend/cpu/gemm_kquant_pair_avx512_impl.h"
+#include "backend/cpu/gemm_kquant_rows_avx512_impl.h"
 
 namespace rill::cpu {
 namespace {
@@ -169,9 +174,9 @@ inline constexpr auto kIqTiles512 = iq_tiles_512<Dec>(std::make_integer_sequence
 // low nibbles, elements 0..15 of four sub-blocks (16-byte lane m: sub-block
 // m) and in its high nibbles their elements 16..31. The activations are
 // reordered to match once per call and token (XsAct): A[2h] = elements
-// 0..15 of sub-blocks 4h..4h+3, A[2h+1] their elements 16..31. i32 lane
-// 4m + l of the low-nibble sums is llama.cpp's lane l of sub-block m, so
-// adding the four 128-bit lanes gives its lanes 0..3 (the high nibbles: 4..7).
+// 0..15 of sub-blocks 4h..4h+3, A[2h+1] their elements 16..31. The 16 i32
+// lanes of a (row, token) sum to its super-block's exact int32 (rill's
+// IQ4_XS definition, quants_iq_ref.cpp), converted and fma'd once.
 struct XsAct {
   alignas(64) int8_t qs[4][64];
   float d;
@@ -203,10 +208,11 @@ RILL_KERNEL_TARGET void gemm_xs_tile(int64_t n, const void* w, size_t w_stride, 
   RILL_UNROLL
   for (int r = 0; r < R; ++r)
     wr[r] = reinterpret_cast<const BlockIQ4_XS*>(static_cast<const uint8_t*>(w) + r * w_stride);
-  __m256 acc[R][T];
+  float acc[R][T];
   RILL_UNROLL
   for (int r = 0; r < R; ++r) RILL_UNROLL
-  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+  __m128 acc1 = _mm_setzero_ps();  // T = 1: row r's accumulator in lane r
   const __m512i abs_table = _mm512_load_si512(kIq4nlAbs4);
   const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   // i16 lane i of the scale vectors: sub-block i / 8 (low half of the block) or 4 + i / 8.
@@ -251,6 +257,7 @@ RILL_KERNEL_TARGET void gemm_xs_tile(int64_t n, const void* w, size_t w_stride, 
       __m512i av[4];
       RILL_UNROLL
       for (int z = 0; z < 4; ++z) av[z] = _mm512_load_si512(ab.qs[z]);
+      __m512i zs[4];  // T = 1: row r's 16 partial sums
       RILL_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m512i zero = _mm512_setzero_si512();
@@ -262,18 +269,38 @@ RILL_KERNEL_TARGET void gemm_xs_tile(int64_t n, const void* w, size_t w_stride, 
           part[e] = _mm512_dpwssd_epi32(zero, _mm512_maddubs_epi16(q[r][e], a0), sc[r][0]);
           part[e] = _mm512_dpwssd_epi32(part[e], _mm512_maddubs_epi16(q[r][e + 2], a2), sc[r][1]);
         }
-        // [lo.L0+lo.L2, lo.L1+lo.L3, hi.L0+hi.L2, hi.L1+hi.L3], then lanes (0+1, 2+3): llama.cpp's 8 lanes
-        const __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(part[0], part[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                           _mm512_shuffle_i64x2(part[0], part[1], _MM_SHUFFLE(3, 2, 3, 2)));
-        const __m512i e = _mm512_shuffle_i64x2(c, c, _MM_SHUFFLE(3, 1, 2, 0));
-        const __m256i i8 = _mm256_add_epi32(_mm512_castsi512_si256(e), _mm512_extracti64x4_epi64(e, 1));
-        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * ab.d), _mm256_cvtepi32_ps(i8), acc[r][t]);
+        if constexpr (T == 1) {
+          zs[r] = _mm512_add_epi32(part[0], part[1]);
+        } else {
+          const int32_t isum = _mm512_reduce_add_epi32(_mm512_add_epi32(part[0], part[1]));
+          acc[r][t] = std::fmaf(dw[r] * ab.d, static_cast<float>(isum), acc[r][t]);
+        }
+      }
+      if constexpr (T == 1) {
+        // The rows' 16 lanes each -> lane r of one xmm (integers: any order), then one
+        // convert and fma for the 4 rows, each lane the scalar fma of the definition.
+        RILL_UNROLL
+        for (int r = R; r < 4; ++r) zs[r] = zs[R - 1];
+        const __m512i u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(zs[0], zs[1]), _mm512_unpackhi_epi32(zs[0], zs[1]));
+        const __m512i u23 = _mm512_add_epi32(_mm512_unpacklo_epi32(zs[2], zs[3]), _mm512_unpackhi_epi32(zs[2], zs[3]));
+        const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(u01, u23), _mm512_unpackhi_epi64(u01, u23));
+        const __m256i v2 = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+        const __m128i sb = _mm_add_epi32(_mm256_castsi256_si128(v2), _mm256_extracti128_si256(v2, 1));
+        const __m128 dwv = _mm_setr_ps(dw[0], dw[R > 1 ? 1 : 0], dw[R > 2 ? 2 : 0], dw[R > 3 ? 3 : 0]);
+        acc1 = _mm_fmadd_ps(_mm_mul_ps(dwv, _mm_set1_ps(ab.d)), _mm_cvtepi32_ps(sb), acc1);
       }
     }
   }
+  if constexpr (T == 1) {
+    alignas(16) float o[4];
+    _mm_store_ps(o, acc1);
+    RILL_UNROLL
+    for (int r = 0; r < R; ++r) y[r] = o[r];
+    return;
+  }
   RILL_UNROLL
   for (int t = 0; t < T; ++t) RILL_UNROLL
-  for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(acc[r][t]);
+  for (int r = 0; r < R; ++r) y[t * y_stride + r] = acc[r][t];
 }
 
 using XsTileFn = void (*)(int64_t, const void*, size_t, const XsAct*, int64_t, float*, int64_t);
@@ -305,41 +332,65 @@ RILL_KERNEL_TARGET void gemm_xs_entry(int64_t n, const void* w, size_t w_stride,
   }
 }
 
-// IQ4_XS for the token-pair tile (gemm_kquant_pair_avx512_impl.h): a
-// sub-block's 16 bytes broadcast to every 128-bit lane, lanes 0 and 2 keep
-// the low nibbles (elements 0..15), 1 and 3 the high ones (16..31), so each
-// 256-bit half is the sub-block in element order, as the activation pairs.
-struct KPairXS {
+// IQ4_XS for the row tile of gemm_kquant_rows_avx512_impl.h (8+ token
+// rows), on the same super-block int32 as the tiles above. As Q4_K/Q5_K,
+// chunk jb is sub-blocks 4 jb .. 4 jb + 3 over 8 pieces; as Q6_K the weights
+// are signed (the IQ4 values themselves, -127..113) against activations
+// biased to a + 128, the bias's 128 * sum_j s[j] * sum_{e in j} v[e] per row
+// (corr) subtracted once per super-block.
+struct KRowsXS {
   using Block = BlockIQ4_XS;
-  using Meta = KPairMeta;
-  static constexpr bool kSigned = true;
-  static constexpr int kMinTokens = 8;  // 8 tokens: 0.40 -> 0.32 ms on a 2048 x 2048 matmul; 4: even
+  static constexpr int kChunks = 2, kIters = 8;
+  static constexpr bool kSignedW = true, kMins = false;
   static constexpr GemmTileFn small_gemm = &gemm_xs_entry;
-  RILL_KERNEL_TARGET static void meta(const Block* b, Meta* m) {
+  // Row 4 k + r of out from b.
+  RILL_KERNEL_TARGET static void repack(const Block& b, KRows16* out, int k, int r) {
+    // Chunk jb's 64 bytes: 128-bit lane c is sub-block 4 jb + c, its low nibbles elements 0..15,
+    // its high nibbles 16..31; piece 8 jb + 4 o + i' takes dword i' of lane c (o = 0: low, 1: high)
+    // into dword 4 i' + c, the dword transpose.
+    const __m512i perm = transpose4x4_index();
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+    KRows16::Group& g = out->g[k];
     uint32_t sl;
-    std::memcpy(&sl, b->scales_l, 4);
-    const uint64_t s6 = _pdep_u64(sl, 0x0F0F0F0F0F0F0F0FULL) | _pdep_u64(b->scales_h, 0x3030303030303030ULL);
-    const __m256i s32 =
-        _mm256_cvtepi8_epi32(_mm_sub_epi8(_mm_cvtsi64_si128(static_cast<long long>(s6)), _mm_set1_epi8(32)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(m->sc2),
-                       _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s32, 16)));
-    m->d = simd::f16(b->d);
+    std::memcpy(&sl, b.scales_l, 4);
+    const uint64_t s6 = _pdep_u64(sl, 0x0F0F0F0F0F0F0F0FULL) | _pdep_u64(b.scales_h, 0x3030303030303030ULL);
+    const __m512i s32 =
+        _mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_cvtsi64_si128(static_cast<long long>(s6)), _mm_set1_epi8(32)));
+    __m512i weighted = _mm512_setzero_si512();  // sum over elements of s * v
+    RILL_UNROLL
+    for (int jb = 0; jb < 2; ++jb) {
+      const __m512i raw = _mm512_loadu_si512(b.qs + 64 * jb);
+      const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(raw, m4));
+      const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
+      store_pieces(g, 8 * jb, r, _mm512_permutexvar_epi32(perm, lo));
+      store_pieces(g, 8 * jb + 4, r, _mm512_permutexvar_epi32(perm, hi));
+      // dword d of the 4-sums belongs to sub-block 4 jb + d / 4
+      const __m512i sum4 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, lo), ones, hi);
+      const __m512i sc_of = _mm512_permutexvar_epi32(
+          _mm512_add_epi32(_mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2),
+                           _mm512_set1_epi32(4 * jb)),
+          s32);
+      weighted = _mm512_add_epi32(weighted, _mm512_mullo_epi32(sum4, sc_of));
+    }
+    RILL_UNROLL
+    for (int jb = 0; jb < 2; ++jb) _mm_store_si128(reinterpret_cast<__m128i*>(g.sc[jb] + 4 * r), lane128(s32, jb));
+    out->corr[4 * r + k] = 128 * _mm512_reduce_add_epi32(weighted);
+    out->d[4 * r + k] = simd::f16(b.d);
   }
-  struct Ctx {};
-  RILL_KERNEL_TARGET static Ctx ctx(const Block*) { return {}; }
-  RILL_KERNEL_TARGET static void decode_one(const Block* b, int k, __m512i* q, __mmask64* neg) {
-    const __m512i shift = _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
-                                            0x0004000400040004LL, 0x0004000400040004LL);
-    const __m512i raw = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + 16 * k)));
-    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(raw, shift), _mm512_set1_epi8(0x0F));
-    *q = _mm512_shuffle_epi8(_mm512_load_si512(kIq4nlAbs4), nib);
-    *neg = _mm512_cmplt_epu8_mask(nib, _mm512_set1_epi8(8));  // codes 0..7 are the negative values
-  }
-  // Sub-blocks 2g and 2g + 1: |w| and where w < 0.
-  RILL_KERNEL_TARGET static void decode(const Block* b, const Ctx&, int g, __m512i* q0, __m512i* q1, __mmask64* n0,
-                                        __mmask64* n1) {
-    decode_one(b, 2 * g, q0, n0);
-    decode_one(b, 2 * g + 1, q1, n1);
+  RILL_KERNEL_TARGET static void prepare(const BlockQ8_K& b, KRowsAct* out, KRowsActMeta* meta) {
+    // The elements in Q4_K/Q5_K's piece order (the same sub-blocks per chunk), biased to unsigned.
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    RILL_UNROLL
+    for (int jb = 0; jb < 2; ++jb) {
+      const __m512i e0 = _mm512_loadu_si512(b.qs + 128 * jb), e1 = _mm512_loadu_si512(b.qs + 128 * jb + 64);
+      RILL_UNROLL
+      for (int o = 0; o < 2; ++o)
+        _mm512_store_si512(
+            out->q + 128 * jb + 64 * o,
+            _mm512_xor_si512(_mm512_permutex2var_epi32(e0, _mm512_load_si512(kK4ActIndex[o]), e1), bias));
+    }
+    meta->d = b.d;
   }
 };
 
@@ -351,18 +402,19 @@ struct KPairXS {
 // of token 2p's llama.cpp lanes and 8..15 of 2p+1's. Each block's convert
 // and fma with d = a.d * w.d go, as llama.cpp's, into one accumulator for
 // even blocks and one for odd; an odd last block is its scalar tail.
-struct NlPairs {  // one block of a 16-token group
-  alignas(64) int8_t qs[kPairTiles][64];
-  alignas(64) float dpair[kPairTiles][16];  // a.d of token 2p in lanes 0..7, of 2p+1 in 8..15
+inline constexpr int kNlPairs = 8;  // token pairs per group, at most
+struct NlPairs {                    // one block of a 16-token group
+  alignas(64) int8_t qs[kNlPairs][64];
+  alignas(64) float dpair[kNlPairs][16];  // a.d of token 2p in lanes 0..7, of 2p+1 in 8..15
 };
 struct alignas(64) NlPairState {
-  float acc[2][kPairTiles][16];
+  float acc[2][kNlPairs][16];
 };
 inline constexpr int64_t kNlChunkBlocks = 32;  // a chunk's NlPairs: 32 KiB, in L1 while the rows pass
 inline constexpr int kNlPairMinTokens = 4;     // fewer: the 256-bit tiles (4 and 8 tokens: 2.0x and 2.3x faster here)
 
 RILL_KERNEL_TARGET void prepare_nl_pairs(NlPairs* out, int64_t nb, const uint8_t* a, size_t a_stride, int n_t) {
-  constexpr int kT = 2 * kPairTiles;
+  constexpr int kT = 2 * kNlPairs;
   const BlockQ8_0* ar[kT];
   for (int t = 0; t < kT; ++t) ar[t] = reinterpret_cast<const BlockQ8_0*>(a + (t < n_t ? t : n_t - 1) * a_stride);
   const int n_pairs = (n_t + 1) / 2;
@@ -391,7 +443,7 @@ RILL_KERNEL_TARGET static inline void decode_iq4_pair(const uint8_t* qs, __m512i
 }
 
 // One weight row against a group of 2P tokens over block pairs [jb0, jb1)
-// (blocks 2jb, 2jb + 1); accumulators from / to st as gemm_k_pair_tile's.
+// (blocks 2jb, 2jb + 1); accumulators from / to st between column chunks.
 // When last: the two accumulators reduced, the odd last block of an odd
 // count added, token t written to y[t * y_stride].
 template <int P>
@@ -404,7 +456,7 @@ RILL_KERNEL_TARGET void gemm_nl_pair_tile(int64_t jb0, int64_t jb1, bool first, 
   for (int h = 0; h < 2; ++h) RILL_UNROLL
   for (int p = 0; p < P; ++p) acc[h][p] = first ? _mm512_setzero_ps() : _mm512_load_ps(st->acc[h][p]);
   for (int64_t jb = jb0; jb < jb1; ++jb) {
-    // 36 bytes per block pair: the next chunk's row (w + w_stride) when past this one, as gemm_k_pair_tile.
+    // 36 bytes per block pair: the next chunk's row (w + w_stride) when past this one.
     const int64_t jpf = jb + 16;
     const char* pf = jpf < jb1 ? reinterpret_cast<const char*>(wr + 2 * jpf)
                                : reinterpret_cast<const char*>(wr + 2 * (jb0 + jpf - jb1)) + w_stride;
@@ -467,7 +519,7 @@ template <int... I>
 constexpr std::array<NlPairTileFn, sizeof...(I)> nl_pair_tiles(std::integer_sequence<int, I...>) {
   return {&gemm_nl_pair_tile<I + 1>...};
 }
-inline constexpr auto kNlPairTiles = nl_pair_tiles(std::make_integer_sequence<int, kPairTiles>{});
+inline constexpr auto kNlPairTiles = nl_pair_tiles(std::make_integer_sequence<int, kNlPairs>{});
 
 // GemmTileFn entry: fewer than kNlPairMinTokens token rows run the 256-bit
 // tiles; else 16-token groups, each repacked once (per-thread grow-only
@@ -486,7 +538,7 @@ RILL_KERNEL_TARGET void gemm_nl_pair_entry(int64_t n, const void* w, size_t w_st
   NlPairs* const ad = act.data();  // (not the thread_locals in the loops: their access is a call)
   NlPairState* const sd = state.data();
   const auto* wb = static_cast<const uint8_t*>(w);
-  constexpr int kGroup = 2 * kPairTiles;
+  constexpr int kGroup = 2 * kNlPairs;
   constexpr int64_t kChunk = kNlChunkBlocks / 2;  // block pairs
   for (int t0 = 0; t0 < n_t; t0 += kGroup) {
     const int nt = n_t - t0 < kGroup ? n_t - t0 : kGroup;
@@ -510,7 +562,8 @@ void fill_iquant_avx512(Kernels& k) {
   fill_iquant_gemm<IqOpsVnni>(k);
   k.gemm[static_cast<size_t>(DType::kQ2_K)] = &gemm_tiles<kIqTiles512<ZDecQ2K>, IqMaxT<4>>;
   k.gemm[static_cast<size_t>(DType::kQ3_K)] = &gemm_tiles<kIqTiles512<ZDecQ3K>, IqMaxT<4>>;
-  k.gemm[static_cast<size_t>(DType::kIQ4_XS)] = gemm_k_pair<KPairXS>();
+  k.gemm[static_cast<size_t>(DType::kIQ4_XS)] = &gemm_k_rows_entry<KRowsXS>;
+  k.gemm_max_tokens[static_cast<size_t>(DType::kIQ4_XS)] = 1 << 20;  // the row tile repacks once per call
   k.gemm[static_cast<size_t>(DType::kIQ4_NL)] = &gemm_nl_pair_entry;
 }
 

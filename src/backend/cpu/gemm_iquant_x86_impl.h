@@ -10,7 +10,8 @@
 // (weight row, token) result equals ref::vec_dot bit for bit whatever the
 // tile shape: integer lanes of elements 4l..4l+3 per 32-element chunk, one
 // convert and one fma per super-block (IQ4_NL: per block, alternating two
-// accumulators), llama.cpp's horizontal add.
+// accumulators), llama.cpp's horizontal add. IQ4_XS (Dec::kSuperblockSum):
+// the lanes summed to the super-block's one exact int32, one scalar fma.
 //
 // A super-block of each weight row is decoded once per tile into 8 chunks of
 // 32 i8 values (Q2_K: unsigned 0..3; Q3_K: -4..3; IQ4_XS: the IQ4 code
@@ -48,7 +49,7 @@ inline void store_signed_chunk(IqDecoded* out, int k, __m256i v) {
 
 struct IqDecQ2K {
   using Block = BlockQ2_K;
-  static constexpr bool kSigned = false, kMins = true;
+  static constexpr bool kSigned = false, kMins = true, kSuperblockSum = false;
   static void decode(const Block* b, IqDecoded* out) {
     const __m256i m3 = _mm256_set1_epi8(3);
     for (int h = 0; h < 2; ++h) {
@@ -71,7 +72,7 @@ struct IqDecQ2K {
 
 struct IqDecQ3K {
   using Block = BlockQ3_K;
-  static constexpr bool kSigned = true, kMins = false;
+  static constexpr bool kSigned = true, kMins = false, kSuperblockSum = false;
   static void decode(const Block* b, IqDecoded* out) {
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
     const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->hmask));
@@ -110,7 +111,7 @@ inline __m256i iq4_values_32(const uint8_t* qs) {
 
 struct IqDecIQ4XS {
   using Block = BlockIQ4_XS;
-  static constexpr bool kSigned = true, kMins = false;
+  static constexpr bool kSigned = true, kMins = false, kSuperblockSum = true;
   static void decode(const Block* b, IqDecoded* out) {
     for (int k = 0; k < 8; ++k) {
       store_signed_chunk(out, k, iq4_values_32(b->qs + 16 * k));
@@ -133,9 +134,10 @@ RILL_KERNEL_TARGET void gemm_iq_tile(int64_t n, const void* w, size_t w_stride, 
   RILL_UNROLL
   for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const WBlock*>(static_cast<const uint8_t*>(w) + r * w_stride);
   __m256 acc[R][T];
+  float acc1[R][T];  // Dec::kSuperblockSum
   RILL_UNROLL
   for (int r = 0; r < R; ++r) RILL_UNROLL
-  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), acc1[r][t] = 0.0f;
   IqDecoded dec[R];
   for (int64_t ib = 0; ib < nb; ++ib) {
     RILL_UNROLL
@@ -171,13 +173,16 @@ RILL_KERNEL_TARGET void gemm_iq_tile(int64_t n, const void* w, size_t w_stride, 
           const __m256i prod = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(dec[r].mins)), bs);
           acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(-ab.d * dec[r].dmin), _mm256_cvtepi32_ps(prod), acc[r][t]);
         }
-        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * dec[r].d), _mm256_cvtepi32_ps(isum), acc[r][t]);
+        if constexpr (Dec::kSuperblockSum)
+          acc1[r][t] = std::fmaf(ab.d * dec[r].d, static_cast<float>(simd::hsum_i32(isum)), acc1[r][t]);
+        else
+          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * dec[r].d), _mm256_cvtepi32_ps(isum), acc[r][t]);
       }
     }
   }
   RILL_UNROLL
   for (int t = 0; t < T; ++t) RILL_UNROLL
-  for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(acc[r][t]);
+  for (int r = 0; r < R; ++r) y[t * y_stride + r] = Dec::kSuperblockSum ? acc1[r][t] : simd::hsum(acc[r][t]);
 }
 
 // IQ4_NL x Q8_0: blocks in pairs, even ones into acc1 and odd ones into acc2

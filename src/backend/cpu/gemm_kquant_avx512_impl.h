@@ -99,6 +99,44 @@ RILL_KERNEL_TARGET static inline __m128i unpack_k4_scales_simd(const uint8_t* sc
   return _mm_setr_epi32(static_cast<int>(o0), static_cast<int>(o1), static_cast<int>(o2), static_cast<int>(o3));
 }
 
+// The 12 packed scale bytes of 4 Q4_K/Q5_K rows at once (row r's in 128-bit
+// lane r, as unpack_k4_scales_simd lays out one): 4 loads and 7 vector ops
+// for the 4 rows instead of about 25 scalar ops per row. A row's 16 bytes
+// are read from its scales (the 4 after them are the row's quants, unused).
+RILL_KERNEL_TARGET static inline __m512i unpack_k4_scales_x4(const uint8_t* s0, const uint8_t* s1, const uint8_t* s2,
+                                                             const uint8_t* s3) {
+  const __m512i u = _mm512_inserti32x4(
+      _mm512_inserti32x4(
+          _mm512_inserti32x4(_mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s0))),
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(s1)), 1),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(s2)), 2),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(s3)), 3);
+  // Per lane (u0, u1, u2): o0 = u0 & k1, o1 = (u2 & k2) | (((u0 >> 6) & k3) << 4),
+  // o2 = u1 & k1, o3 = ((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4).
+  const __m512i a = _mm512_shuffle_epi32(u, _MM_PERM_CBCA);  // (u0, u2, u1, u2)
+  const __m512i b = _mm512_shuffle_epi32(u, _MM_PERM_BBAA);  // (u0, u0, u1, u1)
+  const __m512i shift = _mm512_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4);
+  const __m512i keep =
+      _mm512_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f,
+                        0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
+  const __m512i high = _mm512_setr_epi32(0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0,
+                                         0x30303030, 0, 0x30303030, 0, 0x30303030);
+  return _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi32(a, shift), keep),
+                         _mm512_and_si512(_mm512_srli_epi32(b, 2), high));
+}
+
+// A Q4_K/Q5_K row's scale vectors from its 16 scale bytes s8 (sc 0..7, mn 0..7).
+template <const int (&kOrder)[8]>
+RILL_KERNEL_TARGET static inline void k4_scale_vectors(__m128i s8, KRow* r) {
+  const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(s8));
+  RILL_UNROLL
+  for (int c = 0; c < 4; ++c)
+    r->sc[c] = _mm512_permutexvar_epi16(scale_index_k4(kOrder[2 * c], kOrder[2 * c + 1]), s16);
+  r->mins = _mm512_permutexvar_epi16(_mm512_set_epi16(15, 14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8, 15,
+                                                      14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8),
+                                     s16);
+}
+
 struct KVnniQ4 {
   using Block = BlockQ4_K;
   static constexpr int kMins = 1;  // as KDecQ4
@@ -114,13 +152,7 @@ struct KVnniQ4 {
   }
   RILL_KERNEL_TARGET static void decode(const Block* b, KRow* r) {
     decode_q(b, r->q);
-    const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(unpack_k4_scales_simd(b->scales)));
-    RILL_UNROLL
-    for (int c = 0; c < 4; ++c)
-      r->sc[c] = _mm512_permutexvar_epi16(scale_index_k4(kOrder[2 * c], kOrder[2 * c + 1]), s16);
-    r->mins = _mm512_permutexvar_epi16(_mm512_set_epi16(15, 14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8, 15,
-                                                        14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8),
-                                       s16);
+    k4_scale_vectors<kOrder>(unpack_k4_scales_simd(b->scales), r);
     r->d = simd::f16(b->d);
     r->dmin = simd::f16(b->dmin);
   }
@@ -131,6 +163,12 @@ struct KVnniQ5 {
   static constexpr int kMins = 1;
   static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
   RILL_KERNEL_TARGET static void decode(const Block* b, KRow* r) {
+    decode_q(b, r->q);
+    k4_scale_vectors<kOrder>(unpack_k4_scales_simd(b->scales), r);
+    r->d = simd::f16(b->d);
+    r->dmin = simd::f16(b->dmin);
+  }
+  RILL_KERNEL_TARGET static void decode_q(const Block* b, __m512i q[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i lo = _mm512_loadu_si512(b->qs), hi = _mm512_loadu_si512(b->qs + 64);
     const __m512i l4[4] = {_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
@@ -142,17 +180,8 @@ struct KVnniQ5 {
     for (int c = 0; c < 4; ++c) {
       const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << kOrder[2 * c])),
                                               _mm256_set1_epi8(static_cast<char>(1 << kOrder[2 * c + 1])), 1);
-      r->q[c] = _mm512_mask_add_epi8(l4[c], _mm512_test_epi8_mask(qh, bits), l4[c], sixteen);
+      q[c] = _mm512_mask_add_epi8(l4[c], _mm512_test_epi8_mask(qh, bits), l4[c], sixteen);
     }
-    const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(unpack_k4_scales_simd(b->scales)));
-    RILL_UNROLL
-    for (int c = 0; c < 4; ++c)
-      r->sc[c] = _mm512_permutexvar_epi16(scale_index_k4(kOrder[2 * c], kOrder[2 * c + 1]), s16);
-    r->mins = _mm512_permutexvar_epi16(_mm512_set_epi16(15, 14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8, 15,
-                                                        14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8),
-                                       s16);
-    r->d = simd::f16(b->d);
-    r->dmin = simd::f16(b->dmin);
   }
 };
 
@@ -219,18 +248,40 @@ RILL_KERNEL_TARGET void gemm_k_tile_vnni(int64_t n, const void* w, size_t w_stri
     // T = 1: w.d and w.dmin of row r in lane r, built in registers (4 scalar stores then a
     // vector load would stall on store forwarding once per super-block).
     __m128 wdv = _mm_setzero_ps(), wdmv = _mm_setzero_ps();
+    // T = 1, Q4_K/Q5_K: the 4 rows' scale bytes (lane r: row r) and their (d, dmin) f16
+    // pairs (a block's first 4 bytes) converted together (rows past R repeat the last).
+    __m512i s8x4 = _mm512_setzero_si512();
+    if constexpr (T == 1 && kMins) {
+      const WBlock* b[4];
+      RILL_UNROLL
+      for (int r = 0; r < 4; ++r) b[r] = wr[r < R ? r : R - 1] + ib;
+      s8x4 = unpack_k4_scales_x4(b[0]->scales, b[1]->scales, b[2]->scales, b[3]->scales);
+      uint32_t dm[4];
+      RILL_UNROLL
+      for (int r = 0; r < 4; ++r) std::memcpy(&dm[r], b[r], 4);
+      const __m256 pairs =
+          _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_setr_epi32(static_cast<int>(dm[0]), static_cast<int>(dm[1]),
+                                                                  static_cast<int>(dm[2]), static_cast<int>(dm[3]))),
+                                   _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+      wdv = _mm256_castps256_ps128(pairs);
+      wdmv = _mm256_extractf128_ps(pairs, 1);
+    }
     RILL_UNROLL
     for (int r = 0; r < R; ++r) {
       const char* pf = reinterpret_cast<const char*>(wr[r] + ib + kKPrefetchBlocks);
       RILL_UNROLL
       for (size_t l = 0; l < sizeof(WBlock); l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
       KRow k;
-      Dec::decode(wr[r] + ib, &k);
-      wd[r] = k.d;
-      wdm[r] = k.dmin;
-      if constexpr (T == 1) {
+      if constexpr (T == 1 && kMins) {
+        Dec::decode_q(wr[r] + ib, k.q);
+        k4_scale_vectors<Dec::kOrder>(lane128(s8x4, r), &k);
+      } else {
+        Dec::decode(wr[r] + ib, &k);
+        wd[r] = k.d;
+        wdm[r] = k.dmin;
+      }
+      if constexpr (T == 1 && !kMins) {
         wdv = _mm_mask_mov_ps(wdv, static_cast<__mmask8>(1 << r), _mm_set1_ps(k.d));
-        wdmv = _mm_mask_mov_ps(wdmv, static_cast<__mmask8>(1 << r), _mm_set1_ps(k.dmin));
       }
       __m512i prod = _mm512_setzero_si512();
       if constexpr (kMins) prod = _mm512_madd_epi16(k.mins, _mm512_load_si512(ab.subsums));  // lane 4t + k

@@ -1,10 +1,11 @@
 #pragma once
-// The K-quant gemm (Q4_K, Q5_K, Q6_K) for batches of token rows (prefill,
-// batched decode) on AVX-512BW + VNNI, on rill's K-quant definition
-// (quants_ref.cpp): per super-block exact int32s, each converted and fma'd
-// once. Fewer token rows keep the one-token tiles
-// (gemm_kquant_avx512_impl.h), which compute the same. Include only from
-// quants_avx512.cpp; internal linkage.
+// The K-quant gemm (Q4_K, Q5_K, Q6_K; IQ4_XS with its decoder KRowsXS in
+// gemm_iquant_avx512.cpp) for batches of token rows (prefill, batched
+// decode) on AVX-512BW + VNNI, on rill's K-quant definition (quants_ref.cpp,
+// quants_iq_ref.cpp): per super-block exact int32s, each converted and fma'd
+// once. Fewer token rows keep the one-token tiles (gemm_kquant_avx512_impl.h,
+// gemm_xs_entry), which compute the same. Include only from
+// quants_avx512.cpp and gemm_iquant_avx512.cpp; internal linkage.
 //
 // Layout: rows in the vector lanes, the weights repacked once per call.
 //  * a zmm holds 4 weight rows x 16 values, one 128-bit lane per row; over
@@ -44,6 +45,9 @@ inline constexpr int kRowsMinTokens = 8;        // fewer: the one-token tiles
 inline constexpr int64_t kRowsChunkBlocks = 8;  // super-blocks repacked at a time (L2-resident)
 inline constexpr int kRowsTokens = 2;           // tokens per register tile (32 zmm: 16 sums, 8 partial, 2 + 1 operands)
 inline constexpr int kRowsTokenBlock = 64;      // prepared activations: 64 x 8 x 256 bytes, L2-resident
+// The repack is the weights' first touch (from DRAM in a prefill): it prefetches the row this
+// many rows ahead (about 4 rows' repack work covers a DRAM latency).
+inline constexpr int kRepackAheadRows = 4;
 
 // 16 rows of one super-block, repacked. Group k holds rows 4k..4k+3; row
 // 4k + r's per-row values sit in lane 4 r + k (the order the reduction
@@ -320,7 +324,12 @@ RILL_KERNEL_TARGET void gemm_k_rows_entry(int64_t n, const void* w, size_t w_str
   const auto* ab = static_cast<const uint8_t*>(a);
   for (int64_t ib0 = 0; ib0 < nb; ib0 += chunk) {
     const int64_t nbc = nb - ib0 < chunk ? nb - ib0 : chunk;
+    const size_t chunk_bytes = static_cast<size_t>(nbc) * sizeof(Block);
     for (int m = 0; m < 16 * n_groups; ++m) {
+      if (m + kRepackAheadRows < n_r) {
+        const auto* pf = wb + static_cast<size_t>(m + kRepackAheadRows) * w_stride + ib0 * sizeof(Block);
+        for (size_t l = 0; l < chunk_bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + l), _MM_HINT_T0);
+      }
       const int row = m < n_r ? m : n_r - 1;
       const auto* br = reinterpret_cast<const Block*>(wb + static_cast<size_t>(row) * w_stride) + ib0;
       for (int64_t ib = 0; ib < nbc; ++ib) Dec::repack(br[ib], wp + (m / 16) * chunk + ib, (m % 16) / 4, m % 4);

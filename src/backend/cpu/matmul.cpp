@@ -60,11 +60,15 @@ MatJob plan(const Kernels& k, const WeightView& w, float* y, int64_t y_stride, i
   // Small enough that every thread gets several chunks (handed out dynamically).
   int64_t chunk = w.n_rows / (n_threads * (n_tokens == 1 ? 8 : 4));
   chunk = std::max<int64_t>(kMaxTileRows, chunk / kMaxTileRows * kMaxTileRows);
-  if (n_tokens > 1 && chunk > 64) {
-    // At most 64 rows (they stay in cache across the token tiles), in a
-    // number of chunks that the threads share evenly: 576 rows on 2 threads
-    // are 10 chunks of 60 (5 each), not 9 of 64 (5 and 4).
-    const int64_t n_min = (w.n_rows + 63) / 64;
+  // At most 64 rows (they stay in cache across the token tiles); 128 for
+  // the gemms that take a whole prefill per call (their repacked rows stay
+  // in L2, and each call permutes all the tokens' activations once: fewer
+  // calls, fewer permutes).
+  const int64_t max_rows = max_tokens > 0 ? 128 : 64;
+  if (n_tokens > 1 && chunk > max_rows) {
+    // In a number of chunks that the threads share evenly: 576 rows on 2
+    // threads are 10 chunks of 60 (5 each), not 9 of 64 (5 and 4).
+    const int64_t n_min = (w.n_rows + max_rows - 1) / max_rows;
     const int64_t n_even = (n_min + n_threads - 1) / n_threads * n_threads;
     chunk = (w.n_rows + n_even - 1) / n_even;
     chunk = (chunk + kMaxTileRows - 1) / kMaxTileRows * kMaxTileRows;

@@ -12,7 +12,6 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "backend/cpu/gemm_kquant_avx512_impl.h"
-#include "backend/cpu/gemm_kquant_pair_avx512_impl.h"
 #include "backend/cpu/gemm_kquant_rows_avx512_impl.h"
 #include "backend/cpu/gemm_q8_pair_avx512_impl.h"
 #include "backend/cpu/gemm_q_avx512_impl.h"

@@ -7,11 +7,13 @@
 //  - integer sums per 8 lanes, lane l holding the products of elements
 //    4l..4l+3 of every 32-element chunk (exact in any order), each times its
 //    sub-block scale;
-//  - Q2_K, Q3_K, IQ4_XS: per super-block acc[l] = fma(a.d * w.d, lane_l, acc[l])
+//  - Q2_K, Q3_K: per super-block acc[l] = fma(a.d * w.d, lane_l, acc[l])
 //    (Q2_K first acc[l] = fma(-a.d * w.dmin, mn[2l] bsums[2l] + mn[2l+1] bsums[2l+1], acc[l]));
 //  - IQ4_NL: blocks in pairs, even blocks into acc1, odd into acc2, the sum
 //    hsum8(acc1 + acc2), then an odd last block as sum = fma(d, its integer sum, sum);
 //  - hsum8: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+// Except IQ4_XS, defined as the K-quants are (quants_ref.cpp): one exact
+// int32 per super-block, acc = fma(w.d * a.d, float(isum), acc).
 // Called through ref::dequantize_row / ref::vec_dot (quants_ref.cpp).
 #include <cstdint>
 

@@ -105,16 +105,25 @@ float dot_q3_k(int64_t nb, const BlockQ3_K* x, const BlockQ8_K* y) {
   return hsum8(acc);
 }
 
+// IQ4_XS is defined per super-block as ONE exact int32 (not llama.cpp's
+// vec_dot lanes): isum = sum over the 8 sub-blocks j of
+// (s[j] - 32) * sum_{e in j} v[e] * a[e], v the IQ4 code values
+// (|isum| <= 256 * 127 * 127 * 32 < 2^28), then acc = fma(w.d * a.d,
+// float(isum), acc) over the super-blocks in order from acc = 0; the dot is
+// acc. As for Q4_K/Q5_K/Q6_K (quants_ref.cpp), a tile's lane layout is then
+// free (gemm_kquant_rows_avx512_impl.h puts rows in the lanes).
 float dot_iq4_xs(int64_t nb, const BlockIQ4_XS* x, const BlockQ8_K* y) {
-  float acc[8] = {};
+  float acc = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
-    const float d = f16_to_f32(x[i].d) * y[i].d;
-    int32_t lanes[8];
-    lanes_k([&](int e) { return static_cast<int>(kIq4nlValues[nibble(x[i].qs + 16 * (e / 32), e % 32)]); },
-            [&](int e) { return iq4_xs_scale(e / 32, x[i]) - 32; }, y[i].qs, lanes);
-    for (int l = 0; l < 8; ++l) acc[l] = std::fmaf(d, static_cast<float>(lanes[l]), acc[l]);
+    int32_t isum = 0;
+    for (int j = 0; j < 8; ++j) {
+      int32_t s = 0;
+      for (int e = 0; e < 32; ++e) s += kIq4nlValues[nibble(x[i].qs + 16 * j, e)] * y[i].qs[32 * j + e];
+      isum += s * (iq4_xs_scale(j, x[i]) - 32);
+    }
+    acc = std::fmaf(f16_to_f32(x[i].d) * y[i].d, static_cast<float>(isum), acc);
   }
-  return hsum8(acc);
+  return acc;
 }
 
 // One IQ4_NL block's 8 integer lanes (elements 4l..4l+3).
