@@ -145,8 +145,8 @@ StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) 
 
 std::string CpuPagedModel::kv_numerics() const {
   // r2: Q4_K/Q5_K/Q6_K dots as exact int32s per super-block (quants_ref.cpp);
-  // KV computed by earlier builds' K-quant arithmetic is refused.
-  std::string s = std::string("cpu ") + cpu::isa_name(cpu::best_isa()) + " r2";
+  // r3: IQ4_XS's too. KV computed by earlier builds' arithmetic is refused.
+  std::string s = std::string("cpu ") + cpu::isa_name(cpu::best_isa()) + " r3";
   if (!kv_types_desc_.empty()) s += " " + kv_types_desc_;
   return s;
 }
