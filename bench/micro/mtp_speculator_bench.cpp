@@ -112,7 +112,7 @@ void run(benchmark::State& state, int checkpoint, bool draft) {
       const BatchSeq& s = b.seqs[static_cast<size_t>(i)];
       seen.push_back(HiddenRows{static_cast<uint64_t>(i), t, first[static_cast<size_t>(i)], s.q_len,
                                 hidden.data() + static_cast<size_t>(s.q_start) * E, tables[static_cast<size_t>(i)],
-                                kPrompt, k});
+                                kPrompt, k, 0, {}});
     }
     if (observe) spec.observe(seen);
     return true;
