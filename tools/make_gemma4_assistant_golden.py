@@ -32,6 +32,11 @@ OUT/assistant/{config.json, model.safetensors} and OUT/golden.json:
   plain generate) and assisted (generate with the assistant; equal to it);
   n_assisted_steps: the target forwards the assisted run took.
   .venv-tools/bin/python tools/make_gemma4_assistant_golden.py tests/data/gemma4-assistant
+With --medium OUT it writes only a larger random pair in bf16 for
+bench/micro/assistant_speculator_bench.cpp (not committed): target hidden
+512, 12 layers (window 128, the last 4 KV-shared), vocabulary 32768;
+assistant hidden 256, 4 layers, 256 centroids of 128 tokens, top 32 (the
+4096 scored tokens of google's E2B assistant: 2048 x 128, top 32).
 (tools/tools_venv.sh makes the venv: torch, safetensors, numpy and
 transformers==5.25.0, installed with --no-deps beside huggingface_hub,
 tokenizers, pyyaml, regex, tqdm, packaging, filelock.)
@@ -65,6 +70,34 @@ def randomize(model, gen):
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.copy_(0.8 + 0.4 * torch.rand(b.shape, generator=gen))
+
+
+def medium(out):
+    gen = torch.Generator().manual_seed(22)
+    full = lambda n: ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+    tcfg = Gemma4TextConfig(
+        vocab_size=32768, hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
+        layer_types=full(12), num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+        global_head_dim=128, sliding_window=128, num_kv_shared_layers=4, hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=32768, final_logit_softcapping=30.0, max_position_embeddings=4096,
+        pad_token_id=0, bos_token_id=2, eos_token_id=1, tie_word_embeddings=True)
+    target = Gemma4ForCausalLM(tcfg).eval()
+    acfg = Gemma4AssistantConfig(
+        text_config=Gemma4TextConfig(
+            vocab_size=32768, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"], num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, global_head_dim=128, sliding_window=128,
+            num_kv_shared_layers=4, hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+            max_position_embeddings=4096, pad_token_id=0, bos_token_id=2, eos_token_id=1),
+        backbone_hidden_size=512, use_ordered_embeddings=True, num_centroids=256,
+        centroid_intermediate_top_k=32)
+    assistant = Gemma4AssistantForCausalLM(acfg).eval()
+    for m in (target, assistant):
+        randomize(m, gen)
+    with torch.no_grad():
+        assistant.masked_embedding.token_ordering.copy_(torch.randperm(32768, generator=gen))
+    for name, m in (("target", target), ("assistant", assistant)):
+        m.to(torch.bfloat16).save_pretrained(os.path.join(out, name), safe_serialization=True)
 
 
 def main(out):
@@ -154,4 +187,7 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/gemma4-assistant")
+    if len(sys.argv) > 2 and sys.argv[1] == "--medium":
+        medium(sys.argv[2])
+    else:
+        main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/gemma4-assistant")

@@ -53,11 +53,11 @@ class AssistantSpeculator final : public Speculator {
   Model& model_;
   std::unordered_map<uint64_t, Draft> drafts_;  // by request id
   Batch batch_;
-  std::vector<float> hidden_;   // [batch rows, n_embd]: the assistant's hidden input
-  std::vector<float> out_;      // [batch rows, n_embd]: its post_projection, the next input
-  std::vector<float> logits_;   // [batch rows, n_vocab]
-  std::vector<Chain> chains_;   // requests drafting this step
-  std::vector<size_t> row_of_;  // batch row -> chains_ index
+  std::vector<float> hidden_;      // [batch rows, n_embd]: the assistant's hidden input
+  std::vector<float> out_;         // [batch rows, n_embd]: its post_projection, the next input
+  std::vector<float> logits_;      // [batch rows, n_vocab]
+  std::vector<Chain> chains_;      // requests drafting this step
+  std::vector<size_t> row_of_;     // batch row -> chains_ index
   std::vector<size_t> prev_rows_;  // row_of_ of the previous draft
 };
 

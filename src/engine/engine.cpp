@@ -481,7 +481,8 @@ void EngineImpl::observe_hidden() {
     }
     table_spans_.emplace_back(at, hidden_tables_.size() - at);
     const int32_t q_start = runner_.batch().seqs[i].q_start;
-    hidden_rows_.push_back(HiddenRows{r.id, r.tokens, first, n, runner_.hidden(q_start), {}, r.n_prompt, n_drafts, 0, {}});
+    hidden_rows_.push_back(
+        HiddenRows{r.id, r.tokens, first, n, runner_.hidden(q_start), {}, r.n_prompt, n_drafts, 0, {}});
   }
   for (size_t i = 0; i < hidden_rows_.size(); ++i) {  // spans once the tables stopped growing
     HiddenRows& h = hidden_rows_[i];

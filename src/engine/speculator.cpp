@@ -57,8 +57,7 @@ Result<std::unique_ptr<Speculator>> make_mtp_speculator(const SpeculatorTarget& 
 
 // `--spec assistant=PATH`: Gemma 4's assistant, which Engine::load binds
 // to the target (ModelOptions::gemma4_assistant).
-Result<std::unique_ptr<Speculator>> make_assistant_speculator(const std::string& spec,
-                                                              const SpeculatorTarget& target) {
+Result<std::unique_ptr<Speculator>> make_assistant_speculator(const std::string& spec, const SpeculatorTarget& target) {
   if (spec.size() == 10) return Error{"--spec assistant=PATH: the assistant checkpoint's path is empty"};
   if (!target.model) return Error{"--spec " + spec + ": needs the target model"};
   if (target.model->n_mtp_layers() == 0) {

@@ -148,8 +148,8 @@ TEST(AssistantSpeculator, ProposesTransformersDrafts) {
   EXPECT_FALSE(spec.chain_writes_kv());
   for (int32_t k = 1; k <= static_cast<int32_t>(chain.size()); ++k) {
     // Only the last row matters; the engine hands every kept row.
-    const HiddenRows rows{7, p.tokens, 0, n, p.hidden.data(), p.table, n, k, own,
-                          std::span<const int32_t>(p.table).first(static_cast<size_t>(own))};
+    const HiddenRows rows{7,       p.tokens, 0, n,   p.hidden.data(),
+                          p.table, n,        k, own, std::span<const int32_t>(p.table).first(static_cast<size_t>(own))};
     spec.observe(std::span<const HiddenRows>(&rows, 1));
     std::vector<int32_t> drafts;
     spec.propose(7, p.tokens, k, drafts);
@@ -218,8 +218,8 @@ TEST(AssistantSpeculator, GreedyOutputIsTheSameWithAndWithout) {
     }
   }
   const EngineStats st = (*on)->stats();
-  std::printf("assistant (random weights): %lld drafted, %lld accepted\n",
-              static_cast<long long>(st.spec_draft_tokens), static_cast<long long>(st.spec_accepted_tokens));
+  std::printf("assistant (random weights): %lld drafted, %lld accepted\n", static_cast<long long>(st.spec_draft_tokens),
+              static_cast<long long>(st.spec_accepted_tokens));
   EXPECT_EQ(st.integrity_errors, 0) << st.last_integrity_error;
 }
 

@@ -727,9 +727,9 @@ class GemmaModel final : public CpuPagedModel {
   AssistantGraph ag_;
   AssistantActivations aact_;
   std::vector<float> a_in_, a_emb_, a_x_, a_h_, a_y_, a_q_, a_attn_, a_gu_, a_mlp_, a_out_, a_rows_, a_scores_;
-  std::vector<int32_t> rope_pos_;                  // [max_tokens_]: positions + 1
-  std::vector<int32_t> centroid_order_, picked_;   // [C], [top_k * V/C]
-  std::vector<float> picked_rows_, picked_dots_;   // [top_k * V/C, E], [top_k * V/C]
+  std::vector<int32_t> rope_pos_;                                      // [max_tokens_]: positions + 1
+  std::vector<int32_t> centroid_order_, picked_;                       // [C], [top_k * V/C]
+  std::vector<float> picked_rows_, picked_dots_;                       // [top_k * V/C, E], [top_k * V/C]
   std::vector<float> x_, h_, qkv_, attn_, y_, gu_, mlp_, final_rows_;  // [max_tokens_, ...] f32
   std::vector<float> ple_, ple_tmp_, pl_gate_, pl_act_, xa_;           // Gemma 4's per-layer input
   std::vector<float> router_in_, moe_in_, moe_out_;                    // Gemma 4's MoE block
@@ -887,8 +887,8 @@ Status GemmaModel::masked_head(int32_t n_sample, float* logits) {
     gemma4_pick_tokens(std::span<const float>(a_scores_.data() + r * C, C), w, centroid_order_, picked_);
     device_->embed(ag_.lm_head, picked_.data(), n_picked,
                    Tensor::dense(picked_rows_.data(), DType::kF32, n_picked, ag_.E));
-    gemma4_masked_logits(std::span<const float>(a_rows_.data() + r * E, E), picked_rows_.data(), picked_,
-                         picked_dots_, std::span<float>(logits + r * V, V));
+    gemma4_masked_logits(std::span<const float>(a_rows_.data() + r * E, E), picked_rows_.data(), picked_, picked_dots_,
+                         std::span<float>(logits + r * V, V));
   }
   return Status::Ok();
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <type_traits>
 
 #include "model/layers.h"
 
@@ -120,7 +121,8 @@ Result<Gemma4AssistantWeights> load_gemma4_assistant(const std::string& path, co
   if (double_wide) return Error{file + ": 'text_config.use_double_wide_mlp' must be false"};
   if (n_shared != c.n_layer && n_shared != 0) {  // transformers' post_init turns 0 into all
     return Error{file + ": 'text_config.num_kv_shared_layers' (" + std::to_string(n_shared) +
-                 ") must equal num_hidden_layers (" + std::to_string(c.n_layer) + "): every layer reads the target's KV"};
+                 ") must equal num_hidden_layers (" + std::to_string(c.n_layer) +
+                 "): every layer reads the target's KV"};
   }
   Gemma4AssistantWeights w;
   RILL_ASSIGN_OR_RETURN(w.backbone_embd, field<int64_t>(raw, "backbone_hidden_size", 1536, file));
@@ -159,7 +161,8 @@ Result<Gemma4AssistantWeights> load_gemma4_assistant(const std::string& path, co
   // for an earlier donor of the assistant's own); their KV is the target's.
   files->config.raw["text_config"]["num_kv_shared_layers"] = 0;
   RILL_ASSIGN_OR_RETURN(w.params, read_gemma_params(*files));
-  if (c.sliding_window <= 0 && std::find(w.params.sliding.begin(), w.params.sliding.end(), true) != w.params.sliding.end()) {
+  if (c.sliding_window <= 0 &&
+      std::find(w.params.sliding.begin(), w.params.sliding.end(), true) != w.params.sliding.end()) {
     return Error{file + ": 'text_config.sliding_window' must be positive (the assistant has sliding layers)"};
   }
   w.window = static_cast<int32_t>(c.sliding_window) + 1;
@@ -205,7 +208,8 @@ Result<Gemma4AssistantWeights> load_gemma4_assistant(const std::string& path, co
   RILL_ASSIGN_OR_RETURN(w.post_projection, bind_matrix(*files, "post_projection.weight", Et, E));
   RILL_ASSIGN_OR_RETURN(w.final_norm, load_vector(*files, names.base + "norm.weight", E));
   const bool own_head = files->find("lm_head.weight") != nullptr;
-  RILL_ASSIGN_OR_RETURN(w.lm_head, bind_matrix(*files, own_head ? "lm_head.weight" : names.base + "embed_tokens.weight", V, E));
+  RILL_ASSIGN_OR_RETURN(w.lm_head,
+                        bind_matrix(*files, own_head ? "lm_head.weight" : names.base + "embed_tokens.weight", V, E));
   if (w.ordered) {
     RILL_ASSIGN_OR_RETURN(w.centroids, bind_matrix(*files, "masked_embedding.centroids.weight", w.n_centroids, E));
     RILL_ASSIGN_OR_RETURN(w.token_ordering, read_token_ordering(*files, V));
