@@ -11,7 +11,9 @@
 // the target and assistant directories RILL_BENCH_GEMMA4_TARGET and
 // RILL_BENCH_GEMMA4_ASSISTANT name (e.g. the tool's --medium pair). A model
 // is loaded once per pair (for the largest row count) and shared by the
-// runs: each run starts its rows at position 0.
+// runs: each run starts its rows at position 0. RILL_BENCH_THREADS sets the
+// CPU threads (default 2); with 1 every op runs on the benchmark's thread,
+// so its CPU time is the whole work, which a loaded machine does not blur.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -52,7 +54,8 @@ Result<Model*> model_for(int pair) {
   const auto [target, assistant] = pair_dirs(pair);
   RILL_ASSIGN_OR_RETURN(auto files, open_model_files(target));
   ModelOptions mo;
-  mo.n_threads = 2;
+  const char* threads = std::getenv("RILL_BENCH_THREADS");
+  mo.n_threads = threads ? std::atoi(threads) : 2;
   mo.n_ctx = 512;
   mo.max_batch_tokens = std::max(64, kMaxRows * kPrompt);
   mo.max_batch_seqs = kMaxRows;

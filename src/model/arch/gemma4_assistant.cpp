@@ -245,11 +245,20 @@ void gemma4_masked_logits(std::span<const float> hidden, const float* rows, std:
   // The picked tokens' logits, then the fill: the row's smallest of them
   // minus 1 (transformers takes the smallest over the whole batch; per row
   // keeps a row independent of its batch).
+  // Eight partial sums per dot product: a single running sum is bound by
+  // the add's latency (4,096 picked tokens x 256 is 1 M dependent adds per
+  // row, about 1.3 ms); eight are independent and vectorize.
+  constexpr size_t kLanes = 8;
   float lowest = INFINITY;
   for (size_t i = 0; i < picked.size(); ++i) {
     const float* r = rows + i * E;
-    float dot = 0.0f;
-    for (size_t e = 0; e < E; ++e) dot += hidden[e] * r[e];
+    float acc[kLanes] = {};
+    size_t e = 0;
+    for (; e + kLanes <= E; e += kLanes) {
+      for (size_t l = 0; l < kLanes; ++l) acc[l] += hidden[e + l] * r[e + l];
+    }
+    float dot = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; e < E; ++e) dot += hidden[e] * r[e];
     dots[i] = dot;
     lowest = std::min(lowest, dot);
   }
