@@ -310,11 +310,17 @@ TEST(AssistantSpeculator, BadConfigsAreRefusedNamingTheField) {
     EXPECT_NE(msg.find(dir), std::string::npos) << k.name << ": " << msg;
     std::filesystem::remove_all(dir);
   }
-  // Mismatches name both models.
+  // Mismatches name both models: the target's hidden size, its vocabulary.
   const std::string backbone = edited_assistant("backbone2", [](nlohmann::json& c) { c["backbone_hidden_size"] = 48; });
-  const std::string msg = load_error(kTarget, backbone);
+  std::string msg = load_error(kTarget, backbone);
   EXPECT_NE(msg.find(kTarget), std::string::npos) << msg;
   std::filesystem::remove_all(backbone);
+  const std::string vocab = edited_assistant("vocab", [](nlohmann::json& c) { c["text_config"]["vocab_size"] = 512; });
+  msg = load_error(kTarget, vocab);
+  EXPECT_NE(msg.find("vocab_size 512"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(kTarget), std::string::npos) << msg;
+  EXPECT_NE(msg.find(vocab), std::string::npos) << msg;
+  std::filesystem::remove_all(vocab);
   EXPECT_NE(load_error(kTarget, kDir + "/missing").find(kDir + "/missing"), std::string::npos);
 }
 
