@@ -293,6 +293,7 @@ TEST(AssistantSpeculator, BadConfigsAreRefusedNamingTheField) {
     const char* field;
   } cases[] = {
       {"type", [](nlohmann::json& c) { c["model_type"] = "gemma4"; }, "gemma4_assistant"},
+      {"type-number", [](nlohmann::json& c) { c["model_type"] = 5; }, "gemma4_assistant"},
       {"ple", [](nlohmann::json& c) { c["text_config"]["hidden_size_per_layer_input"] = 8; },
        "hidden_size_per_layer_input"},
       {"moe", [](nlohmann::json& c) { c["text_config"]["enable_moe_block"] = true; }, "enable_moe_block"},

@@ -30,6 +30,14 @@ Result<T> field(const json& obj, const char* key, T fallback, const std::string&
   }
 }
 
+// A string field of `obj`, or "" when absent or not a string (the callers
+// compare it with what they need and name the field).
+std::string string_field(const json& obj, const char* key) {
+  if (!obj.is_object()) return {};
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 // masked_embedding.token_ordering: an integer tensor, which the safetensors
 // loader leaves out as an index buffer (loader/safetensors.cpp), read here
 // from the mapped files. It must be a permutation of the vocabulary.
@@ -44,13 +52,15 @@ Result<std::vector<int32_t>> read_token_ordering(const ModelFiles& f, int64_t n_
     if (!header.is_object() || !header.contains(name)) continue;
     const json& e = header[name];
     const std::string where = m.path() + ": tensor '" + name + "'";
-    const std::string dtype = e.value("dtype", std::string());
+    if (!e.is_object()) return Error{where + " has no dtype, shape and data_offsets"};
+    const std::string dtype = string_field(e, "dtype");
     const size_t width = dtype == "I64" ? 8 : dtype == "I32" ? 4 : 0;
     if (width == 0) return Error{where + " has dtype '" + dtype + "' (I64 or I32)"};
     if (!e.contains("shape") || e["shape"] != json::array({n_vocab})) {
-      return Error{where + " has shape " + e.value("shape", json()).dump() + ", the vocabulary needs [" +
-                   std::to_string(n_vocab) + "]"};
+      return Error{where + " has shape " + (e.contains("shape") ? e["shape"].dump() : std::string("(none)")) +
+                   ", the vocabulary needs [" + std::to_string(n_vocab) + "]"};
     }
+    if (!e.contains("data_offsets")) return Error{where + " has no data_offsets"};
     const json& off = e["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
       return Error{where + " has no data_offsets"};
@@ -100,12 +110,12 @@ Result<Gemma4AssistantWeights> load_gemma4_assistant(const std::string& path, co
   RILL_ASSIGN_OR_RETURN(std::shared_ptr<ModelFiles> files, open_model_files(path));
   const std::string file = files->path + "/config.json";
   const json& raw = files->config.raw;
-  if (files->format != ModelFormat::kHuggingFace || raw.value("model_type", std::string()) != "gemma4_assistant") {
-    return Error{file + ": model_type '" + raw.value("model_type", std::string()) +
+  if (files->format != ModelFormat::kHuggingFace || string_field(raw, "model_type") != "gemma4_assistant") {
+    return Error{file + ": model_type '" + string_field(raw, "model_type") +
                  "' is not a Gemma 4 assistant (gemma4_assistant)"};
   }
   auto tc = raw.find("text_config");
-  if (tc == raw.end() || !tc->is_object() || tc->value("model_type", std::string()) != "gemma4_text") {
+  if (tc == raw.end() || !tc->is_object() || string_field(*tc, "model_type") != "gemma4_text") {
     return Error{file + ": 'text_config' must be a gemma4_text config"};
   }
   const ModelConfig& c = files->config;  // parse_hf_config read text_config
