@@ -110,9 +110,16 @@ void run(benchmark::State& state, int checkpoint, bool draft) {
       std::vector<int32_t>& t = tokens[static_cast<size_t>(i)];
       t.push_back(static_cast<int32_t>(std::max_element(row, row + V) - row));
       const BatchSeq& s = b.seqs[static_cast<size_t>(i)];
-      seen.push_back(HiddenRows{static_cast<uint64_t>(i), t, first[static_cast<size_t>(i)], s.q_len,
-                                hidden.data() + static_cast<size_t>(s.q_start) * E, tables[static_cast<size_t>(i)],
-                                kPrompt, k});
+      seen.push_back(HiddenRows{static_cast<uint64_t>(i),
+                                t,
+                                first[static_cast<size_t>(i)],
+                                s.q_len,
+                                hidden.data() + static_cast<size_t>(s.q_start) * E,
+                                tables[static_cast<size_t>(i)],
+                                kPrompt,
+                                k,
+                                0,
+                                {}});
     }
     if (observe) spec.observe(seen);
     return true;

@@ -193,7 +193,9 @@ struct EngineOptions {
   std::string model_id;
   std::string model_path;  // the model's files, for messages; Engine::load sets it
   // Speculative decoding (engine/speculator.h): "off", "ngram" (prompt
-  // lookup) or "draft=PATH" (a smaller model of the same tokenizer); at most spec_tokens (>= 1) drafts per request per
+  // lookup), "draft=PATH" (a smaller model of the same tokenizer), "mtp"
+  // (the model's MTP layer) or "assistant=PATH" (a Gemma 4 target's
+  // assistant checkpoint, which Engine::load binds to the target); at most spec_tokens (>= 1) drafts per request per
   // step, fewer as its drafts get rejected. Models with recurrent layers need ModelOptions::n_spec_states >=
   // spec_tokens (Engine::load sets it), else they run without (a log line says so).
   std::string spec = "off";

@@ -435,6 +435,9 @@ void EngineImpl::observe_hidden() {
   hidden_rows_.clear();
   hidden_tables_.clear();
   table_spans_.clear();
+  hidden_group_tables_.clear();
+  group_spans_.clear();
+  const auto n_groups = static_cast<int32_t>(model_->kv_spec().size());
   const bool pays = speculation_pays();
   const int32_t block_size = pool_.block_size();
   for (size_t i = 0; i < step_chunks_.size(); ++i) {
@@ -455,7 +458,17 @@ void EngineImpl::observe_hidden() {
     // (never a cached prefix block) for this observe only; without them the
     // chain stops where the request's tail block ends.
     const auto owned = static_cast<int32_t>(hidden_tables_.size() - at);
-    const int32_t want = (r.n_computed + std::max(0, n_drafts - 1) + block_size - 1) / block_size - owned;
+    // The other groups' tables of the request's own blocks, each as long
+    // as group 0's (HiddenRows::group_tables).
+    group_spans_.emplace_back(hidden_group_tables_.size(), owned);
+    for (int32_t g = 1; g < n_groups; ++g) {
+      const size_t from = hidden_group_tables_.size();
+      kv_.append_block_table(static_cast<int64_t>(r.id), g, hidden_group_tables_);
+      hidden_group_tables_.resize(from + static_cast<size_t>(owned), -1);
+    }
+    const int32_t want = !speculator_->chain_writes_kv()
+                             ? 0
+                             : (r.n_computed + std::max(0, n_drafts - 1) + block_size - 1) / block_size - owned;
     if (want > 0 && pool_.n_free() >= want) {
       auto leased = pool_.allocate(want);
       assert(leased.ok());  // free blocks only: no eviction
@@ -468,11 +481,17 @@ void EngineImpl::observe_hidden() {
     }
     table_spans_.emplace_back(at, hidden_tables_.size() - at);
     const int32_t q_start = runner_.batch().seqs[i].q_start;
-    hidden_rows_.push_back(HiddenRows{r.id, r.tokens, first, n, runner_.hidden(q_start), {}, r.n_prompt, n_drafts});
+    hidden_rows_.push_back(
+        HiddenRows{r.id, r.tokens, first, n, runner_.hidden(q_start), {}, r.n_prompt, n_drafts, 0, {}});
   }
-  for (size_t i = 0; i < hidden_rows_.size(); ++i)  // spans once the tables stopped growing
-    hidden_rows_[i].block_table =
-        std::span<const int32_t>(hidden_tables_).subspan(table_spans_[i].first, table_spans_[i].second);
+  for (size_t i = 0; i < hidden_rows_.size(); ++i) {  // spans once the tables stopped growing
+    HiddenRows& h = hidden_rows_[i];
+    h.block_table = std::span<const int32_t>(hidden_tables_).subspan(table_spans_[i].first, table_spans_[i].second);
+    h.n_own_blocks = group_spans_[i].second;
+    h.group_tables = std::span<const int32_t>(hidden_group_tables_)
+                         .subspan(group_spans_[i].first,
+                                  static_cast<size_t>(group_spans_[i].second) * static_cast<size_t>(n_groups - 1));
+  }
   if (!hidden_rows_.empty()) speculator_->observe(hidden_rows_);
   chain_scratch_.clear();  // the chains' rows are dead: the blocks go back
 }

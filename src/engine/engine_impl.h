@@ -112,18 +112,20 @@ class EngineImpl final : public Engine {
   KvManager kv_;
   Scheduler scheduler_;
   ModelRunner runner_;
-  std::unique_ptr<KvTiers> tiers_;                      // null without --cache-ram-mb / --cache-dir
-  std::optional<GrammarMasks> grammar_masks_;           // with a tokenizer
-  std::unique_ptr<Speculator> speculator_;              // null: no speculation
-  std::vector<int32_t> drafts_;                         // propose / verify scratch
-  std::vector<DraftRequest> draft_requests_;            // propose_drafts scratch: one per speculating row
-  std::vector<int32_t> chunk_starts_;                   // [step chunks]: first position of each
-  std::vector<HiddenRows> hidden_rows_;                 // observe_hidden scratch: one per speculating chunk
-  std::vector<int32_t> hidden_tables_;                  // ... their block tables end to end
-  std::vector<std::pair<size_t, size_t>> table_spans_;  // ... and where each is in it
-  std::vector<Request*> draft_rows_;                    // ... and its request
-  std::vector<BlockLease> chain_scratch_;               // observe_hidden: blocks for chained drafts' rows
-  int64_t spec_drafted_ = 0, spec_accepted_ = 0;        // EngineStats::spec_*
+  std::unique_ptr<KvTiers> tiers_;                       // null without --cache-ram-mb / --cache-dir
+  std::optional<GrammarMasks> grammar_masks_;            // with a tokenizer
+  std::unique_ptr<Speculator> speculator_;               // null: no speculation
+  std::vector<int32_t> drafts_;                          // propose / verify scratch
+  std::vector<DraftRequest> draft_requests_;             // propose_drafts scratch: one per speculating row
+  std::vector<int32_t> chunk_starts_;                    // [step chunks]: first position of each
+  std::vector<HiddenRows> hidden_rows_;                  // observe_hidden scratch: one per speculating chunk
+  std::vector<int32_t> hidden_tables_;                   // ... their block tables end to end
+  std::vector<std::pair<size_t, size_t>> table_spans_;   // ... and where each is in it
+  std::vector<int32_t> hidden_group_tables_;             // ... their own blocks of groups 1.., end to end
+  std::vector<std::pair<size_t, int32_t>> group_spans_;  // ... where each request's are, its own block count
+  std::vector<Request*> draft_rows_;                     // ... and its request
+  std::vector<BlockLease> chain_scratch_;                // observe_hidden: blocks for chained drafts' rows
+  int64_t spec_drafted_ = 0, spec_accepted_ = 0;         // EngineStats::spec_*
 
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Request>> live_;

@@ -84,7 +84,16 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
     }
     mo.mtp = true;
   }
+  const bool assistant = options.spec.rfind("assistant=", 0) == 0;
+  if (assistant) {  // Gemma 4's assistant drafts, bound to the target (engine/assistant_speculator.h)
+    mo.gemma4_assistant = options.spec.substr(10);
+    if (mo.gemma4_assistant.empty()) return Error{"--spec assistant=PATH: the assistant checkpoint's path is empty"};
+  }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
+  if (assistant && model->n_mtp_layers() == 0) {  // a family that does not run one left it unbound
+    return Error{"--spec " + options.spec + ": " + files->path + " (" + files->config.architecture +
+                 ") does not run a Gemma 4 assistant (a Gemma 4 target on the CPU does)"};
+  }
   EngineOptions eo = options;
   eo.model_path = model_path;
   // The artifact fingerprint keys only the disk tier's files, and reads

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 
+#include "engine/assistant_speculator.h"
 #include "engine/draft_speculator.h"
 #include "engine/mtp_speculator.h"
 #include "engine/replay_speculator.h"
@@ -54,6 +55,19 @@ Result<std::unique_ptr<Speculator>> make_mtp_speculator(const SpeculatorTarget& 
   return std::unique_ptr<Speculator>(std::make_unique<MtpSpeculator>(*target.model));
 }
 
+// `--spec assistant=PATH`: Gemma 4's assistant, which Engine::load binds
+// to the target (ModelOptions::gemma4_assistant).
+Result<std::unique_ptr<Speculator>> make_assistant_speculator(const std::string& spec, const SpeculatorTarget& target) {
+  if (spec.size() == 10) return Error{"--spec assistant=PATH: the assistant checkpoint's path is empty"};
+  if (!target.model) return Error{"--spec " + spec + ": needs the target model"};
+  if (target.model->n_mtp_layers() == 0) {
+    const std::string name = target.model_path.empty() ? std::string("the model") : target.model_path;
+    return Error{"--spec " + spec + ": " + name +
+                 " was loaded without the assistant (ModelOptions::gemma4_assistant, which Engine::load sets)"};
+  }
+  return std::unique_ptr<Speculator>(std::make_unique<AssistantSpeculator>(*target.model));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, const SpeculatorTarget& target) {
@@ -67,7 +81,9 @@ Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, con
     return DraftModelSpeculator::load(path, target);
   }
   if (spec == "mtp") return make_mtp_speculator(target);
-  return Error{"--spec: unknown speculator '" + spec + "' (expected ngram, off, draft=MODEL, mtp or replay=FILE)"};
+  if (spec.rfind("assistant=", 0) == 0) return make_assistant_speculator(spec, target);
+  return Error{"--spec: unknown speculator '" + spec +
+               "' (expected ngram, off, draft=MODEL, mtp, assistant=PATH or replay=FILE)"};
 }
 
 }  // namespace rill

@@ -42,6 +42,13 @@ struct HiddenRows {
   std::span<const int32_t> block_table;
   int32_t decode_from = 0;  // BatchSeq::decode_from: the request's prompt length
   int32_t n_drafts = 0;     // the most drafts the request's next step takes (0: none)
+  // The request's own blocks (of block_table's, the first n_own_blocks) and
+  // its tables of the other KV groups 1.. (n_own_blocks entries each, end
+  // to end, as model/batch.h's group_tables; -1 where a group holds no
+  // block): for a drafter that reads the target's KV of every group
+  // (Gemma 4's assistant).
+  int32_t n_own_blocks = 0;
+  std::span<const int32_t> group_tables;
 };
 
 // One request's part of a step's propose_batch().
@@ -76,6 +83,11 @@ class Speculator {
   // set_want_hidden) and hands each speculating request's kept rows to
   // observe() after the step's verification.
   virtual bool wants_hidden() const { return false; }
+  // Whether observe()'s chained drafts write KV rows past the kept
+  // positions (an MTP layer's): the engine then leases scratch blocks for
+  // them (HiddenRows::block_table). A drafter that only reads the target's
+  // KV (Gemma 4's assistant) needs none.
+  virtual bool chain_writes_kv() const { return true; }
   virtual void observe(std::span<const HiddenRows> rows) { (void)rows; }
   // Request `seq` ended: drop what propose() kept for it.
   virtual void release(uint64_t seq) { (void)seq; }
@@ -107,9 +119,11 @@ struct SpeculatorTarget {
 };
 
 // The server's choice (`--spec`): "off", "ngram", "draft=PATH" (a draft
-// model, engine/draft_speculator.h; needs target.model) or "mtp" (the
+// model, engine/draft_speculator.h; needs target.model), "mtp" (the
 // target's multi-token-prediction layer, engine/mtp_speculator.h; needs
-// target.model loaded with ModelOptions::mtp); anything else is refused
+// target.model loaded with ModelOptions::mtp) or "assistant=PATH" (Gemma
+// 4's assistant, engine/assistant_speculator.h; needs target.model loaded
+// with ModelOptions::gemma4_assistant = PATH); anything else is refused
 // naming the accepted values. "off" gives null.
 Result<std::unique_ptr<Speculator>> make_speculator(const std::string& spec, const SpeculatorTarget& target = {});
 

@@ -90,6 +90,13 @@ struct ModelOptions {
   // for forward_mtp; its KV rows are one more layer in the pool. Files
   // without one, and runtimes that do not run MTP layers, are refused.
   bool mtp = false;
+  // Gemma 4 targets (gemma.cpu): the directory of a Gemma 4 assistant
+  // checkpoint (gemma4_assistant, model/arch/gemma4_assistant.h), bound as
+  // the model's MTP head: n_mtp_layers() is its layer count, forward_mtp
+  // runs it (see there). Checked against the target at load (errors name
+  // both); other families and runtimes leave it unbound, which Engine::load
+  // refuses.
+  std::string gemma4_assistant;
 };
 
 // How a model turns a sequence's last hidden states into one embedding
@@ -194,6 +201,13 @@ class Model {
   // of t_{p+3}) feeds it back as the hidden row of position p + 1, with
   // the first guess as its token (one MTP layer reused, as vLLM and
   // SGLang chain them).
+  // Gemma 4's assistant (ModelOptions::gemma4_assistant) runs through the
+  // same two calls: forward_mtp's token j (t_{p+1} at batch position p,
+  // hidden row h_p) is rotated at p + 1 and attends to the target's own KV
+  // of positions up to p; it writes no KV, and mtp_hidden is its
+  // post_projection [n_tokens, n_embd], which a chained draft feeds back at
+  // the same position p with the guess as its token
+  // (engine/assistant_speculator.h).
   virtual int32_t n_mtp_layers() const { return 0; }
   virtual Status forward_hidden(const Batch& batch, float* logits, float* hidden) {
     (void)batch, (void)logits, (void)hidden;

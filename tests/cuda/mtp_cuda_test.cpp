@@ -166,7 +166,7 @@ TEST_P(MtpCuda, HeadMatchesTheCpuAndTheNumpyReference) {
   const std::vector<float>& chain_rows = gold.contains("hidden") ? rows : hidden[0];
   MtpSpeculator spec(*gpu);
   for (int32_t k = 1; k <= static_cast<int32_t>(chain.size()); ++k) {
-    const HiddenRows r{3, tokens, 0, n, chain_rows.data(), table, n, k};
+    const HiddenRows r{3, tokens, 0, n, chain_rows.data(), table, n, k, 0, {}};
     spec.observe(std::span<const HiddenRows>(&r, 1));
     std::vector<int32_t> drafts;
     spec.propose(3, tokens, k, drafts);

@@ -240,7 +240,7 @@ void expect_reference_chain(const std::string& dir) {
   }
   MtpSpeculator spec(m);
   for (int32_t k = 1; k <= static_cast<int32_t>(chain.size()); ++k) {
-    const HiddenRows rows{7, tokens, 0, n, hidden.data(), table, n, k};
+    const HiddenRows rows{7, tokens, 0, n, hidden.data(), table, n, k, 0, {}};
     spec.observe(std::span<const HiddenRows>(&rows, 1));
     std::vector<int32_t> drafts;
     spec.propose(7, tokens, k, drafts);

@@ -50,8 +50,10 @@
 #include <cassert>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,6 +61,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/rope_table.h"
 #include "model/arch/families.h"
+#include "model/arch/gemma4_assistant.h"
 #include "model/arch/gemma_config.h"
 #include "model/batch_check.h"
 #include "model/cpu_paged_model.h"
@@ -233,6 +236,7 @@ struct GemmaGraph {
   float embed_scale = 1.0f;  // sqrt(E), in f32 as HF multiplies in the activation dtype
   float attn_scale = 1.0f, attn_softcap = 0.0f, final_softcap = 0.0f;
   int32_t window = 0;                           // sliding layers' window
+  int32_t kv_window = 0;                        // the sliding group's: window, or more for Gemma 4's assistant
   int32_t sliding_group = -1, full_group = -1;  // KV groups (kv_spec()), -1: no such layers
   Weight embed;                                 // [V, E]
   Weight lm_head;                               // [V, E]; the embedding when tied
@@ -260,7 +264,7 @@ struct GemmaGraph {
     for (const GemmaLayer& L : layers) (L.sliding ? sliding_width : full_width) = L.KV;
     if (sliding_width >= 0) {
       sliding_group = static_cast<int32_t>(spec.size());
-      spec.push_back(sliding(window, sliding_width));
+      spec.push_back(sliding(std::max(window, kv_window), sliding_width));
     }
     if (full_width >= 0) {
       full_group = static_cast<int32_t>(spec.size());
@@ -295,57 +299,60 @@ struct GemmaGraph {
   }
 };
 
+// One layer's weights through `b` (names prefixed by p); L's shape is set.
+Status place_layer(Backend& b, const GemmaLayerWeights& h, const std::string& p, bool ple, GemmaLayer& L) {
+  auto vec = [&](const std::vector<float>& v, const std::string& name) {
+    return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
+  };
+  RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
+  if (L.stores_kv) {
+    RILL_TRY(place_fused_qkv(b, h.q, h.k, h.v, p, L.wqkv, L.bqkv));
+  } else {
+    const HostMatrix qm = host_matrix(h.q.w);
+    RILL_ASSIGN_OR_RETURN(L.wqkv, b.place(&qm, 1, p + "self_attn.q_proj"));
+    if (!h.q.bias.empty()) {
+      RILL_ASSIGN_OR_RETURN(L.bqkv, vec(h.q.bias, "self_attn.q_proj.bias"));
+    }
+  }
+  if (!h.q_norm.empty()) {
+    RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
+  }
+  if (!h.k_norm.empty()) {
+    RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
+  }
+  const HostMatrix om = host_matrix(h.o.w);
+  RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, p + "self_attn.o_proj"));
+  if (!h.o.bias.empty()) {
+    RILL_ASSIGN_OR_RETURN(L.bo, vec(h.o.bias, "self_attn.o_proj.bias"));
+  }
+  RILL_ASSIGN_OR_RETURN(L.post_attn_norm, vec(h.post_attn_norm, "post_attention_layernorm.weight"));
+  RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "pre_feedforward_layernorm.weight"));
+  const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
+  RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, p + "mlp.{gate,up}_proj"));
+  const HostMatrix dm = host_matrix(h.down.w);
+  RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
+  RILL_ASSIGN_OR_RETURN(L.post_ffn_norm, vec(h.post_ffn_norm, "post_feedforward_layernorm.weight"));
+  if (L.moe) {
+    RILL_ASSIGN_OR_RETURN(L.experts, b.place_moe(h.moe->host(), p + "experts"));
+    RILL_ASSIGN_OR_RETURN(L.router_norm, vec(h.router_norm, "router.scale"));
+    RILL_ASSIGN_OR_RETURN(L.pre_ffn_norm_2, vec(h.pre_ffn_norm_2, "pre_feedforward_layernorm_2.weight"));
+    RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_1, vec(h.post_ffn_norm_1, "post_feedforward_layernorm_1.weight"));
+    RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_2, vec(h.post_ffn_norm_2, "post_feedforward_layernorm_2.weight"));
+  }
+  if (ple) {
+    const HostMatrix pg = host_matrix(h.ple_gate.w), pp = host_matrix(h.ple_proj.w);
+    RILL_ASSIGN_OR_RETURN(L.w_ple_gate, b.place(&pg, 1, p + "per_layer_input_gate"));
+    RILL_ASSIGN_OR_RETURN(L.w_ple_proj, b.place(&pp, 1, p + "per_layer_projection"));
+    RILL_ASSIGN_OR_RETURN(L.post_ple_norm, vec(h.post_ple_norm, "post_per_layer_input_norm.weight"));
+  }
+  return Status::Ok();
+}
+
 // One pass of place_gemma's placement (Backend::place_model may run it twice).
 Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
   RILL_TRY(place_embedding_and_head(b, w.embed, w.lm_head, w.tied, w.final_norm, g.embed, g.lm_head, g.final_norm));
   for (size_t il = 0; il < w.layers.size(); ++il) {
-    const std::string p = "layers." + std::to_string(il) + ".";
-    const GemmaLayerWeights& h = w.layers[il];
-    GemmaLayer& L = g.layers[il];
-    auto vec = [&](const std::vector<float>& v, const std::string& name) {
-      return b.place_vector(v.data(), static_cast<int64_t>(v.size()), p + name);
-    };
-    RILL_ASSIGN_OR_RETURN(L.attn_norm, vec(h.attn_norm, "input_layernorm.weight"));
-    if (L.stores_kv) {
-      RILL_TRY(place_fused_qkv(b, h.q, h.k, h.v, p, L.wqkv, L.bqkv));
-    } else {
-      const HostMatrix qm = host_matrix(h.q.w);
-      RILL_ASSIGN_OR_RETURN(L.wqkv, b.place(&qm, 1, p + "self_attn.q_proj"));
-      if (!h.q.bias.empty()) {
-        RILL_ASSIGN_OR_RETURN(L.bqkv, vec(h.q.bias, "self_attn.q_proj.bias"));
-      }
-    }
-    if (!h.q_norm.empty()) {
-      RILL_ASSIGN_OR_RETURN(L.q_norm, vec(h.q_norm, "self_attn.q_norm.weight"));
-    }
-    if (!h.k_norm.empty()) {
-      RILL_ASSIGN_OR_RETURN(L.k_norm, vec(h.k_norm, "self_attn.k_norm.weight"));
-    }
-    const HostMatrix om = host_matrix(h.o.w);
-    RILL_ASSIGN_OR_RETURN(L.wo, b.place(&om, 1, p + "self_attn.o_proj"));
-    if (!h.o.bias.empty()) {
-      RILL_ASSIGN_OR_RETURN(L.bo, vec(h.o.bias, "self_attn.o_proj.bias"));
-    }
-    RILL_ASSIGN_OR_RETURN(L.post_attn_norm, vec(h.post_attn_norm, "post_attention_layernorm.weight"));
-    RILL_ASSIGN_OR_RETURN(L.ffn_norm, vec(h.ffn_norm, "pre_feedforward_layernorm.weight"));
-    const HostMatrix gu[] = {host_matrix(h.gate.w), host_matrix(h.up.w)};
-    RILL_ASSIGN_OR_RETURN(L.w_gate_up, b.place(gu, 2, p + "mlp.{gate,up}_proj"));
-    const HostMatrix dm = host_matrix(h.down.w);
-    RILL_ASSIGN_OR_RETURN(L.w_down, b.place(&dm, 1, p + "mlp.down_proj"));
-    RILL_ASSIGN_OR_RETURN(L.post_ffn_norm, vec(h.post_ffn_norm, "post_feedforward_layernorm.weight"));
-    if (L.moe) {
-      RILL_ASSIGN_OR_RETURN(L.experts, b.place_moe(h.moe->host(), p + "experts"));
-      RILL_ASSIGN_OR_RETURN(L.router_norm, vec(h.router_norm, "router.scale"));
-      RILL_ASSIGN_OR_RETURN(L.pre_ffn_norm_2, vec(h.pre_ffn_norm_2, "pre_feedforward_layernorm_2.weight"));
-      RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_1, vec(h.post_ffn_norm_1, "post_feedforward_layernorm_1.weight"));
-      RILL_ASSIGN_OR_RETURN(L.post_ffn_norm_2, vec(h.post_ffn_norm_2, "post_feedforward_layernorm_2.weight"));
-    }
-    if (g.P > 0) {
-      const HostMatrix pg = host_matrix(h.ple_gate.w), pp = host_matrix(h.ple_proj.w);
-      RILL_ASSIGN_OR_RETURN(L.w_ple_gate, b.place(&pg, 1, p + "per_layer_input_gate"));
-      RILL_ASSIGN_OR_RETURN(L.w_ple_proj, b.place(&pp, 1, p + "per_layer_projection"));
-      RILL_ASSIGN_OR_RETURN(L.post_ple_norm, vec(h.post_ple_norm, "post_per_layer_input_norm.weight"));
-    }
+    RILL_TRY(place_layer(b, w.layers[il], "layers." + std::to_string(il) + ".", g.P > 0, g.layers[il]));
   }
   if (g.P > 0) {
     const HostMatrix pe = host_matrix(w.ple_embed), pm = host_matrix(w.ple_model_proj);
@@ -358,9 +365,79 @@ Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
   return Status::Ok();
 }
 
-// Places w through `b` inside one Backend::place_model() (CUDA: one device
-// buffer). Errors name the tensor.
-Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWeights& w) {
+// Gemma 4's assistant (ModelOptions::gemma4_assistant, model/arch/
+// gemma4_assistant.h) as placed beside its target: layers without KV of
+// their own (GemmaLayer::kv_layer: the target's plane they read), the
+// projections from and to the target's width, its tied lm_head.
+struct AssistantGraph {
+  int64_t E = 0, Et = 0, V = 0, Q = 0, F = 0;  // Q, F: the widest layer's
+  int32_t n_head = 0;
+  int32_t window = 0;  // its sliding layers' keys (sliding_window + 1)
+  float eps = 1e-6f;
+  std::vector<GemmaLayer> layers;
+  Weight pre_projection;   // [E, 2 Et]
+  Weight post_projection;  // [Et, E]
+  Weight lm_head;          // [V, E], gathered too (ordered embeddings)
+  Weight centroids;        // [C, E]; ordered embeddings only
+  Vec final_norm;          // [E]
+  Rope rope_local, rope_global;
+};
+
+// The assistant's shapes; its layers read the planes of the target's
+// layers Gemma4AssistantWeights::target_layer names.
+AssistantGraph shape_assistant(const Gemma4AssistantWeights& w, const GemmaGraph& g) {
+  AssistantGraph a;
+  a.E = w.n_embd;
+  a.Et = w.backbone_embd;
+  a.V = w.n_vocab;
+  a.n_head = w.n_head;
+  a.window = w.window;
+  a.eps = w.eps;
+  a.layers.assign(w.layers.size(), GemmaLayer{});
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    GemmaLayer& L = a.layers[il];
+    const GemmaLayerDims& d = w.layer_dims[il];
+    L.sliding = w.params.sliding[il];
+    L.hd = static_cast<int32_t>(d.head_dim);
+    L.n_head_kv = static_cast<int32_t>(d.kv_width / d.head_dim);
+    L.Q = d.q_width;
+    L.KV = d.kv_width;
+    L.F = d.n_ff;
+    L.stores_kv = false;
+    L.kv_layer = g.layers[static_cast<size_t>(w.target_layer[il])].kv_layer;
+    L.layer_scalar = w.layers[il].layer_scalar;
+    a.Q = std::max(a.Q, L.Q);
+    a.F = std::max(a.F, L.F);
+  }
+  return a;
+}
+
+// One pass of the assistant's placement, inside the target's place_model.
+Status place_assistant_pass(Backend& b, const Gemma4AssistantWeights& w, AssistantGraph& a) {
+  for (size_t il = 0; il < w.layers.size(); ++il) {
+    RILL_TRY(place_layer(b, w.layers[il], "assistant.layers." + std::to_string(il) + ".", false, a.layers[il]));
+  }
+  const HostMatrix pre = host_matrix(w.pre_projection), post = host_matrix(w.post_projection);
+  RILL_ASSIGN_OR_RETURN(a.pre_projection, b.place(&pre, 1, "assistant.pre_projection"));
+  RILL_ASSIGN_OR_RETURN(a.post_projection, b.place(&post, 1, "assistant.post_projection"));
+  HostMatrix head = host_matrix(w.lm_head);
+  head.gathered = true;
+  RILL_ASSIGN_OR_RETURN(a.lm_head, b.place(&head, 1, "assistant.lm_head"));
+  if (w.ordered) {
+    const HostMatrix c = host_matrix(w.centroids);
+    RILL_ASSIGN_OR_RETURN(a.centroids, b.place(&c, 1, "assistant.masked_embedding.centroids"));
+  }
+  RILL_ASSIGN_OR_RETURN(a.final_norm, b.place_vector(w.final_norm.data(), a.E, "assistant.norm.weight"));
+  RILL_ASSIGN_OR_RETURN(a.rope_local, b.place_rope(w.rope.local));
+  RILL_ASSIGN_OR_RETURN(a.rope_global, b.place_rope(w.rope.global));
+  return Status::Ok();
+}
+
+// Places w (and the assistant, when given: its graph into *ag) through `b`
+// inside one Backend::place_model() (CUDA: one device buffer). Errors name
+// the tensor.
+Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWeights& w,
+                               const Gemma4AssistantWeights* assistant = nullptr, AssistantGraph* ag = nullptr) {
   if (w.params.gemma4 && !b.has_gemma4_ops()) {
     return Error{std::string("the ") + b.name() + " Backend has no Gemma 4 ops"};
   }
@@ -408,7 +485,16 @@ Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWe
     g.F = std::max(g.F, L.F);
     g.hd = std::max<int64_t>(g.hd, L.hd);
   }
-  RILL_TRY(b.place_model([&] { return place_pass(b, w, g); }));
+  if (assistant) {
+    *ag = shape_assistant(*assistant, g);
+    // Its sliding layers read keys [p - window, p] for a query after p;
+    // a sequence of p + 1 tokens keeps [p + 2 - kv_window, p] (kv/kv_spec.h).
+    g.kv_window = ag->window + 1;
+  }
+  RILL_TRY(b.place_model([&]() -> Status {
+    RILL_TRY(place_pass(b, w, g));
+    return assistant ? place_assistant_pass(b, *assistant, *ag) : Status::Ok();
+  }));
   return g;
 }
 
@@ -439,9 +525,10 @@ Tensor dense_view(const Tensor& t, int64_t rows, int64_t cols) {
 // when the config says). kv: every KV plane (GemmaGraph::kv_layer_of). Only
 // Backend ops: graph-capturable on CUDA. Each layer's pre-norms come out of
 // the previous post_norm_add (the first from rms_norm) unless a layer
-// scalar sits between.
+// scalar sits between. hidden (may be null): every token's final-normed
+// hidden state [n_tokens, E] F32 (Model::forward_hidden).
 Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, const GemmaActivations& a,
-                     const std::vector<KvCacheView>& kv, Tensor logits) {
+                     const std::vector<KvCacheView>& kv, Tensor logits, const Tensor* hidden = nullptr) {
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), y = a.y.rows_from(0, n);
   const float eps = g.eps, off = g.norm_offset;
@@ -530,11 +617,80 @@ Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, co
       if (next_norm) b.rms_norm(x, nullptr, next_norm, eps, off, h);
     }
   }
+  if (hidden) b.rms_norm(x, nullptr, g.final_norm, eps, off, hidden->rows_from(0, n));
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
   b.rms_norm(x, md.sample_rows, g.final_norm, eps, off, final_rows);
   RILL_TRY(b.matmul(g.lm_head, final_rows, logits, false));
   if (g.final_softcap > 0) b.softcap(logits, g.final_softcap);
+  return Status::Ok();
+}
+
+// The assistant's activations for up to the limit's tokens (rows): in [T,
+// 2 Et] F32 (target embedding | target hidden), x, h, y [T, E] F32, q [T,
+// Q], attn [T, Q], gu [T, 2 F], mlp [T, F], out [T, Et] F32
+// (post_projection), rows [S, E] (the sample rows' final-normed states),
+// scores [S, C] (centroid logits).
+struct AssistantActivations {
+  Tensor in, x, h, y, q, attn, gu, mlp, out, rows, scores;
+};
+
+// The assistant over a step (Model::forward_mtp's contract): token t is
+// t_{p+1} at batch position p, in's row t its target embedding (scaled) and
+// the target's hidden row of p; queries rotate at rope_md's positions (p +
+// 1) and attend through md to the target's keys [0, p] (full layers) or
+// [p - window, p] (sliding). Writes no KV. Leaves the sample rows'
+// final-normed states in a.rows and, when `out` is set, every token's
+// post_projection in a.out; the logits are the caller's (the head differs
+// with ordered embeddings). Only Backend ops.
+Status assistant_layers(Backend& b, const GemmaGraph& g, const AssistantGraph& ag, const StepMetadata& md,
+                        const StepMetadata& rope_md, const AssistantActivations& a, const std::vector<KvCacheView>& kv,
+                        bool out) {
+  const int64_t n = md.n_tokens;
+  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), y = a.y.rows_from(0, n);
+  const float eps = ag.eps;
+  RILL_TRY(b.matmul(ag.pre_projection, a.in.rows_from(0, n), x, false));
+  b.rms_norm(x, nullptr, ag.layers[0].attn_norm, eps, 0.0f, h);
+  for (size_t il = 0; il < ag.layers.size(); ++il) {
+    const GemmaLayer& L = ag.layers[il];
+    const Tensor q = dense_view(a.q, n, L.Q), attn = dense_view(a.attn, n, L.Q);
+    const Tensor gu = dense_view(a.gu, n, 2 * L.F), mlp = dense_view(a.mlp, n, L.F);
+    RILL_TRY(b.matmul(L.wqkv, h, q, false, L.bqkv));
+    RopeKvOp rk;  // q only: the target's KV is read, never written
+    rk.qkv = q;
+    rk.n_head = ag.n_head;
+    rk.head_dim = L.hd;
+    rk.norm_eps = eps;
+    rk.q_norm = L.q_norm;
+    rk.rope = L.sliding ? ag.rope_local : ag.rope_global;
+    b.rope_store_kv(rk, rope_md);
+    AttentionOp at;
+    at.q = q;
+    at.out = attn;
+    at.n_head = ag.n_head;
+    at.n_head_kv = L.n_head_kv;
+    at.head_dim = L.hd;
+    at.window = L.sliding ? ag.window : 0;
+    at.kv = kv[static_cast<size_t>(L.kv_layer)];
+    at.kv_group = L.sliding ? g.sliding_group : g.full_group;
+    b.attention(at, md);
+    RILL_TRY(b.matmul(L.wo, attn, y, false, L.bo));
+    b.post_norm_add(y, L.post_attn_norm, x, L.ffn_norm, eps, 0.0f, h);
+    RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
+    b.glu(Glu::kGeluTanh, gu, mlp);
+    RILL_TRY(b.matmul(L.w_down, mlp, y, false));
+    const Vec next_norm = il + 1 < ag.layers.size() ? ag.layers[il + 1].attn_norm : Vec{};
+    if (L.layer_scalar == 1.0f) {
+      b.post_norm_add(y, L.post_ffn_norm, x, next_norm, eps, 0.0f, h);
+      continue;
+    }
+    b.post_norm_add(y, L.post_ffn_norm, x, {}, eps, 0.0f, h);
+    b.scale(x, L.layer_scalar);
+    if (next_norm) b.rms_norm(x, nullptr, next_norm, eps, 0.0f, h);
+  }
+  b.rms_norm(x, nullptr, ag.final_norm, eps, 0.0f, h);  // every row: post_projection reads them all
+  if (out) RILL_TRY(b.matmul(ag.post_projection, h, a.out.rows_from(0, n), false));
+  if (md.n_sample > 0) b.rms_norm(x, md.sample_rows, ag.final_norm, eps, 0.0f, a.rows.rows_from(0, md.n_sample));
   return Status::Ok();
 }
 
@@ -551,10 +707,29 @@ class GemmaModel final : public CpuPagedModel {
     const std::vector<KvLayer> groups = graph_.kv_layers(DType::kF16);
     return cache_kv_layers([&](int64_t l) { return groups[static_cast<size_t>(l)].group; });
   }
+  // Gemma 4's assistant as the MTP head (ModelOptions::gemma4_assistant).
+  int32_t n_mtp_layers() const override { return assistant_ ? static_cast<int32_t>(ag_.layers.size()) : 0; }
+  Status forward_hidden(const Batch& batch, float* logits, float* hidden) override;
+  Status forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) override;
 
  private:
+  Status check(const Batch& batch) const;
+  Status init_assistant();
+  // The assistant's ordered-embedding head over the sample rows (their
+  // final-normed states in aact_.rows): logits [n_sample, V].
+  Status masked_head(int32_t n_sample, float* logits);
+
   std::unique_ptr<Backend> device_;  // on backend_'s threads
   GemmaGraph graph_;
+  // Gemma 4's assistant: its weights (the files stay mapped), graph,
+  // activations and the ordered head's scratch.
+  std::unique_ptr<Gemma4AssistantWeights> assistant_;
+  AssistantGraph ag_;
+  AssistantActivations aact_;
+  std::vector<float> a_in_, a_emb_, a_x_, a_h_, a_y_, a_q_, a_attn_, a_gu_, a_mlp_, a_out_, a_rows_, a_scores_;
+  std::vector<int32_t> rope_pos_;                                      // [max_tokens_]: positions + 1
+  std::vector<int32_t> centroid_order_, picked_;                       // [C], [top_k * V/C]
+  std::vector<float> picked_rows_, picked_dots_;                       // [top_k * V/C, E], [top_k * V/C]
   std::vector<float> x_, h_, qkv_, attn_, y_, gu_, mlp_, final_rows_;  // [max_tokens_, ...] f32
   std::vector<float> ple_, ple_tmp_, pl_gate_, pl_act_, xa_;           // Gemma 4's per-layer input
   std::vector<float> router_in_, moe_in_, moe_out_;                    // Gemma 4's MoE block
@@ -566,8 +741,12 @@ class GemmaModel final : public CpuPagedModel {
 Status GemmaModel::init(const ModelOptions& options) {
   constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
   RILL_ASSIGN_OR_RETURN(GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
+  if (!options.gemma4_assistant.empty()) {
+    RILL_ASSIGN_OR_RETURN(auto aw, load_gemma4_assistant(options.gemma4_assistant, *files_, w.params, kMaxHeadDim));
+    assistant_ = std::make_unique<Gemma4AssistantWeights>(std::move(aw));
+  }
   device_ = make_cpu_backend_on(*backend_->pool());
-  RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*device_, cfg_, w));
+  RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*device_, cfg_, w, assistant_.get(), &ag_));
   kv_spec_ = graph_.make_kv_spec();
   set_limits(options);
 
@@ -607,11 +786,40 @@ Status GemmaModel::init(const ModelOptions& options) {
     act_.moe_out = view(moe_out_, graph_.E);
   }
   step_.reserve(T);
+  if (assistant_) RILL_TRY(init_assistant());
   return device_->reserve(graph_.step_limits(T, max_seqs_));
 }
 
-Status GemmaModel::forward(const Batch& batch, float* logits) {
-  if (batch.n_tokens() <= 0) return {};
+Status GemmaModel::init_assistant() {
+  const int64_t T = max_tokens_, S = max_seqs_;
+  auto view = [](std::vector<float>& v, int64_t rows, int64_t cols) {
+    v.resize(static_cast<size_t>(rows * cols));
+    return Tensor::dense(v.data(), DType::kF32, rows, cols);
+  };
+  aact_.in = view(a_in_, T, 2 * ag_.Et);
+  view(a_emb_, T, ag_.Et);
+  aact_.x = view(a_x_, T, ag_.E);
+  aact_.h = view(a_h_, T, ag_.E);
+  aact_.y = view(a_y_, T, ag_.E);
+  aact_.q = view(a_q_, T, ag_.Q);
+  aact_.attn = view(a_attn_, T, ag_.Q);
+  aact_.gu = view(a_gu_, T, 2 * ag_.F);
+  aact_.mlp = view(a_mlp_, T, ag_.F);
+  aact_.out = view(a_out_, T, ag_.Et);
+  aact_.rows = view(a_rows_, S, ag_.E);
+  rope_pos_.resize(static_cast<size_t>(T));
+  if (assistant_->ordered) {
+    const int64_t n_picked = assistant_->centroid_top_k * (ag_.V / assistant_->n_centroids);
+    aact_.scores = view(a_scores_, S, assistant_->n_centroids);
+    centroid_order_.resize(static_cast<size_t>(assistant_->n_centroids));
+    picked_.resize(static_cast<size_t>(n_picked));
+    view(picked_rows_, n_picked, ag_.E);
+    picked_dots_.resize(static_cast<size_t>(n_picked));
+  }
+  return Status::Ok();
+}
+
+Status GemmaModel::check(const Batch& batch) const {
   BatchLimits lim;
   lim.max_tokens = max_tokens_;
   lim.max_sample_rows = max_seqs_;
@@ -619,10 +827,70 @@ Status GemmaModel::forward(const Batch& batch, float* logits) {
   lim.n_vocab = cfg_.n_vocab;
   lim.block_size = kv_.block_size();
   lim.n_blocks = kv_.n_blocks();
-  RILL_TRY(check_batch(batch, lim, kv_spec_));
+  return check_batch(batch, lim, kv_spec_);
+}
+
+Status GemmaModel::forward(const Batch& batch, float* logits) {
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(check(batch));
   const StepMetadata md = step_metadata(batch, step_);
   return gemma_forward(*device_, graph_, md, act_, kv_views_,
                        Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
+}
+
+Status GemmaModel::forward_hidden(const Batch& batch, float* logits, float* hidden) {
+  if (!assistant_) return Model::forward_hidden(batch, logits, hidden);
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(check(batch));
+  const StepMetadata md = step_metadata(batch, step_);
+  const Tensor rows = Tensor::dense(hidden, DType::kF32, md.n_tokens, graph_.E);
+  return gemma_forward(*device_, graph_, md, act_, kv_views_,
+                       Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), &rows);
+}
+
+Status GemmaModel::forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) {
+  if (!assistant_) return Model::forward_mtp(batch, hidden, logits, mtp_hidden);
+  if (batch.n_tokens() <= 0) return {};
+  RILL_TRY(check(batch));
+  const StepMetadata md = step_metadata(batch, step_);
+  const int64_t n = md.n_tokens, Et = ag_.Et;
+  // Queries rotate at p + 1 (the token's own position) and attend as a
+  // query at p would: to the target's keys up to p.
+  for (int64_t t = 0; t < n; ++t) rope_pos_[static_cast<size_t>(t)] = md.pos[t] + 1;
+  StepMetadata rope_md = md;
+  rope_md.pos = rope_pos_.data();
+  // in = [embed_target(t_{p+1}) * sqrt(Et) | h_p]
+  const Tensor emb = Tensor::dense(a_emb_.data(), DType::kF32, n, Et);
+  device_->embed(graph_.embed, md.ids, n, emb);
+  device_->scale(emb, graph_.embed_scale);
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = a_in_.data() + t * 2 * Et;
+    std::memcpy(row, a_emb_.data() + t * Et, static_cast<size_t>(Et) * sizeof(float));
+    std::memcpy(row + Et, hidden + t * Et, static_cast<size_t>(Et) * sizeof(float));
+  }
+  AssistantActivations a = aact_;
+  if (mtp_hidden) a.out = Tensor::dense(mtp_hidden, DType::kF32, n, Et);
+  RILL_TRY(assistant_layers(*device_, graph_, ag_, md, rope_md, a, kv_views_, mtp_hidden != nullptr));
+  if (md.n_sample <= 0) return Status::Ok();
+  if (assistant_->ordered) return masked_head(md.n_sample, logits);
+  return device_->matmul(ag_.lm_head, aact_.rows.rows_from(0, md.n_sample),
+                         Tensor::dense(logits, DType::kF32, md.n_sample, ag_.V), false);
+}
+
+Status GemmaModel::masked_head(int32_t n_sample, float* logits) {
+  const Gemma4AssistantWeights& w = *assistant_;
+  const auto E = static_cast<size_t>(ag_.E), V = static_cast<size_t>(ag_.V), C = static_cast<size_t>(w.n_centroids);
+  const Tensor scores = aact_.scores.rows_from(0, n_sample);
+  RILL_TRY(device_->matmul(ag_.centroids, aact_.rows.rows_from(0, n_sample), scores, false));
+  const auto n_picked = static_cast<int64_t>(picked_.size());
+  for (size_t r = 0; r < static_cast<size_t>(n_sample); ++r) {
+    gemma4_pick_tokens(std::span<const float>(a_scores_.data() + r * C, C), w, centroid_order_, picked_);
+    device_->embed(ag_.lm_head, picked_.data(), n_picked,
+                   Tensor::dense(picked_rows_.data(), DType::kF32, n_picked, ag_.E));
+    gemma4_masked_logits(std::span<const float>(a_rows_.data() + r * E, E), picked_rows_.data(), picked_, picked_dots_,
+                         std::span<float>(logits + r * V, V));
+  }
+  return Status::Ok();
 }
 
 // --- The CUDA runtime's glue ------------------------------------------------------
@@ -644,6 +912,10 @@ class GemmaCudaModel final : public CudaModelBase {
 };
 
 Status GemmaCudaModel::init(const ModelOptions& options) {
+  if (!options.gemma4_assistant.empty()) {
+    return Error{files_->path + ": a Gemma 4 assistant (" + options.gemma4_assistant +
+                 ") runs on the CPU runtime only so far (--device cpu)"};
+  }
   RILL_TRY(read_dims());  // the CUDA kernels' limits
   RILL_TRY(create_context());
   // read_dims held hd_ (the sliding / every layer's) to its limit; Gemma
