@@ -11,7 +11,7 @@
 
 namespace rill {
 
-Result<MappedFile> MappedFile::open(const std::string& path, bool populate) {
+Result<MappedFile> MappedFile::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Error{path + ": cannot open: " + std::strerror(errno)};
   struct stat st {};
@@ -28,7 +28,7 @@ Result<MappedFile> MappedFile::open(const std::string& path, bool populate) {
   f.path_ = path;
   f.size_ = static_cast<size_t>(st.st_size);
   if (f.size_ > 0) {
-    void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE | (populate ? MAP_POPULATE : 0), fd, 0);
+    void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       int e = errno;
       ::close(fd);

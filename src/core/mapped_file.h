@@ -12,12 +12,7 @@ namespace rill {
 class MappedFile {
  public:
   // Maps `path` read-only. An empty file maps to data()==nullptr, size()==0.
-  // populate: fault the whole mapping in now (MAP_POPULATE), for files that
-  // are read whole (model weights): the page faults of the first pass over
-  // the file (one per 4 KiB page or fault-around group; ~0.35 s for a 0.9 GB
-  // GGUF, measured) move from the first forward pass to the load, as
-  // llama.cpp's loader does. Without it pages are faulted in as touched.
-  static Result<MappedFile> open(const std::string& path, bool populate = false);
+  static Result<MappedFile> open(const std::string& path);
 
   MappedFile() = default;
   MappedFile(MappedFile&& other) noexcept;

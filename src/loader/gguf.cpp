@@ -322,8 +322,7 @@ Result<std::shared_ptr<GgufFile>> GgufFile::parse(const uint8_t* data, size_t si
 }
 
 Result<std::shared_ptr<GgufFile>> GgufFile::open(const std::string& path) {
-  // Populated: the weights are read whole by the first forward pass (or the upload).
-  RILL_ASSIGN_OR_RETURN(MappedFile mapping, MappedFile::open(path, /*populate=*/true));
+  RILL_ASSIGN_OR_RETURN(MappedFile mapping, MappedFile::open(path));
   RILL_ASSIGN_OR_RETURN(std::shared_ptr<GgufFile> f, parse(mapping.data(), mapping.size(), path));
   f->file_ = std::move(mapping);  // the mapping's address does not change on move
   return f;
