@@ -1,8 +1,9 @@
 // AVX-512 BW + VNNI: the Q2_K, Q3_K and IQ4_XS tiles on 512-bit vectors
 // (two 32-element chunks per zmm: maddubs, then vpdpwssd adds the scaled i16
 // pair sums; the sign trick's sign(a, w) is a masked negate with w's sign
-// bits taken once per tile), folded to llama.cpp's 8 lanes (lane l + lane
-// l + 8: integer sums, so the same bits) before the convert; IQ4_NL on the
+// bits taken once per tile); Q2_K/Q3_K folded to llama.cpp's 8 lanes (lane
+// l + lane l + 8: integer sums, so the same bits) before the convert, IQ4_XS
+// summed to one exact int32 per super-block then one fma; IQ4_NL on the
 // 256-bit tiles of gemm_iquant_x86_impl.h with vpdpbusd. 32 vector
 // registers: 4 x 4 tiles (IQ4_NL 4 x 2). With 8+ token rows (prefill)
 // IQ4_XS runs the row tile of gemm_kquant_rows_avx512_impl.h (KRowsXS; its

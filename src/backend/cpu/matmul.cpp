@@ -96,8 +96,8 @@ void run_chunk(const MatJob& j, int64_t c, const uint8_t* a, size_t a_stride, in
 
 // Every (row, token) dot gives the same bits whatever the batch size: the
 // one-token and prefill tiles compute the type's one dot definition (for
-// most types llama.cpp's vec_dot order; Q4_K/Q5_K/Q6_K: exact int32s per
-// super-block, quants_ref.cpp), so the kernel chosen by token count never
+// most types llama.cpp's vec_dot order; Q4_K/Q5_K/Q6_K/IQ4_XS: exact int32s
+// per super-block, quants_ref.cpp / quants_iq_ref.cpp), so the kernel chosen by token count never
 // changes a result.
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, Scratch& scratch,
             int64_t y_stride) {
