@@ -52,6 +52,10 @@ Result<std::unique_ptr<Speculator>> make_mtp_speculator(const SpeculatorTarget& 
     return Error{"--spec mtp: " + name +
                  " was loaded without its multi-token-prediction layer (ModelOptions::mtp, which Engine::load sets)"};
   }
+  if (const std::string src = target.model->mtp_head_source(); !src.empty()) {
+    return Error{"--spec mtp: the model's draft head is the Gemma 4 assistant " + src +
+                 " (use --spec assistant=" + src + ")"};
+  }
   return std::unique_ptr<Speculator>(std::make_unique<MtpSpeculator>(*target.model));
 }
 
@@ -64,6 +68,10 @@ Result<std::unique_ptr<Speculator>> make_assistant_speculator(const std::string&
     const std::string name = target.model_path.empty() ? std::string("the model") : target.model_path;
     return Error{"--spec " + spec + ": " + name +
                  " was loaded without the assistant (ModelOptions::gemma4_assistant, which Engine::load sets)"};
+  }
+  if (const std::string src = target.model->mtp_head_source(); src != spec.substr(10)) {
+    return Error{"--spec " + spec + ": the model's draft head is " +
+                 (src.empty() ? std::string("its own MTP layer (use --spec mtp)") : "the assistant " + src)};
   }
   return std::unique_ptr<Speculator>(std::make_unique<AssistantSpeculator>(*target.model));
 }

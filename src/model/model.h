@@ -209,6 +209,10 @@ class Model {
   // the same position p with the guess as its token
   // (engine/assistant_speculator.h).
   virtual int32_t n_mtp_layers() const { return 0; }
+  // Where the MTP head came from: empty for the checkpoint's own layers
+  // (ModelOptions::mtp), the assistant's path for Gemma 4's assistant, so a
+  // speculator refuses a head that is not the one its flag names.
+  virtual std::string mtp_head_source() const { return {}; }
   virtual Status forward_hidden(const Batch& batch, float* logits, float* hidden) {
     (void)batch, (void)logits, (void)hidden;
     return Error{"this model does not export its hidden states"};

@@ -303,6 +303,7 @@ TEST(AssistantSpeculator, BadConfigsAreRefusedNamingTheField) {
       {"ordered", [](nlohmann::json& c) { c["use_ordered_embeddings"] = "yes"; }, "use_ordered_embeddings"},
       {"backbone", [](nlohmann::json& c) { c["backbone_hidden_size"] = 48; }, "backbone_hidden_size"},
       {"heads", [](nlohmann::json& c) { c["text_config"]["num_key_value_heads"] = 4; }, "KV heads"},
+      {"window", [](nlohmann::json& c) { c["text_config"]["sliding_window"] = int64_t{1} << 31; }, "sliding_window"},
   };
   for (const auto& k : cases) {
     const std::string dir = edited_assistant(k.name, k.edit);
@@ -323,6 +324,23 @@ TEST(AssistantSpeculator, BadConfigsAreRefusedNamingTheField) {
   EXPECT_NE(msg.find(vocab), std::string::npos) << msg;
   std::filesystem::remove_all(vocab);
   EXPECT_NE(load_error(kTarget, kDir + "/missing").find(kDir + "/missing"), std::string::npos);
+}
+
+// The speculator flags name the head they drive: `mtp` refuses a model
+// whose head is the assistant, `assistant=PATH` one bound from another path.
+TEST(AssistantSpeculator, SpecFlagMustNameTheBoundHead) {
+  Prefilled p = prefill({2, 7, 11, 5});
+  ASSERT_TRUE(p.model);
+  SpeculatorTarget t;
+  t.model = p.model.get();
+  t.model_path = kTarget;
+  EXPECT_TRUE(make_speculator("assistant=" + kAssistant, t).ok());
+  auto mtp = make_speculator("mtp", t);
+  ASSERT_FALSE(mtp.ok());
+  EXPECT_NE(mtp.error().message.find("--spec assistant=" + kAssistant), std::string::npos) << mtp.error().message;
+  auto other = make_speculator("assistant=/elsewhere", t);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.error().message.find(kAssistant), std::string::npos) << other.error().message;
 }
 
 TEST(AssistantSpeculator, MismatchedTargetsAreRefusedNamingBoth) {

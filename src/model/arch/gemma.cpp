@@ -709,6 +709,7 @@ class GemmaModel final : public CpuPagedModel {
   }
   // Gemma 4's assistant as the MTP head (ModelOptions::gemma4_assistant).
   int32_t n_mtp_layers() const override { return assistant_ ? static_cast<int32_t>(ag_.layers.size()) : 0; }
+  std::string mtp_head_source() const override { return assistant_path_; }
   Status forward_hidden(const Batch& batch, float* logits, float* hidden) override;
   Status forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) override;
 
@@ -724,6 +725,7 @@ class GemmaModel final : public CpuPagedModel {
   // Gemma 4's assistant: its weights (the files stay mapped), graph,
   // activations and the ordered head's scratch.
   std::unique_ptr<Gemma4AssistantWeights> assistant_;
+  std::string assistant_path_;  // ModelOptions::gemma4_assistant, for mtp_head_source()
   AssistantGraph ag_;
   AssistantActivations aact_;
   std::vector<float> a_in_, a_emb_, a_x_, a_h_, a_y_, a_q_, a_attn_, a_gu_, a_mlp_, a_out_, a_rows_, a_scores_;
@@ -744,6 +746,7 @@ Status GemmaModel::init(const ModelOptions& options) {
   if (!options.gemma4_assistant.empty()) {
     RILL_ASSIGN_OR_RETURN(auto aw, load_gemma4_assistant(options.gemma4_assistant, *files_, w.params, kMaxHeadDim));
     assistant_ = std::make_unique<Gemma4AssistantWeights>(std::move(aw));
+    assistant_path_ = options.gemma4_assistant;
   }
   device_ = make_cpu_backend_on(*backend_->pool());
   RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*device_, cfg_, w, assistant_.get(), &ag_));

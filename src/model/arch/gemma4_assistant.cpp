@@ -171,11 +171,21 @@ Result<Gemma4AssistantWeights> load_gemma4_assistant(const std::string& path, co
   // for an earlier donor of the assistant's own); their KV is the target's.
   files->config.raw["text_config"]["num_kv_shared_layers"] = 0;
   RILL_ASSIGN_OR_RETURN(w.params, read_gemma_params(*files));
-  if (c.sliding_window <= 0 &&
-      std::find(w.params.sliding.begin(), w.params.sliding.end(), true) != w.params.sliding.end()) {
-    return Error{file + ": 'text_config.sliding_window' must be positive (the assistant has sliding layers)"};
+  const bool has_sliding = std::find(w.params.sliding.begin(), w.params.sliding.end(), true) != w.params.sliding.end();
+  // The window reaches int32 arithmetic (window + 2 keys kept by the target).
+  constexpr int64_t kMaxWindow = int64_t{1} << 30;
+  if (has_sliding && (c.sliding_window <= 0 || c.sliding_window > kMaxWindow)) {
+    return Error{file + ": 'text_config.sliding_window' (" + std::to_string(c.sliding_window) +
+                 ") must be in [1, 2^30] (the assistant has sliding layers)"};
   }
-  w.window = static_cast<int32_t>(c.sliding_window) + 1;
+  // A target without a window runs its sliding-typed layers as full ones
+  // and keeps no sliding KV group for the assistant's sliding layers.
+  if (has_sliding && target.config.sliding_window <= 0) {
+    return Error{both +
+                 ": the assistant has sliding layers but the target has no sliding_window (it keeps no "
+                 "sliding KV to read)"};
+  }
+  w.window = has_sliding ? static_cast<int32_t>(c.sliding_window) + 1 : 0;
   const GemmaNames names = gemma_tensor_names(*files);
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const auto l = static_cast<size_t>(il);
