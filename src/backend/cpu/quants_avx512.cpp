@@ -21,7 +21,6 @@ namespace rill::cpu {
 namespace {
 
 struct DotVnni {
-  static constexpr int kMaxT = 4;
   RILL_KERNEL_TARGET static __m256i dot(__m256i u, __m256i s) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
   }
