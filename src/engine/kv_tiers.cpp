@@ -41,6 +41,15 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
   }
   for (size_t il = 0; il < t->layers_.size(); ++il) {
     const Model::KvLayer& l = t->layers_[il];
+    // K and V in different types: the model must export such a layer (a
+    // tensor-parallel group does not); asked by copying no block.
+    if (l.v_row_bytes != 0) {
+      if (Status st = model.copy_kv_blocks_out(static_cast<int64_t>(il), {}, 0, nullptr, nullptr); !st.ok()) {
+        return Error{"--cache-ram-mb / --cache-dir: KV layer " + std::to_string(il) +
+                     " stores K and V in different types, which this model cannot export (" + st.error().message +
+                     "); give --kv-type, or the same k= and v= types in --kv-config"};
+      }
+    }
     if (l.group < 0 || l.group >= static_cast<int32_t>(t->spec_.size()) || !t->spec_[l.group].is_attention()) {
       return Error{"--cache-ram-mb / --cache-dir: a KV layer names group " + std::to_string(l.group) +
                    ", which is not an attention group of the model"};

@@ -82,7 +82,7 @@ TEST(KvTails, ChunkingAcrossBlockBoundariesChangesNoLogit) {
   // ending on, just before and just after block boundaries.
   for (const std::vector<int32_t>& cuts :
        {std::vector<int32_t>{0, 31, 32, 33, 34, 65}, std::vector<int32_t>{0, 32, 33, 64, 65},
-        std::vector<int32_t>{0, 33, 40, 63, 64, 65}, std::vector<int32_t>{0, 1, 2, 31, 50, 65}}) {
+        std::vector<int32_t>{0, 33, 40, 63, 64, 65}}) {
     const std::vector<float> chunked = run(*m, ids, cuts, 1);
     ASSERT_EQ(chunked, whole) << "cuts " << cuts[1] << ", " << cuts[2] << ", ...";
   }

@@ -307,34 +307,54 @@ void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, u
       mn = std::min(mn, x[j]);
       mx = std::max(mx, x[j]);
     }
-    const uint16_t zh = f16_at_or_below(mn);
-    const float zf = f16_to_f32(zh);
-    int q[kT] = {};
+    uint16_t best_z = f16_at_or_below(mn);
     uint8_t best_code = 0;
-    if (mx > zf) {
-      // The e4m3 steps around (max - z) / 15: one below it clips the top
-      // codes, two above it widen every step; the least squared error wins
-      // (the first on ties, in ascending order).
-      const int c0 = e4m3_round((mx - zf) / 15.0f * 16.0f);
-      double best = INFINITY;
-      for (int code = std::max(1, c0 - 1); code <= std::min(0x7e, c0 + 2); ++code) {
-        const float step = e4m3_value(static_cast<uint8_t>(code)) * (1.0f / 16.0f);
-        const float inv = 1.0f / step;
-        double err = 0;
-        int cand[kT];
-        for (int j = 0; j < kT; ++j) {
-          cand[j] = std::clamp(static_cast<int>(std::nearbyint((x[j] - zf) * inv)), 0, 15);
-          const double e = double{x[j]} - double{zf + step * static_cast<float>(cand[j])};
-          err += e * e;
-        }
-        if (err < best) {
-          best = err;
-          best_code = static_cast<uint8_t>(code);
-          std::copy(cand, cand + kT, q);
-        }
+    int q[kT] = {};
+    double best = INFINITY;
+    // The squared error of x stored as zero zh and step code `code`, its
+    // codes into cand.
+    int cand[kT];
+    auto error_of = [&](uint16_t zh, uint8_t code) {
+      const float zf = f16_to_f32(zh), step = e4m3_value(code) * (1.0f / 16.0f);
+      const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+      double err = 0;
+      for (int j = 0; j < kT; ++j) {
+        cand[j] = std::clamp(static_cast<int>(std::nearbyint((x[j] - zf) * inv)), 0, 15);
+        const double e = double{x[j]} - double{zf + step * static_cast<float>(cand[j])};
+        err += e * e;
+      }
+      return err;
+    };
+    auto consider = [&](uint16_t zh, uint8_t code) {
+      const double err = error_of(zh, code);
+      if (err < best) {
+        best = err;
+        best_z = zh;
+        best_code = code;
+        std::copy(cand, cand + kT, q);
+      }
+    };
+    const float z_lo = f16_to_f32(best_z);
+    if (mx > z_lo) {
+      // The e4m3 steps around (max - z) / 15, z the f16 at or below the
+      // minimum: the nearest, one below (clipping the top codes) and three
+      // above (widening every step). For each, z as is and then z refit to
+      // the mean of x - d q (the grid's offset by least squares: an e4m3
+      // step is rounded by up to 1/16, which a fixed z at the minimum
+      // cannot take up). The least squared error wins, the first on ties.
+      const int c0 = e4m3_round((mx - z_lo) / 15.0f * 16.0f);
+      const uint16_t z0 = best_z;
+      for (int code = std::max(1, c0 - 1); code <= std::min(0x7e, c0 + 3); ++code) {
+        const auto k = static_cast<uint8_t>(code);
+        consider(z0, k);
+        error_of(z0, k);
+        const float step = e4m3_value(k) * (1.0f / 16.0f);
+        double sum = 0;
+        for (int j = 0; j < kT; ++j) sum += double{x[j]} - double{step} * cand[j];
+        consider(f32_to_f16(static_cast<float>(sum / kT)), k);
       }
     }
-    z[c] = zh;
+    z[c] = best_z;
     d[c] = best_code;
     for (int j = 0; j < kT / 2; ++j) qs[c * (kT / 2) + j] = static_cast<uint8_t>(q[j] | (q[j + kT / 2] << 4));
   }

@@ -57,11 +57,12 @@ inline constexpr int kKvRotatedEncoder = 2;
 // row's elements) holds z [width] f16, then d [width] e4m3 bytes (d_c =
 // e4m3_value(byte) / 16, 2^-13 .. 28), then q [width][16] bytes (token j <
 // 16 in the low nibble of byte j, token j + 16 in its high nibble).
-// Encoder: z the largest f16 <= the channel's minimum; d the e4m3 step
-// (codes 1..0x7e) with the least squared error among the one nearest (max -
-// z) / 15, the one below it and the two above (q = nearbyint((x - z) *
-// (1 / d)) in f32, clamped to 0..15; the lowest code on ties); a channel of one value has
-// d = 0 (code 0) and q = 0.
+// Encoder: with z0 the largest f16 <= the channel's minimum, the e4m3
+// steps d (codes 1..0x7e) nearest (max - z0) / 15, one below and three
+// above are tried, each with z = z0 and with z refit to f16(mean(x - d q))
+// (q from z0); codes q = nearbyint((x - z) * (1 / d)) in f32, clamped to
+// 0..15; the least squared error wins (the first tried on ties). A channel
+// of one value has d = 0 (code 0) and q = 0.
 inline constexpr int kKvChanTokens = 32;
 // rows: [kKvChanTokens][width] f32, src_stride floats apart.
 void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst);
