@@ -20,7 +20,7 @@ void attend_chan_scalar(const ChanAttendArgs& a) {
 
 void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n_seqs, const AttentionParams& p,
                           const KvSideTypes& t, ThreadPool& pool) {
-  assert(p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024);
+  assert(p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024 && p.head_dim % 16 == 0 && p.n_head / p.n_head_kv <= 64);
   assert(t.k == kKvQ4Chan && !t.k_rotated);
   // The kernel is chosen once per call from the machine alone, so every
   // row of every batch takes the same arithmetic.
@@ -73,6 +73,7 @@ void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n
       a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
       a.tail = tails[s];
       a.v_dequant = v_dq;
+      a.v_type = t.v;
       a.n_heads = static_cast<int>(group);
       a.scale = p.scale;
       a.softcap = p.softcap;

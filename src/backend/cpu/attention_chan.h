@@ -46,6 +46,7 @@ struct ChanAttendArgs {
   int64_t pos, j_begin, j_end;    // the query's position; keys [j_begin, j_end)
   ChanTail tail;
   KvDequant v_dequant;
+  DType v_type;  // the AVX-512 build reads iq4_nlh64 rows itself
   int n_heads;
   float scale, softcap;
   float* scores;  // scratch [n_heads, j_end - j_begin]

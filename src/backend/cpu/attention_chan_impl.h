@@ -4,6 +4,7 @@
 // namespace RILL_CHAN_ISA. Plain loops over 32 tokens: the compiler
 // vectorizes the group's token sums (two 16-lane accumulators on AVX-512).
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/attention_chan.h"
 #include "backend/cpu/kv_quant.h"
@@ -29,13 +30,65 @@ inline float capped(float x, float softcap) {
   return softcap > 0.0f ? softcap * std::tanh(x / softcap) : x;
 }
 
+#ifndef RILL_CHAN_GROUP_SUMS
+// acc[g][j] = sum over channels c, in order, of qd[g][c] * q_cj (token j's
+// code of channel c: qs[c * 16 + j % 16], low nibble for j < 16).
+inline void group_sums(const uint8_t* qs, const float* qd, int64_t hd, int n_heads, float* acc) {
+  for (int g = 0; g < n_heads; ++g) {
+    float* ag = acc + g * kT;
+    for (int j = 0; j < kT; ++j) ag[j] = 0.0f;
+    for (int64_t c = 0; c < hd; ++c) {
+      const float w = qd[g * hd + c];
+      for (int j = 0; j < kT / 2; ++j) {
+        ag[j] += w * static_cast<float>(qs[c * (kT / 2) + j] & 0xF);
+        ag[j + kT / 2] += w * static_cast<float>(qs[c * (kT / 2) + j] >> 4);
+      }
+    }
+  }
+}
+#endif
+
+#ifndef RILL_CHAN_GROUP_SCALES
+// Per query head g: qz[g] = sum_c q_c z_c (in channel order) and qd[g][c] =
+// q_c d_c, z and d one group's zeros (f16) and steps (e4m3 x 1/16).
+inline void group_scales(const float* q, const uint16_t* z, const uint8_t* d, int64_t hd, int n_heads, float* qd,
+                         float* qz) {
+  for (int g = 0; g < n_heads; ++g) {
+    const float* qg = q + g * hd;
+    float sum = 0.0f;
+    for (int64_t c = 0; c < hd; ++c) {
+      sum += qg[c] * f16_to_f32(z[c]);
+      qd[g * hd + c] = qg[c] * (e4m3_value_fast(d[c]) * (1.0f / 16.0f));
+    }
+    qz[g] = sum;
+  }
+}
+#endif
+
+#ifndef RILL_CHAN_ACCUMULATE_V
+// out[g] += p[g] * v for one key's V head (its row bytes at v), dequantized
+// into row.
+inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float* p, float* row) {
+  a.v_dequant(v, row, a.head_dim);
+  for (int g = 0; g < a.n_heads; ++g) {
+    float* o = a.out + g * a.head_dim;
+    for (int64_t c = 0; c < a.head_dim; ++c) o[c] += p[g] * row[c];
+  }
+}
+#endif
+
+// head_dim: a multiple of 16 (V's blocks of 64 make it one).
 inline void attend(const ChanAttendArgs& a) {
   const int64_t n = a.j_end - a.j_begin, hd = a.head_dim, W = a.width;
   const int64_t own = a.pos - a.pos % kT;  // the query's own block: keys in f16
   const int64_t tail_start = a.tail.c0 - a.tail.c0 % kT;
-  alignas(64) float nib[1024 * kT];  // [hd][32]: this head's codes of one group
-  alignas(64) float qd[1024];
+  thread_local std::vector<float> qd_buf, acc_buf, qz_buf;  // [n_heads, hd], [n_heads, 32], [n_heads]
+  qd_buf.resize(static_cast<size_t>(a.n_heads * hd));
+  acc_buf.resize(static_cast<size_t>(a.n_heads * kT));
+  qz_buf.resize(static_cast<size_t>(a.n_heads));
+  float *qd = qd_buf.data(), *acc = acc_buf.data(), *qzs = qz_buf.data();
   alignas(64) float row[1024];
+  float pj[64];  // one key's probabilities, per query head (n_heads <= 64)
   // Quantized groups: keys [j_begin, min(own, j_end)).
   const int64_t q_end = own < a.j_end ? own : a.j_end;
   for (int64_t b0 = a.j_begin - a.j_begin % kT; b0 < q_end; b0 += kT) {
@@ -43,29 +96,15 @@ inline void attend(const ChanAttendArgs& a) {
     const auto* z = reinterpret_cast<const uint16_t*>(blk) + a.head * hd;
     const uint8_t* d = blk + 2 * W + a.head * hd;
     const uint8_t* qs = blk + 3 * W + a.head * hd * (kT / 2);
-    for (int64_t c = 0; c < hd; ++c) {
-      float* nc = nib + c * kT;
-      for (int j = 0; j < kT / 2; ++j) {
-        nc[j] = static_cast<float>(qs[c * (kT / 2) + j] & 0xF);
-        nc[j + kT / 2] = static_cast<float>(qs[c * (kT / 2) + j] >> 4);
-      }
-    }
     const int64_t lo = a.j_begin > b0 ? a.j_begin : b0, hi = q_end < b0 + kT ? q_end : b0 + kT;
+    // Per query head: q.z and q_c d_c, then each token's sum over channels.
+    group_scales(a.q, z, d, hd, a.n_heads, qd, qzs);
+    group_sums(qs, qd, hd, a.n_heads, acc);
     for (int g = 0; g < a.n_heads; ++g) {
-      const float* q = a.q + g * hd;
-      float qz = 0.0f;
-      for (int64_t c = 0; c < hd; ++c) {
-        qz += q[c] * f16_to_f32(z[c]);
-        qd[c] = q[c] * (e4m3_value_fast(d[c]) * (1.0f / 16.0f));
-      }
-      float acc[kT];
-      for (int j = 0; j < kT; ++j) acc[j] = 0.0f;
-      for (int64_t c = 0; c < hd; ++c) {
-        const float* nc = nib + c * kT;
-        for (int j = 0; j < kT; ++j) acc[j] += qd[c] * nc[j];
-      }
+      const float qz = qzs[g];
+      const float* ag = acc + g * kT;
       float* s = a.scores + g * n;
-      for (int64_t j = lo; j < hi; ++j) s[j - a.j_begin] = capped((qz + acc[j - b0]) * a.scale, a.softcap);
+      for (int64_t j = lo; j < hi; ++j) s[j - a.j_begin] = capped((qz + ag[j - b0]) * a.scale, a.softcap);
     }
   }
   // f16 keys of the own block.
@@ -92,12 +131,8 @@ inline void attend(const ChanAttendArgs& a) {
     for (int64_t c = 0; c < hd; ++c) o[c] = 0.0f;
   }
   for (int64_t j = a.j_begin; j < a.j_end; ++j) {
-    a.v_dequant(a.kv.v_row(j), row, hd);
-    for (int g = 0; g < a.n_heads; ++g) {
-      const float p = a.scores[g * n + (j - a.j_begin)];
-      float* o = a.out + g * hd;
-      for (int64_t c = 0; c < hd; ++c) o[c] += p * row[c];
-    }
+    for (int g = 0; g < a.n_heads; ++g) pj[g] = a.scores[g * n + (j - a.j_begin)];
+    accumulate_v(a, a.kv.v_row(j), pj, row);
   }
 }
 
