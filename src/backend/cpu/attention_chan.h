@@ -11,11 +11,15 @@
 // c0 from the tail, the others from the step's rows).
 //
 // Arithmetic: the query in f32; a quantized group's scores q.k = q.z +
-// sum_c (q_c d_c) q_cj (q.z and each token's sum in channel order, f32); an
-// f16 key's q.k as attention_quant's 8 partial sums; score = scale * q.k,
-// softcap as cpu::attention; f32 softmax with max subtraction, the sum in
-// double; out = sum_j p_j v_j in f32, rotated back when V is rotated. One
-// unit is one query and one KV head with all its query heads.
+// sum_c (q_c d_c) q_cj (f32; the baseline build sums in channel order, the
+// AVX-512 build q.z in 16 lanes then reduced and each token's sum with
+// FMAs in channel order); an f16 key's q.k as attention_quant's 8 partial
+// sums; score = scale * q.k, softcap as cpu::attention; f32 softmax with
+// max subtraction, the sum in double; out = sum_j p_j v_j in f32 (AVX-512:
+// iq4_nlh64 rows decoded in registers), rotated back when V is rotated.
+// The build is chosen per machine, never per call, so a query's bits
+// depend only on its position and its KV. One unit is one query and one
+// KV head with all its query heads.
 #include <cstdint>
 
 #include "backend/cpu/attention_quant.h"
