@@ -149,5 +149,20 @@ TEST(KvTails, BatchesATailCannotServeAreRefused) {
   EXPECT_TRUE(m->forward(b, out.data()).ok());
 }
 
+// Families whose forward does not keep KV tails (Gemma's KV-shared layers
+// would read a donor's tail after it moved on) refuse k4c at load, naming it.
+TEST(KvTails, OtherFamiliesRefuseK4cByName) {
+  const std::string dir = std::string(RILL_SHARED_DIR) + "/goldens/hf/gemma3";
+  if (!fs::exists(dir)) GTEST_SKIP() << "golden missing: " << dir;
+  auto files = open_model_files(dir);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  ModelOptions o;
+  o.n_threads = 2;
+  o.kv_types.k = parse_kv_pair("k4c")->k;  // q4c K alone: the golden's rows of 32 hold no iq4_nlh64 block
+  auto m = create_model(builtin_registry(), infer_profile(**files), *files, o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("q4c (k4c)"), std::string::npos) << m.error().message;
+}
+
 }  // namespace
 }  // namespace rill
