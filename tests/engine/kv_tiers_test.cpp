@@ -135,8 +135,8 @@ std::vector<fs::path> kv_files(const fs::path& dir) {
 
 // Every layer of a run file holds what resuming after its last token reads:
 // a full layer every row, a sliding layer the rows from the first block its
-// window reaches (block size 16) on.
-void expect_window_only_layers(const fs::path& file, int n_tokens) {
+// window reaches (blocks of block_size: 16, 32 with k4c's q4c K) on.
+void expect_window_only_layers(const fs::path& file, int n_tokens, int block_size = 16) {
   auto h = read_kv_header(file.string());
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(static_cast<int>(h->tokens.size()), n_tokens);
@@ -146,7 +146,7 @@ void expect_window_only_layers(const fs::path& file, int n_tokens) {
     int64_t first = 0;
     if (d.kind == LayerKind::kSliding) {
       EXPECT_GT(d.window, 0) << "layer " << l;
-      first = std::max(0, (n_tokens - d.window + 1) / 16) * 16;
+      first = std::max(0, (n_tokens - d.window + 1) / block_size) * block_size;
     }
     EXPECT_EQ(d.first_token, first) << "layer " << l;
     ASSERT_EQ(d.tensors.size(), 2u);
@@ -186,7 +186,8 @@ fs::path disk_round_trip(const std::string& model, int vocab, int prompt_len, in
   const auto files = kv_files(dir.path);
   EXPECT_EQ(files.size(), 1u);
   if (files.size() != 1) return {};
-  expect_window_only_layers(files[0], expect_cached);
+  const bool chan = base.kv_types.k && base.kv_types.k->dtype == kKvQ4Chan;
+  expect_window_only_layers(files[0], expect_cached, chan ? 32 : 16);
   if (!base.kv_types.empty()) {  // the file holds the KV in its stored type
     auto h = read_kv_header(files[0].string());
     EXPECT_TRUE(h.ok());
@@ -919,6 +920,15 @@ TEST(KvTiers, DiskPrefixSurvivesARestartK4cKv) {
     EXPECT_EQ(layer.tensors[1].dtype, kKvIq4Nl64);
     EXPECT_EQ(layer.tensors[0].shape, (std::vector<int64_t>{96, 192}));
   }
+}
+
+// q4c K on a sliding-window model (mistral-swa: window 8, rows of 32): the
+// run keeps only the block resuming at 96 reads, and a sequence resumes
+// with an empty tail at that block boundary.
+TEST(KvTiers, DiskPrefixSurvivesARestartSlidingWindowQ4cK) {
+  KvTypeOptions kv;
+  kv.k = parse_kv_type("q4c");
+  disk_round_trip(kGoldens + "mistral-swa", 512, 100, 96, with_kv(kv), nullptr, kKvQ4Chan);
 }
 
 TEST(KvTiers, EvictedK4cPrefixComesBackFromTheRamTier) {
