@@ -8,19 +8,26 @@ namespace rill::cpu {
 
 void pick_ordered_tokens(const float* scores, int32_t n_centroids, int32_t top_k, const int32_t* token_ordering,
                          int64_t per, int32_t* picked) {
-  assert(top_k >= 1 && top_k <= n_centroids);
-  // (score, -index) descending: c comes after p iff s[c] < s[p] or (s[c] == s[p] and c > p).
-  int32_t prev = -1;
-  for (int32_t k = 0; k < top_k; ++k) {
-    int32_t best = -1;
-    for (int32_t c = 0; c < n_centroids; ++c) {
-      const float s = scores[c];
-      if (prev >= 0 && !(s < scores[prev] || (s == scores[prev] && c > prev))) continue;
-      if (best < 0 || s > scores[best]) best = c;  // equal: the lower index stays
-    }
-    assert(best >= 0);  // NaN-free scores have top_k <= n_centroids picks
-    std::copy_n(token_ordering + static_cast<int64_t>(best) * per, per, picked + k * per);
-    prev = best;
+  assert(top_k >= 1 && top_k <= n_centroids && per >= 1);
+  // picked[0, n) holds the best groups so far, best first: one pass over
+  // the scores, a group entering only when it beats the last kept one
+  // (equal scores: the lower group stays ahead, groups arrive in order).
+  int32_t* top = picked;
+  int32_t n = 0;
+  for (int32_t c = 0; c < n_centroids; ++c) {
+    const float s = scores[c];
+    if (n == top_k && !(s > scores[top[n - 1]])) continue;
+    int32_t i = n < top_k ? n++ : n - 1;
+    for (; i > 0 && scores[top[i - 1]] < s; --i) top[i] = top[i - 1];
+    top[i] = c;
+  }
+  assert(n == top_k);  // top_k <= n_centroids
+  // Each group's tokens, from the last group back: group k's span [k per,
+  // (k + 1) per) starts at or after k, so it never covers a group id j < k
+  // still to be read.
+  for (int32_t k = top_k - 1; k >= 0; --k) {
+    const int64_t c = top[k];
+    std::copy_n(token_ordering + c * per, per, picked + k * per);
   }
 }
 

@@ -9,8 +9,8 @@ namespace rill::cpu {
 // The tokens of the top_k of n_centroids groups by scores (descending;
 // equal scores: the lower group first), group by group in that order:
 // picked [top_k * per], group c being token_ordering[c per, (c + 1) per).
-// One pass per pick over the scores, each taking the best below the
-// previous pick in that order (no sort scratch; the order is total).
+// One pass over the scores keeping the best top_k so far in picked's first
+// entries (no other scratch), then each group's tokens in place.
 void pick_ordered_tokens(const float* scores, int32_t n_centroids, int32_t top_k, const int32_t* token_ordering,
                          int64_t per, int32_t* picked);
 
