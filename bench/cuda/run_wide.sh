@@ -1,7 +1,8 @@
 #!/bin/bash
 # Device side of make_carry_wide.sh (run from the repo root; results under
 # $OUT): (1) the attention and Gemma tests; (2) bench_prefill_attention
-# with the WMMA kernel, the wide kernel at 512 only, and at 256 and 512;
+# with the WMMA kernel, the wide kernel at 512 only, and at 256 and 512
+# (NCU=1: then ncu's view of the 512 f16 kernel);
 # (3) when the tests passed, Gemma-4 26B-A4B as shipped (random bf16
 # weights made here) through bench_cuda in the same three settings, then
 # transformers' prefill and batch-1 decode on the same files
@@ -23,6 +24,11 @@ RILL_CUDA_FLASH_PREFILL=0 $V/bench_prefill_attention > $OUT/bench_wmma.txt 2>&1
 RILL_CUDA_WIDE_PREFILL=512 $V/bench_prefill_attention --shapes full256,sliding > $OUT/bench_wide512.txt 2>&1
 $V/bench_prefill_attention > $OUT/bench_wide.txt 2>&1
 cat $OUT/bench_wmma.txt $OUT/bench_wide512.txt $OUT/bench_wide.txt
+if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then  # the 512 f16 kernel's profile (SM activity, issue rate)
+  timeout 60 ncu -k regex:wide_prefill -s 3 -c 1 --section SpeedOfLight --section SchedulerStats --section Occupancy \
+    $V/bench_prefill_attention --shapes full --types f16 > $OUT/ncu.txt 2>&1
+  grep -E "Duration|SM Active|Elapsed Cycles|Issued Warp|Eligible Warps|Registers Per|Achieved Active" $OUT/ncu.txt
+fi
 [ "$trc" = 0 ] || [ "${E2E_ANYWAY:-0}" = 1 ] || exit 0
 echo "== end to end $(date -u +%T)"
 P=gemma4-26b-a4b M=/dev/shm/fam-gemma4-26b-a4b

@@ -24,8 +24,8 @@ void prefill_attention_flash(const AttentionArgs& a, cudaStream_t stream);
 
 // attention_wide.cu: fragments in registers for wide heads; f16, fp8, q8_0
 // or q4_0 KV and head_dim 256 or 512, tiles of up to kPrefillTileQMma
-// queries (8 warps: the rows split 2 ways, S's keys and P V's output dims
-// 4 ways), the same arithmetic as the WMMA kernel.
+// queries (8 warps at 256, 16 at 512: the rows split 2 or 4 ways, S's keys
+// and P V's output dims 4 ways), the same arithmetic as the WMMA kernel.
 bool prefill_wide_supported(DType kv_dtype, int32_t head_dim);
 void prefill_attention_wide(const AttentionArgs& a, cudaStream_t stream);
 

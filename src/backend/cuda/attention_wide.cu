@@ -3,14 +3,14 @@
 // mma.sync m16n8k16), for f16, fp8 (e4m3), q8_0 and q4_0 KV.
 //
 // A warp's output accumulator at head_dim 512 (16 rows x 512 f32) would
-// take 256 registers a lane, so a block's 64 queries and 8 warps split the
-// work two ways: warp (rg, cg) (row group rg of 2, column group cg of 4)
-// owns query rows [32 rg, 32 rg + 32) and
+// take 256 registers a lane, so a block's 64 queries split over RG row
+// groups x 4 column groups of warps (RG 2 at 256: 8 warps; 4 at 512: 16):
+// warp (rg, cg) owns query rows [64 / RG rg, 64 / RG (rg + 1)) and
 //   - in S = Q K^T, score columns (keys) [16 cg, 16 cg + 16) of each
 //     64-key tile, over the whole head (Q and K fragments by ldmatrix from
 //     shared memory);
-//   - in O += P V, output dims [cg HD / 4, (cg + 1) HD / 4) (at 512: 32 x
-//     128 f32, 128 registers a lane), over all 64 keys.
+//   - in O += P V, output dims [cg HD / 4, (cg + 1) HD / 4) (at 512: 16 x
+//     128 f32, 64 registers a lane), over all 64 keys.
 // The 4 warps of a row group meet in shared memory twice a tile: their
 // rows' partial maxima (each takes the maximum of the 4, so all hold the
 // same running max and rescale alike), and the probabilities P (f16),
@@ -22,7 +22,7 @@
 // while P V runs, V of the next while Q K^T runs (cp.async for f16; the
 // other types converted to f16 as load8h reads them, in the same places).
 // 205 KB of shared memory at 512 (Q, K, V of 64 rows), one block per SM;
-// 109 KB at 256, two.
+// 109 KB at 256, two. Blocks run the longest tiles first (grid order).
 //
 // Arithmetic as the other tensor-core kernels: q rounded to f16 before
 // Q K^T, probabilities to f16 before P V (their f16 values summed into the
@@ -54,15 +54,17 @@ using detail::pack_half2;
 using detail::smem_addr;
 
 constexpr int kBQ = kPrefillTileQMma, kBK = 64;
-constexpr int kRowGroups = 2, kColGroups = 4, kWarps = kRowGroups * kColGroups, kThreads = kWarps * 32;
-constexpr int kRows = kBQ / kRowGroups;  // query rows per warp
+constexpr int kColGroups = 4;
 constexpr int kKeys = kBK / kColGroups;  // score columns per warp
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kRows == 32 && kKeys == 16, "the fragment loops below assume 2 m-tiles and 2 n-tiles of S per warp");
-static_assert(kThreads == 4 * kBK, "4 threads copy each key's row");
+static_assert(kKeys == 16, "S takes one 16-key ldmatrix of K per warp and k-step");
 
-template <int HD>
+// The block's shape at head_dim HD with RG row groups (RG x 4 warps).
+template <int HD, int RG>
 struct Layout {
+  static constexpr int kWarps = RG * kColGroups, kThreads = kWarps * 32;
+  static constexpr int kRows = kBQ / RG;         // query rows per warp
+  static constexpr int kMT = kRows / 16;         // their 16-row m-tiles
   static constexpr int kDims = HD / kColGroups;  // output dims per warp
   static constexpr int kLd = HD + 8;             // halves per Q/K/V row: a 16-byte pad keeps ldmatrix conflict-free
   static constexpr int kLdP = kBK + 8;           // halves per probability row
@@ -73,8 +75,11 @@ struct Layout {
   static constexpr size_t kRed = kP + sizeof(__half) * kBQ * kLdP;  // [kColGroups][kBQ] f32: maxima, then sums
   static constexpr size_t kBytes = kRed + sizeof(float) * kColGroups * kBQ;
   static constexpr int kMinBlocks = kBytes * 2 <= 226 * 1024 ? 2 : 1;  // blocks an SM holds
+  // Copies: kPer threads per key, each kPieces 16-byte pieces of its row.
+  static constexpr int kPer = kThreads / kBK, kPieces = HD / 8 / kPer;
   static_assert(kBytes <= 227 * 1024, "a block must fit an SM's shared memory");
   static_assert(kDims % 64 == 0, "P V takes V fragments 4 at a time");
+  static_assert(kRows % 16 == 0 && kThreads % kBK == 0 && kPieces % 4 == 0, "the loops below");
 };
 
 // Stores (x, y) at p[0], p[1] (p 8-byte aligned for f32, 4 for 16-bit types).
@@ -89,9 +94,11 @@ __device__ __forceinline__ void store2(Out* p, float x, float y) {
   }
 }
 
-template <typename KvT, int HD, typename Out>
-__global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill_kernel(AttentionArgs a) {
-  using L = Layout<HD>;
+template <typename KvT, int HD, int RG, typename Out>
+__global__ void __launch_bounds__(Layout<HD, RG>::kThreads, Layout<HD, RG>::kMinBlocks)
+    wide_prefill_kernel(AttentionArgs a) {
+  using L = Layout<HD, RG>;
+  constexpr int kThreads = L::kThreads, kRows = L::kRows, kMT = L::kMT, kR = 2 * kMT;  // kR: rows per lane
   extern __shared__ __align__(128) uint8_t smem[];
   __half* qs = reinterpret_cast<__half*>(smem + L::kQ);
   __half* ks = reinterpret_cast<__half*>(smem + L::kK);
@@ -99,9 +106,11 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
   __half* ps = reinterpret_cast<__half*>(smem + L::kP);
   float* red = reinterpret_cast<float*>(smem + L::kRed);
 
-  // The longest tiles (latest queries) first: less of a tail.
-  const PrefillTile tile = a.tiles[gridDim.x - 1 - blockIdx.x];
-  const int h = blockIdx.y, kvh = h / (a.n_head / a.n_head_kv);
+  // Blocks start in index order: every head of the last tile (the latest
+  // queries: the most keys) first, then of the tile before, ...: the
+  // longest blocks first, for less of a tail.
+  const PrefillTile tile = a.tiles[a.n_tiles - 1 - static_cast<int32_t>(blockIdx.x) / a.n_head];
+  const int h = static_cast<int>(blockIdx.x % static_cast<unsigned>(a.n_head)), kvh = h / (a.n_head / a.n_head_kv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rg = warp / kColGroups, cg = warp % kColGroups;
   const int32_t* table = a.block_tables + a.table_start[tile.seq];
@@ -113,11 +122,10 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
   const int32_t k_lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0, k_hi = p_last + 1;
   const int n_kv_tiles = (k_hi - k_lo + kBK - 1) / kBK;
 
-  // Thread i copies 16-byte pieces (i % 4) + 4 u (u < kPieces) of key i / 4
-  // of each tile: 4 threads read 64 consecutive bytes of an f16 row. The
-  // key's cache row is looked up a tile ahead of its copies.
-  constexpr int kPieces = HD / 8 / 4;
-  const int my_key = threadIdx.x >> 2, my_sub = threadIdx.x & 3;
+  // Thread i copies 16-byte pieces (i % kPer) + kPer u (u < kPieces) of key
+  // i / kPer of each tile: kPer threads read 16 kPer consecutive bytes of
+  // an f16 row. The key's cache row is looked up a tile ahead of its copies.
+  const int my_key = threadIdx.x / L::kPer, my_sub = threadIdx.x % L::kPer;
   int64_t row = -1;  // byte offset of this thread's key's row in the next tile to copy; -1: past k_hi
   auto look_up = [&](int it) {
     const int32_t j = k_lo + it * kBK + my_key;
@@ -128,22 +136,22 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
     if constexpr (std::is_same_v<KvT, detail::KvF16>) {
       const uint32_t d0 = smem_addr(dst);
 #pragma unroll
-      for (int u = 0; u < kPieces; ++u) {
-        const int v = my_sub + 4 * u;
+      for (int u = 0; u < L::kPieces; ++u) {
+        const int v = my_sub + L::kPer * u;
         cp_async16(d0 + v * 16, base + (row >= 0 ? row + 2 * (head_e + v * 8) : 0), row >= 0);
       }
     } else {
       constexpr int kBatch = 4;  // loads issued together before their stores
 #pragma unroll
-      for (int u0 = 0; u0 < kPieces; u0 += kBatch) {
+      for (int u0 = 0; u0 < L::kPieces; u0 += kBatch) {
         uint4 x[kBatch];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          const int v = my_sub + 4 * (u0 + u);
+          const int v = my_sub + L::kPer * (u0 + u);
           x[u] = row >= 0 ? load8h<KvT>(base + row, head_e + v * 8) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) *reinterpret_cast<uint4*>(dst + (my_sub + 4 * (u0 + u)) * 8) = x[u];
+        for (int u = 0; u < kBatch; ++u) *reinterpret_cast<uint4*>(dst + (my_sub + L::kPer * (u0 + u)) * 8) = x[u];
       }
     }
     cp_async_commit();  // (empty for the converted types: the waits below then return at once)
@@ -181,12 +189,12 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
     }
   }
 
-  // This lane's 4 rows, index 2 mt + hf: row 32 rg + 16 mt + lane / 4 + 8 hf
-  // (fragment rows of S and O alike).
+  // This lane's kR rows, index 2 mt + hf: row kRows rg + 16 mt + lane / 4 +
+  // 8 hf (fragment rows of S and O alike).
   auto local_row = [&](int idx) { return rg * kRows + (idx >> 1) * 16 + (lane >> 2) + 8 * (idx & 1); };
-  int32_t p_row[4], lo_row[4];
+  int32_t p_row[kR], lo_row[kR];
 #pragma unroll
-  for (int idx = 0; idx < 4; ++idx) {
+  for (int idx = 0; idx < kR; ++idx) {
     const int r = local_row(idx);
     p_row[idx] = r < tile.n_q ? a.pos[tile.t0 + r] : -1;
     lo_row[idx] = a.window > 0 ? max(0, p_row[idx] - a.window + 1) : 0;
@@ -197,14 +205,14 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
   const int32_t group_lo = a.window > 0 && group_active ? max(0, a.pos[tile.t0 + rg * kRows] - a.window + 1) : 0;
 
   constexpr int kN = L::kDims / 8;  // n-tiles of this warp's output
-  float o[2][kN][4];
+  float o[kMT][kN][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int n = 0; n < kN; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
-  float m[4], l[4];  // m in log2 units, the same in the group's 4 warps; l this lane's columns' part
+  float m[kR], l[kR];  // m in log2 units, the same in the group's 4 warps; l this lane's columns' part
 #pragma unroll
-  for (int idx = 0; idx < 4; ++idx) {
+  for (int idx = 0; idx < kR; ++idx) {
     m[idx] = -INFINITY;
     l[idx] = 0.0f;
   }
@@ -221,30 +229,32 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
     cp_async_wait_one();  // K of this tile (V's copy may still be in flight)
     __syncthreads();      // K (and on the first pass Q) visible to every warp
 
-    // S = Q K^T: 32 rows x this warp's 16 keys, 2 x 2 fragments.
-    float s[2][2][4];
+    // S = Q K^T: kRows rows x this warp's 16 keys, kMT x 2 fragments.
+    float s[kMT][2][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
     if (key0 <= group_last && key0 + kKeys > group_lo) {  // else every key is masked below
 #pragma unroll
       for (int k = 0; k < HD / 16; ++k) {
-        uint32_t qa[2][4], kb[4];
-        ldmatrix_x4(qa[0], q_lane + k * 32);
-        ldmatrix_x4(qa[1], q_lane + (16 * L::kLd + k * 16) * 2);
+        uint32_t qa[kMT][4], kb[4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(qa[mt], q_lane + (mt * 16 * L::kLd + k * 16) * 2);
         ldmatrix_x4(kb, k_lane + k * 32);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < kMT; ++mt) {
           mma_m16n8k16<__half>(s[mt][0], qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3], kb[0], kb[1]);
           mma_m16n8k16<__half>(s[mt][1], qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3], kb[2], kb[3]);
         }
       }
     }
     // Scale, softcap, mask; the rows' maxima over this warp's columns.
-    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    float mx[kR];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int idx = 0; idx < kR; ++idx) mx[idx] = -INFINITY;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -260,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
       }
     }
 #pragma unroll
-    for (int idx = 0; idx < 4; ++idx) {
+    for (int idx = 0; idx < kR; ++idx) {
       mx[idx] = fmaxf(mx[idx], __shfl_xor_sync(0xffffffffu, mx[idx], 1));
       mx[idx] = fmaxf(mx[idx], __shfl_xor_sync(0xffffffffu, mx[idx], 2));
       if ((lane & 3) == 0) red[cg * kBQ + local_row(idx)] = mx[idx];
@@ -273,9 +283,9 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
     }
 
     // The group's running maxima; O and l rescaled; P (f16) into shared memory.
-    float base[4];
+    float base[kR];
 #pragma unroll
-    for (int idx = 0; idx < 4; ++idx) {
+    for (int idx = 0; idx < kR; ++idx) {
       const int r = local_row(idx);
       const float tile_max = fmaxf(fmaxf(red[r], red[kBQ + r]), fmaxf(red[2 * kBQ + r], red[3 * kBQ + r]));
       const float m_new = fmaxf(m[idx], tile_max);
@@ -291,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
       }
     }
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int r0 = rg * kRows + mt * 16 + (lane >> 2), col = cg * kKeys + nt * 8 + (lane & 3) * 2;
@@ -309,9 +319,9 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
     if (kc <= group_last && kc + kBK > group_lo) {
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
-        uint32_t pa[2][4];
-        ldmatrix_x4(pa[0], p_lane + kk * 32);
-        ldmatrix_x4(pa[1], p_lane + (16 * L::kLdP + kk * 16) * 2);
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(pa[mt], p_lane + (mt * 16 * L::kLdP + kk * 16) * 2);
         constexpr int kGroup = 4;  // V fragments loaded ahead of their products
 #pragma unroll
         for (int n0 = 0; n0 < L::kDims / 16; n0 += kGroup) {
@@ -322,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
 #pragma unroll
           for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
+            for (int mt = 0; mt < kMT; ++mt) {
               mma_m16n8k16<__half>(o[mt][2 * (n0 + g)], pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3], b[g][0], b[g][1]);
               mma_m16n8k16<__half>(o[mt][2 * (n0 + g) + 1], pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3], b[g][2],
                                    b[g][3]);
@@ -343,14 +353,14 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
   // The rows' sums: this lane's columns, then the quad's, then the 4
   // column groups' in order.
 #pragma unroll
-  for (int idx = 0; idx < 4; ++idx) {
+  for (int idx = 0; idx < kR; ++idx) {
     l[idx] += __shfl_xor_sync(0xffffffffu, l[idx], 1);
     l[idx] += __shfl_xor_sync(0xffffffffu, l[idx], 2);
     if ((lane & 3) == 0) red[cg * kBQ + local_row(idx)] = l[idx];
   }
   __syncthreads();
 #pragma unroll
-  for (int idx = 0; idx < 4; ++idx) {
+  for (int idx = 0; idx < kR; ++idx) {
     const int r = local_row(idx);
     if (r >= tile.n_q) continue;
     float sum = ((red[r] + red[kBQ + r]) + red[2 * kBQ + r]) + red[3 * kBQ + r];
@@ -367,22 +377,27 @@ __global__ void __launch_bounds__(kThreads, Layout<HD>::kMinBlocks) wide_prefill
   }
 }
 
-template <typename KvT, int HD, typename Out>
+template <typename KvT, int HD, int RG, typename Out>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
+  using L = Layout<HD, RG>;
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(wide_prefill_kernel<KvT, HD, Out>), Layout<HD>::kBytes,
-                Layout<HD>::kMinBlocks > 1);
-  const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
-  wide_prefill_kernel<KvT, HD, Out><<<grid, kThreads, Layout<HD>::kBytes, stream>>>(a);
+  opt_in.ensure(reinterpret_cast<const void*>(wide_prefill_kernel<KvT, HD, RG, Out>), L::kBytes, L::kMinBlocks > 1);
+  const unsigned grid = static_cast<unsigned>(a.n_tiles) * static_cast<unsigned>(a.n_head);
+  wide_prefill_kernel<KvT, HD, RG, Out><<<grid, L::kThreads, L::kBytes, stream>>>(a);
   RILL_CUDA_CHECK_LAUNCH();
 }
 
+// 256: 2 row groups (8 warps, 128 registers: two blocks per SM); 512: 4 (16
+// warps, 128 registers, one block per SM). 512 with 2 row groups (254
+// registers) took 576 us for f16 and 1,245 for q8_0 KV where 4 take 559 and
+// 940, q4_0 1,041 and 1,045 (its 16-warp build spills 124 bytes; docs/perf.md,
+// bench_prefill_attention).
 template <typename KvT>
 void launch_hd(const AttentionArgs& a, cudaStream_t stream) {
   if (a.head_dim == 256) {
-    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 256, T>(a, stream));
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 256, 2, T>(a, stream));
   } else {
-    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 512, T>(a, stream));
+    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 512, 4, T>(a, stream));
   }
 }
 
