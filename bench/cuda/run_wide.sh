@@ -35,7 +35,7 @@ P=gemma4-26b-a4b M=/dev/shm/fam-gemma4-26b-a4b
 timeout 120 python3 $V/scripts/make_family_model.py $P $M --jobs 16 --tokenizer /work/shared/tokenizers/qwen3 \
   > $OUT/make.log 2>&1
 echo "made rc=$?: $(tail -1 $OUT/make.log | cut -c1-200)"
-for setting in wide:1:x wide512:1:512 wmma:0:x; do
+for setting in ${SETTINGS:-wide:1:x wide512:1:512 wmma:0:x}; do
   IFS=: read name flash wide <<< "$setting"
   [ "$flash" = 0 ] && export RILL_CUDA_FLASH_PREFILL=0 || unset RILL_CUDA_FLASH_PREFILL
   [ "$wide" = 512 ] && export RILL_CUDA_WIDE_PREFILL=512 || unset RILL_CUDA_WIDE_PREFILL
