@@ -10,8 +10,9 @@
 // head_dim 512 (Gemma 4's full layers) half a tile per block (grid z picks
 // the half) and 32-key tiles, so its Q, K, V and output rows fit the 227 KB
 // of shared memory (169 KB; 64 queries would need 358 KB; 2 warps a block,
-// one block per SM: 23% slower prefill than head_dim 256 on Gemma-4
-// 26B-A4B, docs/perf.md). Scores and the online softmax stay f32; q is
+// one block per SM: 14x slower than attention_wide.cu's kernel, which runs
+// 256 and 512 unless RILL_CUDA_FLASH_PREFILL=0 or RILL_CUDA_WIDE_PREFILL
+// says otherwise; docs/perf.md). Scores and the online softmax stay f32; q is
 // rounded to f16 before Q K^T and the probabilities to f16 before P V (as
 // llama.cpp's f16 attention does), so outputs differ from the f32 reference
 // by ~1e-3 relative (tests/cuda/cuda_attention_test.cpp).
