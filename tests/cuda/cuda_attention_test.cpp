@@ -9,7 +9,7 @@
 // its shared-memory copy of whole heads), the general one, the
 // tensor-core prefill and the SIMT one; batch invariance per type.
 // head_dim 512 (Gemma 4's full layers: the general decode kernel, the
-// tensor-core prefill in half tiles, the SIMT prefill) for every KV type,
+// tensor-core prefill of attention_wide.cu, the SIMT prefill) for every KV type,
 // GQA groups 1/2/4/8, window and softcap, chunked prefill over a prefix.
 // Tolerance: 2e-5 absolute on outputs of magnitude <= 1 (f32 softmax and
 // sums in another order; no rounding of q or probabilities on either side),
@@ -244,10 +244,11 @@ TEST(CudaAttention, MatchesCpuOnPagedKv) {
   // head_dim 16 and 96 (3 q heads per KV head) take the general decode
   // kernel, the others attention_decode.cu's; each case runs both.
   const std::vector<Case> cases = {
-      {8, 2, 128, 0, 0.0f, DType::kF16},  {8, 2, 128, 0, 0.0f, DType::kF32},  {4, 2, 16, 0, 0.0f, DType::kF32},
-      {4, 4, 64, 37, 0.0f, DType::kF16},  {8, 1, 64, 0, 0.5f, DType::kF32},   {2, 1, 256, 100, 0.0f, DType::kF16},
-      {32, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 128, 0, 0.5f, DType::kF16},  {8, 2, 128, 90, 0.0f, DType::kF16},
-      {12, 4, 96, 0, 0.0f, DType::kF16},  {16, 2, 128, 0, 0.0f, DType::kF16}, {4, 2, 64, 0, 0.0f, DType::kF16},
+      {8, 2, 128, 0, 0.0f, DType::kF16},   {8, 2, 128, 0, 0.0f, DType::kF32},  {4, 2, 16, 0, 0.0f, DType::kF32},
+      {4, 4, 64, 37, 0.0f, DType::kF16},   {8, 1, 64, 0, 0.5f, DType::kF32},   {2, 1, 256, 100, 0.0f, DType::kF16},
+      {32, 8, 128, 0, 0.0f, DType::kF16},  {8, 2, 128, 0, 0.5f, DType::kF16},  {8, 2, 128, 90, 0.0f, DType::kF16},
+      {12, 4, 96, 0, 0.0f, DType::kF16},   {16, 2, 128, 0, 0.0f, DType::kF16}, {4, 2, 64, 0, 0.0f, DType::kF16},
+      {16, 8, 256, 37, 0.5f, DType::kF16},
   };
   for (const Case& c : cases) {
     const Paged p(c, seqs);
@@ -352,7 +353,7 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
       {32, 8, 128, 0, 0.0f, kF8E4M3},      {8, 2, 64, 37, 0.0f, kF8E4M3},      {2, 1, 256, 0, 0.5f, kF8E4M3},
       {8, 1, 64, 0, 0.0f, kF8E4M3},        {12, 4, 96, 0, 0.0f, kF8E4M3},      {4, 2, 16, 0, 0.0f, kF8E4M3},
       {32, 8, 128, 0, 0.0f, DType::kQ8_0}, {8, 2, 64, 37, 0.5f, DType::kQ8_0}, {4, 2, 256, 0, 0.0f, DType::kQ8_0},
-      {32, 8, 128, 0, 0.0f, DType::kQ4_0}, {8, 2, 64, 0, 0.0f, DType::kQ4_0},
+      {32, 8, 128, 0, 0.0f, DType::kQ4_0}, {8, 2, 64, 0, 0.0f, DType::kQ4_0},  {8, 2, 256, 90, 0.0f, DType::kQ4_0},
   };
   for (const Case& c : cases) {
     const Paged p(c, seqs);
@@ -377,8 +378,9 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
 // public 26B-A4B and 31B) on every path and KV type against the CPU: the
 // general decode kernel (the fast one stops at 256) with splits merged by
 // the combine kernel and in-kernel (bit for bit equal), the tensor-core
-// prefill (two blocks of 32 queries per 64-query tile: tiles of 64, of 40
-// and of 2 queries below) for f16 / fp8 / q8_0 / q4_0, the SIMT prefill for
+// prefill (attention_wide.cu: two row groups of 32 queries per 64-query
+// tile; tiles of 64, of 40 (the second group part full), of 6 (the second
+// group empty) and of 2 queries below) for f16 / fp8 / q8_0 / q4_0, the SIMT prefill for
 // f32; prefill chunks after a prefix of 230 keys (chunked prefill), GQA
 // groups 1, 2, 4 and 8, a window and softcap; decode batch invariance.
 TEST(CudaAttention, HeadDim512MatchesCpuOnEveryPath) {
