@@ -9,8 +9,12 @@
 # (hf_family_peer.py) and the table rows (family_table.py).
 R=$PWD
 V=$(dirname "$(realpath "$0")")
-# The binaries' compiled-in paths: the checkouts' tests/data, /work/shared.
-mkdir -p /work && ln -sfn $R /work/main && ln -sfn $R /work/wt-g4pf && (cd /work && tar xJf $V/shared.tar.xz)
+# Device side only: it links /work/main (and BUILT_IN, the checkout the
+# binaries were built in, when not /work/main) to this tree and unpacks
+# /work/shared, the binaries' compiled-in paths; never run it on a dev host.
+[ -n "${OUT:-}" ] || { echo "run_wide.sh: \$OUT unset: this runs on the device machine only" >&2; exit 2; }
+mkdir -p /work && ln -sfn $R /work/main && (cd /work && tar xJf $V/shared.tar.xz)
+[ -z "${BUILT_IN:-}" ] || ln -sfn $R "$BUILT_IN"
 xz -d $V/*.xz && chmod +x $V/tests $V/bench_cuda $V/bench_prefill_attention
 export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} RILL_SHARED_DIR=/work/shared
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader

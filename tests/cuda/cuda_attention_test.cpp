@@ -378,14 +378,16 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
 // public 26B-A4B and 31B) on every path and KV type against the CPU: the
 // general decode kernel (the fast one stops at 256) with splits merged by
 // the combine kernel and in-kernel (bit for bit equal), the tensor-core
-// prefill (attention_wide.cu: two row groups of 32 queries per 64-query
-// tile; tiles of 64, of 40 (the second group part full), of 6 (the second
-// group empty) and of 2 queries below) for f16 / fp8 / q8_0 / q4_0, the SIMT prefill for
+// prefill (attention_wide.cu: four row groups of 16 queries per 64-query
+// tile; tiles of 64, of 40 (groups 0-1 full, 2 part full, 3 empty), of 21
+// (group 1 part full), of 55 (group 3 part full), of 6 (group 0 part full)
+// and of 2 queries below) for f16 / fp8 / q8_0 / q4_0, the SIMT prefill for
 // f32; prefill chunks after a prefix of 230 keys (chunked prefill), GQA
 // groups 1, 2, 4 and 8, a window and softcap; decode batch invariance.
 TEST(CudaAttention, HeadDim512MatchesCpuOnEveryPath) {
   RILL_REQUIRE_GPU();
-  const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {70, 300}, {1, 1}, {130, 200}, {1, 2100}};
+  const std::vector<SeqSpec> seqs = {{1, 1000},  {40, 50},  {3, 300}, {70, 300}, {1, 1},
+                                     {130, 200}, {1, 2100}, {21, 21}, {55, 400}};
   const std::vector<Case> cases = {
       {16, 2, 512, 0, 0.0f, DType::kF16},  {16, 2, 512, 0, 0.0f, DType::kF32},  {8, 8, 512, 0, 0.0f, DType::kF16},
       {4, 2, 512, 100, 0.5f, DType::kF16}, {8, 2, 512, 0, 0.0f, DType::kF16},   {16, 2, 512, 0, 0.0f, kF8E4M3},
@@ -417,6 +419,30 @@ TEST(CudaAttention, HeadDim512MatchesCpuOnEveryPath) {
       const int32_t t0 = p.first_token(s);
       for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i)
         ASSERT_EQ(alone[t0 * w + i], got[t0 * w + i]) << dtype_name(c.kv) << " seq " << s << " elem " << i;
+    }
+  }
+}
+
+// Sinks on the tensor-core prefill at 256 and 512 (attention_wide.cu; the
+// test above runs sinks on f32 KV, which takes the SIMT kernels): f16 and
+// q8_0 KV, a window, query tiles that leave row groups part full.
+TEST(CudaAttention, SinksMatchCpuOnTheWidePrefill) {
+  RILL_REQUIRE_GPU();
+  const std::vector<SeqSpec> seqs = {{1, 600}, {40, 50}, {70, 300}, {21, 21}, {130, 400}};
+  const std::vector<Case> cases = {
+      {16, 2, 512, 0, 0.0f, DType::kF16}, {8, 2, 256, 100, 0.0f, DType::kF16}, {16, 2, 512, 37, 0.0f, DType::kQ8_0}};
+  for (const Case& c : cases) {
+    Paged p(c, seqs);
+    std::vector<float> sinks = random_floats(static_cast<size_t>(c.n_head), 29, -1, 3);
+    sinks[1] = 8.0f;
+    sinks[2] = -20.0f;
+    p.set_sinks(sinks);
+    const auto want = p.cpu_out();
+    const auto got = p.gpu_out(DType::kF32);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], p.tolerance(i))
+          << "sinks, hd " << c.head_dim << " window " << c.window << " kv " << dtype_name(c.kv) << " elem " << i;
     }
   }
 }

@@ -10,7 +10,7 @@
 // head_dim 512 (Gemma 4's full layers) half a tile per block (grid z picks
 // the half) and 32-key tiles, so its Q, K, V and output rows fit the 227 KB
 // of shared memory (169 KB; 64 queries would need 358 KB; 2 warps a block,
-// one block per SM: 14x slower than attention_wide.cu's kernel, which runs
+// one block per SM: 9-14x slower (by KV type) than attention_wide.cu's kernel, which runs
 // 256 and 512 unless RILL_CUDA_FLASH_PREFILL=0 or RILL_CUDA_WIDE_PREFILL
 // says otherwise; docs/perf.md). Scores and the online softmax stay f32; q is
 // rounded to f16 before Q K^T and the probabilities to f16 before P V (as
@@ -273,7 +273,8 @@ void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
     return;
   }
   // RILL_CUDA_WIDE_PREFILL=512: the wide kernel at 512 only, =0: at
-  // neither (the WMMA kernel at 256 and 512), for comparisons.
+  // neither (the WMMA kernel at 256 and 512), for comparisons; unset or
+  // any other value: the default, the wide kernel at 256 and 512.
   static const int32_t wide_from = [] {
     const char* env = std::getenv("RILL_CUDA_WIDE_PREFILL");
     const std::string v = env ? env : "";

@@ -22,7 +22,8 @@
 // while P V runs, V of the next while Q K^T runs (cp.async for f16; the
 // other types converted to f16 as load8h reads them, in the same places).
 // 205 KB of shared memory at 512 (Q, K, V of 64 rows), one block per SM;
-// 109 KB at 256, two. Blocks run the longest tiles first (grid order).
+// 109 KB at 256, two. Within a sequence, blocks run the longest tiles
+// first (grid order).
 //
 // Arithmetic as the other tensor-core kernels: q rounded to f16 before
 // Q K^T, probabilities to f16 before P V (their f16 values summed into the
@@ -106,9 +107,10 @@ __global__ void __launch_bounds__(Layout<HD, RG>::kThreads, Layout<HD, RG>::kMin
   __half* ps = reinterpret_cast<__half*>(smem + L::kP);
   float* red = reinterpret_cast<float*>(smem + L::kRed);
 
-  // Blocks start in index order: every head of the last tile (the latest
-  // queries: the most keys) first, then of the tile before, ...: the
-  // longest blocks first, for less of a tail.
+  // Blocks start in index order: every head of the last tile first, then of
+  // the tile before, ... Tiles are listed sequence by sequence, so within
+  // one sequence the latest queries (the most keys) start first, for less
+  // of a tail; across sequences the order is only the reverse listing.
   const PrefillTile tile = a.tiles[a.n_tiles - 1 - static_cast<int32_t>(blockIdx.x) / a.n_head];
   const int h = static_cast<int>(blockIdx.x % static_cast<unsigned>(a.n_head)), kvh = h / (a.n_head / a.n_head_kv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
