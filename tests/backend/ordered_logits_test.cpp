@@ -50,6 +50,26 @@ TEST(OrderedLogits, PicksTheTopGroupsInOrderWithTiesToTheLowerGroup) {
   }
 }
 
+// NaN scores rank as -infinity (a NaN hidden row must still pick valid
+// groups, never an index outside the ordering): NaN first, NaN at the cut,
+// and a row of NaN only.
+TEST(OrderedLogits, NanScoresRankBelowEveryNumber) {
+  constexpr int32_t C = 6, K = 3;
+  const std::vector<int32_t> ordering = {50, 51, 52, 53, 54, 55};
+  const float nan = NAN;
+  const std::vector<std::pair<std::vector<float>, std::vector<int32_t>>> rows = {
+      {{nan, 1.0f, 2.0f, nan, 0.5f, -INFINITY}, {52, 51, 54}},
+      {{0.0f, nan, 0.0f, -INFINITY, nan, 3.0f}, {55, 50, 52}},
+      {{nan, nan, nan, nan, nan, nan}, {50, 51, 52}},
+      {{-INFINITY, nan, 1.0f, nan, nan, nan}, {52, 50, 51}},
+  };
+  for (const auto& [scores, want] : rows) {
+    std::vector<int32_t> got(K, -1);
+    pick_ordered_tokens(scores.data(), C, K, ordering.data(), 1, got.data());
+    EXPECT_EQ(got, want);
+  }
+}
+
 TEST(OrderedLogits, FillsEveryOtherTokenWithTheSmallestDotMinusOne) {
   const std::vector<int32_t> picked = {5, 0, 9};
   const std::vector<float> dots = {1.5f, -2.0f, 0.25f};

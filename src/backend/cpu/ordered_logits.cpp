@@ -12,13 +12,16 @@ void pick_ordered_tokens(const float* scores, int32_t n_centroids, int32_t top_k
   // picked[0, n) holds the best groups so far, best first: one pass over
   // the scores, a group entering only when it beats the last kept one
   // (equal scores: the lower group stays ahead, groups arrive in order).
+  // A NaN score ranks as -infinity (below every number, tied with -inf),
+  // as the CUDA pick does: a NaN row still picks top_k valid groups.
+  const auto score = [scores](int32_t c) { return std::isnan(scores[c]) ? -INFINITY : scores[c]; };
   int32_t* top = picked;
   int32_t n = 0;
   for (int32_t c = 0; c < n_centroids; ++c) {
-    const float s = scores[c];
-    if (n == top_k && !(s > scores[top[n - 1]])) continue;
+    const float s = score(c);
+    if (n == top_k && !(s > score(top[n - 1]))) continue;
     int32_t i = n < top_k ? n++ : n - 1;
-    for (; i > 0 && scores[top[i - 1]] < s; --i) top[i] = top[i - 1];
+    for (; i > 0 && score(top[i - 1]) < s; --i) top[i] = top[i - 1];
     top[i] = c;
   }
   assert(n == top_k);  // top_k <= n_centroids

@@ -433,7 +433,11 @@ Status place_assistant_pass(Backend& b, const Gemma4AssistantWeights& w, Assista
   RILL_ASSIGN_OR_RETURN(a.pre_projection, b.place(&pre, 1, "assistant.pre_projection"));
   RILL_ASSIGN_OR_RETURN(a.post_projection, b.place(&post, 1, "assistant.post_projection"));
   HostMatrix head = host_matrix(w.lm_head);
-  head.gathered = true;
+  head.gathered = true;  // kept in its precision: the ordered head reads f32 / f16 / bf16 rows
+  if (w.ordered && head.dtype != DType::kF32 && head.dtype != DType::kF16 && head.dtype != DType::kBF16) {
+    return Error{w.files->path + ": lm_head dtype " + std::string(dtype_name(head.dtype)) +
+                 " (the centroid-ordered head takes f32, f16 or bf16 weights)"};
+  }
   RILL_ASSIGN_OR_RETURN(a.lm_head, b.place(&head, 1, "assistant.lm_head"));
   if (w.ordered) {
     const HostMatrix c = host_matrix(w.centroids);
