@@ -218,6 +218,7 @@ constexpr ArchInfo kArchs[] = {
     {"qwen3next", "qwen3_next", RopeStyle::kHalf},
     {"gpt-oss", "gpt_oss", RopeStyle::kHalf},
     {"deepseek2", "deepseek_v3", RopeStyle::kInterleaved},  // rope_interleave
+    {"minicpm", "minicpm", RopeStyle::kInterleaved},        // MiniCPMModel permutes q/k as LlamaModel
     {"minicpm3", "minicpm3", RopeStyle::kHalf},
     {"glm4moe", "glm4_moe", RopeStyle::kHalf},
     {"gemma4", "gemma4_text", RopeStyle::kHalf},
@@ -543,6 +544,29 @@ Status read_mla(const GgufFile& file, const ConfigReader& r, std::string_view ar
   return Status::Ok();
 }
 
+// minicpm (MiniCPM 1/2/4): the muP scales, written into `raw` under the
+// config.json names model/mup_scales.cpp reads: embedding_scale is
+// scale_emb, residual_scale is scale_depth / sqrt(n_layer) and logit_scale
+// hidden_size / dim_model_base (MiniCPMModel.set_gguf_parameters). Files
+// without those keys get MiniCPM-2B's values (scale_emb 12, scale_depth
+// 1.4, dim_model_base 256), the numbers llama.cpp's defaults are made of;
+// but llama.cpp defaults logit_scale to 256 / n_embd, the inverse of
+// hidden_size / dim_model_base, and divides by it, so on such files its
+// logits are transformers' times (n_embd / 256)^2 (the same argmax); rill
+// keeps transformers'.
+Status read_minicpm(const ConfigReader& r, ModelConfig* c) {
+  const auto n_layer = static_cast<double>(c->n_layer), n_embd = static_cast<double>(c->n_embd);
+  RILL_ASSIGN_OR_RETURN(const float embedding_scale, r.positive_float_or("embedding_scale", 12.0f));
+  RILL_ASSIGN_OR_RETURN(const float residual_scale,
+                        r.positive_float_or("residual_scale", static_cast<float>(1.4 / std::sqrt(n_layer))));
+  RILL_ASSIGN_OR_RETURN(const float logit_scale, r.positive_float_or("logit_scale", static_cast<float>(n_embd / 256)));
+  c->raw["model_type"] = c->architecture;
+  c->raw["scale_emb"] = static_cast<double>(embedding_scale);
+  c->raw["scale_depth"] = static_cast<double>(residual_scale) * std::sqrt(n_layer);
+  c->raw["dim_model_base"] = n_embd / static_cast<double>(logit_scale);
+  return Status::Ok();
+}
+
 // glm-dsa (GLM-5): the lightning indexer's keys, written into `raw` under
 // the Hugging Face names model/arch/deepseek_config.cpp reads (index_n_heads,
 // index_head_dim, index_topk, indexer_types), as llama.cpp's glm-dsa reads
@@ -844,6 +868,7 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
   if (is_routed_moe(*arch_name)) RILL_TRY(read_routed_moe(file, r, &c));
   if (is_mla(*arch_name)) RILL_TRY(read_mla(file, r, *arch_name, &c));
   if (*arch_name == "glm-dsa") RILL_TRY(read_dsa(file, r, &c));
+  if (*arch_name == "minicpm") RILL_TRY(read_minicpm(r, &c));
   if (*arch_name == "gemma4") RILL_TRY(read_gemma4(file, r, &c));
   return c;
 }

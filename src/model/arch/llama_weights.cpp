@@ -60,11 +60,49 @@ Result<LlamaLayerWeights> bind_llama_layer(const ModelFiles& f, const LlamaDims&
   return L;
 }
 
+// MiniCPM 1/2/4 (`minicpm`): the Llama graph with muP scales. What
+// MiniCPM checkpoints may declare beyond that is refused, never ignored.
+Status check_minicpm(const ModelFiles& f) {
+  const ModelConfig& c = f.config;
+  const bool gguf = f.format == ModelFormat::kGguf;
+  const std::string file = gguf ? f.path : f.path + "/config.json";
+  const nlohmann::json& raw = c.raw;
+  auto present = [&](const char* key) { return raw.is_object() && raw.contains(key) && !raw.at(key).is_null(); };
+  if (present("sparse_config")) {
+    return Error{file + ": field 'sparse_config' (MiniCPM4's InfLLM v2 sparse attention) is not supported; " +
+                 "minicpm runs dense attention only"};
+  }
+  if (c.n_expert > 0) {
+    return Error{file + ": " + (gguf ? "'minicpm.expert_count'" : "field 'num_experts'") +
+                 " (MiniCPM-MoE's experts) is not supported; minicpm runs dense FFNs only"};
+  }
+  if (c.hidden_act != "silu") {
+    return Error{file + ": field 'hidden_act' '" + c.hidden_act + "' is not supported by minicpm (silu)"};
+  }
+  if (present("mlp_bias") && !(raw.at("mlp_bias").is_boolean() && !raw.at("mlp_bias").get<bool>())) {
+    return Error{file + ": field 'mlp_bias' must be false for minicpm (the graph has no MLP biases)"};
+  }
+  if (present("use_mup") && !(raw.at("use_mup").is_boolean() && raw.at("use_mup").get<bool>())) {
+    return Error{file + ": field 'use_mup' must be true for minicpm (its scales are always applied)"};
+  }
+  for (const char* factors : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    if (f.find(factors)) {
+      return Error{f.path + ": tensor '" + factors + "' (LongRoPE, MiniCPM4) is not supported by minicpm yet"};
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<LlamaWeights> bind_llama_weights(const ModelFiles& f, const LlamaDims& d) {
   const ModelConfig& c = f.config;
   LlamaWeights w;
+  if (c.architecture == "minicpm") {
+    RILL_TRY(check_minicpm(f));
+    RILL_ASSIGN_OR_RETURN(w.mup,
+                          read_mup_scales(c, f.format == ModelFormat::kGguf ? f.path : f.path + "/config.json", true));
+  }
   RILL_ASSIGN_OR_RETURN(w.embed, bind_matrix(f, "model.embed_tokens.weight", d.V, d.E));
   w.tied = !f.find("lm_head.weight");
   if (w.tied) {
