@@ -339,6 +339,26 @@ std::string load_error(const std::string& path) {
   return model.ok() ? "(no error)" : model.error().message;
 }
 
+// A minicpm file without 'minicpm.logit_scale' (converted before the key
+// existed) gets MiniCPM-2B's dim_model_base 256: the golden's 8 becomes 256,
+// so rill's logits are the reference's times 256 / 8 = 32. (llama.cpp's
+// default for it is the inverse, 256 / n_embd, which it divides by: its
+// logits on this file are the reference's / 2, measured with
+// tools/llamacpp_logits.)
+TEST(FamilyGgufMinicpm, AFileWithoutTheLogitScaleGetsMiniCpm2bsValue) {
+  const std::string path = with_renamed("minicpm.gguf", "minicpm.logit_scale", "minicpm.logit_scalx");
+  const test::HfGolden ref = test::read_hf_golden(std::string(RILL_TEST_DATA) + "/minicpm");
+  auto files = open_model_files(path);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  EXPECT_NEAR((*files)->config.raw.at("dim_model_base").get<double>(), 256.0, 1e-4);
+  std::unique_ptr<Model> model = load(*files, 64);
+  ASSERT_TRUE(model);
+  SequenceRunner runner(*model);
+  auto logits = runner.score(ref.prompt_ids);
+  ASSERT_TRUE(logits.ok()) << logits.error().message;
+  EXPECT_LT(max_abs_diff(*logits, ref.logits, model->n_vocab(), 32.0), 1e-4);
+}
+
 // A corrupt metadata value is refused with the key's name.
 TEST(FamilyGgufErrors, ABadIndexerValueIsNamed) {
   {
