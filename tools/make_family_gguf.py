@@ -84,7 +84,11 @@ set_gguf_parameters:
     residual_scale (scale_depth / sqrt(n_layers)) and logit_scale
     (hidden_size / dim_model_base); q_proj / k_proj permuted as
     LlamaModel.permute does (llama.cpp's minicpm RoPE pairs (2i, 2i+1));
-    tied embeddings: no output.weight.
+    tied embeddings: no output.weight. minicpm_longrope (MiniCPM 4's
+    LongRoPE): rope.scaling.type longrope and the factors as the tensors
+    rope_factors_long / rope_factors_short (generate_extra_tensors, written
+    before the model's); llama.cpp rotates by the short ones while the
+    context is within context_length.
 <name>_f16 files are --outtype f16 (F16 matrices; 1-D tensors, norms and
 routers F32, as ModelBase.prepare_tensors picks).
 The tokenizer is a synthetic 512-token SentencePiece ("llama") vocabulary:
@@ -117,7 +121,8 @@ MODELS = [("deepseek2", "deepseek-v3", "deepseek2"), ("minicpm3", "minicpm3", "m
           ("gemma4_moe", "gemma4-moe", "gemma4"), ("deepseek2_f16", "deepseek-v3", "deepseek2"),
           ("glm4moe_f16", "glm4-moe", "glm4moe"), ("glm_dsa", "glm-5", "glm-dsa"),
           ("glm_dsa_ix64", "glm-5", "glm-dsa"), ("glm_dsa_h8", "glm-5", "glm-dsa"),
-          ("minicpm", "tests/data/minicpm", "minicpm"), ("minicpm_tied", "tests/data/minicpm-tied", "minicpm")]
+          ("minicpm", "tests/data/minicpm", "minicpm"), ("minicpm_tied", "tests/data/minicpm-tied", "minicpm"),
+          ("minicpm_longrope", "tests/data/minicpm-longrope", "minicpm")]
 
 
 def golden_path(golden):
@@ -150,7 +155,7 @@ def add_vocab(w, n_vocab, bos, eos):
 
 def text_model_params(w, cfg, gguf, n_head_kv=None):
     """TextModel.set_gguf_parameters for the keys these goldens have."""
-    rope = cfg.get("rope_parameters") or {}
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}  # v5, or v4 (the MiniCPM goldens)
     rope = rope.get("full_attention", rope)  # Gemma 4: per layer type; the full layers' here
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -166,7 +171,9 @@ def text_model_params(w, cfg, gguf, n_head_kv=None):
             w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
         if "beta_slow" in rope:
             w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-    w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
+    elif rope.get("rope_type") == "longrope":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
     if n_exp:
@@ -439,6 +446,10 @@ def convert(golden_dir, cfg, t, arch, out_path, gguf, mxfp4_experts=False, f16=F
         w.add_embedding_scale(float(cfg["scale_emb"]))
         w.add_residual_scale(cfg["scale_depth"] / cfg["num_hidden_layers"] ** 0.5)
         w.add_logit_scale(cfg["hidden_size"] / cfg["dim_model_base"])
+        longrope = cfg.get("rope_scaling") or {}
+        if longrope.get("long_factor") or longrope.get("short_factor"):  # MiniCPMModel.generate_extra_tensors
+            w.add_tensor("rope_factors_long.weight", np.array(longrope["long_factor"], dtype=np.float32))
+            w.add_tensor("rope_factors_short.weight", np.array(longrope["short_factor"], dtype=np.float32))
     if f16:
         w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     add_vocab(w, cfg["vocab_size"], cfg.get("bos_token_id", 1), cfg.get("eos_token_id", 2))

@@ -17,8 +17,14 @@ inv_freq = theta^(-2i/head_dim), grouped KV heads, causal softmax of q.k /
 sqrt(head_dim)); RMSNorm x / sqrt(mean(x^2) + eps) * w; lm_head is the
 embedding when tie_word_embeddings (no lm_head.weight in the file).
 
+LongRoPE (MiniCPM 4, rope_scaling.rope_type "longrope"): each rotated pair's
+frequency divided by short_factor (long_factor past
+original_max_position_embeddings), cos and sin scaled when
+max_position_embeddings exceeds that (here it equals it, as in MiniCPM4).
+
 Writes, for each variant (untied: tests/data/minicpm, tied:
-tests/data/minicpm-tied):
+tests/data/minicpm-tied, LongRoPE: tests/data/minicpm-longrope, the untied
+weights with random short and long factors):
     config.json         the MiniCPM config (GQA: 4 heads over 2 KV heads)
     model.safetensors   f32 weights under the Hugging Face names
     golden.json         prompt_ids, logits at every prompt position (float64
@@ -43,8 +49,8 @@ N_GREEDY = 16
 PROMPT_LEN = 24
 
 
-def make_config(tied):
-    return {
+def make_config(tied, longrope_seed=None, np=None):
+    cfg = {
         "architectures": ["MiniCPMForCausalLM"],
         "model_type": "minicpm",
         "vocab_size": 320,  # the GGUF files' synthetic vocabulary needs 259 byte / control tokens
@@ -69,6 +75,16 @@ def make_config(tied):
         "eos_token_id": 2,
         "torch_dtype": "float32",
     }
+    if longrope_seed is not None:  # MiniCPM 4's LongRoPE: one divisor per rotated pair
+        rng = np.random.default_rng(longrope_seed)
+        half = cfg["hidden_size"] // cfg["num_attention_heads"] // 2
+        cfg["rope_scaling"] = {
+            "rope_type": "longrope",
+            "short_factor": [round(float(f), 4) for f in rng.uniform(1.0, 8.0, half)],
+            "long_factor": [round(float(f), 4) for f in rng.uniform(1.0, 32.0, half)],
+            "original_max_position_embeddings": cfg["max_position_embeddings"],
+        }
+    return cfg
 
 
 def make_weights(cfg, seed, np):
@@ -105,14 +121,26 @@ def rms_norm(x, w, eps, np):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, pos, theta, np):
+def rope(x, pos, cfg, np):
     """x [n, heads, hd]: rotate_half RoPE at positions pos (MiniCPM's
-    apply_rotary_pos_emb)."""
+    apply_rotary_pos_emb). LongRoPE (MiniCPMLongRoPE): the short factors
+    divide each pair's frequency while the sequence is within
+    original_max_position_embeddings (the long ones beyond), cos and sin
+    times sqrt(1 + ln(max / original) / ln(original)) when max_position_embeddings
+    exceeds it (1 here)."""
     hd = x.shape[-1]
-    inv_freq = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+    inv_freq = 1.0 / cfg["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+    scale = 1.0
+    s = cfg.get("rope_scaling") or {}
+    if s.get("rope_type") == "longrope":
+        orig, max_pos = s["original_max_position_embeddings"], cfg["max_position_embeddings"]
+        seq = max(max_pos, len(pos))  # the cache MiniCPM builds covers max_position_embeddings
+        inv_freq = inv_freq / np.array(s["long_factor"] if seq > orig else s["short_factor"], dtype=np.float64)
+        if max_pos > orig:
+            scale = np.sqrt(1 + np.log(max_pos / orig) / np.log(orig))
     ang = np.outer(pos, inv_freq)  # [n, hd/2]
-    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=-1)[:, None, :]
-    sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=-1)[:, None, :]
+    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=-1)[:, None, :] * scale
+    sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=-1)[:, None, :] * scale
     half = hd // 2
     rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
@@ -134,7 +162,7 @@ def forward(cfg, t, ids, np):
         q = (x @ w[p + "self_attn.q_proj.weight"].T).reshape(n, H, hd)
         k = (x @ w[p + "self_attn.k_proj.weight"].T).reshape(n, Hkv, hd)
         v = (x @ w[p + "self_attn.v_proj.weight"].T).reshape(n, Hkv, hd)
-        q, k = rope(q, pos, cfg["rope_theta"], np), rope(k, pos, cfg["rope_theta"], np)
+        q, k = rope(q, pos, cfg, np), rope(k, pos, cfg, np)
         out = np.empty((n, H, hd))
         for head in range(H):
             kv = head // (H // Hkv)
@@ -156,8 +184,9 @@ def main():
     import numpy as np
     from safetensors.numpy import save_file
 
-    for name, tied, seed in (("minicpm", False, 20), ("minicpm-tied", True, 21)):
-        cfg = make_config(tied)
+    for name, tied, seed, longrope in (("minicpm", False, 20, False), ("minicpm-tied", True, 21, False),
+                                       ("minicpm-longrope", False, 20, True)):
+        cfg = make_config(tied, seed + 200 if longrope else None, np)
         t = make_weights(cfg, seed, np)
         prompt = [int(i) for i in np.random.default_rng(seed + 100).integers(3, cfg["vocab_size"], PROMPT_LEN)]
         logits = forward(cfg, t, prompt, np)

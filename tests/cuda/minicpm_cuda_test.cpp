@@ -1,8 +1,9 @@
 // MiniCPM 1/2/4 (`minicpm`: model/arch/llama.cpp's graph with the muP
 // scales of model/mup_scales.h) on the CUDA Backend, against the float64
 // numpy reference of tools/make_minicpm_golden.py, the CPU model and
-// llama.cpp, on the tiny checkpoints tests/data/minicpm (own lm_head) and
-// tests/data/minicpm-tied, KV blocks of 4:
+// llama.cpp, on the tiny checkpoints tests/data/minicpm (own lm_head),
+// tests/data/minicpm-tied and tests/data/minicpm-longrope (MiniCPM 4's
+// LongRoPE short factors), KV blocks of 4:
 //  - f32 weights: logits within 1e-3 of the reference with the prompt whole
 //    and in chunks of 7, 5 and 1 (prefill steps, decode steps, decode
 //    graphs), the greedy continuation identical, alone and through the
@@ -214,7 +215,8 @@ TEST_P(CudaMinicpm, BatchInvariantChunksGiveTheWholePromptsBits) {
 // llama.cpp's layout of the checkpoint (q/k rows permuted, the scales as
 // GGUF keys) against llama.cpp's own logits and greedy ids.
 TEST_P(CudaMinicpm, GgufFileGivesLlamaCppsLogits) {
-  const std::string name = GetParam() == "minicpm" ? "minicpm" : "minicpm_tied";
+  std::string name = GetParam();  // tests/data/gguf_families names them with '_'
+  std::replace(name.begin(), name.end(), '-', '_');
   const std::string base = test_data_dir() + "/gguf_families/" + name;
   std::ifstream in(base + ".json");
   ASSERT_TRUE(in) << base << ".json";
@@ -245,11 +247,12 @@ TEST_P(CudaMinicpm, GgufFileGivesLlamaCppsLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Minicpm, CudaMinicpm, ::testing::Values("minicpm", "minicpm-tied"), [](const auto& info) {
-  std::string name = info.param;
-  std::replace(name.begin(), name.end(), '-', '_');
-  return name;
-});
+INSTANTIATE_TEST_SUITE_P(Minicpm, CudaMinicpm, ::testing::Values("minicpm", "minicpm-tied", "minicpm-longrope"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace rill

@@ -87,6 +87,8 @@ const Case kCases[] = {
     // reference is its float64 numpy model (llama.cpp: 5.0e-6 and 2.2e-6).
     {"minicpm", "tests/data/minicpm", "minicpm", 1.0, 1e-3},
     {"minicpm_tied", "tests/data/minicpm-tied", "minicpm", 1.0, 1e-3},
+    // MiniCPM 4's LongRoPE: the factors as rope_factors_short / _long (llama.cpp: 3.8e-6).
+    {"minicpm_longrope", "tests/data/minicpm-longrope", "minicpm", 1.0, 1e-3},
 };
 
 // Where a case's golden lives: this repository's tests/data or ../shared.
@@ -179,6 +181,10 @@ TEST_P(FamilyGguf, ConfigMatchesTheHuggingFaceCheckpoint) {
     for (const char* key : {"scale_emb", "scale_depth", "dim_model_base"}) {
       EXPECT_NEAR(g.raw.value(key, 0.0), h.raw.at(key).get<double>(), 1e-6 * h.raw.at(key).get<double>()) << key;
     }
+    EXPECT_EQ(g.rope_scaling.type, h.rope_scaling.type);
+    EXPECT_EQ(g.rope_scaling.short_factor, h.rope_scaling.short_factor);
+    EXPECT_EQ(g.rope_scaling.long_factor, h.rope_scaling.long_factor);
+    EXPECT_EQ(g.rope_scaling.original_max_position, h.rope_scaling.original_max_position);
   }
   if (g.architecture == "glm_moe_dsa") {
     for (const char* key : {"index_topk", "indexer_types"}) {
@@ -429,10 +435,18 @@ TEST(FamilyGgufErrors, AMissingKeyOrTensorIsNamed) {
     EXPECT_NE(err.find("missing tensor 'model.layers.1.self_attn.indexer.k_norm.bias'"), std::string::npos) << err;
   }
   {
-    // MiniCPM4's LongRoPE factors (the converter writes them as these tensors): refused, not ignored.
+    // LongRoPE's factors in a file that does not say longrope: refused, not ignored.
     const std::string path = with_renamed("minicpm.gguf", "blk.0.attn_output.weight", "rope_factors_long.weight");
-    EXPECT_EQ(load_error(path),
-              path + ": tensor 'rope_factors_long.weight' (LongRoPE, MiniCPM4) is not supported by minicpm yet");
+    EXPECT_EQ(load_error(path), path +
+                                    ": tensor 'rope_factors_long.weight' (LongRoPE's factors) without "
+                                    "'minicpm.rope.scaling.type' longrope");
+  }
+  {
+    const std::string path =
+        with_renamed("minicpm_longrope.gguf", "rope_factors_short.weight", "rope_factors_shorx.weight");
+    EXPECT_EQ(load_error(path), path +
+                                    ": 'minicpm.rope.scaling.type' is longrope, so tensor "
+                                    "'rope_factors_short.weight' must hold 4 F32 factors");
   }
   {
     const std::string path =

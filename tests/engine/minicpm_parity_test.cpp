@@ -1,16 +1,17 @@
 // MiniCPM 1/2/4 (`minicpm`: the Llama graph with MiniCPM's muP scales,
 // model/mup_scales.h) against the float64 numpy model of
-// tools/make_minicpm_golden.py (transformers has no MiniCPM class) on two
-// tiny random checkpoints in tests/data: minicpm (its own lm_head) and
-// minicpm-tied (the embedding as the head), both GQA (4 heads over 2 KV
+// tools/make_minicpm_golden.py (transformers has no MiniCPM class) on three
+// tiny random checkpoints in tests/data: minicpm (its own lm_head),
+// minicpm-tied (the embedding as the head) and minicpm-longrope (minicpm's
+// weights with MiniCPM 4's LongRoPE factors), all GQA (4 heads over 2 KV
 // heads). Logits within 1e-3 at every prompt position with the prompt whole
 // and in chunks of 7, 5 and 1 tokens, the greedy continuation identical;
 // through the engine, prompts of different lengths batched (split into
 // chunks at other places than alone) give their alone tokens and
 // log-probabilities, and a prefix-cache hit gives the cold run's. What the
-// graph does not run (MiniCPM4's sparse attention and LongRoPE,
-// MiniCPM-MoE, another activation, missing scales) is refused naming the
-// field.
+// graph does not run (MiniCPM4's sparse attention, LongRoPE past
+// original_max_position_embeddings, MiniCPM-MoE, another activation,
+// missing scales) is refused naming the field.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -81,20 +82,21 @@ TEST_P(MinicpmParity, GreedyTokensMatchTheReference) {
   EXPECT_EQ(gen->ids, g_.greedy_ids) << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(Minicpm, MinicpmParity, ::testing::Values("minicpm", "minicpm-tied"), [](const auto& info) {
-  std::string name = info.param;
-  std::replace(name.begin(), name.end(), '-', '_');
-  return name;
-});
+INSTANTIATE_TEST_SUITE_P(Minicpm, MinicpmParity, ::testing::Values("minicpm", "minicpm-tied", "minicpm-longrope"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
-// The golden's weights with an edited config.json, in a temp dir.
-std::string with_config(const std::function<void(nlohmann::json&)>& edit) {
+// A golden's weights with an edited config.json, in a temp dir.
+std::string with_config(const std::function<void(nlohmann::json&)>& edit, const std::string& golden = "minicpm") {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("rill_minicpm_cfg_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  std::filesystem::copy_file(data_dir("minicpm") + "/model.safetensors", dir / "model.safetensors",
+  std::filesystem::copy_file(data_dir(golden) + "/model.safetensors", dir / "model.safetensors",
                              std::filesystem::copy_options::overwrite_existing);
-  std::ifstream in(data_dir("minicpm") + "/config.json");
+  std::ifstream in(data_dir(golden) + "/config.json");
   auto cfg = nlohmann::json::parse(in);
   edit(cfg);
   std::ofstream(dir / "config.json") << cfg.dump();
@@ -111,13 +113,27 @@ TEST(MinicpmModel, UnsupportedFieldsAreRefusedByName) {
          c["sparse_config"] = {{"kernel_size", 32}, {"topk", 64}, {"dense_len", 8192}};
        },
        "field 'sparse_config' (MiniCPM4's InfLLM v2 sparse attention) is not supported"},
+      // LongRoPE with max_position_embeddings past the original: MiniCPM's
+      // modeling applies the long factors and a magnitude scale at every
+      // length, llama.cpp the short ones.
       {[](nlohmann::json& c) {
          c["rope_scaling"] = {{"rope_type", "longrope"},
                               {"long_factor", {1.0, 1.0, 1.0, 1.0}},
                               {"short_factor", {1.0, 1.0, 1.0, 1.0}},
                               {"original_max_position_embeddings", 256}};
        },
-       "field 'rope_scaling.rope_type' 'longrope' is not supported"},
+       "field 'rope_scaling.original_max_position_embeddings' (256) is below max_position_embeddings (512)"},
+      {[](nlohmann::json& c) {
+         c["rope_scaling"] = {{"rope_type", "longrope"}, {"long_factor", {1.0, 1.0}}, {"short_factor", {1.0, 1.0}}};
+       },
+       "field 'rope_scaling.short_factor' must list 4 numbers (one per rotated pair)"},
+      {[](nlohmann::json& c) {
+         c["rope_scaling"] = {{"rope_type", "longrope"},
+                              {"long_factor", {1.0, 1.0, 1.0, 1.0}},
+                              {"short_factor", {1.0, 1.0, 1.0, 1.0}},
+                              {"attention_factor", 1.2}};
+       },
+       "field 'rope_scaling.attention_factor' is not part of MiniCPM's LongRoPE"},
       {[](nlohmann::json& c) {
          c["num_experts"] = 8;
          c["num_experts_per_tok"] = 2;
@@ -138,6 +154,24 @@ TEST(MinicpmModel, UnsupportedFieldsAreRefusedByName) {
     EXPECT_NE(model.error().message.find("config.json"), std::string::npos) << model.error().message;
     std::filesystem::remove_all(dir);
   }
+}
+
+// LongRoPE's short factors hold up to original_max_position_embeddings
+// (512 here); a longer context would need the long ones: refused.
+TEST(MinicpmModel, LongRopePastTheOriginalContextIsRefused) {
+  auto files = open_model_files(data_dir("minicpm-longrope"));
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  ModelOptions opts;
+  opts.n_threads = 1;
+  opts.n_ctx = 1024;
+  auto model = create_model(builtin_registry(), infer_profile(**files), *files, opts);
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.error().message.find("a context of 1024 tokens is past LongRoPE's "
+                                       "original_max_position_embeddings (512)"),
+            std::string::npos)
+      << model.error().message;
+  opts.n_ctx = 512;
+  EXPECT_TRUE(create_model(builtin_registry(), infer_profile(**files), *files, opts).ok());
 }
 
 // The scales are what moves the logits: the same weights read as plain
@@ -279,11 +313,12 @@ TEST_P(MinicpmEngine, PrefixHitMatchesTheColdRun) {
   EXPECT_EQ(hit.logprobs, cold.logprobs);  // bit-identical: same logits
 }
 
-INSTANTIATE_TEST_SUITE_P(Minicpm, MinicpmEngine, ::testing::Values("minicpm", "minicpm-tied"), [](const auto& info) {
-  std::string name = info.param;
-  std::replace(name.begin(), name.end(), '-', '_');
-  return name;
-});
+INSTANTIATE_TEST_SUITE_P(Minicpm, MinicpmEngine, ::testing::Values("minicpm", "minicpm-tied", "minicpm-longrope"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace rill

@@ -6,7 +6,8 @@
 //   q/k RMSNorm (qwen3)         self_attn.q_norm.weight present (over head_dim)
 //   sliding window (mistral)    config.sliding_window > 0
 //   tied embeddings             lm_head.weight absent
-//   rope variants               config.rope_scaling (see backend/cpu/rope_table.h)
+//   rope variants               config.rope_scaling (see backend/cpu/rope_table.h;
+//                               minicpm's LongRoPE: build_llama_rope)
 //   MoE FFN (mixtral, qwen3_moe) config.n_expert > 0, per layer is_moe_layer()
 //                               (model/moe.h); Mixtral names it block_sparse_moe
 //   muP scales (minicpm)        model_type minicpm: scale_emb, scale_depth,
@@ -385,7 +386,7 @@ Status LlamaModel::init(const ModelOptions& options) {
     RILL_TRY(bind_llama_mtp(f, d, w));
   }
   if (comm_) RILL_TRY(shard(w, d));
-  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, d.hd));
+  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, d.hd, options.n_ctx));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(dev, cfg_, w, d, rope));
   set_limits(options);
   RILL_ASSIGN_OR_RETURN(embedding_, declared_pooling(f));
@@ -721,7 +722,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   kv_dtype_ = dt.kv;  // as the CPU Llama: f32 checkpoints keep f32 KV
 
   RILL_TRY(create_backend(options));
-  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_));
+  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_, options.n_ctx));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(*backend_, cfg_, w, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, rope));
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
   return init_runtime(options);

@@ -86,8 +86,9 @@ Status check_minicpm(const ModelFiles& f) {
     return Error{file + ": field 'use_mup' must be true for minicpm (its scales are always applied)"};
   }
   for (const char* factors : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
-    if (f.find(factors)) {
-      return Error{f.path + ": tensor '" + factors + "' (LongRoPE, MiniCPM4) is not supported by minicpm yet"};
+    if (f.find(factors) && c.rope_scaling.type != RopeScaling::Type::kLongRope) {
+      return Error{f.path + ": tensor '" + factors + "' (LongRoPE's factors) without '" +
+                   "minicpm.rope.scaling.type' longrope"};
     }
   }
   return Status::Ok();
@@ -153,7 +154,7 @@ Status shard_llama_layers(LlamaWeights& w, const TensorSplit& split, const Split
   return Status::Ok();
 }
 
-Result<cpu::RopeTable> build_llama_rope(const ModelFiles& f, int64_t hd) {
+Result<cpu::RopeTable> build_llama_rope(const ModelFiles& f, int64_t hd, int64_t n_ctx) {
   const ModelConfig& c = f.config;
   const int64_t rot_dim = c.rope_dim > 0 ? c.rope_dim : hd;
   if (rot_dim > hd || rot_dim % 2 != 0) {
@@ -174,7 +175,26 @@ Result<cpu::RopeTable> build_llama_rope(const ModelFiles& f, int64_t hd) {
     for (int64_t i = 0; i < rot_dim / 2; ++i) rope.inv_freq[static_cast<size_t>(i)] /= div[i];
     rope.ggml_freq_divisor.assign(div, div + rot_dim / 2);
   }
-  if (f.format == ModelFormat::kGguf && c.rope_scaling.type == RopeScaling::Type::kNone) {
+  const bool longrope = c.rope_scaling.type == RopeScaling::Type::kLongRope;
+  if (longrope) {
+    // MiniCPM 4: the short factors divide each pair's frequency up to
+    // original_max_position; a longer context would need the long ones
+    // (from its first token, in MiniCPM's modeling and llama.cpp alike).
+    const RopeScaling& s = c.rope_scaling;
+    const int64_t ctx = n_ctx > 0 ? n_ctx : c.max_position;
+    if (ctx > s.original_max_position) {
+      return Error{f.path + ": a context of " + std::to_string(ctx) +
+                   " tokens is past LongRoPE's original_max_position_embeddings (" +
+                   std::to_string(s.original_max_position) +
+                   "), where its long factors apply: not supported (ask for a context of at most that)"};
+    }
+    if (static_cast<int64_t>(s.short_factor.size()) != rot_dim / 2) {
+      return Error{f.path + ": LongRoPE's short_factor must list " + std::to_string(rot_dim / 2) + " factors"};
+    }
+    for (int64_t i = 0; i < rot_dim / 2; ++i) rope.inv_freq[static_cast<size_t>(i)] /= s.short_factor[size_t(i)];
+    if (f.format == ModelFormat::kGguf) rope.ggml_freq_divisor = s.short_factor;  // llama.cpp's freq_factors
+  }
+  if (f.format == ModelFormat::kGguf && (c.rope_scaling.type == RopeScaling::Type::kNone || longrope)) {
     // GGUF models are held to llama.cpp, which builds angles by repeated f32
     // multiplication; pos * inv_freq differs in the last bits, and quantized
     // activations turn such bits into visible logit differences.
