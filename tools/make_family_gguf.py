@@ -77,6 +77,18 @@ set_gguf_parameters:
     on the prompt or the greedy continuation, so llama.cpp is compared at
     every position and on its greedy ids, against the numpy model of
     tools/make_dsa_causal_golden.py (no transformers golden: another model).
+  * minicpm (MiniCPMModel: MiniCPM 1/2/4, dense, from the tiny checkpoints of
+    tools/make_minicpm_golden.py in tests/data/minicpm and minicpm-tied,
+    whose reference is that tool's float64 numpy model: transformers has no
+    MiniCPM class): TextModel's keys plus embedding_scale (scale_emb),
+    residual_scale (scale_depth / sqrt(n_layers)) and logit_scale
+    (hidden_size / dim_model_base); q_proj / k_proj permuted as
+    LlamaModel.permute does (llama.cpp's minicpm RoPE pairs (2i, 2i+1));
+    tied embeddings: no output.weight. minicpm_longrope (MiniCPM 4's
+    LongRoPE): rope.scaling.type longrope and the factors as the tensors
+    rope_factors_long / rope_factors_short (generate_extra_tensors, written
+    before the model's); llama.cpp rotates by the short ones while the
+    context is within context_length.
 <name>_f16 files are --outtype f16 (F16 matrices; 1-D tensors, norms and
 routers F32, as ModelBase.prepare_tensors picks).
 The tokenizer is a synthetic 512-token SentencePiece ("llama") vocabulary:
@@ -108,7 +120,22 @@ MODELS = [("deepseek2", "deepseek-v3", "deepseek2"), ("minicpm3", "minicpm3", "m
           ("gpt_oss_mxfp4", "gpt-oss", "gpt-oss"), ("gemma4", "gemma4", "gemma4"),
           ("gemma4_moe", "gemma4-moe", "gemma4"), ("deepseek2_f16", "deepseek-v3", "deepseek2"),
           ("glm4moe_f16", "glm4-moe", "glm4moe"), ("glm_dsa", "glm-5", "glm-dsa"),
-          ("glm_dsa_ix64", "glm-5", "glm-dsa"), ("glm_dsa_h8", "glm-5", "glm-dsa")]
+          ("glm_dsa_ix64", "glm-5", "glm-dsa"), ("glm_dsa_h8", "glm-5", "glm-dsa"),
+          ("minicpm", "tests/data/minicpm", "minicpm"), ("minicpm_tied", "tests/data/minicpm-tied", "minicpm"),
+          ("minicpm_longrope", "tests/data/minicpm-longrope", "minicpm")]
+
+
+def golden_path(golden):
+    """A golden under ../shared/goldens/hf, or (tests/...) one of this repository's."""
+    return os.path.join(ROOT, golden) if golden.startswith("tests/") else os.path.join(SHARED, "goldens", "hf", golden)
+
+
+def permute_rope_rows(a, n_head, n_head_kv):
+    """LlamaModel.permute: each head's rows from rotate_half order to the
+    pairs (2i, 2i+1) llama.cpp's NORM RoPE rotates."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return a.reshape(n_head, 2, a.shape[0] // n_head // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
 
 
 def add_vocab(w, n_vocab, bos, eos):
@@ -128,7 +155,7 @@ def add_vocab(w, n_vocab, bos, eos):
 
 def text_model_params(w, cfg, gguf, n_head_kv=None):
     """TextModel.set_gguf_parameters for the keys these goldens have."""
-    rope = cfg.get("rope_parameters") or {}
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}  # v5, or v4 (the MiniCPM goldens)
     rope = rope.get("full_attention", rope)  # Gemma 4: per layer type; the full layers' here
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -144,7 +171,9 @@ def text_model_params(w, cfg, gguf, n_head_kv=None):
             w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
         if "beta_slow" in rope:
             w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-    w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
+    elif rope.get("rope_type") == "longrope":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
     if n_exp:
@@ -211,6 +240,12 @@ def hf_tensors(cfg, t, arch, np):
                 out.append((name.replace("gate_up_proj", "gate_proj.weight"), a[:, ::2, :]))
                 out.append((name.replace("gate_up_proj", "up_proj.weight"), a[:, 1::2, :]))
                 continue
+        if arch == "minicpm":  # MiniCPMModel.modify_tensors
+            H = cfg["num_attention_heads"]
+            if name.endswith("q_proj.weight"):
+                a = permute_rope_rows(a, H, H)
+            elif name.endswith("k_proj.weight"):
+                a = permute_rope_rows(a, H, cfg.get("num_key_value_heads"))
         if arch == "gemma4":  # Gemma4Model.filter_tensors / modify_tensors (norm_shift 0)
             if name.endswith(("per_dim_scale", "layer_scalar")):
                 name += ".weight"
@@ -406,6 +441,15 @@ def convert(golden_dir, cfg, t, arch, out_path, gguf, mxfp4_experts=False, f16=F
             w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
     elif arch == "gemma4":
         w.add_tensor("rope_freqs.weight", gemma4_params(w, cfg, gguf))
+    elif arch == "minicpm":  # MiniCPMModel.set_gguf_parameters: TextModel's, then the muP scales
+        text_model_params(w, cfg, gguf)
+        w.add_embedding_scale(float(cfg["scale_emb"]))
+        w.add_residual_scale(cfg["scale_depth"] / cfg["num_hidden_layers"] ** 0.5)
+        w.add_logit_scale(cfg["hidden_size"] / cfg["dim_model_base"])
+        longrope = cfg.get("rope_scaling") or {}
+        if longrope.get("long_factor") or longrope.get("short_factor"):  # MiniCPMModel.generate_extra_tensors
+            w.add_tensor("rope_factors_long.weight", np.array(longrope["long_factor"], dtype=np.float32))
+            w.add_tensor("rope_factors_short.weight", np.array(longrope["short_factor"], dtype=np.float32))
     if f16:
         w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     add_vocab(w, cfg["vocab_size"], cfg.get("bos_token_id", 1), cfg.get("eos_token_id", 2))
@@ -498,7 +542,7 @@ def main():
     for name, golden, arch in MODELS:
         if args.only and name not in args.only.split(","):
             continue
-        gdir = os.path.join(SHARED, "goldens", "hf", golden)
+        gdir = golden_path(golden)
         with open(os.path.join(gdir, "golden.json")) as f:
             g = json.load(f)
         path = os.path.join(OUT_DIR, name + ".gguf")
@@ -550,7 +594,7 @@ def main():
             logits_cmp, same_ids = logits, greedy == ref_ids
         max_err = float(np.max(np.abs(logits_cmp / scale - ref)))
         print(f"{name}: {arch}, {os.path.getsize(path)} bytes; llama.cpp vs "
-              f"{'the numpy reference' if name.endswith('_h8') else 'transformers'}"
+              f"{'the numpy reference' if name.endswith('_h8') or arch == 'minicpm' else 'transformers'}"
               f"{f' (llama.cpp / {scale:g})' if scale != 1 else ''}: max |logit diff| {max_err:.2e} over "
               f"{logits_cmp.shape[0]} positions, greedy ids "
               f"{'as above' if arch == 'glm-dsa' else 'identical' if same_ids else 'DIFFER'}", file=sys.stderr)
@@ -560,7 +604,8 @@ def main():
         if arch != "gpt-oss" and (max_err > bound or not same_ids):
             failed = True
         out = {
-            "what": f"llama.cpp on {name}.gguf (GGUF architecture {arch}, converted from goldens/hf/{golden} "
+            "what": f"llama.cpp on {name}.gguf (GGUF architecture {arch}, converted from "
+                    f"{golden if golden.startswith('tests/') else 'goldens/hf/' + golden} "
                     "by tools/make_family_gguf.py): logits at every prompt position (f32 KV cache, one "
                     "batch) and greedy ids (argmax, one token per decode)" +
                     (f"; positions [0, determined_positions) of the prompt followed by the greedy ids are "
@@ -569,7 +614,9 @@ def main():
                      "are comparable" + (". The golden's indexer widened to 8 heads (add_indexer_heads): "
                                          "max_abs_diff_vs_transformers is against the numpy reference"
                                          if name.endswith("_h8") else "") + "."
-                     if arch == "glm-dsa" else "."),
+                     if arch == "glm-dsa" else
+                     "; max_abs_diff_vs_transformers is against tools/make_minicpm_golden.py's float64 numpy "
+                     "model (transformers has no MiniCPM class)." if arch == "minicpm" else "."),
             "architecture": arch,
             "llama_cpp_python_version": VERSION,
             "logit_scale_vs_transformers": scale,

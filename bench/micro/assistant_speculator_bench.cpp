@@ -14,6 +14,8 @@
 // runs: each run starts its rows at position 0. RILL_BENCH_THREADS sets the
 // CPU threads (default 2); with 1 every op runs on the benchmark's thread,
 // so its CPU time is the whole work, which a loaded machine does not blur.
+// RILL_BENCH_DEVICE=cuda runs the pair on the GPU (the CUDA Gemma runtime's
+// step kinds; wall time is then the figure).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -46,6 +48,11 @@ std::pair<std::string, std::string> pair_dirs(int pair) {
   return {dir + "/target", dir + "/assistant"};
 }
 
+Device bench_device() {
+  const char* env = std::getenv("RILL_BENCH_DEVICE");
+  return env && std::string(env) == "cuda" ? Device::kCuda : Device::kCpu;
+}
+
 // The target with its assistant bound, loaded at the first call.
 Result<Model*> model_for(int pair) {
   static std::map<int, std::unique_ptr<Model>> models;
@@ -54,6 +61,7 @@ Result<Model*> model_for(int pair) {
   const auto [target, assistant] = pair_dirs(pair);
   RILL_ASSIGN_OR_RETURN(auto files, open_model_files(target));
   ModelOptions mo;
+  mo.device = bench_device();
   const char* threads = std::getenv("RILL_BENCH_THREADS");
   mo.n_threads = threads ? std::atoi(threads) : 2;
   mo.n_ctx = 512;

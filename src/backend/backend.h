@@ -251,6 +251,8 @@ enum class Glu { kSilu, kGeluTanh };
 // v_norm: V heads are RMS-normed over head_dim without a weight before the
 // store (Gemma 4). n_head_kv 0: qkv holds q only, which is normed and
 // rotated; nothing is stored (a layer reading another layer's KV, Gemma 4).
+// pos_offset: the rotation is at pos[t] + pos_offset (q only: Gemma 4's
+// assistant rotates its query one past the last key it reads).
 struct RopeKvOp {
   Tensor qkv;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
@@ -260,6 +262,7 @@ struct RopeKvOp {
   Rope rope;
   KvCacheView kv;
   int kv_group = 0;
+  int32_t pos_offset = 0;
 };
 
 // attention(): every query token t of the step (q row t: [n_head,
@@ -392,6 +395,29 @@ struct LightningIndexOp {
   int32_t* n_selected = nullptr;
   KvCacheView kv;
   int kv_group = 0;
+};
+
+// Gemma 4's assistant's head over ordered embeddings (its
+// use_ordered_embeddings): the vocabulary is n_centroids groups of V / C
+// tokens, group c = token_ordering[c V/C, (c + 1) V/C). Per row r:
+//   the top_k groups by scores[r] (descending; equal scores: the lower
+//   group first), their tokens picked[r] [top_k V/C] group by group;
+//   logits[r, t] = hidden[r] . lm_head[t] (f32 products of the rows'
+//   f32 values) for the picked tokens, every other token the smallest of
+//   those minus 1 (a row's logits do not depend on the other rows).
+// hidden [n, E] F32, scores [n, C] F32 (the centroids' logits), logits
+// [n, V] F32, all dense; lm_head [V, E] placed gathered (F32 / F16 /
+// BF16 on CUDA); token_ordering [V], picked and dots [n, top_k V/C]
+// (scratch) in memory the backend addresses.
+struct OrderedLogitsOp {
+  Tensor hidden, scores, logits;
+  Weight lm_head;
+  const int32_t* token_ordering = nullptr;
+  int32_t n_centroids = 0, top_k = 0;
+  int32_t* picked = nullptr;
+  float* dots = nullptr;
+
+  int64_t n_picked() const { return int64_t{top_k} * (logits.cols / n_centroids); }
 };
 
 // --- Mixtures of experts ---------------------------------------------------
@@ -625,11 +651,17 @@ class Backend {
     (void)kind, (void)gate, (void)up, (void)out;
     assert(false && "glu_split: this Backend has no Gemma 4 ops");
   }
-  // out = x converted to out.dtype, [rows, cols]; x F32, strided rows
-  // allowed (the residual stream as a matmul input).
+  // out = x converted to out.dtype, [rows, cols]; x F32; both with strided
+  // rows allowed (the residual stream as a matmul input; Gemma 4's
+  // assistant writes the two halves of its input's rows).
   virtual void convert(Tensor x, Tensor out) {
     (void)x, (void)out;
     assert(false && "convert: this Backend has no Gemma 4 ops");
+  }
+  // Gemma 4's assistant's head over ordered embeddings (OrderedLogitsOp).
+  virtual void ordered_logits(const OrderedLogitsOp& op) {
+    (void)op;
+    assert(false && "ordered_logits: this Backend has no Gemma 4 ops");
   }
 
   // --- Hybrid (gated DeltaNet) models. ---------------------------------------

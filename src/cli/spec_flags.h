@@ -20,7 +20,7 @@ struct SpecFlags {
            "edits and code), draft=PATH (a smaller model with the same tokenizer drafts greedily), mtp (the "
            "model's own multi-token-prediction layer drafts: DeepSeek-V3, GLM-4.5/5, Qwen3-Next checkpoints "
            "that carry it), assistant=PATH (a Gemma 4 target's assistant checkpoint drafts, reading the target's "
-           "KV; CPU) or off; requests opt out with \"speculative\": false (output is the same "
+           "KV) or off; requests opt out with \"speculative\": false (output is the same "
            "either way; replay=FILE[:A] replays the continuations `rill bench --record-tokens FILE` "
            "recorded, a benchmark of the mechanism)")
         ->check([](const std::string& v) -> std::string {

@@ -99,7 +99,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   }
   if (assistant && model->n_mtp_layers() == 0) {  // a family that does not run one left it unbound
     return Error{"--spec " + options.spec + ": " + files->path + " (" + files->config.architecture +
-                 ") does not run a Gemma 4 assistant (a Gemma 4 target on the CPU does)"};
+                 ") does not run a Gemma 4 assistant (a Gemma 4 target does, on the CPU or CUDA)"};
   }
   EngineOptions eo = options;
   eo.model_path = model_path;

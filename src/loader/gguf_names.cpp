@@ -218,6 +218,7 @@ constexpr ArchInfo kArchs[] = {
     {"qwen3next", "qwen3_next", RopeStyle::kHalf},
     {"gpt-oss", "gpt_oss", RopeStyle::kHalf},
     {"deepseek2", "deepseek_v3", RopeStyle::kInterleaved},  // rope_interleave
+    {"minicpm", "minicpm", RopeStyle::kInterleaved},        // MiniCPMModel permutes q/k as LlamaModel
     {"minicpm3", "minicpm3", RopeStyle::kHalf},
     {"glm4moe", "glm4_moe", RopeStyle::kHalf},
     {"gemma4", "gemma4_text", RopeStyle::kHalf},
@@ -342,7 +343,7 @@ std::optional<int32_t> token_id(const GgufFile& file, std::string_view key) {
   return static_cast<int32_t>(*id);
 }
 
-Status read_rope_scaling(const GgufFile& file, const ConfigReader& r, RopeScaling* out) {
+Status read_rope_scaling(const GgufFile& file, const ConfigReader& r, std::string_view arch, RopeScaling* out) {
   const std::string type_key = r.key("rope.scaling.type");
   auto type = file.get_string(type_key);
   if (!type) {
@@ -364,6 +365,9 @@ Status read_rope_scaling(const GgufFile& file, const ConfigReader& r, RopeScalin
       RILL_ASSIGN_OR_RETURN(float attn, r.positive_float_or("rope.scaling.attn_factor", 1.0f));
       out->attention_factor = attn;
     }
+  } else if (*type == "longrope" && arch == "minicpm") {
+    out->type = RopeScaling::Type::kLongRope;  // read_minicpm reads the factors
+    return Status::Ok();
   } else {
     return Error{file.path() + ": unsupported '" + type_key + "' value '" + *type + "'"};
   }
@@ -540,6 +544,59 @@ Status read_mla(const GgufFile& file, const ConfigReader& r, std::string_view ar
     c->raw["scale_depth"] = 1.4;
     c->raw["dim_model_base"] = 256;
   }
+  return Status::Ok();
+}
+
+// minicpm's LongRoPE (MiniCPM 4; rope.scaling.type longrope): the per-pair
+// divisors in the tensors rope_factors_short / rope_factors_long (F32
+// [rope_dim / 2]), and the context past which llama.cpp takes the long ones,
+// rope.scaling.original_context_length or else context_length. No magnitude
+// scale (llama.cpp's rope.scaling.attn_factor is refused).
+Status read_longrope(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  RopeScaling& s = c->rope_scaling;
+  const int64_t n = c->rope_dim / 2;
+  for (const char* name : {"rope_factors_short.weight", "rope_factors_long.weight"}) {
+    const GgufTensorInfo* t = file.find_tensor(name);
+    if (!t || t->type != 0 /* F32 */ || t->n_elements() != n || !t->data)
+      return Error{file.path() + ": '" + r.key("rope.scaling.type") + "' is longrope, so tensor '" + name +
+                   "' must hold " + std::to_string(n) + " F32 factors"};
+    std::vector<float>& out = std::string_view(name).starts_with("rope_factors_short") ? s.short_factor : s.long_factor;
+    out.resize(static_cast<size_t>(n));
+    std::memcpy(out.data(), t->data, static_cast<size_t>(n) * sizeof(float));
+    for (float f : out) {
+      if (!(f > 0) || !std::isfinite(f))
+        return Error{file.path() + ": tensor '" + name + "' must hold positive factors"};
+    }
+  }
+  if (file.find(r.key("rope.scaling.attn_factor")))
+    return Error{file.path() + ": '" + r.key("rope.scaling.attn_factor") + "' is not part of MiniCPM's LongRoPE"};
+  RILL_ASSIGN_OR_RETURN(s.original_max_position, r.count_or("rope.scaling.original_context_length", c->max_position));
+  if (s.original_max_position <= 0)
+    return Error{file.path() + ": '" + r.key("rope.scaling.original_context_length") + "' must be positive"};
+  return Status::Ok();
+}
+
+// minicpm (MiniCPM 1/2/4): the muP scales, written into `raw` under the
+// config.json names model/mup_scales.cpp reads: embedding_scale is
+// scale_emb, residual_scale is scale_depth / sqrt(n_layer) and logit_scale
+// hidden_size / dim_model_base (MiniCPMModel.set_gguf_parameters). Files
+// without those keys get MiniCPM-2B's values (scale_emb 12, scale_depth
+// 1.4, dim_model_base 256), the numbers llama.cpp's defaults are made of;
+// but llama.cpp defaults logit_scale to 256 / n_embd, the inverse of
+// hidden_size / dim_model_base, and divides by it, so on such files its
+// logits are transformers' times (n_embd / 256)^2 (the same argmax); rill
+// keeps transformers'.
+Status read_minicpm(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  const auto n_layer = static_cast<double>(c->n_layer), n_embd = static_cast<double>(c->n_embd);
+  RILL_ASSIGN_OR_RETURN(const float embedding_scale, r.positive_float_or("embedding_scale", 12.0f));
+  RILL_ASSIGN_OR_RETURN(const float residual_scale,
+                        r.positive_float_or("residual_scale", static_cast<float>(1.4 / std::sqrt(n_layer))));
+  RILL_ASSIGN_OR_RETURN(const float logit_scale, r.positive_float_or("logit_scale", static_cast<float>(n_embd / 256)));
+  c->raw["model_type"] = c->architecture;
+  c->raw["scale_emb"] = static_cast<double>(embedding_scale);
+  c->raw["scale_depth"] = static_cast<double>(residual_scale) * std::sqrt(n_layer);
+  c->raw["dim_model_base"] = n_embd / static_cast<double>(logit_scale);
+  if (c->rope_scaling.type == RopeScaling::Type::kLongRope) RILL_TRY(read_longrope(file, r, c));
   return Status::Ok();
 }
 
@@ -811,7 +868,7 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
                  std::to_string(c.head_dim)};
   // llama3-style rope scaling is baked into the 'rope_freqs.weight' tensor by
   // the converter, so it needs no RopeScaling here.
-  RILL_TRY(read_rope_scaling(file, r, &c.rope_scaling));
+  RILL_TRY(read_rope_scaling(file, r, *arch_name, &c.rope_scaling));
   RILL_ASSIGN_OR_RETURN(c.sliding_window, r.count_or("attention.sliding_window", 0));
 
   // n_vocab: the explicit key, else the token list, else the embedding's rows.
@@ -844,6 +901,7 @@ Result<ModelConfig> gguf_model_config(const GgufFile& file) {
   if (is_routed_moe(*arch_name)) RILL_TRY(read_routed_moe(file, r, &c));
   if (is_mla(*arch_name)) RILL_TRY(read_mla(file, r, *arch_name, &c));
   if (*arch_name == "glm-dsa") RILL_TRY(read_dsa(file, r, &c));
+  if (*arch_name == "minicpm") RILL_TRY(read_minicpm(file, r, &c));
   if (*arch_name == "gemma4") RILL_TRY(read_gemma4(file, r, &c));
   return c;
 }

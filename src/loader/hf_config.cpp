@@ -133,6 +133,39 @@ class Fields {
   std::string prefix_;
 };
 
+// MiniCPM 4's LongRoPE (modeling_minicpm.py's MiniCPMLongRoPE): the short
+// and long per-pair divisors. Up to original_max_position_embeddings it
+// rotates by the short factors with cos and sin unscaled, as long as
+// max_position_embeddings does not exceed it; beyond, its magnitude scale
+// sqrt(1 + ln(max / original) / ln(original)) and the long factors apply
+// at every length, where llama.cpp keeps the short ones and no scale: that
+// case is refused here, and longer contexts by the Llama family.
+Status parse_longrope(const Fields& s, ModelConfig& c) {
+  RopeScaling& r = c.rope_scaling;
+  const size_t n = static_cast<size_t>(c.rope_dim / 2);
+  for (const char* key : {"short_factor", "long_factor"}) {
+    const nlohmann::json* v = s.get(key);
+    if (!v) return s.missing(key);
+    if (!v->is_array() || v->size() != n)
+      return s.invalid(key, "must list " + std::to_string(n) + " numbers (one per rotated pair)");
+    std::vector<float>& out = std::string(key) == "short_factor" ? r.short_factor : r.long_factor;
+    for (const nlohmann::json& e : *v) {
+      if (!e.is_number() || !std::isfinite(e.get<double>()) || e.get<double>() <= 0)
+        return s.invalid(key, "must list positive numbers");
+      out.push_back(static_cast<float>(e.get<double>()));
+    }
+  }
+  if (r.attention_factor) return s.invalid("attention_factor", "is not part of MiniCPM's LongRoPE");
+  if (r.original_max_position <= 0) return s.missing("original_max_position_embeddings");
+  if (c.max_position > r.original_max_position)
+    return s.invalid("original_max_position_embeddings",
+                     "(" + std::to_string(r.original_max_position) + ") is below max_position_embeddings (" +
+                         std::to_string(c.max_position) +
+                         "): MiniCPM's LongRoPE then applies the long factors and a magnitude scale at every "
+                         "length, llama.cpp the short ones; not supported");
+  return Status::Ok();
+}
+
 Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
   // v5: rope_parameters (flat, or keyed by layer type); v4: rope_theta + rope_scaling.
   const json* params = top.get("rope_parameters");
@@ -207,8 +240,11 @@ Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
     r.type = RopeScaling::Type::kYarn;
   else if (*type == "proportional")
     r.type = RopeScaling::Type::kProportional;
+  else if (*type == "longrope" && c.architecture == "minicpm")
+    r.type = RopeScaling::Type::kLongRope;
   else
-    return s.invalid("rope_type", "'" + *type + "' is not supported (default, linear, llama3, yarn, proportional)");
+    return s.invalid("rope_type", "'" + *type + "' is not supported (default, linear, llama3, yarn, proportional" +
+                                      (*type == "longrope" ? "; longrope for minicpm only)" : ")"));
 
   RILL_ASSIGN_OR_RETURN(auto factor, s.opt_float("factor"));
   if (factor) {
@@ -235,6 +271,7 @@ Status parse_rope(const Fields& top, const std::string& name, ModelConfig& c) {
       return s.invalid("high_freq_factor", "must exceed low_freq_factor > 0");
     if (r.original_max_position <= 0) return s.missing("original_max_position_embeddings");
   }
+  if (r.type == RopeScaling::Type::kLongRope) RILL_TRY(parse_longrope(s, c));
   return Status::Ok();
 }
 

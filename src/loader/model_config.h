@@ -22,7 +22,10 @@ struct RopeScaling {
   // kProportional (Gemma 4's full layers): the first partial_rotary_factor
   // of the head's angle pairs rotate, at frequencies over the whole
   // head_dim, the rest not at all; only the Gemma family builds its table.
-  enum class Type { kNone, kLinear, kLlama3, kYarn, kProportional };
+  // kLongRope (MiniCPM 4, model_type minicpm only): pair i's frequency
+  // divided by short_factor[i] (long_factor[i] past
+  // original_max_position, which the Llama family refuses to reach).
+  enum class Type { kNone, kLinear, kLlama3, kYarn, kProportional, kLongRope };
   Type type = Type::kNone;
   float factor = 1.0f;
   // llama3
@@ -34,6 +37,8 @@ struct RopeScaling {
   float beta_slow = 1.0f;
   std::optional<float> attention_factor;  // yarn mscale override
   bool truncate = true;                   // yarn: round the correction range to whole dims (gpt-oss: false)
+  // longrope: one divisor per rotated pair, [rope_dim / 2] each
+  std::vector<float> short_factor, long_factor;
 };
 
 // Sampling defaults from generation_config.json (or GGUF), used when a

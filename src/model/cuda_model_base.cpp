@@ -650,8 +650,9 @@ Status CudaModelBase::compute(const Batch& batch) {
   for (int g = 1; g < n_groups; ++g) {
     RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_.tables[g], mh.tables[g], n_used * 4, cudaMemcpyHostToDevice, st));
   }
-  // An MTP step runs one full-attention layer: its batch names no state
-  // slots and its graph reads no recurrent indices.
+  // An MTP step runs the MTP layer (or Gemma 4's assistant's four
+  // attention layers): its batch names no state slots and its graph reads
+  // no recurrent indices.
   if (step_kind_ == StepKind::kMtp) {
     rec_step_ = {};
   } else if (states_) {

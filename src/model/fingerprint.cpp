@@ -40,6 +40,9 @@ std::string config_fingerprint(const ModelConfig& c) {
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"hidden_act", c.hidden_act},
   };
+  if (c.rope_scaling.type == RopeScaling::Type::kLongRope) {  // only then (GGUF files hold them as tensors)
+    j["longrope"] = {c.rope_scaling.short_factor, c.rope_scaling.long_factor};
+  }
   if (c.n_expert > 0) {  // only then, so dense models keep their fingerprints
     j["moe"] = {c.n_expert,       c.n_expert_used,  c.n_ff_expert, c.n_ff_shared_expert,
                 c.norm_topk_prob, c.moe_layer_step, c.dense_layers};

@@ -23,6 +23,9 @@ cpu::RopeScalingParams rope_scaling_params(const RopeScaling& s) {
     case RopeScaling::Type::kProportional:  // refused by every family but Gemma, which builds its own table
       rs.type = ScalingType::kNone;
       break;
+    case RopeScaling::Type::kLongRope:  // minicpm only: the Llama family divides by the factors itself
+      rs.type = ScalingType::kNone;
+      break;
   }
   rs.factor = s.factor;
   rs.low_freq_factor = s.low_freq_factor;

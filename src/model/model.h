@@ -90,12 +90,11 @@ struct ModelOptions {
   // for forward_mtp; its KV rows are one more layer in the pool. Files
   // without one, and runtimes that do not run MTP layers, are refused.
   bool mtp = false;
-  // Gemma 4 targets (gemma.cpu): the directory of a Gemma 4 assistant
+  // Gemma 4 targets (gemma.cpu and gemma.cuda): the directory of a Gemma 4 assistant
   // checkpoint (gemma4_assistant, model/arch/gemma4_assistant.h), bound as
   // the model's MTP head: n_mtp_layers() is its layer count, forward_mtp
   // runs it (see there). Checked against the target at load (errors name
-  // both); other families and runtimes leave it unbound, which Engine::load
-  // refuses.
+  // both); other families leave it unbound, which Engine::load refuses.
   std::string gemma4_assistant;
 };
 

@@ -103,8 +103,8 @@ Result<const Implementation*> ImplementationRegistry::select(const ModelProfile&
 
 const ImplementationRegistry& builtin_registry() {
   static const ImplementationRegistry registry = [] {
-    const std::vector<std::string> llama = {"llama",  "mistral", "qwen2",     "qwen3",
-                                            "smollm", "mixtral", "qwen3_moe", "glm4_moe"};
+    const std::vector<std::string> llama = {"llama",   "mistral",   "qwen2",    "qwen3",  "smollm",
+                                            "mixtral", "qwen3_moe", "glm4_moe", "minicpm"};
     const std::vector<std::string> gemma = {"gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4"};
     const std::vector<std::string> qwen3_next = {"qwen3_5_text", "qwen3_next"};
     const std::vector<std::string> loaders = {"gguf", "hf"};

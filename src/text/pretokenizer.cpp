@@ -252,6 +252,14 @@ Result<PreTokenizer> PreTokenizer::for_gguf_pre(const std::string& name, bool* i
     patterns = {kLlama3};
   } else if (name == "qwen2" || name == "stablelm2" || name == "megrez") {
     patterns = {kQwen2};
+  } else if (name == "minicpm5") {
+    // MiniCPM5 (llama.cpp's MINICPM5 pre-type): digit runs cut into pieces
+    // of up to three first, then llama3's pattern with \p{N}+ for its
+    // \p{N}{1,3}; a piece that is a whole token skips the merges.
+    patterns = {
+        R"(\p{N}{1,3})",
+        R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"};
+    *ignore_merges = true;
   } else if (name == "gpt-2" || name == "phi-2" || name == "roberta-bpe" || name == "mpt" || name == "olmo" ||
              name == "jais" || name == "jina-es" || name == "jina-de" || name == "jina-v1-en" || name == "jina-v2-es" ||
              name == "jina-v2-de" || name == "jina-v2-code" || name == "gigachat") {

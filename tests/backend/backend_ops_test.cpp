@@ -655,13 +655,125 @@ TEST_P(BackendOps, Gemma4RopeVNormAndQOnly) {
   }
 }
 
+// A q-only layer rotating one past its positions (RopeKvOp::pos_offset,
+// Gemma 4's assistant): the CPU's q equals its q at positions + 1 bit for
+// bit, and the device's is within RoPE's tolerance of it.
+TEST_P(BackendOps, Gemma4QOnlyRopeAtAnOffset) {
+  if (!dev_.b->has_gemma4_ops()) GTEST_SKIP() << dev_.b->name() << " has no Gemma 4 ops";
+  const int32_t n_head = 4, hd = 32, shift = 4, n_blocks = 16;
+  const int64_t Q = n_head * hd;
+  const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 40}, {3, 9}, {1, 1}};
+  reserve(8, n_head, hd);  // CUDA shifts the positions in its scratch
+  RopeTable table;
+  table.rot_dim = hd;
+  for (int i = 0; i < hd / 2; ++i) table.inv_freq.push_back(std::pow(1e4f, -2.0f * i / hd));
+  std::vector<std::vector<float>> qs;
+  for (int pass = 0; pass < 3; ++pass) {  // ref at +1, ref at shifted positions, the device at +1
+    Side& s = pass < 2 ? ref_ : dev_;
+    HostStep hs(seqs, shift, n_blocks, 13, s.b->attention_routing(DType::kF32, hd));
+    if (pass == 1) {
+      for (int32_t& p : hs.pos) ++p;
+    }
+    const StepMetadata md = hs.place(s);
+    auto rope = s.b->place_rope(table);
+    ASSERT_TRUE(rope.ok());
+    KvPlanes kv = make_kv(s, DType::kF32, shift, n_blocks, 2 * hd, 0);
+    RopeKvOp op;
+    op.qkv = s.tensor(random_floats(hs.n_tokens * Q, 16, -2, 2), hs.n_tokens, Q, DType::kF32, Q + 4);
+    op.n_head = n_head;
+    op.head_dim = hd;
+    op.rope = *rope;
+    op.kv = kv.view;
+    op.pos_offset = pass == 1 ? 0 : 1;
+    s.b->rope_store_kv(op, md);
+    qs.push_back(s.read(op.qkv));
+  }
+  expect_close(qs[0], qs[1], 0, "the CPU's q at pos + 1 against at shifted positions");
+  expect_close(qs[2], qs[0], tol(2e-5), "q at pos + 1");
+}
+
+// Gemma 4's assistant's ordered head (Backend::ordered_logits): 8 groups of
+// 8 tokens, the top 3 per row; row 0's scores tie at the cut (the lower
+// group goes first), row 1 has its own ordering. The CPU against the
+// formula, the device against the CPU (the same head bits in act).
+TEST_P(BackendOps, Gemma4OrderedLogits) {
+  if (!dev_.b->has_gemma4_ops()) GTEST_SKIP() << dev_.b->name() << " has no Gemma 4 ops";
+  const int32_t n = 3, E = 40, V = 64, C = 8, top_k = 3, per = V / C, n_picked = top_k * per;
+  std::vector<int32_t> ordering(static_cast<size_t>(V));
+  std::iota(ordering.begin(), ordering.end(), 0);
+  std::shuffle(ordering.begin(), ordering.end(), std::mt19937(17));
+  std::vector<float> scores = random_floats(n * C, 18, -1, 1);
+  const float tied[C] = {0.5f, 0.9f, 0.2f, 0.1f, 0.5f, 0.3f, -1.0f, 0.5f};  // top 3: groups 1, 0, 4
+  std::copy_n(tied, C, scores.begin());
+  const auto hidden = random_floats(n * E, 19, -2, 2);
+  const auto head = rounded(act(), random_floats(V * E, 20));
+  const auto head_bytes = encode(act(), head);
+  HostMatrix hm{head_bytes.data(), act(), V, E, row_bytes(act(), E)};
+  hm.gathered = true;
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<int32_t>> picked;
+  for (Side* s : {&ref_, &dev_}) {
+    OrderedLogitsOp op;
+    op.lm_head = s->place({hm});
+    ASSERT_TRUE(s->b->reserve({n, 4, 64}).ok());  // after placing: the CPU sizes its row by the weights
+    op.hidden = s->tensor(hidden, n, E, DType::kF32);
+    op.scores = s->tensor(scores, n, C, DType::kF32);
+    op.logits = s->tensor(std::vector<float>(n * V, NAN), n, V, DType::kF32);
+    op.token_ordering = s->put(ordering);
+    op.n_centroids = C;
+    op.top_k = top_k;
+    op.picked = s->put(std::vector<int32_t>(static_cast<size_t>(n * n_picked), -1));
+    op.dots = s->put(std::vector<float>(static_cast<size_t>(n * n_picked), NAN));
+    s->b->ordered_logits(op);
+    logits.push_back(s->read(op.logits));
+    std::vector<int32_t> p(static_cast<size_t>(n * n_picked));
+    ASSERT_TRUE(s->b->copy_out(p.data(), op.picked, p.size() * sizeof(int32_t)).ok());
+    picked.push_back(p);
+  }
+  EXPECT_EQ(picked[1], picked[0]) << "the picked tokens, group by group";
+  expect_close(logits[1], logits[0], tol(1e-5), "ordered logits");
+  // The CPU against the formula.
+  for (int32_t r = 0; r < n; ++r) {
+    std::vector<int32_t> order(C);
+    std::iota(order.begin(), order.end(), 0);
+    const float* sr = scores.data() + r * C;
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return sr[a] > sr[b]; });
+    if (r == 0) {
+      EXPECT_EQ(std::vector<int32_t>(order.begin(), order.begin() + top_k), (std::vector<int32_t>{1, 0, 4}));
+    }
+    std::vector<float> want(static_cast<size_t>(V));
+    std::vector<bool> is_picked(static_cast<size_t>(V), false);
+    float lowest = INFINITY;
+    for (int32_t k = 0; k < top_k; ++k) {
+      for (int32_t j = 0; j < per; ++j) {
+        const int32_t t = ordering[static_cast<size_t>(order[static_cast<size_t>(k)] * per + j)];
+        ASSERT_EQ(picked[0][static_cast<size_t>(r * n_picked + k * per + j)], t) << "row " << r;
+        double dot = 0;
+        for (int32_t e = 0; e < E; ++e)
+          dot += double(hidden[static_cast<size_t>(r * E + e)]) * head[static_cast<size_t>(t * E + e)];
+        want[static_cast<size_t>(t)] = static_cast<float>(dot);
+        is_picked[static_cast<size_t>(t)] = true;
+        lowest = std::min(lowest, static_cast<float>(dot));
+      }
+    }
+    for (int32_t v = 0; v < V; ++v) {
+      const float got = logits[0][static_cast<size_t>(r * V + v)];
+      if (is_picked[static_cast<size_t>(v)]) {
+        ASSERT_NEAR(got, want[static_cast<size_t>(v)], 1e-4) << "row " << r << " token " << v;
+      } else {
+        ASSERT_NEAR(got, lowest - 1.0f, 1e-4) << "row " << r << " token " << v << " (not picked)";
+      }
+    }
+  }
+}
+
 // Gemma 4's per-layer input gate (gate and up in separate strided views)
 // and the residual stream converted to the matmul input dtype.
 TEST_P(BackendOps, Gemma4GluSplitAndConvert) {
   if (!dev_.b->has_gemma4_ops()) GTEST_SKIP() << dev_.b->name() << " has no Gemma 4 ops";
   const int64_t n = 5, F = 40, stride = 3 * F;
   const auto buf = random_floats(n * stride, 15, -4, 4);
-  std::vector<std::vector<float>> outs[3];
+  std::vector<std::vector<float>> outs[4];
   for (Side* s : {&ref_, &dev_}) {
     const DType out_t = s == &ref_ ? DType::kF32 : act();
     Tensor all = s->tensor(buf, n, stride, DType::kF32);
@@ -674,6 +786,18 @@ TEST_P(BackendOps, Gemma4GluSplitAndConvert) {
     Tensor out = s->tensor(std::vector<float>(n * stride, NAN), n, stride, out_t);
     s->b->convert(x, out);
     outs[2].push_back(s->read(out));
+    // Strided in and out: a column range of x into the second half of a
+    // wider row (Gemma 4's assistant's input).
+    Tensor wide = s->tensor(std::vector<float>(n * 2 * F, 0.0f), n, 2 * F, out_t);
+    s->b->convert(x.cols_from(F, F), wide.cols_from(F, F));
+    outs[3].push_back(s->read(wide));
+  }
+  expect_close(outs[3][1], outs[3][0], tol(0, act()), "convert into strided rows");
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < F; ++i) {
+      ASSERT_EQ(outs[3][0][static_cast<size_t>(r * 2 * F + i)], 0.0f) << "convert wrote outside its columns";
+      ASSERT_EQ(outs[3][0][static_cast<size_t>(r * 2 * F + F + i)], buf[static_cast<size_t>(r * stride + F + i)]);
+    }
   }
   expect_close(outs[0][1], outs[0][0], tol(1e-5, act()), "silu glu_split");
   expect_close(outs[1][1], outs[1][0], tol(1e-5, act()), "gelu_tanh glu_split");

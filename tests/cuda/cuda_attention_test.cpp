@@ -9,7 +9,7 @@
 // its shared-memory copy of whole heads), the general one, the
 // tensor-core prefill and the SIMT one; batch invariance per type.
 // head_dim 512 (Gemma 4's full layers: the general decode kernel, the
-// tensor-core prefill in half tiles, the SIMT prefill) for every KV type,
+// tensor-core prefill of attention_wide.cu, the SIMT prefill) for every KV type,
 // GQA groups 1/2/4/8, window and softcap, chunked prefill over a prefix.
 // Tolerance: 2e-5 absolute on outputs of magnitude <= 1 (f32 softmax and
 // sums in another order; no rounding of q or probabilities on either side),
@@ -244,10 +244,11 @@ TEST(CudaAttention, MatchesCpuOnPagedKv) {
   // head_dim 16 and 96 (3 q heads per KV head) take the general decode
   // kernel, the others attention_decode.cu's; each case runs both.
   const std::vector<Case> cases = {
-      {8, 2, 128, 0, 0.0f, DType::kF16},  {8, 2, 128, 0, 0.0f, DType::kF32},  {4, 2, 16, 0, 0.0f, DType::kF32},
-      {4, 4, 64, 37, 0.0f, DType::kF16},  {8, 1, 64, 0, 0.5f, DType::kF32},   {2, 1, 256, 100, 0.0f, DType::kF16},
-      {32, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 128, 0, 0.5f, DType::kF16},  {8, 2, 128, 90, 0.0f, DType::kF16},
-      {12, 4, 96, 0, 0.0f, DType::kF16},  {16, 2, 128, 0, 0.0f, DType::kF16}, {4, 2, 64, 0, 0.0f, DType::kF16},
+      {8, 2, 128, 0, 0.0f, DType::kF16},   {8, 2, 128, 0, 0.0f, DType::kF32},  {4, 2, 16, 0, 0.0f, DType::kF32},
+      {4, 4, 64, 37, 0.0f, DType::kF16},   {8, 1, 64, 0, 0.5f, DType::kF32},   {2, 1, 256, 100, 0.0f, DType::kF16},
+      {32, 8, 128, 0, 0.0f, DType::kF16},  {8, 2, 128, 0, 0.5f, DType::kF16},  {8, 2, 128, 90, 0.0f, DType::kF16},
+      {12, 4, 96, 0, 0.0f, DType::kF16},   {16, 2, 128, 0, 0.0f, DType::kF16}, {4, 2, 64, 0, 0.0f, DType::kF16},
+      {16, 8, 256, 37, 0.5f, DType::kF16},
   };
   for (const Case& c : cases) {
     const Paged p(c, seqs);
@@ -352,7 +353,7 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
       {32, 8, 128, 0, 0.0f, kF8E4M3},      {8, 2, 64, 37, 0.0f, kF8E4M3},      {2, 1, 256, 0, 0.5f, kF8E4M3},
       {8, 1, 64, 0, 0.0f, kF8E4M3},        {12, 4, 96, 0, 0.0f, kF8E4M3},      {4, 2, 16, 0, 0.0f, kF8E4M3},
       {32, 8, 128, 0, 0.0f, DType::kQ8_0}, {8, 2, 64, 37, 0.5f, DType::kQ8_0}, {4, 2, 256, 0, 0.0f, DType::kQ8_0},
-      {32, 8, 128, 0, 0.0f, DType::kQ4_0}, {8, 2, 64, 0, 0.0f, DType::kQ4_0},
+      {32, 8, 128, 0, 0.0f, DType::kQ4_0}, {8, 2, 64, 0, 0.0f, DType::kQ4_0},  {8, 2, 256, 90, 0.0f, DType::kQ4_0},
   };
   for (const Case& c : cases) {
     const Paged p(c, seqs);
@@ -377,13 +378,16 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
 // public 26B-A4B and 31B) on every path and KV type against the CPU: the
 // general decode kernel (the fast one stops at 256) with splits merged by
 // the combine kernel and in-kernel (bit for bit equal), the tensor-core
-// prefill (two blocks of 32 queries per 64-query tile: tiles of 64, of 40
+// prefill (attention_wide.cu: four row groups of 16 queries per 64-query
+// tile; tiles of 64, of 40 (groups 0-1 full, 2 part full, 3 empty), of 21
+// (group 1 part full), of 55 (group 3 part full), of 6 (group 0 part full)
 // and of 2 queries below) for f16 / fp8 / q8_0 / q4_0, the SIMT prefill for
 // f32; prefill chunks after a prefix of 230 keys (chunked prefill), GQA
 // groups 1, 2, 4 and 8, a window and softcap; decode batch invariance.
 TEST(CudaAttention, HeadDim512MatchesCpuOnEveryPath) {
   RILL_REQUIRE_GPU();
-  const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {70, 300}, {1, 1}, {130, 200}, {1, 2100}};
+  const std::vector<SeqSpec> seqs = {{1, 1000},  {40, 50},  {3, 300}, {70, 300}, {1, 1},
+                                     {130, 200}, {1, 2100}, {21, 21}, {55, 400}};
   const std::vector<Case> cases = {
       {16, 2, 512, 0, 0.0f, DType::kF16},  {16, 2, 512, 0, 0.0f, DType::kF32},  {8, 8, 512, 0, 0.0f, DType::kF16},
       {4, 2, 512, 100, 0.5f, DType::kF16}, {8, 2, 512, 0, 0.0f, DType::kF16},   {16, 2, 512, 0, 0.0f, kF8E4M3},
@@ -415,6 +419,30 @@ TEST(CudaAttention, HeadDim512MatchesCpuOnEveryPath) {
       const int32_t t0 = p.first_token(s);
       for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i)
         ASSERT_EQ(alone[t0 * w + i], got[t0 * w + i]) << dtype_name(c.kv) << " seq " << s << " elem " << i;
+    }
+  }
+}
+
+// Sinks on the tensor-core prefill at 256 and 512 (attention_wide.cu; the
+// test above runs sinks on f32 KV, which takes the SIMT kernels): f16 and
+// q8_0 KV, a window, query tiles that leave row groups part full.
+TEST(CudaAttention, SinksMatchCpuOnTheWidePrefill) {
+  RILL_REQUIRE_GPU();
+  const std::vector<SeqSpec> seqs = {{1, 600}, {40, 50}, {70, 300}, {21, 21}, {130, 400}};
+  const std::vector<Case> cases = {
+      {16, 2, 512, 0, 0.0f, DType::kF16}, {8, 2, 256, 100, 0.0f, DType::kF16}, {16, 2, 512, 37, 0.0f, DType::kQ8_0}};
+  for (const Case& c : cases) {
+    Paged p(c, seqs);
+    std::vector<float> sinks = random_floats(static_cast<size_t>(c.n_head), 29, -1, 3);
+    sinks[1] = 8.0f;
+    sinks[2] = -20.0f;
+    p.set_sinks(sinks);
+    const auto want = p.cpu_out();
+    const auto got = p.gpu_out(DType::kF32);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], p.tolerance(i))
+          << "sinks, hd " << c.head_dim << " window " << c.window << " kv " << dtype_name(c.kv) << " elem " << i;
     }
   }
 }

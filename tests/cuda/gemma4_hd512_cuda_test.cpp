@@ -13,8 +13,8 @@
 //    (chunks of 4 tokens) and prefill chunks of 64 (the tensor-core
 //    kernel), each within a share of what the type changes (kDecodeShare,
 //    kMmaShare), and changing CUDA's logits as much as the CPU's;
-//  - bf16 weights (bf16 activations, f16 KV: the tensor-core prefill in
-//    half tiles at 512) within gemma_cuda_test.cpp's bf16 bound for Gemma 4
+//  - bf16 weights (bf16 activations, f16 KV: the tensor-core prefill of
+//    attention_wide.cu at 512) within gemma_cuda_test.cpp's bf16 bound for Gemma 4
 //    (5% of the largest |logit|; 2.2% measured).
 // Batch invariance: batch_invariant_cuda_test.cpp; the tiers:
 // kv_tiers_cuda_test.cpp (both take this checkpoint). Skipped without a

@@ -1,6 +1,8 @@
 // The families of issue 20 from GGUF files: tests/data/gguf_families holds
 // the Hugging Face goldens converted the way llama.cpp's converter lays them
-// out (architectures deepseek2, minicpm3, glm4moe, gpt-oss, gemma4 and glm-dsa;
+// out (architectures deepseek2, minicpm3, glm4moe, gpt-oss, gemma4, glm-dsa
+// and minicpm, the last from tests/data/minicpm*, whose reference is
+// tools/make_minicpm_golden.py's numpy model;
 // tools/make_family_gguf.py, which also compared llama.cpp with
 // transformers on them) and llama.cpp's logits and greedy ids. rill must give
 // llama.cpp's logits (1e-4) at every prompt position, whole and in chunks,
@@ -53,7 +55,7 @@ const std::string kData = std::string(RILL_TEST_DATA) + "/gguf_families/";
 
 struct Case {
   std::string name;                 // tests/data/gguf_families/<name>.{gguf,json}
-  std::string golden;               // ../shared/goldens/hf/<golden>
+  std::string golden;               // ../shared/goldens/hf/<golden>, or tests/data/<...> (golden_dir)
   std::string architecture;         // ModelConfig::architecture
   double scale_vs_transformers;     // llama.cpp's logits / transformers'
   double bound_vs_transformers;     // after that scale; < 0: not compared
@@ -81,7 +83,20 @@ const Case kCases[] = {
     {"glm_dsa_ix64", "glm-5", "glm_moe_dsa", 1.0, 1e-3, 1e-4, "glm-5-causal"},
     // The golden's indexer with 8 heads: no ties, llama.cpp everywhere.
     {"glm_dsa_h8", "glm-5", "glm_moe_dsa", 1.0, -1, 1e-4, "", false},
+    // MiniCPM 1/2/4: tools/make_minicpm_golden.py's checkpoints, whose
+    // reference is its float64 numpy model (llama.cpp: 5.0e-6 and 2.2e-6).
+    {"minicpm", "tests/data/minicpm", "minicpm", 1.0, 1e-3},
+    {"minicpm_tied", "tests/data/minicpm-tied", "minicpm", 1.0, 1e-3},
+    // MiniCPM 4's LongRoPE: the factors as rope_factors_short / _long (llama.cpp: 3.8e-6).
+    {"minicpm_longrope", "tests/data/minicpm-longrope", "minicpm", 1.0, 1e-3},
 };
+
+// Where a case's golden lives: this repository's tests/data or ../shared.
+std::string golden_dir(const Case& c) {
+  const std::string local = "tests/data/";
+  if (c.golden.starts_with(local)) return std::string(RILL_TEST_DATA) + "/" + c.golden.substr(local.size());
+  return test::hf_golden_dir(c.golden);
+}
 
 struct LlamaCppGolden {
   std::vector<int32_t> prompt_ids, greedy_ids;
@@ -125,7 +140,7 @@ class FamilyGguf : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FamilyGguf, ConfigMatchesTheHuggingFaceCheckpoint) {
   const Case& c = GetParam();
-  const std::string dir = test::hf_golden_dir(c.golden);
+  const std::string dir = golden_dir(c);
   if (!test::has_hf_golden(dir)) GTEST_SKIP() << dir << " not found";
   auto gguf = open_model_files(kData + c.name + ".gguf");
   ASSERT_TRUE(gguf.ok()) << gguf.error().message;
@@ -162,6 +177,15 @@ TEST_P(FamilyGguf, ConfigMatchesTheHuggingFaceCheckpoint) {
       EXPECT_EQ(g.raw.value(key, nlohmann::json()), h.raw.at(key)) << key;
     }
   }
+  if (g.architecture == "minicpm") {  // the muP keys read back under config.json's names
+    for (const char* key : {"scale_emb", "scale_depth", "dim_model_base"}) {
+      EXPECT_NEAR(g.raw.value(key, 0.0), h.raw.at(key).get<double>(), 1e-6 * h.raw.at(key).get<double>()) << key;
+    }
+    EXPECT_EQ(g.rope_scaling.type, h.rope_scaling.type);
+    EXPECT_EQ(g.rope_scaling.short_factor, h.rope_scaling.short_factor);
+    EXPECT_EQ(g.rope_scaling.long_factor, h.rope_scaling.long_factor);
+    EXPECT_EQ(g.rope_scaling.original_max_position, h.rope_scaling.original_max_position);
+  }
   if (g.architecture == "glm_moe_dsa") {
     for (const char* key : {"index_topk", "indexer_types"}) {
       EXPECT_EQ(g.raw.value(key, nlohmann::json()), h.raw.at(key)) << key;
@@ -174,7 +198,7 @@ TEST_P(FamilyGguf, ConfigMatchesTheHuggingFaceCheckpoint) {
 
 TEST_P(FamilyGguf, LogitsAndGreedyIdsMatchLlamaCpp) {
   const Case& c = GetParam();
-  const std::string dir = test::hf_golden_dir(c.golden);
+  const std::string dir = golden_dir(c);
   if (!test::has_hf_golden(dir)) GTEST_SKIP() << dir << " not found";
   const test::HfGolden hf =
       test::read_hf_golden(c.reference.empty() ? dir : std::string(RILL_TEST_DATA) + "/" + c.reference);
@@ -218,7 +242,10 @@ TEST_P(FamilyGguf, LogitsAndGreedyIdsMatchLlamaCpp) {
     char ref_diff[64] = "(another model)";
     if (c.golden_model) std::snprintf(ref_diff, sizeof(ref_diff), "%.2e", vs_transformers);
     std::printf("%s.gguf, prefill chunk %d: max |logit diff| vs llama.cpp %s, vs %s %s\n", c.name.c_str(), chunk,
-                lc_diff, c.reference.empty() ? "transformers" : c.reference.c_str(), ref_diff);
+                lc_diff,
+                c.reference.empty() ? (c.golden.starts_with("tests/") ? "the numpy reference" : "transformers")
+                                    : c.reference.c_str(),
+                ref_diff);
 
     runner.reset();
     GenerationOptions go;
@@ -318,6 +345,26 @@ std::string load_error(const std::string& path) {
   return model.ok() ? "(no error)" : model.error().message;
 }
 
+// A minicpm file without 'minicpm.logit_scale' (converted before the key
+// existed) gets MiniCPM-2B's dim_model_base 256: the golden's 8 becomes 256,
+// so rill's logits are the reference's times 256 / 8 = 32. (llama.cpp's
+// default for it is the inverse, 256 / n_embd, which it divides by: its
+// logits on this file are the reference's / 2, measured with
+// tools/llamacpp_logits.)
+TEST(FamilyGgufMinicpm, AFileWithoutTheLogitScaleGetsMiniCpm2bsValue) {
+  const std::string path = with_renamed("minicpm.gguf", "minicpm.logit_scale", "minicpm.logit_scalx");
+  const test::HfGolden ref = test::read_hf_golden(std::string(RILL_TEST_DATA) + "/minicpm");
+  auto files = open_model_files(path);
+  ASSERT_TRUE(files.ok()) << files.error().message;
+  EXPECT_NEAR((*files)->config.raw.at("dim_model_base").get<double>(), 256.0, 1e-4);
+  std::unique_ptr<Model> model = load(*files, 64);
+  ASSERT_TRUE(model);
+  SequenceRunner runner(*model);
+  auto logits = runner.score(ref.prompt_ids);
+  ASSERT_TRUE(logits.ok()) << logits.error().message;
+  EXPECT_LT(max_abs_diff(*logits, ref.logits, model->n_vocab(), 32.0), 1e-4);
+}
+
 // A corrupt metadata value is refused with the key's name.
 TEST(FamilyGgufErrors, ABadIndexerValueIsNamed) {
   {
@@ -386,6 +433,20 @@ TEST(FamilyGgufErrors, AMissingKeyOrTensorIsNamed) {
     const std::string path = with_renamed("glm_dsa.gguf", "blk.1.indexer.k_norm.bias", "blk.1.indexer.k_norm.biax");
     const std::string err = load_error(path);
     EXPECT_NE(err.find("missing tensor 'model.layers.1.self_attn.indexer.k_norm.bias'"), std::string::npos) << err;
+  }
+  {
+    // LongRoPE's factors in a file that does not say longrope: refused, not ignored.
+    const std::string path = with_renamed("minicpm.gguf", "blk.0.attn_output.weight", "rope_factors_long.weight");
+    EXPECT_EQ(load_error(path), path +
+                                    ": tensor 'rope_factors_long.weight' (LongRoPE's factors) without "
+                                    "'minicpm.rope.scaling.type' longrope");
+  }
+  {
+    const std::string path =
+        with_renamed("minicpm_longrope.gguf", "rope_factors_short.weight", "rope_factors_shorx.weight");
+    EXPECT_EQ(load_error(path), path +
+                                    ": 'minicpm.rope.scaling.type' is longrope, so tensor "
+                                    "'rope_factors_short.weight' must hold 4 F32 factors");
   }
   {
     const std::string path =

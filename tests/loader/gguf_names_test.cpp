@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -546,6 +547,31 @@ TEST(GgufConfig, RoutedMoeKeysBecomeTheHuggingFaceFields) {
   d.add_u32("deepseek2.expert_gating_func", 1);
   EXPECT_EQ(config_error(d),
             "x.gguf: 'deepseek2.expert_gating_func' is 1: only the sigmoid router (2) is supported for deepseek_v3");
+}
+
+// minicpm: the muP keys become config.json's scale_emb, scale_depth
+// (residual_scale x sqrt(n_layer)) and dim_model_base (n_embd /
+// logit_scale); a file without them gets MiniCPM-2B's 12, 1.4 and 256.
+TEST(GgufConfig, MinicpmScalesBecomeTheHuggingFaceFields) {
+  GgufWriter w = llama_file("minicpm");  // 30 blocks, 576 wide
+  w.add_f32("minicpm.embedding_scale", 10.0f);
+  w.add_f32("minicpm.residual_scale", 0.25f);
+  w.add_f32("minicpm.logit_scale", 4.5f);
+  const ModelConfig c = config_of(w);
+  EXPECT_EQ(c.architecture, "minicpm");
+  EXPECT_EQ(c.rope_style, RopeStyle::kInterleaved);  // q/k permuted as llama's
+  EXPECT_DOUBLE_EQ(c.raw.at("scale_emb").get<double>(), 10.0);
+  EXPECT_NEAR(c.raw.at("scale_depth").get<double>(), 0.25 * std::sqrt(30.0), 1e-12);
+  EXPECT_DOUBLE_EQ(c.raw.at("dim_model_base").get<double>(), 128.0);
+
+  const ModelConfig d = config_of(llama_file("minicpm"));
+  EXPECT_DOUBLE_EQ(d.raw.at("scale_emb").get<double>(), 12.0);
+  EXPECT_NEAR(d.raw.at("scale_depth").get<double>(), 1.4, 1e-6);
+  EXPECT_NEAR(d.raw.at("dim_model_base").get<double>(), 256.0, 1e-4);
+
+  GgufWriter bad = llama_file("minicpm");
+  bad.add_f32("minicpm.logit_scale", -1.0f);
+  EXPECT_EQ(config_error(bad), "x.gguf: 'minicpm.logit_scale' must be a positive number");
 }
 
 // glm-dsa (GLM-5) with GLM-5's sizes: the MLA, router and indexer keys

@@ -168,7 +168,7 @@ TEST(Registry, BuiltinNamesOneImplementationPerFamilyAndDevice) {
     const char* loop = "autoregressive";
   };
   const std::vector<Family> families = {
-      {"llama", {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe", "glm4_moe"}, true},
+      {"llama", {"llama", "mistral", "qwen2", "qwen3", "smollm", "mixtral", "qwen3_moe", "glm4_moe", "minicpm"}, true},
       {"gemma", {"gemma2", "gemma3_text", "gemma3"}, false},
       {"qwen3_next", {"qwen3_5_text", "qwen3_next"}, false},
       {"bert", {"bert"}, false, "encoder"},

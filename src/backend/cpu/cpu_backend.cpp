@@ -52,6 +52,7 @@
 #include "backend/cpu/lightning_index.h"
 #include "backend/cpu/moe.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/ordered_logits.h"
 #include "backend/cpu/quants.h"
 #include "core/e4m3.h"
 #include "core/half.h"
@@ -198,6 +199,7 @@ class CpuBackend final : public Backend {
     }
     size_t scratch = 0;
     int64_t max_rows = 0;  // of the weights that may accumulate: not the embedding or the LM head
+    int64_t max_cols = 0;  // of every weight (ordered_logits() reads a row of a head)
     const void* embedding = limits.embedding ? limits.embedding->placed : nullptr;
     const void* lm_head = limits.lm_head ? limits.lm_head->placed : nullptr;
     for (const CpuWeight& w : placed_->weights) {
@@ -208,7 +210,9 @@ class CpuBackend final : public Backend {
         rows += p.n_rows;
       }
       if (&w != embedding && &w != lm_head) max_rows = std::max(max_rows, rows);
+      max_cols = std::max(max_cols, w.parts[0].n_cols);
     }
+    ordered_row_.resize(static_cast<size_t>(max_cols));
     heads_x_.resize(static_cast<size_t>(limits.max_tokens * limits.max_head_cols));
     scratch_.reserve(scratch);
     acc_.resize(static_cast<size_t>(limits.max_tokens * max_rows));
@@ -414,10 +418,12 @@ class CpuBackend final : public Backend {
       for (int64_t t = 0; t < op.qkv.rows; ++t) {
         float* q = static_cast<float*>(op.qkv.at(t, 0));
         if (op.q_norm) cpu::rms_norm(q, op.q_norm.data, op.n_head, hd, op.norm_eps, q, op.norm_offset);
-        cpu::rope(q, step.pos + t, 1, op.n_head, hd, table);
+        const int32_t pos = step.pos[t] + op.pos_offset;
+        cpu::rope(q, &pos, 1, op.n_head, hd, table);
       }
       return;
     }
+    assert(op.pos_offset == 0);  // only q-only layers rotate off their positions
     assert(op.kv.row_bytes == row_bytes(op.kv.dtype, kv_width) &&
            op.kv.v_bytes() == row_bytes(op.kv.v_type(), kv_width));
     const int32_t* slots = step.slots[op.kv_group];
@@ -624,6 +630,26 @@ class CpuBackend final : public Backend {
       } else {
         cpu::gelu_tanh_mul(g, u, o, F);
       }
+    }
+  }
+
+  void ordered_logits(const OrderedLogitsOp& op) override {
+    const int64_t E = op.hidden.cols, V = op.logits.cols, n_picked = op.n_picked();
+    assert(op.hidden.dtype == DType::kF32 && op.hidden.is_dense() && op.scores.is_dense() && op.logits.is_dense());
+    assert(op.scores.cols == op.n_centroids && op.lm_head.cols == E && op.lm_head.rows == V);
+    const cpu::WeightView& head = record(op.lm_head).parts[0];
+    assert(static_cast<size_t>(E) <= ordered_row_.size());  // reserve() sized it
+    for (int64_t r = 0; r < op.hidden.rows; ++r) {
+      int32_t* picked = op.picked + r * n_picked;
+      float* dots = op.dots + r * n_picked;
+      cpu::pick_ordered_tokens(op.scores.f32() + r * op.n_centroids, op.n_centroids, op.top_k, op.token_ordering,
+                               V / op.n_centroids, picked);
+      const float* h = op.hidden.f32() + r * E;
+      for (int64_t i = 0; i < n_picked; ++i) {
+        cpu::get_rows(head, picked + i, 1, ordered_row_.data());
+        dots[i] = cpu::dot_lanes8(h, ordered_row_.data(), E);
+      }
+      cpu::fill_masked_logits(dots, picked, n_picked, op.logits.f32() + r * V, V);
     }
   }
 
@@ -877,7 +903,8 @@ class CpuBackend final : public Backend {
   std::vector<cpu::ConvSeq> conv_seqs_;                  // gated_delta(): [n_seqs], snapshots [n_saves]
   std::vector<cpu::GatedDeltaSeq> delta_seqs_;
   std::vector<cpu::StateSnapshot> conv_snaps_, delta_snaps_;
-  std::vector<float> heads_x_;  // matmul_heads(): one head's x, [max_tokens, StepLimits::max_head_cols]
+  std::vector<float> heads_x_;      // matmul_heads(): one head's x, [max_tokens, StepLimits::max_head_cols]
+  std::vector<float> ordered_row_;  // ordered_logits(): one lm_head row in f32, [the widest weight's cols]
   // moe_ffn(): the MoE arithmetic's ops on pool_ with their own scratch, the
   // routing scratch, and the layer's output before it is added into out.
   std::unique_ptr<cpu::HostOps> moe_ops_;

@@ -15,6 +15,7 @@
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/mma_tile.cuh"
 #include "backend/cuda/smem_opt_in.h"
 
 namespace rill::cuda {
@@ -22,6 +23,14 @@ namespace {
 
 constexpr int kBQ = 64, kBK = 64, kWarps = 4, kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
+
+using detail::cp_async16;
+using detail::cp_async_commit;
+using detail::cp_async_wait_one;
+using detail::ldmatrix_x4;
+using detail::ldmatrix_x4_trans;
+using detail::pack_half2;
+using detail::smem_addr;
 
 template <int HD>
 struct Layout {
@@ -31,38 +40,6 @@ struct Layout {
   static constexpr uint32_t kKV = sizeof(__half) * kBQ * kLd;  // stage s: K at 2s, V at 2s + 1 (tiles)
   static constexpr size_t kBytes = static_cast<size_t>(kKV) + 4 * kTile;
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, zero-filled when !valid.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_one() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-// (lo, hi) rounded to f16, lo in the low half; adds their rounded values to sum.
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi, float& sum) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  sum += __low2float(h) + __high2float(h);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
 
 template <int HD, typename Out>
 __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a) {

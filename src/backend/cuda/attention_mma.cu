@@ -10,8 +10,9 @@
 // head_dim 512 (Gemma 4's full layers) half a tile per block (grid z picks
 // the half) and 32-key tiles, so its Q, K, V and output rows fit the 227 KB
 // of shared memory (169 KB; 64 queries would need 358 KB; 2 warps a block,
-// one block per SM: 23% slower prefill than head_dim 256 on Gemma-4
-// 26B-A4B, docs/perf.md). Scores and the online softmax stay f32; q is
+// one block per SM: 9-14x slower (by KV type) than attention_wide.cu's kernel, which runs
+// 256 and 512 unless RILL_CUDA_FLASH_PREFILL=0 or RILL_CUDA_WIDE_PREFILL
+// says otherwise; docs/perf.md). Scores and the online softmax stay f32; q is
 // rounded to f16 before Q K^T and the probabilities to f16 before P V (as
 // llama.cpp's f16 attention does), so outputs differ from the f32 reference
 // by ~1e-3 relative (tests/cuda/cuda_attention_test.cpp).
@@ -23,13 +24,13 @@
 
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kv_types.cuh"
+#include "backend/cuda/mma_tile.cuh"
 #include "backend/cuda/smem_opt_in.h"
 
 namespace rill::cuda {
@@ -37,6 +38,7 @@ namespace {
 
 using namespace nvcuda;
 using detail::from_f32;
+using detail::load8h;
 
 // A block's shape at head_dim HD: kRows queries (kWarps warps of 16 rows),
 // K/V tiles of kKeys keys; kParts blocks share a tile of kPrefillTileQMma
@@ -67,36 +69,6 @@ struct Smem {
 __device__ __forceinline__ int64_t cache_row(const AttentionArgs& a, const int32_t* table, int32_t j) {
   const int32_t mask = (1 << a.block_shift) - 1;
   return (static_cast<int64_t>(table[j >> a.block_shift]) << a.block_shift) + (j & mask);
-}
-
-// Elements [e, e + 8) of a KV row (e % 8 == 0) as 8 f16 values.
-template <typename KvT>
-__device__ __forceinline__ uint4 load8h(const uint8_t* row, int64_t e) {
-  if constexpr (std::is_same_v<KvT, detail::KvF16>) {
-    return *reinterpret_cast<const uint4*>(row + 2 * e);
-  } else if constexpr (std::is_same_v<KvT, detail::KvFp8>) {
-    const uint2 b = *reinterpret_cast<const uint2*>(row + e);
-    uint4 h;
-    uint32_t* w = &h.x;
-    const uint32_t src[2] = {b.x, b.y};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __half2 v = detail::KvFp8::cvt2(static_cast<uint16_t>((src[i / 2] >> (16 * (i % 2))) & 0xffff));
-      w[i] = *reinterpret_cast<const uint32_t*>(&v);
-    }
-    return h;
-  } else {
-    float f[8];
-    KvT::load8(row, e, f);
-    uint4 h;
-    uint32_t* w = &h.x;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __half2 v = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-      w[i] = *reinterpret_cast<const uint32_t*>(&v);
-    }
-    return h;
-  }
 }
 
 template <typename KvT, int HD, typename Out>
@@ -298,6 +270,18 @@ void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
   }();
   if (flash && prefill_flash_supported(a.kv_dtype, a.head_dim)) {
     prefill_attention_flash(a, stream);
+    return;
+  }
+  // RILL_CUDA_WIDE_PREFILL=512: the wide kernel at 512 only, =0: at
+  // neither (the WMMA kernel at 256 and 512), for comparisons; unset or
+  // any other value: the default, the wide kernel at 256 and 512.
+  static const int32_t wide_from = [] {
+    const char* env = std::getenv("RILL_CUDA_WIDE_PREFILL");
+    const std::string v = env ? env : "";
+    return v == "0" ? kMaxHeadDim + 1 : v == "512" ? 512 : 0;
+  }();
+  if (flash && a.head_dim >= wide_from && prefill_wide_supported(a.kv_dtype, a.head_dim)) {
+    prefill_attention_wide(a, stream);
     return;
   }
   if (a.kv_dtype == kF8E4M3) return launch_hd<detail::KvFp8>(a, stream);

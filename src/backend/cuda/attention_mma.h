@@ -7,10 +7,12 @@
 namespace rill::cuda {
 
 // f16, fp8, q8_0 or q4_0 KV and head_dim 64, 128, 256 or 512; tiles of up to kPrefillTileQMma
-// queries (at 512 two blocks of 32 share a tile).
-// f16 KV at head_dim 64 and 128 runs attention_flash.cu's kernel, unless
-// RILL_CUDA_FLASH_PREFILL=0 is in the environment (for comparisons); every
-// other case the WMMA kernel of attention_mma.cu.
+// queries. f16 KV at head_dim 64 and 128 runs attention_flash.cu's kernel,
+// every KV type at 256 and 512 attention_wide.cu's; with
+// RILL_CUDA_FLASH_PREFILL=0 in the environment (for comparisons) every
+// case runs the WMMA kernel of attention_mma.cu (at 512 two blocks of 32
+// queries share a tile); RILL_CUDA_WIDE_PREFILL=512 keeps it at 256 only,
+// RILL_CUDA_WIDE_PREFILL=0 at 256 and 512.
 bool prefill_mma_supported(DType kv_dtype, int32_t head_dim);
 void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream);
 
@@ -19,5 +21,12 @@ void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream);
 // queries, the same arithmetic as the WMMA kernel.
 bool prefill_flash_supported(DType kv_dtype, int32_t head_dim);
 void prefill_attention_flash(const AttentionArgs& a, cudaStream_t stream);
+
+// attention_wide.cu: fragments in registers for wide heads; f16, fp8, q8_0
+// or q4_0 KV and head_dim 256 or 512, tiles of up to kPrefillTileQMma
+// queries (8 warps at 256, 16 at 512: the rows split 2 or 4 ways, S's keys
+// and P V's output dims 4 ways), the same arithmetic as the WMMA kernel.
+bool prefill_wide_supported(DType kv_dtype, int32_t head_dim);
+void prefill_attention_wide(const AttentionArgs& a, cudaStream_t stream);
 
 }  // namespace rill::cuda

@@ -411,6 +411,7 @@ class CudaBackend final : public Backend {
   // runtime's arena: carve_cuda_scratch).
   void carve(cuda::Arena& a, const StepLimits& limits) {
     partial_ = a.take<float>(cuda::attention_partial_floats(limits.max_tokens, limits.n_head, limits.head_dim));
+    shifted_pos_ = a.take<int32_t>(static_cast<size_t>(limits.max_tokens));  // rope_store_kv's pos_offset
     // Rotated KV's queries and outputs (2 f32 rows a token: 1/16 of the
     // partials above at head_dim 128), carved for every type: the limits
     // do not name the KV types, and a model may store any of them.
@@ -519,6 +520,11 @@ class CudaBackend final : public Backend {
     a.n_head_kv = op.n_head_kv;
     a.head_dim = op.head_dim;
     a.positions = step.pos;
+    if (op.pos_offset != 0) {  // q only (backend.h): the rotation's positions, shifted
+      assert(op.n_head_kv == 0);
+      cuda::shift_positions(step.pos, op.qkv.rows, op.pos_offset, shifted_pos_, stream());
+      a.positions = shifted_pos_;
+    }
     a.slots = step.slots[op.kv_group];
     a.q_norm = op.q_norm.data;
     a.k_norm = op.k_norm.data;
@@ -597,8 +603,21 @@ class CudaBackend final : public Backend {
   }
 
   void convert(Tensor x, Tensor out) override {
-    assert(x.dtype == DType::kF32 && x.is_dense() && out.is_dense() && x.rows == out.rows && x.cols == out.cols);
-    cuda::convert_f32(x.f32(), x.rows * x.cols, out.dtype, out.data, stream());
+    assert(x.dtype == DType::kF32 && x.rows == out.rows && x.cols == out.cols);
+    if (x.is_dense() && out.is_dense()) {
+      cuda::convert_f32(x.f32(), x.rows * x.cols, out.dtype, out.data, stream());
+    } else {
+      cuda::convert_f32_rows(x.f32(), x.stride, x.rows, x.cols, out.dtype, out.data, out.stride, stream());
+    }
+  }
+
+  void ordered_logits(const OrderedLogitsOp& op) override {
+    assert(op.hidden.dtype == DType::kF32 && op.hidden.is_dense() && op.scores.is_dense() && op.logits.is_dense());
+    assert(op.scores.cols == op.n_centroids && op.lm_head.cols == op.hidden.cols && op.lm_head.rows == op.logits.cols);
+    const cuda::DeviceWeight& head = record(op.lm_head).w;
+    cuda::ordered_logits(op.hidden.f32(), op.scores.f32(), head.dtype, head.data, op.hidden.rows, op.hidden.cols,
+                         op.logits.cols, op.n_centroids, op.top_k, op.token_ordering, op.picked, op.dots,
+                         op.logits.f32(), stream());
   }
 
   void softcap(Tensor x, float cap) override {
@@ -921,8 +940,9 @@ class CudaBackend final : public Backend {
   cuda::DeviceBuffer fp8_staging_;  // a part in act_ before quantize_part
   cuda::DeviceBuffer scratch_;
   float* partial_ = nullptr;
-  float* rotation_ = nullptr;      // cuda::attention_rotation_floats of the limits
-  float* index_scores_ = nullptr;  // lightning_index(): [kIndexBlocks, index_keys_]
+  int32_t* shifted_pos_ = nullptr;  // [max_tokens]: rope_store_kv's positions + pos_offset
+  float* rotation_ = nullptr;       // cuda::attention_rotation_floats of the limits
+  float* index_scores_ = nullptr;   // lightning_index(): [kIndexBlocks, index_keys_]
   int64_t index_keys_ = 0;
   cuda::QuantScratch qscratch_;
   cuda::Fp8Scratch fp8scratch_;

@@ -1,6 +1,8 @@
-// The Gemma family's kernels (declared in ops.h): GeGLU, the sandwich
-// norm's residual add fused with the next pre-norm, logit softcapping and
-// the embedding scale. Each computes what the CPU model does, in its order.
+// The Gemma family's kernels (declared in ops.h; Gemma 4's in
+// ops_gemma4.h): GeGLU, the sandwich norm's residual add fused with the
+// next pre-norm, logit softcapping and the embedding scale, Gemma 4's split
+// GLU and V norm, its assistant's position shift and strided conversion.
+// Each computes what the CPU model does, in its order.
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
@@ -100,6 +102,24 @@ __global__ void head_rms_norm_kernel(float* x, int64_t stride, int64_t col0, int
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) h[d] *= scale;
 }
 
+__global__ void shift_positions_kernel(const int32_t* pos, int64_t n, int32_t offset, int32_t* out) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = pos[i] + offset;
+  }
+}
+
+template <typename Out>
+__global__ void convert_rows_kernel(const float* x, int64_t x_stride, int64_t cols, Out* out, int64_t out_stride) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int64_t r = blockIdx.y;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < cols; i += int64_t{gridDim.x} * blockDim.x) {
+    out[r * out_stride + i] = from_f32<Out>(x[r * x_stride + i]);
+  }
+}
+
 unsigned blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 65535 ? (b > 0 ? b : 1) : 65535);
@@ -137,6 +157,19 @@ void head_rms_norm(float* x, int64_t stride, int64_t n_rows, int64_t col0, int32
   if (n_rows <= 0 || n_heads <= 0) return;
   const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
   launch_pdl(head_rms_norm_kernel, grid, head_dim >= 128 ? 64 : 32, 0, stream, x, stride, col0, head_dim, eps);
+}
+
+void shift_positions(const int32_t* pos, int64_t n, int32_t offset, int32_t* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  launch_pdl(shift_positions_kernel, blocks_for(n, 256), 256, 0, stream, pos, n, offset, out);
+}
+
+void convert_f32_rows(const float* x, int64_t x_stride, int64_t rows, int64_t cols, DType out_dtype, void* out,
+                      int64_t out_stride, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  const dim3 grid(blocks_for(cols, 256), static_cast<unsigned>(rows));
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(convert_rows_kernel<T>, grid, 256, 0, stream, x, x_stride, cols,
+                                                 static_cast<T*>(out), out_stride));
 }
 
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {

@@ -19,12 +19,18 @@ namespace rill::cuda {
 
 class SmemOptIn {
  public:
-  void ensure(const void* kernel, size_t bytes) {
+  // max_shared: also ask for the largest shared-memory carveout (a kernel
+  // that fits two blocks per SM only there).
+  void ensure(const void* kernel, size_t bytes, bool max_shared = false) {
     int device = 0;
     RILL_CUDA_CHECK(cudaGetDevice(&device));
     const uint64_t bit = uint64_t{1} << (device & 63);
     if (done_.load(std::memory_order_acquire) & bit) return;
     RILL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    if (max_shared) {
+      RILL_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    }
     done_.fetch_or(bit, std::memory_order_release);
   }
 

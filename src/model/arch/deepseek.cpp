@@ -73,6 +73,7 @@
 #include "model/layers.h"
 #include "model/moe.h"
 #include "model/mtp_head.h"
+#include "model/mup_scales.h"
 #include "model/placement.h"
 
 #if RILL_HAVE_CUDA
@@ -514,21 +515,19 @@ Status mla_layer(Backend& b, const MlaGraph& g, const MlaLayer& L, MlaStepOps& o
   b.matmul_heads(L.wv, o.st.n_head, lat, p.kv_lora_rank, attn, p.v_dim);
   // MiniCPM3's residual scale on o_proj's input: o is linear, so x +=
   // o(s attn) is x += s o(attn) within rounding.
-  if (p.residual_scale != 1.0f) b.scale(attn, p.residual_scale);
   // Non-F32 activations: o_proj reads attn converted (and the muP scales
   // apply in F32 before their conversions).
   const bool f32_act = b.act_dtype() == DType::kF32;
   const Tensor attn_in = f32_act ? attn : a.attn_act.rows_from(0, n);
-  if (!f32_act) b.convert(attn, attn_in);
+  scale_into(b, attn, p.mup.residual, attn_in);
   RILL_TRY(b.matmul(L.wo, attn_in, x, true));
   b.rms_norm(x, nullptr, L.ffn_norm, eps, 0.0f, h);
   if (L.is_moe) return b.moe_ffn(L.moe, h, h, x, true, md);
   const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
   RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
-  const Tensor glu_out = f32_act || p.residual_scale == 1.0f ? mlp : a.mlp32.rows_from(0, n);
+  const Tensor glu_out = f32_act || p.mup.residual == 1.0f ? mlp : a.mlp32.rows_from(0, n);
   b.glu(Glu::kSilu, gu, glu_out);
-  if (p.residual_scale != 1.0f) b.scale(glu_out, p.residual_scale);
-  if (glu_out.data != mlp.data) b.convert(glu_out, mlp);
+  scale_into(b, glu_out, p.mup.residual, mlp);
   return b.matmul(L.w_down, mlp, x, true);
 }
 
@@ -544,7 +543,7 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
   const float eps = g.eps;
   const bool f32_act = b.act_dtype() == DType::kF32;
   b.embed(g.embed, md.ids, n, x);
-  if (p.embed_scale != 1.0f) b.scale(x, p.embed_scale);
+  if (p.mup.embed != 1.0f) b.scale(x, p.mup.embed);
   b.rms_norm(x, nullptr, g.layers[0].attn_norm, eps, 0.0f, h);
   MlaStepOps ops = mla_step_ops(g, a, n);
   for (int64_t il = 0; il < g.n_main; ++il) {
@@ -555,10 +554,9 @@ Status mla_forward(Backend& b, const MlaGraph& g, const StepMetadata& md, const 
   if (hidden) b.rms_norm(x, nullptr, g.final_norm, eps, 0.0f, *hidden);
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
-  const Tensor normed = f32_act || p.logit_scale == 1.0f ? final_rows : a.final32.rows_from(0, md.n_sample);
+  const Tensor normed = f32_act || p.mup.logit == 1.0f ? final_rows : a.final32.rows_from(0, md.n_sample);
   b.rms_norm(x, md.sample_rows, g.final_norm, eps, 0.0f, normed);
-  if (p.logit_scale != 1.0f) b.scale(normed, p.logit_scale);
-  if (normed.data != final_rows.data) b.convert(normed, final_rows);
+  scale_into(b, normed, p.mup.logit, final_rows);
   return b.matmul(g.lm_head, final_rows, logits, false);
 }
 
@@ -786,10 +784,10 @@ void MlaCudaModel::carve_activations(cuda::Arena& a) {
   v.attn_act = carve_tensor(a, act_, T, f32 ? 0 : H * p.v_dim);
   v.gu = carve_tensor(a, DType::kF32, T, 2 * graph_.F);
   v.mlp = carve_tensor(a, act_, T, graph_.F);
-  v.mlp32 = carve_tensor(a, DType::kF32, T, f32 || p.residual_scale == 1.0f ? 0 : graph_.F);
+  v.mlp32 = carve_tensor(a, DType::kF32, T, f32 || p.mup.residual == 1.0f ? 0 : graph_.F);
   v.final_rows = carve_tensor(a, act_, S, E_);
   v.mtp_h = carve_tensor(a, act_, T, graph_.has_mtp ? E_ : 0);
-  v.final32 = carve_tensor(a, DType::kF32, S, f32 || p.logit_scale == 1.0f ? 0 : E_);
+  v.final32 = carve_tensor(a, DType::kF32, S, f32 || p.mup.logit == 1.0f ? 0 : E_);
   v.iq = carve_tensor(a, DType::kF32, T, p.dsa.n_head * p.dsa.head_dim);
   v.ikw = carve_tensor(a, DType::kF32, T, p.dsa.head_dim + p.dsa.n_head);
   v.selected = a.take<int32_t>(static_cast<size_t>(T * p.dsa.topk));

@@ -163,14 +163,9 @@ Result<MlaParams> read_mla_params(const ModelFiles& f) {
   p.attn_scale = static_cast<float>(scale);
 
   if (minicpm) {
-    RILL_ASSIGN_OR_RETURN(const double scale_emb, r.number("scale_emb", 1.0));
-    RILL_ASSIGN_OR_RETURN(const double scale_depth, r.number("scale_depth", 1.0));
-    RILL_ASSIGN_OR_RETURN(const int64_t dim_base, r.dim("dim_model_base", cfg.n_embd));
     RILL_ASSIGN_OR_RETURN(const bool mlp_bias, r.flag("mlp_bias", false));
     if (mlp_bias) return Error{file + ": mlp_bias true is not supported by minicpm3 here yet"};
-    p.embed_scale = static_cast<float>(scale_emb);
-    p.residual_scale = static_cast<float>(scale_depth / std::sqrt(static_cast<double>(cfg.n_layer)));
-    p.logit_scale = static_cast<float>(static_cast<double>(dim_base) / static_cast<double>(cfg.n_embd));
+    RILL_ASSIGN_OR_RETURN(p.mup, read_mup_scales(cfg, file, /*required=*/false));
     return p;
   }
 

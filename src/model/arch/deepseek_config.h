@@ -9,6 +9,7 @@
 #include "core/result.h"
 #include "loader/model_files.h"
 #include "model/moe.h"
+#include "model/mup_scales.h"
 
 namespace rill {
 
@@ -31,9 +32,9 @@ struct MlaParams {
   int64_t kv_lora_rank = 0, nope = 0, rope = 0, v_dim = 0;
   bool interleaved = true;  // RoPE pairs (2i, 2i+1)
   float attn_scale = 1.0f;
-  std::optional<float> rope_attention_factor;                           // yarn's, from mscale / mscale_all_dim
-  float embed_scale = 1.0f, residual_scale = 1.0f, logit_scale = 1.0f;  // MiniCPM3
-  MoeParams moe;                                                        // n_expert 0: every FFN dense
+  std::optional<float> rope_attention_factor;  // yarn's, from mscale / mscale_all_dim
+  MupScales mup;                               // MiniCPM3's (model/mup_scales.h); 1 elsewhere
+  MoeParams moe;                               // n_expert 0: every FFN dense
   DsaParams dsa;
 
   int64_t qk_dim() const { return nope + rope; }

@@ -71,6 +71,7 @@
 
 #if RILL_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops_gemma4.h"
 #include "model/cuda_model_base.h"
 #endif
 
@@ -371,16 +372,23 @@ Status place_pass(Backend& b, const GemmaWeights& w, GemmaGraph& g) {
 // projections from and to the target's width, its tied lm_head.
 struct AssistantGraph {
   int64_t E = 0, Et = 0, V = 0, Q = 0, F = 0;  // Q, F: the widest layer's
-  int32_t n_head = 0;
-  int32_t window = 0;  // its sliding layers' keys (sliding_window + 1)
+  int32_t n_head = 0, hd = 0;                  // hd: the widest layer's
+  int32_t window = 0;                          // its sliding layers' keys (sliding_window + 1)
   float eps = 1e-6f;
   std::vector<GemmaLayer> layers;
   Weight pre_projection;   // [E, 2 Et]
   Weight post_projection;  // [Et, E]
   Weight lm_head;          // [V, E], gathered too (ordered embeddings)
-  Weight centroids;        // [C, E]; ordered embeddings only
   Vec final_norm;          // [E]
   Rope rope_local, rope_global;
+  // Ordered embeddings (Backend::ordered_logits): n_centroids groups of V / C
+  // tokens, the top_k groups' tokens scored.
+  bool ordered = false;
+  int32_t n_centroids = 0, top_k = 0;
+  Weight centroids;       // [C, E]
+  Buffer token_ordering;  // [V] int32 in the Backend's memory
+
+  int64_t n_picked() const { return ordered ? int64_t{top_k} * (V / n_centroids) : 0; }
 };
 
 // The assistant's shapes; its layers read the planes of the target's
@@ -393,6 +401,9 @@ AssistantGraph shape_assistant(const Gemma4AssistantWeights& w, const GemmaGraph
   a.n_head = w.n_head;
   a.window = w.window;
   a.eps = w.eps;
+  a.ordered = w.ordered;
+  a.n_centroids = static_cast<int32_t>(w.n_centroids);
+  a.top_k = static_cast<int32_t>(w.centroid_top_k);
   a.layers.assign(w.layers.size(), GemmaLayer{});
   for (size_t il = 0; il < w.layers.size(); ++il) {
     GemmaLayer& L = a.layers[il];
@@ -408,6 +419,7 @@ AssistantGraph shape_assistant(const Gemma4AssistantWeights& w, const GemmaGraph
     L.layer_scalar = w.layers[il].layer_scalar;
     a.Q = std::max(a.Q, L.Q);
     a.F = std::max(a.F, L.F);
+    a.hd = std::max(a.hd, L.hd);
   }
   return a;
 }
@@ -421,7 +433,11 @@ Status place_assistant_pass(Backend& b, const Gemma4AssistantWeights& w, Assista
   RILL_ASSIGN_OR_RETURN(a.pre_projection, b.place(&pre, 1, "assistant.pre_projection"));
   RILL_ASSIGN_OR_RETURN(a.post_projection, b.place(&post, 1, "assistant.post_projection"));
   HostMatrix head = host_matrix(w.lm_head);
-  head.gathered = true;
+  head.gathered = true;  // kept in its precision: the ordered head reads f32 / f16 / bf16 rows
+  if (w.ordered && head.dtype != DType::kF32 && head.dtype != DType::kF16 && head.dtype != DType::kBF16) {
+    return Error{w.files->path + ": lm_head dtype " + std::string(dtype_name(head.dtype)) +
+                 " (the centroid-ordered head takes f32, f16 or bf16 weights)"};
+  }
   RILL_ASSIGN_OR_RETURN(a.lm_head, b.place(&head, 1, "assistant.lm_head"));
   if (w.ordered) {
     const HostMatrix c = host_matrix(w.centroids);
@@ -495,7 +511,23 @@ Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWe
     RILL_TRY(place_pass(b, w, g));
     return assistant ? place_assistant_pass(b, *assistant, *ag) : Status::Ok();
   }));
+  if (assistant && assistant->ordered) {
+    const size_t bytes = assistant->token_ordering.size() * sizeof(int32_t);
+    RILL_ASSIGN_OR_RETURN(ag->token_ordering, b.allocate(bytes, "the assistant's token_ordering"));
+    RILL_TRY(b.copy_in(ag->token_ordering.data(), assistant->token_ordering.data(), bytes));
+  }
   return g;
+}
+
+// The step limits of a Gemma graph (and its assistant's: its heads may be
+// more or wider than the target's).
+StepLimits gemma_step_limits(const GemmaGraph& g, const AssistantGraph* ag, int64_t max_tokens, int64_t max_sample) {
+  StepLimits l = g.step_limits(max_tokens, max_sample);
+  if (ag) {
+    l.n_head = std::max(l.n_head, ag->n_head);
+    l.head_dim = std::max(l.head_dim, ag->hd);
+  }
+  return l;
 }
 
 // Activation views for up to the limit's tokens (rows), each dense:
@@ -627,25 +659,27 @@ Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, co
 }
 
 // The assistant's activations for up to the limit's tokens (rows): in [T,
-// 2 Et] F32 (target embedding | target hidden), x, h, y [T, E] F32, q [T,
-// Q], attn [T, Q], gu [T, 2 F], mlp [T, F], out [T, Et] F32
-// (post_projection), rows [S, E] (the sample rows' final-normed states),
-// scores [S, C] (centroid logits).
+// 2 Et] act (target embedding | target hidden), emb [T, Et] F32, x, y [T,
+// E] F32, h [T, E] act, q [T, Q] F32, attn [T, Q] act, gu [T, 2 F] F32,
+// mlp [T, F] act, out [T, Et] F32 (post_projection), rows [S, E] act (the
+// sample rows' final-normed states, the heads' input); ordered embeddings:
+// rows_f32 [S, E] F32 (the same rows for ordered_logits; rows itself where
+// act is F32), scores [S, C] F32 (centroid logits), picked [S, n_picked]
+// int32 and dots [S, n_picked] F32 (ordered_logits' scratch).
 struct AssistantActivations {
-  Tensor in, x, h, y, q, attn, gu, mlp, out, rows, scores;
+  Tensor in, emb, x, h, y, q, attn, gu, mlp, out, rows, rows_f32, scores;
+  int32_t* picked = nullptr;
+  float* dots = nullptr;
 };
 
-// The assistant over a step (Model::forward_mtp's contract): token t is
-// t_{p+1} at batch position p, in's row t its target embedding (scaled) and
-// the target's hidden row of p; queries rotate at rope_md's positions (p +
-// 1) and attend through md to the target's keys [0, p] (full layers) or
-// [p - window, p] (sliding). Writes no KV. Leaves the sample rows'
-// final-normed states in a.rows and, when `out` is set, every token's
-// post_projection in a.out; the logits are the caller's (the head differs
-// with ordered embeddings). Only Backend ops.
+// The assistant's layers over a.in (Model::forward_mtp's contract, see
+// assistant_forward). Queries rotate one past their batch position (p + 1)
+// and attend through md to the target's keys [0, p] (full layers) or [p -
+// window, p] (sliding). Writes no KV. Leaves the sample rows' final-normed
+// states in a.rows (and a.rows_f32) and, when `out` is set, every token's
+// post_projection in a.out. Only Backend ops.
 Status assistant_layers(Backend& b, const GemmaGraph& g, const AssistantGraph& ag, const StepMetadata& md,
-                        const StepMetadata& rope_md, const AssistantActivations& a, const std::vector<KvCacheView>& kv,
-                        bool out) {
+                        const AssistantActivations& a, const std::vector<KvCacheView>& kv, bool out) {
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n), y = a.y.rows_from(0, n);
   const float eps = ag.eps;
@@ -663,7 +697,8 @@ Status assistant_layers(Backend& b, const GemmaGraph& g, const AssistantGraph& a
     rk.norm_eps = eps;
     rk.q_norm = L.q_norm;
     rk.rope = L.sliding ? ag.rope_local : ag.rope_global;
-    b.rope_store_kv(rk, rope_md);
+    rk.pos_offset = 1;
+    b.rope_store_kv(rk, md);
     AttentionOp at;
     at.q = q;
     at.out = attn;
@@ -688,9 +723,51 @@ Status assistant_layers(Backend& b, const GemmaGraph& g, const AssistantGraph& a
     b.scale(x, L.layer_scalar);
     if (next_norm) b.rms_norm(x, nullptr, next_norm, eps, 0.0f, h);
   }
-  b.rms_norm(x, nullptr, ag.final_norm, eps, 0.0f, h);  // every row: post_projection reads them all
-  if (out) RILL_TRY(b.matmul(ag.post_projection, h, a.out.rows_from(0, n), false));
-  if (md.n_sample > 0) b.rms_norm(x, md.sample_rows, ag.final_norm, eps, 0.0f, a.rows.rows_from(0, md.n_sample));
+  if (out) {
+    b.rms_norm(x, nullptr, ag.final_norm, eps, 0.0f, h);  // every row: post_projection reads them all
+    RILL_TRY(b.matmul(ag.post_projection, h, a.out.rows_from(0, n), false));
+  }
+  const int32_t ns = md.n_sample;
+  if (ns > 0) b.rms_norm(x, md.sample_rows, ag.final_norm, eps, 0.0f, a.rows.rows_from(0, ns));
+  if (ns > 0 && ag.ordered && a.rows_f32.data != a.rows.data) {
+    b.rms_norm(x, md.sample_rows, ag.final_norm, eps, 0.0f, a.rows_f32.rows_from(0, ns));
+  }
+  return Status::Ok();
+}
+
+// The assistant over a step (Model::forward_mtp): token t is t_{p+1} at
+// batch position p and hidden's row t the target's final-normed hidden
+// state at p ([n, Et] F32); its input is [embed_target(t) * sqrt(Et) | h].
+// logits [n_sample, V] F32: the tied lm_head over the sample rows, or with
+// ordered embeddings the top centroids' tokens (Backend::ordered_logits).
+// out: every token's post_projection into a.out (the next draft's hidden
+// row). Only Backend ops: graph-capturable on CUDA.
+Status assistant_forward(Backend& b, const GemmaGraph& g, const AssistantGraph& ag, const StepMetadata& md,
+                         const AssistantActivations& a, const std::vector<KvCacheView>& kv, Tensor hidden, bool out,
+                         Tensor logits) {
+  const int64_t n = md.n_tokens, Et = ag.Et;
+  const Tensor emb = a.emb.rows_from(0, n), in = a.in.rows_from(0, n);
+  b.embed(g.embed, md.ids, n, emb);
+  b.scale(emb, g.embed_scale);
+  b.convert(emb, in.cols_from(0, Et));
+  b.convert(hidden.rows_from(0, n), in.cols_from(Et, Et));
+  RILL_TRY(assistant_layers(b, g, ag, md, a, kv, out));
+  const int32_t ns = md.n_sample;
+  if (ns <= 0) return Status::Ok();
+  const Tensor rows = a.rows.rows_from(0, ns);
+  if (!ag.ordered) return b.matmul(ag.lm_head, rows, logits, false);
+  OrderedLogitsOp op;
+  op.hidden = a.rows_f32.rows_from(0, ns);
+  op.scores = a.scores.rows_from(0, ns);
+  op.logits = logits;
+  op.lm_head = ag.lm_head;
+  op.token_ordering = static_cast<const int32_t*>(ag.token_ordering.data());
+  op.n_centroids = ag.n_centroids;
+  op.top_k = ag.top_k;
+  op.picked = a.picked;
+  op.dots = a.dots;
+  RILL_TRY(b.matmul(ag.centroids, rows, op.scores, false));
+  b.ordered_logits(op);
   return Status::Ok();
 }
 
@@ -716,9 +793,6 @@ class GemmaModel final : public CpuPagedModel {
  private:
   Status check(const Batch& batch) const;
   Status init_assistant();
-  // The assistant's ordered-embedding head over the sample rows (their
-  // final-normed states in aact_.rows): logits [n_sample, V].
-  Status masked_head(int32_t n_sample, float* logits);
 
   std::unique_ptr<Backend> device_;  // on backend_'s threads
   GemmaGraph graph_;
@@ -729,9 +803,8 @@ class GemmaModel final : public CpuPagedModel {
   AssistantGraph ag_;
   AssistantActivations aact_;
   std::vector<float> a_in_, a_emb_, a_x_, a_h_, a_y_, a_q_, a_attn_, a_gu_, a_mlp_, a_out_, a_rows_, a_scores_;
-  std::vector<int32_t> rope_pos_;                                      // [max_tokens_]: positions + 1
-  std::vector<int32_t> centroid_order_, picked_;                       // [C], [top_k * V/C]
-  std::vector<float> picked_rows_, picked_dots_;                       // [top_k * V/C, E], [top_k * V/C]
+  std::vector<int32_t> a_picked_;                                      // [S, n_picked]
+  std::vector<float> a_dots_;                                          // [S, n_picked]
   std::vector<float> x_, h_, qkv_, attn_, y_, gu_, mlp_, final_rows_;  // [max_tokens_, ...] f32
   std::vector<float> ple_, ple_tmp_, pl_gate_, pl_act_, xa_;           // Gemma 4's per-layer input
   std::vector<float> router_in_, moe_in_, moe_out_;                    // Gemma 4's MoE block
@@ -790,7 +863,7 @@ Status GemmaModel::init(const ModelOptions& options) {
   }
   step_.reserve(T);
   if (assistant_) RILL_TRY(init_assistant());
-  return device_->reserve(graph_.step_limits(T, max_seqs_));
+  return device_->reserve(gemma_step_limits(graph_, assistant_ ? &ag_ : nullptr, T, max_seqs_));
 }
 
 Status GemmaModel::init_assistant() {
@@ -800,7 +873,7 @@ Status GemmaModel::init_assistant() {
     return Tensor::dense(v.data(), DType::kF32, rows, cols);
   };
   aact_.in = view(a_in_, T, 2 * ag_.Et);
-  view(a_emb_, T, ag_.Et);
+  aact_.emb = view(a_emb_, T, ag_.Et);
   aact_.x = view(a_x_, T, ag_.E);
   aact_.h = view(a_h_, T, ag_.E);
   aact_.y = view(a_y_, T, ag_.E);
@@ -810,14 +883,13 @@ Status GemmaModel::init_assistant() {
   aact_.mlp = view(a_mlp_, T, ag_.F);
   aact_.out = view(a_out_, T, ag_.Et);
   aact_.rows = view(a_rows_, S, ag_.E);
-  rope_pos_.resize(static_cast<size_t>(T));
-  if (assistant_->ordered) {
-    const int64_t n_picked = assistant_->centroid_top_k * (ag_.V / assistant_->n_centroids);
-    aact_.scores = view(a_scores_, S, assistant_->n_centroids);
-    centroid_order_.resize(static_cast<size_t>(assistant_->n_centroids));
-    picked_.resize(static_cast<size_t>(n_picked));
-    view(picked_rows_, n_picked, ag_.E);
-    picked_dots_.resize(static_cast<size_t>(n_picked));
+  aact_.rows_f32 = aact_.rows;  // act is F32 on the CPU
+  if (ag_.ordered) {
+    aact_.scores = view(a_scores_, S, ag_.n_centroids);
+    a_picked_.resize(static_cast<size_t>(S * ag_.n_picked()));
+    a_dots_.resize(static_cast<size_t>(S * ag_.n_picked()));
+    aact_.picked = a_picked_.data();
+    aact_.dots = a_dots_.data();
   }
   return Status::Ok();
 }
@@ -857,68 +929,68 @@ Status GemmaModel::forward_mtp(const Batch& batch, const float* hidden, float* l
   RILL_TRY(check(batch));
   const StepMetadata md = step_metadata(batch, step_);
   const int64_t n = md.n_tokens, Et = ag_.Et;
-  // Queries rotate at p + 1 (the token's own position) and attend as a
-  // query at p would: to the target's keys up to p.
-  for (int64_t t = 0; t < n; ++t) rope_pos_[static_cast<size_t>(t)] = md.pos[t] + 1;
-  StepMetadata rope_md = md;
-  rope_md.pos = rope_pos_.data();
-  // in = [embed_target(t_{p+1}) * sqrt(Et) | h_p]
-  const Tensor emb = Tensor::dense(a_emb_.data(), DType::kF32, n, Et);
-  device_->embed(graph_.embed, md.ids, n, emb);
-  device_->scale(emb, graph_.embed_scale);
-  for (int64_t t = 0; t < n; ++t) {
-    float* row = a_in_.data() + t * 2 * Et;
-    std::memcpy(row, a_emb_.data() + t * Et, static_cast<size_t>(Et) * sizeof(float));
-    std::memcpy(row + Et, hidden + t * Et, static_cast<size_t>(Et) * sizeof(float));
-  }
   AssistantActivations a = aact_;
   if (mtp_hidden) a.out = Tensor::dense(mtp_hidden, DType::kF32, n, Et);
-  RILL_TRY(assistant_layers(*device_, graph_, ag_, md, rope_md, a, kv_views_, mtp_hidden != nullptr));
-  if (md.n_sample <= 0) return Status::Ok();
-  if (assistant_->ordered) return masked_head(md.n_sample, logits);
-  return device_->matmul(ag_.lm_head, aact_.rows.rows_from(0, md.n_sample),
-                         Tensor::dense(logits, DType::kF32, md.n_sample, ag_.V), false);
-}
-
-Status GemmaModel::masked_head(int32_t n_sample, float* logits) {
-  const Gemma4AssistantWeights& w = *assistant_;
-  const auto E = static_cast<size_t>(ag_.E), V = static_cast<size_t>(ag_.V), C = static_cast<size_t>(w.n_centroids);
-  const Tensor scores = aact_.scores.rows_from(0, n_sample);
-  RILL_TRY(device_->matmul(ag_.centroids, aact_.rows.rows_from(0, n_sample), scores, false));
-  const auto n_picked = static_cast<int64_t>(picked_.size());
-  for (size_t r = 0; r < static_cast<size_t>(n_sample); ++r) {
-    gemma4_pick_tokens(std::span<const float>(a_scores_.data() + r * C, C), w, centroid_order_, picked_);
-    device_->embed(ag_.lm_head, picked_.data(), n_picked,
-                   Tensor::dense(picked_rows_.data(), DType::kF32, n_picked, ag_.E));
-    gemma4_masked_logits(std::span<const float>(a_rows_.data() + r * E, E), picked_rows_.data(), picked_, picked_dots_,
-                         std::span<float>(logits + r * V, V));
-  }
-  return Status::Ok();
+  // The Backend reads the hidden rows only.
+  const Tensor rows = Tensor::dense(const_cast<float*>(hidden), DType::kF32, n, Et);
+  return assistant_forward(*device_, graph_, ag_, md, a, kv_views_, rows, mtp_hidden != nullptr,
+                           Tensor::dense(logits, DType::kF32, md.n_sample, ag_.V));
 }
 
 // --- The CUDA runtime's glue ------------------------------------------------------
 
 #if RILL_HAVE_CUDA
+// Gemma 4's assistant (ModelOptions::gemma4_assistant) runs as the MTP
+// head through the base's step kinds: forward_hidden's steps (kHidden)
+// write the target's final-normed rows to rows_out(), forward_mtp's (kMtp)
+// run assistant_forward over the uploaded rows_in() and leave its
+// post_projection in rows_out(); one-token steps of each kind replay their
+// own decode graphs.
 class GemmaCudaModel final : public CudaModelBase {
  public:
   explicit GemmaCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
   Status init(const ModelOptions& options);
   std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_dtype_); }
+  int32_t n_mtp_layers() const override { return assistant_ ? static_cast<int32_t>(ag_.layers.size()) : 0; }
+  std::string mtp_head_source() const override { return assistant_path_; }
 
  private:
   void carve_activations(cuda::Arena& a) override;
   Status run_layers(const Step& s) override;
+  // The assistant's layers against the CUDA kernels' limits (errors name
+  // the assistant's files).
+  Status check_assistant() const;
 
   GemmaGraph graph_;
   GemmaActivations act_views_;         // over the arena
   std::vector<KvCacheView> kv_views_;  // per layer
+  std::unique_ptr<Gemma4AssistantWeights> assistant_;
+  std::string assistant_path_;
+  AssistantGraph ag_;
+  AssistantActivations aviews_;  // over the arena (out: rows_out(), set per step)
 };
 
-Status GemmaCudaModel::init(const ModelOptions& options) {
-  if (!options.gemma4_assistant.empty()) {
-    return Error{files_->path + ": a Gemma 4 assistant (" + options.gemma4_assistant +
-                 ") runs on the CPU runtime only so far (--device cpu)"};
+Status GemmaCudaModel::check_assistant() const {
+  const std::string& path = assistant_->files->path;
+  for (size_t il = 0; il < ag_.layers.size(); ++il) {
+    const GemmaLayer& L = ag_.layers[il];
+    if (L.hd % 4 != 0 ||
+        cuda::prefill_tile_q(DType::kF16, L.hd) != cuda::prefill_tile_q(DType::kF16, static_cast<int32_t>(hd_)) ||
+        ag_.n_head % L.n_head_kv != 0 || ag_.n_head / L.n_head_kv > 8) {
+      return Error{path + ": assistant layer " + std::to_string(il) + " (head_dim " + std::to_string(L.hd) + ", " +
+                   std::to_string(ag_.n_head) + " heads over " + std::to_string(L.n_head_kv) +
+                   " KV heads) is not supported by the CUDA attention kernels beside the target's head_dim " +
+                   std::to_string(hd_) + " (at most 8 query heads per KV head)"};
+    }
   }
+  if (ag_.ordered && ag_.n_centroids > cuda::kMaxOrderedGroups) {
+    return Error{path + "/config.json: 'num_centroids' (" + std::to_string(ag_.n_centroids) + ") is above the " +
+                 std::to_string(cuda::kMaxOrderedGroups) + " the CUDA head takes"};
+  }
+  return Status::Ok();
+}
+
+Status GemmaCudaModel::init(const ModelOptions& options) {
   RILL_TRY(read_dims());  // the CUDA kernels' limits
   RILL_TRY(create_context());
   // read_dims held hd_ (the sliding / every layer's) to its limit; Gemma
@@ -939,8 +1011,16 @@ Status GemmaCudaModel::init(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(const CudaDtypes dt, pick_cuda_dtypes(files_->path, w.layer_matrices(), w.embed));
   act_ = dt.act;
   kv_dtype_ = dt.kv;  // as the CPU Gemma: f32 checkpoints keep f32 KV
+  if (!options.gemma4_assistant.empty()) {
+    RILL_ASSIGN_OR_RETURN(auto aw,
+                          load_gemma4_assistant(options.gemma4_assistant, *files_, w.params, cuda::kMaxHeadDim));
+    assistant_ = std::make_unique<Gemma4AssistantWeights>(std::move(aw));
+    assistant_path_ = options.gemma4_assistant;
+    mtp_rows_ = true;  // rows_in() / rows_out(): the hidden rows, [T, E_]
+  }
   RILL_TRY(create_backend(options));
-  RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*backend_, cfg_, w));
+  RILL_ASSIGN_OR_RETURN(graph_, place_gemma(*backend_, cfg_, w, assistant_.get(), &ag_));
+  if (assistant_) RILL_TRY(check_assistant());
   kv_spec_ = graph_.make_kv_spec();
   n_kv_layers_ = static_cast<int64_t>(graph_.kv_layer_of.size());  // KV-shared layers keep none
   kv_widths_ = graph_.kv_widths();
@@ -982,12 +1062,48 @@ void GemmaCudaModel::carve_activations(cuda::Arena& a) {
     act_views_.moe_in = carve_tensor(a, act_, T, E_);
     act_views_.moe_out = carve_tensor(a, DType::kF32, T, E_);
   }
-  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
+  if (assistant_) {
+    AssistantActivations& v = aviews_;
+    v.in = carve_tensor(a, act_, T, 2 * ag_.Et);
+    v.emb = carve_tensor(a, DType::kF32, T, ag_.Et);
+    v.x = carve_tensor(a, DType::kF32, T, ag_.E);
+    v.h = carve_tensor(a, act_, T, ag_.E);
+    v.y = carve_tensor(a, DType::kF32, T, ag_.E);
+    v.q = carve_tensor(a, DType::kF32, T, ag_.Q);
+    v.attn = carve_tensor(a, act_, T, ag_.Q);
+    v.gu = carve_tensor(a, DType::kF32, T, 2 * ag_.F);
+    v.mlp = carve_tensor(a, act_, T, ag_.F);
+    v.rows = carve_tensor(a, act_, S, ag_.E);
+    v.rows_f32 = act_ == DType::kF32 ? v.rows : carve_tensor(a, DType::kF32, S, ag_.E);
+    if (ag_.ordered) {
+      v.scores = carve_tensor(a, DType::kF32, S, ag_.n_centroids);
+      v.picked = a.take<int32_t>(static_cast<size_t>(S * ag_.n_picked()));
+      v.dots = a.take<float>(static_cast<size_t>(S * ag_.n_picked()));
+    }
+  }
+  carve_cuda_scratch(*backend_, a, gemma_step_limits(graph_, assistant_ ? &ag_ : nullptr, T, S));
 }
 
 Status GemmaCudaModel::run_layers(const Step& s) {
   const Tensor logits = Tensor::dense(head_out(), DType::kF32, s.n_sample, graph_.V);
-  return gemma_forward(*backend_, graph_, step_metadata(s), act_views_, kv_views_, logits);
+  const StepMetadata md = step_metadata(s);
+  switch (step_kind()) {
+    case StepKind::kHidden: {
+      const Tensor hidden = Tensor::dense(rows_out(), DType::kF32, s.n, E_);
+      return gemma_forward(*backend_, graph_, md, act_views_, kv_views_, logits, &hidden);
+    }
+    case StepKind::kMtp: {
+      // Always the post_projection: a replayed graph cannot tell whether
+      // the caller copies it down.
+      AssistantActivations a = aviews_;
+      a.out = Tensor::dense(rows_out(), DType::kF32, s.n, E_);
+      return assistant_forward(*backend_, graph_, ag_, md, a, kv_views_, Tensor::dense(rows_in(), DType::kF32, s.n, E_),
+                               true, logits);
+    }
+    case StepKind::kForward:
+      break;
+  }
+  return gemma_forward(*backend_, graph_, md, act_views_, kv_views_, logits);
 }
 #endif  // RILL_HAVE_CUDA
 

@@ -1,10 +1,7 @@
 #include "model/arch/gemma4_assistant.h"
 
 #include <algorithm>
-#include <cassert>
-#include <cmath>
 #include <cstring>
-#include <numeric>
 #include <string>
 #include <type_traits>
 
@@ -239,51 +236,6 @@ Result<Gemma4AssistantWeights> load_gemma4_assistant(const std::string& path, co
   w.rope = gemma_rope_tables(*files, w.params, hd);
   w.files = std::move(files);
   return w;
-}
-
-void gemma4_pick_tokens(std::span<const float> scores, const Gemma4AssistantWeights& w, std::vector<int32_t>& order,
-                        std::span<int32_t> picked) {
-  const auto C = static_cast<size_t>(w.n_centroids), K = static_cast<size_t>(w.centroid_top_k);
-  const auto per = static_cast<size_t>(w.n_vocab / w.n_centroids);
-  assert(scores.size() == C && picked.size() == K * per && order.size() >= C);
-  std::iota(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(C), 0);
-  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(K),
-                    order.begin() + static_cast<std::ptrdiff_t>(C), [&](int32_t a, int32_t b) {
-                      const float sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
-                      return sa > sb || (sa == sb && a < b);
-                    });
-  for (size_t k = 0; k < K; ++k) {
-    const size_t c = static_cast<size_t>(order[k]);
-    std::copy_n(w.token_ordering.begin() + static_cast<std::ptrdiff_t>(c * per), per, picked.begin() + k * per);
-  }
-}
-
-void gemma4_masked_logits(std::span<const float> hidden, const float* rows, std::span<const int32_t> picked,
-                          std::span<float> dots, std::span<float> logits) {
-  const size_t E = hidden.size();
-  assert(dots.size() >= picked.size());
-  // The picked tokens' logits, then the fill: the row's smallest of them
-  // minus 1 (transformers takes the smallest over the whole batch; per row
-  // keeps a row independent of its batch).
-  // Eight partial sums per dot product: a single running sum is bound by
-  // the add's latency (4,096 picked tokens x 256 is 1 M dependent adds per
-  // row, about 1.3 ms); eight are independent and vectorize.
-  constexpr size_t kLanes = 8;
-  float lowest = INFINITY;
-  for (size_t i = 0; i < picked.size(); ++i) {
-    const float* r = rows + i * E;
-    float acc[kLanes] = {};
-    size_t e = 0;
-    for (; e + kLanes <= E; e += kLanes) {
-      for (size_t l = 0; l < kLanes; ++l) acc[l] += hidden[e + l] * r[e + l];
-    }
-    float dot = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; e < E; ++e) dot += hidden[e] * r[e];
-    dots[i] = dot;
-    lowest = std::min(lowest, dot);
-  }
-  std::fill(logits.begin(), logits.end(), lowest - 1.0f);
-  for (size_t i = 0; i < picked.size(); ++i) logits[static_cast<size_t>(picked[i])] = dots[i];
 }
 
 }  // namespace rill

@@ -18,7 +18,7 @@
 //   logits = the tied lm_head over final_norm(o); with ordered embeddings
 //            only the tokens of the top centroid_intermediate_top_k of
 //            num_centroids centroids get a logit, the rest the row's
-//            smallest minus 1 (gemma4_masked_logits)
+//            smallest minus 1 (Backend::ordered_logits)
 //   h'     = post_projection(final_norm(o))                          [E_target]
 // and the next step feeds (argmax, h') at the same position p + 1.
 //
@@ -26,7 +26,6 @@
 // against the target; the graph is gemma.cpp's.
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -66,20 +65,5 @@ struct Gemma4AssistantWeights {
 // differ). max_head_dim: the runtime's.
 Result<Gemma4AssistantWeights> load_gemma4_assistant(const std::string& path, const ModelFiles& target,
                                                      const GemmaParams& target_params, int64_t max_head_dim);
-
-// Ordered embeddings for one row, in two phases so the caller gathers the
-// picked tokens' lm_head rows where its weights live:
-//   gemma4_pick_tokens: from the row's centroid scores [C], the token ids
-//     of its top centroid_top_k centroids (picked [top_k * V/C], centroid
-//     by centroid; ties among scores go to the lower index; order: scratch
-//     of at least C);
-//   gemma4_masked_logits: from the final-normed hidden row [E] and those
-//     tokens' lm_head rows (rows [picked.size(), E] f32), logits [V]: the
-//     picked tokens' dot products, every other token the smallest of them
-//     minus 1 (dots: scratch of at least picked.size()).
-void gemma4_pick_tokens(std::span<const float> scores, const Gemma4AssistantWeights& w, std::vector<int32_t>& order,
-                        std::span<int32_t> picked);
-void gemma4_masked_logits(std::span<const float> hidden, const float* rows, std::span<const int32_t> picked,
-                          std::span<float> dots, std::span<float> logits);
 
 }  // namespace rill

@@ -1,13 +1,17 @@
 // The Llama family, one implementation for llama, mistral, qwen2, qwen3,
-// smollm and their mixtures of experts (mixtral, qwen3_moe). Differences are
+// smollm, MiniCPM 1/2/4 (minicpm) and the mixtures of experts (mixtral,
+// qwen3_moe, glm4_moe). Differences are
 // data, read from the config and the tensors present:
 //   qkv bias (qwen2)            q_proj.bias present
 //   q/k RMSNorm (qwen3)         self_attn.q_norm.weight present (over head_dim)
 //   sliding window (mistral)    config.sliding_window > 0
 //   tied embeddings             lm_head.weight absent
-//   rope variants               config.rope_scaling (see backend/cpu/rope_table.h)
+//   rope variants               config.rope_scaling (see backend/cpu/rope_table.h;
+//                               minicpm's LongRoPE: build_llama_rope)
 //   MoE FFN (mixtral, qwen3_moe) config.n_expert > 0, per layer is_moe_layer()
 //                               (model/moe.h); Mixtral names it block_sparse_moe
+//   muP scales (minicpm)        model_type minicpm: scale_emb, scale_depth,
+//                               dim_model_base (model/mup_scales.h)
 //
 // The graph (model/arch/llama.h: LlamaGraph, place_llama, llama_forward) is
 // written once over Backend ops and runs on every device; this file also
@@ -38,6 +42,7 @@
 #include "model/cuda_shard.h"
 #include "model/layers.h"
 #include "model/moe.h"
+#include "model/mup_scales.h"
 #include "model/placement.h"
 #include "model/pooling.h"
 #include "model/tensor_parallel.h"
@@ -149,9 +154,13 @@ Status attention_block(Backend& b, const LlamaGraph& g, const LlamaLayer& L, int
   rk.rope = g.rope;
   rk.kv = hooks.kv_cache(il);
   b.rope_store_kv(rk, md);
+  // minicpm: attn times the residual scale before o (o is linear), through
+  // F32 when the act dtype is not (LlamaActivations::attn32).
+  const bool scaled = g.mup.residual != 1.0f;
+  const Tensor attn_out = scaled && a.attn32.cols > 0 ? a.attn32.rows_from(0, n) : attn;
   AttentionOp at;
   at.q = qkv.cols_from(0, g.Q);
-  at.out = attn;
+  at.out = attn_out;
   at.n_head = rk.n_head;
   at.n_head_kv = rk.n_head_kv;
   at.head_dim = rk.head_dim;
@@ -159,6 +168,7 @@ Status attention_block(Backend& b, const LlamaGraph& g, const LlamaLayer& L, int
   at.window = g.window;
   at.kv = rk.kv;
   b.attention(at, md);
+  if (scaled) scale_into(b, attn_out, g.mup.residual, attn);
   if (!hooks.sharded()) return b.matmul(L.wo, attn, x, true, L.bo);
   // Row-parallel: the partial products summed over the ranks, o's bias once after.
   RILL_TRY(b.matmul(L.wo, attn, x, hooks.owns_residual()));
@@ -167,8 +177,8 @@ Status attention_block(Backend& b, const LlamaGraph& g, const LlamaLayer& L, int
   return Status::Ok();
 }
 
-Status mlp_block(Backend& b, const LlamaLayer& L, const StepMetadata& md, const LlamaActivations& a,
-                 LlamaHooks& hooks) {
+Status mlp_block(Backend& b, const LlamaLayer& L, float residual_scale, const StepMetadata& md,
+                 const LlamaActivations& a, LlamaHooks& hooks) {
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
   if (L.is_moe) {  // a shard adds (owns_residual) or writes its partial sum, its slice of every expert
@@ -178,7 +188,11 @@ Status mlp_block(Backend& b, const LlamaLayer& L, const StepMetadata& md, const 
   const Tensor gu = a.gu.rows_from(0, n);
   const Tensor mlp = a.mlp.rows_from(0, n);
   RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
-  b.glu(Glu::kSilu, gu, mlp);
+  // minicpm: the GLU's output times the residual scale before down (linear).
+  const bool scaled = residual_scale != 1.0f;
+  const Tensor glu_out = scaled && a.mlp32.cols > 0 ? a.mlp32.rows_from(0, n) : mlp;
+  b.glu(Glu::kSilu, gu, glu_out);
+  if (scaled) scale_into(b, glu_out, residual_scale, mlp);
   RILL_TRY(b.matmul(L.w_down, mlp, x, hooks.owns_residual()));
   return hooks.reduce_residual(x);
 }
@@ -200,6 +214,7 @@ Result<LlamaGraph> place_llama(Backend& b, const ModelConfig& cfg, const LlamaWe
   g.eps = cfg.rms_norm_eps;
   g.attn_scale = 1.0f / std::sqrt(static_cast<float>(dims.hd));
   g.window = static_cast<int32_t>(cfg.sliding_window);
+  g.mup = w.mup;
   RILL_TRY(b.place_model([&] { return place_pass(b, w, rope, g); }));
   return g;
 }
@@ -209,17 +224,23 @@ Status llama_forward(Backend& b, const LlamaGraph& g, const StepMetadata& md, co
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
   b.embed(g.embed, md.ids, n, x);
+  if (g.mup.embed != 1.0f) b.scale(x, g.mup.embed);
   for (size_t il = 0; il < g.layers.size(); ++il) {
     const LlamaLayer& L = g.layers[il];
     b.rms_norm(x, nullptr, L.attn_norm, g.eps, 0.0f, h);
     RILL_TRY(attention_block(b, g, L, static_cast<int64_t>(il), md, a, hooks));
     b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
-    RILL_TRY(mlp_block(b, L, md, a, hooks));
+    RILL_TRY(mlp_block(b, L, g.mup.residual, md, a, hooks));
   }
   if (hidden) b.rms_norm(x, nullptr, g.final_norm, g.eps, 0.0f, *hidden);
   if (md.n_sample <= 0) return Status::Ok();
   const Tensor final_rows = a.final_rows.rows_from(0, md.n_sample);
-  b.rms_norm(x, md.sample_rows, g.final_norm, g.eps, 0.0f, final_rows);
+  // minicpm: the normed rows times dim_model_base / hidden_size before the
+  // head (linear), through F32 when the act dtype is not.
+  const bool scaled = g.mup.logit != 1.0f;
+  const Tensor normed = scaled && a.final32.cols > 0 ? a.final32.rows_from(0, md.n_sample) : final_rows;
+  b.rms_norm(x, md.sample_rows, g.final_norm, g.eps, 0.0f, normed);
+  if (scaled) scale_into(b, normed, g.mup.logit, final_rows);
   if (g.head_rows <= 0) return Status::Ok();
   return b.matmul(g.lm_head, final_rows, logits, false);
 }
@@ -234,7 +255,7 @@ Status llama_mtp_forward(Backend& b, const LlamaGraph& g, const StepMetadata& md
   b.rms_norm(x, nullptr, L.attn_norm, g.eps, 0.0f, h);
   RILL_TRY(attention_block(b, g, L, static_cast<int64_t>(g.layers.size()), md, a, hooks));
   b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
-  RILL_TRY(mlp_block(b, L, md, a, hooks));
+  RILL_TRY(mlp_block(b, L, g.mup.residual, md, a, hooks));
   return mtp_head_logits(b, g.mtp, x, md.sample_rows, a.final_rows.rows_from(0, md.n_sample), logits, out);
 }
 
@@ -365,7 +386,7 @@ Status LlamaModel::init(const ModelOptions& options) {
     RILL_TRY(bind_llama_mtp(f, d, w));
   }
   if (comm_) RILL_TRY(shard(w, d));
-  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, d.hd));
+  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, d.hd, options.n_ctx));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(dev, cfg_, w, d, rope));
   set_limits(options);
   RILL_ASSIGN_OR_RETURN(embedding_, declared_pooling(f));
@@ -445,7 +466,10 @@ void LlamaModel::size_activations(Activations& a, int64_t max_tokens) const {
              view(a.gu, 2 * graph_.F),
              view(a.mlp, graph_.F),
              view(a.final_rows, graph_.E),
-             view(a.mtp_h, graph_.has_mtp ? graph_.E : 0)};
+             view(a.mtp_h, graph_.has_mtp ? graph_.E : 0),
+             {},  // attn32, mlp32, final32: CPU activations are F32 already (scale_into scales in place)
+             {},
+             {}};
   a.step.reserve(max_tokens);
 }
 
@@ -702,7 +726,7 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   kv_dtype_ = dt.kv;  // as the CPU Llama: f32 checkpoints keep f32 KV
 
   RILL_TRY(create_backend(options));
-  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_));
+  RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_, options.n_ctx));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(*backend_, cfg_, w, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, rope));
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
   return init_runtime(options);
@@ -719,6 +743,11 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.mlp = carve_tensor(a, act_, T, F);
   act_views_.final_rows = carve_tensor(a, act_, S, E_);
   if (graph_.has_mtp) act_views_.mtp_h = carve_tensor(a, act_, T, E_);
+  // minicpm's scaled tensors pass through F32 when act_ is not (scale_into).
+  const bool f32 = act_ == DType::kF32;
+  act_views_.attn32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : graph_.Q);
+  act_views_.mlp32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : F);
+  act_views_.final32 = carve_tensor(a, DType::kF32, S, f32 || graph_.mup.logit == 1.0f ? 0 : E_);
   carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
 }
 

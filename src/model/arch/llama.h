@@ -44,6 +44,7 @@ struct LlamaGraph {
   int64_t n_layer = 0;
   float eps = 1e-5f, attn_scale = 1.0f;
   int32_t window = 0;  // sliding window (mistral), 0: none
+  MupScales mup;       // minicpm's embedding, residual and logit scales (LlamaWeights::mup)
   Weight embed;        // [V, E]
   Weight lm_head;      // [head_rows, E]; the embedding when tied (and whole)
   Vec final_norm;      // [E]
@@ -76,9 +77,13 @@ Result<LlamaGraph> place_llama(Backend& b, const ModelConfig& cfg, const LlamaWe
 //   act; gu [T, 2 F] F32 and mlp [T, F] act (dense layers only);
 //   final_rows [S, E] act.
 // "act" is the Backend's act_dtype(). forward uses the first rows of each.
+// With muP scales and an act dtype other than F32, the scaled tensors pass
+// through F32 first (model/mup_scales.h: scale_into): attn32 [T, Q],
+// mlp32 [T, F] and final32 [S, E]; otherwise they are empty.
 struct LlamaActivations {
   Tensor x, h, qkv, attn, gu, mlp, final_rows;
   Tensor mtp_h;  // [T, E] act: the MTP head's hnorm(h) (with an MTP layer)
+  Tensor attn32, mlp32, final32;
 };
 
 // The runtime's part of the graph. Called once per layer (never per

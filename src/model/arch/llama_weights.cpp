@@ -60,11 +60,50 @@ Result<LlamaLayerWeights> bind_llama_layer(const ModelFiles& f, const LlamaDims&
   return L;
 }
 
+// MiniCPM 1/2/4 (`minicpm`): the Llama graph with muP scales. What
+// MiniCPM checkpoints may declare beyond that is refused, never ignored.
+Status check_minicpm(const ModelFiles& f) {
+  const ModelConfig& c = f.config;
+  const bool gguf = f.format == ModelFormat::kGguf;
+  const std::string file = gguf ? f.path : f.path + "/config.json";
+  const nlohmann::json& raw = c.raw;
+  auto present = [&](const char* key) { return raw.is_object() && raw.contains(key) && !raw.at(key).is_null(); };
+  if (present("sparse_config")) {
+    return Error{file + ": field 'sparse_config' (MiniCPM4's InfLLM v2 sparse attention) is not supported; " +
+                 "minicpm runs dense attention only"};
+  }
+  if (c.n_expert > 0) {
+    return Error{file + ": " + (gguf ? "'minicpm.expert_count'" : "field 'num_experts'") +
+                 " (MiniCPM-MoE's experts) is not supported; minicpm runs dense FFNs only"};
+  }
+  if (c.hidden_act != "silu") {
+    return Error{file + ": field 'hidden_act' '" + c.hidden_act + "' is not supported by minicpm (silu)"};
+  }
+  if (present("mlp_bias") && !(raw.at("mlp_bias").is_boolean() && !raw.at("mlp_bias").get<bool>())) {
+    return Error{file + ": field 'mlp_bias' must be false for minicpm (the graph has no MLP biases)"};
+  }
+  if (present("use_mup") && !(raw.at("use_mup").is_boolean() && raw.at("use_mup").get<bool>())) {
+    return Error{file + ": field 'use_mup' must be true for minicpm (its scales are always applied)"};
+  }
+  for (const char* factors : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    if (f.find(factors) && c.rope_scaling.type != RopeScaling::Type::kLongRope) {
+      return Error{f.path + ": tensor '" + factors + "' (LongRoPE's factors) without '" +
+                   "minicpm.rope.scaling.type' longrope"};
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<LlamaWeights> bind_llama_weights(const ModelFiles& f, const LlamaDims& d) {
   const ModelConfig& c = f.config;
   LlamaWeights w;
+  if (c.architecture == "minicpm") {
+    RILL_TRY(check_minicpm(f));
+    RILL_ASSIGN_OR_RETURN(w.mup,
+                          read_mup_scales(c, f.format == ModelFormat::kGguf ? f.path : f.path + "/config.json", true));
+  }
   RILL_ASSIGN_OR_RETURN(w.embed, bind_matrix(f, "model.embed_tokens.weight", d.V, d.E));
   w.tied = !f.find("lm_head.weight");
   if (w.tied) {
@@ -115,7 +154,7 @@ Status shard_llama_layers(LlamaWeights& w, const TensorSplit& split, const Split
   return Status::Ok();
 }
 
-Result<cpu::RopeTable> build_llama_rope(const ModelFiles& f, int64_t hd) {
+Result<cpu::RopeTable> build_llama_rope(const ModelFiles& f, int64_t hd, int64_t n_ctx) {
   const ModelConfig& c = f.config;
   const int64_t rot_dim = c.rope_dim > 0 ? c.rope_dim : hd;
   if (rot_dim > hd || rot_dim % 2 != 0) {
@@ -136,7 +175,26 @@ Result<cpu::RopeTable> build_llama_rope(const ModelFiles& f, int64_t hd) {
     for (int64_t i = 0; i < rot_dim / 2; ++i) rope.inv_freq[static_cast<size_t>(i)] /= div[i];
     rope.ggml_freq_divisor.assign(div, div + rot_dim / 2);
   }
-  if (f.format == ModelFormat::kGguf && c.rope_scaling.type == RopeScaling::Type::kNone) {
+  const bool longrope = c.rope_scaling.type == RopeScaling::Type::kLongRope;
+  if (longrope) {
+    // MiniCPM 4: the short factors divide each pair's frequency up to
+    // original_max_position; a longer context would need the long ones
+    // (from its first token, in MiniCPM's modeling and llama.cpp alike).
+    const RopeScaling& s = c.rope_scaling;
+    const int64_t ctx = n_ctx > 0 ? n_ctx : c.max_position;
+    if (ctx > s.original_max_position) {
+      return Error{f.path + ": a context of " + std::to_string(ctx) +
+                   " tokens is past LongRoPE's original_max_position_embeddings (" +
+                   std::to_string(s.original_max_position) +
+                   "), where its long factors apply: not supported (ask for a context of at most that)"};
+    }
+    if (static_cast<int64_t>(s.short_factor.size()) != rot_dim / 2) {
+      return Error{f.path + ": LongRoPE's short_factor must list " + std::to_string(rot_dim / 2) + " factors"};
+    }
+    for (int64_t i = 0; i < rot_dim / 2; ++i) rope.inv_freq[static_cast<size_t>(i)] /= s.short_factor[size_t(i)];
+    if (f.format == ModelFormat::kGguf) rope.ggml_freq_divisor = s.short_factor;  // llama.cpp's freq_factors
+  }
+  if (f.format == ModelFormat::kGguf && (c.rope_scaling.type == RopeScaling::Type::kNone || longrope)) {
     // GGUF models are held to llama.cpp, which builds angles by repeated f32
     // multiplication; pos * inv_freq differs in the last bits, and quantized
     // activations turn such bits into visible logit differences.

@@ -16,6 +16,7 @@
 #include "model/layers.h"
 #include "model/moe.h"
 #include "model/mtp_head.h"
+#include "model/mup_scales.h"
 #include "model/tensor_split.h"
 
 namespace rill {
@@ -50,12 +51,18 @@ struct LlamaWeights {
   // its head (model/mtp_head.h).
   std::optional<LlamaLayerWeights> mtp_layer;
   std::optional<MtpHeadWeights> mtp_head;
+  // MiniCPM's muP scales (`minicpm`); 1 for every other model type.
+  MupScales mup;
 
   // Whether every matrix (and the embedding) is f32: such checkpoints keep
   // f32 KV so logits match the f32 reference; everything else stores f16
   // KV, as llama.cpp does.
   bool all_f32() const;
 };
+// minicpm: the muP scales, and what the graph does not run refused naming
+// the field or tensor (MiniCPM4's sparse attention, MiniCPM-MoE's experts,
+// LongRoPE factor tensors without the longrope type, an activation other
+// than silu, MLP biases).
 Result<LlamaWeights> bind_llama_weights(const ModelFiles& files, const LlamaDims& d);
 // Binds the files' first MTP layer into w (loader/mtp_layers.h: DeepSeek's
 // naming, layer n_layer); files without one are refused naming them.
@@ -71,8 +78,11 @@ Status shard_llama_layers(LlamaWeights& w, const TensorSplit& split, const Split
                           const std::string& path);
 
 // The RoPE table: Hugging Face inv_freq for default / linear / llama3 /
-// yarn scaling, GGUF rope_freqs divisors, and llama.cpp's angle recurrence
-// for unscaled GGUF models (their logits are held to llama.cpp's bits).
-Result<cpu::RopeTable> build_llama_rope(const ModelFiles& files, int64_t hd);
+// yarn scaling, GGUF rope_freqs divisors, MiniCPM 4's LongRoPE short
+// factors, and llama.cpp's angle recurrence for unscaled (or LongRoPE) GGUF
+// models (their logits are held to llama.cpp's bits). n_ctx: the context
+// the runtime serves (0: max_position); LongRoPE refuses one past
+// original_max_position.
+Result<cpu::RopeTable> build_llama_rope(const ModelFiles& files, int64_t hd, int64_t n_ctx);
 
 }  // namespace rill
