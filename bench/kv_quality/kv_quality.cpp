@@ -8,7 +8,7 @@
 //
 //   bench_kv_quality MODEL TEXT_FILE N_TOKENS [TYPE...]   (default: every type)
 //
-// TYPE: a KV type for both sides, K/V (q8_0/q4_0h) or @FILE (a --kv-config
+// TYPE: a KV type for both sides (or a pair: k4c), K/V (q8_0/q4_0h) or @FILE (a --kv-config
 // file). On a model with quantized weights every matmul quantizes its
 // activations to 8 bits (Q8_0/Q8_1), which turns any small change of the
 // KV into a larger one (an activation near a rounding boundary flips): see
@@ -46,8 +46,15 @@ Result<KvTypeOptions> parse_types(const std::string& arg) {
     return t;
   }
   const size_t slash = arg.find('/');
-  t.k = parse_kv_type(arg.substr(0, slash));
-  t.v = slash == std::string::npos ? t.k : parse_kv_type(arg.substr(slash + 1));
+  if (slash == std::string::npos) {
+    if (const std::optional<KvLayerTypes> pair = parse_kv_pair(arg)) {
+      t.k = pair->k;
+      t.v = pair->v;
+    }
+  } else {
+    t.k = parse_kv_type(arg.substr(0, slash));
+    t.v = parse_kv_type(arg.substr(slash + 1));
+  }
   if (!t.k || !t.v) return Error{"unknown KV type " + arg + " (one of " + kv_type_names() + ", K/V or @FILE)"};
   return t;
 }

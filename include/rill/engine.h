@@ -227,6 +227,7 @@ struct EngineStats {
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
   int32_t kv_block_size = 0;
   int64_t kv_bytes_per_token = 0;  // K and V of every layer as stored (quantized KV: the real bytes; MLA: latent rows)
+  int64_t kv_tail_bytes = 0;       // k4c: every running sequence's f16 tail (model/kv_tails.h), reserved at load
   CacheTierStats ram_tier, disk_tier;
   int64_t tier_restored_tokens = 0;  // prompt tokens loaded back from the RAM / disk tiers
   int64_t integrity_errors = 0;      // with EngineOptions::check_integrity

@@ -130,6 +130,16 @@ struct KvCacheView {
   DType v_dtype = DType::kF16;
   size_t v_row_bytes = 0;
   bool k_rotated = false, v_rotated = false;
+  // k4c (K in kKvQ4Chan, model/kv_types.h; the CPU only): each sequence's
+  // K tail. Tail slot s's tail of this layer is at tail + s * tail_stride:
+  // a KvTailHeader, then kKvChanTokens rows of the layer's row elements in
+  // f16. rope_store_kv keeps the step's K rows (in the backend) and encodes
+  // every block the step completes from the tail and those rows; attention
+  // reads both, then moves each sequence's newest partial block into its
+  // tail (so a layer reading another layer's KV could not follow it: k4c
+  // is refused there).
+  uint8_t* tail = nullptr;
+  size_t tail_stride = 0;
 
   DType v_type() const { return v_row_bytes ? v_dtype : dtype; }
   size_t v_bytes() const { return v_row_bytes ? v_row_bytes : row_bytes; }
@@ -137,6 +147,14 @@ struct KvCacheView {
   bool plain() const {
     return (dtype == DType::kF32 || dtype == DType::kF16) && v_type() == dtype && !k_rotated && !v_rotated;
   }
+};
+
+// The head of one layer's K tail of one sequence (k4c): the rows of
+// positions [group_start, group_start + n_rows) follow it in f16.
+struct KvTailHeader {
+  int32_t group_start = 0;
+  int32_t n_rows = 0;
+  int32_t reserved[14] = {};  // 64 bytes: the rows stay aligned
 };
 
 inline constexpr int kMaxKvGroups = 2;
@@ -205,6 +223,7 @@ struct StepMetadata {
   const int32_t* kv_len = nullptr;       // tokens in the cache after the step
   const int32_t* decode_from = nullptr;  // BatchSeq::decode_from (model/batch.h); -1: by q_len
   const int32_t* table_start = nullptr;  // first entry of its block table in block_tables[g]
+  const int32_t* kv_tail = nullptr;      // BatchSeq::kv_tail (k4c KV); null: none
   // Per KV group g: slots[g][t] = block * block_size + offset of token t;
   // block_tables[g]: every sequence's table end to end.
   const int32_t* slots[kMaxKvGroups] = {};

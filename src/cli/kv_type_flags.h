@@ -15,7 +15,9 @@ struct KvTypeFlags {
 
   void add_to(CLI::App* app) {
     const std::string names =
-        " (" + kv_type_names() + "; q4_0h / q8_0h / iq4_nlh: q4_0 / q8_0 / iq4_nl of Hadamard-rotated heads)";
+        " (" + kv_type_names() +
+        "; q4_0h / q8_0h / iq4_nlh: q4_0 / q8_0 / iq4_nl of Hadamard-rotated heads; k4c: K per channel over 32 "
+        "tokens, the CPU only)";
     app->add_option("--kv-type", both, "KV cache type of K and V in every layer" + names);
     app->add_option("--kv-type-k", k, "KV cache type of K (overrides --kv-type)" + names);
     app->add_option("--kv-type-v", v, "KV cache type of V (overrides --kv-type)" + names);
@@ -33,8 +35,12 @@ struct KvTypeFlags {
       if (!out) return Error{flag + ": unknown KV type '" + s + "' (one of " + kv_type_names() + ")"};
       return {};
     };
-    RILL_TRY(parse("--kv-type", both, o.k));
-    o.v = o.k;
+    if (!both.empty()) {
+      const std::optional<KvLayerTypes> pair = parse_kv_pair(both);
+      if (!pair) return Error{"--kv-type: unknown KV type '" + both + "' (one of " + kv_type_names() + ")"};
+      o.k = pair->k;
+      o.v = pair->v;
+    }
     RILL_TRY(parse("--kv-type-k", k, o.k));
     RILL_TRY(parse("--kv-type-v", v, o.v));
     if (!config.empty()) RILL_TRY(load_kv_config(config, o));

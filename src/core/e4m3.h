@@ -17,12 +17,38 @@ namespace rill {
 // element). Like cuda::kFp8Rows, a value only rill's own code carries.
 inline constexpr DType kF8E4M3 = static_cast<DType>(0x4538);  // "E8"
 
+// KV-only block types of the 4-bit per-channel KV type k4c (model/kv_types.h;
+// layouts in backend/cpu/kv_quant.h), carried like kF8E4M3:
+// dtype_info(DType) describes them, dtype_info(uint32_t) refuses them.
+// kKvQ4Chan ("Q4_CHAN"): K of a KV block of 32 tokens, per channel an f16
+// zero, an e4m3 step and 32 nibbles: 19 bytes per channel per 32 tokens
+// (block_size 32 / block_bytes 19 make row_bytes() the bytes per token).
+// kKvIq4Nl64 ("IQ4_NL64"): a row in blocks of 64, an e4m3 scale and 64
+// IQ4_NL nibbles each (33 bytes).
+inline constexpr DType kKvQ4Chan = static_cast<DType>(0x4334);   // "4C"
+inline constexpr DType kKvIq4Nl64 = static_cast<DType>(0x4E36);  // "6N"
+
 // The value of an e4m3 byte.
 inline float e4m3_value(uint8_t b) {
   const int e = (b >> 3) & 15, m = b & 7;
   if (e == 15 && m == 7) return NAN;
   const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + m / 8.0f, e - 7);
   return (b & 0x80) ? -mag : mag;
+}
+
+// e4m3_value of every byte, by index (hot loops: the KV scales of k4c).
+inline const float* e4m3_values() {
+  struct Table {
+    float v[256];
+    Table() {
+      for (int i = 0; i < 256; ++i) v[i] = e4m3_value(static_cast<uint8_t>(i));
+    }
+  };
+  static const Table table;
+  return table.v;
+}
+inline float e4m3_value_fast(uint8_t b) {
+  return e4m3_values()[b];
 }
 
 // x rounded to the nearest e4m3 value, ties to the even code, saturating at

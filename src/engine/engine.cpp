@@ -31,6 +31,7 @@ bool has_recurrent(const Model& m) {
 int max_running(const Model& m, const EngineOptions& o) {
   int n = std::min(std::max(1, o.max_running), m.max_batch_seqs());
   if (has_recurrent(m)) n = std::min(n, std::max(1, m.n_state_slots()));
+  if (m.n_kv_tail_slots() > 0) n = std::min(n, m.n_kv_tail_slots());  // one KV tail per running request
   return n;
 }
 
@@ -104,9 +105,11 @@ EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Token
               has_recurrent(*model_) ? model_->n_state_checkpoints() - model_->n_state_slots() * model_->n_spec_states()
                                      : 0,
               has_recurrent(*model_) ? model_->n_spec_states() : 0),
+      kv_tails_(model_->n_kv_tail_slots(), 0),
       kv_(model_->kv_spec(), pool_, tree_, states_),
       scheduler_(kv_, scheduler_options(*model_, options)),
       runner_(*model_, kv_) {
+  kv_.set_tail_pool(&kv_tails_);
   eos_ids_ = model_->config().generation.eos_token_ids;
   if (tokenizer_) {
     for (int32_t id : tokenizer_->eos_ids()) {
@@ -118,6 +121,7 @@ EngineImpl::EngineImpl(std::unique_ptr<Model> model, std::shared_ptr<const Token
   stats_.kv_blocks_total = pool_.n_blocks();
   stats_.kv_block_size = pool_.block_size();
   stats_.kv_bytes_per_token = static_cast<int64_t>(model_->kv_bytes_per_token());
+  stats_.kv_tail_bytes = static_cast<int64_t>(model_->kv_tail_bytes());
 }
 
 Status EngineImpl::start() {

@@ -109,6 +109,7 @@ class EngineImpl final : public Engine {
   BlockPool pool_;
   PrefixTree tree_;
   StatePool states_;
+  StatePool kv_tails_;  // the model's KV tail slots (k4c; none otherwise)
   KvManager kv_;
   Scheduler scheduler_;
   ModelRunner runner_;

@@ -90,6 +90,13 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
     if (mo.gemma4_assistant.empty()) return Error{"--spec assistant=PATH: the assistant checkpoint's path is empty"};
   }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
+  // A verify step may reject drafts past a KV block boundary, whose keys a
+  // KV tail no longer holds (model/kv_tails.h): k4c runs without drafting.
+  if (model->n_kv_tail_slots() > 0 && !options.spec.empty() && options.spec != "off") {
+    return Error{"--spec " + options.spec +
+                 ": KV type q4c (k4c) does not run with speculative decoding (a rejected "
+                 "draft could end in a KV block already encoded); use another KV type or --spec off"};
+  }
   if (assistant && model->n_mtp_layers() == 0) {  // a family that does not run one left it unbound
     return Error{"--spec " + options.spec + ": " + files->path + " (" + files->config.architecture +
                  ") does not run a Gemma 4 assistant (a Gemma 4 target does, on the CPU or CUDA)"};

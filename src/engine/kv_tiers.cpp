@@ -41,10 +41,14 @@ Result<std::unique_ptr<KvTiers>> KvTiers::open(const KvTierConfig& config, Model
   }
   for (size_t il = 0; il < t->layers_.size(); ++il) {
     const Model::KvLayer& l = t->layers_[il];
+    // K and V in different types: the model must export such a layer (a
+    // tensor-parallel group does not); asked by copying no block.
     if (l.v_row_bytes != 0) {
-      return Error{"--cache-ram-mb / --cache-dir: KV layer " + std::to_string(il) +
-                   " stores K and V in different types; the prefix cache tiers need one type per layer (give "
-                   "--kv-type, or the same k= and v= types in --kv-config)"};
+      if (Status st = model.copy_kv_blocks_out(static_cast<int64_t>(il), {}, 0, nullptr, nullptr); !st.ok()) {
+        return Error{"--cache-ram-mb / --cache-dir: KV layer " + std::to_string(il) +
+                     " stores K and V in different types, which this model cannot export (" + st.error().message +
+                     "); give --kv-type, or the same k= and v= types in --kv-config"};
+      }
     }
     if (l.group < 0 || l.group >= static_cast<int32_t>(t->spec_.size()) || !t->spec_[l.group].is_attention()) {
       return Error{"--cache-ram-mb / --cache-dir: a KV layer names group " + std::to_string(l.group) +
@@ -127,12 +131,34 @@ size_t KvTiers::deepest_storable(const std::vector<std::vector<int32_t>>& ids, s
                         [&](size_t g, int32_t b) { return ids[g][static_cast<size_t>(b)] >= 0; }));
 }
 
+// Layers whose V is stored in another type than K (k4c) copy a block at a
+// time: Model::copy_kv_blocks_* step K and V by one block size.
+Status KvTiers::copy_blocks_out(size_t l, std::span<const int32_t> ids, uint8_t* k, uint8_t* v) const {
+  const size_t kb = layers_[l].row_bytes * static_cast<size_t>(pool_.block_size());
+  if (layers_[l].v_row_bytes == 0) return model_.copy_kv_blocks_out(static_cast<int64_t>(l), ids, kb, k, v);
+  const size_t vb = layers_[l].v_row_bytes * static_cast<size_t>(pool_.block_size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    RILL_TRY(model_.copy_kv_blocks_out(static_cast<int64_t>(l), ids.subspan(i, 1), kb, k + i * kb, v + i * vb));
+  }
+  return {};
+}
+
+Status KvTiers::copy_blocks_in(size_t l, std::span<const int32_t> ids, const uint8_t* k, const uint8_t* v) {
+  const size_t kb = layers_[l].row_bytes * static_cast<size_t>(pool_.block_size());
+  if (layers_[l].v_row_bytes == 0) return model_.copy_kv_blocks_in(static_cast<int64_t>(l), ids, kb, k, v);
+  const size_t vb = layers_[l].v_row_bytes * static_cast<size_t>(pool_.block_size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    RILL_TRY(model_.copy_kv_blocks_in(static_cast<int64_t>(l), ids.subspan(i, 1), kb, k + i * kb, v + i * vb));
+  }
+  return {};
+}
+
 size_t KvTiers::run_bytes(int32_t n_blocks, bool with_state) const {
   size_t total = 0;
   for (const Model::KvLayer& l : layers_) {
     const auto rows =
         static_cast<size_t>(n_blocks - first_kept(l.group, n_blocks)) * static_cast<size_t>(pool_.block_size());
-    total += 2 * l.row_bytes * rows;
+    total += (l.row_bytes + v_row(l)) * rows;
   }
   if (with_state) {
     for (size_t sl = 0; sl < state_layers_.size(); ++sl) total += state_layer_bytes(sl);
@@ -160,24 +186,27 @@ Result<KvRunPtr> KvTiers::build_run(uint64_t ns, std::span<const int32_t> tokens
     const int32_t g = layers_[l].group;
     const int32_t first = first_kept(g, n_blocks);
     const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
+    const size_t v_block_bytes = v_row(layers_[l]) * static_cast<size_t>(bs);
     const size_t tensor = block_bytes * static_cast<size_t>(n_blocks - first);
+    const size_t v_tensor = v_block_bytes * static_cast<size_t>(n_blocks - first);
     const std::vector<int32_t>& ids = blocks[static_cast<size_t>(g)];
     assert(static_cast<int32_t>(ids.size()) >= n_blocks);
     uint8_t* k = p;
     uint8_t* v = p + tensor;
-    RILL_TRY(model_.copy_kv_blocks_out(
-        static_cast<int64_t>(l),
-        std::span<const int32_t>(ids).subspan(static_cast<size_t>(first), static_cast<size_t>(n_blocks - first)),
-        block_bytes, k, v));
+    RILL_TRY(copy_blocks_out(
+        l, std::span<const int32_t>(ids).subspan(static_cast<size_t>(first), static_cast<size_t>(n_blocks - first)), k,
+        v));
     const LayerGroupSpec& spec = spec_[static_cast<size_t>(g)];
     run->kinds.push_back(spec.kind);
     run->windows.push_back(spec.kind == LayerKind::kSliding ? spec.window : 0);
     run->first_block.push_back(first);
     run->dtypes.push_back(layers_[l].dtype);
     run->row_bytes.push_back(layers_[l].row_bytes);
+    run->v_dtypes.push_back(v_dtype(layers_[l]));
+    run->v_row_bytes.push_back(v_row(layers_[l]));
     run->k.emplace_back(k, tensor);
-    run->v.emplace_back(v, tensor);
-    p += 2 * tensor;
+    run->v.emplace_back(v, v_tensor);
+    p += tensor + v_tensor;
   }
   if (checkpoint >= 0) {
     for (size_t sl = 0; sl < state_layers_.size(); ++sl) {
@@ -295,10 +324,10 @@ bool KvTiers::run_fits_model(const KvRun& run) const {
         (first > 0 && (spec.kind != LayerKind::kSliding || run.windows[l] != spec.window))) {
       return false;
     }
-    const size_t tensor =
-        layers_[l].row_bytes * static_cast<size_t>(n_blocks - first) * static_cast<size_t>(run.block_size);
+    const size_t rows = static_cast<size_t>(n_blocks - first) * static_cast<size_t>(run.block_size);
     if (run.kinds[l] != spec.kind || run.dtypes[l] != layers_[l].dtype || run.row_bytes[l] != layers_[l].row_bytes ||
-        run.k[l].size() != tensor || run.v[l].size() != tensor) {
+        run.v_dtype(l) != v_dtype(layers_[l]) || run.v_row(l) != v_row(layers_[l]) ||
+        run.k[l].size() != layers_[l].row_bytes * rows || run.v[l].size() != v_row(layers_[l]) * rows) {
       return false;
     }
   }
@@ -389,13 +418,13 @@ int32_t KvTiers::restore(uint64_t ns, std::span<const int32_t> prompt) {
     const int32_t g = layers_[l].group;
     const auto gi = static_cast<size_t>(g);
     const size_t block_bytes = layers_[l].row_bytes * static_cast<size_t>(bs);
+    const size_t v_block_bytes = v_row(layers_[l]) * static_cast<size_t>(bs);
     const int32_t b0 = std::max(first[gi], first_kept(g, n));
     if (b0 >= n) continue;
-    const size_t off = static_cast<size_t>(b0 - run.first_block[l]) * block_bytes;
-    Status st = model_.copy_kv_blocks_in(
-        static_cast<int64_t>(l),
-        std::span<const int32_t>(ids[gi]).subspan(static_cast<size_t>(b0), static_cast<size_t>(n - b0)), block_bytes,
-        run.k[l].data() + off, run.v[l].data() + off);
+    const auto skip = static_cast<size_t>(b0 - run.first_block[l]);
+    Status st = copy_blocks_in(
+        l, std::span<const int32_t>(ids[gi]).subspan(static_cast<size_t>(b0), static_cast<size_t>(n - b0)),
+        run.k[l].data() + skip * block_bytes, run.v[l].data() + skip * v_block_bytes);
     if (!st.ok()) {
       last_error_ = st.error().message;
       return 0;

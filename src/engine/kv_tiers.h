@@ -137,6 +137,13 @@ class KvTiers {
                              int32_t checkpoint = -1, HostBytes memory = HostBytes()) const;
   // Bytes of a run of n_blocks (with the recurrent state: with_state).
   size_t run_bytes(int32_t n_blocks, bool with_state) const;
+  // Layer l's V row bytes and type (K's where V is stored as K).
+  static size_t v_row(const Model::KvLayer& l) { return l.v_row_bytes ? l.v_row_bytes : l.row_bytes; }
+  static DType v_dtype(const Model::KvLayer& l) { return l.v_row_bytes ? l.v_dtype : l.dtype; }
+  // Model::copy_kv_blocks_* of layer l's blocks `ids` to / from k and v,
+  // each tensor its own side's block bytes apart.
+  Status copy_blocks_out(size_t l, std::span<const int32_t> ids, uint8_t* k, uint8_t* v) const;
+  Status copy_blocks_in(size_t l, std::span<const int32_t> ids, const uint8_t* k, const uint8_t* v);
   // The first block of `group` a run of n_blocks keeps (and a resume at
   // n_blocks reads): first_needed_block (model/kv_spec.h).
   int32_t first_kept(int32_t group, int32_t n_blocks) const;

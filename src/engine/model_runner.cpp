@@ -60,6 +60,7 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
     chunk_rows_.push_back(rows);
     BatchSeq& bs = batch_.seqs[static_cast<size_t>(s)];
     bs.decode_from = r.n_prompt;  // so a recomputed output token is computed as it was decoded
+    bs.kv_tail = kv_.kv_tail_slot(seq);
     bs.table_len = kv_.append_block_table(seq, 0, batch_.block_table);
     for (int32_t g = 1; g < n_groups; ++g) {
       auto& t = batch_.group_tables[static_cast<size_t>(g - 1)];

@@ -24,6 +24,7 @@ void SequenceRunner::set_chunk(const int32_t* ids, int32_t n, int32_t pos0, bool
   batch_.clear();
   batch_.add_sequence(ids, n, pos0, sample_last, table_);
   batch_.seqs.back().state_slot = slot_;  // read only by models with recurrent layers
+  batch_.seqs.back().kv_tail = model_.n_kv_tail_slots() > 0 ? slot_ : -1;
   batch_.seqs.back().decode_from = decode_from_;
   for (auto& t : batch_.group_tables) t.insert(t.end(), table_.begin(), table_.end());
 }
@@ -79,6 +80,12 @@ Result<GenerationResult> SequenceRunner::generate(std::span<const int32_t> promp
   const bool recurrent =
       std::any_of(spec.begin(), spec.end(), [](const LayerGroupSpec& g) { return !g.is_attention(); });
   if (recurrent && reuse < cached_.size()) reuse = 0;
+  // A KV tail (k4c) holds the keys of the cached sequence's last partial
+  // block only: going back into an earlier block resumes at its start.
+  const auto bs = static_cast<size_t>(model_.kv_block_size());
+  if (model_.n_kv_tail_slots() > 0 && reuse < cached_.size() && reuse / bs != cached_.size() / bs) {
+    reuse -= reuse % bs;
+  }
   result.timings.n_cached = static_cast<int>(reuse);
   logits_.resize(static_cast<size_t>(model_.n_vocab()));
   decode_from_ = static_cast<int32_t>(prompt.size());

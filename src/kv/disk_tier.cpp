@@ -181,12 +181,13 @@ Result<DiskTier::Written> DiskTier::write_file(const KvRun& run) const {
   const auto n_tok = static_cast<int64_t>(run.tokens.size());
   for (size_t l = 0; l < run.k.size(); ++l) {
     const int64_t width = row_elements(run.dtypes[l], run.row_bytes[l]);
+    const int64_t v_width = row_elements(run.v_dtype(l), run.v_row(l));
     const int64_t first = static_cast<int64_t>(run.first_block[l]) * run.block_size;
     layers[l].kind = run.kinds[l];
     layers[l].window = run.windows[l];
     layers[l].first_token = first;
     layers[l].tensors.push_back({"k", {n_tok - first, width}, run.dtypes[l], run.k[l]});
-    layers[l].tensors.push_back({"v", {n_tok - first, width}, run.dtypes[l], run.v[l]});
+    layers[l].tensors.push_back({"v", {n_tok - first, v_width}, run.v_dtype(l), run.v[l]});
   }
   layers.insert(layers.end(), run.state.begin(), run.state.end());
   KvFileIdentity id = options_.identity;
@@ -260,10 +261,12 @@ std::optional<std::pair<KvRunPtr, int32_t>> DiskTier::find(std::span<const uint6
         run->state.push_back(std::move(st));
         continue;
       }
+      // K and V may differ in type (k4c), not in shape.
       ok = d.tensors.size() == 2 && d.tensors[0].name == "k" && d.tensors[1].name == "v" &&
            d.tensors[0].shape.size() == 2 && d.tensors[0].shape == d.tensors[1].shape &&
-           d.tensors[0].dtype == d.tensors[1].dtype && d.first_token % options_.block_size == 0 &&
+           d.first_token % options_.block_size == 0 &&
            d.tensors[0].shape[1] % dtype_info(d.tensors[0].dtype).block_size == 0 &&
+           d.tensors[1].shape[1] % dtype_info(d.tensors[1].dtype).block_size == 0 &&
            d.tensors[0].shape[0] + d.first_token == static_cast<int64_t>(run->tokens.size());
       if (!ok) break;
       run->kinds.push_back(d.kind);
@@ -271,6 +274,8 @@ std::optional<std::pair<KvRunPtr, int32_t>> DiskTier::find(std::span<const uint6
       run->first_block.push_back(static_cast<int32_t>(d.first_token / options_.block_size));
       run->dtypes.push_back(d.tensors[0].dtype);
       run->row_bytes.push_back(row_bytes(d.tensors[0].dtype, d.tensors[0].shape[1]));
+      run->v_dtypes.push_back(d.tensors[1].dtype);
+      run->v_row_bytes.push_back(row_bytes(d.tensors[1].dtype, d.tensors[1].shape[1]));
       run->k.push_back(shared->tensor(l, 0));
       run->v.push_back(shared->tensor(l, 1));
     }

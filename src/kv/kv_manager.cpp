@@ -108,6 +108,11 @@ Result<Admission> KvManager::admit(int64_t seq, uint64_t ns, std::span<const int
     if (!slot.ok()) return Error{seq_name(seq) + ": " + slot.error().message};  // s releases taken slots
     s.groups[g].state = std::move(slot).value();
   }
+  if (tails_ && tails_->n_slots() > 0) {
+    auto slot = tails_->acquire();
+    if (!slot.ok()) return Error{seq_name(seq) + ": no free KV tail slot: " + slot.error().message};
+    s.tail = std::move(slot).value();
+  }
 
   // Match everything but the last prompt token (there must be logits to
   // sample). A recurrent state resumes only at a checkpointed boundary.
@@ -424,6 +429,11 @@ int32_t KvManager::state_slot(int64_t seq, int32_t group) const {
   return st.valid() ? st.slot() : -1;
 }
 
+int32_t KvManager::kv_tail_slot(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() || !it->second.tail.valid() ? -1 : it->second.tail.slot();
+}
+
 Status KvManager::check_integrity() const {
   RILL_TRY(pool_.check_integrity());
   RILL_TRY(tree_.check_integrity());
@@ -480,6 +490,14 @@ Status KvManager::check_integrity() const {
   }
   // The manager is the state pool's only client.
   if (n_slots != states_.n_leased()) return Error{"kv manager: state slots leased outside any sequence"};
+  if (tails_ && tails_->n_slots() > 0) {
+    RILL_TRY(tails_->check_integrity());
+    for (const auto& [seq, s] : seqs_) {
+      if (!s.tail.valid() || !tails_->is_leased(s.tail.slot()))
+        return Error{seq_name(seq) + ": no leased KV tail slot"};
+    }
+    if (n_sequences() != tails_->n_leased()) return Error{"kv manager: KV tail slots leased outside any sequence"};
+  }
   return Status::Ok();
 }
 

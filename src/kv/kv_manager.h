@@ -157,6 +157,14 @@ class KvManager {
   // The prefix-tree namespace of attention group g under request namespace ns.
   static uint64_t group_ns(uint64_t ns, int32_t group);
 
+  // KV tails (Model::n_kv_tail_slots(), k4c): `tails`' live slots, one
+  // leased per sequence from admit() to release / preempt (admit() fails
+  // when none is free). Call before the first admit(); the pool must
+  // outlive the manager. Without: no sequence holds one.
+  void set_tail_pool(StatePool* tails) { tails_ = tails; }
+  // seq's KV tail slot; -1 without a tail pool or for an unknown seq.
+  int32_t kv_tail_slot(int64_t seq) const;
+
   // Verifies pool, tree, state pool, and the manager's own invariants:
   // tables cover exactly ceil(length/bs) blocks, holes only in sliding
   // groups and only outside the window, every held block is used in the
@@ -182,6 +190,7 @@ class KvManager {
     int32_t verify_from = 0;
     std::vector<int32_t> verify_states;
     std::vector<Group> groups;
+    StateSlot tail;  // the KV tail slot (set_tail_pool())
   };
 
   int32_t blocks_for(int32_t n_tokens) const;
@@ -207,6 +216,7 @@ class KvManager {
   BlockPool& pool_;
   PrefixTree& tree_;
   StatePool& states_;
+  StatePool* tails_ = nullptr;
   int32_t bs_;
   std::unordered_map<int64_t, Sequence> seqs_;
 };

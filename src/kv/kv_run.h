@@ -34,13 +34,17 @@ namespace rill {
 struct KvRun {
   uint64_t ns = 0;
   int32_t block_size = 16;
-  std::vector<int32_t> tokens;                 // n_blocks * block_size ids
-  std::vector<uint64_t> keys;                  // chain key of each block
-  std::vector<LayerKind> kinds;                // per KV layer
-  std::vector<int32_t> windows;                // per KV layer: sliding window (tokens), 0 for full
-  std::vector<int32_t> first_block;            // per KV layer: k / v hold blocks [first_block, n_blocks)
-  std::vector<size_t> row_bytes;               // per KV layer
-  std::vector<DType> dtypes;                   // per KV layer
+  std::vector<int32_t> tokens;       // n_blocks * block_size ids
+  std::vector<uint64_t> keys;        // chain key of each block
+  std::vector<LayerKind> kinds;      // per KV layer
+  std::vector<int32_t> windows;      // per KV layer: sliding window (tokens), 0 for full
+  std::vector<int32_t> first_block;  // per KV layer: k / v hold blocks [first_block, n_blocks)
+  std::vector<size_t> row_bytes;     // per KV layer: K's
+  std::vector<DType> dtypes;         // per KV layer: K's
+  // Per KV layer: V's where some layer's V is stored in another type than
+  // its K (k4c); empty: V as K in every layer.
+  std::vector<size_t> v_row_bytes;
+  std::vector<DType> v_dtypes;
   std::vector<std::span<const uint8_t>> k, v;  // per KV layer
   // Hybrid models: per recurrent layer (kind kRecurrent), the state right
   // after the run's last token; empty otherwise. Such a run resumes only
@@ -51,6 +55,8 @@ struct KvRun {
   std::shared_ptr<const KvFile> file;  // disk runs: owns k / v
 
   int32_t n_blocks() const { return static_cast<int32_t>(keys.size()); }
+  size_t v_row(size_t l) const { return v_row_bytes.empty() ? row_bytes[l] : v_row_bytes[l]; }
+  DType v_dtype(size_t l) const { return v_dtypes.empty() ? dtypes[l] : v_dtypes[l]; }
   int32_t min_resume_blocks() const;
   size_t bytes() const {
     size_t b = 0;

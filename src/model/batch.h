@@ -32,6 +32,10 @@ struct BatchSeq {
   // preemption. -1 (callers that do not know): a one-token step is decode,
   // a longer one prefill, which is not batch invariant.
   int32_t decode_from = -1;
+  // The sequence's KV tail slot (Model::n_kv_tail_slots(): models whose KV
+  // types keep one, k4c): the f16 keys of its newest partial block. The
+  // caller leases one per running sequence; -1 without.
+  int32_t kv_tail = -1;
 };
 
 struct StateSave {

@@ -4,6 +4,8 @@
 #include <climits>
 
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kv_quant.h"
+#include "core/e4m3.h"
 
 namespace rill {
 
@@ -26,11 +28,11 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, int64_t n_layers, i
 }
 
 Status CpuPagedModel::create_kv(const ModelOptions& options, std::vector<PagedKvCache::LayerSpec> planes, DType dtype) {
-  const int32_t bs = std::max(1, options.kv_block_size);
   if (planes.empty()) return Error{files_->path + ": the model has no KV layers"};
   RILL_ASSIGN_OR_RETURN(std::vector<KvLayerTypes> types,
                         options.kv_types.resolve(static_cast<int64_t>(planes.size()), dtype));
   size_t token_bytes = 0;
+  std::vector<int64_t> tail_widths;
   for (size_t l = 0; l < planes.size(); ++l) {
     PagedKvCache::LayerSpec& p = planes[l];
     p.types = types[l];
@@ -38,19 +40,29 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, std::vector<PagedKv
       return Error{files_->path + ": " + st.error().message};
     const int64_t width = p.n_head_kv * p.head_dim;
     token_bytes += row_bytes(p.types.k.dtype, width) + row_bytes(p.types.v.dtype, width);
+    tail_widths.push_back(p.types.k.dtype == kKvQ4Chan ? width : 0);
   }
+  const size_t tail_bytes = KvTails::slot_bytes(tail_widths);
+  if (tail_bytes > 0 && !kv_tails_supported_) {
+    return Error{files_->path + ": KV type q4c (k4c) needs a per-sequence KV tail, which only the Llama family's " +
+                 "CPU model keeps; use another KV type"};
+  }
+  // Pools holding q4c have blocks of its group (kv_types.h).
+  const int32_t bs = tail_bytes > 0 ? cpu::kKvChanTokens : std::max(1, options.kv_block_size);
+  const int32_t n_tail_slots = tail_bytes > 0 ? std::max(max_seqs_, std::max(1, options.n_kv_slots)) : 0;
   kv_types_desc_ = describe_kv_types(types, dtype);
-  const int64_t n_blocks = options.kv_cache_bytes > 0
-                               ? options.kv_cache_bytes / static_cast<int64_t>(token_bytes * static_cast<size_t>(bs))
-                               : std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / bs);
+  // A KV budget covers the tails too (their real bytes), the rest holds blocks.
+  const int64_t budget = options.kv_cache_bytes - static_cast<int64_t>(tail_bytes) * n_tail_slots;
+  const int64_t n_blocks = options.kv_cache_bytes > 0 ? std::max<int64_t>(0, budget) /
+                                                            static_cast<int64_t>(token_bytes * static_cast<size_t>(bs))
+                                                      : std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / bs);
   if (n_blocks < 1 || n_blocks > INT32_MAX) {
     return Error{files_->path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) +
                  " bytes holds no whole block of " + std::to_string(bs) + " tokens (" + std::to_string(token_bytes) +
                  " bytes per token)"};
   }
-  RILL_ASSIGN_OR_RETURN(
-      kv_, PagedKvCache::create_layers(std::move(planes), static_cast<int32_t>(n_blocks), options.kv_block_size));
-  return {};
+  RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create_layers(std::move(planes), static_cast<int32_t>(n_blocks), bs));
+  return kv_.create_tails(n_tail_slots);
 }
 
 Status CpuPagedModel::check_kv_block(int64_t layer, int32_t block) const {
@@ -74,7 +86,7 @@ Status CpuPagedModel::copy_kv_in(int64_t layer, int32_t block, const uint8_t* k,
 
 void CpuStepArrays::reserve(int64_t max_tokens) {
   const auto T = static_cast<size_t>(max_tokens);
-  for (std::vector<int32_t>* v : {&q_start, &q_len, &kv_len, &decode_from, &table_start}) v->reserve(T);
+  for (std::vector<int32_t>* v : {&q_start, &q_len, &kv_len, &decode_from, &table_start, &kv_tail}) v->reserve(T);
   for (std::vector<int32_t>& v : slots) v.reserve(T);
   rec_seqs.resize(T);
   rec_saves.resize(T);  // at most one save per token
@@ -99,8 +111,11 @@ Status CpuPagedModel::copy_state_in(int32_t checkpoint, int64_t layer, const uin
 }
 
 StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) const {
-  for (std::vector<int32_t>* v : {&a.q_start, &a.q_len, &a.kv_len, &a.decode_from, &a.table_start}) v->clear();
+  for (std::vector<int32_t>* v : {&a.q_start, &a.q_len, &a.kv_len, &a.decode_from, &a.table_start, &a.kv_tail}) {
+    v->clear();
+  }
   for (const BatchSeq& s : batch.seqs) {
+    a.kv_tail.push_back(s.kv_tail);
     a.q_start.push_back(s.q_start);
     a.q_len.push_back(s.q_len);
     a.kv_len.push_back(s.kv_len);
@@ -120,6 +135,7 @@ StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) 
   md.kv_len = a.kv_len.data();
   md.decode_from = a.decode_from.data();
   md.table_start = a.table_start.data();
+  md.kv_tail = kv_.tails().empty() ? nullptr : a.kv_tail.data();
   // Slot of each token in each attention group: its position's block in
   // the group's table (inside any window: check_batch saw to it).
   const int32_t shift = kv_.layer_view(0).block_shift, mask = kv_.block_size() - 1;

@@ -26,12 +26,12 @@ namespace rill {
 // (the rest points into the Batch). reserve() once: filling them then
 // allocates nothing.
 struct CpuStepArrays {
-  std::vector<int32_t> q_start, q_len, kv_len, decode_from, table_start;  // [n_seqs]
-  std::vector<int32_t> slots[kMaxKvGroups];                               // [n_tokens] per KV group
-  std::vector<RecurrentSeq> rec_seqs;                                     // [n_seqs], with a state pool
-  std::vector<RecurrentSave> rec_saves;                                   // [n_saves]
-  std::vector<int32_t> rec_tok_seq;                                       // [n_tokens]
-  void reserve(int64_t max_tokens);                                       // a batch has at most one sequence per token
+  std::vector<int32_t> q_start, q_len, kv_len, decode_from, table_start, kv_tail;  // [n_seqs]
+  std::vector<int32_t> slots[kMaxKvGroups];                                        // [n_tokens] per KV group
+  std::vector<RecurrentSeq> rec_seqs;                                              // [n_seqs], with a state pool
+  std::vector<RecurrentSave> rec_saves;                                            // [n_saves]
+  std::vector<int32_t> rec_tok_seq;                                                // [n_tokens]
+  void reserve(int64_t max_tokens);  // a batch has at most one sequence per token
 };
 
 class CpuPagedModel : public Model {
@@ -59,6 +59,8 @@ class CpuPagedModel : public Model {
   int32_t n_state_checkpoints() const override { return states_ ? states_->n_checkpoints() : 0; }
   int32_t n_spec_states() const override { return states_ ? states_->n_spec_states() : 0; }
   size_t state_bytes() const override { return states_ ? states_->state_bytes() : 0; }
+  int32_t n_kv_tail_slots() const override { return kv_.tails().n_slots(); }
+  size_t kv_tail_bytes() const override { return kv_.tails().bytes(); }
   std::vector<std::vector<StateTensor>> state_layers() const override {
     return states_ ? states_->state_layers() : std::vector<std::vector<StateTensor>>{};
   }
@@ -90,12 +92,15 @@ class CpuPagedModel : public Model {
     std::vector<KvLayer> out;
     for (int64_t l = 0; l < kv_.n_layers(); ++l) {
       const size_t k = kv_.k_row_bytes(l), v = kv_.v_row_bytes(l);
-      out.push_back({group_of(l), kv_.types(l).k.dtype, k, v == k && kv_.types(l).k == kv_.types(l).v ? 0 : v});
+      const bool same = v == k && kv_.types(l).k == kv_.types(l).v;
+      out.push_back({group_of(l), kv_.types(l).k.dtype, k, same ? 0 : v, kv_.types(l).v.dtype});
     }
     return out;
   }
 
   Status check_kv_block(int64_t layer, int32_t block) const;
+  // The batch's KV tails (KvTails::check); Ok without.
+  Status check_kv_tails(const Batch& batch) const { return kv_.tails().check(batch, kv_.block_size()); }
 
   // The recurrent-state pool of n_layers layers of `tensors` each, in
   // memory of `device` (a CPU Backend that must outlive the model's use of
@@ -119,6 +124,10 @@ class CpuPagedModel : public Model {
   KvSpec kv_spec_;
   PagedKvCache kv_;
   std::string kv_types_desc_;  // describe_kv_types() of kv_, for kv_numerics()
+  // Set by families whose forward() checks and passes KV tails
+  // (check_kv_tails(), step_metadata()) and whose layers read only their
+  // own KV: create_kv() refuses q4c (k4c) KV otherwise.
+  bool kv_tails_supported_ = false;
   std::optional<StatePool> states_;
   Backend* states_device_ = nullptr;  // the pool's memory and copies
 };

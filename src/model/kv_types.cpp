@@ -20,6 +20,15 @@ constexpr Named kTypes[] = {
     {"q8_0", {DType::kQ8_0, false}}, {"q4_0", {DType::kQ4_0, false}},     {"q4_1", {DType::kQ4_1, false}},
     {"q5_0", {DType::kQ5_0, false}}, {"q5_1", {DType::kQ5_1, false}},     {"q4_0h", {DType::kQ4_0, true}},
     {"q8_0h", {DType::kQ8_0, true}}, {"iq4_nlh", {DType::kIQ4_NL, true}}, {"fp8", {kF8E4M3, false}},
+    {"q4c", {kKvQ4Chan, false}},     {"iq4_nlh64", {kKvIq4Nl64, true}},
+};
+// Names of a (K, V) pair, accepted where one type names both sides.
+struct NamedPair {
+  std::string_view name;
+  KvLayerTypes types;
+};
+constexpr NamedPair kPairs[] = {
+    {"k4c", {{kKvQ4Chan, false}, {kKvIq4Nl64, true}}},
 };
 
 std::optional<int64_t> parse_int(std::string_view s) {
@@ -50,9 +59,20 @@ std::optional<KvType> parse_kv_type(std::string_view name) {
   return std::nullopt;
 }
 
+std::optional<KvLayerTypes> parse_kv_pair(std::string_view name) {
+  for (const NamedPair& p : kPairs) {
+    if (p.name == name) return p.types;
+  }
+  if (const std::optional<KvType> t = parse_kv_type(name)) return KvLayerTypes{*t, *t};
+  return std::nullopt;
+}
+
 std::string kv_type_names() {
   std::string s;
   for (const Named& n : kTypes) s += (s.empty() ? "" : ", ") + std::string(n.name);
+  for (const NamedPair& p : kPairs) {
+    s += ", " + std::string(p.name) + " (k=" + kv_type_name(p.types.k) + " v=" + kv_type_name(p.types.v) + ")";
+  }
   return s;
 }
 
@@ -91,7 +111,8 @@ Status load_kv_config(const std::string& path, KvTypeOptions& opts) {
         type.remove_prefix(2);
       }
       const std::optional<KvType> t = parse_kv_type(type);
-      if (!t) {
+      const std::optional<KvLayerTypes> pair = side ? std::nullopt : parse_kv_pair(type);
+      if (!t && !pair) {
         return Error{where + ": unknown KV type '" + std::string(type) + "' (one of " + kv_type_names() + ")"};
       }
       if (both || (!side && (e.k || e.v))) {
@@ -102,7 +123,8 @@ Status load_kv_config(const std::string& path, KvTypeOptions& opts) {
         *side = t;
       } else {
         both = true;
-        e.k = e.v = t;
+        e.k = pair->k;
+        e.v = pair->v;
       }
     }
     if (!e.k && !e.v) return Error{where + ": layer '" + layers + "' names no KV type"};
@@ -139,6 +161,14 @@ Status check_kv_layer_types(int64_t layer, const KvLayerTypes& types, int64_t n_
       return Error{what + ": a KV row of " + std::to_string(n_head_kv) + " heads of " + std::to_string(head_dim) +
                    " is not whole blocks of " + std::to_string(t.group_size()) + " (or head_dim > 1024)"};
     }
+    if (t.dtype == kKvQ4Chan && (t.rotated || std::string_view(side) != "K")) {
+      return Error{what +
+                   ": q4c quantizes K per channel over a block's tokens; V needs a per-token type (k4c: "
+                   "k=q4c v=iq4_nlh64)"};
+    }
+    if (t.dtype == kKvIq4Nl64 && !t.rotated) {
+      return Error{what + ": iq4_nl64 blocks are stored rotated only (iq4_nlh64)"};
+    }
     if (t.dtype == DType::kIQ4_NL && !t.rotated) {
       return Error{what + ": iq4_nl blocks are stored rotated only (iq4_nlh): rill has no GGML iq4_nl encoder"};
     }
@@ -167,6 +197,7 @@ std::string describe_kv_types(const std::vector<KvLayerTypes>& types, DType base
   // Rotated types carry their encoder's revision (rill's own encoder, not
   // GGUF's), so KV stored by another revision does not match.
   auto name = [](KvType t) {
+    if (t.dtype == kKvQ4Chan) return kv_type_name(t) + "#" + std::to_string(cpu::kKvChanEncoder);
     return kv_type_name(t) + (t.rotated ? "#" + std::to_string(cpu::kKvRotatedEncoder) : "");
   };
   auto pair = [&](const KvLayerTypes& t) { return t.k == t.v ? name(t.k) : "k:" + name(t.k) + "/v:" + name(t.v); };

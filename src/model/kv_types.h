@@ -18,6 +18,17 @@
 // scales; backend/cuda/kv_types.cuh KvFp8 says why), rounded to nearest
 // even and saturating at +-448, the same bytes on both devices.
 //
+// k4c (k=q4c v=iq4_nlh64, the CPU only; docs/perf.md "k4c"): K quantized
+// per channel over each KV block of 32 tokens (KIVI's asymmetric z + d q:
+// K's outlier channels sit far from zero, so a zero point per channel
+// beats any per-token grid), 4.75 bits per value; V per token, each head
+// rotated, IQ4_NL levels in blocks of 64 with one e4m3 scale (4.125 bits).
+// A block's K can only be encoded once its 32 tokens exist, so the group
+// being filled lives in f16 in a per-sequence KV tail (model/kv_tails.h)
+// and a query reads its own group's keys from there: the keys of earlier
+// groups quantized, its own group's f16, by position alone, so results do
+// not depend on chunking or batching. Pools holding q4c have blocks of 32.
+//
 // Types are chosen per side and per KV layer: --kv-type / --kv-type-k /
 // --kv-type-v for every layer, and a --kv-config file for single layers:
 //
@@ -50,18 +61,21 @@ struct KvType {
   int group_size() const;
 };
 
-// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h",
-// "iq4_nlh", "fp8".
-std::string kv_type_name(KvType t);
-std::optional<KvType> parse_kv_type(std::string_view name);
-// The accepted names, for error messages: "f16, bf16, ...".
-std::string kv_type_names();
-
 // One KV layer's types.
 struct KvLayerTypes {
   KvType k, v;
   bool operator==(const KvLayerTypes&) const = default;
 };
+
+// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h",
+// "iq4_nlh", "fp8", "q4c" (K only), "iq4_nlh64".
+std::string kv_type_name(KvType t);
+std::optional<KvType> parse_kv_type(std::string_view name);
+// A name for both sides of a layer: a type (the same on both) or a pair's
+// name ("k4c": k=q4c v=iq4_nlh64).
+std::optional<KvLayerTypes> parse_kv_pair(std::string_view name);
+// The accepted names, for error messages: "f16, bf16, ...".
+std::string kv_type_names();
 
 // The KV type options of a model (ModelOptions::kv_types).
 struct KvTypeOptions {

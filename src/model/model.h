@@ -141,6 +141,15 @@ class Model {
   virtual int32_t n_spec_states() const { return 0; }        // per live slot (ModelOptions::n_spec_states)
   virtual size_t state_bytes() const { return 0; }
 
+  // KV tails (models whose KV types keep the keys of each sequence's newest
+  // partial block in f16, k4c: model/kv_tails.h; 0 otherwise): slots
+  // (Batch::seqs[s].kv_tail, at least max(max_batch_seqs, n_kv_slots))
+  // and the bytes of all of them. A sequence with a tail continues only at
+  // a multiple of the KV block size or where its tail's last step ended
+  // (forward() refuses other steps).
+  virtual int32_t n_kv_tail_slots() const { return 0; }
+  virtual size_t kv_tail_bytes() const { return 0; }
+
   // Computes the batch and writes one row of n_vocab logits per sample row:
   // logits [batch.sample_rows.size(), n_vocab]. Requires every sequence's
   // positions to continue its cache (KV for [0, pos0) present in the blocks
@@ -228,9 +237,10 @@ class Model {
     int32_t group = 0;  // its kv_spec() group
     DType dtype = DType::kF16;
     size_t row_bytes = 0;  // one token's K (or V) row of this layer
-    // Quantized KV with V in another type than K (model/kv_types.h): V's
-    // row bytes; 0: V as K. The prefix-cache tiers refuse such layers.
+    // Quantized KV with V in another type than K (model/kv_types.h, e.g.
+    // k4c): V's type and row bytes; v_row_bytes 0: V as K.
     size_t v_row_bytes = 0;
+    DType v_dtype = DType::kF16;
   };
   virtual std::vector<KvLayer> kv_layers() const { return {}; }
   // Copies the K and V rows of KV layer `layer` in block `block`

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cpu/kv_quant.h"
+#include "core/e4m3.h"
 
 namespace rill {
 
@@ -52,6 +53,10 @@ Result<PagedKvCache> PagedKvCache::create_layers(std::vector<LayerSpec> layers, 
     for (KvType side : {spec.types.k, spec.types.v}) {
       if (!cpu::kv_dtype_supported(side.dtype)) return Error{"KV type " + kv_type_name(side) + " is not supported"};
     }
+    if (spec.types.k.dtype == kKvQ4Chan && block_size != cpu::kKvChanTokens) {
+      return Error{"KV layer " + std::to_string(l) + ": K type q4c groups a block's " +
+                   std::to_string(cpu::kKvChanTokens) + " tokens, not " + std::to_string(block_size)};
+    }
     const int64_t width = spec.n_head_kv * spec.head_dim;
     Layer L;
     L.spec = spec;
@@ -75,10 +80,18 @@ Result<PagedKvCache> PagedKvCache::create_layers(std::vector<LayerSpec> layers, 
   return c;
 }
 
+Status PagedKvCache::create_tails(int32_t n_slots) {
+  std::vector<int64_t> widths;
+  for (int64_t l = 0; l < n_layer_; ++l) widths.push_back(types(l).k.dtype == kKvQ4Chan ? width(l) : 0);
+  RILL_ASSIGN_OR_RETURN(tails_, KvTails::create(widths, n_slots));
+  return {};
+}
+
 void PagedKvCache::store(int64_t layer, std::span<const int32_t> table, const float* k_rows, const float* v_rows,
                          const int32_t* pos, int64_t n, int64_t src_stride) const {
   const LayerSpec& spec = at(layer).spec;
   const KvLayerTypes& t = spec.types;
+  assert(t.k.dtype != kKvQ4Chan);
   for (int64_t i = 0; i < n; ++i) {
     assert(pos[i] >= 0 && static_cast<size_t>(pos[i] >> block_shift_) < table.size());
     assert(table[static_cast<size_t>(pos[i] >> block_shift_)] >= 0);
@@ -120,6 +133,7 @@ KvCacheView PagedKvCache::layer_view(int64_t layer) const {
   v.v_row_bytes = v_row_bytes(layer);
   v.k_rotated = t.k.rotated;
   v.v_rotated = t.v.rotated;
+  tails_.attach(layer, v);
   return v;
 }
 

@@ -26,6 +26,7 @@
 #include "core/dtype.h"
 #include "core/lazy_buffer.h"
 #include "core/result.h"
+#include "model/kv_tails.h"
 #include "model/kv_types.h"
 
 namespace rill {
@@ -63,10 +64,17 @@ class PagedKvCache {
   // Bytes one token takes in every layer, K and V.
   size_t bytes_per_token() const { return token_bytes_; }
 
+  // The tails of the layers whose K is q4c (k4c, model/kv_tails.h):
+  // n_slots slots; layer_view() then points at them. No-op without such a
+  // layer.
+  Status create_tails(int32_t n_slots);
+  const KvTails& tails() const { return tails_; }
+
   // Stores f32 rows [n, width(layer)] of one sequence at positions pos[i],
   // placed through the sequence's block table, in the layer's types. Rows
   // are src_stride floats apart. Requires table[pos[i] / block_size] to be
-  // a valid block.
+  // a valid block, and the layer's K not to be q4c (its blocks are encoded
+  // a block at a time by the CPU backend's rope_store_kv).
   void store(int64_t layer, std::span<const int32_t> table, const float* k_rows, const float* v_rows,
              const int32_t* pos, int64_t n, int64_t src_stride) const;
 
@@ -100,6 +108,7 @@ class PagedKvCache {
   }
 
   LazyBuffer buffer_;
+  KvTails tails_;
   int64_t n_layer_ = 0;
   int32_t n_blocks_ = 0, block_size_ = 16, block_shift_ = 4;
   std::vector<Layer> layers_;

@@ -228,6 +228,14 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
       }
     }
   }
+  // k4c's per-sequence KV tails (model/kv_tails.h) live in one CPU model,
+  // not in a tensor-parallel group of ranks.
+  for (const std::optional<KvType>& side : sides) {
+    if (side && side->dtype == kKvQ4Chan && options.tensor_parallel != 1) {
+      return Error{files->path + ": KV type q4c (k4c) does not run with --tensor-parallel " +
+                   std::to_string(options.tensor_parallel) + "; use another KV type"};
+    }
+  }
   // No family splits its MTP layer over ranks (the Llama family's shards
   // carry no MTP weights): refused here, before any rank is built.
   if (options.mtp && options.tensor_parallel != 1) {

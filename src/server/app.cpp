@@ -300,11 +300,9 @@ void App::stats(std::shared_ptr<Responder> res) {
                                                : nlohmann::json{{"speculator", s.speculator},
                                                                 {"draft_tokens", s.spec_draft_tokens},
                                                                 {"accepted_tokens", s.spec_accepted_tokens}};
-  nlohmann::json kv = {{"block_size", s.kv_block_size},
-                       {"blocks_total", s.kv_blocks_total},
-                       {"blocks_used", s.kv_blocks_used},
-                       {"blocks_cached", s.kv_blocks_cached},
-                       {"bytes_per_token", s.kv_bytes_per_token}};
+  nlohmann::json kv = {{"block_size", s.kv_block_size},           {"blocks_total", s.kv_blocks_total},
+                       {"blocks_used", s.kv_blocks_used},         {"blocks_cached", s.kv_blocks_cached},
+                       {"bytes_per_token", s.kv_bytes_per_token}, {"tail_bytes", s.kv_tail_bytes}};
   auto tier = [](const CacheTierStats& t) {
     return nlohmann::json{{"enabled", t.enabled},  {"bytes", t.bytes},     {"entries", t.entries},
                           {"hits", t.hits},        {"misses", t.misses},   {"evictions", t.evictions},

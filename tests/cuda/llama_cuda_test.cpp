@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/e4m3.h"
 #include "core/half.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
@@ -108,8 +109,9 @@ TEST_P(CudaHf, KvTypeIsTheOneCudaStoresOrARefusal) {
     EXPECT_NE((*rotated)->kv_numerics().find("kv=" + kv_type_name(t) + "#"), std::string::npos)
         << (*rotated)->kv_numerics();
   }
+  // k4c's q4c / iq4_nlh64 too (their per-sequence tails are the CPU's).
   for (const KvType t : {KvType{DType::kQ4_1, false}, KvType{DType::kQ5_0, false}, KvType{DType::kBF16, false},
-                         KvType{DType::kQ4_1, true}}) {
+                         KvType{DType::kQ4_1, true}, KvType{kKvQ4Chan, false}, KvType{kKvIq4Nl64, true}}) {
     auto other = with_kv(t, t);
     ASSERT_FALSE(other.ok()) << kv_type_name(t);
     EXPECT_NE(other.error().message.find("runs on the CPU only"), std::string::npos) << other.error().message;

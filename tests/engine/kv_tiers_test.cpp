@@ -22,6 +22,7 @@
 #include <fstream>
 #include <random>
 
+#include "core/e4m3.h"
 #include "engine/sampler.h"
 #include "fake_model.h"
 #include "kv/kv_file.h"
@@ -134,8 +135,8 @@ std::vector<fs::path> kv_files(const fs::path& dir) {
 
 // Every layer of a run file holds what resuming after its last token reads:
 // a full layer every row, a sliding layer the rows from the first block its
-// window reaches (block size 16) on.
-void expect_window_only_layers(const fs::path& file, int n_tokens) {
+// window reaches (blocks of block_size: 16, 32 with k4c's q4c K) on.
+void expect_window_only_layers(const fs::path& file, int n_tokens, int block_size = 16) {
   auto h = read_kv_header(file.string());
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(static_cast<int>(h->tokens.size()), n_tokens);
@@ -145,7 +146,7 @@ void expect_window_only_layers(const fs::path& file, int n_tokens) {
     int64_t first = 0;
     if (d.kind == LayerKind::kSliding) {
       EXPECT_GT(d.window, 0) << "layer " << l;
-      first = std::max(0, (n_tokens - d.window + 1) / 16) * 16;
+      first = std::max(0, (n_tokens - d.window + 1) / block_size) * block_size;
     }
     EXPECT_EQ(d.first_token, first) << "layer " << l;
     ASSERT_EQ(d.tensors.size(), 2u);
@@ -185,7 +186,8 @@ fs::path disk_round_trip(const std::string& model, int vocab, int prompt_len, in
   const auto files = kv_files(dir.path);
   EXPECT_EQ(files.size(), 1u);
   if (files.size() != 1) return {};
-  expect_window_only_layers(files[0], expect_cached);
+  const bool chan = base.kv_types.k && base.kv_types.k->dtype == kKvQ4Chan;
+  expect_window_only_layers(files[0], expect_cached, chan ? 32 : 16);
   if (!base.kv_types.empty()) {  // the file holds the KV in its stored type
     auto h = read_kv_header(files[0].string());
     EXPECT_TRUE(h.ok());
@@ -743,7 +745,12 @@ TEST(KvTiers, PersistWithoutADiskTierIsAnError) {
 // them, so the round trip stays bit-exact in every type.
 KvTypeOptions kv_all(const char* name) {
   KvTypeOptions o;
-  o.k = o.v = parse_kv_type(name);
+  const std::optional<KvLayerTypes> t = parse_kv_pair(name);  // a type for both sides, or k4c's pair
+  EXPECT_TRUE(t) << name;
+  if (t) {
+    o.k = t->k;
+    o.v = t->v;
+  }
   return o;
 }
 EngineOptions with_kv(const KvTypeOptions& kv) {
@@ -873,7 +880,7 @@ TEST(KvTiers, ChangedKvTypeInvalidatesDiskFiles) {
     EXPECT_EQ(generate(*e, prompt, 1, /*persist=*/true).persisted, 96);
   }
   // iq4_nlh and q4_0h: the same bytes per block, other levels.
-  for (const char* other : {"f16", "q4_0h", "iq4_nlh"}) {
+  for (const char* other : {"f16", "q4_0h", "iq4_nlh", "k4c"}) {
     o.kv_types = std::string(other) == "f16" ? KvTypeOptions{} : kv_all(other);
     auto e = load(kSmol, o);
     ASSERT_TRUE(e);
@@ -882,16 +889,84 @@ TEST(KvTiers, ChangedKvTypeInvalidatesDiskFiles) {
   }
 }
 
-TEST(KvTiers, MixedKAndVTypesRefuseTheTiers) {
+// K and V in different types (k4c's are): each tensor of the file in its
+// own type, and the round trip bit-exact.
+TEST(KvTiers, MixedKAndVTypesSurviveARestart) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  KvTypeOptions kv;
+  kv.k = parse_kv_type("q8_0");
+  kv.v = parse_kv_type("q4_0");
+  TmpDir dir;
+  const fs::path file = disk_round_trip(kSmol, 49152, 100, 96, with_kv(kv), &dir, DType::kQ8_0);
+  ASSERT_FALSE(file.empty());
+  auto h = read_kv_header(file.string());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  for (const auto& layer : h->layers) EXPECT_EQ(layer.tensors[1].dtype, DType::kQ4_0);
+}
+
+// k4c (model/kv_tails.h): blocks of 32 whose K is quantized per channel;
+// only whole blocks reach the tiers, and the tail of the resumed sequence
+// is rebuilt from the prompt's last partial block.
+TEST(KvTiers, DiskPrefixSurvivesARestartK4cKv) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir dir;
+  const fs::path file = disk_round_trip(kSmol, 49152, 100, 96, with_kv(kv_all("k4c")), &dir, kKvQ4Chan);
+  ASSERT_FALSE(file.empty());
+  auto h = read_kv_header(file.string());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_NE(h->identity.numerics.find("kv=k:q4c#1/v:iq4_nlh64#2"), std::string::npos) << h->identity.numerics;
+  ASSERT_EQ(h->layers.size(), 30u);
+  for (const auto& layer : h->layers) {
+    EXPECT_EQ(layer.tensors[1].dtype, kKvIq4Nl64);
+    EXPECT_EQ(layer.tensors[0].shape, (std::vector<int64_t>{96, 192}));
+  }
+}
+
+// q4c K on a sliding-window model (mistral-swa: window 8, rows of 32): the
+// run keeps only the block resuming at 96 reads, and a sequence resumes
+// with an empty tail at that block boundary.
+TEST(KvTiers, DiskPrefixSurvivesARestartSlidingWindowQ4cK) {
+  KvTypeOptions kv;
+  kv.k = parse_kv_type("q4c");
+  disk_round_trip(kGoldens + "mistral-swa", 512, 100, 96, with_kv(kv), nullptr, kKvQ4Chan);
+}
+
+TEST(KvTiers, EvictedK4cPrefixComesBackFromTheRamTier) {
   if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
   EngineOptions o;
-  o.cache_ram_mb = 64;
+  o.kv_cache_mb = 3;  // two running sequences' tails, then 11 blocks of 32: too few for three prompts
+  o.max_running = 2;
+  o.cache_ram_mb = 256;
+  o.kv_types = kv_all("k4c");
+  auto e = load(kSmol, o);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->stats().kv_block_size, 32);
+  EXPECT_EQ(e->stats().kv_bytes_per_token, 30 * (192 / 32 * 19 + 192 / 64 * 33)) << "K 114 + V 99 B per layer";
+  EXPECT_EQ(e->stats().kv_tail_bytes, 2 * 30 * (64 + 32 * 192 * 2)) << "f16 K of 32 tokens per layer and sequence";
+  EXPECT_EQ(e->stats().kv_blocks_total, (3 * 1048576 - 2 * 30 * (64 + 32 * 192 * 2)) / (32 * 6390));
+  const auto a = random_prompt(161, 49152, 1);
+  const GenRun cold = generate(*e, a, 8);
+  const GenRun device_hit = generate(*e, a, 8);
+  EXPECT_EQ(device_hit.cached, 160);
+  EXPECT_EQ(device_hit.tokens, cold.tokens);
+  generate(*e, random_prompt(161, 49152, 2), 8);
+  generate(*e, random_prompt(161, 49152, 3), 8);
+  const GenRun warm = generate(*e, a, 8);
+  EXPECT_GE(e->stats().ram_tier.hits, 1);
+  EXPECT_EQ(warm.cached, 160);
+  EXPECT_EQ(warm.tokens, device_hit.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored k4c KV must be bit-identical";
+}
+
+TEST(KvTiers, K4cRefusesSpeculativeDecoding) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  EngineOptions o;
   o.n_threads = 2;
-  o.kv_types.k = parse_kv_type("q8_0");
-  o.kv_types.v = parse_kv_type("q4_0");
+  o.kv_types = kv_all("k4c");
+  o.spec = "ngram";
   auto e = Engine::load(kSmol, o);
   ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.error().message.find("different types"), std::string::npos) << e.error().message;
+  EXPECT_NE(e.error().message.find("speculative decoding"), std::string::npos) << e.error().message;
 }
 
 }  // namespace

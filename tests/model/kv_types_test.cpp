@@ -1,6 +1,6 @@
 // KV type options (model/kv_types.h): names, the --kv-config file (errors
 // name the file and line), per-layer resolution, the checks a cache's shape
-// must pass, and PagedKvCache's per-layer row bytes.
+// must pass, PagedKvCache's per-layer row bytes, and k4c's pair of types.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "core/e4m3.h"
 #include "model/kv_types.h"
 #include "model/paged_kv_cache.h"
 
@@ -182,6 +183,54 @@ TEST(KvTypes, CacheLayersOfTheirOwnShapeAndTypes) {
   EXPECT_NE(bad.error().message.find("KV layer 1"), std::string::npos) << bad.error().message;
   // Plain types have no head_dim limit (width-only layers are one wide head).
   EXPECT_TRUE(PagedKvCache::create_layers(std::vector<int64_t>{2048, 4096}, 2, 16, DType::kF16).ok());
+}
+
+// k4c: a pair of types (K per channel over a block's 32 tokens, V rotated
+// iq4_nl in blocks of 64 with an e4m3 scale), named as one for both sides;
+// q4c only on K, iq4_nlh64 only rotated, q4c pools only with blocks of 32.
+TEST(KvTypes, K4cPairAndItsRules) {
+  const auto pair = parse_kv_pair("k4c");
+  ASSERT_TRUE(pair);
+  EXPECT_EQ(pair->k, (KvType{kKvQ4Chan, false}));
+  EXPECT_EQ(pair->v, (KvType{kKvIq4Nl64, true}));
+  EXPECT_FALSE(parse_kv_type("k4c")) << "a pair, not one side's type";
+  EXPECT_EQ(kv_type_name(pair->k), "q4c");
+  EXPECT_EQ(kv_type_name(pair->v), "iq4_nlh64");
+  EXPECT_EQ(*parse_kv_pair("q8_0"), (KvLayerTypes{*parse_kv_type("q8_0"), *parse_kv_type("q8_0")}));
+  EXPECT_NE(kv_type_names().find("k4c (k=q4c v=iq4_nlh64)"), std::string::npos) << kv_type_names();
+  // Bytes per token of a row of 192 (3 heads of 64): K 19 per channel per
+  // 32 tokens, V 33 per 64 values.
+  EXPECT_EQ(row_bytes(kKvQ4Chan, 192), 114u);
+  EXPECT_EQ(row_bytes(kKvIq4Nl64, 192), 99u);
+  EXPECT_EQ(describe_kv_types({*pair}, DType::kF16), "kv=k:q4c#1/v:iq4_nlh64#2");
+  EXPECT_TRUE(check_kv_layer_types(0, *pair, 3, 64).ok());
+  const Status v_chan = check_kv_layer_types(0, {pair->v, pair->k}, 3, 64);
+  ASSERT_FALSE(v_chan.ok());
+  EXPECT_NE(v_chan.error().message.find("V type q4c"), std::string::npos) << v_chan.error().message;
+  EXPECT_FALSE(check_kv_layer_types(0, {pair->k, KvType{kKvIq4Nl64, false}}, 3, 64).ok());
+  EXPECT_FALSE(check_kv_layer_types(0, *pair, 1, 32).ok()) << "a V row of half a block of 64";
+  // The pool: blocks of 32 only; its layer view names the tail.
+  auto bad = PagedKvCache::create(4, 16, 3, 64, {*pair});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("not 16"), std::string::npos) << bad.error().message;
+  auto c = PagedKvCache::create(4, 32, 3, 64, {*pair, {{DType::kF16, false}, {DType::kF16, false}}});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->bytes_per_token(), 114u + 99u + 2 * 384u);
+  ASSERT_TRUE(c->create_tails(3).ok());
+  EXPECT_EQ(c->tails().n_slots(), 3);
+  EXPECT_EQ(c->tails().bytes(), 3u * (64 + 32 * 192 * 2)) << "one layer keeps a tail";
+  const KvCacheView v = c->layer_view(0);
+  EXPECT_NE(v.tail, nullptr);
+  EXPECT_EQ(v.tail_stride, 64u + 32 * 192 * 2);
+  EXPECT_EQ(c->layer_view(1).tail, nullptr);
+  // A --kv-config line names the pair for both sides.
+  ConfigFile f("1 k4c\n");
+  KvTypeOptions o;
+  ASSERT_TRUE(load_kv_config(f.path.string(), o).ok());
+  auto r = o.resolve(2, DType::kF16);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ((*r)[1], *pair);
+  EXPECT_EQ((*r)[0].k, (KvType{DType::kF16, false}));
 }
 
 }  // namespace

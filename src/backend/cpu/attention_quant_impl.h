@@ -54,6 +54,17 @@ inline void dq_iq4_nl(const uint8_t* src, float* dst, int64_t n) {
     }
   }
 }
+// iq4_nlh64's blocks of 64 (kKvIq4Nl64, backend/cpu/kv_quant.h): x =
+// e4m3_value(byte 0) / 16 * kIq4nlValues[q].
+inline void dq_iq4_nl64(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n / 64; ++i, dst += 64, src += 33) {
+    const float d = e4m3_value_fast(src[0]) * (1.0f / 16.0f);
+    for (int j = 0; j < 32; ++j) {
+      dst[j] = static_cast<float>(kIq4nlValues[src[1 + j] & 0xF]) * d;
+      dst[j + 32] = static_cast<float>(kIq4nlValues[src[1 + j] >> 4]) * d;
+    }
+  }
+}
 inline void dq_q4_1(const uint8_t* src, float* dst, int64_t n) {
   const auto* b = reinterpret_cast<const BlockQ4_1*>(src);
   for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
@@ -100,6 +111,7 @@ inline void dq_fp8(const uint8_t* src, float* dst, int64_t n) {
 
 inline KvDequant dequant_for(DType t) {
   if (t == kF8E4M3) return dq_fp8;
+  if (t == kKvIq4Nl64) return dq_iq4_nl64;
   switch (t) {
     case DType::kF32:
       return dq_f32;

@@ -38,8 +38,11 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "backend/cpu/attention_chan.h"
 #include "backend/cpu/attention_f16.h"
 #include "backend/cpu/attention_quant.h"
 #include "backend/cpu/cpu_backend.h"
@@ -51,6 +54,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/ordered_logits.h"
 #include "backend/cpu/quants.h"
+#include "core/e4m3.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
 
@@ -424,6 +428,17 @@ class CpuBackend final : public Backend {
            op.kv.v_bytes() == row_bytes(op.kv.v_type(), kv_width));
     const int32_t* slots = step.slots[op.kv_group];
     const int64_t mask = (int64_t{1} << op.kv.block_shift) - 1;
+    // k4c: K rows are kept in f16 for this step's attention, and encoded a
+    // block at a time below.
+    const bool chan = op.kv.dtype == kKvQ4Chan;
+    uint16_t* step_k = nullptr;
+    if (chan) {
+      assert(op.kv.tail && step.kv_tail);
+      std::vector<uint16_t>& rows = step_k_[op.kv.tail];
+      if (rows.size() < static_cast<size_t>(op.qkv.rows * kv_width))
+        rows.resize(static_cast<size_t>(op.qkv.rows * kv_width));
+      step_k = rows.data();
+    }
     for (int64_t t = 0; t < op.qkv.rows; ++t) {
       float* q = static_cast<float*>(op.qkv.at(t, 0));
       float* k = q + q_width;
@@ -441,7 +456,11 @@ class CpuBackend final : public Backend {
         // Quantized / rotated / mixed KV: each side in its own type and row bytes.
         const size_t v_at = static_cast<size_t>(slot >> op.kv.block_shift) * op.kv.block_stride +
                             static_cast<size_t>(slot & mask) * op.kv.v_bytes();
-        cpu::store_kv_row(op.kv.dtype, op.kv.k_rotated, k, kd, op.n_head_kv, hd);
+        if (chan) {
+          for (int64_t j = 0; j < kv_width; ++j) step_k[t * kv_width + j] = f32_to_f16(k[j]);
+        } else {
+          cpu::store_kv_row(op.kv.dtype, op.kv.k_rotated, k, kd, op.n_head_kv, hd);
+        }
         cpu::store_kv_row(op.kv.v_type(), op.kv.v_rotated, v, static_cast<uint8_t*>(op.kv.v) + v_at, op.n_head_kv, hd);
         continue;
       }
@@ -457,6 +476,75 @@ class CpuBackend final : public Backend {
           vh[j] = f32_to_f16(v[j]);
         }
       }
+    }
+    if (chan) encode_chan_blocks(op, step, step_k);
+  }
+
+  // k4c: encodes every K block of 32 tokens the step completes, its rows
+  // before the step from the sequence's tail, the others from step_k.
+  void encode_chan_blocks(const RopeKvOp& op, const StepMetadata& step, const uint16_t* step_k) {
+    constexpr int64_t kT = cpu::kKvChanTokens;
+    const int64_t W = int64_t{op.n_head_kv} * op.head_dim;
+    // One unit per completed block: [seq, block start).
+    chan_units_.clear();
+    for (int32_t s = 0; s < step.n_seqs; ++s) {
+      const int64_t c1 = step.kv_len[s], c0 = c1 - step.q_len[s];
+      for (int64_t g = c0 - c0 % kT; g + kT <= c1; g += kT) chan_units_.push_back({s, g});
+    }
+    pool_.parallel_for(static_cast<int64_t>(chan_units_.size()), 1, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> rows;
+      rows.resize(static_cast<size_t>(kT * W));
+      for (int64_t u = begin; u < end; ++u) {
+        const auto [s, g] = chan_units_[static_cast<size_t>(u)];
+        const int64_t c0 = step.kv_len[s] - step.q_len[s];
+        const auto* tail = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(op.kv.tail) +
+                                                             static_cast<size_t>(step.kv_tail[s]) * op.kv.tail_stride +
+                                                             sizeof(KvTailHeader));
+        for (int64_t r = 0; r < kT; ++r) {
+          const int64_t pos = g + r;
+          const uint16_t* src = pos < c0 ? tail + r * W : step_k + (step.q_start[s] + pos - c0) * W;
+          for (int64_t j = 0; j < W; ++j) rows[static_cast<size_t>(r * W + j)] = f16_to_f32(src[j]);
+        }
+        const int32_t block = step.block_tables[op.kv_group][step.table_start[s] + g / kT];
+        cpu::quantize_chan_block(rows.data(), W, W,
+                                 static_cast<uint8_t*>(op.kv.k) + static_cast<size_t>(block) * op.kv.block_stride);
+      }
+    });
+  }
+
+  // k4c: attention over the quantized blocks and the f16 keys of each
+  // query's own block, then each sequence's tail takes its newest partial
+  // block from the step's rows.
+  void attention_chan(const AttentionOp& op, const StepMetadata& step, const cpu::AttentionParams& p) {
+    constexpr int64_t kT = cpu::kKvChanTokens;
+    const int64_t W = int64_t{op.n_head_kv} * op.head_dim;
+    assert(op.kv.tail && step.kv_tail && step_k_.count(op.kv.tail));
+    const uint16_t* step_k = step_k_[op.kv.tail].data();
+    auto tail_of = [&](int32_t s) {
+      return static_cast<uint8_t*>(op.kv.tail) + static_cast<size_t>(step.kv_tail[s]) * op.kv.tail_stride;
+    };
+    chan_tails_.clear();
+    for (int32_t s = 0; s < step.n_seqs; ++s) {
+      cpu::ChanTail t;
+      t.tail = reinterpret_cast<const uint16_t*>(tail_of(s) + sizeof(KvTailHeader));
+      t.step_k = step_k + static_cast<int64_t>(step.q_start[s]) * W;
+      t.c0 = step.kv_len[s] - step.q_len[s];
+      chan_tails_.push_back(t);
+    }
+    const cpu::KvSideTypes t{op.kv.dtype, op.kv.v_type(), op.kv.k_rotated, op.kv.v_rotated};
+    cpu::attention_chan_batch(seqs_.data(), chan_tails_.data(), static_cast<int>(seqs_.size()), p, t, pool_);
+    for (int32_t s = 0; s < step.n_seqs; ++s) {
+      const int64_t c1 = step.kv_len[s], c0 = c1 - step.q_len[s];
+      const int64_t g0 = c0 - c0 % kT, g1 = c1 - c1 % kT;
+      uint8_t* base = tail_of(s);
+      auto* rows = reinterpret_cast<uint16_t*>(base + sizeof(KvTailHeader));
+      const int64_t from = g1 == g0 ? c0 : g1;  // the step's rows the tail takes
+      std::memcpy(rows + (from - g1) * W, step_k + (step.q_start[s] + from - c0) * W,
+                  static_cast<size_t>((c1 - from) * W) * sizeof(uint16_t));
+      KvTailHeader h;
+      h.group_start = static_cast<int32_t>(g1);
+      h.n_rows = static_cast<int32_t>(c1 - g1);
+      std::memcpy(base, &h, sizeof h);
     }
   }
 
@@ -494,6 +582,10 @@ class CpuBackend final : public Backend {
       a.q_stride = op.q.stride;
       a.out_stride = op.out.stride;
       seqs_.push_back(a);
+    }
+    if (op.kv.dtype == kKvQ4Chan) {
+      attention_chan(op, step, p);
+      return;
     }
     if (!op.kv.plain()) {
       const cpu::KvSideTypes t{op.kv.dtype, op.kv.v_type(), op.kv.k_rotated, op.kv.v_rotated};
@@ -802,7 +894,13 @@ class CpuBackend final : public Backend {
   cpu::Scratch scratch_;
   std::vector<float> acc_;  // matmul(accumulate): [max_tokens, widest weight]
   std::vector<cpu::AttentionSeq> seqs_;
-  std::vector<cpu::ConvSeq> conv_seqs_;  // gated_delta(): [n_seqs], snapshots [n_saves]
+  // k4c (KvCacheView::tail): the step's K rows in f16 per layer (keyed by
+  // its tail), written by rope_store_kv and read by attention; grown to
+  // the largest step, so a step allocates nothing once warm.
+  std::unordered_map<const void*, std::vector<uint16_t>> step_k_;
+  std::vector<std::pair<int32_t, int64_t>> chan_units_;  // encode_chan_blocks(): [seq, block start]
+  std::vector<cpu::ChanTail> chan_tails_;                // attention_chan(): [n_seqs]
+  std::vector<cpu::ConvSeq> conv_seqs_;                  // gated_delta(): [n_seqs], snapshots [n_saves]
   std::vector<cpu::GatedDeltaSeq> delta_seqs_;
   std::vector<cpu::StateSnapshot> conv_snaps_, delta_snaps_;
   std::vector<float> heads_x_;      // matmul_heads(): one head's x, [max_tokens, StepLimits::max_head_cols]

@@ -138,13 +138,27 @@ struct NlLevels {
   float value(int q) const { return static_cast<float>(kIq4nlValues[q]); }
 };
 
-// The squared error of a block stored as value(q[j]) * d, q[j] the code of
-// x[j] / d.
-template <class Levels>
+// How a rotated block's scale d is stored: f16 (q4_0h, q8_0h, iq4_nlh) or
+// an e4m3 byte holding d * 16 (iq4_nlh64: d in 2^-13 .. 28, a value of a
+// block up to 28 * 127 = 3,556).
+struct F16Scale {
+  using Bits = uint16_t;
+  Bits round(float d) const { return f32_to_f16(d); }
+  float value(Bits b) const { return f16_to_f32(b); }
+};
+struct E4m3x16Scale {
+  using Bits = uint8_t;
+  Bits round(float d) const { return e4m3_round(d * 16.0f); }
+  float value(Bits b) const { return e4m3_value(b) * (1.0f / 16.0f); }
+};
+
+// The squared error of a block of N stored as value(q[j]) * d, q[j] the
+// code of x[j] / d.
+template <int N, class Levels>
 double block_error(const float* x, float d, const Levels& lv, int* q) {
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   double err = 0;
-  for (int j = 0; j < kQK; ++j) {
+  for (int j = 0; j < N; ++j) {
     q[j] = lv.code(x[j] * id);
     const double e = double{x[j]} - double{lv.value(q[j]) * d};
     err += e * e;
@@ -154,20 +168,20 @@ double block_error(const float* x, float d, const Levels& lv, int* q) {
 // The same for iq4_nl's levels, the codes counted midpoint by midpoint over
 // the whole block (NlLevels::code's rule, in a loop the compiler
 // vectorizes: the store is the rotated types' hot spot).
-template <>
+template <int N>
 double block_error(const float* x, float d, const NlLevels& lv, int* q) {
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  float y[kQK];
-  for (int j = 0; j < kQK; ++j) {
+  float y[N];
+  for (int j = 0; j < N; ++j) {
     y[j] = x[j] * id;
     q[j] = 0;
   }
   for (int i = 0; i < 15; ++i) {
     const float mid = 0.5f * static_cast<float>(kIq4nlValues[i] + kIq4nlValues[i + 1]);
-    for (int j = 0; j < kQK; ++j) q[j] += y[j] > mid ? 1 : 0;
+    for (int j = 0; j < N; ++j) q[j] += y[j] > mid ? 1 : 0;
   }
   double err = 0;
-  for (int j = 0; j < kQK; ++j) {
+  for (int j = 0; j < N; ++j) {
     const double e = double{x[j]} - double{lv.value(q[j]) * d};
     err += e * e;
   }
@@ -180,58 +194,64 @@ double block_error(const float* x, float d, const NlLevels& lv, int* q) {
 // whose max-abs scale spends levels on the tails). Tried: d from the signed
 // maximum onto the first or onto the last level, each times 1, 0.975, ...,
 // 0.6, then a least-squares refit of d to the best candidate's levels;
-// errors with d rounded to f16 as stored. Scale: then refit so the block is
+// errors with d rounded as stored (Scale). Scale: then refit so the block is
 // not shrunk (x_hat . x = x . x): least-squares scales shrink every block a
 // little, which does not average out over a context as noise does: shrunk
 // V damps every attention output and shrunk K flattens every softmax.
 // Measured on the default model (docs/perf.md, q4_0h, 1,024 tokens): least
 // squares alone cut KL 5% but raised perplexity from +5.7% to +9.2% over
-// f16; with the refit +5.2%. Returns d's f16 bits; q the codes. About 35
-// candidates of 32 multiply-rounds per block: ~1M operations per token of
+// f16; with the refit +5.2%. Returns d's stored bits; q the codes. About 35
+// candidates of N multiply-rounds per block: ~1M operations per token of
 // the default model (q4_0h; iq4_nlh's 15 compares per element cost more).
-template <class Levels>
-uint16_t fit_scale(const float* x, const Levels& lv, int* q) {
-  const float m = signed_absmax(x);
+template <int N, class Levels, class Scale = F16Scale>
+typename Scale::Bits fit_scale(const float* x, const Levels& lv, int* q, Scale sc = {}) {
+  float m = 0.0f, amax = 0.0f;  // the signed absolute maximum, the first on ties
+  for (int j = 0; j < N; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      m = x[j];
+    }
+  }
   if (m == 0.0f) {
-    std::fill(q, q + kQK, lv.code(0.0f));
-    return f32_to_f16(0.0f);
+    std::fill(q, q + N, lv.code(0.0f));
+    return sc.round(0.0f);
   }
   // Codes of a zero scale until a candidate wins: none does when the block
-  // holds a NaN or a scale overflows f16 (every error is then NaN).
-  std::fill(q, q + kQK, lv.code(0.0f));
+  // holds a NaN or a scale overflows its format (every error is then NaN).
+  std::fill(q, q + N, lv.code(0.0f));
   double best = INFINITY;
-  uint16_t best_d = 0;
-  int cand[kQK];
+  typename Scale::Bits best_d = 0;
+  int cand[N];
   auto consider = [&](float d) {
-    const uint16_t dh = f32_to_f16(d);
-    const double err = block_error(x, f16_to_f32(dh), lv, cand);
+    const typename Scale::Bits dh = sc.round(d);
+    const double err = block_error<N>(x, sc.value(dh), lv, cand);
     if (err < best) {
       best = err;
       best_d = dh;
-      std::copy(cand, cand + kQK, q);
+      std::copy(cand, cand + N, q);
     }
   };
   for (const float top : {lv.first(), lv.last()}) {
     for (int i = 0; i <= 16; ++i) consider(m / top * (1.0f - 0.025f * static_cast<float>(i)));
   }
   double xx = 0, xq = 0, qq = 0;
-  for (int j = 0; j < kQK; ++j) {
+  for (int j = 0; j < N; ++j) {
     xq += double{x[j]} * lv.value(q[j]);
     qq += static_cast<double>(lv.value(q[j])) * lv.value(q[j]);
   }
   if (qq > 0) consider(static_cast<float>(xq / qq));
   xq = 0;
-  for (int j = 0; j < kQK; ++j) {
+  for (int j = 0; j < N; ++j) {
     xx += double{x[j]} * x[j];
     xq += double{x[j]} * lv.value(q[j]);
   }
-  return xq != 0 ? f32_to_f16(static_cast<float>(xx / xq)) : best_d;
+  return xq != 0 ? sc.round(static_cast<float>(xx / xq)) : best_d;
 }
 
 void quantize_q4_0_fit(const float* x, BlockQ4_0* y, int64_t nb) {
   int q[kQK];
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    y[i].d = fit_scale(x, UniformLevels{-8, 7}, q);
+    y[i].d = fit_scale<kQK>(x, UniformLevels{-8, 7}, q);
     for (int j = 0; j < kQK / 2; ++j) y[i].qs[j] = static_cast<uint8_t>((q[j] + 8) | ((q[j + kQK / 2] + 8) << 4));
   }
 }
@@ -239,7 +259,7 @@ void quantize_q4_0_fit(const float* x, BlockQ4_0* y, int64_t nb) {
 void quantize_q8_0_fit(const float* x, BlockQ8_0* y, int64_t nb) {
   int q[kQK];
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    y[i].d = fit_scale(x, UniformLevels{-127, 127}, q);
+    y[i].d = fit_scale<kQK>(x, UniformLevels{-127, 127}, q);
     for (int j = 0; j < kQK; ++j) y[i].qs[j] = static_cast<int8_t>(q[j]);
   }
 }
@@ -248,12 +268,112 @@ void quantize_q8_0_fit(const float* x, BlockQ8_0* y, int64_t nb) {
 void quantize_iq4_nl_fit(const float* x, BlockIQ4_NL* y, int64_t nb) {
   int q[kQK];
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    y[i].d = fit_scale(x, NlLevels{}, q);
+    y[i].d = fit_scale<kQK>(x, NlLevels{}, q);
     for (int j = 0; j < kQK / 2; ++j) y[i].qs[j] = static_cast<uint8_t>(q[j] | (q[j + kQK / 2] << 4));
   }
 }
 
+// iq4_nlh64's blocks of 64 (kKvIq4Nl64): the e4m3 byte of d * 16, then
+// element j < 32 in the low nibble of byte 1 + j, j + 32 in its high nibble.
+void quantize_iq4_nl64_fit(const float* x, uint8_t* y, int64_t nb) {
+  constexpr int kN = 2 * kQK;
+  int q[kN];
+  for (int64_t i = 0; i < nb; ++i, x += kN, y += kIq4Nl64Bytes) {
+    y[0] = fit_scale<kN>(x, NlLevels{}, q, E4m3x16Scale{});
+    for (int j = 0; j < kN / 2; ++j) y[1 + j] = static_cast<uint8_t>(q[j] | (q[j + kN / 2] << 4));
+  }
+}
+
+// f16 bits of the largest f16 value <= x (x finite, within f16's range).
+uint16_t f16_at_or_below(float x) {
+  uint16_t h = f32_to_f16(x);
+  if (f16_to_f32(h) > x)
+    h = (h & 0x8000) ? static_cast<uint16_t>(h + 1) : h == 0 ? uint16_t{0x8001} : static_cast<uint16_t>(h - 1);
+  return h;
+}
+
 }  // namespace
+
+void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst) {
+  constexpr int kT = kKvChanTokens;
+  auto* z = reinterpret_cast<uint16_t*>(dst);
+  uint8_t* d = dst + 2 * width;
+  uint8_t* qs = dst + 3 * width;
+  for (int64_t c = 0; c < width; ++c) {
+    float x[kT];
+    float mn = INFINITY, mx = -INFINITY;
+    for (int j = 0; j < kT; ++j) {
+      x[j] = rows[j * src_stride + c];
+      mn = std::min(mn, x[j]);
+      mx = std::max(mx, x[j]);
+    }
+    uint16_t best_z = f16_at_or_below(mn);
+    uint8_t best_code = 0;
+    int q[kT] = {};
+    double best = INFINITY;
+    // The squared error of x stored as zero zh and step code `code`, its
+    // codes into cand.
+    int cand[kT];
+    auto error_of = [&](uint16_t zh, uint8_t code) {
+      const float zf = f16_to_f32(zh), step = e4m3_value(code) * (1.0f / 16.0f);
+      const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+      double err = 0;
+      for (int j = 0; j < kT; ++j) {
+        cand[j] = std::clamp(static_cast<int>(std::nearbyint((x[j] - zf) * inv)), 0, 15);
+        const double e = double{x[j]} - double{zf + step * static_cast<float>(cand[j])};
+        err += e * e;
+      }
+      return err;
+    };
+    auto consider = [&](uint16_t zh, uint8_t code) {
+      const double err = error_of(zh, code);
+      if (err < best) {
+        best = err;
+        best_z = zh;
+        best_code = code;
+        std::copy(cand, cand + kT, q);
+      }
+    };
+    const float z_lo = f16_to_f32(best_z);
+    if (mx > z_lo) {
+      // The e4m3 steps around (max - z) / 15, z the f16 at or below the
+      // minimum: the nearest, one below (clipping the top codes) and three
+      // above (widening every step). For each, z as is and then z refit to
+      // the mean of x - d q (the grid's offset by least squares: an e4m3
+      // step is rounded by up to 1/16, which a fixed z at the minimum
+      // cannot take up). The least squared error wins, the first on ties.
+      const int c0 = e4m3_round((mx - z_lo) / 15.0f * 16.0f);
+      const uint16_t z0 = best_z;
+      for (int code = std::max(1, c0 - 1); code <= std::min(0x7e, c0 + 3); ++code) {
+        const auto k = static_cast<uint8_t>(code);
+        consider(z0, k);
+        error_of(z0, k);
+        const float step = e4m3_value(k) * (1.0f / 16.0f);
+        double sum = 0;
+        for (int j = 0; j < kT; ++j) sum += double{x[j]} - double{step} * cand[j];
+        consider(f32_to_f16(static_cast<float>(sum / kT)), k);
+      }
+    }
+    z[c] = best_z;
+    d[c] = best_code;
+    for (int j = 0; j < kT / 2; ++j) qs[c * (kT / 2) + j] = static_cast<uint8_t>(q[j] | (q[j + kT / 2] << 4));
+  }
+}
+
+void dequantize_chan_block(const uint8_t* src, int64_t width, float* rows) {
+  constexpr int kT = kKvChanTokens;
+  const auto* z = reinterpret_cast<const uint16_t*>(src);
+  const uint8_t* d = src + 2 * width;
+  const uint8_t* qs = src + 3 * width;
+  for (int64_t c = 0; c < width; ++c) {
+    const float zf = f16_to_f32(z[c]), step = e4m3_value(d[c]) * (1.0f / 16.0f);
+    for (int j = 0; j < kT / 2; ++j) {
+      const uint8_t b = qs[c * (kT / 2) + j];
+      rows[j * width + c] = zf + step * static_cast<float>(b & 0xF);
+      rows[(j + kT / 2) * width + c] = zf + step * static_cast<float>(b >> 4);
+    }
+  }
+}
 
 void hadamard_rotate(float* x, int64_t n) {
   assert(n > 0 && (n & (n - 1)) == 0);
@@ -283,7 +403,7 @@ bool kv_dtype_supported(DType t) {
     case DType::kIQ4_NL:  // rotated only (iq4_nlh): check_kv_layer_types refuses it plain
       return true;
     default:
-      return t == kF8E4M3;
+      return t == kF8E4M3 || t == kKvQ4Chan || t == kKvIq4Nl64;
   }
 }
 
@@ -347,6 +467,7 @@ void quantize_rotated_row(DType t, const float* x, void* y, int64_t n) {
     case DType::kIQ4_NL:
       return quantize_iq4_nl_fit(x, static_cast<BlockIQ4_NL*>(y), n / kQK);
     default:
+      if (t == kKvIq4Nl64) return quantize_iq4_nl64_fit(x, static_cast<uint8_t*>(y), n / (2 * kQK));
       return ref::quantize_kv_row(t, x, y, n);
   }
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/e4m3.h"
 
 namespace rill::cpu {
 
@@ -21,7 +22,8 @@ void hadamard_rotate(float* x, int64_t n);
 
 // Dtypes a KV side may be stored in: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 // Q5_1, IQ4_NL (rotated only: iq4_nlh), F8_E4M3 (kF8E4M3: CUDA's fp8, e4m3
-// bytes with no scale).
+// bytes with no scale), and k4c's two (core/dtype.h): kKvIq4Nl64 (rotated
+// only: iq4_nlh64) and kKvQ4Chan (K only, per block: quantize_chan_block).
 bool kv_dtype_supported(DType t);
 
 // Quantizes one row of n_head heads of head_dim floats into dst
@@ -31,6 +33,9 @@ bool kv_dtype_supported(DType t);
 // not modified.
 void store_kv_row(DType t, bool rotated, const float* src, uint8_t* dst, int64_t n_head, int64_t head_dim);
 
+// Bytes of one iq4_nlh64 block of 64 values (kKvIq4Nl64).
+inline constexpr int kIq4Nl64Bytes = 33;
+
 // The encoder of rotated types (rill's own, kKvRotatedEncoder): one row of n
 // already-rotated floats (whole blocks) into blocks of t. Q4_0, Q8_0 and
 // IQ4_NL (iq4_nlh: GGML's block, x = d * kIq4nlValues[q]) choose each
@@ -38,9 +43,33 @@ void store_kv_row(DType t, bool rotated, const float* src, uint8_t* dst, int64_t
 // shrink the block (x_hat . x = x . x); other types use the reference
 // quantizers below (IQ4_NL is rotated only).
 void quantize_rotated_row(DType t, const float* x, void* y, int64_t n);
+// kKvIq4Nl64 (iq4_nlh64, k4c's V): blocks of 64 with the same search over
+// iq4_nl's levels, d stored as the e4m3 byte of d * 16 (round to nearest
+// even), the candidates' errors with d as stored.
 // Bumped whenever quantize_rotated_row's output changes, so KV computed by
 // an older encoder is not resumed (Model::kv_numerics names it).
 inline constexpr int kKvRotatedEncoder = 2;
+
+// k4c's K (kKvQ4Chan, KIVI-style: docs/perf.md "per-channel K"): the K of
+// one KV block of kKvChanTokens tokens, quantized per channel over the
+// block's tokens after RoPE (not rotated): channel c's values are z_c + d_c
+// q, q in 0..15. The block's K region (19 * width bytes, width = the
+// row's elements) holds z [width] f16, then d [width] e4m3 bytes (d_c =
+// e4m3_value(byte) / 16, 2^-13 .. 28), then q [width][16] bytes (token j <
+// 16 in the low nibble of byte j, token j + 16 in its high nibble).
+// Encoder: with z0 the largest f16 <= the channel's minimum, the e4m3
+// steps d (codes 1..0x7e) nearest (max - z0) / 15, one below and three
+// above are tried, each with z = z0 and with z refit to f16(mean(x - d q))
+// (q from z0); codes q = nearbyint((x - z) * (1 / d)) in f32, clamped to
+// 0..15; the least squared error wins (the first tried on ties). A channel
+// of one value has d = 0 (code 0) and q = 0.
+inline constexpr int kKvChanTokens = 32;
+// rows: [kKvChanTokens][width] f32, src_stride floats apart.
+void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst);
+// The inverse (f32 z + d q): rows [kKvChanTokens][width], dense.
+void dequantize_chan_block(const uint8_t* src, int64_t width, float* rows);
+// Bumped whenever quantize_chan_block's output changes (as kKvRotatedEncoder).
+inline constexpr int kKvChanEncoder = 1;
 
 namespace ref {
 // llama.cpp's reference quantizers of one row of n floats (n a multiple of

@@ -396,7 +396,9 @@ Status LlamaModel::init(const ModelOptions& options) {
   // f16 KV, as llama.cpp stores it.
   const DType kv_dtype = w.all_f32() ? DType::kF32 : DType::kF16;
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
-  // The MTP layer's K and V are one more layer of the pool.
+  // The MTP layer's K and V are one more layer of the pool. Every layer
+  // reads its own KV, and forward() checks the batch's KV tails.
+  kv_tails_supported_ = true;
   RILL_TRY(create_kv(options, cfg_.n_layer + (graph_.has_mtp ? 1 : 0), d.KV, d.hd, kv_dtype));
 
   size_activations(a_, max_tokens_);
@@ -477,8 +479,9 @@ Status LlamaModel::reduce_residual(Tensor x) {
 }
 
 Status LlamaModel::check_batch(const Batch& batch) const {
-  return rill::check_batch(
-      batch, {max_tokens_, max_seqs_, n_ctx_, cfg_.n_vocab, kv_.block_size(), kv_.n_blocks(), graph_.window});
+  RILL_TRY(rill::check_batch(
+      batch, {max_tokens_, max_seqs_, n_ctx_, cfg_.n_vocab, kv_.block_size(), kv_.n_blocks(), graph_.window}));
+  return check_kv_tails(batch);
 }
 
 std::pair<int32_t, int32_t> LlamaModel::lane_range(int32_t l, int32_t n) const {
@@ -525,6 +528,7 @@ Status LlamaModel::forward(const Batch& batch, float* logits) {
       lane.sub.add_sequence(&batch.token_ids[static_cast<size_t>(i)], 1, s.kv_len - 1, /*sample_last=*/true,
                             batch.table(0, s));
       lane.sub.seqs.back().decode_from = s.decode_from;
+      lane.sub.seqs.back().kv_tail = s.kv_tail;
     }
   }
   lane_pool_->for_each_thread([&](int l) {

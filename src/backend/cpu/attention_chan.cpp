@@ -1,0 +1,94 @@
+// attention_chan_impl.h for the baseline ISA, and the batched driver.
+#define RILL_CHAN_ISA scalar
+#include "backend/cpu/attention_chan_impl.h"
+
+#include <algorithm>
+#include <cassert>
+#include <vector>
+
+#include "backend/cpu/cpu_features.h"
+#include "core/thread_pool.h"
+
+namespace rill::cpu {
+namespace detail {
+
+void attend_chan_scalar(const ChanAttendArgs& a) {
+  scalar::attend(a);
+}
+
+}  // namespace detail
+
+void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n_seqs, const AttentionParams& p,
+                          const KvSideTypes& t, ThreadPool& pool) {
+  assert(p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024 && p.head_dim % 16 == 0 && p.n_head / p.n_head_kv <= 64);
+  assert(t.k == kKvQ4Chan && !t.k_rotated);
+  // The kernel is chosen once per call from the machine alone, so every
+  // row of every batch takes the same arithmetic.
+  const auto attend = best_isa() == Isa::kAvx512 ? detail::attend_chan_avx512
+                      : best_isa() == Isa::kAvx2 ? detail::attend_chan_avx2
+                                                 : detail::attend_chan_scalar;
+  const detail::KvDequant v_dq =
+      best_isa() != Isa::kScalar ? detail::kv_dequant_avx2(t.v) : detail::kv_dequant_scalar(t.v);
+  assert(v_dq && p.head_dim % dtype_info(t.v).block_size == 0);
+  const int64_t group = p.n_head / p.n_head_kv, hd = p.head_dim, width = p.n_head_kv * hd;
+  const size_t v_head_bytes = row_bytes(t.v, hd);
+  // One unit per (query, KV head); first_unit[s]: the first of sequence s.
+  thread_local std::vector<int64_t> first_unit;
+  first_unit.resize(static_cast<size_t>(n_seqs) + 1);
+  first_unit[0] = 0;
+  int64_t max_kv = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    assert(seqs[s].kv.block_shift == 5 && seqs[s].kv.row_bytes == row_bytes(t.k, width));
+    first_unit[static_cast<size_t>(s) + 1] = first_unit[static_cast<size_t>(s)] + seqs[s].n_q * p.n_head_kv;
+    max_kv = std::max(max_kv, seqs[s].n_kv);
+  }
+  const int64_t n_units = first_unit[static_cast<size_t>(n_seqs)];
+  const int64_t* starts = first_unit.data();
+  const int64_t grain = std::max<int64_t>(1, n_units / (pool.n_threads() * 8));
+  pool.parallel_for(n_units, grain, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
+    const size_t scratch = static_cast<size_t>(max_kv * group);
+    if (scores.size() < scratch) scores.resize(scratch);
+    int s = static_cast<int>(std::upper_bound(starts, starts + n_seqs + 1, begin) - starts) - 1;
+    for (int64_t u = begin; u < end; ++u) {
+      while (u >= starts[s + 1]) ++s;
+      const AttentionSeq& seq = seqs[s];
+      const int64_t local = u - starts[s];
+      const int64_t i = local / p.n_head_kv, kvh = local % p.n_head_kv;
+      const int64_t q_stride = seq.q_stride > 0 ? seq.q_stride : p.n_head * hd;
+      const int64_t out_stride = seq.out_stride > 0 ? seq.out_stride : p.n_head * hd;
+      const int64_t pos = seq.q_pos[i];
+      assert(pos == tails[s].c0 + i);
+      float* out = seq.out + i * out_stride + kvh * group * hd;
+      detail::ChanAttendArgs a;
+      a.q = seq.q + i * q_stride + kvh * group * hd;
+      a.kv = seq.kv;
+      a.kv.v += static_cast<size_t>(kvh) * v_head_bytes;
+      a.k_blocks = seq.kv.k;
+      a.width = width;
+      a.head = kvh;
+      a.head_dim = hd;
+      a.pos = pos;
+      a.j_end = std::min<int64_t>(pos + 1, seq.n_kv);
+      a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+      a.tail = tails[s];
+      a.v_dequant = v_dq;
+      a.v_type = t.v;
+      a.n_heads = static_cast<int>(group);
+      a.scale = p.scale;
+      a.softcap = p.softcap;
+      a.scores = scores.data();
+      a.out = out;
+      if (a.j_end <= a.j_begin) {
+        std::fill(out, out + group * hd, 0.0f);
+        continue;
+      }
+      attend(a);
+      if (t.v_rotated) {
+        for (int64_t g = 0; g < group; ++g) hadamard_rotate(out + g * hd, hd);
+      }
+    }
+  });
+}
+
+}  // namespace rill::cpu

@@ -1,0 +1,12 @@
+// attention_chan_impl.h compiled for AVX2 + FMA + F16C (the same loops,
+// vectorized 8 lanes wide; within rounding of the baseline build).
+#define RILL_CHAN_ISA avx2
+#include "backend/cpu/attention_chan_impl.h"
+
+namespace rill::cpu::detail {
+
+void attend_chan_avx2(const ChanAttendArgs& a) {
+  avx2::attend(a);
+}
+
+}  // namespace rill::cpu::detail
