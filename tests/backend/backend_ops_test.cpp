@@ -767,6 +767,74 @@ TEST_P(BackendOps, Gemma4OrderedLogits) {
   }
 }
 
+// The ordered head's pick with many ties at the cut, over 200 groups (not a
+// multiple of a warp):
+// row 0 draws from 3 levels (-0 and +0 tie), row 1 has every
+// score equal, row 2 ties 60 groups at the cut with -inf below, row 3 has
+// NaN scores (group 0 among them), which rank as -inf on both. The device
+// picks the same groups in the same order as the CPU, which picks as a
+// stable sort by score, descending.
+TEST_P(BackendOps, Gemma4OrderedLogitsTiesAtTheCut) {
+  if (!dev_.b->has_gemma4_ops()) GTEST_SKIP() << dev_.b->name() << " has no Gemma 4 ops";
+  const int32_t n = 4, E = 8, C = 200, per = 2, V = C * per, top_k = 37, n_picked = top_k * per;
+  std::vector<int32_t> ordering(static_cast<size_t>(V));
+  std::iota(ordering.begin(), ordering.end(), 0);
+  std::shuffle(ordering.begin(), ordering.end(), std::mt19937(21));
+  std::vector<float> scores(static_cast<size_t>(n * C));
+  std::mt19937 rng(22);
+  const float levels[8] = {0.25f, -0.0f, -0.0f, -0.0f, 0.0f, 0.0f, 0.0f, -0.5f};
+  for (int32_t c = 0; c < C; ++c) {
+    scores[static_cast<size_t>(c)] = levels[rng() % 8];  // about 25 above 0, 150 tie at 0 (the cut)
+    scores[static_cast<size_t>(C + c)] = 0.75f;
+    scores[static_cast<size_t>(2 * C + c)] = c % 7 == 0 ? 1.0f : (c % 3 == 0 ? 0.5f : -INFINITY);
+    scores[static_cast<size_t>(3 * C + c)] = c % 5 == 0 ? NAN : (c % 11 == 0 ? 2.0f : -INFINITY);
+  }
+  const auto hidden = random_floats(n * E, 23, -2, 2);
+  const auto head = rounded(act(), random_floats(V * E, 24));
+  const auto head_bytes = encode(act(), head);
+  HostMatrix hm{head_bytes.data(), act(), V, E, row_bytes(act(), E)};
+  hm.gathered = true;
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<int32_t>> picked;
+  for (Side* s : {&ref_, &dev_}) {
+    OrderedLogitsOp op;
+    op.lm_head = s->place({hm});
+    ASSERT_TRUE(s->b->reserve({n, 4, 64}).ok());
+    op.hidden = s->tensor(hidden, n, E, DType::kF32);
+    op.scores = s->tensor(scores, n, C, DType::kF32);
+    op.logits = s->tensor(std::vector<float>(n * V, NAN), n, V, DType::kF32);
+    op.token_ordering = s->put(ordering);
+    op.n_centroids = C;
+    op.top_k = top_k;
+    op.picked = s->put(std::vector<int32_t>(static_cast<size_t>(n * n_picked), -1));
+    op.dots = s->put(std::vector<float>(static_cast<size_t>(n * n_picked), NAN));
+    s->b->ordered_logits(op);
+    logits.push_back(s->read(op.logits));
+    std::vector<int32_t> p(static_cast<size_t>(n * n_picked));
+    ASSERT_TRUE(s->b->copy_out(p.data(), op.picked, p.size() * sizeof(int32_t)).ok());
+    picked.push_back(p);
+  }
+  EXPECT_EQ(picked[1], picked[0]) << "the picked tokens, group by group";
+  expect_close(logits[1], logits[0], tol(1e-5), "ordered logits");
+  for (int32_t r = 0; r < n; ++r) {
+    std::vector<int32_t> order(C);
+    std::iota(order.begin(), order.end(), 0);
+    std::vector<float> sane(scores.begin() + r * C, scores.begin() + (r + 1) * C);
+    for (float& v : sane) v = std::isnan(v) ? -INFINITY : v;  // the rank NaN takes
+    const float* sr = sane.data();
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return sr[a] > sr[b]; });
+    const float cut = sr[order[static_cast<size_t>(top_k - 1)]];
+    EXPECT_EQ(cut, sr[order[static_cast<size_t>(top_k)]]) << "row " << r << " ties at the cut";
+    for (int32_t k = 0; k < top_k; ++k) {
+      for (int32_t j = 0; j < per; ++j) {
+        ASSERT_EQ(picked[0][static_cast<size_t>(r * n_picked + k * per + j)],
+                  ordering[static_cast<size_t>(order[static_cast<size_t>(k)] * per + j)])
+            << "row " << r << " pick " << k;
+      }
+    }
+  }
+}
+
 // Gemma 4's per-layer input gate (gate and up in separate strided views)
 // and the residual stream converted to the matmul input dtype.
 TEST_P(BackendOps, Gemma4GluSplitAndConvert) {

@@ -35,8 +35,11 @@ __device__ __forceinline__ bool before(float s, int32_t i, float bs, int32_t bi)
   return bi < 0 || s > bs || (s == bs && i < bi);
 }
 
-// Scores staged in shared memory ([C] floats, dynamic), the picks in
-// `chosen` (static: top_k <= C).
+// Scores staged in shared memory ([C] floats, dynamic); NaN staged as
+// -infinity (the CPU's rank for it): with every score ordered, each of the
+// top_k <= C rounds finds a group below the previous pick, so `chosen` is
+// never -1 (a NaN pick left later rounds with none: reads before the
+// ordering's start).
 __global__ void pick_kernel(const float* scores, int32_t n_centroids, int32_t top_k, const int32_t* token_ordering,
                             int64_t per, int32_t* picked) {
   extern __shared__ float s[];
@@ -47,7 +50,7 @@ __global__ void pick_kernel(const float* scores, int32_t n_centroids, int32_t to
   detail::pdl_trigger();
   const int64_t r = blockIdx.x;
   const float* row = scores + r * n_centroids;
-  for (int32_t c = threadIdx.x; c < n_centroids; c += blockDim.x) s[c] = row[c];
+  for (int32_t c = threadIdx.x; c < n_centroids; c += blockDim.x) s[c] = isnan(row[c]) ? -INFINITY : row[c];
   if (threadIdx.x == 0) prev_shared = -1;
   __syncthreads();
   const int64_t n_picked = int64_t{top_k} * per;
@@ -91,7 +94,7 @@ __global__ void pick_kernel(const float* scores, int32_t n_centroids, int32_t to
       prev_shared = best_i;
     }
     __syncthreads();
-    const int32_t chosen = prev_shared;  // >= 0: k < top_k <= C
+    const int32_t chosen = prev_shared;  // >= 0: k < top_k <= C, scores ordered
     for (int64_t j = threadIdx.x; j < per; j += blockDim.x) out[k * per + j] = token_ordering[chosen * per + j];
   }
 }
