@@ -139,6 +139,31 @@ def all_types(path):
     finish(w, path)
 
 
+def minicpm_longrope_tiny(path):
+    """llama.cpp's minicpm (MiniCPM 4) with its muP scale keys and LongRoPE's
+    factor tensors, so the fuzzer reaches gguf_names.cpp's read_minicpm and
+    read_longrope."""
+    w = GGUFWriter(path, "minicpm")
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_dimension_count(N_EMBD // 4)
+    w.add_float32("minicpm.embedding_scale", 12.0)
+    w.add_float32("minicpm.residual_scale", 1.4)
+    w.add_float32("minicpm.logit_scale", 0.125)
+    w.add_rope_scaling_type(__import__("gguf").RopeScalingType.LONGROPE)
+    w.add_rope_scaling_orig_ctx_len(256)
+    add_tokens(w)
+    w.add_tensor("token_embd.weight", rng.standard_normal((N_VOCAB, N_EMBD)).astype(np.float16))
+    w.add_tensor("rope_factors_short.weight", np.full(N_EMBD // 8, 1.5, dtype=np.float32))
+    w.add_tensor("rope_factors_long.weight", np.full(N_EMBD // 8, 4.0, dtype=np.float32))
+    w.add_tensor("blk.0.attn_output.weight", rng.standard_normal((N_EMBD, N_EMBD)).astype(np.float16))
+    finish(w, path)
+
+
 def empty(path):
     w = GGUFWriter(path, "llama")
     finish(w, path)
@@ -152,6 +177,7 @@ def main():
     all_types(os.path.join(out, "all_types.gguf"))
     empty(os.path.join(out, "arch_only.gguf"))
     glm_dsa_tiny(os.path.join(out, "glm_dsa_tiny.gguf"))
+    minicpm_longrope_tiny(os.path.join(out, "minicpm_longrope_tiny.gguf"))
     # GGUF v2 differs from v3 only in the version field for little-endian files.
     with open(os.path.join(out, "all_types.gguf"), "rb") as f:
         data = bytearray(f.read())

@@ -126,8 +126,9 @@ def rope(x, pos, cfg, np):
     apply_rotary_pos_emb). LongRoPE (MiniCPMLongRoPE): the short factors
     divide each pair's frequency while the sequence is within
     original_max_position_embeddings (the long ones beyond), cos and sin
-    times sqrt(1 + ln(max / original) / ln(original)) when max_position_embeddings
-    exceeds it (1 here)."""
+    times sqrt(1 + ln(max / original) / ln(original)) at every length (1
+    here: max_position_embeddings equals the original, the only case rill
+    runs)."""
     hd = x.shape[-1]
     inv_freq = 1.0 / cfg["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
     scale = 1.0
@@ -136,8 +137,7 @@ def rope(x, pos, cfg, np):
         orig, max_pos = s["original_max_position_embeddings"], cfg["max_position_embeddings"]
         seq = max(max_pos, len(pos))  # the cache MiniCPM builds covers max_position_embeddings
         inv_freq = inv_freq / np.array(s["long_factor"] if seq > orig else s["short_factor"], dtype=np.float64)
-        if max_pos > orig:
-            scale = np.sqrt(1 + np.log(max_pos / orig) / np.log(orig))
+        scale = np.sqrt(1 + np.log(max_pos / orig) / np.log(orig))  # unclamped, as MiniCPM's
     ang = np.outer(pos, inv_freq)  # [n, hd/2]
     cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=-1)[:, None, :] * scale
     sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=-1)[:, None, :] * scale

@@ -134,12 +134,13 @@ class Fields {
 };
 
 // MiniCPM 4's LongRoPE (modeling_minicpm.py's MiniCPMLongRoPE): the short
-// and long per-pair divisors. Up to original_max_position_embeddings it
-// rotates by the short factors with cos and sin unscaled, as long as
-// max_position_embeddings does not exceed it; beyond, its magnitude scale
-// sqrt(1 + ln(max / original) / ln(original)) and the long factors apply
-// at every length, where llama.cpp keeps the short ones and no scale: that
-// case is refused here, and longer contexts by the Llama family.
+// and long per-pair divisors, and cos and sin multiplied by the magnitude
+// scale sqrt(1 + ln(max / original) / ln(original)) at every length. Only
+// max_position_embeddings == original_max_position_embeddings makes that
+// scale 1 (above, the long factors also apply at every length; below, the
+// scale is under 1), and only there do rill's short factors without a scale
+// compute MiniCPM's rotation: every other pair is refused here, and
+// contexts past the original length by the Llama family.
 Status parse_longrope(const Fields& s, ModelConfig& c) {
   RopeScaling& r = c.rope_scaling;
   const size_t n = static_cast<size_t>(c.rope_dim / 2);
@@ -157,12 +158,12 @@ Status parse_longrope(const Fields& s, ModelConfig& c) {
   }
   if (r.attention_factor) return s.invalid("attention_factor", "is not part of MiniCPM's LongRoPE");
   if (r.original_max_position <= 0) return s.missing("original_max_position_embeddings");
-  if (c.max_position > r.original_max_position)
+  if (c.max_position != r.original_max_position)
     return s.invalid("original_max_position_embeddings",
-                     "(" + std::to_string(r.original_max_position) + ") is below max_position_embeddings (" +
+                     "(" + std::to_string(r.original_max_position) + ") differs from max_position_embeddings (" +
                          std::to_string(c.max_position) +
-                         "): MiniCPM's LongRoPE then applies the long factors and a magnitude scale at every "
-                         "length, llama.cpp the short ones; not supported");
+                         "): MiniCPM's LongRoPE then scales cos and sin at every length (and above, applies "
+                         "the long factors); only equal lengths are supported");
   return Status::Ok();
 }
 

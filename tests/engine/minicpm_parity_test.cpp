@@ -115,14 +115,21 @@ TEST(MinicpmModel, UnsupportedFieldsAreRefusedByName) {
        "field 'sparse_config' (MiniCPM4's InfLLM v2 sparse attention) is not supported"},
       // LongRoPE with max_position_embeddings past the original: MiniCPM's
       // modeling applies the long factors and a magnitude scale at every
-      // length, llama.cpp the short ones.
+      // length, llama.cpp the short ones; below it, a scale under 1.
       {[](nlohmann::json& c) {
          c["rope_scaling"] = {{"rope_type", "longrope"},
                               {"long_factor", {1.0, 1.0, 1.0, 1.0}},
                               {"short_factor", {1.0, 1.0, 1.0, 1.0}},
                               {"original_max_position_embeddings", 256}};
        },
-       "field 'rope_scaling.original_max_position_embeddings' (256) is below max_position_embeddings (512)"},
+       "field 'rope_scaling.original_max_position_embeddings' (256) differs from max_position_embeddings (512)"},
+      {[](nlohmann::json& c) {
+         c["rope_scaling"] = {{"rope_type", "longrope"},
+                              {"long_factor", {1.0, 1.0, 1.0, 1.0}},
+                              {"short_factor", {1.0, 1.0, 1.0, 1.0}},
+                              {"original_max_position_embeddings", 1024}};
+       },
+       "field 'rope_scaling.original_max_position_embeddings' (1024) differs from max_position_embeddings (512)"},
       {[](nlohmann::json& c) {
          c["rope_scaling"] = {{"rope_type", "longrope"}, {"long_factor", {1.0, 1.0}}, {"short_factor", {1.0, 1.0}}};
        },

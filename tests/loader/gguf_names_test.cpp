@@ -697,6 +697,26 @@ TEST(GgufConfig, GlmDsaFuzzSeedIsAConfig) {
   EXPECT_EQ(gguf_to_hf_tensor_name("blk.2.nextn.eh_proj.weight", "glm-dsa"), "model.layers.2.eh_proj.weight");
 }
 
+// The minicpm fuzz seed (MiniCPM 4's scale keys and LongRoPE factors) is a
+// whole config too, so fuzzing starts inside read_minicpm / read_longrope.
+TEST(GgufConfig, MinicpmLongRopeFuzzSeedIsAConfig) {
+  std::ifstream in(std::string(RILL_SOURCE_DIR) + "/tests/fuzz/corpus/gguf/minicpm_longrope_tiny.gguf",
+                   std::ios::binary);
+  const std::vector<uint8_t> image{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  ASSERT_FALSE(image.empty());
+  auto f = parse_image(image);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  auto c = gguf_model_config(**f);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->architecture, "minicpm");
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLongRope);
+  EXPECT_EQ(c->rope_scaling.short_factor, std::vector<float>(4, 1.5f));
+  EXPECT_EQ(c->rope_scaling.long_factor, std::vector<float>(4, 4.0f));
+  EXPECT_EQ(c->rope_scaling.original_max_position, 256);
+  EXPECT_DOUBLE_EQ(c->raw.at("scale_emb").get<double>(), 12.0);
+  EXPECT_NEAR(c->raw.at("dim_model_base").get<double>(), 32.0 / 0.125, 1e-9);
+}
+
 // GLM-5's MTP block in llama.cpp's layout (blk.{n_layer}.nextn.* plus the
 // block's decoder tensors, block_count counting it) is found by
 // loader/mtp_layers under DeepSeek's names, as --spec mtp reads them.

@@ -85,6 +85,17 @@ Status check_minicpm(const ModelFiles& f) {
   if (present("use_mup") && !(raw.at("use_mup").is_boolean() && raw.at("use_mup").get<bool>())) {
     return Error{file + ": field 'use_mup' must be true for minicpm (its scales are always applied)"};
   }
+  // The residual scale multiplies o_proj's and down_proj's inputs, so a bias
+  // of theirs would be added unscaled (MiniCPM scales the whole output):
+  // refused, as are gate/up biases (the graph adds none). q/k/v biases sit
+  // before the scales and are applied as for Llama.
+  for (const auto& [name, ref] : f.tensors) {
+    const std::string_view n = name;
+    const bool bias = n.size() > 5 && n.substr(n.size() - 5) == ".bias";
+    if (bias && (n.find(".mlp.") != std::string_view::npos || n.find(".self_attn.o_proj.") != std::string_view::npos)) {
+      return Error{ref.file + ": tensor '" + name + "' (a bias after minicpm's residual scale) is not supported"};
+    }
+  }
   for (const char* factors : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
     if (f.find(factors) && c.rope_scaling.type != RopeScaling::Type::kLongRope) {
       return Error{f.path + ": tensor '" + factors + "' (LongRoPE's factors) without '" +
@@ -176,12 +187,17 @@ Result<cpu::RopeTable> build_llama_rope(const ModelFiles& f, int64_t hd, int64_t
     rope.ggml_freq_divisor.assign(div, div + rot_dim / 2);
   }
   const bool longrope = c.rope_scaling.type == RopeScaling::Type::kLongRope;
+  if (longrope && f.find("rope_freqs.weight")) {  // llama.cpp reads no rope_freqs under LongRoPE
+    return Error{f.path + ": tensor 'rope_freqs.weight' beside LongRoPE's factors is not supported"};
+  }
   if (longrope) {
     // MiniCPM 4: the short factors divide each pair's frequency up to
     // original_max_position; a longer context would need the long ones
     // (from its first token, in MiniCPM's modeling and llama.cpp alike).
     const RopeScaling& s = c.rope_scaling;
-    const int64_t ctx = n_ctx > 0 ? n_ctx : c.max_position;
+    // The context the runtimes serve: n_ctx, else max_position, else their
+    // 4096 (cpu_paged_model.cpp, cuda_model_base.cpp).
+    const int64_t ctx = n_ctx > 0 ? n_ctx : c.max_position > 0 ? c.max_position : 4096;
     if (ctx > s.original_max_position) {
       return Error{f.path + ": a context of " + std::to_string(ctx) +
                    " tokens is past LongRoPE's original_max_position_embeddings (" +
