@@ -1,6 +1,7 @@
 #include "model/cpu_paged_model.h"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 
 #include "backend/cpu/cpu_features.h"
@@ -48,8 +49,15 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, std::vector<PagedKv
                  "CPU model keeps; use another KV type"};
   }
   // Pools holding q4c have blocks of its group (kv_types.h).
-  const int32_t bs = tail_bytes > 0 ? cpu::kKvChanTokens : std::max(1, options.kv_block_size);
-  const int32_t n_tail_slots = tail_bytes > 0 ? std::max(max_seqs_, std::max(1, options.n_kv_slots)) : 0;
+  const int32_t bs = tail_bytes > 0 ? cpu::kKvChanTokens : options.kv_block_size;
+  if (bs <= 0 || !std::has_single_bit(static_cast<uint32_t>(bs))) {
+    return Error{files_->path + ": KV block size " + std::to_string(bs) + " is not a power of two"};
+  }
+  // Tail slots: one per sequence that runs at once: the engine's requests
+  // (max_batch_seqs, which it sets to --max-running), else n_kv_slots (a
+  // model driven directly: rill run / score, benches), not max_batch_tokens.
+  const int32_t live = options.max_batch_seqs > 0 ? max_seqs_ : 1;
+  const int32_t n_tail_slots = tail_bytes > 0 ? std::max(live, std::max(1, options.n_kv_slots)) : 0;
   kv_types_desc_ = describe_kv_types(types, dtype);
   // A KV budget covers the tails too (their real bytes), the rest holds blocks.
   const int64_t budget = options.kv_cache_bytes - static_cast<int64_t>(tail_bytes) * n_tail_slots;
@@ -57,9 +65,13 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, std::vector<PagedKv
                                                             static_cast<int64_t>(token_bytes * static_cast<size_t>(bs))
                                                       : std::max(1, options.n_kv_slots) * ((n_ctx_ + bs - 1) / bs);
   if (n_blocks < 1 || n_blocks > INT32_MAX) {
-    return Error{files_->path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) +
-                 " bytes holds no whole block of " + std::to_string(bs) + " tokens (" + std::to_string(token_bytes) +
-                 " bytes per token)"};
+    return Error{
+        files_->path + ": a KV cache of " + std::to_string(options.kv_cache_bytes) + " bytes holds no whole block of " +
+        std::to_string(bs) + " tokens (" + std::to_string(token_bytes) + " bytes per token" +
+        (tail_bytes > 0
+             ? ", after " + std::to_string(n_tail_slots) + " KV tails of " + std::to_string(tail_bytes) + " bytes"
+             : std::string()) +
+        ")"};
   }
   RILL_ASSIGN_OR_RETURN(kv_, PagedKvCache::create_layers(std::move(planes), static_cast<int32_t>(n_blocks), bs));
   return kv_.create_tails(n_tail_slots);

@@ -166,6 +166,12 @@ Status check_kv_layer_types(int64_t layer, const KvLayerTypes& types, int64_t n_
                    ": q4c quantizes K per channel over a block's tokens; V needs a per-token type (k4c: "
                    "k=q4c v=iq4_nlh64)"};
     }
+    // attention_chan reads a head's K channels 16 at a time and its V rows
+    // per head (row_bytes(v, head_dim)): both must be whole.
+    if (types.k.dtype == kKvQ4Chan && (head_dim % 16 != 0 || head_dim % types.v.group_size() != 0)) {
+      return Error{what + ": q4c K needs head_dim a multiple of 16 and of V's block of " +
+                   std::to_string(types.v.group_size()) + ", not " + std::to_string(head_dim)};
+    }
     if (t.dtype == kKvIq4Nl64 && !t.rotated) {
       return Error{what + ": iq4_nl64 blocks are stored rotated only (iq4_nlh64)"};
     }

@@ -209,6 +209,17 @@ TEST(KvTypes, K4cPairAndItsRules) {
   EXPECT_NE(v_chan.error().message.find("V type q4c"), std::string::npos) << v_chan.error().message;
   EXPECT_FALSE(check_kv_layer_types(0, {pair->k, KvType{kKvIq4Nl64, false}}, 3, 64).ok());
   EXPECT_FALSE(check_kv_layer_types(0, *pair, 1, 32).ok()) << "a V row of half a block of 64";
+  // attention_chan works head by head: whole rows of whole blocks are not
+  // enough (2 heads of 32 fill a V block of 64 but each head is half of it).
+  const Status half_head = check_kv_layer_types(0, *pair, 2, 32);
+  ASSERT_FALSE(half_head.ok());
+  EXPECT_NE(half_head.error().message.find("head_dim a multiple of 16 and of V's block of 64, not 32"),
+            std::string::npos)
+      << half_head.error().message;
+  const KvType f16{DType::kF16, false};
+  EXPECT_FALSE(check_kv_layer_types(0, {pair->k, f16}, 4, 40).ok()) << "q4c K reads channels 16 at a time";
+  EXPECT_TRUE(check_kv_layer_types(0, {pair->k, f16}, 4, 48).ok());
+  EXPECT_FALSE(check_kv_layer_types(0, {pair->k, *parse_kv_type("q8_0")}, 4, 48).ok()) << "a q8_0 block of 32";
   // The pool: blocks of 32 only; its layer view names the tail.
   auto bad = PagedKvCache::create(4, 16, 3, 64, {*pair});
   ASSERT_FALSE(bad.ok());
