@@ -44,6 +44,12 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, std::vector<PagedKv
     tail_widths.push_back(p.types.k.dtype == kKvQ4Chan ? width : 0);
   }
   const size_t tail_bytes = KvTails::slot_bytes(tail_widths);
+  // attention_chan keeps one key's probabilities for a KV head's query
+  // heads in a fixed array of 64 (backend/cpu/attention_chan_impl.h).
+  if (tail_bytes > 0 && cfg_.n_head_kv > 0 && cfg_.n_head / cfg_.n_head_kv > 64) {
+    return Error{files_->path + ": KV type q4c (k4c) reads at most 64 query heads per KV head, not " +
+                 std::to_string(cfg_.n_head / cfg_.n_head_kv)};
+  }
   if (tail_bytes > 0 && !kv_tails_supported_) {
     return Error{files_->path + ": KV type q4c (k4c) needs a per-sequence KV tail, which only the Llama family's " +
                  "CPU model keeps; use another KV type"};

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -311,6 +312,39 @@ TEST(KvFile, FuzzSeedIsAValidFile) {
   EXPECT_TRUE(f.ok()) << f.error().message;
   EXPECT_FALSE(read_kv_header(dir + "flipped_header_byte.rkv").ok());
   EXPECT_FALSE(read_kv_header(dir + "header_only_truncated.rkv").ok());
+}
+
+// k4c's tensor kinds (K per channel over 32-token blocks, V rotated iq4_nl
+// in blocks of 64) round trip with their group sizes, and the fuzz corpus
+// holds one such file (channel_types.rkv) so mutations reach them. The seed
+// was written by this test: RILL_KV_SEED_OUT=PATH copies the file it writes
+// to PATH (tests/fuzz/corpus/kv_file/channel_types.rkv).
+TEST(KvFile, ChannelAndIq4Nl64TensorsRoundTripAndSeedTheFuzzer) {
+  TmpDir dir;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 32; ++i) tokens.push_back(200 + i);
+  const auto k = bytes(32 * 64 / 32 * 19, 7), v = bytes(32 * 64 / 64 * 33, 8);
+  KvLayerData layer;
+  layer.tensors.push_back({"k", {32, 64}, kKvQ4Chan, k});
+  layer.tensors.push_back({"v", {32, 64}, kKvIq4Nl64, v});
+  const std::string path = (dir.path / "k4c.rkv").string();
+  ASSERT_TRUE(write_kv_file(path, identity(), tokens, {&layer, 1}).ok());
+  auto f = KvFile::open(path, nullptr, /*verify_tensors=*/true);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  const auto& t = f->header().layers.at(0).tensors;
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].dtype, kKvQ4Chan);
+  EXPECT_EQ(t[0].bytes, k.size());
+  EXPECT_EQ(t[1].dtype, kKvIq4Nl64);
+  EXPECT_EQ(t[1].bytes, v.size());
+  if (const char* out = std::getenv("RILL_KV_SEED_OUT")) fs::copy_file(path, out, fs::copy_options::overwrite_existing);
+  const std::string seed = std::string(RILL_SOURCE_DIR) + "/tests/fuzz/corpus/kv_file/channel_types.rkv";
+  auto h = read_kv_header(seed);
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  ASSERT_EQ(h->layers.size(), 1u);
+  EXPECT_EQ(h->layers[0].tensors.at(0).dtype, kKvQ4Chan);
+  EXPECT_EQ(h->layers[0].tensors.at(1).dtype, kKvIq4Nl64);
+  EXPECT_TRUE(KvFile::open(seed, nullptr, /*verify_tensors=*/true).ok());
 }
 
 // A file written before "numerics" existed (the fuzz seed is one) reads as
