@@ -143,7 +143,8 @@ class Model {
 
   // KV tails (models whose KV types keep the keys of each sequence's newest
   // partial block in f16, k4c: model/kv_tails.h; 0 otherwise): slots
-  // (Batch::seqs[s].kv_tail, at least max(max_batch_seqs, n_kv_slots))
+  // (Batch::seqs[s].kv_tail: max(max_batch_seqs, n_kv_slots) when the
+  // options set max_batch_seqs, as the engine does, else n_kv_slots)
   // and the bytes of all of them. A sequence with a tail continues only at
   // a multiple of the KV block size or where its tail's last step ended
   // (forward() refuses other steps).
