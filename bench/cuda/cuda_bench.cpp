@@ -27,6 +27,10 @@
 //   bench_cuda MODEL_DIR --prefill N: the prefill row for one prompt of N
 //   tokens in one forward (default 2,048; long prompts: 16,384, 32,768;
 //   the forward's token budget is N, and N > 4,096 times 2 runs, not 4)
+//   bench_cuda MODEL_DIR --kv-fit F: the KV pool sized as rill serve sizes
+//   it at --gpu-memory-fraction F (every byte up to F of device memory
+//   after weights and activations), reported as 4,096-token sequences
+//   that fit (the pool must still hold the bench's own sequences)
 //   bench_cuda MODEL_DIR --context N: decode after prompts of N tokens
 //   (default 128; long contexts make attention's KV reads a large part of
 //   a step, the regime where a smaller KV type pays)
@@ -414,7 +418,7 @@ int run(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: bench_cuda MODEL_DIR [--steps N] [--batches B,..] [--tensor-parallel N,..] [--batch-invariant "
-                 "0,1] [--graphs 0|1] [--kv-type T] [--context N] [--prefill N] [--json OUT]\n");
+                 "0,1] [--graphs 0|1] [--kv-type T] [--context N] [--prefill N] [--kv-fit F] [--json OUT]\n");
     return 2;
   }
   const std::string path = argv[1];
@@ -432,6 +436,7 @@ int run(int argc, char** argv) {
   std::string kv_type;           // --kv-type: K and V in this KV type
   int context = 128;             // --context: prompt tokens before the decode steps
   int prefill = 2048;            // --prefill: tokens of the timed prefill prompt
+  double kv_fit = 0;             // --kv-fit F: the KV pool sized as rill serve sizes it (--gpu-memory-fraction F)
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--kv-type")) kv_type = argv[i + 1];
     if (!std::strcmp(argv[i], "--context")) context = std::max(1, std::atoi(argv[i + 1]));
@@ -447,6 +452,7 @@ int run(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--batch-invariant")) invs = parse_list(argv[i + 1]);
     if (!std::strcmp(argv[i], "--graphs")) graphs = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--quantize")) fp8 = !std::strcmp(argv[i + 1], "fp8");
+    if (!std::strcmp(argv[i], "--kv-fit")) kv_fit = std::atof(argv[i + 1]);
   }
   // One measured run per (tensor-parallel size, batch-invariant mode).
   struct RunCfg {
@@ -497,6 +503,10 @@ int run(int argc, char** argv) {
   const int32_t slot_blocks = kSlotTokens / 16;
   const int32_t n_blocks = kMaxBatch * slot_blocks + kPrefillBlocks + 8;
   o.kv_cache_bytes = static_cast<int64_t>(n_blocks) * 16 * kv_token;  // tensor parallel: split over the GPUs
+  if (kv_fit > 0) {  // the pool fills device memory up to the fraction instead (at least the bench's blocks)
+    o.kv_cache_bytes = 0;
+    o.gpu_memory_fraction = kv_fit;
+  }
 
   // Weight bytes a decode step reads: every matrix but the embedding table
   // (MoE: the routed experts' matrices apart, see expert_fraction).
@@ -562,6 +572,18 @@ int run(int argc, char** argv) {
     // The KV cache's bytes per token over all layers, as /stats reports them
     // (latent attention: the latent and rope key; KV-shared layers: none).
     std::printf("KV cache: %zu bytes per token\n", m.kv_bytes_per_token());
+    if (kv_fit > 0) {
+      // The pool the model made of device memory up to the fraction (after
+      // weights and activations): whole blocks; a 4,096-token sequence
+      // holds 4,096 / block_size of them.
+      const int64_t per_seq = (4096 + m.kv_block_size() - 1) / m.kv_block_size();
+      std::printf(
+          "KV pool at --gpu-memory-fraction %.2f: %d blocks of %d tokens (%.2f GiB), %lld sequences of 4,096 "
+          "tokens\n",
+          kv_fit, m.n_kv_blocks(), m.kv_block_size(),
+          static_cast<double>(m.n_kv_blocks()) * m.kv_block_size() * m.kv_bytes_per_token() / (1 << 30),
+          static_cast<long long>(m.n_kv_blocks() / per_seq));
+    }
     // The sequence on blocks `table`; hybrids run it in state slot `slot`.
     const bool recurrent = m.n_state_slots() > 0;
     auto add = [&](Batch& batch, const int32_t* ids, int n, int32_t pos0, const std::vector<int32_t>& table,

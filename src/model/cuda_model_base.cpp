@@ -182,8 +182,8 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
   }
   if (t.quantized() && !cuda::kv_supported(t.dtype)) {
     return Error{f.path + ": KV type " + kv_type_name(t) +
-                 " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0, q8_0h, q4_0h or "
-                 "fp8); use one of those, or --device cpu"};
+                 " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0, q8_0h, q4_0h, "
+                 "iq4_nlh or fp8); use one of those, or --device cpu"};
   }
   if (!cuda::kv_rotation_supported(t.dtype, static_cast<int32_t>(hd_), t.rotated)) {
     return Error{f.path + ": KV type " + kv_type_name(t) + " needs a power-of-two head_dim of at most " +

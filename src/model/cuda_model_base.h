@@ -148,7 +148,7 @@ class CudaModelBase : public Model {
   // KV export and import for the prefix cache tiers (model/cuda_kv_export.cpp):
   // layer i < n_kv_layers_ is plane pair i, rows in kv_dtype_ (f16; f32 for
   // f32 checkpoints; q8_0 blocks where chosen), one token's K (or V) row KV_ elements, head-major: the
-  // layout the CPU models' PagedKvCache exports (q8_0h / q4_0h: its rotated heads' blocks). Every layer is in group 0;
+  // layout the CPU models' PagedKvCache exports (rotated types: its rotated heads' blocks). Every layer is in group 0;
   // families with several groups (Gemma) say which group each layer is in.
   // The copies go on stream(), so they are ordered after any step queued
   // there, and through a pinned staging buffer (allocated at the first
@@ -291,7 +291,7 @@ class CudaModelBase : public Model {
   // for f32 checkpoints) before init_runtime(), which replaces it by the
   // KV type options name (choose_kv_type()).
   DType act_ = DType::kBF16, kv_dtype_ = DType::kF16;
-  // q8_0h / q4_0h: both sides Hadamard-rotated per head (kv_view()'s flags).
+  // q8_0h / q4_0h / iq4_nlh: both sides Hadamard-rotated per head (kv_view()'s flags).
   bool kv_rotated_ = false;
   int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
   // Attention groups (with block tables) first; a recurrent group, whose
@@ -336,7 +336,7 @@ class CudaModelBase : public Model {
   int n_table_groups() const;
   // The KV type options against what CUDA stores: one type for every layer
   // and both sides, the family's kv_dtype_ or a quantized type the kernels
-  // read (cuda::kv_supported: q8_0; rotated q8_0h / q4_0h set kv_rotated_),
+  // read (cuda::kv_supported: q8_0; rotated q8_0h / q4_0h / iq4_nlh set kv_rotated_),
   // which then becomes kv_dtype_. Errors name the model file and the type.
   Status choose_kv_type(const KvTypeOptions& kt);
   // KV export: the checks shared by the copies, and the staging buffer.

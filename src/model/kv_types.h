@@ -13,7 +13,9 @@
 // encoder over GGML's IQ4_NL blocks (f16 d, 32 nibbles; x = d *
 // kIq4nlValues[q], 16 non-uniform levels spaced for near-Gaussian values),
 // the same 18 bytes per 32 values as q4_0h and less error on a rotated head
-// (docs/perf.md, "the rotated 4-bit type's levels"). fp8: each element one e4m3 byte
+// (docs/perf.md, "the rotated 4-bit type's levels"); on the CPU and CUDA
+// (backend/cuda/kv_types.cuh KvIq4Nl: the CPU encoder's bytes, so tiers and
+// KV files move between the devices). fp8: each element one e4m3 byte
 // with no scale (core/e4m3.h kF8E4M3; vLLM's fp8 KV without calibrated
 // scales; backend/cuda/kv_types.cuh KvFp8 says why), rounded to nearest
 // even and saturating at +-448, the same bytes on both devices.

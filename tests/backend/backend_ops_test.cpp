@@ -405,14 +405,15 @@ TEST_P(BackendOps, PostNormAdd) {
 }
 
 // A KV side's dtype and rotation (model/kv_types.h's KvType, which the
-// backend layer does not link): q8_0h / q4_0h are Q8_0 / Q4_0 rotated.
+// backend layer does not link): q8_0h / q4_0h / iq4_nlh are Q8_0 / Q4_0 /
+// IQ4_NL rotated (IQ4_NL is stored rotated only).
 struct KvKind {
   DType dtype;
   bool rotated;
   std::string name() const { return std::string(dtype_name(dtype)) + (rotated ? " rotated" : ""); }
 };
-constexpr KvKind kKvKinds[] = {{DType::kF32, false},  {DType::kF16, false}, {DType::kQ8_0, false},
-                               {DType::kQ4_0, false}, {DType::kQ8_0, true}, {DType::kQ4_0, true}};
+constexpr KvKind kKvKinds[] = {{DType::kF32, false}, {DType::kF16, false}, {DType::kQ8_0, false}, {DType::kQ4_0, false},
+                               {DType::kQ8_0, true}, {DType::kQ4_0, true}, {DType::kIQ4_NL, true}};
 
 // A per-layer KV plane pair of n_blocks blocks, as both devices address it.
 struct KvPlanes {
@@ -421,16 +422,16 @@ struct KvPlanes {
 };
 // The GGML block types CUDA stores KV in, and each one's level step as a
 // fraction of its block's largest magnitude: how far one value moved to
-// the next level may differ.
+// the next level may differ (IQ4_NL: rotated only, not stepped here).
 bool block_kv(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ4_0;
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kIQ4_NL;
 }
 double level_step(DType t) {
   return t == DType::kQ8_0 ? 1.0 / 127 : 1.0 / 8;
 }
 // Plane bytes of floats v in a KV dtype: plain ones rounded, GGML blocks by
 // the CPU's reference quantizer (the blocks both backends read); rotated
-// (q8_0h / q4_0h): each head of head_dim rotated, then the CPU's rotated
+// (q8_0h / q4_0h / iq4_nlh): each head of head_dim rotated, then the CPU's rotated
 // encoder (cpu::store_kv_row; blocks never straddle rows, so the plane is
 // one long row of heads).
 std::vector<uint8_t> encode_plane(DType t, const std::vector<float>& v, bool rotated = false, int64_t head_dim = 0) {
@@ -526,7 +527,7 @@ TEST_P(BackendOps, RopeQkNormAndKvStore) {
   }
 }
 
-// q8_0h / q4_0h stores: K and V heads rotated and encoded by the rotated
+// q8_0h / q4_0h / iq4_nlh stores: K and V heads rotated and encoded by the rotated
 // types' encoder give the CPU encoder's bytes (cpu::store_kv_row over the
 // same floats) on every backend, byte for byte. The RoPE table turns no
 // pair (every angle 0: cos 1 and sin 0 exactly on both devices), so K
@@ -542,7 +543,7 @@ TEST_P(BackendOps, RotatedKvStoreIsTheCpuEncodersBytes) {
     RopeTable table;
     table.rot_dim = hd;
     table.inv_freq.assign(static_cast<size_t>(hd / 2), 0.0f);
-    for (DType kv_t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (DType kv_t : {DType::kQ8_0, DType::kQ4_0, DType::kIQ4_NL}) {
       const std::string what = std::string(dtype_name(kv_t)) + " rotated, head_dim " + std::to_string(hd);
       std::vector<std::vector<uint8_t>> ks, vs;
       std::vector<uint8_t> want_k, want_v;
@@ -887,7 +888,7 @@ TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
     const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
     // decode (1 and 3 tokens), a prefill chunk of 40 after 30 cached, a whole prompt of 70
     const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 300}, {3, 17}, {40, 70}, {70, 70}};
-    // q8_0h / q4_0h: K and V rotated per head; the query is rotated and
+    // q8_0h / q4_0h / iq4_nlh: K and V rotated per head; the query is rotated and
     // the output rotated back by each backend itself.
     for (const KvKind kind : kKvKinds) {
       const DType kv_t = kind.dtype;
@@ -913,14 +914,14 @@ TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
           s->b->attention(op, md);
           outs.push_back(s->read(op.out));
         }
-        // Q8_0 / Q4_0: both dequantize the same blocks to the same f32
+        // Q8_0 / Q4_0 / IQ4_NL: both dequantize the same blocks to the same f32
         // products (scale * level) and differ in summation order only, as
         // f32, except where CUDA's prefill takes the tensor cores (head_dim
         // 64): those round q, the probabilities and the values to f16, as
         // for f16 KV. Rotated: the query is rotated by the same butterflies
         // on both (the same bits), the output rotated back in f32 (a sum of
         // head_dim products more: within the same bounds).
-        const bool blocks = kv_t == DType::kQ8_0 || kv_t == DType::kQ4_0;
+        const bool blocks = block_kv(kv_t);
         const bool f16_prefill = kv_t == DType::kF16 || (blocks && hd == 64);
         expect_close(
             outs[1], outs[0],

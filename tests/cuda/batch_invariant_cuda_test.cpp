@@ -3,8 +3,8 @@
 // bf16 weights (Llama, Gemma 2, the Qwen3 MoE, Mixtral, GLM-4.5's sigmoid
 // router, Gemma 4's MoE block) and to Q8_0 (Llama; GLM-4.5, whose experts
 // then stay Q8_0 blocks in the CUDA MoE's expert GEMV), and with q8_0 KV
-// (Llama, Gemma 2), q8_0h (Llama) and q4_0h KV (Gemma 2: sliding and full
-// layers; kv_types_cuda_test.cpp holds their accuracy), and Gemma 4 with
+// (Llama, Gemma 2), q8_0h (Llama), q4_0h and iq4_nlh KV (Gemma 2: sliding
+// and full layers; kv_types_cuda_test.cpp holds their accuracy), and Gemma 4 with
 // full layers of head_dim 512 (gemma4_hd512_model.h; f16 and q8_0 KV):
 //  1. a decode row's logits are bit-identical alone and in steps of 3, 9 and
 //     40 sequences and beside a 100-token prompt; with the mode off the test only logs how many logits of
@@ -246,7 +246,7 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaBatchInvariant,
                                            Case{"glm4-moe", DType::kQ8_0}, Case{"gemma4-moe", DType::kBF16},
                                            Case{"llama", DType::kBF16, "q8_0"}, Case{"gemma2", DType::kBF16, "q8_0"},
                                            Case{"llama", DType::kBF16, "q8_0h"}, Case{"gemma2", DType::kBF16, "q4_0h"},
-                                           Case{"gemma4-hd512", DType::kBF16},
+                                           Case{"gemma2", DType::kBF16, "iq4_nlh"}, Case{"gemma4-hd512", DType::kBF16},
                                            Case{"gemma4-hd512", DType::kBF16, "q8_0"}),
                          [](const auto& info) {
                            std::string n = info.param.golden + (info.param.weights == DType::kQ8_0 ? "_q8" : "_bf16") +

@@ -49,12 +49,14 @@ struct Case {
 };
 
 bool stored_as_blocks(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == kF8E4M3;
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kIQ4_NL || t == kF8E4M3;
 }
 
 // Rows of `row_elems` floats in KV type t: F32/F16 as encode(), q8_0/q4_0
-// by the CPU's reference quantizer (the store kernel's bytes), fp8 rounded
-// to the nearest e4m3.
+// by the CPU's reference quantizer (the store kernel's bytes), iq4_nl by
+// the CPU's rotated encoder (iq4_nlh's blocks; attention reads them the
+// same whether the floats were rotated or not), fp8 rounded to the nearest
+// e4m3.
 std::vector<uint8_t> encode_kv(DType t, const std::vector<float>& v, int64_t row_elems) {
   if (!stored_as_blocks(t)) return encode(t, v);
   const size_t n_rows = v.size() / static_cast<size_t>(row_elems), rb = row_bytes(t, row_elems);
@@ -62,6 +64,8 @@ std::vector<uint8_t> encode_kv(DType t, const std::vector<float>& v, int64_t row
   for (size_t r = 0; r < n_rows; ++r) {
     if (t == kF8E4M3) {
       for (int64_t e = 0; e < row_elems; ++e) out[r * rb + e] = e4m3_round(v[r * row_elems + e]);
+    } else if (t == DType::kIQ4_NL) {
+      cpu::quantize_rotated_row(t, v.data() + r * row_elems, out.data() + r * rb, row_elems);
     } else {
       cpu::ref::quantize_kv_row(t, v.data() + r * row_elems, out.data() + r * rb, row_elems);
     }
@@ -339,7 +343,7 @@ TEST(CudaAttention, SinksMatchCpuOnEveryPath) {
   }
 }
 
-// fp8 (e4m3), q8_0 and q4_0 KV against f32 attention over the values they
+// fp8 (e4m3), q8_0, q4_0 and iq4_nl (iq4_nlh's blocks) KV against f32 attention over the values they
 // hold, on every path: the fast decode kernel (fp8: 8-byte loads converted
 // in registers) and the general one, splits merged by the combine kernel,
 // the tensor-core prefill (fp8/q8_0/q4_0 tiles converted to f16 as they are
@@ -350,10 +354,12 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
   RILL_REQUIRE_GPU();
   const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {70, 70}, {1, 1}, {150, 400}, {1, 4100}};
   const std::vector<Case> cases = {
-      {32, 8, 128, 0, 0.0f, kF8E4M3},      {8, 2, 64, 37, 0.0f, kF8E4M3},      {2, 1, 256, 0, 0.5f, kF8E4M3},
-      {8, 1, 64, 0, 0.0f, kF8E4M3},        {12, 4, 96, 0, 0.0f, kF8E4M3},      {4, 2, 16, 0, 0.0f, kF8E4M3},
-      {32, 8, 128, 0, 0.0f, DType::kQ8_0}, {8, 2, 64, 37, 0.5f, DType::kQ8_0}, {4, 2, 256, 0, 0.0f, DType::kQ8_0},
-      {32, 8, 128, 0, 0.0f, DType::kQ4_0}, {8, 2, 64, 0, 0.0f, DType::kQ4_0},  {8, 2, 256, 90, 0.0f, DType::kQ4_0},
+      {32, 8, 128, 0, 0.0f, kF8E4M3},        {8, 2, 64, 37, 0.0f, kF8E4M3},        {2, 1, 256, 0, 0.5f, kF8E4M3},
+      {8, 1, 64, 0, 0.0f, kF8E4M3},          {12, 4, 96, 0, 0.0f, kF8E4M3},        {4, 2, 16, 0, 0.0f, kF8E4M3},
+      {32, 8, 128, 0, 0.0f, DType::kQ8_0},   {8, 2, 64, 37, 0.5f, DType::kQ8_0},   {4, 2, 256, 0, 0.0f, DType::kQ8_0},
+      {32, 8, 128, 0, 0.0f, DType::kQ4_0},   {8, 2, 64, 0, 0.0f, DType::kQ4_0},    {8, 2, 256, 90, 0.0f, DType::kQ4_0},
+      {32, 8, 128, 0, 0.0f, DType::kIQ4_NL}, {8, 2, 64, 37, 0.5f, DType::kIQ4_NL}, {4, 2, 256, 0, 0.0f, DType::kIQ4_NL},
+      {4, 2, 16, 0, 0.0f, DType::kIQ4_NL},
   };
   for (const Case& c : cases) {
     const Paged p(c, seqs);
@@ -391,7 +397,7 @@ TEST(CudaAttention, HeadDim512MatchesCpuOnEveryPath) {
   const std::vector<Case> cases = {
       {16, 2, 512, 0, 0.0f, DType::kF16},  {16, 2, 512, 0, 0.0f, DType::kF32},  {8, 8, 512, 0, 0.0f, DType::kF16},
       {4, 2, 512, 100, 0.5f, DType::kF16}, {8, 2, 512, 0, 0.0f, DType::kF16},   {16, 2, 512, 0, 0.0f, kF8E4M3},
-      {16, 2, 512, 0, 0.0f, DType::kQ8_0}, {8, 2, 512, 37, 0.0f, DType::kQ4_0},
+      {16, 2, 512, 0, 0.0f, DType::kQ8_0}, {8, 2, 512, 37, 0.0f, DType::kQ4_0}, {8, 2, 512, 0, 0.0f, DType::kIQ4_NL},
   };
   EXPECT_FALSE(decode_fast_supported(DType::kF16, 512, 8)) << "512 runs the general decode kernel";
   for (const Case& c : cases) {

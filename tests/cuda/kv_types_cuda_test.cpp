@@ -15,9 +15,9 @@
 //  - fp8 (e4m3, no scale): the rms logit error within q4_0's bound, the
 //    greedy continuation where the gap allows, a byte per element, the
 //    type named in the numerics, and CUDA's logits near the CPU's fp8 ones;
-//  - q8_0h / q4_0h (rotated): CUDA's logits near the CPU's same type, the
-//    greedy token of the CPU's q8_0h where its gap allows, the own KV's
-//    bounds of q8_0 / q4_0 (RotatedTypesMatchTheCpusSameType).
+//  - q8_0h / q4_0h / iq4_nlh (rotated): CUDA's logits near the CPU's same
+//    type, the greedy token of the CPU's q8_0h where its gap allows, the own
+//    KV's bounds of q8_0 / q4_0 (RotatedTypesMatchTheCpusSameType).
 // The ops are held to the CPU Backend in tests/backend/backend_ops_test.cpp,
 // batch invariance in batch_invariant_cuda_test.cpp, the tiers in
 // kv_tiers_cuda_test.cpp. Skipped without a CUDA device or the goldens.
@@ -195,7 +195,7 @@ TEST_P(CudaKvQ8, Fp8WithinQ4_0sBoundAndGreedyWhereTheGapAllows) {
       GetParam().c_str(), e_rms, e_max, e_cpu, test::max_abs_diff(q, c), checked, g.greedy_ids.size());
 }
 
-// q8_0h / q4_0h (each K and V head Hadamard-rotated, then the rotated
+// q8_0h / q4_0h / iq4_nlh (each K and V head Hadamard-rotated, then the rotated
 // types' encoder; kv_rotated.cuh): against the CPU's same type, whose
 // encoder CUDA's reproduces bit for bit (backend_ops_test.cpp
 // RotatedKvStoreIsTheCpuEncodersBytes). The f32 values reaching the
@@ -206,9 +206,11 @@ TEST_P(CudaKvQ8, Fp8WithinQ4_0sBoundAndGreedyWhereTheGapAllows) {
 // as plain q8_0; 5.8e-3 for Gemma 4's q8_0h). q8_0h is held to q8_0's
 // bound against the model's own KV and to the CPU q8_0h's greedy token
 // wherever the CPU's top-2 gap
-// exceeds twice kRotatedCpuBound; q4_0h to q4_0's rms bound. Both differ
-// from the own KV (the type is stored) and from plain q8_0 / q4_0 (the
-// rotation is applied), and the numerics name the type and encoder.
+// exceeds twice kRotatedCpuBound; q4_0h and iq4_nlh to q4_0's rms bound.
+// Each differs from the own KV (the type is stored) and from its peer of
+// the same bytes per token (plain q8_0 / q4_0: the rotation is applied;
+// iq4_nlh's peer q4_0h: the non-uniform levels are), and the numerics name
+// the type and encoder.
 constexpr float kRotatedCpuBound = 0.02f;
 // own_bounds: hold the error against the model's own KV to q8_0's / q4_0's
 // bounds (calibrated on the five families of CudaKvQ8); otherwise (Gemma 4,
@@ -224,8 +226,9 @@ void check_rotated_types(const std::string& dir, const std::string& name, bool o
   const std::vector<float> f = score(*own, ids);
   ASSERT_FALSE(f.empty());
   const size_t V = f.size() / ids.size();
-  for (const char* kv : {"q8_0h", "q4_0h"}) {
-    const std::string plain_name = std::string(kv).substr(0, 4);
+  for (const char* kv : {"q8_0h", "q4_0h", "iq4_nlh"}) {
+    const std::string kv_name = kv;
+    const std::string plain_name = kv_name == "iq4_nlh" ? "q4_0h" : kv_name.substr(0, 4);
     auto gpu = open(dir, Device::kCuda, kv), cpu = open(dir, Device::kCpu, kv);
     auto plain = open(dir, Device::kCuda, plain_name.c_str());
     ASSERT_TRUE(gpu && cpu && plain);
@@ -248,10 +251,10 @@ void check_rotated_types(const std::string& dir, const std::string& name, bool o
     } else if (q8) {
       EXPECT_LT(e_own, kQ8LogitBound) << name << ": q8_0h against the model's own KV";
     } else {
-      EXPECT_LT(rms_own, 0.25) << name << ": q4_0h against the model's own KV (q4_0's rms bound)";
+      EXPECT_LT(rms_own, 0.25) << name << ": " << kv << " against the model's own KV (q4_0's rms bound)";
     }
     EXPECT_GT(rms_own, 1e-5) << name << ": " << kv << " KV gave the model's own KV's logits";
-    EXPECT_GT(e_plain, 1e-6) << name << ": " << kv << " gave " << plain_name << "'s logits (not rotated?)";
+    EXPECT_GT(e_plain, 1e-6) << name << ": " << kv << " gave " << plain_name << "'s logits (not rotated / levels?)";
     int checked = 0;
     for (size_t k = 0; q8 && k < g.greedy_ids.size(); ++k) {
       const size_t at = g.prompt_ids.size() + k - 1;
@@ -285,19 +288,25 @@ TEST(CudaKvRotated, Gemma4SharedLayersMatchTheCpusSameType) {
 // The host's list of the types the kernels take is the dispatch's (a type
 // missing from the dispatch was once read and written as f32); no GPU needed.
 TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
-  for (const DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, kF8E4M3}) {
+  for (const DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kIQ4_NL, kF8E4M3}) {
     EXPECT_TRUE(cuda::kv_supported(t)) << dtype_name(t);
   }
   for (const DType t : {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4}) {
     EXPECT_FALSE(cuda::kv_supported(t)) << dtype_name(t);
   }
-  // Rotation: the block types with a store_rotated (q8_0h, q4_0h), at a
-  // power-of-two head_dim attention takes (<= 512, Gemma 4's full layers).
+  // Rotation: the block types with a store_rotated (q8_0h, q4_0h, iq4_nlh),
+  // at a power-of-two head_dim attention takes (<= 512, Gemma 4's full
+  // layers); IQ4_NL only rotated (no plain encoder, as on the CPU).
   for (const int32_t hd : {16, 64, 128, 256, 512}) {
     EXPECT_TRUE(cuda::kv_rotation_supported(DType::kQ8_0, hd, true)) << hd;
     EXPECT_TRUE(cuda::kv_rotation_supported(DType::kQ4_0, hd, true)) << hd;
+    EXPECT_TRUE(cuda::kv_rotation_supported(DType::kIQ4_NL, hd, true)) << hd;
+    EXPECT_FALSE(cuda::kv_rotation_supported(DType::kIQ4_NL, hd, false)) << hd;
   }
-  for (const int32_t hd : {96, 80, 1024}) EXPECT_FALSE(cuda::kv_rotation_supported(DType::kQ8_0, hd, true)) << hd;
+  for (const int32_t hd : {96, 80, 1024}) {
+    EXPECT_FALSE(cuda::kv_rotation_supported(DType::kQ8_0, hd, true)) << hd;
+    EXPECT_FALSE(cuda::kv_rotation_supported(DType::kIQ4_NL, hd, true)) << hd;
+  }
   for (const DType t : {DType::kF32, DType::kF16, kF8E4M3}) {
     EXPECT_FALSE(cuda::kv_rotation_supported(t, 128, true)) << dtype_name(t);
     EXPECT_TRUE(cuda::kv_rotation_supported(t, 96, false)) << dtype_name(t);

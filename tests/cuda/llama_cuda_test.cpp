@@ -103,15 +103,18 @@ TEST_P(CudaHf, KvTypeIsTheOneCudaStoresOrARefusal) {
   ASSERT_TRUE(q8.ok()) << q8.error().message;
   EXPECT_NE((*q8)->kv_numerics().find("kv=q8_0"), std::string::npos) << (*q8)->kv_numerics();
   EXPECT_TRUE(with(DType::kQ4_0).ok()) << GetParam() << ": q4_0 KV";
-  for (const KvType t : {KvType{DType::kQ8_0, true}, KvType{DType::kQ4_0, true}}) {  // q8_0h, q4_0h
+  // q8_0h, q4_0h, iq4_nlh
+  for (const KvType t : {KvType{DType::kQ8_0, true}, KvType{DType::kQ4_0, true}, KvType{DType::kIQ4_NL, true}}) {
     auto rotated = with_kv(t, t);
     ASSERT_TRUE(rotated.ok()) << kv_type_name(t) << ": " << rotated.error().message;
     EXPECT_NE((*rotated)->kv_numerics().find("kv=" + kv_type_name(t) + "#"), std::string::npos)
         << (*rotated)->kv_numerics();
   }
-  // k4c's q4c / iq4_nlh64 too (their per-sequence tails are the CPU's).
+  // k4c's q4c / iq4_nlh64 too (their per-sequence tails are the CPU's), and
+  // iq4_nl unrotated (no plain encoder on either device).
   for (const KvType t : {KvType{DType::kQ4_1, false}, KvType{DType::kQ5_0, false}, KvType{DType::kBF16, false},
-                         KvType{DType::kQ4_1, true}, KvType{kKvQ4Chan, false}, KvType{kKvIq4Nl64, true}}) {
+                         KvType{DType::kQ4_1, true}, KvType{kKvQ4Chan, false}, KvType{kKvIq4Nl64, true},
+                         KvType{DType::kIQ4_NL, false}}) {
     auto other = with_kv(t, t);
     ASSERT_FALSE(other.ok()) << kv_type_name(t);
     EXPECT_NE(other.error().message.find("runs on the CPU only"), std::string::npos) << other.error().message;

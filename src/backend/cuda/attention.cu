@@ -532,8 +532,9 @@ void dispatch(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated) {
-  return !rotated || ((kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0) && head_dim > 0 && head_dim <= 512 &&
-                      (head_dim & (head_dim - 1)) == 0);
+  if (!rotated) return kv_dtype != DType::kIQ4_NL;  // IQ4_NL: stored rotated only (iq4_nlh)
+  return (kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL) && head_dim > 0 &&
+         head_dim <= 512 && (head_dim & (head_dim - 1)) == 0;
 }
 
 size_t attention_rotation_floats(int64_t n_tokens, int32_t n_head, int32_t head_dim) {

@@ -64,7 +64,8 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // Whether KV is a block type's tag (its rows are blocks, not elements).
 template <typename KV>
-inline constexpr bool kIsBlocks = std::is_same_v<KV, detail::KvQ8_0> || std::is_same_v<KV, detail::KvQ4_0>;
+inline constexpr bool kIsBlocks =
+    std::is_same_v<KV, detail::KvQ8_0> || std::is_same_v<KV, detail::KvQ4_0> || std::is_same_v<KV, detail::KvIq4Nl>;
 
 // Bytes of one head of kHd elements.
 template <typename KV, int kHd>
@@ -536,7 +537,8 @@ void launch_hd(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
 
 bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group) {
   const bool group_ok = group == 1 || group == 2 || group == 4 || (group == 8 && head_dim <= 128);
-  if (kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0) {
+  if (kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 ||
+      kv_dtype == DType::kIQ4_NL) {
     return group_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256);
   }
   if (kv_dtype == DType::kF32) return group_ok && (head_dim == 64 || head_dim == 128);
@@ -560,6 +562,8 @@ void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaSt
     launch_hd<detail::KvQ8_0>(a, grid, stream);
   } else if (a.kv_dtype == DType::kQ4_0) {
     launch_hd<detail::KvQ4_0>(a, grid, stream);
+  } else if (a.kv_dtype == DType::kIQ4_NL) {
+    launch_hd<detail::KvIq4Nl>(a, grid, stream);
   } else if (a.head_dim == 64) {
     launch_g<float, 64>(a, grid, stream);
   } else {

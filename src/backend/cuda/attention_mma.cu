@@ -244,8 +244,8 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool prefill_mma_supported(DType kv_dtype, int32_t head_dim) {
-  const bool type_ok =
-      kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0;
+  const bool type_ok = kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 ||
+                       kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL;
   return type_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512);
 }
 
@@ -290,6 +290,8 @@ void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
       return launch_hd<detail::KvQ8_0>(a, stream);
     case DType::kQ4_0:
       return launch_hd<detail::KvQ4_0>(a, stream);
+    case DType::kIQ4_NL:
+      return launch_hd<detail::KvIq4Nl>(a, stream);
     default:
       return launch_hd<detail::KvF16>(a, stream);
   }

@@ -1,5 +1,6 @@
 #pragma once
-// The Hadamard-rotated KV types on CUDA (model/kv_types.h q8_0h / q4_0h):
+// The Hadamard-rotated KV types on CUDA (model/kv_types.h q8_0h / q4_0h /
+// iq4_nlh):
 // the per-head Walsh-Hadamard transform and the rotated types' block
 // encoder, device copies of the CPU's cpu::hadamard_rotate and
 // cpu::quantize_rotated_row (backend/cpu/kv_quant.cpp, encoder revision
@@ -19,13 +20,14 @@
 // cut the decode step's store from most of the rotated types' overhead.
 //
 // A change to the CPU's encoder (a new kKvRotatedEncoder) must be made in
-// fit_rotated_block below too: it is the one device function both rotated
-// block types call.
+// fit_rotated_block below too: it is the one device function the rotated
+// block types call (over their level sets).
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
 #include "backend/cpu/kv_quant.h"
+#include "backend/cpu/quants.h"
 #include "backend/cuda/device_math.cuh"
 
 namespace rill::cuda::detail {
@@ -66,21 +68,86 @@ __device__ __forceinline__ float f16_value(uint16_t bits) {
   return __half2float(__ushort_as_half(bits));
 }
 
-// The level of x under scale d: nearest (ties to even, as nearbyint), in
-// [q_min, q_max]; id = 1 / d (0 for d = 0).
-__device__ __forceinline__ int rotated_level(float x, float id, int q_min, int q_max) {
-  return min(q_max, max(q_min, __float2int_rn(__fmul_rn(x, id))));
+// The level sets of the rotated types: code q of a block stands for
+// value(q) * d; code(y) is the code of y = x / d (cpu::kv_quant.cpp's
+// UniformLevels / NlLevels, the same results for the same y).
+//
+// Uniform: the integers [lo, hi] (q8_0h: -127..127, q4_0h: -8..7), the
+// nearest (ties to even, as nearbyint), clamped; the code is the level.
+struct UniformLevels {
+  int lo, hi;
+  __device__ float first() const { return static_cast<float>(lo); }
+  __device__ float last() const { return static_cast<float>(hi); }
+  __device__ int code(float y) const { return min(hi, max(lo, __float2int_rn(y))); }
+  __device__ float value(int q) const { return static_cast<float>(q); }
+};
+
+// iq4_nl's 16 levels (cpu::kIq4nlValues, GGML's IQ4_NL) as int8 bytes,
+// four to a word (levels 4w .. 4w + 3 in word w, the first in the low
+// byte), and the midpoints between neighbours: 0.5 (v[i] + v[i + 1]), exact
+// in f32. Checked against the CPU's table at compile time below.
+__host__ __device__ constexpr uint32_t iq4nl_word(int w) {
+  return w == 0 ? 0xBFAD9881u : w == 1 ? 0xF6EADDCFu : w == 2 ? 0x26190D01u : 0x71594535u;
+}
+__host__ __device__ constexpr float iq4nl_mid(int i) {
+  constexpr float kMid[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+                              7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
+  return kMid[i];
+}
+constexpr bool iq4nl_tables_are_the_cpus() {
+  for (int q = 0; q < 16; ++q) {
+    if (static_cast<int8_t>((iq4nl_word(q / 4) >> (8 * (q % 4))) & 0xff) != cpu::kIq4nlValues[q]) return false;
+  }
+  for (int i = 0; i < 15; ++i) {
+    if (iq4nl_mid(i) != 0.5f * static_cast<float>(cpu::kIq4nlValues[i] + cpu::kIq4nlValues[i + 1])) return false;
+  }
+  return true;
+}
+static_assert(iq4nl_tables_are_the_cpus(), "iq4_nl's device tables must be cpu::kIq4nlValues");
+
+// Four iq4_nl codes (one in the low nibble of each byte of `codes`) to
+// their four levels (int8, in the same bytes): each code's low 3 bits pick
+// a byte of levels 0-7 and of levels 8-15 (two byte permutes), its bit 3
+// picks between the two (a third).
+__device__ __forceinline__ uint32_t iq4nl_levels4(uint32_t codes) {
+  const uint32_t t = codes | (codes >> 4);
+  const uint32_t sel = (t & 0xffu) | ((t >> 8) & 0xff00u);  // code i in nibble i
+  const uint32_t lo = __byte_perm(iq4nl_word(0), iq4nl_word(1), sel & 0x7777u);
+  const uint32_t hi = __byte_perm(iq4nl_word(2), iq4nl_word(3), sel & 0x7777u);
+  return __byte_perm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));
+}
+// Byte i of a word of int8 levels as f32.
+__device__ __forceinline__ float level_byte(uint32_t levels, int i) {
+  return static_cast<float>(static_cast<int8_t>((levels >> (8 * i)) & 0xff));
 }
 
+// iq4_nl's levels (iq4_nlh): the code of y is the number of midpoints
+// strictly below y (the nearest level, the lower one on a tie; NaN: 0).
+struct Iq4nlLevels {
+  __device__ float first() const { return -127.0f; }
+  __device__ float last() const { return 113.0f; }
+  __device__ int code(float y) const {
+    int q = 0;
+#pragma unroll
+    for (int i = 0; i < 15; ++i) q += y > iq4nl_mid(i) ? 1 : 0;
+    return q;
+  }
+  __device__ float value(int q) const {
+    return level_byte(iq4nl_levels4(static_cast<uint32_t>(q)), 0);
+  }
+};
+static_assert(cpu::kIq4nlValues[0] == -127 && cpu::kIq4nlValues[15] == 113, "Iq4nlLevels::first / last");
+
 // The CPU's block_error: the squared error of block x (32 floats) stored as
-// level * d, summed in double over j = 0..31 in order.
-__device__ __forceinline__ double rotated_block_error(const float* x, float d, int q_min, int q_max) {
+// value(code(x / d)) * d, summed in double over j = 0..31 in order.
+template <class Levels>
+__device__ __forceinline__ double rotated_block_error(const float* x, float d, const Levels& lv) {
   const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
   double err = 0.0;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    const int q = rotated_level(x[j], id, q_min, q_max);
-    const double e = __dsub_rn(static_cast<double>(x[j]), static_cast<double>(__fmul_rn(static_cast<float>(q), d)));
+    const int q = lv.code(__fmul_rn(x[j], id));
+    const double e = __dsub_rn(static_cast<double>(x[j]), static_cast<double>(__fmul_rn(lv.value(q), d)));
     err = __dadd_rn(err, __dmul_rn(e, e));
   }
   return err;
@@ -88,20 +155,24 @@ __device__ __forceinline__ double rotated_block_error(const float* x, float d, i
 
 struct RotatedBlock {
   uint16_t d = 0;  // the block's f16 scale bits
-  int q = 0;       // this lane's level: x[lane] ~ q * d
+  int q = 0;       // this lane's code: x[lane] ~ value(q) * d
 };
 
 // The rotated types' encoder (cpu::quantize_rotated_row's fit_scale) of one
 // block of 32 already-rotated floats x (shared memory; v = x[lane]) into
-// levels in [q_min, q_max] (q8_0h: -127..127, q4_0h: -8..7) and a scale.
-// Candidates: d = m / top * (1 - 0.025 i), m the signed maximum, top q_min
-// (c = i in 0..16) then q_max (c = 17 + i), each scored with d rounded to
-// f16; the first of least error wins (lane c % 32 scores candidate c, the
-// warp takes the least (error, c)). Then the least-squares scale of the
-// winner's levels is scored as a 35th candidate, and the scale returned is
-// the one that does not shrink the block (x . x / x . q) with the winner's
-// levels. All 32 lanes of a warp call it together.
-__device__ __forceinline__ RotatedBlock fit_rotated_block(const float* x, float v, int q_min, int q_max) {
+// codes of the level set lv (q8_0h: UniformLevels{-127, 127}, q4_0h:
+// UniformLevels{-8, 7}, iq4_nlh: Iq4nlLevels) and an f16 scale.
+// Candidates: d = m / top * (1 - 0.025 i), m the signed maximum, top the
+// first level (c = i in 0..16) then the last (c = 17 + i), each scored with
+// d rounded to f16; the first of least error wins (lane c % 32 scores
+// candidate c, the warp takes the least (error, c)). Then the least-squares
+// scale of the winner's levels is scored as a 35th candidate, and the scale
+// returned is the one that does not shrink the block (x . x / x . v) with
+// the winner's levels. A zero block (or one no candidate fits: a NaN, every
+// scale overflowing f16) keeps the codes of 0. All 32 lanes of a warp call
+// it together.
+template <class Levels>
+__device__ __forceinline__ RotatedBlock fit_rotated_block(const float* x, float v, const Levels& lv) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   const float amax = warp_max(fabsf(v));
@@ -109,15 +180,18 @@ __device__ __forceinline__ RotatedBlock fit_rotated_block(const float* x, float 
   const float first_max = __shfl_sync(kAll, v, (__ffs(at_max) - 1) & 31);
   const float m = amax > 0.0f && at_max ? first_max : 0.0f;  // the CPU's signed_absmax
   RotatedBlock out;
-  if (m == 0.0f) return out;  // uniform across the warp: d = +0, levels 0
+  const int zero_code = lv.code(0.0f);
+  out.q = zero_code;
+  if (m == 0.0f) return out;  // uniform across the warp: d = +0, the codes of 0
   double best = INFINITY;
   int best_c = 64;
   uint16_t best_d = 0;
   for (int c = lane; c < 34; c += 32) {
-    const int top = c < 17 ? q_min : q_max, i = c % 17;
+    const float top = c < 17 ? lv.first() : lv.last();
+    const int i = c % 17;
     const float factor = __fsub_rn(1.0f, __fmul_rn(0.025f, static_cast<float>(i)));
-    const uint16_t dh = f16_bits(__fmul_rn(__fdiv_rn(m, static_cast<float>(top)), factor));
-    const double err = rotated_block_error(x, f16_value(dh), q_min, q_max);
+    const uint16_t dh = f16_bits(__fmul_rn(__fdiv_rn(m, top), factor));
+    const double err = rotated_block_error(x, f16_value(dh), lv);
     if (err < best) {  // NaN errors never win, as on the CPU
       best = err;
       best_c = c;
@@ -135,36 +209,37 @@ __device__ __forceinline__ RotatedBlock fit_rotated_block(const float* x, float 
       best_d = od;
     }
   }
-  // No candidate (NaN in the block, or every scale overflowing f16): levels
-  // 0 and d 0, the CPU's.
+  // No candidate (NaN in the block, or every scale overflowing f16): the
+  // codes of 0 and d 0 unless the refit below wins, the CPU's.
   const bool found = best_c < 64;
-  auto level_of = [&](uint16_t dh) {
+  auto code_of = [&](uint16_t dh) {
     const float d = f16_value(dh);
-    return rotated_level(v, d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f, q_min, q_max);
+    return lv.code(__fmul_rn(v, d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f));
   };
-  int q = found ? level_of(best_d) : 0;
+  int q = found ? code_of(best_d) : zero_code;
   double xq = 0.0, qq = 0.0;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    const double qj = static_cast<double>(__shfl_sync(kAll, q, j));
-    xq = __dadd_rn(xq, __dmul_rn(static_cast<double>(x[j]), qj));
-    qq = __dadd_rn(qq, __dmul_rn(qj, qj));
+    const double vj = static_cast<double>(__shfl_sync(kAll, lv.value(q), j));
+    xq = __dadd_rn(xq, __dmul_rn(static_cast<double>(x[j]), vj));
+    qq = __dadd_rn(qq, __dmul_rn(vj, vj));
   }
   if (qq > 0.0) {
     const uint16_t dh = f16_bits(__double2float_rn(__ddiv_rn(xq, qq)));
-    const double err = rotated_block_error(x, f16_value(dh), q_min, q_max);
+    const double err = rotated_block_error(x, f16_value(dh), lv);
     if (err < best) {
       best_d = dh;
-      q = level_of(dh);
+      q = code_of(dh);
     }
   }
   double xx = 0.0;
   xq = 0.0;
+  const float vq = lv.value(q);
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     const double xj = static_cast<double>(x[j]);
     xx = __dadd_rn(xx, __dmul_rn(xj, xj));
-    xq = __dadd_rn(xq, __dmul_rn(xj, static_cast<double>(__shfl_sync(kAll, q, j))));
+    xq = __dadd_rn(xq, __dmul_rn(xj, static_cast<double>(__shfl_sync(kAll, vq, j))));
   }
   out.d = xq != 0.0 ? f16_bits(__double2float_rn(__ddiv_rn(xx, xq))) : best_d;
   out.q = q;

@@ -1,6 +1,7 @@
 #pragma once
 // The KV types the CUDA attention kernels read and rope_store_kv writes
-// (model/kv_types.h: f32, f16, and q8_0 / q4_0 in GGML's block layouts,
+// (model/kv_types.h: f32, f16, and q8_0 / q4_0 / iq4_nl (rotated: iq4_nlh)
+// in GGML's block layouts,
 // byte for byte the CPU's, so the prefix-cache tiers and KV files carry it between
 // devices; fp8: e4m3 bytes, the CPU's too). Each is a tag type with:
 //   row_bytes(n)         bytes of n elements (n a multiple of kBlock); a KV
@@ -14,10 +15,11 @@
 //                        [e0, e0 + n) of a row, e0 and n whole blocks, by
 //                        the whole thread block (blockDim.x a multiple of
 //                        32; every thread calls it after x is written)
-//   store_rotated(...)   Q8_0 / Q4_0 only (kRotatable): as store, for x
-//                        already Hadamard-rotated per head, by the rotated
-//                        types' encoder (kv_rotated.cuh fit_rotated_block):
-//                        q8_0h / q4_0h
+//   store_rotated(...)   Q8_0 / Q4_0 / IQ4_NL only (kRotatable): as store,
+//                        for x already Hadamard-rotated per head, by the
+//                        rotated types' encoder (kv_rotated.cuh
+//                        fit_rotated_block): q8_0h / q4_0h / iq4_nlh.
+//                        IQ4_NL has no store (kRotatedOnly)
 // Elements are addressed within the row, not the head: heads smaller than
 // a block (head_dim 16: two heads share a q8_0 block, as on the CPU) are
 // read in place like any other.
@@ -131,7 +133,7 @@ struct KvQ8_0 {
     const int lane = threadIdx.x & 31;
     uint8_t* first = row + (e0 >> 5) * kBlockBytes;
     for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const RotatedBlock b = fit_rotated_block(x + i0, x[i0 + lane], -127, 127);
+      const RotatedBlock b = fit_rotated_block(x + i0, x[i0 + lane], UniformLevels{-127, 127});
       uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
       blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(b.q));
@@ -199,11 +201,69 @@ struct KvQ4_0 {
     const int lane = threadIdx.x & 31;
     uint8_t* first = row + (e0 >> 5) * kBlockBytes;
     for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const RotatedBlock b = fit_rotated_block(x + i0, x[i0 + lane], -8, 7);
+      const RotatedBlock b = fit_rotated_block(x + i0, x[i0 + lane], UniformLevels{-8, 7});
       const int q = b.q + 8, hi = __shfl_down_sync(0xffffffffu, q, 16);
       uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
       if (lane < 16) blk[2 + lane] = static_cast<uint8_t>(q | (hi << 4));
+    }
+  }
+};
+
+// GGML's block_iq4_nl, stored rotated only (iq4_nlh): q4_0's layout (an
+// f16 scale d, then 16 bytes: element j < 16 in the low nibble of byte j,
+// element j + 16 in its high nibble) with x = d * kIq4nlValues[q], the 16
+// non-uniform levels of iq4_nl (kv_rotated.cuh Iq4nlLevels), in f32 as the
+// CPU's decoder (dq_iq4_nl). The levels are looked up four at a time by
+// byte permutes (iq4nl_levels4). Written only by store_rotated, the CPU's
+// rotated encoder: plain iq4_nl has no GGML encoder in rill (kRotatedOnly:
+// the rope kernel never takes store for it, and kv_rotation_supported
+// refuses it unrotated).
+struct KvIq4Nl {
+  static constexpr DType kDtype = DType::kIQ4_NL;
+  static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 18;
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
+  // Four codes of the bytes of word b (low nibbles, or high: shift 4), as
+  // four levels times s.
+  __device__ static void levels4(uint32_t b, int shift, float s, float* v) {
+    const uint32_t levels = iq4nl_levels4((b >> shift) & 0x0F0F0F0Fu);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = s * level_byte(levels, i);
+  }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const int j = static_cast<int>(e & 31);
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (j & 15));
+    levels4(q[0] | (static_cast<uint32_t>(q[1]) << 16), j >= 16 ? 4 : 0, s, v);
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const int j = static_cast<int>(e & 31);
+    const auto q = static_cast<uint32_t>((blk[2 + (j & 15)] >> (j >= 16 ? 4 : 0)) & 0xF);
+    return s * level_byte(iq4nl_levels4(q), 0);
+  }
+  __device__ static void load8(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const int j = static_cast<int>(e & 31), shift = j >= 16 ? 4 : 0;
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (j & 15));
+    levels4(q[0] | (static_cast<uint32_t>(q[1]) << 16), shift, s, v);
+    levels4(q[2] | (static_cast<uint32_t>(q[3]) << 16), shift, s, v + 4);
+  }
+  static constexpr bool kRotatable = true;
+  static constexpr bool kRotatedOnly = true;
+  __device__ static void store_rotated(const float* x, uint8_t* row, int64_t e0, int n) {
+    const int lane = threadIdx.x & 31;
+    uint8_t* first = row + (e0 >> 5) * kBlockBytes;
+    for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
+      const RotatedBlock b = fit_rotated_block(x + i0, x[i0 + lane], Iq4nlLevels{});
+      const int hi = __shfl_down_sync(0xffffffffu, b.q, 16);
+      uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
+      if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
+      if (lane < 16) blk[2 + lane] = static_cast<uint8_t>(b.q | (hi << 4));
     }
   }
 };
@@ -257,37 +317,46 @@ template <typename KvT>
 inline constexpr bool kv_rotatable = requires {
   KvT::kRotatable;
 };
+// Whether tag KvT is stored rotated only (it has no plain store).
+template <typename KvT>
+inline constexpr bool kv_rotated_only = requires {
+  KvT::kRotatedOnly;
+};
 
 }  // namespace rill::cuda::detail
 
 // Calls MACRO(KvT) with KvT the tag of a KV dtype the CUDA kernels take
-// (F32, F16, Q8_0, Q4_0, F8_E4M3); for any other dtype nothing (callers check
+// (F32, F16, Q8_0, Q4_0, IQ4_NL (rotated only), F8_E4M3); for any other dtype nothing (callers check
 // kv_supported(), which is this list).
-#define RILL_CUDA_DISPATCH_KV(dtype, ...)         \
-  do {                                            \
-    if ((dtype) == ::rill::kF8E4M3) {             \
-      using KvT = ::rill::cuda::detail::KvFp8;    \
-      __VA_ARGS__;                                \
-      break;                                      \
-    }                                             \
-    switch (dtype) {                              \
-      case ::rill::DType::kF32: {                 \
-        using KvT = ::rill::cuda::detail::KvF32;  \
-        __VA_ARGS__;                              \
-      } break;                                    \
-      case ::rill::DType::kF16: {                 \
-        using KvT = ::rill::cuda::detail::KvF16;  \
-        __VA_ARGS__;                              \
-      } break;                                    \
-      case ::rill::DType::kQ8_0: {                \
-        using KvT = ::rill::cuda::detail::KvQ8_0; \
-        __VA_ARGS__;                              \
-      } break;                                    \
-      case ::rill::DType::kQ4_0: {                \
-        using KvT = ::rill::cuda::detail::KvQ4_0; \
-        __VA_ARGS__;                              \
-      } break;                                    \
-      default:                                    \
-        break;                                    \
-    }                                             \
+#define RILL_CUDA_DISPATCH_KV(dtype, ...)          \
+  do {                                             \
+    if ((dtype) == ::rill::kF8E4M3) {              \
+      using KvT = ::rill::cuda::detail::KvFp8;     \
+      __VA_ARGS__;                                 \
+      break;                                       \
+    }                                              \
+    switch (dtype) {                               \
+      case ::rill::DType::kF32: {                  \
+        using KvT = ::rill::cuda::detail::KvF32;   \
+        __VA_ARGS__;                               \
+      } break;                                     \
+      case ::rill::DType::kF16: {                  \
+        using KvT = ::rill::cuda::detail::KvF16;   \
+        __VA_ARGS__;                               \
+      } break;                                     \
+      case ::rill::DType::kQ8_0: {                 \
+        using KvT = ::rill::cuda::detail::KvQ8_0;  \
+        __VA_ARGS__;                               \
+      } break;                                     \
+      case ::rill::DType::kQ4_0: {                 \
+        using KvT = ::rill::cuda::detail::KvQ4_0;  \
+        __VA_ARGS__;                               \
+      } break;                                     \
+      case ::rill::DType::kIQ4_NL: {               \
+        using KvT = ::rill::cuda::detail::KvIq4Nl; \
+        __VA_ARGS__;                               \
+      } break;                                     \
+      default:                                     \
+        break;                                     \
+    }                                              \
   } while (0)

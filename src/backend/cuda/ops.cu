@@ -212,13 +212,15 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
   auto* row = static_cast<uint8_t*>(is_k ? a.k_cache : a.v_cache) + KvT::row_bytes(a.slots[t] * row_elems);
   if constexpr (detail::kv_rotatable<KvT>) {
-    if (is_k ? a.k_rotated : a.v_rotated) {  // q8_0h / q4_0h: each head rotated, then the rotated encoder
+    // q8_0h / q4_0h / iq4_nlh: each head rotated, then the rotated encoder
+    // (IQ4_NL always: rope_store_kv refuses it unrotated)
+    if (detail::kv_rotated_only<KvT> || (is_k ? a.k_rotated : a.v_rotated)) {
       detail::hadamard_rotate_heads(h, width, hd);
       KvT::store_rotated(h, row, static_cast<int64_t>(kv_head) * hd, width);
       return;
     }
   }
-  KvT::store(h, row, static_cast<int64_t>(kv_head) * hd, width);
+  if constexpr (!detail::kv_rotated_only<KvT>) KvT::store(h, row, static_cast<int64_t>(kv_head) * hd, width);
 }
 
 __global__ void argmax_kernel(const float* logits, int64_t n_cols, int32_t* ids) {
