@@ -16,9 +16,10 @@
 // per-sub-block scale multiply is left (the row tile's vpmulld). The float
 // epilogue is the row tile's, per super-block, in the same order.
 //
-// Layout. A tiles: 16 tokens x 64 activation bytes, read in place from the
-// Q8_K rows (tileloadd with the rows' stride; a partial last block of
-// tokens is copied to a zero-padded buffer). B tiles: 16 weight rows x 64
+// Layout. A tiles: 16 tokens x 64 activation bytes, copied per 32 tokens
+// and super-block from the Q8_K rows into one contiguous buffer (ActPanel;
+// read in place, each tile row would be a strided, unaligned pair of
+// cache lines), tokens past the call's zero. B tiles: 16 weight rows x 64
 // elements in the tiles' K/4 x (N x 4) layout, built once per call and row
 // chunk from the GGUF blocks (decoded to int16 w, split, transposed by
 // dwords) and reused by every token block of the call. C = 16 tokens x 16
@@ -53,6 +54,15 @@ struct alignas(64) Panel {
   float d[16];          // w.d
   float dmin[16];       // Q4_K/Q5_K: w.dmin
   int32_t mins[4][16];  // Q4_K/Q5_K: (mn[2p], mn[2p+1]) as an i16 pair
+};
+
+// 32 tokens of one super-block: the A tiles' rows, contiguous (one aligned
+// 1 KiB load per tile), and the per-token values of the epilogue. Tokens
+// past the call's are zero (computed, never stored).
+struct alignas(64) ActPanel {
+  int8_t q[4][kPassTokens][64];  // step s, token t: elements 64 s .. 64 s + 63
+  float d[kPassTokens];          // a.d
+  int32_t msum[kPassTokens][4];  // Q4_K/Q5_K: sub-block sums (S[2p], S[2p+1]) as i16 pairs
 };
 
 struct alignas(64) TileConfig {
@@ -230,20 +240,16 @@ void build_panel(const uint8_t* w, size_t w_stride, int row0, int n_r, int64_t i
 }
 
 // One super-block of 32 tokens x 16 weight rows into acc[t] (lanes: rows).
-// ab: token 0's Q8_K block, token t's at ab + t * a_stride; msum[t]: token
-// t's sub-block sums as i16 pairs (Q4_K/Q5_K).
 template <bool kMins>
-void tile_superblock(const Panel& p, const uint8_t* ab, size_t a_stride, const int32_t (*msum)[4], float (*acc)[16]) {
-  const auto stride = static_cast<long>(a_stride);
+void tile_superblock(const Panel& p, const ActPanel& ap, float (*acc)[16]) {
   _tile_zero(4);
   _tile_zero(5);
   _tile_zero(6);
   _tile_zero(7);
   RILL_AMX_UNROLL
   for (int s = 0; s < 4; ++s) {
-    const uint8_t* qa = ab + offsetof(BlockQ8_K, qs) + 64 * s;
-    _tile_loadd(0, qa, stride);
-    _tile_loadd(1, qa + 16 * a_stride, stride);
+    _tile_loadd(0, ap.q[s][0], 64);
+    _tile_loadd(1, ap.q[s][16], 64);
     _tile_loadd(2, p.b[0][s], 64);
     _tile_loadd(3, p.b[1][s], 64);
     _tile_dpbssd(4, 0, 2);
@@ -262,17 +268,39 @@ void tile_superblock(const Panel& p, const uint8_t* ab, size_t a_stride, const i
     const int32_t* hi = c[2 * (t / 16)][t % 16];
     const int32_t* lo = c[2 * (t / 16) + 1][t % 16];
     const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi), 6), _mm512_load_si512(lo));
-    float da;
-    std::memcpy(&da, ab + static_cast<size_t>(t) * a_stride + offsetof(BlockQ8_K, d), sizeof da);
+    const float da = ap.d[t];
     __m512 a = _mm512_fmadd_ps(_mm512_mul_ps(wd, _mm512_set1_ps(da)), _mm512_cvtepi32_ps(isum), _mm512_load_ps(acc[t]));
     if constexpr (kMins) {
       __m512i ms = _mm512_setzero_si512();
       RILL_AMX_UNROLL
       for (int pp = 0; pp < 4; ++pp)
-        ms = _mm512_dpwssd_epi32(ms, _mm512_load_si512(p.mins[pp]), _mm512_set1_epi32(msum[t][pp]));
+        ms = _mm512_dpwssd_epi32(ms, _mm512_load_si512(p.mins[pp]), _mm512_set1_epi32(ap.msum[t][pp]));
       a = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(p.dmin), _mm512_set1_ps(-da)), _mm512_cvtepi32_ps(ms), a);
     }
     _mm512_store_ps(acc[t], a);
+  }
+}
+
+// Tokens t0 .. t0 + nt - 1 (nt <= 32) of super-block ib into out.
+template <bool kMins>
+void prepare_acts(const uint8_t* a, size_t a_stride, int t0, int nt, int64_t ib, ActPanel& out) {
+  for (int t = 0; t < kPassTokens; ++t) {
+    if (t >= nt) {
+      for (int s = 0; s < 4; ++s) _mm512_store_si512(out.q[s][t], _mm512_setzero_si512());
+      out.d[t] = 0.0f;
+      if constexpr (kMins) _mm_store_si128(reinterpret_cast<__m128i*>(out.msum[t]), _mm_setzero_si128());
+      continue;
+    }
+    const auto& b = reinterpret_cast<const BlockQ8_K*>(a + static_cast<size_t>(t0 + t) * a_stride)[ib];
+    RILL_AMX_UNROLL
+    for (int s = 0; s < 4; ++s) _mm512_store_si512(out.q[s][t], _mm512_loadu_si512(b.qs + 64 * s));
+    out.d[t] = b.d;
+    if constexpr (kMins) {
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.bsums));
+      // sub-block j's sum: bsums[2j] + bsums[2j+1] (|sum| <= 32 * 128: an i16)
+      _mm_store_si128(reinterpret_cast<__m128i*>(out.msum[t]),
+                      _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+    }
   }
 }
 
@@ -290,19 +318,14 @@ void gemm_amx_entry(int64_t n, const void* w, size_t w_stride, int n_r, const vo
   }
   ensure_tile_config();
   thread_local std::vector<Panel> panel_buf;
-  thread_local std::vector<uint8_t> tail_buf;  // a partial last token block, zero-padded to 32 tokens
-  thread_local std::vector<int32_t> msum_buf;  // [ib][t][4]
+  thread_local std::vector<ActPanel> act_buf;
   const int64_t nb = n / kQKK;
   const int64_t chunk = nb < kChunkBlocks ? nb : kChunkBlocks;
   const int n_groups = (n_r + 15) / 16;
   if (panel_buf.size() < static_cast<size_t>(n_groups * chunk)) panel_buf.resize(static_cast<size_t>(n_groups * chunk));
-  const size_t tail_stride = static_cast<size_t>(chunk) * sizeof(BlockQ8_K);
-  if (tail_buf.size() < kPassTokens * tail_stride) tail_buf.resize(kPassTokens * tail_stride);
-  if (Dec::kMins && msum_buf.size() < static_cast<size_t>(chunk * kPassTokens * 4))
-    msum_buf.resize(static_cast<size_t>(chunk * kPassTokens * 4));
+  if (act_buf.size() < static_cast<size_t>(chunk)) act_buf.resize(static_cast<size_t>(chunk));
   Panel* const panels = panel_buf.data();  // (not the thread_locals in the loops: their access is a call)
-  uint8_t* const tail = tail_buf.data();
-  auto* const msums = reinterpret_cast<int32_t(*)[kPassTokens][4]>(msum_buf.data());
+  ActPanel* const acts = act_buf.data();
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* a8 = static_cast<const uint8_t*>(a);
   for (int64_t ib0 = 0; ib0 < nb; ib0 += chunk) {
@@ -312,29 +335,7 @@ void gemm_amx_entry(int64_t n, const void* w, size_t w_stride, int n_r, const vo
         build_panel<Dec>(wb, w_stride, 16 * g, n_r, ib0 + ib, panels[g * chunk + ib]);
     for (int t0 = 0; t0 < n_t; t0 += kPassTokens) {
       const int nt = n_t - t0 < kPassTokens ? n_t - t0 : kPassTokens;
-      const uint8_t* ab = a8 + static_cast<size_t>(t0) * a_stride + static_cast<size_t>(ib0) * sizeof(BlockQ8_K);
-      size_t ab_stride = a_stride;
-      if (nt < kPassTokens) {
-        const size_t bytes = static_cast<size_t>(nbc) * sizeof(BlockQ8_K);
-        for (int t = 0; t < kPassTokens; ++t) {
-          if (t < nt)
-            std::memcpy(tail + t * tail_stride, ab + static_cast<size_t>(t) * a_stride, bytes);
-          else
-            std::memset(tail + t * tail_stride, 0, bytes);
-        }
-        ab = tail;
-        ab_stride = tail_stride;
-      }
-      if constexpr (Dec::kMins) {
-        for (int64_t ib = 0; ib < nbc; ++ib)
-          for (int t = 0; t < kPassTokens; ++t) {
-            const auto& blk = *reinterpret_cast<const BlockQ8_K*>(ab + t * ab_stride + ib * sizeof(BlockQ8_K));
-            const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.bsums));
-            // sub-block j's sum: bsums[2j] + bsums[2j+1] (|sum| <= 32 * 128: an i16)
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(msums[ib][t]),
-                             _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
-          }
-      }
+      for (int64_t ib = 0; ib < nbc; ++ib) prepare_acts<Dec::kMins>(a8, a_stride, t0, nt, ib0 + ib, acts[ib]);
       for (int g = 0; g < n_groups; ++g) {
         const int n_valid = n_r - 16 * g < 16 ? n_r - 16 * g : 16;
         const auto valid = static_cast<__mmask16>((1u << n_valid) - 1);
@@ -343,9 +344,7 @@ void gemm_amx_entry(int64_t n, const void* w, size_t w_stride, int n_r, const vo
         for (int t = 0; t < kPassTokens; ++t)
           _mm512_store_ps(acc[t],
                           ib0 == 0 || t >= nt ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(valid, yg + t * y_stride));
-        for (int64_t ib = 0; ib < nbc; ++ib)
-          tile_superblock<Dec::kMins>(panels[g * chunk + ib], ab + ib * sizeof(BlockQ8_K), ab_stride,
-                                      Dec::kMins ? msums[ib] : nullptr, acc);
+        for (int64_t ib = 0; ib < nbc; ++ib) tile_superblock<Dec::kMins>(panels[g * chunk + ib], acts[ib], acc);
         for (int t = 0; t < nt; ++t) _mm512_mask_storeu_ps(yg + t * y_stride, valid, _mm512_load_ps(acc[t]));
       }
     }
