@@ -27,8 +27,10 @@
 // tile registers (A0, A1, B_hi, B_lo, 4 x C).
 // GCC 12's AVX-512 extract / convert intrinsics read an undefined source
 // vector: not a bug here (as in quants_avx512.cpp).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstddef>
