@@ -212,31 +212,50 @@ inline void transpose16x16_epi32(__m512i r[16]) {
   }
 }
 
-// Weight rows row0 .. row0 + 15 of super-block ib (rows from n_r on repeat
-// the last: computed, never stored) into p.
+// A 16-row group's decoded rows before the transpose: super-block ib, part, row n.
+struct alignas(64) Stage {
+  int8_t q[2][16][256];
+};
+
+// Weight rows row0 .. row0 + 15 of super-blocks ib0 .. ib0 + nbc - 1 (rows
+// from n_r on repeat the last: computed, never stored) into p[0 .. nbc - 1].
+// Row by row (each row's blocks are contiguous), prefetching the row
+// kPanelAheadRows ahead: this is the weights' first touch, from DRAM in a
+// prefill.
 template <typename Dec>
-void build_panel(const uint8_t* w, size_t w_stride, int row0, int n_r, int64_t ib, Panel& p) {
-  alignas(64) int8_t stage[2][16][256];
+void build_panels(const uint8_t* w, size_t w_stride, int row0, int n_r, int64_t ib0, int64_t nbc, Stage* stage,
+                  Panel* p) {
+  constexpr int kPanelAheadRows = 4;
+  const size_t bytes = static_cast<size_t>(nbc) * sizeof(typename Dec::Block);
   for (int n = 0; n < 16; ++n) {
+    if (row0 + n + kPanelAheadRows < n_r) {
+      const uint8_t* pf =
+          w + static_cast<size_t>(row0 + n + kPanelAheadRows) * w_stride + ib0 * sizeof(typename Dec::Block);
+      for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + l), _MM_HINT_T0);
+    }
     const int row = row0 + n < n_r ? row0 + n : n_r - 1;
-    const auto& b = reinterpret_cast<const typename Dec::Block*>(w + static_cast<size_t>(row) * w_stride)[ib];
-    __m512i v[8];
-    Dec::decode(b, v, p, n);
-    RILL_AMX_UNROLL
-    for (int i = 0; i < 8; ++i) {
-      const __m512i hi = _mm512_srai_epi16(v[i], 6), lo = _mm512_and_si512(v[i], _mm512_set1_epi16(63));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(stage[0][n] + 32 * i), _mm512_cvtepi16_epi8(hi));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(stage[1][n] + 32 * i), _mm512_cvtepi16_epi8(lo));
+    const auto* br = reinterpret_cast<const typename Dec::Block*>(w + static_cast<size_t>(row) * w_stride) + ib0;
+    for (int64_t ib = 0; ib < nbc; ++ib) {
+      __m512i v[8];
+      Dec::decode(br[ib], v, p[ib], n);
+      RILL_AMX_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const __m512i hi = _mm512_srai_epi16(v[i], 6), lo = _mm512_and_si512(v[i], _mm512_set1_epi16(63));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(stage[ib].q[0][n] + 32 * i), _mm512_cvtepi16_epi8(hi));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(stage[ib].q[1][n] + 32 * i), _mm512_cvtepi16_epi8(lo));
+      }
     }
   }
-  for (int part = 0; part < 2; ++part) {
-    for (int s = 0; s < 4; ++s) {
-      __m512i r[16];
-      RILL_AMX_UNROLL
-      for (int n = 0; n < 16; ++n) r[n] = _mm512_load_si512(stage[part][n] + 64 * s);
-      transpose16x16_epi32(r);
-      RILL_AMX_UNROLL
-      for (int k = 0; k < 16; ++k) _mm512_store_si512(p.b[part][s][k], r[k]);
+  for (int64_t ib = 0; ib < nbc; ++ib) {
+    for (int part = 0; part < 2; ++part) {
+      for (int s = 0; s < 4; ++s) {
+        __m512i r[16];
+        RILL_AMX_UNROLL
+        for (int n = 0; n < 16; ++n) r[n] = _mm512_load_si512(stage[ib].q[part][n] + 64 * s);
+        transpose16x16_epi32(r);
+        RILL_AMX_UNROLL
+        for (int k = 0; k < 16; ++k) _mm512_store_si512(p[ib].b[part][s][k], r[k]);
+      }
     }
   }
 }
@@ -321,20 +340,22 @@ void gemm_amx_entry(int64_t n, const void* w, size_t w_stride, int n_r, const vo
   ensure_tile_config();
   thread_local std::vector<Panel> panel_buf;
   thread_local std::vector<ActPanel> act_buf;
+  thread_local std::vector<Stage> stage_buf;
   const int64_t nb = n / kQKK;
   const int64_t chunk = nb < kChunkBlocks ? nb : kChunkBlocks;
   const int n_groups = (n_r + 15) / 16;
   if (panel_buf.size() < static_cast<size_t>(n_groups * chunk)) panel_buf.resize(static_cast<size_t>(n_groups * chunk));
   if (act_buf.size() < static_cast<size_t>(chunk)) act_buf.resize(static_cast<size_t>(chunk));
+  if (stage_buf.size() < static_cast<size_t>(chunk)) stage_buf.resize(static_cast<size_t>(chunk));
   Panel* const panels = panel_buf.data();  // (not the thread_locals in the loops: their access is a call)
   ActPanel* const acts = act_buf.data();
+  Stage* const stages = stage_buf.data();
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* a8 = static_cast<const uint8_t*>(a);
   for (int64_t ib0 = 0; ib0 < nb; ib0 += chunk) {
     const int64_t nbc = nb - ib0 < chunk ? nb - ib0 : chunk;
     for (int g = 0; g < n_groups; ++g)
-      for (int64_t ib = 0; ib < nbc; ++ib)
-        build_panel<Dec>(wb, w_stride, 16 * g, n_r, ib0 + ib, panels[g * chunk + ib]);
+      build_panels<Dec>(wb, w_stride, 16 * g, n_r, ib0, nbc, stages, panels + g * chunk);
     for (int t0 = 0; t0 < n_t; t0 += kPassTokens) {
       const int nt = n_t - t0 < kPassTokens ? n_t - t0 : kPassTokens;
       for (int64_t ib = 0; ib < nbc; ++ib) prepare_acts<Dec::kMins>(a8, a_stride, t0, nt, ib0 + ib, acts[ib]);
