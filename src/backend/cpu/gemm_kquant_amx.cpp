@@ -212,6 +212,9 @@ inline void transpose16x16_epi32(__m512i r[16]) {
   }
 }
 
+// Super-blocks decoded row by row before their transposes: 16 KiB, in L1.
+constexpr int64_t kStageBlocks = 2;
+
 // A 16-row group's decoded rows before the transpose: super-block ib, part, row n.
 struct alignas(64) Stage {
   int8_t q[2][16][256];
@@ -346,7 +349,7 @@ void gemm_amx_entry(int64_t n, const void* w, size_t w_stride, int n_r, const vo
   const int n_groups = (n_r + 15) / 16;
   if (panel_buf.size() < static_cast<size_t>(n_groups * chunk)) panel_buf.resize(static_cast<size_t>(n_groups * chunk));
   if (act_buf.size() < static_cast<size_t>(chunk)) act_buf.resize(static_cast<size_t>(chunk));
-  if (stage_buf.size() < static_cast<size_t>(chunk)) stage_buf.resize(static_cast<size_t>(chunk));
+  if (stage_buf.size() < kStageBlocks) stage_buf.resize(kStageBlocks);
   Panel* const panels = panel_buf.data();  // (not the thread_locals in the loops: their access is a call)
   ActPanel* const acts = act_buf.data();
   Stage* const stages = stage_buf.data();
@@ -355,7 +358,9 @@ void gemm_amx_entry(int64_t n, const void* w, size_t w_stride, int n_r, const vo
   for (int64_t ib0 = 0; ib0 < nb; ib0 += chunk) {
     const int64_t nbc = nb - ib0 < chunk ? nb - ib0 : chunk;
     for (int g = 0; g < n_groups; ++g)
-      build_panels<Dec>(wb, w_stride, 16 * g, n_r, ib0, nbc, stages, panels + g * chunk);
+      for (int64_t ib = 0; ib < nbc; ib += kStageBlocks)
+        build_panels<Dec>(wb, w_stride, 16 * g, n_r, ib0 + ib, nbc - ib < kStageBlocks ? nbc - ib : kStageBlocks,
+                          stages, panels + g * chunk + ib);
     for (int t0 = 0; t0 < n_t; t0 += kPassTokens) {
       const int nt = n_t - t0 < kPassTokens ? n_t - t0 : kPassTokens;
       for (int64_t ib = 0; ib < nbc; ++ib) prepare_acts<Dec::kMins>(a8, a_stride, t0, nt, ib0 + ib, acts[ib]);
