@@ -103,7 +103,7 @@ BENCHMARK(BM_Q8_0_lm_head_49152x576)->Name("BM_Q8_0_batch_49152x576")->Apply(bat
 // 1 thread so the kernel is measured even when the machine is shared.
 // Args: {n_tokens, n_threads}.
 void kquant_args(benchmark::internal::Benchmark* b) {
-  for (int t : {1, 4, 8, 16, 64}) b->Args({t, 1});
+  for (int t : {1, 4, 8, 16, 32, 64}) b->Args({t, 1});
 }
 void BM_Q4_K_2048x2048(benchmark::State& s) {
   run_matmul(s, DType::kQ4_K, 2048, 2048);
@@ -145,6 +145,8 @@ BENCHMARK(BM_IQ4_XS_down_2048x8192)->Apply(kquant_args)->UseRealTime();
 // threads double the GFLOP/s of one?).
 BENCHMARK(BM_Q6_K_2048x2048)->Args({512, 1})->Args({512, 2})->UseRealTime();
 BENCHMARK(BM_Q4_K_2048x2048)->Args({512, 1})->Args({512, 2})->UseRealTime();
+BENCHMARK(BM_Q5_K_2048x2048)->Args({512, 1})->UseRealTime();
+BENCHMARK(BM_IQ4_XS_2048x2048)->Args({512, 1})->UseRealTime();
 
 // One decode token's matmuls of the whole model with distinct weights per
 // layer (30 x {q, k, v, o, gate, up, down} Q4_1 + the Q8_0 LM head, ~96 MB),

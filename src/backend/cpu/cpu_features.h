@@ -42,9 +42,9 @@ CpuFeatures derive_features(const CpuidBits& bits, uint64_t xcr0);
 const CpuFeatures& cpu_features();
 
 // Asks Linux for the AMX tile-data state (once; later calls return the first
-// answer). False when the CPU/OS lacks AMX or the kernel refuses. Nothing in
-// rill uses AMX yet; an AMX path must call this and get true before its first
-// tile instruction.
+// answer). False when the CPU/OS lacks AMX or the kernel refuses. An AMX path
+// must call this and get true before its first tile instruction (the K-quant
+// gemm's does: gemm_kquant_amx.h).
 bool amx_request_permission();
 
 // The best ISA this CPU and OS support: the kernel table every model uses.

@@ -2,6 +2,7 @@
 
 #include <cassert>
 
+#include "backend/cpu/gemm_kquant_amx.h"
 #include "backend/cpu/quants.h"
 
 namespace rill::cpu {
@@ -65,6 +66,7 @@ const Kernels& kernels(Isa isa) {
     static Kernels k = *avx2;
     fill_kernels_avx512(k);
     fill_iquant_avx512(k);
+    fill_kquant_amx(k);  // over the AVX-512 K-quant entries where AMX works (gemm_kquant_amx.h)
     return &k;
   }();
   switch (isa) {
