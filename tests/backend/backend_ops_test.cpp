@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <ostream>
 #include <random>
@@ -422,12 +423,12 @@ struct KvPlanes {
 };
 // The GGML block types CUDA stores KV in, and each one's level step as a
 // fraction of its block's largest magnitude: how far one value moved to
-// the next level may differ (IQ4_NL: rotated only, not stepped here).
+// the next level may differ (IQ4_NL: its widest step, 24 of 127).
 bool block_kv(DType t) {
   return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kIQ4_NL;
 }
 double level_step(DType t) {
-  return t == DType::kQ8_0 ? 1.0 / 127 : 1.0 / 8;
+  return t == DType::kQ8_0 ? 1.0 / 127 : t == DType::kIQ4_NL ? 24.0 / 127 : 1.0 / 8;
 }
 // Plane bytes of floats v in a KV dtype: plain ones rounded, GGML blocks by
 // the CPU's reference quantizer (the blocks both backends read); rotated
@@ -436,6 +437,7 @@ double level_step(DType t) {
 // one long row of heads).
 std::vector<uint8_t> encode_plane(DType t, const std::vector<float>& v, bool rotated = false, int64_t head_dim = 0) {
   if (!block_kv(t)) return encode(t, v);
+  assert(rotated || t != DType::kIQ4_NL);  // iq4_nl KV is stored rotated only
   std::vector<uint8_t> out(row_bytes(t, static_cast<int64_t>(v.size())));
   if (rotated) {
     cpu::store_kv_row(t, true, v.data(), out.data(), static_cast<int64_t>(v.size()) / head_dim, head_dim);
@@ -534,7 +536,11 @@ TEST_P(BackendOps, RopeQkNormAndKvStore) {
 // reaches the encoder as the given floats, as V does. Heads of 128, 64 and
 // 16 (two to a block); K head 0 has an outlier channel (what the rotation
 // is for), K head 1 is small on some tokens (f16-subnormal scales) and
-// zero on others (scale 0).
+// zero on others (scale 0). Some tokens' V head 0 holds a NaN, which the
+// rotation spreads over the head: a zero block (no finite maximum); at
+// head_dim 16 its block shares a finite head, and no candidate fits:
+// codes of 0 and the scale 0x7e00 on both devices, whose NaNs otherwise
+// differ in sign.
 TEST_P(BackendOps, RotatedKvStoreIsTheCpuEncodersBytes) {
   for (const int32_t hd : {128, 64, 16}) {
     const int32_t n_head = 2, n_head_kv = 2, shift = 4, n_blocks = 16;
@@ -558,6 +564,7 @@ TEST_P(BackendOps, RotatedKvStoreIsTheCpuEncodersBytes) {
           float* k = x.data() + t * QKV + Q;
           k[3] = 40.0f;
           for (int64_t d = hd; d < 2 * hd; ++d) k[d] = t % 3 == 2 ? 0.0f : t % 3 == 1 ? k[d] * 1e-3f : k[d];
+          if (t % 7 == 5) k[KV + 2] = std::numeric_limits<float>::quiet_NaN();  // V head 0
         }
         if (s == &ref_) {  // the CPU encoder's plane for these rows
           const size_t row = row_bytes(kv_t, KV);
@@ -582,6 +589,11 @@ TEST_P(BackendOps, RotatedKvStoreIsTheCpuEncodersBytes) {
           ASSERT_TRUE(s->b->copy_out(raw.data(), plane, kv.bytes).ok());
           out->push_back(std::move(raw));
         }
+      }
+      const HostStep hs(seqs, shift, n_blocks, 11, ref_.b->attention_routing(kv_t, hd));
+      for (int32_t t = 5; t < hs.n_tokens; t += 7) {  // V head 0's first block of the NaN tokens
+        const size_t at = static_cast<size_t>(hs.slots[static_cast<size_t>(t)]) * row_bytes(kv_t, KV);
+        EXPECT_EQ(want_v[at] | want_v[at + 1] << 8, hd == 16 ? 0x7e00 : 0) << what << " token " << t;
       }
       ASSERT_EQ(ks[0], want_k) << what << ": the CPU Backend's K is its encoder's";
       ASSERT_EQ(vs[0], want_v) << what << ": the CPU Backend's V is its encoder's";

@@ -141,9 +141,12 @@ struct NlLevels {
 // How a rotated block's scale d is stored: f16 (q4_0h, q8_0h, iq4_nlh) or
 // an e4m3 byte holding d * 16 (iq4_nlh64: d in 2^-13 .. 28, a value of a
 // block up to 28 * 127 = 3,556).
+// A NaN d (the block holds a NaN or an inf) is stored as the positive f16
+// NaN 0x7e00: a NaN's sign is the device's choice (x86 makes negative ones,
+// CUDA positive), and CUDA's encoder (kv_rotated.cuh) stores the same bytes.
 struct F16Scale {
   using Bits = uint16_t;
-  Bits round(float d) const { return f32_to_f16(d); }
+  Bits round(float d) const { return std::isnan(d) ? Bits{0x7e00} : f32_to_f16(d); }
   float value(Bits b) const { return f16_to_f32(b); }
 };
 struct E4m3x16Scale {

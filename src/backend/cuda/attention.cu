@@ -563,6 +563,8 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   assert(a.n_head % a.n_head_kv == 0 && a.n_head / a.n_head_kv <= kMaxGroup);
   assert(a.head_dim % 4 == 0 && a.head_dim <= kMaxHeadDim);
   assert(kv_supported(a.kv_dtype) && a.n_head_kv * a.head_dim % dtype_info(a.kv_dtype).block_size == 0);
+  assert(kv_rotation_supported(a.kv_dtype, a.head_dim, a.k_rotated) &&
+         kv_rotation_supported(a.kv_dtype, a.head_dim, a.v_rotated));
   if (!a.k_rotated && !a.v_rotated) return dispatch(a, stream);
   // Rotated KV: q's heads rotated into the scratch's first half, the
   // kernels' f32 outputs into its second, rotated back into a.out.

@@ -503,10 +503,13 @@ class CudaBackend final : public Backend {
   }
 
   // The KV types the kernels take (cuda::kv_supported): K and V in one
-  // dtype, either side rotated where cuda::kv_rotation_supported.
+  // dtype, each side rotated or not as cuda::kv_rotation_supported allows
+  // (iq4_nl is rotated only: asked per side, since the rope kernel stores
+  // such a type rotated whatever the flags say).
   static bool kv_readable(const KvCacheView& kv, int32_t head_dim) {
     return cuda::kv_supported(kv.dtype) && kv.v_type() == kv.dtype && kv.v_bytes() == kv.row_bytes &&
-           cuda::kv_rotation_supported(kv.dtype, head_dim, kv.k_rotated || kv.v_rotated);
+           cuda::kv_rotation_supported(kv.dtype, head_dim, kv.k_rotated) &&
+           cuda::kv_rotation_supported(kv.dtype, head_dim, kv.v_rotated);
   }
 
   void rope_store_kv(const RopeKvOp& op, const StepMetadata& step) override {

@@ -61,8 +61,10 @@ __device__ __forceinline__ void hadamard_rotate_heads(float* x, int width, int n
   __syncthreads();
 }
 
+// A NaN scale (a block holding a NaN or an inf) is stored as 0x7e00, as
+// the CPU's F16Scale stores it: the devices' NaNs differ in sign.
 __device__ __forceinline__ uint16_t f16_bits(float x) {
-  return __half_as_ushort(__float2half_rn(x));
+  return isnan(x) ? uint16_t{0x7e00} : __half_as_ushort(__float2half_rn(x));
 }
 __device__ __forceinline__ float f16_value(uint16_t bits) {
   return __half2float(__ushort_as_half(bits));

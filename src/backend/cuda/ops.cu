@@ -364,7 +364,8 @@ void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int32_t* i
 void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return;
   assert(a.rot_dim <= a.head_dim && a.rot_dim % 2 == 0);
-  assert(kv_supported(a.kv_dtype) && kv_rotation_supported(a.kv_dtype, a.head_dim, a.k_rotated || a.v_rotated));
+  assert(kv_supported(a.kv_dtype) && kv_rotation_supported(a.kv_dtype, a.head_dim, a.k_rotated) &&
+         kv_rotation_supported(a.kv_dtype, a.head_dim, a.v_rotated));
   RILL_CUDA_DISPATCH_KV(a.kv_dtype, {
     const int n_sub = kv_heads_per_block<KvT>(a.head_dim);
     // A K or V group is whole blocks of the type: head_dim a multiple of
