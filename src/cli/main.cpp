@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "backend/cpu/gemm_kquant_amx.h"
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
@@ -17,6 +18,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help prints and exits 0; every usage error exits 2.
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  // The CPU kernels' environment switches are read when the first forward
+  // pass builds the kernel tables: a bad value is refused here, before a
+  // model loads or a server listens.
+  if (const auto err = rill::cpu::kquant_amx_env_error()) {
+    std::fprintf(stderr, "rill: %s\n", err->c_str());
+    return 2;
   }
   for (const auto& c : commands) {
     if (c.sub->parsed()) return c.run();

@@ -8,8 +8,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/gemm_kquant_amx.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quants.h"
@@ -36,16 +38,17 @@ std::vector<uint8_t> quantize_q8k(const std::vector<float>& x, int64_t n, int n_
                   "AVX-512 VNNI or Linux's arch_prctl(ARCH_REQ_XCOMP_PERM) permission missing)"
 
 // AMX entry vs the VNNI row tile vs the reference, bit for bit, y strided
-// with guard values past the rows.
+// with guard values past the rows and one guard token row past the last.
 void expect_amx_equals_row_tile(DType t, const std::vector<uint8_t>& w, int64_t n, int n_r,
                                 const std::vector<uint8_t>& a, int n_t) {
   const size_t ws = row_bytes(t, n), as = row_bytes(DType::kQ8_K, n);
   const int64_t ys = n_r + 3;
-  std::vector<float> amx(static_cast<size_t>(ys * n_t), -7.0f), vnni(amx), want(amx);
+  std::vector<float> amx(static_cast<size_t>(ys * (n_t + 1)), -7.0f), vnni(amx), want(amx);
   kquant_amx_gemm(t)(n, w.data(), ws, n_r, a.data(), as, n_t, amx.data(), ys);
   kquant_amx_fallback(t)(n, w.data(), ws, n_r, a.data(), as, n_t, vnni.data(), ys);
   ref::gemm_tile(t, n, w.data(), ws, n_r, a.data(), as, n_t, want.data(), ys);
   ASSERT_EQ(std::memcmp(vnni.data(), want.data(), want.size() * 4), 0) << dtype_name(t) << ": row tile vs reference";
+  for (int64_t r = 0; r < ys; ++r) ASSERT_EQ(amx[n_t * ys + r], -7.0f) << dtype_name(t) << ": wrote past the tokens";
   for (int c = 0; c < n_t; ++c)
     for (int64_t r = 0; r < ys; ++r)
       ASSERT_EQ(std::memcmp(&amx[c * ys + r], &vnni[c * ys + r], 4), 0)
@@ -103,6 +106,34 @@ TEST(KQuantAmx, EqualsRowTileAtExtremeValues) {
       expect_amx_equals_row_tile(t, w, n, kR, quantize_q8k(x, n, kT), kT);
     }
   }
+}
+
+// A CPU whose CPUID and XCR0 offer AMX int8 (and AVX-512 VNNI) must get
+// the path: a permission request or feature check that broke would
+// otherwise only make the tests above skip.
+TEST(KQuantAmx, UsableWhereverTheCpuOffersIt) {
+  const CpuFeatures& f = cpu_features();
+  if (!f.amx_int8 || !f.avx512_vnni) GTEST_SKIP() << "this CPU offers no AMX int8 with AVX-512 VNNI";
+  EXPECT_TRUE(kquant_amx_usable()) << "CPUID and XCR0 offer AMX int8, but the Linux permission request failed";
+}
+
+// RILL_CPU_AMX takes 0 or 1 (or nothing); the CLI refuses anything else.
+TEST(KQuantAmx, EnvSwitchTakesZeroOrOne) {
+  const char* old = std::getenv("RILL_CPU_AMX");
+  const std::string saved = old ? old : "";
+  for (const char* ok : {"0", "1"}) {
+    ::setenv("RILL_CPU_AMX", ok, 1);
+    EXPECT_FALSE(kquant_amx_env_error().has_value()) << ok;
+  }
+  for (const char* bad : {"yes", "", "2", "01"}) {
+    ::setenv("RILL_CPU_AMX", bad, 1);
+    const auto err = kquant_amx_env_error();
+    ASSERT_TRUE(err.has_value()) << "'" << bad << "'";
+    EXPECT_NE(err->find("RILL_CPU_AMX"), std::string::npos) << *err;
+  }
+  ::unsetenv("RILL_CPU_AMX");
+  EXPECT_FALSE(kquant_amx_env_error().has_value());
+  if (old) ::setenv("RILL_CPU_AMX", saved.c_str(), 1);
 }
 
 // Through the matmul driver (row chunks, 2 threads) with the process's

@@ -75,19 +75,26 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Every tile 16 rows x 64 bytes; loaded once per thread (the tile state is
-// per thread and survives context switches).
-void ensure_tile_config() {
-  thread_local bool configured = false;
-  if (configured) return;
-  TileConfig cfg;
-  for (int i = 0; i < 8; ++i) {
-    cfg.colsb[i] = 64;
-    cfg.rows[i] = 16;
+// Every tile 16 rows x 64 bytes. The tile state is the thread's for one
+// call: loaded at entry and released at exit (TileConfigLease), so no other
+// user of AMX on the thread (another library, a later kernel) can leave it
+// configured otherwise under us, and an idle thread carries no 8 KiB of tile
+// data through its context switches. Both cost nothing next to a call of
+// kMinTokens or more tokens.
+class TileConfigLease {
+ public:
+  TileConfigLease() {
+    TileConfig cfg;
+    for (int i = 0; i < 8; ++i) {
+      cfg.colsb[i] = 64;
+      cfg.rows[i] = 16;
+    }
+    _tile_loadconfig(&cfg);
   }
-  _tile_loadconfig(&cfg);
-  configured = true;
-}
+  ~TileConfigLease() { _tile_release(); }
+  TileConfigLease(const TileConfigLease&) = delete;
+  TileConfigLease& operator=(const TileConfigLease&) = delete;
+};
 
 // Decoders: a super-block's 256 weights w[e] as int16 in element order
 // (v[i]: elements 32 i .. 32 i + 31), plus row n's per-row values in p.
@@ -340,7 +347,7 @@ void gemm_amx_entry(int64_t n, const void* w, size_t w_stride, int n_r, const vo
     amx_detail::g_fallback[static_cast<size_t>(Dec::kType)](n, w, w_stride, n_r, a, a_stride, n_t, y, y_stride);
     return;
   }
-  ensure_tile_config();
+  const TileConfigLease tiles;
   thread_local std::vector<Panel> panel_buf;
   thread_local std::vector<ActPanel> act_buf;
   thread_local std::vector<Stage> stage_buf;

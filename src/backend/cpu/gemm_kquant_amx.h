@@ -14,6 +14,9 @@
 // entry for calls of few tokens). The environment variable RILL_CPU_AMX=0
 // keeps the previous (AVX-512 VNNI) entries; 1 or unset uses AMX where it
 // works. Since both compute the same bits, the switch changes speed only.
+#include <optional>
+#include <string>
+
 #include "backend/cpu/kernels.h"
 #include "core/dtype.h"
 
@@ -26,9 +29,13 @@ bool kquant_amx_usable();
 // Installs the AMX entries over k's gemm entries for Q4_K, Q5_K, Q6_K and
 // IQ4_XS when kquant_amx_usable() and RILL_CPU_AMX is not 0, keeping the
 // replaced entries as the fallback for calls of fewer than
-// kquant_amx_min_tokens() tokens. Throws std::invalid_argument when
-// RILL_CPU_AMX is set to anything but 0 or 1.
+// kquant_amx_min_tokens() tokens. RILL_CPU_AMX=0: nothing installed and
+// no AMX permission asked.
 void fill_kquant_amx(Kernels& k);
+
+// The error for an RILL_CPU_AMX other than unset, 0 or 1 (the CLI refuses
+// it at start, before a model loads), or nullopt.
+std::optional<std::string> kquant_amx_env_error();
 
 // Calls of fewer token rows take the previous entry.
 int kquant_amx_min_tokens();

@@ -18,15 +18,21 @@ namespace {
 
 constexpr DType kAmxTypes[] = {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS};
 
-// RILL_CPU_AMX: unset or "1" -> true, "0" -> false, anything else refused.
+// RILL_CPU_AMX: unset or "1" -> true, "0" -> false. Any other value is
+// refused by the CLI before a model loads (kquant_amx_env_error); a program
+// that embeds the engine without that check gets the default.
 bool amx_wanted() {
   const char* env = std::getenv("RILL_CPU_AMX");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return true;
-  if (std::strcmp(env, "0") == 0) return false;
-  throw std::invalid_argument(std::string("RILL_CPU_AMX: expected 0 or 1, got '") + env + "'");
+  return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
 }  // namespace
+
+std::optional<std::string> kquant_amx_env_error() {
+  const char* env = std::getenv("RILL_CPU_AMX");
+  if (env == nullptr || std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0) return std::nullopt;
+  return std::string("RILL_CPU_AMX: expected 0 or 1, got '") + env + "'";
+}
 
 bool kquant_amx_usable() {
   static const bool usable = [] {
@@ -42,13 +48,11 @@ int kquant_amx_min_tokens() {
 }
 
 void fill_kquant_amx(Kernels& k) {
-  const bool wanted = amx_wanted();
-  if (!kquant_amx_usable()) return;
-  for (DType t : kAmxTypes) {
-    const auto i = static_cast<size_t>(t);
-    amx_detail::g_fallback[i] = k.gemm[i];
-    if (wanted) k.gemm[i] = amx_detail::amx_entry(t);
-  }
+  for (DType t : kAmxTypes) amx_detail::g_fallback[static_cast<size_t>(t)] = k.gemm[static_cast<size_t>(t)];
+  // Not wanted: no permission asked either (Linux would give the process
+  // AMX's larger signal frames for nothing).
+  if (!amx_wanted() || !kquant_amx_usable()) return;
+  for (DType t : kAmxTypes) k.gemm[static_cast<size_t>(t)] = amx_detail::amx_entry(t);
 }
 
 GemmTileFn kquant_amx_gemm(DType w) {
