@@ -179,6 +179,11 @@ struct EngineOptions {
   WeightQuantization quantize = WeightQuantization::kNone;  // kCuda: --quantize fp8 (ModelOptions)
   KvTypeOptions kv_types;                                   // KV storage types per layer and side (ModelOptions)
   bool check_integrity = false;                             // verify the KV structures after every step (tests; slow)
+  // Pipelined decode: on a model that queues steps (CUDA), a step of decode
+  // rounds only is planned and queued while the step before it runs, its
+  // tokens read on the device (engine.cpp run_step). Off: every step waits
+  // for the one before it (for comparisons; the same tokens either way).
+  bool pipelined_decode = true;
   // Prefix-cache tiers below the device cache (see engine/kv_tiers.h).
   int64_t cache_ram_mb = 0;      // host-RAM tier; 0: off
   std::string cache_dir;         // disk tier directory; empty: off
@@ -239,6 +244,7 @@ struct EngineStats {
   double step_target_ms = 0;
   int32_t prefill_cap_tokens = -1;
   int64_t steps_prefill_capped = 0;
+  int64_t steps_pipelined = 0;  // steps queued while the step before them ran (EngineOptions::pipelined_decode)
   std::string last_integrity_error;
   // Speculative decoding: the speculator's name ("" when off) and its draft
   // tokens verified and accepted over all requests.

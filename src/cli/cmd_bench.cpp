@@ -60,6 +60,7 @@ struct BenchOptions {
   int top_k = 0;
   float top_p = 1.0f;
   float min_p = 0.0f;
+  bool serial_steps = false;  // EngineOptions::pipelined_decode off
   DeviceFlags device;
   SpecFlags spec;
   EngineOptions tiers;  // only the cache tier fields (--cache-ram-mb, --cache-dir, ...)
@@ -173,6 +174,7 @@ int run_bench(const BenchOptions& o) {
   eo.batch_invariant = o.device.batch_invariant;
   eo.quantize = o.device.quantization();
   eo.cuda_device_sampling = !o.device.host_sampling;
+  eo.pipelined_decode = !o.serial_steps;
   o.spec.apply(eo);
   auto kv_types = o.device.kv_types.value();
   if (!kv_types.ok()) {
@@ -362,6 +364,9 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--top-p", o->top_p, "top-p of every request (1: off)")->check(CLI::Range(0.0, 1.0));
   sub->add_option("--min-p", o->min_p, "min-p of every request (0: off)")->check(CLI::Range(0.0, 1.0));
   sub->add_flag("--json", o->json, "print the results as JSON");
+  sub->add_flag("--serial-steps", o->serial_steps,
+                "with --device cuda: plan each decode step only once the step before it returned its tokens, "
+                "instead of while it runs (the same tokens; for comparing the two)");
   sub->add_option("--record-tokens", o->record_tokens,
                   "write every request's prompt and output token ids to this file (for --spec replay=FILE)");
   o->device.add_to(sub);

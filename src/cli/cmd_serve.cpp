@@ -29,6 +29,7 @@ struct ServeOptions {
   server::ServerOptions server;
   EngineOptions engine;
   DeviceFlags device;
+  bool serial_steps = false;  // EngineOptions::pipelined_decode off
   SpecFlags spec;
   server::HttpServerOptions http;  // the connection limits below (host, port, io threads, body cap: `server`)
   double shutdown_grace_s = 30;
@@ -135,6 +136,7 @@ int run_serve(ServeOptions& o) {
   o.engine.batch_invariant = o.device.batch_invariant;
   o.engine.quantize = o.device.quantization();
   o.engine.cuda_device_sampling = !o.device.host_sampling;
+  o.engine.pipelined_decode = !o.serial_steps;
   o.spec.apply(o.engine);
   auto kv_types = o.device.kv_types.value();
   if (!kv_types.ok()) {
@@ -260,6 +262,9 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--shutdown-grace", o->shutdown_grace_s,
                   "seconds running requests get to finish after SIGTERM/SIGINT before they end with an error")
       ->check(CLI::Range(0.0, 86400.0));
+  sub->add_flag("--serial-steps", o->serial_steps,
+                "with --device cuda: plan each decode step only once the step before it returned its tokens, "
+                "instead of while it runs (the same tokens; for comparing the two)");
   o->device.add_to(sub);
   o->spec.add_to(sub);
   add_cache_tier_options(*sub, e);

@@ -345,6 +345,7 @@ void EngineImpl::loop() {
       scheduler_.add(p);
     }
     if (stopping) {
+      while (runner_.n_in_flight() > 0) (void)runner_.collect();  // a queued step reads buffers the model owns
       for (auto& [id, r] : live_) {
         if (!r->finished()) finish(*r, FinishReason::kAborted, GenerationEvent{}, "the engine is shutting down");
       }
@@ -370,13 +371,11 @@ void EngineImpl::loop() {
       if (it != live_.end() && !it->second->finished())
         finish(*it->second, FinishReason::kError, GenerationEvent{}, std::move(message));
     }
-    for (uint64_t id : finished_ids_) live_.erase(id);
-    finished_ids_.clear();
+    erase_finished();
     dispatcher_->flush();  // the events of ended requests go out before the step
     if (has_work()) run_step();
     dispatcher_->flush();  // the step's events, in one hand-over
-    for (uint64_t id : finished_ids_) live_.erase(id);
-    finished_ids_.clear();
+    erase_finished();
     if (options_.check_integrity) {
       Status st = kv_.check_integrity();
       if (!st.ok()) {
@@ -388,6 +387,25 @@ void EngineImpl::loop() {
     if (tiers_) tiers_->poll();  // disk writes finished off the engine thread
     publish_stats();
   }
+}
+
+void EngineImpl::erase_finished() {
+  // A step in flight may still name a request that ended (a chained step's
+  // row for it): its chunk points at the Request, which stays in live_
+  // until that step completes.
+  const bool in_flight = runner_.n_in_flight() > 0;
+  const std::vector<ScheduledChunk>& named = launched_[oldest_launched_].chunks;
+  size_t n_kept = 0;
+  for (uint64_t id : finished_ids_) {
+    const bool keep = in_flight && std::any_of(named.begin(), named.end(),
+                                               [&](const ScheduledChunk& c) { return c.request->id == id; });
+    if (keep) {
+      finished_ids_[n_kept++] = id;
+    } else {
+      live_.erase(id);
+    }
+  }
+  finished_ids_.resize(n_kept);
 }
 
 bool EngineImpl::speculation_pays() const {
@@ -500,7 +518,25 @@ void EngineImpl::observe_hidden() {
   chain_scratch_.clear();  // the chains' rows are dead: the blocks go back
 }
 
+// Pipelined decode (EngineOptions::pipelined_decode): while step n runs on
+// a model that queues steps (StepOverlap, the CUDA runtime), step n + 1 is
+// planned, its batch built and queued behind it, its tokens read on the
+// device from step n's draws; then step n's ids come back and are committed
+// (stop conditions, events) while the device runs n + 1. A request that
+// finished at step n had a row in n + 1 for a token that never existed:
+// finish() takes it out of the scheduler's plan of n + 1 and releases its
+// KV, including the slot that row writes (the device writes it before any
+// later step can reuse the block: one stream), and since n + 1's full
+// blocks are offered to the prefix cache only at its step_computed(), with
+// real tokens, the cache never sees that row. The overlap applies only to a
+// step that is exactly the decode rounds of the step in flight (chain_step).
 void EngineImpl::run_step() {
+  if (runner_.n_in_flight() == 0 && !launch_step()) return;
+  chain_step();
+  complete_step();
+}
+
+bool EngineImpl::launch_step() {
   propose_drafts();
   const StepPlan& plan = scheduler_.schedule();
   for (const auto& [r, message] : plan.failed) finish(*r, FinishReason::kError, GenerationEvent{}, message);
@@ -511,7 +547,7 @@ void EngineImpl::run_step() {
       finish(*scheduler_.waiting().front(), FinishReason::kError, GenerationEvent{},
              "the request could not be scheduled (KV cache exhausted)");
     }
-    return;
+    return false;
   }
   const auto now = Clock::now();
   for (const ScheduledChunk& c : plan.chunks) {
@@ -563,39 +599,124 @@ void EngineImpl::run_step() {
   }
   if (speculator_ && speculator_->wants_hidden()) ids = StepIds::kHost;  // hidden states come with logits
   if (ids != StepIds::kHost && !fill_device_masks(plan)) ids = StepIds::kHost;
-  const int32_t n_step_tokens = plan.n_tokens;  // finish() edits the plan's chunks
-  Status st = runner_.run(plan, ids);
-  if (st.ok()) st = scheduler_.step_computed();
+  if (Status st = launch_plan(plan, ids, /*chain=*/false, now); !st.ok()) {
+    fail_plan(plan, st);
+    return false;
+  }
+  return true;
+}
+
+Status EngineImpl::launch_plan(const StepPlan& plan, StepIds ids, bool chain, Clock::time_point start) {
+  RILL_TRY(runner_.launch(plan, ids, chain));
+  LaunchedStep& s = launched_[(oldest_launched_ + runner_.n_in_flight() - 1) % 2];
+  s.chunks.assign(plan.chunks.begin(), plan.chunks.end());  // finish() edits the plan; no allocation once grown
+  s.ids = ids;
+  s.n_tokens = plan.n_tokens;
+  s.start = start;
+  s.computed = false;
+  s.error = Status::Ok();
+  std::lock_guard lk(stats_mu_);
+  ++stats_.steps;
+  stats_.steps_pipelined += chain;
+  const auto n_seqs = static_cast<int32_t>(plan.chunks.size());
+  size_t b = 0;
+  while (b < EngineStats::kBatchSizeBounds.size() && n_seqs > EngineStats::kBatchSizeBounds[b]) ++b;
+  ++stats_.batch_size_counts[b];
+  stats_.batch_size_sum += n_seqs;
+  if (plan.target_s > 0) {
+    stats_.step_target_ms = plan.target_s * 1e3;
+    stats_.prefill_cap_tokens = plan.prefill_cap;
+  }
+  stats_.steps_prefill_capped += plan.prefill_cap >= 0;
+  return Status::Ok();
+}
+
+void EngineImpl::fail_plan(const StepPlan& plan, const Status& st) {
+  // A failed step fails exactly its requests; their KV is released.
+  step_chunks_.assign(plan.chunks.begin(), plan.chunks.end());  // finish() edits the plan
+  for (const ScheduledChunk& c : step_chunks_) {
+    finish(*c.request, FinishReason::kError, GenerationEvent{}, "the forward pass failed: " + st.error().message);
+  }
+}
+
+bool EngineImpl::can_chain() const {
+  // Serial, and why: without a device queue there is nothing to overlap
+  // (the CPU backend computes within the call); a speculator proposes from
+  // the tokens just sampled and may read hidden states; a host step
+  // (logprobs, penalties, logit bias, thinking budgets, prompt scoring)
+  // needs its logits before the next step's sampler state exists; a masked
+  // step's next mask depends on the token just sampled (grammars).
+  if (!options_.pipelined_decode || speculator_ || runner_.n_in_flight() != 1 || !runner_.can_queue()) return false;
+  const LaunchedStep& s = launched_[oldest_launched_];
+  if (s.ids == StepIds::kHost || !runner_.oldest_queued()) return false;
+  // The next step must be exactly one token for each request of this one,
+  // in the same order (its tokens are this step's sample rows in order):
+  // no request ended since it was planned, every chunk samples one token,
+  // and the scheduler would plan those rounds and nothing else (no
+  // admission, prefill or preemption, so no request waits longer for it).
+  const std::vector<Request*>& running = scheduler_.running();
+  if (s.chunks.size() != running.size()) return false;
+  for (size_t i = 0; i < s.chunks.size(); ++i) {
+    const ScheduledChunk& c = s.chunks[i];
+    const Request& r = *c.request;
+    if (c.request != running[i] || r.finished() || c.n_tokens != 1 || c.n_draft != 0 || !c.samples) return false;
+    if (r.params.prompt_only || r.params.embed || r.params.logprobs >= 0 || r.matcher ||
+        r.params.thinking.budget >= 0 || r.sampler->edits_logits())
+      return false;
+    if (s.ids == StepIds::kGreedy && !r.sampler->is_plain_greedy()) return false;
+  }
+  return scheduler_.next_plan_is_rounds_only();
+}
+
+void EngineImpl::chain_step() {
+  if (!can_chain()) return;
+  LaunchedStep& s = launched_[oldest_launched_];
+  // The step in flight's bookkeeping first (its tokens' KV counts as
+  // computed, its full blocks, whose tokens are all known, go to the
+  // prefix cache), so the scheduler plans the next round. The device
+  // computes them before anything planned later reads them (one stream).
+  // Should the step fail on the device, its requests fail at
+  // complete_step() (a device error also fails every later step).
+  s.computed = true;
+  s.error = scheduler_.step_computed();
+  if (!s.error.ok()) return;
+  // Each request's next token is the one the device draws now: a
+  // placeholder (0, a valid id) holds its place while the plan and batch
+  // are built, and leaves before the real token is committed.
+  for (const ScheduledChunk& c : s.chunks) c.request->tokens.push_back(0);
+  const StepPlan& plan = scheduler_.schedule();
+  assert(plan.chunks.size() == s.chunks.size() && plan.preempted.empty() && plan.failed.empty());
+  const Status st = launch_plan(plan, s.ids, /*chain=*/true, Clock::now());
+  for (const ScheduledChunk& c : s.chunks) c.request->tokens.pop_back();
+  if (!st.ok()) fail_plan(plan, st);  // the requests of the step in flight: it completes with none left
+}
+
+void EngineImpl::complete_step() {
+  LaunchedStep& s = launched_[oldest_launched_];
+  oldest_launched_ = (oldest_launched_ + 1) % 2;
+  Status st = runner_.collect();
+  if (st.ok()) st = s.error;
+  if (st.ok() && !s.computed) st = scheduler_.step_computed();  // the scheduler's plan is still this step's
+  std::swap(step_chunks_, s.chunks);
   if (!st.ok()) {
-    // A failed step fails exactly its requests; their KV is released.
-    step_chunks_.assign(plan.chunks.begin(), plan.chunks.end());  // finish() edits the plan
     for (const ScheduledChunk& c : step_chunks_) {
       finish(*c.request, FinishReason::kError, GenerationEvent{}, "the forward pass failed: " + st.error().message);
     }
     return;
   }
-  {
-    std::lock_guard lk(stats_mu_);
-    ++stats_.steps;
-    const auto n_seqs = static_cast<int32_t>(plan.chunks.size());
-    size_t b = 0;
-    while (b < EngineStats::kBatchSizeBounds.size() && n_seqs > EngineStats::kBatchSizeBounds[b]) ++b;
-    ++stats_.batch_size_counts[b];
-    stats_.batch_size_sum += n_seqs;
-    if (plan.target_s > 0) {
-      stats_.step_target_ms = plan.target_s * 1e3;
-      stats_.prefill_cap_tokens = plan.prefill_cap;
-    }
-    stats_.steps_prefill_capped += plan.prefill_cap >= 0;
-  }
-  const double step_s = seconds(now, Clock::now());
-  for (const ScheduledChunk& c : plan.chunks) {
+  const StepIds ids = s.ids;
+  // The wall time a decoding stream waited for this step's token: from its
+  // launch, or from the step before it completing when it was queued
+  // behind it (the forward, sampling and delivery: what latency-aware
+  // planning bounds).
+  const auto start = std::max(s.start, last_completed_);
+  const double step_s = seconds(start, Clock::now());
+  for (const ScheduledChunk& c : step_chunks_) {
     if (c.request->n_computed - c.n_tokens < c.request->n_prompt) {  // this chunk computed prompt tokens
       ++c.request->prefill_steps;
       c.request->longest_prefill_step_s = std::max(c.request->longest_prefill_step_s, step_s);
     }
   }
-  step_chunks_.assign(plan.chunks.begin(), plan.chunks.end());  // finish() edits the plan; no allocation once grown
   chunk_starts_.clear();  // each chunk's first position, before verification moves n_computed
   for (const ScheduledChunk& c : step_chunks_) chunk_starts_.push_back(c.request->n_computed - c.n_tokens);
   for (size_t i = 0; i < step_chunks_.size(); ++i) {
@@ -622,9 +743,8 @@ void EngineImpl::run_step() {
     if (!r.finished()) deliver(r, std::move(event));
   }
   if (speculator_ && speculator_->wants_hidden()) observe_hidden();
-  // The wall time a decoding stream waited for this step's token: the
-  // forward, sampling and delivery (what latency-aware planning bounds).
-  scheduler_.cost_model().observe(n_step_tokens, seconds(now, Clock::now()));
+  last_completed_ = Clock::now();
+  scheduler_.cost_model().observe(s.n_tokens, seconds(start, last_completed_));
 }
 
 int32_t EngineImpl::pick_token(Request& r, int32_t row, StepIds ids, SampledToken* sampled) {

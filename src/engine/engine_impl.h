@@ -51,9 +51,30 @@ class EngineImpl final : public Engine {
   Status validate(const GenerationRequest& r) const;
   void loop();
   bool has_work() const { return !live_.empty(); }
+  // Erases the finished requests from live_, but for those a step in
+  // flight still names (kept until it completes).
+  void erase_finished();
   void take_inbox(std::vector<std::unique_ptr<Request>>& incoming, std::vector<uint64_t>& cancels,
                   std::vector<std::pair<uint64_t, std::string>>& consumer_failures);
+  // One step: launches one unless a step is in flight, chains the next
+  // behind it where it can (pipelined decode, see engine.cpp), then
+  // completes the oldest step in flight.
   void run_step();
+  // Plans and launches a step; false when nothing was launched (an empty
+  // plan, or its launch failed and its requests with it).
+  bool launch_step();
+  // Launches a planned step (chain: its tokens are the draws of the step in
+  // flight) and records it in launched_; `start` is when its planning began.
+  Status launch_plan(const StepPlan& plan, StepIds ids, bool chain, std::chrono::steady_clock::time_point start);
+  // Ends the requests of a step that could not run.
+  void fail_plan(const StepPlan& plan, const Status& st);
+  // Whether the next step may be queued behind the one in flight.
+  bool can_chain() const;
+  // Plans and queues the next round behind the step in flight when
+  // can_chain(); otherwise does nothing.
+  void chain_step();
+  // Collects the oldest step in flight and commits its tokens.
+  void complete_step();
   // Appends drafts to the decoding requests that speculate this step.
   void propose_drafts();
   // False when the decode rounds are compute-bound (no drafts this step).
@@ -131,7 +152,20 @@ class EngineImpl final : public Engine {
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Request>> live_;
   std::vector<uint64_t> finished_ids_;       // erased from live_ after the step
-  std::vector<ScheduledChunk> step_chunks_;  // this step's plan, copied (finish() edits the plan)
+  std::vector<ScheduledChunk> step_chunks_;  // the completing step's plan, copied (finish() edits the plan)
+  // Steps launched and not completed (ModelRunner::n_in_flight(), at most
+  // two), oldest at oldest_launched_.
+  struct LaunchedStep {
+    std::vector<ScheduledChunk> chunks;  // its plan, copied
+    StepIds ids = StepIds::kHost;
+    int32_t n_tokens = 0;
+    std::chrono::steady_clock::time_point start;  // when its planning began
+    bool computed = false;                        // Scheduler::step_computed() done (a step was chained behind it)
+    Status error;                                 // of that step_computed()
+  };
+  LaunchedStep launched_[2];
+  int oldest_launched_ = 0;
+  std::chrono::steady_clock::time_point last_completed_;  // the last complete_step()'s end
 
   // Inbox, guarded by mu_.
   std::mutex mu_;

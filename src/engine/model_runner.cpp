@@ -20,7 +20,8 @@ void pack_mask(std::span<const uint64_t> mask, int64_t n_vocab, uint32_t* out) {
 
 }  // namespace
 
-ModelRunner::ModelRunner(Model& model, const KvManager& kv) : model_(model), kv_(kv) {
+ModelRunner::ModelRunner(Model& model, const KvManager& kv)
+    : model_(model), overlap_(dynamic_cast<StepOverlap*>(&model)), kv_(kv) {
   const size_t n_groups = model_.kv_spec().size();
   batch_.group_tables.resize(n_groups > 0 ? n_groups - 1 : 0);
   for (size_t g = 0; g < n_groups && recurrent_group_ < 0; ++g) {
@@ -28,12 +29,41 @@ ModelRunner::ModelRunner(Model& model, const KvManager& kv) : model_(model), kv_
   }
 }
 
-Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
+Status ModelRunner::launch(const StepPlan& plan, StepIds mode, bool chain) {
+  assert(n_launched_ < 2);
+  Launched& l = launched_[(oldest_ + n_launched_) % 2];
+  int32_t n_masked = 0;
+  const int32_t n_sample = build(plan, mode, l.rows, n_masked);
+  l.queued = mode != StepIds::kHost && n_masked == 0 && n_sample > 0 && can_queue();
+  if (chain && !l.queued) return Error{"a chained step must be queued on the model (StepOverlap)"};
+  if (l.queued) {
+    RILL_TRY(overlap_->launch_ids(batch_, mode == StepIds::kSample ? rows_.data() : nullptr, chain));
+    if (ids_.size() < static_cast<size_t>(n_sample)) ids_.resize(static_cast<size_t>(n_sample));
+  } else {
+    assert(n_launched_ == 0);  // computed now: nothing may be queued before it
+    l.status = compute_now(mode, n_sample, n_masked);
+  }
+  ++n_launched_;
+  return Status::Ok();
+}
+
+Status ModelRunner::collect() {
+  assert(n_launched_ > 0);
+  Launched& l = launched_[oldest_];
+  current_ = oldest_;
+  oldest_ = (oldest_ + 1) % 2;
+  --n_launched_;
+  if (!l.queued) return l.status;
+  return overlap_->take_ids(ids_.data());
+}
+
+int32_t ModelRunner::build(const StepPlan& plan, StepIds mode, std::vector<ChunkRows>& chunk_rows, int32_t& n_masked) {
   batch_.clear();
   rows_.clear();
-  chunk_rows_.clear();
+  chunk_rows.clear();
   row_masks_.clear();
-  int32_t n_sample = 0, n_masked = 0;
+  int32_t n_sample = 0;
+  n_masked = 0;
   const int64_t n_words = token_mask_words(model_.n_vocab());
   const auto n_groups = static_cast<int32_t>(model_.kv_spec().size());
   for (const ScheduledChunk& c : plan.chunks) {
@@ -57,7 +87,7 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
     if (rows.samples) {
       for (int32_t k = rows.n_draft; k >= 0; --k) batch_.sample_rows.push_back(batch_.n_tokens() - 1 - k);
     }
-    chunk_rows_.push_back(rows);
+    chunk_rows.push_back(rows);
     BatchSeq& bs = batch_.seqs[static_cast<size_t>(s)];
     bs.decode_from = r.n_prompt;  // so a recomputed output token is computed as it was decoded
     bs.kv_tail = kv_.kv_tail_slot(seq);
@@ -86,6 +116,11 @@ Status ModelRunner::run(const StepPlan& plan, StepIds mode) {
       }
     }
   }
+  return n_sample;
+}
+
+Status ModelRunner::compute_now(StepIds mode, int32_t n_sample, int32_t n_masked) {
+  const int64_t n_words = token_mask_words(model_.n_vocab());
   if (mode != StepIds::kHost) {
     if (ids_.size() < static_cast<size_t>(n_sample)) ids_.resize(static_cast<size_t>(n_sample));
     // Only constrained rows carry a mask; a step without any passes none.

@@ -10,6 +10,7 @@
 #include "engine/scheduler.h"
 #include "kv/kv_manager.h"
 #include "model/model.h"
+#include "model/step_overlap.h"
 
 namespace rill {
 
@@ -49,9 +50,31 @@ class ModelRunner {
   // In both, a sampling chunk whose request grammar_applies() draws under
   // its Request::mask, which the caller filled for this token (and such a
   // chunk verifies no drafts: their masks depend on the drafts before them).
-  Status run(const StepPlan& plan, StepIds mode = StepIds::kHost);
-  // One entry per plan chunk, in plan order.
-  const std::vector<ChunkRows>& chunk_rows() const { return chunk_rows_; }
+  Status run(const StepPlan& plan, StepIds mode = StepIds::kHost) {
+    RILL_TRY(launch(plan, mode));
+    return collect();
+  }
+
+  // run() in two halves (pipelined decode, model/step_overlap.h): launch()
+  // starts the step, collect() completes the oldest step launched and makes
+  // its results readable (chunk_rows(), token(), logits()). A kGreedy or
+  // kSample step without token masks on a model that queues steps
+  // (can_queue()) is queued and returns at once; any other step is computed
+  // within launch() and requires no step in flight. At most two steps are
+  // in flight. chain: the plan's tokens are the ids the step in flight
+  // draws, read on the device (StepOverlap::launch_ids: one token per
+  // chunk, one chunk per sample row of that step, in its row order);
+  // requires can_queue() and a queued step. The plan's token ids at those
+  // positions are placeholders.
+  Status launch(const StepPlan& plan, StepIds mode, bool chain = false);
+  Status collect();
+  int n_in_flight() const { return n_launched_; }
+  // The oldest step in flight is queued on the model (a chained step may follow it).
+  bool oldest_queued() const { return n_launched_ > 0 && launched_[oldest_].queued; }
+  bool can_queue() const { return overlap_ != nullptr && overlap_->can_queue_steps(); }
+
+  // One entry per plan chunk of the step collected last, in plan order.
+  const std::vector<ChunkRows>& chunk_rows() const { return launched_[current_].rows; }
   float* logits(int32_t sample_index) {
     return logits_.data() + static_cast<size_t>(sample_index) * static_cast<size_t>(model_.n_vocab());
   }
@@ -71,8 +94,23 @@ class ModelRunner {
   const Batch& batch() const { return batch_; }
 
  private:
+  // A launched step: its chunks' rows and how it completes.
+  struct Launched {
+    std::vector<ChunkRows> rows;
+    bool queued = false;  // on overlap_, completed by take_ids
+    Status status;        // a step computed in launch(): its result
+  };
+  // Builds batch_ (and rows_, the masks) for the plan; returns the sample
+  // row count and whether any row is masked.
+  int32_t build(const StepPlan& plan, StepIds mode, std::vector<ChunkRows>& rows, int32_t& n_masked);
+  // The model call of a step computed in launch().
+  Status compute_now(StepIds mode, int32_t n_sample, int32_t n_masked);
+
   Model& model_;
+  StepOverlap* overlap_ = nullptr;  // the model's, when it has one
   const KvManager& kv_;
+  Launched launched_[2];
+  int oldest_ = 0, n_launched_ = 0, current_ = 0;
   int32_t recurrent_group_ = -1;  // the kv spec's recurrent group; -1: none
   Batch batch_;
   std::vector<float> logits_;               // [n_sample, n_vocab]
@@ -80,7 +118,6 @@ class ModelRunner {
   std::vector<DeviceSamplingParams> rows_;  // [n_sample], kSample steps
   std::vector<int32_t> row_masks_;          // [n_sample], kGreedy and kSample steps: TokenMasks::row_mask
   std::vector<uint32_t> mask_words_;        // [n_masked, token_mask_words(n_vocab)]: TokenMasks::words
-  std::vector<ChunkRows> chunk_rows_;       // [plan chunks]
   std::vector<float> pooled_;               // [pool_seqs, n_dims]
   bool want_hidden_ = false;
   std::vector<float> hidden_;  // [n_tokens, n_embd] with want_hidden_

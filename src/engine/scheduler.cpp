@@ -234,6 +234,18 @@ const StepPlan& Scheduler::schedule() {
   return plan_;
 }
 
+bool Scheduler::next_plan_is_rounds_only() const {
+  const auto n_running = static_cast<int32_t>(running_.size());
+  if (n_running == 0 || n_running > options_.token_budget) return false;
+  if (!waiting_.empty() && n_running < options_.max_running) return false;  // admission would run
+  int32_t n_blocks = 0;
+  for (const Request* r : running_) {
+    if (!r->decoding() || r->n_draft > 0) return false;
+    n_blocks += kv_.blocks_needed(static_cast<int64_t>(r->id), 1);
+  }
+  return n_blocks <= kv_.n_free_blocks();
+}
+
 Status Scheduler::step_computed() {
   for (ScheduledChunk& c : plan_.chunks) {
     Request* r = c.request;

@@ -105,6 +105,14 @@ class Scheduler {
   // append). The engine must then compute the plan and call
   // step_computed(), or remove() the requests on failure.
   const StepPlan& schedule();
+  // Pipelined decode: called while every running request's decode round
+  // is in flight (planned, not yet step_computed()). True when, once that
+  // step is computed and each request has its next token, schedule() will
+  // plan exactly one token for every running request, in running() order,
+  // and nothing else: each decodes without drafts, the budget and the free
+  // blocks hold one more token each (no preemption), and no waiting
+  // request could be admitted.
+  bool next_plan_is_rounds_only() const;
   // After a successful forward: advances each chunk's n_computed and offers
   // newly full blocks to the prefix cache.
   Status step_computed();

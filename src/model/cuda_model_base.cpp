@@ -263,22 +263,27 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   const size_t blocks_per_seq = static_cast<size_t>((n_ctx_ + block_size_ - 1) / block_size_);
   table_cap_ = std::min(T, S + 16) * blocks_per_seq + 1;  // + the padding rows' scratch block
   cuda::Arena meta_sizing;
-  meta_host_.carve(meta_sizing, T, S, table_cap_, n_groups);
-  RILL_ASSIGN_OR_RETURN(meta_host_buf_, cuda::PinnedBuffer::allocate(meta_sizing.used(), "step metadata"));
+  meta_dev_.carve(meta_sizing, T, S, table_cap_, n_groups);
   RILL_ASSIGN_OR_RETURN(meta_dev_buf_, cuda::DeviceBuffer::allocate(meta_sizing.used(), "step metadata"));
-  cuda::Arena mh(meta_host_buf_.data()), md(meta_dev_buf_.data());
-  meta_host_.carve(mh, T, S, table_cap_, n_groups);
+  cuda::Arena md(meta_dev_buf_.data());
   meta_dev_.carve(md, T, S, table_cap_, n_groups);
-  RILL_ASSIGN_OR_RETURN(ids_host_, cuda::PinnedBuffer::allocate(S * sizeof(int32_t), "greedy ids"));
   // The draws' inputs: a token mask per row is 1/32 of the row's logits.
   const auto n_words = static_cast<size_t>(token_mask_words(V_));
   cuda::Arena draw_sizing;
-  draw_host_.carve(draw_sizing, S, n_words);
-  RILL_ASSIGN_OR_RETURN(draw_host_buf_, cuda::PinnedBuffer::allocate(draw_sizing.used(), "sampling parameters"));
+  draw_dev_.carve(draw_sizing, S, n_words);
   RILL_ASSIGN_OR_RETURN(draw_dev_buf_, cuda::DeviceBuffer::allocate(draw_sizing.used(), "sampling parameters"));
-  cuda::Arena dh(draw_host_buf_.data()), dd(draw_dev_buf_.data());
-  draw_host_.carve(dh, S, n_words);
+  cuda::Arena dd(draw_dev_buf_.data());
   draw_dev_.carve(dd, S, n_words);
+  for (int k = 0; k < 2; ++k) {  // the two host sets (launch_ids)
+    RILL_ASSIGN_OR_RETURN(meta_host_buf_[k], cuda::PinnedBuffer::allocate(meta_sizing.used(), "step metadata"));
+    cuda::Arena mh(meta_host_buf_[k].data());
+    meta_host_[k].carve(mh, T, S, table_cap_, n_groups);
+    RILL_ASSIGN_OR_RETURN(ids_host_[k], cuda::PinnedBuffer::allocate(S * sizeof(int32_t), "greedy ids"));
+    RILL_ASSIGN_OR_RETURN(draw_host_buf_[k], cuda::PinnedBuffer::allocate(draw_sizing.used(), "sampling parameters"));
+    cuda::Arena dh(draw_host_buf_[k].data());
+    draw_host_[k].carve(dh, S, n_words);
+    RILL_TRY(ids_ready_[k].create());
+  }
 
   // KV pool: explicit bytes, else a share of device memory, else whole contexts.
   const int64_t n_kv_layers = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
@@ -454,6 +459,7 @@ Status CudaModelBase::gather_logits(int64_t n_sample) {
 // of the step is the collectives; TensorParallelModel reads rank 0).
 Status CudaModelBase::forward(const Batch& batch, float* logits) {
   if (batch.n_tokens() <= 0) return {};
+  if (n_queued_ > 0) return Error{"forward: a queued step was not taken (StepOverlap::take_ids)"};
   RILL_TRY(compute(batch));
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
   if (n_sample > 0 && logits) {
@@ -464,6 +470,7 @@ Status CudaModelBase::forward(const Batch& batch, float* logits) {
 }
 
 Status CudaModelBase::compute_kind(const Batch& batch, StepKind kind, float* logits, float* rows) {
+  if (n_queued_ > 0) return Error{"a queued step was not taken (StepOverlap::take_ids)"};
   step_kind_ = kind;
   const Status st = compute(batch);
   step_kind_ = StepKind::kForward;
@@ -501,63 +508,111 @@ Status CudaModelBase::forward_mtp(const Batch& batch, const float* hidden, float
   return compute_kind(batch, StepKind::kMtp, logits, mtp_hidden);
 }
 
-// Masked steps pick their argmax in the sampler's kernel, which reads the
-// masks; unmasked ones in argmax_rows, as before masks existed.
+StepEvent::~StepEvent() {
+  if (e_) cudaEventDestroy(e_);
+}
+
+Status StepEvent::create() {
+  RILL_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+  return Status::Ok();
+}
+
 Status CudaModelBase::forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) {
   if (batch.n_tokens() <= 0) return {};
-  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
-  // After compute(): a tensor-parallel rank 0 that returned before it would
-  // leave the other ranks waiting in the step's collectives.
-  RILL_TRY(compute(batch));
-  RILL_TRY(check_token_masks(masks, n_sample, V_));
-  if (n_sample > 0 && masks.empty()) cuda::argmax_rows(logits_, n_sample, V_, ids_dev_, ctx_->stream());
-  if (n_sample > 0 && !masks.empty()) {
-    const TokenMasks dev = stage_masks(masks, n_sample);
-    const auto* from = reinterpret_cast<const uint8_t*>(draw_host_.row_mask);
-    RILL_CUDA_CHECK(cudaMemcpyAsync(draw_dev_.row_mask, from, static_cast<size_t>(masks_end(masks) - from),
-                                    cudaMemcpyHostToDevice, ctx_->stream()));
-    cuda::sample_rows(logits_, n_sample, V_, nullptr, dev, ids_dev_, nullptr, ctx_->stream());
-  }
-  return read_ids(n_sample, ids);
+  if (n_queued_ > 0) return Error{"forward_greedy: a queued step was not taken (StepOverlap::take_ids)"};
+  RILL_TRY(enqueue_ids(batch, nullptr, masks));
+  return wait_ids(host_slot_, static_cast<int64_t>(batch.sample_rows.size()), ids);
 }
 
 Status CudaModelBase::forward_sample(const Batch& batch, const DeviceSamplingParams* rows, const TokenMasks& masks,
                                      int32_t* ids) {
   if (batch.n_tokens() <= 0) return {};
+  if (n_queued_ > 0) return Error{"forward_sample: a queued step was not taken (StepOverlap::take_ids)"};
+  RILL_TRY(enqueue_ids(batch, rows, masks));
+  return wait_ids(host_slot_, static_cast<int64_t>(batch.sample_rows.size()), ids);
+}
+
+Status CudaModelBase::launch_ids(const Batch& batch, const DeviceSamplingParams* rows, bool chain_ids) {
+  if (!can_queue_steps()) return Error{"launch_ids: this CUDA model does not queue steps"};
+  if (n_queued_ >= 2) return Error{"launch_ids: two steps are queued already"};
+  if (batch.n_tokens() <= 0) return Error{"launch_ids: an empty batch"};
+  if (chain_ids) {
+    const bool one_each =
+        std::all_of(batch.seqs.begin(), batch.seqs.end(), [](const BatchSeq& q) { return q.q_len == 1; });
+    if (n_queued_ == 0 || queued_[n_queued_ - 1].n_sample != batch.n_tokens() || !one_each) {
+      return Error{"launch_ids: a chained step needs one token per sequence for each sample row of the queued step"};
+    }
+  }
+  chain_ids_ = chain_ids;
+  const Status st = enqueue_ids(batch, rows, TokenMasks{});
+  chain_ids_ = false;
+  RILL_TRY(st);
+  queued_[n_queued_++] = {host_slot_, static_cast<int64_t>(batch.sample_rows.size())};
+  return Status::Ok();
+}
+
+Status CudaModelBase::take_ids(int32_t* ids) {
+  if (n_queued_ == 0) return Error{"take_ids: no step is queued"};
+  const QueuedStep q = queued_[0];
+  queued_[0] = queued_[1];
+  --n_queued_;
+  return wait_ids(q.slot, q.n_sample, ids);
+}
+
+// Masked steps pick their argmax in the sampler's kernel, which reads the
+// masks; unmasked ones in argmax_rows, as before masks existed.
+Status CudaModelBase::enqueue_ids(const Batch& batch, const DeviceSamplingParams* rows, const TokenMasks& masks) {
+  // The other host set: the last step's set stays untouched while that
+  // step may be queued (its uploads may not have run yet); the set before
+  // it belongs to a step already taken (launch_ids queues at most two, and
+  // forward calls run with none queued).
+  host_slot_ ^= 1;
   const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
   // After compute(): a tensor-parallel rank 0 that returned before it would
   // leave the other ranks waiting in the step's collectives.
   RILL_TRY(compute(batch));
   RILL_TRY(check_token_masks(masks, n_sample, V_));
-  if (n_sample > 0) {
-    // The previous step's upload from the pinned rows finished at its
-    // synchronize, so they may be rewritten now. One copy: the rows, and
-    // the masks after them when the step has any.
-    std::memcpy(draw_host_.params, rows, static_cast<size_t>(n_sample) * sizeof(DeviceSamplingParams));
+  cudaStream_t st = ctx_->stream();
+  if (n_sample > 0 && rows) {
+    // One copy: the rows, and the masks after them when the step has any.
+    DrawInputs& dh = draw_host_[host_slot_];
+    std::memcpy(dh.params, rows, static_cast<size_t>(n_sample) * sizeof(DeviceSamplingParams));
     const TokenMasks dev = masks.empty() ? TokenMasks{} : stage_masks(masks, n_sample);
-    const auto* from = reinterpret_cast<const uint8_t*>(draw_host_.params);
+    const auto* from = reinterpret_cast<const uint8_t*>(dh.params);
     const size_t bytes = masks.empty() ? static_cast<size_t>(n_sample) * sizeof(DeviceSamplingParams)
                                        : static_cast<size_t>(masks_end(masks) - from);
-    RILL_CUDA_CHECK(cudaMemcpyAsync(draw_dev_.params, from, bytes, cudaMemcpyHostToDevice, ctx_->stream()));
-    cuda::sample_rows(logits_, n_sample, V_, draw_dev_.params, dev, ids_dev_, nullptr, ctx_->stream());
+    RILL_CUDA_CHECK(cudaMemcpyAsync(draw_dev_.params, from, bytes, cudaMemcpyHostToDevice, st));
+    cuda::sample_rows(logits_, n_sample, V_, draw_dev_.params, dev, ids_dev_, nullptr, st);
+  } else if (n_sample > 0 && masks.empty()) {
+    cuda::argmax_rows(logits_, n_sample, V_, ids_dev_, st);
+  } else if (n_sample > 0) {
+    const TokenMasks dev = stage_masks(masks, n_sample);
+    const auto* from = reinterpret_cast<const uint8_t*>(draw_host_[host_slot_].row_mask);
+    RILL_CUDA_CHECK(cudaMemcpyAsync(draw_dev_.row_mask, from, static_cast<size_t>(masks_end(masks) - from),
+                                    cudaMemcpyHostToDevice, st));
+    cuda::sample_rows(logits_, n_sample, V_, nullptr, dev, ids_dev_, nullptr, st);
   }
-  return read_ids(n_sample, ids);
+  if (n_sample > 0) {
+    RILL_CUDA_CHECK(cudaMemcpyAsync(ids_host_[host_slot_].data(), ids_dev_,
+                                    static_cast<size_t>(n_sample) * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  }
+  RILL_CUDA_CHECK(cudaEventRecord(ids_ready_[host_slot_].get(), st));
+  return Status::Ok();
 }
 
 TokenMasks CudaModelBase::stage_masks(const TokenMasks& masks, int64_t n_sample) {
-  std::memcpy(draw_host_.row_mask, masks.row_mask, static_cast<size_t>(n_sample) * sizeof(int32_t));
-  std::memcpy(draw_host_.words, masks.words,
+  DrawInputs& dh = draw_host_[host_slot_];
+  std::memcpy(dh.row_mask, masks.row_mask, static_cast<size_t>(n_sample) * sizeof(int32_t));
+  std::memcpy(dh.words, masks.words,
               static_cast<size_t>(masks.n_masked) * static_cast<size_t>(masks.n_words) * sizeof(uint32_t));
   return {draw_dev_.row_mask, draw_dev_.words, masks.n_masked, masks.n_words};
 }
 
-Status CudaModelBase::read_ids(int64_t n_sample, int32_t* ids) {
-  if (n_sample > 0) {
-    RILL_CUDA_CHECK(cudaMemcpyAsync(ids_host_.data(), ids_dev_, static_cast<size_t>(n_sample) * sizeof(int32_t),
-                                    cudaMemcpyDeviceToHost, ctx_->stream()));
+Status CudaModelBase::wait_ids(int slot, int64_t n_sample, int32_t* ids) {
+  if (cudaError_t e = cudaEventSynchronize(ids_ready_[slot].get()); e != cudaSuccess) {
+    return Error{cuda::cuda_error_text(e, "CUDA step")};
   }
-  RILL_TRY(ctx_->synchronize());
-  std::memcpy(ids, ids_host_.data(), static_cast<size_t>(n_sample) * sizeof(int32_t));
+  std::memcpy(ids, ids_host_[slot].data(), static_cast<size_t>(n_sample) * sizeof(int32_t));
   return Status::Ok();
 }
 
@@ -584,7 +639,7 @@ Status CudaModelBase::compute(const Batch& batch) {
   const size_t n_table = batch.block_table.size();
 
   // Host: the step's index arrays.
-  StepMeta& mh = meta_host_;
+  StepMeta& mh = meta_host_[host_slot_];
   std::memcpy(mh.ids, batch.token_ids.data(), static_cast<size_t>(n) * 4);
   std::memcpy(mh.pos, batch.positions.data(), static_cast<size_t>(n) * 4);
   std::memcpy(mh.seq_of, batch.seq_index.data(), static_cast<size_t>(n) * 4);
@@ -649,6 +704,12 @@ Status CudaModelBase::compute(const Batch& batch) {
   RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_.ids, mh.ids, meta_bytes, cudaMemcpyHostToDevice, st));
   for (int g = 1; g < n_groups; ++g) {
     RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_.tables[g], mh.tables[g], n_used * 4, cudaMemcpyHostToDevice, st));
+  }
+  // A chained step's tokens are the queued step's ids (launch_ids): its
+  // sample rows are this step's tokens in order, and ids_dev_ is rewritten
+  // only by this step's draws, after every kernel that reads meta_dev_.ids.
+  if (chain_ids_) {
+    RILL_CUDA_CHECK(cudaMemcpyAsync(meta_dev_.ids, ids_dev_, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice, st));
   }
   // An MTP step runs the MTP layer (or Gemma 4's assistant's four
   // attention layers): its batch names no state slots and its graph reads

@@ -7,7 +7,9 @@
 // one copy from pinned memory, decode
 // steps replayed as CUDA graphs, and forward / forward_greedy /
 // forward_sample (ids drawn on the device under the step's token masks,
-// backend/cuda/sampling.h). A
+// backend/cuda/sampling.h), which may also be queued without waiting and
+// chained, the next step's tokens read on the device from the ids the
+// queued one draws (StepOverlap, model/step_overlap.h). A
 // family supplies its weights, its activations and run_layers() (every
 // kernel of one step). A family on the device-neutral Backend (the Llama and
 // Gemma graphs) calls create_backend(), places its weights through
@@ -38,6 +40,7 @@
 #include "model/cuda_shard.h"
 #include "model/model.h"
 #include "model/state_pool.h"
+#include "model/step_overlap.h"
 #include "model/tensor_split.h"
 
 #if RILL_HAVE_CUDA
@@ -120,7 +123,21 @@ struct DrawInputs {
   void carve(cuda::Arena& a, size_t S, size_t n_words);
 };
 
-class CudaModelBase : public Model {
+// A CUDA event without timing, destroyed with its owner.
+class StepEvent {
+ public:
+  StepEvent() = default;
+  StepEvent(const StepEvent&) = delete;
+  StepEvent& operator=(const StepEvent&) = delete;
+  ~StepEvent();
+  Status create();
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+class CudaModelBase : public Model, public StepOverlap {
  public:
   const ModelConfig& config() const override { return cfg_; }
   int64_t n_vocab() const override { return cfg_.n_vocab; }
@@ -143,6 +160,15 @@ class CudaModelBase : public Model {
   bool has_forward_sample() const override { return device_sampling_; }
   Status forward_sample(const Batch& batch, const DeviceSamplingParams* rows, const TokenMasks& masks,
                         int32_t* ids) override;
+  // StepOverlap. Host buffers a queued step reads (step metadata, draw
+  // parameters, the ids it copies back) come in two sets used in turn, so
+  // a step is prepared while the one before it may still read its set;
+  // the device's own buffers are used in stream order. Not for recurrent
+  // families (their state indices have one host set), shards or KV tails.
+  bool can_queue_steps() const override { return !states_ && !sharded() && n_kv_tail_slots() == 0; }
+  Status launch_ids(const Batch& batch, const DeviceSamplingParams* rows, bool chain_ids) override;
+  Status take_ids(int32_t* ids) override;
+  int n_queued() const override { return n_queued_; }
   ~CudaModelBase() override;
 
   // KV export and import for the prefix cache tiers (model/cuda_kv_export.cpp):
@@ -324,13 +350,20 @@ class CudaModelBase : public Model {
   // Uploads the step's indices and computes logits_ for the sample rows;
   // decode-only steps replay a CUDA graph per (padded batch, split count).
   Status compute(const Batch& batch);
-  // Copies the ids of the step's n_sample rows (in ids_dev_) to `ids`.
-  Status read_ids(int64_t n_sample, int32_t* ids);
-  // Copies `masks` (host, checked) into draw_host_; returns their device
-  // view in draw_dev_, valid once draw_host_ is uploaded up to masks_end().
+  // compute() then the draws of the step's sample rows into ids_dev_
+  // (rows == nullptr: argmax, or the masked argmax) and their copy to the
+  // host set in use, marked by its event; waits for nothing. Switches
+  // host_slot_ first.
+  Status enqueue_ids(const Batch& batch, const DeviceSamplingParams* rows, const TokenMasks& masks);
+  // Waits for host set `slot`'s event and copies its n_sample ids to `ids`.
+  Status wait_ids(int slot, int64_t n_sample, int32_t* ids);
+  // Copies `masks` (host, checked) into the draw set in use; returns their
+  // device view in draw_dev_, valid once that set is uploaded up to
+  // masks_end().
   TokenMasks stage_masks(const TokenMasks& masks, int64_t n_sample);
   const uint8_t* masks_end(const TokenMasks& masks) const {
-    return reinterpret_cast<const uint8_t*>(draw_host_.words + masks.n_masked * masks.n_words);
+    const DrawInputs& dh = draw_host_[host_slot_];
+    return reinterpret_cast<const uint8_t*>(dh.words + masks.n_masked * masks.n_words);
   }
   // kv_spec_'s groups with block tables: those before the first recurrent one.
   int n_table_groups() const;
@@ -377,10 +410,27 @@ class CudaModelBase : public Model {
   int32_t *rec_tok_host_ = nullptr, *rec_tok_dev_ = nullptr;
   RecurrentStep rec_step_;
 
-  cuda::PinnedBuffer meta_host_buf_, ids_host_, draw_host_buf_;
+  // Host sets, used in turn (host_slot_: the set of the step being
+  // prepared or last run; see launch_ids), and their events.
+  cuda::PinnedBuffer meta_host_buf_[2], ids_host_[2], draw_host_buf_[2];
+  StepMeta meta_host_[2];
+  DrawInputs draw_host_[2];
+  StepEvent ids_ready_[2];
+  int host_slot_ = 0;
   cuda::DeviceBuffer meta_dev_buf_, draw_dev_buf_;
-  StepMeta meta_host_, meta_dev_;
-  DrawInputs draw_host_, draw_dev_;
+  StepMeta meta_dev_;
+  DrawInputs draw_dev_;
+  // Queued steps (StepOverlap), oldest first: their host set and sample
+  // row count.
+  struct QueuedStep {
+    int slot = 0;
+    int64_t n_sample = 0;
+  };
+  QueuedStep queued_[2];
+  int n_queued_ = 0;
+  // compute(): tokens [0, n) read from ids_dev_ after the metadata upload
+  // (launch_ids with chain_ids).
+  bool chain_ids_ = false;
 
   // Decode graphs, keyed by step kind << 28 | padded batch size << 8 |
   // split count. A key is

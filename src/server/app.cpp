@@ -283,6 +283,7 @@ void App::stats(std::shared_ptr<Responder> res) {
       {"waiting", s.waiting},
       {"active_requests", s.running + s.waiting},
       {"steps", s.steps},
+      {"steps_pipelined", s.steps_pipelined},
       {"preemptions", s.preemptions},
       {"prompt_tokens", s.prompt_tokens},
       {"cached_tokens", s.cached_tokens},

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -16,10 +17,11 @@
 
 #include "engine/sampler.h"
 #include "model/model.h"
+#include "model/step_overlap.h"
 
 namespace rill::testing {
 
-class FakeModel final : public Model {
+class FakeModel final : public Model, public StepOverlap {
  public:
   struct Options {
     int32_t n_vocab = 64;
@@ -37,6 +39,11 @@ class FakeModel final : public Model {
     // Each forward takes at least this long (a device step's duration, for
     // tests of what happens on other threads meanwhile).
     std::chrono::microseconds forward_delay{0};
+    // Offer StepOverlap (with device_greedy / device_sample): launch_ids
+    // queues a copy of the step, take_ids computes it, in launch order as a
+    // device would; a chained step's tokens are the ids of the step queued
+    // before it.
+    bool queue_steps = false;
   };
 
   explicit FakeModel(Options o) : o_(o), spec_{full()} {
@@ -112,11 +119,44 @@ class FakeModel final : public Model {
     }
     return Status::Ok();
   }
+  bool can_queue_steps() const override { return o_.queue_steps; }
+  Status launch_ids(const Batch& batch, const DeviceSamplingParams* rows, bool chain_ids) override {
+    if (!o_.queue_steps) return Error{"queued steps not offered"};
+    if (queued_.size() >= 2) return Error{"two steps are queued already"};
+    if (chain_ids) {
+      const bool one_each =
+          std::all_of(batch.seqs.begin(), batch.seqs.end(), [](const BatchSeq& q) { return q.q_len == 1; });
+      if (queued_.empty() || queued_.back().batch.sample_rows.size() != static_cast<size_t>(batch.n_tokens()) ||
+          !one_each)
+        return Error{"a chained step must take one token per sample row of the step queued before it"};
+    }
+    Queued q{batch, {}, rows == nullptr, chain_ids};
+    if (rows) q.rows.assign(rows, rows + batch.sample_rows.size());
+    queued_.push_back(std::move(q));
+    ++n_launches_;
+    n_chained_ += chain_ids;
+    return Status::Ok();
+  }
+  Status take_ids(int32_t* ids) override {
+    if (queued_.empty()) return Error{"no step is queued"};
+    Queued q = std::move(queued_.front());
+    queued_.pop_front();
+    if (q.chain) std::copy(last_ids_.begin(), last_ids_.end(), q.batch.token_ids.begin());
+    RILL_TRY(q.greedy ? forward_greedy(q.batch, TokenMasks{}, ids) : forward_sample(q.batch, q.rows.data(), {}, ids));
+    last_ids_.assign(ids, ids + q.batch.sample_rows.size());
+    return Status::Ok();
+  }
+  int n_queued() const override { return static_cast<int>(queued_.size()); }
+  // Steps launched through launch_ids, and of those the chained ones.
+  int n_launches() const { return n_launches_; }
+  int n_chained() const { return n_chained_; }
+
   // Steps whose draws carried token masks, and the masked rows in all.
   int n_masked_steps() const { return n_masked_steps_; }
   int n_masked_rows() const { return n_masked_rows_; }
 
   Status forward(const Batch& batch, float* logits) override {
+    if (!queued_.empty()) return Error{"forward with a step queued"};
     ++n_logit_calls_;
     return compute(batch, logits);
   }
@@ -203,6 +243,16 @@ class FakeModel final : public Model {
   std::atomic<int> n_masked_steps_{0}, n_masked_rows_{0};
   mutable std::mutex mu_;
   std::vector<int32_t> step_tokens_, step_seqs_;
+  // StepOverlap (engine thread only).
+  struct Queued {
+    Batch batch;
+    std::vector<DeviceSamplingParams> rows;
+    bool greedy = true;
+    bool chain = false;
+  };
+  std::deque<Queued> queued_;
+  std::vector<int32_t> last_ids_;  // the ids of the step taken last
+  std::atomic<int> n_launches_{0}, n_chained_{0};
 };
 
 }  // namespace rill::testing

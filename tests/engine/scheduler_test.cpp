@@ -528,5 +528,52 @@ TEST(Scheduler, DraftsGetOnlyTheLogitRowsLeftForLaterChunks) {
   EXPECT_EQ(b->n_draft, 0);
 }
 
+// Pipelined decode (engine.cpp chain_step) asks, while a step is in
+// flight, whether the next plan is exactly one token per running request;
+// when it says so, the engine plans that step before it commits the step
+// in flight's tokens (so before requests that ended leave). Random arrivals
+// and lengths over a pool small enough to preempt: every prediction holds.
+TEST(Scheduler, RoundsOnlyPredictionIsTheNextPlan) {
+  std::mt19937 rng(11);
+  Rig rig(20, 4, {24, 4});
+  int n_predicted = 0, n_declined = 0;
+  const StepPlan* plan = &rig.sched.schedule();
+  for (int s = 0; s < 600; ++s) {
+    if (rng() % 3 == 0) {
+      rig.add(tokens(1 + static_cast<int32_t>(rng() % 9), 100 * s), 1 + static_cast<int32_t>(rng() % 14));
+    }
+    const bool predicted = !plan->empty() && rig.sched.next_plan_is_rounds_only();
+    n_predicted += predicted;
+    n_declined += !plan->empty() && !predicted;
+    const std::vector<ScheduledChunk> chunks = plan->chunks;
+    ASSERT_TRUE(rig.sched.step_computed().ok());
+    for (const auto& c : chunks) {
+      if (c.samples) c.request->tokens.push_back(1000 + c.request->n_output());
+    }
+    if (predicted) {  // chained: planned before the step's requests that ended leave
+      const std::vector<Request*> running = rig.sched.running();
+      plan = &rig.sched.schedule();
+      ASSERT_EQ(plan->chunks.size(), running.size()) << "step " << s;
+      for (size_t i = 0; i < running.size(); ++i) {
+        EXPECT_EQ(plan->chunks[i].request, running[i]) << "step " << s;
+        EXPECT_EQ(plan->chunks[i].n_tokens, 1) << "step " << s;
+        EXPECT_TRUE(plan->chunks[i].samples) << "step " << s;
+      }
+      EXPECT_TRUE(plan->preempted.empty() && plan->failed.empty()) << "step " << s;
+    }
+    for (const auto& c : chunks) {
+      if (c.samples && c.request->n_output() >= c.request->params.max_tokens) {
+        rig.sched.remove(c.request);
+        c.request->state = RequestState::kFinished;
+      }
+    }
+    if (!predicted) plan = &rig.sched.schedule();
+    const Status st = rig.kv.check_integrity();
+    ASSERT_TRUE(st.ok()) << st.error().message;
+  }
+  EXPECT_GT(n_predicted, 20);
+  EXPECT_GT(n_declined, 20);
+}
+
 }  // namespace
 }  // namespace rill
