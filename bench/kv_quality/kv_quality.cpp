@@ -6,7 +6,12 @@
 // the share of positions whose argmax differs, the KV bytes per token and
 // the tokens per GiB of KV against f16's; KL and argmax also against f32 KV.
 //
-//   bench_kv_quality MODEL TEXT_FILE N_TOKENS [TYPE...]   (default: every type)
+//   bench_kv_quality [--chunk N] MODEL TEXT_FILE N_TOKENS [TYPE...]   (default: every type)
+//
+// --chunk: tokens per forward step (default 512). Every KV type's result
+// depends on it only through f32 rounding (chunked prefill is exact up to
+// summation order; k4c's queries read their own block in f16 however the
+// text is cut), so rerunning with another chunk measures the noise floor.
 //
 // TYPE: a KV type for both sides (or a pair: k4c), K/V (q8_0/q4_0h) or @FILE (a --kv-config
 // file). On a model with quantized weights every matmul quantizes its
@@ -17,10 +22,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/sequence_runner.h"
@@ -59,10 +66,11 @@ Result<KvTypeOptions> parse_types(const std::string& arg) {
   return t;
 }
 
-Result<Scored> score(std::shared_ptr<const ModelFiles> files, const std::vector<int32_t>& ids, const std::string& kv) {
+Result<Scored> score(std::shared_ptr<const ModelFiles> files, const std::vector<int32_t>& ids, const std::string& kv,
+                     int64_t chunk) {
   ModelOptions o;
   o.n_ctx = static_cast<int64_t>(ids.size());
-  o.max_batch_tokens = 512;
+  o.max_batch_tokens = chunk;
   RILL_ASSIGN_OR_RETURN(o.kv_types, parse_types(kv));
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, o));
   SequenceRunner runner(*model);
@@ -84,8 +92,19 @@ Result<Scored> score(std::shared_ptr<const ModelFiles> files, const std::vector<
 }
 
 int run(int argc, char** argv) {
+  int64_t chunk = 512;
+  if (argc >= 3 && std::string_view(argv[1]) == "--chunk") {
+    char* end = nullptr;
+    chunk = std::strtoll(argv[2], &end, 10);
+    if (*end != '\0' || chunk < 1) {
+      std::fprintf(stderr, "--chunk: '%s' is not a positive number of tokens\n", argv[2]);
+      return 2;
+    }
+    argc -= 2;
+    argv += 2;
+  }
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_kv_quality MODEL TEXT_FILE N_TOKENS [TYPE...]\n");
+    std::fprintf(stderr, "usage: bench_kv_quality [--chunk N] MODEL TEXT_FILE N_TOKENS [TYPE...]\n");
     return 2;
   }
   auto files = open_model_files(argv[1]);
@@ -116,13 +135,14 @@ int run(int argc, char** argv) {
   // Two references: f16 KV (the default, llama.cpp's rounding: the query
   // and the probabilities rounded to f16) and f32 KV (exact arithmetic), so
   // a type's distance from f16 can be told apart from f16's own.
-  auto ref = score(*files, ids, "f16");
+  auto ref = score(*files, ids, "f16", chunk);
   if (!ref.ok()) return std::fprintf(stderr, "%s\n", ref.error().message.c_str()), 1;
-  auto ref32 = score(*files, ids, "f32");
+  auto ref32 = score(*files, ids, "f32", chunk);
   if (!ref32.ok()) return std::fprintf(stderr, "%s\n", ref32.error().message.c_str()), 1;
   const size_t V = ref->logp.size() / n;
-  std::printf("model %s, text %s, %zu tokens; KL(ref || type) per position, mean over %zu positions\n", argv[1],
-              argv[2], n, n - 1);
+  std::printf(
+      "model %s, text %s, %zu tokens in chunks of %lld; KL(ref || type) per position, mean over %zu positions\n",
+      argv[1], argv[2], n, static_cast<long long>(chunk), n - 1);
   std::printf("%-10s %11s %11s %12s %12s %9s %9s %11s %9s %8s\n", "type", "perplexity", "ppl vs f16", "KL vs f16",
               "KL vs f32", "top1!=f16", "top1!=f32", "KV B/token", "tok/GiB x", "score s");
   auto row = [&](const std::string& t, const Scored& s) {
@@ -157,7 +177,7 @@ int run(int argc, char** argv) {
   row("f32", *ref32);
   for (const std::string& t : types) {
     if (t == "f16" || t == "f32") continue;
-    auto s = score(*files, ids, t);
+    auto s = score(*files, ids, t, chunk);
     if (!s.ok()) return std::fprintf(stderr, "%s: %s\n", t.c_str(), s.error().message.c_str()), 1;
     row(t, *s);
   }

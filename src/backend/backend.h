@@ -131,9 +131,10 @@ struct KvCacheView {
   size_t v_row_bytes = 0;
   bool k_rotated = false, v_rotated = false;
   // k4c (K in kKvQ4Chan, model/kv_types.h; the CPU only): each sequence's
-  // K tail. Tail slot s's tail of this layer is at tail + s * tail_stride:
-  // a KvTailHeader, then kKvChanTokens rows of the layer's row elements in
-  // f16. rope_store_kv keeps the step's K rows (in the backend) and encodes
+  // K and V tail. Tail slot s's tail of this layer is at tail + s *
+  // tail_stride: a KvTailHeader, then kKvChanTokens K rows, then as many V
+  // rows, each a row of the layer's width in cpu::kKvChanTailType (q8_0; V
+  // rotated when v_rotated). rope_store_kv keeps the step's rows (in the backend) and encodes
   // every block the step completes from the tail and those rows; attention
   // reads both, then moves each sequence's newest partial block into its
   // tail (so a layer reading another layer's KV could not follow it: k4c
@@ -149,8 +150,8 @@ struct KvCacheView {
   }
 };
 
-// The head of one layer's K tail of one sequence (k4c): the rows of
-// positions [group_start, group_start + n_rows) follow it in f16.
+// The head of one layer's tail of one sequence (k4c): the K and V rows of
+// positions [group_start, group_start + n_rows) follow it (KvCacheView::tail).
 struct KvTailHeader {
   int32_t group_start = 0;
   int32_t n_rows = 0;

@@ -33,7 +33,7 @@ struct BatchSeq {
   // a longer one prefill, which is not batch invariant.
   int32_t decode_from = -1;
   // The sequence's KV tail slot (Model::n_kv_tail_slots(): models whose KV
-  // types keep one, k4c): the f16 keys of its newest partial block. The
+  // types keep one, k4c): the q8_0 keys and values of its newest partial block. The
   // caller leases one per running sequence; -1 without.
   int32_t kv_tail = -1;
 };

@@ -11,7 +11,7 @@ namespace rill {
 size_t KvTails::slot_bytes(const std::vector<int64_t>& widths) {
   size_t bytes = 0;
   for (const int64_t w : widths) {
-    if (w > 0) bytes += sizeof(KvTailHeader) + static_cast<size_t>(cpu::kKvChanTokens * w) * 2;
+    if (w > 0) bytes += sizeof(KvTailHeader) + 2 * cpu::kKvChanTokens * row_bytes(cpu::kKvChanTailType, w);
   }
   return bytes;
 }

@@ -1,16 +1,18 @@
 #pragma once
-// KvTails: the f16 keys of each sequence's newest partial KV block, for KV
-// types that encode K per block (k4c's q4c, model/kv_types.h).
+// KvTails: the keys and values of each sequence's newest partial KV block
+// in q8_0 (cpu::kKvChanTailType), for KV types that encode K per block
+// (k4c's q4c, model/kv_types.h).
 //
 // Why per sequence and not in the block pool: a block's K group can only
 // be encoded once its 32 tokens exist, while a query reads the keys of its
-// own block in f16 (docs/perf.md: the newest keys matter most). Only full
+// own block at 8 bits, keys and values (docs/perf.md: the newest tokens
+// matter most). Only full
 // blocks are ever shared, cached, saved to a tier or written to a KV file,
 // and a prefix resumes at a block boundary, where a tail is empty, so
 // the pool and the prefix cache hold quantized groups only and stay exact;
 // the tail is private to its running sequence, like a recurrent state
-// slot. Memory: slots x (layers with a tail) x (a 64-byte head + 32 rows
-// of f16 K), leased one per running sequence (KvManager) or per fixed slot
+// slot. Memory: slots x (layers with a tail) x (a 64-byte head + 32 K and
+// 32 V rows in q8_0), leased one per running sequence (KvManager) or per fixed slot
 // (SequenceRunner), counted in the KV budget (CpuPagedModel::create_kv).
 //
 // A tail is written by the CPU backend (KvCacheView::tail): rope_store_kv

@@ -167,7 +167,9 @@ Status check_kv_layer_types(int64_t layer, const KvLayerTypes& types, int64_t n_
                    "k=q4c v=iq4_nlh64)"};
     }
     // attention_chan reads a head's K channels 16 at a time and its V rows
-    // per head (row_bytes(v, head_dim)): both must be whole.
+    // per head (row_bytes(v, head_dim)): both must be whole. (The tail's
+    // q8_0 rows need the row whole blocks of 32, which q4c's own block of
+    // 32 already asks above.)
     if (types.k.dtype == kKvQ4Chan && (head_dim % 16 != 0 || head_dim % types.v.group_size() != 0)) {
       return Error{what + ": q4c K needs head_dim a multiple of 16 and of V's block of " +
                    std::to_string(types.v.group_size()) + ", not " + std::to_string(head_dim)};

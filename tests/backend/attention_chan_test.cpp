@@ -1,8 +1,8 @@
 // Attention over k4c KV (attention_chan.h): K per channel over blocks of
-// 32 tokens (q4c), V rotated iq4_nlh64 rows, each query's own block in f16
-// from the tail and the step's rows. Held to its contract (double-precision
-// attention over exactly the keys and values it reads: quantized groups
-// dequantized, the own block f16) within f32 rounding, to exact f32
+// 32 tokens (q4c), V rotated iq4_nlh64 rows, each query's own block's keys
+// and values in q8_0 from the tail and the step's rows. Held to its
+// contract (double-precision attention over exactly the keys and values it
+// reads: quantized groups dequantized, the own block's q8_0 rows) within f32 rounding, to exact f32
 // attention within the stated 4-bit error, and bit-identical however the
 // queries are split into steps and batched with other sequences.
 #include <gtest/gtest.h>
@@ -29,10 +29,11 @@ constexpr int64_t kT = kKvChanTokens;
 // spread 3), V N(0,1), stored in paged blocks (a shuffled block table).
 struct Seq {
   int64_t n = 0, hd = 64, n_kv_heads = 2, width = 128;
-  std::vector<float> k, v;      // [n, width] f32
-  std::vector<uint16_t> k16;    // [n, width] f16 bits
-  std::vector<int32_t> table;   // [ceil(n / 32)]
-  std::vector<uint8_t> kb, vb;  // K / V of every block, block_bytes apart
+  std::vector<float> k, v;              // [n, width] f32
+  std::vector<uint8_t> k_tail, v_tail;  // [n] q8_0 tail rows (kKvChanTailType), V rotated
+  size_t tail_row = 0;                  // bytes of one
+  std::vector<int32_t> table;           // [ceil(n / 32)]
+  std::vector<uint8_t> kb, vb;          // K / V of every block, block_bytes apart
   size_t block_bytes = 0, k_row = 0, v_row = 0;
 
   Seq(int64_t n_tokens, uint32_t seed) : n(n_tokens) {
@@ -40,15 +41,21 @@ struct Seq {
     std::normal_distribution<float> nd;
     k.resize(static_cast<size_t>(n * width));
     v.resize(k.size());
-    k16.resize(k.size());
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t c = 0; c < width; ++c) {
         const bool outlier = c % hd == 5;
         const size_t i = static_cast<size_t>(t * width + c);
         k[i] = outlier ? 6.0f + 3.0f * nd(rng) : nd(rng);
         v[i] = nd(rng);
-        k16[i] = f32_to_f16(k[i]);
       }
+    }
+    tail_row = row_bytes(kKvChanTailType, width);
+    k_tail.resize(static_cast<size_t>(n) * tail_row);
+    v_tail.resize(k_tail.size());
+    for (int64_t t = 0; t < n; ++t) {
+      const size_t at = static_cast<size_t>(t) * tail_row;
+      store_chan_tail_rows(k.data() + t * width, v.data() + t * width, true, n_kv_heads, hd, k_tail.data() + at,
+                           v_tail.data() + at);
     }
     const int64_t n_blocks = (n + kT - 1) / kT;
     table.resize(static_cast<size_t>(n_blocks));
@@ -59,11 +66,12 @@ struct Seq {
     block_bytes = std::max(k_row, v_row) * kT;
     kb.assign(static_cast<size_t>(n_blocks) * block_bytes, 0);
     vb.assign(kb.size(), 0);
-    // Every complete block's K group, encoded from the f16 rows (as the
-    // backend encodes them); V rows as stored.
+    // Every complete block's K group, encoded from the q8_0 tail rows (as
+    // the backend encodes them); V rows as stored.
     std::vector<float> rows(static_cast<size_t>(kT * width));
     for (int64_t b = 0; b + 1 <= n / kT; ++b) {
-      for (size_t i = 0; i < rows.size(); ++i) rows[i] = f16_to_f32(k16[static_cast<size_t>(b * kT * width) + i]);
+      for (int64_t r = 0; r < kT; ++r)
+        decode_q8(k_tail.data() + static_cast<size_t>(b * kT + r) * tail_row, width, rows.data() + r * width);
       quantize_chan_block(rows.data(), width, width,
                           kb.data() + static_cast<size_t>(table[static_cast<size_t>(b)]) * block_bytes);
     }
@@ -86,8 +94,26 @@ struct Seq {
     p.v_row_bytes = v_row;
     return p;
   }
+  // A q8_0 row's n values (f16 d times int8), in f32.
+  static void decode_q8(const uint8_t* row, int64_t n, float* out) {
+    for (int64_t b = 0; b < n / 32; ++b) {
+      const uint8_t* blk = row + b * 34;
+      const float d = f16_to_f32(static_cast<uint16_t>(blk[0] | blk[1] << 8));
+      for (int j = 0; j < 32; ++j) out[b * 32 + j] = d * static_cast<float>(static_cast<int8_t>(blk[2 + j]));
+    }
+  }
+  // x = H rot / sqrt(hd) in double, H[i][j] = (-1)^popcount(i & j).
+  static void rotate_back(const std::vector<double>& rot, int64_t hd, double* x) {
+    for (int64_t i = 0; i < hd; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < hd; ++j)
+        s += (__builtin_popcountll(i & j) & 1 ? -1.0 : 1.0) * rot[static_cast<size_t>(j)];
+      x[i] = s / std::sqrt(static_cast<double>(hd));
+    }
+  }
   // The keys and values attention is specified to read for a query at
-  // position p (double): quantized groups before p's block, f16 after.
+  // position p (double): the pool's before p's block (K's quantized groups,
+  // V's iq4_nlh64 rows), the q8_0 tail rows from p's block on.
   void reference_kv(int64_t p, std::vector<double>& keys, std::vector<double>& vals) const {
     keys.assign(static_cast<size_t>(n * width), 0);
     vals.assign(keys.size(), 0);
@@ -98,15 +124,20 @@ struct Seq {
                             deq.data());
       for (size_t i = 0; i < deq.size(); ++i) keys[static_cast<size_t>(b * kT * width) + i] = deq[i];
     }
-    for (int64_t i = own * width; i < (p + 1) * width; ++i)
-      keys[static_cast<size_t>(i)] = f16_to_f32(k16[static_cast<size_t>(i)]);
-    // V: the stored rotated blocks, decoded and rotated back in double.
+    std::vector<float> row(static_cast<size_t>(width));
+    for (int64_t t = own; t <= p; ++t) {
+      decode_q8(k_tail.data() + static_cast<size_t>(t) * tail_row, width, row.data());
+      for (int64_t c = 0; c < width; ++c) keys[static_cast<size_t>(t * width + c)] = row[static_cast<size_t>(c)];
+    }
+    // V: the stored rotated blocks (q8_0 tail rows in p's block), decoded
+    // and rotated back in double.
     const int64_t n_vblk = hd / 64;
     for (int64_t t = 0; t <= p; ++t) {
       const uint8_t* r = const_cast<Seq*>(this)->v_row_ptr(t);
+      if (t >= own) decode_q8(v_tail.data() + static_cast<size_t>(t) * tail_row, width, row.data());
       for (int64_t h = 0; h < n_kv_heads; ++h) {
         std::vector<double> rot(static_cast<size_t>(hd));
-        for (int64_t blk = 0; blk < n_vblk; ++blk) {
+        for (int64_t blk = 0; blk < n_vblk && t < own; ++blk) {
           const uint8_t* b = r + (h * n_vblk + blk) * 33;
           const double d = e4m3_value(b[0]) / 16.0;
           for (int j = 0; j < 32; ++j) {
@@ -114,12 +145,8 @@ struct Seq {
             rot[static_cast<size_t>(blk * 64 + j + 32)] = d * kIq4nlLevels[b[1 + j] >> 4];
           }
         }
-        for (int64_t i = 0; i < hd; ++i) {  // x = H rot / sqrt(hd), H[i][j] = (-1)^popcount(i & j)
-          double s = 0;
-          for (int64_t j = 0; j < hd; ++j)
-            s += (__builtin_popcountll(i & j) & 1 ? -1.0 : 1.0) * rot[static_cast<size_t>(j)];
-          vals[static_cast<size_t>(t * width + h * hd + i)] = s / std::sqrt(static_cast<double>(hd));
-        }
+        for (int64_t i = 0; i < hd && t >= own; ++i) rot[static_cast<size_t>(i)] = row[static_cast<size_t>(h * hd + i)];
+        rotate_back(rot, hd, vals.data() + t * width + h * hd);
       }
     }
   }
@@ -153,16 +180,19 @@ struct Step {
   AttentionSeq a;
   ChanTail t;
   std::vector<int32_t> pos;
-  std::vector<uint16_t> tail;
+  std::vector<uint8_t> tail_k, tail_v;
   std::vector<float> out;
 };
 void prepare(Step& st, const Seq& s, const std::vector<float>& q, int64_t c0, int64_t c1) {
-  const int64_t W = s.width, qw = kHeads * 64;
+  const int64_t qw = kHeads * 64;
   st.pos.resize(static_cast<size_t>(c1 - c0));
   std::iota(st.pos.begin(), st.pos.end(), static_cast<int32_t>(c0));
   const int64_t g0 = c0 - c0 % kT;
-  st.tail.assign(static_cast<size_t>(kT * W), 0xFFFF);  // NaN where no row is held
-  std::copy(s.k16.begin() + g0 * W, s.k16.begin() + c0 * W, st.tail.begin());
+  const auto rb = static_cast<int64_t>(s.tail_row);
+  st.tail_k.assign(static_cast<size_t>(kT * rb), 0xFF);  // NaN scales where no row is held
+  st.tail_v.assign(st.tail_k.size(), 0xFF);
+  std::copy(s.k_tail.begin() + g0 * rb, s.k_tail.begin() + c0 * rb, st.tail_k.begin());
+  std::copy(s.v_tail.begin() + g0 * rb, s.v_tail.begin() + c0 * rb, st.tail_v.begin());
   st.out.assign(static_cast<size_t>((c1 - c0) * qw), NAN);
   st.a.q = q.data() + c0 * qw;
   st.a.q_pos = st.pos.data();
@@ -170,8 +200,10 @@ void prepare(Step& st, const Seq& s, const std::vector<float>& q, int64_t c0, in
   st.a.kv = s.kv();
   st.a.n_kv = c1;
   st.a.out = st.out.data();
-  st.t.tail = st.tail.data();
-  st.t.step_k = s.k16.data() + c0 * W;
+  st.t.tail_k = st.tail_k.data();
+  st.t.tail_v = st.tail_v.data();
+  st.t.step_k = s.k_tail.data() + c0 * rb;
+  st.t.step_v = s.v_tail.data() + c0 * rb;
   st.t.c0 = c0;
 }
 

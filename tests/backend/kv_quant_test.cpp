@@ -355,6 +355,46 @@ TEST(KvQuant, ChanBlockMatchesItsContract) {
 // within the error of iq4_nlh's blocks of 32 with an f16 scale plus the
 // coarser scale in 0.375 fewer bits (measured 1.26x its squared error), and
 // unshrunk.
+// k4c's tail rows: K as llama.cpp's reference q8_0 of the row, V as the
+// reference q8_0 of each head Hadamard-rotated (or of the row when V is not
+// rotated), the source untouched; each value within half a step of its input.
+TEST(KvQuant, ChanTailRowsAreQ8_0OfKAndRotatedV) {
+  static_assert(kKvChanTailType == DType::kQ8_0);
+  constexpr int64_t kHeads = 3, kHd = 64, kW = kHeads * kHd;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  std::vector<float> k(kW), v(kW);
+  for (int64_t c = 0; c < kW; ++c) {
+    k[static_cast<size_t>(c)] = c % kHd == 7 ? 9.0f + 2.0f * nd(rng) : nd(rng);
+    v[static_cast<size_t>(c)] = 0.1f * nd(rng);
+  }
+  const std::vector<float> k0 = k, v0 = v;
+  const size_t rb = row_bytes(DType::kQ8_0, kW);
+  ASSERT_EQ(rb, static_cast<size_t>(kW / 32 * 34));
+  for (const bool rotated : {true, false}) {
+    std::vector<uint8_t> kr(rb), vr(rb), want(rb);
+    store_chan_tail_rows(k.data(), v.data(), rotated, kHeads, kHd, kr.data(), vr.data());
+    EXPECT_EQ(k, k0);
+    EXPECT_EQ(v, v0);
+    ref::quantize_kv_row(DType::kQ8_0, k.data(), want.data(), kW);
+    EXPECT_EQ(kr, want);
+    std::vector<float> rot = v;
+    for (int64_t h = 0; h < kHeads && rotated; ++h) hadamard_rotate(rot.data() + h * kHd, kHd);
+    ref::quantize_kv_row(DType::kQ8_0, rot.data(), want.data(), kW);
+    EXPECT_EQ(vr, want) << "rotated " << rotated;
+    std::vector<float> back(kW);
+    dequantize_row(DType::kQ8_0, vr.data(), back.data(), kW);
+    for (int64_t b = 0; b < kW / 32; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(rot[static_cast<size_t>(b * 32 + j)]));
+      for (int j = 0; j < 32; ++j) {
+        const size_t i = static_cast<size_t>(b * 32 + j);
+        EXPECT_LE(std::fabs(back[i] - rot[i]), amax / 127.0f * 0.5f * 1.01f) << "rotated " << rotated << " " << i;
+      }
+    }
+  }
+}
+
 TEST(KvQuant, Iq4nl64BlocksDecodeAndFitTheirLevels) {
   std::mt19937 rng(23);
   std::normal_distribution<float> nd;

@@ -914,7 +914,7 @@ TEST(KvTiers, DiskPrefixSurvivesARestartK4cKv) {
   ASSERT_FALSE(file.empty());
   auto h = read_kv_header(file.string());
   ASSERT_TRUE(h.ok()) << h.error().message;
-  EXPECT_NE(h->identity.numerics.find("kv=k:q4c#1/v:iq4_nlh64#2"), std::string::npos) << h->identity.numerics;
+  EXPECT_NE(h->identity.numerics.find("kv=k:q4c#2/v:iq4_nlh64#2"), std::string::npos) << h->identity.numerics;
   ASSERT_EQ(h->layers.size(), 30u);
   for (const auto& layer : h->layers) {
     EXPECT_EQ(layer.tensors[1].dtype, kKvIq4Nl64);
@@ -942,8 +942,10 @@ TEST(KvTiers, EvictedK4cPrefixComesBackFromTheRamTier) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->stats().kv_block_size, 32);
   EXPECT_EQ(e->stats().kv_bytes_per_token, 30 * (192 / 32 * 19 + 192 / 64 * 33)) << "K 114 + V 99 B per layer";
-  EXPECT_EQ(e->stats().kv_tail_bytes, 2 * 30 * (64 + 32 * 192 * 2)) << "f16 K of 32 tokens per layer and sequence";
-  EXPECT_EQ(e->stats().kv_blocks_total, (3 * 1048576 - 2 * 30 * (64 + 32 * 192 * 2)) / (32 * 6390));
+  // Per layer and sequence: a 64-byte head, then K and V of 32 tokens in
+  // q8_0 rows of 192 (6 blocks of 34 bytes).
+  EXPECT_EQ(e->stats().kv_tail_bytes, 2 * 30 * (64 + 2 * 32 * 6 * 34)) << "q8_0 K and V of 32 tokens";
+  EXPECT_EQ(e->stats().kv_blocks_total, (3 * 1048576 - 2 * 30 * (64 + 2 * 32 * 6 * 34)) / (32 * 6390));
   const auto a = random_prompt(161, 49152, 1);
   const GenRun cold = generate(*e, a, 8);
   const GenRun device_hit = generate(*e, a, 8);

@@ -202,7 +202,7 @@ TEST(KvTypes, K4cPairAndItsRules) {
   // 32 tokens, V 33 per 64 values.
   EXPECT_EQ(row_bytes(kKvQ4Chan, 192), 114u);
   EXPECT_EQ(row_bytes(kKvIq4Nl64, 192), 99u);
-  EXPECT_EQ(describe_kv_types({*pair}, DType::kF16), "kv=k:q4c#1/v:iq4_nlh64#2");
+  EXPECT_EQ(describe_kv_types({*pair}, DType::kF16), "kv=k:q4c#2/v:iq4_nlh64#2");
   EXPECT_TRUE(check_kv_layer_types(0, *pair, 3, 64).ok());
   const Status v_chan = check_kv_layer_types(0, {pair->v, pair->k}, 3, 64);
   ASSERT_FALSE(v_chan.ok());
@@ -219,6 +219,11 @@ TEST(KvTypes, K4cPairAndItsRules) {
   const KvType f16{DType::kF16, false};
   EXPECT_FALSE(check_kv_layer_types(0, {pair->k, f16}, 4, 40).ok()) << "q4c K reads channels 16 at a time";
   EXPECT_TRUE(check_kv_layer_types(0, {pair->k, f16}, 4, 48).ok());
+  EXPECT_TRUE(check_kv_layer_types(0, {pair->k, f16}, 2, 16).ok()) << "two heads of 16 share a tail block";
+  const Status row_16 = check_kv_layer_types(0, {pair->k, f16}, 1, 16);
+  ASSERT_FALSE(row_16.ok()) << "a KV row of 16 is half a block of the tail's q8_0 rows";
+  EXPECT_NE(row_16.error().message.find("a KV row of 1 heads of 16 is not whole blocks of 32"), std::string::npos)
+      << row_16.error().message;
   EXPECT_FALSE(check_kv_layer_types(0, {pair->k, *parse_kv_type("q8_0")}, 4, 48).ok()) << "a q8_0 block of 32";
   // The pool: blocks of 32 only; its layer view names the tail.
   auto bad = PagedKvCache::create(4, 16, 3, 64, {*pair});
@@ -229,10 +234,11 @@ TEST(KvTypes, K4cPairAndItsRules) {
   EXPECT_EQ(c->bytes_per_token(), 114u + 99u + 2 * 384u);
   ASSERT_TRUE(c->create_tails(3).ok());
   EXPECT_EQ(c->tails().n_slots(), 3);
-  EXPECT_EQ(c->tails().bytes(), 3u * (64 + 32 * 192 * 2)) << "one layer keeps a tail";
+  // A 64-byte head, then 32 K and 32 V rows of 192 in q8_0 (6 blocks of 34 bytes).
+  EXPECT_EQ(c->tails().bytes(), 3u * (64 + 2 * 32 * 6 * 34)) << "one layer keeps a tail";
   const KvCacheView v = c->layer_view(0);
   EXPECT_NE(v.tail, nullptr);
-  EXPECT_EQ(v.tail_stride, 64u + 32 * 192 * 2);
+  EXPECT_EQ(v.tail_stride, 64u + 2 * 32 * 6 * 34);
   EXPECT_EQ(c->layer_view(1).tail, nullptr);
   // A --kv-config line names the pair for both sides.
   ConfigFile f("1 k4c\n");

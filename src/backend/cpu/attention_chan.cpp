@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kv_quant.h"
 #include "core/thread_pool.h"
 
 namespace rill::cpu {
@@ -20,7 +21,8 @@ void attend_chan_scalar(const ChanAttendArgs& a) {
 
 void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n_seqs, const AttentionParams& p,
                           const KvSideTypes& t, ThreadPool& pool) {
-  assert(p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024 && p.head_dim % 16 == 0 && p.n_head / p.n_head_kv <= 64);
+  assert(p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024 && p.head_dim % 16 == 0 && p.n_head / p.n_head_kv <= 64 &&
+         p.n_head_kv * p.head_dim % 32 == 0);
   assert(t.k == kKvQ4Chan && !t.k_rotated);
   // The kernel is chosen once per call from the machine alone, so every
   // row of every batch takes the same arithmetic.
@@ -68,6 +70,7 @@ void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n
       a.width = width;
       a.head = kvh;
       a.head_dim = hd;
+      a.tail_row_bytes = row_bytes(kKvChanTailType, width);
       a.pos = pos;
       a.j_end = std::min<int64_t>(pos + 1, seq.n_kv);
       a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;

@@ -2,20 +2,23 @@
 // Attention over k4c KV (model/kv_types.h): K per channel over each KV
 // block of 32 tokens (kKvQ4Chan, backend/cpu/kv_quant.h), V per token in
 // any quantized KV type (iq4_nlh64 for k4c), and each sequence's newest
-// keys in f16 (its KV tail, model/kv_tails.h, and the step's own rows).
+// keys and values in q8_0 (kKvChanTailType: its KV tail, model/kv_tails.h,
+// and the step's own rows).
 //
-// Which keys a query reads how, by its position p alone (so its bits do
-// not depend on how its sequence was chunked or batched): keys of the
-// blocks before p's block from their quantized groups; keys of p's own
-// block, [p - p % 32, p], in f16 (those before the step's first position
-// c0 from the tail, the others from the step's rows).
+// Which keys and values a query reads how, by its position p alone (so its
+// bits do not depend on how its sequence was chunked or batched): those of
+// the blocks before p's block from the pool (K's quantized groups, V's
+// rows); those of p's own block, [p - p % 32, p], from their q8_0 rows
+// (those before the step's first position c0 from the tail, the others
+// from the step's rows; V rows rotated as the pool's are).
 //
 // Arithmetic: the query in f32; a quantized group's scores q.k = q.z +
 // sum_c (q_c d_c) q_cj (f32; the baseline build sums in channel order, the
 // AVX-512 build q.z in 16 lanes then reduced and each token's sum with
 // FMAs in channel order); an f16 key's q.k as attention_quant's 8 partial
-// sums; score = scale * q.k, softcap as cpu::attention; f32 softmax with
-// max subtraction, the sum in double; out = sum_j p_j v_j in f32 (AVX-512:
+// sums of the q8_0 row decoded to f32; score = scale * q.k, softcap as
+// cpu::attention; f32 softmax with max subtraction, the sum in double;
+// out = sum_j p_j v_j in f32, the pool's rows then the own block's (AVX-512:
 // iq4_nlh64 rows decoded in registers), rotated back when V is rotated.
 // The build is chosen per machine, never per call, so a query's bits
 // depend only on its position and its KV. One unit is one query and one
@@ -26,18 +29,23 @@
 
 namespace rill::cpu {
 
-// One sequence's f16 keys of its newest block (width = n_head_kv * head_dim).
+// One sequence's keys and values of its newest block, rows of width =
+// n_head_kv * head_dim elements in kKvChanTailType (row_bytes(kKvChanTailType,
+// width) bytes each).
 struct ChanTail {
-  const uint16_t* tail = nullptr;    // [32, width]: rows [c0 - c0 % 32, c0), row r at position c0 - c0 % 32 + r
-  const uint16_t* step_k = nullptr;  // [n_q, width]: the step's rows, positions c0, c0 + 1, ...
-  int64_t c0 = 0;                    // the step's first position
+  const uint8_t* tail_k = nullptr;  // [32] rows: positions [c0 - c0 % 32, c0), row r at c0 - c0 % 32 + r
+  const uint8_t* tail_v = nullptr;  // [32] rows, as tail_k
+  const uint8_t* step_k = nullptr;  // [n_q] rows: the step's, positions c0, c0 + 1, ...
+  const uint8_t* step_v = nullptr;  // [n_q] rows, as step_k
+  int64_t c0 = 0;                   // the step's first position
 };
 
 // seqs[s].kv: K blocks of 32 tokens holding kKvQ4Chan groups (kv.k at
 // physical block 0's K region, blocks kv.block_bytes apart, block_shift 5),
 // V rows of kv.v_row_bytes (or row_bytes) bytes in type t.v. Queries of
 // sequence s sit at positions tails[s].c0 + i (i < n_q). t.k must be
-// kKvQ4Chan and unrotated; head_dim <= 1024, a multiple of t.v's block.
+// kKvQ4Chan and unrotated; head_dim <= 1024, a multiple of 16 and of t.v's
+// block; the row (n_head_kv * head_dim) a multiple of 32.
 void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n_seqs, const AttentionParams& p,
                           const KvSideTypes& t, ThreadPool& pool);
 
@@ -47,6 +55,7 @@ struct ChanAttendArgs {
   PagedKv kv;                     // kv.v at this KV head's first byte of physical block 0
   const uint8_t* k_blocks;        // physical block 0's K region
   int64_t width, head, head_dim;  // KV row elements, this KV head, its size
+  size_t tail_row_bytes;          // row_bytes(kKvChanTailType, width)
   int64_t pos, j_begin, j_end;    // the query's position; keys [j_begin, j_end)
   ChanTail tail;
   KvDequant v_dequant;

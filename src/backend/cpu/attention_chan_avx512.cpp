@@ -63,6 +63,18 @@ inline void group_scales(const float* q, const uint16_t* z, const uint8_t* d, in
   }
 }
 
+// out[g] += p[g] * row, one FMA per 16 elements and head.
+inline void accumulate_row(const ChanAttendArgs& a, const float* row, const float* p) {
+  const int64_t hd = a.head_dim;
+  for (int g = 0; g < a.n_heads; ++g) {
+    float* o = a.out + g * hd;
+    const __m512 pg = _mm512_set1_ps(p[g]);
+    for (int64_t c = 0; c < hd; c += 16) {
+      _mm512_storeu_ps(o + c, _mm512_fmadd_ps(pg, _mm512_loadu_ps(row + c), _mm512_loadu_ps(o + c)));
+    }
+  }
+}
+
 // out[g] += p[g] * v: iq4_nlh64 rows decoded in registers (the 16 levels
 // in one zmm, vpermps by the nibbles, times the block's scale: the same
 // f32 values as dq_iq4_nl64), other types through the dequantizer; one
@@ -95,13 +107,7 @@ inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float*
     return;
   }
   a.v_dequant(v, row, hd);
-  for (int g = 0; g < a.n_heads; ++g) {
-    float* o = a.out + g * hd;
-    const __m512 pg = _mm512_set1_ps(p[g]);
-    for (int64_t c = 0; c < hd; c += 16) {
-      _mm512_storeu_ps(o + c, _mm512_fmadd_ps(pg, _mm512_loadu_ps(row + c), _mm512_loadu_ps(o + c)));
-    }
-  }
+  accumulate_row(a, row, p);
 }
 
 }  // namespace rill::cpu::detail::avx512

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/attention_chan.h"
 #include "backend/cpu/kv_quant.h"
+#include "backend/cpu/quants.h"
 #include "core/e4m3.h"
 #include "core/half.h"
 
@@ -66,21 +67,41 @@ inline void group_scales(const float* q, const uint16_t* z, const uint8_t* d, in
 #endif
 
 #ifndef RILL_CHAN_ACCUMULATE_V
-// out[g] += p[g] * v for one key's V head (its row bytes at v), dequantized
-// into row.
-inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float* p, float* row) {
-  a.v_dequant(v, row, a.head_dim);
+// out[g] += p[g] * row for one key's V head in f32.
+inline void accumulate_row(const ChanAttendArgs& a, const float* row, const float* p) {
   for (int g = 0; g < a.n_heads; ++g) {
     float* o = a.out + g * a.head_dim;
     for (int64_t c = 0; c < a.head_dim; ++c) o[c] += p[g] * row[c];
   }
 }
+// out[g] += p[g] * v for one key's V head (its row bytes at v), dequantized
+// into row.
+inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float* p, float* row) {
+  a.v_dequant(v, row, a.head_dim);
+  accumulate_row(a, row, p);
+}
 #endif
 
-// head_dim: a multiple of 16 (V's blocks of 64 make it one).
+// Head `head`'s hd elements of a q8_0 tail row (kKvChanTailType) into out:
+// f16 d times the int8 code, exact in f32. A head may share a block with
+// its neighbour (head_dim 16); the row is whole blocks.
+inline void decode_tail_head(const uint8_t* row, int64_t head, int64_t hd, float* out) {
+  static_assert(kKvChanTailType == DType::kQ8_0);
+  const auto* blocks = reinterpret_cast<const BlockQ8_0*>(row);
+  for (int64_t i = 0; i < hd;) {
+    const int64_t e = head * hd + i, j0 = e % 32, n = 32 - j0 < hd - i ? 32 - j0 : hd - i;
+    const BlockQ8_0& b = blocks[e / 32];
+    const float d = f16_to_f32(b.d);
+    for (int64_t j = 0; j < n; ++j) out[i + j] = d * static_cast<float>(b.qs[j0 + j]);
+    i += n;
+  }
+}
+
+// head_dim: a multiple of 16 (V's blocks of 64 make it one); width a
+// multiple of 32 (the tail's q8_0 rows).
 inline void attend(const ChanAttendArgs& a) {
   const int64_t n = a.j_end - a.j_begin, hd = a.head_dim, W = a.width;
-  const int64_t own = a.pos - a.pos % kT;  // the query's own block: keys in f16
+  const int64_t own = a.pos - a.pos % kT;  // the query's own block: keys and values from the tail rows
   const int64_t tail_start = a.tail.c0 - a.tail.c0 % kT;
   thread_local std::vector<float> qd_buf, acc_buf, qz_buf;  // [n_heads, hd], [n_heads, 32], [n_heads]
   qd_buf.resize(static_cast<size_t>(a.n_heads * hd));
@@ -107,11 +128,15 @@ inline void attend(const ChanAttendArgs& a) {
       for (int64_t j = lo; j < hi; ++j) s[j - a.j_begin] = capped((qz + ag[j - b0]) * a.scale, a.softcap);
     }
   }
-  // f16 keys of the own block.
-  for (int64_t j = own > a.j_begin ? own : a.j_begin; j < a.j_end; ++j) {
-    const uint16_t* kr = j < a.tail.c0 ? a.tail.tail + (j - tail_start) * W : a.tail.step_k + (j - a.tail.c0) * W;
-    kr += a.head * hd;
-    for (int64_t c = 0; c < hd; ++c) row[c] = f16_to_f32(kr[c]);
+  // The own block's keys from their q8_0 rows.
+  const size_t rb = a.tail_row_bytes;
+  auto tail_row = [&](const uint8_t* tail, const uint8_t* step, int64_t j) {
+    return j < a.tail.c0 ? tail + static_cast<size_t>(j - tail_start) * rb
+                         : step + static_cast<size_t>(j - a.tail.c0) * rb;
+  };
+  const int64_t own_begin = own > a.j_begin ? own : a.j_begin;
+  for (int64_t j = own_begin; j < a.j_end; ++j) {
+    decode_tail_head(tail_row(a.tail.tail_k, a.tail.step_k, j), a.head, hd, row);
     for (int g = 0; g < a.n_heads; ++g) {
       a.scores[g * n + (j - a.j_begin)] = capped(dot8(a.q + g * hd, row, hd) * a.scale, a.softcap);
     }
@@ -132,7 +157,12 @@ inline void attend(const ChanAttendArgs& a) {
   }
   for (int64_t j = a.j_begin; j < a.j_end; ++j) {
     for (int g = 0; g < a.n_heads; ++g) pj[g] = a.scores[g * n + (j - a.j_begin)];
-    accumulate_v(a, a.kv.v_row(j), pj, row);
+    if (j < own_begin) {
+      accumulate_v(a, a.kv.v_row(j), pj, row);
+    } else {  // the own block's values from their q8_0 rows
+      decode_tail_head(tail_row(a.tail.tail_v, a.tail.step_v, j), a.head, hd, row);
+      accumulate_row(a, row, pj);
+    }
   }
 }
 

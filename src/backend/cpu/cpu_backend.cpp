@@ -428,16 +428,19 @@ class CpuBackend final : public Backend {
            op.kv.v_bytes() == row_bytes(op.kv.v_type(), kv_width));
     const int32_t* slots = step.slots[op.kv_group];
     const int64_t mask = (int64_t{1} << op.kv.block_shift) - 1;
-    // k4c: K rows are kept in f16 for this step's attention, and encoded a
-    // block at a time below.
+    // k4c: K and V rows are kept in q8_0 (the tail's rows) for this step's
+    // attention, K encoded a block at a time below; V goes to the pool too.
     const bool chan = op.kv.dtype == kKvQ4Chan;
-    uint16_t* step_k = nullptr;
+    const size_t tail_row = row_bytes(cpu::kKvChanTailType, kv_width);
+    ChanStepRows* chan_rows = nullptr;
     if (chan) {
       assert(op.kv.tail && step.kv_tail);
-      std::vector<uint16_t>& rows = step_k_[op.kv.tail];
-      if (rows.size() < static_cast<size_t>(op.qkv.rows * kv_width))
-        rows.resize(static_cast<size_t>(op.qkv.rows * kv_width));
-      step_k = rows.data();
+      chan_rows = &chan_step_[op.kv.tail];
+      const auto n = static_cast<size_t>(op.qkv.rows) * tail_row;
+      if (chan_rows->k.size() < n) {
+        chan_rows->k.resize(n);
+        chan_rows->v.resize(n);
+      }
     }
     for (int64_t t = 0; t < op.qkv.rows; ++t) {
       float* q = static_cast<float*>(op.qkv.at(t, 0));
@@ -457,7 +460,9 @@ class CpuBackend final : public Backend {
         const size_t v_at = static_cast<size_t>(slot >> op.kv.block_shift) * op.kv.block_stride +
                             static_cast<size_t>(slot & mask) * op.kv.v_bytes();
         if (chan) {
-          for (int64_t j = 0; j < kv_width; ++j) step_k[t * kv_width + j] = f32_to_f16(k[j]);
+          const size_t r = static_cast<size_t>(t) * tail_row;
+          cpu::store_chan_tail_rows(k, v, op.kv.v_rotated, op.n_head_kv, hd, chan_rows->k.data() + r,
+                                    chan_rows->v.data() + r);
         } else {
           cpu::store_kv_row(op.kv.dtype, op.kv.k_rotated, k, kd, op.n_head_kv, hd);
         }
@@ -477,14 +482,16 @@ class CpuBackend final : public Backend {
         }
       }
     }
-    if (chan) encode_chan_blocks(op, step, step_k);
+    if (chan) encode_chan_blocks(op, step, chan_rows->k.data());
   }
 
   // k4c: encodes every K block of 32 tokens the step completes, its rows
-  // before the step from the sequence's tail, the others from step_k.
-  void encode_chan_blocks(const RopeKvOp& op, const StepMetadata& step, const uint16_t* step_k) {
+  // before the step from the sequence's tail, the others from step_k (q8_0
+  // rows, decoded: the same values however the sequence was chunked).
+  void encode_chan_blocks(const RopeKvOp& op, const StepMetadata& step, const uint8_t* step_k) {
     constexpr int64_t kT = cpu::kKvChanTokens;
     const int64_t W = int64_t{op.n_head_kv} * op.head_dim;
+    const size_t tail_row = row_bytes(cpu::kKvChanTailType, W);
     // One unit per completed block: [seq, block start).
     chan_units_.clear();
     for (int32_t s = 0; s < step.n_seqs; ++s) {
@@ -497,13 +504,13 @@ class CpuBackend final : public Backend {
       for (int64_t u = begin; u < end; ++u) {
         const auto [s, g] = chan_units_[static_cast<size_t>(u)];
         const int64_t c0 = step.kv_len[s] - step.q_len[s];
-        const auto* tail = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(op.kv.tail) +
-                                                             static_cast<size_t>(step.kv_tail[s]) * op.kv.tail_stride +
-                                                             sizeof(KvTailHeader));
+        const uint8_t* tail_k = static_cast<const uint8_t*>(op.kv.tail) +
+                                static_cast<size_t>(step.kv_tail[s]) * op.kv.tail_stride + sizeof(KvTailHeader);
         for (int64_t r = 0; r < kT; ++r) {
           const int64_t pos = g + r;
-          const uint16_t* src = pos < c0 ? tail + r * W : step_k + (step.q_start[s] + pos - c0) * W;
-          for (int64_t j = 0; j < W; ++j) rows[static_cast<size_t>(r * W + j)] = f16_to_f32(src[j]);
+          const uint8_t* src = pos < c0 ? tail_k + static_cast<size_t>(r) * tail_row
+                                        : step_k + static_cast<size_t>(step.q_start[s] + pos - c0) * tail_row;
+          cpu::dequantize_row(cpu::kKvChanTailType, src, rows.data() + r * W, W);
         }
         const int32_t block = step.block_tables[op.kv_group][step.table_start[s] + g / kT];
         cpu::quantize_chan_block(rows.data(), W, W,
@@ -512,22 +519,26 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // k4c: attention over the quantized blocks and the f16 keys of each
-  // query's own block, then each sequence's tail takes its newest partial
-  // block from the step's rows.
+  // k4c: attention over the quantized blocks and the q8_0 keys and values
+  // of each query's own block, then each sequence's tail takes its newest
+  // partial block from the step's rows.
   void attention_chan(const AttentionOp& op, const StepMetadata& step, const cpu::AttentionParams& p) {
     constexpr int64_t kT = cpu::kKvChanTokens;
     const int64_t W = int64_t{op.n_head_kv} * op.head_dim;
-    assert(op.kv.tail && step.kv_tail && step_k_.count(op.kv.tail));
-    const uint16_t* step_k = step_k_[op.kv.tail].data();
+    const size_t tail_row = row_bytes(cpu::kKvChanTailType, W);
+    assert(op.kv.tail && step.kv_tail && chan_step_.count(op.kv.tail));
+    const ChanStepRows& rows = chan_step_[op.kv.tail];
+    // A tail: its header, kT K rows, kT V rows.
     auto tail_of = [&](int32_t s) {
       return static_cast<uint8_t*>(op.kv.tail) + static_cast<size_t>(step.kv_tail[s]) * op.kv.tail_stride;
     };
     chan_tails_.clear();
     for (int32_t s = 0; s < step.n_seqs; ++s) {
       cpu::ChanTail t;
-      t.tail = reinterpret_cast<const uint16_t*>(tail_of(s) + sizeof(KvTailHeader));
-      t.step_k = step_k + static_cast<int64_t>(step.q_start[s]) * W;
+      t.tail_k = tail_of(s) + sizeof(KvTailHeader);
+      t.tail_v = t.tail_k + kT * tail_row;
+      t.step_k = rows.k.data() + static_cast<size_t>(step.q_start[s]) * tail_row;
+      t.step_v = rows.v.data() + static_cast<size_t>(step.q_start[s]) * tail_row;
       t.c0 = step.kv_len[s] - step.q_len[s];
       chan_tails_.push_back(t);
     }
@@ -537,10 +548,13 @@ class CpuBackend final : public Backend {
       const int64_t c1 = step.kv_len[s], c0 = c1 - step.q_len[s];
       const int64_t g0 = c0 - c0 % kT, g1 = c1 - c1 % kT;
       uint8_t* base = tail_of(s);
-      auto* rows = reinterpret_cast<uint16_t*>(base + sizeof(KvTailHeader));
+      uint8_t* tail_k = base + sizeof(KvTailHeader);
+      uint8_t* tail_v = tail_k + kT * tail_row;
       const int64_t from = g1 == g0 ? c0 : g1;  // the step's rows the tail takes
-      std::memcpy(rows + (from - g1) * W, step_k + (step.q_start[s] + from - c0) * W,
-                  static_cast<size_t>((c1 - from) * W) * sizeof(uint16_t));
+      const size_t src = static_cast<size_t>(step.q_start[s] + from - c0) * tail_row;
+      const size_t dst = static_cast<size_t>(from - g1) * tail_row, n = static_cast<size_t>(c1 - from) * tail_row;
+      std::memcpy(tail_k + dst, rows.k.data() + src, n);
+      std::memcpy(tail_v + dst, rows.v.data() + src, n);
       KvTailHeader h;
       h.group_start = static_cast<int32_t>(g1);
       h.n_rows = static_cast<int32_t>(c1 - g1);
@@ -894,10 +908,13 @@ class CpuBackend final : public Backend {
   cpu::Scratch scratch_;
   std::vector<float> acc_;  // matmul(accumulate): [max_tokens, widest weight]
   std::vector<cpu::AttentionSeq> seqs_;
-  // k4c (KvCacheView::tail): the step's K rows in f16 per layer (keyed by
+  // k4c (KvCacheView::tail): the step's K and V rows in q8_0 per layer (keyed by
   // its tail), written by rope_store_kv and read by attention; grown to
   // the largest step, so a step allocates nothing once warm.
-  std::unordered_map<const void*, std::vector<uint16_t>> step_k_;
+  struct ChanStepRows {
+    std::vector<uint8_t> k, v;  // [step rows] rows of kKvChanTailType
+  };
+  std::unordered_map<const void*, ChanStepRows> chan_step_;
   std::vector<std::pair<int32_t, int64_t>> chan_units_;  // encode_chan_blocks(): [seq, block start]
   std::vector<cpu::ChanTail> chan_tails_;                // attention_chan(): [n_seqs]
   std::vector<cpu::ConvSeq> conv_seqs_;                  // gated_delta(): [n_seqs], snapshots [n_saves]

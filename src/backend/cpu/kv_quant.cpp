@@ -461,6 +461,18 @@ void store_kv_row(DType t, bool rotated, const float* src, uint8_t* dst, int64_t
   quantize_rotated_row(t, tmp.data(), dst, n_head * head_dim);
 }
 
+void store_chan_tail_rows(const float* k, const float* v, bool v_rotated, int64_t n_head, int64_t head_dim,
+                          uint8_t* k_dst, uint8_t* v_dst) {
+  const int64_t n = n_head * head_dim;
+  assert(n % kQK == 0);
+  ref::quantize_kv_row(kKvChanTailType, k, k_dst, n);
+  if (!v_rotated) return ref::quantize_kv_row(kKvChanTailType, v, v_dst, n);
+  thread_local std::vector<float> tmp;
+  tmp.assign(v, v + n);
+  for (int64_t h = 0; h < n_head; ++h) hadamard_rotate(tmp.data() + h * head_dim, head_dim);
+  ref::quantize_kv_row(kKvChanTailType, tmp.data(), v_dst, n);
+}
+
 void quantize_rotated_row(DType t, const float* x, void* y, int64_t n) {
   switch (t) {
     case DType::kQ4_0:

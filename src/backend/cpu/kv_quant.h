@@ -68,8 +68,27 @@ inline constexpr int kKvChanTokens = 32;
 void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst);
 // The inverse (f32 z + d q): rows [kKvChanTokens][width], dense.
 void dequantize_chan_block(const uint8_t* src, int64_t width, float* rows);
-// Bumped whenever quantize_chan_block's output changes (as kKvRotatedEncoder).
-inline constexpr int kKvChanEncoder = 1;
+// Bumped whenever quantize_chan_block's output changes (as kKvRotatedEncoder),
+// or what k4c's KV is computed from: revision 2 keeps the tail's keys and
+// values in q8_0 (kKvChanTailType), so a block is encoded from q8_0 rows
+// and a query reads its own block's values at 8 bits.
+inline constexpr int kKvChanEncoder = 2;
+
+// k4c's tail rows (each sequence's newest partial block, model/kv_tails.h,
+// and a step's rows before its attention): K and V of one token, each one
+// q8_0 row of the layer's width (llama.cpp's reference quantizer; V
+// Hadamard-rotated per head first when the pool's V is rotated, so it is
+// read in the same basis). Why q8_0 and not f16 K alone: a query's own
+// block's values at 8 bits instead of 4 lower k4c's KL on every text
+// measured, by 18% on average (docs/perf.md, "k4c's tail in q8_0"), and K and V in q8_0
+// cost 408 bytes a token of a 192-wide row against f16 K's 384, so the
+// tail stays within 3.5x f16's tokens per GiB at 2k context. Needs the
+// row (n_head * head_dim) a multiple of 32.
+inline constexpr DType kKvChanTailType = DType::kQ8_0;
+// One K and one V tail row of a layer of n_head heads of head_dim: k from
+// k (unrotated), v from v (rotated per head when v_rotated); src unchanged.
+void store_chan_tail_rows(const float* k, const float* v, bool v_rotated, int64_t n_head, int64_t head_dim,
+                          uint8_t* k_dst, uint8_t* v_dst);
 
 namespace ref {
 // llama.cpp's reference quantizers of one row of n floats (n a multiple of
