@@ -112,6 +112,16 @@ void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t nb) {
   }
 }
 
+// The integer nearest y (nearbyint), clamped to [lo, hi] as a float before
+// the conversion: a float outside int's range converts to undefined
+// behaviour. A NaN (from a block holding one, whose every candidate's error
+// is NaN) is code 0 clamped, as CUDA's __float2int_rn makes it.
+int nearest_code(float y, int lo, int hi) {
+  const float r = std::nearbyint(y);
+  if (std::isnan(r)) return std::clamp(0, lo, hi);
+  return static_cast<int>(std::clamp(r, static_cast<float>(lo), static_cast<float>(hi)));
+}
+
 // The levels of a rotated block: code q stands for value(q) * d.
 // Uniform: the integers [lo, hi] (q4_0: -8..7, q8_0: -127..127), the
 // nearest by nearbyint, clamped. Nl: iq4_nl's 16 levels (kIq4nlValues,
@@ -122,7 +132,7 @@ struct UniformLevels {
   int lo, hi;
   float first() const { return static_cast<float>(lo); }
   float last() const { return static_cast<float>(hi); }
-  int code(float y) const { return std::clamp(static_cast<int>(std::nearbyint(y)), lo, hi); }
+  int code(float y) const { return nearest_code(y, lo, hi); }
   float value(int q) const { return static_cast<float>(q); }
 };
 struct NlLevels {
@@ -322,7 +332,7 @@ void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, u
       const float inv = step > 0.0f ? 1.0f / step : 0.0f;
       double err = 0;
       for (int j = 0; j < kT; ++j) {
-        cand[j] = std::clamp(static_cast<int>(std::nearbyint((x[j] - zf) * inv)), 0, 15);
+        cand[j] = nearest_code((x[j] - zf) * inv, 0, 15);
         const double e = double{x[j]} - double{zf + step * static_cast<float>(cand[j])};
         err += e * e;
       }
