@@ -10,8 +10,8 @@
 //
 // --chunk: tokens per forward step (default 512). Every KV type's result
 // depends on it only through f32 rounding (chunked prefill is exact up to
-// summation order; k4c's queries read their own block in f16 however the
-// text is cut), so rerunning with another chunk measures the noise floor.
+// summation order; k4c's queries read their own block from its q8_0 rows
+// however the text is cut), so rerunning with another chunk measures the noise floor.
 //
 // TYPE: a KV type for both sides (or a pair: k4c), K/V (q8_0/q4_0h) or @FILE (a --kv-config
 // file). On a model with quantized weights every matmul quantizes its

@@ -349,12 +349,6 @@ TEST(KvQuant, ChanBlockMatchesItsContract) {
   std::printf("q4c: the refit zero leaves %.3fx the squared error of z at the minimum\n", total / total_lo);
 }
 
-// k4c's V (iq4_nlh64): blocks of 64 rotated values, byte 0 the e4m3 code of
-// d * 16, then element j in the low nibble of byte 1 + j and j + 32 in its
-// high one, decoded x = e4m3(byte 0) / 16 * kIq4nlValues[q]; on N(0, 1)
-// within the error of iq4_nlh's blocks of 32 with an f16 scale plus the
-// coarser scale in 0.375 fewer bits (measured 1.26x its squared error), and
-// unshrunk.
 // k4c's tail rows: K as llama.cpp's reference q8_0 of the row, V as the
 // reference q8_0 of each head Hadamard-rotated (or of the row when V is not
 // rotated), the source untouched; each value within half a step of its input.
@@ -399,6 +393,12 @@ TEST(KvQuant, ChanTailRowsAreQ8_0OfKAndRotatedV) {
   }
 }
 
+// k4c's V (iq4_nlh64): blocks of 64 rotated values, byte 0 the e4m3 code of
+// d * 16, then element j in the low nibble of byte 1 + j and j + 32 in its
+// high one, decoded x = e4m3(byte 0) / 16 * kIq4nlValues[q]; on N(0, 1)
+// within the error of iq4_nlh's blocks of 32 with an f16 scale plus the
+// coarser scale in 0.375 fewer bits (measured 1.26x its squared error), and
+// unshrunk.
 TEST(KvQuant, Iq4nl64BlocksDecodeAndFitTheirLevels) {
   std::mt19937 rng(23);
   std::normal_distribution<float> nd;

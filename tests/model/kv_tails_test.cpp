@@ -1,9 +1,10 @@
 // k4c KV on the default model (model/kv_tails.h): a query reads its own
-// block's keys in f16 from the sequence's tail and the step's rows, the
-// earlier blocks quantized, so how a sequence is chunked (prompts of 31,
-// 32, 33, 65 tokens, steps across and onto block boundaries, one token at a
-// time) and which sequences share its steps change no logit; and the
-// batches a tail cannot serve are refused naming the slot.
+// block's keys and values from q8_0 rows (the sequence's tail and the
+// step's rows), the earlier blocks quantized, so how a sequence is chunked
+// (prompts of 31, 32, 33, 65 tokens, steps across and onto block
+// boundaries, one token at a time) and which sequences share its steps
+// change no logit; and the batches a tail cannot serve are refused naming
+// the slot.
 #include <gtest/gtest.h>
 
 #include <climits>

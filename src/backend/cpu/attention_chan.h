@@ -15,8 +15,8 @@
 // Arithmetic: the query in f32; a quantized group's scores q.k = q.z +
 // sum_c (q_c d_c) q_cj (f32; the baseline build sums in channel order, the
 // AVX-512 build q.z in 16 lanes then reduced and each token's sum with
-// FMAs in channel order); an f16 key's q.k as attention_quant's 8 partial
-// sums of the q8_0 row decoded to f32; score = scale * q.k, softcap as
+// FMAs in channel order); an own-block key's q.k as attention_quant's 8
+// partial sums of its q8_0 row decoded to f32; score = scale * q.k, softcap as
 // cpu::attention; f32 softmax with max subtraction, the sum in double;
 // out = sum_j p_j v_j in f32, the pool's rows then the own block's (AVX-512:
 // iq4_nlh64 rows decoded in registers), rotated back when V is rotated.

@@ -55,7 +55,7 @@ bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated);
 //   k_cache / v_cache: one layer's rows [n_rows, n_head_kv * head_dim] in kv_dtype
 //   (kv_supported(): Q8_0 / Q4_0 / IQ4_NL / F8_E4M3 quantized here, each head's
 //   blocks or bytes from its rotated f32 values, as the CPU's
-//   ref::quantize_kv_row).
+//   cpu::store_kv_row).
 // Angles as cpu::rope: theta_i = pos * inv_freq[i] (or the ggml recurrence
 // when ggml_theta_scale > 0), cos and sin in f32 times attn_factor.
 struct RopeKvArgs {
