@@ -616,7 +616,7 @@ Status EngineImpl::launch_plan(const StepPlan& plan, StepIds ids, bool chain, Cl
   s.ids = ids;
   s.n_tokens = plan.n_tokens;
   s.start = start;
-  s.computed = false;
+  s.chained_behind = false;
   std::lock_guard lk(stats_mu_);
   ++stats_.steps;
   stats_.steps_pipelined += chain;
@@ -678,7 +678,7 @@ void EngineImpl::chain_step() {
   // planned later reads them (one stream). Its full blocks reach the
   // prefix cache only once it completed (complete_step): should it fail
   // on the device, its requests fail there and its blocks are dropped.
-  s.computed = true;
+  s.chained_behind = true;
   scheduler_.step_queued();
   // Each request's next token is the one the device draws now: a
   // placeholder (0, a valid id) holds its place while the plan and batch
@@ -712,8 +712,8 @@ void EngineImpl::complete_step() {
   LaunchedStep& s = launched_[oldest_launched_];
   oldest_launched_ = (oldest_launched_ + 1) % 2;
   Status st = runner_.collect();
-  if (st.ok() && !s.computed) st = scheduler_.step_computed();  // the scheduler's plan is still this step's
-  if (st.ok() && s.computed) {
+  if (st.ok() && !s.chained_behind) st = scheduler_.step_computed();  // the scheduler's plan is still this step's
+  if (st.ok() && s.chained_behind) {
     // A step was chained behind this one: its tokens counted as computed
     // from then on (Scheduler::step_queued), and now that it completed
     // they are, so its full blocks go to the prefix cache.

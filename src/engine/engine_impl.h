@@ -160,9 +160,9 @@ class EngineImpl final : public Engine {
     StepIds ids = StepIds::kHost;
     int32_t n_tokens = 0;
     std::chrono::steady_clock::time_point start;  // when its planning began
-    // Scheduler::step_queued() done (a step was chained behind it): its
-    // blocks are committed when it completes.
-    bool computed = false;
+    // A step was chained behind it: Scheduler::step_queued() counted its
+    // tokens as computed, and complete_step() commits its blocks.
+    bool chained_behind = false;
   };
   LaunchedStep launched_[2];
   int oldest_launched_ = 0;

@@ -268,7 +268,8 @@ Status Scheduler::step_computed() {
 
 void Scheduler::step_queued() {
   for (const ScheduledChunk& c : plan_.chunks) {
-    assert(kv_.state_restore(static_cast<int64_t>(c.request->id)) < 0);
+    // Chained steps are draft-free rounds without recurrent state (see the header).
+    assert(c.n_draft == 0 && kv_.state_restore(static_cast<int64_t>(c.request->id)) < 0);
     c.request->n_computed += c.n_tokens;
   }
 }

@@ -124,12 +124,12 @@ class Scheduler {
   // fail for the plans pipelined decode makes.
   Status discard_plan();
   // Pipelined decode: called while every running request's decode round
-  // is in flight (planned, not yet step_computed()). True when, once that
-  // step is computed and each request has its next token, schedule() will
-  // plan exactly one token for every running request, in running() order,
-  // and nothing else: each decodes without drafts, the budget and the free
-  // blocks hold one more token each (no preemption), and no waiting
-  // request could be admitted.
+  // is in flight (planned, not yet step_computed() or step_queued()). True
+  // when, once that step is computed and each request has its next token,
+  // schedule() will plan exactly one token for every running request, in
+  // running() order, and nothing else: each decodes without drafts, the
+  // budget and the free blocks hold one more token each (no preemption),
+  // and no waiting request could be admitted.
   bool next_plan_is_rounds_only() const;
   // After a successful forward: advances each chunk's n_computed and offers
   // newly full blocks to the prefix cache.
@@ -141,8 +141,9 @@ class Scheduler {
   // error the device survives, and a cached block must hold computed KV.
   // Once the step completed, commit_computed() offers its blocks; on
   // failure its requests are remove()d and its blocks never cached.
-  // Models with recurrent state never queue steps (their pending state
-  // restore is cleared only by a commit).
+  // Requires a plan without drafts (their blocks wait for verified()), and
+  // no recurrent state (its pending restore is cleared only by a commit;
+  // such models never queue steps).
   void step_queued();
   // r's first n_tokens tokens are computed (n_tokens <= r.n_computed, no
   // unverified drafts among them): offers their newly full blocks to the
