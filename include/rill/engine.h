@@ -182,7 +182,10 @@ struct EngineOptions {
   // Pipelined decode: on a model that queues steps (CUDA), a step of decode
   // rounds only is planned and queued while the step before it runs, its
   // tokens read on the device (engine.cpp run_step). Off: every step waits
-  // for the one before it (for comparisons; the same tokens either way).
+  // for the one before it (for comparisons). Both give the same tokens
+  // with batch_invariant; without it a chained step's batch keeps the rows
+  // of requests that ended, so its shapes, and the logits' last bits (a
+  // near tie's token), may differ from a serial step's.
   bool pipelined_decode = true;
   // Prefix-cache tiers below the device cache (see engine/kv_tiers.h).
   int64_t cache_ram_mb = 0;      // host-RAM tier; 0: off

@@ -313,6 +313,7 @@ int run_bench(const BenchOptions& o) {
     }
   }
   j["steps"] = s.steps;
+  j["steps_pipelined"] = s.steps_pipelined;  // queued while the step before them ran (see --serial-steps)
   if (s.ram_tier.enabled || s.disk_tier.enabled) {
     j["tier_restored_tokens"] = s.tier_restored_tokens;
     j["ram_tier_hits"] = s.ram_tier.hits;
@@ -366,7 +367,8 @@ Command add_bench_command(CLI::App& app) {
   sub->add_flag("--json", o->json, "print the results as JSON");
   sub->add_flag("--serial-steps", o->serial_steps,
                 "with --device cuda: plan each decode step only once the step before it returned its tokens, "
-                "instead of while it runs (the same tokens; for comparing the two)");
+                "instead of while it runs (for comparing the two: the same tokens with --batch-invariant; without it "
+                "the last bits of the logits, and so near-tied tokens, may differ)");
   sub->add_option("--record-tokens", o->record_tokens,
                   "write every request's prompt and output token ids to this file (for --spec replay=FILE)");
   o->device.add_to(sub);

@@ -264,7 +264,8 @@ Command add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 86400.0));
   sub->add_flag("--serial-steps", o->serial_steps,
                 "with --device cuda: plan each decode step only once the step before it returned its tokens, "
-                "instead of while it runs (the same tokens; for comparing the two)");
+                "instead of while it runs (for comparing the two: the same tokens with --batch-invariant; without it "
+                "the last bits of the logits, and so near-tied tokens, may differ)");
   o->device.add_to(sub);
   o->spec.add_to(sub);
   add_cache_tier_options(*sub, e);

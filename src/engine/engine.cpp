@@ -527,9 +527,12 @@ void EngineImpl::observe_hidden() {
 // finish() takes it out of the scheduler's plan of n + 1 and releases its
 // KV, including the slot that row writes (the device writes it before any
 // later step can reuse the block: one stream), and since n + 1's full
-// blocks are offered to the prefix cache only at its step_computed(), with
-// real tokens, the cache never sees that row. The overlap applies only to a
-// step that is exactly the decode rounds of the step in flight (chain_step).
+// blocks are offered to the prefix cache only once n + 1 completed, with
+// real tokens, the cache never sees that row. Likewise step n's own blocks
+// are offered only once n completed without error (complete_step): a step
+// that fails with an error the device survives leaves no block it should
+// have computed in the cache. The overlap applies only to a step that is
+// exactly the decode rounds of the step in flight (chain_step).
 void EngineImpl::run_step() {
   if (runner_.n_in_flight() == 0 && !launch_step()) return;
   chain_step();
@@ -613,8 +616,7 @@ Status EngineImpl::launch_plan(const StepPlan& plan, StepIds ids, bool chain, Cl
   s.ids = ids;
   s.n_tokens = plan.n_tokens;
   s.start = start;
-  s.computed = false;
-  s.error = Status::Ok();
+  s.chained_behind = false;
   std::lock_guard lk(stats_mu_);
   ++stats_.steps;
   stats_.steps_pipelined += chain;
@@ -671,21 +673,36 @@ bool EngineImpl::can_chain() const {
 void EngineImpl::chain_step() {
   if (!can_chain()) return;
   LaunchedStep& s = launched_[oldest_launched_];
-  // The step in flight's bookkeeping first (its tokens' KV counts as
-  // computed, its full blocks, whose tokens are all known, go to the
-  // prefix cache), so the scheduler plans the next round. The device
-  // computes them before anything planned later reads them (one stream).
-  // Should the step fail on the device, its requests fail at
-  // complete_step() (a device error also fails every later step).
-  s.computed = true;
-  s.error = scheduler_.step_computed();
-  if (!s.error.ok()) return;
+  // The step in flight's tokens count as computed, so the scheduler plans
+  // the next round after them; the device computes them before anything
+  // planned later reads them (one stream). Its full blocks reach the
+  // prefix cache only once it completed (complete_step): should it fail
+  // on the device, its requests fail there and its blocks are dropped.
+  s.chained_behind = true;
+  scheduler_.step_queued();
   // Each request's next token is the one the device draws now: a
   // placeholder (0, a valid id) holds its place while the plan and batch
   // are built, and leaves before the real token is committed.
   for (const ScheduledChunk& c : s.chunks) c.request->tokens.push_back(0);
   const StepPlan& plan = scheduler_.schedule();
-  assert(plan.chunks.size() == s.chunks.size() && plan.preempted.empty() && plan.failed.empty());
+  if (!is_rounds_of(plan, s.chunks)) {
+    // can_chain() predicted these rounds (Scheduler::
+    // next_plan_is_rounds_only); a plan that differs cannot take its
+    // tokens from the step in flight's rows. Nothing of it runs: its KV
+    // goes back and the next step is planned once this one completed (its
+    // preemptions stand; a request of the step in flight it preempted
+    // gets its token and resumes from the cache).
+    for (const ScheduledChunk& c : s.chunks) c.request->tokens.pop_back();
+    if (!warned_misprediction_) {
+      std::fprintf(stderr,
+                   "rill: pipelined decode planned a step other than the predicted decode rounds; it runs serially "
+                   "(a scheduler defect: please report it)\n");
+      warned_misprediction_ = true;
+    }
+    for (const auto& [r, message] : plan.failed) finish(*r, FinishReason::kError, GenerationEvent{}, message);
+    if (Status st = scheduler_.discard_plan(); !st.ok()) fail_plan(plan, st);
+    return;
+  }
   const Status st = launch_plan(plan, s.ids, /*chain=*/true, Clock::now());
   for (const ScheduledChunk& c : s.chunks) c.request->tokens.pop_back();
   if (!st.ok()) fail_plan(plan, st);  // the requests of the step in flight: it completes with none left
@@ -695,8 +712,18 @@ void EngineImpl::complete_step() {
   LaunchedStep& s = launched_[oldest_launched_];
   oldest_launched_ = (oldest_launched_ + 1) % 2;
   Status st = runner_.collect();
-  if (st.ok()) st = s.error;
-  if (st.ok() && !s.computed) st = scheduler_.step_computed();  // the scheduler's plan is still this step's
+  if (st.ok() && !s.chained_behind) st = scheduler_.step_computed();  // the scheduler's plan is still this step's
+  if (st.ok() && s.chained_behind) {
+    // A step was chained behind this one: its tokens counted as computed
+    // from then on (Scheduler::step_queued), and now that it completed
+    // they are, so its full blocks go to the prefix cache.
+    for (const ScheduledChunk& c : s.chunks) {
+      Request& r = *c.request;
+      if (r.state != RequestState::kRunning) continue;  // ended, or preempted by a plan that was discarded
+      st = scheduler_.commit_computed(r, r.n_computed);
+      if (!st.ok()) break;
+    }
+  }
   std::swap(step_chunks_, s.chunks);
   if (!st.ok()) {
     for (const ScheduledChunk& c : step_chunks_) {

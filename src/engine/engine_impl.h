@@ -160,11 +160,13 @@ class EngineImpl final : public Engine {
     StepIds ids = StepIds::kHost;
     int32_t n_tokens = 0;
     std::chrono::steady_clock::time_point start;  // when its planning began
-    bool computed = false;                        // Scheduler::step_computed() done (a step was chained behind it)
-    Status error;                                 // of that step_computed()
+    // A step was chained behind it: Scheduler::step_queued() counted its
+    // tokens as computed, and complete_step() commits its blocks.
+    bool chained_behind = false;
   };
   LaunchedStep launched_[2];
   int oldest_launched_ = 0;
+  bool warned_misprediction_ = false;  // chain_step found a plan other than the predicted rounds (said once)
   std::chrono::steady_clock::time_point last_completed_;  // the last complete_step()'s end
 
   // Inbox, guarded by mu_.

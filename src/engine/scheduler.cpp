@@ -246,17 +246,49 @@ bool Scheduler::next_plan_is_rounds_only() const {
   return n_blocks <= kv_.n_free_blocks();
 }
 
+Status Scheduler::discard_plan() {
+  for (const ScheduledChunk& c : plan_.chunks) {
+    RILL_TRY(kv_.truncate(static_cast<int64_t>(c.request->id), c.request->n_computed));
+  }
+  plan_.chunks.clear();
+  plan_.n_tokens = 0;
+  plan_.n_decode_tokens = 0;
+  return Status::Ok();
+}
+
 Status Scheduler::step_computed() {
-  for (ScheduledChunk& c : plan_.chunks) {
-    Request* r = c.request;
-    r->n_computed += c.n_tokens;
+  for (const ScheduledChunk& c : plan_.chunks) {
+    c.request->n_computed += c.n_tokens;
     // Drafts are computed but not yet verified: their blocks are offered
     // once the engine kept the accepted ones (verified()).
-    const std::span<const int32_t> computed(r->tokens.data(), static_cast<size_t>(r->n_computed - c.n_draft));
-    auto cached = kv_.commit_full_blocks(static_cast<int64_t>(r->id), computed);
-    if (!cached.ok()) return cached.error();
+    RILL_TRY(commit_computed(*c.request, c.request->n_computed - c.n_draft));
   }
   return Status::Ok();
+}
+
+void Scheduler::step_queued() {
+  for (const ScheduledChunk& c : plan_.chunks) {
+    // Chained steps are draft-free rounds without recurrent state (see the header).
+    assert(c.n_draft == 0 && kv_.state_restore(static_cast<int64_t>(c.request->id)) < 0);
+    c.request->n_computed += c.n_tokens;
+  }
+}
+
+Status Scheduler::commit_computed(Request& r, int32_t n_tokens) {
+  assert(n_tokens >= 0 && n_tokens <= r.n_computed);
+  const std::span<const int32_t> computed(r.tokens.data(), static_cast<size_t>(n_tokens));
+  auto cached = kv_.commit_full_blocks(static_cast<int64_t>(r.id), computed);
+  if (!cached.ok()) return cached.error();
+  return Status::Ok();
+}
+
+bool is_rounds_of(const StepPlan& plan, std::span<const ScheduledChunk> in_flight) {
+  if (plan.chunks.size() != in_flight.size() || !plan.preempted.empty() || !plan.failed.empty()) return false;
+  for (size_t i = 0; i < in_flight.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    if (c.request != in_flight[i].request || c.n_tokens != 1 || c.n_draft != 0 || !c.samples) return false;
+  }
+  return true;
 }
 
 Status Scheduler::verified(Request& r) {

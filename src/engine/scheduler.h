@@ -46,6 +46,7 @@
 // while the scheduler refers to them (until remove()).
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,13 @@ struct StepPlan {
   bool empty() const { return chunks.empty(); }
 };
 
+// Pipelined decode's check of a plan made behind a step in flight: true
+// when `plan` is exactly one sampling token without drafts for each request
+// of `in_flight`, in the same order (the chained batch takes its tokens
+// from the step in flight's sample rows, row i for sequence i), and nothing
+// else: no other chunk, preemption or failed admission.
+bool is_rounds_of(const StepPlan& plan, std::span<const ScheduledChunk> in_flight);
+
 class Scheduler {
  public:
   Scheduler(KvManager& kv, SchedulerOptions options);
@@ -103,19 +111,44 @@ class Scheduler {
 
   // Plans the next step: reserves KV for every scheduled chunk (KvManager::
   // append). The engine must then compute the plan and call
-  // step_computed(), or remove() the requests on failure.
+  // step_computed() (or, pipelined, step_queued() and commit_computed()),
+  // remove() the requests on failure, or discard_plan().
   const StepPlan& schedule();
+  // Gives back what schedule() reserved for the plan's chunks (each
+  // sequence is cut back to its computed tokens) and empties the plan.
+  // Preemptions and admissions it made stand: the requests stay where it
+  // put them (an admitted one running with its cached prefix computed) and
+  // the next schedule() plans them again; its failed requests are the
+  // caller's to end. Attention KV only (a sequence with recurrent state
+  // cannot be cut back; such models never queue steps), so it does not
+  // fail for the plans pipelined decode makes.
+  Status discard_plan();
   // Pipelined decode: called while every running request's decode round
-  // is in flight (planned, not yet step_computed()). True when, once that
-  // step is computed and each request has its next token, schedule() will
-  // plan exactly one token for every running request, in running() order,
-  // and nothing else: each decodes without drafts, the budget and the free
-  // blocks hold one more token each (no preemption), and no waiting
-  // request could be admitted.
+  // is in flight (planned, not yet step_computed() or step_queued()). True
+  // when, once that step is computed and each request has its next token,
+  // schedule() will plan exactly one token for every running request, in
+  // running() order, and nothing else: each decodes without drafts, the
+  // budget and the free blocks hold one more token each (no preemption),
+  // and no waiting request could be admitted.
   bool next_plan_is_rounds_only() const;
   // After a successful forward: advances each chunk's n_computed and offers
   // newly full blocks to the prefix cache.
   Status step_computed();
+  // Pipelined decode: the plan's forward is queued on the device, not yet
+  // complete, and the next step is planned behind it. Advances each
+  // chunk's n_computed as step_computed() does (the next plan starts after
+  // these tokens) but offers no block: the step may still fail with an
+  // error the device survives, and a cached block must hold computed KV.
+  // Once the step completed, commit_computed() offers its blocks; on
+  // failure its requests are remove()d and its blocks never cached.
+  // Requires a plan without drafts (their blocks wait for verified()), and
+  // no recurrent state (its pending restore is cleared only by a commit;
+  // such models never queue steps).
+  void step_queued();
+  // r's first n_tokens tokens are computed (n_tokens <= r.n_computed, no
+  // unverified drafts among them): offers their newly full blocks to the
+  // prefix cache.
+  Status commit_computed(Request& r, int32_t n_tokens);
   // After the engine verified r's drafts of the step just computed: r's
   // n_computed covers its accepted tokens and `tokens` ends with its next
   // owed token. Gives back the KV of the rejected drafts (the block tail

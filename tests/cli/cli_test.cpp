@@ -217,4 +217,23 @@ TEST(Cli, PromptLongerThanTheContextIsRejectedBeforeWork) {
   EXPECT_NE(r.err.find("exceeds the context"), std::string::npos) << r.err;
 }
 
+// rill bench --json reports the engine's step counts: every step, and of
+// those the ones queued while the step before them ran (pipelined decode;
+// the CPU computes a step within the call, so none there, serial or not).
+TEST(Cli, BenchJsonReportsItsSteps) {
+  if (!std::filesystem::exists(kLlamaGolden)) GTEST_SKIP();
+  for (const std::string extra : {"", " --serial-steps"}) {
+    SCOPED_TRACE(extra);
+    Outcome r = run_rill("bench " + kLlamaGolden +
+                         " --json --concurrency 2 --requests 3 --prompt-tokens 8 --gen-tokens 6 --threads 2" + extra);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j.at("generated_tokens").get<int>(), 18);
+    // At least the prefill and five more decode steps for the last request.
+    EXPECT_GE(j.at("steps").get<int>(), 6);
+    ASSERT_TRUE(j.contains("steps_pipelined")) << r.out;
+    EXPECT_EQ(j.at("steps_pipelined").get<int>(), 0);
+  }
+}
+
 }  // namespace

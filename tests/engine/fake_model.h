@@ -165,13 +165,16 @@ class FakeModel final : public Model, public StepOverlap {
   int n_sample_calls() const { return n_sample_calls_; }
 
   Status compute(const Batch& batch, float* logits) {
+    size_t index = 0;
     {
       std::lock_guard lk(mu_);
+      index = step_tokens_.size();
       step_tokens_.push_back(batch.n_tokens());
       step_seqs_.push_back(static_cast<int32_t>(batch.seqs.size()));
     }
     if (o_.forward_delay.count() > 0) std::this_thread::sleep_for(o_.forward_delay);
     if (fail_next_.exchange(false)) return Error{"injected forward failure"};
+    if (static_cast<int64_t>(index) == fail_at_.load()) return Error{"injected forward failure"};
     if (batch.n_tokens() > o_.max_batch_tokens) return Error{"batch too large"};
     if (static_cast<int>(batch.sample_rows.size()) > o_.max_batch_seqs) return Error{"too many sample rows"};
     const int32_t bs = o_.block_size;
@@ -204,6 +207,10 @@ class FakeModel final : public Model, public StepOverlap {
   }
 
   void fail_next_forward() { fail_next_ = true; }
+  // The computed step with this index (0: the first; in compute order, so
+  // a queued step's when it is taken) fails before it writes any KV, and
+  // the model goes on: a device error that does not end the context.
+  void fail_forward_at(int64_t index) { fail_at_ = index; }
   std::vector<int32_t> step_tokens() const {
     std::lock_guard lk(mu_);
     return step_tokens_;
@@ -239,6 +246,7 @@ class FakeModel final : public Model, public StepOverlap {
   KvSpec spec_;
   std::vector<Cell> cells_;
   std::atomic<bool> fail_next_{false};
+  std::atomic<int64_t> fail_at_{-1};
   std::atomic<int> n_greedy_calls_{0}, n_logit_calls_{0}, n_sample_calls_{0};
   std::atomic<int> n_masked_steps_{0}, n_masked_rows_{0};
   mutable std::mutex mu_;

@@ -10,10 +10,11 @@
 // token; what a request that ended leaves behind (the row of the token
 // after its last) never reaches the prefix cache, so later prompts that
 // extend its output continue as the model says; steps that cannot be
-// chained fall back.
+// chained fall back; a step that fails leaves none of its blocks cached.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fake_model.h"
@@ -225,6 +226,62 @@ TEST(PipelinedDecode, APoolTooSmallForTheNextRoundFallsBack) {
     EXPECT_EQ(piped.ids[i], want) << "piped " << i;
   }
   expect_same(serial, piped);
+}
+
+// A step fails on the device with an error the model survives
+// (FakeModel::fail_forward_at: nothing written, later steps run) while a
+// step is chained behind it. Its tokens counted as computed once that step
+// was planned, but no block they fill may reach the prefix cache: a later
+// prompt sharing the block would reuse KV that was never written (FakeModel
+// reads it back: the step fails, or a real model continues differently).
+// The request ends with the error, the cache keeps only the prefill's
+// block, and a prompt that extends the request's tokens computes the rest
+// and continues as the model says; serial steps, which commit after the
+// step, behave the same.
+TEST(PipelinedDecode, AFailedStepLeavesNoneOfItsBlocksInThePrefixCache) {
+  for (Mode mode : {Mode::kPipelined, Mode::kSerial}) {
+    SCOPED_TRACE(mode == Mode::kPipelined ? "pipelined" : "serial");
+    Runner runner(mode);
+    // 7 prompt tokens in blocks of 4: the prefill (computed step 0) fills
+    // block 0, the first decode step (step 1, position 7) fills block 1.
+    const GenerationRequest a = request(5, 8);
+    ASSERT_EQ(a.prompt.size(), 7u);
+    const int32_t first = FakeModel::next_token(a.prompt, kVocab);
+    runner.model->fail_forward_at(1);
+    auto h = runner.engine->submit(a);
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    std::vector<int32_t> ids;
+    GenerationEvent ev;
+    GenerationEvent last;
+    while (h->next(ev)) {
+      ids.insert(ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+      if (ev.finished) last = ev;
+    }
+    EXPECT_EQ(ids, std::vector<int32_t>{first});
+    EXPECT_EQ(last.finish_reason, FinishReason::kError);
+    EXPECT_NE(last.error.find("injected forward failure"), std::string::npos) << last.error;
+    if (mode == Mode::kPipelined) {
+      EXPECT_EQ(runner.model->n_chained(), 1) << "no step was chained behind step 1";
+    }
+    EXPECT_EQ(runner.engine->stats().kv_blocks_cached, 1) << "a block of the failed step is cached";
+
+    GenerationRequest b;
+    b.prompt = a.prompt;
+    b.prompt.push_back(first);  // block 1's tokens, and one more
+    b.prompt.push_back(3);
+    b.max_tokens = 5;
+    b.ignore_eos = true;
+    b.sampling.temperature = 0.0f;
+    std::vector<int32_t> context = b.prompt, want;
+    for (int k = 0; k < b.max_tokens; ++k) {
+      want.push_back(FakeModel::next_token(context, kVocab));
+      context.push_back(want.back());
+    }
+    const Outcome o = runner.run({b});
+    EXPECT_EQ(o.ids[0], want);
+    EXPECT_EQ(o.reasons[0], FinishReason::kLength);
+    EXPECT_EQ(o.cached[0], 4) << "b reused more than the prefill's block";
+  }
 }
 
 }  // namespace

@@ -577,3 +577,104 @@ TEST(Scheduler, RoundsOnlyPredictionIsTheNextPlan) {
 
 }  // namespace
 }  // namespace rill
+
+namespace rill {
+namespace {
+
+// Tokens of `r` whose blocks the prefix cache holds (whole blocks).
+int32_t n_cached_in_tree(Rig& rig, const Request& r, int32_t n) {
+  return rig.tree.match(KvManager::group_ns(r.ns, 0), std::span<const int32_t>(r.tokens).first(static_cast<size_t>(n)))
+      .n_tokens;
+}
+
+// Pipelined decode: a step with the next one chained behind it counts as
+// computed from then on (step_queued), but its blocks reach the prefix
+// cache only once it completed (commit_computed); should it fail, its
+// requests are removed and the cache never held its blocks.
+TEST(Scheduler, AQueuedStepOffersItsBlocksOnlyOnceCommitted) {
+  Rig rig(64, 4, {16, 4});
+  Request* a = rig.add(tokens(7, 100), 10);
+  Request* b = rig.add(tokens(7, 200), 10);
+  rig.step();  // the prompts: block 0 of each is cached
+  ASSERT_EQ(a->n_output(), 1);
+  ASSERT_EQ(n_cached_in_tree(rig, *a, 8), 4);
+  EXPECT_EQ(chunks_of(rig.sched.schedule()), (std::vector<Chunk>{{a->id, 1, 0, true}, {b->id, 1, 0, true}}));
+  rig.sched.step_queued();  // position 7 fills block 1 of each
+  EXPECT_EQ(a->n_computed, 8);
+  EXPECT_EQ(b->n_computed, 8);
+  EXPECT_EQ(n_cached_in_tree(rig, *a, 8), 4) << "a block of a step still in flight is cached";
+  EXPECT_EQ(n_cached_in_tree(rig, *b, 8), 4);
+  // The next round is planned behind it (as the engine does, with the
+  // step's draws as placeholders).
+  a->tokens.push_back(0);
+  b->tokens.push_back(0);
+  EXPECT_EQ(chunks_of(rig.sched.schedule()), (std::vector<Chunk>{{a->id, 1, 0, true}, {b->id, 1, 0, true}}));
+  a->tokens.pop_back();
+  b->tokens.pop_back();
+  // a's step completed; b's failed (the engine removes its requests).
+  ASSERT_TRUE(rig.sched.commit_computed(*a, a->n_computed).ok());
+  EXPECT_EQ(n_cached_in_tree(rig, *a, 8), 8);
+  rig.sched.remove(b);
+  b->state = RequestState::kFinished;
+  EXPECT_EQ(n_cached_in_tree(rig, *b, 8), 4) << "the failed step's block reached the cache";
+  const Status st = rig.kv.check_integrity();
+  EXPECT_TRUE(st.ok()) << st.error().message;
+}
+
+// The engine's runtime check of a plan made behind a step in flight: only
+// that step's requests, in its order, one sampling token each, and nothing
+// else, may take their tokens from its rows.
+TEST(Scheduler, IsRoundsOfAcceptsOnlyTheRoundsOfTheStepInFlight) {
+  Rig rig(64, 4, {16, 4});
+  Request* a = rig.add(tokens(3, 100), 20);
+  Request* b = rig.add(tokens(3, 200), 20);
+  rig.step();
+  const std::vector<ScheduledChunk> in_flight = rig.sched.schedule().chunks;
+  ASSERT_EQ(in_flight.size(), 2u);
+  rig.sched.step_queued();
+  a->tokens.push_back(0);  // the draws of the step in flight (placeholders)
+  b->tokens.push_back(0);
+  const StepPlan& plan = rig.sched.schedule();
+  EXPECT_TRUE(is_rounds_of(plan, in_flight));
+  const std::vector<ScheduledChunk> swapped = {in_flight[1], in_flight[0]};
+  EXPECT_FALSE(is_rounds_of(plan, swapped)) << "rows in another order";
+  EXPECT_FALSE(is_rounds_of(plan, std::span(in_flight).first(1))) << "a request it does not name";
+  ASSERT_TRUE(rig.sched.discard_plan().ok());
+  add_draft(a, 2);
+  EXPECT_FALSE(is_rounds_of(rig.sched.schedule(), in_flight)) << "a round with drafts";
+  ASSERT_TRUE(rig.sched.discard_plan().ok());
+  a->drop_draft(a->n_draft);
+  rig.add(tokens(5, 300), 4);
+  EXPECT_FALSE(is_rounds_of(rig.sched.schedule(), in_flight)) << "an admission";
+  ASSERT_TRUE(rig.sched.discard_plan().ok());
+  const Status st = rig.kv.check_integrity();
+  EXPECT_TRUE(st.ok()) << st.error().message;
+}
+
+// A plan that is not launched (engine.cpp chain_step, when the plan differs
+// from the predicted rounds) gives back its KV; its admission stands and
+// the next plan is the same.
+TEST(Scheduler, ADiscardedPlanGivesBackItsKvAndIsPlannedAgain) {
+  Rig rig(64, 4, {16, 4});
+  Request* a = rig.add(tokens(4, 100), 20);
+  Request* b = rig.add(tokens(3, 200), 20);
+  rig.step();
+  Request* c = rig.add(tokens(9, 300), 4);
+  const int32_t n_free = rig.kv.n_free_blocks();
+  const std::vector<Chunk> planned = chunks_of(rig.sched.schedule());
+  ASSERT_EQ(planned, (std::vector<Chunk>{{a->id, 1, 0, true}, {b->id, 1, 0, true}, {c->id, 9, 0, true}}));
+  EXPECT_LT(rig.kv.n_free_blocks(), n_free);
+  ASSERT_TRUE(rig.sched.discard_plan().ok());
+  EXPECT_EQ(rig.kv.n_free_blocks(), n_free);
+  for (const Request* r : {a, b, c}) EXPECT_EQ(rig.kv.length(static_cast<int64_t>(r->id)), r->n_computed);
+  EXPECT_EQ(c->state, RequestState::kRunning);
+  Status st = rig.kv.check_integrity();
+  EXPECT_TRUE(st.ok()) << st.error().message;
+  EXPECT_EQ(chunks_of(rig.sched.schedule()), planned);
+  ASSERT_TRUE(rig.sched.step_computed().ok());
+  st = rig.kv.check_integrity();
+  EXPECT_TRUE(st.ok()) << st.error().message;
+}
+
+}  // namespace
+}  // namespace rill
