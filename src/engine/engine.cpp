@@ -739,6 +739,9 @@ void EngineImpl::complete_step() {
   const auto start = std::max(s.start, last_completed_);
   const double step_s = seconds(start, Clock::now());
   for (const ScheduledChunk& c : step_chunks_) {
+    // A request preempted by a discarded chained plan has n_computed 0: its
+    // chunk computed nothing that counts.
+    if (c.request->state == RequestState::kPreempted) continue;
     if (c.request->n_computed - c.n_tokens < c.request->n_prompt) {  // this chunk computed prompt tokens
       ++c.request->prefill_steps;
       c.request->longest_prefill_step_s = std::max(c.request->longest_prefill_step_s, step_s);
