@@ -903,7 +903,7 @@ TEST(KvTiers, Q8_0h64RefusedOnHeadsNotMultiplesOf64) {
 TEST(KvTiers, EvictedQ8_0h64PrefixComesBackFromTheRamTier) {
   if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
   EngineOptions o;
-  o.kv_cache_mb = 2;  // 8.25 bits: 11 blocks of 16 tokens, one 89-token run (6 blocks) at a time
+  o.kv_cache_mb = 2;  // 8.25 bits: 11 blocks of 16 tokens, one 83-token run (6 blocks) at a time
   o.cache_ram_mb = 256;
   o.kv_types = kv_all("q8_0h64");
   auto e = load(kSmol, o);
@@ -912,13 +912,13 @@ TEST(KvTiers, EvictedQ8_0h64PrefixComesBackFromTheRamTier) {
   // heads of 64 in one block of 66 bytes each (f16: 23,040).
   EXPECT_EQ(e->stats().kv_bytes_per_token, 30 * 2 * 3 * 66);
   const auto a = random_prompt(81, 49152, 1);
-  const GenRun cold = generate(*e, a, 8);
-  const GenRun device_hit = generate(*e, a, 8);
+  const GenRun cold = generate(*e, a, 2);
+  const GenRun device_hit = generate(*e, a, 2);
   EXPECT_EQ(device_hit.cached, 80);
   EXPECT_EQ(device_hit.tokens, cold.tokens);
-  generate(*e, random_prompt(81, 49152, 2), 8);
-  generate(*e, random_prompt(81, 49152, 3), 8);
-  const GenRun warm = generate(*e, a, 8);
+  generate(*e, random_prompt(81, 49152, 2), 2);
+  generate(*e, random_prompt(81, 49152, 3), 2);
+  const GenRun warm = generate(*e, a, 2);
   EXPECT_GE(e->stats().ram_tier.hits, 1);
   EXPECT_EQ(warm.cached, 80);
   EXPECT_EQ(warm.tokens, device_hit.tokens);
