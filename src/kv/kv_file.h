@@ -29,7 +29,8 @@
 // quantized KV cache (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: shape in elements, rows
 // of whole blocks, bytes as GGML lays them out), F8_E4M3 (fp8 KV: a
 // byte per element, no scale), or k4c's Q4_CHAN (a block's K per channel,
-// groupSize 32) and IQ4_NL64 (groupSize 64), backend/cpu/kv_quant.h's
+// groupSize 32) and IQ4_NL64 (groupSize 64), q8_0h64's Q8_0_64 (groupSize
+// 64), backend/cpu/kv_quant.h's
 // layouts; a block type's tensor says
 // its block ("groupSize": 32), and a file whose groupSize differs from its
 // dtype's is refused. A rotated type (q4_0h, q8_0h) is stored as its dtype;

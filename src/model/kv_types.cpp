@@ -20,7 +20,7 @@ constexpr Named kTypes[] = {
     {"q8_0", {DType::kQ8_0, false}}, {"q4_0", {DType::kQ4_0, false}},     {"q4_1", {DType::kQ4_1, false}},
     {"q5_0", {DType::kQ5_0, false}}, {"q5_1", {DType::kQ5_1, false}},     {"q4_0h", {DType::kQ4_0, true}},
     {"q8_0h", {DType::kQ8_0, true}}, {"iq4_nlh", {DType::kIQ4_NL, true}}, {"fp8", {kF8E4M3, false}},
-    {"q4c", {kKvQ4Chan, false}},     {"iq4_nlh64", {kKvIq4Nl64, true}},
+    {"q4c", {kKvQ4Chan, false}},     {"iq4_nlh64", {kKvIq4Nl64, true}},   {"q8_0h64", {kKvQ8_0x64, true}},
 };
 // Names of a (K, V) pair, accepted where one type names both sides.
 struct NamedPair {
@@ -156,6 +156,12 @@ Result<std::vector<KvLayerTypes>> KvTypeOptions::resolve(int64_t n_layer, DType 
 Status check_kv_layer_types(int64_t layer, const KvLayerTypes& types, int64_t n_head_kv, int64_t head_dim) {
   for (const auto& [side, t] : {std::pair{"K", types.k}, std::pair{"V", types.v}}) {
     const std::string what = "KV layer " + std::to_string(layer) + " " + side + " type " + kv_type_name(t);
+    // A block of 64 must not span two heads: each head is rotated and read
+    // on its own (attention dequantizes a head's blocks, never its neighbour's).
+    if (t.dtype == kKvQ8_0x64 && head_dim % 64 != 0) {
+      return Error{what + ": q8_0h64 stores each head in blocks of 64 values; head_dim " + std::to_string(head_dim) +
+                   " is not a multiple of 64 (use q8_0h, blocks of 32)"};
+    }
     if (n_head_kv <= 0 || head_dim <= 0 || (n_head_kv * head_dim) % t.group_size() != 0 ||
         ((t.quantized() || t.rotated) && head_dim > 1024)) {
       return Error{what + ": a KV row of " + std::to_string(n_head_kv) + " heads of " + std::to_string(head_dim) +
@@ -176,6 +182,9 @@ Status check_kv_layer_types(int64_t layer, const KvLayerTypes& types, int64_t n_
     }
     if (t.dtype == kKvIq4Nl64 && !t.rotated) {
       return Error{what + ": iq4_nl64 blocks are stored rotated only (iq4_nlh64)"};
+    }
+    if (t.dtype == kKvQ8_0x64 && !t.rotated) {
+      return Error{what + ": q8_0 blocks of 64 are stored rotated only (q8_0h64)"};
     }
     if (t.dtype == DType::kIQ4_NL && !t.rotated) {
       return Error{what + ": iq4_nl blocks are stored rotated only (iq4_nlh): rill has no GGML iq4_nl encoder"};

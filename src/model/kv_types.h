@@ -20,6 +20,13 @@
 // scales; backend/cuda/kv_types.cuh KvFp8 says why), rounded to nearest
 // even and saturating at +-448, the same bytes on both devices.
 //
+// q8_0h64 (the CPU only): q8_0h's rotated heads and encoder in blocks of 64
+// values with one f16 scale (core/e4m3.h kKvQ8_0x64: 66 bytes, 8.25 bits a
+// value, 1.939x f16's tokens per GiB where q8_0 / q8_0h's 34 bytes per 32
+// reach 1.882x; issue 22 asks 1.9x of an 8-bit type). Named as iq4_nlh64
+// is: the block's base type, h for the rotation, the block size. head_dim
+// must be a multiple of 64 (a block never spans two heads).
+//
 // k4c (k=q4c v=iq4_nlh64, the CPU only; docs/perf.md "k4c"): K quantized
 // per channel over each KV block of 32 tokens (KIVI's asymmetric z + d q:
 // K's outlier channels sit far from zero, so a zero point per channel
@@ -73,7 +80,7 @@ struct KvLayerTypes {
 };
 
 // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h",
-// "iq4_nlh", "fp8", "q4c" (K only), "iq4_nlh64".
+// "iq4_nlh", "fp8", "q4c" (K only), "iq4_nlh64", "q8_0h64".
 std::string kv_type_name(KvType t);
 std::optional<KvType> parse_kv_type(std::string_view name);
 // A name for both sides of a layer: a type (the same on both) or a pair's

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/attention_quant.h"
@@ -25,6 +26,10 @@ namespace {
 
 constexpr DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
                             DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1};
+
+bool rotated_only(DType t) {
+  return t == kKvQ8_0x64 || t == DType::kIQ4_NL;
+}
 
 // n_kv rows of one KV head (head_dim hd) stored in k / v types, q for G heads.
 struct Case {
@@ -51,9 +56,10 @@ Case make_case(DType kt, DType vt, int64_t hd, int g, int64_t n_kv, uint32_t see
   c.v.resize(vr * static_cast<size_t>(n_kv));
   for (int64_t j = 0; j < n_kv; ++j) {
     for (float& x : row) x = nd(rng);
-    store_kv_row(kt, false, row.data(), c.k.data() + j * kr, 1, hd);
+    // q8_0h64's and iq4_nl's blocks are stored rotated only (no plain encoder).
+    store_kv_row(kt, rotated_only(kt), row.data(), c.k.data() + j * kr, 1, hd);
     for (float& x : row) x = nd(rng);
-    store_kv_row(vt, false, row.data(), c.v.data() + j * vr, 1, hd);
+    store_kv_row(vt, rotated_only(vt), row.data(), c.v.data() + j * vr, 1, hd);
   }
   return c;
 }
@@ -144,6 +150,63 @@ TEST(AttentionQuantAvx512, MatchesScalarEveryTypePairAndHeadDim) {
         }
       }
     }
+  }
+}
+
+// q8_0h64 (blocks of 64, kKvQ8_0x64) as K, V or both, beside the types it
+// is likeliest mixed with, against the baseline and AVX2 kernels on the same
+// blocks, at the head_dims it takes (64, 128, 256), with a window, softcap
+// and more heads than one V pass takes; tiles bit-identical to one query at
+// a time. head_dim 32 and 96 (not whole blocks of 64) get nullptr.
+TEST(AttentionQuantAvx512, Q8_0x64MatchesScalarAndTiles) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const std::pair<DType, DType> pairs[] = {{kKvQ8_0x64, kKvQ8_0x64},   {kKvQ8_0x64, DType::kF16},
+                                           {DType::kF16, kKvQ8_0x64},  {kKvQ8_0x64, DType::kQ4_0},
+                                           {DType::kQ8_0, kKvQ8_0x64}, {kKvQ8_0x64, DType::kIQ4_NL}};
+  uint32_t seed = 900;
+  for (int64_t hd : {64, 128, 256}) {
+    for (const auto& [kt, vt] : pairs) {
+      const detail::QuantTileAttend fast = detail::attend_quant_avx512_for(kt, vt, hd);
+      ASSERT_NE(fast, nullptr);
+      const int g = hd <= 64 ? 5 : 3;
+      const Case c = make_case(kt, vt, hd, g, 77, seed++);
+      for (int64_t j_begin : {int64_t{0}, int64_t{30}}) {
+        for (float softcap : {0.0f, 5.0f}) {
+          SCOPED_TRACE(std::string(dtype_name(kt)) + "/" + std::string(dtype_name(vt)) + " hd " + std::to_string(hd) +
+                       " j_begin " + std::to_string(j_begin) + " softcap " + std::to_string(softcap));
+          std::vector<float> ref(c.q.size(), NAN), out(c.q.size(), NAN), avx2(c.q.size(), NAN), s0, s1;
+          detail::attend_quant_scalar(args(c, c.q.data(), g, j_begin, softcap, s0, ref.data()));
+          const int64_t jb = j_begin, je = c.n_kv;
+          fast(tile_args(c, c.q.data(), 1, g, &jb, &je, softcap, s1, out.data()));
+          double ms = 0;
+          for (float x : ref) ms += double{x} * x;
+          const double rms = std::sqrt(ms / static_cast<double>(ref.size()));
+          ASSERT_GT(rms, 0.01);
+          for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5 * rms) << i;
+          detail::QuantAttendArgs a2 = args(c, c.q.data(), g, j_begin, softcap, s0, avx2.data());
+          a2.k_dequant = detail::kv_dequant_avx2(kt);
+          a2.v_dequant = detail::kv_dequant_avx2(vt);
+          detail::attend_quant_avx2(a2);
+          for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(avx2[i], ref[i], 2e-5 * rms) << i;
+        }
+      }
+    }
+    // Three queries of g heads as one tile against each alone.
+    const int g = 2, n_q = 3;
+    const Case c = make_case(kKvQ8_0x64, kKvQ8_0x64, hd, g * n_q, 120, seed++);
+    const detail::QuantTileAttend fast = detail::attend_quant_avx512_for(kKvQ8_0x64, kKvQ8_0x64, hd);
+    const int64_t jb[n_q] = {0, 40, 7}, je[n_q] = {100, 119, 120};
+    std::vector<float> tiled(c.q.size(), NAN), alone(c.q.size(), NAN), s;
+    fast(tile_args(c, c.q.data(), n_q, g, jb, je, 0.0f, s, tiled.data()));
+    for (int i = 0; i < n_q; ++i) {
+      fast(tile_args(c, c.q.data() + i * g * hd, 1, g, jb + i, je + i, 0.0f, s, alone.data() + i * g * hd));
+    }
+    EXPECT_EQ(0, std::memcmp(tiled.data(), alone.data(), tiled.size() * sizeof(float))) << "hd " << hd;
+  }
+  for (int64_t hd : {32, 96}) {
+    EXPECT_EQ(detail::attend_quant_avx512_for(kKvQ8_0x64, kKvQ8_0x64, hd), nullptr) << hd;
+    EXPECT_EQ(detail::attend_quant_avx512_for(DType::kF16, kKvQ8_0x64, hd), nullptr) << hd;
+    EXPECT_EQ(detail::attend_quant_avx512_for(kKvQ8_0x64, DType::kQ8_0, hd), nullptr) << hd;
   }
 }
 

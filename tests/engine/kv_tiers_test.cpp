@@ -865,6 +865,66 @@ TEST(KvTiers, EvictedQuantizedPrefixComesBackFromTheRamTier) {
   }
 }
 
+// q8_0h64 (rotated q8_0 in blocks of 64, 66 bytes per 64 values): the
+// disk tier's file holds Q8_0_64 tensors (groupSize 64) and the numerics
+// name the type and its encoder; the restart and the RAM tier restore the
+// blocks bit for bit (disk_round_trip and the logprobs below).
+TEST(KvTiers, DiskPrefixSurvivesARestartQ8_0h64Kv) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir dir;
+  const fs::path file = disk_round_trip(kSmol, 49152, 100, 96, with_kv(kv_all("q8_0h64")), &dir, kKvQ8_0x64);
+  ASSERT_FALSE(file.empty());
+  auto h = read_kv_header(file.string());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_NE(h->identity.numerics.find("kv=q8_0h64#2"), std::string::npos) << h->identity.numerics;
+  ASSERT_EQ(h->layers.size(), 30u);
+  for (const auto& layer : h->layers) {
+    for (const auto& t : layer.tensors) {
+      EXPECT_EQ(t.dtype, kKvQ8_0x64);
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{96, 192}));
+      EXPECT_EQ(t.bytes, 96u * 198u);
+    }
+  }
+}
+
+// A model whose heads are not whole blocks of 64 refuses q8_0h64 at load,
+// naming the type and the head_dim (the goldens' heads are 16 and 32 wide).
+TEST(KvTiers, Q8_0h64RefusedOnHeadsNotMultiplesOf64) {
+  for (const char* model : {"gemma3", "qwen3"}) {
+    EngineOptions o = with_kv(kv_all("q8_0h64"));
+    o.n_threads = 1;
+    auto r = Engine::load(kGoldens + model, o);
+    ASSERT_FALSE(r.ok()) << model;
+    EXPECT_NE(r.error().message.find("q8_0h64"), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find("not a multiple of 64"), std::string::npos) << r.error().message;
+  }
+}
+
+TEST(KvTiers, EvictedQ8_0h64PrefixComesBackFromTheRamTier) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  EngineOptions o;
+  o.kv_cache_mb = 2;  // 8.25 bits: 11 blocks of 16 tokens, one 83-token run (6 blocks) at a time
+  o.cache_ram_mb = 256;
+  o.kv_types = kv_all("q8_0h64");
+  auto e = load(kSmol, o);
+  ASSERT_TRUE(e);
+  // Admission and /stats count the real bytes: 30 layers, K and V, 3 KV
+  // heads of 64 in one block of 66 bytes each (f16: 23,040).
+  EXPECT_EQ(e->stats().kv_bytes_per_token, 30 * 2 * 3 * 66);
+  const auto a = random_prompt(81, 49152, 1);
+  const GenRun cold = generate(*e, a, 2);
+  const GenRun device_hit = generate(*e, a, 2);
+  EXPECT_EQ(device_hit.cached, 80);
+  EXPECT_EQ(device_hit.tokens, cold.tokens);
+  generate(*e, random_prompt(81, 49152, 2), 2);
+  generate(*e, random_prompt(81, 49152, 3), 2);
+  const GenRun warm = generate(*e, a, 2);
+  EXPECT_GE(e->stats().ram_tier.hits, 1);
+  EXPECT_EQ(warm.cached, 80);
+  EXPECT_EQ(warm.tokens, device_hit.tokens);
+  EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored quantized KV must be bit-identical";
+}
+
 // A file written under one KV type is never resumed under another: the
 // numerics it records name the types.
 TEST(KvTiers, ChangedKvTypeInvalidatesDiskFiles) {
@@ -880,7 +940,7 @@ TEST(KvTiers, ChangedKvTypeInvalidatesDiskFiles) {
     EXPECT_EQ(generate(*e, prompt, 1, /*persist=*/true).persisted, 96);
   }
   // iq4_nlh and q4_0h: the same bytes per block, other levels.
-  for (const char* other : {"f16", "q4_0h", "iq4_nlh", "k4c"}) {
+  for (const char* other : {"f16", "q4_0h", "iq4_nlh", "k4c", "q8_0h", "q8_0h64"}) {
     o.kv_types = std::string(other) == "f16" ? KvTypeOptions{} : kv_all(other);
     auto e = load(kSmol, o);
     ASSERT_TRUE(e);

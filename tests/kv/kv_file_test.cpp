@@ -11,12 +11,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <span>
 #include <thread>
 
 #include "core/e4m3.h"
@@ -344,6 +346,42 @@ TEST(KvFile, ChannelAndIq4Nl64TensorsRoundTripAndSeedTheFuzzer) {
   ASSERT_EQ(h->layers.size(), 1u);
   EXPECT_EQ(h->layers[0].tensors.at(0).dtype, kKvQ4Chan);
   EXPECT_EQ(h->layers[0].tensors.at(1).dtype, kKvIq4Nl64);
+  EXPECT_TRUE(KvFile::open(seed, nullptr, /*verify_tensors=*/true).ok());
+}
+
+// q8_0h64's tensors (Q8_0_64: 66 bytes per 64 values) round trip with
+// groupSize 64 and their bytes as written, and the fuzz corpus holds one
+// such file (q8_0h64.rkv, written by this test with RILL_KV_SEED_OUT=PATH as
+// channel_types.rkv was) so mutations reach the type.
+TEST(KvFile, Q8_0x64TensorsRoundTripAndSeedTheFuzzer) {
+  TmpDir dir;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 16; ++i) tokens.push_back(300 + i);
+  const auto k = bytes(16 * 128 / 64 * 66, 9), v = bytes(16 * 128 / 64 * 66, 10);
+  KvLayerData layer;
+  layer.tensors.push_back({"k", {16, 128}, kKvQ8_0x64, k});
+  layer.tensors.push_back({"v", {16, 128}, kKvQ8_0x64, v});
+  const std::string path = (dir.path / "q8_0h64.rkv").string();
+  ASSERT_TRUE(write_kv_file(path, identity(), tokens, {&layer, 1}).ok());
+  auto f = KvFile::open(path, nullptr, /*verify_tensors=*/true);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  const auto& t = f->header().layers.at(0).tensors;
+  ASSERT_EQ(t.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(t[i].dtype, kKvQ8_0x64);
+    EXPECT_EQ(t[i].bytes, k.size());
+    EXPECT_EQ(t[i].shape, (std::vector<int64_t>{16, 128}));
+  }
+  const std::span<const uint8_t> kd = f->tensor(0, 0), vd = f->tensor(0, 1);
+  EXPECT_TRUE(std::equal(kd.begin(), kd.end(), k.begin(), k.end()));
+  EXPECT_TRUE(std::equal(vd.begin(), vd.end(), v.begin(), v.end()));
+  if (const char* out = std::getenv("RILL_KV_SEED_OUT")) fs::copy_file(path, out, fs::copy_options::overwrite_existing);
+  const std::string seed = std::string(RILL_SOURCE_DIR) + "/tests/fuzz/corpus/kv_file/q8_0h64.rkv";
+  auto h = read_kv_header(seed);
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  ASSERT_EQ(h->layers.size(), 1u);
+  EXPECT_EQ(h->layers[0].tensors.at(0).dtype, kKvQ8_0x64);
+  EXPECT_EQ(h->layers[0].tensors.at(1).dtype, kKvQ8_0x64);
   EXPECT_TRUE(KvFile::open(seed, nullptr, /*verify_tensors=*/true).ok());
 }
 

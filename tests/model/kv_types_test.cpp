@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <utility>
 
 #include "core/e4m3.h"
 #include "model/kv_types.h"
@@ -53,6 +54,54 @@ TEST(KvTypes, NamesRoundTrip) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("iq4_nlh"), std::string::npos) << refused.error().message;
   EXPECT_TRUE(check_kv_layer_types(0, {*parse_kv_type("iq4_nlh"), *parse_kv_type("iq4_nlh")}, 3, 64).ok());
+}
+
+// q8_0h64: rotated q8_0 in blocks of 64 with one f16 scale (66 bytes per
+// 64 values: 1.939x f16's tokens per GiB, q8_0's 34 per 32 1.882x); rotated
+// only, and only on heads of whole blocks of 64 (refused by name otherwise).
+TEST(KvTypes, Q8_0h64NameBytesAndRules) {
+  const std::optional<KvType> t = parse_kv_type("q8_0h64");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(*t, (KvType{kKvQ8_0x64, true}));
+  EXPECT_EQ(kv_type_name(*t), "q8_0h64");
+  EXPECT_EQ(t->group_size(), 64);
+  EXPECT_TRUE(t->quantized());
+  EXPECT_EQ(dtype_name(kKvQ8_0x64), "Q8_0_64");
+  EXPECT_EQ(*parse_kv_pair("q8_0h64"), (KvLayerTypes{*t, *t}));
+  EXPECT_NE(kv_type_names().find("q8_0h64"), std::string::npos) << kv_type_names();
+  EXPECT_FALSE(parse_kv_type("q8_064"));
+  // A row of 192 (3 heads of 64): 3 blocks of 66 bytes, against q8_0's 6 of 34.
+  EXPECT_EQ(row_bytes(kKvQ8_0x64, 192), 198u);
+  EXPECT_EQ(row_bytes(DType::kQ8_0, 192), 204u);
+  const double f16 = static_cast<double>(row_bytes(DType::kF16, 192));
+  EXPECT_NEAR(f16 / static_cast<double>(row_bytes(kKvQ8_0x64, 192)), 1.939, 1e-3);
+  EXPECT_LT(f16 / static_cast<double>(row_bytes(DType::kQ8_0, 192)), 1.9);
+  EXPECT_EQ(describe_kv_types({{*t, *t}}, DType::kF16), "kv=q8_0h64#2");
+  EXPECT_EQ(describe_kv_types({{*t, KvType{DType::kF16, false}}}, DType::kF16), "kv=k:q8_0h64#2/v:f16");
+  for (const int64_t hd : {64, 128, 256, 512}) EXPECT_TRUE(check_kv_layer_types(0, {*t, *t}, 3, hd).ok()) << hd;
+  // Heads of 32 (two of them fill a block of 64) and of 96 (not a power of
+  // two, and 1.5 blocks): refused, naming the type and the head_dim.
+  for (const auto& [n_head, hd] : {std::pair<int64_t, int64_t>{2, 32}, {4, 32}, {2, 96}}) {
+    const Status s = check_kv_layer_types(3, {KvType{DType::kF16, false}, *t}, n_head, hd);
+    ASSERT_FALSE(s.ok()) << n_head << " x " << hd;
+    EXPECT_NE(s.error().message.find("KV layer 3 V type q8_0h64"), std::string::npos) << s.error().message;
+  }
+  const Status hd32 = check_kv_layer_types(0, {*t, *t}, 2, 32);
+  ASSERT_FALSE(hd32.ok());
+  EXPECT_NE(hd32.error().message.find("head_dim 32 is not a multiple of 64"), std::string::npos)
+      << hd32.error().message;
+  const Status plain = check_kv_layer_types(0, {KvType{kKvQ8_0x64, false}, *t}, 3, 64);
+  ASSERT_FALSE(plain.ok());
+  EXPECT_NE(plain.error().message.find("rotated only (q8_0h64)"), std::string::npos) << plain.error().message;
+  // From a --kv-config line, per side.
+  ConfigFile f("0-1 k=q8_0h64 v=q8_0\n");
+  KvTypeOptions o;
+  ASSERT_TRUE(load_kv_config(f.path.string(), o).ok());
+  auto r = o.resolve(3, DType::kF16);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ((*r)[1].k, *t);
+  EXPECT_EQ((*r)[1].v, (KvType{DType::kQ8_0, false}));
+  EXPECT_EQ((*r)[2].k, (KvType{DType::kF16, false}));
 }
 
 TEST(KvTypes, ConfigResolvesPerLayer) {

@@ -148,6 +148,32 @@ TEST(Registry, Fp8WeightsOnTheCpuAreRefused) {
   EXPECT_EQ(plain.error().message, "test factory");
 }
 
+// q8_0h64 (rotated q8_0 in blocks of 64) has no CUDA kernels: a CUDA model
+// refuses it by name before its factory runs, on either side or from a
+// --kv-config line; the CPU takes it to its factory.
+TEST(Registry, Q8_0h64KvOnCudaIsRefusedByName) {
+  auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"}), impl("llama.cuda", {"llama"}, Device::kCuda)});
+  ASSERT_TRUE(r.ok());
+  auto files = std::make_shared<ModelFiles>();
+  files->path = "m.gguf";
+  const std::optional<KvType> t = parse_kv_type("q8_0h64");
+  ASSERT_TRUE(t);
+  for (int side = 0; side < 3; ++side) {
+    ModelOptions o;
+    o.device = Device::kCuda;
+    if (side == 0) o.kv_types.k = t;
+    if (side == 1) o.kv_types.v = t;
+    if (side == 2) o.kv_types.layers.push_back({1, 1, std::nullopt, t, "kv.conf:1"});
+    auto m = create_model(*r, profile("llama"), files, o);
+    ASSERT_FALSE(m.ok()) << side;
+    EXPECT_TRUE(has(m.error(), "m.gguf: KV type q8_0h64 runs on the CPU only")) << m.error().message;
+    o.device = Device::kCpu;
+    auto cpu = create_model(*r, profile("llama"), files, o);
+    ASSERT_FALSE(cpu.ok());
+    EXPECT_EQ(cpu.error().message, "test factory") << side;
+  }
+}
+
 TEST(Registry, WithReturnsANewRegistryAndLeavesTheOriginal) {
   auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"})});
   ASSERT_TRUE(r.ok());

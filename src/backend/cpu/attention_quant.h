@@ -71,7 +71,8 @@ struct QuantTileArgs {
   int64_t out_stride;
 };
 // For K type k and V type v: heads of whole blocks only (k_row_elems ==
-// v_row_elems == 0), head_dim 32, 64, 96, 128 or 256; nullptr for any other
+// v_row_elems == 0), head_dim 32, 64, 96, 128 or 256 (64, 128 or 256 where
+// a side is q8_0h64's kKvQ8_0x64, blocks of 64); nullptr for any other
 // case (the caller takes AVX2). Same contract as attend_quant_avx2 within
 // rounding (exp is ggml's AVX-512 expf, the q.k and p.v sums associate
 // differently); a query with no keys gets zeros.

@@ -1,5 +1,6 @@
 // The AVX-512 form of attention_quant_impl.h's attend for heads of whole
-// 32-element blocks (head_dim 32, 64, 96, 128 or 256): each K/V row's
+// 32-element blocks (head_dim 32, 64, 96, 128 or 256; 64, 128 or 256 with
+// q8_0h64's blocks of 64): each K/V row's
 // head is dequantized straight into zmm registers (no buffer, no call per
 // row: the kernel is instantiated per type) once for the whole GQA group.
 // Same contract as the baseline: f32 scores, softmax with max subtraction,
@@ -15,6 +16,7 @@
 #include "backend/cpu/attention_f16_avx512_impl.h"  // reduce16x16
 #include "backend/cpu/attention_quant.h"
 #include "backend/cpu/exp_ggml_avx512.h"
+#include "backend/cpu/kv_quant.h"
 #include "backend/cpu/quants.h"
 #include "core/half.h"
 
@@ -104,6 +106,15 @@ inline void dq32(const uint8_t* p, int b, __m512& lo, __m512& hi) {
     const __m512i sixteen = _mm512_set1_epi32(16);
     lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l, sixteen)), d);
     hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(h, sixteen)), d);
+  } else if constexpr (T == kKvQ8_0x64) {
+    // q8_0h64: 32-element block b is half b % 2 of the 64-value block b / 2.
+    const uint8_t* blk = p + kQ8_0x64Bytes * (b / 2);
+    uint16_t dh;
+    std::memcpy(&dh, blk, 2);
+    const __m512 d = splat_f16(dh);
+    const auto* q = reinterpret_cast<const __m128i*>(blk + 2 + 32 * (b % 2));
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), d);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), d);
   } else {
     static_assert(T == DType::kQ5_1);
     const auto* blk = reinterpret_cast<const BlockQ5_1*>(p) + b;
@@ -293,13 +304,18 @@ void attend(const QuantTileArgs& a) {
 
 template <DType KT, DType VT>
 QuantTileAttend for_head(int64_t head_dim) {
+  // q8_0h64's blocks of 64: heads of whole blocks are 64, 128 or 256 wide
+  // (check_kv_layer_types refuses other head_dims), read as pairs of halves.
+  constexpr bool kBlocksOf64 = KT == kKvQ8_0x64 || VT == kKvQ8_0x64;
   switch (head_dim) {
     case 32:
-      return attend<KT, VT, 1>;
+      if constexpr (!kBlocksOf64) return attend<KT, VT, 1>;
+      return nullptr;
     case 64:
       return attend<KT, VT, 2>;
     case 96:
-      return attend<KT, VT, 3>;
+      if constexpr (!kBlocksOf64) return attend<KT, VT, 3>;
+      return nullptr;
     case 128:
       return attend<KT, VT, 4>;
     case 256:
@@ -331,6 +347,7 @@ QuantTileAttend for_v(DType v, int64_t head_dim) {
     case DType::kIQ4_NL:
       return for_head<KT, DType::kIQ4_NL>(head_dim);
     default:
+      if (v == kKvQ8_0x64) return for_head<KT, kKvQ8_0x64>(head_dim);
       return nullptr;
   }
 }
@@ -358,6 +375,7 @@ QuantTileAttend attend_quant_avx512_for(DType k, DType v, int64_t head_dim) {
     case DType::kIQ4_NL:
       return for_v<DType::kIQ4_NL>(v, head_dim);
     default:
+      if (k == kKvQ8_0x64) return for_v<kKvQ8_0x64>(v, head_dim);
       return nullptr;
   }
 }

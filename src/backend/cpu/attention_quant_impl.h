@@ -65,6 +65,17 @@ inline void dq_iq4_nl64(const uint8_t* src, float* dst, int64_t n) {
     }
   }
 }
+// q8_0h64's blocks of 64 (kKvQ8_0x64, backend/cpu/kv_quant.h): x = f16 d
+// (bytes 0..1) * int8 q (bytes 2..65).
+inline void dq_q8_0x64(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n / 64; ++i, dst += 64, src += 66) {
+    uint16_t h;
+    std::memcpy(&h, src, 2);
+    const float d = f16_to_f32(h);
+    const auto* q = reinterpret_cast<const int8_t*>(src + 2);
+    for (int j = 0; j < 64; ++j) dst[j] = static_cast<float>(q[j]) * d;
+  }
+}
 inline void dq_q4_1(const uint8_t* src, float* dst, int64_t n) {
   const auto* b = reinterpret_cast<const BlockQ4_1*>(src);
   for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
@@ -112,6 +123,7 @@ inline void dq_fp8(const uint8_t* src, float* dst, int64_t n) {
 inline KvDequant dequant_for(DType t) {
   if (t == kF8E4M3) return dq_fp8;
   if (t == kKvIq4Nl64) return dq_iq4_nl64;
+  if (t == kKvQ8_0x64) return dq_q8_0x64;
   switch (t) {
     case DType::kF32:
       return dq_f32;

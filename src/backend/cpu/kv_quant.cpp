@@ -297,6 +297,17 @@ void quantize_iq4_nl64_fit(const float* x, uint8_t* y, int64_t nb) {
   }
 }
 
+// q8_0h64's blocks of 64 (kKvQ8_0x64): the f16 d, then the 64 int8 codes.
+void quantize_q8_0x64_fit(const float* x, uint8_t* y, int64_t nb) {
+  constexpr int kN = 2 * kQK;
+  int q[kN];
+  for (int64_t i = 0; i < nb; ++i, x += kN, y += kQ8_0x64Bytes) {
+    const uint16_t d = fit_scale<kN>(x, UniformLevels{-127, 127}, q);
+    std::memcpy(y, &d, 2);
+    for (int j = 0; j < kN; ++j) y[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q[j]));
+  }
+}
+
 // f16 bits of the largest f16 value <= x (x finite, within f16's range).
 uint16_t f16_at_or_below(float x) {
   uint16_t h = f32_to_f16(x);
@@ -416,7 +427,7 @@ bool kv_dtype_supported(DType t) {
     case DType::kIQ4_NL:  // rotated only (iq4_nlh): check_kv_layer_types refuses it plain
       return true;
     default:
-      return t == kF8E4M3 || t == kKvQ4Chan || t == kKvIq4Nl64;
+      return t == kF8E4M3 || t == kKvQ4Chan || t == kKvIq4Nl64 || t == kKvQ8_0x64;
   }
 }
 
@@ -493,6 +504,7 @@ void quantize_rotated_row(DType t, const float* x, void* y, int64_t n) {
       return quantize_iq4_nl_fit(x, static_cast<BlockIQ4_NL*>(y), n / kQK);
     default:
       if (t == kKvIq4Nl64) return quantize_iq4_nl64_fit(x, static_cast<uint8_t*>(y), n / (2 * kQK));
+      if (t == kKvQ8_0x64) return quantize_q8_0x64_fit(x, static_cast<uint8_t*>(y), n / (2 * kQK));
       return ref::quantize_kv_row(t, x, y, n);
   }
 }

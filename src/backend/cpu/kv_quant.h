@@ -23,7 +23,8 @@ void hadamard_rotate(float* x, int64_t n);
 // Dtypes a KV side may be stored in: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 // Q5_1, IQ4_NL (rotated only: iq4_nlh), F8_E4M3 (kF8E4M3: CUDA's fp8, e4m3
 // bytes with no scale), and k4c's two (core/dtype.h): kKvIq4Nl64 (rotated
-// only: iq4_nlh64) and kKvQ4Chan (K only, per block: quantize_chan_block).
+// only: iq4_nlh64) and kKvQ4Chan (K only, per block: quantize_chan_block),
+// and kKvQ8_0x64 (rotated only: q8_0h64).
 bool kv_dtype_supported(DType t);
 
 // Quantizes one row of n_head heads of head_dim floats into dst
@@ -35,6 +36,10 @@ void store_kv_row(DType t, bool rotated, const float* src, uint8_t* dst, int64_t
 
 // Bytes of one iq4_nlh64 block of 64 values (kKvIq4Nl64).
 inline constexpr int kIq4Nl64Bytes = 33;
+// Bytes of one q8_0h64 block of 64 values (kKvQ8_0x64): the f16 scale d
+// (little-endian, bytes 0..1), then the int8 codes of elements 0..63
+// (bytes 2..65), x = d * q, q in -127..127.
+inline constexpr int kQ8_0x64Bytes = 66;
 
 // The encoder of rotated types (rill's own, kKvRotatedEncoder): one row of n
 // already-rotated floats (whole blocks) into blocks of t. Q4_0, Q8_0 and
@@ -46,6 +51,10 @@ void quantize_rotated_row(DType t, const float* x, void* y, int64_t n);
 // kKvIq4Nl64 (iq4_nlh64, k4c's V): blocks of 64 with the same search over
 // iq4_nl's levels, d stored as the e4m3 byte of d * 16 (round to nearest
 // even), the candidates' errors with d as stored.
+// kKvQ8_0x64 (q8_0h64): q8_0h's search (levels -127..127, f16 d) over
+// blocks of 64: one scale for 64 values saves 0.25 bits a value, and a
+// rotated head's blocks hold near-Gaussian values whose largest of 64 is
+// only a little larger than the largest of 32 (docs/perf.md, "q8_0h64").
 // Bumped whenever quantize_rotated_row's output changes, so KV computed by
 // an older encoder is not resumed (Model::kv_numerics names it).
 inline constexpr int kKvRotatedEncoder = 2;
