@@ -20,8 +20,10 @@
 #include <random>
 #include <span>
 #include <thread>
+#include <tuple>
 
 #include "core/e4m3.h"
+#include "core/hash.h"
 
 namespace rill {
 namespace {
@@ -383,6 +385,35 @@ TEST(KvFile, Q8_0x64TensorsRoundTripAndSeedTheFuzzer) {
   EXPECT_EQ(h->layers[0].tensors.at(0).dtype, kKvQ8_0x64);
   EXPECT_EQ(h->layers[0].tensors.at(1).dtype, kKvQ8_0x64);
   EXPECT_TRUE(KvFile::open(seed, nullptr, /*verify_tensors=*/true).ok());
+}
+
+// A q8_0h64 header that lies about its tensors is refused naming what it
+// lies about, its hash recomputed so the field checks (not the hash) decide:
+// q8_0's group of 32, and q8_0's 34 bytes per 32 values (2,176 for 16 x 128).
+TEST(KvFile, Q8_0x64TensorsWithAnotherGroupOrSizeAreRefused) {
+  const std::string seed = std::string(RILL_SOURCE_DIR) + "/tests/fuzz/corpus/kv_file/q8_0h64.rkv";
+  std::ifstream in(seed, std::ios::binary);
+  const std::vector<uint8_t> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(file.size(), 24u);
+  uint32_t hlen = 0;
+  std::memcpy(&hlen, file.data() + 8, 4);
+  ASSERT_TRUE(parse_kv_header(file, file.size(), "seed").ok());
+  for (const auto& [from, to, why] : {std::tuple{"\"groupSize\":64", "\"groupSize\":32", "groupSize"},
+                                      std::tuple{"\"bytes\":2112", "\"bytes\":2176", "bytes do not match"}}) {
+    std::vector<uint8_t> bad = file;
+    std::string header(reinterpret_cast<const char*>(bad.data() + 24), hlen);
+    const size_t at = header.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    header.replace(at, std::strlen(from), to);
+    ASSERT_EQ(header.size(), hlen);
+    std::memcpy(bad.data() + 24, header.data(), hlen);
+    const uint64_t hh = hash64(header);
+    std::memcpy(bad.data() + 16, &hh, 8);
+    auto h = parse_kv_header(bad, bad.size(), "lying.rkv");
+    ASSERT_FALSE(h.ok()) << to;
+    EXPECT_NE(h.error().message.find(why), std::string::npos) << h.error().message;
+    EXPECT_NE(h.error().message.find("lying.rkv"), std::string::npos) << h.error().message;
+  }
 }
 
 // A file written before "numerics" existed (the fuzz seed is one) reads as
