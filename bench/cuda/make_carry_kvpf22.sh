@@ -3,15 +3,16 @@
 # DEST (default /work/main/.device/kvpf22; carry ".device/kvpf22") beside
 # run_kvpf22.sh: the KV-type GPU tests of BUILD_DIR linked into one gtest
 # binary (as make_carry_kvtypes.sh), its bench_cuda and
-# bench_prefill_attention, and MAIN_BENCH (main's bench_cuda, the
-# baseline), stripped, in one tar under xz with a 256 MiB dictionary (the
-# four binaries share most of their bytes: 13 MB together where each alone
-# is 5-10), the Debian libraries they need, the goldens and the 8B model
-# maker.
-# Usage: make_carry_kvpf22.sh BUILD_DIR MAIN_BENCH [DEST]
+# bench_prefill_attention, and the baseline from MAIN_BUILD_DIR (main's
+# build): its bench_cuda, and BUILD_DIR's bench_prefill_attention object
+# linked against its libraries (main's kernels), all stripped, in one tar
+# under xz with a 256 MiB dictionary (the binaries share most of their
+# bytes: 14 MB together where each alone is 5-10), the Debian libraries
+# they need, the goldens and the 8B model maker.
+# Usage: make_carry_kvpf22.sh BUILD_DIR MAIN_BUILD_DIR [DEST]
 set -euo pipefail
 B=$(realpath "$1")
-MAIN_BENCH=$(realpath "$2")
+MB=$(realpath "$2")
 V=${3:-/work/main/.device/kvpf22}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 SHARED=${RILL_SHARED_DIR:-/work/shared}
@@ -26,9 +27,15 @@ LIBS="-Wl,-rpath,/usr/local/cuda/lib librill_engine.a librill_cuda.a /usr/lib/x8
 # shellcheck disable=SC2086
 /usr/bin/c++ -O2 $objs -o "$V/bin/tests" -L/usr/local/cuda/targets/x86_64-linux/lib $LIBS
 cp bench/bench_cuda bench/bench_prefill_attention "$V/bin/"
-cp "$MAIN_BENCH" "$V/bin/bench_cuda_main"
+cp "$MB/bench/bench_cuda" "$V/bin/bench_cuda_main"
+/usr/bin/c++ -O2 bench/CMakeFiles/bench_prefill_attention.dir/cuda/prefill_attention_bench.cpp.o \
+  -o "$V/bin/bench_prefill_attention_main" -L/usr/local/cuda/targets/x86_64-linux/lib -Wl,-rpath,/usr/local/cuda/lib \
+  "$MB/librill_model.a" "$MB/librill_cuda.a" /usr/local/cuda/lib/libcublasLt.so "$MB/librill_backend.a" \
+  "$MB/librill_loader.a" "$MB/librill_parallel.a" /usr/local/cuda/lib/libcudart_static.a -ldl \
+  /usr/lib/x86_64-linux-gnu/librt.a "$MB/librill_core.a" /usr/lib/x86_64-linux-gnu/libxxhash.so \
+  /usr/local/cuda/lib/libnccl.so -lcudadevrt -lcudart_static -lrt -lpthread -ldl
 strip "$V"/bin/*
-(cd "$V/bin" && tar cf - bench_cuda_main bench_cuda bench_prefill_attention tests) |
+(cd "$V/bin" && tar cf - bench_cuda_main bench_cuda bench_prefill_attention bench_prefill_attention_main tests) |
   xz -T1 --lzma2=preset=9,dict=256MiB > "$V/bin.tar.xz"
 rm -rf "$V/bin"
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
