@@ -8,7 +8,9 @@
 # BENCH_TYPES: the KV types of the bench_cuda pairs, in order (default
 # "q8_0 f16 iq4_nlh q4_0h q8_0h"); PROFILE=0: no ncu; WMMA=0: no WMMA-kernel
 # runs (bench_prefill_attention and the attention tests under
-# RILL_CUDA_FLASH_PREFILL=0).
+# RILL_CUDA_FLASH_PREFILL=0); FILTER: the gtest filter of the KV-type
+# tests (default below); BENCH_TYPES=none: no model, no bench_cuda; MAIN=0:
+# the bench_cuda pairs without main's binary.
 T0=$(date +%s)
 R=$PWD; V=$R/.device/kvpf22
 el() { echo $(( $(date +%s) - T0 )); }
@@ -18,7 +20,7 @@ export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} RILL_SHARED_D
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "unpacked at $(el) s"
 M=/tmp/llama8b
-(t0=$(date +%s); python3 /work/shared/tools/make_random_model.py llama-3.1-8b $M > $OUT/make.log 2>&1; echo "make model rc=$? $(( $(date +%s) - t0 )) s" >> $OUT/make.log) &
+[ "${BENCH_TYPES:-}" = none ] || (t0=$(date +%s); python3 /work/shared/tools/make_random_model.py llama-3.1-8b $M > $OUT/make.log 2>&1; echo "make model rc=$? $(( $(date +%s) - t0 )) s" >> $OUT/make.log) &
 MK=$!
 cd /tmp
 P=/tmp/kb/bench_prefill_attention
@@ -38,7 +40,7 @@ T=/tmp/kb/tests
 timeout 40 $T --gtest_filter='*BackendOps.RotatedKvStore*:*BackendOps.AttentionOverPagedKv*:*BackendOps.RopeQkNormAndKvStore*' > $OUT/tests_ops.log 2>&1; RC1=$?
 echo "ops rc=$RC1 at $(el) s"; show $OUT/tests_ops.log 20
 F='CudaAttention.*:*CudaKvQ8.*:CudaKvRotated.*:CudaKvTypes.*:CudaKvExport.*KvHasTheCpuLayout:*CudaKvTiers.*nlh*:*CudaKvTiers.*q4_0h*:*CudaKvTiers.*q8_0*:*CudaKvTiersRam.*:*CudaBatchInvariant.*_kv_*:CudaGemma4Hd512.QuantizedKv*:*CudaHf.KvTypeIsTheOne*'
-timeout 100 $T --gtest_filter="$F" > $OUT/tests.log 2>&1; RC2=$?
+timeout 100 $T --gtest_filter="${FILTER:-$F}" > $OUT/tests.log 2>&1; RC2=$?
 echo "tests rc=$RC2 at $(el) s"; show $OUT/tests.log 40
 RC3=0
 if [ "${WMMA:-1}" = 1 ]; then
@@ -47,9 +49,11 @@ if [ "${WMMA:-1}" = 1 ]; then
 fi
 echo "wmma tests rc=$RC3 at $(el) s"; show $OUT/tests_wmma.log 20
 grep -c "^\[       OK" $OUT/tests_*.log
-wait $MK; tail -1 $OUT/make.log; echo "model at $(el) s"
-for t in ${BENCH_TYPES:-q8_0 f16 iq4_nlh q4_0h q8_0h}; do
-  for b in main branch; do
+wait $MK; tail -1 $OUT/make.log 2>/dev/null; echo "model at $(el) s"
+BT=${BENCH_TYPES:-q8_0 f16 iq4_nlh q4_0h q8_0h}; [ "$BT" = none ] && BT=
+BINS="main branch"; [ "${MAIN:-1}" = 0 ] && BINS=branch
+for t in $BT; do
+  for b in $BINS; do
     [ $(el) -gt ${LIMIT:-175} ] && { echo "== $t $b skipped at $(el) s"; continue; }
     bin=/tmp/kb/bench_cuda; [ $b = main ] && bin=/tmp/kb/bench_cuda_main
     timeout 40 $bin $M --steps 16 --batches 1,64 --context 1024 --kv-type $t > $OUT/b_${t}_$b.log 2>&1
