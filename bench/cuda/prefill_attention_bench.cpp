@@ -10,13 +10,18 @@
 // RILL_CUDA_FLASH_PREFILL=0 in the environment runs the WMMA kernel
 // instead of the register-fragment ones, RILL_CUDA_WIDE_PREFILL=512 at
 // head_dim 256 only (attention_mma.h), for comparisons; each line names
-// the kernel that ran.
+// the kernel that ran at 256 and 512 (at 64 and 128: "WMMA" under
+// RILL_CUDA_FLASH_PREFILL=0, else "default": attention_mma.h says which).
+// Rotated types (q8_0h, q4_0h, iq4_nlh) include the two rotation kernels
+// of cuda::attention (q's heads, and the output's back), as a model's
+// layer runs them.
 //
 //   bench_prefill_attention [--tokens 2048] [--types f16,q8_0,fp8,q4_0]
 //       [--shapes full,full256,sliding] [--peak 989.4]
 // Shapes (Gemma-4 26B-A4B): full = 16 q heads over 2 KV heads of 512 (its
 // full layers), full256 = the same at 256 (the hd-256 variant of
-// docs/perf.md), sliding = 16 over 8 of 256, window 1,024.
+// docs/perf.md), sliding = 16 over 8 of 256, window 1,024; llama = 32 q
+// heads over 8 KV heads of 128 (Llama-3.1-8B).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -100,11 +105,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
   }
-  const Shape all[] = {{"full", 16, 2, 512, 0}, {"full256", 16, 2, 256, 0}, {"sliding", 16, 8, 256, 1024}};
+  const Shape all[] = {
+      {"full", 16, 2, 512, 0}, {"full256", 16, 2, 256, 0}, {"sliding", 16, 8, 256, 1024}, {"llama", 32, 8, 128, 0}};
   const char* flash_env = std::getenv("RILL_CUDA_FLASH_PREFILL");
   const char* wide_env = std::getenv("RILL_CUDA_WIDE_PREFILL");
   const std::string flash = flash_env ? flash_env : "", wide = wide_env ? wide_env : "";
   auto kernel = [&](int32_t hd) {  // attention_mma.cu's choice at 256 and 512
+    if (hd <= 128) return flash == "0" ? "WMMA" : "default";
     const bool wmma = flash == "0" || wide == "0" || (wide == "512" && hd < 512);
     return wmma ? "WMMA" : "wide";
   };
@@ -114,13 +121,13 @@ int main(int argc, char** argv) {
     for (const Shape& s : all)
       if (sname == s.name) sh = &s;
     if (!sh) {
-      std::fprintf(stderr, "--shapes: %s is not one of full, full256, sliding\n", sname.c_str());
+      std::fprintf(stderr, "--shapes: %s is not one of full, full256, sliding, llama\n", sname.c_str());
       return 1;
     }
     for (const std::string& name : types) {
       const auto t = parse_kv_type(name);
-      if (!t || t->rotated || !cuda::kv_supported(t->dtype)) {
-        std::fprintf(stderr, "--types: %s is not an unrotated CUDA KV type\n", name.c_str());
+      if (!t || !cuda::kv_supported(t->dtype) || !cuda::kv_rotation_supported(t->dtype, sh->hd, t->rotated)) {
+        std::fprintf(stderr, "--types: %s is not a CUDA KV type at head_dim %d\n", name.c_str(), sh->hd);
         return 1;
       }
       const size_t row = row_bytes(t->dtype, static_cast<int64_t>(sh->heads_kv) * sh->hd);
@@ -167,6 +174,12 @@ int main(int argc, char** argv) {
       a.out_dtype = DType::kBF16;
       a.out = out;
       a.n_tokens = n_tokens;
+      float* rotation = nullptr;
+      if (t->rotated) {
+        CHECK(cudaMalloc(&rotation, cuda::attention_rotation_floats(n_tokens, sh->heads, sh->hd) * sizeof(float)));
+        a.k_rotated = a.v_rotated = true;
+        a.rotation = rotation;
+      }
       cudaEvent_t e0, e1;
       CHECK(cudaEventCreate(&e0));
       CHECK(cudaEventCreate(&e1));
@@ -195,7 +208,7 @@ int main(int argc, char** argv) {
       CHECK(cudaEventDestroy(e1));
       for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q), static_cast<void*>(dt),
                       static_cast<void*>(dts), static_cast<void*>(dseq), static_cast<void*>(dpos),
-                      static_cast<void*>(dtiles), out})
+                      static_cast<void*>(dtiles), out, static_cast<void*>(rotation)})
         CHECK(cudaFree(p));
     }
   }

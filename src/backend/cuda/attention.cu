@@ -502,7 +502,8 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 // Rotated KV (AttentionArgs::k_rotated / v_rotated): head h of row t of in
 // (rows in_stride floats apart) times H / sqrt(head_dim)
 // (detail::hadamard_rotate_heads, the CPU's bits) into out, rows [n_rows,
-// n_heads * head_dim] in Out. One block per (row, head).
+// n_heads * head_dim] in Out. One block per (row, head): head_dim 16 only
+// (the warp kernel below takes 32 to 512).
 template <typename Out>
 __global__ void rotate_heads_kernel(const float* in, int64_t in_stride, int n_heads, int hd, Out* out) {
   extern __shared__ float x[];  // [hd]
@@ -517,12 +518,86 @@ __global__ void rotate_heads_kernel(const float* in, int64_t in_stride, int n_he
   for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = from_f32<Out>(x[d]);
 }
 
+// The same transform with one warp per (row, head) and the head in its
+// registers: lane l holds elements [l kPer, (l + 1) kPer). Each butterfly
+// stage len pairs element i (bit len clear) with i + len: x[i] = a + b,
+// x[i + len] = a - b of the old values, as hadamard_rotate_heads (the
+// CPU's order of stages and operands, explicitly rounded): stages below
+// kPer inside a lane, the others across lanes l and l ^ (len / kPer) by a
+// shuffle. So the bits are the block kernel's. (That kernel's 7
+// barrier-separated stages over 65,536 blocks of 64 threads took ~110 us a
+// layer for q at 2,048 tokens of Llama-3.1-8B; this one reads and writes
+// each row once from registers.)
+constexpr int kRotateWarps = 4;
+template <int HD, typename Out>
+__global__ void __launch_bounds__(kRotateWarps * 32)
+    rotate_heads_warp_kernel(const float* in, int64_t in_stride, int64_t n_rows, int n_heads, Out* out) {
+  constexpr int kPer = HD / 32;
+  static_assert(kPer >= 1 && (HD & (HD - 1)) == 0, "heads of 32 to 512, a power of two");
+  const int lane = threadIdx.x & 31;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kRotateWarps + (threadIdx.x >> 5);
+  detail::pdl_wait();  // in may come from the kernel just before
+  detail::pdl_trigger();
+  if (w >= n_rows * n_heads) return;
+  const int64_t t = w / n_heads;
+  const int h = static_cast<int>(w % n_heads);
+  const float* src = in + t * in_stride + static_cast<int64_t>(h) * HD + lane * kPer;
+  float x[kPer];
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) x[r] = src[r];
+#pragma unroll
+  for (int len = 1; len < HD; len <<= 1) {
+    if (len < kPer) {
+#pragma unroll
+      for (int r = 0; r < kPer; ++r) {
+        if ((r & len) == 0) {
+          const float a = x[r], b = x[r + len];
+          x[r] = __fadd_rn(a, b);
+          x[r + len] = __fsub_rn(a, b);
+        }
+      }
+    } else {
+      const int d = len / kPer;  // the partner lane's distance
+      const bool low = (lane & d) == 0;
+#pragma unroll
+      for (int r = 0; r < kPer; ++r) {
+        const float other = __shfl_xor_sync(0xffffffffu, x[r], d);
+        x[r] = low ? __fadd_rn(x[r], other) : __fsub_rn(other, x[r]);
+      }
+    }
+  }
+  const float s = __fdiv_rn(1.0f, __fsqrt_rn(static_cast<float>(HD)));
+  Out* dst = out + w * HD + lane * kPer;
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) dst[r] = from_f32<Out>(__fmul_rn(x[r], s));
+}
+
 template <typename Out>
 void rotate_heads(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_heads, int32_t hd, Out* out,
                   cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
-  launch_pdl(rotate_heads_kernel<Out>, grid, 64, static_cast<size_t>(hd) * sizeof(float), stream, in, in_stride,
-             n_heads, hd, out);
+  const int64_t warps = static_cast<int64_t>(n_rows) * n_heads;
+  const unsigned blocks = static_cast<unsigned>((warps + kRotateWarps - 1) / kRotateWarps);
+  auto warp_kernel = [&](auto kernel) {
+    launch_pdl(kernel, dim3(blocks), kRotateWarps * 32, 0, stream, in, in_stride, static_cast<int64_t>(n_rows),
+               static_cast<int>(n_heads), out);
+  };
+  switch (hd) {
+    case 32:
+      return warp_kernel(rotate_heads_warp_kernel<32, Out>);
+    case 64:
+      return warp_kernel(rotate_heads_warp_kernel<64, Out>);
+    case 128:
+      return warp_kernel(rotate_heads_warp_kernel<128, Out>);
+    case 256:
+      return warp_kernel(rotate_heads_warp_kernel<256, Out>);
+    case 512:
+      return warp_kernel(rotate_heads_warp_kernel<512, Out>);
+    default: {  // 16 (kv_rotation_supported: powers of two up to 512)
+      const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
+      launch_pdl(rotate_heads_kernel<Out>, grid, 64, static_cast<size_t>(hd) * sizeof(float), stream, in, in_stride,
+                 n_heads, hd, out);
+    }
+  }
 }
 
 void dispatch(const AttentionArgs& a, cudaStream_t stream) {

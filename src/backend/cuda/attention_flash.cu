@@ -1,20 +1,34 @@
 // Prefill attention with the fragments in registers (FlashAttention-2's
-// loop on mma.sync m16n8k16) for an f16 KV cache and head_dim 64 or 128:
-// one block per 64 queries of one head, 4 warps of 16 query rows each. Each
-// warp holds its Q fragments, its scores and its output accumulators in
-// registers; K/V tiles of 64 keys come through a two-stage cp.async ring in
-// shared memory, read with ldmatrix (V transposed). The probabilities go
-// from the score accumulators straight into the A fragments of P V.
+// loop on mma.sync m16n8k16) for head_dim 64 or 128 and every KV type the
+// tensor-core kernels read (f16, fp8 e4m3, q8_0, q4_0, iq4_nl: mma_tile.cuh
+// kv_reads_as_f16; templated on the kv_types.cuh tag): one block per 64
+// queries of one head, 4 warps of 16 query rows each. Each warp holds its
+// Q fragments, its scores and its output accumulators in registers; K/V
+// tiles of 64 keys are read from shared memory with ldmatrix (V
+// transposed). The probabilities go from the score accumulators straight
+// into the A fragments of P V.
+// How the tiles get there: f16 KV comes through a two-stage cp.async ring
+// of f16 tiles. Every other type comes through a two-stage cp.async ring
+// of its raw bytes (a head is whole blocks: 136 bytes of q8_0 at 128, 72
+// of q4_0 / iq4_nl, copied in 16-, 8- or 4-byte pieces as the head's size
+// allows), converted to one f16 K and V tile in shared memory once a tile
+// has landed (load8h: the same f16 values as the WMMA kernel's); so the
+// copies stay a tile ahead of the products for every type, and shared
+// memory is the f16 kernel's (87 KB at 128: two blocks per SM). A type
+// whose head is not a multiple of 4 bytes runs the WMMA kernel.
 // Arithmetic as attention_mma.cu's WMMA kernel: q rounded to f16 before
 // Q K^T, probabilities to f16 before P V (their f16 values summed into the
 // denominator), scores and the online softmax in f32 (base 2, the scale
 // folded in), so outputs differ from the f32 reference by ~1e-3 relative.
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/kv_types.cuh"
 #include "backend/cuda/mma_tile.cuh"
 #include "backend/cuda/smem_opt_in.h"
 
@@ -24,26 +38,49 @@ namespace {
 constexpr int kBQ = 64, kBK = 64, kWarps = 4, kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
 
+using detail::cp_async;
 using detail::cp_async16;
 using detail::cp_async_commit;
 using detail::cp_async_wait_one;
 using detail::ldmatrix_x4;
 using detail::ldmatrix_x4_trans;
+using detail::load8h;
 using detail::pack_half2;
 using detail::smem_addr;
 
-template <int HD>
+template <typename KvT, int HD>
 struct Layout {
+  // f16 KV: cp.async straight into the f16 tiles; other types: staged raw.
+  static constexpr bool kDirect = std::is_same_v<KvT, detail::KvF16>;
   static constexpr int kLd = HD + 8;  // halves per row: a 16-byte pad keeps ldmatrix free of bank conflicts
   static constexpr uint32_t kTile = sizeof(__half) * kBK * kLd;
   static constexpr uint32_t kQ = 0;                            // [kBQ][kLd]
-  static constexpr uint32_t kKV = sizeof(__half) * kBQ * kLd;  // stage s: K at 2s, V at 2s + 1 (tiles)
-  static constexpr size_t kBytes = static_cast<size_t>(kKV) + 4 * kTile;
+  static constexpr uint32_t kKV = sizeof(__half) * kBQ * kLd;  // direct: stage s: K at 2s, V at 2s + 1 (tiles);
+                                                               // staged: K, then V (one stage)
+  // Staged types: a head's bytes, the pieces they are copied in, and the
+  // raw ring after the f16 tiles (stage s: K at 2s, V at 2s + 1).
+  static constexpr int kHeadBytes = detail::kv_head_bytes<KvT>(HD);
+  static constexpr int kPiece = kHeadBytes % 16 == 0 ? 16 : kHeadBytes % 8 == 0 ? 8 : 4;
+  static constexpr int kRowPieces = kHeadBytes / kPiece;
+  static constexpr uint32_t kRawTile = (kBK * kHeadBytes + 15) / 16 * 16;
+  static constexpr uint32_t kRaw = kKV + 2 * kTile;
+  static constexpr size_t kBytes =
+      kDirect ? static_cast<size_t>(kKV) + 4 * kTile : static_cast<size_t>(kRaw) + 4 * kRawTile;
 };
 
-template <int HD, typename Out>
+// Whether the kernel takes tag KvT at head_dim HD (see the file comment).
+template <typename KvT, int HD>
+constexpr bool flash_takes() {
+  if constexpr (!detail::kv_reads_as_f16<KvT>) {
+    return false;
+  } else {
+    return HD % KvT::kBlock == 0 && detail::kv_head_bytes<KvT>(HD) % 4 == 0 && Layout<KvT, HD>::kBytes <= 113 * 1024;
+  }
+}
+
+template <typename KvT, int HD, typename Out>
 __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a) {
-  using L = Layout<HD>;
+  using L = Layout<KvT, HD>;
   extern __shared__ __align__(128) uint8_t smem[];
   __half* qs = reinterpret_cast<__half*>(smem + L::kQ);
   const uint32_t kv_smem = smem_addr(smem + L::kKV);
@@ -53,39 +90,106 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
   const int h = blockIdx.y, kvh = h / (a.n_head / a.n_head_kv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int32_t* table = a.block_tables + a.table_start[tile.seq];
-  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * HD;
-  const __half* kbase = static_cast<const __half*>(a.k_cache) + static_cast<int64_t>(kvh) * HD;
-  const __half* vbase = static_cast<const __half*>(a.v_cache) + static_cast<int64_t>(kvh) * HD;
   const int32_t p_first = a.pos[tile.t0], p_last = a.pos[tile.t0 + tile.n_q - 1];
   const int32_t k_lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0, k_hi = p_last + 1;
   const int n_kv_tiles = (k_hi - k_lo + kBK - 1) / kBK;
 
-  // Thread i copies 16-byte piece i % kVecs of keys i / kVecs + m kKeyStep
-  // (m < kPieces) of each tile. A tile's block-table lookups are issued a
-  // tile ahead of its copies (while the tile before is computed), all
+  // Direct (f16): thread i copies 16-byte piece i % kVecs of keys i / kVecs
+  // + m kKeyStep (m < kPieces) of each tile. Staged: thread i copies pieces
+  // i % 4 + 4 u of the raw heads of keys i / 4 + 32 m (m < kPieces), kPiece
+  // bytes each (at 136 bytes a q8_0 head, 17 pieces of 8: 4 threads read
+  // 32 consecutive bytes of a row). A tile's block-table lookups are issued
+  // a tile ahead of its copies (while the tile before is computed), all
   // kPieces together: their latency hides behind the products.
-  constexpr int kVecs = HD / 8;  // 16-byte pieces per row
-  constexpr int kKeyStep = kThreads / kVecs, kPieces = kBK / kKeyStep;
-  const int my_vec = threadIdx.x % kVecs, my_key = threadIdx.x / kVecs;
-  int64_t rows[kPieces];  // element offsets of this thread's pieces of the next tile to copy; -1: past k_hi
+  constexpr int kVecs = HD / 8;  // 16-byte f16 pieces per row
+  constexpr int kPer = L::kDirect ? kVecs : 4;
+  constexpr int kKeyStep = kThreads / kPer, kPieces = kBK / kKeyStep;
+  static_assert(kThreads % kPer == 0 && kBK % kKeyStep == 0, "the copy loops below");
+  const int my_vec = threadIdx.x % kPer, my_key = threadIdx.x / kPer;
+  // Direct: element offsets of this thread's pieces of the next tile to
+  // copy; staged: byte offsets of its keys' heads. -1: past k_hi.
+  int64_t rows[kPieces];
+  const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * HD;
+  const int64_t row_bytes = KvT::row_bytes(row_elems);
+  const int64_t head_byte = KvT::row_bytes(static_cast<int64_t>(kvh) * HD);  // the head's first byte in a row
   auto look_up = [&](int it) {
     const int32_t kc = k_lo + it * kBK;
 #pragma unroll
     for (int m = 0; m < kPieces; ++m) {
       const int32_t j = kc + my_key + m * kKeyStep;
-      rows[m] = j < k_hi ? detail::cache_row(a, table, j) * row_elems + my_vec * 8 : -1;
+      if constexpr (L::kDirect) {
+        rows[m] = j < k_hi ? detail::cache_row(a, table, j) * row_elems + my_vec * 8 : -1;
+      } else {
+        rows[m] = j < k_hi ? detail::cache_row(a, table, j) * row_bytes + head_byte : -1;
+      }
     }
   };
   auto copy_tile = [&](int it) {
-    const uint32_t ks = kv_smem + 2 * (it & 1) * L::kTile, vs = ks + L::kTile;
+    if constexpr (L::kDirect) {
+      const __half* kbase = static_cast<const __half*>(a.k_cache) + static_cast<int64_t>(kvh) * HD;
+      const __half* vbase = static_cast<const __half*>(a.v_cache) + static_cast<int64_t>(kvh) * HD;
+      const uint32_t ks = kv_smem + 2 * (it & 1) * L::kTile, vs = ks + L::kTile;
 #pragma unroll
-    for (int m = 0; m < kPieces; ++m) {
-      const uint32_t off = static_cast<uint32_t>((my_key + m * kKeyStep) * L::kLd + my_vec * 8) * 2;
-      const bool ok = rows[m] >= 0;
-      cp_async16(ks + off, kbase + (ok ? rows[m] : 0), ok);
-      cp_async16(vs + off, vbase + (ok ? rows[m] : 0), ok);
+      for (int m = 0; m < kPieces; ++m) {
+        const uint32_t off = static_cast<uint32_t>((my_key + m * kKeyStep) * L::kLd + my_vec * 8) * 2;
+        const bool ok = rows[m] >= 0;
+        cp_async16(ks + off, kbase + (ok ? rows[m] : 0), ok);
+        cp_async16(vs + off, vbase + (ok ? rows[m] : 0), ok);
+      }
+    } else {
+      const auto* kbase = static_cast<const uint8_t*>(a.k_cache);
+      const auto* vbase = static_cast<const uint8_t*>(a.v_cache);
+      const uint32_t ks = smem_addr(smem + L::kRaw) + 2 * (it & 1) * L::kRawTile, vs = ks + L::kRawTile;
+#pragma unroll
+      for (int m = 0; m < kPieces; ++m) {
+        const bool ok = rows[m] >= 0;
+        const int64_t src = ok ? rows[m] : 0;
+        const uint32_t off = static_cast<uint32_t>((my_key + m * kKeyStep) * L::kHeadBytes);
+#pragma unroll
+        for (int u = 0; u < (L::kRowPieces + kPer - 1) / kPer; ++u) {
+          const int p = my_vec + u * kPer;
+          if (p < L::kRowPieces) {
+            cp_async<L::kPiece>(ks + off + p * L::kPiece, kbase + src + p * L::kPiece, ok);
+            cp_async<L::kPiece>(vs + off + p * L::kPiece, vbase + src + p * L::kPiece, ok);
+          }
+        }
+      }
     }
     cp_async_commit();
+  };
+  // Staged types: the raw tile `it` (landed, visible to all) to f16 in the
+  // one K/V stage; keys past k_hi as zeros. Loads issued kBatch at a time
+  // before their stores (the compiler cannot move a shared load above a
+  // shared store).
+  auto convert_tile = [&](int it) {
+    if constexpr (!L::kDirect) {
+      const uint8_t* rk = smem + L::kRaw + 2 * (it & 1) * L::kRawTile;
+      const uint8_t* rv = rk + L::kRawTile;
+      __half* ks = reinterpret_cast<__half*>(smem + L::kKV);
+      __half* vs = ks + kBK * L::kLd;
+      const int32_t n_keys = k_hi - (k_lo + it * kBK);
+      constexpr int kEach = kBK * kVecs / kThreads, kBatch = 4;
+      static_assert(kEach % kBatch == 0, "whole batches");
+#pragma unroll
+      for (int u0 = 0; u0 < kEach; u0 += kBatch) {
+        uint4 kx[kBatch], vx[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = threadIdx.x + (u0 + u) * kThreads, key = i / kVecs, v = i % kVecs;
+          kx[u] = vx[u] = make_uint4(0, 0, 0, 0);
+          if (key < n_keys) {
+            kx[u] = load8h<KvT>(rk + key * L::kHeadBytes, v * 8);
+            vx[u] = load8h<KvT>(rv + key * L::kHeadBytes, v * 8);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = threadIdx.x + (u0 + u) * kThreads, key = i / kVecs, v = i % kVecs;
+          *reinterpret_cast<uint4*>(ks + key * L::kLd + v * 8) = kx[u];
+          *reinterpret_cast<uint4*>(vs + key * L::kLd + v * 8) = vx[u];
+        }
+      }
+    }
   };
   look_up(0);
   copy_tile(0);
@@ -151,9 +255,13 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
     }
     cp_async_wait_one();
     __syncthreads();
+    if constexpr (!L::kDirect) {
+      convert_tile(it);
+      __syncthreads();
+    }
     const int32_t kc = k_lo + it * kBK;
     if (warp_active && kc <= warp_last && kc + kBK > warp_lo) {
-      const uint32_t ks = kv_smem + 2 * (it & 1) * L::kTile, vs = ks + L::kTile;
+      const uint32_t ks = kv_smem + (L::kDirect ? 2 * (it & 1) * L::kTile : 0), vs = ks + L::kTile;
       // S = Q K^T: 16 rows x 64 keys, 8 fragments of 8 keys.
       float s[kBK / 8][4];
 #pragma unroll
@@ -252,28 +360,46 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
   }
 }
 
-template <int HD, typename Out>
+template <typename KvT, int HD, typename Out>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
+  using L = Layout<KvT, HD>;
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(flash_prefill_kernel<HD, Out>), Layout<HD>::kBytes);
+  opt_in.ensure(reinterpret_cast<const void*>(flash_prefill_kernel<KvT, HD, Out>), L::kBytes);
   const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
-  flash_prefill_kernel<HD, Out><<<grid, kThreads, Layout<HD>::kBytes, stream>>>(a);
+  flash_prefill_kernel<KvT, HD, Out><<<grid, kThreads, L::kBytes, stream>>>(a);
   RILL_CUDA_CHECK_LAUNCH();
+}
+
+// Alignment the kernel needs of the cache planes: the pieces' (a row is
+// whole heads, so every head then starts on a piece).
+template <typename KvT, int HD>
+constexpr uintptr_t flash_align() {
+  if constexpr (flash_takes<KvT, HD>()) {
+    return Layout<KvT, HD>::kDirect ? 16 : static_cast<uintptr_t>(Layout<KvT, HD>::kPiece);
+  } else {
+    return 0;
+  }
 }
 
 }  // namespace
 
-bool prefill_flash_supported(DType kv_dtype, int32_t head_dim) {
-  return kv_dtype == DType::kF16 && (head_dim == 64 || head_dim == 128);
+bool prefill_flash_supported(const AttentionArgs& a) {
+  if (a.head_dim != 64 && a.head_dim != 128) return false;
+  uintptr_t align = 0;
+  RILL_CUDA_DISPATCH_KV(a.kv_dtype, align = a.head_dim == 64 ? flash_align<KvT, 64>() : flash_align<KvT, 128>());
+  return align > 0 && reinterpret_cast<uintptr_t>(a.k_cache) % align == 0 &&
+         reinterpret_cast<uintptr_t>(a.v_cache) % align == 0;
 }
 
 void prefill_attention_flash(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles <= 0) return;
-  if (a.head_dim == 64) {
-    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<64, T>(a, stream));
-  } else {
-    RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<128, T>(a, stream));
-  }
+  RILL_CUDA_DISPATCH_KV(a.kv_dtype, {
+    if (a.head_dim == 64) {
+      if constexpr (flash_takes<KvT, 64>()) RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 64, T>(a, stream));
+    } else {
+      if constexpr (flash_takes<KvT, 128>()) RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 128, T>(a, stream));
+    }
+  });
 }
 
 }  // namespace rill::cuda

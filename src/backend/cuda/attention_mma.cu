@@ -268,7 +268,7 @@ void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
     const char* env = std::getenv("RILL_CUDA_FLASH_PREFILL");
     return !(env && std::string(env) == "0");
   }();
-  if (flash && prefill_flash_supported(a.kv_dtype, a.head_dim)) {
+  if (flash && prefill_flash_supported(a)) {
     prefill_attention_flash(a, stream);
     return;
   }

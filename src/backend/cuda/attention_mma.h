@@ -6,8 +6,9 @@
 
 namespace rill::cuda {
 
-// f16, fp8, q8_0 or q4_0 KV and head_dim 64, 128, 256 or 512; tiles of up to kPrefillTileQMma
-// queries. f16 KV at head_dim 64 and 128 runs attention_flash.cu's kernel,
+// f16, fp8, q8_0, q4_0 or iq4_nl KV and head_dim 64, 128, 256 or 512; tiles of up to kPrefillTileQMma
+// queries. Head_dim 64 and 128 run attention_flash.cu's kernel (every KV
+// type whose head is a multiple of 4 bytes),
 // every KV type at 256 and 512 attention_wide.cu's; with
 // RILL_CUDA_FLASH_PREFILL=0 in the environment (for comparisons) every
 // case runs the WMMA kernel of attention_mma.cu (at 512 two blocks of 32
@@ -17,9 +18,13 @@ bool prefill_mma_supported(DType kv_dtype, int32_t head_dim);
 void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream);
 
 // attention_flash.cu: fragments in registers (mma.sync, ldmatrix, cp.async
-// ring); f16 KV and head_dim 64 or 128, tiles of up to kPrefillTileQMma
-// queries, the same arithmetic as the WMMA kernel.
-bool prefill_flash_supported(DType kv_dtype, int32_t head_dim);
+// ring); head_dim 64 or 128 and the KV types the WMMA kernel reads (f16
+// copied as it is, the others as raw bytes converted in shared memory),
+// tiles of up to kPrefillTileQMma queries, the same arithmetic as the WMMA
+// kernel. Supported: a's head_dim, KV type (a head a multiple of 4 bytes)
+// and cache planes aligned to the kernel's copies (16 bytes for f16, the
+// piece size for the others).
+bool prefill_flash_supported(const AttentionArgs& a);
 void prefill_attention_flash(const AttentionArgs& a, cudaStream_t stream);
 
 // attention_wide.cu: fragments in registers for wide heads; f16, fp8, q8_0

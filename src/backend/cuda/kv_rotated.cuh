@@ -125,18 +125,24 @@ __device__ __forceinline__ float level_byte(uint32_t levels, int i) {
 
 // iq4_nl's levels (iq4_nlh): the code of y is the number of midpoints
 // strictly below y (the nearest level, the lower one on a tie; NaN: 0).
+// The midpoints ascend, so y > mid(i) holds exactly for i below the code:
+// the code's bits come from 4 of those compares, high bit first (mid(7),
+// then mid(q + 3), mid(q + 1), mid(q) for the bits q found so far), each
+// midpoint picked by selects on the bits before it. The same count as
+// comparing y with all 15 (the CPU's NlLevels::code), so the same bytes;
+// a NaN fails every compare, code 0, as there.
 struct Iq4nlLevels {
   __device__ float first() const { return -127.0f; }
   __device__ float last() const { return 113.0f; }
   __device__ int code(float y) const {
-    int q = 0;
-#pragma unroll
-    for (int i = 0; i < 15; ++i) q += y > iq4nl_mid(i) ? 1 : 0;
-    return q;
+    const bool b8 = y > iq4nl_mid(7);
+    const bool b4 = y > (b8 ? iq4nl_mid(11) : iq4nl_mid(3));
+    const bool b2 = y > (b8 ? (b4 ? iq4nl_mid(13) : iq4nl_mid(9)) : (b4 ? iq4nl_mid(5) : iq4nl_mid(1)));
+    const float m1 = b8 ? (b4 ? (b2 ? iq4nl_mid(14) : iq4nl_mid(12)) : (b2 ? iq4nl_mid(10) : iq4nl_mid(8)))
+                        : (b4 ? (b2 ? iq4nl_mid(6) : iq4nl_mid(4)) : (b2 ? iq4nl_mid(2) : iq4nl_mid(0)));
+    return (b8 ? 8 : 0) + (b4 ? 4 : 0) + (b2 ? 2 : 0) + (y > m1 ? 1 : 0);
   }
-  __device__ float value(int q) const {
-    return level_byte(iq4nl_levels4(static_cast<uint32_t>(q)), 0);
-  }
+  __device__ float value(int q) const { return level_byte(iq4nl_levels4(static_cast<uint32_t>(q)), 0); }
 };
 static_assert(cpu::kIq4nlValues[0] == -127 && cpu::kIq4nlValues[15] == 113, "Iq4nlLevels::first / last");
 

@@ -11,6 +11,12 @@
 //   load1(row, e)        element e as f32
 //   load8(row, e, v)     block types: elements [e, e + 8) as f32 (e % 8 == 0:
 //                        one block, its scale read once)
+//   load8_biased(row, e, u), kLevelBias   optional, block types whose
+//                        levels are integers in [-kLevelBias, 255 -
+//                        kLevelBias]: elements [e, e + 8) as their block's
+//                        f16 scale (returned) and 8 bytes u (element i in
+//                        byte i % 4 of u[i / 4]), x = scale * (u - kLevelBias)
+//                        (mma_tile.cuh load8h converts these in f16)
 //   store(x, row, e0, n) n f32 values x (shared memory) into elements
 //                        [e0, e0 + n) of a row, e0 and n whole blocks, by
 //                        the whole thread block (blockDim.x a multiple of
@@ -113,6 +119,14 @@ struct KvQ8_0 {
       v[2 * i + 1] = s * static_cast<float>(static_cast<int8_t>(two >> 8));
     }
   }
+  static constexpr int kLevelBias = 128;  // the int8 level q as the byte q + 128
+  __device__ static __half load8_biased(const uint8_t* row, int64_t e, uint32_t (&u)[2]) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (e & 31));
+    u[0] = (q[0] | (static_cast<uint32_t>(q[1]) << 16)) ^ 0x80808080u;
+    u[1] = (q[2] | (static_cast<uint32_t>(q[3]) << 16)) ^ 0x80808080u;
+    return *reinterpret_cast<const __half*>(blk);
+  }
   // Warp w quantizes blocks w, w + n_warps, ...: lane i holds element i of
   // the block, the block's max|x| is a warp reduction.
   __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
@@ -177,6 +191,15 @@ struct KvQ4_0 {
       v[2 * i] = s * static_cast<float>(static_cast<int>((two >> shift) & 0xF) - 8);
       v[2 * i + 1] = s * static_cast<float>(static_cast<int>((two >> (8 + shift)) & 0xF) - 8);
     }
+  }
+  static constexpr int kLevelBias = 8;  // the level q - 8 as the code q
+  __device__ static __half load8_biased(const uint8_t* row, int64_t e, uint32_t (&u)[2]) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const int j = static_cast<int>(e & 31), shift = j >= 16 ? 4 : 0;
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (j & 15));
+    u[0] = ((q[0] | (static_cast<uint32_t>(q[1]) << 16)) >> shift) & 0x0F0F0F0Fu;
+    u[1] = ((q[2] | (static_cast<uint32_t>(q[3]) << 16)) >> shift) & 0x0F0F0F0Fu;
+    return *reinterpret_cast<const __half*>(blk);
   }
   __device__ static void store(const float* x, uint8_t* row, int64_t e0, int n) {
     const int lane = threadIdx.x & 31;
@@ -252,6 +275,15 @@ struct KvIq4Nl {
     const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (j & 15));
     levels4(q[0] | (static_cast<uint32_t>(q[1]) << 16), shift, s, v);
     levels4(q[2] | (static_cast<uint32_t>(q[3]) << 16), shift, s, v + 4);
+  }
+  static constexpr int kLevelBias = 128;  // the int8 level l as the byte l + 128
+  __device__ static __half load8_biased(const uint8_t* row, int64_t e, uint32_t (&u)[2]) {
+    const uint8_t* blk = row + (e >> 5) * kBlockBytes;
+    const int j = static_cast<int>(e & 31), shift = j >= 16 ? 4 : 0;
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (j & 15));
+    u[0] = iq4nl_levels4(((q[0] | (static_cast<uint32_t>(q[1]) << 16)) >> shift) & 0x0F0F0F0Fu) ^ 0x80808080u;
+    u[1] = iq4nl_levels4(((q[2] | (static_cast<uint32_t>(q[3]) << 16)) >> shift) & 0x0F0F0F0Fu) ^ 0x80808080u;
+    return *reinterpret_cast<const __half*>(blk);
   }
   static constexpr bool kRotatable = true;
   static constexpr bool kRotatedOnly = true;
