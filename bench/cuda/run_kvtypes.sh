@@ -8,7 +8,8 @@
 # TYPES: the KV types benchmarked (default "f16 q8_0h q8_0h64");
 # BUDGET: seconds from the start after which no new step starts (the
 # benchmarks' steps are skipped in order of priority: tests, attention
-# alone, context 1,024, context 8,192, ncu).
+# alone, context 1,024, context 8,192, ncu); MIN_LEFT: the seconds a
+# benchmark step needs left to start (default 40).
 T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
 FILTER=${FILTER:-'CudaKvTypes.*:CudaAttention.StoredKvTypes*:CudaAttention.HeadDim512*:CudaAttention.DecodeTokensAreBatchInvariant:*CudaKvTiers.*q8_0h64*:CudaKvExport.Q8_0h64*:*CudaBatchInvariant.*q8_0h64*:CudaGemma4Hd512.QuantizedKv*:*CudaHf.KvTypeIsTheOne*'}
@@ -36,12 +37,12 @@ echo "attn rc=$?"; cut -c1-120 $OUT/attn.log
 wait $MK; tail -2 $OUT/make.log
 B=$V/bench_cuda
 for t in $TYPES; do
-  [ $(left) -lt 40 ] && { echo "== $t ctx 1024 skipped (time)"; continue; }
+  [ $(left) -lt ${MIN_LEFT:-40} ] && { echo "== $t ctx 1024 skipped (time)"; continue; }
   timeout 45 $B $M --steps 16 --batches 1,64 --context 1024 --kv-type $t > $OUT/b1024_$t.log 2>&1
   echo "== $t ctx 1024 rc=$?"; grep -E "KV|decode|prefill|TTFT|batch +[0-9]" $OUT/b1024_$t.log | cut -c1-200
 done
 for t in $TYPES; do
-  [ $(left) -lt 40 ] && { echo "== $t ctx 8192 skipped (time)"; continue; }
+  [ $(left) -lt ${MIN_LEFT:-40} ] && { echo "== $t ctx 8192 skipped (time)"; continue; }
   timeout 40 $B $M --steps 16 --batches 1,16 --context 8192 --kv-type $t > $OUT/b8192_$t.log 2>&1
   echo "== $t ctx 8192 rc=$?"; grep -E "decode|batch +[0-9]" $OUT/b8192_$t.log | cut -c1-200
 done

@@ -274,8 +274,8 @@ struct KvIq4Nl {
 // One scale per 64 values instead of 32 (66 bytes against two q8_0
 // blocks' 68: 1.939x f16's tokens per GiB). Blocks are 66 bytes, so codes
 // are 2-byte aligned (read 2 bytes at a time, as KvQ8_0). Written only by
-// store_rotated (the CPU's rotated encoder over blocks of 64, a warp per
-// block): q8_0h64 is stored rotated only (kRotatedOnly), as on the CPU,
+// store_rotated (the CPU's rotated encoder over blocks of 64, two warps
+// per block): q8_0h64 is stored rotated only (kRotatedOnly), as on the CPU,
 // and needs head_dim a multiple of 64 (a block never spans two heads).
 struct KvQ8_0x64 {
   static constexpr DType kDtype = kKvQ8_0x64;
@@ -311,12 +311,21 @@ struct KvQ8_0x64 {
   }
   static constexpr bool kRotatable = true;
   static constexpr bool kRotatedOnly = true;
-  // Warp w encodes blocks w, w + n_warps, ... (lane i: elements i and i + 32).
+  // Warps 2p and 2p + 1 encode blocks p, p + n_pairs, ... together
+  // (fit_rotated_block64_pair; lane i: elements i and i + 32). Every thread
+  // of the thread block calls it (blockDim.x a multiple of 64, at most
+  // 1024): the pairs' loop runs as often in each, for the barrier inside.
   __device__ static void store_rotated(const float* x, uint8_t* row, int64_t e0, int n) {
-    const int lane = threadIdx.x & 31;
+    __shared__ PairExchange slots[2][16];  // [round parity][pair]: a pair's next round never overwrites a read
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = warp & 1, pair = warp >> 1;
+    const int n_pairs = static_cast<int>(blockDim.x >> 6);
     uint8_t* first = row + (e0 >> 6) * kBlockBytes;
-    for (int i0 = 2 * (threadIdx.x & ~31); i0 < n; i0 += 2 * blockDim.x) {
-      const RotatedBlock<64> b = fit_rotated_block<64>(x + i0, UniformLevels{-127, 127});
+    for (int base = 0, round = 0; base < n; base += 64 * n_pairs, ++round) {
+      const int i0 = base + 64 * pair;
+      const bool mine = i0 < n;
+      const RotatedBlock<64> b =
+          fit_rotated_block64_pair(x + (mine ? i0 : 0), UniformLevels{-127, 127}, half, &slots[round & 1][pair]);
+      if (!mine || half == 1) continue;
       uint8_t* blk = first + (i0 >> 6) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
       blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(b.q[0]));

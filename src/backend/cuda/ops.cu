@@ -373,12 +373,11 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
     // the block, or a divisor of it with the row whole groups.
     assert((a.head_dim * n_sub) % KvT::kBlock == 0 && a.n_head_kv % n_sub == 0);
     const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head + 2 * (a.n_head_kv / n_sub)));
-    // Rotated types: a warp per block (32 values; q8_0h64: 64, two a lane)
-    // (each block's encoder is a serial search, so warps in parallel are
-    // what shortens the store).
+    // Rotated types: a warp per 32 values (a block of 32; q8_0h64: two warps
+    // a block of 64): each block's encoder is a serial search, so warps in
+    // parallel are what shortens the store.
     const int width = a.head_dim * n_sub;
-    constexpr int kValuesPerLane = KvT::kBlock > 32 ? KvT::kBlock / 32 : 1;
-    const int threads = (a.k_rotated || a.v_rotated) ? std::min(width / kValuesPerLane, 1024) : width >= 128 ? 64 : 32;
+    const int threads = (a.k_rotated || a.v_rotated) ? std::min(width, 1024) : width >= 128 ? 64 : 32;
     const size_t smem = static_cast<size_t>(a.head_dim * n_sub) * sizeof(float);
     launch_pdl(rope_kv_kernel<KvT>, grid, threads, smem, stream, a);
   });
