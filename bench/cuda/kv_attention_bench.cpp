@@ -7,7 +7,7 @@
 // The KV bytes are constant (no NaN or infinity: the timing does not
 // depend on the values).
 //
-// Rotated types (q8_0h, q4_0h, iq4_nlh) include the query's rotation and the
+// Rotated types (q8_0h, q4_0h, iq4_nlh, q8_0h64) include the query's rotation and the
 // output's rotation back (two small kernels around the attention's).
 //
 //   bench_kv_attention [--contexts 1024,8192] [--batches 1,64] [--types f16,q8_0,fp8,q4_0] [--general 0|1]

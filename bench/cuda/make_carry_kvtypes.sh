@@ -1,10 +1,11 @@
 #!/bin/bash
-# Packs the KV-type GPU tests and the model benchmark of BUILD_DIR into DEST
+# Packs the KV-type GPU tests and the benchmarks of BUILD_DIR into DEST
 # (default /work/main/.device/kvcuda22; carry ".device/kvcuda22") beside
-# run_kvtypes.sh: the KV-type test objects and the backend ops test linked
-# into one gtest binary (tests), bench_cuda, stripped and xz'd, the Debian
-# libraries they need, the goldens they read and the 8B model maker (about
-# 24 MB: a call carries the tracked tree, 39 MB, too, within 64 MiB).
+# run_kvtypes.sh (as DEST/run.sh): the KV-type test objects and the backend
+# ops test linked into one gtest binary (tests), bench_cuda and
+# bench_kv_attention, stripped and xz'd, the Debian libraries they need,
+# the goldens they read and the 8B model maker (about 18 MB: a call carries
+# the tracked tree, 40 MB, too, within 64 MiB).
 # Usage: make_carry_kvtypes.sh BUILD_DIR [DEST]
 set -euo pipefail
 B=$(realpath "$1")
@@ -21,9 +22,11 @@ done
 LIBS="-Wl,-rpath,/usr/local/cuda/lib librill_engine.a librill_cuda.a /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.a /usr/lib/x86_64-linux-gnu/libgmock.a librill_kv.a librill_model.a librill_cuda.a /usr/local/cuda/lib/libcublasLt.so librill_backend.a librill_parallel.a /usr/local/cuda/lib/libcudart_static.a -ldl /usr/lib/x86_64-linux-gnu/librt.a /usr/local/cuda/lib/libnccl.so librill_text.a librill_loader.a librill_core.a /usr/lib/x86_64-linux-gnu/libxxhash.so /usr/lib/x86_64-linux-gnu/libutf8proc.so /usr/lib/x86_64-linux-gnu/libpcre2-8.so /usr/lib/x86_64-linux-gnu/libgtest.a -lcudadevrt -lcudart_static -lrt -lpthread -ldl"
 # shellcheck disable=SC2086
 /usr/bin/c++ -O2 $objs -o "$V/tests" -L/usr/local/cuda/targets/x86_64-linux/lib $LIBS
-cp bench/bench_cuda "$V/"
-strip "$V/tests" "$V/bench_cuda"
-xz -T2 -9 "$V/tests" "$V/bench_cuda"
+cp bench/bench_cuda bench/bench_kv_attention "$V/"
+strip "$V/tests" "$V/bench_cuda" "$V/bench_kv_attention"
+# One solid archive: the three binaries hold the same kernels, which xz
+# then stores once (12 MB where three .xz files took 27).
+(cd "$V" && XZ_OPT="-9e -T2" tar cJf bins.tar.xz tests bench_cuda bench_kv_attention && rm tests bench_cuda bench_kv_attention)
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
 (cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/goldens/README.md shared/goldens/hf/{llama,qwen3,gemma3,gemma2,qwen3_5,gemma4} \
   shared/tokenizers/llama3 shared/tools/make_random_model.py)

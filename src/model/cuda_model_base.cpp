@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
+#include "core/e4m3.h"
 #include "core/half.h"
 #include "model/batch_check.h"
 #include "model/kv_types.h"
@@ -183,10 +184,11 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
   if (t.quantized() && !cuda::kv_supported(t.dtype)) {
     return Error{f.path + ": KV type " + kv_type_name(t) +
                  " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0, q8_0h, q4_0h, "
-                 "iq4_nlh or fp8); use one of those, or --device cpu"};
+                 "iq4_nlh, q8_0h64 or fp8); use one of those, or --device cpu"};
   }
   if (!cuda::kv_rotation_supported(t.dtype, static_cast<int32_t>(hd_), t.rotated)) {
-    return Error{f.path + ": KV type " + kv_type_name(t) + " needs a power-of-two head_dim of at most " +
+    const std::string least = t.dtype == kKvQ8_0x64 ? "at least 64 and " : "";
+    return Error{f.path + ": KV type " + kv_type_name(t) + " needs a power-of-two head_dim of " + least + "at most " +
                  std::to_string(cuda::kMaxHeadDim) + " on CUDA; " + "head_dim is " + std::to_string(hd_)};
   }
   // Heads of whole blocks, or (small heads) blocks of whole heads that the

@@ -20,13 +20,15 @@
 // scales; backend/cuda/kv_types.cuh KvFp8 says why), rounded to nearest
 // even and saturating at +-448, the same bytes on both devices.
 //
-// q8_0h64 (the CPU only): q8_0h's rotated heads and encoder in blocks of 64
-// values with one f16 scale (core/e4m3.h kKvQ8_0x64: 66 bytes, 8.25 bits a
-// value, 1.939x f16's tokens per GiB where q8_0 / q8_0h's 34 bytes per 32
-// reach 1.882x; issue 22 asks 1.9x of an 8-bit type). Named as iq4_nlh64
-// is: the block's base type, h for the rotation, the block size. head_dim
-// must be a multiple of 64 (a block never spans two heads) and, as for
-// every rotated type, a power of two: so 64 to 1024.
+// q8_0h64: q8_0h's rotated heads and encoder in blocks of 64 values with
+// one f16 scale (core/e4m3.h kKvQ8_0x64: 66 bytes, 8.25 bits a value,
+// 1.939x f16's tokens per GiB where q8_0 / q8_0h's 34 bytes per 32 reach
+// 1.882x; issue 22 asks 1.9x of an 8-bit type). Named as iq4_nlh64 is: the
+// block's base type, h for the rotation, the block size. head_dim must be
+// a multiple of 64 (a block never spans two heads) and, as for every
+// rotated type, a power of two: so 64 to 1024 (CUDA: to 512,
+// backend/cuda/kv_types.cuh KvQ8_0x64, the CPU encoder's bytes, so tiers
+// and KV files move between the devices).
 //
 // k4c (k=q4c v=iq4_nlh64, the CPU only; docs/perf.md "k4c"): K quantized
 // per channel over each KV block of 32 tokens (KIVI's asymmetric z + d q:

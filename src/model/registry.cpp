@@ -212,12 +212,13 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
   if (options.device == Device::kCuda) {
     // CUDA stores f16 KV (f32 for f32 checkpoints), q8_0, q4_0, the
-    // rotated q8_0h / q4_0h / iq4_nlh, or fp8 and reads no other type; which plain
-    // type the model stores, that one type covers every layer and side,
-    // and the head_dim a rotation needs, CudaModelBase::choose_kv_type checks.
+    // rotated q8_0h / q4_0h / iq4_nlh / q8_0h64, or fp8 and reads no other
+    // type (k4c's q4c / iq4_nlh64 among them); which plain type the model
+    // stores, that one type covers every layer and side, and the head_dim a
+    // rotation needs, CudaModelBase::choose_kv_type checks.
     for (const std::optional<KvType>& side : sides) {
-      const bool rotatable =
-          side && (side->dtype == DType::kQ8_0 || side->dtype == DType::kQ4_0 || side->dtype == DType::kIQ4_NL);
+      const bool rotatable = side && (side->dtype == DType::kQ8_0 || side->dtype == DType::kQ4_0 ||
+                                      side->dtype == DType::kIQ4_NL || side->dtype == kKvQ8_0x64);
       const bool cuda_reads = !side || (side->rotated ? rotatable
                                                       : side->dtype == DType::kF16 || side->dtype == DType::kF32 ||
                                                             side->dtype == DType::kQ8_0 ||
@@ -225,7 +226,7 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
       if (!cuda_reads) {
         return Error{files->path + ": KV type " + kv_type_name(*side) +
                      " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0, q8_0h, q4_0h, "
-                     "iq4_nlh or fp8); use one of those, or --device cpu"};
+                     "iq4_nlh, q8_0h64 or fp8); use one of those, or --device cpu"};
       }
     }
   }

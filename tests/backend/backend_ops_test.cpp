@@ -406,29 +406,32 @@ TEST_P(BackendOps, PostNormAdd) {
 }
 
 // A KV side's dtype and rotation (model/kv_types.h's KvType, which the
-// backend layer does not link): q8_0h / q4_0h / iq4_nlh are Q8_0 / Q4_0 /
-// IQ4_NL rotated (IQ4_NL is stored rotated only).
+// backend layer does not link): q8_0h / q4_0h / iq4_nlh / q8_0h64 are
+// Q8_0 / Q4_0 / IQ4_NL / Q8_0_64 rotated (IQ4_NL and Q8_0_64 are stored
+// rotated only; Q8_0_64 needs heads of whole blocks of 64).
 struct KvKind {
   DType dtype;
   bool rotated;
   std::string name() const { return std::string(dtype_name(dtype)) + (rotated ? " rotated" : ""); }
 };
-constexpr KvKind kKvKinds[] = {{DType::kF32, false}, {DType::kF16, false}, {DType::kQ8_0, false}, {DType::kQ4_0, false},
-                               {DType::kQ8_0, true}, {DType::kQ4_0, true}, {DType::kIQ4_NL, true}};
+constexpr KvKind kKvKinds[] = {{DType::kF32, false},   {DType::kF16, false}, {DType::kQ8_0, false},
+                               {DType::kQ4_0, false},  {DType::kQ8_0, true}, {DType::kQ4_0, true},
+                               {DType::kIQ4_NL, true}, {kKvQ8_0x64, true}};
 
 // A per-layer KV plane pair of n_blocks blocks, as both devices address it.
 struct KvPlanes {
   KvCacheView view;
   size_t bytes = 0;
 };
-// The GGML block types CUDA stores KV in, and each one's level step as a
-// fraction of its block's largest magnitude: how far one value moved to
-// the next level may differ (IQ4_NL: its widest step, 24 of 127).
+// The block types CUDA stores KV in (GGML's, and q8_0h64's Q8_0_64), and
+// each one's level step as a fraction of its block's largest magnitude:
+// how far one value moved to the next level may differ (IQ4_NL: its widest
+// step, 24 of 127).
 bool block_kv(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kIQ4_NL;
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kIQ4_NL || t == kKvQ8_0x64;
 }
 double level_step(DType t) {
-  return t == DType::kQ8_0 ? 1.0 / 127 : t == DType::kIQ4_NL ? 24.0 / 127 : 1.0 / 8;
+  return t == DType::kQ8_0 || t == kKvQ8_0x64 ? 1.0 / 127 : t == DType::kIQ4_NL ? 24.0 / 127 : 1.0 / 8;
 }
 // Plane bytes of floats v in a KV dtype: plain ones rounded, GGML blocks by
 // the CPU's reference quantizer (the blocks both backends read); rotated
@@ -437,7 +440,7 @@ double level_step(DType t) {
 // one long row of heads).
 std::vector<uint8_t> encode_plane(DType t, const std::vector<float>& v, bool rotated = false, int64_t head_dim = 0) {
   if (!block_kv(t)) return encode(t, v);
-  assert(rotated || t != DType::kIQ4_NL);  // iq4_nl KV is stored rotated only
+  assert(rotated || (t != DType::kIQ4_NL && t != kKvQ8_0x64));  // iq4_nl / Q8_0_64 KV: rotated only
   std::vector<uint8_t> out(row_bytes(t, static_cast<int64_t>(v.size())));
   if (rotated) {
     cpu::store_kv_row(t, true, v.data(), out.data(), static_cast<int64_t>(v.size()) / head_dim, head_dim);
@@ -529,27 +532,36 @@ TEST_P(BackendOps, RopeQkNormAndKvStore) {
   }
 }
 
-// q8_0h / q4_0h / iq4_nlh stores: K and V heads rotated and encoded by the rotated
-// types' encoder give the CPU encoder's bytes (cpu::store_kv_row over the
-// same floats) on every backend, byte for byte. The RoPE table turns no
-// pair (every angle 0: cos 1 and sin 0 exactly on both devices), so K
-// reaches the encoder as the given floats, as V does. Heads of 128, 64 and
-// 16 (two to a block); K head 0 has an outlier channel (what the rotation
-// is for), K head 1 is small on some tokens (f16-subnormal scales) and
-// zero on others (scale 0). Some tokens' V head 0 holds a NaN, which the
+// q8_0h / q4_0h / iq4_nlh / q8_0h64 stores: K and V heads rotated and
+// encoded by the rotated types' encoder give the CPU encoder's bytes
+// (cpu::store_kv_row over the same floats) on every backend, byte for
+// byte: q8_0h64's blocks of 64 (a warp per block, two values a lane) are
+// the CPU's quantize_q8_0x64_fit's, so a CUDA-written q8_0h64 KV row is the
+// CPU's row (tiers and KV files carry it between the devices). The RoPE
+// table turns no pair (every angle 0: cos 1 and sin 0 exactly on both
+// devices), so K reaches the encoder as the given floats, as V does. Heads
+// of 256, 128, 64 and 16 (two to a block; not q8_0h64, whose blocks need
+// heads of 64); K head 0 has an outlier channel (what the rotation is
+// for), K head 1 is small on some tokens (f16-subnormal scales) and zero
+// on others (scale 0). Some tokens' V head 0 holds a NaN, which the
 // rotation spreads over the head: a zero block (no finite maximum); at
 // head_dim 16 its block shares a finite head, and no candidate fits:
 // codes of 0 and the scale 0x7e00 on both devices, whose NaNs otherwise
-// differ in sign.
+// differ in sign. Some tokens' V head 1 holds an infinity, which the
+// rotation turns into infinities (and NaNs) over the head: every candidate
+// scale's error is NaN, and the unshrinking scale (x . x / x . 0) is NaN:
+// the scale 0x7e00 and codes of 0 (the CPU's nearest_code of NaN; CUDA's
+// __float2int_rn).
 TEST_P(BackendOps, RotatedKvStoreIsTheCpuEncodersBytes) {
-  for (const int32_t hd : {128, 64, 16}) {
+  for (const int32_t hd : {256, 128, 64, 16}) {
     const int32_t n_head = 2, n_head_kv = 2, shift = 4, n_blocks = 16;
     const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
     const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 40}, {3, 9}, {20, 20}};
     RopeTable table;
     table.rot_dim = hd;
     table.inv_freq.assign(static_cast<size_t>(hd / 2), 0.0f);
-    for (DType kv_t : {DType::kQ8_0, DType::kQ4_0, DType::kIQ4_NL}) {
+    for (DType kv_t : {DType::kQ8_0, DType::kQ4_0, DType::kIQ4_NL, kKvQ8_0x64}) {
+      if (kv_t == kKvQ8_0x64 && hd % 64 != 0) continue;
       const std::string what = std::string(dtype_name(kv_t)) + " rotated, head_dim " + std::to_string(hd);
       std::vector<std::vector<uint8_t>> ks, vs;
       std::vector<uint8_t> want_k, want_v;
@@ -564,7 +576,8 @@ TEST_P(BackendOps, RotatedKvStoreIsTheCpuEncodersBytes) {
           float* k = x.data() + t * QKV + Q;
           k[3] = 40.0f;
           for (int64_t d = hd; d < 2 * hd; ++d) k[d] = t % 3 == 2 ? 0.0f : t % 3 == 1 ? k[d] * 1e-3f : k[d];
-          if (t % 7 == 5) k[KV + 2] = std::numeric_limits<float>::quiet_NaN();  // V head 0
+          if (t % 7 == 5) k[KV + 2] = std::numeric_limits<float>::quiet_NaN();      // V head 0
+          if (t % 5 == 3) k[KV + hd + 1] = std::numeric_limits<float>::infinity();  // V head 1
         }
         if (s == &ref_) {  // the CPU encoder's plane for these rows
           const size_t row = row_bytes(kv_t, KV);
@@ -594,6 +607,12 @@ TEST_P(BackendOps, RotatedKvStoreIsTheCpuEncodersBytes) {
       for (int32_t t = 5; t < hs.n_tokens; t += 7) {  // V head 0's first block of the NaN tokens
         const size_t at = static_cast<size_t>(hs.slots[static_cast<size_t>(t)]) * row_bytes(kv_t, KV);
         EXPECT_EQ(want_v[at] | want_v[at + 1] << 8, hd == 16 ? 0x7e00 : 0) << what << " token " << t;
+      }
+      for (int32_t t = 3; t < hs.n_tokens;
+           t += 5) {  // V head 1's first block (head_dim 16: head 0's) of the inf tokens
+        const size_t at = static_cast<size_t>(hs.slots[static_cast<size_t>(t)]) * row_bytes(kv_t, KV) +
+                          row_bytes(kv_t, hd == 16 ? 0 : hd);
+        EXPECT_EQ(want_v[at] | want_v[at + 1] << 8, 0x7e00) << what << " token " << t;
       }
       ASSERT_EQ(ks[0], want_k) << what << ": the CPU Backend's K is its encoder's";
       ASSERT_EQ(vs[0], want_v) << what << ": the CPU Backend's V is its encoder's";
@@ -900,10 +919,11 @@ TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
     const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
     // decode (1 and 3 tokens), a prefill chunk of 40 after 30 cached, a whole prompt of 70
     const std::vector<std::pair<int32_t, int32_t>> seqs = {{1, 300}, {3, 17}, {40, 70}, {70, 70}};
-    // q8_0h / q4_0h / iq4_nlh: K and V rotated per head; the query is rotated and
+    // q8_0h / q4_0h / iq4_nlh / q8_0h64: K and V rotated per head; the query is rotated and
     // the output rotated back by each backend itself.
     for (const KvKind kind : kKvKinds) {
       const DType kv_t = kind.dtype;
+      if (kv_t == kKvQ8_0x64 && hd % 64 != 0) continue;  // blocks of 64 need whole heads of them
       for (int variant = 0; variant < 2; ++variant) {
         std::vector<std::vector<float>> outs;
         for (Side* s : {&ref_, &dev_}) {
@@ -926,7 +946,7 @@ TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
           s->b->attention(op, md);
           outs.push_back(s->read(op.out));
         }
-        // Q8_0 / Q4_0 / IQ4_NL: both dequantize the same blocks to the same f32
+        // Q8_0 / Q4_0 / IQ4_NL / Q8_0_64: both dequantize the same blocks to the same f32
         // products (scale * level) and differ in summation order only, as
         // f32, except where CUDA's prefill takes the tensor cores (head_dim
         // 64): those round q, the probabilities and the values to f16, as

@@ -5,7 +5,9 @@
 // then stay Q8_0 blocks in the CUDA MoE's expert GEMV), and with q8_0 KV
 // (Llama, Gemma 2), q8_0h (Llama), q4_0h and iq4_nlh KV (Gemma 2: sliding
 // and full layers; kv_types_cuda_test.cpp holds their accuracy), and Gemma 4 with
-// full layers of head_dim 512 (gemma4_hd512_model.h; f16 and q8_0 KV):
+// full layers of head_dim 512 (gemma4_hd512_model.h; f16, q8_0 and q8_0h64
+// KV: q8_0h64's blocks of 64 need heads of 64 or more, which the goldens'
+// 16-wide heads are not):
 //  1. a decode row's logits are bit-identical alone and in steps of 3, 9 and
 //     40 sequences and beside a 100-token prompt; with the mode off the test only logs how many logits of
 //     the 9- and 40-sequence rows differ (what the mode buys);
@@ -247,7 +249,8 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaBatchInvariant,
                                            Case{"llama", DType::kBF16, "q8_0"}, Case{"gemma2", DType::kBF16, "q8_0"},
                                            Case{"llama", DType::kBF16, "q8_0h"}, Case{"gemma2", DType::kBF16, "q4_0h"},
                                            Case{"gemma2", DType::kBF16, "iq4_nlh"}, Case{"gemma4-hd512", DType::kBF16},
-                                           Case{"gemma4-hd512", DType::kBF16, "q8_0"}),
+                                           Case{"gemma4-hd512", DType::kBF16, "q8_0"},
+                                           Case{"gemma4-hd512", DType::kBF16, "q8_0h64"}),
                          [](const auto& info) {
                            std::string n = info.param.golden + (info.param.weights == DType::kQ8_0 ? "_q8" : "_bf16") +
                                            (info.param.kv_type.empty() ? "" : "_kv_" + info.param.kv_type);

@@ -8,8 +8,9 @@
 //    of a 300-token prompt in chunks of 64, 7 and 1 tokens (decode splits
 //    past 256 keys, chunked prefill over a prefix), the same KV bytes per
 //    token, and the greedy continuation of a 260-token prompt identical;
-//  - quantized KV (q8_0, q4_0, fp8, q8_0h, q4_0h, iq4_nlh: every type CUDA stores
-//    takes head_dim 512) against the CPU's same type, decode kernels only
+//  - quantized KV (q8_0, q4_0, fp8, q8_0h, q4_0h, iq4_nlh, q8_0h64: every
+//    type CUDA stores takes head_dim 512; q8_0h64 only heads of 64 or more,
+//    so this is its model-level test) against the CPU's same type, decode kernels only
 //    (chunks of 4 tokens) and prefill chunks of 64 (the tensor-core
 //    kernel), each within a share of what the type changes (kDecodeShare,
 //    kMmaShare), and changing CUDA's logits as much as the CPU's;
@@ -186,7 +187,7 @@ TEST_F(CudaGemma4Hd512, QuantizedKvMatchesTheCpusSameType) {
   auto own_cpu = open(Device::kCpu, 64), own_gpu = open(Device::kCuda, 64);
   ASSERT_TRUE(own_cpu && own_gpu);
   const std::vector<float> f_cpu = score(*own_cpu, ids), f_gpu = score(*own_gpu, ids);
-  for (const char* kv : {"q8_0", "q4_0", "fp8", "q8_0h", "q4_0h", "iq4_nlh"}) {
+  for (const char* kv : {"q8_0", "q4_0", "fp8", "q8_0h", "q4_0h", "iq4_nlh", "q8_0h64"}) {
     auto cpu = open(Device::kCpu, 64, kv);
     ASSERT_TRUE(cpu) << kv;
     const std::vector<float> c = score(*cpu, ids);

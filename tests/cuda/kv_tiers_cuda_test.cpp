@@ -20,8 +20,9 @@
 //    one; a block or layer that is not there is an error;
 //  - a cache written on the CPU is removed, not restored, by the device
 //    engine (another "numerics"), and the reverse: the prompt is computed.
-// Gemma 4 with full layers of head_dim 512 (gemma4_hd512_model.h; f32, bf16
-// and q8_0 KV) takes the disk round trip too.
+// Gemma 4 with full layers of head_dim 512 (gemma4_hd512_model.h; f32, bf16,
+// q8_0 and q8_0h64 KV) takes the disk round trip too, and holds q8_0h64's
+// exported rows to the CPU q8_0h64 model's (Q8_0h64RowsAreTheCpus).
 // RILL_SHARED_DIR in the environment overrides the build-time path.
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
@@ -254,7 +255,8 @@ INSTANTIATE_TEST_SUITE_P(Goldens, CudaKvTiers,
                                            Case{"llama", false, "fp8"}, Case{"llama", true, "fp8"},
                                            Case{"llama", true, "q8_0h"}, Case{"gemma2", false, "q4_0h"},
                                            Case{"gemma2", false, "iq4_nlh"}, Case{"gemma4-hd512", false},
-                                           Case{"gemma4-hd512", true}, Case{"gemma4-hd512", false, "q8_0"}),
+                                           Case{"gemma4-hd512", true}, Case{"gemma4-hd512", false, "q8_0"},
+                                           Case{"gemma4-hd512", false, "q8_0h64"}),
                          case_name);
 
 class CudaKvTiersRam : public ::testing::TestWithParam<std::string> {
@@ -442,6 +444,77 @@ TEST(CudaKvExport, RotatedKvHasTheCpuLayout) {
         "%zu blocks equal the CPU %s model's\n",
         kind.name, err, max_ref, n_same, n_blocks, kind.name);
   }
+}
+
+// q8_0h64 (rotated q8_0 in blocks of 64: the goldens' heads of 16 hold
+// none) on Gemma 4 with full layers of head_dim 512 (gemma4_hd512_model.h:
+// sliding heads of 64, full heads of 512): the CUDA model's exported rows
+// after a prompt are the CPU q8_0h64 model's layout and mostly its very
+// blocks (the same encoder, RotatedKvStoreIsTheCpuEncodersBytes, over
+// floats that differ by the matmuls' f32 rounding, so a block's scale
+// choice may differ now and then: at least half equal, where any other
+// encoder matches almost none), dequantized within 5% of the largest value
+// of the CPU's (a scale choice 2.5% away plus a level step), and imported
+// into the CPU model they export back unchanged: a tier's or KV file's
+// q8_0h64 bytes move between the devices as they are.
+TEST(CudaKvExport, Q8_0h64RowsAreTheCpus) {
+  RILL_REQUIRE_GPU();
+  const std::string dir = test::gemma4_hd512_model_dir();
+  if (dir.empty()) GTEST_SKIP() << "the gemma4 golden is missing";
+  auto open = [&](Device d) -> Result<std::unique_ptr<Model>> {
+    RILL_ASSIGN_OR_RETURN(auto files, open_model_files(dir));
+    ModelOptions o = model_options(d);
+    o.kv_types.k = o.kv_types.v = parse_kv_type("q8_0h64");
+    return create_model(builtin_registry(), infer_profile(*files), files, o);
+  };
+  auto gpu = open(Device::kCuda), cpu = open(Device::kCpu);
+  ASSERT_TRUE(gpu.ok()) << gpu.error().message;
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+  const std::vector<Model::KvLayer> layers = (*gpu)->kv_layers(), cpu_layers = (*cpu)->kv_layers();
+  ASSERT_EQ(layers.size(), cpu_layers.size());
+  ASSERT_FALSE(layers.empty());
+  const auto prompt = random_prompt(48, 512, 5);  // three whole blocks
+  SequenceRunner rg(**gpu), rc(**cpu);
+  ASSERT_TRUE(rg.score(prompt).ok());
+  ASSERT_TRUE(rc.score(prompt).ok());
+  const std::vector<int32_t> blocks = {0, 1, 2};
+  size_t n_blocks = 0, n_same = 0;
+  double err = 0, max_ref = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    EXPECT_EQ(layers[l].dtype, kKvQ8_0x64) << l;
+    EXPECT_EQ(cpu_layers[l].dtype, kKvQ8_0x64) << l;
+    ASSERT_EQ(layers[l].row_bytes, cpu_layers[l].row_bytes) << l;
+    const size_t bb = layers[l].row_bytes * static_cast<size_t>((*gpu)->kv_block_size());
+    std::vector<uint8_t> k(bb * blocks.size()), v(k.size()), ck(k.size()), cv(k.size());
+    ASSERT_TRUE((*gpu)->copy_kv_blocks_out(static_cast<int64_t>(l), blocks, bb, k.data(), v.data()).ok());
+    ASSERT_TRUE((*cpu)->copy_kv_blocks_out(static_cast<int64_t>(l), blocks, bb, ck.data(), cv.data()).ok());
+    for (size_t at = 0; at < k.size(); at += cpu::kQ8_0x64Bytes) {
+      n_blocks += 2;
+      n_same += std::equal(k.begin() + at, k.begin() + at + cpu::kQ8_0x64Bytes, ck.begin() + at);
+      n_same += std::equal(v.begin() + at, v.begin() + at + cpu::kQ8_0x64Bytes, cv.begin() + at);
+    }
+    for (auto [mine, theirs] : {std::pair{&k, &ck}, std::pair{&v, &cv}}) {
+      const auto n = static_cast<int64_t>(mine->size() / cpu::kQ8_0x64Bytes * 64);
+      std::vector<float> x(static_cast<size_t>(n)), y(x.size());
+      cpu::dequantize_row(kKvQ8_0x64, mine->data(), x.data(), n);
+      cpu::dequantize_row(kKvQ8_0x64, theirs->data(), y.data(), n);
+      err = std::max(err, test::max_abs_diff(x, y));
+      for (float f : y) max_ref = std::max(max_ref, double(std::fabs(f)));
+    }
+    ASSERT_TRUE((*cpu)->copy_kv_blocks_in(static_cast<int64_t>(l), blocks, bb, k.data(), v.data()).ok());
+    std::vector<uint8_t> k2(k.size()), v2(v.size());
+    ASSERT_TRUE((*cpu)->copy_kv_blocks_out(static_cast<int64_t>(l), blocks, bb, k2.data(), v2.data()).ok());
+    EXPECT_EQ(k2, k) << "layer " << l << ": CUDA's K blocks through the CPU model";
+    EXPECT_EQ(v2, v) << "layer " << l << ": CUDA's V blocks through the CPU model";
+  }
+  EXPECT_GT(max_ref, 1e-3);
+  EXPECT_LT(err, 0.05 * max_ref);
+  EXPECT_GE(2 * n_same, n_blocks) << "blocks equal to the CPU q8_0h64 model's own";
+  EXPECT_NE((*gpu)->kv_numerics().find("kv=q8_0h64#"), std::string::npos) << (*gpu)->kv_numerics();
+  std::printf(
+      "[ cuda tiers ] gemma4-hd512 q8_0h64 KV: %zu of %zu blocks equal the CPU q8_0h64 model's; dequantized max "
+      "|diff| %.3g (max |kv| %.3g)\n",
+      n_same, n_blocks, err, max_ref);
 }
 
 TEST(CudaKvExport, BlockCopiesRoundTripAndRefuseWhatIsNotThere) {

@@ -288,13 +288,14 @@ TEST(CudaKvRotated, Gemma4SharedLayersMatchTheCpusSameType) {
 // The host's list of the types the kernels take is the dispatch's (a type
 // missing from the dispatch was once read and written as f32); no GPU needed.
 TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
-  for (const DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kIQ4_NL, kF8E4M3}) {
+  for (const DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kIQ4_NL, kF8E4M3, kKvQ8_0x64}) {
     EXPECT_TRUE(cuda::kv_supported(t)) << dtype_name(t);
   }
-  for (const DType t : {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4}) {
+  for (const DType t :
+       {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4, kKvIq4Nl64, kKvQ4Chan}) {
     EXPECT_FALSE(cuda::kv_supported(t)) << dtype_name(t);
   }
-  // Rotation: the block types with a store_rotated (q8_0h, q4_0h, iq4_nlh),
+  // Rotation: the block types with a store_rotated (q8_0h, q4_0h, iq4_nlh; q8_0h64 below),
   // at a power-of-two head_dim attention takes (<= 512, Gemma 4's full
   // layers); IQ4_NL only rotated (no plain encoder, as on the CPU).
   for (const int32_t hd : {16, 64, 128, 256, 512}) {
@@ -306,7 +307,15 @@ TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
   for (const int32_t hd : {96, 80, 1024}) {
     EXPECT_FALSE(cuda::kv_rotation_supported(DType::kQ8_0, hd, true)) << hd;
     EXPECT_FALSE(cuda::kv_rotation_supported(DType::kIQ4_NL, hd, true)) << hd;
+    EXPECT_FALSE(cuda::kv_rotation_supported(kKvQ8_0x64, hd, true)) << hd;
   }
+  // q8_0h64: rotated only, heads of whole blocks of 64 (a power of two of
+  // 64 to 512), the CPU's rule.
+  for (const int32_t hd : {64, 128, 256, 512}) {
+    EXPECT_TRUE(cuda::kv_rotation_supported(kKvQ8_0x64, hd, true)) << hd;
+    EXPECT_FALSE(cuda::kv_rotation_supported(kKvQ8_0x64, hd, false)) << hd;
+  }
+  for (const int32_t hd : {16, 32, 192}) EXPECT_FALSE(cuda::kv_rotation_supported(kKvQ8_0x64, hd, true)) << hd;
   for (const DType t : {DType::kF32, DType::kF16, kF8E4M3}) {
     EXPECT_FALSE(cuda::kv_rotation_supported(t, 128, true)) << dtype_name(t);
     EXPECT_TRUE(cuda::kv_rotation_supported(t, 96, false)) << dtype_name(t);

@@ -148,16 +148,17 @@ TEST(Registry, Fp8WeightsOnTheCpuAreRefused) {
   EXPECT_EQ(plain.error().message, "test factory");
 }
 
-// q8_0h64 (rotated q8_0 in blocks of 64) has no CUDA kernels: a CUDA model
-// refuses it by name before its factory runs, on either side or from a
-// --kv-config line; the CPU takes it to its factory.
-TEST(Registry, Q8_0h64KvOnCudaIsRefusedByName) {
+// q8_0h64 (rotated q8_0 in blocks of 64) runs on CUDA too: a CUDA model
+// takes it to its factory (which checks the head_dim), on either side or
+// from a --kv-config line, as the CPU does; k4c's iq4_nlh64, which has no
+// CUDA kernels, is still refused by name before the factory runs.
+TEST(Registry, Q8_0h64KvReachesTheCudaFactory) {
   auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"}), impl("llama.cuda", {"llama"}, Device::kCuda)});
   ASSERT_TRUE(r.ok());
   auto files = std::make_shared<ModelFiles>();
   files->path = "m.gguf";
-  const std::optional<KvType> t = parse_kv_type("q8_0h64");
-  ASSERT_TRUE(t);
+  const std::optional<KvType> t = parse_kv_type("q8_0h64"), k4c_v = parse_kv_type("iq4_nlh64");
+  ASSERT_TRUE(t && k4c_v);
   for (int side = 0; side < 3; ++side) {
     ModelOptions o;
     o.device = Device::kCuda;
@@ -166,12 +167,18 @@ TEST(Registry, Q8_0h64KvOnCudaIsRefusedByName) {
     if (side == 2) o.kv_types.layers.push_back({1, 1, std::nullopt, t, "kv.conf:1"});
     auto m = create_model(*r, profile("llama"), files, o);
     ASSERT_FALSE(m.ok()) << side;
-    EXPECT_TRUE(has(m.error(), "m.gguf: KV type q8_0h64 runs on the CPU only")) << m.error().message;
+    EXPECT_EQ(m.error().message, "test factory") << side;
     o.device = Device::kCpu;
     auto cpu = create_model(*r, profile("llama"), files, o);
     ASSERT_FALSE(cpu.ok());
     EXPECT_EQ(cpu.error().message, "test factory") << side;
   }
+  ModelOptions o;
+  o.device = Device::kCuda;
+  o.kv_types.k = o.kv_types.v = k4c_v;
+  auto m = create_model(*r, profile("llama"), files, o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(has(m.error(), "m.gguf: KV type iq4_nlh64 runs on the CPU only")) << m.error().message;
 }
 
 TEST(Registry, WithReturnsANewRegistryAndLeavesTheOriginal) {

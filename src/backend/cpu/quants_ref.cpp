@@ -360,6 +360,16 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dst[i] = e4m3_value(static_cast<const uint8_t*>(src)[i]);
     return;
   }
+  if (t == kKvQ8_0x64) {  // q8_0h64's blocks (backend/cpu/kv_quant.h), read back on the host (tests, tiers)
+    const auto* blk = static_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < nb; ++i, blk += 2 + bs) {
+      uint16_t d = 0;
+      std::memcpy(&d, blk, 2);
+      const float s = f16_to_f32(d);
+      for (int j = 0; j < bs; ++j) dst[i * bs + j] = s * static_cast<float>(static_cast<int8_t>(blk[2 + j]));
+    }
+    return;
+  }
   switch (t) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);

@@ -607,9 +607,13 @@ void dispatch(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated) {
-  if (!rotated) return kv_dtype != DType::kIQ4_NL;  // IQ4_NL: stored rotated only (iq4_nlh)
-  return (kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL) && head_dim > 0 &&
-         head_dim <= 512 && (head_dim & (head_dim - 1)) == 0;
+  // IQ4_NL and Q8_0_64: stored rotated only (iq4_nlh, q8_0h64)
+  if (!rotated) return kv_dtype != DType::kIQ4_NL && kv_dtype != kKvQ8_0x64;
+  const bool pow2 = head_dim > 0 && head_dim <= 512 && (head_dim & (head_dim - 1)) == 0;
+  // q8_0h64: heads of whole blocks of 64 (the CPU's rule: a block never
+  // spans two heads), so a power of two >= 64.
+  if (kv_dtype == kKvQ8_0x64) return pow2 && head_dim >= 64;
+  return (kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL) && pow2;
 }
 
 size_t attention_rotation_floats(int64_t n_tokens, int32_t n_head, int32_t head_dim) {

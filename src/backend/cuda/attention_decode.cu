@@ -22,11 +22,12 @@
 // elements per 16 bytes; fp8 KV: 8-byte loads, 8 elements, so its lanes
 // hold as many elements as f16's and the kernel's registers are f16's), so
 // one warp-wide load covers kR = 32 / kL rows.
-// Block KV (q8_0, q4_0: GGML's 34 / 18-byte blocks, backend/cuda/kv_types.cuh)
-// cannot be cut into aligned 8-element pieces, so its rounds copy whole
-// heads instead: the warp's lanes copy the round's K and V heads (kHeadBytes
-// each, 16/8/4-byte words: a head's blocks start at a multiple of the word)
-// into the stage, the warp synchronizes, and lane (rr, c) converts its 8
+// Block KV (q8_0, q4_0, iq4_nl: GGML's 34 / 18-byte blocks; q8_0h64's 66,
+// backend/cuda/kv_types.cuh) cannot be cut into aligned 8-element pieces,
+// so its rounds copy whole heads instead: the warp's lanes copy the round's
+// K and V heads (kHeadBytes each, 16/8/4-byte words: a head's blocks start
+// at a multiple of the word; q8_0h64: each head's aligned 16-byte span,
+// Shape::kSpan) into the stage, the warp synchronizes, and lane (rr, c) converts its 8
 // elements from shared memory (KvT::load8: scale x level in f32, the CPU's
 // values). The lanes and registers are then f16's.
 // Lane (rr, c) holds elements [c * kE, (c + 1) * kE) of its q heads and
@@ -64,8 +65,11 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // Whether KV is a block type's tag (its rows are blocks, not elements).
 template <typename KV>
-inline constexpr bool kIsBlocks =
-    std::is_same_v<KV, detail::KvQ8_0> || std::is_same_v<KV, detail::KvQ4_0> || std::is_same_v<KV, detail::KvIq4Nl>;
+inline constexpr bool kIsBlocks = std::is_same_v<KV, detail::KvQ8_0> || std::is_same_v<KV, detail::KvQ4_0> ||
+                                  std::is_same_v<KV, detail::KvIq4Nl> || std::is_same_v<KV, detail::KvQ8_0x64>;
+// Block types whose heads are copied as aligned 16-byte spans (Shape::kSpan).
+template <typename KV>
+inline constexpr bool kSpanCopy = std::is_same_v<KV, detail::KvQ8_0x64>;
 
 // Bytes of one head of kHd elements.
 template <typename KV, int kHd>
@@ -81,9 +85,17 @@ template <typename KV, int kHd, int kG>
 struct Shape {
   static constexpr bool kBlocks = kIsBlocks<KV>;
   static constexpr int kHeadBytes = head_bytes<KV, kHd>();
+  // kSpan (q8_0h64: 66-byte blocks, so a head starts at any even byte and
+  // its own words would be 2 or 4 bytes): each head is copied as the
+  // aligned 16-byte words from the one holding its first byte through the
+  // one holding its last, words past the head zero-filled; the head then
+  // sits at its address mod 16 (`lead`) in a slot of kSlotBytes (room for
+  // a lead of 14). A head of 128 is 10 copies instead of 33.
+  static constexpr bool kSpan = kSpanCopy<KV>;
+  static constexpr int kSlotBytes = kSpan ? (kHeadBytes + 14 + 15) / 16 * 16 : kHeadBytes;
   // Block types: the word of the heads' copies (a head starts at a multiple of it).
-  static constexpr int kWordBytes = kHeadBytes % 16 == 0 ? 16 : kHeadBytes % 8 == 0 ? 8 : 4;
-  static constexpr int kWords = kHeadBytes / kWordBytes;
+  static constexpr int kWordBytes = kSpan || kHeadBytes % 16 == 0 ? 16 : kHeadBytes % 8 == 0 ? 8 : 4;
+  static constexpr int kWords = kSlotBytes / kWordBytes;
   static constexpr int kLoadBytes = kBlocks ? 16 : sizeof(KV) == 1 ? 8 : 16;  // bytes per lane per load (elements)
   static constexpr int kE = kBlocks ? 8 : kLoadBytes / static_cast<int>(sizeof(KV));  // elements per lane per row
   using Piece = std::conditional_t<kLoadBytes == 16, uint4, uint2>;
@@ -103,12 +115,12 @@ struct Shape {
   static constexpr int kRowLines = (kHeadBytes + 127) / 128 + (kBlocks ? 1 : 0);
   static_assert(kL >= 1 && kL <= 32 && 32 % kL == 0, "a row must be a power-of-two number of lanes");
   // Shared memory: per warp kStages stages of K then V pieces [kLoads][32
-  // lanes] of kLoadBytes; block types: K then V heads [kRoundKeys][kHeadBytes]
+  // lanes] of kLoadBytes; block types: K then V heads [kRoundKeys][kSlotBytes]
   // (rounded to 16 bytes). After the rounds the same bytes hold the warps'
   // accumulators.
   static constexpr int kPieceBytes = 32 * kLoadBytes;  // one warp-wide load
   static constexpr size_t kStageBytes =
-      kBlocks ? (2 * static_cast<size_t>(kRoundKeys) * kHeadBytes + 15) / 16 * 16 : 2 * kLoads * kPieceBytes;
+      kBlocks ? (2 * static_cast<size_t>(kRoundKeys) * kSlotBytes + 15) / 16 * 16 : 2 * kLoads * kPieceBytes;
   static constexpr int kStages = kBlocks || kLoadBytes == 8 ? 5 : 3;  // rounds in flight per warp (see above)
   static constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kStageBytes;
   static constexpr size_t kAccBytes = sizeof(float) * kWarps * kG * kHd;
@@ -150,6 +162,15 @@ __device__ __forceinline__ void unpack8(const uint2& u, const __nv_fp8_e4m3*, fl
       f[4 * i + 2 * j + 1] = v.y;
     }
   }
+}
+// Word `word` of the aligned 16-byte span of the head at h (Shape::kSpan)
+// into dst; zeros for a word past the head's kHeadBytes, or when !ok.
+template <int kHeadBytes>
+__device__ __forceinline__ void cp_async_span(void* dst, const uint8_t* h, int word, bool ok) {
+  const auto at = reinterpret_cast<uintptr_t>(h);
+  const bool valid = ok && word * 16 < static_cast<int>(at & 15) + kHeadBytes;
+  const auto* src = reinterpret_cast<const uint8_t*>((at & ~uintptr_t{15}) + (valid ? 16 * word : 0));
+  cp_async<16>(dst, src, valid);
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
@@ -271,10 +292,16 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
           const int w = w0 + lane;
           if (kAll % 32 == 0 || w < kAll) {
             const int qq = w / S::kWords, word = w % S::kWords, jj = round0 + qq;
-            const int64_t off = jj < n ? static_cast<int64_t>(rows_s[jj]) * row_bytes + word * S::kWordBytes : 0;
-            uint8_t* dst = st + qq * S::kHeadBytes + word * S::kWordBytes;
-            cp_async<S::kWordBytes>(dst, kbytes + off, jj < n);
-            cp_async<S::kWordBytes>(dst + S::kRoundKeys * S::kHeadBytes, vbytes + off, jj < n);
+            uint8_t* dst = st + qq * S::kSlotBytes + word * S::kWordBytes;
+            if constexpr (S::kSpan) {
+              const int64_t off = jj < n ? static_cast<int64_t>(rows_s[jj]) * row_bytes : 0;
+              cp_async_span<S::kHeadBytes>(dst, kbytes + off, word, jj < n);
+              cp_async_span<S::kHeadBytes>(dst + S::kRoundKeys * S::kSlotBytes, vbytes + off, word, jj < n);
+            } else {
+              const int64_t off = jj < n ? static_cast<int64_t>(rows_s[jj]) * row_bytes + word * S::kWordBytes : 0;
+              cp_async<S::kWordBytes>(dst, kbytes + off, jj < n);
+              cp_async<S::kWordBytes>(dst + S::kRoundKeys * S::kSlotBytes, vbytes + off, jj < n);
+            }
           }
         }
       } else {
@@ -303,10 +330,20 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
       const int base = (warp + k * kWarps) * S::kRoundKeys + rr;  // this lane's first row (chunk-relative)
       using Piece = typename S::Piece;
       Piece kr[kLoads], vr[kLoads];
-      // Block types: this lane's K (V) head of load i in the stage.
+      // Block types: this lane's K (V) head of load i in the stage (kSpan:
+      // at its lead, the low 4 bits of its address, in its slot).
       const uint8_t* st_w = ring_w + (k % kStages) * S::kStageBytes;
       auto head_at = [&](int i, bool v) {
-        return st_w + (v ? S::kRoundKeys * S::kHeadBytes : 0) + (i * kR + rr) * S::kHeadBytes;
+        const uint8_t* slot = st_w + (v ? S::kRoundKeys * S::kSlotBytes : 0) + (i * kR + rr) * S::kSlotBytes;
+        if constexpr (S::kSpan) {
+          const int jj = base + i * kR;
+          const uint32_t row = jj < n ? static_cast<uint32_t>(rows_s[jj]) : 0u;
+          const auto at = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(v ? vbytes : kbytes)) +
+                          row * static_cast<uint32_t>(row_bytes);
+          return slot + (at & 15u);
+        } else {
+          return slot;
+        }
       };
       // Elements [c kE, (c + 1) kE) of load i's K or V row as f32.
       auto unpack = [&](int i, bool v, float* f) {
@@ -538,7 +575,7 @@ void launch_hd(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
 bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group) {
   const bool group_ok = group == 1 || group == 2 || group == 4 || (group == 8 && head_dim <= 128);
   if (kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 ||
-      kv_dtype == DType::kIQ4_NL) {
+      kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64) {
     return group_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256);
   }
   if (kv_dtype == DType::kF32) return group_ok && (head_dim == 64 || head_dim == 128);
@@ -564,6 +601,8 @@ void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaSt
     launch_hd<detail::KvQ4_0>(a, grid, stream);
   } else if (a.kv_dtype == DType::kIQ4_NL) {
     launch_hd<detail::KvIq4Nl>(a, grid, stream);
+  } else if (a.kv_dtype == kKvQ8_0x64) {
+    launch_hd<detail::KvQ8_0x64>(a, grid, stream);
   } else if (a.head_dim == 64) {
     launch_g<float, 64>(a, grid, stream);
   } else {

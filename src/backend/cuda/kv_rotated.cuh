@@ -1,6 +1,6 @@
 #pragma once
 // The Hadamard-rotated KV types on CUDA (model/kv_types.h q8_0h / q4_0h /
-// iq4_nlh):
+// iq4_nlh, and q8_0h64 in blocks of 64):
 // the per-head Walsh-Hadamard transform and the rotated types' block
 // encoder, device copies of the CPU's cpu::hadamard_rotate and
 // cpu::quantize_rotated_row (backend/cpu/kv_quant.cpp, encoder revision
@@ -146,14 +146,14 @@ struct Iq4nlLevels {
 };
 static_assert(cpu::kIq4nlValues[0] == -127 && cpu::kIq4nlValues[15] == 113, "Iq4nlLevels::first / last");
 
-// The CPU's block_error: the squared error of block x (32 floats) stored as
-// value(code(x / d)) * d, summed in double over j = 0..31 in order.
-template <class Levels>
+// The CPU's block_error: the squared error of block x (N floats) stored as
+// value(code(x / d)) * d, summed in double over j = 0..N-1 in order.
+template <int N, class Levels>
 __device__ __forceinline__ double rotated_block_error(const float* x, float d, const Levels& lv) {
   const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
   double err = 0.0;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
+  for (int j = 0; j < N; ++j) {
     const int q = lv.code(__fmul_rn(x[j], id));
     const double e = __dsub_rn(static_cast<double>(x[j]), static_cast<double>(__fmul_rn(lv.value(q), d)));
     err = __dadd_rn(err, __dmul_rn(e, e));
@@ -161,35 +161,74 @@ __device__ __forceinline__ double rotated_block_error(const float* x, float d, c
   return err;
 }
 
+// One block of N = 32 or 64 values, encoded: lane i holds the codes of
+// elements i + 32 k (k < N / 32).
+template <int N>
 struct RotatedBlock {
-  uint16_t d = 0;  // the block's f16 scale bits
-  int q = 0;       // this lane's code: x[lane] ~ value(q) * d
+  static_assert(N == 32 || N == 64, "a warp encodes blocks of 32 or 64");
+  static constexpr int kPerLane = N / 32;
+  uint16_t d = 0;        // the block's f16 scale bits
+  int q[kPerLane] = {};  // this lane's codes: x[lane + 32 k] ~ value(q[k]) * d
 };
 
-// The rotated types' encoder (cpu::quantize_rotated_row's fit_scale) of one
-// block of 32 already-rotated floats x (shared memory; v = x[lane]) into
-// codes of the level set lv (q8_0h: UniformLevels{-127, 127}, q4_0h:
-// UniformLevels{-8, 7}, iq4_nlh: Iq4nlLevels) and an f16 scale.
-// Candidates: d = m / top * (1 - 0.025 i), m the signed maximum, top the
-// first level (c = i in 0..16) then the last (c = 17 + i), each scored with
-// d rounded to f16; the first of least error wins (lane c % 32 scores
-// candidate c, the warp takes the least (error, c)). Then the least-squares
-// scale of the winner's levels is scored as a 35th candidate, and the scale
-// returned is the one that does not shrink the block (x . x / x . v) with
-// the winner's levels. A zero block (or one no candidate fits: a NaN, every
-// scale overflowing f16) keeps the codes of 0. All 32 lanes of a warp call
-// it together.
-template <class Levels>
-__device__ __forceinline__ RotatedBlock fit_rotated_block(const float* x, float v, const Levels& lv) {
+// The CPU's signed absolute maximum of a block of 32 kK values, lane i
+// holding elements i + 32 k in v[k]: the first element of largest
+// magnitude in index order (NaNs never count: fmaxf and the CPU's `<`
+// skip them); 0 for a block of zeros or NaNs. Every lane gets it.
+template <int kK>
+__device__ __forceinline__ float signed_absmax(const float (&v)[kK]) {
   constexpr unsigned kAll = 0xffffffffu;
+  float a = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kK; ++k) a = fmaxf(a, fabsf(v[k]));
+  const float amax = warp_max(a);
+  // The first element at amax in index order: the first k that has one,
+  // its lowest lane.
+  unsigned at_max = 0;
+  float first_max = 0.0f;
+#pragma unroll
+  for (int k = kK - 1; k >= 0; --k) {
+    const unsigned at = __ballot_sync(kAll, fabsf(v[k]) == amax);
+    const float f = __shfl_sync(kAll, v[k], (__ffs(at) - 1) & 31);
+    if (at) {
+      at_max = at;
+      first_max = f;
+    }
+  }
+  return amax > 0.0f && at_max ? first_max : 0.0f;
+}
+
+// The rotated types' encoder (cpu::quantize_rotated_row's fit_scale) of one
+// block of N = 32 (q8_0h / q4_0h / iq4_nlh; q8_0h64's blocks of 64 take
+// fit_rotated_block64_pair below, two warps a block) already-rotated
+// floats x (shared memory; lane i reads elements i + 32 k) into codes of
+// the level set lv (q8_0h / q8_0h64: UniformLevels{-127, 127}, q4_0h:
+// UniformLevels{-8, 7}, iq4_nlh: Iq4nlLevels) and an f16 scale.
+// m, the signed maximum, is the first element of largest magnitude in
+// index order (NaNs never count: fmaxf and the CPU's `<` skip them).
+// Candidates: d = m / top * (1 - 0.025 i), top the first level (c = i in
+// 0..16) then the last (c = 17 + i), each scored with d rounded to f16
+// over the whole block (one lane's serial sum: the CPU's order); the first
+// of least error wins (lane c % 32 scores candidate c, the warp takes the
+// least (error, c)). Then the least-squares scale of the winner's levels is
+// scored as a 35th candidate, and the scale returned is the one that does
+// not shrink the block (x . x / x . v) with the winner's levels. A zero
+// block (or one no candidate fits: a NaN, every scale overflowing f16)
+// keeps the codes of 0. All 32 lanes of a warp call it together.
+template <int N, class Levels>
+__device__ __forceinline__ RotatedBlock<N> fit_rotated_block(const float* x, const Levels& lv) {
+  static_assert(N == 32, "blocks of 64: fit_rotated_block64_pair");
+  constexpr unsigned kAll = 0xffffffffu;
+  constexpr int kK = N / 32;
   const int lane = threadIdx.x & 31;
-  const float amax = warp_max(fabsf(v));
-  const unsigned at_max = __ballot_sync(kAll, fabsf(v) == amax);
-  const float first_max = __shfl_sync(kAll, v, (__ffs(at_max) - 1) & 31);
-  const float m = amax > 0.0f && at_max ? first_max : 0.0f;  // the CPU's signed_absmax
-  RotatedBlock out;
+  float v[kK];
+#pragma unroll
+  for (int k = 0; k < kK; ++k) v[k] = x[lane + 32 * k];
+  const float m = signed_absmax<kK>(v);
+  RotatedBlock<N> out;
   const int zero_code = lv.code(0.0f);
-  out.q = zero_code;
+#pragma unroll
+  for (int k = 0; k < kK; ++k) out.q[k] = zero_code;
   if (m == 0.0f) return out;  // uniform across the warp: d = +0, the codes of 0
   double best = INFINITY;
   int best_c = 64;
@@ -199,7 +238,7 @@ __device__ __forceinline__ RotatedBlock fit_rotated_block(const float* x, float 
     const int i = c % 17;
     const float factor = __fsub_rn(1.0f, __fmul_rn(0.025f, static_cast<float>(i)));
     const uint16_t dh = f16_bits(__fmul_rn(__fdiv_rn(m, top), factor));
-    const double err = rotated_block_error(x, f16_value(dh), lv);
+    const double err = rotated_block_error<N>(x, f16_value(dh), lv);
     if (err < best) {  // NaN errors never win, as on the CPU
       best = err;
       best_c = c;
@@ -220,37 +259,201 @@ __device__ __forceinline__ RotatedBlock fit_rotated_block(const float* x, float 
   // No candidate (NaN in the block, or every scale overflowing f16): the
   // codes of 0 and d 0 unless the refit below wins, the CPU's.
   const bool found = best_c < 64;
-  auto code_of = [&](uint16_t dh) {
+  auto codes_of = [&](uint16_t dh, int* q) {
     const float d = f16_value(dh);
-    return lv.code(__fmul_rn(v, d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f));
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kK; ++k) q[k] = lv.code(__fmul_rn(v[k], id));
   };
-  int q = found ? code_of(best_d) : zero_code;
+  int q[kK];
+  if (found) {
+    codes_of(best_d, q);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kK; ++k) q[k] = zero_code;
+  }
+  // The sums over the block in index order: element j is lane j % 32's
+  // code k = j / 32.
   double xq = 0.0, qq = 0.0;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const double vj = static_cast<double>(__shfl_sync(kAll, lv.value(q), j));
-    xq = __dadd_rn(xq, __dmul_rn(static_cast<double>(x[j]), vj));
-    qq = __dadd_rn(qq, __dmul_rn(vj, vj));
+  for (int k = 0; k < kK; ++k) {
+    const float vq = lv.value(q[k]);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const double vj = static_cast<double>(__shfl_sync(kAll, vq, j));
+      xq = __dadd_rn(xq, __dmul_rn(static_cast<double>(x[32 * k + j]), vj));
+      qq = __dadd_rn(qq, __dmul_rn(vj, vj));
+    }
   }
   if (qq > 0.0) {
     const uint16_t dh = f16_bits(__double2float_rn(__ddiv_rn(xq, qq)));
-    const double err = rotated_block_error(x, f16_value(dh), lv);
+    const double err = rotated_block_error<N>(x, f16_value(dh), lv);
     if (err < best) {
       best_d = dh;
-      q = code_of(dh);
+      codes_of(dh, q);
     }
   }
   double xx = 0.0;
   xq = 0.0;
-  const float vq = lv.value(q);
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const double xj = static_cast<double>(x[j]);
-    xx = __dadd_rn(xx, __dmul_rn(xj, xj));
-    xq = __dadd_rn(xq, __dmul_rn(xj, static_cast<double>(__shfl_sync(kAll, vq, j))));
+  for (int k = 0; k < kK; ++k) {
+    const float vq = lv.value(q[k]);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const double xj = static_cast<double>(x[32 * k + j]);
+      xx = __dadd_rn(xx, __dmul_rn(xj, xj));
+      xq = __dadd_rn(xq, __dmul_rn(xj, static_cast<double>(__shfl_sync(kAll, vq, j))));
+    }
   }
   out.d = xq != 0.0 ? f16_bits(__double2float_rn(__ddiv_rn(xx, xq))) : best_d;
-  out.q = q;
+#pragma unroll
+  for (int k = 0; k < kK; ++k) out.q[k] = q[k];
+  return out;
+}
+
+// What one warp of a pair hands the other (fit_rotated_block64_pair): its
+// best candidate's error, index, scale bits and refit sums.
+struct PairExchange {
+  double err, xq, qq;
+  int c;
+  uint16_t d;
+};
+
+// q8_0h64's encoder (fit_rotated_block's search, the CPU's
+// quantize_q8_0x64_fit) over one block of 64 already-rotated floats x
+// (shared memory) by two warps, for latency: a single warp's search is a
+// chain of serial f64 sums over the block (the CPU's order) five blocks
+// long (two rounds of candidates, as 34 exceed 32 lanes, the refit's sums,
+// the refit's error, the final sums), which made a decode step's store the
+// rotated types' largest cost at batch 1 (docs/perf.md). Here warp `half`
+// 0 scores candidates 0..16 (onto the first level) and warp 1 candidates
+// 17..33 (the last), one a lane, and each lane also sums x . v and v . v
+// of its candidate's codes as it scores it (the CPU's refit sums, which it
+// takes over the winner's codes in the same order: the winner's lane has
+// them). Warp 1 hands its best to warp 0 through *slot (a __syncthreads:
+// every thread of the thread block must call this function as often), and
+// warp 0 alone scores the refit, summing x . x and x . v of the refit's
+// codes as it goes (the final sums: over the winner's codes they are the
+// sums it already has). Two chains of the block's length instead of five,
+// the same bytes. Returns the block to warp 0; warp 1's return is unused.
+template <class Levels>
+__device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float* x, const Levels& lv, int half,
+                                                                     PairExchange* slot) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  const float v[2] = {x[lane], x[lane + 32]};
+  const float m = signed_absmax<2>(v);
+  const int zero_code = lv.code(0.0f);
+  double best = INFINITY, best_xq = 0.0, best_qq = 0.0;
+  int best_c = 64;
+  uint16_t best_d = 0;
+  if (m != 0.0f && lane < 17) {
+    const float top = half == 0 ? lv.first() : lv.last();
+    const float factor = __fsub_rn(1.0f, __fmul_rn(0.025f, static_cast<float>(lane)));
+    const uint16_t dh = f16_bits(__fmul_rn(__fdiv_rn(m, top), factor));
+    const float d = f16_value(dh);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    double err = 0.0, xq = 0.0, qq = 0.0;
+#pragma unroll
+    for (int j = 0; j < 64; ++j) {
+      const float vq = lv.value(lv.code(__fmul_rn(x[j], id)));
+      const double xj = static_cast<double>(x[j]), vj = static_cast<double>(vq);
+      const double e = __dsub_rn(xj, static_cast<double>(__fmul_rn(vq, d)));
+      err = __dadd_rn(err, __dmul_rn(e, e));
+      xq = __dadd_rn(xq, __dmul_rn(xj, vj));
+      qq = __dadd_rn(qq, __dmul_rn(vj, vj));
+    }
+    if (err < best) {  // NaN errors never win, as on the CPU
+      best = err;
+      best_c = 17 * half + lane;
+      best_d = dh;
+      best_xq = xq;
+      best_qq = qq;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const double ob = __shfl_xor_sync(kAll, best, o);
+    const int oc = __shfl_xor_sync(kAll, best_c, o);
+    const uint16_t od = static_cast<uint16_t>(__shfl_xor_sync(kAll, static_cast<int>(best_d), o));
+    const double oxq = __shfl_xor_sync(kAll, best_xq, o), oqq = __shfl_xor_sync(kAll, best_qq, o);
+    if (ob < best || (ob == best && oc < best_c)) {
+      best = ob;
+      best_c = oc;
+      best_d = od;
+      best_xq = oxq;
+      best_qq = oqq;
+    }
+  }
+  if (half == 1 && lane == 0) *slot = PairExchange{best, best_xq, best_qq, best_c, best_d};
+  __syncthreads();
+  RotatedBlock<64> out;
+  out.q[0] = out.q[1] = zero_code;
+  if (half == 1 || m == 0.0f) return out;  // m uniform across the pair: d = +0, the codes of 0
+  const PairExchange o = *slot;            // candidates 17..33: the first of least error is warp 0's on ties
+  if (o.err < best) {
+    best = o.err;
+    best_c = o.c;
+    best_d = o.d;
+    best_xq = o.xq;
+    best_qq = o.qq;
+  }
+  // No candidate (NaN in the block, or every scale overflowing f16): the
+  // codes of 0 and d 0 unless the refit below wins, the CPU's, whose refit
+  // sums are then over the codes of 0.
+  const bool found = best_c < 64;
+  auto codes_of = [&](uint16_t dh, int* q) {
+    const float d = f16_value(dh);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    q[0] = lv.code(__fmul_rn(v[0], id));
+    q[1] = lv.code(__fmul_rn(v[1], id));
+  };
+  int q[2] = {zero_code, zero_code};
+  double xq = best_xq, qq = best_qq;
+  if (found) {
+    codes_of(best_d, q);
+  } else {
+    const double v0 = static_cast<double>(lv.value(zero_code));
+    xq = qq = 0.0;
+#pragma unroll
+    for (int j = 0; j < 64; ++j) {
+      xq = __dadd_rn(xq, __dmul_rn(static_cast<double>(x[j]), v0));
+      qq = __dadd_rn(qq, __dmul_rn(v0, v0));
+    }
+  }
+  // The refit's error and, over its codes, x . v (the final sums if it
+  // wins), beside x . x.
+  double xx = 0.0, err_r = 0.0, xq_r = 0.0;
+  uint16_t dh_r = 0;
+  const bool refit = qq > 0.0;
+  if (refit) {
+    dh_r = f16_bits(__double2float_rn(__ddiv_rn(xq, qq)));
+    const float d = f16_value(dh_r);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 64; ++j) {
+      const float vq = lv.value(lv.code(__fmul_rn(x[j], id)));
+      const double xj = static_cast<double>(x[j]);
+      const double e = __dsub_rn(xj, static_cast<double>(__fmul_rn(vq, d)));
+      err_r = __dadd_rn(err_r, __dmul_rn(e, e));
+      xq_r = __dadd_rn(xq_r, __dmul_rn(xj, static_cast<double>(vq)));
+      xx = __dadd_rn(xx, __dmul_rn(xj, xj));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 64; ++j) {
+      const double xj = static_cast<double>(x[j]);
+      xx = __dadd_rn(xx, __dmul_rn(xj, xj));
+    }
+  }
+  if (refit && err_r < best) {
+    best_d = dh_r;
+    codes_of(dh_r, q);
+    xq = xq_r;
+  }
+  out.d = xq != 0.0 ? f16_bits(__double2float_rn(__ddiv_rn(xx, xq))) : best_d;
+  out.q[0] = q[0];
+  out.q[1] = q[1];
   return out;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // The KV types the CUDA attention kernels read and rope_store_kv writes
 // (model/kv_types.h: f32, f16, and q8_0 / q4_0 / iq4_nl (rotated: iq4_nlh)
-// in GGML's block layouts,
+// in GGML's block layouts, q8_0h64's blocks of 64 (the CPU's kKvQ8_0x64),
 // byte for byte the CPU's, so the prefix-cache tiers and KV files carry it between
 // devices; fp8: e4m3 bytes, the CPU's too). Each is a tag type with:
 //   row_bytes(n)         bytes of n elements (n a multiple of kBlock); a KV
@@ -21,11 +21,12 @@
 //                        [e0, e0 + n) of a row, e0 and n whole blocks, by
 //                        the whole thread block (blockDim.x a multiple of
 //                        32; every thread calls it after x is written)
-//   store_rotated(...)   Q8_0 / Q4_0 / IQ4_NL only (kRotatable): as store,
-//                        for x already Hadamard-rotated per head, by the
-//                        rotated types' encoder (kv_rotated.cuh
-//                        fit_rotated_block): q8_0h / q4_0h / iq4_nlh.
-//                        IQ4_NL has no store (kRotatedOnly)
+//   store_rotated(...)   Q8_0 / Q4_0 / IQ4_NL / Q8_0_64 only (kRotatable):
+//                        as store, for x already Hadamard-rotated per
+//                        head, by the rotated types' encoder (kv_rotated.cuh
+//                        fit_rotated_block): q8_0h / q4_0h / iq4_nlh /
+//                        q8_0h64. IQ4_NL and Q8_0_64 have no store
+//                        (kRotatedOnly)
 // Elements are addressed within the row, not the head: heads smaller than
 // a block (head_dim 16: two heads share a q8_0 block, as on the CPU) are
 // read in place like any other.
@@ -147,10 +148,10 @@ struct KvQ8_0 {
     const int lane = threadIdx.x & 31;
     uint8_t* first = row + (e0 >> 5) * kBlockBytes;
     for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const RotatedBlock b = fit_rotated_block(x + i0, x[i0 + lane], UniformLevels{-127, 127});
+      const RotatedBlock<32> b = fit_rotated_block<32>(x + i0, UniformLevels{-127, 127});
       uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
-      blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(b.q));
+      blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(b.q[0]));
     }
   }
 };
@@ -224,8 +225,8 @@ struct KvQ4_0 {
     const int lane = threadIdx.x & 31;
     uint8_t* first = row + (e0 >> 5) * kBlockBytes;
     for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const RotatedBlock b = fit_rotated_block(x + i0, x[i0 + lane], UniformLevels{-8, 7});
-      const int q = b.q + 8, hi = __shfl_down_sync(0xffffffffu, q, 16);
+      const RotatedBlock<32> b = fit_rotated_block<32>(x + i0, UniformLevels{-8, 7});
+      const int q = b.q[0] + 8, hi = __shfl_down_sync(0xffffffffu, q, 16);
       uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
       if (lane < 16) blk[2 + lane] = static_cast<uint8_t>(q | (hi << 4));
@@ -291,11 +292,76 @@ struct KvIq4Nl {
     const int lane = threadIdx.x & 31;
     uint8_t* first = row + (e0 >> 5) * kBlockBytes;
     for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const RotatedBlock b = fit_rotated_block(x + i0, x[i0 + lane], Iq4nlLevels{});
-      const int hi = __shfl_down_sync(0xffffffffu, b.q, 16);
+      const RotatedBlock<32> b = fit_rotated_block<32>(x + i0, Iq4nlLevels{});
+      const int hi = __shfl_down_sync(0xffffffffu, b.q[0], 16);
       uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
-      if (lane < 16) blk[2 + lane] = static_cast<uint8_t>(b.q | (hi << 4));
+      if (lane < 16) blk[2 + lane] = static_cast<uint8_t>(b.q[0] | (hi << 4));
+    }
+  }
+};
+
+// q8_0h64's blocks (core/e4m3.h kKvQ8_0x64, cpu::kQ8_0x64Bytes): an f16
+// scale d, then the int8 codes of 64 elements; x = d * q, q in -127..127.
+// One scale per 64 values instead of 32 (66 bytes against two q8_0
+// blocks' 68: 1.939x f16's tokens per GiB). Blocks are 66 bytes, so codes
+// are 2-byte aligned (read 2 bytes at a time, as KvQ8_0). Written only by
+// store_rotated (the CPU's rotated encoder over blocks of 64, two warps
+// per block): q8_0h64 is stored rotated only (kRotatedOnly), as on the CPU,
+// and needs head_dim a multiple of 64 (a block never spans two heads).
+struct KvQ8_0x64 {
+  static constexpr DType kDtype = kKvQ8_0x64;
+  static constexpr int kBlock = 64;
+  static constexpr int kBlockBytes = cpu::kQ8_0x64Bytes;
+  static_assert(kBlockBytes == 2 + kBlock, "an f16 scale and 64 int8 codes");
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
+  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 6) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (e & 63));
+    const uint16_t lo = q[0], hi = q[1];
+    v[0] = s * static_cast<float>(static_cast<int8_t>(lo & 0xff));
+    v[1] = s * static_cast<float>(static_cast<int8_t>(lo >> 8));
+    v[2] = s * static_cast<float>(static_cast<int8_t>(hi & 0xff));
+    v[3] = s * static_cast<float>(static_cast<int8_t>(hi >> 8));
+  }
+  __device__ static float load1(const uint8_t* row, int64_t e) {
+    const uint8_t* blk = row + (e >> 6) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    return s * static_cast<float>(static_cast<int8_t>(blk[2 + (e & 63)]));
+  }
+  __device__ static void load8(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 6) * kBlockBytes;
+    const float s = __half2float(*reinterpret_cast<const __half*>(blk));
+    const auto* q = reinterpret_cast<const uint16_t*>(blk + 2 + (e & 63));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t two = q[i];
+      v[2 * i] = s * static_cast<float>(static_cast<int8_t>(two & 0xff));
+      v[2 * i + 1] = s * static_cast<float>(static_cast<int8_t>(two >> 8));
+    }
+  }
+  static constexpr bool kRotatable = true;
+  static constexpr bool kRotatedOnly = true;
+  // Warps 2p and 2p + 1 encode blocks p, p + n_pairs, ... together
+  // (fit_rotated_block64_pair; lane i: elements i and i + 32). Every thread
+  // of the thread block calls it (blockDim.x a multiple of 64, at most
+  // 1024): the pairs' loop runs as often in each, for the barrier inside.
+  __device__ static void store_rotated(const float* x, uint8_t* row, int64_t e0, int n) {
+    __shared__ PairExchange slots[2][16];  // [round parity][pair]: a pair's next round never overwrites a read
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = warp & 1, pair = warp >> 1;
+    const int n_pairs = static_cast<int>(blockDim.x >> 6);
+    uint8_t* first = row + (e0 >> 6) * kBlockBytes;
+    for (int base = 0, round = 0; base < n; base += 64 * n_pairs, ++round) {
+      const int i0 = base + 64 * pair;
+      const bool mine = i0 < n;
+      const RotatedBlock<64> b =
+          fit_rotated_block64_pair(x + (mine ? i0 : 0), UniformLevels{-127, 127}, half, &slots[round & 1][pair]);
+      if (!mine || half == 1) continue;
+      uint8_t* blk = first + (i0 >> 6) * kBlockBytes;
+      if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
+      blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(b.q[0]));
+      blk[34 + lane] = static_cast<uint8_t>(static_cast<int8_t>(b.q[1]));
     }
   }
 };
@@ -358,12 +424,17 @@ inline constexpr bool kv_rotated_only = requires {
 }  // namespace rill::cuda::detail
 
 // Calls MACRO(KvT) with KvT the tag of a KV dtype the CUDA kernels take
-// (F32, F16, Q8_0, Q4_0, IQ4_NL (rotated only), F8_E4M3); for any other dtype nothing (callers check
-// kv_supported(), which is this list).
+// (F32, F16, Q8_0, Q4_0, IQ4_NL and Q8_0_64 (rotated only), F8_E4M3); for
+// any other dtype nothing (callers check kv_supported(), which is this list).
 #define RILL_CUDA_DISPATCH_KV(dtype, ...)          \
   do {                                             \
     if ((dtype) == ::rill::kF8E4M3) {              \
       using KvT = ::rill::cuda::detail::KvFp8;     \
+      __VA_ARGS__;                                 \
+      break;                                       \
+    }                                              \
+    if ((dtype) == ::rill::kKvQ8_0x64) {           \
+      using KvT = ::rill::cuda::detail::KvQ8_0x64; \
       __VA_ARGS__;                                 \
       break;                                       \
     }                                              \

@@ -212,8 +212,9 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
   auto* row = static_cast<uint8_t*>(is_k ? a.k_cache : a.v_cache) + KvT::row_bytes(a.slots[t] * row_elems);
   if constexpr (detail::kv_rotatable<KvT>) {
-    // q8_0h / q4_0h / iq4_nlh: each head rotated, then the rotated encoder
-    // (IQ4_NL always: rope_store_kv refuses it unrotated)
+    // q8_0h / q4_0h / iq4_nlh / q8_0h64: each head rotated, then the
+    // rotated encoder (IQ4_NL and Q8_0_64 always: rope_store_kv refuses
+    // them unrotated)
     if (detail::kv_rotated_only<KvT> || (is_k ? a.k_rotated : a.v_rotated)) {
       detail::hadamard_rotate_heads(h, width, hd);
       KvT::store_rotated(h, row, static_cast<int64_t>(kv_head) * hd, width);
@@ -372,8 +373,9 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
     // the block, or a divisor of it with the row whole groups.
     assert((a.head_dim * n_sub) % KvT::kBlock == 0 && a.n_head_kv % n_sub == 0);
     const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head + 2 * (a.n_head_kv / n_sub)));
-    // Rotated types: a warp per block of 32 (each block's encoder is a
-    // serial search, so warps in parallel are what shortens the store).
+    // Rotated types: a warp per 32 values (a block of 32; q8_0h64: two warps
+    // a block of 64): each block's encoder is a serial search, so warps in
+    // parallel are what shortens the store.
     const int width = a.head_dim * n_sub;
     const int threads = (a.k_rotated || a.v_rotated) ? std::min(width, 1024) : width >= 128 ? 64 : 32;
     const size_t smem = static_cast<size_t>(a.head_dim * n_sub) * sizeof(float);

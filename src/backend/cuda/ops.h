@@ -37,14 +37,17 @@ void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t
 
 // KV types the CUDA kernels store and read (backend/cuda/kv_types.cuh):
 // F32, F16, F8_E4M3, Q8_0, Q4_0 and IQ4_NL (GGML's blocks, the CPU's
-// layout; K/V heads of whole blocks, or blocks of whole heads; IQ4_NL
-// rotated only, see kv_rotation_supported).
+// layout; K/V heads of whole blocks, or blocks of whole heads) and Q8_0_64
+// (q8_0h64's blocks of 64, the CPU's layout); IQ4_NL and Q8_0_64 rotated
+// only, see kv_rotation_supported.
 bool kv_supported(DType kv_dtype);
 // Whether a side of kv_dtype may be stored as `rotated` asks (rotated:
-// Hadamard-rotated per head, q8_0h / q4_0h / iq4_nlh, model/kv_types.h).
-// Rotated: Q8_0, Q4_0 and IQ4_NL with a power-of-two head_dim (attention's
-// limit, kMaxHeadDim, applies too); unrotated: every type but IQ4_NL (no
-// plain iq4_nl encoder in rill, as on the CPU).
+// Hadamard-rotated per head, q8_0h / q4_0h / iq4_nlh / q8_0h64,
+// model/kv_types.h). Rotated: Q8_0, Q4_0 and IQ4_NL with a power-of-two
+// head_dim, Q8_0_64 with a power-of-two head_dim of at least 64 (whole
+// blocks of 64 per head, the CPU's rule); attention's limit, kMaxHeadDim,
+// applies too. Unrotated: every type but IQ4_NL and Q8_0_64 (no plain
+// encoder for either in rill, as on the CPU).
 bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated);
 
 // RoPE (+ optional per-head RMSNorm: qwen3, gemma3) on the q and k heads of a fused
@@ -53,7 +56,7 @@ bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated);
 //        heads [n_head_kv, head_dim], then v heads; q is rotated in place.
 //   slots[t]: the cache row of token t (block * block_size + offset).
 //   k_cache / v_cache: one layer's rows [n_rows, n_head_kv * head_dim] in kv_dtype
-//   (kv_supported(): Q8_0 / Q4_0 / IQ4_NL / F8_E4M3 quantized here, each head's
+//   (kv_supported(): Q8_0 / Q4_0 / IQ4_NL / Q8_0_64 / F8_E4M3 quantized here, each head's
 //   blocks or bytes from its rotated f32 values, as the CPU's
 //   cpu::store_kv_row).
 // Angles as cpu::rope: theta_i = pos * inv_freq[i] (or the ggml recurrence
@@ -77,7 +80,7 @@ struct RopeKvArgs {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   DType kv_dtype = DType::kF32;
-  // q8_0h / q4_0h / iq4_nlh (kv_rotation_supported): each K (V) head is rotated by
+  // q8_0h / q4_0h / iq4_nlh / q8_0h64 (kv_rotation_supported): each K (V) head is rotated by
   // cpu::hadamard_rotate after RoPE and stored by the rotated types'
   // encoder (kv_rotated.cuh), the CPU's bytes. q is not rotated here
   // (attention does it), so q leaves this op as it does for any type.
@@ -93,7 +96,7 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 // (j & (block_size - 1)) where table = block_tables + table_start[seq].
 // score = scale * q.k, softcap then f32 softmax (cpu::attention's order).
 // out: [n_tokens, n_head * head_dim] in out_dtype. K/V in kv_dtype
-// (kv_supported()); Q8_0 / Q4_0 / IQ4_NL / F8_E4M3 are read where they lie.
+// (kv_supported()); Q8_0 / Q4_0 / IQ4_NL / Q8_0_64 / F8_E4M3 are read where they lie.
 //
 // Two kernels share the step: sequences with q_len > kDecodeMaxQ go through
 // a tiled kernel (prefill: one block per 32 queries and head, K/V tiles in
@@ -156,7 +159,7 @@ struct AttentionArgs {
   // Decode through the general kernel even where attention_decode.cu's
   // applies (tests and benchmarks compare the two).
   bool general_decode = false;
-  // Rotated KV (q8_0h / q4_0h / iq4_nlh, kv_rotation_supported): K's heads were
+  // Rotated KV (q8_0h / q4_0h / iq4_nlh / q8_0h64, kv_rotation_supported): K's heads were
   // stored Hadamard-rotated, so each query head is rotated the same way
   // first (H orthonormal: q.k unchanged); V's were, so each output head is
   // rotated back (H is its own inverse) in f32 before its conversion to

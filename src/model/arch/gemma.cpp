@@ -1031,7 +1031,8 @@ Status GemmaCudaModel::init(const ModelOptions& options) {
     const int64_t hd = w.layer_dims[il].head_dim;
     if (!cuda::kv_rotation_supported(kv_dtype_, static_cast<int32_t>(hd), kv_rotated_)) {
       return Error{files_->path +
-                   ": a rotated KV type (q8_0h / q4_0h / iq4_nlh) needs a power-of-two head_dim of at most " +
+                   ": a rotated KV type (q8_0h / q4_0h / iq4_nlh; q8_0h64: at least 64) needs a power-of-two "
+                   "head_dim of at most " +
                    std::to_string(cuda::kMaxHeadDim) + " on CUDA in every layer; layer " + std::to_string(il) +
                    " has head_dim " + std::to_string(hd)};
     }
