@@ -164,13 +164,18 @@ __device__ __forceinline__ void unpack8(const uint2& u, const __nv_fp8_e4m3*, fl
   }
 }
 // Word `word` of the aligned 16-byte span of the head at h (Shape::kSpan)
-// into dst; zeros for a word past the head's kHeadBytes, or when !ok.
+// into dst: the bytes up to the head's last, zeros after it (a word past
+// kHeadBytes, or all of it when !ok), so no byte past the head is read (the
+// last head of a plane may end where its allocation does). The span's lead
+// bytes before h are the row's own (a head never starts a plane unaligned).
 template <int kHeadBytes>
 __device__ __forceinline__ void cp_async_span(void* dst, const uint8_t* h, int word, bool ok) {
   const auto at = reinterpret_cast<uintptr_t>(h);
-  const bool valid = ok && word * 16 < static_cast<int>(at & 15) + kHeadBytes;
-  const auto* src = reinterpret_cast<const uint8_t*>((at & ~uintptr_t{15}) + (valid ? 16 * word : 0));
-  cp_async<16>(dst, src, valid);
+  const int left = static_cast<int>(at & 15) + kHeadBytes - 16 * word;  // head bytes from this word on
+  const int n = ok ? max(0, min(16, left)) : 0;
+  const auto* src = reinterpret_cast<const uint8_t*>((at & ~uintptr_t{15}) + (n > 0 ? 16 * word : 0));
+  const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");

@@ -24,9 +24,11 @@
 //   store_rotated(...)   Q8_0 / Q4_0 / IQ4_NL / Q8_0_64 only (kRotatable):
 //                        as store, for x already Hadamard-rotated per
 //                        head, by the rotated types' encoder (kv_rotated.cuh
-//                        fit_rotated_block): q8_0h / q4_0h / iq4_nlh /
-//                        q8_0h64. IQ4_NL and Q8_0_64 have no store
-//                        (kRotatedOnly)
+//                        fit_rotated_block, a warp per block of 32;
+//                        Q8_0_64: fit_rotated_block64_pair, two warps per
+//                        block of 64, so blockDim.x a multiple of 64):
+//                        q8_0h / q4_0h / iq4_nlh / q8_0h64. IQ4_NL and
+//                        Q8_0_64 have no store (kRotatedOnly)
 // Elements are addressed within the row, not the head: heads smaller than
 // a block (head_dim 16: two heads share a q8_0 block, as on the CPU) are
 // read in place like any other.

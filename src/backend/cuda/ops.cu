@@ -377,7 +377,10 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
     // a block of 64): each block's encoder is a serial search, so warps in
     // parallel are what shortens the store.
     const int width = a.head_dim * n_sub;
-    const int threads = (a.k_rotated || a.v_rotated) ? std::min(width, 1024) : width >= 128 ? 64 : 32;
+    // A rotated-only type always takes the rotated store (whatever the
+    // flags say: q8_0h64's pairs of warps need at least 64 threads).
+    const bool rotated = detail::kv_rotated_only<KvT> || a.k_rotated || a.v_rotated;
+    const int threads = rotated ? std::min(width, 1024) : width >= 128 ? 64 : 32;
     const size_t smem = static_cast<size_t>(a.head_dim * n_sub) * sizeof(float);
     launch_pdl(rope_kv_kernel<KvT>, grid, threads, smem, stream, a);
   });
