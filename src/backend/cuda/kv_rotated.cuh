@@ -159,21 +159,6 @@ struct Iq4nlLevels {
 };
 static_assert(cpu::kIq4nlValues[0] == -127 && cpu::kIq4nlValues[15] == 113, "Iq4nlLevels::first / last");
 
-// The CPU's block_error: the squared error of block x (N floats) stored as
-// value(code(x / d)) * d, summed in double over j = 0..N-1 in order.
-template <int N, class Levels>
-__device__ __forceinline__ double rotated_block_error(const float* x, float d, const Levels& lv) {
-  const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-  double err = 0.0;
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    const int q = lv.code(__fmul_rn(x[j], id));
-    const double e = __dsub_rn(static_cast<double>(x[j]), static_cast<double>(__fmul_rn(lv.value(q), d)));
-    err = __dadd_rn(err, __dmul_rn(e, e));
-  }
-  return err;
-}
-
 // One block of N = 32 or 64 values, encoded: lane i holds the codes of
 // elements i + 32 k (k < N / 32).
 template <int N>
