@@ -82,6 +82,10 @@ struct UniformLevels {
   __device__ float last() const { return static_cast<float>(hi); }
   __device__ int code(float y) const { return min(hi, max(lo, __float2int_rn(y))); }
   __device__ float value(int q) const { return static_cast<float>(q); }
+  // value(code(y)) as a double (fit_rotated_block's search; any value for
+  // a NaN y): clamped, then rounded (the same level: the bounds are
+  // integers) by adding 1.5 * 2^23, ties to even as nearbyint.
+  __device__ double level_d(float y) const;
 };
 
 // iq4_nl's 16 levels (cpu::kIq4nlValues, GGML's IQ4_NL) as int8 bytes,
@@ -143,23 +147,17 @@ struct Iq4nlLevels {
     return (b8 ? 8 : 0) + (b4 ? 4 : 0) + (b2 ? 2 : 0) + (y > m1 ? 1 : 0);
   }
   __device__ float value(int q) const { return level_byte(iq4nl_levels4(static_cast<uint32_t>(q)), 0); }
+  // value(code(y)) as a double (fit_rotated_block's search): the level's
+  // byte + 128 (the table's words with the sign bits flipped) by one byte
+  // permute, then 2^52 + it less 2^52 + 128.
+  __device__ double level_d(float y) const {
+    const int q = code(y);
+    const uint32_t lo = (q & 8) ? iq4nl_word(2) : iq4nl_word(0), hi = (q & 8) ? iq4nl_word(3) : iq4nl_word(1);
+    const uint32_t biased = __byte_perm(lo ^ 0x80808080u, hi ^ 0x80808080u, static_cast<uint32_t>(q & 7)) & 0xffu;
+    return __dsub_rn(__hiloint2double(0x43300000, static_cast<int>(biased)), 4503599627370496.0 + 128.0);
+  }
 };
 static_assert(cpu::kIq4nlValues[0] == -127 && cpu::kIq4nlValues[15] == 113, "Iq4nlLevels::first / last");
-
-// The CPU's block_error: the squared error of block x (N floats) stored as
-// value(code(x / d)) * d, summed in double over j = 0..N-1 in order.
-template <int N, class Levels>
-__device__ __forceinline__ double rotated_block_error(const float* x, float d, const Levels& lv) {
-  const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-  double err = 0.0;
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    const int q = lv.code(__fmul_rn(x[j], id));
-    const double e = __dsub_rn(static_cast<double>(x[j]), static_cast<double>(__fmul_rn(lv.value(q), d)));
-    err = __dadd_rn(err, __dmul_rn(e, e));
-  }
-  return err;
-}
 
 // One block of N = 32 or 64 values, encoded: lane i holds the codes of
 // elements i + 32 k (k < N / 32).
@@ -198,116 +196,211 @@ __device__ __forceinline__ float signed_absmax(const float (&v)[kK]) {
   return amax > 0.0f && at_max ? first_max : 0.0f;
 }
 
+// Integer levels (|v| < 2^22) as doubles without a conversion instruction
+// (conversions issue at a quarter of f64's rate on sm_90, and the search
+// needs one per element and candidate): t = v + 1.5 * 2^23 in f32 holds v
+// in its low mantissa bits, read as the low word of 2^52 + bits(t).
+constexpr float kLevelMagic = 12582912.0f;                        // 1.5 * 2^23: bits 0x4B400000
+constexpr double kLevelMagicD = 4503599627370496.0 + 0x4B400000;  // 2^52 + bits(kLevelMagic)
+__device__ __forceinline__ double magic_to_double(float t) {
+  return __dsub_rn(__hiloint2double(0x43300000, __float_as_int(t)), kLevelMagicD);
+}
+__device__ __forceinline__ double UniformLevels::level_d(float y) const {
+  const float c = fminf(fmaxf(y, first()), last());  // a NaN y: first()
+  return magic_to_double(__fadd_rn(c, kLevelMagic));
+}
+
+// The per-warp scratch of fit_rotated_block: the block's elements as
+// doubles and floats and kMaxChains rows of per-element terms (rows of 34
+// doubles: 16-byte aligned, the rows' banks apart). In dynamic shared
+// memory (rope_store_kv's launch adds one a warp for the rotated types'
+// blocks of 32): static, it would cut every store kernel's occupancy.
+constexpr int kMaxChains = 3, kChainStride = 34;
+struct __align__(16) RotatedScratch {
+  double x[32];
+  float xf[32];
+  double terms[kMaxChains * kChainStride];
+};
+// Warp threadIdx.x / 32's scratch when the caller's dynamic shared memory
+// holds n floats at x (16-byte aligned, n a multiple of 32) and then
+// blockDim.x / 32 RotatedScratch.
+__device__ __forceinline__ RotatedScratch& rotated_scratch(const float* x, int n) {
+  return reinterpret_cast<RotatedScratch*>(const_cast<float*>(x) + n)[threadIdx.x >> 5];
+}
+
+// K sums over the block, each in index order (the CPU's sequence), of terms
+// spread one element a lane (t[k] on lane j: chain k's term j): lane k adds
+// up row k, the other lanes' results are unused. Returns chain k's sum in
+// t[k] on every lane. All 32 lanes call it together.
+template <int K>
+__device__ __forceinline__ void ordered_sums(double (&t)[K], RotatedScratch& s) {
+  static_assert(K <= kMaxChains, "RotatedScratch holds kMaxChains rows");
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 0; k < K; ++k) s.terms[k * kChainStride + lane] = t[k];
+  __syncwarp();
+  const double2* row = reinterpret_cast<const double2*>(s.terms + (lane % K) * kChainStride);
+  double sum = 0.0;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const double2 two = row[j];
+    sum = __dadd_rn(__dadd_rn(sum, two.x), two.y);
+  }
+  __syncwarp();  // the rows are read before the next call writes them
+#pragma unroll
+  for (int k = 0; k < K; ++k) t[k] = __shfl_sync(0xffffffffu, sum, k);
+}
+
 // The rotated types' encoder (cpu::quantize_rotated_row's fit_scale) of one
 // block of N = 32 (q8_0h / q4_0h / iq4_nlh; q8_0h64's blocks of 64 take
 // fit_rotated_block64_pair below, two warps a block) already-rotated
-// floats x (shared memory; lane i reads elements i + 32 k) into codes of
-// the level set lv (q8_0h / q8_0h64: UniformLevels{-127, 127}, q4_0h:
-// UniformLevels{-8, 7}, iq4_nlh: Iq4nlLevels) and an f16 scale.
+// floats x (shared memory; lane i reads element i) into
+// codes of the level set lv (q8_0h / q8_0h64: UniformLevels{-127, 127},
+// q4_0h: UniformLevels{-8, 7}, iq4_nlh: Iq4nlLevels) and an f16 scale.
 // m, the signed maximum, is the first element of largest magnitude in
 // index order (NaNs never count: fmaxf and the CPU's `<` skip them).
 // Candidates: d = m / top * (1 - 0.025 i), top the first level (c = i in
 // 0..16) then the last (c = 17 + i), each scored with d rounded to f16
-// over the whole block (one lane's serial sum: the CPU's order); the first
-// of least error wins (lane c % 32 scores candidate c, the warp takes the
-// least (error, c)). Then the least-squares scale of the winner's levels is
+// over the whole block (a serial sum: the CPU's order); the first of least
+// error wins. Then the least-squares scale of the winner's levels is
 // scored as a 35th candidate, and the scale returned is the one that does
 // not shrink the block (x . x / x . v) with the winner's levels. A zero
 // block (or one no candidate fits: a NaN, every scale overflowing f16)
-// keeps the codes of 0. All 32 lanes of a warp call it together.
+// keeps the codes of 0.
+//
+// For throughput (a prefill stores every token's K and V: docs/perf.md),
+// no lane repeats work another lane could do in the same instruction:
+// lane c scores candidate c < 32 and sums x . v and v . v of its codes as
+// it goes (the refit's sums: the winner's lane has them); candidates 32
+// and 33, x . x, and the refit's error and x . v are each one element a
+// lane, summed in order by one lane a sum (ordered_sums). Each element's
+// arithmetic is the CPU's, rewritten where that is exact: a level v times
+// an f16 d is exact in f32 (at most 18 significant bits), so the CPU's
+// double(x) - double(v * d) is one f64 FMA; x . v and v . v terms are exact
+// in f64 (an f32 times an integer below 2^8), so their add is an FMA too;
+// e * e is not, and stays a multiply, then an add. The levels come as
+// doubles from Levels::level_d, which may return anything for a NaN y (the
+// error is then NaN or inf: that candidate never wins, as on the CPU); the
+// stored codes come from Levels::code, the CPU's rule. All 32 lanes of a
+// warp call it together, each warp with its own scratch s.
 template <int N, class Levels>
-__device__ __forceinline__ RotatedBlock<N> fit_rotated_block(const float* x, const Levels& lv) {
+__device__ __forceinline__ RotatedBlock<N> fit_rotated_block(const float* x, const Levels& lv, RotatedScratch& s) {
   static_assert(N == 32, "blocks of 64: fit_rotated_block64_pair");
   constexpr unsigned kAll = 0xffffffffu;
-  constexpr int kK = N / 32;
   const int lane = threadIdx.x & 31;
-  float v[kK];
-#pragma unroll
-  for (int k = 0; k < kK; ++k) v[k] = x[lane + 32 * k];
-  const float m = signed_absmax<kK>(v);
+  const float v[1] = {x[lane]};
+  const double xd = static_cast<double>(v[0]);
+  const float m = signed_absmax<1>(v);
   RotatedBlock<N> out;
   const int zero_code = lv.code(0.0f);
-#pragma unroll
-  for (int k = 0; k < kK; ++k) out.q[k] = zero_code;
+  out.q[0] = zero_code;
   if (m == 0.0f) return out;  // uniform across the warp: d = +0, the codes of 0
-  double best = INFINITY;
-  int best_c = 64;
-  uint16_t best_d = 0;
-  for (int c = lane; c < 34; c += 32) {
+  s.x[lane] = xd;
+  s.xf[lane] = v[0];
+  __syncwarp();
+  auto candidate_d = [&](int c) {
     const float top = c < 17 ? lv.first() : lv.last();
-    const int i = c % 17;
+    const int i = c < 17 ? c : c - 17;
     const float factor = __fsub_rn(1.0f, __fmul_rn(0.025f, static_cast<float>(i)));
-    const uint16_t dh = f16_bits(__fmul_rn(__fdiv_rn(m, top), factor));
-    const double err = rotated_block_error<N>(x, f16_value(dh), lv);
-    if (err < best) {  // NaN errors never win, as on the CPU
-      best = err;
-      best_c = c;
-      best_d = dh;
+    return f16_bits(__fmul_rn(__fdiv_rn(m, top), factor));
+  };
+  // Candidates 32 and 33 and x . x, one element a lane.
+  double spread[3];
+  {
+    const float d32 = f16_value(candidate_d(32)), d33 = f16_value(candidate_d(33));
+    const float id32 = d32 != 0.0f ? __fdiv_rn(1.0f, d32) : 0.0f, id33 = d33 != 0.0f ? __fdiv_rn(1.0f, d33) : 0.0f;
+    const double e32 = __fma_rn(-lv.level_d(__fmul_rn(v[0], id32)), static_cast<double>(d32), xd);
+    const double e33 = __fma_rn(-lv.level_d(__fmul_rn(v[0], id33)), static_cast<double>(d33), xd);
+    spread[0] = __dmul_rn(e32, e32);
+    spread[1] = __dmul_rn(e33, e33);
+    spread[2] = __dmul_rn(xd, xd);  // exact: 48 significant bits
+  }
+  // Candidate `lane`, with its codes' x . v and v . v.
+  const uint16_t dh_lane = candidate_d(lane);
+  double err = 0.0, xq = 0.0, qq = 0.0;
+  {
+    const float d = f16_value(dh_lane);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const double dd = static_cast<double>(d);
+    const float4* x4 = reinterpret_cast<const float4*>(s.xf);
+    const double2* xd2 = reinterpret_cast<const double2*>(s.x);
+#pragma unroll
+    for (int j4 = 0; j4 < 8; ++j4) {
+      const float4 f = x4[j4];
+      const double2 a = xd2[2 * j4], b = xd2[2 * j4 + 1];
+      const float fj[4] = {f.x, f.y, f.z, f.w};
+      const double dj[4] = {a.x, a.y, b.x, b.y};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const double vq = lv.level_d(__fmul_rn(fj[u], id));
+        const double e = __fma_rn(-vq, dd, dj[u]);
+        err = __dadd_rn(err, __dmul_rn(e, e));
+        xq = __fma_rn(dj[u], vq, xq);
+        qq = __fma_rn(vq, vq, qq);
+      }
     }
   }
+  ordered_sums<3>(spread, s);
+  const double xx = spread[2];
+  // The first of least (error, c): the lanes' candidates, then 32, 33.
+  double best = err < INFINITY ? err : INFINITY;  // NaN errors never win, as on the CPU
+  int best_c = best < INFINITY ? lane : 64;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const double ob = __shfl_xor_sync(kAll, best, o);
     const int oc = __shfl_xor_sync(kAll, best_c, o);
-    const uint16_t od = static_cast<uint16_t>(__shfl_xor_sync(kAll, static_cast<int>(best_d), o));
     if (ob < best || (ob == best && oc < best_c)) {
       best = ob;
       best_c = oc;
-      best_d = od;
     }
+  }
+  if (spread[0] < best) {
+    best = spread[0];
+    best_c = 32;
+  }
+  if (spread[1] < best) {
+    best = spread[1];
+    best_c = 33;
   }
   // No candidate (NaN in the block, or every scale overflowing f16): the
-  // codes of 0 and d 0 unless the refit below wins, the CPU's.
+  // codes of 0 and d 0 unless the refit below wins, the CPU's, whose refit
+  // sums are then over the codes of 0.
   const bool found = best_c < 64;
-  auto codes_of = [&](uint16_t dh, int* q) {
+  const uint16_t best_d = found ? candidate_d(best_c) : uint16_t{0};
+  xq = __shfl_sync(kAll, xq, best_c & 31);
+  qq = __shfl_sync(kAll, qq, best_c & 31);
+  if (best_c >= 32) {  // 32, 33 or none: the sums over those codes, spread
+    const float d = f16_value(best_d);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const double vq = found ? lv.level_d(__fmul_rn(v[0], id)) : lv.level_d(0.0f);
+    double sums[2] = {__dmul_rn(xd, vq), __dmul_rn(vq, vq)};  // exact
+    ordered_sums<2>(sums, s);
+    xq = sums[0];
+    qq = sums[1];
+  }
+  // The refit's error and, over its codes, x . v (the final sums if it wins).
+  uint16_t dh = best_d;
+  bool coded = found;  // whether the codes are those of dh (else of 0)
+  if (qq > 0.0) {
+    const uint16_t dh_r = f16_bits(__double2float_rn(__ddiv_rn(xq, qq)));
+    const float d = f16_value(dh_r);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const double vq = lv.level_d(__fmul_rn(v[0], id));
+    const double e = __fma_rn(-vq, static_cast<double>(d), xd);
+    double sums[2] = {__dmul_rn(e, e), __dmul_rn(xd, vq)};
+    ordered_sums<2>(sums, s);
+    if (sums[0] < best) {
+      dh = dh_r;
+      xq = sums[1];
+      coded = true;
+    }
+  }
+  if (coded) {
     const float d = f16_value(dh);
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-#pragma unroll
-    for (int k = 0; k < kK; ++k) q[k] = lv.code(__fmul_rn(v[k], id));
-  };
-  int q[kK];
-  if (found) {
-    codes_of(best_d, q);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kK; ++k) q[k] = zero_code;
+    out.q[0] = lv.code(__fmul_rn(v[0], id));
   }
-  // The sums over the block in index order: element j is lane j % 32's
-  // code k = j / 32.
-  double xq = 0.0, qq = 0.0;
-#pragma unroll
-  for (int k = 0; k < kK; ++k) {
-    const float vq = lv.value(q[k]);
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const double vj = static_cast<double>(__shfl_sync(kAll, vq, j));
-      xq = __dadd_rn(xq, __dmul_rn(static_cast<double>(x[32 * k + j]), vj));
-      qq = __dadd_rn(qq, __dmul_rn(vj, vj));
-    }
-  }
-  if (qq > 0.0) {
-    const uint16_t dh = f16_bits(__double2float_rn(__ddiv_rn(xq, qq)));
-    const double err = rotated_block_error<N>(x, f16_value(dh), lv);
-    if (err < best) {
-      best_d = dh;
-      codes_of(dh, q);
-    }
-  }
-  double xx = 0.0;
-  xq = 0.0;
-#pragma unroll
-  for (int k = 0; k < kK; ++k) {
-    const float vq = lv.value(q[k]);
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const double xj = static_cast<double>(x[32 * k + j]);
-      xx = __dadd_rn(xx, __dmul_rn(xj, xj));
-      xq = __dadd_rn(xq, __dmul_rn(xj, static_cast<double>(__shfl_sync(kAll, vq, j))));
-    }
-  }
-  out.d = xq != 0.0 ? f16_bits(__double2float_rn(__ddiv_rn(xx, xq))) : best_d;
-#pragma unroll
-  for (int k = 0; k < kK; ++k) out.q[k] = q[k];
+  out.d = xq != 0.0 ? f16_bits(__double2float_rn(__ddiv_rn(xx, xq))) : dh;
   return out;
 }
 

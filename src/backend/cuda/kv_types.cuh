@@ -150,7 +150,7 @@ struct KvQ8_0 {
     const int lane = threadIdx.x & 31;
     uint8_t* first = row + (e0 >> 5) * kBlockBytes;
     for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const RotatedBlock<32> b = fit_rotated_block<32>(x + i0, UniformLevels{-127, 127});
+      const RotatedBlock<32> b = fit_rotated_block<32>(x + i0, UniformLevels{-127, 127}, rotated_scratch(x, n));
       uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
       blk[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(b.q[0]));
@@ -227,7 +227,7 @@ struct KvQ4_0 {
     const int lane = threadIdx.x & 31;
     uint8_t* first = row + (e0 >> 5) * kBlockBytes;
     for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const RotatedBlock<32> b = fit_rotated_block<32>(x + i0, UniformLevels{-8, 7});
+      const RotatedBlock<32> b = fit_rotated_block<32>(x + i0, UniformLevels{-8, 7}, rotated_scratch(x, n));
       const int q = b.q[0] + 8, hi = __shfl_down_sync(0xffffffffu, q, 16);
       uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
@@ -294,7 +294,7 @@ struct KvIq4Nl {
     const int lane = threadIdx.x & 31;
     uint8_t* first = row + (e0 >> 5) * kBlockBytes;
     for (int i0 = threadIdx.x & ~31; i0 < n; i0 += blockDim.x) {
-      const RotatedBlock<32> b = fit_rotated_block<32>(x + i0, Iq4nlLevels{});
+      const RotatedBlock<32> b = fit_rotated_block<32>(x + i0, Iq4nlLevels{}, rotated_scratch(x, n));
       const int hi = __shfl_down_sync(0xffffffffu, b.q[0], 16);
       uint8_t* blk = first + (i0 >> 5) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;

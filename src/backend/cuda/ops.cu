@@ -152,7 +152,7 @@ __host__ __device__ __forceinline__ int kv_heads_per_block(int head_dim) {
 // the V groups. The heads are staged in shared memory.
 template <typename KvT>
 __global__ void rope_kv_kernel(RopeKvArgs a) {
-  extern __shared__ float h[];  // [n_sub * head_dim]
+  extern __shared__ __align__(16) float h[];  // [n_sub * head_dim], then the rotated encoder's scratch
   __shared__ float red[32];
   const int64_t t = blockIdx.x;
   const int hd = a.head_dim;
@@ -381,7 +381,11 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
     // flags say: q8_0h64's pairs of warps need at least 64 threads).
     const bool rotated = detail::kv_rotated_only<KvT> || a.k_rotated || a.v_rotated;
     const int threads = rotated ? std::min(width, 1024) : width >= 128 ? 64 : 32;
-    const size_t smem = static_cast<size_t>(a.head_dim * n_sub) * sizeof(float);
+    // The rotated blocks of 32 (fit_rotated_block): a scratch a warp after
+    // the heads (rotated_scratch).
+    const bool scratch = rotated && KvT::kBlock == 32 && detail::kv_rotatable<KvT>;
+    const size_t smem = static_cast<size_t>(width) * sizeof(float) +
+                        (scratch ? static_cast<size_t>(threads / 32) * sizeof(detail::RotatedScratch) : 0);
     launch_pdl(rope_kv_kernel<KvT>, grid, threads, smem, stream, a);
   });
 }
