@@ -1,6 +1,6 @@
 // bench_prefill_attention: one layer's prefill attention alone
 // (cuda::attention over prefill tiles, as the models route them) at
-// Gemma-4 26B-A4B's shapes: one sequence of N tokens from position 0,
+// Gemma-4 26B-A4B's shapes and Llama-3.1-8B's: one sequence of N tokens from position 0,
 // paged in blocks of 16 over a shuffled table, per KV type. Prints the
 // median of 30 calls (CUDA events), the causal (and windowed) FLOPs done
 // per second (4 x head_dim per query head per visible key: Q K^T and P V)
@@ -18,6 +18,8 @@
 //
 //   bench_prefill_attention [--tokens 2048] [--types f16,q8_0,fp8,q4_0]
 //       [--shapes full,full256,sliding] [--peak 989.4]
+// --types also takes the rotated q8_0h, q4_0h, iq4_nlh (and any other type
+// CUDA stores at the shape's head_dim); --shapes also takes llama.
 // Shapes (Gemma-4 26B-A4B): full = 16 q heads over 2 KV heads of 512 (its
 // full layers), full256 = the same at 256 (the hd-256 variant of
 // docs/perf.md), sliding = 16 over 8 of 256, window 1,024; llama = 32 q
@@ -159,7 +161,7 @@ int main(int argc, char** argv) {
       a.n_head = sh->heads;
       a.n_head_kv = sh->heads_kv;
       a.head_dim = sh->hd;
-      a.scale = 1.0f;  // Gemma 4's (q and k are normed)
+      a.scale = 1.0f;  // every shape (Gemma 4's own: q and k are normed); q is constant, so it does not change the time
       a.window = sh->window;
       a.k_cache = k;
       a.v_cache = v;

@@ -913,8 +913,10 @@ TEST_P(BackendOps, Gemma4GluSplitAndConvert) {
 }
 
 TEST_P(BackendOps, AttentionOverPagedKvForAWholeStep) {
-  // head_dim 16: the goldens' heads, two to a q8_0 block
-  for (const int32_t hd : {64, 16}) {
+  // head_dim 16: the goldens' heads, two to a q8_0 block (CUDA rotates
+  // those by a block per head); 32 and 64: CUDA's warp rotation with one
+  // and two elements a lane (rotate_heads_warp_kernel)
+  for (const int32_t hd : {64, 32, 16}) {
     const int32_t n_head = 8, n_head_kv = 2, shift = 4, n_blocks = 64;
     const int64_t Q = n_head * hd, KV = n_head_kv * hd, QKV = Q + 2 * KV;
     // decode (1 and 3 tokens), a prefill chunk of 40 after 30 cached, a whole prompt of 70

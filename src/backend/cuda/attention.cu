@@ -502,8 +502,8 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 // Rotated KV (AttentionArgs::k_rotated / v_rotated): head h of row t of in
 // (rows in_stride floats apart) times H / sqrt(head_dim)
 // (detail::hadamard_rotate_heads, the CPU's bits) into out, rows [n_rows,
-// n_heads * head_dim] in Out. One block per (row, head): head_dim 16 only
-// (the warp kernel below takes 32 to 512).
+// n_heads * head_dim] in Out. One block per (row, head): head_dim below 32
+// only (4, 8, 16; the warp kernel below takes 32 to 512).
 template <typename Out>
 __global__ void rotate_heads_kernel(const float* in, int64_t in_stride, int n_heads, int hd, Out* out) {
   extern __shared__ float x[];  // [hd]
@@ -592,7 +592,7 @@ void rotate_heads(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_
       return warp_kernel(rotate_heads_warp_kernel<256, Out>);
     case 512:
       return warp_kernel(rotate_heads_warp_kernel<512, Out>);
-    default: {  // 16 (kv_rotation_supported: powers of two up to 512)
+    default: {  // below 32: 4, 8, 16 (kv_rotation_supported: powers of two up to 512)
       const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
       launch_pdl(rotate_heads_kernel<Out>, grid, 64, static_cast<size_t>(hd) * sizeof(float), stream, in, in_stride,
                  n_heads, hd, out);

@@ -14,8 +14,10 @@
 // allows), converted to one f16 K and V tile in shared memory once a tile
 // has landed (load8h: the same f16 values as the WMMA kernel's); so the
 // copies stay a tile ahead of the products for every type, and shared
-// memory is the f16 kernel's (87 KB at 128: two blocks per SM). A type
-// whose head is not a multiple of 4 bytes runs the WMMA kernel.
+// memory is at most the f16 kernel's (at 128: q8_0 87,040 bytes, fp8
+// 84,992, q4_0 / iq4_nl 70,656; two blocks per SM). A type whose head is
+// not a multiple of 4 bytes would run the WMMA kernel (a guard: every type
+// read here has such heads).
 // Arithmetic as attention_mma.cu's WMMA kernel: q rounded to f16 before
 // Q K^T, probabilities to f16 before P V (their f16 values summed into the
 // denominator), scores and the online softmax in f32 (base 2, the scale
@@ -381,6 +383,17 @@ constexpr uintptr_t flash_align() {
   }
 }
 
+// a's head_dim (64 or 128) for tag KvT; a type the kernel does not take
+// (flash_takes) launches nothing: prefill_flash_supported refuses it first.
+template <typename KvT>
+void launch_kv(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.head_dim == 64) {
+    if constexpr (flash_takes<KvT, 64>()) RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 64, T>(a, stream));
+  } else {
+    if constexpr (flash_takes<KvT, 128>()) RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 128, T>(a, stream));
+  }
+}
+
 }  // namespace
 
 bool prefill_flash_supported(const AttentionArgs& a) {
@@ -393,13 +406,7 @@ bool prefill_flash_supported(const AttentionArgs& a) {
 
 void prefill_attention_flash(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles <= 0) return;
-  RILL_CUDA_DISPATCH_KV(a.kv_dtype, {
-    if (a.head_dim == 64) {
-      if constexpr (flash_takes<KvT, 64>()) RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 64, T>(a, stream));
-    } else {
-      if constexpr (flash_takes<KvT, 128>()) RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, 128, T>(a, stream));
-    }
-  });
+  RILL_CUDA_DISPATCH_KV(a.kv_dtype, launch_kv<KvT>(a, stream));
 }
 
 }  // namespace rill::cuda

@@ -7,11 +7,13 @@
 namespace rill::cuda {
 
 // f16, fp8, q8_0, q4_0 or iq4_nl KV and head_dim 64, 128, 256 or 512; tiles of up to kPrefillTileQMma
-// queries. Head_dim 64 and 128 run attention_flash.cu's kernel (every KV
-// type whose head is a multiple of 4 bytes),
-// every KV type at 256 and 512 attention_wide.cu's; with
-// RILL_CUDA_FLASH_PREFILL=0 in the environment (for comparisons) every
-// case runs the WMMA kernel of attention_mma.cu (at 512 two blocks of 32
+// queries. Head_dim 64 and 128 run attention_flash.cu's kernel, every KV
+// type at 256 and 512 attention_wide.cu's. The WMMA kernel of
+// attention_mma.cu runs at 64 / 128 where a cache plane is not aligned to
+// the flash kernel's copies (its check of a head of a multiple of 4 bytes
+// is a guard: every type above has such heads), and with
+// RILL_CUDA_FLASH_PREFILL=0 in the environment (for comparisons) for every
+// case (at 512 two blocks of 32
 // queries share a tile); RILL_CUDA_WIDE_PREFILL=512 keeps it at 256 only,
 // RILL_CUDA_WIDE_PREFILL=0 at 256 and 512.
 bool prefill_mma_supported(DType kv_dtype, int32_t head_dim);
