@@ -535,7 +535,7 @@ TEST_P(BackendOps, RopeQkNormAndKvStore) {
 // q8_0h / q4_0h / iq4_nlh / q8_0h64 stores: K and V heads rotated and
 // encoded by the rotated types' encoder give the CPU encoder's bytes
 // (cpu::store_kv_row over the same floats) on every backend, byte for
-// byte: q8_0h64's blocks of 64 (a warp per block, two values a lane) are
+// byte: q8_0h64's blocks of 64 (two warps a block, a value a lane each) are
 // the CPU's quantize_q8_0x64_fit's, so a CUDA-written q8_0h64 KV row is the
 // CPU's row (tiers and KV files carry it between the devices). The RoPE
 // table turns no pair (every angle 0: cos 1 and sin 0 exactly on both

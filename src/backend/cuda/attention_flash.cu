@@ -16,8 +16,8 @@
 // copies stay a tile ahead of the products for every type, and shared
 // memory is at most the f16 kernel's (at 128: q8_0 87,040 bytes, fp8
 // 84,992, q4_0 / iq4_nl 70,656; two blocks per SM). A type whose head is
-// not a multiple of 4 bytes would run the WMMA kernel (a guard: every type
-// read here has such heads).
+// not a multiple of 4 bytes runs the WMMA kernel: q8_0h64's 66-byte head
+// at head_dim 64 (at 128 its 132 bytes come here in 4-byte pieces).
 // Arithmetic as attention_mma.cu's WMMA kernel: q rounded to f16 before
 // Q K^T, probabilities to f16 before P V (their f16 values summed into the
 // denominator), scores and the online softmax in f32 (base 2, the scale
