@@ -64,10 +64,12 @@ Result<DeviceRope> DeviceRope::upload(cpu::RopeTable table) {
   std::copy(r.table.inv_freq.begin(), r.table.inv_freq.end(), host.begin());
   std::copy(r.table.ggml_freq_divisor.begin(), r.table.ggml_freq_divisor.end(), host.begin() + rot / 2);
   RILL_ASSIGN_OR_RETURN(r.buf, cuda::DeviceBuffer::allocate(host.size() * sizeof(float), "the RoPE table"));
-  if (cudaError_t e = cudaMemcpy(r.buf.data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
-      e != cudaSuccess) {
-    return Error{cuda::cuda_error_text(e, "uploading the RoPE table")};
-  }
+  // cudaMemcpy from pageable memory may return with the DMA still queued
+  // on the legacy stream, which the model's non-blocking stream does not
+  // wait for: wait for it here.
+  cudaError_t e = cudaMemcpy(r.buf.data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+  if (e != cudaSuccess) return Error{cuda::cuda_error_text(e, "uploading the RoPE table")};
   return r;
 }
 
@@ -259,7 +261,11 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   carve(real);
   // A decode graph's padding rows read rows_in() past the step's rows:
   // zeros (finite) until real rows were there.
-  if (rows_in_) RILL_CUDA_CHECK(cudaMemset(rows_in_, 0, T * static_cast<size_t>(E_) * sizeof(float)));
+  // (On the model's stream, whose later work a legacy-stream cudaMemset
+  // would not be ordered with.)
+  if (rows_in_) {
+    RILL_CUDA_CHECK(cudaMemsetAsync(rows_in_, 0, T * static_cast<size_t>(E_) * sizeof(float), ctx_->stream()));
+  }
 
   // Step metadata: block tables for every sequence of a full batch at full context.
   const size_t blocks_per_seq = static_cast<size_t>((n_ctx_ + block_size_ - 1) / block_size_);

@@ -296,9 +296,7 @@ class CudaBackend final : public Backend {
     if (n <= 0) return Error{what + ": an empty vector"};
     RILL_ASSIGN_OR_RETURN(uint8_t * dev, take(static_cast<size_t>(n) * 4, what));
     if (!dev) return Vec{kSizingVector, n};
-    if (cudaError_t e = cudaMemcpy(dev, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice); e != cudaSuccess) {
-      return upload_error(e, what);
-    }
+    RILL_TRY(upload(dev, host, static_cast<size_t>(n) * 4, what));
     return Vec{reinterpret_cast<const float*>(dev), n};
   }
 
@@ -443,9 +441,16 @@ class CudaBackend final : public Backend {
     if (cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1)); e != cudaSuccess) {
       return Error{cuda::cuda_error_text(e, ("allocating " + what).c_str())};
     }
-    if (cudaError_t e = cudaMemset(p, 0, bytes); e != cudaSuccess) {
+    // Cleared on the backend's stream, which is non-blocking: a cudaMemset
+    // (the legacy stream, asynchronous to the host) could land after the
+    // first copy_in or kernel on stream() and zero what they wrote.
+    if (cudaError_t e = cudaMemsetAsync(p, 0, bytes, stream()); e != cudaSuccess) {
       cudaFree(p);
       return Error{cuda::cuda_error_text(e, ("clearing " + what).c_str())};
+    }
+    if (Status s = ctx_->synchronize(); !s.ok()) {
+      cudaFree(p);
+      return s.error();
     }
     return Buffer(p, bytes, free_device);
   }
@@ -848,11 +853,11 @@ class CudaBackend final : public Backend {
     const size_t dst_row = row_bytes(t, p.cols);
     const auto rows = static_cast<size_t>(p.rows);
     if (p.dtype == t) {
-      const cudaError_t e = p.row_stride == dst_row ? cudaMemcpy(dst, p.data, dst_row * rows, cudaMemcpyHostToDevice)
-                                                    : cudaMemcpy2D(dst, dst_row, p.data, p.row_stride, dst_row, rows,
-                                                                   cudaMemcpyHostToDevice);
+      if (p.row_stride == dst_row) return upload(dst, p.data, dst_row * rows, what);
+      const cudaError_t e =
+          cudaMemcpy2DAsync(dst, dst_row, p.data, p.row_stride, dst_row, rows, cudaMemcpyHostToDevice, stream());
       if (e != cudaSuccess) return upload_error(e, what);
-      return Status::Ok();
+      return ctx_->synchronize();
     }
     constexpr size_t kChunkBytes = size_t{16} << 20;
     const size_t chunk_rows = std::max<size_t>(1, kChunkBytes / dst_row);
@@ -864,10 +869,7 @@ class CudaBackend final : public Backend {
         const auto* src = static_cast<const uint8_t*>(p.data) + (r0 + r) * p.row_stride;
         convert_row(src, p.dtype, p.cols, t, tmp, staging_.data() + r * dst_row);
       }
-      if (cudaError_t e = cudaMemcpy(dst + r0 * dst_row, staging_.data(), n * dst_row, cudaMemcpyHostToDevice);
-          e != cudaSuccess) {
-        return upload_error(e, what);
-      }
+      RILL_TRY(upload(dst + r0 * dst_row, staging_.data(), n * dst_row, what));
     }
     staging_.clear();
     staging_.shrink_to_fit();
@@ -904,17 +906,22 @@ class CudaBackend final : public Backend {
         std::memcpy(staging_.data() + r * dst_row, p.e4m3_scales + r0 + r, 4);
         std::memcpy(staging_.data() + r * dst_row + cuda::kFp8RowHeader, p.e4m3 + (r0 + r) * cols, cols);
       }
-      if (cudaError_t e = cudaMemcpy(dst + r0 * dst_row, staging_.data(), n * dst_row, cudaMemcpyHostToDevice);
-          e != cudaSuccess) {
-        return upload_error(e, what);
-      }
+      RILL_TRY(upload(dst + r0 * dst_row, staging_.data(), n * dst_row, what));
     }
     staging_.clear();
     staging_.shrink_to_fit();
-    if (cudaError_t e = cudaMemcpy(scales, p.e4m3_scales, rows * 4, cudaMemcpyHostToDevice); e != cudaSuccess) {
+    return upload(scales, p.e4m3_scales, rows * 4, what);
+  }
+
+  // Host bytes to the device, complete on return. On stream(), not with
+  // cudaMemcpy: from pageable memory that returns once the bytes are
+  // staged, with the DMA still queued on the legacy stream, which the
+  // non-blocking stream()'s kernels do not wait for.
+  Status upload(void* dst, const void* src, size_t bytes, const std::string& what) {
+    if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()); e != cudaSuccess) {
       return upload_error(e, what);
     }
-    return Status::Ok();
+    return ctx_->synchronize();
   }
 
   Status copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
