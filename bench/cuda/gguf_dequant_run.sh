@@ -69,8 +69,8 @@ t=$(now)
     sed 's/  */ /g; s/ x /x/; s/ (\([0-9.]*\) MB)/(\1MB)/; s/ n=64//; s/dequant+gemm/dq+gemm/; s/slabs of /slab/g; s/ MB/MB/g' | cut -c1-230
 done
 step "quant kernels" $t
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-if [ "${NCU:-0}" != 0 ] && [ -n "$NCU" ]; then
+[ "${NCU:-1}" = 0 ] || NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+if [ "${NCU:-0}" != 0 ]; then
   t=$(now)
   m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
   m=$m,sm__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active
