@@ -38,6 +38,12 @@ with every 2-D weight random blocks of that one GGML type (Q4_K, Q5_K,
 Q6_K, Q8_0, IQ4_XS, IQ4_NL; d = 1e-3): for speed comparisons when
 llama-quantize is not at hand (both engines read the same file; the
 values mean nothing, and the type mix differs from llama-quantize's).
+--random-blocks Q4_K_M writes llama-quantize's Q4_K_M type mix instead
+(llama_tensor_get_type for that file type on these shapes): output.weight
+Q6_K, attn_v and ffn_down Q6_K on the layers where use_more_bits holds
+(i < n/8, i >= 7n/8, (i - n/8) % 3 == 2: 16 of the 8B's 32), every other
+2-D weight Q4_K: the same tensor types, shapes and bytes as the quantized
+file, random values.
 
 Prints the quantized files' paths, one a line. Needs the gguf and numpy
 packages (installed into .venv-tools when missing).
@@ -85,6 +91,22 @@ RANDOM_BLOCK_TYPES = {"Q4_K": (144, 256, (0, 2)), "Q5_K": (176, 256, (0, 2)), "Q
                       "Q8_0": (34, 32, (0,)), "IQ4_XS": (136, 256, (0,)), "IQ4_NL": (18, 32, (0,))}
 
 
+RANDOM_MIXES = {"Q4_K_M"}
+
+
+def mix_type(mix, name, n_layer):
+    """The block type of tensor `name` in random-blocks mix `mix`."""
+    if mix not in RANDOM_MIXES:
+        return mix
+    if name == "output.weight":
+        return "Q6_K"
+    if name.endswith("attn_v.weight") or name.endswith("ffn_down.weight"):
+        i = int(name.split(".")[1])
+        if i < n_layer // 8 or i >= 7 * n_layer // 8 or (i - n_layer // 8) % 3 == 2:
+            return "Q6_K"
+    return "Q4_K"
+
+
 def random_blocks(rng, shape, qtype):
     """[rows, bytes per row] uint8: random quant bytes, every d (and dmin) 1e-3."""
     import numpy as np
@@ -120,6 +142,7 @@ def write_f16(path, shape_name, seed, qtype=None, fast=False):
     w.add_value_length(head_dim)
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if qtype is None else
+                    gguf.LlamaFileType.MOSTLY_Q4_K_M if qtype == "Q4_K_M" else
                     getattr(gguf.LlamaFileType, "MOSTLY_" + {"Q4_K": "Q4_K_S", "Q5_K": "Q5_K_S"}.get(qtype, qtype)))
     add_vocab(w, vocab)
 
@@ -138,10 +161,11 @@ def write_f16(path, shape_name, seed, qtype=None, fast=False):
         tensors.append(("output.weight", (vocab, d), False))
     for name, shape, norm in tensors:
         if qtype is not None and not norm:
-            bb, bs, _ = RANDOM_BLOCK_TYPES[qtype]
+            tt = mix_type(qtype, name, n_layer)
+            bb, bs, _ = RANDOM_BLOCK_TYPES[tt]
             byte_shape = (shape[0], shape[1] // bs * bb)
             w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1],
-                              raw_dtype=getattr(gguf.GGMLQuantizationType, qtype))
+                              raw_dtype=getattr(gguf.GGMLQuantizationType, tt))
             continue
         dt = np.float32 if norm else np.float16
         nbytes = int(np.prod(shape)) * np.dtype(dt).itemsize
@@ -155,7 +179,7 @@ def write_f16(path, shape_name, seed, qtype=None, fast=False):
         if norm:
             t = np.ones(shape, dtype=np.float32)
         elif qtype is not None:
-            t = random_blocks(rng, shape, qtype)
+            t = random_blocks(rng, shape, mix_type(qtype, name, n_layer))
         elif fast:
             n = int(np.prod(shape))
             start = int(rng.integers(0, POOL_ELEMS))
@@ -180,15 +204,17 @@ def main():
     ap.add_argument("--no-venv", action="store_true", help="gguf and numpy from the running Python only")
     ap.add_argument("--random-blocks", action="store_true",
                     help="no llama-quantize: every 2-D weight random blocks of the one type, "
-                    f"<shape>.<TYPE>-random.gguf (speed only; types {','.join(RANDOM_BLOCK_TYPES)})")
+                    f"<shape>.<TYPE>-random.gguf (speed only; types {','.join(RANDOM_BLOCK_TYPES)}, "
+                    f"mixes {','.join(RANDOM_MIXES)})")
     args = ap.parse_args()
     if not args.no_venv:
         tools_venv.ensure(["gguf", "numpy"], ["gguf", "numpy"])
     os.makedirs(args.out_dir, exist_ok=True)
     if args.random_blocks:
         for t in [t.strip() for t in args.types.split(",") if t.strip()]:
-            if t not in RANDOM_BLOCK_TYPES:
-                sys.exit(f"make_bench_model.py: --random-blocks knows {', '.join(RANDOM_BLOCK_TYPES)}, not {t}")
+            if t not in RANDOM_BLOCK_TYPES and t not in RANDOM_MIXES:
+                sys.exit(f"make_bench_model.py: --random-blocks knows {', '.join(RANDOM_BLOCK_TYPES)} and the mixes "
+                         f"{', '.join(RANDOM_MIXES)}, not {t}")
             out = os.path.join(args.out_dir, f"{args.shape}.{t}-random.gguf")
             if not os.path.exists(out):
                 write_f16(out + ".tmp", args.shape, args.seed, t)

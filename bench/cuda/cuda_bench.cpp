@@ -9,7 +9,11 @@
 //   GEMV configuration and cuBLASLt) and the small per-layer kernels
 //   bench_cuda MODEL --quant-kernels 1: the quantized GEMV (quant_gemv,
 //   1 and 8 tokens) and dequantize + cuBLASLt (64 tokens) over the 8B's
-//   matrix shapes in Q4_K, Q6_K and Q8_0 (MODEL is not read)
+//   matrix shapes in Q4_K, Q6_K and Q8_0 (MODEL is not read); 2: the
+//   dequantization alone (GB/s of quantized bytes read plus bf16 bytes
+//   written) and dequantize + cuBLASLt at 64 tokens only, also in slabs
+//   of rows of 8 / 16 / 32 MB in bf16; --quant-only TYPE:SHAPE (Q4_K:gate_up):
+//   that matrix only
 //   bench_cuda MODEL_DIR --profile-step B: one decode step of batch B inside
 //   cudaProfilerStart/Stop, for ncu --profile-from-start off
 //   bench_cuda MODEL_DIR --tensor-parallel 1,2,4: the same measurements for
@@ -324,8 +328,10 @@ void attention_bench(const cuda::Context& ctx) {
 // The 8B's decode matrices in GGUF block types (every byte 0x11: scales
 // are a small f16, no NaN; 3 copies rotating, beyond the L2), one token
 // and 8 through quant_gemv, 64 through dequantize_rows (bf16) + cuBLASLt;
-// GB/s of quantized weight bytes read.
-void quant_kernel_bench(const cuda::Context& ctx) {
+// GB/s of quantized weight bytes read. dequant_only: the dequantization
+// alone and with the GEMM, nothing else.
+// only: "TYPE:SHAPE" (Q4_K:gate_up) measures that one matrix (for ncu).
+void quant_kernel_bench(const cuda::Context& ctx, bool dequant_only, const std::string& only) {
   struct Shape {
     const char* name;
     int64_t rows, cols;
@@ -341,12 +347,15 @@ void quant_kernel_bench(const cuda::Context& ctx) {
   RILL_CUDA_CHECK(cudaMemset(x, 0x3c, 14336 * 2 * 64));
   RILL_CUDA_CHECK(cudaMalloc(&y, 128256 * 4 * 64));
   RILL_CUDA_CHECK(cudaMalloc(&scratch, 128256 * 4096 * 2));
+  float* part = nullptr;  // a slab's GEMM output
+  RILL_CUDA_CHECK(cudaMalloc(&part, 64 * 16384 * 4));
   cuda::Gemm gemm(ctx);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   for (DType t : {DType::kQ4_K, DType::kQ6_K, DType::kQ8_0}) {
     for (const Shape& sh : shapes) {
+      if (!only.empty() && only != std::string(dtype_name(t)) + ":" + sh.name) continue;
       const size_t bytes = row_bytes(t, sh.cols) * static_cast<size_t>(sh.rows);
       std::vector<void*> w;
       for (int c = 0; c < kCopies; ++c) {
@@ -370,7 +379,12 @@ void quant_kernel_bench(const cuda::Context& ctx) {
       };
       std::printf("quant %-5s %-8s %6lld x %5lld (%6.1f MB):", std::string(dtype_name(t)).c_str(), sh.name,
                   static_cast<long long>(sh.rows), static_cast<long long>(sh.cols), bytes / 1e6);
+      const double dq =
+          time([&](void* p) { cuda::dequantize_rows(t, p, sh.cols, 0, sh.rows, DType::kBF16, scratch, ctx.stream()); });
+      std::printf("  dequant %.1f us %.0f GB/s;", dq * 1e3,
+                  (static_cast<double>(bytes) + 2.0 * sh.rows * sh.cols) / (dq * 1e-3) / 1e9);
       for (int n : {1, 8}) {
+        if (dequant_only) break;
         const double ms = time([&](void* p) {
           cuda::quant_gemv(t, p, DType::kBF16, x, n, sh.rows, sh.cols, static_cast<float*>(y), false, ctx.stream());
         });
@@ -381,8 +395,24 @@ void quant_kernel_bench(const cuda::Context& ctx) {
         (void)gemm.run(DType::kBF16, scratch, x, 64, sh.rows, sh.cols, static_cast<float*>(y), false);
       });
       std::printf("  dequant+gemm n=64 %.1f us;", ms * 1e3);
+      // Slabs of rows small enough for the L2 (quant_matmul's LM-head
+      // chunks): dequantize, multiply into a [64, slab] part, add it in.
+      for (int64_t slab_mb : {8, 16, 32}) {
+        const int64_t rows = std::min(sh.rows, slab_mb * (1 << 20) / 2 / sh.cols);
+        if (!dequant_only || rows >= sh.rows) continue;
+        const double sm = time([&](void* p) {
+          for (int64_t r0 = 0; r0 < sh.rows; r0 += rows) {
+            const int64_t rc = std::min(rows, sh.rows - r0);
+            cuda::dequantize_rows(t, p, sh.cols, r0, rc, DType::kBF16, scratch, ctx.stream());
+            (void)gemm.run(DType::kBF16, scratch, x, 64, rc, sh.cols, part, false);
+            cuda::add_columns(part, 64, rc, static_cast<float*>(y), sh.rows, r0, false, ctx.stream());
+          }
+        });
+        std::printf("  slabs of %lld MB %.1f us;", static_cast<long long>(slab_mb), sm * 1e3);
+      }
       // The int8 path: quantize_x8 into the scratch, then quant_mma.
       for (int n : {1, 8, 16, 64}) {
+        if (dequant_only) break;
         const double mm = time([&](void* p) {
           cuda::quantize_x8(DType::kBF16, x, n, sh.cols, scratch, ctx.stream());
           cuda::quant_mma(t, p, scratch, n, sh.rows, sh.cols, static_cast<float*>(y), sh.rows, false, ctx.stream());
@@ -396,6 +426,7 @@ void quant_kernel_bench(const cuda::Context& ctx) {
   cudaFree(x);
   cudaFree(y);
   cudaFree(scratch);
+  cudaFree(part);
 }
 
 std::vector<int32_t> range_table(int32_t first, int32_t n) {
@@ -428,7 +459,8 @@ int run(int argc, char** argv) {
   std::vector<int> tps = {1};
   std::vector<int> invs = {0};  // --batch-invariant 0,1: both modes in one run
   bool kernels = false;
-  bool quant_kernels = false;
+  int quant_kernels = 0;
+  std::string quant_only;
   bool graphs = true;
   int profile_batch = 0;         // > 0: one decode step of this batch between cudaProfilerStart/Stop, then exit
   bool profile_prefill = false;  // the second 2,048-token prefill between cudaProfilerStart/Stop, then exit
@@ -444,7 +476,8 @@ int run(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--json")) json_out = argv[i + 1];
     if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]) != 0;
-    if (!std::strcmp(argv[i], "--quant-kernels")) quant_kernels = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--quant-kernels")) quant_kernels = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--quant-only")) quant_only = argv[i + 1];
     if (!std::strcmp(argv[i], "--profile-step")) profile_batch = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--profile-prefill")) profile_prefill = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--batches")) batches = parse_list(argv[i + 1]);
@@ -466,7 +499,7 @@ int run(int argc, char** argv) {
   if (quant_kernels) {
     auto qctx = cuda::Context::create(0);
     if (!qctx.ok()) return 1;
-    quant_kernel_bench(**qctx);
+    quant_kernel_bench(**qctx, quant_kernels == 2, quant_only);
     return 0;
   }
   const int kPrompt = context, kPrefill = prefill, kTtftPrompt = 128;

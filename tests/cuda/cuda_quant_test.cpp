@@ -26,7 +26,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "../backend/quant_test_util.h"
@@ -91,22 +93,38 @@ double max_rel_err(const std::vector<float>& y, const std::vector<float>& deq, c
 
 TEST(CudaQuant, DequantizeMatchesTheCpuReferenceBitForBit) {
   RILL_REQUIRE_GPU();
+  // (rows, cols, row0, n): row0 = 5 starts off a 16-byte boundary for the
+  // types whose rows are not whole 16-byte words (the item kernel); 0 and 8
+  // start on one (the tile kernel), with n leaving a partial last tile
+  // (and, for Q8_0, a tail of bytes that is no whole word); the 300-row
+  // matrix is many tiles.
+  struct Case {
+    int64_t rows, cols, row0, n;
+  };
   for (DType t : kTypes) {
-    const int64_t rows = 37, cols = dtype_info(t).block_size == 256 ? 1536 : 576, row0 = 5, n = 20;
-    const auto w = cpu::testing::random_weight_rows(t, rows, cols, 7 + static_cast<uint32_t>(t));
-    const auto ref = dequant_ref(t, w, rows, cols);
-    const auto dw = upload(w);
-    for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) {
-      const size_t es = out == DType::kF32 ? 4 : 2;
-      auto d = poisoned(static_cast<size_t>(n * cols) * es);
-      dequantize_rows(t, dw.data(), cols, row0, n, out, d.data(), nullptr);
-      const auto got = decode(out, download<uint8_t>(d, static_cast<size_t>(n * cols) * es));
-      int64_t n_diff = 0;
-      for (int64_t i = 0; i < n * cols; ++i) {
-        const float want = round_to(out, ref[static_cast<size_t>(row0 * cols + i)]);
-        n_diff += std::memcmp(&want, &got[static_cast<size_t>(i)], 4) != 0;
+    const bool k256 = dtype_info(t).block_size == 256;
+    const int64_t c = k256 ? 1536 : 576;
+    for (const Case& cs : {Case{37, c, 5, 20}, Case{37, c, 0, 37}, Case{37, c, 8, 29}, Case{300, 4096, 16, 284}}) {
+      const auto w = cpu::testing::random_weight_rows(t, cs.rows, cs.cols, 7 + static_cast<uint32_t>(t));
+      const auto ref = dequant_ref(t, w, cs.rows, cs.cols);
+      const auto dw = upload(w);
+      for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) {
+        const size_t es = out == DType::kF32 ? 4 : 2, n_out = static_cast<size_t>(cs.n * cs.cols);
+        auto d = poisoned((n_out + 64) * es);  // 64 more: nothing past the rows is written
+        dequantize_rows(t, dw.data(), cs.cols, cs.row0, cs.n, out, d.data(), nullptr);
+        const auto raw = download<uint8_t>(d, (n_out + 64) * es);
+        const auto got = decode(out, raw);
+        int64_t n_diff = 0;
+        for (size_t i = 0; i < n_out; ++i) {
+          const float want = round_to(out, ref[static_cast<size_t>(cs.row0 * cs.cols) + i]);
+          n_diff += std::memcmp(&want, &got[i], 4) != 0;
+        }
+        EXPECT_EQ(n_diff, 0) << dtype_name(t) << " -> " << dtype_name(out) << ", rows " << cs.row0 << " + " << cs.n
+                             << " of " << cs.rows << " x " << cs.cols;
+        EXPECT_EQ(std::count(raw.begin() + static_cast<std::ptrdiff_t>(n_out * es), raw.end(), uint8_t{0xff}),
+                  static_cast<std::ptrdiff_t>(64 * es))
+            << dtype_name(t) << " -> " << dtype_name(out) << ": written past the rows";
       }
-      EXPECT_EQ(n_diff, 0) << dtype_name(t) << " -> " << dtype_name(out);
     }
   }
 }

@@ -11,6 +11,12 @@
 // by side; it is the unit of work of the GEMV (a lane) and of the
 // dequantize kernel (a thread).
 //
+// decode_run(b, j, w) gives the 8 contiguous elements 8 j .. 8 j + 7 of a
+// block instead (j < kElems / 8), with the same products and sums as
+// decode, so the same bits; b may point into shared memory (plain loads),
+// 2-byte aligned at least but for MXFP4 (tile copies of the block bytes in
+// dequant.cu keep each block at its offset from a 16-byte aligned base).
+//
 // Blocks are 2-byte aligned at least (Q4_0 18 bytes, Q5_0 22, Q8_0 34,
 // Q6_K 210), 4-byte for Q4_1/Q5_1, 16-byte for Q4_K/Q5_K, MXFP4 (17
 // bytes) 1-byte: loads are sized to that (matrix bases are 256-byte aligned, rows are whole blocks).
@@ -32,6 +38,33 @@ __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
 }
 __device__ __forceinline__ uint32_t ld_u32_a4(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned int*>(p));
+}
+// Plain (generic-pointer) loads for decode_run: p 2-byte aligned (a2) or
+// 4-byte aligned (a4).
+__device__ __forceinline__ float f16_at(const uint8_t* p) {
+  return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p)));
+}
+__device__ __forceinline__ uint32_t u32_at_a2(const uint8_t* p) {
+  const auto* h = reinterpret_cast<const unsigned short*>(p);
+  return static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16);
+}
+__device__ __forceinline__ uint32_t u32_at_a4(const uint8_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+// q + off as a float, exactly, for 0 <= q < 2^22 and off a small constant,
+// without an integer-to-float conversion (those issue at 16 a clock per SM,
+// which bound decode_run): q in the low mantissa bits of 2^23, then 2^23 -
+// off subtracted (both exact). byte_f: byte i (a constant) of w, likewise.
+__device__ __forceinline__ float small_f(uint32_t q, int off) {
+  return __fadd_rn(__uint_as_float(0x4B000000u | q), static_cast<float>(off) - 8388608.0f);
+}
+__device__ __forceinline__ float byte_f(uint32_t w, int i, int off) {
+  return __fadd_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u | static_cast<unsigned>(i))),
+                   static_cast<float>(off) - 8388608.0f);
+}
+// Bits 0..3 of x at bit 4 of bytes 0..3 (the fifth bit of 4 elements).
+__device__ __forceinline__ uint32_t spread4(uint32_t x) {
+  return (((x & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
 }
 __device__ __forceinline__ int byte_at(uint32_t w, int i) {
   return static_cast<int>((w >> (8 * i)) & 0xffu);
@@ -60,6 +93,14 @@ struct Q4_0 {
       w[4 + i] = mul(static_cast<float>((byte_at(q, i) >> 4) - 8), d);
     }
   }
+  // Elements 8j .. 8j + 7: bytes (8j) & 15 .., low nibbles for j < 2.
+  __device__ static void decode_run(const uint8_t* b, int j, float* w) {
+    const float d = f16_at(b);
+    const int sh = j < 2 ? 0 : 4, o = 2 + 8 * (j & 1);
+    const uint32_t n[2] = {(u32_at_a2(b + o) >> sh) & 0x0F0F0F0Fu, (u32_at_a2(b + o + 4) >> sh) & 0x0F0F0F0Fu};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = mul(byte_f(n[i >> 2], i & 3, -8), d);
+  }
 };
 
 // x = d * q + m.
@@ -75,6 +116,13 @@ struct Q4_1 {
       w[i] = add(mul(static_cast<float>(byte_at(q, i) & 0xF), d), m);
       w[4 + i] = add(mul(static_cast<float>(byte_at(q, i) >> 4), d), m);
     }
+  }
+  __device__ static void decode_run(const uint8_t* b, int j, float* w) {
+    const float d = f16_at(b), m = f16_at(b + 2);
+    const int sh = j < 2 ? 0 : 4, o = 4 + 8 * (j & 1);
+    const uint32_t n[2] = {(u32_at_a4(b + o) >> sh) & 0x0F0F0F0Fu, (u32_at_a4(b + o + 4) >> sh) & 0x0F0F0F0Fu};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = add(mul(byte_f(n[i >> 2], i & 3, 0), d), m);
   }
 };
 
@@ -96,6 +144,16 @@ struct Q5_0 {
       w[4 + i] = mul(static_cast<float>(hi - 16), d);
     }
   }
+  // Element e's fifth bit: bit e of qh.
+  __device__ static void decode_run(const uint8_t* b, int j, float* w) {
+    const float d = f16_at(b);
+    const uint32_t qh = u32_at_a2(b + 2) >> (8 * j);
+    const int sh = j < 2 ? 0 : 4, o = 6 + 8 * (j & 1);
+    const uint32_t n[2] = {((u32_at_a2(b + o) >> sh) & 0x0F0F0F0Fu) | spread4(qh),
+                           ((u32_at_a2(b + o + 4) >> sh) & 0x0F0F0F0Fu) | spread4(qh >> 4)};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = mul(byte_f(n[i >> 2], i & 3, -16), d);
+  }
 };
 
 // x = d * q + m, q 5 bits as Q5_0.
@@ -116,6 +174,15 @@ struct Q5_1 {
       w[4 + i] = add(mul(static_cast<float>(hi), d), m);
     }
   }
+  __device__ static void decode_run(const uint8_t* b, int j, float* w) {
+    const float d = f16_at(b), m = f16_at(b + 2);
+    const uint32_t qh = u32_at_a4(b + 4) >> (8 * j);
+    const int sh = j < 2 ? 0 : 4, o = 8 + 8 * (j & 1);
+    const uint32_t n[2] = {((u32_at_a4(b + o) >> sh) & 0x0F0F0F0Fu) | spread4(qh),
+                           ((u32_at_a4(b + o + 4) >> sh) & 0x0F0F0F0Fu) | spread4(qh >> 4)};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = add(mul(byte_f(n[i >> 2], i & 3, 0), d), m);
+  }
 };
 
 // x = d * q, q int8; item k: elements 8k .. 8k + 7.
@@ -131,6 +198,13 @@ struct Q8_0 {
       w[i] = mul(static_cast<float>(static_cast<int8_t>(byte_at(q0, i))), d);
       w[4 + i] = mul(static_cast<float>(static_cast<int8_t>(byte_at(q1, i))), d);
     }
+  }
+  // int8 q: q + 128 is its byte with the top bit flipped.
+  __device__ static void decode_run(const uint8_t* b, int j, float* w) {
+    const float d = f16_at(b);
+    const uint32_t q[2] = {u32_at_a2(b + 2 + 8 * j) ^ 0x80808080u, u32_at_a2(b + 6 + 8 * j) ^ 0x80808080u};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = mul(byte_f(q[i >> 2], i & 3, -128), d);
   }
 };
 
@@ -179,6 +253,31 @@ struct QK4 {
       w[4 + i] = sub(mul(d2, static_cast<float>(hi)), m2);
     }
   }
+  // Run j: group g = j / 8, sub-block js = 2g + hi (hi = bit 2 of j: high
+  // nibbles), l = 8 (j & 3) ..; js's scale and min read as bytes (as
+  // scale_min_k4).
+  __device__ static void decode_run(const uint8_t* b, int j, float* w) {
+    const float d = f16_at(b), dmin = f16_at(b + 2);
+    const int g = j >> 3, hi = (j >> 2) & 1, l0 = 8 * (j & 3), js = 2 * g + hi;
+    const uint8_t* sm = b + 4;
+    uint32_t sc, mn;
+    if (js < 4) {
+      sc = sm[js] & 63u;
+      mn = sm[js + 4] & 63u;
+    } else {
+      sc = (sm[js + 4] & 0xFu) | ((sm[js - 4] >> 6) << 4);
+      mn = (sm[js + 4] >> 4) | ((sm[js] >> 6) << 4);
+    }
+    const float ds = mul(d, small_f(sc, 0)), dm = mul(dmin, small_f(mn, 0));
+    uint32_t n[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      n[k] = (u32_at_a4(b + kQs + 32 * g + l0 + 4 * k) >> (4 * hi)) & 0x0F0F0F0Fu;
+      if (kFive) n[k] |= ((u32_at_a4(b + 16 + l0 + 4 * k) >> js) & 0x01010101u) << 4;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = sub(mul(ds, byte_f(n[i >> 2], i & 3, 0)), dm);
+  }
 };
 using Q4_K = QK4<false>;
 using Q5_K = QK4<true>;
@@ -208,6 +307,22 @@ struct Q6_K {
       w[4 + i] = mul(d1, static_cast<float>(hi - 32));
     }
   }
+  // Run j: half h = j / 16, s = (j / 4) & 3, l = 8 (j & 3) ..; one scale
+  // (int8: + 128 is its byte with the top bit flipped).
+  __device__ static void decode_run(const uint8_t* b, int j, float* w) {
+    const int h = j >> 4, s = (j >> 2) & 3, l0 = 8 * (j & 3);
+    const float ds = mul(f16_at(b + 208), small_f(b[192 + j / 2] ^ 0x80u, -128));
+    const uint8_t* ql = b + 64 * h + 32 * (s & 1) + l0;
+    const uint8_t* qh = b + 128 + 32 * h + l0;
+    uint32_t n[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      n[k] = ((u32_at_a2(ql + 4 * k) >> (4 * (s >> 1))) & 0x0F0F0F0Fu) |
+             (((u32_at_a2(qh + 4 * k) >> (2 * s)) & 0x03030303u) << 4);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = mul(ds, byte_f(n[i >> 2], i & 3, -32));
+  }
 };
 
 // MXFP4 (gpt-oss's experts): x = 2^(e - 128) * v with v an e2m1 value
@@ -233,6 +348,13 @@ struct MXFP4 {
       w[i] = mul(value(q & 0xF), d);
       w[4 + i] = mul(value(q >> 4), d);
     }
+  }
+  __device__ static void decode_run(const uint8_t* b, int j, float* w) {
+    const uint32_t e = b[0];
+    const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+    const int sh = j < 2 ? 0 : 4, o = 1 + 8 * (j & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = mul(value((b[o + i] >> sh) & 0xF), d);
   }
 };
 
