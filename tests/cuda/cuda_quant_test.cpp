@@ -108,22 +108,34 @@ TEST(CudaQuant, DequantizeMatchesTheCpuReferenceBitForBit) {
       const auto w = cpu::testing::random_weight_rows(t, cs.rows, cs.cols, 7 + static_cast<uint32_t>(t));
       const auto ref = dequant_ref(t, w, cs.rows, cs.cols);
       const auto dw = upload(w);
+      // shift 1: the output one element past a 16-byte boundary, which
+      // sends every type to the item kernel whatever row0 is.
       for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) {
-        const size_t es = out == DType::kF32 ? 4 : 2, n_out = static_cast<size_t>(cs.n * cs.cols);
-        auto d = poisoned((n_out + 64) * es);  // 64 more: nothing past the rows is written
-        dequantize_rows(t, dw.data(), cs.cols, cs.row0, cs.n, out, d.data(), nullptr);
-        const auto raw = download<uint8_t>(d, (n_out + 64) * es);
-        const auto got = decode(out, raw);
-        int64_t n_diff = 0;
-        for (size_t i = 0; i < n_out; ++i) {
-          const float want = round_to(out, ref[static_cast<size_t>(cs.row0 * cs.cols) + i]);
-          n_diff += std::memcmp(&want, &got[i], 4) != 0;
+        for (int shift : {0, 1}) {
+          const size_t es = out == DType::kF32 ? 4 : 2, n_out = static_cast<size_t>(cs.n * cs.cols);
+          const size_t lead = static_cast<size_t>(shift) * es;
+          auto d = poisoned(lead + (n_out + 64) * es);  // 64 more: nothing past the rows is written
+          dequantize_rows(t, dw.data(), cs.cols, cs.row0, cs.n, out, d.as<uint8_t>() + lead, nullptr);
+          const auto all = download<uint8_t>(d, lead + (n_out + 64) * es);
+          const std::vector<uint8_t> raw(all.begin() + static_cast<std::ptrdiff_t>(lead), all.end());
+          const auto got = decode(out, raw);
+          int64_t n_diff = 0;
+          for (size_t i = 0; i < n_out; ++i) {
+            const float want = round_to(out, ref[static_cast<size_t>(cs.row0 * cs.cols) + i]);
+            n_diff += std::memcmp(&want, &got[i], 4) != 0;
+          }
+          const std::string what = std::string(dtype_name(t)) + " -> " + std::string(dtype_name(out)) + ", rows " +
+                                   std::to_string(cs.row0) + " + " + std::to_string(cs.n) + " of " +
+                                   std::to_string(cs.rows) + " x " + std::to_string(cs.cols) + ", output shift " +
+                                   std::to_string(shift);
+          EXPECT_EQ(n_diff, 0) << what;
+          EXPECT_EQ(std::count(raw.begin() + static_cast<std::ptrdiff_t>(n_out * es), raw.end(), uint8_t{0xff}),
+                    static_cast<std::ptrdiff_t>(64 * es))
+              << what << ": written past the rows";
+          EXPECT_EQ(std::count(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(lead), uint8_t{0xff}),
+                    static_cast<std::ptrdiff_t>(lead))
+              << what << ": written before the rows";
         }
-        EXPECT_EQ(n_diff, 0) << dtype_name(t) << " -> " << dtype_name(out) << ", rows " << cs.row0 << " + " << cs.n
-                             << " of " << cs.rows << " x " << cs.cols;
-        EXPECT_EQ(std::count(raw.begin() + static_cast<std::ptrdiff_t>(n_out * es), raw.end(), uint8_t{0xff}),
-                  static_cast<std::ptrdiff_t>(64 * es))
-            << dtype_name(t) << " -> " << dtype_name(out) << ": written past the rows";
       }
     }
   }

@@ -168,6 +168,7 @@ void dequant(DType w_dtype, const void* w, const int32_t* ids, int64_t row0, int
     const uint8_t* base = wq + row0 * static_cast<int64_t>(row_bytes(w_dtype, n_cols));
     if (reinterpret_cast<uintptr_t>(base) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
       const int64_t n_blocks = n_rows * (n_cols / dtype_info(w_dtype).block_size);
+      if (n_blocks == 0) return;  // (launch_pdl refuses an empty grid)
       RILL_CUDA_DISPATCH_QUANT(w_dtype, {
         constexpr int64_t kTileBlocks = kTileThreads * kTileRuns / (Q::kElems / 8);
         launch_pdl(dequant_tiles_kernel<Q, Out, kTileRuns>,

@@ -45,7 +45,10 @@ void quant_gemv(DType w_dtype, const void* w, DType x_dtype, const void* x, int6
 
 // out[r, :] = W[row0 + r, :] for r in [0, n_rows), dequantized exactly as
 // cpu::ref::dequantize_row (bit for bit in F32) and rounded to out_dtype
-// (F32/F16/BF16, round to nearest even). out: [n_rows, n_cols].
+// (F32/F16/BF16, round to nearest even). out: [n_rows, n_cols]. W is read
+// before the programmatic-launch wait (the tile kernel's first loads): W
+// must not be written by the kernel just before on the stream (weights
+// never are).
 void dequantize_rows(DType w_dtype, const void* w, int64_t n_cols, int64_t row0, int64_t n_rows, DType out_dtype,
                      void* out, cudaStream_t stream);
 
