@@ -3,8 +3,7 @@
 # random Llama-3.1-8B made here `bench_cuda ... --steps 16 --batches
 # 1,64,128` (BATCHES) of main and of the branch in the settings RUNS names
 # (branch: its defaults, with the GEMM timings of RILL_GEMM_TUNE_LOG=1;
-# warpsN: RILL_DECODE_WARPS=N, warps8 being main's decode attention;
-# search: RILL_GEMM_SEARCH=1; prefetch: RILL_DECODE_PREFETCH=1), then ncu kernel times of one decode step at
+# warpsN: RILL_DECODE_WARPS=N, warps8 being main's decode attention), then ncu kernel times of one decode step at
 # each of NCU_BATCHES (no graphs) for the branch and main. BUDGET: seconds
 # from the start after which no new step starts. Logs under $OUT (one tar).
 T0=$(date +%s)
@@ -35,16 +34,14 @@ run() {  # name, env..., binary
   env "$@" $M $B > $L/b_$name.log 2> $L/e_$name.log
   echo "== $name rc=$? $(( $(date +%s) - t0 )) s"; grep -E "decode batch|prefill|TTFT" $L/b_$name.log | cut -c1-150
 }
-for r in ${RUNS:-main branch warps8 search}; do
+for r in ${RUNS:-main branch warps8 warps4 warps2}; do
   case $r in
     main) run main timeout 60 $V/bench_cuda_main ;;
     branch) run branch RILL_GEMM_TUNE_LOG=1 timeout 60 $V/bench_cuda ;;
     warps[248]) run $r RILL_DECODE_WARPS=${r#warps} timeout 60 $V/bench_cuda ;;
-    search) run search RILL_GEMM_SEARCH=1 RILL_GEMM_TUNE_LOG=1 timeout 60 $V/bench_cuda ;;
-    prefetch) run prefetch RILL_DECODE_PREFETCH=1 timeout 60 $V/bench_cuda ;;
   esac
 done
-for r in branch search; do
+for r in branch; do
   [ -f $L/e_$r.log ] && { echo "$r: $(grep -c 'gemm tune' $L/e_$r.log) timings"; grep "gemm tune bf16 \(64\|128\) " $L/e_$r.log | cut -c1-330; }
 done
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)

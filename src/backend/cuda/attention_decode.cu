@@ -13,8 +13,8 @@
 //    DRAM latency overlap that kernel;
 //  - the prefetch happens only for grids that fit on the GPU at once in
 //    8-warp blocks (small batches); at large batches the lines would be
-//    evicted before use (RILL_DECODE_PREFETCH=1 extends it to the grids of
-//    smaller blocks that are resident at once, for comparisons);
+//    evicted before use (prefetching the resident grids of 4- and 2-warp
+//    blocks too was slower at batch 64 and 128: docs/perf.md, dec23);
 //  - each warp streams its rounds (8 keys for f16 KV, head_dim 128) through
 //    a ring of kStages shared-memory stages with cp.async (3; 5 for fp8 and
 //    block KV, whose stages are half the bytes: the same bytes of shared
@@ -46,7 +46,6 @@
 #include <cuda_fp8.h>
 
 #include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "backend/cuda/attention_common.cuh"
@@ -615,16 +614,6 @@ int pick_warps(int32_t warps, int64_t units) {
   }
 }
 
-// RILL_DECODE_PREFETCH=1: grids of 4- or 2-warp blocks that are resident
-// at once prefetch too (a comparison: their rows can outgrow the L2).
-bool env_prefetch_small_blocks() {
-  static const bool on = [] {
-    const char* e = std::getenv("RILL_DECODE_PREFETCH");
-    return e && std::string_view(e) == "1";
-  }();
-  return on;
-}
-
 template <typename KV, int kHd, int kG>
 void launch_one(const AttentionArgs& a, dim3 grid, int32_t warps, cudaStream_t stream) {
   const int64_t units = static_cast<int64_t>(grid.x) * grid.y * grid.z;
@@ -633,11 +622,8 @@ void launch_one(const AttentionArgs& a, dim3 grid, int32_t warps, cudaStream_t s
   const bool prefetch = units <= kPrefetchMaxBlocks;
   if constexpr (kFewerWarps<KV>) {
     const int w = pick_warps<KV, kHd, kG>(warps, units);
-    if (w == 4 || w == 2) {
-      const int64_t resident = w == 4 ? resident_blocks<KV, kHd, kG, 4>() : resident_blocks<KV, kHd, kG, 2>();
-      const bool all = prefetch || (env_prefetch_small_blocks() && units <= resident);
-      return w == 4 ? launch_w<KV, kHd, kG, 4>(a, grid, all, stream) : launch_w<KV, kHd, kG, 2>(a, grid, all, stream);
-    }
+    if (w == 4) return launch_w<KV, kHd, kG, 4>(a, grid, prefetch, stream);
+    if (w == 2) return launch_w<KV, kHd, kG, 2>(a, grid, prefetch, stream);
   }
   launch_w<KV, kHd, kG, kWarps>(a, grid, prefetch, stream);
 }

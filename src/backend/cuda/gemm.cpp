@@ -3,7 +3,6 @@
 #include <cublasLt.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,8 +61,6 @@ size_t Gemm::KeyHash::operator()(const Key& k) const {
 Gemm::Gemm(const Context& ctx) : ctx_(ctx) {
   const char* env = std::getenv("RILL_GEMM_TUNE");
   tuning_ = !(env && std::string(env) == "0");
-  const char* search = std::getenv("RILL_GEMM_SEARCH");
-  search_ = search && std::string(search) == "1";
 }
 Gemm::~Gemm() = default;
 
@@ -130,130 +127,6 @@ void Gemm::add_split_k_variants(Plan& p) {
 
 namespace {
 
-template <typename T>
-T config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T v{};
-  size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written);
-  return v;
-}
-
-// An id list capability (tiles, stages) of algo: empty when it has none.
-std::vector<uint32_t> cap_ids(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
-  size_t bytes = 0;
-  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0)
-    return {};
-  std::vector<uint32_t> ids(bytes / sizeof(uint32_t));
-  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, ids.data(), ids.size() * sizeof(uint32_t), &bytes) !=
-      CUBLAS_STATUS_SUCCESS) {
-    return {};
-  }
-  return ids;
-}
-
-bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
-  return std::memcmp(&a, &b, sizeof a) == 0;
-}
-
-}  // namespace
-
-std::vector<cublasLtMatmulAlgo_t> Gemm::search_variants(const Plan& p, const cublasLtMatmulAlgo_t& base) const {
-  std::vector<cublasLtMatmulAlgo_t> out;
-  auto accepted = [&](const cublasLtMatmulAlgo_t& algo) {
-    cublasLtMatmulHeuristicResult_t check{};
-    return cublasLtMatmulAlgoCheck(ctx_.blas(), p.desc, p.a, p.b, p.d, p.d, &algo, &check) == CUBLAS_STATUS_SUCCESS &&
-           check.workspaceSize <= ctx_.workspace_bytes();
-  };
-  auto add = [&](const cublasLtMatmulAlgo_t& algo) {
-    if (same_algo(algo, base)) return;
-    for (const cublasLtMatmulAlgo_t& o : out) {
-      if (same_algo(o, algo)) return;
-    }
-    out.push_back(algo);
-  };
-  // base with attribute attr set to v (of its config type T); false when
-  // cuBLASLt refuses the value or the variant.
-  auto with = [&]<typename T>(cublasLtMatmulAlgo_t algo, cublasLtMatmulAlgoConfigAttributes_t attr, T v,
-                              cublasLtMatmulAlgo_t* result) {
-    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, attr, &v, sizeof v) != CUBLAS_STATUS_SUCCESS) return false;
-    *result = algo;
-    return true;
-  };
-  const std::vector<uint32_t> tiles = cap_ids(base, CUBLASLT_ALGO_CAP_TILE_IDS);
-  const std::vector<uint32_t> stages = cap_ids(base, CUBLASLT_ALGO_CAP_STAGES_IDS);
-  const auto tile0 = config<uint32_t>(base, CUBLASLT_ALGO_CONFIG_TILE_ID);
-  const auto stages0 = config<uint32_t>(base, CUBLASLT_ALGO_CONFIG_STAGES_ID);
-  const auto split0 = config<int32_t>(base, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-  const auto swizzle0 = config<uint32_t>(base, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING);
-  const auto custom0 = config<uint32_t>(base, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
-  const auto cluster0 = config<uint16_t>(base, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
-  cublasLtMatmulAlgo_t v;
-  // Tiles: with base's stages, else the first of the algorithm's stages
-  // (from the last: the sm_90 kernels' "AUTO" depths) that the tile takes.
-  for (uint32_t t : tiles) {
-    if (t == tile0 || t == CUBLASLT_MATMUL_TILE_UNDEFINED || !with(base, CUBLASLT_ALGO_CONFIG_TILE_ID, t, &v)) continue;
-    if (accepted(v)) {
-      add(v);
-      continue;
-    }
-    for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
-      cublasLtMatmulAlgo_t vs;
-      if (*it != stages0 && with(v, CUBLASLT_ALGO_CONFIG_STAGES_ID, *it, &vs) && accepted(vs)) {
-        add(vs);
-        break;
-      }
-    }
-  }
-  // Split-K: 1 to 16 splits in each reduction scheme the algorithm has.
-  int32_t split_ok = 0;
-  uint32_t schemes = 0;
-  size_t written = 0;
-  cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &split_ok, sizeof split_ok, &written);
-  cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes, &written);
-  if (split_ok) {
-    for (int32_t k : {1, 2, 3, 4, 6, 8, 12, 16}) {
-      for (uint32_t scheme :
-           {uint32_t{CUBLASLT_REDUCTION_SCHEME_NONE}, uint32_t{CUBLASLT_REDUCTION_SCHEME_INPLACE},
-            uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE}, uint32_t{CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE}}) {
-        if ((k == 1) != (scheme == CUBLASLT_REDUCTION_SCHEME_NONE) || (k > 1 && !(schemes & scheme))) continue;
-        if (k == split0) continue;
-        cublasLtMatmulAlgo_t vs;
-        if (with(base, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, k, &v) &&
-            with(v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme, &vs) && accepted(vs)) {
-          add(vs);
-        }
-      }
-    }
-  }
-  for (uint32_t st : stages) {
-    if (st != stages0 && with(base, CUBLASLT_ALGO_CONFIG_STAGES_ID, st, &v) && accepted(v)) add(v);
-  }
-  // Clusters of up to 4 CTAs (sm_90 kernels; cuBLASLt refuses them elsewhere).
-  for (uint16_t c : {uint16_t{CUBLASLT_CLUSTER_SHAPE_AUTO}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x1x1},
-                     uint16_t{CUBLASLT_CLUSTER_SHAPE_2x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x2x1},
-                     uint16_t{CUBLASLT_CLUSTER_SHAPE_4x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_2x2x1},
-                     uint16_t{CUBLASLT_CLUSTER_SHAPE_1x4x1}}) {
-    if (c != cluster0 && with(base, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, c, &v) && accepted(v)) add(v);
-  }
-  int32_t swizzle_ok = 0, custom_max = 0;
-  cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swizzle_ok, sizeof swizzle_ok,
-                                    &written);
-  cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max, sizeof custom_max,
-                                    &written);
-  if (swizzle_ok && with(base, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, uint32_t{swizzle0 ? 0u : 1u}, &v) && accepted(v)) {
-    add(v);
-  }
-  for (int32_t c = 0; c <= std::min(custom_max, 7); ++c) {
-    if (static_cast<uint32_t>(c) != custom0 && with(base, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, uint32_t(c), &v) &&
-        accepted(v)) {
-      add(v);
-    }
-  }
-  return out;
-}
-
-namespace {
-
 // Shapes of up to 128 tokens are timed one by one (decode batches: the CUDA
 // models pad them to a few sizes); longer ones share a power-of-two bucket.
 int64_t tuning_bucket(int64_t n) {
@@ -312,89 +185,30 @@ Status Gemm::choose(Plan& p, const void* a, const void* b, float* out, float bet
     if (auto buf = DeviceBuffer::allocate(bytes, "GEMM tuning L2 flush"); buf.ok()) flush_ = std::move(*buf);
   }
   const float alpha = 1.0f;
-  const auto t_start = std::chrono::steady_clock::now();
-  std::vector<cublasLtMatmulAlgo_t> all = cands;  // every candidate timed, in order
-  auto time_from = [&](size_t first) -> Result<std::vector<float>> {
-    auto launch = [&](int i) {
-      return cublasLtMatmul(ctx_.blas(), p.desc, &alpha, a, p.a, b, p.b, &beta, target, p.d, target, p.d,
-                            &all[first + static_cast<size_t>(i)], ctx_.workspace(), ctx_.workspace_bytes(),
-                            ctx_.stream()) == CUBLAS_STATUS_SUCCESS;
-    };
-    return time_candidates(ctx_, static_cast<int>(all.size() - first), launch, flush_.data(), flush_.size());
+  auto launch = [&](int i) {
+    return cublasLtMatmul(ctx_.blas(), p.desc, &alpha, a, p.a, b, p.b, &beta, target, p.d, target, p.d,
+                          &cands[static_cast<size_t>(i)], ctx_.workspace(), ctx_.workspace_bytes(),
+                          ctx_.stream()) == CUBLAS_STATUS_SUCCESS;
   };
-  RILL_ASSIGN_OR_RETURN(std::vector<float> ms, time_from(0));
-  const int first_best = fastest(ms);
-  int best = first_best;
-  int rounds = 0;
-  const bool search = search_ && key.n <= kSplitKMaxTokens && (key.kind == Kind::kBF16 || key.kind == Kind::kF16);
-  while (search && best >= 0 && rounds < kSearchRounds) {
-    ++rounds;
-    std::vector<cublasLtMatmulAlgo_t> more = search_variants(p, all[static_cast<size_t>(best)]);
-    const size_t first = all.size();
-    for (const cublasLtMatmulAlgo_t& v : more) {
-      if (all.size() - first >= static_cast<size_t>(kSearchPerRound)) break;
-      if (std::none_of(all.begin(), all.end(), [&](const cublasLtMatmulAlgo_t& o) { return same_algo(o, v); })) {
-        all.push_back(v);
-      }
-    }
-    if (all.size() == first) break;
-    RILL_ASSIGN_OR_RETURN(std::vector<float> more_ms, time_from(first));
-    ms.insert(ms.end(), more_ms.begin(), more_ms.end());
-    const int round_best = fastest(ms);
-    if (round_best == best) break;
-    best = round_best;
-  }
-  if (best >= 0) p.algo = all[static_cast<size_t>(best)];
+  RILL_ASSIGN_OR_RETURN(std::vector<float> ms,
+                        time_candidates(ctx_, static_cast<int>(cands.size()), launch, flush_.data(), flush_.size()));
+  const int best = fastest(ms);
+  if (best >= 0) p.algo = cands[static_cast<size_t>(best)];
   ++timings_;
   std::array<uint64_t, 8> bytes;
   std::memcpy(bytes.data(), &p.algo, sizeof p.algo);
   bucket_winners_.emplace(bucket, bytes);
   if (const char* log = std::getenv("RILL_GEMM_TUNE_LOG"); log && std::string(log) == "1") {
-    const double wall_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
     std::string times;
     for (float t : ms) times += " " + (t < 0 ? std::string("-") : std::to_string(static_cast<int>(t * 1e3f + 0.5f)));
-    std::string chosen;
-    if (best >= 0) {
-      const cublasLtMatmulAlgo_t& c = all[static_cast<size_t>(best)];
-      chosen = " [algo " + std::to_string(config<int32_t>(c, CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
-               std::to_string(config<uint32_t>(c, CUBLASLT_ALGO_CONFIG_TILE_ID)) + " stages " +
-               std::to_string(config<uint32_t>(c, CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splits " +
-               std::to_string(config<int32_t>(c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " scheme " +
-               std::to_string(config<uint32_t>(c, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)) + " swizzle " +
-               std::to_string(config<uint32_t>(c, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) + " custom " +
-               std::to_string(config<uint32_t>(c, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION)) + " cluster " +
-               std::to_string(config<uint16_t>(c, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)) + "]";
-    }
-    std::fprintf(
-        stderr,
-        "gemm tune %s %lld x %lld x %lld (bucket %lld): %zu candidates (%zu searched, %d rounds), "
-        "heuristic's first %.1f us, best of the first %zu %.1f us, chose #%d %.1f us%s; %.1f ms; all (us):%s\n",
-        kind_name(static_cast<int>(key.kind)), static_cast<long long>(key.n), static_cast<long long>(key.rows),
-        static_cast<long long>(key.cols), static_cast<long long>(bucket.n), all.size(), all.size() - cands.size(),
-        rounds, ms[0] * 1e3, cands.size(), first_best >= 0 ? ms[static_cast<size_t>(first_best)] * 1e3 : -1.0, best,
-        best >= 0 ? ms[static_cast<size_t>(best)] * 1e3 : -1.0, chosen.c_str(), wall_ms, times.c_str());
+    std::fprintf(stderr,
+                 "gemm tune %s %lld x %lld x %lld (bucket %lld): %zu candidates, heuristic's first %.1f us, "
+                 "chose #%d %.1f us; all (us):%s\n",
+                 kind_name(static_cast<int>(key.kind)), static_cast<long long>(key.n), static_cast<long long>(key.rows),
+                 static_cast<long long>(key.cols), static_cast<long long>(bucket.n), cands.size(), ms[0] * 1e3, best,
+                 best >= 0 ? ms[static_cast<size_t>(best)] * 1e3 : -1.0, times.c_str());
   }
   return Status::Ok();
-}
-
-Result<int> Gemm::run_search_variants(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols,
-                                      float* y, bool accumulate, const std::function<void(int)>& after_each) {
-  RILL_ASSIGN_OR_RETURN(Plan * p, plan(dtype, n, rows, cols));
-  const std::vector<cublasLtMatmulAlgo_t> bases =
-      p->chosen ? std::vector<cublasLtMatmulAlgo_t>{p->algo} : p->candidates;
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  int ran = 0;
-  for (const cublasLtMatmulAlgo_t& base : bases) {
-    for (const cublasLtMatmulAlgo_t& v : search_variants(*p, base)) {
-      const cublasStatus_t s = cublasLtMatmul(ctx_.blas(), p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d,
-                                              &v, ctx_.workspace(), ctx_.workspace_bytes(), ctx_.stream());
-      if (s != CUBLAS_STATUS_SUCCESS) return Error{blas_error(s, "matmul (search variant)")};
-      RILL_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
-      after_each(ran++);
-    }
-  }
-  return ran;
 }
 
 Result<Gemm::Plan*> Gemm::plan(DType dtype, int64_t n, int64_t rows, int64_t cols) {

@@ -25,14 +25,10 @@
 // request's output was never bitwise fixed across batch compositions
 // either. Where bits must match across engines, use batch-invariant mode
 // (or RILL_GEMM_TUNE=0).
-#include <cublasLt.h>
-
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <unordered_map>
-#include <vector>
 
 #include "backend/cuda/cuda_context.h"
 #include "core/dtype.h"
@@ -97,30 +93,6 @@ class Gemm {
   static constexpr int kSplitKMaxTokens = 128;
   static constexpr int kMaxCandidates = 40;
 
-  // Configuration search (off unless RILL_GEMM_SEARCH=1 or
-  // set_search(true); f16/bf16 shapes of up to kSplitKMaxTokens tokens,
-  // decode's): after the candidates above, up to kSearchRounds rounds each
-  // time the variants of the fastest so far that cuBLASLt accepts
-  // (cublasLtMatmulAlgoCheck) and that were not timed yet: every other tile
-  // of its algorithm (with its stages, else the first stages the tile
-  // takes), every other stages, 1-16 splits of K in each reduction scheme,
-  // the other CTA swizzle, the custom options, cluster shapes up to 4 CTAs;
-  // at most kSearchPerRound a round. A round whose fastest is not faster
-  // ends the search. Off by default: on the H200 with the 8B's decode
-  // shapes at 64 and 128 tokens it timed 91-237 candidates a shape (7.4 s
-  // of start-up for the ten) and beat the first round by 0-3% (docs/perf.md,
-  // branch dec23), no change to a decode step.
-  static constexpr int kSearchRounds = 3;
-  static constexpr int kSearchPerRound = 80;
-  void set_search(bool on) { search_ = on; }
-  bool search() const { return search_; }
-  // Tests: the variants the search derives from each of the heuristic's
-  // candidates for this shape (before any timing), each run as y (+)= x W^T
-  // on the given operands with after_each(i) called once it finished (the
-  // stream synchronized). Returns how many ran.
-  Result<int> run_search_variants(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols,
-                                  float* y, bool accumulate, const std::function<void(int)>& after_each);
-
  private:
   struct Plan;
   // Kind of plan in a key: the activation dtype, or FP8 with/without outer scales.
@@ -139,9 +111,6 @@ class Gemm {
   // Fills the plan's descriptors' heuristic candidates; false: none.
   bool ask_heuristic(Plan& p);
   void add_split_k_variants(Plan& p);
-  // The search's variants of base (see kSearchRounds) that cuBLASLt accepts
-  // for p's descriptors, in a fixed order.
-  std::vector<cublasLtMatmulAlgo_t> search_variants(const Plan& p, const cublasLtMatmulAlgo_t& base) const;
   // Picks p's algorithm on its first call (a, b, out, beta: that call's
   // operands; out holds n x rows floats).
   Status choose(Plan& p, const void* a, const void* b, float* out, float beta);
@@ -155,7 +124,6 @@ class Gemm {
   DeviceBuffer flush_;  // evicts L2 between timed runs; allocated at the first timing
   bool batch_invariant_ = false;
   bool tuning_ = true;
-  bool search_ = true;
   int64_t timings_ = 0;
 };
 
