@@ -151,9 +151,11 @@ class Paged {
   // Runs the device kernels over the sequences in `only` (all when empty).
   // counts: split counters for the decode kernel's own merge (null: the
   // combine kernel merges).
-  // general: decode through the general kernel.
+  // general: decode through the general kernel. warps: the fast decode
+  // kernel's block (attention_decode.h; 0: chosen by the grid; *chosen, when
+  // given, receives the choice).
   std::vector<float> gpu_out(DType out_dtype, const std::vector<int>& only = {}, int32_t* counts = nullptr,
-                             bool general = false) const {
+                             bool general = false, int32_t warps = 0, int32_t* chosen = nullptr) const {
     std::vector<int32_t> decode_tokens;
     std::vector<PrefillTile> tiles;
     int32_t t0 = 0, max_len = 0;
@@ -203,7 +205,8 @@ class Paged {
     a.out_dtype = out_dtype;
     a.out = dout.data();
     a.general_decode = general;
-    attention(a, nullptr);
+    if (chosen) *chosen = decode_fast_warps(a, decode_splits(max_len), warps);
+    attention(a, nullptr, warps);
     return decode(out_dtype, download<uint8_t>(dout, q_.size() * es));
   }
 
@@ -475,6 +478,9 @@ TEST(CudaAttention, SinksMatchCpuOnTheWidePrefill) {
   }
 }
 
+// With the block size fixed (warps 8: batch-invariant mode's; the
+// whole batch's grid here is past what fits in 8-warp blocks, so by default
+// it would take smaller ones).
 TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
   RILL_REQUIRE_GPU();
   const std::vector<SeqSpec> seqs = {{1, 700}, {1, 4000}, {2, 65}, {1, 129}};
@@ -483,15 +489,77 @@ TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
     const Paged p(c, seqs);
     const int64_t w = c.n_head * c.head_dim;
     for (bool general : {false, true}) {
-      const auto all = p.gpu_out(DType::kF32, {}, nullptr, general);
+      const auto all = p.gpu_out(DType::kF32, {}, nullptr, general, 8);
       for (int s = 0; s < 4; ++s) {
-        const auto alone = p.gpu_out(DType::kF32, {s}, nullptr, general);
+        const auto alone = p.gpu_out(DType::kF32, {s}, nullptr, general, 8);
         const int32_t t0 = p.first_token(s);
         for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i) {
           ASSERT_EQ(alone[t0 * w + i], all[t0 * w + i])
               << dtype_name(kv) << " seq " << s << " elem " << i << (general ? " general" : " fast");
         }
       }
+    }
+  }
+}
+
+// Blocks of 8, 4 and 2 warps (f16 and fp8 KV, attention_decode.h's `warps`)
+// against the CPU on the decode tokens of the first test's shapes: 1 to 17
+// splits, GQA 1 to 8, head_dim 64/128/256, window, softcap; each block size
+// with the splits merged by the combine kernel and in the kernel (bit for
+// bit equal). By default a grid that fits in 8-warp blocks takes them (the
+// bits of warps 8); 80 tokens of 8 KV heads in 2 splits (1,280
+// blocks) take smaller ones, and the output is that size's.
+TEST(CudaAttention, DecodeBlocksOfFourAndTwoWarpsMatchCpu) {
+  RILL_REQUIRE_GPU();
+  const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {1, 1}, {1, 150}, {2, 257}, {1, 4100}};
+  const std::vector<Case> cases = {
+      {32, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 128, 0, 0.5f, DType::kF16},   {4, 4, 64, 37, 0.0f, DType::kF16},
+      {16, 2, 128, 0, 0.0f, DType::kF16}, {2, 1, 256, 100, 0.0f, DType::kF16}, {16, 8, 256, 37, 0.5f, DType::kF16},
+      {32, 8, 128, 0, 0.0f, kF8E4M3},     {8, 1, 64, 0, 0.0f, kF8E4M3},        {2, 1, 256, 0, 0.5f, kF8E4M3},
+  };
+  for (const Case& c : cases) {
+    const Paged p(c, seqs);
+    const auto want = p.cpu_out();
+    int32_t n_decode = 0;
+    for (const SeqSpec& s : seqs) n_decode += s.q_len <= kDecodeMaxQ ? s.q_len : 0;
+    auto counts = upload(std::vector<int32_t>(static_cast<size_t>(n_decode * c.n_head_kv), 0));
+    for (int32_t warps : {8, 4, 2}) {
+      int32_t chosen = 0;
+      const auto got = p.gpu_out(DType::kF32, {}, nullptr, false, warps, &chosen);
+      ASSERT_EQ(chosen, warps);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], p.tolerance(i))
+            << warps << " warps, heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim << " window "
+            << c.window << " softcap " << c.softcap << " kv " << dtype_name(c.kv) << " elem " << i;
+      }
+      const auto merged = p.gpu_out(DType::kF32, {}, counts.as<int32_t>(), false, warps);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(merged[i], got[i]) << warps << " warps, in-kernel merge " << i;
+      const auto got_bf16 = p.gpu_out(DType::kBF16, {}, nullptr, false, warps);
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << warps << " warps, " << i;
+    }
+    // One token alone (sequence 0, token 0; the other rows stay poisoned): a
+    // grid of at most 8 x 4 blocks, so 8 warps by default.
+    int32_t chosen = 0;
+    const auto alone = p.gpu_out(DType::kF32, {0}, nullptr, false, 0, &chosen);
+    const auto alone8 = p.gpu_out(DType::kF32, {0}, nullptr, false, 8);
+    EXPECT_EQ(chosen, 8);
+    for (int32_t i = 0; i < c.n_head * c.head_dim; ++i) ASSERT_EQ(alone[i], alone8[i]) << i;
+  }
+  for (const DType kv : {DType::kF16, kF8E4M3}) {
+    const Case c{32, 8, 128, 0, 0.0f, kv};
+    std::vector<SeqSpec> many;
+    for (int s = 0; s < 80; ++s) many.push_back({1, 20 + 37 * s % 480});
+    const Paged p(c, many);
+    const auto want = p.cpu_out();
+    int32_t chosen = 0;
+    const auto got = p.gpu_out(DType::kF32, {}, nullptr, false, 0, &chosen);
+    EXPECT_TRUE(chosen == 4 || chosen == 2) << chosen;
+    const auto forced = p.gpu_out(DType::kF32, {}, nullptr, false, chosen);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], p.tolerance(i)) << "80 tokens, " << dtype_name(kv) << " elem " << i;
+      ASSERT_EQ(got[i], forced[i]) << "80 tokens, " << dtype_name(kv) << " elem " << i;
     }
   }
 }

@@ -1,7 +1,9 @@
 // Split-KV decode attention for the common caches. One block of 8 warps per
 // (decode token, KV head, split); a split holds up to kSplitKeys keys, so a
 // short context is one block per KV head that writes the output itself (no
-// partials, no combine kernel).
+// partials, no combine kernel). Grids too large to be resident at once in
+// 8-warp blocks (large batches) take blocks of 4 or 2 warps for f16 and fp8
+// KV (launch_one; decode_attention_fast's `warps`).
 //
 // Latency, not bandwidth, bounds decode attention at small batches, so:
 //  - the step metadata and block table (uploaded before the step's first
@@ -9,8 +11,10 @@
 //    L2, before waiting for the preceding kernel (rope_store_kv, which
 //    writes q and the step's own K/V rows): the lookups and most of the
 //    DRAM latency overlap that kernel;
-//  - the prefetch happens only for grids that fit on the GPU at once
-//    (small batches); at large batches the lines would be evicted before use;
+//  - the prefetch happens only for grids that fit on the GPU at once in
+//    8-warp blocks (small batches); at large batches the lines would be
+//    evicted before use (prefetching the resident grids of 4- and 2-warp
+//    blocks too was slower at batch 64 and 128: docs/perf.md, dec23);
 //  - each warp streams its rounds (8 keys for f16 KV, head_dim 128) through
 //    a ring of kStages shared-memory stages with cp.async (3; 5 for fp8 and
 //    block KV, whose stages are half the bytes: the same bytes of shared
@@ -41,6 +45,7 @@
 // batch.
 #include <cuda_fp8.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/attention_common.cuh"
@@ -122,9 +127,12 @@ struct Shape {
   static constexpr size_t kStageBytes =
       kBlocks ? (2 * static_cast<size_t>(kRoundKeys) * kSlotBytes + 15) / 16 * 16 : 2 * kLoads * kPieceBytes;
   static constexpr int kStages = kBlocks || kLoadBytes == 8 ? 5 : 3;  // rounds in flight per warp (see above)
-  static constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kStageBytes;
-  static constexpr size_t kAccBytes = sizeof(float) * kWarps * kG * kHd;
-  static constexpr size_t kSmemBytes = kRingBytes > kAccBytes ? kRingBytes : kAccBytes;
+  // A block of kW warps: their rings, or after the rounds their accumulators.
+  template <int kW>
+  static constexpr size_t smem_bytes() {
+    const size_t ring = static_cast<size_t>(kW) * kStages * kStageBytes, acc = sizeof(float) * kW * kG * kHd;
+    return ring > acc ? ring : acc;
+  }
 };
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
@@ -203,14 +211,18 @@ __device__ __forceinline__ void halving_sum(float (&v)[kN], int lane) {
   }
 }
 
-template <typename KV, int kHd, int kG>
-__global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks)) decode_fast_kernel(AttentionArgs a) {
+// kW warps a block (kWarps, or 4 / 2 for grids that fit on the GPU only in
+// smaller blocks: decode_attention_fast); the same registers a thread, so
+// kWarps / kW times the blocks an SM.
+template <typename KV, int kHd, int kG, int kW>
+__global__ void __launch_bounds__(kW * 32, (Shape<KV, kHd, kG>::kMinBlocks * kWarps / kW))
+    decode_fast_kernel(AttentionArgs a, bool prefetch) {
   using S = Shape<KV, kHd, kG>;
   constexpr int kE = S::kE, kL = S::kL, kR = S::kR, kLoads = S::kLoads;
-  extern __shared__ __align__(16) uint8_t smem[];  // S::kSmemBytes: the warps' rings, then acc_s
+  extern __shared__ __align__(16) uint8_t smem[];  // S::smem_bytes<kW>(): the warps' rings, then acc_s
   __shared__ int32_t rows_s[kChunkKeys];
-  __shared__ float m_s[kWarps][kG], l_s[kWarps][kG];
-  __shared__ __align__(16) float p_all[kWarps][32 + kG];
+  __shared__ float m_s[kW][kG], l_s[kW][kG];
+  __shared__ __align__(16) float p_all[kW][32 + kG];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int kStages = S::kStages;
   uint8_t* ring_w = smem + static_cast<size_t>(warp) * kStages * S::kStageBytes;  // this warp's stages
@@ -249,10 +261,9 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
     for (int e = 0; e < kE; ++e) acc[g][e] = 0.0f;
   }
   bool waited = false;
-  const bool prefetch = gridDim.x * gridDim.y * gridDim.z <= kPrefetchMaxBlocks;
   for (int32_t c0 = k_begin; c0 < k_end; c0 += kChunkKeys) {
     const int n = min(kChunkKeys, k_end - c0);
-    for (int jj = threadIdx.x; jj < n; jj += kWarps * 32) {
+    for (int jj = threadIdx.x; jj < n; jj += kW * 32) {
       const int64_t row = cache_row(a, table, c0 + jj);
       rows_s[jj] = static_cast<int32_t>(row);
       if (prefetch) {
@@ -284,12 +295,12 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
     }
     __syncthreads();
     // This warp's rounds of the chunk: k = 0, 1, ... start at key (warp + k
-    // kWarps) kRoundKeys; round k streams through stage k % kStages.
+    // kW) kRoundKeys; round k streams through stage k % kStages.
     const int n_rounds = (n + S::kRoundKeys - 1) / S::kRoundKeys;
-    const int my_rounds = n_rounds > warp ? (n_rounds - warp + kWarps - 1) / kWarps : 0;
+    const int my_rounds = n_rounds > warp ? (n_rounds - warp + kW - 1) / kW : 0;
     auto issue = [&](int k) {
       if constexpr (S::kBlocks) {  // the round's heads, word by word, by the whole warp
-        const int round0 = (warp + k * kWarps) * S::kRoundKeys;
+        const int round0 = (warp + k * kW) * S::kRoundKeys;
         uint8_t* st = ring_w + (k % kStages) * S::kStageBytes;
         constexpr int kAll = S::kRoundKeys * S::kWords;
 #pragma unroll
@@ -310,7 +321,7 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
           }
         }
       } else {
-        const int base = (warp + k * kWarps) * S::kRoundKeys + rr;
+        const int base = (warp + k * kW) * S::kRoundKeys + rr;
         uint8_t* st = ring + (k % kStages) * S::kStageBytes;
 #pragma unroll
         for (int i = 0; i < kLoads; ++i) {
@@ -330,9 +341,9 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
       if constexpr (S::kBlocks) __syncwarp();  // every lane is done reading the stage issue() refills
       if (k + kStages - 1 < my_rounds) issue(k + kStages - 1);
       cp_async_commit();
-      cp_async_wait<kStages - 1>();                               // round k's copies (this thread's) have landed
-      if constexpr (S::kBlocks) __syncwarp();                     // and every lane's
-      const int base = (warp + k * kWarps) * S::kRoundKeys + rr;  // this lane's first row (chunk-relative)
+      cp_async_wait<kStages - 1>();                           // round k's copies (this thread's) have landed
+      if constexpr (S::kBlocks) __syncwarp();                 // and every lane's
+      const int base = (warp + k * kW) * S::kRoundKeys + rr;  // this lane's first row (chunk-relative)
       using Piece = typename S::Piece;
       Piece kr[kLoads], vr[kLoads];
       // Block types: this lane's K (V) head of load i in the stage (kSpan:
@@ -478,7 +489,7 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
     detail::pdl_trigger();
   }
   // The warp's rows meet in lanes rr == 0, then the warps in shared memory.
-  auto acc_s = reinterpret_cast<float(*)[kG][kHd]>(smem);  // [kWarps][kG][kHd]
+  auto acc_s = reinterpret_cast<float(*)[kG][kHd]>(smem);  // [kW][kG][kHd]
 #pragma unroll
   for (int o = kL; o < 32; o <<= 1) {
 #pragma unroll
@@ -508,14 +519,14 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kG * kHd; i += kWarps * 32) {
+  for (int i = threadIdx.x; i < kG * kHd; i += kW * 32) {
     const int g = i / kHd, d = i % kHd;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, m_s[w][g]);
+    for (int w = 0; w < kW; ++w) mx = fmaxf(mx, m_s[w][g]);
     float den = 0.0f, num = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < kW; ++w) {
       if (l_s[w][g] > 0.0f) {
         const float wt = expf(m_s[w][g] - mx);
         den += wt * l_s[w][g];
@@ -538,41 +549,137 @@ __global__ void __launch_bounds__(kWarps * 32, (Shape<KV, kHd, kG>::kMinBlocks))
   if (a.split_counts && n_splits > 1) detail::merge_if_last<kG>(a, z, t, kvh, kG, n_splits);
 }
 
-template <typename KV, int kHd, int kG>
-void launch_one(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
-  constexpr size_t smem = Shape<KV, kHd, kG>::kSmemBytes;
+template <typename KV, int kHd, int kG, int kW>
+void launch_w(const AttentionArgs& a, dim3 grid, bool prefetch, cudaStream_t stream) {
+  constexpr size_t smem = Shape<KV, kHd, kG>::template smem_bytes<kW>();
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(decode_fast_kernel<KV, kHd, kG>), smem);
-  launch_pdl(decode_fast_kernel<KV, kHd, kG>, grid, kWarps * 32, smem, stream, a);
+  // Blocks of 4 and 2 warps fit 4 and 8 an SM only with the largest
+  // shared-memory carveout (as resident_blocks assumes).
+  opt_in.ensure(reinterpret_cast<const void*>(decode_fast_kernel<KV, kHd, kG, kW>), smem, true);
+  launch_pdl(decode_fast_kernel<KV, kHd, kG, kW>, grid, kW * 32, smem, stream, a, prefetch);
 }
 
-template <typename KV, int kHd>
-void launch_g(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
+// Blocks of kW warps resident on the whole GPU at once (the current device's).
+template <typename KV, int kHd, int kG, int kW>
+int64_t resident_blocks() {
+  static const int64_t blocks = [] {
+    constexpr size_t smem = Shape<KV, kHd, kG>::template smem_bytes<kW>();
+    const void* kernel = reinterpret_cast<const void*>(decode_fast_kernel<KV, kHd, kG, kW>);
+    RILL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    RILL_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    int per_sm = 0, device = 0, sms = 0;
+    RILL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kW * 32, smem));
+    RILL_CUDA_CHECK(cudaGetDevice(&device));
+    RILL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return static_cast<int64_t>(per_sm) * sms;
+  }();
+  return blocks;
+}
+
+// RILL_DECODE_WARPS=8/4/2 in the environment: that block size wherever
+// decode_attention_fast's `warps` is 0 (comparisons); else 0.
+int env_decode_warps() {
+  static const int w = [] {
+    const char* e = std::getenv("RILL_DECODE_WARPS");
+    const int v = e ? std::atoi(e) : 0;
+    return v == 8 || v == 4 || v == 2 ? v : 0;
+  }();
+  return w;
+}
+
+// Element KV (f16, fp8) also has blocks of 4 and 2 warps: a grid of more
+// blocks than fit on the GPU at once in blocks of 8 warps (many decode
+// tokens with short contexts: batch 64 of the 8B at ~160 keys is 512
+// blocks, two waves of 8-warp blocks whose loads, math and merges run in
+// step, the DRAM idle between) takes the largest block that lets it all be
+// resident (else 2 warps): the warps' rounds then pipeline through their
+// rings and the blocks' phases interleave. A warp's keys and the order of
+// every sum change with kW, so batch-invariant mode keeps the 8-warp block
+// whatever the grid (warps = 8).
+template <typename KV>
+inline constexpr bool kFewerWarps = std::is_same_v<KV, __half> || std::is_same_v<KV, __nv_fp8_e4m3>;
+
+// The block size (warps) launch_one takes for a grid of `units` blocks.
+template <typename KV, int kHd, int kG>
+int pick_warps(int32_t warps, int64_t units) {
+  if constexpr (!kFewerWarps<KV>) {
+    return kWarps;
+  } else {
+    const int w = warps != 0 ? warps : env_decode_warps();
+    if (w == 8 || w == 4 || w == 2) return w;
+    return units <= resident_blocks<KV, kHd, kG, kWarps>() ? kWarps
+           : units <= resident_blocks<KV, kHd, kG, 4>()    ? 4
+                                                           : 2;
+  }
+}
+
+template <typename KV, int kHd, int kG>
+void launch_one(const AttentionArgs& a, dim3 grid, int32_t warps, cudaStream_t stream) {
+  const int64_t units = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  // Prefetch into L2 before the wait only where every block is resident
+  // at once in 8-warp blocks (small batches; see the top of the file).
+  const bool prefetch = units <= kPrefetchMaxBlocks;
+  if constexpr (kFewerWarps<KV>) {
+    const int w = pick_warps<KV, kHd, kG>(warps, units);
+    if (w == 4) return launch_w<KV, kHd, kG, 4>(a, grid, prefetch, stream);
+    if (w == 2) return launch_w<KV, kHd, kG, 2>(a, grid, prefetch, stream);
+  }
+  launch_w<KV, kHd, kG, kWarps>(a, grid, prefetch, stream);
+}
+
+// f(KV, kHd, kG) for a's cache (decode_fast_supported).
+template <typename KV, int kHd, typename F>
+void for_group(const AttentionArgs& a, F&& f) {
   switch (a.n_head / a.n_head_kv) {
     case 1:
-      launch_one<KV, kHd, 1>(a, grid, stream);
+      f.template operator()<KV, kHd, 1>();
       break;
     case 2:
-      launch_one<KV, kHd, 2>(a, grid, stream);
+      f.template operator()<KV, kHd, 2>();
       break;
     case 4:
-      launch_one<KV, kHd, 4>(a, grid, stream);
+      f.template operator()<KV, kHd, 4>();
       break;
     default:
-      if constexpr (kHd <= 128) launch_one<KV, kHd, 8>(a, grid, stream);
+      if constexpr (kHd <= 128) f.template operator()<KV, kHd, 8>();
       break;
   }
 }
 
-template <typename KV>
-void launch_hd(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
+template <typename KV, typename F>
+void for_head_dim(const AttentionArgs& a, F&& f) {
   if (a.head_dim == 64) {
-    launch_g<KV, 64>(a, grid, stream);
-  } else if (a.head_dim == 128) {
-    launch_g<KV, 128>(a, grid, stream);
+    for_group<KV, 64>(a, f);
+  } else if (a.head_dim == 128 || std::is_same_v<KV, float>) {
+    for_group<KV, 128>(a, f);
   } else {
-    launch_g<KV, 256>(a, grid, stream);
+    if constexpr (!std::is_same_v<KV, float>) for_group<KV, 256>(a, f);
   }
+}
+
+template <typename F>
+void for_shape(const AttentionArgs& a, F&& f) {
+  if (a.kv_dtype == DType::kF16) {
+    for_head_dim<__half>(a, f);
+  } else if (a.kv_dtype == kF8E4M3) {
+    for_head_dim<__nv_fp8_e4m3>(a, f);
+  } else if (a.kv_dtype == DType::kQ8_0) {
+    for_head_dim<detail::KvQ8_0>(a, f);
+  } else if (a.kv_dtype == DType::kQ4_0) {
+    for_head_dim<detail::KvQ4_0>(a, f);
+  } else if (a.kv_dtype == DType::kIQ4_NL) {
+    for_head_dim<detail::KvIq4Nl>(a, f);
+  } else if (a.kv_dtype == kKvQ8_0x64) {
+    for_head_dim<detail::KvQ8_0x64>(a, f);
+  } else {
+    for_head_dim<float>(a, f);
+  }
+}
+
+dim3 decode_grid(const AttentionArgs& a, int32_t n_splits_grid) {
+  return dim3(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_splits_grid),
+              static_cast<unsigned>(a.n_decode));
 }
 
 }  // namespace
@@ -587,32 +694,18 @@ bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group) {
   return false;
 }
 
-void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_splits_grid),
-                  static_cast<unsigned>(a.n_decode));
-  if (a.kv_dtype == DType::kF16) {
-    if (a.head_dim == 64) {
-      launch_g<__half, 64>(a, grid, stream);
-    } else if (a.head_dim == 128) {
-      launch_g<__half, 128>(a, grid, stream);
-    } else {
-      launch_g<__half, 256>(a, grid, stream);
-    }
-  } else if (a.kv_dtype == kF8E4M3) {
-    launch_hd<__nv_fp8_e4m3>(a, grid, stream);
-  } else if (a.kv_dtype == DType::kQ8_0) {
-    launch_hd<detail::KvQ8_0>(a, grid, stream);
-  } else if (a.kv_dtype == DType::kQ4_0) {
-    launch_hd<detail::KvQ4_0>(a, grid, stream);
-  } else if (a.kv_dtype == DType::kIQ4_NL) {
-    launch_hd<detail::KvIq4Nl>(a, grid, stream);
-  } else if (a.kv_dtype == kKvQ8_0x64) {
-    launch_hd<detail::KvQ8_0x64>(a, grid, stream);
-  } else if (a.head_dim == 64) {
-    launch_g<float, 64>(a, grid, stream);
-  } else {
-    launch_g<float, 128>(a, grid, stream);
-  }
+int32_t decode_fast_warps(const AttentionArgs& a, int32_t n_splits_grid, int32_t warps) {
+  const dim3 grid = decode_grid(a, n_splits_grid);
+  int32_t w = kWarps;
+  for_shape(a, [&]<typename KV, int kHd, int kG>() {
+    w = pick_warps<KV, kHd, kG>(warps, static_cast<int64_t>(grid.x) * grid.y * grid.z);
+  });
+  return w;
+}
+
+void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream, int32_t warps) {
+  const dim3 grid = decode_grid(a, n_splits_grid);
+  for_shape(a, [&]<typename KV, int kHd, int kG>() { launch_one<KV, kHd, kG>(a, grid, warps, stream); });
 }
 
 }  // namespace rill::cuda

@@ -15,6 +15,17 @@ bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group);
 // Grid (n_head_kv, n_splits_grid, n_decode): tokens with one split write
 // out; the others write partials (merged by the caller's combine kernel, or
 // in the kernel with a.split_counts).
-void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream);
+// warps: the block's warps for f16 and fp8 KV, 8, 4 or 2; 0 chooses by the
+// grid: 8 while the grid fits on the GPU at once in 8-warp blocks, else 4
+// or 2 (RILL_DECODE_WARPS=8/4/2 in the environment overrides the choice,
+// for comparisons). The block size changes the order of a token's sums,
+// so a token's bits depend on its own length alone only with warps fixed.
+void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream, int32_t warps = 0);
+// The block size that launch takes (8, 4 or 2).
+int32_t decode_fast_warps(const AttentionArgs& a, int32_t n_splits_grid, int32_t warps = 0);
+
+// attention() (ops.h) with decode_attention_fast's `warps`: batch-invariant
+// mode passes 8 (every grid in 8-warp blocks), attention() 0.
+void attention(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps);
 
 }  // namespace rill::cuda

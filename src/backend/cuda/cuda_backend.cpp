@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/attention_decode.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gated_delta.h"
@@ -589,7 +590,9 @@ class CudaBackend final : public Backend {
     a.v_rotated = op.kv.v_rotated;
     a.n_tokens = static_cast<int32_t>(op.q.rows);
     a.rotation = rotation_;
-    cuda::attention(a, stream());
+    // Batch-invariant: decode attention in one block shape at every grid
+    // (attention_decode.h), so a token's bits do not depend on the batch.
+    cuda::attention(a, stream(), invariant_ ? 8 : 0);
   }
 
   void glu(Glu kind, Tensor gate_up, Tensor out) override {

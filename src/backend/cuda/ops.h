@@ -102,7 +102,9 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 // a tiled kernel (prefill: one block per 32 queries and head, K/V tiles in
 // shared memory); the other tokens through split-KV decode (one block per
 // token, KV head and split: GQA heads share each K/V read; a token's split
-// count depends only on its own length, so results are batch invariant).
+// count depends only on its own length, so with the block size fixed, as
+// batch-invariant mode fixes it (attention_decode.h), results are batch
+// invariant).
 // A token with one split (up to kSplitKeys keys) needs no combine pass.
 // Decode reads the index arrays and block tables before waiting for the
 // preceding kernel (programmatic launch): they must be written before the
