@@ -590,9 +590,15 @@ class CudaBackend final : public Backend {
     a.v_rotated = op.kv.v_rotated;
     a.n_tokens = static_cast<int32_t>(op.q.rows);
     a.rotation = rotation_;
-    // Batch-invariant: decode attention in one block shape at every grid
-    // (attention_decode.h), so a token's bits do not depend on the batch.
-    cuda::attention(a, stream(), invariant_ ? 8 : 0);
+    // Decode attention in one block shape at every grid (attention_decode.h),
+    // so a token's bits do not depend on the batch, wherever the step's
+    // matmuls do not either: batch-invariant mode, f32 activations (f32
+    // checkpoints: the GEMV at every token count) and steps of up to
+    // kGemvMaxTokens (quantized weights' and FP8's GEMV). Elsewhere the
+    // matmuls already vary with the batch (cuBLASLt), and large grids may
+    // take smaller blocks.
+    const bool fixed_blocks = invariant_ || act_ == DType::kF32 || op.q.rows <= cuda::kGemvMaxTokens;
+    cuda::attention(a, stream(), fixed_blocks ? 8 : 0);
   }
 
   void glu(Glu kind, Tensor gate_up, Tensor out) override {
