@@ -26,6 +26,7 @@
 // folded in), so outputs differ from the f32 reference by ~1e-3 relative.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -415,9 +416,16 @@ void launch_blocks(const AttentionArgs& a, cudaStream_t stream) {
   static SmemOptIn opt_in;
   opt_in.ensure(reinterpret_cast<const void*>(flash_prefill_kernel<KvT, HD, Out, kBlocks>), L::kBytes,
                 /*max_shared=*/true);
-  const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(a.n_tiles));
-  flash_prefill_kernel<KvT, HD, Out, kBlocks><<<grid, kThreads, L::kBytes, stream>>>(a);
-  RILL_CUDA_CHECK_LAUNCH();
+  // The tiles along y (at most 65,535 a launch).
+  constexpr int32_t kMaxY = 65535;
+  for (int32_t first = 0; first < a.n_tiles; first += kMaxY) {
+    AttentionArgs part = a;
+    part.tiles = a.tiles + first;
+    part.n_tiles = std::min(kMaxY, a.n_tiles - first);
+    const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(part.n_tiles));
+    flash_prefill_kernel<KvT, HD, Out, kBlocks><<<grid, kThreads, L::kBytes, stream>>>(part);
+    RILL_CUDA_CHECK_LAUNCH();
+  }
 }
 
 template <typename KvT, int HD, typename Out>
