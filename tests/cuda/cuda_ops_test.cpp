@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 
@@ -20,6 +21,8 @@
 #include "backend/cpu/rope_table.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/rope_kv.h"
+#include "core/e4m3.h"
 #include "cuda_test_util.h"
 
 namespace rill::cuda {
@@ -250,6 +253,106 @@ TEST(CudaOps, RopeAndKvStoreMatchCpuForEveryVariant) {
     ggml.ggml_freq_divisor = random_floats(8, 10, 1.0f, 8.0f);
     check_rope_kv(ggml, 16, true, kv);
     check_rope_kv(cpu::make_rope_table(1000000.0f, 16, false), 16, true, kv, 1.0f);  // gemma3: (1 + w) q/k norms
+  }
+}
+
+// rope_store_kv's warp-per-head kernel (F32 / F16 / F8_E4M3 KV) against
+// the block-per-head kernel (rope_store_kv_general) on the same inputs:
+// the rotated q and the stored K/V bytes must be the same bits. n_head_kv
+// 0: a q-only layer. pad: floats between rows of qkv (odd: scalar loads).
+void check_rope_kernels_agree(const cpu::RopeTable& table, int32_t hd, int32_t n_head, int32_t n_head_kv, bool qk_norm,
+                              DType kv, float norm_offset = 0.0f, int64_t pad = 0) {
+  const int64_t n_tok = 37, n_rows = 41, stride = (n_head + 2 * n_head_kv) * hd + pad;
+  std::vector<int32_t> pos(n_tok), slots(n_tok);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    pos[t] = static_cast<int32_t>((t * 7919) % 6000);
+    slots[t] = static_cast<int32_t>((t * 5 + 3) % n_rows);  // distinct: 5 and 41 are coprime
+  }
+  const auto qkv = random_floats(n_tok * stride, 21, -3.0f, 3.0f);
+  const auto qn = random_floats(hd, 22), kn = random_floats(hd, 23);
+  const size_t es = kv == DType::kF32 ? 4 : kv == DType::kF16 ? 2 : 1;
+  const size_t cache_bytes = static_cast<size_t>(n_rows * std::max(n_head_kv, 1) * hd) * es;
+  auto d_pos = upload(pos);
+  auto d_slots = upload(slots);
+  auto d_inv = upload(table.inv_freq);
+  auto d_div = upload(table.ggml_freq_divisor.empty() ? std::vector<float>{0} : table.ggml_freq_divisor);
+  auto d_qn = upload(qn), d_kn = upload(kn);
+  std::vector<float> got_qkv[2];
+  std::vector<uint8_t> got_k[2], got_v[2];
+  for (int general = 0; general < 2; ++general) {
+    auto d_qkv = upload(qkv);
+    auto d_k = poisoned(cache_bytes), d_v = poisoned(cache_bytes);
+    RopeKvArgs a;
+    a.qkv = d_qkv.as<float>();
+    a.n_tokens = n_tok;
+    a.qkv_stride = stride;
+    a.n_head = n_head;
+    a.n_head_kv = n_head_kv;
+    a.head_dim = hd;
+    a.positions = d_pos.as<int32_t>();
+    a.slots = d_slots.as<int32_t>();
+    a.q_norm = qk_norm ? d_qn.as<float>() : nullptr;
+    a.k_norm = qk_norm ? d_kn.as<float>() : nullptr;
+    a.norm_eps = 1e-6f;
+    a.norm_offset = norm_offset;
+    a.inv_freq = d_inv.as<float>();
+    a.freq_divisor = table.ggml_freq_divisor.empty() ? nullptr : d_div.as<float>();
+    a.rot_dim = static_cast<int32_t>(table.rot_dim);
+    a.interleaved = table.interleaved;
+    a.attn_factor = table.attn_factor;
+    a.ggml_theta_scale = table.ggml_theta_scale;
+    a.k_cache = d_k.data();
+    a.v_cache = d_v.data();
+    a.kv_dtype = kv;
+    if (general) {
+      rope_store_kv_general(a, nullptr);
+    } else {
+      rope_store_kv(a, nullptr);
+    }
+    got_qkv[general] = download<float>(d_qkv, qkv.size());
+    got_k[general] = download<uint8_t>(d_k, cache_bytes);
+    got_v[general] = download<uint8_t>(d_v, cache_bytes);
+  }
+  const std::string what = std::string("kv ") +
+                           (kv == DType::kF32   ? "f32"
+                            : kv == DType::kF16 ? "f16"
+                                                : "fp8") +
+                           " hd " + std::to_string(hd) + " rot " + std::to_string(table.rot_dim) + " norm " +
+                           std::to_string(qk_norm) + " pad " + std::to_string(pad);
+  for (size_t i = 0; i < qkv.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(got_qkv[0][i]), std::bit_cast<uint32_t>(got_qkv[1][i]))
+        << what << ": qkv element " << i << " " << got_qkv[0][i] << " vs " << got_qkv[1][i];
+  }
+  EXPECT_EQ(got_k[0], got_k[1]) << what << ": K bytes";
+  EXPECT_EQ(got_v[0], got_v[1]) << what << ": V bytes";
+}
+
+TEST(CudaOps, RopeWarpKernelMatchesTheBlockKernelBitForBit) {
+  RILL_REQUIRE_GPU();
+  using S = cpu::RopeScalingParams;
+  S llama3;
+  llama3.type = S::Type::kLlama3;
+  llama3.factor = 8;
+  llama3.original_max_position = 8192;
+  S yarn;
+  yarn.type = S::Type::kYarn;
+  yarn.factor = 4;
+  yarn.original_max_position = 4096;
+  for (DType kv : {DType::kF32, DType::kF16, kF8E4M3}) {
+    check_rope_kernels_agree(cpu::make_rope_table(500000.0f, 128, false, llama3), 128, 32, 8, false, kv);
+    check_rope_kernels_agree(cpu::make_rope_table(500000.0f, 128, false, llama3), 128, 12, 3, false, kv, 0.0f, 4);
+    check_rope_kernels_agree(cpu::make_rope_table(1000000.0f, 128, false), 128, 8, 2, true, kv);  // qwen3: q/k norms
+    check_rope_kernels_agree(cpu::make_rope_table(10000.0f, 64, true, yarn), 64, 6, 2, false, kv, 0.0f, 1);
+    check_rope_kernels_agree(cpu::make_rope_table(10000.0f, 32, false), 64, 5, 1, true, kv);        // partial + norms
+    check_rope_kernels_agree(cpu::make_rope_table(10000.0f, 64, true), 256, 4, 2, true, kv, 1.0f);  // gemma: 1 + w
+    check_rope_kernels_agree(cpu::make_rope_table(10000.0f, 512, false), 512, 3, 1, true, kv);
+    check_rope_kernels_agree(cpu::make_rope_table(10000.0f, 128, false), 128, 9, 0, true, kv);  // q only
+    cpu::RopeTable ggml = cpu::make_rope_table(10000.0f, 16, false);  // llama.cpp's angle recurrence
+    ggml.ggml_theta_scale = std::pow(10000.0f, -2.0f / 16);
+    check_rope_kernels_agree(ggml, 16, 4, 2, false, kv);
+    ggml.ggml_freq_divisor = random_floats(8, 10, 1.0f, 8.0f);
+    check_rope_kernels_agree(ggml, 16, 4, 2, true, kv, 0.0f, 3);
+    check_rope_kernels_agree(cpu::make_rope_table(10000.0f, 12, false), 20, 3, 1, true, kv);  // head_dim not x4
   }
 }
 

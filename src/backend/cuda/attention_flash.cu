@@ -14,8 +14,10 @@
 // allows), converted to one f16 K and V tile in shared memory once a tile
 // has landed (load8h: the same f16 values as the WMMA kernel's); so the
 // copies stay a tile ahead of the products for every type, and shared
-// memory is at most the f16 kernel's (at 128: q8_0 87,040 bytes, fp8
-// 84,992, q4_0 / iq4_nl 70,656; two blocks per SM). A type whose head is
+// memory is at most the f16 kernel's (at 128: f16 and q8_0 69,632 bytes,
+// fp8 67,584, q4_0 / iq4_nl 53,248; Q borrows a K/V tile, see Layout), so
+// three blocks share an SM (registers capped to allow it, kMinBlocks;
+// ncu found two blocks of 4 warps latency-bound). A type whose head is
 // not a multiple of 4 bytes runs the WMMA kernel: q8_0h64's 66-byte head
 // at head_dim 64 (at 128 its 132 bytes come here in 4-byte pieces).
 // Arithmetic as attention_mma.cu's WMMA kernel: q rounded to f16 before
@@ -24,6 +26,9 @@
 // folded in), so outputs differ from the f32 reference by ~1e-3 relative.
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/attention_common.cuh"
@@ -56,9 +61,13 @@ struct Layout {
   static constexpr bool kDirect = std::is_same_v<KvT, detail::KvF16>;
   static constexpr int kLd = HD + 8;  // halves per row: a 16-byte pad keeps ldmatrix free of bank conflicts
   static constexpr uint32_t kTile = sizeof(__half) * kBK * kLd;
-  static constexpr uint32_t kQ = 0;                            // [kBQ][kLd]
-  static constexpr uint32_t kKV = sizeof(__half) * kBQ * kLd;  // direct: stage s: K at 2s, V at 2s + 1 (tiles);
-                                                               // staged: K, then V (one stage)
+  static constexpr uint32_t kKV = 0;  // direct: stage s: K at 2s, V at 2s + 1 (tiles); staged: K, then V (one stage)
+  // Q ([kBQ][kLd], read into registers before the loop) borrows a tile no
+  // copy writes before every warp has its fragments: stage 1's K (direct:
+  // its copy is issued after a barrier that follows the fragments' loads),
+  // or the f16 K tile (staged: converted after the loop's first barrier).
+  static constexpr uint32_t kQ = kDirect ? kKV + 2 * kTile : kKV;
+  static_assert(kBQ == kBK, "Q fills one tile");
   // Staged types: a head's bytes, the pieces they are copied in, and the
   // raw ring after the f16 tiles (stage s: K at 2s, V at 2s + 1).
   static constexpr int kHeadBytes = detail::kv_head_bytes<KvT>(HD);
@@ -70,6 +79,14 @@ struct Layout {
       kDirect ? static_cast<size_t>(kKV) + 4 * kTile : static_cast<size_t>(kRaw) + 4 * kRawTile;
 };
 
+// Blocks per SM the registers are capped for: three at head_dim 128 (168
+// registers a thread, a few spilled; shared memory, at most 69,632 bytes a
+// block, allows three too), which hides more of a block's serial softmax
+// than two; RILL_CUDA_FLASH_BLOCKS=2 takes the two-block build (up to 255
+// registers), for comparisons. At 64: four (128 registers).
+template <int HD>
+constexpr int kMinBlocks = HD <= 64 ? 4 : 3;
+
 // Whether the kernel takes tag KvT at head_dim HD (see the file comment).
 template <typename KvT, int HD>
 constexpr bool flash_takes() {
@@ -80,16 +97,20 @@ constexpr bool flash_takes() {
   }
 }
 
-template <typename KvT, int HD, typename Out>
-__global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a) {
+template <typename KvT, int HD, typename Out, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kBlocks) flash_prefill_kernel(AttentionArgs a) {
   using L = Layout<KvT, HD>;
   extern __shared__ __align__(128) uint8_t smem[];
   __half* qs = reinterpret_cast<__half*>(smem + L::kQ);
   const uint32_t kv_smem = smem_addr(smem + L::kKV);
 
-  // The longest tiles (latest queries) first: less of a tail.
-  const PrefillTile tile = a.tiles[gridDim.x - 1 - blockIdx.x];
-  const int h = blockIdx.y, kvh = h / (a.n_head / a.n_head_kv);
+  // The longest tiles (latest queries) first, over every head: blocks
+  // start in x-fastest order, so a head-major grid (x the tile) started
+  // the last head's longest tile near the end (a greedy schedule of 2,048
+  // tokens' 32 tiles x 32 heads on 264 block slots ends 29% later than
+  // longest-first across heads).
+  const PrefillTile tile = a.tiles[gridDim.y - 1 - blockIdx.y];
+  const int h = blockIdx.x, kvh = h / (a.n_head / a.n_head_kv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int32_t* table = a.block_tables + a.table_start[tile.seq];
   const int32_t p_first = a.pos[tile.t0], p_last = a.pos[tile.t0 + tile.n_q - 1];
@@ -101,31 +122,33 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
   // i % 4 + 4 u of the raw heads of keys i / 4 + 32 m (m < kPieces), kPiece
   // bytes each (at 136 bytes a q8_0 head, 17 pieces of 8: 4 threads read
   // 32 consecutive bytes of a row). A tile's block-table lookups are issued
-  // a tile ahead of its copies (while the tile before is computed), all
-  // kPieces together: their latency hides behind the products.
+  // a tile ahead of its copies (while the tile before is computed): their
+  // latency hides behind the products. A warp's threads copy 16 keys of a
+  // tile; lane i < 16 looks up one of them (key_of_lane) and the copy
+  // takes each piece's row from its lane by a shuffle, so a thread holds
+  // one row across the products rather than kPieces (registers: the
+  // kernel is capped at 168 a thread, kMinBlocks).
   constexpr int kVecs = HD / 8;  // 16-byte f16 pieces per row
   constexpr int kPer = L::kDirect ? kVecs : 4;
   constexpr int kKeyStep = kThreads / kPer, kPieces = kBK / kKeyStep;
   static_assert(kThreads % kPer == 0 && kBK % kKeyStep == 0, "the copy loops below");
   const int my_vec = threadIdx.x % kPer, my_key = threadIdx.x / kPer;
-  // Direct: element offsets of this thread's pieces of the next tile to
-  // copy; staged: byte offsets of its keys' heads. -1: past k_hi.
-  int64_t rows[kPieces];
+  constexpr int kLaneKeys = 32 / kPer;  // keys of a warp per piece
+  static_assert(kPer <= 32 && 32 % kPer == 0 && kLaneKeys * kPieces <= 32, "a warp's keys in its lanes");
+  const int key_of_lane = warp * kLaneKeys + lane % kLaneKeys + kKeyStep * (lane / kLaneKeys);
+  // The cache row of this lane's key of the next tile to copy (kNoRow: past
+  // k_hi, or no key).
+  constexpr uint32_t kNoRow = 0xffffffffu;
+  uint32_t row = kNoRow;
   const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * HD;
   const int64_t row_bytes = KvT::row_bytes(row_elems);
   const int64_t head_byte = KvT::row_bytes(static_cast<int64_t>(kvh) * HD);  // the head's first byte in a row
   auto look_up = [&](int it) {
-    const int32_t kc = k_lo + it * kBK;
-#pragma unroll
-    for (int m = 0; m < kPieces; ++m) {
-      const int32_t j = kc + my_key + m * kKeyStep;
-      if constexpr (L::kDirect) {
-        rows[m] = j < k_hi ? detail::cache_row(a, table, j) * row_elems + my_vec * 8 : -1;
-      } else {
-        rows[m] = j < k_hi ? detail::cache_row(a, table, j) * row_bytes + head_byte : -1;
-      }
-    }
+    const int32_t j = k_lo + it * kBK + key_of_lane;
+    row = lane < kLaneKeys * kPieces && j < k_hi ? static_cast<uint32_t>(detail::cache_row(a, table, j)) : kNoRow;
   };
+  // The row of this thread's key my_key + m kKeyStep.
+  auto row_of = [&](int m) { return __shfl_sync(0xffffffffu, row, lane / kPer + kLaneKeys * m); };
   auto copy_tile = [&](int it) {
     if constexpr (L::kDirect) {
       const __half* kbase = static_cast<const __half*>(a.k_cache) + static_cast<int64_t>(kvh) * HD;
@@ -134,9 +157,11 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
 #pragma unroll
       for (int m = 0; m < kPieces; ++m) {
         const uint32_t off = static_cast<uint32_t>((my_key + m * kKeyStep) * L::kLd + my_vec * 8) * 2;
-        const bool ok = rows[m] >= 0;
-        cp_async16(ks + off, kbase + (ok ? rows[m] : 0), ok);
-        cp_async16(vs + off, vbase + (ok ? rows[m] : 0), ok);
+        const uint32_t r = row_of(m);
+        const bool ok = r != kNoRow;
+        const int64_t src = ok ? r * row_elems + my_vec * 8 : 0;
+        cp_async16(ks + off, kbase + src, ok);
+        cp_async16(vs + off, vbase + src, ok);
       }
     } else {
       const auto* kbase = static_cast<const uint8_t*>(a.k_cache);
@@ -144,8 +169,9 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
       const uint32_t ks = smem_addr(smem + L::kRaw) + 2 * (it & 1) * L::kRawTile, vs = ks + L::kRawTile;
 #pragma unroll
       for (int m = 0; m < kPieces; ++m) {
-        const bool ok = rows[m] >= 0;
-        const int64_t src = ok ? rows[m] : 0;
+        const uint32_t r = row_of(m);
+        const bool ok = r != kNoRow;
+        const int64_t src = ok ? r * row_bytes + head_byte : 0;
         const uint32_t off = static_cast<uint32_t>((my_key + m * kKeyStep) * L::kHeadBytes);
 #pragma unroll
         for (int u = 0; u < (L::kRowPieces + kPer - 1) / kPer; ++u) {
@@ -230,6 +256,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
     const int row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = k * 16 + (lane >> 4) * 8;
     ldmatrix_x4(qf[k], smem_addr(qs + row * L::kLd + col));
   }
+  if constexpr (L::kDirect) __syncthreads();  // Q's tile is stage 1's K: free once every warp has its fragments
 
   // This lane's two rows (fragment rows lane / 4 and lane / 4 + 8).
   const bool warp_active = warp * 16 < tile.n_q;
@@ -283,34 +310,55 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
         }
       }
       // Scale, softcap, mask; the rows' maxima over the 4 lanes sharing a row.
+      // A tile every key of which every row of the warp sees (all but the
+      // diagonal's and a window's edge) skips the mask: the same values.
       float mx[2] = {-INFINITY, -INFINITY};
+      auto scale_mask = [&](auto masked) {
 #pragma unroll
-      for (int n = 0; n < kBK / 8; ++n) {
+        for (int n = 0; n < kBK / 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          const int32_t j = kc + n * 8 + (lane & 3) * 2 + (e & 1);
-          float x = s[n][e] * a.scale;
-          if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
-          const bool ok = j < k_hi && j <= p_row[r] && j >= lo_row[r];
-          s[n][e] = ok ? x * kLog2e : -INFINITY;
-          mx[r] = fmaxf(mx[r], s[n][e]);
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1;
+            float x = s[n][e] * a.scale;
+            if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+            if constexpr (decltype(masked)::value) {
+              const int32_t j = kc + n * 8 + (lane & 3) * 2 + (e & 1);
+              const bool ok = j < k_hi && j <= p_row[r] && j >= lo_row[r];
+              s[n][e] = ok ? x * kLog2e : -INFINITY;
+            } else {
+              s[n][e] = x * kLog2e;
+            }
+            mx[r] = fmaxf(mx[r], s[n][e]);
+          }
         }
+      };
+      const bool full = __all_sync(
+          0xffffffffu, kc + kBK <= k_hi && kc + kBK - 1 <= min(p_row[0], p_row[1]) && kc >= max(lo_row[0], lo_row[1]));
+      if (full) {
+        scale_mask(std::false_type{});
+      } else {
+        scale_mask(std::true_type{});
       }
-      float base[2];
+      float base[2], corr[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float m_new = fmaxf(m[r], mx[r]);
         base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: every p is 0
-        const float corr = exp2f(m[r] - base[r]);     // 0 while m is -inf
-        l[r] *= corr;
+        corr[r] = exp2f(m[r] - base[r]);              // 0 while m is -inf
+        l[r] *= corr[r];
         m[r] = m_new;
+      }
+      // Where no row's maximum moved (every corr 1: most tiles past the
+      // first few), the rescale is x * 1 and is skipped: the same bits.
+      if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
         for (int n = 0; n < HD / 8; ++n) {
-          o[n][2 * r] *= corr;
-          o[n][2 * r + 1] *= corr;
+          o[n][0] *= corr[0];
+          o[n][1] *= corr[0];
+          o[n][2] *= corr[1];
+          o[n][3] *= corr[1];
         }
       }
       // O += P V, P straight from the score fragments.
@@ -362,14 +410,34 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
   }
 }
 
-template <typename KvT, int HD, typename Out>
-void launch(const AttentionArgs& a, cudaStream_t stream) {
+template <typename KvT, int HD, typename Out, int kBlocks>
+void launch_blocks(const AttentionArgs& a, cudaStream_t stream) {
   using L = Layout<KvT, HD>;
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(flash_prefill_kernel<KvT, HD, Out>), L::kBytes);
-  const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_head));
-  flash_prefill_kernel<KvT, HD, Out><<<grid, kThreads, L::kBytes, stream>>>(a);
-  RILL_CUDA_CHECK_LAUNCH();
+  opt_in.ensure(reinterpret_cast<const void*>(flash_prefill_kernel<KvT, HD, Out, kBlocks>), L::kBytes,
+                /*max_shared=*/true);
+  // The tiles along y (at most 65,535 a launch).
+  constexpr int32_t kMaxY = 65535;
+  for (int32_t first = 0; first < a.n_tiles; first += kMaxY) {
+    AttentionArgs part = a;
+    part.tiles = a.tiles + first;
+    part.n_tiles = std::min(kMaxY, a.n_tiles - first);
+    const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(part.n_tiles));
+    flash_prefill_kernel<KvT, HD, Out, kBlocks><<<grid, kThreads, L::kBytes, stream>>>(part);
+    RILL_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <typename KvT, int HD, typename Out>
+void launch(const AttentionArgs& a, cudaStream_t stream) {
+  static const bool two = [] {
+    const char* env = std::getenv("RILL_CUDA_FLASH_BLOCKS");
+    return env && std::string(env) == "2";
+  }();
+  if constexpr (HD == 128) {
+    if (two) return launch_blocks<KvT, HD, Out, 2>(a, stream);
+  }
+  launch_blocks<KvT, HD, Out, kMinBlocks<HD>>(a, stream);
 }
 
 // Alignment the kernel needs of the cache planes: the pieces' (a row is

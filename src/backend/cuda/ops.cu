@@ -2,11 +2,14 @@
 // conversion, and RoPE fused with the paged K/V store.
 #include <algorithm>
 #include <cassert>
+#include <type_traits>
 
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kv_types.cuh"
+#include "backend/cuda/mma_tile.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/rope_kv.h"
 
 namespace rill::cuda {
 namespace {
@@ -14,6 +17,7 @@ namespace {
 using detail::block_sum;
 using detail::from_f32;
 using detail::to_f32;
+using detail::warp_sum;
 
 template <typename T>
 __global__ void embed_kernel(const T* table, int64_t n_cols, const int32_t* ids, float* out) {
@@ -22,22 +26,28 @@ __global__ void embed_kernel(const T* table, int64_t n_cols, const int32_t* ids,
   for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x) out[i * n_cols + c] = to_f32(row[c]);
 }
 
+// Four values to o[0..3] in one store (o 4 * sizeof(Out)-byte aligned),
+// each converted as from_f32 does.
+template <typename Out>
+__device__ __forceinline__ void store4(Out* o, float a, float b, float c, float d) {
+  if constexpr (std::is_same_v<Out, float>) {
+    *reinterpret_cast<float4*>(o) = make_float4(a, b, c, d);
+  } else {
+    Out e[4] = {from_f32<Out>(a), from_f32<Out>(b), from_f32<Out>(c), from_f32<Out>(d)};
+    *reinterpret_cast<uint2*>(o) = *reinterpret_cast<const uint2*>(e);
+  }
+}
+
 // One block per row. Squares summed in f32 (the CPU sums in double: the
 // difference is far below the tests' tolerance); scale = 1 / sqrtf(mean + eps).
-// Rows whose length is a multiple of 4 are read as float4 (one load per
-// thread per pass for 4,096 wide rows at 1,024 threads).
+// Rows whose length is a multiple of 4 are read as float4.
 template <typename Out>
 __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w, int64_t dim,
                                 float eps, float w_offset, Out* out) {
   __shared__ float red[32];
   const bool vec = (dim & 3) == 0 && (x_stride & 3) == 0;
-  // The weights (never written) of a row of at most one float4 per thread,
-  // and the row id (step metadata), are read before waiting for x.
-  const bool w_pre = vec && w && dim / 4 <= blockDim.x;
-  float4 wv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (w_pre && threadIdx.x < dim / 4) wv = reinterpret_cast<const float4*>(w)[threadIdx.x];
   const int64_t r = blockIdx.x;
-  const int64_t row = row_ids ? row_ids[r] : r;
+  const int64_t row = row_ids ? row_ids[r] : r;  // step metadata: read before the wait
   detail::pdl_wait();
   detail::pdl_trigger();
   const float* xr = x + row * x_stride;
@@ -59,12 +69,10 @@ __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const int32_t*
     for (int64_t i = threadIdx.x; i < dim / 4; i += blockDim.x) {
       const float4 v = x4[i];
       const float e[4] = {v.x, v.y, v.z, v.w};
-      const float we[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float y = e[k] * scale;
-        const float wk = w_pre ? we[k] : w ? w[4 * i + k] : 0.0f;
-        o[4 * i + k] = from_f32<Out>(w ? y * (w_offset + wk) : y);
+        o[4 * i + k] = from_f32<Out>(w ? y * (w_offset + w[4 * i + k]) : y);
       }
     }
     return;
@@ -72,6 +80,52 @@ __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const int32_t*
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     const float v = xr[i] * scale;
     o[i] = from_f32<Out>(w ? v * (w_offset + w[i]) : v);
+  }
+}
+
+// rms_norm_kernel's arithmetic for rows of at most one float4 per thread
+// (dim a multiple of 4, dim / 4 <= blockDim.x; the same threads per row, so
+// the same sums): kRows rows a block, all read into registers before the
+// first row's sum (the next rows' loads in flight while it reduces), each
+// read once and written 4 elements a store (out 4 * sizeof(Out)-byte
+// aligned). The weights (never written) and the row ids (step metadata)
+// are read before waiting for x.
+template <typename Out, int kRows>
+__global__ void rms_norm_held_kernel(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w,
+                                     int64_t n_rows, int64_t dim, float eps, float w_offset, Out* out) {
+  __shared__ float red[32];
+  const bool mine = threadIdx.x < dim / 4;
+  float4 wv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (w && mine) wv = reinterpret_cast<const float4*>(w)[threadIdx.x];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  int64_t rows[kRows];
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) rows[k] = r0 + k < n_rows ? (row_ids ? row_ids[r0 + k] : r0 + k) : -1;
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  float4 v[kRows];
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (mine && rows[k] >= 0) v[k] = reinterpret_cast<const float4*>(x + rows[k] * x_stride)[threadIdx.x];
+  }
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    if (rows[k] < 0) return;  // the same for every thread
+    float ss = 0.0f;
+    if (mine) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    ss = block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+    if (!mine) continue;
+    const float y[4] = {v[k].x * scale, v[k].y * scale, v[k].z * scale, v[k].w * scale};
+    float e[4] = {y[0], y[1], y[2], y[3]};
+    if (w) {
+      e[0] = y[0] * (w_offset + wv.x);
+      e[1] = y[1] * (w_offset + wv.y);
+      e[2] = y[2] * (w_offset + wv.z);
+      e[3] = y[3] * (w_offset + wv.w);
+    }
+    store4(out + (r0 + k) * dim + 4 * static_cast<int64_t>(threadIdx.x), e[0], e[1], e[2], e[3]);
   }
 }
 
@@ -90,8 +144,9 @@ __global__ void silu_mul_kernel(const float* gate_up, int64_t n_ff, Out* out) {
   }
 }
 
-// The same per element, 4 at a time (n_ff a multiple of 4, gate_up 16-byte
-// aligned): one float4 load of the gate and one of the up half per thread.
+// The same per element, 4 at a time (n_ff a multiple of 4, gate_up and out
+// 16- and 4 * sizeof(Out)-byte aligned): one float4 load of the gate and one
+// of the up half per thread, one store of the 4 results.
 template <typename Out>
 __global__ void silu_mul4_kernel(const float* gate_up, int64_t n_ff, Out* out) {
   detail::pdl_wait();
@@ -101,11 +156,8 @@ __global__ void silu_mul4_kernel(const float* gate_up, int64_t n_ff, Out* out) {
   const int64_t n4 = n_ff / 4;
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += gridDim.x * blockDim.x) {
     const float4 x = g[i], u = g[n4 + i];
-    Out* o = out + r * n_ff + 4 * i;
-    o[0] = from_f32<Out>(silu_times(x.x, u.x));
-    o[1] = from_f32<Out>(silu_times(x.y, u.y));
-    o[2] = from_f32<Out>(silu_times(x.z, u.z));
-    o[3] = from_f32<Out>(silu_times(x.w, u.w));
+    store4(out + r * n_ff + 4 * i, silu_times(x.x, u.x), silu_times(x.y, u.y), silu_times(x.z, u.z),
+           silu_times(x.w, u.w));
   }
 }
 
@@ -224,6 +276,121 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   if constexpr (!detail::kv_rotated_only<KvT>) KvT::store(h, row, static_cast<int64_t>(kv_head) * hd, width);
 }
 
+// Element types (kBlock 1: F32, F16, F8_E4M3): element e of a row from x,
+// the bytes KvT::store writes for it.
+__device__ __forceinline__ void store_kv_element(detail::KvF32, uint8_t* row, int64_t e, float x) {
+  reinterpret_cast<float*>(row)[e] = x;
+}
+__device__ __forceinline__ void store_kv_element(detail::KvF16, uint8_t* row, int64_t e, float x) {
+  reinterpret_cast<__half*>(row)[e] = __float2half_rn(x);
+}
+__device__ __forceinline__ void store_kv_element(detail::KvFp8, uint8_t* row, int64_t e, float x) {
+  row[e] = detail::KvFp8::encode(x);
+}
+template <typename KvT>
+inline constexpr bool kv_element_type = KvT::kBlock == 1 && !detail::kv_rotatable<KvT>;
+
+// rope_kv_kernel's results for the element types, a warp per head: block
+// (t, y) takes heads [y kRopeBlockHeads, (y + 1) kRopeBlockHeads) of token
+// t, counting q, then k, then v heads, kRopeHeads a warp. The heads come
+// into shared memory by cp.async while the block's threads compute the
+// token's angles once (rope_kv_kernel computed them once per head and
+// waited for them before its loads); then each warp works on its own heads
+// and syncs only itself. The arithmetic is rope_kv_kernel's, element by
+// element, and the q/k norm's sum of squares is that kernel's tree: its
+// thread i (of 32, or 64 at head_dim >= 128) summed elements i, i + 64,
+// ... in order, then warp sums, then their sum; here lane l does threads
+// l and l + 32, so the bits are the same (tests/cuda/cuda_ops_test.cpp
+// holds the two kernels to each other bit for bit).
+constexpr int kRopeWarps = 8, kRopeHeads = 2;  // heads per warp
+constexpr int kRopeBlockHeads = kRopeWarps * kRopeHeads;
+// Six blocks an SM: 40 registers a thread (none spilled; eight spill).
+template <typename KvT>
+__global__ void __launch_bounds__(kRopeWarps * 32, 6) rope_kv_warp_kernel(RopeKvArgs a) {
+  // cos [n_pairs], sin [n_pairs], pad to 4, heads [kRopeBlockHeads][head_dim]
+  extern __shared__ __align__(16) float sm[];
+  const int64_t t = blockIdx.x;
+  const int hd = a.head_dim, n_pairs = a.rot_dim / 2;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n_heads = a.n_head + 2 * a.n_head_kv, first = blockIdx.y * kRopeBlockHeads;
+  float* cs = sm;
+  float* sn = sm + n_pairs;
+  float* heads = sm + (2 * n_pairs + 3) / 4 * 4;
+  const bool angles = first < a.n_head + a.n_head_kv;  // the block holds a q or k head
+  const int32_t p = angles ? a.positions[t] : 0;       // step metadata: read before the wait
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  // This warp's heads first + u kRopeWarps + warp (u < kRopeHeads) into
+  // shared memory, by cp.async where 16-byte pieces allow it: the angles
+  // are computed while the copies are in flight.
+  const bool vec = (hd & 3) == 0 && (a.qkv_stride & 3) == 0 && (reinterpret_cast<uintptr_t>(a.qkv) & 15) == 0;
+#pragma unroll
+  for (int u = 0; u < kRopeHeads; ++u) {
+    const int head = first + u * kRopeWarps + warp;
+    if (head >= n_heads) break;
+    const float* src = a.qkv + t * a.qkv_stride + static_cast<int64_t>(head) * hd;
+    float* h = heads + (u * kRopeWarps + warp) * hd;
+    if (vec) {
+      for (int i = lane; i < hd / 4; i += 32) detail::cp_async16(detail::smem_addr(h + 4 * i), src + 4 * i, true);
+    } else {
+      for (int d = lane; d < hd; d += 32) h[d] = src[d];
+    }
+  }
+  detail::cp_async_commit();
+  if (angles) {
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) rope_angle(a, p, i, &cs[i], &sn[i]);
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+#pragma unroll 1
+  for (int u = 0; u < kRopeHeads; ++u) {
+    const int head = first + u * kRopeWarps + warp;
+    if (head >= n_heads) return;
+    float* h = heads + (u * kRopeWarps + warp) * hd;
+    const bool is_q = head < a.n_head, is_k = !is_q && head < a.n_head + a.n_head_kv;
+    const float* norm_w = is_q ? a.q_norm : is_k ? a.k_norm : nullptr;
+    if (norm_w) {
+      const int n_threads = hd >= 128 ? 64 : 32;  // rope_kv_kernel's block at this head_dim
+      float ss_lo = 0.0f, ss_hi = 0.0f;           // its threads lane and lane + 32
+      for (int d = lane; d < hd; d += n_threads) ss_lo += h[d] * h[d];
+      if (n_threads == 64) {
+        for (int d = lane + 32; d < hd; d += n_threads) ss_hi += h[d] * h[d];
+      }
+      float ss = warp_sum(ss_lo);
+      if (n_threads == 64) ss = ss + warp_sum(ss_hi);
+      const float scale = 1.0f / sqrtf(ss / static_cast<float>(hd) + a.norm_eps);
+      __syncwarp();
+      for (int d = lane; d < hd; d += 32) h[d] = (h[d] * scale) * (a.norm_offset + norm_w[d]);
+      __syncwarp();
+    }
+    if (is_q || is_k) {
+      for (int i = lane; i < n_pairs; i += 32) {
+        const int i0 = a.interleaved ? 2 * i : i, i1 = a.interleaved ? 2 * i + 1 : i + n_pairs;
+        const float x0 = h[i0], x1 = h[i1];
+        h[i0] = x0 * cs[i] - x1 * sn[i];
+        h[i1] = x0 * sn[i] + x1 * cs[i];
+      }
+      __syncwarp();
+    }
+    if (is_q) {
+      float* dst = a.qkv + t * a.qkv_stride + static_cast<int64_t>(head) * hd;
+      if (vec) {
+        for (int i = lane; i < hd / 4; i += 32) {
+          reinterpret_cast<float4*>(dst)[i] = reinterpret_cast<const float4*>(h)[i];
+        }
+      } else {
+        for (int d = lane; d < hd; d += 32) dst[d] = h[d];
+      }
+      continue;
+    }
+    const int kv_head = is_k ? head - a.n_head : head - a.n_head - a.n_head_kv;
+    const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
+    auto* row = static_cast<uint8_t*>(is_k ? a.k_cache : a.v_cache) + KvT::row_bytes(a.slots[t] * row_elems);
+    const int64_t e0 = static_cast<int64_t>(kv_head) * hd;
+    for (int d = lane; d < hd; d += 32) store_kv_element(KvT{}, row, e0 + d, h[d]);
+  }
+}
+
 __global__ void argmax_kernel(const float* logits, int64_t n_cols, int32_t* ids) {
   __shared__ float best_v[32];
   __shared__ int64_t best_i[32];
@@ -311,6 +478,22 @@ int grid_for(int64_t n, int threads) {
   return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
 }
 
+// rope_kv_warp_kernel for the element types (false: KvT is a block type).
+template <typename KvT>
+bool launch_rope_kv_warp(const RopeKvArgs& a, cudaStream_t stream) {
+  if constexpr (kv_element_type<KvT>) {
+    assert(a.rot_dim <= a.head_dim && a.rot_dim % 2 == 0 && !a.k_rotated && !a.v_rotated);
+    const int n_heads = a.n_head + 2 * a.n_head_kv;
+    const dim3 grid(static_cast<unsigned>(a.n_tokens),
+                    static_cast<unsigned>((n_heads + kRopeBlockHeads - 1) / kRopeBlockHeads));
+    const size_t smem = static_cast<size_t>((a.rot_dim + 3) / 4 * 4 + kRopeBlockHeads * a.head_dim) * sizeof(float);
+    launch_pdl(rope_kv_warp_kernel<KvT>, grid, kRopeWarps * 32, smem, stream, a);
+    return true;
+  } else {
+    return false;
+  }
+}
+
 }  // namespace
 
 void embed_rows(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids, int64_t n_ids, float* out,
@@ -325,14 +508,28 @@ void rms_norm(const float* x, int64_t x_stride, const int32_t* row_ids, const fl
               float eps, float w_offset, DType out_dtype, void* out, cudaStream_t stream) {
   if (n_rows <= 0) return;
   const int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 256 : 64;
-  RILL_CUDA_DISPATCH_FLOAT(
-      out_dtype, launch_pdl(rms_norm_kernel<T>, static_cast<unsigned>(n_rows), threads, 0, stream, x,
-                            x_stride > 0 ? x_stride : dim, row_ids, w, dim, eps, w_offset, static_cast<T*>(out)));
+  const int64_t stride = x_stride > 0 ? x_stride : dim;
+  const bool held = dim % 4 == 0 && stride % 4 == 0 && dim / 4 <= threads && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(out) % (4 * dtype_info(out_dtype).block_bytes) == 0;
+  if (held && n_rows >= 1024) {  // two rows a block where the grid still fills the GPU
+    const auto grid = static_cast<unsigned>((n_rows + 1) / 2);
+    RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(rms_norm_held_kernel<T, 2>, grid, threads, 0, stream, x, stride,
+                                                   row_ids, w, n_rows, dim, eps, w_offset, static_cast<T*>(out)));
+  } else if (held) {
+    RILL_CUDA_DISPATCH_FLOAT(
+        out_dtype, launch_pdl(rms_norm_held_kernel<T, 1>, static_cast<unsigned>(n_rows), threads, 0, stream, x, stride,
+                              row_ids, w, n_rows, dim, eps, w_offset, static_cast<T*>(out)));
+  } else {
+    RILL_CUDA_DISPATCH_FLOAT(
+        out_dtype, launch_pdl(rms_norm_kernel<T>, static_cast<unsigned>(n_rows), threads, 0, stream, x, stride, row_ids,
+                              w, dim, eps, w_offset, static_cast<T*>(out)));
+  }
 }
 
 void silu_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype, void* out, cudaStream_t stream) {
   if (n_rows <= 0) return;
-  if (n_ff % 4 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0) {
+  if (n_ff % 4 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(out) % (4 * dtype_info(out_dtype).block_bytes) == 0) {
     const dim3 grid(static_cast<unsigned>(grid_for(n_ff / 4, 256)), static_cast<unsigned>(n_rows));
     RILL_CUDA_DISPATCH_FLOAT(
         out_dtype, launch_pdl(silu_mul4_kernel<T>, grid, 256, 0, stream, gate_up, n_ff, static_cast<T*>(out)));
@@ -362,7 +559,7 @@ void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int32_t* i
   RILL_CUDA_CHECK_LAUNCH();
 }
 
-void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
+void rope_store_kv_general(const RopeKvArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return;
   assert(a.rot_dim <= a.head_dim && a.rot_dim % 2 == 0);
   assert(kv_supported(a.kv_dtype) && kv_rotation_supported(a.kv_dtype, a.head_dim, a.k_rotated) &&
@@ -388,6 +585,13 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
                         (scratch ? static_cast<size_t>(threads / 32) * sizeof(detail::RotatedScratch) : 0);
     launch_pdl(rope_kv_kernel<KvT>, grid, threads, smem, stream, a);
   });
+}
+
+void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream) {
+  if (a.n_tokens <= 0) return;
+  bool done = false;
+  RILL_CUDA_DISPATCH_KV(a.kv_dtype, done = launch_rope_kv_warp<KvT>(a, stream));
+  if (!done) rope_store_kv_general(a, stream);
 }
 
 }  // namespace rill::cuda
