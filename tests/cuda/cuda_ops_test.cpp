@@ -65,6 +65,45 @@ TEST(CudaOps, EmbeddingGatherIsExact) {
   }
 }
 
+// From 1,024 rows a block takes two (ops.cu): an odd count leaves the last
+// block one row, and gathered rows (row_ids) go through the same path.
+TEST(CudaOps, RmsNormTwoRowsABlockMatchesCpu) {
+  RILL_REQUIRE_GPU();
+  const int64_t n = 1025, dim = 4096;
+  const auto x = random_floats(n * dim, 12, -3, 3);
+  const auto w = random_floats(dim, 13);
+  std::vector<float> want(x.size());
+  cpu::rms_norm(x.data(), w.data(), n, dim, 1e-5f, want.data());
+  auto dx = upload(x);
+  auto dw = upload(w);
+  for (DType out : {DType::kF32, DType::kBF16}) {
+    const size_t es = out == DType::kF32 ? 4 : 2;
+    auto d_out = poisoned(x.size() * es + 64);
+    rms_norm(dx.as<float>(), dim, nullptr, dw.as<float>(), n, dim, 1e-5f, 0.0f, out, d_out.data(), nullptr);
+    const auto raw = download<uint8_t>(d_out, x.size() * es + 64);
+    const auto got =
+        decode(out, std::vector<uint8_t>(raw.begin(), raw.begin() + static_cast<std::ptrdiff_t>(x.size() * es)));
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], rel_tol(out) * std::fabs(want[i]) + 1e-6) << dtype_name(out) << " " << i;
+    }
+    EXPECT_EQ(std::count(raw.end() - 64, raw.end(), uint8_t{0xff}), 64) << "written past the rows";
+  }
+  // 1,025 gathered rows in reverse order.
+  std::vector<int32_t> rows(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) rows[static_cast<size_t>(r)] = static_cast<int32_t>(n - 1 - r);
+  auto d_rows = upload(rows);
+  auto d_out = poisoned(x.size() * 4);
+  rms_norm(dx.as<float>(), dim, d_rows.as<int32_t>(), dw.as<float>(), n, dim, 1e-5f, 0.0f, DType::kF32, d_out.data(),
+           nullptr);
+  const auto got = download<float>(d_out, x.size());
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < dim; ++i) {
+      ASSERT_NEAR(got[r * dim + i], want[(n - 1 - r) * dim + i], 1e-5 * std::fabs(want[(n - 1 - r) * dim + i]) + 1e-6)
+          << "gathered row " << r;
+    }
+  }
+}
+
 TEST(CudaOps, RmsNormMatchesCpu) {
   RILL_REQUIRE_GPU();
   for (int64_t dim : {64, 96, 4096}) {

@@ -145,7 +145,10 @@ __global__ void __launch_bounds__(kThreads, kBlocks) flash_prefill_kernel(Attent
   const int64_t head_byte = KvT::row_bytes(static_cast<int64_t>(kvh) * HD);  // the head's first byte in a row
   auto look_up = [&](int it) {
     const int32_t j = k_lo + it * kBK + key_of_lane;
-    row = lane < kLaneKeys * kPieces && j < k_hi ? static_cast<uint32_t>(detail::cache_row(a, table, j)) : kNoRow;
+    // (A negative row, a hole in the table, is no row either, as the
+    // kernel before zero-filled it.)
+    const int64_t r = lane < kLaneKeys * kPieces && j < k_hi ? detail::cache_row(a, table, j) : -1;
+    row = r < 0 ? kNoRow : static_cast<uint32_t>(r);
   };
   // The row of this thread's key my_key + m kKeyStep.
   auto row_of = [&](int m) { return __shfl_sync(0xffffffffu, row, lane / kPer + kLaneKeys * m); };

@@ -217,16 +217,17 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
                    : is_k ? a.n_head + (y - a.n_head) * n_sub
                           : a.n_head + a.n_head_kv + (y - a.n_head - n_groups) * n_sub;
   const int n_pairs = a.rot_dim / 2;
-  // The angle of this thread's pair (a function of the position, step
-  // metadata, and constants) before waiting for the qkv rows, when every
-  // thread has at most one pair.
+  // The angle of this thread's pair, when every thread has at most one:
+  // computed after the wait, since positions can come from the kernel
+  // before (Gemma 4's assistant layers shift them on the device,
+  // shift_positions).
   const bool pre = (is_q || is_k) && n_sub * n_pairs <= static_cast<int>(blockDim.x);
   float pre_cs = 0.0f, pre_sn = 0.0f;
+  detail::pdl_wait();
+  detail::pdl_trigger();
   if (pre && static_cast<int>(threadIdx.x) < n_sub * n_pairs) {
     rope_angle(a, a.positions[t], threadIdx.x % n_pairs, &pre_cs, &pre_sn);
   }
-  detail::pdl_wait();
-  detail::pdl_trigger();
   const int width = n_sub * hd;
   float* src = a.qkv + t * a.qkv_stride + static_cast<int64_t>(head) * hd;
   for (int d = threadIdx.x; d < width; d += blockDim.x) h[d] = src[d];
@@ -317,9 +318,11 @@ __global__ void __launch_bounds__(kRopeWarps * 32, 6) rope_kv_warp_kernel(RopeKv
   float* sn = sm + n_pairs;
   float* heads = sm + (2 * n_pairs + 3) / 4 * 4;
   const bool angles = first < a.n_head + a.n_head_kv;  // the block holds a q or k head
-  const int32_t p = angles ? a.positions[t] : 0;       // step metadata: read before the wait
   detail::pdl_wait();
   detail::pdl_trigger();
+  // After the wait: positions can come from the kernel before (Gemma 4's
+  // assistant layers shift them on the device, shift_positions).
+  const int32_t p = angles ? a.positions[t] : 0;
   // This warp's heads first + u kRopeWarps + warp (u < kRopeHeads) into
   // shared memory, by cp.async where 16-byte pieces allow it: the angles
   // are computed while the copies are in flight.
