@@ -45,7 +45,8 @@ void quant_gemv(DType w_dtype, const void* w, DType x_dtype, const void* x, int6
 
 // out[r, :] = W[row0 + r, :] for r in [0, n_rows), dequantized exactly as
 // cpu::ref::dequantize_row (bit for bit in F32) and rounded to out_dtype
-// (F32/F16/BF16, round to nearest even). out: [n_rows, n_cols]. W is read
+// (F32/F16/BF16, round to nearest even). out: [n_rows, n_cols], 16-byte
+// aligned for F32 and 8-byte for F16/BF16 (vector stores). W is read
 // before the programmatic-launch wait (the tile kernel's first loads): W
 // must not be written by the kernel just before on the stream (weights
 // never are).
