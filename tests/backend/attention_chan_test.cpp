@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/attention_chan.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/kv_quant.h"
 #include "core/e4m3.h"
 #include "core/half.h"
@@ -313,6 +314,113 @@ TEST(AttentionChan, StepsAndBatchesAreBitExact) {
       for (int64_t r = 0; r < sa.a.n_q * qw; ++r) {
         ASSERT_EQ(sa.out[static_cast<size_t>(r)], whole.out[static_cast<size_t>(cuts[i] * qw + r)])
             << "step [" << cuts[i] << ", " << cuts[i + 1] << ") element " << r;
+      }
+    }
+  }
+}
+
+// A prefill step attends its queries in tiles (a K group's codes and a V
+// row decoded once per tile), a decode step one query alone: the same bits
+// per query, with and without a window, tiles straddling blocks and the
+// step starting mid-block.
+TEST(AttentionChan, TilesMatchSingleQueriesBitForBit) {
+  ThreadPool pool(2);
+  const Seq a(150, 9);
+  const auto qa = queries(a.n, 10);
+  const int64_t qw = kHeads * 64;
+  for (const int64_t window : {int64_t{0}, int64_t{40}, int64_t{5}}) {
+    std::vector<float> single(static_cast<size_t>(a.n * qw));
+    for (int64_t i = 0; i < a.n; ++i) {
+      Step st;
+      prepare(st, a, qa, i, i + 1);
+      attention_chan_batch(&st.a, &st.t, 1, params(window), kK4c, pool);
+      std::copy(st.out.begin(), st.out.end(), single.begin() + i * qw);
+    }
+    for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 150}, std::vector<int64_t>{0, 3, 37, 70, 150}}) {
+      for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+        Step st;
+        prepare(st, a, qa, cuts[c], cuts[c + 1]);
+        attention_chan_batch(&st.a, &st.t, 1, params(window), kK4c, pool);
+        for (int64_t r = 0; r < st.a.n_q * qw; ++r) {
+          ASSERT_EQ(st.out[static_cast<size_t>(r)], single[static_cast<size_t>(cuts[c] * qw + r)])
+              << "window " << window << " step [" << cuts[c] << ", " << cuts[c + 1] << ") element " << r;
+        }
+      }
+    }
+  }
+}
+
+// The tile kernel against the single-query kernel of each ISA this machine
+// runs (the batch driver takes the best one only): every query of tiles of
+// 2..kChanTile queries at every offset in a block, K blocks and own blocks
+// straddled, bit for bit, rotation left to the caller in both.
+TEST(AttentionChan, EveryIsaTileMatchesItsSingleQueryKernel) {
+  const Seq a(100, 11);
+  const auto qa = queries(a.n, 12);
+  const int64_t qw = kHeads * 64, hd = 64;
+  struct Kernels {
+    void (*one)(const detail::ChanAttendArgs&);
+    void (*tile)(const detail::ChanTileArgs&);
+    detail::KvDequant dq;
+  };
+  std::vector<Kernels> isas = {
+      {detail::attend_chan_scalar, detail::attend_chan_tile_scalar, detail::kv_dequant_scalar(kKvIq4Nl64)}};
+  if (best_isa() != Isa::kScalar)
+    isas.push_back({detail::attend_chan_avx2, detail::attend_chan_tile_avx2, detail::kv_dequant_avx2(kKvIq4Nl64)});
+  if (best_isa() == Isa::kAvx512)
+    isas.push_back({detail::attend_chan_avx512, detail::attend_chan_tile_avx512, detail::kv_dequant_avx2(kKvIq4Nl64)});
+  const int64_t c0 = 21;  // the step [21, 100): its first block from the tail
+  Step st;
+  prepare(st, a, qa, c0, a.n);
+  std::vector<float> scores(static_cast<size_t>(a.n * kGroup));
+  for (const Kernels& k : isas) {
+    for (const int64_t window : {int64_t{0}, int64_t{30}}) {
+      for (int64_t kvh = 0; kvh < 2; ++kvh) {
+        auto args = [&](detail::ChanAttendArgs& x, int64_t i, float* out) {
+          x.q = st.a.q + i * qw + kvh * kGroup * hd;
+          x.kv = st.a.kv;
+          x.kv.v += static_cast<size_t>(kvh) * row_bytes(kKvIq4Nl64, hd);
+          x.k_blocks = st.a.kv.k;
+          x.width = a.width;
+          x.head = kvh;
+          x.head_dim = hd;
+          x.tail_row_bytes = a.tail_row;
+          x.pos = c0 + i;
+          x.j_end = c0 + i + 1;
+          x.j_begin = window > 0 ? std::max<int64_t>(0, c0 + i - window + 1) : 0;
+          x.tail = st.t;
+          x.v_dequant = k.dq;
+          x.v_type = kKvIq4Nl64;
+          x.n_heads = kGroup;
+          x.scale = 0.125f;
+          x.softcap = 0.0f;
+          x.scores = scores.data();
+          x.out = out;
+        };
+        const int64_t n_q = a.n - c0;
+        std::vector<float> one(static_cast<size_t>(n_q * kGroup * hd));
+        for (int64_t i = 0; i < n_q; ++i) {
+          detail::ChanAttendArgs x;
+          args(x, i, one.data() + i * kGroup * hd);
+          k.one(x);
+        }
+        for (int n_tile = 2; n_tile <= detail::kChanTile; ++n_tile) {
+          std::vector<float> tiled(one.size(), NAN);
+          for (int64_t i0 = 0; i0 < n_q; i0 += n_tile) {
+            detail::ChanTileArgs x;
+            args(x, i0, tiled.data() + i0 * kGroup * hd);
+            x.n_q = static_cast<int>(std::min<int64_t>(n_tile, n_q - i0));
+            x.q_stride = qw;
+            x.out_stride = kGroup * hd;
+            x.window = window;
+            x.n_kv = a.n;
+            k.tile(x);
+          }
+          for (size_t r = 0; r < one.size(); ++r) {
+            ASSERT_EQ(tiled[r], one[r]) << "isa " << (&k - isas.data()) << " window " << window << " head " << kvh
+                                        << " tile " << n_tile << " element " << r;
+          }
+        }
       }
     }
   }

@@ -17,6 +17,10 @@ void attend_chan_scalar(const ChanAttendArgs& a) {
   scalar::attend(a);
 }
 
+void attend_chan_tile_scalar(const ChanTileArgs& a) {
+  scalar::attend_tile(a);
+}
+
 }  // namespace detail
 
 void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n_seqs, const AttentionParams& p,
@@ -32,16 +36,23 @@ void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n
   const detail::KvDequant v_dq =
       best_isa() != Isa::kScalar ? detail::kv_dequant_avx2(t.v) : detail::kv_dequant_scalar(t.v);
   assert(v_dq && p.head_dim % dtype_info(t.v).block_size == 0);
+  const auto attend_tile = best_isa() == Isa::kAvx512 ? detail::attend_chan_tile_avx512
+                           : best_isa() == Isa::kAvx2 ? detail::attend_chan_tile_avx2
+                                                      : detail::attend_chan_tile_scalar;
   const int64_t group = p.n_head / p.n_head_kv, hd = p.head_dim, width = p.n_head_kv * hd;
   const size_t v_head_bytes = row_bytes(t.v, hd);
-  // One unit per (query, KV head); first_unit[s]: the first of sequence s.
+  constexpr int64_t kTile = detail::kChanTile;
+  // One unit per (tile of up to kTile queries, KV head): a sequence's only
+  // query (decode) alone, a prefill's in tiles. first_unit[s]: the first
+  // of sequence s.
   thread_local std::vector<int64_t> first_unit;
   first_unit.resize(static_cast<size_t>(n_seqs) + 1);
   first_unit[0] = 0;
   int64_t max_kv = 0;
   for (int s = 0; s < n_seqs; ++s) {
     assert(seqs[s].kv.block_shift == 5 && seqs[s].kv.row_bytes == row_bytes(t.k, width));
-    first_unit[static_cast<size_t>(s) + 1] = first_unit[static_cast<size_t>(s)] + seqs[s].n_q * p.n_head_kv;
+    const int64_t n_tiles = (seqs[s].n_q + kTile - 1) / kTile;
+    first_unit[static_cast<size_t>(s) + 1] = first_unit[static_cast<size_t>(s)] + n_tiles * p.n_head_kv;
     max_kv = std::max(max_kv, seqs[s].n_kv);
   }
   const int64_t n_units = first_unit[static_cast<size_t>(n_seqs)];
@@ -56,14 +67,15 @@ void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n
       while (u >= starts[s + 1]) ++s;
       const AttentionSeq& seq = seqs[s];
       const int64_t local = u - starts[s];
-      const int64_t i = local / p.n_head_kv, kvh = local % p.n_head_kv;
+      const int64_t i0 = local / p.n_head_kv * kTile, kvh = local % p.n_head_kv;
+      const int n_q = static_cast<int>(std::min<int64_t>(kTile, seq.n_q - i0));
       const int64_t q_stride = seq.q_stride > 0 ? seq.q_stride : p.n_head * hd;
       const int64_t out_stride = seq.out_stride > 0 ? seq.out_stride : p.n_head * hd;
-      const int64_t pos = seq.q_pos[i];
-      assert(pos == tails[s].c0 + i);
-      float* out = seq.out + i * out_stride + kvh * group * hd;
-      detail::ChanAttendArgs a;
-      a.q = seq.q + i * q_stride + kvh * group * hd;
+      for (int k = 0; k < n_q; ++k) assert(seq.q_pos[i0 + k] == tails[s].c0 + i0 + k);
+      const int64_t pos = seq.q_pos[i0];
+      float* out = seq.out + i0 * out_stride + kvh * group * hd;
+      detail::ChanTileArgs a;
+      a.q = seq.q + i0 * q_stride + kvh * group * hd;
       a.kv = seq.kv;
       a.kv.v += static_cast<size_t>(kvh) * v_head_bytes;
       a.k_blocks = seq.kv.k;
@@ -82,13 +94,27 @@ void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n
       a.softcap = p.softcap;
       a.scores = scores.data();
       a.out = out;
-      if (a.j_end <= a.j_begin) {
+      if (n_q > 1) {
+        a.n_q = n_q;
+        a.q_stride = q_stride;
+        a.out_stride = out_stride;
+        a.window = p.window;
+        a.n_kv = seq.n_kv;
+        attend_tile(a);
+      } else if (a.j_end > a.j_begin) {
+        attend(a);
+      } else {
         std::fill(out, out + group * hd, 0.0f);
         continue;
       }
-      attend(a);
       if (t.v_rotated) {
-        for (int64_t g = 0; g < group; ++g) hadamard_rotate(out + g * hd, hd);
+        for (int k = 0; k < n_q; ++k) {
+          const int64_t pk = pos + k;
+          // A query that reads no key keeps its zeros, as alone.
+          if (std::min<int64_t>(pk + 1, seq.n_kv) <= (p.window > 0 ? std::max<int64_t>(0, pk - p.window + 1) : 0))
+            continue;
+          for (int64_t g = 0; g < group; ++g) hadamard_rotate(out + k * out_stride + g * hd, hd);
+        }
       }
     }
   });

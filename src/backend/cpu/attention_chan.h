@@ -21,8 +21,12 @@
 // out = sum_j p_j v_j in f32, the pool's rows then the own block's (AVX-512:
 // iq4_nlh64 rows decoded in registers), rotated back when V is rotated.
 // The build is chosen per machine, never per call, so a query's bits
-// depend only on its position and its KV. One unit is one query and one
-// KV head with all its query heads.
+// depend only on its position and its KV. One unit is one KV head with all
+// its query heads and one query (a sequence's single query: decode) or a
+// tile of up to kChanTile consecutive queries of one sequence (prefill):
+// a tile widens each K group's codes and decodes each V row once for all
+// its queries, each query's arithmetic the same, in the same order, as
+// alone (so a query's bits do not depend on its tile).
 #include <cstdint>
 
 #include "backend/cpu/attention_quant.h"
@@ -68,6 +72,20 @@ struct ChanAttendArgs {
 void attend_chan_scalar(const ChanAttendArgs& a);
 void attend_chan_avx2(const ChanAttendArgs& a);
 void attend_chan_avx512(const ChanAttendArgs& a);
+
+constexpr int kChanTile = 8;  // queries of one tile, at most
+// n_q (<= kChanTile) consecutive queries at positions pos, pos + 1, ...:
+// query t's at q + t * q_stride, its output at out + t * out_stride (zeros
+// where it reads no key), its keys [max(0, p - window + 1) when window > 0
+// else 0, min(p + 1, n_kv)). j_begin, j_end and scores are not read (the
+// kernel keeps its own scratch).
+struct ChanTileArgs : ChanAttendArgs {
+  int n_q = 0;
+  int64_t q_stride = 0, out_stride = 0, window = 0, n_kv = 0;
+};
+void attend_chan_tile_scalar(const ChanTileArgs& a);
+void attend_chan_tile_avx2(const ChanTileArgs& a);
+void attend_chan_tile_avx512(const ChanTileArgs& a);
 }  // namespace detail
 
 }  // namespace rill::cpu

@@ -9,4 +9,8 @@ void attend_chan_avx2(const ChanAttendArgs& a) {
   avx2::attend(a);
 }
 
+void attend_chan_tile_avx2(const ChanTileArgs& a) {
+  avx2::attend_tile(a);
+}
+
 }  // namespace rill::cpu::detail

@@ -17,26 +17,61 @@
 
 namespace rill::cpu::detail::avx512 {
 
-inline void group_sums(const uint8_t* qs, const float* qd, int64_t hd, int n_heads, float* acc) {
-  constexpr int kMaxHeads = 8;  // accumulators in registers: 2 per head
+// NG rows' sums over one chunk, the accumulators in registers (NG a
+// constant, so the compiler keeps the arrays in zmm).
+template <int NG>
+inline void group_sums_rows(const uint8_t* qs, const float* qd, int64_t hd, float* acc) {
   const __m128i mask = _mm_set1_epi8(0x0F);
-  for (int g0 = 0; g0 < n_heads; g0 += kMaxHeads) {
-    const int ng = n_heads - g0 < kMaxHeads ? n_heads - g0 : kMaxHeads;
-    __m512 lo[kMaxHeads], hi[kMaxHeads];
-    for (int g = 0; g < kMaxHeads; ++g) lo[g] = hi[g] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < hd; ++c) {
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + c * 16));
-      const __m512 flo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)));
-      const __m512 fhi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
-      for (int g = 0; g < ng; ++g) {
-        const __m512 w = _mm512_set1_ps(qd[(g0 + g) * hd + c]);
-        lo[g] = _mm512_fmadd_ps(w, flo, lo[g]);
-        hi[g] = _mm512_fmadd_ps(w, fhi, hi[g]);
-      }
+  __m512 lo[NG], hi[NG];
+  for (int g = 0; g < NG; ++g) lo[g] = hi[g] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < hd; ++c) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + c * 16));
+    const __m512 flo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)));
+    const __m512 fhi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
+    for (int g = 0; g < NG; ++g) {
+      const __m512 w = _mm512_set1_ps(qd[g * hd + c]);
+      lo[g] = _mm512_fmadd_ps(w, flo, lo[g]);
+      hi[g] = _mm512_fmadd_ps(w, fhi, hi[g]);
     }
-    for (int g = 0; g < ng; ++g) {
-      _mm512_storeu_ps(acc + (g0 + g) * 32, lo[g]);
-      _mm512_storeu_ps(acc + (g0 + g) * 32 + 16, hi[g]);
+  }
+  for (int g = 0; g < NG; ++g) {
+    _mm512_storeu_ps(acc + g * 32, lo[g]);
+    _mm512_storeu_ps(acc + g * 32 + 16, hi[g]);
+  }
+}
+
+// acc[g][j] for n_heads rows (a query's heads, or a tile's (query, head)
+// rows): each row's FMAs in channel order, whatever chunk of 8 it is in.
+inline void group_sums(const uint8_t* qs, const float* qd, int64_t hd, int n_heads, float* acc) {
+  constexpr int kMaxHeads = 8;  // accumulators in registers: 2 per row
+  for (int g0 = 0; g0 < n_heads; g0 += kMaxHeads) {
+    const float* q = qd + g0 * hd;
+    float* out = acc + g0 * 32;
+    switch (n_heads - g0 < kMaxHeads ? n_heads - g0 : kMaxHeads) {
+      case 1:
+        group_sums_rows<1>(qs, q, hd, out);
+        break;
+      case 2:
+        group_sums_rows<2>(qs, q, hd, out);
+        break;
+      case 3:
+        group_sums_rows<3>(qs, q, hd, out);
+        break;
+      case 4:
+        group_sums_rows<4>(qs, q, hd, out);
+        break;
+      case 5:
+        group_sums_rows<5>(qs, q, hd, out);
+        break;
+      case 6:
+        group_sums_rows<6>(qs, q, hd, out);
+        break;
+      case 7:
+        group_sums_rows<7>(qs, q, hd, out);
+        break;
+      default:
+        group_sums_rows<8>(qs, q, hd, out);
+        break;
     }
   }
 }
@@ -63,11 +98,12 @@ inline void group_scales(const float* q, const uint16_t* z, const uint8_t* d, in
   }
 }
 
-// out[g] += p[g] * row, one FMA per 16 elements and head.
-inline void accumulate_row(const ChanAttendArgs& a, const float* row, const float* p) {
+// out[g] += p[g] * row (g < n_rows, out rows head_dim apart), one FMA per
+// 16 elements and row.
+inline void accumulate_row(const ChanAttendArgs& a, const float* row, const float* p, float* out, int n_rows) {
   const int64_t hd = a.head_dim;
-  for (int g = 0; g < a.n_heads; ++g) {
-    float* o = a.out + g * hd;
+  for (int g = 0; g < n_rows; ++g) {
+    float* o = out + g * hd;
     const __m512 pg = _mm512_set1_ps(p[g]);
     for (int64_t c = 0; c < hd; c += 16) {
       _mm512_storeu_ps(o + c, _mm512_fmadd_ps(pg, _mm512_loadu_ps(row + c), _mm512_loadu_ps(o + c)));
@@ -78,8 +114,9 @@ inline void accumulate_row(const ChanAttendArgs& a, const float* row, const floa
 // out[g] += p[g] * v: iq4_nlh64 rows decoded in registers (the 16 levels
 // in one zmm, vpermps by the nibbles, times the block's scale: the same
 // f32 values as dq_iq4_nl64), other types through the dequantizer; one
-// FMA per 16 elements and head.
-inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float* p, float* row) {
+// FMA per 16 elements and row.
+inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float* p, float* row, float* out,
+                         int n_rows) {
   const int64_t hd = a.head_dim;
   if (a.v_type == kKvIq4Nl64) {
     alignas(64) static const float kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
@@ -97,8 +134,8 @@ inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float*
                         d),
           _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b1, 4), mask)), levels),
                         d)};
-      for (int g = 0; g < a.n_heads; ++g) {
-        float* o = a.out + g * hd + b * 64;
+      for (int g = 0; g < n_rows; ++g) {
+        float* o = out + g * hd + b * 64;
         const __m512 pg = _mm512_set1_ps(p[g]);
         for (int k = 0; k < 4; ++k)
           _mm512_storeu_ps(o + 16 * k, _mm512_fmadd_ps(pg, x[k], _mm512_loadu_ps(o + 16 * k)));
@@ -107,7 +144,7 @@ inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float*
     return;
   }
   a.v_dequant(v, row, hd);
-  accumulate_row(a, row, p);
+  accumulate_row(a, row, p, out, n_rows);
 }
 
 }  // namespace rill::cpu::detail::avx512
@@ -118,6 +155,10 @@ namespace rill::cpu::detail {
 
 void attend_chan_avx512(const ChanAttendArgs& a) {
   avx512::attend(a);
+}
+
+void attend_chan_tile_avx512(const ChanTileArgs& a) {
+  avx512::attend_tile(a);
 }
 
 }  // namespace rill::cpu::detail

@@ -67,18 +67,20 @@ inline void group_scales(const float* q, const uint16_t* z, const uint8_t* d, in
 #endif
 
 #ifndef RILL_CHAN_ACCUMULATE_V
-// out[g] += p[g] * row for one key's V head in f32.
-inline void accumulate_row(const ChanAttendArgs& a, const float* row, const float* p) {
-  for (int g = 0; g < a.n_heads; ++g) {
-    float* o = a.out + g * a.head_dim;
+// out[g] += p[g] * row (g < n_rows, out rows head_dim apart) for one key's
+// V head in f32.
+inline void accumulate_row(const ChanAttendArgs& a, const float* row, const float* p, float* out, int n_rows) {
+  for (int g = 0; g < n_rows; ++g) {
+    float* o = out + g * a.head_dim;
     for (int64_t c = 0; c < a.head_dim; ++c) o[c] += p[g] * row[c];
   }
 }
 // out[g] += p[g] * v for one key's V head (its row bytes at v), dequantized
 // into row.
-inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float* p, float* row) {
+inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float* p, float* row, float* out,
+                         int n_rows) {
   a.v_dequant(v, row, a.head_dim);
-  accumulate_row(a, row, p);
+  accumulate_row(a, row, p, out, n_rows);
 }
 #endif
 
@@ -158,11 +160,142 @@ inline void attend(const ChanAttendArgs& a) {
   for (int64_t j = a.j_begin; j < a.j_end; ++j) {
     for (int g = 0; g < a.n_heads; ++g) pj[g] = a.scores[g * n + (j - a.j_begin)];
     if (j < own_begin) {
-      accumulate_v(a, a.kv.v_row(j), pj, row);
+      accumulate_v(a, a.kv.v_row(j), pj, row, a.out, a.n_heads);
     } else {  // the own block's values from their q8_0 rows
       decode_tail_head(tail_row(a.tail.tail_v, a.tail.step_v, j), a.head, hd, row);
-      accumulate_row(a, row, pj);
+      accumulate_row(a, row, pj, a.out, a.n_heads);
     }
+  }
+}
+
+// attend for a tile of n_q consecutive queries: each query's keys split as
+// attend's (the pool's before its own block, q8_0 rows from it on), its
+// scores, softmax and sum in attend's order; what the queries share
+// computed once: a K group's token sums for all the tile's (query, head)
+// rows that read it (group_sums over rows, each row's sums as alone), a V
+// row or own-block row decoded once for every query that reads it. The
+// queries reading a key form a contiguous range of the tile (their key
+// ranges' ends never decrease with the position).
+inline void attend_tile(const ChanTileArgs& a) {
+  const int nq = a.n_q, H = a.n_heads;
+  const int64_t hd = a.head_dim, W = a.width;
+  const int64_t tail_start = a.tail.c0 - a.tail.c0 % kT;
+  // Query t's keys [jb, je): from the pool [jb, pe), from q8_0 rows [ob, je).
+  int64_t jb[kChanTile], je[kChanTile], pe[kChanTile], ob[kChanTile];
+  int64_t nmax = 1;
+  for (int t = 0; t < nq; ++t) {
+    const int64_t pos = a.pos + t, own = pos - pos % kT;
+    jb[t] = a.window > 0 ? (pos - a.window + 1 > 0 ? pos - a.window + 1 : 0) : 0;
+    je[t] = pos + 1 < a.n_kv ? pos + 1 : a.n_kv;
+    if (je[t] < jb[t]) je[t] = jb[t];
+    pe[t] = own < je[t] ? own : je[t];
+    ob[t] = own > jb[t] ? own : jb[t];
+    nmax = je[t] - jb[t] > nmax ? je[t] - jb[t] : nmax;
+  }
+  thread_local std::vector<float> qd_buf, acc_buf, qz_buf, sc_buf, out_buf;
+  qd_buf.resize(static_cast<size_t>(nq * H * hd));
+  acc_buf.resize(static_cast<size_t>(nq * H * kT));
+  qz_buf.resize(static_cast<size_t>(nq * H));
+  sc_buf.resize(static_cast<size_t>(nq * H * nmax));
+  out_buf.resize(static_cast<size_t>(nq * H * hd));
+  float *qd = qd_buf.data(), *acc = acc_buf.data(), *qzs = qz_buf.data(), *sc = sc_buf.data();
+  float* out = out_buf.data();
+  alignas(64) float row[1024];
+  float pj[kChanTile * 64];  // one key's probabilities, per (query, head) row
+  auto q_of = [&](int t) { return a.q + t * a.q_stride; };
+  auto s_of = [&](int t, int g) { return sc + (static_cast<int64_t>(t) * H + g) * nmax; };
+  // [t0, t1): the queries with lo[t] <= j < hi[t].
+  auto range = [&](const int64_t* lo, const int64_t* hi, int64_t j, int& t0, int& t1) {
+    t0 = 0;
+    while (t0 < nq && !(lo[t0] <= j && j < hi[t0])) ++t0;
+    t1 = t0;
+    while (t1 < nq && lo[t1] <= j && j < hi[t1]) ++t1;
+  };
+  // Quantized groups: the blocks of keys [jb, pe) of any query.
+  for (int64_t b0 = jb[0] - jb[0] % kT; b0 < pe[nq - 1]; b0 += kT) {
+    int t0 = 0;
+    while (t0 < nq && !(jb[t0] < b0 + kT && pe[t0] > b0)) ++t0;
+    int t1 = t0;
+    while (t1 < nq && jb[t1] < b0 + kT && pe[t1] > b0) ++t1;
+    if (t0 == t1) continue;
+    const uint8_t* blk = a.k_blocks + static_cast<size_t>(a.kv.table[b0 / kT]) * a.kv.block_bytes;
+    const auto* z = reinterpret_cast<const uint16_t*>(blk) + a.head * hd;
+    const uint8_t* d = blk + 2 * W + a.head * hd;
+    const uint8_t* qs = blk + 3 * W + a.head * hd * (kT / 2);
+    for (int t = t0; t < t1; ++t) group_scales(q_of(t), z, d, hd, H, qd + t * H * hd, qzs + t * H);
+    group_sums(qs, qd + t0 * H * hd, hd, (t1 - t0) * H, acc + t0 * H * kT);
+    for (int t = t0; t < t1; ++t) {
+      const int64_t lo = jb[t] > b0 ? jb[t] : b0, hi = pe[t] < b0 + kT ? pe[t] : b0 + kT;
+      for (int g = 0; g < H; ++g) {
+        const float qz = qzs[t * H + g];
+        const float* ag = acc + (t * H + g) * kT;
+        float* s = s_of(t, g) - jb[t];
+        const float* ab = ag - b0;
+        if (a.softcap > 0.0f) {
+          for (int64_t j = lo; j < hi; ++j) s[j] = capped((qz + ab[j]) * a.scale, a.softcap);
+        } else {  // capped's other branch, a loop the compiler vectorizes
+          for (int64_t j = lo; j < hi; ++j) s[j] = (qz + ab[j]) * a.scale;
+        }
+      }
+    }
+  }
+  const size_t rb = a.tail_row_bytes;
+  auto tail_row = [&](const uint8_t* tail, const uint8_t* step, int64_t j) {
+    return j < a.tail.c0 ? tail + static_cast<size_t>(j - tail_start) * rb
+                         : step + static_cast<size_t>(j - a.tail.c0) * rb;
+  };
+  // The own blocks' keys from their q8_0 rows.
+  for (int64_t j = ob[0]; j < je[nq - 1]; ++j) {
+    int t0, t1;
+    range(ob, je, j, t0, t1);
+    if (t0 == t1) continue;
+    decode_tail_head(tail_row(a.tail.tail_k, a.tail.step_k, j), a.head, hd, row);
+    for (int t = t0; t < t1; ++t) {
+      for (int g = 0; g < H; ++g) {
+        s_of(t, g)[j - jb[t]] = capped(dot8(q_of(t) + g * hd, row, hd) * a.scale, a.softcap);
+      }
+    }
+  }
+  for (int t = 0; t < nq; ++t) {
+    const int64_t n = je[t] - jb[t];
+    for (int g = 0; g < H; ++g) {
+      float* o = out + (t * H + g) * hd;
+      for (int64_t c = 0; c < hd; ++c) o[c] = 0.0f;
+      if (n == 0) continue;
+      float* s = s_of(t, g);
+      float max = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
+      double sum = 0.0;
+      for (int64_t j = 0; j < n; ++j) {
+        s[j] = std::exp(s[j] - max);
+        sum += s[j];
+      }
+      const auto inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+    }
+  }
+  for (int64_t j = jb[0]; j < je[nq - 1]; ++j) {
+    int t0, t1;
+    range(jb, pe, j, t0, t1);
+    if (t0 < t1) {
+      for (int t = t0; t < t1; ++t) {
+        for (int g = 0; g < H; ++g) pj[(t - t0) * H + g] = s_of(t, g)[j - jb[t]];
+      }
+      accumulate_v(a, a.kv.v_row(j), pj, row, out + t0 * H * hd, (t1 - t0) * H);
+    }
+    range(ob, je, j, t0, t1);
+    if (t0 < t1) {  // the own blocks' values from their q8_0 rows
+      decode_tail_head(tail_row(a.tail.tail_v, a.tail.step_v, j), a.head, hd, row);
+      for (int t = t0; t < t1; ++t) {
+        for (int g = 0; g < H; ++g) pj[(t - t0) * H + g] = s_of(t, g)[j - jb[t]];
+      }
+      accumulate_row(a, row, pj, out + t0 * H * hd, (t1 - t0) * H);
+    }
+  }
+  for (int t = 0; t < nq; ++t) {
+    const float* src = out + t * H * hd;
+    float* dst = a.out + t * a.out_stride;
+    for (int64_t c = 0; c < H * hd; ++c) dst[c] = src[c];
   }
 }
 
