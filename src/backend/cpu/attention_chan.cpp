@@ -41,19 +41,24 @@ void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n
                                                       : detail::attend_chan_tile_scalar;
   const int64_t group = p.n_head / p.n_head_kv, hd = p.head_dim, width = p.n_head_kv * hd;
   const size_t v_head_bytes = row_bytes(t.v, hd);
-  constexpr int64_t kTile = detail::kChanTile;
-  // One unit per (tile of up to kTile queries, KV head): a sequence's only
+  int64_t max_kv = 0;
+  for (int s = 0; s < n_seqs; ++s) max_kv = std::max(max_kv, seqs[s].n_kv);
+  // Up to kChanTile queries a tile, fewer where a tile's scores (tile x
+  // group x max_kv floats, per thread) would pass 16 MiB: long contexts
+  // with large GQA groups. A query's bits do not depend on the tile size.
+  constexpr int64_t kTileScoreBytes = int64_t{16} << 20;
+  const int64_t tile =
+      std::clamp<int64_t>(kTileScoreBytes / (4 * group * std::max<int64_t>(max_kv, 1)), 1, detail::kChanTile);
+  // One unit per (tile of up to `tile` queries, KV head): a sequence's only
   // query (decode) alone, a prefill's in tiles. first_unit[s]: the first
   // of sequence s.
   thread_local std::vector<int64_t> first_unit;
   first_unit.resize(static_cast<size_t>(n_seqs) + 1);
   first_unit[0] = 0;
-  int64_t max_kv = 0;
   for (int s = 0; s < n_seqs; ++s) {
     assert(seqs[s].kv.block_shift == 5 && seqs[s].kv.row_bytes == row_bytes(t.k, width));
-    const int64_t n_tiles = (seqs[s].n_q + kTile - 1) / kTile;
+    const int64_t n_tiles = (seqs[s].n_q + tile - 1) / tile;
     first_unit[static_cast<size_t>(s) + 1] = first_unit[static_cast<size_t>(s)] + n_tiles * p.n_head_kv;
-    max_kv = std::max(max_kv, seqs[s].n_kv);
   }
   const int64_t n_units = first_unit[static_cast<size_t>(n_seqs)];
   const int64_t* starts = first_unit.data();
@@ -67,8 +72,8 @@ void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n
       while (u >= starts[s + 1]) ++s;
       const AttentionSeq& seq = seqs[s];
       const int64_t local = u - starts[s];
-      const int64_t i0 = local / p.n_head_kv * kTile, kvh = local % p.n_head_kv;
-      const int n_q = static_cast<int>(std::min<int64_t>(kTile, seq.n_q - i0));
+      const int64_t i0 = local / p.n_head_kv * tile, kvh = local % p.n_head_kv;
+      const int n_q = static_cast<int>(std::min<int64_t>(tile, seq.n_q - i0));
       const int64_t q_stride = seq.q_stride > 0 ? seq.q_stride : p.n_head * hd;
       const int64_t out_stride = seq.out_stride > 0 ? seq.out_stride : p.n_head * hd;
       for (int k = 0; k < n_q; ++k) assert(seq.q_pos[i0 + k] == tails[s].c0 + i0 + k);

@@ -24,9 +24,11 @@
 // depend only on its position and its KV. One unit is one KV head with all
 // its query heads and one query (a sequence's single query: decode) or a
 // tile of up to kChanTile consecutive queries of one sequence (prefill):
-// a tile widens each K group's codes and decodes each V row once for all
-// its queries, each query's arithmetic the same, in the same order, as
-// alone (so a query's bits do not depend on its tile).
+// a tile decodes each V row once for all its queries and reads each K
+// group once (the AVX-512 build widens its codes once per 8 (query, head)
+// rows), each query's arithmetic the same, in the same order, as alone (so
+// a query's bits do not depend on its tile, nor on the tile size, which
+// the driver lowers when a tile's scores would pass a scratch budget).
 #include <cstdint>
 
 #include "backend/cpu/attention_quant.h"

@@ -229,12 +229,12 @@ inline void attend_tile(const ChanTileArgs& a) {
       for (int g = 0; g < H; ++g) {
         const float qz = qzs[t * H + g];
         const float* ag = acc + (t * H + g) * kT;
-        float* s = s_of(t, g) - jb[t];
-        const float* ab = ag - b0;
+        float* s = s_of(t, g);
+        const int64_t sj = jb[t], aj = b0;
         if (a.softcap > 0.0f) {
-          for (int64_t j = lo; j < hi; ++j) s[j] = capped((qz + ab[j]) * a.scale, a.softcap);
+          for (int64_t j = lo; j < hi; ++j) s[j - sj] = capped((qz + ag[j - aj]) * a.scale, a.softcap);
         } else {  // capped's other branch, a loop the compiler vectorizes
-          for (int64_t j = lo; j < hi; ++j) s[j] = (qz + ab[j]) * a.scale;
+          for (int64_t j = lo; j < hi; ++j) s[j - sj] = (qz + ag[j - aj]) * a.scale;
         }
       }
     }
