@@ -31,6 +31,20 @@ inline float capped(float x, float softcap) {
   return softcap > 0.0f ? softcap * std::tanh(x / softcap) : x;
 }
 
+// s[0, n) to probabilities: max subtracted, exp in f32, the sum in double,
+// one f32 reciprocal (the order every query of both kernels shares).
+inline void softmax_in_place(float* s, int64_t n) {
+  float max = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = std::exp(s[j] - max);
+    sum += s[j];
+  }
+  const auto inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+}
+
 #ifndef RILL_CHAN_GROUP_SUMS
 // acc[g][j] = sum over channels c, in order, of qd[g][c] * q_cj (token j's
 // code of channel c: qs[c * 16 + j % 16], low nibble for j < 16).
@@ -144,16 +158,7 @@ inline void attend(const ChanAttendArgs& a) {
     }
   }
   for (int g = 0; g < a.n_heads; ++g) {
-    float* s = a.scores + g * n;
-    float max = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
-    double sum = 0.0;
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = std::exp(s[j] - max);
-      sum += s[j];
-    }
-    const auto inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+    softmax_in_place(a.scores + g * n, n);
     float* o = a.out + g * hd;
     for (int64_t c = 0; c < hd; ++c) o[c] = 0.0f;
   }
@@ -262,16 +267,7 @@ inline void attend_tile(const ChanTileArgs& a) {
       float* o = out + (t * H + g) * hd;
       for (int64_t c = 0; c < hd; ++c) o[c] = 0.0f;
       if (n == 0) continue;
-      float* s = s_of(t, g);
-      float max = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) max = s[j] > max ? s[j] : max;
-      double sum = 0.0;
-      for (int64_t j = 0; j < n; ++j) {
-        s[j] = std::exp(s[j] - max);
-        sum += s[j];
-      }
-      const auto inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+      softmax_in_place(s_of(t, g), n);
     }
   }
   for (int64_t j = jb[0]; j < je[nq - 1]; ++j) {
