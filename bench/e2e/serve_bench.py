@@ -32,6 +32,7 @@ import asyncio
 import datetime
 import http.client
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -362,28 +363,72 @@ def run_compare(a, srv, rng, n_vocab):
              "decode_tok_s": med(served, "decode_tok_s"), "ttft_ms": med(served, "ttft_ms")})
 
 
-def run_load_level(a, srv, n_vocab, conc, n_req, seed):
-    rng = random.Random(seed)
-    bodies = [completion_body(rng, n_vocab, a.prompt_tokens, a.load_gen_tokens) for _ in range(n_req)]
-    traces = [None] * n_req
-    lock = threading.Lock()
-    next_i = [0]
-
+def _load_worker_process(port, bodies, timeout, n_threads, counter, out):
+    """One client process of a load level: n_threads streaming clients that take
+    the next request index from the shared counter; sends (index, Trace) pairs."""
     def worker():
         while True:
-            with lock:
-                i = next_i[0]
-                next_i[0] += 1
-            if i >= n_req:
+            with counter.get_lock():
+                i = counter.value
+                counter.value += 1
+            if i >= len(bodies):
                 return
-            traces[i] = stream_completion(srv.port, bodies[i], a.timeout)
+            out.put((i, stream_completion(port, bodies[i], timeout)))
 
-    t0 = now()
-    ths = [threading.Thread(target=worker) for _ in range(conc)]
+    ths = [threading.Thread(target=worker) for _ in range(n_threads)]
     for th in ths:
         th.start()
     for th in ths:
         th.join()
+    out.put(None)
+
+
+def run_load_level(a, srv, n_vocab, conc, n_req, seed):
+    rng = random.Random(seed)
+    bodies = [completion_body(rng, n_vocab, a.prompt_tokens, a.load_gen_tokens) for _ in range(n_req)]
+    traces = [None] * n_req
+    procs = max(1, min(a.client_procs, conc))
+    st0 = get_json(srv.port, "/stats")["engine"]
+    t0 = now()
+    if procs == 1:
+        lock = threading.Lock()
+        next_i = [0]
+
+        def worker():
+            while True:
+                with lock:
+                    i = next_i[0]
+                    next_i[0] += 1
+                if i >= n_req:
+                    return
+                traces[i] = stream_completion(srv.port, bodies[i], a.timeout)
+
+        ths = [threading.Thread(target=worker) for _ in range(conc)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+    else:
+        # One Python process runs out of interpreter time parsing ~10k SSE
+        # chunks a second at c=64 on a fast GPU, and its delays would count as
+        # the server's ITL; spread the clients over processes (perf_counter is
+        # CLOCK_MONOTONIC, comparable across them).
+        ctx = multiprocessing.get_context("fork")
+        counter, out = ctx.Value("l", 0), ctx.Queue()
+        ps = [ctx.Process(target=_load_worker_process,
+                          args=(srv.port, bodies, a.timeout, conc // procs + (k < conc % procs), counter, out))
+              for k in range(procs)]
+        for p in ps:
+            p.start()
+        finished = 0
+        while finished < procs:
+            item = out.get()
+            if item is None:
+                finished += 1
+            else:
+                traces[item[0]] = item[1]
+        for p in ps:
+            p.join()
     wall = now() - t0
     for tr in traces:
         check(tr, a.load_gen_tokens)
@@ -392,7 +437,10 @@ def run_load_level(a, srv, n_vocab, conc, n_req, seed):
     itl = [(y - x) * 1e3 for t in traces for x, y in zip(t.text_times, t.text_times[1:])]
     n_tok = sum(t.completion_tokens() for t in traces)
     pct = lambda v: {"p50": percentile(v, 0.5), "p99": percentile(v, 0.99), "max": max(v) if v else 0}
+    st1 = get_json(srv.port, "/stats")["engine"]
     return {"concurrency": conc, "requests": n_req, "gen_tokens": a.load_gen_tokens, "wall_s": wall,
+            "client_procs": procs, "engine_steps": st1["steps"] - st0["steps"],
+            "engine_steps_pipelined": st1["steps_pipelined"] - st0["steps_pipelined"],
             "output_tok_s": n_tok / wall, "requests_per_s": n_req / wall,
             "ttft_ms": pct(ttft), "itl_ms": pct(itl), "latency_ms": pct(lat)}
 
@@ -527,6 +575,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5, help="direct / served measurements (median)")
     ap.add_argument("--levels", default="1,8,32", help="load generator concurrencies")
     ap.add_argument("--load-gen-tokens", type=int, default=64)
+    ap.add_argument("--client-procs", type=int, default=1,
+                    help="load generator processes (threads split over them); 1: all threads in this process")
     ap.add_argument("--idle-streams", type=int, default=1024)
     ap.add_argument("--idle-max-running", type=int, default=8)
     ap.add_argument("--idle-prompt-tokens", type=int, default=16)
@@ -599,13 +649,15 @@ def main():
     if "load" in res:
         print(f"Load generator: P={a.prompt_tokens}, {a.load_gen_tokens} generated per request, streaming")
         print()
-        print("| concurrency | requests | output tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | latency p50 / p99 ms |")
-        print("|---|---|---|---|---|---|")
+        print("| concurrency | client processes | requests | output tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms "
+              "| latency p50 / p99 ms | engine steps (pipelined) |")
+        print("|---|---|---|---|---|---|---|---|")
         for lv in res["load"]["levels"]:
-            print(f"| {lv['concurrency']} | {lv['requests']} | {lv['output_tok_s']:.1f} "
+            print(f"| {lv['concurrency']} | {lv['client_procs']} | {lv['requests']} | {lv['output_tok_s']:.1f} "
                   f"| {lv['ttft_ms']['p50']:.1f} / {lv['ttft_ms']['p99']:.1f} "
                   f"| {lv['itl_ms']['p50']:.1f} / {lv['itl_ms']['p99']:.1f} "
-                  f"| {lv['latency_ms']['p50']:.0f} / {lv['latency_ms']['p99']:.0f} |")
+                  f"| {lv['latency_ms']['p50']:.0f} / {lv['latency_ms']['p99']:.0f} "
+                  f"| {lv['engine_steps']} ({lv['engine_steps_pipelined']}) |")
         print()
     if "idle" in res:
         i = res["idle"]
