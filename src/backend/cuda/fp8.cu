@@ -505,6 +505,43 @@ __global__ void scale_rows_kernel(const float* d, int64_t n_part, int64_t y_stri
   }
 }
 
+// fp8_scale_rows_bf16: as scale_rows_kernel from bf16 d; kVec 8: one
+// 16-byte load of d and two float4 stores per step (n_part a multiple of 8;
+// y_stride and col0 of 4).
+template <int kVec>
+__global__ void scale_rows_bf16_kernel(const __nv_bfloat16* __restrict__ d, int64_t n_part, int64_t y_stride,
+                                       int64_t col0, const float* __restrict__ xs, const float* __restrict__ ws,
+                                       float* __restrict__ y, bool accumulate) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int64_t t = blockIdx.y;
+  const float st = xs[t];
+  const __nv_bfloat16* dt = d + t * n_part;
+  float* yt = y + t * y_stride + col0;
+  const float* wt = ws + col0;
+  for (int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < n_part;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
+    if constexpr (kVec == 8) {
+      float v[8];
+      unpack8(*reinterpret_cast<const uint4*>(dt + j), static_cast<const __nv_bfloat16*>(nullptr), v);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 s = *reinterpret_cast<const float4*>(wt + j + 4 * h);
+        const float* u = v + 4 * h;
+        float4 o = {u[0] * st * s.x, u[1] * st * s.y, u[2] * st * s.z, u[3] * st * s.w};
+        if (accumulate) {
+          const float4 a = *reinterpret_cast<const float4*>(yt + j + 4 * h);
+          o = {a.x + o.x, a.y + o.y, a.z + o.z, a.w + o.w};
+        }
+        *reinterpret_cast<float4*>(yt + j + 4 * h) = o;
+      }
+    } else {
+      const float v = __bfloat162float(dt[j]) * st * wt[j];
+      yt[j] = accumulate ? yt[j] + v : v;
+    }
+  }
+}
+
 unsigned grid_for(int64_t n_threads) {
   constexpr int64_t kMaxBlocks = 132 * 16;
   const int64_t b = (n_threads + 255) / 256;
@@ -604,6 +641,23 @@ void fp8_scale_rows(const float* d, int64_t n, int64_t n_part, int64_t y_stride,
     launch_pdl(scale_rows_kernel<4>, grid, 256, 0, stream, d, n_part, y_stride, col0, xs, ws, y, accumulate);
   } else {
     launch_pdl(scale_rows_kernel<1>, grid, 256, 0, stream, d, n_part, y_stride, col0, xs, ws, y, accumulate);
+  }
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void fp8_scale_rows_bf16(const void* d, int64_t n, int64_t n_part, int64_t y_stride, int64_t col0, const float* xs,
+                         const float* ws, float* y, bool accumulate, cudaStream_t stream) {
+  if (n <= 0 || n_part <= 0) return;
+  const auto* db = static_cast<const __nv_bfloat16*>(d);
+  const bool vec8 = n_part % 8 == 0 && y_stride % 4 == 0 && col0 % 4 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(y) % 16 == 0 && reinterpret_cast<uintptr_t>(ws) % 16 == 0;
+  const int64_t per_token = vec8 ? n_part / 8 : n_part;
+  const int64_t want = (per_token + 255) / 256, cap = (int64_t{sm_count()} * 16 + n - 1) / n;
+  const dim3 grid(static_cast<unsigned>(want < 1 ? 1 : want > cap ? cap : want), static_cast<unsigned>(n));
+  if (vec8) {
+    launch_pdl(scale_rows_bf16_kernel<8>, grid, 256, 0, stream, db, n_part, y_stride, col0, xs, ws, y, accumulate);
+  } else {
+    launch_pdl(scale_rows_bf16_kernel<1>, grid, 256, 0, stream, db, n_part, y_stride, col0, xs, ws, y, accumulate);
   }
   RILL_CUDA_CHECK_LAUNCH();
 }

@@ -85,6 +85,11 @@ void dequantize_fp8_rows(const uint8_t* w, int64_t n_cols, int64_t row0, int64_t
 void fp8_scale_rows(const float* d, int64_t n, int64_t n_part, int64_t y_stride, int64_t col0, const float* xs,
                     const float* ws, float* y, bool accumulate, cudaStream_t stream);
 
+// The same from d in bf16 (values of d [n, n_part], not aliasing y): an
+// FP8 GEMM that ran unscaled with bf16 output; y as above.
+void fp8_scale_rows_bf16(const void* d, int64_t n, int64_t n_part, int64_t y_stride, int64_t col0, const float* xs,
+                         const float* ws, float* y, bool accumulate, cudaStream_t stream);
+
 // The FP8 GEMM's quantized activations and its accumulation scratch
 // (Gemm::run_fp8's d), carved from an arena (sizing pass included) for up
 // to max_tokens x max_cols.

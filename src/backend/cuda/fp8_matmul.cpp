@@ -10,7 +10,9 @@ void Fp8Scratch::carve(Arena& a, int64_t tokens, int64_t max_cols) {
   x_elems = tokens * max_cols;
   xq = a.take<uint8_t>(static_cast<size_t>(x_elems));
   xs = a.take<float>(static_cast<size_t>(tokens));
-  d_floats = tokens * 4096;  // accumulating GEMMs without outer-vector scales go in chunks of 4,096 rows
+  // Without outer-vector scales, accumulating GEMMs go in chunks of 4,096
+  // rows (f32 D) and, with Gemm's bf16 D, every GEMM in chunks of 8,192.
+  d_floats = tokens * 4096;
   d = a.take<float>(static_cast<size_t>(d_floats));
 }
 

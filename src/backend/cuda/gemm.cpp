@@ -61,6 +61,8 @@ size_t Gemm::KeyHash::operator()(const Key& k) const {
 Gemm::Gemm(const Context& ctx) : ctx_(ctx) {
   const char* env = std::getenv("RILL_GEMM_TUNE");
   tuning_ = !(env && std::string(env) == "0");
+  if (const char* e = std::getenv("RILL_FP8_FAST_ACCUM")) fp8_fast_accum_ = std::string(e) == "1";
+  if (const char* e = std::getenv("RILL_FP8_BF16_D")) fp8_bf16_d_ = std::string(e) == "1";
 }
 Gemm::~Gemm() = default;
 
@@ -137,7 +139,7 @@ int64_t tuning_bucket(int64_t n) {
 }
 
 const char* kind_name(int kind) {
-  static const char* const names[] = {"f32", "f16", "bf16", "fp8 (outer scales)", "fp8"};
+  static const char* const names[] = {"f32", "f16", "bf16", "fp8 (outer scales)", "fp8", "fp8 (bf16 D)"};
   return names[kind];
 }
 
@@ -251,9 +253,10 @@ Status Gemm::run(DType dtype, const void* w, const void* x, int64_t n, int64_t r
   return Status::Ok();
 }
 
-Gemm::Plan* Gemm::fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer) {
+Gemm::Plan* Gemm::fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer, bool bf16_d) {
   if (w_ld != cols + 16) return nullptr;
-  const Key key{outer ? Kind::kFp8Outer : Kind::kFp8Plain, n, rows, cols};
+  bf16_d = bf16_d && !outer;
+  const Key key{outer ? Kind::kFp8Outer : bf16_d ? Kind::kFp8PlainBf16 : Kind::kFp8Plain, n, rows, cols};
   if (auto it = fp8_plans_.find(key); it != fp8_plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
   p->key = key;
@@ -264,6 +267,11 @@ Gemm::Plan* Gemm::fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, 
            CUBLAS_STATUS_SUCCESS &&
        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b) ==
            CUBLAS_STATUS_SUCCESS;
+  if (fp8_fast_accum_) {  // partial sums not promoted to f32 along K (faster, coarser)
+    const int8_t fast = 1;
+    ok = ok && cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast) ==
+                   CUBLAS_STATUS_SUCCESS;
+  }
   if (outer) {
     const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     ok = ok &&
@@ -277,8 +285,8 @@ Gemm::Plan* Gemm::fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, 
                                   w_ld) == CUBLAS_STATUS_SUCCESS &&
        cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, static_cast<uint64_t>(cols), static_cast<uint64_t>(n), cols) ==
            CUBLAS_STATUS_SUCCESS &&
-       cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, static_cast<uint64_t>(rows), static_cast<uint64_t>(n), rows) ==
-           CUBLAS_STATUS_SUCCESS;
+       cublasLtMatrixLayoutCreate(&p->d, bf16_d ? CUDA_R_16BF : CUDA_R_32F, static_cast<uint64_t>(rows),
+                                  static_cast<uint64_t>(n), rows) == CUBLAS_STATUS_SUCCESS;
   ok = ok && ask_heuristic(*p);
   if (!ok) p.reset();
   Plan* raw = p.get();
@@ -294,8 +302,8 @@ Status Gemm::run_fp8(const uint8_t* wq, int64_t w_ld, const float* ws, const uin
                      int64_t rows, int64_t cols, float* y, bool accumulate, float* d, int64_t d_floats) {
   if (n <= 0) return Status::Ok();
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  auto matmul = [&](Plan* p, const uint8_t* a, float* out, float b) -> Status {
-    if (!p->chosen) RILL_TRY(choose(*p, a, xq, out, b));
+  auto matmul = [&](Plan* p, const uint8_t* a, void* out, float b) -> Status {
+    if (!p->chosen) RILL_TRY(choose(*p, a, xq, static_cast<float*>(out), b));  // b == 0 for bf16 D: no scratch
     const cublasStatus_t s = cublasLtMatmul(ctx_.blas(), p->desc, &alpha, a, p->a, xq, p->b, &b, out, p->d, out, p->d,
                                             &p->algo, ctx_.workspace(), ctx_.workspace_bytes(), ctx_.stream());
     return s == CUBLAS_STATUS_SUCCESS ? Status::Ok() : Status(Error{blas_error(s, "FP8 matmul")});
@@ -304,6 +312,21 @@ Status Gemm::run_fp8(const uint8_t* wq, int64_t w_ld, const float* ws, const uin
     cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws, sizeof ws);
     cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs);
     return matmul(p, wq, y, beta);
+  }
+  // Unscaled in bf16 into d (row chunks of whole 16s when it takes more
+  // than one), each chunk scaled into y; f32 below where d is missing or a
+  // chunk's shape has no bf16-output algorithm.
+  const int64_t d_bf16 = d ? 2 * d_floats / n : 0;  // bf16 values a token
+  int64_t bchunk = std::min(rows, d_bf16);
+  if (bchunk < rows) bchunk = bchunk / 16 * 16;
+  if (fp8_bf16_d_ && bchunk > 0 && fp8_plan(n, bchunk, cols, w_ld, false, true) &&
+      (rows % bchunk == 0 || fp8_plan(n, rows % bchunk, cols, w_ld, false, true))) {
+    for (int64_t r0 = 0; r0 < rows; r0 += bchunk) {
+      const int64_t rc = std::min(bchunk, rows - r0);
+      RILL_TRY(matmul(fp8_plan(n, rc, cols, w_ld, false, true), wq + r0 * w_ld, d, 0.0f));
+      fp8_scale_rows_bf16(d, n, rc, rows, r0, xs, ws, y, accumulate, ctx_.stream());
+    }
+    return Status::Ok();
   }
   if (!accumulate) {  // unscaled into y, then scaled in place
     Plan* p = fp8_plan(n, rows, cols, w_ld, false);

@@ -72,8 +72,23 @@ class Gemm {
   bool fp8_gemm_outer_scales(int64_t n, int64_t rows, int64_t cols, int64_t w_ld) {
     return n > 0 && fp8_plan(n, rows, cols, w_ld, true) != nullptr;
   }
+  // With set_fp8_bf16_d(true) (RILL_FP8_BF16_D=1) the unscaled product
+  // goes to `d` in bf16 instead (2 x d_floats values, rows in chunks that fit), and
+  // the pass reads it from there: 2 bytes an element written and read
+  // instead of 4, for one bf16 rounding (2^-8 relative) of each unscaled
+  // sum. Off by default: on the H200 it moved prefill by ~1% (docs/perf.md).
+  // FP8 plans are made with CUBLASLT_MATMUL_DESC_FAST_ACCUM (partial sums
+  // not promoted to f32 along K) unless set_fp8_fast_accum(false) or
+  // RILL_FP8_FAST_ACCUM=0: 6% faster prefill on the 8B, no measurable
+  // change of its logits against bf16 (docs/perf.md, 2026-12-04).
   Status run_fp8(const uint8_t* wq, int64_t w_ld, const float* ws, const uint8_t* xq, const float* xs, int64_t n,
                  int64_t rows, int64_t cols, float* y, bool accumulate, float* d, int64_t d_floats);
+
+  // For plans made from now on (the environment gives the defaults).
+  void set_fp8_fast_accum(bool on) { fp8_fast_accum_ = on; }
+  bool fp8_fast_accum() const { return fp8_fast_accum_; }
+  void set_fp8_bf16_d(bool on) { fp8_bf16_d_ = on; }
+  bool fp8_bf16_d() const { return fp8_bf16_d_; }
 
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
@@ -96,7 +111,8 @@ class Gemm {
  private:
   struct Plan;
   // Kind of plan in a key: the activation dtype, or FP8 with/without outer scales.
-  enum class Kind : uint8_t { kF32, kF16, kBF16, kFp8Outer, kFp8Plain };
+  // kFp8PlainBf16: unscaled, D in bf16.
+  enum class Kind : uint8_t { kF32, kF16, kBF16, kFp8Outer, kFp8Plain, kFp8PlainBf16 };
   struct Key {
     Kind kind;
     int64_t n, rows, cols;
@@ -107,7 +123,7 @@ class Gemm {
   };
   Result<Plan*> plan(DType dtype, int64_t n, int64_t rows, int64_t cols);
   // Null: no algorithm. `outer`: with outer-vector scales (else unscaled).
-  Plan* fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer);
+  Plan* fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer, bool bf16_d = false);
   // Fills the plan's descriptors' heuristic candidates; false: none.
   bool ask_heuristic(Plan& p);
   void add_split_k_variants(Plan& p);
@@ -124,6 +140,8 @@ class Gemm {
   DeviceBuffer flush_;  // evicts L2 between timed runs; allocated at the first timing
   bool batch_invariant_ = false;
   bool tuning_ = true;
+  bool fp8_fast_accum_ = true;
+  bool fp8_bf16_d_ = false;
   int64_t timings_ = 0;
 };
 
