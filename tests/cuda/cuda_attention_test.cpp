@@ -23,15 +23,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
-#include <string>
 
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quants.h"
 #include "backend/cuda/attention_decode.h"
-#include "backend/cuda/attention_mma.h"
 #include "backend/cuda/ops.h"
 #include "core/e4m3.h"
 #include "cuda_test_util.h"
@@ -277,66 +274,6 @@ TEST(CudaAttention, MatchesCpuOnPagedKv) {
     for (size_t i = 0; i < want.size(); ++i) {
       ASSERT_NEAR(general[i], want[i], p.tolerance(i))
           << "general kernel, heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim << " elem " << i;
-    }
-  }
-}
-
-// attention_flash_sm90a.cu's wgmma kernel (f16 KV at head_dim 64 / 128 on
-// a compute capability 9.0 device: asserted to be the one that runs there)
-// against the CPU: prefill chunks after a prefix, tiles of 64 and part
-// tiles (300 = 4 x 64 + 44 queries, 129, 7), GQA groups 1, 4 and 8, a
-// window over holes in the table, softcap, sinks (one dominating its head,
-// one vanishing), f32 and bf16 outputs; a sequence alone gives its outputs
-// in the batch bit for bit.
-TEST(CudaAttention, WgmmaFlashPrefillMatchesCpu) {
-  RILL_REQUIRE_GPU();
-  cudaDeviceProp prop{};
-  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  AttentionArgs probe;
-  probe.kv_dtype = DType::kF16;
-  probe.head_dim = 128;
-  probe.k_cache = probe.v_cache = reinterpret_cast<const void*>(uintptr_t{256});
-  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "sm_90a code needs a compute capability 9.0 device";
-  if (const char* env = std::getenv("RILL_CUDA_FLASH_WGMMA"); env && std::string(env) == "0") {
-    GTEST_SKIP() << "RILL_CUDA_FLASH_WGMMA=0";
-  }
-  ASSERT_TRUE(prefill_flash_wgmma_supported(probe)) << "f16 KV at 128 runs the wgmma kernel on this device";
-  probe.kv_dtype = DType::kQ8_0;
-  EXPECT_FALSE(prefill_flash_wgmma_supported(probe));
-  const std::vector<SeqSpec> seqs = {{300, 1000}, {1, 40}, {129, 129}, {7, 300}, {64, 64}, {200, 650}};
-  const std::vector<Case> cases = {
-      {32, 8, 128, 0, 0.0f, DType::kF16}, {8, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 128, 200, 0.0f, DType::kF16},
-      {8, 2, 128, 0, 30.0f, DType::kF16}, {16, 2, 64, 0, 0.0f, DType::kF16}, {4, 4, 64, 150, 0.0f, DType::kF16},
-  };
-  for (size_t ci = 0; ci < cases.size(); ++ci) {
-    const Case& c = cases[ci];
-    for (bool sinks : {false, true}) {
-      Paged p(c, seqs);
-      if (sinks) {
-        std::vector<float> s = random_floats(static_cast<size_t>(c.n_head), 31, -1, 3);
-        s[1] = 8.0f;
-        s[2] = -20.0f;
-        p.set_sinks(s);
-      }
-      const auto want = p.cpu_out();
-      const auto got = p.gpu_out(DType::kF32);
-      ASSERT_EQ(got.size(), want.size());
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_NEAR(got[i], want[i], p.tolerance(i))
-            << "wgmma, heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim << " window " << c.window
-            << " softcap " << c.softcap << " sinks " << sinks << " elem " << i;
-      }
-      if (sinks) continue;
-      const auto got_bf16 = p.gpu_out(DType::kBF16);
-      for (size_t i = 0; i < want.size(); ++i)
-        ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << "bf16 elem " << i;
-      const int64_t w = c.n_head * c.head_dim;
-      for (int s : {0, 2, 5}) {
-        const auto alone = p.gpu_out(DType::kF32, {s});
-        const int32_t t0 = p.first_token(s);
-        for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i)
-          ASSERT_EQ(alone[t0 * w + i], got[t0 * w + i]) << "seq " << s << " elem " << i;
-      }
     }
   }
 }

@@ -477,7 +477,6 @@ bool prefill_flash_supported(const AttentionArgs& a) {
 
 void prefill_attention_flash(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles <= 0) return;
-  if (prefill_flash_wgmma_supported(a)) return prefill_attention_flash_wgmma(a, stream);
   RILL_CUDA_DISPATCH_KV(a.kv_dtype, launch_kv<KvT>(a, stream));
 }
 

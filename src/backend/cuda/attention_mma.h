@@ -29,14 +29,6 @@ void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream);
 bool prefill_flash_supported(const AttentionArgs& a);
 void prefill_attention_flash(const AttentionArgs& a, cudaStream_t stream);
 
-// attention_flash_sm90a.cu: attention_flash.cu's loop on Hopper's wgmma
-// (built for sm_90a); f16 KV at head_dim 64 or 128 on a compute capability
-// 9.0 device, cache planes 16-byte aligned; RILL_CUDA_FLASH_WGMMA=0 in the
-// environment turns it off (for comparisons). prefill_attention_flash runs
-// it wherever it is supported.
-bool prefill_flash_wgmma_supported(const AttentionArgs& a);
-void prefill_attention_flash_wgmma(const AttentionArgs& a, cudaStream_t stream);
-
 // attention_wide.cu: fragments in registers for wide heads; f16, fp8, q8_0
 // or q4_0 KV and head_dim 256 or 512, tiles of up to kPrefillTileQMma
 // queries (8 warps at 256, 16 at 512: the rows split 2 or 4 ways, S's keys
