@@ -7,8 +7,15 @@
 # timeline of one 2,048-token forward of each build (kernel_timeline.cpp,
 # summarised by timeline_report.py), and long prompts (16,384 and 32,768
 # tokens, both builds).
+# Also: "pair": main's binary twice with the GEMM tuner and twice without
+# (RILL_GEMM_TUNE=0: cuBLASLt's heuristic's first), interleaved, the first
+# tuned run logging its timings (RILL_GEMM_TUNE_LOG=1); "timeline16": main's
+# timeline of a 16,384-token forward; "ncuflash": ncu's speed-of-light,
+# memory and warp-state sections for one launch of main's flash kernel.
+# MAIN_ONLY=1: the long parts run main's binary alone.
 # BUDGET: seconds from the start after which no new step starts. PARTS:
-# which of "tests bench nowg timeline timeline_main long long32" run.
+# which of "tests bench nowg timeline timeline_main long long32 pair
+# timeline16 ncuflash" run.
 T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
 FILTER=${FILTER:-'CudaOps.*:CudaAttention.*:*KvProbe*:*Rope*:*Attention*:LlamaCuda*:*BatchInvariant*:CudaKvTypes.*'}
@@ -42,8 +49,9 @@ run() {  # name, limit, command...
   [ $(left) -lt 15 ] && { echo "== $name skipped (time)"; return; }
   echo "$(date +%H:%M:%S.%N | cut -c1-12) start $name" >> $OUT/smi_marks.txt
   timeout $lim "$@" > $OUT/$name.log 2>&1
+  local rc=$?
   echo "$(date +%H:%M:%S.%N | cut -c1-12) end $name" >> $OUT/smi_marks.txt
-  echo "== $name rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "decode|prefill|TTFT|copy|GEMM" $OUT/$name.log | cut -c1-170
+  echo "== $name rc=$rc at $(( $(date +%s) - T0 )) s"; grep -E "decode|prefill|TTFT|copy|GEMM" $OUT/$name.log | cut -c1-170
 }
 if has bench; then
   run main 50 $V/bench_cuda_main $M --steps 16 --batches 1
@@ -56,13 +64,29 @@ for b in timeline timeline_main; do
   run $b 50 env CUDA_INJECTION64_PATH=$V/lib/libkernel_timeline.so RILL_TIMELINE=$OUT/$b.csv $bin $M --profile-prefill 1 --graphs 0 --batches 1
   python3 $V/timeline_report.py $OUT/$b.csv 2>&1 | head -40
 done
+if has pair; then
+  run pair_tuned_a 50 env RILL_GEMM_TUNE_LOG=1 $V/bench_cuda_main $M --steps 16 --batches 1
+  grep "gemm tune" $OUT/pair_tuned_a.log | grep -v " 1 x \| 8 x \| 16 x " | cut -c1-250 | head -12
+  run pair_notune_a 50 env RILL_GEMM_TUNE=0 $V/bench_cuda_main $M --steps 16 --batches 1
+  run pair_tuned_b 50 $V/bench_cuda_main $M --steps 16 --batches 1
+  run pair_notune_b 50 env RILL_GEMM_TUNE=0 $V/bench_cuda_main $M --steps 16 --batches 1
+fi
+if has timeline16; then
+  run timeline16 60 env CUDA_INJECTION64_PATH=$V/lib/libkernel_timeline.so RILL_TIMELINE=$OUT/timeline16.csv $V/bench_cuda_main $M --prefill 16384 --profile-prefill 1 --graphs 0 --batches 1
+  python3 $V/timeline_report.py $OUT/timeline16.csv 2>&1 | head -24
+fi
+if has ncuflash; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  run ncuflash 70 $NCU --clock-control none --profile-from-start off -k regex:flash_prefill -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy $V/bench_cuda_main $M --profile-prefill 1 --graphs 0 --batches 1
+  grep -E "Throughput|Duration|Busy|Stall|Warp Cycles|Issued|Occupancy|Bandwidth|Hit Rate|Pipe|SM Frequency|Registers|Shared Memory" $OUT/ncuflash.log | grep -v "^==PROF" | head -60
+fi
 if has long; then
   run long_main 60 $V/bench_cuda_main $M --prefill 16384 --batches 1 --steps 2
-  run long_branch 60 $V/bench_cuda $M --prefill 16384 --batches 1 --steps 2
+  [ "${MAIN_ONLY:-0}" = 1 ] || run long_branch 60 $V/bench_cuda $M --prefill 16384 --batches 1 --steps 2
 fi
 if has long32; then
   run long32_main 60 $V/bench_cuda_main $M --prefill 32768 --batches 1 --steps 2
-  run long32_branch 60 $V/bench_cuda $M --prefill 32768 --batches 1 --steps 2
+  [ "${MAIN_ONLY:-0}" = 1 ] || run long32_branch 60 $V/bench_cuda $M --prefill 32768 --batches 1 --steps 2
 fi
 kill $SMI 2>/dev/null
 python3 - $OUT/smi.csv $OUT/smi_marks.txt <<'PY'
