@@ -41,6 +41,10 @@ std::string CudaModelBase::kv_numerics() const {
   std::string s = "cuda sm_" + std::to_string(p.major) + std::to_string(p.minor) + " act=" + act;
   if (batch_invariant_) s += " batch-invariant";
   if (fp8_weights_) s += " weights=fp8";
+  // How FP8 GEMMs (--quantize fp8 or an FP8 checkpoint) sum and store:
+  // files written with other settings, or by builds before them, are refused.
+  if (gemm_ && gemm_->fp8_fast_accum()) s += " fp8acc=fast";
+  if (gemm_ && gemm_->fp8_bf16_d()) s += " fp8d=bf16";
   // r2: the tensor-core MLA kernels (f16 q and probabilities); a file of
   // the f32 MLA kernels (RILL_MLA_MMA=0) or of earlier builds is refused.
   s += cuda::mla_tensor_cores_off() ? " mla=f32" : " r2";

@@ -29,6 +29,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -369,8 +371,9 @@ TEST(Fp8Weights, TensorCoreGemmMatchesTheQuantizedSum) {
     const std::vector<float> y0 = random_floats(static_cast<size_t>(n_tok * rows), 4);
     // bf16_d: the unscaled sums rounded to bf16 (2^-8 of |sum| more);
     // fast_accum: cuBLASLt's FAST_ACCUM (partial sums not promoted to f32
-    // along K): held to 1e-2 of sum |w x| (a wrong scale or layout is off
-    // by ~100%), its worst error printed.
+    // along K): held to 2.5e-3 of sum |w x| at this K (measured worst
+    // 6.9e-4 on the H200; a wrong scale or layout is off by ~100%), its
+    // worst error printed.
     for (const bool fast_accum : {false, true}) {
       for (const bool bf16_d : {false, true}) {
         SCOPED_TRACE(std::string(fast_accum ? "fast accumulation" : "f32 accumulation") +
@@ -389,7 +392,7 @@ TEST(Fp8Weights, TensorCoreGemmMatchesTheQuantizedSum) {
           const double err = std::fabs(got[i] - before - sums[i]) / mag;
           worst = std::max(worst, err);
           const double bound =
-              (fast_accum ? 1e-2 : 1e-4) + (bf16_d ? std::ldexp(1.0, -8) * std::fabs(sums[i]) / mag : 0);
+              (fast_accum ? 2.5e-3 : 1e-4) + (bf16_d ? std::ldexp(1.0, -8) * std::fabs(sums[i]) / mag : 0);
           ASSERT_LT(err, bound) << "token " << i / rows << " row " << i % rows;
         }
         std::printf("[ fp8 ] GEMM %lld tokens%s (%s accumulation, %s D): worst error / sum |w x| = %.3g\n",
@@ -646,21 +649,46 @@ TEST(Fp8Weights, Fp8CheckpointsHoldToTheCpu) {
 // KL(bf16 || fp8) over positions and how often the top token agrees, and
 // each configuration against the f32-accumulation / f32-D one. Holds only
 // that FP8 changes the logits and that every figure is finite.
+// Sets an environment variable for the guard's lifetime, then restores
+// what it was (or unsets it), however the test leaves.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const char* name) : name_(name) {
+    if (const char* v = std::getenv(name)) saved_ = v;
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    if (saved_) {
+      ::setenv(name_, saved_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  void set(const char* value) { ::setenv(name_, value, 1); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
 TEST(Fp8Weights, LargeModelAgainstBf16) {
   RILL_REQUIRE_GPU();
+  ScopedEnv fast_env("RILL_FP8_FAST_ACCUM"), bf16_env("RILL_FP8_BF16_D");
   const char* dir = std::getenv("RILL_FP8_ACCURACY_MODEL");
   if (!dir) GTEST_SKIP() << "RILL_FP8_ACCURACY_MODEL not set";
   const int64_t n_tok = 512;
   const char* chunk_env = std::getenv("RILL_FP8_ACCURACY_CHUNK");
   const int chunk = chunk_env ? std::atoi(chunk_env) : 512;
+  ASSERT_GT(chunk, 0) << "RILL_FP8_ACCURACY_CHUNK must be a positive token count";
   auto files = open_model_files(dir);
   ASSERT_TRUE(files.ok()) << files.error().message;
   const int64_t vocab = 128256;
   std::vector<int32_t> prompt(static_cast<size_t>(n_tok));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 2654435761u + 12345u) % 128000u);
   auto logits = [&](WeightQuantization q, const char* fast, const char* bf16_d) {
-    ::setenv("RILL_FP8_FAST_ACCUM", fast, 1);
-    ::setenv("RILL_FP8_BF16_D", bf16_d, 1);
+    fast_env.set(fast);
+    bf16_env.set(bf16_d);
     ModelOptions o = model_options(q);
     o.n_ctx = n_tok;
     o.max_batch_tokens = chunk;
@@ -724,8 +752,6 @@ TEST(Fp8Weights, LargeModelAgainstBf16) {
       }
     }
   }
-  ::unsetenv("RILL_FP8_FAST_ACCUM");
-  ::unsetenv("RILL_FP8_BF16_D");
 }
 
 }  // namespace

@@ -11,7 +11,8 @@ void Fp8Scratch::carve(Arena& a, int64_t tokens, int64_t max_cols) {
   xq = a.take<uint8_t>(static_cast<size_t>(x_elems));
   xs = a.take<float>(static_cast<size_t>(tokens));
   // Without outer-vector scales, accumulating GEMMs go in chunks of 4,096
-  // rows (f32 D) and, with Gemm's bf16 D, every GEMM in chunks of 8,192.
+  // rows (f32 D) and, with Gemm's bf16 D, every GEMM in chunks of up to
+  // 8,192 rows (2 x d_floats / n, whole 16s: more for steps of fewer tokens).
   d_floats = tokens * 4096;
   d = a.take<float>(static_cast<size_t>(d_floats));
 }

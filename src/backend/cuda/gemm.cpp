@@ -53,7 +53,7 @@ struct Gemm::Plan {
 static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(std::array<uint64_t, 8>));
 
 size_t Gemm::KeyHash::operator()(const Key& k) const {
-  uint64_t h = static_cast<uint64_t>(k.kind);
+  uint64_t h = static_cast<uint64_t>(k.kind) | (k.fast_accum ? 0x100u : 0u);
   for (int64_t v : {k.n, k.rows, k.cols}) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001b3ull;
   return static_cast<size_t>(h);
 }
@@ -61,7 +61,7 @@ size_t Gemm::KeyHash::operator()(const Key& k) const {
 Gemm::Gemm(const Context& ctx) : ctx_(ctx) {
   const char* env = std::getenv("RILL_GEMM_TUNE");
   tuning_ = !(env && std::string(env) == "0");
-  if (const char* e = std::getenv("RILL_FP8_FAST_ACCUM")) fp8_fast_accum_ = std::string(e) == "1";
+  if (const char* e = std::getenv("RILL_FP8_FAST_ACCUM")) fp8_fast_accum_ = std::string(e) != "0";
   if (const char* e = std::getenv("RILL_FP8_BF16_D")) fp8_bf16_d_ = std::string(e) == "1";
 }
 Gemm::~Gemm() = default;
@@ -256,7 +256,10 @@ Status Gemm::run(DType dtype, const void* w, const void* x, int64_t n, int64_t r
 Gemm::Plan* Gemm::fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer, bool bf16_d) {
   if (w_ld != cols + 16) return nullptr;
   bf16_d = bf16_d && !outer;
-  const Key key{outer ? Kind::kFp8Outer : bf16_d ? Kind::kFp8PlainBf16 : Kind::kFp8Plain, n, rows, cols};
+  const Key key{outer    ? Kind::kFp8Outer
+                : bf16_d ? Kind::kFp8PlainBf16
+                         : Kind::kFp8Plain,
+                n, rows, cols, fp8_fast_accum_};
   if (auto it = fp8_plans_.find(key); it != fp8_plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
   p->key = key;
