@@ -139,7 +139,8 @@ int64_t tuning_bucket(int64_t n) {
 }
 
 const char* kind_name(int kind) {
-  static const char* const names[] = {"f32", "f16", "bf16", "fp8 (outer scales)", "fp8", "fp8 (bf16 D)"};
+  static const char* const names[] = {"f32", "f16",          "bf16",        "fp8 (outer scales)",
+                                      "fp8", "fp8 (bf16 D)", "f16 (f16 D)", "bf16 (bf16 D)"};
   return names[kind];
 }
 
@@ -213,8 +214,12 @@ Status Gemm::choose(Plan& p, const void* a, const void* b, float* out, float bet
   return Status::Ok();
 }
 
-Result<Gemm::Plan*> Gemm::plan(DType dtype, int64_t n, int64_t rows, int64_t cols) {
-  const Key key{dtype == DType::kF16 ? Kind::kF16 : dtype == DType::kBF16 ? Kind::kBF16 : Kind::kF32, n, rows, cols};
+Result<Gemm::Plan*> Gemm::plan(DType dtype, int64_t n, int64_t rows, int64_t cols, bool narrow) {
+  narrow = narrow && (dtype == DType::kF16 || dtype == DType::kBF16);
+  const Kind kind = dtype == DType::kF16    ? (narrow ? Kind::kF16Narrow : Kind::kF16)
+                    : dtype == DType::kBF16 ? (narrow ? Kind::kBF16Narrow : Kind::kBF16)
+                                            : Kind::kF32;
+  const Key key{kind, n, rows, cols};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
   p->key = key;
@@ -228,8 +233,8 @@ Result<Gemm::Plan*> Gemm::plan(DType dtype, int64_t n, int64_t rows, int64_t col
           CUBLAS_STATUS_SUCCESS ||
       (s = cublasLtMatrixLayoutCreate(&p->b, t, static_cast<uint64_t>(cols), static_cast<uint64_t>(n), cols)) !=
           CUBLAS_STATUS_SUCCESS ||
-      (s = cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, static_cast<uint64_t>(rows), static_cast<uint64_t>(n),
-                                      rows)) != CUBLAS_STATUS_SUCCESS) {
+      (s = cublasLtMatrixLayoutCreate(&p->d, narrow ? t : CUDA_R_32F, static_cast<uint64_t>(rows),
+                                      static_cast<uint64_t>(n), rows)) != CUBLAS_STATUS_SUCCESS) {
     return Error{blas_error(s, "matrix layout")};
   }
   if (!ask_heuristic(*p)) {
@@ -250,6 +255,21 @@ Status Gemm::run(DType dtype, const void* w, const void* x, int64_t n, int64_t r
   const cublasStatus_t s = cublasLtMatmul(ctx_.blas(), p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d,
                                           &p->algo, ctx_.workspace(), ctx_.workspace_bytes(), ctx_.stream());
   if (s != CUBLAS_STATUS_SUCCESS) return Error{blas_error(s, "matmul")};
+  return Status::Ok();
+}
+
+Status Gemm::run_narrow(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, void* y) {
+  if (n <= 0) return Status::Ok();
+  if (dtype != DType::kF16 && dtype != DType::kBF16) {
+    return Error{"narrow matmul: " + std::string(dtype_name(dtype)) + " weights (F16 or BF16 only)"};
+  }
+  RILL_ASSIGN_OR_RETURN(Plan * p, plan(dtype, n, rows, cols, true));
+  const float alpha = 1.0f, beta = 0.0f;
+  // beta 0: a timing run writes y itself, which the real call overwrites.
+  if (!p->chosen) RILL_TRY(choose(*p, w, x, static_cast<float*>(y), beta));
+  const cublasStatus_t s = cublasLtMatmul(ctx_.blas(), p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d,
+                                          &p->algo, ctx_.workspace(), ctx_.workspace_bytes(), ctx_.stream());
+  if (s != CUBLAS_STATUS_SUCCESS) return Error{blas_error(s, "narrow matmul")};
   return Status::Ok();
 }
 

@@ -47,6 +47,14 @@ class Gemm {
   Status run(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, float* y,
              bool accumulate);
 
+  // y = x W^T written in `dtype` (F16 or BF16, the weights' and
+  // activations' own) instead of f32, by cuBLASLt at every token count: half
+  // the output bytes, each sum rounded once to 16 bits. For outputs that a
+  // 16-bit reader consumes (the fused gate/up ahead of its GLU, Backend's
+  // matmul_glu). Not batch invariant: callers keep batch-invariant mode on
+  // run()/matmul().
+  Status run_narrow(DType dtype, const void* w, const void* x, int64_t n, int64_t rows, int64_t cols, void* y);
+
   // Matmul dispatch used by the models. F32 weights always take the hand
   // GEMV (batch invariant; f32 checkpoints are for parity runs, not speed).
   // F16/BF16 take it for one token and cuBLASLt for more: on the H200 the
@@ -117,7 +125,7 @@ class Gemm {
   struct Plan;
   // Kind of plan in a key: the activation dtype, or FP8 with/without outer scales.
   // kFp8PlainBf16: unscaled, D in bf16.
-  enum class Kind : uint8_t { kF32, kF16, kBF16, kFp8Outer, kFp8Plain, kFp8PlainBf16 };
+  enum class Kind : uint8_t { kF32, kF16, kBF16, kFp8Outer, kFp8Plain, kFp8PlainBf16, kF16Narrow, kBF16Narrow };
   struct Key {
     Kind kind;
     int64_t n, rows, cols;
@@ -127,7 +135,8 @@ class Gemm {
   struct KeyHash {
     size_t operator()(const Key& k) const;
   };
-  Result<Plan*> plan(DType dtype, int64_t n, int64_t rows, int64_t cols);
+  // narrow: D in `dtype` (F16/BF16) instead of f32.
+  Result<Plan*> plan(DType dtype, int64_t n, int64_t rows, int64_t cols, bool narrow = false);
   // Null: no algorithm. `outer`: with outer-vector scales (else unscaled).
   Plan* fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer, bool bf16_d = false);
   // Fills the plan's descriptors' heuristic candidates; false: none.

@@ -1,0 +1,20 @@
+// glu_narrow: the gated linear unit of a fused gate/up product stored in
+// 16 bits (Gemm::run_narrow's F16/BF16 output), for Backend::matmul_glu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace rill::cuda {
+
+// gate_up: n_rows rows of [gate (n_ff) | up (n_ff)] in in_dtype (F16 or
+// BF16); out[r, i] = act(gate[r, i]) * up[r, i] in out_dtype, computed in
+// f32 with the formulas of silu_mul / gelu_tanh_mul (ops.h), so the result
+// equals those kernels' on the f32 values of the 16-bit inputs.
+void glu_narrow(bool gelu, DType in_dtype, const void* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype,
+                void* out, cudaStream_t stream);
+
+}  // namespace rill::cuda
