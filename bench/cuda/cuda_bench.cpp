@@ -35,6 +35,9 @@
 //   it at --gpu-memory-fraction F (every byte up to F of device memory
 //   after weights and activations), reported as 4,096-token sequences
 //   that fit (the pool must still hold the bench's own sequences)
+//   bench_cuda none --mixed-attention 1: decode attention alone on steps
+//   mixing one long context with short ones, the block size chosen by the
+//   grid and by its working blocks (attention_decode.h), then exit
 //   bench_cuda MODEL_DIR --context N: decode after prompts of N tokens
 //   (default 128; long contexts make attention's KV reads a large part of
 //   a step, the regime where a smaller KV type pays)
@@ -71,6 +74,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda/attention_decode.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
@@ -325,6 +329,108 @@ void attention_bench(const cuda::Context& ctx) {
   for (void* p : {k, v, q, part, out, meta}) cudaFree(p);
 }
 
+// The decode block choice on steps mixing one long context with short
+// ones (the 8B's attention shape, f16 KV): B decode tokens, token 0 at
+// LONG keys and the others at 160, the grid as a decode graph launches it
+// (the long token's splits rounded up to a power of two). Each launch
+// timed with the block chosen by the whole grid (work 0), by the working
+// blocks (decode_work_bucket of the tokens' splits, as the runtime passes
+// it) and forced to 8, 4 and 2 warps; K/V rotate over copies past the L2.
+void mixed_attention_bench(const cuda::Context& ctx) {
+  constexpr int32_t kHeads = 32, kKvHeads = 8, kHd = 128, kRowElems = kKvHeads * kHd, kQkv = 6144, kMax = 64;
+  const size_t cache_bytes = size_t{1} << 30;  // per K and V, all copies
+  void *k = nullptr, *v = nullptr, *q = nullptr, *part = nullptr, *out = nullptr, *meta = nullptr;
+  RILL_CUDA_CHECK(cudaMalloc(&k, cache_bytes));
+  RILL_CUDA_CHECK(cudaMalloc(&v, cache_bytes));
+  RILL_CUDA_CHECK(cudaMemset(k, 0x2e, cache_bytes));
+  RILL_CUDA_CHECK(cudaMemset(v, 0x3a, cache_bytes));
+  RILL_CUDA_CHECK(cudaMalloc(&q, kMax * kQkv * 4));
+  RILL_CUDA_CHECK(cudaMemset(q, 0x3e, kMax * kQkv * 4));
+  RILL_CUDA_CHECK(cudaMalloc(&part, cuda::attention_partial_floats(kMax, kHeads, kHd) * 4));
+  RILL_CUDA_CHECK(cudaMalloc(&out, kMax * kHeads * kHd * 2));
+  const size_t meta_ints = 4 * kMax + 8192;
+  RILL_CUDA_CHECK(cudaMalloc(&meta, meta_ints * 4));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int B : {8, 16, 32, 64}) {
+    for (int L : {2000, 8000}) {
+      std::vector<int32_t> h(meta_ints, 0);
+      int32_t* dec = h.data();
+      int32_t* pos = dec + kMax;
+      int32_t* seq = pos + kMax;
+      int32_t* tstart = seq + kMax;
+      int32_t* tables = tstart + kMax;
+      int32_t n_blocks = 0;
+      int64_t splits = 0;
+      for (int s = 0; s < B; ++s) {
+        const int32_t len = s == 0 ? L : 160;
+        dec[s] = s;
+        pos[s] = len - 1;
+        seq[s] = s;
+        tstart[s] = n_blocks;
+        for (int b = 0; b < (len + 15) / 16; ++b, ++n_blocks) tables[n_blocks] = n_blocks;
+        splits += cuda::decode_splits(len);
+      }
+      const size_t copy_rows = static_cast<size_t>(n_blocks) * 16;
+      const int n_copies = static_cast<int>(std::min<size_t>(1024, cache_bytes / (copy_rows * kRowElems * 2)));
+      int32_t bucket = 1;
+      while (bucket < cuda::decode_splits(L)) bucket *= 2;
+      RILL_CUDA_CHECK(cudaMemcpy(meta, h.data(), meta_ints * 4, cudaMemcpyHostToDevice));
+      const auto* dm = static_cast<const int32_t*>(meta);
+      cuda::AttentionArgs a;
+      a.q = static_cast<const float*>(q);
+      a.q_stride = kQkv;
+      a.n_head = kHeads;
+      a.n_head_kv = kKvHeads;
+      a.head_dim = kHd;
+      a.scale = 0.088f;
+      a.kv_dtype = DType::kF16;
+      a.block_shift = 4;
+      a.decode_tokens = dm;
+      a.pos = dm + kMax;
+      a.seq_of = dm + 2 * kMax;
+      a.table_start = dm + 3 * kMax;
+      a.block_tables = dm + 4 * kMax;
+      a.n_decode = B;
+      a.max_decode_len = bucket * cuda::kSplitKeys;
+      a.partial = static_cast<float*>(part);
+      a.out_dtype = DType::kBF16;
+      a.out = out;
+      const int32_t work = cuda::decode_work_bucket(splits);
+      struct Mode {
+        int32_t warps, work;
+      };
+      const Mode modes[] = {{0, 0}, {0, work}, {8, 0}, {4, 0}, {2, 0}};
+      double us[5];
+      for (int mi = 0; mi < 5; ++mi) {
+        std::vector<double> t;
+        for (int rep = 0; rep < 8; ++rep) {
+          cudaEventRecord(e0, ctx.stream());
+          for (int i = 0; i < 32; ++i) {
+            const size_t off = static_cast<size_t>((rep * 32 + i) % n_copies) * copy_rows * kRowElems * 2;
+            a.k_cache = static_cast<const uint8_t*>(k) + off;
+            a.v_cache = static_cast<const uint8_t*>(v) + off;
+            cuda::attention(a, ctx.stream(), modes[mi].warps, modes[mi].work);
+          }
+          cudaEventRecord(e1, ctx.stream());
+          cudaEventSynchronize(e1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (rep >= 2) t.push_back(ms * 1e3 / 32);
+        }
+        us[mi] = median(t);
+      }
+      std::printf(
+          "kernel attention mixed B=%2d long=%4d (grid %d x %d x %d, working %lld -> %d): by grid %d warps %.1f us, by "
+          "working blocks %d warps %.1f us; 8 / 4 / 2 warps %.1f / %.1f / %.1f us\n",
+          B, L, kKvHeads, bucket, B, static_cast<long long>(splits), work, cuda::decode_fast_warps(a, bucket, 0, 0),
+          us[0], cuda::decode_fast_warps(a, bucket, 0, work), us[1], us[2], us[3], us[4]);
+    }
+  }
+  for (void* p : {k, v, q, part, out, meta}) cudaFree(p);
+}
+
 // The 8B's decode matrices in GGUF block types (every byte 0x11: scales
 // are a small f16, no NaN; 3 copies rotating, beyond the L2), one token
 // and 8 through quant_gemv, 64 through dequantize_rows (bf16) + cuBLASLt;
@@ -459,6 +565,7 @@ int run(int argc, char** argv) {
   std::vector<int> tps = {1};
   std::vector<int> invs = {0};  // --batch-invariant 0,1: both modes in one run
   bool kernels = false;
+  bool mixed_attention = false;  // --mixed-attention 1: mixed_attention_bench, then exit
   int quant_kernels = 0;
   std::string quant_only;
   bool graphs = true;
@@ -486,6 +593,7 @@ int run(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--graphs")) graphs = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--quantize")) fp8 = !std::strcmp(argv[i + 1], "fp8");
     if (!std::strcmp(argv[i], "--kv-fit")) kv_fit = std::atof(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--mixed-attention")) mixed_attention = std::atoi(argv[i + 1]) != 0;
   }
   // One measured run per (tensor-parallel size, batch-invariant mode).
   struct RunCfg {
@@ -495,6 +603,12 @@ int run(int argc, char** argv) {
   std::vector<RunCfg> cfgs;
   for (int tp : tps) {
     for (int inv : invs) cfgs.push_back({tp, inv != 0});
+  }
+  if (mixed_attention) {
+    auto mctx = cuda::Context::create(0);
+    if (!mctx.ok()) return 1;
+    mixed_attention_bench(**mctx);
+    return 0;
   }
   if (quant_kernels) {
     auto qctx = cuda::Context::create(0);

@@ -233,6 +233,9 @@ struct StepMetadata {
   const int32_t* decode_tokens = nullptr;  // [n_decode]
   int32_t n_decode = 0;
   int32_t max_decode_len = 0;  // largest pos + 1 among the decode tokens
+  // CUDA: the decode tokens' attention splits summed, rounded up to a power
+  // of two (cuda::decode_work_bucket); 0: not given.
+  int32_t decode_work = 0;
   const AttentionTile* tiles = nullptr;
   int32_t n_tiles = 0;
   // Hybrid models' recurrent layers.

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/attention_decode.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
@@ -369,6 +370,7 @@ StepMetadata CudaModelBase::step_metadata(const Step& s) const {
   md.decode_tokens = meta_dev_.decode_tokens;
   md.n_decode = s.n_decode;
   md.max_decode_len = s.max_decode_len;
+  md.decode_work = s.decode_work;
   md.tiles = reinterpret_cast<const AttentionTile*>(meta_dev_.tiles);
   md.n_tiles = s.n_tiles;
   md.recurrent = rec_step_;
@@ -659,6 +661,7 @@ Status CudaModelBase::compute(const Batch& batch) {
   Appender<int32_t> decode{mh.decode_tokens};
   Appender<cuda::PrefillTile> tiles{mh.tiles};
   int32_t max_decode_len = 0;
+  int64_t decode_work = 0;  // the decode tokens' splits (AttentionArgs::decode_work)
   bool decode_only = n_sample == n;
   const int32_t tile_q = cuda::prefill_tile_q(kv_dtype_, static_cast<int32_t>(hd_));
   for (int32_t s = 0; s < n_seqs; ++s) {
@@ -671,12 +674,17 @@ Status CudaModelBase::compute(const Batch& batch) {
         mh.slots[g][i] = table[p >> block_shift_] * block_size_ + (p & (block_size_ - 1));
       }
     }
+    const bool decoded = batch_invariant_ || q.q_len <= cuda::kDecodeMaxQ;
     if (batch_invariant_) {  // every token through split-KV decode attention (see cuda_model_base.h)
       for (int32_t i = q.q_start; i < q.q_start + q.q_len; ++i) decode.push_back(i);
-      max_decode_len = std::max(max_decode_len, q.kv_len);
     } else {
       cuda::route_attention(s, q.q_start, q.q_len, tile_q, decode, tiles);
-      if (q.q_len <= cuda::kDecodeMaxQ) max_decode_len = std::max(max_decode_len, q.kv_len);
+    }
+    if (decoded) {
+      max_decode_len = std::max(max_decode_len, q.kv_len);
+      for (int32_t i = q.q_start; i < q.q_start + q.q_len; ++i) {
+        decode_work += cuda::decode_splits(batch.positions[static_cast<size_t>(i)] + 1);
+      }
     }
     decode_only = decode_only && q.q_len == 1;
   }
@@ -702,9 +710,13 @@ Status CudaModelBase::compute(const Batch& batch) {
         mh.seq_of[i] = n_seqs;
         mh.sample_rows[i] = static_cast<int32_t>(i);
         decode.push_back(static_cast<int32_t>(i));
+        ++decode_work;  // one split at position 0
       }
     }
   }
+  // A power of two, in the graph's key below: every replay of a graph
+  // chose its decode blocks for the same count.
+  const int32_t work = cuda::decode_work_bucket(decode_work);
   const size_t n_used = n_table + (n_run > n ? 1 : 0);
   const size_t meta_bytes =
       reinterpret_cast<const uint8_t*>(mh.tables[0] + n_used) - reinterpret_cast<const uint8_t*>(mh.ids);
@@ -728,10 +740,12 @@ Status CudaModelBase::compute(const Batch& batch) {
     RILL_TRY(upload_states(batch, n_run));
   }
 
-  if (split_bucket == 0) return run_layers({n, n_sample, decode.n, max_decode_len, tiles.n});
-  const Step step{n_run, n_run, decode.n, max_decode_len, 0};
-  Graph& g = graphs_[static_cast<uint32_t>(step_kind_) << 28 | static_cast<uint32_t>(n_run) << 8 |
-                     static_cast<uint32_t>(split_bucket)];
+  if (split_bucket == 0) return run_layers({n, n_sample, decode.n, max_decode_len, tiles.n, work});
+  const Step step{n_run, n_run, decode.n, max_decode_len, 0, work};
+  int work_log2 = 0;
+  while ((int32_t{1} << work_log2) < work) ++work_log2;
+  Graph& g = graphs_[static_cast<uint64_t>(step_kind_) << 48 | static_cast<uint64_t>(work_log2) << 40 |
+                     static_cast<uint64_t>(n_run) << 8 | static_cast<uint64_t>(split_bucket)];
   if (g.exec) {
     if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess)
       return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};

@@ -211,6 +211,7 @@ class CudaModelBase : public Model, public StepOverlap {
   struct Step {
     int64_t n = 0, n_sample = 0;
     int32_t n_decode = 0, max_decode_len = 0, n_tiles = 0;
+    int32_t decode_work = 0;  // StepMetadata::decode_work
   };
 
   // Init, first: E_, V_, F_, hd_, Q_, KV_ from cfg_ (the whole model's),
@@ -440,7 +441,7 @@ class CudaModelBase : public Model, public StepOverlap {
     cudaGraphExec_t exec = nullptr;
     bool seen = false;
   };
-  std::unordered_map<uint32_t, Graph> graphs_;
+  std::unordered_map<uint64_t, Graph> graphs_;
   bool use_graphs_ = true;  // ModelOptions::cuda_graphs
   // Decode attention always combines its splits in a combine kernel and
   // takes the fast kernel where it applies. The switches that forced the

@@ -153,9 +153,11 @@ class Paged {
   // combine kernel merges).
   // general: decode through the general kernel. warps: the fast decode
   // kernel's block (attention_decode.h; 0: chosen by the grid; *chosen, when
-  // given, receives the choice).
+  // given, receives the choice). working: the block choice's working-block
+  // count given as the runtime gives it (the tokens' splits, bucketed).
   std::vector<float> gpu_out(DType out_dtype, const std::vector<int>& only = {}, int32_t* counts = nullptr,
-                             bool general = false, int32_t warps = 0, int32_t* chosen = nullptr) const {
+                             bool general = false, int32_t warps = 0, int32_t* chosen = nullptr,
+                             bool working = false) const {
     std::vector<int32_t> decode_tokens;
     std::vector<PrefillTile> tiles;
     int32_t t0 = 0, max_len = 0;
@@ -205,8 +207,14 @@ class Paged {
     a.out_dtype = out_dtype;
     a.out = dout.data();
     a.general_decode = general;
-    if (chosen) *chosen = decode_fast_warps(a, decode_splits(max_len), warps);
-    attention(a, nullptr, warps);
+    int32_t work = 0;
+    if (working) {
+      int64_t splits = 0;
+      for (const int32_t t : decode_tokens) splits += decode_splits(pos_[static_cast<size_t>(t)] + 1);
+      work = decode_work_bucket(splits);
+    }
+    if (chosen) *chosen = decode_fast_warps(a, decode_splits(max_len), warps, work);
+    attention(a, nullptr, warps, work);
     return decode(out_dtype, download<uint8_t>(dout, q_.size() * es));
   }
 
@@ -561,6 +569,63 @@ TEST(CudaAttention, DecodeBlocksOfFourAndTwoWarpsMatchCpu) {
       ASSERT_NEAR(got[i], want[i], p.tolerance(i)) << "80 tokens, " << dtype_name(kv) << " elem " << i;
       ASSERT_EQ(got[i], forced[i]) << "80 tokens, " << dtype_name(kv) << " elem " << i;
     }
+  }
+}
+
+// The block size counts the grid's working blocks where decode_work is
+// given (the runtime's steps): one token of 4,100 keys (17 splits) among 15
+// of 1-200 keys is a grid of 8 x 17 x 16 = 2,176 blocks, of which 8 x 32
+// (17 + 15 splits) read keys. By the grid it takes 2-warp blocks; by its
+// working blocks the size of a grid of 32 one-split tokens (8 warps on an
+// H200: all 256 resident), with that size's bits and the CPU's values.
+TEST(CudaAttention, DecodeBlockSizeCountsWorkingBlocksOnly) {
+  RILL_REQUIRE_GPU();
+  EXPECT_EQ(decode_work_bucket(0), 0);
+  EXPECT_EQ(decode_work_bucket(1), 1);
+  EXPECT_EQ(decode_work_bucket(32), 32);
+  EXPECT_EQ(decode_work_bucket(33), 64);
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  for (const DType kv : {DType::kF16, kF8E4M3}) {
+    const Case c{32, 8, 128, 0, 0.0f, kv};
+    std::vector<SeqSpec> seqs = {{1, 4100}};
+    for (int s = 1; s < 16; ++s) seqs.push_back({1, 1 + 13 * s});
+    const Paged p(c, seqs);
+    const auto want = p.cpu_out();
+    int32_t by_grid = 0, by_work = 0;
+    const auto grid_out = p.gpu_out(DType::kF32, {}, nullptr, false, 0, &by_grid);
+    const auto got = p.gpu_out(DType::kF32, {}, nullptr, false, 0, &by_work, true);
+    // The same choice as a grid of 32 one-split tokens.
+    const Paged dense(c, std::vector<SeqSpec>(32, SeqSpec{1, 100}));
+    int32_t want_warps = 0;
+    (void)dense.gpu_out(DType::kF32, {}, nullptr, false, 0, &want_warps);
+    EXPECT_EQ(by_work, want_warps) << dtype_name(kv);
+    if (sms >= 132) {  // an H200: 264 blocks of 8 warps resident
+      EXPECT_EQ(by_grid, 2) << dtype_name(kv);
+      EXPECT_EQ(by_work, 8) << dtype_name(kv);
+    }
+    const auto forced = p.gpu_out(DType::kF32, {}, nullptr, false, by_work);
+    const auto forced_grid = p.gpu_out(DType::kF32, {}, nullptr, false, by_grid);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], p.tolerance(i)) << dtype_name(kv) << " elem " << i;
+      ASSERT_EQ(got[i], forced[i]) << dtype_name(kv) << " elem " << i;
+      ASSERT_EQ(grid_out[i], forced_grid[i]) << dtype_name(kv) << " elem " << i;
+    }
+  }
+}
+
+// RILL_DECODE_WARPS: 8, 4 or 2 as a whole base-10 number; anything else 0
+// (ignored, reported on stderr).
+TEST(CudaAttention, DecodeWarpsSettingIsValidated) {
+  EXPECT_EQ(parse_decode_warps(nullptr), 0);
+  EXPECT_EQ(parse_decode_warps(""), 0);
+  EXPECT_EQ(parse_decode_warps("8"), 8);
+  EXPECT_EQ(parse_decode_warps("4"), 4);
+  EXPECT_EQ(parse_decode_warps("2"), 2);
+  for (const char* bad : {"16", "1", "0", "-2", "8x", "4 ", "two", "0x8", "99999999999999999999", "2.0"}) {
+    EXPECT_EQ(parse_decode_warps(bad), 0) << bad;
   }
 }
 

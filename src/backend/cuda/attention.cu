@@ -462,7 +462,7 @@ void launch_decode(const AttentionArgs& a, dim3 grid, size_t smem, cudaStream_t 
 }
 
 template <typename KvT, typename Out>
-void launch(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps) {
+void launch(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps, int32_t decode_work) {
   if (a.n_decode > 0) {
     const int G = a.n_head / a.n_head_kv;
     const size_t smem = sizeof(float) * (static_cast<size_t>(G) * a.head_dim + static_cast<size_t>(G) * kDecodeChunk +
@@ -471,7 +471,7 @@ void launch(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps) {
     const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_splits),
                     static_cast<unsigned>(a.n_decode));
     if (!a.general_decode && decode_fast_supported(a.kv_dtype, a.head_dim, G)) {
-      decode_attention_fast(a, n_splits, stream, decode_warps);
+      decode_attention_fast(a, n_splits, stream, decode_warps, decode_work);
     } else if (a.head_dim <= 128) {
       launch_decode<KvT, 1>(a, grid, smem, stream);
     } else if (a.head_dim <= 256) {
@@ -600,8 +600,9 @@ void rotate_heads(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_
   }
 }
 
-void dispatch(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps) {
-  RILL_CUDA_DISPATCH_KV(a.kv_dtype, RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, T>(a, stream, decode_warps)));
+void dispatch(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps, int32_t decode_work) {
+  RILL_CUDA_DISPATCH_KV(a.kv_dtype,
+                        RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, launch<KvT, T>(a, stream, decode_warps, decode_work)));
 }
 
 }  // namespace
@@ -642,13 +643,13 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   attention(a, stream, 0);
 }
 
-void attention(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps) {
+void attention(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps, int32_t decode_work) {
   assert(a.n_head % a.n_head_kv == 0 && a.n_head / a.n_head_kv <= kMaxGroup);
   assert(a.head_dim % 4 == 0 && a.head_dim <= kMaxHeadDim);
   assert(kv_supported(a.kv_dtype) && a.n_head_kv * a.head_dim % dtype_info(a.kv_dtype).block_size == 0);
   assert(kv_rotation_supported(a.kv_dtype, a.head_dim, a.k_rotated) &&
          kv_rotation_supported(a.kv_dtype, a.head_dim, a.v_rotated));
-  if (!a.k_rotated && !a.v_rotated) return dispatch(a, stream, decode_warps);
+  if (!a.k_rotated && !a.v_rotated) return dispatch(a, stream, decode_warps, decode_work);
   // Rotated KV: q's heads rotated into the scratch's first half, the
   // kernels' f32 outputs into its second, rotated back into a.out.
   assert(kv_rotation_supported(a.kv_dtype, a.head_dim, true) && a.rotation && a.n_tokens > 0);
@@ -664,7 +665,7 @@ void attention(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps
     r.out_dtype = DType::kF32;
     r.out = rotated_out;
   }
-  dispatch(r, stream, decode_warps);
+  dispatch(r, stream, decode_warps, decode_work);
   if (a.v_rotated) {
     RILL_CUDA_DISPATCH_FLOAT(a.out_dtype, rotate_heads(rotated_out, width, a.n_tokens, a.n_head, a.head_dim,
                                                        static_cast<T*>(a.out), stream));

@@ -45,6 +45,8 @@
 // batch.
 #include <cuda_fp8.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <type_traits>
 
@@ -572,19 +574,24 @@ int64_t resident_blocks() {
     RILL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kW * 32, smem));
     RILL_CUDA_CHECK(cudaGetDevice(&device));
     RILL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    // No block of this size fits on an SM (shared memory or registers past
+    // the device's): every launch of it would fail, so stop here with the
+    // reason rather than at the launch.
+    if (per_sm <= 0 || sms <= 0) {
+      std::fprintf(stderr,
+                   "rill: decode attention: %d blocks of %d warps (%zu bytes of shared memory) fit an SM of %d SMs\n",
+                   per_sm, kW, smem, sms);
+      std::abort();
+    }
     return static_cast<int64_t>(per_sm) * sms;
   }();
   return blocks;
 }
 
-// RILL_DECODE_WARPS=8/4/2 in the environment: that block size wherever
-// decode_attention_fast's `warps` is 0 (comparisons); else 0.
+// RILL_DECODE_WARPS=8/4/2 in the environment (parse_decode_warps): that
+// block size wherever decode_attention_fast's `warps` is 0 (comparisons).
 int env_decode_warps() {
-  static const int w = [] {
-    const char* e = std::getenv("RILL_DECODE_WARPS");
-    const int v = e ? std::atoi(e) : 0;
-    return v == 8 || v == 4 || v == 2 ? v : 0;
-  }();
+  static const int w = ::rill::cuda::parse_decode_warps(std::getenv("RILL_DECODE_WARPS"));
   return w;
 }
 
@@ -614,11 +621,22 @@ int pick_warps(int32_t warps, int64_t units) {
   }
 }
 
+// The blocks of `grid` that read keys: n_head_kv x `work` where the
+// runtime gives it (splits past a token's own count leave at once, so they
+// do not count), else every block.
+int64_t working_blocks(dim3 grid, int32_t work) {
+  const int64_t all = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  if (work <= 0) return all;
+  const int64_t working = static_cast<int64_t>(grid.x) * work;
+  return working < all ? working : all;
+}
+
 template <typename KV, int kHd, int kG>
-void launch_one(const AttentionArgs& a, dim3 grid, int32_t warps, cudaStream_t stream) {
-  const int64_t units = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  // Prefetch into L2 before the wait only where every block is resident
-  // at once in 8-warp blocks (small batches; see the top of the file).
+void launch_one(const AttentionArgs& a, dim3 grid, int32_t warps, int32_t work, cudaStream_t stream) {
+  const int64_t units = working_blocks(grid, work);
+  // Prefetch into L2 before the wait only where every working block is
+  // resident at once in 8-warp blocks (small batches; see the top of the
+  // file).
   const bool prefetch = units <= kPrefetchMaxBlocks;
   if constexpr (kFewerWarps<KV>) {
     const int w = pick_warps<KV, kHd, kG>(warps, units);
@@ -685,6 +703,16 @@ dim3 decode_grid(const AttentionArgs& a, int32_t n_splits_grid) {
 
 }  // namespace
 
+int32_t parse_decode_warps(const char* value) {
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(value, &end, 10);
+  if (errno == 0 && end != value && *end == '\0' && (v == 8 || v == 4 || v == 2)) return static_cast<int32_t>(v);
+  std::fprintf(stderr, "rill: RILL_DECODE_WARPS=\"%s\" ignored (it takes 8, 4 or 2)\n", value);
+  return 0;
+}
+
 bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group) {
   const bool group_ok = group == 1 || group == 2 || group == 4 || (group == 8 && head_dim <= 128);
   if (kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 ||
@@ -695,18 +723,17 @@ bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group) {
   return false;
 }
 
-int32_t decode_fast_warps(const AttentionArgs& a, int32_t n_splits_grid, int32_t warps) {
+int32_t decode_fast_warps(const AttentionArgs& a, int32_t n_splits_grid, int32_t warps, int32_t work) {
   const dim3 grid = decode_grid(a, n_splits_grid);
   int32_t w = kWarps;
-  for_shape(a, [&]<typename KV, int kHd, int kG>() {
-    w = pick_warps<KV, kHd, kG>(warps, static_cast<int64_t>(grid.x) * grid.y * grid.z);
-  });
+  for_shape(a, [&]<typename KV, int kHd, int kG>() { w = pick_warps<KV, kHd, kG>(warps, working_blocks(grid, work)); });
   return w;
 }
 
-void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream, int32_t warps) {
+void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream, int32_t warps,
+                           int32_t work) {
   const dim3 grid = decode_grid(a, n_splits_grid);
-  for_shape(a, [&]<typename KV, int kHd, int kG>() { launch_one<KV, kHd, kG>(a, grid, warps, stream); });
+  for_shape(a, [&]<typename KV, int kHd, int kG>() { launch_one<KV, kHd, kG>(a, grid, warps, work, stream); });
 }
 
 }  // namespace rill::cuda

@@ -16,16 +16,36 @@ bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group);
 // out; the others write partials (merged by the caller's combine kernel, or
 // in the kernel with a.split_counts).
 // warps: the block's warps for f16 and fp8 KV, 8, 4 or 2; 0 chooses by the
-// grid: 8 while the grid fits on the GPU at once in 8-warp blocks, else 4
-// or 2 (RILL_DECODE_WARPS=8/4/2 in the environment overrides the choice,
-// for comparisons). The block size changes the order of a token's sums,
-// so a token's bits depend on its own length alone only with warps fixed.
-void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream, int32_t warps = 0);
+// grid's working blocks (n_head_kv x `work` where work > 0, else the whole
+// grid): 8 while they fit on the GPU at once in 8-warp blocks, else 4 or 2
+// (RILL_DECODE_WARPS=8/4/2 in the environment overrides the choice, for
+// comparisons). The block size changes the order of a token's sums, so a
+// token's bits depend on its own length alone only with warps fixed.
+// work: the decode blocks per KV head that read keys, as
+// decode_work_bucket gives it; 0: not known.
+void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream, int32_t warps = 0,
+                           int32_t work = 0);
 // The block size that launch takes (8, 4 or 2).
-int32_t decode_fast_warps(const AttentionArgs& a, int32_t n_splits_grid, int32_t warps = 0);
+int32_t decode_fast_warps(const AttentionArgs& a, int32_t n_splits_grid, int32_t warps = 0, int32_t work = 0);
+// The working decode blocks per KV head of a step whose decode tokens'
+// splits (decode_splits(pos + 1), the grid's other splits leave at once)
+// sum to `splits`, rounded up to a power of two (0 for none): the runtime
+// keys its decode graphs by it, so every replay of a graph made the choice
+// its count makes.
+inline int32_t decode_work_bucket(int64_t splits) {
+  if (splits <= 0) return 0;
+  int64_t b = 1;
+  while (b < splits && b < (int64_t{1} << 30)) b *= 2;
+  return static_cast<int32_t>(b);
+}
+// RILL_DECODE_WARPS's value: 8, 4 or 2 (the whole string a base-10 number);
+// 0 for none (null or empty) or for anything else, which it reports on
+// stderr.
+int32_t parse_decode_warps(const char* value);
 
-// attention() (ops.h) with decode_attention_fast's `warps`: batch-invariant
-// mode passes 8 (every grid in 8-warp blocks), attention() 0.
-void attention(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps);
+// attention() (ops.h) with decode_attention_fast's `warps` and `work`:
+// batch-invariant mode passes warps 8 (every grid in 8-warp blocks),
+// attention() 0 and 0.
+void attention(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps, int32_t decode_work = 0);
 
 }  // namespace rill::cuda

@@ -598,7 +598,7 @@ class CudaBackend final : public Backend {
     // matmuls already vary with the batch (cuBLASLt), and large grids may
     // take smaller blocks.
     const bool fixed_blocks = invariant_ || act_ == DType::kF32 || op.q.rows <= cuda::kGemvMaxTokens;
-    cuda::attention(a, stream(), fixed_blocks ? 8 : 0);
+    cuda::attention(a, stream(), fixed_blocks ? 8 : 0, step.decode_work);
   }
 
   void glu(Glu kind, Tensor gate_up, Tensor out) override {
