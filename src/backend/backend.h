@@ -606,6 +606,18 @@ class Backend {
   // act(gate[r, i]) * up[r, i], [rows, F] in out.dtype. kSilu: gate *
   // sigmoid(gate); kGeluTanh: the tanh approximation of GELU (GeGLU).
   virtual void glu(Glu kind, Tensor gate_up, Tensor out) = 0;
+  // The dense MLP's first half: out = glu(kind, x . w_gate_up^T), i.e.
+  // matmul(w_gate_up, x, gate_up, false) then glu(kind, gate_up, out), which
+  // is what this default does. gate_up [x.rows, w_gate_up.rows] F32 is
+  // scratch (its contents are unspecified after the call), out as glu()'s.
+  // CUDA overrides it for FP8 weights on the tensor-core GEMM path, where
+  // the GEMM's per-token and per-row scales go into the GLU's one pass
+  // (fp8_matmul_glu in backend/cuda/fp8.h: the same bits as the default).
+  virtual Status matmul_glu(const Weight& w_gate_up, Tensor x, Glu kind, Tensor gate_up, Tensor out) {
+    RILL_TRY(matmul(w_gate_up, x, gate_up, false));
+    glu(kind, gate_up, out);
+    return Status::Ok();
+  }
   // x = cap * tanh(x / cap) (final logit softcapping); x = x * s (Gemma's
   // embedding scale). x F32.
   virtual void softcap(Tensor x, float cap) = 0;

@@ -495,6 +495,21 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // FP8 weights where fp8_matmul would run the unscaled tensor-core GEMM
+  // and a scale pass: the scales go into the GLU (cuda::fp8_matmul_glu, the
+  // same bits); everything else is matmul then glu.
+  Status matmul_glu(const Weight& w, Tensor x, Glu kind, Tensor gate_up, Tensor out) override {
+    const CudaWeight& rec = record(w);
+    if (rec.parts.empty() && rec.w.dtype == cuda::kFp8Rows && x.dtype == act_ && x.is_dense() && x.cols == w.cols &&
+        gate_up.dtype == DType::kF32 && gate_up.is_dense() && gate_up.rows == x.rows && gate_up.cols == w.rows &&
+        out.is_dense() && out.rows == x.rows && 2 * out.cols == w.rows &&
+        cuda::fp8_glu_fusable(*gemm_, fp8scratch_, act_, x.rows, w.rows, w.cols)) {
+      return cuda::fp8_matmul_glu(*gemm_, fp8scratch_, rec.w.data, act_, x.data, x.rows, w.rows, w.cols,
+                                  kind == Glu::kGeluTanh, gate_up.f32(), out.dtype, out.data, stream());
+    }
+    return Backend::matmul_glu(w, x, kind, gate_up, out);
+  }
+
   Status moe_ffn(const MoeWeight& w, Tensor router_in, Tensor in, Tensor out, bool accumulate,
                  const StepMetadata& step) override {
     assert(in.dtype == act_ && in.is_dense() && out.dtype == DType::kF32 && out.is_dense() && in.rows == out.rows);

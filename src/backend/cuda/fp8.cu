@@ -15,6 +15,7 @@
 #include <cuda_fp8.h>
 
 #include <cassert>
+#include <type_traits>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/fp8.h"
@@ -542,6 +543,54 @@ __global__ void scale_rows_bf16_kernel(const __nv_bfloat16* __restrict__ d, int6
   }
 }
 
+// fp8_scale_glu: the scale pass (scale_rows_kernel's products, in its
+// order: d x xs[t] x ws[r]) of the gate and up halves, then the GLU in
+// ops.cu's silu_mul / ops_gemma.cu's gelu_tanh_mul form, so each output is
+// the same bits as those three kernels give. Written out, not shared: those
+// kernels are not to change here.
+template <bool kGelu>
+__device__ __forceinline__ float glu_times(float x, float u) {
+  if constexpr (kGelu) {
+    constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+    return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x))) * u;
+  } else {
+    return x / (1.0f + expf(-x)) * u;
+  }
+}
+
+// blockIdx.y a token, x-blocks over its n_ff outputs; kVec 4: float4 loads
+// of d's gate and up and of their scales, one 4-value store (n_ff a
+// multiple of 4, d 16- and out 4 * sizeof(Out)-byte aligned).
+template <typename Out, int kVec, bool kGelu>
+__global__ void scale_glu_kernel(const float* __restrict__ d, int64_t n_ff, const float* __restrict__ xs,
+                                 const float* __restrict__ ws, Out* __restrict__ out) {
+  detail::pdl_wait();
+  detail::pdl_trigger();
+  const int64_t t = blockIdx.y;
+  const float st = xs[t];
+  const float* dt = d + t * 2 * n_ff;
+  Out* ot = out + t * n_ff;
+  for (int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < n_ff;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
+    if constexpr (kVec == 4) {
+      const float4 g = *reinterpret_cast<const float4*>(dt + j), u = *reinterpret_cast<const float4*>(dt + n_ff + j);
+      const float4 sg = *reinterpret_cast<const float4*>(ws + j), su = *reinterpret_cast<const float4*>(ws + n_ff + j);
+      const float v[4] = {
+          glu_times<kGelu>(g.x * st * sg.x, u.x * st * su.x), glu_times<kGelu>(g.y * st * sg.y, u.y * st * su.y),
+          glu_times<kGelu>(g.z * st * sg.z, u.z * st * su.z), glu_times<kGelu>(g.w * st * sg.w, u.w * st * su.w)};
+      if constexpr (std::is_same_v<Out, float>) {
+        *reinterpret_cast<float4*>(ot + j) = make_float4(v[0], v[1], v[2], v[3]);
+      } else {
+        const Out e[4] = {detail::from_f32<Out>(v[0]), detail::from_f32<Out>(v[1]), detail::from_f32<Out>(v[2]),
+                          detail::from_f32<Out>(v[3])};
+        *reinterpret_cast<uint2*>(ot + j) = *reinterpret_cast<const uint2*>(e);
+      }
+    } else {
+      ot[j] = detail::from_f32<Out>(glu_times<kGelu>(dt[j] * st * ws[j], dt[n_ff + j] * st * ws[n_ff + j]));
+    }
+  }
+}
+
 unsigned grid_for(int64_t n_threads) {
   constexpr int64_t kMaxBlocks = 132 * 16;
   const int64_t b = (n_threads + 255) / 256;
@@ -659,6 +708,32 @@ void fp8_scale_rows_bf16(const void* d, int64_t n, int64_t n_part, int64_t y_str
   } else {
     launch_pdl(scale_rows_bf16_kernel<1>, grid, 256, 0, stream, db, n_part, y_stride, col0, xs, ws, y, accumulate);
   }
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void fp8_scale_glu(const float* d, int64_t n, int64_t n_ff, const float* xs, const float* ws, bool gelu,
+                   DType out_dtype, void* out, cudaStream_t stream) {
+  if (n <= 0 || n_ff <= 0) return;
+  const bool vec4 = n_ff % 4 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(ws) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(out) % (4 * dtype_info(out_dtype).block_bytes) == 0;
+  const int64_t per_token = vec4 ? n_ff / 4 : n_ff;
+  const int64_t want = (per_token + 255) / 256, cap = (int64_t{sm_count()} * 16 + n - 1) / n;
+  const dim3 grid(static_cast<unsigned>(want < 1 ? 1 : want > cap ? cap : want), static_cast<unsigned>(n));
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype, {
+    auto* o = static_cast<T*>(out);
+    if (vec4) {
+      if (gelu) {
+        launch_pdl(scale_glu_kernel<T, 4, true>, grid, 256, 0, stream, d, n_ff, xs, ws, o);
+      } else {
+        launch_pdl(scale_glu_kernel<T, 4, false>, grid, 256, 0, stream, d, n_ff, xs, ws, o);
+      }
+    } else if (gelu) {
+      launch_pdl(scale_glu_kernel<T, 1, true>, grid, 256, 0, stream, d, n_ff, xs, ws, o);
+    } else {
+      launch_pdl(scale_glu_kernel<T, 1, false>, grid, 256, 0, stream, d, n_ff, xs, ws, o);
+    }
+  });
   RILL_CUDA_CHECK_LAUNCH();
 }
 

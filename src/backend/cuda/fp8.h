@@ -90,6 +90,15 @@ void fp8_scale_rows(const float* d, int64_t n, int64_t n_part, int64_t y_stride,
 void fp8_scale_rows_bf16(const void* d, int64_t n, int64_t n_part, int64_t y_stride, int64_t col0, const float* xs,
                          const float* ws, float* y, bool accumulate, cudaStream_t stream);
 
+// out[t, i] = act(g) * u with g = d[t, i] xs[t] ws[i] and u = d[t, F + i]
+// xs[t] ws[F + i] (F = n_ff), over d [n, 2 F] f32 the unscaled product of a
+// fused gate/up weight, in out_dtype (F32/F16/BF16) [n, F]; act SiLU or,
+// with `gelu`, GELU's tanh form. The same arithmetic, in the same order, as
+// fp8_scale_rows then silu_mul / gelu_tanh_mul (ops.h): the same bits, from
+// one read of d instead of a read and a write of it and another read.
+void fp8_scale_glu(const float* d, int64_t n, int64_t n_ff, const float* xs, const float* ws, bool gelu,
+                   DType out_dtype, void* out, cudaStream_t stream);
+
 // The FP8 GEMM's quantized activations and its accumulation scratch
 // (Gemm::run_fp8's d), carved from an arena (sizing pass included) for up
 // to max_tokens x max_cols.
@@ -112,5 +121,23 @@ struct Fp8Scratch {
 Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8, const void* w, DType x_dtype,
                   const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
                   cudaStream_t stream);
+
+// Whether fp8_matmul of this shape (not accumulating) takes the unscaled
+// tensor-core GEMM and a separate scale pass (not the GEMV, not
+// quant_matmul, not cuBLASLt's outer-vector scales, not Gemm's bf16 D, not
+// batch-invariant mode): where fp8_matmul_glu can fuse that pass with the
+// GLU. n_rows: the fused gate/up weight's rows (2 F, even).
+bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows,
+                     int64_t n_cols);
+
+// out = act(gate) * up over the fused gate/up FP8 weight W [2 F, n_cols]
+// (gate rows [0, F), up [F, 2 F)) times x [n_tokens, n_cols]: what
+// fp8_matmul(W, x) into gate_up then silu_mul / gelu_tanh_mul give, bit for
+// bit, with the scales applied inside the GLU (fp8_scale_glu) to the
+// unscaled product the GEMM leaves in gate_up [n_tokens, 2 F] f32 (scratch).
+// Requires fp8_glu_fusable.
+Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
+                      int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,
+                      cudaStream_t stream);
 
 }  // namespace rill::cuda

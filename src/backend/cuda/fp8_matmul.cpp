@@ -40,4 +40,29 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
   return quant_matmul(gemm, scratch, kFp8Rows, w, x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
 }
 
+bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows,
+                     int64_t n_cols) {
+  if (n_tokens <= 0 || n_rows <= 0 || n_rows % 2 != 0 || gemm.batch_invariant() || gemm.fp8_bf16_d()) return false;
+  // fp8_matmul's GEMV for one token (its other GEMV case, no GEMM for the
+  // shape, is excluded below).
+  if (n_tokens == 1 && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) return false;
+  const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
+  return fp8.xq && n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems &&
+         gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld) &&
+         !gemm.fp8_gemm_outer_scales(n_tokens, n_rows, n_cols, w_ld);
+}
+
+Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
+                      int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,
+                      cudaStream_t stream) {
+  // fp8_matmul's GEMM path up to its scale pass (Gemm::run_fp8 not
+  // accumulating, no outer scales): the same quantized x, the same plan.
+  const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
+  quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+  RILL_TRY(gemm.run_fp8_unscaled(static_cast<const uint8_t*>(w) + kFp8RowHeader, w_ld, fp8.xq, n_tokens, n_rows, n_cols,
+                                 gate_up));
+  fp8_scale_glu(gate_up, n_tokens, n_rows / 2, fp8.xs, fp8_scales(w, n_rows, n_cols), gelu, out_dtype, out, stream);
+  return Status::Ok();
+}
+
 }  // namespace rill::cuda

@@ -321,16 +321,29 @@ bool Gemm::fp8_gemm_supported(int64_t n, int64_t rows, int64_t cols, int64_t w_l
   return n > 0 && (fp8_plan(n, rows, cols, w_ld, true) || fp8_plan(n, rows, cols, w_ld, false));
 }
 
+Status Gemm::fp8_launch(Plan& p, const uint8_t* a, const uint8_t* xq, void* out, float beta) {
+  const float alpha = 1.0f;
+  if (!p.chosen) RILL_TRY(choose(p, a, xq, static_cast<float*>(out), beta));  // beta == 0 for bf16 D: no scratch
+  const cublasStatus_t s = cublasLtMatmul(ctx_.blas(), p.desc, &alpha, a, p.a, xq, p.b, &beta, out, p.d, out, p.d,
+                                          &p.algo, ctx_.workspace(), ctx_.workspace_bytes(), ctx_.stream());
+  return s == CUBLAS_STATUS_SUCCESS ? Status::Ok() : Status(Error{blas_error(s, "FP8 matmul")});
+}
+
+Status Gemm::run_fp8_unscaled(const uint8_t* wq, int64_t w_ld, const uint8_t* xq, int64_t n, int64_t rows, int64_t cols,
+                              float* d) {
+  if (n <= 0) return Status::Ok();
+  Plan* p = fp8_plan(n, rows, cols, w_ld, false);
+  if (!p)
+    return Error{"cuBLASLt has no unscaled FP8 GEMM for " + std::to_string(n) + " x " + std::to_string(rows) + " x " +
+                 std::to_string(cols)};
+  return fp8_launch(*p, wq, xq, d, 0.0f);
+}
+
 Status Gemm::run_fp8(const uint8_t* wq, int64_t w_ld, const float* ws, const uint8_t* xq, const float* xs, int64_t n,
                      int64_t rows, int64_t cols, float* y, bool accumulate, float* d, int64_t d_floats) {
   if (n <= 0) return Status::Ok();
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  auto matmul = [&](Plan* p, const uint8_t* a, void* out, float b) -> Status {
-    if (!p->chosen) RILL_TRY(choose(*p, a, xq, static_cast<float*>(out), b));  // b == 0 for bf16 D: no scratch
-    const cublasStatus_t s = cublasLtMatmul(ctx_.blas(), p->desc, &alpha, a, p->a, xq, p->b, &b, out, p->d, out, p->d,
-                                            &p->algo, ctx_.workspace(), ctx_.workspace_bytes(), ctx_.stream());
-    return s == CUBLAS_STATUS_SUCCESS ? Status::Ok() : Status(Error{blas_error(s, "FP8 matmul")});
-  };
+  const float beta = accumulate ? 1.0f : 0.0f;
+  auto matmul = [&](Plan* p, const uint8_t* a, void* out, float b) { return fp8_launch(*p, a, xq, out, b); };
   if (Plan* p = fp8_plan(n, rows, cols, w_ld, true)) {
     cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws, sizeof ws);
     cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs);

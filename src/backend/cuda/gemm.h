@@ -95,6 +95,14 @@ class Gemm {
   Status run_fp8(const uint8_t* wq, int64_t w_ld, const float* ws, const uint8_t* xq, const float* xs, int64_t n,
                  int64_t rows, int64_t cols, float* y, bool accumulate, float* d, int64_t d_floats);
 
+  // d [n, rows] f32 = sum_c xq[t, c] wq[r, c], no scales: run_fp8's
+  // unscaled GEMM (the same plan, so the same bits as run_fp8's product
+  // before its scale pass when it takes that path: not accumulating, no
+  // outer scales, f32 D), for a caller that applies the scales itself
+  // (fp8_matmul_glu). Errors where cuBLASLt has no such algorithm.
+  Status run_fp8_unscaled(const uint8_t* wq, int64_t w_ld, const uint8_t* xq, int64_t n, int64_t rows, int64_t cols,
+                          float* d);
+
   // For plans made from now on (the environment gives the defaults); the
   // plan and tuning caches key on the setting, so a toggle never reuses a
   // plan made under the other.
@@ -139,6 +147,8 @@ class Gemm {
   Result<Plan*> plan(DType dtype, int64_t n, int64_t rows, int64_t cols, bool narrow = false);
   // Null: no algorithm. `outer`: with outer-vector scales (else unscaled).
   Plan* fp8_plan(int64_t n, int64_t rows, int64_t cols, int64_t w_ld, bool outer, bool bf16_d = false);
+  // One FP8 GEMM of plan p: out = beta out + (a . xq^T) (p's scales, if any, set by the caller).
+  Status fp8_launch(Plan& p, const uint8_t* a, const uint8_t* xq, void* out, float beta);
   // Fills the plan's descriptors' heuristic candidates; false: none.
   bool ask_heuristic(Plan& p);
   void add_split_k_variants(Plan& p);

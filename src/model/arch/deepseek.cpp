@@ -524,9 +524,8 @@ Status mla_layer(Backend& b, const MlaGraph& g, const MlaLayer& L, MlaStepOps& o
   b.rms_norm(x, nullptr, L.ffn_norm, eps, 0.0f, h);
   if (L.is_moe) return b.moe_ffn(L.moe, h, h, x, true, md);
   const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
-  RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
   const Tensor glu_out = f32_act || p.mup.residual == 1.0f ? mlp : a.mlp32.rows_from(0, n);
-  b.glu(Glu::kSilu, gu, glu_out);
+  RILL_TRY(b.matmul_glu(L.w_gate_up, h, Glu::kSilu, gu, glu_out));
   scale_into(b, glu_out, p.mup.residual, mlp);
   return b.matmul(L.w_down, mlp, x, true);
 }

@@ -615,8 +615,7 @@ Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, co
     b.attention(at, md);
     RILL_TRY(b.matmul(L.wo, attn, y, false, L.bo));
     b.post_norm_add(y, L.post_attn_norm, x, L.ffn_norm, eps, off, h);
-    RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
-    b.glu(Glu::kGeluTanh, gu, mlp);
+    RILL_TRY(b.matmul_glu(L.w_gate_up, h, Glu::kGeluTanh, gu, mlp));
     RILL_TRY(b.matmul(L.w_down, mlp, y, false));
     if (L.moe) {
       // y = norm_1(mlp) + norm_2(experts(norm_pre_2(x)), routed by norm(x) * scale / sqrt(E))
@@ -711,8 +710,7 @@ Status assistant_layers(Backend& b, const GemmaGraph& g, const AssistantGraph& a
     b.attention(at, md);
     RILL_TRY(b.matmul(L.wo, attn, y, false, L.bo));
     b.post_norm_add(y, L.post_attn_norm, x, L.ffn_norm, eps, 0.0f, h);
-    RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
-    b.glu(Glu::kGeluTanh, gu, mlp);
+    RILL_TRY(b.matmul_glu(L.w_gate_up, h, Glu::kGeluTanh, gu, mlp));
     RILL_TRY(b.matmul(L.w_down, mlp, y, false));
     const Vec next_norm = il + 1 < ag.layers.size() ? ag.layers[il + 1].attn_norm : Vec{};
     if (L.layer_scalar == 1.0f) {

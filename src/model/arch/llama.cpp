@@ -187,11 +187,10 @@ Status mlp_block(Backend& b, const LlamaLayer& L, float residual_scale, const St
   }
   const Tensor gu = a.gu.rows_from(0, n);
   const Tensor mlp = a.mlp.rows_from(0, n);
-  RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
   // minicpm: the GLU's output times the residual scale before down (linear).
   const bool scaled = residual_scale != 1.0f;
   const Tensor glu_out = scaled && a.mlp32.cols > 0 ? a.mlp32.rows_from(0, n) : mlp;
-  b.glu(Glu::kSilu, gu, glu_out);
+  RILL_TRY(b.matmul_glu(L.w_gate_up, h, Glu::kSilu, gu, glu_out));
   if (scaled) scale_into(b, glu_out, residual_scale, mlp);
   RILL_TRY(b.matmul(L.w_down, mlp, x, hooks.owns_residual()));
   return hooks.reduce_residual(x);

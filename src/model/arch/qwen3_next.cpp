@@ -548,8 +548,7 @@ Status hybrid_layer(Backend& b, const HybridGraph& g, const HybridLayer& L, Hybr
   b.rms_norm(x, nullptr, L.post_norm, eps, off, h);
   if (L.is_moe) return b.moe_ffn(L.moe, h, h, x, true, md);
   const Tensor gu = a.gu.rows_from(0, n), mlp = a.mlp.rows_from(0, n);
-  RILL_TRY(b.matmul(L.w_gate_up, h, gu, false));
-  b.glu(Glu::kSilu, gu, mlp);
+  RILL_TRY(b.matmul_glu(L.w_gate_up, h, Glu::kSilu, gu, mlp));
   return b.matmul(L.w_down, mlp, x, true);
 }
 
