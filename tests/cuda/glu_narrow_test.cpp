@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/glu_narrow.h"
 #include "backend/cuda/ops.h"
@@ -125,6 +126,83 @@ TEST(GluNarrow, RunNarrowIsTheGemmRoundedOnce) {
   }
   // F32 weights have no narrow output: refused, not run.
   EXPECT_FALSE(gemm.run_narrow(DType::kF32, nullptr, nullptr, 4, 8, 8, nullptr).ok());
+}
+
+// The CUDA backend's matmul_glu with dense 16-bit weights: up to
+// kGemvMaxTokens tokens today's matmul then glu, bit for bit; beyond, the
+// narrow route (the scratch then holds gate/up in the activation dtype,
+// checked) within the rounding of gate/up to 16 bits (half an ulp each,
+// amplified up to ~4x by the activation's slope at negative gates) and of
+// both outputs: six ulps of the output, plus the two GEMMs' summation
+// orders.
+TEST(GluNarrow, BackendMatmulGluRoundsGateUpOnce) {
+  RILL_REQUIRE_GPU();
+  const int64_t cols = 512, max_tokens = 300;
+  for (const DType act : {DType::kBF16, DType::kF16}) {
+    for (const int64_t F : {int64_t{344}, int64_t{1001}}) {
+      const std::vector<float> w = random_floats(static_cast<size_t>(2 * F * cols), 41, -0.1f, 0.1f);
+      CudaBackendOptions o;
+      o.act = act;
+      auto b = make_cuda_backend(o);
+      ASSERT_TRUE(b.ok()) << b.error().message;
+      const HostMatrix parts[2] = {{w.data(), DType::kF32, F, cols, static_cast<size_t>(cols) * 4},
+                                   {w.data() + F * cols, DType::kF32, F, cols, static_cast<size_t>(cols) * 4}};
+      auto wt = (*b)->place(parts, 2, "mlp.{gate,up}_proj");
+      ASSERT_TRUE(wt.ok()) << wt.error().message;
+      ASSERT_TRUE((*b)->reserve({max_tokens, 4, 64}).ok());
+      const size_t ab = elem_bytes(act);
+      auto xb = (*b)->allocate(static_cast<size_t>(max_tokens * cols) * ab, "x");
+      auto gu_a = (*b)->allocate(static_cast<size_t>(max_tokens * 2 * F) * 4, "gate_up a");
+      auto gu_b = (*b)->allocate(static_cast<size_t>(max_tokens * 2 * F) * 4, "gate_up b");
+      auto out_a = (*b)->allocate(static_cast<size_t>(max_tokens * F) * ab, "out a");
+      auto out_b = (*b)->allocate(static_cast<size_t>(max_tokens * F) * ab, "out b");
+      ASSERT_TRUE(xb.ok() && gu_a.ok() && gu_b.ok() && out_a.ok() && out_b.ok());
+      for (const int64_t n : {int64_t{1}, int64_t{8}, int64_t{9}, int64_t{64}, int64_t{300}}) {
+        std::vector<float> x = random_floats(static_cast<size_t>(n * cols), 42 + static_cast<uint32_t>(n));
+        const std::vector<uint8_t> xbytes = encode(act, x);
+        ASSERT_TRUE((*b)->copy_in(xb->data(), xbytes.data(), xbytes.size()).ok());
+        const Tensor xt = Tensor::dense(xb->data(), act, n, cols);
+        const Tensor ga = Tensor::dense(gu_a->data(), DType::kF32, n, 2 * F),
+                     gb = Tensor::dense(gu_b->data(), DType::kF32, n, 2 * F);
+        const Tensor oa = Tensor::dense(out_a->data(), act, n, F), ob = Tensor::dense(out_b->data(), act, n, F);
+        for (const Glu kind : {Glu::kSilu, Glu::kGeluTanh}) {
+          SCOPED_TRACE(std::string(dtype_name(act)) + " F " + std::to_string(F) + ", " + std::to_string(n) + " tokens" +
+                       (kind == Glu::kGeluTanh ? ", GELU-tanh" : ", SiLU"));
+          ASSERT_TRUE((*b)->matmul(*wt, xt, ga, false).ok());
+          (*b)->glu(kind, ga, oa);
+          ASSERT_TRUE((*b)->matmul_glu(*wt, xt, kind, gb, ob).ok());
+          std::vector<float> gate_up(static_cast<size_t>(n * 2 * F));
+          ASSERT_TRUE((*b)->copy_out(gate_up.data(), gu_a->data(), gate_up.size() * 4).ok());
+          std::vector<uint8_t> want_b(static_cast<size_t>(n * F) * ab), got_b(want_b.size());
+          ASSERT_TRUE((*b)->copy_out(want_b.data(), out_a->data(), want_b.size()).ok());
+          ASSERT_TRUE((*b)->copy_out(got_b.data(), out_b->data(), got_b.size()).ok());
+          if (n <= kGemvMaxTokens) {
+            EXPECT_EQ(got_b, want_b) << "up to kGemvMaxTokens tokens: matmul then glu";
+            continue;
+          }
+          // The narrow route ran: the scratch's first n x 2F 16-bit values
+          // are gate/up in act (within one rounding of today's f32 ones).
+          std::vector<uint8_t> scratch(static_cast<size_t>(n * 2 * F) * ab);
+          ASSERT_TRUE((*b)->copy_out(scratch.data(), gu_b->data(), scratch.size()).ok());
+          const std::vector<float> narrow = decode(act, scratch);
+          double gmax = 0;
+          int64_t close = 0;
+          for (size_t i = 0; i < narrow.size(); ++i) {
+            gmax = std::max(gmax, std::fabs(double(gate_up[i])));
+            close += std::fabs(double(narrow[i]) - gate_up[i]) <= ulp_at(act, gate_up[i]) + 1e-5;
+          }
+          EXPECT_GE(close, static_cast<int64_t>(narrow.size()) * 99 / 100)
+              << "the scratch does not hold 16-bit gate/up";
+          const std::vector<float> want = decode(act, want_b), got = decode(act, got_b);
+          const double abs_tol = 2e-5 * std::sqrt(double(cols)) * gmax * (gmax + 1);
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_TRUE(std::isfinite(got[i])) << i;
+            ASSERT_LE(std::fabs(double(got[i]) - want[i]), 6 * ulp_at(act, want[i]) + abs_tol) << i;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gated_delta.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/glu_narrow.h"
 #include "backend/cuda/latent_attention.h"
 #include "backend/cuda/lightning_index.h"
 #include "backend/cuda/moe_ffn.h"
@@ -506,6 +507,21 @@ class CudaBackend final : public Backend {
         cuda::fp8_glu_fusable(*gemm_, fp8scratch_, act_, x.rows, w.rows, w.cols)) {
       return cuda::fp8_matmul_glu(*gemm_, fp8scratch_, rec.w.data, act_, x.data, x.rows, w.rows, w.cols,
                                   kind == Glu::kGeluTanh, gate_up.f32(), out.dtype, out.data, stream());
+    }
+    // Dense F16/BF16 weights at more than kGemvMaxTokens tokens (outside
+    // batch-invariant mode, where every token's matmuls already go through
+    // cuBLASLt): the GEMM writes gate/up in the weights' own dtype into the
+    // scratch and the GLU reads that, half the bytes between the two (at
+    // 2,048 tokens on the 8B, 235 MB written and read a layer less, which
+    // counts at the H200's power cap). Each gate/up value is rounded once
+    // to 16 bits before the GLU, as a model run in bf16 rounds it.
+    if (rec.parts.empty() && !invariant_ && (act_ == DType::kBF16 || act_ == DType::kF16) && rec.w.dtype == act_ &&
+        x.rows > cuda::kGemvMaxTokens && x.dtype == act_ && x.is_dense() && x.cols == w.cols &&
+        gate_up.dtype == DType::kF32 && gate_up.is_dense() && gate_up.rows == x.rows && gate_up.cols == w.rows &&
+        out.is_dense() && out.rows == x.rows && 2 * out.cols == w.rows) {
+      RILL_TRY(gemm_->run_narrow(act_, rec.w.data, x.data, x.rows, w.rows, w.cols, gate_up.data));
+      cuda::glu_narrow(kind == Glu::kGeluTanh, act_, gate_up.data, x.rows, out.cols, out.dtype, out.data, stream());
+      return Status::Ok();
     }
     return Backend::matmul_glu(w, x, kind, gate_up, out);
   }
