@@ -8,7 +8,8 @@
 #     each matrix 64 random rows repeated, not 25 s of numpy random bytes)
 #     written into /dev/shm in the background while 2. and 3. run;
 #  2. test_quant (TESTS: a gtest filter), under each of TILES (the values
-#     of RILL_CUDA_Q8_GEMV_TILES; default "1");
+#     of RILL_CUDA_Q8_GEMV_TILES, read only by the tile kernel of commit
+#     eb3bade, taken back out after: docs/perf.md; default "1");
 #  3. bench_cuda x --quant-kernels 1 --quant-only Q8_0:SHAPE, main (unless
 #     NO_MAIN_KERNELS=1) then this branch under each of TILES, per
 #     Llama-3.1-8B shape;

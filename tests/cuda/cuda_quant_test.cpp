@@ -7,11 +7,11 @@
 //    reference-dequantized weights times x within 1e-5 of sum |w x| per
 //    output (f32 accumulation over at most 9,216 terms: about 1e-6 seen);
 //    a token's result is the same bits alone and in a batch;
-//  - Q8_0's GEMV (the shared-memory tile kernel where it fits: 4,096 and
-//    14,336 columns, rows split four ways; quant_gemv_kernel elsewhere)
-//    equals a host emulation of the documented order bit for bit (lane l
-//    sums items l, l + 32, .. of its part by fmaf, then the warp's xor
-//    tree, then the parts in order), 1 and 8 tokens, F32 and BF16 x;
+//  - Q8_0's GEMV (8B-like widths 4,096 and 14,336, rows split four ways
+//    at 9,216 and 14,336) equals a host emulation of quant_gemv.cu's
+//    documented order bit for bit (lane l sums items l, l + 32, .. of its
+//    part by fmaf, then the warp's xor tree, then the parts in order), 1
+//    and 8 tokens, F32 and BF16 x: a rewrite of the kernel must keep it;
 //  - quant_matmul's dequantize-then-GEMM path (17 and 40 tokens; whole and
 //    in row chunks) equals the f64 sum over the weights as the GEMM sees
 //    them (rounded to x's dtype) within 1e-5 of sum |w x|, and the exact
