@@ -7,6 +7,11 @@
 //    reference-dequantized weights times x within 1e-5 of sum |w x| per
 //    output (f32 accumulation over at most 9,216 terms: about 1e-6 seen);
 //    a token's result is the same bits alone and in a batch;
+//  - Q8_0's GEMV (8B-like widths 4,096 and 14,336, rows split four ways
+//    at 9,216 and 14,336) equals a host emulation of quant_gemv.cu's
+//    documented order bit for bit (lane l sums items l, l + 32, .. of its
+//    part by fmaf, then the warp's xor tree, then the parts in order), 1
+//    and 8 tokens, F32 and BF16 x: a rewrite of the kernel must keep it;
 //  - quant_matmul's dequantize-then-GEMM path (17 and 40 tokens; whole and
 //    in row chunks) equals the f64 sum over the weights as the GEMM sees
 //    them (rounded to x's dtype) within 1e-5 of sum |w x|, and the exact
@@ -208,6 +213,64 @@ TEST(CudaQuant, GemvMatchesTheCpuReferenceAndIsBatchInvariant) {
     }
     std::printf("[ cuda quant ] %-5s gemv: max |y - ref| / sum|w x| = %.3g\n", std::string(dtype_name(t)).c_str(),
                 worst);
+  }
+}
+
+// quant_gemv's result for one row and token, computed on the host in the
+// kernel's order (quant_gemv.cu): deq the reference weights (Q8_0's d * q,
+// rounded as the kernel rounds it), items of 8 columns.
+float gemv_order_ref(const float* deq, const float* x, int64_t cols) {
+  const int64_t n_items = cols / 8;
+  const int n_split = n_items >= 1024 ? 4 : 1;
+  const int64_t per = (n_items + n_split - 1) / n_split;
+  float s = 0.0f;
+  for (int p = 0; p < n_split; ++p) {
+    float v[32];
+    for (int l = 0; l < 32; ++l) {
+      float acc = 0.0f;
+      for (int64_t it = p * per + l; it < std::min(n_items, (p + 1) * per); it += 32) {
+        for (int64_t c = 8 * it; c < 8 * it + 8; ++c) acc = std::fma(deq[c], x[c], acc);
+      }
+      v[l] = acc;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      float nv[32];
+      for (int l = 0; l < 32; ++l) nv[l] = v[l] + v[l ^ o];
+      std::memcpy(v, nv, sizeof v);
+    }
+    s = p == 0 ? v[0] : s + v[0];
+  }
+  return s;
+}
+
+TEST(CudaQuant, Q8GemvEqualsItsDocumentedOrderBitForBit) {
+  RILL_REQUIRE_GPU();
+  const DType t = DType::kQ8_0;
+  for (const Shape& s : std::vector<Shape>{{300, 4096}, {40, 14336}, {40, 9216}, {67, 576}, {5, 256}}) {
+    const auto w = cpu::testing::random_weight_rows(t, s.rows, s.cols, 7 + static_cast<uint32_t>(s.cols));
+    const auto deq = dequant_ref(t, w, s.rows, s.cols);
+    const auto dw = upload(w);
+    for (DType xt : {DType::kF32, DType::kBF16}) {
+      const int64_t n = 8;
+      auto x = testing::random_floats(static_cast<size_t>(n * s.cols), 3 + static_cast<uint32_t>(s.rows));
+      for (float& v : x) v = round_to(xt, v);
+      const auto dx = upload(encode(xt, x));
+      std::vector<float> want(static_cast<size_t>(n * s.rows));
+      for (int64_t k = 0; k < n; ++k) {
+        for (int64_t r = 0; r < s.rows; ++r) {
+          want[static_cast<size_t>(k * s.rows + r)] =
+              gemv_order_ref(&deq[static_cast<size_t>(r * s.cols)], &x[static_cast<size_t>(k * s.cols)], s.cols);
+        }
+      }
+      for (int64_t nt : {int64_t{1}, n}) {
+        auto dy = poisoned(static_cast<size_t>(n * s.rows) * 4);
+        quant_gemv(t, dw.data(), xt, dx.data(), nt, s.rows, s.cols, dy.as<float>(), false, nullptr);
+        const auto y = download<float>(dy, static_cast<size_t>(nt * s.rows));
+        int64_t n_diff = 0;
+        for (size_t i = 0; i < y.size(); ++i) n_diff += std::memcmp(&y[i], &want[i], 4) != 0;
+        EXPECT_EQ(n_diff, 0) << s.rows << "x" << s.cols << " x " << dtype_name(xt) << " n=" << nt;
+      }
+    }
   }
 }
 
