@@ -16,7 +16,7 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 cp "$B/rill" "$B/bench/bench_cuda" "$T/" && strip "$T/rill" "$T/bench_cuda"
 (cd "$T" && tar cf - rill bench_cuda) | xz -9e -T2 > "$V/bins.tar.xz"
-for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
+for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0 libspdlog.so.1.10 libfmt.so.9; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
 cp "$SRC/bench/e2e/serve_bench.py" "$SRC/bench/e2e/bench_common.py" "$SHARED/tools/peer_torch.py" \
   "$SHARED/tools/gpu_ceilings.py" "$V/py/"
 (cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/tokenizers/llama3 shared/tools/make_random_model.py)
