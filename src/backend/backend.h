@@ -612,7 +612,10 @@ class Backend {
   // scratch (its contents are unspecified after the call), out as glu()'s.
   // CUDA overrides it for FP8 weights on the tensor-core GEMM path, where
   // the GEMM's per-token and per-row scales go into the GLU's one pass
-  // (fp8_matmul_glu in backend/cuda/fp8.h: the same bits as the default).
+  // (fp8_matmul_glu in backend/cuda/fp8.h: the same bits as the default),
+  // and, outside batch-invariant mode, for dense BF16 weights at more than
+  // 8 tokens, where gate/up is written in bf16 (one rounding more than the
+  // default) and gate_up holds those bytes afterwards.
   virtual Status matmul_glu(const Weight& w_gate_up, Tensor x, Glu kind, Tensor gate_up, Tensor out) {
     RILL_TRY(matmul(w_gate_up, x, gate_up, false));
     glu(kind, gate_up, out);

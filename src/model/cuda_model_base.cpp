@@ -661,7 +661,7 @@ Status CudaModelBase::compute(const Batch& batch) {
   Appender<int32_t> decode{mh.decode_tokens};
   Appender<cuda::PrefillTile> tiles{mh.tiles};
   int32_t max_decode_len = 0;
-  int64_t decode_work = 0;  // the decode tokens' splits (AttentionArgs::decode_work)
+  int64_t decode_work = 0;  // the decode tokens' splits (StepMetadata::decode_work)
   bool decode_only = n_sample == n;
   const int32_t tile_q = cuda::prefill_tile_q(kv_dtype_, static_cast<int32_t>(hd_));
   for (int32_t s = 0; s < n_seqs; ++s) {

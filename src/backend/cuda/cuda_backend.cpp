@@ -498,7 +498,8 @@ class CudaBackend final : public Backend {
 
   // FP8 weights where fp8_matmul would run the unscaled tensor-core GEMM
   // and a scale pass: the scales go into the GLU (cuda::fp8_matmul_glu, the
-  // same bits); everything else is matmul then glu.
+  // same bits); dense BF16 weights past kGemvMaxTokens tokens: gate/up in
+  // bf16 (below); everything else is matmul then glu.
   Status matmul_glu(const Weight& w, Tensor x, Glu kind, Tensor gate_up, Tensor out) override {
     const CudaWeight& rec = record(w);
     if (rec.parts.empty() && rec.w.dtype == cuda::kFp8Rows && x.dtype == act_ && x.is_dense() && x.cols == w.cols &&
@@ -508,14 +509,16 @@ class CudaBackend final : public Backend {
       return cuda::fp8_matmul_glu(*gemm_, fp8scratch_, rec.w.data, act_, x.data, x.rows, w.rows, w.cols,
                                   kind == Glu::kGeluTanh, gate_up.f32(), out.dtype, out.data, stream());
     }
-    // Dense F16/BF16 weights at more than kGemvMaxTokens tokens (outside
+    // Dense BF16 weights at more than kGemvMaxTokens tokens (outside
     // batch-invariant mode, where every token's matmuls already go through
     // cuBLASLt): the GEMM writes gate/up in the weights' own dtype into the
     // scratch and the GLU reads that, half the bytes between the two (at
     // 2,048 tokens on the 8B, 235 MB written and read a layer less, which
     // counts at the H200's power cap). Each gate/up value is rounded once
-    // to 16 bits before the GLU, as a model run in bf16 rounds it.
-    if (rec.parts.empty() && !invariant_ && (act_ == DType::kBF16 || act_ == DType::kF16) && rec.w.dtype == act_ &&
+    // to bf16 before the GLU, as a model run in bf16 rounds it (F16 keeps
+    // f32 gate/up: 16-bit values past 65,504 would turn into infinities).
+    // The scratch then holds bf16 bytes, not the F32 its Tensor names.
+    if (rec.parts.empty() && !invariant_ && act_ == DType::kBF16 && rec.w.dtype == act_ &&
         x.rows > cuda::kGemvMaxTokens && x.dtype == act_ && x.is_dense() && x.cols == w.cols &&
         gate_up.dtype == DType::kF32 && gate_up.is_dense() && gate_up.rows == x.rows && gate_up.cols == w.rows &&
         out.is_dense() && out.rows == x.rows && 2 * out.cols == w.rows) {

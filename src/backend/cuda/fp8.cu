@@ -581,8 +581,8 @@ __global__ void scale_glu_kernel(const float* __restrict__ d, int64_t n_ff, cons
       if constexpr (std::is_same_v<Out, float>) {
         *reinterpret_cast<float4*>(ot + j) = make_float4(v[0], v[1], v[2], v[3]);
       } else {
-        const Out e[4] = {detail::from_f32<Out>(v[0]), detail::from_f32<Out>(v[1]), detail::from_f32<Out>(v[2]),
-                          detail::from_f32<Out>(v[3])};
+        alignas(8) const Out e[4] = {detail::from_f32<Out>(v[0]), detail::from_f32<Out>(v[1]),
+                                     detail::from_f32<Out>(v[2]), detail::from_f32<Out>(v[3])};
         *reinterpret_cast<uint2*>(ot + j) = *reinterpret_cast<const uint2*>(e);
       }
     } else {

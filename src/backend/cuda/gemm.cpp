@@ -66,6 +66,27 @@ Gemm::Gemm(const Context& ctx) : ctx_(ctx) {
 }
 Gemm::~Gemm() = default;
 
+namespace {
+
+// Whether the algorithm adds its split-K partial sums in f32 (no split, or
+// the compute-type reduction): a narrow plan's output is then rounded to 16
+// bits once, never partial sums in the output type.
+bool reduces_in_f32(const cublasLtMatmulAlgo_t& algo) {
+  int32_t splits = 1;
+  uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  if (splits <= 1) return true;
+  return cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme,
+                                              &written) == CUBLAS_STATUS_SUCCESS &&
+         scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+}
+
+}  // namespace
+
 bool Gemm::ask_heuristic(Plan& p) {
   cublasLtMatmulPreference_t pref = nullptr;
   if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
@@ -77,8 +98,11 @@ bool Gemm::ask_heuristic(Plan& p) {
                                                           kTuneCandidates, results, &n_results);
   cublasLtMatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS) return false;
+  const bool narrow = p.key.kind == Kind::kF16Narrow || p.key.kind == Kind::kBF16Narrow;
   for (int i = 0; i < n_results; ++i) {
-    if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    if (narrow && !reduces_in_f32(results[i].algo)) continue;
+    p.candidates.push_back(results[i].algo);
   }
   if (p.candidates.empty()) return false;
   p.algo = p.candidates.front();
@@ -88,7 +112,9 @@ bool Gemm::ask_heuristic(Plan& p) {
 
 // Few tokens: the weights' read bounds the GEMM, and a tile grid over the
 // output rows alone can leave SMs idle; split-K spreads the rows' columns.
+// Narrow plans take the compute-type (f32) reduction only.
 void Gemm::add_split_k_variants(Plan& p) {
+  const bool narrow = p.key.kind == Kind::kF16Narrow || p.key.kind == Kind::kBF16Narrow;
   const size_t n_base = p.candidates.size();
   for (size_t i = 0; i < n_base; ++i) {
     const cublasLtMatmulAlgo_t& base = p.candidates[i];
@@ -108,6 +134,7 @@ void Gemm::add_split_k_variants(Plan& p) {
     uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
     for (uint32_t s : {uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE},
                        uint32_t{CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE}, uint32_t{CUBLASLT_REDUCTION_SCHEME_INPLACE}}) {
+      if (narrow && s != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) continue;
       if (scheme == CUBLASLT_REDUCTION_SCHEME_NONE && (schemes & s)) scheme = s;
     }
     if (scheme == CUBLASLT_REDUCTION_SCHEME_NONE) continue;

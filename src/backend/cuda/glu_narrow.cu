@@ -41,7 +41,7 @@ __global__ void glu_narrow_kernel(const In* gate_up, int64_t n_ff, Out* out) {
       const uint4 gv = reinterpret_cast<const uint4*>(g)[i], uv = reinterpret_cast<const uint4*>(u)[i];
       const In* ge = reinterpret_cast<const In*>(&gv);
       const In* ue = reinterpret_cast<const In*>(&uv);
-      Out res[kVec];
+      alignas(16) Out res[kVec];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) res[k] = from_f32<Out>(glu_value<kGelu>(to_f32(ge[k]), to_f32(ue[k])));
       if constexpr (sizeof(Out) == 2) {

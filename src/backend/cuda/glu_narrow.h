@@ -12,8 +12,9 @@ namespace rill::cuda {
 
 // gate_up: n_rows rows of [gate (n_ff) | up (n_ff)] in in_dtype (F16 or
 // BF16); out[r, i] = act(gate[r, i]) * up[r, i] in out_dtype, computed in
-// f32 with the formulas of silu_mul / gelu_tanh_mul (ops.h), so the result
-// equals those kernels' on the f32 values of the 16-bit inputs.
+// f32 with the formulas of silu_mul / gelu_tanh_mul (ops.h): within an ulp of
+// those kernels' results on the f32 values of the 16-bit inputs (the
+// compiler may contract the arithmetic differently).
 void glu_narrow(bool gelu, DType in_dtype, const void* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype,
                 void* out, cudaStream_t stream);
 
