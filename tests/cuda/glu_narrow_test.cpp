@@ -182,7 +182,9 @@ TEST(GluNarrow, BackendMatmulGluRoundsGateUpOnce) {
             ASSERT_TRUE((*b)->matmul(*wt, xt, ga, false).ok());
             (*b)->glu(kind, ga, oa);
             ASSERT_TRUE((*b)->copy_out(again.data(), out_a->data(), again.size()).ok());
-            if (again == want_b) EXPECT_EQ(got_b, want_b) << "matmul_glu is not matmul then glu here";
+            if (again == want_b) {
+              EXPECT_EQ(got_b, want_b) << "matmul_glu is not matmul then glu here";
+            }
             continue;
           }
           // The narrow route ran: the scratch's first n x 2F 16-bit values
