@@ -349,6 +349,114 @@ TEST(KvQuant, ChanBlockMatchesItsContract) {
   std::printf("q4c: the refit zero leaves %.3fx the squared error of z at the minimum\n", total / total_lo);
 }
 
+// k4c's K in a sequence's first block (quantize_chan_block with
+// sequence_start): every byte equal to a plain restatement of the contract
+// in double (candidates in order: per step code c0 - 1 .. c0 + 3, z at the
+// minimum, z refit, then the 16 grids through x_0; error with token 0
+// weighted kKvChanSinkWeight; the first least wins); token 0 held to z's f16
+// rounding (a tenth of a step at most) where the default encoding leaves it
+// up to half a step; and the
+// same block encoded without sequence_start keeps its old bytes' error on
+// tokens 1..31 within 1.5x.
+TEST(KvQuant, ChanSequenceStartHoldsTheFirstKey) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd;
+  const int64_t W = 192, T = kKvChanTokens;
+  std::vector<float> x(static_cast<size_t>(T * W));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t c = 0; c < W; ++c) {
+      float v = nd(rng);
+      if (c % 64 == 5) v = 6.0f + 3.0f * v;           // an outlier channel far from zero
+      if (t == 0 && c % 3 == 0) v = 4.0f * v - 2.0f;  // the sink an outlier of its channel
+      if (c == 7) v = 2.5f;                           // a constant channel: d = 0
+      if (c == 8) v = -1e-3f * v;                     // a tiny one (subnormal e4m3 steps)
+      x[static_cast<size_t>(t * W + c)] = v;
+    }
+  }
+  std::vector<uint8_t> y(row_bytes(kKvQ4Chan, W) * T), plain(y.size());
+  quantize_chan_block(x.data(), W, W, y.data(), /*sequence_start=*/true);
+  quantize_chan_block(x.data(), W, W, plain.data());
+  std::vector<float> back(x.size()), back_plain(x.size());
+  dequantize_chan_block(y.data(), W, back.data());
+  dequantize_chan_block(plain.data(), W, back_plain.data());
+  double sink = 0, sink_plain = 0, rest = 0, rest_plain = 0;
+  for (int64_t c = 0; c < W; ++c) {
+    float xc[32];
+    float mn = INFINITY, mx = -INFINITY;
+    for (int64_t t = 0; t < T; ++t) {
+      xc[t] = x[static_cast<size_t>(t * W + c)];
+      mn = std::min(mn, xc[t]);
+      mx = std::max(mx, xc[t]);
+    }
+    uint16_t lo = f32_to_f16(mn);
+    if (f16_to_f32(lo) > mn) lo = lo & 0x8000 ? static_cast<uint16_t>(lo + 1) : lo == 0 ? 0x8001 : lo - 1;
+    // The contract's candidates, restated.
+    uint16_t want_z = lo;
+    uint8_t want_d = 0;
+    int want_q[32] = {};
+    double best = INFINITY;
+    auto codes_of = [&](uint16_t zh, uint8_t k, int* q) {
+      const float zf = f16_to_f32(zh), s = e4m3_value(k) / 16.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+      double e = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        q[t] = std::clamp(static_cast<int>(std::nearbyint((xc[t] - zf) * inv)), 0, 15);
+        const double err = double{xc[t]} - double{zf + s * static_cast<float>(q[t])};
+        e += (t == 0 ? kKvChanSinkWeight : 1.0) * (err * err);
+      }
+      return e;
+    };
+    auto consider = [&](uint16_t zh, uint8_t k) {
+      int q[32];
+      const double e = codes_of(zh, k, q);
+      if (e < best) {
+        best = e;
+        want_z = zh;
+        want_d = k;
+        std::copy(q, q + 32, want_q);
+      }
+    };
+    if (mx > f16_to_f32(lo)) {
+      const int c0 = e4m3_round((mx - f16_to_f32(lo)) / 15.0f * 16.0f);
+      for (int k = std::max(1, c0 - 1); k <= std::min(0x7e, c0 + 3); ++k) {
+        const auto kk = static_cast<uint8_t>(k);
+        const float s = e4m3_value(kk) / 16.0f;
+        consider(lo, kk);
+        int q[32];
+        codes_of(lo, kk, q);
+        double sum = 0;
+        for (int64_t t = 0; t < T; ++t) sum += double{xc[t]} - double{s} * q[t];
+        consider(f32_to_f16(static_cast<float>(sum / T)), kk);
+        for (int q0 = 0; q0 < 16; ++q0) consider(f32_to_f16(xc[0] - s * static_cast<float>(q0)), kk);
+      }
+    }
+    uint16_t zh;
+    std::memcpy(&zh, y.data() + 2 * c, 2);
+    ASSERT_EQ(zh, want_z) << "channel " << c;
+    ASSERT_EQ(y[static_cast<size_t>(2 * W + c)], want_d) << "channel " << c;
+    for (int64_t t = 0; t < T; ++t) {
+      const uint8_t b = y[static_cast<size_t>(3 * W + c * 16 + t % 16)];
+      ASSERT_EQ(t < 16 ? b & 15 : b >> 4, want_q[t]) << "channel " << c << " token " << t;
+    }
+    const float z = f16_to_f32(zh), d = e4m3_value(want_d) / 16.0f;
+    const double e0 = double{xc[0]} - back[static_cast<size_t>(c)];
+    // x_0 within a tenth of a step (a grid through it wins unless x_0 is
+    // that close to the others' grid already); the default: up to half.
+    EXPECT_LE(std::fabs(e0), 0.1 * d + std::ldexp(std::fabs(z), -11)) << c;
+    sink += e0 * e0;
+    sink_plain +=
+        (double{xc[0]} - back_plain[static_cast<size_t>(c)]) * (double{xc[0]} - back_plain[static_cast<size_t>(c)]);
+    for (int64_t t = 1; t < T; ++t) {
+      const auto i = static_cast<size_t>(t * W + c);
+      rest += (double{x[i]} - back[i]) * (double{x[i]} - back[i]);
+      rest_plain += (double{x[i]} - back_plain[i]) * (double{x[i]} - back_plain[i]);
+    }
+  }
+  std::printf("q4c sequence start: token 0's squared error %.3g (plain %.3g), tokens 1..31 %.4g (plain %.4g)\n", sink,
+              sink_plain, rest, rest_plain);
+  EXPECT_LT(sink, 1e-3 * sink_plain);
+  EXPECT_LT(rest, 1.5 * rest_plain);
+}
+
 // k4c's tail rows: K as llama.cpp's reference q8_0 of the row, V as the
 // reference q8_0 of each head Hadamard-rotated (or of the row when V is not
 // rotated), the source untouched; each value within half a step of its input.

@@ -974,7 +974,7 @@ TEST(KvTiers, DiskPrefixSurvivesARestartK4cKv) {
   ASSERT_FALSE(file.empty());
   auto h = read_kv_header(file.string());
   ASSERT_TRUE(h.ok()) << h.error().message;
-  EXPECT_NE(h->identity.numerics.find("kv=k:q4c#2/v:iq4_nlh64#2"), std::string::npos) << h->identity.numerics;
+  EXPECT_NE(h->identity.numerics.find("kv=k:q4c#3/v:iq4_nlh64#2"), std::string::npos) << h->identity.numerics;
   ASSERT_EQ(h->layers.size(), 30u);
   for (const auto& layer : h->layers) {
     EXPECT_EQ(layer.tensors[1].dtype, kKvIq4Nl64);

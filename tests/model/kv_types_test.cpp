@@ -251,7 +251,7 @@ TEST(KvTypes, K4cPairAndItsRules) {
   // 32 tokens, V 33 per 64 values.
   EXPECT_EQ(row_bytes(kKvQ4Chan, 192), 114u);
   EXPECT_EQ(row_bytes(kKvIq4Nl64, 192), 99u);
-  EXPECT_EQ(describe_kv_types({*pair}, DType::kF16), "kv=k:q4c#2/v:iq4_nlh64#2");
+  EXPECT_EQ(describe_kv_types({*pair}, DType::kF16), "kv=k:q4c#3/v:iq4_nlh64#2");
   EXPECT_TRUE(check_kv_layer_types(0, *pair, 3, 64).ok());
   const Status v_chan = check_kv_layer_types(0, {pair->v, pair->k}, 3, 64);
   ASSERT_FALSE(v_chan.ok());

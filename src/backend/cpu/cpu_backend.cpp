@@ -487,7 +487,9 @@ class CpuBackend final : public Backend {
 
   // k4c: encodes every K block of 32 tokens the step completes, its rows
   // before the step from the sequence's tail, the others from step_k (q8_0
-  // rows, decoded: the same values however the sequence was chunked).
+  // rows, decoded: the same values however the sequence was chunked); the
+  // block at position 0 holds the sequence's first key on its grids
+  // (quantize_chan_block's sequence_start).
   void encode_chan_blocks(const RopeKvOp& op, const StepMetadata& step, const uint8_t* step_k) {
     constexpr int64_t kT = cpu::kKvChanTokens;
     const int64_t W = int64_t{op.n_head_kv} * op.head_dim;
@@ -514,7 +516,8 @@ class CpuBackend final : public Backend {
         }
         const int32_t block = step.block_tables[op.kv_group][step.table_start[s] + g / kT];
         cpu::quantize_chan_block(rows.data(), W, W,
-                                 static_cast<uint8_t*>(op.kv.k) + static_cast<size_t>(block) * op.kv.block_stride);
+                                 static_cast<uint8_t*>(op.kv.k) + static_cast<size_t>(block) * op.kv.block_stride,
+                                 /*sequence_start=*/g == 0);
       }
     });
   }

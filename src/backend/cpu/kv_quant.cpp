@@ -318,8 +318,11 @@ uint16_t f16_at_or_below(float x) {
 
 }  // namespace
 
-void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst) {
+void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst, bool sequence_start) {
   constexpr int kT = kKvChanTokens;
+  // Token 0's weight in a candidate's error (1 elsewhere, and for token 0
+  // of any other block: the same sums as a plain squared error).
+  const double w0 = sequence_start ? kKvChanSinkWeight : 1.0;
   auto* z = reinterpret_cast<uint16_t*>(dst);
   uint8_t* d = dst + 2 * width;
   uint8_t* qs = dst + 3 * width;
@@ -345,7 +348,7 @@ void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, u
       for (int j = 0; j < kT; ++j) {
         cand[j] = nearest_code((x[j] - zf) * inv, 0, 15);
         const double e = double{x[j]} - double{zf + step * static_cast<float>(cand[j])};
-        err += e * e;
+        err += (j == 0 ? w0 : 1.0) * (e * e);
       }
       return err;
     };
@@ -376,6 +379,11 @@ void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, u
         double sum = 0;
         for (int j = 0; j < kT; ++j) sum += double{x[j]} - double{step} * cand[j];
         consider(f32_to_f16(static_cast<float>(sum / kT)), k);
+        if (sequence_start) {
+          // The grids through the sequence's first key: z = x_0 - d q for
+          // each code q, so x_0 is held to within z's f16 rounding.
+          for (int code0 = 0; code0 < 16; ++code0) consider(f32_to_f16(x[0] - step * static_cast<float>(code0)), k);
+        }
       }
     }
     z[c] = best_z;

@@ -72,16 +72,28 @@ inline constexpr int kKvRotatedEncoder = 2;
 // (q from z0); codes q = nearbyint((x - z) * (1 / d)) in f32, clamped to
 // 0..15; the least squared error wins (the first tried on ties). A channel
 // of one value has d = 0 (code 0) and q = 0.
+// The sequence's first block (sequence_start: token 0 is the sequence's
+// position 0) also tries, for each step d, the 16 grids through token 0's
+// value, z = f16(x_0 - d q) for q = 0..15, and weighs token 0's squared
+// error kKvChanSinkWeight times in every candidate's error: position 0 is
+// the attention sink, the key nearly every head of every later query gives
+// a large weight, so its K error moves every softmax (docs/perf.md,
+// "k4c's sink key", 2026-12-04: -30% KL on the default model at the same
+// bytes). Its key is then held to z's f16 rounding instead of half a step,
+// at some cost to the block's other 31 keys.
 inline constexpr int kKvChanTokens = 32;
+inline constexpr double kKvChanSinkWeight = 1024.0;
 // rows: [kKvChanTokens][width] f32, src_stride floats apart.
-void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst);
+void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst,
+                         bool sequence_start = false);
 // The inverse (f32 z + d q): rows [kKvChanTokens][width], dense.
 void dequantize_chan_block(const uint8_t* src, int64_t width, float* rows);
 // Bumped whenever quantize_chan_block's output changes (as kKvRotatedEncoder),
 // or what k4c's KV is computed from: revision 2 keeps the tail's keys and
 // values in q8_0 (kKvChanTailType), so a block is encoded from q8_0 rows
-// and a query reads its own block's values at 8 bits.
-inline constexpr int kKvChanEncoder = 2;
+// and a query reads its own block's values at 8 bits; revision 3 holds the
+// sequence's first key on its channels' grids (sequence_start above).
+inline constexpr int kKvChanEncoder = 3;
 
 // k4c's tail rows (each sequence's newest partial block, model/kv_tails.h,
 // and a step's rows before its attention): K and V of one token, each one
