@@ -17,7 +17,10 @@ Same machine, same model, same thread count; P prompt ids, G generated:
   load     concurrency 1, 8, 32 streaming clients (threads), max(4, 2 x c)
            requests per level, --load-gen-tokens each
            -> aggregate output tok/s, TTFT / ITL / request latency p50 p99
-              (ITL is between SSE text chunks, normally one token each)
+              (ITL is between SSE text chunks, normally one token each),
+              and the engine steps the level took (/stats). --client-procs N
+              spreads the clients over N processes: at c=64 on an H200 one
+              Python process read the ITL 13% long (docs/perf.md)
   idle     a second server with --max-running 8 and 1,024 streaming
            requests open at once (8 decode, the rest wait in the queue);
            -> server RSS before / while open (VmRSS, RssAnon), the cost per
