@@ -386,6 +386,39 @@ TEST_P(BackendOps, AddBiasSoftcapScaleAndGlu) {
   expect_close(outs[4][1], outs[4][0], tol(1e-5), "scale");
 }
 
+// matmul_glu (the dense MLP's gate/up matmul and GLU, one op a backend may
+// fuse) against the CPU's matmul then glu, [gate | up] placed as two parts
+// in the activation dtype, at 1, 9 and 64 tokens. CUDA with bf16
+// activations writes gate/up in bf16 past 8 tokens (outside batch-invariant
+// mode): one more rounding of each, up to ~2^-7 of the output's scale.
+TEST_P(BackendOps, MatmulGluOfFusedGateUp) {
+  const int64_t cols = 256, F = 96;
+  const DType t = act();
+  const std::vector<uint8_t> gate = encode(t, random_floats(F * cols, 61));
+  const std::vector<uint8_t> up = encode(t, random_floats(F * cols, 62));
+  const std::vector<HostMatrix> parts = {{gate.data(), t, F, cols, row_bytes(t, cols)},
+                                         {up.data(), t, F, cols, row_bytes(t, cols)}};
+  for (const int64_t n : {int64_t{1}, int64_t{9}, int64_t{64}}) {
+    const auto x = rounded(t, random_floats(n * cols, 63 + static_cast<uint32_t>(n)));
+    for (const Glu kind : {Glu::kSilu, Glu::kGeluTanh}) {
+      std::vector<std::vector<float>> outs;
+      for (Side* s : {&ref_, &dev_}) {
+        const Weight w = s->place(parts);
+        ASSERT_EQ(w.rows, 2 * F);
+        ASSERT_TRUE(s->b->reserve({64, 4, 64}).ok());
+        Tensor xt = s->tensor(x, n, cols, s->b->act_dtype());
+        Tensor gu = s->tensor(std::vector<float>(n * 2 * F, NAN), n, 2 * F, DType::kF32);
+        Tensor out = s->tensor(std::vector<float>(n * F, NAN), n, F, s->b->act_dtype());
+        ASSERT_TRUE(s->b->matmul_glu(w, xt, kind, gu, out).ok());
+        outs.push_back(s->read(out));
+      }
+      expect_close(
+          outs[1], outs[0], tol(1e-4 + (t == DType::kBF16 ? 1.0 / 128 : 0.0), t),
+          std::string("matmul_glu ") + (kind == Glu::kSilu ? "silu" : "gelu_tanh") + " n " + std::to_string(n));
+    }
+  }
+}
+
 TEST_P(BackendOps, PostNormAdd) {
   const int64_t n = 6, E = 128;
   const auto y = random_floats(n * E, 6, -2, 2), x = random_floats(n * E, 7, -2, 2);
