@@ -8,11 +8,10 @@
 // multiply + FMA, with x quantized once per step by quantize_x8 (the
 // int8 path's x: llama.cpp's mmvq computes the same way).
 //
-// Work: a block of kWarps warps; P = q8_dp4a_parts(n_cols) of them share a
-// row group of kRows rows (one row at one token; two at 2..8 tokens, so
-// each x word loaded serves two rows: at 8 tokens x's bytes through L1
-// are otherwise 8 times the weights'). A warp step covers 32 consecutive
-// units: 16 whole blocks of the row.
+// Work: a block of kWarps warps; P = q8_dp4a_parts(n_cols) of them (a
+// template argument: no division at run time) share a row group of kRows rows (one row at one token; two at 2..8
+// tokens, so each x word loaded serves two rows: at 8 tokens x's bytes through L1 are otherwise 8 times the weights').
+// A warp step covers 32 consecutive units: 16 whole blocks of the row.
 //
 // Weight sources:
 //  - GgufBlocks: the GGUF blocks as placed (34 bytes, 2-byte aligned): a
@@ -35,49 +34,73 @@ namespace rill::cuda {
 namespace {
 
 constexpr int kWarps = 4;  // per block
+// Blocks an SM must hold (one fewer at 8 tokens, whose accumulators
+// spilled at 80): ptxas then keeps to 80 (96) registers and issues a
+// lane's kUnroll units of loads before their first use. Without it, it
+// chose 32-40 registers and interleaved each unit's loads with the
+// previous unit's dots (one memory round trip per unit, seen in the SASS).
+constexpr int kMinBlocks = 6;
 constexpr int kQ8Bytes = 34;
 
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
-// Two 16-bit loads as one little-endian word (p 2-byte aligned).
-__device__ __forceinline__ uint32_t ld_w_a2(const uint8_t* p) {
-  return ld_u16(p) | (ld_u16(p + 2) << 16);
-}
 __device__ __forceinline__ float half_bits(uint32_t h) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
 }
 
+// A source's fetch issues a unit's loads into Raw as loaded; codes / scale
+// decode them. Apart so that a lane's loads for kUnroll units all issue
+// before the first use: joining 16-bit halves as they arrive made the
+// compiler reuse the load registers, one round trip per word.
 struct GgufBlocks {
+  struct Raw {
+    uint32_t d, half[8];
+  };
   const uint8_t* row;
   __device__ static GgufBlocks at(const uint8_t* w, int64_t r, int64_t /*n_rows*/, int n_blocks) {
     return {w + r * static_cast<int64_t>(n_blocks) * kQ8Bytes};
   }
   // Unit (b, h): x's words are columns 8h .., 16 + 8h .., 8h + 4 ..,
   // 20 + 8h .. (q8_dp4a_order.h); code c sits at byte 2 + c.
-  __device__ void load(int b, int h, uint4& q, float& d) const {
+  __device__ void fetch(int b, int h, Raw& r) const {
     const uint8_t* p = row + static_cast<int64_t>(b) * kQ8Bytes;
-    d = half_bits(ld_u16(p));
     const uint8_t* c = p + 2 + 8 * h;
-    q.x = ld_w_a2(c);
-    q.y = ld_w_a2(c + 16);
-    q.z = ld_w_a2(c + 4);
-    q.w = ld_w_a2(c + 20);
+    r.d = ld_u16(p);
+    const int off[4] = {0, 16, 4, 20};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      r.half[2 * k] = ld_u16(c + off[k]);
+      r.half[2 * k + 1] = ld_u16(c + off[k] + 2);
+    }
+  }
+  __device__ static uint4 codes(const Raw& r) {
+    return make_uint4(r.half[0] | (r.half[1] << 16), r.half[2] | (r.half[3] << 16), r.half[4] | (r.half[5] << 16),
+                      r.half[6] | (r.half[7] << 16));
+  }
+  __device__ static float scale(const Raw& r) {
+    return half_bits(r.d);
   }
 };
 
 struct PackedRows {
-  const uint8_t* codes;         // this row's n_cols codes, 16-byte aligned
-  const unsigned short* scale;  // this row's n_blocks f16 scales
+  struct Raw {
+    uint4 q;
+    uint32_t d;
+  };
+  const uint8_t* row_codes;         // this row's n_cols codes, 16-byte aligned
+  const unsigned short* row_scale;  // this row's n_blocks f16 scales
   __device__ static PackedRows at(const uint8_t* w, int64_t r, int64_t n_rows, int n_blocks) {
     const int64_t codes_bytes = n_rows * 32 * static_cast<int64_t>(n_blocks);
     return {w + r * 32 * static_cast<int64_t>(n_blocks),
             reinterpret_cast<const unsigned short*>(w + codes_bytes) + r * n_blocks};
   }
-  __device__ void load(int b, int h, uint4& q, float& d) const {
-    d = half_bits(__ldg(scale + b));
-    q = __ldg(reinterpret_cast<const uint4*>(codes + 32 * b + 16 * h));
+  __device__ void fetch(int b, int h, Raw& r) const {
+    r.d = __ldg(row_scale + b);
+    r.q = __ldg(reinterpret_cast<const uint4*>(row_codes + 32 * b + 16 * h));
   }
+  __device__ static uint4 codes(const Raw& r) { return r.q; }
+  __device__ static float scale(const Raw& r) { return half_bits(r.d); }
 };
 
 __device__ __forceinline__ int dot16(uint4 w, uint4 x) {
@@ -87,21 +110,81 @@ __device__ __forceinline__ int dot16(uint4 w, uint4 x) {
   return __dp4a(static_cast<int>(w.w), static_cast<int>(x.w), s);
 }
 
+// kU units of a lane (blocks b, b + b_step, .., half h) into acc, in
+// that order per (row, token): every weight load first, then per token
+// the units' x loads, then their dots. No predicates: the caller passes
+// whole groups (branches around loads made ptxas issue them one unit at a
+// time).
+template <class Src, int kMaxN, int kRows, int kU>
+__device__ __forceinline__ void unit_group(const Src (&src)[kRows], int b, int b_step, int h,
+                                           const int8_t* __restrict__ xq, const float2* __restrict__ xds, int n_tok,
+                                           int n_blocks, float (&acc)[kRows][kMaxN]) {
+  typename Src::Raw raw[kU][kRows];
+#pragma unroll
+  for (int j = 0; j < kU; ++j) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) src[i].fetch(b + j * b_step, h, raw[j][i]);
+  }
+  uint4 q[kU][kRows];
+  float dw[kU][kRows];
+#pragma unroll
+  for (int j = 0; j < kU; ++j) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      q[j][i] = Src::codes(raw[j][i]);
+      dw[j][i] = Src::scale(raw[j][i]);
+    }
+  }
+  // Token t's codes of unit j at xp + t x_step + j 32 b_step (32-bit
+  // offsets: x holds at most 8 n_cols bytes), its scale at dp + t n_blocks
+  // + j b_step.
+  const int8_t* xp = xq + 32 * b + 16 * h;
+  const float2* dp = xds + b;
+  const int x_step = 32 * n_blocks;
+#pragma unroll
+  for (int t = 0; t < kMaxN; ++t) {
+    if (t < n_tok) {
+      uint4 xv[kU];
+      float dx[kU];
+#pragma unroll
+      for (int j = 0; j < kU; ++j) {
+        xv[j] = __ldg(reinterpret_cast<const uint4*>(xp + (t * x_step + j * 32 * b_step)));
+        dx[j] = dp[t * n_blocks + j * b_step].x;
+      }
+#pragma unroll
+      for (int j = 0; j < kU; ++j) {
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+          const int isum = dot16(q[j][i], xv[j]);
+          acc[i][t] = __fmaf_rn(dw[j][i], __fmul_rn(dx[j], static_cast<float>(isum)), acc[i][t]);
+        }
+      }
+    }
+  }
+}
+
 // y[t, r] (+)= W[r, :] . x[t, :] for n_tok <= kMaxN tokens; xq / xds as
-// quantize_x8 wrote them for these n_tok tokens. Rows past n_rows read row
-// n_rows - 1 and are not written.
-template <class Src, int kMaxN, int kRows>
-__global__ void __launch_bounds__(kWarps * 32)
+// quantize_x8 wrote them for these n_tok tokens; kParts warps a row.
+// Rows past n_rows read row n_rows - 1 and are not written.
+//
+// A lane's units are those of one half h = lane % 2 (the warp step, 32 kParts
+// units, is even) in blocks b0, b0 + 16 kParts, ...; they go kUnroll at a
+// time (unit_group), then the rest 2 and 1 at a time.
+template <class Src, int kMaxN, int kRows, int kParts>
+__global__ void __launch_bounds__(kWarps * 32, kMaxN == 1 ? kMinBlocks : kMinBlocks - 1)
     q8_dp4a_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
-                   int n_tok, int64_t n_rows, int64_t n_cols, int n_parts, float* __restrict__ y, int64_t y_stride,
+                   int n_tok, int64_t n_rows, int64_t n_cols, float* __restrict__ y, int64_t y_stride,
                    bool accumulate) {
+  constexpr int kUnroll = kMaxN == 1 ? 4 : 2;  // units in flight a lane (times kRows rows)
+  constexpr int kBlockStep = 16 * kParts;
   __shared__ float red[kWarps][kRows][kMaxN];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int part = warp % n_parts;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kWarps / n_parts) + warp / n_parts) * kRows;
+  const int part = warp % kParts;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kWarps / kParts) + warp / kParts) * kRows;
   const int n_blocks = static_cast<int>(n_cols / 32);
-  const int n_units = 2 * n_blocks;
-  const int step = 32 * n_parts;
+  const int h = lane & 1;
+  const int b0 = (32 * part + lane) >> 1;
+  const int n_mine = b0 < n_blocks ? (n_blocks - 1 - b0) / kBlockStep + 1 : 0;
   Src src[kRows];
 #pragma unroll
   for (int i = 0; i < kRows; ++i) src[i] = Src::at(w, min(row0 + i, n_rows - 1), n_rows, n_blocks);
@@ -113,25 +196,16 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int t = 0; t < kMaxN; ++t) acc[i][t] = 0.0f;
   }
-#pragma unroll 2
-  for (int u = 32 * part + lane; u < n_units; u += step) {
-    const int b = u >> 1, h = u & 1;
-    uint4 q[kRows];
-    float dw[kRows];
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) src[i].load(b, h, q[i], dw[i]);
-#pragma unroll
-    for (int t = 0; t < kMaxN; ++t) {
-      if (t < n_tok) {
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xq + t * n_cols + 32 * static_cast<int64_t>(b) + 16 * h));
-        const float dx = xds[static_cast<int64_t>(t) * n_blocks + b].x;
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          acc[i][t] = __fmaf_rn(dw[i], __fmul_rn(dx, static_cast<float>(dot16(q[i], xv))), acc[i][t]);
-        }
-      }
-    }
+  int k = 0;
+  for (; k + kUnroll <= n_mine; k += kUnroll) {
+    unit_group<Src, kMaxN, kRows, kUnroll>(src, b0 + k * kBlockStep, kBlockStep, h, xq, xds, n_tok, n_blocks, acc);
   }
+  if (kUnroll > 2 && k + 2 <= n_mine) {
+    unit_group<Src, kMaxN, kRows, 2>(src, b0 + k * kBlockStep, kBlockStep, h, xq, xds, n_tok, n_blocks, acc);
+    k += 2;
+  }
+  if (k < n_mine)
+    unit_group<Src, kMaxN, kRows, 1>(src, b0 + k * kBlockStep, kBlockStep, h, xq, xds, n_tok, n_blocks, acc);
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
 #pragma unroll
@@ -149,20 +223,36 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t row = row0 + i;
     if (row >= n_rows) continue;
     float s = red[warp][i][t];
-    for (int p = 1; p < n_parts; ++p) s = __fadd_rn(s, red[warp + p][i][t]);
+#pragma unroll
+    for (int p = 1; p < kParts; ++p) s = __fadd_rn(s, red[warp + p][i][t]);
     float* out = y + t * y_stride + row;
     *out = accumulate ? __fadd_rn(*out, s) : s;
   }
 }
 
+template <class Src, int kMaxN, int kRows, int kParts>
+void launch_parts(const uint8_t* w, const int8_t* q, const float2* ds, int n, int64_t n_rows, int64_t n_cols, float* y,
+                  int64_t y_stride, bool accumulate, cudaStream_t stream) {
+  constexpr int64_t kRowsPerBlock = static_cast<int64_t>(kRows) * (kWarps / kParts);
+  const auto blocks = static_cast<unsigned>((n_rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  launch_pdl(q8_dp4a_kernel<Src, kMaxN, kRows, kParts>, blocks, kWarps * 32, 0, stream, w, q, ds, n, n_rows, n_cols, y,
+             y_stride, accumulate);
+}
+
 template <class Src, int kMaxN, int kRows>
 void launch_rows(const uint8_t* w, const int8_t* q, const float2* ds, int n, int64_t n_rows, int64_t n_cols, float* y,
                  int64_t y_stride, bool accumulate, cudaStream_t stream) {
-  const int n_parts = q8_dp4a_parts(n_cols);
-  const int64_t rows_per_block = static_cast<int64_t>(kRows) * (kWarps / n_parts);
-  const auto blocks = static_cast<unsigned>((n_rows + rows_per_block - 1) / rows_per_block);
-  launch_pdl(q8_dp4a_kernel<Src, kMaxN, kRows>, blocks, kWarps * 32, 0, stream, w, q, ds, n, n_rows, n_cols, n_parts, y,
-             y_stride, accumulate);
+  switch (q8_dp4a_parts(n_cols)) {
+    case 4:
+      launch_parts<Src, kMaxN, kRows, 4>(w, q, ds, n, n_rows, n_cols, y, y_stride, accumulate, stream);
+      break;
+    case 2:
+      launch_parts<Src, kMaxN, kRows, 2>(w, q, ds, n, n_rows, n_cols, y, y_stride, accumulate, stream);
+      break;
+    default:
+      launch_parts<Src, kMaxN, kRows, 1>(w, q, ds, n, n_rows, n_cols, y, y_stride, accumulate, stream);
+      break;
+  }
 }
 
 template <class Src>
