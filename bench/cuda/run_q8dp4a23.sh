@@ -21,7 +21,9 @@
 #          q8_dp4a from blocks, from rows) and 8 (quant_mma, q8_dp4a both
 #          layouts): SOL, memory, instructions, warp states (NCU_SHAPE,
 #          default qkv; NCU=0: none).
-# PARTS picks (default all), BUDGET (s, default 570) stops starting parts.
+# Order: tests (while the model is made: CPU work only), then rill, llama,
+# kernels, ncu on a quiet host. PARTS picks (default all), BUDGET (s,
+# default 570) stops starting parts.
 T0=$(date +%s)
 V=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-570}
@@ -55,22 +57,22 @@ if has tests; then
     grep -E "^\[ cuda|FAILED|Failure|Expected|Which is|error:|PASSED|SKIPPED" $O/$t.log | head -30
   done
 fi
-if has kernels; then
-  for s in qkv o gate_up down lm_head; do
-    [ "$(left)" -lt 60 ] && { echo "== kernels $s skipped (time)"; continue; }
-    for b in main new; do
-      echo "== $b Q8_0:$s"
-      timeout 60 $B/bench_$b x --quant-kernels 1 --quant-only Q8_0:$s > $O/k_${b}_$s.log 2>&1
-      grep -E "^quant|^  x16" $O/k_${b}_$s.log | sed 's/  */ /g' | cut -c1-700
-    done
-  done
-  echo "kernels done at $(($(date +%s) - T0)) s"
-fi
 if [ -n "$MK" ]; then
   wait $MK
   tail -3 $O/model.log
   ls -la $W/*.gguf
   echo "model done at $(($(date +%s) - T0)) s"
+fi
+if has rill && [ -f $F ]; then
+  for c in "main 0" "new 0" "new 1" "main 0b"; do
+    set -- $c
+    [ "$(left)" -lt 50 ] && { echo "== rill $1 dp4a=$2 skipped (time)"; continue; }
+    [ "$2" = 0b ] && [ "$(left)" -lt 140 ] && continue # main again only with time to spare (drift)
+    echo "== bench_$1 RILL_Q8_DP4A=${2%b} --batches 1,8,64 --steps 16"
+    RILL_Q8_DP4A=${2%b} timeout 90 $B/bench_$1 $F --batches 1,8,64 --steps 16 > $O/rill_$1_$2.log 2>&1
+    grep -E "^(ceilings|model|prefill|decode)|rror" $O/rill_$1_$2.log
+  done
+  echo "rill done at $(($(date +%s) - T0)) s"
 fi
 if has llama && [ -f $F ] && [ -x $B/llama-bench ]; then
   if [ "$(left)" -lt 120 ]; then
@@ -86,18 +88,19 @@ if has llama && [ -f $F ] && [ -x $B/llama-bench ]; then
     echo "llama done at $(($(date +%s) - T0)) s"
   fi
 fi
-if has rill && [ -f $F ]; then
-  for c in "main 0" "new 0" "new 1" "main 0b"; do
-    set -- $c
-    [ "$(left)" -lt 50 ] && { echo "== rill $1 dp4a=$2 skipped (time)"; continue; }
-    [ "$2" = 0b ] && [ "$(left)" -lt 140 ] && continue # main again only with time to spare (drift)
-    echo "== bench_$1 RILL_Q8_DP4A=${2%b} --batches 1,8,64 --steps 16"
-    RILL_Q8_DP4A=${2%b} timeout 90 $B/bench_$1 $F --batches 1,8,64 --steps 16 > $O/rill_$1_$2.log 2>&1
-    grep -E "^(ceilings|model|prefill|decode)|rror" $O/rill_$1_$2.log
+if has kernels; then
+  for s in qkv o gate_up down lm_head; do
+    [ "$(left)" -lt 60 ] && { echo "== kernels $s skipped (time)"; continue; }
+    for b in main new; do
+      echo "== $b Q8_0:$s"
+      timeout 60 $B/bench_$b x --quant-kernels 1 --quant-only Q8_0:$s > $O/k_${b}_$s.log 2>&1
+      grep -E "^quant|^  x16" $O/k_${b}_$s.log | sed 's/  */ /g' | cut -c1-700
+    done
   done
-  echo "rill done at $(($(date +%s) - T0)) s"
+  echo "kernels done at $(($(date +%s) - T0)) s"
 fi
 NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+has ncu && [ -z "$NCU_BIN" ] && echo "== ncu: not on this machine"
 if has ncu && [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   S=${NCU_SHAPE:-qkv}
   # Per kernel name, the launch to profile: each variant runs 24 times

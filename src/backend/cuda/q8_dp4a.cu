@@ -1,17 +1,23 @@
 // Q8_0 decode GEMV on int8 dot products (quant.h: q8_dp4a_gemv,
 // repack_q8_0_rows; the arithmetic and work split: q8_dp4a_order.h).
 //
-// Why: the f32 GEMV (quant_gemv.cu) spends per 8 weights 5 loads, 8
-// integer-to-float conversions, 8 multiplies by the scale and, per token,
-// 8 x conversions and 8 FMAs; here a unit of 16 weights costs, per token,
-// one 16-byte x load and 4 dp4a (4 multiply-adds each) and one
-// multiply + FMA, with x quantized once per step by quantize_x8 (the
-// int8 path's x: llama.cpp's mmvq computes the same way).
+// Why: the f32 GEMV (quant_gemv.cu) converts every weight and x value to
+// f32 and spends an FMA per weight per token: 158 SASS instructions per
+// 17 weight bytes at one token (9.3 a byte, past the ~7.9 a byte an H200
+// issues at its copy bandwidth), 573 at 8. Here x is quantized once per
+// matmul by quantize_x8 (the int8 path's x; llama.cpp's mmvq computes the
+// same way) and a unit of 16 weights costs, per token, one 16-byte x load,
+// 4 dp4a (4 multiply-adds each), one conversion, multiply and FMA: 109
+// instructions per 68 weight bytes at one token from the GGUF blocks (77
+// from packed rows), 541 (466) at 8 (sm_90 SASS of the loop bodies).
 //
 // Work: a block of kWarps warps; P = q8_dp4a_parts(n_cols) of them (a
-// template argument: no division at run time) share a row group of kRows rows (one row at one token; two at 2..8
-// tokens, so each x word loaded serves two rows: at 8 tokens x's bytes through L1 are otherwise 8 times the weights').
-// A warp step covers 32 consecutive units: 16 whole blocks of the row.
+// template argument: no division at run time) share a row group of kRows
+// rows: one at one token, two at 2..8 (each x word loaded serves two rows:
+// at 8 tokens x's bytes through L1 are otherwise 8 times the weights'). A
+// warp step covers 32 consecutive units: 16 whole blocks of the row. The
+// first group's weights are prefetched to L2 before the programmatic-launch
+// wait.
 //
 // Weight sources:
 //  - GgufBlocks: the GGUF blocks as placed (34 bytes, 2-byte aligned): a
@@ -74,6 +80,9 @@ struct GgufBlocks {
       r.half[2 * k + 1] = ld_u16(c + off[k] + 2);
     }
   }
+  __device__ void prefetch(int b, int h) const {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + static_cast<int64_t>(b) * kQ8Bytes + 2 + 8 * h));
+  }
   __device__ static uint4 codes(const Raw& r) {
     return make_uint4(r.half[0] | (r.half[1] << 16), r.half[2] | (r.half[3] << 16), r.half[4] | (r.half[5] << 16),
                       r.half[6] | (r.half[7] << 16));
@@ -98,6 +107,9 @@ struct PackedRows {
   __device__ void fetch(int b, int h, Raw& r) const {
     r.d = __ldg(row_scale + b);
     r.q = __ldg(reinterpret_cast<const uint4*>(row_codes + 32 * b + 16 * h));
+  }
+  __device__ void prefetch(int b, int h) const {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row_codes + 32 * b + 16 * h));
   }
   __device__ static uint4 codes(const Raw& r) { return r.q; }
   __device__ static float scale(const Raw& r) { return half_bits(r.d); }
@@ -188,6 +200,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMaxN == 1 ? kMinBlocks : kMinBlo
   Src src[kRows];
 #pragma unroll
   for (int i = 0; i < kRows; ++i) src[i] = Src::at(w, min(row0 + i, n_rows - 1), n_rows, n_blocks);
+    // The first group's weights toward L2 while the kernel before (x's
+    // quantization) finishes: weights are never written by a kernel.
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    if (j < n_mine) {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) src[i].prefetch(b0 + j * kBlockStep, h);
+    }
+  }
   detail::pdl_wait();
   detail::pdl_trigger();
   float acc[kRows][kMaxN];
@@ -204,8 +225,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMaxN == 1 ? kMinBlocks : kMinBlo
     unit_group<Src, kMaxN, kRows, 2>(src, b0 + k * kBlockStep, kBlockStep, h, xq, xds, n_tok, n_blocks, acc);
     k += 2;
   }
-  if (k < n_mine)
+  if (k < n_mine) {
     unit_group<Src, kMaxN, kRows, 1>(src, b0 + k * kBlockStep, kBlockStep, h, xq, xds, n_tok, n_blocks, acc);
+  }
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
 #pragma unroll
@@ -218,8 +240,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMaxN == 1 ? kMinBlocks : kMinBlo
   }
   __syncthreads();
   if (part != 0) return;
-  for (int k = lane; k < kRows * n_tok; k += 32) {
-    const int i = k / n_tok, t = k % n_tok;
+  for (int o = lane; o < kRows * n_tok; o += 32) {
+    const int i = o / n_tok, t = o % n_tok;
     const int64_t row = row0 + i;
     if (row >= n_rows) continue;
     float s = red[warp][i][t];
