@@ -13,7 +13,10 @@
 //   dequantization alone (GB/s of quantized bytes read plus bf16 bytes
 //   written) and dequantize + cuBLASLt at 64 tokens only, also in slabs
 //   of rows of 8 / 16 / 32 MB in bf16; --quant-only TYPE:SHAPE (Q4_K:gate_up):
-//   that matrix only
+//   that matrix only; Q8_0 also times the dp4a GEMV (quantize_x8 +
+//   q8_dp4a_gemv, 1 and 8 tokens) from the GGUF blocks and from the
+//   repacked rows, and each decode kernel again as 16 launches back to
+//   back ("x16": per call, without the launch latency of one timed call)
 //   bench_cuda MODEL_DIR --profile-step B: one decode step of batch B inside
 //   cudaProfilerStart/Stop, for ncu --profile-from-start off
 //   bench_cuda MODEL_DIR --tensor-parallel 1,2,4: the same measurements for
@@ -524,6 +527,66 @@ void quant_kernel_bench(const cuda::Context& ctx, bool dequant_only, const std::
           cuda::quant_mma(t, p, scratch, n, sh.rows, sh.cols, static_cast<float*>(y), sh.rows, false, ctx.stream());
         });
         std::printf("  mma n=%d %.1f us %.0f GB/s", n, mm * 1e3, bytes / (mm * 1e-3) / 1e9);
+      }
+      if (t == DType::kQ8_0 && !dequant_only) {
+        // The dp4a GEMV (quant.h): x quantized as for quant_mma, weights
+        // from the GGUF blocks and from their repacked rows (copies of the
+        // same bytes, made here).
+        std::vector<void*> packed;
+        for (void* p : w) {
+          void* r = nullptr;
+          RILL_CUDA_CHECK(cudaMalloc(&r, bytes));
+          cuda::repack_q8_0_rows(p, sh.rows, sh.cols, r, ctx.stream());
+          packed.push_back(r);
+        }
+        RILL_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+        auto dp4a = [&](cuda::Q8Layout layout, int n, void* p) {
+          cuda::quantize_x8(DType::kBF16, x, n, sh.cols, scratch, ctx.stream());
+          cuda::q8_dp4a_gemv(layout, p, scratch, n, sh.rows, sh.cols, static_cast<float*>(y), sh.rows, false,
+                             ctx.stream());
+        };
+        // 16 calls back to back, copies rotating: per call.
+        auto time16 = [&](auto&& fn) {
+          std::vector<double> ts;
+          for (int rep = 0; rep < 8; ++rep) {
+            cudaEventRecord(e0, ctx.stream());
+            for (int k = 0; k < 16; ++k) fn(k % kCopies);
+            cudaEventRecord(e1, ctx.stream());
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (rep >= 2) ts.push_back(ms / 16);
+          }
+          return median(ts);
+        };
+        for (int n : {1, 8}) {
+          const double g = time([&](void* p) { dp4a(cuda::Q8Layout::kGguf, n, p); });
+          std::printf("  dp4a n=%d %.1f us %.0f GB/s", n, g * 1e3, bytes / (g * 1e-3) / 1e9);
+        }
+        int c = 0;
+        for (int n : {1, 8}) {
+          const double r =
+              time([&](void*) { dp4a(cuda::Q8Layout::kRows, n, packed[static_cast<size_t>(c++ % kCopies)]); });
+          std::printf("  dp4a-rows n=%d %.1f us %.0f GB/s", n, r * 1e3, bytes / (r * 1e-3) / 1e9);
+        }
+        std::printf("\n  x16 %-14s", sh.name);
+        for (int n : {1, 8}) {
+          const double g = time16([&](int k) {
+            cuda::quant_gemv(t, w[static_cast<size_t>(k)], DType::kBF16, x, n, sh.rows, sh.cols, static_cast<float*>(y),
+                             false, ctx.stream());
+          });
+          const double m = time16([&](int k) {
+            cuda::quantize_x8(DType::kBF16, x, n, sh.cols, scratch, ctx.stream());
+            cuda::quant_mma(t, w[static_cast<size_t>(k)], scratch, n, sh.rows, sh.cols, static_cast<float*>(y), sh.rows,
+                            false, ctx.stream());
+          });
+          const double d = time16([&](int k) { dp4a(cuda::Q8Layout::kGguf, n, w[static_cast<size_t>(k)]); });
+          const double r = time16([&](int k) { dp4a(cuda::Q8Layout::kRows, n, packed[static_cast<size_t>(k)]); });
+          std::printf("  n=%d: gemv %.1f us %.0f GB/s, mma %.1f / %.0f, dp4a %.1f / %.0f, dp4a-rows %.1f / %.0f;", n,
+                      g * 1e3, bytes / (g * 1e-3) / 1e9, m * 1e3, bytes / (m * 1e-3) / 1e9, d * 1e3,
+                      bytes / (d * 1e-3) / 1e9, r * 1e3, bytes / (r * 1e-3) / 1e9);
+        }
+        for (void* p : packed) cudaFree(p);
       }
       std::printf("\n");
       for (void* p : w) cudaFree(p);

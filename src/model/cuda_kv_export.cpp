@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backend/cuda/latent_attention.h"
+#include "backend/cuda/quant.h"
 #include "model/cuda_model_base.h"
 
 #if RILL_HAVE_CUDA
@@ -50,6 +51,10 @@ std::string CudaModelBase::kv_numerics() const {
   // r2: the tensor-core MLA kernels (f16 q and probabilities); a file of
   // the f32 MLA kernels (RILL_MLA_MMA=0) or of earlier builds is refused.
   s += cuda::mla_tensor_cores_off() ? " mla=f32" : " r2";
+  // Q8_0 decode matmuls of 1..8 tokens on int8 x and dp4a (RILL_Q8_DP4A=1):
+  // other sums than the f32 GEMV's and quant_mma's. Named whenever the
+  // switch is on (the tag does not look at the weights' types).
+  if (cuda::q8_dp4a_on()) s += " q8=dp4a";
   if (!kv_types_desc_.empty()) s += " " + kv_types_desc_;
   if (sharded()) s += " tp=" + std::to_string(split_.size);
   return s;

@@ -6,6 +6,8 @@
 //  - quant_mma: decode batches (quant_matmul: up to kInt8PathMaxTokens
 //    tokens) of Q4_K, Q6_K and Q8_0 on the int8 tensor cores, x quantized
 //    to int8 first (quantize_x8), as llama.cpp's mmvq / mmq compute;
+//  - q8_dp4a_gemv: decode of Q8_0 (1..8 tokens) on dp4a int8 dot products
+//    over the same quantized x, off unless RILL_Q8_DP4A=1 (not yet measured);
 //  - dequantize_rows + cuBLASLt: prefill, through a bf16/f16/f32 scratch
 //    copy of the matrix (quant_matmul picks the path by token count);
 //  - embed_rows_any: the embedding gather from a quantized table.
@@ -18,6 +20,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/q8_dp4a_order.h"
 #include "core/dtype.h"
 #include "core/result.h"
 
@@ -82,6 +85,36 @@ void quantize_x8(DType x_dtype, const void* x, int64_t n_tokens, int64_t n_cols,
 void quant_mma(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
                int64_t y_stride, bool accumulate, cudaStream_t stream);
 
+// The Q8_0 dp4a decode GEMV (q8_dp4a.cu; its arithmetic, rounding and
+// work split: q8_dp4a_order.h). y[t, r] (+)= sum_c W[r, c] xq[t, c] for W
+// in Q8_0 and xq as quantize_x8 wrote it for these n_tokens tokens (any
+// count; 8 per launch), y rows y_stride floats apart (0: n_rows): exact
+// int32 dots of 16 products (dp4a), each scaled by d_w and d_x and added
+// in f32 in the documented order, which depends on n_cols alone, so a
+// token's result is the same bits at 1 and at 8 tokens. Against the f32
+// GEMV the difference is x's rounding to int8 (at most d_x / 2 per
+// element), as for quant_mma. Layouts of W (n_cols a multiple of 32):
+//  - kGguf: the GGUF blocks as loaded (34 bytes: f16 d, 32 int8);
+//  - kRows: repack_q8_0_rows's rearrangement of the same bytes: every
+//    row's codes ([n_rows, n_cols] int8, each 32-column block in x's
+//    fragment order), then every scale ([n_rows, n_cols / 32] f16, the
+//    GGUF bits). The base must be 16-byte aligned. Same size as the
+//    GGUF matrix, but no other kernel reads it: only benchmarks and tests
+//    use it until a GPU run shows whether its 16-byte loads pay (placing
+//    weights in it would need a backend-only dtype, as kFp8Rows, and
+//    every reader of Q8_0 weights: dequantize_rows, quant_mma, the MoE
+//    kernels, the embedding gather for tied heads).
+// quant_matmul takes it for 1..kQ8Dp4aMaxTokens tokens of Q8_0 (kGguf)
+// only when q8_dp4a_on(): the environment sets RILL_Q8_DP4A=1. Off by
+// default: not yet run on a GPU.
+enum class Q8Layout { kGguf, kRows };
+bool q8_dp4a_on();
+void q8_dp4a_gemv(Q8Layout layout, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+                  float* y, int64_t y_stride, bool accumulate, cudaStream_t stream);
+// dst (row_bytes(kQ8_0, n_cols) * n_rows bytes, 16-byte aligned, not
+// overlapping src) = the kRows layout of the GGUF Q8_0 matrix src.
+void repack_q8_0_rows(const void* src, int64_t n_rows, int64_t n_cols, void* dst, cudaStream_t stream);
+
 // Scratch of quant_matmul's dequantize-then-GEMM path, carved from a
 // model's activation arena: `w` holds w_elems dequantized weights (a whole
 // matrix, or a chunk of rows of a larger one), `y` the f32 GEMM output of
@@ -111,7 +144,9 @@ struct QuantScratch {
 inline constexpr int64_t kQuantChunkElems = int64_t{16} << 20;
 
 // y[t, r] (+)= sum_c W[r, c] x[t, c], x [n_tokens, n_cols] in x_dtype
-// (F32/F16/BF16). Up to kInt8PathMaxTokens tokens of a quant_mma_supported
+// (F32/F16/BF16). With q8_dp4a_on(), up to kQ8Dp4aMaxTokens tokens of Q8_0
+// with x in F32/BF16 and scratch.xq large enough: quantize_x8 +
+// q8_dp4a_gemv (kGguf). Else up to kInt8PathMaxTokens tokens of a quant_mma_supported
 // W (Q8_0: 2 or more) with x in F32/BF16 and scratch.xq large enough:
 // quantize_x8 + quant_mma
 // (unless the environment sets RILL_CUDA_QUANT_MMA=0: the comparison

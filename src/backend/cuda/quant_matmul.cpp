@@ -1,5 +1,6 @@
-// quant_matmul: the GEMV from the blocks for decode-sized token counts,
-// else dequantize-to-scratch then cuBLASLt (see quant.h).
+// quant_matmul: the GEMV from the blocks (or the int8 paths) for
+// decode-sized token counts, else dequantize-to-scratch then cuBLASLt
+// (see quant.h).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/q8_dp4a_order.h"
 #include "backend/cuda/quant.h"
 
 namespace rill::cuda {
@@ -25,7 +27,23 @@ bool int8_path(const QuantScratch& scratch, DType w_dtype, DType x_dtype, int64_
          scratch.xq != nullptr && quantized_x_bytes(n_tokens, n_cols) <= scratch.xq_bytes;
 }
 
+// Whether quant_matmul takes the Q8_0 dp4a GEMV (quant.h) for this call,
+// batch invariance apart.
+bool dp4a_path(const QuantScratch& scratch, DType w_dtype, DType x_dtype, int64_t n_tokens, int64_t n_cols) {
+  return w_dtype == DType::kQ8_0 && n_tokens <= kQ8Dp4aMaxTokens && q8_dp4a_on() &&
+         (x_dtype == DType::kF32 || x_dtype == DType::kBF16) && scratch.xq != nullptr &&
+         quantized_x_bytes(n_tokens, n_cols) <= scratch.xq_bytes;
+}
+
 }  // namespace
+
+bool q8_dp4a_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("RILL_Q8_DP4A");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
 
 void QuantScratch::carve(Arena& a, DType act, int64_t max_tokens, int64_t max_elems, int64_t head_rows,
                          int64_t head_cols, int64_t max_head_tokens, bool batch_invariant, int64_t max_cols) {
@@ -55,6 +73,11 @@ Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, cons
   // Batch-invariant mode: never the block GEMV (its order differs from the
   // GEMM's); always dequantize, then gemm.matmul's invariant kernel.
   const bool invariant = gemm.batch_invariant();
+  if (!invariant && dp4a_path(scratch, w_dtype, x_dtype, n_tokens, n_cols)) {
+    quantize_x8(x_dtype, x, n_tokens, n_cols, scratch.xq, stream);
+    q8_dp4a_gemv(Q8Layout::kGguf, w, scratch.xq, n_tokens, n_rows, n_cols, y, n_rows, accumulate, stream);
+    return Status::Ok();
+  }
   if (!invariant && int8_path(scratch, w_dtype, x_dtype, n_tokens, n_cols)) {
     quantize_x8(x_dtype, x, n_tokens, n_cols, scratch.xq, stream);
     quant_mma(w_dtype, w, scratch.xq, n_tokens, n_rows, n_cols, y, n_rows, accumulate, stream);
@@ -95,15 +118,21 @@ Status quant_matmul_parts(Gemm& gemm, const QuantScratch& scratch, const QuantPa
   bool all_int8 = true;
   for (int i = 0; i < n_parts; ++i) {
     n_rows += parts[i].rows;
-    all_int8 = all_int8 && int8_path(scratch, parts[i].dtype, x_dtype, n_tokens, n_cols);
+    all_int8 = all_int8 && (int8_path(scratch, parts[i].dtype, x_dtype, n_tokens, n_cols) ||
+                            dp4a_path(scratch, parts[i].dtype, x_dtype, n_tokens, n_cols));
   }
   if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
   const bool invariant = gemm.batch_invariant();
   if (!invariant && all_int8) {
     quantize_x8(x_dtype, x, n_tokens, n_cols, scratch.xq, stream);
     for (int64_t i = 0, r0 = 0; i < n_parts; r0 += parts[i].rows, ++i) {
-      quant_mma(parts[i].dtype, parts[i].data, scratch.xq, n_tokens, parts[i].rows, n_cols, y + r0, n_rows, accumulate,
-                stream);
+      if (dp4a_path(scratch, parts[i].dtype, x_dtype, n_tokens, n_cols)) {
+        q8_dp4a_gemv(Q8Layout::kGguf, parts[i].data, scratch.xq, n_tokens, parts[i].rows, n_cols, y + r0, n_rows,
+                     accumulate, stream);
+      } else {
+        quant_mma(parts[i].dtype, parts[i].data, scratch.xq, n_tokens, parts[i].rows, n_cols, y + r0, n_rows,
+                  accumulate, stream);
+      }
     }
     return Status::Ok();
   }

@@ -1,0 +1,123 @@
+#!/bin/bash
+# Issue 23, branch q8dp4a23, device side (carry .device/q8dp4a23, made by
+# make_carry_q8dp4a23.sh; run `bash .device/q8dp4a23/run.sh`): the Q8_0
+# dp4a decode GEMV (RILL_Q8_DP4A=1) beside main's paths and llama.cpp CUDA,
+# in one call. Logs go to $OUT (or /dev/shm/q8d) as PART.log.
+#  tests   test_q8_dp4a (the new kernel against its host restatement, bit
+#          for bit; the f64 bound; batch invariance; quant_matmul's switch)
+#          and test_quant (cuda_quant_test: every quantized path), whole;
+#  model   the random Llama-3.1-8B in F16 (make_bench_model.py
+#          --fast-random, seed 1) into /dev/shm, llama-quantize to Q8_0 (in
+#          the background from the start; the F16 file removed after);
+#  kernels bench_cuda x --quant-kernels 1 --quant-only Q8_0:SHAPE per 8B
+#          shape, this branch (f32 GEMV, quant_mma, dp4a from the GGUF
+#          blocks and from repacked rows; single calls and 16 back to back)
+#          and main (its GEMV and quant_mma: the same call's baseline);
+#  llama   llama-bench -ngl 99 -fa on -p 2048 -n 128 -r 2 and
+#          llama-batched-bench -npp 128 -ntg 128 -npl 1,8,64 on the file;
+#  rill    bench_cuda FILE --batches 1,8,64 --steps 16: main, this branch
+#          with RILL_Q8_DP4A=0 (main's paths) and =1 (dp4a at 1 and 8);
+#  ncu     one launch each of the Q8_0:qkv kernels at 1 token (quant_gemv,
+#          q8_dp4a from blocks, from rows) and 8 (quant_mma, q8_dp4a both
+#          layouts): SOL, memory, instructions, warp states (NCU_SHAPE,
+#          default qkv; NCU=0: none).
+# Order: tests (while the model is made: CPU work only), then rill, llama,
+# kernels, ncu on a quiet host. PARTS picks (default all), BUDGET (s,
+# default 570) stops starting parts.
+T0=$(date +%s)
+V=$(cd "$(dirname "$0")" && pwd)
+BUDGET=${BUDGET:-570}
+PARTS=${PARTS:-"tests model kernels llama rill ncu"}
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+set +e
+W=/dev/shm/q8d
+O=${OUT:-$W}
+mkdir -p $W $O
+tar xJf $V/bin.tar.xz -C $W
+B=$W/bin
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+lscpu | grep -E "^Model name|^CPU\(s\)" | tr -s ' '
+echo "unpacked at $(($(date +%s) - T0)) s"
+F=$W/llama-3.1-8b.Q8_0.gguf
+if has model; then
+  (PYTHONPATH=$B/py:$B/py/fallback timeout 200 python3 $B/py/bench/make_bench_model.py --shape llama-3.1-8b \
+    --fast-random --no-venv --threads 16 --out-dir $W --llama-quantize $B/llama-quantize --types Q8_0 \
+    > $O/model.log 2>&1
+  echo "rc=$?" >> $O/model.log
+  rm -f $W/llama-3.1-8b.F16.gguf) &
+  MK=$!
+fi
+if has tests; then
+  for t in test_q8_dp4a test_quant; do
+    timeout 120 $B/$t > $O/$t.log 2>&1
+    echo "== $t rc=$? at $(($(date +%s) - T0)) s"
+    grep -E "^\[ cuda|FAILED|Failure|Expected|Which is|error:|PASSED|SKIPPED" $O/$t.log | head -30
+  done
+fi
+if [ -n "$MK" ]; then
+  wait $MK
+  tail -3 $O/model.log
+  ls -la $W/*.gguf
+  echo "model done at $(($(date +%s) - T0)) s"
+fi
+if has rill && [ -f $F ]; then
+  for c in "main 0" "new 0" "new 1" "main 0b"; do
+    set -- $c
+    [ "$(left)" -lt 50 ] && { echo "== rill $1 dp4a=$2 skipped (time)"; continue; }
+    [ "$2" = 0b ] && [ "$(left)" -lt 140 ] && continue # main again only with time to spare (drift)
+    echo "== bench_$1 RILL_Q8_DP4A=${2%b} --batches 1,8,64 --steps 16"
+    RILL_Q8_DP4A=${2%b} timeout 90 $B/bench_$1 $F --batches 1,8,64 --steps 16 > $O/rill_$1_$2.log 2>&1
+    grep -E "^(ceilings|model|prefill|decode)|rror" $O/rill_$1_$2.log
+  done
+  echo "rill done at $(($(date +%s) - T0)) s"
+fi
+if has llama && [ -f $F ] && [ -x $B/llama-bench ]; then
+  if [ "$(left)" -lt 120 ]; then
+    echo "== llama skipped (time)"
+  else
+    echo "== llama-bench -m Q8_0 -ngl 99 -fa on -p 2048 -n 128 -r 2"
+    timeout 120 $B/llama-bench -m $F -ngl 99 -fa on -p 2048 -n 128 -r 2 > $O/llama_bench.log 2>&1
+    grep -E "^\| |error|failed" $O/llama_bench.log
+    echo "== llama-batched-bench -npp 128 -ntg 128 -npl 1,8,64 (S_TG: decode tok/s)"
+    timeout 120 $B/llama-batched-bench -m $F -ngl 99 -fa on -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 \
+      -npl 1,8,64 > $O/llama_batched.log 2>&1
+    grep -E "^\||error|failed" $O/llama_batched.log
+    echo "llama done at $(($(date +%s) - T0)) s"
+  fi
+fi
+if has kernels; then
+  for s in qkv o gate_up down lm_head; do
+    [ "$(left)" -lt 60 ] && { echo "== kernels $s skipped (time)"; continue; }
+    for b in main new; do
+      echo "== $b Q8_0:$s"
+      timeout 60 $B/bench_$b x --quant-kernels 1 --quant-only Q8_0:$s > $O/k_${b}_$s.log 2>&1
+      grep -E "^quant|^  x16" $O/k_${b}_$s.log | sed 's/  */ /g' | cut -c1-700
+    done
+  done
+  echo "kernels done at $(($(date +%s) - T0)) s"
+fi
+NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+has ncu && [ -z "$NCU_BIN" ] && echo "== ncu: not on this machine"
+if has ncu && [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
+  S=${NCU_SHAPE:-qkv}
+  # Per kernel name, the launch to profile: each variant runs 24 times
+  # (bench_cuda's time()), in the order n=1 then n=8 (dp4a: blocks n=1,
+  # n=8, then rows n=1, n=8).
+  for k in "quant_gemv_kernel 3 gemv_n1" "q8_dp4a_kernel 3 dp4a_n1" "q8_dp4a_kernel 51 rows_n1" \
+    "quant_mma_kernel 27 mma_n8" "q8_dp4a_kernel 27 dp4a_n8" "q8_dp4a_kernel 75 rows_n8"; do
+    set -- $k
+    [ "$(left)" -lt 40 ] && { echo "== ncu $3 skipped (time)"; continue; }
+    timeout 60 $NCU_BIN --clock-control none -k regex:$1 --launch-skip $2 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      --section InstructionStats --section WarpStateStats --section Occupancy --section LaunchStats \
+      $B/bench_new x --quant-kernels 1 --quant-only Q8_0:$S > $O/ncu_${S}_$3.txt 2>&1
+    echo "== ncu Q8_0:$S $3 rc=$?"
+    grep -E "^  [a-z_0-9]+<|Duration|DRAM Throughput|Memory Throughput|L1/TEX Cache Throughput|L1/TEX Hit|Compute \(SM\)|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Theoretical Occ" \
+      $O/ncu_${S}_$3.txt | sed 's/  */ /g' | head -16
+  done
+fi
+echo "total $(($(date +%s) - T0)) s"
+rm -rf "${W:?}/bin" "$W"/*.gguf
