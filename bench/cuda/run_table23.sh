@@ -10,6 +10,9 @@
 #   sat      rill bench at 256 and 512 concurrent 128-in/128-out requests
 #   peer     peer_torch.py (compiled PyTorch) at batch 1/64/128 + prefill
 #   ceil     gpu_ceilings.py (copy GB/s, bf16 GEMM TFLOP/s)
+#   glu      the 16-bit gate/up route's A/B (glu_narrow.h): bench_cuda
+#            --batches 1 (its prefill of 2,048 tokens) with RILL_GLU_NARROW
+#            =0 then =1, three times interleaved (not in the default PARTS)
 # PARTS picks (default all but peer), BUDGET (s) stops starting new parts.
 T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
@@ -43,6 +46,11 @@ has ceil && run ceil 60 python3 $V/py/gpu_ceilings.py
 has bf16 && run bf16 60 $V/bench_cuda $M --steps 16 --batches 1,64,128
 has long && run long16k 60 $V/bench_cuda $M --prefill 16384 --batches 1 --steps 2
 has long && run long32k 80 $V/bench_cuda $M --prefill 32768 --batches 1 --steps 2
+if has glu; then
+  for i in 1 2 3; do
+    for g in 0 1; do RILL_GLU_NARROW=$g run glu${g}_$i 45 $V/bench_cuda $M --steps 4 --batches 1; done
+  done
+fi
 has fp8 && run fp8 80 $V/bench_cuda $M --quantize fp8 --steps 16 --batches 1,8,64
 B64="--device cuda --concurrency 64 --requests 128 --prompt-tokens 128 --gen-tokens 128 --json"
 if has serve; then

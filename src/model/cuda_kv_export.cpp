@@ -13,11 +13,13 @@
 #include <cstring>
 #include <string>
 
-#include "backend/cuda/latent_attention.h"
-#include "backend/cuda/quant.h"
 #include "model/cuda_model_base.h"
 
 #if RILL_HAVE_CUDA
+#include "backend/cuda/glu_narrow.h"
+#include "backend/cuda/latent_attention.h"
+#include "backend/cuda/quant.h"
+
 namespace rill {
 
 namespace {
@@ -47,7 +49,7 @@ std::string CudaModelBase::kv_numerics() const {
   if (gemm_ && gemm_->fp8_fast_accum()) s += " fp8acc=fast";
   if (gemm_ && gemm_->fp8_bf16_d()) s += " fp8d=bf16";
   // Dense bf16 MLPs past 8 tokens round gate/up to bf16 (Backend::matmul_glu).
-  if (act_ == DType::kBF16 && !batch_invariant_) s += " glu=bf16";
+  if (act_ == DType::kBF16 && !batch_invariant_ && cuda::glu_narrow_on()) s += " glu=bf16";
   // r2: the tensor-core MLA kernels (f16 q and probabilities); a file of
   // the f32 MLA kernels (RILL_MLA_MMA=0) or of earlier builds is refused.
   s += cuda::mla_tensor_cores_off() ? " mla=f32" : " r2";

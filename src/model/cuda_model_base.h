@@ -433,10 +433,10 @@ class CudaModelBase : public Model, public StepOverlap {
   // (launch_ids with chain_ids).
   bool chain_ids_ = false;
 
-  // Decode graphs, keyed by step kind << 28 | padded batch size << 8 |
-  // split count. A key is
-  // run eagerly the first time (plans GEMMs, sets kernel attributes) and
-  // captured the second.
+  // Decode graphs, keyed by step kind << 48 | log2 of the decode work
+  // bucket << 40 | padded batch size << 8 | split bucket (decode_cuda). A
+  // key is run eagerly the first time (plans GEMMs, sets kernel
+  // attributes) and captured the second.
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     bool seen = false;

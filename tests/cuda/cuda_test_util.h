@@ -69,6 +69,10 @@ DeviceBuffer upload(const std::vector<T>& v) {
   auto b = DeviceBuffer::allocate(v.size() * sizeof(T) + 16, "test buffer");
   EXPECT_TRUE(b.ok());
   RILL_CUDA_CHECK(cudaMemcpy(b->data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  // A copy from pageable memory may still be in flight when cudaMemcpy
+  // returns, and the legacy stream does not order the non-blocking streams
+  // the kernels under test use (Context's): wait for it.
+  RILL_CUDA_CHECK(cudaDeviceSynchronize());
   return std::move(b).value();
 }
 
@@ -86,6 +90,7 @@ inline DeviceBuffer poisoned(size_t bytes) {
   auto b = DeviceBuffer::allocate(bytes + 16, "test buffer");
   EXPECT_TRUE(b.ok());
   RILL_CUDA_CHECK(cudaMemset(b->data(), 0xff, bytes + 16));
+  RILL_CUDA_CHECK(cudaDeviceSynchronize());  // as upload: ordered before any stream's kernels
   return std::move(b).value();
 }
 

@@ -518,7 +518,8 @@ class CudaBackend final : public Backend {
     // to bf16 before the GLU, as a model run in bf16 rounds it (F16 keeps
     // f32 gate/up: 16-bit values past 65,504 would turn into infinities).
     // The scratch then holds bf16 bytes, not the F32 its Tensor names.
-    if (rec.parts.empty() && !invariant_ && act_ == DType::kBF16 && rec.w.dtype == act_ &&
+    // RILL_GLU_NARROW=0 turns the route off (glu_narrow.h).
+    if (rec.parts.empty() && !invariant_ && act_ == DType::kBF16 && rec.w.dtype == act_ && cuda::glu_narrow_on() &&
         x.rows > cuda::kGemvMaxTokens && x.dtype == act_ && x.is_dense() && x.cols == w.cols &&
         gate_up.dtype == DType::kF32 && gate_up.is_dense() && gate_up.rows == x.rows && gate_up.cols == w.rows &&
         out.is_dense() && out.rows == x.rows && 2 * out.cols == w.rows) {

@@ -3,6 +3,8 @@
 // product in f32, one rounding to the output type.
 #include <algorithm>
 #include <cassert>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/glu_narrow.h"
@@ -85,6 +87,14 @@ void glu_narrow(bool gelu, DType in_dtype, const void* gate_up, int64_t n_rows, 
   } else {
     dispatch_out(gelu, static_cast<const __nv_bfloat16*>(gate_up), n_rows, n_ff, out_dtype, out, stream);
   }
+}
+
+bool glu_narrow_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("RILL_GLU_NARROW");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
 }
 
 }  // namespace rill::cuda

@@ -18,4 +18,11 @@ namespace rill::cuda {
 void glu_narrow(bool gelu, DType in_dtype, const void* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype,
                 void* out, cudaStream_t stream);
 
+// Whether the CUDA backend's matmul_glu takes the 16-bit gate/up route for
+// dense BF16 weights (cuda_backend.cpp): on unless the environment sets
+// RILL_GLU_NARROW=0 (read once), which keeps gate/up in f32 as before the
+// route existed, for an A/B in one binary. KV numerics name the route
+// ("glu=bf16") only when it is on.
+bool glu_narrow_on();
+
 }  // namespace rill::cuda
