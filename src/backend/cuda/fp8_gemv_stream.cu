@@ -105,7 +105,11 @@ struct Cursor {
 // past n_rows re-read row n_rows - 1 and are not written). The rows'
 // scales come 32 rows at a time, lane l holding row c0 + l's, the next 32
 // loaded when a chunk starts (R divides 32: a group is in one chunk).
-template <typename T, int N, int R, int D, int kMinBlocks>
+// P > 0 (benchmark variants): before the launch wait the warp also asks L2
+// for the P steps after the first (prefetch.global.L2, one 128-byte line
+// per 8 lanes: no registers held), so that a warp with few steps (o, qkv:
+// 2-4) has more than one step's bytes on their way from DRAM at once.
+template <typename T, int N, int R, int D, int kMinBlocks, int P = 0>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     fp8_gemv_stream_kernel(const uint8_t* __restrict__ w, const T* __restrict__ x, int64_t n_rows, int64_t n_cols,
                            int n_parts, float* __restrict__ y, bool accumulate) {
@@ -133,13 +137,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   Cursor in{g_begin, 0, 0, 0, 0};
   in.start_part(per, n_vec, lane);
   const uint4* in_rows[R];
-  auto set_rows = [&]() {
+  auto rows_of = [&](int64_t g, const uint4** rows) {
 #pragma unroll
     for (int k = 0; k < R; ++k) {
-      const int64_t r = in.g * R + k;
-      in_rows[k] = reinterpret_cast<const uint4*>(w + (r < n_rows ? r : n_rows - 1) * ld + kFp8RowHeader);
+      const int64_t r = g * R + k;
+      rows[k] = reinterpret_cast<const uint4*>(w + (r < n_rows ? r : n_rows - 1) * ld + kFp8RowHeader);
     }
   };
+  auto set_rows = [&]() { rows_of(in.g, in_rows); };
   set_rows();
   // Items [item, item + D): one part of one group.
   auto issue = [&](int64_t item) {
@@ -156,6 +161,26 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   };
   // weights are never written: the first D items go out before the wait
   issue(0);
+  if constexpr (P > 0) {
+    Cursor pf = in;  // the step after the first
+    const uint4* pf_rows[R];
+    rows_of(pf.g, pf_rows);
+#pragma unroll
+    for (int step = 1; step <= P; ++step) {
+      if (int64_t{step} * D < n_items) {
+#pragma unroll
+        for (int j = 0; j < D; ++j) {
+#pragma unroll
+          for (int k = 0; k < R; ++k) {
+            if ((lane & 7) == 0 && pf.i + 32 * j < pf.end) {
+              asm volatile("prefetch.global.L2 [%0];" ::"l"(pf_rows[k] + pf.i + 32 * j));
+            }
+          }
+        }
+        if (pf.advance(D, n_slots, n_parts, per, n_vec, lane)) rows_of(pf.g, pf_rows);
+      }
+    }
+  }
   detail::pdl_wait();
   detail::pdl_trigger();
 
@@ -241,7 +266,7 @@ int sm_count() {
 // A grid of at most blocks_per_sm blocks per SM (kMinBlocks: the launch
 // bounds, so that many fit in the registers; a larger blocks_per_sm makes
 // a second wave, for comparison only).
-template <typename T, int N, int R, int D, int kMinBlocks>
+template <typename T, int N, int R, int D, int kMinBlocks, int P = 0>
 void launch_stream(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
                    int blocks_per_sm, cudaStream_t stream) {
   static_assert(R * N <= 32, "one lane per (row, token) result");
@@ -250,7 +275,7 @@ void launch_stream(const uint8_t* w, const T* x, int64_t n_rows, int64_t n_cols,
   const int64_t want = (n_groups + kWarps - 1) / kWarps;
   const int64_t cap = int64_t{blocks_per_sm} * sm_count();
   const auto blocks = static_cast<unsigned>(want < cap ? want : cap);
-  launch_pdl(fp8_gemv_stream_kernel<T, N, R, D, kMinBlocks>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols,
+  launch_pdl(fp8_gemv_stream_kernel<T, N, R, D, kMinBlocks, P>, blocks, kWarps * 32, 0, stream, w, x, n_rows, n_cols,
              n_parts, y, accumulate);
 }
 
@@ -334,13 +359,32 @@ void launch_tokens(const uint8_t* w, const T* x, int64_t n_tokens, int64_t n_row
   }
 }
 
-// Bench variants: rows an item, items in flight, blocks per SM.
+// Bench variants: rows an item, items in flight, blocks per SM, steps
+// prefetched to L2 before the launch wait.
 struct StreamVariant {
   const char* name;
-  int r, d, blocks_per_sm;
+  int r, d, blocks_per_sm, prefetch;
 };
-constexpr StreamVariant kStreamVariants[] = {{"v2 R2D4", 2, 4, 2}, {"v2 R1D8", 1, 8, 2}, {"v2 R4D2", 4, 2, 2},
-                                             {"v2 R4D1", 4, 1, 2}, {"v2 R2D2", 2, 2, 2}, {"v2 R2D4 4/SM", 2, 4, 4}};
+constexpr StreamVariant kStreamVariants[] = {
+    {"v2 R4D2", 4, 2, 2, 0},     {"v2 R2D4", 2, 4, 2, 0},     {"v2 R1D8", 1, 8, 2, 0},
+    {"v2 R4D1", 4, 1, 2, 0},     {"v2 R2D2", 2, 2, 2, 0},     {"v2 R4D2 4/SM", 4, 2, 4, 0},
+    {"v2 R4D2 pf1", 4, 2, 2, 1}, {"v2 R4D2 pf3", 4, 2, 2, 3}, {"v2 R2D4 pf1", 2, 4, 2, 1},
+};
+
+void launch_variant(const StreamVariant& v, const uint8_t* w, const __nv_bfloat16* x, int64_t n_rows, int64_t n_cols,
+                    float* y, cudaStream_t stream) {
+  using T = __nv_bfloat16;
+  const int b = v.blocks_per_sm;
+  if (v.prefetch == 0) {
+    launch_rd<T, 1>(v.r, v.d, w, x, n_rows, n_cols, y, false, b, stream);
+  } else if (v.r == 4 && v.prefetch == 1) {
+    launch_stream<T, 1, 4, 2, kBlocksPerSm, 1>(w, x, n_rows, n_cols, y, false, b, stream);
+  } else if (v.r == 4) {
+    launch_stream<T, 1, 4, 2, kBlocksPerSm, 3>(w, x, n_rows, n_cols, y, false, b, stream);
+  } else {
+    launch_stream<T, 1, 2, 4, kBlocksPerSm, 1>(w, x, n_rows, n_cols, y, false, b, stream);
+  }
+}
 
 }  // namespace
 
@@ -375,8 +419,7 @@ const char* fp8_gemv_stream_variant_name(int variant) {
 void fp8_gemv_stream_variant(int variant, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols,
                              float* y, cudaStream_t stream) {
   const StreamVariant& v = kStreamVariants[variant >= 0 && variant < fp8_gemv_stream_n_variants() ? variant : 0];
-  launch_rd<__nv_bfloat16, 1>(v.r, v.d, w, static_cast<const __nv_bfloat16*>(x_bf16), n_rows, n_cols, y, false,
-                              v.blocks_per_sm, stream);
+  launch_variant(v, w, static_cast<const __nv_bfloat16*>(x_bf16), n_rows, n_cols, y, stream);
   RILL_CUDA_CHECK_LAUNCH();
 }
 
