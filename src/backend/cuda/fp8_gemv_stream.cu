@@ -7,19 +7,20 @@
 // all of them, computes (480 instructions a round at one token, 3.75 per
 // weight byte), then issues the next round: a warp's loads and its math do
 // not overlap, a warp has 2 (qkv, o) to 7 (down) rounds in its life, 113
-// registers hold an SM to 16 warps, and the grid is 1.5-3.4 waves of
-// blocks, so the last wave runs the SMs part-empty. A warp moves 4 KB per
-// (latency + its share of the math), about 2 us: 16 warps x 4 KB / 2 us is
-// the 32 GB/s an SM needs for 4.25 TB/s, with no margin. Here:
+// registers hold an SM to 16 warps, and qkv's grid is 1.45 waves of blocks
+// (gate_up 3.4), the last running the SMs part-empty. A warp moves 4 KB per
+// (latency + its share of the math), up to ~1.7 us: 16 warps x 4 KB / 1.7
+// us is 38 GB/s an SM against the 32 it needs for 4.25 TB/s. Here:
 //  - a ring: each step consumes D items (an item: one 16-byte vector of
 //    each of R rows) after issuing the next D, so R x D = 8 loads a lane
 //    stay in flight through the math and across row boundaries (a warp
 //    moves 4 KB per max(latency, math), not their sum);
 //  - one wave: a grid of at most kBlocksPerSm blocks per SM, warp w taking
 //    a contiguous, equal share of the row groups (one stream of bytes);
-//  - still 16 warps an SM (121-128 registers; three blocks' 80 spill), and
-//    more issue: 4.3 instructions a weight byte at one token (4 x 2) for
-//    fp8_gemv's 3.75, of the ~7.9 the SMs issue per byte of 4.25 TB/s.
+//  - still 16 warps an SM (122-128 registers; three blocks' 80 spill), and
+//    a little more issue: at one token (4 x 2) 3.75 instructions a weight
+//    byte on a step inside a part, as fp8_gemv's round, 4.28 on a step that
+//    starts the next part, of the ~7.9 the SMs issue per byte at 4.25 TB/s.
 // The order of a row's sum (what fp8_gemv's contract states) is unchanged:
 // lane l takes the vectors l, l + 32, ... of each part of the row (parts
 // by fp8_gemv_parts, from the shape alone), each vector's 16 products
@@ -311,8 +312,8 @@ void launch_rd(int r, int d, const uint8_t* w, const T* x, int64_t n_rows, int64
 }
 
 // One token: 8 loads a lane in flight (128 bytes), as 4 rows x 2 items
-// (x shared by more rows: 4.3 instructions a weight byte in the SASS
-// against 4.7 for 2 x 4 and 5.7 for 1 x 8) where the groups of 4 rows keep
+// (x shared by more rows: at most 4.3 instructions a weight byte in the
+// SASS against 4.7 for 2 x 4 and 5.7 for 1 x 8) where the groups of 4 rows keep
 // at least half the grid's warps busy, else 2 x 4, else 1 x 8. On the 8B:
 // qkv, gate_up and the LM head 4 x 2; o and down (4,096 rows: 1,024 groups
 // of 4 for 2,112 warps) 2 x 4 (down's 14 slots a part padded to 16).
