@@ -4,17 +4,19 @@
 //
 //   bench_fp8_kernels [--gemm 0|1]
 //   bench_fp8_kernels --profile 1: each kernel of the FP8 paths once per
-//   shape (fp8_gemv at 1 and 8 tokens; at 64 and 2,048 tokens the
+//   shape (fp8_gemv and fp8_gemv_stream at 1 and 8 tokens, in that order
+//   per shape: ncu's --launch-skip 2 k picks shape k of either kernel's
+//   name; at 64 and 2,048 tokens the
 //   activation quantization, cuBLASLt's FP8 GEMM and its scale pass, and
 //   bf16 cuBLASLt), for ncu
 //
-// GEMV: every configuration fp8_gemv_variant offers at one token, then fp8_gemv itself at 1..8 tokens (bf16 x; one
-// token with f32 x too) and the bf16 GEMV on the same shape in bf16 weights. Each figure is the median over 5 runs of
-// 20 back-to-back launches (programmatic launch, as in a decode step) cycling over copies of the matrix that together
-// exceed the L2 cache several times; GB/s counts the weight bytes read. GEMM (--gemm 1, the default): at 8..2,048
-// tokens, the activation quantization (quantize_fp8_tokens), cuBLASLt's FP8 GEMM with its scale pass (Gemm::run_fp8,
-// overwriting and accumulating), the scale pass alone (fp8_scale_rows) and bf16 cuBLASLt (Gemm::run), in microseconds
-// and TFLOP/s.
+// GEMV: every configuration fp8_gemv_variant and fp8_gemv_stream_variant offer at one token, then fp8_gemv itself and
+// fp8_gemv_stream ("v2 stream") at 1..8 tokens (bf16 x; one token with f32 x too) and the bf16 GEMV on the same shape
+// in bf16 weights. Each figure is the median over 5 runs of 20 back-to-back launches (programmatic launch, as in a
+// decode step) cycling over copies of the matrix that together exceed the L2 cache several times; GB/s counts the
+// weight bytes read. GEMM (--gemm 1, the default): at 8..2,048 tokens, the activation quantization
+// (quantize_fp8_tokens), cuBLASLt's FP8 GEMM with its scale pass (Gemm::run_fp8, overwriting and accumulating), the
+// scale pass alone (fp8_scale_rows) and bf16 cuBLASLt (Gemm::run), in microseconds and TFLOP/s.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -123,11 +125,21 @@ void gemv_bench(cudaStream_t s, double copy_gbs) {
         cuda::fp8_gemv_variant(v, static_cast<const uint8_t*>(w[i % copies]), x, sh.rows, sh.cols, y, s);
       }));
     }
+    for (int v = 0; v < cuda::fp8_gemv_stream_n_variants(); ++v) {
+      report(cuda::fp8_gemv_stream_variant_name(v), timer.us(20, [&](int i) {
+        cuda::fp8_gemv_stream_variant(v, static_cast<const uint8_t*>(w[i % copies]), x, sh.rows, sh.cols, y, s);
+      }));
+    }
     for (int n = 1; n <= 8; ++n) {
       char what[64];
       std::snprintf(what, sizeof what, "fp8_gemv n%d", n);
       report(what, timer.us(20, [&](int i) {
         cuda::fp8_gemv(static_cast<const uint8_t*>(w[i % copies]), DType::kBF16, x, n, sh.rows, sh.cols, y, false, s);
+      }));
+      std::snprintf(what, sizeof what, "v2 stream n%d", n);
+      report(what, timer.us(20, [&](int i) {
+        cuda::fp8_gemv_stream(static_cast<const uint8_t*>(w[i % copies]), DType::kBF16, x, n, sh.rows, sh.cols, y,
+                              false, s);
       }));
     }
     report("fp8_gemv f32x", timer.us(20, [&](int i) {
@@ -310,8 +322,10 @@ void profile_once(const cuda::Context& ctx) {
     void* wb = device_alloc(static_cast<size_t>(sh.rows * sh.cols) * 2, 0x3b);
     auto* y = static_cast<float*>(device_alloc(static_cast<size_t>(kMaxTok * sh.rows) * 4, 0));
     const int64_t ld = static_cast<int64_t>(cuda::fp8_row_bytes(sh.cols));
-    for (int n : {1, 8})
+    for (int n : {1, 8}) {
       cuda::fp8_gemv(static_cast<const uint8_t*>(w), DType::kBF16, x, n, sh.rows, sh.cols, y, false, s);
+      cuda::fp8_gemv_stream(static_cast<const uint8_t*>(w), DType::kBF16, x, n, sh.rows, sh.cols, y, false, s);
+    }
     for (int64_t n : {64, 2048}) {
       if (sh.rows > 30000) break;
       cuda::quantize_fp8_tokens(DType::kBF16, x, n, sh.cols, xq, xs, s);

@@ -616,10 +616,18 @@ void quantize_fp8_tokens(DType x_dtype, const void* x, int64_t n, int64_t n_cols
   RILL_CUDA_CHECK_LAUNCH();
 }
 
+int fp8_gemv_parts(int64_t n_rows, int64_t n_cols) {
+  return split16_for(n_rows, n_cols);
+}
+
 void fp8_gemv(const uint8_t* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
               float* y, bool accumulate, cudaStream_t stream) {
   assert(fp8_cols_ok(n_cols) && (x_dtype == DType::kF32 || x_dtype == DType::kBF16));
   if (n_tokens <= 0 || n_rows <= 0) return;
+  if (fp8_gemv_stream_on() && n_tokens == 1) {  // the same bits; from 2 tokens its R = 1 costs more issue
+    fp8_gemv_stream(w, x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
+    return;
+  }
   if (x_dtype == DType::kF32) {
     launch_gemv(w, static_cast<const float*>(x), n_tokens, n_rows, n_cols, y, accumulate, stream);
   } else {

@@ -64,8 +64,29 @@ void quantize_fp8_tokens(DType x_dtype, const void* x, int64_t n, int64_t n_cols
 // order per row, times the row's scale at the end: a token's result does
 // not depend on n_tokens (tokens go 8 per launch). Fast at one token; from
 // two, its f32 FMAs per weight byte make it slower than the FP8 GEMM.
+// With fp8_gemv_stream_on(), one token runs fp8_gemv_stream (the same bits).
 void fp8_gemv(const uint8_t* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
               float* y, bool accumulate, cudaStream_t stream);
+
+// How many parts (warps of fp8_gemv's kernel) a row's 16-byte vectors are
+// split into: from the shape alone, so a row's order of additions is the
+// same for every token count. Part p holds vectors [p per, (p + 1) per)
+// with per = ceil(ceil(n_cols / 16 / parts) / 32) x 32 (the last short).
+int fp8_gemv_parts(int64_t n_rows, int64_t n_cols);
+
+// The streaming GEMV (fp8_gemv_stream.cu): fp8_gemv's contract and its
+// bits (the same sums in the same order: a row's part p, lane l sums the
+// vectors l, l + 32, .. of the part, each vector's 16 products fused into
+// one f32 accumulator in column order; the lane sums meet by an xor tree
+// (offsets 16, 8, 4, 2, 1); the parts add in order; times the row's scale;
+// + y when accumulating), with a ring of 16-byte loads kept in flight
+// through the math and one wave of resident blocks. fp8_gemv takes it for
+// one token when fp8_gemv_stream_on(): the environment sets
+// RILL_FP8_GEMV=v2. Off by default until a GPU run has timed it
+// (docs/perf.md, branch fp8gemv23). The same bits, so no KV tag.
+bool fp8_gemv_stream_on();
+void fp8_gemv_stream(const uint8_t* w, DType x_dtype, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+                     float* y, bool accumulate, cudaStream_t stream);
 
 // Benchmarks only (bench_fp8_kernels): the GEMV configurations timed, one
 // token, x bf16, not accumulating.
@@ -73,6 +94,11 @@ int fp8_gemv_n_variants();
 const char* fp8_gemv_variant_name(int variant);
 void fp8_gemv_variant(int variant, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols, float* y,
                       cudaStream_t stream);
+// The same for the streaming GEMV's configurations (same bits as fp8_gemv).
+int fp8_gemv_stream_n_variants();
+const char* fp8_gemv_stream_variant_name(int variant);
+void fp8_gemv_stream_variant(int variant, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols,
+                             float* y, cudaStream_t stream);
 
 // out[r, :] = W[row0 + r, :] (e4m3 value x scale, rounded to out_dtype:
 // F32/F16/BF16), out [n_rows, n_cols].
