@@ -19,7 +19,8 @@
 // three blocks share an SM (registers capped to allow it, kMinBlocks;
 // ncu found two blocks of 4 warps latency-bound). A type whose head is
 // not a multiple of 4 bytes runs the WMMA kernel: q8_0h64's 66-byte head
-// at head_dim 64 (at 128 its 132 bytes come here in 4-byte pieces).
+// at head_dim 64 (at 128 its 132 bytes come here in 4-byte pieces), and
+// iq4_nlh64's 33- and 66-byte heads at 64 and 128.
 // Arithmetic as attention_mma.cu's WMMA kernel: q rounded to f16 before
 // Q K^T, probabilities to f16 before P V (their f16 values summed into the
 // denominator), scores and the online softmax in f32 (base 2, the scale

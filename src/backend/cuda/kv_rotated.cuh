@@ -1,6 +1,6 @@
 #pragma once
 // The Hadamard-rotated KV types on CUDA (model/kv_types.h q8_0h / q4_0h /
-// iq4_nlh, and q8_0h64 in blocks of 64):
+// iq4_nlh, and q8_0h64 / iq4_nlh64 in blocks of 64):
 // the per-head Walsh-Hadamard transform and the rotated types' block
 // encoder, device copies of the CPU's cpu::hadamard_rotate and
 // cpu::quantize_rotated_row (backend/cpu/kv_quant.cpp, encoder revision
@@ -23,6 +23,7 @@
 // fit_rotated_block below too: it is the one device function the rotated
 // block types call (over their level sets).
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -69,6 +70,44 @@ __device__ __forceinline__ uint16_t f16_bits(float x) {
 __device__ __forceinline__ float f16_value(uint16_t bits) {
   return __half2float(__ushort_as_half(bits));
 }
+
+// The value of an e4m3 byte (core/e4m3.h e4m3_value): exact through f16.
+__device__ __forceinline__ float e4m3_to_float(uint32_t byte) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte & 0xffu), __NV_E4M3)));
+}
+// core/e4m3.h e4m3_round on the device, step for step (round to nearest
+// even, +-448 saturating, NaN -> 0x7f, subnormals in steps of 2^-9), so the
+// bytes are the CPU's whatever the hardware conversion does at the edges.
+__device__ __forceinline__ uint32_t e4m3_round_bits(float x) {
+  if (isnan(x)) return 0x7fu;
+  const uint32_t sign = signbit(x) ? 0x80u : 0u;
+  const float a = fabsf(x);
+  if (a >= 448.0f) return sign | 0x7eu;
+  if (a < 0.015625f) return sign | static_cast<uint32_t>(rintf(__fmul_rn(a, 512.0f)));
+  int ex = 0;
+  const float f = frexpf(a, &ex);                        // a = f 2^ex, f in [0.5, 1)
+  int m = static_cast<int>(rintf(__fmul_rn(f, 16.0f)));  // 8 .. 16
+  int e = ex - 1 + 7;
+  if (m == 16) {
+    m = 8;
+    ++e;
+  }
+  return sign | static_cast<uint32_t>((e << 3) | (m - 8));
+}
+
+// How a rotated block's scale d is stored (cpu::kv_quant.cpp F16Scale /
+// E4m3x16Scale): round(d) gives the stored bits, value(bits) the d the
+// candidates are scored with. F16: q8_0h / q4_0h / iq4_nlh / q8_0h64;
+// E4m3x16: iq4_nlh64's byte, the e4m3 code of d * 16 (d = value / 16, 2^-13
+// .. 28: both multiplies by powers of two are exact).
+struct F16Scale {
+  __device__ uint16_t round(float d) const { return f16_bits(d); }
+  __device__ float value(uint16_t bits) const { return f16_value(bits); }
+};
+struct E4m3x16Scale {
+  __device__ uint16_t round(float d) const { return static_cast<uint16_t>(e4m3_round_bits(__fmul_rn(d, 16.0f))); }
+  __device__ float value(uint16_t bits) const { return __fmul_rn(e4m3_to_float(bits), 0.0625f); }
+};
 
 // The level sets of the rotated types: code q of a block stands for
 // value(q) * d; code(y) is the code of y = x / d (cpu::kv_quant.cpp's
@@ -165,7 +204,7 @@ template <int N>
 struct RotatedBlock {
   static_assert(N == 32 || N == 64, "a warp encodes blocks of 32 or 64");
   static constexpr int kPerLane = N / 32;
-  uint16_t d = 0;        // the block's f16 scale bits
+  uint16_t d = 0;        // the block's scale bits (f16; iq4_nlh64: the e4m3 byte)
   int q[kPerLane] = {};  // this lane's codes: x[lane + 32 k] ~ value(q[k]) * d
 };
 
@@ -429,9 +468,12 @@ struct PairExchange {
 // codes as it goes (the final sums: over the winner's codes they are the
 // sums it already has). Two chains of the block's length instead of five,
 // the same bytes. Returns the block to warp 0; warp 1's return is unused.
-template <class Levels>
+// Scale: how d is stored and scored (F16Scale for q8_0h64; E4m3x16Scale
+// with Iq4nlLevels for iq4_nlh64, cpu::quantize_iq4_nl64_fit: the same
+// search, the candidates' errors with d as its e4m3 byte gives it back).
+template <class Levels, class Scale = F16Scale>
 __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float* x, const Levels& lv, int half,
-                                                                     PairExchange* slot) {
+                                                                     PairExchange* slot, Scale sc = {}) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   const float v[2] = {x[lane], x[lane + 32]};
@@ -443,8 +485,8 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
   if (m != 0.0f && lane < 17) {
     const float top = half == 0 ? lv.first() : lv.last();
     const float factor = __fsub_rn(1.0f, __fmul_rn(0.025f, static_cast<float>(lane)));
-    const uint16_t dh = f16_bits(__fmul_rn(__fdiv_rn(m, top), factor));
-    const float d = f16_value(dh);
+    const uint16_t dh = sc.round(__fmul_rn(__fdiv_rn(m, top), factor));
+    const float d = sc.value(dh);
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
     double err = 0.0, xq = 0.0, qq = 0.0;
 #pragma unroll
@@ -496,7 +538,7 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
   // sums are then over the codes of 0.
   const bool found = best_c < 64;
   auto codes_of = [&](uint16_t dh, int* q) {
-    const float d = f16_value(dh);
+    const float d = sc.value(dh);
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
     q[0] = lv.code(__fmul_rn(v[0], id));
     q[1] = lv.code(__fmul_rn(v[1], id));
@@ -520,8 +562,8 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
   uint16_t dh_r = 0;
   const bool refit = qq > 0.0;
   if (refit) {
-    dh_r = f16_bits(__double2float_rn(__ddiv_rn(xq, qq)));
-    const float d = f16_value(dh_r);
+    dh_r = sc.round(__double2float_rn(__ddiv_rn(xq, qq)));
+    const float d = sc.value(dh_r);
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
 #pragma unroll
     for (int j = 0; j < 64; ++j) {
@@ -544,7 +586,7 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
     codes_of(dh_r, q);
     xq = xq_r;
   }
-  out.d = xq != 0.0 ? f16_bits(__double2float_rn(__ddiv_rn(xx, xq))) : best_d;
+  out.d = xq != 0.0 ? sc.round(__double2float_rn(__ddiv_rn(xx, xq))) : best_d;
   out.q[0] = q[0];
   out.q[1] = q[1];
   return out;
