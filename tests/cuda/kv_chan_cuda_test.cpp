@@ -1,0 +1,181 @@
+// k4c's per-channel K encoder on the device (backend/cuda/kv_chan.h) gives
+// cpu::quantize_chan_block's bytes, byte for byte:
+//  - from f32 rows: random channels (Gaussian, offsets far from zero as K's
+//    outlier channels have, a wide one), channels of one value (an f16
+//    value and not), zeros and -0 mixed with +0, values exactly on a
+//    half-step (nearbyint's ties to even), huge values (a zero past f16's
+//    range, differences past f32's), a NaN and an infinity among finite
+//    values; each block as a sequence's first (the sink-key grids and
+//    token 0's weight) and not;
+//  - from q8_0 rows (the tails' rows, cpu::kKvChanTailType), as the CPU
+//    backend's encode_chan_blocks encodes them: the rows dequantized, then
+//    encoded.
+// Skipped without a CUDA device. Not yet run on a GPU (branch k4ccuda22).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/kv_quant.h"
+#include "backend/cpu/quants.h"
+#include "backend/cuda/kv_chan.h"
+#include "core/dtype.h"
+#include "cuda_test_util.h"
+
+namespace rill::cuda {
+namespace {
+
+using namespace testing;
+constexpr int kT = cpu::kKvChanTokens;
+
+// Rows [n_units][32][width] f32: channel c of unit u drawn by kind (c + u) % 12.
+std::vector<float> make_rows(int n_units, int width, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+  std::vector<float> rows(static_cast<size_t>(n_units) * kT * width);
+  for (int u = 0; u < n_units; ++u) {
+    for (int c = 0; c < width; ++c) {
+      const int kind = (c + u) % 12;
+      const float offset = 8.0f * uni(rng), scale = std::exp2(4.0f * uni(rng));
+      for (int j = 0; j < kT; ++j) {
+        float v = offset + scale * g(rng);
+        switch (kind) {
+          case 1:
+            v = 0.0f;
+            break;
+          case 2:
+            v = j % 3 == 0 ? -0.0f : 0.0f;
+            break;
+          case 3:
+            v = 1.5f;
+            break;  // one f16 value
+          case 4:
+            v = 0.1f;
+            break;  // one value, not an f16
+          case 5:
+            v = 0.25f + 0.5f * static_cast<float>(j % 16);
+            break;  // half-steps of 0.5 from z = 0
+          case 6:
+            v = 70000.0f * g(rng);
+            break;  // z past f16's range
+          case 7:
+            v = j == 5 ? kNan : v;
+            break;
+          case 8:
+            v = j == 9 ? kInf : v;
+            break;
+          case 9:
+            v = j == 0 ? 40.0f : v;
+            break;  // a large first key (the sink)
+          case 10:
+            v = j % 2 ? 3e38f : -3e38f;
+            break;  // max - z overflows f32
+          default:
+            break;
+        }
+        rows[(static_cast<size_t>(u) * kT + j) * width + c] = v;
+      }
+    }
+  }
+  return rows;
+}
+
+// Every unit of rows (f32 or q8_0 rows of row_bytes) encoded on the device.
+std::vector<uint8_t> encode_on_device(const std::vector<uint8_t>& rows, size_t row_bytes, DType row_dtype, int n_units,
+                                      int width, const std::vector<uint8_t>& starts) {
+  const size_t block = static_cast<size_t>(19) * width;
+  DeviceBuffer d_rows = upload(rows), d_out = upload(std::vector<uint8_t>(block * n_units, 0xAB));
+  DeviceBuffer d_starts = upload(starts);
+  std::vector<const uint8_t*> row_ptrs;
+  std::vector<uint8_t*> dst_ptrs;
+  for (int u = 0; u < n_units; ++u) {
+    for (int j = 0; j < kT; ++j)
+      row_ptrs.push_back(d_rows.as<uint8_t>() + (static_cast<size_t>(u) * kT + j) * row_bytes);
+    dst_ptrs.push_back(d_out.as<uint8_t>() + static_cast<size_t>(u) * block);
+  }
+  DeviceBuffer d_row_ptrs = upload(row_ptrs), d_dst_ptrs = upload(dst_ptrs);
+  ChanEncodeArgs a;
+  a.rows = d_row_ptrs.as<const uint8_t*>();
+  a.dst = d_dst_ptrs.as<uint8_t*>();
+  a.sequence_start = d_starts.as<uint8_t>();
+  a.row_dtype = row_dtype;
+  a.n_units = n_units;
+  a.width = width;
+  quantize_chan_blocks(a, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return download<uint8_t>(d_out, block * n_units);
+}
+
+void expect_same_bytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, int width,
+                       const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const size_t block = static_cast<size_t>(19) * width;
+  int n_diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    if (++n_diff <= 8) {
+      const size_t in = i % block;
+      const size_t c = in < 2u * width ? in / 2 : in < 3u * width ? in - 2u * width : (in - 3u * width) / 16;
+      const char* field = in < 2u * width ? "z" : in < 3u * width ? "d" : "q";
+      ADD_FAILURE() << what << ": unit " << i / block << " channel " << c << " (kind " << c % 12 << ") " << field
+                    << " byte 0x" << std::hex << int{got[i]} << ", the CPU's 0x" << int{want[i]};
+    }
+  }
+  EXPECT_EQ(n_diff, 0) << what;
+}
+
+TEST(CudaKvChan, EncoderIsTheCpusFromF32Rows) {
+  RILL_REQUIRE_GPU();
+  for (const int width : {32, 96, 1024}) {
+    const int n_units = 6;
+    const std::vector<float> rows = make_rows(n_units, width, 100 + static_cast<uint32_t>(width));
+    std::vector<uint8_t> starts(n_units);
+    for (int u = 0; u < n_units; ++u) starts[static_cast<size_t>(u)] = u % 2 == 0;
+    const size_t block = static_cast<size_t>(19) * width;
+    std::vector<uint8_t> want(block * n_units);
+    for (int u = 0; u < n_units; ++u) {
+      cpu::quantize_chan_block(rows.data() + static_cast<size_t>(u) * kT * width, width, width,
+                               want.data() + static_cast<size_t>(u) * block, starts[static_cast<size_t>(u)] != 0);
+    }
+    std::vector<uint8_t> raw(rows.size() * 4);
+    std::memcpy(raw.data(), rows.data(), raw.size());
+    const auto got = encode_on_device(raw, static_cast<size_t>(width) * 4, DType::kF32, n_units, width, starts);
+    expect_same_bytes(got, want, width, "f32 rows, width " + std::to_string(width));
+  }
+}
+
+TEST(CudaKvChan, EncoderIsTheCpusFromQ8Rows) {
+  RILL_REQUIRE_GPU();
+  for (const int width : {64, 1024}) {
+    const int n_units = 5;
+    std::vector<float> rows = make_rows(n_units, width, 300 + static_cast<uint32_t>(width));
+    for (float& v : rows) v = std::isfinite(v) && std::fabs(v) < 1e4f ? v : 0.5f;  // q8_0 of finite rows
+    const size_t row_bytes = rill::row_bytes(cpu::kKvChanTailType, width);
+    std::vector<uint8_t> q8(row_bytes * n_units * kT);
+    std::vector<float> decoded(rows.size());
+    for (size_t r = 0; r < static_cast<size_t>(n_units) * kT; ++r) {
+      cpu::ref::quantize_kv_row(cpu::kKvChanTailType, rows.data() + r * width, q8.data() + r * row_bytes, width);
+      cpu::ref::dequantize_row(cpu::kKvChanTailType, q8.data() + r * row_bytes, decoded.data() + r * width, width);
+    }
+    std::vector<uint8_t> starts(n_units, 0);
+    starts[0] = 1;
+    const size_t block = static_cast<size_t>(19) * width;
+    std::vector<uint8_t> want(block * n_units);
+    for (int u = 0; u < n_units; ++u) {
+      cpu::quantize_chan_block(decoded.data() + static_cast<size_t>(u) * kT * width, width, width,
+                               want.data() + static_cast<size_t>(u) * block, starts[static_cast<size_t>(u)] != 0);
+    }
+    const auto got = encode_on_device(q8, row_bytes, DType::kQ8_0, n_units, width, starts);
+    expect_same_bytes(got, want, width, "q8_0 rows, width " + std::to_string(width));
+  }
+}
+
+}  // namespace
+}  // namespace rill::cuda
