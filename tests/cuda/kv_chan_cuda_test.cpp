@@ -10,7 +10,9 @@
 //  - from q8_0 rows (the tails' rows, cpu::kKvChanTailType), as the CPU
 //    backend's encode_chan_blocks encodes them: the rows dequantized, then
 //    encoded.
-// Skipped without a CUDA device. Not yet run on a GPU (branch k4ccuda22).
+// The same encoder built for the host runs without a GPU
+// (HostRunOfTheEncoderIsTheCpus); the device tests skip without one. Not
+// yet run on a GPU (branch k4ccuda22).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -174,6 +176,28 @@ TEST(CudaKvChan, EncoderIsTheCpusFromQ8Rows) {
     }
     const auto got = encode_on_device(q8, row_bytes, DType::kQ8_0, n_units, width, starts);
     expect_same_bytes(got, want, width, "q8_0 rows, width " + std::to_string(width));
+  }
+}
+
+// The kernel's per-channel encoder built for the host (no GPU needed):
+// every channel of the same edge rows, as a first block and not, is the
+// CPU's bytes. (The device run above holds the device build to them.)
+TEST(CudaKvChan, HostRunOfTheEncoderIsTheCpus) {
+  for (const int width : {32, 96, 1024}) {
+    const int n_units = 6;
+    const std::vector<float> rows = make_rows(n_units, width, 100 + static_cast<uint32_t>(width));
+    const size_t block = static_cast<size_t>(19) * width;
+    for (int u = 0; u < n_units; ++u) {
+      for (const bool start : {false, true}) {
+        std::vector<uint8_t> want(block), got(block, 0xAB);
+        const float* r = rows.data() + static_cast<size_t>(u) * kT * width;
+        cpu::quantize_chan_block(r, width, width, want.data(), start);
+        detail::quantize_chan_block_host(r, width, width, got.data(), start);
+        expect_same_bytes(got, want, width,
+                          "host run, width " + std::to_string(width) + " unit " + std::to_string(u) +
+                              (start ? " (first block)" : ""));
+      }
+    }
   }
 }
 

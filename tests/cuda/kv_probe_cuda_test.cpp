@@ -12,12 +12,15 @@
 //    both ways, each level, +-0, +-inf and NaN;
 //  - iq4_nlh64's blocks of 64: load8h, load8 and the CPU's dequantization
 //    agree (Iq4Nl64Load8IsTheCpusValues), and its scale's e4m3 rounding is
-//    the CPU's (E4m3RoundIsTheCpus).
-// Skipped without a CUDA device.
+//    the CPU's (E4m3RoundIsTheCpus); the same code built for the host runs
+//    without a GPU (HostRunsOfTheIq4Nl64CodeAreTheCpus).
+// Skipped without a CUDA device (but the host runs).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -32,6 +35,12 @@ namespace rill::cuda {
 namespace {
 
 constexpr uint16_t kScales[] = {0x0001, 0x03ff, 0x0400, 0x3c00, 0x7bff, 0x7c00, 0xfc00, 0x7e00, 0x8000};
+
+uint32_t f32_bits(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 
 bool f16_nan(uint16_t b) {
   return (b & 0x7c00u) == 0x7c00u && (b & 0x03ffu) != 0;
@@ -166,8 +175,7 @@ TEST(KvProbe, Iq4Nl64Load8IsTheCpusValues) {
 // midpoints between neighbours (ties to the even code) and their float
 // neighbours, both signs, the subnormal edge (2^-6), below the smallest
 // subnormal's half, 448 and past it (saturating), infinities and NaNs.
-TEST(KvProbe, E4m3RoundIsTheCpus) {
-  RILL_REQUIRE_GPU();
+std::vector<float> e4m3_edge_values() {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   std::vector<float> x = {kInf,
                           -kInf,
@@ -197,12 +205,54 @@ TEST(KvProbe, E4m3RoundIsTheCpus) {
       }
     }
   }
-  std::vector<uint8_t> bytes;
-  const Status st = probe_e4m3_round(x, bytes);
-  ASSERT_TRUE(st.ok()) << st.error().message;
+  return x;
+}
+
+void expect_cpu_e4m3(const std::vector<float>& x, const std::vector<uint8_t>& bytes) {
   ASSERT_EQ(bytes.size(), x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_EQ(int{bytes[i]}, int{e4m3_round(x[i])}) << "x " << x[i] << " (" << std::hexfloat << x[i] << ")";
+  }
+}
+
+TEST(KvProbe, E4m3RoundIsTheCpus) {
+  RILL_REQUIRE_GPU();
+  const std::vector<float> x = e4m3_edge_values();
+  std::vector<uint8_t> bytes;
+  const Status st = probe_e4m3_round(x, bytes);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  expect_cpu_e4m3(x, bytes);
+}
+
+// The same source built for the host (no GPU needed): e4m3_round_bits, and
+// KvIq4Nl64's loads (their unaligned code reads, nibbles, e4m3 scale) over
+// rows at every alignment against the CPU's dequantization, bit for bit.
+TEST(KvProbe, HostRunsOfTheIq4Nl64CodeAreTheCpus) {
+  std::vector<uint8_t> bytes;
+  const std::vector<float> x = e4m3_edge_values();
+  host_e4m3_round(x, bytes);
+  expect_cpu_e4m3(x, bytes);
+  constexpr uint8_t kE4m3[] = {0x00, 0x01, 0x07, 0x08, 0x38, 0x7e, 0x80, 0xfe, 0x3b, 0x45};
+  std::vector<uint8_t> row;
+  for (const uint8_t sc : kE4m3) {
+    for (int b0 = 0; b0 < 256; b0 += 32) {
+      row.push_back(sc);
+      for (int j = 0; j < 32; ++j) row.push_back(static_cast<uint8_t>(b0 + j));
+    }
+  }
+  const auto n = static_cast<int64_t>(row.size() / 33 * 64);
+  std::vector<float> want(static_cast<size_t>(n));
+  cpu::ref::dequantize_row(kKvIq4Nl64, row.data(), want.data(), n);
+  for (size_t lead = 0; lead < 4; ++lead) {
+    std::vector<uint8_t> buf(lead + row.size() + 8, 0xEE);
+    std::copy(row.begin(), row.end(), buf.begin() + static_cast<ptrdiff_t>(lead));
+    std::vector<float> l1(want.size()), l4(want.size()), l8(want.size());
+    host_iq4nl64_loads(buf.data() + lead, n, l1.data(), l4.data(), l8.data());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(f32_bits(l1[i]), f32_bits(want[i])) << "load1, lead " << lead << " element " << i;
+      ASSERT_EQ(f32_bits(l4[i]), f32_bits(want[i])) << "load4, lead " << lead << " element " << i;
+      ASSERT_EQ(f32_bits(l8[i]), f32_bits(want[i])) << "load8, lead " << lead << " element " << i;
+    }
   }
 }
 

@@ -34,4 +34,12 @@ struct ChanEncodeArgs {
 };
 void quantize_chan_blocks(const ChanEncodeArgs& a, cudaStream_t stream);
 
+namespace detail {
+// The kernel's per-channel encoder (the same source) built for the host,
+// with cpu::quantize_chan_block's signature: what the tests hold to the
+// CPU's bytes where no GPU is present (the device's _rn intrinsics are
+// plain operators there, the same single roundings).
+void quantize_chan_block_host(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst, bool sequence_start);
+}  // namespace detail
+
 }  // namespace rill::cuda

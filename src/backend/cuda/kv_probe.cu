@@ -115,4 +115,15 @@ Status probe_e4m3_round(const std::vector<float>& x, std::vector<uint8_t>& bytes
   return Status::Ok();
 }
 
+void host_iq4nl64_loads(const uint8_t* row, int64_t n, float* via_load1, float* via_load4, float* via_load8) {
+  for (int64_t e = 0; e < n; ++e) via_load1[e] = detail::KvIq4Nl64::load1(row, e);
+  for (int64_t e = 0; e < n; e += 4) detail::KvIq4Nl64::load4(row, e, via_load4 + e);
+  for (int64_t e = 0; e < n; e += 8) detail::KvIq4Nl64::load8(row, e, via_load8 + e);
+}
+
+void host_e4m3_round(const std::vector<float>& x, std::vector<uint8_t>& bytes) {
+  bytes.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) bytes[i] = static_cast<uint8_t>(detail::e4m3_round_bits(x[i]));
+}
+
 }  // namespace rill::cuda

@@ -26,4 +26,11 @@ Status probe_iq4nl_code(const std::vector<float>& y, std::vector<int>& codes);
 // kv_rotated.cuh e4m3_round_bits (iq4_nlh64's scale byte of 16 d) of each of x.
 Status probe_e4m3_round(const std::vector<float>& x, std::vector<uint8_t>& bytes);
 
+// Host runs of the same device code (built for the host too: the tests
+// that need no GPU): KvIq4Nl64's load1 / load4 / load8 over the n elements
+// of a row in host memory (any address; the row's last word may be read
+// whole), and e4m3_round_bits of each of x.
+void host_iq4nl64_loads(const uint8_t* row, int64_t n, float* via_load1, float* via_load4, float* via_load8);
+void host_e4m3_round(const std::vector<float>& x, std::vector<uint8_t>& bytes);
+
 }  // namespace rill::cuda

@@ -62,31 +62,108 @@ __device__ __forceinline__ void hadamard_rotate_heads(float* x, int width, int n
   __syncthreads();
 }
 
+// #pragma unroll in functions built for the host too (the host compiler
+// does not know the pragma, and warnings are errors).
+#ifdef __CUDA_ARCH__
+#define RILL_DEVICE_UNROLL _Pragma("unroll")
+#else
+#define RILL_DEVICE_UNROLL
+#endif
+
+// f32 / f64 operations rounded once each: on the device the _rn
+// intrinsics (nvcc would otherwise contract a multiply and an add into an
+// FMA); in the host pass (the host runs of device code the tests use where
+// no GPU is present, kv_probe.h) plain operators, which the host build
+// (no FMA instructions) never contracts. Either way the CPU's roundings.
+__host__ __device__ __forceinline__ float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+__host__ __device__ __forceinline__ float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+__host__ __device__ __forceinline__ float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+__host__ __device__ __forceinline__ float div_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+__host__ __device__ __forceinline__ double dadd_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+__host__ __device__ __forceinline__ double dsub_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+__host__ __device__ __forceinline__ double dmul_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+__host__ __device__ __forceinline__ double ddiv_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+__host__ __device__ __forceinline__ float double_to_float_rn(double a) {
+#ifdef __CUDA_ARCH__
+  return __double2float_rn(a);
+#else
+  return static_cast<float>(a);
+#endif
+}
+
 // A NaN scale (a block holding a NaN or an inf) is stored as 0x7e00, as
 // the CPU's F16Scale stores it: the devices' NaNs differ in sign.
-__device__ __forceinline__ uint16_t f16_bits(float x) {
+__host__ __device__ __forceinline__ uint16_t f16_bits(float x) {
   return isnan(x) ? uint16_t{0x7e00} : __half_as_ushort(__float2half_rn(x));
 }
-__device__ __forceinline__ float f16_value(uint16_t bits) {
+__host__ __device__ __forceinline__ float f16_value(uint16_t bits) {
   return __half2float(__ushort_as_half(bits));
 }
 
 // The value of an e4m3 byte (core/e4m3.h e4m3_value): exact through f16.
-__device__ __forceinline__ float e4m3_to_float(uint32_t byte) {
+__host__ __device__ __forceinline__ float e4m3_to_float(uint32_t byte) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte & 0xffu), __NV_E4M3)));
 }
 // core/e4m3.h e4m3_round on the device, step for step (round to nearest
 // even, +-448 saturating, NaN -> 0x7f, subnormals in steps of 2^-9), so the
 // bytes are the CPU's whatever the hardware conversion does at the edges.
-__device__ __forceinline__ uint32_t e4m3_round_bits(float x) {
+__host__ __device__ __forceinline__ uint32_t e4m3_round_bits(float x) {
   if (isnan(x)) return 0x7fu;
   const uint32_t sign = signbit(x) ? 0x80u : 0u;
   const float a = fabsf(x);
   if (a >= 448.0f) return sign | 0x7eu;
-  if (a < 0.015625f) return sign | static_cast<uint32_t>(rintf(__fmul_rn(a, 512.0f)));
+  if (a < 0.015625f) return sign | static_cast<uint32_t>(rintf(mul_rn(a, 512.0f)));
   int ex = 0;
-  const float f = frexpf(a, &ex);                        // a = f 2^ex, f in [0.5, 1)
-  int m = static_cast<int>(rintf(__fmul_rn(f, 16.0f)));  // 8 .. 16
+  const float f = frexpf(a, &ex);                     // a = f 2^ex, f in [0.5, 1)
+  int m = static_cast<int>(rintf(mul_rn(f, 16.0f)));  // 8 .. 16
   int e = ex - 1 + 7;
   if (m == 16) {
     m = 8;
@@ -105,8 +182,8 @@ struct F16Scale {
   __device__ float value(uint16_t bits) const { return f16_value(bits); }
 };
 struct E4m3x16Scale {
-  __device__ uint16_t round(float d) const { return static_cast<uint16_t>(e4m3_round_bits(__fmul_rn(d, 16.0f))); }
-  __device__ float value(uint16_t bits) const { return __fmul_rn(e4m3_to_float(bits), 0.0625f); }
+  __device__ uint16_t round(float d) const { return static_cast<uint16_t>(e4m3_round_bits(mul_rn(d, 16.0f))); }
+  __device__ float value(uint16_t bits) const { return mul_rn(e4m3_to_float(bits), 0.0625f); }
 };
 
 // The level sets of the rotated types: code q of a block stands for
@@ -154,15 +231,27 @@ static_assert(iq4nl_tables_are_the_cpus(), "iq4_nl's device tables must be cpu::
 // their four levels (int8, in the same bytes): each code's low 3 bits pick
 // a byte of levels 0-7 and of levels 8-15 (two byte permutes), its bit 3
 // picks between the two (a third).
-__device__ __forceinline__ uint32_t iq4nl_levels4(uint32_t codes) {
+// __byte_perm(x, y, s) (PTX prmt, default mode): byte i of the result is
+// byte (s >> 4 i) & 7 of y:x; in the host pass the same by shifts.
+__host__ __device__ __forceinline__ uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t xy = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((xy >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+  return r;
+#endif
+}
+__host__ __device__ __forceinline__ uint32_t iq4nl_levels4(uint32_t codes) {
   const uint32_t t = codes | (codes >> 4);
   const uint32_t sel = (t & 0xffu) | ((t >> 8) & 0xff00u);  // code i in nibble i
-  const uint32_t lo = __byte_perm(iq4nl_word(0), iq4nl_word(1), sel & 0x7777u);
-  const uint32_t hi = __byte_perm(iq4nl_word(2), iq4nl_word(3), sel & 0x7777u);
-  return __byte_perm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));
+  const uint32_t lo = byte_perm(iq4nl_word(0), iq4nl_word(1), sel & 0x7777u);
+  const uint32_t hi = byte_perm(iq4nl_word(2), iq4nl_word(3), sel & 0x7777u);
+  return byte_perm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));
 }
 // Byte i of a word of int8 levels as f32.
-__device__ __forceinline__ float level_byte(uint32_t levels, int i) {
+__host__ __device__ __forceinline__ float level_byte(uint32_t levels, int i) {
   return static_cast<float>(static_cast<int8_t>((levels >> (8 * i)) & 0xff));
 }
 

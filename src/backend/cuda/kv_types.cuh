@@ -254,9 +254,9 @@ struct KvIq4Nl {
   __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
   // Four codes of the bytes of word b (low nibbles, or high: shift 4), as
   // four levels times s.
-  __device__ static void levels4(uint32_t b, int shift, float s, float* v) {
+  __host__ __device__ static void levels4(uint32_t b, int shift, float s, float* v) {
     const uint32_t levels = iq4nl_levels4((b >> shift) & 0x0F0F0F0Fu);
-#pragma unroll
+    RILL_DEVICE_UNROLL
     for (int i = 0; i < 4; ++i) v[i] = s * level_byte(levels, i);
   }
   __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
@@ -390,33 +390,43 @@ struct KvIq4Nl64 {
   static constexpr int kBlockBytes = cpu::kIq4Nl64Bytes;
   static_assert(kBlockBytes == 1 + kBlock / 2, "an e4m3 scale and 64 nibbles");
   __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
-  __device__ static float scale(const uint8_t* blk) { return __fmul_rn(e4m3_to_float(blk[0]), 0.0625f); }
+  // The loads below are also built for the host (kv_probe.h's host runs:
+  // the same code over host memory, where no GPU is present).
+  __host__ __device__ static float scale(const uint8_t* blk) { return mul_rn(e4m3_to_float(blk[0]), 0.0625f); }
+  // (hi:lo) >> shift, low 32 bits (shift < 32): __funnelshift_r.
+  __host__ __device__ static uint32_t funnel(uint32_t lo, uint32_t hi, int shift) {
+#ifdef __CUDA_ARCH__
+    return __funnelshift_r(lo, hi, shift);
+#else
+    return static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> shift);
+#endif
+  }
   // Bytes [p, p + 4) / [p, p + 8) at any address (global or shared).
-  __device__ static uint32_t code_bytes4(const uint8_t* p) {
+  __host__ __device__ static uint32_t code_bytes4(const uint8_t* p) {
     const auto at = reinterpret_cast<uintptr_t>(p);
     const auto* w = reinterpret_cast<const uint32_t*>(at & ~uintptr_t{3});
     const int o = static_cast<int>(at & 3);
-    return __funnelshift_r(w[0], o ? w[1] : 0u, 8 * o);
+    return funnel(w[0], o ? w[1] : 0u, 8 * o);
   }
-  __device__ static uint2 code_bytes8(const uint8_t* p) {
+  __host__ __device__ static uint2 code_bytes8(const uint8_t* p) {
     const auto at = reinterpret_cast<uintptr_t>(p);
     const auto* w = reinterpret_cast<const uint32_t*>(at & ~uintptr_t{3});
     const int o = static_cast<int>(at & 3);
     const uint32_t w0 = w[0], w1 = w[1], w2 = o ? w[2] : 0u;
-    return make_uint2(__funnelshift_r(w0, w1, 8 * o), __funnelshift_r(w1, w2, 8 * o));
+    return make_uint2(funnel(w0, w1, 8 * o), funnel(w1, w2, 8 * o));
   }
-  __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+  __host__ __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
     const uint8_t* blk = row + (e >> 6) * kBlockBytes;
     const int j = static_cast<int>(e & 63);
     KvIq4Nl::levels4(code_bytes4(blk + 1 + (j & 31)), j >= 32 ? 4 : 0, scale(blk), v);
   }
-  __device__ static float load1(const uint8_t* row, int64_t e) {
+  __host__ __device__ static float load1(const uint8_t* row, int64_t e) {
     const uint8_t* blk = row + (e >> 6) * kBlockBytes;
     const int j = static_cast<int>(e & 63);
     const auto q = static_cast<uint32_t>((blk[1 + (j & 31)] >> (j >= 32 ? 4 : 0)) & 0xF);
     return scale(blk) * level_byte(iq4nl_levels4(q), 0);
   }
-  __device__ static void load8(const uint8_t* row, int64_t e, float* v) {
+  __host__ __device__ static void load8(const uint8_t* row, int64_t e, float* v) {
     const uint8_t* blk = row + (e >> 6) * kBlockBytes;
     const int j = static_cast<int>(e & 63), shift = j >= 32 ? 4 : 0;
     const float s = scale(blk);
