@@ -9,7 +9,10 @@
 //    token 0's weight) and not;
 //  - from q8_0 rows (the tails' rows, cpu::kKvChanTailType), as the CPU
 //    backend's encode_chan_blocks encodes them: the rows dequantized, then
-//    encoded.
+//    encoded;
+//  - the tail rows the RoPE kernel writes in k4c's mode (RopeKvArgs::k_rows)
+//    are cpu::store_chan_tail_rows' bytes, the V pool's iq4_nlh64 rows the
+//    CPU encoder's (TailRowsAreTheCpus).
 // The same encoder built for the host runs without a GPU
 // (HostRunOfTheEncoderIsTheCpus); the device tests skip without one. Not
 // yet run on a GPU (branch k4ccuda22).
@@ -26,8 +29,11 @@
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/quants.h"
 #include "backend/cuda/kv_chan.h"
+#include "backend/cuda/ops.h"
 #include "core/dtype.h"
+#include "core/e4m3.h"
 #include "cuda_test_util.h"
+#include "untested_kv.h"
 
 namespace rill::cuda {
 namespace {
@@ -176,6 +182,73 @@ TEST(CudaKvChan, EncoderIsTheCpusFromQ8Rows) {
     }
     const auto got = encode_on_device(q8, row_bytes, DType::kQ8_0, n_units, width, starts);
     expect_same_bytes(got, want, width, "q8_0 rows, width " + std::to_string(width));
+  }
+}
+
+// k4c's tail rows from the RoPE kernel (RopeKvArgs::k_rows / v_rows, the
+// iq4_nlh64 V pool beside them): K's q8_0 row unrotated, V's rotated, each
+// cpu::store_chan_tail_rows' bytes, and V's pool row cpu::store_kv_row's
+// iq4_nlh64 bytes, for heads of 64 and 128 (two and four KV heads). The
+// RoPE table turns no pair (every angle 0), so K reaches the store as the
+// given floats; K head 0 has an outlier channel, some tokens' V head 1 is
+// zero. The K pool is not written (k_cache: poisoned, checked unchanged).
+TEST(CudaKvChan, TailRowsAreTheCpus) {
+  RILL_REQUIRE_GPU();
+  for (const int32_t hd : {64, 128}) {
+    const int32_t n_head = 4, n_head_kv = hd == 64 ? 4 : 2, n_tok = 7;
+    const int64_t Q = int64_t{n_head} * hd, KV = int64_t{n_head_kv} * hd, QKV = Q + 2 * KV;
+    std::vector<float> qkv = random_floats(static_cast<size_t>(n_tok * QKV), 71 + static_cast<uint32_t>(hd), -2, 2);
+    for (int32_t t = 0; t < n_tok; ++t) {
+      qkv[static_cast<size_t>(t * QKV + Q + 3)] = 40.0f;
+      if (t % 3 == 1) {
+        for (int64_t d = 0; d < hd; ++d) qkv[static_cast<size_t>(t * QKV + Q + KV + hd + d)] = 0.0f;
+      }
+    }
+    std::vector<int32_t> pos(static_cast<size_t>(n_tok)), slots(static_cast<size_t>(n_tok));
+    for (int32_t t = 0; t < n_tok; ++t) {
+      pos[static_cast<size_t>(t)] = 100 + t;
+      slots[static_cast<size_t>(t)] = (5 * t + 3) % 11;
+    }
+    const size_t tail_row = row_bytes(cpu::kKvChanTailType, KV), pool_row = row_bytes(kKvIq4Nl64, KV);
+    std::vector<uint8_t> want_k(tail_row * n_tok), want_v(tail_row * n_tok), want_pool(pool_row * 11, 0x5A);
+    for (int32_t t = 0; t < n_tok; ++t) {
+      const float* k = qkv.data() + t * QKV + Q;
+      cpu::store_chan_tail_rows(k, k + KV, /*v_rotated=*/true, n_head_kv, hd, want_k.data() + t * tail_row,
+                                want_v.data() + t * tail_row);
+      cpu::store_kv_row(kKvIq4Nl64, true, k + KV, want_pool.data() + slots[static_cast<size_t>(t)] * pool_row,
+                        n_head_kv, hd);
+    }
+    auto d_qkv = upload(qkv);
+    auto d_pos = upload(pos), d_slots = upload(slots);
+    auto d_inv = upload(std::vector<float>(static_cast<size_t>(hd / 2), 0.0f));
+    auto d_k_pool = upload(std::vector<uint8_t>(64, 0xC3)),
+         d_v_pool = upload(std::vector<uint8_t>(want_pool.size(), 0x5A));
+    auto d_k_rows = upload(std::vector<uint8_t>(want_k.size(), 0)),
+         d_v_rows = upload(std::vector<uint8_t>(want_v.size(), 0));
+    RopeKvArgs a;
+    a.qkv = d_qkv.as<float>();
+    a.n_tokens = n_tok;
+    a.qkv_stride = QKV;
+    a.n_head = n_head;
+    a.n_head_kv = n_head_kv;
+    a.head_dim = hd;
+    a.positions = d_pos.as<int32_t>();
+    a.slots = d_slots.as<int32_t>();
+    a.inv_freq = d_inv.as<float>();
+    a.rot_dim = hd;
+    a.k_cache = d_k_pool.data();
+    a.v_cache = d_v_pool.data();
+    a.kv_dtype = kKvIq4Nl64;
+    a.k_rotated = false;
+    a.v_rotated = true;
+    a.k_rows = d_k_rows.data();
+    a.v_rows = d_v_rows.data();
+    rope_store_kv(a, nullptr);
+    const std::string what = "head_dim " + std::to_string(hd);
+    EXPECT_EQ(download<uint8_t>(d_k_rows, want_k.size()), want_k) << what << ": K tail rows";
+    EXPECT_EQ(download<uint8_t>(d_v_rows, want_v.size()), want_v) << what << ": V tail rows (rotated)";
+    EXPECT_EQ(download<uint8_t>(d_v_pool, want_pool.size()), want_pool) << what << ": V pool rows (iq4_nlh64)";
+    EXPECT_EQ(download<uint8_t>(d_k_pool, 64), std::vector<uint8_t>(64, 0xC3)) << what << ": the K pool is not written";
   }
 }
 

@@ -95,6 +95,17 @@ struct RopeKvArgs {
   // encoder (kv_rotated.cuh), the CPU's bytes. q is not rotated here
   // (attention does it), so q leaves this op as it does for any type.
   bool k_rotated = false, v_rotated = false;
+  // k4c's tail rows (model/kv_types.h "k4c"; kv_chan.h: not yet run on a
+  // GPU, and no model sets them yet): when set, token t's K goes to row t
+  // of k_rows in q8_0 (cpu::kKvChanTailType, unrotated) instead of
+  // k_cache, and its V, rotated, to row t of v_rows in q8_0 as well as to
+  // v_cache in kv_dtype: cpu::store_chan_tail_rows' bytes (llama.cpp's q8_0
+  // reference, KvQ8_0::store) beside the rotated V row. Rows of
+  // row_bytes(Q8_0, n_head_kv * head_dim); kv_dtype rotated only (k4c's
+  // iq4_nlh64), v_rotated set. q4c's K blocks are then encoded from these
+  // rows and the sequence's tail (quantize_chan_blocks).
+  void* k_rows = nullptr;
+  void* v_rows = nullptr;
 };
 void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 
