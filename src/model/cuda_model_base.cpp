@@ -184,13 +184,17 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
     return Error{f.path + ": KV type " + kv_type_name(t) + " is not what CUDA stores for this model (" +
                  std::string(dtype_name(base)) + "); drop --kv-type / --kv-config or use --device cpu"};
   }
+  if (t.quantized() && cuda::kv_untested(t.dtype) && !cuda::kv_untested_allowed()) {
+    return Error{f.path + ": KV type " + kv_type_name(t) + " has CUDA kernels that have not yet run on a GPU; set " +
+                 cuda::kUntestedKvEnv + "=1 to use them, or use --device cpu"};
+  }
   if (t.quantized() && !cuda::kv_supported(t.dtype)) {
     return Error{f.path + ": KV type " + kv_type_name(t) +
                  " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0, q8_0h, q4_0h, "
-                 "iq4_nlh, q8_0h64 or fp8); use one of those, or --device cpu"};
+                 "iq4_nlh, q8_0h64, iq4_nlh64 or fp8); use one of those, or --device cpu"};
   }
   if (!cuda::kv_rotation_supported(t.dtype, static_cast<int32_t>(hd_), t.rotated)) {
-    const std::string least = t.dtype == kKvQ8_0x64 ? "at least 64 and " : "";
+    const std::string least = t.dtype == kKvQ8_0x64 || t.dtype == kKvIq4Nl64 ? "at least 64 and " : "";
     return Error{f.path + ": KV type " + kv_type_name(t) + " needs a power-of-two head_dim of " + least + "at most " +
                  std::to_string(cuda::kMaxHeadDim) + " on CUDA; " + "head_dim is " + std::to_string(hd_)};
   }

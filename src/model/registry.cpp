@@ -1,7 +1,9 @@
 #include "model/registry.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
+#include <string>
 
 #include "core/e4m3.h"
 #include "model/arch/families.h"
@@ -213,12 +215,22 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   if (options.device == Device::kCuda) {
     // CUDA stores f16 KV (f32 for f32 checkpoints), q8_0, q4_0, the
     // rotated q8_0h / q4_0h / iq4_nlh / q8_0h64, or fp8 and reads no other
-    // type (k4c's q4c / iq4_nlh64 among them); which plain type the model
+    // type (k4c's q4c among them); iq4_nlh64 too, whose kernels have not
+    // yet run on a GPU, only while RILL_CUDA_UNTESTED_KV=1
+    // (backend/cuda/ops.h kv_untested). Which plain type the model
     // stores, that one type covers every layer and side, and the head_dim a
     // rotation needs, CudaModelBase::choose_kv_type checks.
+    const char* untested_env = std::getenv("RILL_CUDA_UNTESTED_KV");
+    const bool untested_ok = untested_env && std::string(untested_env) == "1";
     for (const std::optional<KvType>& side : sides) {
-      const bool rotatable = side && (side->dtype == DType::kQ8_0 || side->dtype == DType::kQ4_0 ||
-                                      side->dtype == DType::kIQ4_NL || side->dtype == kKvQ8_0x64);
+      if (side && side->dtype == kKvIq4Nl64 && side->rotated && !untested_ok) {
+        return Error{files->path + ": KV type " + kv_type_name(*side) +
+                     " has CUDA kernels that have not yet run on a GPU; set RILL_CUDA_UNTESTED_KV=1 to use them, "
+                     "or use --device cpu"};
+      }
+      const bool rotatable =
+          side && (side->dtype == DType::kQ8_0 || side->dtype == DType::kQ4_0 || side->dtype == DType::kIQ4_NL ||
+                   side->dtype == kKvQ8_0x64 || side->dtype == kKvIq4Nl64);
       const bool cuda_reads = !side || (side->rotated ? rotatable
                                                       : side->dtype == DType::kF16 || side->dtype == DType::kF32 ||
                                                             side->dtype == DType::kQ8_0 ||
@@ -226,7 +238,7 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
       if (!cuda_reads) {
         return Error{files->path + ": KV type " + kv_type_name(*side) +
                      " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0, q8_0h, q4_0h, "
-                     "iq4_nlh, q8_0h64 or fp8); use one of those, or --device cpu"};
+                     "iq4_nlh, q8_0h64, iq4_nlh64 or fp8); use one of those, or --device cpu"};
       }
     }
   }

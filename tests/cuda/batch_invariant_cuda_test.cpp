@@ -30,6 +30,7 @@
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
+#include "untested_kv.h"
 
 namespace rill {
 namespace {
@@ -250,7 +251,8 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaBatchInvariant,
                                            Case{"llama", DType::kBF16, "q8_0h"}, Case{"gemma2", DType::kBF16, "q4_0h"},
                                            Case{"gemma2", DType::kBF16, "iq4_nlh"}, Case{"gemma4-hd512", DType::kBF16},
                                            Case{"gemma4-hd512", DType::kBF16, "q8_0"},
-                                           Case{"gemma4-hd512", DType::kBF16, "q8_0h64"}),
+                                           Case{"gemma4-hd512", DType::kBF16, "q8_0h64"},
+                                           Case{"gemma4-hd512", DType::kBF16, "iq4_nlh64"}),
                          [](const auto& info) {
                            std::string n = info.param.golden + (info.param.weights == DType::kQ8_0 ? "_q8" : "_bf16") +
                                            (info.param.kv_type.empty() ? "" : "_kv_" + info.param.kv_type);

@@ -32,6 +32,7 @@
 #include "backend/cuda/ops.h"
 #include "core/e4m3.h"
 #include "cuda_test_util.h"
+#include "untested_kv.h"
 
 namespace rill::cuda {
 namespace {
@@ -49,12 +50,14 @@ struct Case {
 };
 
 bool stored_as_blocks(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kIQ4_NL || t == kKvQ8_0x64 || t == kF8E4M3;
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kIQ4_NL || t == kKvQ8_0x64 || t == kKvIq4Nl64 ||
+         t == kF8E4M3;
 }
 
 // Rows of `row_elems` floats in KV type t: F32/F16 as encode(), q8_0/q4_0
 // by the CPU's reference quantizer (the store kernel's bytes), iq4_nl and
-// q8_0h64's Q8_0_64 by the CPU's rotated encoder (iq4_nlh's and q8_0h64's
+// q8_0h64's Q8_0_64 / iq4_nlh64's IQ4_NL64 by the CPU's rotated encoder
+// (iq4_nlh's, q8_0h64's and iq4_nlh64's
 // blocks; attention reads them the same whether the floats were rotated or
 // not), fp8 rounded to the nearest e4m3.
 std::vector<uint8_t> encode_kv(DType t, const std::vector<float>& v, int64_t row_elems) {
@@ -64,7 +67,7 @@ std::vector<uint8_t> encode_kv(DType t, const std::vector<float>& v, int64_t row
   for (size_t r = 0; r < n_rows; ++r) {
     if (t == kF8E4M3) {
       for (int64_t e = 0; e < row_elems; ++e) out[r * rb + e] = e4m3_round(v[r * row_elems + e]);
-    } else if (t == DType::kIQ4_NL || t == kKvQ8_0x64) {
+    } else if (t == DType::kIQ4_NL || t == kKvQ8_0x64 || t == kKvIq4Nl64) {
       cpu::quantize_rotated_row(t, v.data() + r * row_elems, out.data() + r * rb, row_elems);
     } else {
       cpu::ref::quantize_kv_row(t, v.data() + r * row_elems, out.data() + r * rb, row_elems);
@@ -354,8 +357,8 @@ TEST(CudaAttention, SinksMatchCpuOnEveryPath) {
   }
 }
 
-// fp8 (e4m3), q8_0, q4_0, iq4_nl (iq4_nlh's blocks) and Q8_0_64 (q8_0h64's)
-// KV against f32 attention over the values they
+// fp8 (e4m3), q8_0, q4_0, iq4_nl (iq4_nlh's blocks), Q8_0_64 (q8_0h64's)
+// and IQ4_NL64 (iq4_nlh64's) KV against f32 attention over the values they
 // hold, on every path: the fast decode kernel (fp8: 8-byte loads converted
 // in registers) and the general one, splits merged by the combine kernel,
 // the tensor-core prefill (fp8/q8_0/q4_0 tiles converted to f16 as they are
@@ -392,6 +395,20 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
       {6, 3, 64, 0, 0.0f, kKvQ8_0x64},
       {16, 2, 128, 0, 0.0f, kKvQ8_0x64},
       {3, 3, 128, 0, 0.0f, kKvQ8_0x64},
+      // iq4_nlh64 (33-byte blocks, an e4m3 scale: a head of 64 starts at
+      // any byte, so the fast decode kernel's span copy sees every lead
+      // 0..15 over rows of 3 and 5 heads, and the codes are read unaligned
+      // from global memory by the WMMA prefill (heads of 33 / 66 bytes) and
+      // the wide one (132 at 256)); GQA 1 to 8, a window and softcap.
+      {32, 8, 128, 0, 0.0f, kKvIq4Nl64},
+      {8, 2, 64, 37, 0.5f, kKvIq4Nl64},
+      {6, 3, 64, 0, 0.0f, kKvIq4Nl64},
+      {5, 5, 64, 0, 0.0f, kKvIq4Nl64},
+      {8, 1, 64, 0, 0.0f, kKvIq4Nl64},
+      {4, 2, 256, 0, 0.0f, kKvIq4Nl64},
+      {4, 2, 128, 90, 0.0f, kKvIq4Nl64},
+      {16, 2, 128, 0, 0.0f, kKvIq4Nl64},
+      {3, 3, 128, 0, 0.0f, kKvIq4Nl64},
   };
   for (const Case& c : cases) {
     const Paged p(c, seqs);
@@ -430,7 +447,7 @@ TEST(CudaAttention, HeadDim512MatchesCpuOnEveryPath) {
       {16, 2, 512, 0, 0.0f, DType::kF16},  {16, 2, 512, 0, 0.0f, DType::kF32},  {8, 8, 512, 0, 0.0f, DType::kF16},
       {4, 2, 512, 100, 0.5f, DType::kF16}, {8, 2, 512, 0, 0.0f, DType::kF16},   {16, 2, 512, 0, 0.0f, kF8E4M3},
       {16, 2, 512, 0, 0.0f, DType::kQ8_0}, {8, 2, 512, 37, 0.0f, DType::kQ4_0}, {8, 2, 512, 0, 0.0f, DType::kIQ4_NL},
-      {16, 2, 512, 37, 0.5f, kKvQ8_0x64},
+      {16, 2, 512, 37, 0.5f, kKvQ8_0x64},  {8, 2, 512, 0, 0.0f, kKvIq4Nl64},
   };
   EXPECT_FALSE(decode_fast_supported(DType::kF16, 512, 8)) << "512 runs the general decode kernel";
   for (const Case& c : cases) {
@@ -492,7 +509,7 @@ TEST(CudaAttention, SinksMatchCpuOnTheWidePrefill) {
 TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
   RILL_REQUIRE_GPU();
   const std::vector<SeqSpec> seqs = {{1, 700}, {1, 4000}, {2, 65}, {1, 129}};
-  for (const DType kv : {DType::kF16, kF8E4M3, DType::kQ8_0, DType::kQ4_0, kKvQ8_0x64}) {
+  for (const DType kv : {DType::kF16, kF8E4M3, DType::kQ8_0, DType::kQ4_0, kKvQ8_0x64, kKvIq4Nl64}) {
     const Case c{32, 8, 128, 0, 0.0f, kv};
     const Paged p(c, seqs);
     const int64_t w = c.n_head * c.head_dim;

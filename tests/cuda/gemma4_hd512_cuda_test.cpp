@@ -34,6 +34,7 @@
 #include "gemma4_hd512_model.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
+#include "untested_kv.h"
 
 namespace rill {
 namespace {
@@ -187,7 +188,7 @@ TEST_F(CudaGemma4Hd512, QuantizedKvMatchesTheCpusSameType) {
   auto own_cpu = open(Device::kCpu, 64), own_gpu = open(Device::kCuda, 64);
   ASSERT_TRUE(own_cpu && own_gpu);
   const std::vector<float> f_cpu = score(*own_cpu, ids), f_gpu = score(*own_gpu, ids);
-  for (const char* kv : {"q8_0", "q4_0", "fp8", "q8_0h", "q4_0h", "iq4_nlh", "q8_0h64"}) {
+  for (const char* kv : {"q8_0", "q4_0", "fp8", "q8_0h", "q4_0h", "iq4_nlh", "q8_0h64", "iq4_nlh64"}) {
     auto cpu = open(Device::kCpu, 64, kv);
     ASSERT_TRUE(cpu) << kv;
     const std::vector<float> c = score(*cpu, ids);

@@ -9,24 +9,38 @@
 //  - kv_rotated.cuh Iq4nlLevels::code (a 4-step midpoint search) gives the
 //    CPU's iq4_nl code (backend/cpu/kv_quant.cpp NlLevels::code: the count
 //    of midpoints strictly below y) at each midpoint, its float neighbours
-//    both ways, each level, +-0, +-inf and NaN.
-// Skipped without a CUDA device.
+//    both ways, each level, +-0, +-inf and NaN;
+//  - iq4_nlh64's blocks of 64: load8h, load8 and the CPU's dequantization
+//    agree (Iq4Nl64Load8IsTheCpusValues), and its scale's e4m3 rounding is
+//    the CPU's (E4m3RoundIsTheCpus); the same code built for the host runs
+//    without a GPU (HostRunsOfTheIq4Nl64CodeAreTheCpus).
+// Skipped without a CUDA device (but the host runs).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/quants.h"
 #include "backend/cuda/kv_probe.h"
+#include "core/e4m3.h"
+#include "core/half.h"
 #include "cuda_test_util.h"
 
 namespace rill::cuda {
 namespace {
 
 constexpr uint16_t kScales[] = {0x0001, 0x03ff, 0x0400, 0x3c00, 0x7bff, 0x7c00, 0xfc00, 0x7e00, 0x8000};
+
+uint32_t f32_bits(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 
 bool f16_nan(uint16_t b) {
   return (b & 0x7c00u) == 0x7c00u && (b & 0x03ffu) != 0;
@@ -115,6 +129,131 @@ TEST(KvProbe, Iq4nlCodeIsTheCpusCount) {
   EXPECT_EQ(cpu_iq4nl_code(-115.5f), 0);
   EXPECT_EQ(cpu_iq4nl_code(std::nextafter(-115.5f, kInf)), 1);
   EXPECT_EQ(cpu_iq4nl_code(kInf), 15);
+}
+
+// iq4_nlh64's blocks of 64 (kv_types.cuh KvIq4Nl64: an e4m3 scale byte,
+// then 32 code bytes, so blocks of 33 bytes put the codes at every
+// alignment): load8h (f16 arithmetic on load8_biased's level bytes) is
+// load8's f32 route rounded to f16, and load8's f32 values (codes read
+// unaligned, funnel-shifted) are the CPU's dequantization
+// (cpu::dequantize_row, dq_iq4_nl64's x = e4m3_value / 16 * level), for
+// every code byte under e4m3 scales at its edges (0, the smallest and
+// largest subnormal, the smallest normal, 1, 448, NaN, -0, -448).
+TEST(KvProbe, Iq4Nl64Load8IsTheCpusValues) {
+  RILL_REQUIRE_GPU();
+  constexpr uint8_t kE4m3[] = {0x00, 0x01, 0x07, 0x08, 0x38, 0x7e, 0x7f, 0x80, 0xfe, 0x3b};
+  std::vector<uint8_t> row;
+  for (const uint8_t s : kE4m3) {
+    for (int b0 = 0; b0 < 256; b0 += 32) {
+      row.push_back(s);
+      for (int j = 0; j < 32; ++j) row.push_back(static_cast<uint8_t>(b0 + j));
+    }
+  }
+  std::vector<uint16_t> via_h, via_f32;
+  const Status st = probe_load8h(kKvIq4Nl64, row, via_h, via_f32);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  const size_t n = row.size() / 33 * 64;
+  ASSERT_EQ(via_h.size(), n);
+  std::vector<float> cpu_x(n);
+  cpu::ref::dequantize_row(kKvIq4Nl64, row.data(), cpu_x.data(), static_cast<int64_t>(n));
+  int mismatches = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t want = f32_to_f16(cpu_x[i]);
+    const bool nan = f16_nan(via_f32[i]) && f16_nan(want) && f16_nan(via_h[i]);
+    if (nan || (via_h[i] == via_f32[i] && via_f32[i] == want)) continue;
+    if (++mismatches <= 8) {
+      ADD_FAILURE() << "block " << i / 64 << " (scale 0x" << std::hex << int{row[i / 64 * 33]} << ") element "
+                    << std::dec << i % 64 << ": load8h 0x" << std::hex << via_h[i] << ", f32 route 0x" << via_f32[i]
+                    << ", CPU 0x" << want;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+// kv_rotated.cuh e4m3_round_bits (iq4_nlh64's stored scale, the e4m3 code
+// of 16 d) gives core/e4m3.h e4m3_round's byte: every e4m3 value, the
+// midpoints between neighbours (ties to the even code) and their float
+// neighbours, both signs, the subnormal edge (2^-6), below the smallest
+// subnormal's half, 448 and past it (saturating), infinities and NaNs.
+std::vector<float> e4m3_edge_values() {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::vector<float> x = {kInf,
+                          -kInf,
+                          std::numeric_limits<float>::quiet_NaN(),
+                          0.0f,
+                          -0.0f,
+                          448.0f,
+                          463.9f,
+                          464.0f,
+                          480.0f,
+                          1e30f,
+                          0.015625f,
+                          std::ldexp(1.0f, -10),
+                          std::ldexp(1.0f, -11),
+                          1e-40f,
+                          3e38f};
+  std::vector<float> values;
+  for (int b = 0; b < 0x7f; ++b) values.push_back(e4m3_value(static_cast<uint8_t>(b)));
+  for (size_t i = 0; i < values.size(); ++i) {
+    for (const float sign : {1.0f, -1.0f}) {
+      x.push_back(sign * values[i]);
+      if (i + 1 < values.size()) {
+        const float mid = 0.5f * (values[i] + values[i + 1]);
+        x.push_back(sign * mid);
+        x.push_back(sign * std::nextafter(mid, kInf));
+        x.push_back(sign * std::nextafter(mid, -kInf));
+      }
+    }
+  }
+  return x;
+}
+
+void expect_cpu_e4m3(const std::vector<float>& x, const std::vector<uint8_t>& bytes) {
+  ASSERT_EQ(bytes.size(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(int{bytes[i]}, int{e4m3_round(x[i])}) << "x " << x[i] << " (" << std::hexfloat << x[i] << ")";
+  }
+}
+
+TEST(KvProbe, E4m3RoundIsTheCpus) {
+  RILL_REQUIRE_GPU();
+  const std::vector<float> x = e4m3_edge_values();
+  std::vector<uint8_t> bytes;
+  const Status st = probe_e4m3_round(x, bytes);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  expect_cpu_e4m3(x, bytes);
+}
+
+// The same source built for the host (no GPU needed): e4m3_round_bits, and
+// KvIq4Nl64's loads (their unaligned code reads, nibbles, e4m3 scale) over
+// rows at every alignment against the CPU's dequantization, bit for bit.
+TEST(KvProbe, HostRunsOfTheIq4Nl64CodeAreTheCpus) {
+  std::vector<uint8_t> bytes;
+  const std::vector<float> x = e4m3_edge_values();
+  host_e4m3_round(x, bytes);
+  expect_cpu_e4m3(x, bytes);
+  constexpr uint8_t kE4m3[] = {0x00, 0x01, 0x07, 0x08, 0x38, 0x7e, 0x80, 0xfe, 0x3b, 0x45};
+  std::vector<uint8_t> row;
+  for (const uint8_t sc : kE4m3) {
+    for (int b0 = 0; b0 < 256; b0 += 32) {
+      row.push_back(sc);
+      for (int j = 0; j < 32; ++j) row.push_back(static_cast<uint8_t>(b0 + j));
+    }
+  }
+  const auto n = static_cast<int64_t>(row.size() / 33 * 64);
+  std::vector<float> want(static_cast<size_t>(n));
+  cpu::ref::dequantize_row(kKvIq4Nl64, row.data(), want.data(), n);
+  for (size_t lead = 0; lead < 4; ++lead) {
+    std::vector<uint8_t> buf(lead + row.size() + 8, 0xEE);
+    std::copy(row.begin(), row.end(), buf.begin() + static_cast<ptrdiff_t>(lead));
+    std::vector<float> l1(want.size()), l4(want.size()), l8(want.size());
+    host_iq4nl64_loads(buf.data() + lead, n, l1.data(), l4.data(), l8.data());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(f32_bits(l1[i]), f32_bits(want[i])) << "load1, lead " << lead << " element " << i;
+      ASSERT_EQ(f32_bits(l4[i]), f32_bits(want[i])) << "load4, lead " << lead << " element " << i;
+      ASSERT_EQ(f32_bits(l8[i]), f32_bits(want[i])) << "load8, lead " << lead << " element " << i;
+    }
+  }
 }
 
 }  // namespace

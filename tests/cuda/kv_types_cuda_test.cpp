@@ -36,6 +36,7 @@
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
+#include "untested_kv.h"
 
 namespace rill {
 namespace {
@@ -292,9 +293,20 @@ TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
     EXPECT_TRUE(cuda::kv_supported(t)) << dtype_name(t);
   }
   for (const DType t :
-       {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4, kKvIq4Nl64, kKvQ4Chan}) {
+       {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4, kKvQ4Chan}) {
     EXPECT_FALSE(cuda::kv_supported(t)) << dtype_name(t);
   }
+  // iq4_nlh64 (kernels not yet run on a GPU): only while
+  // RILL_CUDA_UNTESTED_KV=1 (untested_kv.h sets it for this binary).
+  EXPECT_TRUE(cuda::kv_untested(kKvIq4Nl64));
+  EXPECT_FALSE(cuda::kv_untested(kKvQ8_0x64));
+  EXPECT_TRUE(cuda::kv_supported(kKvIq4Nl64));
+  unsetenv(cuda::kUntestedKvEnv);
+  EXPECT_FALSE(cuda::kv_supported(kKvIq4Nl64));
+  setenv(cuda::kUntestedKvEnv, "0", 1);
+  EXPECT_FALSE(cuda::kv_supported(kKvIq4Nl64));
+  setenv(cuda::kUntestedKvEnv, "1", 1);
+  EXPECT_TRUE(cuda::kv_supported(kKvIq4Nl64));
   // Rotation: the block types with a store_rotated (q8_0h, q4_0h, iq4_nlh; q8_0h64 below),
   // at a power-of-two head_dim attention takes (<= 512, Gemma 4's full
   // layers); IQ4_NL only rotated (no plain encoder, as on the CPU).
@@ -308,14 +320,17 @@ TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
     EXPECT_FALSE(cuda::kv_rotation_supported(DType::kQ8_0, hd, true)) << hd;
     EXPECT_FALSE(cuda::kv_rotation_supported(DType::kIQ4_NL, hd, true)) << hd;
     EXPECT_FALSE(cuda::kv_rotation_supported(kKvQ8_0x64, hd, true)) << hd;
+    EXPECT_FALSE(cuda::kv_rotation_supported(kKvIq4Nl64, hd, true)) << hd;
   }
-  // q8_0h64: rotated only, heads of whole blocks of 64 (a power of two of
-  // 64 to 512), the CPU's rule.
-  for (const int32_t hd : {64, 128, 256, 512}) {
-    EXPECT_TRUE(cuda::kv_rotation_supported(kKvQ8_0x64, hd, true)) << hd;
-    EXPECT_FALSE(cuda::kv_rotation_supported(kKvQ8_0x64, hd, false)) << hd;
+  // q8_0h64 / iq4_nlh64: rotated only, heads of whole blocks of 64 (a
+  // power of two of 64 to 512), the CPU's rule.
+  for (const DType t : {kKvQ8_0x64, kKvIq4Nl64}) {
+    for (const int32_t hd : {64, 128, 256, 512}) {
+      EXPECT_TRUE(cuda::kv_rotation_supported(t, hd, true)) << hd;
+      EXPECT_FALSE(cuda::kv_rotation_supported(t, hd, false)) << hd;
+    }
+    for (const int32_t hd : {16, 32, 192}) EXPECT_FALSE(cuda::kv_rotation_supported(t, hd, true)) << hd;
   }
-  for (const int32_t hd : {16, 32, 192}) EXPECT_FALSE(cuda::kv_rotation_supported(kKvQ8_0x64, hd, true)) << hd;
   for (const DType t : {DType::kF32, DType::kF16, kF8E4M3}) {
     EXPECT_FALSE(cuda::kv_rotation_supported(t, 128, true)) << dtype_name(t);
     EXPECT_TRUE(cuda::kv_rotation_supported(t, 96, false)) << dtype_name(t);

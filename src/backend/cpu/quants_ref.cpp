@@ -370,6 +370,17 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     }
     return;
   }
+  if (t == kKvIq4Nl64) {  // iq4_nlh64's blocks (backend/cpu/kv_quant.h), read back on the host (tests, tiers)
+    const auto* blk = static_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < nb; ++i, blk += 1 + bs / 2) {
+      const float s = e4m3_value(blk[0]) * (1.0f / 16.0f);
+      for (int j = 0; j < bs / 2; ++j) {
+        dst[i * bs + j] = static_cast<float>(kIq4nlValues[blk[1 + j] & 0xF]) * s;
+        dst[i * bs + bs / 2 + j] = static_cast<float>(kIq4nlValues[blk[1 + j] >> 4]) * s;
+      }
+    }
+    return;
+  }
   switch (t) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);

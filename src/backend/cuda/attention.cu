@@ -12,6 +12,8 @@
 // registers as it is loaded) at every head_dim up to 512.
 #include <cassert>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_decode.h"
@@ -608,12 +610,12 @@ void dispatch(const AttentionArgs& a, cudaStream_t stream, int32_t decode_warps,
 }  // namespace
 
 bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated) {
-  // IQ4_NL and Q8_0_64: stored rotated only (iq4_nlh, q8_0h64)
-  if (!rotated) return kv_dtype != DType::kIQ4_NL && kv_dtype != kKvQ8_0x64;
+  // IQ4_NL, Q8_0_64 and IQ4_NL64: stored rotated only (iq4_nlh, q8_0h64, iq4_nlh64)
+  if (!rotated) return kv_dtype != DType::kIQ4_NL && kv_dtype != kKvQ8_0x64 && kv_dtype != kKvIq4Nl64;
   const bool pow2 = head_dim > 0 && head_dim <= 512 && (head_dim & (head_dim - 1)) == 0;
-  // q8_0h64: heads of whole blocks of 64 (the CPU's rule: a block never
-  // spans two heads), so a power of two >= 64.
-  if (kv_dtype == kKvQ8_0x64) return pow2 && head_dim >= 64;
+  // q8_0h64 / iq4_nlh64: heads of whole blocks of 64 (the CPU's rule: a
+  // block never spans two heads), so a power of two >= 64.
+  if (kv_dtype == kKvQ8_0x64 || kv_dtype == kKvIq4Nl64) return pow2 && head_dim >= 64;
   return (kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL) && pow2;
 }
 
@@ -621,7 +623,17 @@ size_t attention_rotation_floats(int64_t n_tokens, int32_t n_head, int32_t head_
   return 2 * static_cast<size_t>(n_tokens) * static_cast<size_t>(n_head) * static_cast<size_t>(head_dim);
 }
 
+bool kv_untested(DType kv_dtype) {
+  return kv_dtype == kKvIq4Nl64;
+}
+
+bool kv_untested_allowed() {
+  const char* env = std::getenv(kUntestedKvEnv);
+  return env && std::string(env) == "1";
+}
+
 bool kv_supported(DType kv_dtype) {
+  if (kv_untested(kv_dtype) && !kv_untested_allowed()) return false;
   bool supported = false;
   RILL_CUDA_DISPATCH_KV(kv_dtype, supported = KvT::kDtype == kv_dtype);
   return supported;

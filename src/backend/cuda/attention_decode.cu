@@ -27,10 +27,11 @@
 // hold as many elements as f16's and the kernel's registers are f16's), so
 // one warp-wide load covers kR = 32 / kL rows.
 // Block KV (q8_0, q4_0, iq4_nl: GGML's 34 / 18-byte blocks; q8_0h64's 66,
-// backend/cuda/kv_types.cuh) cannot be cut into aligned 8-element pieces,
+// iq4_nlh64's 33, backend/cuda/kv_types.cuh) cannot be cut into aligned
+// 8-element pieces,
 // so its rounds copy whole heads instead: the warp's lanes copy the round's
 // K and V heads (kHeadBytes each, 16/8/4-byte words: a head's blocks start
-// at a multiple of the word; q8_0h64: each head's aligned 16-byte span,
+// at a multiple of the word; q8_0h64 / iq4_nlh64: each head's aligned 16-byte span,
 // Shape::kSpan) into the stage, the warp synchronizes, and lane (rr, c) converts its 8
 // elements from shared memory (KvT::load8: scale x level in f32, the CPU's
 // values). The lanes and registers are then f16's.
@@ -72,11 +73,12 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // Whether KV is a block type's tag (its rows are blocks, not elements).
 template <typename KV>
-inline constexpr bool kIsBlocks = std::is_same_v<KV, detail::KvQ8_0> || std::is_same_v<KV, detail::KvQ4_0> ||
-                                  std::is_same_v<KV, detail::KvIq4Nl> || std::is_same_v<KV, detail::KvQ8_0x64>;
+inline constexpr bool kIsBlocks =
+    std::is_same_v<KV, detail::KvQ8_0> || std::is_same_v<KV, detail::KvQ4_0> || std::is_same_v<KV, detail::KvIq4Nl> ||
+    std::is_same_v<KV, detail::KvQ8_0x64> || std::is_same_v<KV, detail::KvIq4Nl64>;
 // Block types whose heads are copied as aligned 16-byte spans (Shape::kSpan).
 template <typename KV>
-inline constexpr bool kSpanCopy = std::is_same_v<KV, detail::KvQ8_0x64>;
+inline constexpr bool kSpanCopy = std::is_same_v<KV, detail::KvQ8_0x64> || std::is_same_v<KV, detail::KvIq4Nl64>;
 
 // Bytes of one head of kHd elements.
 template <typename KV, int kHd>
@@ -93,13 +95,22 @@ struct Shape {
   static constexpr bool kBlocks = kIsBlocks<KV>;
   static constexpr int kHeadBytes = head_bytes<KV, kHd>();
   // kSpan (q8_0h64: 66-byte blocks, so a head starts at any even byte and
-  // its own words would be 2 or 4 bytes): each head is copied as the
+  // its own words would be 2 or 4 bytes; iq4_nlh64: 33-byte blocks, a head
+  // of 64 at any byte): each head is copied as the
   // aligned 16-byte words from the one holding its first byte through the
   // one holding its last, words past the head zero-filled; the head then
   // sits at its address mod 16 (`lead`) in a slot of kSlotBytes (room for
-  // a lead of 14). A head of 128 is 10 copies instead of 33.
+  // a lead of kMaxLead: 14 for q8_0h64; iq4_nlh64's heads start at
+  // multiples of the largest power of two (<= 16) dividing kHeadBytes, so
+  // 16 less that). A head of 128 is 10 copies instead of 33.
   static constexpr bool kSpan = kSpanCopy<KV>;
-  static constexpr int kSlotBytes = kSpan ? (kHeadBytes + 14 + 15) / 16 * 16 : kHeadBytes;
+  static constexpr int kHeadAlign = kHeadBytes % 16 == 0  ? 16
+                                    : kHeadBytes % 8 == 0 ? 8
+                                    : kHeadBytes % 4 == 0 ? 4
+                                    : kHeadBytes % 2 == 0 ? 2
+                                                          : 1;
+  static constexpr int kMaxLead = std::is_same_v<KV, detail::KvQ8_0x64> ? 14 : 16 - kHeadAlign;
+  static constexpr int kSlotBytes = kSpan ? (kHeadBytes + kMaxLead + 15) / 16 * 16 : kHeadBytes;
   // Block types: the word of the heads' copies (a head starts at a multiple of it).
   static constexpr int kWordBytes = kSpan || kHeadBytes % 16 == 0 ? 16 : kHeadBytes % 8 == 0 ? 8 : 4;
   static constexpr int kWords = kSlotBytes / kWordBytes;
@@ -691,6 +702,8 @@ void for_shape(const AttentionArgs& a, F&& f) {
     for_head_dim<detail::KvIq4Nl>(a, f);
   } else if (a.kv_dtype == kKvQ8_0x64) {
     for_head_dim<detail::KvQ8_0x64>(a, f);
+  } else if (a.kv_dtype == kKvIq4Nl64) {
+    for_head_dim<detail::KvIq4Nl64>(a, f);
   } else {
     for_head_dim<float>(a, f);
   }
@@ -716,7 +729,7 @@ int32_t parse_decode_warps(const char* value) {
 bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group) {
   const bool group_ok = group == 1 || group == 2 || group == 4 || (group == 8 && head_dim <= 128);
   if (kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 ||
-      kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64) {
+      kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64 || kv_dtype == kKvIq4Nl64) {
     return group_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256);
   }
   if (kv_dtype == DType::kF32) return group_ok && (head_dim == 64 || head_dim == 128);

@@ -8,7 +8,8 @@
 
 namespace rill::cuda {
 
-// f16, fp8 (e4m3), q8_0, q4_0, iq4_nl and q8_0h64's Q8_0_64 KV with head_dim
+// f16, fp8 (e4m3), q8_0, q4_0, iq4_nl, q8_0h64's Q8_0_64 and iq4_nlh64's
+// IQ4_NL64 KV with head_dim
 // 64/128 (1, 2, 4 or 8 q heads per KV head) or 256 (1, 2 or 4); f32 KV with
 // head_dim 64/128 (1, 2, 4 or 8).
 bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group);

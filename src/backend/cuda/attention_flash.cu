@@ -19,7 +19,9 @@
 // three blocks share an SM (registers capped to allow it, kMinBlocks;
 // ncu found two blocks of 4 warps latency-bound). A type whose head is
 // not a multiple of 4 bytes runs the WMMA kernel: q8_0h64's 66-byte head
-// at head_dim 64 (at 128 its 132 bytes come here in 4-byte pieces).
+// at head_dim 64 (at 128 its 132 bytes come here in 4-byte pieces);
+// iq4_nlh64's 33- and 66-byte heads come here as aligned 16-byte spans
+// (Layout::kSpan; not yet run on a GPU).
 // Arithmetic as attention_mma.cu's WMMA kernel: q rounded to f16 before
 // Q K^T, probabilities to f16 before P V (their f16 values summed into the
 // denominator), scores and the online softmax in f32 (base 2, the scale
@@ -73,10 +75,26 @@ struct Layout {
   static constexpr int kHeadBytes = detail::kv_head_bytes<KvT>(HD);
   static constexpr int kPiece = kHeadBytes % 16 == 0 ? 16 : kHeadBytes % 8 == 0 ? 8 : 4;
   static constexpr int kRowPieces = kHeadBytes / kPiece;
-  static constexpr uint32_t kRawTile = (kBK * kHeadBytes + 15) / 16 * 16;
+  // kSpan (iq4_nlh64: 33-byte blocks, heads of 33 / 66 bytes at any byte /
+  // any even byte): each raw head is copied as the aligned 16-byte words
+  // from the one holding its first byte to the one holding its last (the
+  // fast decode kernel's span copy), into a slot of kSlot bytes with room
+  // for a lead of kMaxLead, the head at its address mod 16 there; the
+  // copying threads note each key's lead (kLeads: a byte a key and stage,
+  // after the raw tiles; K and V planes are 16-byte aligned, so one lead
+  // serves both). Not yet run on a GPU.
+  static constexpr bool kSpan = std::is_same_v<KvT, detail::KvIq4Nl64>;
+  static constexpr int kHeadAlign = kHeadBytes % 16 == 0  ? 16
+                                    : kHeadBytes % 8 == 0 ? 8
+                                    : kHeadBytes % 4 == 0 ? 4
+                                    : kHeadBytes % 2 == 0 ? 2
+                                                          : 1;
+  static constexpr int kSlot = kSpan ? (kHeadBytes + (16 - kHeadAlign) + 15) / 16 * 16 : kHeadBytes;
+  static constexpr uint32_t kRawTile = (kBK * kSlot + 15) / 16 * 16;
   static constexpr uint32_t kRaw = kKV + 2 * kTile;
+  static constexpr uint32_t kLeads = kRaw + 4 * kRawTile;  // [2 stages][kBK] (kSpan)
   static constexpr size_t kBytes =
-      kDirect ? static_cast<size_t>(kKV) + 4 * kTile : static_cast<size_t>(kRaw) + 4 * kRawTile;
+      kDirect ? static_cast<size_t>(kKV) + 4 * kTile : static_cast<size_t>(kLeads) + (kSpan ? 2 * kBK : 0);
 };
 
 // Blocks per SM the registers are capped for: three at head_dim 128 (168
@@ -93,7 +111,8 @@ constexpr bool flash_takes() {
   if constexpr (!detail::kv_reads_as_f16<KvT>) {
     return false;
   } else {
-    return HD % KvT::kBlock == 0 && detail::kv_head_bytes<KvT>(HD) % 4 == 0 && Layout<KvT, HD>::kBytes <= 113 * 1024;
+    return HD % KvT::kBlock == 0 && (detail::kv_head_bytes<KvT>(HD) % 4 == 0 || Layout<KvT, HD>::kSpan) &&
+           Layout<KvT, HD>::kBytes <= 113 * 1024;
   }
 }
 
@@ -170,6 +189,40 @@ __global__ void __launch_bounds__(kThreads, kBlocks) flash_prefill_kernel(Attent
       const auto* kbase = static_cast<const uint8_t*>(a.k_cache);
       const auto* vbase = static_cast<const uint8_t*>(a.v_cache);
       const uint32_t ks = smem_addr(smem + L::kRaw) + 2 * (it & 1) * L::kRawTile, vs = ks + L::kRawTile;
+      if constexpr (L::kSpan) {
+        constexpr int kWords = L::kSlot / 16;
+        uint8_t* leads = smem + L::kLeads + (it & 1) * kBK;
+#pragma unroll
+        for (int m = 0; m < kPieces; ++m) {
+          const uint32_t r = row_of(m);
+          const bool ok = r != kNoRow;
+          const int64_t src = ok ? r * row_bytes + head_byte : 0;
+          const int key = my_key + m * kKeyStep;
+          // The planes are 16-byte aligned (flash_align), so the lead is the
+          // same in K and V.
+          const int lead = static_cast<int>(reinterpret_cast<uintptr_t>(kbase + src) & 15);
+          if (my_vec == 0) leads[key] = static_cast<uint8_t>(lead);
+#pragma unroll
+          for (int u = 0; u < (kWords + kPer - 1) / kPer; ++u) {
+            const int w = my_vec + u * kPer;
+            if (w < kWords) {
+              // The head's bytes in word w (none past its last: the last
+              // head of a plane may end where its allocation does).
+              const int n = ok ? max(0, min(16, lead + L::kHeadBytes - 16 * w)) : 0;
+              const int64_t at = src - lead + 16 * w;
+              const uint32_t dst = static_cast<uint32_t>(key * L::kSlot + 16 * w);
+              asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ks + dst),
+                           "l"(kbase + (n > 0 ? at : 0)), "r"(n)
+                           : "memory");
+              asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vs + dst),
+                           "l"(vbase + (n > 0 ? at : 0)), "r"(n)
+                           : "memory");
+            }
+          }
+        }
+        cp_async_commit();
+        return;
+      }
 #pragma unroll
       for (int m = 0; m < kPieces; ++m) {
         const uint32_t r = row_of(m);
@@ -209,8 +262,10 @@ __global__ void __launch_bounds__(kThreads, kBlocks) flash_prefill_kernel(Attent
           const int i = threadIdx.x + (u0 + u) * kThreads, key = i / kVecs, v = i % kVecs;
           kx[u] = vx[u] = make_uint4(0, 0, 0, 0);
           if (key < n_keys) {
-            kx[u] = load8h<KvT>(rk + key * L::kHeadBytes, v * 8);
-            vx[u] = load8h<KvT>(rv + key * L::kHeadBytes, v * 8);
+            // kSpan: the head at its lead in its slot.
+            const int at = key * L::kSlot + (L::kSpan ? smem[L::kLeads + (it & 1) * kBK + key] : 0);
+            kx[u] = load8h<KvT>(rk + at, v * 8);
+            vx[u] = load8h<KvT>(rv + at, v * 8);
           }
         }
 #pragma unroll
@@ -448,7 +503,7 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 template <typename KvT, int HD>
 constexpr uintptr_t flash_align() {
   if constexpr (flash_takes<KvT, HD>()) {
-    return Layout<KvT, HD>::kDirect ? 16 : static_cast<uintptr_t>(Layout<KvT, HD>::kPiece);
+    return Layout<KvT, HD>::kDirect || Layout<KvT, HD>::kSpan ? 16 : static_cast<uintptr_t>(Layout<KvT, HD>::kPiece);
   } else {
     return 0;
   }

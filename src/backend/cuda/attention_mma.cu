@@ -245,7 +245,8 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 
 bool prefill_mma_supported(DType kv_dtype, int32_t head_dim) {
   const bool type_ok = kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 ||
-                       kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64;
+                       kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64 ||
+                       kv_dtype == kKvIq4Nl64;
   return type_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512);
 }
 
@@ -286,6 +287,7 @@ void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
   }
   if (a.kv_dtype == kF8E4M3) return launch_hd<detail::KvFp8>(a, stream);
   if (a.kv_dtype == kKvQ8_0x64) return launch_hd<detail::KvQ8_0x64>(a, stream);
+  if (a.kv_dtype == kKvIq4Nl64) return launch_hd<detail::KvIq4Nl64>(a, stream);
   switch (a.kv_dtype) {
     case DType::kQ8_0:
       return launch_hd<detail::KvQ8_0>(a, stream);

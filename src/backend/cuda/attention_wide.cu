@@ -407,7 +407,8 @@ void launch_hd(const AttentionArgs& a, cudaStream_t stream) {
 
 bool prefill_wide_supported(DType kv_dtype, int32_t head_dim) {
   const bool type_ok = kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 ||
-                       kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64;
+                       kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64 ||
+                       kv_dtype == kKvIq4Nl64;
   return type_ok && (head_dim == 256 || head_dim == 512);
 }
 
@@ -415,6 +416,7 @@ void prefill_attention_wide(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles <= 0) return;
   if (a.kv_dtype == kF8E4M3) return launch_hd<detail::KvFp8>(a, stream);
   if (a.kv_dtype == kKvQ8_0x64) return launch_hd<detail::KvQ8_0x64>(a, stream);
+  if (a.kv_dtype == kKvIq4Nl64) return launch_hd<detail::KvIq4Nl64>(a, stream);
   switch (a.kv_dtype) {
     case DType::kQ8_0:
       return launch_hd<detail::KvQ8_0>(a, stream);

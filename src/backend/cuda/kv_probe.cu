@@ -1,5 +1,6 @@
-// Test hooks of kv_probe.h: load8h against load8's f32 route, and
-// Iq4nlLevels::code, one thread per 8 elements / per value.
+// Test hooks of kv_probe.h: load8h against load8's f32 route,
+// Iq4nlLevels::code and e4m3_round_bits, one thread per 8 elements / per
+// value.
 #include "backend/cuda/kv_probe.h"
 
 #include <cuda_fp16.h>
@@ -37,6 +38,11 @@ __global__ void iq4nl_code_probe_kernel(const float* y, int64_t n, int* codes) {
   if (i < n) codes[i] = detail::Iq4nlLevels{}.code(y[i]);
 }
 
+__global__ void e4m3_round_probe_kernel(const float* x, int64_t n, uint8_t* bytes) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) bytes[i] = static_cast<uint8_t>(detail::e4m3_round_bits(x[i]));
+}
+
 constexpr int kThreads = 128;
 
 unsigned blocks_for(int64_t n) {
@@ -47,15 +53,19 @@ unsigned blocks_for(int64_t n) {
 
 Status probe_load8h(DType kv_dtype, const std::vector<uint8_t>& row, std::vector<uint16_t>& via_h,
                     std::vector<uint16_t>& via_f32) {
-  int block_bytes = 0;
+  int block_bytes = 0, block = 32;
   if (kv_dtype == DType::kQ8_0) block_bytes = detail::KvQ8_0::kBlockBytes;
   if (kv_dtype == DType::kQ4_0) block_bytes = detail::KvQ4_0::kBlockBytes;
   if (kv_dtype == DType::kIQ4_NL) block_bytes = detail::KvIq4Nl::kBlockBytes;
-  if (block_bytes == 0 || row.empty() || row.size() % static_cast<size_t>(block_bytes) != 0) {
-    return Error{"probe_load8h: a row of whole Q8_0, Q4_0 or IQ4_NL blocks, got " + std::to_string(row.size()) +
-                 " bytes of " + std::string(dtype_name(kv_dtype))};
+  if (kv_dtype == kKvIq4Nl64) {
+    block_bytes = detail::KvIq4Nl64::kBlockBytes;
+    block = detail::KvIq4Nl64::kBlock;
   }
-  const int64_t n = static_cast<int64_t>(row.size() / static_cast<size_t>(block_bytes)) * 32;
+  if (block_bytes == 0 || row.empty() || row.size() % static_cast<size_t>(block_bytes) != 0) {
+    return Error{"probe_load8h: a row of whole Q8_0, Q4_0, IQ4_NL or IQ4_NL64 blocks, got " +
+                 std::to_string(row.size()) + " bytes of " + std::string(dtype_name(kv_dtype))};
+  }
+  const int64_t n = static_cast<int64_t>(row.size() / static_cast<size_t>(block_bytes)) * block;
   RILL_ASSIGN_OR_RETURN(DeviceBuffer d_row, DeviceBuffer::allocate(row.size(), "probe row"));
   RILL_ASSIGN_OR_RETURN(DeviceBuffer d_h, DeviceBuffer::allocate(static_cast<size_t>(n) * 2, "probe load8h"));
   RILL_ASSIGN_OR_RETURN(DeviceBuffer d_f, DeviceBuffer::allocate(static_cast<size_t>(n) * 2, "probe load8"));
@@ -66,8 +76,10 @@ Status probe_load8h(DType kv_dtype, const std::vector<uint8_t>& row, std::vector
     load8h_probe_kernel<detail::KvQ8_0><<<grid, kThreads>>>(r, n, d_h.as<uint16_t>(), d_f.as<uint16_t>());
   } else if (kv_dtype == DType::kQ4_0) {
     load8h_probe_kernel<detail::KvQ4_0><<<grid, kThreads>>>(r, n, d_h.as<uint16_t>(), d_f.as<uint16_t>());
-  } else {
+  } else if (kv_dtype == DType::kIQ4_NL) {
     load8h_probe_kernel<detail::KvIq4Nl><<<grid, kThreads>>>(r, n, d_h.as<uint16_t>(), d_f.as<uint16_t>());
+  } else {
+    load8h_probe_kernel<detail::KvIq4Nl64><<<grid, kThreads>>>(r, n, d_h.as<uint16_t>(), d_f.as<uint16_t>());
   }
   RILL_CUDA_CHECK_LAUNCH();
   via_h.resize(static_cast<size_t>(n));
@@ -88,6 +100,30 @@ Status probe_iq4nl_code(const std::vector<float>& y, std::vector<int>& codes) {
   RILL_CUDA_CHECK_LAUNCH();
   RILL_CUDA_CHECK(cudaMemcpy(codes.data(), d_q.data(), d_q.size(), cudaMemcpyDeviceToHost));
   return Status::Ok();
+}
+
+Status probe_e4m3_round(const std::vector<float>& x, std::vector<uint8_t>& bytes) {
+  const auto n = static_cast<int64_t>(x.size());
+  bytes.assign(x.size(), 0);
+  if (n == 0) return Status::Ok();
+  RILL_ASSIGN_OR_RETURN(DeviceBuffer d_x, DeviceBuffer::allocate(x.size() * sizeof(float), "probe values"));
+  RILL_ASSIGN_OR_RETURN(DeviceBuffer d_b, DeviceBuffer::allocate(x.size(), "probe bytes"));
+  RILL_CUDA_CHECK(cudaMemcpy(d_x.data(), x.data(), d_x.size(), cudaMemcpyHostToDevice));
+  e4m3_round_probe_kernel<<<blocks_for(n), kThreads>>>(d_x.as<const float>(), n, d_b.as<uint8_t>());
+  RILL_CUDA_CHECK_LAUNCH();
+  RILL_CUDA_CHECK(cudaMemcpy(bytes.data(), d_b.data(), d_b.size(), cudaMemcpyDeviceToHost));
+  return Status::Ok();
+}
+
+void host_iq4nl64_loads(const uint8_t* row, int64_t n, float* via_load1, float* via_load4, float* via_load8) {
+  for (int64_t e = 0; e < n; ++e) via_load1[e] = detail::KvIq4Nl64::load1(row, e);
+  for (int64_t e = 0; e < n; e += 4) detail::KvIq4Nl64::load4(row, e, via_load4 + e);
+  for (int64_t e = 0; e < n; e += 8) detail::KvIq4Nl64::load8(row, e, via_load8 + e);
+}
+
+void host_e4m3_round(const std::vector<float>& x, std::vector<uint8_t>& bytes) {
+  bytes.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) bytes[i] = static_cast<uint8_t>(detail::e4m3_round_bits(x[i]));
 }
 
 }  // namespace rill::cuda

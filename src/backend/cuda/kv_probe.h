@@ -11,7 +11,8 @@
 namespace rill::cuda {
 
 // The f16 bits of one row of kv_dtype (Q8_0, Q4_0 or IQ4_NL; `row` holds
-// whole blocks of 32, its elements n = row.size() / block bytes * 32),
+// whole blocks of 32, its elements n = row.size() / block bytes * 32; or
+// IQ4_NL64, iq4_nlh64's blocks of 64),
 // 8 elements at a time: via_h by mma_tile.cuh load8h<KvT> (the f16
 // arithmetic of load8_biased's bytes), via_f32 by __floats2half2_rn of
 // KvT::load8's f32 values. Either is n values. Refuses another type.
@@ -21,5 +22,15 @@ Status probe_load8h(DType kv_dtype, const std::vector<uint8_t>& row, std::vector
 // kv_rotated.cuh Iq4nlLevels::code (iq4_nlh's 4-step midpoint search) of
 // each of y.
 Status probe_iq4nl_code(const std::vector<float>& y, std::vector<int>& codes);
+
+// kv_rotated.cuh e4m3_round_bits (iq4_nlh64's scale byte of 16 d) of each of x.
+Status probe_e4m3_round(const std::vector<float>& x, std::vector<uint8_t>& bytes);
+
+// Host runs of the same device code (built for the host too: the tests
+// that need no GPU): KvIq4Nl64's load1 / load4 / load8 over the n elements
+// of a row in host memory (any address; the row's last word may be read
+// whole), and e4m3_round_bits of each of x.
+void host_iq4nl64_loads(const uint8_t* row, int64_t n, float* via_load1, float* via_load4, float* via_load8);
+void host_e4m3_round(const std::vector<float>& x, std::vector<uint8_t>& bytes);
 
 }  // namespace rill::cuda

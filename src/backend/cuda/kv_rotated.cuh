@@ -1,6 +1,6 @@
 #pragma once
 // The Hadamard-rotated KV types on CUDA (model/kv_types.h q8_0h / q4_0h /
-// iq4_nlh, and q8_0h64 in blocks of 64):
+// iq4_nlh, and q8_0h64 / iq4_nlh64 in blocks of 64):
 // the per-head Walsh-Hadamard transform and the rotated types' block
 // encoder, device copies of the CPU's cpu::hadamard_rotate and
 // cpu::quantize_rotated_row (backend/cpu/kv_quant.cpp, encoder revision
@@ -23,6 +23,7 @@
 // fit_rotated_block below too: it is the one device function the rotated
 // block types call (over their level sets).
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -61,14 +62,129 @@ __device__ __forceinline__ void hadamard_rotate_heads(float* x, int width, int n
   __syncthreads();
 }
 
+// #pragma unroll in functions built for the host too (the host compiler
+// does not know the pragma, and warnings are errors).
+#ifdef __CUDA_ARCH__
+#define RILL_DEVICE_UNROLL _Pragma("unroll")
+#else
+#define RILL_DEVICE_UNROLL
+#endif
+
+// f32 / f64 operations rounded once each: on the device the _rn
+// intrinsics (nvcc would otherwise contract a multiply and an add into an
+// FMA); in the host pass (the host runs of device code the tests use where
+// no GPU is present, kv_probe.h) plain operators, which the host build
+// (no FMA instructions) never contracts. Either way the CPU's roundings.
+__host__ __device__ __forceinline__ float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+__host__ __device__ __forceinline__ float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+__host__ __device__ __forceinline__ float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+__host__ __device__ __forceinline__ float div_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+__host__ __device__ __forceinline__ double dadd_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+__host__ __device__ __forceinline__ double dsub_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+__host__ __device__ __forceinline__ double dmul_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+__host__ __device__ __forceinline__ double ddiv_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+__host__ __device__ __forceinline__ float double_to_float_rn(double a) {
+#ifdef __CUDA_ARCH__
+  return __double2float_rn(a);
+#else
+  return static_cast<float>(a);
+#endif
+}
+
 // A NaN scale (a block holding a NaN or an inf) is stored as 0x7e00, as
 // the CPU's F16Scale stores it: the devices' NaNs differ in sign.
-__device__ __forceinline__ uint16_t f16_bits(float x) {
+__host__ __device__ __forceinline__ uint16_t f16_bits(float x) {
   return isnan(x) ? uint16_t{0x7e00} : __half_as_ushort(__float2half_rn(x));
 }
-__device__ __forceinline__ float f16_value(uint16_t bits) {
+__host__ __device__ __forceinline__ float f16_value(uint16_t bits) {
   return __half2float(__ushort_as_half(bits));
 }
+
+// The value of an e4m3 byte (core/e4m3.h e4m3_value): exact through f16.
+__host__ __device__ __forceinline__ float e4m3_to_float(uint32_t byte) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte & 0xffu), __NV_E4M3)));
+}
+// core/e4m3.h e4m3_round on the device, step for step (round to nearest
+// even, +-448 saturating, NaN -> 0x7f, subnormals in steps of 2^-9), so the
+// bytes are the CPU's whatever the hardware conversion does at the edges.
+__host__ __device__ __forceinline__ uint32_t e4m3_round_bits(float x) {
+  if (isnan(x)) return 0x7fu;
+  const uint32_t sign = signbit(x) ? 0x80u : 0u;
+  const float a = fabsf(x);
+  if (a >= 448.0f) return sign | 0x7eu;
+  if (a < 0.015625f) return sign | static_cast<uint32_t>(rintf(mul_rn(a, 512.0f)));
+  int ex = 0;
+  const float f = frexpf(a, &ex);                     // a = f 2^ex, f in [0.5, 1)
+  int m = static_cast<int>(rintf(mul_rn(f, 16.0f)));  // 8 .. 16
+  int e = ex - 1 + 7;
+  if (m == 16) {
+    m = 8;
+    ++e;
+  }
+  return sign | static_cast<uint32_t>((e << 3) | (m - 8));
+}
+
+// How a rotated block's scale d is stored (cpu::kv_quant.cpp F16Scale /
+// E4m3x16Scale): round(d) gives the stored bits, value(bits) the d the
+// candidates are scored with. F16: q8_0h / q4_0h / iq4_nlh / q8_0h64;
+// E4m3x16: iq4_nlh64's byte, the e4m3 code of d * 16 (d = value / 16, 2^-13
+// .. 28: both multiplies by powers of two are exact).
+struct F16Scale {
+  __device__ uint16_t round(float d) const { return f16_bits(d); }
+  __device__ float value(uint16_t bits) const { return f16_value(bits); }
+};
+struct E4m3x16Scale {
+  __device__ uint16_t round(float d) const { return static_cast<uint16_t>(e4m3_round_bits(mul_rn(d, 16.0f))); }
+  __device__ float value(uint16_t bits) const { return mul_rn(e4m3_to_float(bits), 0.0625f); }
+};
 
 // The level sets of the rotated types: code q of a block stands for
 // value(q) * d; code(y) is the code of y = x / d (cpu::kv_quant.cpp's
@@ -115,15 +231,27 @@ static_assert(iq4nl_tables_are_the_cpus(), "iq4_nl's device tables must be cpu::
 // their four levels (int8, in the same bytes): each code's low 3 bits pick
 // a byte of levels 0-7 and of levels 8-15 (two byte permutes), its bit 3
 // picks between the two (a third).
-__device__ __forceinline__ uint32_t iq4nl_levels4(uint32_t codes) {
+// __byte_perm(x, y, s) (PTX prmt, default mode): byte i of the result is
+// byte (s >> 4 i) & 7 of y:x; in the host pass the same by shifts.
+__host__ __device__ __forceinline__ uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t xy = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((xy >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+  return r;
+#endif
+}
+__host__ __device__ __forceinline__ uint32_t iq4nl_levels4(uint32_t codes) {
   const uint32_t t = codes | (codes >> 4);
   const uint32_t sel = (t & 0xffu) | ((t >> 8) & 0xff00u);  // code i in nibble i
-  const uint32_t lo = __byte_perm(iq4nl_word(0), iq4nl_word(1), sel & 0x7777u);
-  const uint32_t hi = __byte_perm(iq4nl_word(2), iq4nl_word(3), sel & 0x7777u);
-  return __byte_perm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));
+  const uint32_t lo = byte_perm(iq4nl_word(0), iq4nl_word(1), sel & 0x7777u);
+  const uint32_t hi = byte_perm(iq4nl_word(2), iq4nl_word(3), sel & 0x7777u);
+  return byte_perm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));
 }
 // Byte i of a word of int8 levels as f32.
-__device__ __forceinline__ float level_byte(uint32_t levels, int i) {
+__host__ __device__ __forceinline__ float level_byte(uint32_t levels, int i) {
   return static_cast<float>(static_cast<int8_t>((levels >> (8 * i)) & 0xff));
 }
 
@@ -165,7 +293,7 @@ template <int N>
 struct RotatedBlock {
   static_assert(N == 32 || N == 64, "a warp encodes blocks of 32 or 64");
   static constexpr int kPerLane = N / 32;
-  uint16_t d = 0;        // the block's f16 scale bits
+  uint16_t d = 0;        // the block's scale bits (f16; iq4_nlh64: the e4m3 byte)
   int q[kPerLane] = {};  // this lane's codes: x[lane + 32 k] ~ value(q[k]) * d
 };
 
@@ -429,9 +557,12 @@ struct PairExchange {
 // codes as it goes (the final sums: over the winner's codes they are the
 // sums it already has). Two chains of the block's length instead of five,
 // the same bytes. Returns the block to warp 0; warp 1's return is unused.
-template <class Levels>
+// Scale: how d is stored and scored (F16Scale for q8_0h64; E4m3x16Scale
+// with Iq4nlLevels for iq4_nlh64, cpu::quantize_iq4_nl64_fit: the same
+// search, the candidates' errors with d as its e4m3 byte gives it back).
+template <class Levels, class Scale = F16Scale>
 __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float* x, const Levels& lv, int half,
-                                                                     PairExchange* slot) {
+                                                                     PairExchange* slot, Scale sc = {}) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   const float v[2] = {x[lane], x[lane + 32]};
@@ -443,8 +574,8 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
   if (m != 0.0f && lane < 17) {
     const float top = half == 0 ? lv.first() : lv.last();
     const float factor = __fsub_rn(1.0f, __fmul_rn(0.025f, static_cast<float>(lane)));
-    const uint16_t dh = f16_bits(__fmul_rn(__fdiv_rn(m, top), factor));
-    const float d = f16_value(dh);
+    const uint16_t dh = sc.round(__fmul_rn(__fdiv_rn(m, top), factor));
+    const float d = sc.value(dh);
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
     double err = 0.0, xq = 0.0, qq = 0.0;
 #pragma unroll
@@ -496,7 +627,7 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
   // sums are then over the codes of 0.
   const bool found = best_c < 64;
   auto codes_of = [&](uint16_t dh, int* q) {
-    const float d = f16_value(dh);
+    const float d = sc.value(dh);
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
     q[0] = lv.code(__fmul_rn(v[0], id));
     q[1] = lv.code(__fmul_rn(v[1], id));
@@ -520,8 +651,8 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
   uint16_t dh_r = 0;
   const bool refit = qq > 0.0;
   if (refit) {
-    dh_r = f16_bits(__double2float_rn(__ddiv_rn(xq, qq)));
-    const float d = f16_value(dh_r);
+    dh_r = sc.round(__double2float_rn(__ddiv_rn(xq, qq)));
+    const float d = sc.value(dh_r);
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
 #pragma unroll
     for (int j = 0; j < 64; ++j) {
@@ -544,7 +675,7 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
     codes_of(dh_r, q);
     xq = xq_r;
   }
-  out.d = xq != 0.0 ? f16_bits(__double2float_rn(__ddiv_rn(xx, xq))) : best_d;
+  out.d = xq != 0.0 ? sc.round(__double2float_rn(__ddiv_rn(xx, xq))) : best_d;
   out.q[0] = q[0];
   out.q[1] = q[1];
   return out;

@@ -1,7 +1,8 @@
 #pragma once
 // The KV types the CUDA attention kernels read and rope_store_kv writes
 // (model/kv_types.h: f32, f16, and q8_0 / q4_0 / iq4_nl (rotated: iq4_nlh)
-// in GGML's block layouts, q8_0h64's blocks of 64 (the CPU's kKvQ8_0x64),
+// in GGML's block layouts, q8_0h64's and iq4_nlh64's blocks of 64 (the
+// CPU's kKvQ8_0x64 / kKvIq4Nl64),
 // byte for byte the CPU's, so the prefix-cache tiers and KV files carry it between
 // devices; fp8: e4m3 bytes, the CPU's too). Each is a tag type with:
 //   row_bytes(n)         bytes of n elements (n a multiple of kBlock); a KV
@@ -21,14 +22,15 @@
 //                        [e0, e0 + n) of a row, e0 and n whole blocks, by
 //                        the whole thread block (blockDim.x a multiple of
 //                        32; every thread calls it after x is written)
-//   store_rotated(...)   Q8_0 / Q4_0 / IQ4_NL / Q8_0_64 only (kRotatable):
+//   store_rotated(...)   Q8_0 / Q4_0 / IQ4_NL / Q8_0_64 / IQ4_NL64 only (kRotatable):
 //                        as store, for x already Hadamard-rotated per
 //                        head, by the rotated types' encoder (kv_rotated.cuh
 //                        fit_rotated_block, a warp per block of 32;
-//                        Q8_0_64: fit_rotated_block64_pair, two warps per
-//                        block of 64, so blockDim.x a multiple of 64):
-//                        q8_0h / q4_0h / iq4_nlh / q8_0h64. IQ4_NL and
-//                        Q8_0_64 have no store (kRotatedOnly)
+//                        Q8_0_64 / IQ4_NL64: fit_rotated_block64_pair,
+//                        two warps per block of 64, so blockDim.x a
+//                        multiple of 64): q8_0h / q4_0h / iq4_nlh /
+//                        q8_0h64 / iq4_nlh64. IQ4_NL, Q8_0_64 and IQ4_NL64
+//                        have no store (kRotatedOnly)
 // Elements are addressed within the row, not the head: heads smaller than
 // a block (head_dim 16: two heads share a q8_0 block, as on the CPU) are
 // read in place like any other.
@@ -252,9 +254,9 @@ struct KvIq4Nl {
   __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
   // Four codes of the bytes of word b (low nibbles, or high: shift 4), as
   // four levels times s.
-  __device__ static void levels4(uint32_t b, int shift, float s, float* v) {
+  __host__ __device__ static void levels4(uint32_t b, int shift, float s, float* v) {
     const uint32_t levels = iq4nl_levels4((b >> shift) & 0x0F0F0F0Fu);
-#pragma unroll
+    RILL_DEVICE_UNROLL
     for (int i = 0; i < 4; ++i) v[i] = s * level_byte(levels, i);
   }
   __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
@@ -368,6 +370,103 @@ struct KvQ8_0x64 {
   }
 };
 
+// iq4_nlh64's blocks (core/e4m3.h kKvIq4Nl64, cpu::kIq4Nl64Bytes; k4c's V):
+// byte 0 the e4m3 code of 16 d, then 32 bytes of codes: element j < 32 in
+// the low nibble of byte 1 + j, element j + 32 in its high nibble; x = d *
+// kIq4nlValues[q] in f32 (the CPU's dq_iq4_nl64: the product is exact, 4
+// by 8 significant bits). 33 bytes a block, so a head (33 bytes at
+// head_dim 64, 66 at 128) starts at any byte and its codes are not
+// aligned at all: 4 or 8 code bytes are read as the aligned words holding
+// them, funnel-shifted into place (code_bytes4 / 8; only words holding one
+// of the bytes asked for are read, so never a byte past a head's last
+// word). Written only by store_rotated (the CPU's rotated encoder over
+// blocks of 64 with iq4_nl's levels and the e4m3 scale, two warps per
+// block, as KvQ8_0x64): rotated only (kRotatedOnly), head_dim a multiple of
+// 64. Not yet run on a GPU: kv_supported() refuses it unless
+// RILL_CUDA_UNTESTED_KV=1 (attention.cu kv_untested).
+struct KvIq4Nl64 {
+  static constexpr DType kDtype = kKvIq4Nl64;
+  static constexpr int kBlock = 64;
+  static constexpr int kBlockBytes = cpu::kIq4Nl64Bytes;
+  static_assert(kBlockBytes == 1 + kBlock / 2, "an e4m3 scale and 64 nibbles");
+  __host__ __device__ static int64_t row_bytes(int64_t n) { return n / kBlock * kBlockBytes; }
+  // The loads below are also built for the host (kv_probe.h's host runs:
+  // the same code over host memory, where no GPU is present).
+  __host__ __device__ static float scale(const uint8_t* blk) { return mul_rn(e4m3_to_float(blk[0]), 0.0625f); }
+  // (hi:lo) >> shift, low 32 bits (shift < 32): __funnelshift_r.
+  __host__ __device__ static uint32_t funnel(uint32_t lo, uint32_t hi, int shift) {
+#ifdef __CUDA_ARCH__
+    return __funnelshift_r(lo, hi, shift);
+#else
+    return static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> shift);
+#endif
+  }
+  // Bytes [p, p + 4) / [p, p + 8) at any address (global or shared).
+  __host__ __device__ static uint32_t code_bytes4(const uint8_t* p) {
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    const auto* w = reinterpret_cast<const uint32_t*>(at & ~uintptr_t{3});
+    const int o = static_cast<int>(at & 3);
+    return funnel(w[0], o ? w[1] : 0u, 8 * o);
+  }
+  __host__ __device__ static uint2 code_bytes8(const uint8_t* p) {
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    const auto* w = reinterpret_cast<const uint32_t*>(at & ~uintptr_t{3});
+    const int o = static_cast<int>(at & 3);
+    const uint32_t w0 = w[0], w1 = w[1], w2 = o ? w[2] : 0u;
+    return make_uint2(funnel(w0, w1, 8 * o), funnel(w1, w2, 8 * o));
+  }
+  __host__ __device__ static void load4(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 6) * kBlockBytes;
+    const int j = static_cast<int>(e & 63);
+    KvIq4Nl::levels4(code_bytes4(blk + 1 + (j & 31)), j >= 32 ? 4 : 0, scale(blk), v);
+  }
+  __host__ __device__ static float load1(const uint8_t* row, int64_t e) {
+    const uint8_t* blk = row + (e >> 6) * kBlockBytes;
+    const int j = static_cast<int>(e & 63);
+    const auto q = static_cast<uint32_t>((blk[1 + (j & 31)] >> (j >= 32 ? 4 : 0)) & 0xF);
+    return scale(blk) * level_byte(iq4nl_levels4(q), 0);
+  }
+  __host__ __device__ static void load8(const uint8_t* row, int64_t e, float* v) {
+    const uint8_t* blk = row + (e >> 6) * kBlockBytes;
+    const int j = static_cast<int>(e & 63), shift = j >= 32 ? 4 : 0;
+    const float s = scale(blk);
+    const uint2 b = code_bytes8(blk + 1 + (j & 31));
+    KvIq4Nl::levels4(b.x, shift, s, v);
+    KvIq4Nl::levels4(b.y, shift, s, v + 4);
+  }
+  // The scale as f16 is exact (e4m3 / 16: 2^-13 .. 28, 4 significant bits).
+  static constexpr int kLevelBias = 128;  // the int8 level l as the byte l + 128
+  __device__ static __half load8_biased(const uint8_t* row, int64_t e, uint32_t (&u)[2]) {
+    const uint8_t* blk = row + (e >> 6) * kBlockBytes;
+    const int j = static_cast<int>(e & 63), shift = j >= 32 ? 4 : 0;
+    const uint2 b = code_bytes8(blk + 1 + (j & 31));
+    u[0] = iq4nl_levels4((b.x >> shift) & 0x0F0F0F0Fu) ^ 0x80808080u;
+    u[1] = iq4nl_levels4((b.y >> shift) & 0x0F0F0F0Fu) ^ 0x80808080u;
+    return __float2half_rn(scale(blk));
+  }
+  static constexpr bool kRotatable = true;
+  static constexpr bool kRotatedOnly = true;
+  // As KvQ8_0x64::store_rotated (pairs of warps, every thread of the
+  // thread block calls it, blockDim.x a multiple of 64): lane i's codes are
+  // elements i and i + 32, the low and high nibble of code byte i.
+  __device__ static void store_rotated(const float* x, uint8_t* row, int64_t e0, int n) {
+    __shared__ PairExchange slots[2][16];  // [round parity][pair]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = warp & 1, pair = warp >> 1;
+    const int n_pairs = static_cast<int>(blockDim.x >> 6);
+    uint8_t* first = row + (e0 >> 6) * kBlockBytes;
+    for (int base = 0, round = 0; base < n; base += 64 * n_pairs, ++round) {
+      const int i0 = base + 64 * pair;
+      const bool mine = i0 < n;
+      const RotatedBlock<64> b =
+          fit_rotated_block64_pair(x + (mine ? i0 : 0), Iq4nlLevels{}, half, &slots[round & 1][pair], E4m3x16Scale{});
+      if (!mine || half == 1) continue;
+      uint8_t* blk = first + (i0 >> 6) * kBlockBytes;
+      if (lane == 0) blk[0] = static_cast<uint8_t>(b.d);
+      blk[1 + lane] = static_cast<uint8_t>(b.q[0] | (b.q[1] << 4));
+    }
+  }
+};
+
 // fp8 (model/kv_types.h "fp8"): one OCP e4m3 (fn) byte per element, with
 // no stored scale (x = e4m3 value: vLLM's fp8 KV without calibrated
 // scales, k_scale = v_scale = 1). Stored by round to nearest even,
@@ -426,7 +525,8 @@ inline constexpr bool kv_rotated_only = requires {
 }  // namespace rill::cuda::detail
 
 // Calls MACRO(KvT) with KvT the tag of a KV dtype the CUDA kernels take
-// (F32, F16, Q8_0, Q4_0, IQ4_NL and Q8_0_64 (rotated only), F8_E4M3); for
+// (F32, F16, Q8_0, Q4_0, IQ4_NL, Q8_0_64 and IQ4_NL64 (rotated only),
+// F8_E4M3); for
 // any other dtype nothing (callers check kv_supported(), which is this list).
 #define RILL_CUDA_DISPATCH_KV(dtype, ...)          \
   do {                                             \
@@ -437,6 +537,11 @@ inline constexpr bool kv_rotated_only = requires {
     }                                              \
     if ((dtype) == ::rill::kKvQ8_0x64) {           \
       using KvT = ::rill::cuda::detail::KvQ8_0x64; \
+      __VA_ARGS__;                                 \
+      break;                                       \
+    }                                              \
+    if ((dtype) == ::rill::kKvIq4Nl64) {           \
+      using KvT = ::rill::cuda::detail::KvIq4Nl64; \
       __VA_ARGS__;                                 \
       break;                                       \
     }                                              \

@@ -264,10 +264,24 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   const int kv_head = is_k ? head - a.n_head : head - a.n_head - a.n_head_kv;
   const int64_t row_elems = static_cast<int64_t>(a.n_head_kv) * hd;
   auto* row = static_cast<uint8_t*>(is_k ? a.k_cache : a.v_cache) + KvT::row_bytes(a.slots[t] * row_elems);
+  if constexpr (detail::kv_rotated_only<KvT>) {
+    if (a.k_rows) {  // k4c: the q8_0 tail rows (RopeKvArgs::k_rows)
+      const int64_t tail_row = detail::KvQ8_0::row_bytes(row_elems);
+      const int64_t e0 = static_cast<int64_t>(kv_head) * hd;
+      if (is_k) {
+        detail::KvQ8_0::store(h, static_cast<uint8_t*>(a.k_rows) + t * tail_row, e0, width);
+        return;
+      }
+      detail::hadamard_rotate_heads(h, width, hd);
+      detail::KvQ8_0::store(h, static_cast<uint8_t*>(a.v_rows) + t * tail_row, e0, width);
+      KvT::store_rotated(h, row, e0, width);  // reads h as the q8_0 store does: no barrier between
+      return;
+    }
+  }
   if constexpr (detail::kv_rotatable<KvT>) {
-    // q8_0h / q4_0h / iq4_nlh / q8_0h64: each head rotated, then the
-    // rotated encoder (IQ4_NL and Q8_0_64 always: rope_store_kv refuses
-    // them unrotated)
+    // q8_0h / q4_0h / iq4_nlh / q8_0h64 / iq4_nlh64: each head rotated,
+    // then the rotated encoder (IQ4_NL, Q8_0_64 and IQ4_NL64 always:
+    // rope_store_kv refuses them unrotated)
     if (detail::kv_rotated_only<KvT> || (is_k ? a.k_rotated : a.v_rotated)) {
       detail::hadamard_rotate_heads(h, width, hd);
       KvT::store_rotated(h, row, static_cast<int64_t>(kv_head) * hd, width);
@@ -567,18 +581,19 @@ void rope_store_kv_general(const RopeKvArgs& a, cudaStream_t stream) {
   assert(a.rot_dim <= a.head_dim && a.rot_dim % 2 == 0);
   assert(kv_supported(a.kv_dtype) && kv_rotation_supported(a.kv_dtype, a.head_dim, a.k_rotated) &&
          kv_rotation_supported(a.kv_dtype, a.head_dim, a.v_rotated));
+  assert(!a.k_rows || (a.v_rows && a.v_rotated && (a.n_head_kv * a.head_dim) % 32 == 0));
   RILL_CUDA_DISPATCH_KV(a.kv_dtype, {
     const int n_sub = kv_heads_per_block<KvT>(a.head_dim);
     // A K or V group is whole blocks of the type: head_dim a multiple of
     // the block, or a divisor of it with the row whole groups.
     assert((a.head_dim * n_sub) % KvT::kBlock == 0 && a.n_head_kv % n_sub == 0);
     const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head + 2 * (a.n_head_kv / n_sub)));
-    // Rotated types: a warp per 32 values (a block of 32; q8_0h64: two warps
-    // a block of 64): each block's encoder is a serial search, so warps in
+    // Rotated types: a warp per 32 values (a block of 32; q8_0h64 and
+    // iq4_nlh64: two warps a block of 64): each block's encoder is a serial search, so warps in
     // parallel are what shortens the store.
     const int width = a.head_dim * n_sub;
     // A rotated-only type always takes the rotated store (whatever the
-    // flags say: q8_0h64's pairs of warps need at least 64 threads).
+    // flags say: q8_0h64's / iq4_nlh64's pairs of warps need at least 64 threads).
     const bool rotated = detail::kv_rotated_only<KvT> || a.k_rotated || a.v_rotated;
     const int threads = rotated ? std::min(width, 1024) : width >= 128 ? 64 : 32;
     // The rotated blocks of 32 (fit_rotated_block): a scratch a warp after

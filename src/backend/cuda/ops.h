@@ -40,14 +40,24 @@ void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t
 // layout; K/V heads of whole blocks, or blocks of whole heads) and Q8_0_64
 // (q8_0h64's blocks of 64, the CPU's layout); IQ4_NL and Q8_0_64 rotated
 // only, see kv_rotation_supported.
+// IQ4_NL64 (iq4_nlh64) too, rotated only, while RILL_CUDA_UNTESTED_KV=1
+// is set (kv_untested).
 bool kv_supported(DType kv_dtype);
+// KV types whose kernels have not yet run on a GPU (IQ4_NL64: iq4_nlh64,
+// written on a host without one, docs/perf.md "k4ccuda22"): kv_supported()
+// refuses them unless the environment sets kUntestedKvEnv to 1 (read at
+// every call; the device tests set it), so nothing unmeasured is served by
+// default. kv_untested_allowed() says whether it is set.
+inline constexpr const char* kUntestedKvEnv = "RILL_CUDA_UNTESTED_KV";
+bool kv_untested(DType kv_dtype);
+bool kv_untested_allowed();
 // Whether a side of kv_dtype may be stored as `rotated` asks (rotated:
-// Hadamard-rotated per head, q8_0h / q4_0h / iq4_nlh / q8_0h64,
-// model/kv_types.h). Rotated: Q8_0, Q4_0 and IQ4_NL with a power-of-two
-// head_dim, Q8_0_64 with a power-of-two head_dim of at least 64 (whole
-// blocks of 64 per head, the CPU's rule); attention's limit, kMaxHeadDim,
-// applies too. Unrotated: every type but IQ4_NL and Q8_0_64 (no plain
-// encoder for either in rill, as on the CPU).
+// Hadamard-rotated per head, q8_0h / q4_0h / iq4_nlh / q8_0h64 /
+// iq4_nlh64, model/kv_types.h). Rotated: Q8_0, Q4_0 and IQ4_NL with a
+// power-of-two head_dim, Q8_0_64 and IQ4_NL64 with a power-of-two head_dim
+// of at least 64 (whole blocks of 64 per head, the CPU's rule); attention's
+// limit, kMaxHeadDim, applies too. Unrotated: every type but IQ4_NL,
+// Q8_0_64 and IQ4_NL64 (no plain encoder for them in rill, as on the CPU).
 bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated);
 
 // RoPE (+ optional per-head RMSNorm: qwen3, gemma3) on the q and k heads of a fused
@@ -85,6 +95,17 @@ struct RopeKvArgs {
   // encoder (kv_rotated.cuh), the CPU's bytes. q is not rotated here
   // (attention does it), so q leaves this op as it does for any type.
   bool k_rotated = false, v_rotated = false;
+  // k4c's tail rows (model/kv_types.h "k4c"; kv_chan.h: not yet run on a
+  // GPU, and no model sets them yet): when set, token t's K goes to row t
+  // of k_rows in q8_0 (cpu::kKvChanTailType, unrotated) instead of
+  // k_cache, and its V, rotated, to row t of v_rows in q8_0 as well as to
+  // v_cache in kv_dtype: cpu::store_chan_tail_rows' bytes (llama.cpp's q8_0
+  // reference, KvQ8_0::store) beside the rotated V row. Rows of
+  // row_bytes(Q8_0, n_head_kv * head_dim); kv_dtype rotated only (k4c's
+  // iq4_nlh64), v_rotated set. q4c's K blocks are then encoded from these
+  // rows and the sequence's tail (quantize_chan_blocks).
+  void* k_rows = nullptr;
+  void* v_rows = nullptr;
 };
 void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 

@@ -1028,11 +1028,12 @@ Status GemmaCudaModel::init(const ModelOptions& options) {
   for (size_t il = 0; il < w.layer_dims.size(); ++il) {
     const int64_t hd = w.layer_dims[il].head_dim;
     if (!cuda::kv_rotation_supported(kv_dtype_, static_cast<int32_t>(hd), kv_rotated_)) {
-      return Error{files_->path +
-                   ": a rotated KV type (q8_0h / q4_0h / iq4_nlh; q8_0h64: at least 64) needs a power-of-two "
-                   "head_dim of at most " +
-                   std::to_string(cuda::kMaxHeadDim) + " on CUDA in every layer; layer " + std::to_string(il) +
-                   " has head_dim " + std::to_string(hd)};
+      return Error{
+          files_->path +
+          ": a rotated KV type (q8_0h / q4_0h / iq4_nlh; q8_0h64 / iq4_nlh64: at least 64) needs a power-of-two "
+          "head_dim of at most " +
+          std::to_string(cuda::kMaxHeadDim) + " on CUDA in every layer; layer " + std::to_string(il) +
+          " has head_dim " + std::to_string(hd)};
     }
   }
   for (int64_t l = 0; l < n_kv_layers_; ++l) kv_views_.push_back(kv_view(static_cast<size_t>(l)));

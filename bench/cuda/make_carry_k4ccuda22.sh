@@ -1,0 +1,38 @@
+#!/bin/bash
+# Packs branch k4ccuda22's device check (iq4_nlh64 KV on CUDA, never run on
+# a GPU when written) into DEST (default /work/main/.device/k4ccuda22;
+# carry ".device/k4ccuda22", run: bash .device/k4ccuda22/run.sh): the GPU
+# tests that hold iq4_nlh64 (backend ops, KV types, attention, tiers and
+# export, batch invariance, Gemma 4 hd512, Llama; the q4c encoder, tail rows
+# and reference attention) linked into one gtest
+# binary, the branch's bench_cuda and bench_kv_attention and main's
+# bench_cuda (one solid xz tar), the Debian libraries, the goldens (all
+# families: the Llama family's refusal test reads seven), the Llama 3
+# tokenizer and the random-model maker.
+# Usage: make_carry_k4ccuda22.sh BUILD_DIR MAIN_BENCH_CUDA [DEST]
+set -euo pipefail
+B=$(realpath "$1")
+MAIN_BENCH=$(realpath "$2")
+V=${3:-/work/main/.device/k4ccuda22}
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+SHARED=${RILL_SHARED_DIR:-/work/shared}
+rm -rf "$V" && mkdir -p "$V/lib"
+cd "$B"
+objs="tests/CMakeFiles/test_backend_backend_ops_test.dir/backend/backend_ops_test.cpp.o"
+for t in kv_types_cuda_test cuda_attention_test kv_tiers_cuda_test batch_invariant_cuda_test gemma4_hd512_cuda_test \
+  llama_cuda_test kv_probe_cuda_test kv_chan_cuda_test attention_chan_cuda_test; do
+  objs="$objs tests/CMakeFiles/test_cuda_$t.dir/cuda/$t.cpp.o"
+done
+LIBS="-Wl,-rpath,/usr/local/cuda/lib librill_engine.a librill_cuda.a /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.a /usr/lib/x86_64-linux-gnu/libgmock.a librill_kv.a librill_model.a librill_cuda.a /usr/local/cuda/lib/libcublasLt.so librill_backend.a librill_parallel.a /usr/local/cuda/lib/libcudart_static.a -ldl /usr/lib/x86_64-linux-gnu/librt.a /usr/local/cuda/lib/libnccl.so librill_text.a librill_loader.a librill_core.a /usr/lib/x86_64-linux-gnu/libxxhash.so /usr/lib/x86_64-linux-gnu/libutf8proc.so /usr/lib/x86_64-linux-gnu/libpcre2-8.so /usr/lib/x86_64-linux-gnu/libgtest.a -lcudadevrt -lcudart_static -lrt -lpthread -ldl"
+# shellcheck disable=SC2086
+/usr/bin/c++ -O2 $objs -o "$V/tests" -L/usr/local/cuda/targets/x86_64-linux/lib $LIBS
+cp bench/bench_cuda "$V/bench_cuda"
+cp bench/bench_kv_attention "$V/bench_kv_attention"
+cp "$MAIN_BENCH" "$V/bench_cuda_main"
+strip "$V/tests" "$V/bench_cuda" "$V/bench_kv_attention" "$V/bench_cuda_main"
+(cd "$V" && XZ_OPT="-9e -T2" tar cJf bins.tar.xz tests bench_cuda bench_kv_attention bench_cuda_main &&
+  rm tests bench_cuda bench_kv_attention bench_cuda_main)
+for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
+(cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/goldens shared/tokenizers/llama3 shared/tools/make_random_model.py)
+cp "$SRC/bench/cuda/run_k4ccuda22.sh" "$V/run.sh"
+du -sh "$V"/*

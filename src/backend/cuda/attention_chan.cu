@@ -1,0 +1,150 @@
+// The k4c attention reference kernel (attention_chan.h): one thread per
+// (query, head), the CPU baseline build's loops (backend/cpu/
+// attention_chan_impl.h attend) with explicitly rounded operations.
+#include "backend/cuda/attention_chan.h"
+
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "backend/cpu/kv_quant.h"
+#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/kv_rotated.cuh"
+#include "backend/cuda/kv_types.cuh"
+
+namespace rill::cuda {
+namespace {
+
+using detail::add_rn;
+using detail::dadd_rn;
+using detail::ddiv_rn;
+using detail::double_to_float_rn;
+using detail::e4m3_to_float;
+using detail::f16_value;
+using detail::mul_rn;
+using detail::sub_rn;
+
+constexpr int kT = cpu::kKvChanTokens;
+static_assert(cpu::kKvChanTailType == DType::kQ8_0, "the tail rows are q8_0");
+
+__host__ __device__ __forceinline__ float exp_f(float x) {
+#ifdef __CUDA_ARCH__
+  return expf(x);
+#else
+  return std::exp(x);
+#endif
+}
+__host__ __device__ __forceinline__ float capped(float x, float softcap) {
+#ifdef __CUDA_ARCH__
+  return softcap > 0.0f ? mul_rn(softcap, tanhf(x / softcap)) : x;
+#else
+  return softcap > 0.0f ? softcap * std::tanh(x / softcap) : x;
+#endif
+}
+
+// Element e of a q8_0 row (f16 d times the int8 code).
+__host__ __device__ __forceinline__ float q8_value(const uint8_t* row, int64_t e) {
+  const uint8_t* blk = row + (e / 32) * 34;
+  const auto d = static_cast<uint16_t>(blk[0] | (blk[1] << 8));
+  return mul_rn(f16_value(d), static_cast<float>(static_cast<int8_t>(blk[2 + e % 32])));
+}
+
+// Query t, head h: the CPU's attend for one head.
+__host__ __device__ void attend_one(const ChanAttentionArgs& a, int t, int h) {
+  const int group = a.n_head / a.n_head_kv, kvh = h / group, hd = a.head_dim;
+  const int64_t W = static_cast<int64_t>(a.n_head_kv) * hd;
+  const float* q = a.q + t * a.q_stride + static_cast<int64_t>(h) * hd;
+  float* out = a.out + (static_cast<int64_t>(t) * a.n_head + h) * hd;
+  float* s = a.scores + (static_cast<int64_t>(t) * a.n_head + h) * a.max_keys;
+  for (int c = 0; c < hd; ++c) out[c] = 0.0f;
+  const int seq = a.seq_of[t];
+  const int64_t p = a.pos[t], j_end = p + 1;
+  const int64_t j_begin = a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : 0) : 0;
+  if (j_end <= j_begin) return;
+  const int64_t n = j_end - j_begin, own = p - p % kT, c0 = a.c0[seq], tail_start = c0 - c0 % kT;
+  const int32_t* table = a.block_tables + a.table_start[seq];
+  const size_t tail_row = static_cast<size_t>(W / 32 * 34);
+  // Quantized groups: keys [j_begin, min(own, j_end)).
+  const int64_t q_end = own < j_end ? own : j_end;
+  for (int64_t b0 = j_begin - j_begin % kT; b0 < q_end; b0 += kT) {
+    const uint8_t* blk = a.k_blocks + static_cast<size_t>(table[b0 / kT]) * a.block_stride;
+    const auto* z = reinterpret_cast<const uint16_t*>(blk) + static_cast<int64_t>(kvh) * hd;
+    const uint8_t* d = blk + 2 * W + static_cast<int64_t>(kvh) * hd;
+    const uint8_t* qs = blk + 3 * W + static_cast<int64_t>(kvh) * hd * (kT / 2);
+    float qz = 0.0f;
+    for (int c = 0; c < hd; ++c) qz = add_rn(qz, mul_rn(q[c], f16_value(z[c])));
+    const int64_t lo = j_begin > b0 ? j_begin : b0, hi = q_end < b0 + kT ? q_end : b0 + kT;
+    for (int64_t j = lo; j < hi; ++j) {
+      const int r = static_cast<int>(j - b0);
+      float acc = 0.0f;
+      for (int c = 0; c < hd; ++c) {
+        const float w = mul_rn(q[c], mul_rn(e4m3_to_float(d[c]), 0.0625f));
+        const uint8_t byte = qs[c * (kT / 2) + r % (kT / 2)];
+        const int code = r < kT / 2 ? (byte & 0xF) : (byte >> 4);
+        acc = add_rn(acc, mul_rn(w, static_cast<float>(code)));
+      }
+      s[j - j_begin] = capped(mul_rn(add_rn(qz, acc), a.scale), a.softcap);
+    }
+  }
+  // The own block's keys from their q8_0 rows (8 partial sums, as dot8).
+  auto own_row = [&](const uint8_t* tail, const uint8_t* step, int64_t j) {
+    return j < c0 ? tail + static_cast<size_t>(j - tail_start) * tail_row
+                  : step + static_cast<size_t>(a.q_start[seq] + (j - c0)) * tail_row;
+  };
+  const int64_t own_begin = own > j_begin ? own : j_begin;
+  for (int64_t j = own_begin; j < j_end; ++j) {
+    const uint8_t* row = own_row(a.tail_k[seq], a.step_k, j);
+    float acc8[8] = {};
+    for (int c = 0; c < hd; ++c) {
+      acc8[c & 7] = add_rn(acc8[c & 7], mul_rn(q[c], q8_value(row, static_cast<int64_t>(kvh) * hd + c)));
+    }
+    const float dot = add_rn(add_rn(add_rn(acc8[0], acc8[4]), add_rn(acc8[1], acc8[5])),
+                             add_rn(add_rn(acc8[2], acc8[6]), add_rn(acc8[3], acc8[7])));
+    s[j - j_begin] = capped(mul_rn(dot, a.scale), a.softcap);
+  }
+  // Softmax: max subtracted, exp in f32, the sum in double, one reciprocal.
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = exp_f(sub_rn(s[j], mx));
+    sum = dadd_rn(sum, static_cast<double>(s[j]));
+  }
+  const float inv = double_to_float_rn(ddiv_rn(1.0, sum));
+  for (int64_t j = 0; j < n; ++j) s[j] = mul_rn(s[j], inv);
+  // out = sum_j p_j v_j: the pool's iq4_nlh64 rows, then the own block's q8_0 rows.
+  const int64_t v_head = static_cast<int64_t>(kvh) * hd;
+  for (int64_t j = j_begin; j < j_end; ++j) {
+    const float pj = s[j - j_begin];
+    if (j < own_begin) {
+      const uint8_t* row = a.v_blocks + static_cast<size_t>(table[j / kT]) * a.block_stride +
+                           static_cast<size_t>(j % kT) * a.v_row_bytes;
+      for (int c = 0; c < hd; ++c) out[c] = add_rn(out[c], mul_rn(pj, detail::KvIq4Nl64::load1(row, v_head + c)));
+    } else {
+      const uint8_t* row = own_row(a.tail_v[seq], a.step_v, j);
+      for (int c = 0; c < hd; ++c) out[c] = add_rn(out[c], mul_rn(pj, q8_value(row, v_head + c)));
+    }
+  }
+}
+
+__global__ void chan_attention_kernel(ChanAttentionArgs a) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.n_tokens * a.n_head) return;
+  attend_one(a, i / a.n_head, i % a.n_head);
+}
+
+}  // namespace
+
+void chan_attention(const ChanAttentionArgs& a, cudaStream_t stream) {
+  const int n = a.n_tokens * a.n_head;
+  if (n <= 0) return;
+  chan_attention_kernel<<<(n + 63) / 64, 64, 0, stream>>>(a);
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
+void chan_attention_host(const ChanAttentionArgs& a) {
+  for (int t = 0; t < a.n_tokens; ++t)
+    for (int h = 0; h < a.n_head; ++h) attend_one(a, t, h);
+}
+
+}  // namespace rill::cuda

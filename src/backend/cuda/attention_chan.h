@@ -1,0 +1,59 @@
+#pragma once
+// Attention over k4c KV on CUDA (model/kv_types.h "k4c"; the CPU's
+// contract in backend/cpu/attention_chan.h): K per channel over each KV
+// block of 32 tokens (q4c groups, kv_chan.h's encoder), V in iq4_nlh64
+// rows, each query's own block's keys and values from q8_0 rows (the
+// sequence's tail before the step's first position c0, the step's rows
+// from c0 on). The reference kernel: one thread per (query, head) doing
+// the CPU baseline build's arithmetic in its order (a group's q.z and
+// sum_c (q_c d_c) q_cj in channel order, an own key's dot in 8 partial
+// sums, the softmax sum in double, out = sum_j p_j v_j in key order), so
+// the same source built for the host (chan_attention_host) gives the CPU
+// scalar build's bits and the device differs by expf / tanhf alone. Slow
+// (a thread walks every key of its query): the device reference a fast
+// kernel will be held to, not a serving path. Nothing calls it from a
+// model yet; not yet run on a GPU (docs/perf.md, branch k4ccuda22).
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rill::cuda {
+
+struct ChanAttentionArgs {
+  const float* q = nullptr;  // [n_tokens, q_stride]: heads [n_head, head_dim] f32 (K is not rotated)
+  int64_t q_stride = 0;
+  float* out = nullptr;             // [n_tokens, n_head * head_dim] f32, in V's rotated basis (rotate back after)
+  float* scores = nullptr;          // scratch [n_tokens * n_head, max_keys]
+  int32_t max_keys = 0;             // >= every query's keys
+  const int32_t* pos = nullptr;     // [n_tokens]
+  const int32_t* seq_of = nullptr;  // [n_tokens]
+  // Per sequence: its pool blocks of 32 tokens (block_tables + table_start[s]),
+  // the step's first position c0[s], its first row in step_k / step_v.
+  const int32_t* block_tables = nullptr;
+  const int32_t* table_start = nullptr;
+  const int32_t* c0 = nullptr;
+  const int32_t* q_start = nullptr;
+  // tail_k[s]: 32 q8_0 K rows, positions [c0 - c0 % 32, c0) at rows 0..;
+  // tail_v[s] likewise (V rotated).
+  const uint8_t* const* tail_k = nullptr;
+  const uint8_t* const* tail_v = nullptr;
+  const uint8_t* step_k = nullptr;  // [n_tokens] q8_0 rows of the step, as RopeKvArgs::k_rows
+  const uint8_t* step_v = nullptr;
+  // Physical block 0's K region (a q4c group: 19 * width bytes) and V
+  // region (32 iq4_nlh64 rows, v_row_bytes apart); blocks block_stride apart.
+  const uint8_t* k_blocks = nullptr;
+  const uint8_t* v_blocks = nullptr;
+  size_t block_stride = 0, v_row_bytes = 0;
+  int32_t n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+  int32_t window = 0;  // > 0: keys [pos - window + 1, pos]
+  float scale = 1.0f, softcap = 0.0f;
+};
+
+// head_dim a multiple of 64 (V's blocks) up to 1024; n_head_kv * head_dim a
+// multiple of 32. Device pointers.
+void chan_attention(const ChanAttentionArgs& a, cudaStream_t stream);
+// The same code over host pointers, on the calling thread (tests).
+void chan_attention_host(const ChanAttentionArgs& a);
+
+}  // namespace rill::cuda
