@@ -34,4 +34,5 @@ tar cf - -C "$T" bin | nice xz -9e -T1 > "$D/bin.tar.xz"
 (cd "$SHARED/.." && tar cJf "$D/shared.tar.xz" shared/tokenizers/llama3 shared/tools/make_random_model.py)
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$D/lib/"; done
 cp "$SRC/bench/cuda/run_fp8gemv23.sh" "$D/run.sh"
+cp "$SRC/bench/cuda/device_out.sh" "$D/"
 du -sh "$D" "$D"/*

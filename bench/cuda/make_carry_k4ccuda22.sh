@@ -41,6 +41,7 @@ strip "$V/tests" "$V/bench_cuda" "$V/bench_kv_attention"
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
 (cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/goldens shared/tokenizers/llama3 shared/tools/make_random_model.py)
 cp "$SRC/bench/cuda/run_k4ccuda22.sh" "$V/run.sh"
+cp "$SRC/bench/cuda/device_out.sh" "$V/"
 du -sh "$V"/*
 # The run tool carries the tracked tree and this folder, 64 MiB in all.
 TREE=$(git -C "$SRC" ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)

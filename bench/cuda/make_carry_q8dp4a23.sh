@@ -45,6 +45,7 @@ rm -rf "$D" && mkdir -p "$D/lib"
 tar cf - -C "$T" bin | nice xz --lzma2=preset=9e,dict=256MiB -T1 > "$D/bin.tar.xz"
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0 libgomp.so.1; do cp -L /lib/x86_64-linux-gnu/$l "$D/lib/"; done
 cp "$SRC/bench/cuda/run_q8dp4a23.sh" "$D/run.sh"
+cp "$SRC/bench/cuda/device_out.sh" "$D/"
 du -sh "$D" "$D"/*
 # The run tool carries the tracked tree and this folder, 64 MiB in all.
 TREE=$(git -C "$SRC" ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)

@@ -21,4 +21,5 @@ cp "$SRC/bench/e2e/serve_bench.py" "$SRC/bench/e2e/bench_common.py" "$SHARED/too
   "$SHARED/tools/gpu_ceilings.py" "$V/py/"
 (cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/tokenizers/llama3 shared/tools/make_random_model.py)
 cp "$SRC/bench/cuda/run_table23.sh" "$V/run.sh"
+cp "$SRC/bench/cuda/device_out.sh" "$V/"
 du -sh "$V"/*

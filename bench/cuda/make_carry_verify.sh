@@ -26,4 +26,5 @@ xz -T2 -9 "$V/tests"
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
 (cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/goldens)
 cp "$SRC/bench/cuda/run_verify.sh" "$V/run.sh"
+cp "$SRC/bench/cuda/device_out.sh" "$V/"
 du -sh "$V"/*

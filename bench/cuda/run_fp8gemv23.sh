@@ -2,7 +2,9 @@
 # Issue 23, branch fp8gemv23, device side (carry .device/fp8gemv23, made by
 # make_carry_fp8gemv23.sh; run `bash .device/fp8gemv23/run.sh`): the
 # streaming FP8 GEMV (fp8_gemv_stream, RILL_FP8_GEMV=v2) beside fp8_gemv,
-# in one call. Logs go to $OUT (or /dev/shm/f8g) as PART.log.
+# in one call. Logs go to /dev/shm/f8g/logs as PART.log; $OUT gets them
+# packed (logs.tar.gz) and the two test logs, and the verdict block is
+# printed last (device_out.sh), also when the script is cut short.
 #  tests   test_fp8_gemv_stream whole (bit for bit against the host
 #          restatement of the order and against fp8_gemv; batch
 #          invariance; accumulate; odd shapes; every bench configuration),
@@ -29,13 +31,21 @@ T0=$(date +%s)
 V=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-570}
 PARTS=${PARTS:-"tests model kernels rill ncu"}
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 set +e
 W=/dev/shm/f8g
-O=${OUT:-$W}
-mkdir -p $W $O
+L=$W/logs
+O=$L
+# left, to (a timeout capped by the budget), tmo (timeout in the
+# background), out_key, out_rc; the EXIT trap packs $L and prints the verdict.
+. "$([ -f "$V/device_out.sh" ] && echo "$V" || echo "$PWD/bench/cuda")/device_out.sh"
+verdict_lines() {
+  grep -hE "^GEMV|R4U2 |fp8_gemv n[18] |stream n[18] |bf16 gemv" $O/kernels.log 2> /dev/null | sed "s/  */ /g" | head -32
+  for f in $O/rill_*.log; do
+    [ -f "$f" ] && grep -E "decode" "$f" | sed "s|^|$(basename "$f" .log): |" | head -3
+  done
+}
 tar xJf $V/bin.tar.xz -C $W
 tar xJf $V/shared.tar.xz -C $W
 B=$W/bin
@@ -45,18 +55,25 @@ echo "unpacked at $(($(date +%s) - T0)) s"
 M=$W/llama8b
 if has model || has rill; then
   (t0=$(date +%s)
-  timeout 240 python3 $W/shared/tools/make_random_model.py llama-3.1-8b $M > $O/model.log 2>&1
+  timeout $(to 240) python3 $W/shared/tools/make_random_model.py llama-3.1-8b $M > $O/model.log 2>&1
   echo "make model rc=$? $(($(date +%s) - t0)) s" >> $O/model.log) &
   MK=$!
 fi
 if has tests; then
-  timeout 150 $B/test_fp8_gemv_stream > $O/test_stream.log 2>&1
-  echo "== test_fp8_gemv_stream rc=$? at $(($(date +%s) - T0)) s"
+  out_key $O/test_stream.log
+  out_key $O/test_weights_v2.log
+  tmo 150 $B/test_fp8_gemv_stream > $O/test_stream.log 2>&1
+  r=$?
+  out_rc test_fp8_gemv_stream $r
+  echo "== test_fp8_gemv_stream rc=$r at $(($(date +%s) - T0)) s"
   grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran|Failure|Expected|Which is|differing|OK \]" $O/test_stream.log | head -40
-  RILL_FP8_GEMV=v2 timeout 120 $B/test_fp8_weights --gtest_filter='Fp8Weights.Gemv*:Fp8Weights.QuantMatmul*' \
+  RILL_FP8_GEMV=v2 tmo 120 $B/test_fp8_weights --gtest_filter='Fp8Weights.Gemv*:Fp8Weights.QuantMatmul*' \
     > $O/test_weights_v2.log 2>&1
-  echo "== test_fp8_weights (RILL_FP8_GEMV=v2, GEMV tests) rc=$? at $(($(date +%s) - T0)) s"
+  r=$?
+  out_rc "test_fp8_weights (v2)" $r
+  echo "== test_fp8_weights (RILL_FP8_GEMV=v2, GEMV tests) rc=$r at $(($(date +%s) - T0)) s"
   grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran|Failure|Expected|Which is|OK \]" $O/test_weights_v2.log | head -20
+  out_pack
 fi
 if [ -n "$MK" ]; then
   wait $MK
@@ -64,9 +81,9 @@ if [ -n "$MK" ]; then
   echo "model done at $(($(date +%s) - T0)) s"
 fi
 if has kernels; then
-  timeout 120 $B/bench_fp8_kernels --gemm 0 > $O/kernels.log 2>&1
+  tmo 120 $B/bench_fp8_kernels --gemm 0 > $O/kernels.log 2>&1
   echo "== bench_fp8_kernels --gemm 0 rc=$? at $(($(date +%s) - T0)) s"
-  grep -E "GEMV|R4U2 |ring8B|v2 |fp8_gemv n1|fp8_gemv n8|stream n1 |stream n8|bf16 gemv" $O/kernels.log
+  grep -E "GEMV|R4U2 |ring8B|v2 |fp8_gemv n1|fp8_gemv n8|stream n1 |stream n8|bf16 gemv" $O/kernels.log | cut -c1-160 | head -60
 fi
 if has rill && [ -f $M/config.json ]; then
   RUNS="new_off new_v2 new_v2b new_offb"
@@ -79,7 +96,7 @@ if has rill && [ -f $M/config.json ]; then
       new_v2*) bin=$B/bench_new sw=v2 ;;
     esac
     echo "== $r: RILL_FP8_GEMV=$sw bench_cuda --quantize fp8 --batches 1,8 --steps 16"
-    RILL_FP8_GEMV=$sw timeout 100 $bin $M --quantize fp8 --batches 1,8 --steps 16 > $O/rill_$r.log 2>&1
+    RILL_FP8_GEMV=$sw tmo 100 $bin $M --quantize fp8 --batches 1,8 --steps 16 > $O/rill_$r.log 2>&1
     echo "rc=$?"
     grep -E "^(ceilings|model)|decode|rror" $O/rill_$r.log | cut -c1-200
   done
@@ -95,13 +112,13 @@ if has ncu && [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
     case $s in qkv) k=0 ;; o) k=1 ;; gate_up) k=2 ;; down) k=3 ;; *) k=4 ;; esac
     for kern in fp8_gemv16_kernel fp8_gemv_stream_kernel; do
       [ "$(left)" -lt 40 ] && { echo "== ncu $s $kern skipped (time)"; continue; }
-      timeout 90 $NCU_BIN --clock-control none -k regex:$kern --launch-skip $((2 * k)) --launch-count 1 \
+      tmo 90 $NCU_BIN --clock-control none -k regex:$kern --launch-skip $((2 * k)) --launch-count 1 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
         --section InstructionStats --section SchedulerStats --section WarpStateStats --section Occupancy \
         --section LaunchStats $B/bench_fp8_kernels --profile 1 > $O/ncu_${s}_$kern.txt 2>&1
       echo "== ncu $s $kern rc=$?"
       grep -E "^  [a-z_0-9]+<|Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit|Compute \(SM\)|Executed Ipc A|Issue Slots Busy|Issued Warp Per Scheduler|No Eligible|Executed Instructions  |Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Theoretical Occ|SM Frequency|Waves Per SM|Grid Size" \
-        $O/ncu_${s}_$kern.txt | sed 's/  */ /g' | head -24
+        $O/ncu_${s}_$kern.txt | sed 's/  */ /g' | head -16
     done
   done
 fi

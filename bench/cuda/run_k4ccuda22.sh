@@ -12,34 +12,51 @@
 #  4. optional (NCU=1): ncu of the fast decode kernel, iq4_nlh vs iq4_nlh64.
 # BUDGET: seconds from the start after which no new benchmark starts;
 # MIN_LEFT: the seconds a benchmark needs left to start (default 40).
-# The repo root is the cwd; the script runs from the carried folder.
+# The repo root is the cwd; the script runs from the carried folder. Logs
+# go to /tmp/k4ccuda22-logs; $OUT gets them packed (logs.tar.gz) and the two
+# test logs, and the verdict block is printed last (device_out.sh), also
+# when the script is cut short. Every timeout is capped by the BUDGET.
 T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
 FILTER=${FILTER:-'CudaKvTypes.*:CudaAttention.StoredKvTypes*:CudaAttention.HeadDim512*:CudaAttention.DecodeTokensAreBatchInvariant:*CudaKvTiers.*nlh64*:*CudaKvTiers.*q8_0h64*:CudaKvExport.*:*CudaBatchInvariant.*nlh64*:CudaGemma4Hd512.QuantizedKv*:*CudaHf.KvTypeIsTheOne*:KvProbe*:CudaKvChan.*:CudaChanAttention.*'}
 OPS_FILTER=${OPS_FILTER:-'*BackendOps.RotatedKvStore*:*BackendOps.AttentionOverPagedKv*:*BackendOps.RopeQkNormAndKvStore*'}
 TYPES=${TYPES:-"f16 iq4_nlh iq4_nlh64"}
 BUDGET=${BUDGET:-420}
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-mkdir -p /work && ln -sfn $R /work/main && (cd /work && tar xJf $V/shared.tar.xz)
+L=/tmp/k4ccuda22-logs
+# left, to (a timeout capped by the budget), tmo (timeout in the
+# background), out_key, out_rc; the EXIT trap packs $L and prints the verdict.
+. "$([ -f "$V/device_out.sh" ] && echo "$V" || echo "$R/bench/cuda")/device_out.sh"
+verdict_lines() {
+  grep -hE "^kv " $L/attn.log 2> /dev/null | cut -c1-110 | head -12
+  for f in $L/b_*.log; do
+    [ -f "$f" ] && grep -E "decode|prefill" "$f" | sed "s|^|$(basename "$f" .log): |" | head -3
+  done
+}
+mkdir -p /work
+# The link to the repo root, unless /work/main is a real folder (off the device).
+{ [ -d /work/main ] && [ ! -L /work/main ]; } || ln -sfn $R /work/main
+(cd /work && tar xJf $V/shared.tar.xz)
 tar xJf $V/bins.tar.xz -C $V
 chmod +x $V/tests $V/bench_cuda $V/bench_kv_attention $V/bench_cuda_main
 export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} RILL_SHARED_DIR=/work/shared
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 M=/tmp/llama8b
 # The model is made on the CPU while the tests use the GPU.
-(t0=$(date +%s); python3 /work/shared/tools/make_random_model.py llama-3.1-8b $M > $OUT/make.log 2>&1; echo "make model rc=$? $(( $(date +%s) - t0 )) s" >> $OUT/make.log) &
+(t0=$(date +%s); timeout $(to 300) python3 /work/shared/tools/make_random_model.py llama-3.1-8b $M > $L/make.log 2>&1; echo "make model rc=$? $(( $(date +%s) - t0 )) s" >> $L/make.log) &
 MK=$!
 show() { grep -E "^\[ cuda|^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|actual|error" "$1" | head -${2:-80}; }
 cd /tmp
-timeout 90 $V/tests --gtest_filter="${OPS_FILTER}" > $OUT/ops.log 2>&1; RC_OPS=$?; echo "ops rc=$RC_OPS"; show $OUT/ops.log 40
-timeout 150 $V/tests --gtest_filter="${FILTER}" > $OUT/tests.log 2>&1; RC_TESTS=$?; echo "tests rc=$RC_TESTS"; show $OUT/tests.log 80
-grep -c "^\[       OK" $OUT/tests.log $OUT/ops.log; echo "tests done at $(( $(date +%s) - T0 )) s"
+out_key $L/ops.log; out_key $L/tests.log
+tmo 90 $V/tests --gtest_filter="${OPS_FILTER}" > $L/ops.log 2>&1; RC_OPS=$?; out_rc ops $RC_OPS; echo "ops rc=$RC_OPS"; show $L/ops.log 30
+tmo 150 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; out_rc tests $RC_TESTS; echo "tests rc=$RC_TESTS"; show $L/tests.log 50
+out_pack
+grep -c "^\[       OK" $L/tests.log $L/ops.log; echo "tests done at $(( $(date +%s) - T0 )) s"
 # The benchmarks below take iq4_nlh64 only with the switch (backend/cuda/ops.h kv_untested).
 export RILL_CUDA_UNTESTED_KV=1
 csv=$(echo $TYPES | tr ' ' ,)
-timeout 60 $V/bench_kv_attention --contexts 1024,8192 --batches 1,64 --types $csv > $OUT/attn.log 2>&1
-echo "attn rc=$?"; cut -c1-120 $OUT/attn.log
-wait $MK; tail -2 $OUT/make.log
+tmo 60 $V/bench_kv_attention --contexts 1024,8192 --batches 1,64 --types $csv > $L/attn.log 2>&1
+echo "attn rc=$?"; cut -c1-120 $L/attn.log
+wait $MK; tail -2 $L/make.log
 for t in $TYPES; do
   for b in main branch; do
     [ $b = main ] && [ $t = iq4_nlh64 ] && continue  # main refuses it
@@ -47,16 +64,16 @@ for t in $TYPES; do
     [ $b = main ] && cmp -s $V/bench_cuda $V/bench_cuda_main && continue
     [ $(left) -lt ${MIN_LEFT:-40} ] && { echo "== $t $b skipped (time)"; continue; }
     bin=$V/bench_cuda; [ $b = main ] && bin=$V/bench_cuda_main
-    timeout 45 $bin $M --steps 16 --batches 1,64 --context 1024 --kv-type $t > $OUT/b_${t}_$b.log 2>&1
-    echo "== $t $b rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "KV|decode|prefill|TTFT|batch +[0-9]" $OUT/b_${t}_$b.log | cut -c1-200
+    tmo 45 $bin $M --steps 16 --batches 1,64 --context 1024 --kv-type $t > $L/b_${t}_$b.log 2>&1
+    echo "== $t $b rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "KV|decode|prefill|TTFT|batch +[0-9]" $L/b_${t}_$b.log | cut -c1-200
   done
 done
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ "${NCU:-0}" = 1 ] && [ $(left) -gt 30 ] && [ -n "$NCU_BIN" ]; then
   for t in iq4_nlh iq4_nlh64; do
-    timeout 25 $NCU_BIN --clock-control none -k regex:decode_fast_kernel -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-      --section LaunchStats --section Occupancy $V/bench_kv_attention --contexts 8192 --batches 64 --types $t > $OUT/ncu_$t.log 2>&1
-    echo "== ncu $t rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Dynamic Shared|L2 Hit" $OUT/ncu_$t.log | head -12
+    tmo 25 $NCU_BIN --clock-control none -k regex:decode_fast_kernel -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section LaunchStats --section Occupancy $V/bench_kv_attention --contexts 8192 --batches 64 --types $t > $L/ncu_$t.log 2>&1
+    echo "== ncu $t rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Dynamic Shared|L2 Hit" $L/ncu_$t.log | head -12
   done
 fi
 date -u

@@ -2,7 +2,9 @@
 # Issue 23, branch q8dp4a23, device side (carry .device/q8dp4a23, made by
 # make_carry_q8dp4a23.sh; run `bash .device/q8dp4a23/run.sh`): the Q8_0
 # dp4a decode GEMV (RILL_Q8_DP4A=1) beside main's paths and llama.cpp CUDA,
-# in one call. Logs go to $OUT (or /dev/shm/q8d) as PART.log.
+# in one call. Logs go to /dev/shm/q8d/logs as PART.log; $OUT gets them
+# packed (logs.tar.gz) and the test log, and the verdict block is printed
+# last (device_out.sh), also when the script is cut short.
 #  tests   test_q8_dp4a (the new kernel against its host restatement, bit
 #          for bit; the f64 bound; batch invariance; quant_matmul's switch)
 #          (cuda_quant_test, every quantized path, runs in the general
@@ -30,15 +32,22 @@ T0=$(date +%s)
 V=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-570}
 PARTS=${PARTS:-"tests model kernels llama rill ncu"}
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-# A part's timeout: its worst case, or what is left of the budget.
-to() { local l; l=$(left); echo $((l < $1 ? (l > 1 ? l : 1) : $1)); }
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 set +e
 W=/dev/shm/q8d
-O=${OUT:-$W}
-mkdir -p $W $O
+L=$W/logs
+O=$L
+# left, to (a timeout capped by the budget), tmo (timeout in the
+# background), out_key, out_rc; the EXIT trap packs $L and prints the verdict.
+. "$([ -f "$V/device_out.sh" ] && echo "$V" || echo "$PWD/bench/cuda")/device_out.sh"
+verdict_lines() {
+  grep -hE "^decode" $O/rill_*.log 2> /dev/null | head -12
+  grep -hE "^\| +[0-9]" $O/llama_batched.log $O/llama_prefill.log 2> /dev/null | head -8
+  for f in $O/k_*_*.log; do
+    [ -f "$f" ] && grep -E "^quant" "$f" | sed "s/  */ /g; s|^|$(basename "$f" .log): |" | cut -c1-200 | head -3
+  done
+}
 tar xJf $V/bin.tar.xz -C $W
 B=$W/bin
 # bench_main is bench_new when the carry was made from one build (main after
@@ -50,7 +59,7 @@ lscpu | grep -E "^Model name|^CPU\(s\)" | tr -s ' '
 echo "unpacked at $(($(date +%s) - T0)) s"
 F=$W/llama-3.1-8b.Q8_0.gguf
 if has model; then
-  (PYTHONPATH=$B/py:$B/py/fallback timeout 200 python3 $B/py/bench/make_bench_model.py --shape llama-3.1-8b \
+  (PYTHONPATH=$B/py:$B/py/fallback timeout $(to 200) python3 $B/py/bench/make_bench_model.py --shape llama-3.1-8b \
     --fast-random --no-venv --threads 16 --out-dir $W --llama-quantize $B/llama-quantize --types Q8_0 \
     > $O/model.log 2>&1
   echo "rc=$?" >> $O/model.log
@@ -59,10 +68,14 @@ if has model; then
 fi
 if has tests; then
   for t in test_q8_dp4a; do
-    timeout 120 $B/$t > $O/$t.log 2>&1
-    echo "== $t rc=$? at $(($(date +%s) - T0)) s"
+    out_key $O/$t.log
+    tmo 120 $B/$t > $O/$t.log 2>&1
+    r=$?
+    out_rc $t $r
+    echo "== $t rc=$r at $(($(date +%s) - T0)) s"
     grep -E "^\[ cuda|FAILED|Failure|Expected|Which is|error:|PASSED|SKIPPED" $O/$t.log | head -30
   done
+  out_pack
 fi
 if [ -n "$MK" ]; then
   wait $MK
@@ -77,7 +90,7 @@ if has rill && [ -f $F ]; then
     [ "$(left)" -lt 50 ] && { echo "== rill $1 dp4a=$2 skipped (time)"; continue; }
     [ "$2" = 0b ] && [ "$(left)" -lt 140 ] && continue # main again only with time to spare (drift)
     echo "== bench_$1 RILL_Q8_DP4A=${2%b} --batches 1,8,64 --steps 16"
-    RILL_Q8_DP4A=${2%b} timeout $(to 90) $B/bench_$1 $F --batches 1,8,64 --steps 16 > $O/rill_$1_$2.log 2>&1
+    RILL_Q8_DP4A=${2%b} tmo 90 $B/bench_$1 $F --batches 1,8,64 --steps 16 > $O/rill_$1_$2.log 2>&1
     grep -E "^(ceilings|model|prefill|decode)|rror" $O/rill_$1_$2.log
   done
   echo "rill done at $(($(date +%s) - T0)) s"
@@ -87,11 +100,11 @@ if has llama && [ -f $F ] && [ -x $B/llama-batched-bench ]; then
     echo "== llama skipped (time)"
   else
     echo "== llama-batched-bench -npp 128 -ntg 128 -npl 1,8,64 (S_TG: decode tok/s)"
-    timeout $(to 120) $B/llama-batched-bench -m $F -ngl 99 -fa on -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 \
+    tmo 120 $B/llama-batched-bench -m $F -ngl 99 -fa on -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 \
       -npl 1,8,64 > $O/llama_batched.log 2>&1
     grep -E "^\||error|failed" $O/llama_batched.log
     echo "== llama-batched-bench -npp 2048 -ntg 8 -npl 1 (S_PP: prefill tok/s)"
-    timeout $(to 60) $B/llama-batched-bench -m $F -ngl 99 -fa on -c 4096 -b 2048 -ub 512 -npp 2048 -ntg 8 \
+    tmo 60 $B/llama-batched-bench -m $F -ngl 99 -fa on -c 4096 -b 2048 -ub 512 -npp 2048 -ntg 8 \
       -npl 1 > $O/llama_prefill.log 2>&1
     grep -E "^\||error|failed" $O/llama_prefill.log
     echo "llama done at $(($(date +%s) - T0)) s"
@@ -103,8 +116,8 @@ if has kernels; then
     for b in main new; do
       [ -n "$SAME" ] && [ $b = main ] && continue
       echo "== $b Q8_0:$s"
-      timeout $(to 60) $B/bench_$b x --quant-kernels 1 --quant-only Q8_0:$s > $O/k_${b}_$s.log 2>&1
-      grep -E "^quant|^  x16" $O/k_${b}_$s.log | sed 's/  */ /g' | cut -c1-700
+      tmo 60 $B/bench_$b x --quant-kernels 1 --quant-only Q8_0:$s > $O/k_${b}_$s.log 2>&1
+      grep -E "^quant|^  x16" $O/k_${b}_$s.log | sed 's/  */ /g' | cut -c1-300
     done
   done
   echo "kernels done at $(($(date +%s) - T0)) s"
@@ -120,13 +133,13 @@ if has ncu && [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
     "quant_mma_kernel 27 mma_n8" "q8_dp4a_kernel 27 dp4a_n8" "q8_dp4a_kernel 75 rows_n8"; do
     set -- $k
     [ "$(left)" -lt 40 ] && { echo "== ncu $3 skipped (time)"; continue; }
-    timeout $(to 60) $NCU_BIN --clock-control none -k regex:$1 --launch-skip $2 --launch-count 1 \
+    tmo 60 $NCU_BIN --clock-control none -k regex:$1 --launch-skip $2 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
       --section InstructionStats --section WarpStateStats --section Occupancy --section LaunchStats \
       $B/bench_new x --quant-kernels 1 --quant-only Q8_0:$S > $O/ncu_${S}_$3.txt 2>&1
     echo "== ncu Q8_0:$S $3 rc=$?"
     grep -E "^  [a-z_0-9]+<|Duration|DRAM Throughput|Memory Throughput|L1/TEX Cache Throughput|L1/TEX Hit|Compute \(SM\)|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Theoretical Occ" \
-      $O/ncu_${S}_$3.txt | sed 's/  */ /g' | head -16
+      $O/ncu_${S}_$3.txt | sed 's/  */ /g' | head -12
   done
 fi
 echo "total $(($(date +%s) - T0)) s"

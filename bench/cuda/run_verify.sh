@@ -1,16 +1,28 @@
 #!/bin/bash
 # Device run of make_carry_verify.sh's pack: every GPU test in one binary
-# (FILTER: a gtest filter, default all), its summary and failures under
-# $OUT. The repo root is the cwd.
+# (FILTER: a gtest filter, default all; LIMIT: its timeout, default 400 s,
+# capped by BUDGET, default 570 s). The log goes to /tmp/verify-logs;
+# $OUT gets it packed (logs.tar.gz) and as tests.log, and the verdict block
+# (rc, gtest summary, FAILED names) is printed last (device_out.sh), also
+# when the script is cut short. The repo root is the cwd.
+T0=$(date +%s)
 R=$PWD; V=$R/.device/verify
-mkdir -p /work && ln -sfn "$R" /work/main && (cd /work && tar xJf "$V/shared.tar.xz")
+BUDGET=${BUDGET:-570}
+L=/tmp/verify-logs
+. "$([ -f "$V/device_out.sh" ] && echo "$V" || echo "$R/bench/cuda")/device_out.sh"
+mkdir -p /work
+# The link to the repo root, unless /work/main is a real folder (off the device).
+{ [ -d /work/main ] && [ ! -L /work/main ]; } || ln -sfn "$R" /work/main
+(cd /work && tar xJf "$V/shared.tar.xz")
 xz -d "$V/tests.xz" && chmod +x "$V/tests"
 export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} RILL_SHARED_DIR=/work/shared
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 cd /tmp
-timeout "${LIMIT:-400}" "$V/tests" --gtest_filter="${FILTER:-*}" > "$OUT/tests.log" 2>&1; RC=$?
+out_key "$L/tests.log"
+tmo "${LIMIT:-400}" "$V/tests" --gtest_filter="${FILTER:-*}" > "$L/tests.log" 2>&1; RC=$?
+out_rc tests $RC
 echo "tests rc=$RC"
-grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran" "$OUT/tests.log" | sort | uniq -c | sort -rn | head -60
-grep -B2 -A12 "Failure" "$OUT/tests.log" | head -120
+grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran" "$L/tests.log" | sort | uniq -c | sort -rn | head -40
+grep -B2 -A12 "Failure" "$L/tests.log" | cut -c1-200 | head -60
 date -u
 exit $RC

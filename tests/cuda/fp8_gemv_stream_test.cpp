@@ -1,10 +1,10 @@
 // The streaming FP8 GEMV (backend/cuda/fp8.h: fp8_gemv_stream,
 // RILL_FP8_GEMV=v2) held to the order fp8.h documents, restated on the
 // host:
-//  - every token of 1..8 and 11 tokens (x F32 and BF16, overwriting and
-//    accumulating) is the host restatement's bits: per part lane sums of
-//    fused products in column order, the xor tree, the parts in order, the
-//    row's scale, + y;
+//  - every token count of 1..8 and 11 tokens (x F32 and BF16; overwriting,
+//    and accumulating 1 and 3 tokens) is the host restatement's bits: per
+//    part lane sums of fused products in column order, the xor tree, the
+//    parts in order, the row's scale, + y;
 //  - the same bits as fp8_gemv (its 16-byte kernel), and within 1e-5 of
 //    sum |w x| of the f64 product of the dequantized weights and x;
 //  - batch invariance: a token alone and among 8 gives the same bits;
@@ -15,8 +15,9 @@
 //    items in flight); rows not a multiple of the row groups; the 1 x 8,
 //    2 x 4 and 4 x 2 (rows an item x items in flight) configurations of
 //    one token and 1 x 4, 1 x 2 of more; rows split in 2 and 4 parts, the
-//    last short; more warps than row groups (warps with nothing to do); y
-//    past the results untouched.
+//    last short; more warps than row groups (warps with nothing to do);
+//    more than 32 rows a warp (the scales' next chunks); y past the results
+//    untouched; a poisoned y overwritten by fp8_gemv.
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -124,6 +125,7 @@ const Shape kShapes[] = {
     {2500, 4096},   // 2 x 4, 1,250 groups
     {4500, 2048},   // 4 x 2, 1,125 groups, 1 part of 4 slots
     {9000, 64},     // 4 x 2, 1 slot (padded to 2), 2,250 groups: 1-2 a warp
+    {140001, 16},   // 4 x 2, 35,001 groups: 16-17 a warp, 64+ rows (the scales' chunk rotates); last group short
     {4096, 14336},  // the 8B's down: 2 x 4, 2 parts of 14 slots (padded to 16)
 };
 
@@ -155,8 +157,10 @@ TEST_P(Fp8GemvStream, MatchesTheHostOrderAndFp8Gemv) {
     auto y = DeviceBuffer::allocate(static_cast<size_t>(ys_total) * 4, "y");
     ASSERT_TRUE(y.ok());
     // every token count in one launch (8 a launch past 8), token 0 first
-    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{8}, kTok}) {
-      if (n > kTok) continue;
+    std::vector<int64_t> counts;
+    for (int64_t n = 1; n <= std::min<int64_t>(8, kTok); ++n) counts.push_back(n);
+    if (kTok > 8) counts.push_back(kTok);
+    for (const int64_t n : counts) {
       RILL_CUDA_CHECK(cudaMemset(y->data(), 0xff, static_cast<size_t>(ys_total) * 4));
       fp8_gemv_stream(q.as<uint8_t>(), xt, xd.data(), n, s.rows, s.cols, y->as<float>(), false, nullptr);
       const auto got = download<float>(*y, static_cast<size_t>(n * s.rows + 1));
@@ -175,7 +179,10 @@ TEST_P(Fp8GemvStream, MatchesTheHostOrderAndFp8Gemv) {
       const auto got = download<float>(*y, static_cast<size_t>(s.rows));
       for (int64_t r = 0; r < s.rows; ++r) ASSERT_EQ(got[r], want[last * s.rows + r]) << "token " << last << " alone";
     }
-    // fp8_gemv (either kernel, by RILL_FP8_GEMV) gives the same bits
+    // fp8_gemv (either kernel, by RILL_FP8_GEMV) gives the same bits, over
+    // a poisoned y (a kernel that writes nothing fails)
+    RILL_CUDA_CHECK(cudaMemset(y->data(), 0xff, static_cast<size_t>(ys_total) * 4));
+    RILL_CUDA_CHECK(cudaDeviceSynchronize());
     fp8_gemv(q.as<uint8_t>(), xt, xd.data(), kTok, s.rows, s.cols, y->as<float>(), false, nullptr);
     {
       const auto got = download<float>(*y, static_cast<size_t>(kTok * s.rows));
@@ -183,13 +190,16 @@ TEST_P(Fp8GemvStream, MatchesTheHostOrderAndFp8Gemv) {
       for (int64_t i = 0; i < kTok * s.rows; ++i) bad += std::memcmp(&got[i], &want[i], 4) != 0;
       EXPECT_EQ(bad, 0) << "fp8_gemv: results differing from the host order";
     }
-    // accumulating: y + the same bits
-    const int64_t n_acc = std::min<int64_t>(3, kTok);
-    const std::vector<float> y0 = random_floats(static_cast<size_t>(n_acc * s.rows), 17);
-    const DeviceBuffer ya = upload(y0);
-    fp8_gemv_stream(q.as<uint8_t>(), xt, xd.data(), n_acc, s.rows, s.cols, ya.as<float>(), true, nullptr);
-    const auto acc = download<float>(ya, static_cast<size_t>(n_acc * s.rows));
-    for (int64_t i = 0; i < n_acc * s.rows; ++i) ASSERT_EQ(acc[i], y0[i] + want[i]) << "accumulated, entry " << i;
+    // accumulating: y + the same bits (one token: its own configuration)
+    for (const int64_t n_acc : {int64_t{1}, std::min<int64_t>(3, kTok)}) {
+      const std::vector<float> y0 = random_floats(static_cast<size_t>(n_acc * s.rows), 17);
+      const DeviceBuffer ya = upload(y0);
+      fp8_gemv_stream(q.as<uint8_t>(), xt, xd.data(), n_acc, s.rows, s.cols, ya.as<float>(), true, nullptr);
+      const auto acc = download<float>(ya, static_cast<size_t>(n_acc * s.rows));
+      for (int64_t i = 0; i < n_acc * s.rows; ++i) {
+        ASSERT_EQ(acc[i], y0[i] + want[i]) << n_acc << " tokens accumulated, entry " << i;
+      }
+    }
   }
 }
 
@@ -200,7 +210,8 @@ INSTANTIATE_TEST_SUITE_P(XTypes, Fp8GemvStream, ::testing::Values(DType::kF32, D
 // fp8_gemv's bits.
 TEST(Fp8GemvStreamVariants, GiveFp8GemvsBits) {
   RILL_REQUIRE_GPU();
-  for (const Shape s : {Shape{9000, 64}, Shape{4500, 2048}, Shape{300, 4096}, Shape{33, 14336}, Shape{5, 2064}}) {
+  for (const Shape s :
+       {Shape{140001, 16}, Shape{9000, 64}, Shape{4500, 2048}, Shape{300, 4096}, Shape{33, 14336}, Shape{5, 2064}}) {
     SCOPED_TRACE(std::to_string(s.rows) + " x " + std::to_string(s.cols));
     const DeviceBuffer q = make_weights(s, 41);
     std::vector<float> x = random_floats(static_cast<size_t>(s.cols), 43);
