@@ -6,14 +6,22 @@
 // other type attention_quant.h. The counters give the attention time of one
 // decode token across all 30 layers ("ms/token") and the KV bytes it reads
 // per second ("GB/s", against the machine's DRAM bandwidth: bench_peak).
-// Args: {n_kv, type index (kTypes)}.
+// Args: {n_kv, type index (kTypes)}. k4c (K per channel over blocks of 32,
+// V iq4_nlh64, the own block in q8_0 rows: attention_chan.h) has its own
+// cases: BM_k4c_decode (Args: {n_kv, threads}) and BM_k4c_prefill (Args:
+// {threads}; one step of 512 queries at [3584, 4096), "ms/step": the
+// step's attention in 30 layers). On a loaded machine the 1-thread cases'
+// CPU time is the steadier measure of the kernel's work.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/attention_chan.h"
 #include "backend/cpu/attention_f16.h"
 #include "backend/cpu/attention_quant.h"
 #include "backend/cpu/cpu_features.h"
@@ -97,6 +105,149 @@ BENCHMARK(BM_kv_decode)
     ->ArgsProduct({{1024, 4096, 8192}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+
+// k4c's KV of n_kv tokens in 30 layers' pools (blocks of 32: the K group,
+// then 32 V rows; a shuffled block table) and the q8_0 rows of positions
+// [c0 - c0 % 32, c0 + n_q): the tail's and the step's, shared by the layers.
+struct K4cKv {
+  static constexpr int64_t kWidth = 3 * 64;
+  size_t k_row = 0, v_row = 0, tail_row = 0, block_bytes = 0;
+  std::vector<std::vector<uint8_t>> pools;
+  std::vector<int32_t> table;
+  std::vector<uint8_t> tail_k, tail_v, step_k, step_v;
+  int64_t c0 = 0;
+
+  K4cKv(int64_t n_kv, int64_t n_q) : pools(kLayers), c0(n_kv - n_q) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    k_row = row_bytes(kKvQ4Chan, kWidth);
+    v_row = row_bytes(kKvIq4Nl64, kWidth);
+    tail_row = row_bytes(kKvChanTailType, kWidth);
+    block_bytes = kKvChanTokens * (k_row + v_row);
+    const int64_t n_blocks = (n_kv + kKvChanTokens - 1) / kKvChanTokens;
+    table.resize(static_cast<size_t>(n_blocks));
+    for (int64_t b = 0; b < n_blocks; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+    std::shuffle(table.begin(), table.end(), rng);
+    // K as a model's after RoPE (one channel per head offset), V N(0,1).
+    auto fill = [&](float* k, float* v) {
+      for (int64_t c = 0; c < kWidth; ++c) {
+        k[c] = c % 64 == 5 ? 6.0f + 3.0f * nd(rng) : nd(rng);
+        v[c] = nd(rng);
+      }
+    };
+    std::vector<float> k(static_cast<size_t>(kKvChanTokens * kWidth)), v(k.size());
+    for (auto& pl : pools) {
+      pl.resize(static_cast<size_t>(n_blocks) * block_bytes);
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        uint8_t* blk = pl.data() + static_cast<size_t>(table[static_cast<size_t>(b)]) * block_bytes;
+        for (int64_t r = 0; r < kKvChanTokens; ++r) {
+          fill(k.data() + r * kWidth, v.data() + r * kWidth);
+          store_kv_row(kKvIq4Nl64, true, v.data() + r * kWidth, blk + kKvChanTokens * k_row + r * v_row, 3, 64);
+        }
+        quantize_chan_block(k.data(), kWidth, kWidth, blk, b == 0);
+      }
+    }
+    const int64_t t0 = c0 - c0 % kKvChanTokens;
+    tail_k.resize(static_cast<size_t>(kKvChanTokens) * tail_row);
+    tail_v.resize(tail_k.size());
+    step_k.resize(static_cast<size_t>(n_q) * tail_row);
+    step_v.resize(step_k.size());
+    for (int64_t t = t0; t < c0 + n_q; ++t) {
+      fill(k.data(), v.data());
+      const size_t at = static_cast<size_t>(t < c0 ? t - t0 : t - c0) * tail_row;
+      store_chan_tail_rows(k.data(), v.data(), true, 3, 64, (t < c0 ? tail_k : step_k).data() + at,
+                           (t < c0 ? tail_v : step_v).data() + at);
+    }
+  }
+  // Queries at [c0, c0 + n_q) of layer `layer` into out.
+  void attend(int layer, const float* q, const int32_t* pos, int64_t n_q, int64_t n_kv, float* out,
+              ThreadPool& pool) const {
+    AttentionParams p;
+    p.n_head = 9;
+    p.n_head_kv = 3;
+    p.head_dim = 64;
+    p.scale = 0.125f;
+    p.kv_dtype = kKvQ4Chan;
+    AttentionSeq s;
+    s.q = q;
+    s.q_pos = pos;
+    s.n_q = n_q;
+    s.kv.k = pools[static_cast<size_t>(layer)].data();
+    s.kv.v = s.kv.k + kKvChanTokens * k_row;
+    s.kv.table = table.data();
+    s.kv.block_shift = 5;
+    s.kv.block_bytes = block_bytes;
+    s.kv.row_bytes = k_row;
+    s.kv.v_row_bytes = v_row;
+    s.n_kv = n_kv;
+    s.out = out;
+    ChanTail t;
+    t.tail_k = tail_k.data();
+    t.tail_v = tail_v.data();
+    t.step_k = step_k.data();
+    t.step_v = step_v.data();
+    t.c0 = c0;
+    attention_chan_batch(&s, &t, 1, p, {kKvQ4Chan, kKvIq4Nl64, false, true}, pool);
+  }
+};
+
+// The KV of (n_kv, n_q), built once per process.
+const K4cKv& k4c_kv(int64_t n_kv, int64_t n_q) {
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<K4cKv>> cache;
+  auto& kv = cache[{n_kv, n_q}];
+  if (!kv) kv = std::make_unique<K4cKv>(n_kv, n_q);
+  return *kv;
+}
+
+ThreadPool& k4c_pool(int64_t threads) {
+  static ThreadPool one(1), two(2);
+  return threads == 1 ? one : two;
+}
+
+void BM_k4c_decode(benchmark::State& state) {
+  ThreadPool& pool = k4c_pool(state.range(1));
+  const int64_t n_kv = state.range(0);
+  const K4cKv& kv = k4c_kv(n_kv, 1);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(9 * 64), out(q.size());
+  for (float& x : q) x = nd(rng);
+  const auto pos = static_cast<int32_t>(n_kv - 1);
+  int layer = 0;
+  for (auto _ : state) {
+    kv.attend(layer, q.data(), &pos, 1, n_kv, out.data(), pool);
+    benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % kLayers;
+  }
+  state.counters["ms/token"] = benchmark::Counter(
+      1.0 / (kLayers * 1e3), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>((kv.k_row + kv.v_row) * n_kv) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string("k4c ") + isa_name(best_isa()));
+}
+BENCHMARK(BM_k4c_decode)->ArgsProduct({{1024, 4096, 8192}, {1, 2}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_k4c_prefill(benchmark::State& state) {
+  ThreadPool& pool = k4c_pool(state.range(0));
+  constexpr int64_t kNq = 512, kNkv = 4096;
+  const K4cKv& kv = k4c_kv(kNkv, kNq);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(static_cast<size_t>(kNq * 9 * 64)), out(q.size());
+  for (float& x : q) x = nd(rng);
+  std::vector<int32_t> pos(static_cast<size_t>(kNq));
+  for (int64_t i = 0; i < kNq; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(kv.c0 + i);
+  int layer = 0;
+  for (auto _ : state) {
+    kv.attend(layer, q.data(), pos.data(), kNq, kNkv, out.data(), pool);
+    benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % kLayers;
+  }
+  state.counters["ms/step"] = benchmark::Counter(
+      1.0 / (kLayers * 1e3), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.SetLabel(std::string("k4c ") + isa_name(best_isa()));
+}
+BENCHMARK(BM_k4c_prefill)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace rill::cpu

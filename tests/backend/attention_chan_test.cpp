@@ -373,6 +373,7 @@ TEST(AttentionChan, EveryIsaTileMatchesItsSingleQueryKernel) {
   Step st;
   prepare(st, a, qa, c0, a.n);
   std::vector<float> scores(static_cast<size_t>(a.n * kGroup));
+  std::vector<std::vector<float>> baseline;  // the scalar build's single queries, per (window, head)
   for (const Kernels& k : isas) {
     for (const int64_t window : {int64_t{0}, int64_t{30}}) {
       for (int64_t kvh = 0; kvh < 2; ++kvh) {
@@ -403,6 +404,16 @@ TEST(AttentionChan, EveryIsaTileMatchesItsSingleQueryKernel) {
           detail::ChanAttendArgs x;
           args(x, i, one.data() + i * kGroup * hd);
           k.one(x);
+        }
+        // Each vector build within rounding of the baseline build (its own
+        // sum orders, FMAs and vector exp).
+        const size_t case_index = static_cast<size_t>((window > 0) * 2 + kvh);
+        if (&k == isas.data()) {
+          baseline.resize(4);
+          baseline[case_index] = one;
+        }
+        for (size_t r = 0; r < one.size(); ++r) {
+          ASSERT_NEAR(one[r], baseline[case_index][r], 2e-5f) << "isa " << (&k - isas.data()) << " element " << r;
         }
         for (int n_tile = 2; n_tile <= detail::kChanTile; ++n_tile) {
           std::vector<float> tiled(one.size(), NAN);

@@ -17,7 +17,11 @@
 // AVX-512 build q.z in 16 lanes then reduced and each token's sum with
 // FMAs in channel order); an own-block key's q.k as attention_quant's 8
 // partial sums of its q8_0 row decoded to f32; score = scale * q.k, softcap as
-// cpu::attention; f32 softmax with max subtraction, the sum in double;
+// cpu::attention; f32 softmax with max subtraction, the sum in double and
+// one f32 reciprocal (the baseline build std::exp and the sum in key
+// order; the AVX2 and AVX-512 builds ggml's vector exp, simd::exp_ggml /
+// exp_ggml512, over 8 / 16 keys a vector from the query's first key, the
+// sum in double lanes reduced in a fixed order: issue 22);
 // out = sum_j p_j v_j in f32, the pool's rows then the own block's (AVX-512:
 // iq4_nlh64 rows decoded in registers), rotated back when V is rotated.
 // The build is chosen per machine, never per call, so a query's bits

@@ -1,12 +1,15 @@
 // attention_chan_impl.h compiled for AVX-512, its group sums in
 // intrinsics: a channel's 32 codes widened to two zmm of floats once for
 // every query head of the group, one FMA each (the same sums in the same
-// channel order as the baseline build, within FMA rounding).
+// channel order as the baseline build, within FMA rounding); the softmax
+// in 16 lanes with ggml's vector exp.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "backend/cpu/attention_chan.h"
+#include "backend/cpu/exp_ggml_avx512.h"
 #include "backend/cpu/quants.h"
 #include "core/e4m3.h"
 
@@ -14,6 +17,7 @@
 #define RILL_CHAN_GROUP_SUMS
 #define RILL_CHAN_ACCUMULATE_V
 #define RILL_CHAN_GROUP_SCALES
+#define RILL_CHAN_SOFTMAX
 
 namespace rill::cpu::detail::avx512 {
 
@@ -95,6 +99,34 @@ inline void group_scales(const float* q, const uint16_t* z, const uint8_t* d, in
       _mm512_storeu_ps(qd + g * hd + c, _mm512_mul_ps(qc, df));
     }
     qz[g] = _mm512_reduce_add_ps(acc);
+  }
+}
+
+// s[0, n) to probabilities, 16 keys a vector from s[0] (the last one
+// masked): the max, exp_ggml512(s - max) in f32, the sum in two 8-lane
+// double accumulators (the vector's low and high halves, keys in order
+// within each lane) added and reduced in a fixed order, one f32
+// reciprocal. The same n values in give the same bits out, wherever s
+// sits: a query alone and in a tile agree.
+inline void softmax_in_place(float* s, int64_t n) {
+  auto mask = [n](int64_t j) { return static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1); };
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) {
+    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), mask(j), s + j));
+  }
+  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = mask(j);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp_ggml512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), mx)));
+    _mm512_mask_storeu_ps(s + j, m, e);
+    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(lo, hi))));
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = mask(j);
+    _mm512_mask_storeu_ps(s + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), inv));
   }
 }
 

@@ -31,6 +31,7 @@ inline float capped(float x, float softcap) {
   return softcap > 0.0f ? softcap * std::tanh(x / softcap) : x;
 }
 
+#ifndef RILL_CHAN_SOFTMAX
 // s[0, n) to probabilities: max subtracted, exp in f32, the sum in double,
 // one f32 reciprocal (the order every query of both kernels shares).
 inline void softmax_in_place(float* s, int64_t n) {
@@ -44,6 +45,7 @@ inline void softmax_in_place(float* s, int64_t n) {
   const auto inv = static_cast<float>(1.0 / sum);
   for (int64_t j = 0; j < n; ++j) s[j] *= inv;
 }
+#endif
 
 #ifndef RILL_CHAN_GROUP_SUMS
 // acc[g][j] = sum over channels c, in order, of qd[g][c] * q_cj (token j's
