@@ -4,7 +4,7 @@
 # checkout; carry ".device/q8dp4a23", run `bash .device/q8dp4a23/run.sh`):
 #  bin/  bench_new (BUILD_DIR's bench_cuda: has q8_dp4a and RILL_Q8_DP4A),
 #        bench_main (MAIN_BUILD's bench_cuda: the baseline), test_q8_dp4a
-#        (tests/cuda/q8_dp4a_test.cpp), llama-quantize (CPU build) and
+#        (tests/cuda/q8_dp4a_test.cpp; TESTS=1 only), llama-quantize (CPU build) and
 #        llama-batched-bench
 #        (CUDA build) from LLAMACPP (default /work/main/build/llamacpp,
 #        bench/build_llamacpp_tools.sh [--cuda]), py/ (make_bench_model.py,
@@ -28,12 +28,14 @@ cp "$B/bench/bench_cuda" "$T/bin/bench_new"
 # The same build as the baseline (after the merge, main is the branch and
 # RILL_Q8_DP4A=0 is main's path): a hard link, which tar stores once.
 [ "$B" = "$M" ] || cp "$M/bench/bench_cuda" "$T/bin/bench_main"
-cp "$B/tests/test_cuda_q8_dp4a_test" "$T/bin/test_q8_dp4a"
+# The kernel's tests: with TESTS=1 only (the verify call runs them too).
+[ "${TESTS:-0}" = 1 ] && cp "$B/tests/test_cuda_q8_dp4a_test" "$T/bin/test_q8_dp4a"
 cp "$L/build/bin/llama-quantize" "$T/bin/"
 for b in llama-batched-bench; do
   if [ -x "$L/build-cuda/bin/$b" ]; then cp "$L/build-cuda/bin/$b" "$T/bin/"; else echo "no $b: rill only" >&2; fi
 done
-strip "$T"/bin/bench_* "$T"/bin/test_* "$T"/bin/llama-*
+strip "$T"/bin/bench_* "$T"/bin/llama-*
+[ -f "$T/bin/test_q8_dp4a" ] && strip "$T/bin/test_q8_dp4a"
 [ "$B" = "$M" ] && ln "$T/bin/bench_new" "$T/bin/bench_main"
 cp "$SRC/bench/make_bench_model.py" "$T/bin/py/bench/"
 cp "$SRC/tools/tools_venv.py" "$T/bin/py/tools/"
