@@ -50,7 +50,7 @@ cp "$SRC/bench/cuda/run_q8dp4a23.sh" "$D/run.sh"
 cp "$SRC/bench/cuda/device_out.sh" "$D/"
 du -sh "$D" "$D"/*
 # The run tool carries the tracked tree and this folder, 64 MiB in all.
-TREE=$(git -C "$SRC" ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+TREE=$(cd "$SRC" && git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
 CARRY=$(du -cb "$D" | tail -1 | cut -f1)
 echo "tree $TREE + carry $CARRY = $((TREE + CARRY)) bytes (limit $((64 << 20)))"
 [ $((TREE + CARRY)) -le $((64 << 20)) ] || echo "warning: over the run tool's 64 MiB" >&2
