@@ -230,6 +230,30 @@ TEST(CudaQ8Dp4a, QuantMatmulTakesItWhenSwitchedOn) {
     EXPECT_EQ(n_diff, 0) << "quant_matmul n=" << n;
     EXPECT_EQ(n_diff_p, 0) << "quant_matmul_parts n=" << n;
   }
+  // A fused matrix of mixed types (a Q8_0 part and a Q6_K part, as a GGUF's
+  // qkv may be): each part takes its own path, the Q8_0 part dp4a and the
+  // Q6_K part quant_mma, at 1 token as at 8, both from one quantized x.
+  const int64_t rows_k = 56;
+  const auto wk = cpu::testing::random_weight_rows(DType::kQ6_K, rows_k, cols, 62);
+  const auto dwk = upload(wk);
+  const QuantPart mixed[] = {{dw.data(), DType::kQ8_0, rows}, {dwk.data(), DType::kQ6_K, rows_k}};
+  const int64_t n_all = rows + rows_k;
+  for (int64_t n : {1, 8}) {
+    auto dq = poisoned(quantized_x_bytes(n, cols));
+    quantize_x8(DType::kBF16, dx.data(), n, cols, dq.data(), st);
+    auto dd = poisoned(static_cast<size_t>(n * n_all) * 4);
+    q8_dp4a_gemv(Q8Layout::kGguf, dw.data(), dq.data(), n, rows, cols, dd.as<float>(), n_all, false, st);
+    quant_mma(DType::kQ6_K, dwk.data(), dq.data(), n, rows_k, cols, dd.as<float>() + rows, n_all, false, st);
+    const auto want = download<float>(dd, static_cast<size_t>(n * n_all));
+    auto dp = poisoned(static_cast<size_t>(n * n_all) * 4);
+    const Status s =
+        quant_matmul_parts(gemm, scratch, mixed, 2, DType::kBF16, dx.data(), n, cols, dp.as<float>(), false, st);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    const auto got = download<float>(dp, static_cast<size_t>(n * n_all));
+    int64_t n_diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) n_diff += std::memcmp(&got[i], &want[i], 4) != 0;
+    EXPECT_EQ(n_diff, 0) << "mixed Q8_0 + Q6_K parts, n=" << n;
+  }
 }
 
 }  // namespace
