@@ -340,8 +340,12 @@ TEST(KvAlloc, BlockScores) {
   std::mt19937 rng(17);
   std::normal_distribution<float> nd;
   const int64_t hd = 64, n_kv = 3, W = hd * n_kv;
-  for (int variant = 0; variant < 3; ++variant) {
-    const std::vector<uint8_t> b = variant == 0 ? std::vector<uint8_t>(W, 4) : realistic_mix(W, 100 + variant);
+  for (int variant = 0; variant < 4; ++variant) {
+    // All 4; the mix; the mix at a sequence start; every width 0..8 (c % 9).
+    std::vector<uint8_t> b = variant == 0 ? std::vector<uint8_t>(W, 4) : realistic_mix(W, 100 + variant);
+    if (variant == 3) {
+      for (int64_t c = 0; c < W; ++c) b[c] = static_cast<uint8_t>(c % 9);
+    }
     std::vector<float> x = random_rows(W, rng);
     std::vector<uint8_t> y(static_cast<size_t>(alloc_block_bytes(b.data(), W)));
     quantize_alloc_block(x.data(), W, W, b.data(), y.data(), variant == 2);
