@@ -318,76 +318,107 @@ uint16_t f16_at_or_below(float x) {
 
 }  // namespace
 
-void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst, bool sequence_start) {
+void quantize_chan_values(const float* values, int bits, bool sequence_start, ChanCodes* out) {
+  assert(bits >= 0 && bits <= kKvChanMaxBits);
   constexpr int kT = kKvChanTokens;
+  const int n_levels = (1 << bits) - 1;  // L: codes 0..L
   // Token 0's weight in a candidate's error (1 elsewhere, and for token 0
   // of any other block: the same sums as a plain squared error).
   const double w0 = sequence_start ? kKvChanSinkWeight : 1.0;
+  float x[kT];
+  float mn = INFINITY, mx = -INFINITY;
+  for (int j = 0; j < kT; ++j) {
+    x[j] = values[j];
+    mn = std::min(mn, x[j]);
+    mx = std::max(mx, x[j]);
+  }
+  uint16_t best_z = f16_at_or_below(mn);
+  uint8_t best_code = 0;
+  uint8_t* q = out->q;
+  std::fill(q, q + kT, uint8_t{0});
+  if (bits == 0) {
+    // No codes: z alone, the least squared error's (the mean), or token 0
+    // at a sequence's start; a non-finite mean keeps the f16 at or below
+    // the minimum (what the coded widths store for such a channel).
+    double mean = x[0];
+    if (!sequence_start) {
+      double sum = 0;
+      for (int j = 0; j < kT; ++j) sum += double{x[j]};
+      mean = sum / kT;
+    }
+    if (std::isfinite(mean)) best_z = f32_to_f16(static_cast<float>(mean));
+    out->z = best_z;
+    out->d = 0;
+    return;
+  }
+  double best = INFINITY;
+  // The squared error of x stored as zero zh and step code `code`, its
+  // codes into cand.
+  int cand[kT];
+  auto error_of = [&](uint16_t zh, uint8_t code) {
+    const float zf = f16_to_f32(zh), step = e4m3_value(code) * (1.0f / 16.0f);
+    const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+    double err = 0;
+    for (int j = 0; j < kT; ++j) {
+      cand[j] = nearest_code((x[j] - zf) * inv, 0, n_levels);
+      const double e = double{x[j]} - double{zf + step * static_cast<float>(cand[j])};
+      err += (j == 0 ? w0 : 1.0) * (e * e);
+    }
+    return err;
+  };
+  auto consider = [&](uint16_t zh, uint8_t code) {
+    const double err = error_of(zh, code);
+    if (err < best) {
+      best = err;
+      best_z = zh;
+      best_code = code;
+      for (int j = 0; j < kT; ++j) q[j] = static_cast<uint8_t>(cand[j]);
+    }
+  };
+  const float z_lo = f16_to_f32(best_z);
+  if (mx > z_lo) {
+    // The e4m3 steps around (max - z) / L, z the f16 at or below the
+    // minimum: the nearest, one below (clipping the top codes) and three
+    // above (widening every step). For each, z as is and then z refit to
+    // the mean of x - d q (the grid's offset by least squares: an e4m3
+    // step is rounded by up to 1/16, which a fixed z at the minimum
+    // cannot take up). The least squared error wins, the first on ties.
+    const int c0 = e4m3_round((mx - z_lo) / static_cast<float>(n_levels) * 16.0f);
+    const uint16_t z0 = best_z;
+    for (int code = std::max(1, c0 - 1); code <= std::min(0x7e, c0 + 3); ++code) {
+      const auto k = static_cast<uint8_t>(code);
+      consider(z0, k);
+      error_of(z0, k);
+      const float step = e4m3_value(k) * (1.0f / 16.0f);
+      double sum = 0;
+      for (int j = 0; j < kT; ++j) sum += double{x[j]} - double{step} * cand[j];
+      consider(f32_to_f16(static_cast<float>(sum / kT)), k);
+      if (sequence_start) {
+        // The grids through the sequence's first key: z = x_0 - d q for
+        // each code q, so x_0 is held to within z's f16 rounding.
+        for (int code0 = 0; code0 <= n_levels; ++code0) {
+          consider(f32_to_f16(x[0] - step * static_cast<float>(code0)), k);
+        }
+      }
+    }
+  }
+  out->z = best_z;
+  out->d = best_code;
+}
+
+void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst, bool sequence_start) {
+  constexpr int kT = kKvChanTokens;
   auto* z = reinterpret_cast<uint16_t*>(dst);
   uint8_t* d = dst + 2 * width;
   uint8_t* qs = dst + 3 * width;
   for (int64_t c = 0; c < width; ++c) {
     float x[kT];
-    float mn = INFINITY, mx = -INFINITY;
-    for (int j = 0; j < kT; ++j) {
-      x[j] = rows[j * src_stride + c];
-      mn = std::min(mn, x[j]);
-      mx = std::max(mx, x[j]);
-    }
-    uint16_t best_z = f16_at_or_below(mn);
-    uint8_t best_code = 0;
-    int q[kT] = {};
-    double best = INFINITY;
-    // The squared error of x stored as zero zh and step code `code`, its
-    // codes into cand.
-    int cand[kT];
-    auto error_of = [&](uint16_t zh, uint8_t code) {
-      const float zf = f16_to_f32(zh), step = e4m3_value(code) * (1.0f / 16.0f);
-      const float inv = step > 0.0f ? 1.0f / step : 0.0f;
-      double err = 0;
-      for (int j = 0; j < kT; ++j) {
-        cand[j] = nearest_code((x[j] - zf) * inv, 0, 15);
-        const double e = double{x[j]} - double{zf + step * static_cast<float>(cand[j])};
-        err += (j == 0 ? w0 : 1.0) * (e * e);
-      }
-      return err;
-    };
-    auto consider = [&](uint16_t zh, uint8_t code) {
-      const double err = error_of(zh, code);
-      if (err < best) {
-        best = err;
-        best_z = zh;
-        best_code = code;
-        std::copy(cand, cand + kT, q);
-      }
-    };
-    const float z_lo = f16_to_f32(best_z);
-    if (mx > z_lo) {
-      // The e4m3 steps around (max - z) / 15, z the f16 at or below the
-      // minimum: the nearest, one below (clipping the top codes) and three
-      // above (widening every step). For each, z as is and then z refit to
-      // the mean of x - d q (the grid's offset by least squares: an e4m3
-      // step is rounded by up to 1/16, which a fixed z at the minimum
-      // cannot take up). The least squared error wins, the first on ties.
-      const int c0 = e4m3_round((mx - z_lo) / 15.0f * 16.0f);
-      const uint16_t z0 = best_z;
-      for (int code = std::max(1, c0 - 1); code <= std::min(0x7e, c0 + 3); ++code) {
-        const auto k = static_cast<uint8_t>(code);
-        consider(z0, k);
-        error_of(z0, k);
-        const float step = e4m3_value(k) * (1.0f / 16.0f);
-        double sum = 0;
-        for (int j = 0; j < kT; ++j) sum += double{x[j]} - double{step} * cand[j];
-        consider(f32_to_f16(static_cast<float>(sum / kT)), k);
-        if (sequence_start) {
-          // The grids through the sequence's first key: z = x_0 - d q for
-          // each code q, so x_0 is held to within z's f16 rounding.
-          for (int code0 = 0; code0 < 16; ++code0) consider(f32_to_f16(x[0] - step * static_cast<float>(code0)), k);
-        }
-      }
-    }
-    z[c] = best_z;
-    d[c] = best_code;
+    for (int j = 0; j < kT; ++j) x[j] = rows[j * src_stride + c];
+    ChanCodes codes;
+    quantize_chan_values(x, 4, sequence_start, &codes);
+    const uint8_t* q = codes.q;
+    z[c] = codes.z;
+    d[c] = codes.d;
     for (int j = 0; j < kT / 2; ++j) qs[c * (kT / 2) + j] = static_cast<uint8_t>(q[j] | (q[j + kT / 2] << 4));
   }
 }

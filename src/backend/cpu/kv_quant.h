@@ -88,6 +88,25 @@ void quantize_chan_block(const float* rows, int64_t src_stride, int64_t width, u
                          bool sequence_start = false);
 // The inverse (f32 z + d q): rows [kKvChanTokens][width], dense.
 void dequantize_chan_block(const uint8_t* src, int64_t width, float* rows);
+// One channel of a per-channel K block: quantize_chan_block's encoder above
+// for one channel's kKvChanTokens values at `bits` bits (codes 0..L, L =
+// 2^bits - 1, in place of 0..15 everywhere: the steps around (max - z0) /
+// L, the sink's 2^bits grids). bits = 4 is k4c's channel, bit for bit
+// (quantize_chan_block calls it); other widths serve the per-channel bit
+// widths of backend/cpu/kv_alloc.h. bits = 0 stores z alone (d = 0, every
+// code 0): z = f16 of the values' mean (of token 0's value when
+// sequence_start), or, when that is not finite, the f16 at or below the
+// minimum as coded widths fall back to. Non-finite values as coded widths
+// handle them: NaNs are left out of the minimum and maximum, and a
+// candidate whose error is not finite never wins, so a channel holding
+// one keeps z at or below its minimum with d = 0.
+inline constexpr int kKvChanMaxBits = 8;
+struct ChanCodes {
+  uint16_t z = 0;                 // f16 bits
+  uint8_t d = 0;                  // e4m3 byte of the step * 16
+  uint8_t q[kKvChanTokens] = {};  // token j's code, 0..2^bits - 1
+};
+void quantize_chan_values(const float* values, int bits, bool sequence_start, ChanCodes* out);
 // Bumped whenever quantize_chan_block's output changes (as kKvRotatedEncoder),
 // or what k4c's KV is computed from: revision 2 keeps the tail's keys and
 // values in q8_0 (kKvChanTailType), so a block is encoded from q8_0 rows
