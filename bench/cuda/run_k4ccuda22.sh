@@ -2,7 +2,8 @@
 # Device run of make_carry_k4ccuda22.sh's pack (branch k4ccuda22: iq4_nlh64
 # KV on CUDA, written without a GPU), in one call:
 #  1. the tests that hold iq4_nlh64 (OPS_FILTER: the backend ops against
-#     the CPU Backend, store bytes included; FILTER: the CUDA tests), which
+#     the CPU Backend, store bytes included; FILTER: the CUDA tests, k4c's
+#     among them: CudaKvChanStep, CudaK4c from branch k4cwire22), which
 #     set RILL_CUDA_UNTESTED_KV=1 themselves;
 #  2. one layer's decode attention alone per KV type (bench_kv_attention);
 #  3. the random Llama-3.1-8B bf16 made here: decode batch 1 / 64 after
@@ -18,7 +19,7 @@
 # when the script is cut short. Every timeout is capped by the BUDGET.
 T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
-FILTER=${FILTER:-'CudaKvTypes.*:CudaAttention.StoredKvTypes*:CudaAttention.HeadDim512*:CudaAttention.DecodeTokensAreBatchInvariant:*CudaKvTiers.*nlh64*:*CudaKvTiers.*q8_0h64*:CudaKvExport.*:*CudaBatchInvariant.*nlh64*:CudaGemma4Hd512.QuantizedKv*:*CudaHf.KvTypeIsTheOne*:KvProbe*:CudaKvChan.*:CudaChanAttention.*'}
+FILTER=${FILTER:-'CudaKvTypes.*:CudaAttention.StoredKvTypes*:CudaAttention.HeadDim512*:CudaAttention.DecodeTokensAreBatchInvariant:*CudaKvTiers.*nlh64*:*CudaKvTiers.*q8_0h64*:CudaKvExport.*:*CudaBatchInvariant.*nlh64*:CudaGemma4Hd512.QuantizedKv*:*CudaHf.KvTypeIsTheOne*:KvProbe*:CudaKvChan.*:CudaChanAttention.*:CudaKvChanStep.*:CudaK4c.*'}
 OPS_FILTER=${OPS_FILTER:-'*BackendOps.RotatedKvStore*:*BackendOps.AttentionOverPagedKv*:*BackendOps.RopeQkNormAndKvStore*'}
 TYPES=${TYPES:-"f16 iq4_nlh iq4_nlh64"}
 BUDGET=${BUDGET:-420}
@@ -48,7 +49,7 @@ show() { grep -E "^\[ cuda|^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|act
 cd /tmp
 out_key $L/ops.log; out_key $L/tests.log
 tmo 90 $V/tests --gtest_filter="${OPS_FILTER}" > $L/ops.log 2>&1; RC_OPS=$?; out_rc ops $RC_OPS; echo "ops rc=$RC_OPS"; show $L/ops.log 30
-tmo 150 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; out_rc tests $RC_TESTS; echo "tests rc=$RC_TESTS"; show $L/tests.log 50
+tmo 210 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; out_rc tests $RC_TESTS; echo "tests rc=$RC_TESTS"; show $L/tests.log 50
 out_pack
 grep -c "^\[       OK" $L/tests.log $L/ops.log; echo "tests done at $(( $(date +%s) - T0 )) s"
 # The benchmarks below take iq4_nlh64 only with the switch (backend/cuda/ops.h kv_untested).
@@ -59,7 +60,8 @@ echo "attn rc=$?"; cut -c1-120 $L/attn.log
 wait $MK; tail -2 $L/make.log
 for t in $TYPES; do
   for b in main branch; do
-    [ $b = main ] && [ $t = iq4_nlh64 ] && continue  # main refuses it
+    { [ $t = iq4_nlh64 ] || [ $t = k4c ]; } && [ $b = main ] && continue  # main refuses them
+    # (k4c, TYPES="... k4c" only: its attention is the reference kernel, slow by design)
     # One build packed as both (the carry made after the merge): no main runs.
     [ $b = main ] && cmp -s $V/bench_cuda $V/bench_cuda_main && continue
     [ $(left) -lt ${MIN_LEFT:-40} ] && { echo "== $t $b skipped (time)"; continue; }

@@ -32,7 +32,12 @@ std::vector<Model::KvLayer> CudaModelBase::kv_layers() const {
   const int64_t n = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
   std::vector<KvLayer> out;
   for (size_t l = 0; l < static_cast<size_t>(n); ++l) {
-    out.push_back(KvLayer{0, kv_dtype_, kv_row_bytes(l)});
+    KvLayer k{0, kv_dtype_, kv_row_bytes(l)};
+    if (kv_chan_) {  // k4c: V in its own type (copy_kv_blocks refuses to move such layers)
+      k.v_row_bytes = kv_v_row_bytes(l);
+      k.v_dtype = kv_v_dtype();
+    }
+    out.push_back(k);
   }
   return out;
 }
@@ -82,6 +87,9 @@ Status CudaModelBase::check_kv_blocks(int64_t layer, std::span<const int32_t> bl
 
 Status CudaModelBase::copy_kv_blocks(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes,
                                      uint8_t* const out[2], const uint8_t* const in[2]) const {
+  if (kv_chan_) {  // K and V blocks of different sizes, which these copies do not split
+    return Error{"the CUDA model does not export k4c KV blocks yet (K q4c and V iq4_nlh64 differ in size)"};
+  }
   RILL_TRY(check_kv_blocks(layer, blocks, block_bytes));
   if (blocks.empty()) return Status::Ok();
   if (sharded()) cudaSetDevice(ctx_->device());

@@ -624,7 +624,14 @@ size_t attention_rotation_floats(int64_t n_tokens, int32_t n_head, int32_t head_
 }
 
 bool kv_untested(DType kv_dtype) {
-  return kv_dtype == kKvIq4Nl64;
+  return kv_dtype == kKvIq4Nl64 || kv_dtype == kKvQ4Chan;
+}
+
+void rotate_heads_back(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_heads, int32_t head_dim,
+                       DType out_dtype, void* out, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype,
+                           rotate_heads(in, in_stride, n_rows, n_heads, head_dim, static_cast<T*>(out), stream));
 }
 
 bool kv_untested_allowed() {

@@ -117,8 +117,9 @@ __host__ __device__ void attend_one(const ChanAttentionArgs& a, int t, int h) {
   for (int64_t j = j_begin; j < j_end; ++j) {
     const float pj = s[j - j_begin];
     if (j < own_begin) {
-      const uint8_t* row = a.v_blocks + static_cast<size_t>(table[j / kT]) * a.block_stride +
-                           static_cast<size_t>(j % kT) * a.v_row_bytes;
+      const size_t v_stride = a.v_block_stride ? a.v_block_stride : a.block_stride;
+      const uint8_t* row =
+          a.v_blocks + static_cast<size_t>(table[j / kT]) * v_stride + static_cast<size_t>(j % kT) * a.v_row_bytes;
       for (int c = 0; c < hd; ++c) out[c] = add_rn(out[c], mul_rn(pj, detail::KvIq4Nl64::load1(row, v_head + c)));
     } else {
       const uint8_t* row = own_row(a.tail_v[seq], a.step_v, j);

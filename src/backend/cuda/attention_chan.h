@@ -11,8 +11,9 @@
 // the same source built for the host (chan_attention_host) gives the CPU
 // scalar build's bits and the device differs by expf / tanhf alone. Slow
 // (a thread walks every key of its query): the device reference a fast
-// kernel will be held to, not a serving path. Nothing calls it from a
-// model yet; not yet run on a GPU (docs/perf.md, branch k4ccuda22).
+// kernel will be held to, not a serving path; the CUDA backend runs k4c
+// through it (branch k4cwire22, behind RILL_CUDA_UNTESTED_KV=1). Not yet
+// run on a GPU (docs/perf.md, branches k4ccuda22, k4cwire22).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -41,10 +42,12 @@ struct ChanAttentionArgs {
   const uint8_t* step_k = nullptr;  // [n_tokens] q8_0 rows of the step, as RopeKvArgs::k_rows
   const uint8_t* step_v = nullptr;
   // Physical block 0's K region (a q4c group: 19 * width bytes) and V
-  // region (32 iq4_nlh64 rows, v_row_bytes apart); blocks block_stride apart.
+  // region (32 iq4_nlh64 rows, v_row_bytes apart); blocks block_stride
+  // apart (V's v_block_stride apart where set: the CUDA pool's separate
+  // planes; 0: block_stride, the CPU's blocks of both).
   const uint8_t* k_blocks = nullptr;
   const uint8_t* v_blocks = nullptr;
-  size_t block_stride = 0, v_row_bytes = 0;
+  size_t block_stride = 0, v_row_bytes = 0, v_block_stride = 0;
   int32_t n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   int32_t window = 0;  // > 0: keys [pos - window + 1, pos]
   float scale = 1.0f, softcap = 0.0f;

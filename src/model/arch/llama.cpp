@@ -728,6 +728,9 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_, options.n_ctx));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(*backend_, cfg_, w, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, rope));
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
+  // Every layer reads its own KV and forward() is the base's, which checks
+  // the batch's KV tails: k4c may run here (CudaModelBase::choose_kv_type).
+  kv_tails_supported_ = !sharded();
   return init_runtime(options);
 }
 
@@ -747,7 +750,12 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.attn32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : graph_.Q);
   act_views_.mlp32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : F);
   act_views_.final32 = carve_tensor(a, DType::kF32, S, f32 || graph_.mup.logit == 1.0f ? 0 : E_);
-  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
+  StepLimits limits = graph_.step_limits(T, S);
+  if (kv_chan_) {  // k4c: the step's q8_0 rows and the reference attention's scores (cuda_backend.cpp)
+    limits.max_chan_width = KV_;
+    limits.max_chan_keys = n_ctx();
+  }
+  carve_cuda_scratch(*backend_, a, limits);
 }
 
 // The shared graph over the uploaded step metadata, then (shards) the
