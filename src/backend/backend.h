@@ -130,8 +130,7 @@ struct KvCacheView {
   DType v_dtype = DType::kF16;
   size_t v_row_bytes = 0;
   bool k_rotated = false, v_rotated = false;
-  // k4c (K in kKvQ4Chan, model/kv_types.h; the CPU, and CUDA behind
-  // RILL_CUDA_UNTESTED_KV=1: backend/cuda/kv_chan_step.h): each sequence's
+  // k4c (K in kKvQ4Chan, model/kv_types.h; the CPU only): each sequence's
   // K and V tail. Tail slot s's tail of this layer is at tail + s *
   // tail_stride: a KvTailHeader, then kKvChanTokens K rows, then as many V
   // rows, each a row of the layer's width in cpu::kKvChanTailType (q8_0; V
@@ -512,12 +511,6 @@ struct StepLimits {
   // lightning_index(): the most keys a token scores (the context length);
   // 0: the model never calls it.
   int64_t max_index_keys = 0;
-  // k4c KV (KvCacheView::tail): the widest K row (n_head_kv * head_dim) and
-  // the most keys a query reads (the context length); 0: no layer is k4c.
-  // The CUDA backend carves the step's q8_0 rows and its reference
-  // attention's scores from them.
-  int64_t max_chan_width = 0;
-  int64_t max_chan_keys = 0;
 };
 
 // Memory from allocate(): freed when the Buffer goes (before its Backend).

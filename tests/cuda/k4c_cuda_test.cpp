@@ -5,9 +5,12 @@
 // layers, 4 heads, 2 KV heads) widened in memory to heads of 64 (k4c's V
 // needs blocks of 64 a head): q / k / v / o redrawn from the golden's own
 // values (element i of a new matrix is element (i * 7919 + 13) mod n of the
-// old one), q and k scaled by 8 so that scores spread (about 1.6 standard
-// deviations at the attention scale 1/8; at the golden's 0.02 init they
-// would be near 0 and K's quantization would not show in the logits).
+// old one), q and k scaled by 2 so that scores spread (at the golden's
+// 0.02 init k4c moves the logits by 0.018 rms, at 2x by 0.092; at 4x and
+// 8x by 0.30 and 0.43, where attention is peaked enough that roundings
+// decide which key wins: a 2e-7 relative change of every weight then moved
+// the k4c logits by up to 5% of k4c's own change, against 0.005% at 2x,
+// measured on the host, docs/perf.md k4cwire22).
 //
 // Both devices run f32 activations (an f32 checkpoint) and store the same
 // k4c bytes for the same floats: the encoder, the V store and the tail rows
@@ -17,7 +20,10 @@
 // matmuls and norms (the f32 model's CUDA logits are within ~1e-5 of the
 // CPU's), which now and then moves a value across a 4-bit or q8_0 level.
 // The bound is a share of what k4c itself changes on the CPU (rms over
-// every logit of every position, against f32 KV): a CUDA path that read
+// every logit of every position, against f32 KV): 5%, where perturbing
+// every weight by 1e-7 .. 3e-6 relative (what two devices' f32 sums
+// differ by) moved the CPU's k4c logits by at most 0.005% of that change
+// (the host, 2x scale). A CUDA path that read
 // the wrong tail rows, a block before it was encoded, the wrong block, or
 // skipped the sink rule, costs a k4c-sized error or more (and a CUDA run
 // that stored f32 KV instead would sit one whole k4c change away: checked
@@ -46,7 +52,7 @@ namespace rill {
 namespace {
 
 // CUDA k4c against the CPU k4c, as a share of k4c's own change on the CPU.
-constexpr double kShare = 0.15;
+constexpr double kShare = 0.05;
 
 double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -76,9 +82,9 @@ std::shared_ptr<ModelFiles> llama_hd64(std::vector<std::vector<float>>& store) {
     int64_t rows = 0, cols = 0;
     float scale = 1.0f;
     if (ends_with(name, "q_proj.weight")) {
-      rows = H * kHd, cols = E, scale = 8.0f;
+      rows = H * kHd, cols = E, scale = 2.0f;
     } else if (ends_with(name, "k_proj.weight")) {
-      rows = KV * kHd, cols = E, scale = 8.0f;
+      rows = KV * kHd, cols = E, scale = 2.0f;
     } else if (ends_with(name, "v_proj.weight")) {
       rows = KV * kHd, cols = E;
     } else if (ends_with(name, "o_proj.weight")) {
@@ -105,10 +111,11 @@ std::vector<int32_t> prompt(size_t n, int64_t vocab, size_t salt = 0) {
   return ids;
 }
 
-class CudaK4c : public ::testing::Test {
+// The model on either device (K4cHd64 needs no GPU: the CPU half of the
+// comparisons below, run on the host).
+class K4cHd64 : public ::testing::Test {
  protected:
   void SetUp() override {
-    RILL_REQUIRE_GPU();
     files_ = llama_hd64(store_);
     if (!files_) GTEST_SKIP() << "the llama golden is missing";
   }
@@ -142,6 +149,14 @@ class CudaK4c : public ::testing::Test {
 
   std::shared_ptr<ModelFiles> files_;
   std::vector<std::vector<float>> store_;
+};
+
+class CudaK4c : public K4cHd64 {
+ protected:
+  void SetUp() override {
+    RILL_REQUIRE_GPU();
+    K4cHd64::SetUp();
+  }
 };
 
 // Refused by name unless RILL_CUDA_UNTESTED_KV=1 (untested_kv.h sets it for
@@ -202,29 +217,6 @@ TEST_F(CudaK4c, LogitsMatchTheCpusK4cAtEveryPosition) {
   }
 }
 
-// Greedy generation after a 40-token prompt: 24 decode steps that cross
-// the block boundaries at 64, on both devices, the same tokens where the
-// CPU's top-2 gap allows (compared while the CPU's margin exceeds 0.05).
-TEST_F(CudaK4c, GreedyDecodeFollowsTheCpu) {
-  const std::vector<int32_t> ids = prompt(40, files_->config.n_vocab, 3);
-  auto cpu = open(Device::kCpu, 16, "k4c"), gpu = open(Device::kCuda, 16, "k4c");
-  ASSERT_TRUE(cpu && gpu);
-  GenerationOptions go;
-  go.max_tokens = 28;
-  go.ignore_eos = true;
-  go.sampling.temperature = 0;
-  SequenceRunner rc(*cpu), rg(*gpu);
-  auto c = rc.generate(ids, go, [](int32_t) { return true; });
-  auto g = rg.generate(ids, go, [](int32_t) { return true; });
-  ASSERT_TRUE(c.ok() && g.ok());
-  // The tokens may part where two logits tie within the devices' rounding;
-  // up to that point they agree, and the first 8 must.
-  size_t same = 0;
-  while (same < c->ids.size() && same < g->ids.size() && c->ids[same] == g->ids[same]) ++same;
-  EXPECT_GE(same, 8u) << "CUDA k4c's greedy tokens part from the CPU's at step " << same;
-  std::printf("[ cuda k4c ] greedy: %zu of %zu tokens as the CPU's\n", same, c->ids.size());
-}
-
 // Adds n tokens of sequence `slot` at pos0, every token's logits sampled.
 void add(Batch& b, const Model& m, int32_t slot, const std::vector<int32_t>& ids, int32_t pos0, int32_t n) {
   const std::vector<int32_t> table = slot_block_table(slot, m.n_ctx(), m.kv_block_size());
@@ -264,6 +256,29 @@ std::vector<float> two_sequences(Model& m) {
   add(batch, m, 1, a, 50, 10);
   run();
   return all;
+}
+
+// The CPU half, on the host: the widened model loads with k4c, k4c moves
+// its logits well above f32 noise (so the GPU tests' bound, a share of
+// that move, is not vacuous), its bits do not depend on chunking (the CPU
+// reference the GPU runs are held to in chunks of 64), and the shared
+// steps run.
+TEST_F(K4cHd64, CpuK4cMovesTheLogitsAndItsStepsRun) {
+  const std::vector<int32_t> ids = prompt(100, files_->config.n_vocab);
+  auto f32 = open(Device::kCpu, 64, nullptr), k64 = open(Device::kCpu, 64, "k4c"), k7 = open(Device::kCpu, 7, "k4c");
+  ASSERT_TRUE(f32 && k64 && k7);
+  EXPECT_EQ(k64->kv_block_size(), 32);
+  const std::vector<float> f = score(*f32, ids), c = score(*k64, ids), c7 = score(*k7, ids);
+  const double own = rms_diff(c, f);
+  EXPECT_GT(own, 1e-3) << "k4c hardly moves this model's logits";
+  EXPECT_EQ(test::max_abs_diff(c, c7), 0.0) << "the CPU's k4c depends on chunking";
+  auto f32_2 = open(Device::kCpu, 80, nullptr, 2), k4c_2 = open(Device::kCpu, 80, "k4c", 2);
+  ASSERT_TRUE(f32_2 && k4c_2);
+  const std::vector<float> a = two_sequences(*f32_2), b = two_sequences(*k4c_2);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_GT(rms_diff(a, b), 1e-3);
+  std::printf("[ k4c hd64 ] CPU k4c vs f32 KV: rms %.3g max %.3g (one sequence), rms %.3g (two)\n", own,
+              test::max_abs_diff(c, f), rms_diff(a, b));
 }
 
 TEST_F(CudaK4c, TwoSequencesInSharedStepsMatchTheCpu) {

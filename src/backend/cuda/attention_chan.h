@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace rill::cuda {
 
 struct ChanAttentionArgs {
@@ -58,5 +60,13 @@ struct ChanAttentionArgs {
 void chan_attention(const ChanAttentionArgs& a, cudaStream_t stream);
 // The same code over host pointers, on the calling thread (tests).
 void chan_attention_host(const ChanAttentionArgs& a);
+
+// Each head of in's rows (f32, in_stride floats apart) Walsh-Hadamard
+// rotated (cpu::hadamard_rotate's bits: the transform is its own inverse)
+// into out [n_rows, n_heads * head_dim] in out_dtype (F32 / F16 / BF16);
+// head_dim a power of two up to 512: what cuda::attention does to a rotated
+// V's outputs (attention.cu's kernel), for chan_attention's.
+void rotate_heads_back(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_heads, int32_t head_dim,
+                       DType out_dtype, void* out, cudaStream_t stream);
 
 }  // namespace rill::cuda

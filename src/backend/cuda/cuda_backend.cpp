@@ -413,7 +413,7 @@ class CudaBackend final : public Backend {
 
   // The scratch every op needs within `limits` (reserve()'s, or from a
   // runtime's arena: carve_cuda_scratch).
-  void carve(cuda::Arena& a, const StepLimits& limits) {
+  void carve(cuda::Arena& a, const StepLimits& limits, const CudaChanLimits& chan = {}) {
     partial_ = a.take<float>(cuda::attention_partial_floats(limits.max_tokens, limits.n_head, limits.head_dim));
     shifted_pos_ = a.take<int32_t>(static_cast<size_t>(limits.max_tokens));  // rope_store_kv's pos_offset
     // Rotated KV's queries and outputs (2 f32 rows a token: 1/16 of the
@@ -440,19 +440,19 @@ class CudaBackend final : public Backend {
     if (!moes_.empty()) moe_.carve(a, limits.max_tokens);
     index_keys_ = limits.max_index_keys;
     index_scores_ = index_keys_ > 0 ? a.take<float>(static_cast<size_t>(cuda::kIndexBlocks * index_keys_)) : nullptr;
-    carve_chan(a, limits);
+    carve_chan(a, limits, chan);
   }
 
-  // k4c (StepLimits::max_chan_width): the step's q8_0 K and V rows, the
-  // plan's arrays (kv_chan_step.h) and the reference attention's scores,
-  // for at most kChanScoreFloats floats (the attention goes in chunks of
-  // chan_chunk_ tokens: a query's scores take max_chan_keys floats a head).
+  // k4c (CudaChanLimits): the step's q8_0 K and V rows, the plan's arrays
+  // (kv_chan_step.h) and the reference attention's scores, for at most
+  // kChanScoreFloats floats (the attention goes in chunks of chan_.chunk
+  // tokens: a query's scores take max_keys floats a head).
   static constexpr size_t kChanScoreFloats = size_t{64} << 20;
-  void carve_chan(cuda::Arena& a, const StepLimits& limits) {
+  void carve_chan(cuda::Arena& a, const StepLimits& limits, const CudaChanLimits& chan) {
     chan_ = {};
-    if (limits.max_chan_width <= 0) return;
+    if (chan.max_width <= 0) return;
     const auto T = static_cast<size_t>(limits.max_tokens);
-    const size_t row = row_bytes(cpu::kKvChanTailType, limits.max_chan_width);
+    const size_t row = row_bytes(cpu::kKvChanTailType, chan.max_width);
     chan_.step_k = a.take<uint8_t>(T * row);
     chan_.step_v = a.take<uint8_t>(T * row);
     chan_.max_units = cuda::chan_max_units(limits.max_tokens, limits.max_tokens);
@@ -465,8 +465,8 @@ class CudaBackend final : public Backend {
     chan_.c0 = a.take<int32_t>(T);
     chan_.tail_k = a.take<const uint8_t*>(T);
     chan_.tail_v = a.take<const uint8_t*>(T);
-    const size_t per_token = static_cast<size_t>(limits.n_head) * static_cast<size_t>(limits.max_chan_keys);
-    chan_.keys = static_cast<int32_t>(limits.max_chan_keys);
+    const size_t per_token = static_cast<size_t>(limits.n_head) * static_cast<size_t>(chan.max_keys);
+    chan_.keys = static_cast<int32_t>(chan.max_keys);
     chan_.chunk = static_cast<int32_t>(std::clamp<size_t>(kChanScoreFloats / std::max<size_t>(per_token, 1), 1, T));
     chan_.scores = a.take<float>(static_cast<size_t>(chan_.chunk) * per_token);
   }
@@ -1183,9 +1183,9 @@ Result<std::unique_ptr<Backend>> make_cuda_backend_on(cuda::Context& ctx, cuda::
   return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(nullptr, &ctx, &gemm, options));
 }
 
-void carve_cuda_scratch(Backend& backend, cuda::Arena& arena, const StepLimits& limits) {
+void carve_cuda_scratch(Backend& backend, cuda::Arena& arena, const StepLimits& limits, const CudaChanLimits& chan) {
   assert(std::strcmp(backend.name(), "cuda") == 0);
-  static_cast<CudaBackend&>(backend).carve(arena, limits);
+  static_cast<CudaBackend&>(backend).carve(arena, limits, chan);
 }
 
 }  // namespace rill

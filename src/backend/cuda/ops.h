@@ -44,23 +44,13 @@ void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t
 // is set (kv_untested).
 bool kv_supported(DType kv_dtype);
 // KV types whose kernels have not yet run on a GPU (IQ4_NL64: iq4_nlh64,
-// written on a host without one, docs/perf.md "k4ccuda22"; Q4_CHAN: k4c's
-// K, which CudaModelBase::choose_kv_type takes as a pair with iq4_nlh64 V
-// and kv_supported() never names, "k4cwire22"): kv_supported()
+// written on a host without one, docs/perf.md "k4ccuda22"): kv_supported()
 // refuses them unless the environment sets kUntestedKvEnv to 1 (read at
 // every call; the device tests set it), so nothing unmeasured is served by
 // default. kv_untested_allowed() says whether it is set.
 inline constexpr const char* kUntestedKvEnv = "RILL_CUDA_UNTESTED_KV";
 bool kv_untested(DType kv_dtype);
 bool kv_untested_allowed();
-
-// Each head of in's rows (f32, in_stride floats apart) Walsh-Hadamard
-// rotated (cpu::hadamard_rotate's bits: the transform is its own inverse)
-// into out [n_rows, n_heads * head_dim] in out_dtype (F32 / F16 / BF16);
-// head_dim a power of two up to 512. What attention does to a rotated V's
-// outputs, for the k4c path (attention_chan.h).
-void rotate_heads_back(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_heads, int32_t head_dim,
-                       DType out_dtype, void* out, cudaStream_t stream);
 // Whether a side of kv_dtype may be stored as `rotated` asks (rotated:
 // Hadamard-rotated per head, q8_0h / q4_0h / iq4_nlh / q8_0h64 /
 // iq4_nlh64, model/kv_types.h). Rotated: Q8_0, Q4_0 and IQ4_NL with a

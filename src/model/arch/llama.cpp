@@ -750,12 +750,9 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.attn32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : graph_.Q);
   act_views_.mlp32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : F);
   act_views_.final32 = carve_tensor(a, DType::kF32, S, f32 || graph_.mup.logit == 1.0f ? 0 : E_);
-  StepLimits limits = graph_.step_limits(T, S);
-  if (kv_chan_) {  // k4c: the step's q8_0 rows and the reference attention's scores (cuda_backend.cpp)
-    limits.max_chan_width = KV_;
-    limits.max_chan_keys = n_ctx();
-  }
-  carve_cuda_scratch(*backend_, a, limits);
+  CudaChanLimits chan;  // k4c: the step's q8_0 rows and the reference attention's scores
+  if (kv_chan_) chan = {KV_, n_ctx()};
+  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S), chan);
 }
 
 // The shared graph over the uploaded step metadata, then (shards) the
