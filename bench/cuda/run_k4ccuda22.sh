@@ -19,7 +19,7 @@
 # when the script is cut short. Every timeout is capped by the BUDGET.
 T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
-FILTER=${FILTER:-'CudaKvTypes.*:CudaAttention.StoredKvTypes*:CudaAttention.HeadDim512*:CudaAttention.DecodeTokensAreBatchInvariant:*CudaKvTiers.*nlh64*:*CudaKvTiers.*q8_0h64*:CudaKvExport.*:*CudaBatchInvariant.*nlh64*:CudaGemma4Hd512.QuantizedKv*:*CudaHf.KvTypeIsTheOne*:KvProbe*:CudaKvChan.*:CudaChanAttention.*:CudaKvChanStep.*:CudaK4c.*'}
+FILTER=${FILTER:-'CudaKvTypes.*:CudaAttention.StoredKvTypes*:CudaAttention.HeadDim512*:CudaAttention.DecodeTokensAreBatchInvariant:*CudaKvTiers.*nlh64*:*CudaKvTiers.*q8_0h64*:CudaKvExport.*:*CudaBatchInvariant.*nlh64*:CudaGemma4Hd512.QuantizedKv*:*CudaHf.KvTypeIsTheOne*:KvProbe*:CudaKvChan.*:CudaChanAttention.*:CudaKvChanStep.*:CudaK4c.*:K4cHd64.*'}
 OPS_FILTER=${OPS_FILTER:-'*BackendOps.RotatedKvStore*:*BackendOps.AttentionOverPagedKv*:*BackendOps.RopeQkNormAndKvStore*'}
 TYPES=${TYPES:-"f16 iq4_nlh iq4_nlh64"}
 BUDGET=${BUDGET:-420}

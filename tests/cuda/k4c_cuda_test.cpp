@@ -30,6 +30,7 @@
 // below).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -290,6 +291,61 @@ TEST_F(CudaK4c, TwoSequencesInSharedStepsMatchTheCpu) {
   EXPECT_LT(e, kShare * own) << "two sequences: CUDA k4c against the CPU's";
   std::printf("[ cuda k4c ] two sequences: vs CPU k4c rms %.3g max %.3g; CPU k4c vs f32 KV rms %.3g\n", e,
               test::max_abs_diff(g, c), own);
+}
+
+// The pool's blocks themselves: after the same 100 tokens (slot 0's blocks
+// 0, 1, 2 complete, 4 tokens in the tail), CUDA's K groups and V rows,
+// exported, against the CPU model's of the same blocks. They are the
+// same bytes but where an f32 rounding difference upstream moved a value
+// across a level (or a grid's error across another's): at least 97% of
+// each side's bytes are the CPU's, the sink block's too. A block encoded
+// without the sink rule, from wrong rows or into the wrong block, or V
+// rows in the wrong place, differs in most of its bytes. Then the CPU's
+// blocks imported into unused blocks and exported back are the same bytes
+// (K and V blocks of different sizes, copied a block at a time).
+TEST_F(CudaK4c, PoolBlocksAreTheCpusAndMoveBetweenDevices) {
+  const std::vector<int32_t> ids = prompt(100, files_->config.n_vocab);
+  auto cpu = open(Device::kCpu, 64, "k4c"), gpu = open(Device::kCuda, 7, "k4c");
+  ASSERT_TRUE(cpu && gpu);
+  score(*cpu, ids);
+  score(*gpu, ids);
+  const std::vector<Model::KvLayer> layers = gpu->kv_layers();
+  ASSERT_EQ(layers.size(), cpu->kv_layers().size());
+  const std::vector<int32_t> blocks = {0, 1, 2}, spare = {5, 6, 7};
+  size_t same[2] = {}, total[2] = {}, sink_same = 0, sink_total = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const size_t kb = layers[l].row_bytes * 32, vb = layers[l].v_row_bytes * 32;
+    ASSERT_GT(vb, 0u);
+    EXPECT_EQ(layers[l].v_dtype, kKvIq4Nl64);
+    std::vector<uint8_t> ck(3 * kb), cv(3 * kb), gk(3 * kb), gv(3 * kb);
+    ASSERT_TRUE(cpu->copy_kv_blocks_out(static_cast<int64_t>(l), blocks, kb, ck.data(), cv.data()).ok());
+    const Status out = gpu->copy_kv_blocks_out(static_cast<int64_t>(l), blocks, kb, gk.data(), gv.data());
+    ASSERT_TRUE(out.ok()) << out.error().message;
+    for (size_t b = 0; b < 3; ++b) {
+      for (size_t i = 0; i < kb; ++i) {
+        const bool eq = ck[b * kb + i] == gk[b * kb + i];
+        same[0] += eq;
+        ++total[0];
+        if (b == 0) sink_same += eq, ++sink_total;
+      }
+      for (size_t i = 0; i < vb; ++i) same[1] += cv[b * kb + i] == gv[b * kb + i], ++total[1];
+    }
+    // The CPU's blocks into CUDA's spare blocks and back.
+    ASSERT_TRUE(gpu->copy_kv_blocks_in(static_cast<int64_t>(l), spare, kb, ck.data(), cv.data()).ok());
+    std::vector<uint8_t> bk(3 * kb, 0), bv(3 * kb, 0);
+    ASSERT_TRUE(gpu->copy_kv_blocks_out(static_cast<int64_t>(l), spare, kb, bk.data(), bv.data()).ok());
+    EXPECT_EQ(bk, ck) << "layer " << l << ": K blocks through the device";
+    for (size_t b = 0; b < 3; ++b) {
+      EXPECT_TRUE(std::equal(bv.begin() + b * kb, bv.begin() + b * kb + vb, cv.begin() + b * kb))
+          << "layer " << l << " block " << b << ": V rows through the device";
+    }
+  }
+  const double k_share = double(same[0]) / total[0], v_share = double(same[1]) / total[1];
+  const double sink_share = double(sink_same) / sink_total;
+  EXPECT_GE(k_share, 0.97) << "K groups as the CPU's";
+  EXPECT_GE(sink_share, 0.97) << "the sink block's K groups as the CPU's";
+  EXPECT_GE(v_share, 0.97) << "V rows as the CPU's";
+  std::printf("[ cuda k4c ] pool bytes as the CPU's: K %.4f (sink block %.4f), V %.4f\n", k_share, sink_share, v_share);
 }
 
 // A step that continues a sequence where its tail does not hold the rows
