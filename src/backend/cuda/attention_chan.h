@@ -61,6 +61,19 @@ void chan_attention(const ChanAttentionArgs& a, cudaStream_t stream);
 // The same code over host pointers, on the calling thread (tests).
 void chan_attention_host(const ChanAttentionArgs& a);
 
+// chan_attention's arithmetic with a thread block per (query, head): the
+// keys' scores, exps and probabilities a key a thread, the max by a
+// reduction (exact), the double sum by one thread in key order, the output
+// a channel a thread in key order, each value computed as chan_attention
+// computes it (a group's q.z recomputed per key: the same value), so its
+// outputs are chan_attention's bits (not NaN-aware: a NaN score's max may
+// differ). What the CUDA backend runs for k4c (branch k4cwire22; not yet
+// run on a GPU): ~blockDim times the reference's parallelism, still a
+// reference-speed kernel (scores in global memory, one thread's sum).
+void chan_attention_parallel(const ChanAttentionArgs& a, cudaStream_t stream);
+// Its phases one after the other over host pointers (tests).
+void chan_attention_parallel_host(const ChanAttentionArgs& a);
+
 // Each head of in's rows (f32, in_stride floats apart) Walsh-Hadamard
 // rotated (cpu::hadamard_rotate's bits: the transform is its own inverse)
 // into out [n_rows, n_heads * head_dim] in out_dtype (F32 / F16 / BF16);

@@ -686,7 +686,9 @@ class CudaBackend final : public Backend {
     cuda::quantize_chan_blocks(e, stream());
   }
 
-  // k4c: the reference attention (attention_chan.h) in chunks of tokens,
+  // k4c: the reference attention's arithmetic (attention_chan.h
+  // chan_attention_parallel: a thread block per query and head, the
+  // reference's bits) in chunks of tokens,
   // its f32 outputs rotated back into op.out, then each sequence's tail
   // takes its newest partial block (after the attention that read it).
   void attention_chan(const AttentionOp& op, const StepMetadata& step) {
@@ -723,7 +725,7 @@ class CudaBackend final : public Backend {
       a.pos = step.pos + t0;
       a.seq_of = step.seq_of + t0;
       a.out = rotation_ + t0 * width;
-      cuda::chan_attention(a, stream());
+      cuda::chan_attention_parallel(a, stream());
     }
     cuda::rotate_heads_back(rotation_, width, n, op.n_head, op.head_dim, op.out.dtype, op.out.data, stream());
     cuda::update_chan_tails(c, stream());
