@@ -8,8 +8,8 @@
 #  2. one layer's decode attention alone per KV type (bench_kv_attention);
 #  3. the random Llama-3.1-8B bf16 made here: decode batch 1 / 64 after
 #     1,024-token prompts and prefill of 2,048 tokens per type (TYPES,
-#     default "f16 iq4_nlh iq4_nlh64"), main's bench_cuda then the
-#     branch's for the types main has (iq4_nlh64: the branch only);
+#     default "f16 iq4_nlh iq4_nlh64 k4c"), main's bench_cuda then the
+#     branch's for the types main has (iq4_nlh64, k4c: the branch only);
 #  4. optional (NCU=1): ncu of the fast decode kernel, iq4_nlh vs iq4_nlh64.
 # BUDGET: seconds from the start after which no new benchmark starts;
 # MIN_LEFT: the seconds a benchmark needs left to start (default 40).
@@ -21,7 +21,7 @@ T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
 FILTER=${FILTER:-'CudaKvTypes.*:CudaAttention.StoredKvTypes*:CudaAttention.HeadDim512*:CudaAttention.DecodeTokensAreBatchInvariant:*CudaKvTiers.*nlh64*:*CudaKvTiers.*q8_0h64*:CudaKvExport.*:*CudaBatchInvariant.*nlh64*:CudaGemma4Hd512.QuantizedKv*:*CudaHf.KvTypeIsTheOne*:KvProbe*:CudaKvChan.*:CudaChanAttention.*:CudaKvChanStep.*:CudaK4c.*:K4cHd64.*'}
 OPS_FILTER=${OPS_FILTER:-'*BackendOps.RotatedKvStore*:*BackendOps.AttentionOverPagedKv*:*BackendOps.RopeQkNormAndKvStore*'}
-TYPES=${TYPES:-"f16 iq4_nlh iq4_nlh64"}
+TYPES=${TYPES:-"f16 iq4_nlh iq4_nlh64 k4c"}
 BUDGET=${BUDGET:-420}
 L=/tmp/k4ccuda22-logs
 # left, to (a timeout capped by the budget), tmo (timeout in the
@@ -61,7 +61,7 @@ wait $MK; tail -2 $L/make.log
 for t in $TYPES; do
   for b in main branch; do
     { [ $t = iq4_nlh64 ] || [ $t = k4c ]; } && [ $b = main ] && continue  # main refuses them
-    # (k4c, TYPES="... k4c" only: its attention is the reference kernel, slow by design)
+    # (k4c, branch k4cwire22: the reference attention's arithmetic, slow by design: an end-to-end smoke on the 8B)
     # One build packed as both (the carry made after the merge): no main runs.
     [ $b = main ] && cmp -s $V/bench_cuda $V/bench_cuda_main && continue
     [ $(left) -lt ${MIN_LEFT:-40} ] && { echo "== $t $b skipped (time)"; continue; }
