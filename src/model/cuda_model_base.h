@@ -315,7 +315,7 @@ class CudaModelBase : public Model, public StepOverlap {
   // Elements of one token's K (or V) row in KV layer `layer`.
   int64_t kv_width(size_t layer) const { return kv_widths_.empty() ? KV_ : kv_widths_[layer]; }
   // Bytes of one token's K row in KV layer `layer` (kv_dtype_'s blocks),
-  // and of its V row (kv_v_dtype_'s: k4c's iq4_nlh64; else as K).
+  // and of its V row (kv_v_dtype(): k4c's iq4_nlh64; else K's type).
   size_t kv_row_bytes(size_t layer) const { return row_bytes(kv_dtype_, kv_width(layer)); }
   size_t kv_v_row_bytes(size_t layer) const { return row_bytes(kv_v_dtype(), kv_width(layer)); }
   DType kv_v_dtype() const { return kv_chan_ ? kKvIq4Nl64 : kv_dtype_; }
@@ -405,12 +405,12 @@ class CudaModelBase : public Model, public StepOverlap {
   // Device -> out[0] (K), out[1] (V) when out is set, else in -> device.
   Status copy_kv_blocks(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, uint8_t* const out[2],
                         const uint8_t* const in[2]) const;
-  size_t kv_block_bytes(int64_t layer) const;  // one block's K (or V) rows of one layer
+  size_t kv_block_bytes(int64_t layer) const;  // one block's K rows of one layer (V's as K's but with k4c)
   mutable cuda::PinnedBuffer kv_staging_;
   // k4c's tails (model/kv_tails.h's layout: per slot, each KV layer's
   // 64-byte KvTailHeader, 32 K rows, 32 V rows in q8_0), carved once with
   // the KV pool and counted in its budget. Never exported: the tiers and
-  // KV files take whole blocks only. tail_off_[l]: layer l's tail within a
+  // KV files take whole blocks only (copy_kv_blocks). tail_off_[l]: layer l's tail within a
   // slot. tail_heads_: each slot's header as the host last left it
   // (group_start, n_rows; the device's after every step), which
   // check_kv_tails() holds each batch to without reading the device.
