@@ -311,7 +311,8 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   const size_t blocks_per_seq = static_cast<size_t>((n_ctx_ + block_size_ - 1) / block_size_);
   table_cap_ = std::min(T, S + 16) * blocks_per_seq + 1;  // + the padding rows' scratch block
   cuda::Arena meta_sizing;
-  const size_t n_seq_arrays = kv_chan_ ? T : 0;  // k4c's per-sequence arrays
+  // k4c's per-sequence arrays: a decode graph's steps name n_run + 1 <= T + 1.
+  const size_t n_seq_arrays = kv_chan_ ? T + 1 : 0;
   meta_dev_.carve(meta_sizing, T, S, table_cap_, n_groups, n_seq_arrays);
   RILL_ASSIGN_OR_RETURN(meta_dev_buf_, cuda::DeviceBuffer::allocate(meta_sizing.used(), "step metadata"));
   cuda::Arena md(meta_dev_buf_.data());
@@ -392,14 +393,14 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
     kv_plane_off_[l] = kv_plane_off_[l - 1] + kv_plane_bytes(l - 1) + kv_v_plane_bytes(l - 1);
   }
   if (n_tail_slots_ > 0) {  // zeros: every header at position 0 with no rows
-    RILL_ASSIGN_OR_RETURN(kv_tails_, cuda::DeviceBuffer::allocate(static_cast<size_t>(tail_bytes), "the KV tails"));
-    RILL_CUDA_CHECK(cudaMemsetAsync(kv_tails_.data(), 0, static_cast<size_t>(tail_bytes), ctx_->stream()));
+    // One slot more than reported: the scratch slot of a decode graph's
+    // padding sequences (compute()), as the pool's scratch block.
+    const size_t bytes = static_cast<size_t>(tail_bytes) + tail_slot_bytes_;
+    RILL_ASSIGN_OR_RETURN(kv_tails_, cuda::DeviceBuffer::allocate(bytes, "the KV tails"));
+    RILL_CUDA_CHECK(cudaMemsetAsync(kv_tails_.data(), 0, bytes, ctx_->stream()));
     tail_heads_.assign(static_cast<size_t>(n_tail_slots_), {0, 0});
   }
-  // k4c's units are planned on the device but its attention goes in
-  // chunks the host counts, and a decode graph's padding tokens have no
-  // tail: k4c steps run without graphs (a reference path; docs/perf.md).
-  use_graphs_ = options.cuda_graphs && !kv_chan_;
+  use_graphs_ = options.cuda_graphs;
   device_sampling_ = options.cuda_device_sampling;
   return ctx_->synchronize();
 }
@@ -831,6 +832,19 @@ Status CudaModelBase::compute(const Batch& batch) {
         ++decode_work;  // one split at position 0
       }
     }
+    // k4c: a graph's step names n_run + 1 sequences whatever the batch (the
+    // count is a kernel argument, kv_chan_step.h): the dummy sequence of
+    // the padding rows as one token at position 0, then sequences of no
+    // tokens; all in the scratch tail slot (never read: no step of theirs
+    // starts inside a block).
+    if (kv_chan_) {
+      for (int64_t s = n_seqs; s <= n_run; ++s) {
+        const bool dummy = s == n_seqs && n_run > n;
+        mh.q_start[s] = dummy ? static_cast<int32_t>(n) : 0;
+        mh.q_len[s] = mh.kv_len[s] = dummy ? 1 : 0;
+        mh.kv_tail[s] = n_tail_slots_;
+      }
+    }
   }
   // A power of two, in the graph's key below: every replay of a graph
   // chose its decode blocks for the same count.
@@ -863,7 +877,7 @@ Status CudaModelBase::compute(const Batch& batch) {
     note_kv_tails(batch);
     return Status::Ok();
   }
-  const Step step{n_run, n_run, decode.n, max_decode_len, 0, work};
+  const Step step{n_run, n_run, decode.n, max_decode_len, 0, work, kv_chan_ ? static_cast<int32_t>(n_run + 1) : 0};
   int work_log2 = 0;
   while ((int32_t{1} << work_log2) < work) ++work_log2;
   Graph& g = graphs_[static_cast<uint64_t>(step_kind_) << 48 | static_cast<uint64_t>(work_log2) << 40 |
@@ -871,11 +885,14 @@ Status CudaModelBase::compute(const Batch& batch) {
   if (g.exec) {
     if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess)
       return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
+    note_kv_tails(batch);
     return Status::Ok();
   }
   if (!g.seen) {
     g.seen = true;
-    return run_layers(step);
+    RILL_TRY(run_layers(step));
+    note_kv_tails(batch);
+    return Status::Ok();
   }
   cudaGraph_t graph = nullptr;
   if (cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal); e != cudaSuccess) {
@@ -890,6 +907,7 @@ Status CudaModelBase::compute(const Batch& batch) {
   if (inst != cudaSuccess) return Error{cuda::cuda_error_text(inst, "cudaGraphInstantiate")};
   if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess)
     return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
+  note_kv_tails(batch);
   return Status::Ok();
 }
 

@@ -121,9 +121,10 @@ class K4cHd64 : public ::testing::Test {
     if (!files_) GTEST_SKIP() << "the llama golden is missing";
   }
   // n_slots: the KV slots (and so k4c's tail slots: one per sequence).
-  Result<std::unique_ptr<Model>> try_open(Device d, int chunk, const char* kv, int n_slots = 1) {
+  Result<std::unique_ptr<Model>> try_open(Device d, int chunk, const char* kv, int n_slots = 1, bool graphs = true) {
     ModelOptions o;
     o.device = d;
+    o.cuda_graphs = graphs;
     o.n_threads = 2;
     o.n_ctx = 256;
     o.max_batch_tokens = chunk;
@@ -136,8 +137,8 @@ class K4cHd64 : public ::testing::Test {
     }
     return create_model(builtin_registry(), infer_profile(*files_), files_, o);
   }
-  std::unique_ptr<Model> open(Device d, int chunk, const char* kv, int n_slots = 1) {
-    auto m = try_open(d, chunk, kv, n_slots);
+  std::unique_ptr<Model> open(Device d, int chunk, const char* kv, int n_slots = 1, bool graphs = true) {
+    auto m = try_open(d, chunk, kv, n_slots, graphs);
     EXPECT_TRUE(m.ok()) << m.error().message;
     return m.ok() ? std::move(m).value() : nullptr;
   }
@@ -183,7 +184,8 @@ TEST_F(CudaK4c, IsRefusedWithoutTheSwitch) {
 
 // One sequence of 100 tokens (blocks at 0, 32, 64 completed, the last 4
 // tokens left in the tail), scored in chunks of 1 (every step a decode
-// step: one query, a block completed at positions 31, 63, 95), 7 (chunks
+// step: one query, a block completed at positions 31, 63, 95; with decode
+// graphs, then without: chunk -1 below), 7 (chunks
 // that end inside blocks and cross their boundaries: the tail partly
 // filled before a step, blocks completed from tail and step rows) and 64
 // (a prefill that completes two blocks in one step, the first the
@@ -198,13 +200,15 @@ TEST_F(CudaK4c, LogitsMatchTheCpusK4cAtEveryPosition) {
   const double own = rms_diff(c, own_f32);
   // k4c must change this model's logits visibly, or the bound says nothing.
   EXPECT_GT(own, 100 * rms_diff(gpu_f32, own_f32)) << "k4c's own change is below f32 noise";
-  for (const int chunk : {1, 7, 64}) {
-    auto gpu = open(Device::kCuda, chunk, "k4c");
+  // Chunks of 1 twice: decode steps replayed from CUDA graphs (the
+  // default; their padding in the scratch tail slot), then run eagerly.
+  for (const int chunk : {1, -1, 7, 64}) {
+    auto gpu = open(Device::kCuda, std::abs(chunk), "k4c", 1, /*graphs=*/chunk > 0);
     ASSERT_TRUE(gpu) << chunk;
     const std::vector<float> g = score(*gpu, ids);
     ASSERT_EQ(g.size(), c.size()) << chunk;
     const double e = rms_diff(g, c);
-    EXPECT_LT(e, kShare * own) << "chunks of " << chunk << ": CUDA k4c against the CPU's";
+    EXPECT_LT(e, kShare * own) << "chunks of " << chunk << " (-1: without graphs): CUDA k4c against the CPU's";
     // Not f32 KV under another name: CUDA's k4c costs what the CPU's does.
     EXPECT_GT(rms_diff(g, gpu_f32), 0.5 * own) << "chunks of " << chunk;
     // The last position (its block's 4 rows from the tail and the step).

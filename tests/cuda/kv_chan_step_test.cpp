@@ -68,7 +68,7 @@ class K4cLayer {
     k_plane_.assign(kBlocks * kT * k_row_, 0);
     v_plane_.assign(kBlocks * kT * v_row_, 0);
     cpu_tails_.assign(2 * tail_stride_, 0);
-    cuda_tails_ = cpu_tails_;
+    cuda_tails_.assign(3 * tail_stride_, 0);  // slot 2: a decode graph's scratch slot
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
     const std::vector<std::vector<int32_t>> tables = {{5, 2, 7, 0}, {1, 6, 3, 4}};
@@ -96,8 +96,11 @@ class K4cLayer {
 
   // One step; returns the largest output difference. `swapped`: the CUDA
   // side runs with the first two sequences' tail slots exchanged (a probe
-  // that must fail; run it on a copy).
-  double step(const std::vector<StepRun>& runs, bool swapped = false) {
+  // that must fail; run it on a copy). `padded`: the CUDA side's plan and
+  // tail update also see a decode graph's padding (CudaModelBase::compute):
+  // a dummy sequence of one token at position 0 and a sequence of none,
+  // both in the scratch slot 2, which must change nothing else.
+  double step(const std::vector<StepRun>& runs, bool swapped = false, bool padded = false) {
     // The step's arrays, as a batch lays them out.
     std::vector<int32_t> q_start, q_len, kv_len, kv_tail, table_start, tables, pos, seq_of;
     std::vector<uint8_t> step_k, step_v;
@@ -130,6 +133,20 @@ class K4cLayer {
     std::vector<float> want(static_cast<size_t>(n_tokens * qw), NAN), got(want.size(), NAN);
     std::vector<int32_t> cuda_tail = kv_tail;
     if (swapped) std::swap(cuda_tail[0], cuda_tail[1]);
+    std::vector<int32_t> c_q_start = q_start, c_q_len = q_len, c_kv_len = kv_len, c_table_start = table_start;
+    if (padded) {
+      const auto dummy = static_cast<int32_t>(pos.size());
+      step_k.resize(step_k.size() + tail_row_, 0);  // the dummy token's rows (after the real ones)
+      step_v.resize(step_v.size() + tail_row_, 0);
+      for (const int32_t len : {1, 0}) {
+        c_q_start.push_back(len ? dummy : 0);
+        c_q_len.push_back(len);
+        c_kv_len.push_back(len);
+        c_table_start.push_back(0);
+        cuda_tail.push_back(2);
+      }
+    }
+    const auto c_seqs = static_cast<int32_t>(c_q_len.size());
 
     // The CPU backend's flow (cpu_backend.cpp).
     {
@@ -196,19 +213,19 @@ class K4cLayer {
     }
 
     // The CUDA backend's flow (cuda_backend.cpp) over the host builds.
-    const int32_t max_units = chan_max_units(n_tokens, n_seqs);
-    std::vector<const uint8_t*> rows(static_cast<size_t>(max_units) * kT), tail_k(n_seqs), tail_v(n_seqs);
+    const int32_t max_units = chan_max_units(n_tokens, c_seqs);
+    std::vector<const uint8_t*> rows(static_cast<size_t>(max_units) * kT), tail_k(c_seqs), tail_v(c_seqs);
     std::vector<uint8_t*> dst(static_cast<size_t>(max_units));
     std::vector<uint8_t> seq_start(static_cast<size_t>(max_units));
-    std::vector<int32_t> units(2 * static_cast<size_t>(max_units)), c0(static_cast<size_t>(n_seqs));
+    std::vector<int32_t> units(2 * static_cast<size_t>(max_units)), c0(static_cast<size_t>(c_seqs));
     int32_t n_units = -1;
     ChanStepArgs c;
-    c.n_seqs = n_seqs;
-    c.q_start = q_start.data();
-    c.q_len = q_len.data();
-    c.kv_len = kv_len.data();
+    c.n_seqs = c_seqs;
+    c.q_start = c_q_start.data();
+    c.q_len = c_q_len.data();
+    c.kv_len = c_kv_len.data();
     c.kv_tail = cuda_tail.data();
-    c.table_start = table_start.data();
+    c.table_start = c_table_start.data();
     c.block_tables = tables.data();
     c.tails = cuda_tails_.data();
     c.tail_stride = tail_stride_;
@@ -295,6 +312,12 @@ class K4cLayer {
   }
 
   int32_t len(int s) const { return seqs_[s].len; }
+  // The scratch slot's header (the padding's: group_start 0, and 1 or 0 rows).
+  KvTailHeader scratch_header() const {
+    KvTailHeader h;
+    std::memcpy(&h, cuda_tails_.data() + 2 * tail_stride_, sizeof h);
+    return h;
+  }
 
  private:
   static double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -330,10 +353,13 @@ TEST(CudaKvChanStep, HostRunIsTheCpuBackendsFlow) {
       K4cLayer probe = layer;
       EXPECT_GT(probe.step(steps[i], /*swapped=*/true), 1e-2) << "a step that read the other sequence's tail";
     }
-    const double d = layer.step(steps[i]);
+    const bool decode = std::all_of(steps[i].begin(), steps[i].end(), [](const StepRun& r) { return r.n == 1; });
+    const double d = layer.step(steps[i], false, /*padded=*/decode);
     EXPECT_LE(d, 2e-5) << what << ": outputs";
     layer.expect_same_state(what);
   }
+  EXPECT_EQ(layer.scratch_header().group_start, 0);  // the padding went to the scratch slot
+  EXPECT_LE(layer.scratch_header().n_rows, 1);
   EXPECT_EQ(layer.len(0), 101);
   EXPECT_EQ(layer.len(1), 92);
 }

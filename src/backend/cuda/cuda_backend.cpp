@@ -462,9 +462,10 @@ class CudaBackend final : public Backend {
     chan_.sequence_start = a.take<uint8_t>(U);
     chan_.n_units = a.take<int32_t>(1);
     chan_.units = a.take<int32_t>(2 * U);
-    chan_.c0 = a.take<int32_t>(T);
-    chan_.tail_k = a.take<const uint8_t*>(T);
-    chan_.tail_v = a.take<const uint8_t*>(T);
+    // Per sequence: a decode graph's step names up to T + 1 (CudaModelBase::compute).
+    chan_.c0 = a.take<int32_t>(T + 1);
+    chan_.tail_k = a.take<const uint8_t*>(T + 1);
+    chan_.tail_v = a.take<const uint8_t*>(T + 1);
     const size_t per_token = static_cast<size_t>(limits.n_head) * static_cast<size_t>(chan.max_keys);
     chan_.keys = static_cast<int32_t>(chan.max_keys);
     chan_.chunk = static_cast<int32_t>(std::clamp<size_t>(kChanScoreFloats / std::max<size_t>(per_token, 1), 1, T));
@@ -1151,7 +1152,7 @@ class CudaBackend final : public Backend {
     uint8_t* sequence_start = nullptr;
     int32_t* n_units = nullptr;
     int32_t* units = nullptr;
-    int32_t* c0 = nullptr;  // [max_tokens] (a sequence per token at most)
+    int32_t* c0 = nullptr;  // [max_tokens + 1] (a sequence per token at most, and a graph's padding)
     const uint8_t** tail_k = nullptr;
     const uint8_t** tail_v = nullptr;
     float* scores = nullptr;  // [chunk, n_head, keys]
