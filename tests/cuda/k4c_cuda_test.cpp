@@ -263,6 +263,42 @@ std::vector<float> two_sequences(Model& m) {
   return all;
 }
 
+// Nine sequences of different lengths (slots 0..8: 5, 13, 21, 29, 30, 44,
+// 58, 62, 63 prompt tokens, each prefilled in a step of its own), then
+// four decode steps of all nine: with graphs on, nine decode rows run as a
+// bucket of 16 (CudaModelBase::compute), seven of them padding in the
+// scratch block and tail slot. The decode steps complete blocks (29 -> 31,
+// 30 -> 31, 62 -> 63, 63 at once) and start new ones (32); every step's
+// logits of every token against the CPU's same steps.
+std::vector<float> nine_sequences(Model& m) {
+  const int32_t lens[9] = {5, 13, 21, 29, 30, 44, 58, 62, 63};
+  std::vector<std::vector<int32_t>> ids;
+  for (size_t s = 0; s < 9; ++s) ids.push_back(prompt(80, m.n_vocab(), 3 + s));
+  const int64_t V = m.n_vocab();
+  std::vector<float> all;
+  Batch batch;
+  auto run = [&]() {
+    std::vector<float> logits(batch.sample_rows.size() * static_cast<size_t>(V));
+    const Status st = m.forward(batch, logits.data());
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    all.insert(all.end(), logits.begin(), logits.end());
+    batch.clear();
+  };
+  for (int32_t s = 0; s < 9; ++s) {
+    add(batch, m, s, ids[static_cast<size_t>(s)], 0, lens[s]);
+    run();
+  }
+  for (int32_t k = 0; k < 4; ++k) {
+    // In an order other than the slots' (sequence i of the step is slot (i * 4) mod 9).
+    for (int32_t i = 0; i < 9; ++i) {
+      const int32_t s = (i * 4) % 9;
+      add(batch, m, s, ids[static_cast<size_t>(s)], lens[s] + k, 1);
+    }
+    run();
+  }
+  return all;
+}
+
 // The CPU half, on the host: the widened model loads with k4c, k4c moves
 // its logits well above f32 noise (so the GPU tests' bound, a share of
 // that move, is not vacuous), its bits do not depend on chunking (the CPU
@@ -282,8 +318,13 @@ TEST_F(K4cHd64, CpuK4cMovesTheLogitsAndItsStepsRun) {
   const std::vector<float> a = two_sequences(*f32_2), b = two_sequences(*k4c_2);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_GT(rms_diff(a, b), 1e-3);
-  std::printf("[ k4c hd64 ] CPU k4c vs f32 KV: rms %.3g max %.3g (one sequence), rms %.3g (two)\n", own,
-              test::max_abs_diff(c, f), rms_diff(a, b));
+  auto f32_9 = open(Device::kCpu, 64, nullptr, 9), k4c_9 = open(Device::kCpu, 64, "k4c", 9);
+  ASSERT_TRUE(f32_9 && k4c_9);
+  const std::vector<float> a9 = nine_sequences(*f32_9), b9 = nine_sequences(*k4c_9);
+  ASSERT_EQ(a9.size(), b9.size());
+  EXPECT_GT(rms_diff(a9, b9), 1e-3);
+  std::printf("[ k4c hd64 ] CPU k4c vs f32 KV: rms %.3g max %.3g (one sequence), rms %.3g (two), rms %.3g (nine)\n",
+              own, test::max_abs_diff(c, f), rms_diff(a, b), rms_diff(a9, b9));
 }
 
 TEST_F(CudaK4c, TwoSequencesInSharedStepsMatchTheCpu) {
@@ -295,6 +336,30 @@ TEST_F(CudaK4c, TwoSequencesInSharedStepsMatchTheCpu) {
   EXPECT_LT(e, kShare * own) << "two sequences: CUDA k4c against the CPU's";
   std::printf("[ cuda k4c ] two sequences: vs CPU k4c rms %.3g max %.3g; CPU k4c vs f32 KV rms %.3g\n", e,
               test::max_abs_diff(g, c), own);
+}
+
+// Nine sequences in shared decode steps replayed from graphs (nine rows
+// padded to a bucket of 16: the only steps that pad, more than 8 rows and
+// not a bucket's count) against the CPU's same steps.
+TEST_F(CudaK4c, NineSequencesInPaddedDecodeGraphsMatchTheCpu) {
+  auto f32_cpu = open(Device::kCpu, 64, nullptr, 9), cpu = open(Device::kCpu, 64, "k4c", 9);
+  auto gpu = open(Device::kCuda, 64, "k4c", 9, /*graphs=*/true);
+  ASSERT_TRUE(f32_cpu && cpu && gpu);
+  const std::vector<float> own_f32 = nine_sequences(*f32_cpu), c = nine_sequences(*cpu), g = nine_sequences(*gpu);
+  ASSERT_EQ(g.size(), c.size());
+  const double own = rms_diff(c, own_f32), e = rms_diff(g, c);
+  EXPECT_LT(e, kShare * own) << "nine sequences, padded decode graphs: CUDA k4c against the CPU's";
+  // The decode steps alone (the last 4 x 9 rows of logits).
+  const size_t tail = size_t{36} * static_cast<size_t>(files_->config.n_vocab);
+  const std::vector<float> dg(g.end() - static_cast<std::ptrdiff_t>(tail), g.end()),
+      dc(c.end() - static_cast<std::ptrdiff_t>(tail), c.end()),
+      df(own_f32.end() - static_cast<std::ptrdiff_t>(tail), own_f32.end());
+  const double own_d = rms_diff(dc, df), e_d = rms_diff(dg, dc);
+  EXPECT_LT(e_d, kShare * own_d) << "nine sequences, the decode steps alone";
+  std::printf(
+      "[ cuda k4c ] nine sequences: vs CPU k4c rms %.3g max %.3g (decode steps rms %.3g); CPU k4c vs f32 KV rms %.3g "
+      "(decode steps %.3g)\n",
+      e, test::max_abs_diff(g, c), e_d, own, own_d);
 }
 
 // The pool's blocks themselves: after the same 100 tokens (slot 0's blocks
