@@ -190,7 +190,10 @@ TEST_F(CudaK4c, IsRefusedWithoutTheSwitch) {
 // filled before a step, blocks completed from tail and step rows) and 64
 // (a prefill that completes two blocks in one step, the first the
 // sequence's sink block), against the CPU's k4c scored in chunks of 64
-// (the CPU's k4c bits do not depend on chunking: attention_chan.h).
+// (the CPU's k4c bits do not depend on chunking: attention_chan.h); and
+// in chunks of 64 again with the attention's score buffer cut to 3
+// queries (CudaChanLimits::max_score_floats), each step's attention then
+// run in chunks of 3 queries.
 TEST_F(CudaK4c, LogitsMatchTheCpusK4cAtEveryPosition) {
   const std::vector<int32_t> ids = prompt(100, files_->config.n_vocab);
   auto f32_cpu = open(Device::kCpu, 64, nullptr), f32_gpu = open(Device::kCuda, 64, nullptr);
@@ -202,13 +205,23 @@ TEST_F(CudaK4c, LogitsMatchTheCpusK4cAtEveryPosition) {
   EXPECT_GT(own, 100 * rms_diff(gpu_f32, own_f32)) << "k4c's own change is below f32 noise";
   // Chunks of 1 twice: decode steps replayed from CUDA graphs (the
   // default; their padding in the scratch tail slot), then run eagerly.
-  for (const int chunk : {1, -1, 7, 64}) {
-    auto gpu = open(Device::kCuda, std::abs(chunk), "k4c", 1, /*graphs=*/chunk > 0);
+  // 0: chunks of 64 with the reference attention's score buffer cut to 3
+  // queries' scores (RILL_CUDA_K4C_SCORE_FLOATS, llama.cpp), so that a
+  // step's attention runs in chunks of 3 queries (the last of 1).
+  for (const int chunk : {1, -1, 7, 64, 0}) {
+    if (chunk == 0) {
+      const int64_t per_query = int64_t{files_->config.n_head} * 256;  // n_head x n_ctx
+      setenv("RILL_CUDA_K4C_SCORE_FLOATS", std::to_string(3 * per_query + per_query / 2).c_str(), 1);
+    }
+    auto gpu = open(Device::kCuda, chunk == 0 ? 64 : std::abs(chunk), "k4c", 1, /*graphs=*/chunk > 0);
+    unsetenv("RILL_CUDA_K4C_SCORE_FLOATS");
     ASSERT_TRUE(gpu) << chunk;
     const std::vector<float> g = score(*gpu, ids);
     ASSERT_EQ(g.size(), c.size()) << chunk;
     const double e = rms_diff(g, c);
-    EXPECT_LT(e, kShare * own) << "chunks of " << chunk << " (-1: without graphs): CUDA k4c against the CPU's";
+    EXPECT_LT(e, kShare * own) << "chunks of " << chunk
+                               << " (-1: without graphs; 0: 64 with the attention in chunks of 3 queries): CUDA k4c "
+                                  "against the CPU's";
     // Not f32 KV under another name: CUDA's k4c costs what the CPU's does.
     EXPECT_GT(rms_diff(g, gpu_f32), 0.5 * own) << "chunks of " << chunk;
     // The last position (its block's 4 rows from the tail and the step).

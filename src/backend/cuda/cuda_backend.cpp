@@ -445,9 +445,8 @@ class CudaBackend final : public Backend {
 
   // k4c (CudaChanLimits): the step's q8_0 K and V rows, the plan's arrays
   // (kv_chan_step.h) and the reference attention's scores, for at most
-  // kChanScoreFloats floats (the attention goes in chunks of chan_.chunk
-  // tokens: a query's scores take max_keys floats a head).
-  static constexpr size_t kChanScoreFloats = size_t{64} << 20;
+  // chan.max_score_floats floats (the attention goes in chunks of
+  // chan_.chunk tokens: a query's scores take max_keys floats a head).
   void carve_chan(cuda::Arena& a, const StepLimits& limits, const CudaChanLimits& chan) {
     chan_ = {};
     if (chan.max_width <= 0) return;
@@ -468,7 +467,8 @@ class CudaBackend final : public Backend {
     chan_.tail_v = a.take<const uint8_t*>(T + 1);
     const size_t per_token = static_cast<size_t>(limits.n_head) * static_cast<size_t>(chan.max_keys);
     chan_.keys = static_cast<int32_t>(chan.max_keys);
-    chan_.chunk = static_cast<int32_t>(std::clamp<size_t>(kChanScoreFloats / std::max<size_t>(per_token, 1), 1, T));
+    chan_.chunk =
+        static_cast<int32_t>(std::clamp<size_t>(chan.max_score_floats / std::max<size_t>(per_token, 1), 1, T));
     chan_.scores = a.take<float>(static_cast<size_t>(chan_.chunk) * per_token);
   }
 
