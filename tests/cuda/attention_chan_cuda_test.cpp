@@ -276,5 +276,38 @@ TEST(CudaChanAttention, DeviceIsTheHostRun) {
   }
 }
 
+// rotate_heads_back (what the k4c attention's f32 outputs go through into
+// the step's activations): its f32 output is the CPU's rotation of each
+// head (within f32 rounding), and its bf16 and f16 outputs are that f32
+// output rounded to the type, bit for bit (one kernel, one rounding at the
+// store). Rows read in_stride floats apart (wider than the heads), head
+// sizes of the warp kernel (64, 128) and of the block kernel (16).
+TEST(CudaChanAttention, RotateHeadsBackInBf16AndF16IsTheF32Rounded) {
+  RILL_REQUIRE_GPU();
+  for (const int32_t hd : {16, 64, 128}) {
+    const int32_t n_rows = 5, n_heads = 3;
+    const int64_t width = int64_t{n_heads} * hd, stride = width + 8;
+    const std::vector<float> in = random_floats(static_cast<size_t>(n_rows * stride), 900 + static_cast<uint32_t>(hd));
+    auto d_in = upload(in);
+    const auto n = static_cast<size_t>(n_rows * width);
+    auto d_f32 = poisoned(n * 4);
+    rotate_heads_back(d_in.as<float>(), stride, n_rows, n_heads, hd, DType::kF32, d_f32.data(), nullptr);
+    const std::vector<float> f32 = download<float>(d_f32, n);
+    std::vector<float> want(n);
+    for (int32_t r = 0; r < n_rows; ++r) {
+      std::memcpy(want.data() + r * width, in.data() + r * stride, static_cast<size_t>(width) * sizeof(float));
+    }
+    for (int64_t h = 0; h < int64_t{n_rows} * n_heads; ++h) cpu::hadamard_rotate(want.data() + h * hd, hd);
+    for (size_t e = 0; e < n; ++e) ASSERT_NEAR(f32[e], want[e], 1e-5) << "head_dim " << hd << " elem " << e;
+    for (const DType t : {DType::kBF16, DType::kF16}) {
+      auto d_out = poisoned(n * 2);
+      rotate_heads_back(d_in.as<float>(), stride, n_rows, n_heads, hd, t, d_out.data(), nullptr);
+      const std::vector<uint8_t> got = download<uint8_t>(d_out, n * 2);
+      EXPECT_EQ(got, encode(t, f32)) << "head_dim " << hd << ", " << (t == DType::kBF16 ? "bf16" : "f16")
+                                     << ": not the f32 output rounded";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace rill::cuda
