@@ -212,6 +212,15 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   }
   std::vector<std::optional<KvType>> sides = {options.kv_types.k, options.kv_types.v};
   for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
+  // k4c's q4c K needs a per-sequence KV tail (model/kv_tails.h), which only
+  // the Llama family's models keep: said first, on either device, before
+  // the CUDA switch below (which would not make it run).
+  for (const std::optional<KvType>& side : sides) {
+    if (side && side->dtype == kKvQ4Chan && impl->id.rfind("llama.", 0) != 0) {
+      return Error{files->path + ": KV type q4c (k4c) runs on the Llama family's models only (it needs a " +
+                   "per-sequence KV tail, which only they keep), not on " + impl->id + "; use another KV type"};
+    }
+  }
   if (options.device == Device::kCuda) {
     // CUDA stores f16 KV (f32 for f32 checkpoints), q8_0, q4_0, the
     // rotated q8_0h / q4_0h / iq4_nlh / q8_0h64, or fp8 and reads no other
