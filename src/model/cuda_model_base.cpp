@@ -710,19 +710,22 @@ Status CudaModelBase::check_kv_tails(const Batch& batch) const {
   if (n_tail_slots_ == 0) return Status::Ok();
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const BatchSeq& q = batch.seqs[s];
-    const std::string what = "batch sequence " + std::to_string(s) + ": KV tail slot " + std::to_string(q.kv_tail);
+    // Built only for an error's message (every sequence of every step passes here).
+    const auto what = [&] {
+      return "batch sequence " + std::to_string(s) + ": KV tail slot " + std::to_string(q.kv_tail);
+    };
     if (q.kv_tail < 0 || q.kv_tail >= n_tail_slots_) {
-      return Error{what + " is not one of the model's " + std::to_string(n_tail_slots_) +
+      return Error{what() + " is not one of the model's " + std::to_string(n_tail_slots_) +
                    " (k4c KV keeps one per sequence)"};
     }
     for (size_t o = 0; o < s; ++o) {
-      if (batch.seqs[o].kv_tail == q.kv_tail) return Error{what + " is also sequence " + std::to_string(o) + "'s"};
+      if (batch.seqs[o].kv_tail == q.kv_tail) return Error{what() + " is also sequence " + std::to_string(o) + "'s"};
     }
     const int32_t c0 = q.kv_len - q.q_len;
     if (c0 % block_size_ == 0) continue;
     const auto [start, rows] = tail_heads_[static_cast<size_t>(q.kv_tail)];
     if (start != c0 - c0 % block_size_ || rows < c0 % block_size_) {
-      return Error{what + " holds positions [" + std::to_string(start) + ", " + std::to_string(start + rows) +
+      return Error{what() + " holds positions [" + std::to_string(start) + ", " + std::to_string(start + rows) +
                    "), but the step continues at " + std::to_string(c0) + ": k4c KV continues only at a multiple of " +
                    std::to_string(block_size_) + " tokens or where its last step ended"};
     }
