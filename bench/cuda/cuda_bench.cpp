@@ -701,11 +701,17 @@ int run(int argc, char** argv) {
   if (fp8) o.quantize = WeightQuantization::kFp8;
   if (!kv_type.empty()) {
     const std::optional<KvType> t = parse_kv_type(kv_type);
-    if (!t) {
+    const std::optional<KvLayerTypes> pair = parse_kv_pair(kv_type);  // k4c: K and V types of its own
+    if (!t && !pair) {
       std::fprintf(stderr, "--kv-type %s: expected one of %s\n", kv_type.c_str(), kv_type_names().c_str());
       return 2;
     }
-    o.kv_types.k = o.kv_types.v = t;
+    if (pair) {
+      o.kv_types.k = pair->k;
+      o.kv_types.v = pair->v;
+    } else {
+      o.kv_types.k = o.kv_types.v = t;
+    }
   }
   const ModelConfig& c = (*files)->config;
   const int64_t hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
@@ -794,7 +800,8 @@ int run(int argc, char** argv) {
           static_cast<double>(m.n_kv_blocks()) * m.kv_block_size() * m.kv_bytes_per_token() / (1 << 30),
           static_cast<long long>(m.n_kv_blocks() / per_seq));
     }
-    // The sequence on blocks `table`; hybrids run it in state slot `slot`.
+    // The sequence on blocks `table`; hybrids run it in state slot `slot`,
+    // k4c in KV tail slot `slot`.
     const bool recurrent = m.n_state_slots() > 0;
     auto add = [&](Batch& batch, const int32_t* ids, int n, int32_t pos0, const std::vector<int32_t>& table,
                    int32_t slot) {
@@ -805,6 +812,7 @@ int run(int argc, char** argv) {
       batch.group_tables.resize(std::max<size_t>(m.kv_spec().size(), 1) - 1);
       for (auto& t : batch.group_tables) t.insert(t.end(), table.begin(), table.end());
       if (recurrent) batch.seqs.back().state_slot = slot;
+      if (m.n_kv_tail_slots() > 0) batch.seqs.back().kv_tail = slot;  // k4c: the sequence's KV tail
     };
     const double state_bytes = static_cast<double>(m.state_bytes());
     if (recurrent) {

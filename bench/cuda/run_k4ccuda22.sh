@@ -2,13 +2,17 @@
 # Device run of make_carry_k4ccuda22.sh's pack (branch k4ccuda22: iq4_nlh64
 # KV on CUDA, written without a GPU), in one call:
 #  1. the tests that hold iq4_nlh64 (OPS_FILTER: the backend ops against
-#     the CPU Backend, store bytes included; FILTER: the CUDA tests), which
+#     the CPU Backend, store bytes included; FILTER: the CUDA tests, k4c's
+#     among them: CudaKvChanStep, CudaK4c from branch k4cwire22), which
 #     set RILL_CUDA_UNTESTED_KV=1 themselves;
 #  2. one layer's decode attention alone per KV type (bench_kv_attention);
 #  3. the random Llama-3.1-8B bf16 made here: decode batch 1 / 64 after
 #     1,024-token prompts and prefill of 2,048 tokens per type (TYPES,
-#     default "f16 iq4_nlh iq4_nlh64"), main's bench_cuda then the
-#     branch's for the types main has (iq4_nlh64: the branch only);
+#     default "f16 iq4_nlh iq4_nlh64 k4c"), main's bench_cuda then the
+#     branch's for the types main has (iq4_nlh64, k4c: the branch only);
+#     k4c runs first, at a cheap shape of its own (batches 1 and 9 after
+#     256-token prompts, a 256-token prefill; K4C_TMO seconds, default 90),
+#     and is left out of step 2 (bench_kv_attention has no k4c);
 #  4. optional (NCU=1): ncu of the fast decode kernel, iq4_nlh vs iq4_nlh64.
 # BUDGET: seconds from the start after which no new benchmark starts;
 # MIN_LEFT: the seconds a benchmark needs left to start (default 40).
@@ -18,9 +22,9 @@
 # when the script is cut short. Every timeout is capped by the BUDGET.
 T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
-FILTER=${FILTER:-'CudaKvTypes.*:CudaAttention.StoredKvTypes*:CudaAttention.HeadDim512*:CudaAttention.DecodeTokensAreBatchInvariant:*CudaKvTiers.*nlh64*:*CudaKvTiers.*q8_0h64*:CudaKvExport.*:*CudaBatchInvariant.*nlh64*:CudaGemma4Hd512.QuantizedKv*:*CudaHf.KvTypeIsTheOne*:KvProbe*:CudaKvChan.*:CudaChanAttention.*'}
+FILTER=${FILTER:-'CudaKvTypes.*:CudaAttention.StoredKvTypes*:CudaAttention.HeadDim512*:CudaAttention.DecodeTokensAreBatchInvariant:*CudaKvTiers.*nlh64*:*CudaKvTiers.*q8_0h64*:CudaKvExport.*:*CudaBatchInvariant.*nlh64*:CudaGemma4Hd512.QuantizedKv*:*CudaHf.KvTypeIsTheOne*:KvProbe*:CudaKvChan.*:CudaChanAttention.*:CudaKvChanStep.*:CudaK4c.*:K4cHd64.*'}
 OPS_FILTER=${OPS_FILTER:-'*BackendOps.RotatedKvStore*:*BackendOps.AttentionOverPagedKv*:*BackendOps.RopeQkNormAndKvStore*'}
-TYPES=${TYPES:-"f16 iq4_nlh iq4_nlh64"}
+TYPES=${TYPES:-"f16 iq4_nlh iq4_nlh64 k4c"}
 BUDGET=${BUDGET:-420}
 L=/tmp/k4ccuda22-logs
 # left, to (a timeout capped by the budget), tmo (timeout in the
@@ -48,18 +52,31 @@ show() { grep -E "^\[ cuda|^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|act
 cd /tmp
 out_key $L/ops.log; out_key $L/tests.log
 tmo 90 $V/tests --gtest_filter="${OPS_FILTER}" > $L/ops.log 2>&1; RC_OPS=$?; out_rc ops $RC_OPS; echo "ops rc=$RC_OPS"; show $L/ops.log 30
-tmo 150 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; out_rc tests $RC_TESTS; echo "tests rc=$RC_TESTS"; show $L/tests.log 50
+tmo 210 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; out_rc tests $RC_TESTS; echo "tests rc=$RC_TESTS"; show $L/tests.log 50
 out_pack
 grep -c "^\[       OK" $L/tests.log $L/ops.log; echo "tests done at $(( $(date +%s) - T0 )) s"
 # The benchmarks below take iq4_nlh64 only with the switch (backend/cuda/ops.h kv_untested).
 export RILL_CUDA_UNTESTED_KV=1
-csv=$(echo $TYPES | tr ' ' ,)
-tmo 60 $V/bench_kv_attention --contexts 1024,8192 --batches 1,64 --types $csv > $L/attn.log 2>&1
+# k4c is no CUDA KV type of bench_kv_attention's (it exits 1 naming it): the pair runs in bench_cuda only.
+csv=$(echo $TYPES | tr ' ' '\n' | grep -vx k4c | paste -sd,)
+[ -n "$csv" ] && tmo 60 $V/bench_kv_attention --contexts 1024,8192 --batches 1,64 --types $csv > $L/attn.log 2>&1
 echo "attn rc=$?"; cut -c1-120 $L/attn.log
 wait $MK; tail -2 $L/make.log
+# k4c first (branch k4cwire22, the branch's build only: main refuses it), at a
+# cheap shape of its own: its attention is the reference's arithmetic, slow
+# by design (an end-to-end smoke on the 8B, not a speed to compare): decode
+# batch 1 and 9 (9: a decode graph padded to 16) after 256-token prompts,
+# a 256-token prefill, within K4C_TMO (default 90) seconds.
+if echo " $TYPES " | grep -q " k4c "; then
+  if [ $(left) -lt ${MIN_LEFT:-40} ]; then echo "== k4c branch skipped (time)"; else
+    tmo ${K4C_TMO:-90} $V/bench_cuda $M --steps 16 --batches 1,9 --context 256 --prefill 256 --kv-type k4c > $L/b_k4c_branch.log 2>&1
+    echo "== k4c branch rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "KV|decode|prefill|TTFT|batch +[0-9]" $L/b_k4c_branch.log | cut -c1-200
+  fi
+fi
 for t in $TYPES; do
+  [ $t = k4c ] && continue  # above
   for b in main branch; do
-    [ $b = main ] && [ $t = iq4_nlh64 ] && continue  # main refuses it
+    [ $t = iq4_nlh64 ] && [ $b = main ] && continue  # main refuses it
     # One build packed as both (the carry made after the merge): no main runs.
     [ $b = main ] && cmp -s $V/bench_cuda $V/bench_cuda_main && continue
     [ $(left) -lt ${MIN_LEFT:-40} ] && { echo "== $t $b skipped (time)"; continue; }

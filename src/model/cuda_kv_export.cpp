@@ -32,7 +32,12 @@ std::vector<Model::KvLayer> CudaModelBase::kv_layers() const {
   const int64_t n = n_kv_layers_ > 0 ? n_kv_layers_ : cfg_.n_layer;
   std::vector<KvLayer> out;
   for (size_t l = 0; l < static_cast<size_t>(n); ++l) {
-    out.push_back(KvLayer{0, kv_dtype_, kv_row_bytes(l)});
+    KvLayer k{0, kv_dtype_, kv_row_bytes(l)};
+    if (kv_chan_) {  // k4c: V in its own type (copy_kv_blocks moves such layers a block at a time)
+      k.v_row_bytes = kv_v_row_bytes(l);
+      k.v_dtype = kv_v_dtype();
+    }
+    out.push_back(k);
   }
   return out;
 }
@@ -82,41 +87,59 @@ Status CudaModelBase::check_kv_blocks(int64_t layer, std::span<const int32_t> bl
 
 Status CudaModelBase::copy_kv_blocks(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes,
                                      uint8_t* const out[2], const uint8_t* const in[2]) const {
+  // The tiers' probe of a layer whose K and V types differ (no block, no
+  // size; kv_tiers.cpp): these copies move it.
+  if (blocks.empty() && block_bytes == 0 && layer >= 0 && layer < static_cast<int64_t>(kv_plane_off_.size())) {
+    return Status::Ok();
+  }
   RILL_TRY(check_kv_blocks(layer, blocks, block_bytes));
   if (blocks.empty()) return Status::Ok();
+  // k4c: V's blocks (iq4_nlh64 rows) are smaller than K's (q4c groups); a
+  // caller's V blocks sit block_bytes apart as K's (Model's contract; the
+  // tiers copy such layers a block at a time), so these go one at a time.
+  const size_t v_block = static_cast<size_t>(block_size_) * kv_v_row_bytes(static_cast<size_t>(layer));
+  if (v_block != block_bytes && blocks.size() > 1) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      uint8_t* const one_out[2] = {out ? out[0] + i * block_bytes : nullptr, out ? out[1] + i * block_bytes : nullptr};
+      const uint8_t* const one_in[2] = {in ? in[0] + i * block_bytes : nullptr, in ? in[1] + i * block_bytes : nullptr};
+      RILL_TRY(
+          copy_kv_blocks(layer, blocks.subspan(i, 1), block_bytes, out ? one_out : nullptr, in ? one_in : nullptr));
+    }
+    return Status::Ok();
+  }
+  const size_t bytes[2] = {block_bytes, v_block}, widest = std::max(block_bytes, v_block);
   if (sharded()) cudaSetDevice(ctx_->device());
-  if (!kv_staging_.data()) {
+  if (kv_staging_.size() < 2 * widest) {
     RILL_ASSIGN_OR_RETURN(kv_staging_,
-                          cuda::PinnedBuffer::allocate(std::max(kStagingBytes, 2 * block_bytes), "KV export staging"));
+                          cuda::PinnedBuffer::allocate(std::max(kStagingBytes, 2 * widest), "KV export staging"));
   }
   const bool to_host = out != nullptr;
   uint8_t* const planes[2] = {static_cast<uint8_t*>(k_cache(static_cast<size_t>(layer))),
                               static_cast<uint8_t*>(v_cache(static_cast<size_t>(layer)))};
-  const size_t per_chunk = kv_staging_.size() / (2 * block_bytes);
+  const size_t per_chunk = kv_staging_.size() / (2 * widest);
   auto* staging = static_cast<uint8_t*>(kv_staging_.data());
   for (size_t c0 = 0; c0 < blocks.size(); c0 += per_chunk) {
     const size_t n = std::min(per_chunk, blocks.size() - c0);
-    const size_t chunk_bytes = n * block_bytes;
-    // Staging holds the chunk's K blocks, then its V blocks, in order.
+    // Staging holds the chunk's K blocks, then (from n * widest) its V blocks, in order.
+    uint8_t* const stage_of[2] = {staging, staging + n * widest};
     if (!to_host) {
-      for (int p = 0; p < 2; ++p) std::memcpy(staging + p * chunk_bytes, in[p] + c0 * block_bytes, chunk_bytes);
+      for (int p = 0; p < 2; ++p) std::memcpy(stage_of[p], in[p] + c0 * block_bytes, n * bytes[p]);
     }
     for (int p = 0; p < 2; ++p) {
       for (size_t i = 0; i < n;) {
         size_t run = 1;  // consecutive block ids: one copy
         while (i + run < n && blocks[c0 + i + run] == blocks[c0 + i] + static_cast<int32_t>(run)) ++run;
-        uint8_t* dev = planes[p] + static_cast<size_t>(blocks[c0 + i]) * block_bytes;
-        uint8_t* stage = staging + p * chunk_bytes + i * block_bytes;
-        const cudaError_t e = to_host
-                                  ? cudaMemcpyAsync(stage, dev, run * block_bytes, cudaMemcpyDeviceToHost, stream())
-                                  : cudaMemcpyAsync(dev, stage, run * block_bytes, cudaMemcpyHostToDevice, stream());
+        uint8_t* dev = planes[p] + static_cast<size_t>(blocks[c0 + i]) * bytes[p];
+        uint8_t* stage = stage_of[p] + i * bytes[p];
+        const cudaError_t e = to_host ? cudaMemcpyAsync(stage, dev, run * bytes[p], cudaMemcpyDeviceToHost, stream())
+                                      : cudaMemcpyAsync(dev, stage, run * bytes[p], cudaMemcpyHostToDevice, stream());
         if (e != cudaSuccess) return Error{cuda::cuda_error_text(e, to_host ? "copying KV out" : "copying KV in")};
         i += run;
       }
     }
     RILL_TRY(ctx_->synchronize());  // before staging is read (out) or refilled (in)
     if (to_host) {
-      for (int p = 0; p < 2; ++p) std::memcpy(out[p] + c0 * block_bytes, staging + p * chunk_bytes, chunk_bytes);
+      for (int p = 0; p < 2; ++p) std::memcpy(out[p] + c0 * block_bytes, stage_of[p], n * bytes[p]);
     }
   }
   return Status::Ok();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention_decode.h"
 #include "backend/cuda/cuda_backend.h"
@@ -12,6 +13,7 @@
 #include "core/e4m3.h"
 #include "core/half.h"
 #include "model/batch_check.h"
+#include "model/kv_tails.h"
 #include "model/kv_types.h"
 #include "parallel/nccl_group.h"
 
@@ -83,7 +85,7 @@ void DeviceRope::apply(cuda::RopeKvArgs& rk) const {
   rk.ggml_theta_scale = table.ggml_theta_scale;
 }
 
-void StepMeta::carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n_groups) {
+void StepMeta::carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n_groups, size_t n_seq_arrays) {
   for (int g = 1; g < n_groups; ++g) tables[g] = a.take<int32_t>(table_cap);
   ids = a.take<int32_t>(T);
   pos = a.take<int32_t>(T);
@@ -93,6 +95,7 @@ void StepMeta::carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n
   table_start = a.take<int32_t>(T);
   tiles = a.take<cuda::PrefillTile>(T);
   for (int g = 0; g < n_groups; ++g) slots[g] = a.take<int32_t>(T);
+  for (int32_t** p : {&q_start, &q_len, &kv_len, &kv_tail}) *p = n_seq_arrays ? a.take<int32_t>(n_seq_arrays) : nullptr;
   tables[0] = a.take<int32_t>(table_cap);
 }
 
@@ -174,6 +177,38 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
   RILL_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> types, kt.resolve(n_kv_layers, base));
   if (types.empty()) return Status::Ok();
   const KvType t = types[0].k;
+  // k4c: q4c K with rotated iq4_nlh64 V in every layer (model/kv_types.h).
+  const KvLayerTypes k4c{KvType{kKvQ4Chan, false}, KvType{kKvIq4Nl64, true}};
+  if (t.dtype == kKvQ4Chan) {
+    for (const KvLayerTypes& lt : types) {
+      if (lt.k != k4c.k || lt.v != k4c.v) {
+        return Error{f.path + ": CUDA stores k4c (k=q4c v=iq4_nlh64) in every layer or not at all, not " +
+                     describe_kv_types(types, base) + "; name one --kv-type, or use --device cpu"};
+      }
+    }
+    if (!kv_tails_supported_) {
+      return Error{f.path + ": KV type q4c (k4c) needs a per-sequence KV tail, which only the Llama family's " +
+                   "models keep; use another KV type"};
+    }
+    if (!cuda::kv_untested_allowed()) {
+      return Error{f.path + ": KV type k4c (k=q4c v=iq4_nlh64) has CUDA kernels that have not yet run on a GPU; set " +
+                   cuda::kUntestedKvEnv + "=1 to use them, or use --device cpu"};
+    }
+    if (!cuda::kv_rotation_supported(kKvIq4Nl64, static_cast<int32_t>(hd_), true) || hd_ > 1024) {
+      return Error{f.path +
+                   ": KV type k4c (k=q4c v=iq4_nlh64) needs a power-of-two head_dim of at least 64 and at most " +
+                   std::to_string(cuda::kMaxHeadDim) + " on CUDA; head_dim is " + std::to_string(hd_)};
+    }
+    if (n_head_kv_ > 0 && n_head_ / n_head_kv_ > 64) {  // as the CPU model (attention_chan_impl.h)
+      return Error{f.path + ": KV type q4c (k4c) reads at most 64 query heads per KV head, not " +
+                   std::to_string(n_head_ / n_head_kv_)};
+    }
+    kv_dtype_ = kKvQ4Chan;
+    kv_rotated_ = false;
+    kv_chan_ = true;
+    kv_types_desc_ = describe_kv_types(types, base);
+    return Status::Ok();
+  }
   for (const KvLayerTypes& lt : types) {
     if (lt.k != t || lt.v != t) {
       return Error{f.path + ": CUDA stores one KV type for every layer and both K and V, not " +
@@ -226,7 +261,7 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   }
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : cfg_.max_position;
   if (n_ctx_ <= 0) n_ctx_ = 4096;
-  block_size_ = options.kv_block_size;
+  block_size_ = kv_chan_ ? cpu::kKvChanTokens : options.kv_block_size;  // q4c's groups are blocks (kv_types.h)
   if (block_size_ <= 0 || (block_size_ & (block_size_ - 1)) != 0) {
     return Error{"KV block size " + std::to_string(block_size_) + " is not a power of two"};
   }
@@ -276,10 +311,12 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   const size_t blocks_per_seq = static_cast<size_t>((n_ctx_ + block_size_ - 1) / block_size_);
   table_cap_ = std::min(T, S + 16) * blocks_per_seq + 1;  // + the padding rows' scratch block
   cuda::Arena meta_sizing;
-  meta_dev_.carve(meta_sizing, T, S, table_cap_, n_groups);
+  // k4c's per-sequence arrays: a decode graph's steps name n_run + 1 <= T + 1.
+  const size_t n_seq_arrays = kv_chan_ ? T + 1 : 0;
+  meta_dev_.carve(meta_sizing, T, S, table_cap_, n_groups, n_seq_arrays);
   RILL_ASSIGN_OR_RETURN(meta_dev_buf_, cuda::DeviceBuffer::allocate(meta_sizing.used(), "step metadata"));
   cuda::Arena md(meta_dev_buf_.data());
-  meta_dev_.carve(md, T, S, table_cap_, n_groups);
+  meta_dev_.carve(md, T, S, table_cap_, n_groups, n_seq_arrays);
   // The draws' inputs: a token mask per row is 1/32 of the row's logits.
   const auto n_words = static_cast<size_t>(token_mask_words(V_));
   cuda::Arena draw_sizing;
@@ -290,7 +327,7 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   for (int k = 0; k < 2; ++k) {  // the two host sets (launch_ids)
     RILL_ASSIGN_OR_RETURN(meta_host_buf_[k], cuda::PinnedBuffer::allocate(meta_sizing.used(), "step metadata"));
     cuda::Arena mh(meta_host_buf_[k].data());
-    meta_host_[k].carve(mh, T, S, table_cap_, n_groups);
+    meta_host_[k].carve(mh, T, S, table_cap_, n_groups, n_seq_arrays);
     RILL_ASSIGN_OR_RETURN(ids_host_[k], cuda::PinnedBuffer::allocate(S * sizeof(int32_t), "greedy ids"));
     RILL_ASSIGN_OR_RETURN(draw_host_buf_[k], cuda::PinnedBuffer::allocate(draw_sizing.used(), "sampling parameters"));
     cuda::Arena dh(draw_host_buf_[k].data());
@@ -305,18 +342,31 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
                  " KV layers"};
   }
   kv_token_bytes_ = 0;
+  std::vector<int64_t> tail_widths;
   for (int64_t l = 0; l < n_kv_layers; ++l) {
-    kv_token_bytes_ += 2 * kv_row_bytes(static_cast<size_t>(l));
+    kv_token_bytes_ += kv_row_bytes(static_cast<size_t>(l)) + kv_v_row_bytes(static_cast<size_t>(l));
+    tail_widths.push_back(kv_chan_ ? kv_width(static_cast<size_t>(l)) : 0);
   }
   const size_t block_bytes = kv_token_bytes_ * static_cast<size_t>(block_size_);
+  // k4c's tails: one slot per sequence that runs at once, as the CPU model
+  // (cpu_paged_model.cpp create_kv), in KvTails' layout, counted in the budget.
+  tail_off_.clear();
+  tail_slot_bytes_ = 0;
+  for (const int64_t w : tail_widths) {
+    tail_off_.push_back(w > 0 ? tail_slot_bytes_ : SIZE_MAX);
+    tail_slot_bytes_ += KvTails::slot_bytes({w});
+  }
+  const int32_t live = options.max_batch_seqs > 0 ? max_seqs_ : 1;
+  n_tail_slots_ = tail_slot_bytes_ > 0 ? std::max(live, std::max(1, options.n_kv_slots)) : 0;
+  const auto tail_bytes = static_cast<int64_t>(tail_slot_bytes_) * n_tail_slots_;
   int64_t n_blocks = 0;
   if (options.kv_cache_bytes > 0) {
-    n_blocks = options.kv_cache_bytes / static_cast<int64_t>(block_bytes);
+    n_blocks = std::max<int64_t>(0, options.kv_cache_bytes - tail_bytes) / static_cast<int64_t>(block_bytes);
   } else if (options.gpu_memory_fraction > 0) {
     size_t free_b = 0, total_b = 0;
     ctx_->mem_info(&free_b, &total_b);
-    const double budget =
-        options.gpu_memory_fraction * static_cast<double>(total_b) - static_cast<double>(total_b - free_b);
+    const double budget = options.gpu_memory_fraction * static_cast<double>(total_b) -
+                          static_cast<double>(total_b - free_b) - static_cast<double>(tail_bytes);
     n_blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
     if (n_blocks < 1) {
       return Error{f.path + ": --gpu-memory-fraction " + std::to_string(options.gpu_memory_fraction) +
@@ -339,7 +389,17 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(kv_,
                         cuda::DeviceBuffer::allocate(static_cast<size_t>(n_blocks + 1) * block_bytes, "the KV cache"));
   kv_plane_off_.assign(static_cast<size_t>(n_kv_layers), 0);
-  for (size_t l = 1; l < kv_plane_off_.size(); ++l) kv_plane_off_[l] = kv_plane_off_[l - 1] + 2 * kv_plane_bytes(l - 1);
+  for (size_t l = 1; l < kv_plane_off_.size(); ++l) {
+    kv_plane_off_[l] = kv_plane_off_[l - 1] + kv_plane_bytes(l - 1) + kv_v_plane_bytes(l - 1);
+  }
+  if (n_tail_slots_ > 0) {  // zeros: every header at position 0 with no rows
+    // One slot more than reported: the scratch slot of a decode graph's
+    // padding sequences (compute()), as the pool's scratch block.
+    const size_t bytes = static_cast<size_t>(tail_bytes) + tail_slot_bytes_;
+    RILL_ASSIGN_OR_RETURN(kv_tails_, cuda::DeviceBuffer::allocate(bytes, "the KV tails"));
+    RILL_CUDA_CHECK(cudaMemsetAsync(kv_tails_.data(), 0, bytes, ctx_->stream()));
+    tail_heads_.assign(static_cast<size_t>(n_tail_slots_), {0, 0});
+  }
   use_graphs_ = options.cuda_graphs;
   device_sampling_ = options.cuda_device_sampling;
   return ctx_->synchronize();
@@ -378,6 +438,13 @@ StepMetadata CudaModelBase::step_metadata(const Step& s) const {
   md.tiles = reinterpret_cast<const AttentionTile*>(meta_dev_.tiles);
   md.n_tiles = s.n_tiles;
   md.recurrent = rec_step_;
+  if (kv_chan_) {
+    md.n_seqs = s.n_seqs;
+    md.q_start = meta_dev_.q_start;
+    md.q_len = meta_dev_.q_len;
+    md.kv_len = meta_dev_.kv_len;
+    md.kv_tail = meta_dev_.kv_tail;
+  }
   return md;
 }
 
@@ -442,6 +509,15 @@ KvCacheView CudaModelBase::kv_view(size_t layer) const {
   v.block_shift = block_shift_;
   v.row_bytes = kv_row_bytes(layer);
   v.block_stride = v.row_bytes << block_shift_;
+  if (kv_chan_) {  // k4c: V rotated in its own type; the layer's tails (KvCacheView::tail)
+    v.v_dtype = kv_v_dtype();
+    v.v_row_bytes = kv_v_row_bytes(layer);
+    v.v_rotated = true;
+    if (layer < tail_off_.size() && tail_off_[layer] != SIZE_MAX && kv_tails_.data()) {
+      v.tail = kv_tails_.as<uint8_t>() + tail_off_[layer];
+      v.tail_stride = tail_slot_bytes_;
+    }
+  }
   return v;
 }
 
@@ -630,6 +706,41 @@ Status CudaModelBase::wait_ids(int slot, int64_t n_sample, int32_t* ids) {
   return Status::Ok();
 }
 
+Status CudaModelBase::check_kv_tails(const Batch& batch) const {
+  if (n_tail_slots_ == 0) return Status::Ok();
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const BatchSeq& q = batch.seqs[s];
+    // Built only for an error's message (every sequence of every step passes here).
+    const auto what = [&] {
+      return "batch sequence " + std::to_string(s) + ": KV tail slot " + std::to_string(q.kv_tail);
+    };
+    if (q.kv_tail < 0 || q.kv_tail >= n_tail_slots_) {
+      return Error{what() + " is not one of the model's " + std::to_string(n_tail_slots_) +
+                   " (k4c KV keeps one per sequence)"};
+    }
+    for (size_t o = 0; o < s; ++o) {
+      if (batch.seqs[o].kv_tail == q.kv_tail) return Error{what() + " is also sequence " + std::to_string(o) + "'s"};
+    }
+    const int32_t c0 = q.kv_len - q.q_len;
+    if (c0 % block_size_ == 0) continue;
+    const auto [start, rows] = tail_heads_[static_cast<size_t>(q.kv_tail)];
+    if (start != c0 - c0 % block_size_ || rows < c0 % block_size_) {
+      return Error{what() + " holds positions [" + std::to_string(start) + ", " + std::to_string(start + rows) +
+                   "), but the step continues at " + std::to_string(c0) + ": k4c KV continues only at a multiple of " +
+                   std::to_string(block_size_) + " tokens or where its last step ended"};
+    }
+  }
+  return Status::Ok();
+}
+
+void CudaModelBase::note_kv_tails(const Batch& batch) {
+  if (n_tail_slots_ == 0) return;
+  for (const BatchSeq& q : batch.seqs) {  // as update_chan_tails leaves each header
+    const int32_t g1 = q.kv_len - q.kv_len % block_size_;
+    tail_heads_[static_cast<size_t>(q.kv_tail)] = {g1, q.kv_len - g1};
+  }
+}
+
 Status CudaModelBase::compute(const Batch& batch) {
   // A shard's step runs on a thread that may have last used another
   // device (the ranks of a group are built on one thread).
@@ -644,6 +755,7 @@ Status CudaModelBase::compute(const Batch& batch) {
   lim.block_size = block_size_;
   lim.n_blocks = n_blocks_;
   RILL_TRY(check_batch(batch, lim, kv_spec_));
+  RILL_TRY(check_kv_tails(batch));
   if (batch.block_table.size() + 1 > table_cap_) {
     return Error{"batch block tables hold " + std::to_string(batch.block_table.size()) + " entries, more than the " +
                  std::to_string(table_cap_ - 1) + " the CUDA model planned for"};
@@ -671,6 +783,12 @@ Status CudaModelBase::compute(const Batch& batch) {
   for (int32_t s = 0; s < n_seqs; ++s) {
     const BatchSeq& q = batch.seqs[static_cast<size_t>(s)];
     mh.table_start[s] = q.table_start;
+    if (kv_chan_) {
+      mh.q_start[s] = q.q_start;
+      mh.q_len[s] = q.q_len;
+      mh.kv_len[s] = q.kv_len;
+      mh.kv_tail[s] = q.kv_tail;
+    }
     for (int g = 0; g < n_groups; ++g) {
       const int32_t* table = mh.tables[g] + q.table_start;
       for (int32_t i = q.q_start; i < q.q_start + q.q_len; ++i) {
@@ -717,6 +835,19 @@ Status CudaModelBase::compute(const Batch& batch) {
         ++decode_work;  // one split at position 0
       }
     }
+    // k4c: a graph's step names n_run + 1 sequences whatever the batch (the
+    // count is a kernel argument, kv_chan_step.h): the dummy sequence of
+    // the padding rows as one token at position 0, then sequences of no
+    // tokens; all in the scratch tail slot (never read: no step of theirs
+    // starts inside a block).
+    if (kv_chan_) {
+      for (int64_t s = n_seqs; s <= n_run; ++s) {
+        const bool dummy = s == n_seqs && n_run > n;
+        mh.q_start[s] = dummy ? static_cast<int32_t>(n) : 0;
+        mh.q_len[s] = mh.kv_len[s] = dummy ? 1 : 0;
+        mh.kv_tail[s] = n_tail_slots_;
+      }
+    }
   }
   // A power of two, in the graph's key below: every replay of a graph
   // chose its decode blocks for the same count.
@@ -744,8 +875,12 @@ Status CudaModelBase::compute(const Batch& batch) {
     RILL_TRY(upload_states(batch, n_run));
   }
 
-  if (split_bucket == 0) return run_layers({n, n_sample, decode.n, max_decode_len, tiles.n, work});
-  const Step step{n_run, n_run, decode.n, max_decode_len, 0, work};
+  if (split_bucket == 0) {
+    RILL_TRY(run_layers({n, n_sample, decode.n, max_decode_len, tiles.n, work, n_seqs}));
+    note_kv_tails(batch);
+    return Status::Ok();
+  }
+  const Step step{n_run, n_run, decode.n, max_decode_len, 0, work, kv_chan_ ? static_cast<int32_t>(n_run + 1) : 0};
   int work_log2 = 0;
   while ((int32_t{1} << work_log2) < work) ++work_log2;
   Graph& g = graphs_[static_cast<uint64_t>(step_kind_) << 48 | static_cast<uint64_t>(work_log2) << 40 |
@@ -753,11 +888,14 @@ Status CudaModelBase::compute(const Batch& batch) {
   if (g.exec) {
     if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess)
       return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
+    note_kv_tails(batch);
     return Status::Ok();
   }
   if (!g.seen) {
     g.seen = true;
-    return run_layers(step);
+    RILL_TRY(run_layers(step));
+    note_kv_tails(batch);
+    return Status::Ok();
   }
   cudaGraph_t graph = nullptr;
   if (cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal); e != cudaSuccess) {
@@ -772,6 +910,7 @@ Status CudaModelBase::compute(const Batch& batch) {
   if (inst != cudaSuccess) return Error{cuda::cuda_error_text(inst, "cudaGraphInstantiate")};
   if (cudaError_t e = cudaGraphLaunch(g.exec, st); e != cudaSuccess)
     return Error{cuda::cuda_error_text(e, "cudaGraphLaunch")};
+  note_kv_tails(batch);
   return Status::Ok();
 }
 

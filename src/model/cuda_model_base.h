@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "loader/model_files.h"
@@ -53,6 +54,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant.h"
+#include "core/e4m3.h"  // kKvIq4Nl64
 
 namespace rill {
 
@@ -106,9 +108,15 @@ struct StepMeta {
   int32_t* table_start = nullptr;      // [T] (a batch has at most one sequence per token)
   cuda::PrefillTile* tiles = nullptr;  // [T]
   int32_t* slots[kMaxKvGroups] = {};   // [T] cache row of each token, per group
+  // k4c's per-sequence arrays (StepMetadata's; [n_seq_arrays] each, 0
+  // without KV tails: uploaded only by models that keep tails).
+  int32_t* q_start = nullptr;
+  int32_t* q_len = nullptr;
+  int32_t* kv_len = nullptr;
+  int32_t* kv_tail = nullptr;
   int32_t* tables[kMaxKvGroups] = {};  // [table_cap] per group
 
-  void carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n_groups);
+  void carve(cuda::Arena& a, size_t T, size_t S, size_t table_cap, int n_groups, size_t n_seq_arrays = 0);
 };
 
 // What a step's draws read besides the logits, the same layout in pinned
@@ -148,6 +156,10 @@ class CudaModelBase : public Model, public StepOverlap {
   int32_t kv_block_size() const override { return block_size_; }
   int32_t n_kv_blocks() const override { return n_blocks_; }
   size_t kv_bytes_per_token() const override { return kv_token_bytes_; }
+  // k4c's per-sequence KV tails on the device (model/kv_tails.h's layout
+  // and slot count; 0 without).
+  int32_t n_kv_tail_slots() const override { return n_tail_slots_; }
+  size_t kv_tail_bytes() const override { return static_cast<size_t>(n_tail_slots_) * tail_slot_bytes_; }
   Status forward(const Batch& batch, float* logits) override;
   bool has_forward_greedy() const override { return true; }
   Status forward_greedy(const Batch& batch, const TokenMasks& masks, int32_t* ids) override;
@@ -212,6 +224,7 @@ class CudaModelBase : public Model, public StepOverlap {
     int64_t n = 0, n_sample = 0;
     int32_t n_decode = 0, max_decode_len = 0, n_tiles = 0;
     int32_t decode_work = 0;  // StepMetadata::decode_work
+    int32_t n_seqs = 0;       // the batch's sequences (read with KV tails: StepMetadata::n_seqs)
   };
 
   // Init, first: E_, V_, F_, hd_, Q_, KV_ from cfg_ (the whole model's),
@@ -283,7 +296,9 @@ class CudaModelBase : public Model, public StepOverlap {
   const StepMeta& meta() const { return meta_dev_; }
   // The step as a Backend reads it (backend/backend.h): meta()'s device
   // arrays and s's counts. The per-sequence arrays (q_start, q_len, kv_len,
-  // decode_from) stay null: the CUDA Backend reads the routed ones.
+  // decode_from) stay null: the CUDA Backend reads the routed ones; with
+  // k4c KV, n_seqs, q_start, q_len, kv_len and kv_tail are set (the tails'
+  // plan, backend/cuda/kv_chan_step.h).
   StepMetadata step_metadata(const Step& s) const;
   // Layer `layer`'s K and V planes as a Backend reads them.
   KvCacheView kv_view(size_t layer) const;
@@ -299,10 +314,16 @@ class CudaModelBase : public Model, public StepOverlap {
   void* v_cache(size_t layer) const { return kv_.as<uint8_t>() + kv_plane_off_[layer] + kv_plane_bytes(layer); }
   // Elements of one token's K (or V) row in KV layer `layer`.
   int64_t kv_width(size_t layer) const { return kv_widths_.empty() ? KV_ : kv_widths_[layer]; }
-  // Bytes of one token's K (or V) row in KV layer `layer` (kv_dtype_'s blocks).
+  // Bytes of one token's K row in KV layer `layer` (kv_dtype_'s blocks),
+  // and of its V row (kv_v_dtype(): k4c's iq4_nlh64; else K's type).
   size_t kv_row_bytes(size_t layer) const { return row_bytes(kv_dtype_, kv_width(layer)); }
+  size_t kv_v_row_bytes(size_t layer) const { return row_bytes(kv_v_dtype(), kv_width(layer)); }
+  DType kv_v_dtype() const { return kv_chan_ ? kKvIq4Nl64 : kv_dtype_; }
   size_t kv_plane_bytes(size_t layer) const {
     return static_cast<size_t>(n_blocks_ + 1) * static_cast<size_t>(block_size_) * kv_row_bytes(layer);
+  }
+  size_t kv_v_plane_bytes(size_t layer) const {
+    return static_cast<size_t>(n_blocks_ + 1) * static_cast<size_t>(block_size_) * kv_v_row_bytes(layer);
   }
   cudaStream_t stream() const { return ctx_->stream(); }
 
@@ -320,6 +341,12 @@ class CudaModelBase : public Model, public StepOverlap {
   DType act_ = DType::kBF16, kv_dtype_ = DType::kF16;
   // q8_0h / q4_0h / iq4_nlh: both sides Hadamard-rotated per head (kv_view()'s flags).
   bool kv_rotated_ = false;
+  // k4c (kv_dtype_ kKvQ4Chan, V iq4_nlh64 rotated, blocks of 32, a KV tail
+  // per running sequence): chosen by choose_kv_type() only for families
+  // that set kv_tails_supported_ (every layer reads its own KV, and the
+  // family's forward() is the base's, which checks the batch's tails).
+  bool kv_chan_ = false;
+  bool kv_tails_supported_ = false;
   int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
   // Attention groups (with block tables) first; a recurrent group, whose
   // states are states_, after them.
@@ -378,8 +405,24 @@ class CudaModelBase : public Model, public StepOverlap {
   // Device -> out[0] (K), out[1] (V) when out is set, else in -> device.
   Status copy_kv_blocks(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, uint8_t* const out[2],
                         const uint8_t* const in[2]) const;
-  size_t kv_block_bytes(int64_t layer) const;  // one block's K (or V) rows of one layer
+  size_t kv_block_bytes(int64_t layer) const;  // one block's K rows of one layer (V's as K's but with k4c)
   mutable cuda::PinnedBuffer kv_staging_;
+  // k4c's tails (model/kv_tails.h's layout: per slot, each KV layer's
+  // 64-byte KvTailHeader, 32 K rows, 32 V rows in q8_0), carved once with
+  // the KV pool and counted in its budget. Never exported: the tiers and
+  // KV files take whole blocks only (copy_kv_blocks). tail_off_[l]: layer l's tail within a
+  // slot. tail_heads_: each slot's header as the host last left it
+  // (group_start, n_rows; the device's after every step), which
+  // check_kv_tails() holds each batch to without reading the device.
+  cuda::DeviceBuffer kv_tails_;
+  std::vector<size_t> tail_off_;
+  size_t tail_slot_bytes_ = 0;
+  int32_t n_tail_slots_ = 0;
+  std::vector<std::pair<int32_t, int32_t>> tail_heads_;
+  // The batch's tails, as KvTails::check; then, once its step is queued,
+  // each slot's header as the step leaves it (note_kv_tails).
+  Status check_kv_tails(const Batch& batch) const;
+  void note_kv_tails(const Batch& batch);
 
   int max_tokens_ = 0, max_seqs_ = 0;
   int64_t n_ctx_ = 0;

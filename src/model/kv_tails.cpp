@@ -41,20 +41,23 @@ Status KvTails::check(const Batch& batch, int32_t block_size) const {
   while (offset_[first] == SIZE_MAX) ++first;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const BatchSeq& q = batch.seqs[s];
-    const std::string what = "batch sequence " + std::to_string(s) + ": KV tail slot " + std::to_string(q.kv_tail);
+    // Built only for an error's message (every sequence of every step passes here).
+    const auto what = [&] {
+      return "batch sequence " + std::to_string(s) + ": KV tail slot " + std::to_string(q.kv_tail);
+    };
     if (q.kv_tail < 0 || q.kv_tail >= n_slots_) {
-      return Error{what + " is not one of the model's " + std::to_string(n_slots_) +
+      return Error{what() + " is not one of the model's " + std::to_string(n_slots_) +
                    " (k4c KV keeps one per sequence)"};
     }
     for (size_t o = 0; o < s; ++o) {
-      if (batch.seqs[o].kv_tail == q.kv_tail) return Error{what + " is also sequence " + std::to_string(o) + "'s"};
+      if (batch.seqs[o].kv_tail == q.kv_tail) return Error{what() + " is also sequence " + std::to_string(o) + "'s"};
     }
     const int32_t c0 = q.kv_len - q.q_len;
     if (c0 % block_size == 0) continue;
     KvTailHeader h;
     std::memcpy(&h, tails_.data() + static_cast<size_t>(q.kv_tail) * slot_bytes_ + offset_[first], sizeof h);
     if (h.group_start != c0 - c0 % block_size || h.n_rows < c0 % block_size) {
-      return Error{what + " holds positions [" + std::to_string(h.group_start) + ", " +
+      return Error{what() + " holds positions [" + std::to_string(h.group_start) + ", " +
                    std::to_string(h.group_start + h.n_rows) + "), but the step continues at " + std::to_string(c0) +
                    ": k4c KV continues only at a multiple of " + std::to_string(block_size) +
                    " tokens or where its last step ended"};

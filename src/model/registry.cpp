@@ -212,18 +212,27 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   }
   std::vector<std::optional<KvType>> sides = {options.kv_types.k, options.kv_types.v};
   for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
+  // k4c's q4c K needs a per-sequence KV tail (model/kv_tails.h), which only
+  // the Llama family's models keep: said first, on either device, before
+  // the CUDA switch below (which would not make it run).
+  for (const std::optional<KvType>& side : sides) {
+    if (side && side->dtype == kKvQ4Chan && impl->id.rfind("llama.", 0) != 0) {
+      return Error{files->path + ": KV type q4c (k4c) runs on the Llama family's models only (it needs a " +
+                   "per-sequence KV tail, which only they keep), not on " + impl->id + "; use another KV type"};
+    }
+  }
   if (options.device == Device::kCuda) {
     // CUDA stores f16 KV (f32 for f32 checkpoints), q8_0, q4_0, the
     // rotated q8_0h / q4_0h / iq4_nlh / q8_0h64, or fp8 and reads no other
-    // type (k4c's q4c among them); iq4_nlh64 too, whose kernels have not
-    // yet run on a GPU, only while RILL_CUDA_UNTESTED_KV=1
-    // (backend/cuda/ops.h kv_untested). Which plain type the model
+    // type; iq4_nlh64 and k4c's q4c K too, whose kernels have not yet run
+    // on a GPU, only while RILL_CUDA_UNTESTED_KV=1 (backend/cuda/ops.h
+    // kv_untested; q4c as k4c's pair alone, choose_kv_type). Which plain type the model
     // stores, that one type covers every layer and side, and the head_dim a
     // rotation needs, CudaModelBase::choose_kv_type checks.
     const char* untested_env = std::getenv("RILL_CUDA_UNTESTED_KV");
     const bool untested_ok = untested_env && std::string(untested_env) == "1";
     for (const std::optional<KvType>& side : sides) {
-      if (side && side->dtype == kKvIq4Nl64 && side->rotated && !untested_ok) {
+      if (side && ((side->dtype == kKvIq4Nl64 && side->rotated) || side->dtype == kKvQ4Chan) && !untested_ok) {
         return Error{files->path + ": KV type " + kv_type_name(*side) +
                      " has CUDA kernels that have not yet run on a GPU; set RILL_CUDA_UNTESTED_KV=1 to use them, "
                      "or use --device cpu"};
@@ -231,10 +240,11 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
       const bool rotatable =
           side && (side->dtype == DType::kQ8_0 || side->dtype == DType::kQ4_0 || side->dtype == DType::kIQ4_NL ||
                    side->dtype == kKvQ8_0x64 || side->dtype == kKvIq4Nl64);
-      const bool cuda_reads = !side || (side->rotated ? rotatable
-                                                      : side->dtype == DType::kF16 || side->dtype == DType::kF32 ||
-                                                            side->dtype == DType::kQ8_0 ||
-                                                            side->dtype == DType::kQ4_0 || side->dtype == kF8E4M3);
+      const bool cuda_reads =
+          !side ||
+          (side->rotated ? rotatable
+                         : side->dtype == DType::kF16 || side->dtype == DType::kF32 || side->dtype == DType::kQ8_0 ||
+                               side->dtype == DType::kQ4_0 || side->dtype == kF8E4M3 || side->dtype == kKvQ4Chan);
       if (!cuda_reads) {
         return Error{files->path + ": KV type " + kv_type_name(*side) +
                      " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0, q8_0h, q4_0h, "

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -188,7 +189,7 @@ const std::vector<Case> kCases = {
     {130, 97, 8, 2, 128, 40, 20.0f}  // a window and softcap
 };
 
-std::vector<float> host_run(const Case& c, const ChanSeq& s) {
+std::vector<float> host_run(const Case& c, const ChanSeq& s, bool parallel = false, bool rotate_back = true) {
   const int64_t n_q = c.n - c.c0, qw = int64_t{c.n_head} * c.hd;
   std::vector<float> out(static_cast<size_t>(n_q * qw), NAN), scores(static_cast<size_t>(n_q * c.n_head * c.n));
   std::vector<int32_t> pos(static_cast<size_t>(n_q)), seq_of(static_cast<size_t>(n_q), 0);
@@ -199,7 +200,12 @@ std::vector<float> host_run(const Case& c, const ChanSeq& s) {
   const Buffers b{s.q.data() + c.c0 * qw, out.data(),  scores.data(), pos.data(), seq_of.data(), s.table.data(),
                   &table_start,           &c0,         &q_start,      &tk,        &tv,           s.step_k.data(),
                   s.step_v.data(),        s.kb.data(), s.vb.data()};
-  chan_attention_host(args(c, s, b));
+  if (parallel) {
+    chan_attention_parallel_host(args(c, s, b));
+  } else {
+    chan_attention_host(args(c, s, b));
+  }
+  if (!rotate_back) return out;
   // V's rotation undone, as the CPU does it (the device's callers rotate back too).
   for (int64_t i = 0; i < n_q * c.n_head; ++i) cpu::hadamard_rotate(out.data() + i * c.hd, c.hd);
   return out;
@@ -217,6 +223,19 @@ TEST(CudaChanAttention, HostRunIsTheCpus) {
     const std::vector<float> want = cpu_out(c, s), got = host_run(c, s);
     ASSERT_EQ(got.size(), want.size());
     for (size_t e = 0; e < want.size(); ++e) ASSERT_NEAR(got[e], want[e], 2e-5) << name(c) << " elem " << e;
+  }
+}
+
+// The parallel kernel's code (chan_attention_parallel: a thread block per
+// query and head) run phase after phase on the host gives the reference's
+// bits (its values are computed as the reference computes them).
+TEST(CudaChanAttention, ParallelHostRunIsTheReferenceBitForBit) {
+  for (size_t i = 0; i < kCases.size(); ++i) {
+    const Case& c = kCases[i];
+    const ChanSeq s(c, 40 + static_cast<uint32_t>(i));
+    const std::vector<float> want = host_run(c, s, false, false), got = host_run(c, s, true, false);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << name(c);
   }
 }
 
@@ -244,9 +263,49 @@ TEST(CudaChanAttention, DeviceIsTheHostRun) {
                     d_step_v.as<uint8_t>(),    d_kb.as<uint8_t>(),        d_vb.as<uint8_t>()};
     chan_attention(args(c, s, b), nullptr);
     std::vector<float> got = download<float>(d_out, static_cast<size_t>(n_q * qw));
+    // The parallel kernel (what the CUDA backend runs): the reference's bits.
+    auto d_par = poisoned(static_cast<size_t>(n_q * qw) * 4);
+    Buffers bp = b;
+    bp.out = d_par.as<float>();
+    chan_attention_parallel(args(c, s, bp), nullptr);
+    const std::vector<float> par = download<float>(d_par, static_cast<size_t>(n_q * qw));
+    EXPECT_EQ(std::memcmp(par.data(), got.data(), got.size() * sizeof(float)), 0) << name(c) << ": parallel kernel";
     for (int64_t r = 0; r < n_q * c.n_head; ++r) cpu::hadamard_rotate(got.data() + r * c.hd, c.hd);
     const std::vector<float> want = host_run(c, s);
     for (size_t e = 0; e < want.size(); ++e) ASSERT_NEAR(got[e], want[e], 2e-5) << name(c) << " elem " << e;
+  }
+}
+
+// rotate_heads_back (what the k4c attention's f32 outputs go through into
+// the step's activations): its f32 output is the CPU's rotation of each
+// head (within f32 rounding), and its bf16 and f16 outputs are that f32
+// output rounded to the type, bit for bit (one kernel, one rounding at the
+// store). Rows read in_stride floats apart (wider than the heads), head
+// sizes of the warp kernel (64, 128) and of the block kernel (16).
+TEST(CudaChanAttention, RotateHeadsBackInBf16AndF16IsTheF32Rounded) {
+  RILL_REQUIRE_GPU();
+  for (const int32_t hd : {16, 64, 128}) {
+    const int32_t n_rows = 5, n_heads = 3;
+    const int64_t width = int64_t{n_heads} * hd, stride = width + 8;
+    const std::vector<float> in = random_floats(static_cast<size_t>(n_rows * stride), 900 + static_cast<uint32_t>(hd));
+    auto d_in = upload(in);
+    const auto n = static_cast<size_t>(n_rows * width);
+    auto d_f32 = poisoned(n * 4);
+    rotate_heads_back(d_in.as<float>(), stride, n_rows, n_heads, hd, DType::kF32, d_f32.data(), nullptr);
+    const std::vector<float> f32 = download<float>(d_f32, n);
+    std::vector<float> want(n);
+    for (int32_t r = 0; r < n_rows; ++r) {
+      std::memcpy(want.data() + r * width, in.data() + r * stride, static_cast<size_t>(width) * sizeof(float));
+    }
+    for (int64_t h = 0; h < int64_t{n_rows} * n_heads; ++h) cpu::hadamard_rotate(want.data() + h * hd, hd);
+    for (size_t e = 0; e < n; ++e) ASSERT_NEAR(f32[e], want[e], 1e-5) << "head_dim " << hd << " elem " << e;
+    for (const DType t : {DType::kBF16, DType::kF16}) {
+      auto d_out = poisoned(n * 2);
+      rotate_heads_back(d_in.as<float>(), stride, n_rows, n_heads, hd, t, d_out.data(), nullptr);
+      const std::vector<uint8_t> got = download<uint8_t>(d_out, n * 2);
+      EXPECT_EQ(got, encode(t, f32)) << "head_dim " << hd << ", " << (t == DType::kBF16 ? "bf16" : "f16")
+                                     << ": not the f32 output rounded";
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "core/e4m3.h"
 #include "model/fingerprint.h"
 
 namespace rill {
@@ -192,6 +193,47 @@ TEST(Registry, Q8_0h64KvReachesTheCudaFactory) {
   auto untested = create_model(*r, profile("llama"), files, o);
   ASSERT_FALSE(untested.ok());
   EXPECT_EQ(untested.error().message, "test factory");
+  if (was) {
+    setenv("RILL_CUDA_UNTESTED_KV", saved.c_str(), 1);
+  } else {
+    unsetenv("RILL_CUDA_UNTESTED_KV");
+  }
+}
+
+// k4c's q4c K on a family other than Llama's: refused naming the
+// Llama-only rule first, on either device and whatever the CUDA switch
+// (which would not make it run); the Llama family's reach their factory.
+TEST(Registry, Q4cIsRefusedOutsideTheLlamaFamilyFirst) {
+  auto r = ImplementationRegistry::create(
+      {impl("llama.cpu", {"llama"}), impl("gemma.cuda", {"gemma3"}, Device::kCuda), impl("gemma.cpu", {"gemma3"})});
+  ASSERT_TRUE(r.ok());
+  auto files = std::make_shared<ModelFiles>();
+  files->path = "m.gguf";
+  const char* was = std::getenv("RILL_CUDA_UNTESTED_KV");
+  const std::string saved = was ? was : "";
+  for (const bool on : {false, true}) {
+    if (on) {
+      setenv("RILL_CUDA_UNTESTED_KV", "1", 1);
+    } else {
+      unsetenv("RILL_CUDA_UNTESTED_KV");
+    }
+    for (const Device d : {Device::kCuda, Device::kCpu}) {
+      ModelOptions o;
+      o.device = d;
+      o.kv_types.k = KvType{kKvQ4Chan, false};
+      o.kv_types.v = KvType{kKvIq4Nl64, true};
+      auto m = create_model(*r, profile("gemma3"), files, o);
+      ASSERT_FALSE(m.ok());
+      EXPECT_TRUE(has(m.error(), "m.gguf: KV type q4c (k4c) runs on the Llama family's models only"))
+          << m.error().message;
+    }
+  }
+  ModelOptions o;
+  o.kv_types.k = KvType{kKvQ4Chan, false};
+  o.kv_types.v = KvType{kKvIq4Nl64, true};
+  auto llama = create_model(*r, profile("llama"), files, o);
+  ASSERT_FALSE(llama.ok());
+  EXPECT_EQ(llama.error().message, "test factory");
   if (was) {
     setenv("RILL_CUDA_UNTESTED_KV", saved.c_str(), 1);
   } else {

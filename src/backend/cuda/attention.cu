@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/attention_chan.h"
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_decode.h"
 #include "backend/cuda/attention_mma.h"
@@ -623,8 +624,17 @@ size_t attention_rotation_floats(int64_t n_tokens, int32_t n_head, int32_t head_
   return 2 * static_cast<size_t>(n_tokens) * static_cast<size_t>(n_head) * static_cast<size_t>(head_dim);
 }
 
+// Q4_CHAN: k4c's K (branch k4cwire22), which choose_kv_type takes as a
+// pair with iq4_nlh64 V and kv_supported() never names (no KvT reads it).
 bool kv_untested(DType kv_dtype) {
-  return kv_dtype == kKvIq4Nl64;
+  return kv_dtype == kKvIq4Nl64 || kv_dtype == kKvQ4Chan;
+}
+
+void rotate_heads_back(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_heads, int32_t head_dim,
+                       DType out_dtype, void* out, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  RILL_CUDA_DISPATCH_FLOAT(out_dtype,
+                           rotate_heads(in, in_stride, n_rows, n_heads, head_dim, static_cast<T*>(out), stream));
 }
 
 bool kv_untested_allowed() {

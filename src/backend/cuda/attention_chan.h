@@ -11,12 +11,15 @@
 // the same source built for the host (chan_attention_host) gives the CPU
 // scalar build's bits and the device differs by expf / tanhf alone. Slow
 // (a thread walks every key of its query): the device reference a fast
-// kernel will be held to, not a serving path. Nothing calls it from a
-// model yet; not yet run on a GPU (docs/perf.md, branch k4ccuda22).
+// kernel will be held to, not a serving path; the CUDA backend runs k4c
+// through it (branch k4cwire22, behind RILL_CUDA_UNTESTED_KV=1). Not yet
+// run on a GPU (docs/perf.md, branches k4ccuda22, k4cwire22).
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+
+#include "core/dtype.h"
 
 namespace rill::cuda {
 
@@ -41,10 +44,12 @@ struct ChanAttentionArgs {
   const uint8_t* step_k = nullptr;  // [n_tokens] q8_0 rows of the step, as RopeKvArgs::k_rows
   const uint8_t* step_v = nullptr;
   // Physical block 0's K region (a q4c group: 19 * width bytes) and V
-  // region (32 iq4_nlh64 rows, v_row_bytes apart); blocks block_stride apart.
+  // region (32 iq4_nlh64 rows, v_row_bytes apart); blocks block_stride
+  // apart (V's v_block_stride apart where set: the CUDA pool's separate
+  // planes; 0: block_stride, the CPU's blocks of both).
   const uint8_t* k_blocks = nullptr;
   const uint8_t* v_blocks = nullptr;
-  size_t block_stride = 0, v_row_bytes = 0;
+  size_t block_stride = 0, v_row_bytes = 0, v_block_stride = 0;
   int32_t n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   int32_t window = 0;  // > 0: keys [pos - window + 1, pos]
   float scale = 1.0f, softcap = 0.0f;
@@ -55,5 +60,26 @@ struct ChanAttentionArgs {
 void chan_attention(const ChanAttentionArgs& a, cudaStream_t stream);
 // The same code over host pointers, on the calling thread (tests).
 void chan_attention_host(const ChanAttentionArgs& a);
+
+// chan_attention's arithmetic with a thread block per (query, head): the
+// keys' scores, exps and probabilities a key a thread, the max by a
+// reduction (exact), the double sum by one thread in key order, the output
+// a channel a thread in key order, each value computed as chan_attention
+// computes it (a group's q.z recomputed per key: the same value), so its
+// outputs are chan_attention's bits (not NaN-aware: a NaN score's max may
+// differ). What the CUDA backend runs for k4c (branch k4cwire22; not yet
+// run on a GPU): ~blockDim times the reference's parallelism, still a
+// reference-speed kernel (scores in global memory, one thread's sum).
+void chan_attention_parallel(const ChanAttentionArgs& a, cudaStream_t stream);
+// Its phases one after the other over host pointers (tests).
+void chan_attention_parallel_host(const ChanAttentionArgs& a);
+
+// Each head of in's rows (f32, in_stride floats apart) Walsh-Hadamard
+// rotated (cpu::hadamard_rotate's bits: the transform is its own inverse)
+// into out [n_rows, n_heads * head_dim] in out_dtype (F32 / F16 / BF16);
+// head_dim a power of two up to 512: what cuda::attention does to a rotated
+// V's outputs (attention.cu's kernel), for chan_attention's.
+void rotate_heads_back(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_heads, int32_t head_dim,
+                       DType out_dtype, void* out, cudaStream_t stream);
 
 }  // namespace rill::cuda

@@ -15,13 +15,17 @@
 #include <deque>
 #include <vector>
 
+#include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
+#include "backend/cuda/attention_chan.h"
 #include "backend/cuda/attention_decode.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gated_delta.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/glu_narrow.h"
+#include "backend/cuda/kv_chan.h"
+#include "backend/cuda/kv_chan_step.h"
 #include "backend/cuda/latent_attention.h"
 #include "backend/cuda/lightning_index.h"
 #include "backend/cuda/moe_ffn.h"
@@ -409,7 +413,7 @@ class CudaBackend final : public Backend {
 
   // The scratch every op needs within `limits` (reserve()'s, or from a
   // runtime's arena: carve_cuda_scratch).
-  void carve(cuda::Arena& a, const StepLimits& limits) {
+  void carve(cuda::Arena& a, const StepLimits& limits, const CudaChanLimits& chan = {}) {
     partial_ = a.take<float>(cuda::attention_partial_floats(limits.max_tokens, limits.n_head, limits.head_dim));
     shifted_pos_ = a.take<int32_t>(static_cast<size_t>(limits.max_tokens));  // rope_store_kv's pos_offset
     // Rotated KV's queries and outputs (2 f32 rows a token: 1/16 of the
@@ -436,6 +440,36 @@ class CudaBackend final : public Backend {
     if (!moes_.empty()) moe_.carve(a, limits.max_tokens);
     index_keys_ = limits.max_index_keys;
     index_scores_ = index_keys_ > 0 ? a.take<float>(static_cast<size_t>(cuda::kIndexBlocks * index_keys_)) : nullptr;
+    carve_chan(a, limits, chan);
+  }
+
+  // k4c (CudaChanLimits): the step's q8_0 K and V rows, the plan's arrays
+  // (kv_chan_step.h) and the reference attention's scores, for at most
+  // chan.max_score_floats floats (the attention goes in chunks of
+  // chan_.chunk tokens: a query's scores take max_keys floats a head).
+  void carve_chan(cuda::Arena& a, const StepLimits& limits, const CudaChanLimits& chan) {
+    chan_ = {};
+    if (chan.max_width <= 0) return;
+    const auto T = static_cast<size_t>(limits.max_tokens);
+    const size_t row = row_bytes(cpu::kKvChanTailType, chan.max_width);
+    chan_.step_k = a.take<uint8_t>(T * row);
+    chan_.step_v = a.take<uint8_t>(T * row);
+    chan_.max_units = cuda::chan_max_units(limits.max_tokens, limits.max_tokens);
+    const auto U = static_cast<size_t>(chan_.max_units);
+    chan_.rows = a.take<const uint8_t*>(U * cpu::kKvChanTokens);
+    chan_.dst = a.take<uint8_t*>(U);
+    chan_.sequence_start = a.take<uint8_t>(U);
+    chan_.n_units = a.take<int32_t>(1);
+    chan_.units = a.take<int32_t>(2 * U);
+    // Per sequence: a decode graph's step names up to T + 1 (CudaModelBase::compute).
+    chan_.c0 = a.take<int32_t>(T + 1);
+    chan_.tail_k = a.take<const uint8_t*>(T + 1);
+    chan_.tail_v = a.take<const uint8_t*>(T + 1);
+    const size_t per_token = static_cast<size_t>(limits.n_head) * static_cast<size_t>(chan.max_keys);
+    chan_.keys = static_cast<int32_t>(chan.max_keys);
+    chan_.chunk =
+        static_cast<int32_t>(std::clamp<size_t>(chan.max_score_floats / std::max<size_t>(per_token, 1), 1, T));
+    chan_.scores = a.take<float>(static_cast<size_t>(chan_.chunk) * per_token);
   }
 
   Result<Buffer> allocate(size_t bytes, const std::string& what) override {
@@ -553,8 +587,44 @@ class CudaBackend final : public Backend {
            cuda::kv_rotation_supported(kv.dtype, head_dim, kv.v_rotated);
   }
 
+  // k4c (KvCacheView::tail): q4c K blocks in their plane, rotated
+  // iq4_nlh64 V rows in theirs, the tails and the step's arrays on the device.
+  static bool chan_kv(const KvCacheView& kv) { return kv.dtype == kKvQ4Chan; }
+
+  // The plan (kv_chan_step.h) of this step and layer's k4c KV.
+  cuda::ChanStepArgs chan_plan(const KvCacheView& kv, int32_t n_head_kv, int32_t head_dim, int kv_group,
+                               const StepMetadata& step) const {
+    assert(chan_.step_k && step.kv_tail && step.q_start && step.q_len && step.kv_len && step.n_seqs > 0);
+    cuda::ChanStepArgs c;
+    c.n_seqs = step.n_seqs;
+    c.q_start = step.q_start;
+    c.q_len = step.q_len;
+    c.kv_len = step.kv_len;
+    c.kv_tail = step.kv_tail;
+    c.table_start = step.table_start;
+    c.block_tables = step.block_tables[kv_group];
+    c.tails = kv.tail;
+    c.tail_stride = kv.tail_stride;
+    c.step_k = chan_.step_k;
+    c.step_v = chan_.step_v;
+    c.k_blocks = static_cast<uint8_t*>(kv.k);
+    c.k_block_stride = kv.block_stride;
+    c.width = n_head_kv * head_dim;
+    c.max_units = chan_.max_units;
+    c.rows = chan_.rows;
+    c.dst = chan_.dst;
+    c.sequence_start = chan_.sequence_start;
+    c.n_units = chan_.n_units;
+    c.units = chan_.units;
+    c.c0 = chan_.c0;
+    c.tail_k = chan_.tail_k;
+    c.tail_v = chan_.tail_v;
+    return c;
+  }
+
   void rope_store_kv(const RopeKvOp& op, const StepMetadata& step) override {
-    assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && kv_readable(op.kv, op.head_dim));
+    const bool chan = op.n_head_kv > 0 && chan_kv(op.kv);
+    assert(chan || (op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && kv_readable(op.kv, op.head_dim)));
     const CudaRope& rope = record(op.rope);
     cuda::RopeKvArgs a;
     a.qkv = op.qkv.f32();
@@ -585,14 +655,89 @@ class CudaBackend final : public Backend {
     a.kv_dtype = op.kv.dtype;
     a.k_rotated = op.kv.k_rotated;
     a.v_rotated = op.kv.v_rotated;
+    if (chan) {  // K's q8_0 rows for the encoder, V rotated to its rows and its plane (RopeKvArgs::k_rows)
+      assert(op.kv.v_dtype == kKvIq4Nl64 && op.kv.v_rotated && !op.kv.k_rotated && op.kv.tail);
+      a.kv_dtype = op.kv.v_dtype;
+      a.k_rotated = false;
+      a.k_rows = chan_.step_k;
+      a.v_rows = chan_.step_v;
+    }
     if (op.v_norm && op.n_head_kv > 0) {  // Gemma 4: V heads normed in place before the store
       cuda::head_rms_norm(op.qkv.f32(), op.qkv.stride, op.qkv.rows, int64_t{op.n_head + op.n_head_kv} * op.head_dim,
                           op.n_head_kv, op.head_dim, op.norm_eps, stream());
     }
     cuda::rope_store_kv(a, stream());
+    if (chan) encode_chan_blocks(op, step);
+  }
+
+  // k4c: every K block the step completes, encoded from the tail's and the
+  // step's q8_0 rows into the pool (units planned on the device: the grid
+  // is the most the step can complete, the rest skip).
+  void encode_chan_blocks(const RopeKvOp& op, const StepMetadata& step) {
+    const cuda::ChanStepArgs c = chan_plan(op.kv, op.n_head_kv, op.head_dim, op.kv_group, step);
+    cuda::plan_chan_step(c, stream());
+    cuda::ChanEncodeArgs e;
+    e.rows = chan_.rows;
+    e.dst = chan_.dst;
+    e.sequence_start = chan_.sequence_start;
+    e.row_dtype = cpu::kKvChanTailType;
+    e.n_units = cuda::chan_max_units(op.qkv.rows, step.n_seqs);
+    e.width = c.width;
+    e.n_units_dev = chan_.n_units;
+    cuda::quantize_chan_blocks(e, stream());
+  }
+
+  // k4c: the reference attention's arithmetic (attention_chan.h
+  // chan_attention_parallel: a thread block per query and head, the
+  // reference's bits) in chunks of tokens,
+  // its f32 outputs rotated back into op.out, then each sequence's tail
+  // takes its newest partial block (after the attention that read it).
+  void attention_chan(const AttentionOp& op, const StepMetadata& step) {
+    const cuda::ChanStepArgs c = chan_plan(op.kv, op.n_head_kv, op.head_dim, op.kv_group, step);
+    cuda::plan_chan_step(c, stream());  // c0 and the tails of this layer (the same plan rope_store_kv made)
+    const auto n = static_cast<int32_t>(op.q.rows);
+    const int64_t width = int64_t{op.n_head} * op.head_dim;
+    cuda::ChanAttentionArgs a;
+    a.q_stride = op.q.stride;
+    a.scores = chan_.scores;
+    a.max_keys = chan_.keys;
+    a.block_tables = step.block_tables[op.kv_group];
+    a.table_start = step.table_start;
+    a.c0 = chan_.c0;
+    a.q_start = step.q_start;
+    a.tail_k = chan_.tail_k;
+    a.tail_v = chan_.tail_v;
+    a.step_k = chan_.step_k;
+    a.step_v = chan_.step_v;
+    a.k_blocks = static_cast<const uint8_t*>(op.kv.k);
+    a.v_blocks = static_cast<const uint8_t*>(op.kv.v);
+    a.block_stride = op.kv.block_stride;
+    a.v_row_bytes = op.kv.v_row_bytes;
+    a.v_block_stride = op.kv.v_row_bytes << op.kv.block_shift;
+    a.n_head = op.n_head;
+    a.n_head_kv = op.n_head_kv;
+    a.head_dim = op.head_dim;
+    a.window = op.window;
+    a.scale = op.scale;
+    a.softcap = op.softcap;
+    for (int32_t t0 = 0; t0 < n; t0 += chan_.chunk) {
+      a.n_tokens = std::min(chan_.chunk, n - t0);
+      a.q = op.q.f32() + t0 * op.q.stride;
+      a.pos = step.pos + t0;
+      a.seq_of = step.seq_of + t0;
+      a.out = rotation_ + t0 * width;
+      cuda::chan_attention_parallel(a, stream());
+    }
+    cuda::rotate_heads_back(rotation_, width, n, op.n_head, op.head_dim, op.out.dtype, op.out.data, stream());
+    cuda::update_chan_tails(c, stream());
   }
 
   void attention(const AttentionOp& op, const StepMetadata& step) override {
+    if (chan_kv(op.kv)) {
+      assert(op.out.is_dense() && !op.sinks && op.out.stride == int64_t{op.n_head} * op.head_dim);
+      attention_chan(op, step);
+      return;
+    }
     assert(op.kv.block_stride == op.kv.row_bytes << op.kv.block_shift && op.out.is_dense() &&
            kv_readable(op.kv, op.head_dim));
     cuda::AttentionArgs a;
@@ -997,6 +1142,22 @@ class CudaBackend final : public Backend {
   int32_t* shifted_pos_ = nullptr;  // [max_tokens]: rope_store_kv's positions + pos_offset
   float* rotation_ = nullptr;       // cuda::attention_rotation_floats of the limits
   float* index_scores_ = nullptr;   // lightning_index(): [kIndexBlocks, index_keys_]
+  // k4c's scratch (carve_chan): the plan's outputs, the step's rows, scores.
+  struct ChanScratch {
+    uint8_t* step_k = nullptr;  // [max_tokens] q8_0 rows each (RopeKvArgs::k_rows / v_rows)
+    uint8_t* step_v = nullptr;
+    int32_t max_units = 0;  // the plan's room (cuda::chan_max_units of max_tokens)
+    const uint8_t** rows = nullptr;
+    uint8_t** dst = nullptr;
+    uint8_t* sequence_start = nullptr;
+    int32_t* n_units = nullptr;
+    int32_t* units = nullptr;
+    int32_t* c0 = nullptr;  // [max_tokens + 1] (a sequence per token at most, and a graph's padding)
+    const uint8_t** tail_k = nullptr;
+    const uint8_t** tail_v = nullptr;
+    float* scores = nullptr;  // [chunk, n_head, keys]
+    int32_t keys = 0, chunk = 0;
+  } chan_;
   int64_t index_keys_ = 0;
   cuda::QuantScratch qscratch_;
   cuda::Fp8Scratch fp8scratch_;
@@ -1025,9 +1186,9 @@ Result<std::unique_ptr<Backend>> make_cuda_backend_on(cuda::Context& ctx, cuda::
   return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(nullptr, &ctx, &gemm, options));
 }
 
-void carve_cuda_scratch(Backend& backend, cuda::Arena& arena, const StepLimits& limits) {
+void carve_cuda_scratch(Backend& backend, cuda::Arena& arena, const StepLimits& limits, const CudaChanLimits& chan) {
   assert(std::strcmp(backend.name(), "cuda") == 0);
-  static_cast<CudaBackend&>(backend).carve(arena, limits);
+  static_cast<CudaBackend&>(backend).carve(arena, limits, chan);
 }
 
 }  // namespace rill

@@ -42,6 +42,18 @@ Result<std::unique_ptr<Backend>> make_cuda_backend_on(cuda::Context& ctx, cuda::
 // Carves what reserve(limits) would allocate from `arena` (sizing pass
 // included, cuda::Arena's two-pass use), against the weights placed so far.
 // backend: one of the above.
-void carve_cuda_scratch(Backend& backend, cuda::Arena& arena, const StepLimits& limits);
+// k4c KV (backend/cuda/kv_chan_step.h), where the runtime's KV is k4c:
+// the widest K row (n_head_kv * head_dim) and the most keys a query reads
+// (the context); the backend then also carves the step's q8_0 rows, the
+// step plan and the reference attention's scores: at most max_score_floats
+// floats, the attention going in chunks of tokens (a query's scores take
+// n_head * max_keys floats; at least one query a chunk).
+struct CudaChanLimits {
+  int64_t max_width = 0;
+  int64_t max_keys = 0;
+  size_t max_score_floats = size_t{64} << 20;
+};
+void carve_cuda_scratch(Backend& backend, cuda::Arena& arena, const StepLimits& limits,
+                        const CudaChanLimits& chan = {});
 
 }  // namespace rill

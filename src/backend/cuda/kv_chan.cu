@@ -152,7 +152,7 @@ template <bool kQ8>
 __global__ void __launch_bounds__(kThreads) chan_encode_kernel(ChanEncodeArgs a) {
   const int u = blockIdx.x;
   const int c = blockIdx.y * kThreads + threadIdx.x;
-  if (c >= a.width) return;
+  if (c >= a.width || (a.n_units_dev && u >= *a.n_units_dev)) return;
   const int64_t width = a.width;
   float x[kT];
 #pragma unroll

@@ -2,11 +2,10 @@
 // k4c's K on CUDA (model/kv_types.h "k4c", kKvQ4Chan): the per-channel
 // encoder of one KV block of 32 tokens, cpu::quantize_chan_block's bytes
 // (backend/cpu/kv_quant.h: z [width] f16, d [width] e4m3, q [width][16]
-// nibbles), the sequence's first block with its sink-key grids. Only the
-// encoder exists on the device so far (branch k4ccuda22, docs/perf.md): the
-// attention over q4c groups and the q8_0 tails, and the tails' place on the
-// device, are the design there; no model runs q4c on CUDA, and nothing
-// here has yet run on a GPU.
+// nibbles), the sequence's first block with its sink-key grids. The CUDA
+// backend runs it for every block a step completes (kv_chan_step.h plans
+// the units; branch k4cwire22, behind RILL_CUDA_UNTESTED_KV=1); nothing
+// here has yet run on a GPU (docs/perf.md, branches k4ccuda22, k4cwire22).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -31,6 +30,10 @@ struct ChanEncodeArgs {
   DType row_dtype = DType::kQ8_0;
   int32_t n_units = 0;
   int32_t width = 0;
+  // Set (device): the units that exist, at most n_units (the grid's):
+  // units u >= *n_units_dev are skipped (kv_chan_step.h plans them on the
+  // device, so the host launches for the most a step can complete).
+  const int32_t* n_units_dev = nullptr;
 };
 void quantize_chan_blocks(const ChanEncodeArgs& a, cudaStream_t stream);
 

@@ -579,7 +579,8 @@ void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int32_t* i
 void rope_store_kv_general(const RopeKvArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return;
   assert(a.rot_dim <= a.head_dim && a.rot_dim % 2 == 0);
-  assert(kv_supported(a.kv_dtype) && kv_rotation_supported(a.kv_dtype, a.head_dim, a.k_rotated) &&
+  // (k4c's K goes to k_rows in q8_0, whatever k_rotated says: only V's side is kv_dtype's.)
+  assert(kv_supported(a.kv_dtype) && (a.k_rows || kv_rotation_supported(a.kv_dtype, a.head_dim, a.k_rotated)) &&
          kv_rotation_supported(a.kv_dtype, a.head_dim, a.v_rotated));
   assert(!a.k_rows || (a.v_rows && a.v_rotated && (a.n_head_kv * a.head_dim) % 32 == 0));
   RILL_CUDA_DISPATCH_KV(a.kv_dtype, {

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -728,6 +729,9 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(const RopeTable rope, build_llama_rope(f, hd_, options.n_ctx));
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(*backend_, cfg_, w, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, rope));
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
+  // Every layer reads its own KV and forward() is the base's, which checks
+  // the batch's KV tails: k4c may run here (CudaModelBase::choose_kv_type).
+  kv_tails_supported_ = !sharded();
   return init_runtime(options);
 }
 
@@ -747,7 +751,17 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.attn32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : graph_.Q);
   act_views_.mlp32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : F);
   act_views_.final32 = carve_tensor(a, DType::kF32, S, f32 || graph_.mup.logit == 1.0f ? 0 : E_);
-  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S));
+  CudaChanLimits chan;  // k4c: the step's q8_0 rows and the reference attention's scores
+  if (kv_chan_) {
+    chan.max_width = KV_;
+    chan.max_keys = n_ctx();
+    // A test hook (tests/cuda/k4c_cuda_test.cpp): a smaller score buffer,
+    // so that the attention goes in chunks of a few queries.
+    if (const char* e = std::getenv("RILL_CUDA_K4C_SCORE_FLOATS"); e && std::atoll(e) > 0) {
+      chan.max_score_floats = static_cast<size_t>(std::atoll(e));
+    }
+  }
+  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S), chan);
 }
 
 // The shared graph over the uploaded step metadata, then (shards) the

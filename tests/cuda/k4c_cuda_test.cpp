@@ -1,0 +1,452 @@
+// k4c KV (K q4c per channel over blocks of 32 tokens, V iq4_nlh64 rotated,
+// each sequence's newest partial block in q8_0 tails) on the CUDA Llama
+// model against the CPU's (branch k4cwire22; written without a GPU: these
+// tests have not yet run on one). The model is the HF llama golden (f32, 3
+// layers, 4 heads, 2 KV heads) widened in memory to heads of 64 (k4c's V
+// needs blocks of 64 a head): q / k / v / o redrawn from the golden's own
+// values (element i of a new matrix is element (i * 7919 + 13) mod n of the
+// old one), q and k scaled by 2 so that scores spread (at the golden's
+// 0.02 init k4c moves the logits by 0.018 rms, at 2x by 0.092; at 4x and
+// 8x by 0.30 and 0.43, where attention is peaked enough that roundings
+// decide which key wins: a 2e-7 relative change of every weight then moved
+// the k4c logits by up to 5% of k4c's own change, against 0.005% at 2x,
+// measured on the host, docs/perf.md k4cwire22).
+//
+// Both devices run f32 activations (an f32 checkpoint) and store the same
+// k4c bytes for the same floats: the encoder, the V store and the tail rows
+// are the CPU's (kv_chan_cuda_test.cpp, BackendOps.RotatedKvStore...), and
+// the reference attention is the CPU baseline build's arithmetic
+// (attention_chan_cuda_test.cpp). What remains is f32 rounding of the
+// matmuls and norms (the f32 model's CUDA logits are within ~1e-5 of the
+// CPU's), which now and then moves a value across a 4-bit or q8_0 level.
+// The bound is a share of what k4c itself changes on the CPU (rms over
+// every logit of every position, against f32 KV): 5%, where perturbing
+// every weight by 1e-7 .. 3e-6 relative (what two devices' f32 sums
+// differ by) moved the CPU's k4c logits by at most 0.005% of that change
+// (the host, 2x scale). A CUDA path that read
+// the wrong tail rows, a block before it was encoded, the wrong block, or
+// skipped the sink rule, costs a k4c-sized error or more (and a CUDA run
+// that stored f32 KV instead would sit one whole k4c change away: checked
+// below).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "../engine/golden_util.h"
+#include "core/e4m3.h"
+#include "cuda_model_test_util.h"
+#include "cuda_test_util.h"
+#include "engine/sequence_runner.h"
+#include "loader/model_files.h"
+#include "model/batch.h"
+#include "model/kv_types.h"
+#include "model/registry.h"
+#include "untested_kv.h"
+
+namespace rill {
+namespace {
+
+// CUDA k4c against the CPU k4c, as a share of k4c's own change on the CPU.
+constexpr double kShare = 0.05;
+
+double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double ss = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) ss += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  return a.empty() ? 0.0 : std::sqrt(ss / static_cast<double>(a.size()));
+}
+
+bool ends_with(const std::string& s, const std::string& end) {
+  return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+}
+
+// The golden llama with heads of 64 (see the file's comment); null when
+// the golden is missing.
+std::shared_ptr<ModelFiles> llama_hd64(std::vector<std::vector<float>>& store) {
+  const std::string dir = test::hf_golden_dir("llama");
+  if (!std::filesystem::exists(dir + "/config.json")) return nullptr;
+  auto files = open_model_files(dir);
+  EXPECT_TRUE(files.ok()) << files.error().message;
+  if (!files.ok()) return nullptr;
+  std::shared_ptr<ModelFiles> f = std::move(files).value();
+  constexpr int64_t kHd = 64;
+  const int64_t E = f->config.n_embd, H = f->config.n_head, KV = f->config.n_head_kv;
+  f->config.head_dim = kHd;
+  f->config.rope_dim = kHd;
+  for (auto& [name, t] : f->tensors) {
+    int64_t rows = 0, cols = 0;
+    float scale = 1.0f;
+    if (ends_with(name, "q_proj.weight")) {
+      rows = H * kHd, cols = E, scale = 2.0f;
+    } else if (ends_with(name, "k_proj.weight")) {
+      rows = KV * kHd, cols = E, scale = 2.0f;
+    } else if (ends_with(name, "v_proj.weight")) {
+      rows = KV * kHd, cols = E;
+    } else if (ends_with(name, "o_proj.weight")) {
+      rows = E, cols = H * kHd;
+    } else {
+      continue;
+    }
+    EXPECT_EQ(t.dtype, DType::kF32) << name;
+    const auto* src = reinterpret_cast<const float*>(t.data);
+    const auto n_src = static_cast<uint64_t>(t.n_elements());
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    for (uint64_t i = 0; i < w.size(); ++i) w[i] = scale * src[(i * 7919 + 13) % n_src];
+    store.push_back(std::move(w));
+    t.shape = {rows, cols};
+    t.data = reinterpret_cast<const uint8_t*>(store.back().data());
+    t.n_bytes = store.back().size() * sizeof(float);
+  }
+  return f;
+}
+
+std::vector<int32_t> prompt(size_t n, int64_t vocab, size_t salt = 0) {
+  std::vector<int32_t> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 53 + 7 + salt * 31 + i * i % 11) % vocab);
+  return ids;
+}
+
+// The model on either device (K4cHd64 needs no GPU: the CPU half of the
+// comparisons below, run on the host).
+class K4cHd64 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    files_ = llama_hd64(store_);
+    if (!files_) GTEST_SKIP() << "the llama golden is missing";
+  }
+  // n_slots: the KV slots (and so k4c's tail slots: one per sequence).
+  Result<std::unique_ptr<Model>> try_open(Device d, int chunk, const char* kv, int n_slots = 1, bool graphs = true) {
+    ModelOptions o;
+    o.device = d;
+    o.cuda_graphs = graphs;
+    o.n_threads = 2;
+    o.n_ctx = 256;
+    o.max_batch_tokens = chunk;
+    o.n_kv_slots = n_slots;
+    if (kv && std::string(kv) == "k4c") {  // the pair (model/kv_types.h)
+      o.kv_types.k = KvType{kKvQ4Chan, false};
+      o.kv_types.v = KvType{kKvIq4Nl64, true};
+    } else if (kv) {
+      o.kv_types.k = o.kv_types.v = parse_kv_type(kv);
+    }
+    return create_model(builtin_registry(), infer_profile(*files_), files_, o);
+  }
+  std::unique_ptr<Model> open(Device d, int chunk, const char* kv, int n_slots = 1, bool graphs = true) {
+    auto m = try_open(d, chunk, kv, n_slots, graphs);
+    EXPECT_TRUE(m.ok()) << m.error().message;
+    return m.ok() ? std::move(m).value() : nullptr;
+  }
+  static std::vector<float> score(Model& m, const std::vector<int32_t>& ids) {
+    SequenceRunner r(m);
+    auto l = r.score(ids);
+    EXPECT_TRUE(l.ok()) << l.error().message;
+    return l.ok() ? *l : std::vector<float>{};
+  }
+
+  std::shared_ptr<ModelFiles> files_;
+  std::vector<std::vector<float>> store_;
+};
+
+class CudaK4c : public K4cHd64 {
+ protected:
+  void SetUp() override {
+    RILL_REQUIRE_GPU();
+    K4cHd64::SetUp();
+  }
+};
+
+// Refused by name unless RILL_CUDA_UNTESTED_KV=1 (untested_kv.h sets it for
+// this binary); the CPU takes it either way.
+TEST_F(CudaK4c, IsRefusedWithoutTheSwitch) {
+  unsetenv("RILL_CUDA_UNTESTED_KV");
+  auto off = try_open(Device::kCuda, 8, "k4c");
+  setenv("RILL_CUDA_UNTESTED_KV", "1", 1);
+  ASSERT_FALSE(off.ok());
+  EXPECT_NE(off.error().message.find("RILL_CUDA_UNTESTED_KV=1"), std::string::npos) << off.error().message;
+  EXPECT_NE(off.error().message.find("q4c"), std::string::npos) << off.error().message;
+  auto on = try_open(Device::kCuda, 8, "k4c");
+  ASSERT_TRUE(on.ok()) << on.error().message;
+  auto cpu = try_open(Device::kCpu, 8, "k4c");
+  ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+  // The same bytes a token and the same tails (KvTails' layout and count).
+  EXPECT_EQ((*on)->kv_bytes_per_token(), (*cpu)->kv_bytes_per_token());
+  EXPECT_EQ((*on)->n_kv_tail_slots(), (*cpu)->n_kv_tail_slots());
+  EXPECT_EQ((*on)->kv_tail_bytes(), (*cpu)->kv_tail_bytes());
+  EXPECT_EQ((*on)->kv_block_size(), 32);
+  EXPECT_NE((*on)->kv_numerics().find("q4c"), std::string::npos) << (*on)->kv_numerics();
+}
+
+// One sequence of 100 tokens (blocks at 0, 32, 64 completed, the last 4
+// tokens left in the tail), scored in chunks of 1 (every step a decode
+// step: one query, a block completed at positions 31, 63, 95; with decode
+// graphs, then without: chunk -1 below), 7 (chunks
+// that end inside blocks and cross their boundaries: the tail partly
+// filled before a step, blocks completed from tail and step rows) and 64
+// (a prefill that completes two blocks in one step, the first the
+// sequence's sink block), against the CPU's k4c scored in chunks of 64
+// (the CPU's k4c bits do not depend on chunking: attention_chan.h); and
+// in chunks of 64 again with the attention's score buffer cut to 3
+// queries (CudaChanLimits::max_score_floats), each step's attention then
+// run in chunks of 3 queries.
+TEST_F(CudaK4c, LogitsMatchTheCpusK4cAtEveryPosition) {
+  const std::vector<int32_t> ids = prompt(100, files_->config.n_vocab);
+  auto f32_cpu = open(Device::kCpu, 64, nullptr), f32_gpu = open(Device::kCuda, 64, nullptr);
+  auto cpu = open(Device::kCpu, 64, "k4c");
+  ASSERT_TRUE(f32_cpu && f32_gpu && cpu);
+  const std::vector<float> own_f32 = score(*f32_cpu, ids), gpu_f32 = score(*f32_gpu, ids), c = score(*cpu, ids);
+  const double own = rms_diff(c, own_f32);
+  // k4c must change this model's logits visibly, or the bound says nothing.
+  EXPECT_GT(own, 100 * rms_diff(gpu_f32, own_f32)) << "k4c's own change is below f32 noise";
+  // Chunks of 1 twice: decode steps replayed from CUDA graphs (the
+  // default; their padding in the scratch tail slot), then run eagerly.
+  // 0: chunks of 64 with the reference attention's score buffer cut to 3
+  // queries' scores (RILL_CUDA_K4C_SCORE_FLOATS, llama.cpp), so that a
+  // step's attention runs in chunks of 3 queries (the last of 1).
+  for (const int chunk : {1, -1, 7, 64, 0}) {
+    if (chunk == 0) {
+      const int64_t per_query = int64_t{files_->config.n_head} * 256;  // n_head x n_ctx
+      setenv("RILL_CUDA_K4C_SCORE_FLOATS", std::to_string(3 * per_query + per_query / 2).c_str(), 1);
+    }
+    auto gpu = open(Device::kCuda, chunk == 0 ? 64 : std::abs(chunk), "k4c", 1, /*graphs=*/chunk > 0);
+    unsetenv("RILL_CUDA_K4C_SCORE_FLOATS");
+    ASSERT_TRUE(gpu) << chunk;
+    const std::vector<float> g = score(*gpu, ids);
+    ASSERT_EQ(g.size(), c.size()) << chunk;
+    const double e = rms_diff(g, c);
+    EXPECT_LT(e, kShare * own) << "chunks of " << chunk
+                               << " (-1: without graphs; 0: 64 with the attention in chunks of 3 queries): CUDA k4c "
+                                  "against the CPU's";
+    // Not f32 KV under another name: CUDA's k4c costs what the CPU's does.
+    EXPECT_GT(rms_diff(g, gpu_f32), 0.5 * own) << "chunks of " << chunk;
+    // The last position (its block's 4 rows from the tail and the step).
+    const size_t V = static_cast<size_t>(files_->config.n_vocab);
+    const std::vector<float> last_g(g.end() - static_cast<std::ptrdiff_t>(V), g.end()),
+        last_c(c.end() - static_cast<std::ptrdiff_t>(V), c.end());
+    std::printf(
+        "[ cuda k4c ] chunks of %d: vs CPU k4c rms %.3g max %.3g (last position max %.3g); CPU k4c vs f32 KV rms "
+        "%.3g; CUDA f32 vs CPU f32 rms %.3g\n",
+        chunk, e, test::max_abs_diff(g, c), test::max_abs_diff(last_g, last_c), own, rms_diff(gpu_f32, own_f32));
+  }
+}
+
+// Adds n tokens of sequence `slot` at pos0, every token's logits sampled.
+void add(Batch& b, const Model& m, int32_t slot, const std::vector<int32_t>& ids, int32_t pos0, int32_t n) {
+  const std::vector<int32_t> table = slot_block_table(slot, m.n_ctx(), m.kv_block_size());
+  const int32_t first = b.n_tokens();
+  const int32_t s = b.add_sequence(ids.data() + pos0, n, pos0, false, table);
+  b.seqs[static_cast<size_t>(s)].kv_tail = m.n_kv_tail_slots() > 0 ? slot : -1;
+  for (int32_t i = first; i < b.n_tokens(); ++i) b.sample_rows.push_back(i);
+}
+
+// Two sequences of different lengths in shared steps: A (slot 1) 20 then
+// 27 prompt tokens, B (slot 0) 40 then 30, then three decode steps of both
+// (A from 47: its tail holds 15 rows; B from 70: 6), then A alone; every
+// step's logits of every token against the CPU's same steps.
+std::vector<float> two_sequences(Model& m) {
+  const std::vector<int32_t> a = prompt(60, m.n_vocab(), 1), b = prompt(80, m.n_vocab(), 2);
+  const int64_t V = m.n_vocab();
+  std::vector<float> all;
+  Batch batch;
+  auto run = [&]() {
+    std::vector<float> logits(batch.sample_rows.size() * static_cast<size_t>(V));
+    const Status st = m.forward(batch, logits.data());
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    all.insert(all.end(), logits.begin(), logits.end());
+    batch.clear();
+  };
+  add(batch, m, 1, a, 0, 20);
+  add(batch, m, 0, b, 0, 40);
+  run();
+  add(batch, m, 0, b, 40, 30);
+  add(batch, m, 1, a, 20, 27);
+  run();
+  for (int32_t k = 0; k < 3; ++k) {
+    add(batch, m, 1, a, 47 + k, 1);
+    add(batch, m, 0, b, 70 + k, 1);
+    run();
+  }
+  add(batch, m, 1, a, 50, 10);
+  run();
+  return all;
+}
+
+// Nine sequences of different lengths (slots 0..8: 5, 13, 21, 29, 30, 44,
+// 58, 62, 63 prompt tokens, each prefilled in a step of its own), then
+// four decode steps of all nine: with graphs on, nine decode rows run as a
+// bucket of 16 (CudaModelBase::compute), seven of them padding in the
+// scratch block and tail slot. The decode steps complete blocks (29 -> 31,
+// 30 -> 31, 62 -> 63, 63 at once) and start new ones (32); every step's
+// logits of every token against the CPU's same steps.
+std::vector<float> nine_sequences(Model& m) {
+  const int32_t lens[9] = {5, 13, 21, 29, 30, 44, 58, 62, 63};
+  std::vector<std::vector<int32_t>> ids;
+  for (size_t s = 0; s < 9; ++s) ids.push_back(prompt(80, m.n_vocab(), 3 + s));
+  const int64_t V = m.n_vocab();
+  std::vector<float> all;
+  Batch batch;
+  auto run = [&]() {
+    std::vector<float> logits(batch.sample_rows.size() * static_cast<size_t>(V));
+    const Status st = m.forward(batch, logits.data());
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    all.insert(all.end(), logits.begin(), logits.end());
+    batch.clear();
+  };
+  for (int32_t s = 0; s < 9; ++s) {
+    add(batch, m, s, ids[static_cast<size_t>(s)], 0, lens[s]);
+    run();
+  }
+  for (int32_t k = 0; k < 4; ++k) {
+    // In an order other than the slots' (sequence i of the step is slot (i * 4) mod 9).
+    for (int32_t i = 0; i < 9; ++i) {
+      const int32_t s = (i * 4) % 9;
+      add(batch, m, s, ids[static_cast<size_t>(s)], lens[s] + k, 1);
+    }
+    run();
+  }
+  return all;
+}
+
+// The CPU half, on the host: the widened model loads with k4c, k4c moves
+// its logits well above f32 noise (so the GPU tests' bound, a share of
+// that move, is not vacuous), its bits do not depend on chunking (the CPU
+// reference the GPU runs are held to in chunks of 64), and the shared
+// steps run.
+TEST_F(K4cHd64, CpuK4cMovesTheLogitsAndItsStepsRun) {
+  const std::vector<int32_t> ids = prompt(100, files_->config.n_vocab);
+  auto f32 = open(Device::kCpu, 64, nullptr), k64 = open(Device::kCpu, 64, "k4c"), k7 = open(Device::kCpu, 7, "k4c");
+  ASSERT_TRUE(f32 && k64 && k7);
+  EXPECT_EQ(k64->kv_block_size(), 32);
+  const std::vector<float> f = score(*f32, ids), c = score(*k64, ids), c7 = score(*k7, ids);
+  const double own = rms_diff(c, f);
+  EXPECT_GT(own, 1e-3) << "k4c hardly moves this model's logits";
+  EXPECT_EQ(test::max_abs_diff(c, c7), 0.0) << "the CPU's k4c depends on chunking";
+  auto f32_2 = open(Device::kCpu, 80, nullptr, 2), k4c_2 = open(Device::kCpu, 80, "k4c", 2);
+  ASSERT_TRUE(f32_2 && k4c_2);
+  const std::vector<float> a = two_sequences(*f32_2), b = two_sequences(*k4c_2);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_GT(rms_diff(a, b), 1e-3);
+  auto f32_9 = open(Device::kCpu, 64, nullptr, 9), k4c_9 = open(Device::kCpu, 64, "k4c", 9);
+  ASSERT_TRUE(f32_9 && k4c_9);
+  const std::vector<float> a9 = nine_sequences(*f32_9), b9 = nine_sequences(*k4c_9);
+  ASSERT_EQ(a9.size(), b9.size());
+  EXPECT_GT(rms_diff(a9, b9), 1e-3);
+  std::printf("[ k4c hd64 ] CPU k4c vs f32 KV: rms %.3g max %.3g (one sequence), rms %.3g (two), rms %.3g (nine)\n",
+              own, test::max_abs_diff(c, f), rms_diff(a, b), rms_diff(a9, b9));
+}
+
+TEST_F(CudaK4c, TwoSequencesInSharedStepsMatchTheCpu) {
+  auto f32_cpu = open(Device::kCpu, 80, nullptr, 2), cpu = open(Device::kCpu, 80, "k4c", 2);
+  auto gpu = open(Device::kCuda, 80, "k4c", 2);
+  ASSERT_TRUE(f32_cpu && cpu && gpu);
+  const std::vector<float> own_f32 = two_sequences(*f32_cpu), c = two_sequences(*cpu), g = two_sequences(*gpu);
+  const double own = rms_diff(c, own_f32), e = rms_diff(g, c);
+  EXPECT_LT(e, kShare * own) << "two sequences: CUDA k4c against the CPU's";
+  std::printf("[ cuda k4c ] two sequences: vs CPU k4c rms %.3g max %.3g; CPU k4c vs f32 KV rms %.3g\n", e,
+              test::max_abs_diff(g, c), own);
+}
+
+// Nine sequences in shared decode steps replayed from graphs (nine rows
+// padded to a bucket of 16: the only steps that pad, more than 8 rows and
+// not a bucket's count) against the CPU's same steps.
+TEST_F(CudaK4c, NineSequencesInPaddedDecodeGraphsMatchTheCpu) {
+  auto f32_cpu = open(Device::kCpu, 64, nullptr, 9), cpu = open(Device::kCpu, 64, "k4c", 9);
+  auto gpu = open(Device::kCuda, 64, "k4c", 9, /*graphs=*/true);
+  ASSERT_TRUE(f32_cpu && cpu && gpu);
+  const std::vector<float> own_f32 = nine_sequences(*f32_cpu), c = nine_sequences(*cpu), g = nine_sequences(*gpu);
+  ASSERT_EQ(g.size(), c.size());
+  const double own = rms_diff(c, own_f32), e = rms_diff(g, c);
+  EXPECT_LT(e, kShare * own) << "nine sequences, padded decode graphs: CUDA k4c against the CPU's";
+  // The decode steps alone (the last 4 x 9 rows of logits).
+  const size_t tail = size_t{36} * static_cast<size_t>(files_->config.n_vocab);
+  const std::vector<float> dg(g.end() - static_cast<std::ptrdiff_t>(tail), g.end()),
+      dc(c.end() - static_cast<std::ptrdiff_t>(tail), c.end()),
+      df(own_f32.end() - static_cast<std::ptrdiff_t>(tail), own_f32.end());
+  const double own_d = rms_diff(dc, df), e_d = rms_diff(dg, dc);
+  EXPECT_LT(e_d, kShare * own_d) << "nine sequences, the decode steps alone";
+  std::printf(
+      "[ cuda k4c ] nine sequences: vs CPU k4c rms %.3g max %.3g (decode steps rms %.3g); CPU k4c vs f32 KV rms %.3g "
+      "(decode steps %.3g)\n",
+      e, test::max_abs_diff(g, c), e_d, own, own_d);
+}
+
+// The pool's blocks themselves: after the same 100 tokens (slot 0's blocks
+// 0, 1, 2 complete, 4 tokens in the tail), CUDA's K groups and V rows,
+// exported, against the CPU model's of the same blocks. They are the
+// same bytes but where an f32 rounding difference upstream moved a value
+// across a level (or a grid's error across another's): at least 97% of
+// each side's bytes are the CPU's, the sink block's too. A block encoded
+// without the sink rule, from wrong rows or into the wrong block, or V
+// rows in the wrong place, differs in most of its bytes. Then the CPU's
+// blocks imported into unused blocks and exported back are the same bytes
+// (K and V blocks of different sizes, copied a block at a time).
+TEST_F(CudaK4c, PoolBlocksAreTheCpusAndMoveBetweenDevices) {
+  const std::vector<int32_t> ids = prompt(100, files_->config.n_vocab);
+  auto cpu = open(Device::kCpu, 64, "k4c"), gpu = open(Device::kCuda, 7, "k4c");
+  ASSERT_TRUE(cpu && gpu);
+  score(*cpu, ids);
+  score(*gpu, ids);
+  const std::vector<Model::KvLayer> layers = gpu->kv_layers();
+  ASSERT_EQ(layers.size(), cpu->kv_layers().size());
+  const std::vector<int32_t> blocks = {0, 1, 2}, spare = {5, 6, 7};
+  size_t same[2] = {}, total[2] = {}, sink_same = 0, sink_total = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const size_t kb = layers[l].row_bytes * 32, vb = layers[l].v_row_bytes * 32;
+    ASSERT_GT(vb, 0u);
+    EXPECT_EQ(layers[l].v_dtype, kKvIq4Nl64);
+    std::vector<uint8_t> ck(3 * kb), cv(3 * kb), gk(3 * kb), gv(3 * kb);
+    ASSERT_TRUE(cpu->copy_kv_blocks_out(static_cast<int64_t>(l), blocks, kb, ck.data(), cv.data()).ok());
+    const Status out = gpu->copy_kv_blocks_out(static_cast<int64_t>(l), blocks, kb, gk.data(), gv.data());
+    ASSERT_TRUE(out.ok()) << out.error().message;
+    for (size_t b = 0; b < 3; ++b) {
+      for (size_t i = 0; i < kb; ++i) {
+        const bool eq = ck[b * kb + i] == gk[b * kb + i];
+        same[0] += eq;
+        ++total[0];
+        if (b == 0) sink_same += eq, ++sink_total;
+      }
+      for (size_t i = 0; i < vb; ++i) same[1] += cv[b * kb + i] == gv[b * kb + i], ++total[1];
+    }
+    // The CPU's blocks into CUDA's spare blocks and back.
+    ASSERT_TRUE(gpu->copy_kv_blocks_in(static_cast<int64_t>(l), spare, kb, ck.data(), cv.data()).ok());
+    std::vector<uint8_t> bk(3 * kb, 0), bv(3 * kb, 0);
+    ASSERT_TRUE(gpu->copy_kv_blocks_out(static_cast<int64_t>(l), spare, kb, bk.data(), bv.data()).ok());
+    EXPECT_EQ(bk, ck) << "layer " << l << ": K blocks through the device";
+    for (size_t b = 0; b < 3; ++b) {
+      EXPECT_TRUE(std::equal(bv.begin() + b * kb, bv.begin() + b * kb + vb, cv.begin() + b * kb))
+          << "layer " << l << " block " << b << ": V rows through the device";
+    }
+  }
+  const double k_share = double(same[0]) / total[0], v_share = double(same[1]) / total[1];
+  const double sink_share = double(sink_same) / sink_total;
+  EXPECT_GE(k_share, 0.97) << "K groups as the CPU's";
+  EXPECT_GE(sink_share, 0.97) << "the sink block's K groups as the CPU's";
+  EXPECT_GE(v_share, 0.97) << "V rows as the CPU's";
+  std::printf("[ cuda k4c ] pool bytes as the CPU's: K %.4f (sink block %.4f), V %.4f\n", k_share, sink_share, v_share);
+}
+
+// A step that continues a sequence where its tail does not hold the rows
+// before it is refused, naming the slot, as the CPU refuses it.
+TEST_F(CudaK4c, AStepThatSkipsTheTailIsRefused) {
+  auto gpu = open(Device::kCuda, 64, "k4c");
+  ASSERT_TRUE(gpu);
+  const std::vector<int32_t> ids = prompt(60, files_->config.n_vocab);
+  Batch batch;
+  add(batch, *gpu, 0, ids, 0, 10);
+  std::vector<float> logits(batch.sample_rows.size() * static_cast<size_t>(gpu->n_vocab()));
+  ASSERT_TRUE(gpu->forward(batch, logits.data()).ok());
+  batch.clear();
+  add(batch, *gpu, 0, ids, 20, 4);  // the tail holds [0, 10)
+  logits.resize(batch.sample_rows.size() * static_cast<size_t>(gpu->n_vocab()));
+  const Status st = gpu->forward(batch, logits.data());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("KV tail slot 0 holds positions [0, 10)"), std::string::npos) << st.error().message;
+}
+
+}  // namespace
+}  // namespace rill
