@@ -35,4 +35,5 @@ echo "alone ($ALONE) rc=$ARC"
 grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran" "$L/tests.log" | sort | uniq -c | sort -rn | head -40
 grep -B2 -A12 "Failure" "$L/tests.log" | cut -c1-200 | head -60
 date -u
-exit $RC
+[ "$RC" -ne 0 ] && exit "$RC"
+exit "$ARC"
