@@ -31,7 +31,9 @@ cp "$B/bench/bench_cuda" "$T/bin/bench_new"
 # The kernel's tests: with TESTS=1 only (the verify call runs them too).
 [ "${TESTS:-0}" = 1 ] && cp "$B/tests/test_cuda_q8_dp4a_test" "$T/bin/test_q8_dp4a"
 cp "$L/build/bin/llama-quantize" "$T/bin/"
-for b in llama-batched-bench; do
+# LLAMA_BINS="" leaves llama.cpp's CUDA benchmark out (the run tool counts
+# more than this script's sum; run it in a call of its own, KEEP_MODEL=1).
+for b in ${LLAMA_BINS-llama-batched-bench}; do
   if [ -x "$L/build-cuda/bin/$b" ]; then cp "$L/build-cuda/bin/$b" "$T/bin/"; else echo "no $b: rill only" >&2; fi
 done
 strip "$T"/bin/bench_* "$T"/bin/llama-*

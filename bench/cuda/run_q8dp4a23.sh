@@ -58,7 +58,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 lscpu | grep -E "^Model name|^CPU\(s\)" | tr -s ' '
 echo "unpacked at $(($(date +%s) - T0)) s"
 F=$W/llama-3.1-8b.Q8_0.gguf
-if has model; then
+if has model && [ ! -f $F ]; then
   (PYTHONPATH=$B/py:$B/py/fallback timeout $(to 200) python3 $B/py/bench/make_bench_model.py --shape llama-3.1-8b \
     --fast-random --no-venv --threads 16 --out-dir $W --llama-quantize $B/llama-quantize --types Q8_0 \
     > $O/model.log 2>&1
@@ -146,4 +146,6 @@ if has ncu && [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   done
 fi
 echo "total $(($(date +%s) - T0)) s"
-rm -rf "${W:?}/bin" "$W"/*.gguf
+# KEEP_MODEL=1 keeps the GGUF in /dev/shm for a next call on the warm machine.
+rm -rf "${W:?}/bin"
+[ "${KEEP_MODEL:-0}" = 1 ] || rm -f "$W"/*.gguf
