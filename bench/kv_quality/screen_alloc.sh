@@ -23,7 +23,14 @@
 # Switches of the hook: RILL_SCREEN_K=post|pre|none (K after RoPE, before
 # it, or exact), RILL_SCREEN_BITS=u|d|dr|dq|ds|dt|dc, RILL_SCREEN_FMT=1
 # (f16 z and e4m3 d as k4c stores them), RILL_SCREEN_STATS_OUT / _IN,
-# RILL_SCREEN_VEXACT=1 (V exact), RILL_SCREEN_VSINK=1 (position 0's V exact).
+# RILL_SCREEN_VEXACT=1 (V exact), RILL_SCREEN_VSINK=1 (position 0's V exact);
+# for V (docs/perf.md, "V after k4a"): RILL_SCREEN_V=s|t|u (V per channel
+# over the block, RILL_SCREEN_VBUDGET bits a channel, default 3.5: iq4_nlh64's
+# bytes; widths by W_o column energy RILL_SCREEN_VW_IN, tools/kv_wo_energy.py,
+# times the calibration's range^2 RILL_SCREEN_VSTATS_IN (s) or the block's (t)),
+# RILL_SCREEN_VSTATS_OUT (V's calibration statistics), RILL_SCREEN_VEQ=1 (V
+# scaled per channel by (W_o energy / range^2)^RILL_SCREEN_VEQ_P, default
+# 0.25, before its rotation and iq4_nlh64, divided back after).
 set -euo pipefail
 BIN=$1 MODEL=$2 CAL=$3 OUT=$4
 shift 4
