@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "engine/kv_calibration.h"
 #include "loader/model_files.h"
 #include "loader/mtp_layers.h"
 #include "model/fingerprint.h"
@@ -70,6 +71,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   mo.cuda_device_sampling = options.cuda_device_sampling;
   mo.quantize = options.quantize;
   mo.kv_types = options.kv_types;
+  RILL_TRY(add_kv_calibration(tokenizer.get(), mo.kv_types));
   if (options.device == Device::kCuda && options.kv_cache_mb <= 0) {  // size KV from device memory, not RAM
     mo.kv_cache_bytes = 0;
     mo.gpu_memory_fraction = options.gpu_memory_fraction;

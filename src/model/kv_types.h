@@ -107,7 +107,14 @@ struct KvTypeOptions {
   };
   std::vector<Entry> layers;  // --kv-config, in file order
   std::string config_path;
+  // q4a (k4a): the tokens of the text its widths are calibrated on
+  // (engine/kv_calibration.h fills them; a model with a q4a layer refuses
+  // to load without).
+  std::vector<int32_t> calibration_tokens;
+  std::string calibration_path;  // --kv-calibration FILE; empty: the built-in text
 
+  // Whether any layer's side may be stored in t (the flags or the file).
+  bool mentions(DType t) const;
   bool empty() const { return !k && !v && layers.empty(); }
   // Per-layer types for a model of n_layer KV layers whose own KV dtype is
   // `base` (f16, f32 for f32 checkpoints). Errors name the config file and

@@ -216,8 +216,9 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   // the Llama family's models keep: said first, on either device, before
   // the CUDA switch below (which would not make it run).
   for (const std::optional<KvType>& side : sides) {
-    if (side && side->dtype == kKvQ4Chan && impl->id.rfind("llama.", 0) != 0) {
-      return Error{files->path + ": KV type q4c (k4c) runs on the Llama family's models only (it needs a " +
+    if (side && kv_chan_k(side->dtype) && impl->id.rfind("llama.", 0) != 0) {
+      return Error{files->path + ": KV type " + kv_type_name(*side) +
+                   " runs on the Llama family's models only (it needs a " +
                    "per-sequence KV tail, which only they keep), not on " + impl->id + "; use another KV type"};
     }
   }
@@ -255,8 +256,8 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   // k4c's per-sequence KV tails (model/kv_tails.h) live in one CPU model,
   // not in a tensor-parallel group of ranks.
   for (const std::optional<KvType>& side : sides) {
-    if (side && side->dtype == kKvQ4Chan && options.tensor_parallel != 1) {
-      return Error{files->path + ": KV type q4c (k4c) does not run with --tensor-parallel " +
+    if (side && kv_chan_k(side->dtype) && options.tensor_parallel != 1) {
+      return Error{files->path + ": KV type " + kv_type_name(*side) + " does not run with --tensor-parallel " +
                    std::to_string(options.tensor_parallel) + "; use another KV type"};
     }
   }
