@@ -8,9 +8,11 @@
 // quantization (issue 22, 2026-12-05): 34% less KL vs f16 KV than k4c on
 // the default model, 52% on its f32 copy.
 //
-// Stage 1: the building blocks alone (allocation, the block's encoder and
-// decoder, the block's scores for decode). No KV type, pool or model
-// reads them yet.
+// Stage 1: the building blocks (allocation, the block's encoder and
+// decoder, the block's scores for decode). Stage 2: the KV type q4a
+// (kKvQ4Alloc, pair k4a) on the CPU, which encodes its blocks with
+// quantize_alloc_block and reads them in attention_chan.h; its widths
+// come from CpuPagedModel::calibrate_kv.
 //
 // Block layout ("bit planes") of kKvChanTokens = 32 tokens of a row of
 // `width` channels (n_head_kv * head_dim), widths b [width]:
