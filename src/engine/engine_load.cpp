@@ -96,7 +96,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   // KV tail no longer holds (model/kv_tails.h): k4c runs without drafting.
   if (model->n_kv_tail_slots() > 0 && !options.spec.empty() && options.spec != "off") {
     return Error{"--spec " + options.spec +
-                 ": KV type q4c (k4c) does not run with speculative decoding (a rejected "
+                 ": KV types q4c / q4a (k4c, k4a) do not run with speculative decoding (a rejected "
                  "draft could end in a KV block already encoded); use another KV type or --spec off"};
   }
   if (assistant && model->n_mtp_layers() == 0) {  // a family that does not run one left it unbound

@@ -13,7 +13,7 @@
 
 namespace rill {
 
-// The built-in calibration text (prose and code, about 400 tokens with
+// The built-in calibration text (prose and code, 472 tokens with
 // SmolLM2's tokenizer). Changing it changes every q4a width, which the
 // KV numerics then name (CpuPagedModel::kv_numerics' widths hash).
 extern const std::string_view kKvCalibrationText;
