@@ -232,8 +232,10 @@ Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, bool rope
     if (kv_.types(l).k.dtype != kKvQ4Alloc) continue;
     const KvCalibrationStats& s = stats[static_cast<size_t>(l)];
     std::vector<uint8_t> widths(static_cast<size_t>(kv_.width(l)));
+    // No channel at 1 bit (docs/perf.md, "k4a stage 2": the 1-bit encoder
+    // loses to z alone, and the allocation without it lowers KL).
     cpu::allocate_channel_bits(s.query_energy.data(), s.block_range_sq.data(), kv_.width(l), kv_.head_dim(l), pairs,
-                               widths.data());
+                               widths.data(), /*one_bit=*/false);
     kv_.set_k_widths(l, std::move(widths));
   }
   return {};

@@ -101,7 +101,7 @@ class CpuPagedModel : public Model {
   // q4a (k4a): when any layer's K is kKvQ4Alloc, computes its widths:
   // one forward pass of the first kKvCalibrationTokens of `tokens` (one
   // sequence, tail slot 0, blocks from 0, every width 4) gathering
-  // KvCalibrationStats, then cpu::allocate_channel_bits per layer (pairs:
+  // KvCalibrationStats, then cpu::allocate_channel_bits (one_bit false) per layer (pairs:
   // the model's RoPE pairing). The pass's KV is left in blocks no table
   // holds (never cached), and the tail slot is reused by the next sequence
   // (which starts at a block boundary). The same tokens give the same
