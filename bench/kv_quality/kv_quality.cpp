@@ -6,14 +6,15 @@
 // the share of positions whose argmax differs, the KV bytes per token and
 // the tokens per GiB of KV against f16's; KL and argmax also against f32 KV.
 //
-//   bench_kv_quality [--chunk N] MODEL TEXT_FILE N_TOKENS [TYPE...]   (default: every type)
+//   bench_kv_quality [--chunk N] [--kv-calibration FILE] MODEL TEXT_FILE N_TOKENS [TYPE...]
+//   (default: every type; --kv-calibration: q4a's calibration text, engine/kv_calibration.h)
 //
 // --chunk: tokens per forward step (default 512). Every KV type's result
 // depends on it only through f32 rounding (chunked prefill is exact up to
 // summation order; k4c's queries read their own block from its q8_0 rows
 // however the text is cut), so rerunning with another chunk measures the noise floor.
 //
-// TYPE: a KV type for both sides (or a pair: k4c), K/V (q8_0/q4_0h) or @FILE (a --kv-config
+// TYPE: a KV type for both sides (or a pair: k4c, k4a), K/V (q8_0/q4_0h) or @FILE (a --kv-config
 // file). On a model with quantized weights every matmul quantizes its
 // activations to 8 bits (Q8_0/Q8_1), which turns any small change of the
 // KV into a larger one (an activation near a rounding boundary flips): see
@@ -30,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/kv_calibration.h"
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
@@ -66,12 +68,14 @@ Result<KvTypeOptions> parse_types(const std::string& arg) {
   return t;
 }
 
-Result<Scored> score(std::shared_ptr<const ModelFiles> files, const std::vector<int32_t>& ids, const std::string& kv,
-                     int64_t chunk) {
+Result<Scored> score(std::shared_ptr<const ModelFiles> files, const Tokenizer& tok, const std::vector<int32_t>& ids,
+                     const std::string& kv, int64_t chunk, const std::string& calibration) {
   ModelOptions o;
   o.n_ctx = static_cast<int64_t>(ids.size());
   o.max_batch_tokens = chunk;
   RILL_ASSIGN_OR_RETURN(o.kv_types, parse_types(kv));
+  o.kv_types.calibration_path = calibration;
+  RILL_TRY(add_kv_calibration(&tok, o.kv_types));
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, o));
   SequenceRunner runner(*model);
   Scored s;
@@ -93,18 +97,24 @@ Result<Scored> score(std::shared_ptr<const ModelFiles> files, const std::vector<
 
 int run(int argc, char** argv) {
   int64_t chunk = 512;
-  if (argc >= 3 && std::string_view(argv[1]) == "--chunk") {
-    char* end = nullptr;
-    chunk = std::strtoll(argv[2], &end, 10);
-    if (*end != '\0' || chunk < 1) {
-      std::fprintf(stderr, "--chunk: '%s' is not a positive number of tokens\n", argv[2]);
-      return 2;
+  std::string calibration;  // q4a's (--kv-calibration FILE); empty: the built-in text
+  while (argc >= 3 && (std::string_view(argv[1]) == "--chunk" || std::string_view(argv[1]) == "--kv-calibration")) {
+    if (std::string_view(argv[1]) == "--kv-calibration") {
+      calibration = argv[2];
+    } else {
+      char* end = nullptr;
+      chunk = std::strtoll(argv[2], &end, 10);
+      if (*end != '\0' || chunk < 1) {
+        std::fprintf(stderr, "--chunk: '%s' is not a positive number of tokens\n", argv[2]);
+        return 2;
+      }
     }
     argc -= 2;
     argv += 2;
   }
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_kv_quality [--chunk N] MODEL TEXT_FILE N_TOKENS [TYPE...]\n");
+    std::fprintf(stderr,
+                 "usage: bench_kv_quality [--chunk N] [--kv-calibration FILE] MODEL TEXT_FILE N_TOKENS [TYPE...]\n");
     return 2;
   }
   auto files = open_model_files(argv[1]);
@@ -135,9 +145,9 @@ int run(int argc, char** argv) {
   // Two references: f16 KV (the default, llama.cpp's rounding: the query
   // and the probabilities rounded to f16) and f32 KV (exact arithmetic), so
   // a type's distance from f16 can be told apart from f16's own.
-  auto ref = score(*files, ids, "f16", chunk);
+  auto ref = score(*files, **tok, ids, "f16", chunk, calibration);
   if (!ref.ok()) return std::fprintf(stderr, "%s\n", ref.error().message.c_str()), 1;
-  auto ref32 = score(*files, ids, "f32", chunk);
+  auto ref32 = score(*files, **tok, ids, "f32", chunk, calibration);
   if (!ref32.ok()) return std::fprintf(stderr, "%s\n", ref32.error().message.c_str()), 1;
   const size_t V = ref->logp.size() / n;
   std::printf(
@@ -177,7 +187,7 @@ int run(int argc, char** argv) {
   row("f32", *ref32);
   for (const std::string& t : types) {
     if (t == "f16" || t == "f32") continue;
-    auto s = score(*files, ids, t, chunk);
+    auto s = score(*files, **tok, ids, t, chunk, calibration);
     if (!s.ok()) return std::fprintf(stderr, "%s: %s\n", t.c_str(), s.error().message.c_str()), 1;
     row(t, *s);
   }

@@ -10,8 +10,11 @@
 // V iq4_nlh64, the own block in q8_0 rows: attention_chan.h) has its own
 // cases: BM_k4c_decode (Args: {n_kv, threads}) and BM_k4c_prefill (Args:
 // {threads}; one step of 512 queries at [3584, 4096), "ms/step": the
-// step's attention in 30 layers). On a loaded machine the 1-thread cases'
-// CPU time is the steadier measure of the kernel's work.
+// step's attention in 30 layers). BM_k4a_decode / BM_k4a_prefill: the
+// same with k4a's K (q4a: each channel at its own width, bit planes;
+// widths from allocate_channel_bits over lognormal statistics, 0..8 bits).
+// On a loaded machine the 1-thread cases' CPU time is the steadier measure
+// of the kernel's work.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -19,12 +22,14 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/attention_chan.h"
 #include "backend/cpu/attention_f16.h"
 #include "backend/cpu/attention_quant.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kv_alloc.h"
 #include "backend/cpu/kv_quant.h"
 
 namespace rill::cpu {
@@ -115,11 +120,19 @@ struct K4cKv {
   std::vector<std::vector<uint8_t>> pools;
   std::vector<int32_t> table;
   std::vector<uint8_t> tail_k, tail_v, step_k, step_v;
+  std::vector<uint8_t> widths;  // k4a's q4a K; empty: k4c
   int64_t c0 = 0;
 
-  K4cKv(int64_t n_kv, int64_t n_q) : pools(kLayers), c0(n_kv - n_q) {
+  K4cKv(int64_t n_kv, int64_t n_q, bool alloc) : pools(kLayers), c0(n_kv - n_q) {
     std::mt19937 rng(1);
     std::normal_distribution<float> nd;
+    if (alloc) {
+      std::lognormal_distribution<double> ln(0.0, 1.5);
+      std::vector<double> q(kWidth, 1.0), r(kWidth);
+      for (double& x : r) x = ln(rng);
+      widths.resize(kWidth);
+      allocate_channel_bits(q.data(), r.data(), kWidth, 64, RopePairs::kNeox, widths.data(), false);
+    }
     k_row = row_bytes(kKvQ4Chan, kWidth);
     v_row = row_bytes(kKvIq4Nl64, kWidth);
     tail_row = row_bytes(kKvChanTailType, kWidth);
@@ -144,7 +157,11 @@ struct K4cKv {
           fill(k.data() + r * kWidth, v.data() + r * kWidth);
           store_kv_row(kKvIq4Nl64, true, v.data() + r * kWidth, blk + kKvChanTokens * k_row + r * v_row, 3, 64);
         }
-        quantize_chan_block(k.data(), kWidth, kWidth, blk, b == 0);
+        if (alloc) {
+          quantize_alloc_block(k.data(), kWidth, kWidth, widths.data(), blk, b == 0);
+        } else {
+          quantize_chan_block(k.data(), kWidth, kWidth, blk, b == 0);
+        }
       }
     }
     const int64_t t0 = c0 - c0 % kKvChanTokens;
@@ -187,15 +204,19 @@ struct K4cKv {
     t.step_k = step_k.data();
     t.step_v = step_v.data();
     t.c0 = c0;
-    attention_chan_batch(&s, &t, 1, p, {kKvQ4Chan, kKvIq4Nl64, false, true}, pool);
+    if (widths.empty()) {
+      attention_chan_batch(&s, &t, 1, p, {kKvQ4Chan, kKvIq4Nl64, false, true}, pool);
+    } else {
+      attention_chan_batch(&s, &t, 1, p, {kKvQ4Alloc, kKvIq4Nl64, false, true}, pool, widths.data());
+    }
   }
 };
 
-// The KV of (n_kv, n_q), built once per process.
-const K4cKv& k4c_kv(int64_t n_kv, int64_t n_q) {
-  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<K4cKv>> cache;
-  auto& kv = cache[{n_kv, n_q}];
-  if (!kv) kv = std::make_unique<K4cKv>(n_kv, n_q);
+// The KV of (n_kv, n_q, alloc), built once per process.
+const K4cKv& k4c_kv(int64_t n_kv, int64_t n_q, bool alloc) {
+  static std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<K4cKv>> cache;
+  auto& kv = cache[{n_kv, n_q, alloc}];
+  if (!kv) kv = std::make_unique<K4cKv>(n_kv, n_q, alloc);
   return *kv;
 }
 
@@ -204,10 +225,10 @@ ThreadPool& k4c_pool(int64_t threads) {
   return threads == 1 ? one : two;
 }
 
-void BM_k4c_decode(benchmark::State& state) {
+void chan_decode(benchmark::State& state, bool alloc) {
   ThreadPool& pool = k4c_pool(state.range(1));
   const int64_t n_kv = state.range(0);
-  const K4cKv& kv = k4c_kv(n_kv, 1);
+  const K4cKv& kv = k4c_kv(n_kv, 1, alloc);
   std::mt19937 rng(2);
   std::normal_distribution<float> nd;
   std::vector<float> q(9 * 64), out(q.size());
@@ -223,14 +244,21 @@ void BM_k4c_decode(benchmark::State& state) {
       1.0 / (kLayers * 1e3), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   state.counters["GB/s"] = benchmark::Counter(
       static_cast<double>((kv.k_row + kv.v_row) * n_kv) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
-  state.SetLabel(std::string("k4c ") + isa_name(best_isa()));
+  state.SetLabel(std::string(alloc ? "k4a " : "k4c ") + isa_name(best_isa()));
+}
+void BM_k4c_decode(benchmark::State& state) {
+  chan_decode(state, false);
+}
+void BM_k4a_decode(benchmark::State& state) {
+  chan_decode(state, true);
 }
 BENCHMARK(BM_k4c_decode)->ArgsProduct({{1024, 4096, 8192}, {1, 2}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_k4a_decode)->ArgsProduct({{1024, 4096, 8192}, {1, 2}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
-void BM_k4c_prefill(benchmark::State& state) {
+void chan_prefill(benchmark::State& state, bool alloc) {
   ThreadPool& pool = k4c_pool(state.range(0));
   constexpr int64_t kNq = 512, kNkv = 4096;
-  const K4cKv& kv = k4c_kv(kNkv, kNq);
+  const K4cKv& kv = k4c_kv(kNkv, kNq, alloc);
   std::mt19937 rng(2);
   std::normal_distribution<float> nd;
   std::vector<float> q(static_cast<size_t>(kNq * 9 * 64)), out(q.size());
@@ -245,9 +273,16 @@ void BM_k4c_prefill(benchmark::State& state) {
   }
   state.counters["ms/step"] = benchmark::Counter(
       1.0 / (kLayers * 1e3), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
-  state.SetLabel(std::string("k4c ") + isa_name(best_isa()));
+  state.SetLabel(std::string(alloc ? "k4a " : "k4c ") + isa_name(best_isa()));
+}
+void BM_k4c_prefill(benchmark::State& state) {
+  chan_prefill(state, false);
+}
+void BM_k4a_prefill(benchmark::State& state) {
+  chan_prefill(state, true);
 }
 BENCHMARK(BM_k4c_prefill)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_k4a_prefill)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace rill::cpu

@@ -107,6 +107,20 @@ struct Rope {
   const void* placed = nullptr;
 };
 
+// What a calibration pass of q4a's widths (kKvQ4Alloc, backend/cpu/kv_alloc.h
+// allocate_channel_bits) gathers of one KV layer (CPU rope_store_kv, from
+// the f32 rows after RoPE, before any quantization), over one sequence
+// whose positions arrive in order: query_energy[c] sums q_c^2 over every
+// query and every query head of channel c's KV head; block_range_sq[c]
+// sums (max - min)^2 of K's channel c over each complete block of 32
+// positions (block 0 without position 0: the sink key is held on its own
+// grid, quantize_chan_values' sequence_start). block_min / block_max: the
+// running block's. Sized [width] by whoever attaches it.
+struct KvCalibrationStats {
+  std::vector<double> query_energy, block_range_sq;
+  std::vector<float> block_min, block_max;
+};
+
 // One layer's paged K and V: position slot s (block s >> block_shift, row
 // s & (block_size - 1)) of K at k + block * block_stride + row * row_bytes,
 // of V likewise from v. row_bytes = n_head_kv * head_dim * dtype size
@@ -141,6 +155,13 @@ struct KvCacheView {
   // is refused there).
   uint8_t* tail = nullptr;
   size_t tail_stride = 0;
+  // q4a (K in kKvQ4Alloc; the CPU only): the layer's widths [n_head_kv *
+  // head_dim], 0..8 bits per K channel (backend/cpu/kv_alloc.h), which
+  // encode and read its blocks. Required for q4a, null otherwise.
+  const uint8_t* k_widths = nullptr;
+  // Non-null only during a calibration pass (CpuPagedModel::calibrate_kv):
+  // this layer's statistics, which the CPU rope_store_kv adds to.
+  KvCalibrationStats* calibration = nullptr;
 
   DType v_type() const { return v_row_bytes ? v_dtype : dtype; }
   size_t v_bytes() const { return v_row_bytes ? v_row_bytes : row_bytes; }

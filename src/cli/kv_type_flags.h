@@ -11,20 +11,24 @@
 namespace rill::cli {
 
 struct KvTypeFlags {
-  std::string both, k, v, config;
+  std::string both, k, v, config, calibration;
 
   void add_to(CLI::App* app) {
     const std::string names =
         " (" + kv_type_names() +
         "; q4_0h / q8_0h / iq4_nlh: q4_0 / q8_0 / iq4_nl of Hadamard-rotated heads; q8_0h64: q8_0h in blocks of 64 "
         "(head_dim a multiple of 64); iq4_nlh64: iq4_nlh in blocks of 64 with an e4m3 scale (CUDA: only with "
-        "RILL_CUDA_UNTESTED_KV=1); k4c: K per channel over 32 tokens, the CPU only)";
+        "RILL_CUDA_UNTESTED_KV=1); k4c: K per channel over 32 tokens, the CPU only; k4a: k4c with each K channel's "
+        "width (0..8 bits, 4 on average) calibrated at load, the CPU only)";
     app->add_option("--kv-type", both, "KV cache type of K and V in every layer" + names);
     app->add_option("--kv-type-k", k, "KV cache type of K (overrides --kv-type)" + names);
     app->add_option("--kv-type-v", v, "KV cache type of V (overrides --kv-type)" + names);
     app->add_option("--kv-config", config,
                     "file of per-layer KV types, one 'LAYER TYPE' or 'LAYER k=TYPE v=TYPE' per line (LAYER: N, "
                     "N-M, or -N from the end); overrides the flags for those layers");
+    app->add_option("--kv-calibration", calibration,
+                    "q4a (k4a): the text file its K widths are calibrated on at load (its first 256 tokens; "
+                    "default: a built-in text of prose and code)");
   }
 
   // The options these flags give; errors name the flag or the file and line.
@@ -45,6 +49,7 @@ struct KvTypeFlags {
     RILL_TRY(parse("--kv-type-k", k, o.k));
     RILL_TRY(parse("--kv-type-v", v, o.v));
     if (!config.empty()) RILL_TRY(load_kv_config(config, o));
+    o.calibration_path = calibration;
     return o;
   }
 };

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/e4m3.h"
+#include "engine/kv_calibration.h"
 #include "model/registry.h"
 
 namespace rill::cli {
@@ -77,7 +79,14 @@ Result<LoadedModel> load_model(const std::string& path, const LoadOptions& optio
     }
   }
   if (options.need_model) {
-    RILL_ASSIGN_OR_RETURN(m.model, create_model(builtin_registry(), infer_profile(*m.files), m.files, options.model));
+    ModelOptions mo = options.model;
+    if (mo.kv_types.mentions(kKvQ4Alloc) && !m.tokenizer && m.files->gguf) {
+      RILL_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_gguf(*m.files->gguf));
+    } else if (mo.kv_types.mentions(kKvQ4Alloc) && !m.tokenizer && !m.files->tokenizer_json_path.empty()) {
+      RILL_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_tokenizer_json(m.files->tokenizer_json_path));
+    }
+    RILL_TRY(add_kv_calibration(m.tokenizer.get(), mo.kv_types));
+    RILL_ASSIGN_OR_RETURN(m.model, create_model(builtin_registry(), infer_profile(*m.files), m.files, mo));
   }
   return m;
 }

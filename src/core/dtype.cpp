@@ -59,6 +59,7 @@ std::optional<DTypeInfo> dtype_info(uint32_t id) {
 DTypeInfo dtype_info(DType t) {
   if (t == kF8E4M3) return DTypeInfo{"F8_E4M3", 1, 1, false};  // KV only: not a GGUF type
   if (t == kKvQ4Chan) return DTypeInfo{"Q4_CHAN", kQK, 2 + 1 + kQK / 2, true};
+  if (t == kKvQ4Alloc) return DTypeInfo{"Q4_ALLOC", kQK, 2 + 1 + kQK / 2, true};
   if (t == kKvIq4Nl64) return DTypeInfo{"IQ4_NL64", 2 * kQK, 1 + kQK, true};
   if (t == kKvQ8_0x64) return DTypeInfo{"Q8_0_64", 2 * kQK, 2 + 2 * kQK, true};
   auto info = dtype_info(static_cast<uint32_t>(t));

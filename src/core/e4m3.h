@@ -25,7 +25,17 @@ inline constexpr DType kF8E4M3 = static_cast<DType>(0x4538);  // "E8"
 // (block_size 32 / block_bytes 19 make row_bytes() the bytes per token).
 // kKvIq4Nl64 ("IQ4_NL64"): a row in blocks of 64, an e4m3 scale and 64
 // IQ4_NL nibbles each (33 bytes).
-inline constexpr DType kKvQ4Chan = static_cast<DType>(0x4334);   // "4C"
+inline constexpr DType kKvQ4Chan = static_cast<DType>(0x4334);  // "4C"
+// kKvQ4Alloc ("Q4_ALLOC", q4a of the pair k4a): q4c's block with each
+// channel at its own width (bit planes, backend/cpu/kv_alloc.h), the
+// layer's widths summing to 4 per channel: the same 19 bytes per channel
+// per 32 tokens.
+inline constexpr DType kKvQ4Alloc = static_cast<DType>(0x4134);  // "4A"
+// K types encoded per channel over a KV block of 32 tokens (q4c, q4a):
+// the flow of k4c (q8_0 tails, blocks encoded once complete, the sink key).
+inline constexpr bool kv_chan_k(DType t) {
+  return t == kKvQ4Chan || t == kKvQ4Alloc;
+}
 inline constexpr DType kKvIq4Nl64 = static_cast<DType>(0x4E36);  // "6N"
 // kKvQ8_0x64 ("Q8_0_64", the rotated q8_0h64 only; not e4m3, but the
 // KV-only block types are declared together): q8_0's block stretched to 64

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "engine/kv_calibration.h"
 #include "loader/model_files.h"
 #include "loader/mtp_layers.h"
 #include "model/fingerprint.h"
@@ -70,6 +71,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   mo.cuda_device_sampling = options.cuda_device_sampling;
   mo.quantize = options.quantize;
   mo.kv_types = options.kv_types;
+  RILL_TRY(add_kv_calibration(tokenizer.get(), mo.kv_types));
   if (options.device == Device::kCuda && options.kv_cache_mb <= 0) {  // size KV from device memory, not RAM
     mo.kv_cache_bytes = 0;
     mo.gpu_memory_fraction = options.gpu_memory_fraction;
@@ -94,7 +96,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   // KV tail no longer holds (model/kv_tails.h): k4c runs without drafting.
   if (model->n_kv_tail_slots() > 0 && !options.spec.empty() && options.spec != "off") {
     return Error{"--spec " + options.spec +
-                 ": KV type q4c (k4c) does not run with speculative decoding (a rejected "
+                 ": KV types q4c / q4a (k4c, k4a) do not run with speculative decoding (a rejected "
                  "draft could end in a KV block already encoded); use another KV type or --spec off"};
   }
   if (assistant && model->n_mtp_layers() == 0) {  // a family that does not run one left it unbound

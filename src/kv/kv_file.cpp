@@ -70,7 +70,7 @@ bool parse_hex64(const json& j, uint64_t* out) {
 bool parse_dtype(const std::string& s, DType* t) {
   // The KV cache's types (model/kv_types.h).
   for (DType c : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
-                  DType::kQ5_1, DType::kIQ4_NL, kF8E4M3, kKvQ4Chan, kKvIq4Nl64, kKvQ8_0x64}) {
+                  DType::kQ5_1, DType::kIQ4_NL, kF8E4M3, kKvQ4Chan, kKvQ4Alloc, kKvIq4Nl64, kKvQ8_0x64}) {
     if (dtype_name(c) == s) {
       *t = c;
       return true;

@@ -5,8 +5,10 @@
 #include <climits>
 
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kv_alloc.h"
 #include "backend/cpu/kv_quant.h"
 #include "core/e4m3.h"
+#include "core/hash.h"
 
 namespace rill {
 
@@ -41,17 +43,18 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, std::vector<PagedKv
       return Error{files_->path + ": " + st.error().message};
     const int64_t width = p.n_head_kv * p.head_dim;
     token_bytes += row_bytes(p.types.k.dtype, width) + row_bytes(p.types.v.dtype, width);
-    tail_widths.push_back(p.types.k.dtype == kKvQ4Chan ? width : 0);
+    tail_widths.push_back(kv_chan_k(p.types.k.dtype) ? width : 0);
   }
   const size_t tail_bytes = KvTails::slot_bytes(tail_widths);
   // attention_chan keeps one key's probabilities for a KV head's query
   // heads in a fixed array of 64 (backend/cpu/attention_chan_impl.h).
   if (tail_bytes > 0 && cfg_.n_head_kv > 0 && cfg_.n_head / cfg_.n_head_kv > 64) {
-    return Error{files_->path + ": KV type q4c (k4c) reads at most 64 query heads per KV head, not " +
+    return Error{files_->path + ": KV types q4c / q4a (k4c, k4a) read at most 64 query heads per KV head, not " +
                  std::to_string(cfg_.n_head / cfg_.n_head_kv)};
   }
   if (tail_bytes > 0 && !kv_tails_supported_) {
-    return Error{files_->path + ": KV type q4c (k4c) needs a per-sequence KV tail, which only the Llama family's " +
+    return Error{files_->path +
+                 ": KV types q4c / q4a (k4c, k4a) need a per-sequence KV tail, which only the Llama family's " +
                  "CPU model keeps; use another KV type"};
   }
   // Pools holding q4c have blocks of its group (kv_types.h).
@@ -182,7 +185,60 @@ std::string CpuPagedModel::kv_numerics() const {
   // r3: IQ4_XS's too. KV computed by earlier builds' arithmetic is refused.
   std::string s = std::string("cpu ") + cpu::isa_name(cpu::best_isa()) + " r3";
   if (!kv_types_desc_.empty()) s += " " + kv_types_desc_;
+  // q4a's blocks mean nothing under other widths: their hash (XXH3 of every
+  // q4a layer's index and widths in order) joins the numerics, so a tier
+  // entry or KV file made under other widths is refused.
+  std::vector<uint8_t> all;
+  for (int64_t l = 0; l < kv_.n_layers(); ++l) {
+    const std::vector<uint8_t>& w = kv_.k_widths(l);
+    if (w.empty()) continue;
+    for (int i = 0; i < 4; ++i) all.push_back(static_cast<uint8_t>(l >> (8 * i)));
+    all.insert(all.end(), w.begin(), w.end());
+  }
+  if (!all.empty()) s += " q4a-widths=" + hex64(hash64(all.data(), all.size()));
   return s;
+}
+
+Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved) {
+  bool any = false;
+  for (int64_t l = 0; l < kv_.n_layers(); ++l) any = any || kv_.types(l).k.dtype == kKvQ4Alloc;
+  if (!any) return {};
+  const int64_t bs = kv_.block_size();
+  const int64_t room = std::min<int64_t>({kKvCalibrationTokens, n_ctx_, int64_t{kv_.n_blocks()} * bs});
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), room);
+  if (n < 2 * bs) {
+    return Error{files_->path + ": KV type q4a calibrates its widths on at least " + std::to_string(2 * bs) +
+                 " tokens of text, got " + std::to_string(tokens.size()) +
+                 (tokens.size() >= static_cast<size_t>(2 * bs) ? " (the context or KV pool holds fewer)" : "")};
+  }
+  std::vector<int32_t> table(static_cast<size_t>((n + bs - 1) / bs));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::vector<float> logits(static_cast<size_t>(cfg_.n_vocab));
+  kv_.begin_calibration();
+  Status st;
+  Batch batch;
+  for (int64_t c0 = 0; c0 < n && st.ok(); c0 += max_tokens_) {
+    const auto len = static_cast<int32_t>(std::min<int64_t>(max_tokens_, n - c0));
+    batch.clear();
+    batch.add_sequence(tokens.data() + c0, len, static_cast<int32_t>(c0), /*sample_last=*/true, table);
+    batch.seqs.back().kv_tail = 0;
+    batch.seqs.back().decode_from = static_cast<int32_t>(n);  // every query in the prefill form
+    st = forward(batch, logits.data());
+  }
+  const std::vector<KvCalibrationStats> stats = kv_.end_calibration();
+  if (!st.ok()) return Error{files_->path + ": q4a's calibration pass: " + st.error().message};
+  const auto pairs = rope_interleaved ? cpu::RopePairs::kInterleaved : cpu::RopePairs::kNeox;
+  for (int64_t l = 0; l < kv_.n_layers(); ++l) {
+    if (kv_.types(l).k.dtype != kKvQ4Alloc) continue;
+    const KvCalibrationStats& s = stats[static_cast<size_t>(l)];
+    std::vector<uint8_t> widths(static_cast<size_t>(kv_.width(l)));
+    // No channel at 1 bit (docs/perf.md, "k4a stage 2": the 1-bit encoder
+    // loses to z alone, and the allocation without it lowers KL).
+    cpu::allocate_channel_bits(s.query_energy.data(), s.block_range_sq.data(), kv_.width(l), kv_.head_dim(l), pairs,
+                               widths.data(), /*one_bit=*/false);
+    kv_.set_k_widths(l, std::move(widths));
+  }
+  return {};
 }
 
 }  // namespace rill

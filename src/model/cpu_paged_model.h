@@ -98,6 +98,19 @@ class CpuPagedModel : public Model {
     return out;
   }
 
+  // q4a (k4a): when any layer's K is kKvQ4Alloc, computes its widths:
+  // one forward pass of the first kKvCalibrationTokens of `tokens` (one
+  // sequence, tail slot 0, blocks from 0, every width 4) gathering
+  // KvCalibrationStats, then cpu::allocate_channel_bits (one_bit false) per layer (pairs:
+  // the model's RoPE pairing). The pass's KV is left in blocks no table
+  // holds (never cached), and the tail slot is reused by the next sequence
+  // (which starts at a block boundary). The same tokens give the same
+  // widths every load on a machine of the same ISA (the forward pass's bits
+  // depend on the ISA alone; kv_numerics names both). Call at the end of
+  // init, before any other forward().
+  Status calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved);
+  static constexpr int32_t kKvCalibrationTokens = 256;
+
   Status check_kv_block(int64_t layer, int32_t block) const;
   // The batch's KV tails (KvTails::check); Ok without.
   Status check_kv_tails(const Batch& batch) const { return kv_.tails().check(batch, kv_.block_size()); }

@@ -21,6 +21,7 @@ constexpr Named kTypes[] = {
     {"q5_0", {DType::kQ5_0, false}}, {"q5_1", {DType::kQ5_1, false}},     {"q4_0h", {DType::kQ4_0, true}},
     {"q8_0h", {DType::kQ8_0, true}}, {"iq4_nlh", {DType::kIQ4_NL, true}}, {"fp8", {kF8E4M3, false}},
     {"q4c", {kKvQ4Chan, false}},     {"iq4_nlh64", {kKvIq4Nl64, true}},   {"q8_0h64", {kKvQ8_0x64, true}},
+    {"q4a", {kKvQ4Alloc, false}},
 };
 // Names of a (K, V) pair, accepted where one type names both sides.
 struct NamedPair {
@@ -29,6 +30,7 @@ struct NamedPair {
 };
 constexpr NamedPair kPairs[] = {
     {"k4c", {{kKvQ4Chan, false}, {kKvIq4Nl64, true}}},
+    {"k4a", {{kKvQ4Alloc, false}, {kKvIq4Nl64, true}}},
 };
 
 std::optional<int64_t> parse_int(std::string_view s) {
@@ -133,6 +135,12 @@ Status load_kv_config(const std::string& path, KvTypeOptions& opts) {
   return {};
 }
 
+bool KvTypeOptions::mentions(DType t) const {
+  bool any = (k && k->dtype == t) || (v && v->dtype == t);
+  for (const Entry& e : layers) any = any || (e.k && e.k->dtype == t) || (e.v && e.v->dtype == t);
+  return any;
+}
+
 Result<std::vector<KvLayerTypes>> KvTypeOptions::resolve(int64_t n_layer, DType base) const {
   const KvType base_type{base, false};
   std::vector<KvLayerTypes> out(static_cast<size_t>(n_layer),
@@ -167,17 +175,17 @@ Status check_kv_layer_types(int64_t layer, const KvLayerTypes& types, int64_t n_
       return Error{what + ": a KV row of " + std::to_string(n_head_kv) + " heads of " + std::to_string(head_dim) +
                    " is not whole blocks of " + std::to_string(t.group_size()) + " (or head_dim > 1024)"};
     }
-    if (t.dtype == kKvQ4Chan && (t.rotated || std::string_view(side) != "K")) {
-      return Error{what +
-                   ": q4c quantizes K per channel over a block's tokens; V needs a per-token type (k4c: "
-                   "k=q4c v=iq4_nlh64)"};
+    if (kv_chan_k(t.dtype) && (t.rotated || std::string_view(side) != "K")) {
+      const std::string n = kv_type_name({t.dtype, false});
+      return Error{what + ": " + n + " quantizes K per channel over a block's tokens; V needs a per-token type (" +
+                   (t.dtype == kKvQ4Alloc ? "k4a" : "k4c") + ": k=" + n + " v=iq4_nlh64)"};
     }
     // attention_chan reads a head's K channels 16 at a time and its V rows
     // per head (row_bytes(v, head_dim)): both must be whole. (The tail's
     // q8_0 rows need the row whole blocks of 32, which q4c's own block of
     // 32 already asks above.)
-    if (types.k.dtype == kKvQ4Chan && (head_dim % 16 != 0 || head_dim % types.v.group_size() != 0)) {
-      return Error{what + ": q4c K needs head_dim a multiple of 16 and of V's block of " +
+    if (kv_chan_k(types.k.dtype) && (head_dim % 16 != 0 || head_dim % types.v.group_size() != 0)) {
+      return Error{what + ": " + kv_type_name(types.k) + " K needs head_dim a multiple of 16 and of V's block of " +
                    std::to_string(types.v.group_size()) + ", not " + std::to_string(head_dim)};
     }
     if (t.dtype == kKvIq4Nl64 && !t.rotated) {
@@ -214,7 +222,7 @@ std::string describe_kv_types(const std::vector<KvLayerTypes>& types, DType base
   // Rotated types carry their encoder's revision (rill's own encoder, not
   // GGUF's), so KV stored by another revision does not match.
   auto name = [](KvType t) {
-    if (t.dtype == kKvQ4Chan) return kv_type_name(t) + "#" + std::to_string(cpu::kKvChanEncoder);
+    if (kv_chan_k(t.dtype)) return kv_type_name(t) + "#" + std::to_string(cpu::kKvChanEncoder);
     return kv_type_name(t) + (t.rotated ? "#" + std::to_string(cpu::kKvRotatedEncoder) : "");
   };
   auto pair = [&](const KvLayerTypes& t) { return t.k == t.v ? name(t.k) : "k:" + name(t.k) + "/v:" + name(t.v); };

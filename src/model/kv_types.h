@@ -49,6 +49,11 @@
 // blocks of 32. Bytes per token at context C on the default model: 6,390 in
 // blocks + 393,600 / C of tail (3.500x f16's at 2k, 3.552x at 4k).
 //
+// k4a (k=q4a v=iq4_nlh64, the CPU only): k4c with each K channel at its
+// own width, 0..8 bits summing to 4 per channel in a layer
+// (backend/cpu/kv_alloc.h: the same bytes as q4c), the widths calibrated
+// at load (CpuPagedModel::calibrate_kv, on calibration_tokens below).
+//
 // Types are chosen per side and per KV layer: --kv-type / --kv-type-k /
 // --kv-type-v for every layer, and a --kv-config file for single layers:
 //
@@ -88,11 +93,11 @@ struct KvLayerTypes {
 };
 
 // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_0h", "q8_0h",
-// "iq4_nlh", "fp8", "q4c" (K only), "iq4_nlh64", "q8_0h64".
+// "iq4_nlh", "fp8", "q4c" (K only), "iq4_nlh64", "q8_0h64", "q4a" (K only).
 std::string kv_type_name(KvType t);
 std::optional<KvType> parse_kv_type(std::string_view name);
 // A name for both sides of a layer: a type (the same on both) or a pair's
-// name ("k4c": k=q4c v=iq4_nlh64).
+// name ("k4c": k=q4c v=iq4_nlh64; "k4a": k=q4a v=iq4_nlh64).
 std::optional<KvLayerTypes> parse_kv_pair(std::string_view name);
 // The accepted names, for error messages: "f16, bf16, ...".
 std::string kv_type_names();
@@ -107,7 +112,14 @@ struct KvTypeOptions {
   };
   std::vector<Entry> layers;  // --kv-config, in file order
   std::string config_path;
+  // q4a (k4a): the tokens of the text its widths are calibrated on
+  // (engine/kv_calibration.h fills them; a model with a q4a layer refuses
+  // to load without).
+  std::vector<int32_t> calibration_tokens;
+  std::string calibration_path;  // --kv-calibration FILE; empty: the built-in text
 
+  // Whether any layer's side may be stored in t (the flags or the file).
+  bool mentions(DType t) const;
   bool empty() const { return !k && !v && layers.empty(); }
   // Per-layer types for a model of n_layer KV layers whose own KV dtype is
   // `base` (f16, f32 for f32 checkpoints). Errors name the config file and

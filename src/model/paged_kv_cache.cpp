@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cassert>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -53,8 +54,8 @@ Result<PagedKvCache> PagedKvCache::create_layers(std::vector<LayerSpec> layers, 
     for (KvType side : {spec.types.k, spec.types.v}) {
       if (!cpu::kv_dtype_supported(side.dtype)) return Error{"KV type " + kv_type_name(side) + " is not supported"};
     }
-    if (spec.types.k.dtype == kKvQ4Chan && block_size != cpu::kKvChanTokens) {
-      return Error{"KV layer " + std::to_string(l) + ": K type q4c groups a block's " +
+    if (kv_chan_k(spec.types.k.dtype) && block_size != cpu::kKvChanTokens) {
+      return Error{"KV layer " + std::to_string(l) + ": K type " + kv_type_name(spec.types.k) + " groups a block's " +
                    std::to_string(cpu::kKvChanTokens) + " tokens, not " + std::to_string(block_size)};
     }
     const int64_t width = spec.n_head_kv * spec.head_dim;
@@ -62,6 +63,7 @@ Result<PagedKvCache> PagedKvCache::create_layers(std::vector<LayerSpec> layers, 
     L.spec = spec;
     L.k_row = ::rill::row_bytes(spec.types.k.dtype, width);
     L.v_row = ::rill::row_bytes(spec.types.v.dtype, width);
+    if (spec.types.k.dtype == kKvQ4Alloc) L.k_widths.assign(static_cast<size_t>(width), 4);
     size_t k_block = 0, v_block = 0;
     L.k_off = c.span_;
     overflow = __builtin_mul_overflow(static_cast<size_t>(block_size), L.k_row, &k_block) ||
@@ -82,7 +84,7 @@ Result<PagedKvCache> PagedKvCache::create_layers(std::vector<LayerSpec> layers, 
 
 Status PagedKvCache::create_tails(int32_t n_slots) {
   std::vector<int64_t> widths;
-  for (int64_t l = 0; l < n_layer_; ++l) widths.push_back(types(l).k.dtype == kKvQ4Chan ? width(l) : 0);
+  for (int64_t l = 0; l < n_layer_; ++l) widths.push_back(kv_chan_k(types(l).k.dtype) ? width(l) : 0);
   RILL_ASSIGN_OR_RETURN(tails_, KvTails::create(widths, n_slots));
   return {};
 }
@@ -91,7 +93,7 @@ void PagedKvCache::store(int64_t layer, std::span<const int32_t> table, const fl
                          const int32_t* pos, int64_t n, int64_t src_stride) const {
   const LayerSpec& spec = at(layer).spec;
   const KvLayerTypes& t = spec.types;
-  assert(t.k.dtype != kKvQ4Chan);
+  assert(!kv_chan_k(t.k.dtype));
   for (int64_t i = 0; i < n; ++i) {
     assert(pos[i] >= 0 && static_cast<size_t>(pos[i] >> block_shift_) < table.size());
     assert(table[static_cast<size_t>(pos[i] >> block_shift_)] >= 0);
@@ -134,7 +136,33 @@ KvCacheView PagedKvCache::layer_view(int64_t layer) const {
   v.k_rotated = t.k.rotated;
   v.v_rotated = t.v.rotated;
   tails_.attach(layer, v);
+  if (!at(layer).k_widths.empty()) v.k_widths = at(layer).k_widths.data();
+  if (!calibration_.empty()) v.calibration = const_cast<KvCalibrationStats*>(&calibration_[static_cast<size_t>(layer)]);
   return v;
+}
+
+void PagedKvCache::set_k_widths(int64_t layer, std::vector<uint8_t> widths) {
+  Layer& L = layers_[static_cast<size_t>(layer)];
+  assert(L.spec.types.k.dtype == kKvQ4Alloc && static_cast<int64_t>(widths.size()) == width(layer));
+  L.k_widths = std::move(widths);
+}
+
+void PagedKvCache::begin_calibration() {
+  calibration_.assign(static_cast<size_t>(n_layer_), {});
+  for (int64_t l = 0; l < n_layer_; ++l) {
+    KvCalibrationStats& s = calibration_[static_cast<size_t>(l)];
+    const auto w = static_cast<size_t>(width(l));
+    s.query_energy.assign(w, 0.0);
+    s.block_range_sq.assign(w, 0.0);
+    s.block_min.assign(w, INFINITY);
+    s.block_max.assign(w, -INFINITY);
+  }
+}
+
+std::vector<KvCalibrationStats> PagedKvCache::end_calibration() {
+  std::vector<KvCalibrationStats> out;
+  out.swap(calibration_);
+  return out;
 }
 
 }  // namespace rill

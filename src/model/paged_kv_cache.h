@@ -59,6 +59,7 @@ class PagedKvCache {
   const KvLayerTypes& types(int64_t layer) const { return at(layer).spec.types; }
   // Elements of one K (or V) row of the layer: n_head_kv x head_dim.
   int64_t width(int64_t layer) const { return at(layer).spec.n_head_kv * at(layer).spec.head_dim; }
+  int64_t head_dim(int64_t layer) const { return at(layer).spec.head_dim; }
   size_t k_row_bytes(int64_t layer) const { return at(layer).k_row; }
   size_t v_row_bytes(int64_t layer) const { return at(layer).v_row; }
   // Bytes one token takes in every layer, K and V.
@@ -69,6 +70,18 @@ class PagedKvCache {
   // layer.
   Status create_tails(int32_t n_slots);
   const KvTails& tails() const { return tails_; }
+
+  // q4a's widths of a layer whose K is kKvQ4Alloc ([width(layer)], 0..8
+  // bits a channel, summing to 4 * width: backend/cpu/kv_alloc.h); every
+  // channel 4 until set_k_widths. Empty for other layers. layer_view()
+  // points at them, so set them before the KV holds any q4a block.
+  const std::vector<uint8_t>& k_widths(int64_t layer) const { return at(layer).k_widths; }
+  void set_k_widths(int64_t layer, std::vector<uint8_t> widths);
+  // While calibrating (begin_calibration() to end_calibration()),
+  // layer_view() attaches each layer's KvCalibrationStats (zeroed, sized
+  // [width]); end_calibration() returns them, one per layer.
+  void begin_calibration();
+  std::vector<KvCalibrationStats> end_calibration();
 
   // Stores f32 rows [n, width(layer)] of one sequence at positions pos[i],
   // placed through the sequence's block table, in the layer's types. Rows
@@ -93,8 +106,9 @@ class PagedKvCache {
  private:
   struct Layer {
     LayerSpec spec;
-    size_t k_row = 0, v_row = 0;  // bytes of one K / V row
-    size_t k_off = 0, v_off = 0;  // of its K / V rows within a block's span
+    size_t k_row = 0, v_row = 0;    // bytes of one K / V row
+    size_t k_off = 0, v_off = 0;    // of its K / V rows within a block's span
+    std::vector<uint8_t> k_widths;  // q4a's, else empty
   };
   const Layer& at(int64_t layer) const { return layers_[static_cast<size_t>(layer)]; }
   // Bytes of one block across all layers: the distance between blocks.
@@ -112,6 +126,7 @@ class PagedKvCache {
   int64_t n_layer_ = 0;
   int32_t n_blocks_ = 0, block_size_ = 16, block_shift_ = 4;
   std::vector<Layer> layers_;
+  std::vector<KvCalibrationStats> calibration_;  // per layer while calibrating, else empty
   size_t span_ = 0, token_bytes_ = 0;
 };
 

@@ -212,12 +212,14 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   }
   std::vector<std::optional<KvType>> sides = {options.kv_types.k, options.kv_types.v};
   for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
+  auto chan_name = [](DType t) { return t == kKvQ4Alloc ? std::string("q4a (k4a)") : std::string("q4c (k4c)"); };
   // k4c's q4c K needs a per-sequence KV tail (model/kv_tails.h), which only
   // the Llama family's models keep: said first, on either device, before
   // the CUDA switch below (which would not make it run).
   for (const std::optional<KvType>& side : sides) {
-    if (side && side->dtype == kKvQ4Chan && impl->id.rfind("llama.", 0) != 0) {
-      return Error{files->path + ": KV type q4c (k4c) runs on the Llama family's models only (it needs a " +
+    if (side && kv_chan_k(side->dtype) && impl->id.rfind("llama.", 0) != 0) {
+      return Error{files->path + ": KV type " + chan_name(side->dtype) +
+                   " runs on the Llama family's models only (it needs a " +
                    "per-sequence KV tail, which only they keep), not on " + impl->id + "; use another KV type"};
     }
   }
@@ -255,8 +257,8 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   // k4c's per-sequence KV tails (model/kv_tails.h) live in one CPU model,
   // not in a tensor-parallel group of ranks.
   for (const std::optional<KvType>& side : sides) {
-    if (side && side->dtype == kKvQ4Chan && options.tensor_parallel != 1) {
-      return Error{files->path + ": KV type q4c (k4c) does not run with --tensor-parallel " +
+    if (side && kv_chan_k(side->dtype) && options.tensor_parallel != 1) {
+      return Error{files->path + ": KV type " + chan_name(side->dtype) + " does not run with --tensor-parallel " +
                    std::to_string(options.tensor_parallel) + "; use another KV type"};
     }
   }

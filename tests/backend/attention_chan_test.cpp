@@ -1,5 +1,6 @@
-// Attention over k4c KV (attention_chan.h): K per channel over blocks of
-// 32 tokens (q4c), V rotated iq4_nlh64 rows, each query's own block's keys
+// Attention over k4c and k4a KV (attention_chan.h): K per channel over
+// blocks of 32 tokens (q4c, or q4a: each channel at its own width, bit
+// planes), V rotated iq4_nlh64 rows, each query's own block's keys
 // and values in q8_0 from the tail and the step's rows. Held to its
 // contract (double-precision attention over exactly the keys and values it
 // reads: quantized groups dequantized, the own block's q8_0 rows) within f32 rounding, to exact f32
@@ -15,6 +16,7 @@
 
 #include "backend/cpu/attention_chan.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kv_alloc.h"
 #include "backend/cpu/kv_quant.h"
 #include "core/e4m3.h"
 #include "core/half.h"
@@ -36,8 +38,9 @@ struct Seq {
   std::vector<int32_t> table;           // [ceil(n / 32)]
   std::vector<uint8_t> kb, vb;          // K / V of every block, block_bytes apart
   size_t block_bytes = 0, k_row = 0, v_row = 0;
+  const uint8_t* widths = nullptr;  // q4a's [width]; null: q4c
 
-  Seq(int64_t n_tokens, uint32_t seed) : n(n_tokens) {
+  Seq(int64_t n_tokens, uint32_t seed, const uint8_t* k_widths = nullptr) : n(n_tokens), widths(k_widths) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd;
     k.resize(static_cast<size_t>(n * width));
@@ -73,8 +76,12 @@ struct Seq {
     for (int64_t b = 0; b + 1 <= n / kT; ++b) {
       for (int64_t r = 0; r < kT; ++r)
         decode_q8(k_tail.data() + static_cast<size_t>(b * kT + r) * tail_row, width, rows.data() + r * width);
-      quantize_chan_block(rows.data(), width, width,
-                          kb.data() + static_cast<size_t>(table[static_cast<size_t>(b)]) * block_bytes);
+      uint8_t* dst = kb.data() + static_cast<size_t>(table[static_cast<size_t>(b)]) * block_bytes;
+      if (widths) {
+        quantize_alloc_block(rows.data(), width, width, widths, dst);
+      } else {
+        quantize_chan_block(rows.data(), width, width, dst);
+      }
     }
     for (int64_t t = 0; t < n; ++t) {
       store_kv_row(kKvIq4Nl64, true, v.data() + t * width, v_row_ptr(t), n_kv_heads, hd);
@@ -121,8 +128,12 @@ struct Seq {
     std::vector<float> deq(static_cast<size_t>(kT * width));
     const int64_t own = p - p % kT;
     for (int64_t b = 0; b * kT < own; ++b) {
-      dequantize_chan_block(kb.data() + static_cast<size_t>(table[static_cast<size_t>(b)]) * block_bytes, width,
-                            deq.data());
+      const uint8_t* src = kb.data() + static_cast<size_t>(table[static_cast<size_t>(b)]) * block_bytes;
+      if (widths) {
+        dequantize_alloc_block(src, width, widths, deq.data());
+      } else {
+        dequantize_chan_block(src, width, deq.data());
+      }
       for (size_t i = 0; i < deq.size(); ++i) keys[static_cast<size_t>(b * kT * width) + i] = deq[i];
     }
     std::vector<float> row(static_cast<size_t>(width));
@@ -209,15 +220,51 @@ void prepare(Step& st, const Seq& s, const std::vector<float>& q, int64_t c0, in
 }
 
 const KvSideTypes kK4c{kKvQ4Chan, kKvIq4Nl64, false, true};
+const KvSideTypes kK4a{kKvQ4Alloc, kKvIq4Nl64, false, true};
 
-TEST(AttentionChan, MatchesDoubleAttentionOverTheKeysItReads) {
+// q4a widths for the test rows (2 heads of 64): allocate_channel_bits over
+// ranges 4^(c % 9), so channel c gets about c % 9 bits (each width
+// present, checked below), summing to 4 per channel.
+const std::vector<uint8_t>& test_widths() {
+  static const std::vector<uint8_t> w = [] {
+    std::vector<double> q(128, 1.0), r(128);
+    for (int c = 0; c < 128; ++c) r[static_cast<size_t>(c)] = std::ldexp(1.0, 2 * (c % 9));
+    std::vector<uint8_t> out(128);
+    allocate_channel_bits(q.data(), r.data(), 128, 64, RopePairs::kNeox, out.data());
+    return out;
+  }();
+  return w;
+}
+
+// Each test runs on k4c (false) and on k4a with test_widths() (true).
+class AttentionChan : public ::testing::TestWithParam<bool> {
+ protected:
+  const uint8_t* widths() const { return GetParam() ? test_widths().data() : nullptr; }
+  const KvSideTypes& types() const { return GetParam() ? kK4a : kK4c; }
+  void attend(const AttentionSeq* seqs, const ChanTail* tails, int n, const AttentionParams& p,
+              ThreadPool& pool) const {
+    attention_chan_batch(seqs, tails, n, p, types(), pool, widths());
+  }
+};
+INSTANTIATE_TEST_SUITE_P(K, AttentionChan, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "q4a" : "q4c"; });
+
+TEST(AttentionChanWidths, TestWidthsSpanEveryWidth) {
+  const std::vector<uint8_t>& w = test_widths();
+  int sum = 0, seen = 0;
+  for (uint8_t b : w) sum += b, seen |= 1 << b;
+  EXPECT_EQ(sum, 4 * 128);
+  EXPECT_EQ(seen, 0x1FF) << "widths 0..8 each present";
+}
+
+TEST_P(AttentionChan, MatchesDoubleAttentionOverTheKeysItReads) {
   ThreadPool pool(2);
-  const Seq s(100, 1);
+  const Seq s(100, 1, widths());
   const auto q = queries(s.n, 2);
   for (const int64_t window : {int64_t{0}, int64_t{40}}) {
     Step st;
     prepare(st, s, q, 0, s.n);
-    attention_chan_batch(&st.a, &st.t, 1, params(window), kK4c, pool);
+    attend(&st.a, &st.t, 1, params(window), pool);
     double err = 0, ref_sq = 0;
     std::vector<double> keys, vals;
     for (int64_t p = 0; p < s.n; ++p) {
@@ -251,7 +298,8 @@ TEST(AttentionChan, MatchesDoubleAttentionOverTheKeysItReads) {
   }
 }
 
-TEST(AttentionChan, WithinTheFourBitErrorOfF32Attention) {
+TEST_P(AttentionChan, WithinTheFourBitErrorOfF32Attention) {
+  if (GetParam()) GTEST_SKIP() << "q4a's test widths are not fitted to the data; q4c's bound holds for q4c";
   ThreadPool pool(2);
   const Seq s(200, 3);
   const auto q = queries(s.n, 4);
@@ -293,13 +341,13 @@ TEST(AttentionChan, WithinTheFourBitErrorOfF32Attention) {
 // How the queries of a sequence are split into steps (the tail holding the
 // keys of the step's first block before it), and which other sequences
 // share the call, changes no bit of any query's output.
-TEST(AttentionChan, StepsAndBatchesAreBitExact) {
+TEST_P(AttentionChan, StepsAndBatchesAreBitExact) {
   ThreadPool pool(2);
-  const Seq a(97, 5), b(40, 6);
+  const Seq a(97, 5, widths()), b(40, 6, widths());
   const auto qa = queries(a.n, 7), qb = queries(b.n, 8);
   Step whole;
   prepare(whole, a, qa, 0, a.n);
-  attention_chan_batch(&whole.a, &whole.t, 1, params(), kK4c, pool);
+  attend(&whole.a, &whole.t, 1, params(), pool);
   const int64_t qw = kHeads * 64;
   for (const std::vector<int64_t>& cuts :
        {std::vector<int64_t>{0, 31, 32, 33, 65, 97}, std::vector<int64_t>{0, 1, 64, 90, 97},
@@ -310,7 +358,7 @@ TEST(AttentionChan, StepsAndBatchesAreBitExact) {
       prepare(sb, b, qb, 10, b.n);  // another sequence in the same call
       AttentionSeq seqs[] = {sb.a, sa.a};
       ChanTail tails[] = {sb.t, sa.t};
-      attention_chan_batch(seqs, tails, 2, params(), kK4c, pool);
+      attend(seqs, tails, 2, params(), pool);
       for (int64_t r = 0; r < sa.a.n_q * qw; ++r) {
         ASSERT_EQ(sa.out[static_cast<size_t>(r)], whole.out[static_cast<size_t>(cuts[i] * qw + r)])
             << "step [" << cuts[i] << ", " << cuts[i + 1] << ") element " << r;
@@ -323,9 +371,9 @@ TEST(AttentionChan, StepsAndBatchesAreBitExact) {
 // row decoded once per tile), a decode step one query alone: the same bits
 // per query, with and without a window, tiles straddling blocks and the
 // step starting mid-block.
-TEST(AttentionChan, TilesMatchSingleQueriesBitForBit) {
+TEST_P(AttentionChan, TilesMatchSingleQueriesBitForBit) {
   ThreadPool pool(2);
-  const Seq a(150, 9);
+  const Seq a(150, 9, widths());
   const auto qa = queries(a.n, 10);
   const int64_t qw = kHeads * 64;
   for (const int64_t window : {int64_t{0}, int64_t{40}, int64_t{5}}) {
@@ -333,14 +381,14 @@ TEST(AttentionChan, TilesMatchSingleQueriesBitForBit) {
     for (int64_t i = 0; i < a.n; ++i) {
       Step st;
       prepare(st, a, qa, i, i + 1);
-      attention_chan_batch(&st.a, &st.t, 1, params(window), kK4c, pool);
+      attend(&st.a, &st.t, 1, params(window), pool);
       std::copy(st.out.begin(), st.out.end(), single.begin() + i * qw);
     }
     for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 150}, std::vector<int64_t>{0, 3, 37, 70, 150}}) {
       for (size_t c = 0; c + 1 < cuts.size(); ++c) {
         Step st;
         prepare(st, a, qa, cuts[c], cuts[c + 1]);
-        attention_chan_batch(&st.a, &st.t, 1, params(window), kK4c, pool);
+        attend(&st.a, &st.t, 1, params(window), pool);
         for (int64_t r = 0; r < st.a.n_q * qw; ++r) {
           ASSERT_EQ(st.out[static_cast<size_t>(r)], single[static_cast<size_t>(cuts[c] * qw + r)])
               << "window " << window << " step [" << cuts[c] << ", " << cuts[c + 1] << ") element " << r;
@@ -354,8 +402,8 @@ TEST(AttentionChan, TilesMatchSingleQueriesBitForBit) {
 // runs (the batch driver takes the best one only): every query of tiles of
 // 2..kChanTile queries at every offset in a block, K blocks and own blocks
 // straddled, bit for bit, rotation left to the caller in both.
-TEST(AttentionChan, EveryIsaTileMatchesItsSingleQueryKernel) {
-  const Seq a(100, 11);
+TEST_P(AttentionChan, EveryIsaTileMatchesItsSingleQueryKernel) {
+  const Seq a(100, 11, widths());
   const auto qa = queries(a.n, 12);
   const int64_t qw = kHeads * 64, hd = 64;
   struct Kernels {
@@ -382,6 +430,8 @@ TEST(AttentionChan, EveryIsaTileMatchesItsSingleQueryKernel) {
           x.kv = st.a.kv;
           x.kv.v += static_cast<size_t>(kvh) * row_bytes(kKvIq4Nl64, hd);
           x.k_blocks = st.a.kv.k;
+          x.k_widths = widths() ? widths() + kvh * hd : nullptr;
+          x.k_plane_offset = widths() ? alloc_plane_offset(widths(), a.width, kvh * hd) : 0;
           x.width = a.width;
           x.head = kvh;
           x.head_dim = hd;
@@ -434,6 +484,23 @@ TEST(AttentionChan, EveryIsaTileMatchesItsSingleQueryKernel) {
         }
       }
     }
+  }
+}
+
+// q4a with every channel at 4 bits holds q4c's z, d and codes (in planes):
+// its attention gives q4c's bits, every ISA's kernel and the driver.
+TEST(AttentionChanWidths, FourBitsEverywhereIsQ4cBitForBit) {
+  ThreadPool pool(2);
+  const std::vector<uint8_t> four(128, 4);
+  const Seq c(120, 13), a(120, 13, four.data());
+  const auto q = queries(c.n, 14);
+  for (const int64_t c0 : {int64_t{0}, int64_t{70}, int64_t{119}}) {
+    Step sc, sa;
+    prepare(sc, c, q, c0, c.n);
+    prepare(sa, a, q, c0, a.n);
+    attention_chan_batch(&sc.a, &sc.t, 1, params(), kK4c, pool);
+    attention_chan_batch(&sa.a, &sa.t, 1, params(), kK4a, pool, four.data());
+    for (size_t r = 0; r < sc.out.size(); ++r) ASSERT_EQ(sa.out[r], sc.out[r]) << "from " << c0 << " element " << r;
   }
 }
 

@@ -27,8 +27,8 @@ namespace {
 constexpr int kT = kKvChanTokens;
 
 // The contract's loop, restated plainly: O(width^2 * 4).
-std::vector<uint8_t> naive_bits(const std::vector<double>& q, const std::vector<double>& r, int64_t hd,
-                                RopePairs pairs) {
+std::vector<uint8_t> naive_bits(const std::vector<double>& q, const std::vector<double>& r, int64_t hd, RopePairs pairs,
+                                bool one_bit = true) {
   const auto W = static_cast<int64_t>(q.size());
   auto ok = [](double v) { return std::isfinite(v) && v > 0 ? v : 0.0; };
   std::vector<double> w(static_cast<size_t>(W));
@@ -43,6 +43,29 @@ std::vector<uint8_t> naive_bits(const std::vector<double>& q, const std::vector<
   }
   std::vector<uint8_t> b(static_cast<size_t>(W), any ? 0 : 4);
   if (!any) return b;
+  // one_bit false: a channel at 0 moves to 2 (key 0.625 w); with one bit
+  // left, the best channel of 2..7 bits takes it (else the best at 0).
+  for (int64_t left = 4 * W; !one_bit && left > 0;) {
+    auto best_of = [&](bool zeros) {
+      int64_t best = -1;
+      double best_key = 0;
+      for (int64_t c = 0; c < W; ++c) {
+        if (b[c] >= 8 || (!zeros && b[c] == 0)) continue;
+        const double key = b[c] == 0 ? 0.625 * w[c] : std::ldexp(w[c], -2 * b[c]);
+        if (best < 0 || key > best_key) {
+          best = c;
+          best_key = key;
+        }
+      }
+      return best;
+    };
+    int64_t c = best_of(true);
+    if (b[c] == 0 && left == 1 && best_of(false) >= 0) c = best_of(false);
+    const int step = b[c] == 0 && left >= 2 ? 2 : 1;
+    b[c] = static_cast<uint8_t>(b[c] + step);
+    left -= step;
+  }
+  if (!one_bit) return b;
   for (int64_t n = 0; n < 4 * W; ++n) {
     int64_t best = -1;
     double best_key = 0;
@@ -149,16 +172,22 @@ TEST(KvAlloc, AllocationMatchesThePlainLoop) {
               break;
           }
         }
-        std::vector<uint8_t> got(static_cast<size_t>(W));
-        allocate_channel_bits(q.data(), r.data(), W, hd, pairs, got.data());
-        const std::vector<uint8_t> want = naive_bits(q, r, hd, pairs);
-        ASSERT_EQ(got, want) << "hd " << hd << " heads " << n_kv;
-        int64_t sum = 0;
-        for (uint8_t b : got) {
-          ASSERT_LE(b, 8);
-          sum += b;
+        for (const bool one_bit : {true, false}) {
+          std::vector<uint8_t> got(static_cast<size_t>(W));
+          allocate_channel_bits(q.data(), r.data(), W, hd, pairs, got.data(), one_bit);
+          const std::vector<uint8_t> want = naive_bits(q, r, hd, pairs, one_bit);
+          ASSERT_EQ(got, want) << "hd " << hd << " heads " << n_kv << " one_bit " << one_bit;
+          int64_t sum = 0, ones = 0;
+          for (uint8_t b : got) {
+            ASSERT_LE(b, 8);
+            sum += b;
+            ones += b == 1;
+          }
+          ASSERT_EQ(sum, 4 * W);
+          if (!one_bit) {
+            ASSERT_EQ(ones, 0) << "hd " << hd << " heads " << n_kv;
+          }
         }
-        ASSERT_EQ(sum, 4 * W);
       }
     }
   }

@@ -186,7 +186,7 @@ fs::path disk_round_trip(const std::string& model, int vocab, int prompt_len, in
   const auto files = kv_files(dir.path);
   EXPECT_EQ(files.size(), 1u);
   if (files.size() != 1) return {};
-  const bool chan = base.kv_types.k && base.kv_types.k->dtype == kKvQ4Chan;
+  const bool chan = base.kv_types.k && kv_chan_k(base.kv_types.k->dtype);
   expect_window_only_layers(files[0], expect_cached, chan ? 32 : 16);
   if (!base.kv_types.empty()) {  // the file holds the KV in its stored type
     auto h = read_kv_header(files[0].string());
@@ -940,7 +940,7 @@ TEST(KvTiers, ChangedKvTypeInvalidatesDiskFiles) {
     EXPECT_EQ(generate(*e, prompt, 1, /*persist=*/true).persisted, 96);
   }
   // iq4_nlh and q4_0h: the same bytes per block, other levels.
-  for (const char* other : {"f16", "q4_0h", "iq4_nlh", "k4c", "q8_0h", "q8_0h64"}) {
+  for (const char* other : {"f16", "q4_0h", "iq4_nlh", "k4c", "k4a", "q8_0h", "q8_0h64"}) {
     o.kv_types = std::string(other) == "f16" ? KvTypeOptions{} : kv_all(other);
     auto e = load(kSmol, o);
     ASSERT_TRUE(e);
@@ -980,6 +980,52 @@ TEST(KvTiers, DiskPrefixSurvivesARestartK4cKv) {
     EXPECT_EQ(layer.tensors[1].dtype, kKvIq4Nl64);
     EXPECT_EQ(layer.tensors[0].shape, (std::vector<int64_t>{96, 192}));
   }
+}
+
+// k4a: k4c's flow with q4a's calibrated K widths; the file names them (a
+// hash in the numerics), and a restart calibrates to the same widths, so
+// the round trip is bit-exact.
+TEST(KvTiers, DiskPrefixSurvivesARestartK4aKv) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir dir;
+  const fs::path file = disk_round_trip(kSmol, 49152, 100, 96, with_kv(kv_all("k4a")), &dir, kKvQ4Alloc);
+  ASSERT_FALSE(file.empty());
+  auto h = read_kv_header(file.string());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_NE(h->identity.numerics.find("kv=k:q4a#3/v:iq4_nlh64#2"), std::string::npos) << h->identity.numerics;
+  EXPECT_NE(h->identity.numerics.find(" q4a-widths="), std::string::npos) << h->identity.numerics;
+}
+
+// KV stored under other q4a widths (another calibration text) is never
+// resumed: the numerics differ, so the disk tier drops the file.
+TEST(KvTiers, OtherQ4aWidthsInvalidateDiskFiles) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  TmpDir dir;
+  const auto prompt = random_prompt(100, 49152, 11);
+  EngineOptions o;
+  o.cache_dir = dir.path.string();
+  o.kv_types = kv_all("k4a");
+  {
+    auto e = load(kSmol, o);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(generate(*e, prompt, 1, /*persist=*/true).persisted, 96);
+  }
+  const fs::path text = dir.path / "calibration.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 40; ++i) out << "Line " << i << ": the quick brown fox jumps over the lazy dog, twice.\n";
+  }
+  o.kv_types.calibration_path = text.string();
+  auto e = load(kSmol, o);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->stats().disk_tier.entries, 0);
+  EXPECT_EQ(generate(*e, prompt, 2).cached, 0);
+  // A calibration file that is missing is an error naming it.
+  o.kv_types.calibration_path = (dir.path / "missing.txt").string();
+  o.n_threads = 2;
+  auto missing = Engine::load(kSmol, o);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("missing.txt"), std::string::npos) << missing.error().message;
 }
 
 // q4c K on a sliding-window model (mistral-swa: window 8, rows of 32): the

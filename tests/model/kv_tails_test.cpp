@@ -22,27 +22,33 @@ namespace fs = std::filesystem;
 const std::string kSmol = std::string(RILL_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr int32_t kCtx = 128;
 
-std::unique_ptr<Model> open_k4c() {
-  auto files = open_model_files(kSmol);
-  EXPECT_TRUE(files.ok()) << files.error().message;
-  if (!files.ok()) return nullptr;
-  ModelOptions o;
-  o.n_threads = 2;
-  o.n_ctx = kCtx;
-  o.n_kv_slots = 2;
-  o.max_batch_tokens = 256;
-  o.kv_types.k = parse_kv_pair("k4c")->k;
-  o.kv_types.v = parse_kv_pair("k4c")->v;
-  auto m = create_model(builtin_registry(), infer_profile(**files), *files, o);
-  EXPECT_TRUE(m.ok()) << m.error().message;
-  return m.ok() ? std::move(m).value() : nullptr;
-}
-
 std::vector<int32_t> tokens(int n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = static_cast<int32_t>(rng() % 49152);
   return t;
+}
+
+// The default model with KV pair `pair` (k4c, or k4a calibrated on
+// `calibration`: random tokens unless given).
+Result<std::unique_ptr<Model>> try_open(const char* pair, std::vector<int32_t> calibration = tokens(200, 99),
+                                        int max_batch_tokens = 256) {
+  RILL_ASSIGN_OR_RETURN(auto files, open_model_files(kSmol));
+  ModelOptions o;
+  o.n_threads = 2;
+  o.n_ctx = kCtx;
+  o.n_kv_slots = 2;
+  o.max_batch_tokens = max_batch_tokens;
+  o.kv_types.k = parse_kv_pair(pair)->k;
+  o.kv_types.v = parse_kv_pair(pair)->v;
+  o.kv_types.calibration_tokens = std::move(calibration);
+  return create_model(builtin_registry(), infer_profile(*files), files, o);
+}
+
+std::unique_ptr<Model> open_k4c(const char* pair = "k4c") {
+  auto m = try_open(pair);
+  EXPECT_TRUE(m.ok()) << m.error().message;
+  return m.ok() ? std::move(m).value() : nullptr;
 }
 
 // One step's worth of a sequence: tokens [c0, c1) in tail slot `slot`
@@ -70,9 +76,14 @@ std::vector<float> run(Model& m, const std::vector<int32_t>& ids, const std::vec
   return out;
 }
 
-TEST(KvTails, ChunkingAcrossBlockBoundariesChangesNoLogit) {
+// Each test of the tails runs on k4c and k4a (the same flow, q4a's K).
+class KvTailsOf : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Pair, KvTailsOf, ::testing::Values("k4c", "k4a"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+TEST_P(KvTailsOf, ChunkingAcrossBlockBoundariesChangesNoLogit) {
   if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
-  auto m = open_k4c();
+  auto m = open_k4c(GetParam());
   ASSERT_TRUE(m);
   EXPECT_EQ(m->kv_block_size(), 32) << "q4c pools have blocks of its group";
   EXPECT_EQ(m->n_kv_tail_slots(), 2) << "n_kv_slots: max_batch_seqs unset (not max_batch_tokens' 256)";
@@ -89,9 +100,9 @@ TEST(KvTails, ChunkingAcrossBlockBoundariesChangesNoLogit) {
   }
 }
 
-TEST(KvTails, SequencesSharingStepsEqualAlone) {
+TEST_P(KvTailsOf, SequencesSharingStepsEqualAlone) {
   if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
-  auto m = open_k4c();
+  auto m = open_k4c(GetParam());
   ASSERT_TRUE(m);
   const auto a = tokens(65, 2), b = tokens(50, 3);
   const std::vector<float> alone_a = run(*m, a, {0, 33, 65}, 0);
@@ -163,6 +174,27 @@ TEST(KvTails, OtherFamiliesRefuseK4cByName) {
   auto m = create_model(builtin_registry(), infer_profile(**files), *files, o);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("q4c (k4c)"), std::string::npos) << m.error().message;
+}
+
+// q4a's widths come from the calibration tokens alone: the same tokens
+// give the same widths (the numerics' hash), whatever the step size of the
+// pass; other tokens other widths; too few tokens are refused.
+TEST(KvTails, K4aCalibrationIsDeterministicAndNamedInTheNumerics) {
+  if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
+  auto a = try_open("k4a", tokens(200, 5));
+  auto b = try_open("k4a", tokens(200, 5), /*max_batch_tokens=*/40);
+  auto c = try_open("k4a", tokens(200, 6));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  const std::string na = (*a)->kv_numerics();
+  EXPECT_NE(na.find(" q4a-widths="), std::string::npos) << na;
+  EXPECT_EQ((*b)->kv_numerics(), na) << "the pass in steps of 40 tokens";
+  EXPECT_NE((*c)->kv_numerics(), na);
+  auto k4c = try_open("k4c");
+  ASSERT_TRUE(k4c.ok());
+  EXPECT_EQ((*k4c)->kv_numerics().find("q4a"), std::string::npos);
+  auto few = try_open("k4a", tokens(63, 5));
+  ASSERT_FALSE(few.ok());
+  EXPECT_NE(few.error().message.find("at least 64 tokens"), std::string::npos) << few.error().message;
 }
 
 }  // namespace

@@ -299,5 +299,37 @@ TEST(KvTypes, K4cPairAndItsRules) {
   EXPECT_EQ((*r)[0].k, (KvType{DType::kF16, false}));
 }
 
+// k4a: k4c with q4a's K (each channel at its own width, the same bytes);
+// q4a only on K, with k4c's rules, and named in the numerics with k4c's
+// encoder revision (its widths join them in CpuPagedModel::kv_numerics).
+TEST(KvTypes, K4aPairAndItsRules) {
+  const auto pair = parse_kv_pair("k4a");
+  ASSERT_TRUE(pair);
+  EXPECT_EQ(pair->k, (KvType{kKvQ4Alloc, false}));
+  EXPECT_EQ(pair->v, (KvType{kKvIq4Nl64, true}));
+  EXPECT_EQ(kv_type_name(pair->k), "q4a");
+  EXPECT_EQ(*parse_kv_type("q4a"), pair->k);
+  EXPECT_NE(kv_type_names().find("k4a (k=q4a v=iq4_nlh64)"), std::string::npos) << kv_type_names();
+  EXPECT_EQ(row_bytes(kKvQ4Alloc, 192), row_bytes(kKvQ4Chan, 192));
+  EXPECT_EQ(describe_kv_types({*pair}, DType::kF16), "kv=k:q4a#3/v:iq4_nlh64#2");
+  EXPECT_TRUE(check_kv_layer_types(0, *pair, 3, 64).ok());
+  const Status v_alloc = check_kv_layer_types(0, {pair->v, pair->k}, 3, 64);
+  ASSERT_FALSE(v_alloc.ok());
+  EXPECT_NE(v_alloc.error().message.find("V type q4a"), std::string::npos) << v_alloc.error().message;
+  EXPECT_NE(v_alloc.error().message.find("k4a: k=q4a v=iq4_nlh64"), std::string::npos) << v_alloc.error().message;
+  EXPECT_FALSE(check_kv_layer_types(0, *pair, 1, 32).ok()) << "a V row of half a block of 64";
+  KvTypeOptions o;
+  EXPECT_FALSE(o.mentions(kKvQ4Alloc));
+  o.layers.push_back({3, 3, pair->k, std::nullopt, "f:1"});
+  EXPECT_TRUE(o.mentions(kKvQ4Alloc));
+  // A pool holding q4a has blocks of 32, and starts every layer at 4 bits.
+  EXPECT_FALSE(PagedKvCache::create(4, 16, 3, 64, {*pair}).ok());
+  auto c = PagedKvCache::create(4, 32, 3, 64, {*pair});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->k_widths(0), std::vector<uint8_t>(192, 4));
+  EXPECT_EQ(c->layer_view(0).k_widths, c->k_widths(0).data());
+  EXPECT_EQ(c->layer_view(0).calibration, nullptr);
+}
+
 }  // namespace
 }  // namespace rill

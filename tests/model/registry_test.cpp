@@ -241,6 +241,31 @@ TEST(Registry, Q4cIsRefusedOutsideTheLlamaFamilyFirst) {
   }
 }
 
+// q4a (k4a) runs on the CPU's Llama models only: CUDA refuses it naming
+// the type, as other families do.
+TEST(Registry, Q4aRunsOnTheCpuLlamaOnly) {
+  auto r = ImplementationRegistry::create(
+      {impl("llama.cpu", {"llama"}), impl("llama.cuda", {"llama"}, Device::kCuda), impl("gemma3.cpu", {"gemma3"})});
+  ASSERT_TRUE(r.ok());
+  auto files = std::make_shared<ModelFiles>();
+  files->path = "m.gguf";
+  ModelOptions o;
+  o.kv_types.k = KvType{kKvQ4Alloc, false};
+  o.kv_types.v = KvType{kKvIq4Nl64, true};
+  o.device = Device::kCuda;
+  auto cuda = create_model(*r, profile("llama"), files, o);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_TRUE(has(cuda.error(), "KV type q4a runs on the CPU only")) << cuda.error().message;
+  o.device = Device::kCpu;
+  auto gemma = create_model(*r, profile("gemma3"), files, o);
+  ASSERT_FALSE(gemma.ok());
+  EXPECT_TRUE(has(gemma.error(), "m.gguf: KV type q4a (k4a) runs on the Llama family's models only"))
+      << gemma.error().message;
+  auto llama = create_model(*r, profile("llama"), files, o);
+  ASSERT_FALSE(llama.ok());
+  EXPECT_EQ(llama.error().message, "test factory");
+}
+
 TEST(Registry, WithReturnsANewRegistryAndLeavesTheOriginal) {
   auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"})});
   ASSERT_TRUE(r.ok());

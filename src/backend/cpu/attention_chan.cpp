@@ -24,10 +24,10 @@ void attend_chan_tile_scalar(const ChanTileArgs& a) {
 }  // namespace detail
 
 void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n_seqs, const AttentionParams& p,
-                          const KvSideTypes& t, ThreadPool& pool) {
+                          const KvSideTypes& t, ThreadPool& pool, const uint8_t* k_widths) {
   assert(p.n_head % p.n_head_kv == 0 && p.head_dim <= 1024 && p.head_dim % 16 == 0 && p.n_head / p.n_head_kv <= 64 &&
          p.n_head_kv * p.head_dim % 32 == 0);
-  assert(t.k == kKvQ4Chan && !t.k_rotated);
+  assert(kv_chan_k(t.k) && !t.k_rotated && (t.k == kKvQ4Alloc) == (k_widths != nullptr));
   // The kernel is chosen once per call from the machine alone, so every
   // row of every batch takes the same arithmetic.
   const auto attend = best_isa() == Isa::kAvx512 ? detail::attend_chan_avx512
@@ -41,6 +41,16 @@ void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n
                                                       : detail::attend_chan_tile_scalar;
   const int64_t group = p.n_head / p.n_head_kv, hd = p.head_dim, width = p.n_head_kv * hd;
   const size_t v_head_bytes = row_bytes(t.v, hd);
+  // q4a: each KV head's first plane in a block (one sum per call).
+  thread_local std::vector<int64_t> plane_offsets;
+  plane_offsets.assign(static_cast<size_t>(p.n_head_kv), 0);
+  for (int64_t h = 1; k_widths && h < p.n_head_kv; ++h) {
+    int64_t bits = 0;
+    for (int64_t c = (h - 1) * hd; c < h * hd; ++c) bits += k_widths[c];
+    plane_offsets[static_cast<size_t>(h)] = plane_offsets[static_cast<size_t>(h - 1)] + 4 * bits;
+  }
+  for (int64_t h = 0; k_widths && h < p.n_head_kv; ++h) plane_offsets[static_cast<size_t>(h)] += 3 * width;
+  const int64_t* plane_off = plane_offsets.data();
   int64_t max_kv = 0;
   for (int s = 0; s < n_seqs; ++s) max_kv = std::max(max_kv, seqs[s].n_kv);
   // Up to kChanTile queries a tile, fewer where a tile's scores (tile x
@@ -84,6 +94,8 @@ void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n
       a.kv = seq.kv;
       a.kv.v += static_cast<size_t>(kvh) * v_head_bytes;
       a.k_blocks = seq.kv.k;
+      a.k_widths = k_widths ? k_widths + kvh * hd : nullptr;
+      a.k_plane_offset = plane_off[kvh];
       a.width = width;
       a.head = kvh;
       a.head_dim = hd;

@@ -54,16 +54,26 @@ struct ChanTail {
 // physical block 0's K region, blocks kv.block_bytes apart, block_shift 5),
 // V rows of kv.v_row_bytes (or row_bytes) bytes in type t.v. Queries of
 // sequence s sit at positions tails[s].c0 + i (i < n_q). t.k must be
-// kKvQ4Chan and unrotated; head_dim <= 1024, a multiple of 16 and of t.v's
-// block; the row (n_head_kv * head_dim) a multiple of 32.
+// kKvQ4Chan or kKvQ4Alloc and unrotated; head_dim <= 1024, a multiple of
+// 16 and of t.v's block; the row (n_head_kv * head_dim) a multiple of 32.
+// q4a (kKvQ4Alloc, backend/cpu/kv_alloc.h): k_widths [n_head_kv *
+// head_dim] the layer's widths (null for q4c). Its groups' scores are
+// q4c's with each channel's codes read from its bit planes (the baseline
+// and AVX2 builds assemble a channel's 32 codes, then q4c's token sums in
+// channel order; the AVX-512 build assembles them with masked byte adds
+// and widens them once per 8 rows, as alloc_block_scores_widen_avx512);
+// channels of 0 bits add nothing (their step is 0). Everything else as
+// q4c's.
 void attention_chan_batch(const AttentionSeq* seqs, const ChanTail* tails, int n_seqs, const AttentionParams& p,
-                          const KvSideTypes& t, ThreadPool& pool);
+                          const KvSideTypes& t, ThreadPool& pool, const uint8_t* k_widths = nullptr);
 
 namespace detail {
 struct ChanAttendArgs {
   const float* q;                 // [n_heads, head_dim] f32
   PagedKv kv;                     // kv.v at this KV head's first byte of physical block 0
   const uint8_t* k_blocks;        // physical block 0's K region
+  const uint8_t* k_widths;        // q4a: this KV head's [head_dim] widths; null: q4c
+  int64_t k_plane_offset;         // q4a: alloc_plane_offset of this head's first channel
   int64_t width, head, head_dim;  // KV row elements, this KV head, its size
   size_t tail_row_bytes;          // row_bytes(kKvChanTailType, width)
   int64_t pos, j_begin, j_end;    // the query's position; keys [j_begin, j_end)

@@ -15,6 +15,7 @@
 
 #define RILL_CHAN_ISA avx512
 #define RILL_CHAN_GROUP_SUMS
+#define RILL_CHAN_GROUP_SUMS_PLANES
 #define RILL_CHAN_ACCUMULATE_V
 #define RILL_CHAN_GROUP_SCALES
 #define RILL_CHAN_SOFTMAX
@@ -75,6 +76,76 @@ inline void group_sums(const uint8_t* qs, const float* qd, int64_t hd, int n_hea
         break;
       default:
         group_sums_rows<8>(qs, q, hd, out);
+        break;
+    }
+  }
+}
+
+// q4a: NG rows' sums over one chunk, as group_sums_rows with each
+// channel's 32 codes assembled from its planes (one masked byte add of 2^k
+// per plane k: the stage-1 "widened" form, backend/cpu/kv_alloc.h
+// alloc_block_scores_widen_avx512), widened to two zmm of floats once for
+// the chunk's rows; channels of 0 bits skipped.
+template <int NG>
+inline void group_sums_planes_rows(const uint8_t* planes, const uint8_t* widths, const float* qd, int64_t hd,
+                                   float* acc) {
+  __m512 lo[NG], hi[NG];
+  for (int g = 0; g < NG; ++g) lo[g] = hi[g] = _mm512_setzero_ps();
+  const uint8_t* p = planes;
+  for (int64_t c = 0; c < hd; ++c) {
+    const int b = widths[c];
+    if (b == 0) continue;
+    __m256i codes = _mm256_setzero_si256();
+    for (int k = 0; k < b; ++k, p += 4) {
+      uint32_t plane;
+      __builtin_memcpy(&plane, p, 4);  // little-endian, as stored
+      codes = _mm256_mask_add_epi8(codes, static_cast<__mmask32>(plane), codes,
+                                   _mm256_set1_epi8(static_cast<char>(1 << k)));
+    }
+    const __m512 flo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(codes)));
+    const __m512 fhi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(codes, 1)));
+    for (int g = 0; g < NG; ++g) {
+      const __m512 w = _mm512_set1_ps(qd[g * hd + c]);
+      lo[g] = _mm512_fmadd_ps(w, flo, lo[g]);
+      hi[g] = _mm512_fmadd_ps(w, fhi, hi[g]);
+    }
+  }
+  for (int g = 0; g < NG; ++g) {
+    _mm512_storeu_ps(acc + g * 32, lo[g]);
+    _mm512_storeu_ps(acc + g * 32 + 16, hi[g]);
+  }
+}
+
+inline void group_sums_planes(const uint8_t* planes, const uint8_t* widths, const float* qd, int64_t hd, int n_rows,
+                              float* acc) {
+  constexpr int kMaxRows = 8;
+  for (int g0 = 0; g0 < n_rows; g0 += kMaxRows) {
+    const float* q = qd + g0 * hd;
+    float* out = acc + g0 * 32;
+    switch (n_rows - g0 < kMaxRows ? n_rows - g0 : kMaxRows) {
+      case 1:
+        group_sums_planes_rows<1>(planes, widths, q, hd, out);
+        break;
+      case 2:
+        group_sums_planes_rows<2>(planes, widths, q, hd, out);
+        break;
+      case 3:
+        group_sums_planes_rows<3>(planes, widths, q, hd, out);
+        break;
+      case 4:
+        group_sums_planes_rows<4>(planes, widths, q, hd, out);
+        break;
+      case 5:
+        group_sums_planes_rows<5>(planes, widths, q, hd, out);
+        break;
+      case 6:
+        group_sums_planes_rows<6>(planes, widths, q, hd, out);
+        break;
+      case 7:
+        group_sums_planes_rows<7>(planes, widths, q, hd, out);
+        break;
+      default:
+        group_sums_planes_rows<8>(planes, widths, q, hd, out);
         break;
     }
   }

@@ -65,6 +65,31 @@ inline void group_sums(const uint8_t* qs, const float* qd, int64_t hd, int n_hea
 }
 #endif
 
+#ifndef RILL_CHAN_GROUP_SUMS_PLANES
+// q4a: acc[g][j] = sum over channels c of width > 0, in order, of
+// qd[g][c] * code_{j,c}, the channel's codes assembled from its planes
+// (planes: the head's first channel's first plane; widths [hd]).
+inline void group_sums_planes(const uint8_t* planes, const uint8_t* widths, const float* qd, int64_t hd, int n_rows,
+                              float* acc) {
+  for (int g = 0; g < n_rows * kT; ++g) acc[g] = 0.0f;
+  const uint8_t* p = planes;
+  for (int64_t c = 0; c < hd; ++c) {
+    const int b = widths[c];
+    if (b == 0) continue;
+    float code[kT] = {};
+    for (int k = 0; k < b; ++k, p += 4) {
+      const uint32_t plane = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+      for (int j = 0; j < kT; ++j) code[j] += static_cast<float>(((plane >> j) & 1u) << k);
+    }
+    for (int g = 0; g < n_rows; ++g) {
+      const float w = qd[g * hd + c];
+      float* ag = acc + g * kT;
+      for (int j = 0; j < kT; ++j) ag[j] += w * code[j];
+    }
+  }
+}
+#endif
+
 #ifndef RILL_CHAN_GROUP_SCALES
 // Per query head g: qz[g] = sum_c q_c z_c (in channel order) and qd[g][c] =
 // q_c d_c, z and d one group's zeros (f16) and steps (e4m3 x 1/16).
@@ -134,11 +159,14 @@ inline void attend(const ChanAttendArgs& a) {
     const uint8_t* blk = a.k_blocks + static_cast<size_t>(a.kv.table[b0 / kT]) * a.kv.block_bytes;
     const auto* z = reinterpret_cast<const uint16_t*>(blk) + a.head * hd;
     const uint8_t* d = blk + 2 * W + a.head * hd;
-    const uint8_t* qs = blk + 3 * W + a.head * hd * (kT / 2);
     const int64_t lo = a.j_begin > b0 ? a.j_begin : b0, hi = q_end < b0 + kT ? q_end : b0 + kT;
     // Per query head: q.z and q_c d_c, then each token's sum over channels.
     group_scales(a.q, z, d, hd, a.n_heads, qd, qzs);
-    group_sums(qs, qd, hd, a.n_heads, acc);
+    if (a.k_widths) {
+      group_sums_planes(blk + a.k_plane_offset, a.k_widths, qd, hd, a.n_heads, acc);
+    } else {
+      group_sums(blk + 3 * W + a.head * hd * (kT / 2), qd, hd, a.n_heads, acc);
+    }
     for (int g = 0; g < a.n_heads; ++g) {
       const float qz = qzs[g];
       const float* ag = acc + g * kT;
@@ -228,9 +256,12 @@ inline void attend_tile(const ChanTileArgs& a) {
     const uint8_t* blk = a.k_blocks + static_cast<size_t>(a.kv.table[b0 / kT]) * a.kv.block_bytes;
     const auto* z = reinterpret_cast<const uint16_t*>(blk) + a.head * hd;
     const uint8_t* d = blk + 2 * W + a.head * hd;
-    const uint8_t* qs = blk + 3 * W + a.head * hd * (kT / 2);
     for (int t = t0; t < t1; ++t) group_scales(q_of(t), z, d, hd, H, qd + t * H * hd, qzs + t * H);
-    group_sums(qs, qd + t0 * H * hd, hd, (t1 - t0) * H, acc + t0 * H * kT);
+    if (a.k_widths) {
+      group_sums_planes(blk + a.k_plane_offset, a.k_widths, qd + t0 * H * hd, hd, (t1 - t0) * H, acc + t0 * H * kT);
+    } else {
+      group_sums(blk + 3 * W + a.head * hd * (kT / 2), qd + t0 * H * hd, hd, (t1 - t0) * H, acc + t0 * H * kT);
+    }
     for (int t = t0; t < t1; ++t) {
       const int64_t lo = jb[t] > b0 ? jb[t] : b0, hi = pe[t] < b0 + kT ? pe[t] : b0 + kT;
       for (int g = 0; g < H; ++g) {

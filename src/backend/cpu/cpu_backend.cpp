@@ -48,6 +48,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gated_delta.h"
 #include "backend/cpu/host_ops.h"
+#include "backend/cpu/kv_alloc.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/lightning_index.h"
 #include "backend/cpu/moe.h"
@@ -430,7 +431,8 @@ class CpuBackend final : public Backend {
     const int64_t mask = (int64_t{1} << op.kv.block_shift) - 1;
     // k4c: K and V rows are kept in q8_0 (the tail's rows) for this step's
     // attention, K encoded a block at a time below; V goes to the pool too.
-    const bool chan = op.kv.dtype == kKvQ4Chan;
+    const bool chan = kv_chan_k(op.kv.dtype);
+    assert(op.kv.dtype != kKvQ4Alloc || op.kv.k_widths);
     const size_t tail_row = row_bytes(cpu::kKvChanTailType, kv_width);
     ChanStepRows* chan_rows = nullptr;
     if (chan) {
@@ -451,6 +453,7 @@ class CpuBackend final : public Backend {
       if (op.v_norm) cpu::rms_norm(v, nullptr, op.n_head_kv, hd, op.norm_eps, v);
       cpu::rope(q, step.pos + t, 1, op.n_head, hd, table);
       cpu::rope(k, step.pos + t, 1, op.n_head_kv, hd, table);
+      if (op.kv.calibration) add_calibration(*op.kv.calibration, q, k, step.pos[t], op.n_head, op.n_head_kv, hd);
       const int64_t slot = slots[t];
       const size_t at = static_cast<size_t>(slot >> op.kv.block_shift) * op.kv.block_stride +
                         static_cast<size_t>(slot & mask) * op.kv.row_bytes;
@@ -485,6 +488,35 @@ class CpuBackend final : public Backend {
     if (chan) encode_chan_blocks(op, step, chan_rows->k.data());
   }
 
+  // q4a's calibration statistics (KvCalibrationStats) of one token at
+  // position pos: q [n_head * hd] and k [n_head_kv * hd] after RoPE.
+  static void add_calibration(KvCalibrationStats& s, const float* q, const float* k, int32_t pos, int64_t n_head,
+                              int64_t n_head_kv, int64_t hd) {
+    constexpr int32_t kT = cpu::kKvChanTokens;
+    const int64_t W = n_head_kv * hd, group = n_head / n_head_kv;
+    assert(static_cast<int64_t>(s.query_energy.size()) == W && static_cast<int64_t>(s.block_min.size()) == W);
+    for (int64_t h = 0; h < n_head; ++h) {
+      double* e = s.query_energy.data() + (h / group) * hd;
+      for (int64_t i = 0; i < hd; ++i) e[i] += double{q[h * hd + i]} * double{q[h * hd + i]};
+    }
+    if (pos % kT == 0) {
+      std::fill(s.block_min.begin(), s.block_min.end(), INFINITY);
+      std::fill(s.block_max.begin(), s.block_max.end(), -INFINITY);
+    }
+    if (pos != 0) {
+      for (int64_t c = 0; c < W; ++c) {
+        s.block_min[static_cast<size_t>(c)] = std::min(s.block_min[static_cast<size_t>(c)], k[c]);
+        s.block_max[static_cast<size_t>(c)] = std::max(s.block_max[static_cast<size_t>(c)], k[c]);
+      }
+    }
+    if (pos % kT == kT - 1) {
+      for (int64_t c = 0; c < W; ++c) {
+        const double r = double{s.block_max[static_cast<size_t>(c)]} - double{s.block_min[static_cast<size_t>(c)]};
+        s.block_range_sq[static_cast<size_t>(c)] += r * r;
+      }
+    }
+  }
+
   // k4c: encodes every K block of 32 tokens the step completes, its rows
   // before the step from the sequence's tail, the others from step_k (q8_0
   // rows, decoded: the same values however the sequence was chunked); the
@@ -515,9 +547,12 @@ class CpuBackend final : public Backend {
           cpu::dequantize_row(cpu::kKvChanTailType, src, rows.data() + r * W, W);
         }
         const int32_t block = step.block_tables[op.kv_group][step.table_start[s] + g / kT];
-        cpu::quantize_chan_block(rows.data(), W, W,
-                                 static_cast<uint8_t*>(op.kv.k) + static_cast<size_t>(block) * op.kv.block_stride,
-                                 /*sequence_start=*/g == 0);
+        uint8_t* dst = static_cast<uint8_t*>(op.kv.k) + static_cast<size_t>(block) * op.kv.block_stride;
+        if (op.kv.dtype == kKvQ4Alloc) {
+          cpu::quantize_alloc_block(rows.data(), W, W, op.kv.k_widths, dst, /*sequence_start=*/g == 0);
+        } else {
+          cpu::quantize_chan_block(rows.data(), W, W, dst, /*sequence_start=*/g == 0);
+        }
       }
     });
   }
@@ -546,7 +581,8 @@ class CpuBackend final : public Backend {
       chan_tails_.push_back(t);
     }
     const cpu::KvSideTypes t{op.kv.dtype, op.kv.v_type(), op.kv.k_rotated, op.kv.v_rotated};
-    cpu::attention_chan_batch(seqs_.data(), chan_tails_.data(), static_cast<int>(seqs_.size()), p, t, pool_);
+    cpu::attention_chan_batch(seqs_.data(), chan_tails_.data(), static_cast<int>(seqs_.size()), p, t, pool_,
+                              op.kv.dtype == kKvQ4Alloc ? op.kv.k_widths : nullptr);
     for (int32_t s = 0; s < step.n_seqs; ++s) {
       const int64_t c1 = step.kv_len[s], c0 = c1 - step.q_len[s];
       const int64_t g0 = c0 - c0 % kT, g1 = c1 - c1 % kT;
@@ -600,7 +636,7 @@ class CpuBackend final : public Backend {
       a.out_stride = op.out.stride;
       seqs_.push_back(a);
     }
-    if (op.kv.dtype == kKvQ4Chan) {
+    if (kv_chan_k(op.kv.dtype)) {
       attention_chan(op, step, p);
       return;
     }

@@ -35,7 +35,7 @@ int64_t rope_partner(int64_t c, int64_t head_dim, RopePairs pairs) {
 }
 
 void allocate_channel_bits(const double* query_energy, const double* mean_sq_range, int64_t width, int64_t head_dim,
-                           RopePairs pairs, uint8_t* widths) {
+                           RopePairs pairs, uint8_t* widths, bool one_bit) {
   assert(head_dim > 0 && head_dim % 2 == 0 && width % head_dim == 0);
   std::vector<double> w(static_cast<size_t>(width));
   bool any = false;
@@ -61,11 +61,30 @@ void allocate_channel_bits(const double* query_energy, const double* mean_sq_ran
   std::vector<Entry> heap;
   heap.reserve(static_cast<size_t>(width));
   for (int64_t c = 0; c < width; ++c) heap.push_back({w[static_cast<size_t>(c)], c});
+  if (!one_bit) {
+    for (Entry& e : heap) e.key *= 0.625;  // every channel starts at 0: its move is 0 -> 2
+  }
   std::priority_queue<Entry> pq(std::less<Entry>(), std::move(heap));
-  for (int64_t n = 0; n < 4 * width; ++n) {
-    const Entry top = pq.top();
+  for (int64_t left = 4 * width; left > 0;) {
+    Entry top = pq.top();
     pq.pop();
-    const int b = ++widths[top.c];
+    if (!one_bit && widths[top.c] == 0 && left == 1) {
+      // One bit left: the best 1-bit move of a channel at 2..7 bits.
+      std::vector<Entry> zeros{top};
+      while (!pq.empty() && widths[pq.top().c] == 0) {
+        zeros.push_back(pq.top());
+        pq.pop();
+      }
+      if (!pq.empty()) {
+        top = pq.top();
+        pq.pop();
+      } else {  // every other channel at 0 or 8: 1 bit to the best channel at 0
+        top = zeros.front();
+      }
+    }
+    const int step = !one_bit && widths[top.c] == 0 && left >= 2 ? 2 : 1;
+    const int b = widths[top.c] += static_cast<uint8_t>(step);
+    left -= step;
     if (b < kKvChanMaxBits) pq.push({std::ldexp(w[static_cast<size_t>(top.c)], -2 * b), top.c});
   }
 }

@@ -8,9 +8,11 @@
 // quantization (issue 22, 2026-12-05): 34% less KL vs f16 KV than k4c on
 // the default model, 52% on its f32 copy.
 //
-// Stage 1: the building blocks alone (allocation, the block's encoder and
-// decoder, the block's scores for decode). No KV type, pool or model
-// reads them yet.
+// Stage 1: the building blocks (allocation, the block's encoder and
+// decoder, the block's scores for decode). Stage 2: the KV type q4a
+// (kKvQ4Alloc, pair k4a) on the CPU, which encodes its blocks with
+// quantize_alloc_block and reads them in attention_chan.h; its widths
+// come from CpuPagedModel::calibrate_kv.
 //
 // Block layout ("bit planes") of kKvChanTokens = 32 tokens of a row of
 // `width` channels (n_head_kv * head_dim), widths b [width]:
@@ -52,8 +54,17 @@ int64_t rope_partner(int64_t c, int64_t head_dim, RopePairs pairs);
 // the largest double. Channels of weight 0 get bits only after every
 // weighted channel holds 8 (lowest index first); when every weight is 0
 // (no statistics) every channel gets 4 bits (q4c's widths).
+//
+// one_bit = false: no channel is left at 1 bit (the encoder at 1 bit, its
+// two levels fitted to the block's minimum and maximum, does worse than z
+// alone: issue 22, stage 1). A channel at 0 then moves to 2 in one move of
+// 2 bits, worth w_c (1 - 4^-2) / 2 per bit against w_c 4^-b_c (3/4) of a
+// 1-bit move from b_c >= 2; in the plain loop's units (per bit / (3/4)),
+// key 0.625 w_c for the move 0 -> 2 and w_c 4^-b_c for b_c >= 2. When one
+// bit is left and the top move is 0 -> 2, the bit goes to the best channel
+// of 2..7 bits instead (to a channel at 0, as 1 bit, only if none is).
 void allocate_channel_bits(const double* query_energy, const double* mean_sq_range, int64_t width, int64_t head_dim,
-                           RopePairs pairs, uint8_t* widths);
+                           RopePairs pairs, uint8_t* widths, bool one_bit = true);
 
 // Bytes of one block of the layout above: 3 width + 4 sum(widths).
 int64_t alloc_block_bytes(const uint8_t* widths, int64_t width);

@@ -466,7 +466,7 @@ bool kv_dtype_supported(DType t) {
     case DType::kIQ4_NL:  // rotated only (iq4_nlh): check_kv_layer_types refuses it plain
       return true;
     default:
-      return t == kF8E4M3 || t == kKvQ4Chan || t == kKvIq4Nl64 || t == kKvQ8_0x64;
+      return t == kF8E4M3 || kv_chan_k(t) || t == kKvIq4Nl64 || t == kKvQ8_0x64;
   }
 }
 

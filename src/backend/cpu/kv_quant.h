@@ -24,6 +24,7 @@ void hadamard_rotate(float* x, int64_t n);
 // Q5_1, IQ4_NL (rotated only: iq4_nlh), F8_E4M3 (kF8E4M3: CUDA's fp8, e4m3
 // bytes with no scale), and k4c's two (core/dtype.h): kKvIq4Nl64 (rotated
 // only: iq4_nlh64) and kKvQ4Chan (K only, per block: quantize_chan_block),
+// kKvQ4Alloc (k4a's K only, per block: kv_alloc.h quantize_alloc_block)
 // and kKvQ8_0x64 (rotated only: q8_0h64).
 bool kv_dtype_supported(DType t);
 

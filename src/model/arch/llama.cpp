@@ -426,7 +426,7 @@ Status LlamaModel::init(const ModelOptions& options) {
       size_activations(lane.a, lane_tokens);
     }
   }
-  return {};
+  return calibrate_kv(options.kv_types.calibration_tokens, rope.interleaved);
 }
 
 Status LlamaModel::shard(LlamaWeights& w, LlamaDims& d) {
