@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/e4m3.h"
 #include "core/result.h"
 #include "model/kv_types.h"
 
@@ -27,8 +28,8 @@ struct KvTypeFlags {
                     "file of per-layer KV types, one 'LAYER TYPE' or 'LAYER k=TYPE v=TYPE' per line (LAYER: N, "
                     "N-M, or -N from the end); overrides the flags for those layers");
     app->add_option("--kv-calibration", calibration,
-                    "q4a (k4a): the text file its K widths are calibrated on at load (its first 256 tokens; "
-                    "default: a built-in text of prose and code)");
+                    "q4a (k4a): the text file its K widths are calibrated on at load (up to its first 256 tokens, "
+                    "of its first 64 KiB; default: a built-in text of prose and code); refused without q4a");
   }
 
   // The options these flags give; errors name the flag or the file and line.
@@ -49,6 +50,10 @@ struct KvTypeFlags {
     RILL_TRY(parse("--kv-type-k", k, o.k));
     RILL_TRY(parse("--kv-type-v", v, o.v));
     if (!config.empty()) RILL_TRY(load_kv_config(config, o));
+    if (!calibration.empty() && !o.mentions(kKvQ4Alloc)) {
+      return Error{"--kv-calibration " + calibration +
+                   ": only KV type q4a (pair k4a) calibrates, and none is configured (--kv-type k4a)"};
+    }
     o.calibration_path = calibration;
     return o;
   }

@@ -1,7 +1,7 @@
 #include "engine/kv_calibration.h"
 
+#include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "core/e4m3.h"
 
@@ -69,12 +69,19 @@ Status add_kv_calibration(const Tokenizer* tok, KvTypeOptions& kv) {
   if (path.empty()) {
     text = kKvCalibrationText;
   } else {
+    // A regular file only (a directory reads as empty, a FIFO or a device
+    // may never end), and only its first kMaxKvCalibrationBytes: the pass
+    // uses 256 tokens, so a large corpus costs no more than a short text.
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) {
+      return Error{path + ": not a regular file (--kv-calibration takes a text file)"};
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) return Error{path + ": cannot read the KV calibration file (--kv-calibration)"};
-    std::stringstream s;
-    s << in.rdbuf();
+    text.resize(kMaxKvCalibrationBytes);
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
     if (in.bad()) return Error{path + ": cannot read the KV calibration file (--kv-calibration)"};
-    text = s.str();
+    text.resize(static_cast<size_t>(in.gcount()));
   }
   kv.calibration_tokens = tok->encode(text, /*add_special=*/true, /*parse_special=*/false);
   if (kv.calibration_tokens.size() < kMinKvCalibrationTokens) {

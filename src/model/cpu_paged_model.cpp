@@ -199,7 +199,7 @@ std::string CpuPagedModel::kv_numerics() const {
   return s;
 }
 
-Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved) {
+Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim) {
   bool any = false;
   for (int64_t l = 0; l < kv_.n_layers(); ++l) any = any || kv_.types(l).k.dtype == kKvQ4Alloc;
   if (!any) return {};
@@ -235,7 +235,7 @@ Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, bool rope
     // No channel at 1 bit (docs/perf.md, "k4a stage 2": the 1-bit encoder
     // loses to z alone, and the allocation without it lowers KL).
     cpu::allocate_channel_bits(s.query_energy.data(), s.block_range_sq.data(), kv_.width(l), kv_.head_dim(l), pairs,
-                               widths.data(), /*one_bit=*/false);
+                               widths.data(), /*one_bit=*/false, rope_dim);
     kv_.set_k_widths(l, std::move(widths));
   }
   return {};

@@ -108,7 +108,7 @@ class CpuPagedModel : public Model {
   // widths every load on a machine of the same ISA (the forward pass's bits
   // depend on the ISA alone; kv_numerics names both). Call at the end of
   // init, before any other forward().
-  Status calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved);
+  Status calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim);
   static constexpr int32_t kKvCalibrationTokens = 256;
 
   Status check_kv_block(int64_t layer, int32_t block) const;

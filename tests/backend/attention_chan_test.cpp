@@ -488,7 +488,8 @@ TEST_P(AttentionChan, EveryIsaTileMatchesItsSingleQueryKernel) {
 }
 
 // q4a with every channel at 4 bits holds q4c's z, d and codes (in planes):
-// its attention gives q4c's bits, every ISA's kernel and the driver.
+// its attention gives q4c's bits through the driver (this machine's best
+// ISA's kernel; each ISA's tiles against its decode are tested above).
 TEST(AttentionChanWidths, FourBitsEverywhereIsQ4cBitForBit) {
   ThreadPool pool(2);
   const std::vector<uint8_t> four(128, 4);

@@ -133,6 +133,25 @@ TEST(KvAlloc, RopePartners) {
   EXPECT_EQ(rope_partner(8 + 6, 8, RopePairs::kNeox), 8 + 2);
 }
 
+// Partial rotary (rot_dim < head_dim): neox pairs within the rotated part,
+// the channels past it are their own partners.
+TEST(KvAlloc, RopePartnersOfAPartialRotation) {
+  EXPECT_EQ(rope_partner(1, 8, RopePairs::kNeox, 4), 3);
+  EXPECT_EQ(rope_partner(8 + 3, 8, RopePairs::kNeox, 4), 8 + 1);
+  EXPECT_EQ(rope_partner(5, 8, RopePairs::kNeox, 4), 5);
+  EXPECT_EQ(rope_partner(8 + 7, 8, RopePairs::kInterleaved, 4), 8 + 7);
+  EXPECT_EQ(rope_partner(2, 8, RopePairs::kInterleaved, 4), 3);
+  EXPECT_EQ(rope_partner(1, 8, RopePairs::kNeox, 8), rope_partner(1, 8, RopePairs::kNeox));
+  // An unrotated channel's weight is its own query energy, not a mean with another's.
+  const std::vector<double> q = {1, 1, 1, 1, 100, 0, 0, 0}, r(8, 1.0);
+  std::vector<uint8_t> full(8), part(8);
+  allocate_channel_bits(q.data(), r.data(), 8, 8, RopePairs::kNeox, full.data(), true);
+  allocate_channel_bits(q.data(), r.data(), 8, 8, RopePairs::kNeox, part.data(), true, 4);
+  EXPECT_EQ(full[0], full[4]);  // pairs (0, 4): one mean energy
+  EXPECT_GT(part[4], part[0]);  // channel 4 unrotated: its own, larger energy
+  EXPECT_EQ(part[5], 0);        // no query energy, no bits while others want them
+}
+
 // The heap's widths equal the plain loop's on random statistics with ties,
 // zeros, negatives, NaNs and infinities; sums 4 * width, each in 0..8.
 TEST(KvAlloc, AllocationMatchesThePlainLoop) {

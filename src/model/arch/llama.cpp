@@ -426,7 +426,7 @@ Status LlamaModel::init(const ModelOptions& options) {
       size_activations(lane.a, lane_tokens);
     }
   }
-  return calibrate_kv(options.kv_types.calibration_tokens, rope.interleaved);
+  return calibrate_kv(options.kv_types.calibration_tokens, rope.interleaved, rope.rot_dim);
 }
 
 Status LlamaModel::shard(LlamaWeights& w, LlamaDims& d) {
