@@ -32,7 +32,7 @@ struct TmpDir {
 
 KvTypeOptions k4a_from(const std::string& path) {
   KvTypeOptions kv;
-  kv.k = kKvQ4Alloc;
+  kv.k = parse_kv_type("q4a");
   kv.calibration_path = path;
   return kv;
 }
