@@ -505,5 +505,81 @@ TEST(AttentionChanWidths, FourBitsEverywhereIsQ4cBitForBit) {
   }
 }
 
+// The same on each ISA's single-query and tile kernels (the driver above
+// takes the best ISA only): q4a at 4 bits everywhere gives q4c's bits.
+TEST(AttentionChanWidths, FourBitsEverywhereIsQ4cOnEveryIsa) {
+  const std::vector<uint8_t> four(128, 4);
+  const Seq c(100, 13), a(100, 13, four.data());
+  const auto q = queries(c.n, 14);
+  const int64_t qw = kHeads * 64, hd = 64, c0 = 21, n_q = c.n - c0;
+  struct Kernels {
+    void (*one)(const detail::ChanAttendArgs&);
+    void (*tile)(const detail::ChanTileArgs&);
+    detail::KvDequant dq;
+  };
+  std::vector<Kernels> isas = {
+      {detail::attend_chan_scalar, detail::attend_chan_tile_scalar, detail::kv_dequant_scalar(kKvIq4Nl64)}};
+  if (best_isa() != Isa::kScalar)
+    isas.push_back({detail::attend_chan_avx2, detail::attend_chan_tile_avx2, detail::kv_dequant_avx2(kKvIq4Nl64)});
+  if (best_isa() == Isa::kAvx512)
+    isas.push_back({detail::attend_chan_avx512, detail::attend_chan_tile_avx512, detail::kv_dequant_avx2(kKvIq4Nl64)});
+  Step sc, sa;
+  prepare(sc, c, q, c0, c.n);
+  prepare(sa, a, q, c0, a.n);
+  std::vector<float> scores(static_cast<size_t>(c.n * kGroup));
+  for (const Kernels& k : isas) {
+    for (int64_t kvh = 0; kvh < 2; ++kvh) {
+      auto args = [&](detail::ChanAttendArgs& x, const Step& st, const Seq& s, bool planes, int64_t i, float* out) {
+        x.q = st.a.q + i * qw + kvh * kGroup * hd;
+        x.kv = st.a.kv;
+        x.kv.v += static_cast<size_t>(kvh) * row_bytes(kKvIq4Nl64, hd);
+        x.k_blocks = st.a.kv.k;
+        x.k_widths = planes ? four.data() + kvh * hd : nullptr;
+        x.k_plane_offset = planes ? alloc_plane_offset(four.data(), s.width, kvh * hd) : 0;
+        x.width = s.width;
+        x.head = kvh;
+        x.head_dim = hd;
+        x.tail_row_bytes = s.tail_row;
+        x.pos = c0 + i;
+        x.j_end = c0 + i + 1;
+        x.j_begin = 0;
+        x.tail = st.t;
+        x.v_dequant = k.dq;
+        x.v_type = kKvIq4Nl64;
+        x.n_heads = kGroup;
+        x.scale = 0.125f;
+        x.softcap = 0.0f;
+        x.scores = scores.data();
+        x.out = out;
+      };
+      std::vector<float> oc(static_cast<size_t>(n_q * kGroup * hd)), oa(oc.size(), NAN);
+      for (int64_t i = 0; i < n_q; ++i) {
+        detail::ChanAttendArgs x, y;
+        args(x, sc, c, false, i, oc.data() + i * kGroup * hd);
+        args(y, sa, a, true, i, oa.data() + i * kGroup * hd);
+        k.one(x);
+        k.one(y);
+      }
+      for (size_t r = 0; r < oc.size(); ++r) {
+        ASSERT_EQ(oa[r], oc[r]) << "isa " << (&k - isas.data()) << " head " << kvh << " element " << r;
+      }
+      std::vector<float> ta(oc.size(), NAN);
+      for (int64_t i0 = 0; i0 < n_q; i0 += detail::kChanTile) {
+        detail::ChanTileArgs y;
+        args(y, sa, a, true, i0, ta.data() + i0 * kGroup * hd);
+        y.n_q = static_cast<int>(std::min<int64_t>(detail::kChanTile, n_q - i0));
+        y.q_stride = qw;
+        y.out_stride = kGroup * hd;
+        y.window = 0;
+        y.n_kv = a.n;
+        k.tile(y);
+      }
+      for (size_t r = 0; r < oc.size(); ++r) {
+        ASSERT_EQ(ta[r], oc[r]) << "tiles, isa " << (&k - isas.data()) << " head " << kvh << " element " << r;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace rill::cpu
