@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <climits>
+#include <cstdio>
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/kv_alloc.h"
@@ -210,6 +211,14 @@ Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, bool rope
     return Error{files_->path + ": KV type q4a calibrates its widths on at least " + std::to_string(2 * bs) +
                  " tokens of text, got " + std::to_string(tokens.size()) +
                  (tokens.size() >= static_cast<size_t>(2 * bs) ? " (the context or KV pool holds fewer)" : "")};
+  }
+  if (n < kKvCalibrationTokens) {
+    // Fewer statistics allocate bits less well (docs/perf.md, "k4a stage
+    // 2"); the widths are still deterministic and kv_numerics names them.
+    std::fprintf(stderr, "%s: KV type q4a calibrated its widths on %lld tokens, not %lld (%s)\n", files_->path.c_str(),
+                 static_cast<long long>(n), static_cast<long long>(kKvCalibrationTokens),
+                 static_cast<int64_t>(tokens.size()) < room ? "the calibration text is shorter"
+                                                            : "the context or KV pool holds fewer");
   }
   std::vector<int32_t> table(static_cast<size_t>((n + bs - 1) / bs));
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);

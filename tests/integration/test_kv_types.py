@@ -92,3 +92,16 @@ def test_kv_calibration_from_a_fifo_is_refused_not_awaited(model, tmp_path):
                         str(fifo)], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert str(fifo) in r.stderr and "regular file" in r.stderr, r.stderr
+
+
+def test_a_short_calibration_is_reported(model):
+    # A 128-token context holds half of the 256 calibration tokens: the
+    # widths come from fewer statistics, and the load says so.
+    short = subprocess.run([RILL, "run", MODEL, "--prompt", "hi", "-n", "2", "--kv-type", "k4a", "--ctx-size", "128"],
+                           capture_output=True, text=True, timeout=120)
+    assert short.returncode == 0, short.stderr
+    assert "calibrated its widths on 128 tokens, not 256" in short.stderr, short.stderr
+    full = subprocess.run([RILL, "run", MODEL, "--prompt", "hi", "-n", "2", "--kv-type", "k4a"], capture_output=True,
+                          text=True, timeout=120)
+    assert full.returncode == 0, full.stderr
+    assert "calibrated its widths on" not in full.stderr, full.stderr
