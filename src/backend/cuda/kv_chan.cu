@@ -1,14 +1,25 @@
-// k4c's per-channel K encoder on the device (kv_chan.h), a port of
-// cpu::quantize_chan_block (backend/cpu/kv_quant.cpp, encoder revision
-// cpu::kKvChanEncoder) that gives its bytes for the same floats: every
+// The per-channel K encoders of k4c and k4a on the device (kv_chan.h), a
+// port of cpu::quantize_chan_values (backend/cpu/kv_quant.cpp, encoder
+// revision cpu::kKvChanEncoder) at 4 bits (q4c) or a channel's own width
+// (q4a, 0..8 bits) that gives the CPU's bytes for the same floats: every
 // operation the CPU does in order is done here in the same order with
 // explicitly rounded intrinsics (no FMA contraction; the CPU file is
 // compiled without FMA), the minimum and maximum by the CPU's own
 // comparisons (std::min / std::max: NaNs skipped, a zero's sign as they
 // leave it), and each error a serial sum over the channel's 32 tokens.
+// One thread a channel for both (docs/perf.md's plan had a warp a channel
+// for q4a, lane j holding token j, planes by __ballot_sync): every
+// candidate's error is a serial double sum over the 32 tokens in the CPU's
+// order, so a warp would wait on one lane's chain as one thread does,
+// with 32 times fewer channels at once; a thread holds its 32 codes in 8
+// words and packs its planes itself (at most 8 words of 32 bits).
 #include "backend/cuda/kv_chan.h"
 
 #include <cuda_fp16.h>
+
+#include <cassert>
+#include <cstring>
+#include <vector>
 
 #include "backend/cpu/kv_quant.h"
 #include "backend/cuda/cuda_context.h"
@@ -20,7 +31,8 @@ namespace {
 // A new CPU revision fails the build here until the kernel follows it.
 static_assert(cpu::kKvChanEncoder == 3, "update chan_encode_kernel to the CPU's quantize_chan_block");
 constexpr int kT = cpu::kKvChanTokens;
-static_assert(kT == 32, "a channel's codes pack into 4 words of 8 nibbles");
+static_assert(kT == 32, "a channel's codes pack into 8 words of 4 bytes, a plane into one word");
+static_assert(cpu::kKvChanMaxBits == 8, "a code fits a byte");
 constexpr int kThreads = 128;
 
 using detail::add_rn;
@@ -47,32 +59,33 @@ __host__ __device__ __forceinline__ uint16_t f16_at_or_below(float x) {
 __host__ __device__ __forceinline__ uint16_t f16_of(float x) {
   return __half_as_ushort(__float2half_rn(x));
 }
-// The CPU's nearest_code(y, 0, 15): nearbyint, NaN -> 0, clamped.
-__host__ __device__ __forceinline__ int nearest_code(float y) {
+// The CPU's nearest_code(y, 0, n_levels): nearbyint, NaN -> 0, clamped.
+__host__ __device__ __forceinline__ int nearest_code(float y, int n_levels) {
   const float r = rintf(y);
   if (isnan(r)) return 0;
-  return static_cast<int>(r < 0.0f ? 0.0f : 15.0f < r ? 15.0f : r);
+  return static_cast<int>(r < 0.0f ? 0.0f : static_cast<float>(n_levels) < r ? static_cast<float>(n_levels) : r);
 }
 
-// The codes of a channel, 8 nibbles a word (token j in nibble j % 8 of word j / 8).
+// The codes of a channel, 0..255 (token j in byte j % 4 of word j / 4).
 struct Codes {
-  uint32_t w[kT / 8] = {};
-  __host__ __device__ int at(int j) const { return static_cast<int>((w[j / 8] >> (4 * (j % 8))) & 0xFu); }
+  uint32_t w[kT / 4] = {};
+  __host__ __device__ int at(int j) const { return static_cast<int>((w[j / 4] >> (8 * (j % 4))) & 0xFFu); }
 };
 
 // The squared error of x stored as zero zh and step code `code` (token 0
-// weighted w0), its codes into cand: the CPU's error_of.
-__host__ __device__ __forceinline__ double error_of(const float (&x)[kT], uint16_t zh, uint32_t code, double w0,
-                                                    Codes& cand) {
+// weighted w0) with codes 0..n_levels, its codes into cand: the CPU's
+// error_of.
+__host__ __device__ __forceinline__ double error_of(const float (&x)[kT], int n_levels, uint16_t zh, uint32_t code,
+                                                    double w0, Codes& cand) {
   const float zf = f16_value(zh), step = mul_rn(e4m3_to_float(code), 0.0625f);
   const float inv = step > 0.0f ? div_rn(1.0f, step) : 0.0f;
   double err = 0.0;
   RILL_DEVICE_UNROLL
-  for (int w = 0; w < kT / 8; ++w) cand.w[w] = 0;
+  for (int w = 0; w < kT / 4; ++w) cand.w[w] = 0;
   RILL_DEVICE_UNROLL
   for (int j = 0; j < kT; ++j) {
-    const int c = nearest_code(mul_rn(sub_rn(x[j], zf), inv));
-    cand.w[j / 8] |= static_cast<uint32_t>(c) << (4 * (j % 8));
+    const int c = nearest_code(mul_rn(sub_rn(x[j], zf), inv), n_levels);
+    cand.w[j / 4] |= static_cast<uint32_t>(c) << (8 * (j % 4));
     const double e =
         dsub_rn(static_cast<double>(x[j]), static_cast<double>(add_rn(zf, mul_rn(step, static_cast<float>(c)))));
     err = dadd_rn(err, dmul_rn(j == 0 ? w0 : 1.0, dmul_rn(e, e)));
@@ -80,10 +93,12 @@ __host__ __device__ __forceinline__ double error_of(const float (&x)[kT], uint16
   return err;
 }
 
-// One channel's 32 values x encoded (the CPU's loop body for channel c):
-// its zero's f16 bits, its step's e4m3 code, its 16 code bytes.
-__host__ __device__ __forceinline__ void encode_channel(const float (&x)[kT], bool sequence_start, uint16_t* z_out,
-                                                        uint8_t* d_out, uint8_t* qs_out) {
+// One channel's 32 values x encoded at `bits` bits (0..8): the CPU's
+// quantize_chan_values, in its order: the zero's f16 bits, the step's e4m3
+// code and the 32 codes (all 0 for bits 0).
+__host__ __device__ inline void encode_channel(const float (&x)[kT], int bits, bool sequence_start, uint16_t* z_out,
+                                               uint8_t* d_out, Codes& q) {
+  const int n_levels = (1 << bits) - 1;
   const double w0 = sequence_start ? cpu::kKvChanSinkWeight : 1.0;
   float mn = INFINITY, mx = -INFINITY;
   RILL_DEVICE_UNROLL
@@ -93,10 +108,24 @@ __host__ __device__ __forceinline__ void encode_channel(const float (&x)[kT], bo
   }
   uint16_t best_z = f16_at_or_below(mn);
   uint32_t best_code = 0;
-  Codes q, cand;
+  RILL_DEVICE_UNROLL
+  for (int w = 0; w < kT / 4; ++w) q.w[w] = 0;
+  if (bits == 0) {  // z alone: the mean (token 0 at a sequence's start), when finite
+    double mean = static_cast<double>(x[0]);
+    if (!sequence_start) {
+      double sum = 0.0;
+      for (int j = 0; j < kT; ++j) sum = dadd_rn(sum, static_cast<double>(x[j]));
+      mean = ddiv_rn(sum, static_cast<double>(kT));
+    }
+    if (isfinite(mean)) best_z = f16_of(double_to_float_rn(mean));
+    *z_out = best_z;
+    *d_out = 0;
+    return;
+  }
+  Codes cand;
   double best = INFINITY;
   auto consider = [&](uint16_t zh, uint32_t code) {
-    const double err = error_of(x, zh, code, w0, cand);
+    const double err = error_of(x, n_levels, zh, code, w0, cand);
     if (err < best) {
       best = err;
       best_z = zh;
@@ -106,7 +135,8 @@ __host__ __device__ __forceinline__ void encode_channel(const float (&x)[kT], bo
   };
   const float z_lo = f16_value(best_z);
   if (mx > z_lo) {
-    const int c0 = static_cast<int>(e4m3_round_bits(mul_rn(div_rn(sub_rn(mx, z_lo), 15.0f), 16.0f)));
+    const int c0 =
+        static_cast<int>(e4m3_round_bits(mul_rn(div_rn(sub_rn(mx, z_lo), static_cast<float>(n_levels)), 16.0f)));
     const uint16_t z0 = best_z;
     const int first = c0 - 1 > 1 ? c0 - 1 : 1, last = c0 + 3 < 0x7e ? c0 + 3 : 0x7e;
     for (int code = first; code <= last; ++code) {
@@ -121,7 +151,7 @@ __host__ __device__ __forceinline__ void encode_channel(const float (&x)[kT], bo
       }
       consider(f16_of(double_to_float_rn(ddiv_rn(sum, static_cast<double>(kT)))), k);
       if (sequence_start) {
-        for (int code0 = 0; code0 < 16; ++code0) {
+        for (int code0 = 0; code0 <= n_levels; ++code0) {
           consider(f16_of(sub_rn(x[0], mul_rn(step, static_cast<float>(code0)))), k);
         }
       }
@@ -129,8 +159,30 @@ __host__ __device__ __forceinline__ void encode_channel(const float (&x)[kT], bo
   }
   *z_out = best_z;
   *d_out = static_cast<uint8_t>(best_code);
+}
+
+// q4c's channel: 4 bits, 16 code bytes (token j < 16 low nibble of byte j).
+__host__ __device__ inline void encode_chan4(const float (&x)[kT], bool sequence_start, uint16_t* z_out, uint8_t* d_out,
+                                             uint8_t* qs_out) {
+  Codes q;
+  encode_channel(x, 4, sequence_start, z_out, d_out, q);
   RILL_DEVICE_UNROLL
   for (int j = 0; j < kT / 2; ++j) qs_out[j] = static_cast<uint8_t>(q.at(j) | (q.at(j + kT / 2) << 4));
+}
+
+// q4a's channel at `bits` bits: its planes (plane k: bit j is bit k of
+// token j's code), 4 little-endian bytes each, from planes_out.
+__host__ __device__ inline void encode_alloc(const float (&x)[kT], int bits, bool sequence_start, uint16_t* z_out,
+                                             uint8_t* d_out, uint8_t* planes_out) {
+  Codes q;
+  encode_channel(x, bits, sequence_start, z_out, d_out, q);
+  for (int k = 0; k < bits; ++k) {
+    uint32_t plane = 0;
+    RILL_DEVICE_UNROLL
+    for (int j = 0; j < kT; ++j) plane |= static_cast<uint32_t>((q.at(j) >> k) & 1) << j;
+    RILL_DEVICE_UNROLL
+    for (int i = 0; i < 4; ++i) planes_out[4 * k + i] = static_cast<uint8_t>(plane >> (8 * i));
+  }
 }
 
 // Element c of a row of width elements in dtype Q8_0 (f16 d times the int8
@@ -158,8 +210,13 @@ __global__ void __launch_bounds__(kThreads) chan_encode_kernel(ChanEncodeArgs a)
 #pragma unroll
   for (int j = 0; j < kT; ++j) x[j] = row_value<kQ8>(a.rows[static_cast<int64_t>(u) * kT + j], c);
   uint8_t* dst = a.dst[u];
-  encode_channel(x, a.sequence_start[u] != 0, reinterpret_cast<uint16_t*>(dst) + c, dst + 2 * width + c,
-                 dst + 3 * width + static_cast<int64_t>(c) * (kT / 2));
+  const bool start = a.sequence_start[u] != 0;
+  auto* z = reinterpret_cast<uint16_t*>(dst) + c;
+  if (a.widths) {
+    encode_alloc(x, a.widths[c], start, z, dst + 2 * width + c, dst + alloc_plane_offsets(a.widths, width)[c]);
+  } else {
+    encode_chan4(x, start, z, dst + 2 * width + c, dst + 3 * width + static_cast<int64_t>(c) * (kT / 2));
+  }
 }
 
 }  // namespace
@@ -175,14 +232,38 @@ void quantize_chan_blocks(const ChanEncodeArgs& a, cudaStream_t stream) {
   RILL_CUDA_CHECK_LAUNCH();
 }
 
+void fill_alloc_table(const uint8_t* widths, int64_t width, uint8_t* table) {
+  assert(width % 32 == 0);
+  std::memcpy(table, widths, static_cast<size_t>(width));
+  int64_t bits = 0;
+  for (int64_t c = 0; c < width; ++c) {
+    const auto off = static_cast<int32_t>(3 * width + 4 * bits);
+    std::memcpy(table + width + 4 * c, &off, 4);
+    bits += widths[c];
+  }
+}
+
 namespace detail {
 
 void quantize_chan_block_host(const float* rows, int64_t src_stride, int64_t width, uint8_t* dst, bool sequence_start) {
   for (int64_t c = 0; c < width; ++c) {
     float x[kT];
     for (int j = 0; j < kT; ++j) x[j] = rows[j * src_stride + c];
-    encode_channel(x, sequence_start, reinterpret_cast<uint16_t*>(dst) + c, dst + 2 * width + c,
-                   dst + 3 * width + c * (kT / 2));
+    encode_chan4(x, sequence_start, reinterpret_cast<uint16_t*>(dst) + c, dst + 2 * width + c,
+                 dst + 3 * width + c * (kT / 2));
+  }
+}
+
+void quantize_alloc_block_host(const float* rows, int64_t src_stride, int64_t width, const uint8_t* widths,
+                               uint8_t* dst, bool sequence_start) {
+  std::vector<uint8_t> table(alloc_table_bytes(width));
+  fill_alloc_table(widths, width, table.data());
+  const int32_t* offsets = alloc_plane_offsets(table.data(), width);
+  for (int64_t c = 0; c < width; ++c) {
+    float x[kT];
+    for (int j = 0; j < kT; ++j) x[j] = rows[j * src_stride + c];
+    encode_alloc(x, widths[c], sequence_start, reinterpret_cast<uint16_t*>(dst) + c, dst + 2 * width + c,
+                 dst + offsets[c]);
   }
 }
 
