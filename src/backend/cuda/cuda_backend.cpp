@@ -15,6 +15,7 @@
 #include <deque>
 #include <vector>
 
+#include "backend/cpu/kv_alloc.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention_chan.h"
@@ -587,9 +588,15 @@ class CudaBackend final : public Backend {
            cuda::kv_rotation_supported(kv.dtype, head_dim, kv.v_rotated);
   }
 
-  // k4c (KvCacheView::tail): q4c K blocks in their plane, rotated
-  // iq4_nlh64 V rows in theirs, the tails and the step's arrays on the device.
-  static bool chan_kv(const KvCacheView& kv) { return kv.dtype == kKvQ4Chan; }
+  // k4c / k4a (KvCacheView::tail): q4c or q4a K blocks in their plane
+  // (q4a: KvCacheView::k_widths, the layer's widths table on the device,
+  // kv_chan.h), rotated iq4_nlh64 V rows in theirs, the tails and the
+  // step's arrays on the device.
+  static bool chan_kv(const KvCacheView& kv) { return kv_chan_k(kv.dtype); }
+  static const uint8_t* alloc_widths(const KvCacheView& kv) {
+    assert(kv.dtype != kKvQ4Alloc || kv.k_widths);
+    return kv.dtype == kKvQ4Alloc ? kv.k_widths : nullptr;
+  }
 
   // The plan (kv_chan_step.h) of this step and layer's k4c KV.
   cuda::ChanStepArgs chan_plan(const KvCacheView& kv, int32_t n_head_kv, int32_t head_dim, int kv_group,
@@ -667,7 +674,35 @@ class CudaBackend final : public Backend {
                           op.n_head_kv, op.head_dim, op.norm_eps, stream());
     }
     cuda::rope_store_kv(a, stream());
+    if (chan && op.kv.calibration) add_calibration(op, step);
     if (chan) encode_chan_blocks(op, step);
+  }
+
+  // q4a's calibration pass (KvCacheView::calibration, set only then:
+  // CudaModelBase::calibrate_kv, graphs off): the step's queries after
+  // RoPE and its K rows in q8_0 (what the encoder reads) downloaded, the
+  // statistics added on the host a token at a time in the step's order
+  // (cpu::add_calibration_token, the CPU backend's), so they do not depend
+  // on scheduling. The stream waits: a load-time pass of 256 tokens.
+  void add_calibration(const RopeKvOp& op, const StepMetadata& step) {
+    KvCalibrationStats& stats = *op.kv.calibration;
+    const int64_t n = op.qkv.rows, hd = op.head_dim, W = int64_t{op.n_head_kv} * hd;
+    assert(static_cast<int64_t>(stats.query_energy.size()) == W && int64_t{op.n_head} * hd <= op.qkv.stride);
+    const size_t k_row = row_bytes(cpu::kKvChanTailType, W);
+    std::vector<float> q(static_cast<size_t>(n * op.qkv.stride)), k(static_cast<size_t>(W));
+    std::vector<uint8_t> k_rows(static_cast<size_t>(n) * k_row);
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    cudaStream_t cs = stream();
+    RILL_CUDA_CHECK(cudaMemcpyAsync(q.data(), op.qkv.f32(), q.size() * sizeof(float), cudaMemcpyDeviceToHost, cs));
+    RILL_CUDA_CHECK(cudaMemcpyAsync(k_rows.data(), chan_.step_k, k_rows.size(), cudaMemcpyDeviceToHost, cs));
+    RILL_CUDA_CHECK(cudaMemcpyAsync(pos.data(), step.pos, pos.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, cs));
+    RILL_CUDA_CHECK(cudaStreamSynchronize(cs));
+    for (int64_t t = 0; t < n; ++t) {
+      cpu::dequantize_row(cpu::kKvChanTailType, k_rows.data() + static_cast<size_t>(t) * k_row, k.data(), W);
+      cpu::add_calibration_token(stats.query_energy.data(), stats.block_range_sq.data(), stats.block_min.data(),
+                                 stats.block_max.data(), q.data() + t * op.qkv.stride, k.data(),
+                                 pos[static_cast<size_t>(t)], op.n_head, op.n_head_kv, hd);
+    }
   }
 
   // k4c: every K block the step completes, encoded from the tail's and the
@@ -684,6 +719,7 @@ class CudaBackend final : public Backend {
     e.n_units = cuda::chan_max_units(op.qkv.rows, step.n_seqs);
     e.width = c.width;
     e.n_units_dev = chan_.n_units;
+    e.widths = alloc_widths(op.kv);
     cuda::quantize_chan_blocks(e, stream());
   }
 
@@ -720,6 +756,7 @@ class CudaBackend final : public Backend {
     a.window = op.window;
     a.scale = op.scale;
     a.softcap = op.softcap;
+    a.k_widths = alloc_widths(op.kv);
     for (int32_t t0 = 0; t0 < n; t0 += chan_.chunk) {
       a.n_tokens = std::min(chan_.chunk, n - t0);
       a.q = op.q.f32() + t0 * op.q.stride;
