@@ -362,7 +362,7 @@ class CudaModelBase : public Model, public StepOverlap {
   // k4a: computes the widths (CpuPagedModel::calibrate_kv's pass and
   // allocation, the same tokens, pairs and rot_dim) from this model's own
   // forward pass: the CUDA backend adds each token's statistics on the
-  // host from the step's downloaded queries and q8_0 K rows
+  // host from the step's downloaded queries and f32 K rows after RoPE
   // (KvCacheView::calibration; decode graphs off for the pass). The same
   // tokens give the same widths every load on the same GPU and build (the
   // pass is deterministic; kv_numerics names the device, the build's

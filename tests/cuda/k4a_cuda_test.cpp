@@ -6,7 +6,7 @@
 // on 256 fixed tokens on each device.
 //
 // The two devices calibrate on their own forward passes (CUDA's statistics
-// from its q rows and q8_0 K rows: CudaModelBase::calibrate_kv), so their
+// from its q rows and f32 K rows: CudaModelBase::calibrate_kv), so their
 // widths may differ where two channels' weights are near a tie; the
 // comparisons of logits and bytes upload the CPU model's widths into the
 // CUDA model first (CudaModelBase::set_kv_k_widths), so that both store
@@ -122,8 +122,8 @@ TEST_F(CudaK4a, IsRefusedWithoutTheSwitch) {
 
 // CUDA's own calibration: every layer's widths valid (0..8, no channel at
 // 1 bit, 4 a channel), not all 4, the same on a second load (the pass is
-// deterministic), and mostly the CPU's (other arithmetic: q8_0 K rows and
-// the device's f32 sums; a near-tie may go the other way). The widths'
+// deterministic), and mostly the CPU's (the same statistics from the
+// device's f32 sums upstream: a near-tie may go the other way). The widths'
 // hash follows them: a model given other widths names other numerics.
 TEST_F(CudaK4a, CalibratesItsOwnWidthsDeterministically) {
   auto cpu = open(Device::kCpu, 64, "k4a");

@@ -78,8 +78,8 @@ void allocate_channel_bits(const double* query_energy, const double* mean_sq_ran
 // position block_min / block_max restart, position 0's key is left out
 // (the sink key has its own grid), and at a block's last position
 // block_range_sq[c] adds (max - min)^2 in double. The CPU backend feeds
-// it f32 rows; the CUDA backend its q rows and q8_0 K rows (downloaded
-// during the pass: CudaModelBase::calibrate_kv).
+// it f32 rows; the CUDA backend its q rows and f32 K rows after RoPE
+// (downloaded during the pass: CudaModelBase::calibrate_kv).
 void add_calibration_token(double* query_energy, double* block_range_sq, float* block_min, float* block_max,
                            const float* q, const float* k, int32_t pos, int64_t n_head, int64_t n_head_kv, int64_t hd);
 

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cassert>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <vector>
@@ -673,34 +675,69 @@ class CudaBackend final : public Backend {
       cuda::head_rms_norm(op.qkv.f32(), op.qkv.stride, op.qkv.rows, int64_t{op.n_head + op.n_head_kv} * op.head_dim,
                           op.n_head_kv, op.head_dim, op.norm_eps, stream());
     }
+    const bool calibrating = chan && op.kv.calibration;
+    if (calibrating) copy_calibration_rows(op);
     cuda::rope_store_kv(a, stream());
-    if (chan && op.kv.calibration) add_calibration(op, step);
+    if (calibrating) add_calibration(op, step, a);
     if (chan) encode_chan_blocks(op, step);
   }
 
   // q4a's calibration pass (KvCacheView::calibration, set only then:
-  // CudaModelBase::calibrate_kv, graphs off): the step's queries after
-  // RoPE and its K rows in q8_0 (what the encoder reads) downloaded, the
-  // statistics added on the host a token at a time in the step's order
-  // (cpu::add_calibration_token, the CPU backend's), so they do not depend
-  // on scheduling. The stream waits: a load-time pass of 256 tokens.
-  void add_calibration(const RopeKvOp& op, const StepMetadata& step) {
+  // CudaModelBase::calibrate_kv, decode graphs off). Before the step's RoPE
+  // its q/k/v rows are copied; after it, the copy goes through the same
+  // RoPE kernel storing K in f32 (kv_dtype F32 into scratch rows, slot t
+  // for token t): the queries and the f32 keys after RoPE, as the CPU's
+  // rope_store_kv gathers them (docs/perf.md's plan: the ranges from f32
+  // K rows, not from the q8_0 rows the encoder reads). Both are downloaded
+  // and the statistics added on the host a token at a time in the step's
+  // order (cpu::add_calibration_token, the CPU backend's), so they do not
+  // depend on scheduling. The stream waits: a load-time pass of 256 tokens.
+  void copy_calibration_rows(const RopeKvOp& op) {
+    const auto n = static_cast<size_t>(op.qkv.rows), W = static_cast<size_t>(op.n_head_kv) * op.head_dim;
+    const size_t qkv_bytes = n * static_cast<size_t>(op.qkv.stride) * sizeof(float);
+    const size_t need = qkv_bytes + 2 * n * W * sizeof(float) + n * sizeof(int32_t);
+    if (calib_buf_.size() < need) {  // an op returns no error: fatal, as RILL_CUDA_CHECK's
+      auto b = cuda::DeviceBuffer::allocate(need, "q4a's calibration rows");
+      if (!b.ok()) {
+        std::fprintf(stderr, "%s\n", b.error().message.c_str());
+        std::abort();
+      }
+      calib_buf_ = std::move(b).value();
+    }
+    calib_slots_.resize(n);
+    for (size_t t = 0; t < n; ++t) calib_slots_[t] = static_cast<int32_t>(t);
+    uint8_t* base = calib_buf_.as<uint8_t>();
+    RILL_CUDA_CHECK(cudaMemcpyAsync(base, op.qkv.f32(), qkv_bytes, cudaMemcpyDeviceToDevice, stream()));
+    RILL_CUDA_CHECK(cudaMemcpyAsync(base + qkv_bytes + 2 * n * W * sizeof(float), calib_slots_.data(),
+                                    n * sizeof(int32_t), cudaMemcpyHostToDevice, stream()));
+  }
+
+  // a: the step's RopeKvArgs (run already on op's rows).
+  void add_calibration(const RopeKvOp& op, const StepMetadata& step, const cuda::RopeKvArgs& a) {
     KvCalibrationStats& stats = *op.kv.calibration;
     const int64_t n = op.qkv.rows, hd = op.head_dim, W = int64_t{op.n_head_kv} * hd;
     assert(static_cast<int64_t>(stats.query_energy.size()) == W && int64_t{op.n_head} * hd <= op.qkv.stride);
-    const size_t k_row = row_bytes(cpu::kKvChanTailType, W);
-    std::vector<float> q(static_cast<size_t>(n * op.qkv.stride)), k(static_cast<size_t>(W));
-    std::vector<uint8_t> k_rows(static_cast<size_t>(n) * k_row);
+    const size_t qkv_floats = static_cast<size_t>(n * op.qkv.stride);
+    auto* base = calib_buf_.as<float>();
+    cuda::RopeKvArgs f = a;
+    f.qkv = base;
+    f.k_cache = base + qkv_floats;
+    f.v_cache = base + qkv_floats + static_cast<size_t>(n * W);
+    f.slots = reinterpret_cast<const int32_t*>(base + qkv_floats + static_cast<size_t>(2 * n * W));
+    f.kv_dtype = DType::kF32;
+    f.k_rotated = f.v_rotated = false;
+    f.k_rows = f.v_rows = nullptr;
+    cuda::rope_store_kv(f, stream());
+    std::vector<float> q(qkv_floats), k(static_cast<size_t>(n * W));
     std::vector<int32_t> pos(static_cast<size_t>(n));
     cudaStream_t cs = stream();
-    RILL_CUDA_CHECK(cudaMemcpyAsync(q.data(), op.qkv.f32(), q.size() * sizeof(float), cudaMemcpyDeviceToHost, cs));
-    RILL_CUDA_CHECK(cudaMemcpyAsync(k_rows.data(), chan_.step_k, k_rows.size(), cudaMemcpyDeviceToHost, cs));
+    RILL_CUDA_CHECK(cudaMemcpyAsync(q.data(), f.qkv, q.size() * sizeof(float), cudaMemcpyDeviceToHost, cs));
+    RILL_CUDA_CHECK(cudaMemcpyAsync(k.data(), f.k_cache, k.size() * sizeof(float), cudaMemcpyDeviceToHost, cs));
     RILL_CUDA_CHECK(cudaMemcpyAsync(pos.data(), step.pos, pos.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, cs));
     RILL_CUDA_CHECK(cudaStreamSynchronize(cs));
     for (int64_t t = 0; t < n; ++t) {
-      cpu::dequantize_row(cpu::kKvChanTailType, k_rows.data() + static_cast<size_t>(t) * k_row, k.data(), W);
       cpu::add_calibration_token(stats.query_energy.data(), stats.block_range_sq.data(), stats.block_min.data(),
-                                 stats.block_max.data(), q.data() + t * op.qkv.stride, k.data(),
+                                 stats.block_max.data(), q.data() + t * op.qkv.stride, k.data() + t * W,
                                  pos[static_cast<size_t>(t)], op.n_head, op.n_head_kv, hd);
     }
   }
@@ -1178,7 +1215,12 @@ class CudaBackend final : public Backend {
   float* partial_ = nullptr;
   int32_t* shifted_pos_ = nullptr;  // [max_tokens]: rope_store_kv's positions + pos_offset
   float* rotation_ = nullptr;       // cuda::attention_rotation_floats of the limits
-  float* index_scores_ = nullptr;   // lightning_index(): [kIndexBlocks, index_keys_]
+  // q4a's calibration pass only (copy_calibration_rows): the step's q/k/v
+  // rows copied, their f32 K and V rows and the identity slots; the slots'
+  // host copy, alive until the pass's download waits.
+  cuda::DeviceBuffer calib_buf_;
+  std::vector<int32_t> calib_slots_;
+  float* index_scores_ = nullptr;  // lightning_index(): [kIndexBlocks, index_keys_]
   // k4c's scratch (carve_chan): the plan's outputs, the step's rows, scores.
   struct ChanScratch {
     uint8_t* step_k = nullptr;  // [max_tokens] q8_0 rows each (RopeKvArgs::k_rows / v_rows)
