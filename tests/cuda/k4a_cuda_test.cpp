@@ -187,6 +187,20 @@ TEST_F(CudaK4a, LogitsMatchTheCpusK4aAtEveryPosition) {
   }
 }
 
+// Two sequences of different lengths in shared prefill and decode steps
+// (k4c_cuda_test.cpp's), under the CPU's widths.
+TEST_F(CudaK4a, TwoSequencesInSharedStepsMatchTheCpu) {
+  auto f32_cpu = open(Device::kCpu, 80, nullptr, 2), cpu = open(Device::kCpu, 80, "k4a", 2);
+  ASSERT_TRUE(f32_cpu && cpu);
+  auto gpu = open_with_widths(*cpu, 80, 2);
+  ASSERT_TRUE(gpu);
+  const std::vector<float> own_f32 = two_sequences(*f32_cpu), c = two_sequences(*cpu), g = two_sequences(*gpu);
+  const double own = rms_diff(c, own_f32), e = rms_diff(g, c);
+  EXPECT_LT(e, kShare * own) << "two sequences: CUDA k4a against the CPU's";
+  std::printf("[ cuda k4a ] two sequences: vs CPU k4a rms %.3g max %.3g; CPU k4a vs f32 KV rms %.3g\n", e,
+              test::max_abs_diff(g, c), own);
+}
+
 // Nine sequences in shared decode steps replayed from padded graphs
 // (k4c_cuda_test.cpp's), under the CPU's widths.
 TEST_F(CudaK4a, NineSequencesInPaddedDecodeGraphsMatchTheCpu) {
