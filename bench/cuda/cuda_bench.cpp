@@ -30,7 +30,8 @@
 //   bench_cuda MODEL_DIR --quantize fp8: the model with FP8 weights
 //   (ModelOptions::quantize; the roofline counts their bytes)
 //   bench_cuda MODEL_DIR --kv-type q8_0: K and V stored in that KV type
-//   (model/kv_types.h; the roofline counts its bytes per token)
+//   (model/kv_types.h; the roofline counts its bytes per token; k4a
+//   calibrates on the built-in text, or fixed ids without a tokenizer)
 //   bench_cuda MODEL_DIR --prefill N: the prefill row for one prompt of N
 //   tokens in one forward (default 2,048; long prompts: 16,384, 32,768;
 //   the forward's token budget is N, and N > 4,096 times 2 runs, not 4)
@@ -82,6 +83,8 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant.h"
+#include "core/e4m3.h"
+#include "engine/kv_calibration.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
 
@@ -711,6 +714,25 @@ int run(int argc, char** argv) {
       o.kv_types.v = pair->v;
     } else {
       o.kv_types.k = o.kv_types.v = t;
+    }
+    // k4a calibrates its widths at load: the built-in text through the
+    // model's tokenizer (rill's own path), or, with no tokenizer beside
+    // the model, 256 fixed token ids (a random model's widths mean nothing
+    // either way; the pass and its cost are what run).
+    if (o.kv_types.mentions(kKvQ4Alloc)) {
+      auto tok = (*files)->tokenizer_json_path.empty() ? Result<std::unique_ptr<Tokenizer>>(Error{"no tokenizer.json"})
+                                                       : Tokenizer::from_tokenizer_json((*files)->tokenizer_json_path);
+      const Status st = tok.ok() ? add_kv_calibration(tok->get(), o.kv_types) : Status(tok.error());
+      if (!st.ok()) {
+        const int64_t vocab = (*files)->config.n_vocab;
+        o.kv_types.calibration_tokens.resize(256);
+        for (size_t i = 0; i < 256; ++i) {
+          o.kv_types.calibration_tokens[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(vocab));
+        }
+        std::printf("k4a: calibrating on 256 fixed token ids (%s)\n", st.error().message.c_str());
+      } else {
+        std::printf("k4a: calibrating on the built-in text (%zu tokens)\n", o.kv_types.calibration_tokens.size());
+      }
     }
   }
   const ModelConfig& c = (*files)->config;

@@ -155,12 +155,12 @@ struct KvCacheView {
   // is refused there).
   uint8_t* tail = nullptr;
   size_t tail_stride = 0;
-  // q4a (K in kKvQ4Alloc; the CPU only): the layer's widths [n_head_kv *
-  // head_dim], 0..8 bits per K channel (backend/cpu/kv_alloc.h), which
-  // encode and read its blocks. Required for q4a, null otherwise.
+  // q4a (K in kKvQ4Alloc): the layer's widths [n_head_kv * head_dim], 0..8
+  // bits per K channel (backend/cpu/kv_alloc.h); on CUDA its device widths
+  // table (backend/cuda/kv_chan.h). Required for q4a, null otherwise.
   const uint8_t* k_widths = nullptr;
-  // Non-null only during a calibration pass (CpuPagedModel::calibrate_kv):
-  // this layer's statistics, which the CPU rope_store_kv adds to.
+  // Non-null only during a calibration pass (CpuPagedModel::calibrate_kv,
+  // CudaModelBase's): this layer's statistics, which rope_store_kv adds to.
   KvCalibrationStats* calibration = nullptr;
 
   DType v_type() const { return v_row_bytes ? v_dtype : dtype; }

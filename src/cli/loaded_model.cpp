@@ -85,8 +85,7 @@ Result<LoadedModel> load_model(const std::string& path, const LoadOptions& optio
     } else if (mo.kv_types.mentions(kKvQ4Alloc) && !m.tokenizer && !m.files->tokenizer_json_path.empty()) {
       RILL_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_tokenizer_json(m.files->tokenizer_json_path));
     }
-    // q4a runs on the CPU only (the registry refuses it on CUDA, naming it).
-    if (mo.device == Device::kCpu) RILL_TRY(add_kv_calibration(m.tokenizer.get(), mo.kv_types));
+    RILL_TRY(add_kv_calibration(m.tokenizer.get(), mo.kv_types));  // q4a's text, on either device
     RILL_ASSIGN_OR_RETURN(m.model, create_model(builtin_registry(), infer_profile(*m.files), m.files, mo));
   }
   return m;

@@ -71,9 +71,9 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   mo.cuda_device_sampling = options.cuda_device_sampling;
   mo.quantize = options.quantize;
   mo.kv_types = options.kv_types;
-  // q4a runs on the CPU only: on CUDA the registry refuses it by name,
-  // before any calibration file is read.
-  if (mo.device == Device::kCpu) RILL_TRY(add_kv_calibration(tokenizer.get(), mo.kv_types));
+  // q4a's calibration text, on either device (CUDA's model runs its own
+  // pass: CudaModelBase::calibrate_kv).
+  RILL_TRY(add_kv_calibration(tokenizer.get(), mo.kv_types));
   if (options.device == Device::kCuda && options.kv_cache_mb <= 0) {  // size KV from device memory, not RAM
     mo.kv_cache_bytes = 0;
     mo.gpu_memory_fraction = options.gpu_memory_fraction;

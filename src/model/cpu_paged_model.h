@@ -67,6 +67,13 @@ class CpuPagedModel : public Model {
   Status copy_state_out(int32_t checkpoint, int64_t layer, uint8_t* out) const override;
   Status copy_state_in(int32_t checkpoint, int64_t layer, const uint8_t* in) override;
 
+  // q4a's widths of a KV layer (PagedKvCache::k_widths; empty for other
+  // types): what tests hold the CUDA model's k4a to under the same widths.
+  const std::vector<uint8_t>& kv_k_widths(int64_t layer) const { return kv_.k_widths(layer); }
+  // The tokens q4a's calibration pass reads at most (calibrate_kv; the
+  // CUDA model's pass too, CudaModelBase::calibrate_kv).
+  static constexpr int32_t kKvCalibrationTokens = 256;
+
  protected:
   CpuPagedModel(std::shared_ptr<const ModelFiles> files, int n_threads)
       : files_(std::move(files)), cfg_(files_->config), backend_(cpu::make_host_ops(n_threads)) {}
@@ -109,7 +116,6 @@ class CpuPagedModel : public Model {
   // depend on the ISA alone; kv_numerics names both). Call at the end of
   // init, before any other forward().
   Status calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim);
-  static constexpr int32_t kKvCalibrationTokens = 256;
 
   Status check_kv_block(int64_t layer, int32_t block) const;
   // The batch's KV tails (KvTails::check); Ok without.

@@ -19,6 +19,7 @@
 #include "backend/cuda/glu_narrow.h"
 #include "backend/cuda/latent_attention.h"
 #include "backend/cuda/quant.h"
+#include "core/hash.h"
 
 namespace rill {
 
@@ -63,6 +64,17 @@ std::string CudaModelBase::kv_numerics() const {
   // switch is on (the tag does not look at the weights' types).
   if (cuda::q8_dp4a_on()) s += " q8=dp4a";
   if (!kv_types_desc_.empty()) s += " " + kv_types_desc_;
+  // k4a: its widths' hash, as CpuPagedModel::kv_numerics (XXH3 of every
+  // q4a layer's index and widths in order), so KV made under other widths
+  // (another calibration, or the CPU's) is refused.
+  std::vector<uint8_t> all;
+  for (size_t l = 0; l < k_widths_.size(); ++l) {
+    const std::vector<uint8_t>& w = k_widths_[l];
+    if (w.empty()) continue;
+    for (int i = 0; i < 4; ++i) all.push_back(static_cast<uint8_t>(l >> (8 * i)));
+    all.insert(all.end(), w.begin(), w.end());
+  }
+  if (!all.empty()) s += " q4a-widths=" + hex64(hash64(all.data(), all.size()));
   if (sharded()) s += " tp=" + std::to_string(split_.size);
   return s;
 }

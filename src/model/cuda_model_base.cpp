@@ -2,17 +2,21 @@
 
 #if RILL_HAVE_CUDA
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "backend/cpu/kv_alloc.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention_decode.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kv_chan.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
 #include "core/e4m3.h"
 #include "core/half.h"
 #include "model/batch_check.h"
+#include "model/cpu_paged_model.h"  // kKvCalibrationTokens
 #include "model/kv_tails.h"
 #include "model/kv_types.h"
 #include "parallel/nccl_group.h"
@@ -177,33 +181,36 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
   RILL_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> types, kt.resolve(n_kv_layers, base));
   if (types.empty()) return Status::Ok();
   const KvType t = types[0].k;
-  // k4c: q4c K with rotated iq4_nlh64 V in every layer (model/kv_types.h).
-  const KvLayerTypes k4c{KvType{kKvQ4Chan, false}, KvType{kKvIq4Nl64, true}};
-  if (t.dtype == kKvQ4Chan) {
+  // k4c / k4a: q4c / q4a K with rotated iq4_nlh64 V in every layer
+  // (model/kv_types.h).
+  if (kv_chan_k(t.dtype)) {
+    const bool alloc = t.dtype == kKvQ4Alloc;
+    const std::string pair = alloc ? "k4a (k=q4a v=iq4_nlh64)" : "k4c (k=q4c v=iq4_nlh64)";
+    const std::string k_name = alloc ? "q4a (k4a)" : "q4c (k4c)";
+    const KvLayerTypes want{KvType{t.dtype, false}, KvType{kKvIq4Nl64, true}};
     for (const KvLayerTypes& lt : types) {
-      if (lt.k != k4c.k || lt.v != k4c.v) {
-        return Error{f.path + ": CUDA stores k4c (k=q4c v=iq4_nlh64) in every layer or not at all, not " +
+      if (lt.k != want.k || lt.v != want.v) {
+        return Error{f.path + ": CUDA stores " + pair + " in every layer or not at all, not " +
                      describe_kv_types(types, base) + "; name one --kv-type, or use --device cpu"};
       }
     }
     if (!kv_tails_supported_) {
-      return Error{f.path + ": KV type q4c (k4c) needs a per-sequence KV tail, which only the Llama family's " +
+      return Error{f.path + ": KV type " + k_name + " needs a per-sequence KV tail, which only the Llama family's " +
                    "models keep; use another KV type"};
     }
     if (!cuda::kv_untested_allowed()) {
-      return Error{f.path + ": KV type k4c (k=q4c v=iq4_nlh64) has CUDA kernels that have not yet run on a GPU; set " +
+      return Error{f.path + ": KV type " + pair + " has CUDA kernels that have not yet run on a GPU; set " +
                    cuda::kUntestedKvEnv + "=1 to use them, or use --device cpu"};
     }
     if (!cuda::kv_rotation_supported(kKvIq4Nl64, static_cast<int32_t>(hd_), true) || hd_ > 1024) {
-      return Error{f.path +
-                   ": KV type k4c (k=q4c v=iq4_nlh64) needs a power-of-two head_dim of at least 64 and at most " +
+      return Error{f.path + ": KV type " + pair + " needs a power-of-two head_dim of at least 64 and at most " +
                    std::to_string(cuda::kMaxHeadDim) + " on CUDA; head_dim is " + std::to_string(hd_)};
     }
     if (n_head_kv_ > 0 && n_head_ / n_head_kv_ > 64) {  // as the CPU model (attention_chan_impl.h)
-      return Error{f.path + ": KV type q4c (k4c) reads at most 64 query heads per KV head, not " +
+      return Error{f.path + ": KV type " + k_name + " reads at most 64 query heads per KV head, not " +
                    std::to_string(n_head_ / n_head_kv_)};
     }
-    kv_dtype_ = kKvQ4Chan;
+    kv_dtype_ = t.dtype;
     kv_rotated_ = false;
     kv_chan_ = true;
     kv_types_desc_ = describe_kv_types(types, base);
@@ -400,6 +407,20 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
     RILL_CUDA_CHECK(cudaMemsetAsync(kv_tails_.data(), 0, bytes, ctx_->stream()));
     tail_heads_.assign(static_cast<size_t>(n_tail_slots_), {0, 0});
   }
+  // k4a: every layer's widths table, every channel at 4 bits until calibrate_kv().
+  k_widths_.assign(static_cast<size_t>(n_kv_layers), {});
+  k_widths_off_.assign(static_cast<size_t>(n_kv_layers), 0);
+  if (kv_dtype_ == kKvQ4Alloc) {
+    size_t bytes = 0;
+    for (int64_t l = 0; l < n_kv_layers; ++l) {
+      const int64_t w = kv_width(static_cast<size_t>(l));
+      k_widths_[static_cast<size_t>(l)].assign(static_cast<size_t>(w), 4);
+      k_widths_off_[static_cast<size_t>(l)] = bytes;
+      bytes += (cuda::alloc_table_bytes(w) + 255) / 256 * 256;
+    }
+    RILL_ASSIGN_OR_RETURN(k_widths_dev_, cuda::DeviceBuffer::allocate(bytes, "the KV widths"));
+    for (int64_t l = 0; l < n_kv_layers; ++l) RILL_TRY(set_kv_k_widths(l, k_widths_[static_cast<size_t>(l)]));
+  }
   use_graphs_ = options.cuda_graphs;
   device_sampling_ = options.cuda_device_sampling;
   return ctx_->synchronize();
@@ -517,8 +538,86 @@ KvCacheView CudaModelBase::kv_view(size_t layer) const {
       v.tail = kv_tails_.as<uint8_t>() + tail_off_[layer];
       v.tail_stride = tail_slot_bytes_;
     }
+    if (kv_dtype_ == kKvQ4Alloc) v.k_widths = k_widths_dev_.as<uint8_t>() + k_widths_off_[layer];
+    if (!calibration_.empty()) v.calibration = &calibration_[layer];
   }
   return v;
+}
+
+Status CudaModelBase::set_kv_k_widths(int64_t layer, std::vector<uint8_t> widths) {
+  if (kv_dtype_ != kKvQ4Alloc || layer < 0 || layer >= static_cast<int64_t>(k_widths_.size())) {
+    return Error{"KV layer " + std::to_string(layer) + " has no q4a K widths"};
+  }
+  const int64_t w = kv_width(static_cast<size_t>(layer));
+  int64_t sum = 0;
+  for (const uint8_t b : widths) sum += b > cpu::kKvChanMaxBits ? int64_t{1} << 40 : b;
+  if (static_cast<int64_t>(widths.size()) != w || sum != 4 * w) {
+    return Error{"KV layer " + std::to_string(layer) + ": q4a widths must be " + std::to_string(w) +
+                 " channels of 0.." + std::to_string(cpu::kKvChanMaxBits) + " bits summing to " +
+                 std::to_string(4 * w)};
+  }
+  std::vector<uint8_t> table(cuda::alloc_table_bytes(w));
+  cuda::fill_alloc_table(widths.data(), w, table.data());
+  RILL_CUDA_CHECK(cudaMemcpyAsync(k_widths_dev_.as<uint8_t>() + k_widths_off_[static_cast<size_t>(layer)], table.data(),
+                                  table.size(), cudaMemcpyHostToDevice, ctx_->stream()));
+  RILL_TRY(ctx_->synchronize());  // table is freed on return
+  k_widths_[static_cast<size_t>(layer)] = std::move(widths);
+  return Status::Ok();
+}
+
+Status CudaModelBase::calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim) {
+  if (kv_dtype_ != kKvQ4Alloc) return Status::Ok();
+  const ModelFiles& f = *files_;
+  const int64_t bs = block_size_;
+  const int64_t room = std::min<int64_t>({CpuPagedModel::kKvCalibrationTokens, n_ctx_, int64_t{n_blocks_} * bs});
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), room);
+  if (n < 2 * bs) {
+    return Error{f.path + ": KV type q4a calibrates its widths on at least " + std::to_string(2 * bs) +
+                 " tokens of text, got " + std::to_string(tokens.size()) +
+                 (tokens.size() >= static_cast<size_t>(2 * bs) ? " (the context or KV pool holds fewer)" : "")};
+  }
+  // As the CPU's pass: one sequence in tail slot 0, blocks from 0, every
+  // query in the prefill form; its KV is left in blocks no table holds.
+  std::vector<int32_t> table(static_cast<size_t>((n + bs - 1) / bs));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::vector<float> logits(static_cast<size_t>(cfg_.n_vocab));
+  const int64_t n_kv_layers = static_cast<int64_t>(k_widths_.size());
+  calibration_.assign(static_cast<size_t>(n_kv_layers), {});
+  for (int64_t l = 0; l < n_kv_layers; ++l) {
+    KvCalibrationStats& st = calibration_[static_cast<size_t>(l)];
+    const auto w = static_cast<size_t>(kv_width(static_cast<size_t>(l)));
+    st.query_energy.assign(w, 0.0);
+    st.block_range_sq.assign(w, 0.0);
+    st.block_min.assign(w, INFINITY);
+    st.block_max.assign(w, -INFINITY);
+  }
+  const bool graphs = use_graphs_;
+  use_graphs_ = false;  // the backend waits on the stream during the pass: no capture
+  Status st;
+  Batch batch;
+  for (int64_t c0 = 0; c0 < n && st.ok(); c0 += max_tokens_) {
+    const auto len = static_cast<int32_t>(std::min<int64_t>(max_tokens_, n - c0));
+    batch.clear();
+    batch.add_sequence(tokens.data() + c0, len, static_cast<int32_t>(c0), /*sample_last=*/true, table);
+    batch.seqs.back().kv_tail = 0;
+    batch.seqs.back().decode_from = static_cast<int32_t>(n);
+    st = forward(batch, logits.data());
+  }
+  use_graphs_ = graphs;
+  std::vector<KvCalibrationStats> stats;
+  stats.swap(calibration_);
+  if (!st.ok()) return Error{f.path + ": q4a's calibration pass: " + st.error().message};
+  const auto pairs = rope_interleaved ? cpu::RopePairs::kInterleaved : cpu::RopePairs::kNeox;
+  for (int64_t l = 0; l < n_kv_layers; ++l) {
+    const KvCalibrationStats& s = stats[static_cast<size_t>(l)];
+    const int64_t w = kv_width(static_cast<size_t>(l));
+    std::vector<uint8_t> widths(static_cast<size_t>(w));
+    // No channel at 1 bit, as the CPU's (docs/perf.md, "k4a stage 2").
+    cpu::allocate_channel_bits(s.query_energy.data(), s.block_range_sq.data(), w, hd_, pairs, widths.data(),
+                               /*one_bit=*/false, rope_dim);
+    RILL_TRY(set_kv_k_widths(l, std::move(widths)));
+  }
+  return Status::Ok();
 }
 
 Status CudaModelBase::lm_head(const cuda::DeviceWeight& w, const void* x, int64_t n_sample) {

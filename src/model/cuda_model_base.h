@@ -200,8 +200,20 @@ class CudaModelBase : public Model, public StepOverlap {
   Status copy_kv_blocks_in(int64_t layer, std::span<const int32_t> blocks, size_t block_bytes, const uint8_t* k,
                            const uint8_t* v) override;
   // "cuda sm_<cc> act=<dtype>", then the numerics-changing modes in use
-  // (batch-invariant) and, for a shard, tp=<n>.
+  // (batch-invariant) and, for a shard, tp=<n>; with q4a, its widths' hash
+  // (as CpuPagedModel::kv_numerics: the CUDA model's own calibration).
   std::string kv_numerics() const override;
+
+  // k4a (kv_dtype_ kKvQ4Alloc): a layer's K widths ([KV row], 0..8 a
+  // channel, 4 on average: backend/cpu/kv_alloc.h), every channel 4 until
+  // calibrate_kv() or set_kv_k_widths() sets them; empty for other types.
+  const std::vector<uint8_t>& kv_k_widths(int64_t layer) const { return k_widths_[static_cast<size_t>(layer)]; }
+  // Replaces a layer's widths (uploaded to its widths table now): for
+  // tests that hold CUDA's k4a to the CPU's under the CPU's widths. Only
+  // while no q4a block is stored (blocks encoded under other widths would
+  // be read wrong). widths: kv_width(layer) entries in 0..8 summing to 4
+  // a channel.
+  Status set_kv_k_widths(int64_t layer, std::vector<uint8_t> widths);
 
   // The recurrent-state pool's (families that create_states()).
   int32_t n_state_slots() const override { return states_ ? states_->n_slots() : 0; }
@@ -341,11 +353,22 @@ class CudaModelBase : public Model, public StepOverlap {
   DType act_ = DType::kBF16, kv_dtype_ = DType::kF16;
   // q8_0h / q4_0h / iq4_nlh: both sides Hadamard-rotated per head (kv_view()'s flags).
   bool kv_rotated_ = false;
-  // k4c (kv_dtype_ kKvQ4Chan, V iq4_nlh64 rotated, blocks of 32, a KV tail
-  // per running sequence): chosen by choose_kv_type() only for families
-  // that set kv_tails_supported_ (every layer reads its own KV, and the
-  // family's forward() is the base's, which checks the batch's tails).
+  // k4c / k4a (kv_dtype_ kKvQ4Chan / kKvQ4Alloc, V iq4_nlh64 rotated,
+  // blocks of 32, a KV tail per running sequence): chosen by
+  // choose_kv_type() only for families that set kv_tails_supported_ (every
+  // layer reads its own KV, and the family's forward() is the base's, which
+  // checks the batch's tails).
   bool kv_chan_ = false;
+  // k4a: computes the widths (CpuPagedModel::calibrate_kv's pass and
+  // allocation, the same tokens, pairs and rot_dim) from this model's own
+  // forward pass: the CUDA backend adds each token's statistics on the
+  // host from the step's downloaded queries and f32 K rows after RoPE
+  // (KvCacheView::calibration; decode graphs off for the pass). The same
+  // tokens give the same widths every load on the same GPU and build (the
+  // pass is deterministic; kv_numerics names the device, the build's
+  // numerics and the widths' hash). A no-op without a q4a layer. Call at
+  // the end of init, after init_runtime().
+  Status calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim);
   bool kv_tails_supported_ = false;
   int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
   // Attention groups (with block tables) first; a recurrent group, whose
@@ -415,6 +438,14 @@ class CudaModelBase : public Model, public StepOverlap {
   // (group_start, n_rows; the device's after every step), which
   // check_kv_tails() holds each batch to without reading the device.
   cuda::DeviceBuffer kv_tails_;
+  // k4a's widths per KV layer (host) and their tables on the device
+  // (backend/cuda/kv_chan.h alloc_table_bytes; layer l's at
+  // k_widths_off_[l], KvCacheView::k_widths); calibration_: the pass's
+  // statistics per layer while calibrate_kv() runs, else empty.
+  std::vector<std::vector<uint8_t>> k_widths_;
+  cuda::DeviceBuffer k_widths_dev_;
+  std::vector<size_t> k_widths_off_;
+  mutable std::vector<KvCalibrationStats> calibration_;
   std::vector<size_t> tail_off_;
   size_t tail_slot_bytes_ = 0;
   int32_t n_tail_slots_ = 0;

@@ -35,7 +35,7 @@
 // run on a GPU: CUDA refuses it unless RILL_CUDA_UNTESTED_KV=1
 // (backend/cuda/ops.h kv_untested).
 //
-// k4c (k=q4c v=iq4_nlh64, the CPU only; docs/perf.md "k4c"): K quantized
+// k4c (k=q4c v=iq4_nlh64; docs/perf.md "k4c"; CUDA untested): K quantized
 // per channel over each KV block of 32 tokens (KIVI's asymmetric z + d q:
 // K's outlier channels sit far from zero, so a zero point per channel
 // beats any per-token grid), 4.75 bits per value; V per token, each head
@@ -49,7 +49,7 @@
 // blocks of 32. Bytes per token at context C on the default model: 6,390 in
 // blocks + 393,600 / C of tail (3.500x f16's at 2k, 3.552x at 4k).
 //
-// k4a (k=q4a v=iq4_nlh64, the CPU only): k4c with each K channel at its
+// k4a (k=q4a v=iq4_nlh64; CUDA as k4c): k4c with each K channel at its
 // own width, 0..8 bits summing to 4 per channel in a layer
 // (backend/cpu/kv_alloc.h: the same bytes as q4c), the widths calibrated
 // at load (CpuPagedModel::calibrate_kv, on calibration_tokens below).

@@ -226,15 +226,16 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   if (options.device == Device::kCuda) {
     // CUDA stores f16 KV (f32 for f32 checkpoints), q8_0, q4_0, the
     // rotated q8_0h / q4_0h / iq4_nlh / q8_0h64, or fp8 and reads no other
-    // type; iq4_nlh64 and k4c's q4c K too, whose kernels have not yet run
-    // on a GPU, only while RILL_CUDA_UNTESTED_KV=1 (backend/cuda/ops.h
-    // kv_untested; q4c as k4c's pair alone, choose_kv_type). Which plain type the model
+    // type; iq4_nlh64 and k4c's q4c K and k4a's q4a K too, whose kernels
+    // have not yet run on a GPU, only while RILL_CUDA_UNTESTED_KV=1
+    // (backend/cuda/ops.h kv_untested; q4c / q4a as their pairs alone,
+    // choose_kv_type). Which plain type the model
     // stores, that one type covers every layer and side, and the head_dim a
     // rotation needs, CudaModelBase::choose_kv_type checks.
     const char* untested_env = std::getenv("RILL_CUDA_UNTESTED_KV");
     const bool untested_ok = untested_env && std::string(untested_env) == "1";
     for (const std::optional<KvType>& side : sides) {
-      if (side && ((side->dtype == kKvIq4Nl64 && side->rotated) || side->dtype == kKvQ4Chan) && !untested_ok) {
+      if (side && ((side->dtype == kKvIq4Nl64 && side->rotated) || kv_chan_k(side->dtype)) && !untested_ok) {
         return Error{files->path + ": KV type " + kv_type_name(*side) +
                      " has CUDA kernels that have not yet run on a GPU; set RILL_CUDA_UNTESTED_KV=1 to use them, "
                      "or use --device cpu"};
@@ -246,7 +247,7 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
           !side ||
           (side->rotated ? rotatable
                          : side->dtype == DType::kF16 || side->dtype == DType::kF32 || side->dtype == DType::kQ8_0 ||
-                               side->dtype == DType::kQ4_0 || side->dtype == kF8E4M3 || side->dtype == kKvQ4Chan);
+                               side->dtype == DType::kQ4_0 || side->dtype == kF8E4M3 || kv_chan_k(side->dtype));
       if (!cuda_reads) {
         return Error{files->path + ": KV type " + kv_type_name(*side) +
                      " runs on the CPU only (CUDA stores f16 KV, f32 for f32 checkpoints, q8_0, q4_0, q8_0h, q4_0h, "

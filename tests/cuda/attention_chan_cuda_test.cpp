@@ -1,6 +1,7 @@
-// k4c attention on CUDA (backend/cuda/attention_chan.h, the reference
-// kernel) against the CPU's (cpu::attention_chan_batch) over the same
-// paged blocks (K's q4c groups encoded from the q8_0 tail rows, V's
+// k4c and k4a attention on CUDA (backend/cuda/attention_chan.h, the
+// reference kernel) against the CPU's (cpu::attention_chan_batch) over the
+// same paged blocks (K's q4c groups, or q4a's planes under widths 0..8,
+// encoded from the q8_0 tail rows, V's
 // iq4_nlh64 rows, shuffled block tables) and the same tail and step rows:
 //  - the kernel's code built for the host (no GPU needed) within 2e-5 of
 //    the CPU's outputs (the CPU's build on this machine may sum in other
@@ -21,9 +22,11 @@
 #include <vector>
 
 #include "backend/cpu/attention_chan.h"
+#include "backend/cpu/kv_alloc.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/quants.h"
 #include "backend/cuda/attention_chan.h"
+#include "backend/cuda/kv_chan.h"
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
 
@@ -50,8 +53,12 @@ struct ChanSeq {
   // step's rows (positions [c0, n)), each in its own buffer, as the runtime
   // keeps them.
   std::vector<uint8_t> tail_k, tail_v, step_k, step_v;
+  // k4a (alloc): K's blocks in q4a under `widths` (every width 0..8, 4 a
+  // channel on average, drawn from the seed), `table` their widths table
+  // (backend/cuda/kv_chan.h); empty for k4c.
+  std::vector<uint8_t> widths, widths_table;
 
-  ChanSeq(const Case& c, uint32_t seed) {
+  ChanSeq(const Case& c, uint32_t seed, bool alloc = false) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd;
     width = int64_t{c.n_head_kv} * c.hd;
@@ -75,7 +82,17 @@ struct ChanSeq {
     table.resize(static_cast<size_t>(n_blocks));
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), rng);
-    k_row = row_bytes(kKvQ4Chan, width);
+    if (alloc) {
+      widths.resize(static_cast<size_t>(width));
+      for (int64_t ch = 0; ch < width; ++ch)
+        widths[static_cast<size_t>(ch)] = static_cast<uint8_t>((ch * 5 + seed) % 9);
+      for (int64_t ch = 0; ch + 1 < width; ch += 2) {  // pairs summing to 8: 4 a channel
+        widths[static_cast<size_t>(ch + 1)] = static_cast<uint8_t>(8 - widths[static_cast<size_t>(ch)]);
+      }
+      widths_table.resize(alloc_table_bytes(width));
+      fill_alloc_table(widths.data(), width, widths_table.data());
+    }
+    k_row = row_bytes(alloc ? kKvQ4Alloc : kKvQ4Chan, width);
     v_row = row_bytes(kKvIq4Nl64, width);
     block_bytes = std::max(k_row, v_row) * kT;
     kb.assign(static_cast<size_t>(n_blocks) * block_bytes, 0);
@@ -86,8 +103,12 @@ struct ChanSeq {
         cpu::ref::dequantize_row(cpu::kKvChanTailType, k_rows.data() + (b * kT + r) * tail_row, rows.data() + r * width,
                                  width);
       }
-      cpu::quantize_chan_block(rows.data(), width, width,
-                               kb.data() + static_cast<size_t>(table[static_cast<size_t>(b)]) * block_bytes, b == 0);
+      uint8_t* dst = kb.data() + static_cast<size_t>(table[static_cast<size_t>(b)]) * block_bytes;
+      if (alloc) {
+        cpu::quantize_alloc_block(rows.data(), width, width, widths.data(), dst, b == 0);
+      } else {
+        cpu::quantize_chan_block(rows.data(), width, width, dst, b == 0);
+      }
     }
     const int64_t tail_start = c.c0 - c.c0 % kT;
     tail_k.assign(static_cast<size_t>(kT) * tail_row, 0x77);
@@ -138,7 +159,10 @@ std::vector<float> cpu_out(const Case& c, const ChanSeq& s) {
   p.window = c.window;
   p.softcap = c.softcap;
   ThreadPool pool(2);
-  cpu::attention_chan_batch(&seq, &tail, 1, p, cpu::KvSideTypes{kKvQ4Chan, kKvIq4Nl64, false, true}, pool);
+  const bool alloc = !s.widths.empty();
+  cpu::attention_chan_batch(&seq, &tail, 1, p,
+                            cpu::KvSideTypes{alloc ? kKvQ4Alloc : kKvQ4Chan, kKvIq4Nl64, false, true}, pool,
+                            alloc ? s.widths.data() : nullptr);
   return out;
 }
 
@@ -150,6 +174,7 @@ struct Buffers {
   const int32_t *pos, *seq_of, *table, *table_start, *c0, *q_start;
   const uint8_t *const *tail_k, *const *tail_v;
   const uint8_t *step_k, *step_v, *kb, *vb;
+  const uint8_t* k_widths = nullptr;  // k4a's widths table
 };
 ChanAttentionArgs args(const Case& c, const ChanSeq& s, const Buffers& b) {
   ChanAttentionArgs a;
@@ -179,6 +204,7 @@ ChanAttentionArgs args(const Case& c, const ChanSeq& s, const Buffers& b) {
   a.window = c.window;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
   a.softcap = c.softcap;
+  a.k_widths = b.k_widths;
   return a;
 }
 
@@ -197,9 +223,22 @@ std::vector<float> host_run(const Case& c, const ChanSeq& s, bool parallel = fal
   const int32_t table_start = 0, c0 = static_cast<int32_t>(c.c0), q_start = 0;
   const uint8_t* tk = s.tail_k.data();
   const uint8_t* tv = s.tail_v.data();
-  const Buffers b{s.q.data() + c.c0 * qw, out.data(),  scores.data(), pos.data(), seq_of.data(), s.table.data(),
-                  &table_start,           &c0,         &q_start,      &tk,        &tv,           s.step_k.data(),
-                  s.step_v.data(),        s.kb.data(), s.vb.data()};
+  const Buffers b{s.q.data() + c.c0 * qw,
+                  out.data(),
+                  scores.data(),
+                  pos.data(),
+                  seq_of.data(),
+                  s.table.data(),
+                  &table_start,
+                  &c0,
+                  &q_start,
+                  &tk,
+                  &tv,
+                  s.step_k.data(),
+                  s.step_v.data(),
+                  s.kb.data(),
+                  s.vb.data(),
+                  s.widths.empty() ? nullptr : s.widths_table.data()};
   if (parallel) {
     chan_attention_parallel_host(args(c, s, b));
   } else {
@@ -211,39 +250,61 @@ std::vector<float> host_run(const Case& c, const ChanSeq& s, bool parallel = fal
   return out;
 }
 
-std::string name(const Case& c) {
-  return "n " + std::to_string(c.n) + " c0 " + std::to_string(c.c0) + " heads " + std::to_string(c.n_head) + "/" +
-         std::to_string(c.n_head_kv) + " hd " + std::to_string(c.hd) + " window " + std::to_string(c.window);
+std::string name(const Case& c, bool alloc = false) {
+  return std::string(alloc ? "k4a " : "k4c ") + "n " + std::to_string(c.n) + " c0 " + std::to_string(c.c0) + " heads " +
+         std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " hd " + std::to_string(c.hd) + " window " +
+         std::to_string(c.window);
 }
 
+// k4c, then k4a (q4a's planes under widths 0..8; the CPU picks its own
+// ISA's group sums, within f32 rounding of the scalar form the kernel has).
 TEST(CudaChanAttention, HostRunIsTheCpus) {
-  for (size_t i = 0; i < kCases.size(); ++i) {
-    const Case& c = kCases[i];
-    const ChanSeq s(c, 40 + static_cast<uint32_t>(i));
-    const std::vector<float> want = cpu_out(c, s), got = host_run(c, s);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t e = 0; e < want.size(); ++e) ASSERT_NEAR(got[e], want[e], 2e-5) << name(c) << " elem " << e;
+  for (const bool alloc : {false, true}) {
+    for (size_t i = 0; i < kCases.size(); ++i) {
+      const Case& c = kCases[i];
+      const ChanSeq s(c, 40 + static_cast<uint32_t>(i), alloc);
+      const std::vector<float> want = cpu_out(c, s), got = host_run(c, s);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t e = 0; e < want.size(); ++e) ASSERT_NEAR(got[e], want[e], 2e-5) << name(c, alloc) << " elem " << e;
+    }
   }
+}
+
+// k4a's blocks are not k4c's: read as q4c groups (no widths table), the
+// same bytes give other outputs (the test above is not passed by a kernel
+// that ignores the widths).
+TEST(CudaChanAttention, AllocBlocksReadAsQ4cDiffer) {
+  const Case& c = kCases[1];
+  ChanSeq s(c, 41, /*alloc=*/true);
+  const std::vector<float> right = host_run(c, s);
+  s.widths.clear();
+  const std::vector<float> wrong = host_run(c, s);
+  double diff = 0;
+  for (size_t e = 0; e < right.size(); ++e) diff = std::max(diff, double{std::fabs(right[e] - wrong[e])});
+  EXPECT_GT(diff, 1e-2);
 }
 
 // The parallel kernel's code (chan_attention_parallel: a thread block per
 // query and head) run phase after phase on the host gives the reference's
 // bits (its values are computed as the reference computes them).
 TEST(CudaChanAttention, ParallelHostRunIsTheReferenceBitForBit) {
-  for (size_t i = 0; i < kCases.size(); ++i) {
-    const Case& c = kCases[i];
-    const ChanSeq s(c, 40 + static_cast<uint32_t>(i));
-    const std::vector<float> want = host_run(c, s, false, false), got = host_run(c, s, true, false);
-    ASSERT_EQ(got.size(), want.size());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << name(c);
+  for (const bool alloc : {false, true}) {
+    for (size_t i = 0; i < kCases.size(); ++i) {
+      const Case& c = kCases[i];
+      const ChanSeq s(c, 40 + static_cast<uint32_t>(i), alloc);
+      const std::vector<float> want = host_run(c, s, false, false), got = host_run(c, s, true, false);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << name(c, alloc);
+    }
   }
 }
 
 TEST(CudaChanAttention, DeviceIsTheHostRun) {
   RILL_REQUIRE_GPU();
-  for (size_t i = 0; i < kCases.size(); ++i) {
-    const Case& c = kCases[i];
-    const ChanSeq s(c, 40 + static_cast<uint32_t>(i));
+  for (size_t i = 0; i < 2 * kCases.size(); ++i) {  // k4c's cases, then k4a's
+    const bool alloc = i >= kCases.size();
+    const Case& c = kCases[i % kCases.size()];
+    const ChanSeq s(c, 40 + static_cast<uint32_t>(i % kCases.size()), alloc);
     const int64_t n_q = c.n - c.c0, qw = int64_t{c.n_head} * c.hd;
     std::vector<int32_t> pos(static_cast<size_t>(n_q)), seq_of(static_cast<size_t>(n_q), 0);
     std::iota(pos.begin(), pos.end(), static_cast<int32_t>(c.c0));
@@ -256,11 +317,15 @@ TEST(CudaChanAttention, DeviceIsTheHostRun) {
          d_step_v = upload(s.step_v), d_kb = upload(s.kb), d_vb = upload(s.vb);
     auto d_tk = upload(std::vector<const uint8_t*>{d_tail_k.as<uint8_t>()});
     auto d_tv = upload(std::vector<const uint8_t*>{d_tail_v.as<uint8_t>()});
-    const Buffers b{d_q.as<float>(),           d_out.as<float>(),         d_scores.as<float>(),
-                    d_pos.as<int32_t>(),       d_seq.as<int32_t>(),       d_table.as<int32_t>(),
-                    d_zero.as<int32_t>(),      d_c0.as<int32_t>(),        d_zero.as<int32_t>(),
-                    d_tk.as<const uint8_t*>(), d_tv.as<const uint8_t*>(), d_step_k.as<uint8_t>(),
-                    d_step_v.as<uint8_t>(),    d_kb.as<uint8_t>(),        d_vb.as<uint8_t>()};
+    auto d_widths = upload(alloc ? s.widths_table : std::vector<uint8_t>(1, 0));
+    const Buffers b{d_q.as<float>(),           d_out.as<float>(),
+                    d_scores.as<float>(),      d_pos.as<int32_t>(),
+                    d_seq.as<int32_t>(),       d_table.as<int32_t>(),
+                    d_zero.as<int32_t>(),      d_c0.as<int32_t>(),
+                    d_zero.as<int32_t>(),      d_tk.as<const uint8_t*>(),
+                    d_tv.as<const uint8_t*>(), d_step_k.as<uint8_t>(),
+                    d_step_v.as<uint8_t>(),    d_kb.as<uint8_t>(),
+                    d_vb.as<uint8_t>(),        alloc ? d_widths.as<uint8_t>() : nullptr};
     chan_attention(args(c, s, b), nullptr);
     std::vector<float> got = download<float>(d_out, static_cast<size_t>(n_q * qw));
     // The parallel kernel (what the CUDA backend runs): the reference's bits.
@@ -269,10 +334,11 @@ TEST(CudaChanAttention, DeviceIsTheHostRun) {
     bp.out = d_par.as<float>();
     chan_attention_parallel(args(c, s, bp), nullptr);
     const std::vector<float> par = download<float>(d_par, static_cast<size_t>(n_q * qw));
-    EXPECT_EQ(std::memcmp(par.data(), got.data(), got.size() * sizeof(float)), 0) << name(c) << ": parallel kernel";
+    EXPECT_EQ(std::memcmp(par.data(), got.data(), got.size() * sizeof(float)), 0)
+        << name(c, alloc) << ": parallel kernel";
     for (int64_t r = 0; r < n_q * c.n_head; ++r) cpu::hadamard_rotate(got.data() + r * c.hd, c.hd);
     const std::vector<float> want = host_run(c, s);
-    for (size_t e = 0; e < want.size(); ++e) ASSERT_NEAR(got[e], want[e], 2e-5) << name(c) << " elem " << e;
+    for (size_t e = 0; e < want.size(); ++e) ASSERT_NEAR(got[e], want[e], 2e-5) << name(c, alloc) << " elem " << e;
   }
 }
 

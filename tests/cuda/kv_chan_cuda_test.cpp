@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kv_alloc.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/quants.h"
 #include "backend/cuda/kv_chan.h"
@@ -95,12 +96,18 @@ std::vector<float> make_rows(int n_units, int width, uint32_t seed) {
   return rows;
 }
 
-// Every unit of rows (f32 or q8_0 rows of row_bytes) encoded on the device.
+// Every unit of rows (f32 or q8_0 rows of row_bytes) encoded on the device:
+// q4c's blocks, or q4a's under `widths` when given.
 std::vector<uint8_t> encode_on_device(const std::vector<uint8_t>& rows, size_t row_bytes, DType row_dtype, int n_units,
-                                      int width, const std::vector<uint8_t>& starts) {
-  const size_t block = static_cast<size_t>(19) * width;
+                                      int width, const std::vector<uint8_t>& starts,
+                                      const std::vector<uint8_t>* widths = nullptr) {
+  const size_t block =
+      widths ? static_cast<size_t>(cpu::alloc_block_bytes(widths->data(), width)) : static_cast<size_t>(19) * width;
   DeviceBuffer d_rows = upload(rows), d_out = upload(std::vector<uint8_t>(block * n_units, 0xAB));
   DeviceBuffer d_starts = upload(starts);
+  std::vector<uint8_t> table(widths ? alloc_table_bytes(width) : 1);
+  if (widths) fill_alloc_table(widths->data(), width, table.data());
+  DeviceBuffer d_table = upload(table);
   std::vector<const uint8_t*> row_ptrs;
   std::vector<uint8_t*> dst_ptrs;
   for (int u = 0; u < n_units; ++u) {
@@ -116,6 +123,7 @@ std::vector<uint8_t> encode_on_device(const std::vector<uint8_t>& rows, size_t r
   a.row_dtype = row_dtype;
   a.n_units = n_units;
   a.width = width;
+  a.widths = widths ? d_table.as<uint8_t>() : nullptr;
   quantize_chan_blocks(a, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return download<uint8_t>(d_out, block * n_units);
@@ -269,6 +277,134 @@ TEST(CudaKvChan, HostRunOfTheEncoderIsTheCpus) {
         expect_same_bytes(got, want, width,
                           "host run, width " + std::to_string(width) + " unit " + std::to_string(u) +
                               (start ? " (first block)" : ""));
+      }
+    }
+  }
+}
+
+// q4a widths for a row of `width` channels: every width 0..8 among them
+// (channel c at c % 9 in the first 18 channels), the rest drawn; `sum4`:
+// allocate_channel_bits' total (4 a channel: q4c's bytes), else any sum.
+std::vector<uint8_t> alloc_widths(int width, uint32_t seed, bool sum4) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> w(static_cast<size_t>(width));
+  for (int c = 0; c < width; ++c) w[static_cast<size_t>(c)] = static_cast<uint8_t>(c < 18 ? c % 9 : rng() % 9);
+  if (sum4) {  // move bits from wide to narrow channels until the sum is 4 a channel
+    int64_t sum = 0;
+    for (uint8_t b : w) sum += b;
+    for (size_t c = 18; sum != 4 * int64_t{width}; c = c + 1 < w.size() ? c + 1 : 18) {
+      if (sum > 4 * int64_t{width} && w[c] > 0) --w[c], --sum;
+      if (sum < 4 * int64_t{width} && w[c] < 8) ++w[c], ++sum;
+    }
+  }
+  return w;
+}
+
+void expect_same_alloc_bytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                             const std::vector<uint8_t>& widths, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const auto width = static_cast<int64_t>(widths.size());
+  const auto block = static_cast<size_t>(cpu::alloc_block_bytes(widths.data(), width));
+  int n_diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    if (++n_diff <= 8) {
+      const auto in = static_cast<int64_t>(i % block);
+      int64_t c = in < 2 * width ? in / 2 : in - 2 * width;
+      if (in >= 3 * width) {
+        for (c = 0; c + 1 < width && cpu::alloc_plane_offset(widths.data(), width, c + 1) <= in;) ++c;
+      }
+      const char* field = in < 2 * width ? "z" : in < 3 * width ? "d" : "plane";
+      ADD_FAILURE() << what << ": unit " << i / block << " channel " << c << " (kind " << c % 12 << ", "
+                    << int{widths[static_cast<size_t>(c)]} << " bits) " << field << " byte 0x" << std::hex
+                    << int{got[i]} << ", the CPU's 0x" << int{want[i]};
+    }
+  }
+  EXPECT_EQ(n_diff, 0) << what;
+}
+
+// q4a's encoder (every width 0..8) from f32 rows on the device: the CPU's
+// quantize_alloc_block bytes, first blocks and not, for widths summing to
+// 4 a channel (what calibration gives) and not.
+TEST(CudaKvChan, AllocEncoderIsTheCpusFromF32Rows) {
+  RILL_REQUIRE_GPU();
+  for (const int width : {32, 96, 1024}) {
+    for (const bool sum4 : {true, false}) {
+      const int n_units = 6;
+      const std::vector<float> rows = make_rows(n_units, width, 500 + static_cast<uint32_t>(width));
+      const std::vector<uint8_t> widths = alloc_widths(width, 7 + static_cast<uint32_t>(width), sum4);
+      std::vector<uint8_t> starts(n_units);
+      for (int u = 0; u < n_units; ++u) starts[static_cast<size_t>(u)] = u % 2 == 0;
+      const auto block = static_cast<size_t>(cpu::alloc_block_bytes(widths.data(), width));
+      std::vector<uint8_t> want(block * n_units);
+      for (int u = 0; u < n_units; ++u) {
+        cpu::quantize_alloc_block(rows.data() + static_cast<size_t>(u) * kT * width, width, width, widths.data(),
+                                  want.data() + static_cast<size_t>(u) * block, starts[static_cast<size_t>(u)] != 0);
+      }
+      std::vector<uint8_t> raw(rows.size() * 4);
+      std::memcpy(raw.data(), rows.data(), raw.size());
+      const auto got =
+          encode_on_device(raw, static_cast<size_t>(width) * 4, DType::kF32, n_units, width, starts, &widths);
+      expect_same_alloc_bytes(got, want, widths,
+                              "q4a, f32 rows, width " + std::to_string(width) + (sum4 ? "" : ", any sum"));
+    }
+  }
+}
+
+// From q8_0 rows (the tails'), as the CUDA backend encodes q4a's blocks.
+TEST(CudaKvChan, AllocEncoderIsTheCpusFromQ8Rows) {
+  RILL_REQUIRE_GPU();
+  for (const int width : {64, 1024}) {
+    const int n_units = 5;
+    std::vector<float> rows = make_rows(n_units, width, 700 + static_cast<uint32_t>(width));
+    for (float& v : rows) v = std::isfinite(v) && std::fabs(v) < 1e4f ? v : 0.5f;
+    const size_t row_bytes = rill::row_bytes(cpu::kKvChanTailType, width);
+    std::vector<uint8_t> q8(row_bytes * n_units * kT);
+    std::vector<float> decoded(rows.size());
+    for (size_t r = 0; r < static_cast<size_t>(n_units) * kT; ++r) {
+      cpu::ref::quantize_kv_row(cpu::kKvChanTailType, rows.data() + r * width, q8.data() + r * row_bytes, width);
+      cpu::ref::dequantize_row(cpu::kKvChanTailType, q8.data() + r * row_bytes, decoded.data() + r * width, width);
+    }
+    const std::vector<uint8_t> widths = alloc_widths(width, 11, true);
+    std::vector<uint8_t> starts(n_units, 0);
+    starts[0] = 1;
+    const auto block = static_cast<size_t>(cpu::alloc_block_bytes(widths.data(), width));
+    std::vector<uint8_t> want(block * n_units);
+    for (int u = 0; u < n_units; ++u) {
+      cpu::quantize_alloc_block(decoded.data() + static_cast<size_t>(u) * kT * width, width, width, widths.data(),
+                                want.data() + static_cast<size_t>(u) * block, starts[static_cast<size_t>(u)] != 0);
+    }
+    const auto got = encode_on_device(q8, row_bytes, DType::kQ8_0, n_units, width, starts, &widths);
+    expect_same_alloc_bytes(got, want, widths, "q4a, q8_0 rows, width " + std::to_string(width));
+  }
+}
+
+// q4a's encoder built for the host (no GPU needed): the CPU's bytes on the
+// same edge rows at every width 0..8, first blocks and not; and the widths
+// table's plane offsets are cpu::alloc_plane_offset's.
+TEST(CudaKvChan, HostRunOfTheAllocEncoderIsTheCpus) {
+  for (const int width : {32, 96, 1024}) {
+    for (const bool sum4 : {true, false}) {
+      const int n_units = 6;
+      const std::vector<float> rows = make_rows(n_units, width, 500 + static_cast<uint32_t>(width));
+      const std::vector<uint8_t> widths = alloc_widths(width, 7 + static_cast<uint32_t>(width), sum4);
+      std::vector<uint8_t> table(alloc_table_bytes(width));
+      fill_alloc_table(widths.data(), width, table.data());
+      EXPECT_TRUE(std::equal(widths.begin(), widths.end(), table.begin()));
+      for (int c = 0; c < width; ++c) {
+        ASSERT_EQ(alloc_plane_offsets(table.data(), width)[c], cpu::alloc_plane_offset(widths.data(), width, c)) << c;
+      }
+      const auto block = static_cast<size_t>(cpu::alloc_block_bytes(widths.data(), width));
+      for (int u = 0; u < n_units; ++u) {
+        for (const bool start : {false, true}) {
+          std::vector<uint8_t> want(block), got(block, 0xAB);
+          const float* r = rows.data() + static_cast<size_t>(u) * kT * width;
+          cpu::quantize_alloc_block(r, width, width, widths.data(), want.data(), start);
+          detail::quantize_alloc_block_host(r, width, width, widths.data(), got.data(), start);
+          expect_same_alloc_bytes(got, want, widths,
+                                  "q4a host run, width " + std::to_string(width) + " unit " + std::to_string(u) +
+                                      (sum4 ? "" : ", any sum") + (start ? " (first block)" : ""));
+        }
       }
     }
   }

@@ -489,32 +489,14 @@ class CpuBackend final : public Backend {
   }
 
   // q4a's calibration statistics (KvCalibrationStats) of one token at
-  // position pos: q [n_head * hd] and k [n_head_kv * hd] after RoPE.
+  // position pos: q [n_head * hd] and k [n_head_kv * hd] after RoPE
+  // (cpu::add_calibration_token, which the CUDA backend shares).
   static void add_calibration(KvCalibrationStats& s, const float* q, const float* k, int32_t pos, int64_t n_head,
                               int64_t n_head_kv, int64_t hd) {
-    constexpr int32_t kT = cpu::kKvChanTokens;
-    const int64_t W = n_head_kv * hd, group = n_head / n_head_kv;
-    assert(static_cast<int64_t>(s.query_energy.size()) == W && static_cast<int64_t>(s.block_min.size()) == W);
-    for (int64_t h = 0; h < n_head; ++h) {
-      double* e = s.query_energy.data() + (h / group) * hd;
-      for (int64_t i = 0; i < hd; ++i) e[i] += double{q[h * hd + i]} * double{q[h * hd + i]};
-    }
-    if (pos % kT == 0) {
-      std::fill(s.block_min.begin(), s.block_min.end(), INFINITY);
-      std::fill(s.block_max.begin(), s.block_max.end(), -INFINITY);
-    }
-    if (pos != 0) {
-      for (int64_t c = 0; c < W; ++c) {
-        s.block_min[static_cast<size_t>(c)] = std::min(s.block_min[static_cast<size_t>(c)], k[c]);
-        s.block_max[static_cast<size_t>(c)] = std::max(s.block_max[static_cast<size_t>(c)], k[c]);
-      }
-    }
-    if (pos % kT == kT - 1) {
-      for (int64_t c = 0; c < W; ++c) {
-        const double r = double{s.block_max[static_cast<size_t>(c)]} - double{s.block_min[static_cast<size_t>(c)]};
-        s.block_range_sq[static_cast<size_t>(c)] += r * r;
-      }
-    }
+    assert(static_cast<int64_t>(s.query_energy.size()) == n_head_kv * hd &&
+           static_cast<int64_t>(s.block_min.size()) == n_head_kv * hd);
+    cpu::add_calibration_token(s.query_energy.data(), s.block_range_sq.data(), s.block_min.data(), s.block_max.data(),
+                               q, k, pos, n_head, n_head_kv, hd);
   }
 
   // k4c: encodes every K block of 32 tokens the step completes, its rows

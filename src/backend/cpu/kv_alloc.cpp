@@ -1,5 +1,6 @@
 #include "backend/cpu/kv_alloc.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cfloat>
 #include <cmath>
@@ -88,6 +89,32 @@ void allocate_channel_bits(const double* query_energy, const double* mean_sq_ran
     const int b = widths[top.c] += static_cast<uint8_t>(step);
     left -= step;
     if (b < kKvChanMaxBits) pq.push({std::ldexp(w[static_cast<size_t>(top.c)], -2 * b), top.c});
+  }
+}
+
+void add_calibration_token(double* query_energy, double* block_range_sq, float* block_min, float* block_max,
+                           const float* q, const float* k, int32_t pos, int64_t n_head, int64_t n_head_kv, int64_t hd) {
+  constexpr int32_t kT = kKvChanTokens;
+  const int64_t W = n_head_kv * hd, group = n_head / n_head_kv;
+  for (int64_t h = 0; h < n_head; ++h) {
+    double* e = query_energy + (h / group) * hd;
+    for (int64_t i = 0; i < hd; ++i) e[i] += double{q[h * hd + i]} * double{q[h * hd + i]};
+  }
+  if (pos % kT == 0) {
+    std::fill(block_min, block_min + W, INFINITY);
+    std::fill(block_max, block_max + W, -INFINITY);
+  }
+  if (pos != 0) {
+    for (int64_t c = 0; c < W; ++c) {
+      block_min[c] = std::min(block_min[c], k[c]);
+      block_max[c] = std::max(block_max[c], k[c]);
+    }
+  }
+  if (pos % kT == kT - 1) {
+    for (int64_t c = 0; c < W; ++c) {
+      const double r = double{block_max[c]} - double{block_min[c]};
+      block_range_sq[c] += r * r;
+    }
   }
 }
 

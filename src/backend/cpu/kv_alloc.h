@@ -71,6 +71,18 @@ int64_t rope_partner(int64_t c, int64_t head_dim, RopePairs pairs, int64_t rot_d
 void allocate_channel_bits(const double* query_energy, const double* mean_sq_range, int64_t width, int64_t head_dim,
                            RopePairs pairs, uint8_t* widths, bool one_bit = true, int64_t rot_dim = 0);
 
+// The calibration statistics of one token (backend.h KvCalibrationStats'
+// arrays, each [n_head_kv * hd]; one sequence, positions in order): q
+// [n_head * hd] and k [n_head_kv * hd] after RoPE. query_energy[c] adds
+// q_c^2 of every query head of channel c's KV head; at a block's first
+// position block_min / block_max restart, position 0's key is left out
+// (the sink key has its own grid), and at a block's last position
+// block_range_sq[c] adds (max - min)^2 in double. The CPU backend feeds
+// it f32 rows; the CUDA backend its q rows and f32 K rows after RoPE
+// (downloaded during the pass: CudaModelBase::calibrate_kv).
+void add_calibration_token(double* query_energy, double* block_range_sq, float* block_min, float* block_max,
+                           const float* q, const float* k, int32_t pos, int64_t n_head, int64_t n_head_kv, int64_t hd);
+
 // Bytes of one block of the layout above: 3 width + 4 sum(widths).
 int64_t alloc_block_bytes(const uint8_t* widths, int64_t width);
 // The byte offset in a block of channel c's first plane (c <= width; c =

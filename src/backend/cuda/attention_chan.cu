@@ -1,4 +1,4 @@
-// The k4c attention reference kernel (attention_chan.h): one thread per
+// The k4c / k4a attention reference kernel (attention_chan.h): one thread per
 // (query, head), the CPU baseline build's loops (backend/cpu/
 // attention_chan_impl.h attend) with explicitly rounded operations.
 #include "backend/cuda/attention_chan.h"
@@ -9,6 +9,7 @@
 
 #include "backend/cpu/kv_quant.h"
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/kv_chan.h"
 #include "backend/cuda/kv_rotated.cuh"
 #include "backend/cuda/kv_types.cuh"
 
@@ -49,6 +50,40 @@ __host__ __device__ __forceinline__ float q8_value(const uint8_t* row, int64_t e
   return mul_rn(f16_value(d), static_cast<float>(static_cast<int8_t>(blk[2 + e % 32])));
 }
 
+// Token r's sum over a block's channels of q_c d_c code_rc (KV head kvh's
+// group at blk): q4c every channel, in order; q4a (a.k_widths) the
+// channels of width > 0, in order, each code rebuilt from its planes (the
+// CPU's group_sums_planes; a width-0 channel adds nothing there either).
+__host__ __device__ inline float group_key_sum(const ChanAttentionArgs& a, const uint8_t* blk, const float* q, int kvh,
+                                               int hd, int64_t W, int r) {
+  const uint8_t* d = blk + 2 * W + static_cast<int64_t>(kvh) * hd;
+  float acc = 0.0f;
+  if (a.k_widths) {
+    const uint8_t* widths = a.k_widths + static_cast<int64_t>(kvh) * hd;
+    const uint8_t* p = blk + alloc_plane_offsets(a.k_widths, W)[static_cast<int64_t>(kvh) * hd];
+    for (int c = 0; c < hd; ++c) {
+      const int b = widths[c];
+      if (b == 0) continue;
+      const float w = mul_rn(q[c], mul_rn(e4m3_to_float(d[c]), 0.0625f));
+      int code = 0;
+      for (int k = 0; k < b; ++k, p += 4) {
+        const uint32_t plane = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+        code |= static_cast<int>((plane >> r) & 1u) << k;
+      }
+      acc = add_rn(acc, mul_rn(w, static_cast<float>(code)));
+    }
+    return acc;
+  }
+  const uint8_t* qs = blk + 3 * W + static_cast<int64_t>(kvh) * hd * (kT / 2);
+  for (int c = 0; c < hd; ++c) {
+    const float w = mul_rn(q[c], mul_rn(e4m3_to_float(d[c]), 0.0625f));
+    const uint8_t byte = qs[c * (kT / 2) + r % (kT / 2)];
+    const int code = r < kT / 2 ? (byte & 0xF) : (byte >> 4);
+    acc = add_rn(acc, mul_rn(w, static_cast<float>(code)));
+  }
+  return acc;
+}
+
 // Query t, head h: the CPU's attend for one head.
 __host__ __device__ void attend_one(const ChanAttentionArgs& a, int t, int h) {
   const int group = a.n_head / a.n_head_kv, kvh = h / group, hd = a.head_dim;
@@ -69,20 +104,11 @@ __host__ __device__ void attend_one(const ChanAttentionArgs& a, int t, int h) {
   for (int64_t b0 = j_begin - j_begin % kT; b0 < q_end; b0 += kT) {
     const uint8_t* blk = a.k_blocks + static_cast<size_t>(table[b0 / kT]) * a.block_stride;
     const auto* z = reinterpret_cast<const uint16_t*>(blk) + static_cast<int64_t>(kvh) * hd;
-    const uint8_t* d = blk + 2 * W + static_cast<int64_t>(kvh) * hd;
-    const uint8_t* qs = blk + 3 * W + static_cast<int64_t>(kvh) * hd * (kT / 2);
     float qz = 0.0f;
     for (int c = 0; c < hd; ++c) qz = add_rn(qz, mul_rn(q[c], f16_value(z[c])));
     const int64_t lo = j_begin > b0 ? j_begin : b0, hi = q_end < b0 + kT ? q_end : b0 + kT;
     for (int64_t j = lo; j < hi; ++j) {
-      const int r = static_cast<int>(j - b0);
-      float acc = 0.0f;
-      for (int c = 0; c < hd; ++c) {
-        const float w = mul_rn(q[c], mul_rn(e4m3_to_float(d[c]), 0.0625f));
-        const uint8_t byte = qs[c * (kT / 2) + r % (kT / 2)];
-        const int code = r < kT / 2 ? (byte & 0xF) : (byte >> 4);
-        acc = add_rn(acc, mul_rn(w, static_cast<float>(code)));
-      }
+      const float acc = group_key_sum(a, blk, q, kvh, hd, W, static_cast<int>(j - b0));
       s[j - j_begin] = capped(mul_rn(add_rn(qz, acc), a.scale), a.softcap);
     }
   }
@@ -179,18 +205,9 @@ __host__ __device__ inline float key_score(const ChanAttentionArgs& a, const One
     const int64_t b0 = j - j % kT;
     const uint8_t* blk = a.k_blocks + static_cast<size_t>(o.table[b0 / kT]) * a.block_stride;
     const auto* z = reinterpret_cast<const uint16_t*>(blk) + static_cast<int64_t>(o.kvh) * hd;
-    const uint8_t* d = blk + 2 * o.W + static_cast<int64_t>(o.kvh) * hd;
-    const uint8_t* qs = blk + 3 * o.W + static_cast<int64_t>(o.kvh) * hd * (kT / 2);
     float qz = 0.0f;
     for (int c = 0; c < hd; ++c) qz = add_rn(qz, mul_rn(o.q[c], f16_value(z[c])));
-    const int r = static_cast<int>(j - b0);
-    float acc = 0.0f;
-    for (int c = 0; c < hd; ++c) {
-      const float w = mul_rn(o.q[c], mul_rn(e4m3_to_float(d[c]), 0.0625f));
-      const uint8_t byte = qs[c * (kT / 2) + r % (kT / 2)];
-      const int code = r < kT / 2 ? (byte & 0xF) : (byte >> 4);
-      acc = add_rn(acc, mul_rn(w, static_cast<float>(code)));
-    }
+    const float acc = group_key_sum(a, blk, o.q, o.kvh, hd, o.W, static_cast<int>(j - b0));
     return capped(mul_rn(add_rn(qz, acc), a.scale), a.softcap);
   }
   const uint8_t* row = own_row_of(a, o, a.tail_k[o.seq], a.step_k, j);

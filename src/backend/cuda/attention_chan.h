@@ -1,7 +1,9 @@
 #pragma once
-// Attention over k4c KV on CUDA (model/kv_types.h "k4c"; the CPU's
-// contract in backend/cpu/attention_chan.h): K per channel over each KV
-// block of 32 tokens (q4c groups, kv_chan.h's encoder), V in iq4_nlh64
+// Attention over k4c and k4a KV on CUDA (model/kv_types.h "k4c", "k4a"; the
+// CPU's contract in backend/cpu/attention_chan.h): K per channel over each
+// KV block of 32 tokens (q4c groups or q4a's bit planes, kv_chan.h's
+// encoders; a q4a code rebuilt from its channel's planes as the CPU's
+// scalar group_sums_planes does), V in iq4_nlh64
 // rows, each query's own block's keys and values from q8_0 rows (the
 // sequence's tail before the step's first position c0, the step's rows
 // from c0 on). The reference kernel: one thread per (query, head) doing
@@ -50,6 +52,10 @@ struct ChanAttentionArgs {
   const uint8_t* k_blocks = nullptr;
   const uint8_t* v_blocks = nullptr;
   size_t block_stride = 0, v_row_bytes = 0, v_block_stride = 0;
+  // k4a: K's blocks are q4a's (kKvQ4Alloc, cpu::quantize_alloc_block's bit
+  // planes, the same 19 * width bytes), this layer's widths table
+  // (kv_chan.h alloc_table_bytes); null: q4c's groups.
+  const uint8_t* k_widths = nullptr;
   int32_t n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   int32_t window = 0;  // > 0: keys [pos - window + 1, pos]
   float scale = 1.0f, softcap = 0.0f;

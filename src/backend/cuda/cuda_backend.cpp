@@ -11,10 +11,13 @@
 #include <algorithm>
 #include <cassert>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <vector>
 
+#include "backend/cpu/kv_alloc.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention_chan.h"
@@ -587,9 +590,15 @@ class CudaBackend final : public Backend {
            cuda::kv_rotation_supported(kv.dtype, head_dim, kv.v_rotated);
   }
 
-  // k4c (KvCacheView::tail): q4c K blocks in their plane, rotated
-  // iq4_nlh64 V rows in theirs, the tails and the step's arrays on the device.
-  static bool chan_kv(const KvCacheView& kv) { return kv.dtype == kKvQ4Chan; }
+  // k4c / k4a (KvCacheView::tail): q4c or q4a K blocks in their plane
+  // (q4a: KvCacheView::k_widths, the layer's widths table on the device,
+  // kv_chan.h), rotated iq4_nlh64 V rows in theirs, the tails and the
+  // step's arrays on the device.
+  static bool chan_kv(const KvCacheView& kv) { return kv_chan_k(kv.dtype); }
+  static const uint8_t* alloc_widths(const KvCacheView& kv) {
+    assert(kv.dtype != kKvQ4Alloc || kv.k_widths);
+    return kv.dtype == kKvQ4Alloc ? kv.k_widths : nullptr;
+  }
 
   // The plan (kv_chan_step.h) of this step and layer's k4c KV.
   cuda::ChanStepArgs chan_plan(const KvCacheView& kv, int32_t n_head_kv, int32_t head_dim, int kv_group,
@@ -666,8 +675,71 @@ class CudaBackend final : public Backend {
       cuda::head_rms_norm(op.qkv.f32(), op.qkv.stride, op.qkv.rows, int64_t{op.n_head + op.n_head_kv} * op.head_dim,
                           op.n_head_kv, op.head_dim, op.norm_eps, stream());
     }
+    const bool calibrating = chan && op.kv.calibration;
+    if (calibrating) copy_calibration_rows(op);
     cuda::rope_store_kv(a, stream());
+    if (calibrating) add_calibration(op, step, a);
     if (chan) encode_chan_blocks(op, step);
+  }
+
+  // q4a's calibration pass (KvCacheView::calibration, set only then:
+  // CudaModelBase::calibrate_kv, decode graphs off). Before the step's RoPE
+  // its q/k/v rows are copied; after it, the copy goes through the same
+  // RoPE kernel storing K in f32 (kv_dtype F32 into scratch rows, slot t
+  // for token t): the queries and the f32 keys after RoPE, as the CPU's
+  // rope_store_kv gathers them (docs/perf.md's plan: the ranges from f32
+  // K rows, not from the q8_0 rows the encoder reads). Both are downloaded
+  // and the statistics added on the host a token at a time in the step's
+  // order (cpu::add_calibration_token, the CPU backend's), so they do not
+  // depend on scheduling. The stream waits: a load-time pass of 256 tokens.
+  void copy_calibration_rows(const RopeKvOp& op) {
+    const auto n = static_cast<size_t>(op.qkv.rows), W = static_cast<size_t>(op.n_head_kv) * op.head_dim;
+    const size_t qkv_bytes = n * static_cast<size_t>(op.qkv.stride) * sizeof(float);
+    const size_t need = qkv_bytes + 2 * n * W * sizeof(float) + n * sizeof(int32_t);
+    if (calib_buf_.size() < need) {  // an op returns no error: fatal, as RILL_CUDA_CHECK's
+      auto b = cuda::DeviceBuffer::allocate(need, "q4a's calibration rows");
+      if (!b.ok()) {
+        std::fprintf(stderr, "%s\n", b.error().message.c_str());
+        std::abort();
+      }
+      calib_buf_ = std::move(b).value();
+    }
+    calib_slots_.resize(n);
+    for (size_t t = 0; t < n; ++t) calib_slots_[t] = static_cast<int32_t>(t);
+    uint8_t* base = calib_buf_.as<uint8_t>();
+    RILL_CUDA_CHECK(cudaMemcpyAsync(base, op.qkv.f32(), qkv_bytes, cudaMemcpyDeviceToDevice, stream()));
+    RILL_CUDA_CHECK(cudaMemcpyAsync(base + qkv_bytes + 2 * n * W * sizeof(float), calib_slots_.data(),
+                                    n * sizeof(int32_t), cudaMemcpyHostToDevice, stream()));
+  }
+
+  // a: the step's RopeKvArgs (run already on op's rows).
+  void add_calibration(const RopeKvOp& op, const StepMetadata& step, const cuda::RopeKvArgs& a) {
+    KvCalibrationStats& stats = *op.kv.calibration;
+    const int64_t n = op.qkv.rows, hd = op.head_dim, W = int64_t{op.n_head_kv} * hd;
+    assert(static_cast<int64_t>(stats.query_energy.size()) == W && int64_t{op.n_head} * hd <= op.qkv.stride);
+    const size_t qkv_floats = static_cast<size_t>(n * op.qkv.stride);
+    auto* base = calib_buf_.as<float>();
+    cuda::RopeKvArgs f = a;
+    f.qkv = base;
+    f.k_cache = base + qkv_floats;
+    f.v_cache = base + qkv_floats + static_cast<size_t>(n * W);
+    f.slots = reinterpret_cast<const int32_t*>(base + qkv_floats + static_cast<size_t>(2 * n * W));
+    f.kv_dtype = DType::kF32;
+    f.k_rotated = f.v_rotated = false;
+    f.k_rows = f.v_rows = nullptr;
+    cuda::rope_store_kv(f, stream());
+    std::vector<float> q(qkv_floats), k(static_cast<size_t>(n * W));
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    cudaStream_t cs = stream();
+    RILL_CUDA_CHECK(cudaMemcpyAsync(q.data(), f.qkv, q.size() * sizeof(float), cudaMemcpyDeviceToHost, cs));
+    RILL_CUDA_CHECK(cudaMemcpyAsync(k.data(), f.k_cache, k.size() * sizeof(float), cudaMemcpyDeviceToHost, cs));
+    RILL_CUDA_CHECK(cudaMemcpyAsync(pos.data(), step.pos, pos.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, cs));
+    RILL_CUDA_CHECK(cudaStreamSynchronize(cs));
+    for (int64_t t = 0; t < n; ++t) {
+      cpu::add_calibration_token(stats.query_energy.data(), stats.block_range_sq.data(), stats.block_min.data(),
+                                 stats.block_max.data(), q.data() + t * op.qkv.stride, k.data() + t * W,
+                                 pos[static_cast<size_t>(t)], op.n_head, op.n_head_kv, hd);
+    }
   }
 
   // k4c: every K block the step completes, encoded from the tail's and the
@@ -684,6 +756,7 @@ class CudaBackend final : public Backend {
     e.n_units = cuda::chan_max_units(op.qkv.rows, step.n_seqs);
     e.width = c.width;
     e.n_units_dev = chan_.n_units;
+    e.widths = alloc_widths(op.kv);
     cuda::quantize_chan_blocks(e, stream());
   }
 
@@ -720,6 +793,7 @@ class CudaBackend final : public Backend {
     a.window = op.window;
     a.scale = op.scale;
     a.softcap = op.softcap;
+    a.k_widths = alloc_widths(op.kv);
     for (int32_t t0 = 0; t0 < n; t0 += chan_.chunk) {
       a.n_tokens = std::min(chan_.chunk, n - t0);
       a.q = op.q.f32() + t0 * op.q.stride;
@@ -1141,7 +1215,12 @@ class CudaBackend final : public Backend {
   float* partial_ = nullptr;
   int32_t* shifted_pos_ = nullptr;  // [max_tokens]: rope_store_kv's positions + pos_offset
   float* rotation_ = nullptr;       // cuda::attention_rotation_floats of the limits
-  float* index_scores_ = nullptr;   // lightning_index(): [kIndexBlocks, index_keys_]
+  // q4a's calibration pass only (copy_calibration_rows): the step's q/k/v
+  // rows copied, their f32 K and V rows and the identity slots; the slots'
+  // host copy, alive until the pass's download waits.
+  cuda::DeviceBuffer calib_buf_;
+  std::vector<int32_t> calib_slots_;
+  float* index_scores_ = nullptr;  // lightning_index(): [kIndexBlocks, index_keys_]
   // k4c's scratch (carve_chan): the plan's outputs, the step's rows, scores.
   struct ChanScratch {
     uint8_t* step_k = nullptr;  // [max_tokens] q8_0 rows each (RopeKvArgs::k_rows / v_rows)

@@ -730,9 +730,10 @@ Status LlamaCudaModel::init(const ModelOptions& options) {
   RILL_ASSIGN_OR_RETURN(graph_, place_llama(*backend_, cfg_, w, LlamaDims{E_, V_, F_, hd_, Q_, KV_}, rope));
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
   // Every layer reads its own KV and forward() is the base's, which checks
-  // the batch's KV tails: k4c may run here (CudaModelBase::choose_kv_type).
+  // the batch's KV tails: k4c and k4a may run here (CudaModelBase::choose_kv_type).
   kv_tails_supported_ = !sharded();
-  return init_runtime(options);
+  RILL_TRY(init_runtime(options));
+  return calibrate_kv(options.kv_types.calibration_tokens, rope.interleaved, rope.rot_dim);
 }
 
 void LlamaCudaModel::carve_activations(cuda::Arena& a) {
@@ -751,7 +752,7 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.attn32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : graph_.Q);
   act_views_.mlp32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : F);
   act_views_.final32 = carve_tensor(a, DType::kF32, S, f32 || graph_.mup.logit == 1.0f ? 0 : E_);
-  CudaChanLimits chan;  // k4c: the step's q8_0 rows and the reference attention's scores
+  CudaChanLimits chan;  // k4c / k4a: the step's q8_0 rows and the reference attention's scores
   if (kv_chan_) {
     chan.max_width = KV_;
     chan.max_keys = n_ctx();
