@@ -25,8 +25,9 @@
 // its epilogue; 128 tokens: two launches of 64) against what fp8_matmul runs today (cuBLASLt's FP8 GEMM and its scale
 // pass: Gemm::run_fp8), both on the same quantized activations, the activation quantization apart; at 64 tokens also
 // fp8_mma with the columns forced into 1, 2, 4 and 8 parts, and for gate_up the GLU forms (fp8_mma_glu against
-// run_fp8_unscaled + fp8_scale_glu, bf16 out). Weights cycle over copies that exceed the L2 cache (as the GEMV's), so
-// every figure reads them from HBM; % copy: weight bytes a second against the measured copy rate.
+// run_fp8_unscaled + fp8_scale_glu, bf16 out), and the bf16-x forms (fp8_mma_bf16x, fp8_mma_glu_bf16x: no
+// activation quantization; set against quant + cuBLASLt). Weights cycle over copies that exceed the L2 cache (as the
+// GEMV's), so every figure reads them from HBM; % copy: weight bytes a second against the measured copy rate.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -361,13 +362,16 @@ void mma_bench(const cuda::Context& ctx, double copy_gbs) {
       }
       const double t_m = timer.us(
           10, [&](int i) { cuda::fp8_mma(wq(i), xq, xs, n, sh.rows, sh.cols, y, false, part, part_floats, s); });
+      const double t_bx = timer.us(
+          10, [&](int i) { cuda::fp8_mma_bf16x(wq(i), x, n, sh.rows, sh.cols, y, false, part, part_floats, s); });
       const int64_t pf = cuda::fp8_mma_part_floats(n, sh.rows, sh.cols, false);
       const int64_t split = pf > 0 ? pf / (std::min<int64_t>(n, cuda::kFp8MmaMaxTokens) * sh.rows) : 1;
       std::printf(
           "  %-8s n=%-4lld quant %5.1f us | cuBLASLt fp8+scale %7.1f us %5.1f%% | fp8_mma %7.1f us %5.1f%% "
-          "(%lld parts) | mma / cuBLASLt %.2f\n",
+          "(%lld parts) | mma / cuBLASLt %.2f | fp8_mma_bf16x %7.1f us %5.1f%%, / (quant + cuBLASLt) %.2f\n",
           sh.name, static_cast<long long>(n), t_q, t_lt, t_lt > 0 ? pct(t_lt) : 0.0, t_m, pct(t_m),
-          static_cast<long long>(split), t_lt > 0 ? t_m / t_lt : 0.0);
+          static_cast<long long>(split), t_lt > 0 ? t_m / t_lt : 0.0, t_bx, pct(t_bx),
+          t_lt > 0 ? t_bx / (t_q + t_lt) : 0.0);
       if (n == 64 && sh.rows < 30000) {
         std::printf("  %-8s n=%-4lld fp8_mma by parts:", sh.name, static_cast<long long>(n));
         for (int k : {1, 2, 4, 8}) {
@@ -387,10 +391,13 @@ void mma_bench(const cuda::Context& ctx, double copy_gbs) {
         const double t_mg = timer.us(10, [&](int i) {
           cuda::fp8_mma_glu(wq(i), xq, xs, n, sh.rows, sh.cols, false, DType::kBF16, d, part, part_floats, s);
         });
+        const double t_bg = timer.us(10, [&](int i) {
+          cuda::fp8_mma_glu_bf16x(wq(i), x, n, sh.rows, sh.cols, false, DType::kBF16, d, part, part_floats, s);
+        });
         std::printf(
             "  %-8s n=%-4lld GLU (bf16 out): cuBLASLt unscaled + fp8_scale_glu %7.1f us | fp8_mma_glu %7.1f "
-            "us %5.1f%% | ratio %.2f\n",
-            sh.name, static_cast<long long>(n), t_lg, t_mg, pct(t_mg), t_mg / t_lg);
+            "us %5.1f%% | ratio %.2f | fp8_mma_glu_bf16x %7.1f us %5.1f%%\n",
+            sh.name, static_cast<long long>(n), t_lg, t_mg, pct(t_mg), t_mg / t_lg, t_bg, pct(t_bg));
       }
     }
     for (void* p : w) cudaFree(p);

@@ -7,17 +7,18 @@
 # is printed last (device_out.sh), also when the script is cut short.
 #  tests   test_fp8_mma whole (the f64 sum of the e4m3 products, cuBLASLt,
 #          batch invariance bit for bit, accumulate, odd shapes, the GLU
-#          epilogue), then its switched-on test and test_fp8_glu (the
-#          backend's matmul_glu == matmul then glu, bit for bit) with
-#          RILL_FP8_MMA=1;
+#          epilogue; e4m3 x and bf16 x), then its switched-on test and
+#          test_fp8_glu (the backend's matmul_glu == matmul then glu, bit
+#          for bit) with RILL_FP8_MMA=1 and =2;
 #  model   the random Llama-3.1-8B (make_random_model.py, bf16, 16 GB) into
 #          /dev/shm, in the background from the start;
 #  kernels bench_fp8_kernels --mma-only 1: per 8B shape at 16/32/64/128
-#          tokens, cuBLASLt FP8 + scale pass against fp8_mma (weights from
-#          HBM), fp8_mma by column parts at 64, the GLU forms for gate_up;
-#  rill    bench_cuda MODEL --quantize fp8 --batches 1,8,64,128 --steps 16:
-#          this branch with RILL_FP8_MMA=0, =1, =0, =1 (interleaved), then
-#          main's binary (if carried and time is left);
+#          tokens, cuBLASLt FP8 + scale pass against fp8_mma and
+#          fp8_mma_bf16x (weights from HBM), fp8_mma by column parts at 64,
+#          the GLU forms for gate_up;
+#  rill    bench_cuda MODEL --quantize fp8 --batches 1,8,64,128 --steps 16
+#          --prefill 512: this branch with RILL_FP8_MMA=0, =1, =2, =0, =1,
+#          =2 (interleaved), then main's binary (if carried and time is left);
 #  ncu     one launch of fp8_mma_kernel at 64 tokens (bench_fp8_kernels
 #          --profile 2) on NCU_SHAPES (default "o gate_up"; NCU=0: none).
 # Order: tests while the model is made (CPU work), then kernels, rill and
@@ -59,25 +60,29 @@ if has model || has rill; then
 fi
 if has tests; then
   out_key $O/test_mma.log
-  out_key $O/test_mma_on.log
-  out_key $O/test_glu_on.log
+  out_key $O/test_mma_on1.log
+  out_key $O/test_glu_on1.log
+  out_key $O/test_mma_on2.log
+  out_key $O/test_glu_on2.log
   tmo 150 $B/test_fp8_mma > $O/test_mma.log 2>&1
   r=$?
   out_rc test_fp8_mma $r
   echo "== test_fp8_mma rc=$r at $(($(date +%s) - T0)) s"
   grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran|Failure|Expected|Which is|differ|^\[ fp8 mma|OK \]" \
     $O/test_mma.log | head -50
-  RILL_FP8_MMA=1 tmo 60 $B/test_fp8_mma --gtest_filter='Fp8Mma.Fp8MatmulTakesItWhenSwitchedOn' \
-    > $O/test_mma_on.log 2>&1
-  r=$?
-  out_rc "test_fp8_mma (RILL_FP8_MMA=1)" $r
-  echo "== test_fp8_mma switched on rc=$r at $(($(date +%s) - T0)) s"
-  grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure|Expected|Which is|differ|OK \]" $O/test_mma_on.log | head -20
-  RILL_FP8_MMA=1 tmo 120 $B/test_fp8_glu > $O/test_glu_on.log 2>&1
-  r=$?
-  out_rc "test_fp8_glu (RILL_FP8_MMA=1)" $r
-  echo "== test_fp8_glu (RILL_FP8_MMA=1) rc=$r at $(($(date +%s) - T0)) s"
-  grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure|Expected|Which is|fused|OK \]" $O/test_glu_on.log | head -30
+  for sw in 1 2; do
+    RILL_FP8_MMA=$sw tmo 60 $B/test_fp8_mma --gtest_filter='Fp8Mma.Fp8MatmulTakesItWhenSwitchedOn' \
+      > $O/test_mma_on$sw.log 2>&1
+    r=$?
+    out_rc "test_fp8_mma (RILL_FP8_MMA=$sw)" $r
+    echo "== test_fp8_mma switched on (RILL_FP8_MMA=$sw) rc=$r at $(($(date +%s) - T0)) s"
+    grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure|Expected|Which is|differ|OK \]" $O/test_mma_on$sw.log | head -20
+    RILL_FP8_MMA=$sw tmo 120 $B/test_fp8_glu > $O/test_glu_on$sw.log 2>&1
+    r=$?
+    out_rc "test_fp8_glu (RILL_FP8_MMA=$sw)" $r
+    echo "== test_fp8_glu (RILL_FP8_MMA=$sw) rc=$r at $(($(date +%s) - T0)) s"
+    grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure|Expected|Which is|fused|OK \]" $O/test_glu_on$sw.log | head -30
+  done
   out_pack
 fi
 if has kernels; then
@@ -92,17 +97,19 @@ if [ -n "$MK" ]; then
   echo "model done at $(($(date +%s) - T0)) s"
 fi
 if has rill && [ -f $M/config.json ]; then
-  RUNS="off1 on1 off2 on2"
+  RUNS="off1 on1 bx1 off2 on2 bx2"
   [ -x $B/bench_main ] && RUNS="$RUNS main"
   for r in $RUNS; do
-    [ "$(left)" -lt 75 ] && { echo "== rill $r skipped (time)"; continue; }
+    [ "$(left)" -lt 60 ] && { echo "== rill $r skipped (time)"; continue; }
     case $r in
       main) bin=$B/bench_main sw= ;;
       off*) bin=$B/bench_new sw=0 ;;
       on*) bin=$B/bench_new sw=1 ;;
+      bx*) bin=$B/bench_new sw=2 ;;
     esac
-    echo "== $r: RILL_FP8_MMA=$sw $(basename $bin) --quantize fp8 --batches 1,8,64,128 --steps 16"
-    RILL_FP8_MMA=$sw tmo 110 $bin $M --quantize fp8 --batches 1,8,64,128 --steps 16 > $O/rill_$r.log 2>&1
+    echo "== $r: RILL_FP8_MMA=$sw $(basename $bin) --quantize fp8 --batches 1,8,64,128 --steps 16 --prefill 512"
+    RILL_FP8_MMA=$sw tmo 110 $bin $M --quantize fp8 --batches 1,8,64,128 --steps 16 --prefill 512 \
+      > $O/rill_$r.log 2>&1
     echo "rc=$? at $(($(date +%s) - T0)) s"
     grep -E "^(ceilings|model)|decode|rror" $O/rill_$r.log | cut -c1-200
     out_pack

@@ -14,8 +14,10 @@
 //  - accumulate: y0 + the overwriting result, bit for bit;
 //  - the GLU epilogue: fp8_mma_glu equals fp8_mma then silu_mul /
 //    gelu_tanh_mul bit for bit (F32, F16, BF16 out; split and unsplit);
-//  - with RILL_FP8_MMA=1 (the device script runs the binary a second
-//    time so): fp8_matmul and fp8_matmul_glu take it (the same bits).
+//  - the same (but cuBLASLt) for fp8_mma_bf16x / fp8_mma_glu_bf16x (x in
+//    bf16 as it is; the exact sums of e4m3(w) x);
+//  - with RILL_FP8_MMA=1 and =2 (the device script runs the binary again
+//    so): fp8_matmul and fp8_matmul_glu take it (the same bits).
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -61,10 +63,10 @@ DeviceBuffer alloc(size_t bytes) {
 // of the codes and scales, and the exact sums.
 struct Problem {
   int64_t rows = 0, cols = 0, n = 0;
-  DeviceBuffer w, xq, xs, part;
+  DeviceBuffer w, xb, xq, xs, part;  // xb: x in bf16
   int64_t part_floats = 0;
   std::vector<uint8_t> wq_host, xq_host;
-  std::vector<float> ws_host, xs_host;
+  std::vector<float> ws_host, xs_host, x_host;
 
   Problem(int64_t rows_, int64_t cols_, int64_t n_, uint32_t seed) : rows(rows_), cols(cols_), n(n_) {
     std::vector<float> wf = random_floats(static_cast<size_t>(rows * cols), seed, -0.05f, 0.05f);
@@ -77,10 +79,11 @@ struct Problem {
     std::vector<float> x = random_floats(static_cast<size_t>(n * cols), seed + 1);
     for (size_t i = 0; i < x.size(); i += 131) x[i] *= 8;
     for (float& v : x) v = round_to(DType::kBF16, v);
-    const DeviceBuffer xd = upload(encode(DType::kBF16, x));
+    x_host = x;
+    xb = upload(encode(DType::kBF16, x));
     xq = alloc(static_cast<size_t>(n * cols));
     xs = alloc(static_cast<size_t>(n) * 4);
-    quantize_fp8_tokens(DType::kBF16, xd.data(), n, cols, xq.as<uint8_t>(), xs.as<float>(), nullptr);
+    quantize_fp8_tokens(DType::kBF16, xb.data(), n, cols, xq.as<uint8_t>(), xs.as<float>(), nullptr);
     RILL_CUDA_CHECK(cudaDeviceSynchronize());
     const auto bytes = download<uint8_t>(w, fp8_matrix_bytes(rows, cols));
     wq_host.resize(static_cast<size_t>(rows * cols));
@@ -100,33 +103,42 @@ struct Problem {
     part = alloc(static_cast<size_t>(std::max<int64_t>(part_floats, 1)) * 4);
   }
 
-  // The exact scaled sum and sum |w x| x scales of (token t, row r).
-  void exact(int64_t t, int64_t r, double& sum, double& mag) const {
+  // The exact scaled sum and sum |w x| x scales of (token t, row r): of
+  // the e4m3 codes of x and w (bf16x: of w's codes and x in bf16).
+  void exact(int64_t t, int64_t r, double& sum, double& mag, bool bf16x = false) const {
     double s = 0, m = 0;
     for (int64_t c = 0; c < cols; ++c) {
-      const double p = e4m3_value(wq_host[r * cols + c]) * e4m3_value(xq_host[t * cols + c]);
+      const double xv = bf16x ? double(x_host[t * cols + c]) : e4m3_value(xq_host[t * cols + c]);
+      const double p = e4m3_value(wq_host[r * cols + c]) * xv;
       s += p;
       m += std::fabs(p);
     }
-    const double scale = double(xs_host[t]) * ws_host[r];
+    const double scale = (bf16x ? 1.0 : double(xs_host[t])) * ws_host[r];
     sum = s * scale;
     mag = m * scale;
   }
 
+  // fp8_mma (bf16x: fp8_mma_bf16x) of tokens [t0, t0 + count) into y (y0
+  // first when given).
   std::vector<float> run(int ksplit, bool accumulate = false, const std::vector<float>* y0 = nullptr, int64_t t0 = 0,
-                         int64_t count = -1) const {
+                         int64_t count = -1, bool bf16x = false) const {
     const int64_t nt = count < 0 ? n : count;
     const DeviceBuffer y = y0 ? upload(*y0) : testing::poisoned(static_cast<size_t>(nt * rows) * 4);
-    fp8_mma(w.as<uint8_t>(), xq.as<uint8_t>() + t0 * cols, xs.as<float>() + t0, nt, rows, cols, y.as<float>(),
-            accumulate, part.as<float>(), part_floats, nullptr, ksplit);
+    if (bf16x) {
+      fp8_mma_bf16x(w.as<uint8_t>(), xb.as<uint8_t>() + t0 * cols * 2, nt, rows, cols, y.as<float>(), accumulate,
+                    part.as<float>(), part_floats, nullptr, ksplit);
+    } else {
+      fp8_mma(w.as<uint8_t>(), xq.as<uint8_t>() + t0 * cols, xs.as<float>() + t0, nt, rows, cols, y.as<float>(),
+              accumulate, part.as<float>(), part_floats, nullptr, ksplit);
+    }
     RILL_CUDA_CHECK(cudaDeviceSynchronize());
     return download<float>(y, static_cast<size_t>(nt * rows));
   }
 };
 
-std::string trace(const Problem& p, int ksplit) {
+std::string trace(const Problem& p, int ksplit, bool bf16x = false) {
   return std::to_string(p.rows) + " x " + std::to_string(p.cols) + ", " + std::to_string(p.n) + " tokens, ksplit " +
-         (ksplit ? std::to_string(ksplit) : std::string("auto"));
+         (ksplit ? std::to_string(ksplit) : std::string("auto")) + (bf16x ? ", bf16 x" : ", e4m3 x");
 }
 
 TEST(Fp8Mma, MatchesTheExactSumOfTheE4m3Products) {
@@ -140,29 +152,31 @@ TEST(Fp8Mma, MatchesTheExactSumOfTheE4m3Products) {
   for (const Case c : {Case{300, 4096, 2}, Case{300, 4096, 37}, Case{300, 4096, 100}, Case{4100, 208, 9},
                        Case{4100, 208, 64}, Case{128, 1040, 16}, Case{2000, 14336, 24}}) {
     const Problem p(c.rows, c.cols, c.n, 7 + static_cast<uint32_t>(c.rows + c.n));
-    std::vector<double> sums(static_cast<size_t>(p.n * p.rows)), mags(sums.size());
-    for (int64_t t = 0; t < p.n; ++t) {
-      for (int64_t r = 0; r < p.rows; ++r) p.exact(t, r, sums[t * p.rows + r], mags[t * p.rows + r]);
-    }
-    for (const int ksplit : {0, 1, 3}) {
-      SCOPED_TRACE(trace(p, ksplit));
-      const std::vector<float> got = p.run(ksplit);
-      double worst = 0;
-      int64_t bad = 0;
+    for (const bool bf16x : {false, true}) {
+      std::vector<double> sums(static_cast<size_t>(p.n * p.rows)), mags(sums.size());
       for (int64_t t = 0; t < p.n; ++t) {
-        for (int64_t r = 0; r < p.rows; ++r) {
-          const double sum = sums[t * p.rows + r], mag = mags[t * p.rows + r];
-          const double err = std::fabs(got[static_cast<size_t>(t * p.rows + r)] - sum);
-          const bool ok = err <= 1e-4 * mag + 1e-30;  // NaN fails
-          if (!ok && bad++ < 5) {
-            ADD_FAILURE() << "token " << t << " row " << r << ": " << got[static_cast<size_t>(t * p.rows + r)]
-                          << " against " << sum << " (sum |w x| " << mag << ")";
-          }
-          if (mag > 0) worst = std::max(worst, err / mag);
-        }
+        for (int64_t r = 0; r < p.rows; ++r) p.exact(t, r, sums[t * p.rows + r], mags[t * p.rows + r], bf16x);
       }
-      EXPECT_EQ(bad, 0);
-      std::printf("[ fp8 mma ] %s: worst error / sum |w x| = %.3g\n", trace(p, ksplit).c_str(), worst);
+      for (const int ksplit : {0, 1, 3}) {
+        SCOPED_TRACE(trace(p, ksplit, bf16x));
+        const std::vector<float> got = p.run(ksplit, false, nullptr, 0, -1, bf16x);
+        double worst = 0;
+        int64_t bad = 0;
+        for (int64_t t = 0; t < p.n; ++t) {
+          for (int64_t r = 0; r < p.rows; ++r) {
+            const double sum = sums[t * p.rows + r], mag = mags[t * p.rows + r];
+            const double err = std::fabs(got[static_cast<size_t>(t * p.rows + r)] - sum);
+            const bool ok = err <= 1e-4 * mag + 1e-30;  // NaN fails
+            if (!ok && bad++ < 5) {
+              ADD_FAILURE() << "token " << t << " row " << r << ": " << got[static_cast<size_t>(t * p.rows + r)]
+                            << " against " << sum << " (sum |w x| " << mag << ")";
+            }
+            if (mag > 0) worst = std::max(worst, err / mag);
+          }
+        }
+        EXPECT_EQ(bad, 0);
+        std::printf("[ fp8 mma ] %s: worst error / sum |w x| = %.3g\n", trace(p, ksplit, bf16x).c_str(), worst);
+      }
     }
   }
 }
@@ -208,23 +222,25 @@ TEST(Fp8Mma, ATokensResultDoesNotDependOnTheBatch) {
   RILL_REQUIRE_GPU();
   for (const int64_t rows : {int64_t{300}, int64_t{1000}}) {
     const Problem p(rows, 2048, 100, 33);
-    for (const int ksplit : {0, 1, 4}) {
-      SCOPED_TRACE(trace(p, ksplit));
-      const std::vector<float> all = p.run(ksplit);  // 64 + 36
-      const std::vector<float> first64 = p.run(ksplit, false, nullptr, 0, 64);
-      for (const int64_t t : {int64_t{0}, int64_t{5}, int64_t{37}, int64_t{63}, int64_t{64}, int64_t{99}}) {
-        const std::vector<float> alone = p.run(ksplit, false, nullptr, t, 1);
-        EXPECT_EQ(std::memcmp(alone.data(), all.data() + t * rows, static_cast<size_t>(rows) * 4), 0)
-            << "token " << t << " alone differs from the same token among 100";
-        if (t < 64) {
-          EXPECT_EQ(std::memcmp(alone.data(), first64.data() + t * rows, static_cast<size_t>(rows) * 4), 0)
-              << "token " << t << " alone differs from the same token among 64";
+    for (const bool bf16x : {false, true}) {
+      for (const int ksplit : {0, 1, 4}) {
+        SCOPED_TRACE(trace(p, ksplit, bf16x));
+        const std::vector<float> all = p.run(ksplit, false, nullptr, 0, -1, bf16x);  // 64 + 36
+        const std::vector<float> first64 = p.run(ksplit, false, nullptr, 0, 64, bf16x);
+        for (const int64_t t : {int64_t{0}, int64_t{5}, int64_t{37}, int64_t{63}, int64_t{64}, int64_t{99}}) {
+          const std::vector<float> alone = p.run(ksplit, false, nullptr, t, 1, bf16x);
+          EXPECT_EQ(std::memcmp(alone.data(), all.data() + t * rows, static_cast<size_t>(rows) * 4), 0)
+              << "token " << t << " alone differs from the same token among 100";
+          if (t < 64) {
+            EXPECT_EQ(std::memcmp(alone.data(), first64.data() + t * rows, static_cast<size_t>(rows) * 4), 0)
+                << "token " << t << " alone differs from the same token among 64";
+          }
         }
+        // 17 tokens from token 20: token 20 + i at place i.
+        const std::vector<float> mid = p.run(ksplit, false, nullptr, 20, 17, bf16x);
+        EXPECT_EQ(std::memcmp(mid.data(), all.data() + 20 * rows, mid.size() * 4), 0)
+            << "tokens 20..36 as a batch of 17 differ from the same tokens among 100";
       }
-      // 17 tokens from token 20: token 20 + i at place i.
-      const std::vector<float> mid = p.run(ksplit, false, nullptr, 20, 17);
-      EXPECT_EQ(std::memcmp(mid.data(), all.data() + 20 * rows, mid.size() * 4), 0)
-          << "tokens 20..36 as a batch of 17 differ from the same tokens among 100";
     }
   }
 }
@@ -234,15 +250,17 @@ TEST(Fp8Mma, AccumulatesOntoY) {
   const Problem p(700, 1536, 33, 44);
   const std::vector<float> y0 = random_floats(static_cast<size_t>(p.n * p.rows), 45);
   for (const int ksplit : {0, 1}) {
-    SCOPED_TRACE(trace(p, ksplit));
-    const std::vector<float> plain = p.run(ksplit);
-    const std::vector<float> acc = p.run(ksplit, true, &y0);
-    int64_t bad = 0;
-    for (size_t i = 0; i < acc.size(); ++i) {
-      const float want = y0[i] + plain[i];
-      bad += std::memcmp(&acc[i], &want, 4) != 0;
+    for (const bool bf16x : {false, true}) {
+      SCOPED_TRACE(trace(p, ksplit, bf16x));
+      const std::vector<float> plain = p.run(ksplit, false, nullptr, 0, -1, bf16x);
+      const std::vector<float> acc = p.run(ksplit, true, &y0, 0, -1, bf16x);
+      int64_t bad = 0;
+      for (size_t i = 0; i < acc.size(); ++i) {
+        const float want = y0[i] + plain[i];
+        bad += std::memcmp(&acc[i], &want, 4) != 0;
+      }
+      EXPECT_EQ(bad, 0) << "of " << acc.size() << " outputs are not y0 + the overwriting result";
     }
-    EXPECT_EQ(bad, 0) << "of " << acc.size() << " outputs are not y0 + the overwriting result";
   }
 }
 
@@ -252,25 +270,33 @@ TEST(Fp8Mma, GluEpilogueEqualsMatmulThenGlu) {
   for (const int64_t F : {int64_t{344}, int64_t{1000}, int64_t{4112}}) {
     const Problem p(2 * F, 1024, 24, 61 + static_cast<uint32_t>(F));
     for (const int ksplit : {0, 1}) {
-      const std::vector<float> y = p.run(ksplit);  // the scaled gate_up
-      const DeviceBuffer gate_up = upload(y);
-      for (const DType out : {DType::kF32, DType::kF16, DType::kBF16}) {
-        for (const bool gelu : {false, true}) {
-          SCOPED_TRACE(trace(p, ksplit) + ", out " + std::string(dtype_name(out)) + (gelu ? ", GELU" : ", SiLU"));
-          const size_t es = out == DType::kF32 ? 4 : 2, bytes = static_cast<size_t>(p.n * F) * es;
-          const DeviceBuffer want = testing::poisoned(bytes), got = testing::poisoned(bytes);
-          if (gelu) {
-            gelu_tanh_mul(gate_up.as<float>(), p.n, F, out, want.data(), nullptr);
-          } else {
-            silu_mul(gate_up.as<float>(), p.n, F, out, want.data(), nullptr);
+      for (const bool bf16x : {false, true}) {
+        const std::vector<float> y = p.run(ksplit, false, nullptr, 0, -1, bf16x);  // the scaled gate_up
+        const DeviceBuffer gate_up = upload(y);
+        for (const DType out : {DType::kF32, DType::kF16, DType::kBF16}) {
+          for (const bool gelu : {false, true}) {
+            SCOPED_TRACE(trace(p, ksplit, bf16x) + ", out " + std::string(dtype_name(out)) +
+                         (gelu ? ", GELU" : ", SiLU"));
+            const size_t es = out == DType::kF32 ? 4 : 2, bytes = static_cast<size_t>(p.n * F) * es;
+            const DeviceBuffer want = testing::poisoned(bytes), got = testing::poisoned(bytes);
+            if (gelu) {
+              gelu_tanh_mul(gate_up.as<float>(), p.n, F, out, want.data(), nullptr);
+            } else {
+              silu_mul(gate_up.as<float>(), p.n, F, out, want.data(), nullptr);
+            }
+            if (bf16x) {
+              fp8_mma_glu_bf16x(p.w.as<uint8_t>(), p.xb.data(), p.n, p.rows, p.cols, gelu, out, got.data(),
+                                p.part.as<float>(), p.part_floats, nullptr, ksplit);
+            } else {
+              fp8_mma_glu(p.w.as<uint8_t>(), p.xq.as<uint8_t>(), p.xs.as<float>(), p.n, p.rows, p.cols, gelu, out,
+                          got.data(), p.part.as<float>(), p.part_floats, nullptr, ksplit);
+            }
+            RILL_CUDA_CHECK(cudaDeviceSynchronize());
+            const auto a = download<uint8_t>(want, bytes), b = download<uint8_t>(got, bytes);
+            int64_t bad = 0;
+            for (size_t i = 0; i < bytes; i += es) bad += std::memcmp(a.data() + i, b.data() + i, es) != 0;
+            EXPECT_EQ(bad, 0) << "of " << p.n * F << " GLU outputs differ from fp8_mma then the GLU";
           }
-          fp8_mma_glu(p.w.as<uint8_t>(), p.xq.as<uint8_t>(), p.xs.as<float>(), p.n, p.rows, p.cols, gelu, out,
-                      got.data(), p.part.as<float>(), p.part_floats, nullptr, ksplit);
-          RILL_CUDA_CHECK(cudaDeviceSynchronize());
-          const auto a = download<uint8_t>(want, bytes), b = download<uint8_t>(got, bytes);
-          int64_t bad = 0;
-          for (size_t i = 0; i < bytes; i += es) bad += std::memcmp(a.data() + i, b.data() + i, es) != 0;
-          EXPECT_EQ(bad, 0) << "of " << p.n * F << " GLU outputs differ from fp8_mma then the GLU";
         }
       }
     }
@@ -279,7 +305,8 @@ TEST(Fp8Mma, GluEpilogueEqualsMatmulThenGlu) {
 
 // With RILL_FP8_MMA=1 (the device script's second run): fp8_matmul and
 // fp8_matmul_glu take fp8_mma for 2..64 tokens (the same bits as calling
-// it), the GEMV for one token and cuBLASLt from 65 (not fp8_mma's bits).
+// it), cuBLASLt from 65 (not fp8_mma's bits); with RILL_FP8_MMA=2 (its
+// third run) fp8_mma_bf16x, on x itself.
 TEST(Fp8Mma, Fp8MatmulTakesItWhenSwitchedOn) {
   RILL_REQUIRE_GPU();
   if (!fp8_mma_on()) GTEST_SKIP() << "RILL_FP8_MMA=1 not set";
@@ -311,10 +338,16 @@ TEST(Fp8Mma, Fp8MatmulTakesItWhenSwitchedOn) {
                     .ok());
     RILL_CUDA_CHECK(cudaDeviceSynchronize());
     const auto got = download<float>(y, static_cast<size_t>(n * rows));
-    // fp8_mma on the activations fp8_matmul quantized into its scratch.
+    // fp8_mma on the activations fp8_matmul quantized into its scratch
+    // (RILL_FP8_MMA=2: fp8_mma_bf16x on x).
     const DeviceBuffer yd = testing::poisoned(static_cast<size_t>(n * rows) * 4);
-    fp8_mma(p.w.as<uint8_t>(), fp8.xq, fp8.xs, n, rows, cols, yd.as<float>(), false, p.part.as<float>(), p.part_floats,
-            (*ctx)->stream());
+    if (fp8_mma_bf16x_on()) {
+      fp8_mma_bf16x(p.w.as<uint8_t>(), xd.data(), n, rows, cols, yd.as<float>(), false, p.part.as<float>(),
+                    p.part_floats, (*ctx)->stream());
+    } else {
+      fp8_mma(p.w.as<uint8_t>(), fp8.xq, fp8.xs, n, rows, cols, yd.as<float>(), false, p.part.as<float>(),
+              p.part_floats, (*ctx)->stream());
+    }
     RILL_CUDA_CHECK(cudaDeviceSynchronize());
     const auto direct = download<float>(yd, static_cast<size_t>(n * rows));
     const bool same = std::memcmp(got.data(), direct.data(), got.size() * 4) == 0;

@@ -130,15 +130,28 @@ void fp8_mma_glu(const uint8_t* w, const uint8_t* xq, const float* xs, int64_t n
                  bool gelu, DType out_dtype, void* out, float* part, int64_t part_floats, cudaStream_t stream,
                  int ksplit = 0);
 
+// fp8_mma and fp8_mma_glu with x [n_tokens, n_cols] bf16 taken as it is
+// (no activation quantization: the e4m3 weights go to bf16, exactly, and
+// mma.sync bf16 multiplies them by x; y = sum x ws[r]): the exact products
+// of the weights and x, the same plan, order and contract.
+void fp8_mma_bf16x(const uint8_t* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
+                   bool accumulate, float* part, int64_t part_floats, cudaStream_t stream, int ksplit = 0);
+void fp8_mma_glu_bf16x(const uint8_t* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, bool gelu,
+                       DType out_dtype, void* out, float* part, int64_t part_floats, cudaStream_t stream,
+                       int ksplit = 0);
+
 // Floats of `part` fp8_mma (glu: fp8_mma_glu) needs for this shape (0: the
-// plan does not split it).
+// plan does not split it; the same for the bf16 forms).
 int64_t fp8_mma_part_floats(int64_t n_tokens, int64_t n_rows, int64_t n_cols, bool glu, int ksplit = 0);
 
 // Whether fp8_matmul and fp8_matmul_glu take fp8_mma for 2..kFp8MmaMaxTokens
 // tokens (outside batch-invariant mode): the environment sets
-// RILL_FP8_MMA=1, read once. Off by default until a GPU run has timed it
-// (docs/perf.md, branch fp8mma23).
+// RILL_FP8_MMA=1 (or 2), read once. Off by default until a GPU run has
+// timed it (docs/perf.md, branch fp8mma23). With RILL_FP8_MMA=2
+// (fp8_mma_bf16x_on) bf16 activations go through the bf16 forms instead (no
+// quantize_fp8_tokens); F32 activations take the e4m3 form either way.
 bool fp8_mma_on();
+bool fp8_mma_bf16x_on();
 
 // out[r, :] = W[row0 + r, :] (e4m3 value x scale, rounded to out_dtype:
 // F32/F16/BF16), out [n_rows, n_cols].

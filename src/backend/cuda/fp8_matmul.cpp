@@ -44,6 +44,11 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
   const bool invariant = gemm.batch_invariant();
   const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
   if (!invariant && mma_path(fp8, n_tokens, n_rows, n_cols, false)) {
+    if (fp8_mma_bf16x_on() && x_dtype == DType::kBF16) {
+      fp8_mma_bf16x(static_cast<const uint8_t*>(w), x, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part,
+                    fp8.mma_part_floats, stream);
+      return Status::Ok();
+    }
     quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
     fp8_mma(static_cast<const uint8_t*>(w), fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part,
             fp8.mma_part_floats, stream);
@@ -87,6 +92,11 @@ Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_
   // (gate_up unused), the same sums in the same order as fp8_mma over the
   // whole weight (the same plan: ceil(2 F / 128) = ceil(F / 64) slabs).
   if (!gemm.batch_invariant() && mma_path(fp8, n_tokens, n_rows, n_cols, true)) {
+    if (fp8_mma_bf16x_on() && x_dtype == DType::kBF16) {
+      fp8_mma_glu_bf16x(static_cast<const uint8_t*>(w), x, n_tokens, n_rows, n_cols, gelu, out_dtype, out, fp8.mma_part,
+                        fp8.mma_part_floats, stream);
+      return Status::Ok();
+    }
     quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
     fp8_mma_glu(static_cast<const uint8_t*>(w), fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, gelu, out_dtype, out,
                 fp8.mma_part, fp8.mma_part_floats, stream);

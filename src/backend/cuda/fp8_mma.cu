@@ -55,6 +55,7 @@
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/fp8.h"
@@ -66,22 +67,25 @@ namespace rill::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kBM = 128;          // weight rows of a slab
-constexpr int kKT = 128;          // columns (e4m3 bytes) of a stage
-constexpr int kStages = 4;        // 3 stages (48 KB of weights) in flight a block
+constexpr int kBM = 128;  // weight rows of a slab
+constexpr int kKT = 128;  // columns (e4m3 bytes) of a stage
+// Ring depth: 4 stages with e4m3 x (two blocks of 96 KB an SM at 64
+// tokens), 3 with bf16 x (its x doubles the stage: 96 KB).
+template <bool kXb>
+inline constexpr int kStagesOf = kXb ? 3 : 4;
 constexpr int kTileLd = kBM + 4;  // floats per token of the epilogue tile
 constexpr int kMaxSplit = 8;
 
 enum Final : int { kToY = 0, kToGlu = 1 };
 
 struct MmaParams {
-  const uint8_t* w;   // kFp8Rows [n_rows, n_cols]
-  const float* ws;    // its scales
-  const uint8_t* xq;  // [n_tokens, n_cols] e4m3
-  const float* xs;    // [n_tokens]
-  int64_t n_rows, n_cols, ld;
-  int64_t n_ff;  // GLU: n_rows / 2 (gate rows [0, n_ff), up rows [n_ff, 2 n_ff)); else 0
-  int n_tokens;  // at most kFp8MmaMaxTokens
+  const uint8_t* w;                  // kFp8Rows [n_rows, n_cols]
+  const float* ws;                   // its scales
+  const uint8_t* x;                  // [n_tokens, n_cols]: e4m3 codes (xq), or bf16 x (x_bf16)
+  const float* xs;                   // [n_tokens] e4m3 codes' scales; null with bf16 x
+  int64_t n_rows, n_cols, ld, x_ld;  // x_ld: bytes per token of x
+  int64_t n_ff;                      // GLU: n_rows / 2 (gate rows [0, n_ff), up rows [n_ff, 2 n_ff)); else 0
+  int n_tokens;                      // at most kFp8MmaMaxTokens
   int chunks_per_part;
   int final_out;  // Final
   bool accumulate, gelu;
@@ -110,11 +114,33 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
   return static_cast<uint32_t>(r * kKT + ((c ^ ((r & 1) << 2)) << 4));
 }
 
+// The same for the tokens' x: e4m3 rows as weight rows; bf16 rows of 256
+// bytes (16 chunks) with chunk c of token r at c ^ (r & 1) (a lane reads
+// chunks 2 c' and 2 c' + 1: rows g, g + 1 of a quarter-warp then fall on
+// even and odd chunks).
+template <bool kXb>
+__device__ __forceinline__ uint32_t xswz(int r, int c) {
+  if constexpr (kXb) {
+    return static_cast<uint32_t>(r * 2 * kKT + ((c ^ (r & 1)) << 4));
+  } else {
+    return swz(r, c);
+  }
+}
+
 // The two e4m3 values of the low 16 bits of v as an f16 pair (exact), the
 // low byte in the low half.
 __device__ __forceinline__ uint32_t f16x2_of(uint32_t v) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// The same as a bf16 pair (exact: an e4m3 value has 4 significant bits
+// and an exponent within bf16's range; e4m3 -> f16 -> f32 -> bf16).
+__device__ __forceinline__ uint32_t bf16x2_of(uint32_t v) {
+  const uint32_t h = f16x2_of(v);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<const uint32_t*>(&b);
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& u, int s) {
@@ -146,25 +172,30 @@ __device__ __forceinline__ float glu(const MmaParams& p, float g, float u) {
   return p.gelu ? detail::fp8_glu_times<true>(g, u) : detail::fp8_glu_times<false>(g, u);
 }
 
-template <int NT>
+template <int NT, bool kXb>
 constexpr size_t smem_bytes() {
-  const size_t ring = size_t{kStages} * (kBM + 8 * NT) * kKT;
+  const size_t ring = size_t{kStagesOf<kXb>} * (kBM + 8 * NT * (kXb ? 2 : 1)) * kKT;
   const size_t tile = size_t{8} * NT * kTileLd * 4;
   return ring > tile ? ring : tile;
 }
 
 // One slab x one column part (blockIdx.x, blockIdx.y); gridDim.y > 1: the
 // part's sums go to p.part for fp8_mma_reduce_kernel, else the scaled
-// result (or the GLU) goes out here.
-template <int NT>
+// result (or the GLU) goes out here. kXb: x is bf16 (p.xs null): the
+// weights go to bf16 instead of f16 and x is taken as it is.
+template <int NT, bool kXb>
 __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int kNP = 8 * NT;                           // tokens, padded
-  constexpr int kStageBytes = (kBM + kNP) * kKT;        // a stage: weights, then xq
-  constexpr int kALoads = kBM * (kKT / 16) / kThreads;  // 16-byte copies a thread a stage
-  constexpr int kBChunks = kNP * (kKT / 16);
+  constexpr int kStages = kStagesOf<kXb>;
+  constexpr int kNP = 8 * NT;                               // tokens, padded
+  constexpr int kXBytes = kXb ? 2 : 1;                      // bytes of an x element
+  constexpr int kXChunks = kKT * kXBytes / 16;              // 16-byte chunks of a token a stage
+  constexpr int kStageBytes = (kBM + kNP * kXBytes) * kKT;  // a stage: weights, then x
+  constexpr int kALoads = kBM * (kKT / 16) / kThreads;      // 16-byte copies a thread a stage
+  constexpr int kBChunks = kNP * kXChunks;
   constexpr int kBLoads = (kBChunks + kThreads - 1) / kThreads;
-  static_assert(kThreads % (kKT / 16) == 0 && kALoads * kThreads == kBM * (kKT / 16), "copies per thread");
+  using MmaT = std::conditional_t<kXb, __nv_bfloat16, __half>;
+  static_assert(kThreads % kXChunks == 0 && kALoads * kThreads == kBM * (kKT / 16), "copies per thread");
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int rg = warp & 3, kh = warp >> 2;
@@ -176,8 +207,8 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
   const uint32_t sbase = detail::smem_addr(smem);
 
   // This thread's copies: 16-byte chunk cc of slab rows tid / 8 + 32 i and
-  // of tokens (tid + 256 i) / 8.
-  const int cc = tid & 7;
+  // chunk cb of tokens (tid + 256 i) / kXChunks.
+  const int cc = tid & 7, cb = tid % kXChunks;
   const uint8_t* a_src[kALoads];
   bool a_ok[kALoads];
   uint32_t a_dst[kALoads];
@@ -195,11 +226,11 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
   uint32_t b_dst[kBLoads];
 #pragma unroll
   for (int i = 0; i < kBLoads; ++i) {
-    const int id = tid + kThreads * i, tok = id >> 3;
+    const int id = tid + kThreads * i, tok = id / kXChunks;
     b_on[i] = id < kBChunks;
     b_ok[i] = tok < p.n_tokens;
-    b_src[i] = p.xq + (b_ok[i] ? tok : 0) * p.n_cols + cc * 16;
-    b_dst[i] = kBM * kKT + swz(b_on[i] ? tok : 0, cc);
+    b_src[i] = p.x + (b_ok[i] ? tok : 0) * p.x_ld + cb * 16;
+    b_dst[i] = kBM * kKT + xswz<kXb>(b_on[i] ? tok : 0, cb);
   }
   auto load_w = [&](int it) {
     const int64_t k = (c_begin + it) * kKT;
@@ -213,13 +244,13 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
   };
   auto load_x = [&](int it) {
     const int64_t k = (c_begin + it) * kKT;
-    const bool in = k + cc * 16 < p.n_cols;
+    const bool in = k + cb * 16 / kXBytes < p.n_cols;  // whole 8s: a chunk is whole or out
     const uint32_t slot = sbase + static_cast<uint32_t>((it % kStages) * kStageBytes);
 #pragma unroll
     for (int i = 0; i < kBLoads; ++i) {
       if (!b_on[i]) continue;
       const bool ok = b_ok[i] && in;
-      detail::cp_async16(slot + b_dst[i], ok ? b_src[i] + k : b_src[i], ok);
+      detail::cp_async16(slot + b_dst[i], ok ? b_src[i] + k * kXBytes : b_src[i], ok);
     }
   };
 
@@ -265,26 +296,62 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
         ra[m][h] = *reinterpret_cast<const uint4*>(st + swz(32 * rg + 16 * m + 8 * h + g, chunk));
       }
     }
-    uint4 rb[NT];  // token g of each tile
-#pragma unroll
-    for (int j = 0; j < NT; ++j) rb[j] = *reinterpret_cast<const uint4*>(st + kBM * kKT + swz(8 * j + g, chunk));
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      uint32_t a[2][4];
+    // Step s's A fragments of both m-tiles (word s of each row's 16 bytes).
+    auto a_frags = [&](int s, uint32_t(&a)[2][4]) {
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         const uint32_t lo = word(ra[m][0], s), hi = word(ra[m][1], s);
-        a[m][0] = f16x2_of(lo);
-        a[m][1] = f16x2_of(hi);
-        a[m][2] = f16x2_of(lo >> 16);
-        a[m][3] = f16x2_of(hi >> 16);
+        if constexpr (kXb) {
+          a[m][0] = bf16x2_of(lo);
+          a[m][1] = bf16x2_of(hi);
+          a[m][2] = bf16x2_of(lo >> 16);
+          a[m][3] = bf16x2_of(hi >> 16);
+        } else {
+          a[m][0] = f16x2_of(lo);
+          a[m][1] = f16x2_of(hi);
+          a[m][2] = f16x2_of(lo >> 16);
+          a[m][3] = f16x2_of(hi >> 16);
+        }
       }
+    };
+    if constexpr (!kXb) {
+      uint4 rb[NT];  // token g of each tile: its 16 e4m3 bytes
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint32_t wb = word(rb[j], s);
-        const uint32_t b0 = f16x2_of(wb), b1 = f16x2_of(wb >> 16);
+      for (int j = 0; j < NT; ++j) rb[j] = *reinterpret_cast<const uint4*>(st + kBM * kKT + swz(8 * j + g, chunk));
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_m16n8k16<__half>(acc[m][j], a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
+      for (int s = 0; s < 4; ++s) {
+        uint32_t a[2][4];
+        a_frags(s, a);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint32_t wb = word(rb[j], s);
+          const uint32_t b0 = f16x2_of(wb), b1 = f16x2_of(wb >> 16);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) mma_m16n8k16<MmaT>(acc[m][j], a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
+        }
+      }
+    } else {
+      // Token g's 16 columns are 32 bytes of bf16: chunk 2 chunk + hs holds
+      // columns 8 hs .. 8 hs + 7, steps 2 hs and 2 hs + 1 (b0 word 2 s2,
+      // b1 word 2 s2 + 1 of it).
+#pragma unroll
+      for (int hs = 0; hs < 2; ++hs) {
+        uint4 rb[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          rb[j] = *reinterpret_cast<const uint4*>(st + kBM * kKT + xswz<true>(8 * j + g, 2 * chunk + hs));
+        }
+#pragma unroll
+        for (int s2 = 0; s2 < 2; ++s2) {
+          uint32_t a[2][4];
+          a_frags(2 * hs + s2, a);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const uint32_t b0 = word(rb[j], 2 * s2), b1 = word(rb[j], 2 * s2 + 1);
+#pragma unroll
+            for (int m = 0; m < 2; ++m) mma_m16n8k16<MmaT>(acc[m][j], a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
+          }
+        }
       }
     }
   }
@@ -336,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
       bool ok = false;
       const int64_t row = slab_row(p, slab, lr, ok);
       if (!ok) continue;
-      const float v = scaled(tile[tok * kTileLd + lr], p.xs[tok], p.ws[row]);
+      const float v = scaled(tile[tok * kTileLd + lr], p.xs ? p.xs[tok] : 1.0f, p.ws[row]);
       float* yp = p.y + tok * p.n_rows + row;
       *yp = p.accumulate ? __fadd_rn(*yp, v) : v;
     }
@@ -345,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
       const int tok = i / kBM, lr = i % kBM;
       bool ok = false;
       const int64_t row = slab_row(p, slab, lr, ok);
-      if (ok) tile[tok * kTileLd + lr] = scaled(tile[tok * kTileLd + lr], p.xs[tok], p.ws[row]);
+      if (ok) tile[tok * kTileLd + lr] = scaled(tile[tok * kTileLd + lr], p.xs ? p.xs[tok] : 1.0f, p.ws[row]);
     }
     __syncthreads();
     for (int i = tid; i < n * (kBM / 2); i += kThreads) {
@@ -374,15 +441,16 @@ __global__ void __launch_bounds__(256) fp8_mma_reduce_kernel(const MmaParams p, 
   if (p.final_out == kToY) {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < per_part; i += stride) {
       const int64_t tok = i / rows, row = i - tok * rows;
-      const float v = scaled(sum(tok, row), p.xs[tok], p.ws[row]);
+      const float v = scaled(sum(tok, row), p.xs ? p.xs[tok] : 1.0f, p.ws[row]);
       float* yp = p.y + i;
       *yp = p.accumulate ? __fadd_rn(*yp, v) : v;
     }
   } else {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n * p.n_ff; i += stride) {
       const int64_t tok = i / p.n_ff, c = i - tok * p.n_ff;
-      const float gv = scaled(sum(tok, c), p.xs[tok], p.ws[c]);
-      const float uv = scaled(sum(tok, p.n_ff + c), p.xs[tok], p.ws[p.n_ff + c]);
+      const float xt = p.xs ? p.xs[tok] : 1.0f;
+      const float gv = scaled(sum(tok, c), xt, p.ws[c]);
+      const float uv = scaled(sum(tok, p.n_ff + c), xt, p.ws[p.n_ff + c]);
       store_out(p, i, glu(p, gv, uv));
     }
   }
@@ -419,42 +487,51 @@ Plan plan_for(int64_t n_rows, int64_t n_cols, bool glu, int ksplit_override) {
   return pl;
 }
 
-template <int NT>
+template <int NT, bool kXb>
 void launch_nt(const MmaParams& p, const Plan& pl, cudaStream_t stream) {
-  constexpr size_t kSmem = smem_bytes<NT>();
+  constexpr size_t kSmem = smem_bytes<NT, kXb>();
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(fp8_mma_kernel<NT>), kSmem, true);
-  launch_pdl(fp8_mma_kernel<NT>, dim3(static_cast<unsigned>(pl.n_slabs), static_cast<unsigned>(pl.ksplit)), kThreads,
-             kSmem, stream, p);
+  opt_in.ensure(reinterpret_cast<const void*>(fp8_mma_kernel<NT, kXb>), kSmem, true);
+  launch_pdl(fp8_mma_kernel<NT, kXb>, dim3(static_cast<unsigned>(pl.n_slabs), static_cast<unsigned>(pl.ksplit)),
+             kThreads, kSmem, stream, p);
+}
+
+template <bool kXb>
+void launch(const MmaParams& p, const Plan& pl, cudaStream_t stream) {
+  switch ((p.n_tokens + 7) / 8) {
+    case 1:
+      launch_nt<1, kXb>(p, pl, stream);
+      break;
+    case 2:
+      launch_nt<2, kXb>(p, pl, stream);
+      break;
+    case 3:
+      launch_nt<3, kXb>(p, pl, stream);
+      break;
+    case 4:
+      launch_nt<4, kXb>(p, pl, stream);
+      break;
+    case 5:
+      launch_nt<5, kXb>(p, pl, stream);
+      break;
+    case 6:
+      launch_nt<6, kXb>(p, pl, stream);
+      break;
+    case 7:
+      launch_nt<7, kXb>(p, pl, stream);
+      break;
+    default:
+      launch_nt<8, kXb>(p, pl, stream);
+      break;
+  }
 }
 
 // p for up to kFp8MmaMaxTokens tokens.
 void run(const MmaParams& p, const Plan& pl, cudaStream_t stream) {
-  switch ((p.n_tokens + 7) / 8) {
-    case 1:
-      launch_nt<1>(p, pl, stream);
-      break;
-    case 2:
-      launch_nt<2>(p, pl, stream);
-      break;
-    case 3:
-      launch_nt<3>(p, pl, stream);
-      break;
-    case 4:
-      launch_nt<4>(p, pl, stream);
-      break;
-    case 5:
-      launch_nt<5>(p, pl, stream);
-      break;
-    case 6:
-      launch_nt<6>(p, pl, stream);
-      break;
-    case 7:
-      launch_nt<7>(p, pl, stream);
-      break;
-    default:
-      launch_nt<8>(p, pl, stream);
-      break;
+  if (p.xs) {
+    launch<false>(p, pl, stream);
+  } else {
+    launch<true>(p, pl, stream);
   }
   if (pl.ksplit > 1) {
     const int64_t outs = int64_t{p.n_tokens} * (p.final_out == kToY ? p.n_rows : p.n_ff);
@@ -470,8 +547,8 @@ void run_chunks(MmaParams p, int64_t n_tokens, int ksplit, size_t out_elem, int6
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kFp8MmaMaxTokens) {
     MmaParams c = p;
     c.n_tokens = static_cast<int>(std::min<int64_t>(kFp8MmaMaxTokens, n_tokens - t0));
-    c.xq = p.xq + t0 * p.n_cols;
-    c.xs = p.xs + t0;
+    c.x = p.x + t0 * p.x_ld;
+    c.xs = p.xs ? p.xs + t0 : nullptr;
     if (p.y) c.y = p.y + t0 * p.n_rows;
     if (p.out) c.out = static_cast<uint8_t*>(p.out) + static_cast<size_t>(t0 * p.n_ff) * out_elem;
     assert(pl.ksplit == 1 || (p.part && int64_t{pl.ksplit} * c.n_tokens * p.n_rows <= part_floats));
@@ -480,12 +557,14 @@ void run_chunks(MmaParams p, int64_t n_tokens, int ksplit, size_t out_elem, int6
   }
 }
 
-MmaParams params(const uint8_t* w, const uint8_t* xq, const float* xs, int64_t n_rows, int64_t n_cols, float* part) {
+// xs null: x is bf16.
+MmaParams params(const uint8_t* w, const void* x, const float* xs, int64_t n_rows, int64_t n_cols, float* part) {
   MmaParams p{};
   p.w = w;
   p.ws = fp8_scales(w, n_rows, n_cols);
-  p.xq = xq;
+  p.x = static_cast<const uint8_t*>(x);
   p.xs = xs;
+  p.x_ld = xs ? n_cols : 2 * n_cols;
   p.n_rows = n_rows;
   p.n_cols = n_cols;
   p.ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
@@ -498,7 +577,15 @@ MmaParams params(const uint8_t* w, const uint8_t* xq, const float* xs, int64_t n
 bool fp8_mma_on() {
   static const bool on = [] {
     const char* e = std::getenv("RILL_FP8_MMA");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0);
+  }();
+  return on;
+}
+
+bool fp8_mma_bf16x_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("RILL_FP8_MMA");
+    return e != nullptr && std::strcmp(e, "2") == 0;
   }();
   return on;
 }
@@ -517,6 +604,30 @@ void fp8_mma(const uint8_t* w, const uint8_t* xq, const float* xs, int64_t n_tok
   p.accumulate = accumulate;
   p.y = y;
   run_chunks(p, n_tokens, ksplit, 0, part_floats, stream);
+}
+
+void fp8_mma_bf16x(const uint8_t* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
+                   bool accumulate, float* part, int64_t part_floats, cudaStream_t stream, int ksplit) {
+  assert(fp8_cols_ok(n_cols));
+  if (n_tokens <= 0 || n_rows <= 0) return;
+  MmaParams p = params(w, x, nullptr, n_rows, n_cols, part);
+  p.final_out = kToY;
+  p.accumulate = accumulate;
+  p.y = y;
+  run_chunks(p, n_tokens, ksplit, 0, part_floats, stream);
+}
+
+void fp8_mma_glu_bf16x(const uint8_t* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, bool gelu,
+                       DType out_dtype, void* out, float* part, int64_t part_floats, cudaStream_t stream, int ksplit) {
+  assert(fp8_cols_ok(n_cols) && n_rows % 2 == 0);
+  if (n_tokens <= 0 || n_rows <= 0) return;
+  MmaParams p = params(w, x, nullptr, n_rows, n_cols, part);
+  p.n_ff = n_rows / 2;
+  p.final_out = kToGlu;
+  p.gelu = gelu;
+  p.out = out;
+  p.out_dtype = out_dtype;
+  run_chunks(p, n_tokens, ksplit, out_dtype == DType::kF32 ? 4 : 2, part_floats, stream);
 }
 
 void fp8_mma_glu(const uint8_t* w, const uint8_t* xq, const float* xs, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
