@@ -39,7 +39,8 @@ O=$L
 # background), out_key, out_rc; the EXIT trap packs $L and prints the verdict.
 . "$([ -f "$V/device_out.sh" ] && echo "$V" || echo "$PWD/bench/cuda")/device_out.sh"
 verdict_lines() {
-  grep -hE "^\[ fp8 mma \]" $O/test_mma.log 2> /dev/null | head -12
+  grep -hE "^\[ fp8 mma \].*worst" $O/test_mma.log 2> /dev/null | sort -t= -k2 -g | tail -3
+  grep -hE "^\[ fp8 mma \] against cuBLASLt" $O/test_mma.log 2> /dev/null
   grep -hE "n=64 |GLU" $O/kernels.log 2> /dev/null | sed "s/  */ /g" | head -24
   for f in $O/rill_*.log; do
     [ -f "$f" ] && grep -E "decode" "$f" | sed "s|^|$(basename "$f" .log): |" | head -4
@@ -68,8 +69,10 @@ if has tests; then
   r=$?
   out_rc test_fp8_mma $r
   echo "== test_fp8_mma rc=$r at $(($(date +%s) - T0)) s"
-  grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran|Failure|Expected|Which is|differ|^\[ fp8 mma|OK \]" \
-    $O/test_mma.log | head -50
+  grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran|Failure|Expected|Which is|differ|OK \]" \
+    $O/test_mma.log | head -40
+  echo "-- the three largest errors of the f64 comparisons:"
+  grep -E "^\[ fp8 mma \].*worst" $O/test_mma.log | sort -t= -k2 -g | tail -3
   for sw in 1 2; do
     RILL_FP8_MMA=$sw tmo 60 $B/test_fp8_mma --gtest_filter='Fp8Mma.Fp8MatmulTakesItWhenSwitchedOn' \
       > $O/test_mma_on$sw.log 2>&1
