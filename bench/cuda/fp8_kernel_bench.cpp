@@ -2,7 +2,11 @@
 // the Llama-3.1-8B's matrix shapes, against the device's measured copy
 // bandwidth, and the FP8 GEMM path's parts against bf16 cuBLASLt.
 //
-//   bench_fp8_kernels [--gemm 0|1]
+//   bench_fp8_kernels [--gemm 0|1] [--mma 0|1]
+//   bench_fp8_kernels --mma-only 1: only the fp8_mma comparison (below)
+//   bench_fp8_kernels --profile 2: fp8_mma (the plan's split) and its
+//   reduction once per shape at 64 tokens (shape k's launch of
+//   fp8_mma_kernel: --launch-skip k), for ncu
 //   bench_fp8_kernels --profile 1: each kernel of the FP8 paths once per
 //   shape (fp8_gemv and fp8_gemv_stream at 1 and 8 tokens, in that order
 //   per shape: ncu's --launch-skip 2 k picks shape k of either kernel's
@@ -17,6 +21,13 @@
 // weight bytes read. GEMM (--gemm 1, the default): at 8..2,048 tokens, the activation quantization
 // (quantize_fp8_tokens), cuBLASLt's FP8 GEMM with its scale pass (Gemm::run_fp8, overwriting and accumulating), the
 // scale pass alone (fp8_scale_rows) and bf16 cuBLASLt (Gemm::run), in microseconds and TFLOP/s.
+// MMA (--mma 1, the default): per 8B shape at 16, 32, 64 and 128 tokens, fp8_mma (the FP8 GEMM of our own, scales in
+// its epilogue; 128 tokens: two launches of 64) against what fp8_matmul runs today (cuBLASLt's FP8 GEMM and its scale
+// pass: Gemm::run_fp8), both on the same quantized activations, the activation quantization apart; at 64 tokens also
+// fp8_mma with the columns forced into 1, 2, 4 and 8 parts, and for gate_up the GLU forms (fp8_mma_glu against
+// run_fp8_unscaled + fp8_scale_glu, bf16 out), and the bf16-x forms (fp8_mma_bf16x, fp8_mma_glu_bf16x: no
+// activation quantization; set against quant + cuBLASLt). Weights cycle over copies that exceed the L2 cache (as the
+// GEMV's), so every figure reads them from HBM; % copy: weight bytes a second against the measured copy rate.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -308,6 +319,124 @@ void gemm_probe(const cuda::Context& ctx) {
   cudaFree(one);
 }
 
+void mma_bench(const cuda::Context& ctx, double copy_gbs) {
+  cudaStream_t s = ctx.stream();
+  Timer timer(s);
+  cuda::Gemm gemm(ctx);
+  constexpr int64_t kMaxTok = 128, kMaxCols = 14336;
+  void* x = device_alloc(size_t{kMaxTok} * kMaxCols * 2, 0x3c);
+  auto* xq = static_cast<uint8_t*>(device_alloc(size_t{kMaxTok} * kMaxCols, 0x30));
+  auto* xs = static_cast<float*>(device_alloc(size_t{kMaxTok} * 4, 0));
+  cuda::quantize_fp8_tokens(DType::kBF16, x, kMaxTok, kMaxCols, xq, xs, s);
+  const int64_t d_floats = kMaxTok * 28672;
+  auto* d = static_cast<float*>(device_alloc(size_t(d_floats) * 4, 0));
+  int64_t part_floats = 0;
+  for (const Shape& sh : kShapes) {
+    for (int k : {0, 1, 2, 4, 8}) {
+      if (sh.rows > 30000 && k > 1) continue;
+      part_floats = std::max({part_floats, cuda::fp8_mma_part_floats(64, sh.rows, sh.cols, false, k),
+                              cuda::fp8_mma_part_floats(64, sh.rows, sh.cols, true, k)});
+    }
+  }
+  auto* part = static_cast<float*>(device_alloc(size_t(std::max<int64_t>(part_floats, 1)) * 4, 0));
+  std::printf("MMA (fp8_mma against cuBLASLt FP8 + scale pass; weights from HBM; us, %% of copy %.0f GB/s)\n",
+              copy_gbs);
+  for (const Shape& sh : kShapes) {
+    const size_t bytes = fp8_bytes(sh);
+    const int copies = static_cast<int>(std::max<size_t>(2, (size_t{400} << 20) / bytes + 1));
+    std::vector<void*> w;
+    for (int c = 0; c < copies; ++c) w.push_back(device_alloc(bytes, 0x38));
+    auto* y = static_cast<float*>(device_alloc(static_cast<size_t>(kMaxTok * sh.rows) * 4, 0));
+    const int64_t ld = static_cast<int64_t>(cuda::fp8_row_bytes(sh.cols));
+    const double gb = static_cast<double>(sh.rows * sh.cols) / 1e9;
+    auto pct = [&](double us) { return 100.0 * gb / (us * 1e-6) / copy_gbs; };
+    auto wq = [&](int i) { return static_cast<const uint8_t*>(w[i % copies]); };
+    for (int64_t n : {16, 32, 64, 128}) {
+      const double t_q = timer.us(10, [&](int) { cuda::quantize_fp8_tokens(DType::kBF16, x, n, sh.cols, xq, xs, s); });
+      double t_lt = -1;
+      if (gemm.fp8_gemm_supported(n, sh.rows, sh.cols, ld)) {
+        t_lt = timer.us(10, [&](int i) {
+          (void)gemm.run_fp8(wq(i) + cuda::kFp8RowHeader, ld, cuda::fp8_scales(w[i % copies], sh.rows, sh.cols), xq, xs,
+                             n, sh.rows, sh.cols, y, false, d, d_floats);
+        });
+      }
+      const double t_m = timer.us(
+          10, [&](int i) { cuda::fp8_mma(wq(i), xq, xs, n, sh.rows, sh.cols, y, false, part, part_floats, s); });
+      const double t_bx = timer.us(
+          10, [&](int i) { cuda::fp8_mma_bf16x(wq(i), x, n, sh.rows, sh.cols, y, false, part, part_floats, s); });
+      const int64_t pf = cuda::fp8_mma_part_floats(n, sh.rows, sh.cols, false);
+      const int64_t split = pf > 0 ? pf / (std::min<int64_t>(n, cuda::kFp8MmaMaxTokens) * sh.rows) : 1;
+      std::printf(
+          "  %-8s n=%-4lld quant %5.1f us | cuBLASLt fp8+scale %7.1f us %5.1f%% | fp8_mma %7.1f us %5.1f%% "
+          "(%lld parts) | mma / cuBLASLt %.2f | fp8_mma_bf16x %7.1f us %5.1f%%, / (quant + cuBLASLt) %.2f\n",
+          sh.name, static_cast<long long>(n), t_q, t_lt, t_lt > 0 ? pct(t_lt) : 0.0, t_m, pct(t_m),
+          static_cast<long long>(split), t_lt > 0 ? t_m / t_lt : 0.0, t_bx, pct(t_bx),
+          t_lt > 0 ? t_bx / (t_q + t_lt) : 0.0);
+      if (n == 64 && sh.rows < 30000) {
+        std::printf("  %-8s n=%-4lld fp8_mma by parts:", sh.name, static_cast<long long>(n));
+        for (int k : {1, 2, 4, 8}) {
+          const double t = timer.us(
+              10, [&](int i) { cuda::fp8_mma(wq(i), xq, xs, n, sh.rows, sh.cols, y, false, part, part_floats, s, k); });
+          std::printf(" %d: %.1f us %.1f%% |", k, t, pct(t));
+        }
+        std::printf("\n");
+      }
+      if (std::strcmp(sh.name, "gate_up") == 0) {
+        const int64_t F = sh.rows / 2;
+        const double t_lg = timer.us(10, [&](int i) {
+          (void)gemm.run_fp8_unscaled(wq(i) + cuda::kFp8RowHeader, ld, xq, n, sh.rows, sh.cols, y);
+          cuda::fp8_scale_glu(y, n, F, xs, cuda::fp8_scales(w[i % copies], sh.rows, sh.cols), false, DType::kBF16, d,
+                              s);
+        });
+        const double t_mg = timer.us(10, [&](int i) {
+          cuda::fp8_mma_glu(wq(i), xq, xs, n, sh.rows, sh.cols, false, DType::kBF16, d, part, part_floats, s);
+        });
+        const double t_bg = timer.us(10, [&](int i) {
+          cuda::fp8_mma_glu_bf16x(wq(i), x, n, sh.rows, sh.cols, false, DType::kBF16, d, part, part_floats, s);
+        });
+        std::printf(
+            "  %-8s n=%-4lld GLU (bf16 out): cuBLASLt unscaled + fp8_scale_glu %7.1f us | fp8_mma_glu %7.1f "
+            "us %5.1f%% | ratio %.2f | fp8_mma_glu_bf16x %7.1f us %5.1f%%\n",
+            sh.name, static_cast<long long>(n), t_lg, t_mg, pct(t_mg), t_mg / t_lg, t_bg, pct(t_bg));
+      }
+    }
+    for (void* p : w) cudaFree(p);
+    cudaFree(y);
+  }
+  cudaFree(x);
+  cudaFree(xq);
+  cudaFree(xs);
+  cudaFree(d);
+  cudaFree(part);
+}
+
+// --profile 2: fp8_mma once per shape at 64 tokens.
+void profile_mma(const cuda::Context& ctx) {
+  cudaStream_t s = ctx.stream();
+  constexpr int64_t kTok = 64, kMaxCols = 14336;
+  void* x = device_alloc(size_t{kTok} * kMaxCols * 2, 0x3c);
+  auto* xq = static_cast<uint8_t*>(device_alloc(size_t{kTok} * kMaxCols, 0));
+  auto* xs = static_cast<float*>(device_alloc(size_t{kTok} * 4, 0));
+  int64_t part_floats = 1;
+  for (const Shape& sh : kShapes) {
+    part_floats = std::max(part_floats, cuda::fp8_mma_part_floats(kTok, sh.rows, sh.cols, false));
+  }
+  auto* part = static_cast<float*>(device_alloc(size_t(part_floats) * 4, 0));
+  for (const Shape& sh : kShapes) {
+    void* w = device_alloc(fp8_bytes(sh), 0x38);
+    auto* y = static_cast<float*>(device_alloc(static_cast<size_t>(kTok * sh.rows) * 4, 0));
+    cuda::quantize_fp8_tokens(DType::kBF16, x, kTok, sh.cols, xq, xs, s);
+    cuda::fp8_mma(static_cast<const uint8_t*>(w), xq, xs, kTok, sh.rows, sh.cols, y, false, part, part_floats, s);
+    RILL_CUDA_CHECK(cudaStreamSynchronize(s));
+    cudaFree(w);
+    cudaFree(y);
+  }
+  cudaFree(x);
+  cudaFree(xq);
+  cudaFree(xs);
+  cudaFree(part);
+}
+
 void profile_once(const cuda::Context& ctx) {
   cudaStream_t s = ctx.stream();
   cuda::Gemm gemm(ctx);
@@ -343,15 +472,22 @@ void profile_once(const cuda::Context& ctx) {
 }
 
 int run(int argc, char** argv) {
-  bool gemm = true, profile = false;
+  bool gemm = true, mma = true, mma_only = false;
+  int profile = 0;
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--gemm")) gemm = std::atoi(argv[i + 1]) != 0;
-    if (!std::strcmp(argv[i], "--profile")) profile = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--mma")) mma = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--mma-only")) mma_only = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--profile")) profile = std::atoi(argv[i + 1]);
   }
   auto ctx = cuda::Context::create(0);
   if (!ctx.ok()) {
     std::fprintf(stderr, "%s\n", ctx.error().message.c_str());
     return 1;
+  }
+  if (profile == 2) {
+    profile_mma(**ctx);
+    return 0;
   }
   if (profile) {
     profile_once(**ctx);
@@ -361,11 +497,16 @@ int run(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   const double copy = copy_bandwidth((*ctx)->stream());
+  if (mma_only) {
+    mma_bench(**ctx, copy);
+    return 0;
+  }
   gemv_bench((*ctx)->stream(), copy);
   if (gemm) {
     gemm_bench(**ctx);
     gemm_probe(**ctx);
   }
+  if (mma) mma_bench(**ctx, copy);
   return 0;
 }
 

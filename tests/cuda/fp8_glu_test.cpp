@@ -219,7 +219,9 @@ TEST(Fp8Glu, BackendMatmulGluEqualsMatmulThenGlu) {
           // From 64 tokens on, widths of whole 16s, fp8_matmul surely takes
           // cuBLASLt's FP8 GEMM (2..8 tokens: where cuBLASLt has it, else
           // the GEMV; printed).
-          const bool expect_fused = n >= 64 && (2 * F) % 16 == 0;
+          // (With RILL_FP8_MMA=1, 2..64 tokens go through fp8_mma_glu,
+          // which leaves the scratch alone: not asserted there.)
+          const bool expect_fused = n >= 64 && (2 * F) % 16 == 0 && !(fp8_mma_on() && n <= kFp8MmaMaxTokens);
           expected_fused += expect_fused;
           fused_cases += fused;
           if (expect_fused) {

@@ -19,6 +19,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/fp8.h"
+#include "backend/cuda/fp8_glu.cuh"
 #include "backend/cuda/ops.h"
 
 namespace rill::cuda {
@@ -544,18 +545,11 @@ __global__ void scale_rows_bf16_kernel(const __nv_bfloat16* __restrict__ d, int6
 }
 
 // fp8_scale_glu: the scale pass (scale_rows_kernel's products, in its
-// order: d x xs[t] x ws[r]) of the gate and up halves, then the GLU in
-// ops.cu's silu_mul / ops_gemma.cu's gelu_tanh_mul form, so each output is
-// the same bits as those three kernels give. Written out, not shared: those
-// kernels are not to change here.
+// order: d x xs[t] x ws[r]) of the gate and up halves, then the GLU
+// (fp8_glu.cuh), so each output is the same bits as those three kernels give.
 template <bool kGelu>
 __device__ __forceinline__ float glu_times(float x, float u) {
-  if constexpr (kGelu) {
-    constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-    return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x))) * u;
-  } else {
-    return x / (1.0f + expf(-x)) * u;
-  }
+  return detail::fp8_glu_times<kGelu>(x, u);
 }
 
 // blockIdx.y a token, x-blocks over its n_ff outputs; kVec 4: float4 loads

@@ -100,6 +100,59 @@ const char* fp8_gemv_stream_variant_name(int variant);
 void fp8_gemv_stream_variant(int variant, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols,
                              float* y, cudaStream_t stream);
 
+// The FP8 GEMM of our own for decode batches (fp8_mma.cu): y[t, r] (+)=
+// sum_c e4m3(xq[t, c]) e4m3(W[r, c]) x xs[t] x ws[r] over W (kFp8Rows [n_rows,
+// n_cols], the pointer fp8_matmul gets) and the activations
+// quantize_fp8_tokens made (xq [n_tokens, n_cols], xs [n_tokens]): the
+// products cuBLASLt's FP8 GEMM takes, on the tensor cores (e4m3 -> f16
+// exactly, mma.sync f16 with f32 accumulation), the scales in the epilogue
+// (no scale pass). Weights streamed once from HBM per launch of up to
+// kFp8MmaMaxTokens tokens (more go in chunks of it).
+// Contract (batch invariance): a token's result does not depend on
+// n_tokens nor on its place among them, bit for bit: each output's order of
+// additions follows from (n_rows, n_cols, the device's SM count, ksplit)
+// alone. Where the plan splits the columns (small n_rows: the slabs alone
+// would leave SMs idle) the parts' sums go through `part` (part_floats of
+// it, at least fp8_mma_part_floats) and a second kernel adds them in part
+// order. ksplit: 0 the plan's, else that many column parts (benchmarks and
+// tests; a different ksplit is a different order of additions). Requires
+// fp8_cols_ok(n_cols); every pointer a device pointer.
+inline constexpr int64_t kFp8MmaMaxTokens = 64;
+void fp8_mma(const uint8_t* w, const uint8_t* xq, const float* xs, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+             float* y, bool accumulate, float* part, int64_t part_floats, cudaStream_t stream, int ksplit = 0);
+
+// The same sums for a fused gate/up weight (gate rows [0, F), up [F, 2 F),
+// F = n_rows / 2), out[t, i] = act(gate) * up in out_dtype (F32/F16/BF16)
+// [n_tokens, F], the scales and the GLU in the epilogue (the arithmetic of
+// fp8_scale_glu: act SiLU or, with `gelu`, GELU's tanh form). A slab holds
+// 64 gate rows and the 64 up rows that pair with them.
+void fp8_mma_glu(const uint8_t* w, const uint8_t* xq, const float* xs, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+                 bool gelu, DType out_dtype, void* out, float* part, int64_t part_floats, cudaStream_t stream,
+                 int ksplit = 0);
+
+// fp8_mma and fp8_mma_glu with x [n_tokens, n_cols] bf16 taken as it is
+// (no activation quantization: the e4m3 weights go to bf16, exactly, and
+// mma.sync bf16 multiplies them by x; y = sum x ws[r]): the exact products
+// of the weights and x, the same plan, order and contract.
+void fp8_mma_bf16x(const uint8_t* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
+                   bool accumulate, float* part, int64_t part_floats, cudaStream_t stream, int ksplit = 0);
+void fp8_mma_glu_bf16x(const uint8_t* w, const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, bool gelu,
+                       DType out_dtype, void* out, float* part, int64_t part_floats, cudaStream_t stream,
+                       int ksplit = 0);
+
+// Floats of `part` fp8_mma (glu: fp8_mma_glu) needs for this shape (0: the
+// plan does not split it; the same for the bf16 forms).
+int64_t fp8_mma_part_floats(int64_t n_tokens, int64_t n_rows, int64_t n_cols, bool glu, int ksplit = 0);
+
+// Whether fp8_matmul and fp8_matmul_glu take fp8_mma for 2..kFp8MmaMaxTokens
+// tokens (outside batch-invariant mode): the environment sets
+// RILL_FP8_MMA=1 (or 2), read once. Off by default until a GPU run has
+// timed it (docs/perf.md, branch fp8mma23). With RILL_FP8_MMA=2
+// (fp8_mma_bf16x_on) bf16 activations go through the bf16 forms instead (no
+// quantize_fp8_tokens); F32 activations take the e4m3 form either way.
+bool fp8_mma_on();
+bool fp8_mma_bf16x_on();
+
 // out[r, :] = W[row0 + r, :] (e4m3 value x scale, rounded to out_dtype:
 // F32/F16/BF16), out [n_rows, n_cols].
 void dequantize_fp8_rows(const uint8_t* w, int64_t n_cols, int64_t row0, int64_t n_rows, DType out_dtype, void* out,
@@ -128,11 +181,13 @@ void fp8_scale_glu(const float* d, int64_t n, int64_t n_ff, const float* xs, con
 // The FP8 GEMM's quantized activations and its accumulation scratch
 // (Gemm::run_fp8's d), carved from an arena (sizing pass included) for up
 // to max_tokens x max_cols.
+// With fp8_mma_on(), also fp8_mma's split-K sums (mma_part).
 struct Fp8Scratch {
   uint8_t* xq = nullptr;
   float* xs = nullptr;
   float* d = nullptr;
-  int64_t x_elems = 0, max_tokens = 0, d_floats = 0;
+  float* mma_part = nullptr;
+  int64_t x_elems = 0, max_tokens = 0, d_floats = 0, mma_part_floats = 0;
   void carve(Arena& a, int64_t max_tokens, int64_t max_cols);
 };
 
@@ -141,7 +196,8 @@ struct Fp8Scratch {
 // tokens through the FP8 tensor-core GEMM (activations quantized per token
 // into `fp8`), or, where cuBLASLt has none for the shape, the GEMV up to
 // kGemvMaxTokens and beyond that (or when the scratch is too small)
-// quant_matmul's dequantize-then-GEMM.
+// quant_matmul's dequantize-then-GEMM. With fp8_mma_on(), 2..kFp8MmaMaxTokens
+// tokens go through fp8_mma instead (activations quantized the same way).
 // Batch-invariant mode (gemm.batch_invariant()) always dequantizes, as for
 // GGUF blocks.
 Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8, const void* w, DType x_dtype,
@@ -152,7 +208,8 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
 // tensor-core GEMM and a separate scale pass (not the GEMV, not
 // quant_matmul, not cuBLASLt's outer-vector scales, not Gemm's bf16 D, not
 // batch-invariant mode): where fp8_matmul_glu can fuse that pass with the
-// GLU. n_rows: the fused gate/up weight's rows (2 F, even).
+// GLU; or, with fp8_mma_on(), where fp8_matmul takes fp8_mma (its GLU
+// epilogue: fp8_mma_glu). n_rows: the fused gate/up weight's rows (2 F, even).
 bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows,
                      int64_t n_cols);
 
@@ -161,6 +218,8 @@ bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n
 // fp8_matmul(W, x) into gate_up then silu_mul / gelu_tanh_mul give, bit for
 // bit, with the scales applied inside the GLU (fp8_scale_glu) to the
 // unscaled product the GEMM leaves in gate_up [n_tokens, 2 F] f32 (scratch).
+// Where fp8_matmul takes fp8_mma: fp8_mma_glu (gate_up unused), the same
+// bits as fp8_mma then silu_mul / gelu_tanh_mul.
 // Requires fp8_glu_fusable.
 Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
                       int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,

@@ -1,4 +1,6 @@
 // fp8_matmul: the FP8 weights' path by token count (fp8.h).
+#include <algorithm>
+
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
@@ -15,7 +17,25 @@ void Fp8Scratch::carve(Arena& a, int64_t tokens, int64_t max_cols) {
   // 8,192 rows (2 x d_floats / n, whole 16s: more for steps of fewer tokens).
   d_floats = tokens * 4096;
   d = a.take<float>(static_cast<size_t>(d_floats));
+  // fp8_mma's split-K sums: a split shape has fewer slabs (128 rows) than
+  // SMs and about one block per SM, so parts x rows < 2 x SMs x 128; 40,960
+  // rows cover 160 SMs (10.5 MB at 64 tokens).
+  mma_part_floats = fp8_mma_on() ? std::min(tokens, kFp8MmaMaxTokens) * 40960 : 0;
+  mma_part = a.take<float>(static_cast<size_t>(mma_part_floats));
 }
+
+namespace {
+
+// Whether fp8_matmul (glu: fp8_matmul_glu) takes fp8_mma, batch invariance
+// apart: the switch on, 2..kFp8MmaMaxTokens tokens (one token stays with
+// the GEMV), the scratch large enough.
+bool mma_path(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_rows, int64_t n_cols, bool glu) {
+  return fp8_mma_on() && n_tokens >= 2 && n_tokens <= kFp8MmaMaxTokens && fp8_cols_ok(n_cols) && fp8.xq &&
+         n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems &&
+         fp8_mma_part_floats(n_tokens, n_rows, n_cols, glu) <= fp8.mma_part_floats;
+}
+
+}  // namespace
 
 Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8, const void* w, DType x_dtype,
                   const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
@@ -23,6 +43,17 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
   if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
   const bool invariant = gemm.batch_invariant();
   const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
+  if (!invariant && mma_path(fp8, n_tokens, n_rows, n_cols, false)) {
+    if (fp8_mma_bf16x_on() && x_dtype == DType::kBF16) {
+      fp8_mma_bf16x(static_cast<const uint8_t*>(w), x, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part,
+                    fp8.mma_part_floats, stream);
+      return Status::Ok();
+    }
+    quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+    fp8_mma(static_cast<const uint8_t*>(w), fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part,
+            fp8.mma_part_floats, stream);
+    return Status::Ok();
+  }
   // The GEMV for one token only: from two tokens on cuBLASLt's FP8 GEMM is
   // as fast or faster on the H200 (at eight, 3-4x: the GEMV's f32 FMAs per
   // weight grow with the tokens; docs/perf.md), as bf16 does.
@@ -42,7 +73,9 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
 
 bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows,
                      int64_t n_cols) {
-  if (n_tokens <= 0 || n_rows <= 0 || n_rows % 2 != 0 || gemm.batch_invariant() || gemm.fp8_bf16_d()) return false;
+  if (n_tokens <= 0 || n_rows <= 0 || n_rows % 2 != 0 || gemm.batch_invariant()) return false;
+  if (mma_path(fp8, n_tokens, n_rows, n_cols, true)) return true;  // fp8_mma_glu
+  if (gemm.fp8_bf16_d()) return false;
   // fp8_matmul's GEMV for one token (its other GEMV case, no GEMM for the
   // shape, is excluded below).
   if (n_tokens == 1 && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) return false;
@@ -55,6 +88,20 @@ bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n
 Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
                       int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,
                       cudaStream_t stream) {
+  // fp8_matmul's fp8_mma path: the scales and the GLU in its epilogue
+  // (gate_up unused), the same sums in the same order as fp8_mma over the
+  // whole weight (the same plan: ceil(2 F / 128) = ceil(F / 64) slabs).
+  if (!gemm.batch_invariant() && mma_path(fp8, n_tokens, n_rows, n_cols, true)) {
+    if (fp8_mma_bf16x_on() && x_dtype == DType::kBF16) {
+      fp8_mma_glu_bf16x(static_cast<const uint8_t*>(w), x, n_tokens, n_rows, n_cols, gelu, out_dtype, out, fp8.mma_part,
+                        fp8.mma_part_floats, stream);
+      return Status::Ok();
+    }
+    quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+    fp8_mma_glu(static_cast<const uint8_t*>(w), fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, gelu, out_dtype, out,
+                fp8.mma_part, fp8.mma_part_floats, stream);
+    return Status::Ok();
+  }
   // fp8_matmul's GEMM path up to its scale pass (Gemm::run_fp8 not
   // accumulating, no outer scales): the same quantized x, the same plan.
   const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
