@@ -468,8 +468,15 @@ int sm_count() {
 
 // How a shape is cut: slabs of kBM rows (GLU: 64 gate/up pairs), and the
 // columns in `ksplit` parts of chunks_per_part stages where the slabs alone
-// would leave SMs idle (about one block per SM; at most kMaxSplit parts).
-// From the shape, the SM count and the benchmark's override alone.
+// would leave SMs idle. The split is the k (at most kMaxSplit, and only
+// while the blocks fit one wave of two an SM) that minimises the busiest
+// SM's share of the bytes, ceil(blocks / SMs) / blocks, the smaller k on
+// a tie: at 132 SMs o and down (32 slabs) take 4 parts, 128 blocks of
+// 1/128 each, where "about one block per SM" (5 parts, 160 blocks) left
+// 28 SMs streaming two 1/160 shares, 1/80 of the matrix; qkv (48 slabs)
+// takes 5. One wave keeps parts x rows within 2 x 132 x 128, which
+// Fp8Scratch's 40,960 rows a token cover. From the shape, the SM count and
+// the benchmark's override alone.
 struct Plan {
   int64_t n_slabs;
   int ksplit, chunks_per_part;
@@ -479,8 +486,19 @@ Plan plan_for(int64_t n_rows, int64_t n_cols, bool glu, int ksplit_override) {
   Plan pl{};
   pl.n_slabs = glu ? (n_rows / 2 + kBM / 2 - 1) / (kBM / 2) : (n_rows + kBM - 1) / kBM;
   const int64_t n_chunks = (n_cols + kKT - 1) / kKT;
-  int64_t want = ksplit_override > 0 ? ksplit_override : (sm_count() + pl.n_slabs - 1) / pl.n_slabs;
-  want = std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxSplit, n_chunks));
+  const int64_t max_k = std::min<int64_t>(kMaxSplit, n_chunks);
+  int64_t want = 1;
+  if (ksplit_override > 0) {
+    want = std::clamp<int64_t>(ksplit_override, 1, max_k);
+  } else {
+    const int64_t sms = sm_count();
+    // The busiest SM's share, ceil(blocks / sms) / blocks, compared as
+    // cross products (k grows only while the blocks fit one wave).
+    for (int64_t k = 2; k <= max_k && pl.n_slabs * k <= 2 * sms; ++k) {
+      const int64_t b = pl.n_slabs * k, bw = pl.n_slabs * want;
+      if ((b + sms - 1) / sms * bw < (bw + sms - 1) / sms * b) want = k;
+    }
+  }
   const int64_t per = (n_chunks + want - 1) / want;
   pl.chunks_per_part = static_cast<int>(per);
   pl.ksplit = static_cast<int>((n_chunks + per - 1) / per);
