@@ -421,6 +421,8 @@ class CpuBackend final : public Backend {
         if (op.q_norm) cpu::rms_norm(q, op.q_norm.data, op.n_head, hd, op.norm_eps, q, op.norm_offset);
         const int32_t pos = step.pos[t] + op.pos_offset;
         cpu::rope(q, &pos, 1, op.n_head, hd, table);
+        // Its queries read that layer's K channels as the storing layer's do.
+        if (op.kv.calibration) add_query_energy(*op.kv.calibration, q, op.n_head, hd);
       }
       return;
     }
@@ -493,12 +495,9 @@ class CpuBackend final : public Backend {
   static void add_calibration(KvCalibrationStats& s, const float* q, const float* k, int32_t pos, int64_t n_head,
                               int64_t n_head_kv, int64_t hd) {
     constexpr int32_t kT = cpu::kKvChanTokens;
-    const int64_t W = n_head_kv * hd, group = n_head / n_head_kv;
+    const int64_t W = n_head_kv * hd;
     assert(static_cast<int64_t>(s.query_energy.size()) == W && static_cast<int64_t>(s.block_min.size()) == W);
-    for (int64_t h = 0; h < n_head; ++h) {
-      double* e = s.query_energy.data() + (h / group) * hd;
-      for (int64_t i = 0; i < hd; ++i) e[i] += double{q[h * hd + i]} * double{q[h * hd + i]};
-    }
+    add_query_energy(s, q, n_head, hd);
     if (pos % kT == 0) {
       std::fill(s.block_min.begin(), s.block_min.end(), INFINITY);
       std::fill(s.block_max.begin(), s.block_max.end(), -INFINITY);
@@ -514,6 +513,18 @@ class CpuBackend final : public Backend {
         const double r = double{s.block_max[static_cast<size_t>(c)]} - double{s.block_min[static_cast<size_t>(c)]};
         s.block_range_sq[static_cast<size_t>(c)] += r * r;
       }
+    }
+  }
+
+  // The query part of add_calibration: q [n_head * hd] after RoPE, its
+  // heads grouped onto the layer's KV heads (query_energy's width / hd).
+  static void add_query_energy(KvCalibrationStats& s, const float* q, int64_t n_head, int64_t hd) {
+    const auto n_head_kv = static_cast<int64_t>(s.query_energy.size()) / hd;
+    assert(n_head_kv > 0 && n_head % n_head_kv == 0);
+    const int64_t group = n_head / n_head_kv;
+    for (int64_t h = 0; h < n_head; ++h) {
+      double* e = s.query_energy.data() + (h / group) * hd;
+      for (int64_t i = 0; i < hd; ++i) e[i] += double{q[h * hd + i]} * double{q[h * hd + i]};
     }
   }
 
@@ -559,7 +570,8 @@ class CpuBackend final : public Backend {
 
   // k4c: attention over the quantized blocks and the q8_0 keys and values
   // of each query's own block, then each sequence's tail takes its newest
-  // partial block from the step's rows.
+  // partial block from the step's rows (unless a later layer reads them:
+  // op.tail_read_later).
   void attention_chan(const AttentionOp& op, const StepMetadata& step, const cpu::AttentionParams& p) {
     constexpr int64_t kT = cpu::kKvChanTokens;
     const int64_t W = int64_t{op.n_head_kv} * op.head_dim;
@@ -583,6 +595,7 @@ class CpuBackend final : public Backend {
     const cpu::KvSideTypes t{op.kv.dtype, op.kv.v_type(), op.kv.k_rotated, op.kv.v_rotated};
     cpu::attention_chan_batch(seqs_.data(), chan_tails_.data(), static_cast<int>(seqs_.size()), p, t, pool_,
                               op.kv.dtype == kKvQ4Alloc ? op.kv.k_widths : nullptr);
+    if (op.tail_read_later) return;
     for (int32_t s = 0; s < step.n_seqs; ++s) {
       const int64_t c1 = step.kv_len[s], c0 = c1 - step.q_len[s];
       const int64_t g0 = c0 - c0 % kT, g1 = c1 - c1 % kT;
