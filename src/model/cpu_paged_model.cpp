@@ -250,7 +250,7 @@ Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, const std
     // No channel at 1 bit (docs/perf.md, "k4a stage 2": the 1-bit encoder
     // loses to z alone, and the allocation without it lowers KL).
     cpu::allocate_channel_bits(s.query_energy.data(), s.block_range_sq.data(), kv_.width(l), kv_.head_dim(l), pairs,
-                               widths.data(), /*one_bit=*/false, r.rot_dim);
+                               widths.data(), /*one_bit=*/false, r.rot_dim, r.rotated_pairs);
     kv_.set_k_widths(l, std::move(widths));
   }
   return {};

@@ -98,11 +98,12 @@ class CpuPagedModel : public Model {
     return out;
   }
 
-  // How RoPE pairs one KV layer's K channels (cpu::rope_partner's pairs
-  // and rot_dim).
+  // How RoPE pairs one KV layer's K channels (cpu::rope_partner's pairs,
+  // rot_dim and rotated_pairs).
   struct KvRopePairs {
     bool interleaved = false;
-    int64_t rot_dim = 0;  // 0: the whole head
+    int64_t rot_dim = 0;         // 0: the whole head
+    int64_t rotated_pairs = -1;  // -1: every pair of rot_dim
   };
   // q4a (k4a): when any layer's K is kKvQ4Alloc, computes its widths:
   // one forward pass of the first kKvCalibrationTokens of `tokens` (one

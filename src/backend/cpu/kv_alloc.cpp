@@ -27,22 +27,25 @@ void store_plane(uint32_t v, uint8_t* p) {
 
 }  // namespace
 
-int64_t rope_partner(int64_t c, int64_t head_dim, RopePairs pairs, int64_t rot_dim) {
+int64_t rope_partner(int64_t c, int64_t head_dim, RopePairs pairs, int64_t rot_dim, int64_t rotated_pairs) {
   if (rot_dim == 0) rot_dim = head_dim;
   assert(head_dim > 0 && head_dim % 2 == 0 && rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_dim);
   const int64_t base = c - c % head_dim, i = c % head_dim, half = rot_dim / 2;
   if (i >= rot_dim) return c;
+  const int64_t pair = pairs == RopePairs::kInterleaved ? i / 2 : i % half;
+  if (rotated_pairs >= 0 && pair >= rotated_pairs) return c;
   if (pairs == RopePairs::kInterleaved) return base + (i ^ 1);
   return base + (i < half ? i + half : i - half);
 }
 
 void allocate_channel_bits(const double* query_energy, const double* mean_sq_range, int64_t width, int64_t head_dim,
-                           RopePairs pairs, uint8_t* widths, bool one_bit, int64_t rot_dim) {
+                           RopePairs pairs, uint8_t* widths, bool one_bit, int64_t rot_dim, int64_t rotated_pairs) {
   assert(head_dim > 0 && head_dim % 2 == 0 && width % head_dim == 0);
   std::vector<double> w(static_cast<size_t>(width));
   bool any = false;
   for (int64_t c = 0; c < width; ++c) {
-    const double q = 0.5 * (usable(query_energy[c]) + usable(query_energy[rope_partner(c, head_dim, pairs, rot_dim)]));
+    const double q = 0.5 * (usable(query_energy[c]) +
+                            usable(query_energy[rope_partner(c, head_dim, pairs, rot_dim, rotated_pairs)]));
     double v = q * usable(mean_sq_range[c]);
     if (!std::isfinite(v)) v = DBL_MAX;
     w[static_cast<size_t>(c)] = v;

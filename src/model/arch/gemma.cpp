@@ -865,13 +865,14 @@ Status GemmaModel::init(const ModelOptions& options) {
   }
   kv_views_.resize(static_cast<size_t>(kv_.n_layers()));
   // q4a's widths pair each plane's K channels as its layers' RoPE does:
-  // NeoX or interleaved per the table; Gemma 4's full layers rotate pairs
-  // (i, i + hd / 2) of the whole head (those past global_rope_pairs at
-  // angle 0, paired all the same).
+  // NeoX or interleaved per the table; Gemma 4's full layers rotate the
+  // first pairs (i, i + hd / 2) of the whole head, the rest at angle 0
+  // (inv_freq 0: channels that never mix).
   std::vector<KvRopePairs> kv_rope;
   for (const int32_t il : graph_.kv_layer_of) {
     const cpu::RopeTable& r = graph_.layers[static_cast<size_t>(il)].sliding ? w.rope.local : w.rope.global;
-    kv_rope.push_back({r.interleaved, r.rot_dim});
+    const auto zero = std::find(r.inv_freq.begin(), r.inv_freq.end(), 0.0f);
+    kv_rope.push_back({r.interleaved, r.rot_dim, zero == r.inv_freq.end() ? -1 : zero - r.inv_freq.begin()});
   }
 
   const int64_t T = max_tokens_;
