@@ -113,11 +113,11 @@ struct Rope {
 // whose positions arrive in order: query_energy[c] sums q_c^2 over every
 // query and every query head of channel c's KV head (a q-only layer's
 // queries too, when it reads this layer's KV: Gemma 4's KV sharing);
-// block_range_sq[c]
-// sums (max - min)^2 of K's channel c over each complete block of 32
-// positions (block 0 without position 0: the sink key is held on its own
-// grid, quantize_chan_values' sequence_start). block_min / block_max: the
-// running block's. Sized [width] by whoever attaches it.
+// block_range_sq[c] sums (max - min)^2 of K's channel c over each
+// complete block of 32 positions (block 0 without position 0: the sink
+// key is held on its own grid, quantize_chan_values' sequence_start).
+// block_min / block_max: the running block's. Sized [width] by whoever
+// attaches it.
 struct KvCalibrationStats {
   std::vector<double> query_energy, block_range_sq;
   std::vector<float> block_min, block_max;

@@ -109,12 +109,13 @@ class CpuPagedModel : public Model {
   // one forward pass of the first kKvCalibrationTokens of `tokens` (one
   // sequence, tail slot 0, blocks from 0 in every KV group's table, every
   // width 4) gathering KvCalibrationStats, then cpu::allocate_channel_bits
-  // (one_bit false) per layer (pairs: rope[layer], one per KV layer). The pass's KV is left in blocks no table
-  // holds (never cached), and the tail slot is reused by the next sequence
-  // (which starts at a block boundary). The same tokens give the same
-  // widths every load on a machine of the same ISA (the forward pass's bits
-  // depend on the ISA alone; kv_numerics names both). Call at the end of
-  // init, before any other forward().
+  // (one_bit false) per layer (pairs: rope[layer], one per KV layer). The
+  // pass's KV is left in blocks no table holds (never cached), and the
+  // tail slot is reused by the next sequence (which starts at a block
+  // boundary). The same tokens give the same widths every load on a
+  // machine of the same ISA (the forward pass's bits depend on the ISA
+  // alone; kv_numerics names both). Call at the end of init, before any
+  // other forward().
   Status calibrate_kv(const std::vector<int32_t>& tokens, const std::vector<KvRopePairs>& rope);
   // The same with every layer paired alike.
   Status calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim) {
