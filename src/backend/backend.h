@@ -111,11 +111,13 @@ struct Rope {
 // allocate_channel_bits) gathers of one KV layer (CPU rope_store_kv, from
 // the f32 rows after RoPE, before any quantization), over one sequence
 // whose positions arrive in order: query_energy[c] sums q_c^2 over every
-// query and every query head of channel c's KV head; block_range_sq[c]
-// sums (max - min)^2 of K's channel c over each complete block of 32
-// positions (block 0 without position 0: the sink key is held on its own
-// grid, quantize_chan_values' sequence_start). block_min / block_max: the
-// running block's. Sized [width] by whoever attaches it.
+// query and every query head of channel c's KV head (a q-only layer's
+// queries too, when it reads this layer's KV: Gemma 4's KV sharing);
+// block_range_sq[c] sums (max - min)^2 of K's channel c over each
+// complete block of 32 positions (block 0 without position 0: the sink
+// key is held on its own grid, quantize_chan_values' sequence_start).
+// block_min / block_max: the running block's. Sized [width] by whoever
+// attaches it.
 struct KvCalibrationStats {
   std::vector<double> query_energy, block_range_sq;
   std::vector<float> block_min, block_max;
@@ -151,8 +153,9 @@ struct KvCacheView {
   // rotated when v_rotated). rope_store_kv keeps the step's rows (in the backend) and encodes
   // every block the step completes from the tail and those rows; attention
   // reads both, then moves each sequence's newest partial block into its
-  // tail (so a layer reading another layer's KV could not follow it: k4c
-  // is refused there).
+  // tail, unless AttentionOp::tail_read_later (a layer reading another
+  // layer's KV reads the tail and step rows that layer left: the last
+  // reader of the step moves it).
   uint8_t* tail = nullptr;
   size_t tail_stride = 0;
   // q4a (K in kKvQ4Alloc): the layer's widths [n_head_kv * head_dim], 0..8
@@ -307,6 +310,10 @@ struct AttentionOp {
   KvCacheView kv;
   int kv_group = 0;
   Vec sinks;
+  // k4c (KvCacheView::tail): a later layer of this step reads kv too
+  // (Gemma 4's KV sharing), so the tails stay as the step found them; the
+  // step's last reader of kv leaves this false and moves them.
+  bool tail_read_later = false;
 };
 
 // gated_delta(): one Gated DeltaNet layer's core over the step (Qwen3.5 /

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <climits>
 #include <cstdio>
 
@@ -45,18 +46,19 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, std::vector<PagedKv
     const int64_t width = p.n_head_kv * p.head_dim;
     token_bytes += row_bytes(p.types.k.dtype, width) + row_bytes(p.types.v.dtype, width);
     tail_widths.push_back(kv_chan_k(p.types.k.dtype) ? width : 0);
+    // attention_chan keeps one key's probabilities for a KV head's query
+    // heads in a fixed array of 64 (backend/cpu/attention_chan_impl.h);
+    // a plane's KV heads are its own (Gemma 4's full layers have fewer).
+    if (kv_chan_k(p.types.k.dtype) && p.n_head_kv > 0 && cfg_.n_head / p.n_head_kv > 64) {
+      return Error{files_->path + ": KV types q4c / q4a (k4c, k4a) read at most 64 query heads per KV head, not " +
+                   std::to_string(cfg_.n_head / p.n_head_kv) + " (KV layer " + std::to_string(l) + ")"};
+    }
   }
   const size_t tail_bytes = KvTails::slot_bytes(tail_widths);
-  // attention_chan keeps one key's probabilities for a KV head's query
-  // heads in a fixed array of 64 (backend/cpu/attention_chan_impl.h).
-  if (tail_bytes > 0 && cfg_.n_head_kv > 0 && cfg_.n_head / cfg_.n_head_kv > 64) {
-    return Error{files_->path + ": KV types q4c / q4a (k4c, k4a) read at most 64 query heads per KV head, not " +
-                 std::to_string(cfg_.n_head / cfg_.n_head_kv)};
-  }
   if (tail_bytes > 0 && !kv_tails_supported_) {
     return Error{files_->path +
-                 ": KV types q4c / q4a (k4c, k4a) need a per-sequence KV tail, which only the Llama family's " +
-                 "CPU model keeps; use another KV type"};
+                 ": KV types q4c / q4a (k4c, k4a) need a per-sequence KV tail, which only the Llama and Gemma " +
+                 "families' CPU models keep; use another KV type"};
   }
   // Pools holding q4c have blocks of its group (kv_types.h).
   const int32_t bs = tail_bytes > 0 ? cpu::kKvChanTokens : options.kv_block_size;
@@ -200,7 +202,8 @@ std::string CpuPagedModel::kv_numerics() const {
   return s;
 }
 
-Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim) {
+Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, const std::vector<KvRopePairs>& rope) {
+  assert(static_cast<int64_t>(rope.size()) == kv_.n_layers());
   bool any = false;
   for (int64_t l = 0; l < kv_.n_layers(); ++l) any = any || kv_.types(l).k.dtype == kKvQ4Alloc;
   if (!any) return {};
@@ -230,21 +233,24 @@ Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, bool rope
     const auto len = static_cast<int32_t>(std::min<int64_t>(max_tokens_, n - c0));
     batch.clear();
     batch.add_sequence(tokens.data() + c0, len, static_cast<int32_t>(c0), /*sample_last=*/true, table);
+    // Every KV group reads the same blocks: each layer has its own plane.
+    batch.group_tables.assign(std::max<size_t>(kv_spec_.size(), 1) - 1, table);
     batch.seqs.back().kv_tail = 0;
     batch.seqs.back().decode_from = static_cast<int32_t>(n);  // every query in the prefill form
     st = forward(batch, logits.data());
   }
   const std::vector<KvCalibrationStats> stats = kv_.end_calibration();
   if (!st.ok()) return Error{files_->path + ": q4a's calibration pass: " + st.error().message};
-  const auto pairs = rope_interleaved ? cpu::RopePairs::kInterleaved : cpu::RopePairs::kNeox;
   for (int64_t l = 0; l < kv_.n_layers(); ++l) {
     if (kv_.types(l).k.dtype != kKvQ4Alloc) continue;
     const KvCalibrationStats& s = stats[static_cast<size_t>(l)];
+    const KvRopePairs& r = rope[static_cast<size_t>(l)];
+    const auto pairs = r.interleaved ? cpu::RopePairs::kInterleaved : cpu::RopePairs::kNeox;
     std::vector<uint8_t> widths(static_cast<size_t>(kv_.width(l)));
     // No channel at 1 bit (docs/perf.md, "k4a stage 2": the 1-bit encoder
     // loses to z alone, and the allocation without it lowers KL).
     cpu::allocate_channel_bits(s.query_energy.data(), s.block_range_sq.data(), kv_.width(l), kv_.head_dim(l), pairs,
-                               widths.data(), /*one_bit=*/false, rope_dim);
+                               widths.data(), /*one_bit=*/false, r.rot_dim, r.rotated_pairs);
     kv_.set_k_widths(l, std::move(widths));
   }
   return {};

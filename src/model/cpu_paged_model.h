@@ -105,17 +105,30 @@ class CpuPagedModel : public Model {
     return out;
   }
 
+  // How RoPE pairs one KV layer's K channels (cpu::rope_partner's pairs,
+  // rot_dim and rotated_pairs).
+  struct KvRopePairs {
+    bool interleaved = false;
+    int64_t rot_dim = 0;         // 0: the whole head
+    int64_t rotated_pairs = -1;  // -1: every pair of rot_dim
+  };
   // q4a (k4a): when any layer's K is kKvQ4Alloc, computes its widths:
   // one forward pass of the first kKvCalibrationTokens of `tokens` (one
-  // sequence, tail slot 0, blocks from 0, every width 4) gathering
-  // KvCalibrationStats, then cpu::allocate_channel_bits (one_bit false) per layer (pairs:
-  // the model's RoPE pairing). The pass's KV is left in blocks no table
-  // holds (never cached), and the tail slot is reused by the next sequence
-  // (which starts at a block boundary). The same tokens give the same
-  // widths every load on a machine of the same ISA (the forward pass's bits
-  // depend on the ISA alone; kv_numerics names both). Call at the end of
-  // init, before any other forward().
-  Status calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim);
+  // sequence, tail slot 0, blocks from 0 in every KV group's table, every
+  // width 4) gathering KvCalibrationStats, then cpu::allocate_channel_bits
+  // (one_bit false) per layer (pairs: rope[layer], one per KV layer). The
+  // pass's KV is left in blocks no table holds (never cached), and the
+  // tail slot is reused by the next sequence (which starts at a block
+  // boundary). The same tokens give the same widths every load on a
+  // machine of the same ISA (the forward pass's bits depend on the ISA
+  // alone; kv_numerics names both). Call at the end of init, before any
+  // other forward().
+  Status calibrate_kv(const std::vector<int32_t>& tokens, const std::vector<KvRopePairs>& rope);
+  // The same with every layer paired alike.
+  Status calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim) {
+    return calibrate_kv(
+        tokens, std::vector<KvRopePairs>(static_cast<size_t>(kv_.n_layers()), KvRopePairs{rope_interleaved, rope_dim}));
+  }
 
   Status check_kv_block(int64_t layer, int32_t block) const;
   // The batch's KV tails (KvTails::check); Ok without.
@@ -144,8 +157,10 @@ class CpuPagedModel : public Model {
   PagedKvCache kv_;
   std::string kv_types_desc_;  // describe_kv_types() of kv_, for kv_numerics()
   // Set by families whose forward() checks and passes KV tails
-  // (check_kv_tails(), step_metadata()) and whose layers read only their
-  // own KV: create_kv() refuses q4c (k4c) KV otherwise.
+  // (check_kv_tails(), step_metadata()) and whose layers that read another
+  // layer's KV leave its tails to the step's last reader
+  // (AttentionOp::tail_read_later): create_kv() refuses q4c / q4a (k4c,
+  // k4a) KV otherwise.
   bool kv_tails_supported_ = false;
   std::optional<StatePool> states_;
   Backend* states_device_ = nullptr;  // the pool's memory and copies

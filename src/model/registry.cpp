@@ -214,12 +214,14 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
   auto chan_name = [](DType t) { return t == kKvQ4Alloc ? std::string("q4a (k4a)") : std::string("q4c (k4c)"); };
   // k4c's q4c K needs a per-sequence KV tail (model/kv_tails.h), which only
-  // the Llama family's models keep: said first, on either device, before
-  // the CUDA switch below (which would not make it run).
+  // the Llama family's models and the Gemma family's CPU model keep: said
+  // first, on either device, before the CUDA switch below (which would not
+  // make it run).
+  const bool keeps_tails = impl->id.rfind("llama.", 0) == 0 || impl->id == "gemma.cpu";
   for (const std::optional<KvType>& side : sides) {
-    if (side && kv_chan_k(side->dtype) && impl->id.rfind("llama.", 0) != 0) {
+    if (side && kv_chan_k(side->dtype) && !keeps_tails) {
       return Error{files->path + ": KV type " + chan_name(side->dtype) +
-                   " runs on the Llama family's models only (it needs a " +
+                   " runs on the Llama family's models and the Gemma family's CPU model only (it needs a " +
                    "per-sequence KV tail, which only they keep), not on " + impl->id + "; use another KV type"};
     }
   }

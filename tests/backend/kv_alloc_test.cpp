@@ -152,6 +152,27 @@ TEST(KvAlloc, RopePartnersOfAPartialRotation) {
   EXPECT_EQ(part[5], 0);        // no query energy, no bits while others want them
 }
 
+// Gemma 4's proportional RoPE: pairs (i, i + head_dim / 2) of the whole
+// head, only the first rotated_pairs at a nonzero angle: the others'
+// channels are their own partners.
+TEST(KvAlloc, RopePartnersOfAProportionalRotation) {
+  EXPECT_EQ(rope_partner(1, 8, RopePairs::kNeox, 8, 2), 5);
+  EXPECT_EQ(rope_partner(5, 8, RopePairs::kNeox, 8, 2), 1);
+  EXPECT_EQ(rope_partner(2, 8, RopePairs::kNeox, 8, 2), 2);
+  EXPECT_EQ(rope_partner(8 + 7, 8, RopePairs::kNeox, 8, 2), 8 + 7);
+  EXPECT_EQ(rope_partner(3, 8, RopePairs::kInterleaved, 8, 2), 2);
+  EXPECT_EQ(rope_partner(4, 8, RopePairs::kInterleaved, 8, 2), 4);
+  EXPECT_EQ(rope_partner(6, 8, RopePairs::kNeox, 8, 4), rope_partner(6, 8, RopePairs::kNeox));
+  EXPECT_EQ(rope_partner(6, 8, RopePairs::kNeox, 8, 0), 6) << "no pair rotates";
+  const std::vector<double> q = {1, 1, 100, 1, 1, 1, 0, 1}, r(8, 1.0);
+  std::vector<uint8_t> all(8), some(8);
+  allocate_channel_bits(q.data(), r.data(), 8, 8, RopePairs::kNeox, all.data(), true, 8);
+  allocate_channel_bits(q.data(), r.data(), 8, 8, RopePairs::kNeox, some.data(), true, 8, 2);
+  EXPECT_EQ(all[2], all[6]);   // pair (2, 6) rotating: one mean energy
+  EXPECT_GT(some[2], all[2]);  // at angle 0: channel 2 keeps its own, larger energy
+  EXPECT_EQ(some[6], 0);
+}
+
 // The heap's widths equal the plain loop's on random statistics with ties,
 // zeros, negatives, NaNs and infinities; sums 4 * width, each in 0..8.
 TEST(KvAlloc, AllocationMatchesThePlainLoop) {

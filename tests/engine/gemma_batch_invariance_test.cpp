@@ -5,7 +5,9 @@
 // make batched prompts split into chunks at other places than alone, and
 // make the sliding group give back blocks that left its window: the model
 // sees those holes (-1 entries) in its sliding table, and the blocks go to
-// other sequences, so reading one would change tokens.
+// other sequences, so reading one would change tokens. With k4c's q4c K
+// (blocks of 32, per-sequence KV tails) the same holds, the prompts and
+// their continuations crossing a block boundary.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -21,14 +23,16 @@ namespace {
 
 constexpr int kMaxTokens = 12;
 
-Result<std::unique_ptr<Model>> open(const std::string& dir, int n_kv_slots = 1) {
+// k: K's KV type (null: the checkpoint's); q4c makes blocks of 32.
+Result<std::unique_ptr<Model>> open(const std::string& dir, int n_kv_slots = 1, const char* k = nullptr) {
   RILL_ASSIGN_OR_RETURN(auto files, open_model_files(dir));
   ModelOptions opts;
   opts.n_threads = 2;
   opts.n_ctx = 64;
   opts.max_batch_tokens = 10;
   opts.kv_block_size = 4;
-  opts.n_kv_slots = n_kv_slots;  // of 16 blocks
+  opts.n_kv_slots = n_kv_slots;  // of 16 blocks (2 with q4c)
+  if (k) opts.kv_types.k = parse_kv_type(k);
   return create_model(builtin_registry(), infer_profile(*files), files, opts);
 }
 
@@ -45,6 +49,8 @@ class RecordingModel final : public Model {
   int32_t kv_block_size() const override { return m_->kv_block_size(); }
   int32_t n_kv_blocks() const override { return m_->n_kv_blocks(); }
   size_t kv_bytes_per_token() const override { return m_->kv_bytes_per_token(); }
+  int32_t n_kv_tail_slots() const override { return m_->n_kv_tail_slots(); }
+  size_t kv_tail_bytes() const override { return m_->kv_tail_bytes(); }
   Status forward(const Batch& batch, float* logits) override {
     max_seqs = std::max(max_seqs, static_cast<int>(batch.seqs.size()));
     for (const BatchSeq& s : batch.seqs) {
@@ -90,8 +96,8 @@ class GemmaBatchInvariance : public ::testing::TestWithParam<std::string> {
   // n_kv_slots = 3: 48 blocks, fewer than the prompts' steps need at once
   // (blocks are reused, requests wait for blocks); 9: 144, more than all
   // eight requests ever allocate (130), so a second run hits the cache.
-  void start_engine(int n_kv_slots) {
-    auto model = open(dir_, n_kv_slots);
+  void start_engine(int n_kv_slots, const char* k = nullptr) {
+    auto model = open(dir_, n_kv_slots, k);
     ASSERT_TRUE(model.ok()) << model.error().message;
     ASSERT_EQ((*model)->kv_spec().size(), 2u);
     ASSERT_EQ((*model)->kv_spec()[0].kind, LayerKind::kSliding);
@@ -108,8 +114,8 @@ class GemmaBatchInvariance : public ::testing::TestWithParam<std::string> {
   }
 
   // The tokens SequenceRunner (one fixed slot, no paging, no holes) gives.
-  std::vector<std::vector<int32_t>> reference(const SamplingParams& sampling) {
-    auto model = open(dir_);
+  std::vector<std::vector<int32_t>> reference(const SamplingParams& sampling, const char* k = nullptr) {
+    auto model = open(dir_, 1, k);
     EXPECT_TRUE(model.ok()) << model.error().message;
     std::vector<std::vector<int32_t>> out;
     for (const auto& p : prompts_) {
@@ -179,6 +185,34 @@ TEST_P(GemmaBatchInvariance, SeededSamplingIsTheSameAloneAndBatched) {
   const auto batched = test::generate_all(*engine_, prompts_, s, true, 2, kMaxTokens);
   for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(batched[i], alone[i]) << "prompt " << i;
   EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
+}
+
+// k4c's q4c K (model/kv_tails.h): blocks of 32, so the sliding group
+// gives back [0, 32) once a sequence passes 39; 3 slots: 6 blocks and 3
+// tails, requests wait for both; 20 slots: room for the prefix cache to
+// keep every prompt's first block.
+TEST_P(GemmaBatchInvariance, K4cTokensAreTheSameAloneBatchedCachedAndUnpaged) {
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  start_engine(3, "q4c");
+  const auto want = reference(greedy, "q4c");
+  const auto alone = test::generate_all(*engine_, prompts_, greedy, false, 1, kMaxTokens);
+  const auto batched = test::generate_all(*engine_, prompts_, greedy, true, 2, kMaxTokens);
+  EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
+  EXPECT_GT(recording_->max_seqs, 1) << "prompts never shared a step";
+  EXPECT_GT(recording_->sliding_holes, 0) << "the sliding group never gave a block back";
+  start_engine(20, "q4c");
+  const auto cold = test::generate_all(*engine_, prompts_, greedy, false, 1, kMaxTokens);
+  const auto cached = test::generate_all(*engine_, prompts_, greedy, true, 1, kMaxTokens);
+  EXPECT_EQ(engine_->stats().cached_tokens, 2 * 32) << "the 33- and 41-token prompts' first blocks";
+  EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    ASSERT_EQ(want[i].size(), static_cast<size_t>(kMaxTokens));
+    EXPECT_EQ(alone[i], want[i]) << "prompt " << i << " (" << prompts_[i].size() << " tokens) alone";
+    EXPECT_EQ(batched[i], want[i]) << "prompt " << i << " batched";
+    EXPECT_EQ(cold[i], want[i]) << "prompt " << i << " cold";
+    EXPECT_EQ(cached[i], want[i]) << "prompt " << i << " from the prefix cache";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(GemmaFamily, GemmaBatchInvariance,

@@ -161,10 +161,11 @@ TEST(KvTails, BatchesATailCannotServeAreRefused) {
   EXPECT_TRUE(m->forward(b, out.data()).ok());
 }
 
-// Families whose forward does not keep KV tails (Gemma's KV-shared layers
-// would read a donor's tail after it moved on) refuse k4c at load, naming it.
+// Families whose forward does not keep KV tails (Qwen3-Next's) refuse k4c
+// at load, naming it (the Gemma family's CPU model takes it:
+// gemma_kv_tails_test.cpp).
 TEST(KvTails, OtherFamiliesRefuseK4cByName) {
-  const std::string dir = std::string(RILL_SHARED_DIR) + "/goldens/hf/gemma3";
+  const std::string dir = std::string(RILL_SHARED_DIR) + "/goldens/hf/qwen3-next";
   if (!fs::exists(dir)) GTEST_SKIP() << "golden missing: " << dir;
   auto files = open_model_files(dir);
   ASSERT_TRUE(files.ok()) << files.error().message;
@@ -174,6 +175,7 @@ TEST(KvTails, OtherFamiliesRefuseK4cByName) {
   auto m = create_model(builtin_registry(), infer_profile(**files), *files, o);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("q4c (k4c)"), std::string::npos) << m.error().message;
+  EXPECT_NE(m.error().message.find("not on qwen3_next.cpu"), std::string::npos) << m.error().message;
 }
 
 // q4a's widths come from the calibration tokens alone: the same tokens

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <tuple>
 
 #include "core/e4m3.h"
 #include "model/fingerprint.h"
@@ -200,12 +201,13 @@ TEST(Registry, Q8_0h64KvReachesTheCudaFactory) {
   }
 }
 
-// k4c's q4c K on a family other than Llama's: refused naming the
-// Llama-only rule first, on either device and whatever the CUDA switch
-// (which would not make it run); the Llama family's reach their factory.
-TEST(Registry, Q4cIsRefusedOutsideTheLlamaFamilyFirst) {
-  auto r = ImplementationRegistry::create(
-      {impl("llama.cpu", {"llama"}), impl("gemma.cuda", {"gemma3"}, Device::kCuda), impl("gemma.cpu", {"gemma3"})});
+// k4c's q4c K outside the Llama family's models and the Gemma family's
+// CPU model (here: Gemma on CUDA, and a CPU family without tails):
+// refused naming the rule first, on either device and whatever the CUDA
+// switch (which would not make it run); the others reach their factory.
+TEST(Registry, Q4cIsRefusedWhereNoKvTailIsKeptFirst) {
+  auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"}), impl("gemma.cuda", {"gemma3"}, Device::kCuda),
+                                           impl("gemma.cpu", {"gemma3"}), impl("qwen3_next.cpu", {"qwen3_next"})});
   ASSERT_TRUE(r.ok());
   auto files = std::make_shared<ModelFiles>();
   files->path = "m.gguf";
@@ -217,23 +219,29 @@ TEST(Registry, Q4cIsRefusedOutsideTheLlamaFamilyFirst) {
     } else {
       unsetenv("RILL_CUDA_UNTESTED_KV");
     }
-    for (const Device d : {Device::kCuda, Device::kCpu}) {
+    for (const auto& [graph, d, id] : {std::tuple{"gemma3", Device::kCuda, "gemma.cuda"},
+                                       std::tuple{"qwen3_next", Device::kCpu, "qwen3_next.cpu"}}) {
       ModelOptions o;
       o.device = d;
       o.kv_types.k = KvType{kKvQ4Chan, false};
       o.kv_types.v = KvType{kKvIq4Nl64, true};
-      auto m = create_model(*r, profile("gemma3"), files, o);
+      auto m = create_model(*r, profile(graph), files, o);
       ASSERT_FALSE(m.ok());
-      EXPECT_TRUE(has(m.error(), "m.gguf: KV type q4c (k4c) runs on the Llama family's models only"))
+      EXPECT_TRUE(has(m.error(),
+                      "m.gguf: KV type q4c (k4c) runs on the Llama family's models and the Gemma family's CPU "
+                      "model only"))
           << m.error().message;
+      EXPECT_TRUE(has(m.error(), std::string("not on ") + id)) << m.error().message;
     }
   }
   ModelOptions o;
   o.kv_types.k = KvType{kKvQ4Chan, false};
   o.kv_types.v = KvType{kKvIq4Nl64, true};
-  auto llama = create_model(*r, profile("llama"), files, o);
-  ASSERT_FALSE(llama.ok());
-  EXPECT_EQ(llama.error().message, "test factory");
+  for (const char* graph : {"llama", "gemma3"}) {
+    auto m = create_model(*r, profile(graph), files, o);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.error().message, "test factory") << graph;
+  }
   if (was) {
     setenv("RILL_CUDA_UNTESTED_KV", saved.c_str(), 1);
   } else {
@@ -241,12 +249,14 @@ TEST(Registry, Q4cIsRefusedOutsideTheLlamaFamilyFirst) {
   }
 }
 
-// q4a (k4a) runs on the Llama family's models only; on CUDA only while
-// RILL_CUDA_UNTESTED_KV=1 (its kernels have not yet run on a GPU), refused
-// naming the switch otherwise.
-TEST(Registry, Q4aRunsOnTheLlamaFamilyAndOnCudaBehindTheSwitch) {
-  auto r = ImplementationRegistry::create(
-      {impl("llama.cpu", {"llama"}), impl("llama.cuda", {"llama"}, Device::kCuda), impl("gemma3.cpu", {"gemma3"})});
+// q4a (k4a) runs on the Llama family's models and the Gemma family's CPU
+// model only (others refused naming the type: here gemma3 registered under
+// another id than gemma.cpu); on CUDA only while RILL_CUDA_UNTESTED_KV=1
+// (its kernels have not yet run on a GPU), refused naming the switch
+// otherwise.
+TEST(Registry, Q4aRunsOnLlamaAndCpuGemmaAndOnCudaBehindTheSwitch) {
+  auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"}), impl("llama.cuda", {"llama"}, Device::kCuda),
+                                           impl("gemma3.cpu", {"gemma3"}), impl("gemma.cpu", {"gemma2"})});
   ASSERT_TRUE(r.ok());
   auto files = std::make_shared<ModelFiles>();
   files->path = "m.gguf";
@@ -275,11 +285,14 @@ TEST(Registry, Q4aRunsOnTheLlamaFamilyAndOnCudaBehindTheSwitch) {
   o.device = Device::kCpu;
   auto gemma = create_model(*r, profile("gemma3"), files, o);
   ASSERT_FALSE(gemma.ok());
-  EXPECT_TRUE(has(gemma.error(), "m.gguf: KV type q4a (k4a) runs on the Llama family's models only"))
+  EXPECT_TRUE(has(gemma.error(),
+                  "m.gguf: KV type q4a (k4a) runs on the Llama family's models and the Gemma family's CPU model only"))
       << gemma.error().message;
-  auto llama = create_model(*r, profile("llama"), files, o);
-  ASSERT_FALSE(llama.ok());
-  EXPECT_EQ(llama.error().message, "test factory");
+  for (const char* graph : {"llama", "gemma2"}) {
+    auto m = create_model(*r, profile(graph), files, o);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.error().message, "test factory") << graph;
+  }
 }
 
 TEST(Registry, WithReturnsANewRegistryAndLeavesTheOriginal) {

@@ -421,6 +421,8 @@ class CpuBackend final : public Backend {
         if (op.q_norm) cpu::rms_norm(q, op.q_norm.data, op.n_head, hd, op.norm_eps, q, op.norm_offset);
         const int32_t pos = step.pos[t] + op.pos_offset;
         cpu::rope(q, &pos, 1, op.n_head, hd, table);
+        // Its queries read that layer's K channels as the storing layer's do.
+        if (op.kv.calibration) add_query_energy(*op.kv.calibration, q, op.n_head, hd);
       }
       return;
     }
@@ -499,6 +501,14 @@ class CpuBackend final : public Backend {
                                q, k, pos, n_head, n_head_kv, hd);
   }
 
+  // The query part of add_calibration: q [n_head * hd] after RoPE, its
+  // heads grouped onto the layer's KV heads (query_energy's width / hd).
+  static void add_query_energy(KvCalibrationStats& s, const float* q, int64_t n_head, int64_t hd) {
+    const auto n_head_kv = static_cast<int64_t>(s.query_energy.size()) / hd;
+    assert(n_head_kv > 0 && n_head % n_head_kv == 0);
+    cpu::add_calibration_queries(s.query_energy.data(), q, n_head, n_head_kv, hd);
+  }
+
   // k4c: encodes every K block of 32 tokens the step completes, its rows
   // before the step from the sequence's tail, the others from step_k (q8_0
   // rows, decoded: the same values however the sequence was chunked); the
@@ -541,7 +551,8 @@ class CpuBackend final : public Backend {
 
   // k4c: attention over the quantized blocks and the q8_0 keys and values
   // of each query's own block, then each sequence's tail takes its newest
-  // partial block from the step's rows.
+  // partial block from the step's rows (unless a later layer reads them:
+  // op.tail_read_later).
   void attention_chan(const AttentionOp& op, const StepMetadata& step, const cpu::AttentionParams& p) {
     constexpr int64_t kT = cpu::kKvChanTokens;
     const int64_t W = int64_t{op.n_head_kv} * op.head_dim;
@@ -565,6 +576,7 @@ class CpuBackend final : public Backend {
     const cpu::KvSideTypes t{op.kv.dtype, op.kv.v_type(), op.kv.k_rotated, op.kv.v_rotated};
     cpu::attention_chan_batch(seqs_.data(), chan_tails_.data(), static_cast<int>(seqs_.size()), p, t, pool_,
                               op.kv.dtype == kKvQ4Alloc ? op.kv.k_widths : nullptr);
+    if (op.tail_read_later) return;
     for (int32_t s = 0; s < step.n_seqs; ++s) {
       const int64_t c1 = step.kv_len[s], c0 = c1 - step.q_len[s];
       const int64_t g0 = c0 - c0 % kT, g1 = c1 - c1 % kT;

@@ -28,22 +28,25 @@ void store_plane(uint32_t v, uint8_t* p) {
 
 }  // namespace
 
-int64_t rope_partner(int64_t c, int64_t head_dim, RopePairs pairs, int64_t rot_dim) {
+int64_t rope_partner(int64_t c, int64_t head_dim, RopePairs pairs, int64_t rot_dim, int64_t rotated_pairs) {
   if (rot_dim == 0) rot_dim = head_dim;
   assert(head_dim > 0 && head_dim % 2 == 0 && rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_dim);
   const int64_t base = c - c % head_dim, i = c % head_dim, half = rot_dim / 2;
   if (i >= rot_dim) return c;
+  const int64_t pair = pairs == RopePairs::kInterleaved ? i / 2 : i % half;
+  if (rotated_pairs >= 0 && pair >= rotated_pairs) return c;
   if (pairs == RopePairs::kInterleaved) return base + (i ^ 1);
   return base + (i < half ? i + half : i - half);
 }
 
 void allocate_channel_bits(const double* query_energy, const double* mean_sq_range, int64_t width, int64_t head_dim,
-                           RopePairs pairs, uint8_t* widths, bool one_bit, int64_t rot_dim) {
+                           RopePairs pairs, uint8_t* widths, bool one_bit, int64_t rot_dim, int64_t rotated_pairs) {
   assert(head_dim > 0 && head_dim % 2 == 0 && width % head_dim == 0);
   std::vector<double> w(static_cast<size_t>(width));
   bool any = false;
   for (int64_t c = 0; c < width; ++c) {
-    const double q = 0.5 * (usable(query_energy[c]) + usable(query_energy[rope_partner(c, head_dim, pairs, rot_dim)]));
+    const double q = 0.5 * (usable(query_energy[c]) +
+                            usable(query_energy[rope_partner(c, head_dim, pairs, rot_dim, rotated_pairs)]));
     double v = q * usable(mean_sq_range[c]);
     if (!std::isfinite(v)) v = DBL_MAX;
     w[static_cast<size_t>(c)] = v;
@@ -92,14 +95,19 @@ void allocate_channel_bits(const double* query_energy, const double* mean_sq_ran
   }
 }
 
-void add_calibration_token(double* query_energy, double* block_range_sq, float* block_min, float* block_max,
-                           const float* q, const float* k, int32_t pos, int64_t n_head, int64_t n_head_kv, int64_t hd) {
-  constexpr int32_t kT = kKvChanTokens;
-  const int64_t W = n_head_kv * hd, group = n_head / n_head_kv;
+void add_calibration_queries(double* query_energy, const float* q, int64_t n_head, int64_t n_head_kv, int64_t hd) {
+  const int64_t group = n_head / n_head_kv;
   for (int64_t h = 0; h < n_head; ++h) {
     double* e = query_energy + (h / group) * hd;
     for (int64_t i = 0; i < hd; ++i) e[i] += double{q[h * hd + i]} * double{q[h * hd + i]};
   }
+}
+
+void add_calibration_token(double* query_energy, double* block_range_sq, float* block_min, float* block_max,
+                           const float* q, const float* k, int32_t pos, int64_t n_head, int64_t n_head_kv, int64_t hd) {
+  constexpr int32_t kT = kKvChanTokens;
+  const int64_t W = n_head_kv * hd;
+  add_calibration_queries(query_energy, q, n_head, n_head_kv, hd);
   if (pos % kT == 0) {
     std::fill(block_min, block_min + W, INFINITY);
     std::fill(block_max, block_max + W, -INFINITY);

@@ -37,8 +37,11 @@ enum class RopePairs { kInterleaved, kNeox };
 // Channel c's RoPE partner within its head (head_dim even). RoPE rotates
 // the first rot_dim channels of each head (rot_dim even, <= head_dim; 0:
 // all of them): kNeox pairs (i, i + rot_dim / 2) there; a channel at or
-// past rot_dim is not rotated and is its own partner.
-int64_t rope_partner(int64_t c, int64_t head_dim, RopePairs pairs, int64_t rot_dim = 0);
+// past rot_dim is not rotated and is its own partner. rotated_pairs >= 0:
+// only the first rotated_pairs pairs of those rotate (pair i: kNeox's (i,
+// i + rot_dim / 2), kInterleaved's (2i, 2i + 1)), the others at angle 0
+// (Gemma 4's proportional RoPE), each channel its own partner there.
+int64_t rope_partner(int64_t c, int64_t head_dim, RopePairs pairs, int64_t rot_dim = 0, int64_t rotated_pairs = -1);
 
 // The widths of one layer's K channels. Inputs per channel c of width =
 // n_head_kv * head_dim (width a multiple of head_dim, head_dim even):
@@ -67,9 +70,10 @@ int64_t rope_partner(int64_t c, int64_t head_dim, RopePairs pairs, int64_t rot_d
 // bit is left and the top move is 0 -> 2, the bit goes to the best channel
 // of 2..7 bits instead (to a channel at 0, as 1 bit, only if none is).
 //
-// rot_dim: the rotated channels of each head, as rope_partner's.
+// rot_dim, rotated_pairs: the rotated channels of each head, as rope_partner's.
 void allocate_channel_bits(const double* query_energy, const double* mean_sq_range, int64_t width, int64_t head_dim,
-                           RopePairs pairs, uint8_t* widths, bool one_bit = true, int64_t rot_dim = 0);
+                           RopePairs pairs, uint8_t* widths, bool one_bit = true, int64_t rot_dim = 0,
+                           int64_t rotated_pairs = -1);
 
 // The calibration statistics of one token (backend.h KvCalibrationStats'
 // arrays, each [n_head_kv * hd]; one sequence, positions in order): q
@@ -82,6 +86,10 @@ void allocate_channel_bits(const double* query_energy, const double* mean_sq_ran
 // (downloaded during the pass: CudaModelBase::calibrate_kv).
 void add_calibration_token(double* query_energy, double* block_range_sq, float* block_min, float* block_max,
                            const float* q, const float* k, int32_t pos, int64_t n_head, int64_t n_head_kv, int64_t hd);
+// add_calibration_token's query part alone: a layer whose queries read
+// another layer's keys (Gemma 4's KV-shared layers) adds them to the
+// storing layer's query_energy.
+void add_calibration_queries(double* query_energy, const float* q, int64_t n_head, int64_t n_head_kv, int64_t hd);
 
 // Bytes of one block of the layout above: 3 width + 4 sum(widths).
 int64_t alloc_block_bytes(const uint8_t* widths, int64_t width);

@@ -46,6 +46,11 @@
 // it. One pool with a window per layer would keep every sliding layer's
 // whole history resident; with groups the KvManager keeps only the
 // window's blocks.
+//
+// k4c / k4a KV (model/kv_tails.h) on the CPU runtime: every plane keeps
+// its tails; a KV-shared layer reads its donor's before the step's last
+// reader of that plane moves them (GemmaLayer::kv_read_later). The CUDA
+// runtime keeps no tails (create_model refuses the pairs there).
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -198,6 +203,7 @@ struct GemmaLayer {
   int64_t Q = 0, KV = 0, F = 0;  // q width, one K (V) row, MLP width
   bool stores_kv = true;         // false: reads kv_layer's KV (Gemma 4's KV sharing); wqkv is q only
   int32_t kv_layer = 0;          // the KV plane it reads (and writes when stores_kv)
+  bool kv_read_later = false;    // a later layer reads kv_layer's KV too (AttentionOp::tail_read_later)
   float layer_scalar = 1.0f;
   Vec attn_norm;       // [E]
   Weight wqkv;         // [Q + 2 KV, E]; [Q, E] when !stores_kv
@@ -501,6 +507,14 @@ Result<GemmaGraph> place_gemma(Backend& b, const ModelConfig& cfg, const GemmaWe
     g.F = std::max(g.F, L.F);
     g.hd = std::max<int64_t>(g.hd, L.hd);
   }
+  // k4c's tails move with the step's last reader of each plane (the
+  // assistant reads the target's KV in steps of its own).
+  std::vector<bool> read_later(g.kv_layer_of.size(), false);
+  for (size_t il = g.layers.size(); il-- > 0;) {
+    GemmaLayer& L = g.layers[il];
+    L.kv_read_later = read_later[static_cast<size_t>(L.kv_layer)];
+    read_later[static_cast<size_t>(L.kv_layer)] = true;
+  }
   if (assistant) {
     *ag = shape_assistant(*assistant, g);
     // Its sliding layers read keys [p - window, p] for a query after p;
@@ -612,6 +626,7 @@ Status gemma_forward(Backend& b, const GemmaGraph& g, const StepMetadata& md, co
     at.window = L.sliding ? g.window : 0;
     at.kv = rk.kv;
     at.kv_group = rk.kv_group;
+    at.tail_read_later = L.kv_read_later;
     b.attention(at, md);
     RILL_TRY(b.matmul(L.wo, attn, y, false, L.bo));
     b.post_norm_add(y, L.post_attn_norm, x, L.ffn_norm, eps, off, h);
@@ -791,6 +806,9 @@ class GemmaModel final : public CpuPagedModel {
  private:
   Status check(const Batch& batch) const;
   Status init_assistant();
+  // kv_views_ as kv_ has them now: a q4a layer's widths are set, and a
+  // calibration pass's statistics attached, after init made them.
+  const std::vector<KvCacheView>& kv_views();
 
   std::unique_ptr<Backend> device_;  // on backend_'s threads
   GemmaGraph graph_;
@@ -811,6 +829,11 @@ class GemmaModel final : public CpuPagedModel {
   std::vector<KvCacheView> kv_views_;  // per layer
 };
 
+const std::vector<KvCacheView>& GemmaModel::kv_views() {
+  for (size_t l = 0; l < kv_views_.size(); ++l) kv_views_[l] = kv_.layer_view(static_cast<int64_t>(l));
+  return kv_views_;
+}
+
 Status GemmaModel::init(const ModelOptions& options) {
   constexpr int64_t kMaxHeadDim = 512;  // the CPU kernels keep one head on the stack
   RILL_ASSIGN_OR_RETURN(GemmaWeights w, bind_gemma(*files_, kMaxHeadDim));
@@ -830,8 +853,27 @@ Status GemmaModel::init(const ModelOptions& options) {
   for (const GemmaLayerWeights& L : w.layers) {
     all_f32 = all_f32 && L.q.w.dtype == DType::kF32 && L.gate.w.dtype == DType::kF32;
   }
+  // k4c / k4a: forward() checks and passes the batch's KV tails, and a
+  // KV-shared layer's attention leaves its donor's tails to the step's
+  // last reader (GemmaLayer::kv_read_later).
+  kv_tails_supported_ = true;
   RILL_TRY(create_kv(options, graph_.kv_planes(), all_f32 ? DType::kF32 : DType::kF16));
-  for (int64_t il = 0; il < kv_.n_layers(); ++il) kv_views_.push_back(kv_.layer_view(il));
+  if (assistant_ && !kv_.tails().empty()) {
+    return Error{files_->path + ": KV types q4c / q4a (k4c, k4a) do not run with a Gemma 4 assistant (" +
+                 assistant_path_ + "): its layers read the target's KV in steps of their own, after the step that " +
+                 "wrote it moved the KV tails on; use another KV type"};
+  }
+  kv_views_.resize(static_cast<size_t>(kv_.n_layers()));
+  // q4a's widths pair each plane's K channels as its layers' RoPE does:
+  // NeoX or interleaved per the table; Gemma 4's full layers rotate the
+  // first pairs (i, i + hd / 2) of the whole head, the rest at angle 0
+  // (inv_freq 0: channels that never mix).
+  std::vector<KvRopePairs> kv_rope;
+  for (const int32_t il : graph_.kv_layer_of) {
+    const cpu::RopeTable& r = graph_.layers[static_cast<size_t>(il)].sliding ? w.rope.local : w.rope.global;
+    const auto zero = std::find(r.inv_freq.begin(), r.inv_freq.end(), 0.0f);
+    kv_rope.push_back({r.interleaved, r.rot_dim, zero == r.inv_freq.end() ? -1 : zero - r.inv_freq.begin()});
+  }
 
   const int64_t T = max_tokens_;
   auto view = [T](std::vector<float>& v, int64_t cols) {
@@ -861,7 +903,8 @@ Status GemmaModel::init(const ModelOptions& options) {
   }
   step_.reserve(T);
   if (assistant_) RILL_TRY(init_assistant());
-  return device_->reserve(gemma_step_limits(graph_, assistant_ ? &ag_ : nullptr, T, max_seqs_));
+  RILL_TRY(device_->reserve(gemma_step_limits(graph_, assistant_ ? &ag_ : nullptr, T, max_seqs_)));
+  return calibrate_kv(options.kv_types.calibration_tokens, kv_rope);
 }
 
 Status GemmaModel::init_assistant() {
@@ -900,14 +943,15 @@ Status GemmaModel::check(const Batch& batch) const {
   lim.n_vocab = cfg_.n_vocab;
   lim.block_size = kv_.block_size();
   lim.n_blocks = kv_.n_blocks();
-  return check_batch(batch, lim, kv_spec_);
+  RILL_TRY(check_batch(batch, lim, kv_spec_));
+  return check_kv_tails(batch);
 }
 
 Status GemmaModel::forward(const Batch& batch, float* logits) {
   if (batch.n_tokens() <= 0) return {};
   RILL_TRY(check(batch));
   const StepMetadata md = step_metadata(batch, step_);
-  return gemma_forward(*device_, graph_, md, act_, kv_views_,
+  return gemma_forward(*device_, graph_, md, act_, kv_views(),
                        Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab));
 }
 
@@ -917,7 +961,7 @@ Status GemmaModel::forward_hidden(const Batch& batch, float* logits, float* hidd
   RILL_TRY(check(batch));
   const StepMetadata md = step_metadata(batch, step_);
   const Tensor rows = Tensor::dense(hidden, DType::kF32, md.n_tokens, graph_.E);
-  return gemma_forward(*device_, graph_, md, act_, kv_views_,
+  return gemma_forward(*device_, graph_, md, act_, kv_views(),
                        Tensor::dense(logits, DType::kF32, md.n_sample, cfg_.n_vocab), &rows);
 }
 
@@ -931,7 +975,7 @@ Status GemmaModel::forward_mtp(const Batch& batch, const float* hidden, float* l
   if (mtp_hidden) a.out = Tensor::dense(mtp_hidden, DType::kF32, n, Et);
   // The Backend reads the hidden rows only.
   const Tensor rows = Tensor::dense(const_cast<float*>(hidden), DType::kF32, n, Et);
-  return assistant_forward(*device_, graph_, ag_, md, a, kv_views_, rows, mtp_hidden != nullptr,
+  return assistant_forward(*device_, graph_, ag_, md, a, kv_views(), rows, mtp_hidden != nullptr,
                            Tensor::dense(logits, DType::kF32, md.n_sample, ag_.V));
 }
 
