@@ -565,6 +565,7 @@ void run_chunks(MmaParams p, int64_t n_tokens, int ksplit, size_t out_elem, int6
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kFp8MmaMaxTokens) {
     MmaParams c = p;
     c.n_tokens = static_cast<int>(std::min<int64_t>(kFp8MmaMaxTokens, n_tokens - t0));
+    c.chunks_per_part = pl.chunks_per_part;
     c.x = p.x + t0 * p.x_ld;
     c.xs = p.xs ? p.xs + t0 : nullptr;
     if (p.y) c.y = p.y + t0 * p.n_rows;
