@@ -5,8 +5,12 @@ restated line by line: the loader's swizzled stage layout, the lanes'
 (A a0..a3, B b0/b1, C c0..c3), the epilogue tile; small integer operands so
 the emulated sums must equal the direct product exactly, for the e4m3-x and
 the bf16-x forms, partial token tiles, partial rows and a stage with only
-16 valid columns. Then the shared-memory bank check: every quarter-warp's
-16-byte loads and copies fall on 8 distinct bank groups. Needs numpy.
+16 valid columns, plain and GLU slabs (gate rows then up rows), slab 0 and
+a later one. The copies are replayed in the kernel's form since issue 23
+(a block-wide row base + 32-bit offsets, slot swz(lr, cc) + i 32 kKT) and
+checked against the direct form (slab row lr + 32 i at swz(lr + 32 i, cc)).
+Then the shared-memory bank check: every quarter-warp's 16-byte loads and
+copies fall on 8 distinct bank groups. Needs numpy.
 Written before the kernel first ran on a GPU (branch fp8mma23)."""
 import numpy as np
 
@@ -32,13 +36,33 @@ def mma(acc, a, b):
         acc[lane][0] += D[g, 2*t]; acc[lane][1] += D[g, 2*t+1]
         acc[lane][2] += D[g+8, 2*t]; acc[lane][3] += D[g+8, 2*t+1]
 
-def run(xb, NT, n_tokens, n_rows, n_cols, c_begin, n_iter):
+def slab_row(n_rows, n_ff, slab, lr):
+    # fp8_mma.cu slab_row: (global row, valid)
+    if n_ff > 0:
+        i = slab * (kBM // 2) + (lr & (kBM // 2 - 1))
+        return (i if lr < kBM // 2 else n_ff + i), i < n_ff
+    r = slab * kBM + lr
+    return r, r < n_rows
+
+def run(xb, NT, n_tokens, n_rows, n_cols, c_begin, n_iter, glu=False, slab=0):
     W = rng.integers(-8, 9, size=(n_rows, n_cols)).astype(float)
     X = rng.integers(-8, 9, size=(n_tokens, n_cols)).astype(float)
+    n_ff = n_rows // 2 if glu else 0
     kNP = 8 * NT
     xbytes = 2 if xb else 1
     kXChunks = kKT * xbytes // 16
-    slab = 0
+    kTokStep = kThreads // kXChunks
+    ld = 16 + n_cols  # fp8_row_bytes: a 16-byte header, then the codes
+    x_ld = n_cols * xbytes
+    # the matrix and x as the kernel addresses them: element of byte offset
+    wmem = np.full(n_rows * ld, np.nan); xmem = np.full(n_tokens * x_ld, np.nan)
+    for r in range(n_rows): wmem[r * ld + 16: r * ld + 16 + n_cols] = W[r]
+    for tk in range(n_tokens): xmem[tk * x_ld: (tk + 1) * x_ld: xbytes] = X[tk]
+    # the kernel's block-wide part: row0[h], n_ok[h], n_cols_left
+    row0 = [slab_row(n_rows, n_ff, slab, kBM // 2 * h)[0] for h in range(2)]
+    ends = [n_ff if glu else n_rows, n_rows]
+    n_ok = [max(0, min(ends[h] - row0[h], kBM // 2)) for h in range(2)]
+    n_cols_left = n_cols - c_begin * kKT
     # smem per stage as element arrays: weights one element per byte; x: e4m3 one per byte, bf16 one per 2 bytes
     acc = {w: [[[0.0]*4 for _ in range(32)] for _ in range(2 * NT)] for w in range(8)}
     for it in range(n_iter):
@@ -46,47 +70,63 @@ def run(xb, NT, n_tokens, n_rows, n_cols, c_begin, n_iter):
         sa = np.zeros(kBM * kKT); sb = np.zeros(kNP * kKT)  # indexed by element
         filled_a = np.zeros(kBM * kKT, bool)
         for tid in range(kThreads):
-            cc = tid & 7
+            # load_w: the kernel's form
+            cc, lr = tid & 7, tid >> 3
+            a_off = lr * ld + 16 + cc * 16  # bytes past row0[h] (16: the row header)
+            a_dst = swz(lr, cc)
+            inn = cc * 16 + it * kKT < n_cols_left
             for i in range(kBM * (kKT // 16) // kThreads):
-                lr = (tid >> 3) + (kThreads // 8) * i
-                row = slab * kBM + lr
-                off = swz(lr, cc)
+                h, step = i >> 1, 32 * (i & 1)
+                ok = lr + step < n_ok[h] and inn
+                src = row0[h] * ld + (c_begin + it) * kKT + a_off + step * ld  # bytes from the matrix start
+                off = a_dst + i * 32 * kKT
+                assert a_off + step * ld < 2**32
+                # the direct form it stands for
+                lr_i = lr + (kThreads // 8) * i
+                row, valid = slab_row(n_rows, n_ff, slab, lr_i)
+                assert off == swz(lr_i, cc) and ok == (valid and k + cc * 16 < n_cols)
+                if ok: assert src == row * ld + 16 + k + cc * 16
                 for e in range(16):
-                    col = k + cc * 16 + e
-                    ok = row < n_rows and (k + cc * 16) < n_cols
-                    sa[off + e] = W[row, col] if ok else 0.0
+                    sa[off + e] = wmem[src + e] if ok else 0.0
                     filled_a[off + e] = True
-            cb = tid % kXChunks
+            # load_x
+            cb, tok = tid % kXChunks, tid // kXChunks
+            b_dst = xswz(xb, tok, cb)  # byte offset in the x region
             kB = kNP * kXChunks
+            inn = cb * 16 // xbytes + it * kKT < n_cols_left
             for i in range((kB + kThreads - 1) // kThreads):
-                idd = tid + kThreads * i
-                if idd >= kB: continue
-                tok = idd // kXChunks
-                off = kBM * kKT * 0 + xswz(xb, tok, cb)  # byte offset in the x region
-                ok = tok < n_tokens and (k + cb * 16 // xbytes) < n_cols
+                if tid + kThreads * i >= kB: continue
+                tok_i = tok + kTokStep * i
+                ok = tok_i < n_tokens and inn
+                off = b_dst + i * kTokStep * kXChunks * 16
+                assert off == xswz(xb, (tid + kThreads * i) // kXChunks, cb)
+                b_off = tok * x_ld + cb * 16
+                src = (c_begin + it) * kKT * xbytes + b_off + kTokStep * i * x_ld
+                assert b_off + kTokStep * i * x_ld < 2**32
+                if ok: assert src == tok_i * x_ld + (k + cb * 16 // xbytes) * xbytes
                 for e in range(16 // xbytes):  # elements of the chunk
-                    col = k + cb * 16 // xbytes + e
-                    sb[(off // xbytes) + e] = X[tok, col] if ok else 0.0
-        assert filled_a.all()
+                    sb[(off // xbytes) + e] = xmem[src + e * xbytes] if ok else 0.0
+        assert filled_a.all() and not np.isnan(sa).any() and not np.isnan(sb).any()
         def lda(byte_off):  # 16 bytes of weights -> 16 elements
             return sa[byte_off:byte_off+16]
         def ldb(byte_off):
             return sb[byte_off // xbytes: byte_off // xbytes + 16 // xbytes]
         for warp in range(8):
-            rg, kh = warp & 3, warp >> 2
-            chunk_l = None
             ra = {}; rbv = {}
             for lane in range(32):
-                g, t = lane >> 2, lane & 3
-                chunk = 4 * kh + t
+                # the main loop's lane coordinates (from a fresh threadIdx.x)
+                tid_now = 32 * warp + lane
+                g_now = (tid_now & 31) >> 2
+                row_now = 32 * ((tid_now >> 5) & 3) + g_now
+                chunk_now = 4 * (tid_now >> 7) + (tid_now & 3)
                 for m in range(2):
                     for h in range(2):
-                        ra[(lane, m, h)] = lda(swz(32*rg + 16*m + 8*h + g, chunk))
+                        ra[(lane, m, h)] = lda(swz(row_now + 16*m + 8*h, chunk_now))
                 for j in range(NT):
                     if xb:
-                        rbv[(lane, j)] = np.concatenate([ldb(xswz(True, 8*j+g, 2*chunk+hs)) for hs in range(2)])
+                        rbv[(lane, j)] = np.concatenate([ldb(xswz(True, 8*j+g_now, 2*chunk_now+hs)) for hs in range(2)])
                     else:
-                        rbv[(lane, j)] = ldb(swz(8*j+g, chunk))
+                        rbv[(lane, j)] = ldb(swz(8*j+g_now, chunk_now))
             for s in range(4):
                 for j in range(NT):
                     for m in range(2):
@@ -115,15 +155,21 @@ def run(xb, NT, n_tokens, n_rows, n_cols, c_begin, n_iter):
                         tile[tok, lr] += acc[warp][m*NT + j][lane][e]
     k0, k1 = c_begin * kKT, min(n_cols, (c_begin + n_iter) * kKT)
     ref = X[:, k0:k1] @ W[:, k0:k1].T  # [tok, row]
-    got = tile[:n_tokens, :min(kBM, n_rows)]
-    err = np.abs(got - ref[:, :kBM]).max()
-    print(f"xb={xb} NT={NT} n={n_tokens} rows={n_rows} cols={n_cols} part {c_begin}+{n_iter}: max err {err}")
+    lrs = [lr for lr in range(kBM) if slab_row(n_rows, n_ff, slab, lr)[1]]
+    rows = [slab_row(n_rows, n_ff, slab, lr)[0] for lr in lrs]
+    assert lrs
+    got = tile[:n_tokens, lrs]
+    err = np.abs(got - ref[:, rows]).max()
+    print(f"xb={xb} NT={NT} n={n_tokens} rows={n_rows} cols={n_cols} part {c_begin}+{n_iter}"
+          f"{' glu' if glu else ''} slab {slab}: max err {err}")
     assert err == 0
 
 for xb in (False, True):
     run(xb, 1, 3, 128, 256, 0, 2)
     run(xb, 2, 13, 100, 400, 1, 3)   # 400 cols: last chunk partial (16-col granularity)
     run(xb, 8, 64, 128, 128, 0, 1)
+    run(xb, 3, 20, 300, 256, 0, 2, slab=2)         # the last plain slab: rows 256..299
+    run(xb, 2, 9, 200, 256, 1, 1, glu=True, slab=1)  # GLU, n_ff 100: gate 64..99, up 164..199
 
 def check(addrs, what):
     # per quarter-warp: 8 lanes x 16 B -> groups of 4 banks = (addr % 128) // 16 must be distinct
@@ -146,6 +192,7 @@ for xb in (False, True):
           ok &= check([swz(8*j+(l>>2), 4*kh+(l&3)) for l in range(32)], f"B j{j}")
 # writes: thread tid writes A chunk (tid&7) of row tid>>3 (+32i); B bf16 chunk tid%16 of token tid//16
 for w in range(8):
-  ok &= check([swz(((32*w+l)>>3), (32*w+l)&7) for l in range(32)], "A write")
+  for i in range(4):  # slot swz(lr, cc) + i 32 kKT
+    ok &= check([swz(((32*w+l)>>3), (32*w+l)&7) + i*32*kKT for l in range(32)], "A write")
   ok &= check([xswz(True, (32*w+l)//16, (32*w+l)%16) for l in range(32)], "B bf16 write")
 print("all conflict-free" if ok else "conflicts")

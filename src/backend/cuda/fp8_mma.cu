@@ -79,15 +79,15 @@ constexpr int kMaxSplit = 8;
 enum Final : int { kToY = 0, kToGlu = 1 };
 
 struct MmaParams {
-  const uint8_t* w;                  // kFp8Rows [n_rows, n_cols]
-  const float* ws;                   // its scales
-  const uint8_t* x;                  // [n_tokens, n_cols]: e4m3 codes (xq), or bf16 x (x_bf16)
-  const float* xs;                   // [n_tokens] e4m3 codes' scales; null with bf16 x
-  int64_t n_rows, n_cols, ld, x_ld;  // x_ld: bytes per token of x
-  int64_t n_ff;                      // GLU: n_rows / 2 (gate rows [0, n_ff), up rows [n_ff, 2 n_ff)); else 0
-  int n_tokens;                      // at most kFp8MmaMaxTokens
-  int chunks_per_part;
-  int final_out;  // Final
+  const uint8_t* w;                       // kFp8Rows [n_rows, n_cols]
+  const float* ws;                        // its scales
+  const uint8_t* x;                       // [n_tokens, n_cols]: e4m3 codes (xq), or bf16 x (x_bf16)
+  const float* xs;                        // [n_tokens] e4m3 codes' scales; null with bf16 x
+  int64_t n_rows, n_cols, ld, x_ld;       // x_ld: bytes per token of x
+  int64_t n_ff;                           // GLU: n_rows / 2 (gate rows [0, n_ff), up rows [n_ff, 2 n_ff)); else 0
+  int n_tokens;                           // at most kFp8MmaMaxTokens
+  int n_slabs, n_parts, chunks_per_part;  // the plan (Plan)
+  int final_out;                          // Final
   bool accumulate, gelu;
   float* part;  // split-K: [parts][n_tokens][n_rows] sums before the scales
   float* y;     // kToY: [n_tokens, n_rows]
@@ -143,6 +143,15 @@ __device__ __forceinline__ uint32_t bf16x2_of(uint32_t v) {
   return *reinterpret_cast<const uint32_t*>(&b);
 }
 
+// threadIdx.x read afresh: asm volatile is not hoisted out of the main
+// loop, so what the copies derive from it is recomputed there (a few
+// integer ops) instead of held in registers through the mma steps.
+__device__ __forceinline__ int fresh_tid() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 __device__ __forceinline__ uint32_t word(const uint4& u, int s) {
   return s == 0 ? u.x : s == 1 ? u.y : s == 2 ? u.z : u.w;
 }
@@ -179,10 +188,21 @@ constexpr size_t smem_bytes() {
   return ring > tile ? ring : tile;
 }
 
-// One slab x one column part (blockIdx.x, blockIdx.y); gridDim.y > 1: the
-// part's sums go to p.part for fp8_mma_reduce_kernel, else the scaled
-// result (or the GLU) goes out here. kXb: x is bf16 (p.xs null): the
-// weights go to bf16 instead of f16 and x is taken as it is.
+// One slab x one column part, blockIdx.x = part x n_slabs + slab (one
+// grid dimension: with blockIdx.y the part's values sat in vector
+// registers and spilled at NT = 8); p.n_parts > 1: the part's sums go to
+// p.part for fp8_mma_reduce_kernel, else the scaled result (or the GLU)
+// goes out here. kXb: x is bf16 (p.xs null): the weights go to bf16
+// instead of f16 and x is taken as it is.
+//
+// Registers: __launch_bounds__(256, 2) gives 128; at NT = 8 the sums (64),
+// a stage's fragments (ra 16, rb 32) and a step's A (8) leave a handful,
+// so at NT >= 5 nothing per-thread that a few integer ops recompute is
+// held through the loop (loop_tid), and the copies' addresses are a
+// block-wide base plus a 32-bit offset, not arrays of 64-bit pointers
+// (issue 23: those spilled 80-84 B at NT = 7, 8, reloaded 18 times a
+// stage; now the e4m3 form spills nothing, the bf16 form 16-24 B at NT =
+// 6..8, one accumulator tile around the x loads, 4 registers over).
 template <int NT, bool kXb>
 __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -197,60 +217,69 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
   using MmaT = std::conditional_t<kXb, __nv_bfloat16, __half>;
   static_assert(kThreads % kXChunks == 0 && kALoads * kThreads == kBM * (kKT / 16), "copies per thread");
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // threadIdx.x in the main loop: afresh where registers are tight (NT >=
+  // 5, see fresh_tid), else the value held (fewer instructions a stage).
+  auto loop_tid = [&] { return NT >= 5 ? fresh_tid() : tid; };
   const int g = lane >> 2, t = lane & 3;
   const int rg = warp & 3, kh = warp >> 2;
-  const int64_t slab = blockIdx.x;
-  const int kp = static_cast<int>(blockIdx.y);
-  const int64_t n_chunks = (p.n_cols + kKT - 1) / kKT;
-  const int64_t c_begin = int64_t{kp} * p.chunks_per_part;
-  const int n_iter = static_cast<int>(min(n_chunks, c_begin + p.chunks_per_part) - c_begin);
+  const int kp = static_cast<int>(blockIdx.x) / p.n_slabs;
+  const int64_t slab = static_cast<int>(blockIdx.x) - kp * p.n_slabs;
+  const int n_chunks = static_cast<int>((p.n_cols + kKT - 1) / kKT);
+  const int c_begin = kp * p.chunks_per_part;
+  const int n_iter = min(n_chunks, c_begin + p.chunks_per_part) - c_begin;
   const uint32_t sbase = detail::smem_addr(smem);
 
-  // This thread's copies: 16-byte chunk cc of slab rows tid / 8 + 32 i and
-  // chunk cb of tokens (tid + 256 i) / kXChunks.
-  const int cc = tid & 7, cb = tid % kXChunks;
-  const uint8_t* a_src[kALoads];
-  bool a_ok[kALoads];
-  uint32_t a_dst[kALoads];
+  // This thread's copies: 16-byte chunk cc of slab rows lr + 32 i (lr =
+  // tid / 8) and chunk cb of tokens tok + kTokStep i (tok = tid / kXChunks),
+  // each address a block-wide base (the rows' or x's start at the stage's
+  // column) plus a 32-bit offset (run_chunks asserts it fits). Row lr + 32 i
+  // has lr's parity, so its slot is swz(lr, cc) + i 32 kKT, a token's
+  // likewise (kTokStep even); slab rows [0, 64) are global rows row0[0] +
+  // 0..63, rows [64, 128) row0[1] + 0..63 (slab_row: plain, row0[0] + 64;
+  // GLU, the up rows), of which the first n_ok[h] exist. Rows and tokens
+  // out of range copy zeros (from the matrix's or x's first bytes, a valid
+  // address).
+  constexpr int kTokStep = kThreads / kXChunks;
+  static_assert(kALoads == 4 && kTokStep % 2 == 0, "two rows of each half; a token's parity kept");
+  const uint8_t* a_rows[2];  // block-wide: row0[h]'s bytes
+  int n_ok[2];               // slab rows of half h that exist, 0..64
 #pragma unroll
-  for (int i = 0; i < kALoads; ++i) {
-    const int lr = (tid >> 3) + (kThreads / 8) * i;
-    bool ok = false;
-    const int64_t row = slab_row(p, slab, lr, ok);
-    a_src[i] = p.w + (ok ? row : 0) * p.ld + kFp8RowHeader + cc * 16;
-    a_ok[i] = ok;
-    a_dst[i] = swz(lr, cc);
+  for (int h = 0; h < 2; ++h) {
+    bool unused = false;
+    const int64_t row0 = slab_row(p, slab, kBM / 2 * h, unused);
+    a_rows[h] = p.w + row0 * p.ld;
+    const int64_t end = h == 0 && p.n_ff > 0 ? p.n_ff : p.n_rows;
+    n_ok[h] = static_cast<int>(max(int64_t{0}, min(end - row0, int64_t{kBM / 2})));
   }
-  const uint8_t* b_src[kBLoads];
-  bool b_ok[kBLoads], b_on[kBLoads];
-  uint32_t b_dst[kBLoads];
-#pragma unroll
-  for (int i = 0; i < kBLoads; ++i) {
-    const int id = tid + kThreads * i, tok = id / kXChunks;
-    b_on[i] = id < kBChunks;
-    b_ok[i] = tok < p.n_tokens;
-    b_src[i] = p.x + (b_ok[i] ? tok : 0) * p.x_ld + cb * 16;
-    b_dst[i] = kBM * kKT + xswz<kXb>(b_on[i] ? tok : 0, cb);
-  }
+  const int n_cols_left = static_cast<int>(p.n_cols) - c_begin * kKT;  // columns from the part's start
   auto load_w = [&](int it) {
-    const int64_t k = (c_begin + it) * kKT;
-    const bool in = k + cc * 16 < p.n_cols;  // n_cols % 16 == 0: a chunk is whole or out
+    const int tid_now = loop_tid(), cc = tid_now & 7, lr = tid_now >> 3;
+    const uint32_t a_off = static_cast<uint32_t>(lr) * static_cast<uint32_t>(p.ld) + kFp8RowHeader + cc * 16;
+    const uint32_t a_dst = swz(lr, cc);
+    const bool in = cc * 16 + it * kKT < n_cols_left;  // n_cols % 16 == 0: a chunk is whole or out
     const uint32_t slot = sbase + static_cast<uint32_t>((it % kStages) * kStageBytes);
 #pragma unroll
     for (int i = 0; i < kALoads; ++i) {
-      const bool ok = a_ok[i] && in;
-      detail::cp_async16(slot + a_dst[i], ok ? a_src[i] + k : a_src[i], ok);
+      const int h = i >> 1, step = 32 * (i & 1);
+      const bool ok = lr + step < n_ok[h] && in;
+      const uint8_t* rows = a_rows[h] + int64_t{c_begin + it} * kKT;
+      const uint32_t off = a_off + static_cast<uint32_t>(step) * static_cast<uint32_t>(p.ld);
+      detail::cp_async16(slot + a_dst + i * 32 * kKT, ok ? rows + off : p.w, ok);
     }
   };
   auto load_x = [&](int it) {
-    const int64_t k = (c_begin + it) * kKT;
-    const bool in = k + cb * 16 / kXBytes < p.n_cols;  // whole 8s: a chunk is whole or out
+    const int tid_now = loop_tid(), cb = tid_now % kXChunks, tok = tid_now / kXChunks;
+    const uint32_t b_off = static_cast<uint32_t>(tok) * static_cast<uint32_t>(p.x_ld) + cb * 16;
+    const uint32_t b_dst = kBM * kKT + xswz<kXb>(tok, cb);
+    const bool in = cb * 16 / kXBytes + it * kKT < n_cols_left;  // whole 8s: a chunk is whole or out
     const uint32_t slot = sbase + static_cast<uint32_t>((it % kStages) * kStageBytes);
 #pragma unroll
     for (int i = 0; i < kBLoads; ++i) {
-      if (!b_on[i]) continue;
-      const bool ok = b_ok[i] && in;
-      detail::cp_async16(slot + b_dst[i], ok ? b_src[i] + k * kXBytes : b_src[i], ok);
+      if (kThreads * (i + 1) > kBChunks && tid_now + kThreads * i >= kBChunks) continue;  // past the padded tokens
+      const bool ok = tok + kTokStep * i < p.n_tokens && in;
+      const uint8_t* cols = p.x + int64_t{c_begin + it} * kKT * kXBytes;
+      const uint32_t off = b_off + static_cast<uint32_t>(kTokStep * i) * static_cast<uint32_t>(p.x_ld);
+      detail::cp_async16(slot + b_dst + i * kTokStep * kXChunks * 16, ok ? cols + off : p.x, ok);
     }
   };
 
@@ -276,7 +305,6 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
     }
   }
-  const int chunk = 4 * kh + t;  // this lane's 16 bytes of a stage row
   for (int it = 0; it < n_iter; ++it) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // stage it landed for every thread; slot (it - 1) % kStages is free
@@ -288,12 +316,15 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
     detail::cp_async_commit();
 
     const uint8_t* st = smem + (it % kStages) * kStageBytes;
+    // This lane's rows g (+ 32 rg) and chunk, from threadIdx.x afresh (fresh_tid).
+    const int tid_now = loop_tid(), g_now = (tid_now & 31) >> 2;
+    const int row_now = 32 * ((tid_now >> 5) & 3) + g_now, chunk_now = 4 * (tid_now >> 7) + (tid_now & 3);
     uint4 ra[2][2];  // [m-tile][rows g, g + 8]
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        ra[m][h] = *reinterpret_cast<const uint4*>(st + swz(32 * rg + 16 * m + 8 * h + g, chunk));
+        ra[m][h] = *reinterpret_cast<const uint4*>(st + swz(row_now + 16 * m + 8 * h, chunk_now));
       }
     }
     // Step s's A fragments of both m-tiles (word s of each row's 16 bytes).
@@ -317,7 +348,8 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
     if constexpr (!kXb) {
       uint4 rb[NT];  // token g of each tile: its 16 e4m3 bytes
 #pragma unroll
-      for (int j = 0; j < NT; ++j) rb[j] = *reinterpret_cast<const uint4*>(st + kBM * kKT + swz(8 * j + g, chunk));
+      for (int j = 0; j < NT; ++j)
+        rb[j] = *reinterpret_cast<const uint4*>(st + kBM * kKT + swz(8 * j + g_now, chunk_now));
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t a[2][4];
@@ -339,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
         uint4 rb[NT];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          rb[j] = *reinterpret_cast<const uint4*>(st + kBM * kKT + xswz<true>(8 * j + g, 2 * chunk + hs));
+          rb[j] = *reinterpret_cast<const uint4*>(st + kBM * kKT + xswz<true>(8 * j + g_now, 2 * chunk_now + hs));
         }
 #pragma unroll
         for (int s2 = 0; s2 < 2; ++s2) {
@@ -389,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_mma_kernel(const MmaParams p)
   __syncthreads();
 
   const int n = p.n_tokens;
-  if (gridDim.y > 1) {
+  if (p.n_parts > 1) {
     float* part = p.part + static_cast<int64_t>(kp) * n * p.n_rows;
     for (int i = tid; i < n * kBM; i += kThreads) {
       const int tok = i / kBM, lr = i % kBM;
@@ -510,8 +542,7 @@ void launch_nt(const MmaParams& p, const Plan& pl, cudaStream_t stream) {
   constexpr size_t kSmem = smem_bytes<NT, kXb>();
   static SmemOptIn opt_in;
   opt_in.ensure(reinterpret_cast<const void*>(fp8_mma_kernel<NT, kXb>), kSmem, true);
-  launch_pdl(fp8_mma_kernel<NT, kXb>, dim3(static_cast<unsigned>(pl.n_slabs), static_cast<unsigned>(pl.ksplit)),
-             kThreads, kSmem, stream, p);
+  launch_pdl(fp8_mma_kernel<NT, kXb>, static_cast<unsigned>(pl.n_slabs * pl.ksplit), kThreads, kSmem, stream, p);
 }
 
 template <bool kXb>
@@ -565,6 +596,11 @@ void run_chunks(MmaParams p, int64_t n_tokens, int ksplit, size_t out_elem, int6
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kFp8MmaMaxTokens) {
     MmaParams c = p;
     c.n_tokens = static_cast<int>(std::min<int64_t>(kFp8MmaMaxTokens, n_tokens - t0));
+    // fp8_mma_kernel's 32-bit copy offsets: a slab's rows, the tokens' x.
+    assert(kBM * p.ld < (int64_t{1} << 32) && int64_t{kFp8MmaMaxTokens} * p.x_ld < (int64_t{1} << 32));
+    c.n_slabs = static_cast<int>(pl.n_slabs);
+    c.n_parts = pl.ksplit;
+    c.chunks_per_part = pl.chunks_per_part;
     c.x = p.x + t0 * p.x_ld;
     c.xs = p.xs ? p.xs + t0 : nullptr;
     if (p.y) c.y = p.y + t0 * p.n_rows;
