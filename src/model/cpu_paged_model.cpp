@@ -202,27 +202,35 @@ std::string CpuPagedModel::kv_numerics() const {
   return s;
 }
 
+Result<int64_t> CpuPagedModel::kv_calibration_length(const std::string& path, size_t n_text, int64_t n_ctx,
+                                                     int64_t pool_tokens, int64_t block_size) {
+  const int64_t bs = block_size;
+  const int64_t room = std::min<int64_t>({kKvCalibrationTokens, n_ctx, pool_tokens});
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(n_text), room);
+  if (n < 2 * bs) {
+    return Error{path + ": KV type q4a calibrates its widths on at least " + std::to_string(2 * bs) +
+                 " tokens of text, got " + std::to_string(n_text) +
+                 (n_text >= static_cast<size_t>(2 * bs) ? " (the context or KV pool holds fewer)" : "")};
+  }
+  if (n < kKvCalibrationTokens) {
+    // Fewer statistics allocate bits less well (docs/perf.md, "k4a stage
+    // 2"); the widths are still deterministic and kv_numerics names them.
+    std::fprintf(
+        stderr, "%s: KV type q4a calibrated its widths on %lld tokens, not %lld (%s)\n", path.c_str(),
+        static_cast<long long>(n), static_cast<long long>(kKvCalibrationTokens),
+        static_cast<int64_t>(n_text) < room ? "the calibration text is shorter" : "the context or KV pool holds fewer");
+  }
+  return n;
+}
+
 Status CpuPagedModel::calibrate_kv(const std::vector<int32_t>& tokens, const std::vector<KvRopePairs>& rope) {
   assert(static_cast<int64_t>(rope.size()) == kv_.n_layers());
   bool any = false;
   for (int64_t l = 0; l < kv_.n_layers(); ++l) any = any || kv_.types(l).k.dtype == kKvQ4Alloc;
   if (!any) return {};
   const int64_t bs = kv_.block_size();
-  const int64_t room = std::min<int64_t>({kKvCalibrationTokens, n_ctx_, int64_t{kv_.n_blocks()} * bs});
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), room);
-  if (n < 2 * bs) {
-    return Error{files_->path + ": KV type q4a calibrates its widths on at least " + std::to_string(2 * bs) +
-                 " tokens of text, got " + std::to_string(tokens.size()) +
-                 (tokens.size() >= static_cast<size_t>(2 * bs) ? " (the context or KV pool holds fewer)" : "")};
-  }
-  if (n < kKvCalibrationTokens) {
-    // Fewer statistics allocate bits less well (docs/perf.md, "k4a stage
-    // 2"); the widths are still deterministic and kv_numerics names them.
-    std::fprintf(stderr, "%s: KV type q4a calibrated its widths on %lld tokens, not %lld (%s)\n", files_->path.c_str(),
-                 static_cast<long long>(n), static_cast<long long>(kKvCalibrationTokens),
-                 static_cast<int64_t>(tokens.size()) < room ? "the calibration text is shorter"
-                                                            : "the context or KV pool holds fewer");
-  }
+  RILL_ASSIGN_OR_RETURN(const int64_t n,
+                        kv_calibration_length(files_->path, tokens.size(), n_ctx_, int64_t{kv_.n_blocks()} * bs, bs));
   std::vector<int32_t> table(static_cast<size_t>((n + bs - 1) / bs));
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
   std::vector<float> logits(static_cast<size_t>(cfg_.n_vocab));

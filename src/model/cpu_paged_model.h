@@ -73,6 +73,12 @@ class CpuPagedModel : public Model {
   // The tokens q4a's calibration pass reads at most (calibrate_kv; the
   // CUDA model's pass too, CudaModelBase::calibrate_kv).
   static constexpr int32_t kKvCalibrationTokens = 256;
+  // How many of n_text calibration tokens q4a's pass reads (both devices'
+  // calibrate_kv): at most kKvCalibrationTokens, the context and the KV
+  // pool's tokens; an error naming `path` under two blocks, and a line on
+  // stderr saying why when under kKvCalibrationTokens.
+  static Result<int64_t> kv_calibration_length(const std::string& path, size_t n_text, int64_t n_ctx,
+                                               int64_t pool_tokens, int64_t block_size);
 
  protected:
   CpuPagedModel(std::shared_ptr<const ModelFiles> files, int n_threads)

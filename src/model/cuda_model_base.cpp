@@ -569,13 +569,8 @@ Status CudaModelBase::calibrate_kv(const std::vector<int32_t>& tokens, bool rope
   if (kv_dtype_ != kKvQ4Alloc) return Status::Ok();
   const ModelFiles& f = *files_;
   const int64_t bs = block_size_;
-  const int64_t room = std::min<int64_t>({CpuPagedModel::kKvCalibrationTokens, n_ctx_, int64_t{n_blocks_} * bs});
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), room);
-  if (n < 2 * bs) {
-    return Error{f.path + ": KV type q4a calibrates its widths on at least " + std::to_string(2 * bs) +
-                 " tokens of text, got " + std::to_string(tokens.size()) +
-                 (tokens.size() >= static_cast<size_t>(2 * bs) ? " (the context or KV pool holds fewer)" : "")};
-  }
+  RILL_ASSIGN_OR_RETURN(const int64_t n, CpuPagedModel::kv_calibration_length(f.path, tokens.size(), n_ctx_,
+                                                                              int64_t{n_blocks_} * bs, bs));
   // As the CPU's pass: one sequence in tail slot 0, blocks from 0, every
   // query in the prefill form; its KV is left in blocks no table holds.
   std::vector<int32_t> table(static_cast<size_t>((n + bs - 1) / bs));
