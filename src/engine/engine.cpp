@@ -74,6 +74,7 @@ SchedulerOptions scheduler_options(const Model& m, const EngineOptions& o) {
   s.max_step_s = o.max_step_ms > 0 ? o.max_step_ms / 1000 : 0;
   s.max_step_factor = o.max_step_ms < 0 ? kAutoStepFactor : 0;
   s.max_rows = m.max_batch_seqs();
+  s.kv_tail_block = m.n_kv_tail_slots() > 0 ? m.kv_block_size() : 0;
   return s;
 }
 
@@ -840,9 +841,11 @@ void EngineImpl::sample_chunk(Request& r, const ScheduledChunk& c, const ModelRu
   if (n_draft == 0) return;
   adapt_draft_length(r.spec, n_draft, n_held, options_.spec_tokens);
   if (r.finished()) return;  // its KV is released
-  if (Status st = scheduler_.verified(r); !st.ok()) {
+  int32_t recomputed = 0;
+  if (Status st = scheduler_.verified(r, &recomputed); !st.ok()) {
     finish(r, FinishReason::kError, std::move(event), "speculative decoding: " + st.error().message);
   }
+  spec_recomputed_ += recomputed;
 }
 
 void EngineImpl::score_prompt(Request& r, const ModelRunner::ChunkRows& rows) {
@@ -1071,6 +1074,7 @@ void EngineImpl::publish_stats() {
   stats_.step_ms_per_token = cost.per_token_s() * 1e3;
   stats_.spec_draft_tokens = spec_drafted_;
   stats_.spec_accepted_tokens = spec_accepted_;
+  stats_.spec_recomputed_tokens = spec_recomputed_;
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,

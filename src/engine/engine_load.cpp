@@ -94,12 +94,16 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
     if (mo.gemma4_assistant.empty()) return Error{"--spec assistant=PATH: the assistant checkpoint's path is empty"};
   }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
-  // A verify step may reject drafts past a KV block boundary, whose keys a
-  // KV tail no longer holds (model/kv_tails.h): k4c runs without drafting.
-  if (model->n_kv_tail_slots() > 0 && !options.spec.empty() && options.spec != "off") {
-    return Error{"--spec " + options.spec +
-                 ": KV types q4c / q4a (k4c, k4a) do not run with speculative decoding (a rejected "
-                 "draft could end in a KV block already encoded); use another KV type or --spec off"};
+  // KV tails (k4c, k4a; model/kv_tails.h) run with drafts from outside the
+  // model (ngram, draft=, replay=): the scheduler recomputes the accepted
+  // tokens of a block a verify step encoded past a rejection
+  // (SchedulerOptions::kv_tail_block). The model's own MTP layer keeps KV
+  // of its own, which that rollback does not cover: refused.
+  if (model->n_kv_tail_slots() > 0 && options.spec == "mtp") {
+    return Error{
+        "--spec mtp: KV types q4c / q4a (k4c, k4a) do not run with the model's MTP layer (its KV "
+        "is not rolled back across an encoded KV block); use --spec ngram or draft=MODEL, or another "
+        "KV type"};
   }
   if (assistant && model->n_mtp_layers() == 0) {  // a family that does not run one left it unbound
     return Error{"--spec " + options.spec + ": " + files->path + " (" + files->config.architecture +

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -44,6 +45,11 @@ class FakeModel final : public Model, public StepOverlap {
     // device would; a chained step's tokens are the ids of the step queued
     // before it.
     bool queue_steps = false;
+    // KV tails as k4c keeps them (model/kv_tails.h), this many slots (0:
+    // none): a step must continue at a multiple of block_size or inside
+    // the block its tail's last step ended in, no further than that step
+    // ended (KvTails::check's rule), else forward fails naming the slot.
+    int32_t kv_tail_slots = 0;
   };
 
   explicit FakeModel(Options o) : o_(o), spec_{full()} {
@@ -80,6 +86,7 @@ class FakeModel final : public Model, public StepOverlap {
   int32_t kv_block_size() const override { return o_.block_size; }
   int32_t n_kv_blocks() const override { return o_.n_blocks; }
   size_t kv_bytes_per_token() const override { return 8; }
+  int32_t n_kv_tail_slots() const override { return o_.kv_tail_slots; }
 
   bool has_forward_greedy() const override { return o_.device_greedy; }
   // The rows' argmax (first maximum: the lowest id on ties) from a scratch
@@ -178,6 +185,7 @@ class FakeModel final : public Model, public StepOverlap {
     if (batch.n_tokens() > o_.max_batch_tokens) return Error{"batch too large"};
     if (static_cast<int>(batch.sample_rows.size()) > o_.max_batch_seqs) return Error{"too many sample rows"};
     const int32_t bs = o_.block_size;
+    RILL_TRY(check_tails(batch));
     size_t next_sample = 0;
     for (const BatchSeq& s : batch.seqs) {
       auto table = batch.table(0, s);
@@ -203,6 +211,9 @@ class FakeModel final : public Model, public StepOverlap {
       }
     }
     if (next_sample != batch.sample_rows.size()) return Error{"sample rows out of sequence order"};
+    for (const BatchSeq& s : batch.seqs) {  // each tail keeps the step's newest partial block
+      if (o_.kv_tail_slots > 0) tails_[static_cast<size_t>(s.kv_tail)] = {s.kv_len - s.kv_len % bs, s.kv_len % bs};
+    }
     return Status::Ok();
   }
 
@@ -221,6 +232,22 @@ class FakeModel final : public Model, public StepOverlap {
   }
 
  private:
+  Status check_tails(const Batch& batch) {
+    if (o_.kv_tail_slots == 0) return Status::Ok();
+    tails_.resize(static_cast<size_t>(o_.kv_tail_slots), {0, 0});
+    const int32_t bs = o_.block_size;
+    for (const BatchSeq& s : batch.seqs) {
+      if (s.kv_tail < 0 || s.kv_tail >= o_.kv_tail_slots) return Error{"bad KV tail slot " + std::to_string(s.kv_tail)};
+      const int32_t c0 = s.kv_len - s.q_len;
+      const auto [start, rows] = tails_[static_cast<size_t>(s.kv_tail)];
+      if (c0 % bs != 0 && (start != c0 - c0 % bs || rows < c0 % bs)) {
+        return Error{"KV tail slot " + std::to_string(s.kv_tail) + " holds [" + std::to_string(start) + ", " +
+                     std::to_string(start + rows) + "), the step continues at " + std::to_string(c0)};
+      }
+    }
+    return Status::Ok();
+  }
+
   // The masks' shape as a device model checks it; counts masked steps.
   Status check_masks(const TokenMasks& masks, size_t n_rows) {
     if (masks.empty()) return Status::Ok();
@@ -245,6 +272,7 @@ class FakeModel final : public Model, public StepOverlap {
   ModelConfig cfg_;
   KvSpec spec_;
   std::vector<Cell> cells_;
+  std::vector<std::pair<int32_t, int32_t>> tails_;  // per KV tail slot: first position, rows
   std::atomic<bool> fail_next_{false};
   std::atomic<int64_t> fail_at_{-1};
   std::atomic<int> n_greedy_calls_{0}, n_logit_calls_{0}, n_sample_calls_{0};

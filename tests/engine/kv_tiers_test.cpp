@@ -23,6 +23,7 @@
 #include <random>
 
 #include "core/e4m3.h"
+#include "engine/replay_speculator.h"
 #include "engine/sampler.h"
 #include "fake_model.h"
 #include "kv/kv_file.h"
@@ -1066,15 +1067,38 @@ TEST(KvTiers, EvictedK4cPrefixComesBackFromTheRamTier) {
   EXPECT_EQ(warm.logprobs, device_hit.logprobs) << "restored k4c KV must be bit-identical";
 }
 
-TEST(KvTiers, K4cRefusesSpeculativeDecoding) {
+// k4c with drafts (Scheduler::verified rolls a request back to the start
+// of a block its verify step encoded past a rejection): the prefix cache
+// then holds the blocks a run without drafts makes, byte for byte, so a
+// request resuming from them reads the same logprobs in both engines.
+TEST(KvTiers, K4cSpeculativeRunCachesTheBlocksOfARunWithoutDrafts) {
   if (!fs::exists(kSmol)) GTEST_SKIP() << "default model missing: " << kSmol;
   EngineOptions o;
-  o.n_threads = 2;
   o.kv_types = kv_all("k4c");
-  o.spec = "ngram";
-  auto e = Engine::load(kSmol, o);
-  ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.error().message.find("speculative decoding"), std::string::npos) << e.error().message;
+  auto plain = load(kSmol, o);
+  ASSERT_TRUE(plain);
+  const auto a = random_prompt(100, 49152, 21);
+  const GenRun cold = generate(*plain, a, 90);
+  ASSERT_EQ(cold.tokens.size(), 90u);
+  std::vector<int32_t> recorded = a;
+  recorded.insert(recorded.end(), cold.tokens.begin(), cold.tokens.end());
+  const fs::path replay = fs::temp_directory_path() / ("rill_k4c_replay_" + std::to_string(::getpid()));
+  ASSERT_TRUE(write_replay_file(replay.string(), {recorded}).ok());
+  o.spec = "replay=" + replay.string() + ":0.5";
+  o.spec_tokens = 6;
+  auto drafted = load(kSmol, o);
+  ASSERT_TRUE(drafted);
+  EXPECT_EQ(generate(*drafted, a, 90).tokens, cold.tokens);
+  EXPECT_GT(drafted->stats().spec_recomputed_tokens, 0) << "no rejection fell inside an encoded block";
+  // Prompt and 80 of its tokens: 180 tokens, 5 full blocks of 32 cached.
+  std::vector<int32_t> longer(recorded.begin(), recorded.begin() + 180);
+  const GenRun from_drafted = generate(*drafted, longer, 6);
+  const GenRun from_plain = generate(*plain, longer, 6);
+  EXPECT_EQ(from_drafted.cached, 160);
+  EXPECT_EQ(from_plain.cached, 160);
+  EXPECT_EQ(from_drafted.tokens, from_plain.tokens);
+  EXPECT_EQ(from_drafted.logprobs, from_plain.logprobs) << "cached k4c blocks must be bit-identical";
+  fs::remove(replay);
 }
 
 }  // namespace
