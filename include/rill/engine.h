@@ -250,12 +250,9 @@ struct EngineStats {
   int64_t steps_pipelined = 0;  // steps queued while the step before them ran (EngineOptions::pipelined_decode)
   std::string last_integrity_error;
   // Speculative decoding: the speculator's name ("" when off) and its draft
-  // tokens verified and accepted over all requests; with KV tails (k4c,
-  // k4a), the accepted tokens computed again because a draft was rejected
-  // inside a KV block its verify step had already encoded
-  // (SchedulerOptions::kv_tail_block).
+  // tokens verified and accepted over all requests.
   std::string speculator;
-  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_recomputed_tokens = 0;
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;
 };
 
 class Engine {

@@ -302,8 +302,7 @@ int run_bench(const BenchOptions& o) {
     j["spec"] = {{"speculator", s.speculator},
                  {"spec_tokens", o.spec.spec_tokens},
                  {"draft_tokens", s.spec_draft_tokens},
-                 {"accepted_tokens", s.spec_accepted_tokens},
-                 {"recomputed_tokens", s.spec_recomputed_tokens}};
+                 {"accepted_tokens", s.spec_accepted_tokens}};
   }
   if (!o.record_tokens.empty()) {
     std::vector<std::vector<int32_t>> sequences;

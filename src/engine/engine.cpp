@@ -74,7 +74,6 @@ SchedulerOptions scheduler_options(const Model& m, const EngineOptions& o) {
   s.max_step_s = o.max_step_ms > 0 ? o.max_step_ms / 1000 : 0;
   s.max_step_factor = o.max_step_ms < 0 ? kAutoStepFactor : 0;
   s.max_rows = m.max_batch_seqs();
-  s.kv_tail_block = m.n_kv_tail_slots() > 0 ? m.kv_block_size() : 0;
   return s;
 }
 
@@ -420,7 +419,19 @@ bool EngineImpl::speculation_pays() const {
 int32_t EngineImpl::draft_length(const Request& r) const {
   const int32_t k = r.spec.k == 0 ? options_.spec_tokens : r.spec.k;
   // The owed token and the drafts all become output when every draft holds.
-  return std::max(0, std::min(k, r.params.max_tokens - r.n_output() - 1));
+  int32_t n = std::min(k, r.params.max_tokens - r.n_output() - 1);
+  if (model_->n_kv_tail_slots() > 0) {
+    // KV tails (k4c, k4a; model/kv_tails.h): a step encodes each KV block
+    // it completes, and its tail keeps only its last partial block, so a
+    // draft rejected inside a block the verify step completed would leave
+    // the accepted tokens before it in no tail. The drafts stop short of
+    // the owed token's block end: the step never completes that block.
+    // (Rolling back to the block's start and computing its accepted tokens
+    // again instead cost more on the default model: docs/perf.md.)
+    const int32_t bs = pool_.block_size();
+    n = std::min(n, bs - r.n_computed % bs - 2);
+  }
+  return std::max(0, n);
 }
 
 void EngineImpl::propose_drafts() {
@@ -841,11 +852,9 @@ void EngineImpl::sample_chunk(Request& r, const ScheduledChunk& c, const ModelRu
   if (n_draft == 0) return;
   adapt_draft_length(r.spec, n_draft, n_held, options_.spec_tokens);
   if (r.finished()) return;  // its KV is released
-  int32_t recomputed = 0;
-  if (Status st = scheduler_.verified(r, &recomputed); !st.ok()) {
+  if (Status st = scheduler_.verified(r); !st.ok()) {
     finish(r, FinishReason::kError, std::move(event), "speculative decoding: " + st.error().message);
   }
-  spec_recomputed_ += recomputed;
 }
 
 void EngineImpl::score_prompt(Request& r, const ModelRunner::ChunkRows& rows) {
@@ -1074,7 +1083,6 @@ void EngineImpl::publish_stats() {
   stats_.step_ms_per_token = cost.per_token_s() * 1e3;
   stats_.spec_draft_tokens = spec_drafted_;
   stats_.spec_accepted_tokens = spec_accepted_;
-  stats_.spec_recomputed_tokens = spec_recomputed_;
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,

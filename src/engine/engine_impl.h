@@ -147,7 +147,7 @@ class EngineImpl final : public Engine {
   std::vector<std::pair<size_t, int32_t>> group_spans_;  // ... where each request's are, its own block count
   std::vector<Request*> draft_rows_;                     // ... and its request
   std::vector<BlockLease> chain_scratch_;                // observe_hidden: blocks for chained drafts' rows
-  int64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_recomputed_ = 0;  // EngineStats::spec_*
+  int64_t spec_drafted_ = 0, spec_accepted_ = 0;         // EngineStats::spec_*
 
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Request>> live_;

@@ -95,15 +95,14 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
   // KV tails (k4c, k4a; model/kv_tails.h) run with drafts from outside the
-  // model (ngram, draft=, replay=): the scheduler recomputes the accepted
-  // tokens of a block a verify step encoded past a rejection
-  // (SchedulerOptions::kv_tail_block). The model's own MTP layer keeps KV
-  // of its own, which that rollback does not cover: refused.
+  // model (ngram, draft=, replay=): the engine ends each request's drafts
+  // before its KV block does (EngineImpl::draft_length), so a rejection
+  // never falls in a block already encoded. The MTP layer's drafts write
+  // its own KV layer, whose k4c form is not built: refused.
   if (model->n_kv_tail_slots() > 0 && options.spec == "mtp") {
     return Error{
-        "--spec mtp: KV types q4c / q4a (k4c, k4a) do not run with the model's MTP layer (its KV "
-        "is not rolled back across an encoded KV block); use --spec ngram or draft=MODEL, or another "
-        "KV type"};
+        "--spec mtp: KV types q4c / q4a (k4c, k4a) do not run with the model's MTP layer (its own KV "
+        "layer has no k4c form); use --spec ngram or draft=MODEL, or another KV type"};
   }
   if (assistant && model->n_mtp_layers() == 0) {  // a family that does not run one left it unbound
     return Error{"--spec " + options.spec + ": " + files->path + " (" + files->config.architecture +

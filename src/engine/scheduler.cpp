@@ -291,24 +291,13 @@ bool is_rounds_of(const StepPlan& plan, std::span<const ScheduledChunk> in_fligh
   return true;
 }
 
-Status Scheduler::verified(Request& r, int32_t* recomputed) {
+Status Scheduler::verified(Request& r) {
   const auto seq = static_cast<int64_t>(r.id);
   // Commit before truncating: truncate() leaves a recurrent state restore
   // for the next step, which a commit would clear.
   const std::span<const int32_t> computed(r.tokens.data(), static_cast<size_t>(r.n_computed));
   auto cached = kv_.commit_full_blocks(seq, computed);
   if (!cached.ok()) return cached.error();
-  int32_t back = 0;
-  if (const int32_t bs = options_.kv_tail_block; bs > 0) {
-    // The step encoded every block it completed, and its tail holds only
-    // [end - end % bs, end): accepted tokens in an earlier, partial block
-    // are in no tail. That block was never offered (it is not full), so
-    // the rollback to its start touches no cached block.
-    const int32_t end = kv_.length(seq), kept = r.n_computed;
-    if (kept % bs != 0 && kept < end - end % bs) back = kept % bs;
-  }
-  r.n_computed -= back;
-  if (recomputed) *recomputed = back;
   return kv_.truncate(seq, r.n_computed);
 }
 

@@ -70,13 +70,6 @@ struct SchedulerOptions {
   // returns one per scored position and is cut to the rows left after one
   // for every chunk that may still follow it.
   int32_t max_rows = 0;
-  // > 0: the model keeps KV tails (k4c / k4a, model/kv_tails.h) and encodes
-  // each block of this many tokens in the step that completes it. A verify
-  // step may complete a block with a draft in it; when a draft before that
-  // block's end is rejected, the tail no longer holds the accepted tokens of
-  // the block, so verified() rolls the request back to the block's start and
-  // the next step recomputes them (their KV is deterministic: the same bytes).
-  int32_t kv_tail_block = 0;
 };
 
 struct ScheduledChunk {
@@ -161,11 +154,8 @@ class Scheduler {
   // owed token. Gives back the KV of the rejected drafts (the block tail
   // past n_computed; blocks offered to the prefix cache are never touched,
   // and no rejected draft's block was offered) and offers the full blocks
-  // of the accepted tokens to the prefix cache. With KV tails
-  // (SchedulerOptions::kv_tail_block) it may move n_computed back to a
-  // block start (its accepted tokens are computed again); returns how many
-  // tokens it moved it back by in *recomputed (may be null).
-  Status verified(Request& r, int32_t* recomputed = nullptr);
+  // of the accepted tokens to the prefix cache.
+  Status verified(Request& r);
 
   const std::deque<Request*>& waiting() const { return waiting_; }
   const std::vector<Request*>& running() const { return running_; }

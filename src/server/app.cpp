@@ -300,8 +300,7 @@ void App::stats(std::shared_ptr<Responder> res) {
   engine["speculative"] = s.speculator.empty() ? nlohmann::json(nullptr)
                                                : nlohmann::json{{"speculator", s.speculator},
                                                                 {"draft_tokens", s.spec_draft_tokens},
-                                                                {"accepted_tokens", s.spec_accepted_tokens},
-                                                                {"recomputed_tokens", s.spec_recomputed_tokens}};
+                                                                {"accepted_tokens", s.spec_accepted_tokens}};
   nlohmann::json kv = {{"block_size", s.kv_block_size},           {"blocks_total", s.kv_blocks_total},
                        {"blocks_used", s.kv_blocks_used},         {"blocks_cached", s.kv_blocks_cached},
                        {"bytes_per_token", s.kv_bytes_per_token}, {"tail_bytes", s.kv_tail_bytes}};

@@ -133,11 +133,6 @@ std::string Metrics::render(const EngineStats& s) const {
         "# HELP rill_spec_accepted_tokens_total draft tokens accepted\n"
         "# TYPE rill_spec_accepted_tokens_total counter\n";
     out += "rill_spec_accepted_tokens_total" + label + " " + std::to_string(s.spec_accepted_tokens) + "\n";
-    out +=
-        "# HELP rill_spec_recomputed_tokens_total accepted tokens computed again (a rejection inside an encoded "
-        "k4c / k4a KV block)\n"
-        "# TYPE rill_spec_recomputed_tokens_total counter\n";
-    out += "rill_spec_recomputed_tokens_total" + label + " " + std::to_string(s.spec_recomputed_tokens) + "\n";
     out += "# HELP rill_spec_acceptance_rate accepted / drafted tokens\n# TYPE rill_spec_acceptance_rate gauge\n";
     const double rate = s.spec_draft_tokens > 0
                             ? static_cast<double>(s.spec_accepted_tokens) / static_cast<double>(s.spec_draft_tokens)

@@ -1,11 +1,11 @@
 // Speculative decoding over KV tails (k4c / k4a, model/kv_tails.h): a
-// verify step encodes every KV block it completes, drafts included, so a
-// rejection before the end of such a block leaves its accepted tokens in
-// no tail; the scheduler moves the request back to the block's start and
-// computes them again (SchedulerOptions::kv_tail_block). On the fake model
-// (whose tails refuse any other continuation, as KvTails::check does) and
-// on the default model in k4c and k4a, greedy and seeded output are the
-// same with and without drafting, and the rollbacks happened.
+// step encodes every KV block it completes, so a rejection inside a block
+// the verify step completed would leave the accepted tokens before it in
+// no tail; the engine ends drafts before the owed token's block does
+// (EngineImpl::draft_length). On the fake model (whose tails refuse any
+// step that does not continue where its tail allows, as KvTails::check
+// does) and on the default model in k4c and k4a, greedy and seeded output
+// are the same with and without drafting.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -57,7 +57,7 @@ std::unique_ptr<Engine> fake_engine(const std::string& spec, int32_t tail_slots)
   return std::move(e).value();
 }
 
-TEST(SpeculativeKvTails, FakeTailsKeepTheOutputAndRollBackInsideEncodedBlocks) {
+TEST(SpeculativeKvTails, FakeTailsKeepTheOutputAndDraftsNeverCompleteABlock) {
   std::vector<std::vector<int32_t>> prompts;
   for (int32_t i = 0; i < 6; ++i) prompts.push_back({i + 1, 2 * i + 3, 7, i, 11});
   SamplingParams greedy;
@@ -71,24 +71,24 @@ TEST(SpeculativeKvTails, FakeTailsKeepTheOutputAndRollBackInsideEncodedBlocks) {
     EXPECT_EQ(test::generate_all(*on, prompts, greedy, true, 2, 40), want) << acceptance;
     const EngineStats s = on->stats();
     EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
-    EXPECT_GT(s.spec_draft_tokens, 50) << acceptance;
+    EXPECT_GT(s.spec_draft_tokens, 30) << acceptance;
     if (*acceptance == '\0') {
       EXPECT_EQ(s.spec_accepted_tokens, s.spec_draft_tokens);
-      EXPECT_EQ(s.spec_recomputed_tokens, 0);  // nothing rejected, nothing rolled back
     } else {
       EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens) << acceptance;
-      EXPECT_GT(s.spec_recomputed_tokens, 0) << acceptance;  // the rollback this test is about ran
     }
   }
-  // Without tails the same drafts never roll back.
-  auto plain = fake_engine("replay=" + path + ":0.4", 0);
+  // Without tails the drafts are not cut at block ends: more of them.
+  auto tailed = fake_engine("replay=" + path, 8);
+  auto plain = fake_engine("replay=" + path, 0);
+  EXPECT_EQ(test::generate_all(*tailed, prompts, greedy, true, 3, 40), want);
   EXPECT_EQ(test::generate_all(*plain, prompts, greedy, true, 3, 40), want);
-  EXPECT_EQ(plain->stats().spec_recomputed_tokens, 0);
+  EXPECT_LT(tailed->stats().spec_draft_tokens, plain->stats().spec_draft_tokens);
   std::filesystem::remove(path);
 }
 
 // The default model in k4c and k4a: drafts from a replay file at partial
-// acceptance (many rejections, some inside encoded blocks) and from the
+// acceptance (many rejections) and from the
 // n-gram speculator give the tokens of the same engine without drafting,
 // greedy and seeded, alone and batched. Holds because k4c's logits do not
 // depend on how a sequence's tokens are split into steps (a 1 + k token
@@ -143,16 +143,13 @@ TEST(SpeculativeKvTails, DefaultModelK4cAndK4aOutputIsTheSameWithAndWithoutDraft
       const EngineStats s = on->stats();
       EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
       EXPECT_GT(s.spec_accepted_tokens, 0) << pair << " " << spec;
-      if (spec != "ngram") {
-        EXPECT_GT(s.spec_recomputed_tokens, 0) << pair << " " << spec;
-      }
     }
     std::filesystem::remove(path);
   }
 }
 
 // GLM-4.5's nextn layer (llama family, tests/data/mtp-glm4-moe) with q4c K:
-// --spec mtp is refused by name (its own KV would not roll back).
+// --spec mtp is refused by name (its chained drafts write KV of their own).
 TEST(SpeculativeKvTails, MtpIsRefusedNamingTheReason) {
   const std::string glm = std::string(RILL_TEST_DATA) + "/mtp-glm4-moe";
   if (!std::filesystem::exists(glm)) GTEST_SKIP() << glm << " not found";
@@ -166,8 +163,7 @@ TEST(SpeculativeKvTails, MtpIsRefusedNamingTheReason) {
   o.spec = "mtp";
   auto e = Engine::load(glm, o);
   ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.error().message.find("do not run with the model's MTP layer"), std::string::npos)
-      << e.error().message;
+  EXPECT_NE(e.error().message.find("do not run with the model's MTP layer"), std::string::npos) << e.error().message;
   o.spec = "ngram";  // drafts from outside the model run
   auto ngram = Engine::load(glm, o);
   EXPECT_TRUE(ngram.ok()) << ngram.error().message;
