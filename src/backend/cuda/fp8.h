@@ -152,6 +152,15 @@ int64_t fp8_mma_part_floats(int64_t n_tokens, int64_t n_rows, int64_t n_cols, bo
 // quantize_fp8_tokens); F32 activations take the e4m3 form either way.
 bool fp8_mma_on();
 bool fp8_mma_bf16x_on();
+// The token counts fp8_mma takes while it is on: RILL_FP8_MMA_TOKENS=LO-HI
+// (2 <= LO <= HI <= kFp8MmaMaxTokens; read once; a malformed value is
+// reported on stderr and the default kept), default 2..kFp8MmaMaxTokens.
+// For timing a band: on the H100 the bf16 form beat quantize + cuBLASLt
+// at 16 tokens and lost from 64 (docs/perf.md, 2026-12-05 21:11 session).
+struct Fp8MmaTokens {
+  int64_t lo = 2, hi = kFp8MmaMaxTokens;
+};
+Fp8MmaTokens fp8_mma_tokens();
 
 // out[r, :] = W[row0 + r, :] (e4m3 value x scale, rounded to out_dtype:
 // F32/F16/BF16), out [n_rows, n_cols].

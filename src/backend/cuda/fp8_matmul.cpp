@@ -27,11 +27,11 @@ void Fp8Scratch::carve(Arena& a, int64_t tokens, int64_t max_cols) {
 namespace {
 
 // Whether fp8_matmul (glu: fp8_matmul_glu) takes fp8_mma, batch invariance
-// apart: the switch on, 2..kFp8MmaMaxTokens tokens (one token stays with
-// the GEMV), the scratch large enough.
+// apart: the switch on, fp8_mma_tokens() tokens (2..kFp8MmaMaxTokens by
+// default; one token stays with the GEMV), the scratch large enough.
 bool mma_path(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_rows, int64_t n_cols, bool glu) {
-  return fp8_mma_on() && n_tokens >= 2 && n_tokens <= kFp8MmaMaxTokens && fp8_cols_ok(n_cols) && fp8.xq &&
-         n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems &&
+  return fp8_mma_on() && n_tokens >= fp8_mma_tokens().lo && n_tokens <= fp8_mma_tokens().hi && fp8_cols_ok(n_cols) &&
+         fp8.xq && n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems &&
          fp8_mma_part_floats(n_tokens, n_rows, n_cols, glu) <= fp8.mma_part_floats;
 }
 

@@ -53,6 +53,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -634,6 +635,25 @@ bool fp8_mma_on() {
     return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0);
   }();
   return on;
+}
+
+Fp8MmaTokens fp8_mma_tokens() {
+  static const Fp8MmaTokens range = [] {
+    Fp8MmaTokens r;
+    const char* e = std::getenv("RILL_FP8_MMA_TOKENS");
+    if (e == nullptr) return r;
+    int lo = 0, hi = 0, used = 0;
+    if (std::sscanf(e, "%d-%d%n", &lo, &hi, &used) == 2 && e[used] == '\0' && lo >= 2 && lo <= hi &&
+        hi <= kFp8MmaMaxTokens) {
+      r.lo = lo;
+      r.hi = hi;
+    } else {
+      std::fprintf(stderr, "RILL_FP8_MMA_TOKENS=%s ignored: want LO-HI with 2 <= LO <= HI <= %d\n", e,
+                   static_cast<int>(kFp8MmaMaxTokens));
+    }
+    return r;
+  }();
+  return range;
 }
 
 bool fp8_mma_bf16x_on() {
