@@ -4,8 +4,11 @@
 // its KV-shared layers (which read their donor's tail before the step's
 // last reader moves it) and K-as-V layers. Prompts of 72 tokens cross two
 // K blocks of 32 and the window of 8. The goldens' heads of 16 hold no
-// iq4_nlh64 block, so V stays f32 (the checkpoints' KV type): the tails and
-// K's encoding are what these tests exercise.
+// iq4_nlh64 block, so on them V stays f32 (the checkpoints' KV type): the
+// tails and K's encoding are what those cases exercise. The "hd64/" cases
+// are gemma2 and gemma3 with heads of 64 (tests/data/gemma-hd64, random
+// attention weights, tools/make_wide_gemma_golden.py): the whole pairs,
+// k4c and k4a, V in iq4_nlh64 included.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +25,11 @@ namespace {
 
 namespace fs = std::filesystem;
 const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
+// A golden's directory: "hd64/<family>" names the widened copies.
+std::string dir_of(const std::string& family) {
+  if (family.rfind("hd64/", 0) == 0) return std::string(RILL_TEST_DATA) + "/gemma-hd64/" + family.substr(5);
+  return kGoldens + family;
+}
 constexpr int32_t kCtx = 256;
 constexpr int32_t kPrompt = 72;  // > 2 blocks of 32, > the goldens' window of 8
 
@@ -32,24 +40,25 @@ std::vector<int32_t> tokens(int n, uint32_t seed) {
   return t;
 }
 
-// The golden `family` with K of type `k` ("" for the checkpoint's KV; q4a
-// calibrated on `calibration`).
+// The golden `family` with K of type `k` and V of type `v` ("" for the
+// checkpoint's KV; q4a calibrated on `calibration`).
 Result<std::unique_ptr<Model>> try_open(const std::string& family, const char* k,
-                                        std::vector<int32_t> calibration = tokens(256, 99),
-                                        int max_batch_tokens = 128) {
-  RILL_ASSIGN_OR_RETURN(auto files, open_model_files(kGoldens + family));
+                                        std::vector<int32_t> calibration = tokens(256, 99), int max_batch_tokens = 128,
+                                        const char* v = "") {
+  RILL_ASSIGN_OR_RETURN(auto files, open_model_files(dir_of(family)));
   ModelOptions o;
   o.n_threads = 2;
   o.n_ctx = kCtx;
   o.n_kv_slots = 2;
   o.max_batch_tokens = max_batch_tokens;
   if (*k) o.kv_types.k = parse_kv_type(k);
+  if (*v) o.kv_types.v = parse_kv_type(v);
   o.kv_types.calibration_tokens = std::move(calibration);
   return create_model(builtin_registry(), infer_profile(*files), files, o);
 }
 
-std::unique_ptr<Model> open(const std::string& family, const char* k) {
-  auto m = try_open(family, k);
+std::unique_ptr<Model> open(const std::string& family, const char* k, const char* v = "") {
+  auto m = try_open(family, k, tokens(256, 99), 128, v);
   EXPECT_TRUE(m.ok()) << m.error().message;
   return m.ok() ? std::move(m).value() : nullptr;
 }
@@ -103,23 +112,29 @@ double kl(const float* p, const float* q, size_t n) {
 
 struct Case {
   const char* family;
-  const char* k;  // q4c (k4c's K) or q4a (k4a's)
+  const char* k;       // q4c (k4c's K) or q4a (k4a's)
+  const char* v = "";  // "" (the checkpoint's) or iq4_nlh64 (the pairs' V)
 };
 
 class GemmaKvTails : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    if (!fs::exists(kGoldens + GetParam().family + "/config.json")) GTEST_SKIP() << GetParam().family << " missing";
+    if (!fs::exists(dir_of(GetParam().family) + "/config.json")) GTEST_SKIP() << GetParam().family << " missing";
   }
 };
 
 INSTANTIATE_TEST_SUITE_P(Golden, GemmaKvTails,
                          ::testing::Values(Case{"gemma2", "q4c"}, Case{"gemma2", "q4a"}, Case{"gemma3", "q4c"},
                                            Case{"gemma3", "q4a"}, Case{"gemma4", "q4c"}, Case{"gemma4", "q4a"},
-                                           Case{"gemma4-moe", "q4c"}, Case{"gemma4-moe", "q4a"}),
+                                           Case{"gemma4-moe", "q4c"}, Case{"gemma4-moe", "q4a"},
+                                           Case{"hd64/gemma2", "q4c", "iq4_nlh64"},
+                                           Case{"hd64/gemma2", "q4a", "iq4_nlh64"},
+                                           Case{"hd64/gemma3", "q4c", "iq4_nlh64"},
+                                           Case{"hd64/gemma3", "q4a", "iq4_nlh64"}),
                          [](const ::testing::TestParamInfo<Case>& i) {
-                           std::string s = std::string(i.param.family) + "_" + i.param.k;
+                           std::string s = std::string(i.param.family) + "_" + i.param.k + (*i.param.v ? "_v" : "");
                            std::replace(s.begin(), s.end(), '-', '_');
+                           std::replace(s.begin(), s.end(), '/', '_');
                            return s;
                          });
 
@@ -155,11 +170,13 @@ Distance distance(const std::vector<float>& a, const std::vector<float>& b, size
 // greedy token moves only where f32's top two are close. (Gemma 4's
 // attention scale of 1 over normed q and k makes it the most sensitive:
 // measured mean KL k4c / q4_0, 2026-12-05: gemma2 3.5e-5 / -, gemma3
-// 1.5e-4 / 2.4e-3, gemma4 4.8e-3 / 4.8e-2, gemma4-moe 2.3e-2 / 7.1e-2.)
+// 1.5e-4 / 2.4e-3, gemma4 4.8e-3 / 4.8e-2, gemma4-moe 2.3e-2 / 7.1e-2;
+// the hd64 cases, K and V both, against q4_0 K and V: gemma2 2.1e-4 /
+// 3.1e-3, gemma3 6.4e-4 / 6.2e-3.)
 TEST_P(GemmaKvTails, LogitsStayCloseToPlainKv) {
   auto plain = open(GetParam().family, "");
-  auto quant = open(GetParam().family, GetParam().k);
-  auto q4_0 = open(GetParam().family, "q4_0");
+  auto quant = open(GetParam().family, GetParam().k, GetParam().v);
+  auto q4_0 = open(GetParam().family, "q4_0", *GetParam().v ? "q4_0" : "");
   ASSERT_TRUE(plain && quant && q4_0);
   EXPECT_EQ(quant->kv_block_size(), 32) << "q4c pools have blocks of its group";
   const auto ids = tokens(kPrompt, 1);
@@ -167,10 +184,13 @@ TEST_P(GemmaKvTails, LogitsStayCloseToPlainKv) {
   const std::vector<float> a = run(*plain, ids, kPrompt, 0);
   const Distance d = distance(a, run(*quant, ids, kPrompt, 0), V);
   const Distance ref = distance(a, run(*q4_0, ids, kPrompt, 0), V);
-  std::printf("%s %s: max |logit diff| %.3g, mean KL %.3g, greedy moved on %d of %d rows (q4_0 K: %.3g, %.3g, %d)\n",
+  std::printf("%s %s: max |logit diff| %.3g, mean KL %.3g, greedy moved on %d of %d rows (q4_0: %.3g, %.3g, %d)\n",
               GetParam().family, GetParam().k, d.max_diff, d.mean_kl, d.moved, kPrompt, ref.max_diff, ref.mean_kl,
               ref.moved);
   EXPECT_GT(d.max_diff, 0.0) << "K was quantized";
+  if (*GetParam().v) {  // V too: k4c's 4.3 bits against f32's 32 per element
+    EXPECT_LT(quant->kv_bytes_per_token() * 5, plain->kv_bytes_per_token());
+  }
   EXPECT_LT(d.mean_kl, 0.5 * ref.mean_kl);
   EXPECT_EQ(d.moved_past_gap, 0);
 }
@@ -178,7 +198,7 @@ TEST_P(GemmaKvTails, LogitsStayCloseToPlainKv) {
 // How the prompt is chunked (1, 7, 64 tokens a step: steps across and onto
 // block boundaries) changes no logit.
 TEST_P(GemmaKvTails, ChunkingChangesNoLogit) {
-  auto m = open(GetParam().family, GetParam().k);
+  auto m = open(GetParam().family, GetParam().k, GetParam().v);
   ASSERT_TRUE(m);
   const auto ids = tokens(kPrompt, 2);
   const std::vector<float> whole = run(*m, ids, kPrompt, 0);
@@ -187,7 +207,7 @@ TEST_P(GemmaKvTails, ChunkingChangesNoLogit) {
 
 // Two sequences sharing steps give the logits each gives alone.
 TEST_P(GemmaKvTails, SequencesSharingStepsEqualAlone) {
-  auto m = open(GetParam().family, GetParam().k);
+  auto m = open(GetParam().family, GetParam().k, GetParam().v);
   ASSERT_TRUE(m);
   const auto a = tokens(kPrompt, 3), b = tokens(50, 4);
   std::vector<float> alone_a(a.size() * static_cast<size_t>(m->n_vocab()));
@@ -228,7 +248,7 @@ TEST_P(GemmaKvTails, SequencesSharingStepsEqualAlone) {
 // tokens until a step where f32's top two are closer than the logits moved.
 TEST_P(GemmaKvTails, GreedyDecodeFollowsPlainKv) {
   auto plain = open(GetParam().family, "");
-  auto quant = open(GetParam().family, GetParam().k);
+  auto quant = open(GetParam().family, GetParam().k, GetParam().v);
   ASSERT_TRUE(plain && quant);
   const auto V = static_cast<size_t>(plain->n_vocab());
   constexpr int32_t kStart = 40, kEnd = 80;
