@@ -180,3 +180,23 @@ def test_logprobs_stop_strings_and_max_tokens_as_without(servers):
         a, b = chat(on, max_tokens=n), chat(off, max_tokens=n)
         assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"] <= n
         assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+
+def test_k4c_kv_with_ngram_drafts_matches_k4c_without():
+    """k4c KV (the engine ends drafts before each KV block does): a served
+    edit, greedy and seeded, is the same with and without drafts, and drafts
+    were accepted."""
+    if not os.path.exists(MODEL):
+        pytest.skip(f"{MODEL} not found (run scripts/setup.sh)")
+    common = ("--kv-type", "k4c", "--ctx-size", "1024", "--kv-cache-mb", "64", "--max-running", "8")
+    on = Server("--spec", "ngram", "--spec-tokens", "6", *common)
+    off = Server(*common)
+    try:
+        a, b = chat(on, max_tokens=96), chat(off, max_tokens=96)
+        assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+        assert a["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+        a, b = chat(on, max_tokens=64, temperature=0.8, seed=11), chat(off, max_tokens=64, temperature=0.8, seed=11)
+        assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    finally:
+        on.stop()
+        off.stop()
