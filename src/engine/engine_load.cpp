@@ -49,7 +49,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
   mo.n_ctx = options.n_ctx;
   mo.max_batch_tokens = std::max(1, options.max_batch_tokens);
   mo.max_batch_seqs = std::max(1, options.max_running);
-  mo.n_state_slots = mo.max_batch_seqs;  // hybrids: one live state per running request
+  mo.n_state_slots = mo.max_batch_seqs;  // one live state / KV tail per running request
   // Speculation: a verify chunk returns a logit row per draft, so a step's
   // rows may exceed its sequences (the scheduler keeps within the model's).
   if (!options.spec.empty() && options.spec != "off") {

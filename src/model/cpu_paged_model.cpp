@@ -66,9 +66,10 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, std::vector<PagedKv
     return Error{files_->path + ": KV block size " + std::to_string(bs) + " is not a power of two"};
   }
   // Tail slots: one per sequence that runs at once: the engine's requests
-  // (max_batch_seqs, which it sets to --max-running), else n_kv_slots (a
-  // model driven directly: rill run / score, benches), not max_batch_tokens.
-  const int32_t live = options.max_batch_seqs > 0 ? max_seqs_ : 1;
+  // (n_state_slots, which it sets to --max-running; max_batch_seqs grows
+  // with --spec to a logit row per draft), else n_kv_slots (a model driven
+  // directly: rill run / score, benches), not max_batch_tokens.
+  const int32_t live = options.n_state_slots > 0 ? options.n_state_slots : options.max_batch_seqs > 0 ? max_seqs_ : 1;
   const int32_t n_tail_slots = tail_bytes > 0 ? std::max(live, std::max(1, options.n_kv_slots)) : 0;
   kv_types_desc_ = describe_kv_types(types, dtype);
   // A KV budget covers the tails too (their real bytes), the rest holds blocks.

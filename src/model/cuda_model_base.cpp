@@ -363,7 +363,7 @@ Status CudaModelBase::init_runtime(const ModelOptions& options) {
     tail_off_.push_back(w > 0 ? tail_slot_bytes_ : SIZE_MAX);
     tail_slot_bytes_ += KvTails::slot_bytes({w});
   }
-  const int32_t live = options.max_batch_seqs > 0 ? max_seqs_ : 1;
+  const int32_t live = options.n_state_slots > 0 ? options.n_state_slots : options.max_batch_seqs > 0 ? max_seqs_ : 1;
   n_tail_slots_ = tail_slot_bytes_ > 0 ? std::max(live, std::max(1, options.n_kv_slots)) : 0;
   const auto tail_bytes = static_cast<int64_t>(tail_slot_bytes_) * n_tail_slots_;
   int64_t n_blocks = 0;

@@ -60,9 +60,10 @@ struct ModelOptions {
   // a rejected draft rolls back; kv/state_pool.h), checkpoint ids after the
   // n_state_checkpoints ones. The engine needs its --spec-tokens of them.
   int n_spec_states = 0;
-  // Models with recurrent layers: live state slots when > 0 (the most
-  // requests that run at once), else max_batch_seqs (which speculation
-  // raises to cover every draft's logit row, not more sequences).
+  // The most requests that run at once, when > 0 (the engine's
+  // --max-running): recurrent models' live state slots and k4c's KV tail
+  // slots; else max_batch_seqs (which speculation raises to cover every
+  // draft's logit row, not more sequences).
   int n_state_slots = 0;
   // Tensor parallelism: the model split over this many ranks (see
   // model/tensor_split.h), each holding its share of the weights and KV
@@ -141,11 +142,11 @@ class Model {
   virtual int32_t n_spec_states() const { return 0; }        // per live slot (ModelOptions::n_spec_states)
   virtual size_t state_bytes() const { return 0; }
 
-  // KV tails (models whose KV types keep the keys of each sequence's newest
-  // partial block in f16, k4c: model/kv_tails.h; 0 otherwise): slots
-  // (Batch::seqs[s].kv_tail: max(max_batch_seqs, n_kv_slots) when the
-  // options set max_batch_seqs, as the engine does, else n_kv_slots)
-  // and the bytes of all of them. A sequence with a tail continues only at
+  // KV tails (models whose KV types keep the keys and values of each
+  // sequence's newest partial block in q8_0, k4c: model/kv_tails.h; 0
+  // otherwise): slots (Batch::seqs[s].kv_tail: max(n_state_slots or else
+  // max_batch_seqs, n_kv_slots) when the options set either, as the engine
+  // does, else n_kv_slots) and the bytes of all of them. A sequence with a tail continues only at
   // a multiple of the KV block size or where its tail's last step ended
   // (forward() refuses other steps).
   virtual int32_t n_kv_tail_slots() const { return 0; }

@@ -142,6 +142,8 @@ TEST(SpeculativeKvTails, DefaultModelK4cAndK4aOutputIsTheSameWithAndWithoutDraft
       EXPECT_EQ(test::generate_all(*on, prompts, seeded, true, 3, 48), want_seeded) << pair << " " << spec;
       const EngineStats s = on->stats();
       EXPECT_EQ(s.integrity_errors, 0) << s.last_integrity_error;
+      // One tail per running request, not per draft's logit row.
+      EXPECT_EQ(s.kv_tail_bytes, off->stats().kv_tail_bytes);
       EXPECT_GT(s.spec_accepted_tokens, 0) << pair << " " << spec;
     }
     std::filesystem::remove(path);

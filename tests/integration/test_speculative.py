@@ -188,7 +188,7 @@ def test_k4c_kv_with_ngram_drafts_matches_k4c_without():
     were accepted."""
     if not os.path.exists(MODEL):
         pytest.skip(f"{MODEL} not found (run scripts/setup.sh)")
-    common = ("--kv-type", "k4c", "--ctx-size", "1024", "--kv-cache-mb", "64", "--max-running", "8")
+    common = ("--kv-type", "k4c", "--ctx-size", "1024", "--kv-cache-mb", "64")
     on = Server("--spec", "ngram", "--spec-tokens", "6", *common)
     off = Server(*common)
     try:
