@@ -59,6 +59,10 @@ struct ChanAttentionArgs {
   int32_t n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   int32_t window = 0;  // > 0: keys [pos - window + 1, pos]
   float scale = 1.0f, softcap = 0.0f;
+  // chan_attention_fast's scratch (unused by the reference kernels):
+  // chan_fast_partial_floats(n_tokens, n_head, head_dim) floats, each
+  // split's unnormalized output, running max and sum.
+  float* partials = nullptr;
 };
 
 // head_dim a multiple of 64 (V's blocks) up to 1024; n_head_kv * head_dim a
@@ -79,6 +83,28 @@ void chan_attention_host(const ChanAttentionArgs& a);
 void chan_attention_parallel(const ChanAttentionArgs& a, cudaStream_t stream);
 // Its phases one after the other over host pointers (tests).
 void chan_attention_parallel_host(const ChanAttentionArgs& a);
+
+// The fast kernel (attention_chan_fast.cu) for the same contract, held to
+// chan_attention_parallel within f32 rounding (tests/cuda/
+// attention_chan_fast_cuda_test.cpp: max |diff| <= 2e-3 of the output's
+// scale), not its bits: a thread block per (query, KV head, key split),
+// the KV head's query heads together (up to 8 a block, so a K group and a V
+// row are decoded once for all of them), each KV block of 32 keys decoded
+// into shared memory as f32 (K: z + d / 16 * code, q4c's nibbles or q4a's
+// planes; V: iq4_nlh64's levels; the own block's q8_0 rows), scores as
+// q.k, an online softmax in f32 per split, then a second kernel combining
+// the splits in split order (attention_chan_split.h: the plan depends on
+// the query's own key range alone, so the outputs are deterministic and
+// batch invariant). Scratch: a.partials (a.scores unused). head_dim 64,
+// 128 or 256 (chan_attention_fast_supported); any GQA ratio. The CUDA
+// backend runs it for k4c / k4a unless RILL_K4C_ATTENTION=ref (read when
+// the backend carves its scratch), which forces chan_attention_parallel.
+bool chan_attention_fast_supported(int32_t head_dim);
+size_t chan_fast_partial_floats(int64_t n_tokens, int32_t n_head, int32_t head_dim);
+void chan_attention_fast(const ChanAttentionArgs& a, cudaStream_t stream);
+// The same code over host pointers, each thread block's phases run thread
+// after thread on the calling thread (tests; no GPU needed).
+void chan_attention_fast_host(const ChanAttentionArgs& a);
 
 // Each head of in's rows (f32, in_stride floats apart) Walsh-Hadamard
 // rotated (cpu::hadamard_rotate's bits: the transform is its own inverse)
