@@ -10,11 +10,14 @@
 //      query's own block from its q8_0 tail / step rows), V's 32 rows
 //      (iq4_nlh64 levels, or q8_0) into v[r][c]; keys outside the query's
 //      range get v = 0 (and a -inf score, so garbage never reaches out);
-//   2. scores: s[g][r] = capped(q_g . k_r * scale), a (head, key) a thread;
-//   3. the running max per head (a thread a head) and its correction;
-//   4. p[g][r] = exp(s - m), a (head, key) a thread;
-//   5. o[g][c] = o * corr + sum_r p[g][r] v[r][c] (an output a thread, keys
-//      in order) and l[g] = l * corr + sum_r p[g][r] (a thread a head).
+//   2. dots: a (key, quarter of the channels) a thread, every head of the
+//      block at once (k's element read once for the KG heads);
+//   3. scores: s[r][g] = capped(q_g . k_r * scale) from the quarters;
+//   4. the running max per head (a thread a head) and its correction;
+//   5. p[r][g] = exp(s - m), a (key, head) a thread;
+//   6. o[g][c] = o * corr + sum_r p[r][g] v[r][c] (a channel a thread,
+//      every head at once, keys in order) and l[g] = l * corr + sum_r
+//      p[r][g] (a thread a head).
 // The split's (o, m, l) go to a.partials; chan_fast_combine_kernel merges a
 // query's splits in split order (a thread a channel, each thread the same
 // max and sum over the splits, so every output is a fixed sequence of f32
@@ -150,10 +153,13 @@ __host__ __device__ inline const uint8_t* own_row(const ChanAttentionArgs& a, co
 template <int HD, int KG>
 struct Cta {
   static constexpr int kKStride = HD + 1;
-  static constexpr int kQ = 0;
-  static constexpr int kK = kQ + KG * HD;
-  static constexpr int kV = kK + kT * kKStride;
-  static constexpr int kS = kV + kT * HD;
+  static constexpr int kParts = kFastThreads / kT;  // the score phase's channel parts (4)
+  static_assert(kParts == 4 && HD % kParts == 0, "scores() sums 4 parts");
+  static constexpr int kQ = 0;                      // q transposed: [HD][KG]
+  static constexpr int kK = kQ + KG * HD;           // [32][HD + 1]
+  static constexpr int kV = kK + kT * kKStride;     // [32][HD]
+  static constexpr int kP = kV + kT * HD;           // partial scores [kParts][KG][32]
+  static constexpr int kS = kP + kParts * KG * kT;  // scores, then probabilities: [32][KG]
   static constexpr int kO = kS + KG * kT;
   static constexpr int kM = kO + KG * HD;
   static constexpr int kL = kM + KG;
@@ -164,7 +170,7 @@ struct Cta {
   __host__ __device__ static void init(const ChanAttentionArgs& a, const FastQuery& f, float* sm, int tid) {
     for (int i = tid; i < KG * HD; i += kFastThreads) {
       const int g = i / HD, c = i % HD;
-      sm[kQ + i] = g < f.gh ? a.q[f.t * a.q_stride + static_cast<int64_t>(f.h0 + g) * HD + c] : 0.0f;
+      sm[kQ + c * KG + g] = g < f.gh ? a.q[f.t * a.q_stride + static_cast<int64_t>(f.h0 + g) * HD + c] : 0.0f;
       sm[kO + i] = 0.0f;
     }
     if (tid < KG) {
@@ -243,7 +249,27 @@ struct Cta {
     }
   }
 
-  // s[g][r]: key b0 + r's capped, scaled score for head g (-inf outside).
+  // Partial dots: a (key r, channel part) a thread, every head at once (the
+  // key's element read once for the KG heads, q's a broadcast).
+  __host__ __device__ static void dots(float* sm, int tid) {
+    for (int i = tid; i < kParts * kT; i += kFastThreads) {
+      const int part = i / kT, r = i % kT;
+      const float* k = sm + kK + r * kKStride;
+      float acc[KG];
+      RILL_DEVICE_UNROLL
+      for (int g = 0; g < KG; ++g) acc[g] = 0.0f;
+      RILL_FAST_UNROLL8
+      for (int c = part * (HD / kParts); c < (part + 1) * (HD / kParts); ++c) {
+        const float kc = k[c];
+        RILL_DEVICE_UNROLL
+        for (int g = 0; g < KG; ++g) acc[g] += sm[kQ + c * KG + g] * kc;
+      }
+      RILL_DEVICE_UNROLL
+      for (int g = 0; g < KG; ++g) sm[kP + (part * KG + g) * kT + r] = acc[g];
+    }
+  }
+
+  // s[r][g]: key b0 + r's capped, scaled score for head g (-inf outside).
   __host__ __device__ static void scores(const ChanAttentionArgs& a, const FastQuery& f, int64_t b, float* sm,
                                          int tid) {
     const int64_t b0 = b * kT;
@@ -252,19 +278,11 @@ struct Cta {
       const int g = i / kT, r = i % kT;
       float sc = -INFINITY;
       if (g < f.gh && b0 + r >= lo && b0 + r < hi) {
-        const float* q = sm + kQ + g * HD;
-        const float* k = sm + kK + r * kKStride;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        RILL_FAST_UNROLL8
-        for (int c = 0; c < HD; c += 4) {
-          acc[0] += q[c] * k[c];
-          acc[1] += q[c + 1] * k[c + 1];
-          acc[2] += q[c + 2] * k[c + 2];
-          acc[3] += q[c + 3] * k[c + 3];
-        }
-        sc = fast_cap(((acc[0] + acc[1]) + (acc[2] + acc[3])) * a.scale, a.softcap);
+        const float* p = sm + kP + g * kT + r;  // part j at p[j * KG * kT]
+        const float dot = (p[0] + p[KG * kT]) + (p[2 * KG * kT] + p[3 * KG * kT]);
+        sc = fast_cap(dot * a.scale, a.softcap);
       }
-      sm[kS + i] = sc;
+      sm[kS + r * KG + g] = sc;
     }
   }
 
@@ -273,7 +291,7 @@ struct Cta {
     if (tid >= KG) return;
     const float m_old = sm[kM + tid];
     float m = m_old;
-    for (int r = 0; r < kT; ++r) m = sm[kS + tid * kT + r] > m ? sm[kS + tid * kT + r] : m;
+    for (int r = 0; r < kT; ++r) m = sm[kS + r * KG + tid] > m ? sm[kS + r * KG + tid] : m;
     sm[kC + tid] = m == -INFINITY ? 1.0f : fast_exp(m_old - m);  // exp(-inf) = 0 for the first block
     sm[kM + tid] = m;
   }
@@ -281,22 +299,29 @@ struct Cta {
   __host__ __device__ static void probs(float* sm, int tid) {
     for (int i = tid; i < KG * kT; i += kFastThreads) {
       const float s = sm[kS + i];
-      sm[kS + i] = s == -INFINITY ? 0.0f : fast_exp(s - sm[kM + i / kT]);
+      sm[kS + i] = s == -INFINITY ? 0.0f : fast_exp(s - sm[kM + i % KG]);
     }
   }
 
+  // A channel a thread, every head at once (V's element read once for the
+  // KG heads, the probabilities a broadcast), keys in order.
   __host__ __device__ static void accumulate(float* sm, int tid) {
-    for (int i = tid; i < KG * HD; i += kFastThreads) {
-      const int g = i / HD, c = i % HD;
-      const float* p = sm + kS + g * kT;
-      float acc = 0.0f;
+    for (int c = tid; c < HD; c += kFastThreads) {
+      float acc[KG];
+      RILL_DEVICE_UNROLL
+      for (int g = 0; g < KG; ++g) acc[g] = 0.0f;
       RILL_FAST_UNROLL8
-      for (int r = 0; r < kT; ++r) acc += p[r] * sm[kV + r * HD + c];
-      sm[kO + i] = sm[kO + i] * sm[kC + g] + acc;
+      for (int r = 0; r < kT; ++r) {
+        const float v = sm[kV + r * HD + c];
+        RILL_DEVICE_UNROLL
+        for (int g = 0; g < KG; ++g) acc[g] += sm[kS + r * KG + g] * v;
+      }
+      RILL_DEVICE_UNROLL
+      for (int g = 0; g < KG; ++g) sm[kO + g * HD + c] = sm[kO + g * HD + c] * sm[kC + g] + acc[g];
     }
     if (tid < KG) {
       float sum = 0.0f;
-      for (int r = 0; r < kT; ++r) sum += sm[kS + tid * kT + r];
+      for (int r = 0; r < kT; ++r) sum += sm[kS + r * KG + tid];
       sm[kL + tid] = sm[kL + tid] * sm[kC + tid] + sum;
     }
   }
@@ -333,6 +358,8 @@ __global__ void __launch_bounds__(kFastThreads) chan_fast_kernel(ChanAttentionAr
   __syncthreads();
   for (int64_t b = f.blk_lo; b < f.blk_hi; ++b) {
     C::decode(a, f, b, fast_sm, tid);
+    __syncthreads();
+    C::dots(fast_sm, tid);
     __syncthreads();
     C::scores(a, f, b, fast_sm, tid);
     __syncthreads();
@@ -410,6 +437,7 @@ void run_host(const ChanAttentionArgs& a) {
         for (int tid = 0; tid < kFastThreads; ++tid) C::init(a, f, sm.data(), tid);
         for (int64_t b = f.blk_lo; b < f.blk_hi; ++b) {
           for (int tid = 0; tid < kFastThreads; ++tid) C::decode(a, f, b, sm.data(), tid);
+          for (int tid = 0; tid < kFastThreads; ++tid) C::dots(sm.data(), tid);
           for (int tid = 0; tid < kFastThreads; ++tid) C::scores(a, f, b, sm.data(), tid);
           for (int tid = 0; tid < kFastThreads; ++tid) C::rescale(sm.data(), tid);
           for (int tid = 0; tid < kFastThreads; ++tid) C::probs(sm.data(), tid);
