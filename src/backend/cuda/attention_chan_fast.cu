@@ -93,6 +93,20 @@ __host__ __device__ __forceinline__ float q8_at(const uint8_t* row, int64_t e) {
 }
 
 // A 4-byte word at a 4-aligned address (global or host memory).
+// 4 floats at a 16-byte aligned address (shared memory): one 128-bit load
+// on the device, the same values on the host.
+__host__ __device__ __forceinline__ void ld4(const float* p, float* v) {
+#ifdef __CUDA_ARCH__
+  const float4 x = *reinterpret_cast<const float4*>(p);
+  v[0] = x.x;
+  v[1] = x.y;
+  v[2] = x.z;
+  v[3] = x.w;
+#else
+  for (int i = 0; i < 4; ++i) v[i] = p[i];
+#endif
+}
+
 __host__ __device__ __forceinline__ uint32_t word_at(const uint8_t* p) {
 #ifdef __CUDA_ARCH__
   return *reinterpret_cast<const uint32_t*>(p);
@@ -147,14 +161,17 @@ __host__ __device__ inline const uint8_t* own_row(const ChanAttentionArgs& a, co
                   : step + static_cast<size_t>(a.q_start[f.seq] + (j - f.c0)) * f.tail_row;
 }
 
-// Shared memory of a block (floats): q [KG][HD], k [32][HD + 1] (padded:
-// the score phase reads a column a lane), v [32][HD], s [KG][32], o
-// [KG][HD], m, l, corr [KG].
+// Shared memory of a block (floats; every region 16-byte aligned): q
+// transposed [HD][KG], k [32][HD + 4], v [32][HD], the dots' parts
+// [4][KG][32], s [32][KG], o [KG][HD], m, l, corr [KG].
 template <int HD, int KG>
 struct Cta {
-  static constexpr int kKStride = HD + 1;
+  // k's rows 16-byte aligned for the dot phase's 4-float loads, and 4
+  // floats longer than HD: a quarter warp's rows r..r+7 then start 4 banks
+  // apart (HD + 4 = 4 mod 32), so the loads are conflict-free.
+  static constexpr int kKStride = HD + 4;
   static constexpr int kParts = kFastThreads / kT;  // the score phase's channel parts (4)
-  static_assert(kParts == 4 && HD % kParts == 0, "scores() sums 4 parts");
+  static_assert(kParts == 4 && HD % (4 * kParts) == 0, "scores() sums 4 parts of whole float4s");
   static constexpr int kQ = 0;                      // q transposed: [HD][KG]
   static constexpr int kK = kQ + KG * HD;           // [32][HD + 1]
   static constexpr int kV = kK + kT * kKStride;     // [32][HD]
@@ -166,6 +183,7 @@ struct Cta {
   static constexpr int kC = kL + KG;
   static constexpr int kFloats = kC + KG;
   static constexpr size_t kBytes = sizeof(float) * kFloats;
+  static_assert(kK % 4 == 0 && kV % 4 == 0 && kP % 4 == 0 && kS % 4 == 0, "16-byte aligned regions");
 
   __host__ __device__ static void init(const ChanAttentionArgs& a, const FastQuery& f, float* sm, int tid) {
     for (int i = tid; i < KG * HD; i += kFastThreads) {
@@ -259,10 +277,25 @@ struct Cta {
       RILL_DEVICE_UNROLL
       for (int g = 0; g < KG; ++g) acc[g] = 0.0f;
       RILL_FAST_UNROLL8
-      for (int c = part * (HD / kParts); c < (part + 1) * (HD / kParts); ++c) {
-        const float kc = k[c];
+      for (int c = part * (HD / kParts); c < (part + 1) * (HD / kParts); c += 4) {
+        float kc[4];
+        ld4(k + c, kc);
         RILL_DEVICE_UNROLL
-        for (int g = 0; g < KG; ++g) acc[g] += sm[kQ + c * KG + g] * kc;
+        for (int e = 0; e < 4; ++e) {
+          const float* q = sm + kQ + (c + e) * KG;
+          if constexpr (KG % 4 == 0) {
+            RILL_DEVICE_UNROLL
+            for (int g = 0; g < KG; g += 4) {
+              float qv[4];
+              ld4(q + g, qv);
+              RILL_DEVICE_UNROLL
+              for (int u = 0; u < 4; ++u) acc[g + u] += qv[u] * kc[e];
+            }
+          } else {
+            RILL_DEVICE_UNROLL
+            for (int g = 0; g < KG; ++g) acc[g] += q[g] * kc[e];
+          }
+        }
       }
       RILL_DEVICE_UNROLL
       for (int g = 0; g < KG; ++g) sm[kP + (part * KG + g) * kT + r] = acc[g];
@@ -313,8 +346,19 @@ struct Cta {
       RILL_FAST_UNROLL8
       for (int r = 0; r < kT; ++r) {
         const float v = sm[kV + r * HD + c];
-        RILL_DEVICE_UNROLL
-        for (int g = 0; g < KG; ++g) acc[g] += sm[kS + r * KG + g] * v;
+        const float* p = sm + kS + r * KG;
+        if constexpr (KG % 4 == 0) {
+          RILL_DEVICE_UNROLL
+          for (int g = 0; g < KG; g += 4) {
+            float pv[4];
+            ld4(p + g, pv);
+            RILL_DEVICE_UNROLL
+            for (int u = 0; u < 4; ++u) acc[g + u] += pv[u] * v;
+          }
+        } else {
+          RILL_DEVICE_UNROLL
+          for (int g = 0; g < KG; ++g) acc[g] += p[g] * v;
+        }
       }
       RILL_DEVICE_UNROLL
       for (int g = 0; g < KG; ++g) sm[kO + g * HD + c] = sm[kO + g * HD + c] * sm[kC + g] + acc[g];
@@ -347,7 +391,8 @@ struct Cta {
 
 template <int HD, int KG>
 __global__ void __launch_bounds__(kFastThreads) chan_fast_kernel(ChanAttentionArgs a) {
-  extern __shared__ float fast_sm[];
+  extern __shared__ float4 fast_sm4[];  // float4: 16-byte aligned (the 4-float loads)
+  float* fast_sm = reinterpret_cast<float*>(fast_sm4);
   using C = Cta<HD, KG>;
   FastQuery f;
   if (!fast_query(a, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), KG, f)) {
