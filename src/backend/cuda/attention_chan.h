@@ -13,9 +13,11 @@
 // the same source built for the host (chan_attention_host) gives the CPU
 // scalar build's bits and the device differs by expf / tanhf alone. Slow
 // (a thread walks every key of its query): the device reference a fast
-// kernel will be held to, not a serving path; the CUDA backend runs k4c
-// through it (branch k4cwire22, behind RILL_CUDA_UNTESTED_KV=1). Not yet
-// run on a GPU (docs/perf.md, branches k4ccuda22, k4cwire22).
+// kernel is held to (chan_attention_fast below), not a serving path; the
+// CUDA backend runs k4c through chan_attention_fast, or through
+// chan_attention_parallel with RILL_K4C_ATTENTION=ref (behind
+// RILL_CUDA_UNTESTED_KV=1; docs/perf.md, branches k4ccuda22, k4cwire22,
+// k4cfast22).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -77,8 +79,8 @@ void chan_attention_host(const ChanAttentionArgs& a);
 // a channel a thread in key order, each value computed as chan_attention
 // computes it (a group's q.z recomputed per key: the same value), so its
 // outputs are chan_attention's bits (not NaN-aware: a NaN score's max may
-// differ). What the CUDA backend runs for k4c (branch k4cwire22; not yet
-// run on a GPU): ~blockDim times the reference's parallelism, still a
+// differ). What the CUDA backend runs for k4c with RILL_K4C_ATTENTION=ref
+// (branch k4cwire22): ~blockDim times the reference's parallelism, still a
 // reference-speed kernel (scores in global memory, one thread's sum).
 void chan_attention_parallel(const ChanAttentionArgs& a, cudaStream_t stream);
 // Its phases one after the other over host pointers (tests).
