@@ -230,8 +230,9 @@ std::vector<float> host_run(const Batch& bt, bool fast) {
 }
 
 // The batch on the device: the reference (fast = false) or the fast kernel,
-// `calls` times into the same output (each call's bits returned).
-std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls = 1) {
+// `calls` times into the same output (each call's bits returned). ms set:
+// then the median of 20 timed calls in *ms (milliseconds a call).
+std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls = 1, double* ms = nullptr) {
   auto d_q = upload(bt.q);
   auto d_out = poisoned(out_floats(bt) * 4);
   auto d_scores = poisoned(static_cast<size_t>(bt.n_tokens) * bt.shape.n_head * bt.max_keys * 4);
@@ -263,6 +264,29 @@ std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls
     }
     RILL_CUDA_CHECK(cudaDeviceSynchronize());
     outs.push_back(download<float>(d_out, out_floats(bt)));
+  }
+  if (ms) {
+    cudaEvent_t e0, e1;
+    RILL_CUDA_CHECK(cudaEventCreate(&e0));
+    RILL_CUDA_CHECK(cudaEventCreate(&e1));
+    std::vector<float> t;
+    for (int i = 0; i < 20; ++i) {
+      RILL_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+      if (fast) {
+        chan_attention_fast(args(bt, p), nullptr);
+      } else {
+        chan_attention_parallel(args(bt, p), nullptr);
+      }
+      RILL_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+      RILL_CUDA_CHECK(cudaEventSynchronize(e1));
+      float x = 0.0f;
+      RILL_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
+      t.push_back(x);
+    }
+    std::sort(t.begin(), t.end());
+    *ms = t[t.size() / 2];
+    RILL_CUDA_CHECK(cudaEventDestroy(e0));
+    RILL_CUDA_CHECK(cudaEventDestroy(e1));
   }
   return outs;
 }
@@ -398,6 +422,48 @@ TEST(CudaChanFastAttention, BatchInvariant) {
       if (target.n <= 1000) {  // the host's run of the big batch is slow
         const std::vector<float> a = host_run(alone, true), b = host_run(many, true);
         EXPECT_EQ(std::memcmp(a.data(), b.data() + at, n * sizeof(float)), 0) << "host " << what;
+      }
+    }
+  }
+}
+
+// Kernel times at Llama-3.1-8B's shape (32 query heads, 8 KV heads, head_dim
+// 128): one decode token per sequence after ctx keys, B sequences reading
+// the same blocks (the host encodes one sequence of 4,097 keys), a layer's
+// attention call; the reference at B = 1 for comparison. Printed only (no
+// limit): `[ k4c fast ] time` lines.
+TEST(CudaChanFastAttention, DeviceTiming) {
+  RILL_REQUIRE_GPU();
+  for (const bool alloc : {false, true}) {
+    const Shape sh{32, 8, 128, 0, 0.0f, alloc};
+    const Batch one = make_batch(sh, {{4097, 1, 21}}, 5);
+    const size_t qw = static_cast<size_t>(sh.n_head) * sh.hd;
+    for (const int32_t ctx : {1024, 4096}) {
+      for (const int B : {1, 64}) {
+        Batch bt = one;
+        bt.pos = {ctx};
+        bt.c0 = {ctx};  // an empty tail: the step's row alone in the own block
+        for (int s = 1; s < B; ++s) {
+          bt.pos.push_back(ctx);
+          bt.seq_of.push_back(s);
+          bt.table_start.push_back(0);
+          bt.c0.push_back(ctx);
+          bt.q_start.push_back(s);
+          bt.tail_k.push_back(one.tail_k[0]);
+          bt.tail_v.push_back(one.tail_v[0]);
+          bt.step_k.insert(bt.step_k.end(), one.step_k.begin(), one.step_k.end());
+          bt.step_v.insert(bt.step_v.end(), one.step_v.begin(), one.step_v.end());
+          bt.q.insert(bt.q.end(), one.q.begin(), one.q.begin() + static_cast<std::ptrdiff_t>(qw));
+        }
+        bt.n_tokens = B;
+        double fast_ms = 0, ref_ms = 0;
+        const std::vector<float> got = device_run(bt, true, 1, &fast_ms)[0];
+        for (const float x : got) ASSERT_TRUE(std::isfinite(x));
+        if (B == 1) device_run(bt, false, 1, &ref_ms);
+        const double kv_mb = B * (ctx + 1.0) * (bt.k_row + bt.v_row) / 1e6;
+        std::printf("[ k4c fast ] time %s ctx %d batch %d: fast %.1f us (%.0f GB/s of K+V, %.1f MB)%s\n",
+                    alloc ? "k4a" : "k4c", ctx, B, fast_ms * 1e3, kv_mb / 1e3 / (fast_ms / 1e3), kv_mb,
+                    B == 1 ? (", reference " + std::to_string(ref_ms * 1e3) + " us").c_str() : "");
       }
     }
   }
