@@ -92,7 +92,6 @@ __host__ __device__ __forceinline__ float q8_at(const uint8_t* row, int64_t e) {
   return f16_value(d) * static_cast<float>(static_cast<int8_t>(blk[2 + e % 32]));
 }
 
-// A 4-byte word at a 4-aligned address (global or host memory).
 // 4 floats at a 16-byte aligned address (shared memory): one 128-bit load
 // on the device, the same values on the host.
 __host__ __device__ __forceinline__ void ld4(const float* p, float* v) {
@@ -107,6 +106,7 @@ __host__ __device__ __forceinline__ void ld4(const float* p, float* v) {
 #endif
 }
 
+// A 4-byte word at a 4-aligned address (global or host memory).
 __host__ __device__ __forceinline__ uint32_t word_at(const uint8_t* p) {
 #ifdef __CUDA_ARCH__
   return *reinterpret_cast<const uint32_t*>(p);
