@@ -400,7 +400,8 @@ TEST(CudaChanFastAttention, DeviceMatchesTheReference) {
 }
 
 // A sequence's outputs alone are its outputs in a batch of 9 others (other
-// lengths, steps, pool places), bit for bit, on the device (and the host).
+// lengths, steps, pool places), bit for bit, on the device (without one,
+// the host run's).
 TEST(CudaChanFastAttention, BatchInvariant) {
   const bool gpu = device_available();
   for (const bool alloc : {false, true}) {
@@ -419,7 +420,7 @@ TEST(CudaChanFastAttention, BatchInvariant) {
         const std::vector<float> a = device_run(alone, true)[0], b = device_run(many, true)[0];
         EXPECT_EQ(std::memcmp(a.data(), b.data() + at, n * sizeof(float)), 0) << "device " << what;
       }
-      if (target.n <= 1000) {  // the host's run of the big batch is slow
+      if (!gpu && target.n <= 1000) {  // the host's run (where no GPU checks the kernel); slow for long keys
         const std::vector<float> a = host_run(alone, true), b = host_run(many, true);
         EXPECT_EQ(std::memcmp(a.data(), b.data() + at, n * sizeof(float)), 0) << "host " << what;
       }
