@@ -13,9 +13,11 @@
 // the same source built for the host (chan_attention_host) gives the CPU
 // scalar build's bits and the device differs by expf / tanhf alone. Slow
 // (a thread walks every key of its query): the device reference a fast
-// kernel will be held to, not a serving path; the CUDA backend runs k4c
-// through it (branch k4cwire22, behind RILL_CUDA_UNTESTED_KV=1). Not yet
-// run on a GPU (docs/perf.md, branches k4ccuda22, k4cwire22).
+// kernel is held to (chan_attention_fast below), not a serving path; the
+// CUDA backend runs k4c through chan_attention_fast, or through
+// chan_attention_parallel with RILL_K4C_ATTENTION=ref (behind
+// RILL_CUDA_UNTESTED_KV=1; docs/perf.md, branches k4ccuda22, k4cwire22,
+// k4cfast22).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -59,6 +61,10 @@ struct ChanAttentionArgs {
   int32_t n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   int32_t window = 0;  // > 0: keys [pos - window + 1, pos]
   float scale = 1.0f, softcap = 0.0f;
+  // chan_attention_fast's scratch (unused by the reference kernels):
+  // chan_fast_partial_floats(n_tokens, n_head, head_dim) floats, each
+  // split's unnormalized output, running max and sum.
+  float* partials = nullptr;
 };
 
 // head_dim a multiple of 64 (V's blocks) up to 1024; n_head_kv * head_dim a
@@ -73,12 +79,34 @@ void chan_attention_host(const ChanAttentionArgs& a);
 // a channel a thread in key order, each value computed as chan_attention
 // computes it (a group's q.z recomputed per key: the same value), so its
 // outputs are chan_attention's bits (not NaN-aware: a NaN score's max may
-// differ). What the CUDA backend runs for k4c (branch k4cwire22; not yet
-// run on a GPU): ~blockDim times the reference's parallelism, still a
+// differ). What the CUDA backend runs for k4c with RILL_K4C_ATTENTION=ref
+// (branch k4cwire22): ~blockDim times the reference's parallelism, still a
 // reference-speed kernel (scores in global memory, one thread's sum).
 void chan_attention_parallel(const ChanAttentionArgs& a, cudaStream_t stream);
 // Its phases one after the other over host pointers (tests).
 void chan_attention_parallel_host(const ChanAttentionArgs& a);
+
+// The fast kernel (attention_chan_fast.cu) for the same contract, held to
+// chan_attention_parallel within f32 rounding (tests/cuda/
+// attention_chan_fast_cuda_test.cpp: max |diff| <= 2e-3 of the output's
+// scale), not its bits: a thread block per (query, KV head, key split),
+// the KV head's query heads together (up to 8 a block, so a K group and a V
+// row are decoded once for all of them), each KV block of 32 keys decoded
+// into shared memory as f32 (K: z + d / 16 * code, q4c's nibbles or q4a's
+// planes; V: iq4_nlh64's levels; the own block's q8_0 rows), scores as
+// q.k, an online softmax in f32 per split, then a second kernel combining
+// the splits in split order (attention_chan_split.h: the plan depends on
+// the query's own key range alone, so the outputs are deterministic and
+// batch invariant). Scratch: a.partials (a.scores unused). head_dim 64,
+// 128 or 256 (chan_attention_fast_supported); any GQA ratio. The CUDA
+// backend runs it for k4c / k4a unless RILL_K4C_ATTENTION=ref (read when
+// the backend carves its scratch), which forces chan_attention_parallel.
+bool chan_attention_fast_supported(int32_t head_dim);
+size_t chan_fast_partial_floats(int64_t n_tokens, int32_t n_head, int32_t head_dim);
+void chan_attention_fast(const ChanAttentionArgs& a, cudaStream_t stream);
+// The same code over host pointers, each thread block's phases run thread
+// after thread on the calling thread (tests; no GPU needed).
+void chan_attention_fast_host(const ChanAttentionArgs& a);
 
 // Each head of in's rows (f32, in_stride floats apart) Walsh-Hadamard
 // rotated (cpu::hadamard_rotate's bits: the transform is its own inverse)

@@ -468,8 +468,21 @@ class CudaBackend final : public Backend {
     chan_.c0 = a.take<int32_t>(T + 1);
     chan_.tail_k = a.take<const uint8_t*>(T + 1);
     chan_.tail_v = a.take<const uint8_t*>(T + 1);
-    const size_t per_token = static_cast<size_t>(limits.n_head) * static_cast<size_t>(chan.max_keys);
     chan_.keys = static_cast<int32_t>(chan.max_keys);
+    // The fast kernel (attention_chan.h chan_attention_fast) unless
+    // RILL_K4C_ATTENTION=ref or its head_dim is not one it has: its split
+    // partials (at most 64 MiB of them: 126 tokens a chunk for
+    // Llama-3.1-8B, a B=64 decode in one) instead of the reference's scores.
+    const char* which = std::getenv("RILL_K4C_ATTENTION");
+    chan_.fast = !(which && std::strcmp(which, "ref") == 0) && cuda::chan_attention_fast_supported(limits.head_dim);
+    if (chan_.fast) {
+      const size_t per_token = cuda::chan_fast_partial_floats(1, limits.n_head, limits.head_dim);
+      const size_t budget = std::min(chan.max_score_floats, size_t{16} << 20);
+      chan_.chunk = static_cast<int32_t>(std::clamp<size_t>(budget / std::max<size_t>(per_token, 1), 1, T));
+      chan_.partials = a.take<float>(static_cast<size_t>(chan_.chunk) * per_token);
+      return;
+    }
+    const size_t per_token = static_cast<size_t>(limits.n_head) * static_cast<size_t>(chan.max_keys);
     chan_.chunk =
         static_cast<int32_t>(std::clamp<size_t>(chan.max_score_floats / std::max<size_t>(per_token, 1), 1, T));
     chan_.scores = a.take<float>(static_cast<size_t>(chan_.chunk) * per_token);
@@ -760,7 +773,8 @@ class CudaBackend final : public Backend {
     cuda::quantize_chan_blocks(e, stream());
   }
 
-  // k4c: the reference attention's arithmetic (attention_chan.h
+  // k4c: the fast attention (attention_chan.h chan_attention_fast; with
+  // RILL_K4C_ATTENTION=ref the reference's arithmetic,
   // chan_attention_parallel: a thread block per query and head, the
   // reference's bits) in chunks of tokens,
   // its f32 outputs rotated back into op.out, then each sequence's tail
@@ -773,6 +787,7 @@ class CudaBackend final : public Backend {
     cuda::ChanAttentionArgs a;
     a.q_stride = op.q.stride;
     a.scores = chan_.scores;
+    a.partials = chan_.partials;
     a.max_keys = chan_.keys;
     a.block_tables = step.block_tables[op.kv_group];
     a.table_start = step.table_start;
@@ -800,7 +815,11 @@ class CudaBackend final : public Backend {
       a.pos = step.pos + t0;
       a.seq_of = step.seq_of + t0;
       a.out = rotation_ + t0 * width;
-      cuda::chan_attention_parallel(a, stream());
+      if (chan_.fast) {
+        cuda::chan_attention_fast(a, stream());
+      } else {
+        cuda::chan_attention_parallel(a, stream());
+      }
     }
     cuda::rotate_heads_back(rotation_, width, n, op.n_head, op.head_dim, op.out.dtype, op.out.data, stream());
     cuda::update_chan_tails(c, stream());
@@ -1234,7 +1253,9 @@ class CudaBackend final : public Backend {
     int32_t* c0 = nullptr;  // [max_tokens + 1] (a sequence per token at most, and a graph's padding)
     const uint8_t** tail_k = nullptr;
     const uint8_t** tail_v = nullptr;
-    float* scores = nullptr;  // [chunk, n_head, keys]
+    float* scores = nullptr;    // [chunk, n_head, keys] (the reference kernel's)
+    float* partials = nullptr;  // chan_fast_partial_floats(chunk, ...) (the fast kernel's)
+    bool fast = false;          // chan_attention_fast, not chan_attention_parallel
     int32_t keys = 0, chunk = 0;
   } chan_;
   int64_t index_keys_ = 0;

@@ -1,0 +1,72 @@
+#!/bin/bash
+# Device run of make_carry_k4cfast22.sh's pack (branch k4cfast22: the fast
+# k4c / k4a CUDA attention, written without a GPU), in one call:
+#  1. the tests (FILTER): the fast kernel against the reference kernel
+#     (`[ k4c fast ]` lines: the worst max |diff| / scale, limit 2e-3; batch
+#     invariance and determinism bit for bit), the reference against the
+#     CPU's, and the k4c and k4a Llama models against the CPU's (through the
+#     backend, which now runs the fast kernel); they set
+#     RILL_CUDA_UNTESTED_KV=1 themselves;
+#  2. the random Llama-3.1-8B bf16 made into /dev/shm in the background
+#     (on the CPU while the tests run);
+#  3. bench_cuda decode at batches 1 and 64 after CTXS-token prompts
+#     (default "1024 4096") for f16, k4c and k4a, then k4c with
+#     RILL_K4C_ATTENTION=ref (the reference kernel) at batch 1 for
+#     comparison (TMO seconds each, default 120).
+# BUDGET: seconds from the start after which no new benchmark starts
+# (default 420); MIN_LEFT: the seconds a benchmark needs left to start
+# (default 40). The repo root is the cwd; the script runs from the carried
+# folder. Logs go to /tmp/k4cfast22-logs; $OUT gets them packed
+# (logs.tar.gz) and the test log, and the verdict block is printed last
+# (device_out.sh), also when the script is cut short.
+# Usage (the run tool, timeout 600):
+#   bash .device/k4cfast22/run.sh            (carry [".device/k4cfast22"])
+T0=$(date +%s)
+R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
+# (the fast kernel's host runs, checked off the device, left out)
+FILTER=${FILTER:-'CudaChanFastAttention.*:CudaChanAttention.*:CudaK4c.*:K4cHd64.*:CudaK4a.*:K4aHd64.*-CudaChanFastAttention.HostRun*'}
+CTXS=${CTXS:-"1024 4096"}
+BUDGET=${BUDGET:-420}
+L=/tmp/k4cfast22-logs
+. "$([ -f "$V/device_out.sh" ] && echo "$V" || echo "$R/bench/cuda")/device_out.sh"
+verdict_lines() {
+  grep -h "^\[ k4c fast \]\|^\[ cuda k4a \]\|^\[ k4a hd64 \]" $L/tests.log 2> /dev/null | cut -c1-200 | head -16
+  for f in $L/b_*.log; do
+    [ -f "$f" ] && grep -E "^decode batch" "$f" | sed "s|^|$(basename "$f" .log): |" | cut -c1-120 | head -4
+  done
+}
+mkdir -p /work
+{ [ -d /work/main ] && [ ! -L /work/main ]; } || ln -sfn $R /work/main
+(cd /work && tar xJf $V/shared.tar.xz)
+tar xJf $V/bins.tar.xz -C $V
+chmod +x $V/tests $V/bench_cuda
+export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} RILL_SHARED_DIR=/work/shared
+date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+M=/dev/shm/llama8b
+(t0=$(date +%s); timeout $(to 300) python3 /work/shared/tools/make_random_model.py llama-3.1-8b $M > $L/make.log 2>&1; echo "make model rc=$? $(( $(date +%s) - t0 )) s" >> $L/make.log) &
+MK=$!
+show() { grep -E "^\[ k4|^\[ cuda|^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|actual|error" "$1" | head -${2:-80}; }
+cd /tmp || exit 1
+out_key $L/tests.log
+tmo 240 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; out_rc tests $RC_TESTS; echo "tests rc=$RC_TESTS"; show $L/tests.log 60
+out_pack
+grep -c "^\[       OK" $L/tests.log; echo "tests done at $(( $(date +%s) - T0 )) s"
+export RILL_CUDA_UNTESTED_KV=1
+wait $MK; tail -2 $L/make.log
+# bench NAME ENV... -- ARGS...: one bench_cuda run into $L/b_NAME.log.
+bench() {
+  local name=$1; shift
+  if [ $(left) -lt ${MIN_LEFT:-40} ]; then echo "== $name skipped (time)"; return; fi
+  tmo ${TMO:-120} env "$@" > $L/b_$name.log 2>&1
+  echo "== $name rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "KV|^decode|prefill:|load" $L/b_$name.log | cut -c1-200
+  out_pack
+}
+for c in $CTXS; do
+  pf=$(( c > 2048 ? c : 2048 ))
+  for t in f16 k4c k4a; do
+    bench ${t}_ctx$c $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type $t
+  done
+  bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
+done
+date -u
+[ "$RC_TESTS" -eq 0 ]
