@@ -5,11 +5,11 @@
 #     (`[ k4c fast ]` lines: the worst max |diff| / scale, limit 2e-3; batch
 #     invariance and determinism bit for bit), the reference against the
 #     CPU's, and the k4c and k4a Llama models against the CPU's (through the
-#     backend, which now runs the fast kernel); they set
-#     RILL_CUDA_UNTESTED_KV=1 themselves;
+#     backend's default, the reference kernel, then once more with
+#     RILL_K4C_ATTENTION=fast); they set RILL_CUDA_UNTESTED_KV=1 themselves;
 #  2. the random Llama-3.1-8B bf16 made into /dev/shm in the background
 #     (on the CPU while the tests run);
-#  3. bench_cuda decode at batches 1 and 64 after CTXS-token prompts
+#  3. with RILL_K4C_ATTENTION=fast, bench_cuda decode at batches 1 and 64 after CTXS-token prompts
 #     (default "1024 4096") for f16, k4c and k4a, then k4c with
 #     RILL_K4C_ATTENTION=ref (the reference kernel) at batch 1 for
 #     comparison (TMO seconds each, default 120).
@@ -52,6 +52,12 @@ tmo 240 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; ou
 out_pack
 grep -c "^\[       OK" $L/tests.log; echo "tests done at $(( $(date +%s) - T0 )) s"
 export RILL_CUDA_UNTESTED_KV=1
+# The backend's k4c path (the model tests above ran the default, the
+# reference kernel): the model tests once more through the fast kernel.
+out_key $L/tests_fast.log
+RILL_K4C_ATTENTION=fast tmo 120 $V/tests --gtest_filter='CudaK4c.*:CudaK4a.*' > $L/tests_fast.log 2>&1
+RC_FAST=$?; out_rc "model tests (RILL_K4C_ATTENTION=fast)" $RC_FAST; echo "model tests, fast kernel rc=$RC_FAST"; show $L/tests_fast.log 30
+export RILL_K4C_ATTENTION=fast
 wait $MK; tail -2 $L/make.log
 # bench NAME ENV... -- ARGS...: one bench_cuda run into $L/b_NAME.log.
 bench() {
