@@ -51,42 +51,16 @@ layer chained on its own output (Model.mtp_chain).
 """
 import json
 import os
-import struct
 import sys
 
 import numpy as np
 
+from f32_safetensors import read_f32_safetensors, write_f32_safetensors
+
 
 def load(d):
     cfg = json.load(open(os.path.join(d, "config.json")))
-    raw = open(os.path.join(d, "model.safetensors"), "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    w = {}
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        assert v["dtype"] == "F32", k
-        w[k] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(v["shape"]).copy()
-    return cfg, w
-
-
-def save_safetensors(path, w):
-    header, blobs, off = {}, [], 0
-    for k in sorted(w):
-        b = np.ascontiguousarray(w[k], dtype=np.float32).tobytes()
-        header[k] = {"dtype": "F32", "shape": list(w[k].shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    header["__metadata__"] = {"format": "pt"}
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    return cfg, read_f32_safetensors(os.path.join(d, "model.safetensors"))
 
 
 class Model:
@@ -442,7 +416,7 @@ def main_qwen_next(src, out, cfg, w, gold):
     print("Qwen3-Next MTP head: %d rows, first draft %d, chain (k = 4) %s" % (len(mtp), mtp_greedy[-1], chain))
     os.makedirs(out, exist_ok=True)
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
-    save_safetensors(os.path.join(out, "model.safetensors"), w)
+    write_f32_safetensors(os.path.join(out, "model.safetensors"), w, {"format": "pt"})
     json.dump({"model_type": cfg["model_type"], "prompt_ids": prompt, "next_token": next_token,
                "hidden": [[round(float(v), 6) for v in row] for row in h.astype(np.float32)],
                "mtp_logits": [[round(float(v), 6) for v in row] for row in mtp],
@@ -522,7 +496,7 @@ def main():
 
     os.makedirs(out, exist_ok=True)
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
-    save_safetensors(os.path.join(out, "model.safetensors"), w)
+    write_f32_safetensors(os.path.join(out, "model.safetensors"), w, {"format": "pt"})
     json.dump({"model_type": cfg["model_type"], "prompt_ids": prompt, "next_token": next_token,
                "mtp_logits": [[round(float(v), 6) for v in row] for row in mtp],
                "mtp_greedy": mtp_greedy, "mtp_chain": chain,

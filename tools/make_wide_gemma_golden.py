@@ -11,50 +11,19 @@ tests/data/gemma-hd64/<family>/ (config.json, model.safetensors, f32).
 
 There are no logits to compare with: the tests hold rill's k4c / k4a KV
 to rill's own f32 KV on these checkpoints (tests/model/gemma_kv_tails_test.cpp).
-numpy only; the safetensors file is written by hand (8-byte header length,
-JSON header, raw little-endian data). Deterministic (seed per family).
+numpy only (tools/f32_safetensors.py reads and writes the files). Deterministic (seed per family).
 
     python3 tools/make_wide_gemma_golden.py [SHARED_DIR]
 """
 import json
 import os
-import struct
 import sys
 
 import numpy as np
 
+from f32_safetensors import read_f32_safetensors, write_f32_safetensors
+
 HEAD_DIM = 64
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        assert info["dtype"] == "F32", (name, info["dtype"])
-        b, e = info["data_offsets"]
-        out[name] = np.frombuffer(data[b:e], dtype="<f4").reshape(info["shape"]).copy()
-    return out
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name], dtype="<f4")
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        blobs.append(a.tobytes())
-        offset += a.nbytes
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
 
 
 def widen(src, dst, seed):
@@ -65,7 +34,7 @@ def widen(src, dst, seed):
     if "query_pre_attn_scalar" in cfg:
         cfg["query_pre_attn_scalar"] = HEAD_DIM
     rng = np.random.default_rng(seed)
-    t = read_safetensors(os.path.join(src, "model.safetensors"))
+    t = read_f32_safetensors(os.path.join(src, "model.safetensors"))
     for name in list(t):
         a = t[name]
         std = float(a.std()) or 0.02
@@ -82,7 +51,7 @@ def widen(src, dst, seed):
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1, sort_keys=True)
         f.write("\n")
-    write_safetensors(os.path.join(dst, "model.safetensors"), t)
+    write_f32_safetensors(os.path.join(dst, "model.safetensors"), t)
     print(dst, {k: v.shape for k, v in t.items() if ".layers.0.self_attn." in k})
 
 

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "backend/cpu/kv_quant.h"
+#include "backend/cuda/attention_chan_math.cuh"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/kv_chan.h"
 #include "backend/cuda/kv_rotated.cuh"
@@ -17,6 +18,9 @@ namespace rill::cuda {
 namespace {
 
 using detail::add_rn;
+using detail::chan_capped;
+using detail::chan_exp;
+using detail::chan_q8_value;
 using detail::dadd_rn;
 using detail::ddiv_rn;
 using detail::double_to_float_rn;
@@ -27,28 +31,6 @@ using detail::sub_rn;
 
 constexpr int kT = cpu::kKvChanTokens;
 static_assert(cpu::kKvChanTailType == DType::kQ8_0, "the tail rows are q8_0");
-
-__host__ __device__ __forceinline__ float exp_f(float x) {
-#ifdef __CUDA_ARCH__
-  return expf(x);
-#else
-  return std::exp(x);
-#endif
-}
-__host__ __device__ __forceinline__ float capped(float x, float softcap) {
-#ifdef __CUDA_ARCH__
-  return softcap > 0.0f ? mul_rn(softcap, tanhf(x / softcap)) : x;
-#else
-  return softcap > 0.0f ? softcap * std::tanh(x / softcap) : x;
-#endif
-}
-
-// Element e of a q8_0 row (f16 d times the int8 code).
-__host__ __device__ __forceinline__ float q8_value(const uint8_t* row, int64_t e) {
-  const uint8_t* blk = row + (e / 32) * 34;
-  const auto d = static_cast<uint16_t>(blk[0] | (blk[1] << 8));
-  return mul_rn(f16_value(d), static_cast<float>(static_cast<int8_t>(blk[2 + e % 32])));
-}
 
 // Token r's sum over a block's channels of q_c d_c code_rc (KV head kvh's
 // group at blk): q4c every channel, in order; q4a (a.k_widths) the
@@ -109,7 +91,7 @@ __host__ __device__ void attend_one(const ChanAttentionArgs& a, int t, int h) {
     const int64_t lo = j_begin > b0 ? j_begin : b0, hi = q_end < b0 + kT ? q_end : b0 + kT;
     for (int64_t j = lo; j < hi; ++j) {
       const float acc = group_key_sum(a, blk, q, kvh, hd, W, static_cast<int>(j - b0));
-      s[j - j_begin] = capped(mul_rn(add_rn(qz, acc), a.scale), a.softcap);
+      s[j - j_begin] = chan_capped(mul_rn(add_rn(qz, acc), a.scale), a.softcap);
     }
   }
   // The own block's keys from their q8_0 rows (8 partial sums, as dot8).
@@ -122,18 +104,18 @@ __host__ __device__ void attend_one(const ChanAttentionArgs& a, int t, int h) {
     const uint8_t* row = own_row(a.tail_k[seq], a.step_k, j);
     float acc8[8] = {};
     for (int c = 0; c < hd; ++c) {
-      acc8[c & 7] = add_rn(acc8[c & 7], mul_rn(q[c], q8_value(row, static_cast<int64_t>(kvh) * hd + c)));
+      acc8[c & 7] = add_rn(acc8[c & 7], mul_rn(q[c], chan_q8_value(row, static_cast<int64_t>(kvh) * hd + c)));
     }
     const float dot = add_rn(add_rn(add_rn(acc8[0], acc8[4]), add_rn(acc8[1], acc8[5])),
                              add_rn(add_rn(acc8[2], acc8[6]), add_rn(acc8[3], acc8[7])));
-    s[j - j_begin] = capped(mul_rn(dot, a.scale), a.softcap);
+    s[j - j_begin] = chan_capped(mul_rn(dot, a.scale), a.softcap);
   }
   // Softmax: max subtracted, exp in f32, the sum in double, one reciprocal.
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
   double sum = 0.0;
   for (int64_t j = 0; j < n; ++j) {
-    s[j] = exp_f(sub_rn(s[j], mx));
+    s[j] = chan_exp(sub_rn(s[j], mx));
     sum = dadd_rn(sum, static_cast<double>(s[j]));
   }
   const float inv = double_to_float_rn(ddiv_rn(1.0, sum));
@@ -149,7 +131,7 @@ __host__ __device__ void attend_one(const ChanAttentionArgs& a, int t, int h) {
       for (int c = 0; c < hd; ++c) out[c] = add_rn(out[c], mul_rn(pj, detail::KvIq4Nl64::load1(row, v_head + c)));
     } else {
       const uint8_t* row = own_row(a.tail_v[seq], a.step_v, j);
-      for (int c = 0; c < hd; ++c) out[c] = add_rn(out[c], mul_rn(pj, q8_value(row, v_head + c)));
+      for (int c = 0; c < hd; ++c) out[c] = add_rn(out[c], mul_rn(pj, chan_q8_value(row, v_head + c)));
     }
   }
 }
@@ -208,16 +190,16 @@ __host__ __device__ inline float key_score(const ChanAttentionArgs& a, const One
     float qz = 0.0f;
     for (int c = 0; c < hd; ++c) qz = add_rn(qz, mul_rn(o.q[c], f16_value(z[c])));
     const float acc = group_key_sum(a, blk, o.q, o.kvh, hd, o.W, static_cast<int>(j - b0));
-    return capped(mul_rn(add_rn(qz, acc), a.scale), a.softcap);
+    return chan_capped(mul_rn(add_rn(qz, acc), a.scale), a.softcap);
   }
   const uint8_t* row = own_row_of(a, o, a.tail_k[o.seq], a.step_k, j);
   float acc8[8] = {};
   for (int c = 0; c < hd; ++c) {
-    acc8[c & 7] = add_rn(acc8[c & 7], mul_rn(o.q[c], q8_value(row, static_cast<int64_t>(o.kvh) * hd + c)));
+    acc8[c & 7] = add_rn(acc8[c & 7], mul_rn(o.q[c], chan_q8_value(row, static_cast<int64_t>(o.kvh) * hd + c)));
   }
   const float dot = add_rn(add_rn(add_rn(acc8[0], acc8[4]), add_rn(acc8[1], acc8[5])),
                            add_rn(add_rn(acc8[2], acc8[6]), add_rn(acc8[3], acc8[7])));
-  return capped(mul_rn(dot, a.scale), a.softcap);
+  return chan_capped(mul_rn(dot, a.scale), a.softcap);
 }
 
 // Channel c's output over the probabilities in o.s (key order).
@@ -232,7 +214,7 @@ __host__ __device__ inline float channel_out(const ChanAttentionArgs& a, const O
           a.v_blocks + static_cast<size_t>(o.table[j / kT]) * v_stride + static_cast<size_t>(j % kT) * a.v_row_bytes;
       out = add_rn(out, mul_rn(pj, detail::KvIq4Nl64::load1(row, v_head + c)));
     } else {
-      out = add_rn(out, mul_rn(pj, q8_value(own_row_of(a, o, a.tail_v[o.seq], a.step_v, j), v_head + c)));
+      out = add_rn(out, mul_rn(pj, chan_q8_value(own_row_of(a, o, a.tail_v[o.seq], a.step_v, j), v_head + c)));
     }
   }
   return out;
@@ -269,7 +251,7 @@ __global__ void __launch_bounds__(kParallelThreads) chan_attention_parallel_kern
     __syncthreads();
   }
   mx = red[0];
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o.s[i] = exp_f(sub_rn(o.s[i], mx));
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o.s[i] = chan_exp(sub_rn(o.s[i], mx));
   __syncthreads();
   if (threadIdx.x == 0) {
     double sum = 0.0;
@@ -324,7 +306,7 @@ void chan_attention_parallel_host(const ChanAttentionArgs& a) {
         o.s[i] = key_score(a, o, o.j_begin + i);
         mx = o.s[i] > mx ? o.s[i] : mx;
       }
-      for (int64_t i = 0; i < n; ++i) o.s[i] = exp_f(sub_rn(o.s[i], mx));
+      for (int64_t i = 0; i < n; ++i) o.s[i] = chan_exp(sub_rn(o.s[i], mx));
       double sum = 0.0;
       for (int64_t i = 0; i < n; ++i) sum = dadd_rn(sum, static_cast<double>(o.s[i]));
       const float inv = double_to_float_rn(ddiv_rn(1.0, sum));

@@ -47,6 +47,7 @@
 
 #include "backend/cpu/kv_quant.h"
 #include "backend/cuda/attention_chan.h"
+#include "backend/cuda/attention_chan_math.cuh"
 #include "backend/cuda/attention_chan_split.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/kv_chan.h"
@@ -56,6 +57,9 @@
 namespace rill::cuda {
 namespace {
 
+using detail::chan_capped;
+using detail::chan_exp;
+using detail::chan_q8_value;
 using detail::e4m3_to_float;
 using detail::f16_value;
 
@@ -69,28 +73,6 @@ constexpr int kFastThreads = 128;
 #else
 #define RILL_FAST_UNROLL8
 #endif
-
-__host__ __device__ __forceinline__ float fast_exp(float x) {
-#ifdef __CUDA_ARCH__
-  return expf(x);
-#else
-  return std::exp(x);
-#endif
-}
-__host__ __device__ __forceinline__ float fast_cap(float x, float softcap) {
-#ifdef __CUDA_ARCH__
-  return softcap > 0.0f ? softcap * tanhf(x / softcap) : x;
-#else
-  return softcap > 0.0f ? softcap * std::tanh(x / softcap) : x;
-#endif
-}
-
-// Element e of a q8_0 row (f16 d times the int8 code), as the reference.
-__host__ __device__ __forceinline__ float q8_at(const uint8_t* row, int64_t e) {
-  const uint8_t* blk = row + (e / 32) * 34;
-  const auto d = static_cast<uint16_t>(blk[0] | (blk[1] << 8));
-  return f16_value(d) * static_cast<float>(static_cast<int8_t>(blk[2 + e % 32]));
-}
 
 // 4 floats at a 16-byte aligned address (shared memory): one 128-bit load
 // on the device, the same values on the host.
@@ -259,8 +241,8 @@ struct Cta {
       const int64_t j = b0 + r;
       float kx = 0.0f, vx = 0.0f;
       if (j >= lo && j < hi) {
-        kx = q8_at(own_row(a, f, a.tail_k[f.seq], a.step_k, j), head + c);
-        vx = q8_at(own_row(a, f, a.tail_v[f.seq], a.step_v, j), head + c);
+        kx = chan_q8_value(own_row(a, f, a.tail_k[f.seq], a.step_k, j), head + c);
+        vx = chan_q8_value(own_row(a, f, a.tail_v[f.seq], a.step_v, j), head + c);
       }
       k[r * kKStride + c] = kx;
       v[r * HD + c] = vx;
@@ -313,7 +295,7 @@ struct Cta {
       if (g < f.gh && b0 + r >= lo && b0 + r < hi) {
         const float* p = sm + kP + g * kT + r;  // part j at p[j * KG * kT]
         const float dot = (p[0] + p[KG * kT]) + (p[2 * KG * kT] + p[3 * KG * kT]);
-        sc = fast_cap(dot * a.scale, a.softcap);
+        sc = chan_capped(dot * a.scale, a.softcap);
       }
       sm[kS + r * KG + g] = sc;
     }
@@ -325,14 +307,14 @@ struct Cta {
     const float m_old = sm[kM + tid];
     float m = m_old;
     for (int r = 0; r < kT; ++r) m = sm[kS + r * KG + tid] > m ? sm[kS + r * KG + tid] : m;
-    sm[kC + tid] = m == -INFINITY ? 1.0f : fast_exp(m_old - m);  // exp(-inf) = 0 for the first block
+    sm[kC + tid] = m == -INFINITY ? 1.0f : chan_exp(m_old - m);  // exp(-inf) = 0 for the first block
     sm[kM + tid] = m;
   }
 
   __host__ __device__ static void probs(float* sm, int tid) {
     for (int i = tid; i < KG * kT; i += kFastThreads) {
       const float s = sm[kS + i];
-      sm[kS + i] = s == -INFINITY ? 0.0f : fast_exp(s - sm[kM + i % KG]);
+      sm[kS + i] = s == -INFINITY ? 0.0f : chan_exp(s - sm[kM + i % KG]);
     }
   }
 
@@ -430,7 +412,7 @@ __host__ __device__ inline float combine_one(const ChanAttentionArgs& a, int n_s
   float l = 0.0f, o = 0.0f;
   for (int s = 0; s < n_splits; ++s) {
     const float ms = pml[2 * (slot0 + s)];
-    const float w = ms == -INFINITY ? 0.0f : fast_exp(ms - m);
+    const float w = ms == -INFINITY ? 0.0f : chan_exp(ms - m);
     l += w * pml[2 * (slot0 + s) + 1];
     o += w * po[(slot0 + s) * hd + c];
   }
