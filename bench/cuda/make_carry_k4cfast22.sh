@@ -11,7 +11,8 @@
 # maker (the run tool's limit: tree + carry <= 64 MiB; the tree is ~41 MB).
 # BUILD_DIR needs: librill_*.a, bench/bench_cuda and the four test objects
 # (ninja -C BUILD_DIR rill_cuda bench_cuda test_cuda_attention_chan_fast_cuda_test
-#  test_cuda_attention_chan_cuda_test test_cuda_k4c_cuda_test test_cuda_k4a_cuda_test).
+#  test_cuda_attention_chan_cuda_test test_cuda_k4c_cuda_test test_cuda_k4a_cuda_test
+#  test_cuda_gemma_k4c_cuda_test).
 # Usage: make_carry_k4cfast22.sh BUILD_DIR [DEST]
 set -euo pipefail
 B=$(realpath "$1")
@@ -21,7 +22,7 @@ SHARED=${RILL_SHARED_DIR:-/work/shared}
 rm -rf "$V" && mkdir -p "$V/lib"
 cd "$B"
 objs=""
-for t in attention_chan_fast_cuda_test attention_chan_cuda_test k4c_cuda_test k4a_cuda_test; do
+for t in attention_chan_fast_cuda_test attention_chan_cuda_test k4c_cuda_test k4a_cuda_test gemma_k4c_cuda_test; do
   objs="$objs tests/CMakeFiles/test_cuda_$t.dir/cuda/$t.cpp.o"
 done
 LIBS="-Wl,-rpath,/usr/local/cuda/lib librill_engine.a librill_cuda.a /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.a /usr/lib/x86_64-linux-gnu/libgmock.a librill_kv.a librill_model.a librill_cuda.a /usr/local/cuda/lib/libcublasLt.so librill_backend.a librill_parallel.a /usr/local/cuda/lib/libcudart_static.a -ldl /usr/lib/x86_64-linux-gnu/librt.a /usr/local/cuda/lib/libnccl.so librill_text.a librill_loader.a librill_core.a /usr/lib/x86_64-linux-gnu/libxxhash.so /usr/lib/x86_64-linux-gnu/libutf8proc.so /usr/lib/x86_64-linux-gnu/libpcre2-8.so /usr/lib/x86_64-linux-gnu/libgtest.a -lcudadevrt -lcudart_static -lrt -lpthread -ldl"
@@ -33,8 +34,9 @@ strip "$V/tests" "$V/bench_cuda"
 (cd "$V" && tar cf - tests bench_cuda | nice xz --lzma2=preset=9e,dict=256MiB -T1 > bins.tar.xz &&
   rm tests bench_cuda)
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
-# The llama golden alone (the k4c / k4a model tests widen it), within ~20 MB.
-(cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/goldens/hf/llama shared/tokenizers/llama3 \
+# The llama golden (the k4c / k4a model tests widen it) and gemma4 (the
+# refusal of KV sharing), within ~20 MB.
+(cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/goldens/hf/llama shared/goldens/hf/gemma4 shared/tokenizers/llama3 \
   shared/tools/make_random_model.py)
 cp "$SRC/bench/cuda/run_k4cfast22.sh" "$V/run.sh"
 cp "$SRC/bench/cuda/device_out.sh" "$V/"

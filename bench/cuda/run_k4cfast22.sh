@@ -24,13 +24,13 @@
 T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
 # (the fast kernel's host runs, checked off the device, left out)
-FILTER=${FILTER:-'CudaChanFastAttention.*:CudaChanAttention.*:CudaK4c.*:K4cHd64.*:CudaK4a.*:K4aHd64.*-CudaChanFastAttention.HostRun*'}
+FILTER=${FILTER:-'CudaChanFastAttention.*:CudaChanAttention.*:CudaK4c.*:K4cHd64.*:CudaK4a.*:K4aHd64.*:*CudaGemmaK4c*-CudaChanFastAttention.HostRun*'}
 CTXS=${CTXS:-"1024 4096"}
 BUDGET=${BUDGET:-420}
 L=/tmp/k4cfast22-logs
 . "$([ -f "$V/device_out.sh" ] && echo "$V" || echo "$R/bench/cuda")/device_out.sh"
 verdict_lines() {
-  grep -h "^\[ k4c fast \]\|^\[ cuda k4a \]\|^\[ k4a hd64 \]" $L/tests.log 2> /dev/null | cut -c1-200 | head -16
+  grep -h "^\[ k4c fast \]\|^\[ cuda k4a \]\|^\[ k4a hd64 \]\|^\[ cuda gemma" $L/tests.log 2> /dev/null | cut -c1-200 | head -24
   for f in $L/b_*.log; do
     [ -f "$f" ] && grep -E "^decode batch" "$f" | sed "s|^|$(basename "$f" .log): |" | cut -c1-120 | head -4
   done
@@ -55,7 +55,7 @@ export RILL_CUDA_UNTESTED_KV=1
 # The backend's k4c path (the model tests above ran the default, the
 # reference kernel): the model tests once more through the fast kernel.
 out_key $L/tests_fast.log
-RILL_K4C_ATTENTION=fast tmo 120 $V/tests --gtest_filter='CudaK4c.*:CudaK4a.*' > $L/tests_fast.log 2>&1
+RILL_K4C_ATTENTION=fast tmo 180 $V/tests --gtest_filter='CudaK4c.*:CudaK4a.*:*CudaGemmaK4c*' > $L/tests_fast.log 2>&1
 RC_FAST=$?; out_rc "model tests (RILL_K4C_ATTENTION=fast)" $RC_FAST; echo "model tests, fast kernel rc=$RC_FAST"; show $L/tests_fast.log 30
 export RILL_K4C_ATTENTION=fast
 wait $MK; tail -2 $L/make.log

@@ -16,6 +16,7 @@
 #include "backend/cpu/host_ops.h"
 #include "loader/model_files.h"
 #include "model/batch.h"
+#include "model/kv_types.h"
 #include "model/model.h"
 #include "model/paged_kv_cache.h"
 #include "model/state_pool.h"
@@ -111,13 +112,6 @@ class CpuPagedModel : public Model {
     return out;
   }
 
-  // How RoPE pairs one KV layer's K channels (cpu::rope_partner's pairs,
-  // rot_dim and rotated_pairs).
-  struct KvRopePairs {
-    bool interleaved = false;
-    int64_t rot_dim = 0;         // 0: the whole head
-    int64_t rotated_pairs = -1;  // -1: every pair of rot_dim
-  };
   // q4a (k4a): when any layer's K is kKvQ4Alloc, computes its widths:
   // one forward pass of the first kKvCalibrationTokens of `tokens` (one
   // sequence, tail slot 0, blocks from 0 in every KV group's table, every

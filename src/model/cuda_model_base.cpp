@@ -2,6 +2,7 @@
 
 #if RILL_HAVE_CUDA
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 
@@ -195,8 +196,10 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
       }
     }
     if (!kv_tails_supported_) {
-      return Error{f.path + ": KV type " + k_name + " needs a per-sequence KV tail, which only the Llama family's " +
-                   "models keep; use another KV type"};
+      const std::string why = kv_tails_refusal_.empty()
+                                  ? "which on CUDA only the Llama and Gemma families' models keep"
+                                  : "which this model does not keep on CUDA: " + kv_tails_refusal_;
+      return Error{f.path + ": KV type " + k_name + " needs a per-sequence KV tail, " + why + "; use another KV type"};
     }
     if (!cuda::kv_untested_allowed()) {
       return Error{f.path + ": KV type " + pair + " has CUDA kernels that have not yet run on a GPU; set " +
@@ -565,8 +568,9 @@ Status CudaModelBase::set_kv_k_widths(int64_t layer, std::vector<uint8_t> widths
   return Status::Ok();
 }
 
-Status CudaModelBase::calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim) {
+Status CudaModelBase::calibrate_kv(const std::vector<int32_t>& tokens, const std::vector<KvRopePairs>& rope) {
   if (kv_dtype_ != kKvQ4Alloc) return Status::Ok();
+  assert(rope.size() == k_widths_.size());
   const ModelFiles& f = *files_;
   const int64_t bs = block_size_;
   RILL_ASSIGN_OR_RETURN(const int64_t n, CpuPagedModel::kv_calibration_length(f.path, tokens.size(), n_ctx_,
@@ -594,6 +598,8 @@ Status CudaModelBase::calibrate_kv(const std::vector<int32_t>& tokens, bool rope
     const auto len = static_cast<int32_t>(std::min<int64_t>(max_tokens_, n - c0));
     batch.clear();
     batch.add_sequence(tokens.data() + c0, len, static_cast<int32_t>(c0), /*sample_last=*/true, table);
+    // Every KV group reads the same blocks: each layer has its own plane.
+    batch.group_tables.assign(static_cast<size_t>(std::max(n_table_groups(), 1) - 1), table);
     batch.seqs.back().kv_tail = 0;
     batch.seqs.back().decode_from = static_cast<int32_t>(n);
     st = forward(batch, logits.data());
@@ -602,14 +608,15 @@ Status CudaModelBase::calibrate_kv(const std::vector<int32_t>& tokens, bool rope
   std::vector<KvCalibrationStats> stats;
   stats.swap(calibration_);
   if (!st.ok()) return Error{f.path + ": q4a's calibration pass: " + st.error().message};
-  const auto pairs = rope_interleaved ? cpu::RopePairs::kInterleaved : cpu::RopePairs::kNeox;
   for (int64_t l = 0; l < n_kv_layers; ++l) {
     const KvCalibrationStats& s = stats[static_cast<size_t>(l)];
+    const KvRopePairs& r = rope[static_cast<size_t>(l)];
+    const auto pairs = r.interleaved ? cpu::RopePairs::kInterleaved : cpu::RopePairs::kNeox;
     const int64_t w = kv_width(static_cast<size_t>(l));
     std::vector<uint8_t> widths(static_cast<size_t>(w));
     // No channel at 1 bit, as the CPU's (docs/perf.md, "k4a stage 2").
     cpu::allocate_channel_bits(s.query_energy.data(), s.block_range_sq.data(), w, hd_, pairs, widths.data(),
-                               /*one_bit=*/false, rope_dim);
+                               /*one_bit=*/false, r.rot_dim, r.rotated_pairs);
     RILL_TRY(set_kv_k_widths(l, std::move(widths)));
   }
   return Status::Ok();

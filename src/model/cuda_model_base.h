@@ -39,6 +39,7 @@
 
 #include "loader/model_files.h"
 #include "model/cuda_shard.h"
+#include "model/kv_types.h"
 #include "model/model.h"
 #include "model/state_pool.h"
 #include "model/step_overlap.h"
@@ -367,9 +368,18 @@ class CudaModelBase : public Model, public StepOverlap {
   // tokens give the same widths every load on the same GPU and build (the
   // pass is deterministic; kv_numerics names the device, the build's
   // numerics and the widths' hash). A no-op without a q4a layer. Call at
-  // the end of init, after init_runtime().
-  Status calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim);
+  // the end of init, after init_runtime(). rope: one per KV layer (every
+  // KV layer's head is hd_ wide: families with per-layer head dims keep no
+  // tails here).
+  Status calibrate_kv(const std::vector<int32_t>& tokens, const std::vector<KvRopePairs>& rope);
+  // The same with every layer paired alike.
+  Status calibrate_kv(const std::vector<int32_t>& tokens, bool rope_interleaved, int64_t rope_dim) {
+    return calibrate_kv(tokens, std::vector<KvRopePairs>(k_widths_.size(), KvRopePairs{rope_interleaved, rope_dim}));
+  }
   bool kv_tails_supported_ = false;
+  // Why a family that keeps tails does not for this model (for the error
+  // choose_kv_type() gives); empty: the family keeps none.
+  std::string kv_tails_refusal_;
   int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
   // Attention groups (with block tables) first; a recurrent group, whose
   // states are states_, after them.

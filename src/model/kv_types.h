@@ -127,6 +127,15 @@ struct KvTypeOptions {
   Result<std::vector<KvLayerTypes>> resolve(int64_t n_layer, DType base) const;
 };
 
+// How RoPE pairs one KV layer's K channels (cpu::rope_partner's pairs,
+// rot_dim and rotated_pairs), for q4a's width allocation
+// (cpu::allocate_channel_bits), which gives a pair's channels alike.
+struct KvRopePairs {
+  bool interleaved = false;
+  int64_t rot_dim = 0;         // 0: the whole head
+  int64_t rotated_pairs = -1;  // -1: every pair of rot_dim
+};
+
 // Reads a --kv-config file into opts.layers (errors name the file and line).
 Status load_kv_config(const std::string& path, KvTypeOptions& opts);
 

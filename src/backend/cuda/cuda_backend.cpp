@@ -781,6 +781,9 @@ class CudaBackend final : public Backend {
   // its f32 outputs rotated back into op.out, then each sequence's tail
   // takes its newest partial block (after the attention that read it).
   void attention_chan(const AttentionOp& op, const StepMetadata& step) {
+    // The step rows are the last rope_store_kv's: a layer reading another
+    // layer's KV (tail_read_later) is refused at load (gemma_cuda_tails_refusal).
+    assert(!op.tail_read_later);
     const cuda::ChanStepArgs c = chan_plan(op.kv, op.n_head_kv, op.head_dim, op.kv_group, step);
     cuda::plan_chan_step(c, stream());  // c0 and the tails of this layer (the same plan rope_store_kv made)
     const auto n = static_cast<int32_t>(op.q.rows);

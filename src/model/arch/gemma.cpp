@@ -50,7 +50,8 @@
 // k4c / k4a KV (model/kv_tails.h) on the CPU runtime: every plane keeps
 // its tails; a KV-shared layer reads its donor's before the step's last
 // reader of that plane moves them (GemmaLayer::kv_read_later). The CUDA
-// runtime keeps no tails (create_model refuses the pairs there).
+// runtime keeps them for models whose every layer has its own KV and head
+// width (gemma_cuda_tails_refusal says why not for the others).
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -786,6 +787,20 @@ Status assistant_forward(Backend& b, const GemmaGraph& g, const AssistantGraph& 
 
 // --- The CPU runtime ------------------------------------------------------------
 
+// How each KV plane's RoPE pairs its K channels, for q4a's widths (both
+// runtimes): NeoX or interleaved per the table; Gemma 4's full layers
+// rotate the first pairs (i, i + hd / 2) of the whole head, the rest at
+// angle 0 (inv_freq 0: channels that never mix).
+std::vector<KvRopePairs> gemma_kv_rope_pairs(const GemmaGraph& g, const GemmaRope& rope) {
+  std::vector<KvRopePairs> out;
+  for (const int32_t il : g.kv_layer_of) {
+    const cpu::RopeTable& r = g.layers[static_cast<size_t>(il)].sliding ? rope.local : rope.global;
+    const auto zero = std::find(r.inv_freq.begin(), r.inv_freq.end(), 0.0f);
+    out.push_back({r.interleaved, r.rot_dim, zero == r.inv_freq.end() ? -1 : zero - r.inv_freq.begin()});
+  }
+  return out;
+}
+
 class GemmaModel final : public CpuPagedModel {
  public:
   GemmaModel(std::shared_ptr<const ModelFiles> files, const ModelOptions& options)
@@ -864,16 +879,8 @@ Status GemmaModel::init(const ModelOptions& options) {
                  "wrote it moved the KV tails on; use another KV type"};
   }
   kv_views_.resize(static_cast<size_t>(kv_.n_layers()));
-  // q4a's widths pair each plane's K channels as its layers' RoPE does:
-  // NeoX or interleaved per the table; Gemma 4's full layers rotate the
-  // first pairs (i, i + hd / 2) of the whole head, the rest at angle 0
-  // (inv_freq 0: channels that never mix).
-  std::vector<KvRopePairs> kv_rope;
-  for (const int32_t il : graph_.kv_layer_of) {
-    const cpu::RopeTable& r = graph_.layers[static_cast<size_t>(il)].sliding ? w.rope.local : w.rope.global;
-    const auto zero = std::find(r.inv_freq.begin(), r.inv_freq.end(), 0.0f);
-    kv_rope.push_back({r.interleaved, r.rot_dim, zero == r.inv_freq.end() ? -1 : zero - r.inv_freq.begin()});
-  }
+  // q4a's widths pair each plane's K channels as its layers' RoPE does.
+  const std::vector<KvRopePairs> kv_rope = gemma_kv_rope_pairs(graph_, w.rope);
 
   const int64_t T = max_tokens_;
   auto view = [T](std::vector<float>& v, int64_t cols) {
@@ -1012,6 +1019,22 @@ class GemmaCudaModel final : public CudaModelBase {
   AssistantActivations aviews_;  // over the arena (out: rows_out(), set per step)
 };
 
+// Why this model keeps no k4c / k4a tails on CUDA (GemmaCudaModel::init);
+// empty when it may.
+std::string gemma_cuda_tails_refusal(const GemmaGraph& g, const GemmaWeights& w, bool assistant, int64_t hd) {
+  if (g.kv_layer_of.size() != g.layers.size()) {
+    return "its layers share KV (Gemma 3n / 4 KV sharing), which the CUDA k4c path does not run";
+  }
+  if (assistant) return "a Gemma 4 assistant reads the target's KV in steps of its own";
+  for (size_t il = 0; il < w.layer_dims.size(); ++il) {
+    if (w.layer_dims[il].head_dim != hd) {
+      return "layer " + std::to_string(il) + "'s head_dim " + std::to_string(w.layer_dims[il].head_dim) +
+             " is not the model's " + std::to_string(hd);
+    }
+  }
+  return {};
+}
+
 Status GemmaCudaModel::check_assistant() const {
   const std::string& path = assistant_->files->path;
   for (size_t il = 0; il < ag_.layers.size(); ++il) {
@@ -1066,6 +1089,13 @@ Status GemmaCudaModel::init(const ModelOptions& options) {
   kv_spec_ = graph_.make_kv_spec();
   n_kv_layers_ = static_cast<int64_t>(graph_.kv_layer_of.size());  // KV-shared layers keep none
   kv_widths_ = graph_.kv_widths();
+  // k4c / k4a: the base's forward() checks and passes the batch's KV
+  // tails; the CUDA backend keeps one layer's step rows at a time
+  // (rope_store_kv to attention), so a layer reading another layer's KV
+  // (Gemma 3n / 4 KV sharing) would read the wrong rows, and the base's
+  // calibration allocates widths over heads of hd_.
+  kv_tails_refusal_ = gemma_cuda_tails_refusal(graph_, w, assistant_ != nullptr, hd_);
+  kv_tails_supported_ = kv_tails_refusal_.empty();
   RILL_TRY(init_runtime(options));
   // init_runtime held a rotated KV type to hd_; Gemma 4's full layers have
   // their own head_dim, whose heads the rotation kernels must fit too.
@@ -1081,7 +1111,7 @@ Status GemmaCudaModel::init(const ModelOptions& options) {
     }
   }
   for (int64_t l = 0; l < n_kv_layers_; ++l) kv_views_.push_back(kv_view(static_cast<size_t>(l)));
-  return Status::Ok();
+  return calibrate_kv(options.kv_types.calibration_tokens, gemma_kv_rope_pairs(graph_, w.rope));
 }
 
 void GemmaCudaModel::carve_activations(cuda::Arena& a) {
