@@ -94,15 +94,17 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_path, cons
     if (mo.gemma4_assistant.empty()) return Error{"--spec assistant=PATH: the assistant checkpoint's path is empty"};
   }
   RILL_ASSIGN_OR_RETURN(auto model, create_model(builtin_registry(), infer_profile(*files), files, mo));
-  // KV tails (k4c, k4a; model/kv_tails.h) run with drafts from outside the
-  // model (ngram, draft=, replay=): the engine ends each request's drafts
-  // before its KV block does (EngineImpl::draft_length), so a rejection
-  // never falls in a block already encoded. The MTP layer's drafts write
-  // its own KV layer, whose k4c form is not built: refused.
-  if (model->n_kv_tail_slots() > 0 && options.spec == "mtp") {
+  // KV tails (k4c, k4a; model/kv_tails.h) run with drafts: the engine ends
+  // each request's drafts before its KV block does
+  // (EngineImpl::draft_length), so a rejection never falls in a block
+  // already encoded. The MTP layer's own KV plane, whose chained drafts
+  // write past the verified rows, keeps the model's own KV type on the CPU
+  // (CpuPagedModel::kv_draft_planes_); CUDA stores a pair in every layer.
+  if (model->n_kv_tail_slots() > 0 && options.spec == "mtp" && options.device == Device::kCuda) {
     return Error{
-        "--spec mtp: KV types q4c / q4a (k4c, k4a) do not run with the model's MTP layer (its own KV "
-        "layer has no k4c form); use --spec ngram or draft=MODEL, or another KV type"};
+        "--spec mtp: KV types q4c / q4a (k4c, k4a) do not run with the model's MTP layer on CUDA (CUDA stores "
+        "the pair in every layer, the MTP layer's too, whose drafts rewrite rows a pair encodes once); use "
+        "--device cpu, --spec ngram or draft=MODEL, or another KV type"};
   }
   if (assistant && model->n_mtp_layers() == 0) {  // a family that does not run one left it unbound
     return Error{"--spec " + options.spec + ": " + files->path + " (" + files->config.architecture +

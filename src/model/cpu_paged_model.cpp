@@ -36,6 +36,10 @@ Status CpuPagedModel::create_kv(const ModelOptions& options, std::vector<PagedKv
   if (planes.empty()) return Error{files_->path + ": the model has no KV layers"};
   RILL_ASSIGN_OR_RETURN(std::vector<KvLayerTypes> types,
                         options.kv_types.resolve(static_cast<int64_t>(planes.size()), dtype));
+  for (size_t l = planes.size() - static_cast<size_t>(std::min<int64_t>(kv_draft_planes_, std::ssize(planes)));
+       l < planes.size(); ++l) {
+    if (kv_chan_k(types[l].k.dtype)) types[l] = KvLayerTypes{KvType{dtype, false}, KvType{dtype, false}};
+  }
   size_t token_bytes = 0;
   std::vector<int64_t> tail_widths;
   for (size_t l = 0; l < planes.size(); ++l) {

@@ -162,6 +162,13 @@ class CpuPagedModel : public Model {
   // (AttentionOp::tail_read_later): create_kv() refuses q4c / q4a (k4c,
   // k4a) KV otherwise.
   bool kv_tails_supported_ = false;
+  // The last planes hold a draft layer's KV (the MTP layer): its rows past
+  // the verified positions are rewritten by the next step, which a q4c /
+  // q4a block, encoded once complete, cannot take. create_kv() gives them
+  // the model's own KV type (f16 or f32) where a q4c / q4a pair resolves
+  // for them; the pair's layers are the model's, so drafts change
+  // acceptance only.
+  int64_t kv_draft_planes_ = 0;
   std::optional<StatePool> states_;
   Backend* states_device_ = nullptr;  // the pool's memory and copies
 };

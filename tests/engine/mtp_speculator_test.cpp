@@ -13,10 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/e4m3.h"
 #include "engine/mtp_speculator.h"
 #include "golden_util.h"
 #include "loader/model_files.h"
 #include "model/batch.h"
+#include "model/kv_types.h"
 #include "model/registry.h"
 #include "rill/engine.h"
 
@@ -28,8 +30,9 @@ const std::string kGlmCheckpoint = std::string(RILL_TEST_DATA) + "/mtp-glm4-moe"
 const std::string kGlm5Checkpoint = std::string(RILL_TEST_DATA) + "/mtp-glm-5";       // GLM-5: MLA + DSA
 const std::string kQwenCheckpoint = std::string(RILL_TEST_DATA) + "/mtp-qwen3-next";  // Qwen3-Next's mtp.*
 
-EngineOptions options(const std::string& spec) {
+EngineOptions options(const std::string& spec, const KvTypeOptions& kv = {}) {
   EngineOptions o;
+  o.kv_types = kv;
   o.n_threads = 2;
   o.n_ctx = 128;
   o.max_batch_tokens = 32;
@@ -45,12 +48,14 @@ EngineOptions options(const std::string& spec) {
 // check_golden: also hold the first greedy tokens to the transformers
 // golden's (not for DSA models, whose transformers golden breaks index ties
 // by the whole call: tests/engine/dsa_parity_test.cpp).
-void expect_same_output(const std::string& checkpoint, const std::string& golden, bool check_golden = true) {
+// kv: the KV types of both engines.
+void expect_same_output(const std::string& checkpoint, const std::string& golden, bool check_golden = true,
+                        const KvTypeOptions& kv = {}) {
   const std::string hf = test::hf_golden_dir(golden);
   if (!test::has_hf_golden(hf)) GTEST_SKIP() << hf << " not found";
-  auto on = Engine::load(checkpoint, options("mtp"));
+  auto on = Engine::load(checkpoint, options("mtp", kv));
   ASSERT_TRUE(on.ok()) << on.error().message;
-  auto off = Engine::load(checkpoint, options("off"));
+  auto off = Engine::load(checkpoint, options("off", kv));
   ASSERT_TRUE(off.ok()) << off.error().message;
   EXPECT_EQ((*on)->stats().speculator, "mtp");
   const test::HfGolden g = test::read_hf_golden(hf);
@@ -115,6 +120,23 @@ TEST(MtpSpeculator, OutputIsTheSameWithAndWithout) {
 }
 TEST(MtpSpeculator, Glm4MoeOutputIsTheSameWithAndWithout) {
   expect_same_output(kGlmCheckpoint, "glm4-moe");
+}
+// K in q4c (k4c's K; V stays the checkpoint's f32: heads of 16 hold no
+// iq4_nlh64 block) with its per-sequence tails: the engine ends drafts
+// before a block does (EngineImpl::draft_length), and the MTP layer's own
+// plane keeps f32 (its chained rows are rewritten: CpuPagedModel::
+// kv_draft_planes_) while every model layer is q4c.
+TEST(MtpSpeculator, Glm4MoeWithQ4cKvOutputIsTheSameWithAndWithout) {
+  KvTypeOptions kv;
+  kv.k = KvType{kKvQ4Chan, false};
+  expect_same_output(kGlmCheckpoint, "glm4-moe", false, kv);
+  auto e = Engine::load(kGlmCheckpoint, options("mtp", kv));
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  const std::vector<Model::KvLayer> layers = (*e)->model().kv_layers();
+  ASSERT_GE(layers.size(), 2u);
+  for (size_t l = 0; l + 1 < layers.size(); ++l) EXPECT_EQ(layers[l].dtype, kKvQ4Chan) << "layer " << l;
+  EXPECT_EQ(layers.back().dtype, DType::kF32) << "the MTP layer's plane";
+  EXPECT_GT((*e)->model().n_kv_tail_slots(), 0);
 }
 // A hybrid: rejected drafts roll the recurrent state back; the MTP layer
 // (full attention) never touches it.

@@ -343,6 +343,9 @@ class LlamaModel final : public CpuPagedModel, private LlamaHooks {
   bool split_into_lanes(const Batch& batch) const;
   // Lane l's sequences [first, last) of a split step of n: in proportion to its threads.
   std::pair<int32_t, int32_t> lane_range(int32_t l, int32_t n) const;
+  // The batch against the model's limits; check_batch adds its KV tails
+  // (forward_mtp's steps read none: the MTP plane keeps no tail).
+  Status check_batch_shape(const Batch& batch) const;
   Status check_batch(const Batch& batch) const;
 
   std::unique_ptr<Backend> device_;  // on backend_'s threads
@@ -396,9 +399,11 @@ Status LlamaModel::init(const ModelOptions& options) {
   // f16 KV, as llama.cpp stores it.
   const DType kv_dtype = w.all_f32() ? DType::kF32 : DType::kF16;
   kv_spec_ = {cfg_.sliding_window > 0 ? sliding(static_cast<int32_t>(cfg_.sliding_window)) : full()};
-  // The MTP layer's K and V are one more layer of the pool. Every layer
+  // The MTP layer's K and V are one more layer of the pool (in the
+  // model's own KV type beside q4c / q4a: kv_draft_planes_). Every layer
   // reads its own KV, and forward() checks the batch's KV tails.
   kv_tails_supported_ = true;
+  kv_draft_planes_ = graph_.has_mtp ? 1 : 0;
   RILL_TRY(create_kv(options, cfg_.n_layer + (graph_.has_mtp ? 1 : 0), d.KV, d.hd, kv_dtype));
 
   size_activations(a_, max_tokens_);
@@ -478,9 +483,13 @@ Status LlamaModel::reduce_residual(Tensor x) {
   return comm_ ? comm_->all_reduce_sum(x.f32(), x.rows * x.cols) : Status::Ok();
 }
 
+Status LlamaModel::check_batch_shape(const Batch& batch) const {
+  return rill::check_batch(
+      batch, {max_tokens_, max_seqs_, n_ctx_, cfg_.n_vocab, kv_.block_size(), kv_.n_blocks(), graph_.window});
+}
+
 Status LlamaModel::check_batch(const Batch& batch) const {
-  RILL_TRY(rill::check_batch(
-      batch, {max_tokens_, max_seqs_, n_ctx_, cfg_.n_vocab, kv_.block_size(), kv_.n_blocks(), graph_.window}));
+  RILL_TRY(check_batch_shape(batch));
   return check_kv_tails(batch);
 }
 
@@ -574,7 +583,7 @@ Status LlamaModel::forward_hidden(const Batch& batch, float* logits, float* hidd
 Status LlamaModel::forward_mtp(const Batch& batch, const float* hidden, float* logits, float* mtp_hidden) {
   if (!graph_.has_mtp) return Model::forward_mtp(batch, hidden, logits, mtp_hidden);
   if (batch.n_tokens() <= 0) return {};
-  RILL_TRY(check_batch(batch));
+  RILL_TRY(check_batch_shape(batch));
   const StepMetadata md = step_metadata(batch, a_.step);
   // The hidden rows are only read (rms_norm's input).
   const Tensor rows = Tensor::dense(const_cast<float*>(hidden), DType::kF32, md.n_tokens, graph_.E);
