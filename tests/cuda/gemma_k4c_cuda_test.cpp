@@ -128,9 +128,10 @@ TEST_P(CudaGemmaK4c, LogitsMatchTheCpusPairAtEveryPosition) {
     EXPECT_LT(e, kShare * own) << GetParam().family << " " << pair << " chunks of " << chunk
                                << " (-1: without graphs): CUDA against the CPU";
     EXPECT_GT(rms_diff(g, gpu_f32), 0.5 * own) << "chunks of " << chunk << ": CUDA's pair costs nothing";
-    std::printf("[ cuda gemma %s ] %s chunks of %d: vs CPU rms %.3g max %.3g; CPU %s vs f32 KV rms %.3g; CUDA f32 vs "
-                "CPU f32 rms %.3g\n",
-                pair.c_str(), GetParam().family, chunk, e, test::max_abs_diff(g, c), pair.c_str(), own, noise);
+    std::printf(
+        "[ cuda gemma %s ] %s chunks of %d: vs CPU rms %.3g max %.3g; CPU %s vs f32 KV rms %.3g; CUDA f32 vs "
+        "CPU f32 rms %.3g\n",
+        pair.c_str(), GetParam().family, chunk, e, test::max_abs_diff(g, c), pair.c_str(), own, noise);
   }
 }
 
