@@ -12,7 +12,10 @@
 #  3. with RILL_K4C_ATTENTION=fast, bench_cuda decode at batches 1 and 64 after CTXS-token prompts
 #     (default "1024 4096") for f16, k4c and k4a, then k4c with
 #     RILL_K4C_ATTENTION=ref (the reference kernel) at batch 1 for
-#     comparison (TMO seconds each, default 120).
+#     comparison (TMO seconds each, default 120);
+#  4. with time left, issue 23's FP8 band (FP8=0 skips): --quantize fp8
+#     decode at 8..48 sequences, RILL_FP8_MMA=0 and RILL_FP8_MMA=2
+#     RILL_FP8_MMA_TOKENS=9-32 in turn, twice.
 # BUDGET: seconds from the start after which no new benchmark starts
 # (default 420); MIN_LEFT: the seconds a benchmark needs left to start
 # (default 40). The repo root is the cwd; the script runs from the carried
@@ -32,7 +35,7 @@ L=/tmp/k4cfast22-logs
 verdict_lines() {
   grep -h "^\[ k4c fast \]\|^\[ cuda k4a \]\|^\[ k4a hd64 \]\|^\[ cuda gemma" $L/tests.log 2> /dev/null | cut -c1-200 | head -24
   for f in $L/b_*.log; do
-    [ -f "$f" ] && grep -E "^decode batch" "$f" | sed "s|^|$(basename "$f" .log): |" | cut -c1-120 | head -4
+    [ -f "$f" ] && grep -E "^decode batch" "$f" | sed "s|^|$(basename "$f" .log): |" | cut -c1-120 | head -6
   done
 }
 mkdir -p /work
@@ -74,5 +77,16 @@ for c in $CTXS; do
   done
   bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
 done
+# With time left (FP8=0 skips): issue 23's FP8 band, cuBLASLt's FP8 GEMM
+# (RILL_FP8_MMA=0) against fp8_mma's bf16-x form for 9..32 tokens, in
+# turn, decode at 8..48 sequences.
+if [ "${FP8:-1}" != 0 ]; then
+  unset RILL_K4C_ATTENTION
+  for i in 1 2; do
+    bench fp8_off_$i RILL_FP8_MMA=0 $V/bench_cuda $M --quantize fp8 --steps 16 --batches 8,16,24,32,48 --prefill 512
+    bench fp8_band_$i RILL_FP8_MMA=2 RILL_FP8_MMA_TOKENS=9-32 $V/bench_cuda $M --quantize fp8 --steps 16 \
+      --batches 8,16,24,32,48 --prefill 512
+  done
+fi
 date -u
 [ "$RC_TESTS" -eq 0 ]
