@@ -792,6 +792,11 @@ int run(int argc, char** argv) {
       return 1;
     }
     Model& m = **created;
+    // The blocks a sequence's slot and the prefill take at the model's own
+    // block size (k4c / k4a KV: 32, whatever kv_block_size asked).
+    const int32_t bs = m.kv_block_size();
+    const int32_t seq_blocks = (kSlotTokens + bs - 1) / bs;
+    const int32_t prefill_blocks = (kPrefillBlocks * 16 + bs - 1) / bs;
     const double load_s = std::chrono::duration<double>(Clock::now() - t_create).count() + (ti == 0 ? open_s : 0);
     const int64_t V = m.n_vocab();
     if (cfgs.size() > 1) {
@@ -855,11 +860,11 @@ int run(int argc, char** argv) {
     if (recurrent) jr["state_bytes"] = state_bytes;
 
     // Prefill of one 2,048-token prompt, and a 128-token prompt (TTFT).
-    const int32_t prefill_first = kMaxBatch * slot_blocks;
+    const int32_t prefill_first = kMaxBatch * seq_blocks;
     auto prompt_time = [&](int n_tok) {
       std::vector<int32_t> ids(static_cast<size_t>(n_tok));
       for (int i = 0; i < n_tok; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % V);
-      const auto table = range_table(prefill_first, kPrefillBlocks);
+      const auto table = range_table(prefill_first, prefill_blocks);
       std::vector<double> t;
       const int reps = n_tok > 4096 ? 3 : 5;  // the first is a warm-up (and times the GEMM algorithms)
       for (int rep = 0; rep < reps; ++rep) {
@@ -897,7 +902,7 @@ int run(int argc, char** argv) {
     // Decode: B sequences of 128-token prompts, then `steps` one-token steps.
     for (int B : batches) {
       std::vector<std::vector<int32_t>> tables;
-      for (int s = 0; s < B; ++s) tables.push_back(range_table(s * slot_blocks, slot_blocks));
+      for (int s = 0; s < B; ++s) tables.push_back(range_table(s * seq_blocks, seq_blocks));
       // Prompts of up to kPrefill tokens go several to a forward; longer
       // ones in chunks of kPrefill.
       const int per_forward = std::max(1, kPrefill / kPrompt), chunk = std::min(kPrompt, kPrefill);

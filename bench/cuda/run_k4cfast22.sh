@@ -58,7 +58,7 @@ export RILL_CUDA_UNTESTED_KV=1
 # The backend's k4c path (the model tests above ran the default, the
 # reference kernel): the model tests once more through the fast kernel.
 out_key $L/tests_fast.log
-RILL_K4C_ATTENTION=fast tmo 180 $V/tests --gtest_filter='CudaK4c.*:CudaK4a.*:*CudaGemmaK4c*' > $L/tests_fast.log 2>&1
+RILL_K4C_ATTENTION=fast tmo 180 $V/tests --gtest_filter="${FAST_FILTER:-CudaK4c.*:CudaK4a.*:*CudaGemmaK4c*}" > $L/tests_fast.log 2>&1
 RC_FAST=$?; out_rc "model tests (RILL_K4C_ATTENTION=fast)" $RC_FAST; echo "model tests, fast kernel rc=$RC_FAST"; show $L/tests_fast.log 30
 export RILL_K4C_ATTENTION=fast
 wait $MK; tail -2 $L/make.log
