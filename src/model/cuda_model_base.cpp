@@ -201,9 +201,9 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
                                   : "which this model does not keep on CUDA: " + kv_tails_refusal_;
       return Error{f.path + ": KV type " + k_name + " needs a per-sequence KV tail, " + why + "; use another KV type"};
     }
-    if (!cuda::kv_untested_allowed()) {
-      return Error{f.path + ": KV type " + pair + " has CUDA kernels that have not yet run on a GPU; set " +
-                   cuda::kUntestedKvEnv + "=1 to use them, or use --device cpu"};
+    if (kv_tails_untested_ && !cuda::kv_untested_allowed()) {
+      return Error{f.path + ": KV type " + pair + " has not yet passed its GPU tests on this family's CUDA model; " +
+                   "set " + cuda::kUntestedKvEnv + "=1 to use it, or use --device cpu"};
     }
     if (!cuda::kv_rotation_supported(kKvIq4Nl64, static_cast<int32_t>(hd_), true) || hd_ > 1024) {
       return Error{f.path + ": KV type " + pair + " needs a power-of-two head_dim of at least 64 and at most " +
@@ -228,10 +228,6 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
   if (!t.quantized() && t != KvType{base, false}) {
     return Error{f.path + ": KV type " + kv_type_name(t) + " is not what CUDA stores for this model (" +
                  std::string(dtype_name(base)) + "); drop --kv-type / --kv-config or use --device cpu"};
-  }
-  if (t.quantized() && cuda::kv_untested(t.dtype) && !cuda::kv_untested_allowed()) {
-    return Error{f.path + ": KV type " + kv_type_name(t) + " has CUDA kernels that have not yet run on a GPU; set " +
-                 cuda::kUntestedKvEnv + "=1 to use them, or use --device cpu"};
   }
   if (t.quantized() && !cuda::kv_supported(t.dtype)) {
     return Error{f.path + ": KV type " + kv_type_name(t) +
@@ -566,6 +562,19 @@ Status CudaModelBase::set_kv_k_widths(int64_t layer, std::vector<uint8_t> widths
   RILL_TRY(ctx_->synchronize());  // table is freed on return
   k_widths_[static_cast<size_t>(layer)] = std::move(widths);
   return Status::Ok();
+}
+
+CudaChanLimits CudaModelBase::chan_limits() const {
+  CudaChanLimits chan;
+  if (!kv_chan_) return chan;
+  chan.max_width = kv_widths_.empty() ? KV_ : *std::max_element(kv_widths_.begin(), kv_widths_.end());
+  chan.max_keys = n_ctx();
+  // A test hook (tests/cuda/k4c_cuda_test.cpp): a smaller score buffer,
+  // so that the attention goes in chunks of a few queries.
+  if (const char* e = std::getenv("RILL_CUDA_K4C_SCORE_FLOATS"); e && std::atoll(e) > 0) {
+    chan.max_score_floats = static_cast<size_t>(std::atoll(e));
+  }
+  return chan;
 }
 
 Status CudaModelBase::calibrate_kv(const std::vector<int32_t>& tokens, const std::vector<KvRopePairs>& rope) {

@@ -51,6 +51,7 @@
 #include "backend/backend.h"       // kMaxKvGroups
 #include "backend/cpu/host_ops.h"  // WeightView
 #include "backend/cpu/rope_table.h"
+#include "backend/cuda/cuda_backend.h"  // CudaChanLimits
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
@@ -270,6 +271,11 @@ class CudaModelBase : public Model, public StepOverlap {
   const StatePool& states() const { return *states_; }
   // The family's activation buffers; called twice (sizing pass, then real).
   virtual void carve_activations(cuda::Arena& a) = 0;
+  // What the backend carves for k4c / k4a steps (the step's q8_0 rows at
+  // the widest KV layer's width, the attention's scores over the context):
+  // every family that keeps KV tails passes it to carve_cuda_scratch;
+  // empty (nothing carved) without k4c / k4a.
+  CudaChanLimits chan_limits() const;
   // Every kernel of the step over metadata already uploaded (meta()),
   // logits_ for the first s.n_sample entries of sample_rows. Captured in a
   // graph for decode steps: no host synchronization, nothing that varies
@@ -380,6 +386,9 @@ class CudaModelBase : public Model, public StepOverlap {
   // Why a family that keeps tails does not for this model (for the error
   // choose_kv_type() gives); empty: the family keeps none.
   std::string kv_tails_refusal_;
+  // The family's k4c / k4a path has not yet passed its GPU tests: refused
+  // unless RILL_CUDA_UNTESTED_KV=1 (cuda::kv_untested_allowed).
+  bool kv_tails_untested_ = false;
   int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
   // Attention groups (with block tables) first; a recurrent group, whose
   // states are states_, after them.

@@ -31,11 +31,9 @@
 // and KV files move between the devices).
 //
 // iq4_nlh64 alone (both sides, no tail) also has CUDA kernels
-// (backend/cuda/kv_types.cuh KvIq4Nl64, the CPU encoder's bytes), not yet
-// run on a GPU: CUDA refuses it unless RILL_CUDA_UNTESTED_KV=1
-// (backend/cuda/ops.h kv_untested).
+// (backend/cuda/kv_types.cuh KvIq4Nl64, the CPU encoder's bytes).
 //
-// k4c (k=q4c v=iq4_nlh64; docs/perf.md "k4c"; CUDA untested): K quantized
+// k4c (k=q4c v=iq4_nlh64; docs/perf.md "k4c"): K quantized
 // per channel over each KV block of 32 tokens (KIVI's asymmetric z + d q:
 // K's outlier channels sit far from zero, so a zero point per channel
 // beats any per-token grid), 4.75 bits per value; V per token, each head

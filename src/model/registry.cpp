@@ -214,34 +214,25 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   for (const KvTypeOptions::Entry& e : options.kv_types.layers) sides.insert(sides.end(), {e.k, e.v});
   auto chan_name = [](DType t) { return t == kKvQ4Alloc ? std::string("q4a (k4a)") : std::string("q4c (k4c)"); };
   // k4c's q4c K needs a per-sequence KV tail (model/kv_tails.h), which only
-  // the Llama family's models and the Gemma family's CPU model keep: said
-  // first, on either device, before the CUDA switch below (which would not
-  // make it run).
-  const bool keeps_tails = impl->id.rfind("llama.", 0) == 0 || impl->id == "gemma.cpu";
+  // the Llama and Gemma families' models keep: said first, on either
+  // device, before the CUDA switch below (which would not make it run).
+  // (A Gemma model on CUDA says itself when it keeps none: KV sharing.)
+  const bool keeps_tails = impl->id.rfind("llama.", 0) == 0 || impl->id == "gemma.cpu" || impl->id == "gemma.cuda";
   for (const std::optional<KvType>& side : sides) {
     if (side && kv_chan_k(side->dtype) && !keeps_tails) {
       return Error{files->path + ": KV type " + chan_name(side->dtype) +
-                   " runs on the Llama family's models and the Gemma family's CPU model only (it needs a " +
-                   "per-sequence KV tail, which only they keep), not on " + impl->id + "; use another KV type"};
+                   " runs on the Llama and Gemma families' models only (it needs a per-sequence KV tail, which " +
+                   "only they keep), not on " + impl->id + "; use another KV type"};
     }
   }
   if (options.device == Device::kCuda) {
     // CUDA stores f16 KV (f32 for f32 checkpoints), q8_0, q4_0, the
-    // rotated q8_0h / q4_0h / iq4_nlh / q8_0h64, or fp8 and reads no other
-    // type; iq4_nlh64 and k4c's q4c K and k4a's q4a K too, whose kernels
-    // have not yet run on a GPU, only while RILL_CUDA_UNTESTED_KV=1
-    // (backend/cuda/ops.h kv_untested; q4c / q4a as their pairs alone,
-    // choose_kv_type). Which plain type the model
-    // stores, that one type covers every layer and side, and the head_dim a
-    // rotation needs, CudaModelBase::choose_kv_type checks.
-    const char* untested_env = std::getenv("RILL_CUDA_UNTESTED_KV");
-    const bool untested_ok = untested_env && std::string(untested_env) == "1";
+    // rotated q8_0h / q4_0h / iq4_nlh / q8_0h64 / iq4_nlh64, k4c's q4c K
+    // and k4a's q4a K (as their pairs alone: choose_kv_type), or fp8 and
+    // reads no other type. Which plain type the model stores, that one type
+    // covers every layer and side, and the head_dim a rotation needs,
+    // CudaModelBase::choose_kv_type checks.
     for (const std::optional<KvType>& side : sides) {
-      if (side && ((side->dtype == kKvIq4Nl64 && side->rotated) || kv_chan_k(side->dtype)) && !untested_ok) {
-        return Error{files->path + ": KV type " + kv_type_name(*side) +
-                     " has CUDA kernels that have not yet run on a GPU; set RILL_CUDA_UNTESTED_KV=1 to use them, "
-                     "or use --device cpu"};
-      }
       const bool rotatable =
           side && (side->dtype == DType::kQ8_0 || side->dtype == DType::kQ4_0 || side->dtype == DType::kIQ4_NL ||
                    side->dtype == kKvQ8_0x64 || side->dtype == kKvIq4Nl64);

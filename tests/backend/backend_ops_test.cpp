@@ -44,23 +44,10 @@
 
 #if RILL_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/ops.h"
 #endif
 
 namespace rill {
 namespace {
-
-#if RILL_HAVE_CUDA
-// iq4_nlh64's CUDA kernels have not yet run on a GPU, and the CUDA backend
-// refuses them unless RILL_CUDA_UNTESTED_KV=1 (backend/cuda/ops.h
-// kv_untested): these tests are what would lift that, so they set it.
-class AllowUntestedKv : public ::testing::Environment {
- public:
-  void SetUp() override { setenv(cuda::kUntestedKvEnv, "1", 1); }
-};
-[[maybe_unused]] ::testing::Environment* const kAllowUntestedKv =
-    ::testing::AddGlobalTestEnvironment(new AllowUntestedKv);
-#endif
 
 using cpu::testing::random_floats;
 using cpu::testing::random_weight_rows;

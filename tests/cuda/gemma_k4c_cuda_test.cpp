@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -183,6 +184,20 @@ TEST(CudaGemmaK4cRefusal, KvSharingIsRefusedByName) {
   auto m = create_model(builtin_registry(), infer_profile(**files), *files, o);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("share KV"), std::string::npos) << m.error().message;
+}
+
+// Until these tests pass on a GPU, gemma.cuda's k4c / k4a is refused
+// without RILL_CUDA_UNTESTED_KV=1 (untested_kv.h sets it for this binary),
+// naming the switch.
+TEST(CudaGemmaK4cRefusal, IsRefusedWithoutTheSwitchNamingIt) {
+  RILL_REQUIRE_GPU();
+  const std::string dir = wide_dir("gemma3");
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << dir << " is missing";
+  unsetenv("RILL_CUDA_UNTESTED_KV");
+  auto off = try_open(dir, Device::kCuda, 8, "k4c");
+  setenv("RILL_CUDA_UNTESTED_KV", "1", 1);
+  ASSERT_FALSE(off.ok());
+  EXPECT_NE(off.error().message.find("RILL_CUDA_UNTESTED_KV=1"), std::string::npos) << off.error().message;
 }
 
 }  // namespace

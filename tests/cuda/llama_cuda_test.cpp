@@ -118,9 +118,8 @@ TEST_P(CudaHf, KvTypeIsTheOneCudaStoresOrARefusal) {
   ASSERT_FALSE(narrow.ok()) << GetParam() << ": q8_0h64 on heads narrower than its blocks";
   EXPECT_NE(narrow.error().message.find("q8_0h64"), std::string::npos) << narrow.error().message;
   EXPECT_NE(narrow.error().message.find("head_dim"), std::string::npos) << narrow.error().message;
-  // iq4_nlh64 (CUDA kernels not yet run on a GPU): refused unless
-  // RILL_CUDA_UNTESTED_KV=1, and with it on these heads by its blocks of
-  // 64, as q8_0h64; named either way.
+  // iq4_nlh64: refused on these heads by its blocks of 64, as q8_0h64,
+  // naming the type.
   const KvType iq64{kKvIq4Nl64, true};
   auto untested = with_kv(iq64, iq64);
   ASSERT_FALSE(untested.ok()) << GetParam() << ": iq4_nlh64 on heads narrower than its blocks";
@@ -133,8 +132,7 @@ TEST_P(CudaHf, KvTypeIsTheOneCudaStoresOrARefusal) {
     EXPECT_NE(other.error().message.find("runs on the CPU only"), std::string::npos) << other.error().message;
   }
   // q4c runs on CUDA only as k4c's K (with iq4_nlh64 V; k4c_cuda_test.cpp),
-  // and k4c not on these heads (iq4_nlh64's blocks of 64), nor without
-  // RILL_CUDA_UNTESTED_KV=1: named either way.
+  // and k4c not on these heads (iq4_nlh64's blocks of 64): named.
   const KvType q4c{kKvQ4Chan, false};
   for (const KvType v : {q4c, iq64}) {
     auto chan = with_kv(q4c, v);

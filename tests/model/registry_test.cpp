@@ -154,9 +154,8 @@ TEST(Registry, Fp8WeightsOnTheCpuAreRefused) {
 
 // q8_0h64 (rotated q8_0 in blocks of 64) runs on CUDA too: a CUDA model
 // takes it to its factory (which checks the head_dim), on either side or
-// from a --kv-config line, as the CPU does; k4c's iq4_nlh64, whose CUDA
-// kernels have not yet run on a GPU, is refused by name before the factory
-// runs unless RILL_CUDA_UNTESTED_KV=1, which the message names.
+// from a --kv-config line, as the CPU does; so does k4c's iq4_nlh64 (its
+// CUDA kernels passed their GPU tests), without RILL_CUDA_UNTESTED_KV.
 TEST(Registry, Q8_0h64KvReachesTheCudaFactory) {
   auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"}), impl("llama.cuda", {"llama"}, Device::kCuda)});
   ASSERT_TRUE(r.ok());
@@ -185,76 +184,52 @@ TEST(Registry, Q8_0h64KvReachesTheCudaFactory) {
   const std::string saved = was ? was : "";
   unsetenv("RILL_CUDA_UNTESTED_KV");
   auto m = create_model(*r, profile("llama"), files, o);
+  if (was) setenv("RILL_CUDA_UNTESTED_KV", saved.c_str(), 1);
   ASSERT_FALSE(m.ok());
-  EXPECT_TRUE(has(m.error(),
-                  "m.gguf: KV type iq4_nlh64 has CUDA kernels that have not yet run on a GPU; set "
-                  "RILL_CUDA_UNTESTED_KV=1"))
-      << m.error().message;
-  setenv("RILL_CUDA_UNTESTED_KV", "1", 1);
-  auto untested = create_model(*r, profile("llama"), files, o);
-  ASSERT_FALSE(untested.ok());
-  EXPECT_EQ(untested.error().message, "test factory");
-  if (was) {
-    setenv("RILL_CUDA_UNTESTED_KV", saved.c_str(), 1);
-  } else {
-    unsetenv("RILL_CUDA_UNTESTED_KV");
-  }
+  EXPECT_EQ(m.error().message, "test factory");
 }
 
-// k4c's q4c K outside the Llama family's models and the Gemma family's
-// CPU model (here: Gemma on CUDA, and a CPU family without tails):
-// refused naming the rule first, on either device and whatever the CUDA
-// switch (which would not make it run); the others reach their factory.
+// k4c's q4c K outside the Llama and Gemma families' models (here a hybrid
+// family without tails, on either device): refused naming the rule first,
+// before any device check; the Llama and Gemma models reach their factory
+// on both devices.
 TEST(Registry, Q4cIsRefusedWhereNoKvTailIsKeptFirst) {
-  auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"}), impl("gemma.cuda", {"gemma3"}, Device::kCuda),
-                                           impl("gemma.cpu", {"gemma3"}), impl("qwen3_next.cpu", {"qwen3_next"})});
+  auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"}), impl("llama.cuda", {"llama"}, Device::kCuda),
+                                           impl("gemma.cuda", {"gemma3"}, Device::kCuda), impl("gemma.cpu", {"gemma3"}),
+                                           impl("qwen3_next.cpu", {"qwen3_next"}),
+                                           impl("qwen3_next.cuda", {"qwen3_next"}, Device::kCuda)});
   ASSERT_TRUE(r.ok());
   auto files = std::make_shared<ModelFiles>();
   files->path = "m.gguf";
-  const char* was = std::getenv("RILL_CUDA_UNTESTED_KV");
-  const std::string saved = was ? was : "";
-  for (const bool on : {false, true}) {
-    if (on) {
-      setenv("RILL_CUDA_UNTESTED_KV", "1", 1);
-    } else {
-      unsetenv("RILL_CUDA_UNTESTED_KV");
-    }
-    for (const auto& [graph, d, id] : {std::tuple{"gemma3", Device::kCuda, "gemma.cuda"},
-                                       std::tuple{"qwen3_next", Device::kCpu, "qwen3_next.cpu"}}) {
-      ModelOptions o;
-      o.device = d;
-      o.kv_types.k = KvType{kKvQ4Chan, false};
-      o.kv_types.v = KvType{kKvIq4Nl64, true};
+  for (const auto& [d, id] : {std::pair{Device::kCuda, "qwen3_next.cuda"}, std::pair{Device::kCpu, "qwen3_next.cpu"}}) {
+    ModelOptions o;
+    o.device = d;
+    o.kv_types.k = KvType{kKvQ4Chan, false};
+    o.kv_types.v = KvType{kKvIq4Nl64, true};
+    auto m = create_model(*r, profile("qwen3_next"), files, o);
+    ASSERT_FALSE(m.ok());
+    EXPECT_TRUE(has(m.error(), "m.gguf: KV type q4c (k4c) runs on the Llama and Gemma families' models only"))
+        << m.error().message;
+    EXPECT_TRUE(has(m.error(), std::string("not on ") + id)) << m.error().message;
+  }
+  for (const Device d : {Device::kCpu, Device::kCuda}) {
+    ModelOptions o;
+    o.device = d;
+    o.kv_types.k = KvType{kKvQ4Chan, false};
+    o.kv_types.v = KvType{kKvIq4Nl64, true};
+    for (const char* graph : {"llama", "gemma3"}) {
       auto m = create_model(*r, profile(graph), files, o);
       ASSERT_FALSE(m.ok());
-      EXPECT_TRUE(has(m.error(),
-                      "m.gguf: KV type q4c (k4c) runs on the Llama family's models and the Gemma family's CPU "
-                      "model only"))
-          << m.error().message;
-      EXPECT_TRUE(has(m.error(), std::string("not on ") + id)) << m.error().message;
+      EXPECT_EQ(m.error().message, "test factory") << graph;
     }
-  }
-  ModelOptions o;
-  o.kv_types.k = KvType{kKvQ4Chan, false};
-  o.kv_types.v = KvType{kKvIq4Nl64, true};
-  for (const char* graph : {"llama", "gemma3"}) {
-    auto m = create_model(*r, profile(graph), files, o);
-    ASSERT_FALSE(m.ok());
-    EXPECT_EQ(m.error().message, "test factory") << graph;
-  }
-  if (was) {
-    setenv("RILL_CUDA_UNTESTED_KV", saved.c_str(), 1);
-  } else {
-    unsetenv("RILL_CUDA_UNTESTED_KV");
   }
 }
 
-// q4a (k4a) runs on the Llama family's models and the Gemma family's CPU
-// model only (others refused naming the type: here gemma3 registered under
-// another id than gemma.cpu); on CUDA only while RILL_CUDA_UNTESTED_KV=1
-// (its kernels have not yet run on a GPU), refused naming the switch
-// otherwise.
-TEST(Registry, Q4aRunsOnLlamaAndCpuGemmaAndOnCudaBehindTheSwitch) {
+// q4a (k4a) runs on the Llama and Gemma families' models only (others
+// refused naming the type: here gemma3 registered under another id than
+// gemma.cpu / gemma.cuda), on CUDA as on the CPU (without
+// RILL_CUDA_UNTESTED_KV: the Llama family's k4a passed its GPU tests).
+TEST(Registry, Q4aRunsOnTheLlamaAndGemmaFamilies) {
   auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"}), impl("llama.cuda", {"llama"}, Device::kCuda),
                                            impl("gemma3.cpu", {"gemma3"}), impl("gemma.cpu", {"gemma2"})});
   ASSERT_TRUE(r.ok());
@@ -268,25 +243,13 @@ TEST(Registry, Q4aRunsOnLlamaAndCpuGemmaAndOnCudaBehindTheSwitch) {
   o.device = Device::kCuda;
   unsetenv("RILL_CUDA_UNTESTED_KV");
   auto cuda = create_model(*r, profile("llama"), files, o);
+  if (was) setenv("RILL_CUDA_UNTESTED_KV", saved.c_str(), 1);
   ASSERT_FALSE(cuda.ok());
-  EXPECT_TRUE(has(cuda.error(),
-                  "KV type q4a has CUDA kernels that have not yet run on a GPU; set "
-                  "RILL_CUDA_UNTESTED_KV=1"))
-      << cuda.error().message;
-  setenv("RILL_CUDA_UNTESTED_KV", "1", 1);
-  auto cuda_on = create_model(*r, profile("llama"), files, o);
-  ASSERT_FALSE(cuda_on.ok());
-  EXPECT_EQ(cuda_on.error().message, "test factory");
-  if (was) {
-    setenv("RILL_CUDA_UNTESTED_KV", saved.c_str(), 1);
-  } else {
-    unsetenv("RILL_CUDA_UNTESTED_KV");
-  }
+  EXPECT_EQ(cuda.error().message, "test factory");
   o.device = Device::kCpu;
   auto gemma = create_model(*r, profile("gemma3"), files, o);
   ASSERT_FALSE(gemma.ok());
-  EXPECT_TRUE(has(gemma.error(),
-                  "m.gguf: KV type q4a (k4a) runs on the Llama family's models and the Gemma family's CPU model only"))
+  EXPECT_TRUE(has(gemma.error(), "m.gguf: KV type q4a (k4a) runs on the Llama and Gemma families' models only"))
       << gemma.error().message;
   for (const char* graph : {"llama", "gemma2"}) {
     auto m = create_model(*r, profile(graph), files, o);

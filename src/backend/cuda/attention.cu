@@ -624,13 +624,6 @@ size_t attention_rotation_floats(int64_t n_tokens, int32_t n_head, int32_t head_
   return 2 * static_cast<size_t>(n_tokens) * static_cast<size_t>(n_head) * static_cast<size_t>(head_dim);
 }
 
-// Q4_CHAN / Q4_ALLOC: k4c's and k4a's K (branches k4cwire22, q4acuda22),
-// which choose_kv_type takes as a pair with iq4_nlh64 V and kv_supported()
-// never names (no KvT reads them: attention_chan.h does).
-bool kv_untested(DType kv_dtype) {
-  return kv_dtype == kKvIq4Nl64 || kv_dtype == kKvQ4Chan || kv_dtype == kKvQ4Alloc;
-}
-
 void rotate_heads_back(const float* in, int64_t in_stride, int32_t n_rows, int32_t n_heads, int32_t head_dim,
                        DType out_dtype, void* out, cudaStream_t stream) {
   if (n_rows <= 0) return;
@@ -644,7 +637,6 @@ bool kv_untested_allowed() {
 }
 
 bool kv_supported(DType kv_dtype) {
-  if (kv_untested(kv_dtype) && !kv_untested_allowed()) return false;
   bool supported = false;
   RILL_CUDA_DISPATCH_KV(kv_dtype, supported = KvT::kDtype == kv_dtype);
   return supported;

@@ -469,13 +469,13 @@ class CudaBackend final : public Backend {
     chan_.tail_k = a.take<const uint8_t*>(T + 1);
     chan_.tail_v = a.take<const uint8_t*>(T + 1);
     chan_.keys = static_cast<int32_t>(chan.max_keys);
-    // The fast kernel (attention_chan.h chan_attention_fast) with
-    // RILL_K4C_ATTENTION=fast and a head_dim it has (the reference until a
-    // GPU run has passed its tests: it was written without one): its split
+    // The fast kernel (attention_chan.h chan_attention_fast) for a head_dim
+    // it has, unless RILL_K4C_ATTENTION=ref asks for the reference (the
+    // CPU's bits; 4-17x slower end to end, docs/perf.md): its split
     // partials (at most 64 MiB of them: 126 tokens a chunk for
     // Llama-3.1-8B, a B=64 decode in one) instead of the reference's scores.
     const char* which = std::getenv("RILL_K4C_ATTENTION");
-    chan_.fast = which && std::strcmp(which, "fast") == 0 && cuda::chan_attention_fast_supported(limits.head_dim);
+    chan_.fast = !(which && std::strcmp(which, "ref") == 0) && cuda::chan_attention_fast_supported(limits.head_dim);
     if (chan_.fast) {
       const size_t per_token = cuda::chan_fast_partial_floats(1, limits.n_head, limits.head_dim);
       const size_t budget = std::min(chan.max_score_floats, size_t{16} << 20);
@@ -774,10 +774,10 @@ class CudaBackend final : public Backend {
     cuda::quantize_chan_blocks(e, stream());
   }
 
-  // k4c: the reference attention (chan_attention_parallel: a thread block
-  // per query and head, the reference's bits) or, with
-  // RILL_K4C_ATTENTION=fast, the fast one (attention_chan.h
-  // chan_attention_fast) in chunks of tokens,
+  // k4c: the fast attention (attention_chan.h chan_attention_fast) or,
+  // with RILL_K4C_ATTENTION=ref or a head_dim it lacks, the reference
+  // (chan_attention_parallel: a thread block per query and head, the
+  // CPU's bits), in chunks of tokens,
   // its f32 outputs rotated back into op.out, then each sequence's tail
   // takes its newest partial block (after the attention that read it).
   void attention_chan(const AttentionOp& op, const StepMetadata& step) {

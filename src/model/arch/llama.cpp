@@ -761,17 +761,7 @@ void LlamaCudaModel::carve_activations(cuda::Arena& a) {
   act_views_.attn32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : graph_.Q);
   act_views_.mlp32 = carve_tensor(a, DType::kF32, T, f32 || graph_.mup.residual == 1.0f ? 0 : F);
   act_views_.final32 = carve_tensor(a, DType::kF32, S, f32 || graph_.mup.logit == 1.0f ? 0 : E_);
-  CudaChanLimits chan;  // k4c / k4a: the step's q8_0 rows and the reference attention's scores
-  if (kv_chan_) {
-    chan.max_width = KV_;
-    chan.max_keys = n_ctx();
-    // A test hook (tests/cuda/k4c_cuda_test.cpp): a smaller score buffer,
-    // so that the attention goes in chunks of a few queries.
-    if (const char* e = std::getenv("RILL_CUDA_K4C_SCORE_FLOATS"); e && std::atoll(e) > 0) {
-      chan.max_score_floats = static_cast<size_t>(std::atoll(e));
-    }
-  }
-  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S), chan);
+  carve_cuda_scratch(*backend_, a, graph_.step_limits(T, S), chan_limits());
 }
 
 // The shared graph over the uploaded step metadata, then (shards) the
