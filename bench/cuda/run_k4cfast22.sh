@@ -12,7 +12,7 @@
 #  3. with RILL_K4C_ATTENTION=fast, bench_cuda decode at batches 1 and 64 after CTXS-token prompts
 #     (default "1024 4096") for f16, k4c and k4a, then k4c with
 #     RILL_K4C_ATTENTION=ref (the reference kernel) at batch 1 for
-#     comparison (TMO seconds each, default 120);
+#     comparison (REF=0 skips it; TMO seconds each, default 120);
 #  4. with time left, issue 23's FP8 band (FP8=0 skips): --quantize fp8
 #     decode at 8..48 sequences, RILL_FP8_MMA=0 and RILL_FP8_MMA=2
 #     RILL_FP8_MMA_TOKENS=9-32 in turn, twice.
@@ -75,7 +75,7 @@ for c in $CTXS; do
   for t in f16 k4c k4a; do
     bench ${t}_ctx$c $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type $t
   done
-  bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
+  [ "${REF:-1}" = 0 ] || bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
 done
 # With time left (FP8=0 skips): issue 23's FP8 band, cuBLASLt's FP8 GEMM
 # (RILL_FP8_MMA=0) against fp8_mma's bf16-x form for 9..32 tokens, in

@@ -168,7 +168,7 @@ struct Ptrs {
   const uint8_t *const *tail_k, *const *tail_v;
   const uint8_t *step_k, *step_v, *kb, *vb, *k_widths;
 };
-ChanAttentionArgs args(const Batch& bt, const Ptrs& p) {
+ChanAttentionArgs args(const Batch& bt, const Ptrs& p, bool tile = false) {
   const Shape& sh = bt.shape;
   ChanAttentionArgs a;
   a.q = p.q;
@@ -199,6 +199,7 @@ ChanAttentionArgs args(const Batch& bt, const Ptrs& p) {
   a.window = sh.window;
   a.scale = 1.0f / std::sqrt(static_cast<float>(sh.hd));
   a.softcap = sh.softcap;
+  a.tile_tokens = tile;
   return a;
 }
 
@@ -207,7 +208,7 @@ size_t out_floats(const Batch& bt) {
 }
 
 // The reference's or the fast kernel's outputs (f32, V's rotated basis).
-std::vector<float> host_run(const Batch& bt, bool fast) {
+std::vector<float> host_run(const Batch& bt, bool fast, bool tile = false) {
   std::vector<float> out(out_floats(bt), NAN);
   std::vector<float> scores(static_cast<size_t>(bt.n_tokens) * bt.shape.n_head * bt.max_keys);
   std::vector<float> partials(chan_fast_partial_floats(bt.n_tokens, bt.shape.n_head, bt.shape.hd), NAN);
@@ -222,7 +223,7 @@ std::vector<float> host_run(const Batch& bt, bool fast) {
                bt.step_k.data(),      bt.step_v.data(),  bt.kb.data(),     bt.vb.data(),
                bt.widths_table.data()};
   if (fast) {
-    chan_attention_fast_host(args(bt, p));
+    chan_attention_fast_host(args(bt, p, tile));
   } else {
     chan_attention_parallel_host(args(bt, p));
   }
@@ -232,7 +233,8 @@ std::vector<float> host_run(const Batch& bt, bool fast) {
 // The batch on the device: the reference (fast = false) or the fast kernel,
 // `calls` times into the same output (each call's bits returned). ms set:
 // then the median of 20 timed calls in *ms (milliseconds a call).
-std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls = 1, double* ms = nullptr) {
+std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls = 1, double* ms = nullptr,
+                                           bool tile = false) {
   auto d_q = upload(bt.q);
   auto d_out = poisoned(out_floats(bt) * 4);
   auto d_scores = poisoned(static_cast<size_t>(bt.n_tokens) * bt.shape.n_head * bt.max_keys * 4);
@@ -258,7 +260,7 @@ std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls
   std::vector<std::vector<float>> outs;
   for (int i = 0; i < calls; ++i) {
     if (fast) {
-      chan_attention_fast(args(bt, p), nullptr);
+      chan_attention_fast(args(bt, p, tile), nullptr);
     } else {
       chan_attention_parallel(args(bt, p), nullptr);
     }
@@ -273,7 +275,7 @@ std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls
     for (int i = 0; i < 20; ++i) {
       RILL_CUDA_CHECK(cudaEventRecord(e0, nullptr));
       if (fast) {
-        chan_attention_fast(args(bt, p), nullptr);
+        chan_attention_fast(args(bt, p, tile), nullptr);
       } else {
         chan_attention_parallel(args(bt, p), nullptr);
       }
@@ -399,6 +401,27 @@ TEST(CudaChanFastAttention, DeviceMatchesTheReference) {
   std::printf("[ k4c fast ] device: worst max|diff| / scale %.3g (%s)\n", worst.rel, worst.where.c_str());
 }
 
+// Token tiles (a.tile_tokens: a thread block's rows span several tokens
+// of a sequence) change no bit: every shape over the batches of steps of 1,
+// 5 and 40 tokens (runs cut by block boundaries, windows, softcaps), on the
+// host and, with a GPU, on the device (heads of 128 there: the 5,000-key
+// sequences too).
+TEST(CudaChanFastAttention, TokenTilesChangeNoBit) {
+  const bool gpu = device_available();
+  uint32_t seed = 300;
+  for (const Shape& sh : shapes()) {
+    const Batch bt = make_batch(sh, batch_specs(0, seed), seed);
+    const std::vector<float> plain = host_run(bt, true), tiled = host_run(bt, true, true);
+    EXPECT_EQ(std::memcmp(plain.data(), tiled.data(), plain.size() * sizeof(float)), 0) << "host " << name(sh);
+    if (gpu) {
+      const Batch big = make_batch(sh, batch_specs(sh.hd == 128 ? 2 : 1, seed), seed);
+      const std::vector<float> a = device_run(big, true)[0], b = device_run(big, true, 1, nullptr, true)[0];
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "device " << name(sh);
+    }
+    seed += 100;
+  }
+}
+
 // A sequence's outputs alone are its outputs in a batch of 9 others (other
 // lengths, steps, pool places), bit for bit, on the device (without one,
 // the host run's).
@@ -425,6 +448,24 @@ TEST(CudaChanFastAttention, BatchInvariant) {
         EXPECT_EQ(std::memcmp(a.data(), b.data() + at, n * sizeof(float)), 0) << "host " << what;
       }
     }
+  }
+}
+
+// Prefill times at Llama-3.1-8B's shape: one sequence's step of 512 query
+// tokens after 1,536 keys (a layer's attention call), a token a thread block
+// against token tiles (a.tile_tokens), and the tiles' outputs bit for bit
+// the untiled ones. Printed only: `[ k4c fast ] prefill` lines.
+TEST(CudaChanFastAttention, DeviceTimingPrefill) {
+  RILL_REQUIRE_GPU();
+  for (const bool alloc : {false, true}) {
+    const Shape sh{32, 8, 128, 0, 0.0f, alloc};
+    const Batch bt = make_batch(sh, {{2048, 512, 41}}, 6);
+    double plain_ms = 0, tiled_ms = 0;
+    const std::vector<float> a = device_run(bt, true, 1, &plain_ms)[0];
+    const std::vector<float> b = device_run(bt, true, 1, &tiled_ms, true)[0];
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << name(sh);
+    std::printf("[ k4c fast ] prefill %s 512 tokens after 1536: a token a block %.1f us, token tiles %.1f us (%.2fx)\n",
+                alloc ? "k4a" : "k4c", plain_ms * 1e3, tiled_ms * 1e3, plain_ms / tiled_ms);
   }
 }
 

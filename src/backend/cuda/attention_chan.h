@@ -64,6 +64,13 @@ struct ChanAttentionArgs {
   // chan_fast_partial_floats(n_tokens, n_head, head_dim) floats, each
   // split's unnormalized output, running max and sum.
   float* partials = nullptr;
+  // chan_attention_fast: a thread block takes up to 32 query rows (a KV
+  // head's query heads times the tokens of one sequence whose keys start in
+  // the same KV block and end in the same own block), so each decoded block
+  // serves them all: for steps of several tokens a sequence (prefill,
+  // verify). The outputs' bits are the same either way (each row's
+  // arithmetic is its own); false suits a decode step, a token a sequence.
+  bool tile_tokens = false;
 };
 
 // head_dim a multiple of 64 (V's blocks) up to 1024; n_head_kv * head_dim a

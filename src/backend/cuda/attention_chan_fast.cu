@@ -1,22 +1,28 @@
 // The fast k4c / k4a attention (attention_chan.h chan_attention_fast).
 //
-// Grid (query token, KV head x head chunk, key split), kFastThreads threads.
+// Grid (token tile, KV head x head chunk, key split), kFastThreads threads.
 // A block owns up to KG query heads of one KV head (the GQA group, 8 at most
-// a block: a K group and a V row are decoded once for all of them) and the
-// KV blocks of one split (attention_chan_split.h). For each KV block of 32
-// keys:
+// a block: a K group and a V row are decoded once for all of them) for the
+// TT tokens of its tile (1 a decode step's; with a.tile_tokens 32 / KG, so
+// prefill decodes a block once for several tokens), and the KV blocks of
+// one split (attention_chan_split.h). Its rows (token, head) go in runs:
+// the tile's consecutive tokens of one sequence whose keys start in the
+// same block and end in the same own block share the split plan and every
+// decoded value, so a row's arithmetic is the one it has alone (the masks
+// are per row): tiling never changes a bit. For each run and each KV block
+// of 32 keys:
 //   1. decode: K into shared f32 rows k[r][c] = z_c + d_c / 16 * code_rc
 //      (q4c's nibbles, or q4a's bit planes at the channel's width; the
 //      query's own block from its q8_0 tail / step rows), V's 32 rows
 //      (iq4_nlh64 levels, or q8_0) into v[r][c]; keys outside the query's
 //      range get v = 0 (and a -inf score, so garbage never reaches out);
-//   2. dots: a (key, quarter of the channels) a thread, every head of the
-//      block at once (k's element read once for the KG heads);
+//   2. dots: a (key, quarter of the channels) a thread, every row of the
+//      block at once (k's element read once for the rows);
 //   3. scores: s[r][g] = capped(q_g . k_r * scale) from the quarters;
 //   4. the running max per head (a thread a head) and its correction;
 //   5. p[r][g] = exp(s - m), a (key, head) a thread;
 //   6. o[g][c] = o * corr + sum_r p[r][g] v[r][c] (a channel a thread,
-//      every head at once, keys in order) and l[g] = l * corr + sum_r
+//      every row at once, keys in order) and l[g] = l * corr + sum_r
 //      p[r][g] (a thread a head).
 // The split's (o, m, l) go to a.partials; chan_fast_combine_kernel merges a
 // query's splits in split order (a thread a channel, each thread the same
@@ -99,11 +105,16 @@ __host__ __device__ __forceinline__ uint32_t word_at(const uint8_t* p) {
 #endif
 }
 
-// One thread block's work: token t, KV head kvh, query heads [h0, h0 + gh),
-// the KV blocks [blk_lo, blk_hi) of split `split`.
-struct FastQuery {
-  int t = 0, kvh = 0, h0 = 0, gh = 0, seq = 0, split = 0;
-  int64_t j_begin = 0, j_end = 0, own = 0, c0 = 0, tail_start = 0, blk_lo = 0, blk_hi = 0;
+// One thread block's work: a run of tokens (up to TT, the same sequence's
+// consecutive tokens of the batch whose keys start in the same KV block and
+// end in the same own block: the same split plan and the same decoded
+// blocks, the own block's q8_0 rows included), KV head kvh, query heads
+// [h0, h0 + gh), the KV blocks [blk_lo, blk_hi) of split `split`. Row i of
+// the block is token u = i / KG of the run and head g = i % KG.
+struct FastRun {
+  int kvh = 0, h0 = 0, gh = 0, seq = 0, split = 0, t0 = 0, n = 0;  // tokens [t0, t0 + n)
+  int64_t lo = 0, hi = 0;                                          // the run's keys: [min j_begin, max j_end)
+  int64_t own = 0, c0 = 0, tail_start = 0, blk_lo = 0, blk_hi = 0;
   const int32_t* table = nullptr;
   int64_t W = 0;
   size_t tail_row = 0;
@@ -115,20 +126,43 @@ __host__ __device__ inline ChanSplit token_plan(const ChanAttentionArgs& a, int 
   return chan_split_plan(jb, je);
 }
 
-// n_chunks: thread blocks a KV head (ceil(group / KG)). False: no work.
-__host__ __device__ inline bool fast_query(const ChanAttentionArgs& a, int t, int y, int z, int kg, FastQuery& f) {
-  const ChanSplit plan = token_plan(a, t);
+// Whether tokens t and u may share a thread block: one sequence, keys from
+// the same first block to the same own block.
+__host__ __device__ inline bool same_run(const ChanAttentionArgs& a, int t, int u) {
+  if (a.seq_of[t] != a.seq_of[u]) return false;
+  int64_t tb = 0, te = 0, ub = 0, ue = 0;
+  chan_key_range(a.pos[t], a.window, &tb, &te);
+  chan_key_range(a.pos[u], a.window, &ub, &ue);
+  return tb / kT == ub / kT && (te - 1) / kT == (ue - 1) / kT;
+}
+
+// The run starting at token t0 (ending before t_end): its end, and in f
+// its split z's work (false: z is beyond its splits).
+__host__ __device__ inline bool fast_run(const ChanAttentionArgs& a, int t0, int t_end, int y, int z, int kg,
+                                         FastRun& f, int* run_end) {
+  int t1 = t0 + 1;
+  while (t1 < t_end && same_run(a, t0, t1)) ++t1;
+  *run_end = t1;
+  const ChanSplit plan = token_plan(a, t0);  // every token of the run has this plan
   if (z >= plan.n_splits) return false;
   const int group = a.n_head / a.n_head_kv, n_chunks = (group + kg - 1) / kg, chunk = y % n_chunks;
-  f.t = t;
   f.kvh = y / n_chunks;
   f.h0 = f.kvh * group + chunk * kg;
   f.gh = group - chunk * kg < kg ? group - chunk * kg : kg;
   f.split = z;
-  chan_key_range(a.pos[t], a.window, &f.j_begin, &f.j_end);
-  f.own = (f.j_end - 1) - (f.j_end - 1) % kT;
+  f.t0 = t0;
+  f.n = t1 - t0;
+  f.lo = INT64_MAX;
+  f.hi = 0;
+  for (int t = t0; t < t1; ++t) {
+    int64_t jb = 0, je = 0;
+    chan_key_range(a.pos[t], a.window, &jb, &je);
+    f.lo = jb < f.lo ? jb : f.lo;
+    f.hi = je > f.hi ? je : f.hi;
+  }
+  f.own = (f.hi - 1) - (f.hi - 1) % kT;
   chan_split_blocks(plan, z, &f.blk_lo, &f.blk_hi);
-  f.seq = a.seq_of[t];
+  f.seq = a.seq_of[t0];
   f.c0 = a.c0[f.seq];
   f.tail_start = f.c0 - f.c0 % kT;
   f.table = a.block_tables + a.table_start[f.seq];
@@ -137,54 +171,61 @@ __host__ __device__ inline bool fast_query(const ChanAttentionArgs& a, int t, in
   return true;
 }
 
-__host__ __device__ inline const uint8_t* own_row(const ChanAttentionArgs& a, const FastQuery& f, const uint8_t* tail,
+__host__ __device__ inline const uint8_t* own_row(const ChanAttentionArgs& a, const FastRun& f, const uint8_t* tail,
                                                   const uint8_t* step, int64_t j) {
   return j < f.c0 ? tail + static_cast<size_t>(j - f.tail_start) * f.tail_row
                   : step + static_cast<size_t>(a.q_start[f.seq] + (j - f.c0)) * f.tail_row;
 }
 
-// Shared memory of a block (floats; every region 16-byte aligned): q
-// transposed [HD][KG], k [32][HD + 4], v [32][HD], the dots' parts
-// [4][KG][32], s [32][KG], o [KG][HD], m, l, corr [KG].
-template <int HD, int KG>
+// Shared memory of a block (floats; every region 16-byte aligned), R =
+// TT * KG rows: q transposed [HD][R], k [32][HD + 4], v [32][HD], the dots'
+// parts [4][R][32], s [32][R], o [R][HD], m, l, corr [R].
+template <int HD, int KG, int TT>
 struct Cta {
+  static constexpr int R = KG * TT;
+  using Run = FastRun;
   // k's rows 16-byte aligned for the dot phase's 4-float loads, and 4
   // floats longer than HD: a quarter warp's rows r..r+7 then start 4 banks
   // apart (HD + 4 = 4 mod 32), so the loads are conflict-free.
   static constexpr int kKStride = HD + 4;
   static constexpr int kParts = kFastThreads / kT;  // the score phase's channel parts (4)
   static_assert(kParts == 4 && HD % (4 * kParts) == 0, "scores() sums 4 parts of whole float4s");
-  static constexpr int kQ = 0;                      // q transposed: [HD][KG]
-  static constexpr int kK = kQ + KG * HD;           // [32][HD + 1]
-  static constexpr int kV = kK + kT * kKStride;     // [32][HD]
-  static constexpr int kP = kV + kT * HD;           // partial scores [kParts][KG][32]
-  static constexpr int kS = kP + kParts * KG * kT;  // scores, then probabilities: [32][KG]
-  static constexpr int kO = kS + KG * kT;
-  static constexpr int kM = kO + KG * HD;
-  static constexpr int kL = kM + KG;
-  static constexpr int kC = kL + KG;
-  static constexpr int kFloats = kC + KG;
+  static_assert(R <= kFastThreads, "rescale() and accumulate() give a row a thread");
+  static constexpr int kQ = 0;                     // q transposed: [HD][R]
+  static constexpr int kK = kQ + R * HD;           // [32][HD + 4]
+  static constexpr int kV = kK + kT * kKStride;    // [32][HD]
+  static constexpr int kP = kV + kT * HD;          // partial scores [kParts][R][32]
+  static constexpr int kS = kP + kParts * R * kT;  // scores, then probabilities: [32][R]
+  static constexpr int kO = kS + R * kT;
+  static constexpr int kM = kO + R * HD;
+  static constexpr int kL = kM + R;
+  static constexpr int kC = kL + R;
+  static constexpr int kFloats = kC + R;
   static constexpr size_t kBytes = sizeof(float) * kFloats;
   static_assert(kK % 4 == 0 && kV % 4 == 0 && kP % 4 == 0 && kS % 4 == 0, "16-byte aligned regions");
 
-  __host__ __device__ static void init(const ChanAttentionArgs& a, const FastQuery& f, float* sm, int tid) {
-    for (int i = tid; i < KG * HD; i += kFastThreads) {
-      const int g = i / HD, c = i % HD;
-      sm[kQ + c * KG + g] = g < f.gh ? a.q[f.t * a.q_stride + static_cast<int64_t>(f.h0 + g) * HD + c] : 0.0f;
+  __host__ __device__ static bool live(const Run& f, int i) { return i / KG < f.n && i % KG < f.gh; }
+
+  __host__ __device__ static void init(const ChanAttentionArgs& a, const Run& f, float* sm, int tid) {
+    for (int i = tid; i < R * HD; i += kFastThreads) {
+      const int row = i / HD, c = i % HD;
+      sm[kQ + c * R + row] =
+          live(f, row) ? a.q[(f.t0 + row / KG) * a.q_stride + static_cast<int64_t>(f.h0 + row % KG) * HD + c] : 0.0f;
       sm[kO + i] = 0.0f;
     }
-    if (tid < KG) {
+    if (tid < R) {
       sm[kM + tid] = -INFINITY;
       sm[kL + tid] = 0.0f;
       sm[kC + tid] = 1.0f;
     }
   }
 
-  // Block b's keys [lo, hi) (within the query's range) into k and v.
-  __host__ __device__ static void decode(const ChanAttentionArgs& a, const FastQuery& f, int64_t b, float* sm,
-                                         int tid) {
+  // Block b's keys [lo, hi) (within the run's keys) into k and v; v's rows
+  // outside are zero (a key outside one row's range but within the run's is
+  // a real key: finite, its probability 0 in that row).
+  __host__ __device__ static void decode(const ChanAttentionArgs& a, const Run& f, int64_t b, float* sm, int tid) {
     const int64_t b0 = b * kT;
-    const int64_t lo = f.j_begin > b0 ? f.j_begin : b0, hi = f.j_end < b0 + kT ? f.j_end : b0 + kT;
+    const int64_t lo = f.lo > b0 ? f.lo : b0, hi = f.hi < b0 + kT ? f.hi : b0 + kT;
     float* k = sm + kK;
     float* v = sm + kV;
     const int64_t head = static_cast<int64_t>(f.kvh) * HD;
@@ -249,25 +290,25 @@ struct Cta {
     }
   }
 
-  // Partial dots: a (key r, channel part) a thread, every head at once (the
-  // key's element read once for the KG heads, q's a broadcast).
+  // Partial dots: a (key r, channel part) a thread, every row at once (the
+  // key's element read once for the R rows, q's a broadcast).
   __host__ __device__ static void dots(float* sm, int tid) {
     for (int i = tid; i < kParts * kT; i += kFastThreads) {
       const int part = i / kT, r = i % kT;
       const float* k = sm + kK + r * kKStride;
-      float acc[KG];
+      float acc[R];
       RILL_DEVICE_UNROLL
-      for (int g = 0; g < KG; ++g) acc[g] = 0.0f;
+      for (int g = 0; g < R; ++g) acc[g] = 0.0f;
       RILL_FAST_UNROLL8
       for (int c = part * (HD / kParts); c < (part + 1) * (HD / kParts); c += 4) {
         float kc[4];
         ld4(k + c, kc);
         RILL_DEVICE_UNROLL
         for (int e = 0; e < 4; ++e) {
-          const float* q = sm + kQ + (c + e) * KG;
-          if constexpr (KG % 4 == 0) {
+          const float* q = sm + kQ + (c + e) * R;
+          if constexpr (R % 4 == 0) {
             RILL_DEVICE_UNROLL
-            for (int g = 0; g < KG; g += 4) {
+            for (int g = 0; g < R; g += 4) {
               float qv[4];
               ld4(q + g, qv);
               RILL_DEVICE_UNROLL
@@ -275,63 +316,64 @@ struct Cta {
             }
           } else {
             RILL_DEVICE_UNROLL
-            for (int g = 0; g < KG; ++g) acc[g] += q[g] * kc[e];
+            for (int g = 0; g < R; ++g) acc[g] += q[g] * kc[e];
           }
         }
       }
       RILL_DEVICE_UNROLL
-      for (int g = 0; g < KG; ++g) sm[kP + (part * KG + g) * kT + r] = acc[g];
+      for (int g = 0; g < R; ++g) sm[kP + (part * R + g) * kT + r] = acc[g];
     }
   }
 
-  // s[r][g]: key b0 + r's capped, scaled score for head g (-inf outside).
-  __host__ __device__ static void scores(const ChanAttentionArgs& a, const FastQuery& f, int64_t b, float* sm,
-                                         int tid) {
+  // s[r][row]: key b0 + r's capped, scaled score for the row (-inf outside
+  // the row's token's keys).
+  __host__ __device__ static void scores(const ChanAttentionArgs& a, const Run& f, int64_t b, float* sm, int tid) {
     const int64_t b0 = b * kT;
-    const int64_t lo = f.j_begin > b0 ? f.j_begin : b0, hi = f.j_end < b0 + kT ? f.j_end : b0 + kT;
-    for (int i = tid; i < KG * kT; i += kFastThreads) {
-      const int g = i / kT, r = i % kT;
+    for (int i = tid; i < R * kT; i += kFastThreads) {
+      const int row = i / kT, r = i % kT;
+      int64_t jb = 0, je = 0;
+      if (live(f, row)) chan_key_range(a.pos[f.t0 + row / KG], a.window, &jb, &je);
       float sc = -INFINITY;
-      if (g < f.gh && b0 + r >= lo && b0 + r < hi) {
-        const float* p = sm + kP + g * kT + r;  // part j at p[j * KG * kT]
-        const float dot = (p[0] + p[KG * kT]) + (p[2 * KG * kT] + p[3 * KG * kT]);
+      if (b0 + r >= jb && b0 + r < je) {
+        const float* p = sm + kP + row * kT + r;  // part j at p[j * R * kT]
+        const float dot = (p[0] + p[R * kT]) + (p[2 * R * kT] + p[3 * R * kT]);
         sc = chan_capped(dot * a.scale, a.softcap);
       }
-      sm[kS + r * KG + g] = sc;
+      sm[kS + r * R + row] = sc;
     }
   }
 
-  // Head g's running max over the block and the old sums' correction.
+  // Row `tid`'s running max over the block and the old sums' correction.
   __host__ __device__ static void rescale(float* sm, int tid) {
-    if (tid >= KG) return;
+    if (tid >= R) return;
     const float m_old = sm[kM + tid];
     float m = m_old;
-    for (int r = 0; r < kT; ++r) m = sm[kS + r * KG + tid] > m ? sm[kS + r * KG + tid] : m;
+    for (int r = 0; r < kT; ++r) m = sm[kS + r * R + tid] > m ? sm[kS + r * R + tid] : m;
     sm[kC + tid] = m == -INFINITY ? 1.0f : chan_exp(m_old - m);  // exp(-inf) = 0 for the first block
     sm[kM + tid] = m;
   }
 
   __host__ __device__ static void probs(float* sm, int tid) {
-    for (int i = tid; i < KG * kT; i += kFastThreads) {
+    for (int i = tid; i < R * kT; i += kFastThreads) {
       const float s = sm[kS + i];
-      sm[kS + i] = s == -INFINITY ? 0.0f : chan_exp(s - sm[kM + i % KG]);
+      sm[kS + i] = s == -INFINITY ? 0.0f : chan_exp(s - sm[kM + i % R]);
     }
   }
 
-  // A channel a thread, every head at once (V's element read once for the
-  // KG heads, the probabilities a broadcast), keys in order.
+  // A channel a thread, every row at once (V's element read once for the
+  // R rows, the probabilities a broadcast), keys in order.
   __host__ __device__ static void accumulate(float* sm, int tid) {
     for (int c = tid; c < HD; c += kFastThreads) {
-      float acc[KG];
+      float acc[R];
       RILL_DEVICE_UNROLL
-      for (int g = 0; g < KG; ++g) acc[g] = 0.0f;
+      for (int g = 0; g < R; ++g) acc[g] = 0.0f;
       RILL_FAST_UNROLL8
       for (int r = 0; r < kT; ++r) {
         const float v = sm[kV + r * HD + c];
-        const float* p = sm + kS + r * KG;
-        if constexpr (KG % 4 == 0) {
+        const float* p = sm + kS + r * R;
+        if constexpr (R % 4 == 0) {
           RILL_DEVICE_UNROLL
-          for (int g = 0; g < KG; g += 4) {
+          for (int g = 0; g < R; g += 4) {
             float pv[4];
             ld4(p + g, pv);
             RILL_DEVICE_UNROLL
@@ -339,65 +381,95 @@ struct Cta {
           }
         } else {
           RILL_DEVICE_UNROLL
-          for (int g = 0; g < KG; ++g) acc[g] += p[g] * v;
+          for (int g = 0; g < R; ++g) acc[g] += p[g] * v;
         }
       }
       RILL_DEVICE_UNROLL
-      for (int g = 0; g < KG; ++g) sm[kO + g * HD + c] = sm[kO + g * HD + c] * sm[kC + g] + acc[g];
+      for (int g = 0; g < R; ++g) sm[kO + g * HD + c] = sm[kO + g * HD + c] * sm[kC + g] + acc[g];
     }
-    if (tid < KG) {
+    if (tid < R) {
       float sum = 0.0f;
-      for (int r = 0; r < kT; ++r) sum += sm[kS + r * KG + tid];
+      for (int r = 0; r < kT; ++r) sum += sm[kS + r * R + tid];
       sm[kL + tid] = sm[kL + tid] * sm[kC + tid] + sum;
     }
   }
 
   // The split's unnormalized outputs, max and sum into a.partials.
-  __host__ __device__ static void store(const ChanAttentionArgs& a, const FastQuery& f, const float* sm, int tid) {
+  __host__ __device__ static void store(const ChanAttentionArgs& a, const Run& f, const float* sm, int tid) {
     const int64_t n_ml = static_cast<int64_t>(a.n_tokens) * a.n_head * kChanMaxSplits;
     float* po = a.partials;
     float* pml = a.partials + n_ml * HD;
-    for (int i = tid; i < KG * HD; i += kFastThreads) {
-      const int g = i / HD, c = i % HD;
-      if (g >= f.gh) continue;
-      const int64_t slot = (static_cast<int64_t>(f.t) * a.n_head + f.h0 + g) * kChanMaxSplits + f.split;
+    for (int i = tid; i < R * HD; i += kFastThreads) {
+      const int row = i / HD, c = i % HD;
+      if (!live(f, row)) continue;
+      const int64_t slot =
+          (static_cast<int64_t>(f.t0 + row / KG) * a.n_head + f.h0 + row % KG) * kChanMaxSplits + f.split;
       po[slot * HD + c] = sm[kO + i];
     }
-    if (tid < f.gh) {
-      const int64_t slot = (static_cast<int64_t>(f.t) * a.n_head + f.h0 + tid) * kChanMaxSplits + f.split;
+    if (tid < R && live(f, tid)) {
+      const int64_t slot =
+          (static_cast<int64_t>(f.t0 + tid / KG) * a.n_head + f.h0 + tid % KG) * kChanMaxSplits + f.split;
       pml[2 * slot] = sm[kM + tid];
       pml[2 * slot + 1] = sm[kL + tid];
     }
   }
+
+  // The split's work for each run of the tokens [t_tile, t_tile + TT) in
+  // turn: phase(f, b, step) for b in the run's blocks and step 0 (init), 1..6
+  // (decode, dots, scores, rescale, probs, accumulate), then 7 (store), a
+  // barrier after each (the device's __syncthreads; the host runs each phase
+  // for every thread before the next).
+  template <typename Phase>
+  __host__ __device__ static void each_phase(const ChanAttentionArgs& a, int t_tile, int y, int z, Phase phase) {
+    const int t_end = t_tile + TT < a.n_tokens ? t_tile + TT : a.n_tokens;
+    for (int t0 = t_tile; t0 < t_end;) {
+      Run f;
+      int t1 = t0;
+      const bool has = fast_run(a, t0, t_end, y, z, KG, f, &t1);  // uniform across the block
+      t0 = t1;
+      if (!has) continue;
+      phase(f, int64_t{0}, 0);
+      for (int64_t b = f.blk_lo; b < f.blk_hi; ++b) {
+        for (int step = 1; step <= 6; ++step) phase(f, b, step);
+      }
+      phase(f, int64_t{0}, 7);
+    }
+  }
+
+  __host__ __device__ static void run_phase(const ChanAttentionArgs& a, const Run& f, int64_t b, int step, float* sm,
+                                            int tid) {
+    switch (step) {
+      case 0:
+        return init(a, f, sm, tid);
+      case 1:
+        return decode(a, f, b, sm, tid);
+      case 2:
+        return dots(sm, tid);
+      case 3:
+        return scores(a, f, b, sm, tid);
+      case 4:
+        return rescale(sm, tid);
+      case 5:
+        return probs(sm, tid);
+      case 6:
+        return accumulate(sm, tid);
+      default:
+        return store(a, f, sm, tid);
+    }
+  }
 };
 
-template <int HD, int KG>
+template <int HD, int KG, int TT>
 __global__ void __launch_bounds__(kFastThreads) chan_fast_kernel(ChanAttentionArgs a) {
   extern __shared__ float4 fast_sm4[];  // float4: 16-byte aligned (the 4-float loads)
-  float* fast_sm = reinterpret_cast<float*>(fast_sm4);
-  using C = Cta<HD, KG>;
-  FastQuery f;
-  if (!fast_query(a, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), KG, f)) {
-    return;  // beyond this query's splits (uniform across the block)
-  }
+  float* sm = reinterpret_cast<float*>(fast_sm4);
+  using C = Cta<HD, KG, TT>;
   const int tid = static_cast<int>(threadIdx.x);
-  C::init(a, f, fast_sm, tid);
-  __syncthreads();
-  for (int64_t b = f.blk_lo; b < f.blk_hi; ++b) {
-    C::decode(a, f, b, fast_sm, tid);
-    __syncthreads();
-    C::dots(fast_sm, tid);
-    __syncthreads();
-    C::scores(a, f, b, fast_sm, tid);
-    __syncthreads();
-    C::rescale(fast_sm, tid);
-    __syncthreads();
-    C::probs(fast_sm, tid);
-    __syncthreads();
-    C::accumulate(fast_sm, tid);
-    __syncthreads();
-  }
-  C::store(a, f, fast_sm, tid);
+  C::each_phase(a, static_cast<int>(blockIdx.x) * TT, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z),
+                [&](const typename C::Run& f, int64_t b, int step) {
+                  C::run_phase(a, f, b, step, sm, tid);
+                  __syncthreads();
+                });
 }
 
 // Query t, head h, channel c: its splits merged in split order.
@@ -433,44 +505,43 @@ int fast_kg(int group) {
   return group >= 8 ? 8 : group >= 4 ? (group == 4 ? 4 : 8) : group >= 2 ? (group == 2 ? 2 : 4) : 1;
 }
 
-template <int HD, int KG>
+template <int HD, int KG, int TT>
 void launch(const ChanAttentionArgs& a, cudaStream_t stream) {
-  using C = Cta<HD, KG>;
-  if constexpr (C::kBytes > 48 * 1024) {  // head_dim 256: the opt-in (once; 64 and 128 never call it)
+  using C = Cta<HD, KG, TT>;
+  if constexpr (C::kBytes > 48 * 1024) {  // the opt-in above 48 KiB (once a kernel)
     static const bool attr = [] {
-      RILL_CUDA_CHECK(cudaFuncSetAttribute(chan_fast_kernel<HD, KG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      RILL_CUDA_CHECK(cudaFuncSetAttribute(chan_fast_kernel<HD, KG, TT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(C::kBytes)));
       return true;
     }();
     (void)attr;
   }
   const int group = a.n_head / a.n_head_kv, n_chunks = (group + KG - 1) / KG;
-  const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head_kv * n_chunks),
+  const dim3 grid(static_cast<unsigned>((a.n_tokens + TT - 1) / TT), static_cast<unsigned>(a.n_head_kv * n_chunks),
                   static_cast<unsigned>(chan_split_grid(a.max_keys)));
-  chan_fast_kernel<HD, KG><<<grid, kFastThreads, C::kBytes, stream>>>(a);
+  chan_fast_kernel<HD, KG, TT><<<grid, kFastThreads, C::kBytes, stream>>>(a);
   RILL_CUDA_CHECK_LAUNCH();
 }
 
-template <int HD, int KG>
+// The host's barrier: each phase for every thread before the next.
+template <typename C>
+struct HostPhase {
+  const ChanAttentionArgs* a;
+  float* sm;
+  __host__ __device__ void operator()(const FastRun& f, int64_t b, int step) const {
+    for (int tid = 0; tid < kFastThreads; ++tid) C::run_phase(*a, f, b, step, sm, tid);
+  }
+};
+
+template <int HD, int KG, int TT>
 void run_host(const ChanAttentionArgs& a) {
-  using C = Cta<HD, KG>;
+  using C = Cta<HD, KG, TT>;
   std::vector<float> sm(C::kFloats);
   const int group = a.n_head / a.n_head_kv, n_chunks = (group + KG - 1) / KG;
-  for (int t = 0; t < a.n_tokens; ++t) {
+  for (int x = 0; x < (a.n_tokens + TT - 1) / TT; ++x) {
     for (int y = 0; y < a.n_head_kv * n_chunks; ++y) {
       for (int z = 0; z < kChanMaxSplits; ++z) {
-        FastQuery f;
-        if (!fast_query(a, t, y, z, KG, f)) continue;
-        for (int tid = 0; tid < kFastThreads; ++tid) C::init(a, f, sm.data(), tid);
-        for (int64_t b = f.blk_lo; b < f.blk_hi; ++b) {
-          for (int tid = 0; tid < kFastThreads; ++tid) C::decode(a, f, b, sm.data(), tid);
-          for (int tid = 0; tid < kFastThreads; ++tid) C::dots(sm.data(), tid);
-          for (int tid = 0; tid < kFastThreads; ++tid) C::scores(a, f, b, sm.data(), tid);
-          for (int tid = 0; tid < kFastThreads; ++tid) C::rescale(sm.data(), tid);
-          for (int tid = 0; tid < kFastThreads; ++tid) C::probs(sm.data(), tid);
-          for (int tid = 0; tid < kFastThreads; ++tid) C::accumulate(sm.data(), tid);
-        }
-        for (int tid = 0; tid < kFastThreads; ++tid) C::store(a, f, sm.data(), tid);
+        C::each_phase(a, x * TT, y, z, HostPhase<C>{&a, sm.data()});
       }
     }
   }
@@ -483,17 +554,30 @@ void run_host(const ChanAttentionArgs& a) {
   }
 }
 
+// A thread block's rows: kFastTileRows query rows (tokens x heads) when
+// a.tile_tokens, so a decoded block serves several tokens.
+constexpr int kFastTileRows = 32;
+
+template <int HD, int KG>
+void dispatch_tile(const ChanAttentionArgs& a, cudaStream_t stream, bool host) {
+  if (a.tile_tokens) {
+    constexpr int TT = kFastTileRows / KG;
+    return host ? run_host<HD, KG, TT>(a) : launch<HD, KG, TT>(a, stream);
+  }
+  return host ? run_host<HD, KG, 1>(a) : launch<HD, KG, 1>(a, stream);
+}
+
 template <int HD>
 void dispatch_kg(const ChanAttentionArgs& a, cudaStream_t stream, bool host) {
   switch (fast_kg(a.n_head / a.n_head_kv)) {
     case 1:
-      return host ? run_host<HD, 1>(a) : launch<HD, 1>(a, stream);
+      return dispatch_tile<HD, 1>(a, stream, host);
     case 2:
-      return host ? run_host<HD, 2>(a) : launch<HD, 2>(a, stream);
+      return dispatch_tile<HD, 2>(a, stream, host);
     case 4:
-      return host ? run_host<HD, 4>(a) : launch<HD, 4>(a, stream);
+      return dispatch_tile<HD, 4>(a, stream, host);
     default:
-      return host ? run_host<HD, 8>(a) : launch<HD, 8>(a, stream);
+      return dispatch_tile<HD, 8>(a, stream, host);
   }
 }
 

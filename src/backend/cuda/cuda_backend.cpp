@@ -813,6 +813,7 @@ class CudaBackend final : public Backend {
     a.scale = op.scale;
     a.softcap = op.softcap;
     a.k_widths = alloc_widths(op.kv);
+    a.tile_tokens = n >= 4 * step.n_seqs;  // several tokens a sequence on average: prefill or verify
     for (int32_t t0 = 0; t0 < n; t0 += chan_.chunk) {
       a.n_tokens = std::min(chan_.chunk, n - t0);
       a.q = op.q.f32() + t0 * op.q.stride;
