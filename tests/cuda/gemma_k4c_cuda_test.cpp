@@ -129,36 +129,58 @@ TEST_P(CudaGemmaK4c, LogitsMatchTheCpusPairAtEveryPosition) {
     EXPECT_LT(e, kShare * own) << GetParam().family << " " << pair << " chunks of " << chunk
                                << " (-1: without graphs): CUDA against the CPU";
     EXPECT_GT(rms_diff(g, gpu_f32), 0.5 * own) << "chunks of " << chunk << ": CUDA's pair costs nothing";
+    // Where the difference is, by position: the first block (own-block
+    // q8_0 rows alone), the second, the rest.
+    const size_t V = c.size() / ids.size();
+    auto part = [&](const std::vector<float>& x, size_t p0, size_t p1) {
+      return std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(p0 * V),
+                                x.begin() + static_cast<std::ptrdiff_t>(p1 * V));
+    };
     std::printf(
-        "[ cuda gemma %s ] %s chunks of %d: vs CPU rms %.3g max %.3g; CPU %s vs f32 KV rms %.3g; CUDA f32 vs "
-        "CPU f32 rms %.3g\n",
-        pair.c_str(), GetParam().family, chunk, e, test::max_abs_diff(g, c), pair.c_str(), own, noise);
+        "[ cuda gemma %s ] %s chunks of %d: vs CPU rms %.3g max %.3g (positions 0-31 %.3g, 32-63 %.3g, 64-99 "
+        "%.3g); CPU %s vs f32 KV rms %.3g; CUDA f32 vs CPU f32 rms %.3g\n",
+        pair.c_str(), GetParam().family, chunk, e, test::max_abs_diff(g, c), rms_diff(part(g, 0, 32), part(c, 0, 32)),
+        rms_diff(part(g, 32, 64), part(c, 32, 64)), rms_diff(part(g, 64, ids.size()), part(c, 64, ids.size())),
+        pair.c_str(), own, noise);
   }
 }
 
 // CUDA's own k4a widths: valid (0..8, none at 1 bit, 4 a channel on
-// average), not all 4, the same on a second load.
+// average), the same on a second load, and mostly the CPU's from the same
+// calibration tokens (a near-tie may go the other way). Not "not all 4":
+// on these random models the CPU's own calibration leaves gemma2's every
+// channel at 4 bits (gemma3's moves 4 of layer 2's 128).
 TEST_P(CudaGemmaK4c, OwnK4aWidthsAreValidAndDeterministic) {
   if (std::string(GetParam().pair) != "k4a") GTEST_SKIP() << "k4a only";
   auto a = open(dir_, Device::kCuda, 64, "k4a"), b = open(dir_, Device::kCuda, 16, "k4a");
-  ASSERT_TRUE(a && b);
+  auto cpu = open(dir_, Device::kCpu, 64, "k4a");
+  ASSERT_TRUE(a && b && cpu);
   const auto* ga = dynamic_cast<const CudaModelBase*>(a.get());
   const auto* gb = dynamic_cast<const CudaModelBase*>(b.get());
-  ASSERT_TRUE(ga && gb);
-  size_t not4 = 0;
+  const auto* gc = dynamic_cast<const CpuPagedModel*>(cpu.get());
+  ASSERT_TRUE(ga && gb && gc);
+  size_t not4 = 0, cpu_not4 = 0, same = 0, total = 0;
   for (int64_t l = 0; l < static_cast<int64_t>(a->kv_layers().size()); ++l) {
     const std::vector<uint8_t>& w = ga->kv_k_widths(l);
+    const std::vector<uint8_t>& wc = gc->kv_k_widths(l);
     EXPECT_EQ(w, gb->kv_k_widths(l)) << "layer " << l << ": another load (chunks of 16) calibrated other widths";
+    ASSERT_EQ(w.size(), wc.size()) << "layer " << l;
     int64_t sum = 0;
-    for (const uint8_t bits : w) {
+    for (size_t ch = 0; ch < w.size(); ++ch) {
+      const uint8_t bits = w[ch];
       EXPECT_TRUE(bits <= 8 && bits != 1) << "layer " << l << ": " << int{bits} << " bits";
       sum += bits;
       not4 += bits != 4;
+      cpu_not4 += wc[ch] != 4;
+      same += bits == wc[ch];
+      ++total;
     }
     EXPECT_EQ(sum, 4 * static_cast<int64_t>(w.size())) << "layer " << l;
   }
-  EXPECT_GT(not4, 0u) << "calibration left every channel at 4 bits";
+  EXPECT_GE(double(same) / double(total), 0.75) << "CUDA's widths far from the CPU's";
   EXPECT_EQ(a->kv_numerics(), b->kv_numerics());
+  std::printf("[ cuda gemma k4a ] %s widths: %.4f as the CPU's; not at 4 bits: CUDA %zu, CPU %zu of %zu\n",
+              GetParam().family, double(same) / double(total), not4, cpu_not4, total);
 }
 
 INSTANTIATE_TEST_SUITE_P(Wide, CudaGemmaK4c,
