@@ -30,9 +30,16 @@ LIBS="-Wl,-rpath,/usr/local/cuda/lib librill_engine.a librill_cuda.a /usr/lib/x8
 /usr/bin/c++ -O2 $objs -o "$V/tests" -L/usr/local/cuda/targets/x86_64-linux/lib $LIBS
 cp bench/bench_cuda "$V/bench_cuda"
 strip "$V/tests" "$V/bench_cuda"
+# BASE_TESTS: another build's test binary (the same link, stripped) packed
+# beside as tests_base, for a before / after kernel timing (KERNEL_AB=1).
+bins="tests bench_cuda"
+if [ -n "${BASE_TESTS:-}" ]; then
+  cp "$BASE_TESTS" "$V/tests_base" && strip "$V/tests_base"
+  bins="$bins tests_base"
+fi
 # One thread and a 256 MiB window: the binaries compress against each other.
-(cd "$V" && tar cf - tests bench_cuda | nice xz --lzma2=preset=9e,dict=256MiB -T1 > bins.tar.xz &&
-  rm tests bench_cuda)
+# shellcheck disable=SC2086
+(cd "$V" && tar cf - $bins | nice xz --lzma2=preset=9e,dict=256MiB -T1 > bins.tar.xz && rm $bins)
 for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
 # The llama golden (the k4c / k4a model tests widen it) and gemma4 (the
 # refusal of KV sharing), within ~20 MB.

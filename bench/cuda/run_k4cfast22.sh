@@ -13,6 +13,9 @@
 #     (default "1024 4096") for f16, k4c and k4a, then k4c with
 #     RILL_K4C_ATTENTION=ref (the reference kernel) at batch 1 for
 #     comparison (REF=0 skips it; TMO seconds each, default 120);
+#  (KERNEL_AB=1: the kernel timings of the packed baseline build and this
+#  one in turn; NCU=1: ncu of the fast kernel's decode at batch 64 and
+#  tiled prefill;)
 #  4. with time left, issue 23's FP8 band (FP8=0 skips): --quantize fp8
 #     decode at 8..48 sequences, RILL_FP8_MMA=0 and RILL_FP8_MMA=2
 #     RILL_FP8_MMA_TOKENS=9-32 in turn, twice.
@@ -61,6 +64,33 @@ out_key $L/tests_fast.log
 RILL_K4C_ATTENTION=fast tmo 180 $V/tests --gtest_filter="${FAST_FILTER:-CudaK4c.*:CudaK4a.*:*CudaGemmaK4c*}" > $L/tests_fast.log 2>&1
 RC_FAST=$?; out_rc "model tests (RILL_K4C_ATTENTION=fast)" $RC_FAST; echo "model tests, fast kernel rc=$RC_FAST"; show $L/tests_fast.log 30
 export RILL_K4C_ATTENTION=fast
+# NCU=1: Nsight Compute's view of the fast kernel, k4c, Llama-3.1-8B's
+# shape: DeviceTiming's first batch-64 call after 1,024 keys (its 22nd
+# launch) and DeviceTimingPrefill's first tiled call (also its 22nd).
+ncu_kernel() {  # NAME TEST
+  [ $(left) -gt 150 ] || { echo "== ncu $1 skipped (time)"; return; }
+  tmo 100 ncu --clock-control none --kernel-name regex:chan_fast_kernel --launch-skip 21 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis $V/tests --gtest_filter="$2" > $L/ncu_$1.log 2>&1
+  echo "== ncu $1 rc=$?"
+  grep -E "chan_fast_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Dynamic Shared|Warp Cycles Per Issued|Issue Slots Busy|Eligible Warps|No Eligible|One or More" $L/ncu_$1.log | cut -c1-150 | head -30
+  out_pack
+}
+# KERNEL_AB=1: the fast kernel's timings by the packed baseline build
+# (tests_base) and this one, in turn, twice.
+if [ "${KERNEL_AB:-0}" = 1 ] && [ -x $V/tests_base ]; then
+  for i in 1 2; do
+    for b in tests_base tests; do
+      tmo 60 $V/$b --gtest_filter='CudaChanFastAttention.DeviceTiming*' > $L/ab_${b}_$i.log 2>&1
+      echo "== kernel $b run $i rc=$?"; grep "^\[ k4c fast \]" $L/ab_${b}_$i.log | cut -c1-150
+    done
+  done
+  out_pack
+fi
+if [ "${NCU:-0}" = 1 ]; then
+  ncu_kernel decode_b64 CudaChanFastAttention.DeviceTiming
+  ncu_kernel prefill_tiled CudaChanFastAttention.DeviceTimingPrefill
+fi
 wait $MK; tail -2 $L/make.log
 # bench NAME ENV... -- ARGS...: one bench_cuda run into $L/b_NAME.log.
 bench() {
@@ -77,6 +107,13 @@ for c in $CTXS; do
   done
   [ "${REF:-1}" = 0 ] || bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
 done
+# LONG=N: f16, k4c and k4a at batch 1 after N-token prompts (the long
+# context a batch of 64 would take minutes to prefill).
+if [ -n "${LONG:-}" ]; then
+  for t in f16 k4c k4a; do
+    bench ${t}_long$LONG $V/bench_cuda $M --steps 16 --batches 1 --context $LONG --prefill $LONG --kv-type $t
+  done
+fi
 # With time left (FP8=0 skips): issue 23's FP8 band, cuBLASLt's FP8 GEMM
 # (RILL_FP8_MMA=0) against fp8_mma's bf16-x form for 9..32 tokens, in
 # turn, decode at 8..48 sequences.

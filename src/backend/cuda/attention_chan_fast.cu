@@ -460,7 +460,7 @@ struct Cta {
 };
 
 template <int HD, int KG, int TT>
-__global__ void __launch_bounds__(kFastThreads) chan_fast_kernel(ChanAttentionArgs a) {
+__global__ void __launch_bounds__(kFastThreads, TT == 1 ? 5 : 2) chan_fast_kernel(ChanAttentionArgs a) {
   extern __shared__ float4 fast_sm4[];  // float4: 16-byte aligned (the 4-float loads)
   float* sm = reinterpret_cast<float*>(fast_sm4);
   using C = Cta<HD, KG, TT>;
