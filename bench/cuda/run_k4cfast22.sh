@@ -12,7 +12,9 @@
 #  3. with RILL_K4C_ATTENTION=fast, bench_cuda decode at batches 1 and 64 after CTXS-token prompts
 #     (default "1024 4096") for f16, k4c and k4a, then k4c with
 #     RILL_K4C_ATTENTION=ref (the reference kernel) at batch 1 for
-#     comparison (REF=0 skips it; TMO seconds each, default 120);
+#     comparison (REF=0 skips it; TMO seconds each, default 120; TYPES
+#     narrows the types; MMA=1 adds k4c through the tensor-core variant,
+#     RILL_K4C_ATTENTION=mma; FAST_MODE sets the model tests' kernel);
 #  (KERNEL_AB=1: the kernel timings of the packed baseline build and this
 #  one in turn; NCU=1: ncu of the fast kernel's decode at batch 64 and
 #  tiled prefill;)
@@ -38,7 +40,7 @@ L=/tmp/k4cfast22-logs
 verdict_lines() {
   grep -h "^\[ k4c fast \]\|^\[ cuda k4a \]\|^\[ k4a hd64 \]\|^\[ cuda gemma" $L/tests.log 2> /dev/null | cut -c1-200 | head -24
   for f in $L/b_*.log; do
-    [ -f "$f" ] && grep -E "^decode batch" "$f" | sed "s|^|$(basename "$f" .log): |" | cut -c1-120 | head -6
+    [ -f "$f" ] && grep -E "^decode batch|^prefill" "$f" | sed "s|^|$(basename "$f" .log): |" | cut -c1-120 | head -6
   done
 }
 mkdir -p /work
@@ -61,8 +63,8 @@ export RILL_CUDA_UNTESTED_KV=1
 # The backend's k4c path (the model tests above ran the default, the
 # reference kernel): the model tests once more through the fast kernel.
 out_key $L/tests_fast.log
-RILL_K4C_ATTENTION=fast tmo 180 $V/tests --gtest_filter="${FAST_FILTER:-CudaK4c.*:CudaK4a.*:*CudaGemmaK4c*}" > $L/tests_fast.log 2>&1
-RC_FAST=$?; out_rc "model tests (RILL_K4C_ATTENTION=fast)" $RC_FAST; echo "model tests, fast kernel rc=$RC_FAST"; show $L/tests_fast.log 30
+RILL_K4C_ATTENTION=${FAST_MODE:-fast} tmo 180 $V/tests --gtest_filter="${FAST_FILTER:-CudaK4c.*:CudaK4a.*:*CudaGemmaK4c*}" > $L/tests_fast.log 2>&1
+RC_FAST=$?; out_rc "model tests (RILL_K4C_ATTENTION=${FAST_MODE:-fast})" $RC_FAST; echo "model tests, fast kernel rc=$RC_FAST"; show $L/tests_fast.log 30
 export RILL_K4C_ATTENTION=fast
 # NCU=1: Nsight Compute's view of the fast kernel, k4c, Llama-3.1-8B's
 # shape: DeviceTiming's first batch-64 call after 1,024 keys (its 22nd
@@ -79,7 +81,7 @@ ncu_kernel() {  # NAME TEST
 # KERNEL_AB=1: the fast kernel's timings by the packed baseline build
 # (tests_base) and this one, in turn, twice.
 if [ "${KERNEL_AB:-0}" = 1 ] && [ -x $V/tests_base ]; then
-  for i in 1 2; do
+  for i in $(seq 1 ${AB_RUNS:-2}); do
     for b in tests_base tests; do
       tmo 60 $V/$b --gtest_filter='CudaChanFastAttention.DeviceTiming*' > $L/ab_${b}_$i.log 2>&1
       echo "== kernel $b run $i rc=$?"; grep "^\[ k4c fast \]" $L/ab_${b}_$i.log | cut -c1-150
@@ -102,9 +104,10 @@ bench() {
 }
 for c in $CTXS; do
   pf=$(( c > 2048 ? c : 2048 ))
-  for t in f16 k4c k4a; do
+  for t in ${TYPES:-f16 k4c k4a}; do
     bench ${t}_ctx$c $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type $t
   done
+  [ "${MMA:-0}" = 0 ] || bench k4cmma_ctx$c RILL_K4C_ATTENTION=mma $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type k4c
   [ "${REF:-1}" = 0 ] || bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
 done
 # LONG=N: f16, k4c and k4a at batch 1 after N-token prompts (the long

@@ -43,6 +43,7 @@
 // Bytes a decode step reads per (token, KV head, key) with head_dim 128:
 // K 19 * 128 / 32 = 76 (q4c group amortized over its 32 keys), V 66
 // (iq4_nlh64: 33 bytes per 64), 142 in all against f16's 512: 3.6x less.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -220,6 +221,38 @@ struct Cta {
     }
   }
 
+  // Channel c's codes of keys [16 half, 16 half + 16) of the pool block at
+  // blk, each as put(key r within the block, code): q4a's from the
+  // channel's bit planes, q4c's from its nibbles.
+  template <typename Put>
+  __host__ __device__ static void pool_k_codes(const ChanAttentionArgs& a, const Run& f, const uint8_t* blk, int c,
+                                               int half, Put put) {
+    const int64_t ch = static_cast<int64_t>(f.kvh) * HD + c;
+    if (a.k_widths) {  // q4a: keys [16 half, 16 half + 16) from the channel's planes
+      const int width = a.k_widths[ch];
+      const uint8_t* p = blk + alloc_plane_offsets(a.k_widths, f.W)[ch];
+      uint32_t code[16];
+      RILL_DEVICE_UNROLL
+      for (int r = 0; r < 16; ++r) code[r] = 0;
+      for (int bit = 0; bit < width; ++bit) {
+        const uint32_t plane = word_at(p + 4 * bit) >> (16 * half);
+        RILL_DEVICE_UNROLL
+        for (int r = 0; r < 16; ++r) code[r] |= ((plane >> r) & 1u) << bit;
+      }
+      RILL_DEVICE_UNROLL
+      for (int r = 0; r < 16; ++r) put(16 * half + r, code[r]);
+    } else {  // q4c: bytes [8 half, 8 half + 8) of the channel's 16: keys i (low) and i + 16 (high)
+      const uint8_t* qs = blk + 3 * f.W + ch * (kT / 2) + 8 * half;
+      const uint32_t w[2] = {word_at(qs), word_at(qs + 4)};
+      RILL_DEVICE_UNROLL
+      for (int e = 0; e < 8; ++e) {
+        const uint32_t byte = (w[e / 4] >> (8 * (e % 4))) & 0xFFu;
+        put(8 * half + e, byte & 0xFu);
+        put(8 * half + e + 16, byte >> 4);
+      }
+    }
+  }
+
   // Block b's keys [lo, hi) (within the run's keys) into k and v; v's rows
   // outside are zero (a key outside one row's range but within the run's is
   // a real key: finite, its probability 0 in that row).
@@ -237,30 +270,8 @@ struct Cta {
       for (int i = tid; i < 2 * HD; i += kFastThreads) {
         const int c = i % HD, half = i / HD;
         const float z = f16_value(zs[c]), d = e4m3_to_float(ds[c]) * 0.0625f;
-        if (a.k_widths) {  // q4a: keys [16 half, 16 half + 16) from the channel's planes
-          const int width = a.k_widths[head + c];
-          const uint8_t* p = blk + alloc_plane_offsets(a.k_widths, f.W)[head + c];
-          uint32_t code[16];
-          RILL_DEVICE_UNROLL
-          for (int r = 0; r < 16; ++r) code[r] = 0;
-          for (int bit = 0; bit < width; ++bit) {
-            const uint32_t plane = word_at(p + 4 * bit) >> (16 * half);
-            RILL_DEVICE_UNROLL
-            for (int r = 0; r < 16; ++r) code[r] |= ((plane >> r) & 1u) << bit;
-          }
-          RILL_DEVICE_UNROLL
-          for (int r = 0; r < 16; ++r) k[(16 * half + r) * kKStride + c] = z + d * static_cast<float>(code[r]);
-        } else {  // q4c: bytes [8 half, 8 half + 8) of the channel's 16: keys i (low) and i + 16 (high)
-          const uint8_t* qs = blk + 3 * f.W + (head + c) * (kT / 2) + 8 * half;
-          const uint32_t w[2] = {word_at(qs), word_at(qs + 4)};
-          RILL_DEVICE_UNROLL
-          for (int e = 0; e < 8; ++e) {
-            const uint32_t byte = (w[e / 4] >> (8 * (e % 4))) & 0xFFu;
-            const int r = 8 * half + e;
-            k[r * kKStride + c] = z + d * static_cast<float>(byte & 0xFu);
-            k[(r + 16) * kKStride + c] = z + d * static_cast<float>(byte >> 4);
-          }
-        }
+        pool_k_codes(a, f, blk, c, half,
+                     [&](int r, uint32_t code) { k[r * kKStride + c] = z + d * static_cast<float>(code); });
       }
       // V: 4 channels of a row a thread; rows outside [lo, hi) zero.
       const size_t v_stride = a.v_block_stride ? a.v_block_stride : a.block_stride;
@@ -387,6 +398,11 @@ struct Cta {
       RILL_DEVICE_UNROLL
       for (int g = 0; g < R; ++g) sm[kO + g * HD + c] = sm[kO + g * HD + c] * sm[kC + g] + acc[g];
     }
+    sums(sm, tid);
+  }
+
+  // Row `tid`'s running sum: l = l * corr + the block's probabilities.
+  __host__ __device__ static void sums(float* sm, int tid) {
     if (tid < R) {
       float sum = 0.0f;
       for (int r = 0; r < kT; ++r) sum += sm[kS + r * R + tid];
@@ -472,6 +488,257 @@ __global__ void __launch_bounds__(kFastThreads, TT == 1 ? 5 : 2) chan_fast_kerne
                 });
 }
 
+// The tensor-core variant (ChanAttentionArgs::mma; device only): a pool
+// block's Q K^T and P V as bf16 MMAs (m16n8k16, f32 accumulate) on the
+// block's codes, which are small integers and exact in bf16, with the
+// scales folded into the other operand, split in two bf16 terms (hi + lo:
+// 16 significant bits, a relative 2^-17 a product):
+//   score(row, key) = q.z + sum_c (q_c d_c) code(key, c) (q4c / q4a: z, d
+//     a channel's; q.z in f32 on the CUDA cores),
+//   o(row, c) += sum_key (p(key, row) s(key, c / 64)) level(key, c)
+//     (iq4_nlh64: s the row's e4m3 scale / 16, level the int8 level).
+// A row's M-tile place never changes its arithmetic (each output element
+// is its own row's dot), so token tiles stay bit for bit. The own block
+// (q8_0 rows) goes through the f32 phases after the outputs are spilled
+// to shared memory; the softmax and the splits are Cta's.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// (x0, x1) as bf16 pairs hi and lo with x = hi + lo to 16 significant bits
+// (x0 in the low halves).
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+template <int HD, int KG, int TT>
+struct MmaCta {
+  using C = Cta<HD, KG, TT>;
+  static constexpr int R = C::R;
+  static constexpr int kMt = (R + 15) / 16;          // M-tiles of 16 rows
+  static constexpr int kWarps = kFastThreads / 32;   // 4: a warp 8 keys (Q K^T), HD / 4 channels (P V)
+  static constexpr int kNt = HD / (8 * kWarps);      // P V's n-tiles of 8 channels a warp
+  static constexpr int kLdK = HD + 8;                // bf16 codes a key (K, [32][kLdK], in Cta's k region)
+  static constexpr int kLdV = kT + 8;                // bf16 levels a channel (V^T, [HD][kLdV], in Cta's v region)
+  static constexpr int kVBlocks = HD / 64;           // V's scales a row
+  static constexpr int kZ = C::kFloats;              // z [HD]
+  static constexpr int kD = kZ + HD;                 // d [HD]
+  static constexpr int kQz = kD + HD;                // q.z [R]
+  static constexpr int kVs = kQz + (R + 3) / 4 * 4;  // V's scales [32][kVBlocks]
+  static constexpr int kFloats = kVs + kT * kVBlocks;
+  static constexpr size_t kBytes = sizeof(float) * kFloats;
+  static_assert(kT * kLdK * 2 <= kT * C::kKStride * 4 && HD * kLdV * 2 <= kT * HD * 4, "codes fit Cta's k / v");
+  static_assert(kWarps * 8 == kT && HD % (8 * kWarps) == 0 && HD / kWarps <= 64, "a warp's channels in one V block");
+
+  // A pool block's codes (bf16) and scales, V's rows outside the run's keys
+  // zero (level and scale).
+  __device__ static void decode(const ChanAttentionArgs& a, const FastRun& f, int64_t b, float* sm, int tid) {
+    const int64_t b0 = b * kT;
+    const int64_t lo = f.lo > b0 ? f.lo : b0, hi = f.hi < b0 + kT ? f.hi : b0 + kT;
+    const int64_t head = static_cast<int64_t>(f.kvh) * HD;
+    auto* kc = reinterpret_cast<__nv_bfloat16*>(sm + C::kK);
+    auto* vt = reinterpret_cast<__nv_bfloat16*>(sm + C::kV);
+    const uint8_t* blk = a.k_blocks + static_cast<size_t>(f.table[b]) * a.block_stride;
+    const auto* zs = reinterpret_cast<const uint16_t*>(blk) + head;
+    const uint8_t* ds = blk + 2 * f.W + head;
+    for (int i = tid; i < 2 * HD; i += kFastThreads) {
+      const int c = i % HD, half = i / HD;
+      if (half == 0) {
+        sm[kZ + c] = f16_value(zs[c]);
+        sm[kD + c] = e4m3_to_float(ds[c]) * 0.0625f;
+      }
+      C::pool_k_codes(a, f, blk, c, half,
+                      [&](int r, uint32_t code) { kc[r * kLdK + c] = __float2bfloat16_rn(static_cast<float>(code)); });
+    }
+    const size_t v_stride = a.v_block_stride ? a.v_block_stride : a.block_stride;
+    const uint8_t* vblk = a.v_blocks + static_cast<size_t>(f.table[b]) * v_stride;
+    for (int i = tid; i < kT * (HD / 4); i += kFastThreads) {
+      const int r = i / (HD / 4), c = 4 * (i % (HD / 4));
+      float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const bool in = b0 + r >= lo && b0 + r < hi;
+      const uint8_t* vb =
+          vblk + static_cast<size_t>(r) * a.v_row_bytes + (head + c) / 64 * detail::KvIq4Nl64::kBlockBytes;
+      if (in) {
+        const int j = static_cast<int>((head + c) & 63);
+        detail::KvIq4Nl::levels4(detail::KvIq4Nl64::code_bytes4(vb + 1 + (j & 31)), j >= 32 ? 4 : 0, 1.0f, x);
+      }
+      RILL_DEVICE_UNROLL
+      for (int e = 0; e < 4; ++e) vt[(c + e) * kLdV + r] = __float2bfloat16_rn(x[e]);
+      if (c % 64 == 0) sm[kVs + r * kVBlocks + c / 64] = in ? detail::KvIq4Nl64::scale(vb) : 0.0f;
+    }
+  }
+
+  // q.z a row (the rows past the run's have q = 0).
+  __device__ static void qz(float* sm, int tid) {
+    if (tid >= R) return;
+    float acc = 0.0f;
+    for (int c = 0; c < HD; ++c) acc += sm[C::kQ + c * R + tid] * sm[kZ + c];
+    sm[kQz + tid] = acc;
+  }
+
+  // Scores of warp w's keys [8 w, 8 w + 8) for every row, into Cta's s.
+  __device__ static void scores(const ChanAttentionArgs& a, const FastRun& f, int64_t b, float* sm, int warp,
+                                int lane) {
+    const int g = lane >> 2, t = lane & 3, n0 = 8 * warp;
+    const auto* kc = reinterpret_cast<const __nv_bfloat16*>(sm + C::kK);
+    auto qd = [&](int row, int c) { return row < R ? sm[C::kQ + c * R + row] * sm[kD + c] : 0.0f; };
+    const int64_t b0 = b * kT;
+    RILL_DEVICE_UNROLL
+    for (int m = 0; m < kMt; ++m) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const int r0 = 16 * m + g, r1 = r0 + 8;
+      RILL_DEVICE_UNROLL
+      for (int ks = 0; ks < HD / 16; ++ks) {
+        const int c0 = 16 * ks + 2 * t;
+        uint32_t hi[4], lo[4], bk[2];
+        split_bf16(qd(r0, c0), qd(r0, c0 + 1), hi[0], lo[0]);
+        split_bf16(qd(r1, c0), qd(r1, c0 + 1), hi[1], lo[1]);
+        split_bf16(qd(r0, c0 + 8), qd(r0, c0 + 9), hi[2], lo[2]);
+        split_bf16(qd(r1, c0 + 8), qd(r1, c0 + 9), hi[3], lo[3]);
+        bk[0] = *reinterpret_cast<const uint32_t*>(kc + (n0 + g) * kLdK + c0);
+        bk[1] = *reinterpret_cast<const uint32_t*>(kc + (n0 + g) * kLdK + c0 + 8);
+        mma_bf16(acc, hi, bk);
+        mma_bf16(acc, lo, bk);
+      }
+      RILL_DEVICE_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int row = e < 2 ? r0 : r1, key = n0 + 2 * t + (e & 1);
+        if (row >= R) continue;
+        int64_t jb = 0, je = 0;
+        if (C::live(f, row)) chan_key_range(a.pos[f.t0 + row / KG], a.window, &jb, &je);
+        float sc = -INFINITY;
+        if (b0 + key >= jb && b0 + key < je) sc = chan_capped((acc[e] + sm[kQz + row]) * a.scale, a.softcap);
+        sm[C::kS + key * R + row] = sc;
+      }
+    }
+  }
+
+  // o = o * corr + P V for warp w's channels [w HD / 4, (w + 1) HD / 4).
+  __device__ static void accumulate(float* sm, int warp, int lane, float (&o)[kMt][kNt][4]) {
+    const int g = lane >> 2, t = lane & 3, ch0 = warp * (HD / kWarps), vblock = ch0 / 64;
+    const auto* vt = reinterpret_cast<const __nv_bfloat16*>(sm + C::kV);
+    auto ps = [&](int row, int key) {
+      return row < R ? sm[C::kS + key * R + row] * sm[kVs + key * kVBlocks + vblock] : 0.0f;
+    };
+    RILL_DEVICE_UNROLL
+    for (int m = 0; m < kMt; ++m) {
+      const int r0 = 16 * m + g, r1 = r0 + 8;
+      const float c0 = r0 < R ? sm[C::kC + r0] : 1.0f, c1 = r1 < R ? sm[C::kC + r1] : 1.0f;
+      RILL_DEVICE_UNROLL
+      for (int n = 0; n < kNt; ++n) {
+        o[m][n][0] *= c0;
+        o[m][n][1] *= c0;
+        o[m][n][2] *= c1;
+        o[m][n][3] *= c1;
+      }
+      RILL_DEVICE_UNROLL
+      for (int ks = 0; ks < kT / 16; ++ks) {
+        const int k0 = 16 * ks + 2 * t;
+        uint32_t hi[4], lo[4];
+        split_bf16(ps(r0, k0), ps(r0, k0 + 1), hi[0], lo[0]);
+        split_bf16(ps(r1, k0), ps(r1, k0 + 1), hi[1], lo[1]);
+        split_bf16(ps(r0, k0 + 8), ps(r0, k0 + 9), hi[2], lo[2]);
+        split_bf16(ps(r1, k0 + 8), ps(r1, k0 + 9), hi[3], lo[3]);
+        RILL_DEVICE_UNROLL
+        for (int n = 0; n < kNt; ++n) {
+          const int ch = ch0 + 8 * n + g;
+          uint32_t bv[2];
+          bv[0] = *reinterpret_cast<const uint32_t*>(vt + ch * kLdV + k0);
+          bv[1] = *reinterpret_cast<const uint32_t*>(vt + ch * kLdV + k0 + 8);
+          mma_bf16(o[m][n], hi, bv);
+          mma_bf16(o[m][n], lo, bv);
+        }
+      }
+    }
+  }
+
+  // The outputs into Cta's o (rows of the run), for the f32 phases and store.
+  __device__ static void spill(float* sm, int warp, int lane, const float (&o)[kMt][kNt][4]) {
+    const int g = lane >> 2, t = lane & 3, ch0 = warp * (HD / kWarps);
+    RILL_DEVICE_UNROLL
+    for (int m = 0; m < kMt; ++m) {
+      RILL_DEVICE_UNROLL
+      for (int n = 0; n < kNt; ++n) {
+        RILL_DEVICE_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int row = 16 * m + g + (e < 2 ? 0 : 8), ch = ch0 + 8 * n + 2 * t + (e & 1);
+          if (row < R) sm[C::kO + row * HD + ch] = o[m][n][e];
+        }
+      }
+    }
+  }
+};
+
+template <int HD, int KG, int TT>
+__global__ void __launch_bounds__(kFastThreads, TT == 1 ? 4 : 2) chan_mma_kernel(ChanAttentionArgs a) {
+  extern __shared__ float4 mma_sm4[];
+  float* sm = reinterpret_cast<float*>(mma_sm4);
+  using C = Cta<HD, KG, TT>;
+  using M = MmaCta<HD, KG, TT>;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int t_tile = static_cast<int>(blockIdx.x) * TT, y = static_cast<int>(blockIdx.y),
+            z = static_cast<int>(blockIdx.z);
+  const int t_end = t_tile + TT < a.n_tokens ? t_tile + TT : a.n_tokens;
+  for (int t0 = t_tile; t0 < t_end;) {
+    FastRun f;
+    int t1 = t0;
+    const bool has = fast_run(a, t0, t_end, y, z, KG, f, &t1);  // uniform across the block
+    t0 = t1;
+    if (!has) continue;
+    C::init(a, f, sm, tid);
+    __syncthreads();
+    float o[M::kMt][M::kNt][4] = {};
+    bool spilled = false;
+    for (int64_t b = f.blk_lo; b < f.blk_hi; ++b) {
+      if (b * kT < f.own) {  // a pool block, on the tensor cores
+        M::decode(a, f, b, sm, tid);
+        __syncthreads();
+        M::qz(sm, tid);
+        __syncthreads();
+        M::scores(a, f, b, sm, warp, lane);
+        __syncthreads();
+        C::rescale(sm, tid);
+        __syncthreads();
+        C::probs(sm, tid);
+        __syncthreads();
+        M::accumulate(sm, warp, lane, o);
+        C::sums(sm, tid);
+        __syncthreads();
+        continue;
+      }
+      // The own block (the split's last): the f32 phases over Cta's o.
+      M::spill(sm, warp, lane, o);
+      spilled = true;
+      __syncthreads();
+      C::decode(a, f, b, sm, tid);
+      __syncthreads();
+      C::dots(sm, tid);
+      __syncthreads();
+      C::scores(a, f, b, sm, tid);
+      __syncthreads();
+      C::rescale(sm, tid);
+      __syncthreads();
+      C::probs(sm, tid);
+      __syncthreads();
+      C::accumulate(sm, tid);
+      __syncthreads();
+    }
+    if (!spilled) {
+      M::spill(sm, warp, lane, o);
+      __syncthreads();
+    }
+    C::store(a, f, sm, tid);
+    __syncthreads();  // before the next run's init
+  }
+}
+
 // Query t, head h, channel c: its splits merged in split order.
 __host__ __device__ inline float combine_one(const ChanAttentionArgs& a, int n_splits, int t, int h, int c) {
   const int hd = a.head_dim;
@@ -533,6 +800,25 @@ struct HostPhase {
   }
 };
 
+// The tensor-core variant's launch (the combine is the same).
+template <int HD, int KG, int TT>
+void launch_mma(const ChanAttentionArgs& a, cudaStream_t stream) {
+  using M = MmaCta<HD, KG, TT>;
+  if constexpr (M::kBytes > 48 * 1024) {
+    static const bool attr = [] {
+      RILL_CUDA_CHECK(cudaFuncSetAttribute(chan_mma_kernel<HD, KG, TT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(M::kBytes)));
+      return true;
+    }();
+    (void)attr;
+  }
+  const int group = a.n_head / a.n_head_kv, n_chunks = (group + KG - 1) / KG;
+  const dim3 grid(static_cast<unsigned>((a.n_tokens + TT - 1) / TT), static_cast<unsigned>(a.n_head_kv * n_chunks),
+                  static_cast<unsigned>(chan_split_grid(a.max_keys)));
+  chan_mma_kernel<HD, KG, TT><<<grid, kFastThreads, M::kBytes, stream>>>(a);
+  RILL_CUDA_CHECK_LAUNCH();
+}
+
 template <int HD, int KG, int TT>
 void run_host(const ChanAttentionArgs& a) {
   using C = Cta<HD, KG, TT>;
@@ -560,10 +846,9 @@ constexpr int kFastTileRows = 32;
 
 template <int HD, int KG>
 void dispatch_tile(const ChanAttentionArgs& a, cudaStream_t stream, bool host) {
-  if (a.tile_tokens) {
-    constexpr int TT = kFastTileRows / KG;
-    return host ? run_host<HD, KG, TT>(a) : launch<HD, KG, TT>(a, stream);
-  }
+  constexpr int TT = kFastTileRows / KG;
+  if (!host && a.mma) return a.tile_tokens ? launch_mma<HD, KG, TT>(a, stream) : launch_mma<HD, KG, 1>(a, stream);
+  if (a.tile_tokens) return host ? run_host<HD, KG, TT>(a) : launch<HD, KG, TT>(a, stream);
   return host ? run_host<HD, KG, 1>(a) : launch<HD, KG, 1>(a, stream);
 }
 
