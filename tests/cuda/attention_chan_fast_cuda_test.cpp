@@ -168,7 +168,7 @@ struct Ptrs {
   const uint8_t *const *tail_k, *const *tail_v;
   const uint8_t *step_k, *step_v, *kb, *vb, *k_widths;
 };
-ChanAttentionArgs args(const Batch& bt, const Ptrs& p, bool tile = false, bool mma = false) {
+ChanAttentionArgs args(const Batch& bt, const Ptrs& p, bool tile = false) {
   const Shape& sh = bt.shape;
   ChanAttentionArgs a;
   a.q = p.q;
@@ -200,7 +200,6 @@ ChanAttentionArgs args(const Batch& bt, const Ptrs& p, bool tile = false, bool m
   a.scale = 1.0f / std::sqrt(static_cast<float>(sh.hd));
   a.softcap = sh.softcap;
   a.tile_tokens = tile;
-  a.mma = mma;
   return a;
 }
 
@@ -235,7 +234,7 @@ std::vector<float> host_run(const Batch& bt, bool fast, bool tile = false) {
 // `calls` times into the same output (each call's bits returned). ms set:
 // then the median of 20 timed calls in *ms (milliseconds a call).
 std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls = 1, double* ms = nullptr,
-                                           bool tile = false, bool mma = false) {
+                                           bool tile = false) {
   auto d_q = upload(bt.q);
   auto d_out = poisoned(out_floats(bt) * 4);
   auto d_scores = poisoned(static_cast<size_t>(bt.n_tokens) * bt.shape.n_head * bt.max_keys * 4);
@@ -261,7 +260,7 @@ std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls
   std::vector<std::vector<float>> outs;
   for (int i = 0; i < calls; ++i) {
     if (fast) {
-      chan_attention_fast(args(bt, p, tile, mma), nullptr);
+      chan_attention_fast(args(bt, p, tile), nullptr);
     } else {
       chan_attention_parallel(args(bt, p), nullptr);
     }
@@ -276,7 +275,7 @@ std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls
     for (int i = 0; i < 20; ++i) {
       RILL_CUDA_CHECK(cudaEventRecord(e0, nullptr));
       if (fast) {
-        chan_attention_fast(args(bt, p, tile, mma), nullptr);
+        chan_attention_fast(args(bt, p, tile), nullptr);
       } else {
         chan_attention_parallel(args(bt, p), nullptr);
       }
@@ -388,7 +387,7 @@ TEST(CudaChanFastAttention, HostRunLongSequence) {
 // to keep the host's encoding of the batches short).
 TEST(CudaChanFastAttention, DeviceMatchesTheReference) {
   RILL_REQUIRE_GPU();
-  Worst worst, worst_mma;
+  Worst worst;
   uint32_t seed = 1000;
   for (const Shape& sh : shapes()) {
     const Batch bt = make_batch(sh, batch_specs(sh.hd == 128 ? 2 : 1, seed), seed);
@@ -397,18 +396,9 @@ TEST(CudaChanFastAttention, DeviceMatchesTheReference) {
     expect_close(got[0], want, "device " + name(sh), worst);
     EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
         << name(sh) << ": two calls differ";
-    // The tensor-core variant (a.mma), a token a block and in tiles.
-    const std::vector<std::vector<float>> mma = device_run(bt, true, 2, nullptr, false, true);
-    expect_close(mma[0], want, "device mma " + name(sh), worst_mma);
-    EXPECT_EQ(std::memcmp(mma[0].data(), mma[1].data(), mma[0].size() * sizeof(float)), 0)
-        << name(sh) << ": two mma calls differ";
-    const std::vector<float> mma_tiled = device_run(bt, true, 1, nullptr, true, true)[0];
-    EXPECT_EQ(std::memcmp(mma[0].data(), mma_tiled.data(), mma[0].size() * sizeof(float)), 0)
-        << name(sh) << ": mma token tiles change bits";
     seed += 1000;
   }
   std::printf("[ k4c fast ] device: worst max|diff| / scale %.3g (%s)\n", worst.rel, worst.where.c_str());
-  std::printf("[ k4c fast ] device mma: worst max|diff| / scale %.3g (%s)\n", worst_mma.rel, worst_mma.where.c_str());
 }
 
 // Token tiles (a.tile_tokens: a thread block's rows span several tokens
@@ -452,9 +442,6 @@ TEST(CudaChanFastAttention, BatchInvariant) {
       if (gpu) {
         const std::vector<float> a = device_run(alone, true)[0], b = device_run(many, true)[0];
         EXPECT_EQ(std::memcmp(a.data(), b.data() + at, n * sizeof(float)), 0) << "device " << what;
-        const std::vector<float> am = device_run(alone, true, 1, nullptr, false, true)[0];
-        const std::vector<float> bm = device_run(many, true, 1, nullptr, false, true)[0];
-        EXPECT_EQ(std::memcmp(am.data(), bm.data() + at, n * sizeof(float)), 0) << "device mma " << what;
       }
       if (!gpu && target.n <= 1000) {  // the host's run (where no GPU checks the kernel); slow for long keys
         const std::vector<float> a = host_run(alone, true), b = host_run(many, true);
@@ -477,12 +464,8 @@ TEST(CudaChanFastAttention, DeviceTimingPrefill) {
     const std::vector<float> a = device_run(bt, true, 1, &plain_ms)[0];
     const std::vector<float> b = device_run(bt, true, 1, &tiled_ms, true)[0];
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << name(sh);
-    double mma_ms = 0;
-    device_run(bt, true, 1, &mma_ms, true, true);
-    std::printf(
-        "[ k4c fast ] prefill %s 512 tokens after 1536: a token a block %.1f us, token tiles %.1f us (%.2fx), mma "
-        "tiles %.1f us\n",
-        alloc ? "k4a" : "k4c", plain_ms * 1e3, tiled_ms * 1e3, plain_ms / tiled_ms, mma_ms * 1e3);
+    std::printf("[ k4c fast ] prefill %s 512 tokens after 1536: a token a block %.1f us, token tiles %.1f us (%.2fx)\n",
+                alloc ? "k4a" : "k4c", plain_ms * 1e3, tiled_ms * 1e3, plain_ms / tiled_ms);
   }
 }
 
@@ -515,14 +498,13 @@ TEST(CudaChanFastAttention, DeviceTiming) {
           bt.q.insert(bt.q.end(), one.q.begin(), one.q.begin() + static_cast<std::ptrdiff_t>(qw));
         }
         bt.n_tokens = B;
-        double fast_ms = 0, ref_ms = 0, mma_ms = 0;
+        double fast_ms = 0, ref_ms = 0;
         const std::vector<float> got = device_run(bt, true, 1, &fast_ms)[0];
         for (const float x : got) ASSERT_TRUE(std::isfinite(x));
-        device_run(bt, true, 1, &mma_ms, false, true);
         if (B == 1) device_run(bt, false, 1, &ref_ms);
         const double kv_mb = B * (ctx + 1.0) * (bt.k_row + bt.v_row) / 1e6;
-        std::printf("[ k4c fast ] time %s ctx %d batch %d: fast %.1f us (%.0f GB/s of K+V, %.1f MB), mma %.1f us%s\n",
-                    alloc ? "k4a" : "k4c", ctx, B, fast_ms * 1e3, kv_mb / 1e3 / (fast_ms / 1e3), kv_mb, mma_ms * 1e3,
+        std::printf("[ k4c fast ] time %s ctx %d batch %d: fast %.1f us (%.0f GB/s of K+V, %.1f MB)%s\n",
+                    alloc ? "k4a" : "k4c", ctx, B, fast_ms * 1e3, kv_mb / 1e3 / (fast_ms / 1e3), kv_mb,
                     B == 1 ? (", reference " + std::to_string(ref_ms * 1e3) + " us").c_str() : "");
       }
     }

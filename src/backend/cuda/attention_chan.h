@@ -71,12 +71,6 @@ struct ChanAttentionArgs {
   // verify). The outputs' bits are the same either way (each row's
   // arithmetic is its own); false suits a decode step, a token a sequence.
   bool tile_tokens = false;
-  // chan_attention_fast's tensor-core variant (device only; the host run
-  // ignores it): a pool block's Q K^T and P V as bf16 MMAs on the codes,
-  // the scales folded into the other operand in two bf16 terms (a relative
-  // 2^-17 a product), the own block as before. The CUDA backend runs it
-  // with RILL_K4C_ATTENTION=mma (not yet the default).
-  bool mma = false;
 };
 
 // head_dim a multiple of 64 (V's blocks) up to 1024; n_head_kv * head_dim a
