@@ -65,9 +65,9 @@ namespace {
 
 using detail::chan_capped;
 using detail::chan_exp;
-using detail::chan_q8_value;
 using detail::e4m3_to_float;
 using detail::f16_value;
+using detail::mul_rn;
 
 constexpr int kT = cpu::kKvChanTokens;
 static_assert(kT == kChanSplitTokens, "a split's unit is a KV block");
@@ -91,6 +91,15 @@ __host__ __device__ __forceinline__ void ld4(const float* p, float* v) {
   v[3] = x.w;
 #else
   for (int i = 0; i < 4; ++i) v[i] = p[i];
+#endif
+}
+
+// A little-endian 2-byte value at a 2-aligned address (global or host memory).
+__host__ __device__ __forceinline__ uint16_t half_at(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint16_t*>(p);
+#else
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
 #endif
 }
 
@@ -220,36 +229,25 @@ struct Cta {
     }
   }
 
-  // Channel c's codes of keys [16 half, 16 half + 16) of the pool block at
-  // blk, each as put(key r within the block, code): q4a's from the
-  // channel's bit planes, q4c's from its nibbles.
+  // q4a: channel c's codes of keys [16 half, 16 half + 16) of the pool
+  // block at blk, from the channel's bit planes, each as put(key r within
+  // the block, code).
   template <typename Put>
-  __host__ __device__ static void pool_k_codes(const ChanAttentionArgs& a, const Run& f, const uint8_t* blk, int c,
-                                               int half, Put put) {
+  __host__ __device__ static void alloc_k_codes(const ChanAttentionArgs& a, const Run& f, const uint8_t* blk, int c,
+                                                int half, Put put) {
     const int64_t ch = static_cast<int64_t>(f.kvh) * HD + c;
-    if (a.k_widths) {  // q4a: keys [16 half, 16 half + 16) from the channel's planes
-      const int width = a.k_widths[ch];
-      const uint8_t* p = blk + alloc_plane_offsets(a.k_widths, f.W)[ch];
-      uint32_t code[16];
+    const int width = a.k_widths[ch];
+    const uint8_t* p = blk + alloc_plane_offsets(a.k_widths, f.W)[ch];
+    uint32_t code[16];
+    RILL_DEVICE_UNROLL
+    for (int r = 0; r < 16; ++r) code[r] = 0;
+    for (int bit = 0; bit < width; ++bit) {
+      const uint32_t plane = word_at(p + 4 * bit) >> (16 * half);
       RILL_DEVICE_UNROLL
-      for (int r = 0; r < 16; ++r) code[r] = 0;
-      for (int bit = 0; bit < width; ++bit) {
-        const uint32_t plane = word_at(p + 4 * bit) >> (16 * half);
-        RILL_DEVICE_UNROLL
-        for (int r = 0; r < 16; ++r) code[r] |= ((plane >> r) & 1u) << bit;
-      }
-      RILL_DEVICE_UNROLL
-      for (int r = 0; r < 16; ++r) put(16 * half + r, code[r]);
-    } else {  // q4c: bytes [8 half, 8 half + 8) of the channel's 16: keys i (low) and i + 16 (high)
-      const uint8_t* qs = blk + 3 * f.W + ch * (kT / 2) + 8 * half;
-      const uint32_t w[2] = {word_at(qs), word_at(qs + 4)};
-      RILL_DEVICE_UNROLL
-      for (int e = 0; e < 8; ++e) {
-        const uint32_t byte = (w[e / 4] >> (8 * (e % 4))) & 0xFFu;
-        put(8 * half + e, byte & 0xFu);
-        put(8 * half + e + 16, byte >> 4);
-      }
+      for (int r = 0; r < 16; ++r) code[r] |= ((plane >> r) & 1u) << bit;
     }
+    RILL_DEVICE_UNROLL
+    for (int r = 0; r < 16; ++r) put(16 * half + r, code[r]);
   }
 
   // Block b's keys [lo, hi) (within the run's keys) into k and v; v's rows
@@ -265,38 +263,103 @@ struct Cta {
       const uint8_t* blk = a.k_blocks + static_cast<size_t>(f.table[b]) * a.block_stride;
       const auto* zs = reinterpret_cast<const uint16_t*>(blk) + head;
       const uint8_t* ds = blk + 2 * f.W + head;
-      // K: a (channel, half of the keys) a thread.
-      for (int i = tid; i < 2 * HD; i += kFastThreads) {
-        const int c = i % HD, half = i / HD;
-        const float z = f16_value(zs[c]), d = e4m3_to_float(ds[c]) * 0.0625f;
-        pool_k_codes(a, f, blk, c, half,
-                     [&](int r, uint32_t code) { k[r * kKStride + c] = z + d * static_cast<float>(code); });
-      }
-      // V: 4 channels of a row a thread; rows outside [lo, hi) zero.
-      const size_t v_stride = a.v_block_stride ? a.v_block_stride : a.block_stride;
-      const uint8_t* vblk = a.v_blocks + static_cast<size_t>(f.table[b]) * v_stride;
-      for (int i = tid; i < kT * (HD / 4); i += kFastThreads) {
-        const int r = i / (HD / 4), c = 4 * (i % (HD / 4));
-        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (b0 + r >= lo && b0 + r < hi) {
-          detail::KvIq4Nl64::load4(vblk + static_cast<size_t>(r) * a.v_row_bytes, head + c, x);
+      // K: a (channel, half of the keys) a thread. q4c's loads all first
+      // (a thread's items' words in flight together, not one item's
+      // latency after another's), then its values.
+      if (!a.k_widths) {
+        constexpr int kItems = 2 * HD / kFastThreads;
+        static_assert(2 * HD % kFastThreads == 0, "whole K items a thread");
+        uint16_t zr[kItems];
+        uint8_t dr[kItems];
+        uint32_t w[kItems][2];
+        RILL_DEVICE_UNROLL
+        for (int u = 0; u < kItems; ++u) {
+          const int i = tid + u * kFastThreads, c = i % HD, half = i / HD;
+          const uint8_t* qs = blk + 3 * f.W + (head + c) * (kT / 2) + 8 * half;
+          zr[u] = zs[c];
+          dr[u] = ds[c];
+          w[u][0] = word_at(qs);
+          w[u][1] = word_at(qs + 4);
         }
         RILL_DEVICE_UNROLL
-        for (int e = 0; e < 4; ++e) v[r * HD + c + e] = x[e];
+        for (int u = 0; u < kItems; ++u) {
+          const int i = tid + u * kFastThreads, c = i % HD, half = i / HD;
+          const float z = f16_value(zr[u]), d = e4m3_to_float(dr[u]) * 0.0625f;
+          RILL_DEVICE_UNROLL
+          for (int e = 0; e < 8; ++e) {  // bytes [8 half, 8 half + 8): keys i (low) and i + 16 (high)
+            const uint32_t byte = (w[u][e / 4] >> (8 * (e % 4))) & 0xFFu;
+            const int r = 8 * half + e;
+            k[r * kKStride + c] = z + d * static_cast<float>(byte & 0xFu);
+            k[(r + 16) * kKStride + c] = z + d * static_cast<float>(byte >> 4);
+          }
+        }
+      } else {  // q4a
+        for (int i = tid; i < 2 * HD; i += kFastThreads) {
+          const int c = i % HD, half = i / HD;
+          const float z = f16_value(zs[c]), d = e4m3_to_float(ds[c]) * 0.0625f;
+          alloc_k_codes(a, f, blk, c, half,
+                        [&](int r, uint32_t code) { k[r * kKStride + c] = z + d * static_cast<float>(code); });
+        }
+      }
+      // V: 4 channels of a row an item, a thread's items in groups of 4,
+      // each group's loads first (4 in flight; more would spill under the
+      // launch bound); rows outside [lo, hi) zero (their bytes are read: a
+      // pool block holds 32 rows).
+      const size_t v_stride = a.v_block_stride ? a.v_block_stride : a.block_stride;
+      const uint8_t* vblk = a.v_blocks + static_cast<size_t>(f.table[b]) * v_stride;
+      constexpr int kVItems = kT * (HD / 4) / kFastThreads, kGroup = 4;
+      static_assert(kVItems % kGroup == 0, "whole groups of V items a thread");
+      for (int u0 = 0; u0 < kVItems; u0 += kGroup) {
+        uint32_t codes[kGroup];
+        uint8_t scales[kGroup];
+        RILL_DEVICE_UNROLL
+        for (int u = 0; u < kGroup; ++u) {
+          const int i = tid + (u0 + u) * kFastThreads, r = i / (HD / 4), c = 4 * (i % (HD / 4));
+          const uint8_t* vb =
+              vblk + static_cast<size_t>(r) * a.v_row_bytes + (head + c) / 64 * detail::KvIq4Nl64::kBlockBytes;
+          codes[u] = detail::KvIq4Nl64::code_bytes4(vb + 1 + ((head + c) & 31));
+          scales[u] = vb[0];
+        }
+        RILL_DEVICE_UNROLL
+        for (int u = 0; u < kGroup; ++u) {
+          const int i = tid + (u0 + u) * kFastThreads, r = i / (HD / 4), c = 4 * (i % (HD / 4));
+          float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          if (b0 + r >= lo && b0 + r < hi) {
+            detail::KvIq4Nl::levels4(codes[u], ((head + c) & 63) >= 32 ? 4 : 0,
+                                     mul_rn(e4m3_to_float(scales[u]), 0.0625f), x);
+          }
+          RILL_DEVICE_UNROLL
+          for (int e = 0; e < 4; ++e) v[r * HD + c + e] = x[e];
+        }
       }
       return;
     }
-    // The own block: the q8_0 rows of the tail (before c0) and the step.
-    for (int i = tid; i < kT * HD; i += kFastThreads) {
-      const int r = i / HD, c = i % HD;
+    // The own block: the q8_0 rows of the tail (before c0) and the step, a
+    // (side, row, 32-element block) an item: its 17 two-byte loads issued
+    // together, then its 32 values (chan_q8_value's, d * level). Rows
+    // outside [lo, hi) zero.
+    constexpr int kQ8Blocks = HD / 32;
+    for (int i = tid; i < 2 * kT * kQ8Blocks; i += kFastThreads) {
+      const int side = i / (kT * kQ8Blocks), r = i / kQ8Blocks % kT, q = i % kQ8Blocks;
       const int64_t j = b0 + r;
-      float kx = 0.0f, vx = 0.0f;
-      if (j >= lo && j < hi) {
-        kx = chan_q8_value(own_row(a, f, a.tail_k[f.seq], a.step_k, j), head + c);
-        vx = chan_q8_value(own_row(a, f, a.tail_v[f.seq], a.step_v, j), head + c);
+      float* dst = side == 0 ? k + r * kKStride + 32 * q : v + r * HD + 32 * q;
+      if (j < lo || j >= hi) {
+        RILL_DEVICE_UNROLL
+        for (int e = 0; e < 32; ++e) dst[e] = 0.0f;
+        continue;
       }
-      k[r * kKStride + c] = kx;
-      v[r * HD + c] = vx;
+      const uint8_t* row =
+          side == 0 ? own_row(a, f, a.tail_k[f.seq], a.step_k, j) : own_row(a, f, a.tail_v[f.seq], a.step_v, j);
+      const uint8_t* blk = row + (head / 32 + q) * 34;  // 2-byte aligned: rows and blocks are even
+      uint16_t h[17];
+      RILL_DEVICE_UNROLL
+      for (int e = 0; e < 17; ++e) h[e] = half_at(blk + 2 * e);
+      const float d = f16_value(h[0]);
+      RILL_DEVICE_UNROLL
+      for (int e = 0; e < 16; ++e) {
+        dst[2 * e] = mul_rn(d, static_cast<float>(static_cast<int8_t>(h[e + 1] & 0xFFu)));
+        dst[2 * e + 1] = mul_rn(d, static_cast<float>(static_cast<int8_t>(h[e + 1] >> 8)));
+      }
     }
   }
 
