@@ -16,6 +16,7 @@
 # Usage: make_carry_k4cfast22.sh BUILD_DIR [DEST]
 set -euo pipefail
 B=$(realpath "$1")
+BASE=${BASE_TESTS:+$(realpath "$BASE_TESTS")}
 V=${2:-/work/main/.device/k4cfast22}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 SHARED=${RILL_SHARED_DIR:-/work/shared}
@@ -33,8 +34,8 @@ strip "$V/tests" "$V/bench_cuda"
 # BASE_TESTS: another build's test binary (the same link, stripped) packed
 # beside as tests_base, for a before / after kernel timing (KERNEL_AB=1).
 bins="tests bench_cuda"
-if [ -n "${BASE_TESTS:-}" ]; then
-  cp "$BASE_TESTS" "$V/tests_base" && strip "$V/tests_base"
+if [ -n "$BASE" ]; then
+  cp "$BASE" "$V/tests_base" && strip "$V/tests_base"
   bins="$bins tests_base"
 fi
 # One thread and a 256 MiB window: the binaries compress against each other.
