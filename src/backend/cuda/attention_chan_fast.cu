@@ -417,11 +417,23 @@ struct Cta {
   }
 
   // Row `tid`'s running max over the block and the old sums' correction.
+  // Four running maxima over keys r = 0, 1, 2, 3 mod 4, so four loads are
+  // in flight rather than a chain of 32: the max of a set is exact in any
+  // order (NaN scores ignored, as one chain would).
   __host__ __device__ static void rescale(float* sm, int tid) {
     if (tid >= R) return;
     const float m_old = sm[kM + tid];
-    float m = m_old;
-    for (int r = 0; r < kT; ++r) m = sm[kS + r * R + tid] > m ? sm[kS + r * R + tid] : m;
+    float mx[4] = {m_old, -INFINITY, -INFINITY, -INFINITY};
+    RILL_FAST_UNROLL8
+    for (int r = 0; r < kT; r += 4) {
+      RILL_DEVICE_UNROLL
+      for (int u = 0; u < 4; ++u) {
+        const float x = sm[kS + (r + u) * R + tid];
+        mx[u] = x > mx[u] ? x : mx[u];
+      }
+    }
+    const float m01 = mx[1] > mx[0] ? mx[1] : mx[0], m23 = mx[3] > mx[2] ? mx[3] : mx[2];
+    const float m = m23 > m01 ? m23 : m01;
     sm[kC + tid] = m == -INFINITY ? 1.0f : chan_exp(m_old - m);  // exp(-inf) = 0 for the first block
     sm[kM + tid] = m;
   }
@@ -464,10 +476,17 @@ struct Cta {
   }
 
   // Row `tid`'s running sum: l = l * corr + the block's probabilities.
+  // In four partial sums (keys r = 0, 1, 2, 3 mod 4, then (0 + 1) + (2 +
+  // 3)): four loads in flight rather than a chain of 32.
   __host__ __device__ static void sums(float* sm, int tid) {
     if (tid < R) {
-      float sum = 0.0f;
-      for (int r = 0; r < kT; ++r) sum += sm[kS + r * R + tid];
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      RILL_FAST_UNROLL8
+      for (int r = 0; r < kT; r += 4) {
+        RILL_DEVICE_UNROLL
+        for (int u = 0; u < 4; ++u) part[u] += sm[kS + (r + u) * R + tid];
+      }
+      const float sum = (part[0] + part[1]) + (part[2] + part[3]);
       sm[kL + tid] = sm[kL + tid] * sm[kC + tid] + sum;
     }
   }
