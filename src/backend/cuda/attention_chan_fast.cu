@@ -19,11 +19,15 @@
 //   2. dots: a (key, quarter of the channels) a thread, every row of the
 //      block at once (k's element read once for the rows);
 //   3. scores: s[r][g] = capped(q_g . k_r * scale) from the quarters;
-//   4. the running max per head (a thread a head) and its correction;
-//   5. p[r][g] = exp(s - m), a (key, head) a thread;
+//   4. the running max per row (a thread a row, four chains over the
+//      keys) and its correction;
+//   5. p[r][g] = exp(s - m), a (key, row) a thread;
 //   6. o[g][c] = o * corr + sum_r p[r][g] v[r][c] (a channel a thread,
 //      every row at once, keys in order) and l[g] = l * corr + sum_r
-//      p[r][g] (a thread a head).
+//      p[r][g] (a thread a row, four partial sums).
+// A thread's global loads of a phase go out together before its shared
+// stores (an item's latency, not a chain of them: the own block's q8_0
+// rows were 32 such rounds a thread).
 // The split's (o, m, l) go to a.partials; chan_fast_combine_kernel merges a
 // query's splits in split order (a thread a channel, each thread the same
 // max and sum over the splits, so every output is a fixed sequence of f32
@@ -38,7 +42,11 @@
 // Why f32 rows and a q.k dot rather than the reference's q.z + sum_c (q_c
 // d_c) code: the decoded row is shared by the KG heads (KG dots over one
 // decode) and the product is equal up to f32 rounding (k = z + d/16 code
-// exactly as the CPU's dequantize_chan_block computes it).
+// exactly as the CPU's dequantize_chan_block computes it). Why not the
+// tensor cores: a variant with both products as bf16 MMAs on the codes
+// (commit b294ec7) was correct and slower on an H100 (batch 64: 350
+// against 227 us a layer; prefill even): the multiply-adds are not the
+// bound, the block decode, the barriers and the occupancy are.
 //
 // Bytes a decode step reads per (token, KV head, key) with head_dim 128:
 // K 19 * 128 / 32 = 76 (q4c group amortized over its 32 keys), V 66
