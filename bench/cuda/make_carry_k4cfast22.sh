@@ -46,6 +46,14 @@ for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-l
 # refusal of KV sharing), within ~20 MB.
 (cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/goldens/hf/llama shared/goldens/hf/gemma4 shared/tokenizers/llama3 \
   shared/tools/make_random_model.py)
+# TIMELINE=1: the CUPTI timeline library (kernel_timeline.cpp), libcupti
+# (xz'd) and its report, for run.sh's TIMELINE=1 (about 1.2 MB more).
+if [ "${TIMELINE:-0}" = 1 ]; then
+  g++ -O2 -shared -fPIC "$SRC/bench/cuda/kernel_timeline.cpp" -I/usr/local/cuda/include -L/usr/local/cuda/lib -lcupti \
+    -o "$V/lib/libkernel_timeline.so"
+  cp -L /usr/local/cuda/lib/libcupti.so.13 "$V/lib/" && xz -T2 -6 "$V/lib/libcupti.so.13"
+  cp "$SRC/bench/cuda/timeline_report.py" "$V/"
+fi
 cp "$SRC/bench/cuda/run_k4cfast22.sh" "$V/run.sh"
 cp "$SRC/bench/cuda/device_out.sh" "$V/"
 du -sh "$V"/*

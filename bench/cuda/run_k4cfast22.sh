@@ -108,6 +108,20 @@ for c in $CTXS; do
   done
   [ "${REF:-1}" = 0 ] || bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
 done
+# TIMELINE=1 (a carry made with TIMELINE=1): a CUPTI timeline of one
+# batch-1 decode step after 1,024 tokens (bench_cuda --profile-step 1,
+# CUDA graphs on) for f16 and k4c, each summarised by kernel
+# (timeline_report.py): where k4c's extra time a step goes.
+if [ "${TIMELINE:-0}" = 1 ] && [ -f $V/lib/libkernel_timeline.so ]; then
+  [ -f $V/lib/libcupti.so.13.xz ] && xz -d $V/lib/libcupti.so.13.xz
+  for t in f16 k4c; do
+    tmo 60 env CUDA_INJECTION64_PATH=$V/lib/libkernel_timeline.so RILL_TIMELINE=$L/timeline_$t.csv \
+      $V/bench_cuda $M --profile-step 1 --context 1024 --kv-type $t > $L/timeline_$t.log 2>&1
+    echo "== timeline $t rc=$?"; tail -2 $L/timeline_$t.log
+    python3 $V/timeline_report.py $L/timeline_$t.csv 2>&1 | head -40
+  done
+  out_pack
+fi
 # LONG=N: f16, k4c and k4a at batch 1 after N-token prompts (the long
 # context a batch of 64 would take minutes to prefill).
 if [ -n "${LONG:-}" ]; then
