@@ -13,7 +13,8 @@
 #     (default "1024 4096") for f16, k4c and k4a, then k4c with
 #     RILL_K4C_ATTENTION=ref (the reference kernel) at batch 1 for
 #     comparison (REF=0 skips it; TMO seconds each, default 120; TYPES
-#     narrows the types; FAST_MODE sets the model tests' kernel);
+#     narrows the types; FAST_MODE sets the model tests' kernel; WARP=1 adds
+#     k4c with RILL_K4C_ATTENTION=warp, the one-phase softmax);
 #  (KERNEL_AB=1: the kernel timings of the packed baseline build and this
 #  one in turn; NCU=1: ncu of the fast kernel's decode at batch 64 and
 #  tiled prefill;)
@@ -106,6 +107,7 @@ for c in $CTXS; do
   for t in ${TYPES:-f16 k4c k4a}; do
     bench ${t}_ctx$c $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type $t
   done
+  [ "${WARP:-0}" = 0 ] || bench k4cwarp_ctx$c RILL_K4C_ATTENTION=warp $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type k4c
   [ "${REF:-1}" = 0 ] || bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
 done
 # TIMELINE=1 (a carry made with TIMELINE=1): a CUPTI timeline of one

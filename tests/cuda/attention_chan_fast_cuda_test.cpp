@@ -168,7 +168,7 @@ struct Ptrs {
   const uint8_t *const *tail_k, *const *tail_v;
   const uint8_t *step_k, *step_v, *kb, *vb, *k_widths;
 };
-ChanAttentionArgs args(const Batch& bt, const Ptrs& p, bool tile = false) {
+ChanAttentionArgs args(const Batch& bt, const Ptrs& p, bool tile = false, bool warp = false) {
   const Shape& sh = bt.shape;
   ChanAttentionArgs a;
   a.q = p.q;
@@ -200,6 +200,7 @@ ChanAttentionArgs args(const Batch& bt, const Ptrs& p, bool tile = false) {
   a.scale = 1.0f / std::sqrt(static_cast<float>(sh.hd));
   a.softcap = sh.softcap;
   a.tile_tokens = tile;
+  a.warp_softmax = warp;
   return a;
 }
 
@@ -208,7 +209,7 @@ size_t out_floats(const Batch& bt) {
 }
 
 // The reference's or the fast kernel's outputs (f32, V's rotated basis).
-std::vector<float> host_run(const Batch& bt, bool fast, bool tile = false) {
+std::vector<float> host_run(const Batch& bt, bool fast, bool tile = false, bool warp = false) {
   std::vector<float> out(out_floats(bt), NAN);
   std::vector<float> scores(static_cast<size_t>(bt.n_tokens) * bt.shape.n_head * bt.max_keys);
   std::vector<float> partials(chan_fast_partial_floats(bt.n_tokens, bt.shape.n_head, bt.shape.hd), NAN);
@@ -223,7 +224,7 @@ std::vector<float> host_run(const Batch& bt, bool fast, bool tile = false) {
                bt.step_k.data(),      bt.step_v.data(),  bt.kb.data(),     bt.vb.data(),
                bt.widths_table.data()};
   if (fast) {
-    chan_attention_fast_host(args(bt, p, tile));
+    chan_attention_fast_host(args(bt, p, tile, warp));
   } else {
     chan_attention_parallel_host(args(bt, p));
   }
@@ -234,7 +235,7 @@ std::vector<float> host_run(const Batch& bt, bool fast, bool tile = false) {
 // `calls` times into the same output (each call's bits returned). ms set:
 // then the median of 20 timed calls in *ms (milliseconds a call).
 std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls = 1, double* ms = nullptr,
-                                           bool tile = false) {
+                                           bool tile = false, bool warp = false) {
   auto d_q = upload(bt.q);
   auto d_out = poisoned(out_floats(bt) * 4);
   auto d_scores = poisoned(static_cast<size_t>(bt.n_tokens) * bt.shape.n_head * bt.max_keys * 4);
@@ -260,7 +261,7 @@ std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls
   std::vector<std::vector<float>> outs;
   for (int i = 0; i < calls; ++i) {
     if (fast) {
-      chan_attention_fast(args(bt, p, tile), nullptr);
+      chan_attention_fast(args(bt, p, tile, warp), nullptr);
     } else {
       chan_attention_parallel(args(bt, p), nullptr);
     }
@@ -275,7 +276,7 @@ std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls
     for (int i = 0; i < 20; ++i) {
       RILL_CUDA_CHECK(cudaEventRecord(e0, nullptr));
       if (fast) {
-        chan_attention_fast(args(bt, p, tile), nullptr);
+        chan_attention_fast(args(bt, p, tile, warp), nullptr);
       } else {
         chan_attention_parallel(args(bt, p), nullptr);
       }
@@ -360,14 +361,18 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 // The algorithm (the kernel's phases on the host) against the reference's
 // host run: no GPU needed.
 TEST(CudaChanFastAttention, HostRunMatchesTheReference) {
-  Worst worst;
+  Worst worst, worst_warp;
   uint32_t seed = 100;
   for (const Shape& sh : shapes()) {
     const Batch bt = make_batch(sh, batch_specs(0, seed), seed);
-    expect_close(host_run(bt, true), host_run(bt, false), "host " + name(sh), worst);
+    const std::vector<float> want = host_run(bt, false);
+    expect_close(host_run(bt, true), want, "host " + name(sh), worst);
+    expect_close(host_run(bt, true, false, true), want, "host warp " + name(sh), worst_warp);
     seed += 100;
   }
   std::printf("[ k4c fast ] host: worst max|diff| / scale %.3g (%s)\n", worst.rel, worst.where.c_str());
+  std::printf("[ k4c fast ] host warp softmax: worst max|diff| / scale %.3g (%s)\n", worst_warp.rel,
+              worst_warp.where.c_str());
 }
 
 // The host run of one long sequence (5,000 keys, 32 splits of 5 blocks):
@@ -387,7 +392,7 @@ TEST(CudaChanFastAttention, HostRunLongSequence) {
 // to keep the host's encoding of the batches short).
 TEST(CudaChanFastAttention, DeviceMatchesTheReference) {
   RILL_REQUIRE_GPU();
-  Worst worst;
+  Worst worst, worst_warp;
   uint32_t seed = 1000;
   for (const Shape& sh : shapes()) {
     const Batch bt = make_batch(sh, batch_specs(sh.hd == 128 ? 2 : 1, seed), seed);
@@ -396,9 +401,15 @@ TEST(CudaChanFastAttention, DeviceMatchesTheReference) {
     expect_close(got[0], want, "device " + name(sh), worst);
     EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
         << name(sh) << ": two calls differ";
+    const std::vector<std::vector<float>> warp = device_run(bt, true, 2, nullptr, false, true);
+    expect_close(warp[0], want, "device warp " + name(sh), worst_warp);
+    EXPECT_EQ(std::memcmp(warp[0].data(), warp[1].data(), warp[0].size() * sizeof(float)), 0)
+        << name(sh) << ": two warp-softmax calls differ";
     seed += 1000;
   }
   std::printf("[ k4c fast ] device: worst max|diff| / scale %.3g (%s)\n", worst.rel, worst.where.c_str());
+  std::printf("[ k4c fast ] device warp softmax: worst max|diff| / scale %.3g (%s)\n", worst_warp.rel,
+              worst_warp.where.c_str());
 }
 
 // Token tiles (a.tile_tokens: a thread block's rows span several tokens
@@ -442,10 +453,15 @@ TEST(CudaChanFastAttention, BatchInvariant) {
       if (gpu) {
         const std::vector<float> a = device_run(alone, true)[0], b = device_run(many, true)[0];
         EXPECT_EQ(std::memcmp(a.data(), b.data() + at, n * sizeof(float)), 0) << "device " << what;
+        const std::vector<float> aw = device_run(alone, true, 1, nullptr, false, true)[0];
+        const std::vector<float> bw = device_run(many, true, 1, nullptr, false, true)[0];
+        EXPECT_EQ(std::memcmp(aw.data(), bw.data() + at, n * sizeof(float)), 0) << "device warp " << what;
       }
       if (!gpu && target.n <= 1000) {  // the host's run (where no GPU checks the kernel); slow for long keys
         const std::vector<float> a = host_run(alone, true), b = host_run(many, true);
         EXPECT_EQ(std::memcmp(a.data(), b.data() + at, n * sizeof(float)), 0) << "host " << what;
+        const std::vector<float> aw = host_run(alone, true, false, true), bw = host_run(many, true, false, true);
+        EXPECT_EQ(std::memcmp(aw.data(), bw.data() + at, n * sizeof(float)), 0) << "host warp " << what;
       }
     }
   }
@@ -498,14 +514,16 @@ TEST(CudaChanFastAttention, DeviceTiming) {
           bt.q.insert(bt.q.end(), one.q.begin(), one.q.begin() + static_cast<std::ptrdiff_t>(qw));
         }
         bt.n_tokens = B;
-        double fast_ms = 0, ref_ms = 0;
+        double fast_ms = 0, ref_ms = 0, warp_ms = 0;
         const std::vector<float> got = device_run(bt, true, 1, &fast_ms)[0];
         for (const float x : got) ASSERT_TRUE(std::isfinite(x));
+        device_run(bt, true, 1, &warp_ms, false, true);
         if (B == 1) device_run(bt, false, 1, &ref_ms);
         const double kv_mb = B * (ctx + 1.0) * (bt.k_row + bt.v_row) / 1e6;
-        std::printf("[ k4c fast ] time %s ctx %d batch %d: fast %.1f us (%.0f GB/s of K+V, %.1f MB)%s\n",
-                    alloc ? "k4a" : "k4c", ctx, B, fast_ms * 1e3, kv_mb / 1e3 / (fast_ms / 1e3), kv_mb,
-                    B == 1 ? (", reference " + std::to_string(ref_ms * 1e3) + " us").c_str() : "");
+        std::printf(
+            "[ k4c fast ] time %s ctx %d batch %d: fast %.1f us (%.0f GB/s of K+V, %.1f MB), warp softmax %.1f us%s\n",
+            alloc ? "k4a" : "k4c", ctx, B, fast_ms * 1e3, kv_mb / 1e3 / (fast_ms / 1e3), kv_mb, warp_ms * 1e3,
+            B == 1 ? (", reference " + std::to_string(ref_ms * 1e3) + " us").c_str() : "");
       }
     }
   }

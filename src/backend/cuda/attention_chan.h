@@ -71,6 +71,11 @@ struct ChanAttentionArgs {
   // verify). The outputs' bits are the same either way (each row's
   // arithmetic is its own); false suits a decode step, a token a sequence.
   bool tile_tokens = false;
+  // Untiled only: the block's scores, max, probabilities and sums in one
+  // phase, a warp a row (attention_chan_fast.cu softmax_rows): two barriers
+  // a block fewer; other bits (the sum's order), each row's own. Opt-in
+  // (RILL_K4C_ATTENTION=warp) until timed on a GPU.
+  bool warp_softmax = false;
 };
 
 // head_dim a multiple of 64 (V's blocks) up to 1024; n_head_kv * head_dim a

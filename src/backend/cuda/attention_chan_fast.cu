@@ -197,7 +197,7 @@ __host__ __device__ inline const uint8_t* own_row(const ChanAttentionArgs& a, co
 // Shared memory of a block (floats; every region 16-byte aligned), R =
 // TT * KG rows: q transposed [HD][R], k [32][HD + 4], v [32][HD], the dots'
 // parts [4][R][32], s [32][R], o [R][HD], m, l, corr [R].
-template <int HD, int KG, int TT>
+template <int HD, int KG, int TT, bool WR = false>
 struct Cta {
   static constexpr int R = KG * TT;
   using Run = FastRun;
@@ -453,8 +453,81 @@ struct Cta {
     }
   }
 
+  // Key b0 + r's capped, scaled score for the row (-inf outside the row's
+  // token's keys): the scores phase's value.
+  __host__ __device__ static float row_score(const ChanAttentionArgs& a, const Run& f, int64_t b, const float* sm,
+                                             int row, int r) {
+    int64_t jb = 0, je = 0;
+    if (live(f, row)) chan_key_range(a.pos[f.t0 + row / KG], a.window, &jb, &je);
+    const int64_t key = b * kT + r;
+    if (key < jb || key >= je) return -INFINITY;
+    const float* p = sm + kP + row * kT + r;  // part j at p[j * R * kT]
+    const float dot = (p[0] + p[R * kT]) + (p[2 * R * kT] + p[3 * R * kT]);
+    return chan_capped(dot * a.scale, a.softcap);
+  }
+
+  // WR (a.warp_softmax): phases 3-5 and the sums in one, a warp a row (a
+  // lane a key): the score, the block's max by shuffles (exact in any
+  // order), the probability, the sum by the xor butterfly (lane 0's value),
+  // the row's m, l and corr; two barriers a block fewer and no thread
+  // walking 32 keys alone. The host run emulates the butterfly's order.
+  __host__ __device__ static void softmax_rows(const ChanAttentionArgs& a, const Run& f, int64_t b, float* sm,
+                                               int tid) {
+#ifdef __CUDA_ARCH__
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int row = warp; row < R; row += kFastThreads / 32) {
+      const float s = row_score(a, f, b, sm, row, lane);
+      float m = s;
+      RILL_DEVICE_UNROLL
+      for (int o = 16; o > 0; o >>= 1) {
+        const float x = __shfl_xor_sync(0xffffffffu, m, o);
+        m = x > m ? x : m;
+      }
+      const float m_old = sm[kM + row];
+      m = m > m_old ? m : m_old;
+      const float p = s == -INFINITY ? 0.0f : chan_exp(s - m);
+      sm[kS + lane * R + row] = p;
+      float sum = p;
+      RILL_DEVICE_UNROLL
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      __syncwarp();  // every lane has read m_old
+      if (lane == 0) {
+        const float corr = m == -INFINITY ? 1.0f : chan_exp(m_old - m);
+        sm[kC + row] = corr;
+        sm[kL + row] = sm[kL + row] * corr + sum;
+        sm[kM + row] = m;
+      }
+    }
+#else
+    if (tid != 0) return;
+    for (int row = 0; row < R; ++row) {
+      float s[kT], v[kT];
+      float m = sm[kM + row];
+      const float m_old = m;
+      for (int r = 0; r < kT; ++r) {
+        s[r] = row_score(a, f, b, sm, row, r);
+        m = s[r] > m ? s[r] : m;
+      }
+      for (int r = 0; r < kT; ++r) {
+        v[r] = s[r] == -INFINITY ? 0.0f : chan_exp(s[r] - m);
+        sm[kS + r * R + row] = v[r];
+      }
+      for (int o = kT / 2; o > 0; o >>= 1) {  // lane i: v_i + v_(i xor o), as __shfl_xor_sync's butterfly
+        float w[kT];
+        for (int i = 0; i < kT; ++i) w[i] = v[i] + v[i ^ o];
+        for (int i = 0; i < kT; ++i) v[i] = w[i];
+      }
+      const float corr = m == -INFINITY ? 1.0f : chan_exp(m_old - m);
+      sm[kC + row] = corr;
+      sm[kL + row] = sm[kL + row] * corr + v[0];
+      sm[kM + row] = m;
+    }
+#endif
+  }
+
   // A channel a thread, every row at once (V's element read once for the
-  // R rows, the probabilities a broadcast), keys in order.
+  // R rows, the probabilities a broadcast), keys in order; then the sums
+  // (WR: softmax_rows took them).
   __host__ __device__ static void accumulate(float* sm, int tid) {
     for (int c = tid; c < HD; c += kFastThreads) {
       float acc[R];
@@ -480,7 +553,7 @@ struct Cta {
       RILL_DEVICE_UNROLL
       for (int g = 0; g < R; ++g) sm[kO + g * HD + c] = sm[kO + g * HD + c] * sm[kC + g] + acc[g];
     }
-    sums(sm, tid);
+    if constexpr (!WR) sums(sm, tid);
   }
 
   // Row `tid`'s running sum: l = l * corr + the block's probabilities.
@@ -521,7 +594,8 @@ struct Cta {
 
   // The split's work for each run of the tokens [t_tile, t_tile + TT) in
   // turn: phase(f, b, step) for b in the run's blocks and step 0 (init), 1..6
-  // (decode, dots, scores, rescale, probs, accumulate), then 7 (store), a
+  // (decode, dots, scores, rescale, probs, accumulate; WR: decode, dots,
+  // softmax_rows, accumulate), then 7 (store), a
   // barrier after each (the device's __syncthreads; the host runs each phase
   // for every thread before the next).
   template <typename Phase>
@@ -535,7 +609,10 @@ struct Cta {
       if (!has) continue;
       phase(f, int64_t{0}, 0);
       for (int64_t b = f.blk_lo; b < f.blk_hi; ++b) {
-        for (int step = 1; step <= 6; ++step) phase(f, b, step);
+        for (int step = 1; step <= 6; ++step) {
+          if (WR && (step == 4 || step == 5)) continue;  // softmax_rows (step 3) did them
+          phase(f, b, step);
+        }
       }
       phase(f, int64_t{0}, 7);
     }
@@ -551,7 +628,7 @@ struct Cta {
       case 2:
         return dots(sm, tid);
       case 3:
-        return scores(a, f, b, sm, tid);
+        return WR ? softmax_rows(a, f, b, sm, tid) : scores(a, f, b, sm, tid);
       case 4:
         return rescale(sm, tid);
       case 5:
@@ -564,11 +641,11 @@ struct Cta {
   }
 };
 
-template <int HD, int KG, int TT>
+template <int HD, int KG, int TT, bool WR>
 __global__ void __launch_bounds__(kFastThreads, TT == 1 ? 5 : 2) chan_fast_kernel(ChanAttentionArgs a) {
   extern __shared__ float4 fast_sm4[];  // float4: 16-byte aligned (the 4-float loads)
   float* sm = reinterpret_cast<float*>(fast_sm4);
-  using C = Cta<HD, KG, TT>;
+  using C = Cta<HD, KG, TT, WR>;
   const int tid = static_cast<int>(threadIdx.x);
   C::each_phase(a, static_cast<int>(blockIdx.x) * TT, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z),
                 [&](const typename C::Run& f, int64_t b, int step) {
@@ -610,13 +687,13 @@ int fast_kg(int group) {
   return group >= 8 ? 8 : group >= 4 ? (group == 4 ? 4 : 8) : group >= 2 ? (group == 2 ? 2 : 4) : 1;
 }
 
-template <int HD, int KG, int TT>
+template <int HD, int KG, int TT, bool WR = false>
 void launch(const ChanAttentionArgs& a, cudaStream_t stream) {
-  using C = Cta<HD, KG, TT>;
+  using C = Cta<HD, KG, TT, WR>;
   if constexpr (C::kBytes > 48 * 1024) {  // the opt-in above 48 KiB (once a kernel)
     static const bool attr = [] {
-      RILL_CUDA_CHECK(cudaFuncSetAttribute(chan_fast_kernel<HD, KG, TT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(C::kBytes)));
+      RILL_CUDA_CHECK(cudaFuncSetAttribute(chan_fast_kernel<HD, KG, TT, WR>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kBytes)));
       return true;
     }();
     (void)attr;
@@ -624,7 +701,7 @@ void launch(const ChanAttentionArgs& a, cudaStream_t stream) {
   const int group = a.n_head / a.n_head_kv, n_chunks = (group + KG - 1) / KG;
   const dim3 grid(static_cast<unsigned>((a.n_tokens + TT - 1) / TT), static_cast<unsigned>(a.n_head_kv * n_chunks),
                   static_cast<unsigned>(chan_split_grid(a.max_keys)));
-  chan_fast_kernel<HD, KG, TT><<<grid, kFastThreads, C::kBytes, stream>>>(a);
+  chan_fast_kernel<HD, KG, TT, WR><<<grid, kFastThreads, C::kBytes, stream>>>(a);
   RILL_CUDA_CHECK_LAUNCH();
 }
 
@@ -638,9 +715,9 @@ struct HostPhase {
   }
 };
 
-template <int HD, int KG, int TT>
+template <int HD, int KG, int TT, bool WR = false>
 void run_host(const ChanAttentionArgs& a) {
-  using C = Cta<HD, KG, TT>;
+  using C = Cta<HD, KG, TT, WR>;
   std::vector<float> sm(C::kFloats);
   const int group = a.n_head / a.n_head_kv, n_chunks = (group + KG - 1) / KG;
   for (int x = 0; x < (a.n_tokens + TT - 1) / TT; ++x) {
@@ -667,6 +744,7 @@ template <int HD, int KG>
 void dispatch_tile(const ChanAttentionArgs& a, cudaStream_t stream, bool host) {
   constexpr int TT = kFastTileRows / KG;
   if (a.tile_tokens) return host ? run_host<HD, KG, TT>(a) : launch<HD, KG, TT>(a, stream);
+  if (a.warp_softmax) return host ? run_host<HD, KG, 1, true>(a) : launch<HD, KG, 1, true>(a, stream);
   return host ? run_host<HD, KG, 1>(a) : launch<HD, KG, 1>(a, stream);
 }
 
