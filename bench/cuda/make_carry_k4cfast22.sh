@@ -41,10 +41,15 @@ fi
 # One thread and a 256 MiB window: the binaries compress against each other.
 # shellcheck disable=SC2086
 (cd "$V" && tar cf - $bins | nice xz --lzma2=preset=9e,dict=256MiB -T1 > bins.tar.xz && rm $bins)
-for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
+# The Debian libraries travel xz'd (run.sh unpacks every lib/*.xz).
+for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/" && xz -T2 -6 "$V/lib/$l"; done
 # The llama golden (the k4c / k4a model tests widen it) and gemma4 (the
 # refusal of KV sharing), within ~20 MB.
-(cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/goldens/hf/llama shared/goldens/hf/gemma4 shared/tokenizers/llama3 \
+# GEMMA4=0 leaves gemma4 out (1.1 MB) when the carry runs short.
+g4=shared/goldens/hf/gemma4
+[ "${GEMMA4:-1}" = 1 ] || g4=
+# shellcheck disable=SC2086
+(cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/goldens/hf/llama $g4 shared/tokenizers/llama3 \
   shared/tools/make_random_model.py)
 # TIMELINE=1: the CUPTI timeline library (kernel_timeline.cpp), libcupti
 # (xz'd) and its report, for run.sh's TIMELINE=1 (about 1.2 MB more).

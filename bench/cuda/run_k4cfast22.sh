@@ -14,7 +14,8 @@
 #     RILL_K4C_ATTENTION=ref (the reference kernel) at batch 1 for
 #     comparison (REF=0 skips it; TMO seconds each, default 120; TYPES
 #     narrows the types; FAST_MODE sets the model tests' kernel; WARP=1 adds
-#     k4c with RILL_K4C_ATTENTION=warp, the one-phase softmax);
+#     k4c with RILL_K4C_ATTENTION=rows, the earlier row softmax: the
+#     default is now the one-phase warp softmax);
 #  (KERNEL_AB=1: the kernel timings of the packed baseline build and this
 #  one in turn; NCU=1: ncu of the fast kernel's decode at batch 64 and
 #  tiled prefill;)
@@ -47,6 +48,7 @@ mkdir -p /work
 { [ -d /work/main ] && [ ! -L /work/main ]; } || ln -sfn $R /work/main
 (cd /work && tar xJf $V/shared.tar.xz)
 tar xJf $V/bins.tar.xz -C $V
+for f in $V/lib/*.xz; do xz -d "$f"; done
 chmod +x $V/tests $V/bench_cuda
 export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} RILL_SHARED_DIR=/work/shared
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
@@ -107,7 +109,7 @@ for c in $CTXS; do
   for t in ${TYPES:-f16 k4c k4a}; do
     bench ${t}_ctx$c $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type $t
   done
-  [ "${WARP:-0}" = 0 ] || bench k4cwarp_ctx$c RILL_K4C_ATTENTION=warp $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type k4c
+  [ "${WARP:-0}" = 0 ] || bench k4crows_ctx$c RILL_K4C_ATTENTION=rows $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type k4c
   [ "${REF:-1}" = 0 ] || bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
 done
 # TIMELINE=1 (a carry made with TIMELINE=1): a CUPTI timeline of one
@@ -115,7 +117,6 @@ done
 # CUDA graphs on) for f16 and k4c, each summarised by kernel
 # (timeline_report.py): where k4c's extra time a step goes.
 if [ "${TIMELINE:-0}" = 1 ] && [ -f $V/lib/libkernel_timeline.so ]; then
-  [ -f $V/lib/libcupti.so.13.xz ] && xz -d $V/lib/libcupti.so.13.xz
   for t in f16 k4c; do
     tmo 60 env CUDA_INJECTION64_PATH=$V/lib/libkernel_timeline.so RILL_TIMELINE=$L/timeline_$t.csv \
       $V/bench_cuda $M --profile-step 1 --context 1024 --kv-type $t > $L/timeline_$t.log 2>&1

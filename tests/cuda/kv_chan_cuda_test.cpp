@@ -18,8 +18,10 @@
 // yet run on a GPU (branch k4ccuda22).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -410,5 +412,79 @@ TEST(CudaKvChan, HostRunOfTheAllocEncoderIsTheCpus) {
   }
 }
 
+// Device time of one layer's RoPE + KV store (rope_store_kv) at the random
+// Llama-3.1-8B's shape (32 / 8 heads of 128), a token and 64, for f16 and
+// the stores k4c is built from: where a k4c decode step's extra store time
+// goes (docs/perf.md). Prints only; asserts that each store ran.
+TEST(CudaKvChan, DeviceTimingOfTheStore) {
+  RILL_REQUIRE_GPU();
+  const int32_t n_head = 32, n_head_kv = 8, hd = 128;
+  const int64_t Q = int64_t{n_head} * hd, KV = int64_t{n_head_kv} * hd, QKV = Q + 2 * KV;
+  struct Variant {
+    const char* name;
+    DType dtype;
+    bool k_rot, v_rot, rows;
+  };
+  const Variant variants[] = {{"f16", DType::kF16, false, false, false},
+                              {"q8_0", DType::kQ8_0, false, false, false},
+                              {"q8_0h (K and V rotated)", DType::kQ8_0, true, true, false},
+                              {"q8_0h64 (K and V)", kKvQ8_0x64, true, true, false},
+                              {"iq4_nlh64 (K and V)", kKvIq4Nl64, true, true, false},
+                              {"k4c (q8_0 rows, V iq4_nlh64)", kKvIq4Nl64, false, true, true}};
+  for (const int32_t n_tok : {1, 64}) {
+    std::vector<float> qkv = random_floats(static_cast<size_t>(n_tok * QKV), 5, -2, 2);
+    std::vector<int32_t> pos(static_cast<size_t>(n_tok)), slots(static_cast<size_t>(n_tok));
+    for (int32_t t = 0; t < n_tok; ++t) {
+      pos[static_cast<size_t>(t)] = 1024 + t;
+      slots[static_cast<size_t>(t)] = t;
+    }
+    std::vector<float> inv(static_cast<size_t>(hd / 2));
+    for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(500000.0f, -2.0f * static_cast<float>(i) / hd);
+    auto d_qkv = upload(qkv);
+    auto d_pos = upload(pos), d_slots = upload(slots), d_inv = upload(inv);
+    const size_t pool = static_cast<size_t>(n_tok) * static_cast<size_t>(KV) * 2;
+    auto d_k = upload(std::vector<uint8_t>(pool, 0)), d_v = upload(std::vector<uint8_t>(pool, 0));
+    auto d_k_rows = upload(std::vector<uint8_t>(pool, 0)), d_v_rows = upload(std::vector<uint8_t>(pool, 0));
+    cudaEvent_t e0, e1;
+    RILL_CUDA_CHECK(cudaEventCreate(&e0));
+    RILL_CUDA_CHECK(cudaEventCreate(&e1));
+    for (const Variant& v : variants) {
+      RopeKvArgs a;
+      a.qkv = d_qkv.as<float>();
+      a.n_tokens = n_tok;
+      a.qkv_stride = QKV;
+      a.n_head = n_head;
+      a.n_head_kv = n_head_kv;
+      a.head_dim = hd;
+      a.positions = d_pos.as<int32_t>();
+      a.slots = d_slots.as<int32_t>();
+      a.inv_freq = d_inv.as<float>();
+      a.rot_dim = hd;
+      a.k_cache = d_k.data();
+      a.v_cache = d_v.data();
+      a.kv_dtype = v.dtype;
+      a.k_rotated = v.k_rot;
+      a.v_rotated = v.v_rot;
+      a.k_rows = v.rows ? d_k_rows.data() : nullptr;
+      a.v_rows = v.rows ? d_v_rows.data() : nullptr;
+      RILL_CUDA_CHECK(cudaMemset(d_v.data(), 0, pool));
+      rope_store_kv(a, nullptr);  // warm up
+      RILL_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<uint8_t> v_pool = download<uint8_t>(d_v, pool);
+      EXPECT_NE(std::count(v_pool.begin(), v_pool.end(), uint8_t{0}), static_cast<std::ptrdiff_t>(pool))
+          << v.name << ": the V pool was written";
+      constexpr int kReps = 100;
+      RILL_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+      for (int i = 0; i < kReps; ++i) rope_store_kv(a, nullptr);
+      RILL_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+      RILL_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0.0f;
+      RILL_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      std::printf("[ kv store ] %d token(s), %s: %.1f us a call\n", n_tok, v.name, 1000.0 * ms / kReps);
+    }
+    RILL_CUDA_CHECK(cudaEventDestroy(e0));
+    RILL_CUDA_CHECK(cudaEventDestroy(e1));
+  }
+}
 }  // namespace
 }  // namespace rill::cuda

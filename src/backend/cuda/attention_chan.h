@@ -73,8 +73,9 @@ struct ChanAttentionArgs {
   bool tile_tokens = false;
   // Untiled only: the block's scores, max, probabilities and sums in one
   // phase, a warp a row (attention_chan_fast.cu softmax_rows): two barriers
-  // a block fewer; other bits (the sum's order), each row's own. Opt-in
-  // (RILL_K4C_ATTENTION=warp) until timed on a GPU.
+  // a block fewer; other bits (the sum's order), each row's own. The
+  // backend's default for decode (2-3% faster on an H100, docs/perf.md);
+  // RILL_K4C_ATTENTION=rows turns it off.
   bool warp_softmax = false;
 };
 

@@ -476,7 +476,8 @@ class CudaBackend final : public Backend {
     // Llama-3.1-8B, a B=64 decode in one) instead of the reference's scores.
     const char* which = std::getenv("RILL_K4C_ATTENTION");
     chan_.fast = !(which && std::strcmp(which, "ref") == 0) && cuda::chan_attention_fast_supported(limits.head_dim);
-    chan_.warp_softmax = chan_.fast && which && std::strcmp(which, "warp") == 0;  // its one-phase softmax, opt-in
+    // Its one-phase warp softmax for decode unless RILL_K4C_ATTENTION=rows.
+    chan_.warp_softmax = chan_.fast && !(which && std::strcmp(which, "rows") == 0);
     if (chan_.fast) {
       const size_t per_token = cuda::chan_fast_partial_floats(1, limits.n_head, limits.head_dim);
       const size_t budget = std::min(chan.max_score_floats, size_t{16} << 20);
@@ -1263,7 +1264,7 @@ class CudaBackend final : public Backend {
     float* scores = nullptr;    // [chunk, n_head, keys] (the reference kernel's)
     float* partials = nullptr;  // chan_fast_partial_floats(chunk, ...) (the fast kernel's)
     bool fast = false;          // chan_attention_fast, not chan_attention_parallel
-    bool warp_softmax = false;  // ChanAttentionArgs::warp_softmax (RILL_K4C_ATTENTION=warp)
+    bool warp_softmax = false;  // ChanAttentionArgs::warp_softmax (off: RILL_K4C_ATTENTION=rows)
     int32_t keys = 0, chunk = 0;
   } chan_;
   int64_t index_keys_ = 0;

@@ -533,149 +533,194 @@ __device__ __forceinline__ RotatedBlock<N> fit_rotated_block(const float* x, con
 }
 
 // What one warp of a pair hands the other (fit_rotated_block64_pair): its
-// best candidate's error, index, scale bits and refit sums.
+// best candidate's error, index and scale bits.
 struct PairExchange {
-  double err, xq, qq;
+  double err;
   int c;
   uint16_t d;
 };
 
-// q8_0h64's encoder (fit_rotated_block's search, the CPU's
-// quantize_q8_0x64_fit) over one block of 64 already-rotated floats x
-// (shared memory) by two warps, for latency: a single warp's search is a
-// chain of serial f64 sums over the block (the CPU's order) five blocks
-// long (two rounds of candidates, as 34 exceed 32 lanes, the refit's sums,
-// the refit's error, the final sums), which made a decode step's store the
-// rotated types' largest cost at batch 1 (docs/perf.md). Here warp `half`
-// 0 scores candidates 0..16 (onto the first level) and warp 1 candidates
-// 17..33 (the last), one a lane, and each lane also sums x . v and v . v
-// of its candidate's codes as it scores it (the CPU's refit sums, which it
-// takes over the winner's codes in the same order: the winner's lane has
-// them). Warp 1 hands its best to warp 0 through *slot (a __syncthreads:
-// every thread of the thread block must call this function as often), and
-// warp 0 alone scores the refit, summing x . x and x . v of the refit's
-// codes as it goes (the final sums: over the winner's codes they are the
-// sums it already has). Two chains of the block's length instead of five,
-// the same bytes. Returns the block to warp 0; warp 1's return is unused.
-// Scale: how d is stored and scored (F16Scale for q8_0h64; E4m3x16Scale
-// with Iq4nlLevels for iq4_nlh64, cpu::quantize_iq4_nl64_fit: the same
-// search, the candidates' errors with d as its e4m3 byte gives it back).
+// A warp's scratch in fit_rotated_block64_pair: kPairRows rows of a
+// block's 64 per-element terms, each row summed in index order by one lane.
+// Rows are 66 doubles apart, so the lanes' 16-byte reads of rows 0..7 fall
+// in distinct banks. In dynamic shared memory after the heads (rope_store_kv
+// adds one a warp for the blocks of 64; pair_scratch finds it), as
+// RotatedScratch is for the blocks of 32.
+constexpr int kPairRows = 9, kPairRowStride = 66;
+struct __align__(16) PairScratch {
+  double terms[kPairRows * kPairRowStride];
+};
+// Warp threadIdx.x / 32's scratch when the caller's dynamic shared memory
+// holds n floats at x (16-byte aligned, n a multiple of 64) and then
+// blockDim.x / 32 PairScratch.
+__device__ __forceinline__ PairScratch& pair_scratch(const float* x, int n) {
+  return reinterpret_cast<PairScratch*>(const_cast<float*>(x) + n)[threadIdx.x >> 5];
+}
+
+// Row lane % K's sum of its 64 terms in index order (the CPU's sequence):
+// lane r < K holds row r's; the other lanes' values are unused. The rows
+// are written (and __syncwarp'd) before; the caller __syncwarps before it
+// writes them again.
+template <int K>
+__device__ __forceinline__ double pair_row_sum(const PairScratch& s) {
+  static_assert(K <= kPairRows, "PairScratch holds kPairRows rows");
+  const auto* row = reinterpret_cast<const double2*>(s.terms + ((threadIdx.x & 31) % K) * kPairRowStride);
+  double sum = 0.0;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const double2 two = row[j];
+    sum = __dadd_rn(__dadd_rn(sum, two.x), two.y);
+  }
+  return sum;
+}
+
+// The rotated encoder of the blocks of 64 (q8_0h64: UniformLevels and
+// F16Scale, cpu::quantize_q8_0x64_fit; iq4_nlh64: Iq4nlLevels and
+// E4m3x16Scale, cpu::quantize_iq4_nl64_fit: the candidates' errors with d
+// as its e4m3 byte gives it back): fit_rotated_block's search over one
+// block of 64 already-rotated floats x (shared memory) by two warps, the
+// same bytes as the CPU's fit_scale.
+//
+// Built for latency (at batch 1 a decode step stores a handful of blocks,
+// so the store's time is its longest dependent chain, docs/perf.md): the
+// CPU's error of a candidate is a serial f64 sum over the block, and a sum
+// whose terms are computed inside the serial loop issues each term's
+// arithmetic (a scale, a level search, an FMA, a multiply) on the chain.
+// Here the terms come first, in parallel, and the serial part is only the
+// adds. Warp `half` scores candidates 17 half .. 17 half + 16 (onto the
+// first level, then the last) in two rounds of 9 and 8: every lane
+// computes its two elements' squared errors for each candidate of the
+// round (elements lane and lane + 32) into the warp's scratch (s), then
+// lane i adds up candidate i's row in index order. Warp 1 hands its best to
+// warp 0 through *slot (a __syncthreads: every thread of the thread block
+// calls this function as often), and warp 0 alone goes on: the winner's
+// x . v and v . v (the refit's sums) and x . x as three rows, then the
+// refit's error and x . v as two. Each term is the CPU's: x - v * d is one
+// f64 FMA (v * d is exact in f32: a level of at most 8 bits times a scale
+// of at most 11), x . v, v . v and x . x are exact products; e * e is
+// rounded, then added. The first of least error wins (NaN errors never
+// do). Returns the block to warp 0; warp 1's return is unused.
 template <class Levels, class Scale = F16Scale>
 __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float* x, const Levels& lv, int half,
-                                                                     PairExchange* slot, Scale sc = {}) {
+                                                                     PairExchange* slot, PairScratch& s,
+                                                                     Scale sc = {}) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   const float v[2] = {x[lane], x[lane + 32]};
+  const double xd[2] = {static_cast<double>(v[0]), static_cast<double>(v[1])};
   const float m = signed_absmax<2>(v);
   const int zero_code = lv.code(0.0f);
-  double best = INFINITY, best_xq = 0.0, best_qq = 0.0;
-  int best_c = 64;
-  uint16_t best_d = 0;
-  if (m != 0.0f && lane < 17) {
+  // Lane i < 17: candidate 17 half + i's stored scale, its value and inverse.
+  uint16_t lane_dh = 0;
+  float lane_d = 0.0f, lane_id = 0.0f;
+  if (lane < 17) {
     const float top = half == 0 ? lv.first() : lv.last();
     const float factor = __fsub_rn(1.0f, __fmul_rn(0.025f, static_cast<float>(lane)));
-    const uint16_t dh = sc.round(__fmul_rn(__fdiv_rn(m, top), factor));
-    const float d = sc.value(dh);
-    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-    double err = 0.0, xq = 0.0, qq = 0.0;
+    lane_dh = sc.round(__fmul_rn(__fdiv_rn(m, top), factor));
+    lane_d = sc.value(lane_dh);
+    lane_id = lane_d != 0.0f ? __fdiv_rn(1.0f, lane_d) : 0.0f;
+  }
+  double best = INFINITY;
+  int best_c = 64;
+  uint16_t best_d = 0;
+  if (m != 0.0f) {  // m is uniform across the pair
 #pragma unroll
-    for (int j = 0; j < 64; ++j) {
-      const float vq = lv.value(lv.code(__fmul_rn(x[j], id)));
-      const double xj = static_cast<double>(x[j]), vj = static_cast<double>(vq);
-      const double e = __dsub_rn(xj, static_cast<double>(__fmul_rn(vq, d)));
-      err = __dadd_rn(err, __dmul_rn(e, e));
-      xq = __dadd_rn(xq, __dmul_rn(xj, vj));
-      qq = __dadd_rn(qq, __dmul_rn(vj, vj));
+    for (int round = 0; round < 2; ++round) {
+      const int first = round * kPairRows, count = round == 0 ? kPairRows : 17 - kPairRows;
+#pragma unroll
+      for (int i = 0; i < count; ++i) {
+        const float d = __shfl_sync(kAll, lane_d, first + i), id = __shfl_sync(kAll, lane_id, first + i);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const double e = __fma_rn(-lv.level_d(__fmul_rn(v[k], id)), static_cast<double>(d), xd[k]);
+          s.terms[i * kPairRowStride + lane + 32 * k] = __dmul_rn(e, e);
+        }
+      }
+      __syncwarp();
+      const double err = pair_row_sum<kPairRows>(s);  // lane i < count: candidate first + i
+      const uint16_t dh = static_cast<uint16_t>(__shfl_sync(kAll, static_cast<int>(lane_dh), (first + lane) & 31));
+      __syncwarp();                      // the rows are read before the next round writes them
+      if (lane < count && err < best) {  // a later round's candidate wins only by less error
+        best = err;
+        best_c = 17 * half + first + lane;
+        best_d = dh;
+      }
     }
-    if (err < best) {  // NaN errors never win, as on the CPU
-      best = err;
-      best_c = 17 * half + lane;
-      best_d = dh;
-      best_xq = xq;
-      best_qq = qq;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const double ob = __shfl_xor_sync(kAll, best, o);
+      const int oc = __shfl_xor_sync(kAll, best_c, o);
+      const uint16_t od = static_cast<uint16_t>(__shfl_xor_sync(kAll, static_cast<int>(best_d), o));
+      if (ob < best || (ob == best && oc < best_c)) {
+        best = ob;
+        best_c = oc;
+        best_d = od;
+      }
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const double ob = __shfl_xor_sync(kAll, best, o);
-    const int oc = __shfl_xor_sync(kAll, best_c, o);
-    const uint16_t od = static_cast<uint16_t>(__shfl_xor_sync(kAll, static_cast<int>(best_d), o));
-    const double oxq = __shfl_xor_sync(kAll, best_xq, o), oqq = __shfl_xor_sync(kAll, best_qq, o);
-    if (ob < best || (ob == best && oc < best_c)) {
-      best = ob;
-      best_c = oc;
-      best_d = od;
-      best_xq = oxq;
-      best_qq = oqq;
-    }
-  }
-  if (half == 1 && lane == 0) *slot = PairExchange{best, best_xq, best_qq, best_c, best_d};
+  if (half == 1 && lane == 0) *slot = PairExchange{best, best_c, best_d};
   __syncthreads();
   RotatedBlock<64> out;
   out.q[0] = out.q[1] = zero_code;
-  if (half == 1 || m == 0.0f) return out;  // m uniform across the pair: d = +0, the codes of 0
+  if (half == 1 || m == 0.0f) return out;  // m == 0: d = +0, the codes of 0
   const PairExchange o = *slot;            // candidates 17..33: the first of least error is warp 0's on ties
   if (o.err < best) {
     best = o.err;
     best_c = o.c;
     best_d = o.d;
-    best_xq = o.xq;
-    best_qq = o.qq;
   }
-  // No candidate (NaN in the block, or every scale overflowing f16): the
-  // codes of 0 and d 0 unless the refit below wins, the CPU's, whose refit
-  // sums are then over the codes of 0.
+  // The winner's codes; with no candidate (NaN in the block, or every
+  // scale overflowing its format) the codes of 0 and d 0 unless the refit
+  // wins, the CPU's, whose refit sums are then over the codes of 0.
   const bool found = best_c < 64;
-  auto codes_of = [&](uint16_t dh, int* q) {
-    const float d = sc.value(dh);
-    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-    q[0] = lv.code(__fmul_rn(v[0], id));
-    q[1] = lv.code(__fmul_rn(v[1], id));
-  };
-  int q[2] = {zero_code, zero_code};
-  double xq = best_xq, qq = best_qq;
+  float id = 0.0f;
   if (found) {
-    codes_of(best_d, q);
-  } else {
-    const double v0 = static_cast<double>(lv.value(zero_code));
-    xq = qq = 0.0;
-#pragma unroll
-    for (int j = 0; j < 64; ++j) {
-      xq = __dadd_rn(xq, __dmul_rn(static_cast<double>(x[j]), v0));
-      qq = __dadd_rn(qq, __dmul_rn(v0, v0));
-    }
+    const float d = sc.value(best_d);
+    id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
   }
-  // The refit's error and, over its codes, x . v (the final sums if it
-  // wins), beside x . x.
-  double xx = 0.0, err_r = 0.0, xq_r = 0.0;
-  uint16_t dh_r = 0;
-  const bool refit = qq > 0.0;
-  if (refit) {
-    dh_r = sc.round(__double2float_rn(__ddiv_rn(xq, qq)));
+  int q[2];
+  double vq[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float y = found ? __fmul_rn(v[k], id) : 0.0f;
+    q[k] = lv.code(y);
+    vq[k] = lv.level_d(y);
+    s.terms[0 * kPairRowStride + lane + 32 * k] = __dmul_rn(xd[k], vq[k]);  // exact, as the next two
+    s.terms[1 * kPairRowStride + lane + 32 * k] = __dmul_rn(vq[k], vq[k]);
+    s.terms[2 * kPairRowStride + lane + 32 * k] = __dmul_rn(xd[k], xd[k]);
+  }
+  __syncwarp();
+  const double sums = pair_row_sum<3>(s);
+  const double xq = __shfl_sync(kAll, sums, 0), qq = __shfl_sync(kAll, sums, 1), xx = __shfl_sync(kAll, sums, 2);
+  __syncwarp();
+  // The least-squares refit of d to those codes, a 35th candidate; the
+  // final x . v is over the codes that end up stored.
+  uint16_t dh = best_d;
+  double xq_final = xq;
+  if (qq > 0.0) {
+    const uint16_t dh_r = sc.round(__double2float_rn(__ddiv_rn(xq, qq)));
     const float d = sc.value(dh_r);
-    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const float id_r = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    double vr[2];
 #pragma unroll
-    for (int j = 0; j < 64; ++j) {
-      const float vq = lv.value(lv.code(__fmul_rn(x[j], id)));
-      const double xj = static_cast<double>(x[j]);
-      const double e = __dsub_rn(xj, static_cast<double>(__fmul_rn(vq, d)));
-      err_r = __dadd_rn(err_r, __dmul_rn(e, e));
-      xq_r = __dadd_rn(xq_r, __dmul_rn(xj, static_cast<double>(vq)));
-      xx = __dadd_rn(xx, __dmul_rn(xj, xj));
+    for (int k = 0; k < 2; ++k) {
+      vr[k] = lv.level_d(__fmul_rn(v[k], id_r));
+      const double e = __fma_rn(-vr[k], static_cast<double>(d), xd[k]);
+      s.terms[0 * kPairRowStride + lane + 32 * k] = __dmul_rn(e, e);
+      s.terms[1 * kPairRowStride + lane + 32 * k] = __dmul_rn(xd[k], vr[k]);
     }
-  } else {
+    __syncwarp();
+    const double r = pair_row_sum<2>(s);
+    const double err_r = __shfl_sync(kAll, r, 0), xq_r = __shfl_sync(kAll, r, 1);
+    __syncwarp();
+    if (err_r < best) {
+      dh = dh_r;
+      xq_final = xq_r;
 #pragma unroll
-    for (int j = 0; j < 64; ++j) {
-      const double xj = static_cast<double>(x[j]);
-      xx = __dadd_rn(xx, __dmul_rn(xj, xj));
+      for (int k = 0; k < 2; ++k) q[k] = lv.code(__fmul_rn(v[k], id_r));
     }
   }
-  if (refit && err_r < best) {
-    best_d = dh_r;
-    codes_of(dh_r, q);
-    xq = xq_r;
-  }
-  out.d = xq != 0.0 ? sc.round(__double2float_rn(__ddiv_rn(xx, xq))) : best_d;
+  out.d = xq_final != 0.0 ? sc.round(__double2float_rn(__ddiv_rn(xx, xq_final))) : dh;
   out.q[0] = q[0];
   out.q[1] = q[1];
   return out;

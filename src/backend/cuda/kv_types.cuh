@@ -351,6 +351,7 @@ struct KvQ8_0x64 {
   // (fit_rotated_block64_pair; lane i: elements i and i + 32). Every thread
   // of the thread block calls it (blockDim.x a multiple of 64, at most
   // 1024): the pairs' loop runs as often in each, for the barrier inside.
+  // x (n floats) is followed by blockDim.x / 32 PairScratch (pair_scratch).
   __device__ static void store_rotated(const float* x, uint8_t* row, int64_t e0, int n) {
     __shared__ PairExchange slots[2][16];  // [round parity][pair]: a pair's next round never overwrites a read
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = warp & 1, pair = warp >> 1;
@@ -359,8 +360,8 @@ struct KvQ8_0x64 {
     for (int base = 0, round = 0; base < n; base += 64 * n_pairs, ++round) {
       const int i0 = base + 64 * pair;
       const bool mine = i0 < n;
-      const RotatedBlock<64> b =
-          fit_rotated_block64_pair(x + (mine ? i0 : 0), UniformLevels{-127, 127}, half, &slots[round & 1][pair]);
+      const RotatedBlock<64> b = fit_rotated_block64_pair(x + (mine ? i0 : 0), UniformLevels{-127, 127}, half,
+                                                          &slots[round & 1][pair], pair_scratch(x, n));
       if (!mine || half == 1) continue;
       uint8_t* blk = first + (i0 >> 6) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
@@ -456,8 +457,8 @@ struct KvIq4Nl64 {
     for (int base = 0, round = 0; base < n; base += 64 * n_pairs, ++round) {
       const int i0 = base + 64 * pair;
       const bool mine = i0 < n;
-      const RotatedBlock<64> b =
-          fit_rotated_block64_pair(x + (mine ? i0 : 0), Iq4nlLevels{}, half, &slots[round & 1][pair], E4m3x16Scale{});
+      const RotatedBlock<64> b = fit_rotated_block64_pair(x + (mine ? i0 : 0), Iq4nlLevels{}, half,
+                                                          &slots[round & 1][pair], pair_scratch(x, n), E4m3x16Scale{});
       if (!mine || half == 1) continue;
       uint8_t* blk = first + (i0 >> 6) * kBlockBytes;
       if (lane == 0) blk[0] = static_cast<uint8_t>(b.d);

@@ -596,12 +596,18 @@ void rope_store_kv_general(const RopeKvArgs& a, cudaStream_t stream) {
     // A rotated-only type always takes the rotated store (whatever the
     // flags say: q8_0h64's / iq4_nlh64's pairs of warps need at least 64 threads).
     const bool rotated = detail::kv_rotated_only<KvT> || a.k_rotated || a.v_rotated;
-    const int threads = rotated ? std::min(width, 1024) : width >= 128 ? 64 : 32;
-    // The rotated blocks of 32 (fit_rotated_block): a scratch a warp after
-    // the heads (rotated_scratch).
-    const bool scratch = rotated && KvT::kBlock == 32 && detail::kv_rotatable<KvT>;
-    const size_t smem = static_cast<size_t>(width) * sizeof(float) +
-                        (scratch ? static_cast<size_t>(threads / 32) * sizeof(detail::RotatedScratch) : 0);
+    // The blocks of 64 take at most 8 warps (a head of 512 in two rounds):
+    // their scratch, 4.6 KB a warp, stays within the default 48 KB.
+    const int threads = !rotated                                         ? (width >= 128 ? 64 : 32)
+                        : KvT::kBlock == 64 && detail::kv_rotatable<KvT> ? std::min(width, 256)
+                                                                         : std::min(width, 1024);
+    // The rotated blocks' scratch, a warp's after the heads: blocks of 32
+    // (fit_rotated_block) rotated_scratch, of 64 (the pairs) pair_scratch.
+    size_t scratch = 0;
+    if (rotated && detail::kv_rotatable<KvT>) {
+      scratch = KvT::kBlock == 64 ? sizeof(detail::PairScratch) : sizeof(detail::RotatedScratch);
+    }
+    const size_t smem = static_cast<size_t>(width) * sizeof(float) + static_cast<size_t>(threads / 32) * scratch;
     launch_pdl(rope_kv_kernel<KvT>, grid, threads, smem, stream, a);
   });
 }

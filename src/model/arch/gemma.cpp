@@ -999,7 +999,14 @@ class GemmaCudaModel final : public CudaModelBase {
  public:
   explicit GemmaCudaModel(std::shared_ptr<const ModelFiles> files) : CudaModelBase(std::move(files)) {}
   Status init(const ModelOptions& options);
-  std::vector<KvLayer> kv_layers() const override { return graph_.kv_layers(kv_dtype_); }
+  std::vector<KvLayer> kv_layers() const override {
+    std::vector<KvLayer> out = graph_.kv_layers(kv_dtype_);
+    for (size_t l = 0; kv_chan_ && l < out.size(); ++l) {  // k4c: V in its own type, as CudaModelBase's
+      out[l].v_row_bytes = kv_v_row_bytes(l);
+      out[l].v_dtype = kv_v_dtype();
+    }
+    return out;
+  }
   int32_t n_mtp_layers() const override { return assistant_ ? static_cast<int32_t>(ag_.layers.size()) : 0; }
   std::string mtp_head_source() const override { return assistant_path_; }
 
