@@ -12,7 +12,7 @@
 # BUILD_DIR needs: librill_*.a, bench/bench_cuda and the four test objects
 # (ninja -C BUILD_DIR rill_cuda bench_cuda test_cuda_attention_chan_fast_cuda_test
 #  test_cuda_attention_chan_cuda_test test_cuda_k4c_cuda_test test_cuda_k4a_cuda_test
-#  test_cuda_gemma_k4c_cuda_test).
+#  test_cuda_gemma_k4c_cuda_test test_cuda_kv_chan_cuda_test).
 # Usage: make_carry_k4cfast22.sh BUILD_DIR [DEST]
 set -euo pipefail
 B=$(realpath "$1")
@@ -23,7 +23,7 @@ SHARED=${RILL_SHARED_DIR:-/work/shared}
 rm -rf "$V" && mkdir -p "$V/lib"
 cd "$B"
 objs=""
-for t in attention_chan_fast_cuda_test attention_chan_cuda_test k4c_cuda_test k4a_cuda_test gemma_k4c_cuda_test; do
+for t in attention_chan_fast_cuda_test attention_chan_cuda_test k4c_cuda_test k4a_cuda_test gemma_k4c_cuda_test kv_chan_cuda_test; do
   objs="$objs tests/CMakeFiles/test_cuda_$t.dir/cuda/$t.cpp.o"
 done
 LIBS="-Wl,-rpath,/usr/local/cuda/lib librill_engine.a librill_cuda.a /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.a /usr/lib/x86_64-linux-gnu/libgmock.a librill_kv.a librill_model.a librill_cuda.a /usr/local/cuda/lib/libcublasLt.so librill_backend.a librill_parallel.a /usr/local/cuda/lib/libcudart_static.a -ldl /usr/lib/x86_64-linux-gnu/librt.a /usr/local/cuda/lib/libnccl.so librill_text.a librill_loader.a librill_core.a /usr/lib/x86_64-linux-gnu/libxxhash.so /usr/lib/x86_64-linux-gnu/libutf8proc.so /usr/lib/x86_64-linux-gnu/libpcre2-8.so /usr/lib/x86_64-linux-gnu/libgtest.a -lcudadevrt -lcudart_static -lrt -lpthread -ldl"

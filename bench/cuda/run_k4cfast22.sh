@@ -39,7 +39,7 @@ BUDGET=${BUDGET:-420}
 L=/tmp/k4cfast22-logs
 . "$([ -f "$V/device_out.sh" ] && echo "$V" || echo "$R/bench/cuda")/device_out.sh"
 verdict_lines() {
-  grep -h "^\[ k4c fast \]\|^\[ cuda k4a \]\|^\[ k4a hd64 \]\|^\[ cuda gemma" $L/tests.log 2> /dev/null | cut -c1-200 | head -24
+  grep -h "^\[ k4c fast \]\|^\[ cuda k4a \]\|^\[ k4a hd64 \]\|^\[ cuda gemma\|^\[ kv store \]" $L/tests.log 2> /dev/null | cut -c1-200 | head -36
   for f in $L/b_*.log; do
     [ -f "$f" ] && grep -E "^decode batch|^prefill" "$f" | sed "s|^|$(basename "$f" .log): |" | cut -c1-120 | head -6
   done

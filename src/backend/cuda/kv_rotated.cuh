@@ -532,7 +532,7 @@ __device__ __forceinline__ RotatedBlock<N> fit_rotated_block(const float* x, con
   return out;
 }
 
-// What one warp of a pair hands the other (fit_rotated_block64_pair): its
+// What each warp of a pair hands the other (fit_rotated_block64_pair): its
 // best candidate's error, index and scale bits.
 struct PairExchange {
   double err;
@@ -591,18 +591,23 @@ __device__ __forceinline__ double pair_row_sum(const PairScratch& s) {
 // first level, then the last) in two rounds of 9 and 8: every lane
 // computes its two elements' squared errors for each candidate of the
 // round (elements lane and lane + 32) into the warp's scratch (s), then
-// lane i adds up candidate i's row in index order. Warp 1 hands its best to
-// warp 0 through *slot (a __syncthreads: every thread of the thread block
-// calls this function as often), and warp 0 alone goes on: the winner's
-// x . v and v . v (the refit's sums) and x . x as three rows, then the
-// refit's error and x . v as two. Each term is the CPU's: x - v * d is one
-// f64 FMA (v * d is exact in f32: a level of at most 8 bits times a scale
-// of at most 11), x . v, v . v and x . x are exact products; e * e is
-// rounded, then added. The first of least error wins (NaN errors never
-// do). Returns the block to warp 0; warp 1's return is unused.
+// lane i adds up candidate i's row in index order. The warps swap their
+// best through slot[0] / slot[1] (a __syncthreads: every thread of the
+// thread block calls this function as often), and each goes on with the
+// same winner: its x . v and v . v (the refit's sums) and x . x as three
+// rows, then the refit's error and x . v as two. Each term is the CPU's:
+// x - v * d is one f64 FMA (v * d is exact in f32: a level of at most 8
+// bits times a scale of at most 11), x . v, v . v and x . x are exact
+// products; e * e is rounded, then added. The first of least error wins
+// (NaN errors never do).
+// No branch depends on the data: a block of zeros (m == 0, the CPU's early
+// return) is selected at the end, and the refit is always scored, so the
+// shuffles never sit under a branch the compiler cannot prove uniform
+// (which makes it wrap each in a convergence loop). Both warps return the
+// block; callers store warp 0's.
 template <class Levels, class Scale = F16Scale>
 __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float* x, const Levels& lv, int half,
-                                                                     PairExchange* slot, PairScratch& s,
+                                                                     PairExchange (&slot)[2], PairScratch& s,
                                                                      Scale sc = {}) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = threadIdx.x & 31;
@@ -623,61 +628,52 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
   double best = INFINITY;
   int best_c = 64;
   uint16_t best_d = 0;
-  if (m != 0.0f) {  // m is uniform across the pair
 #pragma unroll
-    for (int round = 0; round < 2; ++round) {
-      const int first = round * kPairRows, count = round == 0 ? kPairRows : 17 - kPairRows;
+  for (int round = 0; round < 2; ++round) {
+    const int first = round * kPairRows, count = round == 0 ? kPairRows : 17 - kPairRows;
 #pragma unroll
-      for (int i = 0; i < count; ++i) {
-        const float d = __shfl_sync(kAll, lane_d, first + i), id = __shfl_sync(kAll, lane_id, first + i);
+    for (int i = 0; i < count; ++i) {
+      const float d = __shfl_sync(kAll, lane_d, first + i), id = __shfl_sync(kAll, lane_id, first + i);
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const double e = __fma_rn(-lv.level_d(__fmul_rn(v[k], id)), static_cast<double>(d), xd[k]);
-          s.terms[i * kPairRowStride + lane + 32 * k] = __dmul_rn(e, e);
-        }
-      }
-      __syncwarp();
-      const double err = pair_row_sum<kPairRows>(s);  // lane i < count: candidate first + i
-      const uint16_t dh = static_cast<uint16_t>(__shfl_sync(kAll, static_cast<int>(lane_dh), (first + lane) & 31));
-      __syncwarp();                      // the rows are read before the next round writes them
-      if (lane < count && err < best) {  // a later round's candidate wins only by less error
-        best = err;
-        best_c = 17 * half + first + lane;
-        best_d = dh;
+      for (int k = 0; k < 2; ++k) {
+        const double e = __fma_rn(-lv.level_d(__fmul_rn(v[k], id)), static_cast<double>(d), xd[k]);
+        s.terms[i * kPairRowStride + lane + 32 * k] = __dmul_rn(e, e);
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const double ob = __shfl_xor_sync(kAll, best, o);
-      const int oc = __shfl_xor_sync(kAll, best_c, o);
-      const uint16_t od = static_cast<uint16_t>(__shfl_xor_sync(kAll, static_cast<int>(best_d), o));
-      if (ob < best || (ob == best && oc < best_c)) {
-        best = ob;
-        best_c = oc;
-        best_d = od;
-      }
-    }
+    __syncwarp();
+    const double err = pair_row_sum<kPairRows>(s);  // lane i < count: candidate first + i
+    const uint16_t dh = static_cast<uint16_t>(__shfl_sync(kAll, static_cast<int>(lane_dh), (first + lane) & 31));
+    __syncwarp();  // the rows are read before the next round writes them
+    const bool wins = lane < count && err < best;  // a later round's candidate wins only by less error
+    best = wins ? err : best;
+    best_c = wins ? 17 * half + first + lane : best_c;
+    best_d = wins ? dh : best_d;
   }
-  if (half == 1 && lane == 0) *slot = PairExchange{best, best_c, best_d};
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const double ob = __shfl_xor_sync(kAll, best, o);
+    const int oc = __shfl_xor_sync(kAll, best_c, o);
+    const uint16_t od = static_cast<uint16_t>(__shfl_xor_sync(kAll, static_cast<int>(best_d), o));
+    const bool take = ob < best || (ob == best && oc < best_c);
+    best = take ? ob : best;
+    best_c = take ? oc : best_c;
+    best_d = take ? od : best_d;
+  }
+  if (lane == 0) slot[half] = PairExchange{best, best_c, best_d};
   __syncthreads();
-  RotatedBlock<64> out;
-  out.q[0] = out.q[1] = zero_code;
-  if (half == 1 || m == 0.0f) return out;  // m == 0: d = +0, the codes of 0
-  const PairExchange o = *slot;            // candidates 17..33: the first of least error is warp 0's on ties
-  if (o.err < best) {
-    best = o.err;
-    best_c = o.c;
-    best_d = o.d;
+  {
+    const PairExchange o = slot[half ^ 1];  // the first of least (error, c): warp 0's candidates on ties
+    const bool take = o.err < best || (o.err == best && o.c < best_c);
+    best = take ? o.err : best;
+    best_c = take ? o.c : best_c;
+    best_d = take ? o.d : best_d;
   }
   // The winner's codes; with no candidate (NaN in the block, or every
   // scale overflowing its format) the codes of 0 and d 0 unless the refit
   // wins, the CPU's, whose refit sums are then over the codes of 0.
   const bool found = best_c < 64;
-  float id = 0.0f;
-  if (found) {
-    const float d = sc.value(best_d);
-    id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-  }
+  const float d_best = sc.value(best_d);
+  const float id = found && d_best != 0.0f ? __fdiv_rn(1.0f, d_best) : 0.0f;
   int q[2];
   double vq[2];
 #pragma unroll
@@ -693,36 +689,33 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
   const double sums = pair_row_sum<3>(s);
   const double xq = __shfl_sync(kAll, sums, 0), qq = __shfl_sync(kAll, sums, 1), xx = __shfl_sync(kAll, sums, 2);
   __syncwarp();
-  // The least-squares refit of d to those codes, a 35th candidate; the
-  // final x . v is over the codes that end up stored.
-  uint16_t dh = best_d;
-  double xq_final = xq;
-  if (qq > 0.0) {
-    const uint16_t dh_r = sc.round(__double2float_rn(__ddiv_rn(xq, qq)));
-    const float d = sc.value(dh_r);
-    const float id_r = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-    double vr[2];
+  // The least-squares refit of d to those codes, a 35th candidate when
+  // qq > 0 (scored either way); the final x . v is over the stored codes.
+  const uint16_t dh_r = sc.round(__double2float_rn(__ddiv_rn(xq, qq)));
+  const float d_r = sc.value(dh_r);
+  const float id_r = d_r != 0.0f ? __fdiv_rn(1.0f, d_r) : 0.0f;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      vr[k] = lv.level_d(__fmul_rn(v[k], id_r));
-      const double e = __fma_rn(-vr[k], static_cast<double>(d), xd[k]);
-      s.terms[0 * kPairRowStride + lane + 32 * k] = __dmul_rn(e, e);
-      s.terms[1 * kPairRowStride + lane + 32 * k] = __dmul_rn(xd[k], vr[k]);
-    }
-    __syncwarp();
-    const double r = pair_row_sum<2>(s);
-    const double err_r = __shfl_sync(kAll, r, 0), xq_r = __shfl_sync(kAll, r, 1);
-    __syncwarp();
-    if (err_r < best) {
-      dh = dh_r;
-      xq_final = xq_r;
-#pragma unroll
-      for (int k = 0; k < 2; ++k) q[k] = lv.code(__fmul_rn(v[k], id_r));
-    }
+  for (int k = 0; k < 2; ++k) {
+    const double vr = lv.level_d(__fmul_rn(v[k], id_r));
+    const double e = __fma_rn(-vr, static_cast<double>(d_r), xd[k]);
+    s.terms[0 * kPairRowStride + lane + 32 * k] = __dmul_rn(e, e);
+    s.terms[1 * kPairRowStride + lane + 32 * k] = __dmul_rn(xd[k], vr);
   }
+  __syncwarp();
+  const double r = pair_row_sum<2>(s);
+  const double err_r = __shfl_sync(kAll, r, 0), xq_r = __shfl_sync(kAll, r, 1);
+  __syncwarp();
+  const bool refit = qq > 0.0 && err_r < best;
+  const uint16_t dh = refit ? dh_r : best_d;
+  const double xq_final = refit ? xq_r : xq;
+  RotatedBlock<64> out;
   out.d = xq_final != 0.0 ? sc.round(__double2float_rn(__ddiv_rn(xx, xq_final))) : dh;
-  out.q[0] = q[0];
-  out.q[1] = q[1];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) out.q[k] = refit ? lv.code(__fmul_rn(v[k], id_r)) : q[k];
+  if (m == 0.0f) {  // a block of zeros (or NaNs only): d = +0, the codes of 0, as the CPU returns early
+    out.d = 0;
+    out.q[0] = out.q[1] = zero_code;
+  }
   return out;
 }
 

@@ -353,7 +353,7 @@ struct KvQ8_0x64 {
   // 1024): the pairs' loop runs as often in each, for the barrier inside.
   // x (n floats) is followed by blockDim.x / 32 PairScratch (pair_scratch).
   __device__ static void store_rotated(const float* x, uint8_t* row, int64_t e0, int n) {
-    __shared__ PairExchange slots[2][16];  // [round parity][pair]: a pair's next round never overwrites a read
+    __shared__ PairExchange slots[2][16][2];  // [round parity][pair][warp]: a next round never overwrites a read
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = warp & 1, pair = warp >> 1;
     const int n_pairs = static_cast<int>(blockDim.x >> 6);
     uint8_t* first = row + (e0 >> 6) * kBlockBytes;
@@ -361,7 +361,7 @@ struct KvQ8_0x64 {
       const int i0 = base + 64 * pair;
       const bool mine = i0 < n;
       const RotatedBlock<64> b = fit_rotated_block64_pair(x + (mine ? i0 : 0), UniformLevels{-127, 127}, half,
-                                                          &slots[round & 1][pair], pair_scratch(x, n));
+                                                          slots[round & 1][pair], pair_scratch(x, n));
       if (!mine || half == 1) continue;
       uint8_t* blk = first + (i0 >> 6) * kBlockBytes;
       if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = b.d;
@@ -450,7 +450,7 @@ struct KvIq4Nl64 {
   // thread block calls it, blockDim.x a multiple of 64): lane i's codes are
   // elements i and i + 32, the low and high nibble of code byte i.
   __device__ static void store_rotated(const float* x, uint8_t* row, int64_t e0, int n) {
-    __shared__ PairExchange slots[2][16];  // [round parity][pair]
+    __shared__ PairExchange slots[2][16][2];  // [round parity][pair][warp]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = warp & 1, pair = warp >> 1;
     const int n_pairs = static_cast<int>(blockDim.x >> 6);
     uint8_t* first = row + (e0 >> 6) * kBlockBytes;
@@ -458,7 +458,7 @@ struct KvIq4Nl64 {
       const int i0 = base + 64 * pair;
       const bool mine = i0 < n;
       const RotatedBlock<64> b = fit_rotated_block64_pair(x + (mine ? i0 : 0), Iq4nlLevels{}, half,
-                                                          &slots[round & 1][pair], pair_scratch(x, n), E4m3x16Scale{});
+                                                          slots[round & 1][pair], pair_scratch(x, n), E4m3x16Scale{});
       if (!mine || half == 1) continue;
       uint8_t* blk = first + (i0 >> 6) * kBlockBytes;
       if (lane == 0) blk[0] = static_cast<uint8_t>(b.d);

@@ -200,8 +200,8 @@ __host__ __device__ __forceinline__ int kv_heads_per_block(int head_dim) {
 }
 
 // One block per (token, q head) and per (token, group of n_sub K or V
-// heads, kv_heads_per_block): q heads [0, n_head), then the K groups, then
-// the V groups. The heads are staged in shared memory.
+// heads, kv_heads_per_block): y (blockIdx.y reversed) q heads [0, n_head),
+// then the K groups, then the V groups. The heads are staged in shared memory.
 template <typename KvT>
 __global__ void rope_kv_kernel(RopeKvArgs a) {
   extern __shared__ __align__(16) float h[];  // [n_sub * head_dim], then the rotated encoder's scratch
@@ -209,7 +209,10 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   const int64_t t = blockIdx.x;
   const int hd = a.head_dim;
   const int n_sub_kv = kv_heads_per_block<KvT>(hd), n_groups = a.n_head_kv / n_sub_kv;
-  const int y = blockIdx.y;
+  // The grid's y runs backwards: V's groups (the rotated types' long
+  // encoder) are dispatched first, so the short q and K blocks fill in
+  // around them instead of leaving them a last wave of their own.
+  const int y = static_cast<int>(gridDim.y - 1 - blockIdx.y);
   const bool is_q = y < a.n_head, is_k = !is_q && y < a.n_head + n_groups;
   const int n_sub = is_q ? 1 : n_sub_kv;
   // The first head of this block, counting q, then k, then v heads.
