@@ -33,6 +33,7 @@
 #include "backend/cpu/quants.h"
 #include "backend/cuda/attention_chan.h"
 #include "backend/cuda/kv_chan.h"
+#include "core/dtype.h"
 #include "cuda_test_util.h"
 
 namespace rill::cuda {
@@ -234,8 +235,15 @@ std::vector<float> host_run(const Batch& bt, bool fast, bool tile = false, bool 
 // The batch on the device: the reference (fast = false) or the fast kernel,
 // `calls` times into the same output (each call's bits returned). ms set:
 // then the median of 20 timed calls in *ms (milliseconds a call).
+// fused / separate set (the fast kernel): after the calls, the outputs
+// rotated back in rotated_dtype by the combine (ChanAttentionArgs::
+// rotated_out) and by rotate_heads_back of the f32 outputs, their bytes.
+struct Rotated {
+  DType dtype = DType::kF32;
+  std::vector<uint8_t> fused, separate;
+};
 std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls = 1, double* ms = nullptr,
-                                           bool tile = false, bool warp = false) {
+                                           bool tile = false, bool warp = false, Rotated* rotated = nullptr) {
   auto d_q = upload(bt.q);
   auto d_out = poisoned(out_floats(bt) * 4);
   auto d_scores = poisoned(static_cast<size_t>(bt.n_tokens) * bt.shape.n_head * bt.max_keys * 4);
@@ -267,6 +275,19 @@ std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls
     }
     RILL_CUDA_CHECK(cudaDeviceSynchronize());
     outs.push_back(download<float>(d_out, out_floats(bt)));
+  }
+  if (rotated) {
+    const size_t bytes = row_bytes(rotated->dtype, static_cast<int64_t>(out_floats(bt)));
+    auto d_sep = poisoned(bytes), d_fused = poisoned(bytes);
+    rotate_heads_back(d_out.as<float>(), int64_t{bt.shape.n_head} * bt.shape.hd, bt.n_tokens, bt.shape.n_head,
+                      bt.shape.hd, rotated->dtype, d_sep.data(), nullptr);
+    ChanAttentionArgs a = args(bt, p, tile, warp);
+    a.rotated_out = d_fused.data();
+    a.rotated_dtype = rotated->dtype;
+    chan_attention_fast(a, nullptr);
+    RILL_CUDA_CHECK(cudaDeviceSynchronize());
+    rotated->separate = download<uint8_t>(d_sep, bytes);
+    rotated->fused = download<uint8_t>(d_fused, bytes);
   }
   if (ms) {
     cudaEvent_t e0, e1;
@@ -431,6 +452,30 @@ TEST(CudaChanFastAttention, TokenTilesChangeNoBit) {
     }
     seed += 100;
   }
+}
+
+// The combine's fused rotation back (what the backend runs) is
+// rotate_heads_back over the combine's f32 outputs, byte for byte, in f32,
+// f16 and bf16, decode and tiled, every shape.
+TEST(CudaChanFastAttention, FusedRotationIsRotateHeadsBack) {
+  RILL_REQUIRE_GPU();
+  uint32_t seed = 700;
+  int compared = 0;
+  for (const Shape& sh : shapes()) {
+    const Batch bt = make_batch(sh, batch_specs(1, seed), seed);
+    for (const DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (const bool tile : {false, true}) {
+        Rotated r;
+        r.dtype = dt;
+        device_run(bt, true, 1, nullptr, tile, !tile, &r);
+        ASSERT_FALSE(r.fused.empty());
+        EXPECT_EQ(r.fused, r.separate) << name(sh) << " dtype " << static_cast<int>(dt) << " tile " << tile;
+        ++compared;
+      }
+    }
+    seed += 100;
+  }
+  std::printf("[ k4c fast ] fused rotation: %d runs byte-equal to rotate_heads_back\n", compared);
 }
 
 // A sequence's outputs alone are its outputs in a batch of 9 others (other

@@ -548,31 +548,10 @@ __global__ void __launch_bounds__(kRotateWarps * 32)
   float x[kPer];
 #pragma unroll
   for (int r = 0; r < kPer; ++r) x[r] = src[r];
-#pragma unroll
-  for (int len = 1; len < HD; len <<= 1) {
-    if (len < kPer) {
-#pragma unroll
-      for (int r = 0; r < kPer; ++r) {
-        if ((r & len) == 0) {
-          const float a = x[r], b = x[r + len];
-          x[r] = __fadd_rn(a, b);
-          x[r + len] = __fsub_rn(a, b);
-        }
-      }
-    } else {
-      const int d = len / kPer;  // the partner lane's distance
-      const bool low = (lane & d) == 0;
-#pragma unroll
-      for (int r = 0; r < kPer; ++r) {
-        const float other = __shfl_xor_sync(0xffffffffu, x[r], d);
-        x[r] = low ? __fadd_rn(x[r], other) : __fsub_rn(other, x[r]);
-      }
-    }
-  }
-  const float s = __fdiv_rn(1.0f, __fsqrt_rn(static_cast<float>(HD)));
+  detail::hadamard_rotate_warp<HD>(x);
   Out* dst = out + w * HD + lane * kPer;
 #pragma unroll
-  for (int r = 0; r < kPer; ++r) dst[r] = from_f32<Out>(__fmul_rn(x[r], s));
+  for (int r = 0; r < kPer; ++r) dst[r] = from_f32<Out>(x[r]);
 }
 
 template <typename Out>

@@ -77,6 +77,12 @@ struct ChanAttentionArgs {
   // backend's default for decode (2-3% faster on an H100, docs/perf.md);
   // RILL_K4C_ATTENTION=rows turns it off.
   bool warp_softmax = false;
+  // The fast kernel only: when set, its combine writes each output head
+  // rotated back (rotate_heads_back's bits, in rotated_dtype: f32, f16 or
+  // bf16) to rotated_out, rows of n_head * head_dim, instead of f32 to out
+  // (one kernel a layer fewer).
+  void* rotated_out = nullptr;
+  DType rotated_dtype = DType::kF32;
 };
 
 // head_dim a multiple of 64 (V's blocks) up to 1024; n_head_kv * head_dim a

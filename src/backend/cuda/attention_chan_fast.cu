@@ -64,6 +64,7 @@
 #include "backend/cuda/attention_chan_math.cuh"
 #include "backend/cuda/attention_chan_split.h"
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kv_chan.h"
 #include "backend/cuda/kv_rotated.cuh"
 #include "backend/cuda/kv_types.cuh"
@@ -682,6 +683,34 @@ __global__ void chan_fast_combine_kernel(ChanAttentionArgs a) {
   }
 }
 
+// chan_fast_combine_kernel with the rotation back fused
+// (ChanAttentionArgs::rotated_out): a warp a (token, head), lane i
+// combining channels i * HD / 32 .. (combine_one's values), then
+// hadamard_rotate_warp, written in Out: rotate_heads_back's bits over the
+// combine's outputs.
+template <int HD, typename Out>
+__global__ void __launch_bounds__(128) chan_fast_combine_rotate_kernel(ChanAttentionArgs a) {
+  constexpr int kPer = HD / 32;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  if (w >= static_cast<int64_t>(a.n_tokens) * a.n_head) return;  // the whole warp
+  const int t = static_cast<int>(w / a.n_head), h = static_cast<int>(w % a.n_head);
+  const int n_splits = token_plan(a, t).n_splits;
+  float x[kPer];
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) x[r] = n_splits > 0 ? combine_one(a, n_splits, t, h, lane * kPer + r) : 0.0f;
+  detail::hadamard_rotate_warp<HD>(x);
+  Out* dst = static_cast<Out*>(a.rotated_out) + w * HD + lane * kPer;
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) dst[r] = detail::from_f32<Out>(x[r]);
+}
+
+template <int HD>
+void combine_rotate(const ChanAttentionArgs& a, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>((static_cast<int64_t>(a.n_tokens) * a.n_head + 3) / 4);
+  RILL_CUDA_DISPATCH_FLOAT(a.rotated_dtype, chan_fast_combine_rotate_kernel<HD, T><<<blocks, 128, 0, stream>>>(a));
+}
+
 // The smallest block head count (1, 2, 4, 8) that holds the group, 8 at most.
 int fast_kg(int group) {
   return group >= 8 ? 8 : group >= 4 ? (group == 4 ? 4 : 8) : group >= 2 ? (group == 2 ? 2 : 4) : 1;
@@ -793,8 +822,14 @@ void chan_attention_fast(const ChanAttentionArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0 || a.n_head <= 0) return;
   if (!chan_attention_fast_supported(a.head_dim)) unsupported(a.head_dim);
   dispatch(a, stream, false);
-  const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head));
-  chan_fast_combine_kernel<<<grid, 128, 0, stream>>>(a);
+  if (a.rotated_out) {
+    if (a.head_dim == 64) combine_rotate<64>(a, stream);
+    if (a.head_dim == 128) combine_rotate<128>(a, stream);
+    if (a.head_dim == 256) combine_rotate<256>(a, stream);
+  } else {
+    const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head));
+    chan_fast_combine_kernel<<<grid, 128, 0, stream>>>(a);
+  }
   RILL_CUDA_CHECK_LAUNCH();
 }
 

@@ -764,6 +764,8 @@ class CudaBackend final : public Backend {
   void encode_chan_blocks(const RopeKvOp& op, const StepMetadata& step) {
     const cuda::ChanStepArgs c = chan_plan(op.kv, op.n_head_kv, op.head_dim, op.kv_group, step);
     cuda::plan_chan_step(c, stream());
+    chan_.planned = c;
+    chan_.plan_live = true;
     cuda::ChanEncodeArgs e;
     e.rows = chan_.rows;
     e.dst = chan_.dst;
@@ -787,7 +789,9 @@ class CudaBackend final : public Backend {
     // layer's KV (tail_read_later) is refused at load (gemma_cuda_tails_refusal).
     assert(!op.tail_read_later);
     const cuda::ChanStepArgs c = chan_plan(op.kv, op.n_head_kv, op.head_dim, op.kv_group, step);
-    cuda::plan_chan_step(c, stream());  // c0 and the tails of this layer (the same plan rope_store_kv made)
+    // c0 and the tails of this layer: the plan rope_store_kv made, unless
+    // another plan or a tail update came between (then planned again).
+    if (!(chan_.plan_live && cuda::same_plan(c, chan_.planned))) cuda::plan_chan_step(c, stream());
     const auto n = static_cast<int32_t>(op.q.rows);
     const int64_t width = int64_t{op.n_head} * op.head_dim;
     cuda::ChanAttentionArgs a;
@@ -817,20 +821,26 @@ class CudaBackend final : public Backend {
     a.k_widths = alloc_widths(op.kv);
     a.tile_tokens = n >= 4 * step.n_seqs;  // several tokens a sequence on average: prefill or verify
     a.warp_softmax = chan_.warp_softmax;
+    a.rotated_dtype = op.out.dtype;
+    const size_t out_row = row_bytes(op.out.dtype, width);
     for (int32_t t0 = 0; t0 < n; t0 += chan_.chunk) {
       a.n_tokens = std::min(chan_.chunk, n - t0);
       a.q = op.q.f32() + t0 * op.q.stride;
       a.pos = step.pos + t0;
       a.seq_of = step.seq_of + t0;
       a.out = rotation_ + t0 * width;
-      if (chan_.fast) {
+      if (chan_.fast) {  // its combine rotates V's outputs back into op.out
+        a.rotated_out = static_cast<uint8_t*>(op.out.data) + static_cast<size_t>(t0) * out_row;
         cuda::chan_attention_fast(a, stream());
       } else {
         cuda::chan_attention_parallel(a, stream());
       }
     }
-    cuda::rotate_heads_back(rotation_, width, n, op.n_head, op.head_dim, op.out.dtype, op.out.data, stream());
+    if (!chan_.fast) {
+      cuda::rotate_heads_back(rotation_, width, n, op.n_head, op.head_dim, op.out.dtype, op.out.data, stream());
+    }
     cuda::update_chan_tails(c, stream());
+    chan_.plan_live = false;  // the tails the plan read have moved on
   }
 
   void attention(const AttentionOp& op, const StepMetadata& step) override {
@@ -1266,6 +1276,13 @@ class CudaBackend final : public Backend {
     bool fast = false;          // chan_attention_fast, not chan_attention_parallel
     bool warp_softmax = false;  // ChanAttentionArgs::warp_softmax (off: RILL_K4C_ATTENTION=rows)
     int32_t keys = 0, chunk = 0;
+    // The plan the outputs above hold (encode_chan_blocks made it), live
+    // until update_chan_tails moves the tails it read: attention_chan
+    // reuses it for the same layer and step instead of planning again. As
+    // host state it is decided once when a decode graph is captured, the
+    // same calls in the same order as every replay.
+    cuda::ChanStepArgs planned;
+    bool plan_live = false;
   } chan_;
   int64_t index_keys_ = 0;
   cuda::QuantScratch qscratch_;

@@ -59,6 +59,18 @@ struct ChanStepArgs {
   const uint8_t** tail_v = nullptr;   // [n_seqs]
 };
 
+// Whether a and b plan the same step of the same layer into the same
+// outputs (every field equal): a plan made for a still holds for b while
+// nothing its inputs point at has changed.
+inline bool same_plan(const ChanStepArgs& a, const ChanStepArgs& b) {
+  return a.n_seqs == b.n_seqs && a.q_start == b.q_start && a.q_len == b.q_len && a.kv_len == b.kv_len &&
+         a.kv_tail == b.kv_tail && a.table_start == b.table_start && a.block_tables == b.block_tables &&
+         a.tails == b.tails && a.tail_stride == b.tail_stride && a.step_k == b.step_k && a.step_v == b.step_v &&
+         a.k_blocks == b.k_blocks && a.k_block_stride == b.k_block_stride && a.width == b.width &&
+         a.max_units == b.max_units && a.rows == b.rows && a.dst == b.dst && a.sequence_start == b.sequence_start &&
+         a.n_units == b.n_units && a.units == b.units && a.c0 == b.c0 && a.tail_k == b.tail_k && a.tail_v == b.tail_v;
+}
+
 // The most units a step of n_tokens tokens in n_seqs sequences completes:
 // a sequence's q_len tokens complete at most q_len / 32 + 1 blocks (the
 // one begun before the step), and at most q_len.

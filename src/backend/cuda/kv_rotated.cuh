@@ -62,6 +62,43 @@ __device__ __forceinline__ void hadamard_rotate_heads(float* x, int width, int n
   __syncthreads();
 }
 
+// The same rotation of one head of HD elements (32 to 512, a power of two)
+// held by a warp, lane i holding elements i * HD / 32 .. in x: butterflies
+// within a lane's elements first, then across lanes by shuffles (the low
+// element's lane keeps a + b, the other a - b), then the scale: each
+// element's operations and operands are hadamard_rotate_heads', so the same
+// bits. All 32 lanes call it together.
+template <int HD>
+__device__ __forceinline__ void hadamard_rotate_warp(float (&x)[HD / 32]) {
+  constexpr int kPer = HD / 32;
+  static_assert(kPer >= 1 && (HD & (HD - 1)) == 0, "heads of 32 to 512, a power of two");
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int len = 1; len < HD; len <<= 1) {
+    if (len < kPer) {
+#pragma unroll
+      for (int r = 0; r < kPer; ++r) {
+        if ((r & len) == 0) {
+          const float a = x[r], b = x[r + len];
+          x[r] = __fadd_rn(a, b);
+          x[r + len] = __fsub_rn(a, b);
+        }
+      }
+    } else {
+      const int d = len / kPer;  // the partner lane's distance
+      const bool low = (lane & d) == 0;
+#pragma unroll
+      for (int r = 0; r < kPer; ++r) {
+        const float other = __shfl_xor_sync(0xffffffffu, x[r], d);
+        x[r] = low ? __fadd_rn(x[r], other) : __fsub_rn(other, x[r]);
+      }
+    }
+  }
+  const float s = __fdiv_rn(1.0f, __fsqrt_rn(static_cast<float>(HD)));
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) x[r] = __fmul_rn(x[r], s);
+}
+
 // #pragma unroll in functions built for the host too (the host compiler
 // does not know the pragma, and warnings are errors).
 #ifdef __CUDA_ARCH__
@@ -643,7 +680,7 @@ __device__ __forceinline__ RotatedBlock<64> fit_rotated_block64_pair(const float
     __syncwarp();
     const double err = pair_row_sum<kPairRows>(s);  // lane i < count: candidate first + i
     const uint16_t dh = static_cast<uint16_t>(__shfl_sync(kAll, static_cast<int>(lane_dh), (first + lane) & 31));
-    __syncwarp();  // the rows are read before the next round writes them
+    __syncwarp();                                  // the rows are read before the next round writes them
     const bool wins = lane < count && err < best;  // a later round's candidate wins only by less error
     best = wins ? err : best;
     best_c = wins ? 17 * half + first + lane : best_c;
