@@ -684,31 +684,33 @@ __global__ void chan_fast_combine_kernel(ChanAttentionArgs a) {
 }
 
 // chan_fast_combine_kernel with the rotation back fused
-// (ChanAttentionArgs::rotated_out): a warp a (token, head), lane i
-// combining channels i * HD / 32 .. (combine_one's values), then
-// hadamard_rotate_warp, written in Out: rotate_heads_back's bits over the
-// combine's outputs.
+// (ChanAttentionArgs::rotated_out): a thread block of HD threads a (token,
+// head), thread c combining channel c (combine_one, as the plain combine
+// spreads it), then warp 0 rotating the head (hadamard_rotate_warp, lane i
+// holding channels i * HD / 32 ..) and writing it in Out:
+// rotate_heads_back's bits over the combine's outputs.
 template <int HD, typename Out>
-__global__ void __launch_bounds__(128) chan_fast_combine_rotate_kernel(ChanAttentionArgs a) {
+__global__ void __launch_bounds__(HD) chan_fast_combine_rotate_kernel(ChanAttentionArgs a) {
   constexpr int kPer = HD / 32;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
-  if (w >= static_cast<int64_t>(a.n_tokens) * a.n_head) return;  // the whole warp
-  const int t = static_cast<int>(w / a.n_head), h = static_cast<int>(w % a.n_head);
+  __shared__ float head[HD];
+  const int t = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), c = static_cast<int>(threadIdx.x);
   const int n_splits = token_plan(a, t).n_splits;
+  head[c] = n_splits > 0 ? combine_one(a, n_splits, t, h, c) : 0.0f;
+  __syncthreads();
+  if (c >= 32) return;  // warp 0 rotates
   float x[kPer];
 #pragma unroll
-  for (int r = 0; r < kPer; ++r) x[r] = n_splits > 0 ? combine_one(a, n_splits, t, h, lane * kPer + r) : 0.0f;
+  for (int r = 0; r < kPer; ++r) x[r] = head[c * kPer + r];
   detail::hadamard_rotate_warp<HD>(x);
-  Out* dst = static_cast<Out*>(a.rotated_out) + w * HD + lane * kPer;
+  Out* dst = static_cast<Out*>(a.rotated_out) + (static_cast<int64_t>(t) * a.n_head + h) * HD + c * kPer;
 #pragma unroll
   for (int r = 0; r < kPer; ++r) dst[r] = detail::from_f32<Out>(x[r]);
 }
 
 template <int HD>
 void combine_rotate(const ChanAttentionArgs& a, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>((static_cast<int64_t>(a.n_tokens) * a.n_head + 3) / 4);
-  RILL_CUDA_DISPATCH_FLOAT(a.rotated_dtype, chan_fast_combine_rotate_kernel<HD, T><<<blocks, 128, 0, stream>>>(a));
+  const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head));
+  RILL_CUDA_DISPATCH_FLOAT(a.rotated_dtype, chan_fast_combine_rotate_kernel<HD, T><<<grid, HD, 0, stream>>>(a));
 }
 
 // The smallest block head count (1, 2, 4, 8) that holds the group, 8 at most.
