@@ -235,28 +235,6 @@ std::vector<float> host_run(const Batch& bt, bool fast, bool tile = false, bool 
 // The batch on the device: the reference (fast = false) or the fast kernel,
 // `calls` times into the same output (each call's bits returned). ms set:
 // then the median of 20 timed calls in *ms (milliseconds a call).
-// The median of 20 timed runs of f on the default stream, in ms.
-template <typename F>
-double median_ms(F&& f) {
-  cudaEvent_t e0, e1;
-  RILL_CUDA_CHECK(cudaEventCreate(&e0));
-  RILL_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> t;
-  for (int i = 0; i < 20; ++i) {
-    RILL_CUDA_CHECK(cudaEventRecord(e0, nullptr));
-    f();
-    RILL_CUDA_CHECK(cudaEventRecord(e1, nullptr));
-    RILL_CUDA_CHECK(cudaEventSynchronize(e1));
-    float x = 0.0f;
-    RILL_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
-    t.push_back(x);
-  }
-  std::sort(t.begin(), t.end());
-  RILL_CUDA_CHECK(cudaEventDestroy(e0));
-  RILL_CUDA_CHECK(cudaEventDestroy(e1));
-  return t[t.size() / 2];
-}
-
 // fused / separate set (the fast kernel): after the calls, the outputs
 // rotated back in rotated_dtype by the combine (ChanAttentionArgs::
 // rotated_out) and by rotate_heads_back of the f32 outputs, their bytes.

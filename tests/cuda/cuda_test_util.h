@@ -3,6 +3,7 @@
 // from the device, seeded random data, bf16/f16 rounding on the host.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -92,6 +93,29 @@ inline DeviceBuffer poisoned(size_t bytes) {
   RILL_CUDA_CHECK(cudaMemset(b->data(), 0xff, bytes + 16));
   RILL_CUDA_CHECK(cudaDeviceSynchronize());  // as upload: ordered before any stream's kernels
   return std::move(b).value();
+}
+
+// The median time of `runs` runs of f (launches on the default stream),
+// each between two events, in ms: a call alone, launch included.
+template <typename F>
+double median_ms(F&& f, int runs = 20) {
+  cudaEvent_t e0, e1;
+  RILL_CUDA_CHECK(cudaEventCreate(&e0));
+  RILL_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> t;
+  for (int i = 0; i < runs; ++i) {
+    RILL_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+    f();
+    RILL_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+    RILL_CUDA_CHECK(cudaEventSynchronize(e1));
+    float x = 0.0f;
+    RILL_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
+    t.push_back(x);
+  }
+  std::sort(t.begin(), t.end());
+  RILL_CUDA_CHECK(cudaEventDestroy(e0));
+  RILL_CUDA_CHECK(cudaEventDestroy(e1));
+  return t[t.size() / 2];
 }
 
 }  // namespace rill::cuda::testing

@@ -195,6 +195,24 @@ TEST(CudaKvChan, EncoderIsTheCpusFromQ8Rows) {
   }
 }
 
+// RopeKvArgs of a step of n_tok tokens over device rows: qkv's rows hold
+// n_head q heads, then n_head_kv K and V heads of hd; RoPE over all of hd.
+RopeKvArgs step_args(const float* qkv, int32_t n_tok, int32_t n_head, int32_t n_head_kv, int32_t hd, const int32_t* pos,
+                     const int32_t* slots, const float* inv_freq) {
+  RopeKvArgs a;
+  a.qkv = const_cast<float*>(qkv);
+  a.n_tokens = n_tok;
+  a.qkv_stride = int64_t{n_head + 2 * n_head_kv} * hd;
+  a.n_head = n_head;
+  a.n_head_kv = n_head_kv;
+  a.head_dim = hd;
+  a.positions = pos;
+  a.slots = slots;
+  a.inv_freq = inv_freq;
+  a.rot_dim = hd;
+  return a;
+}
+
 // k4c's tail rows from the RoPE kernel (RopeKvArgs::k_rows / v_rows, the
 // iq4_nlh64 V pool beside them): K's q8_0 row unrotated, V's rotated, each
 // cpu::store_chan_tail_rows' bytes, and V's pool row cpu::store_kv_row's
@@ -235,17 +253,8 @@ TEST(CudaKvChan, TailRowsAreTheCpus) {
          d_v_pool = upload(std::vector<uint8_t>(want_pool.size(), 0x5A));
     auto d_k_rows = upload(std::vector<uint8_t>(want_k.size(), 0)),
          d_v_rows = upload(std::vector<uint8_t>(want_v.size(), 0));
-    RopeKvArgs a;
-    a.qkv = d_qkv.as<float>();
-    a.n_tokens = n_tok;
-    a.qkv_stride = QKV;
-    a.n_head = n_head;
-    a.n_head_kv = n_head_kv;
-    a.head_dim = hd;
-    a.positions = d_pos.as<int32_t>();
-    a.slots = d_slots.as<int32_t>();
-    a.inv_freq = d_inv.as<float>();
-    a.rot_dim = hd;
+    RopeKvArgs a = step_args(d_qkv.as<float>(), n_tok, n_head, n_head_kv, hd, d_pos.as<int32_t>(),
+                             d_slots.as<int32_t>(), d_inv.as<float>());
     a.k_cache = d_k_pool.data();
     a.v_cache = d_v_pool.data();
     a.kv_dtype = kKvIq4Nl64;
@@ -449,17 +458,8 @@ TEST(CudaKvChan, DeviceTimingOfTheStore) {
     RILL_CUDA_CHECK(cudaEventCreate(&e0));
     RILL_CUDA_CHECK(cudaEventCreate(&e1));
     for (const Variant& v : variants) {
-      RopeKvArgs a;
-      a.qkv = d_qkv.as<float>();
-      a.n_tokens = n_tok;
-      a.qkv_stride = QKV;
-      a.n_head = n_head;
-      a.n_head_kv = n_head_kv;
-      a.head_dim = hd;
-      a.positions = d_pos.as<int32_t>();
-      a.slots = d_slots.as<int32_t>();
-      a.inv_freq = d_inv.as<float>();
-      a.rot_dim = hd;
+      RopeKvArgs a = step_args(d_qkv.as<float>(), n_tok, n_head, n_head_kv, hd, d_pos.as<int32_t>(),
+                               d_slots.as<int32_t>(), d_inv.as<float>());
       a.k_cache = d_k.data();
       a.v_cache = d_v.data();
       a.kv_dtype = v.dtype;
@@ -484,19 +484,9 @@ TEST(CudaKvChan, DeviceTimingOfTheStore) {
       RILL_CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0.0f;
       RILL_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      std::vector<float> one;
-      for (int i = 0; i < 50; ++i) {
-        RILL_CUDA_CHECK(cudaEventRecord(e0, nullptr));
-        rope_store_kv(a, nullptr);
-        RILL_CUDA_CHECK(cudaEventRecord(e1, nullptr));
-        RILL_CUDA_CHECK(cudaEventSynchronize(e1));
-        float x = 0.0f;
-        RILL_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
-        one.push_back(x);
-      }
-      std::sort(one.begin(), one.end());
+      const double alone = median_ms([&] { rope_store_kv(a, nullptr); }, 50);
       std::printf("[ kv store ] %d token(s), %s: %.1f us a call back to back, %.1f us alone\n", n_tok, v.name,
-                  1000.0 * ms / kReps, 1000.0 * one[one.size() / 2]);
+                  1000.0 * ms / kReps, 1000.0 * alone);
     }
     RILL_CUDA_CHECK(cudaEventDestroy(e0));
     RILL_CUDA_CHECK(cudaEventDestroy(e1));
