@@ -44,6 +44,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kv_rotated.cuh"
+#include "backend/cuda/kv_rotated_pair.cuh"
 #include "core/dtype.h"
 #include "core/e4m3.h"
 
