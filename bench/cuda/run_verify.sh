@@ -27,7 +27,8 @@ ALONE="CudaQ8Dp4a.QuantMatmulTakesItWhenSwitchedOn"
 FILTER=${FILTER:-*}
 # PART=i/n: the i-th of n shares of the test suites (in the binary's
 # order, split by suite count), so that the whole suite, which outgrew one
-# call (2026-12-06: cut at 230 s), runs in n calls; its filter replaces
+# call (2026-12-06: cut at 230 s), runs in n calls (n = 3 since the second
+# session of 2026-12-06: part 1 of 2 ran past 250 s); its filter replaces
 # FILTER's positive part.
 if [ -n "${PART:-}" ]; then
   i=${PART%/*}; n=${PART#*/}
