@@ -9,7 +9,10 @@
 # over all positions and over positions 0-31, as a share of the type's own
 # change (its logits against f32 KV's). A CUDA run of the type whose
 # difference from the CPU's sits within this spread is at the noise floor.
-# usage: .venv-tools/bin/python tools/kv_noise_floor.py RILL MODEL_DIR KV_TYPE [SEEDS] [N_IDS]
+# IDS: "spread" (default: (7919 i + 13) mod vocab) or "test" (the CUDA k4c
+# tests' prompt, tests/cuda/chan_model_test_util.h prompt(n, vocab)); ULPS:
+# the largest move a weight takes (default 1: -1, 0 or +1 ulp).
+# usage: .venv-tools/bin/python tools/kv_noise_floor.py RILL MODEL_DIR KV_TYPE [SEEDS] [N_IDS] [IDS] [ULPS]
 import json
 import os
 import shutil
@@ -21,7 +24,7 @@ import tempfile
 import numpy as np
 
 
-def perturbed_copy(src, dst, seed):
+def perturbed_copy(src, dst, seed, ulps):
     os.makedirs(dst, exist_ok=True)
     shutil.copy(os.path.join(src, "config.json"), dst)
     raw = open(os.path.join(src, "model.safetensors"), "rb").read()
@@ -34,7 +37,7 @@ def perturbed_copy(src, dst, seed):
             continue
         a, b = t["data_offsets"]
         bits = np.frombuffer(bytes(data[a:b]), dtype=np.uint32).astype(np.int64)
-        step = rng.integers(-1, 2, size=bits.shape)
+        step = rng.integers(-ulps, ulps + 1, size=bits.shape)
         moved = np.where((bits & 0x7FFFFFFF) != 0, bits + step, bits)
         data[a:b] = moved.astype(np.uint32).tobytes()
     with open(os.path.join(dst, "model.safetensors"), "wb") as f:
@@ -55,15 +58,20 @@ def main():
     rill, model, kv = sys.argv[1], sys.argv[2], sys.argv[3]
     seeds = int(sys.argv[4]) if len(sys.argv) > 4 else 8
     n_ids = int(sys.argv[5]) if len(sys.argv) > 5 else 100
+    which = sys.argv[6] if len(sys.argv) > 6 else "spread"
+    ulps = int(sys.argv[7]) if len(sys.argv) > 7 else 1
     vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
-    ids = ",".join(str((i * 7919 + 13) % vocab) for i in range(n_ids))
+    if which == "test":
+        ids = ",".join(str((i * 53 + 7 + (i * i) % 11) % vocab) for i in range(n_ids))
+    else:
+        ids = ",".join(str((i * 7919 + 13) % vocab) for i in range(n_ids))
     f32, q = logits(rill, model, ids, "f32"), logits(rill, model, ids, kv)
     own = rms(q, f32)
-    print(f"{model} {kv}: own change against f32 KV rms {own:.5f}")
+    print(f"{model} {kv} ({which} ids, up to {ulps} ulp): own change against f32 KV rms {own:.5f}")
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, seeds + 1):
             copy = os.path.join(tmp, f"s{seed}")
-            perturbed_copy(model, copy, seed)
+            perturbed_copy(model, copy, seed, ulps)
             pf, pq = logits(rill, copy, ids, "f32"), logits(rill, copy, ids, kv)
             d = rms(pq, q)
             print(f"  seed {seed}: f32 rms {rms(pf, f32):.3g}; {kv} rms {d:.5f} ({100 * d / own:.1f}% of own), "
