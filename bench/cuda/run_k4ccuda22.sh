@@ -3,8 +3,7 @@
 # KV on CUDA, written without a GPU), in one call:
 #  1. the tests that hold iq4_nlh64 (OPS_FILTER: the backend ops against
 #     the CPU Backend, store bytes included; FILTER: the CUDA tests, k4c's
-#     among them: CudaKvChanStep, CudaK4c from branch k4cwire22), which
-#     set RILL_CUDA_UNTESTED_KV=1 themselves;
+#     among them: CudaKvChanStep, CudaK4c from branch k4cwire22);
 #  2. one layer's decode attention alone per KV type (bench_kv_attention);
 #  3. the random Llama-3.1-8B bf16 made here: decode batch 1 / 64 after
 #     1,024-token prompts and prefill of 2,048 tokens per type (TYPES,
@@ -56,7 +55,6 @@ tmo 210 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; ou
 out_pack
 grep -c "^\[       OK" $L/tests.log $L/ops.log; echo "tests done at $(( $(date +%s) - T0 )) s"
 # The benchmarks below take iq4_nlh64 only with the switch (backend/cuda/ops.h kv_untested).
-export RILL_CUDA_UNTESTED_KV=1
 # k4c is no CUDA KV type of bench_kv_attention's (it exits 1 naming it): the pair runs in bench_cuda only.
 csv=$(echo $TYPES | tr ' ' '\n' | grep -vx k4c | paste -sd,)
 [ -n "$csv" ] && tmo 60 $V/bench_kv_attention --contexts 1024,8192 --batches 1,64 --types $csv > $L/attn.log 2>&1

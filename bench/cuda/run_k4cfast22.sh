@@ -6,7 +6,7 @@
 #     invariance and determinism bit for bit), the reference against the
 #     CPU's, and the k4c and k4a Llama models against the CPU's (through the
 #     backend's default, the reference kernel, then once more with
-#     RILL_K4C_ATTENTION=fast); they set RILL_CUDA_UNTESTED_KV=1 themselves;
+#     RILL_K4C_ATTENTION=fast);
 #  2. the random Llama-3.1-8B bf16 made into /dev/shm in the background
 #     (on the CPU while the tests run);
 #  3. with RILL_K4C_ATTENTION=fast, bench_cuda decode at batches 1 and 64 after CTXS-token prompts
@@ -61,7 +61,6 @@ out_key $L/tests.log
 tmo 240 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; out_rc tests $RC_TESTS; echo "tests rc=$RC_TESTS"; show $L/tests.log 60
 out_pack
 grep -c "^\[       OK" $L/tests.log; echo "tests done at $(( $(date +%s) - T0 )) s"
-export RILL_CUDA_UNTESTED_KV=1
 # The backend's k4c path (the model tests above ran the default, the
 # reference kernel): the model tests once more through the fast kernel.
 out_key $L/tests_fast.log

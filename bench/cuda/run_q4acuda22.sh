@@ -3,8 +3,7 @@
 # CUDA, written without a GPU), in one call:
 #  1. the tests (FILTER: the q4c / q4a encoders against the CPU's bytes,
 #     the reference attention over q4c and q4a blocks, the step plan, the
-#     k4c and k4a Llama models against the CPU's), which set
-#     RILL_CUDA_UNTESTED_KV=1 themselves;
+#     k4c and k4a Llama models against the CPU's);
 #  2. the random Llama-3.1-8B bf16 made here (on the CPU while the tests
 #     run): k4a and then k4c, the branch's bench_cuda, at a cheap shape of
 #     their own (decode batch 1 and 9 after 256-token prompts, a 256-token
@@ -50,7 +49,6 @@ out_key $L/tests.log
 tmo 240 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; out_rc tests $RC_TESTS; echo "tests rc=$RC_TESTS"; show $L/tests.log 60
 out_pack
 grep -c "^\[       OK" $L/tests.log; echo "tests done at $(( $(date +%s) - T0 )) s"
-export RILL_CUDA_UNTESTED_KV=1
 wait $MK; tail -2 $L/make.log
 for t in k4a k4c; do
   if [ $(left) -lt ${MIN_LEFT:-40} ]; then echo "== $t branch skipped (time)"; continue; fi

@@ -20,7 +20,7 @@ struct KvTypeFlags {
         "; q4_0h / q8_0h / iq4_nlh: q4_0 / q8_0 / iq4_nl of Hadamard-rotated heads; q8_0h64: q8_0h in blocks of 64 "
         "(head_dim a multiple of 64); iq4_nlh64: iq4_nlh in blocks of 64 with an e4m3 scale; k4c: K per channel "
         "over 32 tokens; k4a: k4c with each K channel's width (0..8 bits, 4 on average) calibrated at load; k4c "
-        "and k4a: the Llama family, and the Gemma family (on CUDA only with RILL_CUDA_UNTESTED_KV=1))";
+        "and k4a: the Llama and Gemma families)";
     app->add_option("--kv-type", both, "KV cache type of K and V in every layer" + names);
     app->add_option("--kv-type-k", k, "KV cache type of K (overrides --kv-type)" + names);
     app->add_option("--kv-type-v", v, "KV cache type of V (overrides --kv-type)" + names);

@@ -201,10 +201,6 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
                                   : "which this model does not keep on CUDA: " + kv_tails_refusal_;
       return Error{f.path + ": KV type " + k_name + " needs a per-sequence KV tail, " + why + "; use another KV type"};
     }
-    if (kv_tails_untested_ && !cuda::kv_untested_allowed()) {
-      return Error{f.path + ": KV type " + pair + " has not yet passed its GPU tests on this family's CUDA model; " +
-                   "set " + cuda::kUntestedKvEnv + "=1 to use it, or use --device cpu"};
-    }
     if (!cuda::kv_rotation_supported(kKvIq4Nl64, static_cast<int32_t>(hd_), true) || hd_ > 1024) {
       return Error{f.path + ": KV type " + pair + " needs a power-of-two head_dim of at least 64 and at most " +
                    std::to_string(cuda::kMaxHeadDim) + " on CUDA; head_dim is " + std::to_string(hd_)};

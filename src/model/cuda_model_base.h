@@ -386,9 +386,6 @@ class CudaModelBase : public Model, public StepOverlap {
   // Why a family that keeps tails does not for this model (for the error
   // choose_kv_type() gives); empty: the family keeps none.
   std::string kv_tails_refusal_;
-  // The family's k4c / k4a path has not yet passed its GPU tests: refused
-  // unless RILL_CUDA_UNTESTED_KV=1 (cuda::kv_untested_allowed).
-  bool kv_tails_untested_ = false;
   int64_t E_ = 0, V_ = 0, F_ = 0, hd_ = 0, Q_ = 0, KV_ = 0;  // KV_: one layer's K (or V) row
   // Attention groups (with block tables) first; a recurrent group, whose
   // states are states_, after them.

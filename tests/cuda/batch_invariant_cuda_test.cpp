@@ -30,7 +30,6 @@
 #include "loader/model_files.h"
 #include "model/registry.h"
 #include "rill/engine.h"
-#include "untested_kv.h"
 
 namespace rill {
 namespace {

@@ -32,7 +32,6 @@
 #include "backend/cuda/ops.h"
 #include "core/e4m3.h"
 #include "cuda_test_util.h"
-#include "untested_kv.h"
 
 namespace rill::cuda {
 namespace {

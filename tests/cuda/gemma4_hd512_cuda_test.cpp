@@ -34,7 +34,6 @@
 #include "gemma4_hd512_model.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
-#include "untested_kv.h"
 
 namespace rill {
 namespace {

@@ -35,7 +35,6 @@
 #include "model/cuda_model_base.h"
 #include "model/kv_types.h"
 #include "model/registry.h"
-#include "untested_kv.h"
 
 namespace rill {
 namespace {
@@ -269,18 +268,23 @@ TEST(CudaGemmaK4cRefusal, KvSharingIsRefusedByName) {
   EXPECT_NE(m.error().message.find("share KV"), std::string::npos) << m.error().message;
 }
 
-// Until these tests pass on a GPU, gemma.cuda's k4c / k4a is refused
-// without RILL_CUDA_UNTESTED_KV=1 (untested_kv.h sets it for this binary),
-// naming the switch.
-TEST(CudaGemmaK4cRefusal, IsRefusedWithoutTheSwitchNamingIt) {
+// gemma.cuda's k4c / k4a load with no switch (these tests passed on an
+// H100, 2026-12-06) and keep the CPU's bytes a token and tails.
+TEST(CudaGemmaK4cLoad, LoadsAsTheCpu) {
   RILL_REQUIRE_GPU();
-  const std::string dir = wide_dir("gemma3");
-  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << dir << " is missing";
-  unsetenv("RILL_CUDA_UNTESTED_KV");
-  auto off = try_open(dir, Device::kCuda, 8, "k4c");
-  setenv("RILL_CUDA_UNTESTED_KV", "1", 1);
-  ASSERT_FALSE(off.ok());
-  EXPECT_NE(off.error().message.find("RILL_CUDA_UNTESTED_KV=1"), std::string::npos) << off.error().message;
+  for (const char* model : {"gemma2", "gemma3"}) {
+    const std::string dir = wide_dir(model);
+    if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << dir << " is missing";
+    for (const char* kv : {"k4c", "k4a"}) {
+      auto on = try_open(dir, Device::kCuda, 8, kv);
+      ASSERT_TRUE(on.ok()) << model << " " << kv << ": " << on.error().message;
+      auto cpu = try_open(dir, Device::kCpu, 8, kv);
+      ASSERT_TRUE(cpu.ok()) << model << " " << kv << ": " << cpu.error().message;
+      EXPECT_EQ((*on)->kv_bytes_per_token(), (*cpu)->kv_bytes_per_token()) << model << " " << kv;
+      EXPECT_EQ((*on)->n_kv_tail_slots(), (*cpu)->n_kv_tail_slots()) << model << " " << kv;
+      EXPECT_EQ((*on)->kv_tail_bytes(), (*cpu)->kv_tail_bytes()) << model << " " << kv;
+    }
+  }
 }
 
 }  // namespace

@@ -27,7 +27,6 @@
 #include "cuda_test_util.h"
 #include "model/cpu_paged_model.h"
 #include "model/cuda_model_base.h"
-#include "untested_kv.h"
 
 namespace rill {
 namespace {
@@ -88,12 +87,9 @@ TEST_F(K4aHd64, CpuK4aCalibratesAndMovesTheLogits) {
   std::printf("[ k4a hd64 ] CPU k4a vs f32 KV: rms %.3g; %d channels not at 4 bits\n", rms_diff(c, f), n_not4);
 }
 
-// Loads without RILL_CUDA_UNTESTED_KV (the Llama family's k4a passed its
-// GPU tests), with the CPU's bytes a token and tails, and names its widths.
-TEST_F(CudaK4a, LoadsWithoutTheSwitchAsTheCpu) {
-  unsetenv("RILL_CUDA_UNTESTED_KV");
+// Loads with the CPU's bytes a token and tails, and names its widths.
+TEST_F(CudaK4a, LoadsAsTheCpu) {
   auto on = try_open(Device::kCuda, 8, "k4a");
-  setenv("RILL_CUDA_UNTESTED_KV", "1", 1);
   ASSERT_TRUE(on.ok()) << on.error().message;
   auto cpu = try_open(Device::kCpu, 8, "k4a");
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;

@@ -40,7 +40,6 @@
 #include "model/batch.h"
 #include "model/kv_types.h"
 #include "model/registry.h"
-#include "untested_kv.h"
 
 namespace rill {
 namespace {
@@ -55,13 +54,9 @@ class CudaK4c : public K4cHd64 {
   }
 };
 
-// Loads without RILL_CUDA_UNTESTED_KV (untested_kv.h sets it for this
-// binary; the Llama family's k4c passed its GPU tests), with the CPU's
-// bytes a token and tails.
-TEST_F(CudaK4c, LoadsWithoutTheSwitchAsTheCpu) {
-  unsetenv("RILL_CUDA_UNTESTED_KV");
+// Loads with the CPU's bytes a token and tails.
+TEST_F(CudaK4c, LoadsAsTheCpu) {
   auto on = try_open(Device::kCuda, 8, "k4c");
-  setenv("RILL_CUDA_UNTESTED_KV", "1", 1);
   ASSERT_TRUE(on.ok()) << on.error().message;
   auto cpu = try_open(Device::kCpu, 8, "k4c");
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;

@@ -36,7 +36,6 @@
 #include "core/dtype.h"
 #include "core/e4m3.h"
 #include "cuda_test_util.h"
-#include "untested_kv.h"
 
 namespace rill::cuda {
 namespace {

@@ -36,7 +36,6 @@
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
-#include "untested_kv.h"
 
 namespace rill {
 namespace {
@@ -296,12 +295,7 @@ TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
        {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4, kKvQ4Chan}) {
     EXPECT_FALSE(cuda::kv_supported(t)) << dtype_name(t);
   }
-  // iq4_nlh64 (its kernels passed their GPU tests): whatever
-  // RILL_CUDA_UNTESTED_KV says (untested_kv.h sets it for this binary).
   EXPECT_TRUE(cuda::kv_supported(kKvIq4Nl64));
-  unsetenv(cuda::kUntestedKvEnv);
-  EXPECT_TRUE(cuda::kv_supported(kKvIq4Nl64));
-  setenv(cuda::kUntestedKvEnv, "1", 1);
   // Rotation: the block types with a store_rotated (q8_0h, q4_0h, iq4_nlh; q8_0h64 below),
   // at a power-of-two head_dim attention takes (<= 512, Gemma 4's full
   // layers); IQ4_NL only rotated (no plain encoder, as on the CPU).

@@ -154,8 +154,7 @@ TEST(Registry, Fp8WeightsOnTheCpuAreRefused) {
 
 // q8_0h64 (rotated q8_0 in blocks of 64) runs on CUDA too: a CUDA model
 // takes it to its factory (which checks the head_dim), on either side or
-// from a --kv-config line, as the CPU does; so does k4c's iq4_nlh64 (its
-// CUDA kernels passed their GPU tests), without RILL_CUDA_UNTESTED_KV.
+// from a --kv-config line, as the CPU does; so does k4c's iq4_nlh64.
 TEST(Registry, Q8_0h64KvReachesTheCudaFactory) {
   auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"}), impl("llama.cuda", {"llama"}, Device::kCuda)});
   ASSERT_TRUE(r.ok());
@@ -180,11 +179,7 @@ TEST(Registry, Q8_0h64KvReachesTheCudaFactory) {
   ModelOptions o;
   o.device = Device::kCuda;
   o.kv_types.k = o.kv_types.v = k4c_v;
-  const char* was = std::getenv("RILL_CUDA_UNTESTED_KV");
-  const std::string saved = was ? was : "";
-  unsetenv("RILL_CUDA_UNTESTED_KV");
   auto m = create_model(*r, profile("llama"), files, o);
-  if (was) setenv("RILL_CUDA_UNTESTED_KV", saved.c_str(), 1);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.error().message, "test factory");
 }
@@ -227,23 +222,18 @@ TEST(Registry, Q4cIsRefusedWhereNoKvTailIsKeptFirst) {
 
 // q4a (k4a) runs on the Llama and Gemma families' models only (others
 // refused naming the type: here gemma3 registered under another id than
-// gemma.cpu / gemma.cuda), on CUDA as on the CPU (without
-// RILL_CUDA_UNTESTED_KV: the Llama family's k4a passed its GPU tests).
+// gemma.cpu / gemma.cuda), on CUDA as on the CPU.
 TEST(Registry, Q4aRunsOnTheLlamaAndGemmaFamilies) {
   auto r = ImplementationRegistry::create({impl("llama.cpu", {"llama"}), impl("llama.cuda", {"llama"}, Device::kCuda),
                                            impl("gemma3.cpu", {"gemma3"}), impl("gemma.cpu", {"gemma2"})});
   ASSERT_TRUE(r.ok());
   auto files = std::make_shared<ModelFiles>();
   files->path = "m.gguf";
-  const char* was = std::getenv("RILL_CUDA_UNTESTED_KV");
-  const std::string saved = was ? was : "";
   ModelOptions o;
   o.kv_types.k = KvType{kKvQ4Alloc, false};
   o.kv_types.v = KvType{kKvIq4Nl64, true};
   o.device = Device::kCuda;
-  unsetenv("RILL_CUDA_UNTESTED_KV");
   auto cuda = create_model(*r, profile("llama"), files, o);
-  if (was) setenv("RILL_CUDA_UNTESTED_KV", saved.c_str(), 1);
   ASSERT_FALSE(cuda.ok());
   EXPECT_EQ(cuda.error().message, "test factory");
   o.device = Device::kCpu;

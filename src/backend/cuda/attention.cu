@@ -610,11 +610,6 @@ void rotate_heads_back(const float* in, int64_t in_stride, int32_t n_rows, int32
                            rotate_heads(in, in_stride, n_rows, n_heads, head_dim, static_cast<T*>(out), stream));
 }
 
-bool kv_untested_allowed() {
-  const char* env = std::getenv(kUntestedKvEnv);
-  return env && std::string(env) == "1";
-}
-
 bool kv_supported(DType kv_dtype) {
   bool supported = false;
   RILL_CUDA_DISPATCH_KV(kv_dtype, supported = KvT::kDtype == kv_dtype);

@@ -41,14 +41,6 @@ void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t
 // (q8_0h64's blocks of 64, the CPU's layout); IQ4_NL and Q8_0_64 rotated
 // only, see kv_rotation_supported; IQ4_NL64 (iq4_nlh64), rotated only.
 bool kv_supported(DType kv_dtype);
-// A KV path whose kernels have not yet passed their tests on a GPU is
-// refused unless the environment sets kUntestedKvEnv to 1 (read at every
-// call; the device tests set it), so nothing unmeasured is served by
-// default: today k4c / k4a on gemma.cuda (GemmaCudaModel::init).
-// kv_untested_allowed() says whether it is set. (iq4_nlh64 and the Llama
-// family's k4c / k4a passed theirs on an H100 and an H200, docs/perf.md.)
-inline constexpr const char* kUntestedKvEnv = "RILL_CUDA_UNTESTED_KV";
-bool kv_untested_allowed();
 // Whether a side of kv_dtype may be stored as `rotated` asks (rotated:
 // Hadamard-rotated per head, q8_0h / q4_0h / iq4_nlh / q8_0h64 /
 // iq4_nlh64, model/kv_types.h). Rotated: Q8_0, Q4_0 and IQ4_NL with a

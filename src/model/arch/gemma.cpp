@@ -1103,10 +1103,6 @@ Status GemmaCudaModel::init(const ModelOptions& options) {
   // calibration allocates widths over heads of hd_.
   kv_tails_refusal_ = gemma_cuda_tails_refusal(graph_, w, assistant_ != nullptr, hd_);
   kv_tails_supported_ = kv_tails_refusal_.empty();
-  // Its first GPU run crashed (the step scratch and the calibration views,
-  // fixed since, docs/perf.md): behind RILL_CUDA_UNTESTED_KV=1 until its
-  // tests (tests/cuda/gemma_k4c_cuda_test.cpp) pass on a GPU.
-  kv_tails_untested_ = true;
   RILL_TRY(init_runtime(options));
   // init_runtime held a rotated KV type to hd_; Gemma 4's full layers have
   // their own head_dim, whose heads the rotation kernels must fit too.
