@@ -24,24 +24,35 @@ GGUF_PY=$L/llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py/gguf
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 mkdir -p "$T/bin/py/bench" "$T/bin/py/tools" "$T/bin/py/fallback/yaml"
-cp "$B/bench/bench_cuda" "$T/bin/bench_new"
-# The same build as the baseline (after the merge, main is the branch and
-# RILL_Q8_DP4A=0 is main's path): a hard link, which tar stores once.
-[ "$B" = "$M" ] || cp "$M/bench/bench_cuda" "$T/bin/bench_main"
+# RILL=0 leaves rill's benchmark out (a carry for llama.cpp's side only,
+# run with PARTS="model llama": with both, the carry and the tree pass the
+# run tool's 64 MiB).
+if [ "${RILL:-1}" = 1 ]; then
+  cp "$B/bench/bench_cuda" "$T/bin/bench_new"
+  # The same build as the baseline (after the merge, main is the branch and
+  # RILL_Q8_DP4A=0 is main's path): a hard link, which tar stores once.
+  [ "$B" = "$M" ] || cp "$M/bench/bench_cuda" "$T/bin/bench_main"
+fi
 # The kernel's tests: with TESTS=1 only (the verify call runs them too).
 [ "${TESTS:-0}" = 1 ] && cp "$B/tests/test_cuda_q8_dp4a_test" "$T/bin/test_q8_dp4a"
-cp "$L/build/bin/llama-quantize" "$T/bin/"
+# RANDOM_BLOCKS=1 leaves llama-quantize out (6 MB): the device then writes
+# the Q8_0 file as random blocks (make_bench_model.py --random-blocks; the
+# same tensors and bytes, for speed only), which keeps the carry and the
+# tree under the run tool's 64 MiB.
+[ "${RANDOM_BLOCKS:-0}" = 1 ] || cp "$L/build/bin/llama-quantize" "$T/bin/"
 # LLAMA_BINS="" leaves llama.cpp's CUDA benchmark out (the run tool counts
 # more than this script's sum; run it in a call of its own, KEEP_MODEL=1).
 for b in ${LLAMA_BINS-llama-batched-bench}; do
   if [ -x "$L/build-cuda/bin/$b" ]; then cp "$L/build-cuda/bin/$b" "$T/bin/"; else echo "no $b: rill only" >&2; fi
 done
-strip "$T"/bin/bench_* "$T"/bin/llama-*
+strip "$T"/bin/bench_* "$T"/bin/llama-* 2> /dev/null || true  # whichever are there
+
 [ -f "$T/bin/test_q8_dp4a" ] && strip "$T/bin/test_q8_dp4a"
-[ "$B" = "$M" ] && ln "$T/bin/bench_new" "$T/bin/bench_main"
+[ "$B" = "$M" ] && [ -f "$T/bin/bench_new" ] && ln "$T/bin/bench_new" "$T/bin/bench_main"
 cp "$SRC/bench/make_bench_model.py" "$T/bin/py/bench/"
 cp "$SRC/tools/tools_venv.py" "$T/bin/py/tools/"
 cp -r "$GGUF_PY" "$T/bin/py/gguf"
+rm -rf "$T/bin/py/gguf/scripts"  # gguf's command-line tools: not imported
 Y=$(ls -d "$SRC"/.venv-tools/lib/python3*/site-packages/yaml | head -1)
 cp "$Y"/*.py "$T/bin/py/fallback/yaml/"
 find "$T/bin/py" -name __pycache__ -prune -exec rm -rf {} +

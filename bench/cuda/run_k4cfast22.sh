@@ -112,15 +112,19 @@ for c in $CTXS; do
   [ "${REF:-1}" = 0 ] || bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
 done
 # TIMELINE=1 (a carry made with TIMELINE=1): a CUPTI timeline of one
-# batch-1 decode step after 1,024 tokens (bench_cuda --profile-step 1,
-# CUDA graphs on) for f16 and k4c, each summarised by kernel
-# (timeline_report.py): where k4c's extra time a step goes.
+# decode step of each batch in TL_BATCHES (default 1) after 1,024 tokens
+# (bench_cuda --profile-step B, CUDA graphs on) for each type in TL_TYPES
+# (default f16 k4c), each summarised by kernel (timeline_report.py):
+# where k4c's extra time a step goes, and where batch 64's time goes
+# against its bytes.
 if [ "${TIMELINE:-0}" = 1 ] && [ -f $V/lib/libkernel_timeline.so ]; then
-  for t in f16 k4c; do
-    tmo 60 env CUDA_INJECTION64_PATH=$V/lib/libkernel_timeline.so RILL_TIMELINE=$L/timeline_$t.csv \
-      $V/bench_cuda $M --profile-step 1 --context 1024 --kv-type $t > $L/timeline_$t.log 2>&1
-    echo "== timeline $t rc=$?"; tail -2 $L/timeline_$t.log
-    python3 $V/timeline_report.py $L/timeline_$t.csv 2>&1 | head -40
+  for b in ${TL_BATCHES:-1}; do
+    for t in ${TL_TYPES:-f16 k4c}; do
+      tmo 90 env CUDA_INJECTION64_PATH=$V/lib/libkernel_timeline.so RILL_TIMELINE=$L/timeline_${t}_b$b.csv \
+        $V/bench_cuda $M --profile-step $b --context 1024 --kv-type $t > $L/timeline_${t}_b$b.log 2>&1
+      echo "== timeline $t batch $b rc=$?"; tail -2 $L/timeline_${t}_b$b.log
+      python3 $V/timeline_report.py $L/timeline_${t}_b$b.csv 2>&1 | head -40
+    done
   done
   out_pack
 fi

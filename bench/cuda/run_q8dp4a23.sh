@@ -11,7 +11,8 @@
 #          verify call: make_carry_verify.sh; the carry has no room for it);
 #  model   the random Llama-3.1-8B in F16 (make_bench_model.py
 #          --fast-random, seed 1) into /dev/shm, llama-quantize to Q8_0 (in
-#          the background from the start; the F16 file removed after);
+#          the background from the start; the F16 file removed after), or,
+#          with no llama-quantize in the carry, Q8_0 random blocks;
 #  kernels bench_cuda x --quant-kernels 1 --quant-only Q8_0:SHAPE per 8B
 #          shape, this branch (f32 GEMV, quant_mma, dp4a from the GGUF
 #          blocks and from repacked rows; single calls and 16 back to back)
@@ -57,10 +58,14 @@ date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 lscpu | grep -E "^Model name|^CPU\(s\)" | tr -s ' '
 echo "unpacked at $(($(date +%s) - T0)) s"
+# Without llama-quantize in the carry (RANDOM_BLOCKS=1 there), the Q8_0
+# file is random blocks (the same tensors and bytes: speed only).
 F=$W/llama-3.1-8b.Q8_0.gguf
+QUANT="--fast-random --llama-quantize $B/llama-quantize"
+[ -x $B/llama-quantize ] || { QUANT=--random-blocks; F=$W/llama-3.1-8b.Q8_0-random.gguf; }
 if has model && [ ! -f $F ]; then
   (PYTHONPATH=$B/py:$B/py/fallback timeout $(to 200) python3 $B/py/bench/make_bench_model.py --shape llama-3.1-8b \
-    --fast-random --no-venv --threads 16 --out-dir $W --llama-quantize $B/llama-quantize --types Q8_0 \
+    $QUANT --no-venv --threads 16 --out-dir $W --types Q8_0 \
     > $O/model.log 2>&1
   echo "rc=$?" >> $O/model.log
   rm -f $W/llama-3.1-8b.F16.gguf) &

@@ -20,10 +20,6 @@ export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} RILL_SHARED_D
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 cd /tmp
 out_key "$L/tests.log"
-# Tests that set a switch read once per process (RILL_Q8_DP4A) run in a
-# process of their own, as ctest runs every test: in the shared binary an
-# earlier test has already read the switch off.
-ALONE="CudaQ8Dp4a.QuantMatmulTakesItWhenSwitchedOn"
 FILTER=${FILTER:-*}
 # PART=i/n: the i-th of n shares of the test suites (in the binary's
 # order, split by suite count), so that the whole suite, which outgrew one
@@ -38,14 +34,9 @@ if [ -n "${PART:-}" ]; then
   FILTER=${FILTER%:}
   echo "part $PART: ${#suites[@]} suites, these $(( $(tr -cd ':' <<< "$FILTER" | wc -c) + 1 ))"
 fi
-case "$FILTER" in *-*) ;; *) FILTER="$FILTER-$ALONE" ;; esac
 tmo "${LIMIT:-400}" "$V/tests" --gtest_filter="$FILTER" > "$L/tests.log" 2>&1; RC=$?
 out_rc tests $RC
 echo "tests rc=$RC"
-out_key "$L/alone.log"
-tmo 60 "$V/tests" --gtest_filter="$ALONE" > "$L/alone.log" 2>&1; ARC=$?
-out_rc alone $ARC
-echo "alone ($ALONE) rc=$ARC"
 grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran" "$L/tests.log" | sort | uniq -c | sort -rn | head -40
 grep -B2 -A12 "Failure" "$L/tests.log" | cut -c1-200 | head -60
 date -u

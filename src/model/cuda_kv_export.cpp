@@ -59,7 +59,8 @@ std::string CudaModelBase::kv_numerics() const {
   // r2: the tensor-core MLA kernels (f16 q and probabilities); a file of
   // the f32 MLA kernels (RILL_MLA_MMA=0) or of earlier builds is refused.
   s += cuda::mla_tensor_cores_off() ? " mla=f32" : " r2";
-  // Q8_0 decode matmuls of 1..8 tokens on int8 x and dp4a (RILL_Q8_DP4A=1):
+  // Q8_0 decode matmuls of 1..8 tokens on int8 x and dp4a (the default;
+  // RILL_Q8_DP4A=0: the f32 GEMV and quant_mma):
   // other sums than the f32 GEMV's and quant_mma's. Named whenever the
   // switch is on (the tag does not look at the weights' types).
   if (cuda::q8_dp4a_on()) s += " q8=dp4a";

@@ -10,8 +10,8 @@
 //  - is within sum |w| d_x / 2 + 1e-5 sum |w x| of the f64 product with
 //    the unquantized x (the rounding of x to int8);
 //  - a token's row is the same bits alone and among 8 (batch invariance);
-//  - quant_matmul (and quant_matmul_parts) takes it with RILL_Q8_DP4A=1
-//    for 1..8 tokens of Q8_0 and keeps quant_mma past 8.
+//  - quant_matmul (and quant_matmul_parts) takes it by default (no
+//    RILL_Q8_DP4A=0) for 1..8 tokens of Q8_0 and keeps quant_mma past 8.
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -180,12 +180,13 @@ TEST(CudaQ8Dp4a, ATokensRowIsTheSameAloneAndAmongEight) {
   }
 }
 
-// The switch is read once per process: set it before the first call (ctest
-// runs each test in a process of its own).
-TEST(CudaQ8Dp4a, QuantMatmulTakesItWhenSwitchedOn) {
+// The switch is read once per process: on unless the environment says
+// RILL_Q8_DP4A=0 (this test skips then).
+TEST(CudaQ8Dp4a, QuantMatmulTakesItByDefault) {
   RILL_REQUIRE_GPU();
-  setenv("RILL_Q8_DP4A", "1", 1);
-  ASSERT_TRUE(q8_dp4a_on()) << "q8_dp4a_on() was read before this test set RILL_Q8_DP4A=1";
+  const char* e = std::getenv("RILL_Q8_DP4A");
+  if (e && std::strcmp(e, "0") == 0) GTEST_SKIP() << "RILL_Q8_DP4A=0 in the environment";
+  ASSERT_TRUE(q8_dp4a_on());
   auto ctx = Context::create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
   Gemm gemm(**ctx);

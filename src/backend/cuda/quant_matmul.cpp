@@ -40,7 +40,7 @@ bool dp4a_path(const QuantScratch& scratch, DType w_dtype, DType x_dtype, int64_
 bool q8_dp4a_on() {
   static const bool on = [] {
     const char* e = std::getenv("RILL_Q8_DP4A");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    return e == nullptr || std::strcmp(e, "0") != 0;
   }();
   return on;
 }
