@@ -109,6 +109,9 @@ for c in $CTXS; do
     bench ${t}_ctx$c $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type $t
   done
   [ "${WARP:-0}" = 0 ] || bench k4crows_ctx$c RILL_K4C_ATTENTION=rows $V/bench_cuda $M --steps 16 --batches 1,64 --context $c --prefill $pf --kv-type k4c
+  # TILES=1: k4c's prefill through the fast kernel's token tiles (the path
+  # before chan_attention_flash), for the same call's A/B.
+  [ "${TILES:-0}" = 0 ] || bench k4ctiles_ctx$c RILL_K4C_ATTENTION=tiles $V/bench_cuda $M --steps 4 --batches 1 --context $c --prefill $pf --kv-type k4c
   [ "${REF:-1}" = 0 ] || bench k4cref_ctx$c RILL_K4C_ATTENTION=ref $V/bench_cuda $M --steps 16 --batches 1 --context $c --prefill $pf --kv-type k4c
 done
 # TIMELINE=1 (a carry made with TIMELINE=1): a CUPTI timeline of one

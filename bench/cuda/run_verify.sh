@@ -40,5 +40,4 @@ echo "tests rc=$RC"
 grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran" "$L/tests.log" | sort | uniq -c | sort -rn | head -40
 grep -B2 -A12 "Failure" "$L/tests.log" | cut -c1-200 | head -60
 date -u
-[ "$RC" -ne 0 ] && exit "$RC"
-exit "$ARC"
+exit "$RC"

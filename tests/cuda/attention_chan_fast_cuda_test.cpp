@@ -17,6 +17,11 @@
 //    query's own); determinism: two calls give the same bits.
 // The host runs (the kernel's phases thread after thread, no GPU needed)
 // check the algorithm on any machine; the device runs check the kernel.
+// The flash prefill kernel (chan_attention_flash, CudaChanFlashAttention):
+// against the reference within 5e-3 of the scale (f16 rounding), a group of
+// 3 too and a 512-token step; its rotation back byte-equal to
+// rotate_heads_back; batch invariant bit for bit; its time beside the
+// token tiles'.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -232,19 +237,30 @@ std::vector<float> host_run(const Batch& bt, bool fast, bool tile = false, bool 
   return out;
 }
 
-// The batch on the device: the reference (fast = false) or the fast kernel,
-// `calls` times into the same output (each call's bits returned). ms set:
-// then the median of 20 timed calls in *ms (milliseconds a call).
-// fused / separate set (the fast kernel): after the calls, the outputs
-// rotated back in rotated_dtype by the combine (ChanAttentionArgs::
-// rotated_out) and by rotate_heads_back of the f32 outputs, their bytes.
-// ms set too: the fused call's median time in `ms` (as device_run's).
+// The batch on the device through kernel k (the reference, the fast kernel
+// or the flash prefill kernel), `calls` times into the same output (each
+// call's bits returned). ms set: then the median of 20 timed calls in *ms
+// (milliseconds a call). rotated set (the fast or flash kernel): after the
+// calls, the outputs rotated back in rotated_dtype by the kernel itself
+// (ChanAttentionArgs::rotated_out) and by rotate_heads_back of its f32
+// outputs, their bytes; ms set too: the fused call's median time in
+// `ms`.
+enum class Kernel { kRef, kFast, kFlash };
+void call(Kernel k, const ChanAttentionArgs& a) {
+  if (k == Kernel::kFast) {
+    chan_attention_fast(a, nullptr);
+  } else if (k == Kernel::kFlash) {
+    chan_attention_flash(a, nullptr);
+  } else {
+    chan_attention_parallel(a, nullptr);
+  }
+}
 struct Rotated {
   DType dtype = DType::kF32;
   std::vector<uint8_t> fused, separate;
   double ms = 0.0;
 };
-std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls = 1, double* ms = nullptr,
+std::vector<std::vector<float>> device_run(const Batch& bt, Kernel k, int calls = 1, double* ms = nullptr,
                                            bool tile = false, bool warp = false, Rotated* rotated = nullptr) {
   auto d_q = upload(bt.q);
   auto d_out = poisoned(out_floats(bt) * 4);
@@ -270,11 +286,7 @@ std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls
                d_widths.as<uint8_t>()};
   std::vector<std::vector<float>> outs;
   for (int i = 0; i < calls; ++i) {
-    if (fast) {
-      chan_attention_fast(args(bt, p, tile, warp), nullptr);
-    } else {
-      chan_attention_parallel(args(bt, p), nullptr);
-    }
+    call(k, k == Kernel::kFast ? args(bt, p, tile, warp) : args(bt, p));
     RILL_CUDA_CHECK(cudaDeviceSynchronize());
     outs.push_back(download<float>(d_out, out_floats(bt)));
   }
@@ -286,21 +298,13 @@ std::vector<std::vector<float>> device_run(const Batch& bt, bool fast, int calls
     ChanAttentionArgs a = args(bt, p, tile, warp);
     a.rotated_out = d_fused.data();
     a.rotated_dtype = rotated->dtype;
-    chan_attention_fast(a, nullptr);
+    call(k, a);
     RILL_CUDA_CHECK(cudaDeviceSynchronize());
     rotated->separate = download<uint8_t>(d_sep, bytes);
     rotated->fused = download<uint8_t>(d_fused, bytes);
-    if (ms) rotated->ms = median_ms([&] { chan_attention_fast(a, nullptr); });
+    if (ms) rotated->ms = median_ms([&] { call(k, a); });
   }
-  if (ms) {
-    *ms = median_ms([&] {
-      if (fast) {
-        chan_attention_fast(args(bt, p, tile, warp), nullptr);
-      } else {
-        chan_attention_parallel(args(bt, p), nullptr);
-      }
-    });
-  }
+  if (ms) *ms = median_ms([&] { call(k, k == Kernel::kFast ? args(bt, p, tile, warp) : args(bt, p)); });
   return outs;
 }
 
@@ -353,9 +357,9 @@ struct Worst {
   std::string where;
 };
 
-// max |got - want| / scale within 2e-3 (scale: max |want|, at least 1e-2).
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what,
-                  Worst& worst) {
+// max |got - want| / scale within bound (scale: max |want|, at least 1e-2).
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what, Worst& worst,
+                  double bound = 2e-3) {
   ASSERT_EQ(got.size(), want.size());
   double scale = 1e-2, diff = 0.0;
   for (const float w : want) scale = std::max(scale, double{std::fabs(w)});
@@ -365,7 +369,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   }
   const double rel = diff / scale;
   if (rel > worst.rel) worst = {rel, what};
-  EXPECT_LE(rel, 2e-3) << what << ": max |diff| " << diff << ", scale " << scale;
+  EXPECT_LE(rel, bound) << what << ": max |diff| " << diff << ", scale " << scale;
 }
 
 // The algorithm (the kernel's phases on the host) against the reference's
@@ -406,12 +410,12 @@ TEST(CudaChanFastAttention, DeviceMatchesTheReference) {
   uint32_t seed = 1000;
   for (const Shape& sh : shapes()) {
     const Batch bt = make_batch(sh, batch_specs(sh.hd == 128 ? 2 : 1, seed), seed);
-    const std::vector<float> want = device_run(bt, false)[0];
-    const std::vector<std::vector<float>> got = device_run(bt, true, 2);
+    const std::vector<float> want = device_run(bt, Kernel::kRef)[0];
+    const std::vector<std::vector<float>> got = device_run(bt, Kernel::kFast, 2);
     expect_close(got[0], want, "device " + name(sh), worst);
     EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
         << name(sh) << ": two calls differ";
-    const std::vector<std::vector<float>> warp = device_run(bt, true, 2, nullptr, false, true);
+    const std::vector<std::vector<float>> warp = device_run(bt, Kernel::kFast, 2, nullptr, false, true);
     expect_close(warp[0], want, "device warp " + name(sh), worst_warp);
     EXPECT_EQ(std::memcmp(warp[0].data(), warp[1].data(), warp[0].size() * sizeof(float)), 0)
         << name(sh) << ": two warp-softmax calls differ";
@@ -436,7 +440,8 @@ TEST(CudaChanFastAttention, TokenTilesChangeNoBit) {
     EXPECT_EQ(std::memcmp(plain.data(), tiled.data(), plain.size() * sizeof(float)), 0) << "host " << name(sh);
     if (gpu) {
       const Batch big = make_batch(sh, batch_specs(sh.hd == 128 ? 2 : 1, seed), seed);
-      const std::vector<float> a = device_run(big, true)[0], b = device_run(big, true, 1, nullptr, true)[0];
+      const std::vector<float> a = device_run(big, Kernel::kFast)[0],
+                               b = device_run(big, Kernel::kFast, 1, nullptr, true)[0];
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "device " << name(sh);
     }
     seed += 100;
@@ -456,7 +461,7 @@ TEST(CudaChanFastAttention, FusedRotationIsRotateHeadsBack) {
       for (const bool tile : {false, true}) {
         Rotated r;
         r.dtype = dt;
-        device_run(bt, true, 1, nullptr, tile, !tile, &r);
+        device_run(bt, Kernel::kFast, 1, nullptr, tile, !tile, &r);
         ASSERT_FALSE(r.fused.empty());
         EXPECT_EQ(r.fused, r.separate) << name(sh) << " dtype " << static_cast<int>(dt) << " tile " << tile;
         ++compared;
@@ -485,10 +490,10 @@ TEST(CudaChanFastAttention, BatchInvariant) {
       const size_t at = static_cast<size_t>(many.first_token[5]) * row;
       const std::string what = name(sh) + " n " + std::to_string(target.n);
       if (gpu) {
-        const std::vector<float> a = device_run(alone, true)[0], b = device_run(many, true)[0];
+        const std::vector<float> a = device_run(alone, Kernel::kFast)[0], b = device_run(many, Kernel::kFast)[0];
         EXPECT_EQ(std::memcmp(a.data(), b.data() + at, n * sizeof(float)), 0) << "device " << what;
-        const std::vector<float> aw = device_run(alone, true, 1, nullptr, false, true)[0];
-        const std::vector<float> bw = device_run(many, true, 1, nullptr, false, true)[0];
+        const std::vector<float> aw = device_run(alone, Kernel::kFast, 1, nullptr, false, true)[0];
+        const std::vector<float> bw = device_run(many, Kernel::kFast, 1, nullptr, false, true)[0];
         EXPECT_EQ(std::memcmp(aw.data(), bw.data() + at, n * sizeof(float)), 0) << "device warp " << what;
       }
       if (!gpu && target.n <= 1000) {  // the host's run (where no GPU checks the kernel); slow for long keys
@@ -511,8 +516,8 @@ TEST(CudaChanFastAttention, DeviceTimingPrefill) {
     const Shape sh{32, 8, 128, 0, 0.0f, alloc};
     const Batch bt = make_batch(sh, {{2048, 512, 41}}, 6);
     double plain_ms = 0, tiled_ms = 0;
-    const std::vector<float> a = device_run(bt, true, 1, &plain_ms)[0];
-    const std::vector<float> b = device_run(bt, true, 1, &tiled_ms, true)[0];
+    const std::vector<float> a = device_run(bt, Kernel::kFast, 1, &plain_ms)[0];
+    const std::vector<float> b = device_run(bt, Kernel::kFast, 1, &tiled_ms, true)[0];
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << name(sh);
     std::printf("[ k4c fast ] prefill %s 512 tokens after 1536: a token a block %.1f us, token tiles %.1f us (%.2fx)\n",
                 alloc ? "k4a" : "k4c", plain_ms * 1e3, tiled_ms * 1e3, plain_ms / tiled_ms);
@@ -549,12 +554,12 @@ TEST(CudaChanFastAttention, DeviceTiming) {
         }
         bt.n_tokens = B;
         double fast_ms = 0, ref_ms = 0, warp_ms = 0;
-        const std::vector<float> got = device_run(bt, true, 1, &fast_ms)[0];
+        const std::vector<float> got = device_run(bt, Kernel::kFast, 1, &fast_ms)[0];
         for (const float x : got) ASSERT_TRUE(std::isfinite(x));
         Rotated fused;  // the warp softmax with the rotation back fused into its combine (bf16 out)
         fused.dtype = DType::kBF16;
-        device_run(bt, true, 1, &warp_ms, false, true, &fused);
-        if (B == 1) device_run(bt, false, 1, &ref_ms);
+        device_run(bt, Kernel::kFast, 1, &warp_ms, false, true, &fused);
+        if (B == 1) device_run(bt, Kernel::kRef, 1, &ref_ms);
         const double kv_mb = B * (ctx + 1.0) * (bt.k_row + bt.v_row) / 1e6;
         std::printf(
             "[ k4c fast ] time %s ctx %d batch %d: fast %.1f us (%.0f GB/s of K+V, %.1f MB), warp softmax %.1f us, "
@@ -562,6 +567,106 @@ TEST(CudaChanFastAttention, DeviceTiming) {
             alloc ? "k4a" : "k4c", ctx, B, fast_ms * 1e3, kv_mb / 1e3 / (fast_ms / 1e3), kv_mb, warp_ms * 1e3,
             fused.ms * 1e3, B == 1 ? (", reference " + std::to_string(ref_ms * 1e3) + " us").c_str() : "");
       }
+    }
+  }
+}
+
+// The flash prefill kernel's shapes: the fast kernel's, and a group of 3
+// (SmolLM2's 9 query heads on 3 KV heads: tiles of 16 tokens, 48 rows).
+std::vector<Shape> flash_shapes() {
+  std::vector<Shape> v = shapes();
+  v.push_back({9, 3, 64, 0, 0.0f, false});
+  v.push_back({9, 3, 64, 100, 30.0f, true});
+  return v;
+}
+
+// The flash kernel against the device reference within f16 rounding (5e-3
+// of the output's scale: q, K, V and the probabilities go through f16)
+// over every shape and the brief's key counts with steps of 1, 5 and 40
+// tokens, and a 512-token step after 1,536 keys (a prefill chunk); two
+// calls give the same bits.
+TEST(CudaChanFlashAttention, DeviceMatchesTheReference) {
+  RILL_REQUIRE_GPU();
+  Worst worst;
+  uint32_t seed = 5000;
+  for (const Shape& sh : flash_shapes()) {
+    std::vector<SeqSpec> specs = batch_specs(sh.hd == 128 ? 2 : 1, seed);
+    specs.push_back({2048, 512, seed + 999});
+    const Batch bt = make_batch(sh, specs, seed);
+    const std::vector<float> want = device_run(bt, Kernel::kRef)[0];
+    const std::vector<std::vector<float>> got = device_run(bt, Kernel::kFlash, 2);
+    expect_close(got[0], want, "flash " + name(sh), worst, 5e-3);
+    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
+        << name(sh) << ": two calls differ";
+    seed += 1000;
+  }
+  std::printf("[ k4c flash ] device: worst max|diff| / scale %.3g (%s)\n", worst.rel, worst.where.c_str());
+}
+
+// Its rotation back (ChanAttentionArgs::rotated_out) is rotate_heads_back
+// over its f32 outputs, byte for byte, in f32, f16 and bf16.
+TEST(CudaChanFlashAttention, FusedRotationIsRotateHeadsBack) {
+  RILL_REQUIRE_GPU();
+  uint32_t seed = 900;
+  int compared = 0;
+  for (const Shape& sh : flash_shapes()) {
+    const Batch bt = make_batch(sh, batch_specs(1, seed), seed);
+    for (const DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+      Rotated r;
+      r.dtype = dt;
+      device_run(bt, Kernel::kFlash, 1, nullptr, false, false, &r);
+      ASSERT_FALSE(r.fused.empty());
+      EXPECT_EQ(r.fused, r.separate) << name(sh) << " dtype " << static_cast<int>(dt);
+      ++compared;
+    }
+    seed += 100;
+  }
+  std::printf("[ k4c flash ] fused rotation: %d runs byte-equal to rotate_heads_back\n", compared);
+}
+
+// A sequence's outputs alone are its outputs among 9 others (other
+// lengths, steps and pool places; its step cut into other tiles nowhere:
+// tiles follow positions), bit for bit.
+TEST(CudaChanFlashAttention, BatchInvariant) {
+  RILL_REQUIRE_GPU();
+  for (const bool alloc : {false, true}) {
+    for (const int32_t window : {0, 100}) {
+      const Shape sh{32, 8, 128, window, 0.0f, alloc};
+      for (const SeqSpec target : {SeqSpec{1000, 1, 77}, SeqSpec{33, 5, 78}, SeqSpec{2100, 300, 79}}) {
+        std::vector<SeqSpec> batch = {{50, 1, 1}, {2000, 1, 2}, {7, 5, 3}, {300, 40, 4}, {64, 1, 5}};
+        batch.push_back(target);
+        for (const SeqSpec o : {SeqSpec{5000, 1, 6}, SeqSpec{129, 17, 7}, SeqSpec{31, 1, 8}, SeqSpec{700, 5, 9}}) {
+          batch.push_back(o);
+        }
+        const Batch alone = make_batch(sh, {target}, 11), many = make_batch(sh, batch, 12);
+        const size_t row = static_cast<size_t>(sh.n_head) * sh.hd, n = static_cast<size_t>(target.steps) * row;
+        const size_t at = static_cast<size_t>(many.first_token[5]) * row;
+        const std::vector<float> a = device_run(alone, Kernel::kFlash)[0], b = device_run(many, Kernel::kFlash)[0];
+        EXPECT_EQ(std::memcmp(a.data(), b.data() + at, n * sizeof(float)), 0)
+            << name(sh) << " n " << target.n << " steps " << target.steps;
+      }
+    }
+  }
+}
+
+// Prefill times at Llama-3.1-8B's shape, one layer's call: a step of 512
+// tokens after 1,536 keys and of 2,048 from the start, the fast kernel's
+// token tiles against the flash kernel. Printed only: `[ k4c flash ]
+// prefill` lines.
+TEST(CudaChanFlashAttention, DeviceTimingPrefill) {
+  RILL_REQUIRE_GPU();
+  for (const bool alloc : {false, true}) {
+    const Shape sh{32, 8, 128, 0, 0.0f, alloc};
+    for (const SeqSpec spec : {SeqSpec{2048, 512, 41}, SeqSpec{2048, 2048, 42}}) {
+      const Batch bt = make_batch(sh, {spec}, 6);
+      double tiles_ms = 0, flash_ms = 0;
+      const std::vector<float> a = device_run(bt, Kernel::kFast, 1, &tiles_ms, true)[0];
+      const std::vector<float> b = device_run(bt, Kernel::kFlash, 1, &flash_ms)[0];
+      Worst worst;
+      expect_close(b, a, "flash vs tiles " + name(sh), worst, 5e-3);
+      std::printf("[ k4c flash ] prefill %s %lld tokens after %lld: token tiles %.1f us, flash %.1f us (%.2fx)\n",
+                  alloc ? "k4a" : "k4c", static_cast<long long>(spec.steps),
+                  static_cast<long long>(spec.n - spec.steps), tiles_ms * 1e3, flash_ms * 1e3, tiles_ms / flash_ms);
     }
   }
 }

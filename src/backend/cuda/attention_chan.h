@@ -128,6 +128,24 @@ void chan_attention_fast(const ChanAttentionArgs& a, cudaStream_t stream);
 // after thread on the calling thread (tests; no GPU needed).
 void chan_attention_fast_host(const ChanAttentionArgs& a);
 
+// Prefill on the tensor cores (attention_chan_flash.cu): a thread block
+// per (KV head, tile of up to 32 tokens of one sequence inside one KV
+// block), the group's query heads as 64 rows, each KV block decoded into
+// f16 tiles (q4c / q4a K, iq4_nlh64 V, the own block's q8_0 rows) and
+// mma.sync's FlashAttention-2 loop over them. Held to the reference
+// within f16 rounding (q, K, V and the probabilities rounded to f16:
+// tests/cuda/attention_chan_fast_cuda_test.cpp, 5e-3 of the output's
+// scale), batch invariant (the tiles and each row's arithmetic depend on
+// its own positions); writes a.out (f32, V's rotated basis) or, with
+// a.rotated_out, the heads rotated back. No scratch, no splits (a.partials
+// and a.scores unused). head_dim 64 or 128 and at most 64 query heads a KV
+// head (chan_attention_flash_supported); a.n_tokens <= 65,535. The CUDA
+// backend runs it where the fast kernel would take token tiles (several
+// tokens a sequence on average) in models of 16-bit activations (f32
+// checkpoints keep the fast kernel's f32), unless RILL_K4C_ATTENTION=tiles.
+bool chan_attention_flash_supported(int32_t head_dim, int32_t group);
+void chan_attention_flash(const ChanAttentionArgs& a, cudaStream_t stream);
+
 // Each head of in's rows (f32, in_stride floats apart) Walsh-Hadamard
 // rotated (cpu::hadamard_rotate's bits: the transform is its own inverse)
 // into out [n_rows, n_heads * head_dim] in out_dtype (F32 / F16 / BF16);

@@ -478,6 +478,10 @@ class CudaBackend final : public Backend {
     chan_.fast = !(which && std::strcmp(which, "ref") == 0) && cuda::chan_attention_fast_supported(limits.head_dim);
     // Its one-phase warp softmax for decode unless RILL_K4C_ATTENTION=rows.
     chan_.warp_softmax = chan_.fast && !(which && std::strcmp(which, "rows") == 0);
+    // Prefill-like steps on the tensor cores (chan_attention_flash) unless
+    // RILL_K4C_ATTENTION=tiles keeps them on the fast kernel's token tiles.
+    chan_.flash = chan_.fast && !(which && std::strcmp(which, "tiles") == 0) &&
+                  cuda::chan_attention_flash_supported(limits.head_dim, 1);  // the group: checked a call
     if (chan_.fast) {
       const size_t per_token = cuda::chan_fast_partial_floats(1, limits.n_head, limits.head_dim);
       const size_t budget = std::min(chan.max_score_floats, size_t{16} << 20);
@@ -823,6 +827,21 @@ class CudaBackend final : public Backend {
     a.warp_softmax = chan_.warp_softmax;
     a.rotated_dtype = op.out.dtype;
     const size_t out_row = row_bytes(op.out.dtype, width);
+    // Prefill-like steps of 16-bit models on the tensor cores (f16
+    // rounding; f32 checkpoints, parity runs, keep the fast kernel's f32).
+    if (chan_.flash && a.tile_tokens && op.out.dtype != DType::kF32 && n <= 65535 &&
+        cuda::chan_attention_flash_supported(op.head_dim, op.n_head / op.n_head_kv)) {
+      a.n_tokens = n;  // the whole step at once: no partials to chunk
+      a.q = op.q.f32();
+      a.pos = step.pos;
+      a.seq_of = step.seq_of;
+      a.out = rotation_;
+      a.rotated_out = op.out.data;
+      cuda::chan_attention_flash(a, stream());
+      cuda::update_chan_tails(c, stream());
+      chan_.plan_live = false;
+      return;
+    }
     for (int32_t t0 = 0; t0 < n; t0 += chan_.chunk) {
       a.n_tokens = std::min(chan_.chunk, n - t0);
       a.q = op.q.f32() + t0 * op.q.stride;
@@ -1275,6 +1294,7 @@ class CudaBackend final : public Backend {
     float* partials = nullptr;  // chan_fast_partial_floats(chunk, ...) (the fast kernel's)
     bool fast = false;          // chan_attention_fast, not chan_attention_parallel
     bool warp_softmax = false;  // ChanAttentionArgs::warp_softmax (off: RILL_K4C_ATTENTION=rows)
+    bool flash = false;         // chan_attention_flash for prefill-like steps (off: RILL_K4C_ATTENTION=tiles)
     int32_t keys = 0, chunk = 0;
     // The plan the outputs above hold (encode_chan_blocks made it), live
     // until update_chan_tails moves the tails it read: attention_chan
