@@ -54,6 +54,7 @@
 #include "backend/cuda/attention_chan_split.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/kv_chan.h"
 #include "backend/cuda/kv_rotated.cuh"
 #include "backend/cuda/kv_types.cuh"
@@ -65,9 +66,7 @@ namespace {
 using detail::e4m3_to_float;
 using detail::f16_value;
 using detail::ldmatrix_x4;
-using detail::ldmatrix_x4_trans;
 using detail::mul_rn;
-using detail::pack_half2;
 using detail::smem_addr;
 
 constexpr int kT = kChanSplitTokens;  // a KV block
@@ -83,8 +82,8 @@ __host__ __device__ inline int flash_tile_tokens(int group) {
 
 template <int HD>
 struct FlashCta {
-  static constexpr int kLd = HD + 8;                 // halves a row: ldmatrix without bank conflicts
-  static constexpr int kTileHalves = kKeys * kLd;    // one K or V tile
+  static constexpr int kLd = HD + 8;                  // halves a row: ldmatrix without bank conflicts
+  static constexpr int kTileHalves = kKeys * kLd;     // one K or V tile
   static constexpr int kBytes = 2 * kTileHalves * 2;  // K then V; Q borrows K, the output borrows both
   static_assert(kRows * kLd <= kTileHalves, "Q fits K's tile");
   static_assert(kRows * HD * 4 <= kBytes, "the f32 outputs fit the tiles");
@@ -148,7 +147,8 @@ __device__ void decode_block(const ChanAttentionArgs& a, int kvh, int seq, int64
           for (int r = 0; r < 16; ++r) code[r] |= ((plane >> r) & 1u) << bit;
         }
 #pragma unroll
-        for (int r = 0; r < 16; ++r) ks[(16 * half + r) * C::kLd + c] = __float2half_rn(z + d * static_cast<float>(code[r]));
+        for (int r = 0; r < 16; ++r)
+          ks[(16 * half + r) * C::kLd + c] = __float2half_rn(z + d * static_cast<float>(code[r]));
       }
     }
     // V: 4 channels of a row an item (iq4_nlh64: an e4m3 scale and 64
@@ -271,21 +271,7 @@ __global__ void __launch_bounds__(kThreads, 3) chan_flash_kernel(ChanAttentionAr
     float s[kKeys / 8][4];
 #pragma unroll
     for (int i = 0; i < kKeys / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-    const uint32_t k_lane = smem_addr(ks) + static_cast<uint32_t>((((lane >> 4) << 3) + (lane & 7)) * C::kLd +
-                                                                  (((lane >> 3) & 1) << 3)) *
-                                                2;
-#pragma unroll
-    for (int k = 0; k < HD / 16; ++k) {
-      uint32_t b[kKeys / 16][4];
-#pragma unroll
-      for (int i = 0; i < kKeys / 16; ++i)
-        ldmatrix_x4(b[i], k_lane + static_cast<uint32_t>(i * 16 * C::kLd + k * 16) * 2);
-#pragma unroll
-      for (int i = 0; i < kKeys / 16; ++i) {
-        mma_m16n8k16<__half>(s[2 * i], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[i][0], b[i][1]);
-        mma_m16n8k16<__half>(s[2 * i + 1], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[i][2], b[i][3]);
-      }
-    }
+    detail::warp_qk<HD, kKeys>(s, qf, smem_addr(ks), C::kLd);
     // Scale, softcap, each row's mask; the rows' maxima over the 4 lanes of a row.
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -320,30 +306,7 @@ __global__ void __launch_bounds__(kThreads, 3) chan_flash_kernel(ChanAttentionAr
       o[i][3] *= corr[1];
     }
     // O += P V, P from the score fragments.
-    const uint32_t v_lane = smem_addr(vs) + static_cast<uint32_t>(((((lane >> 3) & 1) << 3) + (lane & 7)) * C::kLd +
-                                                                  ((lane >> 4) << 3)) *
-                                                2;
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      uint32_t pa[4];
-      pa[0] = pack_half2(exp2f(s[2 * kk][0] - base[0]), exp2f(s[2 * kk][1] - base[0]), l[0]);
-      pa[1] = pack_half2(exp2f(s[2 * kk][2] - base[1]), exp2f(s[2 * kk][3] - base[1]), l[1]);
-      pa[2] = pack_half2(exp2f(s[2 * kk + 1][0] - base[0]), exp2f(s[2 * kk + 1][1] - base[0]), l[0]);
-      pa[3] = pack_half2(exp2f(s[2 * kk + 1][2] - base[1]), exp2f(s[2 * kk + 1][3] - base[1]), l[1]);
-      constexpr int kGroup = 4;
-#pragma unroll
-      for (int n0 = 0; n0 < HD / 16; n0 += kGroup) {
-        uint32_t b[kGroup][4];
-#pragma unroll
-        for (int g = 0; g < kGroup; ++g)
-          ldmatrix_x4_trans(b[g], v_lane + static_cast<uint32_t>(kk * 16 * C::kLd + (n0 + g) * 16) * 2);
-#pragma unroll
-        for (int g = 0; g < kGroup; ++g) {
-          mma_m16n8k16<__half>(o[2 * (n0 + g)], pa[0], pa[1], pa[2], pa[3], b[g][0], b[g][1]);
-          mma_m16n8k16<__half>(o[2 * (n0 + g) + 1], pa[0], pa[1], pa[2], pa[3], b[g][2], b[g][3]);
-        }
-      }
-    }
+    detail::warp_pv<HD, kKeys>(o, s, base, l, smem_addr(vs), C::kLd);
   }
 
   // Each row's sum over its 4 lanes, then the normalized f32 outputs.

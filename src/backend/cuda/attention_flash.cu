@@ -37,6 +37,7 @@
 #include "backend/cuda/attention_mma.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/kv_types.cuh"
 #include "backend/cuda/mma_tile.cuh"
 #include "backend/cuda/smem_opt_in.h"
@@ -52,9 +53,7 @@ using detail::cp_async16;
 using detail::cp_async_commit;
 using detail::cp_async_wait_one;
 using detail::ldmatrix_x4;
-using detail::ldmatrix_x4_trans;
 using detail::load8h;
-using detail::pack_half2;
 using detail::smem_addr;
 
 template <typename KvT, int HD>
@@ -353,20 +352,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) flash_prefill_kernel(Attent
       float s[kBK / 8][4];
 #pragma unroll
       for (int n = 0; n < kBK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-      const uint32_t k_lane =
-          ks + static_cast<uint32_t>((((lane >> 4) << 3) + (lane & 7)) * L::kLd + (((lane >> 3) & 1) << 3)) * 2;
-#pragma unroll
-      for (int k = 0; k < HD / 16; ++k) {
-        uint32_t b[kBK / 16][4];  // the k-step's fragments first, then its products
-#pragma unroll
-        for (int n = 0; n < kBK / 16; ++n)
-          ldmatrix_x4(b[n], k_lane + static_cast<uint32_t>(n * 16 * L::kLd + k * 16) * 2);
-#pragma unroll
-        for (int n = 0; n < kBK / 16; ++n) {
-          mma_m16n8k16<__half>(s[2 * n], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[n][0], b[n][1]);
-          mma_m16n8k16<__half>(s[2 * n + 1], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[n][2], b[n][3]);
-        }
-      }
+      detail::warp_qk<HD, kBK>(s, qf, ks, L::kLd);
       // Scale, softcap, mask; the rows' maxima over the 4 lanes sharing a row.
       // A tile every key of which every row of the warp sees (all but the
       // diagonal's and a window's edge) skips the mask: the same values.
@@ -420,30 +406,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) flash_prefill_kernel(Attent
         }
       }
       // O += P V, P straight from the score fragments.
-      const uint32_t v_lane =
-          vs + static_cast<uint32_t>(((((lane >> 3) & 1) << 3) + (lane & 7)) * L::kLd + ((lane >> 4) << 3)) * 2;
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        uint32_t pa[4];
-        pa[0] = pack_half2(exp2f(s[2 * kk][0] - base[0]), exp2f(s[2 * kk][1] - base[0]), l[0]);
-        pa[1] = pack_half2(exp2f(s[2 * kk][2] - base[1]), exp2f(s[2 * kk][3] - base[1]), l[1]);
-        pa[2] = pack_half2(exp2f(s[2 * kk + 1][0] - base[0]), exp2f(s[2 * kk + 1][1] - base[0]), l[0]);
-        pa[3] = pack_half2(exp2f(s[2 * kk + 1][2] - base[1]), exp2f(s[2 * kk + 1][3] - base[1]), l[1]);
-        constexpr int kGroup = 4;  // V fragments loaded ahead of their products
-#pragma unroll
-        for (int n0 = 0; n0 < HD / 16; n0 += kGroup) {
-          uint32_t b[kGroup][4];
-#pragma unroll
-          for (int g = 0; g < kGroup; ++g) {
-            ldmatrix_x4_trans(b[g], v_lane + static_cast<uint32_t>(kk * 16 * L::kLd + (n0 + g) * 16) * 2);
-          }
-#pragma unroll
-          for (int g = 0; g < kGroup; ++g) {
-            mma_m16n8k16<__half>(o[2 * (n0 + g)], pa[0], pa[1], pa[2], pa[3], b[g][0], b[g][1]);
-            mma_m16n8k16<__half>(o[2 * (n0 + g) + 1], pa[0], pa[1], pa[2], pa[3], b[g][2], b[g][3]);
-          }
-        }
-      }
+      detail::warp_pv<HD, kBK>(o, s, base, l, vs, L::kLd);
     }
     __syncthreads();  // this stage is free for the load two tiles on
   }
