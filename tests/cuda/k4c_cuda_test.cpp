@@ -33,6 +33,7 @@
 #include "../engine/golden_util.h"
 #include "chan_model_test_util.h"
 #include "core/e4m3.h"
+#include "core/half.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
@@ -255,6 +256,47 @@ TEST_F(CudaK4c, AStepThatSkipsTheTailIsRefused) {
   const Status st = gpu->forward(batch, logits.data());
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().message.find("KV tail slot 0 holds positions [0, 10)"), std::string::npos) << st.error().message;
+}
+
+// Prefill through the tensor-core kernel (chan_attention_flash: 16-bit
+// models, steps of 4+ tokens a sequence) against the fast kernel's token
+// tiles (RILL_K4C_ATTENTION=tiles) on a bf16 copy of the model (every
+// weight rounded to bf16, so bf16 activations): 100 tokens in chunks of
+// 48 (the second chunk's tiles read 16 tail rows, the third is 4 tokens),
+// every position's logits. The two differ by f16 rounding inside
+// attention (q, K, V, probabilities: ~1e-3 of an output), which flips some
+// of the bf16 roundings after it; a path that read a wrong row, block or
+// tail, or rotated wrongly, moves the logits by k4c's own change or more.
+// Bound: a quarter of k4c's own change on this bf16 model (k4c against f16
+// KV, both through the token tiles). Written without a GPU at hand; its
+// first device run sets the measured share in docs/perf.md.
+TEST_F(CudaK4c, Bf16PrefillOnTheTensorCoresIsTheTokenTiles) {
+  std::vector<std::vector<uint16_t>> bf16_store;
+  for (auto& [name, t] : files_->tensors) {
+    if (t.dtype != DType::kF32) continue;
+    const auto* src = reinterpret_cast<const float*>(t.data);
+    std::vector<uint16_t> w(static_cast<size_t>(t.n_elements()));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(src[i]);
+    bf16_store.push_back(std::move(w));
+    t.dtype = DType::kBF16;
+    t.data = reinterpret_cast<const uint8_t*>(bf16_store.back().data());
+    t.n_bytes = bf16_store.back().size() * sizeof(uint16_t);
+  }
+  const std::vector<int32_t> ids = prompt(100, files_->config.n_vocab, 5);
+  auto flash = open(Device::kCuda, 48, "k4c");
+  setenv("RILL_K4C_ATTENTION", "tiles", 1);  // read when the backend carves its scratch
+  auto tiles = open(Device::kCuda, 48, "k4c");
+  auto f16 = open(Device::kCuda, 48, "f16");
+  unsetenv("RILL_K4C_ATTENTION");
+  ASSERT_TRUE(flash && tiles && f16);
+  const std::vector<float> a = score(*flash, ids), b = score(*tiles, ids), c = score(*f16, ids);
+  ASSERT_EQ(a.size(), b.size());
+  for (const float x : a) ASSERT_TRUE(std::isfinite(x));
+  const double own = rms_diff(b, c), e = rms_diff(a, b);
+  EXPECT_GT(own, 0.0) << "k4c does not move the bf16 model's logits: the bound says nothing";
+  EXPECT_LT(e, 0.25 * own) << "flash prefill against the token tiles";
+  std::printf("[ cuda k4c ] bf16, chunks of 48: flash vs token tiles rms %.3g (%.3g of k4c's own change %.3g)\n", e,
+              e / own, own);
 }
 
 }  // namespace
