@@ -472,6 +472,24 @@ TEST(CudaChanFastAttention, FusedRotationIsRotateHeadsBack) {
   std::printf("[ k4c fast ] fused rotation: %d runs byte-equal to rotate_heads_back\n", compared);
 }
 
+// A target sequence alone, and the same sequence sixth in a batch of ten
+// (five fixed ones before it, `after` after it: other lengths, steps and
+// pool places); where its outputs start in the batch's, and how many.
+struct AloneAndAmong {
+  Batch alone, many;
+  size_t at = 0, n = 0;
+};
+AloneAndAmong alone_and_among(const Shape& sh, const SeqSpec& target, const std::vector<SeqSpec>& after) {
+  std::vector<SeqSpec> batch = {{50, 1, 1}, {2000, 1, 2}, {7, 5, 3}, {300, 40, 4}, {64, 1, 5}};
+  batch.push_back(target);
+  batch.insert(batch.end(), after.begin(), after.end());
+  AloneAndAmong r{make_batch(sh, {target}, 11), make_batch(sh, batch, 12)};
+  const size_t row = static_cast<size_t>(sh.n_head) * sh.hd;
+  r.n = static_cast<size_t>(target.steps) * row;
+  r.at = static_cast<size_t>(r.many.first_token[5]) * row;
+  return r;
+}
+
 // A sequence's outputs alone are its outputs in a batch of 9 others (other
 // lengths, steps, pool places), bit for bit, on the device (without one,
 // the host run's).
@@ -480,14 +498,9 @@ TEST(CudaChanFastAttention, BatchInvariant) {
   for (const bool alloc : {false, true}) {
     const Shape sh{32, 8, 128, 0, 0.0f, alloc};
     for (const SeqSpec target : {SeqSpec{1000, 1, 77}, SeqSpec{33, 5, 78}, SeqSpec{4100, 1, 79}}) {
-      std::vector<SeqSpec> batch = {{50, 1, 1}, {2000, 1, 2}, {7, 5, 3}, {300, 40, 4}, {64, 1, 5}};
-      batch.push_back(target);
-      for (const SeqSpec o : {SeqSpec{5000, 1, 6}, SeqSpec{129, 1, 7}, SeqSpec{31, 1, 8}, SeqSpec{700, 5, 9}}) {
-        batch.push_back(o);
-      }
-      const Batch alone = make_batch(sh, {target}, 11), many = make_batch(sh, batch, 12);
-      const size_t row = static_cast<size_t>(sh.n_head) * sh.hd, n = static_cast<size_t>(target.steps) * row;
-      const size_t at = static_cast<size_t>(many.first_token[5]) * row;
+      const AloneAndAmong in = alone_and_among(sh, target, {{5000, 1, 6}, {129, 1, 7}, {31, 1, 8}, {700, 5, 9}});
+      const Batch &alone = in.alone, &many = in.many;
+      const size_t n = in.n, at = in.at;
       const std::string what = name(sh) + " n " + std::to_string(target.n);
       if (gpu) {
         const std::vector<float> a = device_run(alone, Kernel::kFast)[0], b = device_run(many, Kernel::kFast)[0];
@@ -633,16 +646,10 @@ TEST(CudaChanFlashAttention, BatchInvariant) {
     for (const int32_t window : {0, 100}) {
       const Shape sh{32, 8, 128, window, 0.0f, alloc};
       for (const SeqSpec target : {SeqSpec{1000, 1, 77}, SeqSpec{33, 5, 78}, SeqSpec{2100, 300, 79}}) {
-        std::vector<SeqSpec> batch = {{50, 1, 1}, {2000, 1, 2}, {7, 5, 3}, {300, 40, 4}, {64, 1, 5}};
-        batch.push_back(target);
-        for (const SeqSpec o : {SeqSpec{5000, 1, 6}, SeqSpec{129, 17, 7}, SeqSpec{31, 1, 8}, SeqSpec{700, 5, 9}}) {
-          batch.push_back(o);
-        }
-        const Batch alone = make_batch(sh, {target}, 11), many = make_batch(sh, batch, 12);
-        const size_t row = static_cast<size_t>(sh.n_head) * sh.hd, n = static_cast<size_t>(target.steps) * row;
-        const size_t at = static_cast<size_t>(many.first_token[5]) * row;
-        const std::vector<float> a = device_run(alone, Kernel::kFlash)[0], b = device_run(many, Kernel::kFlash)[0];
-        EXPECT_EQ(std::memcmp(a.data(), b.data() + at, n * sizeof(float)), 0)
+        const AloneAndAmong in = alone_and_among(sh, target, {{5000, 1, 6}, {129, 17, 7}, {31, 1, 8}, {700, 5, 9}});
+        const std::vector<float> a = device_run(in.alone, Kernel::kFlash)[0],
+                                 b = device_run(in.many, Kernel::kFlash)[0];
+        EXPECT_EQ(std::memcmp(a.data(), b.data() + in.at, in.n * sizeof(float)), 0)
             << name(sh) << " n " << target.n << " steps " << target.steps;
       }
     }

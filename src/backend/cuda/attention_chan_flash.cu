@@ -269,8 +269,6 @@ __global__ void __launch_bounds__(kThreads, 3) chan_flash_kernel(ChanAttentionAr
     if (!warp_active || kc > warp_last || kc + kKeys <= warp_lo) continue;
     // S = Q K^T: 16 rows x 64 keys, 8 fragments of 8 keys.
     float s[kKeys / 8][4];
-#pragma unroll
-    for (int i = 0; i < kKeys / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
     detail::warp_qk<HD, kKeys>(s, qf, smem_addr(ks), C::kLd);
     // Scale, softcap, each row's mask; the rows' maxima over the 4 lanes of a row.
     float mx[2] = {-INFINITY, -INFINITY};
@@ -288,16 +286,7 @@ __global__ void __launch_bounds__(kThreads, 3) chan_flash_kernel(ChanAttentionAr
       }
     }
     float base[2], corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
-      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: every p is 0
-      corr[r] = exp2f(m[r] - base[r]);              // 0 while m is -inf; 1 where the max held
-      l[r] *= corr[r];
-      m[r] = m_new;
-    }
+    detail::warp_softmax_step(mx, m, l, base, corr);
 #pragma unroll
     for (int i = 0; i < HD / 8; ++i) {
       o[i][0] *= corr[0];

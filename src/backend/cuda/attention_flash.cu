@@ -350,8 +350,6 @@ __global__ void __launch_bounds__(kThreads, kBlocks) flash_prefill_kernel(Attent
       const uint32_t ks = kv_smem + (L::kDirect ? 2 * (it & 1) * L::kTile : 0), vs = ks + L::kTile;
       // S = Q K^T: 16 rows x 64 keys, 8 fragments of 8 keys.
       float s[kBK / 8][4];
-#pragma unroll
-      for (int n = 0; n < kBK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
       detail::warp_qk<HD, kBK>(s, qf, ks, L::kLd);
       // Scale, softcap, mask; the rows' maxima over the 4 lanes sharing a row.
       // A tile every key of which every row of the warp sees (all but the
@@ -384,16 +382,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) flash_prefill_kernel(Attent
         scale_mask(std::true_type{});
       }
       float base[2], corr[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m[r], mx[r]);
-        base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: every p is 0
-        corr[r] = exp2f(m[r] - base[r]);              // 0 while m is -inf
-        l[r] *= corr[r];
-        m[r] = m_new;
-      }
+      detail::warp_softmax_step(mx, m, l, base, corr);
       // Where no row's maximum moved (every corr 1: most tiles past the
       // first few), the rescale is x * 1 and is skipped: the same bits.
       if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {

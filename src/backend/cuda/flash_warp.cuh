@@ -14,12 +14,14 @@
 
 namespace rill::cuda::detail {
 
-// s (16 rows x kKeys keys: kKeys / 8 fragments of 8 keys) += Q K^T: qf the
+// s (16 rows x kKeys keys: kKeys / 8 fragments of 8 keys) = Q K^T: qf the
 // warp's Q A-fragments (HD / 16 steps of 16 dims), k_tile the K tile's
 // shared address. Each step's K fragments are loaded before its products.
 template <int HD, int kKeys>
 __device__ __forceinline__ void warp_qk(float (&s)[kKeys / 8][4], const uint32_t (&qf)[HD / 16][4], uint32_t k_tile,
                                         int ld) {
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
   const int lane = threadIdx.x & 31;
   const uint32_t k_lane =
       k_tile + static_cast<uint32_t>((((lane >> 4) << 3) + (lane & 7)) * ld + (((lane >> 3) & 1) << 3)) * 2;
@@ -33,6 +35,26 @@ __device__ __forceinline__ void warp_qk(float (&s)[kKeys / 8][4], const uint32_t
       mma_m16n8k16<__half>(s[2 * n], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[n][0], b[n][1]);
       mma_m16n8k16<__half>(s[2 * n + 1], qf[k][0], qf[k][1], qf[k][2], qf[k][3], b[n][2], b[n][3]);
     }
+  }
+}
+
+// The online softmax's step for this lane's two rows (fragment rows lane /
+// 4 and lane / 4 + 8), after a tile's scores: mx, each row's maximum over
+// this lane's scores (log2 units), becomes the row's over its 4 lanes; m
+// the running maximum; base what the probabilities subtract (0 for a row
+// with no key yet: every p is then 0); corr the factor for the earlier
+// state (0 while m was -inf, 1 where the maximum held); l rescaled by it.
+__device__ __forceinline__ void warp_softmax_step(float (&mx)[2], float (&m)[2], float (&l)[2], float (&base)[2],
+                                                  float (&corr)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float m_new = fmaxf(m[r], mx[r]);
+    base[r] = m_new == -INFINITY ? 0.0f : m_new;
+    corr[r] = exp2f(m[r] - base[r]);
+    l[r] *= corr[r];
+    m[r] = m_new;
   }
 }
 
