@@ -33,7 +33,6 @@
 #include "../engine/golden_util.h"
 #include "chan_model_test_util.h"
 #include "core/e4m3.h"
-#include "core/half.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
@@ -261,7 +260,7 @@ TEST_F(CudaK4c, AStepThatSkipsTheTailIsRefused) {
 // Prefill through the tensor-core kernel (chan_attention_flash: 16-bit
 // models, steps of 4+ tokens a sequence) against the fast kernel's token
 // tiles (RILL_K4C_ATTENTION=tiles) on a bf16 copy of the model (every
-// weight rounded to bf16, so bf16 activations): 100 tokens in chunks of
+// matrix rounded to bf16, so bf16 activations): 100 tokens in chunks of
 // 48 (the second chunk's tiles read 16 tail rows, the third is 4 tokens),
 // every position's logits. The two differ by f16 rounding inside
 // attention (q, K, V, probabilities: ~1e-3 of an output), which flips some
@@ -272,16 +271,7 @@ TEST_F(CudaK4c, AStepThatSkipsTheTailIsRefused) {
 // first device run sets the measured share in docs/perf.md.
 TEST_F(CudaK4c, Bf16PrefillOnTheTensorCoresIsTheTokenTiles) {
   std::vector<std::vector<uint16_t>> bf16_store;
-  for (auto& [name, t] : files_->tensors) {
-    if (t.dtype != DType::kF32) continue;
-    const auto* src = reinterpret_cast<const float*>(t.data);
-    std::vector<uint16_t> w(static_cast<size_t>(t.n_elements()));
-    for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(src[i]);
-    bf16_store.push_back(std::move(w));
-    t.dtype = DType::kBF16;
-    t.data = reinterpret_cast<const uint8_t*>(bf16_store.back().data());
-    t.n_bytes = bf16_store.back().size() * sizeof(uint16_t);
-  }
+  test::to_bf16(*files_, bf16_store);  // the matrices: the activations follow them
   const std::vector<int32_t> ids = prompt(100, files_->config.n_vocab, 5);
   auto flash = open(Device::kCuda, 48, "k4c");
   setenv("RILL_K4C_ATTENTION", "tiles", 1);  // read when the backend carves its scratch
