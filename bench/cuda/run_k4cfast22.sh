@@ -18,7 +18,7 @@
 #     default is now the one-phase warp softmax);
 #  (KERNEL_AB=1: the kernel timings of the packed baseline build and this
 #  one in turn; NCU=1: ncu of the fast kernel's decode at batch 64 and
-#  tiled prefill;)
+#  tiled prefill, and of the flash prefill kernel;)
 #  4. with time left, issue 23's FP8 band (FP8=0 skips): --quantize fp8
 #     decode at 8..48 sequences, RILL_FP8_MMA=0 and RILL_FP8_MMA=2
 #     RILL_FP8_MMA_TOKENS=9-32 in turn, twice.
@@ -69,14 +69,17 @@ RC_FAST=$?; out_rc "model tests (RILL_K4C_ATTENTION=${FAST_MODE:-fast})" $RC_FAS
 export RILL_K4C_ATTENTION=fast
 # NCU=1: Nsight Compute's view of the fast kernel, k4c, Llama-3.1-8B's
 # shape: DeviceTiming's first batch-64 call after 1,024 keys (its 22nd
-# launch) and DeviceTimingPrefill's first tiled call (also its 22nd).
-ncu_kernel() {  # NAME TEST
+# launch) and DeviceTimingPrefill's first tiled call (also its 22nd); and
+# of the flash prefill kernel (chan_attention_flash): its second launch in
+# CudaChanFlashAttention.DeviceTimingPrefill (k4c, 512 tokens after 1,536).
+ncu_kernel() {  # NAME TEST [KERNEL SKIP]
   [ $(left) -gt 150 ] || { echo "== ncu $1 skipped (time)"; return; }
-  tmo 100 ncu --clock-control none --kernel-name regex:chan_fast_kernel --launch-skip 21 --launch-count 1 \
+  local k=${3:-chan_fast_kernel}
+  tmo 100 ncu --clock-control none --kernel-name regex:$k --launch-skip ${4:-21} --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis $V/tests --gtest_filter="$2" > $L/ncu_$1.log 2>&1
   echo "== ncu $1 rc=$?"
-  grep -E "chan_fast_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Dynamic Shared|Warp Cycles Per Issued|Issue Slots Busy|Eligible Warps|No Eligible|One or More" $L/ncu_$1.log | cut -c1-150 | head -30
+  grep -E "$k|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Dynamic Shared|Warp Cycles Per Issued|Issue Slots Busy|Eligible Warps|No Eligible|One or More" $L/ncu_$1.log | cut -c1-150 | head -30
   out_pack
 }
 # KERNEL_AB=1: the fast kernel's timings by the packed baseline build
@@ -84,8 +87,8 @@ ncu_kernel() {  # NAME TEST
 if [ "${KERNEL_AB:-0}" = 1 ] && [ -x $V/tests_base ]; then
   for i in $(seq 1 ${AB_RUNS:-2}); do
     for b in tests_base tests; do
-      tmo 60 $V/$b --gtest_filter='CudaChanFastAttention.DeviceTiming*' > $L/ab_${b}_$i.log 2>&1
-      echo "== kernel $b run $i rc=$?"; grep "^\[ k4c fast \]" $L/ab_${b}_$i.log | cut -c1-150
+      tmo 60 $V/$b --gtest_filter='CudaChanFastAttention.DeviceTiming*:CudaChanFlashAttention.DeviceTiming*' > $L/ab_${b}_$i.log 2>&1
+      echo "== kernel $b run $i rc=$?"; grep -E "^\[ k4c (fast|flash) \]" $L/ab_${b}_$i.log | cut -c1-150
     done
   done
   out_pack
@@ -93,6 +96,7 @@ fi
 if [ "${NCU:-0}" = 1 ]; then
   ncu_kernel decode_b64 CudaChanFastAttention.DeviceTiming
   ncu_kernel prefill_tiled CudaChanFastAttention.DeviceTimingPrefill
+  ncu_kernel prefill_flash CudaChanFlashAttention.DeviceTimingPrefill chan_flash_kernel 1
 fi
 wait $MK; tail -2 $L/make.log
 # bench NAME ENV... -- ARGS...: one bench_cuda run into $L/b_NAME.log.
