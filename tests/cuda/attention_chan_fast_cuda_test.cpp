@@ -245,11 +245,13 @@ std::vector<float> host_run(const Batch& bt, bool fast, bool tile = false, bool 
 // (ChanAttentionArgs::rotated_out) and by rotate_heads_back of its f32
 // outputs, their bytes; ms set too: the fused call's median time in
 // `ms`.
-enum class Kernel { kRef, kFast, kFlash };
-void call(Kernel k, const ChanAttentionArgs& a) {
+// kFlashBatched: the flash kernel with ChanAttentionArgs::flash_batched_loads.
+enum class Kernel { kRef, kFast, kFlash, kFlashBatched };
+void call(Kernel k, ChanAttentionArgs a) {
   if (k == Kernel::kFast) {
     chan_attention_fast(a, nullptr);
-  } else if (k == Kernel::kFlash) {
+  } else if (k == Kernel::kFlash || k == Kernel::kFlashBatched) {
+    a.flash_batched_loads = k == Kernel::kFlashBatched;
     chan_attention_flash(a, nullptr);
   } else {
     chan_attention_parallel(a, nullptr);
@@ -611,6 +613,10 @@ TEST(CudaChanFlashAttention, DeviceMatchesTheReference) {
     expect_close(got[0], want, "flash " + name(sh), worst, 5e-3);
     EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
         << name(sh) << ": two calls differ";
+    // Batched loads read the same values: the same bits.
+    const std::vector<float> batched = device_run(bt, Kernel::kFlashBatched)[0];
+    EXPECT_EQ(std::memcmp(got[0].data(), batched.data(), got[0].size() * sizeof(float)), 0)
+        << name(sh) << ": batched loads change the outputs";
     seed += 1000;
   }
   std::printf("[ k4c flash ] device: worst max|diff| / scale %.3g (%s)\n", worst.rel, worst.where.c_str());
@@ -666,14 +672,17 @@ TEST(CudaChanFlashAttention, DeviceTimingPrefill) {
     const Shape sh{32, 8, 128, 0, 0.0f, alloc};
     for (const SeqSpec spec : {SeqSpec{2048, 512, 41}, SeqSpec{2048, 2048, 42}}) {
       const Batch bt = make_batch(sh, {spec}, 6);
-      double tiles_ms = 0, flash_ms = 0;
+      double tiles_ms = 0, flash_ms = 0, batched_ms = 0;
       const std::vector<float> a = device_run(bt, Kernel::kFast, 1, &tiles_ms, true)[0];
       const std::vector<float> b = device_run(bt, Kernel::kFlash, 1, &flash_ms)[0];
+      device_run(bt, Kernel::kFlashBatched, 1, &batched_ms);
       Worst worst;
       expect_close(b, a, "flash vs tiles " + name(sh), worst, 5e-3);
-      std::printf("[ k4c flash ] prefill %s %lld tokens after %lld: token tiles %.1f us, flash %.1f us (%.2fx)\n",
-                  alloc ? "k4a" : "k4c", static_cast<long long>(spec.steps),
-                  static_cast<long long>(spec.n - spec.steps), tiles_ms * 1e3, flash_ms * 1e3, tiles_ms / flash_ms);
+      std::printf(
+          "[ k4c flash ] prefill %s %lld tokens after %lld: token tiles %.1f us, flash %.1f us (%.2fx), batched "
+          "loads %.1f us\n",
+          alloc ? "k4a" : "k4c", static_cast<long long>(spec.steps), static_cast<long long>(spec.n - spec.steps),
+          tiles_ms * 1e3, flash_ms * 1e3, tiles_ms / flash_ms, batched_ms * 1e3);
     }
   }
 }

@@ -83,6 +83,10 @@ struct ChanAttentionArgs {
   // (one kernel a layer fewer).
   void* rotated_out = nullptr;
   DType rotated_dtype = DType::kF32;
+  // chan_attention_flash only: a q4c pool block's loads issued together
+  // before its shared stores (the same values; written without a GPU at
+  // hand, off until timed: RILL_K4C_FLASH_LOADS=batched in the backend).
+  bool flash_batched_loads = false;
 };
 
 // head_dim a multiple of 64 (V's blocks) up to 1024; n_head_kv * head_dim a

@@ -96,11 +96,59 @@ __device__ __forceinline__ const uint8_t* own_row(const ChanAttentionArgs& a, in
                 : step + static_cast<size_t>(a.q_start[seq] + (j - c0)) * tail_row;
 }
 
+// A pool block's q4c K and iq4_nlh64 V (ChanAttentionArgs::flash_batched_loads):
+// decode_block's values, with each thread's items a compile-time count and
+// its loads read-only global ones (ld.global.nc), which the compiler may
+// issue ahead of the shared stores of the items before them (decode_block's
+// loops run an item's load latency after another's: a generic pointer may
+// alias shared memory) as far as its registers allow. K a (channel, half of
+// the keys) an item, V 4 channels of a row.
+template <int HD>
+__device__ void decode_pool_batched(const ChanAttentionArgs& a, int64_t head, int64_t W, const uint8_t* blk,
+                                    const uint8_t* vblk, __half* ks, __half* vs) {
+  using C = FlashCta<HD>;
+  const int tid = threadIdx.x;
+  constexpr int kKItems = 2 * HD / kThreads, kVItems = kT * (HD / 4) / kThreads;
+  static_assert(2 * HD % kThreads == 0 && kT * (HD / 4) % kThreads == 0, "whole items a thread");
+#pragma unroll
+  for (int u = 0; u < kKItems; ++u) {
+    const int i = tid + u * kThreads, c = i % HD, half = i / HD;
+    const auto* qs = reinterpret_cast<const uint32_t*>(blk + 3 * W + (head + c) * (kT / 2) + 8 * half);
+    const uint32_t w[2] = {__ldg(qs), __ldg(qs + 1)};
+    const float z = f16_value(__ldg(reinterpret_cast<const unsigned short*>(blk) + head + c));
+    const float d = e4m3_to_float(__ldg(blk + 2 * W + head + c)) * 0.0625f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const uint32_t byte = (w[e / 4] >> (8 * (e % 4))) & 0xFFu;
+      const int r = 8 * half + e;
+      ks[r * C::kLd + c] = __float2half_rn(z + d * static_cast<float>(byte & 0xFu));
+      ks[(r + 16) * C::kLd + c] = __float2half_rn(z + d * static_cast<float>(byte >> 4));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kVItems; ++u) {
+    const int i = tid + u * kThreads, r = i / (HD / 4), c = 4 * (i % (HD / 4));
+    const uint8_t* vb =
+        vblk + static_cast<size_t>(r) * a.v_row_bytes + (head + c) / 64 * detail::KvIq4Nl64::kBlockBytes;
+    // Bytes [p, p + 4) at any address: KvIq4Nl64::code_bytes4's words, read-only.
+    const uint8_t* p = vb + 1 + ((head + c) & 31);
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    const auto* w = reinterpret_cast<const uint32_t*>(at & ~uintptr_t{3});
+    const int o = static_cast<int>(at & 3);
+    const uint32_t codes = detail::KvIq4Nl64::funnel(__ldg(w), o ? __ldg(w + 1) : 0u, 8 * o);
+    float x[4];
+    detail::KvIq4Nl::levels4(codes, ((head + c) & 63) >= 32 ? 4 : 0, mul_rn(e4m3_to_float(__ldg(vb)), 0.0625f), x);
+    __half2* dst = reinterpret_cast<__half2*>(vs + r * C::kLd + c);
+    dst[0] = __floats2half2_rn(x[0], x[1]);
+    dst[1] = __floats2half2_rn(x[2], x[3]);
+  }
+}
+
 // KV block b (keys [32 b, 32 b + 32)) into rows [0, 32) of the f16 K and V
 // tiles ks / vs (kLd halves a row), by the whole block. own: the block
 // holding the tile's positions (q8_0 rows); keys outside [k_lo, k_hi)
-// zero.
-template <int HD>
+// zero. kBatched: a q4c pool block through decode_pool_batched.
+template <int HD, bool kBatched>
 __device__ void decode_block(const ChanAttentionArgs& a, int kvh, int seq, int64_t b, int64_t own, int64_t k_lo,
                              int64_t k_hi, int64_t c0, const int32_t* table, __half* ks, __half* vs) {
   using C = FlashCta<HD>;
@@ -117,6 +165,11 @@ __device__ void decode_block(const ChanAttentionArgs& a, int kvh, int seq, int64
   }
   if (b < own) {  // the pool: every row encoded
     const uint8_t* blk = a.k_blocks + static_cast<size_t>(table[b]) * a.block_stride;
+    if (kBatched && !a.k_widths) {
+      const size_t v_stride = a.v_block_stride ? a.v_block_stride : a.block_stride;
+      decode_pool_batched<HD>(a, head, W, blk, a.v_blocks + static_cast<size_t>(table[b]) * v_stride, ks, vs);
+      return;
+    }
     const auto* zs = reinterpret_cast<const uint16_t*>(blk) + head;
     const uint8_t* ds = blk + 2 * W + head;
     // K: a (channel, half of the keys) an item; q4c's 8 code bytes give
@@ -197,7 +250,7 @@ __device__ void decode_block(const ChanAttentionArgs& a, int kvh, int seq, int64
   }
 }
 
-template <int HD, typename Out>
+template <int HD, typename Out, bool kBatched>
 __global__ void __launch_bounds__(kThreads, 3) chan_flash_kernel(ChanAttentionArgs a, int group, int tt) {
   using C = FlashCta<HD>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -263,8 +316,9 @@ __global__ void __launch_bounds__(kThreads, 3) chan_flash_kernel(ChanAttentionAr
 
   for (int64_t kc = k_lo / kKeys * kKeys; kc < k_hi; kc += kKeys) {
     __syncthreads();  // the previous tile (or Q) fully read
-    decode_block<HD>(a, kvh, seq, kc / kT, own, k_lo, k_hi, c0, table, ks, vs);
-    decode_block<HD>(a, kvh, seq, kc / kT + 1, own, k_lo, k_hi, c0, table, ks + kT * C::kLd, vs + kT * C::kLd);
+    decode_block<HD, kBatched>(a, kvh, seq, kc / kT, own, k_lo, k_hi, c0, table, ks, vs);
+    decode_block<HD, kBatched>(a, kvh, seq, kc / kT + 1, own, k_lo, k_hi, c0, table, ks + kT * C::kLd,
+                               vs + kT * C::kLd);
     __syncthreads();
     if (!warp_active || kc > warp_last || kc + kKeys <= warp_lo) continue;
     // S = Q K^T: 16 rows x 64 keys, 8 fragments of 8 keys.
@@ -353,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, 3) chan_flash_kernel(ChanAttentionAr
   }
 }
 
-template <int HD>
+template <int HD, bool kBatched>
 void launch(const ChanAttentionArgs& a, cudaStream_t stream) {
   using C = FlashCta<HD>;
   const int group = a.n_head / a.n_head_kv;
@@ -361,11 +415,20 @@ void launch(const ChanAttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(a.n_tokens));
   if (a.rotated_out) {
     RILL_CUDA_DISPATCH_FLOAT(a.rotated_dtype,
-                             chan_flash_kernel<HD, T><<<grid, kThreads, C::kBytes, stream>>>(a, group, tt));
+                             chan_flash_kernel<HD, T, kBatched><<<grid, kThreads, C::kBytes, stream>>>(a, group, tt));
   } else {
-    chan_flash_kernel<HD, float><<<grid, kThreads, C::kBytes, stream>>>(a, group, tt);
+    chan_flash_kernel<HD, float, kBatched><<<grid, kThreads, C::kBytes, stream>>>(a, group, tt);
   }
   RILL_CUDA_CHECK_LAUNCH();
+}
+
+template <int HD>
+void launch(const ChanAttentionArgs& a, cudaStream_t stream) {
+  if (a.flash_batched_loads) {
+    launch<HD, true>(a, stream);
+  } else {
+    launch<HD, false>(a, stream);
+  }
 }
 
 }  // namespace

@@ -482,6 +482,8 @@ class CudaBackend final : public Backend {
     // RILL_K4C_ATTENTION=tiles keeps them on the fast kernel's token tiles.
     chan_.flash = chan_.fast && !(which && std::strcmp(which, "tiles") == 0) &&
                   cuda::chan_attention_flash_supported(limits.head_dim, 1);  // the group: checked a call
+    const char* loads = std::getenv("RILL_K4C_FLASH_LOADS");
+    chan_.flash_batched_loads = loads && std::strcmp(loads, "batched") == 0;
     if (chan_.fast) {
       const size_t per_token = cuda::chan_fast_partial_floats(1, limits.n_head, limits.head_dim);
       const size_t budget = std::min(chan.max_score_floats, size_t{16} << 20);
@@ -837,6 +839,7 @@ class CudaBackend final : public Backend {
       a.seq_of = step.seq_of;
       a.out = rotation_;
       a.rotated_out = op.out.data;
+      a.flash_batched_loads = chan_.flash_batched_loads;
       cuda::chan_attention_flash(a, stream());
       cuda::update_chan_tails(c, stream());
       chan_.plan_live = false;
@@ -1290,11 +1293,12 @@ class CudaBackend final : public Backend {
     int32_t* c0 = nullptr;  // [max_tokens + 1] (a sequence per token at most, and a graph's padding)
     const uint8_t** tail_k = nullptr;
     const uint8_t** tail_v = nullptr;
-    float* scores = nullptr;    // [chunk, n_head, keys] (the reference kernel's)
-    float* partials = nullptr;  // chan_fast_partial_floats(chunk, ...) (the fast kernel's)
-    bool fast = false;          // chan_attention_fast, not chan_attention_parallel
-    bool warp_softmax = false;  // ChanAttentionArgs::warp_softmax (off: RILL_K4C_ATTENTION=rows)
-    bool flash = false;         // chan_attention_flash for prefill-like steps (off: RILL_K4C_ATTENTION=tiles)
+    float* scores = nullptr;           // [chunk, n_head, keys] (the reference kernel's)
+    float* partials = nullptr;         // chan_fast_partial_floats(chunk, ...) (the fast kernel's)
+    bool fast = false;                 // chan_attention_fast, not chan_attention_parallel
+    bool warp_softmax = false;         // ChanAttentionArgs::warp_softmax (off: RILL_K4C_ATTENTION=rows)
+    bool flash = false;                // chan_attention_flash for prefill-like steps (off: RILL_K4C_ATTENTION=tiles)
+    bool flash_batched_loads = false;  // ChanAttentionArgs::flash_batched_loads (RILL_K4C_FLASH_LOADS=batched)
     int32_t keys = 0, chunk = 0;
     // The plan the outputs above hold (encode_chan_blocks made it), live
     // until update_chan_tails moves the tails it read: attention_chan
