@@ -96,6 +96,21 @@ __device__ __forceinline__ const uint8_t* own_row(const ChanAttentionArgs& a, in
                 : step + static_cast<size_t>(a.q_start[seq] + (j - c0)) * tail_row;
 }
 
+// Channel c's keys of a q4c group's 8 code bytes w for half `half` of the
+// block into K's f16 tile: byte e gives key 8 half + e (low nibble) and
+// 8 half + e + 16 (high), each z + d x code rounded to f16 once.
+template <int HD>
+__device__ __forceinline__ void put_q4c_keys(__half* ks, int c, int half, const uint32_t (&w)[2], float z, float d) {
+  using C = FlashCta<HD>;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const uint32_t byte = (w[e / 4] >> (8 * (e % 4))) & 0xFFu;
+    const int r = 8 * half + e;
+    ks[r * C::kLd + c] = __float2half_rn(z + d * static_cast<float>(byte & 0xFu));
+    ks[(r + 16) * C::kLd + c] = __float2half_rn(z + d * static_cast<float>(byte >> 4));
+  }
+}
+
 // A pool block's q4c K and iq4_nlh64 V (ChanAttentionArgs::flash_batched_loads):
 // decode_block's values, with each thread's items a compile-time count and
 // its loads read-only global ones (ld.global.nc), which the compiler may
@@ -117,13 +132,7 @@ __device__ void decode_pool_batched(const ChanAttentionArgs& a, int64_t head, in
     const uint32_t w[2] = {__ldg(qs), __ldg(qs + 1)};
     const float z = f16_value(__ldg(reinterpret_cast<const unsigned short*>(blk) + head + c));
     const float d = e4m3_to_float(__ldg(blk + 2 * W + head + c)) * 0.0625f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const uint32_t byte = (w[e / 4] >> (8 * (e % 4))) & 0xFFu;
-      const int r = 8 * half + e;
-      ks[r * C::kLd + c] = __float2half_rn(z + d * static_cast<float>(byte & 0xFu));
-      ks[(r + 16) * C::kLd + c] = __float2half_rn(z + d * static_cast<float>(byte >> 4));
-    }
+    put_q4c_keys<HD>(ks, c, half, w, z, d);
   }
 #pragma unroll
   for (int u = 0; u < kVItems; ++u) {
@@ -180,13 +189,7 @@ __device__ void decode_block(const ChanAttentionArgs& a, int kvh, int seq, int64
       if (!a.k_widths) {
         const auto* qs = reinterpret_cast<const uint32_t*>(blk + 3 * W + (head + c) * (kT / 2) + 8 * half);
         const uint32_t w[2] = {qs[0], qs[1]};  // 4-byte aligned: the pool's K regions are
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const uint32_t byte = (w[e / 4] >> (8 * (e % 4))) & 0xFFu;
-          const int r = 8 * half + e;
-          ks[r * C::kLd + c] = __float2half_rn(z + d * static_cast<float>(byte & 0xFu));
-          ks[(r + 16) * C::kLd + c] = __float2half_rn(z + d * static_cast<float>(byte >> 4));
-        }
+        put_q4c_keys<HD>(ks, c, half, w, z, d);
       } else {  // q4a: channel ch's codes from its bit planes (keys 16 half + r)
         const int64_t ch = head + c;
         const int width = a.k_widths[ch];
