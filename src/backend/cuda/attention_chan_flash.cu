@@ -73,12 +73,7 @@ constexpr int kT = kChanSplitTokens;  // a KV block
 constexpr int kRows = 64, kKeys = 2 * kT, kWarps = 4, kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Tokens a tile: a power of two dividing 32, at most 64 / group rows' worth.
-__host__ __device__ inline int flash_tile_tokens(int group) {
-  int tt = 32;
-  while (tt > 1 && tt * group > kRows) tt >>= 1;
-  return tt;
-}
+static_assert(kRows == 64, "chan_flash_tile_tokens' rows");
 
 template <int HD>
 struct FlashCta {
@@ -263,9 +258,8 @@ __global__ void __launch_bounds__(kThreads, 3) chan_flash_kernel(ChanAttentionAr
   const int t = a.n_tokens - 1 - static_cast<int>(blockIdx.y);
   const int seq = a.seq_of[t];
   const int32_t p0 = a.pos[t];
-  if (t > 0 && a.seq_of[t - 1] == seq && p0 % tt != 0) return;  // not a tile's first token
-  int n = 1;
-  while (n < tt && t + n < a.n_tokens && a.seq_of[t + n] == seq && a.pos[t + n] % tt != 0) ++n;
+  const int n = chan_flash_tile_at(a.pos, a.seq_of, a.n_tokens, t, tt);
+  if (n == 0) return;  // not a tile's first token
   const int n_rows = n * group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
@@ -414,7 +408,7 @@ template <int HD, bool kBatched>
 void launch(const ChanAttentionArgs& a, cudaStream_t stream) {
   using C = FlashCta<HD>;
   const int group = a.n_head / a.n_head_kv;
-  const int tt = flash_tile_tokens(group);
+  const int tt = chan_flash_tile_tokens(group);
   const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(a.n_tokens));
   if (a.rotated_out) {
     RILL_CUDA_DISPATCH_FLOAT(a.rotated_dtype,

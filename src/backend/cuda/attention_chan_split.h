@@ -73,4 +73,29 @@ RILL_CHAN_SPLIT_HD inline int32_t chan_split_grid(int64_t max_keys) {
   return static_cast<int32_t>(n < kChanMaxSplits ? n : kChanMaxSplits);
 }
 
+// chan_attention_flash's tiles (attention_chan_flash.cu): a thread block
+// takes 64 rows, a tile's tokens times the group's query heads, so a tile
+// holds chan_flash_tile_tokens(group) tokens: a power of two dividing 32,
+// at most 64 / group (group <= 64).
+RILL_CHAN_SPLIT_HD inline int32_t chan_flash_tile_tokens(int32_t group) {
+  int32_t tt = 32;
+  while (tt > 1 && tt * group > 64) tt >>= 1;
+  return tt;
+}
+
+// The tile token t starts, as its token count; 0 when t starts none. A
+// tile starts at a sequence's first token of the batch or at a position
+// that is a multiple of tt, and runs over the sequence's next tokens up to
+// the next multiple (a step's tokens of a sequence are consecutive, at
+// consecutive positions). So a tile lies inside one KV block of 32
+// positions, and a token's tile depends on its sequence's positions alone.
+RILL_CHAN_SPLIT_HD inline int32_t chan_flash_tile_at(const int32_t* pos, const int32_t* seq_of, int32_t n_tokens,
+                                                     int32_t t, int32_t tt) {
+  const int32_t seq = seq_of[t];
+  if (t > 0 && seq_of[t - 1] == seq && pos[t] % tt != 0) return 0;
+  int32_t n = 1;
+  while (n < tt && t + n < n_tokens && seq_of[t + n] == seq && pos[t + n] % tt != 0) ++n;
+  return n;
+}
+
 }  // namespace rill::cuda
