@@ -586,12 +586,15 @@ TEST(CudaChanFastAttention, DeviceTiming) {
   }
 }
 
-// The flash prefill kernel's shapes: the fast kernel's, and a group of 3
-// (SmolLM2's 9 query heads on 3 KV heads: tiles of 16 tokens, 48 rows).
+// The flash prefill kernel's shapes: the fast kernel's, a group of 3
+// (SmolLM2's 9 query heads on 3 KV heads: tiles of 16 tokens, 48 rows),
+// and groups of 16 and 64 (tiles of 4 tokens and of 1).
 std::vector<Shape> flash_shapes() {
   std::vector<Shape> v = shapes();
   v.push_back({9, 3, 64, 0, 0.0f, false});
   v.push_back({9, 3, 64, 100, 30.0f, true});
+  v.push_back({32, 2, 64, 0, 0.0f, false});
+  v.push_back({64, 1, 128, 100, 0.0f, false});
   return v;
 }
 

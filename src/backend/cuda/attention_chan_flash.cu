@@ -49,6 +49,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "backend/cuda/attention_chan.h"
 #include "backend/cuda/attention_chan_split.h"
@@ -436,6 +438,13 @@ bool chan_attention_flash_supported(int32_t head_dim, int32_t group) {
 
 void chan_attention_flash(const ChanAttentionArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0 || a.n_head <= 0) return;
+  if (a.n_tokens > 65535 || !chan_attention_flash_supported(a.head_dim, a.n_head / a.n_head_kv)) {
+    std::fprintf(stderr,
+                 "chan_attention_flash: %d tokens, head_dim %d, %d query heads a KV head (at most 65,535 "
+                 "tokens, head_dim 64 or 128, at most 64 heads)\n",
+                 a.n_tokens, a.head_dim, a.n_head / a.n_head_kv);
+    std::abort();
+  }
   if (a.head_dim == 64) {
     launch<64>(a, stream);
   } else {
