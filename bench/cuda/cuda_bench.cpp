@@ -522,8 +522,10 @@ void quant_kernel_bench(const cuda::Context& ctx, bool dequant_only, const std::
         });
         std::printf("  slabs of %lld MB %.1f us;", static_cast<long long>(slab_mb), sm * 1e3);
       }
-      // The int8 path: quantize_x8 into the scratch, then quant_mma.
-      for (int n : {1, 8, 16, 64}) {
+      // The int8 path: quantize_x8 into the scratch, then quant_mma (past
+      // 16 tokens quant_mmq where eligible: RILL_QUANT_MMQ=0 and
+      // RILL_QUANT_MMQ_ROWS choose, quant.h).
+      for (int n : {1, 8, 16, 32, 64}) {
         if (dequant_only) break;
         const double mm = time([&](void* p) {
           cuda::quantize_x8(DType::kBF16, x, n, sh.cols, scratch, ctx.stream());

@@ -24,6 +24,9 @@
 //    the exact x within sum |w| d / 2 (+1e-5 sum |w x|); a token's result is
 //    the same bits alone and in any batch; y_stride leaves other columns
 //    alone; quant_matmul takes the path when its scratch has room for x;
+//    quant_mmq (Q8_0 / Q4_K; quant_mma's calls past 16 tokens when
+//    RILL_QUANT_MMQ=1) gives one-token quant_mma's bits at each of its
+//    block sizes;
 //  - quant_matmul_parts over a matrix of Q4_K, Q6_K and Q4_K rows equals
 //    the reference on each path (GEMV, int8, dequantize + GEMM).
 // Skipped without a CUDA device.
@@ -403,6 +406,7 @@ TEST(CudaQuant, MmaMatchesTheCpuReferenceAndIsBatchInvariant) {
   const int64_t n_max = kMmaMaxTokens;
   for (DType t : kMmaTypes) {
     double worst_q = 0, worst_x = 0;
+    int n_mmq = 0;
     for (const Shape& s : shapes(t)) {
       const auto w = cpu::testing::random_weight_rows(t, s.rows, s.cols,
                                                       51 + static_cast<uint32_t>(t) + static_cast<uint32_t>(s.cols));
@@ -463,7 +467,28 @@ TEST(CudaQuant, MmaMatchesTheCpuReferenceAndIsBatchInvariant) {
           EXPECT_EQ(n_diff, 0) << dtype_name(t) << " " << s.rows << "x" << s.cols << ": " << n
                                << " tokens differ from one at a time";
         }
+        // quant_mmq at each of its block sizes (quant_mma picks one): the
+        // same bits as one token at a time through quant_mma.
+        for (int64_t n : {1, 8, 17, 40, 64}) {
+          if (!quant_mmq_fits(t, dw.data(), n, s.cols)) continue;
+          ++n_mmq;
+          quantize_x8(xt, dx.data(), n, s.cols, dq.data(), nullptr);
+          for (int rows : {32, 64, 128}) {
+            auto dz = poisoned(static_cast<size_t>(n * s.rows) * 4);
+            quant_mmq(t, dw.data(), dq.data(), n, s.rows, s.cols, dz.as<float>(), s.rows, false, nullptr, rows);
+            const auto z = download<float>(dz, static_cast<size_t>(n * s.rows));
+            int64_t n_diff = 0;
+            for (size_t i = 0; i < z.size(); ++i) n_diff += std::memcmp(&z[i], &alone[i], 4) != 0;
+            EXPECT_EQ(n_diff, 0) << dtype_name(t) << " " << s.rows << "x" << s.cols << ": quant_mmq, " << rows
+                                 << " rows a block, " << n << " tokens differ from quant_mma one at a time";
+          }
+        }
       }
+    }
+    // Every shape's columns are a multiple of 256 but for the 1 x 32 /
+    // 67 x 576 Q8_0 ones: quant_mmq must have run for Q8_0 and Q4_K.
+    if (t == DType::kQ8_0 || t == DType::kQ4_K) {
+      EXPECT_GT(n_mmq, 0) << dtype_name(t);
     }
     std::printf("[ cuda quant ] %-5s int8 mma: vs its int8 x %.3g of sum|w x|; vs exact x %.3g of the rounding bound\n",
                 std::string(dtype_name(t)).c_str(), worst_q, worst_x);
@@ -560,6 +585,83 @@ TEST(CudaQuant, TooSmallAScratchIsAnError) {
   const Status s = quant_matmul(gemm, none, DType::kQ4_0, nullptr, DType::kBF16, nullptr, 16, 64, 64, nullptr, false,
                                 (*ctx)->stream());
   EXPECT_FALSE(s.ok());
+}
+
+// Times, not a check (gtest_filter it on a device): quantize_x8 +
+// quant_mmq at each block size against dequantize + cuBLASLt (the path
+// 17..64 tokens take without it) and quant_mma (its own kernel up to 16
+// tokens, or quant_mmq where eligible) over the Llama-3.1-8B's shapes, three copies
+// of each matrix in turn (so that one call's weights are not in L2 for
+// the next), median of 5 runs of 12 back-to-back calls; GB/s of weights.
+TEST(CudaQuant, DeviceTimingMmq) {
+  RILL_REQUIRE_GPU();
+  auto ctx = Context::create(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  Gemm gemm(**ctx);
+  cudaStream_t st = (*ctx)->stream();
+  const struct {
+    const char* name;
+    int64_t rows, cols;
+  } kShapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  constexpr int kCopies = 3;
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  for (DType t : {DType::kQ8_0, DType::kQ4_K}) {
+    for (const auto& sh : kShapes) {
+      const size_t bytes = row_bytes(t, sh.cols) * static_cast<size_t>(sh.rows);
+      std::vector<DeviceBuffer> w;
+      for (int c = 0; c < kCopies; ++c) {
+        w.push_back(poisoned(bytes));
+        ASSERT_EQ(cudaMemset(w.back().data(), 0x11, bytes), cudaSuccess);  // finite scales
+      }
+      auto x = poisoned(static_cast<size_t>(64 * sh.cols) * 2);
+      ASSERT_EQ(cudaMemset(x.data(), 0x3c, static_cast<size_t>(64 * sh.cols) * 2), cudaSuccess);
+      auto xq = poisoned(quantized_x_bytes(64, sh.cols));
+      auto y = poisoned(static_cast<size_t>(64 * sh.rows) * 4);
+      auto scratch = poisoned(static_cast<size_t>(sh.rows * sh.cols) * 2);
+      auto time = [&](auto&& fn) {
+        std::vector<double> ts;
+        for (int rep = 0; rep < 6; ++rep) {
+          cudaEventRecord(e0, st);
+          for (int k = 0; k < 12; ++k) fn(w[static_cast<size_t>(k % kCopies)].data());
+          cudaEventRecord(e1, st);
+          cudaEventSynchronize(e1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (rep > 0) ts.push_back(ms * 1e3 / 12);
+        }
+        std::sort(ts.begin(), ts.end());
+        return ts[ts.size() / 2];
+      };
+      for (int n : {8, 16, 32, 64}) {
+        ASSERT_TRUE(quant_mmq_fits(t, w[0].data(), n, sh.cols));
+        const double base = time([&](void* p) {
+          dequantize_rows(t, p, sh.cols, 0, sh.rows, DType::kBF16, scratch.data(), st);
+          ASSERT_TRUE(gemm.run(DType::kBF16, scratch.data(), x.data(), n, sh.rows, sh.cols, y.as<float>(), false).ok());
+        });
+        const double mma = time([&](void* p) {
+          quantize_x8(DType::kBF16, x.data(), n, sh.cols, xq.data(), st);
+          quant_mma(t, p, xq.data(), n, sh.rows, sh.cols, y.as<float>(), sh.rows, false, st);
+        });
+        std::printf("[ quant mmq ] %-4s %-7s n=%d: dequant+gemm %.1f us %.0f GB/s; quant_mma%s %.1f us %.0f GB/s;",
+                    std::string(dtype_name(t)).c_str(), sh.name, n, base, bytes / base / 1e3,
+                    quant_mmq_eligible(t, w[0].data(), n, sh.cols) ? " (mmq)" : "", mma, bytes / mma / 1e3);
+        for (int rows : {0, 32, 64, 128}) {
+          const double us = time([&](void* p) {
+            quantize_x8(DType::kBF16, x.data(), n, sh.cols, xq.data(), st);
+            quant_mmq(t, p, xq.data(), n, sh.rows, sh.cols, y.as<float>(), sh.rows, false, st, rows);
+          });
+          std::printf(" mmq %s %.1f us %.0f GB/s (%.2fx);", rows == 0 ? "auto" : std::to_string(rows).c_str(), us,
+                      bytes / us / 1e3, base / us);
+        }
+        std::printf("\n");
+      }
+    }
+  }
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
 }
 
 }  // namespace

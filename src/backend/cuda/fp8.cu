@@ -286,16 +286,6 @@ int split16_for(int64_t n_rows, int64_t n_cols) {
   return n_split;
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
-    return count > 0 ? count : 1;
-  }();
-  return n;
-}
-
 // per_sm > 0: a grid of at most per_sm blocks per SM, each looping over
 // groups; else one block per group.
 template <typename T, int N, int R, int U>

@@ -254,16 +254,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
-    return count > 0 ? count : 1;
-  }();
-  return n;
-}
-
 // A grid of at most blocks_per_sm blocks per SM (kMinBlocks: the launch
 // bounds, so that many fit in the registers; a larger blocks_per_sm makes
 // a second wave, for comparison only).

@@ -62,6 +62,7 @@
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/fp8_glu.cuh"
 #include "backend/cuda/mma_tile.cuh"
+#include "backend/cuda/ops.h"
 #include "backend/cuda/smem_opt_in.h"
 
 namespace rill::cuda {
@@ -487,16 +488,6 @@ __global__ void __launch_bounds__(256) fp8_mma_reduce_kernel(const MmaParams p, 
       store_out(p, i, glu(p, gv, uv));
     }
   }
-}
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
-    return count > 0 ? count : 1;
-  }();
-  return n;
 }
 
 // How a shape is cut: slabs of kBM rows (GLU: 64 gate/up pairs), and the

@@ -516,6 +516,16 @@ bool launch_rope_kv_warp(const RopeKvArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
+    return count > 0 ? count : 1;
+  }();
+  return n;
+}
+
 void embed_rows(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids, int64_t n_ids, float* out,
                 cudaStream_t stream) {
   if (n_ids <= 0) return;

@@ -14,6 +14,10 @@
 
 namespace rill::cuda {
 
+// The SMs of the device current at the first call (queried once a
+// process: grid sizes, not correctness, depend on it).
+int sm_count();
+
 // out[i, :] = row ids[i] of table (F32/F16/BF16, [n_rows, n_cols]) as f32.
 void embed_rows(DType table_dtype, const void* table, int64_t n_cols, const int32_t* ids, int64_t n_ids, float* out,
                 cudaStream_t stream);

@@ -76,14 +76,31 @@ void embed_rows_any(DType table_dtype, const void* table, int64_t n_cols, const 
 bool quant_mma_supported(DType t);
 inline constexpr int64_t kMmaMaxTokens = 64;  // quant_mma's limit
 // quant_matmul's choice, from bench_cuda --quant-kernels on an H200: the
-// int8 path up to this many tokens (past two tiles of 8 its per-tile cost
-// loses to dequantize + cuBLASLt at 64), but not for one token of Q8_0
-// (the f32 GEMV reads Q8_0 at 1.3-2.5 TB/s, the int8 path at 0.9-1.4).
+// int8 path up to this many tokens (past two tiles of 8 quant_mma's
+// per-tile cost loses to dequantize + cuBLASLt at 64), and past it where
+// quant_mmq_eligible, but not for one token of Q8_0 (the f32 GEMV reads
+// Q8_0 at 1.3-2.5 TB/s, the int8 path at 0.9-1.4).
 inline constexpr int64_t kInt8PathMaxTokens = 16;
 size_t quantized_x_bytes(int64_t n_tokens, int64_t n_cols);
 void quantize_x8(DType x_dtype, const void* x, int64_t n_tokens, int64_t n_cols, void* xq, cudaStream_t stream);
 void quant_mma(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
                int64_t y_stride, bool accumulate, cudaStream_t stream);
+// quant_mmq (quant_mmq.cu): quant_mma's result, the same bits, with W's
+// blocks and x staged through shared memory by blocks of 32-128 rows, for
+// what quant_mmq_fits (Q8_0 / Q4_K, up to kMmaMaxTokens tokens, n_cols a
+// multiple of 256, W 16-byte aligned). quant_mma hands it the calls
+// quant_mmq_eligible takes: those of kMmqMinTokens tokens or more when
+// quant_mmq_on(), which is RILL_QUANT_MMQ=1 in the environment (read
+// once): off by default until a GPU run has held it to quant_mma and
+// timed it (docs/perf.md). rows_a_block: 32, 64 or 128 (tests and
+// benchmarks), else RILL_QUANT_MMQ_ROWS=32/64/128 when set, else chosen
+// from n_rows and the SM count.
+inline constexpr int64_t kMmqMinTokens = 17;
+bool quant_mmq_on();
+bool quant_mmq_fits(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_cols);
+bool quant_mmq_eligible(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_cols);
+void quant_mmq(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
+               int64_t y_stride, bool accumulate, cudaStream_t stream, int rows_a_block = 0);
 
 // The Q8_0 dp4a decode GEMV (q8_dp4a.cu; its arithmetic, rounding and
 // work split: q8_dp4a_order.h). y[t, r] (+)= sum_c W[r, c] xq[t, c] for W
@@ -148,8 +165,8 @@ inline constexpr int64_t kQuantChunkElems = int64_t{16} << 20;
 // (F32/F16/BF16). With q8_dp4a_on(), up to kQ8Dp4aMaxTokens tokens of Q8_0
 // with x in F32/BF16 and scratch.xq large enough: quantize_x8 +
 // q8_dp4a_gemv (kGguf). Else up to kInt8PathMaxTokens tokens of a quant_mma_supported
-// W (Q8_0: 2 or more) with x in F32/BF16 and scratch.xq large enough:
-// quantize_x8 + quant_mma
+// W (Q8_0: 2 or more), or up to kMmaMaxTokens where quant_mmq_eligible,
+// with x in F32/BF16 and scratch.xq large enough: quantize_x8 + quant_mma
 // (unless the environment sets RILL_CUDA_QUANT_MMA=0: the comparison
 // baseline of bench/cuda/gguf_vs_llamacpp.sh). Else up to kGemvMaxTokens
 // tokens with x in F32/BF16: quant_gemv. Otherwise W (in row chunks when it exceeds scratch.w_elems)

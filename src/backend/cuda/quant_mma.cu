@@ -5,9 +5,9 @@
 // q = x / d rounded to nearest even (|q| <= 127), and d * sum(q) for the
 // block types with a min term.
 //
-// quant_mma: a block of kWarps warps owns 16 rows; warp w takes the w-th
-// of kWarps equal ranges of the row's units (a unit: kCols columns, whole
-// 32-column blocks, see the decoders below) and, per 32-column block, runs
+// quant_mma: a block of kSplit warps owns 16 rows; warp w takes the w-th
+// of kSplit equal ranges of the row's units (a unit: kCols columns, whole
+// 32-column blocks, quant_mma_units.cuh) and, per 32-column block, runs
 // mma.m16n8k32 (m16n8k16 twice for Q6_K's 16-column scales) of the 16 rows'
 // int8 weights with 8 tokens' int8 x per token tile: an exact int32 dot of
 // 32 (16) products. Each (row, token) then takes, in block order,
@@ -15,34 +15,24 @@
 // with every rounding explicit (__fmul_rn / __fmaf_rn: no contraction can
 // differ between instantiations); the warps' partial sums are added in warp
 // order. Nothing a (row, token) computes depends on the other tokens or on
-// their number: batch invariant per row like quant_gemv.
-//
-// Fragment layouts (PTX ISA, mma.m16n8k32 .s8): lane = 4 g + t; A regs
-// a0 / a1: rows g / g + 8 at block columns 4 t .. 4 t + 3, a2 / a3: the same
-// rows at 16 + 4 t ..; B regs b0 / b1: token g at columns 4 t .. and 16 +
-// 4 t ..; C: rows g (c0, c1) and g + 8 (c2, c3), tokens 2 t and 2 t + 1.
+// their number: batch invariant per row like quant_gemv. Past 16 tokens,
+// where every block re-reading x from L1 made this kernel lose to
+// dequantize + cuBLASLt, quant_mma hands eligible calls to quant_mmq
+// (quant_mmq.cu), which computes the same sums in the same order.
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant.h"
-#include "backend/cuda/quant_blocks.cuh"
+#include "backend/cuda/quant_mma_units.cuh"
 
 namespace rill::cuda {
 namespace {
 
-using quant::ld_f16;
-using quant::ld_u32_a2;
-using quant::ld_u32_a4;
+using namespace mma_units;
 
-constexpr int kWarps = 8;  // per block: the K split of 16 rows
+constexpr int kWarps = kSplit;  // per block: one range of the K split each
 constexpr int kMaxTiles = kMmaMaxTokens / 8;
 
 // ---------------------------------------------------------------- x to int8
-
-// Where column c of a 32-column block sits in xq: lane t of a quad reads
-// its B words (columns 4 t .. 4 t + 3 and 16 + 4 t ..) as 8 bytes at 8 t.
-__device__ __forceinline__ int x8_pos(int c) {
-  return 8 * ((c & 15) >> 2) + 4 * (c >> 4) + (c & 3);
-}
 
 template <typename T>
 __global__ void quantize_x8_kernel(const T* __restrict__ x, int64_t n_blocks, int8_t* __restrict__ q,
@@ -61,181 +51,6 @@ __global__ void quantize_x8_kernel(const T* __restrict__ x, int64_t n_blocks, in
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   if (lane == 0) ds[b] = make_float2(d, __fmul_rn(d, static_cast<float>(s)));
-}
-
-// ------------------------------------------------------- weight fragments
-// A decoder gives, for one row and one unit, lane t's A words of each of
-// the unit's kBlocks 32-column blocks (q[b][0]: block columns 4 t .. 4 t + 3,
-// q[b][1]: 16 + 4 t ..) as int8 x 4, and the block's scale d[b] (kMin: the
-// min m[b], value = d q - m; kHalves: a scale per 16 columns, h[b][0..1],
-// the value d * h * q).
-
-// The loads (fetch) are apart from the decoding (decode), fetch keeping
-// the words as loaded (2-byte aligned words as their two halves). Issuing
-// the next unit's loads before multiplying this one was measured on the
-// H200 (RILL_CUDA_QUANT_MMA_PIPE in e46ff69): 5-25% slower at one token
-// (more registers: 2 blocks per SM instead of 3), even at 8; not kept.
-__device__ __forceinline__ unsigned short ld_u16(const uint8_t* p) {
-  return __ldg(reinterpret_cast<const unsigned short*>(p));
-}
-__device__ __forceinline__ int join16(unsigned short lo, unsigned short hi) {
-  return static_cast<int>(static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16));
-}
-
-// Q8_0: x = d q. Unit = one block (34 bytes, 2-byte aligned).
-struct MmaQ8_0 {
-  static constexpr int kElems = 32, kBytes = 34, kCols = 32, kBlocks = 1, kUnroll = 4;
-  static constexpr bool kMin = false, kHalves = false;
-  struct Raw {
-    unsigned short d, q[4];
-  };
-  struct Unit {
-    int q[kBlocks][2];
-    float d[kBlocks];
-  };
-  __device__ static void fetch(const uint8_t* row, int u, int t, Raw& r) {
-    const uint8_t* b = row + static_cast<int64_t>(u) * kBytes;
-    r.d = ld_u16(b);
-    r.q[0] = ld_u16(b + 2 + 4 * t);
-    r.q[1] = ld_u16(b + 4 + 4 * t);
-    r.q[2] = ld_u16(b + 18 + 4 * t);
-    r.q[3] = ld_u16(b + 20 + 4 * t);
-  }
-  __device__ static void decode(const Raw& r, Unit& a) {
-    a.d[0] = __half2float(__ushort_as_half(r.d));
-    a.q[0][0] = join16(r.q[0], r.q[1]);
-    a.q[0][1] = join16(r.q[2], r.q[3]);
-  }
-};
-
-// Q4_K: unit = one 144-byte super-block (16-byte aligned), 256 columns =
-// blocks j = 0..7 with 6-bit scale and min each (scale_min_k4's values,
-// decoded once per super-block); group g's 32 qs bytes hold block 2g in low
-// nibbles, 2g + 1 in high ones; x = d sc q - dmin mn.
-struct MmaQ4_K {
-  static constexpr int kElems = 256, kBytes = 144, kCols = 256, kBlocks = 8, kUnroll = 1;
-  static constexpr bool kMin = true, kHalves = false;
-  struct Raw {
-    uint4 h;
-    uint32_t qw[4][2];
-  };
-  struct Unit {
-    int q[kBlocks][2];
-    float d[kBlocks], m[kBlocks];
-  };
-  __device__ static void fetch(const uint8_t* row, int u, int t, Raw& r) {
-    const uint8_t* b = row + static_cast<int64_t>(u) * kBytes;
-    r.h = __ldg(reinterpret_cast<const uint4*>(b));
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      r.qw[g][0] = ld_u32_a4(b + 16 + 32 * g + 4 * t);
-      r.qw[g][1] = ld_u32_a4(b + 32 + 32 * g + 4 * t);
-    }
-  }
-  __device__ static void decode(const Raw& r, Unit& a) {
-    const uint4 h = r.h;
-    const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x & 0xffffu)));
-    const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x >> 16)));
-    // scale_min_k4 for all 8 blocks, four 6-bit values per word: bytes
-    // 0-3 scales 0-3, 4-7 mins 0-3, 8-11 the low nibbles of scales / mins
-    // 4-7 whose top two bits are those of bytes 0-3 / 4-7.
-    const uint32_t sc_w[2] = {h.y & 0x3F3F3F3Fu, (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u)};
-    const uint32_t mn_w[2] = {h.z & 0x3F3F3F3Fu, ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u)};
-#pragma unroll
-    for (int j = 0; j < kBlocks; ++j) {
-      a.d[j] = __fmul_rn(d, static_cast<float>((sc_w[j >> 2] >> (8 * (j & 3))) & 0xFFu));
-      a.m[j] = __fmul_rn(dmin, static_cast<float>((mn_w[j >> 2] >> (8 * (j & 3))) & 0xFFu));
-    }
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      a.q[2 * g][0] = static_cast<int>(r.qw[g][0] & 0x0F0F0F0Fu);
-      a.q[2 * g][1] = static_cast<int>(r.qw[g][1] & 0x0F0F0F0Fu);
-      a.q[2 * g + 1][0] = static_cast<int>((r.qw[g][0] >> 4) & 0x0F0F0F0Fu);
-      a.q[2 * g + 1][1] = static_cast<int>((r.qw[g][1] >> 4) & 0x0F0F0F0Fu);
-    }
-  }
-};
-
-// Q6_K: unit = half h of a 210-byte super-block (2-byte aligned), 128
-// columns = blocks s = 0..3: element 32 s + l of the half takes nibble
-// (s < 2: low, else high) of ql[64 h + 32 (s & 1) + l] and bits 2 s, 2 s + 1
-// of qh[32 h + l]; x = d * scales[16-column group] * (q - 32).
-struct MmaQ6_K {
-  static constexpr int kElems = 256, kBytes = 210, kCols = 128, kBlocks = 4, kUnroll = 1;
-  static constexpr bool kMin = false, kHalves = true;
-  // Words as halves: qh at 4 t and 16 + 4 t; ql at 4 t, 16 + 4 t (s = 0 / 2),
-  // 32 + 4 t, 48 + 4 t (s = 1 / 3); the half's 8 scales; d.
-  struct Raw {
-    unsigned short qh[4], ql[8], sc[4], d;
-  };
-  struct Unit {
-    int q[kBlocks][2];
-    float d[kBlocks];
-    int h[kBlocks][2];
-  };
-  __device__ static void fetch(const uint8_t* row, int u, int t, Raw& r) {
-    const uint8_t* b = row + static_cast<int64_t>(u >> 1) * kBytes;
-    const int hf = u & 1;
-    const uint8_t* ql = b + 64 * hf;
-    const uint8_t* qh = b + 128 + 32 * hf;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      r.qh[2 * i] = ld_u16(qh + 16 * i + 4 * t);
-      r.qh[2 * i + 1] = ld_u16(qh + 16 * i + 4 * t + 2);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      r.ql[2 * i] = ld_u16(ql + 16 * i + 4 * t);
-      r.ql[2 * i + 1] = ld_u16(ql + 16 * i + 4 * t + 2);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r.sc[i] = ld_u16(b + 192 + 8 * hf + 2 * i);
-    r.d = ld_u16(b + 208);
-  }
-  __device__ static void decode(const Raw& r, Unit& a) {
-    const uint32_t qh0 = static_cast<uint32_t>(join16(r.qh[0], r.qh[1]));
-    const uint32_t qh1 = static_cast<uint32_t>(join16(r.qh[2], r.qh[3]));
-    const uint32_t ql_a[2] = {static_cast<uint32_t>(join16(r.ql[0], r.ql[1])),
-                              static_cast<uint32_t>(join16(r.ql[2], r.ql[3]))};  // s = 0 / 2
-    const uint32_t ql_b[2] = {static_cast<uint32_t>(join16(r.ql[4], r.ql[5])),
-                              static_cast<uint32_t>(join16(r.ql[6], r.ql[7]))};  // s = 1 / 3
-    const float d = __half2float(__ushort_as_half(r.d));
-    // The 8 int8 scales of this half: groups 8 hf .. 8 hf + 7.
-    const uint32_t sc_lo = static_cast<uint32_t>(join16(r.sc[0], r.sc[1]));
-    const uint32_t sc_hi = static_cast<uint32_t>(join16(r.sc[2], r.sc[3]));
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint32_t* l = (s & 1) ? ql_b : ql_a;
-      const int shift = s < 2 ? 0 : 4;
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const uint32_t qh_w = q == 0 ? qh0 : qh1;
-        const uint32_t v = ((l[q] >> shift) & 0x0F0F0F0Fu) | (((qh_w >> (2 * s)) & 0x03030303u) << 4);
-        a.q[s][q] = static_cast<int>(__vsub4(v, 0x20202020u));
-        const uint32_t sw = s < 2 ? sc_lo : sc_hi;
-        a.h[s][q] = static_cast<int>(static_cast<int8_t>((sw >> (8 * (2 * (s & 1) + q))) & 0xffu));
-      }
-      a.d[s] = d;
-    }
-  }
-};
-
-__device__ __forceinline__ void mma_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-               : "r"(a0), "r"(a1), "r"(b0));
-}
-
-// acc += d_w (d_x dot) [- m_w (d_x sum q_x)], every rounding explicit.
-__device__ __forceinline__ float apply(float acc, float dw, float mw, int dot, float2 dx, bool with_min) {
-  acc = __fmaf_rn(dw, __fmul_rn(dx.x, static_cast<float>(dot)), acc);
-  return with_min ? __fmaf_rn(-mw, dx.y, acc) : acc;
 }
 
 // y[t, row] (+)= sum_c W[row, c] x[t, c] over kTiles tiles of 8 tokens
@@ -266,8 +81,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll Q::kUnroll
   for (int u = u_begin; u < u_end; ++u) {
     typename Q::Unit A, B;
-    Q::fetch(wa, u, t, ra);
-    Q::fetch(wb, u, t, rb);
+    Q::template fetch<GlobalLoads>(wa, u, t, ra);
+    Q::template fetch<GlobalLoads>(wb, u, t, rb);
     Q::decode(ra, A);
     Q::decode(rb, B);
 #pragma unroll
@@ -391,6 +206,10 @@ void quantize_x8(DType x_dtype, const void* x, int64_t n_tokens, int64_t n_cols,
 void quant_mma(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
                int64_t y_stride, bool accumulate, cudaStream_t stream) {
   if (n_tokens <= 0 || n_rows <= 0) return;
+  if (quant_mmq_eligible(w_dtype, w, n_tokens, n_cols)) {
+    quant_mmq(w_dtype, w, xq, n_tokens, n_rows, n_cols, y, y_stride, accumulate, stream);
+    return;
+  }
   switch (w_dtype) {
     case DType::kQ8_0:
       launch<MmaQ8_0>(w, xq, n_tokens, n_rows, n_cols, y, y_stride, accumulate, stream);
