@@ -8,12 +8,16 @@ import os
 import subprocess
 
 import jsonschema
+import pytest
 
 from conftest import RILL, ROOT
 
 TEST_BINARY = os.path.join(os.path.dirname(RILL), "tests", "test_text_schema_corpus_test")
 
 
+@pytest.mark.skipif(bool(os.environ.get("RILL_SANITIZED")),
+                    reason="the sanitized binary walks every 4th schema (tests/sanitizer_stride.h); the Release run "
+                    "validates them all, and the sanitized ctest runs the same walks")
 def test_every_grammar_walk_is_a_schema_instance(tmp_path):
     walks_path = tmp_path / "walks.jsonl"
     env = dict(os.environ, RILL_SCHEMA_WALKS_OUT=str(walks_path))

@@ -20,6 +20,8 @@
 #include "text/grammar/grammar_matcher.h"
 #include "text/grammar/json_schema_grammar.h"
 
+#include "../../sanitizer_stride.h"
+
 namespace rill::grammar {
 namespace {
 
@@ -99,7 +101,9 @@ TEST(SchemaCorpus, EverySchemaCompilesAndAgreesWithJsonschema) {
       EXPECT_FALSE(matches(*g, instance.get<std::string>())) << "jsonschema-invalid, accepted: " << instance;
       ++n_non_instances;
     }
-    for (int w = 0; w < 2; ++w) {
+    // Two walks a schema; under the sanitizers every 4th schema's
+    // (sanitizer_stride.h).
+    for (int w = 0; w < 2 && i % testing::kSanitizerStride == 0; ++w) {
       auto text = random_walk(*g, rng);
       if (!text) continue;
       ++n_walks;
@@ -109,7 +113,7 @@ TEST(SchemaCorpus, EverySchemaCompilesAndAgreesWithJsonschema) {
   }
   EXPECT_GE(n_instances, 600u);
   EXPECT_GE(n_non_instances, 600u);
-  EXPECT_GE(n_walks, corpus["cases"].size());
+  EXPECT_GE(n_walks, corpus["cases"].size() / testing::kSanitizerStride);
   EXPECT_GE(n_with_ref, 40u);
   std::printf(
       "schema corpus: %zu schemas (%zu with $ref), %zu instances accepted, %zu non-instances refused, %zu walks\n",

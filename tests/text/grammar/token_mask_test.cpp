@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../../sanitizer_stride.h"
 #include "../tokenizer_test_util.h"
 #include "text/grammar/grammar_matcher.h"
 
@@ -27,8 +28,8 @@ bool bit(const std::vector<uint64_t>& mask, int32_t id) {
   return (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1;
 }
 
-// Checks every token's mask bit against the byte matcher at each prefix of
-// `text` that ends on one of `cuts`.
+// Checks every token's mask bit against the byte matcher at every 7th
+// prefix of `text` (every 28th under the sanitizers: sanitizer_stride.h).
 void check_masks(const std::string& tokenizer, std::string_view grammar, const std::string& text, size_t key_frames) {
   const Tokenizer* tok = testing::load_tokenizer(tokenizer);
   if (tok == nullptr) GTEST_SKIP() << tokenizer << " tokenizer files missing";
@@ -39,7 +40,7 @@ void check_masks(const std::string& tokenizer, std::string_view grammar, const s
   std::vector<uint64_t> mask(vocab->mask_words());
   GrammarMatcher bytes(*g);
   size_t n_states = 0, n_allowed_total = 0;
-  for (size_t i = 0; i <= text.size(); i += 7) {
+  for (size_t i = 0; i <= text.size(); i += 7 * testing::kSanitizerStride) {
     const std::string prefix = text.substr(0, i);
     GrammarMatcher at(cache);
     ASSERT_TRUE(at.accept_bytes(prefix)) << prefix;
