@@ -21,7 +21,8 @@
 #          -npp 2048 -ntg 8 -npl 1 (prefill) on the file (llama-bench left
 #          out: with it the carry and the tree pass the 64 MiB limit);
 #  rill    bench_cuda FILE --batches 1,8,64 --steps 16: main, this branch
-#          with RILL_Q8_DP4A=0 (main's paths) and =1 (dp4a at 1 and 8);
+#          with RILL_Q8_DP4A=0 (main's paths) and =1 (dp4a at 1 and 8), or
+#          the runs RILL_CONFIGS names (below: e.g. quant_mmq off / on);
 #  ncu     one launch each of the Q8_0:qkv kernels at 1 token (quant_gemv,
 #          q8_dp4a from blocks, from rows) and 8 (quant_mma, q8_dp4a both
 #          layouts): SOL, memory, instructions, warp states (NCU_SHAPE,
@@ -60,12 +61,15 @@ lscpu | grep -E "^Model name|^CPU\(s\)" | tr -s ' '
 echo "unpacked at $(($(date +%s) - T0)) s"
 # Without llama-quantize in the carry (RANDOM_BLOCKS=1 there), the Q8_0
 # file is random blocks (the same tensors and bytes: speed only).
-F=$W/llama-3.1-8b.Q8_0.gguf
+# QTYPE (default Q8_0): the file's type (Q4_K_M too; random blocks: any
+# type make_bench_model.py --random-blocks knows).
+Q=${QTYPE:-Q8_0}
+F=$W/llama-3.1-8b.$Q.gguf
 QUANT="--fast-random --llama-quantize $B/llama-quantize"
-[ -x $B/llama-quantize ] || { QUANT=--random-blocks; F=$W/llama-3.1-8b.Q8_0-random.gguf; }
+[ -x $B/llama-quantize ] || { QUANT=--random-blocks; F=$W/llama-3.1-8b.$Q-random.gguf; }
 if has model && [ ! -f $F ]; then
   (PYTHONPATH=$B/py:$B/py/fallback timeout $(to 200) python3 $B/py/bench/make_bench_model.py --shape llama-3.1-8b \
-    $QUANT --no-venv --threads 16 --out-dir $W --types Q8_0 \
+    $QUANT --no-venv --threads 16 --out-dir $W --types $Q \
     > $O/model.log 2>&1
   echo "rc=$?" >> $O/model.log
   rm -f $W/llama-3.1-8b.F16.gguf) &
@@ -91,15 +95,18 @@ if [ -n "$MK" ]; then
   ls -la $W/*.gguf
   echo "model done at $(($(date +%s) - T0)) s"
 fi
+# RILL_CONFIGS: the runs, each BIN:DP4A:MMQ (RILL_Q8_DP4A, RILL_QUANT_MMQ;
+# a trailing b: again at the end, only with time to spare, for drift).
 if has rill && [ -f $F ]; then
-  for c in "main 0" "new 0" "new 1" "main 0b"; do
-    set -- $c
-    [ -n "$SAME" ] && [ "$1" = main ] && continue
-    [ "$(left)" -lt 50 ] && { echo "== rill $1 dp4a=$2 skipped (time)"; continue; }
-    [ "$2" = 0b ] && [ "$(left)" -lt 140 ] && continue # main again only with time to spare (drift)
-    echo "== bench_$1 RILL_Q8_DP4A=${2%b} --batches 1,8,64 --steps 16"
-    RILL_Q8_DP4A=${2%b} tmo 90 $B/bench_$1 $F --batches 1,8,64 --steps 16 > $O/rill_$1_$2.log 2>&1
-    grep -E "^(ceilings|model|prefill|decode)|rror" $O/rill_$1_$2.log
+  for c in ${RILL_CONFIGS:-main:0:0 new:0:0 new:1:0 main:0:0b}; do
+    IFS=: read -r bin dp mmq <<< "$c"
+    [ -n "$SAME" ] && [ "$bin" = main ] && continue
+    [ "$(left)" -lt 50 ] && { echo "== rill $c skipped (time)"; continue; }
+    [ "${mmq%b}" != "$mmq" ] && [ "$(left)" -lt 140 ] && continue
+    echo "== bench_$bin RILL_Q8_DP4A=$dp RILL_QUANT_MMQ=${mmq%b} --batches 1,8,64 --steps 16"
+    RILL_Q8_DP4A=$dp RILL_QUANT_MMQ=${mmq%b} tmo 90 $B/bench_$bin $F --batches 1,8,64 --steps 16 \
+      > $O/rill_${bin}_${dp}_$mmq.log 2>&1
+    grep -E "^(ceilings|model|prefill|decode)|rror" $O/rill_${bin}_${dp}_$mmq.log
   done
   echo "rill done at $(($(date +%s) - T0)) s"
 fi
