@@ -646,7 +646,7 @@ TEST(CudaQuant, DeviceTimingMmq) {
         });
         std::printf("[ quant mmq ] %-4s %-7s n=%d: dequant+gemm %.1f us %.0f GB/s; quant_mma%s %.1f us %.0f GB/s;",
                     std::string(dtype_name(t)).c_str(), sh.name, n, base, bytes / base / 1e3,
-                    quant_mmq_eligible(t, w[0].data(), n, sh.cols) ? " (mmq)" : "", mma, bytes / mma / 1e3);
+                    quant_mmq_eligible(t, w[0].data(), n, sh.rows, sh.cols) ? " (mmq)" : "", mma, bytes / mma / 1e3);
         for (int rows : {0, 32, 64, 128}) {
           const double us = time([&](void* p) {
             quantize_x8(DType::kBF16, x.data(), n, sh.cols, xq.data(), st);

@@ -423,7 +423,7 @@ void launch(const ChanAttentionArgs& a, cudaStream_t stream) {
 
 template <int HD>
 void launch(const ChanAttentionArgs& a, cudaStream_t stream) {
-  if (a.flash_batched_loads) {
+  if (a.flash_batched_loads && !a.k_widths) {
     launch<HD, true>(a, stream);
   } else {
     launch<HD, false>(a, stream);

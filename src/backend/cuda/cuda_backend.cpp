@@ -482,8 +482,10 @@ class CudaBackend final : public Backend {
     // RILL_K4C_ATTENTION=tiles keeps them on the fast kernel's token tiles.
     chan_.flash = chan_.fast && !(which && std::strcmp(which, "tiles") == 0) &&
                   cuda::chan_attention_flash_supported(limits.head_dim, 1);  // the group: checked a call
+    // q4c blocks' batched loads unless RILL_K4C_FLASH_LOADS=plain (on an
+    // H100 15% faster for k4c; chan_attention_flash keeps q4a's loads).
     const char* loads = std::getenv("RILL_K4C_FLASH_LOADS");
-    chan_.flash_batched_loads = loads && std::strcmp(loads, "batched") == 0;
+    chan_.flash_batched_loads = !(loads && std::strcmp(loads, "plain") == 0);
     if (chan_.fast) {
       const size_t per_token = cuda::chan_fast_partial_floats(1, limits.n_head, limits.head_dim);
       const size_t budget = std::min(chan.max_score_floats, size_t{16} << 20);
@@ -1298,7 +1300,7 @@ class CudaBackend final : public Backend {
     bool fast = false;                 // chan_attention_fast, not chan_attention_parallel
     bool warp_softmax = false;         // ChanAttentionArgs::warp_softmax (off: RILL_K4C_ATTENTION=rows)
     bool flash = false;                // chan_attention_flash for prefill-like steps (off: RILL_K4C_ATTENTION=tiles)
-    bool flash_batched_loads = false;  // ChanAttentionArgs::flash_batched_loads (RILL_K4C_FLASH_LOADS=batched)
+    bool flash_batched_loads = true;  // ChanAttentionArgs::flash_batched_loads (RILL_K4C_FLASH_LOADS=plain: off)
     int32_t keys = 0, chunk = 0;
     // The plan the outputs above hold (encode_chan_blocks made it), live
     // until update_chan_tails moves the tails it read: attention_chan

@@ -89,16 +89,18 @@ void quant_mma(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, i
 // blocks and x staged through shared memory by blocks of 32-128 rows, for
 // what quant_mmq_fits (Q8_0 / Q4_K, up to kMmaMaxTokens tokens, n_cols a
 // multiple of 256, W 16-byte aligned). quant_mma hands it the calls
-// quant_mmq_eligible takes: those of kMmqMinTokens tokens or more when
-// quant_mmq_on(), which is RILL_QUANT_MMQ=1 in the environment (read
-// once): off by default until a GPU run has held it to quant_mma and
-// timed it (docs/perf.md). rows_a_block: 32, 64 or 128 (tests and
+// quant_mmq_eligible takes: those of kMmqMinTokens tokens or more of a
+// matrix with enough rows for a block of 128 on every SM (the 8B's gate_up
+// and LM head; on an H100 at 64 tokens it lost to dequantize + cuBLASLt
+// on qkv, o and down, whose blocks of 32-64 rows leave it latency-bound,
+// docs/perf.md) when quant_mmq_on(), which is RILL_QUANT_MMQ=1 in the
+// environment (read once). rows_a_block: 32, 64 or 128 (tests and
 // benchmarks), else RILL_QUANT_MMQ_ROWS=32/64/128 when set, else chosen
 // from n_rows and the SM count.
 inline constexpr int64_t kMmqMinTokens = 17;
 bool quant_mmq_on();
 bool quant_mmq_fits(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_cols);
-bool quant_mmq_eligible(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_cols);
+bool quant_mmq_eligible(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_rows, int64_t n_cols);
 void quant_mmq(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
                int64_t y_stride, bool accumulate, cudaStream_t stream, int rows_a_block = 0);
 

@@ -18,12 +18,12 @@ namespace {
 // Whether quant_matmul takes the int8 path (quant.h) for this call, batch
 // invariance apart.
 bool int8_path(const QuantScratch& scratch, DType w_dtype, const void* w, DType x_dtype, int64_t n_tokens,
-               int64_t n_cols) {
+               int64_t n_rows, int64_t n_cols) {
   static const bool off = [] {
     const char* e = std::getenv("RILL_CUDA_QUANT_MMA");
     return e != nullptr && std::strcmp(e, "0") == 0;
   }();
-  return !off && (n_tokens <= kInt8PathMaxTokens || quant_mmq_eligible(w_dtype, w, n_tokens, n_cols)) &&
+  return !off && (n_tokens <= kInt8PathMaxTokens || quant_mmq_eligible(w_dtype, w, n_tokens, n_rows, n_cols)) &&
          quant_mma_supported(w_dtype) && !(w_dtype == DType::kQ8_0 && n_tokens == 1) &&
          (x_dtype == DType::kF32 || x_dtype == DType::kBF16) && scratch.xq != nullptr &&
          quantized_x_bytes(n_tokens, n_cols) <= scratch.xq_bytes;
@@ -80,7 +80,7 @@ Status quant_matmul(Gemm& gemm, const QuantScratch& scratch, DType w_dtype, cons
     q8_dp4a_gemv(Q8Layout::kGguf, w, scratch.xq, n_tokens, n_rows, n_cols, y, n_rows, accumulate, stream);
     return Status::Ok();
   }
-  if (!invariant && int8_path(scratch, w_dtype, w, x_dtype, n_tokens, n_cols)) {
+  if (!invariant && int8_path(scratch, w_dtype, w, x_dtype, n_tokens, n_rows, n_cols)) {
     quantize_x8(x_dtype, x, n_tokens, n_cols, scratch.xq, stream);
     quant_mma(w_dtype, w, scratch.xq, n_tokens, n_rows, n_cols, y, n_rows, accumulate, stream);
     return Status::Ok();
@@ -120,7 +120,7 @@ Status quant_matmul_parts(Gemm& gemm, const QuantScratch& scratch, const QuantPa
   bool all_int8 = true;
   for (int i = 0; i < n_parts; ++i) {
     n_rows += parts[i].rows;
-    all_int8 = all_int8 && (int8_path(scratch, parts[i].dtype, parts[i].data, x_dtype, n_tokens, n_cols) ||
+    all_int8 = all_int8 && (int8_path(scratch, parts[i].dtype, parts[i].data, x_dtype, n_tokens, parts[i].rows, n_cols) ||
                             dp4a_path(scratch, parts[i].dtype, x_dtype, n_tokens, n_cols));
   }
   if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();

@@ -206,7 +206,7 @@ void quantize_x8(DType x_dtype, const void* x, int64_t n_tokens, int64_t n_cols,
 void quant_mma(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
                int64_t y_stride, bool accumulate, cudaStream_t stream) {
   if (n_tokens <= 0 || n_rows <= 0) return;
-  if (quant_mmq_eligible(w_dtype, w, n_tokens, n_cols)) {
+  if (quant_mmq_eligible(w_dtype, w, n_tokens, n_rows, n_cols)) {
     quant_mmq(w_dtype, w, xq, n_tokens, n_rows, n_cols, y, y_stride, accumulate, stream);
     return;
   }
