@@ -24,9 +24,9 @@
 //    the exact x within sum |w| d / 2 (+1e-5 sum |w x|); a token's result is
 //    the same bits alone and in any batch; y_stride leaves other columns
 //    alone; quant_matmul takes the path when its scratch has room for x;
-//    quant_mmq (Q8_0 / Q4_K; quant_mma's calls past 16 tokens when
-//    RILL_QUANT_MMQ=1) gives one-token quant_mma's bits at each of its
-//    block sizes;
+//    quant_mmq (Q8_0 / Q4_K; quant_mma's calls past 16 tokens on
+//    matrices of enough rows) gives one-token quant_mma's bits at each of
+//    its block sizes;
 //  - quant_matmul_parts over a matrix of Q4_K, Q6_K and Q4_K rows equals
 //    the reference on each path (GEMV, int8, dequantize + GEMM).
 // Skipped without a CUDA device.

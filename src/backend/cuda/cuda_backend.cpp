@@ -1295,11 +1295,11 @@ class CudaBackend final : public Backend {
     int32_t* c0 = nullptr;  // [max_tokens + 1] (a sequence per token at most, and a graph's padding)
     const uint8_t** tail_k = nullptr;
     const uint8_t** tail_v = nullptr;
-    float* scores = nullptr;           // [chunk, n_head, keys] (the reference kernel's)
-    float* partials = nullptr;         // chan_fast_partial_floats(chunk, ...) (the fast kernel's)
-    bool fast = false;                 // chan_attention_fast, not chan_attention_parallel
-    bool warp_softmax = false;         // ChanAttentionArgs::warp_softmax (off: RILL_K4C_ATTENTION=rows)
-    bool flash = false;                // chan_attention_flash for prefill-like steps (off: RILL_K4C_ATTENTION=tiles)
+    float* scores = nullptr;          // [chunk, n_head, keys] (the reference kernel's)
+    float* partials = nullptr;        // chan_fast_partial_floats(chunk, ...) (the fast kernel's)
+    bool fast = false;                // chan_attention_fast, not chan_attention_parallel
+    bool warp_softmax = false;        // ChanAttentionArgs::warp_softmax (off: RILL_K4C_ATTENTION=rows)
+    bool flash = false;               // chan_attention_flash for prefill-like steps (off: RILL_K4C_ATTENTION=tiles)
     bool flash_batched_loads = true;  // ChanAttentionArgs::flash_batched_loads (RILL_K4C_FLASH_LOADS=plain: off)
     int32_t keys = 0, chunk = 0;
     // The plan the outputs above hold (encode_chan_blocks made it), live

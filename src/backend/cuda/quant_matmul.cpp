@@ -120,8 +120,9 @@ Status quant_matmul_parts(Gemm& gemm, const QuantScratch& scratch, const QuantPa
   bool all_int8 = true;
   for (int i = 0; i < n_parts; ++i) {
     n_rows += parts[i].rows;
-    all_int8 = all_int8 && (int8_path(scratch, parts[i].dtype, parts[i].data, x_dtype, n_tokens, parts[i].rows, n_cols) ||
-                            dp4a_path(scratch, parts[i].dtype, x_dtype, n_tokens, n_cols));
+    all_int8 =
+        all_int8 && (int8_path(scratch, parts[i].dtype, parts[i].data, x_dtype, n_tokens, parts[i].rows, n_cols) ||
+                     dp4a_path(scratch, parts[i].dtype, x_dtype, n_tokens, n_cols));
   }
   if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
   const bool invariant = gemm.batch_invariant();

@@ -272,7 +272,7 @@ void launch(const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int
 bool quant_mmq_on() {
   static const bool on = [] {
     const char* e = std::getenv("RILL_QUANT_MMQ");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    return e == nullptr || std::strcmp(e, "0") != 0;
   }();
   return on;
 }
