@@ -482,6 +482,23 @@ TEST(CudaQuant, MmaMatchesTheCpuReferenceAndIsBatchInvariant) {
             EXPECT_EQ(n_diff, 0) << dtype_name(t) << " " << s.rows << "x" << s.cols << ": quant_mmq, " << rows
                                  << " rows a block, " << n << " tokens differ from quant_mma one at a time";
           }
+          // accumulate onto known values, rows y_stride = rows + 5 apart:
+          // each output y0 + alone (one f32 add), other columns untouched.
+          const int64_t stride = s.rows + 5;
+          const auto y0 = testing::random_floats(static_cast<size_t>(n * stride), 77);
+          const auto dy = upload(y0);
+          quant_mmq(t, dw.data(), dq.data(), n, s.rows, s.cols, dy.as<float>(), stride, true, nullptr, 128);
+          const auto y = download<float>(dy, static_cast<size_t>(n * stride));
+          int64_t n_diff = 0;
+          for (int64_t tk = 0; tk < n; ++tk) {
+            for (int64_t r = 0; r < stride; ++r) {
+              const size_t k = static_cast<size_t>(tk * stride + r);
+              const float want = r < s.rows ? y0[k] + alone[static_cast<size_t>(tk * s.rows + r)] : y0[k];
+              n_diff += std::memcmp(&y[k], &want, 4) != 0;
+            }
+          }
+          EXPECT_EQ(n_diff, 0) << dtype_name(t) << " " << s.rows << "x" << s.cols << ": quant_mmq accumulating, " << n
+                               << " tokens";
         }
       }
     }
