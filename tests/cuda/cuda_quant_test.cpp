@@ -26,7 +26,9 @@
 //    alone; quant_matmul takes the path when its scratch has room for x;
 //    quant_mmq (Q8_0 / Q4_K; quant_mma's calls past 16 tokens on
 //    matrices of enough rows) gives one-token quant_mma's bits at each of
-//    its block sizes;
+//    its block sizes, with and without the cluster K split, plain and
+//    accumulating into strided rows, and writes no token past n; and
+//    quant_matmul takes it at 24 tokens of a tall matrix;
 //  - quant_matmul_parts over a matrix of Q4_K, Q6_K and Q4_K rows equals
 //    the reference on each path (GEMV, int8, dequantize + GEMM).
 // Skipped without a CUDA device.
@@ -37,6 +39,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "../backend/quant_test_util.h"
@@ -473,32 +476,46 @@ TEST(CudaQuant, MmaMatchesTheCpuReferenceAndIsBatchInvariant) {
           if (!quant_mmq_fits(t, dw.data(), n, s.cols)) continue;
           ++n_mmq;
           quantize_x8(xt, dx.data(), n, s.cols, dq.data(), nullptr);
-          for (int rows : {32, 64, 128}) {
-            auto dz = poisoned(static_cast<size_t>(n * s.rows) * 4);
-            quant_mmq(t, dw.data(), dq.data(), n, s.rows, s.cols, dz.as<float>(), s.rows, false, nullptr, rows);
-            const auto z = download<float>(dz, static_cast<size_t>(n * s.rows));
-            int64_t n_diff = 0;
-            for (size_t i = 0; i < z.size(); ++i) n_diff += std::memcmp(&z[i], &alone[i], 4) != 0;
-            EXPECT_EQ(n_diff, 0) << dtype_name(t) << " " << s.rows << "x" << s.cols << ": quant_mmq, " << rows
-                                 << " rows a block, " << n << " tokens differ from quant_mma one at a time";
-          }
-          // accumulate onto known values, rows y_stride = rows + 5 apart:
-          // each output y0 + alone (one f32 add), other columns untouched.
-          const int64_t stride = s.rows + 5;
-          const auto y0 = testing::random_floats(static_cast<size_t>(n * stride), 77);
-          const auto dy = upload(y0);
-          quant_mmq(t, dw.data(), dq.data(), n, s.rows, s.cols, dy.as<float>(), stride, true, nullptr, 128);
-          const auto y = download<float>(dy, static_cast<size_t>(n * stride));
-          int64_t n_diff = 0;
-          for (int64_t tk = 0; tk < n; ++tk) {
-            for (int64_t r = 0; r < stride; ++r) {
-              const size_t k = static_cast<size_t>(tk * stride + r);
-              const float want = r < s.rows ? y0[k] + alone[static_cast<size_t>(tk * s.rows + r)] : y0[k];
-              n_diff += std::memcmp(&y[k], &want, 4) != 0;
+          for (int split : {1, 8}) {
+            for (int rows : {32, 64, 128}) {
+              const std::string what = std::string(dtype_name(t)) + " " + std::to_string(s.rows) + "x" +
+                                       std::to_string(s.cols) + ": quant_mmq, " + std::to_string(rows) +
+                                       " rows a block, k_split " + std::to_string(split) + ", " + std::to_string(n) +
+                                       " tokens";
+              // One token row more than n, left alone.
+              auto dz = poisoned(static_cast<size_t>((n + 1) * s.rows) * 4);
+              const auto before = download<float>(dz, static_cast<size_t>((n + 1) * s.rows));
+              quant_mmq(t, dw.data(), dq.data(), n, s.rows, s.cols, dz.as<float>(), s.rows, false, nullptr, rows,
+                        split);
+              const auto z = download<float>(dz, static_cast<size_t>((n + 1) * s.rows));
+              int64_t n_diff = 0, n_touched = 0;
+              for (size_t i = 0; i < static_cast<size_t>(n * s.rows); ++i) {
+                n_diff += std::memcmp(&z[i], &alone[i], 4) != 0;
+              }
+              for (size_t i = static_cast<size_t>(n * s.rows); i < z.size(); ++i) {
+                n_touched += std::memcmp(&z[i], &before[i], 4) != 0;
+              }
+              EXPECT_EQ(n_diff, 0) << what << ": differs from quant_mma one token at a time";
+              EXPECT_EQ(n_touched, 0) << what << ": wrote past its tokens";
+              // accumulate onto known values, rows y_stride = rows + 5
+              // apart: each output y0 + alone (one f32 add), other
+              // columns untouched.
+              const int64_t stride = s.rows + 5;
+              const auto y0 = testing::random_floats(static_cast<size_t>(n * stride), 77);
+              const auto dy = upload(y0);
+              quant_mmq(t, dw.data(), dq.data(), n, s.rows, s.cols, dy.as<float>(), stride, true, nullptr, rows, split);
+              const auto y = download<float>(dy, static_cast<size_t>(n * stride));
+              n_diff = 0;
+              for (int64_t tk = 0; tk < n; ++tk) {
+                for (int64_t r = 0; r < stride; ++r) {
+                  const size_t k = static_cast<size_t>(tk * stride + r);
+                  const float want = r < s.rows ? y0[k] + alone[static_cast<size_t>(tk * s.rows + r)] : y0[k];
+                  n_diff += std::memcmp(&y[k], &want, 4) != 0;
+                }
+              }
+              EXPECT_EQ(n_diff, 0) << what << ", accumulating into strided rows";
             }
           }
-          EXPECT_EQ(n_diff, 0) << dtype_name(t) << " " << s.rows << "x" << s.cols << ": quant_mmq accumulating, " << n
-                               << " tokens";
         }
       }
     }
@@ -544,6 +561,51 @@ TEST(CudaQuant, QuantMatmulTakesTheInt8PathWhenItsScratchHasRoom) {
     int64_t n_diff = 0;
     for (size_t i = 0; i < got.size(); ++i) n_diff += std::memcmp(&got[i], &want[i], 4) != 0;
     EXPECT_EQ(n_diff, 0) << dtype_name(t);
+  }
+}
+
+// quant_matmul past 16 tokens on a matrix with rows enough to take
+// quant_mmq by default (a 128-row block for every SM): the same bits as
+// quant_mma one token at a time, and with no room for a dequantized copy
+// (that path would be an error).
+TEST(CudaQuant, QuantMatmulTakesQuantMmqForTallMatricesPast16Tokens) {
+  RILL_REQUIRE_GPU();
+  auto ctx = Context::create(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  Gemm gemm(**ctx);
+  cudaStream_t st = (*ctx)->stream();
+  const int64_t rows = 128 * sm_count() + 37, cols = 512, n = 24;
+  for (DType t : {DType::kQ8_0, DType::kQ4_K}) {
+    const auto w = cpu::testing::random_weight_rows(t, rows, cols, 71 + static_cast<uint32_t>(t));
+    const auto dw = upload(w);
+    ASSERT_EQ(quant_mmq_eligible(t, dw.data(), n, rows, cols), quant_mmq_on()) << dtype_name(t);
+    const auto x = testing::random_floats(static_cast<size_t>(n * cols), 9);
+    const auto dx = upload(encode(DType::kBF16, x));
+    std::vector<float> alone;
+    auto dq = poisoned(quantized_x_bytes(1, cols));
+    for (int64_t tk = 0; tk < n; ++tk) {
+      quantize_x8(DType::kBF16, dx.as<uint8_t>() + static_cast<size_t>(tk * cols) * 2, 1, cols, dq.data(), st);
+      auto d1 = poisoned(static_cast<size_t>(rows) * 4);
+      quant_mma(t, dw.data(), dq.data(), 1, rows, cols, d1.as<float>(), rows, false, st);
+      const auto y1 = download<float>(d1, static_cast<size_t>(rows));
+      alone.insert(alone.end(), y1.begin(), y1.end());
+    }
+    auto xq = poisoned(quantized_x_bytes(kMmaMaxTokens, cols));
+    QuantScratch scratch;
+    scratch.xq = xq.data();
+    scratch.xq_bytes = quantized_x_bytes(kMmaMaxTokens, cols);
+    auto dy = poisoned(static_cast<size_t>(n * rows) * 4);
+    const Status s =
+        quant_matmul(gemm, scratch, t, dw.data(), DType::kBF16, dx.data(), n, rows, cols, dy.as<float>(), false, st);
+    if (!quant_mmq_on()) {
+      EXPECT_FALSE(s.ok()) << "RILL_QUANT_MMQ=0: the dequantizing path, with no scratch for it";
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    const auto got = download<float>(dy, static_cast<size_t>(n * rows));
+    int64_t n_diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) n_diff += std::memcmp(&got[i], &alone[i], 4) != 0;
+    EXPECT_EQ(n_diff, 0) << dtype_name(t) << " " << rows << " x " << cols << ", " << n << " tokens";
   }
 }
 
@@ -664,13 +726,16 @@ TEST(CudaQuant, DeviceTimingMmq) {
         std::printf("[ quant mmq ] %-4s %-7s n=%d: dequant+gemm %.1f us %.0f GB/s; quant_mma%s %.1f us %.0f GB/s;",
                     std::string(dtype_name(t)).c_str(), sh.name, n, base, bytes / base / 1e3,
                     quant_mmq_eligible(t, w[0].data(), n, sh.rows, sh.cols) ? " (mmq)" : "", mma, bytes / mma / 1e3);
-        for (int rows : {0, 32, 64, 128}) {
-          const double us = time([&](void* p) {
-            quantize_x8(DType::kBF16, x.data(), n, sh.cols, xq.data(), st);
-            quant_mmq(t, p, xq.data(), n, sh.rows, sh.cols, y.as<float>(), sh.rows, false, st, rows);
-          });
-          std::printf(" mmq %s %.1f us %.0f GB/s (%.2fx);", rows == 0 ? "auto" : std::to_string(rows).c_str(), us,
-                      bytes / us / 1e3, base / us);
+        for (int split : {1, 8}) {
+          for (int rows : {0, 32, 64, 128}) {
+            if (split == 8 && rows == 0) continue;
+            const double us = time([&](void* p) {
+              quantize_x8(DType::kBF16, x.data(), n, sh.cols, xq.data(), st);
+              quant_mmq(t, p, xq.data(), n, sh.rows, sh.cols, y.as<float>(), sh.rows, false, st, rows, split);
+            });
+            std::printf(" mmq%s %s %.1f us %.0f GB/s (%.2fx);", split == 8 ? " split" : "",
+                        rows == 0 ? "auto" : std::to_string(rows).c_str(), us, bytes / us / 1e3, base / us);
+          }
         }
         std::printf("\n");
       }

@@ -98,13 +98,19 @@ void quant_mma(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, i
 // RILL_QUANT_MMQ=0 in the environment (read once) turns it off.
 // rows_a_block: 32, 64 or 128 (tests and benchmarks), else
 // RILL_QUANT_MMQ_ROWS=32/64/128 when set, else chosen from n_rows and the
-// SM count.
+// SM count. k_split 8: the K split's ranges on a cluster of 8 blocks, one
+// a range, their sums added in range order through distributed shared
+// memory (the same bits; for matrices too small to fill the GPU with
+// row slabs alone); 1: not; 0: where quant_mmq_split_on() (written
+// without a GPU at hand: RILL_QUANT_MMQ_SPLIT=1 until timed) and the
+// matrix does not fill the GPU, which also makes such matrices eligible.
 inline constexpr int64_t kMmqMinTokens = 17;
 bool quant_mmq_on();
+bool quant_mmq_split_on();
 bool quant_mmq_fits(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_cols);
 bool quant_mmq_eligible(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_rows, int64_t n_cols);
 void quant_mmq(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
-               int64_t y_stride, bool accumulate, cudaStream_t stream, int rows_a_block = 0);
+               int64_t y_stride, bool accumulate, cudaStream_t stream, int rows_a_block = 0, int k_split = 0);
 
 // The Q8_0 dp4a decode GEMV (q8_dp4a.cu; its arithmetic, rounding and
 // work split: q8_dp4a_order.h). y[t, r] (+)= sum_c W[r, c] xq[t, c] for W

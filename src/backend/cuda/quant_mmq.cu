@@ -27,8 +27,12 @@
 // bytes: the 8-byte fragment loads of 16 lanes hit distinct banks), then
 // the scales as [32-column block][token] float2 (a lane's two tokens 2 t,
 // 2 t + 1 are one 16-byte load).
+#include <cooperative_groups.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/mma_tile.cuh"
@@ -40,6 +44,7 @@
 namespace rill::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
 using namespace mma_units;
 using detail::cp_async;
 using detail::cp_async_commit;
@@ -82,11 +87,15 @@ __device__ __forceinline__ void fold(float (&acc)[kTiles][4], float (&total)[kTi
   }
 }
 
-template <class Q, int kRowTiles>
+// kClusterSplit: a cluster of kSplit blocks (grid y, cluster rank = range)
+// a row slab, block r walking range r alone; the ranges' sums then meet
+// in the cluster's shared memory and are added in range order (below).
+template <class Q, int kRowTiles, bool kClusterSplit>
 __global__ void __launch_bounds__(kThreads)
     quant_mmq_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
                      int n_tok, int64_t n_rows, int64_t n_cols, float* __restrict__ y, int64_t y_stride,
                      bool accumulate) {
+  static_assert(!Q::kHalves, "16-column scales (Q6_K): quant_mma's path");
   using Lay = MmqLayout<Q, kRowTiles>;
   constexpr int kTiles = kRowTiles;  // tiles of 8 tokens a warp: 8 warps over kRowTiles x (8 / kRowTiles)
   extern __shared__ __align__(16) uint8_t smem[];
@@ -94,11 +103,19 @@ __global__ void __launch_bounds__(kThreads)
   const int rt = warp % kRowTiles, tile0 = (warp / kRowTiles) * kTiles;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * Lay::kRows;
   const int64_t row_bytes = n_cols / Q::kElems * Q::kBytes;
-  const int n_chunks = static_cast<int>(n_cols / kChunkCols);
   const int64_t x_blocks = n_cols / 32;
   const int n_units = static_cast<int>(n_cols / Q::kCols);
   const int per = (n_units + kSplit - 1) / kSplit;
   const int tok_used = min(kTok, (n_tok + 7) & ~7);  // tokens of the tiles that run
+  // The units (and the stages holding them) this block walks: every one,
+  // or with kClusterSplit its range's (none for a range past the row).
+  int u_begin = 0, u_end = n_units, c_begin = 0, n_mine = static_cast<int>(n_cols / kChunkCols);
+  if constexpr (kClusterSplit) {
+    u_begin = min(n_units, static_cast<int>(cg::this_cluster().block_rank()) * per);
+    u_end = min(n_units, u_begin + per);
+    c_begin = u_begin / Lay::kUnits;
+    n_mine = (u_end + Lay::kUnits - 1) / Lay::kUnits - c_begin;
+  }
 
   // Stage `chunk` into ring slot `slot`, the rows' blocks (stage_w) apart
   // from x (stage_x): the first stages' blocks are copied before
@@ -136,13 +153,13 @@ __global__ void __launch_bounds__(kThreads)
   // of every prologue stage), so waiting for group c waits for stage c.
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_chunks) stage_w(s, s);
+    if (s < n_mine) stage_w(c_begin + s, s);
   }
   detail::pdl_wait();
   detail::pdl_trigger();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_chunks) stage_x(s, s);
+    if (s < n_mine) stage_x(c_begin + s, s);
     cp_async_commit();
   }
   float acc[kTiles][4], total[kTiles][4];
@@ -152,15 +169,16 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 4; ++e) acc[j][e] = total[j][e] = 0.0f;
   }
   int range = 0, range_end = per;
-  for (int c = 0; c < n_chunks; ++c) {
+  for (int i = 0; i < n_mine; ++i) {
+    const int c = c_begin + i;
     cp_async_wait_one();
-    __syncthreads();  // stage c is in; every warp is done with slot (c - 1) % kStages
-    if (c + kStages - 1 < n_chunks) {
-      stage_w(c + kStages - 1, (c + kStages - 1) % kStages);
-      stage_x(c + kStages - 1, (c + kStages - 1) % kStages);
+    __syncthreads();  // stage i is in; every warp is done with slot (i - 1) % kStages
+    if (i + kStages - 1 < n_mine) {
+      stage_w(c + kStages - 1, (i + kStages - 1) % kStages);
+      stage_x(c + kStages - 1, (i + kStages - 1) % kStages);
     }
     cp_async_commit();
-    const uint8_t* base = smem + (c % kStages) * Lay::kStage;
+    const uint8_t* base = smem + (i % kStages) * Lay::kStage;
     const uint8_t* wa = base + (rt * 16 + g) * Lay::kRowBytes;
     const uint8_t* wb = wa + 8 * Lay::kRowBytes;
     const int8_t* xs = reinterpret_cast<const int8_t*>(base + Lay::kW);
@@ -168,10 +186,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < Lay::kUnits; ++u) {
       const int unit = c * Lay::kUnits + u;
-      while (unit >= range_end) {
-        fold(acc, total, range);
-        ++range;
-        range_end += per;
+      if constexpr (kClusterSplit) {
+        if (unit < u_begin || unit >= u_end) continue;
+      } else {
+        while (unit >= range_end) {
+          fold(acc, total, range);
+          ++range;
+          range_end += per;
+        }
       }
       typename Q::Raw ra, rb;
       typename Q::Unit A, B;
@@ -203,6 +225,37 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+  }
+  if constexpr (kClusterSplit) {
+    // This range's sums into this block's shared memory as [kRows][kTok]
+    // (the ring's first bytes: every copy has landed and been read), then
+    // cluster rank q adds outputs q, q + kSplit, .. over the ranks in
+    // order, reading the others' sums through distributed shared memory.
+    cg::cluster_group cluster = cg::this_cluster();
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+    float* part = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int jj = 0; jj < kTiles; ++jj) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = rt * 16 + g + (e < 2 ? 0 : 8), tk = (tile0 + jj) * 8 + 2 * t + (e & 1);
+        part[r * kTok + tk] = acc[jj][e];
+      }
+    }
+    cluster.sync();
+    const int rank = static_cast<int>(cluster.block_rank());
+    for (int o = rank * kThreads + threadIdx.x; o < Lay::kRows * kTok; o += kSplit * kThreads) {
+      const int r = o / kTok, tk = o % kTok;
+      if (tk >= n_tok || row0 + r >= n_rows) continue;
+      float sum = *cluster.map_shared_rank(part + o, 0);
+#pragma unroll
+      for (int q = 1; q < kSplit; ++q) sum = __fadd_rn(sum, *cluster.map_shared_rank(part + o, q));
+      float* out = y + tk * y_stride + row0 + r;
+      *out = accumulate ? __fadd_rn(*out, sum) : sum;
+    }
+    cluster.sync();  // no block leaves while another still reads its sums
+    return;
   }
   for (; range < kSplit; ++range) fold(acc, total, range);
   const int64_t ra = row0 + rt * 16 + g, rb = ra + 8;
@@ -236,18 +289,38 @@ int default_rows_a_block(int64_t n_rows) {
   return 32;
 }
 
-template <class Q, int kRowTiles>
+template <class Q, int kRowTiles, bool kClusterSplit>
 void launch_rows(const uint8_t* w, const int8_t* xq, const float2* xds, int n_tok, int64_t n_rows, int64_t n_cols,
                  float* y, int64_t y_stride, bool accumulate, cudaStream_t stream) {
   using Lay = MmqLayout<Q, kRowTiles>;
+  auto* kernel = quant_mmq_kernel<Q, kRowTiles, kClusterSplit>;
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(quant_mmq_kernel<Q, kRowTiles>), Lay::kBytes, true);
+  opt_in.ensure(reinterpret_cast<const void*>(kernel), Lay::kBytes, true);
   const auto blocks = static_cast<unsigned>((n_rows + Lay::kRows - 1) / Lay::kRows);
-  launch_pdl(quant_mmq_kernel<Q, kRowTiles>, blocks, kThreads, Lay::kBytes, stream, w, xq, xds, n_tok, n_rows, n_cols,
-             y, y_stride, accumulate);
+  if constexpr (!kClusterSplit) {
+    launch_pdl(kernel, blocks, kThreads, Lay::kBytes, stream, w, xq, xds, n_tok, n_rows, n_cols, y, y_stride,
+               accumulate);
+  } else {
+    // launch_pdl's launch plus the cluster: kSplit blocks along y.
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks, kSplit);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = Lay::kBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = 1;
+    attr[1].val.clusterDim.y = kSplit;
+    attr[1].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 2;
+    RILL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, w, xq, xds, n_tok, n_rows, n_cols, y, y_stride, accumulate));
+  }
 }
 
-template <class Q>
+template <class Q, bool kClusterSplit>
 void launch(const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, int64_t y_stride,
             bool accumulate, cudaStream_t stream, int rows) {
   const auto* wq = static_cast<const uint8_t*>(w);
@@ -256,15 +329,20 @@ void launch(const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int
   const int n = static_cast<int>(n_tokens);
   switch (rows) {
     case 128:
-      launch_rows<Q, 8>(wq, q, ds, n, n_rows, n_cols, y, y_stride, accumulate, stream);
+      launch_rows<Q, 8, kClusterSplit>(wq, q, ds, n, n_rows, n_cols, y, y_stride, accumulate, stream);
       break;
     case 64:
-      launch_rows<Q, 4>(wq, q, ds, n, n_rows, n_cols, y, y_stride, accumulate, stream);
+      launch_rows<Q, 4, kClusterSplit>(wq, q, ds, n, n_rows, n_cols, y, y_stride, accumulate, stream);
       break;
     default:
-      launch_rows<Q, 2>(wq, q, ds, n, n_rows, n_cols, y, y_stride, accumulate, stream);
+      launch_rows<Q, 2, kClusterSplit>(wq, q, ds, n, n_rows, n_cols, y, y_stride, accumulate, stream);
       break;
   }
+}
+
+// Whether a matrix has rows enough for a 128-row block on every SM.
+bool fills_the_gpu(int64_t n_rows) {
+  return (n_rows + 127) / 128 >= sm_count();
 }
 
 }  // namespace
@@ -282,20 +360,39 @@ bool quant_mmq_fits(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_co
          n_cols % kChunkCols == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
+bool quant_mmq_split_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("RILL_QUANT_MMQ_SPLIT");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
 bool quant_mmq_eligible(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_rows, int64_t n_cols) {
-  return quant_mmq_on() && n_tokens >= kMmqMinTokens && (n_rows + 127) / 128 >= sm_count() &&
+  return quant_mmq_on() && n_tokens >= kMmqMinTokens && (fills_the_gpu(n_rows) || quant_mmq_split_on()) &&
          quant_mmq_fits(w_dtype, w, n_tokens, n_cols);
 }
 
 void quant_mmq(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
-               int64_t y_stride, bool accumulate, cudaStream_t stream, int rows_a_block) {
+               int64_t y_stride, bool accumulate, cudaStream_t stream, int rows_a_block, int k_split) {
   if (n_tokens <= 0 || n_rows <= 0) return;
+  if (!quant_mmq_fits(w_dtype, w, n_tokens, n_cols) || reinterpret_cast<uintptr_t>(xq) % 16 != 0) {
+    std::fprintf(stderr,
+                 "quant_mmq: %s, %lld tokens, %lld columns (Q8_0 or Q4_K, 1 to %lld tokens, columns a multiple "
+                 "of %d, W and xq 16-byte aligned)\n",
+                 std::string(dtype_name(w_dtype)).c_str(), static_cast<long long>(n_tokens),
+                 static_cast<long long>(n_cols), static_cast<long long>(kMmaMaxTokens), kChunkCols);
+    std::abort();
+  }
   const int rows =
       rows_a_block == 32 || rows_a_block == 64 || rows_a_block == 128 ? rows_a_block : default_rows_a_block(n_rows);
+  const bool split = k_split == kSplit || (k_split == 0 && quant_mmq_split_on() && !fills_the_gpu(n_rows));
   if (w_dtype == DType::kQ8_0) {
-    launch<MmaQ8_0>(w, xq, n_tokens, n_rows, n_cols, y, y_stride, accumulate, stream, rows);
+    (split ? launch<MmaQ8_0, true> : launch<MmaQ8_0, false>)(w, xq, n_tokens, n_rows, n_cols, y, y_stride, accumulate,
+                                                             stream, rows);
   } else {
-    launch<MmaQ4_K>(w, xq, n_tokens, n_rows, n_cols, y, y_stride, accumulate, stream, rows);
+    (split ? launch<MmaQ4_K, true> : launch<MmaQ4_K, false>)(w, xq, n_tokens, n_rows, n_cols, y, y_stride, accumulate,
+                                                             stream, rows);
   }
   RILL_CUDA_CHECK_LAUNCH();
 }
