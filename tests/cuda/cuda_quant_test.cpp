@@ -24,7 +24,7 @@
 //    the exact x within sum |w| d / 2 (+1e-5 sum |w x|); a token's result is
 //    the same bits alone and in any batch; y_stride leaves other columns
 //    alone; quant_matmul takes the path when its scratch has room for x;
-//    quant_mmq (Q8_0 / Q4_K; quant_mma's calls past 16 tokens on
+//    quant_mmq (Q8_0 / Q4_K; quant_mma's calls of 9+ tokens on
 //    matrices of enough rows) gives one-token quant_mma's bits at each of
 //    its block sizes, with and without the cluster K split, plain and
 //    accumulating into strided rows, and writes no token past n; and
@@ -564,11 +564,11 @@ TEST(CudaQuant, QuantMatmulTakesTheInt8PathWhenItsScratchHasRoom) {
   }
 }
 
-// quant_matmul past 16 tokens on a matrix with rows enough to take
-// quant_mmq by default (a 128-row block for every SM): the same bits as
+// quant_matmul at 24 tokens (past quant_mma's own 16) on a matrix with
+// rows enough to take quant_mmq by default (a 128-row block for every SM): the same bits as
 // quant_mma one token at a time, and with no room for a dequantized copy
 // (that path would be an error).
-TEST(CudaQuant, QuantMatmulTakesQuantMmqForTallMatricesPast16Tokens) {
+TEST(CudaQuant, QuantMatmulTakesQuantMmqForTallMatrices) {
   RILL_REQUIRE_GPU();
   auto ctx = Context::create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;

@@ -15,10 +15,11 @@
 // with every rounding explicit (__fmul_rn / __fmaf_rn: no contraction can
 // differ between instantiations); the warps' partial sums are added in warp
 // order. Nothing a (row, token) computes depends on the other tokens or on
-// their number: batch invariant per row like quant_gemv. Past 16 tokens,
-// where every block re-reading x from L1 made this kernel lose to
-// dequantize + cuBLASLt, quant_mma hands eligible calls to quant_mmq
-// (quant_mmq.cu), which computes the same sums in the same order.
+// their number: batch invariant per row like quant_gemv. Every block
+// re-reads all of x through L1, which made this kernel lose to dequantize
+// + cuBLASLt past 16 tokens and, on tall matrices, to quant_mmq from 9:
+// quant_mma hands quant_mmq_eligible calls to it (quant_mmq.cu), which
+// computes the same sums in the same order.
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/quant.h"

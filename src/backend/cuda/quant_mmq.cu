@@ -1,5 +1,6 @@
-// quant_mma's sums for 17..64 tokens with the blocks and x staged in
-// shared memory (quant.h: quant_mmq).
+// quant_mma's sums for up to 64 tokens with the blocks and x staged in
+// shared memory (quant.h: quant_mmq; quant_matmul takes it from 9 tokens
+// on tall matrices).
 //
 // Why: quant_mma's thread block owns 16 rows, so every block reads all of
 // x's codes and scales through L1 (at 64 tokens on a 6,144 x 4,096 Q8_0
