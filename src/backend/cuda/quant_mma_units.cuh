@@ -215,43 +215,4 @@ __device__ __forceinline__ float apply(float acc, float dw, float mw, int dot, f
   return with_min ? __fmaf_rn(-mw, dx.y, acc) : acc;
 }
 
-// One tile of 8 tokens of one 32-column block: the exact int8 dot of the
-// rows g / g + 8 (A / B) with the tile's x words bx on the tensor
-// cores (16-column halves for kHalves), then `apply` for the outputs
-// (row g: acc[0], acc[1]; g + 8: acc[2], acc[3]; tokens 2 t / 2 t + 1
-// with x scales dx0 / dx1). quant_mmq's step; quant_mma runs the same
-// statements inline (through this function its loads were scheduled
-// differently, PTX compared, and it is timed as it is).
-template <class Q>
-__device__ __forceinline__ void tile_step(float (&acc)[4], const typename Q::Unit& A, const typename Q::Unit& B,
-                                          int blk, const int2& bx, const float2& dx0, const float2& dx1) {
-  const int b0 = bx.x, b1 = bx.y;
-  int c[4] = {0, 0, 0, 0};
-  if constexpr (Q::kHalves) {
-    int c1[4] = {0, 0, 0, 0};
-    mma_k16(c, A.q[blk][0], B.q[blk][0], b0);
-    mma_k16(c1, A.q[blk][1], B.q[blk][1], b1);
-    // Each 16-column half with its own scale d * h (|dot| < 2^17: exact in f32).
-    const float da0 = __fmul_rn(A.d[blk], static_cast<float>(A.h[blk][0]));
-    const float da1 = __fmul_rn(A.d[blk], static_cast<float>(A.h[blk][1]));
-    const float db0 = __fmul_rn(B.d[blk], static_cast<float>(B.h[blk][0]));
-    const float db1 = __fmul_rn(B.d[blk], static_cast<float>(B.h[blk][1]));
-    acc[0] = apply(apply(acc[0], da0, 0.0f, c[0], dx0, false), da1, 0.0f, c1[0], dx0, false);
-    acc[1] = apply(apply(acc[1], da0, 0.0f, c[1], dx1, false), da1, 0.0f, c1[1], dx1, false);
-    acc[2] = apply(apply(acc[2], db0, 0.0f, c[2], dx0, false), db1, 0.0f, c1[2], dx0, false);
-    acc[3] = apply(apply(acc[3], db0, 0.0f, c[3], dx1, false), db1, 0.0f, c1[3], dx1, false);
-  } else {
-    mma_k32(c, A.q[blk][0], B.q[blk][0], A.q[blk][1], B.q[blk][1], b0, b1);
-    float ma = 0.0f, mb = 0.0f;
-    if constexpr (Q::kMin) {
-      ma = A.m[blk];
-      mb = B.m[blk];
-    }
-    acc[0] = apply(acc[0], A.d[blk], ma, c[0], dx0, Q::kMin);
-    acc[1] = apply(acc[1], A.d[blk], ma, c[1], dx1, Q::kMin);
-    acc[2] = apply(acc[2], B.d[blk], mb, c[2], dx0, Q::kMin);
-    acc[3] = apply(acc[3], B.d[blk], mb, c[3], dx1, Q::kMin);
-  }
-}
-
 }  // namespace rill::cuda::mma_units

@@ -212,7 +212,17 @@ __global__ void __launch_bounds__(kThreads)
           const int2 bx = *reinterpret_cast<const int2*>(xs + (j * 8 + g) * kXStride + cb * 32 + 8 * t);
           const float4 dd = ds[(cb * kTok + j * 8 + 2 * t) >> 1];
           const float2 dx0 = make_float2(dd.x, dd.y), dx1 = make_float2(dd.z, dd.w);
-          tile_step<Q>(acc[jj], A, B, blk, bx, dx0, dx1);
+          int cc[4] = {0, 0, 0, 0};
+          mma_k32(cc, A.q[blk][0], B.q[blk][0], A.q[blk][1], B.q[blk][1], bx.x, bx.y);
+          float ma = 0.0f, mb = 0.0f;
+          if constexpr (Q::kMin) {
+            ma = A.m[blk];
+            mb = B.m[blk];
+          }
+          acc[jj][0] = apply(acc[jj][0], A.d[blk], ma, cc[0], dx0, Q::kMin);
+          acc[jj][1] = apply(acc[jj][1], A.d[blk], ma, cc[1], dx1, Q::kMin);
+          acc[jj][2] = apply(acc[jj][2], B.d[blk], mb, cc[2], dx0, Q::kMin);
+          acc[jj][3] = apply(acc[jj][3], B.d[blk], mb, cc[3], dx1, Q::kMin);
         }
       }
     }
