@@ -669,7 +669,7 @@ TEST(CudaQuant, TooSmallAScratchIsAnError) {
 // Times, not a check (gtest_filter it on a device): quantize_x8 +
 // quant_mmq at each block size against dequantize + cuBLASLt (the path
 // 17..64 tokens take without it) and quant_mma (its own kernel up to 16
-// tokens, or quant_mmq where eligible) over the Llama-3.1-8B's shapes, three copies
+// tokens, or quant_mmq where eligible) over the Llama-3.1-8B's shapes, 3-12 copies
 // of each matrix in turn (so that one call's weights are not in L2 for
 // the next), median of 5 runs of 12 back-to-back calls; GB/s of weights.
 TEST(CudaQuant, DeviceTimingMmq) {
@@ -682,7 +682,6 @@ TEST(CudaQuant, DeviceTimingMmq) {
     const char* name;
     int64_t rows, cols;
   } kShapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
-  constexpr int kCopies = 3;
   cudaEvent_t e0, e1;
   ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
   ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
@@ -690,7 +689,10 @@ TEST(CudaQuant, DeviceTimingMmq) {
     for (const auto& sh : kShapes) {
       const size_t bytes = row_bytes(t, sh.cols) * static_cast<size_t>(sh.rows);
       std::vector<DeviceBuffer> w;
-      for (int c = 0; c < kCopies; ++c) {
+      // Copies enough that one call's weights have left the L2 (50 MB on
+      // an H100) by their next turn: 150 MB of them, 3 to 12.
+      const int copies = static_cast<int>(std::clamp<size_t>((150u << 20) / bytes + 1, 3, 12));
+      for (int c = 0; c < copies; ++c) {
         w.push_back(poisoned(bytes));
         ASSERT_EQ(cudaMemset(w.back().data(), 0x11, bytes), cudaSuccess);  // finite scales
       }
@@ -703,7 +705,7 @@ TEST(CudaQuant, DeviceTimingMmq) {
         std::vector<double> ts;
         for (int rep = 0; rep < 6; ++rep) {
           cudaEventRecord(e0, st);
-          for (int k = 0; k < 12; ++k) fn(w[static_cast<size_t>(k % kCopies)].data());
+          for (int k = 0; k < 12; ++k) fn(w[static_cast<size_t>(k % copies)].data());
           cudaEventRecord(e1, st);
           cudaEventSynchronize(e1);
           float ms = 0;
