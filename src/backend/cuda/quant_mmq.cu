@@ -20,7 +20,10 @@
 // range of its rows in turn, folding each range's sum into the running
 // total as it closes (the first one taken as is, empty ranges as +0).
 // So a (row, token) gets the same bits from either kernel at any token
-// count: quant_matmul's int8 path stays batch invariant per row.
+// count: quant_matmul's int8 path stays batch invariant per row. The
+// cluster variant (kClusterSplit, quant.h's k_split 8) gives each range a
+// block of its own instead, for matrices whose row slabs alone leave SMs
+// idle, and adds the ranges' sums in the same order at the end.
 //
 // Layout of a stage in shared memory: the rows' raw bytes (kRows x
 // kUnits * Q::kBytes, a multiple of 16: Q8_0 272, Q4_K 144; rows g of a
