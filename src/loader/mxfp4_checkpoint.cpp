@@ -4,9 +4,9 @@
 #include <cassert>
 #include <new>
 #include <optional>
-#include <regex>
 
 #include "core/thread_pool.h"
+#include "loader/module_pattern.h"
 
 namespace rill {
 namespace {
@@ -26,12 +26,6 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// The patterns are Python regular expressions in transformers; ECMAScript
-// reads the ones configs hold (dots, stars, literal names) alike.
-std::regex compile(const std::string& pattern) {
-  return std::regex(pattern, std::regex::ECMAScript | std::regex::optimize);
 }
 
 // "model.layers.3.mlp.experts.gate_up_proj" -> {"model.layers.3.mlp.experts", "gate_up_proj"}
@@ -70,11 +64,12 @@ Result<Mxfp4Scheme> parse_mxfp4_scheme(const json& config, const std::string& co
         return bad("modules_to_not_convert", "entry " + p.dump() + " must be a non-empty string of at most " +
                                                  std::to_string(kMaxPatternChars) + " characters");
       }
-      try {
-        s.not_convert_res.push_back(compile(p.get<std::string>()));
-      } catch (const std::regex_error&) {
-        return bad("modules_to_not_convert", "entry " + p.dump() + " is not a valid regular expression");
+      auto re = ModulePattern::compile(p.get<std::string>());
+      if (!re.ok()) {
+        return bad("modules_to_not_convert",
+                   "entry " + p.dump() + " is not a valid regular expression: " + re.error().message);
       }
+      s.not_convert_res.push_back(std::move(*re));
       s.modules_to_not_convert.push_back(p.get<std::string>());
     }
   }
@@ -82,14 +77,15 @@ Result<Mxfp4Scheme> parse_mxfp4_scheme(const json& config, const std::string& co
   return s;
 }
 
-bool mxfp4_converts(const Mxfp4Scheme& scheme, const std::string& module) {
+Result<bool> mxfp4_converts(const Mxfp4Scheme& scheme, const std::string& module) {
   assert(scheme.not_convert_res.size() == scheme.modules_to_not_convert.size());
   assert(module.size() <= kMaxMxfp4ModuleChars);
   for (size_t i = 0; i < scheme.modules_to_not_convert.size(); ++i) {
     if (ends_with(module, scheme.modules_to_not_convert[i])) return false;
     // re.match(key, name): a match anchored at the start, of any length
     // (re.match(key + "\\.", name) is one of them).
-    if (std::regex_search(module, scheme.not_convert_res[i], std::regex_constants::match_continuous)) return false;
+    RILL_ASSIGN_OR_RETURN(const bool hit, scheme.not_convert_res[i]->matches_prefix(module));
+    if (hit) return false;
   }
   return true;
 }
@@ -134,8 +130,13 @@ Result<Mxfp4Weights> read_mxfp4_weights(const SafetensorsCheckpoint& ck, const M
       // A dense expert matrix the config converts: transformers' MXFP4
       // experts would not take it.
       const auto [module, param] = split_module(name);
-      if (scheme.enabled && !t.u8 && is_experts_module(module) && (param == "gate_up_proj" || param == "down_proj") &&
-          mxfp4_converts(scheme, module)) {
+      bool converts = false;
+      if (scheme.enabled && !t.u8 && is_experts_module(module) && (param == "gate_up_proj" || param == "down_proj")) {
+        auto c = mxfp4_converts(scheme, module);
+        if (!c.ok()) return Error{config_path + ": quantization_config.modules_to_not_convert: " + c.error().message};
+        converts = *c;
+      }
+      if (converts) {
         return bad("is stored unquantized, but " + config_path + "'s quantization_config (mxfp4) converts '" + module +
                    "': expected '" + name + "_blocks' and '" + name + "_scales' (or list '" + module +
                    "' in modules_to_not_convert)");
@@ -163,7 +164,10 @@ Result<Mxfp4Weights> read_mxfp4_weights(const SafetensorsCheckpoint& ck, const M
       out.stored.insert(name);
       continue;  // checked with its blocks
     }
-    if (!mxfp4_converts(scheme, module)) {
+    auto converts = mxfp4_converts(scheme, module);
+    if (!converts.ok())
+      return Error{config_path + ": quantization_config.modules_to_not_convert: " + converts.error().message};
+    if (!*converts) {
       return bad("is MXFP4, but " + config_path + "'s modules_to_not_convert excludes '" + module +
                  "' (its experts would be stored unquantized)");
     }

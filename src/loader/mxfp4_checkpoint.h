@@ -33,7 +33,6 @@
 // (experts it excludes stored as MXFP4, or experts it converts stored dense).
 #include <cstdint>
 #include <memory>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -45,10 +44,16 @@
 
 namespace rill {
 
+// A modules_to_not_convert pattern compiled once by PCRE2 (Python's re
+// syntax for what configs hold) and matched anchored at the start, as
+// re.match, with bounded work (module_pattern.cpp's limits): a hostile
+// pattern gives an error, never a hang or a deep recursion.
+class ModulePattern;
+
 struct Mxfp4Scheme {
-  bool enabled = false;                             // quant_method "mxfp4"
-  std::vector<std::string> modules_to_not_convert;  // transformers' patterns
-  std::vector<std::regex> not_convert_res;          // the same, compiled once (parse_mxfp4_scheme)
+  bool enabled = false;                                               // quant_method "mxfp4"
+  std::vector<std::string> modules_to_not_convert;                    // transformers' patterns
+  std::vector<std::shared_ptr<const ModulePattern>> not_convert_res;  // the same, compiled (parse_mxfp4_scheme)
 };
 
 // Reads config["quantization_config"] when its quant_method is "mxfp4"
@@ -62,9 +67,10 @@ Result<Mxfp4Scheme> parse_mxfp4_scheme(const nlohmann::json& config, const std::
 // "model.layers.3.self_attn.q_proj"; with no module boundary, so "layer.1"
 // also matches "layer.11.attn", as in transformers) or is its suffix.
 // `module` is at most kMaxMxfp4ModuleChars long (read_mxfp4_weights refuses
-// longer names first: std::regex recurses per character).
+// longer names first). An error names the pattern whose match ran past
+// PCRE2's work limits (catastrophic backtracking).
 inline constexpr size_t kMaxMxfp4ModuleChars = 1024;
-bool mxfp4_converts(const Mxfp4Scheme& scheme, const std::string& module);
+Result<bool> mxfp4_converts(const Mxfp4Scheme& scheme, const std::string& module);
 
 // One re-laid tensor.
 struct Mxfp4Tensor {

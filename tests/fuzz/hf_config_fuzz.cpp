@@ -1,7 +1,8 @@
 // Fuzz target: config.json / generation_config.json text. Any input must give
 // a ModelConfig or an Error (also its quantization_config, as an Fp8Scheme
 // or an Mxfp4Scheme, whose module patterns are then matched against a
-// name); no nlohmann or regex exception may escape.
+// name); no nlohmann exception may escape, and a pattern that backtracks
+// without bound is an error, not a hang (loader/module_pattern.h).
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

@@ -139,6 +139,12 @@ TEST(Mxfp4Checkpoint, GroupRelayout) {
   }
 }
 
+bool converts(const Mxfp4Scheme& s, const std::string& module) {
+  auto c = mxfp4_converts(s, module);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return c.ok() && *c;
+}
+
 TEST(Mxfp4Checkpoint, ModulesToNotConvertMatchAsTransformersDoes) {
   // The expectations are transformers 5.25's should_convert_module on the
   // same names (re.match: a prefix match with no module boundary).
@@ -150,19 +156,25 @@ TEST(Mxfp4Checkpoint, ModulesToNotConvertMatchAsTransformersDoes) {
     return *s;
   };
   Mxfp4Scheme s = scheme({"model.layers.*.self_attn", "lm_head", "layer.1", "mlp.gate"});
-  EXPECT_FALSE(mxfp4_converts(s, "model.layers.3.self_attn"));
-  EXPECT_FALSE(mxfp4_converts(s, "model.layers.3.self_attn.q_proj"));  // a prefix
-  EXPECT_FALSE(mxfp4_converts(s, "lm_head"));
-  EXPECT_FALSE(mxfp4_converts(s, "model.lm_head"));  // as a suffix
-  EXPECT_FALSE(mxfp4_converts(s, "layer.1.attn"));
-  EXPECT_FALSE(mxfp4_converts(s, "layer.11.attn"));  // no module boundary in re.match
-  EXPECT_FALSE(mxfp4_converts(s, "mlp.gate_proj"));
-  EXPECT_TRUE(mxfp4_converts(s, "mlp.up_proj"));
-  EXPECT_TRUE(mxfp4_converts(s, "model.layers.3.mlp.experts"));
+  EXPECT_FALSE(converts(s, "model.layers.3.self_attn"));
+  EXPECT_FALSE(converts(s, "model.layers.3.self_attn.q_proj"));  // a prefix
+  EXPECT_FALSE(converts(s, "lm_head"));
+  EXPECT_FALSE(converts(s, "model.lm_head"));  // as a suffix
+  EXPECT_FALSE(converts(s, "layer.1.attn"));
+  EXPECT_FALSE(converts(s, "layer.11.attn"));  // no module boundary in re.match
+  EXPECT_FALSE(converts(s, "mlp.gate_proj"));
+  EXPECT_TRUE(converts(s, "mlp.up_proj"));
+  EXPECT_TRUE(converts(s, "model.layers.3.mlp.experts"));
   s = scheme({"model.layers.1.mlp.experts"});
-  EXPECT_FALSE(mxfp4_converts(s, "model.layers.1.mlp.experts"));
-  EXPECT_TRUE(mxfp4_converts(s, "model.layers.11.mlp.experts"));
-  EXPECT_TRUE(mxfp4_converts(s, "model.layers.2.mlp.experts"));
+  EXPECT_FALSE(converts(s, "model.layers.1.mlp.experts"));
+  EXPECT_TRUE(converts(s, "model.layers.11.mlp.experts"));
+  EXPECT_TRUE(converts(s, "model.layers.2.mlp.experts"));
+  // A pattern that backtracks without bound: an error naming it (found by
+  // fuzz_hf_config; std::regex hung on it).
+  s = scheme({"(a|a)*(b|c)"});
+  auto hostile = mxfp4_converts(s, std::string(kMaxMxfp4ModuleChars, 'a'));
+  ASSERT_FALSE(hostile.ok());
+  EXPECT_NE(hostile.error().message.find("(a|a)*(b|c)"), std::string::npos) << hostile.error().message;
 }
 
 // --- configs and malformed files --------------------------------------------
@@ -361,7 +373,8 @@ TEST(Mxfp4Checkpoint, ConfigsRillCannotHonourAreRefusedByField) {
   EXPECT_EQ(error_with([](json& c) { c["quantization_config"]["modules_to_not_convert"] = "lm_head"; }),
             "quantization_config.modules_to_not_convert must be a list of module names or patterns");
   EXPECT_EQ(error_with([](json& c) { c["quantization_config"]["modules_to_not_convert"].push_back("layers.("); }),
-            "quantization_config.modules_to_not_convert entry \"layers.(\" is not a valid regular expression");
+            "quantization_config.modules_to_not_convert entry \"layers.(\" is not a valid regular expression: "
+            "missing closing parenthesis at offset 8");
   EXPECT_EQ(error_with([](json& c) { c["quantization_config"]["modules_to_not_convert"].push_back(3); }),
             "quantization_config.modules_to_not_convert entry 3 must be a non-empty string of at most 256 characters");
   EXPECT_EQ(error_with([](json& c) { c["model_type"] = "llama"; }),
