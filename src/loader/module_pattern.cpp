@@ -42,8 +42,8 @@ Result<bool> ModulePattern::matches_prefix(std::string_view name) const {
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   PCRE2_UCHAR msg[256];
   pcre2_get_error_message(rc, msg, sizeof(msg));
-  return Error{"pattern '" + pattern_ + "' against '" + std::string(name) + "': " +
-               reinterpret_cast<const char*>(msg) + " (the pattern backtracks without bound)"};
+  return Error{"pattern '" + pattern_ + "' against '" + std::string(name) + "': " + reinterpret_cast<const char*>(msg) +
+               " (the pattern backtracks without bound)"};
 }
 
 }  // namespace rill
