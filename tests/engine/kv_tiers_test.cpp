@@ -765,6 +765,20 @@ TEST(KvTiers, DiskPrefixSurvivesARestartQ8_0Kv) {
   disk_round_trip(kSmol, 49152, 100, 96, with_kv(kv_all("q8_0")), nullptr, DType::kQ8_0);
 }
 
+// Every plain llama.cpp-layout type the CPU stores, through the disk tier
+// and a restart on the f32 llama golden: the file holds the KV in that
+// type, read back bit for bit.
+TEST(KvTiers, DiskPrefixSurvivesARestartInEveryPlainKvType) {
+  const std::pair<const char*, DType> types[] = {
+      {"bf16", DType::kBF16}, {"q4_0", DType::kQ4_0}, {"q4_1", DType::kQ4_1},
+      {"q5_0", DType::kQ5_0}, {"q5_1", DType::kQ5_1},
+  };
+  for (const auto& [name, dtype] : types) {
+    SCOPED_TRACE(name);
+    disk_round_trip(kGoldens + "llama", 512, 40, 32, with_kv(kv_all(name)), nullptr, dtype);
+  }
+}
+
 TEST(KvTiers, DiskPrefixSurvivesARestartRotatedQ4Kv) {
   // gemma3: a sliding and a full group; heads of 16 share q4_0 blocks.
   disk_round_trip(kGoldens + "gemma3", 512, 70, 64, with_kv(kv_all("q4_0h")), nullptr, DType::kQ4_0);
