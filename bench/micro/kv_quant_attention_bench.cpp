@@ -40,10 +40,11 @@ struct Type {
   DType dtype;
   bool rotated;
 };
-constexpr Type kTypes[] = {{"f16", DType::kF16, false},   {"bf16", DType::kBF16, false}, {"q8_0", DType::kQ8_0, false},
-                           {"q5_1", DType::kQ5_1, false}, {"q5_0", DType::kQ5_0, false}, {"q4_1", DType::kQ4_1, false},
-                           {"q4_0", DType::kQ4_0, false}, {"q4_0h", DType::kQ4_0, true}, {"q8_0h", DType::kQ8_0, true},
-                           {"q8_0h64", kKvQ8_0x64, true}};
+constexpr Type kTypes[] = {
+    {"f16", DType::kF16, false},   {"bf16", DType::kBF16, false},     {"q8_0", DType::kQ8_0, false},
+    {"q5_1", DType::kQ5_1, false}, {"q5_0", DType::kQ5_0, false},     {"q4_1", DType::kQ4_1, false},
+    {"q4_0", DType::kQ4_0, false}, {"q4_0h", DType::kQ4_0, true},     {"q8_0h", DType::kQ8_0, true},
+    {"q8_0h64", kKvQ8_0x64, true}, {"iq4_nlh", DType::kIQ4_NL, true}, {"fp8", kF8E4M3, false}};
 constexpr int kLayers = 30;
 
 void BM_kv_decode(benchmark::State& state) {
@@ -107,7 +108,7 @@ void BM_kv_decode(benchmark::State& state) {
   state.SetLabel(std::string(t.name) + " " + isa_name(best_isa()));
 }
 BENCHMARK(BM_kv_decode)
-    ->ArgsProduct({{1024, 4096, 8192}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}})
+    ->ArgsProduct({{1024, 4096, 8192}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

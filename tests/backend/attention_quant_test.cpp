@@ -20,6 +20,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/paged_kv.h"
+#include "core/e4m3.h"
 
 namespace rill::cpu {
 namespace {
@@ -267,6 +268,78 @@ TEST(AttentionQuantAvx512, TileEqualsOneQueryAtATime) {
       }
     }
   }
+}
+
+// fp8's row decoders (the baseline's one code at a time, the AVX2 build's
+// 8 in lanes and the rest alone) give e4m3_value for all 256 codes, bit for
+// bit, at every offset of a row's remainder.
+TEST(AttentionQuantFp8, RowDecodersAreTheReferenceForEveryCode) {
+  std::vector<uint8_t> codes(256 + 7);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 37 % 256);
+  std::vector<detail::KvDequant> decoders = {detail::kv_dequant_scalar(kF8E4M3)};
+  if (best_isa() != Isa::kScalar) decoders.push_back(detail::kv_dequant_avx2(kF8E4M3));
+  for (size_t d = 0; d < decoders.size(); ++d) {
+    for (const int64_t n : {int64_t{256}, int64_t{263}, int64_t{5}}) {
+      std::vector<float> out(static_cast<size_t>(n), 1.0f);
+      decoders[d](codes.data(), out.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = e4m3_value(codes[static_cast<size_t>(i)]), got = out[static_cast<size_t>(i)];
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got)) << "decoder " << d << " element " << i;
+          continue;
+        }
+        ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << "decoder " << d << " element " << i << ": " << got;
+      }
+    }
+  }
+}
+
+// fp8 (e4m3, as CUDA stores it) takes the AVX-512 kernel with fp8 on both
+// sides: against the baseline kernel at every head_dim, with a window and
+// softcap, tiles bit-identical to one query at a time; fp8 mixed with
+// another type is not taken (the AVX2 kernel serves it).
+TEST(AttentionQuantAvx512, Fp8MatchesScalarAndTiles) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  uint32_t seed = 500;
+  for (int64_t hd : {32, 64, 96, 128, 256}) {
+    const detail::QuantTileAttend fast = detail::attend_quant_avx512_for(kF8E4M3, kF8E4M3, hd);
+    ASSERT_NE(fast, nullptr) << hd;
+    EXPECT_EQ(detail::attend_quant_avx512_for(kF8E4M3, DType::kQ8_0, hd), nullptr) << hd;
+    EXPECT_EQ(detail::attend_quant_avx512_for(DType::kF16, kF8E4M3, hd), nullptr) << hd;
+    const int g = 5;
+    const Case c = make_case(kF8E4M3, kF8E4M3, hd, g, 77, seed++);
+    for (int64_t j_begin : {int64_t{0}, int64_t{30}}) {
+      for (float softcap : {0.0f, 5.0f}) {
+        SCOPED_TRACE("hd " + std::to_string(hd) + " j_begin " + std::to_string(j_begin) + " softcap " +
+                     std::to_string(softcap));
+        std::vector<float> ref(c.q.size(), NAN), out(c.q.size(), NAN), s0, s1;
+        detail::attend_quant_scalar(args(c, c.q.data(), g, j_begin, softcap, s0, ref.data()));
+        const int64_t jb = j_begin, je = c.n_kv;
+        fast(tile_args(c, c.q.data(), 1, g, &jb, &je, softcap, s1, out.data()));
+        double ms = 0;
+        for (float x : ref) ms += double{x} * x;
+        const double rms = std::sqrt(ms / static_cast<double>(ref.size()));
+        ASSERT_GT(rms, 0.01);
+        for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5 * rms) << i;
+        std::vector<float> avx2(c.q.size(), NAN);
+        detail::QuantAttendArgs a2 = args(c, c.q.data(), g, j_begin, softcap, s0, avx2.data());
+        a2.k_dequant = a2.v_dequant = detail::kv_dequant_avx2(kF8E4M3);
+        detail::attend_quant_avx2(a2);
+        for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(avx2[i], ref[i], 2e-5 * rms) << i;
+      }
+    }
+  }
+  // Tiles: three queries of 3 heads, ranges ending apart.
+  const int g = 3, n_q = 3;
+  const Case c = make_case(kF8E4M3, kF8E4M3, 64, g * n_q, 120, 77);
+  const detail::QuantTileAttend fast = detail::attend_quant_avx512_for(kF8E4M3, kF8E4M3, 64);
+  const int64_t jb[n_q] = {0, 40, 7}, je[n_q] = {100, 120, 119};
+  std::vector<float> tiled(c.q.size(), NAN), alone(c.q.size(), NAN), s;
+  fast(tile_args(c, c.q.data(), n_q, g, jb, je, 0.0f, s, tiled.data()));
+  for (int i = 0; i < n_q; ++i) {
+    fast(tile_args(c, c.q.data() + i * g * 64, 1, g, jb + i, je + i, 0.0f, s, alone.data() + i * g * 64));
+  }
+  EXPECT_EQ(0, std::memcmp(tiled.data(), alone.data(), tiled.size() * sizeof(float)));
 }
 
 // Shapes the kernel does not take (heads not whole 32-element blocks, other

@@ -12,12 +12,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "backend/cpu/attention_f16_avx512_impl.h"  // reduce16x16
 #include "backend/cpu/attention_quant.h"
 #include "backend/cpu/exp_ggml_avx512.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/quants.h"
+#include "core/e4m3.h"
 #include "core/half.h"
 
 // GCC 12 reports the deliberately undefined pass-through operands of its
@@ -49,6 +51,23 @@ inline void high_bits(const uint8_t* qh, __m512i& lo, __m512i& hi) {
   const __m512i sixteen = _mm512_set1_epi32(16);
   lo = _mm512_mask_add_epi32(lo, static_cast<__mmask16>(h & 0xFFFF), lo, sixteen);
   hi = _mm512_mask_add_epi32(hi, static_cast<__mmask16>(h >> 16), hi, sixteen);
+}
+
+// 16 e4m3 bytes as f32, e4m3_to_f32's arithmetic in lanes: the magnitude's
+// bits moved to an f32's exponent and mantissa with the bias moved from 7 to
+// 127 (normal codes), m * 2^-9 (subnormal codes), NaN for 0x7f, the sign
+// bit copied.
+inline __m512 fp8x16(__m128i bytes) {
+  const __m512i u = _mm512_cvtepu8_epi32(bytes);
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7F));
+  __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
+  const __m512 sub =
+      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(mag, _mm512_set1_epi32(7))), _mm512_set1_ps(1.0f / 512.0f));
+  v = _mm512_mask_mov_ps(v, _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), sub);
+  v = _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F)),
+                         _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80)), 24);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
 }
 
 // Block b (32 elements) of a head of type T at p: elements 0..15 in lo,
@@ -106,6 +125,10 @@ inline void dq32(const uint8_t* p, int b, __m512& lo, __m512& hi) {
     const __m512i sixteen = _mm512_set1_epi32(16);
     lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l, sixteen)), d);
     hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(h, sixteen)), d);
+  } else if constexpr (T == kF8E4M3) {
+    const auto* q = reinterpret_cast<const __m128i*>(p + 32 * b);
+    lo = fp8x16(_mm_loadu_si128(q));
+    hi = fp8x16(_mm_loadu_si128(q + 1));
   } else if constexpr (T == kKvQ8_0x64) {
     // q8_0h64: 32-element block b is half b % 2 of the 64-value block b / 2.
     const uint8_t* blk = p + kQ8_0x64Bytes * (b / 2);
@@ -376,6 +399,9 @@ QuantTileAttend attend_quant_avx512_for(DType k, DType v, int64_t head_dim) {
       return for_v<DType::kIQ4_NL>(v, head_dim);
     default:
       if (k == kKvQ8_0x64) return for_v<kKvQ8_0x64>(v, head_dim);
+      // fp8 (--kv-type fp8) with fp8 only: a mix of it with another type
+      // takes the AVX2 kernel (no instantiations for pairs nobody names).
+      if (k == kF8E4M3 && v == kF8E4M3) return for_head<kF8E4M3, kF8E4M3>(head_dim);
       return nullptr;
   }
 }
