@@ -2,12 +2,15 @@
 // cpu::attention on the same paged cache: f32 and f16 KV, GQA groups
 // 1/2/3/4/8, head_dim 16/64/96/128/256, sliding window, softcap, shuffled
 // block tables; decode through both the fast and the general kernel;
-// gpt-oss's sink logits (f32 KV, every path). Block and fp8 KV (q8_0, q4_0,
-// e4m3: backend/cuda/kv_types.cuh) against cpu::attention over f32 KV
-// holding the same values (the host's dequantization of the same bytes),
+// gpt-oss's sink logits (f32 KV, every path). Block, bf16 and fp8 KV (q8_0,
+// q4_0, q4_1, q5_0, q5_1, e4m3: backend/cuda/kv_types.cuh) against
+// cpu::attention over f32 KV holding the same values (the host's
+// dequantization of the same bytes),
 // through the fast decode kernel (fp8 in 8-byte pieces, q8_0/q4_0 through
 // its shared-memory copy of whole heads), the general one, the
-// tensor-core prefill and the SIMT one; batch invariance per type.
+// tensor-core prefill and the SIMT one; batch invariance per type; and
+// against f32 attention over the values before they were stored, within
+// the CPU's bounds for each type (tests/backend/kv_quant_test.cpp).
 // head_dim 512 (Gemma 4's full layers: the general decode kernel, the
 // tensor-core prefill of attention_wide.cu, the SIMT prefill) for every KV type,
 // GQA groups 1/2/4/8, window and softcap, chunked prefill over a prefix.
@@ -23,7 +26,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
+#include <random>
+#include <string>
 
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
@@ -49,12 +55,13 @@ struct Case {
 };
 
 bool stored_as_blocks(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kIQ4_NL || t == kKvQ8_0x64 || t == kKvIq4Nl64 ||
-         t == kF8E4M3;
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
+         t == DType::kIQ4_NL || t == kKvQ8_0x64 || t == kKvIq4Nl64 || t == kF8E4M3;
 }
 
-// Rows of `row_elems` floats in KV type t: F32/F16 as encode(), q8_0/q4_0
-// by the CPU's reference quantizer (the store kernel's bytes), iq4_nl and
+// Rows of `row_elems` floats in KV type t: F32/F16/BF16 as encode(),
+// q8_0/q4_0/q4_1/q5_0/q5_1 by the CPU's reference quantizer (the store
+// kernel's bytes), iq4_nl and
 // q8_0h64's Q8_0_64 / iq4_nlh64's IQ4_NL64 by the CPU's rotated encoder
 // (iq4_nlh's, q8_0h64's and iq4_nlh64's
 // blocks; attention reads them the same whether the floats were rotated or
@@ -84,10 +91,15 @@ std::vector<float> decode_kv(DType t, const std::vector<uint8_t>& b, int64_t row
   return out;
 }
 
+// The K/V values: uniform in [-1, 1] (q in [-2, 2]), or kv_quant_test.cpp's
+// (K ~ N(0, 1) with outlier channels 3 and 40 of 8 and -6 sigma, as real K
+// has; V ~ N(0, 1); q ~ N(0, 1/4)), which its bounds per type are for.
+enum class Values { kUniform, kOutliers };
+
 class Paged {
  public:
   static constexpr int32_t kBlock = 16, kShift = 4;
-  Paged(const Case& c, const std::vector<SeqSpec>& seqs) : c_(c), seqs_(seqs) {
+  Paged(const Case& c, const std::vector<SeqSpec>& seqs, Values values = Values::kUniform) : c_(c), seqs_(seqs) {
     int32_t n_blocks = 0;
     for (const SeqSpec& s : seqs) n_blocks += (s.kv_len + kBlock - 1) / kBlock;
     n_blocks_ = n_blocks + 3;  // a few never-used blocks
@@ -110,12 +122,31 @@ class Paged {
       }
     }
     row_elems_ = c.n_head_kv * c.head_dim;
-    k_ = encode_kv(c.kv, random_floats(static_cast<size_t>(n_blocks_) * kBlock * row_elems_, 20), row_elems_);
-    v_ = encode_kv(c.kv, random_floats(static_cast<size_t>(n_blocks_) * kBlock * row_elems_, 21), row_elems_);
-    q_ = random_floats(pos_.size() * c.n_head * c.head_dim, 22, -2, 2);
+    const size_t n_kv = static_cast<size_t>(n_blocks_) * kBlock * row_elems_, n_q = pos_.size() * c.n_head * c.head_dim;
+    if (values == Values::kUniform) {
+      k_raw_ = random_floats(n_kv, 20);
+      v_raw_ = random_floats(n_kv, 21);
+      q_ = random_floats(n_q, 22, -2, 2);
+    } else {
+      std::mt19937 rng(11);
+      std::normal_distribution<float> nd;
+      k_raw_.resize(n_kv);
+      v_raw_.resize(n_kv);
+      q_.resize(n_q);
+      for (float& x : q_) x = 0.5f * nd(rng);
+      for (size_t i = 0; i < n_kv; ++i) {
+        const int64_t ch = static_cast<int64_t>(i) % c.head_dim;
+        k_raw_[i] = nd(rng) * (ch == 3 ? 8.0f : ch == 40 ? -6.0f : 1.0f);
+        v_raw_[i] = nd(rng);
+      }
+    }
+    k_ = encode_kv(c.kv, k_raw_, row_elems_);
+    v_ = encode_kv(c.kv, v_raw_, row_elems_);
   }
 
-  std::vector<float> cpu_out() const {
+  // f32 attention over the stored values (raw: over the values before they
+  // were stored, the quantization's own error included).
+  std::vector<float> cpu_out(bool raw = false) const {
     std::vector<float> out(q_.size());
     ThreadPool pool(2);
     cpu::AttentionParams p;
@@ -127,10 +158,14 @@ class Paged {
     p.softcap = c_.softcap;
     p.kv_dtype = c_.kv;
     if (!sinks_.empty()) p.sinks = sinks_.data();
-    // Stored types: f32 attention over their values.
-    const bool blocks = stored_as_blocks(c_.kv);
-    const std::vector<uint8_t> k32 = blocks ? encode(DType::kF32, decode_kv(c_.kv, k_, row_elems_)) : k_;
-    const std::vector<uint8_t> v32 = blocks ? encode(DType::kF32, decode_kv(c_.kv, v_, row_elems_)) : v_;
+    // Stored types (and bf16): f32 attention over their values.
+    const bool blocks = raw || stored_as_blocks(c_.kv) || c_.kv == DType::kBF16;
+    const std::vector<uint8_t> k32 = raw      ? encode(DType::kF32, k_raw_)
+                                     : blocks ? encode(DType::kF32, decode_kv(c_.kv, k_, row_elems_))
+                                              : k_;
+    const std::vector<uint8_t> v32 = raw      ? encode(DType::kF32, v_raw_)
+                                     : blocks ? encode(DType::kF32, decode_kv(c_.kv, v_, row_elems_))
+                                              : v_;
     if (blocks) p.kv_dtype = DType::kF32;
     const size_t es = p.kv_dtype == DType::kF32 ? 4 : 2;
     int32_t t0 = 0;
@@ -250,7 +285,7 @@ class Paged {
   int64_t row_elems_ = 0;
   std::vector<int32_t> tables_, table_start_, seq_of_, pos_;
   std::vector<uint8_t> k_, v_;
-  std::vector<float> q_, sinks_;
+  std::vector<float> k_raw_, v_raw_, q_, sinks_;
 };
 
 TEST(CudaAttention, MatchesCpuOnPagedKv) {
@@ -408,6 +443,30 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
       {4, 2, 128, 90, 0.0f, kKvIq4Nl64},
       {16, 2, 128, 0, 0.0f, kKvIq4Nl64},
       {3, 3, 128, 0, 0.0f, kKvIq4Nl64},
+      // bf16, q4_1, q5_0, q5_1 (kv_types_ggml.cuh; blocks of 20, 22 and 24
+      // bytes: heads of 40 / 44 / 48 bytes at 64, q5_0's head of 16 in half
+      // a 2-byte aligned block); GQA 1 to 8, head_dim 16 to 256, a window
+      // and softcap; 96 takes the general decode kernel and the SIMT prefill.
+      {32, 8, 128, 0, 0.0f, DType::kBF16},
+      {8, 2, 64, 37, 0.5f, DType::kBF16},
+      {4, 2, 256, 0, 0.0f, DType::kBF16},
+      {12, 4, 96, 0, 0.0f, DType::kBF16},
+      {4, 2, 16, 0, 0.0f, DType::kBF16},
+      {32, 8, 128, 0, 0.0f, DType::kQ4_1},
+      {8, 2, 64, 37, 0.5f, DType::kQ4_1},
+      {4, 2, 256, 0, 0.0f, DType::kQ4_1},
+      {8, 1, 64, 0, 0.0f, DType::kQ4_1},
+      {32, 8, 128, 0, 0.0f, DType::kQ5_0},
+      {8, 2, 64, 37, 0.5f, DType::kQ5_0},
+      {6, 3, 64, 0, 0.0f, DType::kQ5_0},
+      {4, 2, 256, 90, 0.0f, DType::kQ5_0},
+      {4, 2, 16, 0, 0.0f, DType::kQ5_0},
+      {12, 4, 96, 0, 0.0f, DType::kQ5_0},
+      {32, 8, 128, 0, 0.0f, DType::kQ5_1},
+      {8, 2, 64, 37, 0.5f, DType::kQ5_1},
+      {4, 2, 256, 0, 0.0f, DType::kQ5_1},
+      {16, 2, 128, 0, 0.0f, DType::kQ5_1},
+      {4, 2, 16, 0, 0.0f, DType::kQ5_1},
   };
   for (const Case& c : cases) {
     const Paged p(c, seqs);
@@ -425,6 +484,49 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
     const auto got_bf16 = p.gpu_out(DType::kBF16);
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << dtype_name(c.kv) << " " << i;
+  }
+}
+
+// Every plain KV type against f32 attention over the values before they
+// were stored: the quantization's own error, which the blocks (the CPU's
+// bytes) share with the CPU's attention. Bounds per type are
+// tests/backend/kv_quant_test.cpp's (about twice the error the CPU measured
+// on this data, Values::kOutliers: 8 q heads over 2 KV heads of 64, 200
+// keys; bf16's from its 8 significant bits, q4_1's / q5_1's from a step of
+// (max - min) / 15 or 31, q4_0's / q5_0's from max-abs / 8 or 16), twice
+// them under a window of 37 (fewer V rows averaged), plus the path's
+// tolerance from the file comment (prefill rows on the tensor cores round
+// to f16). Decode tokens through the fast and the general kernel, and a
+// prefill of 5 queries (the CPU test's).
+TEST(CudaAttention, StoredKvTypesWithinTheCpusBoundsOfTheirStep) {
+  RILL_REQUIRE_GPU();
+  struct Bound {
+    DType t;
+    float bound;  // max |out - out_f32|, full context
+  };
+  const Bound bounds[] = {{DType::kF16, 0.001f}, {DType::kBF16, 0.005f}, {DType::kQ8_0, 0.012f}, {DType::kQ5_0, 0.1f},
+                          {DType::kQ5_1, 0.07f}, {DType::kQ4_0, 0.25f},  {DType::kQ4_1, 0.12f},  {kF8E4M3, 0.05f}};
+  const std::vector<SeqSpec> seqs = {{1, 200}, {1, 150}, {5, 200}};
+  for (const Bound& b : bounds) {
+    for (const int32_t window : {0, 37}) {
+      const Case c{8, 2, 64, window, 0.0f, b.t};
+      const Paged p(c, seqs, Values::kOutliers);
+      const auto want = p.cpu_out(/*raw=*/true);
+      for (bool general : {false, true}) {
+        const auto got = p.gpu_out(DType::kF32, {}, nullptr, general);
+        ASSERT_EQ(got.size(), want.size());
+        double max_err = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          const double err = std::fabs(double{got[i]} - want[i]);
+          max_err = std::max(max_err, err);
+          ASSERT_LE(err, (window > 0 ? 2.0 : 1.0) * b.bound + p.tolerance(i))
+              << dtype_name(b.t) << " window " << window << (general ? " general" : " fast") << " elem " << i;
+        }
+        std::printf("[ cuda kv step bound ] %-8s window %2d %-7s max |out - out_f32| %.4f (bound %.4f)\n",
+                    std::string(dtype_name(b.t)).c_str(), window, general ? "general" : "fast", max_err,
+                    (window > 0 ? 2.0 : 1.0) * b.bound);
+      }
+    }
   }
 }
 
@@ -446,7 +548,8 @@ TEST(CudaAttention, HeadDim512MatchesCpuOnEveryPath) {
       {16, 2, 512, 0, 0.0f, DType::kF16},  {16, 2, 512, 0, 0.0f, DType::kF32},  {8, 8, 512, 0, 0.0f, DType::kF16},
       {4, 2, 512, 100, 0.5f, DType::kF16}, {8, 2, 512, 0, 0.0f, DType::kF16},   {16, 2, 512, 0, 0.0f, kF8E4M3},
       {16, 2, 512, 0, 0.0f, DType::kQ8_0}, {8, 2, 512, 37, 0.0f, DType::kQ4_0}, {8, 2, 512, 0, 0.0f, DType::kIQ4_NL},
-      {16, 2, 512, 37, 0.5f, kKvQ8_0x64},  {8, 2, 512, 0, 0.0f, kKvIq4Nl64},
+      {16, 2, 512, 37, 0.5f, kKvQ8_0x64},  {8, 2, 512, 0, 0.0f, kKvIq4Nl64},    {16, 2, 512, 0, 0.0f, DType::kBF16},
+      {8, 2, 512, 37, 0.0f, DType::kQ4_1}, {8, 8, 512, 0, 0.5f, DType::kQ5_0},  {16, 2, 512, 0, 0.0f, DType::kQ5_1},
   };
   EXPECT_FALSE(decode_fast_supported(DType::kF16, 512, 8)) << "512 runs the general decode kernel";
   for (const Case& c : cases) {
@@ -508,7 +611,8 @@ TEST(CudaAttention, SinksMatchCpuOnTheWidePrefill) {
 TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
   RILL_REQUIRE_GPU();
   const std::vector<SeqSpec> seqs = {{1, 700}, {1, 4000}, {2, 65}, {1, 129}};
-  for (const DType kv : {DType::kF16, kF8E4M3, DType::kQ8_0, DType::kQ4_0, kKvQ8_0x64, kKvIq4Nl64}) {
+  for (const DType kv : {DType::kF16, kF8E4M3, DType::kQ8_0, DType::kQ4_0, kKvQ8_0x64, kKvIq4Nl64, DType::kBF16,
+                         DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
     const Case c{32, 8, 128, 0, 0.0f, kv};
     const Paged p(c, seqs);
     const int64_t w = c.n_head * c.head_dim;
@@ -526,7 +630,7 @@ TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
   }
 }
 
-// Blocks of 8, 4 and 2 warps (f16 and fp8 KV, attention_decode.h's `warps`)
+// Blocks of 8, 4 and 2 warps (f16, bf16 and fp8 KV, attention_decode.h's `warps`)
 // against the CPU on the decode tokens of the first test's shapes: 1 to 17
 // splits, GQA 1 to 8, head_dim 64/128/256, window, softcap; each block size
 // with the splits merged by the combine kernel and in the kernel (bit for
@@ -537,9 +641,10 @@ TEST(CudaAttention, DecodeBlocksOfFourAndTwoWarpsMatchCpu) {
   RILL_REQUIRE_GPU();
   const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {1, 1}, {1, 150}, {2, 257}, {1, 4100}};
   const std::vector<Case> cases = {
-      {32, 8, 128, 0, 0.0f, DType::kF16}, {8, 2, 128, 0, 0.5f, DType::kF16},   {4, 4, 64, 37, 0.0f, DType::kF16},
-      {16, 2, 128, 0, 0.0f, DType::kF16}, {2, 1, 256, 100, 0.0f, DType::kF16}, {16, 8, 256, 37, 0.5f, DType::kF16},
-      {32, 8, 128, 0, 0.0f, kF8E4M3},     {8, 1, 64, 0, 0.0f, kF8E4M3},        {2, 1, 256, 0, 0.5f, kF8E4M3},
+      {32, 8, 128, 0, 0.0f, DType::kF16},  {8, 2, 128, 0, 0.5f, DType::kF16},   {4, 4, 64, 37, 0.0f, DType::kF16},
+      {16, 2, 128, 0, 0.0f, DType::kF16},  {2, 1, 256, 100, 0.0f, DType::kF16}, {16, 8, 256, 37, 0.5f, DType::kF16},
+      {32, 8, 128, 0, 0.0f, kF8E4M3},      {8, 1, 64, 0, 0.0f, kF8E4M3},        {2, 1, 256, 0, 0.5f, kF8E4M3},
+      {32, 8, 128, 0, 0.0f, DType::kBF16}, {8, 1, 64, 0, 0.0f, DType::kBF16},   {2, 1, 256, 0, 0.5f, DType::kBF16},
   };
   for (const Case& c : cases) {
     const Paged p(c, seqs);
@@ -571,7 +676,7 @@ TEST(CudaAttention, DecodeBlocksOfFourAndTwoWarpsMatchCpu) {
     EXPECT_EQ(chosen, 8);
     for (int32_t i = 0; i < c.n_head * c.head_dim; ++i) ASSERT_EQ(alone[i], alone8[i]) << i;
   }
-  for (const DType kv : {DType::kF16, kF8E4M3}) {
+  for (const DType kv : {DType::kF16, kF8E4M3, DType::kBF16}) {
     const Case c{32, 8, 128, 0, 0.0f, kv};
     std::vector<SeqSpec> many;
     for (int s = 0; s < 80; ++s) many.push_back({1, 20 + 37 * s % 480});

@@ -253,7 +253,7 @@ void check_rope_kv(const cpu::RopeTable& table, int64_t hd, bool qk_norm, DType 
   const auto got_qkv = download<float>(d_qkv, qkv.size());
   const auto got_k = decode(kv_dtype, download<uint8_t>(d_k, 8 * n_head_kv * hd * es));
   const auto got_v = decode(kv_dtype, download<uint8_t>(d_v, 8 * n_head_kv * hd * es));
-  const float kv_tol = kv_dtype == DType::kF16 ? 1.0f / 1024 : 0.0f;
+  const float kv_tol = kv_dtype == DType::kF16 ? 1.0f / 1024 : kv_dtype == DType::kBF16 ? 1.0f / 256 : 0.0f;
   for (int64_t t = 0; t < n_tok; ++t) {
     for (int64_t i = 0; i < n_head * hd; ++i) {
       ASSERT_NEAR(got_qkv[t * stride + i], q[t * n_head * hd + i], 2e-5) << "q token " << t << " elem " << i;
@@ -281,7 +281,7 @@ TEST(CudaOps, RopeAndKvStoreMatchCpuForEveryVariant) {
   S linear;
   linear.type = S::Type::kLinear;
   linear.factor = 2;
-  for (DType kv : {DType::kF32, DType::kF16}) {
+  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
     check_rope_kv(cpu::make_rope_table(10000.0f, 64, false), 64, false, kv);
     check_rope_kv(cpu::make_rope_table(500000.0f, 128, false, llama3), 128, false, kv);
     check_rope_kv(cpu::make_rope_table(10000.0f, 64, true, yarn), 64, false, kv);
@@ -295,7 +295,7 @@ TEST(CudaOps, RopeAndKvStoreMatchCpuForEveryVariant) {
   }
 }
 
-// rope_store_kv's warp-per-head kernel (F32 / F16 / F8_E4M3 KV) against
+// rope_store_kv's warp-per-head kernel (F32 / F16 / BF16 / F8_E4M3 KV) against
 // the block-per-head kernel (rope_store_kv_general) on the same inputs:
 // the rotated q and the stored K/V bytes must be the same bits. n_head_kv
 // 0: a q-only layer. pad: floats between rows of qkv (odd: scalar loads).
@@ -309,7 +309,7 @@ void check_rope_kernels_agree(const cpu::RopeTable& table, int32_t hd, int32_t n
   }
   const auto qkv = random_floats(n_tok * stride, 21, -3.0f, 3.0f);
   const auto qn = random_floats(hd, 22), kn = random_floats(hd, 23);
-  const size_t es = kv == DType::kF32 ? 4 : kv == DType::kF16 ? 2 : 1;
+  const size_t es = kv == DType::kF32 ? 4 : kv == DType::kF16 || kv == DType::kBF16 ? 2 : 1;
   const size_t cache_bytes = static_cast<size_t>(n_rows * std::max(n_head_kv, 1) * hd) * es;
   auto d_pos = upload(pos);
   auto d_slots = upload(slots);
@@ -353,9 +353,10 @@ void check_rope_kernels_agree(const cpu::RopeTable& table, int32_t hd, int32_t n
     got_v[general] = download<uint8_t>(d_v, cache_bytes);
   }
   const std::string what = std::string("kv ") +
-                           (kv == DType::kF32   ? "f32"
-                            : kv == DType::kF16 ? "f16"
-                                                : "fp8") +
+                           (kv == DType::kF32    ? "f32"
+                            : kv == DType::kF16  ? "f16"
+                            : kv == DType::kBF16 ? "bf16"
+                                                 : "fp8") +
                            " hd " + std::to_string(hd) + " rot " + std::to_string(table.rot_dim) + " norm " +
                            std::to_string(qk_norm) + " pad " + std::to_string(pad);
   for (size_t i = 0; i < qkv.size(); ++i) {
@@ -377,7 +378,7 @@ TEST(CudaOps, RopeWarpKernelMatchesTheBlockKernelBitForBit) {
   yarn.type = S::Type::kYarn;
   yarn.factor = 4;
   yarn.original_max_position = 4096;
-  for (DType kv : {DType::kF32, DType::kF16, kF8E4M3}) {
+  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16, kF8E4M3}) {
     check_rope_kernels_agree(cpu::make_rope_table(500000.0f, 128, false, llama3), 128, 32, 8, false, kv);
     check_rope_kernels_agree(cpu::make_rope_table(500000.0f, 128, false, llama3), 128, 12, 3, false, kv, 0.0f, 4);
     check_rope_kernels_agree(cpu::make_rope_table(1000000.0f, 128, false), 128, 8, 2, true, kv);  // qwen3: q/k norms

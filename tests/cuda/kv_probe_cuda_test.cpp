@@ -10,6 +10,8 @@
 //    CPU's iq4_nl code (backend/cpu/kv_quant.cpp NlLevels::code: the count
 //    of midpoints strictly below y) at each midpoint, its float neighbours
 //    both ways, each level, +-0, +-inf and NaN;
+//  - q4_1, q5_0 and q5_1 (kv_types_ggml.cuh): load8h, load8 and the CPU's
+//    dequantization agree (GgmlBlocksLoad8hIsTheCpusValues);
 //  - iq4_nlh64's blocks of 64: load8h, load8 and the CPU's dequantization
 //    agree (Iq4Nl64Load8IsTheCpusValues), and its scale's e4m3 rounding is
 //    the CPU's (E4m3RoundIsTheCpus); the same code built for the host runs
@@ -21,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -86,6 +89,60 @@ TEST(KvProbe, Load8hIsTheF32RouteRoundedToF16) {
       }
     }
     EXPECT_EQ(mismatches, 0) << dtype_name(c.t);
+  }
+}
+
+// q4_1, q5_0 and q5_1 (kv_types_ggml.cuh, not yet run on a GPU): load8h
+// (q5_0: the f16 arithmetic on load8_biased's codes; q4_1 / q5_1: the f32
+// route, their levels carry a minimum) and load8 rounded to f16 give the
+// CPU's dequantized values rounded to f16, for every pair of codes a byte
+// holds under fifth bits all clear, all set and mixed, the scales at f16's
+// edges of kScales and minimums of both signs, at f16's edges too.
+TEST(KvProbe, GgmlBlocksLoad8hIsTheCpusValues) {
+  RILL_REQUIRE_GPU();
+  constexpr uint32_t kQh[] = {0u, 0xffffffffu, 0x5555aaaau, 0xa5a55a5au};
+  constexpr uint16_t kMins[] = {0x0000, 0x8000, 0x3c00, 0xbc00, 0x7bff, 0x8001, 0xfc00};
+  for (const DType t : {DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
+    SCOPED_TRACE(dtype_name(t));
+    const bool has_min = t != DType::kQ5_0, has_qh = t != DType::kQ4_1;
+    std::vector<uint8_t> row;
+    auto put16 = [&](uint16_t v) {
+      row.push_back(static_cast<uint8_t>(v & 0xff));
+      row.push_back(static_cast<uint8_t>(v >> 8));
+    };
+    for (const uint16_t d : kScales) {
+      for (size_t k = 0; k < (has_min ? std::size(kMins) : 1); ++k) {
+        for (size_t h = 0; h < (has_qh ? std::size(kQh) : 1); ++h) {
+          for (int b0 = 0; b0 < 256; b0 += 16) {
+            put16(d);
+            if (has_min) put16(kMins[k]);
+            if (has_qh) {
+              put16(static_cast<uint16_t>(kQh[h] & 0xffff));
+              put16(static_cast<uint16_t>(kQh[h] >> 16));
+            }
+            for (int j = 0; j < 16; ++j) row.push_back(static_cast<uint8_t>(b0 + j));
+          }
+        }
+      }
+    }
+    const size_t block_bytes = static_cast<size_t>(dtype_info(t).block_bytes), n = row.size() / block_bytes * 32;
+    std::vector<uint16_t> via_h, via_f32;
+    const Status st = probe_load8h(t, row, via_h, via_f32);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    ASSERT_EQ(via_h.size(), n);
+    std::vector<float> cpu_x(n);
+    cpu::ref::dequantize_row(t, row.data(), cpu_x.data(), static_cast<int64_t>(n));
+    int mismatches = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t want = f32_to_f16(cpu_x[i]);
+      const bool nan = f16_nan(via_f32[i]) && f16_nan(want) && f16_nan(via_h[i]);
+      if (nan || (via_h[i] == via_f32[i] && via_f32[i] == want)) continue;
+      if (++mismatches <= 8) {
+        ADD_FAILURE() << "block " << i / 32 << " element " << i % 32 << ": load8h 0x" << std::hex << via_h[i]
+                      << ", f32 route 0x" << via_f32[i] << ", CPU 0x" << want;
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
   }
 }
 

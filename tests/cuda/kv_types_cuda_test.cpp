@@ -15,6 +15,8 @@
 //  - fp8 (e4m3, no scale): the rms logit error within q4_0's bound, the
 //    greedy continuation where the gap allows, a byte per element, the
 //    type named in the numerics, and CUDA's logits near the CPU's fp8 ones;
+//  - bf16, q4_1, q5_0, q5_1 (not yet run on a GPU): CUDA's logits within
+//    1e-3 rms of the CPU's same type, within q4_0's bound of the own KV;
 //  - q8_0h / q4_0h / iq4_nlh (rotated): CUDA's logits near the CPU's same
 //    type, the greedy token of the CPU's q8_0h where its gap allows, the own
 //    KV's bounds of q8_0 / q4_0 (RotatedTypesMatchTheCpusSameType).
@@ -25,10 +27,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "backend/cuda/kv_untested.h"
 #include "backend/cuda/ops.h"
 #include "core/e4m3.h"
 #include "cuda_model_test_util.h"
@@ -195,6 +199,39 @@ TEST_P(CudaKvQ8, Fp8WithinQ4_0sBoundAndGreedyWhereTheGapAllows) {
       GetParam().c_str(), e_rms, e_max, e_cpu, test::max_abs_diff(q, c), checked, g.greedy_ids.size());
 }
 
+// bf16, q4_1, q5_0 and q5_1 K and V (kv_types_ggml.cuh, not yet run on a
+// GPU: RILL_CUDA_KV_UNTESTED=1 lets a model take them): CUDA's logits
+// within 1e-3 rms of the CPU's same type (q4_0's bound above: the blocks
+// are the CPU's bytes, kv_store_cuda_test.cpp, but for K's rounding), the
+// rms error against the model's own KV within q4_0's bound and not zero
+// (the type is stored), the bytes per token the type's (f32 KV: 4 bytes an
+// element; bf16 2, q4_1 20 / 32, q5_0 22 / 32, q5_1 24 / 32), the type
+// named in the numerics.
+TEST_P(CudaKvQ8, GgmlTypesMatchTheCpusSameType) {
+  setenv("RILL_CUDA_KV_UNTESTED", "1", 1);
+  const test::HfGolden g = test::read_hf_golden(dir_);
+  auto own = open(dir_, Device::kCuda, nullptr);
+  ASSERT_TRUE(own);
+  const std::vector<float> f = score(*own, g.prompt_ids);
+  struct Type {
+    const char* name;
+    int64_t bytes_per_32;  // bytes of 32 elements
+  };
+  for (const Type t : {Type{"bf16", 64}, Type{"q4_1", 20}, Type{"q5_0", 22}, Type{"q5_1", 24}}) {
+    auto gpu = open(dir_, Device::kCuda, t.name), cpu = open(dir_, Device::kCpu, t.name);
+    ASSERT_TRUE(gpu && cpu) << t.name;
+    EXPECT_NE(gpu->kv_numerics().find(std::string("kv=") + t.name), std::string::npos) << gpu->kv_numerics();
+    EXPECT_EQ(gpu->kv_bytes_per_token() * 4 * 32, own->kv_bytes_per_token() * t.bytes_per_32) << t.name;
+    const std::vector<float> q = score(*gpu, g.prompt_ids), c = score(*cpu, g.prompt_ids);
+    const double e_own = rms_diff(q, f), e_cpu = rms_diff(q, c);
+    EXPECT_LT(e_own, 0.25) << GetParam() << " " << t.name;
+    EXPECT_GT(e_own, 1e-6) << GetParam() << ": " << t.name << " KV gave the model's own KV's logits";
+    EXPECT_LT(e_cpu, 1e-3) << GetParam() << " " << t.name;
+    std::printf("[ cuda kv %s ] %s: rms logit error vs own KV %.3g, vs CPU %s %.3g\n", t.name, GetParam().c_str(),
+                e_own, t.name, e_cpu);
+  }
+}
+
 // q8_0h / q4_0h / iq4_nlh (each K and V head Hadamard-rotated, then the rotated
 // types' encoder; kv_rotated.cuh): against the CPU's same type, whose
 // encoder CUDA's reproduces bit for bit (backend_ops_test.cpp
@@ -288,12 +325,18 @@ TEST(CudaKvRotated, Gemma4SharedLayersMatchTheCpusSameType) {
 // The host's list of the types the kernels take is the dispatch's (a type
 // missing from the dispatch was once read and written as f32); no GPU needed.
 TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
-  for (const DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kIQ4_NL, kF8E4M3, kKvQ8_0x64}) {
+  for (const DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kIQ4_NL, kF8E4M3, kKvQ8_0x64,
+                        DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
     EXPECT_TRUE(cuda::kv_supported(t)) << dtype_name(t);
   }
-  for (const DType t :
-       {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kMXFP4, kKvQ4Chan}) {
+  for (const DType t : {DType::kQ4_K, DType::kMXFP4, kKvQ4Chan, DType::kQ8_1}) {
     EXPECT_FALSE(cuda::kv_supported(t)) << dtype_name(t);
+  }
+  // bf16 / q4_1 / q5_0 / q5_1 are not rotatable (no rotated encoder for
+  // them, as on the CPU).
+  for (const DType t : {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
+    EXPECT_FALSE(cuda::kv_rotation_supported(t, 128, true)) << dtype_name(t);
+    EXPECT_TRUE(cuda::kv_rotation_supported(t, 96, false)) << dtype_name(t);
   }
   EXPECT_TRUE(cuda::kv_supported(kKvIq4Nl64));
   // Rotation: the block types with a store_rotated (q8_0h, q4_0h, iq4_nlh; q8_0h64 below),
@@ -323,6 +366,30 @@ TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
   for (const DType t : {DType::kF32, DType::kF16, kF8E4M3}) {
     EXPECT_FALSE(cuda::kv_rotation_supported(t, 128, true)) << dtype_name(t);
     EXPECT_TRUE(cuda::kv_rotation_supported(t, 96, false)) << dtype_name(t);
+  }
+}
+
+// The types no GPU has run yet (kv_untested.h) are refused unless
+// RILL_CUDA_KV_UNTESTED is exactly 1; the others never; no GPU needed.
+TEST(CudaKvTypes, UntestedTypesAreRefusedUnlessTheVariableIsOne) {
+  const char* was = std::getenv("RILL_CUDA_KV_UNTESTED");
+  const std::string saved = was ? was : "";
+  const DType untested[] = {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1};
+  const DType tested[] = {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, kF8E4M3, kKvQ8_0x64, kKvIq4Nl64};
+  for (const char* value : {static_cast<const char*>(nullptr), "0", "", "yes", "1"}) {
+    if (value) {
+      setenv("RILL_CUDA_KV_UNTESTED", value, 1);
+    } else {
+      unsetenv("RILL_CUDA_KV_UNTESTED");
+    }
+    const bool allowed = value && std::string(value) == "1";
+    for (const DType t : untested) EXPECT_EQ(cuda::kv_untested_refused(t), !allowed) << dtype_name(t);
+    for (const DType t : tested) EXPECT_FALSE(cuda::kv_untested_refused(t)) << dtype_name(t);
+  }
+  if (was) {
+    setenv("RILL_CUDA_KV_UNTESTED", saved.c_str(), 1);
+  } else {
+    unsetenv("RILL_CUDA_KV_UNTESTED");
   }
 }
 

@@ -2,8 +2,8 @@
 // (decode token, KV head, split); a split holds up to kSplitKeys keys, so a
 // short context is one block per KV head that writes the output itself (no
 // partials, no combine kernel). Grids too large to be resident at once in
-// 8-warp blocks (large batches) take blocks of 4 or 2 warps for f16 and fp8
-// KV (launch_one; decode_attention_fast's `warps`).
+// 8-warp blocks (large batches) take blocks of 4 or 2 warps for f16, bf16
+// and fp8 KV (launch_one; decode_attention_fast's `warps`).
 //
 // Latency, not bandwidth, bounds decode attention at small batches, so:
 //  - the step metadata and block table (uploaded before the step's first
@@ -26,9 +26,9 @@
 // elements per 16 bytes; fp8 KV: 8-byte loads, 8 elements, so its lanes
 // hold as many elements as f16's and the kernel's registers are f16's), so
 // one warp-wide load covers kR = 32 / kL rows.
-// Block KV (q8_0, q4_0, iq4_nl: GGML's 34 / 18-byte blocks; q8_0h64's 66,
-// iq4_nlh64's 33, backend/cuda/kv_types.cuh) cannot be cut into aligned
-// 8-element pieces,
+// Block KV (q8_0, q4_0, iq4_nl: GGML's 34 / 18-byte blocks; q4_1's 20,
+// q5_0's 22, q5_1's 24; q8_0h64's 66, iq4_nlh64's 33,
+// backend/cuda/kv_types.cuh) cannot be cut into aligned 8-element pieces,
 // so its rounds copy whole heads instead: the warp's lanes copy the round's
 // K and V heads (kHeadBytes each, 16/8/4-byte words: a head's blocks start
 // at a multiple of the word; q8_0h64 / iq4_nlh64: each head's aligned 16-byte span,
@@ -75,7 +75,8 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 template <typename KV>
 inline constexpr bool kIsBlocks =
     std::is_same_v<KV, detail::KvQ8_0> || std::is_same_v<KV, detail::KvQ4_0> || std::is_same_v<KV, detail::KvIq4Nl> ||
-    std::is_same_v<KV, detail::KvQ8_0x64> || std::is_same_v<KV, detail::KvIq4Nl64>;
+    std::is_same_v<KV, detail::KvQ8_0x64> || std::is_same_v<KV, detail::KvIq4Nl64> ||
+    std::is_same_v<KV, detail::KvQ4_1> || std::is_same_v<KV, detail::KvQ5_0> || std::is_same_v<KV, detail::KvQ5_1>;
 // Block types whose heads are copied as aligned 16-byte spans (Shape::kSpan).
 template <typename KV>
 inline constexpr bool kSpanCopy = std::is_same_v<KV, detail::KvQ8_0x64> || std::is_same_v<KV, detail::KvIq4Nl64>;
@@ -606,7 +607,7 @@ int env_decode_warps() {
   return w;
 }
 
-// Element KV (f16, fp8) also has blocks of 4 and 2 warps: a grid of more
+// Element KV (f16, bf16, fp8) also has blocks of 4 and 2 warps: a grid of more
 // blocks than fit on the GPU at once in blocks of 8 warps (many decode
 // tokens with short contexts: batch 64 of the 8B at ~160 keys is 512
 // blocks, two waves of 8-warp blocks whose loads, math and merges run in
@@ -616,7 +617,8 @@ int env_decode_warps() {
 // every sum change with kW, so batch-invariant mode keeps the 8-warp block
 // whatever the grid (warps = 8).
 template <typename KV>
-inline constexpr bool kFewerWarps = std::is_same_v<KV, __half> || std::is_same_v<KV, __nv_fp8_e4m3>;
+inline constexpr bool kFewerWarps =
+    std::is_same_v<KV, __half> || std::is_same_v<KV, __nv_bfloat16> || std::is_same_v<KV, __nv_fp8_e4m3>;
 
 // The block size (warps) launch_one takes for a grid of `units` blocks.
 template <typename KV, int kHd, int kG>
@@ -692,12 +694,20 @@ template <typename F>
 void for_shape(const AttentionArgs& a, F&& f) {
   if (a.kv_dtype == DType::kF16) {
     for_head_dim<__half>(a, f);
+  } else if (a.kv_dtype == DType::kBF16) {
+    for_head_dim<__nv_bfloat16>(a, f);
   } else if (a.kv_dtype == kF8E4M3) {
     for_head_dim<__nv_fp8_e4m3>(a, f);
   } else if (a.kv_dtype == DType::kQ8_0) {
     for_head_dim<detail::KvQ8_0>(a, f);
   } else if (a.kv_dtype == DType::kQ4_0) {
     for_head_dim<detail::KvQ4_0>(a, f);
+  } else if (a.kv_dtype == DType::kQ4_1) {
+    for_head_dim<detail::KvQ4_1>(a, f);
+  } else if (a.kv_dtype == DType::kQ5_0) {
+    for_head_dim<detail::KvQ5_0>(a, f);
+  } else if (a.kv_dtype == DType::kQ5_1) {
+    for_head_dim<detail::KvQ5_1>(a, f);
   } else if (a.kv_dtype == DType::kIQ4_NL) {
     for_head_dim<detail::KvIq4Nl>(a, f);
   } else if (a.kv_dtype == kKvQ8_0x64) {
@@ -728,7 +738,8 @@ int32_t parse_decode_warps(const char* value) {
 
 bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group) {
   const bool group_ok = group == 1 || group == 2 || group == 4 || (group == 8 && head_dim <= 128);
-  if (kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 ||
+  if (kv_dtype == DType::kF16 || kv_dtype == DType::kBF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 ||
+      kv_dtype == DType::kQ4_0 || kv_dtype == DType::kQ4_1 || kv_dtype == DType::kQ5_0 || kv_dtype == DType::kQ5_1 ||
       kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64 || kv_dtype == kKvIq4Nl64) {
     return group_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256);
   }

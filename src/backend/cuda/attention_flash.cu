@@ -1,7 +1,7 @@
 // Prefill attention with the fragments in registers (FlashAttention-2's
 // loop on mma.sync m16n8k16) for head_dim 64 or 128 and every KV type the
-// tensor-core kernels read (f16, fp8 e4m3, q8_0, q4_0, iq4_nl: mma_tile.cuh
-// kv_reads_as_f16; templated on the kv_types.cuh tag): one block per 64
+// tensor-core kernels read (f16, fp8 e4m3, q8_0, q4_0, iq4_nl, bf16, q4_1,
+// q5_0, q5_1: mma_tile.cuh kv_reads_as_f16; templated on the kv_types.cuh tag): one block per 64
 // queries of one head, 4 warps of 16 query rows each. Each warp holds its
 // Q fragments, its scores and its output accumulators in registers; K/V
 // tiles of 64 keys are read from shared memory with ldmatrix (V
@@ -17,7 +17,8 @@
 // memory is at most the f16 kernel's (at 128: f16 and q8_0 69,632 bytes,
 // fp8 67,584, q4_0 / iq4_nl 53,248; Q borrows a K/V tile, see Layout), so
 // three blocks share an SM (registers capped to allow it, kMinBlocks;
-// ncu found two blocks of 4 warps latency-bound). A type whose head is
+// ncu found two blocks of 4 warps latency-bound; bf16's raw heads are
+// f16's bytes, so it takes 100,352 at 128 and two blocks). A type whose head is
 // not a multiple of 4 bytes runs the WMMA kernel: q8_0h64's 66-byte head
 // at head_dim 64 (at 128 its 132 bytes come here in 4-byte pieces);
 // iq4_nlh64's 33- and 66-byte heads come here as aligned 16-byte spans

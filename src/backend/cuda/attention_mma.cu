@@ -1,5 +1,6 @@
 // Prefill attention on the tensor cores (WMMA, f16 in, f32 accumulate) for
-// f16, fp8 (e4m3), q8_0 and q4_0 KV caches and head_dim 64, 128, 256 or 512:
+// f16, fp8 (e4m3), q8_0 and q4_0 KV caches (and every other type load8h
+// reads, mma_tile.cuh) and head_dim 64, 128, 256 or 512:
 // K/V tiles are converted to f16 as they are loaded into shared memory
 // (load8h: f16 as it is, e4m3 exactly, a q8_0/q4_0 element's scale x level
 // rounded to f16 once: a relative 2^-11 on top of the block's own error),
@@ -244,9 +245,10 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool prefill_mma_supported(DType kv_dtype, int32_t head_dim) {
-  const bool type_ok = kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 ||
-                       kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64 ||
-                       kv_dtype == kKvIq4Nl64;
+  const bool type_ok = kv_dtype == DType::kF16 || kv_dtype == DType::kBF16 || kv_dtype == kF8E4M3 ||
+                       kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 || kv_dtype == DType::kQ4_1 ||
+                       kv_dtype == DType::kQ5_0 || kv_dtype == DType::kQ5_1 || kv_dtype == DType::kIQ4_NL ||
+                       kv_dtype == kKvQ8_0x64 || kv_dtype == kKvIq4Nl64;
   return type_ok && (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512);
 }
 
@@ -295,6 +297,14 @@ void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
       return launch_hd<detail::KvQ4_0>(a, stream);
     case DType::kIQ4_NL:
       return launch_hd<detail::KvIq4Nl>(a, stream);
+    case DType::kBF16:
+      return launch_hd<detail::KvBf16>(a, stream);
+    case DType::kQ4_1:
+      return launch_hd<detail::KvQ4_1>(a, stream);
+    case DType::kQ5_0:
+      return launch_hd<detail::KvQ5_0>(a, stream);
+    case DType::kQ5_1:
+      return launch_hd<detail::KvQ5_1>(a, stream);
     default:
       return launch_hd<detail::KvF16>(a, stream);
   }

@@ -6,7 +6,8 @@
 
 namespace rill::cuda {
 
-// f16, fp8, q8_0, q4_0 or iq4_nl KV and head_dim 64, 128, 256 or 512; tiles of up to kPrefillTileQMma
+// f16, bf16, fp8, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl or the blocks of 64
+// KV and head_dim 64, 128, 256 or 512; tiles of up to kPrefillTileQMma
 // queries. Head_dim 64 and 128 run attention_flash.cu's kernel, every KV
 // type at 256 and 512 attention_wide.cu's. The WMMA kernel of
 // attention_mma.cu runs at 64 / 128 where a cache plane is not aligned to
@@ -29,8 +30,8 @@ void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream);
 bool prefill_flash_supported(const AttentionArgs& a);
 void prefill_attention_flash(const AttentionArgs& a, cudaStream_t stream);
 
-// attention_wide.cu: fragments in registers for wide heads; f16, fp8, q8_0
-// or q4_0 KV and head_dim 256 or 512, tiles of up to kPrefillTileQMma
+// attention_wide.cu: fragments in registers for wide heads; the KV types
+// of prefill_mma_supported and head_dim 256 or 512, tiles of up to kPrefillTileQMma
 // queries (8 warps at 256, 16 at 512: the rows split 2 or 4 ways, S's keys
 // and P V's output dims 4 ways), the same arithmetic as the WMMA kernel.
 bool prefill_wide_supported(DType kv_dtype, int32_t head_dim);

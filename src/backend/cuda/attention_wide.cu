@@ -1,6 +1,8 @@
 // Prefill attention for wide heads (head_dim 256 and 512: Gemma 3/4,
 // Qwen3.5) with the fragments in registers (FlashAttention-2's loop on
-// mma.sync m16n8k16), for f16, fp8 (e4m3), q8_0 and q4_0 KV.
+// mma.sync m16n8k16), for f16, fp8 (e4m3), q8_0 and q4_0 KV (and the
+// other types load8h reads: iq4_nl, the blocks of 64, bf16, q4_1, q5_0,
+// q5_1).
 //
 // A warp's output accumulator at head_dim 512 (16 rows x 512 f32) would
 // take 256 registers a lane, so a block's 64 queries split over RG row
@@ -406,9 +408,10 @@ void launch_hd(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool prefill_wide_supported(DType kv_dtype, int32_t head_dim) {
-  const bool type_ok = kv_dtype == DType::kF16 || kv_dtype == kF8E4M3 || kv_dtype == DType::kQ8_0 ||
-                       kv_dtype == DType::kQ4_0 || kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64 ||
-                       kv_dtype == kKvIq4Nl64;
+  const bool type_ok = kv_dtype == DType::kF16 || kv_dtype == DType::kBF16 || kv_dtype == kF8E4M3 ||
+                       kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 || kv_dtype == DType::kQ4_1 ||
+                       kv_dtype == DType::kQ5_0 || kv_dtype == DType::kQ5_1 || kv_dtype == DType::kIQ4_NL ||
+                       kv_dtype == kKvQ8_0x64 || kv_dtype == kKvIq4Nl64;
   return type_ok && (head_dim == 256 || head_dim == 512);
 }
 
@@ -424,6 +427,14 @@ void prefill_attention_wide(const AttentionArgs& a, cudaStream_t stream) {
       return launch_hd<detail::KvQ4_0>(a, stream);
     case DType::kIQ4_NL:
       return launch_hd<detail::KvIq4Nl>(a, stream);
+    case DType::kBF16:
+      return launch_hd<detail::KvBf16>(a, stream);
+    case DType::kQ4_1:
+      return launch_hd<detail::KvQ4_1>(a, stream);
+    case DType::kQ5_0:
+      return launch_hd<detail::KvQ5_0>(a, stream);
+    case DType::kQ5_1:
+      return launch_hd<detail::KvQ5_1>(a, stream);
     default:
       return launch_hd<detail::KvF16>(a, stream);
   }

@@ -1,10 +1,12 @@
 // Test hooks of kv_probe.h: load8h against load8's f32 route,
 // Iq4nlLevels::code and e4m3_round_bits, one thread per 8 elements / per
-// value.
+// value; host runs of the KV types' code.
 #include "backend/cuda/kv_probe.h"
 
 #include <cuda_fp16.h>
 
+#include <cmath>
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/cuda_context.h"
@@ -56,13 +58,16 @@ Status probe_load8h(DType kv_dtype, const std::vector<uint8_t>& row, std::vector
   int block_bytes = 0, block = 32;
   if (kv_dtype == DType::kQ8_0) block_bytes = detail::KvQ8_0::kBlockBytes;
   if (kv_dtype == DType::kQ4_0) block_bytes = detail::KvQ4_0::kBlockBytes;
+  if (kv_dtype == DType::kQ4_1) block_bytes = detail::KvQ4_1::kBlockBytes;
+  if (kv_dtype == DType::kQ5_0) block_bytes = detail::KvQ5_0::kBlockBytes;
+  if (kv_dtype == DType::kQ5_1) block_bytes = detail::KvQ5_1::kBlockBytes;
   if (kv_dtype == DType::kIQ4_NL) block_bytes = detail::KvIq4Nl::kBlockBytes;
   if (kv_dtype == kKvIq4Nl64) {
     block_bytes = detail::KvIq4Nl64::kBlockBytes;
     block = detail::KvIq4Nl64::kBlock;
   }
   if (block_bytes == 0 || row.empty() || row.size() % static_cast<size_t>(block_bytes) != 0) {
-    return Error{"probe_load8h: a row of whole Q8_0, Q4_0, IQ4_NL or IQ4_NL64 blocks, got " +
+    return Error{"probe_load8h: a row of whole Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or IQ4_NL64 blocks, got " +
                  std::to_string(row.size()) + " bytes of " + std::string(dtype_name(kv_dtype))};
   }
   const int64_t n = static_cast<int64_t>(row.size() / static_cast<size_t>(block_bytes)) * block;
@@ -76,6 +81,12 @@ Status probe_load8h(DType kv_dtype, const std::vector<uint8_t>& row, std::vector
     load8h_probe_kernel<detail::KvQ8_0><<<grid, kThreads>>>(r, n, d_h.as<uint16_t>(), d_f.as<uint16_t>());
   } else if (kv_dtype == DType::kQ4_0) {
     load8h_probe_kernel<detail::KvQ4_0><<<grid, kThreads>>>(r, n, d_h.as<uint16_t>(), d_f.as<uint16_t>());
+  } else if (kv_dtype == DType::kQ4_1) {
+    load8h_probe_kernel<detail::KvQ4_1><<<grid, kThreads>>>(r, n, d_h.as<uint16_t>(), d_f.as<uint16_t>());
+  } else if (kv_dtype == DType::kQ5_0) {
+    load8h_probe_kernel<detail::KvQ5_0><<<grid, kThreads>>>(r, n, d_h.as<uint16_t>(), d_f.as<uint16_t>());
+  } else if (kv_dtype == DType::kQ5_1) {
+    load8h_probe_kernel<detail::KvQ5_1><<<grid, kThreads>>>(r, n, d_h.as<uint16_t>(), d_f.as<uint16_t>());
   } else if (kv_dtype == DType::kIQ4_NL) {
     load8h_probe_kernel<detail::KvIq4Nl><<<grid, kThreads>>>(r, n, d_h.as<uint16_t>(), d_f.as<uint16_t>());
   } else {
@@ -124,6 +135,98 @@ void host_iq4nl64_loads(const uint8_t* row, int64_t n, float* via_load1, float* 
 void host_e4m3_round(const std::vector<float>& x, std::vector<uint8_t>& bytes) {
   bytes.resize(x.size());
   for (size_t i = 0; i < x.size(); ++i) bytes[i] = static_cast<uint8_t>(detail::e4m3_round_bits(x[i]));
+}
+
+namespace {
+
+// The device store (KvGgmlBlock::store) block by block, the warp's
+// reductions replaced by the CPU's scans (strict comparisons: the first of
+// equal elements).
+template <typename KvT>
+void host_store_blocks(const float* x, int64_t n, uint8_t* row) {
+  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+    float lo = INFINITY, hi = -INFINITY, amax = 0.0f, top = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      if (x[j] < lo) lo = x[j];
+      if (hi < x[j]) hi = x[j];
+      if (amax < std::fabs(x[j])) {
+        amax = std::fabs(x[j]);
+        top = x[j];
+      }
+    }
+    if (!KvT::kHasMin) lo = 0.0f;
+    const float d = KvT::kHasMin ? KvT::scale(lo, hi) : KvT::scale(top, 0.0f);
+    const float id = KvT::inverse(d);
+    int q[32];
+    for (int j = 0; j < 32; ++j) q[j] = KvT::code(x[j], lo, id);
+    uint8_t* blk = row + b * KvT::kBlockBytes;
+    const __half dh = __float2half_rn(d), mh = __float2half_rn(lo);
+    std::memcpy(blk, &dh, 2);
+    if (KvT::kHasMin) std::memcpy(blk + 2, &mh, 2);
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; ++j) qh |= static_cast<uint32_t>((q[j] >> 4) & 1) << j;
+    if (KvT::kMaxCode == 31) std::memcpy(blk + KvT::kQhAt, &qh, 4);
+    for (int j = 0; j < 16; ++j) blk[KvT::kQsAt + j] = static_cast<uint8_t>((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+  }
+}
+
+template <typename KvT>
+void host_loads(const uint8_t* row, int64_t n, float* via_load1, float* via_load4, float* via_load8) {
+  for (int64_t e = 0; e < n; ++e) via_load1[e] = KvT::load1(row, e);
+  for (int64_t e = 0; e < n; e += 4) KvT::load4(row, e, via_load4 + e);
+  for (int64_t e = 0; e < n; e += 8) KvT::load8(row, e, via_load8 + e);
+}
+
+}  // namespace
+
+bool host_ggml_store(DType kv_dtype, const float* x, int64_t n, uint8_t* row) {
+  switch (kv_dtype) {
+    case DType::kBF16:
+      for (int64_t e = 0; e < n; ++e) {
+        const uint16_t b = detail::KvBf16::encode(x[e]);
+        std::memcpy(row + 2 * e, &b, 2);
+      }
+      return true;
+    case DType::kQ4_1:
+      host_store_blocks<detail::KvQ4_1>(x, n, row);
+      return true;
+    case DType::kQ5_0:
+      host_store_blocks<detail::KvQ5_0>(x, n, row);
+      return true;
+    case DType::kQ5_1:
+      host_store_blocks<detail::KvQ5_1>(x, n, row);
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool host_ggml_loads(DType kv_dtype, const uint8_t* row, int64_t n, float* via_load1, float* via_load4,
+                     float* via_load8, float* via_biased) {
+  switch (kv_dtype) {
+    case DType::kBF16:
+      host_loads<detail::KvBf16>(row, n, via_load1, via_load4, via_load8);
+      return true;
+    case DType::kQ4_1:
+      host_loads<detail::KvQ4_1>(row, n, via_load1, via_load4, via_load8);
+      return true;
+    case DType::kQ5_1:
+      host_loads<detail::KvQ5_1>(row, n, via_load1, via_load4, via_load8);
+      return true;
+    case DType::kQ5_0:
+      host_loads<detail::KvQ5_0>(row, n, via_load1, via_load4, via_load8);
+      for (int64_t e = 0; e < n; e += 8) {
+        uint32_t u[2];
+        const float s = __half2float(detail::KvQ5_0::load8_biased(row, e, u));
+        for (int i = 0; i < 8; ++i) {
+          const int code = static_cast<int>((u[i / 4] >> (8 * (i % 4))) & 0xFFu);
+          via_biased[e + i] = static_cast<float>(code - detail::KvQ5_0::kLevelBias) * s;
+        }
+      }
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace rill::cuda

@@ -4,14 +4,15 @@
 // in GGML's block layouts, q8_0h64's and iq4_nlh64's blocks of 64 (the
 // CPU's kKvQ8_0x64 / kKvIq4Nl64),
 // byte for byte the CPU's, so the prefix-cache tiers and KV files carry it between
-// devices; fp8: e4m3 bytes, the CPU's too). Each is a tag type with:
+// devices; fp8: e4m3 bytes, the CPU's too; bf16, q4_1, q5_0 and q5_1 in
+// kv_types_ggml.cuh, not yet run on a GPU). Each is a tag type with:
 //   row_bytes(n)         bytes of n elements (n a multiple of kBlock); a KV
 //                        row is n_head_kv heads end to end, head h at
 //                        elements [h * head_dim, (h + 1) * head_dim)
 //   load4(row, e, v)     elements [e, e + 4) of a row as f32 (e % 4 == 0)
 //   load1(row, e)        element e as f32
-//   load8(row, e, v)     block types: elements [e, e + 8) as f32 (e % 8 == 0:
-//                        one block, its scale read once)
+//   load8(row, e, v)     block types and bf16: elements [e, e + 8) as f32
+//                        (e % 8 == 0: one block, its scale read once)
 //   load8_biased(row, e, u), kLevelBias   optional, block types whose
 //                        levels are integers in [-kLevelBias, 255 -
 //                        kLevelBias]: elements [e, e + 8) as their block's
@@ -45,6 +46,7 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kv_rotated.cuh"
 #include "backend/cuda/kv_rotated_pair.cuh"
+#include "backend/cuda/kv_types_ggml.cuh"
 #include "core/dtype.h"
 #include "core/e4m3.h"
 
@@ -527,7 +529,7 @@ inline constexpr bool kv_rotated_only = requires {
 
 // Calls MACRO(KvT) with KvT the tag of a KV dtype the CUDA kernels take
 // (F32, F16, Q8_0, Q4_0, IQ4_NL, Q8_0_64 and IQ4_NL64 (rotated only),
-// F8_E4M3); for
+// F8_E4M3; BF16, Q4_1, Q5_0, Q5_1: kv_types_ggml.cuh); for
 // any other dtype nothing (callers check kv_supported(), which is this list).
 #define RILL_CUDA_DISPATCH_KV(dtype, ...)          \
   do {                                             \
@@ -565,6 +567,22 @@ inline constexpr bool kv_rotated_only = requires {
       } break;                                     \
       case ::rill::DType::kIQ4_NL: {               \
         using KvT = ::rill::cuda::detail::KvIq4Nl; \
+        __VA_ARGS__;                               \
+      } break;                                     \
+      case ::rill::DType::kBF16: {                 \
+        using KvT = ::rill::cuda::detail::KvBf16;  \
+        __VA_ARGS__;                               \
+      } break;                                     \
+      case ::rill::DType::kQ4_1: {                 \
+        using KvT = ::rill::cuda::detail::KvQ4_1;  \
+        __VA_ARGS__;                               \
+      } break;                                     \
+      case ::rill::DType::kQ5_0: {                 \
+        using KvT = ::rill::cuda::detail::KvQ5_0;  \
+        __VA_ARGS__;                               \
+      } break;                                     \
+      case ::rill::DType::kQ5_1: {                 \
+        using KvT = ::rill::cuda::detail::KvQ5_1;  \
         __VA_ARGS__;                               \
       } break;                                     \
       default:                                     \

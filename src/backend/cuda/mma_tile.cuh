@@ -65,8 +65,8 @@ inline constexpr bool kv_biased_levels = requires(const uint8_t* r, uint32_t (&u
   KvT::kLevelBias;
 };
 
-// Whether load8h reads tag KvT (f16, e4m3, or a block type with load8):
-// the types the tensor-core prefill kernels take.
+// Whether load8h reads tag KvT (f16, e4m3, or a type with load8: the block
+// types and bf16): the types the tensor-core prefill kernels take.
 template <typename KvT>
 inline constexpr bool kv_reads_as_f16 = std::is_same_v<KvT, KvF16> || std::is_same_v<KvT, KvFp8> ||
                                         requires(const uint8_t* r, float* v) {
@@ -80,7 +80,7 @@ constexpr int kv_head_bytes(int hd) {
     return hd / KvT::kBlock * KvT::kBlockBytes;
   } else if constexpr (std::is_same_v<KvT, KvFp8>) {
     return hd;
-  } else if constexpr (std::is_same_v<KvT, KvF16>) {
+  } else if constexpr (std::is_same_v<KvT, KvF16> || std::is_same_v<KvT, KvBf16>) {
     return 2 * hd;
   } else {
     return 4 * hd;
@@ -88,13 +88,12 @@ constexpr int kv_head_bytes(int hd) {
 }
 
 // Elements [e, e + 8) of a KV row (e % 8 == 0) as 8 f16 values: f16 as it
-// is, e4m3 exactly, a block type's element scale x level rounded to f16
-// once. For the block types with load8_biased that product is taken in f16
-// arithmetic: 1024 + u is an exact f16 (u < 256, the byte put in the
-// mantissa), minus 1024 + bias the level, exact; the f16 multiply by the
-// f16 scale rounds the exact product once, as rounding the f32 product
-// (exact: 11 by 8 significant bits) to f16 does, so both give the same
-// bits (NaN payloads aside). row may point to global or shared memory.
+// is, e4m3 exactly, a block type's element scale x level (q4_1 / q5_1:
+// plus the minimum) rounded to f16 once, bf16 rounded to f16. For the block types with load8_biased that product is
+// taken in f16 arithmetic: 1024 + u is an exact f16 (u < 256, the byte put in the mantissa), minus 1024 + bias the
+// level, exact; the f16 multiply by the f16 scale rounds the exact product once, as rounding the f32 product (exact: 11
+// by 8 significant bits) to f16 does, so both give the same bits (NaN payloads aside). row may point to global or
+// shared memory.
 template <typename KvT>
 __device__ __forceinline__ uint4 load8h(const uint8_t* row, int64_t e) {
   if constexpr (std::is_same_v<KvT, KvF16>) {

@@ -294,13 +294,16 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   if constexpr (!detail::kv_rotated_only<KvT>) KvT::store(h, row, static_cast<int64_t>(kv_head) * hd, width);
 }
 
-// Element types (kBlock 1: F32, F16, F8_E4M3): element e of a row from x,
-// the bytes KvT::store writes for it.
+// Element types (kBlock 1: F32, F16, BF16, F8_E4M3): element e of a row
+// from x, the bytes KvT::store writes for it.
 __device__ __forceinline__ void store_kv_element(detail::KvF32, uint8_t* row, int64_t e, float x) {
   reinterpret_cast<float*>(row)[e] = x;
 }
 __device__ __forceinline__ void store_kv_element(detail::KvF16, uint8_t* row, int64_t e, float x) {
   reinterpret_cast<__half*>(row)[e] = __float2half_rn(x);
+}
+__device__ __forceinline__ void store_kv_element(detail::KvBf16, uint8_t* row, int64_t e, float x) {
+  reinterpret_cast<uint16_t*>(row)[e] = detail::KvBf16::encode(x);
 }
 __device__ __forceinline__ void store_kv_element(detail::KvFp8, uint8_t* row, int64_t e, float x) {
   row[e] = detail::KvFp8::encode(x);

@@ -39,11 +39,11 @@ void add_bias(float* y, const float* b, int64_t n_rows, int64_t n_cols, cudaStre
 // out[i] = x[i] converted to dtype (F32/F16/BF16).
 void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream);
 
-// KV types the CUDA kernels store and read (backend/cuda/kv_types.cuh):
-// F32, F16, F8_E4M3, Q8_0, Q4_0 and IQ4_NL (GGML's blocks, the CPU's
-// layout; K/V heads of whole blocks, or blocks of whole heads) and Q8_0_64
-// (q8_0h64's blocks of 64, the CPU's layout); IQ4_NL and Q8_0_64 rotated
-// only, see kv_rotation_supported; IQ4_NL64 (iq4_nlh64), rotated only.
+// KV types the CUDA kernels store and read (backend/cuda/kv_types.cuh): F32, F16, BF16,
+// F8_E4M3, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (GGML's blocks, the CPU's layout; K/V
+// heads of whole blocks, or blocks of whole heads), Q8_0_64 and IQ4_NL64 (the CPU's blocks of 64);
+// IQ4_NL, Q8_0_64 and IQ4_NL64 rotated only, see kv_rotation_supported. Models refuse
+// BF16, Q4_1, Q5_0 and Q5_1 until they have run on a GPU (kv_untested.h).
 bool kv_supported(DType kv_dtype);
 // Whether a side of kv_dtype may be stored as `rotated` asks (rotated:
 // Hadamard-rotated per head, q8_0h / q4_0h / iq4_nlh / q8_0h64 /
@@ -60,7 +60,7 @@ bool kv_rotation_supported(DType kv_dtype, int32_t head_dim, bool rotated);
 //        heads [n_head_kv, head_dim], then v heads; q is rotated in place.
 //   slots[t]: the cache row of token t (block * block_size + offset).
 //   k_cache / v_cache: one layer's rows [n_rows, n_head_kv * head_dim] in kv_dtype
-//   (kv_supported(): Q8_0 / Q4_0 / IQ4_NL / Q8_0_64 / F8_E4M3 quantized here, each head's
+//   (kv_supported(): Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q8_0_64 / F8_E4M3 / BF16 quantized here, each head's
 //   blocks or bytes from its rotated f32 values, as the CPU's
 //   cpu::store_kv_row).
 // Angles as cpu::rope: theta_i = pos * inv_freq[i] (or the ggml recurrence
@@ -111,7 +111,7 @@ void rope_store_kv(const RopeKvArgs& a, cudaStream_t stream);
 // (j & (block_size - 1)) where table = block_tables + table_start[seq].
 // score = scale * q.k, softcap then f32 softmax (cpu::attention's order).
 // out: [n_tokens, n_head * head_dim] in out_dtype. K/V in kv_dtype
-// (kv_supported()); Q8_0 / Q4_0 / IQ4_NL / Q8_0_64 / F8_E4M3 are read where they lie.
+// (kv_supported()); the quantized types are read where they lie.
 //
 // Two kernels share the step: sequences with q_len > kDecodeMaxQ go through
 // a tiled kernel (prefill: one block per 32 queries and head, K/V tiles in
