@@ -520,10 +520,10 @@ TEST(CudaQuant, MmaMatchesTheCpuReferenceAndIsBatchInvariant) {
       }
     }
     // Every shape's columns are a multiple of 256 but for the 1 x 32 /
-    // 67 x 576 Q8_0 ones: quant_mmq must have run for Q8_0 and Q4_K.
-    if (t == DType::kQ8_0 || t == DType::kQ4_K) {
-      EXPECT_GT(n_mmq, 0) << dtype_name(t);
-    }
+    // 67 x 576 Q8_0 ones: quant_mmq must have run for every type (Q6_K's
+    // rows of 1, 6 and 36 super-blocks are not 16-byte aligned: staged as
+    // the pieces holding them, the last row's last piece cut at W's end).
+    EXPECT_GT(n_mmq, 0) << dtype_name(t);
     std::printf("[ cuda quant ] %-5s int8 mma: vs its int8 x %.3g of sum|w x|; vs exact x %.3g of the rounding bound\n",
                 std::string(dtype_name(t)).c_str(), worst_q, worst_x);
   }
@@ -669,7 +669,8 @@ TEST(CudaQuant, TooSmallAScratchIsAnError) {
 // Times, not a check (gtest_filter it on a device): quantize_x8 +
 // quant_mmq at each block size against dequantize + cuBLASLt (the path
 // 17..64 tokens take without it) and quant_mma (its own kernel up to 16
-// tokens, or quant_mmq where eligible) over the Llama-3.1-8B's shapes, 3-12 copies
+// tokens, or quant_mmq where eligible) over the Llama-3.1-8B's shapes
+// (Q6_K: its LM head and down), 3-12 copies
 // of each matrix in turn (so that one call's weights are not in L2 for
 // the next), median of 5 runs of 12 back-to-back calls; GB/s of weights.
 TEST(CudaQuant, DeviceTimingMmq) {
@@ -681,12 +682,20 @@ TEST(CudaQuant, DeviceTimingMmq) {
   const struct {
     const char* name;
     int64_t rows, cols;
-  } kShapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  } kShapes[] = {{"qkv", 6144, 4096},
+                 {"o", 4096, 4096},
+                 {"gate_up", 28672, 4096},
+                 {"down", 4096, 14336},
+                 {"lm_head", 128256, 4096}};
   cudaEvent_t e0, e1;
   ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
   ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
-  for (DType t : {DType::kQ8_0, DType::kQ4_K}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
     for (const auto& sh : kShapes) {
+      // Q4_K_M's Q6_K matrices: the LM head and half the layers' down (and
+      // v); the LM head in Q6_K alone (431 MB: 3 copies).
+      const bool lm_head = std::strcmp(sh.name, "lm_head") == 0;
+      if (t == DType::kQ6_K ? !lm_head && std::strcmp(sh.name, "down") != 0 : lm_head) continue;
       const size_t bytes = row_bytes(t, sh.cols) * static_cast<size_t>(sh.rows);
       std::vector<DeviceBuffer> w;
       // Copies enough that one call's weights have left the L2 (50 MB on

@@ -87,8 +87,9 @@ void quant_mma(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, i
                int64_t y_stride, bool accumulate, cudaStream_t stream);
 // quant_mmq (quant_mmq.cu): quant_mma's result, the same bits, with W's
 // blocks and x staged through shared memory by blocks of 32-128 rows, for
-// what quant_mmq_fits (Q8_0 / Q4_K, up to kMmaMaxTokens tokens, n_cols a
-// multiple of 256, W 16-byte aligned). quant_mma hands it the calls
+// what quant_mmq_fits (Q8_0 / Q4_K / Q6_K, up to kMmaMaxTokens tokens,
+// n_cols a multiple of 256, W 16-byte aligned; Q6_K, written without a
+// GPU, is eligible only with quant_mmq_q6k_on(): RILL_QUANT_MMQ_Q6K=1). quant_mma hands it the calls
 // quant_mmq_eligible takes: those of kMmqMinTokens tokens or more of a
 // matrix with enough rows for a block of 128 on every SM (the 8B's gate_up
 // and LM head; on an H100 at 64 tokens it lost to dequantize + cuBLASLt
@@ -111,6 +112,7 @@ void quant_mma(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, i
 inline constexpr int64_t kMmqMinTokens = 9;
 bool quant_mmq_on();
 bool quant_mmq_split_on();
+bool quant_mmq_q6k_on();
 bool quant_mmq_fits(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_cols);
 bool quant_mmq_eligible(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_rows, int64_t n_cols);
 void quant_mmq(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,

@@ -26,8 +26,11 @@
 // idle, and adds the ranges' sums in the same order at the end.
 //
 // Layout of a stage in shared memory: the rows' raw bytes (kRows x
-// kUnits * Q::kBytes, a multiple of 16: Q8_0 272, Q4_K 144; rows g of a
-// warp's 8 fall on distinct banks), then x's codes (64 tokens at kXStride
+// kRowBytes: a row's stage bytes, kChunkBytes, where they are a multiple
+// of 16: Q8_0 272, Q4_K 144, rows g of a warp's 8 on distinct banks; Q6_K's
+// 210-byte super-block, only 2-byte aligned in W, is staged as the 224
+// bytes of 16-byte pieces that hold it, read from its offset in the first
+// piece), then x's codes (64 tokens at kXStride
 // bytes: the 8-byte fragment loads of 16 lanes hit distinct banks), then
 // the scales as [32-column block][token] float2 (a lane's two tokens 2 t,
 // 2 t + 1 are one 16-byte load).
@@ -65,8 +68,13 @@ static_assert(kTok == 64, "8 tiles of 8 tokens: kRowTiles warps a row tile share
 
 template <class Q, int kRowTiles>
 struct MmqLayout {
-  static constexpr int kUnits = kChunkCols / Q::kCols;  // units a stage
-  static constexpr int kRowBytes = kUnits * Q::kBytes;  // one row's bytes a stage
+  static constexpr int kUnits = kChunkCols / Q::kCols;                    // units a stage
+  static constexpr int kChunkBytes = kChunkCols / Q::kElems * Q::kBytes;  // one row's bytes a stage, in W
+  // Whether a stage's bytes start 16-byte aligned in every row (W's rows
+  // are, quant_mmq_fits); else (Q6_K) the pieces holding them, with room
+  // for the largest offset, 14.
+  static constexpr bool kAligned = kChunkBytes % 16 == 0;
+  static constexpr int kRowBytes = kAligned ? kChunkBytes : (kChunkBytes + 14 + 15) / 16 * 16;
   static constexpr int kRows = 16 * kRowTiles;
   static constexpr int kW = kRows * kRowBytes;
   static constexpr int kX = kTok * kXStride;
@@ -99,7 +107,7 @@ __global__ void __launch_bounds__(kThreads)
     quant_mmq_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq, const float2* __restrict__ xds,
                      int n_tok, int64_t n_rows, int64_t n_cols, float* __restrict__ y, int64_t y_stride,
                      bool accumulate) {
-  static_assert(!Q::kHalves, "16-column scales (Q6_K): quant_mma's path");
+  static_assert(!(Q::kHalves && Q::kMin), "a type with 16-column scales and a min term");
   using Lay = MmqLayout<Q, kRowTiles>;
   constexpr int kTiles = kRowTiles;  // tiles of 8 tokens a warp: 8 warps over kRowTiles x (8 / kRowTiles)
   extern __shared__ __align__(16) uint8_t smem[];
@@ -127,14 +135,28 @@ __global__ void __launch_bounds__(kThreads)
   // n_rows and tokens past n_tok copy the last valid one (read, never
   // written back).
   auto slot_at = [&](int slot) { return smem + slot * Lay::kStage; };
+  // Where row r's stage `chunk` starts in W, and (unaligned types) its
+  // offset in the first 16-byte piece staged.
+  auto w_at = [&](int64_t row, int chunk) { return row * row_bytes + static_cast<int64_t>(chunk) * Lay::kChunkBytes; };
+  const int64_t w_bytes = n_rows * row_bytes;
   auto stage_w = [&](int chunk, int slot) {
     const uint32_t sw = smem_addr(slot_at(slot));
     constexpr int kPieces = Lay::kRowBytes / 16;
     for (int i = threadIdx.x; i < Lay::kRows * kPieces; i += kThreads) {
       const int r = i / kPieces, p = i - r * kPieces;
       const int64_t row = min(row0 + r, n_rows - 1);
-      cp_async<16>(sw + r * Lay::kRowBytes + 16 * p,
-                   w + row * row_bytes + static_cast<int64_t>(chunk) * Lay::kRowBytes + 16 * p, true);
+      if constexpr (Lay::kAligned) {
+        cp_async<16>(sw + r * Lay::kRowBytes + 16 * p, w + w_at(row, chunk) + 16 * p, true);
+      } else {
+        // The pieces from the one holding the stage's first byte; past W's
+        // end (the last row's last stage) zero-filled, a piece across it
+        // copied up to it.
+        const int64_t at = (w_at(row, chunk) & ~int64_t{15}) + 16 * p;
+        const int n = static_cast<int>(max(int64_t{0}, min(int64_t{16}, w_bytes - at)));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sw + r * Lay::kRowBytes + 16 * p),
+                     "l"(w + (n > 0 ? at : 0)), "r"(n)
+                     : "memory");
+      }
     }
   };
   auto stage_x = [&](int chunk, int slot) {
@@ -185,6 +207,10 @@ __global__ void __launch_bounds__(kThreads)
     const uint8_t* base = smem + (i % kStages) * Lay::kStage;
     const uint8_t* wa = base + (rt * 16 + g) * Lay::kRowBytes;
     const uint8_t* wb = wa + 8 * Lay::kRowBytes;
+    if constexpr (!Lay::kAligned) {  // rows g and g + 8 (as staged: past n_rows the last row)
+      wa += w_at(min(row0 + rt * 16 + g, n_rows - 1), c) & 15;
+      wb += w_at(min(row0 + rt * 16 + g + 8, n_rows - 1), c) & 15;
+    }
     const int8_t* xs = reinterpret_cast<const int8_t*>(base + Lay::kW);
     const float4* ds = reinterpret_cast<const float4*>(base + Lay::kW + Lay::kX);
 #pragma unroll
@@ -216,16 +242,32 @@ __global__ void __launch_bounds__(kThreads)
           const float4 dd = ds[(cb * kTok + j * 8 + 2 * t) >> 1];
           const float2 dx0 = make_float2(dd.x, dd.y), dx1 = make_float2(dd.z, dd.w);
           int cc[4] = {0, 0, 0, 0};
-          mma_k32(cc, A.q[blk][0], B.q[blk][0], A.q[blk][1], B.q[blk][1], bx.x, bx.y);
-          float ma = 0.0f, mb = 0.0f;
-          if constexpr (Q::kMin) {
-            ma = A.m[blk];
-            mb = B.m[blk];
+          if constexpr (Q::kHalves) {
+            // quant_mma's steps for 16-column scales: each half's dot and
+            // its scale d * h, the halves applied in order.
+            int c1[4] = {0, 0, 0, 0};
+            mma_k16(cc, A.q[blk][0], B.q[blk][0], bx.x);
+            mma_k16(c1, A.q[blk][1], B.q[blk][1], bx.y);
+            const float da0 = __fmul_rn(A.d[blk], static_cast<float>(A.h[blk][0]));
+            const float da1 = __fmul_rn(A.d[blk], static_cast<float>(A.h[blk][1]));
+            const float db0 = __fmul_rn(B.d[blk], static_cast<float>(B.h[blk][0]));
+            const float db1 = __fmul_rn(B.d[blk], static_cast<float>(B.h[blk][1]));
+            acc[jj][0] = apply(apply(acc[jj][0], da0, 0.0f, cc[0], dx0, false), da1, 0.0f, c1[0], dx0, false);
+            acc[jj][1] = apply(apply(acc[jj][1], da0, 0.0f, cc[1], dx1, false), da1, 0.0f, c1[1], dx1, false);
+            acc[jj][2] = apply(apply(acc[jj][2], db0, 0.0f, cc[2], dx0, false), db1, 0.0f, c1[2], dx0, false);
+            acc[jj][3] = apply(apply(acc[jj][3], db0, 0.0f, cc[3], dx1, false), db1, 0.0f, c1[3], dx1, false);
+          } else {
+            mma_k32(cc, A.q[blk][0], B.q[blk][0], A.q[blk][1], B.q[blk][1], bx.x, bx.y);
+            float ma = 0.0f, mb = 0.0f;
+            if constexpr (Q::kMin) {
+              ma = A.m[blk];
+              mb = B.m[blk];
+            }
+            acc[jj][0] = apply(acc[jj][0], A.d[blk], ma, cc[0], dx0, Q::kMin);
+            acc[jj][1] = apply(acc[jj][1], A.d[blk], ma, cc[1], dx1, Q::kMin);
+            acc[jj][2] = apply(acc[jj][2], B.d[blk], mb, cc[2], dx0, Q::kMin);
+            acc[jj][3] = apply(acc[jj][3], B.d[blk], mb, cc[3], dx1, Q::kMin);
           }
-          acc[jj][0] = apply(acc[jj][0], A.d[blk], ma, cc[0], dx0, Q::kMin);
-          acc[jj][1] = apply(acc[jj][1], A.d[blk], ma, cc[1], dx1, Q::kMin);
-          acc[jj][2] = apply(acc[jj][2], B.d[blk], mb, cc[2], dx0, Q::kMin);
-          acc[jj][3] = apply(acc[jj][3], B.d[blk], mb, cc[3], dx1, Q::kMin);
         }
       }
     }
@@ -259,20 +301,20 @@ __global__ void __launch_bounds__(kThreads)
       *out = accumulate ? __fadd_rn(*out, sum) : sum;
     }
     cluster.sync();  // no block leaves while another still reads its sums
-    return;
-  }
-  for (; range < kSplit; ++range) fold(acc, total, range);
-  const int64_t ra = row0 + rt * 16 + g, rb = ra + 8;
+  } else {
+    for (; range < kSplit; ++range) fold(acc, total, range);
+    const int64_t ra = row0 + rt * 16 + g, rb = ra + 8;
 #pragma unroll
-  for (int jj = 0; jj < kTiles; ++jj) {
-    const int tok = (tile0 + jj) * 8 + 2 * t;
+    for (int jj = 0; jj < kTiles; ++jj) {
+      const int tok = (tile0 + jj) * 8 + 2 * t;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int tk = tok + (e & 1);
-      const int64_t r = e < 2 ? ra : rb;
-      if (tk >= n_tok || r >= n_rows) continue;
-      float* out = y + tk * y_stride + r;
-      *out = accumulate ? __fadd_rn(*out, total[jj][e]) : total[jj][e];
+      for (int e = 0; e < 4; ++e) {
+        const int tk = tok + (e & 1);
+        const int64_t r = e < 2 ? ra : rb;
+        if (tk >= n_tok || r >= n_rows) continue;
+        float* out = y + tk * y_stride + r;
+        *out = accumulate ? __fadd_rn(*out, total[jj][e]) : total[jj][e];
+      }
     }
   }
 }
@@ -360,8 +402,20 @@ bool quant_mmq_on() {
 }
 
 bool quant_mmq_fits(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_cols) {
-  return (w_dtype == DType::kQ8_0 || w_dtype == DType::kQ4_K) && n_tokens >= 1 && n_tokens <= kMmaMaxTokens &&
-         n_cols % kChunkCols == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  return (w_dtype == DType::kQ8_0 || w_dtype == DType::kQ4_K || w_dtype == DType::kQ6_K) && n_tokens >= 1 &&
+         n_tokens <= kMmaMaxTokens && n_cols % kChunkCols == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+// Q6_K (Q4_K_M's LM head and half its v / down parts) was written without
+// a GPU at hand: quant_mmq takes it when called, but quant_matmul hands it
+// Q6_K only with RILL_QUANT_MMQ_Q6K=1 (read once) until its bit-for-bit
+// test and timing have run.
+bool quant_mmq_q6k_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("RILL_QUANT_MMQ_Q6K");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
 }
 
 bool quant_mmq_split_on() {
@@ -374,7 +428,7 @@ bool quant_mmq_split_on() {
 
 bool quant_mmq_eligible(DType w_dtype, const void* w, int64_t n_tokens, int64_t n_rows, int64_t n_cols) {
   return quant_mmq_on() && n_tokens >= kMmqMinTokens && (fills_the_gpu(n_rows) || quant_mmq_split_on()) &&
-         quant_mmq_fits(w_dtype, w, n_tokens, n_cols);
+         (w_dtype != DType::kQ6_K || quant_mmq_q6k_on()) && quant_mmq_fits(w_dtype, w, n_tokens, n_cols);
 }
 
 void quant_mmq(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
@@ -382,7 +436,7 @@ void quant_mmq(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, i
   if (n_tokens <= 0 || n_rows <= 0) return;
   if (!quant_mmq_fits(w_dtype, w, n_tokens, n_cols) || reinterpret_cast<uintptr_t>(xq) % 16 != 0) {
     std::fprintf(stderr,
-                 "quant_mmq: %s, %lld tokens, %lld columns (Q8_0 or Q4_K, 1 to %lld tokens, columns a multiple "
+                 "quant_mmq: %s, %lld tokens, %lld columns (Q8_0, Q4_K or Q6_K, 1 to %lld tokens, columns a multiple "
                  "of %d, W and xq 16-byte aligned)\n",
                  std::string(dtype_name(w_dtype)).c_str(), static_cast<long long>(n_tokens),
                  static_cast<long long>(n_cols), static_cast<long long>(kMmaMaxTokens), kChunkCols);
@@ -393,6 +447,9 @@ void quant_mmq(DType w_dtype, const void* w, const void* xq, int64_t n_tokens, i
   const bool split = k_split == kSplit || (k_split == 0 && quant_mmq_split_on() && !fills_the_gpu(n_rows));
   if (w_dtype == DType::kQ8_0) {
     (split ? launch<MmaQ8_0, true> : launch<MmaQ8_0, false>)(w, xq, n_tokens, n_rows, n_cols, y, y_stride, accumulate,
+                                                             stream, rows);
+  } else if (w_dtype == DType::kQ6_K) {
+    (split ? launch<MmaQ6_K, true> : launch<MmaQ6_K, false>)(w, xq, n_tokens, n_rows, n_cols, y, y_stride, accumulate,
                                                              stream, rows);
   } else {
     (split ? launch<MmaQ4_K, true> : launch<MmaQ4_K, false>)(w, xq, n_tokens, n_rows, n_cols, y, y_stride, accumulate,
