@@ -38,7 +38,8 @@
 //   bench_cuda MODEL_DIR --kv-fit F: the KV pool sized as rill serve sizes
 //   it at --gpu-memory-fraction F (every byte up to F of device memory
 //   after weights and activations), reported as 4,096-token sequences
-//   that fit (the pool must still hold the bench's own sequences)
+//   that fit (the pool must still hold the bench's own sequences; k4c /
+//   k4a: also the count when each sequence brings its own tail slot)
 //   bench_cuda none --mixed-attention 1: decode attention alone on steps
 //   mixing one long context with short ones, the block size chosen by the
 //   grid and by its working blocks (attention_decode.h), then exit
@@ -828,6 +829,18 @@ int run(int argc, char** argv) {
           kv_fit, m.n_kv_blocks(), m.kv_block_size(),
           static_cast<double>(m.n_kv_blocks()) * m.kv_block_size() * m.kv_bytes_per_token() / (1 << 30),
           static_cast<long long>(m.n_kv_blocks() / per_seq));
+      if (m.n_kv_tail_slots() > 0) {
+        // k4c / k4a: each running sequence also holds a tail slot (its
+        // newest partial block in q8_0), which the pool's budget paid for
+        // up front, one per slot. Sequences that fit the same memory when
+        // each brings its blocks and one tail: (blocks + tails) / (blocks
+        // of 4,096 tokens + one tail).
+        const double block_bytes = static_cast<double>(m.kv_block_size()) * static_cast<double>(m.kv_bytes_per_token());
+        const double slot = static_cast<double>(m.kv_tail_bytes()) / m.n_kv_tail_slots();
+        const double total = m.n_kv_blocks() * block_bytes + static_cast<double>(m.kv_tail_bytes());
+        std::printf("KV tails: %d slots of %.0f bytes; with a tail each, %lld sequences of 4,096 tokens fit\n",
+                    m.n_kv_tail_slots(), slot, static_cast<long long>(total / (per_seq * block_bytes + slot)));
+      }
     }
     // The sequence on blocks `table`; hybrids run it in state slot `slot`,
     // k4c in KV tail slot `slot`.

@@ -31,4 +31,5 @@ for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-l
 (cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/goldens/README.md shared/goldens/hf/{llama,qwen3,gemma3,gemma2,qwen3_5,gemma4} \
   shared/tokenizers/llama3 shared/tools/make_random_model.py)
 cp "$SRC/bench/cuda/run_kvtypes.sh" "$V/run.sh"
+cp "$SRC/bench/cuda/run_kv22table.sh" "$V/table.sh"
 du -sh "$V"/*
