@@ -112,6 +112,28 @@ bool have_avx512() {
   return best_isa() == Isa::kAvx512;
 }
 
+// The AVX-512 tile kernel `fast` and the AVX2 kernel (which the driver no
+// longer takes on this CPU for these shapes) against the baseline kernel on
+// case c's g heads, keys [j_begin, n_kv): within 2e-5 of the output's rms.
+void expect_fast_and_avx2_match_scalar(const Case& c, detail::QuantTileAttend fast, int g, int64_t j_begin,
+                                       float softcap) {
+  std::vector<float> ref(c.q.size(), NAN), out(c.q.size(), NAN), s0, s1;
+  detail::attend_quant_scalar(args(c, c.q.data(), g, j_begin, softcap, s0, ref.data()));
+  const int64_t jb = j_begin, je = c.n_kv;
+  fast(tile_args(c, c.q.data(), 1, g, &jb, &je, softcap, s1, out.data()));
+  double ms = 0;
+  for (float x : ref) ms += double{x} * x;
+  const double rms = std::sqrt(ms / static_cast<double>(ref.size()));
+  ASSERT_GT(rms, 0.01);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5 * rms) << i;
+  std::vector<float> avx2(c.q.size(), NAN);
+  detail::QuantAttendArgs a2 = args(c, c.q.data(), g, j_begin, softcap, s0, avx2.data());
+  a2.k_dequant = detail::kv_dequant_avx2(c.kt);
+  a2.v_dequant = detail::kv_dequant_avx2(c.vt);
+  detail::attend_quant_avx2(a2);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(avx2[i], ref[i], 2e-5 * rms) << i;
+}
+
 // Same blocks, same math: the two kernels differ only in how the q.k and
 // p.v sums associate and in exp (ggml's expf against libm's), so they agree
 // to a few f32 ulps of the output's scale (bound 2e-5 * rms, as the
@@ -130,23 +152,7 @@ TEST(AttentionQuantAvx512, MatchesScalarEveryTypePairAndHeadDim) {
           for (float softcap : {0.0f, 5.0f}) {
             SCOPED_TRACE(std::string(dtype_name(kt)) + "/" + std::string(dtype_name(vt)) + " hd " + std::to_string(hd) +
                          " j_begin " + std::to_string(j_begin) + " softcap " + std::to_string(softcap));
-            std::vector<float> ref(c.q.size(), NAN), out(c.q.size(), NAN), s0, s1;
-            detail::attend_quant_scalar(args(c, c.q.data(), g, j_begin, softcap, s0, ref.data()));
-            const int64_t jb = j_begin, je = c.n_kv;
-            fast(tile_args(c, c.q.data(), 1, g, &jb, &je, softcap, s1, out.data()));
-            double ms = 0;
-            for (float x : ref) ms += double{x} * x;
-            const double rms = std::sqrt(ms / static_cast<double>(ref.size()));
-            ASSERT_GT(rms, 0.01);
-            for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5 * rms) << i;
-            // The AVX2 kernel, which the driver no longer takes on this CPU
-            // for these shapes, held to the same bound.
-            std::vector<float> avx2(c.q.size(), NAN);
-            detail::QuantAttendArgs a2 = args(c, c.q.data(), g, j_begin, softcap, s0, avx2.data());
-            a2.k_dequant = detail::kv_dequant_avx2(kt);
-            a2.v_dequant = detail::kv_dequant_avx2(vt);
-            detail::attend_quant_avx2(a2);
-            for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(avx2[i], ref[i], 2e-5 * rms) << i;
+            expect_fast_and_avx2_match_scalar(c, fast, g, j_begin, softcap);
           }
         }
       }
@@ -175,20 +181,7 @@ TEST(AttentionQuantAvx512, Q8_0x64MatchesScalarAndTiles) {
         for (float softcap : {0.0f, 5.0f}) {
           SCOPED_TRACE(std::string(dtype_name(kt)) + "/" + std::string(dtype_name(vt)) + " hd " + std::to_string(hd) +
                        " j_begin " + std::to_string(j_begin) + " softcap " + std::to_string(softcap));
-          std::vector<float> ref(c.q.size(), NAN), out(c.q.size(), NAN), avx2(c.q.size(), NAN), s0, s1;
-          detail::attend_quant_scalar(args(c, c.q.data(), g, j_begin, softcap, s0, ref.data()));
-          const int64_t jb = j_begin, je = c.n_kv;
-          fast(tile_args(c, c.q.data(), 1, g, &jb, &je, softcap, s1, out.data()));
-          double ms = 0;
-          for (float x : ref) ms += double{x} * x;
-          const double rms = std::sqrt(ms / static_cast<double>(ref.size()));
-          ASSERT_GT(rms, 0.01);
-          for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5 * rms) << i;
-          detail::QuantAttendArgs a2 = args(c, c.q.data(), g, j_begin, softcap, s0, avx2.data());
-          a2.k_dequant = detail::kv_dequant_avx2(kt);
-          a2.v_dequant = detail::kv_dequant_avx2(vt);
-          detail::attend_quant_avx2(a2);
-          for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(avx2[i], ref[i], 2e-5 * rms) << i;
+          expect_fast_and_avx2_match_scalar(c, fast, g, j_begin, softcap);
         }
       }
     }
@@ -312,20 +305,7 @@ TEST(AttentionQuantAvx512, Fp8MatchesScalarAndTiles) {
       for (float softcap : {0.0f, 5.0f}) {
         SCOPED_TRACE("hd " + std::to_string(hd) + " j_begin " + std::to_string(j_begin) + " softcap " +
                      std::to_string(softcap));
-        std::vector<float> ref(c.q.size(), NAN), out(c.q.size(), NAN), s0, s1;
-        detail::attend_quant_scalar(args(c, c.q.data(), g, j_begin, softcap, s0, ref.data()));
-        const int64_t jb = j_begin, je = c.n_kv;
-        fast(tile_args(c, c.q.data(), 1, g, &jb, &je, softcap, s1, out.data()));
-        double ms = 0;
-        for (float x : ref) ms += double{x} * x;
-        const double rms = std::sqrt(ms / static_cast<double>(ref.size()));
-        ASSERT_GT(rms, 0.01);
-        for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5 * rms) << i;
-        std::vector<float> avx2(c.q.size(), NAN);
-        detail::QuantAttendArgs a2 = args(c, c.q.data(), g, j_begin, softcap, s0, avx2.data());
-        a2.k_dequant = a2.v_dequant = detail::kv_dequant_avx2(kF8E4M3);
-        detail::attend_quant_avx2(a2);
-        for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(avx2[i], ref[i], 2e-5 * rms) << i;
+        expect_fast_and_avx2_match_scalar(c, fast, g, j_begin, softcap);
       }
     }
   }
