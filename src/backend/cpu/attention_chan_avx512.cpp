@@ -17,6 +17,7 @@
 #define RILL_CHAN_GROUP_SUMS
 #define RILL_CHAN_GROUP_SUMS_PLANES
 #define RILL_CHAN_ACCUMULATE_V
+#define RILL_CHAN_ACCUMULATE_V_RUN
 #define RILL_CHAN_GROUP_SCALES
 #define RILL_CHAN_SOFTMAX
 
@@ -248,6 +249,73 @@ inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float*
   }
   a.v_dequant(v, row, hd);
   accumulate_row(a, row, p, out, n_rows);
+}
+
+// accumulate_v over a query's pool keys [j0, j1) at once for G query
+// heads of head_dim 64 in iq4_nlh64: the G x 64 sums stay in registers
+// across the keys instead of a load and a store per key and 16 elements
+// (a decode step's V pass spent most of its time there). Each element gets
+// accumulate_v's FMAs with the same operands in the same key order, so the
+// same bits; the tile path keeps accumulate_v.
+template <int G>
+inline void accumulate_v_run64(const ChanAttendArgs& a, const float* scores, int64_t n, int64_t j0, int64_t j1) {
+  alignas(64) static const float kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                1,    13,   25,  38,  53,  69,  89,  113};
+  const __m512 levels = _mm512_load_ps(kLevels);
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  __m512 acc[G][4];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) acc[g][k] = _mm512_loadu_ps(a.out + g * 64 + 16 * k);
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* v = a.kv.v_row(j);
+    const __m512 d = _mm512_set1_ps(e4m3_value_fast(v[0]) * (1.0f / 16.0f));
+    const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 1));
+    const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 17));
+    const __m512 x[4] = {
+        _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b0, mask)), levels), d),
+        _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b1, mask)), levels), d),
+        _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b0, 4), mask)), levels),
+                      d),
+        _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b1, 4), mask)), levels),
+                      d)};
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m512 pg = _mm512_set1_ps(scores[g * n + (j - a.j_begin)]);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) acc[g][k] = _mm512_fmadd_ps(pg, x[k], acc[g][k]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) _mm512_storeu_ps(a.out + g * 64 + 16 * k, acc[g][k]);
+  }
+}
+
+// attend's V pass over the pool's keys [j0, j1) (probabilities scores[g *
+// n + j - j_begin]) in one call where it has a register form (iq4_nlh64,
+// head_dim 64, up to 4 query heads); false: the caller goes key by key.
+inline bool accumulate_v_run(const ChanAttendArgs& a, const float* scores, int64_t n, int64_t j0, int64_t j1) {
+  if (a.v_type != kKvIq4Nl64 || a.head_dim != 64) return false;
+  switch (a.n_heads) {
+    case 1:
+      accumulate_v_run64<1>(a, scores, n, j0, j1);
+      return true;
+    case 2:
+      accumulate_v_run64<2>(a, scores, n, j0, j1);
+      return true;
+    case 3:
+      accumulate_v_run64<3>(a, scores, n, j0, j1);
+      return true;
+    case 4:
+      accumulate_v_run64<4>(a, scores, n, j0, j1);
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace rill::cpu::detail::avx512

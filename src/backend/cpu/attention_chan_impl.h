@@ -125,6 +125,15 @@ inline void accumulate_v(const ChanAttendArgs& a, const uint8_t* v, const float*
 }
 #endif
 
+#ifndef RILL_CHAN_ACCUMULATE_V_RUN
+// attend's V pass over the pool's keys [j0, j1) in one call, where an ISA
+// has a form that keeps the sums in registers (the same bits as
+// accumulate_v key by key); false: none here, the caller goes key by key.
+inline bool accumulate_v_run(const ChanAttendArgs&, const float*, int64_t, int64_t, int64_t) {
+  return false;
+}
+#endif
+
 // Head `head`'s hd elements of a q8_0 tail row (kKvChanTailType) into out:
 // f16 d times the int8 code, exact in f32. A head may share a block with
 // its neighbour (head_dim 16); the row is whole blocks.
@@ -192,7 +201,9 @@ inline void attend(const ChanAttendArgs& a) {
     float* o = a.out + g * hd;
     for (int64_t c = 0; c < hd; ++c) o[c] = 0.0f;
   }
-  for (int64_t j = a.j_begin; j < a.j_end; ++j) {
+  int64_t j = a.j_begin;
+  if (own_begin > j && accumulate_v_run(a, a.scores, n, j, own_begin)) j = own_begin;
+  for (; j < a.j_end; ++j) {
     for (int g = 0; g < a.n_heads; ++g) pj[g] = a.scores[g * n + (j - a.j_begin)];
     if (j < own_begin) {
       accumulate_v(a, a.kv.v_row(j), pj, row, a.out, a.n_heads);
