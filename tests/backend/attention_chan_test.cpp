@@ -511,66 +511,71 @@ TEST_P(AttentionChan, EveryIsaTileMatchesItsSingleQueryKernel) {
   const int64_t c0 = 21;  // the step [21, 100): its first block from the tail
   Step st;
   prepare(st, a, qa, c0, a.n);
-  std::vector<float> scores(static_cast<size_t>(a.n * kGroup));
+  std::vector<float> scores(static_cast<size_t>(a.n * 4));
   std::vector<std::vector<float>> baseline;  // the scalar build's single queries, per (window, head)
   for (const Kernels& k : isas) {
     for (const int64_t window : {int64_t{0}, int64_t{30}}) {
-      for (int64_t kvh = 0; kvh < 2; ++kvh) {
-        auto args = [&](detail::ChanAttendArgs& x, int64_t i, float* out) {
-          x.q = st.a.q + i * qw + kvh * kGroup * hd;
-          x.kv = st.a.kv;
-          x.kv.v += static_cast<size_t>(kvh) * row_bytes(kKvIq4Nl64, hd);
-          x.k_blocks = st.a.kv.k;
-          x.k_widths = widths() ? widths() + kvh * hd : nullptr;
-          x.k_plane_offset = widths() ? alloc_plane_offset(widths(), a.width, kvh * hd) : 0;
-          x.width = a.width;
-          x.head = kvh;
-          x.head_dim = hd;
-          x.tail_row_bytes = a.tail_row;
-          x.pos = c0 + i;
-          x.j_end = c0 + i + 1;
-          x.j_begin = window > 0 ? std::max<int64_t>(0, c0 + i - window + 1) : 0;
-          x.tail = st.t;
-          x.v_dequant = k.dq;
-          x.v_type = kKvIq4Nl64;
-          x.n_heads = kGroup;
-          x.scale = 0.125f;
-          x.softcap = 0.0f;
-          x.scores = scores.data();
-          x.out = out;
-        };
-        const int64_t n_q = a.n - c0;
-        std::vector<float> one(static_cast<size_t>(n_q * kGroup * hd));
-        for (int64_t i = 0; i < n_q; ++i) {
-          detail::ChanAttendArgs x;
-          args(x, i, one.data() + i * kGroup * hd);
-          k.one(x);
-        }
-        // Each vector build within rounding of the baseline build (its own
-        // sum orders, FMAs and vector exp).
-        const size_t case_index = static_cast<size_t>((window > 0) * 2 + kvh);
-        if (&k == isas.data()) {
-          baseline.resize(4);
-          baseline[case_index] = one;
-        }
-        for (size_t r = 0; r < one.size(); ++r) {
-          ASSERT_NEAR(one[r], baseline[case_index][r], 2e-5f) << "isa " << (&k - isas.data()) << " element " << r;
-        }
-        for (int n_tile = 2; n_tile <= detail::kChanTile; ++n_tile) {
-          std::vector<float> tiled(one.size(), NAN);
-          for (int64_t i0 = 0; i0 < n_q; i0 += n_tile) {
-            detail::ChanTileArgs x;
-            args(x, i0, tiled.data() + i0 * kGroup * hd);
-            x.n_q = static_cast<int>(std::min<int64_t>(n_tile, n_q - i0));
-            x.q_stride = qw;
-            x.out_stride = kGroup * hd;
-            x.window = window;
-            x.n_kv = a.n;
-            k.tile(x);
+      // Query heads per KV head: the model's 3 and the other sizes the
+      // AVX-512 decode's register V pass takes (1, 2, 4: KV head 0 only,
+      // reading heads 0..3 of the step's queries).
+      for (const int g : {kGroup, 1, 2, 4}) {
+        for (int64_t kvh = 0; kvh < (g == 4 ? 1 : 2); ++kvh) {
+          auto args = [&](detail::ChanAttendArgs& x, int64_t i, float* out) {
+            x.q = st.a.q + i * qw + kvh * kGroup * hd;
+            x.kv = st.a.kv;
+            x.kv.v += static_cast<size_t>(kvh) * row_bytes(kKvIq4Nl64, hd);
+            x.k_blocks = st.a.kv.k;
+            x.k_widths = widths() ? widths() + kvh * hd : nullptr;
+            x.k_plane_offset = widths() ? alloc_plane_offset(widths(), a.width, kvh * hd) : 0;
+            x.width = a.width;
+            x.head = kvh;
+            x.head_dim = hd;
+            x.tail_row_bytes = a.tail_row;
+            x.pos = c0 + i;
+            x.j_end = c0 + i + 1;
+            x.j_begin = window > 0 ? std::max<int64_t>(0, c0 + i - window + 1) : 0;
+            x.tail = st.t;
+            x.v_dequant = k.dq;
+            x.v_type = kKvIq4Nl64;
+            x.n_heads = g;
+            x.scale = 0.125f;
+            x.softcap = 0.0f;
+            x.scores = scores.data();
+            x.out = out;
+          };
+          const int64_t n_q = a.n - c0;
+          std::vector<float> one(static_cast<size_t>(n_q * g * hd));
+          for (int64_t i = 0; i < n_q; ++i) {
+            detail::ChanAttendArgs x;
+            args(x, i, one.data() + i * g * hd);
+            k.one(x);
+          }
+          // Each vector build within rounding of the baseline build (its own
+          // sum orders, FMAs and vector exp).
+          const size_t case_index = static_cast<size_t>(((window > 0) * 2 + kvh) * 5 + g);
+          if (&k == isas.data()) {
+            baseline.resize(20);
+            baseline[case_index] = one;
           }
           for (size_t r = 0; r < one.size(); ++r) {
-            ASSERT_EQ(tiled[r], one[r]) << "isa " << (&k - isas.data()) << " window " << window << " head " << kvh
-                                        << " tile " << n_tile << " element " << r;
+            ASSERT_NEAR(one[r], baseline[case_index][r], 2e-5f) << "isa " << (&k - isas.data()) << " element " << r;
+          }
+          for (int n_tile = 2; n_tile <= detail::kChanTile; ++n_tile) {
+            std::vector<float> tiled(one.size(), NAN);
+            for (int64_t i0 = 0; i0 < n_q; i0 += n_tile) {
+              detail::ChanTileArgs x;
+              args(x, i0, tiled.data() + i0 * g * hd);
+              x.n_q = static_cast<int>(std::min<int64_t>(n_tile, n_q - i0));
+              x.q_stride = qw;
+              x.out_stride = g * hd;
+              x.window = window;
+              x.n_kv = a.n;
+              k.tile(x);
+            }
+            for (size_t r = 0; r < one.size(); ++r) {
+              ASSERT_EQ(tiled[r], one[r]) << "isa " << (&k - isas.data()) << " window " << window << " head " << kvh
+                                          << " query heads " << g << " tile " << n_tile << " element " << r;
+            }
           }
         }
       }
