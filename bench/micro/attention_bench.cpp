@@ -1,7 +1,7 @@
 // Attention over an f16 KV cache on the default model's shapes (9 query
 // heads, 3 KV heads, head_dim 64): a 512-token prefill and one decode token
-// at 512 keys. GFLOP/s counts 4 * head_dim flops per visible (query, key,
-// head) triple (q.k and p.v). The _paged variants scatter the K/V rows over
+// at 512 keys, and a 512-token chunk at 8,192 keys. GFLOP/s counts
+// 4 * head_dim flops per visible (query, key, head) triple (q.k and p.v). The _paged variants scatter the K/V rows over
 // 16-row blocks in shuffled order (a block table), as the paged cache does.
 // Args: {n_threads}.
 #include <benchmark/benchmark.h>
@@ -129,10 +129,16 @@ void BM_attention_prefill_512_paged(benchmark::State& s) {
 void BM_attention_decode_at_512_paged(benchmark::State& s) {
   run(s, 1, 512, true);
 }
+// The last 512-token chunk of an 8,192-token prompt: K and V (12 MB) no
+// longer fit the caches, so how often each row is read shows.
+void BM_attention_prefill_512_at_8k_paged(benchmark::State& s) {
+  run(s, 512, 8192, true);
+}
 BENCHMARK(BM_attention_prefill_512)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode_at_512)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_attention_prefill_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode_at_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_attention_prefill_512_at_8k_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace rill::cpu

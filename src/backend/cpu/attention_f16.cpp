@@ -82,6 +82,12 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   // so a sequence read by one core comes from DRAM once; split across cores
   // each core would fetch the same lines. Where one call can take them all
   // (parts == 1), it does, reading each row whole and in order.
+  // Prefill on AVX-512 (no window): a unit is a tile of up to tile_q
+  // queries times one KV head's query heads (attend_f16_rounded_tile_avx512),
+  // which reads each K and V row once for all of them instead of once per
+  // (query, head); queries in the decode form inside a tile go one by one.
+  const int64_t tile_q = avx512 && p.window <= 0 && group <= detail::kMaxTileRows ? detail::kMaxTileRows / group : 0;
+  auto by_tile = [&](const AttentionSeq& seq) { return tile_q > 0 && !by_kv_head(seq); };
   bool all_by_kv_head = gmax > 0;
   for (int s = 0; s < n_seqs && all_by_kv_head; ++s) all_by_kv_head = by_kv_head(seqs[s]);
   const bool seq_per_thread = all_by_kv_head && n_seqs >= 2 * pool.n_threads();
@@ -95,7 +101,9 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   first_unit[0] = 0;
   for (int s = 0; s < n_seqs; ++s) {
     assert(seqs[s].kv.row_bytes == static_cast<size_t>(p.n_head_kv * p.head_dim) * 2);
-    const int64_t units = by_kv_head(seqs[s]) ? units_per_kv_seq : seqs[s].n_q * p.n_head;
+    const int64_t units = by_kv_head(seqs[s]) ? units_per_kv_seq
+                          : by_tile(seqs[s])  ? (seqs[s].n_q + tile_q - 1) / tile_q * p.n_head_kv
+                                              : seqs[s].n_q * p.n_head;
     first_unit[static_cast<size_t>(s) + 1] = first_unit[static_cast<size_t>(s)] + units;
     max_kv = std::max(max_kv, seqs[s].n_kv);
   }
@@ -107,13 +115,81 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
     // Per-thread scratch, grown to the longest context seen (not per step).
     thread_local std::vector<float> scores;
     thread_local std::vector<uint16_t> probs16;
-    const size_t scratch =
-        static_cast<size_t>(max_kv) * (fused ? static_cast<size_t>(p.n_head) : detail::kMaxGroupHeads);
+    const size_t scratch = static_cast<size_t>(max_kv) *
+                           (fused ? static_cast<size_t>(p.n_head)
+                                  : static_cast<size_t>(tile_q > 0 ? detail::kMaxTileRows : detail::kMaxGroupHeads));
     if (scores.size() < scratch) {
       scores.resize(scratch);
       probs16.resize(scratch);
     }
     uint16_t q16[kMaxQ16];
+    // Query i's head h alone (the per-row kernels).
+    auto attend_one = [&](const AttentionSeq& seq, int64_t i, int64_t h) {
+      const float* qr = seq.q + i * q_stride(seq) + h * p.head_dim;
+      for (int64_t d = 0; d < p.head_dim; ++d) q16[d] = f32_to_f16(qr[d]);
+      const int64_t pos = seq.q_pos[i];
+      detail::F16AttendArgs a;
+      a.q16 = q16;
+      const size_t head_off = static_cast<size_t>((h / group) * p.head_dim) * 2;  // bytes of f16
+      a.kv = seq.kv;
+      a.kv.k += head_off;
+      a.kv.v += head_off;
+      a.head_dim = p.head_dim;
+      a.j_end = std::min<int64_t>(pos + 1, seq.n_kv);
+      a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+      a.scale = p.scale;
+      a.softcap = p.softcap;
+      a.scores = scores.data();
+      a.probs16 = probs16.data();
+      a.out = seq.out + i * out_stride(seq) + h * p.head_dim;
+      a.single_query = decode_form(seq, i);
+      if (avx512) {
+        detail::attend_f16_rounded_avx512(a);
+      } else if (avx2) {
+        detail::attend_f16_rounded_avx2(a);
+      } else {
+        detail::attend_f16_rounded_scalar(a);
+      }
+    };
+    // Unit `local` of a tiled sequence: queries [i0, i1) of KV head kvh,
+    // query-major (a query's heads adjacent: the same j_end).
+    auto attend_tile = [&](const AttentionSeq& seq, int64_t local) {
+      const int64_t kvh = local % p.n_head_kv, i0 = local / p.n_head_kv * tile_q;
+      const int64_t i1 = std::min(seq.n_q, i0 + tile_q);
+      uint16_t tq16[detail::kMaxTileRows * 256];
+      int64_t j_end[detail::kMaxTileRows];
+      float* outs[detail::kMaxTileRows];
+      int rows = 0;
+      for (int64_t i = i0; i < i1; ++i) {
+        if (decode_form(seq, i)) {  // llama.cpp's single-query arithmetic: not the tile's
+          for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) attend_one(seq, i, h);
+          continue;
+        }
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h, ++rows) {
+          const float* qr = seq.q + i * q_stride(seq) + h * p.head_dim;
+          for (int64_t d = 0; d < p.head_dim; ++d) tq16[rows * p.head_dim + d] = f32_to_f16(qr[d]);
+          j_end[rows] = std::min<int64_t>(seq.q_pos[i] + 1, seq.n_kv);
+          outs[rows] = seq.out + i * out_stride(seq) + h * p.head_dim;
+        }
+      }
+      if (rows == 0) return;
+      detail::F16TileArgs t;
+      t.q16 = tq16;
+      t.j_end = j_end;
+      t.kv = seq.kv;
+      const size_t head_off = static_cast<size_t>(kvh * p.head_dim) * 2;  // bytes of f16
+      t.kv.k += head_off;
+      t.kv.v += head_off;
+      t.head_dim = p.head_dim;
+      t.n_rows = rows;
+      t.scale = p.scale;
+      t.softcap = p.softcap;
+      t.scores = scores.data();
+      t.probs16 = probs16.data();
+      t.scratch_stride = max_kv;
+      t.out = outs;
+      detail::attend_f16_rounded_tile_avx512(t);
+    };
     int s = static_cast<int>(std::upper_bound(starts, starts + n_seqs + 1, begin) - starts) - 1;
     for (int64_t u = begin; u < end; ++u) {
       while (u >= starts[s + 1]) ++s;
@@ -146,33 +222,12 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
         detail::attend_f16_rounded_group_avx512(g);
         continue;
       }
-      // (query, head) within the sequence, head fastest
-      const int64_t i = local / p.n_head, h = local % p.n_head;
-      const float* qr = seq.q + i * q_stride(seq) + h * p.head_dim;
-      for (int64_t d = 0; d < p.head_dim; ++d) q16[d] = f32_to_f16(qr[d]);
-      const int64_t pos = seq.q_pos[i];
-      detail::F16AttendArgs a;
-      a.q16 = q16;
-      const size_t head_off = static_cast<size_t>((h / group) * p.head_dim) * 2;  // bytes of f16
-      a.kv = seq.kv;
-      a.kv.k += head_off;
-      a.kv.v += head_off;
-      a.head_dim = p.head_dim;
-      a.j_end = std::min<int64_t>(pos + 1, seq.n_kv);
-      a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
-      a.scale = p.scale;
-      a.softcap = p.softcap;
-      a.scores = scores.data();
-      a.probs16 = probs16.data();
-      a.out = seq.out + i * out_stride(seq) + h * p.head_dim;
-      a.single_query = decode_form(seq, i);
-      if (avx512) {
-        detail::attend_f16_rounded_avx512(a);
-      } else if (avx2) {
-        detail::attend_f16_rounded_avx2(a);
-      } else {
-        detail::attend_f16_rounded_scalar(a);
+      if (by_tile(seq)) {
+        attend_tile(seq, local);
+        continue;
       }
+      // (query, head) within the sequence, head fastest
+      attend_one(seq, local / p.n_head, local % p.n_head);
     }
   });
 }

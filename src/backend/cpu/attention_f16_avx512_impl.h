@@ -129,10 +129,8 @@ inline void pv_lanes(const F16AttendArgs& a, int n_lanes, int64_t n, float (*acc
 // The 16 keys' chains are interleaved (dims outer, keys inner) so they run
 // in parallel instead of one 4-cycle fma latency after another; each key
 // still adds its dims in order.
-inline void dot_qk16_multi(const __m512* qf, const F16AttendArgs& a, int64_t j0, int64_t hd, float* out) {
-  const uint16_t* rows[16];
-  for_each_row(a.kv, a.kv.k, j0, j0 + 16,
-               [&](int64_t j, const uint8_t* row) { rows[j - j0] = reinterpret_cast<const uint16_t*>(row); });
+// rows: the 16 keys' K rows (at this head).
+inline void qk16_multi_rows(const __m512* qf, const uint16_t* const* rows, int64_t hd, float* out) {
   __m512 c[16];
 #pragma GCC unroll 16
   for (int t = 0; t < 16; ++t) c[t] = _mm512_setzero_ps();
@@ -142,6 +140,18 @@ inline void dot_qk16_multi(const __m512* qf, const F16AttendArgs& a, int64_t j0,
     for (int t = 0; t < 16; ++t) c[t] = _mm512_fmadd_ps(load16(rows[t] + d), q, c[t]);
   }
   reduce16x16(c, out);
+}
+
+// The 16 K rows of keys [j0, j0 + 16) of one head, found through the block table.
+inline void k_rows16(const PagedKv& kv, int64_t j0, const uint16_t** rows) {
+  for_each_row(kv, kv.k, j0, j0 + 16,
+               [&](int64_t j, const uint8_t* row) { rows[j - j0] = reinterpret_cast<const uint16_t*>(row); });
+}
+
+inline void dot_qk16_multi(const __m512* qf, const F16AttendArgs& a, int64_t j0, int64_t hd, float* out) {
+  const uint16_t* rows[16];
+  k_rows16(a.kv, j0, rows);
+  qk16_multi_rows(qf, rows, hd, out);
 }
 
 // Scores [j_begin, j_blocked) hold raw q.k dots (16-key blocks); this

@@ -1,0 +1,170 @@
+// attend_f16_rounded_tile_avx512 (prefill attention for a tile of (query,
+// head) rows sharing one KV head) gives every row exactly the bits of the
+// per-row kernel attend_f16_rounded_avx512 in the batched (prefill) form,
+// over paged K/V with a shuffled block table, at every supported head_dim,
+// for tiles of 1..16 rows whose key counts sit around the 16-key blocks and
+// differ from row to row, with and without softcap; and
+// attention_f16_rounded_batch, which now takes the tiles for prefill, still
+// gives each (query, head) the per-row kernel's bits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/attention_f16.h"
+#include "backend/cpu/cpu_features.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+#include "quant_test_util.h"
+
+namespace rill::cpu {
+namespace {
+
+using testing::random_floats;
+
+// f16 K/V of n_kv keys, rows of n_kv_heads heads, in blocks of 16 keys
+// placed through a shuffled table.
+struct PagedF16 {
+  std::vector<int32_t> table;
+  std::vector<uint16_t> k, v;
+  PagedKv kv;  // at KV head 0
+  PagedF16(int64_t n_kv, int64_t n_kv_heads, int64_t hd, uint32_t seed) {
+    const int64_t row = n_kv_heads * hd, n_blocks = (n_kv + 15) / 16;
+    table.resize(static_cast<size_t>(n_blocks));
+    for (int64_t b = 0; b < n_blocks; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+    std::shuffle(table.begin(), table.end(), std::mt19937(seed));
+    k.resize(static_cast<size_t>(n_blocks * 16 * row));
+    v.resize(k.size());
+    const auto kf = random_floats(static_cast<int64_t>(k.size()), seed + 1, -2.0f, 2.0f);
+    const auto vf = random_floats(static_cast<int64_t>(v.size()), seed + 2);
+    for (size_t i = 0; i < k.size(); ++i) k[i] = f32_to_f16(kf[i]);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = f32_to_f16(vf[i]);
+    kv.k = reinterpret_cast<const uint8_t*>(k.data());
+    kv.v = reinterpret_cast<const uint8_t*>(v.data());
+    kv.table = table.data();
+    kv.block_shift = 4;
+    kv.row_bytes = static_cast<size_t>(row) * 2;
+    kv.block_bytes = 16 * kv.row_bytes;
+  }
+};
+
+// Row r of q16 alone through the per-row kernel (prefill form), at KV head kvh.
+std::vector<float> per_row(const uint16_t* q16, const PagedKv& head_kv, int64_t hd, int64_t j_end, float softcap) {
+  std::vector<float> s(static_cast<size_t>(j_end)), out(static_cast<size_t>(hd), -7.0f);
+  std::vector<uint16_t> p(s.size());
+  detail::F16AttendArgs a;
+  a.q16 = q16;
+  a.kv = head_kv;
+  a.head_dim = hd;
+  a.j_begin = 0;
+  a.j_end = j_end;
+  a.scale = 0.125f;
+  a.softcap = softcap;
+  a.scores = s.data();
+  a.probs16 = p.data();
+  a.out = out.data();
+  a.single_query = false;
+  detail::attend_f16_rounded_avx512(a);
+  return out;
+}
+
+void expect_tile_matches(int64_t hd, int n_rows, int64_t base, float softcap, uint32_t& seed) {
+  SCOPED_TRACE(::testing::Message() << "head_dim " << hd << " rows " << n_rows << " base " << base << " softcap "
+                                    << softcap);
+  // Rows in groups of 3 (a query's heads) share a key count; each next
+  // query sees one more key, so counts cross the 16-key blocks in a tile.
+  std::vector<int64_t> j_end(static_cast<size_t>(n_rows));
+  for (int r = 0; r < n_rows; ++r) j_end[static_cast<size_t>(r)] = base + r / 3;
+  const int64_t n_kv = *std::max_element(j_end.begin(), j_end.end());
+  const PagedF16 kvs(n_kv, 2, hd, seed++);
+  PagedKv head_kv = kvs.kv;  // the second KV head of each row
+  head_kv.k += hd * 2;
+  head_kv.v += hd * 2;
+  const auto qf = random_floats(n_rows * hd, seed++, -2.0f, 2.0f);
+  std::vector<uint16_t> q16(qf.size());
+  for (size_t i = 0; i < qf.size(); ++i) q16[i] = f32_to_f16(qf[i]);
+  const int64_t stride = n_kv + 3;
+  std::vector<float> scores(static_cast<size_t>(n_rows * stride)), got(qf.size(), -9.0f);
+  std::vector<uint16_t> probs(scores.size());
+  std::vector<float*> outs(static_cast<size_t>(n_rows));
+  for (int r = 0; r < n_rows; ++r) outs[static_cast<size_t>(r)] = got.data() + r * hd;
+  detail::F16TileArgs t;
+  t.q16 = q16.data();
+  t.j_end = j_end.data();
+  t.kv = head_kv;
+  t.head_dim = hd;
+  t.n_rows = n_rows;
+  t.scale = 0.125f;
+  t.softcap = softcap;
+  t.scores = scores.data();
+  t.probs16 = probs.data();
+  t.scratch_stride = stride;
+  t.out = outs.data();
+  detail::attend_f16_rounded_tile_avx512(t);
+  for (int r = 0; r < n_rows; ++r) {
+    const auto want = per_row(q16.data() + r * hd, head_kv, hd, j_end[static_cast<size_t>(r)], softcap);
+    ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * hd, want.size() * sizeof(float))) << "row " << r;
+    EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](float x) { return x != 0.0f; }));
+  }
+}
+
+TEST(AttentionF16Tile, EachRowMatchesThePerRowKernel) {
+  if (!cpu_features().avx512) GTEST_SKIP() << "needs AVX-512";
+  uint32_t seed = 5;
+  for (int64_t hd : {64, 128, 192, 256}) {
+    for (int rows : {1, 2, 3, 4, 5, 7, 12, detail::kMaxTileRows}) {
+      for (int64_t base : {1, 14, 16, 30, 63, 200}) expect_tile_matches(hd, rows, base, 0.0f, seed);
+    }
+    expect_tile_matches(hd, 9, 90, 30.0f, seed);
+  }
+}
+
+// The dispatcher: a prefill of many queries over 9 query heads sharing 3
+// KV heads (the default model's shape) and over 16 heads sharing 1 (tiles
+// of one query), every (query, head) row the per-row kernel's bits, with
+// and without decode_from inside the prompt (those rows take the decode
+// form, one by one).
+TEST(AttentionF16Tile, PrefillRowsAreThePerRowKernels) {
+  if (!cpu_features().avx512) GTEST_SKIP() << "needs AVX-512";
+  struct Shape {
+    int64_t heads, kv_heads, hd, n_q, n_kv, decode_from;
+  };
+  for (const Shape& c : {Shape{9, 3, 64, 37, 37, -1}, Shape{9, 3, 64, 20, 90, 80}, Shape{16, 1, 128, 5, 40, -1},
+                         Shape{4, 4, 256, 18, 18, -1}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " n_q " << c.n_q
+                                      << " n_kv " << c.n_kv << " decode_from " << c.decode_from);
+    const PagedF16 kvs(c.n_kv, c.kv_heads, c.hd, 21);
+    AttentionParams p;
+    p.n_head = c.heads;
+    p.n_head_kv = c.kv_heads;
+    p.head_dim = c.hd;
+    p.scale = 0.125f;
+    p.kv_dtype = DType::kF16;
+    const auto q = random_floats(c.n_q * c.heads * c.hd, 22, -2.0f, 2.0f);
+    std::vector<int32_t> pos(static_cast<size_t>(c.n_q));
+    for (int64_t i = 0; i < c.n_q; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(c.n_kv - c.n_q + i);
+    std::vector<float> got(q.size(), -9.0f);
+    const AttentionSeq seq{q.data(), pos.data(), c.n_q, kvs.kv, c.n_kv, got.data(), c.decode_from};
+    ThreadPool pool(2);
+    attention_f16_rounded_batch(&seq, 1, p, pool);
+    for (int64_t i = 0; i < c.n_q; ++i) {
+      for (int64_t h = 0; h < c.heads; ++h) {
+        if (c.decode_from >= 0 && pos[static_cast<size_t>(i)] >= c.decode_from) continue;  // the decode form
+        std::vector<uint16_t> q16(static_cast<size_t>(c.hd));
+        for (int64_t d = 0; d < c.hd; ++d) q16[static_cast<size_t>(d)] = f32_to_f16(q[(i * c.heads + h) * c.hd + d]);
+        PagedKv head_kv = kvs.kv;
+        const int64_t kvh = h / (c.heads / c.kv_heads);
+        head_kv.k += kvh * c.hd * 2;
+        head_kv.v += kvh * c.hd * 2;
+        const auto want = per_row(q16.data(), head_kv, c.hd, pos[static_cast<size_t>(i)] + 1, 0.0f);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data() + (i * c.heads + h) * c.hd, want.size() * sizeof(float)))
+            << "query " << i << " head " << h;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rill::cpu
