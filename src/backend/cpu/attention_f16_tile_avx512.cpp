@@ -67,6 +67,22 @@ constexpr int kRowsTogether = NV == 4   ? 4
                               : NV == 8 ? 2
                                         : 1;
 
+// qk16_multi_rows with the 16 keys' rows already in f32: the same fmas in
+// the same order (f16 to f32 is exact), so the same bits.
+template <int NV>
+inline void qk16_f32_rows(const __m512* qf, const float (*kf)[16 * NV], float* out) {
+  __m512 c[16];
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) c[t] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; ++i) {
+    const __m512 q = qf[i];
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t) c[t] = _mm512_fmadd_ps(_mm512_load_ps(kf[t] + 16 * i), q, c[t]);
+  }
+  reduce16x16(c, out);
+}
+
 template <int NV>
 void attend_tile(const F16TileArgs& a) {
   constexpr int64_t hd = 16 * NV;
@@ -78,11 +94,14 @@ void attend_tile(const F16TileArgs& a) {
   alignas(64) __m512 qf[kMaxTileRows][NV];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < NV; ++i) qf[r][i] = load16(a.q16 + r * hd + 16 * i);
+  alignas(64) float kf[16][hd];  // the block's K rows in f32 (exact), converted once for every row
   for (int64_t j0 = 0; j0 + 16 <= n_max; j0 += 16) {
     const uint16_t* rows[16];
     k_rows16(a.kv, j0, rows);
+    for (int t = 0; t < 16; ++t)
+      for (int i = 0; i < NV; ++i) _mm512_store_ps(kf[t] + 16 * i, load16(rows[t] + 16 * i));
     for (int r = 0; r < R; ++r) {
-      if (j0 + 16 <= a.j_end[r]) qk16_multi_rows(qf[r], rows, hd, a.scores + r * a.scratch_stride + j0);
+      if (j0 + 16 <= a.j_end[r]) qk16_f32_rows<NV>(qf[r], kf, a.scores + r * a.scratch_stride + j0);
     }
   }
   for (int r = 0; r < R; ++r) {
