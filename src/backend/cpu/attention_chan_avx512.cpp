@@ -10,6 +10,7 @@
 
 #include "backend/cpu/attention_chan.h"
 #include "backend/cpu/exp_ggml_avx512.h"
+#include "backend/cpu/kv_quant.h"
 #include "backend/cpu/quants.h"
 #include "core/e4m3.h"
 
@@ -18,6 +19,7 @@
 #define RILL_CHAN_GROUP_SUMS_PLANES
 #define RILL_CHAN_ACCUMULATE_V
 #define RILL_CHAN_ACCUMULATE_V_RUN
+#define RILL_CHAN_ACCUMULATE_V_TILE
 #define RILL_CHAN_GROUP_SCALES
 #define RILL_CHAN_SOFTMAX
 
@@ -316,6 +318,110 @@ inline bool accumulate_v_run(const ChanAttendArgs& a, const float* scores, int64
     default:
       return false;
   }
+}
+
+// One iq4_nlh64 V head (64 values) in f32, as accumulate_v decodes it.
+inline void decode_iq4_nl64(const uint8_t* v, float* out) {
+  alignas(64) static const float kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                1,    13,   25,  38,  53,  69,  89,  113};
+  const __m512 levels = _mm512_load_ps(kLevels);
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m512 d = _mm512_set1_ps(e4m3_value_fast(v[0]) * (1.0f / 16.0f));
+  const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 1));
+  const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 17));
+  _mm512_store_ps(out, _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b0, mask)), levels), d));
+  _mm512_store_ps(out + 16,
+                  _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b1, mask)), levels), d));
+  _mm512_store_ps(out + 32, _mm512_mul_ps(_mm512_permutexvar_ps(
+                                              _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b0, 4), mask)), levels),
+                                          d));
+  _mm512_store_ps(out + 48, _mm512_mul_ps(_mm512_permutexvar_ps(
+                                              _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b1, 4), mask)), levels),
+                                          d));
+}
+
+// N rows of accumulate_v_tile over keys [k0, k1) whose V heads sit in f32
+// at vf[j - k0]: each row's 64 sums in registers, one masked fma per
+// vector and key (rows skip the keys outside their range without touching
+// their sums: the same fmas as accumulate_v, in key order).
+template <int N>
+inline void v_tile_rows(const float (*vf)[64], int64_t k0, int64_t k1, const int64_t* lo, const int64_t* hi,
+                        const float* const* p, float* const* out) {
+  __m512 acc[N][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < N; ++r) {
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_loadu_ps(out[r] + 16 * k);
+  }
+  for (int64_t j = k0; j < k1; ++j) {
+    __m512 x[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) x[k] = _mm512_load_ps(vf[j - k0] + 16 * k);
+#pragma GCC unroll 4
+    for (int r = 0; r < N; ++r) {
+      const bool in = lo[r] <= j && j < hi[r];
+      const __mmask16 m = in ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>(0);
+      const __m512 pg = _mm512_set1_ps(p[r][in ? j : lo[r]]);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_mask3_fmadd_ps(pg, x[k], acc[r][k], m);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < N; ++r) {
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) _mm512_storeu_ps(out[r] + 16 * k, acc[r][k]);
+  }
+}
+
+// attend_tile's pool V pass (contract in attention_chan_impl.h) for
+// iq4_nlh64 at head_dim 64: per block of 32 keys the V heads are decoded
+// to f32 once, then every 4 rows take the block with their sums in
+// registers, where accumulate_v loaded and stored each row's sums for
+// every key.
+inline bool accumulate_v_tile(const ChanAttendArgs& a, const int64_t* jb, const int64_t* pe, int nq, const float* sc,
+                              int64_t sc_stride, float* out) {
+  if (a.v_type != kKvIq4Nl64 || a.head_dim != 64) return false;
+  const int H = a.n_heads, R = nq * H;
+  int64_t lo = jb[0], hi = pe[0];
+  for (int t = 1; t < nq; ++t) {
+    lo = jb[t] < lo ? jb[t] : lo;
+    hi = pe[t] > hi ? pe[t] : hi;
+  }
+  // Row r's range, its probabilities indexed by key (sc's row shifted by
+  // jb; only keys in range are read) and its output.
+  int64_t rlo[kChanTile * 64], rhi[kChanTile * 64];
+  const float* rp[kChanTile * 64];
+  float* ro[kChanTile * 64];
+  for (int r = 0; r < R; ++r) {
+    const int t = r / H;
+    rlo[r] = jb[t];
+    rhi[r] = pe[t];
+    rp[r] = sc + r * sc_stride - jb[t];
+    ro[r] = out + r * 64;
+  }
+  constexpr int64_t kT = kKvChanTokens;  // a pool block's keys
+  alignas(64) float vf[kT][64];
+  for (int64_t k0 = lo; k0 < hi;) {
+    const int64_t k1 = (k0 - k0 % kT + kT) < hi ? k0 - k0 % kT + kT : hi;
+    for (int64_t j = k0; j < k1; ++j) decode_iq4_nl64(a.kv.v_row(j), vf[j - k0]);
+    int r = 0;
+    for (; r + 4 <= R; r += 4) v_tile_rows<4>(vf, k0, k1, rlo + r, rhi + r, rp + r, ro + r);
+    switch (R - r) {
+      case 3:
+        v_tile_rows<3>(vf, k0, k1, rlo + r, rhi + r, rp + r, ro + r);
+        break;
+      case 2:
+        v_tile_rows<2>(vf, k0, k1, rlo + r, rhi + r, rp + r, ro + r);
+        break;
+      case 1:
+        v_tile_rows<1>(vf, k0, k1, rlo + r, rhi + r, rp + r, ro + r);
+        break;
+      default:
+        break;
+    }
+    k0 = k1;
+  }
+  return true;
 }
 
 }  // namespace rill::cpu::detail::avx512

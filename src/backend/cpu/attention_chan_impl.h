@@ -134,6 +134,18 @@ inline bool accumulate_v_run(const ChanAttendArgs&, const float*, int64_t, int64
 }
 #endif
 
+#ifndef RILL_CHAN_ACCUMULATE_V_TILE
+// attend_tile's V pass over the pool's keys in one call, where an ISA has a
+// form that keeps sums in registers: row r = t * n_heads + g (out + r *
+// head_dim) gets p * v for its keys [jb[t], pe[t]) in key order, p at sc[r
+// * sc_stride + j - jb[t]] (the same bits as accumulate_v key by key);
+// false: none here, the caller goes key by key.
+inline bool accumulate_v_tile(const ChanAttendArgs&, const int64_t*, const int64_t*, int, const float*, int64_t,
+                              float*) {
+  return false;
+}
+#endif
+
 // Head `head`'s hd elements of a q8_0 tail row (kKvChanTailType) into out:
 // f16 d times the int8 code, exact in f32. A head may share a block with
 // its neighbour (head_dim 16); the row is whole blocks.
@@ -314,15 +326,21 @@ inline void attend_tile(const ChanTileArgs& a) {
       softmax_in_place(s_of(t, g), n);
     }
   }
-  for (int64_t j = jb[0]; j < je[nq - 1]; ++j) {
-    int t0, t1;
-    range(jb, pe, j, t0, t1);
-    if (t0 < t1) {
+  // Each row's pool keys in key order, then its own blocks' keys (pe[t] <=
+  // ob[t]: the order of one query alone).
+  if (!accumulate_v_tile(a, jb, pe, nq, sc, nmax, out)) {
+    for (int64_t j = jb[0]; j < pe[nq - 1]; ++j) {
+      int t0, t1;
+      range(jb, pe, j, t0, t1);
+      if (t0 == t1) continue;
       for (int t = t0; t < t1; ++t) {
         for (int g = 0; g < H; ++g) pj[(t - t0) * H + g] = s_of(t, g)[j - jb[t]];
       }
       accumulate_v(a, a.kv.v_row(j), pj, row, out + t0 * H * hd, (t1 - t0) * H);
     }
+  }
+  for (int64_t j = ob[0]; j < je[nq - 1]; ++j) {
+    int t0, t1;
     range(ob, je, j, t0, t1);
     if (t0 < t1) {  // the own blocks' values from their q8_0 rows
       decode_tail_head(tail_row(a.tail.tail_v, a.tail.step_v, j), a.head, hd, row);
