@@ -21,6 +21,7 @@
 #define RILL_CHAN_ACCUMULATE_V_RUN
 #define RILL_CHAN_ACCUMULATE_V_TILE
 #define RILL_CHAN_GROUP_SCALES
+#define RILL_CHAN_GROUP_SCALES_TILE
 #define RILL_CHAN_SOFTMAX
 
 namespace rill::cpu::detail::avx512 {
@@ -173,6 +174,41 @@ inline void group_scales(const float* q, const uint16_t* z, const uint8_t* d, in
       _mm512_storeu_ps(qd + g * hd + c, _mm512_mul_ps(qc, df));
     }
     qz[g] = _mm512_reduce_add_ps(acc);
+  }
+}
+
+// group_scales for a tile's queries (contract in attention_chan_impl.h):
+// the group's zeros and steps converted once for every (query, head) row
+// instead of once per row, each row's operations as group_scales's.
+inline void group_scales_tile(const float* q, int64_t q_stride, int nq, const uint16_t* z, const uint8_t* d, int64_t hd,
+                              int n_heads, float* qd, float* qz) {
+  constexpr int64_t kMaxHd = 256;
+  if (hd > kMaxHd) {
+    for (int t = 0; t < nq; ++t) {
+      group_scales(q + t * q_stride, z, d, hd, n_heads, qd + t * n_heads * hd, qz + t * n_heads);
+    }
+    return;
+  }
+  const float* table = e4m3_values();
+  const __m512 sixteenth = _mm512_set1_ps(1.0f / 16.0f);
+  __m512 zf[kMaxHd / 16], df[kMaxHd / 16];
+  for (int64_t c = 0; c < hd; c += 16) {
+    zf[c / 16] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(z + c)));
+    const __m512i di = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + c)));
+    df[c / 16] = _mm512_mul_ps(_mm512_i32gather_ps(di, table, 4), sixteenth);
+  }
+  for (int t = 0; t < nq; ++t) {
+    for (int g = 0; g < n_heads; ++g) {
+      const float* qg = q + t * q_stride + g * hd;
+      float* qdg = qd + (t * n_heads + g) * hd;
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t c = 0; c < hd; c += 16) {
+        const __m512 qc = _mm512_loadu_ps(qg + c);
+        acc = _mm512_fmadd_ps(qc, zf[c / 16], acc);
+        _mm512_storeu_ps(qdg + c, _mm512_mul_ps(qc, df[c / 16]));
+      }
+      qz[t * n_heads + g] = _mm512_reduce_add_ps(acc);
+    }
   }
 }
 

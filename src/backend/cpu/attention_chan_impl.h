@@ -107,6 +107,18 @@ inline void group_scales(const float* q, const uint16_t* z, const uint8_t* d, in
 }
 #endif
 
+#ifndef RILL_CHAN_GROUP_SCALES_TILE
+// group_scales for the queries [0, nq) of a tile that read one group
+// (query t's heads at q + t * q_stride): query t's qd rows and qz at
+// t * n_heads.
+inline void group_scales_tile(const float* q, int64_t q_stride, int nq, const uint16_t* z, const uint8_t* d, int64_t hd,
+                              int n_heads, float* qd, float* qz) {
+  for (int t = 0; t < nq; ++t) {
+    group_scales(q + t * q_stride, z, d, hd, n_heads, qd + t * n_heads * hd, qz + t * n_heads);
+  }
+}
+#endif
+
 #ifndef RILL_CHAN_ACCUMULATE_V
 // out[g] += p[g] * row (g < n_rows, out rows head_dim apart) for one key's
 // V head in f32.
@@ -279,7 +291,7 @@ inline void attend_tile(const ChanTileArgs& a) {
     const uint8_t* blk = a.k_blocks + static_cast<size_t>(a.kv.table[b0 / kT]) * a.kv.block_bytes;
     const auto* z = reinterpret_cast<const uint16_t*>(blk) + a.head * hd;
     const uint8_t* d = blk + 2 * W + a.head * hd;
-    for (int t = t0; t < t1; ++t) group_scales(q_of(t), z, d, hd, H, qd + t * H * hd, qzs + t * H);
+    group_scales_tile(q_of(t0), a.q_stride, t1 - t0, z, d, hd, H, qd + t0 * H * hd, qzs + t0 * H);
     if (a.k_widths) {
       group_sums_planes(blk + a.k_plane_offset, a.k_widths, qd + t0 * H * hd, hd, (t1 - t0) * H, acc + t0 * H * kT);
     } else {
@@ -294,8 +306,10 @@ inline void attend_tile(const ChanTileArgs& a) {
         const int64_t sj = jb[t], aj = b0;
         if (a.softcap > 0.0f) {
           for (int64_t j = lo; j < hi; ++j) s[j - sj] = capped((qz + ag[j - aj]) * a.scale, a.softcap);
-        } else {  // capped's other branch, a loop the compiler vectorizes
-          for (int64_t j = lo; j < hi; ++j) s[j - sj] = (qz + ag[j - aj]) * a.scale;
+        } else {  // capped's other branch, a loop the compiler vectorizes (s, ag and a never overlap)
+          const float scale = a.scale;
+#pragma GCC ivdep
+          for (int64_t j = lo; j < hi; ++j) s[j - sj] = (qz + ag[j - aj]) * scale;
         }
       }
     }
