@@ -1,8 +1,10 @@
 // Attention over an f16 KV cache on the default model's shapes (9 query
 // heads, 3 KV heads, head_dim 64): a 512-token prefill and one decode token
-// at 512 keys, and a 512-token chunk at 8,192 keys. GFLOP/s counts
-// 4 * head_dim flops per visible (query, key, head) triple (q.k and p.v). The _paged variants scatter the K/V rows over
-// 16-row blocks in shuffled order (a block table), as the paged cache does.
+// at 512 keys, and a 512-token chunk at 8,192 keys (also in a sliding
+// window of 1,024). GFLOP/s counts 4 * head_dim flops per visible (query,
+// key, head) triple (q.k and p.v). The _paged variants scatter the K/V rows
+// over 16-row blocks in shuffled order (a block table), as the paged cache
+// does.
 // Args: {n_threads}.
 #include <benchmark/benchmark.h>
 
@@ -18,7 +20,7 @@
 namespace rill::cpu {
 namespace {
 
-void run(benchmark::State& state, int64_t n_q, int64_t n_kv, bool paged) {
+void run(benchmark::State& state, int64_t n_q, int64_t n_kv, bool paged, int64_t window = 0) {
   static ThreadPool pool2(2), pool1(1);
   ThreadPool& pool = state.range(0) == 1 ? pool1 : pool2;
   AttentionParams p;
@@ -27,6 +29,7 @@ void run(benchmark::State& state, int64_t n_q, int64_t n_kv, bool paged) {
   p.head_dim = 64;
   p.scale = 0.125f;
   p.kv_dtype = DType::kF16;
+  p.window = window;
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> q(n_q * 9 * 64), out(q.size());
@@ -37,7 +40,7 @@ void run(benchmark::State& state, int64_t n_q, int64_t n_kv, bool paged) {
   std::vector<int32_t> pos(n_q);
   for (int64_t i = 0; i < n_q; ++i) pos[i] = static_cast<int32_t>(n_kv - n_q + i);
   double visible = 0;
-  for (int32_t ps : pos) visible += ps + 1;
+  for (int32_t ps : pos) visible += window > 0 ? std::min<int64_t>(ps + 1, window) : ps + 1;
   const size_t row_b = 3 * 64 * sizeof(uint16_t);
   PagedKv kv = make_contiguous_kv(k.data(), v.data(), row_b);
   constexpr int32_t kShift = 4;
@@ -134,11 +137,20 @@ void BM_attention_decode_at_512_paged(benchmark::State& s) {
 void BM_attention_prefill_512_at_8k_paged(benchmark::State& s) {
   run(s, 512, 8192, true);
 }
+// The same in a sliding-window layer of 1,024 keys (Gemma 3's local layers).
+void BM_attention_prefill_512_at_8k_window1024_paged(benchmark::State& s) {
+  run(s, 512, 8192, true, 1024);
+}
 BENCHMARK(BM_attention_prefill_512)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode_at_512)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_attention_prefill_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode_at_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_attention_prefill_512_at_8k_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_prefill_512_at_8k_window1024_paged)
+    ->Arg(2)
+    ->Arg(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace rill::cpu

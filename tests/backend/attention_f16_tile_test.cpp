@@ -3,7 +3,7 @@
 // per-row kernel attend_f16_rounded_avx512 in the batched (prefill) form,
 // over paged K/V with a shuffled block table, at every supported head_dim,
 // for tiles of 1..16 rows whose key counts sit around the 16-key blocks and
-// differ from row to row, with and without softcap; and
+// differ from row to row, with and without softcap and sliding windows; and
 // attention_f16_rounded_batch, which now takes the tiles for prefill, still
 // gives each (query, head) the per-row kernel's bits.
 #include <gtest/gtest.h>
@@ -51,14 +51,15 @@ struct PagedF16 {
 };
 
 // Row r of q16 alone through the per-row kernel (prefill form), at KV head kvh.
-std::vector<float> per_row(const uint16_t* q16, const PagedKv& head_kv, int64_t hd, int64_t j_end, float softcap) {
+std::vector<float> per_row(const uint16_t* q16, const PagedKv& head_kv, int64_t hd, int64_t j_begin, int64_t j_end,
+                           float softcap) {
   std::vector<float> s(static_cast<size_t>(j_end)), out(static_cast<size_t>(hd), -7.0f);
   std::vector<uint16_t> p(s.size());
   detail::F16AttendArgs a;
   a.q16 = q16;
   a.kv = head_kv;
   a.head_dim = hd;
-  a.j_begin = 0;
+  a.j_begin = j_begin;
   a.j_end = j_end;
   a.scale = 0.125f;
   a.softcap = softcap;
@@ -70,13 +71,18 @@ std::vector<float> per_row(const uint16_t* q16, const PagedKv& head_kv, int64_t 
   return out;
 }
 
-void expect_tile_matches(int64_t hd, int n_rows, int64_t base, float softcap, uint32_t& seed) {
+// window > 0: row r sees its last `window` keys.
+void expect_tile_matches(int64_t hd, int n_rows, int64_t base, float softcap, int64_t window, uint32_t& seed) {
   SCOPED_TRACE(::testing::Message() << "head_dim " << hd << " rows " << n_rows << " base " << base << " softcap "
-                                    << softcap);
+                                    << softcap << " window " << window);
   // Rows in groups of 3 (a query's heads) share a key count; each next
   // query sees one more key, so counts cross the 16-key blocks in a tile.
   std::vector<int64_t> j_end(static_cast<size_t>(n_rows));
-  for (int r = 0; r < n_rows; ++r) j_end[static_cast<size_t>(r)] = base + r / 3;
+  std::vector<int64_t> j_begin(static_cast<size_t>(n_rows), 0);
+  for (int r = 0; r < n_rows; ++r) {
+    j_end[static_cast<size_t>(r)] = base + r / 3;
+    if (window > 0) j_begin[static_cast<size_t>(r)] = std::max<int64_t>(0, base + r / 3 - window);
+  }
   const int64_t n_kv = *std::max_element(j_end.begin(), j_end.end());
   const PagedF16 kvs(n_kv, 2, hd, seed++);
   PagedKv head_kv = kvs.kv;  // the second KV head of each row
@@ -102,9 +108,11 @@ void expect_tile_matches(int64_t hd, int n_rows, int64_t base, float softcap, ui
   t.probs16 = probs.data();
   t.scratch_stride = stride;
   t.out = outs.data();
+  t.j_begin = window > 0 ? j_begin.data() : nullptr;
   detail::attend_f16_rounded_tile_avx512(t);
   for (int r = 0; r < n_rows; ++r) {
-    const auto want = per_row(q16.data() + r * hd, head_kv, hd, j_end[static_cast<size_t>(r)], softcap);
+    const auto want = per_row(q16.data() + r * hd, head_kv, hd, j_begin[static_cast<size_t>(r)],
+                              j_end[static_cast<size_t>(r)], softcap);
     ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * hd, want.size() * sizeof(float))) << "row " << r;
     EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](float x) { return x != 0.0f; }));
   }
@@ -115,9 +123,18 @@ TEST(AttentionF16Tile, EachRowMatchesThePerRowKernel) {
   uint32_t seed = 5;
   for (int64_t hd : {64, 128, 192, 256}) {
     for (int rows : {1, 2, 3, 4, 5, 7, 12, detail::kMaxTileRows}) {
-      for (int64_t base : {1, 14, 16, 30, 63, 200}) expect_tile_matches(hd, rows, base, 0.0f, seed);
+      for (int64_t base : {1, 14, 16, 30, 63, 200}) expect_tile_matches(hd, rows, base, 0.0f, 0, seed);
     }
-    expect_tile_matches(hd, 9, 90, 30.0f, seed);
+    expect_tile_matches(hd, 9, 90, 30.0f, 0, seed);
+    // Windows: starts inside and at the 16-key blocks, rows with no whole
+    // block, a window of one key.
+    for (int64_t window : {1, 5, 16, 17, 40}) {
+      for (int64_t base : {3, 33, 100}) expect_tile_matches(hd, 12, base, 0.0f, window, seed);
+    }
+    expect_tile_matches(hd, 7, 90, 30.0f, 20, seed);
+    // The first rows with no whole block, starting before the later rows' first block.
+    expect_tile_matches(hd, 15, 45, 0.0f, 20, seed);
+    expect_tile_matches(hd, 16, 46, 0.0f, 23, seed);
   }
 }
 
@@ -125,16 +142,18 @@ TEST(AttentionF16Tile, EachRowMatchesThePerRowKernel) {
 // KV heads (the default model's shape) and over 16 heads sharing 1 (tiles
 // of one query), every (query, head) row the per-row kernel's bits, with
 // and without decode_from inside the prompt (those rows take the decode
-// form, one by one).
+// form, one by one) and with a sliding window.
 TEST(AttentionF16Tile, PrefillRowsAreThePerRowKernels) {
   if (!cpu_features().avx512) GTEST_SKIP() << "needs AVX-512";
   struct Shape {
-    int64_t heads, kv_heads, hd, n_q, n_kv, decode_from;
+    int64_t heads, kv_heads, hd, n_q, n_kv, decode_from, window;
   };
-  for (const Shape& c : {Shape{9, 3, 64, 37, 37, -1}, Shape{9, 3, 64, 20, 90, 80}, Shape{16, 1, 128, 5, 40, -1},
-                         Shape{4, 4, 256, 18, 18, -1}}) {
+  for (const Shape& c :
+       {Shape{9, 3, 64, 37, 37, -1, 0}, Shape{9, 3, 64, 20, 90, 80, 0}, Shape{16, 1, 128, 5, 40, -1, 0},
+        Shape{4, 4, 256, 18, 18, -1, 0}, Shape{9, 3, 64, 60, 100, -1, 23}, Shape{8, 2, 256, 30, 70, 65, 32}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " n_q " << c.n_q
-                                      << " n_kv " << c.n_kv << " decode_from " << c.decode_from);
+                                      << " n_kv " << c.n_kv << " decode_from " << c.decode_from << " window "
+                                      << c.window);
     const PagedF16 kvs(c.n_kv, c.kv_heads, c.hd, 21);
     AttentionParams p;
     p.n_head = c.heads;
@@ -142,6 +161,7 @@ TEST(AttentionF16Tile, PrefillRowsAreThePerRowKernels) {
     p.head_dim = c.hd;
     p.scale = 0.125f;
     p.kv_dtype = DType::kF16;
+    p.window = c.window;
     const auto q = random_floats(c.n_q * c.heads * c.hd, 22, -2.0f, 2.0f);
     std::vector<int32_t> pos(static_cast<size_t>(c.n_q));
     for (int64_t i = 0; i < c.n_q; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(c.n_kv - c.n_q + i);
@@ -158,7 +178,9 @@ TEST(AttentionF16Tile, PrefillRowsAreThePerRowKernels) {
         const int64_t kvh = h / (c.heads / c.kv_heads);
         head_kv.k += kvh * c.hd * 2;
         head_kv.v += kvh * c.hd * 2;
-        const auto want = per_row(q16.data(), head_kv, c.hd, pos[static_cast<size_t>(i)] + 1, 0.0f);
+        const int64_t end = pos[static_cast<size_t>(i)] + 1;
+        const auto want =
+            per_row(q16.data(), head_kv, c.hd, c.window > 0 ? std::max<int64_t>(0, end - c.window) : 0, end, 0.0f);
         ASSERT_EQ(0, std::memcmp(want.data(), got.data() + (i * c.heads + h) * c.hd, want.size() * sizeof(float)))
             << "query " << i << " head " << h;
       }

@@ -82,11 +82,11 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   // so a sequence read by one core comes from DRAM once; split across cores
   // each core would fetch the same lines. Where one call can take them all
   // (parts == 1), it does, reading each row whole and in order.
-  // Prefill on AVX-512 (no window): a unit is a tile of up to tile_q
+  // Prefill on AVX-512: a unit is a tile of up to tile_q
   // queries times one KV head's query heads (attend_f16_rounded_tile_avx512),
   // which reads each K and V row once for all of them instead of once per
   // (query, head); queries in the decode form inside a tile go one by one.
-  const int64_t tile_q = avx512 && p.window <= 0 && group <= detail::kMaxTileRows ? detail::kMaxTileRows / group : 0;
+  const int64_t tile_q = avx512 && group <= detail::kMaxTileRows ? detail::kMaxTileRows / group : 0;
   auto by_tile = [&](const AttentionSeq& seq) { return tile_q > 0 && !by_kv_head(seq); };
   bool all_by_kv_head = gmax > 0;
   for (int s = 0; s < n_seqs && all_by_kv_head; ++s) all_by_kv_head = by_kv_head(seqs[s]);
@@ -157,7 +157,7 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
       const int64_t kvh = local % p.n_head_kv, i0 = local / p.n_head_kv * tile_q;
       const int64_t i1 = std::min(seq.n_q, i0 + tile_q);
       uint16_t tq16[detail::kMaxTileRows * 256];
-      int64_t j_end[detail::kMaxTileRows];
+      int64_t j_begin[detail::kMaxTileRows], j_end[detail::kMaxTileRows];
       float* outs[detail::kMaxTileRows];
       int rows = 0;
       for (int64_t i = i0; i < i1; ++i) {
@@ -168,7 +168,9 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h, ++rows) {
           const float* qr = seq.q + i * q_stride(seq) + h * p.head_dim;
           for (int64_t d = 0; d < p.head_dim; ++d) tq16[rows * p.head_dim + d] = f32_to_f16(qr[d]);
-          j_end[rows] = std::min<int64_t>(seq.q_pos[i] + 1, seq.n_kv);
+          const int64_t pos = seq.q_pos[i];
+          j_end[rows] = std::min<int64_t>(pos + 1, seq.n_kv);
+          j_begin[rows] = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
           outs[rows] = seq.out + i * out_stride(seq) + h * p.head_dim;
         }
       }
@@ -176,6 +178,7 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
       detail::F16TileArgs t;
       t.q16 = tq16;
       t.j_end = j_end;
+      t.j_begin = j_begin;
       t.kv = seq.kv;
       const size_t head_off = static_cast<size_t>(kvh * p.head_dim) * 2;  // bytes of f16
       t.kv.k += head_off;

@@ -69,7 +69,7 @@ struct F16GroupArgs {
 inline constexpr int kMaxFusedKvHeads = 8;
 
 // The batched (prefill) form for up to kMaxTileRows (query, head) rows that
-// share one KV head and see keys [0, j_end[r]) (no window): each row's
+// share one KV head, row r seeing keys [j_begin[r], j_end[r]): each row's
 // output bit-identical to attend_f16_rounded_avx512 without single_query,
 // each K row read once for all rows and each V row once for every few
 // (the p.v accumulators of up to 4 rows stay in registers together).
@@ -78,15 +78,16 @@ inline constexpr int kMaxFusedKvHeads = 8;
 inline constexpr int kMaxTileRows = 16;
 struct F16TileArgs {
   const uint16_t* q16;   // [n_rows, head_dim] f16
-  const int64_t* j_end;  // [n_rows]: row r sees keys [0, j_end[r]), j_end[r] >= 1
+  const int64_t* j_end;  // [n_rows]: row r sees keys [j_begin[r], j_end[r]), j_end[r] > j_begin[r]
   PagedKv kv;            // at the KV head (as F16AttendArgs::kv)
   int64_t head_dim;      // attend_f16_exact_supported
   int n_rows;            // 1..kMaxTileRows; rows with close j_end best adjacent
   float scale, softcap;
-  float* scores;           // scratch [n_rows, scratch_stride]
-  uint16_t* probs16;       // scratch [n_rows, scratch_stride]
-  int64_t scratch_stride;  // >= every j_end
-  float* const* out;       // [n_rows]: row r's output [head_dim]
+  float* scores;                     // scratch [n_rows, scratch_stride]
+  uint16_t* probs16;                 // scratch [n_rows, scratch_stride]
+  int64_t scratch_stride;            // >= every j_end
+  float* const* out;                 // [n_rows]: row r's output [head_dim]
+  const int64_t* j_begin = nullptr;  // [n_rows] (a sliding window); null: every row from key 0
 };
 void attend_f16_rounded_tile_avx512(const F16TileArgs& a);
 // Most heads one call takes for this head_dim; 0 when the form is unsupported.

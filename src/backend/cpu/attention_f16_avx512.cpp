@@ -21,8 +21,10 @@ bool attend_f16_exact_supported(int64_t head_dim) {
 void attend_f16_rounded_avx512(const F16AttendArgs& a) {
   const int64_t hd = a.head_dim;
   const int64_t n = a.j_end;  // keys [0, j_end); those before j_begin are masked
-  // Scores for keys 0..n-1 (masked: -inf), chunked from key 0 like llama.cpp's padded rows.
-  int64_t j = 0;
+  // Scores for keys from j_begin's 16-key chunk to n-1 (masked: -inf),
+  // chunked from key 0 like llama.cpp's padded rows (softmax_probs16 skips
+  // the wholly masked chunks before).
+  int64_t j = a.j_begin / 16 * 16;
   for (; j < a.j_begin; ++j) a.scores[j] = -INFINITY;
   {
     __m512 qf[16];  // head_dim <= 256
@@ -37,7 +39,7 @@ void attend_f16_rounded_avx512(const F16AttendArgs& a) {
     }
   }
   const float max = finish_scores(a.q16, a.kv, hd, a.j_begin, j, n, a.scale, a.softcap, a.single_query, a.scores);
-  softmax_probs16(a.scores, a.probs16, n, max);
+  softmax_probs16(a.scores, a.probs16, a.j_begin, n, max);
 
   // p.v: accumulator row (key % n_lanes) per key, each a vector over head dims.
   const int n_lanes = a.single_query ? 64 : 16;

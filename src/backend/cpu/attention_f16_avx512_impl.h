@@ -188,11 +188,16 @@ inline float finish_scores(const uint16_t* q16, const PagedKv& kv, int64_t hd, i
 
 // Softmax of scores [0, n) (masked keys -inf) with llama.cpp's chunking:
 // exp in 16-key chunks aligned at key 0, chunk sums added in double,
-// probabilities * (float)(1 / sum) rounded to f16 into probs16.
-inline void softmax_probs16(float* scores, uint16_t* probs16, int64_t n, float max) {
+// probabilities * (float)(1 / sum) rounded to f16 into probs16. Keys before
+// j_begin are masked (a sliding window): the chunks wholly before it are
+// skipped, since their exps are 0 and add exactly 0 to the sum, and their
+// scores and probabilities are neither read nor written; the chunk that
+// holds j_begin needs -inf below it.
+inline void softmax_probs16(float* scores, uint16_t* probs16, int64_t j_begin, int64_t n, float max) {
   double sum = 0.0;
   const __m512 vmax = _mm512_set1_ps(max);
-  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+  const int64_t first = j_begin / 16 * 16;
+  for (int64_t j0 = first; j0 < n; j0 += 16) {
     const __mmask16 m = n - j0 >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j0)) - 1);
     const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, scores + j0);
     const __m512 e = exp_ggml512(_mm512_sub_ps(s, vmax));
@@ -203,7 +208,7 @@ inline void softmax_probs16(float* scores, uint16_t* probs16, int64_t n, float m
   // Rounded to f16 16 at a time: the conversion rounds to nearest even, as
   // f32_to_f16 does (probabilities are finite, so NaN payloads never matter).
   const __m512 vinv = _mm512_set1_ps(inv);
-  int64_t jp = 0;
+  int64_t jp = first;
   for (; jp + 16 <= n; jp += 16) {
     const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(scores + jp), vinv),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

@@ -113,7 +113,7 @@ void attend_heads(const F16GroupArgs& a) {
   for (int g = 0; g < H * G; ++g) {
     scores[g] = a.scores + g * a.scratch_stride;
     probs[g] = a.probs16 + g * a.scratch_stride;
-    for (int64_t j = 0; j < a.j_begin; ++j) scores[g][j] = -INFINITY;
+    for (int64_t j = a.j_begin / 16 * 16; j < a.j_begin; ++j) scores[g][j] = -INFINITY;  // softmax_probs16's
   }
   auto head_kv = [&](int h) {
     PagedKv kv = a.kv;
@@ -140,7 +140,7 @@ void attend_heads(const F16GroupArgs& a) {
       const int hg = h * G + g;
       const float max = finish_scores(a.q16 + hg * hd, kv, hd, a.j_begin, j, n, a.scale, a.softcap,
                                       /*single_query=*/true, scores[hg]);
-      softmax_probs16(scores[hg], a.probs16 + hg * a.scratch_stride, n, max);
+      softmax_probs16(scores[hg], a.probs16 + hg * a.scratch_stride, a.j_begin, n, max);
     }
   }
   // Per-thread lane accumulators, grown to the largest call (not per step).
@@ -166,7 +166,7 @@ void attend_group(const F16GroupArgs& a) {
   for (int g = 0; g < G; ++g) {
     scores[g] = a.scores + g * a.scratch_stride;
     probs[g] = a.probs16 + g * a.scratch_stride;
-    for (int64_t j = 0; j < a.j_begin; ++j) scores[g][j] = -INFINITY;
+    for (int64_t j = a.j_begin / 16 * 16; j < a.j_begin; ++j) scores[g][j] = -INFINITY;  // softmax_probs16's
   }
   int64_t j = a.j_begin;
   {
@@ -183,7 +183,7 @@ void attend_group(const F16GroupArgs& a) {
   for (int g = 0; g < G; ++g) {
     const float max = finish_scores(a.q16 + g * hd, a.kv, hd, a.j_begin, j, n, a.scale, a.softcap,
                                     /*single_query=*/true, scores[g]);
-    softmax_probs16(scores[g], a.probs16 + g * a.scratch_stride, n, max);
+    softmax_probs16(scores[g], a.probs16 + g * a.scratch_stride, a.j_begin, n, max);
   }
   alignas(64) float acc[G * 64 * hd];
   pv_group<G, NV>(a.kv, a.j_begin, n, probs, acc);

@@ -8,6 +8,8 @@
 // V row, once loaded and converted, feeds the accumulators of up to four
 // rows held in registers.
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 #include "backend/cpu/attention_f16_avx512_impl.h"
 
@@ -23,8 +25,11 @@ namespace {
 // The p.v lanes (key % 16) of S rows at once: per lane, the keys every row
 // sees are loaded once for all S; each row then goes on alone to its own
 // j_end. acc[s]: row s's [16][256] lane accumulators.
-template <int S, int NV>
-void pv_rows(const PagedKv& kv, const int64_t* n, const uint16_t* const* probs16, float (*const* acc)[256]) {
+// Row s reads keys [jb[s], n[s]); a lane's keys before the rows' common
+// start go row by row first, so each row still adds its keys in order.
+template <int S, int NV, bool kWindow>
+void pv_rows(const PagedKv& kv, const int64_t* jb, const int64_t* n, const uint16_t* const* probs16,
+             float (*const* acc)[256]) {
   int64_t n_min = n[0];
   for (int s = 1; s < S; ++s) n_min = std::min(n_min, n[s]);
   for (int l = 0; l < 16; ++l) {
@@ -34,6 +39,23 @@ void pv_rows(const PagedKv& kv, const int64_t* n, const uint16_t* const* probs16
 #pragma GCC unroll 16
       for (int i = 0; i < NV; ++i) r[s][i] = _mm512_setzero_ps();
     int64_t j = l;
+    if constexpr (kWindow) {
+      // Row s's first key of lane l (the per-row kernel's), and the latest of them.
+      int64_t first[S];
+      for (int s = 0; s < S; ++s) {
+        first[s] = l < jb[s] ? l + (jb[s] - l + 15) / 16 * 16 : l;
+        j = std::max(j, first[s]);
+      }
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        for (int64_t js = first[s]; js < j && js < n[s]; js += 16) {
+          const auto* vr = reinterpret_cast<const uint16_t*>(kv.v_row(js));
+          const __m512 p = _mm512_set1_ps(_cvtsh_ss(probs16[s][js]));
+#pragma GCC unroll 16
+          for (int i = 0; i < NV; ++i) r[s][i] = _mm512_fmadd_ps(load16(vr + 16 * i), p, r[s][i]);
+        }
+      }
+    }
     for (; j < n_min; j += 16) {
       const auto* vr = reinterpret_cast<const uint16_t*>(kv.v_row(j));
       __m512 v[NV];
@@ -88,28 +110,47 @@ void attend_tile(const F16TileArgs& a) {
   constexpr int64_t hd = 16 * NV;
   constexpr int S = kRowsTogether<NV>;
   const int R = a.n_rows;
-  int64_t n_max = 0;
-  for (int r = 0; r < R; ++r) n_max = std::max(n_max, a.j_end[r]);
+  // Row r's keys [jb[r], j_end[r]); its 16-key blocks (aligned at key 0)
+  // [lo[r], hi[r]) come from the shared pass, its other keys one by one.
+  int64_t jb[kMaxTileRows], lo[kMaxTileRows], hi[kMaxTileRows];
+  int64_t n_max = 0, lo_min = std::numeric_limits<int64_t>::max();
+  for (int r = 0; r < R; ++r) {
+    jb[r] = a.j_begin ? a.j_begin[r] : 0;
+    lo[r] = (jb[r] + 15) / 16 * 16;
+    hi[r] = a.j_end[r] / 16 * 16;
+    n_max = std::max(n_max, a.j_end[r]);
+    if (lo[r] >= hi[r]) {  // no whole block: every key one by one
+      lo[r] = hi[r] = jb[r];
+    } else {
+      lo_min = std::min(lo_min, lo[r]);  // a multiple of 16
+    }
+  }
   // q.k: each block of 16 keys serves every row that sees all of it.
   alignas(64) __m512 qf[kMaxTileRows][NV];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < NV; ++i) qf[r][i] = load16(a.q16 + r * hd + 16 * i);
   alignas(64) float kf[16][hd];  // the block's K rows in f32 (exact), converted once for every row
-  for (int64_t j0 = 0; j0 + 16 <= n_max; j0 += 16) {
+  for (int64_t j0 = lo_min; j0 <= n_max - 16; j0 += 16) {  // none when no row has a whole block
     const uint16_t* rows[16];
     k_rows16(a.kv, j0, rows);
     for (int t = 0; t < 16; ++t)
       for (int i = 0; i < NV; ++i) _mm512_store_ps(kf[t] + 16 * i, load16(rows[t] + 16 * i));
     for (int r = 0; r < R; ++r) {
-      if (j0 + 16 <= a.j_end[r]) qk16_f32_rows<NV>(qf[r], kf, a.scores + r * a.scratch_stride + j0);
+      if (lo[r] <= j0 && j0 + 16 <= hi[r]) qk16_f32_rows<NV>(qf[r], kf, a.scores + r * a.scratch_stride + j0);
     }
   }
   for (int r = 0; r < R; ++r) {
-    const int64_t n = a.j_end[r], blocked = n / 16 * 16;
+    const int64_t n = a.j_end[r];
     float* scores = a.scores + r * a.scratch_stride;
-    const float max =
-        finish_scores(a.q16 + r * hd, a.kv, hd, 0, blocked, n, a.scale, a.softcap, /*single_query=*/false, scores);
-    softmax_probs16(scores, a.probs16 + r * a.scratch_stride, n, max);
+    for (int64_t j = jb[r] / 16 * 16; j < jb[r]; ++j) scores[j] = -INFINITY;  // softmax_probs16's first chunk
+    // Keys before the first whole block: raw dots, as the blocks leave them
+    // (each key's dot is its own chain, whatever block it is in).
+    for_each_row(a.kv, a.kv.k, jb[r], lo[r], [&](int64_t j, const uint8_t* row) {
+      scores[j] = dot_qk(a.q16 + r * hd, reinterpret_cast<const uint16_t*>(row), hd, /*single_query=*/false);
+    });
+    const float max = finish_scores(a.q16 + r * hd, a.kv, hd, jb[r], hi[r], n, a.scale, a.softcap,
+                                    /*single_query=*/false, scores);
+    softmax_probs16(scores, a.probs16 + r * a.scratch_stride, jb[r], n, max);
   }
   // p.v, S rows at a time (a tail of fewer rows one at a time).
   alignas(64) float acc[S][16][256];
@@ -119,10 +160,11 @@ void attend_tile(const F16TileArgs& a) {
     const int take = R - r0 >= S ? S : 1;
     const uint16_t* probs[S];
     for (int s = 0; s < take; ++s) probs[s] = a.probs16 + (r0 + s) * a.scratch_stride;
+    const bool window = a.j_begin != nullptr;
     if (take == S) {
-      pv_rows<S, NV>(a.kv, a.j_end + r0, probs, acc_rows);
+      (window ? pv_rows<S, NV, true> : pv_rows<S, NV, false>)(a.kv, jb + r0, a.j_end + r0, probs, acc_rows);
     } else {
-      pv_rows<1, NV>(a.kv, a.j_end + r0, probs, acc_rows);
+      (window ? pv_rows<1, NV, true> : pv_rows<1, NV, false>)(a.kv, jb + r0, a.j_end + r0, probs, acc_rows);
     }
     for (int s = 0; s < take; ++s) reduce_lanes(&acc[s][0][0], 256, hd, /*single_query=*/false, a.out[r0 + s]);
     r0 += take;
