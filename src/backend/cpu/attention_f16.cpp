@@ -111,6 +111,16 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   const int64_t* starts = first_unit.data();
   int64_t grain = std::max<int64_t>(1, n_units / (pool.n_threads() * 8));
   if (seq_per_thread) grain = units_per_kv_seq;
+  // seq's K/V at KV head kvh; the keys a query at pos reads: [key_begin, key_end).
+  auto kv_at_head = [&](const AttentionSeq& seq, int64_t kvh) {
+    PagedKv kv = seq.kv;
+    const size_t head_off = static_cast<size_t>(kvh * p.head_dim) * 2;  // bytes of f16
+    kv.k += head_off;
+    kv.v += head_off;
+    return kv;
+  };
+  auto key_begin = [&](int64_t pos) { return p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0; };
+  auto key_end = [&](const AttentionSeq& seq, int64_t pos) { return std::min<int64_t>(pos + 1, seq.n_kv); };
   pool.parallel_for(n_units, grain, [&](int64_t begin, int64_t end) {
     // Per-thread scratch, grown to the longest context seen (not per step).
     thread_local std::vector<float> scores;
@@ -130,13 +140,10 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
       const int64_t pos = seq.q_pos[i];
       detail::F16AttendArgs a;
       a.q16 = q16;
-      const size_t head_off = static_cast<size_t>((h / group) * p.head_dim) * 2;  // bytes of f16
-      a.kv = seq.kv;
-      a.kv.k += head_off;
-      a.kv.v += head_off;
+      a.kv = kv_at_head(seq, h / group);
       a.head_dim = p.head_dim;
-      a.j_end = std::min<int64_t>(pos + 1, seq.n_kv);
-      a.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+      a.j_end = key_end(seq, pos);
+      a.j_begin = key_begin(pos);
       a.scale = p.scale;
       a.softcap = p.softcap;
       a.scores = scores.data();
@@ -168,9 +175,8 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h, ++rows) {
           const float* qr = seq.q + i * q_stride(seq) + h * p.head_dim;
           for (int64_t d = 0; d < p.head_dim; ++d) tq16[rows * p.head_dim + d] = f32_to_f16(qr[d]);
-          const int64_t pos = seq.q_pos[i];
-          j_end[rows] = std::min<int64_t>(pos + 1, seq.n_kv);
-          j_begin[rows] = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+          j_end[rows] = key_end(seq, seq.q_pos[i]);
+          j_begin[rows] = key_begin(seq.q_pos[i]);
           outs[rows] = seq.out + i * out_stride(seq) + h * p.head_dim;
         }
       }
@@ -179,10 +185,7 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
       t.q16 = tq16;
       t.j_end = j_end;
       t.j_begin = j_begin;
-      t.kv = seq.kv;
-      const size_t head_off = static_cast<size_t>(kvh * p.head_dim) * 2;  // bytes of f16
-      t.kv.k += head_off;
-      t.kv.v += head_off;
+      t.kv = kv_at_head(seq, kvh);
       t.head_dim = p.head_dim;
       t.n_rows = rows;
       t.scale = p.scale;
@@ -207,13 +210,10 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
         const int64_t pos = seq.q_pos[0];
         detail::F16GroupArgs g;
         g.q16 = q16;
-        const size_t head_off = static_cast<size_t>(kvh * p.head_dim) * 2;  // bytes of f16
-        g.kv = seq.kv;
-        g.kv.k += head_off;
-        g.kv.v += head_off;
+        g.kv = kv_at_head(seq, kvh);
         g.head_dim = p.head_dim;
-        g.j_end = std::min<int64_t>(pos + 1, seq.n_kv);
-        g.j_begin = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+        g.j_end = key_end(seq, pos);
+        g.j_begin = key_begin(pos);
         g.n_heads = nh;
         g.scale = p.scale;
         g.softcap = p.softcap;
