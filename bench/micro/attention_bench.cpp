@@ -1,10 +1,10 @@
 // Attention over an f16 KV cache on the default model's shapes (9 query
 // heads, 3 KV heads, head_dim 64): a 512-token prefill and one decode token
 // at 512 keys, and a 512-token chunk at 8,192 keys (also in a sliding
-// window of 1,024). GFLOP/s counts 4 * head_dim flops per visible (query,
-// key, head) triple (q.k and p.v). The _paged variants scatter the K/V rows
-// over 16-row blocks in shuffled order (a block table), as the paged cache
-// does.
+// window of 1,024, as is a decode token there). GFLOP/s counts 4 *
+// head_dim flops per visible (query, key, head) triple (q.k and p.v). The
+// _paged variants scatter the K/V rows over 16-row blocks in shuffled
+// order (a block table), as the paged cache does.
 // Args: {n_threads}.
 #include <benchmark/benchmark.h>
 
@@ -141,11 +141,16 @@ void BM_attention_prefill_512_at_8k_paged(benchmark::State& s) {
 void BM_attention_prefill_512_at_8k_window1024_paged(benchmark::State& s) {
   run(s, 512, 8192, true, 1024);
 }
+// One decode token at 8,192 keys in a 1,024-key window.
+void BM_attention_decode_at_8k_window1024_paged(benchmark::State& s) {
+  run(s, 1, 8192, true, 1024);
+}
 BENCHMARK(BM_attention_prefill_512)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode_at_512)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_attention_prefill_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode_at_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_attention_prefill_512_at_8k_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_decode_at_8k_window1024_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_attention_prefill_512_at_8k_window1024_paged)
     ->Arg(2)
     ->Arg(1)
