@@ -54,7 +54,7 @@ tmo 90 $V/tests --gtest_filter="${OPS_FILTER}" > $L/ops.log 2>&1; RC_OPS=$?; out
 tmo 210 $V/tests --gtest_filter="${FILTER}" > $L/tests.log 2>&1; RC_TESTS=$?; out_rc tests $RC_TESTS; echo "tests rc=$RC_TESTS"; show $L/tests.log 50
 out_pack
 grep -c "^\[       OK" $L/tests.log $L/ops.log; echo "tests done at $(( $(date +%s) - T0 )) s"
-# The benchmarks below take iq4_nlh64 only with the switch (backend/cuda/ops.h kv_untested).
+# The benchmarks below take every CUDA KV type but k4c (bench_kv_attention).
 # k4c is no CUDA KV type of bench_kv_attention's (it exits 1 naming it): the pair runs in bench_cuda only.
 csv=$(echo $TYPES | tr ' ' '\n' | grep -vx k4c | paste -sd,)
 [ -n "$csv" ] && tmo 60 $V/bench_kv_attention --contexts 1024,8192 --batches 1,64 --types $csv > $L/attn.log 2>&1

@@ -12,7 +12,7 @@
 #include "backend/cuda/attention_decode.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kv_chan.h"
-#include "backend/cuda/kv_untested.h"
+#include "backend/cuda/kv_stored_types.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
 #include "core/e4m3.h"
@@ -229,15 +229,10 @@ Status CudaModelBase::choose_kv_type(const KvTypeOptions& kt) {
     return Error{f.path + ": KV type " + kv_type_name(t) + " is not what CUDA stores for this model (" +
                  std::string(dtype_name(base)) + "); drop --kv-type / --kv-config or use --device cpu"};
   }
-  const std::string env = cuda::kKvUntestedEnv;
   const std::string stored = cuda::kv_types_cuda_stores();
   if (!own_float && !cuda::kv_supported(t.dtype)) {
     return Error{f.path + ": KV type " + kv_type_name(t) + " runs on the CPU only (" + stored +
                  "); use one of those, or --device cpu"};
-  }
-  if (cuda::kv_untested_refused(t.dtype)) {
-    return Error{f.path + ": KV type " + kv_type_name(t) + " is refused on CUDA until it has run on a GPU (" + stored +
-                 "); set " + env + "=1 to take it anyway, use another type, or --device cpu"};
   }
   if (!cuda::kv_rotation_supported(t.dtype, static_cast<int32_t>(hd_), t.rotated)) {
     const std::string least = t.dtype == kKvQ8_0x64 || t.dtype == kKvIq4Nl64 ? "at least 64 and " : "";

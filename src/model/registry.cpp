@@ -5,7 +5,7 @@
 #include <set>
 #include <string>
 
-#include "backend/cuda/kv_untested.h"  // host-only: the CUDA KV types no GPU has run yet
+#include "backend/cuda/kv_stored_types.h"  // host-only: what CUDA stores, in words
 #include "core/e4m3.h"
 #include "model/arch/families.h"
 #include "model/fingerprint.h"
@@ -229,13 +229,10 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
   if (options.device == Device::kCuda) {
     // CUDA stores f16 KV (f32 for f32 checkpoints), q8_0, q4_0, the
     // rotated q8_0h / q4_0h / iq4_nlh / q8_0h64 / iq4_nlh64, k4c's q4c K
-    // and k4a's q4a K (as their pairs alone: choose_kv_type), or fp8, and
-    // bf16 / q4_1 / q5_0 / q5_1 where RILL_CUDA_KV_UNTESTED=1 lets them
-    // (backend/cuda/kv_untested.h: not yet run on a GPU); it reads no
-    // other type. Which plain type the model stores, that one type
+    // and k4a's q4a K (as their pairs alone: choose_kv_type), fp8, bf16,
+    // q4_1, q5_0 or q5_1; it reads no other type. Which plain type the model stores, that one type
     // covers every layer and side, and the head_dim a rotation needs,
     // CudaModelBase::choose_kv_type checks.
-    const std::string env = cuda::kKvUntestedEnv;
     const std::string stored = cuda::kv_types_cuda_stores();
     for (const std::optional<KvType>& side : sides) {
       if (!side) continue;
@@ -248,11 +245,6 @@ Result<std::unique_ptr<Model>> create_model(const ImplementationRegistry& regist
       if (!(side->rotated ? rotatable : plain)) {
         return Error{files->path + ": KV type " + kv_type_name(*side) + " runs on the CPU only (" + stored +
                      "); use one of those, or --device cpu"};
-      }
-      if (cuda::kv_untested_refused(t)) {
-        return Error{files->path + ": KV type " + kv_type_name(*side) +
-                     " is refused on CUDA until it has run on a GPU (" + stored + "); set " + env +
-                     "=1 to take it anyway, use another type, or --device cpu"};
       }
     }
   }

@@ -5,9 +5,7 @@
 // then stay Q8_0 blocks in the CUDA MoE's expert GEMV), and with q8_0 KV
 // (Llama, Gemma 2), q8_0h (Llama), q4_0h and iq4_nlh KV (Gemma 2: sliding
 // and full layers; kv_types_cuda_test.cpp holds their accuracy), q4_0, fp8,
-// bf16, q4_1 and q5_1 KV (Llama), q5_0 (Gemma 2; bf16 / q4_1 / q5_0 / q5_1
-// are not yet run on a GPU: the fixture sets RILL_CUDA_KV_UNTESTED=1,
-// backend/cuda/kv_untested.h), and Gemma 4 with
+// bf16, q4_1 and q5_1 KV (Llama), q5_0 (Gemma 2), and Gemma 4 with
 // full layers of head_dim 512 (gemma4_hd512_model.h; f16, q8_0 and q8_0h64
 // KV: q8_0h64's blocks of 64 need heads of 64 or more, which the goldens'
 // 16-wide heads are not; q5_1 for the wide prefill of head_dim 512):
@@ -70,7 +68,6 @@ class CudaBatchInvariant : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     RILL_REQUIRE_GPU();
-    setenv("RILL_CUDA_KV_UNTESTED", "1", 1);  // bf16 / q4_1 / q5_0 / q5_1 KV (kv_untested.h)
     dir_ =
         GetParam().golden == "gemma4-hd512" ? test::gemma4_hd512_model_dir() : test::hf_golden_dir(GetParam().golden);
     if (dir_.empty()) GTEST_SKIP() << "the gemma4 golden is missing";

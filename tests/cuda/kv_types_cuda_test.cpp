@@ -32,7 +32,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/kv_untested.h"
 #include "backend/cuda/ops.h"
 #include "core/e4m3.h"
 #include "cuda_model_test_util.h"
@@ -199,8 +198,7 @@ TEST_P(CudaKvQ8, Fp8WithinQ4_0sBoundAndGreedyWhereTheGapAllows) {
       GetParam().c_str(), e_rms, e_max, e_cpu, test::max_abs_diff(q, c), checked, g.greedy_ids.size());
 }
 
-// bf16, q4_1, q5_0 and q5_1 K and V (kv_types_ggml.cuh, not yet run on a
-// GPU: RILL_CUDA_KV_UNTESTED=1 lets a model take them): CUDA's logits
+// bf16, q4_1, q5_0 and q5_1 K and V (kv_types_ggml.cuh): CUDA's logits
 // within 1e-3 rms of the CPU's same type (q4_0's bound above: the blocks
 // are the CPU's bytes, kv_store_cuda_test.cpp, but for K's rounding), the
 // rms error against the model's own KV within q4_0's bound and not zero
@@ -208,7 +206,6 @@ TEST_P(CudaKvQ8, Fp8WithinQ4_0sBoundAndGreedyWhereTheGapAllows) {
 // element; bf16 2, q4_1 20 / 32, q5_0 22 / 32, q5_1 24 / 32), the type
 // named in the numerics.
 TEST_P(CudaKvQ8, GgmlTypesMatchTheCpusSameType) {
-  setenv("RILL_CUDA_KV_UNTESTED", "1", 1);
   const test::HfGolden g = test::read_hf_golden(dir_);
   auto own = open(dir_, Device::kCuda, nullptr);
   ASSERT_TRUE(own);
@@ -366,30 +363,6 @@ TEST(CudaKvTypes, SupportedIsWhatTheKernelsDispatch) {
   for (const DType t : {DType::kF32, DType::kF16, kF8E4M3}) {
     EXPECT_FALSE(cuda::kv_rotation_supported(t, 128, true)) << dtype_name(t);
     EXPECT_TRUE(cuda::kv_rotation_supported(t, 96, false)) << dtype_name(t);
-  }
-}
-
-// The types no GPU has run yet (kv_untested.h) are refused unless
-// RILL_CUDA_KV_UNTESTED is exactly 1; the others never; no GPU needed.
-TEST(CudaKvTypes, UntestedTypesAreRefusedUnlessTheVariableIsOne) {
-  const char* was = std::getenv("RILL_CUDA_KV_UNTESTED");
-  const std::string saved = was ? was : "";
-  const DType untested[] = {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1};
-  const DType tested[] = {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, kF8E4M3, kKvQ8_0x64, kKvIq4Nl64};
-  for (const char* value : {static_cast<const char*>(nullptr), "0", "", "yes", "1"}) {
-    if (value) {
-      setenv("RILL_CUDA_KV_UNTESTED", value, 1);
-    } else {
-      unsetenv("RILL_CUDA_KV_UNTESTED");
-    }
-    const bool allowed = value && std::string(value) == "1";
-    for (const DType t : untested) EXPECT_EQ(cuda::kv_untested_refused(t), !allowed) << dtype_name(t);
-    for (const DType t : tested) EXPECT_FALSE(cuda::kv_untested_refused(t)) << dtype_name(t);
-  }
-  if (was) {
-    setenv("RILL_CUDA_KV_UNTESTED", saved.c_str(), 1);
-  } else {
-    unsetenv("RILL_CUDA_KV_UNTESTED");
   }
 }
 

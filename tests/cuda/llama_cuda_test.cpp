@@ -130,28 +130,13 @@ TEST_P(CudaHf, KvTypeIsTheOneCudaStoresOrARefusal) {
     ASSERT_FALSE(other.ok()) << kv_type_name(t);
     EXPECT_NE(other.error().message.find("runs on the CPU only"), std::string::npos) << other.error().message;
   }
-  // bf16, q4_1, q5_0, q5_1 (kv_types_ggml.cuh, not yet run on a GPU):
-  // refused naming RILL_CUDA_KV_UNTESTED unless it is 1, then stored (bf16
-  // too on an f32 checkpoint, as the quantized types are) and named in the
-  // numerics.
-  const char* was = std::getenv("RILL_CUDA_KV_UNTESTED");
-  const std::string saved = was ? was : "";
+  // bf16, q4_1, q5_0, q5_1 (kv_types_ggml.cuh): stored (bf16 too on an f32
+  // checkpoint, as the quantized types are) and named in the numerics.
   for (const DType t : {DType::kBF16, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
     const std::string name = kv_type_name(KvType{t, false});
-    unsetenv("RILL_CUDA_KV_UNTESTED");
-    auto gated = with(t);
-    ASSERT_FALSE(gated.ok()) << name;
-    EXPECT_NE(gated.error().message.find("RILL_CUDA_KV_UNTESTED=1"), std::string::npos) << gated.error().message;
-    EXPECT_NE(gated.error().message.find("q8_0h64"), std::string::npos) << "the types CUDA stores";
-    setenv("RILL_CUDA_KV_UNTESTED", "1", 1);
     auto taken = with(t);
     ASSERT_TRUE(taken.ok()) << name << ": " << taken.error().message;
     EXPECT_NE((*taken)->kv_numerics().find("kv=" + name), std::string::npos) << (*taken)->kv_numerics();
-  }
-  if (was) {
-    setenv("RILL_CUDA_KV_UNTESTED", saved.c_str(), 1);
-  } else {
-    unsetenv("RILL_CUDA_KV_UNTESTED");
   }
   // q4c runs on CUDA only as k4c's K (with iq4_nlh64 V; k4c_cuda_test.cpp),
   // and k4c not on these heads (iq4_nlh64's blocks of 64): named.

@@ -4,8 +4,8 @@
 // layouts, byte for byte the CPU's kBF16 / kQ4_1 / kQ5_0 / kQ5_1 KV, so the
 // prefix-cache tiers and KV files carry them between devices. Each tag has
 // kv_types.cuh's members (row_bytes, load4, load1, load8, store; q5_0's
-// levels are integers, so it has load8_biased too). Not yet run on a GPU:
-// a model takes them only with RILL_CUDA_KV_UNTESTED=1 (kv_untested.h).
+// levels are integers, so it has load8_biased too). First run on a GPU
+// (an H200) on 2026-12-06: their store, attention, probe and model tests.
 //
 // The stores are the CPU's quantizers (backend/cpu/kv_quant.cpp, llama.cpp's
 // reference) operation for operation: f32 throughout, each operation

@@ -42,8 +42,7 @@ void convert_f32(const float* x, int64_t n, DType dtype, void* out, cudaStream_t
 // KV types the CUDA kernels store and read (backend/cuda/kv_types.cuh): F32, F16, BF16,
 // F8_E4M3, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (GGML's blocks, the CPU's layout; K/V
 // heads of whole blocks, or blocks of whole heads), Q8_0_64 and IQ4_NL64 (the CPU's blocks of 64);
-// IQ4_NL, Q8_0_64 and IQ4_NL64 rotated only, see kv_rotation_supported. Models refuse
-// BF16, Q4_1, Q5_0 and Q5_1 until they have run on a GPU (kv_untested.h).
+// IQ4_NL, Q8_0_64 and IQ4_NL64 rotated only, see kv_rotation_supported.
 bool kv_supported(DType kv_dtype);
 // Whether a side of kv_dtype may be stored as `rotated` asks (rotated:
 // Hadamard-rotated per head, q8_0h / q4_0h / iq4_nlh / q8_0h64 /
