@@ -7,11 +7,26 @@
 # the goldens they read and the 8B model maker (about 18 MB: a call carries
 # the tracked tree, 40 MB, too, within 64 MiB).
 # Usage: make_carry_kvtypes.sh BUILD_DIR [DEST]
+# TABLE_ONLY=1: only what table.sh needs (bench_cuda, the model maker and
+# its tokenizer; about 23 MB, default DEST .device/kv22t), so the pack fits
+# beside make_carry_verify.sh's in one call (with tests/data moved aside:
+# the tracked tree counts toward the 64 MiB too).
 set -euo pipefail
 B=$(realpath "$1")
-V=${2:-/work/main/.device/kvcuda22}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 SHARED=${RILL_SHARED_DIR:-/work/shared}
+if [ "${TABLE_ONLY:-0}" = 1 ]; then
+  V=${2:-/work/main/.device/kv22t}
+  rm -rf "$V" && mkdir -p "$V/lib"
+  cp "$B/bench/bench_cuda" "$V/" && strip "$V/bench_cuda"
+  (cd "$V" && XZ_OPT="-9e -T2" tar cJf bins.tar.xz bench_cuda && rm bench_cuda)
+  for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-linux-gnu/$l "$V/lib/"; done
+  (cd "$SHARED/.." && tar cJf "$V/shared.tar.xz" shared/tools/make_random_model.py shared/tokenizers/llama3)
+  cp "$SRC/bench/cuda/run_kv22table.sh" "$V/table.sh"
+  du -sh "$V"/*
+  exit 0
+fi
+V=${2:-/work/main/.device/kvcuda22}
 rm -rf "$V" && mkdir -p "$V/lib"
 cd "$B"
 objs="tests/CMakeFiles/test_backend_backend_ops_test.dir/backend/backend_ops_test.cpp.o"

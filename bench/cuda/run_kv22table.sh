@@ -5,7 +5,8 @@
 # (bench_cuda --kv-fit), every type in one call on one card. Uses
 # make_carry_kvtypes.sh's pack (it copies this script as table.sh):
 #   bash bench/cuda/make_carry_kvtypes.sh build-cpu
-#   run: bash .device/kvcuda22/table.sh   (carry [".device/kvcuda22"])
+#   run: bash .device/kvcuda22/table.sh   (carry [".device/kvcuda22"]; or the
+#   smaller TABLE_ONLY=1 pack: .device/kv22t/table.sh)
 # TYPES: the KV types (default every CUDA type); CTXS: the contexts, in the
 # order they run (default 4,096 then 8,192 then 1,024: the cells perf.md
 # lacks first); FIT: --kv-fit's memory fraction (default 0.90); CELLS:
