@@ -52,7 +52,7 @@ inline void group_sums_rows(const uint8_t* qs, const float* qd, int64_t hd, floa
 // acc[g][j] for n_heads rows (a query's heads, or a tile's (query, head)
 // rows): each row's FMAs in channel order, whatever chunk of 8 it is in.
 inline void group_sums(const uint8_t* qs, const float* qd, int64_t hd, int n_heads, float* acc) {
-  constexpr int kMaxHeads = 8;  // accumulators in registers: 2 per row
+  constexpr int kMaxHeads = 12;  // accumulators in registers: 2 per row (24 of the 32 zmm)
   for (int g0 = 0; g0 < n_heads; g0 += kMaxHeads) {
     const float* q = qd + g0 * hd;
     float* out = acc + g0 * 32;
@@ -78,8 +78,20 @@ inline void group_sums(const uint8_t* qs, const float* qd, int64_t hd, int n_hea
       case 7:
         group_sums_rows<7>(qs, q, hd, out);
         break;
-      default:
+      case 8:
         group_sums_rows<8>(qs, q, hd, out);
+        break;
+      case 9:
+        group_sums_rows<9>(qs, q, hd, out);
+        break;
+      case 10:
+        group_sums_rows<10>(qs, q, hd, out);
+        break;
+      case 11:
+        group_sums_rows<11>(qs, q, hd, out);
+        break;
+      default:
+        group_sums_rows<12>(qs, q, hd, out);
         break;
     }
   }
@@ -122,7 +134,7 @@ inline void group_sums_planes_rows(const uint8_t* planes, const uint8_t* widths,
 
 inline void group_sums_planes(const uint8_t* planes, const uint8_t* widths, const float* qd, int64_t hd, int n_rows,
                               float* acc) {
-  constexpr int kMaxRows = 8;
+  constexpr int kMaxRows = 12;  // as group_sums
   for (int g0 = 0; g0 < n_rows; g0 += kMaxRows) {
     const float* q = qd + g0 * hd;
     float* out = acc + g0 * 32;
@@ -148,8 +160,20 @@ inline void group_sums_planes(const uint8_t* planes, const uint8_t* widths, cons
       case 7:
         group_sums_planes_rows<7>(planes, widths, q, hd, out);
         break;
-      default:
+      case 8:
         group_sums_planes_rows<8>(planes, widths, q, hd, out);
+        break;
+      case 9:
+        group_sums_planes_rows<9>(planes, widths, q, hd, out);
+        break;
+      case 10:
+        group_sums_planes_rows<10>(planes, widths, q, hd, out);
+        break;
+      case 11:
+        group_sums_planes_rows<11>(planes, widths, q, hd, out);
+        break;
+      default:
+        group_sums_planes_rows<12>(planes, widths, q, hd, out);
         break;
     }
   }
