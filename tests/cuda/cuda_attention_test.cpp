@@ -19,7 +19,9 @@
 // plus one output rounding for bf16 outputs; 3e-3 for prefill rows on the
 // tensor cores (f16 KV, head_dim 64/128/256/512), which round q and the
 // probabilities to f16 as llama.cpp does (and round q8_0/q4_0 values to f16:
-// a relative 2^-11 more, inside the same bound). A decode token gives bitwise
+// a relative 2^-11 more, inside the same bound), and for decode tokens of
+// the quantized types the tensor-core decode kernel takes (head_dim 64 and
+// 128: attention_decode.h decode_mma_takes), which rounds alike. A decode token gives bitwise
 // the same result alone and inside a batch (its split count depends only on
 // its own length).
 #include <gtest/gtest.h>
@@ -255,13 +257,17 @@ class Paged {
     return decode(out_dtype, download<uint8_t>(dout, q_.size() * es));
   }
 
-  // The absolute tolerance of token t's outputs (see the file comment).
-  double tolerance(size_t elem) const {
+  // The absolute tolerance of token t's outputs (see the file comment);
+  // general: the output of the general decode kernel (f32 throughout).
+  double tolerance(size_t elem, bool general = false) const {
     const size_t t = elem / static_cast<size_t>(c_.n_head * c_.head_dim);
     int32_t t0 = 0;
     for (const SeqSpec& s : seqs_) {
       if (t < static_cast<size_t>(t0 + s.q_len)) {
-        return s.q_len > kDecodeMaxQ && prefill_tile_q(c_.kv, c_.head_dim) == kPrefillTileQMma ? 3e-3 : 2e-5;
+        if (s.q_len <= kDecodeMaxQ) {
+          return !general && decode_mma_takes(c_.kv, c_.head_dim, c_.n_head / c_.n_head_kv) ? 3e-3 : 2e-5;
+        }
+        return prefill_tile_q(c_.kv, c_.head_dim) == kPrefillTileQMma ? 3e-3 : 2e-5;
       }
       t0 += s.q_len;
     }
@@ -317,7 +323,7 @@ TEST(CudaAttention, MatchesCpuOnPagedKv) {
       ASSERT_NEAR(got_bf16[i], want[i], p.tolerance(i) + std::fabs(want[i]) / 128) << i;
     const auto general = p.gpu_out(DType::kF32, {}, nullptr, true);
     for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_NEAR(general[i], want[i], p.tolerance(i))
+      ASSERT_NEAR(general[i], want[i], p.tolerance(i, true))
           << "general kernel, heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim << " elem " << i;
     }
   }
@@ -381,7 +387,7 @@ TEST(CudaAttention, SinksMatchCpuOnEveryPath) {
       const auto got = p.gpu_out(DType::kF32, {}, nullptr, general);
       ASSERT_EQ(got.size(), want.size());
       for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_NEAR(got[i], want[i], p.tolerance(i))
+        ASSERT_NEAR(got[i], want[i], p.tolerance(i, general))
             << "sinks, heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim << " window " << c.window
             << (general ? " general" : " fast") << " elem " << i;
       }
@@ -475,7 +481,7 @@ TEST(CudaAttention, StoredKvTypesMatchF32OverTheirValues) {
       const auto got = p.gpu_out(DType::kF32, {}, nullptr, general);
       ASSERT_EQ(got.size(), want.size());
       for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_NEAR(got[i], want[i], p.tolerance(i))
+        ASSERT_NEAR(got[i], want[i], p.tolerance(i, general))
             << "heads " << c.n_head << "/" << c.n_head_kv << " hd " << c.head_dim << " window " << c.window
             << " softcap " << c.softcap << " kv " << dtype_name(c.kv) << (general ? " general" : " fast") << " elem "
             << i;
@@ -519,7 +525,7 @@ TEST(CudaAttention, StoredKvTypesWithinTheCpusBoundsOfTheirStep) {
         for (size_t i = 0; i < want.size(); ++i) {
           const double err = std::fabs(double{got[i]} - want[i]);
           max_err = std::max(max_err, err);
-          ASSERT_LE(err, (window > 0 ? 2.0 : 1.0) * b.bound + p.tolerance(i))
+          ASSERT_LE(err, (window > 0 ? 2.0 : 1.0) * b.bound + p.tolerance(i, general))
               << dtype_name(b.t) << " window " << window << (general ? " general" : " fast") << " elem " << i;
         }
         std::printf("[ cuda kv step bound ] %-8s window %2d %-7s max |out - out_f32| %.4f (bound %.4f)\n",
@@ -624,6 +630,65 @@ TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
         for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i) {
           ASSERT_EQ(alone[t0 * w + i], all[t0 * w + i])
               << dtype_name(kv) << " seq " << s << " elem " << i << (general ? " general" : " fast");
+        }
+      }
+    }
+  }
+}
+
+// The tensor-core decode kernel (attention_decode_mma.cu) for every type it
+// takes, against the CPU over the stored values: head_dim 64 and 128, GQA 1,
+// 2, 4 and 8, a window, softcap, sinks (one dominant, one vanishing), 1 to
+// 8,300 keys (33 splits: more than kSplitKeys a split, so a block's chunk
+// loop runs twice), round tails of 1 to 15 keys; within the file comment's
+// tensor-core tolerance; each token's bits the same with the splits merged
+// in the kernel, and alone as in the batch.
+TEST(CudaAttention, DecodeOnTheTensorCoresMatchesCpu) {
+  RILL_REQUIRE_GPU();
+  const std::vector<SeqSpec> seqs = {{1, 1}, {1, 15}, {1, 17}, {2, 300}, {1, 1000}, {1, 4100}, {1, 8300}};
+  struct Shape {
+    int32_t n_head, n_head_kv, head_dim, window;
+    float softcap;
+    bool sinks;
+  };
+  const Shape shapes[] = {{8, 8, 64, 0, 0.0f, false},
+                          {16, 8, 128, 37, 0.0f, true},
+                          {32, 8, 128, 0, 0.5f, false},
+                          {64, 8, 64, 128, 0.0f, true}};
+  for (const DType kv :
+       {kF8E4M3, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL}) {
+    for (const Shape& sh : shapes) {
+      const Case c{sh.n_head, sh.n_head_kv, sh.head_dim, sh.window, sh.softcap, kv};
+      const std::string what = std::string(dtype_name(kv)) + " heads " + std::to_string(c.n_head) + "/" +
+                               std::to_string(c.n_head_kv) + " hd " + std::to_string(c.head_dim);
+      if (!decode_mma_takes(kv, c.head_dim, c.n_head / c.n_head_kv)) GTEST_SKIP() << "RILL_DECODE_MMA=0";
+      Paged p(c, seqs);
+      if (sh.sinks) {
+        std::vector<float> sinks = random_floats(static_cast<size_t>(c.n_head), 23, -1, 3);
+        sinks[1] = 8.0f;
+        sinks[2] = -20.0f;
+        p.set_sinks(sinks);
+      }
+      const auto want = p.cpu_out();
+      const auto got = p.gpu_out(DType::kF32);
+      ASSERT_EQ(got.size(), want.size());
+      double max_err = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], p.tolerance(i)) << what << " elem " << i;
+        max_err = std::max(max_err, std::fabs(double{got[i]} - want[i]));
+      }
+      std::printf("[ cuda mma decode ] %-34s max |out - cpu| %.2e\n", what.c_str(), max_err);
+      int32_t n_decode = 0;
+      for (const SeqSpec& s : seqs) n_decode += s.q_len;
+      auto counts = upload(std::vector<int32_t>(static_cast<size_t>(n_decode * c.n_head_kv), 0));
+      const auto merged = p.gpu_out(DType::kF32, {}, counts.as<int32_t>());
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(merged[i], got[i]) << what << " in-kernel merge " << i;
+      const int64_t w = c.n_head * c.head_dim;
+      for (int s : {0, 3, 6}) {
+        const auto alone = p.gpu_out(DType::kF32, {s});
+        const int32_t t0 = p.first_token(s);
+        for (int32_t i = 0; i < seqs[static_cast<size_t>(s)].q_len * w; ++i) {
+          ASSERT_EQ(alone[t0 * w + i], got[t0 * w + i]) << what << " seq " << s << " alone, elem " << i;
         }
       }
     }

@@ -130,4 +130,44 @@ __device__ __forceinline__ void merge_if_last(const AttentionArgs& a, int z, int
   if (is_last) merge_heads<kG>(a, z, t, kvh * n_group, n_group, n_splits);
 }
 
+// The kW warps of a decode block meet: each left its state of heads kvh kG
+// + [0, kG) of token t over its own keys of split `split` in shared memory
+// (acc_s[w][g][d]: the output sums relative to m_s[w][g], natural-log units;
+// l_s[w][g] their denominators, 0 for a warp without keys). Merged in warp
+// order by the whole block (every thread calls it after a barrier): the
+// output where the token has one split, else the split's partial, merged
+// by the last block when a.split_counts is set.
+template <int kG, int kHd, int kW>
+__device__ void combine_warps(const AttentionArgs& a, const float (*acc_s)[kG][kHd], const float (*m_s)[kG],
+                              const float (*l_s)[kG], int z, int32_t t, int kvh, int split, int32_t n_splits) {
+  for (int i = threadIdx.x; i < kG * kHd; i += kW * 32) {
+    const int g = i / kHd, d = i % kHd;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) mx = fmaxf(mx, m_s[w][g]);
+    float den = 0.0f, num = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) {
+      if (l_s[w][g] > 0.0f) {
+        const float wt = expf(m_s[w][g] - mx);
+        den += wt * l_s[w][g];
+        num += wt * acc_s[w][g][d];
+      }
+    }
+    const int h = kvh * kG + g;
+    if (n_splits == 1) {
+      if (a.sinks) num *= add_sink(a.sinks[h], mx, den);
+      store_out(a.out_dtype, a.out, (static_cast<int64_t>(t) * a.n_head + h) * kHd + d, num / den);
+    } else {
+      float* part = partial_at(a, z, h, split);
+      part[2 + d] = num;
+      if (d == 0) {
+        part[0] = mx;
+        part[1] = den;
+      }
+    }
+  }
+  if (a.split_counts && n_splits > 1) merge_if_last<kG>(a, z, t, kvh, kG, n_splits);
+}
+
 }  // namespace rill::cuda::detail

@@ -533,34 +533,7 @@ __global__ void __launch_bounds__(kW * 32, (Shape<KV, kHd, kG>::kMinBlocks * kWa
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kG * kHd; i += kW * 32) {
-    const int g = i / kHd, d = i % kHd;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kW; ++w) mx = fmaxf(mx, m_s[w][g]);
-    float den = 0.0f, num = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kW; ++w) {
-      if (l_s[w][g] > 0.0f) {
-        const float wt = expf(m_s[w][g] - mx);
-        den += wt * l_s[w][g];
-        num += wt * acc_s[w][g][d];
-      }
-    }
-    const int h = kvh * kG + g;
-    if (n_splits == 1) {
-      if (a.sinks) num *= detail::add_sink(a.sinks[h], mx, den);
-      store_out(a.out_dtype, a.out, (static_cast<int64_t>(t) * a.n_head + h) * kHd + d, num / den);
-    } else {
-      float* part = partial_at(a, z, h, split);
-      part[2 + d] = num;
-      if (d == 0) {
-        part[0] = mx;
-        part[1] = den;
-      }
-    }
-  }
-  if (a.split_counts && n_splits > 1) detail::merge_if_last<kG>(a, z, t, kvh, kG, n_splits);
+  detail::combine_warps<kG, kHd, kW>(a, acc_s, m_s, l_s, z, t, kvh, split, n_splits);
 }
 
 template <typename KV, int kHd, int kG, int kW>
@@ -757,6 +730,12 @@ int32_t decode_fast_warps(const AttentionArgs& a, int32_t n_splits_grid, int32_t
 void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream, int32_t warps,
                            int32_t work) {
   const dim3 grid = decode_grid(a, n_splits_grid);
+  // The quantized types on the tensor cores (attention_decode_mma.cu),
+  // whatever the batch; planes aligned as its 16-, 8- or 4-byte copies need.
+  if (decode_mma_takes(a.kv_dtype, a.head_dim, a.n_head / a.n_head_kv) &&
+      reinterpret_cast<uintptr_t>(a.k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(a.v_cache) % 16 == 0) {
+    return decode_attention_mma(a, n_splits_grid, working_blocks(grid, work) <= kPrefetchMaxBlocks, stream);
+  }
   for_shape(a, [&]<typename KV, int kHd, int kG>() { launch_one<KV, kHd, kG>(a, grid, warps, work, stream); });
 }
 

@@ -26,6 +26,17 @@ bool decode_fast_supported(DType kv_dtype, int32_t head_dim, int32_t group);
 // decode_work_bucket gives it; 0: not known.
 void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream, int32_t warps = 0,
                            int32_t work = 0);
+// Whether decode_attention_fast sends this cache's decode tokens to the
+// tensor-core kernel (attention_decode_mma.cu): q8_0, q4_0, q4_1, q5_0,
+// q5_1, iq4_nl and fp8 KV at head_dim 64 or 128, groups 1, 2, 4 or 8,
+// where RILL_DECODE_MMA (1 / 0; unset: attention_decode_mma.cu's default)
+// allows it. Its outputs carry the
+// tensor-core prefill's f16 rounding (q, the probabilities, the values);
+// its block shape is fixed, so `warps` does not apply to it.
+bool decode_mma_takes(DType kv_dtype, int32_t head_dim, int32_t group);
+// That kernel on decode_attention_fast's grid; prefetch: read the split's
+// rows into L2 before waiting for the preceding kernel (small grids).
+void decode_attention_mma(const AttentionArgs& a, int32_t n_splits_grid, bool prefetch, cudaStream_t stream);
 // The block size that launch takes (8, 4 or 2).
 int32_t decode_fast_warps(const AttentionArgs& a, int32_t n_splits_grid, int32_t warps = 0, int32_t work = 0);
 // The working decode blocks per KV head of a step whose decode tokens'
