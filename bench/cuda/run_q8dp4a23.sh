@@ -95,19 +95,21 @@ if [ -n "$MK" ]; then
   ls -la $W/*.gguf
   echo "model done at $(($(date +%s) - T0)) s"
 fi
-# RILL_CONFIGS: the runs, each BIN:DP4A:MMQ (RILL_Q8_DP4A, RILL_QUANT_MMQ;
-# a trailing b: again at the end, only with time to spare, for drift);
+# RILL_CONFIGS: the runs, each BIN:DP4A:MMQ[:EXTRA] (RILL_Q8_DP4A,
+# RILL_QUANT_MMQ; a trailing b: again at the end, only with time to spare,
+# for drift; EXTRA: more VAR=VALUE settings, comma-separated);
 # BATCHES: bench_cuda's --batches (default 1,8,64).
 if has rill && [ -f $F ]; then
   for c in ${RILL_CONFIGS:-main:0:0 new:0:0 new:1:0 main:0:0b}; do
-    IFS=: read -r bin dp mmq <<< "$c"
+    IFS=: read -r bin dp mmq extra <<< "$c"
     [ -n "$SAME" ] && [ "$bin" = main ] && continue
     [ "$(left)" -lt 50 ] && { echo "== rill $c skipped (time)"; continue; }
     [ "${mmq%b}" != "$mmq" ] && [ "$(left)" -lt 140 ] && continue
-    echo "== bench_$bin RILL_Q8_DP4A=$dp RILL_QUANT_MMQ=${mmq%b} --batches ${BATCHES:-1,8,64} --steps 16"
-    RILL_Q8_DP4A=$dp RILL_QUANT_MMQ=${mmq%b} tmo 90 $B/bench_$bin $F --batches ${BATCHES:-1,8,64} --steps 16 \
-      > $O/rill_${bin}_${dp}_$mmq.log 2>&1
-    grep -E "^(ceilings|model|prefill|decode)|rror" $O/rill_${bin}_${dp}_$mmq.log
+    echo "== bench_$bin RILL_Q8_DP4A=$dp RILL_QUANT_MMQ=${mmq%b} ${extra//,/ } --batches ${BATCHES:-1,8,64} --steps 16"
+    lg=$O/rill_${bin}_${dp}_$mmq${extra:+_${extra//[=,]/_}}.log
+    env ${extra//,/ } RILL_Q8_DP4A=$dp RILL_QUANT_MMQ=${mmq%b} tmo 90 $B/bench_$bin $F --batches ${BATCHES:-1,8,64} \
+      --steps 16 > "$lg" 2>&1
+    grep -E "^(ceilings|model|prefill|decode)|rror" "$lg"
   done
   echo "rill done at $(($(date +%s) - T0)) s"
 fi

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -50,9 +51,10 @@ struct PagedF16 {
   }
 };
 
-// Row r of q16 alone through the per-row kernel (prefill form), at KV head kvh.
+// Row r of q16 alone through the per-row kernel (prefill form), at KV head
+// kvh: AVX-512's, or with avx2 attend_f16_rounded_avx2.
 std::vector<float> per_row(const uint16_t* q16, const PagedKv& head_kv, int64_t hd, int64_t j_begin, int64_t j_end,
-                           float softcap) {
+                           float softcap, bool avx2 = false) {
   std::vector<float> s(static_cast<size_t>(j_end)), out(static_cast<size_t>(hd), -7.0f);
   std::vector<uint16_t> p(s.size());
   detail::F16AttendArgs a;
@@ -67,14 +69,20 @@ std::vector<float> per_row(const uint16_t* q16, const PagedKv& head_kv, int64_t 
   a.probs16 = p.data();
   a.out = out.data();
   a.single_query = false;
-  detail::attend_f16_rounded_avx512(a);
+  if (avx2) {
+    detail::attend_f16_rounded_avx2(a);
+  } else {
+    detail::attend_f16_rounded_avx512(a);
+  }
   return out;
 }
 
-// window > 0: row r sees its last `window` keys.
-void expect_tile_matches(int64_t hd, int n_rows, int64_t base, float softcap, int64_t window, uint32_t& seed) {
+// window > 0: row r sees its last `window` keys. avx2: the AVX2 tile
+// against the AVX2 per-row kernel.
+void expect_tile_matches(int64_t hd, int n_rows, int64_t base, float softcap, int64_t window, uint32_t& seed,
+                         bool avx2 = false) {
   SCOPED_TRACE(::testing::Message() << "head_dim " << hd << " rows " << n_rows << " base " << base << " softcap "
-                                    << softcap << " window " << window);
+                                    << softcap << " window " << window << (avx2 ? " avx2" : ""));
   // Rows in groups of 3 (a query's heads) share a key count; each next
   // query sees one more key, so counts cross the 16-key blocks in a tile.
   std::vector<int64_t> j_end(static_cast<size_t>(n_rows));
@@ -109,10 +117,14 @@ void expect_tile_matches(int64_t hd, int n_rows, int64_t base, float softcap, in
   t.scratch_stride = stride;
   t.out = outs.data();
   t.j_begin = window > 0 ? j_begin.data() : nullptr;
-  detail::attend_f16_rounded_tile_avx512(t);
+  if (avx2) {
+    detail::attend_f16_rounded_tile_avx2(t);
+  } else {
+    detail::attend_f16_rounded_tile_avx512(t);
+  }
   for (int r = 0; r < n_rows; ++r) {
     const auto want = per_row(q16.data() + r * hd, head_kv, hd, j_begin[static_cast<size_t>(r)],
-                              j_end[static_cast<size_t>(r)], softcap);
+                              j_end[static_cast<size_t>(r)], softcap, avx2);
     ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * hd, want.size() * sizeof(float))) << "row " << r;
     EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](float x) { return x != 0.0f; }));
   }
@@ -135,6 +147,101 @@ TEST(AttentionF16Tile, EachRowMatchesThePerRowKernel) {
     // The first rows with no whole block, starting before the later rows' first block.
     expect_tile_matches(hd, 15, 45, 0.0f, 20, seed);
     expect_tile_matches(hd, 16, 46, 0.0f, 23, seed);
+  }
+}
+
+// The AVX2 tile (attend_f16_rounded_tile_avx2) against the AVX2 per-row
+// kernel: head_dims that are multiples of 8 from 8 to 256 (the 32-dim
+// output chunks and their 1-3 register tails), tiles of 1-16 rows (the
+// 4-row scoring and 3-row value groups and their tails), key counts that
+// differ from row to row, softcap and windows.
+TEST(AttentionF16Tile, Avx2EachRowMatchesThePerRowKernel) {
+  if (!cpu_features().avx2) GTEST_SKIP() << "needs AVX2";
+  uint32_t seed = 7;
+  for (int64_t hd : {8, 24, 40, 64, 96, 128, 200, 256}) {
+    EXPECT_TRUE(detail::attend_f16_tile_avx2_supported(hd));
+    for (int rows : {1, 2, 3, 4, 5, 6, 7, 11, detail::kMaxTileRows}) {
+      for (int64_t base : {1, 17, 70}) expect_tile_matches(hd, rows, base, 0.0f, 0, seed, true);
+    }
+    expect_tile_matches(hd, 9, 90, 30.0f, 0, seed, true);
+    for (int64_t window : {1, 5, 40}) expect_tile_matches(hd, 12, 33, 0.0f, window, seed, true);
+    expect_tile_matches(hd, 7, 90, 30.0f, 20, seed, true);
+  }
+  EXPECT_FALSE(detail::attend_f16_tile_avx2_supported(12));
+  EXPECT_FALSE(detail::attend_f16_tile_avx2_supported(264));
+}
+
+// softmax_to_f16_avx2 against the scalar softmax_to_f16 (expf a key at a
+// time, the sum in order): every probability within one f16 step of the
+// scalar's, on rows of 1-70 scores spread over [-120, 30] (exps below
+// 2^-126 are 0 in both after the f16 rounding) and on rows of one score.
+TEST(AttentionF16Tile, Avx2SoftmaxIsWithinAnF16StepOfTheScalar) {
+  if (!cpu_features().avx2) GTEST_SKIP() << "needs AVX2";
+  for (int64_t n : {1, 2, 7, 8, 9, 16, 31, 70}) {
+    for (uint32_t seed : {1u, 2u, 3u}) {
+      SCOPED_TRACE(::testing::Message() << "n " << n << " seed " << seed);
+      const auto s0 = random_floats(n, seed, -120.0f, 30.0f);
+      std::vector<float> a(s0.begin(), s0.end()), b = a;
+      std::vector<uint16_t> pa(static_cast<size_t>(n)), pb(pa.size());
+      detail::softmax_to_f16(a.data(), pa.data(), n);
+      detail::softmax_to_f16_avx2(b.data(), pb.data(), n);
+      int differ = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const float x = f16_to_f32(pa[static_cast<size_t>(j)]), y = f16_to_f32(pb[static_cast<size_t>(j)]);
+        ASSERT_LE(std::fabs(x - y), std::max(std::fabs(x), 6.1e-5f) / 1024) << "key " << j;
+        differ += x != y;
+      }
+      EXPECT_LE(differ, std::max<int64_t>(1, n / 8));
+    }
+  }
+}
+
+// The dispatcher at head_dims AVX-512's exact kernel does not take (so on
+// every x86 machine the AVX2 tiles): every (query, head) row of a prefill
+// the AVX2 per-row kernel's bits, with decode-form rows inside the prompt
+// and with a window.
+TEST(AttentionF16Tile, Avx2PrefillRowsAreThePerRowKernels) {
+  if (!cpu_features().avx2) GTEST_SKIP() << "needs AVX2";
+  struct Shape {
+    int64_t heads, kv_heads, hd, n_q, n_kv, decode_from, window;
+  };
+  for (const Shape& c : {Shape{12, 4, 96, 37, 37, -1, 0}, Shape{12, 4, 96, 20, 90, 80, 0},
+                         Shape{8, 1, 80, 9, 40, -1, 0}, Shape{6, 3, 40, 50, 100, -1, 23}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " n_q " << c.n_q
+                                      << " n_kv " << c.n_kv << " decode_from " << c.decode_from << " window "
+                                      << c.window);
+    ASSERT_FALSE(detail::attend_f16_exact_supported(c.hd));
+    const PagedF16 kvs(c.n_kv, c.kv_heads, c.hd, 31);
+    AttentionParams p;
+    p.n_head = c.heads;
+    p.n_head_kv = c.kv_heads;
+    p.head_dim = c.hd;
+    p.scale = 0.125f;
+    p.kv_dtype = DType::kF16;
+    p.window = c.window;
+    const auto q = random_floats(c.n_q * c.heads * c.hd, 32, -2.0f, 2.0f);
+    std::vector<int32_t> pos(static_cast<size_t>(c.n_q));
+    for (int64_t i = 0; i < c.n_q; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(c.n_kv - c.n_q + i);
+    std::vector<float> got(q.size(), -9.0f);
+    const AttentionSeq seq{q.data(), pos.data(), c.n_q, kvs.kv, c.n_kv, got.data(), c.decode_from};
+    ThreadPool pool(2);
+    attention_f16_rounded_batch(&seq, 1, p, pool);
+    for (int64_t i = 0; i < c.n_q; ++i) {
+      for (int64_t h = 0; h < c.heads; ++h) {
+        std::vector<uint16_t> q16(static_cast<size_t>(c.hd));
+        for (int64_t d = 0; d < c.hd; ++d) q16[static_cast<size_t>(d)] = f32_to_f16(q[(i * c.heads + h) * c.hd + d]);
+        PagedKv head_kv = kvs.kv;
+        const int64_t kvh = h / (c.heads / c.kv_heads);
+        head_kv.k += kvh * c.hd * 2;
+        head_kv.v += kvh * c.hd * 2;
+        const int64_t end = pos[static_cast<size_t>(i)] + 1;
+        // Decode-form rows take the same AVX2 per-row kernel (it has one form).
+        const auto want = per_row(q16.data(), head_kv, c.hd, c.window > 0 ? std::max<int64_t>(0, end - c.window) : 0,
+                                  end, 0.0f, true);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data() + (i * c.heads + h) * c.hd, want.size() * sizeof(float)))
+            << "query " << i << " head " << h;
+      }
+    }
   }
 }
 

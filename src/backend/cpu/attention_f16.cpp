@@ -11,8 +11,7 @@
 namespace rill::cpu {
 namespace detail {
 
-// Steps 2-3 shared by both ISAs: softmax over a.scores in place, then the
-// probabilities rounded to f16.
+// The scalar kernel's softmax (attention_f16.h).
 void softmax_to_f16(float* s, uint16_t* p16, int64_t n) {
   float max = -INFINITY;
   for (int64_t j = 0; j < n; ++j) max = std::max(max, s[j]);
@@ -86,7 +85,11 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
   // queries times one KV head's query heads (attend_f16_rounded_tile_avx512),
   // which reads each K and V row once for all of them instead of once per
   // (query, head); queries in the decode form inside a tile go one by one.
-  const int64_t tile_q = avx512 && group <= detail::kMaxTileRows ? detail::kMaxTileRows / group : 0;
+  // On AVX2 (and AVX-512 at head_dims its exact kernel does not take) the
+  // tiles are attend_f16_rounded_tile_avx2's, over the AVX2 per-row
+  // arithmetic.
+  const bool tile_avx2 = !avx512 && avx2 && detail::attend_f16_tile_avx2_supported(p.head_dim);
+  const int64_t tile_q = (avx512 || tile_avx2) && group <= detail::kMaxTileRows ? detail::kMaxTileRows / group : 0;
   auto by_tile = [&](const AttentionSeq& seq) { return tile_q > 0 && !by_kv_head(seq); };
   bool all_by_kv_head = gmax > 0;
   for (int s = 0; s < n_seqs && all_by_kv_head; ++s) all_by_kv_head = by_kv_head(seqs[s]);
@@ -194,7 +197,11 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
       t.probs16 = probs16.data();
       t.scratch_stride = max_kv;
       t.out = outs;
-      detail::attend_f16_rounded_tile_avx512(t);
+      if (tile_avx2) {
+        detail::attend_f16_rounded_tile_avx2(t);
+      } else {
+        detail::attend_f16_rounded_tile_avx512(t);
+      }
     };
     int s = static_cast<int>(std::upper_bound(starts, starts + n_seqs + 1, begin) - starts) - 1;
     for (int64_t u = begin; u < end; ++u) {

@@ -36,6 +36,12 @@ struct F16AttendArgs {
   float* out;                 // [head_dim]
   bool single_query = false;  // the batch has one query (llama.cpp's vec_dot form)
 };
+// The softmax of a row's scores s[0, n) (overwritten with the exps) as f16
+// probabilities p16: the scalar kernel's (expf a key at a time, the sum in
+// f64 in order), and the AVX2 kernels' (a vector polynomial within 2 ulp
+// of expf, 0 below 2^-126, the sum in f64 over 8 lanes: their own bits).
+void softmax_to_f16(float* s, uint16_t* p16, int64_t n);
+void softmax_to_f16_avx2(float* s, uint16_t* p16, int64_t n);
 void attend_f16_rounded_scalar(const F16AttendArgs& a);
 void attend_f16_rounded_avx2(const F16AttendArgs& a);
 // Bit-exact with llama.cpp built for AVX-512 (attention_f16_avx512.cpp);
@@ -90,6 +96,12 @@ struct F16TileArgs {
   const int64_t* j_begin = nullptr;  // [n_rows] (a sliding window); null: every row from key 0
 };
 void attend_f16_rounded_tile_avx512(const F16TileArgs& a);
+// The same contract over attend_f16_rounded_avx2's arithmetic (each row's
+// output bit-identical to it), for head_dims it takes (a multiple of 8 up
+// to 256): AVX2 machines, and AVX-512 ones at head_dims the exact kernel
+// does not take (attention_f16_tile_avx2.cpp).
+bool attend_f16_tile_avx2_supported(int64_t head_dim);
+void attend_f16_rounded_tile_avx2(const F16TileArgs& a);
 // Most heads one call takes for this head_dim; 0 when the form is unsupported.
 int attend_f16_group_max_heads(int64_t head_dim);
 void attend_f16_rounded_group_avx512(const F16GroupArgs& a);

@@ -1,29 +1,77 @@
 // AVX2 + F16C version of attend_f16_rounded (compiled with -mavx2 -mfma -mf16c).
-#include <immintrin.h>
-
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/attention_f16.h"
+#include "backend/cpu/attention_f16_avx2_impl.h"
 
 namespace rill::cpu::detail {
-
-void softmax_to_f16(float* s, uint16_t* p16, int64_t n);
-
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-inline __m256 load_f16x8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+// exp(x) for x <= 0 (a softmax's s - max): n = round(x log2 e), r = x - n
+// ln 2 in two parts, e^r by Cephes' expf polynomial (|r| <= ln 2 / 2), times
+// 2^n; 0 below -87.34 (where exp(x) < 2^-126) and for NaN.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f);
+  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
 
 }  // namespace
+
+void softmax_to_f16_avx2(float* s, uint16_t* p16, int64_t n) {
+  const int64_t n8 = n / 8 * 8;
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
+  float max = -INFINITY;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  for (float x : lanes) max = std::max(max, x);
+  for (int64_t j = n8; j < n; ++j) max = std::max(max, s[j]);
+  // The tail as a padded block of 8 (-inf: exp 0).
+  alignas(32) float tail[8];
+  for (int i = 0; i < 8; ++i) tail[i] = n8 + i < n ? s[n8 + i] : -INFINITY;
+  const __m256 m = _mm256_set1_ps(max);
+  __m256d sum_lo = _mm256_setzero_pd(), sum_hi = _mm256_setzero_pd();
+  auto exps = [&](float* at) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(at), m));
+    _mm256_storeu_ps(at, e);
+    sum_lo = _mm256_add_pd(sum_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    sum_hi = _mm256_add_pd(sum_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  };
+  for (int64_t j = 0; j < n8; j += 8) exps(s + j);
+  if (n8 < n) exps(tail);
+  alignas(32) double parts[4];
+  _mm256_store_pd(parts, _mm256_add_pd(sum_lo, sum_hi));
+  const double sum = (parts[0] + parts[1]) + (parts[2] + parts[3]);
+  const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));
+  for (int64_t j = 0; j < n8; j += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(s + j), inv), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p16 + j), h);
+  }
+  if (n8 < n) {
+    alignas(16) uint16_t h[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(h),
+                    _mm256_cvtps_ph(_mm256_mul_ps(_mm256_load_ps(tail), inv), _MM_FROUND_TO_NEAREST_INT));
+    for (int64_t j = n8; j < n; ++j) {
+      s[j] = tail[j - n8];
+      p16[j] = h[j - n8];
+    }
+  }
+}
 
 void attend_f16_rounded_avx2(const F16AttendArgs& a) {
   const int64_t n = a.j_end - a.j_begin;
@@ -36,11 +84,11 @@ void attend_f16_rounded_avx2(const F16AttendArgs& a) {
     const auto* kr = reinterpret_cast<const uint16_t*>(row);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(load_f16x8(a.q16 + d), load_f16x8(kr + d), acc);
-    float x = hsum(acc) * a.scale;
+    float x = hsum8(acc) * a.scale;
     if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
     a.scores[j - a.j_begin] = x;
   });
-  softmax_to_f16(a.scores, a.probs16, n);
+  softmax_to_f16_avx2(a.scores, a.probs16, n);
   for (int64_t d0 = 0; d0 < hd; d0 += 32) {
     // Up to 4 registers of output dims at a time, accumulated over all keys.
     const int n_reg = static_cast<int>(hd - d0 >= 32 ? 4 : (hd - d0) / 8);
