@@ -149,6 +149,10 @@ void BM_attention_prefill_512_at_8k_window1024_paged(benchmark::State& s) {
 void BM_attention_prefill_512_at_8k_hd96_paged(benchmark::State& s) {
   run(s, 512, 8192, true, 0, 96);
 }
+// One decode token at 8,192 keys, head_dim 96 (the AVX2 kernels).
+void BM_attention_decode_at_8k_hd96_paged(benchmark::State& s) {
+  run(s, 1, 8192, true, 0, 96);
+}
 // One decode token at 8,192 keys in a 1,024-key window.
 void BM_attention_decode_at_8k_window1024_paged(benchmark::State& s) {
   run(s, 1, 8192, true, 1024);
@@ -159,6 +163,7 @@ BENCHMARK(BM_attention_prefill_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(b
 BENCHMARK(BM_attention_decode_at_512_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_attention_prefill_512_at_8k_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode_at_8k_window1024_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_attention_decode_at_8k_hd96_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_attention_prefill_512_at_8k_hd96_paged)->Arg(2)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_prefill_512_at_8k_window1024_paged)
     ->Arg(2)

@@ -197,16 +197,17 @@ TEST(AttentionF16Tile, Avx2SoftmaxIsWithinAnF16StepOfTheScalar) {
 }
 
 // The dispatcher at head_dims AVX-512's exact kernel does not take (so on
-// every x86 machine the AVX2 tiles): every (query, head) row of a prefill
-// the AVX2 per-row kernel's bits, with decode-form rows inside the prompt
-// and with a window.
+// every x86 machine the AVX2 tiles, which take decode queries too): every
+// (query, head) row of a prefill or a decode step the AVX2 per-row
+// kernel's bits, with decode-form rows inside the prompt and with a window.
 TEST(AttentionF16Tile, Avx2PrefillRowsAreThePerRowKernels) {
   if (!cpu_features().avx2) GTEST_SKIP() << "needs AVX2";
   struct Shape {
     int64_t heads, kv_heads, hd, n_q, n_kv, decode_from, window;
   };
-  for (const Shape& c : {Shape{12, 4, 96, 37, 37, -1, 0}, Shape{12, 4, 96, 20, 90, 80, 0},
-                         Shape{8, 1, 80, 9, 40, -1, 0}, Shape{6, 3, 40, 50, 100, -1, 23}}) {
+  for (const Shape& c :
+       {Shape{12, 4, 96, 37, 37, -1, 0}, Shape{12, 4, 96, 20, 90, 80, 0}, Shape{12, 4, 96, 1, 300, -1, 0},
+        Shape{16, 2, 40, 1, 77, -1, 30}, Shape{8, 1, 80, 9, 40, -1, 0}, Shape{6, 3, 40, 50, 100, -1, 23}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " n_q " << c.n_q
                                       << " n_kv " << c.n_kv << " decode_from " << c.decode_from << " window "
                                       << c.window);

@@ -171,7 +171,10 @@ void attention_f16_rounded_batch(const AttentionSeq* seqs, int n_seqs, const Att
       float* outs[detail::kMaxTileRows];
       int rows = 0;
       for (int64_t i = i0; i < i1; ++i) {
-        if (decode_form(seq, i)) {  // llama.cpp's single-query arithmetic: not the tile's
+        // AVX-512's decode form is llama.cpp's single-query arithmetic, not
+        // the tile's; the AVX2 kernel has one form, so its tiles take
+        // decode queries too (a KV head's query heads then share each row).
+        if (!tile_avx2 && decode_form(seq, i)) {
           for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) attend_one(seq, i, h);
           continue;
         }
