@@ -196,53 +196,62 @@ TEST(AttentionF16Tile, Avx2SoftmaxIsWithinAnF16StepOfTheScalar) {
   }
 }
 
+// attention_f16_rounded_batch over one sequence of shape c: every (query,
+// head) row the per-row kernel's bits (AVX-512's, or with avx2 the AVX2
+// one). AVX-512's decode-form rows (decode_from) take llama.cpp's
+// single-query arithmetic, which the group tests hold: skipped there; the
+// AVX2 kernel has one form, so its rows are all compared.
+struct DispatchShape {
+  int64_t heads, kv_heads, hd, n_q, n_kv, decode_from, window;
+};
+void expect_batch_rows_match(const DispatchShape& c, bool avx2, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " n_q " << c.n_q
+                                    << " n_kv " << c.n_kv << " decode_from " << c.decode_from << " window " << c.window
+                                    << (avx2 ? " avx2" : ""));
+  const PagedF16 kvs(c.n_kv, c.kv_heads, c.hd, seed);
+  AttentionParams p;
+  p.n_head = c.heads;
+  p.n_head_kv = c.kv_heads;
+  p.head_dim = c.hd;
+  p.scale = 0.125f;
+  p.kv_dtype = DType::kF16;
+  p.window = c.window;
+  const auto q = random_floats(c.n_q * c.heads * c.hd, seed + 1, -2.0f, 2.0f);
+  std::vector<int32_t> pos(static_cast<size_t>(c.n_q));
+  for (int64_t i = 0; i < c.n_q; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(c.n_kv - c.n_q + i);
+  std::vector<float> got(q.size(), -9.0f);
+  const AttentionSeq seq{q.data(), pos.data(), c.n_q, kvs.kv, c.n_kv, got.data(), c.decode_from};
+  ThreadPool pool(2);
+  attention_f16_rounded_batch(&seq, 1, p, pool);
+  for (int64_t i = 0; i < c.n_q; ++i) {
+    if (!avx2 && c.decode_from >= 0 && pos[static_cast<size_t>(i)] >= c.decode_from) continue;  // the decode form
+    for (int64_t h = 0; h < c.heads; ++h) {
+      std::vector<uint16_t> q16(static_cast<size_t>(c.hd));
+      for (int64_t d = 0; d < c.hd; ++d) q16[static_cast<size_t>(d)] = f32_to_f16(q[(i * c.heads + h) * c.hd + d]);
+      PagedKv head_kv = kvs.kv;
+      const int64_t kvh = h / (c.heads / c.kv_heads);
+      head_kv.k += kvh * c.hd * 2;
+      head_kv.v += kvh * c.hd * 2;
+      const int64_t end = pos[static_cast<size_t>(i)] + 1;
+      const auto want =
+          per_row(q16.data(), head_kv, c.hd, c.window > 0 ? std::max<int64_t>(0, end - c.window) : 0, end, 0.0f, avx2);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data() + (i * c.heads + h) * c.hd, want.size() * sizeof(float)))
+          << "query " << i << " head " << h;
+    }
+  }
+}
+
 // The dispatcher at head_dims AVX-512's exact kernel does not take (so on
 // every x86 machine the AVX2 tiles, which take decode queries too): every
 // (query, head) row of a prefill or a decode step the AVX2 per-row
 // kernel's bits, with decode-form rows inside the prompt and with a window.
 TEST(AttentionF16Tile, Avx2PrefillRowsAreThePerRowKernels) {
   if (!cpu_features().avx2) GTEST_SKIP() << "needs AVX2";
-  struct Shape {
-    int64_t heads, kv_heads, hd, n_q, n_kv, decode_from, window;
-  };
-  for (const Shape& c :
-       {Shape{12, 4, 96, 37, 37, -1, 0}, Shape{12, 4, 96, 20, 90, 80, 0}, Shape{12, 4, 96, 1, 300, -1, 0},
-        Shape{16, 2, 40, 1, 77, -1, 30}, Shape{8, 1, 80, 9, 40, -1, 0}, Shape{6, 3, 40, 50, 100, -1, 23}}) {
-    SCOPED_TRACE(::testing::Message() << "heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " n_q " << c.n_q
-                                      << " n_kv " << c.n_kv << " decode_from " << c.decode_from << " window "
-                                      << c.window);
+  for (const DispatchShape& c : {DispatchShape{12, 4, 96, 37, 37, -1, 0}, DispatchShape{12, 4, 96, 20, 90, 80, 0},
+                                 DispatchShape{12, 4, 96, 1, 300, -1, 0}, DispatchShape{16, 2, 40, 1, 77, -1, 30},
+                                 DispatchShape{8, 1, 80, 9, 40, -1, 0}, DispatchShape{6, 3, 40, 50, 100, -1, 23}}) {
     ASSERT_FALSE(detail::attend_f16_exact_supported(c.hd));
-    const PagedF16 kvs(c.n_kv, c.kv_heads, c.hd, 31);
-    AttentionParams p;
-    p.n_head = c.heads;
-    p.n_head_kv = c.kv_heads;
-    p.head_dim = c.hd;
-    p.scale = 0.125f;
-    p.kv_dtype = DType::kF16;
-    p.window = c.window;
-    const auto q = random_floats(c.n_q * c.heads * c.hd, 32, -2.0f, 2.0f);
-    std::vector<int32_t> pos(static_cast<size_t>(c.n_q));
-    for (int64_t i = 0; i < c.n_q; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(c.n_kv - c.n_q + i);
-    std::vector<float> got(q.size(), -9.0f);
-    const AttentionSeq seq{q.data(), pos.data(), c.n_q, kvs.kv, c.n_kv, got.data(), c.decode_from};
-    ThreadPool pool(2);
-    attention_f16_rounded_batch(&seq, 1, p, pool);
-    for (int64_t i = 0; i < c.n_q; ++i) {
-      for (int64_t h = 0; h < c.heads; ++h) {
-        std::vector<uint16_t> q16(static_cast<size_t>(c.hd));
-        for (int64_t d = 0; d < c.hd; ++d) q16[static_cast<size_t>(d)] = f32_to_f16(q[(i * c.heads + h) * c.hd + d]);
-        PagedKv head_kv = kvs.kv;
-        const int64_t kvh = h / (c.heads / c.kv_heads);
-        head_kv.k += kvh * c.hd * 2;
-        head_kv.v += kvh * c.hd * 2;
-        const int64_t end = pos[static_cast<size_t>(i)] + 1;
-        // Decode-form rows take the same AVX2 per-row kernel (it has one form).
-        const auto want = per_row(q16.data(), head_kv, c.hd, c.window > 0 ? std::max<int64_t>(0, end - c.window) : 0,
-                                  end, 0.0f, true);
-        ASSERT_EQ(0, std::memcmp(want.data(), got.data() + (i * c.heads + h) * c.hd, want.size() * sizeof(float)))
-            << "query " << i << " head " << h;
-      }
-    }
+    expect_batch_rows_match(c, true, 31);
   }
 }
 
@@ -253,46 +262,10 @@ TEST(AttentionF16Tile, Avx2PrefillRowsAreThePerRowKernels) {
 // form, one by one) and with a sliding window.
 TEST(AttentionF16Tile, PrefillRowsAreThePerRowKernels) {
   if (!cpu_features().avx512) GTEST_SKIP() << "needs AVX-512";
-  struct Shape {
-    int64_t heads, kv_heads, hd, n_q, n_kv, decode_from, window;
-  };
-  for (const Shape& c :
-       {Shape{9, 3, 64, 37, 37, -1, 0}, Shape{9, 3, 64, 20, 90, 80, 0}, Shape{16, 1, 128, 5, 40, -1, 0},
-        Shape{4, 4, 256, 18, 18, -1, 0}, Shape{9, 3, 64, 60, 100, -1, 23}, Shape{8, 2, 256, 30, 70, 65, 32}}) {
-    SCOPED_TRACE(::testing::Message() << "heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " n_q " << c.n_q
-                                      << " n_kv " << c.n_kv << " decode_from " << c.decode_from << " window "
-                                      << c.window);
-    const PagedF16 kvs(c.n_kv, c.kv_heads, c.hd, 21);
-    AttentionParams p;
-    p.n_head = c.heads;
-    p.n_head_kv = c.kv_heads;
-    p.head_dim = c.hd;
-    p.scale = 0.125f;
-    p.kv_dtype = DType::kF16;
-    p.window = c.window;
-    const auto q = random_floats(c.n_q * c.heads * c.hd, 22, -2.0f, 2.0f);
-    std::vector<int32_t> pos(static_cast<size_t>(c.n_q));
-    for (int64_t i = 0; i < c.n_q; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(c.n_kv - c.n_q + i);
-    std::vector<float> got(q.size(), -9.0f);
-    const AttentionSeq seq{q.data(), pos.data(), c.n_q, kvs.kv, c.n_kv, got.data(), c.decode_from};
-    ThreadPool pool(2);
-    attention_f16_rounded_batch(&seq, 1, p, pool);
-    for (int64_t i = 0; i < c.n_q; ++i) {
-      for (int64_t h = 0; h < c.heads; ++h) {
-        if (c.decode_from >= 0 && pos[static_cast<size_t>(i)] >= c.decode_from) continue;  // the decode form
-        std::vector<uint16_t> q16(static_cast<size_t>(c.hd));
-        for (int64_t d = 0; d < c.hd; ++d) q16[static_cast<size_t>(d)] = f32_to_f16(q[(i * c.heads + h) * c.hd + d]);
-        PagedKv head_kv = kvs.kv;
-        const int64_t kvh = h / (c.heads / c.kv_heads);
-        head_kv.k += kvh * c.hd * 2;
-        head_kv.v += kvh * c.hd * 2;
-        const int64_t end = pos[static_cast<size_t>(i)] + 1;
-        const auto want =
-            per_row(q16.data(), head_kv, c.hd, c.window > 0 ? std::max<int64_t>(0, end - c.window) : 0, end, 0.0f);
-        ASSERT_EQ(0, std::memcmp(want.data(), got.data() + (i * c.heads + h) * c.hd, want.size() * sizeof(float)))
-            << "query " << i << " head " << h;
-      }
-    }
+  for (const DispatchShape& c : {DispatchShape{9, 3, 64, 37, 37, -1, 0}, DispatchShape{9, 3, 64, 20, 90, 80, 0},
+                                 DispatchShape{16, 1, 128, 5, 40, -1, 0}, DispatchShape{4, 4, 256, 18, 18, -1, 0},
+                                 DispatchShape{9, 3, 64, 60, 100, -1, 23}, DispatchShape{8, 2, 256, 30, 70, 65, 32}}) {
+    expect_batch_rows_match(c, false, 21);
   }
 }
 

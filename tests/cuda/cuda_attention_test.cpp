@@ -329,6 +329,15 @@ TEST(CudaAttention, MatchesCpuOnPagedKv) {
   }
 }
 
+// Sink logits for n_head heads in [-1, 3], head 1's dominant (8) and head
+// 2's vanishing (-20).
+std::vector<float> test_sinks(int32_t n_head, uint32_t seed) {
+  std::vector<float> sinks = random_floats(static_cast<size_t>(n_head), seed, -1, 3);
+  sinks[1] = 8.0f;
+  sinks[2] = -20.0f;
+  return sinks;
+}
+
 // The decode kernels' last-block merge gives the combine kernel's outputs
 // bit for bit, and leaves its counters zero for the next call.
 TEST(CudaAttention, InKernelSplitMergeEqualsTheCombineKernel) {
@@ -375,10 +384,7 @@ TEST(CudaAttention, SinksMatchCpuOnEveryPath) {
                                    {8, 1, 64, 0, 0.0f, DType::kF32}};
   for (const Case& c : cases) {
     Paged p(c, seqs);
-    std::vector<float> sinks = random_floats(static_cast<size_t>(c.n_head), 23, -1, 3);
-    sinks[1] = 8.0f;
-    sinks[2] = -20.0f;
-    p.set_sinks(sinks);
+    p.set_sinks(test_sinks(c.n_head, 23));
     const auto want = p.cpu_out();
     int32_t n_decode = 0;
     for (const SeqSpec& s : seqs) n_decode += s.q_len <= kDecodeMaxQ ? s.q_len : 0;
@@ -597,10 +603,7 @@ TEST(CudaAttention, SinksMatchCpuOnTheWidePrefill) {
       {16, 2, 512, 0, 0.0f, DType::kF16}, {8, 2, 256, 100, 0.0f, DType::kF16}, {16, 2, 512, 37, 0.0f, DType::kQ8_0}};
   for (const Case& c : cases) {
     Paged p(c, seqs);
-    std::vector<float> sinks = random_floats(static_cast<size_t>(c.n_head), 29, -1, 3);
-    sinks[1] = 8.0f;
-    sinks[2] = -20.0f;
-    p.set_sinks(sinks);
+    p.set_sinks(test_sinks(c.n_head, 29));
     const auto want = p.cpu_out();
     const auto got = p.gpu_out(DType::kF32);
     ASSERT_EQ(got.size(), want.size());
@@ -661,13 +664,11 @@ TEST(CudaAttention, DecodeOnTheTensorCoresMatchesCpu) {
       const Case c{sh.n_head, sh.n_head_kv, sh.head_dim, sh.window, sh.softcap, kv};
       const std::string what = std::string(dtype_name(kv)) + " heads " + std::to_string(c.n_head) + "/" +
                                std::to_string(c.n_head_kv) + " hd " + std::to_string(c.head_dim);
-      if (!decode_mma_takes(kv, c.head_dim, c.n_head / c.n_head_kv)) GTEST_SKIP() << "RILL_DECODE_MMA=0";
+      if (!decode_mma_takes(kv, c.head_dim, c.n_head / c.n_head_kv))
+        GTEST_SKIP() << "the tensor-core decode kernel is off (RILL_DECODE_MMA)";
       Paged p(c, seqs);
       if (sh.sinks) {
-        std::vector<float> sinks = random_floats(static_cast<size_t>(c.n_head), 23, -1, 3);
-        sinks[1] = 8.0f;
-        sinks[2] = -20.0f;
-        p.set_sinks(sinks);
+        p.set_sinks(test_sinks(c.n_head, 23));
       }
       const auto want = p.cpu_out();
       const auto got = p.gpu_out(DType::kF32);

@@ -37,6 +37,24 @@ __host__ __device__ __forceinline__ int32_t splits_for(int32_t len) {
   return s < 1 ? 1 : s > kMaxSplits ? kMaxSplits : s;
 }
 
+// Decode token z's keys in split `split`: [k_begin, k_end) (splits_for's
+// rule, from the window's first key; empty for a split past the token's
+// own n_splits, which then has nothing to do). t is the token's flat index.
+struct DecodeSplit {
+  int32_t t, n_splits, k_begin, k_end;
+};
+__device__ __forceinline__ DecodeSplit decode_split(const AttentionArgs& a, int z, int split) {
+  DecodeSplit s;
+  s.t = a.decode_tokens[z];
+  const int32_t p = a.pos[s.t], len = p + 1;
+  s.n_splits = splits_for(len);
+  const int32_t split_len = (len + s.n_splits - 1) / s.n_splits;
+  const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
+  s.k_begin = max(split * split_len, lo);
+  s.k_end = min(len, (split + 1) * split_len);
+  return s;
+}
+
 // Partial results of split s of (decode token z, head h): m, l, then acc[head_dim].
 __device__ __forceinline__ float* partial_at(const AttentionArgs& a, int z, int h, int s) {
   const int64_t rec = a.head_dim + 2;

@@ -244,17 +244,12 @@ __global__ void __launch_bounds__(kW * 32, (Shape<KV, kHd, kG>::kMinBlocks * kWa
   const int rr = lane / kL, c = lane % kL;
   const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
 
-  const int32_t t = a.decode_tokens[z];
-  const int32_t p = a.pos[t];
-  const int32_t len = p + 1;
-  const int32_t n_splits = splits_for(len);
+  const detail::DecodeSplit ds = detail::decode_split(a, z, split);
+  const int32_t t = ds.t, n_splits = ds.n_splits, k_begin = ds.k_begin, k_end = ds.k_end;
   if (split >= n_splits) {
     detail::pdl_wait();
     return;
   }
-  const int32_t split_len = (len + n_splits - 1) / n_splits;
-  const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
-  const int32_t k_begin = max(split * split_len, lo), k_end = min(len, (split + 1) * split_len);
   const int32_t* table = a.block_tables + a.table_start[a.seq_of[t]];
   const int64_t row_bytes = static_cast<int64_t>(a.n_head_kv) * S::kHeadBytes;
   // This head's first byte in row 0.
