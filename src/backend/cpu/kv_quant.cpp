@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kv_fit.h"
 #include "backend/cpu/quants.h"
 #include "core/e4m3.h"
 #include "core/half.h"
@@ -134,6 +136,7 @@ struct UniformLevels {
   float last() const { return static_cast<float>(hi); }
   int code(float y) const { return nearest_code(y, lo, hi); }
   float value(int q) const { return static_cast<float>(q); }
+  detail::FitLevels spec() const { return {false, lo, hi}; }
 };
 struct NlLevels {
   float first() const { return static_cast<float>(kIq4nlValues[0]); }
@@ -146,6 +149,7 @@ struct NlLevels {
     return q;
   }
   float value(int q) const { return static_cast<float>(kIq4nlValues[q]); }
+  detail::FitLevels spec() const { return {true, 0, 15}; }
 };
 
 // How a rotated block's scale d is stored: f16 (q4_0h, q8_0h, iq4_nlh) or
@@ -201,6 +205,26 @@ double block_error(const float* x, float d, const NlLevels& lv, int* q) {
   return err;
 }
 
+template <int N>
+void fit_errors_n(const float* x, const float* d, int n_d, detail::FitLevels lv, double* err) {
+  int q[N];
+  for (int c = 0; c < n_d; ++c) {
+    err[c] = lv.nl ? block_error<N>(x, d[c], NlLevels{}, q) : block_error<N>(x, d[c], UniformLevels{lv.lo, lv.hi}, q);
+  }
+}
+
+}  // namespace
+
+void detail::fit_errors_ref(const float* x, int n, const float* d, int n_d, FitLevels lv, double* err) {
+  if (n == 2 * kQK) {
+    fit_errors_n<2 * kQK>(x, d, n_d, lv, err);
+  } else {
+    fit_errors_n<kQK>(x, d, n_d, lv, err);
+  }
+}
+
+namespace {
+
 // Rotated types are rill's own (no GGUF file holds them), so their encoder
 // is free to choose each block's levels and scale. Levels: those of the
 // scale with the least squared error (a rotated head is close to Gaussian,
@@ -215,7 +239,8 @@ double block_error(const float* x, float d, const NlLevels& lv, int* q) {
 // squares alone cut KL 5% but raised perplexity from +5.7% to +9.2% over
 // f16; with the refit +5.2%. Returns d's stored bits; q the codes. About 35
 // candidates of N multiply-rounds per block: ~1M operations per token of
-// the default model (q4_0h; iq4_nlh's 15 compares per element cost more).
+// the default model (q4_0h; iq4_nlh's 15 compares per element cost more),
+// the grid's 34 in vector lanes where AVX-512 is (kv_fit.h: the same bits).
 template <int N, class Levels, class Scale = F16Scale>
 typename Scale::Bits fit_scale(const float* x, const Levels& lv, int* q, Scale sc = {}) {
   float m = 0.0f, amax = 0.0f;  // the signed absolute maximum, the first on ties
@@ -232,8 +257,35 @@ typename Scale::Bits fit_scale(const float* x, const Levels& lv, int* q, Scale s
   // Codes of a zero scale until a candidate wins: none does when the block
   // holds a NaN or a scale overflows its format (every error is then NaN).
   std::fill(q, q + N, lv.code(0.0f));
+  constexpr int kGrid = 34;
+  typename Scale::Bits grid_bits[kGrid];
+  float grid[kGrid];
+  int c = 0;
+  for (const float top : {lv.first(), lv.last()}) {
+    for (int i = 0; i <= 16; ++i, ++c) {
+      grid_bits[c] = sc.round(m / top * (1.0f - 0.025f * static_cast<float>(i)));
+      grid[c] = sc.value(grid_bits[c]);
+    }
+  }
+  double grid_err[kGrid];
+  if (cpu_features().avx512) {
+    detail::fit_errors_avx512(x, N, grid, kGrid, lv.spec(), grid_err);
+  } else {
+    detail::fit_errors_ref(x, N, grid, kGrid, lv.spec(), grid_err);
+  }
   double best = INFINITY;
   typename Scale::Bits best_d = 0;
+  int best_c = -1;
+  for (c = 0; c < kGrid; ++c) {  // the first of least error; NaN never wins
+    if (grid_err[c] < best) {
+      best = grid_err[c];
+      best_c = c;
+    }
+  }
+  if (best_c >= 0) {
+    best_d = grid_bits[best_c];
+    block_error<N>(x, grid[best_c], lv, q);  // its codes
+  }
   int cand[N];
   auto consider = [&](float d) {
     const typename Scale::Bits dh = sc.round(d);
@@ -244,9 +296,6 @@ typename Scale::Bits fit_scale(const float* x, const Levels& lv, int* q, Scale s
       std::copy(cand, cand + N, q);
     }
   };
-  for (const float top : {lv.first(), lv.last()}) {
-    for (int i = 0; i <= 16; ++i) consider(m / top * (1.0f - 0.025f * static_cast<float>(i)));
-  }
   double xx = 0, xq = 0, qq = 0;
   for (int j = 0; j < N; ++j) {
     xq += double{x[j]} * lv.value(q[j]);
