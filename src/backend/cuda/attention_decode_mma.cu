@@ -56,10 +56,13 @@ using detail::cp_async;
 using detail::load8h;
 using detail::smem_addr;
 
-constexpr int kW = 2;         // warps a block
-constexpr int kKeys = 16;     // keys a warp's round
-constexpr int kStages = 4;    // rounds in flight per warp
-constexpr int kBlocksSm = 6;  // blocks an SM the registers are capped for (shared memory: 6 x 37 KB at q8_0's 128)
+constexpr int kW = 2;       // warps a block
+constexpr int kKeys = 16;   // keys a warp's round
+constexpr int kStages = 4;  // rounds in flight per warp
+// Blocks an SM the registers are capped for. Shared memory fits 6 of them
+// at q8_0's head_dim 128 up to a group of 4 (about 37 KB each); at a group
+// of 8 the staged output makes a block about 40 KB, and 5 fit.
+constexpr int kBlocksSm = 6;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // Whether the kernel takes tag KvT at head_dim HD: the types load8h reads
