@@ -1,5 +1,5 @@
-// kv_fit.h: the rotated encoder's candidate errors on AVX-512 are the
-// scalar loop's bits, on the blocks that stress each rounding: Gaussian
+// kv_fit.h: the rotated encoder's candidate errors on AVX-512 and AVX2 are
+// the scalar loop's bits, on the blocks that stress each rounding: Gaussian
 // blocks at the search's own grid, values on the levels' rounding ties,
 // subnormal and huge scales, zero scales, and NaN / inf elements.
 #include "backend/cpu/kv_fit.h"
@@ -43,67 +43,86 @@ std::vector<float> candidates(const std::vector<float>& x, FitLevels lv) {
   return d;
 }
 
-TEST(KvFit, Avx512CandidateErrorsAreTheScalarBits) {
-  if (!cpu_features().avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
-  std::mt19937 rng(29);
-  std::normal_distribution<float> nd;
-  std::uniform_int_distribution<int> pick(0, 7);
-  const FitLevels level_sets[] = {{false, -8, 7}, {false, -127, 127}, {true, 0, 15}};
-  const float kInf = std::numeric_limits<float>::infinity(), kNan = std::numeric_limits<float>::quiet_NaN();
-  int compared = 0;
-  for (const int n : {32, 64}) {
-    for (const FitLevels lv : level_sets) {
-      for (int trial = 0; trial < 400; ++trial) {
-        std::vector<float> x(static_cast<size_t>(n));
-        const int kind = trial % 8;
-        const float scale = kind == 5 ? 1e-6f : kind == 6 ? 3e4f : 1.0f;
-        for (float& v : x) v = nd(rng) * scale;
-        if (kind == 1) {  // values on the levels' ties: k + 0.5 steps of the first candidate
-          const float d = candidates(x, lv)[0];
-          for (float& v : x) v = (std::floor(v / d) + 0.5f) * d;
-        }
-        if (kind == 2) x[static_cast<size_t>(pick(rng))] = kNan;
-        if (kind == 3) x[static_cast<size_t>(pick(rng))] = pick(rng) % 2 ? kInf : -kInf;
-        if (kind == 4) std::fill(x.begin() + n / 2, x.end(), 0.0f);  // half a block of zeros
-        if (kind == 7) x[static_cast<size_t>(pick(rng))] = -0.0f;
-        const std::vector<float> d = candidates(x, lv);
-        const int n_d = static_cast<int>(d.size());
-        std::vector<double> want(d.size()), got(d.size(), -1.0);
-        fit_errors_ref(x.data(), n, d.data(), n_d, lv, want.data());
-        fit_errors_avx512(x.data(), n, d.data(), n_d, lv, got.data());
-        for (int c = 0; c < n_d; ++c) {
-          // Bits, except that any NaN matches any NaN (a NaN error never wins).
-          if (std::isnan(want[static_cast<size_t>(c)])) {
-            EXPECT_TRUE(std::isnan(got[static_cast<size_t>(c)])) << n << " " << lv.nl << " " << trial << " " << c;
-          } else {
-            EXPECT_EQ(0, std::memcmp(&want[static_cast<size_t>(c)], &got[static_cast<size_t>(c)], sizeof(double)))
-                << "n " << n << " nl " << lv.nl << " lo " << lv.lo << " trial " << trial << " candidate " << c << ": "
-                << want[static_cast<size_t>(c)] << " against " << got[static_cast<size_t>(c)];
+using FitErrors = void (*)(const float*, int, const float*, int, FitLevels, double*);
+struct Kernel {
+  const char* name;
+  FitErrors fn;
+};
+// The vector kernels this CPU runs.
+std::vector<Kernel> vector_kernels() {
+  std::vector<Kernel> k;
+  if (cpu_features().avx512) k.push_back({"avx512", fit_errors_avx512});
+  if (cpu_features().avx2) k.push_back({"avx2", fit_errors_avx2});
+  return k;
+}
+
+TEST(KvFit, VectorCandidateErrorsAreTheScalarBits) {
+  if (vector_kernels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (const Kernel& k : vector_kernels()) {
+    SCOPED_TRACE(k.name);
+    std::mt19937 rng(29);
+    std::normal_distribution<float> nd;
+    std::uniform_int_distribution<int> pick(0, 7);
+    const FitLevels level_sets[] = {{false, -8, 7}, {false, -127, 127}, {true, 0, 15}};
+    const float kInf = std::numeric_limits<float>::infinity(), kNan = std::numeric_limits<float>::quiet_NaN();
+    int compared = 0;
+    for (const int n : {32, 64}) {
+      for (const FitLevels lv : level_sets) {
+        for (int trial = 0; trial < 400; ++trial) {
+          std::vector<float> x(static_cast<size_t>(n));
+          const int kind = trial % 8;
+          const float scale = kind == 5 ? 1e-6f : kind == 6 ? 3e4f : 1.0f;
+          for (float& v : x) v = nd(rng) * scale;
+          if (kind == 1) {  // values on the levels' ties: k + 0.5 steps of the first candidate
+            const float d = candidates(x, lv)[0];
+            for (float& v : x) v = (std::floor(v / d) + 0.5f) * d;
           }
-          ++compared;
+          if (kind == 2) x[static_cast<size_t>(pick(rng))] = kNan;
+          if (kind == 3) x[static_cast<size_t>(pick(rng))] = pick(rng) % 2 ? kInf : -kInf;
+          if (kind == 4) std::fill(x.begin() + n / 2, x.end(), 0.0f);  // half a block of zeros
+          if (kind == 7) x[static_cast<size_t>(pick(rng))] = -0.0f;
+          const std::vector<float> d = candidates(x, lv);
+          const int n_d = static_cast<int>(d.size());
+          std::vector<double> want(d.size()), got(d.size(), -1.0);
+          fit_errors_ref(x.data(), n, d.data(), n_d, lv, want.data());
+          k.fn(x.data(), n, d.data(), n_d, lv, got.data());
+          for (int c = 0; c < n_d; ++c) {
+            // Bits, except that any NaN matches any NaN (a NaN error never wins).
+            if (std::isnan(want[static_cast<size_t>(c)])) {
+              EXPECT_TRUE(std::isnan(got[static_cast<size_t>(c)])) << n << " " << lv.nl << " " << trial << " " << c;
+            } else {
+              EXPECT_EQ(0, std::memcmp(&want[static_cast<size_t>(c)], &got[static_cast<size_t>(c)], sizeof(double)))
+                  << "n " << n << " nl " << lv.nl << " lo " << lv.lo << " trial " << trial << " candidate " << c << ": "
+                  << want[static_cast<size_t>(c)] << " against " << got[static_cast<size_t>(c)];
+            }
+            ++compared;
+          }
         }
       }
     }
+    EXPECT_EQ(compared, 2 * 3 * 400 * 38);
   }
-  EXPECT_EQ(compared, 2 * 3 * 400 * 38);
 }
 
-// Fewer candidates than a vector, and more than the kernel's eight groups
+// Fewer candidates than a vector, and more than a kernel's groups hold
 // (the scalar loop takes those): the same bits.
-TEST(KvFit, Avx512TakesAnyCandidateCount) {
-  if (!cpu_features().avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
-  std::mt19937 rng(31);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(32);
-  for (float& v : x) v = nd(rng);
-  for (const int n_d : {1, 7, 8, 9, 64, 65, 100}) {
-    std::vector<float> d(static_cast<size_t>(n_d));
-    for (int c = 0; c < n_d; ++c) d[static_cast<size_t>(c)] = f16_to_f32(f32_to_f16(0.01f + 0.003f * c));
-    std::vector<double> want(d.size()), got(d.size() + 1, -7.0);
-    fit_errors_ref(x.data(), 32, d.data(), n_d, {false, -127, 127}, want.data());
-    fit_errors_avx512(x.data(), 32, d.data(), n_d, {false, -127, 127}, got.data());
-    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(double))) << n_d;
-    EXPECT_EQ(got.back(), -7.0) << "wrote past err[" << n_d << "]";
+TEST(KvFit, VectorKernelsTakeAnyCandidateCount) {
+  if (vector_kernels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (const Kernel& k : vector_kernels()) {
+    SCOPED_TRACE(k.name);
+    std::mt19937 rng(31);
+    std::normal_distribution<float> nd;
+    std::vector<float> x(32);
+    for (float& v : x) v = nd(rng);
+    for (const int n_d : {1, 7, 8, 9, 64, 65, 100}) {
+      std::vector<float> d(static_cast<size_t>(n_d));
+      for (int c = 0; c < n_d; ++c) d[static_cast<size_t>(c)] = f16_to_f32(f32_to_f16(0.01f + 0.003f * c));
+      std::vector<double> want(d.size()), got(d.size() + 1, -7.0);
+      fit_errors_ref(x.data(), 32, d.data(), n_d, {false, -127, 127}, want.data());
+      k.fn(x.data(), 32, d.data(), n_d, {false, -127, 127}, got.data());
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(double))) << n_d;
+      EXPECT_EQ(got.back(), -7.0) << "wrote past err[" << n_d << "]";
+    }
   }
 }
 

@@ -240,7 +240,7 @@ namespace {
 // f16; with the refit +5.2%. Returns d's stored bits; q the codes. About 35
 // candidates of N multiply-rounds per block: ~1M operations per token of
 // the default model (q4_0h; iq4_nlh's 15 compares per element cost more),
-// the grid's 34 in vector lanes where AVX-512 is (kv_fit.h: the same bits).
+// the grid's 34 in vector lanes on AVX-512 and AVX2 (kv_fit.h: the same bits).
 template <int N, class Levels, class Scale = F16Scale>
 typename Scale::Bits fit_scale(const float* x, const Levels& lv, int* q, Scale sc = {}) {
   float m = 0.0f, amax = 0.0f;  // the signed absolute maximum, the first on ties
@@ -270,6 +270,8 @@ typename Scale::Bits fit_scale(const float* x, const Levels& lv, int* q, Scale s
   double grid_err[kGrid];
   if (cpu_features().avx512) {
     detail::fit_errors_avx512(x, N, grid, kGrid, lv.spec(), grid_err);
+  } else if (cpu_features().avx2) {
+    detail::fit_errors_avx2(x, N, grid, kGrid, lv.spec(), grid_err);
   } else {
     detail::fit_errors_ref(x, N, grid, kGrid, lv.spec(), grid_err);
   }
