@@ -32,8 +32,9 @@
 namespace rill::cpu::detail {
 namespace {
 
+// f16 to f32 is exact, so F16C's conversion is f16_to_f32's value.
 inline __m512 splat_f16(uint16_t h) {
-  return _mm512_set1_ps(f16_to_f32(h));
+  return _mm512_set1_ps(_cvtsh_ss(h));
 }
 
 // 4-bit codes of one block (16 bytes): elements 0..15 (low nibbles) and
@@ -178,9 +179,11 @@ struct TileHeads {
 // ranges: each K row dequantized once for all of them; per (key, head) one
 // fma chain per 16-dim half of each block pair, the two added, then the 16
 // keys' lane sums at once (reduce16x16, where each key's sum reads only its
-// own vector). A key outside a head's range gets a zero vector and no
-// score, so each score is the same arithmetic wherever its key falls and
-// whatever the tile holds.
+// own vector). A head whose range meets a block scores all of the block's
+// keys (rows of the union, so valid to read) and stores those in its range;
+// the others are never stored, and no key's arithmetic depends on another's,
+// so each score is the same wherever its key falls and whatever the tile
+// holds.
 constexpr int kHeads = 16;
 template <DType KT, int NB>
 void k_scores(const QuantTileArgs& a, const TileHeads& th, int h0, int hc, int64_t lo, int64_t hi) {
@@ -193,23 +196,26 @@ void k_scores(const QuantTileArgs& a, const TileHeads& th, int h0, int hc, int64
     hb[h] = th.begin(h0 + h);
     he[h] = th.end(h0 + h);
   }
+  const __m512 scale = _mm512_set1_ps(a.scale);
   for (int64_t j0 = lo; j0 < hi; j0 += 16) {
     const int cnt = hi - j0 < 16 ? static_cast<int>(hi - j0) : 16;
+    // The heads whose range meets keys [j0, j0 + cnt).
+    int live[kHeads], n_live = 0;
+    for (int h = 0; h < hc; ++h) {
+      if (he[h] > j0 && hb[h] < j0 + cnt) live[n_live++] = h;
+    }
+    if (n_live == 0) continue;
     // Deep contexts stream K from memory: ask for the rows 32 keys ahead.
     for (int64_t j = j0 + 32; j < j0 + 48 && j < hi; ++j) prefetch_head(a.kv.k_row(j), k_bytes);
     for (int t = 0; t < 16; ++t) {
-      const int64_t j = j0 + t;
       if (t >= cnt) {
-        for (int h = 0; h < hc; ++h) c[h][t] = _mm512_setzero_ps();
+        for (int i = 0; i < n_live; ++i) c[live[i]][t] = _mm512_setzero_ps();
         continue;
       }
       __m512 k[2 * NB];
-      dq_head<KT, NB>(a.kv.k_row(j), k);
-      for (int h = 0; h < hc; ++h) {
-        if (j < hb[h] || j >= he[h]) {
-          c[h][t] = _mm512_setzero_ps();
-          continue;
-        }
+      dq_head<KT, NB>(a.kv.k_row(j0 + t), k);
+      for (int i = 0; i < n_live; ++i) {
+        const int h = live[i];
         const float* q = a.q + (h0 + h) * hd;
         __m512 s0 = _mm512_mul_ps(k[0], _mm512_loadu_ps(q)), s1 = _mm512_mul_ps(k[1], _mm512_loadu_ps(q + 16));
 #pragma GCC unroll 8
@@ -220,16 +226,22 @@ void k_scores(const QuantTileArgs& a, const TileHeads& th, int h0, int hc, int64
         c[h][t] = _mm512_add_ps(s0, s1);
       }
     }
-    for (int h = 0; h < hc; ++h) {
+    for (int i = 0; i < n_live; ++i) {
+      const int h = live[i];
       const int64_t b = hb[h], e = he[h];
-      if (e <= j0 || b >= j0 + cnt) continue;
       reduce16x16(c[h], dots);
       float* out = th.scores(h0 + h) - b;
-      for (int t = 0; t < cnt; ++t) {
-        if (j0 + t < b || j0 + t >= e) continue;
-        float x = dots[t] * a.scale;
-        if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
-        out[j0 + t] = x;
+      // Lanes t with j0 + t in [b, e): a run of the block.
+      const int t0 = b > j0 ? static_cast<int>(b - j0) : 0;
+      const int t1 = e < j0 + cnt ? static_cast<int>(e - j0) : cnt;
+      if (a.softcap > 0.0f) {
+        for (int t = t0; t < t1; ++t) {
+          const float x = dots[t] * a.scale;
+          out[j0 + t] = a.softcap * std::tanh(x / a.softcap);
+        }
+      } else {
+        const auto m = static_cast<__mmask16>(((1u << t1) - 1) & ~((1u << t0) - 1));
+        _mm512_mask_storeu_ps(out + j0, m, _mm512_mul_ps(_mm512_load_ps(dots), scale));
       }
     }
   }
