@@ -438,8 +438,7 @@ void quantize_chan_values(const float* values, int bits, bool sequence_start, Ch
     const uint16_t z0 = best_z;
     for (int code = std::max(1, c0 - 1); code <= std::min(0x7e, c0 + 3); ++code) {
       const auto k = static_cast<uint8_t>(code);
-      consider(z0, k);
-      error_of(z0, k);
+      consider(z0, k);  // leaves the codes of (z0, k) in cand, won or not
       const float step = e4m3_value(k) * (1.0f / 16.0f);
       double sum = 0;
       for (int j = 0; j < kT; ++j) sum += double{x[j]} - double{step} * cand[j];
