@@ -30,4 +30,14 @@ void fit_errors_avx512(const float* x, int n, const float* d, int n_d, FitLevels
 // fit_errors_ref). AVX2 with FMA: cpu_features().avx2.
 void fit_errors_avx2(const float* x, int n, const float* d, int n_d, FitLevels lv, double* err);
 
+// k4c / k4a's K encoder (quantize_chan_values): one channel's 32 values x
+// coded against zero zf and step (inv = 1 / step, 0 for a zero step):
+// code[j] = nearbyint((x_j - zf) * inv) clamped to [0, n_levels] (0 for a
+// NaN), sq[j] = (double(x_j) - double(zf + step * code[j]))^2, each step
+// rounded as written. The caller sums sq in index order (in a file built
+// without FMA), so the error is the scalar loop's.
+void chan_codes_ref(const float* x, float zf, float step, float inv, int n_levels, int* code, double* sq);
+// The same bits in vector lanes. AVX-512 only.
+void chan_codes_avx512(const float* x, float zf, float step, float inv, int n_levels, int* code, double* sq);
+
 }  // namespace rill::cpu::detail

@@ -84,6 +84,25 @@ void errors(const float* x, int n, const float* d, int n_d, FitLevels lv, double
 
 }  // namespace
 
+void chan_codes_avx512(const float* x, float zf, float step, float inv, int n_levels, int* code, double* sq) {
+  const __m512 z = _mm512_set1_ps(zf), s = _mm512_set1_ps(step), iv = _mm512_set1_ps(inv);
+  const __m512 top = _mm512_set1_ps(static_cast<float>(n_levels));
+  for (int h = 0; h < 2; ++h) {
+    const __m512 xv = _mm512_loadu_ps(x + 16 * h);
+    __m512 r = _mm512_roundscale_ps(_mm512_mul_round_ps(_mm512_sub_round_ps(xv, z, kRound), iv, kRound), kRound);
+    r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), r);  // NaN -> +0
+    const __m512i q = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, _mm512_setzero_ps()), top));
+    _mm512_storeu_si512(code + 16 * h, q);
+    const __m512 back = _mm512_add_round_ps(z, _mm512_mul_round_ps(s, _mm512_cvtepi32_ps(q), kRound), kRound);
+    for (int p = 0; p < 2; ++p) {
+      const __m512d xd = _mm512_cvtps_pd(p ? _mm512_extractf32x8_ps(xv, 1) : _mm512_castps512_ps256(xv));
+      const __m512d bd = _mm512_cvtps_pd(p ? _mm512_extractf32x8_ps(back, 1) : _mm512_castps512_ps256(back));
+      const __m512d e = _mm512_sub_round_pd(xd, bd, kRound);
+      _mm512_storeu_pd(sq + 16 * h + 8 * p, _mm512_mul_round_pd(e, e, kRound));
+    }
+  }
+}
+
 void fit_errors_avx512(const float* x, int n, const float* d, int n_d, FitLevels lv, double* err) {
   if (n_d > kMaxGroups * kLanes) {  // not a search fit_scale makes; the scalar loop takes it
     fit_errors_ref(x, n, d, n_d, lv, err);

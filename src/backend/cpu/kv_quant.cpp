@@ -223,6 +223,14 @@ void detail::fit_errors_ref(const float* x, int n, const float* d, int n_d, FitL
   }
 }
 
+void detail::chan_codes_ref(const float* x, float zf, float step, float inv, int n_levels, int* code, double* sq) {
+  for (int j = 0; j < kKvChanTokens; ++j) {
+    code[j] = nearest_code((x[j] - zf) * inv, 0, n_levels);
+    const double e = double{x[j]} - double{zf + step * static_cast<float>(code[j])};
+    sq[j] = e * e;
+  }
+}
+
 namespace {
 
 // Rotated types are rill's own (no GGUF file holds them), so their encoder
@@ -406,15 +414,15 @@ void quantize_chan_values(const float* values, int bits, bool sequence_start, Ch
   // The squared error of x stored as zero zh and step code `code`, its
   // codes into cand.
   int cand[kT];
+  static_assert(kT == 32, "chan_codes_* take 32 values");
+  const auto codes = cpu_features().avx512 ? detail::chan_codes_avx512 : detail::chan_codes_ref;
   auto error_of = [&](uint16_t zh, uint8_t code) {
     const float zf = f16_to_f32(zh), step = e4m3_value(code) * (1.0f / 16.0f);
     const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+    double sq[kT];
+    codes(x, zf, step, inv, n_levels, cand, sq);
     double err = 0;
-    for (int j = 0; j < kT; ++j) {
-      cand[j] = nearest_code((x[j] - zf) * inv, 0, n_levels);
-      const double e = double{x[j]} - double{zf + step * static_cast<float>(cand[j])};
-      err += (j == 0 ? w0 : 1.0) * (e * e);
-    }
+    for (int j = 0; j < kT; ++j) err += (j == 0 ? w0 : 1.0) * sq[j];
     return err;
   };
   auto consider = [&](uint16_t zh, uint8_t code) {
