@@ -190,8 +190,10 @@ StepMetadata CpuPagedModel::step_metadata(const Batch& batch, CpuStepArrays& a) 
 
 std::string CpuPagedModel::kv_numerics() const {
   // r2: Q4_K/Q5_K/Q6_K dots as exact int32s per super-block (quants_ref.cpp);
-  // r3: IQ4_XS's too. KV computed by earlier builds' arithmetic is refused.
-  std::string s = std::string("cpu ") + cpu::isa_name(cpu::best_isa()) + " r3";
+  // r3: IQ4_XS's too; r4: AVX2's f16 attention through tiles with a vector
+  // softmax (2a2a64a: other bits on AVX2, and so other K/V in later layers).
+  // KV computed by earlier builds' arithmetic is refused.
+  std::string s = std::string("cpu ") + cpu::isa_name(cpu::best_isa()) + " r4";
   if (!kv_types_desc_.empty()) s += " " + kv_types_desc_;
   // q4a's blocks mean nothing under other widths: their hash (XXH3 of every
   // q4a layer's index and widths in order) joins the numerics, so a tier

@@ -115,7 +115,7 @@ TEST_F(CpuPagedModelTest, BatchedBlockCopiesMoveWhatPerBlockCopiesDo) {
 TEST_F(CpuPagedModelTest, KvNumericsNameTheCpuAndItsInstructionSet) {
   auto m = open_llama(ModelOptions{});
   ASSERT_TRUE(m.ok()) << m.error().message;
-  EXPECT_EQ((*m)->kv_numerics(), std::string("cpu ") + cpu::isa_name(cpu::best_isa()) + " r3");
+  EXPECT_EQ((*m)->kv_numerics(), std::string("cpu ") + cpu::isa_name(cpu::best_isa()) + " r4");
 }
 
 }  // namespace
