@@ -35,13 +35,17 @@ void attention_quant_batch(const AttentionSeq* seqs, int n_seqs, const Attention
   const int64_t width = p.n_head_kv * hd;
   const bool k_whole = hd % dtype_info(t.k).block_size == 0, v_whole = hd % dtype_info(t.v).block_size == 0;
   assert((k_whole && v_whole) || width <= 4096);
-  // AVX-512 where the shape allows, chosen once per call from the types and
-  // shape only, so every row of every batch takes the same kernel.
-  const detail::QuantTileAttend fast =
-      best_isa() == Isa::kAvx512 && k_whole && v_whole ? detail::attend_quant_avx512_for(t.k, t.v, hd) : nullptr;
+  // Tiles (AVX-512, else AVX2) where the shape allows, chosen once per call
+  // from the ISA, types and shape only, so every row of every batch takes
+  // the same kernel.
+  detail::QuantTileAttend fast = nullptr;
+  if (k_whole && v_whole) {
+    if (best_isa() == Isa::kAvx512) fast = detail::attend_quant_avx512_for(t.k, t.v, hd);
+    if (best_isa() == Isa::kAvx2) fast = detail::attend_quant_tile_avx2_for(t.k, t.v, hd);
+  }
   const size_t k_head_bytes = k_whole ? row_bytes(t.k, hd) : 0, v_head_bytes = v_whole ? row_bytes(t.v, hd) : 0;
-  // Queries per unit: the AVX-512 kernel dequantizes a row once for a tile
-  // of consecutive queries of a sequence (up to 16 query heads in all); the
+  // Queries per unit: the tile kernels dequantize a row once for a tile of
+  // consecutive queries of a sequence (up to 16 query heads in all); the
   // others take one query. A query's bits do not depend on its tile.
   const int64_t tile = fast ? std::max<int64_t>(1, 16 / group) : 1;
   // One unit per (tile of queries, KV head); first_unit[s]: the first of sequence s.

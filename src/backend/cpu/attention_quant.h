@@ -78,6 +78,10 @@ struct QuantTileArgs {
 // differently); a query with no keys gets zeros.
 using QuantTileAttend = void (*)(const QuantTileArgs&);
 QuantTileAttend attend_quant_avx512_for(DType k, DType v, int64_t head_dim);
+// The same tiles on AVX2 + FMA + F16C (attention_quant_tile_avx2.cpp), for
+// the same types and head_dims: eight lanes, exp by Cephes' polynomial
+// (exp_nonpositive), sums per 8 keys; the same contract within rounding.
+QuantTileAttend attend_quant_tile_avx2_for(DType k, DType v, int64_t head_dim);
 }  // namespace detail
 
 }  // namespace rill::cpu
