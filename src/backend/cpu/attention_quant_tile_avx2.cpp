@@ -10,8 +10,9 @@
 //   (hadd), each key's sum reading only its own vector.
 // - softmax: max subtracted, exp_nonpositive (Cephes' polynomial), the sum
 //   in double per 8 keys.
-// - P V: 32 dims (one block) at a time, two heads' accumulators in
-//   registers, each head adding its own keys in key order.
+// - P V: 32 dims (one block) at a time, 64 keys' V blocks dequantized once
+//   into L1 for up to 16 heads, two heads' accumulators in registers, each
+//   head adding its own keys in key order.
 // A (query, head)'s arithmetic depends only on its keys and the head_dim,
 // never on what else the tile holds, so results stay batch invariant.
 #include <immintrin.h>
@@ -283,44 +284,62 @@ inline void softmax(float* s, int64_t n) {
   if (n8 < n) _mm256_maskstore_ps(s + n8, tail, _mm256_mul_ps(_mm256_maskload_ps(s + n8, tail), inv));
 }
 
-// out(h) = sum_j p_hj v_j for the heads [h0, h0 + hc), hc <= kPvHeads, one
-// 32-dim block at a time with their accumulators in registers; each V row
-// block of the union of their ranges dequantized once for all of them; a
-// head adds its own keys in key order.
-constexpr int kPvHeads = 2;
+// out(h) = sum_j p_hj v_j for the heads [h0, h0 + hc), hc <= kHeads, one
+// 32-dim block at a time: the block of kPvKeys V rows of the union of their
+// ranges is dequantized once into an L1 buffer, then each pair of heads
+// adds its keys of it with its accumulators in registers (kept in memory
+// between chunks). Each head adds its own keys in key order, whatever the
+// others' ranges are.
+constexpr int kPvKeys = 64;
 template <DType VT, int NB>
 void pv_heads(const QuantTileArgs& a, const TileHeads& th, int h0, int hc) {
-  int64_t b[kPvHeads], e[kPvHeads];
-  const float* p[kPvHeads];
+  alignas(32) float vbuf[kPvKeys][32];
+  alignas(32) __m256 acc[kHeads][4];
+  int64_t b[kHeads], e[kHeads];
+  const float* p[kHeads];
   int64_t lo = INT64_MAX, hi = INT64_MIN;
   const size_t v_bytes = row_bytes(VT, 32 * NB);
-  for (int g = 0; g < kPvHeads; ++g) {
-    b[g] = g < hc ? th.begin(h0 + g) : 0;
-    e[g] = g < hc ? th.end(h0 + g) : 0;
-    p[g] = g < hc ? th.scores(h0 + g) - b[g] : nullptr;
-    if (g < hc && e[g] > b[g]) {
+  for (int g = 0; g < hc; ++g) {
+    b[g] = th.begin(h0 + g);
+    e[g] = th.end(h0 + g);
+    p[g] = th.scores(h0 + g) - b[g];
+    if (e[g] > b[g]) {
       lo = b[g] < lo ? b[g] : lo;
       hi = e[g] > hi ? e[g] : hi;
     }
   }
   for (int blk = 0; blk < NB; ++blk) {
-    __m256 acc[kPvHeads][4];
-    for (int g = 0; g < kPvHeads; ++g) {
+    for (int g = 0; g < hc; ++g) {
       for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
     }
-    for (int64_t j = lo; j < hi; ++j) {
-      if (blk == 0 && j + 16 < hi) prefetch_head(a.kv.v_row(j + 16), v_bytes);
-      __m256 v[4];
-      dq32<VT>(a.kv.v_row(j), blk, v);
-      for (int g = 0; g < kPvHeads; ++g) {
-        if (g >= hc) break;
-        if (j < b[g] || j >= e[g]) continue;
-        const __m256 pg = _mm256_set1_ps(p[g][j]);
-        for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_fmadd_ps(v[i], pg, acc[g][i]);
+    for (int64_t j0 = lo; j0 < hi; j0 += kPvKeys) {
+      const int64_t j1 = hi - j0 < kPvKeys ? hi : j0 + kPvKeys;
+      for (int64_t j = j0; j < j1; ++j) {
+        if (blk == 0 && j + 16 < hi) prefetch_head(a.kv.v_row(j + 16), v_bytes);
+        __m256 v[4];
+        dq32<VT>(a.kv.v_row(j), blk, v);
+        for (int i = 0; i < 4; ++i) _mm256_store_ps(vbuf[j - j0] + 8 * i, v[i]);
+      }
+      for (int g0 = 0; g0 < hc; g0 += 2) {
+        const int n = hc - g0 < 2 ? 1 : 2;
+        __m256 r[2][4];
+        for (int g = 0; g < n; ++g) {
+          for (int i = 0; i < 4; ++i) r[g][i] = acc[g0 + g][i];
+        }
+        for (int64_t j = j0; j < j1; ++j) {
+          const float* vr = vbuf[j - j0];
+          for (int g = 0; g < n; ++g) {
+            if (j < b[g0 + g] || j >= e[g0 + g]) continue;
+            const __m256 pg = _mm256_set1_ps(p[g0 + g][j]);
+            for (int i = 0; i < 4; ++i) r[g][i] = _mm256_fmadd_ps(_mm256_load_ps(vr + 8 * i), pg, r[g][i]);
+          }
+        }
+        for (int g = 0; g < n; ++g) {
+          for (int i = 0; i < 4; ++i) acc[g0 + g][i] = r[g][i];
+        }
       }
     }
-    for (int g = 0; g < kPvHeads; ++g) {
-      if (g >= hc) break;
+    for (int g = 0; g < hc; ++g) {
       for (int i = 0; i < 4; ++i) _mm256_storeu_ps(th.out(h0 + g) + 32 * blk + 8 * i, acc[g][i]);
     }
   }
@@ -343,9 +362,7 @@ void attend(const QuantTileArgs& a) {
   for (int h = 0; h < n_h; ++h) {
     if (th.end(h) > th.begin(h)) softmax(th.scores(h), th.end(h) - th.begin(h));
   }
-  for (int h0 = 0; h0 < n_h; h0 += kPvHeads) {
-    pv_heads<VT, NB>(a, th, h0, n_h - h0 < kPvHeads ? n_h - h0 : kPvHeads);
-  }
+  for (int h0 = 0; h0 < n_h; h0 += kHeads) pv_heads<VT, NB>(a, th, h0, n_h - h0 < kHeads ? n_h - h0 : kHeads);
   for (int h = 0; h < n_h; ++h) {  // no keys: zeros, as the baseline
     if (th.end(h) <= th.begin(h)) std::memset(th.out(h), 0, static_cast<size_t>(a.head_dim) * sizeof(float));
   }
