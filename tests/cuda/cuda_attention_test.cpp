@@ -646,8 +646,17 @@ TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
 // loop runs twice), round tails of 1 to 15 keys; within the file comment's
 // tensor-core tolerance; each token's bits the same with the splits merged
 // in the kernel, and alone as in the batch.
+// force_decode_mma for one test's scope.
+struct ForceDecodeMma {
+  explicit ForceDecodeMma(int on) { force_decode_mma(on); }
+  ~ForceDecodeMma() { force_decode_mma(-1); }
+  ForceDecodeMma(const ForceDecodeMma&) = delete;
+  ForceDecodeMma& operator=(const ForceDecodeMma&) = delete;
+};
+
 TEST(CudaAttention, DecodeOnTheTensorCoresMatchesCpu) {
   RILL_REQUIRE_GPU();
+  const ForceDecodeMma on(1);  // whatever RILL_DECODE_MMA and the default say
   const std::vector<SeqSpec> seqs = {{1, 1}, {1, 15}, {1, 17}, {2, 300}, {1, 1000}, {1, 4100}, {1, 8300}};
   struct Shape {
     int32_t n_head, n_head_kv, head_dim, window;
@@ -664,8 +673,7 @@ TEST(CudaAttention, DecodeOnTheTensorCoresMatchesCpu) {
       const Case c{sh.n_head, sh.n_head_kv, sh.head_dim, sh.window, sh.softcap, kv};
       const std::string what = std::string(dtype_name(kv)) + " heads " + std::to_string(c.n_head) + "/" +
                                std::to_string(c.n_head_kv) + " hd " + std::to_string(c.head_dim);
-      if (!decode_mma_takes(kv, c.head_dim, c.n_head / c.n_head_kv))
-        GTEST_SKIP() << "the tensor-core decode kernel is off (RILL_DECODE_MMA)";
+      ASSERT_TRUE(decode_mma_takes(kv, c.head_dim, c.n_head / c.n_head_kv)) << what;
       Paged p(c, seqs);
       if (sh.sinks) {
         p.set_sinks(test_sinks(c.n_head, 23));
@@ -705,6 +713,7 @@ TEST(CudaAttention, DecodeOnTheTensorCoresMatchesCpu) {
 // blocks) take smaller ones, and the output is that size's.
 TEST(CudaAttention, DecodeBlocksOfFourAndTwoWarpsMatchCpu) {
   RILL_REQUIRE_GPU();
+  const ForceDecodeMma off(0);  // fp8 at 64 / 128 on the fast kernel's block sizes too
   const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {1, 1}, {1, 150}, {2, 257}, {1, 4100}};
   const std::vector<Case> cases = {
       {32, 8, 128, 0, 0.0f, DType::kF16},  {8, 2, 128, 0, 0.5f, DType::kF16},   {4, 4, 64, 37, 0.0f, DType::kF16},

@@ -34,6 +34,11 @@ void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaSt
 // tensor-core prefill's f16 rounding (q, the probabilities, the values);
 // its block shape is fixed, so `warps` does not apply to it.
 bool decode_mma_takes(DType kv_dtype, int32_t head_dim, int32_t group);
+// For tests: 1 / 0 puts that kernel on / off for this process whatever
+// RILL_DECODE_MMA says (so its test runs in every GPU suite, and the fast
+// kernel's tests keep testing the fast kernel); -1 gives the choice back to
+// the environment and the default. Not for use while kernels are queued.
+void force_decode_mma(int on);
 // That kernel on decode_attention_fast's grid; prefetch: read the split's
 // rows into L2 before waiting for the preceding kernel (small grids).
 void decode_attention_mma(const AttentionArgs& a, int32_t n_splits_grid, bool prefetch, cudaStream_t stream);

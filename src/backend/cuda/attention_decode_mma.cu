@@ -36,6 +36,7 @@
 // one (the default once kDefaultOn says so).
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -317,16 +318,25 @@ bool env_decode_mma() {
   }();
   return on;
 }
+std::atomic<int> g_forced{-1};  // force_decode_mma's choice; -1: none
+bool decode_mma_on() {
+  const int f = g_forced.load(std::memory_order_relaxed);
+  return f >= 0 ? f != 0 : env_decode_mma();
+}
 
 }  // namespace
 
 bool decode_mma_takes(DType kv_dtype, int32_t head_dim, int32_t group) {
-  if (!env_decode_mma() || (group != 1 && group != 2 && group != 4 && group != 8)) return false;
+  if (!decode_mma_on() || (group != 1 && group != 2 && group != 4 && group != 8)) return false;
   bool takes = false;
   RILL_CUDA_DISPATCH_KV(kv_dtype, takes = head_dim == 64    ? mma_takes<KvT, 64>()
                                           : head_dim == 128 ? mma_takes<KvT, 128>()
                                                             : false);
   return takes;
+}
+
+void force_decode_mma(int on) {
+  g_forced.store(on < 0 ? -1 : on != 0 ? 1 : 0, std::memory_order_relaxed);
 }
 
 void decode_attention_mma(const AttentionArgs& a, int32_t n_splits_grid, bool prefetch, cudaStream_t stream) {
