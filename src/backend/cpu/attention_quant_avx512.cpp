@@ -269,45 +269,66 @@ inline void softmax(float* s, int64_t n) {
   }
 }
 
-// out(h) = sum_j p_hj v_j for the heads [h0, h0 + hc), hc <= GC, their
-// accumulators in registers; each V row of the union of their ranges
-// dequantized once for all of them; a head adds its own keys in order.
+// out(h) = sum_j p_hj v_j for the heads [h0, h0 + hc), hc <= kHeads. The
+// V heads of a chunk of keys of the union of their ranges are dequantized
+// once into an L1 buffer (about 16 KB), then each group of GC heads adds
+// its keys of it with its accumulators in registers (kept in memory
+// between chunks). A head adds its own keys in key order, whatever the
+// other heads' ranges are.
 template <DType VT, int NB, int GC>
 void pv_heads(const QuantTileArgs& a, const TileHeads& th, int h0, int hc) {
-  __m512 acc[GC][2 * NB];
-  int64_t b[GC], e[GC];
-  const float* p[GC];
+  constexpr int kChunk = NB <= 1 ? 128 : NB <= 2 ? 64 : NB <= 4 ? 32 : 16;  // keys a buffer
+  alignas(64) __m512 vbuf[kChunk][2 * NB];
+  alignas(64) __m512 acc[kHeads][2 * NB];
+  int64_t b[kHeads], e[kHeads];
+  const float* p[kHeads];
   int64_t lo = INT64_MAX, hi = INT64_MIN;
   const size_t v_bytes = row_bytes(VT, 32 * NB);
-#pragma GCC unroll 4
-  for (int g = 0; g < GC; ++g) {
-#pragma GCC unroll 16
+  for (int g = 0; g < hc; ++g) {
+    b[g] = th.begin(h0 + g);
+    e[g] = th.end(h0 + g);
+    p[g] = th.scores(h0 + g) - b[g];
     for (int i = 0; i < 2 * NB; ++i) acc[g][i] = _mm512_setzero_ps();
-    b[g] = g < hc ? th.begin(h0 + g) : 0;
-    e[g] = g < hc ? th.end(h0 + g) : 0;
-    p[g] = g < hc ? th.scores(h0 + g) - b[g] : nullptr;
-    if (g < hc && e[g] > b[g]) {
+    if (e[g] > b[g]) {
       lo = b[g] < lo ? b[g] : lo;
       hi = e[g] > hi ? e[g] : hi;
     }
   }
-  for (int64_t j = lo; j < hi; ++j) {
-    if (j + 16 < hi) prefetch_head(a.kv.v_row(j + 16), v_bytes);
-    __m512 v[2 * NB];
-    dq_head<VT, NB>(a.kv.v_row(j), v);
+  for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+    const int64_t j1 = hi - j0 < kChunk ? hi : j0 + kChunk;
+    for (int64_t j = j0; j < j1; ++j) {
+      if (j + 16 < hi) prefetch_head(a.kv.v_row(j + 16), v_bytes);
+      dq_head<VT, NB>(a.kv.v_row(j), vbuf[j - j0]);
+    }
+    for (int g0 = 0; g0 < hc; g0 += GC) {
+      const int n = hc - g0 < GC ? hc - g0 : GC;
+      __m512 r[GC][2 * NB];
 #pragma GCC unroll 4
-    for (int g = 0; g < GC; ++g) {
-      if (g >= hc) break;
-      if (j < b[g] || j >= e[g]) continue;
-      const __m512 pg = _mm512_set1_ps(p[g][j]);
+      for (int g = 0; g < GC; ++g) {
+        if (g >= n) break;
 #pragma GCC unroll 16
-      for (int i = 0; i < 2 * NB; ++i) acc[g][i] = _mm512_fmadd_ps(v[i], pg, acc[g][i]);
+        for (int i = 0; i < 2 * NB; ++i) r[g][i] = acc[g0 + g][i];
+      }
+      for (int64_t j = j0; j < j1; ++j) {
+        const __m512* v = vbuf[j - j0];
+#pragma GCC unroll 4
+        for (int g = 0; g < GC; ++g) {
+          if (g >= n) break;
+          if (j < b[g0 + g] || j >= e[g0 + g]) continue;
+          const __m512 pg = _mm512_set1_ps(p[g0 + g][j]);
+#pragma GCC unroll 16
+          for (int i = 0; i < 2 * NB; ++i) r[g][i] = _mm512_fmadd_ps(v[i], pg, r[g][i]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int g = 0; g < GC; ++g) {
+        if (g >= n) break;
+#pragma GCC unroll 16
+        for (int i = 0; i < 2 * NB; ++i) acc[g0 + g][i] = r[g][i];
+      }
     }
   }
-#pragma GCC unroll 4
-  for (int g = 0; g < GC; ++g) {
-    if (g >= hc) break;
-#pragma GCC unroll 16
+  for (int g = 0; g < hc; ++g) {
     for (int i = 0; i < 2 * NB; ++i) _mm512_storeu_ps(th.out(h0 + g) + 16 * i, acc[g][i]);
   }
 }
@@ -331,7 +352,7 @@ void attend(const QuantTileArgs& a) {
   for (int h = 0; h < n_h; ++h) {
     if (th.end(h) > th.begin(h)) softmax(th.scores(h), th.end(h) - th.begin(h));
   }
-  for (int h0 = 0; h0 < n_h; h0 += GC) pv_heads<VT, NB, GC>(a, th, h0, n_h - h0 < GC ? n_h - h0 : GC);
+  for (int h0 = 0; h0 < n_h; h0 += kHeads) pv_heads<VT, NB, GC>(a, th, h0, n_h - h0 < kHeads ? n_h - h0 : kHeads);
   for (int h = 0; h < n_h; ++h) {  // no keys: zeros, as the baseline
     if (th.end(h) <= th.begin(h)) std::memset(th.out(h), 0, static_cast<size_t>(a.head_dim) * sizeof(float));
   }
