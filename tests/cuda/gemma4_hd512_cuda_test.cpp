@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention_decode.h"
+#include "core/e4m3.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "engine/sequence_runner.h"
@@ -49,7 +51,9 @@ namespace {
 // its whole change or more. Measured on the H200 (2026-12-03): shares up
 // to 0.06 (q8_0) through the decode kernels, up to 0.24 (q8_0h) through
 // the tensor-core prefill, whose f16 rounding does not shrink with the
-// type's own change.
+// type's own change; the tensor-core decode kernel, which rounds as the
+// prefill does, measured 0.19 (q8_0) and 0.25 (q8_0h) on an H100
+// (2026-12-07) and is held to the prefill's share.
 constexpr double kDecodeShare = 0.15, kMmaShare = 0.5;
 
 double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -196,7 +200,18 @@ TEST_F(CudaGemma4Hd512, QuantizedKvMatchesTheCpusSameType) {
     EXPECT_EQ(dec->kv_bytes_per_token(), cpu->kv_bytes_per_token()) << kv;
     const std::vector<float> q_dec = score(*dec, ids), q_pre = score(*pre, ids);
     const double own = rms_diff(c, f_cpu), e_dec = rms_diff(q_dec, c), e_pre = rms_diff(q_pre, c);
-    EXPECT_LT(e_dec, kDecodeShare * own) << kv << ": decode kernels against the CPU's " << kv;
+    // Where the sliding layers' decode takes the tensor-core kernel
+    // (attention_decode.h), it rounds q, the probabilities and V to f16 as
+    // the prefill does: the prefill's share.
+    const std::string t = kv;
+    const DType planes = t == "q8_0" || t == "q8_0h"   ? DType::kQ8_0
+                         : t == "q4_0" || t == "q4_0h" ? DType::kQ4_0
+                         : t == "iq4_nlh"              ? DType::kIQ4_NL
+                         : t == "fp8"                  ? kF8E4M3
+                         : t == "q8_0h64"              ? kKvQ8_0x64
+                                                       : kKvIq4Nl64;
+    const bool mma = cuda::decode_mma_takes(planes, test::kHd512SlidingDim, test::kHd512Heads / test::kHd512SlidingKv);
+    EXPECT_LT(e_dec, (mma ? kMmaShare : kDecodeShare) * own) << kv << ": decode kernels against the CPU's " << kv;
     EXPECT_LT(e_pre, kMmaShare * own) << kv << ": tensor-core prefill against the CPU's " << kv;
     EXPECT_GT(rms_diff(q_pre, f_gpu), 0.5 * own) << kv << " on CUDA does not cost what it costs on the CPU";
     std::printf(

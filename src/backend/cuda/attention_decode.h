@@ -29,8 +29,8 @@ void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaSt
 // Whether decode_attention_fast sends this cache's decode tokens to the
 // tensor-core kernel (attention_decode_mma.cu): q8_0, q4_0, q4_1, q5_0,
 // q5_1, iq4_nl and fp8 KV at head_dim 64 or 128, groups 1, 2, 4 or 8,
-// where RILL_DECODE_MMA (1 / 0; unset: attention_decode_mma.cu's default)
-// allows it. Its outputs carry the
+// unless RILL_DECODE_MMA=0 (the default takes it: attention_decode_mma.cu's
+// kDefaultOn). Its outputs carry the
 // tensor-core prefill's f16 rounding (q, the probabilities, the values);
 // its block shape is fixed, so `warps` does not apply to it.
 bool decode_mma_takes(DType kv_dtype, int32_t head_dim, int32_t group);
