@@ -16,6 +16,7 @@
 
 #include "backend/cpu/attention_f16_avx512_impl.h"  // reduce16x16
 #include "backend/cpu/attention_quant.h"
+#include "backend/cpu/attention_quant_tile_dispatch.h"
 #include "backend/cpu/exp_ggml_avx512.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/quants.h"
@@ -164,15 +165,6 @@ inline void dq_head(const uint8_t* p, __m512 (&x)[2 * NB]) {
 #pragma GCC unroll 8
   for (int b = 0; b < NB; ++b) dq32<T>(p, b, x[2 * b], x[2 * b + 1]);
 }
-
-// Head h of a tile: query h / n_heads, its query head h % n_heads.
-struct TileHeads {
-  const QuantTileArgs& a;
-  int64_t begin(int h) const { return a.j_begin[h / a.n_heads]; }
-  int64_t end(int h) const { return a.j_end[h / a.n_heads]; }
-  float* scores(int h) const { return a.scores + h * a.score_stride; }
-  float* out(int h) const { return a.out + (h / a.n_heads) * a.out_stride + (h % a.n_heads) * a.head_dim; }
-};
 
 // scores(h)[j - begin(h)] = scale * q_h.k_j (softcapped) for the heads
 // [h0, h0 + hc), hc <= kHeads, 16 keys at a time over the union of their
@@ -358,85 +350,15 @@ void attend(const QuantTileArgs& a) {
   }
 }
 
-template <DType KT, DType VT>
-QuantTileAttend for_head(int64_t head_dim) {
-  // q8_0h64's blocks of 64: heads of whole blocks are 64, 128 or 256 wide
-  // (check_kv_layer_types refuses other head_dims), read as pairs of halves.
-  constexpr bool kBlocksOf64 = KT == kKvQ8_0x64 || VT == kKvQ8_0x64;
-  switch (head_dim) {
-    case 32:
-      if constexpr (!kBlocksOf64) return attend<KT, VT, 1>;
-      return nullptr;
-    case 64:
-      return attend<KT, VT, 2>;
-    case 96:
-      if constexpr (!kBlocksOf64) return attend<KT, VT, 3>;
-      return nullptr;
-    case 128:
-      return attend<KT, VT, 4>;
-    case 256:
-      return attend<KT, VT, 8>;
-    default:
-      return nullptr;
-  }
-}
-
-template <DType KT>
-QuantTileAttend for_v(DType v, int64_t head_dim) {
-  switch (v) {
-    case DType::kF32:
-      return for_head<KT, DType::kF32>(head_dim);
-    case DType::kF16:
-      return for_head<KT, DType::kF16>(head_dim);
-    case DType::kBF16:
-      return for_head<KT, DType::kBF16>(head_dim);
-    case DType::kQ8_0:
-      return for_head<KT, DType::kQ8_0>(head_dim);
-    case DType::kQ4_0:
-      return for_head<KT, DType::kQ4_0>(head_dim);
-    case DType::kQ4_1:
-      return for_head<KT, DType::kQ4_1>(head_dim);
-    case DType::kQ5_0:
-      return for_head<KT, DType::kQ5_0>(head_dim);
-    case DType::kQ5_1:
-      return for_head<KT, DType::kQ5_1>(head_dim);
-    case DType::kIQ4_NL:
-      return for_head<KT, DType::kIQ4_NL>(head_dim);
-    default:
-      if (v == kKvQ8_0x64) return for_head<KT, kKvQ8_0x64>(head_dim);
-      return nullptr;
-  }
-}
+template <DType KT, DType VT, int NB>
+struct Attend {
+  static void run(const QuantTileArgs& a) { attend<KT, VT, NB>(a); }
+};
 
 }  // namespace
 
 QuantTileAttend attend_quant_avx512_for(DType k, DType v, int64_t head_dim) {
-  switch (k) {
-    case DType::kF32:
-      return for_v<DType::kF32>(v, head_dim);
-    case DType::kF16:
-      return for_v<DType::kF16>(v, head_dim);
-    case DType::kBF16:
-      return for_v<DType::kBF16>(v, head_dim);
-    case DType::kQ8_0:
-      return for_v<DType::kQ8_0>(v, head_dim);
-    case DType::kQ4_0:
-      return for_v<DType::kQ4_0>(v, head_dim);
-    case DType::kQ4_1:
-      return for_v<DType::kQ4_1>(v, head_dim);
-    case DType::kQ5_0:
-      return for_v<DType::kQ5_0>(v, head_dim);
-    case DType::kQ5_1:
-      return for_v<DType::kQ5_1>(v, head_dim);
-    case DType::kIQ4_NL:
-      return for_v<DType::kIQ4_NL>(v, head_dim);
-    default:
-      if (k == kKvQ8_0x64) return for_v<kKvQ8_0x64>(v, head_dim);
-      // fp8 (--kv-type fp8) with fp8 only: a mix of it with another type
-      // takes the AVX2 kernel (no instantiations for pairs nobody names).
-      if (k == kF8E4M3 && v == kF8E4M3) return for_head<kF8E4M3, kF8E4M3>(head_dim);
-      return nullptr;
-  }
+  return tile_for<Attend>(k, v, head_dim);
 }
 
 }  // namespace rill::cpu::detail

@@ -24,6 +24,7 @@
 
 #include "backend/cpu/attention_f16_avx2_impl.h"  // exp_nonpositive, hsum8
 #include "backend/cpu/attention_quant.h"
+#include "backend/cpu/attention_quant_tile_dispatch.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/quants.h"
 #include "core/e4m3.h"
@@ -174,15 +175,6 @@ inline __m256i lane_mask(int t0, int t1) {
   return _mm256_and_si256(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(t0 - 1)),
                           _mm256_cmpgt_epi32(_mm256_set1_epi32(t1), idx));
 }
-
-// Head h of a tile: query h / n_heads, its query head h % n_heads.
-struct TileHeads {
-  const QuantTileArgs& a;
-  int64_t begin(int h) const { return a.j_begin[h / a.n_heads]; }
-  int64_t end(int h) const { return a.j_end[h / a.n_heads]; }
-  float* scores(int h) const { return a.scores + h * a.score_stride; }
-  float* out(int h) const { return a.out + (h / a.n_heads) * a.out_stride + (h % a.n_heads) * a.head_dim; }
-};
 
 // scores(h)[j - begin(h)] = scale * q_h.k_j (softcapped) for the heads
 // [h0, h0 + hc), hc <= kHeads, 8 keys at a time over the union of their
@@ -368,83 +360,15 @@ void attend(const QuantTileArgs& a) {
   }
 }
 
-template <DType KT, DType VT>
-QuantTileAttend for_head(int64_t head_dim) {
-  // q8_0h64's blocks of 64: heads of 64, 128 or 256, read as pairs of halves.
-  constexpr bool kBlocksOf64 = KT == kKvQ8_0x64 || VT == kKvQ8_0x64;
-  switch (head_dim) {
-    case 32:
-      if constexpr (!kBlocksOf64) return attend<KT, VT, 1>;
-      return nullptr;
-    case 64:
-      return attend<KT, VT, 2>;
-    case 96:
-      if constexpr (!kBlocksOf64) return attend<KT, VT, 3>;
-      return nullptr;
-    case 128:
-      return attend<KT, VT, 4>;
-    case 256:
-      return attend<KT, VT, 8>;
-    default:
-      return nullptr;
-  }
-}
-
-template <DType KT>
-QuantTileAttend for_v(DType v, int64_t head_dim) {
-  switch (v) {
-    case DType::kF32:
-      return for_head<KT, DType::kF32>(head_dim);
-    case DType::kF16:
-      return for_head<KT, DType::kF16>(head_dim);
-    case DType::kBF16:
-      return for_head<KT, DType::kBF16>(head_dim);
-    case DType::kQ8_0:
-      return for_head<KT, DType::kQ8_0>(head_dim);
-    case DType::kQ4_0:
-      return for_head<KT, DType::kQ4_0>(head_dim);
-    case DType::kQ4_1:
-      return for_head<KT, DType::kQ4_1>(head_dim);
-    case DType::kQ5_0:
-      return for_head<KT, DType::kQ5_0>(head_dim);
-    case DType::kQ5_1:
-      return for_head<KT, DType::kQ5_1>(head_dim);
-    case DType::kIQ4_NL:
-      return for_head<KT, DType::kIQ4_NL>(head_dim);
-    default:
-      if (v == kKvQ8_0x64) return for_head<KT, kKvQ8_0x64>(head_dim);
-      return nullptr;
-  }
-}
+template <DType KT, DType VT, int NB>
+struct Attend {
+  static void run(const QuantTileArgs& a) { attend<KT, VT, NB>(a); }
+};
 
 }  // namespace
 
 QuantTileAttend attend_quant_tile_avx2_for(DType k, DType v, int64_t head_dim) {
-  switch (k) {
-    case DType::kF32:
-      return for_v<DType::kF32>(v, head_dim);
-    case DType::kF16:
-      return for_v<DType::kF16>(v, head_dim);
-    case DType::kBF16:
-      return for_v<DType::kBF16>(v, head_dim);
-    case DType::kQ8_0:
-      return for_v<DType::kQ8_0>(v, head_dim);
-    case DType::kQ4_0:
-      return for_v<DType::kQ4_0>(v, head_dim);
-    case DType::kQ4_1:
-      return for_v<DType::kQ4_1>(v, head_dim);
-    case DType::kQ5_0:
-      return for_v<DType::kQ5_0>(v, head_dim);
-    case DType::kQ5_1:
-      return for_v<DType::kQ5_1>(v, head_dim);
-    case DType::kIQ4_NL:
-      return for_v<DType::kIQ4_NL>(v, head_dim);
-    default:
-      if (k == kKvQ8_0x64) return for_v<kKvQ8_0x64>(v, head_dim);
-      // fp8 with fp8 only, as on AVX-512.
-      if (k == kF8E4M3 && v == kF8E4M3) return for_head<kF8E4M3, kF8E4M3>(head_dim);
-      return nullptr;
-  }
+  return tile_for<Attend>(k, v, head_dim);
 }
 
 }  // namespace rill::cpu::detail
