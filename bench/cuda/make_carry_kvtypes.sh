@@ -31,7 +31,7 @@ rm -rf "$V" && mkdir -p "$V/lib"
 cd "$B"
 objs="tests/CMakeFiles/test_backend_backend_ops_test.dir/backend/backend_ops_test.cpp.o"
 for t in kv_types_cuda_test kv_tiers_cuda_test batch_invariant_cuda_test cuda_attention_test gemma4_hd512_cuda_test \
-         llama_cuda_test; do
+         llama_cuda_test kv_probe_cuda_test kv_store_cuda_test; do
   objs="$objs tests/CMakeFiles/test_cuda_$t.dir/cuda/$t.cpp.o"
 done
 LIBS="-Wl,-rpath,/usr/local/cuda/lib librill_engine.a librill_cuda.a /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.a /usr/lib/x86_64-linux-gnu/libgmock.a librill_kv.a librill_model.a librill_cuda.a /usr/local/cuda/lib/libcublasLt.so librill_backend.a librill_parallel.a /usr/local/cuda/lib/libcudart_static.a -ldl /usr/lib/x86_64-linux-gnu/librt.a /usr/local/cuda/lib/libnccl.so librill_text.a librill_loader.a librill_core.a /usr/lib/x86_64-linux-gnu/libxxhash.so /usr/lib/x86_64-linux-gnu/libutf8proc.so /usr/lib/x86_64-linux-gnu/libpcre2-8.so /usr/lib/x86_64-linux-gnu/libgtest.a -lcudadevrt -lcudart_static -lrt -lpthread -ldl"

@@ -9,7 +9,8 @@
 #   run: bash .device/kvcuda22/mmadec.sh   (carry [".device/kvcuda22"])
 # PARTS picks (default "tests attn e2e ncu"); FILTER / OPS_FILTER the tests;
 # CELLS the end-to-end runs as type:context:mma (mma 0 or 1); BUDGET (s,
-# default 570) stops starting steps; RUN_S caps an end-to-end run (50).
+# default 570) stops starting steps; RUN_S caps an end-to-end run (50);
+# TESTS_S the tests (200); NCU_BATCHES the batches ncu profiles (64).
 T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-570}
@@ -36,7 +37,7 @@ if has tests; then
   # The tests with the kernel on (RILL_DECODE_MMA=1; TEST_MMA=0: off).
   export RILL_DECODE_MMA=${TEST_MMA:-1}
   timeout 90 "$V/tests" --gtest_filter="$OPS_FILTER" > "$OUT/ops.log" 2>&1; r=$?; RC=$((RC | r)); echo "ops rc=$r"; show "$OUT/ops.log" 20
-  timeout 200 "$V/tests" --gtest_filter="$FILTER" > "$OUT/tests.log" 2>&1; r=$?; RC=$((RC | r)); echo "tests rc=$r"
+  timeout "${TESTS_S:-200}" "$V/tests" --gtest_filter="$FILTER" > "$OUT/tests.log" 2>&1; r=$?; RC=$((RC | r)); echo "tests rc=$r"
   show "$OUT/tests.log" 90
   echo "tests done at $(( $(date +%s) - T0 )) s"
   unset RILL_DECODE_MMA
@@ -62,16 +63,16 @@ if has e2e; then
 fi
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
 if has ncu && [ -n "$NCU" ]; then
-  for k in decode_mma_kernel decode_fast_kernel; do
+  for nb in ${NCU_BATCHES:-64}; do for k in decode_mma_kernel decode_fast_kernel; do
     [ "$(left)" -lt 30 ] && break
     mma=$([ $k = decode_mma_kernel ] && echo 1 || echo 0)
     RILL_DECODE_MMA=$mma timeout 40 "$NCU" --clock-control none -k regex:$k -c 1 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats \
-      "$V/bench_kv_attention" --contexts 8192 --batches 64 --types q8_0 > "$OUT/ncu_$k.log" 2>&1
-    echo "== ncu $k rc=$?"
+      --section SchedulerStats "$V/bench_kv_attention" --contexts 8192 --batches "$nb" --types q8_0 > "$OUT/ncu_${k}_$nb.log" 2>&1
+    echo "== ncu $k batch $nb rc=$?"
     grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Block Limit|Stall|Warp Cycles Per Issued" \
-      "$OUT/ncu_$k.log" | head -16
-  done
+      "$OUT/ncu_${k}_$nb.log" | head -18
+  done; done
 fi
 date -u
 exit $RC

@@ -26,8 +26,8 @@ void fit_errors_ref(const float* x, int n, const float* d, int n_d, FitLevels lv
 // The same bits, eight candidates to a vector (each lane its own serial
 // sum over j). AVX-512 (F, VL, DQ) only: cpu_features().avx512.
 void fit_errors_avx512(const float* x, int n, const float* d, int n_d, FitLevels lv, double* err);
-// The same bits, four candidates to a vector, uniform levels (iq4_nl's take
-// fit_errors_ref). AVX2 with FMA: cpu_features().avx2.
+// The same bits, four candidates to a vector. AVX2 with FMA:
+// cpu_features().avx2.
 void fit_errors_avx2(const float* x, int n, const float* d, int n_d, FitLevels lv, double* err);
 
 // k4c / k4a's K encoder (quantize_chan_values): one channel's 32 values x
