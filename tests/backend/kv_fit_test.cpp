@@ -126,51 +126,59 @@ TEST(KvFit, VectorKernelsTakeAnyCandidateCount) {
   }
 }
 
-// k4c / k4a's K codes in lanes: the scalar codes and squared errors, bit
-// for bit, at every width (1..8 bits), on Gaussian channels, channels on
-// the codes' rounding ties, zero steps, NaN and inf values, and zeros far
-// above or below the values (every code clamped).
-TEST(KvFit, ChanCodesAvx512AreTheScalarBits) {
-  if (!cpu_features().avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
-  std::mt19937 rng(37);
-  std::normal_distribution<float> nd;
-  const float kInf = std::numeric_limits<float>::infinity(), kNan = std::numeric_limits<float>::quiet_NaN();
-  int compared = 0;
-  for (int bits = 1; bits <= 8; ++bits) {
-    const int levels = (1 << bits) - 1;
-    for (int trial = 0; trial < 200; ++trial) {
-      float x[32];
-      for (float& v : x) v = nd(rng);
-      const int kind = trial % 6;
-      float zf = f16_to_f32(f32_to_f16(-2.5f));
-      float step = kind == 2 ? 0.0f : 5.0f / static_cast<float>(levels);
-      if (kind == 1) {  // ties: x on zf + (k + 0.5) step
-        for (int j = 0; j < 32; ++j) x[j] = zf + (static_cast<float>(j % (levels + 1)) + 0.5f) * step;
-      }
-      if (kind == 3) {
-        x[trial % 32] = kNan;
-        x[(trial + 5) % 32] = trial % 2 ? kInf : -kInf;
-      }
-      if (kind == 4) zf = 40.0f;   // every code clamped to 0
-      if (kind == 5) zf = -40.0f;  // every code clamped to the top
-      const float inv = step > 0.0f ? 1.0f / step : 0.0f;
-      int want_code[32], got_code[32];
-      double want_sq[32], got_sq[32];
-      chan_codes_ref(x, zf, step, inv, levels, want_code, want_sq);
-      chan_codes_avx512(x, zf, step, inv, levels, got_code, got_sq);
-      for (int j = 0; j < 32; ++j) {
-        ASSERT_EQ(want_code[j], got_code[j]) << "bits " << bits << " trial " << trial << " j " << j;
-        if (std::isnan(want_sq[j])) {
-          ASSERT_TRUE(std::isnan(got_sq[j])) << bits << " " << trial << " " << j;
-        } else {
-          ASSERT_EQ(0, std::memcmp(&want_sq[j], &got_sq[j], sizeof(double)))
-              << "bits " << bits << " trial " << trial << " j " << j << ": " << want_sq[j] << " against " << got_sq[j];
+// k4c / k4a's K codes in each vector kernel's lanes: the scalar codes and
+// squared errors, bit for bit, at every width (1..8 bits), on Gaussian
+// channels, channels on the codes' rounding ties, zero steps, NaN and inf
+// values, and zeros far above or below the values (every code clamped).
+TEST(KvFit, VectorChanCodesAreTheScalarBits) {
+  using ChanCodes = void (*)(const float*, float, float, float, int, int*, double*);
+  std::vector<std::pair<const char*, ChanCodes>> kernels;
+  if (cpu_features().avx512) kernels.emplace_back("avx512", chan_codes_avx512);
+  if (cpu_features().avx2) kernels.emplace_back("avx2", chan_codes_avx2);
+  if (kernels.empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (const auto& [name, kernel] : kernels) {
+    SCOPED_TRACE(name);
+    std::mt19937 rng(37);
+    std::normal_distribution<float> nd;
+    const float kInf = std::numeric_limits<float>::infinity(), kNan = std::numeric_limits<float>::quiet_NaN();
+    int compared = 0;
+    for (int bits = 1; bits <= 8; ++bits) {
+      const int levels = (1 << bits) - 1;
+      for (int trial = 0; trial < 200; ++trial) {
+        float x[32];
+        for (float& v : x) v = nd(rng);
+        const int kind = trial % 6;
+        float zf = f16_to_f32(f32_to_f16(-2.5f));
+        float step = kind == 2 ? 0.0f : 5.0f / static_cast<float>(levels);
+        if (kind == 1) {  // ties: x on zf + (k + 0.5) step
+          for (int j = 0; j < 32; ++j) x[j] = zf + (static_cast<float>(j % (levels + 1)) + 0.5f) * step;
         }
-        ++compared;
+        if (kind == 3) {
+          x[trial % 32] = kNan;
+          x[(trial + 5) % 32] = trial % 2 ? kInf : -kInf;
+        }
+        if (kind == 4) zf = 40.0f;   // every code clamped to 0
+        if (kind == 5) zf = -40.0f;  // every code clamped to the top
+        const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+        int want_code[32], got_code[32];
+        double want_sq[32], got_sq[32];
+        chan_codes_ref(x, zf, step, inv, levels, want_code, want_sq);
+        kernel(x, zf, step, inv, levels, got_code, got_sq);
+        for (int j = 0; j < 32; ++j) {
+          ASSERT_EQ(want_code[j], got_code[j]) << "bits " << bits << " trial " << trial << " j " << j;
+          if (std::isnan(want_sq[j])) {
+            ASSERT_TRUE(std::isnan(got_sq[j])) << bits << " " << trial << " " << j;
+          } else {
+            ASSERT_EQ(0, std::memcmp(&want_sq[j], &got_sq[j], sizeof(double)))
+                << "bits " << bits << " trial " << trial << " j " << j << ": " << want_sq[j] << " against "
+                << got_sq[j];
+          }
+          ++compared;
+        }
       }
     }
+    EXPECT_EQ(compared, 8 * 200 * 32);
   }
-  EXPECT_EQ(compared, 8 * 200 * 32);
 }
 
 }  // namespace

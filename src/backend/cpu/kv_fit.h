@@ -37,7 +37,9 @@ void fit_errors_avx2(const float* x, int n, const float* d, int n_d, FitLevels l
 // rounded as written. The caller sums sq in index order (in a file built
 // without FMA), so the error is the scalar loop's.
 void chan_codes_ref(const float* x, float zf, float step, float inv, int n_levels, int* code, double* sq);
-// The same bits in vector lanes. AVX-512 only.
+// The same bits in vector lanes: AVX-512 (cpu_features().avx512), AVX2
+// with FMA (cpu_features().avx2).
 void chan_codes_avx512(const float* x, float zf, float step, float inv, int n_levels, int* code, double* sq);
+void chan_codes_avx2(const float* x, float zf, float step, float inv, int n_levels, int* code, double* sq);
 
 }  // namespace rill::cpu::detail

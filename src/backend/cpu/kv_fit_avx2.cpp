@@ -105,6 +105,27 @@ void errors(const float* x, int n, const float* d, int n_d, FitLevels lv, double
 
 }  // namespace
 
+void chan_codes_avx2(const float* x, float zf, float step, float inv, int n_levels, int* code, double* sq) {
+  const __m256 z = _mm256_set1_ps(zf), s = _mm256_set1_ps(step), iv = _mm256_set1_ps(inv);
+  const __m256 top = _mm256_set1_ps(static_cast<float>(n_levels));
+  for (int h = 0; h < 4; ++h) {
+    const __m256 xv = _mm256_loadu_ps(x + 8 * h);
+    __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(xv, z), iv), kRound);
+    r = _mm256_andnot_ps(_mm256_cmp_ps(r, r, _CMP_UNORD_Q), r);  // NaN -> +0
+    const __m256i q = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, _mm256_setzero_ps()), top));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(code + 8 * h), q);
+    __m256 prod = _mm256_mul_ps(s, _mm256_cvtepi32_ps(q));
+    asm("" : "+x"(prod));  // no FMA: the product is rounded before the add
+    const __m256 back = _mm256_add_ps(z, prod);
+    for (int p = 0; p < 2; ++p) {
+      const __m256d xd = _mm256_cvtps_pd(p ? _mm256_extractf128_ps(xv, 1) : _mm256_castps256_ps128(xv));
+      const __m256d bd = _mm256_cvtps_pd(p ? _mm256_extractf128_ps(back, 1) : _mm256_castps256_ps128(back));
+      const __m256d e = _mm256_sub_pd(xd, bd);
+      _mm256_storeu_pd(sq + 8 * h + 4 * p, _mm256_mul_pd(e, e));
+    }
+  }
+}
+
 void fit_errors_avx2(const float* x, int n, const float* d, int n_d, FitLevels lv, double* err) {
   if (n_d > kMaxGroups * kLanes) {  // not a search fit_scale makes; the scalar loop takes it
     fit_errors_ref(x, n, d, n_d, lv, err);

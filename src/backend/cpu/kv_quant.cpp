@@ -415,7 +415,9 @@ void quantize_chan_values(const float* values, int bits, bool sequence_start, Ch
   // codes into cand.
   int cand[kT];
   static_assert(kT == 32, "chan_codes_* take 32 values");
-  const auto codes = cpu_features().avx512 ? detail::chan_codes_avx512 : detail::chan_codes_ref;
+  const auto codes = cpu_features().avx512 ? detail::chan_codes_avx512
+                     : cpu_features().avx2 ? detail::chan_codes_avx2
+                                           : detail::chan_codes_ref;
   auto error_of = [&](uint16_t zh, uint8_t code) {
     const float zf = f16_to_f32(zh), step = e4m3_value(code) * (1.0f / 16.0f);
     const float inv = step > 0.0f ? 1.0f / step : 0.0f;
