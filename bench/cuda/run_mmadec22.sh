@@ -7,7 +7,7 @@
 # make_carry_kvtypes.sh's full pack (tests, bench_cuda, bench_kv_attention):
 #   bash bench/cuda/make_carry_kvtypes.sh build-cpu
 #   run: bash .device/kvcuda22/mmadec.sh   (carry [".device/kvcuda22"])
-# PARTS picks (default "tests attn e2e ncu"); FILTER / OPS_FILTER the tests;
+# PARTS picks and orders (default "tests attn e2e ncu"); FILTER / OPS_FILTER the tests;
 # CELLS the end-to-end runs as type:context:mma (mma 0 or 1); BUDGET (s,
 # default 570) stops starting steps; RUN_S caps an end-to-end run (50);
 # TESTS_S the tests (200); NCU_BATCHES the batches ncu profiles (64).
@@ -33,7 +33,7 @@ fi
 show() { grep -E "^\[ cuda|^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|actual|error" "$1" | cut -c1-220 | head -"${2:-80}"; }
 cd /tmp
 RC=0
-if has tests; then
+part_tests() {
   # The tests with the kernel on (RILL_DECODE_MMA=1; TEST_MMA=0: off).
   export RILL_DECODE_MMA=${TEST_MMA:-1}
   timeout 90 "$V/tests" --gtest_filter="$OPS_FILTER" > "$OUT/ops.log" 2>&1; r=$?; RC=$((RC | r)); echo "ops rc=$r"; show "$OUT/ops.log" 20
@@ -41,15 +41,15 @@ if has tests; then
   show "$OUT/tests.log" 90
   echo "tests done at $(( $(date +%s) - T0 )) s"
   unset RILL_DECODE_MMA
-fi
-if has attn; then
+}
+part_attn() {
   for mma in 1 0; do
     RILL_DECODE_MMA=$mma timeout 60 "$V/bench_kv_attention" --contexts 1024,4096,8192 --batches 1,64 \
       --types ${ATTN_TYPES:-f16,fp8,q8_0,q4_0,q4_1,q5_1,iq4_nl} > "$OUT/attn_mma$mma.log" 2>&1
     echo "== attention alone, RILL_DECODE_MMA=$mma rc=$?"; cut -c1-150 "$OUT/attn_mma$mma.log"
   done
-fi
-if has e2e; then
+}
+part_e2e() {
   [ -n "${MK:-}" ] && wait "$MK"; tail -2 "$OUT/make.log" 2> /dev/null
   for cell in ${CELLS:-q8_0:4096:1 q8_0:4096:0 f16:4096:1 fp8:4096:1 q4_0:4096:1 q8_0:8192:1 f16:8192:1 fp8:8192:1}; do
     IFS=: read -r t c mma <<< "$cell"
@@ -60,9 +60,11 @@ if has e2e; then
     echo "== $t ctx $c RILL_DECODE_MMA=$mma rc=$? at $(( $(date +%s) - T0 )) s"
     grep -E "decode|prefill|batch +[0-9]|rror" "$log" | cut -c1-200
   done
-fi
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
-if has ncu && [ -n "$NCU" ]; then
+}
+part_ncu() {
+  local NCU
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
+  [ -n "$NCU" ] || { echo "== no ncu"; return; }
   for nb in ${NCU_BATCHES:-64}; do for k in decode_mma_kernel decode_fast_kernel; do
     [ "$(left)" -lt 30 ] && break
     mma=$([ $k = decode_mma_kernel ] && echo 1 || echo 0)
@@ -73,6 +75,7 @@ if has ncu && [ -n "$NCU" ]; then
     grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Block Limit|Stall|Warp Cycles Per Issued" \
       "$OUT/ncu_${k}_$nb.log" | head -18
   done; done
-fi
+}
+for p in $PARTS; do "part_$p"; done  # in the order PARTS names them
 date -u
 exit $RC
