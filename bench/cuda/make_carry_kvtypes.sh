@@ -48,4 +48,5 @@ for l in libxxhash.so.0 libutf8proc.so.2 libpcre2-8.so.0; do cp -L /lib/x86_64-l
 cp "$SRC/bench/cuda/run_kvtypes.sh" "$V/run.sh"
 cp "$SRC/bench/cuda/run_kv22table.sh" "$V/table.sh"
 cp "$SRC/bench/cuda/run_mmadec22.sh" "$V/mmadec.sh"
+cp "$SRC/bench/cuda/run_mmaocc22.sh" "$V/occ.sh"
 du -sh "$V"/*

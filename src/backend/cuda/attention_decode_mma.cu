@@ -57,13 +57,25 @@ using detail::cp_async;
 using detail::load8h;
 using detail::smem_addr;
 
-constexpr int kW = 2;       // warps a block
-constexpr int kKeys = 16;   // keys a warp's round
-constexpr int kStages = 4;  // rounds in flight per warp
-// Blocks an SM the registers are capped for. Shared memory fits 6 of them
-// at q8_0's head_dim 128 up to a group of 4 (about 37 KB each); at a group
-// of 8 the staged output makes a block about 40 KB, and 5 fit.
-constexpr int kBlocksSm = 6;
+constexpr int kW = 2;      // warps a block
+constexpr int kKeys = 16;  // keys a warp's round
+// Rounds in flight per warp (kStages) and the blocks an SM the registers
+// are capped for (kBlocksSm), two shapes:
+//  - Occ6: 4 stages, 6 blocks. Shared memory fits 6 of them at q8_0's
+//    head_dim 128 up to a group of 4 (about 37 KB each; 8 a group: 40 KB,
+//    5 fit); 141-165 registers, no spills. ncu on the H100 (q8_0, 8,192
+//    keys x 64): 18% achieved occupancy, 6.7 cycles a warp instruction,
+//    DRAM at 51%: latency bound.
+//  - Occ8: 3 stages, 8 blocks (27 KB each; 128 registers, spills of 10-46
+//    bytes in some instantiations): a third more warps an SM.
+// The shape changes no arithmetic: the same bits (tested).
+// RILL_DECODE_MMA_OCC=8 takes Occ8.
+struct Occ6 {
+  static constexpr int kStages = 4, kBlocksSm = 6;
+};
+struct Occ8 {
+  static constexpr int kStages = 3, kBlocksSm = 8;
+};
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // Whether the kernel takes tag KvT at head_dim HD: the types load8h reads
@@ -81,7 +93,7 @@ constexpr bool mma_takes() {
   }
 }
 
-template <typename KvT, int HD>
+template <typename KvT, int HD, int kStages>
 struct Ring {
   static constexpr int kHeadBytes = detail::kv_head_bytes<KvT>(HD);
   static constexpr int kWord = kHeadBytes % 16 == 0 ? 16 : kHeadBytes % 8 == 0 ? 8 : 4;
@@ -105,9 +117,10 @@ __device__ __forceinline__ __half2 as_half2(uint32_t u) {
   return *reinterpret_cast<const __half2*>(&u);
 }
 
-template <typename KvT, int HD, int kG>
-__global__ void __launch_bounds__(kW * 32, kBlocksSm) decode_mma_kernel(AttentionArgs a, bool prefetch) {
-  using R = Ring<KvT, HD>;
+template <typename KvT, int HD, int kG, typename Occ>
+__global__ void __launch_bounds__(kW * 32, Occ::kBlocksSm) decode_mma_kernel(AttentionArgs a, bool prefetch) {
+  constexpr int kStages = Occ::kStages;
+  using R = Ring<KvT, HD, kStages>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int32_t rows_s[kSplitKeys];
   __shared__ float m_s[kW][kG], l_s[kW][kG];
@@ -282,29 +295,35 @@ __global__ void __launch_bounds__(kW * 32, kBlocksSm) decode_mma_kernel(Attentio
   detail::combine_warps<kG, HD, kW>(a, acc_s, m_s, l_s, z, t, kvh, split, n_splits);
 }
 
-template <typename KvT, int HD, int kG>
+template <typename KvT, int HD, int kG, typename Occ>
 void launch(const AttentionArgs& a, dim3 grid, bool prefetch, cudaStream_t stream) {
-  constexpr size_t smem = Ring<KvT, HD>::template smem_bytes<kG>();
+  constexpr size_t smem = Ring<KvT, HD, Occ::kStages>::template smem_bytes<kG>();
   static SmemOptIn opt_in;
-  // kBlocksSm blocks an SM fit only with the largest shared-memory carveout.
-  opt_in.ensure(reinterpret_cast<const void*>(decode_mma_kernel<KvT, HD, kG>), smem, true);
-  launch_pdl(decode_mma_kernel<KvT, HD, kG>, grid, kW * 32, smem, stream, a, prefetch);
+  // Occ::kBlocksSm blocks an SM fit only with the largest shared-memory carveout.
+  opt_in.ensure(reinterpret_cast<const void*>(decode_mma_kernel<KvT, HD, kG, Occ>), smem, true);
+  launch_pdl(decode_mma_kernel<KvT, HD, kG, Occ>, grid, kW * 32, smem, stream, a, prefetch);
 }
 
-template <typename KvT, int HD>
+template <typename KvT, int HD, typename Occ>
 void launch_group(const AttentionArgs& a, dim3 grid, bool prefetch, cudaStream_t stream) {
   if constexpr (mma_takes<KvT, HD>()) {
     switch (a.n_head / a.n_head_kv) {
       case 1:
-        return launch<KvT, HD, 1>(a, grid, prefetch, stream);
+        return launch<KvT, HD, 1, Occ>(a, grid, prefetch, stream);
       case 2:
-        return launch<KvT, HD, 2>(a, grid, prefetch, stream);
+        return launch<KvT, HD, 2, Occ>(a, grid, prefetch, stream);
       case 4:
-        return launch<KvT, HD, 4>(a, grid, prefetch, stream);
+        return launch<KvT, HD, 4, Occ>(a, grid, prefetch, stream);
       default:
-        return launch<KvT, HD, 8>(a, grid, prefetch, stream);
+        return launch<KvT, HD, 8, Occ>(a, grid, prefetch, stream);
     }
   }
+}
+
+template <typename Occ>
+void launch_occ(const AttentionArgs& a, dim3 grid, bool prefetch, cudaStream_t stream) {
+  RILL_CUDA_DISPATCH_KV(a.kv_dtype, a.head_dim == 64 ? launch_group<KvT, 64, Occ>(a, grid, prefetch, stream)
+                                                     : launch_group<KvT, 128, Occ>(a, grid, prefetch, stream));
 }
 
 // RILL_DECODE_MMA: 1 takes the kernel, 0 leaves these types on the fast
@@ -327,6 +346,15 @@ bool decode_mma_on() {
   const int f = g_forced.load(std::memory_order_relaxed);
   return f >= 0 ? f != 0 : env_decode_mma();
 }
+std::atomic<int> g_forced_blocks{0};  // force_decode_mma_blocks' choice; 0: none
+bool occ8() {
+  static const bool env = [] {
+    const char* v = std::getenv("RILL_DECODE_MMA_OCC");
+    return v != nullptr && std::strcmp(v, "8") == 0;
+  }();
+  const int f = g_forced_blocks.load(std::memory_order_relaxed);
+  return f != 0 ? f == 8 : env;
+}
 
 }  // namespace
 
@@ -343,11 +371,18 @@ void force_decode_mma(int on) {
   g_forced.store(on < 0 ? -1 : on != 0 ? 1 : 0, std::memory_order_relaxed);
 }
 
+void force_decode_mma_blocks(int blocks_per_sm) {
+  g_forced_blocks.store(blocks_per_sm == 6 || blocks_per_sm == 8 ? blocks_per_sm : 0, std::memory_order_relaxed);
+}
+
 void decode_attention_mma(const AttentionArgs& a, int32_t n_splits_grid, bool prefetch, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_splits_grid),
                   static_cast<unsigned>(a.n_decode));
-  RILL_CUDA_DISPATCH_KV(a.kv_dtype, a.head_dim == 64 ? launch_group<KvT, 64>(a, grid, prefetch, stream)
-                                                     : launch_group<KvT, 128>(a, grid, prefetch, stream));
+  if (occ8()) {
+    launch_occ<Occ8>(a, grid, prefetch, stream);
+  } else {
+    launch_occ<Occ6>(a, grid, prefetch, stream);
+  }
 }
 
 }  // namespace rill::cuda
