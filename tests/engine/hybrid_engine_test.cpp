@@ -15,6 +15,7 @@
 #include "engine/sequence_runner.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
+#include "parity_engine.h"
 #include "rill/engine.h"
 
 namespace rill {
@@ -22,45 +23,10 @@ namespace {
 
 const std::string kGoldens = std::string(RILL_SHARED_DIR) + "/goldens/hf/";
 
-struct Output {
-  std::vector<int32_t> ids;
-  std::vector<float> logprobs;  // the chosen token's and the top-5's, per token
-  Usage usage;
-};
+using Output = test::ParityOutput;
+using test::collect_output;
 
-Output collect(RequestHandle& h) {
-  Output out;
-  GenerationEvent ev;
-  while (h.next(ev)) {
-    EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
-    out.ids.insert(out.ids.end(), ev.token_ids.begin(), ev.token_ids.end());
-    for (const SampledToken& t : ev.logprobs) {
-      out.logprobs.push_back(t.logprob);
-      for (int i = 0; i < t.n_top; ++i) out.logprobs.push_back(t.top[static_cast<size_t>(i)].logprob);
-    }
-    if (ev.finished) out.usage = ev.usage;
-  }
-  return out;
-}
-
-GenerationRequest request(std::vector<int32_t> prompt, uint64_t ns, int32_t max_tokens = 12,
-                          std::optional<uint64_t> seed = std::nullopt) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  r.cache_namespace = ns;
-  r.logprobs = 5;
-  if (seed) {
-    r.sampling.temperature = 0.9f;
-    r.sampling.seed = seed;
-  } else {
-    r.sampling.temperature = 0.0f;
-  }
-  return r;
-}
-
-class HybridEngine : public ::testing::TestWithParam<std::string> {
+class HybridEngine : public ::testing::TestWithParam<std::string>, protected test::ParityEngine {
  protected:
   void SetUp() override {
     dir_ = kGoldens + GetParam();
@@ -69,56 +35,16 @@ class HybridEngine : public ::testing::TestWithParam<std::string> {
     const auto j = nlohmann::json::parse(in);
     golden_prompt_ = j["prompt_ids"].get<std::vector<int32_t>>();
     golden_greedy_ = j["greedy_ids"].get<std::vector<int32_t>>();
-    EngineOptions o;
-    o.n_threads = 2;
-    o.n_ctx = 160;
-    o.max_batch_tokens = 13;  // chunked prefill; batched prompts split at other places than alone
-    o.max_running = 8;
-    o.check_integrity = true;
-    auto e = Engine::load(dir_, o);
-    ASSERT_TRUE(e.ok()) << e.error().message;
-    engine_ = std::move(e).value();
-    std::mt19937 rng(5);
-    for (int len : {3, 9, 17, 24, 33, 40, 47, 58}) {
-      std::vector<int32_t> p;
-      for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(3 + rng() % 500));
-      prompts_.push_back(std::move(p));
-    }
+    load_parity_engine(dir_, 160, 500);
   }
-  void TearDown() override {
-    if (engine_) {
-      EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
-    }
-  }
-  Output run(GenerationRequest r) {
-    auto h = engine_->submit(std::move(r));
-    EXPECT_TRUE(h.ok()) << h.error().message;
-    return collect(*h);
-  }
-  std::vector<Output> run_all(uint64_t ns, std::optional<uint64_t> seed, bool concurrent) {
-    std::vector<Output> out;
-    if (!concurrent) {
-      for (size_t i = 0; i < prompts_.size(); ++i) out.push_back(run(request(prompts_[i], ns + i, 12, seed)));
-      return out;
-    }
-    std::vector<RequestHandle> hs;
-    for (size_t i = 0; i < prompts_.size(); ++i) {
-      auto h = engine_->submit(request(prompts_[i], ns + i, 12, seed));
-      EXPECT_TRUE(h.ok()) << h.error().message;
-      hs.push_back(std::move(h).value());
-    }
-    for (auto& h : hs) out.push_back(collect(h));
-    return out;
-  }
+  void TearDown() override { expect_intact(); }
 
   std::string dir_;
   std::vector<int32_t> golden_prompt_, golden_greedy_;
-  std::unique_ptr<Engine> engine_;
-  std::vector<std::vector<int32_t>> prompts_;
 };
 
 TEST_P(HybridEngine, GreedyIdsMatchTransformers) {
-  const Output out = run(request(golden_prompt_, 1, static_cast<int32_t>(golden_greedy_.size())));
+  const Output out = run(test::parity_request(golden_prompt_, 1, static_cast<int32_t>(golden_greedy_.size())));
   EXPECT_EQ(out.ids, golden_greedy_);
 }
 
@@ -141,18 +67,18 @@ TEST_P(HybridEngine, BatchedPromptsGiveTheirAloneTokens) {
 TEST_P(HybridEngine, PrefixHitResumesFromACheckpointAndMatchesTheColdRun) {
   // A first turn, then a second that extends it (prompt + reply + more).
   const std::vector<int32_t>& p = prompts_[6];  // 47 tokens: last full prompt block ends at 32
-  const Output first = run(request(p, 7));
+  const Output first = run(test::parity_request(p, 7));
   std::vector<int32_t> second = p;
   second.insert(second.end(), first.ids.begin(), first.ids.end());
   for (int32_t id : {5, 6, 7, 8}) second.push_back(id);
-  const Output hit = run(request(second, 7));
-  const Output cold = run(request(second, 8));
+  const Output hit = run(test::parity_request(second, 7));
+  const Output cold = run(test::parity_request(second, 8));
   EXPECT_EQ(hit.usage.cached_tokens, 32);
   EXPECT_EQ(cold.usage.cached_tokens, 0);
   EXPECT_EQ(hit.ids, cold.ids);
   EXPECT_EQ(hit.logprobs, cold.logprobs);  // bit-identical: same logits
   // The same prompt again resumes later: its own prompt's last full block (48).
-  const Output again = run(request(second, 7));
+  const Output again = run(test::parity_request(second, 7));
   EXPECT_EQ(again.usage.cached_tokens, 48);
   EXPECT_EQ(again.ids, cold.ids);
   EXPECT_EQ(again.logprobs, cold.logprobs);
@@ -161,15 +87,15 @@ TEST_P(HybridEngine, PrefixHitResumesFromACheckpointAndMatchesTheColdRun) {
   for (int32_t tail = 0; tail < 4; ++tail) {
     auto q = second;
     q.push_back(100 + tail);
-    auto h = engine_->submit(request(q, 7));
+    auto h = engine_->submit(test::parity_request(q, 7));
     ASSERT_TRUE(h.ok());
     hs.push_back(std::move(h).value());
   }
   for (int32_t tail = 0; tail < 4; ++tail) {
-    const Output got = collect(hs[static_cast<size_t>(tail)]);
+    const Output got = collect_output(hs[static_cast<size_t>(tail)]);
     auto q = second;
     q.push_back(100 + tail);
-    const Output want = run(request(q, 1000 + static_cast<uint64_t>(tail)));
+    const Output want = run(test::parity_request(q, 1000 + static_cast<uint64_t>(tail)));
     EXPECT_GE(got.usage.cached_tokens, 48) << tail;
     EXPECT_EQ(got.ids, want.ids) << tail;
     EXPECT_EQ(got.logprobs, want.logprobs) << tail;

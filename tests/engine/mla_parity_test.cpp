@@ -22,6 +22,7 @@
 #include "golden_util.h"
 #include "loader/model_files.h"
 #include "model/registry.h"
+#include "parity_engine.h"
 #include "rill/engine.h"
 
 namespace rill {
@@ -37,7 +38,7 @@ Result<std::unique_ptr<Model>> open(const std::string& dir, int max_batch_tokens
   return create_model(builtin_registry(), infer_profile(*files), files, opts);
 }
 
-class MlaParity : public ::testing::TestWithParam<std::string> {
+class MlaParity : public ::testing::TestWithParam<std::string>, protected test::ParityEngine {
  protected:
   void SetUp() override {
     dir_ = test::hf_golden_dir(GetParam());
@@ -146,44 +147,9 @@ TEST(MlaModel, YarnRopeScalingChangesOnlyLaterPositions) {
   EXPECT_GT(later, 1e-4);
 }
 
-struct Output {
-  std::vector<int32_t> ids;
-  std::vector<float> logprobs;  // the chosen token's and the top-5's, per token
-  Usage usage;
-};
+using Output = test::ParityOutput;
 
-Output collect(RequestHandle& h) {
-  Output out;
-  GenerationEvent ev;
-  while (h.next(ev)) {
-    EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
-    out.ids.insert(out.ids.end(), ev.token_ids.begin(), ev.token_ids.end());
-    for (const SampledToken& t : ev.logprobs) {
-      out.logprobs.push_back(t.logprob);
-      for (int i = 0; i < t.n_top; ++i) out.logprobs.push_back(t.top[static_cast<size_t>(i)].logprob);
-    }
-    if (ev.finished) out.usage = ev.usage;
-  }
-  return out;
-}
-
-GenerationRequest request(std::vector<int32_t> prompt, uint64_t ns, std::optional<uint64_t> seed = std::nullopt) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = 12;
-  r.ignore_eos = true;
-  r.cache_namespace = ns;
-  r.logprobs = 5;
-  if (seed) {
-    r.sampling.temperature = 0.9f;
-    r.sampling.seed = seed;
-  } else {
-    r.sampling.temperature = 0.0f;
-  }
-  return r;
-}
-
-class MlaEngine : public ::testing::TestWithParam<std::string> {
+class MlaEngine : public ::testing::TestWithParam<std::string>, protected test::ParityEngine {
  protected:
   void SetUp() override {
     const std::string dir = test::hf_golden_dir(GetParam());
@@ -193,52 +159,12 @@ class MlaEngine : public ::testing::TestWithParam<std::string> {
     std::ifstream in(dir + "/config.json");
     const auto cfg = nlohmann::json::parse(in);
     row_ = cfg["kv_lora_rank"].get<int>() + cfg["qk_rope_head_dim"].get<int>() + cfg.value("index_head_dim", 0);
-    EngineOptions o;
-    o.n_threads = 2;
-    o.n_ctx = 128;
-    o.max_batch_tokens = 13;  // chunked prefill; batched prompts split at other places than alone
-    o.max_running = 8;
-    o.check_integrity = true;
-    auto e = Engine::load(dir, o);
-    ASSERT_TRUE(e.ok()) << e.error().message;
-    engine_ = std::move(e).value();
-    std::mt19937 rng(5);
-    for (int len : {3, 9, 17, 24, 33, 40, 47, 58}) {
-      std::vector<int32_t> p;
-      for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(3 + rng() % 500));
-      prompts_.push_back(std::move(p));
-    }
+    load_parity_engine(dir, 128, 500);
   }
-  void TearDown() override {
-    if (engine_) {
-      EXPECT_EQ(engine_->stats().integrity_errors, 0) << engine_->stats().last_integrity_error;
-    }
-  }
-  Output run(GenerationRequest r) {
-    auto h = engine_->submit(std::move(r));
-    EXPECT_TRUE(h.ok()) << h.error().message;
-    return collect(*h);
-  }
-  std::vector<Output> run_all(uint64_t ns, std::optional<uint64_t> seed, bool concurrent) {
-    std::vector<Output> out;
-    if (!concurrent) {
-      for (size_t i = 0; i < prompts_.size(); ++i) out.push_back(run(request(prompts_[i], ns + i, seed)));
-      return out;
-    }
-    std::vector<RequestHandle> hs;
-    for (size_t i = 0; i < prompts_.size(); ++i) {
-      auto h = engine_->submit(request(prompts_[i], ns + i, seed));
-      EXPECT_TRUE(h.ok()) << h.error().message;
-      hs.push_back(std::move(h).value());
-    }
-    for (auto& h : hs) out.push_back(collect(h));
-    return out;
-  }
+  void TearDown() override { expect_intact(); }
 
   test::HfGolden g_;
   int row_ = 0;  // f32 values per token and layer: latent, rope key, indexer key (GLM-5)
-  std::unique_ptr<Engine> engine_;
-  std::vector<std::vector<int32_t>> prompts_;
 };
 
 // /stats' kv.bytes_per_token: the latent rows, 3 layers x (16 + 8) f32,
@@ -249,7 +175,7 @@ TEST_P(MlaEngine, StatsReportTheLatentKvBytesPerToken) {
 }
 
 TEST_P(MlaEngine, GreedyIdsMatchTransformers) {
-  GenerationRequest r = request(g_.prompt_ids, 1);
+  GenerationRequest r = test::parity_request(g_.prompt_ids, 1);
   r.max_tokens = static_cast<int32_t>(g_.greedy_ids.size());
   EXPECT_EQ(run(std::move(r)).ids, g_.greedy_ids);
 }
@@ -272,12 +198,12 @@ TEST_P(MlaEngine, BatchedPromptsGiveTheirAloneTokens) {
 
 TEST_P(MlaEngine, PrefixHitMatchesTheColdRun) {
   const std::vector<int32_t>& p = prompts_[6];  // 47 tokens
-  const Output first = run(request(p, 7));
+  const Output first = run(test::parity_request(p, 7));
   std::vector<int32_t> second = p;
   second.insert(second.end(), first.ids.begin(), first.ids.end());
   for (int32_t id : {5, 6, 7, 8}) second.push_back(id);
-  const Output hit = run(request(second, 7));
-  const Output cold = run(request(second, 8));
+  const Output hit = run(test::parity_request(second, 7));
+  const Output cold = run(test::parity_request(second, 8));
   EXPECT_GE(hit.usage.cached_tokens, 48);
   EXPECT_EQ(cold.usage.cached_tokens, 0);
   EXPECT_EQ(hit.ids, cold.ids);
