@@ -272,10 +272,48 @@ class BackendOps : public ::testing::TestWithParam<Instance> {
     float scale, w_range;                           // attention scale; W_uk^T, W_uv in [-w_range, w_range]
   };
   void check_mla(const MlaShape& m);
+  // Backend::ordered_logits on the CPU, then the device (head: [V][E] in
+  // act's bits; ordering: V token ids in C groups): each side's logits
+  // [n][V] and picked tokens [n][top_k * V / C]; the device's must be the
+  // CPU's picks, group by group, and its logits within tol(1e-5).
+  void run_ordered_logits(const std::vector<float>& hidden, const std::vector<float>& scores,
+                          const std::vector<int32_t>& ordering, const std::vector<float>& head, int32_t n, int32_t E,
+                          int32_t C, int32_t top_k, std::vector<std::vector<float>>& logits,
+                          std::vector<std::vector<int32_t>>& picked);
 
   Side ref_, dev_;
   bool exact_ = false;
 };
+
+void BackendOps::run_ordered_logits(const std::vector<float>& hidden, const std::vector<float>& scores,
+                                    const std::vector<int32_t>& ordering, const std::vector<float>& head, int32_t n,
+                                    int32_t E, int32_t C, int32_t top_k, std::vector<std::vector<float>>& logits,
+                                    std::vector<std::vector<int32_t>>& picked) {
+  const auto V = static_cast<int32_t>(ordering.size()), n_picked = top_k * (V / C);
+  const auto head_bytes = encode(act(), head);
+  HostMatrix hm{head_bytes.data(), act(), V, E, row_bytes(act(), E)};
+  hm.gathered = true;
+  for (Side* s : {&ref_, &dev_}) {
+    OrderedLogitsOp op;
+    op.lm_head = s->place({hm});
+    ASSERT_TRUE(s->b->reserve({n, 4, 64}).ok());  // after placing: the CPU sizes its row by the weights
+    op.hidden = s->tensor(hidden, n, E, DType::kF32);
+    op.scores = s->tensor(scores, n, C, DType::kF32);
+    op.logits = s->tensor(std::vector<float>(n * V, NAN), n, V, DType::kF32);
+    op.token_ordering = s->put(ordering);
+    op.n_centroids = C;
+    op.top_k = top_k;
+    op.picked = s->put(std::vector<int32_t>(static_cast<size_t>(n * n_picked), -1));
+    op.dots = s->put(std::vector<float>(static_cast<size_t>(n * n_picked), NAN));
+    s->b->ordered_logits(op);
+    logits.push_back(s->read(op.logits));
+    std::vector<int32_t> p(static_cast<size_t>(n * n_picked));
+    ASSERT_TRUE(s->b->copy_out(p.data(), op.picked, p.size() * sizeof(int32_t)).ok());
+    picked.push_back(p);
+  }
+  EXPECT_EQ(picked[1], picked[0]) << "the picked tokens, group by group";
+  expect_close(logits[1], logits[0], tol(1e-5), "ordered logits");
+}
 
 TEST_P(BackendOps, EmbedGathersExactly) {
   const int64_t V = 64, E = 256;
@@ -787,31 +825,9 @@ TEST_P(BackendOps, Gemma4OrderedLogits) {
   std::copy_n(tied, C, scores.begin());
   const auto hidden = random_floats(n * E, 19, -2, 2);
   const auto head = rounded(act(), random_floats(V * E, 20));
-  const auto head_bytes = encode(act(), head);
-  HostMatrix hm{head_bytes.data(), act(), V, E, row_bytes(act(), E)};
-  hm.gathered = true;
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<int32_t>> picked;
-  for (Side* s : {&ref_, &dev_}) {
-    OrderedLogitsOp op;
-    op.lm_head = s->place({hm});
-    ASSERT_TRUE(s->b->reserve({n, 4, 64}).ok());  // after placing: the CPU sizes its row by the weights
-    op.hidden = s->tensor(hidden, n, E, DType::kF32);
-    op.scores = s->tensor(scores, n, C, DType::kF32);
-    op.logits = s->tensor(std::vector<float>(n * V, NAN), n, V, DType::kF32);
-    op.token_ordering = s->put(ordering);
-    op.n_centroids = C;
-    op.top_k = top_k;
-    op.picked = s->put(std::vector<int32_t>(static_cast<size_t>(n * n_picked), -1));
-    op.dots = s->put(std::vector<float>(static_cast<size_t>(n * n_picked), NAN));
-    s->b->ordered_logits(op);
-    logits.push_back(s->read(op.logits));
-    std::vector<int32_t> p(static_cast<size_t>(n * n_picked));
-    ASSERT_TRUE(s->b->copy_out(p.data(), op.picked, p.size() * sizeof(int32_t)).ok());
-    picked.push_back(p);
-  }
-  EXPECT_EQ(picked[1], picked[0]) << "the picked tokens, group by group";
-  expect_close(logits[1], logits[0], tol(1e-5), "ordered logits");
+  ASSERT_NO_FATAL_FAILURE(run_ordered_logits(hidden, scores, ordering, head, n, E, C, top_k, logits, picked));
   // The CPU against the formula.
   for (int32_t r = 0; r < n; ++r) {
     std::vector<int32_t> order(C);
@@ -871,31 +887,9 @@ TEST_P(BackendOps, Gemma4OrderedLogitsTiesAtTheCut) {
   }
   const auto hidden = random_floats(n * E, 23, -2, 2);
   const auto head = rounded(act(), random_floats(V * E, 24));
-  const auto head_bytes = encode(act(), head);
-  HostMatrix hm{head_bytes.data(), act(), V, E, row_bytes(act(), E)};
-  hm.gathered = true;
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<int32_t>> picked;
-  for (Side* s : {&ref_, &dev_}) {
-    OrderedLogitsOp op;
-    op.lm_head = s->place({hm});
-    ASSERT_TRUE(s->b->reserve({n, 4, 64}).ok());
-    op.hidden = s->tensor(hidden, n, E, DType::kF32);
-    op.scores = s->tensor(scores, n, C, DType::kF32);
-    op.logits = s->tensor(std::vector<float>(n * V, NAN), n, V, DType::kF32);
-    op.token_ordering = s->put(ordering);
-    op.n_centroids = C;
-    op.top_k = top_k;
-    op.picked = s->put(std::vector<int32_t>(static_cast<size_t>(n * n_picked), -1));
-    op.dots = s->put(std::vector<float>(static_cast<size_t>(n * n_picked), NAN));
-    s->b->ordered_logits(op);
-    logits.push_back(s->read(op.logits));
-    std::vector<int32_t> p(static_cast<size_t>(n * n_picked));
-    ASSERT_TRUE(s->b->copy_out(p.data(), op.picked, p.size() * sizeof(int32_t)).ok());
-    picked.push_back(p);
-  }
-  EXPECT_EQ(picked[1], picked[0]) << "the picked tokens, group by group";
-  expect_close(logits[1], logits[0], tol(1e-5), "ordered logits");
+  ASSERT_NO_FATAL_FAILURE(run_ordered_logits(hidden, scores, ordering, head, n, E, C, top_k, logits, picked));
   for (int32_t r = 0; r < n; ++r) {
     std::vector<int32_t> order(C);
     std::iota(order.begin(), order.end(), 0);
