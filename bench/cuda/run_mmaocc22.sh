@@ -7,7 +7,8 @@
 # at 8,192 keys x 64. Uses make_carry_kvtypes.sh's pack (copied as occ.sh):
 #   bash bench/cuda/make_carry_kvtypes.sh build-cpu
 #   run: bash .device/kvcuda22/occ.sh   (carry [".device/kvcuda22"])
-# CELLS: type:context:occ end-to-end runs; BUDGET (s, default 570).
+# CELLS: type:context:occ end-to-end runs ("none": no model, no runs);
+# BUDGET (s, default 570).
 T0=$(date +%s)
 R=$PWD; V=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-570}
@@ -18,7 +19,7 @@ chmod +x "$V/tests" "$V/bench_cuda" "$V/bench_kv_attention"
 export LD_LIBRARY_PATH=$V/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} RILL_SHARED_DIR=/work/shared
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 M=/tmp/llama8b
-if [ ! -f $M.done ]; then  # made on the CPU while the tests use the GPU
+if [ "${CELLS:-}" != none ] && [ ! -f $M.done ]; then  # made on the CPU while the tests use the GPU
   (python3 /work/shared/tools/make_random_model.py llama-3.1-8b $M > /tmp/make.log 2>&1 && touch $M.done) &
   MK=$!
 fi
@@ -27,12 +28,13 @@ timeout 150 "$V/tests" --gtest_filter="${FILTER:-CudaAttention.DecodeOnTheTensor
   > /tmp/tests.log 2>&1
 RC=$?; echo "tests rc=$RC"
 grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" /tmp/tests.log | cut -c1-200 | head -20
-for occ in 6 8 6 8; do
+for occ in ${ATTN_OCCS:-6 8 6 8}; do
   RILL_DECODE_MMA_OCC=$occ timeout 60 "$V/bench_kv_attention" --contexts 4096,8192 --batches 1,64 \
     --types q8_0,q4_0,fp8 > /tmp/attn.log 2>&1
   echo "== attention alone, RILL_DECODE_MMA_OCC=$occ rc=$?"; grep -vE "^\s*$" /tmp/attn.log | cut -c1-150 | tail -8
 done
 [ -n "${MK:-}" ] && wait "$MK"
+[ "${CELLS:-}" = none ] && CELLS=" "
 for cell in ${CELLS:-q8_0:8192:6 q8_0:8192:8 q4_0:8192:6 q4_0:8192:8 q8_0:4096:6 q8_0:4096:8}; do
   IFS=: read -r t c occ <<< "$cell"
   [ "$(left)" -lt 45 ] && { echo "== $cell skipped (time)"; continue; }
