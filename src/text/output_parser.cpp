@@ -518,9 +518,13 @@ bool OutputParser::step_framed_calls(bool final, OutputDelta& out) {
       return true;
     }
     if (starts_with(rest, f.call_open)) {
-      const size_t args_at = buf_.find(f.args_open, f.call_open.size());
+      // The name is what lies between call_open and args_open, at most
+      // kMaxFramedName bytes: the search covers exactly that span (plus the
+      // marker), so whole text and any split of it agree (fuzz-found).
+      const size_t span = f.call_open.size() + kMaxFramedName + f.args_open.size();
+      const size_t args_at = std::string_view(buf_).substr(0, span).find(f.args_open, f.call_open.size());
       if (args_at == std::string::npos) {
-        if (!final && buf_.size() < f.call_open.size() + kMaxFramedName) return false;
+        if (!final && buf_.size() < span) return false;
       } else {
         std::string name = buf_.substr(f.call_open.size(), args_at - f.call_open.size());
         if (f.kimi_name) {  // functions.NAME:INDEX

@@ -448,6 +448,40 @@ TEST(OutputParser, TemplateCallsReadBack) {
   }
 }
 
+// A Kimi K2 / DeepSeek framed call's name (what lies between the call and
+// argument markers) is at most 256 bytes: at 256 it is a call, at 257 the
+// text is content, and either way whole text, bytes and a split inside the
+// argument marker agree (a fuzz-found case: the streamed parser gave up while
+// the marker was still arriving, the whole one took any length).
+TEST(OutputParser, FramedCallNamesAreBoundedTheSameWayWholeAndStreamed) {
+  for (const bool kimi : {true, false}) {
+    const std::string section = kimi ? "<|tool_calls_section_begin|>" : "<｜tool▁calls▁begin｜>";
+    const std::string open = section + (kimi ? "<|tool_call_begin|>" : "<｜tool▁call▁begin｜>");
+    const std::string args = kimi ? "<|tool_call_argument_begin|>" : "<｜tool▁sep｜>";
+    const std::string close =
+        kimi ? "<|tool_call_end|><|tool_calls_section_end|>" : "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    for (const size_t len : {1u, 200u, 255u, 256u, 257u, 300u}) {
+      const std::string name(len, 'f');
+      const std::string text = open + name + args + "{\"x\": 1}" + close;
+      SCOPED_TRACE((kimi ? "kimi, name of " : "deepseek, name of ") + std::to_string(len));
+      const Parsed whole = parse_whole(tools_on(), text);
+      if (len <= 256) {
+        ASSERT_EQ(whole.calls.size(), 1u);
+        EXPECT_EQ(whole.calls[0], std::make_pair(name, std::string(R"({"x":1})")));
+        EXPECT_EQ(whole.content, "");
+      } else {
+        EXPECT_TRUE(whole.calls.empty());
+        EXPECT_EQ(whole.content, text.substr(section.size()));  // past the section marker, as any non-call
+      }
+      std::vector<std::string> bytes;
+      for (char c : text) bytes.emplace_back(1, c);
+      EXPECT_EQ(parse_pieces(tools_on(), bytes), whole);
+      const size_t mid = open.size() + len + args.size() / 2;  // inside the argument marker
+      EXPECT_EQ(parse_pieces(tools_on(), {text.substr(0, mid), text.substr(mid)}), whole);
+    }
+  }
+}
+
 // Command R / R+ (08-2024) and Granite 3.3 write calls as their vendors
 // document them: Cohere's "Action: ```json [{tool_name, parameters}]```"
 // (after an optional plan, which is content) and IBM's
