@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <random>
 
+#include "../engine/parity_engine.h"
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
 #include "core/half.h"
@@ -69,31 +70,13 @@ struct GenRun {
 };
 
 GenRun generate(Engine& e, const std::vector<int32_t>& prompt, int32_t max_tokens, bool persist = false) {
-  GenerationRequest r;
-  r.prompt = prompt;
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  r.logprobs = 5;
-  r.sampling.temperature = 0.0f;
+  GenerationRequest r = test::parity_request(prompt, 0, max_tokens);  // greedy: the tokens must match exactly
   r.persist_prefix = persist;
   auto h = e.submit(std::move(r));
   EXPECT_TRUE(h.ok()) << h.error().message;
-  GenRun out;
-  if (!h.ok()) return out;
-  GenerationEvent ev;
-  while (h->next(ev)) {
-    EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
-    out.tokens.insert(out.tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
-    for (const SampledToken& s : ev.logprobs) {
-      out.logprobs.push_back(s.logprob);
-      for (int i = 0; i < s.n_top; ++i) out.logprobs.push_back(s.top[static_cast<size_t>(i)].logprob);
-    }
-    if (ev.finished) {
-      out.cached = ev.usage.cached_tokens;
-      out.persisted = ev.usage.persisted_tokens;
-    }
-  }
-  return out;
+  if (!h.ok()) return {};
+  test::ParityOutput o = test::collect_output(*h);
+  return {std::move(o.ids), std::move(o.logprobs), o.usage.cached_tokens, o.usage.persisted_tokens};
 }
 
 std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {

@@ -1,8 +1,10 @@
 #pragma once
-// What the engine-level parity tests of the MiniCPM3, MLA and hybrid
-// families share: one engine with chunked prefill and integrity checks,
-// eight seeded prompts, and each request's ids, logprobs and usage, run one
-// at a time or submitted together (batch invariance compares the two).
+// What engine-level tests share: a greedy or seeded request with top-5
+// logprobs and what it returned (ids, logprobs, usage; also the KV tiers'
+// tests, CPU and CUDA), and for the MiniCPM3, MLA and hybrid parity tests
+// one engine with chunked prefill and integrity checks, eight seeded
+// prompts, run one at a time or submitted together (batch invariance
+// compares the two).
 #include <gtest/gtest.h>
 
 #include <cstdint>
