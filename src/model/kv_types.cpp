@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -79,9 +80,19 @@ std::string kv_type_names() {
 }
 
 Status load_kv_config(const std::string& path, KvTypeOptions& opts) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return Error{path + ": is a folder, not a KV config file"};
   std::ifstream in(path);
   if (!in) return Error{path + ": cannot open the KV config file"};
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Error{path + ": cannot read the KV config file"};
+  return parse_kv_config(text.str(), path, opts);
+}
+
+Status parse_kv_config(const std::string& text, const std::string& path, KvTypeOptions& opts) {
   opts.config_path = path;
+  std::istringstream in(text);
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     const std::string where = path + ":" + std::to_string(line_no);

@@ -136,6 +136,8 @@ struct KvRopePairs {
 
 // Reads a --kv-config file into opts.layers (errors name the file and line).
 Status load_kv_config(const std::string& path, KvTypeOptions& opts);
+// The same for a file's text; path only names it in errors.
+Status parse_kv_config(const std::string& text, const std::string& path, KvTypeOptions& opts);
 
 // Checks that rows of n_head_kv heads of head_dim elements can be stored in
 // each type of `types`: a row of whole blocks (a head of whole blocks reads

@@ -149,6 +149,9 @@ TEST(KvTypes, ConfigErrorsNameFileAndLine) {
   }
   KvTypeOptions o;
   EXPECT_FALSE(load_kv_config("/nonexistent/kv.conf", o).ok());
+  const Status folder = load_kv_config(std::filesystem::temp_directory_path().string(), o);
+  ASSERT_FALSE(folder.ok());
+  EXPECT_NE(folder.error().message.find("folder"), std::string::npos) << folder.error().message;
   // A layer beyond the model is caught when the model's layer count is known.
   ConfigFile f("\n7 q8_0\n");
   ASSERT_TRUE(load_kv_config(f.path.string(), o).ok());
