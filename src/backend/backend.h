@@ -626,12 +626,6 @@ class Backend {
   // pairs with x as llama.cpp does on the CPU (x quantized to the partner
   // type), so GGUF models give llama.cpp's logits.
   virtual Status matmul(const Weight& w, Tensor x, Tensor y, bool accumulate, Vec bias = {}) = 0;
-  // A hint that w is read by a matmul a few ops from now: a backend may
-  // start moving it to where that matmul reads it from (CUDA: L2, while
-  // the ops between run). No result depends on it; a weight that was never
-  // placed (w.placed null) is ignored. The CPU does nothing (a layer's
-  // weights do not fit its caches).
-  virtual void prefetch(const Weight& w) { (void)w; }
   // y[r, :] += b over y [rows, b.n] F32.
   virtual void add_bias(Tensor y, Vec b) = 0;
   virtual void rope_store_kv(const RopeKvOp& op, const StepMetadata& step) = 0;

@@ -22,7 +22,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -264,55 +263,6 @@ TEST_P(CudaHf, DecodeRowIsBatchInvariant) {
     int n_diff = 0;
     for (int64_t i = 0; i < V; ++i) n_diff += alone[i] != together[i];
     EXPECT_EQ(n_diff, 0) << GetParam() << (bf16 ? " bf16" : " f32") << ": logits of row 0 differ alone vs batched";
-  }
-}
-
-// Backend::prefetch is a hint: every logit of a prompt prefilled in
-// chunks of 7 and of three decode steps after it is the same bits with the
-// weights prefetched (RILL_CUDA_PREFETCH=1: a megabyte at each of a
-// layer's three calls, the golden models' whole matrices), in each form
-// and on either stream (RILL_CUDA_PREFETCH_MODE), as without, in f32 and
-// bf16.
-TEST_P(CudaHf, WeightPrefetchChangesNoLogit) {
-  const test::HfGolden g = test::read_hf_golden(dir_);
-  auto run = [&](const char* prefetch, const char* mode, bool bf16) {
-    cuda::testing::ScopedEnv env("RILL_CUDA_PREFETCH", prefetch), env_mode("RILL_CUDA_PREFETCH_MODE", mode);
-    std::vector<float> out;
-    std::vector<std::vector<uint16_t>> store;
-    auto files = open_model_files(dir_);
-    EXPECT_TRUE(files.ok()) << files.error().message;
-    if (!files.ok()) return out;
-    if (bf16) test::to_bf16(**files, store);
-    auto model = create_model(builtin_registry(), infer_profile(**files), *files, options(Device::kCuda));
-    EXPECT_TRUE(model.ok()) << model.error().message;
-    if (!model.ok()) return out;
-    Model& m = **model;
-    const int64_t V = m.n_vocab();
-    const std::vector<int32_t> table = slot_block_table(0, m.n_ctx(), m.kv_block_size());
-    std::vector<int32_t> ids = g.prompt_ids;
-    for (int32_t id : {3, 9, 27}) ids.push_back(static_cast<int32_t>(id % V));
-    const int32_t n_prompt = static_cast<int32_t>(g.prompt_ids.size());
-    std::vector<float> logits(static_cast<size_t>(7 * V));
-    Batch b;
-    for (int32_t pos = 0; pos < static_cast<int32_t>(ids.size());) {
-      const int32_t n = pos < n_prompt ? std::min(7, n_prompt - pos) : 1;
-      b.clear();
-      b.add_sequence(ids.data() + pos, n, pos, true, table);
-      EXPECT_TRUE(m.forward(b, logits.data()).ok());
-      out.insert(out.end(), logits.begin(), logits.begin() + V);
-      pos += n;
-    }
-    return out;
-  };
-  for (bool bf16 : {false, true}) {
-    const std::vector<float> off = run("0", "bulk", bf16);
-    ASSERT_FALSE(off.empty());
-    for (const char* mode : {"bulk", "lines", "side-bulk", "side-lines"}) {
-      const std::vector<float> on = run("1", mode, bf16);
-      ASSERT_EQ(off.size(), on.size()) << mode;
-      EXPECT_EQ(std::memcmp(off.data(), on.data(), off.size() * sizeof(float)), 0)
-          << GetParam() << (bf16 ? " bf16 " : " f32 ") << mode << ": logits differ with the weights prefetched";
-    }
   }
 }
 

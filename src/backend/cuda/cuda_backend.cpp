@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <string>
 #include <vector>
 
 #include "backend/cpu/kv_alloc.h"
@@ -35,7 +34,6 @@
 #include "backend/cuda/moe_ffn.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_gemma4.h"
-#include "backend/cuda/prefetch.h"
 #include "backend/cuda/quant.h"
 #include "core/half.h"
 
@@ -63,7 +61,6 @@ struct CudaWeight {
   // A matrix of mixed block types (place(): parts of different quantized
   // types) is its parts, each in its own type; w then holds the first.
   std::vector<cuda::QuantPart> parts;
-  size_t bytes = 0;  // the device bytes of w (and its parts), from w.data on
 };
 struct CudaRope {
   RopeTable table;
@@ -209,19 +206,6 @@ class CudaBackend final : public Backend {
         invariant_(o.batch_invariant),
         fp8_(o.fp8_weights) {
     gemm_->set_batch_invariant(invariant_);
-    if (!cuda::parse_prefetch_caps(std::getenv("RILL_CUDA_PREFETCH"), prefetch_caps_)) {
-      std::fprintf(stderr, "rill: RILL_CUDA_PREFETCH=%s is not MB or MB,MB,MB; prefetch stays off\n",
-                   std::getenv("RILL_CUDA_PREFETCH"));
-    }
-    // RILL_CUDA_PREFETCH_MODE: [side-](bulk|lines); side- puts the
-    // requests on a second stream (SideStream).
-    if (const char* m = std::getenv("RILL_CUDA_PREFETCH_MODE")) {
-      std::string mode = m;
-      const bool side = mode.rfind("side-", 0) == 0;
-      if (side) mode = mode.substr(5);
-      prefetch_form_ = mode == "lines" ? cuda::PrefetchForm::kLines : cuda::PrefetchForm::kBulk;
-      if (side) side_.create();
-    }
   }
 
   const char* name() const override { return "cuda"; }
@@ -290,11 +274,7 @@ class CudaBackend final : public Backend {
       at += dst_row * static_cast<size_t>(parts[i].rows);
       row0 += parts[i].rows;
     }
-    weights_.push_back({cuda::DeviceWeight{dev, t},
-                        rows * cols,
-                        cols,
-                        {},
-                        fp8 ? cuda::fp8_matrix_bytes(rows, cols) : dst_row * static_cast<size_t>(rows)});
+    weights_.push_back({cuda::DeviceWeight{dev, t}, rows * cols, cols, {}});
     return Weight{rows, cols, &weights_.back()};
   }
 
@@ -310,7 +290,7 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
     for (int i = 0; i < n_parts; ++i) bytes += part_bytes(i);
     RILL_ASSIGN_OR_RETURN(uint8_t* const dev, take(bytes, what));
-    CudaWeight rec{cuda::DeviceWeight{dev, parts[0].dtype}, rows * parts[0].cols, parts[0].cols, {}, bytes};
+    CudaWeight rec{cuda::DeviceWeight{dev, parts[0].dtype}, rows * parts[0].cols, parts[0].cols, {}};
     size_t at = 0;
     for (int i = 0; i < n_parts; ++i) {
       if (dev) RILL_TRY(copy_part(parts[i], parts[i].dtype, dev + at, what));
@@ -555,44 +535,12 @@ class CudaBackend final : public Backend {
     cuda::rms_norm(x.f32(), x.stride, row_ids, w.data, out.rows, x.cols, eps, w_offset, out.dtype, out.data, stream());
   }
 
-  // The weight's first bytes, up to the cap of the call's place in the
-  // layer (calls go o, gate/up, next qkv: parse_prefetch_caps), into L2:
-  // in the stream, or on the side stream, forked from the stream here and
-  // joined back before the matmul that reads the weight (join_prefetch).
-  void prefetch(const Weight& w) override {
-    const size_t cap = prefetch_caps_.bytes[prefetch_calls_++ % 3];
-    if (!w.placed || cap == 0) return;
-    const CudaWeight& rec = record(w);
-    if (!rec.w.data) return;
-    const size_t bytes = std::min(rec.bytes, cap);
-    if (!side_.stream) {
-      cuda::prefetch_l2(rec.w.data, bytes, stream(), prefetch_form_, true);
-      return;
-    }
-    join_prefetch(nullptr);  // one in flight at a time
-    RILL_CUDA_CHECK(cudaEventRecord(side_.fork, stream()));
-    RILL_CUDA_CHECK(cudaStreamWaitEvent(side_.stream, side_.fork, 0));
-    cuda::prefetch_l2(rec.w.data, bytes, side_.stream, prefetch_form_, false);
-    RILL_CUDA_CHECK(cudaEventRecord(side_.done, side_.stream));
-    side_.weight = rec.w.data;
-  }
-
-  // The stream waits for the side stream's prefetch of `weight` (null: of
-  // any weight), if one is in flight: before the matmul that reads it, so
-  // a step's graph joins every fork it makes.
-  void join_prefetch(const void* weight) {
-    if (!side_.weight || (weight && weight != side_.weight)) return;
-    RILL_CUDA_CHECK(cudaStreamWaitEvent(stream(), side_.done, 0));
-    side_.weight = nullptr;
-  }
-
   Status matmul(const Weight& w, Tensor x, Tensor y, bool accumulate, Vec bias) override {
     assert(x.dtype == act_ && x.is_dense() && x.cols == w.cols);
     assert(y.dtype == DType::kF32 && y.is_dense() && y.cols == w.rows && y.rows == x.rows);
     if (x.rows <= 0) return Status::Ok();
     const CudaWeight& rec = record(w);
     const cuda::DeviceWeight& d = rec.w;
-    join_prefetch(d.data);
     if (!rec.parts.empty()) {
       RILL_TRY(cuda::quant_matmul_parts(*gemm_, qscratch_, rec.parts.data(), static_cast<int>(rec.parts.size()), act_,
                                         x.data, x.rows, w.cols, y.f32(), accumulate, stream()));
@@ -615,7 +563,6 @@ class CudaBackend final : public Backend {
   // bf16 (below); everything else is matmul then glu.
   Status matmul_glu(const Weight& w, Tensor x, Glu kind, Tensor gate_up, Tensor out) override {
     const CudaWeight& rec = record(w);
-    join_prefetch(rec.w.data);
     if (rec.parts.empty() && rec.w.dtype == cuda::kFp8Rows && x.dtype == act_ && x.is_dense() && x.cols == w.cols &&
         gate_up.dtype == DType::kF32 && gate_up.is_dense() && gate_up.rows == x.rows && gate_up.cols == w.rows &&
         out.is_dense() && out.rows == x.rows && 2 * out.cols == w.rows &&
@@ -1322,32 +1269,8 @@ class CudaBackend final : public Backend {
   std::deque<CudaRope> ropes_;
   std::deque<CudaMoeWeights> moes_;
   CudaMoe moe_;  // the MoE layers' scratch and kernels (one layer at a time; reserve() after placing them)
-  std::vector<uint8_t> staging_;      // host conversions while placing
-  bool fp8_;                          // CudaBackendOptions::fp8_weights
-  cuda::PrefetchCaps prefetch_caps_;  // prefetch()'s bytes by call (RILL_CUDA_PREFETCH; none by default)
-  uint64_t prefetch_calls_ = 0;
-  cuda::PrefetchForm prefetch_form_ = cuda::PrefetchForm::kBulk;
-  // The second stream of prefetch(): its fork and done events, and the
-  // weight whose prefetch is in flight there (null: none).
-  struct SideStream {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t fork = nullptr, done = nullptr;
-    const void* weight = nullptr;
-    void create() {
-      RILL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      RILL_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-      RILL_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    }
-    SideStream() = default;
-    SideStream(const SideStream&) = delete;
-    SideStream& operator=(const SideStream&) = delete;
-    ~SideStream() {
-      if (done) cudaEventDestroy(done);
-      if (fork) cudaEventDestroy(fork);
-      if (stream) cudaStreamDestroy(stream);
-    }
-  };
-  SideStream side_;
+  std::vector<uint8_t> staging_;    // host conversions while placing
+  bool fp8_;                        // CudaBackendOptions::fp8_weights
   cuda::DeviceBuffer fp8_staging_;  // a part in act_ before quantize_part
   cuda::DeviceBuffer scratch_;
   float* partial_ = nullptr;

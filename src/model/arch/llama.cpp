@@ -144,7 +144,6 @@ Status attention_block(Backend& b, const LlamaGraph& g, const LlamaLayer& L, int
   const Tensor attn = a.attn.rows_from(0, n);
   const Tensor x = a.x.rows_from(0, n);
   RILL_TRY(b.matmul(L.wqkv, a.h.rows_from(0, n), qkv, false, L.bqkv));
-  b.prefetch(L.wo);  // moves during RoPE and attention
   RopeKvOp rk;
   rk.qkv = qkv;
   rk.n_head = g.n_head;
@@ -230,12 +229,8 @@ Status llama_forward(Backend& b, const LlamaGraph& g, const StepMetadata& md, co
     const LlamaLayer& L = g.layers[il];
     b.rms_norm(x, nullptr, L.attn_norm, g.eps, 0.0f, h);
     RILL_TRY(attention_block(b, g, L, static_cast<int64_t>(il), md, a, hooks));
-    b.prefetch(L.w_gate_up);  // its first bytes move during the norm (unplaced in MoE layers)
     b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
     RILL_TRY(mlp_block(b, L, g.mup.residual, md, a, hooks));
-    // The next matmul's weight: the next layer's qkv, or the head.
-    const bool last = il + 1 == g.layers.size();
-    b.prefetch(!last ? g.layers[il + 1].wqkv : md.n_sample > 0 && g.head_rows > 0 ? g.lm_head : Weight{});
   }
   if (hidden) b.rms_norm(x, nullptr, g.final_norm, g.eps, 0.0f, *hidden);
   if (md.n_sample <= 0) return Status::Ok();
