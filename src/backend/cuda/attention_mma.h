@@ -18,6 +18,9 @@ namespace rill::cuda {
 // queries share a tile); RILL_CUDA_WIDE_PREFILL=512 keeps it at 256 only,
 // RILL_CUDA_WIDE_PREFILL=0 at 256 and 512.
 bool prefill_mma_supported(DType kv_dtype, int32_t head_dim);
+// The KV types the WMMA and wide kernels read: every type
+// RILL_CUDA_DISPATCH_KV names but F32.
+bool prefill_tile_kv(DType kv_dtype);
 void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream);
 
 // attention_flash.cu: fragments in registers (mma.sync, ldmatrix, cp.async

@@ -34,6 +34,7 @@
 // first key (as in every prefill kernel), not on other tiles or heads.
 #include <cuda_fp16.h>
 
+#include <cassert>
 #include <type_traits>
 
 #include "backend/cuda/attention_common.cuh"
@@ -408,36 +409,13 @@ void launch_hd(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool prefill_wide_supported(DType kv_dtype, int32_t head_dim) {
-  const bool type_ok = kv_dtype == DType::kF16 || kv_dtype == DType::kBF16 || kv_dtype == kF8E4M3 ||
-                       kv_dtype == DType::kQ8_0 || kv_dtype == DType::kQ4_0 || kv_dtype == DType::kQ4_1 ||
-                       kv_dtype == DType::kQ5_0 || kv_dtype == DType::kQ5_1 || kv_dtype == DType::kIQ4_NL ||
-                       kv_dtype == kKvQ8_0x64 || kv_dtype == kKvIq4Nl64;
-  return type_ok && (head_dim == 256 || head_dim == 512);
+  return prefill_tile_kv(kv_dtype) && (head_dim == 256 || head_dim == 512);
 }
 
 void prefill_attention_wide(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles <= 0) return;
-  if (a.kv_dtype == kF8E4M3) return launch_hd<detail::KvFp8>(a, stream);
-  if (a.kv_dtype == kKvQ8_0x64) return launch_hd<detail::KvQ8_0x64>(a, stream);
-  if (a.kv_dtype == kKvIq4Nl64) return launch_hd<detail::KvIq4Nl64>(a, stream);
-  switch (a.kv_dtype) {
-    case DType::kQ8_0:
-      return launch_hd<detail::KvQ8_0>(a, stream);
-    case DType::kQ4_0:
-      return launch_hd<detail::KvQ4_0>(a, stream);
-    case DType::kIQ4_NL:
-      return launch_hd<detail::KvIq4Nl>(a, stream);
-    case DType::kBF16:
-      return launch_hd<detail::KvBf16>(a, stream);
-    case DType::kQ4_1:
-      return launch_hd<detail::KvQ4_1>(a, stream);
-    case DType::kQ5_0:
-      return launch_hd<detail::KvQ5_0>(a, stream);
-    case DType::kQ5_1:
-      return launch_hd<detail::KvQ5_1>(a, stream);
-    default:
-      return launch_hd<detail::KvF16>(a, stream);
-  }
+  assert(prefill_tile_kv(a.kv_dtype));
+  RILL_CUDA_DISPATCH_KV(a.kv_dtype, if constexpr (!std::is_same_v<KvT, detail::KvF32>) launch_hd<KvT>(a, stream));
 }
 
 }  // namespace rill::cuda
