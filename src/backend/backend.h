@@ -649,6 +649,23 @@ class Backend {
     glu(kind, gate_up, out);
     return Status::Ok();
   }
+  // A layer's pre-norm and the matmul that reads it: rms_norm(x, nullptr,
+  // w_norm, eps, w_offset, h) then matmul(w, h, y, accumulate, bias)
+  // (norm_matmul_glu: matmul_glu(w, h, kind, gate_up, out)); h holds the
+  // normed rows afterwards either way. A backend may prepare in the norm's
+  // pass what the matmul makes of h: CUDA quantizes h for FP8 weights'
+  // tensor-core GEMM there (rms_norm_fp8 in backend/cuda/ops.h: the same
+  // bits as the default, one kernel less).
+  virtual Status norm_matmul(Tensor x, Vec w_norm, float eps, float w_offset, Tensor h, const Weight& w, Tensor y,
+                             bool accumulate, Vec bias = {}) {
+    rms_norm(x, nullptr, w_norm, eps, w_offset, h);
+    return matmul(w, h, y, accumulate, bias);
+  }
+  virtual Status norm_matmul_glu(Tensor x, Vec w_norm, float eps, float w_offset, Tensor h, const Weight& w_gate_up,
+                                 Glu kind, Tensor gate_up, Tensor out) {
+    rms_norm(x, nullptr, w_norm, eps, w_offset, h);
+    return matmul_glu(w_gate_up, h, kind, gate_up, out);
+  }
   // x = cap * tanh(x / cap) (final logit softcapping); x = x * s (Gemma's
   // embedding scale). x F32.
   virtual void softcap(Tensor x, float cap) = 0;

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_context.h"
@@ -19,6 +22,30 @@ namespace rill::cuda::testing {
   do {                                                                       \
     if (!::rill::cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
+
+// Sets an environment variable for the guard's lifetime, then restores
+// what it was (or unsets it), however the test leaves.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const char* name) : name_(name) {
+    if (const char* v = std::getenv(name)) saved_ = v;
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    if (saved_) {
+      ::setenv(name_, saved_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const char* name, const char* value) : ScopedEnv(name) { set(value); }
+  void set(const char* value) { ::setenv(name_, value, 1); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
 
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 rng(seed);

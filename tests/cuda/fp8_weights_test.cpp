@@ -51,6 +51,7 @@ using testing::download;
 using testing::encode;
 using testing::random_floats;
 using testing::round_to;
+using testing::ScopedEnv;
 using testing::upload;
 
 // e4m3 (fn): sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities,
@@ -649,28 +650,6 @@ TEST(Fp8Weights, Fp8CheckpointsHoldToTheCpu) {
 // KL(bf16 || fp8) over positions and how often the top token agrees, and
 // each configuration against the f32-accumulation / f32-D one. Holds only
 // that FP8 changes the logits and that every figure is finite.
-// Sets an environment variable for the guard's lifetime, then restores
-// what it was (or unsets it), however the test leaves.
-class ScopedEnv {
- public:
-  explicit ScopedEnv(const char* name) : name_(name) {
-    if (const char* v = std::getenv(name)) saved_ = v;
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-  ~ScopedEnv() {
-    if (saved_) {
-      ::setenv(name_, saved_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  void set(const char* value) { ::setenv(name_, value, 1); }
-
- private:
-  const char* name_;
-  std::optional<std::string> saved_;
-};
 
 TEST(Fp8Weights, LargeModelAgainstBf16) {
   RILL_REQUIRE_GPU();

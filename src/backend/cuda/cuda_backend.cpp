@@ -206,6 +206,8 @@ class CudaBackend final : public Backend {
         invariant_(o.batch_invariant),
         fp8_(o.fp8_weights) {
     gemm_->set_batch_invariant(invariant_);
+    const char* nq = std::getenv("RILL_FP8_NORM_QUANT");
+    fp8_norm_quant_ = !(nq && std::strcmp(nq, "0") == 0);
   }
 
   const char* name() const override { return "cuda"; }
@@ -561,12 +563,19 @@ class CudaBackend final : public Backend {
   // and a scale pass: the scales go into the GLU (cuda::fp8_matmul_glu, the
   // same bits); dense BF16 weights past kGemvMaxTokens tokens: gate/up in
   // bf16 (below); everything else is matmul then glu.
+  // Whether matmul_glu(w, x, .., gate_up, out) takes fp8_matmul_glu: FP8
+  // weights, the shapes it reads, and fp8_glu_fusable.
+  bool fp8_glu_route(const Weight& w, Tensor x, Tensor gate_up, Tensor out) {
+    const CudaWeight& rec = record(w);
+    return rec.parts.empty() && rec.w.dtype == cuda::kFp8Rows && x.dtype == act_ && x.is_dense() && x.cols == w.cols &&
+           gate_up.dtype == DType::kF32 && gate_up.is_dense() && gate_up.rows == x.rows && gate_up.cols == w.rows &&
+           out.is_dense() && out.rows == x.rows && 2 * out.cols == w.rows &&
+           cuda::fp8_glu_fusable(*gemm_, fp8scratch_, act_, x.rows, w.rows, w.cols);
+  }
+
   Status matmul_glu(const Weight& w, Tensor x, Glu kind, Tensor gate_up, Tensor out) override {
     const CudaWeight& rec = record(w);
-    if (rec.parts.empty() && rec.w.dtype == cuda::kFp8Rows && x.dtype == act_ && x.is_dense() && x.cols == w.cols &&
-        gate_up.dtype == DType::kF32 && gate_up.is_dense() && gate_up.rows == x.rows && gate_up.cols == w.rows &&
-        out.is_dense() && out.rows == x.rows && 2 * out.cols == w.rows &&
-        cuda::fp8_glu_fusable(*gemm_, fp8scratch_, act_, x.rows, w.rows, w.cols)) {
+    if (fp8_glu_route(w, x, gate_up, out)) {
       return cuda::fp8_matmul_glu(*gemm_, fp8scratch_, rec.w.data, act_, x.data, x.rows, w.rows, w.cols,
                                   kind == Glu::kGeluTanh, gate_up.f32(), out.dtype, out.data, stream());
     }
@@ -589,6 +598,43 @@ class CudaBackend final : public Backend {
       return Status::Ok();
     }
     return Backend::matmul_glu(w, x, kind, gate_up, out);
+  }
+
+  // FP8 weights whose matmul quantizes h for the tensor-core GEMM: the
+  // norm's kernel leaves that quantization in the FP8 scratch too
+  // (rms_norm_fp8) and the matmul skips its own, with the same bits.
+  // RILL_FP8_NORM_QUANT=0 keeps the two kernels (comparisons).
+  Status norm_matmul(Tensor x, Vec w_norm, float eps, float w_offset, Tensor h, const Weight& w, Tensor y,
+                     bool accumulate, Vec bias) override {
+    if (!norm_quantizes(x, h, w, false) || y.dtype != DType::kF32 || !y.is_dense() || y.rows != h.rows ||
+        y.cols != w.rows) {
+      return Backend::norm_matmul(x, w_norm, eps, w_offset, h, w, y, accumulate, bias);
+    }
+    cuda::rms_norm_fp8(x.f32(), x.stride, w_norm.data, h.rows, h.cols, eps, w_offset, h.dtype, h.data, fp8scratch_.xq,
+                       fp8scratch_.xs, stream());
+    RILL_TRY(cuda::fp8_matmul(*gemm_, qscratch_, fp8scratch_, record(w).w.data, act_, h.data, h.rows, w.rows, w.cols,
+                              y.f32(), accumulate, stream(), true));
+    if (bias) cuda::add_bias(y.f32(), bias.data, y.rows, y.cols, stream());
+    return Status::Ok();
+  }
+  Status norm_matmul_glu(Tensor x, Vec w_norm, float eps, float w_offset, Tensor h, const Weight& w, Glu kind,
+                         Tensor gate_up, Tensor out) override {
+    if (!norm_quantizes(x, h, w, true) || !fp8_glu_route(w, h, gate_up, out)) {
+      return Backend::norm_matmul_glu(x, w_norm, eps, w_offset, h, w, kind, gate_up, out);
+    }
+    cuda::rms_norm_fp8(x.f32(), x.stride, w_norm.data, h.rows, h.cols, eps, w_offset, h.dtype, h.data, fp8scratch_.xq,
+                       fp8scratch_.xs, stream());
+    return cuda::fp8_matmul_glu(*gemm_, fp8scratch_, record(w).w.data, act_, h.data, h.rows, w.rows, w.cols,
+                                kind == Glu::kGeluTanh, gate_up.f32(), out.dtype, out.data, stream(), true);
+  }
+  // Whether norm_matmul(_glu) of x into h for w takes rms_norm_fp8.
+  bool norm_quantizes(Tensor x, Tensor h, const Weight& w, bool glu) {
+    if (!fp8_norm_quant_ || !w.placed) return false;
+    const CudaWeight& rec = record(w);
+    return rec.parts.empty() && rec.w.dtype == cuda::kFp8Rows && x.dtype == DType::kF32 && h.dtype == act_ &&
+           h.is_dense() && h.rows == x.rows && h.cols == x.cols && x.cols == w.cols &&
+           cuda::rms_norm_fp8_supported(x.f32(), x.stride, x.cols, h.dtype, h.data) &&
+           cuda::fp8_quantizes_x(*gemm_, fp8scratch_, act_, h.rows, w.rows, w.cols, glu);
   }
 
   Status moe_ffn(const MoeWeight& w, Tensor router_in, Tensor in, Tensor out, bool accumulate,
@@ -1271,6 +1317,7 @@ class CudaBackend final : public Backend {
   CudaMoe moe_;  // the MoE layers' scratch and kernels (one layer at a time; reserve() after placing them)
   std::vector<uint8_t> staging_;    // host conversions while placing
   bool fp8_;                        // CudaBackendOptions::fp8_weights
+  bool fp8_norm_quant_ = true;      // norm_matmul(_glu) may take rms_norm_fp8 (RILL_FP8_NORM_QUANT)
   cuda::DeviceBuffer fp8_staging_;  // a part in act_ before quantize_part
   cuda::DeviceBuffer scratch_;
   float* partial_ = nullptr;

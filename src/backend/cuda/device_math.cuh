@@ -60,6 +60,17 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(s);
 }
 
+// Max over the block, as block_sum (values >= 0: absent warps count 0).
+__device__ __forceinline__ float block_max(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();  // red may still be read by a previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float m = lane < n_warps ? red[lane] : 0.0f;
+  return warp_max(m);
+}
+
 // Programmatic dependent launch, device side. pdl_wait() blocks until the
 // grid this one was launched behind has completed and its writes are
 // visible; a kernel must call it before touching anything its predecessor

@@ -25,7 +25,6 @@
 namespace rill::cuda {
 namespace {
 
-constexpr float kE4m3Max = 448.0f;
 constexpr int kWarps = 8;
 
 // The 16 e4m3 values of u as f32.

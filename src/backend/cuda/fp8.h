@@ -31,6 +31,8 @@ class Gemm;
 // Not a GGML type id: only the CUDA backend's placed weights carry it.
 inline constexpr DType kFp8Rows = static_cast<DType>(0x4638);  // "F8"
 inline constexpr int64_t kFp8RowHeader = 16;
+// The largest finite e4m3 value: a row's scale maps its max |value| to it.
+inline constexpr float kE4m3Max = 448.0f;
 
 inline size_t fp8_row_bytes(int64_t n_cols) {
   return static_cast<size_t>(kFp8RowHeader + n_cols);
@@ -209,9 +211,19 @@ struct Fp8Scratch {
 // tokens go through fp8_mma instead (activations quantized the same way).
 // Batch-invariant mode (gemm.batch_invariant()) always dequantizes, as for
 // GGUF blocks.
+// x_quantized: fp8.xq / fp8.xs already hold quantize_fp8_tokens(x_dtype, x,
+// n_tokens, n_cols)'s output (rms_norm_fp8 made it), so the call skips
+// that kernel; only where fp8_quantizes_x says the call would run it.
 Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8, const void* w, DType x_dtype,
                   const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
-                  cudaStream_t stream);
+                  cudaStream_t stream, bool x_quantized = false);
+
+// Whether fp8_matmul (glu: fp8_matmul_glu, where fp8_glu_fusable) of this
+// shape quantizes x with quantize_fp8_tokens into fp8.xq / fp8.xs: its
+// FP8 GEMM and fp8_mma's e4m3 form, not the GEMV, fp8_mma's bf16 form,
+// quant_matmul or batch-invariant mode.
+bool fp8_quantizes_x(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+                     bool glu);
 
 // Whether fp8_matmul of this shape (not accumulating) takes the unscaled
 // tensor-core GEMM and a separate scale pass (not the GEMV, not
@@ -230,8 +242,9 @@ bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n
 // Where fp8_matmul takes fp8_mma: fp8_mma_glu (gate_up unused), the same
 // bits as fp8_mma then silu_mul / gelu_tanh_mul.
 // Requires fp8_glu_fusable.
+// x_quantized as fp8_matmul's.
 Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
                       int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,
-                      cudaStream_t stream);
+                      cudaStream_t stream, bool x_quantized = false);
 
 }  // namespace rill::cuda

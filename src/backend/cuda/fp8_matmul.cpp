@@ -1,5 +1,6 @@
 // fp8_matmul: the FP8 weights' path by token count (fp8.h).
 #include <algorithm>
+#include <cassert>
 
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
@@ -37,10 +38,23 @@ bool mma_path(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_rows, int64_t n
 
 }  // namespace
 
+bool fp8_quantizes_x(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+                     bool glu) {
+  if (n_tokens <= 0 || n_rows <= 0 || gemm.batch_invariant()) return false;
+  if (mma_path(fp8, n_tokens, n_rows, n_cols, glu)) return !(fp8_mma_bf16x_on() && x_dtype == DType::kBF16);
+  if (glu) return fp8_glu_fusable(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols);
+  const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
+  const bool gemm_ok = gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld);
+  if ((n_tokens == 1 || !gemm_ok) && n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16))
+    return false;  // the GEMV
+  return fp8.xq && n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems && gemm_ok;
+}
+
 Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8, const void* w, DType x_dtype,
                   const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, bool x_quantized) {
   if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
+  assert(!x_quantized || fp8_quantizes_x(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, false));
   const bool invariant = gemm.batch_invariant();
   const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
   if (!invariant && mma_path(fp8, n_tokens, n_rows, n_cols, false)) {
@@ -49,7 +63,7 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
                     fp8.mma_part_floats, stream);
       return Status::Ok();
     }
-    quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+    if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
     fp8_mma(static_cast<const uint8_t*>(w), fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part,
             fp8.mma_part_floats, stream);
     return Status::Ok();
@@ -64,7 +78,7 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
   }
   if (!invariant && fp8.xq && n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems &&
       gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld)) {
-    quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+    if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
     return gemm.run_fp8(static_cast<const uint8_t*>(w) + kFp8RowHeader, w_ld, fp8_scales(w, n_rows, n_cols), fp8.xq,
                         fp8.xs, n_tokens, n_rows, n_cols, y, accumulate, fp8.d, fp8.d_floats);
   }
@@ -87,7 +101,8 @@ bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n
 
 Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
                       int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool x_quantized) {
+  assert(!x_quantized || fp8_quantizes_x(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, true));
   // fp8_matmul's fp8_mma path: the scales and the GLU in its epilogue
   // (gate_up unused), the same sums in the same order as fp8_mma over the
   // whole weight (the same plan: ceil(2 F / 128) = ceil(F / 64) slabs).
@@ -97,7 +112,7 @@ Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_
                         fp8.mma_part_floats, stream);
       return Status::Ok();
     }
-    quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+    if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
     fp8_mma_glu(static_cast<const uint8_t*>(w), fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, gelu, out_dtype, out,
                 fp8.mma_part, fp8.mma_part_floats, stream);
     return Status::Ok();
@@ -105,7 +120,7 @@ Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_
   // fp8_matmul's GEMM path up to its scale pass (Gemm::run_fp8 not
   // accumulating, no outer scales): the same quantized x, the same plan.
   const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
-  quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+  if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
   RILL_TRY(gemm.run_fp8_unscaled(static_cast<const uint8_t*>(w) + kFp8RowHeader, w_ld, fp8.xq, n_tokens, n_rows, n_cols,
                                  gate_up));
   fp8_scale_glu(gate_up, n_tokens, n_rows / 2, fp8.xs, fp8_scales(w, n_rows, n_cols), gelu, out_dtype, out, stream);

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/kv_types.cuh"
 #include "backend/cuda/mma_tile.cuh"
 #include "backend/cuda/ops.h"
@@ -14,6 +15,7 @@
 namespace rill::cuda {
 namespace {
 
+using detail::block_max;
 using detail::block_sum;
 using detail::from_f32;
 using detail::to_f32;
@@ -92,7 +94,8 @@ __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const int32_t*
 // are read before waiting for x.
 template <typename Out, int kRows>
 __global__ void rms_norm_held_kernel(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w,
-                                     int64_t n_rows, int64_t dim, float eps, float w_offset, Out* out) {
+                                     int64_t n_rows, int64_t dim, float eps, float w_offset, Out* out, uint8_t* xq,
+                                     float* xs) {
   __shared__ float red[32];
   const bool mine = threadIdx.x < dim / 4;
   float4 wv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -116,16 +119,36 @@ __global__ void rms_norm_held_kernel(const float* x, int64_t x_stride, const int
     if (mine) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     ss = block_sum(ss, red);
     const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
-    if (!mine) continue;
-    const float y[4] = {v[k].x * scale, v[k].y * scale, v[k].z * scale, v[k].w * scale};
-    float e[4] = {y[0], y[1], y[2], y[3]};
-    if (w) {
-      e[0] = y[0] * (w_offset + wv.x);
-      e[1] = y[1] * (w_offset + wv.y);
-      e[2] = y[2] * (w_offset + wv.z);
-      e[3] = y[3] * (w_offset + wv.w);
+    float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (mine) {
+      const float y[4] = {v[k].x * scale, v[k].y * scale, v[k].z * scale, v[k].w * scale};
+      for (int i = 0; i < 4; ++i) e[i] = y[i];
+      if (w) {
+        e[0] = y[0] * (w_offset + wv.x);
+        e[1] = y[1] * (w_offset + wv.y);
+        e[2] = y[2] * (w_offset + wv.z);
+        e[3] = y[3] * (w_offset + wv.w);
+      }
+      store4(out + (r0 + k) * dim + 4 * static_cast<int64_t>(threadIdx.x), e[0], e[1], e[2], e[3]);
     }
-    store4(out + (r0 + k) * dim + 4 * static_cast<int64_t>(threadIdx.x), e[0], e[1], e[2], e[3]);
+    if (!xq) continue;
+    // The row's FP8 form from its stored values, as quantize_fp8_tokens
+    // makes it from out (fp8.h): the same max, scale and rounding.
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      e[i] = to_f32(from_f32<Out>(e[i]));
+      m = fmaxf(m, fabsf(e[i]));
+    }
+    m = block_max(m, red);
+    const float qs = m > 0.0f ? m / kE4m3Max : 1.0f;
+    if (threadIdx.x == 0) xs[r0 + k] = qs;
+    if (!mine) continue;
+    uint8_t q[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q[i] = __nv_cvt_float_to_fp8(e[i] / qs, __NV_SATFINITE, __NV_E4M3);
+    *reinterpret_cast<uint32_t*>(xq + (r0 + k) * dim + 4 * static_cast<int64_t>(threadIdx.x)) =
+        *reinterpret_cast<const uint32_t*>(q);
   }
 }
 
@@ -537,26 +560,59 @@ void embed_rows(DType table_dtype, const void* table, int64_t n_cols, const int3
   RILL_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+// Whether rms_norm takes the held kernel (a row in registers, a float4 a
+// thread) for this shape, and its block size.
+int norm_threads(int64_t dim) {
+  return dim >= 4096 ? 1024 : dim >= 1024 ? 256 : 64;
+}
+bool norm_held(const float* x, int64_t stride, int64_t dim, DType out_dtype, const void* out) {
+  return dim % 4 == 0 && stride % 4 == 0 && dim / 4 <= norm_threads(dim) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(out) % (4 * dtype_info(out_dtype).block_bytes) == 0;
+}
+
+void launch_norm_held(const float* x, int64_t stride, const int32_t* row_ids, const float* w, int64_t n_rows,
+                      int64_t dim, float eps, float w_offset, DType out_dtype, void* out, uint8_t* xq, float* xs,
+                      cudaStream_t stream) {
+  const int threads = norm_threads(dim);
+  if (n_rows >= 1024) {  // two rows a block where the grid still fills the GPU
+    const auto grid = static_cast<unsigned>((n_rows + 1) / 2);
+    RILL_CUDA_DISPATCH_FLOAT(
+        out_dtype, launch_pdl(rms_norm_held_kernel<T, 2>, grid, threads, 0, stream, x, stride, row_ids, w, n_rows, dim,
+                              eps, w_offset, static_cast<T*>(out), xq, xs));
+  } else {
+    RILL_CUDA_DISPATCH_FLOAT(
+        out_dtype, launch_pdl(rms_norm_held_kernel<T, 1>, static_cast<unsigned>(n_rows), threads, 0, stream, x, stride,
+                              row_ids, w, n_rows, dim, eps, w_offset, static_cast<T*>(out), xq, xs));
+  }
+}
+
+}  // namespace
+
 void rms_norm(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w, int64_t n_rows, int64_t dim,
               float eps, float w_offset, DType out_dtype, void* out, cudaStream_t stream) {
   if (n_rows <= 0) return;
-  const int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 256 : 64;
   const int64_t stride = x_stride > 0 ? x_stride : dim;
-  const bool held = dim % 4 == 0 && stride % 4 == 0 && dim / 4 <= threads && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(out) % (4 * dtype_info(out_dtype).block_bytes) == 0;
-  if (held && n_rows >= 1024) {  // two rows a block where the grid still fills the GPU
-    const auto grid = static_cast<unsigned>((n_rows + 1) / 2);
-    RILL_CUDA_DISPATCH_FLOAT(out_dtype, launch_pdl(rms_norm_held_kernel<T, 2>, grid, threads, 0, stream, x, stride,
-                                                   row_ids, w, n_rows, dim, eps, w_offset, static_cast<T*>(out)));
-  } else if (held) {
-    RILL_CUDA_DISPATCH_FLOAT(
-        out_dtype, launch_pdl(rms_norm_held_kernel<T, 1>, static_cast<unsigned>(n_rows), threads, 0, stream, x, stride,
-                              row_ids, w, n_rows, dim, eps, w_offset, static_cast<T*>(out)));
+  if (norm_held(x, stride, dim, out_dtype, out)) {
+    launch_norm_held(x, stride, row_ids, w, n_rows, dim, eps, w_offset, out_dtype, out, nullptr, nullptr, stream);
   } else {
     RILL_CUDA_DISPATCH_FLOAT(
-        out_dtype, launch_pdl(rms_norm_kernel<T>, static_cast<unsigned>(n_rows), threads, 0, stream, x, stride, row_ids,
-                              w, dim, eps, w_offset, static_cast<T*>(out)));
+        out_dtype, launch_pdl(rms_norm_kernel<T>, static_cast<unsigned>(n_rows), norm_threads(dim), 0, stream, x,
+                              stride, row_ids, w, dim, eps, w_offset, static_cast<T*>(out)));
   }
+}
+
+bool rms_norm_fp8_supported(const float* x, int64_t x_stride, int64_t dim, DType out_dtype, const void* out) {
+  return norm_held(x, x_stride > 0 ? x_stride : dim, dim, out_dtype, out);
+}
+
+void rms_norm_fp8(const float* x, int64_t x_stride, const float* w, int64_t n_rows, int64_t dim, float eps,
+                  float w_offset, DType out_dtype, void* out, uint8_t* xq, float* xs, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  assert(rms_norm_fp8_supported(x, x_stride, dim, out_dtype, out) && reinterpret_cast<uintptr_t>(xq) % 4 == 0);
+  launch_norm_held(x, x_stride > 0 ? x_stride : dim, nullptr, w, n_rows, dim, eps, w_offset, out_dtype, out, xq, xs,
+                   stream);
 }
 
 void silu_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype, void* out, cudaStream_t stream) {

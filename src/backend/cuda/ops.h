@@ -29,6 +29,16 @@ void embed_rows(DType table_dtype, const void* table, int64_t n_cols, const int3
 void rms_norm(const float* x, int64_t x_stride, const int32_t* row_ids, const float* w, int64_t n_rows, int64_t dim,
               float eps, float w_offset, DType out_dtype, void* out, cudaStream_t stream);
 
+// rms_norm without row_ids that also leaves out's rows quantized for an
+// FP8 GEMM in the same pass: xq [n_rows, dim] e4m3 and xs [n_rows] f32,
+// the bits quantize_fp8_tokens(out_dtype, out, ...) gives (fp8.h), so the
+// GEMM needs no quantization kernel of its own. Requires
+// rms_norm_fp8_supported (the kernel that holds a row in registers: dim a
+// multiple of 4 up to 4,096, x and out aligned) and xq 4-byte aligned.
+bool rms_norm_fp8_supported(const float* x, int64_t x_stride, int64_t dim, DType out_dtype, const void* out);
+void rms_norm_fp8(const float* x, int64_t x_stride, const float* w, int64_t n_rows, int64_t dim, float eps,
+                  float w_offset, DType out_dtype, void* out, uint8_t* xq, float* xs, cudaStream_t stream);
+
 // gate_up: [n_rows, 2 * n_ff] f32 (gate in [0, n_ff), up in [n_ff, 2 n_ff));
 // out[r, i] = silu(gate[r, i]) * up[r, i] in out_dtype, [n_rows, n_ff].
 void silu_mul(const float* gate_up, int64_t n_rows, int64_t n_ff, DType out_dtype, void* out, cudaStream_t stream);

@@ -143,7 +143,7 @@ Status attention_block(Backend& b, const LlamaGraph& g, const LlamaLayer& L, int
   const Tensor qkv = a.qkv.rows_from(0, n);
   const Tensor attn = a.attn.rows_from(0, n);
   const Tensor x = a.x.rows_from(0, n);
-  RILL_TRY(b.matmul(L.wqkv, a.h.rows_from(0, n), qkv, false, L.bqkv));
+  RILL_TRY(b.norm_matmul(x, L.attn_norm, g.eps, 0.0f, a.h.rows_from(0, n), L.wqkv, qkv, false, L.bqkv));
   RopeKvOp rk;
   rk.qkv = qkv;
   rk.n_head = g.n_head;
@@ -178,11 +178,13 @@ Status attention_block(Backend& b, const LlamaGraph& g, const LlamaLayer& L, int
   return Status::Ok();
 }
 
-Status mlp_block(Backend& b, const LlamaLayer& L, float residual_scale, const StepMetadata& md,
+Status mlp_block(Backend& b, const LlamaGraph& g, const LlamaLayer& L, const StepMetadata& md,
                  const LlamaActivations& a, LlamaHooks& hooks) {
   const int64_t n = md.n_tokens;
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
+  const float residual_scale = g.mup.residual;
   if (L.is_moe) {  // a shard adds (owns_residual) or writes its partial sum, its slice of every expert
+    b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
     RILL_TRY(b.moe_ffn(L.moe, h, h, x, hooks.owns_residual(), md));
     return hooks.reduce_residual(x);
   }
@@ -191,7 +193,7 @@ Status mlp_block(Backend& b, const LlamaLayer& L, float residual_scale, const St
   // minicpm: the GLU's output times the residual scale before down (linear).
   const bool scaled = residual_scale != 1.0f;
   const Tensor glu_out = scaled && a.mlp32.cols > 0 ? a.mlp32.rows_from(0, n) : mlp;
-  RILL_TRY(b.matmul_glu(L.w_gate_up, h, Glu::kSilu, gu, glu_out));
+  RILL_TRY(b.norm_matmul_glu(x, L.ffn_norm, g.eps, 0.0f, h, L.w_gate_up, Glu::kSilu, gu, glu_out));
   if (scaled) scale_into(b, glu_out, residual_scale, mlp);
   RILL_TRY(b.matmul(L.w_down, mlp, x, hooks.owns_residual()));
   return hooks.reduce_residual(x);
@@ -222,15 +224,13 @@ Result<LlamaGraph> place_llama(Backend& b, const ModelConfig& cfg, const LlamaWe
 Status llama_forward(Backend& b, const LlamaGraph& g, const StepMetadata& md, const LlamaActivations& a, Tensor logits,
                      LlamaHooks& hooks, const Tensor* hidden) {
   const int64_t n = md.n_tokens;
-  const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
+  const Tensor x = a.x.rows_from(0, n);
   b.embed(g.embed, md.ids, n, x);
   if (g.mup.embed != 1.0f) b.scale(x, g.mup.embed);
   for (size_t il = 0; il < g.layers.size(); ++il) {
     const LlamaLayer& L = g.layers[il];
-    b.rms_norm(x, nullptr, L.attn_norm, g.eps, 0.0f, h);
     RILL_TRY(attention_block(b, g, L, static_cast<int64_t>(il), md, a, hooks));
-    b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
-    RILL_TRY(mlp_block(b, L, g.mup.residual, md, a, hooks));
+    RILL_TRY(mlp_block(b, g, L, md, a, hooks));
   }
   if (hidden) b.rms_norm(x, nullptr, g.final_norm, g.eps, 0.0f, *hidden);
   if (md.n_sample <= 0) return Status::Ok();
@@ -252,10 +252,8 @@ Status llama_mtp_forward(Backend& b, const LlamaGraph& g, const StepMetadata& md
   const Tensor x = a.x.rows_from(0, n), h = a.h.rows_from(0, n);
   RILL_TRY(mtp_head_input(b, g.mtp, md.ids, n, hidden, x, h, a.mtp_h.rows_from(0, n)));
   const LlamaLayer& L = g.mtp_layer;
-  b.rms_norm(x, nullptr, L.attn_norm, g.eps, 0.0f, h);
   RILL_TRY(attention_block(b, g, L, static_cast<int64_t>(g.layers.size()), md, a, hooks));
-  b.rms_norm(x, nullptr, L.ffn_norm, g.eps, 0.0f, h);
-  RILL_TRY(mlp_block(b, L, g.mup.residual, md, a, hooks));
+  RILL_TRY(mlp_block(b, g, L, md, a, hooks));
   return mtp_head_logits(b, g.mtp, x, md.sample_rows, a.final_rows.rows_from(0, md.n_sample), logits, out);
 }
 
