@@ -48,27 +48,25 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread
-// gets the result. `red` is __shared__ float[32].
-__device__ __forceinline__ float block_sum(float v, float* red) {
+// A warp reduction over the block (blockDim.x a multiple of 32, <= 1024;
+// warp_reduce: warp_sum or warp_max), the warps' results in warp order, absent warps
+// 0; every thread gets the result. `red` is __shared__ float[32].
+template <typename WarpReduce>
+__device__ __forceinline__ float block_reduce(float v, float* red, WarpReduce warp_reduce) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  v = warp_sum(v);
+  v = warp_reduce(v);
   __syncthreads();  // red may still be read by a previous call
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  float s = lane < n_warps ? red[lane] : 0.0f;
-  return warp_sum(s);
+  const float s = lane < n_warps ? red[lane] : 0.0f;
+  return warp_reduce(s);
 }
-
-// Max over the block, as block_sum (values >= 0: absent warps count 0).
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  return block_reduce(v, red, [](float x) { return warp_sum(x); });
+}
+// Of values >= 0 (absent warps count 0).
 __device__ __forceinline__ float block_max(float v, float* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();  // red may still be read by a previous call
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float m = lane < n_warps ? red[lane] : 0.0f;
-  return warp_max(m);
+  return block_reduce(v, red, [](float x) { return warp_max(x); });
 }
 
 // Programmatic dependent launch, device side. pdl_wait() blocks until the
