@@ -559,10 +559,6 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  // FP8 weights where fp8_matmul would run the unscaled tensor-core GEMM
-  // and a scale pass: the scales go into the GLU (cuda::fp8_matmul_glu, the
-  // same bits); dense BF16 weights past kGemvMaxTokens tokens: gate/up in
-  // bf16 (below); everything else is matmul then glu.
   // Whether matmul_glu(w, x, .., gate_up, out) takes fp8_matmul_glu: FP8
   // weights, the shapes it reads, and fp8_glu_fusable.
   bool fp8_glu_route(const Weight& w, Tensor x, Tensor gate_up, Tensor out) {
@@ -573,6 +569,10 @@ class CudaBackend final : public Backend {
            cuda::fp8_glu_fusable(*gemm_, fp8scratch_, act_, x.rows, w.rows, w.cols);
   }
 
+  // FP8 weights where fp8_matmul would run the unscaled tensor-core GEMM
+  // and a scale pass: the scales go into the GLU (cuda::fp8_matmul_glu, the
+  // same bits); dense BF16 weights past kGemvMaxTokens tokens: gate/up in
+  // bf16 (below); everything else is matmul then glu.
   Status matmul_glu(const Weight& w, Tensor x, Glu kind, Tensor gate_up, Tensor out) override {
     const CudaWeight& rec = record(w);
     if (fp8_glu_route(w, x, gate_up, out)) {
