@@ -10,7 +10,8 @@
 //    equal rms_norm then matmul / matmul_glu on a backend with the fusion
 //    off (RILL_FP8_NORM_QUANT=0), bit for bit, at 1, 2, 9 and 64 tokens
 //    (the GEMV, then the FP8 GEMM), accumulating into y and with a bias,
-//    and leave h the same normed rows.
+//    and leave h the same normed rows; the fused path runs at 64 tokens
+//    (both ops) and not at one (cuda_fused_norm_quant_calls).
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -150,9 +151,23 @@ TEST(Fp8NormQuant, BackendNormMatmulEqualsNormThenMatmul) {
         SCOPED_TRACE(std::string(dtype_name(act)) + ", " + std::to_string(n) + " tokens" +
                      (accumulate ? ", accumulating" : ", with a bias"));
         // The unfused pass twice: whether cuBLASLt repeats its bits here.
+        const int64_t calls0 = cuda_fused_norm_quant_calls();
         const std::vector<uint8_t> want = run(plain, act, x, n, accumulate, bias, y0),
                                    again = run(plain, act, x, n, accumulate, bias, y0);
+        EXPECT_EQ(cuda_fused_norm_quant_calls(), calls0) << "the backend with the fusion off took it";
         const std::vector<uint8_t> got = run(fused, act, x, n, accumulate, bias, y0);
+        const int64_t fused_calls = cuda_fused_norm_quant_calls() - calls0;
+        // One token: the GEMV, nothing quantized. 64: cuBLASLt's FP8 GEMM
+        // for both matrices. 2..9: the GEMM where cuBLASLt has one for the
+        // shape, else the GEMV (printed).
+        if (n == 1) {
+          EXPECT_EQ(fused_calls, 0);
+        }
+        if (n == 64) {
+          EXPECT_EQ(fused_calls, 2) << "norm_matmul and norm_matmul_glu at 64 tokens";
+        }
+        std::printf("[ fp8 norm ] %s %lld tokens: %lld of 2 calls fused\n", std::string(dtype_name(act)).c_str(),
+                    static_cast<long long>(n), static_cast<long long>(fused_calls));
         if (want != again) {
           std::printf("[ fp8 norm ] %s %lld tokens: the unfused pass is not reproducible; not compared\n",
                       std::string(dtype_name(act)).c_str(), static_cast<long long>(n));

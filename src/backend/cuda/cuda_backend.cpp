@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <climits>
 #include <cstdio>
@@ -193,6 +194,8 @@ Error upload_error(cudaError_t e, const std::string& what) {
 // The first pass of place_model() returns vectors that point here: valid
 // to hold, never read.
 const float kSizingVector[1] = {0.0f};
+
+std::atomic<int64_t> g_fused_norm_quant_calls{0};  // cuda_fused_norm_quant_calls()
 
 class CudaBackend final : public Backend {
  public:
@@ -612,6 +615,7 @@ class CudaBackend final : public Backend {
     }
     cuda::rms_norm_fp8(x.f32(), x.stride, w_norm.data, h.rows, h.cols, eps, w_offset, h.dtype, h.data, fp8scratch_.xq,
                        fp8scratch_.xs, stream());
+    g_fused_norm_quant_calls.fetch_add(1, std::memory_order_relaxed);
     RILL_TRY(cuda::fp8_matmul(*gemm_, qscratch_, fp8scratch_, record(w).w.data, act_, h.data, h.rows, w.rows, w.cols,
                               y.f32(), accumulate, stream(), true));
     if (bias) cuda::add_bias(y.f32(), bias.data, y.rows, y.cols, stream());
@@ -624,6 +628,7 @@ class CudaBackend final : public Backend {
     }
     cuda::rms_norm_fp8(x.f32(), x.stride, w_norm.data, h.rows, h.cols, eps, w_offset, h.dtype, h.data, fp8scratch_.xq,
                        fp8scratch_.xs, stream());
+    g_fused_norm_quant_calls.fetch_add(1, std::memory_order_relaxed);
     return cuda::fp8_matmul_glu(*gemm_, fp8scratch_, record(w).w.data, act_, h.data, h.rows, w.rows, w.cols,
                                 kind == Glu::kGeluTanh, gate_up.f32(), out.dtype, out.data, stream(), true);
   }
@@ -1371,6 +1376,10 @@ Status check_options(const CudaBackendOptions& options) {
 }
 
 }  // namespace
+
+int64_t cuda_fused_norm_quant_calls() {
+  return g_fused_norm_quant_calls.load(std::memory_order_relaxed);
+}
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
   RILL_TRY(check_options(options));

@@ -6,6 +6,7 @@
 // are placed in act, or kept in their GGUF blocks where the kernels read
 // them (cuda::quant_supported). place_model() puts a whole model into one
 // device buffer.
+#include <cstdint>
 #include <memory>
 
 #include "backend/backend.h"
@@ -31,6 +32,10 @@ struct CudaBackendOptions {
 // A Backend with a device context and GEMM of its own. Errors where no
 // device can be used or act is not F32/F16/BF16.
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options);
+
+// How many norm_matmul / norm_matmul_glu calls of this process's CUDA
+// backends took the FP8 norm that quantizes (rms_norm_fp8): tests only.
+int64_t cuda_fused_norm_quant_calls();
 
 // For a CUDA runtime (model/cuda_model_base.h): a Backend on the runtime's
 // context (its device and stream) and GEMM, neither owned (both must
