@@ -23,7 +23,7 @@
 // there between tiles.
 #include <mma.h>
 
-#include <cassert>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -252,6 +252,12 @@ bool prefill_tile_kv(DType kv_dtype) {
          kv_dtype == DType::kIQ4_NL || kv_dtype == kKvQ8_0x64 || kv_dtype == kKvIq4Nl64;
 }
 
+void require_prefill_tile_kv(DType kv_dtype, const char* kernel) {
+  if (prefill_tile_kv(kv_dtype)) return;
+  std::fprintf(stderr, "%s: KV type %s is not one it reads\n", kernel, std::string(dtype_name(kv_dtype)).c_str());
+  std::abort();
+}
+
 bool prefill_mma_supported(DType kv_dtype, int32_t head_dim) {
   return prefill_tile_kv(kv_dtype) && (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512);
 }
@@ -291,7 +297,7 @@ void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream) {
     prefill_attention_wide(a, stream);
     return;
   }
-  assert(prefill_tile_kv(a.kv_dtype));
+  require_prefill_tile_kv(a.kv_dtype, "prefill_attention_mma");
   RILL_CUDA_DISPATCH_KV(a.kv_dtype, if constexpr (!std::is_same_v<KvT, detail::KvF32>) launch_hd<KvT>(a, stream));
 }
 

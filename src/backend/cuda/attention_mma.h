@@ -21,6 +21,9 @@ bool prefill_mma_supported(DType kv_dtype, int32_t head_dim);
 // The KV types the WMMA and wide kernels read: every type
 // RILL_CUDA_DISPATCH_KV names but F32.
 bool prefill_tile_kv(DType kv_dtype);
+// Aborts naming `kernel` and the type unless prefill_tile_kv(kv_dtype)
+// (callers check the kernels' supported() first; in every build type).
+void require_prefill_tile_kv(DType kv_dtype, const char* kernel);
 void prefill_attention_mma(const AttentionArgs& a, cudaStream_t stream);
 
 // attention_flash.cu: fragments in registers (mma.sync, ldmatrix, cp.async

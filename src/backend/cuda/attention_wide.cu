@@ -34,7 +34,6 @@
 // first key (as in every prefill kernel), not on other tiles or heads.
 #include <cuda_fp16.h>
 
-#include <cassert>
 #include <type_traits>
 
 #include "backend/cuda/attention_common.cuh"
@@ -414,7 +413,7 @@ bool prefill_wide_supported(DType kv_dtype, int32_t head_dim) {
 
 void prefill_attention_wide(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles <= 0) return;
-  assert(prefill_tile_kv(a.kv_dtype));
+  require_prefill_tile_kv(a.kv_dtype, "prefill_attention_wide");
   RILL_CUDA_DISPATCH_KV(a.kv_dtype, if constexpr (!std::is_same_v<KvT, detail::KvF32>) launch_hd<KvT>(a, stream));
 }
 

@@ -33,8 +33,9 @@ void rms_norm(const float* x, int64_t x_stride, const int32_t* row_ids, const fl
 // FP8 GEMM in the same pass: xq [n_rows, dim] e4m3 and xs [n_rows] f32,
 // the bits quantize_fp8_tokens(out_dtype, out, ...) gives (fp8.h), so the
 // GEMM needs no quantization kernel of its own. Requires
-// rms_norm_fp8_supported (the kernel that holds a row in registers: dim a
-// multiple of 4 up to 4,096, x and out aligned) and xq 4-byte aligned.
+// rms_norm_fp8_supported (the kernel that holds a row in registers, a
+// float4 a thread of rms_norm's block: dim a multiple of 4 up to 256, or
+// 1,024, or 4,096; x and out aligned) and xq 4-byte aligned.
 bool rms_norm_fp8_supported(const float* x, int64_t x_stride, int64_t dim, DType out_dtype, const void* out);
 void rms_norm_fp8(const float* x, int64_t x_stride, const float* w, int64_t n_rows, int64_t dim, float eps,
                   float w_offset, DType out_dtype, void* out, uint8_t* xq, float* xs, cudaStream_t stream);
