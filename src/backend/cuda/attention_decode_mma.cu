@@ -1,10 +1,12 @@
 // Split-KV decode attention on the tensor cores for the quantized KV types
 // (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl and fp8 e4m3; head_dim 64 or 128;
-// 1, 2, 4 or 8 q heads per KV head). Why: the fast decode kernel
+// 1, 2, 4 or 8 q heads per KV head), and for f16 KV's large grids
+// (attention_decode.h decode_mma_takes_f16). Why: the fast decode kernel
 // (attention_decode.cu) converts each element to f32 and spends 2 kG
 // multiply-adds a lane on it; with half or a quarter of f16's bytes that
 // arithmetic, not the bytes, bounded it (docs/perf.md: q8_0 at 0.82x f16's
-// attention time at batch 64, fp8 no faster than f16). Here a warp takes 16
+// attention time at batch 64, fp8 no faster than f16), and so it does f16's
+// where many short contexts leave each block few keys. Here a warp takes 16
 // keys a round and both products are mma.sync m16n8k16 with the GQA
 // group's kG heads as the A rows (rows kG..15 zero): S = Q K^T is 2 x HD / 16
 // MMAs, O += P V HD / 8.
@@ -78,19 +80,28 @@ struct Occ8 {
 };
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// Whether the kernel takes tag KvT at head_dim HD: the types load8h reads
-// whose heads are whole 4-byte words (the blocks of 64, whose heads start
-// at any byte, stay on the fast kernel's span copy), not f16 / bf16 / f32
-// (their decode keeps f32 q and products on the fast kernel).
+// Whether the kernel is built for tag KvT at head_dim HD: the types load8h
+// reads whose heads are whole 4-byte words (the blocks of 64, whose heads
+// start at any byte, stay on the fast kernel's span copy), not bf16 (past
+// f16's range) or f32.
 template <typename KvT, int HD>
-constexpr bool mma_takes() {
-  if constexpr (std::is_same_v<KvT, detail::KvF16> || std::is_same_v<KvT, detail::KvBf16> ||
-                std::is_same_v<KvT, detail::KvF32> || std::is_same_v<KvT, detail::KvQ8_0x64> ||
-                std::is_same_v<KvT, detail::KvIq4Nl64> || !detail::kv_reads_as_f16<KvT>) {
+constexpr bool mma_builds() {
+  if constexpr (std::is_same_v<KvT, detail::KvF16>) {
+    return HD == 64 || HD == 128;
+  } else if constexpr (std::is_same_v<KvT, detail::KvBf16> || std::is_same_v<KvT, detail::KvF32> ||
+                       std::is_same_v<KvT, detail::KvQ8_0x64> || std::is_same_v<KvT, detail::KvIq4Nl64> ||
+                       !detail::kv_reads_as_f16<KvT>) {
     return false;
   } else {
     return (HD == 64 || HD == 128) && HD % KvT::kBlock == 0 && detail::kv_head_bytes<KvT>(HD) % 4 == 0;
   }
+}
+// Whether it takes KvT's decode at every batch: the quantized types it
+// builds for. f16 keeps f32 q and products on the fast kernel where that
+// kernel's grid is resident at once (decode_mma_takes_f16).
+template <typename KvT, int HD>
+constexpr bool mma_takes() {
+  return !std::is_same_v<KvT, detail::KvF16> && mma_builds<KvT, HD>();
 }
 
 template <typename KvT, int HD, int kStages>
@@ -306,7 +317,7 @@ void launch(const AttentionArgs& a, dim3 grid, bool prefetch, cudaStream_t strea
 
 template <typename KvT, int HD, typename Occ>
 void launch_group(const AttentionArgs& a, dim3 grid, bool prefetch, cudaStream_t stream) {
-  if constexpr (mma_takes<KvT, HD>()) {
+  if constexpr (mma_builds<KvT, HD>()) {
     switch (a.n_head / a.n_head_kv) {
       case 1:
         return launch<KvT, HD, 1, Occ>(a, grid, prefetch, stream);
@@ -346,6 +357,18 @@ bool decode_mma_on() {
   const int f = g_forced.load(std::memory_order_relaxed);
   return f >= 0 ? f != 0 : env_decode_mma();
 }
+// RILL_DECODE_MMA_F16: 1 sends f16 KV's large decode grids to the kernel
+// (decode_mma_takes_f16), 0 keeps every f16 grid on the fast kernel;
+// unset: kF16DefaultOn.
+constexpr bool kF16DefaultOn = false;
+bool env_decode_mma_f16() {
+  static const bool on = [] {
+    const char* v = std::getenv("RILL_DECODE_MMA_F16");
+    if (v == nullptr || *v == '\0') return kF16DefaultOn;
+    return std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
 std::atomic<int> g_forced_blocks{0};  // force_decode_mma_blocks' choice; 0: none
 bool occ8() {
   static const bool env = [] {
@@ -367,8 +390,25 @@ bool decode_mma_takes(DType kv_dtype, int32_t head_dim, int32_t group) {
   return takes;
 }
 
+DecodeMmaF16 decode_mma_takes_f16(DType kv_dtype, int32_t head_dim, int32_t group) {
+  if (kv_dtype != DType::kF16 || (head_dim != 64 && head_dim != 128) ||
+      (group != 1 && group != 2 && group != 4 && group != 8)) {
+    return DecodeMmaF16::kNever;
+  }
+  switch (g_forced.load(std::memory_order_relaxed)) {
+    case 0:
+      return DecodeMmaF16::kNever;
+    case 1:
+      return DecodeMmaF16::kAlways;
+    case 2:
+      return DecodeMmaF16::kLargeGrids;
+    default:
+      return env_decode_mma_f16() ? DecodeMmaF16::kLargeGrids : DecodeMmaF16::kNever;
+  }
+}
+
 void force_decode_mma(int on) {
-  g_forced.store(on < 0 ? -1 : on != 0 ? 1 : 0, std::memory_order_relaxed);
+  g_forced.store(on < 0 ? -1 : on == 0 ? 0 : on == 2 ? 2 : 1, std::memory_order_relaxed);
 }
 
 void force_decode_mma_blocks(int blocks_per_sm) {
