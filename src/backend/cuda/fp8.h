@@ -218,6 +218,21 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
                   const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
                   cudaStream_t stream, bool x_quantized = false);
 
+// What fp8_matmul (glu: fp8_matmul_glu) does with this shape: the one
+// routing rule fp8_matmul, fp8_matmul_glu, fp8_quantizes_x and
+// fp8_glu_fusable read, so they cannot drift apart.
+//  kNone      nothing to do (no tokens or rows); glu: not fusable, the
+//             caller runs fp8_matmul then the GLU
+//  kMma       fp8_mma over x quantized by quantize_fp8_tokens
+//  kMmaBf16x  fp8_mma's bf16 form over x as it is
+//  kGemv      fp8_gemv (not for glu)
+//  kGemm      cuBLASLt's FP8 GEMM over quantized x, then its scales (glu:
+//             unscaled, the scales inside the GLU)
+//  kDequant   quant_matmul's dequantize-then-GEMM (not for glu)
+enum class Fp8Route { kNone, kMma, kMmaBf16x, kGemv, kGemm, kDequant };
+Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+                   bool glu);
+
 // Whether fp8_matmul (glu: fp8_matmul_glu, where fp8_glu_fusable) of this
 // shape quantizes x with quantize_fp8_tokens into fp8.xq / fp8.xs: its
 // FP8 GEMM and fp8_mma's e4m3 form, not the GEMV, fp8_mma's bf16 form,

@@ -36,78 +36,93 @@ bool mma_path(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_rows, int64_t n
          fp8_mma_part_floats(n_tokens, n_rows, n_cols, glu) <= fp8.mma_part_floats;
 }
 
+bool x_fits_scratch(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_cols) {
+  return fp8.xq && n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems;
+}
+
 }  // namespace
+
+Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+                   bool glu) {
+  if (n_tokens <= 0 || n_rows <= 0) return Fp8Route::kNone;
+  const bool invariant = gemm.batch_invariant();
+  if (glu && (n_rows % 2 != 0 || invariant)) return Fp8Route::kNone;
+  if (!invariant && mma_path(fp8, n_tokens, n_rows, n_cols, glu)) {
+    return fp8_mma_bf16x_on() && x_dtype == DType::kBF16 ? Fp8Route::kMmaBf16x : Fp8Route::kMma;
+  }
+  const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
+  const bool gemm_ok = gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld);
+  const bool x_gemv = x_dtype == DType::kF32 || x_dtype == DType::kBF16;
+  if (glu) {
+    // The GEMM's scale pass moves into the GLU: not with Gemm's bf16 D or
+    // cuBLASLt's outer-vector scales (no separate pass), not where one token
+    // takes the GEMV.
+    if (gemm.fp8_bf16_d() || (n_tokens == 1 && x_gemv)) return Fp8Route::kNone;
+    return x_fits_scratch(fp8, n_tokens, n_cols) && gemm_ok &&
+                   !gemm.fp8_gemm_outer_scales(n_tokens, n_rows, n_cols, w_ld)
+               ? Fp8Route::kGemm
+               : Fp8Route::kNone;
+  }
+  // The GEMV for one token only: from two tokens on cuBLASLt's FP8 GEMM is
+  // as fast or faster on the H200 (at eight, 3-4x: the GEMV's f32 FMAs per
+  // weight grow with the tokens; docs/perf.md), as bf16 does.
+  if (!invariant && (n_tokens == 1 || !gemm_ok) && n_tokens <= kGemvMaxTokens && x_gemv) return Fp8Route::kGemv;
+  if (!invariant && x_fits_scratch(fp8, n_tokens, n_cols) && gemm_ok) return Fp8Route::kGemm;
+  return Fp8Route::kDequant;
+}
 
 bool fp8_quantizes_x(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                      bool glu) {
-  if (n_tokens <= 0 || n_rows <= 0 || gemm.batch_invariant()) return false;
-  if (mma_path(fp8, n_tokens, n_rows, n_cols, glu)) return !(fp8_mma_bf16x_on() && x_dtype == DType::kBF16);
-  if (glu) return fp8_glu_fusable(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols);
-  const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
-  const bool gemm_ok = gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld);
-  if ((n_tokens == 1 || !gemm_ok) && n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16))
-    return false;  // the GEMV
-  return fp8.xq && n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems && gemm_ok;
+  const Fp8Route r = fp8_route(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, glu);
+  return r == Fp8Route::kMma || r == Fp8Route::kGemm;
+}
+
+bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows,
+                     int64_t n_cols) {
+  return fp8_route(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, true) != Fp8Route::kNone;
 }
 
 Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8, const void* w, DType x_dtype,
                   const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
                   cudaStream_t stream, bool x_quantized) {
-  if (n_tokens <= 0 || n_rows <= 0) return Status::Ok();
-  assert(!x_quantized || fp8_quantizes_x(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, false));
-  const bool invariant = gemm.batch_invariant();
-  const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
-  if (!invariant && mma_path(fp8, n_tokens, n_rows, n_cols, false)) {
-    if (fp8_mma_bf16x_on() && x_dtype == DType::kBF16) {
-      fp8_mma_bf16x(static_cast<const uint8_t*>(w), x, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part,
-                    fp8.mma_part_floats, stream);
+  const Fp8Route route = fp8_route(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, false);
+  assert(!x_quantized || route == Fp8Route::kMma || route == Fp8Route::kGemm);
+  const auto* wb = static_cast<const uint8_t*>(w);
+  switch (route) {
+    case Fp8Route::kNone:
       return Status::Ok();
-    }
-    if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
-    fp8_mma(static_cast<const uint8_t*>(w), fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part,
-            fp8.mma_part_floats, stream);
-    return Status::Ok();
-  }
-  // The GEMV for one token only: from two tokens on cuBLASLt's FP8 GEMM is
-  // as fast or faster on the H200 (at eight, 3-4x: the GEMV's f32 FMAs per
-  // weight grow with the tokens; docs/perf.md), as bf16 does.
-  if (!invariant && (n_tokens == 1 || !gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld)) &&
-      n_tokens <= kGemvMaxTokens && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) {
-    fp8_gemv(static_cast<const uint8_t*>(w), x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
-    return Status::Ok();
-  }
-  if (!invariant && fp8.xq && n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems &&
-      gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld)) {
-    if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
-    return gemm.run_fp8(static_cast<const uint8_t*>(w) + kFp8RowHeader, w_ld, fp8_scales(w, n_rows, n_cols), fp8.xq,
-                        fp8.xs, n_tokens, n_rows, n_cols, y, accumulate, fp8.d, fp8.d_floats);
+    case Fp8Route::kMmaBf16x:
+      fp8_mma_bf16x(wb, x, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part, fp8.mma_part_floats, stream);
+      return Status::Ok();
+    case Fp8Route::kMma:
+      if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+      fp8_mma(wb, fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part, fp8.mma_part_floats, stream);
+      return Status::Ok();
+    case Fp8Route::kGemv:
+      fp8_gemv(wb, x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
+      return Status::Ok();
+    case Fp8Route::kGemm:
+      if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+      return gemm.run_fp8(wb + kFp8RowHeader, static_cast<int64_t>(fp8_row_bytes(n_cols)),
+                          fp8_scales(w, n_rows, n_cols), fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, y, accumulate, fp8.d,
+                          fp8.d_floats);
+    case Fp8Route::kDequant:
+      break;
   }
   return quant_matmul(gemm, scratch, kFp8Rows, w, x_dtype, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
-}
-
-bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows,
-                     int64_t n_cols) {
-  if (n_tokens <= 0 || n_rows <= 0 || n_rows % 2 != 0 || gemm.batch_invariant()) return false;
-  if (mma_path(fp8, n_tokens, n_rows, n_cols, true)) return true;  // fp8_mma_glu
-  if (gemm.fp8_bf16_d()) return false;
-  // fp8_matmul's GEMV for one token (its other GEMV case, no GEMM for the
-  // shape, is excluded below).
-  if (n_tokens == 1 && (x_dtype == DType::kF32 || x_dtype == DType::kBF16)) return false;
-  const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
-  return fp8.xq && n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems &&
-         gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld) &&
-         !gemm.fp8_gemm_outer_scales(n_tokens, n_rows, n_cols, w_ld);
 }
 
 Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
                       int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,
                       cudaStream_t stream, bool x_quantized) {
-  assert(!x_quantized || fp8_quantizes_x(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, true));
+  const Fp8Route route = fp8_route(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, true);
+  assert(route != Fp8Route::kNone);
+  assert(!x_quantized || route == Fp8Route::kMma || route == Fp8Route::kGemm);
   // fp8_matmul's fp8_mma path: the scales and the GLU in its epilogue
   // (gate_up unused), the same sums in the same order as fp8_mma over the
   // whole weight (the same plan: ceil(2 F / 128) = ceil(F / 64) slabs).
-  if (!gemm.batch_invariant() && mma_path(fp8, n_tokens, n_rows, n_cols, true)) {
-    if (fp8_mma_bf16x_on() && x_dtype == DType::kBF16) {
+  if (route == Fp8Route::kMma || route == Fp8Route::kMmaBf16x) {
+    if (route == Fp8Route::kMmaBf16x) {
       fp8_mma_glu_bf16x(static_cast<const uint8_t*>(w), x, n_tokens, n_rows, n_cols, gelu, out_dtype, out, fp8.mma_part,
                         fp8.mma_part_floats, stream);
       return Status::Ok();
