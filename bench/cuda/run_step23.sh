@@ -16,7 +16,8 @@
 #         sections of the kernels matching NCU_KERNELS (default decode
 #         attention; NCU_COUNT of them) under ENVS' entry NCU_ENV (default 0).
 # ENVS: the environments to compare, separated by ";" (default "X=1": one),
-# each a list of VAR=value; e2e runs each in turn ROUNDS times, tl each.
+# each a list of VAR=value; e2e runs each in turn ROUNDS times, tl each
+# (or the indices in TL_ENVS, "0 2").
 # BUDGET (s, default 540) stops starting parts. Logs in /tmp/step23-logs,
 # packed to $OUT; the verdict block prints last (device_out.sh).
 T0=$(date +%s)
@@ -85,7 +86,7 @@ if has tl; then
     python3 $V/timeline_report.py $L/tl_$name.csv > $L/tl_$name.txt 2>&1; head -${TL_LINES:-32} $L/tl_$name.txt
   }
   for b in ${TL_BATCHES:-64 128}; do
-    for i in "${!ENVL[@]}"; do tl b${b}_env$i "${ENVL[$i]}" --profile-step $b; done
+    for i in ${TL_ENVS:-${!ENVL[@]}}; do tl b${b}_env$i "${ENVL[$i]}" --profile-step $b; done
   done
   [ -n "${TL_FP8-1}" ] && tl fp8_b${TL_FP8:-1} "${ENVL[0]}" --quantize fp8 --profile-step ${TL_FP8:-1}
   out_pack

@@ -650,7 +650,7 @@ TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
 // 8,300 keys (33 splits: more than kSplitKeys a split, so a block's chunk
 // loop runs twice), round tails of 1 to 15 keys; within the file comment's
 // tensor-core tolerance; each token's bits the same with the splits merged
-// in the kernel, alone as in the batch, and in both of the kernel's shapes.
+// in the kernel, alone as in the batch, and in each of the kernel's shapes.
 // force_decode_mma for one test's scope.
 struct ForceDecodeMma {
   explicit ForceDecodeMma(int on) { force_decode_mma(on); }
@@ -697,12 +697,12 @@ TEST(CudaAttention, DecodeOnTheTensorCoresMatchesCpu) {
       auto counts = upload(std::vector<int32_t>(static_cast<size_t>(n_decode * c.n_head_kv), 0));
       const auto merged = p.gpu_out(DType::kF32, {}, counts.as<int32_t>());
       for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(merged[i], got[i]) << what << " in-kernel merge " << i;
-      for (const int blocks : {6, 8}) {  // the kernel's two shapes: the same bits
-        force_decode_mma_blocks(blocks);
+      for (const int shape : {6, 8, 2}) {  // the kernel's three shapes: the same bits
+        force_decode_mma_shape(shape);
         const auto shaped = p.gpu_out(DType::kF32);
-        force_decode_mma_blocks(0);
+        force_decode_mma_shape(0);
         for (size_t i = 0; i < want.size(); ++i)
-          ASSERT_EQ(shaped[i], got[i]) << what << " " << blocks << " blocks, " << i;
+          ASSERT_EQ(shaped[i], got[i]) << what << " shape " << shape << ", " << i;
       }
       const int64_t w = c.n_head * c.head_dim;
       for (int s : {0, 3, 6}) {

@@ -55,10 +55,11 @@ bool decode_takes_mma(const AttentionArgs& a, int32_t n_splits_grid, int32_t war
 // kernel's tests keep testing the fast kernel); -1 gives the choice back to
 // the environment and the default. Not for use while kernels are queued.
 void force_decode_mma(int on);
-// For tests: that kernel's shape, 6 or 8 blocks an SM (attention_decode_mma.cu's
-// Occ6 / Occ8; the same bits), whatever RILL_DECODE_MMA_OCC says; 0 gives
-// the choice back. Not for use while kernels are queued.
-void force_decode_mma_blocks(int blocks_per_sm);
+// For tests: that kernel's shape, 6, 8 or 2 (attention_decode_mma.cu's
+// Occ6, Occ8 or Ring2; the same bits), whatever RILL_DECODE_MMA_OCC and the
+// type's default say; 0 gives the choice back. Not for use while kernels
+// are queued.
+void force_decode_mma_shape(int shape);
 // That kernel on decode_attention_fast's grid; prefetch: read the split's
 // rows into L2 before waiting for the preceding kernel (small grids).
 void decode_attention_mma(const AttentionArgs& a, int32_t n_splits_grid, bool prefetch, cudaStream_t stream);

@@ -70,13 +70,19 @@ constexpr int kKeys = 16;  // keys a warp's round
 //    DRAM at 51%: latency bound.
 //  - Occ8: 3 stages, 8 blocks (27 KB each; 128 registers, spills of 10-46
 //    bytes in some instantiations): a third more warps an SM.
+//  - Ring2: 2 stages, 6 blocks; f16's default. Its 256-byte heads make a
+//    stage twice q8_0's, so Occ6 would hold 64 KB a block (3 an SM) and
+//    Occ8 48 KB (4); two stages are 32 KB (6 an SM).
 // The shape changes no arithmetic: the same bits (tested).
-// RILL_DECODE_MMA_OCC=8 takes Occ8.
+// RILL_DECODE_MMA_OCC=6, 8 or 2 takes Occ6, Occ8 or Ring2 for every type.
 struct Occ6 {
   static constexpr int kStages = 4, kBlocksSm = 6;
 };
 struct Occ8 {
   static constexpr int kStages = 3, kBlocksSm = 8;
+};
+struct Ring2 {
+  static constexpr int kStages = 2, kBlocksSm = 6;
 };
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
@@ -369,14 +375,18 @@ bool env_decode_mma_f16() {
   }();
   return on;
 }
-std::atomic<int> g_forced_blocks{0};  // force_decode_mma_blocks' choice; 0: none
-bool occ8() {
-  static const bool env = [] {
+std::atomic<int> g_forced_shape{0};  // force_decode_mma_shape's choice; 0: none
+// The kernel's shape for kv_dtype: 6, 8 or 2 (Occ6, Occ8, Ring2).
+int shape_for(DType kv_dtype) {
+  static const int env = [] {
     const char* v = std::getenv("RILL_DECODE_MMA_OCC");
-    return v != nullptr && std::strcmp(v, "8") == 0;
+    if (v == nullptr) return 0;
+    return std::strcmp(v, "6") == 0 ? 6 : std::strcmp(v, "8") == 0 ? 8 : std::strcmp(v, "2") == 0 ? 2 : 0;
   }();
-  const int f = g_forced_blocks.load(std::memory_order_relaxed);
-  return f != 0 ? f == 8 : env;
+  const int f = g_forced_shape.load(std::memory_order_relaxed);
+  if (f != 0) return f;
+  if (env != 0) return env;
+  return kv_dtype == DType::kF16 ? 2 : 6;
 }
 
 }  // namespace
@@ -411,17 +421,20 @@ void force_decode_mma(int on) {
   g_forced.store(on < 0 ? -1 : on == 0 ? 0 : on == 2 ? 2 : 1, std::memory_order_relaxed);
 }
 
-void force_decode_mma_blocks(int blocks_per_sm) {
-  g_forced_blocks.store(blocks_per_sm == 6 || blocks_per_sm == 8 ? blocks_per_sm : 0, std::memory_order_relaxed);
+void force_decode_mma_shape(int shape) {
+  g_forced_shape.store(shape == 6 || shape == 8 || shape == 2 ? shape : 0, std::memory_order_relaxed);
 }
 
 void decode_attention_mma(const AttentionArgs& a, int32_t n_splits_grid, bool prefetch, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_splits_grid),
                   static_cast<unsigned>(a.n_decode));
-  if (occ8()) {
-    launch_occ<Occ8>(a, grid, prefetch, stream);
-  } else {
-    launch_occ<Occ6>(a, grid, prefetch, stream);
+  switch (shape_for(a.kv_dtype)) {
+    case 8:
+      return launch_occ<Occ8>(a, grid, prefetch, stream);
+    case 2:
+      return launch_occ<Ring2>(a, grid, prefetch, stream);
+    default:
+      return launch_occ<Occ6>(a, grid, prefetch, stream);
   }
 }
 
