@@ -24,6 +24,10 @@ LIBS="-Wl,-rpath,/usr/local/cuda/lib librill_engine.a librill_cuda.a /usr/lib/x8
 /usr/bin/c++ -O2 $objs -o "$V/tests" -L/usr/local/cuda/targets/x86_64-linux/lib $LIBS
 cp bench/bench_cuda "$V/"
 bins="tests bench_cuda"
+# EXTRA_BINS: more of BUILD_DIR's binaries (paths under it), packed by name.
+for e in ${EXTRA_BINS:-}; do
+  cp "$e" "$V/" && bins="$bins $(basename "$e")"
+done
 # BASE_BENCH: another build's bench_cuda, packed as bench_cuda_base for an
 # A/B in the same call (run_step23.sh's AB part).
 if [ -n "${BASE_BENCH:-}" ]; then

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 23, one device call with make_carry_step23.sh's pack. PARTS (default
-# "tests e2e tl ncu") picks, in order:
+# "tests e2e tl ncu"; also kbench, after the tests) picks, in order:
 #  tests  the packed GPU tests under FILTER;
 #  e2e    bench_cuda on the random Llama-3.1-8B bf16 (made in /dev/shm in
 #         the background while the tests run): --steps 16 --batches
@@ -64,6 +64,12 @@ e2e() {  # e2e NAME BIN ENV...: one sweep
   echo "== $name fp8 rc=$?"; grep -E "^decode batch|^prefill" $L/e2e_${name}_fp8.log | cut -c1-110
 }
 IFS=';' read -r -a ENVL <<< "${ENVS:-X=1}"
+# kbench: the FP8 kernels' timings (bench_fp8_kernels packed by EXTRA_BINS).
+if has kbench && [ -x $V/bench_fp8_kernels ]; then
+  tmo ${KBENCH_LIMIT:-90} $V/bench_fp8_kernels ${KBENCH_ARGS:---gemm 0 --mma 0} > $L/kbench.log 2>&1
+  echo "== kbench rc=$?"; grep -v "^\s*$" $L/kbench.log | cut -c1-160 | head -${KBENCH_LINES:-60}
+  out_pack
+fi
 if has e2e; then
   for r in $(seq ${ROUNDS:-1}); do
     [ -x $V/bench_cuda_base ] && e2e base_r$r $V/bench_cuda_base X=1
