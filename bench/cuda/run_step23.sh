@@ -54,16 +54,21 @@ if has tests; then
   out_pack
 fi
 [ -n "${MK:-}" ] && { wait $MK; echo "model made at $(( $(date +%s) - T0 )) s"; }
-e2e() {  # e2e NAME BIN ENV...: one sweep
+e2e() {  # e2e NAME BIN ENV...: one sweep (KINDS: "bf16 fp8" by default)
   local name=$1 bin=$2; shift 2
   [ "$(left)" -lt 40 ] && { echo "== $name skipped (time)"; return; }
-  tmo 70 env "$@" $bin $M --steps 16 --batches ${BATCHES:-1,64,128} > $L/e2e_$name.log 2>&1
-  echo "== $name bf16 rc=$?"; grep -E "^decode batch|^prefill" $L/e2e_$name.log | cut -c1-110
-  [ "${FP8:-1}" = 0 ] && return
+  if [[ " ${KINDS:-bf16 fp8} " == *" bf16 "* ]]; then
+    tmo 70 env "$@" $bin $M --steps 16 --batches ${BATCHES:-1,64,128} > $L/e2e_$name.log 2>&1
+    echo "== $name bf16 rc=$?"; grep -E "^decode batch|^prefill" $L/e2e_$name.log | cut -c1-110
+  fi
+  [ "${FP8:-1}" = 0 ] || [[ " ${KINDS:-bf16 fp8} " != *" fp8 "* ]] && return
+  [ "$(left)" -lt 40 ] && { echo "== $name fp8 skipped (time)"; return; }
   tmo 80 env "$@" $bin $M --quantize fp8 --steps 16 --batches ${FP8_BATCHES:-1,8,64} > $L/e2e_${name}_fp8.log 2>&1
   echo "== $name fp8 rc=$?"; grep -E "^decode batch|^prefill" $L/e2e_${name}_fp8.log | cut -c1-110
 }
 IFS=';' read -r -a ENVL <<< "${ENVS:-X=1}"
+# KINDS_BY_ENV: per entry of ENVS, which sweeps e2e runs ("bf16;bf16;fp8").
+IFS=';' read -r -a KINDS_ENV <<< "${KINDS_BY_ENV:-}"
 # kbench: the FP8 kernels' timings (bench_fp8_kernels packed by EXTRA_BINS).
 if has kbench && [ -x $V/bench_fp8_kernels ]; then
   tmo ${KBENCH_LIMIT:-90} $V/bench_fp8_kernels ${KBENCH_ARGS:---gemm 0 --mma 0} > $L/kbench.log 2>&1
@@ -76,7 +81,7 @@ if has e2e; then
     for i in "${!ENVL[@]}"; do
       echo "== env $i: ${ENVL[$i]}"
       # shellcheck disable=SC2086
-      e2e env${i}_r$r $V/bench_cuda ${ENVL[$i]}
+      KINDS=${KINDS_ENV[$i]:-"bf16 fp8"} e2e env${i}_r$r $V/bench_cuda ${ENVL[$i]}
     done
   done
   out_pack
