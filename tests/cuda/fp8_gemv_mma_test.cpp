@@ -32,6 +32,7 @@
 
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
+#include "core/e4m3.h"
 #include "cuda_test_util.h"
 
 namespace rill::cuda {
@@ -41,14 +42,6 @@ using testing::download;
 using testing::encode;
 using testing::round_to;
 using testing::upload;
-
-// e4m3 (fn) value of a code, exactly (sign, 4 exponent bits of bias 7, 3
-// mantissa bits; subnormals m 2^-9).
-double e4m3_value(uint8_t b) {
-  const int e = (b >> 3) & 15, m = b & 7;
-  const double mag = e == 0 ? std::ldexp(static_cast<double>(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (b & 0x80) ? -mag : mag;
-}
 
 // FP8 weights made on the host: every finite code equally likely (the NaN
 // codes 0x7f / 0xff become +-448), row scales from 2^-14 to 2^-4 (row 0:

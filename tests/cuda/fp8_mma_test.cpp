@@ -31,6 +31,7 @@
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
+#include "core/e4m3.h"
 #include "cuda_test_util.h"
 
 namespace rill::cuda {
@@ -41,14 +42,6 @@ using testing::encode;
 using testing::random_floats;
 using testing::round_to;
 using testing::upload;
-
-// e4m3 (fn) value of a code, exactly (sign, 4 exponent bits of bias 7, 3
-// mantissa bits; subnormals m 2^-9).
-double e4m3_value(uint8_t b) {
-  const int e = (b >> 3) & 15, m = b & 7;
-  const double mag = e == 0 ? std::ldexp(static_cast<double>(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (b & 0x80) ? -mag : mag;
-}
 
 DeviceBuffer alloc(size_t bytes) {
   auto b = DeviceBuffer::allocate(bytes + 16, "test buffer");
