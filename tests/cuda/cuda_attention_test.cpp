@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -782,15 +783,17 @@ TEST(CudaAttention, DecodeBlocksOfFourAndTwoWarpsMatchCpu) {
 
 // f16 KV's large decode grids on the tensor-core kernel
 // (decode_mma_takes_f16's kLargeGrids, here by force_decode_mma(2)): a grid
-// the fast kernel cannot hold resident in 8-warp blocks (48 decode tokens of
-// up to 4,100 keys) takes it, within the tensor-core tolerance of the CPU
-// and with kAlways's bits (the same kernel); the same grid with a block
-// size asked for (batch-invariant mode's 8) and a token alone (a small
-// grid) stay on the fast kernel, with its bits and its tolerance.
+// the fast kernel cannot hold resident in 8-warp blocks (8 KV heads x 17
+// splits x 9 decode tokens, 1,224 blocks, against 264 on an H200) takes
+// it, within the tensor-core tolerance of the CPU, with kAlways's bits (the
+// same kernel) and not the fast kernel's; the same grid with a block size
+// asked for (batch-invariant mode's 8) and a token alone (a small grid)
+// stay on the fast kernel, with its bits and its tolerance.
 TEST(CudaAttention, DecodeF16LargeGridsTakeTheTensorCores) {
   RILL_REQUIRE_GPU();
+  if (std::getenv("RILL_DECODE_WARPS") != nullptr) GTEST_SKIP() << "RILL_DECODE_WARPS pins the fast kernel's blocks";
   const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {1, 1}, {1, 150}, {2, 257}, {1, 4100}};
-  for (const Case& c : {Case{32, 8, 128, 0, 0.0f, DType::kF16}, Case{8, 1, 64, 37, 0.5f, DType::kF16}}) {
+  for (const Case& c : {Case{32, 8, 128, 0, 0.0f, DType::kF16}, Case{64, 8, 64, 37, 0.5f, DType::kF16}}) {
     const std::string what = "heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv);
     const Paged p(c, seqs);
     const auto want = p.cpu_out();
@@ -810,20 +813,23 @@ TEST(CudaAttention, DecodeF16LargeGridsTakeTheTensorCores) {
     ASSERT_TRUE(p.decoded_on_mma()) << what;
     ASSERT_EQ(got.size(), want.size());
     double max_err = 0;
+    size_t not_fast = 0;  // the tensor-core rounding shows somewhere
     for (size_t i = 0; i < want.size(); ++i) {
       ASSERT_NEAR(got[i], want[i], p.tolerance(i)) << what << " elem " << i;
       ASSERT_EQ(got[i], always[i]) << what << " elem " << i;
       max_err = std::max(max_err, std::fabs(double{got[i]} - want[i]));
+      not_fast += got[i] != fast8[i];
     }
+    EXPECT_GT(not_fast, 0u) << what << ": the fast kernel's outputs";
     std::printf("[ cuda mma decode ] f16 large grid %-18s max |out - cpu| %.2e\n", what.c_str(), max_err);
     const auto pinned = p.gpu_out(DType::kF32, {}, nullptr, false, 8);
     ASSERT_FALSE(p.decoded_on_mma()) << what;
     for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(pinned[i], fast8[i]) << what << " warps 8, elem " << i;
-    const auto alone = p.gpu_out(DType::kF32, {0});
+    const auto alone = p.gpu_out(DType::kF32, {4});  // one token of 150 keys: 8 blocks
     ASSERT_FALSE(p.decoded_on_mma()) << what;
-    for (int32_t i = 0; i < c.n_head * c.head_dim; ++i) {
-      ASSERT_NEAR(alone[static_cast<size_t>(i)], want[static_cast<size_t>(i)], p.tolerance(static_cast<size_t>(i)))
-          << what << " alone, elem " << i;
+    const size_t w = static_cast<size_t>(c.n_head * c.head_dim), t0 = static_cast<size_t>(p.first_token(4));
+    for (size_t i = t0 * w; i < (t0 + 1) * w; ++i) {
+      ASSERT_NEAR(alone[i], want[i], p.tolerance(i)) << what << " alone, elem " << i;
     }
   }
 }

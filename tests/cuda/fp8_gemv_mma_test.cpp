@@ -80,10 +80,12 @@ struct Weights {
   const uint8_t* w() const { return device.as<uint8_t>(); }
 };
 
-// Token t's activations by kind (t % 5): ordinary (uniform in [-1, 1], a
+// Token t's activations by kind (t % 8): ordinary (uniform in [-1, 1], a
 // few exact zeros); ordinary with values past f16's range (1e5, +-3e6); all
 // tiny (1e-6: f16 subnormals unless scaled up); all huge (1e30); ordinary
-// with every third value tiny (1e-7). Rounded to bf16.
+// with every third value tiny (1e-7); all zero (the scale's clamp); bf16
+// subnormals (1e-39: below the range the scaling keeps exact, still no
+// NaN); ordinary. Rounded to bf16.
 std::vector<float> activations(int64_t n_tokens, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
@@ -91,7 +93,7 @@ std::vector<float> activations(int64_t n_tokens, int64_t cols, uint32_t seed) {
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t c = 0; c < cols; ++c) {
       float v = c % 53 == 5 ? 0.0f : d(rng);
-      switch (t % 5) {
+      switch (t % 8) {
         case 1:
           if (c % 97 == 3) v *= 1e5f;
           if (c % 211 == 7) v = c % 2 ? 3e6f : -3e6f;
@@ -104,6 +106,12 @@ std::vector<float> activations(int64_t n_tokens, int64_t cols, uint32_t seed) {
           break;
         case 4:
           if (c % 3 == 0) v *= 1e-7f;
+          break;
+        case 5:
+          v = 0.0f;
+          break;
+        case 6:
+          v *= 1e-39f;
           break;
         default:
           break;
@@ -217,6 +225,26 @@ TEST(Fp8GemvMma, MatchesTheExactSum) {
     }
   }
   std::printf("[ fp8 gemv mma ] worst |error| / sum |w x| = %.3g\n", worst);
+}
+
+// An inf or NaN activation makes its token's outputs non-finite (every
+// row: a zero weight times inf is NaN too), and leaves the batch's other
+// tokens as they are alone.
+TEST(Fp8GemvMma, NonFiniteActivationsStayNonFinite) {
+  RILL_REQUIRE_GPU();
+  const Weights w(33, 4096, 7);
+  std::vector<float> x = activations(3, 4096, 29);
+  x[4096 + 100] = INFINITY;
+  x[2 * 4096 + 7] = NAN;
+  const DeviceBuffer xd = upload(encode(DType::kBF16, x));
+  const std::vector<float> batch = run(w, xd, 0, 3, false, {});
+  const std::vector<float> first = run(w, xd, 0, 1, false, {});
+  for (int64_t r = 0; r < w.rows; ++r) {
+    EXPECT_EQ(std::memcmp(&batch[r], &first[r], 4), 0) << "finite token, row " << r;
+    EXPECT_TRUE(std::isfinite(first[r])) << "row " << r;
+    EXPECT_FALSE(std::isfinite(batch[w.rows + r])) << "inf token, row " << r;
+    EXPECT_FALSE(std::isfinite(batch[2 * w.rows + r])) << "NaN token, row " << r;
+  }
 }
 
 TEST(Fp8GemvMma, ATokensResultDoesNotDependOnTheBatch) {

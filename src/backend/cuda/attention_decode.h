@@ -43,7 +43,8 @@ bool decode_mma_takes(DType kv_dtype, int32_t head_dim, int32_t group);
 // outputs then carry the tensor-core rounding, as the quantized types'
 // always do, and depend on the grid as the fast kernel's block size already
 // makes them (batch-invariant mode fixes warps at 8: never this kernel).
-// kAlways: every f16 grid (force_decode_mma(1), tests).
+// RILL_DECODE_MMA=0 turns this route off too. kAlways: every f16 grid
+// (force_decode_mma(1), tests).
 enum class DecodeMmaF16 { kNever, kLargeGrids, kAlways };
 DecodeMmaF16 decode_mma_takes_f16(DType kv_dtype, int32_t head_dim, int32_t group);
 // Whether decode_attention_fast(a, n_splits_grid, stream, warps, work)

@@ -72,7 +72,11 @@ constexpr int kKeys = 16;  // keys a warp's round
 //    bytes in some instantiations): a third more warps an SM.
 //  - Ring2: 2 stages, 6 blocks; f16's default. Its 256-byte heads make a
 //    stage twice q8_0's, so Occ6 would hold 64 KB a block (3 an SM) and
-//    Occ8 48 KB (4); two stages are 32 KB (6 an SM).
+//    Occ8 48 KB (4); two stages are 32 KB (6 an SM). f16 at head_dim 128
+//    takes 168 registers and a 56-64 byte stack frame in every shape
+//    (cuobjdump, CUDA 13.0; a cap of 5 blocks, 204 registers, kept it, so
+//    it is not the register cap; the quantized types have none): to look
+//    at if ncu shows local-memory traffic.
 // The shape changes no arithmetic: the same bits (tested).
 // RILL_DECODE_MMA_OCC=6, 8 or 2 takes Occ6, Occ8 or Ring2 for every type.
 struct Occ6 {
@@ -412,8 +416,8 @@ DecodeMmaF16 decode_mma_takes_f16(DType kv_dtype, int32_t head_dim, int32_t grou
       return DecodeMmaF16::kAlways;
     case 2:
       return DecodeMmaF16::kLargeGrids;
-    default:
-      return env_decode_mma_f16() ? DecodeMmaF16::kLargeGrids : DecodeMmaF16::kNever;
+    default:  // RILL_DECODE_MMA=0 sends f16 back too
+      return env_decode_mma() && env_decode_mma_f16() ? DecodeMmaF16::kLargeGrids : DecodeMmaF16::kNever;
   }
 }
 

@@ -56,24 +56,27 @@ Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_t
   if (!invariant && mma_path(fp8, n_tokens, n_rows, n_cols, glu)) {
     return fp8_mma_bf16x_on() && x_dtype == DType::kBF16 ? Fp8Route::kMmaBf16x : Fp8Route::kMma;
   }
+  // cuBLASLt is asked about the shape (a plan made and kept per shape)
+  // only where the answer decides the route, as before fp8_route.
   const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
-  const bool gemm_ok = gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld);
+  auto gemm_ok = [&] { return gemm.fp8_gemm_supported(n_tokens, n_rows, n_cols, w_ld); };
   const bool x_gemv = x_dtype == DType::kF32 || x_dtype == DType::kBF16;
   if (glu) {
     // The GEMM's scale pass moves into the GLU: not with Gemm's bf16 D or
     // cuBLASLt's outer-vector scales (no separate pass), not where one token
     // takes the GEMV.
     if (gemm.fp8_bf16_d() || (n_tokens == 1 && x_gemv)) return Fp8Route::kNone;
-    return x_fits_scratch(fp8, n_tokens, n_cols) && gemm_ok &&
+    return x_fits_scratch(fp8, n_tokens, n_cols) && gemm_ok() &&
                    !gemm.fp8_gemm_outer_scales(n_tokens, n_rows, n_cols, w_ld)
                ? Fp8Route::kGemm
                : Fp8Route::kNone;
   }
+  if (invariant) return Fp8Route::kDequant;
   // The GEMV for one token only: from two tokens on cuBLASLt's FP8 GEMM is
   // as fast or faster on the H200 (at eight, 3-4x: the GEMV's f32 FMAs per
   // weight grow with the tokens; docs/perf.md), as bf16 does.
-  if (!invariant && (n_tokens == 1 || !gemm_ok) && n_tokens <= kGemvMaxTokens && x_gemv) return Fp8Route::kGemv;
-  if (!invariant && x_fits_scratch(fp8, n_tokens, n_cols) && gemm_ok) return Fp8Route::kGemm;
+  if (n_tokens <= kGemvMaxTokens && x_gemv && (n_tokens == 1 || !gemm_ok())) return Fp8Route::kGemv;
+  if (x_fits_scratch(fp8, n_tokens, n_cols) && gemm_ok()) return Fp8Route::kGemm;
   return Fp8Route::kDequant;
 }
 
