@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -254,24 +253,20 @@ class Paged {
       work = decode_work_bucket(splits);
     }
     if (chosen) *chosen = decode_fast_warps(a, decode_splits(max_len), warps, work);
-    on_mma_ = !general && !decode_tokens.empty() && decode_takes_mma(a, decode_splits(max_len), warps, work);
     attention(a, nullptr, warps, work);
     return decode(out_dtype, download<uint8_t>(dout, q_.size() * es));
   }
 
-  // Whether the last gpu_out's decode tokens ran on the tensor-core decode
-  // kernel (attention_decode.h decode_takes_mma).
-  bool decoded_on_mma() const { return on_mma_; }
-
-  // The absolute tolerance of token t's outputs from the last gpu_out (see
-  // the file comment); general: the output of the general decode kernel
-  // (f32 throughout).
+  // The absolute tolerance of token t's outputs (see the file comment);
+  // general: the output of the general decode kernel (f32 throughout).
   double tolerance(size_t elem, bool general = false) const {
     const size_t t = elem / static_cast<size_t>(c_.n_head * c_.head_dim);
     int32_t t0 = 0;
     for (const SeqSpec& s : seqs_) {
       if (t < static_cast<size_t>(t0 + s.q_len)) {
-        if (s.q_len <= kDecodeMaxQ) return !general && on_mma_ ? 3e-3 : 2e-5;
+        if (s.q_len <= kDecodeMaxQ) {
+          return !general && decode_mma_takes(c_.kv, c_.head_dim, c_.n_head / c_.n_head_kv) ? 3e-3 : 2e-5;
+        }
         return prefill_tile_q(c_.kv, c_.head_dim) == kPrefillTileQMma ? 3e-3 : 2e-5;
       }
       t0 += s.q_len;
@@ -297,7 +292,6 @@ class Paged {
   std::vector<int32_t> tables_, table_start_, seq_of_, pos_;
   std::vector<uint8_t> k_, v_;
   std::vector<float> k_raw_, v_raw_, q_, sinks_;
-  mutable bool on_mma_ = false;  // the last gpu_out's decode route
 };
 
 TEST(CudaAttention, MatchesCpuOnPagedKv) {
@@ -646,12 +640,12 @@ TEST(CudaAttention, DecodeTokensAreBatchInvariant) {
 }
 
 // The tensor-core decode kernel (attention_decode_mma.cu) for every type it
-// takes (f16 forced at every grid), against the CPU over the stored values: head_dim 64 and 128, GQA 1,
+// takes, against the CPU over the stored values: head_dim 64 and 128, GQA 1,
 // 2, 4 and 8, a window, softcap, sinks (one dominant, one vanishing), 1 to
 // 8,300 keys (33 splits: more than kSplitKeys a split, so a block's chunk
 // loop runs twice), round tails of 1 to 15 keys; within the file comment's
 // tensor-core tolerance; each token's bits the same with the splits merged
-// in the kernel, alone as in the batch, and in each of the kernel's shapes.
+// in the kernel, alone as in the batch, and in both of the kernel's shapes.
 // force_decode_mma for one test's scope.
 struct ForceDecodeMma {
   explicit ForceDecodeMma(int on) { force_decode_mma(on); }
@@ -674,18 +668,18 @@ TEST(CudaAttention, DecodeOnTheTensorCoresMatchesCpu) {
                           {32, 8, 128, 0, 0.5f, false},
                           {64, 8, 64, 128, 0.0f, true}};
   for (const DType kv :
-       {DType::kF16, kF8E4M3, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL}) {
+       {kF8E4M3, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL}) {
     for (const Shape& sh : shapes) {
       const Case c{sh.n_head, sh.n_head_kv, sh.head_dim, sh.window, sh.softcap, kv};
       const std::string what = std::string(dtype_name(kv)) + " heads " + std::to_string(c.n_head) + "/" +
                                std::to_string(c.n_head_kv) + " hd " + std::to_string(c.head_dim);
+      ASSERT_TRUE(decode_mma_takes(kv, c.head_dim, c.n_head / c.n_head_kv)) << what;
       Paged p(c, seqs);
       if (sh.sinks) {
         p.set_sinks(test_sinks(c.n_head, 23));
       }
       const auto want = p.cpu_out();
       const auto got = p.gpu_out(DType::kF32);
-      ASSERT_TRUE(p.decoded_on_mma()) << what;  // f16 too: forced on at every grid
       ASSERT_EQ(got.size(), want.size());
       double max_err = 0;
       for (size_t i = 0; i < want.size(); ++i) {
@@ -698,12 +692,12 @@ TEST(CudaAttention, DecodeOnTheTensorCoresMatchesCpu) {
       auto counts = upload(std::vector<int32_t>(static_cast<size_t>(n_decode * c.n_head_kv), 0));
       const auto merged = p.gpu_out(DType::kF32, {}, counts.as<int32_t>());
       for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(merged[i], got[i]) << what << " in-kernel merge " << i;
-      for (const int shape : {6, 8, 2}) {  // the kernel's three shapes: the same bits
-        force_decode_mma_shape(shape);
+      for (const int blocks : {6, 8}) {  // the kernel's two shapes: the same bits
+        force_decode_mma_blocks(blocks);
         const auto shaped = p.gpu_out(DType::kF32);
-        force_decode_mma_shape(0);
+        force_decode_mma_blocks(0);
         for (size_t i = 0; i < want.size(); ++i)
-          ASSERT_EQ(shaped[i], got[i]) << what << " shape " << shape << ", " << i;
+          ASSERT_EQ(shaped[i], got[i]) << what << " " << blocks << " blocks, " << i;
       }
       const int64_t w = c.n_head * c.head_dim;
       for (int s : {0, 3, 6}) {
@@ -777,59 +771,6 @@ TEST(CudaAttention, DecodeBlocksOfFourAndTwoWarpsMatchCpu) {
     for (size_t i = 0; i < want.size(); ++i) {
       ASSERT_NEAR(got[i], want[i], p.tolerance(i)) << "80 tokens, " << dtype_name(kv) << " elem " << i;
       ASSERT_EQ(got[i], forced[i]) << "80 tokens, " << dtype_name(kv) << " elem " << i;
-    }
-  }
-}
-
-// f16 KV's large decode grids on the tensor-core kernel
-// (decode_mma_takes_f16's kLargeGrids, here by force_decode_mma(2)): a grid
-// the fast kernel cannot hold resident in 8-warp blocks (8 KV heads x 17
-// splits x 9 decode tokens, 1,224 blocks, against 264 on an H200) takes
-// it, within the tensor-core tolerance of the CPU, with kAlways's bits (the
-// same kernel) and not the fast kernel's; the same grid with a block size
-// asked for (batch-invariant mode's 8) and a token alone (a small grid)
-// stay on the fast kernel, with its bits and its tolerance.
-TEST(CudaAttention, DecodeF16LargeGridsTakeTheTensorCores) {
-  RILL_REQUIRE_GPU();
-  if (std::getenv("RILL_DECODE_WARPS") != nullptr) GTEST_SKIP() << "RILL_DECODE_WARPS pins the fast kernel's blocks";
-  const std::vector<SeqSpec> seqs = {{1, 1000}, {40, 50}, {3, 300}, {1, 1}, {1, 150}, {2, 257}, {1, 4100}};
-  for (const Case& c : {Case{32, 8, 128, 0, 0.0f, DType::kF16}, Case{64, 8, 64, 37, 0.5f, DType::kF16}}) {
-    const std::string what = "heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv);
-    const Paged p(c, seqs);
-    const auto want = p.cpu_out();
-    std::vector<float> always, fast8;
-    {
-      const ForceDecodeMma on(1);
-      always = p.gpu_out(DType::kF32);
-      ASSERT_TRUE(p.decoded_on_mma()) << what;
-    }
-    {
-      const ForceDecodeMma off(0);
-      fast8 = p.gpu_out(DType::kF32, {}, nullptr, false, 8);
-      ASSERT_FALSE(p.decoded_on_mma()) << what;
-    }
-    const ForceDecodeMma large(2);
-    const auto got = p.gpu_out(DType::kF32);
-    ASSERT_TRUE(p.decoded_on_mma()) << what;
-    ASSERT_EQ(got.size(), want.size());
-    double max_err = 0;
-    size_t not_fast = 0;  // the tensor-core rounding shows somewhere
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_NEAR(got[i], want[i], p.tolerance(i)) << what << " elem " << i;
-      ASSERT_EQ(got[i], always[i]) << what << " elem " << i;
-      max_err = std::max(max_err, std::fabs(double{got[i]} - want[i]));
-      not_fast += got[i] != fast8[i];
-    }
-    EXPECT_GT(not_fast, 0u) << what << ": the fast kernel's outputs";
-    std::printf("[ cuda mma decode ] f16 large grid %-18s max |out - cpu| %.2e\n", what.c_str(), max_err);
-    const auto pinned = p.gpu_out(DType::kF32, {}, nullptr, false, 8);
-    ASSERT_FALSE(p.decoded_on_mma()) << what;
-    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(pinned[i], fast8[i]) << what << " warps 8, elem " << i;
-    const auto alone = p.gpu_out(DType::kF32, {4});  // one token of 150 keys: 8 blocks
-    ASSERT_FALSE(p.decoded_on_mma()) << what;
-    const size_t w = static_cast<size_t>(c.n_head * c.head_dim), t0 = static_cast<size_t>(p.first_token(4));
-    for (size_t i = t0 * w; i < (t0 + 1) * w; ++i) {
-      ASSERT_NEAR(alone[i], want[i], p.tolerance(i)) << what << " alone, elem " << i;
     }
   }
 }

@@ -722,33 +722,13 @@ int32_t decode_fast_warps(const AttentionArgs& a, int32_t n_splits_grid, int32_t
   return w;
 }
 
-bool decode_takes_mma(const AttentionArgs& a, int32_t n_splits_grid, int32_t warps, int32_t work) {
-  // Planes aligned as the kernel's 16-, 8- or 4-byte copies need.
-  if (reinterpret_cast<uintptr_t>(a.k_cache) % 16 != 0 || reinterpret_cast<uintptr_t>(a.v_cache) % 16 != 0) {
-    return false;
-  }
-  const int32_t group = a.n_head / a.n_head_kv;
-  if (decode_mma_takes(a.kv_dtype, a.head_dim, group)) return true;  // the quantized types, whatever the batch
-  switch (decode_mma_takes_f16(a.kv_dtype, a.head_dim, group)) {
-    case DecodeMmaF16::kAlways:
-      return true;
-    case DecodeMmaF16::kNever:
-      return false;
-    case DecodeMmaF16::kLargeGrids:
-      break;
-  }
-  if (warps != 0 || env_decode_warps() != 0) return false;  // a block size asked for: the fast kernel's
-  bool large = false;
-  for_shape(a, [&]<typename KV, int kHd, int kG>() {
-    large = working_blocks(decode_grid(a, n_splits_grid), work) > resident_blocks<KV, kHd, kG, kWarps>();
-  });
-  return large;
-}
-
 void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaStream_t stream, int32_t warps,
                            int32_t work) {
   const dim3 grid = decode_grid(a, n_splits_grid);
-  if (decode_takes_mma(a, n_splits_grid, warps, work)) {  // attention_decode_mma.cu
+  // The quantized types on the tensor cores (attention_decode_mma.cu),
+  // whatever the batch; planes aligned as its 16-, 8- or 4-byte copies need.
+  if (decode_mma_takes(a.kv_dtype, a.head_dim, a.n_head / a.n_head_kv) &&
+      reinterpret_cast<uintptr_t>(a.k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(a.v_cache) % 16 == 0) {
     return decode_attention_mma(a, n_splits_grid, working_blocks(grid, work) <= kPrefetchMaxBlocks, stream);
   }
   for_shape(a, [&]<typename KV, int kHd, int kG>() { launch_one<KV, kHd, kG>(a, grid, warps, work, stream); });

@@ -34,33 +34,15 @@ void decode_attention_fast(const AttentionArgs& a, int32_t n_splits_grid, cudaSt
 // tensor-core prefill's f16 rounding (q, the probabilities, the values);
 // its block shape is fixed, so `warps` does not apply to it.
 bool decode_mma_takes(DType kv_dtype, int32_t head_dim, int32_t group);
-// Where decode_attention_fast sends f16 KV's decode to that kernel (head_dim
-// 64 or 128, groups 1, 2, 4 or 8). kLargeGrids (RILL_DECODE_MMA_F16=1):
-// grids the fast kernel cannot hold resident at once in 8-warp blocks, when
-// its `warps` is left to the grid (0) and RILL_DECODE_WARPS is unset. There
-// (batch 64 of the 8B at short contexts: 512 blocks) the fast kernel's f32
-// products and conversions, not the bytes, bound it; such a token's
-// outputs then carry the tensor-core rounding, as the quantized types'
-// always do, and depend on the grid as the fast kernel's block size already
-// makes them (batch-invariant mode fixes warps at 8: never this kernel).
-// RILL_DECODE_MMA=0 turns this route off too. kAlways: every f16 grid
-// (force_decode_mma(1), tests).
-enum class DecodeMmaF16 { kNever, kLargeGrids, kAlways };
-DecodeMmaF16 decode_mma_takes_f16(DType kv_dtype, int32_t head_dim, int32_t group);
-// Whether decode_attention_fast(a, n_splits_grid, stream, warps, work)
-// runs the tensor-core kernel (decode_mma_takes or decode_mma_takes_f16).
-bool decode_takes_mma(const AttentionArgs& a, int32_t n_splits_grid, int32_t warps = 0, int32_t work = 0);
-// For tests: 1 / 0 puts that kernel on / off for this process (f16 at
-// every grid / at none), 2 on with f16 at large grids (kLargeGrids),
-// whatever RILL_DECODE_MMA and RILL_DECODE_MMA_F16 say (so its test runs in every GPU suite, and the fast
+// For tests: 1 / 0 puts that kernel on / off for this process whatever
+// RILL_DECODE_MMA says (so its test runs in every GPU suite, and the fast
 // kernel's tests keep testing the fast kernel); -1 gives the choice back to
 // the environment and the default. Not for use while kernels are queued.
 void force_decode_mma(int on);
-// For tests: that kernel's shape, 6, 8 or 2 (attention_decode_mma.cu's
-// Occ6, Occ8 or Ring2; the same bits), whatever RILL_DECODE_MMA_OCC and the
-// type's default say; 0 gives the choice back. Not for use while kernels
-// are queued.
-void force_decode_mma_shape(int shape);
+// For tests: that kernel's shape, 6 or 8 blocks an SM (attention_decode_mma.cu's
+// Occ6 / Occ8; the same bits), whatever RILL_DECODE_MMA_OCC says; 0 gives
+// the choice back. Not for use while kernels are queued.
+void force_decode_mma_blocks(int blocks_per_sm);
 // That kernel on decode_attention_fast's grid; prefetch: read the split's
 // rows into L2 before waiting for the preceding kernel (small grids).
 void decode_attention_mma(const AttentionArgs& a, int32_t n_splits_grid, bool prefetch, cudaStream_t stream);

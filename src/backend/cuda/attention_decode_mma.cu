@@ -1,12 +1,10 @@
 // Split-KV decode attention on the tensor cores for the quantized KV types
 // (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl and fp8 e4m3; head_dim 64 or 128;
-// 1, 2, 4 or 8 q heads per KV head), and for f16 KV's large grids
-// (attention_decode.h decode_mma_takes_f16). Why: the fast decode kernel
+// 1, 2, 4 or 8 q heads per KV head). Why: the fast decode kernel
 // (attention_decode.cu) converts each element to f32 and spends 2 kG
 // multiply-adds a lane on it; with half or a quarter of f16's bytes that
 // arithmetic, not the bytes, bounded it (docs/perf.md: q8_0 at 0.82x f16's
-// attention time at batch 64, fp8 no faster than f16), and so it does f16's
-// where many short contexts leave each block few keys. Here a warp takes 16
+// attention time at batch 64, fp8 no faster than f16). Here a warp takes 16
 // keys a round and both products are mma.sync m16n8k16 with the GQA
 // group's kG heads as the A rows (rows kG..15 zero): S = Q K^T is 2 x HD / 16
 // MMAs, O += P V HD / 8.
@@ -70,48 +68,29 @@ constexpr int kKeys = 16;  // keys a warp's round
 //    DRAM at 51%: latency bound.
 //  - Occ8: 3 stages, 8 blocks (27 KB each; 128 registers, spills of 10-46
 //    bytes in some instantiations): a third more warps an SM.
-//  - Ring2: 2 stages, 6 blocks; f16's default. Its 256-byte heads make a
-//    stage twice q8_0's, so Occ6 would hold 64 KB a block (3 an SM) and
-//    Occ8 48 KB (4); two stages are 32 KB (6 an SM). f16 at head_dim 128
-//    takes 168 registers and a 56-64 byte stack frame in every shape
-//    (cuobjdump, CUDA 13.0; a cap of 5 blocks, 204 registers, kept it, so
-//    it is not the register cap; the quantized types have none): to look
-//    at if ncu shows local-memory traffic.
 // The shape changes no arithmetic: the same bits (tested).
-// RILL_DECODE_MMA_OCC=6, 8 or 2 takes Occ6, Occ8 or Ring2 for every type.
+// RILL_DECODE_MMA_OCC=8 takes Occ8.
 struct Occ6 {
   static constexpr int kStages = 4, kBlocksSm = 6;
 };
 struct Occ8 {
   static constexpr int kStages = 3, kBlocksSm = 8;
 };
-struct Ring2 {
-  static constexpr int kStages = 2, kBlocksSm = 6;
-};
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// Whether the kernel is built for tag KvT at head_dim HD: the types load8h
-// reads whose heads are whole 4-byte words (the blocks of 64, whose heads
-// start at any byte, stay on the fast kernel's span copy), not bf16 (past
-// f16's range) or f32.
+// Whether the kernel takes tag KvT at head_dim HD: the types load8h reads
+// whose heads are whole 4-byte words (the blocks of 64, whose heads start
+// at any byte, stay on the fast kernel's span copy), not f16 / bf16 / f32
+// (their decode keeps f32 q and products on the fast kernel).
 template <typename KvT, int HD>
-constexpr bool mma_builds() {
-  if constexpr (std::is_same_v<KvT, detail::KvF16>) {
-    return HD == 64 || HD == 128;
-  } else if constexpr (std::is_same_v<KvT, detail::KvBf16> || std::is_same_v<KvT, detail::KvF32> ||
-                       std::is_same_v<KvT, detail::KvQ8_0x64> || std::is_same_v<KvT, detail::KvIq4Nl64> ||
-                       !detail::kv_reads_as_f16<KvT>) {
+constexpr bool mma_takes() {
+  if constexpr (std::is_same_v<KvT, detail::KvF16> || std::is_same_v<KvT, detail::KvBf16> ||
+                std::is_same_v<KvT, detail::KvF32> || std::is_same_v<KvT, detail::KvQ8_0x64> ||
+                std::is_same_v<KvT, detail::KvIq4Nl64> || !detail::kv_reads_as_f16<KvT>) {
     return false;
   } else {
     return (HD == 64 || HD == 128) && HD % KvT::kBlock == 0 && detail::kv_head_bytes<KvT>(HD) % 4 == 0;
   }
-}
-// Whether it takes KvT's decode at every batch: the quantized types it
-// builds for. f16 keeps f32 q and products on the fast kernel where that
-// kernel's grid is resident at once (decode_mma_takes_f16).
-template <typename KvT, int HD>
-constexpr bool mma_takes() {
-  return !std::is_same_v<KvT, detail::KvF16> && mma_builds<KvT, HD>();
 }
 
 template <typename KvT, int HD, int kStages>
@@ -327,7 +306,7 @@ void launch(const AttentionArgs& a, dim3 grid, bool prefetch, cudaStream_t strea
 
 template <typename KvT, int HD, typename Occ>
 void launch_group(const AttentionArgs& a, dim3 grid, bool prefetch, cudaStream_t stream) {
-  if constexpr (mma_builds<KvT, HD>()) {
+  if constexpr (mma_takes<KvT, HD>()) {
     switch (a.n_head / a.n_head_kv) {
       case 1:
         return launch<KvT, HD, 1, Occ>(a, grid, prefetch, stream);
@@ -367,30 +346,14 @@ bool decode_mma_on() {
   const int f = g_forced.load(std::memory_order_relaxed);
   return f >= 0 ? f != 0 : env_decode_mma();
 }
-// RILL_DECODE_MMA_F16: 1 sends f16 KV's large decode grids to the kernel
-// (decode_mma_takes_f16), 0 keeps every f16 grid on the fast kernel;
-// unset: kF16DefaultOn.
-constexpr bool kF16DefaultOn = false;
-bool env_decode_mma_f16() {
-  static const bool on = [] {
-    const char* v = std::getenv("RILL_DECODE_MMA_F16");
-    if (v == nullptr || *v == '\0') return kF16DefaultOn;
-    return std::strcmp(v, "0") != 0;
-  }();
-  return on;
-}
-std::atomic<int> g_forced_shape{0};  // force_decode_mma_shape's choice; 0: none
-// The kernel's shape for kv_dtype: 6, 8 or 2 (Occ6, Occ8, Ring2).
-int shape_for(DType kv_dtype) {
-  static const int env = [] {
+std::atomic<int> g_forced_blocks{0};  // force_decode_mma_blocks' choice; 0: none
+bool occ8() {
+  static const bool env = [] {
     const char* v = std::getenv("RILL_DECODE_MMA_OCC");
-    if (v == nullptr) return 0;
-    return std::strcmp(v, "6") == 0 ? 6 : std::strcmp(v, "8") == 0 ? 8 : std::strcmp(v, "2") == 0 ? 2 : 0;
+    return v != nullptr && std::strcmp(v, "8") == 0;
   }();
-  const int f = g_forced_shape.load(std::memory_order_relaxed);
-  if (f != 0) return f;
-  if (env != 0) return env;
-  return kv_dtype == DType::kF16 ? 2 : 6;
+  const int f = g_forced_blocks.load(std::memory_order_relaxed);
+  return f != 0 ? f == 8 : env;
 }
 
 }  // namespace
@@ -404,41 +367,21 @@ bool decode_mma_takes(DType kv_dtype, int32_t head_dim, int32_t group) {
   return takes;
 }
 
-DecodeMmaF16 decode_mma_takes_f16(DType kv_dtype, int32_t head_dim, int32_t group) {
-  if (kv_dtype != DType::kF16 || (head_dim != 64 && head_dim != 128) ||
-      (group != 1 && group != 2 && group != 4 && group != 8)) {
-    return DecodeMmaF16::kNever;
-  }
-  switch (g_forced.load(std::memory_order_relaxed)) {
-    case 0:
-      return DecodeMmaF16::kNever;
-    case 1:
-      return DecodeMmaF16::kAlways;
-    case 2:
-      return DecodeMmaF16::kLargeGrids;
-    default:  // RILL_DECODE_MMA=0 sends f16 back too
-      return env_decode_mma() && env_decode_mma_f16() ? DecodeMmaF16::kLargeGrids : DecodeMmaF16::kNever;
-  }
-}
-
 void force_decode_mma(int on) {
-  g_forced.store(on < 0 ? -1 : on == 0 ? 0 : on == 2 ? 2 : 1, std::memory_order_relaxed);
+  g_forced.store(on < 0 ? -1 : on != 0 ? 1 : 0, std::memory_order_relaxed);
 }
 
-void force_decode_mma_shape(int shape) {
-  g_forced_shape.store(shape == 6 || shape == 8 || shape == 2 ? shape : 0, std::memory_order_relaxed);
+void force_decode_mma_blocks(int blocks_per_sm) {
+  g_forced_blocks.store(blocks_per_sm == 6 || blocks_per_sm == 8 ? blocks_per_sm : 0, std::memory_order_relaxed);
 }
 
 void decode_attention_mma(const AttentionArgs& a, int32_t n_splits_grid, bool prefetch, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_splits_grid),
                   static_cast<unsigned>(a.n_decode));
-  switch (shape_for(a.kv_dtype)) {
-    case 8:
-      return launch_occ<Occ8>(a, grid, prefetch, stream);
-    case 2:
-      return launch_occ<Ring2>(a, grid, prefetch, stream);
-    default:
-      return launch_occ<Occ6>(a, grid, prefetch, stream);
+  if (occ8()) {
+    launch_occ<Occ8>(a, grid, prefetch, stream);
+  } else {
+    launch_occ<Occ6>(a, grid, prefetch, stream);
   }
 }
 
