@@ -8,9 +8,9 @@
 //   reduction once per shape at 64 tokens (shape k's launch of
 //   fp8_mma_kernel: --launch-skip k), for ncu
 //   bench_fp8_kernels --profile 1: each kernel of the FP8 paths once per
-//   shape (fp8_gemv, fp8_gemv_stream and fp8_gemv_mma at 1 and 8 tokens,
-//   in that order per shape: ncu's --launch-skip 2 k picks shape k of any
-//   of these kernels' names; at 64 and 2,048 tokens the
+//   shape (fp8_gemv and fp8_gemv_stream at 1 and 8 tokens, in that order
+//   per shape: ncu's --launch-skip 2 k picks shape k of either kernel's
+//   name; at 64 and 2,048 tokens the
 //   activation quantization, cuBLASLt's FP8 GEMM and its scale pass, and
 //   bf16 cuBLASLt), for ncu
 //
@@ -28,9 +28,6 @@
 // run_fp8_unscaled + fp8_scale_glu, bf16 out), and the bf16-x forms (fp8_mma_bf16x, fp8_mma_glu_bf16x: no
 // activation quantization; set against quant + cuBLASLt). Weights cycle over copies that exceed the L2 cache (as the
 // GEMV's), so every figure reads them from HBM; % copy: weight bytes a second against the measured copy rate.
-//
-// GEMV "mma" rows: fp8_gemv_mma (the tensor-core GEMV) at 1..8 tokens beside fp8_gemv's, then its configurations at
-// 1 and 8 tokens.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -155,21 +152,6 @@ void gemv_bench(cudaStream_t s, double copy_gbs) {
         cuda::fp8_gemv_stream(static_cast<const uint8_t*>(w[i % copies]), DType::kBF16, x, n, sh.rows, sh.cols, y,
                               false, s);
       }));
-      std::snprintf(what, sizeof what, "mma n%d", n);
-      report(what, timer.us(20, [&](int i) {
-        cuda::fp8_gemv_mma(static_cast<const uint8_t*>(w[i % copies]), x, n, sh.rows, sh.cols, y, false, s);
-      }));
-    }
-    // fp8_gemv_mma's configurations (the same bits) at 1 and 8 tokens.
-    for (const int n : {1, 8}) {
-      for (int v = 0; v < cuda::fp8_gemv_mma_n_variants(); ++v) {
-        char what[64];
-        std::snprintf(what, sizeof what, "mma %s n%d", cuda::fp8_gemv_mma_variant_name(v), n);
-        report(what, timer.us(20, [&](int i) {
-          cuda::fp8_gemv_mma_variant(v, static_cast<const uint8_t*>(w[i % copies]), x, n, sh.rows, sh.cols, y, false,
-                                     s);
-        }));
-      }
     }
     report("fp8_gemv f32x", timer.us(20, [&](int i) {
       cuda::fp8_gemv(static_cast<const uint8_t*>(w[i % copies]), DType::kF32, x, 1, sh.rows, sh.cols, y, false, s);
@@ -472,7 +454,6 @@ void profile_once(const cuda::Context& ctx) {
     for (int n : {1, 8}) {
       cuda::fp8_gemv(static_cast<const uint8_t*>(w), DType::kBF16, x, n, sh.rows, sh.cols, y, false, s);
       cuda::fp8_gemv_stream(static_cast<const uint8_t*>(w), DType::kBF16, x, n, sh.rows, sh.cols, y, false, s);
-      cuda::fp8_gemv_mma(static_cast<const uint8_t*>(w), x, n, sh.rows, sh.cols, y, false, s);
     }
     for (int64_t n : {64, 2048}) {
       if (sh.rows > 30000) break;

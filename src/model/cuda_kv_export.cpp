@@ -16,7 +16,6 @@
 #include "model/cuda_model_base.h"
 
 #if RILL_HAVE_CUDA
-#include "backend/cuda/fp8.h"
 #include "backend/cuda/glu_narrow.h"
 #include "backend/cuda/latent_attention.h"
 #include "backend/cuda/quant.h"
@@ -55,9 +54,6 @@ std::string CudaModelBase::kv_numerics() const {
   // files written with other settings, or by builds before them, are refused.
   if (gemm_ && gemm_->fp8_fast_accum()) s += " fp8acc=fast";
   if (gemm_ && gemm_->fp8_bf16_d()) s += " fp8d=bf16";
-  // FP8 matmuls of 1..8 tokens on the tensor-core GEMV (RILL_FP8_GEMV=mma):
-  // other sums than fp8_gemv's and cuBLASLt's.
-  if (fp8_weights_ && !batch_invariant_ && cuda::fp8_gemv_mma_on()) s += " fp8gemv=mma";
   // Dense bf16 MLPs past 8 tokens round gate/up to bf16 (Backend::matmul_glu).
   if (act_ == DType::kBF16 && !batch_invariant_ && cuda::glu_narrow_on()) s += " glu=bf16";
   // r2: the tensor-core MLA kernels (f16 q and probabilities); a file of

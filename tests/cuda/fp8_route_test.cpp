@@ -1,8 +1,8 @@
 // fp8_route (backend/cuda/fp8.h): the one rule that fp8_matmul,
 // fp8_matmul_glu, fp8_quantizes_x and fp8_glu_fusable read, held to a table
 // of the routes they took before the rule was one function (main at
-// 9847597), with the switches at their defaults (fp8_mma, fp8_gemv_mma and
-// Gemm's bf16 D off):
+// 9847597), with the switches at their defaults (fp8_mma and Gemm's bf16 D
+// off):
 //  - one token of f32 / bf16 x: the GEMV; of f16 x: the GEMM where the
 //    scratch holds x and cuBLASLt has one, else quant_matmul;
 //  - 2..8 tokens: the GEMM where cuBLASLt has one and the scratch holds x,
@@ -34,8 +34,6 @@ const char* route_name(Fp8Route r) {
   switch (r) {
     case Fp8Route::kNone:
       return "none";
-    case Fp8Route::kGemvMma:
-      return "gemv_mma";
     case Fp8Route::kMma:
       return "mma";
     case Fp8Route::kMmaBf16x:
@@ -65,7 +63,7 @@ Fp8Scratch described(int64_t tokens, int64_t cols) {
 
 TEST(Fp8Route, TheRoutesBeforeTheRuleWasOneFunction) {
   RILL_REQUIRE_GPU();
-  for (const char* v : {"RILL_FP8_MMA", "RILL_FP8_GEMV", "RILL_FP8_BF16_D"}) {
+  for (const char* v : {"RILL_FP8_MMA", "RILL_FP8_BF16_D"}) {
     if (std::getenv(v) != nullptr) GTEST_SKIP() << v << " is set";
   }
   auto ctx = Context::create(0);

@@ -102,37 +102,6 @@ const char* fp8_gemv_stream_variant_name(int variant);
 void fp8_gemv_stream_variant(int variant, const uint8_t* w, const void* x_bf16, int64_t n_rows, int64_t n_cols,
                              float* y, cudaStream_t stream);
 
-// The tensor-core GEMV (fp8_gemv_mma.cu): y[t, r] (+)= scale[r] x sum_c
-// e4m3(W[r, c]) x[t, c] for 1..kFp8GemvMmaMaxTokens tokens of bf16 x, y
-// f32: e4m3 pairs to f16 in hardware, mma.sync m16n8k16 (f16, f32
-// accumulation) over 16 rows x 8 tokens, x to f16 exactly after a power of
-// two per token and warp range that brings its max |x| into [2^14, 2^15)
-// (undone on the f32 sums): every value down to 2^-31 of that max is exact
-// in f16, over bf16's whole range (1e-6 and 1e30 too), every product is
-// exact, and the error is the f32 accumulation's (tests: within 1e-5 of
-// sum |w x|). A row's columns split over 8 warps by n_cols alone, each
-// warp's chunks summed in order, the warps in order, then the row's scale:
-// a token's result is the same bits for every token count 1..8 and place
-// in the batch (not fp8_gemv's bits). Requires
-// fp8_gemv_mma_supported: x bf16, 1..8 tokens, n_cols a multiple of 64;
-// any n_rows. fp8_route takes it (kGemvMma) when fp8_gemv_mma_on(): the
-// environment sets RILL_FP8_GEMV=mma (read once); force_fp8_gemv_mma(1 /
-// 0) overrides that for tests, -1 goes back to the environment. Off by
-// default until a GPU run has timed it.
-inline constexpr int64_t kFp8GemvMmaMaxTokens = 8;
-bool fp8_gemv_mma_on();
-void force_fp8_gemv_mma(int on);
-bool fp8_gemv_mma_supported(DType x_dtype, int64_t n_tokens, int64_t n_cols);
-void fp8_gemv_mma(const uint8_t* w, const void* x_bf16, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y,
-                  bool accumulate, cudaStream_t stream);
-// Benchmarks and tests: its configurations (row groups a block, ring
-// depth), every one the same bits as fp8_gemv_mma; a variant out of range
-// is fp8_gemv_mma's own choice.
-int fp8_gemv_mma_n_variants();
-const char* fp8_gemv_mma_variant_name(int variant);
-void fp8_gemv_mma_variant(int variant, const uint8_t* w, const void* x_bf16, int64_t n_tokens, int64_t n_rows,
-                          int64_t n_cols, float* y, bool accumulate, cudaStream_t stream);
-
 // The FP8 GEMM of our own for decode batches (fp8_mma.cu): y[t, r] (+)=
 // sum_c e4m3(xq[t, c]) e4m3(W[r, c]) x xs[t] x ws[r] over W (kFp8Rows [n_rows,
 // n_cols], the pointer fp8_matmul gets) and the activations
@@ -234,12 +203,11 @@ struct Fp8Scratch {
 };
 
 // y[t, r] (+)= sum_c W[r, c] x[t, c] over FP8 weights W [n_rows, n_cols]
-// (kFp8Rows), x in F32/F16/BF16: with fp8_gemv_mma_on(), 1..8 tokens of
-// bf16 x through fp8_gemv_mma (fp8_route's kGemvMma); else fp8_gemv for
-// one token (x F32/BF16); more tokens through the FP8 tensor-core GEMM
-// (activations quantized per token into `fp8`), or, where cuBLASLt has
-// none for the shape, the GEMV up to kGemvMaxTokens and beyond that (or
-// when the scratch is too small) quant_matmul's dequantize-then-GEMM. With fp8_mma_on(), 2..kFp8MmaMaxTokens
+// (kFp8Rows), x in F32/F16/BF16: fp8_gemv for one token (x F32/BF16); more
+// tokens through the FP8 tensor-core GEMM (activations quantized per token
+// into `fp8`), or, where cuBLASLt has none for the shape, the GEMV up to
+// kGemvMaxTokens and beyond that (or when the scratch is too small)
+// quant_matmul's dequantize-then-GEMM. With fp8_mma_on(), 2..kFp8MmaMaxTokens
 // tokens go through fp8_mma instead (activations quantized the same way).
 // Batch-invariant mode (gemm.batch_invariant()) always dequantizes, as for
 // GGUF blocks.
@@ -254,18 +222,14 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
 // routing rule fp8_matmul, fp8_matmul_glu, fp8_quantizes_x and
 // fp8_glu_fusable read, so they cannot drift apart.
 //  kNone      nothing to do (no tokens or rows); glu: not fusable, the
-//             caller runs fp8_matmul then the GLU (also wherever the
-//             non-GLU call would take kGemvMma)
-//  kGemvMma   fp8_gemv_mma over x as it is (not for glu): with
-//             fp8_gemv_mma_on(), outside batch-invariant mode, where
-//             fp8_gemv_mma_supported; checked before every route below
+//             caller runs fp8_matmul then the GLU
 //  kMma       fp8_mma over x quantized by quantize_fp8_tokens
 //  kMmaBf16x  fp8_mma's bf16 form over x as it is
 //  kGemv      fp8_gemv (not for glu)
 //  kGemm      cuBLASLt's FP8 GEMM over quantized x, then its scales (glu:
 //             unscaled, the scales inside the GLU)
 //  kDequant   quant_matmul's dequantize-then-GEMM (not for glu)
-enum class Fp8Route { kNone, kGemvMma, kMma, kMmaBf16x, kGemv, kGemm, kDequant };
+enum class Fp8Route { kNone, kMma, kMmaBf16x, kGemv, kGemm, kDequant };
 Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                    bool glu);
 

@@ -46,12 +46,6 @@ Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_t
                    bool glu) {
   if (n_tokens <= 0 || n_rows <= 0) return Fp8Route::kNone;
   const bool invariant = gemm.batch_invariant();
-  // The tensor-core GEMV before everything else while it is switched on:
-  // 1..8 tokens of bf16 x without quantization; it has no GLU epilogue,
-  // so the GLU call runs matmul then the GLU.
-  if (!invariant && fp8_gemv_mma_on() && fp8_gemv_mma_supported(x_dtype, n_tokens, n_cols)) {
-    return glu ? Fp8Route::kNone : Fp8Route::kGemvMma;
-  }
   if (glu && (n_rows % 2 != 0 || invariant)) return Fp8Route::kNone;
   if (!invariant && mma_path(fp8, n_tokens, n_rows, n_cols, glu)) {
     return fp8_mma_bf16x_on() && x_dtype == DType::kBF16 ? Fp8Route::kMmaBf16x : Fp8Route::kMma;
@@ -99,9 +93,6 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
   const auto* wb = static_cast<const uint8_t*>(w);
   switch (route) {
     case Fp8Route::kNone:
-      return Status::Ok();
-    case Fp8Route::kGemvMma:
-      fp8_gemv_mma(wb, x, n_tokens, n_rows, n_cols, y, accumulate, stream);
       return Status::Ok();
     case Fp8Route::kMmaBf16x:
       fp8_mma_bf16x(wb, x, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part, fp8.mma_part_floats, stream);
