@@ -11,6 +11,7 @@
 
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm_tune.h"
+#include "backend/cuda/hopper/gemm_stream.h"
 #include "backend/cuda/ops.h"
 
 namespace rill::cuda {
@@ -41,6 +42,10 @@ struct Gemm::Plan {
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first; emptied once chosen
   bool chosen = false;
+  // > 0: the timing chose gemm_stream with this many splits over every
+  // cuBLASLt candidate (algo stays the heuristic's first, the fallback
+  // for a call whose pointers gemm_stream cannot take).
+  int stream_splits = 0;
   Key key{};
   ~Plan() {
     if (d) cublasLtMatrixLayoutDestroy(d);
@@ -63,6 +68,7 @@ Gemm::Gemm(const Context& ctx) : ctx_(ctx) {
   tuning_ = !(env && std::string(env) == "0");
   if (const char* e = std::getenv("RILL_FP8_FAST_ACCUM")) fp8_fast_accum_ = std::string(e) != "0";
   if (const char* e = std::getenv("RILL_FP8_BF16_D")) fp8_bf16_d_ = std::string(e) == "1";
+  if (const char* e = std::getenv("RILL_GEMM_STREAM")) stream_ = std::string(e) == "1";
 }
 Gemm::~Gemm() = default;
 
@@ -173,13 +179,38 @@ const char* kind_name(int kind) {
 
 }  // namespace
 
+GemmStreamArgs Gemm::stream_args(const Key& key, const void* w, const void* x, void* y, bool accumulate, int splits) {
+  GemmStreamArgs g;
+  g.dtype = key.kind == Kind::kF16 || key.kind == Kind::kF16Narrow ? DType::kF16 : DType::kBF16;
+  g.w = w;
+  g.x = x;
+  g.y = y;
+  g.n = key.n;
+  g.rows = key.rows;
+  g.cols = key.cols;
+  g.narrow = key.kind == Kind::kF16Narrow || key.kind == Kind::kBF16Narrow;
+  g.accumulate = accumulate && !g.narrow;
+  g.splits = splits;
+  return g;
+}
+
 Status Gemm::choose(Plan& p, const void* a, const void* b, float* out, float beta) {
   const Key& key = p.key;
   p.chosen = true;
   const std::vector<cublasLtMatmulAlgo_t> cands = std::move(p.candidates);
   p.candidates = {};
   p.algo = cands.front();  // the heuristic's first unless a timing says otherwise
-  if (!tuning_ || cands.size() < 2) return Status::Ok();
+  if (!tuning_) return Status::Ok();
+  // gemm_stream's split counts that take this shape join the timing.
+  const bool narrow = key.kind == Kind::kF16Narrow || key.kind == Kind::kBF16Narrow;
+  std::vector<int> stream;
+  const bool sixteen = narrow || key.kind == Kind::kF16 || key.kind == Kind::kBF16;
+  if (stream_ && sixteen && key.n <= kGemmStreamMaxTokens && gemm_stream_available()) {
+    for (int splits : kGemmStreamSplits) {
+      if (gemm_stream_supported(stream_args(key, a, b, out, beta != 0.0f, splits))) stream.push_back(splits);
+    }
+  }
+  if (cands.size() + stream.size() < 2) return Status::Ok();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(ctx_.stream(), &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
     return Status::Ok();  // a graph being captured cannot be timed
@@ -215,22 +246,35 @@ Status Gemm::choose(Plan& p, const void* a, const void* b, float* out, float bet
     if (auto buf = DeviceBuffer::allocate(bytes, "GEMM tuning L2 flush"); buf.ok()) flush_ = std::move(*buf);
   }
   const float alpha = 1.0f;
+  const int n_blas = static_cast<int>(cands.size());
   auto launch = [&](int i) {
+    if (i >= n_blas) {
+      return gemm_stream(stream_args(key, a, b, target, beta != 0.0f, stream[static_cast<size_t>(i - n_blas)]),
+                         ctx_.stream());
+    }
     return cublasLtMatmul(ctx_.blas(), p.desc, &alpha, a, p.a, b, p.b, &beta, target, p.d, target, p.d,
                           &cands[static_cast<size_t>(i)], ctx_.workspace(), ctx_.workspace_bytes(),
                           ctx_.stream()) == CUBLAS_STATUS_SUCCESS;
   };
-  RILL_ASSIGN_OR_RETURN(std::vector<float> ms,
-                        time_candidates(ctx_, static_cast<int>(cands.size()), launch, flush_.data(), flush_.size()));
+  RILL_ASSIGN_OR_RETURN(std::vector<float> ms, time_candidates(ctx_, n_blas + static_cast<int>(stream.size()), launch,
+                                                               flush_.data(), flush_.size()));
   const int best = fastest(ms);
-  if (best >= 0) p.algo = cands[static_cast<size_t>(best)];
+  if (best >= n_blas) {
+    p.stream_splits = stream[static_cast<size_t>(best - n_blas)];
+  } else if (best >= 0) {
+    p.algo = cands[static_cast<size_t>(best)];
+  }
   ++timings_;
   std::array<uint64_t, 8> bytes;
   std::memcpy(bytes.data(), &p.algo, sizeof p.algo);
   bucket_winners_.emplace(bucket, bytes);
   if (const char* log = std::getenv("RILL_GEMM_TUNE_LOG"); log && std::string(log) == "1") {
     std::string times;
-    for (float t : ms) times += " " + (t < 0 ? std::string("-") : std::to_string(static_cast<int>(t * 1e3f + 0.5f)));
+    for (size_t i = 0; i < ms.size(); ++i) {
+      const float t = ms[i];
+      if (static_cast<int>(i) == n_blas) times += " | stream (splits " + std::to_string(stream.front()) + "..):";
+      times += " " + (t < 0 ? std::string("-") : std::to_string(static_cast<int>(t * 1e3f + 0.5f)));
+    }
     std::fprintf(stderr,
                  "gemm tune %s %lld x %lld x %lld (bucket %lld): %zu candidates, heuristic's first %.1f us, "
                  "chose #%d %.1f us; all (us):%s\n",
@@ -279,6 +323,9 @@ Status Gemm::run(DType dtype, const void* w, const void* x, int64_t n, int64_t r
   RILL_ASSIGN_OR_RETURN(Plan * p, plan(dtype, n, rows, cols));
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   if (!p->chosen) RILL_TRY(choose(*p, w, x, y, beta));
+  if (p->stream_splits > 0 && gemm_stream(stream_args(p->key, w, x, y, accumulate, p->stream_splits), ctx_.stream())) {
+    return Status::Ok();
+  }
   const cublasStatus_t s = cublasLtMatmul(ctx_.blas(), p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d,
                                           &p->algo, ctx_.workspace(), ctx_.workspace_bytes(), ctx_.stream());
   if (s != CUBLAS_STATUS_SUCCESS) return Error{blas_error(s, "matmul")};
@@ -294,6 +341,9 @@ Status Gemm::run_narrow(DType dtype, const void* w, const void* x, int64_t n, in
   const float alpha = 1.0f, beta = 0.0f;
   // beta 0: a timing run writes y itself, which the real call overwrites.
   if (!p->chosen) RILL_TRY(choose(*p, w, x, static_cast<float*>(y), beta));
+  if (p->stream_splits > 0 && gemm_stream(stream_args(p->key, w, x, y, false, p->stream_splits), ctx_.stream())) {
+    return Status::Ok();
+  }
   const cublasStatus_t s = cublasLtMatmul(ctx_.blas(), p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d,
                                           &p->algo, ctx_.workspace(), ctx_.workspace_bytes(), ctx_.stream());
   if (s != CUBLAS_STATUS_SUCCESS) return Error{blas_error(s, "narrow matmul")};

@@ -7,8 +7,11 @@
 //
 // Algorithm choice (gemm_tune.h): the first call of a shape asks cuBLASLt's
 // heuristic for up to kTuneCandidates algorithms, times each on that call's
-// own operands with L2 flushed, and keeps the fastest for the shape's
-// lifetime in this Gemm, so a shape always runs the same algorithm. Shapes
+// own operands with L2 flushed (with set_stream(true), 16-bit shapes of up
+// to 128 tokens also rill's gemm_stream at each split count, on Hopper),
+// and keeps the fastest
+// for the shape's lifetime in this Gemm, so a shape always runs the same
+// algorithm. Shapes
 // with more than 128 tokens share one timing per power-of-two bucket of
 // tokens (each prefill chunk size would otherwise be timed anew): a later
 // shape of the bucket takes the bucket's algorithm when cuBLASLt accepts it
@@ -31,6 +34,7 @@
 #include <unordered_map>
 
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/hopper/gemm_stream.h"
 #include "core/dtype.h"
 #include "core/result.h"
 
@@ -111,6 +115,14 @@ class Gemm {
   void set_fp8_bf16_d(bool on) { fp8_bf16_d_ = on; }
   bool fp8_bf16_d() const { return fp8_bf16_d_; }
 
+  // Whether shapes timed from now on also time gemm_stream (TMA + wgmma,
+  // hopper/gemm_stream.h) for 16-bit weights and up to 128 tokens, on
+  // devices that run it; off unless RILL_GEMM_STREAM=1 (on the H100 it
+  // has not yet beaten cuBLASLt in a decode step: docs/perf.md). Plans
+  // made before keep their choice.
+  void set_stream(bool on) { stream_ = on; }
+  bool stream() const { return stream_; }
+
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
 
@@ -155,6 +167,8 @@ class Gemm {
   // Picks p's algorithm on its first call (a, b, out, beta: that call's
   // operands; out holds n x rows floats).
   Status choose(Plan& p, const void* a, const void* b, float* out, float beta);
+  // gemm_stream's arguments for a 16-bit plan's call.
+  static GemmStreamArgs stream_args(const Key& key, const void* w, const void* x, void* y, bool accumulate, int splits);
 
   const Context& ctx_;
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans_;
@@ -165,6 +179,7 @@ class Gemm {
   DeviceBuffer flush_;  // evicts L2 between timed runs; allocated at the first timing
   bool batch_invariant_ = false;
   bool tuning_ = true;
+  bool stream_ = false;
   bool fp8_fast_accum_ = true;
   bool fp8_bf16_d_ = false;
   int64_t timings_ = 0;

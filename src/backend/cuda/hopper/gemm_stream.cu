@@ -1,0 +1,409 @@
+// gemm_stream: decode-batch GEMM over 16-bit weights on TMA + wgmma
+// (gemm_stream.h states the contract).
+//
+// Work: block (split, slab) owns weight rows [128 slab, 128 slab + 128) and
+// the 64-column chunks [chunks split / S, chunks (split + 1) / S) of every
+// row, for all tokens (the token tile BN: 16, 32, 64 or 128; x's rows past
+// n arrive as zeros from the copy engine). Warp 8 is the producer: its lane
+// 0 fills a ring of kStages stages, each a W tile [128][64] and an x tile
+// [BN][64], both in the 128-byte swizzle wgmma reads, completing on the
+// stage's "full" mbarrier; it fetches the first stages' W tiles before the
+// programmatic-launch wait (weights are never written) and their x tiles
+// after it. Warpgroups 0 and 1 (warps 0-7) take rows 64 wg .. 64 wg + 63
+// of the slab: per stage four m64nBNk16 wgmmas (k 0-15, .., 48-63: the
+// descriptor's start moves 32 bytes, as the swizzle is applied to the
+// address), then every consumer thread arrives on the stage's "empty"
+// mbarrier, which the producer waits on before refilling it.
+//
+// Epilogue: the accumulators go to shared memory as [BN][kOutLd] f32 (the
+// ring is free by then), token-major so the output's rows are contiguous.
+// With S > 1 the S blocks of a slab form a cluster: after a cluster
+// barrier, rank r sums rows [r 128 / S, (r + 1) 128 / S) of all S tiles,
+// rank 0's first, through distributed shared memory, and writes them; a
+// second barrier keeps every tile alive until its readers are done.
+//
+// Why TMA + wgmma: cuBLASLt's decode shapes leave the small matrices (o,
+// qkv, down at 64-128 tokens) at 71-84% of the copy rate on the H100
+// (docs/perf.md), and rill's earlier skinny GEMM on cp.async + mma.sync
+// lost to it where split-K was needed (the ring's fill and a global
+// reduction weighed on short splits). Here a split's partials never leave
+// the chip and a block's copies are a handful of instructions.
+#include "backend/cuda/hopper/gemm_stream.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+
+#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/hopper/wgmma_asm.cuh"
+#include "backend/cuda/smem_opt_in.h"
+
+namespace rill::cuda {
+namespace {
+
+constexpr int kBM = 128, kBK = 64;  // a W tile: 128 rows x 64 columns = 128-byte rows (one swizzle span)
+constexpr int kConsumerWarps = 8, kThreads = kConsumerWarps * 32 + 32;
+constexpr int kProducerWarp = kConsumerWarps;
+constexpr int kOutLd = kBM + 4;  // floats a token row of the output tile: 4 banks apart per token pair
+
+template <int BN>
+struct Shape {
+  static constexpr int kStages = BN >= 64 ? (BN == 128 ? 3 : 4) : 5;
+  static constexpr uint32_t kWBytes = kBM * kBK * 2;
+  static constexpr uint32_t kXBytes = BN * kBK * 2;
+  static constexpr uint32_t kStageBytes = kWBytes + kXBytes;  // a multiple of 1,024 (swizzle atoms)
+  static constexpr uint32_t kRing = kStages * kStageBytes;
+  static constexpr uint32_t kOut = BN * kOutLd * 4;
+  static constexpr uint32_t kData = kRing > kOut ? kRing : kOut;
+  static constexpr uint32_t kBarriers = kData;  // full[s] then empty[s], 8 bytes each
+  // + 1,024: the dynamic window is aligned up to 1,024 bytes in the kernel.
+  static constexpr uint32_t kSmem = kData + 2 * kStages * 8 + 1024;
+  static_assert(kStageBytes % 1024 == 0, "stages keep the swizzle atoms aligned");
+  static_assert(kSmem <= 113 * 1024, "two blocks an SM");
+};
+
+struct Params {
+  void* y;
+  int n, rows, chunks, splits;
+  bool accumulate, narrow;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// One 2-D tile of `map` at (column c0, row c1) into shared memory at dst,
+// completing `bytes` on bar (the box's whole size, zeros included).
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar,
+                                         uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+  uint64_t p;
+  if (evict_first) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  }
+  return p;
+}
+// A K-major operand in the 128-byte swizzle: 8-row groups 1,024 bytes
+// apart (the stride offset), the leading offset unused, tile bases aligned
+// to 1,024 bytes (base offset 0).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float4 ld_cluster(uint32_t addr, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+#endif
+
+template <typename T>
+__device__ __forceinline__ T to_out(float v);
+template <>
+__device__ __forceinline__ __half to_out<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <typename T, typename Tag, int BN>
+__global__ void __launch_bounds__(kThreads, 2)
+    gemm_stream_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x, Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = Shape<BN>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const gbase = smem_raw + (base - raw);
+  const uint32_t full0 = base + S::kBarriers, empty0 = full0 + 8 * S::kStages;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int split = static_cast<int>(blockIdx.x), slab = static_cast<int>(blockIdx.y);
+  const int c_begin = split * p.chunks / p.splits, c_end = (split + 1) * p.chunks / p.splits;
+  const int count = c_end - c_begin;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S::kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, kConsumerWarps * 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  float acc[BN / 2];
+  if (warp == kProducerWarp) {
+    if (lane == 0) {
+      const uint64_t stream_w = l2_policy(true), keep_x = l2_policy(false);
+      const int first = count < S::kStages ? count : S::kStages;
+      for (int i = 0; i < first; ++i) {
+        const uint32_t st = base + i * S::kStageBytes, bar = full0 + 8 * i;
+        mbar_expect_tx(bar, S::kStageBytes);
+        tma_load(st, &map_w, (c_begin + i) * kBK, slab * kBM, bar, stream_w);
+      }
+      detail::pdl_wait();
+      for (int i = 0; i < first; ++i) {
+        tma_load(base + i * S::kStageBytes + S::kWBytes, &map_x, (c_begin + i) * kBK, 0, full0 + 8 * i, keep_x);
+      }
+      for (int i = first; i < count; ++i) {
+        const int s = i % S::kStages;
+        mbar_wait(empty0 + 8 * s, ((i / S::kStages) - 1) & 1);
+        const uint32_t st = base + s * S::kStageBytes, bar = full0 + 8 * s;
+        mbar_expect_tx(bar, S::kStageBytes);
+        tma_load(st, &map_w, (c_begin + i) * kBK, slab * kBM, bar, stream_w);
+        tma_load(st + S::kWBytes, &map_x, (c_begin + i) * kBK, 0, bar, keep_x);
+      }
+    } else {
+      detail::pdl_wait();
+    }
+  } else {
+    detail::pdl_wait();
+    const int wg = warp >> 2;
+#pragma unroll
+    for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
+    for (int i = 0; i < count; ++i) {
+      const int s = i % S::kStages;
+      mbar_wait(full0 + 8 * s, (i / S::kStages) & 1);
+      const uint32_t w_tile = base + s * S::kStageBytes + wg * (64 * 128),
+                     x_tile = base + s * S::kStageBytes + S::kWBytes;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int k = 0; k < kBK / 16; ++k) {
+        hopper::Wgmma<Tag, BN>::run(acc, sw128_desc(w_tile + 32 * k), sw128_desc(x_tile + 32 * k), 1);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      mbar_arrive(empty0 + 8 * s);
+    }
+  }
+  __syncthreads();  // every stage consumed: the ring becomes the output tile
+  detail::pdl_trigger();
+
+  float* const out = reinterpret_cast<float*>(gbase);
+  if (warp < kConsumerWarps) {
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = (warp >> 2) * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int c = 8 * j + 2 * t;
+      out[c * kOutLd + r0] = acc[4 * j];
+      out[(c + 1) * kOutLd + r0] = acc[4 * j + 1];
+      out[c * kOutLd + r0 + 8] = acc[4 * j + 2];
+      out[(c + 1) * kOutLd + r0 + 8] = acc[4 * j + 3];
+    }
+  }
+  __syncthreads();
+  if (p.splits > 1) cluster_sync();
+
+  const int rows_per_rank = kBM / p.splits, quads = rows_per_rank / 4;
+  const int total = p.n * quads;
+  for (int idx = static_cast<int>(threadIdx.x); idx < total; idx += kThreads) {
+    const int t = idx / quads, row = split * rows_per_rank + 4 * (idx % quads);
+    const uint32_t off = static_cast<uint32_t>((t * kOutLd + row) * 4);
+    float4 sum;
+    if (p.splits == 1) {
+      sum = *reinterpret_cast<const float4*>(gbase + off);
+    } else {
+      sum = ld_cluster(base + off, 0);
+      for (int q = 1; q < p.splits; ++q) {
+        const float4 v = ld_cluster(base + off, static_cast<uint32_t>(q));
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+    }
+    const int64_t gr = static_cast<int64_t>(slab) * kBM + row;
+    const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
+    const int64_t at = static_cast<int64_t>(t) * p.rows + gr;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (gr + e >= p.rows) break;
+      if (p.narrow) {
+        static_cast<T*>(p.y)[at + e] = to_out<T>(vals[e]);
+      } else {
+        float* y = static_cast<float*>(p.y);
+        y[at + e] = p.accumulate ? y[at + e] + vals[e] : vals[e];
+      }
+    }
+  }
+  if (p.splits > 1) cluster_sync();
+#else
+  (void)map_w;
+  (void)map_x;
+  (void)p;
+  __trap();
+#endif
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no
+// link against libcuda); null where the driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [outer, inner] 16-bit row-major matrix, tiles of box_rows x 64, in the
+// 128-byte swizzle; out-of-range elements read as zeros.
+bool encode_map(CUtensorMap* map, DType dtype, const void* ptr, int64_t outer, int64_t inner, uint32_t box_rows) {
+  const auto fn = encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner) * 2};
+  const cuuint32_t box[2] = {kBK, box_rows};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUtensorMapDataType t =
+      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return fn(map, t, 2, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int token_tile(int64_t n) {
+  return n <= 16 ? 16 : n <= 32 ? 32 : n <= 64 ? 64 : 128;
+}
+
+template <typename T, typename Tag, int BN>
+bool launch(const GemmStreamArgs& a, cudaStream_t stream) {
+  using S = Shape<BN>;
+  CUtensorMap map_w, map_x;
+  if (!encode_map(&map_w, a.dtype, a.w, a.rows, a.cols, kBM) || !encode_map(&map_x, a.dtype, a.x, a.n, a.cols, BN)) {
+    return false;
+  }
+  static SmemOptIn opt_in;
+  opt_in.ensure(reinterpret_cast<const void*>(&gemm_stream_kernel<T, Tag, BN>), S::kSmem, true);
+  const Params p{a.y,
+                 static_cast<int>(a.n),
+                 static_cast<int>(a.rows),
+                 static_cast<int>((a.cols + kBK - 1) / kBK),
+                 a.splits,
+                 a.accumulate,
+                 a.narrow};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(a.splits), static_cast<unsigned>((a.rows + kBM - 1) / kBM));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = S::kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(a.splits);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  if (cudaLaunchKernelEx(&cfg, gemm_stream_kernel<T, Tag, BN>, map_w, map_x, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+template <typename T, typename Tag>
+bool launch_typed(const GemmStreamArgs& a, cudaStream_t stream) {
+  switch (token_tile(a.n)) {
+    case 16:
+      return launch<T, Tag, 16>(a, stream);
+    case 32:
+      return launch<T, Tag, 32>(a, stream);
+    case 64:
+      return launch<T, Tag, 64>(a, stream);
+    default:
+      return launch<T, Tag, 128>(a, stream);
+  }
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+}  // namespace
+
+bool gemm_stream_available() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  // Per device: 0 not asked yet, 1 no, 2 yes.
+  static std::atomic<int> known[64];
+  std::atomic<int>& k = known[device & 63];
+  if (int v = k.load(std::memory_order_acquire); v != 0) return v == 2;
+  int major = 0, minor = 0;
+  bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+            minor == 0 && encode_fn() != nullptr;
+  cudaFuncAttributes attr{};
+  ok = ok && cudaFuncGetAttributes(
+                 &attr, reinterpret_cast<const void*>(&gemm_stream_kernel<__nv_bfloat16, hopper::WgmmaBF16, 128>)) ==
+                 cudaSuccess;
+  cudaGetLastError();
+  k.store(ok ? 2 : 1, std::memory_order_release);
+  return ok;
+}
+
+bool gemm_stream_supported(const GemmStreamArgs& a) {
+  bool split_ok = false;
+  for (int s : kGemmStreamSplits) split_ok = split_ok || s == a.splits;
+  return (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && a.n >= 1 && a.n <= kGemmStreamMaxTokens &&
+         a.rows >= 1 && a.rows <= int64_t{65535} * kBM && a.cols >= kBK && a.cols % 8 == 0 && a.w && a.x && a.y &&
+         aligned16(a.w) && aligned16(a.x) && aligned16(a.y) && !(a.narrow && a.accumulate) && split_ok &&
+         a.splits <= (a.cols + kBK - 1) / kBK;
+}
+
+bool gemm_stream(const GemmStreamArgs& a, cudaStream_t stream) {
+  if (!gemm_stream_supported(a) || !gemm_stream_available()) return false;
+  return a.dtype == DType::kBF16 ? launch_typed<__nv_bfloat16, hopper::WgmmaBF16>(a, stream)
+                                 : launch_typed<__half, hopper::WgmmaF16>(a, stream);
+}
+
+}  // namespace rill::cuda

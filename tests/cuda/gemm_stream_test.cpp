@@ -1,0 +1,234 @@
+// gemm_stream (TMA + wgmma decode GEMM, hopper/gemm_stream.h) held to an
+// f64 sum over the same 16-bit values: every token tile (16..128), every
+// split count, f16 and bf16, overwrite / accumulate / narrow output, rows
+// and columns that are not whole tiles, and nothing written outside y's
+// n x rows; a configuration repeats its bits. Skipped without a device
+// that runs it (compute capability 9.0).
+#include "backend/cuda/hopper/gemm_stream.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/gemm.h"
+#include "cuda_test_util.h"
+
+namespace rill::cuda {
+namespace {
+
+using namespace testing;
+
+#define REQUIRE_STREAM()                                                               \
+  do {                                                                                 \
+    RILL_REQUIRE_GPU();                                                                \
+    if (!gemm_stream_available()) GTEST_SKIP() << "gemm_stream needs an sm_90 device"; \
+  } while (0)
+
+struct Problem {
+  DType dtype;
+  int64_t n, rows, cols;
+  std::vector<float> w, x;  // the 16-bit values, as the device sees them
+  DeviceBuffer dw, dx;
+};
+
+Problem make_problem(DType dtype, int64_t n, int64_t rows, int64_t cols, uint32_t seed) {
+  Problem p{dtype,
+            n,
+            rows,
+            cols,
+            random_floats(static_cast<size_t>(rows * cols), seed),
+            random_floats(static_cast<size_t>(n * cols), seed + 1),
+            {},
+            {}};
+  for (float& v : p.w) v = round_to(dtype, v);
+  for (float& v : p.x) v = round_to(dtype, v);
+  p.dw = upload(encode(dtype, p.w));
+  p.dx = upload(encode(dtype, p.x));
+  return p;
+}
+
+// Worst |got - (y0 + W x)| over sum |w x| per output (f64 reference).
+double worst_error(const Problem& p, const std::vector<float>& got, const std::vector<float>& y0) {
+  double worst = 0;
+  for (int64_t t = 0; t < p.n; ++t) {
+    for (int64_t r = 0; r < p.rows; ++r) {
+      double sum = 0, mag = 0;
+      for (int64_t c = 0; c < p.cols; ++c) {
+        const double v = double(p.w[r * p.cols + c]) * p.x[t * p.cols + c];
+        sum += v;
+        mag += std::fabs(v);
+      }
+      const size_t i = static_cast<size_t>(t * p.rows + r);
+      const double err = std::fabs(double(got[i]) - (y0.empty() ? 0.0 : y0[i]) - sum) / (mag + 1e-30);
+      worst = std::isnan(err) ? INFINITY : std::max(worst, err);
+    }
+  }
+  return worst;
+}
+
+GemmStreamArgs args_for(const Problem& p, void* y, int splits, bool accumulate, bool narrow) {
+  GemmStreamArgs a;
+  a.dtype = p.dtype;
+  a.w = p.dw.data();
+  a.x = p.dx.data();
+  a.n = p.n;
+  a.rows = p.rows;
+  a.cols = p.cols;
+  a.y = y;
+  a.splits = splits;
+  a.accumulate = accumulate;
+  a.narrow = narrow;
+  return a;
+}
+
+// f32 accumulation of exact 16-bit products: a few 2^-24 per term.
+constexpr double kTol = 1e-5;
+// 16 bytes of 0xff past y's n x rows must survive every call.
+constexpr size_t kGuard = 16;
+
+// Runs one configuration (y poisoned, or y0 uploaded to accumulate onto)
+// and returns y's n x rows as f32 (narrow: decoded from 16 bits).
+std::vector<float> run(cudaStream_t stream, const Problem& p, int splits, const std::vector<float>& y0, bool narrow) {
+  const size_t count = static_cast<size_t>(p.n * p.rows);
+  const size_t elem = narrow ? 2 : 4;
+  DeviceBuffer y = poisoned(count * elem + kGuard);
+  if (!y0.empty()) {
+    RILL_CUDA_CHECK(cudaMemcpy(y.data(), y0.data(), count * 4, cudaMemcpyHostToDevice));
+    RILL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  EXPECT_TRUE(gemm_stream(args_for(p, y.data(), splits, !y0.empty(), narrow), stream));
+  RILL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<uint8_t> bytes = download<uint8_t>(y, count * elem + kGuard);
+  for (size_t i = count * elem; i < bytes.size(); ++i) {
+    EXPECT_EQ(bytes[i], 0xff) << "byte " << i - count * elem << " past y written";
+  }
+  if (narrow) return decode(p.dtype, std::vector<uint8_t>(bytes.begin(), bytes.begin() + count * 2));
+  std::vector<float> out(count);
+  std::memcpy(out.data(), bytes.data(), count * 4);
+  return out;
+}
+
+TEST(GemmStream, MatchesTheExactSumAtEveryTileAndSplit) {
+  REQUIRE_STREAM();
+  auto ctx = Context::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  const cudaStream_t st = (*ctx)->stream();
+  struct Shape {
+    int64_t n, rows, cols;
+  };
+  // Token tiles 16 (1, 2, 16), 32 (17, 32), 64 (33, 64), 128 (100, 128);
+  // rows past a slab (200, 300), columns past a chunk (136, 520, 1000).
+  const Shape shapes[] = {{1, 128, 64},    {2, 256, 512},   {16, 200, 136},  {17, 128, 1024}, {32, 384, 520},
+                          {33, 256, 1000}, {64, 512, 2048}, {100, 300, 512}, {128, 256, 1024}};
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const Shape& s : shapes) {
+      const Problem p = make_problem(dtype, s.n, s.rows, s.cols, static_cast<uint32_t>(s.n * 7 + s.rows));
+      for (int splits : kGemmStreamSplits) {
+        if (splits > (s.cols + 63) / 64) continue;
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + std::to_string(s.n) + " x " + std::to_string(s.rows) +
+                     " x " + std::to_string(s.cols) + ", " + std::to_string(splits) + " splits");
+        const std::vector<float> got = run(st, p, splits, {}, false);
+        EXPECT_LT(worst_error(p, got, {}), kTol);
+        // The same configuration twice: the same bits.
+        EXPECT_EQ(run(st, p, splits, {}, false), got);
+      }
+    }
+  }
+}
+
+TEST(GemmStream, AccumulatesOntoY) {
+  REQUIRE_STREAM();
+  auto ctx = Context::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  for (int splits : {1, 4}) {
+    const Problem p = make_problem(DType::kBF16, 64, 384, 1024, 31);
+    const std::vector<float> y0 = random_floats(static_cast<size_t>(p.n * p.rows), 32, -4.0f, 4.0f);
+    SCOPED_TRACE(std::to_string(splits) + " splits");
+    EXPECT_LT(worst_error(p, run((*ctx)->stream(), p, splits, y0, false), y0), kTol);
+  }
+}
+
+TEST(GemmStream, NarrowOutputIsTheSumRoundedOnce) {
+  REQUIRE_STREAM();
+  auto ctx = Context::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    const Problem p = make_problem(dtype, 48, 256, 768, 41);
+    const std::vector<float> wide = run((*ctx)->stream(), p, 2, {}, false);
+    const std::vector<float> narrow = run((*ctx)->stream(), p, 2, {}, true);
+    ASSERT_EQ(wide.size(), narrow.size());
+    for (size_t i = 0; i < wide.size(); ++i) {
+      ASSERT_EQ(narrow[i], round_to(dtype, wide[i])) << dtype_name(dtype) << " output " << i;
+    }
+  }
+}
+
+TEST(GemmStream, RefusesWhatItCannotTake) {
+  REQUIRE_STREAM();
+  const Problem p = make_problem(DType::kBF16, 8, 128, 256, 51);
+  DeviceBuffer y = poisoned(8 * 128 * 4);
+  const GemmStreamArgs ok = args_for(p, y.data(), 1, false, false);
+  EXPECT_TRUE(gemm_stream_supported(ok));
+  GemmStreamArgs a = ok;
+  a.n = kGemmStreamMaxTokens + 1;
+  EXPECT_FALSE(gemm_stream_supported(a));
+  a = ok;
+  a.n = 0;
+  EXPECT_FALSE(gemm_stream_supported(a));
+  a = ok;
+  a.cols = 252;  // rows of 504 bytes: not whole 16-byte units for the copy engine
+  EXPECT_FALSE(gemm_stream_supported(a));
+  a = ok;
+  a.cols = 56;  // less than one 64-column chunk
+  EXPECT_FALSE(gemm_stream_supported(a));
+  a = ok;
+  a.splits = 3;
+  EXPECT_FALSE(gemm_stream_supported(a));
+  a = ok;
+  a.splits = 8;  // 256 columns: 4 chunks
+  EXPECT_FALSE(gemm_stream_supported(a));
+  a = ok;
+  a.narrow = a.accumulate = true;
+  EXPECT_FALSE(gemm_stream_supported(a));
+  a = ok;
+  a.x = static_cast<const uint8_t*>(p.dx.data()) + 2;
+  EXPECT_FALSE(gemm_stream_supported(a));
+  a = ok;
+  a.dtype = DType::kF32;
+  EXPECT_FALSE(gemm_stream_supported(a));
+  auto ctx = Context::create();
+  ASSERT_TRUE(ctx.ok());
+  a = ok;
+  a.splits = 3;
+  EXPECT_FALSE(gemm_stream(a, (*ctx)->stream()));  // refused: nothing launched
+}
+
+// Gemm times gemm_stream beside cuBLASLt; whichever it keeps, the result is
+// the exact sum's, accumulating too, and set_stream(false) leaves it out.
+TEST(GemmStream, GemmKeepsTheExactSumWithItTimedIn) {
+  REQUIRE_STREAM();
+  auto ctx = Context::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  for (bool on : {true, false}) {
+    Gemm gemm(**ctx);
+    gemm.set_stream(on);
+    for (int64_t n : {4, 64, 128}) {
+      SCOPED_TRACE(std::string(on ? "stream timed in, " : "stream off, ") + std::to_string(n) + " tokens");
+      const Problem p = make_problem(DType::kBF16, n, 1024, 2048, static_cast<uint32_t>(n + 60));
+      DeviceBuffer y = poisoned(static_cast<size_t>(n * p.rows) * 4);
+      ASSERT_TRUE(gemm.run(DType::kBF16, p.dw.data(), p.dx.data(), n, p.rows, p.cols, y.as<float>(), false).ok());
+      EXPECT_LT(worst_error(p, download<float>(y, static_cast<size_t>(n * p.rows)), {}), kTol);
+      const std::vector<float> y0 = random_floats(static_cast<size_t>(n * p.rows), 61);
+      const Problem q = make_problem(DType::kBF16, n, 1024, 4096, static_cast<uint32_t>(n + 70));
+      DeviceBuffer acc = upload(y0);
+      ASSERT_TRUE(gemm.run(DType::kBF16, q.dw.data(), q.dx.data(), n, q.rows, q.cols, acc.as<float>(), true).ok());
+      EXPECT_LT(worst_error(q, download<float>(acc, static_cast<size_t>(n * q.rows)), y0), kTol);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rill::cuda
