@@ -69,7 +69,7 @@ double worst_error(const Problem& p, const std::vector<float>& got, const std::v
   return worst;
 }
 
-GemmStreamArgs args_for(const Problem& p, void* y, int splits, bool accumulate, bool narrow) {
+GemmStreamArgs args_for(const Problem& p, void* y, int splits, bool accumulate, bool narrow, int variant = 0) {
   GemmStreamArgs a;
   a.dtype = p.dtype;
   a.w = p.dw.data();
@@ -81,6 +81,7 @@ GemmStreamArgs args_for(const Problem& p, void* y, int splits, bool accumulate, 
   a.splits = splits;
   a.accumulate = accumulate;
   a.narrow = narrow;
+  a.variant = variant;
   return a;
 }
 
@@ -91,7 +92,8 @@ constexpr size_t kGuard = 16;
 
 // Runs one configuration (y poisoned, or y0 uploaded to accumulate onto)
 // and returns y's n x rows as f32 (narrow: decoded from 16 bits).
-std::vector<float> run(cudaStream_t stream, const Problem& p, int splits, const std::vector<float>& y0, bool narrow) {
+std::vector<float> run(cudaStream_t stream, const Problem& p, int splits, const std::vector<float>& y0, bool narrow,
+                       int variant = 0) {
   const size_t count = static_cast<size_t>(p.n * p.rows);
   const size_t elem = narrow ? 2 : 4;
   DeviceBuffer y = poisoned(count * elem + kGuard);
@@ -99,7 +101,7 @@ std::vector<float> run(cudaStream_t stream, const Problem& p, int splits, const 
     RILL_CUDA_CHECK(cudaMemcpy(y.data(), y0.data(), count * 4, cudaMemcpyHostToDevice));
     RILL_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  EXPECT_TRUE(gemm_stream(args_for(p, y.data(), splits, !y0.empty(), narrow), stream));
+  EXPECT_TRUE(gemm_stream(args_for(p, y.data(), splits, !y0.empty(), narrow, variant), stream));
   RILL_CUDA_CHECK(cudaStreamSynchronize(stream));
   const std::vector<uint8_t> bytes = download<uint8_t>(y, count * elem + kGuard);
   for (size_t i = count * elem; i < bytes.size(); ++i) {
@@ -134,6 +136,27 @@ TEST(GemmStream, MatchesTheExactSumAtEveryTileAndSplit) {
         EXPECT_LT(worst_error(p, got, {}), kTol);
         // The same configuration twice: the same bits.
         EXPECT_EQ(run(st, p, splits, {}, false), got);
+      }
+    }
+  }
+}
+
+TEST(GemmStream, VariantsGiveTheSameBits) {
+  REQUIRE_STREAM();
+  auto ctx = Context::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  const cudaStream_t st = (*ctx)->stream();
+  for (int64_t n : {3, 20, 64, 128}) {
+    const Problem p = make_problem(DType::kBF16, n, 256, 1096, static_cast<uint32_t>(n + 90));
+    for (int splits : kGemmStreamSplits) {
+      SCOPED_TRACE(std::to_string(n) + " tokens, " + std::to_string(splits) + " splits");
+      const std::vector<float> v0 = run(st, p, splits, {}, false, 0);
+      EXPECT_LT(worst_error(p, v0, {}), kTol);
+      EXPECT_EQ(run(st, p, splits, {}, false, 1), v0);
+      const std::vector<float> v2 = run(st, p, splits, {}, false, 2);
+      EXPECT_LT(worst_error(p, v2, {}), kTol);
+      if (splits == 1) {
+        EXPECT_EQ(v2, v0);
       }
     }
   }
@@ -198,6 +221,13 @@ TEST(GemmStream, RefusesWhatItCannotTake) {
   EXPECT_FALSE(gemm_stream_supported(a));
   a = ok;
   a.dtype = DType::kF32;
+  EXPECT_FALSE(gemm_stream_supported(a));
+  a = ok;
+  a.variant = kGemmStreamVariants;
+  EXPECT_FALSE(gemm_stream_supported(a));
+  a = ok;
+  a.variant = 2;
+  a.splits = 4;  // 256 columns: 2 chunks of 128
   EXPECT_FALSE(gemm_stream_supported(a));
   auto ctx = Context::create();
   ASSERT_TRUE(ctx.ok());

@@ -50,12 +50,19 @@ constexpr int kConsumerWarps = 8, kThreads = kConsumerWarps * 32 + 32;
 constexpr int kProducerWarp = kConsumerWarps;
 constexpr int kOutLd = kBM + 4;  // floats a token row of the output tile: 4 banks apart per token pair
 
-template <int BN>
+// A kernel configuration: the token tile BN, the variant V (gemm_stream.h:
+// 0 two blocks an SM, 1 one block with a ring twice as deep, 2 one block
+// with 128-column stages).
+template <int BN, int V>
 struct Shape {
-  static constexpr int kStages = BN >= 64 ? (BN == 128 ? 3 : 4) : 5;
-  static constexpr uint32_t kWBytes = kBM * kBK * 2;
-  static constexpr uint32_t kXBytes = BN * kBK * 2;
-  static constexpr uint32_t kStageBytes = kWBytes + kXBytes;  // a multiple of 1,024 (swizzle atoms)
+  static constexpr int kBoxes = V == 2 ? 2 : 1;  // 64-column boxes a stage
+  static constexpr int kMinBlocks = V == 0 ? 2 : 1;
+  static constexpr int kBaseStages = BN >= 64 ? (BN == 128 ? 3 : 4) : 5;
+  static constexpr int kStages = V == 0 ? kBaseStages : V == 1 ? 2 * kBaseStages : (BN == 128 ? 3 : 4);
+  static constexpr uint32_t kWBytes = kBM * kBK * 2;                     // one box of W
+  static constexpr uint32_t kXBytes = BN * kBK * 2;                      // one box of x
+  static constexpr uint32_t kStageBytes = kBoxes * (kWBytes + kXBytes);  // a multiple of 1,024 (swizzle atoms)
+  static constexpr uint32_t kXOffset = kBoxes * kWBytes;                 // x's boxes after W's in a stage
   static constexpr uint32_t kRing = kStages * kStageBytes;
   static constexpr uint32_t kOut = BN * kOutLd * 4;
   static constexpr uint32_t kData = kRing > kOut ? kRing : kOut;
@@ -63,7 +70,7 @@ struct Shape {
   // + 1,024: the dynamic window is aligned up to 1,024 bytes in the kernel.
   static constexpr uint32_t kSmem = kData + 2 * kStages * 8 + 1024;
   static_assert(kStageBytes % 1024 == 0, "stages keep the swizzle atoms aligned");
-  static_assert(kSmem <= 113 * 1024, "two blocks an SM");
+  static_assert(kSmem <= (kMinBlocks == 2 ? 112 : 225) * 1024, "the blocks an SM fit");
 };
 
 struct Params {
@@ -146,11 +153,54 @@ __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-template <typename T, typename Tag, int BN>
-__global__ void __launch_bounds__(kThreads, 2)
+// The sum of the S blocks' output tiles at one quad, rank 0's first: all
+// S loads issued before the first add (S = 1: this block's own tile).
+__device__ __forceinline__ float4 gather_parts(const uint8_t* local, uint32_t addr, int splits) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if (splits == 1) return *reinterpret_cast<const float4*>(local);
+  float4 v[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    if (q < splits) v[q] = ld_cluster(addr, static_cast<uint32_t>(q));
+  }
+  float4 s = v[0];
+#pragma unroll
+  for (int q = 1; q < 8; ++q) {
+    if (q < splits) {
+      s.x += v[q].x;
+      s.y += v[q].y;
+      s.z += v[q].z;
+      s.w += v[q].w;
+    }
+  }
+  return s;
+#else
+  (void)local;
+  (void)addr;
+  (void)splits;
+  return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#endif
+}
+
+// Four 16-bit outputs in one 8-byte store (y 8-byte aligned there).
+template <typename T>
+__device__ __forceinline__ void store_quad(T* y, float4 v) {
+  union {
+    T h[4];
+    uint2 u;
+  } q;
+  q.h[0] = to_out<T>(v.x);
+  q.h[1] = to_out<T>(v.y);
+  q.h[2] = to_out<T>(v.z);
+  q.h[3] = to_out<T>(v.w);
+  *reinterpret_cast<uint2*>(y) = q.u;
+}
+
+template <typename T, typename Tag, int BN, int V>
+__global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
     gemm_stream_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x, Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = Shape<BN>;
+  using S = Shape<BN, V>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -173,24 +223,34 @@ __global__ void __launch_bounds__(kThreads, 2)
   float acc[BN / 2];
   if (warp == kProducerWarp) {
     if (lane == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
       const uint64_t stream_w = l2_policy(true), keep_x = l2_policy(false);
       const int first = count < S::kStages ? count : S::kStages;
+      const int chunk_cols = kBK * S::kBoxes;
       for (int i = 0; i < first; ++i) {
         const uint32_t st = base + i * S::kStageBytes, bar = full0 + 8 * i;
         mbar_expect_tx(bar, S::kStageBytes);
-        tma_load(st, &map_w, (c_begin + i) * kBK, slab * kBM, bar, stream_w);
+        for (int b = 0; b < S::kBoxes; ++b) {
+          tma_load(st + b * S::kWBytes, &map_w, (c_begin + i) * chunk_cols + b * kBK, slab * kBM, bar, stream_w);
+        }
       }
       detail::pdl_wait();
       for (int i = 0; i < first; ++i) {
-        tma_load(base + i * S::kStageBytes + S::kWBytes, &map_x, (c_begin + i) * kBK, 0, full0 + 8 * i, keep_x);
+        const uint32_t st = base + i * S::kStageBytes, bar = full0 + 8 * i;
+        for (int b = 0; b < S::kBoxes; ++b) {
+          tma_load(st + S::kXOffset + b * S::kXBytes, &map_x, (c_begin + i) * chunk_cols + b * kBK, 0, bar, keep_x);
+        }
       }
       for (int i = first; i < count; ++i) {
         const int s = i % S::kStages;
         mbar_wait(empty0 + 8 * s, ((i / S::kStages) - 1) & 1);
         const uint32_t st = base + s * S::kStageBytes, bar = full0 + 8 * s;
         mbar_expect_tx(bar, S::kStageBytes);
-        tma_load(st, &map_w, (c_begin + i) * kBK, slab * kBM, bar, stream_w);
-        tma_load(st + S::kWBytes, &map_x, (c_begin + i) * kBK, 0, bar, keep_x);
+        for (int b = 0; b < S::kBoxes; ++b) {
+          tma_load(st + b * S::kWBytes, &map_w, (c_begin + i) * chunk_cols + b * kBK, slab * kBM, bar, stream_w);
+          tma_load(st + S::kXOffset + b * S::kXBytes, &map_x, (c_begin + i) * chunk_cols + b * kBK, 0, bar, keep_x);
+        }
       }
     } else {
       detail::pdl_wait();
@@ -203,12 +263,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int i = 0; i < count; ++i) {
       const int s = i % S::kStages;
       mbar_wait(full0 + 8 * s, (i / S::kStages) & 1);
-      const uint32_t w_tile = base + s * S::kStageBytes + wg * (64 * 128),
-                     x_tile = base + s * S::kStageBytes + S::kWBytes;
+      const uint32_t st = base + s * S::kStageBytes;
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-      for (int k = 0; k < kBK / 16; ++k) {
-        hopper::Wgmma<Tag, BN>::run(acc, sw128_desc(w_tile + 32 * k), sw128_desc(x_tile + 32 * k), 1);
+      for (int b = 0; b < S::kBoxes; ++b) {
+        const uint32_t w_tile = st + b * S::kWBytes + wg * (64 * 128), x_tile = st + S::kXOffset + b * S::kXBytes;
+#pragma unroll
+        for (int k = 0; k < kBK / 16; ++k) {
+          hopper::Wgmma<Tag, BN>::run(acc, sw128_desc(w_tile + 32 * k), sw128_desc(x_tile + 32 * k), 1);
+        }
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -234,35 +297,55 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   if (p.splits > 1) cluster_sync();
 
+  // Rank `split` writes rows [split R, split R + R) of the slab, R = 128 / S,
+  // as quads of 4 rows, two quads a thread at a time so that their loads
+  // (the S parts, y's old values) are in flight together.
   const int rows_per_rank = kBM / p.splits, quads = rows_per_rank / 4;
   const int total = p.n * quads;
-  for (int idx = static_cast<int>(threadIdx.x); idx < total; idx += kThreads) {
-    const int t = idx / quads, row = split * rows_per_rank + 4 * (idx % quads);
-    const uint32_t off = static_cast<uint32_t>((t * kOutLd + row) * 4);
-    float4 sum;
-    if (p.splits == 1) {
-      sum = *reinterpret_cast<const float4*>(gbase + off);
-    } else {
-      sum = ld_cluster(base + off, 0);
-      for (int q = 1; q < p.splits; ++q) {
-        const float4 v = ld_cluster(base + off, static_cast<uint32_t>(q));
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
-      }
-    }
-    const int64_t gr = static_cast<int64_t>(slab) * kBM + row;
-    const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
-    const int64_t at = static_cast<int64_t>(t) * p.rows + gr;
+  const bool whole_quads = (p.rows & 3) == 0;  // a quad is wholly in y's rows or wholly past them
+  constexpr int kU = 2;
+  for (int idx0 = static_cast<int>(threadIdx.x); idx0 < total; idx0 += kU * kThreads) {
+    float4 sum[kU], prev[kU];
+    int64_t at[kU], gr[kU];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (gr + e >= p.rows) break;
-      if (p.narrow) {
-        static_cast<T*>(p.y)[at + e] = to_out<T>(vals[e]);
-      } else {
-        float* y = static_cast<float*>(p.y);
-        y[at + e] = p.accumulate ? y[at + e] + vals[e] : vals[e];
+    for (int u = 0; u < kU; ++u) {
+      const int idx = idx0 + u * kThreads;
+      const int t = idx / quads, row = split * rows_per_rank + 4 * (idx % quads);
+      gr[u] = static_cast<int64_t>(slab) * kBM + row;
+      at[u] = static_cast<int64_t>(t) * p.rows + gr[u];
+      prev[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (idx >= total) continue;
+      if (p.accumulate && whole_quads && gr[u] < p.rows) {
+        prev[u] = *reinterpret_cast<const float4*>(static_cast<const float*>(p.y) + at[u]);
+      }
+      const uint32_t off = static_cast<uint32_t>((t * kOutLd + row) * 4);
+      sum[u] = gather_parts(gbase + off, base + off, p.splits);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (idx0 + u * kThreads >= total) continue;
+      if (whole_quads) {
+        if (gr[u] >= p.rows) continue;
+        if (p.narrow) {
+          store_quad(static_cast<T*>(p.y) + at[u], sum[u]);
+        } else {
+          const float4 v = p.accumulate ? make_float4(prev[u].x + sum[u].x, prev[u].y + sum[u].y, prev[u].z + sum[u].z,
+                                                      prev[u].w + sum[u].w)
+                                        : sum[u];
+          *reinterpret_cast<float4*>(static_cast<float*>(p.y) + at[u]) = v;
+        }
+        continue;
+      }
+      const float vals[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (gr[u] + e >= p.rows) break;
+        if (p.narrow) {
+          static_cast<T*>(p.y)[at[u] + e] = to_out<T>(vals[e]);
+        } else {
+          float* y = static_cast<float*>(p.y);
+          y[at[u] + e] = p.accumulate ? y[at[u] + e] + vals[e] : vals[e];
+        }
       }
     }
   }
@@ -311,22 +394,24 @@ int token_tile(int64_t n) {
   return n <= 16 ? 16 : n <= 32 ? 32 : n <= 64 ? 64 : 128;
 }
 
-template <typename T, typename Tag, int BN>
+template <typename T, typename Tag, int BN, int V>
 bool launch(const GemmStreamArgs& a, cudaStream_t stream) {
-  using S = Shape<BN>;
+  using S = Shape<BN, V>;
   CUtensorMap map_w, map_x;
   if (!encode_map(&map_w, a.dtype, a.w, a.rows, a.cols, kBM) || !encode_map(&map_x, a.dtype, a.x, a.n, a.cols, BN)) {
     return false;
   }
   static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(&gemm_stream_kernel<T, Tag, BN>), S::kSmem, true);
+  opt_in.ensure(reinterpret_cast<const void*>(&gemm_stream_kernel<T, Tag, BN, V>), S::kSmem, true);
+  const int64_t chunk_cols = int64_t{kBK} * S::kBoxes;
   const Params p{a.y,
                  static_cast<int>(a.n),
                  static_cast<int>(a.rows),
-                 static_cast<int>((a.cols + kBK - 1) / kBK),
+                 static_cast<int>((a.cols + chunk_cols - 1) / chunk_cols),
                  a.splits,
                  a.accumulate,
                  a.narrow};
+  if (p.splits > p.chunks) return false;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(a.splits), static_cast<unsigned>((a.rows + kBM - 1) / kBM));
   cfg.blockDim = dim3(kThreads);
@@ -341,24 +426,36 @@ bool launch(const GemmStreamArgs& a, cudaStream_t stream) {
   attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 2;
-  if (cudaLaunchKernelEx(&cfg, gemm_stream_kernel<T, Tag, BN>, map_w, map_x, p) != cudaSuccess) {
+  if (cudaLaunchKernelEx(&cfg, gemm_stream_kernel<T, Tag, BN, V>, map_w, map_x, p) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
   return true;
 }
 
+template <typename T, typename Tag, int BN>
+bool launch_variant(const GemmStreamArgs& a, cudaStream_t stream) {
+  switch (a.variant) {
+    case 1:
+      return launch<T, Tag, BN, 1>(a, stream);
+    case 2:
+      return launch<T, Tag, BN, 2>(a, stream);
+    default:
+      return launch<T, Tag, BN, 0>(a, stream);
+  }
+}
+
 template <typename T, typename Tag>
 bool launch_typed(const GemmStreamArgs& a, cudaStream_t stream) {
   switch (token_tile(a.n)) {
     case 16:
-      return launch<T, Tag, 16>(a, stream);
+      return launch_variant<T, Tag, 16>(a, stream);
     case 32:
-      return launch<T, Tag, 32>(a, stream);
+      return launch_variant<T, Tag, 32>(a, stream);
     case 64:
-      return launch<T, Tag, 64>(a, stream);
+      return launch_variant<T, Tag, 64>(a, stream);
     default:
-      return launch<T, Tag, 128>(a, stream);
+      return launch_variant<T, Tag, 128>(a, stream);
   }
 }
 
@@ -384,7 +481,7 @@ bool gemm_stream_available() {
             minor == 0 && encode_fn() != nullptr;
   cudaFuncAttributes attr{};
   ok = ok && cudaFuncGetAttributes(
-                 &attr, reinterpret_cast<const void*>(&gemm_stream_kernel<__nv_bfloat16, hopper::WgmmaBF16, 128>)) ==
+                 &attr, reinterpret_cast<const void*>(&gemm_stream_kernel<__nv_bfloat16, hopper::WgmmaBF16, 128, 0>)) ==
                  cudaSuccess;
   cudaGetLastError();
   k.store(ok ? 2 : 1, std::memory_order_release);
@@ -397,7 +494,8 @@ bool gemm_stream_supported(const GemmStreamArgs& a) {
   return (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && a.n >= 1 && a.n <= kGemmStreamMaxTokens &&
          a.rows >= 1 && a.rows <= int64_t{65535} * kBM && a.cols >= kBK && a.cols % 8 == 0 && a.w && a.x && a.y &&
          aligned16(a.w) && aligned16(a.x) && aligned16(a.y) && !(a.narrow && a.accumulate) && split_ok &&
-         a.splits <= (a.cols + kBK - 1) / kBK;
+         a.variant >= 0 && a.variant < kGemmStreamVariants &&
+         a.splits <= (a.cols + kBK * (a.variant == 2 ? 2 : 1) - 1) / (kBK * (a.variant == 2 ? 2 : 1));
 }
 
 bool gemm_stream(const GemmStreamArgs& a, cudaStream_t stream) {

@@ -37,7 +37,13 @@ struct GemmStreamArgs {
   bool accumulate = false;
   bool narrow = false;
   int splits = 1;  // one of kGemmStreamSplits
+  // 0: two blocks an SM, a 3-5 stage ring of 64-column stages; 1: one
+  // block an SM, a ring twice as deep; 2: one block an SM, 128-column
+  // stages. Variants 0 and 1 give the same bits; 2 too with one split (its
+  // splits break the columns at 128-column chunks).
+  int variant = 0;
 };
+inline constexpr int kGemmStreamVariants = 3;
 
 // Whether this process's current device can run the kernel (sm_90 with
 // the sm_90a build in this binary).
@@ -46,7 +52,7 @@ bool gemm_stream_available();
 // Whether args describe a shape the kernel takes: F16/BF16, 1..128 tokens,
 // cols a multiple of 8 (16-byte rows for the copy engine) and at least 64,
 // w, x and y 16-byte aligned, splits one of kGemmStreamSplits and no more
-// than the 64-column chunks of a row.
+// than the chunks of a row (64 columns, 128 in variant 2), a variant.
 bool gemm_stream_supported(const GemmStreamArgs& args);
 
 // Launches it on `stream` (programmatic dependent launch: the weights'
