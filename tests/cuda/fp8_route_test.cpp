@@ -24,6 +24,7 @@
 
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/hopper/gemm_stream.h"
 #include "backend/cuda/ops.h"
 #include "cuda_test_util.h"
 
@@ -34,6 +35,8 @@ const char* route_name(Fp8Route r) {
   switch (r) {
     case Fp8Route::kNone:
       return "none";
+    case Fp8Route::kStream:
+      return "stream";
     case Fp8Route::kMma:
       return "mma";
     case Fp8Route::kMmaBf16x:
@@ -66,6 +69,7 @@ TEST(Fp8Route, TheRoutesBeforeTheRuleWasOneFunction) {
   for (const char* v : {"RILL_FP8_MMA", "RILL_FP8_BF16_D"}) {
     if (std::getenv(v) != nullptr) GTEST_SKIP() << v << " is set";
   }
+  force_fp8_stream(0);
   auto ctx = Context::create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
   Gemm gemm(**ctx);
@@ -122,6 +126,42 @@ TEST(Fp8Route, TheRoutesBeforeTheRuleWasOneFunction) {
   EXPECT_GT(gemm_routes, 0);
   std::printf("[ fp8 route ] %lld cases, %lld of them the GEMM\n", static_cast<long long>(checked),
               static_cast<long long>(gemm_routes));
+  force_fp8_stream(-1);
+}
+
+// With fp8_stream_on(): 2..128 tokens that fit the scratch take gemm_stream
+// (the GLU too, fused with its scale pass; x quantized), whatever x's type;
+// one token, more than 128, no scratch and batch-invariant mode keep their
+// routes.
+TEST(Fp8Route, StreamTakesTwoTo128TokensWhenOn) {
+  RILL_REQUIRE_GPU();
+  if (!gemm_stream_available()) GTEST_SKIP() << "gemm_stream needs an sm_90 device";
+  auto ctx = Context::create(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  Gemm gemm(**ctx);
+  const Fp8Scratch none, scratch = described(256, 14336);
+  force_fp8_stream(0);
+  const Fp8Route before_1 = fp8_route(gemm, scratch, DType::kBF16, 1, 4096, 4096, false);
+  const Fp8Route before_200 = fp8_route(gemm, scratch, DType::kBF16, 200, 4096, 4096, false);
+  const Fp8Route before_none = fp8_route(gemm, none, DType::kBF16, 64, 4096, 4096, false);
+  force_fp8_stream(1);
+  for (const int64_t n : {2, 8, 64, 128}) {
+    for (const DType x : {DType::kBF16, DType::kF32, DType::kF16}) {
+      SCOPED_TRACE(std::to_string(n) + " tokens, x " + std::string(dtype_name(x)));
+      EXPECT_EQ(fp8_route(gemm, scratch, x, n, 6144, 4096, false), Fp8Route::kStream);
+      EXPECT_EQ(fp8_route(gemm, scratch, x, n, 57344, 4096, true), Fp8Route::kStream);
+      EXPECT_TRUE(fp8_glu_fusable(gemm, scratch, x, n, 57344, 4096));
+      EXPECT_TRUE(fp8_quantizes_x(gemm, scratch, x, n, 4096, 14336, false));
+      EXPECT_EQ(fp8_route(gemm, scratch, x, n, 57345, 4096, true), Fp8Route::kNone);
+      gemm.set_batch_invariant(true);
+      EXPECT_EQ(fp8_route(gemm, scratch, x, n, 6144, 4096, false), Fp8Route::kDequant);
+      gemm.set_batch_invariant(false);
+    }
+  }
+  EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, 1, 4096, 4096, false), before_1);
+  EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, 200, 4096, 4096, false), before_200);
+  EXPECT_EQ(fp8_route(gemm, none, DType::kBF16, 64, 4096, 4096, false), before_none);
+  force_fp8_stream(-1);
 }
 
 }  // namespace

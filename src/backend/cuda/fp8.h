@@ -223,15 +223,27 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
 // fp8_glu_fusable read, so they cannot drift apart.
 //  kNone      nothing to do (no tokens or rows); glu: not fusable, the
 //             caller runs fp8_matmul then the GLU
+//  kStream    gemm_stream's e4m3 form (hopper/gemm_stream.h) over x
+//             quantized by quantize_fp8_tokens, the scales in its epilogue
+//             (glu: unscaled into gate_up, then fp8_scale_glu as kGemm): 2..128
+//             tokens with fp8_stream_on(), outside batch-invariant mode, on
+//             devices that run it; checked before kMma
 //  kMma       fp8_mma over x quantized by quantize_fp8_tokens
 //  kMmaBf16x  fp8_mma's bf16 form over x as it is
 //  kGemv      fp8_gemv (not for glu)
 //  kGemm      cuBLASLt's FP8 GEMM over quantized x, then its scales (glu:
 //             unscaled, the scales inside the GLU)
 //  kDequant   quant_matmul's dequantize-then-GEMM (not for glu)
-enum class Fp8Route { kNone, kMma, kMmaBf16x, kGemv, kGemm, kDequant };
+enum class Fp8Route { kNone, kStream, kMma, kMmaBf16x, kGemv, kGemm, kDequant };
 Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                    bool glu);
+
+// Whether fp8_route takes kStream where it can: RILL_FP8_STREAM=1 in the
+// environment (read once; off by default until it is timed end to end), or
+// what force_fp8_stream set (tests, benchmarks: 1 on, 0 off, -1 back to the
+// environment).
+bool fp8_stream_on();
+void force_fp8_stream(int on);
 
 // Whether fp8_matmul (glu: fp8_matmul_glu, where fp8_glu_fusable) of this
 // shape quantizes x with quantize_fp8_tokens into fp8.xq / fp8.xs: its

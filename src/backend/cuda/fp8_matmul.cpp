@@ -1,9 +1,13 @@
 // fp8_matmul: the FP8 weights' path by token count (fp8.h).
 #include <algorithm>
+#include <atomic>
 #include <cassert>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/hopper/gemm_stream.h"
 #include "backend/cuda/ops.h"
 
 namespace rill::cuda {
@@ -40,13 +44,70 @@ bool x_fits_scratch(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_cols) {
   return fp8.xq && n_tokens <= fp8.max_tokens && n_tokens * n_cols <= fp8.x_elems;
 }
 
+std::atomic<int> g_force_stream{-1};
+
+// gemm_stream's e4m3 call for fp8_matmul's shape (ws / xs null: unscaled).
+// Its configuration follows from the shape alone: two blocks an SM, the
+// columns split in two, four or eight until the grid has 96 blocks (the
+// 8B's qkv 2, o and down 4, gate_up and the head 1), the choice that came
+// within 3% of each shape's best on the H100's bf16 timings (docs/perf.md).
+GemmStreamArgs stream_args(const uint8_t* w, const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
+                           void* y, bool accumulate, bool scaled) {
+  GemmStreamArgs a;
+  a.e4m3 = true;
+  a.w = w + kFp8RowHeader;
+  a.w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
+  a.x = fp8.xq;
+  a.ws = scaled ? fp8_scales(w, n_rows, n_cols) : nullptr;
+  a.xs = scaled ? fp8.xs : nullptr;
+  a.n = n_tokens;
+  a.rows = n_rows;
+  a.cols = n_cols;
+  a.y = y;
+  a.accumulate = accumulate;
+  const int64_t slabs = (n_rows + 127) / 128, chunks = (n_cols + 127) / 128;
+  int splits = 1;
+  while (splits < 8 && slabs * splits < 96 && 2 * splits <= chunks) splits *= 2;
+  a.splits = splits;
+  a.variant = 0;
+  return a;
+}
+
+bool stream_path(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_rows, int64_t n_cols) {
+  if (!fp8_stream_on() || n_tokens < 2 || n_tokens > kGemmStreamMaxTokens || !fp8_cols_ok(n_cols) ||
+      !x_fits_scratch(fp8, n_tokens, n_cols)) {
+    return false;
+  }
+  // The pointers' alignment is checked at the call (all 16-byte here:
+  // rows of 16 + n_cols bytes, arena scratch); the shape's here.
+  static const uint8_t probe[16] alignas(16) = {};
+  GemmStreamArgs a = stream_args(probe, fp8, n_tokens, n_rows, n_cols, const_cast<uint8_t*>(probe), false, false);
+  a.w = probe;
+  return gemm_stream_supported(a) && gemm_stream_available();
+}
+
 }  // namespace
+
+bool fp8_stream_on() {
+  const int forced = g_force_stream.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced == 1;
+  static const bool on = [] {
+    const char* e = std::getenv("RILL_FP8_STREAM");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
+void force_fp8_stream(int on) {
+  g_force_stream.store(on < 0 ? -1 : on != 0 ? 1 : 0, std::memory_order_relaxed);
+}
 
 Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                    bool glu) {
   if (n_tokens <= 0 || n_rows <= 0) return Fp8Route::kNone;
   const bool invariant = gemm.batch_invariant();
   if (glu && (n_rows % 2 != 0 || invariant)) return Fp8Route::kNone;
+  if (!invariant && stream_path(fp8, n_tokens, n_rows, n_cols)) return Fp8Route::kStream;
   if (!invariant && mma_path(fp8, n_tokens, n_rows, n_cols, glu)) {
     return fp8_mma_bf16x_on() && x_dtype == DType::kBF16 ? Fp8Route::kMmaBf16x : Fp8Route::kMma;
   }
@@ -77,7 +138,7 @@ Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_t
 bool fp8_quantizes_x(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                      bool glu) {
   const Fp8Route r = fp8_route(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, glu);
-  return r == Fp8Route::kMma || r == Fp8Route::kGemm;
+  return r == Fp8Route::kStream || r == Fp8Route::kMma || r == Fp8Route::kGemm;
 }
 
 bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows,
@@ -89,10 +150,17 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
                   const void* x, int64_t n_tokens, int64_t n_rows, int64_t n_cols, float* y, bool accumulate,
                   cudaStream_t stream, bool x_quantized) {
   const Fp8Route route = fp8_route(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, false);
-  assert(!x_quantized || route == Fp8Route::kMma || route == Fp8Route::kGemm);
+  assert(!x_quantized || route == Fp8Route::kStream || route == Fp8Route::kMma || route == Fp8Route::kGemm);
   const auto* wb = static_cast<const uint8_t*>(w);
   switch (route) {
     case Fp8Route::kNone:
+      return Status::Ok();
+    case Fp8Route::kStream:
+      if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+      if (!gemm_stream(stream_args(wb, fp8, n_tokens, n_rows, n_cols, y, accumulate, true), stream)) {
+        return Error{"FP8 matmul: gemm_stream refused " + std::to_string(n_tokens) + " x " + std::to_string(n_rows) +
+                     " x " + std::to_string(n_cols)};
+      }
       return Status::Ok();
     case Fp8Route::kMmaBf16x:
       fp8_mma_bf16x(wb, x, n_tokens, n_rows, n_cols, y, accumulate, fp8.mma_part, fp8.mma_part_floats, stream);
@@ -120,7 +188,7 @@ Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_
                       cudaStream_t stream, bool x_quantized) {
   const Fp8Route route = fp8_route(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, true);
   assert(route != Fp8Route::kNone);
-  assert(!x_quantized || route == Fp8Route::kMma || route == Fp8Route::kGemm);
+  assert(!x_quantized || route == Fp8Route::kStream || route == Fp8Route::kMma || route == Fp8Route::kGemm);
   // fp8_matmul's fp8_mma path: the scales and the GLU in its epilogue
   // (gate_up unused), the same sums in the same order as fp8_mma over the
   // whole weight (the same plan: ceil(2 F / 128) = ceil(F / 64) slabs).
@@ -136,9 +204,19 @@ Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_
     return Status::Ok();
   }
   // fp8_matmul's GEMM path up to its scale pass (Gemm::run_fp8 not
-  // accumulating, no outer scales): the same quantized x, the same plan.
+  // accumulating, no outer scales): the same quantized x, the same plan;
+  // kStream: gemm_stream's unscaled sums, then the same pass.
   const int64_t w_ld = static_cast<int64_t>(fp8_row_bytes(n_cols));
   if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+  if (route == Fp8Route::kStream) {
+    if (!gemm_stream(stream_args(static_cast<const uint8_t*>(w), fp8, n_tokens, n_rows, n_cols, gate_up, false, false),
+                     stream)) {
+      return Error{"FP8 GLU matmul: gemm_stream refused " + std::to_string(n_tokens) + " x " + std::to_string(n_rows) +
+                   " x " + std::to_string(n_cols)};
+    }
+    fp8_scale_glu(gate_up, n_tokens, n_rows / 2, fp8.xs, fp8_scales(w, n_rows, n_cols), gelu, out_dtype, out, stream);
+    return Status::Ok();
+  }
   RILL_TRY(gemm.run_fp8_unscaled(static_cast<const uint8_t*>(w) + kFp8RowHeader, w_ld, fp8.xq, n_tokens, n_rows, n_cols,
                                  gate_up));
   fp8_scale_glu(gate_up, n_tokens, n_rows / 2, fp8.xs, fp8_scales(w, n_rows, n_cols), gelu, out_dtype, out, stream);

@@ -36,6 +36,7 @@
 #include <cuda_fp16.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/device_math.cuh"
@@ -45,7 +46,12 @@
 namespace rill::cuda {
 namespace {
 
-constexpr int kBM = 128, kBK = 64;  // a W tile: 128 rows x 64 columns = 128-byte rows (one swizzle span)
+constexpr int kBM = 128;    // rows of a W tile
+constexpr int kBoxB = 128;  // bytes of a tile row: one 128-byte swizzle span (64 f16 / bf16, 128 e4m3)
+
+// Columns a 128-byte box row holds.
+template <typename Tag>
+inline constexpr int kBoxCols = std::is_same_v<Tag, hopper::WgmmaE4M3> ? kBoxB : kBoxB / 2;
 constexpr int kConsumerWarps = 8, kThreads = kConsumerWarps * 32 + 32;
 constexpr int kProducerWarp = kConsumerWarps;
 constexpr int kOutLd = kBM + 4;  // floats a token row of the output tile: 4 banks apart per token pair
@@ -59,8 +65,8 @@ struct Shape {
   static constexpr int kMinBlocks = V == 0 ? 2 : 1;
   static constexpr int kBaseStages = BN >= 64 ? (BN == 128 ? 3 : 4) : 5;
   static constexpr int kStages = V == 0 ? kBaseStages : V == 1 ? 2 * kBaseStages : (BN == 128 ? 3 : 4);
-  static constexpr uint32_t kWBytes = kBM * kBK * 2;                     // one box of W
-  static constexpr uint32_t kXBytes = BN * kBK * 2;                      // one box of x
+  static constexpr uint32_t kWBytes = kBM * kBoxB;                       // one box of W
+  static constexpr uint32_t kXBytes = BN * kBoxB;                        // one box of x
   static constexpr uint32_t kStageBytes = kBoxes * (kWBytes + kXBytes);  // a multiple of 1,024 (swizzle atoms)
   static constexpr uint32_t kXOffset = kBoxes * kWBytes;                 // x's boxes after W's in a stage
   static constexpr uint32_t kRing = kStages * kStageBytes;
@@ -75,6 +81,8 @@ struct Shape {
 
 struct Params {
   void* y;
+  const float* ws;  // e4m3 with scales: W's row scales and x's token scales; else null
+  const float* xs;
   int n, rows, chunks, splits;
   bool accumulate, narrow;
 };
@@ -227,19 +235,20 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
       const uint64_t stream_w = l2_policy(true), keep_x = l2_policy(false);
       const int first = count < S::kStages ? count : S::kStages;
-      const int chunk_cols = kBK * S::kBoxes;
+      constexpr int kCols = kBoxCols<Tag>;
+      const int chunk_cols = kCols * S::kBoxes;
       for (int i = 0; i < first; ++i) {
         const uint32_t st = base + i * S::kStageBytes, bar = full0 + 8 * i;
         mbar_expect_tx(bar, S::kStageBytes);
         for (int b = 0; b < S::kBoxes; ++b) {
-          tma_load(st + b * S::kWBytes, &map_w, (c_begin + i) * chunk_cols + b * kBK, slab * kBM, bar, stream_w);
+          tma_load(st + b * S::kWBytes, &map_w, (c_begin + i) * chunk_cols + b * kCols, slab * kBM, bar, stream_w);
         }
       }
       detail::pdl_wait();
       for (int i = 0; i < first; ++i) {
         const uint32_t st = base + i * S::kStageBytes, bar = full0 + 8 * i;
         for (int b = 0; b < S::kBoxes; ++b) {
-          tma_load(st + S::kXOffset + b * S::kXBytes, &map_x, (c_begin + i) * chunk_cols + b * kBK, 0, bar, keep_x);
+          tma_load(st + S::kXOffset + b * S::kXBytes, &map_x, (c_begin + i) * chunk_cols + b * kCols, 0, bar, keep_x);
         }
       }
       for (int i = first; i < count; ++i) {
@@ -248,8 +257,8 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
         const uint32_t st = base + s * S::kStageBytes, bar = full0 + 8 * s;
         mbar_expect_tx(bar, S::kStageBytes);
         for (int b = 0; b < S::kBoxes; ++b) {
-          tma_load(st + b * S::kWBytes, &map_w, (c_begin + i) * chunk_cols + b * kBK, slab * kBM, bar, stream_w);
-          tma_load(st + S::kXOffset + b * S::kXBytes, &map_x, (c_begin + i) * chunk_cols + b * kBK, 0, bar, keep_x);
+          tma_load(st + b * S::kWBytes, &map_w, (c_begin + i) * chunk_cols + b * kCols, slab * kBM, bar, stream_w);
+          tma_load(st + S::kXOffset + b * S::kXBytes, &map_x, (c_begin + i) * chunk_cols + b * kCols, 0, bar, keep_x);
         }
       }
     } else {
@@ -269,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
       for (int b = 0; b < S::kBoxes; ++b) {
         const uint32_t w_tile = st + b * S::kWBytes + wg * (64 * 128), x_tile = st + S::kXOffset + b * S::kXBytes;
 #pragma unroll
-        for (int k = 0; k < kBK / 16; ++k) {
+        for (int k = 0; k < kBoxB / 32; ++k) {
           hopper::Wgmma<Tag, BN>::run(acc, sw128_desc(w_tile + 32 * k), sw128_desc(x_tile + 32 * k), 1);
         }
       }
@@ -320,6 +329,14 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
       }
       const uint32_t off = static_cast<uint32_t>((t * kOutLd + row) * 4);
       sum[u] = gather_parts(gbase + off, base + off, p.splits);
+      if (p.xs) {  // e4m3's scales, in fp8_scale_rows' order: sum x xs[t] x ws[r] (rows past y: the last row's)
+        const float xt = p.xs[t];
+        const int64_t last = p.rows - 1;
+        sum[u].x = sum[u].x * xt * p.ws[gr[u] < last ? gr[u] : last];
+        sum[u].y = sum[u].y * xt * p.ws[gr[u] + 1 < last ? gr[u] + 1 : last];
+        sum[u].z = sum[u].z * xt * p.ws[gr[u] + 2 < last ? gr[u] + 2 : last];
+        sum[u].w = sum[u].w * xt * p.ws[gr[u] + 3 < last ? gr[u] + 3 : last];
+      }
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -374,20 +391,24 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A [outer, inner] 16-bit row-major matrix, tiles of box_rows x 64, in the
+// A row-major matrix of `outer` rows, `inner` elements a row (16-bit, or
+// e4m3 bytes) `ld` bytes apart, in tiles of box_rows x 128 bytes in the
 // 128-byte swizzle; out-of-range elements read as zeros.
-bool encode_map(CUtensorMap* map, DType dtype, const void* ptr, int64_t outer, int64_t inner, uint32_t box_rows) {
+bool encode_map(CUtensorMap* map, CUtensorMapDataType type, int elem_bytes, const void* ptr, int64_t outer,
+                int64_t inner, int64_t ld, uint32_t box_rows) {
   const auto fn = encode_fn();
   if (!fn) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner) * 2};
-  const cuuint32_t box[2] = {kBK, box_rows};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBoxB / elem_bytes), box_rows};
   const cuuint32_t elem[2] = {1, 1};
-  const CUtensorMapDataType t =
-      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return fn(map, t, 2, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  return fn(map, type, 2, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int elem_bytes(const GemmStreamArgs& a) {
+  return a.e4m3 ? 1 : 2;
 }
 
 int token_tile(int64_t n) {
@@ -398,13 +419,21 @@ template <typename T, typename Tag, int BN, int V>
 bool launch(const GemmStreamArgs& a, cudaStream_t stream) {
   using S = Shape<BN, V>;
   CUtensorMap map_w, map_x;
-  if (!encode_map(&map_w, a.dtype, a.w, a.rows, a.cols, kBM) || !encode_map(&map_x, a.dtype, a.x, a.n, a.cols, BN)) {
+  const int eb = elem_bytes(a);
+  const CUtensorMapDataType type = a.e4m3                    ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : a.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const int64_t w_ld = a.w_ld > 0 ? a.w_ld : a.cols * eb;
+  if (!encode_map(&map_w, type, eb, a.w, a.rows, a.cols, w_ld, kBM) ||
+      !encode_map(&map_x, type, eb, a.x, a.n, a.cols, a.cols * eb, BN)) {
     return false;
   }
   static SmemOptIn opt_in;
   opt_in.ensure(reinterpret_cast<const void*>(&gemm_stream_kernel<T, Tag, BN, V>), S::kSmem, true);
-  const int64_t chunk_cols = int64_t{kBK} * S::kBoxes;
+  const int64_t chunk_cols = int64_t{kBoxCols<Tag>} * S::kBoxes;
   const Params p{a.y,
+                 a.ws,
+                 a.xs,
                  static_cast<int>(a.n),
                  static_cast<int>(a.rows),
                  static_cast<int>((a.cols + chunk_cols - 1) / chunk_cols),
@@ -491,15 +520,20 @@ bool gemm_stream_available() {
 bool gemm_stream_supported(const GemmStreamArgs& a) {
   bool split_ok = false;
   for (int s : kGemmStreamSplits) split_ok = split_ok || s == a.splits;
-  return (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && a.n >= 1 && a.n <= kGemmStreamMaxTokens &&
-         a.rows >= 1 && a.rows <= int64_t{65535} * kBM && a.cols >= kBK && a.cols % 8 == 0 && a.w && a.x && a.y &&
-         aligned16(a.w) && aligned16(a.x) && aligned16(a.y) && !(a.narrow && a.accumulate) && split_ok &&
-         a.variant >= 0 && a.variant < kGemmStreamVariants &&
-         a.splits <= (a.cols + kBK * (a.variant == 2 ? 2 : 1) - 1) / (kBK * (a.variant == 2 ? 2 : 1));
+  const int64_t row_bytes = a.cols * (a.e4m3 ? 1 : 2);
+  const int64_t chunk_bytes = int64_t{kBoxB} * (a.variant == 2 ? 2 : 1);
+  const bool types_ok = a.e4m3 ? !a.narrow && (a.ws == nullptr) == (a.xs == nullptr) &&
+                                     (a.w_ld == 0 || (a.w_ld >= row_bytes && a.w_ld % 16 == 0))
+                               : (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && a.w_ld == 0 && !a.ws && !a.xs;
+  return types_ok && a.n >= 1 && a.n <= kGemmStreamMaxTokens && a.rows >= 1 && a.rows <= int64_t{65535} * kBM &&
+         row_bytes >= kBoxB && row_bytes % 16 == 0 && a.w && a.x && a.y && aligned16(a.w) && aligned16(a.x) &&
+         aligned16(a.y) && !(a.narrow && a.accumulate) && split_ok && a.variant >= 0 &&
+         a.variant < kGemmStreamVariants && a.splits <= (row_bytes + chunk_bytes - 1) / chunk_bytes;
 }
 
 bool gemm_stream(const GemmStreamArgs& a, cudaStream_t stream) {
   if (!gemm_stream_supported(a) || !gemm_stream_available()) return false;
+  if (a.e4m3) return launch_typed<__nv_bfloat16, hopper::WgmmaE4M3>(a, stream);  // T: no narrow output
   return a.dtype == DType::kBF16 ? launch_typed<__nv_bfloat16, hopper::WgmmaBF16>(a, stream)
                                  : launch_typed<__half, hopper::WgmmaF16>(a, stream);
 }

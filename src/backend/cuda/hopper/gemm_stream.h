@@ -1,17 +1,18 @@
 #pragma once
 // gemm_stream: y (+)= x W^T for decode batches (1..128 tokens) of 16-bit
-// weights, built for the weights' one pass through HBM. The bulk tensor
-// copy engine (TMA) streams 128-row x 64-column tiles of W, and the tokens'
-// matching x tile, through a ring of shared-memory stages; two consumer
-// warpgroups multiply them with wgmma (f32 accumulation), one producer warp
-// keeps the ring full. A shape's column range may be split over a cluster
-// of 1, 2, 4 or 8 blocks; the cluster adds the parts through distributed
-// shared memory in split order, so a configuration gives the same bits run
-// after run (but not across configurations or token counts: not batch
-// invariant). Gemm times it beside cuBLASLt's candidates (gemm.h).
+// or FP8 weights, built for the weights' one pass through HBM. The bulk
+// tensor copy engine (TMA) streams 128-row x 128-byte tiles of W, and the
+// tokens' matching x tile, through a ring of shared-memory stages; two
+// consumer warpgroups multiply them with wgmma (f32 accumulators), one
+// producer warp keeps the ring full. A shape's columns may be split over a
+// cluster of 1, 2, 4 or 8 blocks; the cluster adds the parts through
+// distributed shared memory in split order, so a configuration gives the
+// same bits run after run (but not across configurations or token counts:
+// not batch invariant). Gemm times the 16-bit form beside cuBLASLt's
+// candidates (gemm.h); fp8_route takes the FP8 form (fp8.h).
 //
-// Compiled for sm_90a only (wgmma, setmaxnreg-free): gemm_stream_available()
-// says whether this device runs it (compute capability 9.0).
+// Compiled for sm_90a only (wgmma): gemm_stream_available() says whether
+// this device runs it (compute capability 9.0).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -42,6 +43,16 @@ struct GemmStreamArgs {
   // stages. Variants 0 and 1 give the same bits; 2 too with one split (its
   // splits break the columns at 128-column chunks).
   int variant = 0;
+  // e4m3: W in FP8 (w at row 0's first e4m3 value, rows w_ld bytes apart:
+  // fp8.h's kFp8Rows past the row header), x e4m3 [n, cols] dense, and
+  // y (+)= xs[t] ws[r] sum_c W[r, c] x[t, c] with ws [rows], xs [n] f32;
+  // ws and xs both null: the unscaled sums. dtype is not read then. The
+  // tensor cores add e4m3 products with their own (coarser than f32)
+  // accumulation along K, as cuBLASLt's FP8 GEMM with fast accumulation.
+  bool e4m3 = false;
+  int64_t w_ld = 0;  // bytes between W's rows; 0: dense
+  const float* ws = nullptr;
+  const float* xs = nullptr;
 };
 inline constexpr int kGemmStreamVariants = 3;
 
@@ -49,10 +60,11 @@ inline constexpr int kGemmStreamVariants = 3;
 // the sm_90a build in this binary).
 bool gemm_stream_available();
 
-// Whether args describe a shape the kernel takes: F16/BF16, 1..128 tokens,
-// cols a multiple of 8 (16-byte rows for the copy engine) and at least 64,
-// w, x and y 16-byte aligned, splits one of kGemmStreamSplits and no more
-// than the chunks of a row (64 columns, 128 in variant 2), a variant.
+// Whether args describe a shape the kernel takes: F16/BF16 (or e4m3),
+// 1..128 tokens, rows of whole 16 bytes (w_ld too) and at least one 128-byte
+// chunk, w, x and y 16-byte aligned, splits one of kGemmStreamSplits and no
+// more than the 128-byte chunks of a row (256 bytes in variant 2), a
+// variant; e4m3: not narrow, ws and xs both set or both null.
 bool gemm_stream_supported(const GemmStreamArgs& args);
 
 // Launches it on `stream` (programmatic dependent launch: the weights'
