@@ -16,6 +16,7 @@
 #include "model/cuda_model_base.h"
 
 #if RILL_HAVE_CUDA
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/glu_narrow.h"
 #include "backend/cuda/latent_attention.h"
 #include "backend/cuda/quant.h"
@@ -54,6 +55,12 @@ std::string CudaModelBase::kv_numerics() const {
   // files written with other settings, or by builds before them, are refused.
   if (gemm_ && gemm_->fp8_fast_accum()) s += " fp8acc=fast";
   if (gemm_ && gemm_->fp8_bf16_d()) s += " fp8d=bf16";
+  // FP8 matmuls of 2..128 tokens on gemm_stream (RILL_FP8_STREAM=1): other
+  // sums than cuBLASLt's.
+  if (fp8_weights_ && cuda::fp8_stream_on()) s += " fp8mm=stream";
+  // Dense 16-bit decode matmuls may take gemm_stream where Gemm timed it
+  // faster (RILL_GEMM_STREAM=1).
+  if (gemm_ && gemm_->stream()) s += " gemm=stream";
   // Dense bf16 MLPs past 8 tokens round gate/up to bf16 (Backend::matmul_glu).
   if (act_ == DType::kBF16 && !batch_invariant_ && cuda::glu_narrow_on()) s += " glu=bf16";
   // r2: the tensor-core MLA kernels (f16 q and probabilities); a file of
