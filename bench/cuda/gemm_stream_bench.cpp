@@ -4,7 +4,7 @@
 // qkv overwriting, o and down accumulating into the residual, gate_up with
 // a bf16 output (Gemm::run_narrow), the head overwriting.
 //
-//   bench_gemm_stream [--tokens 8,64,128] [--profile 1]
+//   bench_gemm_stream [--tokens 8,64,128] [--profile 1] [--fp8 1]
 //
 // Each figure is the median over 5 runs of 20 back-to-back calls (with
 // programmatic launch, as in a decode step) cycling over copies of the
@@ -12,7 +12,11 @@
 // come from HBM; GB/s counts the weight bytes. gemm_stream runs every
 // variant and split count it takes. --profile 1: instead, one call of
 // cuBLASLt's choice and of each gemm_stream configuration per shape at the
-// first token count, in that order, for ncu.
+// first token count, in that order, for ncu. --fp8 1: the same shapes in
+// FP8 (fp8.h's kFp8Rows, e4m3 x with token scales): Gemm::run_fp8
+// (cuBLASLt's FP8 GEMM and its scale pass) against gemm_stream's e4m3 form
+// with the scales in its epilogue (gate_up unscaled, as fp8_matmul_glu
+// calls it, against run_fp8_unscaled).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/hopper/gemm_stream.h"
 
@@ -81,12 +86,92 @@ std::vector<int64_t> parse_list(const char* s) {
   return v;
 }
 
+// --fp8 1: every shape in FP8 at every token count.
+void fp8_bench(cuda::Context& ctx, const std::vector<int64_t>& tokens) {
+  const cudaStream_t s = ctx.stream();
+  const int64_t max_n = *std::max_element(tokens.begin(), tokens.end());
+  void* xq = device_alloc(size_t{14336} * static_cast<size_t>(max_n), 0x30);  // e4m3 0.5
+  auto* xs = static_cast<float*>(device_alloc(static_cast<size_t>(max_n) * 4, 0));
+  std::vector<float> ones(static_cast<size_t>(max_n), 0.01f);
+  RILL_CUDA_CHECK(cudaMemcpy(xs, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
+  void* y = device_alloc(size_t{128256} * static_cast<size_t>(max_n) * 4, 0);
+  const int64_t d_floats = max_n * 4096;
+  auto* d = static_cast<float*>(device_alloc(static_cast<size_t>(d_floats) * 4, 0));
+  for (const Shape& sh : kShapes) {
+    const size_t bytes = cuda::fp8_matrix_bytes(sh.rows, sh.cols);
+    const int copies = static_cast<int>(std::max<size_t>(2, (size_t{400} << 20) / bytes + 1));
+    std::vector<void*> w;
+    for (int c = 0; c < copies; ++c) w.push_back(device_alloc(bytes, 0x38));  // e4m3 1.0 values, scale ~4e-5
+    const int64_t w_ld = static_cast<int64_t>(cuda::fp8_row_bytes(sh.cols));
+    const double gb = static_cast<double>(sh.rows * sh.cols) / 1e9;
+    const bool unscaled = sh.narrow;  // gate_up: fp8_matmul_glu's unscaled product
+    for (int64_t n : tokens) {
+      cuda::Gemm gemm(ctx);
+      auto blas = [&](int i) {
+        const auto* wi = static_cast<const uint8_t*>(w[static_cast<size_t>(i % copies)]);
+        const Status st = unscaled
+                              ? gemm.run_fp8_unscaled(wi + cuda::kFp8RowHeader, w_ld, static_cast<const uint8_t*>(xq),
+                                                      n, sh.rows, sh.cols, static_cast<float*>(y))
+                              : gemm.run_fp8(wi + cuda::kFp8RowHeader, w_ld, cuda::fp8_scales(wi, sh.rows, sh.cols),
+                                             static_cast<const uint8_t*>(xq), xs, n, sh.rows, sh.cols,
+                                             static_cast<float*>(y), sh.accumulate, d, d_floats);
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s\n", st.error().message.c_str());
+          std::exit(1);
+        }
+      };
+      blas(0);
+      RILL_CUDA_CHECK(cudaStreamSynchronize(s));
+      auto args = [&](int variant, int splits, int i) {
+        const auto* wi = static_cast<const uint8_t*>(w[static_cast<size_t>(i % copies)]);
+        cuda::GemmStreamArgs a;
+        a.e4m3 = true;
+        a.w = wi + cuda::kFp8RowHeader;
+        a.w_ld = w_ld;
+        a.x = xq;
+        a.ws = unscaled ? nullptr : cuda::fp8_scales(wi, sh.rows, sh.cols);
+        a.xs = unscaled ? nullptr : xs;
+        a.y = y;
+        a.n = n;
+        a.rows = sh.rows;
+        a.cols = sh.cols;
+        a.accumulate = sh.accumulate;
+        a.splits = splits;
+        a.variant = variant;
+        return a;
+      };
+      auto report = [&](const std::string& what, double us) {
+        std::printf("  fp8 %-8s n=%-4lld %-14s %8.1f us %6.0f GB/s\n", sh.name, static_cast<long long>(n), what.c_str(),
+                    us, gb / (us * 1e-6));
+      };
+      report(unscaled ? "cublasLt" : "cublasLt+scale", median_us(s, 20, blas));
+      for (int v = 0; v < cuda::kGemmStreamVariants; ++v) {
+        for (int sp : cuda::kGemmStreamSplits) {
+          if (!cuda::gemm_stream_supported(args(v, sp, 0))) continue;
+          report("stream v" + std::to_string(v) + " s" + std::to_string(sp), median_us(s, 20, [&](int i) {
+                   if (!cuda::gemm_stream(args(v, sp, i), s)) {
+                     std::fprintf(stderr, "gemm_stream refused\n");
+                     std::exit(1);
+                   }
+                 }));
+        }
+      }
+    }
+    for (void* p : w) cudaFree(p);
+  }
+  cudaFree(xq);
+  cudaFree(xs);
+  cudaFree(y);
+  cudaFree(d);
+}
+
 int run(int argc, char** argv) {
   std::vector<int64_t> tokens = {8, 64, 128};
-  bool profile = false;
+  bool profile = false, fp8 = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--tokens")) tokens = parse_list(argv[i + 1]);
     if (!std::strcmp(argv[i], "--profile")) profile = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--fp8")) fp8 = std::atoi(argv[i + 1]) != 0;
   }
   auto ctx = cuda::Context::create();
   if (!ctx.ok()) {
@@ -101,6 +186,10 @@ int run(int argc, char** argv) {
   cudaDeviceProp prop{};
   RILL_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  if (fp8) {
+    fp8_bench(**ctx, tokens);
+    return 0;
+  }
   const int64_t max_n = *std::max_element(tokens.begin(), tokens.end());
   void* x = device_alloc(size_t{14336} * static_cast<size_t>(max_n) * 2, 0x3c);  // bf16 ~0.0117
   void* y = device_alloc(size_t{128256} * static_cast<size_t>(max_n) * 4, 0);
