@@ -55,9 +55,11 @@ std::string CudaModelBase::kv_numerics() const {
   // files written with other settings, or by builds before them, are refused.
   if (gemm_ && gemm_->fp8_fast_accum()) s += " fp8acc=fast";
   if (gemm_ && gemm_->fp8_bf16_d()) s += " fp8d=bf16";
-  // FP8 matmuls of 2..128 tokens on gemm_stream (RILL_FP8_STREAM=1): other
-  // sums than cuBLASLt's.
-  if (fp8_weights_ && cuda::fp8_stream_on()) s += " fp8mm=stream";
+  // FP8 matmuls of 2..N tokens on gemm_stream (N 8 by default, 128 with
+  // RILL_FP8_STREAM=1): other sums than cuBLASLt's.
+  if (fp8_weights_ && cuda::fp8_stream_max_tokens() > 0) {
+    s += " fp8mm=stream" + std::to_string(cuda::fp8_stream_max_tokens());
+  }
   // Dense 16-bit decode matmuls may take gemm_stream where Gemm timed it
   // faster (RILL_GEMM_STREAM=1).
   if (gemm_ && gemm_->stream()) s += " gemm=stream";

@@ -2,7 +2,8 @@
 // fp8_matmul_glu, fp8_quantizes_x and fp8_glu_fusable read, held to a table
 // of the routes they took before the rule was one function (main at
 // 9847597), with the switches at their defaults (fp8_mma and Gemm's bf16 D
-// off):
+// off) and gemm_stream's route off (force_fp8_stream(0); its own tests
+// follow):
 //  - one token of f32 / bf16 x: the GEMV; of f16 x: the GEMM where the
 //    scratch holds x and cuBLASLt has one, else quant_matmul;
 //  - 2..8 tokens: the GEMM where cuBLASLt has one and the scratch holds x,
@@ -69,7 +70,7 @@ TEST(Fp8Route, TheRoutesBeforeTheRuleWasOneFunction) {
   for (const char* v : {"RILL_FP8_MMA", "RILL_FP8_BF16_D"}) {
     if (std::getenv(v) != nullptr) GTEST_SKIP() << v << " is set";
   }
-  force_fp8_stream(0);
+  force_fp8_stream(0);  // the table is of the routes before gemm_stream
   auto ctx = Context::create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
   Gemm gemm(**ctx);
@@ -129,7 +130,28 @@ TEST(Fp8Route, TheRoutesBeforeTheRuleWasOneFunction) {
   force_fp8_stream(-1);
 }
 
-// With fp8_stream_on(): 2..128 tokens that fit the scratch take gemm_stream
+// By default 2..8 tokens take gemm_stream (the shapes of the table above
+// where it can), more tokens keep the table's routes.
+TEST(Fp8Route, StreamTakesTwoToEightTokensByDefault) {
+  RILL_REQUIRE_GPU();
+  if (!gemm_stream_available()) GTEST_SKIP() << "gemm_stream needs an sm_90 device";
+  if (std::getenv("RILL_FP8_STREAM") != nullptr) GTEST_SKIP() << "RILL_FP8_STREAM is set";
+  force_fp8_stream(-1);
+  ASSERT_EQ(fp8_stream_max_tokens(), 8);
+  auto ctx = Context::create(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  Gemm gemm(**ctx);
+  const Fp8Scratch scratch = described(256, 14336);
+  for (const int64_t n : {2, 5, 8}) {
+    EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, n, 6144, 4096, false), Fp8Route::kStream) << n;
+    EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, n, 57344, 4096, true), Fp8Route::kStream) << n;
+  }
+  EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, 1, 6144, 4096, false), Fp8Route::kGemv);
+  EXPECT_NE(fp8_route(gemm, scratch, DType::kBF16, 9, 6144, 4096, false), Fp8Route::kStream);
+  EXPECT_NE(fp8_route(gemm, scratch, DType::kBF16, 64, 6144, 4096, false), Fp8Route::kStream);
+}
+
+// With force_fp8_stream(1): 2..128 tokens that fit the scratch take gemm_stream
 // (the GLU too, fused with its scale pass; x quantized), whatever x's type;
 // one token, more than 128, no scratch and batch-invariant mode keep their
 // routes.
@@ -156,6 +178,9 @@ TEST(Fp8Route, StreamTakesTwoTo128TokensWhenOn) {
       gemm.set_batch_invariant(true);
       EXPECT_EQ(fp8_route(gemm, scratch, x, n, 6144, 4096, false), Fp8Route::kDequant);
       gemm.set_batch_invariant(false);
+      gemm.set_fp8_fast_accum(false);  // f32 accumulation asked for: not gemm_stream's
+      EXPECT_NE(fp8_route(gemm, scratch, x, n, 6144, 4096, false), Fp8Route::kStream);
+      gemm.set_fp8_fast_accum(true);
     }
   }
   EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, 1, 4096, 4096, false), before_1);

@@ -225,9 +225,10 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
 //             caller runs fp8_matmul then the GLU
 //  kStream    gemm_stream's e4m3 form (hopper/gemm_stream.h) over x
 //             quantized by quantize_fp8_tokens, the scales in its epilogue
-//             (glu: unscaled into gate_up, then fp8_scale_glu as kGemm): 2..128
-//             tokens with fp8_stream_on(), outside batch-invariant mode, on
-//             devices that run it; checked before kMma
+//             (glu: unscaled into gate_up, then fp8_scale_glu as kGemm): 2 to
+//             fp8_stream_max_tokens() tokens, outside batch-invariant mode,
+//             with gemm.fp8_fast_accum() (its accumulation is that coarse),
+//             on devices that run it; checked before kMma
 //  kMma       fp8_mma over x quantized by quantize_fp8_tokens
 //  kMmaBf16x  fp8_mma's bf16 form over x as it is
 //  kGemv      fp8_gemv (not for glu)
@@ -238,11 +239,15 @@ enum class Fp8Route { kNone, kStream, kMma, kMmaBf16x, kGemv, kGemm, kDequant };
 Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                    bool glu);
 
-// Whether fp8_route takes kStream where it can: RILL_FP8_STREAM=1 in the
-// environment (read once; off by default until it is timed end to end), or
-// what force_fp8_stream set (tests, benchmarks: 1 on, 0 off, -1 back to the
-// environment).
-bool fp8_stream_on();
+// The most tokens fp8_route sends to kStream: 8 by default (on the H100
+// it beat cuBLASLt's FP8 GEMM and scale pass at 8 tokens on every 8B shape
+// and by 4.6% end to end, and lost at 64 and 128 tokens end to end:
+// docs/perf.md); RILL_FP8_STREAM=1 in the environment: 128, =0: none (read
+// once); or what force_fp8_stream set (tests, benchmarks: 1 128, 0 none,
+// -1 back to the environment). RILL_FP8_STREAM_SPLITS=1|2|4|8 and
+// RILL_FP8_STREAM_VARIANT=0|1|2 fix gemm_stream's configuration for every
+// shape (comparisons; by default it follows from the shape).
+int64_t fp8_stream_max_tokens();
 void force_fp8_stream(int on);
 
 // Whether fp8_matmul (glu: fp8_matmul_glu, where fp8_glu_fusable) of this

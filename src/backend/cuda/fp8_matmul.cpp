@@ -70,11 +70,23 @@ GemmStreamArgs stream_args(const uint8_t* w, const Fp8Scratch& fp8, int64_t n_to
   while (splits < 8 && slabs * splits < 96 && 2 * splits <= chunks) splits *= 2;
   a.splits = splits;
   a.variant = 0;
+  // Comparisons: RILL_FP8_STREAM_SPLITS=1|2|4|8 and RILL_FP8_STREAM_VARIANT=0|1|2
+  // fix them for every shape that takes them.
+  static const int forced_splits = [] {
+    const char* e = std::getenv("RILL_FP8_STREAM_SPLITS");
+    return e ? std::atoi(e) : 0;
+  }();
+  static const int forced_variant = [] {
+    const char* e = std::getenv("RILL_FP8_STREAM_VARIANT");
+    return e ? std::atoi(e) : -1;
+  }();
+  if (forced_splits > 0 && forced_splits <= chunks) a.splits = forced_splits;
+  if (forced_variant >= 0 && forced_variant < kGemmStreamVariants) a.variant = forced_variant;
   return a;
 }
 
 bool stream_path(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_rows, int64_t n_cols) {
-  if (!fp8_stream_on() || n_tokens < 2 || n_tokens > kGemmStreamMaxTokens || !fp8_cols_ok(n_cols) ||
+  if (n_tokens < 2 || n_tokens > fp8_stream_max_tokens() || !fp8_cols_ok(n_cols) ||
       !x_fits_scratch(fp8, n_tokens, n_cols)) {
     return false;
   }
@@ -88,14 +100,15 @@ bool stream_path(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_rows, int64_
 
 }  // namespace
 
-bool fp8_stream_on() {
+int64_t fp8_stream_max_tokens() {
   const int forced = g_force_stream.load(std::memory_order_relaxed);
-  if (forced >= 0) return forced == 1;
-  static const bool on = [] {
+  if (forced >= 0) return forced == 1 ? kGemmStreamMaxTokens : 0;
+  static const int64_t most = [] {
     const char* e = std::getenv("RILL_FP8_STREAM");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    if (e == nullptr) return int64_t{8};
+    return std::strcmp(e, "1") == 0 ? kGemmStreamMaxTokens : int64_t{0};
   }();
-  return on;
+  return most;
 }
 
 void force_fp8_stream(int on) {
@@ -107,7 +120,9 @@ Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_t
   if (n_tokens <= 0 || n_rows <= 0) return Fp8Route::kNone;
   const bool invariant = gemm.batch_invariant();
   if (glu && (n_rows % 2 != 0 || invariant)) return Fp8Route::kNone;
-  if (!invariant && stream_path(fp8, n_tokens, n_rows, n_cols)) return Fp8Route::kStream;
+  // gemm_stream's FP8 products add up in the tensor cores' own precision,
+  // as cuBLASLt's with fast accumulation: only where Gemm's FP8 plans have it.
+  if (!invariant && gemm.fp8_fast_accum() && stream_path(fp8, n_tokens, n_rows, n_cols)) return Fp8Route::kStream;
   if (!invariant && mma_path(fp8, n_tokens, n_rows, n_cols, glu)) {
     return fp8_mma_bf16x_on() && x_dtype == DType::kBF16 ? Fp8Route::kMmaBf16x : Fp8Route::kMma;
   }
