@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -110,6 +111,28 @@ std::vector<T> download(const DeviceBuffer& b, size_t n) {
   RILL_CUDA_CHECK(cudaDeviceSynchronize());
   RILL_CUDA_CHECK(cudaMemcpy(v.data(), b.data(), n * sizeof(T), cudaMemcpyDeviceToHost));
   return v;
+}
+
+// Worst |got - (y0 + W x)| over sum |w x| per output of a GEMM y [n, rows]
+// (+)= x [n, cols] W [rows, cols]^T, in f64 over w and x as the device sees
+// them (y0 empty: nothing added); a NaN output counts as infinitely wrong.
+inline double worst_gemm_error(const std::vector<float>& w, const std::vector<float>& x, int64_t n, int64_t rows,
+                               int64_t cols, const std::vector<float>& got, const std::vector<float>& y0) {
+  double worst = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0, mag = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double v = double(w[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t * cols + c)];
+        sum += v;
+        mag += std::fabs(v);
+      }
+      const size_t i = static_cast<size_t>(t * rows + r);
+      const double err = std::fabs(double(got[i]) - (y0.empty() ? 0.0 : y0[i]) - sum) / (mag + 1e-30);
+      worst = std::isnan(err) ? INFINITY : std::max(worst, err);
+    }
+  }
+  return worst;
 }
 
 // A device buffer of n bytes filled with 0xff (NaN for f32/f16/bf16), so an

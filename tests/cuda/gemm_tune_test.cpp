@@ -42,21 +42,7 @@ Problem make_problem(int64_t n, int64_t rows, int64_t cols, uint32_t seed) {
 
 // Worst |got - (y0 + W x)| over sum |w x| per output (f64 reference).
 double worst_error(const Problem& p, const std::vector<float>& got, const std::vector<float>& y0) {
-  double worst = 0;
-  for (int64_t t = 0; t < p.n; ++t) {
-    for (int64_t r = 0; r < p.rows; ++r) {
-      double sum = 0, mag = 0;
-      for (int64_t c = 0; c < p.cols; ++c) {
-        const double v = double(p.w[r * p.cols + c]) * p.x[t * p.cols + c];
-        sum += v;
-        mag += std::fabs(v);
-      }
-      const size_t i = static_cast<size_t>(t * p.rows + r);
-      const double err = std::fabs(double(got[i]) - (y0.empty() ? 0.0 : y0[i]) - sum) / (mag + 1e-30);
-      worst = std::isnan(err) ? INFINITY : std::max(worst, err);
-    }
-  }
-  return worst;
+  return worst_gemm_error(p.w, p.x, p.n, p.rows, p.cols, got, y0);
 }
 
 // y = W x (poisoned first, so every output must be written), or y0 + W x.

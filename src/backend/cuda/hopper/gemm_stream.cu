@@ -150,17 +150,6 @@ __device__ __forceinline__ float4 ld_cluster(uint32_t addr, uint32_t rank) {
 }
 #endif
 
-template <typename T>
-__device__ __forceinline__ T to_out(float v);
-template <>
-__device__ __forceinline__ __half to_out<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
 // The sum of the S blocks' output tiles at one quad, rank 0's first: all
 // S loads issued before the first add (S = 1: this block's own tile).
 __device__ __forceinline__ float4 gather_parts(const uint8_t* local, uint32_t addr, int splits) {
@@ -197,10 +186,10 @@ __device__ __forceinline__ void store_quad(T* y, float4 v) {
     T h[4];
     uint2 u;
   } q;
-  q.h[0] = to_out<T>(v.x);
-  q.h[1] = to_out<T>(v.y);
-  q.h[2] = to_out<T>(v.z);
-  q.h[3] = to_out<T>(v.w);
+  q.h[0] = detail::from_f32<T>(v.x);
+  q.h[1] = detail::from_f32<T>(v.y);
+  q.h[2] = detail::from_f32<T>(v.z);
+  q.h[3] = detail::from_f32<T>(v.w);
   *reinterpret_cast<uint2*>(y) = q.u;
 }
 
@@ -358,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
       for (int e = 0; e < 4; ++e) {
         if (gr[u] + e >= p.rows) break;
         if (p.narrow) {
-          static_cast<T*>(p.y)[at[u] + e] = to_out<T>(vals[e]);
+          static_cast<T*>(p.y)[at[u] + e] = detail::from_f32<T>(vals[e]);
         } else {
           float* y = static_cast<float*>(p.y);
           y[at[u] + e] = p.accumulate ? y[at[u] + e] + vals[e] : vals[e];
