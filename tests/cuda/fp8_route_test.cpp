@@ -32,6 +32,16 @@
 namespace rill::cuda {
 namespace {
 
+// force_fp8_stream(on) for the guard's lifetime, then back to the
+// environment's band, however the test leaves.
+class ForceStream {
+ public:
+  explicit ForceStream(int on) { force_fp8_stream(on); }
+  ForceStream(const ForceStream&) = delete;
+  ForceStream& operator=(const ForceStream&) = delete;
+  ~ForceStream() { force_fp8_stream(-1); }
+};
+
 const char* route_name(Fp8Route r) {
   switch (r) {
     case Fp8Route::kNone:
@@ -70,7 +80,7 @@ TEST(Fp8Route, TheRoutesBeforeTheRuleWasOneFunction) {
   for (const char* v : {"RILL_FP8_MMA", "RILL_FP8_BF16_D"}) {
     if (std::getenv(v) != nullptr) GTEST_SKIP() << v << " is set";
   }
-  force_fp8_stream(0);  // the table is of the routes before gemm_stream
+  const ForceStream off(0);  // the table is of the routes before gemm_stream
   auto ctx = Context::create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
   Gemm gemm(**ctx);
@@ -127,7 +137,6 @@ TEST(Fp8Route, TheRoutesBeforeTheRuleWasOneFunction) {
   EXPECT_GT(gemm_routes, 0);
   std::printf("[ fp8 route ] %lld cases, %lld of them the GEMM\n", static_cast<long long>(checked),
               static_cast<long long>(gemm_routes));
-  force_fp8_stream(-1);
 }
 
 // By default 2..8 tokens take gemm_stream (the shapes of the table above
@@ -136,7 +145,7 @@ TEST(Fp8Route, StreamTakesTwoToEightTokensByDefault) {
   RILL_REQUIRE_GPU();
   if (!gemm_stream_available()) GTEST_SKIP() << "gemm_stream needs an sm_90 device";
   if (std::getenv("RILL_FP8_STREAM") != nullptr) GTEST_SKIP() << "RILL_FP8_STREAM is set";
-  force_fp8_stream(-1);
+  const ForceStream env(-1);
   ASSERT_EQ(fp8_stream_max_tokens(), 8);
   auto ctx = Context::create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
@@ -162,11 +171,11 @@ TEST(Fp8Route, StreamTakesTwoTo128TokensWhenOn) {
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
   Gemm gemm(**ctx);
   const Fp8Scratch none, scratch = described(256, 14336);
-  force_fp8_stream(0);
+  ForceStream guard(0);
   const Fp8Route before_1 = fp8_route(gemm, scratch, DType::kBF16, 1, 4096, 4096, false);
   const Fp8Route before_200 = fp8_route(gemm, scratch, DType::kBF16, 200, 4096, 4096, false);
   const Fp8Route before_none = fp8_route(gemm, none, DType::kBF16, 64, 4096, 4096, false);
-  force_fp8_stream(1);
+  force_fp8_stream(1);  // the guard sets it back
   for (const int64_t n : {2, 8, 64, 128}) {
     for (const DType x : {DType::kBF16, DType::kF32, DType::kF16}) {
       SCOPED_TRACE(std::to_string(n) + " tokens, x " + std::string(dtype_name(x)));
@@ -186,7 +195,6 @@ TEST(Fp8Route, StreamTakesTwoTo128TokensWhenOn) {
   EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, 1, 4096, 4096, false), before_1);
   EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, 200, 4096, 4096, false), before_200);
   EXPECT_EQ(fp8_route(gemm, none, DType::kBF16, 64, 4096, 4096, false), before_none);
-  force_fp8_stream(-1);
 }
 
 }  // namespace

@@ -114,8 +114,10 @@ TEST(GemmStream, MatchesTheExactSumAtEveryTileAndSplit) {
   };
   // Token tiles 16 (1, 2, 16), 32 (17, 32), 64 (33, 64), 128 (100, 128);
   // rows past a slab (200, 300), columns past a chunk (136, 520, 1000).
-  const Shape shapes[] = {{1, 128, 64},    {2, 256, 512},   {16, 200, 136},  {17, 128, 1024}, {32, 384, 520},
-                          {33, 256, 1000}, {64, 512, 2048}, {100, 300, 512}, {128, 256, 1024}};
+  // Rows not whole quads (130, 1): the epilogue's element-by-element path.
+  const Shape shapes[] = {{1, 128, 64},     {2, 256, 512},   {16, 200, 136},  {17, 128, 1024},
+                          {32, 384, 520},   {33, 256, 1000}, {64, 512, 2048}, {100, 300, 512},
+                          {128, 256, 1024}, {16, 130, 256},  {5, 1, 128}};
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     for (const Shape& s : shapes) {
       const Problem p = make_problem(dtype, s.n, s.rows, s.cols, static_cast<uint32_t>(s.n * 7 + s.rows));
@@ -170,13 +172,32 @@ TEST(GemmStream, NarrowOutputIsTheSumRoundedOnce) {
   auto ctx = Context::create();
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
   for (DType dtype : {DType::kBF16, DType::kF16}) {
-    const Problem p = make_problem(dtype, 48, 256, 768, 41);
+    const Problem p = make_problem(dtype, 48, dtype == DType::kBF16 ? 256 : 130, 768, 41);
     const std::vector<float> wide = run((*ctx)->stream(), p, 2, {}, false);
     const std::vector<float> narrow = run((*ctx)->stream(), p, 2, {}, true);
     ASSERT_EQ(wide.size(), narrow.size());
     for (size_t i = 0; i < wide.size(); ++i) {
       ASSERT_EQ(narrow[i], round_to(dtype, wide[i])) << dtype_name(dtype) << " output " << i;
     }
+  }
+}
+
+// y need not be 16-byte aligned: an output 4 bytes into its buffer is
+// written element by element, the same bits as an aligned one.
+TEST(GemmStream, UnalignedOutputIsWrittenAsAnAlignedOne) {
+  REQUIRE_STREAM();
+  auto ctx = Context::create();
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  const cudaStream_t st = (*ctx)->stream();
+  const Problem p = make_problem(DType::kBF16, 24, 256, 512, 81);
+  const size_t count = static_cast<size_t>(p.n * p.rows);
+  for (int splits : {1, 2}) {
+    const std::vector<float> want = run(st, p, splits, {}, false);
+    DeviceBuffer y = poisoned((count + 1) * 4);
+    ASSERT_TRUE(gemm_stream(args_for(p, y.as<float>() + 1, splits, false, false), st));
+    RILL_CUDA_CHECK(cudaStreamSynchronize(st));
+    const std::vector<float> got = download<float>(y, count + 1);
+    EXPECT_EQ(std::vector<float>(got.begin() + 1, got.end()), want) << splits << " splits";
   }
 }
 
@@ -242,8 +263,8 @@ TEST(GemmStream, E4m3MatchesTheExactSum) {
   struct Shape {
     int64_t n, rows, cols;
   };
-  for (const Shape sh :
-       {Shape{2, 128, 128}, Shape{16, 300, 2048}, Shape{64, 256, 4112}, Shape{100, 384, 1024}, Shape{128, 256, 4096}}) {
+  for (const Shape sh : {Shape{2, 128, 128}, Shape{16, 300, 2048}, Shape{64, 256, 4112}, Shape{100, 384, 1024},
+                         Shape{128, 256, 4096}, Shape{8, 130, 256}}) {
     const int64_t w_ld = sh.cols + 16;
     std::mt19937 rng(static_cast<uint32_t>(sh.n * 31 + sh.cols));
     std::uniform_real_distribution<float> d(-448.0f, 448.0f), sd(0.001f, 0.01f);

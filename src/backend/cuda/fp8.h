@@ -207,8 +207,10 @@ struct Fp8Scratch {
 // tokens through the FP8 tensor-core GEMM (activations quantized per token
 // into `fp8`), or, where cuBLASLt has none for the shape, the GEMV up to
 // kGemvMaxTokens and beyond that (or when the scratch is too small)
-// quant_matmul's dequantize-then-GEMM. With fp8_mma_on(), 2..kFp8MmaMaxTokens
-// tokens go through fp8_mma instead (activations quantized the same way).
+// quant_matmul's dequantize-then-GEMM. 2..fp8_stream_max_tokens() tokens (8
+// by default) go through gemm_stream's e4m3 form instead (activations
+// quantized the same way, the scales in its epilogue), and with fp8_mma_on()
+// 2..kFp8MmaMaxTokens tokens past those through fp8_mma (fp8_route decides).
 // Batch-invariant mode (gemm.batch_invariant()) always dequantizes, as for
 // GGUF blocks.
 // x_quantized: fp8.xq / fp8.xs already hold quantize_fp8_tokens(x_dtype, x,
@@ -252,8 +254,8 @@ void force_fp8_stream(int on);
 
 // Whether fp8_matmul (glu: fp8_matmul_glu, where fp8_glu_fusable) of this
 // shape quantizes x with quantize_fp8_tokens into fp8.xq / fp8.xs: its
-// FP8 GEMM and fp8_mma's e4m3 form, not the GEMV, fp8_mma's bf16 form,
-// quant_matmul or batch-invariant mode.
+// FP8 GEMM, gemm_stream's e4m3 form and fp8_mma's e4m3 form, not the GEMV,
+// fp8_mma's bf16 form, quant_matmul or batch-invariant mode.
 bool fp8_quantizes_x(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                      bool glu);
 
@@ -261,7 +263,8 @@ bool fp8_quantizes_x(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n
 // tensor-core GEMM and a separate scale pass (not the GEMV, not
 // quant_matmul, not cuBLASLt's outer-vector scales, not Gemm's bf16 D, not
 // batch-invariant mode): where fp8_matmul_glu can fuse that pass with the
-// GLU; or, with fp8_mma_on(), where fp8_matmul takes fp8_mma (its GLU
+// GLU; where fp8_matmul takes gemm_stream (its unscaled sums, then the same
+// fused pass); or, with fp8_mma_on(), where fp8_matmul takes fp8_mma (its GLU
 // epilogue: fp8_mma_glu). n_rows: the fused gate/up weight's rows (2 F, even).
 bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows,
                      int64_t n_cols);

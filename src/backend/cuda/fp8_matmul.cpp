@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cassert>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -65,6 +66,7 @@ GemmStreamArgs stream_args(const uint8_t* w, const Fp8Scratch& fp8, int64_t n_to
   a.cols = n_cols;
   a.y = y;
   a.accumulate = accumulate;
+  a.w_stable = true;  // placed FP8 weights: never written by a kernel
   const int64_t slabs = (n_rows + 127) / 128, chunks = (n_cols + 127) / 128;
   int splits = 1;
   while (splits < 8 && slabs * splits < 96 && 2 * splits <= chunks) splits *= 2;
@@ -106,7 +108,10 @@ int64_t fp8_stream_max_tokens() {
   static const int64_t most = [] {
     const char* e = std::getenv("RILL_FP8_STREAM");
     if (e == nullptr) return int64_t{8};
-    return std::strcmp(e, "1") == 0 ? kGemmStreamMaxTokens : int64_t{0};
+    if (std::strcmp(e, "1") == 0) return kGemmStreamMaxTokens;
+    if (std::strcmp(e, "0") == 0) return int64_t{0};
+    std::fprintf(stderr, "RILL_FP8_STREAM=%s: expected 0 or 1; keeping the default (2..8 tokens)\n", e);
+    return int64_t{8};
   }();
   return most;
 }

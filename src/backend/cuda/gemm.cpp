@@ -191,6 +191,7 @@ GemmStreamArgs Gemm::stream_args(const Key& key, const void* w, const void* x, v
   g.narrow = key.kind == Kind::kF16Narrow || key.kind == Kind::kBF16Narrow;
   g.accumulate = accumulate && !g.narrow;
   g.splits = splits;
+  g.w_stable = false;  // Gemm's W may be a dequantization scratch the previous kernel writes
   return g;
 }
 
@@ -259,11 +260,11 @@ Status Gemm::choose(Plan& p, const void* a, const void* b, float* out, float bet
   RILL_ASSIGN_OR_RETURN(std::vector<float> ms, time_candidates(ctx_, n_blas + static_cast<int>(stream.size()), launch,
                                                                flush_.data(), flush_.size()));
   const int best = fastest(ms);
-  if (best >= n_blas) {
-    p.stream_splits = stream[static_cast<size_t>(best - n_blas)];
-  } else if (best >= 0) {
-    p.algo = cands[static_cast<size_t>(best)];
-  }
+  // cuBLASLt's fastest stays the plan's algorithm also where gemm_stream
+  // won: it runs the calls whose pointers gemm_stream cannot take.
+  const int best_blas = fastest(std::vector<float>(ms.begin(), ms.begin() + n_blas));
+  if (best_blas >= 0) p.algo = cands[static_cast<size_t>(best_blas)];
+  if (best >= n_blas) p.stream_splits = stream[static_cast<size_t>(best - n_blas)];
   ++timings_;
   std::array<uint64_t, 8> bytes;
   std::memcpy(bytes.data(), &p.algo, sizeof p.algo);

@@ -9,9 +9,9 @@
 // heuristic for up to kTuneCandidates algorithms, times each on that call's
 // own operands with L2 flushed (with set_stream(true), 16-bit shapes of up
 // to 128 tokens also rill's gemm_stream at each split count, on Hopper),
-// and keeps the fastest
-// for the shape's lifetime in this Gemm, so a shape always runs the same
-// algorithm. Shapes
+// and keeps the fastest for the shape's lifetime in this Gemm, so a shape
+// always runs the same algorithm (where gemm_stream won, a call whose
+// pointers it cannot take, unaligned x, runs cuBLASLt's fastest). Shapes
 // with more than 128 tokens share one timing per power-of-two bucket of
 // tokens (each prefill chunk size would otherwise be timed anew): a later
 // shape of the bucket takes the bucket's algorithm when cuBLASLt accepts it

@@ -1,26 +1,29 @@
-// gemm_stream: decode-batch GEMM over 16-bit weights on TMA + wgmma
+// gemm_stream: decode-batch GEMM over 16-bit or FP8 weights on TMA + wgmma
 // (gemm_stream.h states the contract).
 //
 // Work: block (split, slab) owns weight rows [128 slab, 128 slab + 128) and
-// the 64-column chunks [chunks split / S, chunks (split + 1) / S) of every
-// row, for all tokens (the token tile BN: 16, 32, 64 or 128; x's rows past
-// n arrive as zeros from the copy engine). Warp 8 is the producer: its lane
-// 0 fills a ring of kStages stages, each a W tile [128][64] and an x tile
-// [BN][64], both in the 128-byte swizzle wgmma reads, completing on the
-// stage's "full" mbarrier; it fetches the first stages' W tiles before the
-// programmatic-launch wait (weights are never written) and their x tiles
-// after it. Warpgroups 0 and 1 (warps 0-7) take rows 64 wg .. 64 wg + 63
-// of the slab: per stage four m64nBNk16 wgmmas (k 0-15, .., 48-63: the
-// descriptor's start moves 32 bytes, as the swizzle is applied to the
-// address), then every consumer thread arrives on the stage's "empty"
-// mbarrier, which the producer waits on before refilling it.
+// the chunks [chunks split / S, chunks (split + 1) / S) of every row (a
+// chunk: one 128-byte box a row, 64 f16 / bf16 or 128 e4m3 columns; two
+// boxes in variant 2), for all tokens (the token tile BN: 16, 32, 64 or
+// 128; x's rows past n arrive as zeros from the copy engine). Warp 8 is the
+// producer: its lane 0 fills a ring of kStages stages, each the W boxes
+// [128][128 bytes] and the x boxes [BN][128 bytes], in the 128-byte swizzle
+// wgmma reads, completing on the stage's "full" mbarrier; where the caller
+// says W is not written by the previous kernel (w_stable), it fetches the
+// first stages' W before the programmatic-launch wait, their x after it.
+// Warpgroups 0 and 1 (warps 0-7) take rows 64 wg .. 64 wg + 63 of the
+// slab: per box four wgmmas of 32 bytes of K each (m64nBNk16 for 16-bit,
+// m64nBNk32 for e4m3; the descriptor's start moves 32 bytes, as the swizzle
+// is applied to the address), then every consumer thread arrives on the
+// stage's "empty" mbarrier, which the producer waits on before refilling it.
 //
 // Epilogue: the accumulators go to shared memory as [BN][kOutLd] f32 (the
 // ring is free by then), token-major so the output's rows are contiguous.
 // With S > 1 the S blocks of a slab form a cluster: after a cluster
 // barrier, rank r sums rows [r 128 / S, (r + 1) 128 / S) of all S tiles,
-// rank 0's first, through distributed shared memory, and writes them; a
-// second barrier keeps every tile alive until its readers are done.
+// rank 0's first, through distributed shared memory, scales them (e4m3),
+// and writes them; a second barrier keeps every tile alive until its
+// readers are done.
 //
 // Why TMA + wgmma: cuBLASLt's decode shapes leave the small matrices (o,
 // qkv, down at 64-128 tokens) at 71-84% of the copy rate on the H100
@@ -84,7 +87,7 @@ struct Params {
   const float* ws;  // e4m3 with scales: W's row scales and x's token scales; else null
   const float* xs;
   int n, rows, chunks, splits;
-  bool accumulate, narrow;
+  bool accumulate, narrow, w_stable;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -226,6 +229,9 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
       const int first = count < S::kStages ? count : S::kStages;
       constexpr int kCols = kBoxCols<Tag>;
       const int chunk_cols = kCols * S::kBoxes;
+      // W ahead of the wait only where no kernel before this one writes it
+      // (placed weights; not a dequantization scratch).
+      if (!p.w_stable) detail::pdl_wait();
       for (int i = 0; i < first; ++i) {
         const uint32_t st = base + i * S::kStageBytes, bar = full0 + 8 * i;
         mbar_expect_tx(bar, S::kStageBytes);
@@ -233,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
           tma_load(st + b * S::kWBytes, &map_w, (c_begin + i) * chunk_cols + b * kCols, slab * kBM, bar, stream_w);
         }
       }
-      detail::pdl_wait();
+      if (p.w_stable) detail::pdl_wait();
       for (int i = 0; i < first; ++i) {
         const uint32_t st = base + i * S::kStageBytes, bar = full0 + 8 * i;
         for (int b = 0; b < S::kBoxes; ++b) {
@@ -300,7 +306,9 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
   // (the S parts, y's old values) are in flight together.
   const int rows_per_rank = kBM / p.splits, quads = rows_per_rank / 4;
   const int total = p.n * quads;
-  const bool whole_quads = (p.rows & 3) == 0;  // a quad is wholly in y's rows or wholly past them
+  // A quad wholly in y's rows or wholly past them, y 16-byte aligned: one
+  // vector access a quad (else element by element).
+  const bool whole_quads = (p.rows & 3) == 0 && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0;
   constexpr int kU = 2;
   for (int idx0 = static_cast<int>(threadIdx.x); idx0 < total; idx0 += kU * kThreads) {
     float4 sum[kU], prev[kU];
@@ -428,7 +436,8 @@ bool launch(const GemmStreamArgs& a, cudaStream_t stream) {
                  static_cast<int>((a.cols + chunk_cols - 1) / chunk_cols),
                  a.splits,
                  a.accumulate,
-                 a.narrow};
+                 a.narrow,
+                 a.w_stable};
   if (p.splits > p.chunks) return false;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(a.splits), static_cast<unsigned>((a.rows + kBM - 1) / kBM));
@@ -485,10 +494,7 @@ bool aligned16(const void* p) {
 
 bool gemm_stream_available() {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
   // Per device: 0 not asked yet, 1 no, 2 yes.
   static std::atomic<int> known[64];
   std::atomic<int>& k = known[device & 63];
@@ -498,10 +504,14 @@ bool gemm_stream_available() {
             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
             minor == 0 && encode_fn() != nullptr;
   cudaFuncAttributes attr{};
-  ok = ok && cudaFuncGetAttributes(
-                 &attr, reinterpret_cast<const void*>(&gemm_stream_kernel<__nv_bfloat16, hopper::WgmmaBF16, 128, 0>)) ==
-                 cudaSuccess;
-  cudaGetLastError();
+  // No sm_90a image for this device: the query fails, and its error is
+  // cleared (only that one: the call is made only when it would be the last).
+  if (ok && cudaFuncGetAttributes(
+                &attr, reinterpret_cast<const void*>(&gemm_stream_kernel<__nv_bfloat16, hopper::WgmmaBF16, 128, 0>)) !=
+                cudaSuccess) {
+    cudaGetLastError();
+    ok = false;
+  }
   k.store(ok ? 2 : 1, std::memory_order_release);
   return ok;
 }
@@ -516,8 +526,8 @@ bool gemm_stream_supported(const GemmStreamArgs& a) {
                                : (a.dtype == DType::kBF16 || a.dtype == DType::kF16) && a.w_ld == 0 && !a.ws && !a.xs;
   return types_ok && a.n >= 1 && a.n <= kGemmStreamMaxTokens && a.rows >= 1 && a.rows <= int64_t{65535} * kBM &&
          row_bytes >= kBoxB && row_bytes % 16 == 0 && a.w && a.x && a.y && aligned16(a.w) && aligned16(a.x) &&
-         aligned16(a.y) && !(a.narrow && a.accumulate) && split_ok && a.variant >= 0 &&
-         a.variant < kGemmStreamVariants && a.splits <= (row_bytes + chunk_bytes - 1) / chunk_bytes;
+         !(a.narrow && a.accumulate) && split_ok && a.variant >= 0 && a.variant < kGemmStreamVariants &&
+         a.splits <= (row_bytes + chunk_bytes - 1) / chunk_bytes;
 }
 
 bool gemm_stream(const GemmStreamArgs& a, cudaStream_t stream) {

@@ -53,6 +53,10 @@ struct GemmStreamArgs {
   int64_t w_ld = 0;  // bytes between W's rows; 0: dense
   const float* ws = nullptr;
   const float* xs = nullptr;
+  // W is not written by the kernels queued before this one (placed weights,
+  // not a dequantization scratch): its first tiles may be fetched before
+  // the programmatic-launch wait. False: after it, like everything else.
+  bool w_stable = false;
 };
 inline constexpr int kGemmStreamVariants = 3;
 
@@ -62,15 +66,17 @@ bool gemm_stream_available();
 
 // Whether args describe a shape the kernel takes: F16/BF16 (or e4m3),
 // 1..128 tokens, rows of whole 16 bytes (w_ld too) and at least one 128-byte
-// chunk, w, x and y 16-byte aligned, splits one of kGemmStreamSplits and no
-// more than the 128-byte chunks of a row (256 bytes in variant 2), a
-// variant; e4m3: not narrow, ws and xs both set or both null.
+// chunk, w and x 16-byte aligned (y any: its stores are 16-byte ones where y
+// allows), splits one of kGemmStreamSplits and no more than the 128-byte
+// chunks of a row (256 bytes in variant 2), a variant; e4m3: not narrow, ws
+// and xs both set or both null.
 bool gemm_stream_supported(const GemmStreamArgs& args);
 
-// Launches it on `stream` (programmatic dependent launch: the weights'
-// first tiles are fetched before the previous kernel finishes). False when
-// !gemm_stream_supported(args) or the device cannot run it; nothing is
-// launched then.
+// Launches it on `stream` (programmatic dependent launch; with w_stable
+// the weights' first tiles are fetched before the previous kernel
+// finishes). False when !gemm_stream_supported(args), the device cannot
+// run it, or the launch fails (its error cleared; inside a graph capture
+// the capture is then invalid, and the caller's next call says so).
 bool gemm_stream(const GemmStreamArgs& args, cudaStream_t stream);
 
 }  // namespace rill::cuda
