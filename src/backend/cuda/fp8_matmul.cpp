@@ -48,10 +48,12 @@ bool x_fits_scratch(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_cols) {
 std::atomic<int> g_force_stream{-1};
 
 // gemm_stream's e4m3 call for fp8_matmul's shape (ws / xs null: unscaled).
-// Its configuration follows from the shape alone: two blocks an SM, the
-// columns split in two, four or eight until the grid has 96 blocks (the
-// 8B's qkv 2, o and down 4, gate_up and the head 1), the choice that came
-// within 3% of each shape's best on the H100's bf16 timings (docs/perf.md).
+// Its configuration follows from the shape alone: one block an SM with the
+// deep ring (variant 1), the columns split in two where the row slabs alone
+// give fewer than 96 blocks (the 8B's qkv, o and down; gate_up and the head
+// whole). On the H100's FP8 timings (docs/perf.md, 2026-12-07) that was the
+// best of the 12 configurations or within 6% of it for every 8B shape at 8,
+// 64 and 128 tokens (the timed route took two blocks an SM, v0, then).
 GemmStreamArgs stream_args(const uint8_t* w, const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                            void* y, bool accumulate, bool scaled) {
   GemmStreamArgs a;
@@ -68,10 +70,8 @@ GemmStreamArgs stream_args(const uint8_t* w, const Fp8Scratch& fp8, int64_t n_to
   a.accumulate = accumulate;
   a.w_stable = true;  // placed FP8 weights: never written by a kernel
   const int64_t slabs = (n_rows + 127) / 128, chunks = (n_cols + 127) / 128;
-  int splits = 1;
-  while (splits < 8 && slabs * splits < 96 && 2 * splits <= chunks) splits *= 2;
-  a.splits = splits;
-  a.variant = 0;
+  a.splits = slabs < 96 && chunks >= 2 ? 2 : 1;
+  a.variant = 1;
   // Comparisons: RILL_FP8_STREAM_SPLITS=1|2|4|8 and RILL_FP8_STREAM_VARIANT=0|1|2
   // fix them for every shape that takes them.
   static const int forced_splits = [] {
