@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes src/backend/cuda/hopper/wgmma_asm.cuh: one inline-asm wrapper per
-wgmma.mma_async shape the stream GEMM uses (m64nNk16, f32 accumulators,
-f16 or bf16 operands, both from shared memory through descriptors, both
-K-major). The operand lists are long (N / 2 accumulators each), so they are
+wgmma.mma_async shape the stream GEMM uses (m64nNk16 for f16 / bf16 and
+m64nNk32 for e4m3 operands, f32 accumulators, both operands from shared
+memory through descriptors, both K-major). The operand lists are long (N / 2 accumulators each), so they are
 generated rather than typed. Run: python3 tools/gen_wgmma_asm.py > FILE, then
 clang-format -i FILE."""
 
