@@ -43,8 +43,8 @@ struct Gemm::Plan {
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first; emptied once chosen
   bool chosen = false;
   // > 0: the timing chose gemm_stream with this many splits over every
-  // cuBLASLt candidate (algo stays the heuristic's first, the fallback
-  // for a call whose pointers gemm_stream cannot take).
+  // cuBLASLt candidate (algo holds cuBLASLt's fastest, the fallback for a
+  // call whose pointers gemm_stream cannot take).
   int stream_splits = 0;
   Key key{};
   ~Plan() {
