@@ -10,13 +10,17 @@
 #         base binary before this one in every round (the A/B);
 #  tl     a CUPTI timeline of one decode step (bench_cuda --profile-step B,
 #         CUDA graphs on) for each B in TL_BATCHES (default "64 128") and
-#         FP8 batch TL_FP8 (default 1; empty skips), summarised by kernel;
+#         FP8 batch TL_FP8 (default 1; empty skips) under the ENVS indices
+#         TL_FP8_ENVS (default 0), and one 2,048-token FP8 prefill (graphs
+#         off) under each index in TL_PREFILL_ENVS (default none),
+#         summarised by kernel;
 #  ncu    ncu over one decode step without graphs at NCU_BATCH (default 64):
 #         every kernel's time and DRAM bytes (ENVS' first), then the
 #         sections of the kernels matching NCU_KERNELS (default decode
 #         attention; NCU_COUNT of them) under ENVS' entry NCU_ENV (default 0).
 # ENVS: the environments to compare, separated by ";" (default "X=1": one),
-# each a list of VAR=value; e2e runs each in turn ROUNDS times, tl each
+# each a list of VAR=value (GRAPHS=0: the FP8 sweep without CUDA graphs);
+# e2e runs each in turn ROUNDS times, tl each
 # (or the indices in TL_ENVS, "0 2").
 # BUDGET (s, default 540) stops starting parts. Logs in /tmp/step23-logs,
 # packed to $OUT; the verdict block prints last (device_out.sh).
@@ -63,7 +67,10 @@ e2e() {  # e2e NAME BIN ENV...: one sweep (KINDS: "bf16 fp8" by default)
   fi
   [ "${FP8:-1}" = 0 ] || [[ " ${KINDS:-bf16 fp8} " != *" fp8 "* ]] && return
   [ "$(left)" -lt 40 ] && { echo "== $name fp8 skipped (time)"; return; }
-  tmo 80 env "$@" $bin $M --quantize fp8 --steps 16 --batches ${FP8_BATCHES:-1,8,64} > $L/e2e_${name}_fp8.log 2>&1
+  local extra=""  # an entry naming GRAPHS=0 runs without CUDA graphs
+  [[ " $* " == *" GRAPHS=0 "* ]] && extra="--graphs 0"
+  # shellcheck disable=SC2086
+  tmo 80 env "$@" $bin $M --quantize fp8 --steps 16 --batches ${FP8_BATCHES:-1,8,64} $extra > $L/e2e_${name}_fp8.log 2>&1
   echo "== $name fp8 rc=$?"; grep -E "^decode batch|^prefill" $L/e2e_${name}_fp8.log | cut -c1-110
 }
 IFS=';' read -r -a ENVL <<< "${ENVS:-X=1}"
@@ -99,7 +106,12 @@ if has tl; then
   for b in ${TL_BATCHES:-64 128}; do
     for i in ${TL_ENVS:-${!ENVL[@]}}; do tl b${b}_env$i "${ENVL[$i]}" --profile-step $b; done
   done
-  [ -n "${TL_FP8-1}" ] && tl fp8_b${TL_FP8:-1} "${ENVL[0]}" --quantize fp8 --profile-step ${TL_FP8:-1}
+  if [ -n "${TL_FP8-1}" ]; then
+    for i in ${TL_FP8_ENVS:-0}; do tl fp8_b${TL_FP8:-1}_env$i "${ENVL[$i]}" --quantize fp8 --profile-step ${TL_FP8:-1}; done
+  fi
+  for i in ${TL_PREFILL_ENVS:-}; do
+    tl fp8_prefill_env$i "${ENVL[$i]}" --quantize fp8 --profile-prefill 1 --graphs 0 --batches 1
+  done
   out_pack
 fi
 if has ncu; then

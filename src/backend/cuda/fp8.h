@@ -189,6 +189,18 @@ void fp8_scale_rows_bf16(const void* d, int64_t n, int64_t n_part, int64_t y_str
 void fp8_scale_glu(const float* d, int64_t n, int64_t n_ff, const float* xs, const float* ws, bool gelu,
                    DType out_dtype, void* out, cudaStream_t stream);
 
+// fp8_scale_glu, then quantize_fp8_tokens(out_dtype, out, n, n_ff, xq, xs)
+// for the FP8 matmul that reads out next, in one kernel: out as
+// fp8_scale_glu writes it, xq [n, n_ff] and xs [n] the bits that
+// quantization gives (its max and rounding over out's rounded values), one
+// block a token holding its outputs in registers. xs may be the array this
+// reads (a token's scale is read before it is written). Requires
+// fp8_scale_glu_quant_supported(n_ff, out_dtype).
+inline constexpr int64_t kScaleGluQuantMaxCols = 32768;
+bool fp8_scale_glu_quant_supported(int64_t n_ff, DType out_dtype);
+void fp8_scale_glu_quant(const float* d, int64_t n, int64_t n_ff, float* xs, const float* ws, bool gelu,
+                         DType out_dtype, void* out, uint8_t* xq, cudaStream_t stream);
+
 // The FP8 GEMM's quantized activations and its accumulation scratch
 // (Gemm::run_fp8's d), carved from an arena (sizing pass included) for up
 // to max_tokens x max_cols.
@@ -277,9 +289,14 @@ bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n
 // Where fp8_matmul takes fp8_mma: fp8_mma_glu (gate_up unused), the same
 // bits as fp8_mma then silu_mul / gelu_tanh_mul.
 // Requires fp8_glu_fusable.
-// x_quantized as fp8_matmul's.
+// x_quantized as fp8_matmul's. quantize_out: out is also left quantized in
+// fp8.xq / fp8.xs as quantize_fp8_tokens(out_dtype, out, ..) leaves it, for
+// an fp8_matmul over out with x_quantized (fp8_scale_glu_quant where the
+// route runs the scale pass; else that quantization after the GLU);
+// requires fp8_scale_glu_quant_supported(F, out_dtype) and room in fp8
+// for n_tokens x F.
 Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
                       int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,
-                      cudaStream_t stream, bool x_quantized = false);
+                      cudaStream_t stream, bool x_quantized = false, bool quantize_out = false);
 
 }  // namespace rill::cuda

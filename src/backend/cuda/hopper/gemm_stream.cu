@@ -39,6 +39,7 @@
 #include <cuda_fp16.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/cuda_context.h"
@@ -88,6 +89,7 @@ struct Params {
   const float* xs;
   int n, rows, chunks, splits;
   bool accumulate, narrow, w_stable;
+  bool l2_hints;  // l2_policy's hints (RILL_GEMM_STREAM_L2=0: off, to measure what they do)
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -122,9 +124,13 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
       : "memory");
 }
-__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+// The cache policy of a copy: evict-first for W (one pass), evict-last for
+// x (every slab reads it); with hints off, evict-normal for both.
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first, bool hints) {
   uint64_t p;
-  if (evict_first) {
+  if (!hints) {
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+  } else if (evict_first) {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   } else {
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
@@ -225,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
     if (lane == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
-      const uint64_t stream_w = l2_policy(true), keep_x = l2_policy(false);
+      const uint64_t stream_w = l2_policy(true, p.l2_hints), keep_x = l2_policy(false, p.l2_hints);
       const int first = count < S::kStages ? count : S::kStages;
       constexpr int kCols = kBoxCols<Tag>;
       const int chunk_cols = kCols * S::kBoxes;
@@ -408,6 +414,14 @@ int elem_bytes(const GemmStreamArgs& a) {
   return a.e4m3 ? 1 : 2;
 }
 
+bool l2_hints() {
+  static const bool on = [] {
+    const char* e = std::getenv("RILL_GEMM_STREAM_L2");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 int token_tile(int64_t n) {
   return n <= 16 ? 16 : n <= 32 ? 32 : n <= 64 ? 64 : 128;
 }
@@ -437,7 +451,8 @@ bool launch(const GemmStreamArgs& a, cudaStream_t stream) {
                  a.splits,
                  a.accumulate,
                  a.narrow,
-                 a.w_stable};
+                 a.w_stable,
+                 l2_hints()};
   if (p.splits > p.chunks) return false;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(a.splits), static_cast<unsigned>((a.rows + kBM - 1) / kBM));
@@ -452,7 +467,7 @@ bool launch(const GemmStreamArgs& a, cudaStream_t stream) {
   attr[1].val.clusterDim.y = 1;
   attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 2;
+  cfg.numAttrs = a.splits > 1 ? 2 : 1;  // no cluster attribute where no cluster is needed
   if (cudaLaunchKernelEx(&cfg, gemm_stream_kernel<T, Tag, BN, V>, map_w, map_x, p) != cudaSuccess) {
     cudaGetLastError();
     return false;
