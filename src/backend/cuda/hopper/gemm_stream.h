@@ -74,7 +74,9 @@ bool gemm_stream_supported(const GemmStreamArgs& args);
 
 // Launches it on `stream` (programmatic dependent launch; with w_stable
 // the weights' first tiles are fetched before the previous kernel
-// finishes). False when !gemm_stream_supported(args), the device cannot
+// finishes; a cluster only for more than one split; W copied evict-first
+// and x evict-last in L2, or both evict-normal with RILL_GEMM_STREAM_L2=0,
+// read once, for comparisons). False when !gemm_stream_supported(args), the device cannot
 // run it, or the launch fails (its error cleared; inside a graph capture
 // the capture is then invalid, and the caller's next call says so).
 bool gemm_stream(const GemmStreamArgs& args, cudaStream_t stream);
