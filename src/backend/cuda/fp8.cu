@@ -541,6 +541,19 @@ __device__ __forceinline__ float glu_times(float x, float u) {
   return detail::fp8_glu_times<kGelu>(x, u);
 }
 
+// Outputs j..j+3 of a token's GLU from its unscaled gate/up row dt and
+// the weights' scales ws (float4 loads: j a multiple of 4, dt and ws
+// 16-byte aligned): scale_rows_kernel's products, then the GLU.
+template <bool kGelu>
+__device__ __forceinline__ float4 scaled_glu4(const float* __restrict__ dt, const float* __restrict__ ws, int64_t n_ff,
+                                              int64_t j, float st) {
+  const float4 g = *reinterpret_cast<const float4*>(dt + j), u = *reinterpret_cast<const float4*>(dt + n_ff + j);
+  const float4 sg = *reinterpret_cast<const float4*>(ws + j), su = *reinterpret_cast<const float4*>(ws + n_ff + j);
+  return make_float4(
+      glu_times<kGelu>(g.x * st * sg.x, u.x * st * su.x), glu_times<kGelu>(g.y * st * sg.y, u.y * st * su.y),
+      glu_times<kGelu>(g.z * st * sg.z, u.z * st * su.z), glu_times<kGelu>(g.w * st * sg.w, u.w * st * su.w));
+}
+
 // blockIdx.y a token, x-blocks over its n_ff outputs; kVec 4: float4 loads
 // of d's gate and up and of their scales, one 4-value store (n_ff a
 // multiple of 4, d 16- and out 4 * sizeof(Out)-byte aligned).
@@ -556,11 +569,8 @@ __global__ void scale_glu_kernel(const float* __restrict__ d, int64_t n_ff, cons
   for (int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < n_ff;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
     if constexpr (kVec == 4) {
-      const float4 g = *reinterpret_cast<const float4*>(dt + j), u = *reinterpret_cast<const float4*>(dt + n_ff + j);
-      const float4 sg = *reinterpret_cast<const float4*>(ws + j), su = *reinterpret_cast<const float4*>(ws + n_ff + j);
-      const float v[4] = {
-          glu_times<kGelu>(g.x * st * sg.x, u.x * st * su.x), glu_times<kGelu>(g.y * st * sg.y, u.y * st * su.y),
-          glu_times<kGelu>(g.z * st * sg.z, u.z * st * su.z), glu_times<kGelu>(g.w * st * sg.w, u.w * st * su.w)};
+      const float4 v4 = scaled_glu4<kGelu>(dt, ws, n_ff, j, st);
+      const float v[4] = {v4.x, v4.y, v4.z, v4.w};
       if constexpr (std::is_same_v<Out, float>) {
         *reinterpret_cast<float4*>(ot + j) = make_float4(v[0], v[1], v[2], v[3]);
       } else {
@@ -600,11 +610,8 @@ __global__ void __launch_bounds__(kScaleGluQuantThreads)
     const int64_t j = (threadIdx.x + int64_t{kScaleGluQuantThreads} * i) * kVec;
     if (j >= n_ff) break;
     if constexpr (kVec == 4) {
-      const float4 g = *reinterpret_cast<const float4*>(dt + j), u = *reinterpret_cast<const float4*>(dt + n_ff + j);
-      const float4 sg = *reinterpret_cast<const float4*>(ws + j), su = *reinterpret_cast<const float4*>(ws + n_ff + j);
-      const float r[4] = {
-          glu_times<kGelu>(g.x * st * sg.x, u.x * st * su.x), glu_times<kGelu>(g.y * st * sg.y, u.y * st * su.y),
-          glu_times<kGelu>(g.z * st * sg.z, u.z * st * su.z), glu_times<kGelu>(g.w * st * sg.w, u.w * st * su.w)};
+      const float4 r4 = scaled_glu4<kGelu>(dt, ws, n_ff, j, st);
+      const float r[4] = {r4.x, r4.y, r4.z, r4.w};
       alignas(16) Out e[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
