@@ -15,9 +15,9 @@
 //  - the CUDA backend's norm_ffn (the GLU's pass quantizing for down,
 //    fp8_scale_glu_quant), with and without the norm's fusion, equals the
 //    unfused ops (RILL_FP8_GLU_QUANT=0, RILL_FP8_NORM_QUANT=0) bit for bit
-//    in h, the GLU's output and down's y, accumulating or not, at 1, 2, 9
-//    and 64 tokens; it runs at 64 tokens and not at one
-//    (cuda_fused_glu_quant_calls).
+//    in h, the GLU's output and down's y (written, accumulated, or added
+//    into x itself as the Llama graph calls it), at 1, 2, 9 and 64 tokens;
+//    it runs at 64 tokens and not at one (cuda_fused_glu_quant_calls).
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -192,23 +192,31 @@ TEST(Fp8NormQuant, BackendNormMatmulEqualsNormThenMatmul) {
   }
 }
 
-// norm_ffn's h, GLU output and down's y (preset to y0 when accumulating).
+// norm_ffn's h and GLU output (first), then down's y: y0 preset when
+// accumulating; with y_is_x, down adds into x itself, the norm's input, as
+// the Llama graph calls it.
 std::vector<uint8_t> run_ffn(Fp8Layer& L, DType act, const std::vector<float>& x, int64_t n, bool accumulate,
-                             const std::vector<float>& y0) {
+                             const std::vector<float>& y0, bool y_is_x) {
   const size_t ab = act == DType::kF32 ? 4 : 2;
   EXPECT_TRUE(L.b->copy_in(L.x.data(), x.data(), x.size() * 4).ok());
   EXPECT_TRUE(L.b->copy_in(L.y_down.data(), y0.data(), static_cast<size_t>(n * kE) * 4).ok());
   const Tensor xt = Tensor::dense(L.x.data(), DType::kF32, n, kE), ht = Tensor::dense(L.h.data(), act, n, kE),
                gt = Tensor::dense(L.gu.data(), DType::kF32, n, 2 * kF), ot = Tensor::dense(L.out.data(), act, n, kF),
-               yt = Tensor::dense(L.y_down.data(), DType::kF32, n, kE);
+               yt = y_is_x ? xt : Tensor::dense(L.y_down.data(), DType::kF32, n, kE);
   EXPECT_TRUE(L.b->norm_ffn(xt, L.norm, 1e-5f, 0.0f, ht, L.w_gu, Glu::kSilu, gt, ot, L.w_down, yt, accumulate).ok());
   const size_t hb = static_cast<size_t>(n * kE) * ab, ob = static_cast<size_t>(n * kF) * ab,
                yb = static_cast<size_t>(n * kE) * 4;
   std::vector<uint8_t> got(hb + ob + yb);
   EXPECT_TRUE(L.b->copy_out(got.data(), L.h.data(), hb).ok());
   EXPECT_TRUE(L.b->copy_out(got.data() + hb, L.out.data(), ob).ok());
-  EXPECT_TRUE(L.b->copy_out(got.data() + hb + ob, L.y_down.data(), yb).ok());
+  EXPECT_TRUE(L.b->copy_out(got.data() + hb + ob, yt.data, yb).ok());
   return got;
+}
+
+// The first `bytes` of two passes' outputs (h and the GLU's: no cuBLASLt
+// sums in them) the same.
+bool same_prefix(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, size_t bytes) {
+  return a.size() >= bytes && b.size() >= bytes && std::memcmp(a.data(), b.data(), bytes) == 0;
 }
 
 // norm_ffn with the GLU's pass quantizing for down (the norm fused too, or
@@ -220,16 +228,23 @@ TEST(Fp8NormQuant, BackendNormFfnEqualsGluThenDown) {
     for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{9}, int64_t{64}}) {
       const std::vector<float> x = random_floats(static_cast<size_t>(n * kE), 61 + static_cast<uint32_t>(n), -2, 2);
       const std::vector<float> y0 = random_floats(static_cast<size_t>(n * kE), 62);
-      for (const bool accumulate : {false, true}) {
+      for (const int mode : {0, 1, 2}) {  // y written, y accumulated, x accumulated (the graph's call)
+        const bool accumulate = mode > 0, y_is_x = mode == 2;
         SCOPED_TRACE(std::string(dtype_name(act)) + ", " + std::to_string(n) + " tokens" +
-                     (accumulate ? ", accumulating" : ""));
+                     (y_is_x       ? ", adding into x"
+                      : accumulate ? ", accumulating"
+                                   : ""));
         const int64_t calls0 = cuda_fused_glu_quant_calls();
-        const std::vector<uint8_t> want = run_ffn(plain, act, x, n, accumulate, y0),
-                                   again = run_ffn(plain, act, x, n, accumulate, y0);
+        const std::vector<uint8_t> want = run_ffn(plain, act, x, n, accumulate, y0, y_is_x),
+                                   again = run_ffn(plain, act, x, n, accumulate, y0, y_is_x);
         EXPECT_EQ(cuda_fused_glu_quant_calls(), calls0) << "the backend with the fusion off took it";
-        const std::vector<uint8_t> got = run_ffn(fused, act, x, n, accumulate, y0);
+        const std::vector<uint8_t> got = run_ffn(fused, act, x, n, accumulate, y0, y_is_x);
         const int64_t fused_calls = cuda_fused_glu_quant_calls() - calls0;
-        const std::vector<uint8_t> got_glu_only = run_ffn(glu_only, act, x, n, accumulate, y0);
+        const std::vector<uint8_t> got_glu_only = run_ffn(glu_only, act, x, n, accumulate, y0, y_is_x);
+        // h and the GLU's output hold no cuBLASLt sums: always compared.
+        const size_t ab = act == DType::kF32 ? 4 : 2, prefix = static_cast<size_t>(n * (kE + kF)) * ab;
+        EXPECT_TRUE(same_prefix(got, want, prefix)) << "h or the GLU's output differ";
+        EXPECT_TRUE(same_prefix(got_glu_only, want, prefix)) << "h or the GLU's output differ (norm unfused)";
         // One token: the GEMV for both, nothing quantized. 64, in the
         // default routes: cuBLASLt's FP8 GEMM and its scale pass for both.
         if (n == 1) {
@@ -242,7 +257,7 @@ TEST(Fp8NormQuant, BackendNormFfnEqualsGluThenDown) {
         std::printf("[ fp8 ffn ] %s %lld tokens: %lld of 1 call fused\n", std::string(dtype_name(act)).c_str(),
                     static_cast<long long>(n), static_cast<long long>(fused_calls));
         if (want != again) {
-          std::printf("[ fp8 ffn ] %s %lld tokens: the unfused pass is not reproducible; not compared\n",
+          std::printf("[ fp8 ffn ] %s %lld tokens: the unfused pass's y is not reproducible; y not compared\n",
                       std::string(dtype_name(act)).c_str(), static_cast<long long>(n));
           continue;
         }

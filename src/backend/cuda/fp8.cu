@@ -810,8 +810,12 @@ bool fp8_scale_glu_quant_supported(int64_t n_ff, DType out_dtype) {
 
 void fp8_scale_glu_quant(const float* d, int64_t n, int64_t n_ff, float* xs, const float* ws, bool gelu,
                          DType out_dtype, void* out, uint8_t* xq, cudaStream_t stream) {
-  assert(fp8_scale_glu_quant_supported(n_ff, out_dtype));
   if (n <= 0) return;
+  if (!fp8_scale_glu_quant_supported(n_ff, out_dtype)) {  // the two kernels it stands for, the same results
+    fp8_scale_glu(d, n, n_ff, xs, ws, gelu, out_dtype, out, stream);
+    quantize_fp8_tokens(out_dtype, out, n, n_ff, xq, xs, stream);
+    return;
+  }
   const bool vec4 = n_ff % 4 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(ws) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(out) % (4 * dtype_info(out_dtype).block_bytes) == 0 &&

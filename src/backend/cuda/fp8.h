@@ -194,8 +194,9 @@ void fp8_scale_glu(const float* d, int64_t n, int64_t n_ff, const float* xs, con
 // fp8_scale_glu writes it, xq [n, n_ff] and xs [n] the bits that
 // quantization gives (its max and rounding over out's rounded values), one
 // block a token holding its outputs in registers. xs may be the array this
-// reads (a token's scale is read before it is written). Requires
-// fp8_scale_glu_quant_supported(n_ff, out_dtype).
+// reads (a token's scale is read before it is written). Shapes that
+// fp8_scale_glu_quant_supported(n_ff, out_dtype) refuses run the two
+// kernels instead (out's type one quantize_fp8_tokens takes).
 inline constexpr int64_t kScaleGluQuantMaxCols = 32768;
 bool fp8_scale_glu_quant_supported(int64_t n_ff, DType out_dtype);
 void fp8_scale_glu_quant(const float* d, int64_t n, int64_t n_ff, float* xs, const float* ws, bool gelu,
@@ -292,9 +293,8 @@ bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n
 // x_quantized as fp8_matmul's. quantize_out: out is also left quantized in
 // fp8.xq / fp8.xs as quantize_fp8_tokens(out_dtype, out, ..) leaves it, for
 // an fp8_matmul over out with x_quantized (fp8_scale_glu_quant where the
-// route runs the scale pass; else that quantization after the GLU);
-// requires fp8_scale_glu_quant_supported(F, out_dtype) and room in fp8
-// for n_tokens x F.
+// route runs the scale pass; else that quantization after the GLU); an
+// error, before any launch, where fp8 has no room for n_tokens x F.
 Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
                       int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,
                       cudaStream_t stream, bool x_quantized = false, bool quantize_out = false);

@@ -210,7 +210,10 @@ Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_
   assert(route != Fp8Route::kNone);
   assert(!x_quantized || route == Fp8Route::kStream || route == Fp8Route::kMma || route == Fp8Route::kGemm);
   const int64_t n_ff = n_rows / 2;
-  assert(!quantize_out || (fp8_scale_glu_quant_supported(n_ff, out_dtype) && x_fits_scratch(fp8, n_tokens, n_ff)));
+  if (quantize_out && !x_fits_scratch(fp8, n_tokens, n_ff)) {
+    return Error{"FP8 GLU matmul: no scratch for the quantized output, " + std::to_string(n_tokens) + " x " +
+                 std::to_string(n_ff)};
+  }
   // The scale pass over gate_up, then the GLU (and, with quantize_out, the
   // quantization of its output) in one kernel.
   auto scale_glu = [&] {
