@@ -303,7 +303,7 @@ TEST(Fp8Mma, GluEpilogueEqualsMatmulThenGlu) {
 TEST(Fp8Mma, Fp8MatmulTakesItWhenSwitchedOn) {
   RILL_REQUIRE_GPU();
   if (!fp8_mma_on()) GTEST_SKIP() << "RILL_FP8_MMA=1 not set";
-  force_fp8_stream(0);  // gemm_stream's route comes before fp8_mma's (2..8 tokens by default)
+  force_fp8_stream(0);  // gemm_stream's route comes before fp8_mma's (2..64 tokens by default)
   auto ctx = Context::create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
   Gemm gemm(**ctx);

@@ -139,25 +139,25 @@ TEST(Fp8Route, TheRoutesBeforeTheRuleWasOneFunction) {
               static_cast<long long>(gemm_routes));
 }
 
-// By default 2..8 tokens take gemm_stream (the shapes of the table above
+// By default 2..64 tokens take gemm_stream (the shapes of the table above
 // where it can), more tokens keep the table's routes.
-TEST(Fp8Route, StreamTakesTwoToEightTokensByDefault) {
+TEST(Fp8Route, StreamTakesTwoTo64TokensByDefault) {
   RILL_REQUIRE_GPU();
   if (!gemm_stream_available()) GTEST_SKIP() << "gemm_stream needs an sm_90 device";
   if (std::getenv("RILL_FP8_STREAM") != nullptr) GTEST_SKIP() << "RILL_FP8_STREAM is set";
   const ForceStream env(-1);
-  ASSERT_EQ(fp8_stream_max_tokens(), 8);
+  ASSERT_EQ(fp8_stream_max_tokens(), 64);
   auto ctx = Context::create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.error().message;
   Gemm gemm(**ctx);
   const Fp8Scratch scratch = described(256, 14336);
-  for (const int64_t n : {2, 5, 8}) {
+  for (const int64_t n : {2, 5, 8, 9, 33, 64}) {
     EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, n, 6144, 4096, false), Fp8Route::kStream) << n;
     EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, n, 57344, 4096, true), Fp8Route::kStream) << n;
   }
   EXPECT_EQ(fp8_route(gemm, scratch, DType::kBF16, 1, 6144, 4096, false), Fp8Route::kGemv);
-  EXPECT_NE(fp8_route(gemm, scratch, DType::kBF16, 9, 6144, 4096, false), Fp8Route::kStream);
-  EXPECT_NE(fp8_route(gemm, scratch, DType::kBF16, 64, 6144, 4096, false), Fp8Route::kStream);
+  EXPECT_NE(fp8_route(gemm, scratch, DType::kBF16, 65, 6144, 4096, false), Fp8Route::kStream);
+  EXPECT_NE(fp8_route(gemm, scratch, DType::kBF16, 128, 6144, 4096, false), Fp8Route::kStream);
 }
 
 // With force_fp8_stream(1): 2..128 tokens that fit the scratch take gemm_stream

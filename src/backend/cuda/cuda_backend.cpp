@@ -447,6 +447,8 @@ class CudaBackend final : public Backend {
     }
     if (fp8_cols > 0 && !invariant_) {
       fp8scratch_.carve(a, std::max<int64_t>(limits.max_tokens, limits.max_head_tokens), fp8_cols);
+      fp8scratch_.stream_k = {ctx_->stream_k_part(), ctx_->stream_k_part_floats(), ctx_->stream_k_counters(),
+                              ctx_->stream_k_blocks() / 2};
     }
     if (!moes_.empty()) moe_.carve(a, limits.max_tokens);
     index_keys_ = limits.max_index_keys;

@@ -206,12 +206,20 @@ void fp8_scale_glu_quant(const float* d, int64_t n, int64_t n_ff, float* xs, con
 // (Gemm::run_fp8's d), carved from an arena (sizing pass included) for up
 // to max_tokens x max_cols.
 // With fp8_mma_on(), also fp8_mma's split-K sums (mma_part).
+// stream_k: the Context's stream-K scratch (gemm_stream.h), set by the
+// backend after carving (null: gemm_stream's split form only).
 struct Fp8Scratch {
   uint8_t* xq = nullptr;
   float* xs = nullptr;
   float* d = nullptr;
   float* mma_part = nullptr;
   int64_t x_elems = 0, max_tokens = 0, d_floats = 0, mma_part_floats = 0;
+  struct StreamK {
+    float* part = nullptr;
+    int64_t part_floats = 0;
+    uint32_t* counters = nullptr;
+    int sms = 0;
+  } stream_k;
   void carve(Arena& a, int64_t max_tokens, int64_t max_cols);
 };
 
@@ -220,7 +228,7 @@ struct Fp8Scratch {
 // tokens through the FP8 tensor-core GEMM (activations quantized per token
 // into `fp8`), or, where cuBLASLt has none for the shape, the GEMV up to
 // kGemvMaxTokens and beyond that (or when the scratch is too small)
-// quant_matmul's dequantize-then-GEMM. 2..fp8_stream_max_tokens() tokens (8
+// quant_matmul's dequantize-then-GEMM. 2..fp8_stream_max_tokens() tokens (64
 // by default) go through gemm_stream's e4m3 form instead (activations
 // quantized the same way, the scales in its epilogue), and with fp8_mma_on()
 // 2..kFp8MmaMaxTokens tokens past those through fp8_mma (fp8_route decides).
@@ -254,14 +262,16 @@ enum class Fp8Route { kNone, kStream, kMma, kMmaBf16x, kGemv, kGemm, kDequant };
 Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_tokens, int64_t n_rows, int64_t n_cols,
                    bool glu);
 
-// The most tokens fp8_route sends to kStream: 8 by default (on the H100
-// it beat cuBLASLt's FP8 GEMM and scale pass at 8 tokens on every 8B shape
-// and by 4.6% end to end, and lost at 64 and 128 tokens end to end:
-// docs/perf.md); RILL_FP8_STREAM=1 in the environment: 128, =0: none (read
-// once); or what force_fp8_stream set (tests, benchmarks: 1 128, 0 none,
-// -1 back to the environment). RILL_FP8_STREAM_SPLITS=1|2|4|8 and
-// RILL_FP8_STREAM_VARIANT=0|1|2 fix gemm_stream's configuration for every
-// shape (comparisons; by default it follows from the shape).
+// The most tokens fp8_route sends to kStream: 64 by default (on the H100
+// the 8B's FP8 decode gained 4.6% at batch 8 and 1-2% at 64 on it, and
+// lost 5% at 96 and 128: docs/perf.md, 2026-12-07); RILL_FP8_STREAM=1 in
+// the environment: 128, =0: none (read once); or what force_fp8_stream set
+// (tests, benchmarks: 1 128, 0 none, -1 back to the environment).
+// RILL_FP8_STREAM_SPLITS=1|2|4|8 and RILL_FP8_STREAM_VARIANT=0|1|2 fix
+// gemm_stream's configuration for every shape (comparisons; by default it
+// follows from the shape); RILL_FP8_STREAM_K=1 runs its stream-K form
+// instead (one block an SM, variant 1), =2 two blocks an SM (variant 0),
+// where the Context has its scratch.
 int64_t fp8_stream_max_tokens();
 void force_fp8_stream(int on);
 

@@ -46,6 +46,7 @@ bool x_fits_scratch(const Fp8Scratch& fp8, int64_t n_tokens, int64_t n_cols) {
 }
 
 std::atomic<int> g_force_stream{-1};
+constexpr int64_t kFp8StreamDefaultTokens = 64;
 
 // gemm_stream's e4m3 call for fp8_matmul's shape (ws / xs null: unscaled).
 // Its configuration follows from the shape alone: one block an SM with the
@@ -84,6 +85,18 @@ GemmStreamArgs stream_args(const uint8_t* w, const Fp8Scratch& fp8, int64_t n_to
   }();
   if (forced_splits > 0 && forced_splits <= chunks) a.splits = forced_splits;
   if (forced_variant >= 0 && forced_variant < kGemmStreamVariants) a.variant = forced_variant;
+  static const int stream_k = [] {
+    const char* e = std::getenv("RILL_FP8_STREAM_K");
+    return e ? std::atoi(e) : 0;
+  }();
+  if ((stream_k == 1 || stream_k == 2) && fp8.stream_k.part) {
+    a.splits = 1;
+    a.variant = stream_k == 1 ? 1 : 0;
+    a.persistent = stream_k * fp8.stream_k.sms;
+    a.part = fp8.stream_k.part;
+    a.part_floats = fp8.stream_k.part_floats;
+    a.counters = fp8.stream_k.counters;
+  }
   return a;
 }
 
@@ -107,11 +120,11 @@ int64_t fp8_stream_max_tokens() {
   if (forced >= 0) return forced == 1 ? kGemmStreamMaxTokens : 0;
   static const int64_t most = [] {
     const char* e = std::getenv("RILL_FP8_STREAM");
-    if (e == nullptr) return int64_t{8};
+    if (e == nullptr) return kFp8StreamDefaultTokens;
     if (std::strcmp(e, "1") == 0) return kGemmStreamMaxTokens;
     if (std::strcmp(e, "0") == 0) return int64_t{0};
-    std::fprintf(stderr, "RILL_FP8_STREAM=%s: expected 0 or 1; keeping the default (2..8 tokens)\n", e);
-    return int64_t{8};
+    std::fprintf(stderr, "RILL_FP8_STREAM=%s: expected 0 or 1; keeping the default (2..64 tokens)\n", e);
+    return kFp8StreamDefaultTokens;
   }();
   return most;
 }
