@@ -10,8 +10,7 @@
 // programmatic launch, as in a decode step) cycling over copies of the
 // weights that together exceed the L2 cache several times, so the weights
 // come from HBM; GB/s counts the weight bytes. gemm_stream runs every
-// variant and split count it takes, and its stream-K form (a block an SM
-// in variant 1, two in variant 0). --profile 1: instead, one call of
+// variant and split count it takes. --profile 1: instead, one call of
 // cuBLASLt's choice and of each gemm_stream configuration per shape at the
 // first token count, in that order, for ncu. --fp8 1: the same shapes in
 // FP8 (fp8.h's kFp8Rows, e4m3 x with token scales): Gemm::run_fp8
@@ -87,18 +86,6 @@ std::vector<int64_t> parse_list(const char* s) {
   return v;
 }
 
-// Stream-K over the Context's scratch: variant 1 with a block an SM, or
-// variant 0 with two.
-cuda::GemmStreamArgs with_stream_k(cuda::GemmStreamArgs a, const cuda::Context& ctx, int variant) {
-  a.splits = 1;
-  a.variant = variant;
-  a.persistent = ctx.stream_k_blocks() / (variant == 0 ? 1 : 2);
-  a.part = ctx.stream_k_part();
-  a.part_floats = ctx.stream_k_part_floats();
-  a.counters = ctx.stream_k_counters();
-  return a;
-}
-
 // --fp8 1: every shape in FP8 at every token count.
 void fp8_bench(cuda::Context& ctx, const std::vector<int64_t>& tokens) {
   const cudaStream_t s = ctx.stream();
@@ -168,15 +155,6 @@ void fp8_bench(cuda::Context& ctx, const std::vector<int64_t>& tokens) {
                    }
                  }));
         }
-      }
-      for (int v : {1, 0}) {
-        if (!cuda::gemm_stream_supported(with_stream_k(args(v, 1, 0), ctx, v))) continue;
-        report("stream-K v" + std::to_string(v), median_us(s, 20, [&](int i) {
-                 if (!cuda::gemm_stream(with_stream_k(args(v, 1, i), ctx, v), s)) {
-                   std::fprintf(stderr, "gemm_stream refused\n");
-                   std::exit(1);
-                 }
-               }));
       }
     }
     for (void* p : w) cudaFree(p);
@@ -277,15 +255,6 @@ int run(int argc, char** argv) {
                    }
                  }));
         }
-      }
-      for (int v : {1, 0}) {
-        if (!cuda::gemm_stream_supported(with_stream_k(stream_call(v, 1, 0), **ctx, v))) continue;
-        report("stream-K v" + std::to_string(v), median_us(s, 20, [&](int i) {
-                 if (!cuda::gemm_stream(with_stream_k(stream_call(v, 1, i), **ctx, v), s)) {
-                   std::fprintf(stderr, "gemm_stream refused\n");
-                   std::exit(1);
-                 }
-               }));
       }
     }
     for (void* p : w) cudaFree(p);

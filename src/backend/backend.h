@@ -666,18 +666,6 @@ class Backend {
     rms_norm(x, nullptr, w_norm, eps, w_offset, h);
     return matmul_glu(w_gate_up, h, kind, gate_up, out);
   }
-  // A dense feed-forward block: norm_matmul_glu(x, w_norm, eps, w_offset,
-  // h, w_gate_up, kind, gate_up, mlp), then matmul(w_down, mlp, y,
-  // accumulate); h and mlp hold the normed rows and the GLU's output
-  // afterwards either way. A backend may prepare down's input in the GLU's
-  // pass: CUDA, with RILL_FP8_GLU_QUANT=1, quantizes mlp for FP8 weights'
-  // tensor-core GEMM there (fp8_scale_glu_quant in backend/cuda/fp8.h: the
-  // same bits as the default, one kernel less).
-  virtual Status norm_ffn(Tensor x, Vec w_norm, float eps, float w_offset, Tensor h, const Weight& w_gate_up, Glu kind,
-                          Tensor gate_up, Tensor mlp, const Weight& w_down, Tensor y, bool accumulate) {
-    RILL_TRY(norm_matmul_glu(x, w_norm, eps, w_offset, h, w_gate_up, kind, gate_up, mlp));
-    return matmul(w_down, mlp, y, accumulate);
-  }
   // x = cap * tanh(x / cap) (final logit softcapping); x = x * s (Gemma's
   // embedding scale). x F32.
   virtual void softcap(Tensor x, float cap) = 0;

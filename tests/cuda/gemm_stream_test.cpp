@@ -296,9 +296,7 @@ TEST(GemmStream, E4m3MatchesTheExactSum) {
     for (bool scaled : {false, true}) {
       for (bool accumulate : {false, true}) {
         for (int variant = 0; variant < kGemmStreamVariants; ++variant) {
-          // Negative: stream-K over that many blocks (one split).
-          for (int splits : {1, 2, 4, 8, -7, -132}) {
-            if (splits < 0 && variant == 2) continue;
+          for (int splits : kGemmStreamSplits) {
             GemmStreamArgs a;
             a.e4m3 = true;
             a.w = static_cast<const uint8_t*>(dw.data()) + 16;
@@ -310,21 +308,13 @@ TEST(GemmStream, E4m3MatchesTheExactSum) {
             a.rows = sh.rows;
             a.cols = sh.cols;
             a.accumulate = accumulate;
-            a.splits = splits > 0 ? splits : 1;
+            a.splits = splits;
             a.variant = variant;
-            if (splits < 0) {
-              a.persistent = -splits;
-              a.part = (*ctx)->stream_k_part();
-              a.part_floats = (*ctx)->stream_k_part_floats();
-              a.counters = (*ctx)->stream_k_counters();
-            }
             a.y = dw.data();  // a 16-byte aligned stand-in to ask about the shape
             if (!gemm_stream_supported(a)) continue;
-            SCOPED_TRACE(
-                std::to_string(sh.n) + " x " + std::to_string(sh.rows) + " x " + std::to_string(sh.cols) +
-                (scaled ? ", scaled" : ", unscaled") + (accumulate ? ", accumulating" : "") + ", variant " +
-                std::to_string(variant) + ", " +
-                (splits > 0 ? std::to_string(splits) + " splits" : std::to_string(-splits) + " blocks, stream-K"));
+            SCOPED_TRACE(std::to_string(sh.n) + " x " + std::to_string(sh.rows) + " x " + std::to_string(sh.cols) +
+                         (scaled ? ", scaled" : ", unscaled") + (accumulate ? ", accumulating" : "") + ", variant " +
+                         std::to_string(variant) + ", " + std::to_string(splits) + " splits");
             const size_t count = static_cast<size_t>(sh.n * sh.rows);
             const std::vector<float> y0 =
                 accumulate ? random_floats(count, 5, -1.0f, 1.0f) : std::vector<float>(count, 0.0f);
@@ -360,81 +350,6 @@ TEST(GemmStream, E4m3MatchesTheExactSum) {
     }
   }
   std::printf("[ gemm_stream e4m3 ] worst error %.3g of sum |w x|\n", worst_seen);
-}
-
-// Stream-K (GemmStreamArgs::persistent): every block count from one block
-// (every slab whole in it) to more blocks than units (capped), slabs shared
-// by two or more blocks, variants 0 and 1, held to the f64 sum; the same
-// bits twice; accumulating and narrow; nothing past y; and the Context's
-// counters left zero for the next call.
-TEST(GemmStream, StreamKMatchesTheExactSum) {
-  REQUIRE_STREAM();
-  auto ctx = Context::create();
-  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
-  const Context& c = **ctx;
-  ASSERT_NE(c.stream_k_part(), nullptr);
-  const cudaStream_t st = c.stream();
-  auto args_k = [&](const Problem& p, void* y, int blocks, bool accumulate, bool narrow, int variant) {
-    GemmStreamArgs a = args_for(p, y, 1, accumulate, narrow, variant);
-    a.persistent = blocks;
-    a.part = c.stream_k_part();
-    a.part_floats = c.stream_k_part_floats();
-    a.counters = c.stream_k_counters();
-    return a;
-  };
-  auto run_k = [&](const Problem& p, int blocks, const std::vector<float>& y0, bool narrow, int variant) {
-    const size_t count = static_cast<size_t>(p.n * p.rows), elem = narrow ? 2 : 4;
-    DeviceBuffer y = poisoned(count * elem + kGuard);
-    if (!y0.empty()) RILL_CUDA_CHECK(cudaMemcpy(y.data(), y0.data(), count * 4, cudaMemcpyHostToDevice));
-    const GemmStreamArgs a = args_k(p, y.data(), blocks, !y0.empty(), narrow, variant);
-    EXPECT_TRUE(gemm_stream_supported(a));
-    EXPECT_TRUE(gemm_stream(a, st));
-    RILL_CUDA_CHECK(cudaStreamSynchronize(st));
-    const std::vector<uint8_t> bytes = download<uint8_t>(y, count * elem + kGuard);
-    for (size_t i = count * elem; i < bytes.size(); ++i) EXPECT_EQ(bytes[i], 0xff) << "byte past y written";
-    if (narrow) return decode(p.dtype, std::vector<uint8_t>(bytes.begin(), bytes.begin() + count * 2));
-    std::vector<float> out(count);
-    std::memcpy(out.data(), bytes.data(), count * 4);
-    return out;
-  };
-  struct Shape {
-    int64_t n, rows, cols;
-  };
-  // Slabs of 1-5 (rows 300: the last one short), 8-32 chunks a row.
-  const Shape shapes[] = {{1, 128, 512}, {5, 300, 1000}, {16, 640, 2048}, {64, 512, 1024}, {128, 256, 2048}};
-  for (const Shape& sh : shapes) {
-    const Problem p = make_problem(DType::kBF16, sh.n, sh.rows, sh.cols, static_cast<uint32_t>(sh.n * 3 + sh.rows));
-    for (int variant : {0, 1}) {
-      for (int blocks : {1, 3, 7, 20, 132, 100000}) {
-        if (blocks > c.stream_k_blocks()) blocks = c.stream_k_blocks();
-        SCOPED_TRACE(std::to_string(sh.n) + " x " + std::to_string(sh.rows) + " x " + std::to_string(sh.cols) +
-                     ", variant " + std::to_string(variant) + ", " + std::to_string(blocks) + " blocks");
-        const std::vector<float> got = run_k(p, blocks, {}, false, variant);
-        EXPECT_LT(worst_error(p, got, {}), kTol);
-        EXPECT_EQ(run_k(p, blocks, {}, false, variant), got);
-        const std::vector<float> y0 = random_floats(got.size(), 77, -2.0f, 2.0f);
-        EXPECT_LT(worst_error(p, run_k(p, blocks, y0, false, variant), y0), kTol);
-        const std::vector<float> narrow = run_k(p, blocks, {}, true, variant);
-        for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(narrow[i], round_to(DType::kBF16, got[i])) << i;
-      }
-    }
-  }
-  std::vector<uint32_t> counters(static_cast<size_t>(kGemmStreamKMaxSlabs));
-  RILL_CUDA_CHECK(cudaMemcpy(counters.data(), c.stream_k_counters(), counters.size() * 4, cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < counters.size(); ++i) ASSERT_EQ(counters[i], 0u) << "counter " << i;
-  // Refused: no scratch, or a split with it.
-  const Problem p = make_problem(DType::kBF16, 8, 256, 512, 5);
-  DeviceBuffer y = poisoned(8 * 256 * 4);
-  GemmStreamArgs a = args_k(p, y.data(), 4, false, false, 1);
-  EXPECT_TRUE(gemm_stream_supported(a));
-  a.splits = 2;
-  EXPECT_FALSE(gemm_stream_supported(a));
-  a = args_k(p, y.data(), 4, false, false, 1);
-  a.counters = nullptr;
-  EXPECT_FALSE(gemm_stream_supported(a));
-  a = args_k(p, y.data(), 4, false, false, 1);
-  a.part_floats = gemm_stream_k_part_floats(4, 8) - 1;
-  EXPECT_FALSE(gemm_stream_supported(a));
 }
 
 // Gemm times gemm_stream beside cuBLASLt; whichever it keeps, the result is

@@ -196,7 +196,6 @@ Error upload_error(cudaError_t e, const std::string& what) {
 const float kSizingVector[1] = {0.0f};
 
 std::atomic<int64_t> g_fused_norm_quant_calls{0};  // cuda_fused_norm_quant_calls()
-std::atomic<int64_t> g_fused_glu_quant_calls{0};   // cuda_fused_glu_quant_calls()
 
 class CudaBackend final : public Backend {
  public:
@@ -212,8 +211,6 @@ class CudaBackend final : public Backend {
     gemm_->set_batch_invariant(invariant_);
     const char* nq = std::getenv("RILL_FP8_NORM_QUANT");
     fp8_norm_quant_ = !(nq && std::strcmp(nq, "0") == 0);
-    const char* gq = std::getenv("RILL_FP8_GLU_QUANT");
-    fp8_glu_quant_ = gq && std::strcmp(gq, "1") == 0;
   }
 
   const char* name() const override { return "cuda"; }
@@ -447,8 +444,6 @@ class CudaBackend final : public Backend {
     }
     if (fp8_cols > 0 && !invariant_) {
       fp8scratch_.carve(a, std::max<int64_t>(limits.max_tokens, limits.max_head_tokens), fp8_cols);
-      fp8scratch_.stream_k = {ctx_->stream_k_part(), ctx_->stream_k_part_floats(), ctx_->stream_k_counters(),
-                              ctx_->stream_k_blocks() / 2};
     }
     if (!moes_.empty()) moe_.carve(a, limits.max_tokens);
     index_keys_ = limits.max_index_keys;
@@ -636,42 +631,6 @@ class CudaBackend final : public Backend {
     g_fused_norm_quant_calls.fetch_add(1, std::memory_order_relaxed);
     return cuda::fp8_matmul_glu(*gemm_, fp8scratch_, record(w).w.data, act_, h.data, h.rows, w.rows, w.cols,
                                 kind == Glu::kGeluTanh, gate_up.f32(), out.dtype, out.data, stream(), true);
-  }
-  // FP8 gate/up and down weights on the scaled GEMM paths, with
-  // RILL_FP8_GLU_QUANT=1: the GLU's pass also quantizes its output for down
-  // (fp8_scale_glu_quant), and down skips its quantization, with the same
-  // bits. Off by default until a GPU has run its tests and timed it
-  // (written in a session no GPU came to; docs/perf.md).
-  Status norm_ffn(Tensor x, Vec w_norm, float eps, float w_offset, Tensor h, const Weight& w_gate_up, Glu kind,
-                  Tensor gate_up, Tensor mlp, const Weight& w_down, Tensor y, bool accumulate) override {
-    if (!fp8_glu_quant_ || !w_gate_up.placed || h.rows != x.rows || h.cols != x.cols ||
-        !fp8_glu_route(w_gate_up, h, gate_up, mlp) || !glu_quantizes_down(mlp, w_down, y)) {
-      return Backend::norm_ffn(x, w_norm, eps, w_offset, h, w_gate_up, kind, gate_up, mlp, w_down, y, accumulate);
-    }
-    const bool x_quantized = norm_quantizes(x, h, w_gate_up, true);
-    if (x_quantized) {  // norm_matmul_glu's fused norm
-      cuda::rms_norm_fp8(x.f32(), x.stride, w_norm.data, h.rows, h.cols, eps, w_offset, h.dtype, h.data, fp8scratch_.xq,
-                         fp8scratch_.xs, stream());
-      g_fused_norm_quant_calls.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      rms_norm(x, nullptr, w_norm, eps, w_offset, h);
-    }
-    RILL_TRY(cuda::fp8_matmul_glu(*gemm_, fp8scratch_, record(w_gate_up).w.data, act_, h.data, h.rows, w_gate_up.rows,
-                                  w_gate_up.cols, kind == Glu::kGeluTanh, gate_up.f32(), mlp.dtype, mlp.data, stream(),
-                                  x_quantized, true));
-    g_fused_glu_quant_calls.fetch_add(1, std::memory_order_relaxed);
-    return cuda::fp8_matmul(*gemm_, qscratch_, fp8scratch_, record(w_down).w.data, act_, mlp.data, mlp.rows,
-                            w_down.rows, w_down.cols, y.f32(), accumulate, stream(), true);
-  }
-  // Whether down (w) over the GLU's output mlp into y quantizes mlp for
-  // its FP8 GEMM, and the GLU's pass can leave that quantization.
-  bool glu_quantizes_down(Tensor mlp, const Weight& w, Tensor y) {
-    if (!w.placed) return false;
-    const CudaWeight& rec = record(w);
-    return rec.parts.empty() && rec.w.dtype == cuda::kFp8Rows && mlp.dtype == act_ && mlp.is_dense() &&
-           mlp.cols == w.cols && y.dtype == DType::kF32 && y.is_dense() && y.rows == mlp.rows && y.cols == w.rows &&
-           cuda::fp8_scale_glu_quant_supported(mlp.cols, mlp.dtype) &&
-           cuda::fp8_quantizes_x(*gemm_, fp8scratch_, act_, mlp.rows, w.rows, w.cols, false);
   }
   // Whether norm_matmul(_glu) of x into h for w takes rms_norm_fp8.
   bool norm_quantizes(Tensor x, Tensor h, const Weight& w, bool glu) {
@@ -1364,7 +1323,6 @@ class CudaBackend final : public Backend {
   std::vector<uint8_t> staging_;    // host conversions while placing
   bool fp8_;                        // CudaBackendOptions::fp8_weights
   bool fp8_norm_quant_ = true;      // norm_matmul(_glu) may take rms_norm_fp8 (RILL_FP8_NORM_QUANT)
-  bool fp8_glu_quant_ = false;      // norm_ffn may take fp8_scale_glu_quant (RILL_FP8_GLU_QUANT=1)
   cuda::DeviceBuffer fp8_staging_;  // a part in act_ before quantize_part
   cuda::DeviceBuffer scratch_;
   float* partial_ = nullptr;
@@ -1421,10 +1379,6 @@ Status check_options(const CudaBackendOptions& options) {
 
 int64_t cuda_fused_norm_quant_calls() {
   return g_fused_norm_quant_calls.load(std::memory_order_relaxed);
-}
-
-int64_t cuda_fused_glu_quant_calls() {
-  return g_fused_glu_quant_calls.load(std::memory_order_relaxed);
 }
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {

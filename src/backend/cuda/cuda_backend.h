@@ -36,9 +36,6 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
 // How many norm_matmul / norm_matmul_glu calls of this process's CUDA
 // backends took the FP8 norm that quantizes (rms_norm_fp8): tests only.
 int64_t cuda_fused_norm_quant_calls();
-// How many norm_ffn calls left down's input quantized by the GLU's pass
-// (fp8_scale_glu_quant, or fp8_mma's GLU then the quantization): tests only.
-int64_t cuda_fused_glu_quant_calls();
 
 // For a CUDA runtime (model/cuda_model_base.h): a Backend on the runtime's
 // context (its device and stream) and GEMM, neither owned (both must

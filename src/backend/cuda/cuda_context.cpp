@@ -5,8 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "backend/cuda/hopper/gemm_stream.h"
-
 namespace rill::cuda {
 namespace {
 
@@ -117,20 +115,6 @@ Result<std::unique_ptr<Context>> Context::create(int device) {
     return Error{std::string("CUDA: cublasLtCreate failed: ") + cublasLtGetStatusString(s)};
   }
   RILL_ASSIGN_OR_RETURN(c->workspace_, DeviceBuffer::allocate(kBlasWorkspaceBytes, "the cuBLASLt workspace"));
-  if (c->props_.major == 9 && c->props_.minor == 0) {
-    // Two blocks an SM (gemm_stream's variant 0) at the widest token tile:
-    // 35 MB on a 132-SM card.
-    c->stream_k_blocks_ = 2 * c->props_.multiProcessorCount;
-    const int64_t floats = gemm_stream_k_part_floats(c->stream_k_blocks_, kGemmStreamMaxTokens);
-    RILL_ASSIGN_OR_RETURN(c->stream_k_part_, DeviceBuffer::allocate(static_cast<size_t>(floats) * sizeof(float),
-                                                                    "gemm_stream's stream-K partial tiles"));
-    const size_t counter_bytes = static_cast<size_t>(kGemmStreamKMaxSlabs) * sizeof(uint32_t);
-    RILL_ASSIGN_OR_RETURN(c->stream_k_counters_,
-                          DeviceBuffer::allocate(counter_bytes, "gemm_stream's stream-K counters"));
-    if (cudaError_t e = cudaMemset(c->stream_k_counters_.data(), 0, counter_bytes); e != cudaSuccess) {
-      return Error{cuda_error_text(e, "cudaMemset (stream-K counters)")};
-    }
-  }
   return c;
 }
 

@@ -119,13 +119,6 @@ class Context {
   void* workspace() const { return workspace_.data(); }
   size_t workspace_bytes() const { return workspace_.size(); }
   const cudaDeviceProp& props() const { return props_; }
-  // gemm_stream's stream-K scratch (hopper/gemm_stream.h), on sm_90 only
-  // (else null / 0): partial tiles for up to stream_k_blocks() blocks at
-  // any token count, and kGemmStreamKMaxSlabs arrival counters, zero.
-  float* stream_k_part() const { return static_cast<float*>(stream_k_part_.data()); }
-  int64_t stream_k_part_floats() const { return static_cast<int64_t>(stream_k_part_.size() / sizeof(float)); }
-  uint32_t* stream_k_counters() const { return static_cast<uint32_t*>(stream_k_counters_.data()); }
-  int stream_k_blocks() const { return stream_k_blocks_; }
   std::string describe() const;  // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
 
   // Bytes free and total on the device now.
@@ -139,8 +132,6 @@ class Context {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;
   DeviceBuffer workspace_;
-  DeviceBuffer stream_k_part_, stream_k_counters_;
-  int stream_k_blocks_ = 0;
   cudaDeviceProp props_{};
 };
 

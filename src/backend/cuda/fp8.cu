@@ -541,19 +541,6 @@ __device__ __forceinline__ float glu_times(float x, float u) {
   return detail::fp8_glu_times<kGelu>(x, u);
 }
 
-// Outputs j..j+3 of a token's GLU from its unscaled gate/up row dt and
-// the weights' scales ws (float4 loads: j a multiple of 4, dt and ws
-// 16-byte aligned): scale_rows_kernel's products, then the GLU.
-template <bool kGelu>
-__device__ __forceinline__ float4 scaled_glu4(const float* __restrict__ dt, const float* __restrict__ ws, int64_t n_ff,
-                                              int64_t j, float st) {
-  const float4 g = *reinterpret_cast<const float4*>(dt + j), u = *reinterpret_cast<const float4*>(dt + n_ff + j);
-  const float4 sg = *reinterpret_cast<const float4*>(ws + j), su = *reinterpret_cast<const float4*>(ws + n_ff + j);
-  return make_float4(
-      glu_times<kGelu>(g.x * st * sg.x, u.x * st * su.x), glu_times<kGelu>(g.y * st * sg.y, u.y * st * su.y),
-      glu_times<kGelu>(g.z * st * sg.z, u.z * st * su.z), glu_times<kGelu>(g.w * st * sg.w, u.w * st * su.w));
-}
-
 // blockIdx.y a token, x-blocks over its n_ff outputs; kVec 4: float4 loads
 // of d's gate and up and of their scales, one 4-value store (n_ff a
 // multiple of 4, d 16- and out 4 * sizeof(Out)-byte aligned).
@@ -569,8 +556,11 @@ __global__ void scale_glu_kernel(const float* __restrict__ d, int64_t n_ff, cons
   for (int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; j < n_ff;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
     if constexpr (kVec == 4) {
-      const float4 v4 = scaled_glu4<kGelu>(dt, ws, n_ff, j, st);
-      const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+      const float4 g = *reinterpret_cast<const float4*>(dt + j), u = *reinterpret_cast<const float4*>(dt + n_ff + j);
+      const float4 sg = *reinterpret_cast<const float4*>(ws + j), su = *reinterpret_cast<const float4*>(ws + n_ff + j);
+      const float v[4] = {
+          glu_times<kGelu>(g.x * st * sg.x, u.x * st * su.x), glu_times<kGelu>(g.y * st * sg.y, u.y * st * su.y),
+          glu_times<kGelu>(g.z * st * sg.z, u.z * st * su.z), glu_times<kGelu>(g.w * st * sg.w, u.w * st * su.w)};
       if constexpr (std::is_same_v<Out, float>) {
         *reinterpret_cast<float4*>(ot + j) = make_float4(v[0], v[1], v[2], v[3]);
       } else {
@@ -581,97 +571,6 @@ __global__ void scale_glu_kernel(const float* __restrict__ d, int64_t n_ff, cons
     } else {
       ot[j] = detail::from_f32<Out>(glu_times<kGelu>(dt[j] * st * ws[j], dt[n_ff + j] * st * ws[n_ff + j]));
     }
-  }
-}
-
-// fp8_scale_glu_quant: block t takes token t's n_ff outputs, kPer groups
-// of kVec consecutive ones a thread (float4 loads with kVec 4: n_ff a
-// multiple of 4, d and ws 16-, out 4 * sizeof(Out)-byte aligned), each
-// scale_glu_kernel's value rounded to Out, stored, and kept in registers
-// as the quantization reads it back; then quantize_tokens_kernel's max,
-// scale and rounding over them.
-constexpr int kScaleGluQuantThreads = 512;
-
-template <typename Out, int kVec, int kPer, bool kGelu>
-__global__ void __launch_bounds__(kScaleGluQuantThreads)
-    scale_glu_quant_kernel(const float* __restrict__ d, int64_t n_ff, float* xs, const float* __restrict__ ws,
-                           Out* __restrict__ out, uint8_t* __restrict__ xq) {
-  __shared__ float red[kScaleGluQuantThreads / 32];
-  detail::pdl_wait();
-  detail::pdl_trigger();
-  const int64_t t = blockIdx.x;
-  const float st = xs[t];  // read by every thread before the barrier below; written after it
-  const float* dt = d + t * 2 * n_ff;
-  Out* ot = out + t * n_ff;
-  float v[kPer][kVec];
-  float m = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int64_t j = (threadIdx.x + int64_t{kScaleGluQuantThreads} * i) * kVec;
-    if (j >= n_ff) break;
-    if constexpr (kVec == 4) {
-      const float4 r4 = scaled_glu4<kGelu>(dt, ws, n_ff, j, st);
-      const float r[4] = {r4.x, r4.y, r4.z, r4.w};
-      alignas(16) Out e[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        e[k] = detail::from_f32<Out>(r[k]);
-        v[i][k] = detail::to_f32(e[k]);
-        m = fmaxf(m, fabsf(v[i][k]));
-      }
-      if constexpr (std::is_same_v<Out, float>) {
-        *reinterpret_cast<float4*>(ot + j) = *reinterpret_cast<const float4*>(e);
-      } else {
-        *reinterpret_cast<uint2*>(ot + j) = *reinterpret_cast<const uint2*>(e);
-      }
-    } else {
-      const Out e = detail::from_f32<Out>(glu_times<kGelu>(dt[j] * st * ws[j], dt[n_ff + j] * st * ws[n_ff + j]));
-      ot[j] = e;
-      v[i][0] = detail::to_f32(e);
-      m = fmaxf(m, fabsf(v[i][0]));
-    }
-  }
-  m = detail::warp_max(m);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-  __syncthreads();
-  m = red[0];
-#pragma unroll
-  for (int w = 1; w < kScaleGluQuantThreads / 32; ++w) m = fmaxf(m, red[w]);
-  const float scale = m > 0.0f ? m / kE4m3Max : 1.0f;
-  if (threadIdx.x == 0) xs[t] = scale;
-  uint8_t* qt = xq + t * n_ff;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int64_t j = (threadIdx.x + int64_t{kScaleGluQuantThreads} * i) * kVec;
-    if (j >= n_ff) break;
-    if constexpr (kVec == 4) {
-      alignas(4) uint8_t q[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) q[k] = __nv_cvt_float_to_fp8(v[i][k] / scale, __NV_SATFINITE, __NV_E4M3);
-      *reinterpret_cast<uint32_t*>(qt + j) = *reinterpret_cast<const uint32_t*>(q);
-    } else {
-      qt[j] = __nv_cvt_float_to_fp8(v[i][0] / scale, __NV_SATFINITE, __NV_E4M3);
-    }
-  }
-}
-
-template <typename Out, int kVec, bool kGelu>
-void launch_scale_glu_quant(const float* d, int64_t n, int64_t n_ff, float* xs, const float* ws, Out* out, uint8_t* xq,
-                            cudaStream_t stream) {
-  const int64_t per = (n_ff / kVec + kScaleGluQuantThreads - 1) / kScaleGluQuantThreads;
-  const auto blocks = static_cast<unsigned>(n);
-  if (per <= 2 * (4 / kVec)) {
-    launch_pdl(scale_glu_quant_kernel<Out, kVec, 2 * (4 / kVec), kGelu>, blocks, kScaleGluQuantThreads, 0, stream, d,
-               n_ff, xs, ws, out, xq);
-  } else if (per <= 4 * (4 / kVec)) {
-    launch_pdl(scale_glu_quant_kernel<Out, kVec, 4 * (4 / kVec), kGelu>, blocks, kScaleGluQuantThreads, 0, stream, d,
-               n_ff, xs, ws, out, xq);
-  } else if (per <= 8 * (4 / kVec)) {
-    launch_pdl(scale_glu_quant_kernel<Out, kVec, 8 * (4 / kVec), kGelu>, blocks, kScaleGluQuantThreads, 0, stream, d,
-               n_ff, xs, ws, out, xq);
-  } else {
-    launch_pdl(scale_glu_quant_kernel<Out, kVec, 16 * (4 / kVec), kGelu>, blocks, kScaleGluQuantThreads, 0, stream, d,
-               n_ff, xs, ws, out, xq);
   }
 }
 
@@ -800,40 +699,6 @@ void fp8_scale_rows_bf16(const void* d, int64_t n, int64_t n_part, int64_t y_str
   } else {
     launch_pdl(scale_rows_bf16_kernel<1>, grid, 256, 0, stream, db, n_part, y_stride, col0, xs, ws, y, accumulate);
   }
-  RILL_CUDA_CHECK_LAUNCH();
-}
-
-bool fp8_scale_glu_quant_supported(int64_t n_ff, DType out_dtype) {
-  return n_ff > 0 && n_ff <= kScaleGluQuantMaxCols && fp8_cols_ok(n_ff) &&
-         (out_dtype == DType::kF32 || out_dtype == DType::kF16 || out_dtype == DType::kBF16);
-}
-
-void fp8_scale_glu_quant(const float* d, int64_t n, int64_t n_ff, float* xs, const float* ws, bool gelu,
-                         DType out_dtype, void* out, uint8_t* xq, cudaStream_t stream) {
-  if (n <= 0) return;
-  if (!fp8_scale_glu_quant_supported(n_ff, out_dtype)) {  // the two kernels it stands for, the same results
-    fp8_scale_glu(d, n, n_ff, xs, ws, gelu, out_dtype, out, stream);
-    quantize_fp8_tokens(out_dtype, out, n, n_ff, xq, xs, stream);
-    return;
-  }
-  const bool vec4 = n_ff % 4 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(ws) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(out) % (4 * dtype_info(out_dtype).block_bytes) == 0 &&
-                    reinterpret_cast<uintptr_t>(xq) % 4 == 0;
-  RILL_CUDA_DISPATCH_FLOAT(out_dtype, {
-    auto* o = static_cast<T*>(out);
-    if (vec4) {
-      if (gelu) {
-        launch_scale_glu_quant<T, 4, true>(d, n, n_ff, xs, ws, o, xq, stream);
-      } else {
-        launch_scale_glu_quant<T, 4, false>(d, n, n_ff, xs, ws, o, xq, stream);
-      }
-    } else if (gelu) {
-      launch_scale_glu_quant<T, 1, true>(d, n, n_ff, xs, ws, o, xq, stream);
-    } else {
-      launch_scale_glu_quant<T, 1, false>(d, n, n_ff, xs, ws, o, xq, stream);
-    }
-  });
   RILL_CUDA_CHECK_LAUNCH();
 }
 

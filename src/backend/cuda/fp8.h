@@ -189,37 +189,16 @@ void fp8_scale_rows_bf16(const void* d, int64_t n, int64_t n_part, int64_t y_str
 void fp8_scale_glu(const float* d, int64_t n, int64_t n_ff, const float* xs, const float* ws, bool gelu,
                    DType out_dtype, void* out, cudaStream_t stream);
 
-// fp8_scale_glu, then quantize_fp8_tokens(out_dtype, out, n, n_ff, xq, xs)
-// for the FP8 matmul that reads out next, in one kernel: out as
-// fp8_scale_glu writes it, xq [n, n_ff] and xs [n] the bits that
-// quantization gives (its max and rounding over out's rounded values), one
-// block a token holding its outputs in registers. xs may be the array this
-// reads (a token's scale is read before it is written). Shapes that
-// fp8_scale_glu_quant_supported(n_ff, out_dtype) refuses run the two
-// kernels instead (out's type one quantize_fp8_tokens takes).
-inline constexpr int64_t kScaleGluQuantMaxCols = 32768;
-bool fp8_scale_glu_quant_supported(int64_t n_ff, DType out_dtype);
-void fp8_scale_glu_quant(const float* d, int64_t n, int64_t n_ff, float* xs, const float* ws, bool gelu,
-                         DType out_dtype, void* out, uint8_t* xq, cudaStream_t stream);
-
 // The FP8 GEMM's quantized activations and its accumulation scratch
 // (Gemm::run_fp8's d), carved from an arena (sizing pass included) for up
 // to max_tokens x max_cols.
 // With fp8_mma_on(), also fp8_mma's split-K sums (mma_part).
-// stream_k: the Context's stream-K scratch (gemm_stream.h), set by the
-// backend after carving (null: gemm_stream's split form only).
 struct Fp8Scratch {
   uint8_t* xq = nullptr;
   float* xs = nullptr;
   float* d = nullptr;
   float* mma_part = nullptr;
   int64_t x_elems = 0, max_tokens = 0, d_floats = 0, mma_part_floats = 0;
-  struct StreamK {
-    float* part = nullptr;
-    int64_t part_floats = 0;
-    uint32_t* counters = nullptr;
-    int sms = 0;
-  } stream_k;
   void carve(Arena& a, int64_t max_tokens, int64_t max_cols);
 };
 
@@ -269,9 +248,7 @@ Fp8Route fp8_route(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n_t
 // (tests, benchmarks: 1 128, 0 none, -1 back to the environment).
 // RILL_FP8_STREAM_SPLITS=1|2|4|8 and RILL_FP8_STREAM_VARIANT=0|1|2 fix
 // gemm_stream's configuration for every shape (comparisons; by default it
-// follows from the shape); RILL_FP8_STREAM_K=1 runs its stream-K form
-// instead (one block an SM, variant 1), =2 two blocks an SM (variant 0),
-// where the Context has its scratch.
+// follows from the shape).
 int64_t fp8_stream_max_tokens();
 void force_fp8_stream(int on);
 
@@ -300,13 +277,9 @@ bool fp8_glu_fusable(Gemm& gemm, const Fp8Scratch& fp8, DType x_dtype, int64_t n
 // Where fp8_matmul takes fp8_mma: fp8_mma_glu (gate_up unused), the same
 // bits as fp8_mma then silu_mul / gelu_tanh_mul.
 // Requires fp8_glu_fusable.
-// x_quantized as fp8_matmul's. quantize_out: out is also left quantized in
-// fp8.xq / fp8.xs as quantize_fp8_tokens(out_dtype, out, ..) leaves it, for
-// an fp8_matmul over out with x_quantized (fp8_scale_glu_quant where the
-// route runs the scale pass; else that quantization after the GLU); an
-// error, before any launch, where fp8 has no room for n_tokens x F.
+// x_quantized as fp8_matmul's.
 Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
                       int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,
-                      cudaStream_t stream, bool x_quantized = false, bool quantize_out = false);
+                      cudaStream_t stream, bool x_quantized = false);
 
 }  // namespace rill::cuda

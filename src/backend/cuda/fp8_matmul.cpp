@@ -85,18 +85,6 @@ GemmStreamArgs stream_args(const uint8_t* w, const Fp8Scratch& fp8, int64_t n_to
   }();
   if (forced_splits > 0 && forced_splits <= chunks) a.splits = forced_splits;
   if (forced_variant >= 0 && forced_variant < kGemmStreamVariants) a.variant = forced_variant;
-  static const int stream_k = [] {
-    const char* e = std::getenv("RILL_FP8_STREAM_K");
-    return e ? std::atoi(e) : 0;
-  }();
-  if ((stream_k == 1 || stream_k == 2) && fp8.stream_k.part) {
-    a.splits = 1;
-    a.variant = stream_k == 1 ? 1 : 0;
-    a.persistent = stream_k * fp8.stream_k.sms;
-    a.part = fp8.stream_k.part;
-    a.part_floats = fp8.stream_k.part_floats;
-    a.counters = fp8.stream_k.counters;
-  }
   return a;
 }
 
@@ -218,25 +206,10 @@ Status fp8_matmul(Gemm& gemm, const QuantScratch& scratch, const Fp8Scratch& fp8
 
 Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_dtype, const void* x, int64_t n_tokens,
                       int64_t n_rows, int64_t n_cols, bool gelu, float* gate_up, DType out_dtype, void* out,
-                      cudaStream_t stream, bool x_quantized, bool quantize_out) {
+                      cudaStream_t stream, bool x_quantized) {
   const Fp8Route route = fp8_route(gemm, fp8, x_dtype, n_tokens, n_rows, n_cols, true);
   assert(route != Fp8Route::kNone);
   assert(!x_quantized || route == Fp8Route::kStream || route == Fp8Route::kMma || route == Fp8Route::kGemm);
-  const int64_t n_ff = n_rows / 2;
-  if (quantize_out && !x_fits_scratch(fp8, n_tokens, n_ff)) {
-    return Error{"FP8 GLU matmul: no scratch for the quantized output, " + std::to_string(n_tokens) + " x " +
-                 std::to_string(n_ff)};
-  }
-  // The scale pass over gate_up, then the GLU (and, with quantize_out, the
-  // quantization of its output) in one kernel.
-  auto scale_glu = [&] {
-    if (quantize_out) {
-      fp8_scale_glu_quant(gate_up, n_tokens, n_ff, fp8.xs, fp8_scales(w, n_rows, n_cols), gelu, out_dtype, out, fp8.xq,
-                          stream);
-    } else {
-      fp8_scale_glu(gate_up, n_tokens, n_ff, fp8.xs, fp8_scales(w, n_rows, n_cols), gelu, out_dtype, out, stream);
-    }
-  };
   // fp8_matmul's fp8_mma path: the scales and the GLU in its epilogue
   // (gate_up unused), the same sums in the same order as fp8_mma over the
   // whole weight (the same plan: ceil(2 F / 128) = ceil(F / 64) slabs).
@@ -244,13 +217,11 @@ Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_
     if (route == Fp8Route::kMmaBf16x) {
       fp8_mma_glu_bf16x(static_cast<const uint8_t*>(w), x, n_tokens, n_rows, n_cols, gelu, out_dtype, out, fp8.mma_part,
                         fp8.mma_part_floats, stream);
-    } else {
-      if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
-      fp8_mma_glu(static_cast<const uint8_t*>(w), fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, gelu, out_dtype, out,
-                  fp8.mma_part, fp8.mma_part_floats, stream);
+      return Status::Ok();
     }
-    // The GLU is fp8_mma's epilogue: the quantization stays a kernel of its own.
-    if (quantize_out) quantize_fp8_tokens(out_dtype, out, n_tokens, n_ff, fp8.xq, fp8.xs, stream);
+    if (!x_quantized) quantize_fp8_tokens(x_dtype, x, n_tokens, n_cols, fp8.xq, fp8.xs, stream);
+    fp8_mma_glu(static_cast<const uint8_t*>(w), fp8.xq, fp8.xs, n_tokens, n_rows, n_cols, gelu, out_dtype, out,
+                fp8.mma_part, fp8.mma_part_floats, stream);
     return Status::Ok();
   }
   // fp8_matmul's GEMM path up to its scale pass (Gemm::run_fp8 not
@@ -264,12 +235,12 @@ Status fp8_matmul_glu(Gemm& gemm, const Fp8Scratch& fp8, const void* w, DType x_
       return Error{"FP8 GLU matmul: gemm_stream refused " + std::to_string(n_tokens) + " x " + std::to_string(n_rows) +
                    " x " + std::to_string(n_cols)};
     }
-    scale_glu();
+    fp8_scale_glu(gate_up, n_tokens, n_rows / 2, fp8.xs, fp8_scales(w, n_rows, n_cols), gelu, out_dtype, out, stream);
     return Status::Ok();
   }
   RILL_TRY(gemm.run_fp8_unscaled(static_cast<const uint8_t*>(w) + kFp8RowHeader, w_ld, fp8.xq, n_tokens, n_rows, n_cols,
                                  gate_up));
-  scale_glu();
+  fp8_scale_glu(gate_up, n_tokens, n_rows / 2, fp8.xs, fp8_scales(w, n_rows, n_cols), gelu, out_dtype, out, stream);
   return Status::Ok();
 }
 

@@ -192,14 +192,9 @@ Status mlp_block(Backend& b, const LlamaGraph& g, const LlamaLayer& L, const Ste
   const Tensor mlp = a.mlp.rows_from(0, n);
   // minicpm: the GLU's output times the residual scale before down (linear).
   const bool scaled = residual_scale != 1.0f;
-  if (!scaled) {
-    RILL_TRY(b.norm_ffn(x, L.ffn_norm, g.eps, 0.0f, h, L.w_gate_up, Glu::kSilu, gu, mlp, L.w_down, x,
-                        hooks.owns_residual()));
-    return hooks.reduce_residual(x);
-  }
-  const Tensor glu_out = a.mlp32.cols > 0 ? a.mlp32.rows_from(0, n) : mlp;
+  const Tensor glu_out = scaled && a.mlp32.cols > 0 ? a.mlp32.rows_from(0, n) : mlp;
   RILL_TRY(b.norm_matmul_glu(x, L.ffn_norm, g.eps, 0.0f, h, L.w_gate_up, Glu::kSilu, gu, glu_out));
-  scale_into(b, glu_out, residual_scale, mlp);
+  if (scaled) scale_into(b, glu_out, residual_scale, mlp);
   RILL_TRY(b.matmul(L.w_down, mlp, x, hooks.owns_residual()));
   return hooks.reduce_residual(x);
 }

@@ -38,7 +38,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <type_traits>
@@ -203,26 +202,6 @@ __device__ __forceinline__ void store_quad(T* y, float4 v) {
   *reinterpret_cast<uint2*>(y) = q.u;
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// One ring stage into a warpgroup's accumulators (rows 64 wg.. of the W
-// tile): four wgmmas of 32 bytes of K a box, waited on before returning.
-template <typename Tag, int BN, int V>
-__device__ __forceinline__ void consume_stage(float (&acc)[BN / 2], uint32_t st, int wg) {
-  using S = Shape<BN, V>;
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-  for (int b = 0; b < S::kBoxes; ++b) {
-    const uint32_t w_tile = st + b * S::kWBytes + wg * (64 * 128), x_tile = st + S::kXOffset + b * S::kXBytes;
-#pragma unroll
-    for (int k = 0; k < kBoxB / 32; ++k) {
-      hopper::Wgmma<Tag, BN>::run(acc, sw128_desc(w_tile + 32 * k), sw128_desc(x_tile + 32 * k), 1);
-    }
-  }
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-#endif
-
 template <typename T, typename Tag, int BN, int V>
 __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
     gemm_stream_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x, Params p) {
@@ -294,7 +273,18 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
     for (int i = 0; i < count; ++i) {
       const int s = i % S::kStages;
       mbar_wait(full0 + 8 * s, (i / S::kStages) & 1);
-      consume_stage<Tag, BN, V>(acc, base + s * S::kStageBytes, wg);
+      const uint32_t st = base + s * S::kStageBytes;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int b = 0; b < S::kBoxes; ++b) {
+        const uint32_t w_tile = st + b * S::kWBytes + wg * (64 * 128), x_tile = st + S::kXOffset + b * S::kXBytes;
+#pragma unroll
+        for (int k = 0; k < kBoxB / 32; ++k) {
+          hopper::Wgmma<Tag, BN>::run(acc, sw128_desc(w_tile + 32 * k), sw128_desc(x_tile + 32 * k), 1);
+        }
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       mbar_arrive(empty0 + 8 * s);
     }
   }
@@ -388,195 +378,6 @@ __global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
 #endif
 }
 
-// --- Stream-K -----------------------------------------------------------------
-//
-// The persistent form (GemmStreamArgs::persistent): block b of P takes the
-// units [b U / P, (b + 1) U / P) of the U = slabs x chunks (slab-major), so
-// every block streams the same bytes whatever the shape's slab count (the
-// split grid leaves SMs idle or a second wave short: 224 gate_up slabs on
-// 132 SMs run 1.7 waves). Its producer runs through the units without a
-// break; its consumers finish a slab's units, then write the slab's rows
-// from their registers if they had all its chunks, else store the partial
-// tile in `part` (slot 0: the segment holding the block's first unit, 1:
-// its last) and count in on the slab's counter. The last block of a slab
-// to count in adds the slab's parts in block order (the same bits whoever
-// is last), writes the rows, and zeroes the counter.
-
-struct KParams {
-  void* y;
-  const float* ws;
-  const float* xs;
-  float* part;
-  uint32_t* counters;
-  int n, rows, chunks;
-  long long units;
-  bool accumulate, narrow, w_stable, l2_hints;
-};
-
-constexpr int kConsumerThreads = kConsumerWarps * 32;
-
-// Block b's first unit of U over P blocks, and the block owning unit u.
-__host__ __device__ __forceinline__ long long k_unit_begin(long long b, long long units, long long blocks) {
-  return b * units / blocks;
-}
-__device__ __forceinline__ int k_unit_owner(long long u, long long units, long long blocks) {
-  return static_cast<int>(((u + 1) * blocks - 1) / units);
-}
-
-// A consumer thread's accumulator fragment into y's rows of slab `slab`:
-// thread (warp, lane) holds rows r0 and r0 + 8 for tokens 8 j + 2 t and
-// 8 j + 2 t + 1 (wgmma's m64nN f32 layout); scaled and added as the split
-// form's epilogue does (sum x xs[t] x ws[r], then y's old value plus it).
-template <typename T, int BN>
-__device__ __forceinline__ void k_write_rows(const KParams& p, int slab, const float (&v)[BN / 2], int warp, int lane) {
-  const int g = lane >> 2, t4 = lane & 3;
-  const int r0 = slab * kBM + (warp >> 2) * 64 + (warp & 3) * 16 + g;
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int tok = 8 * j + 2 * t4 + (e & 1), row = r0 + (e >> 1) * 8;
-      if (tok >= p.n || row >= p.rows) continue;
-      float sum = v[4 * j + e];
-      if (p.xs) sum = sum * p.xs[tok] * p.ws[row];
-      const int64_t at = static_cast<int64_t>(tok) * p.rows + row;
-      if (p.narrow) {
-        static_cast<T*>(p.y)[at] = detail::from_f32<T>(sum);
-      } else {
-        float* y = static_cast<float*>(p.y);
-        y[at] = p.accumulate ? y[at] + sum : sum;
-      }
-    }
-  }
-}
-
-__device__ __forceinline__ void consumers_sync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
-}
-
-template <typename T, typename Tag, int BN, int V>
-__global__ void __launch_bounds__(kThreads, Shape<BN, V>::kMinBlocks)
-    gemm_stream_k_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
-                         KParams p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = Shape<BN, V>;
-  extern __shared__ uint8_t smem_raw[];
-  __shared__ int last_in;
-  const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
-  const uint32_t full0 = base + S::kBarriers, empty0 = full0 + 8 * S::kStages;
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const long long blocks = gridDim.x;
-  const long long u0 = k_unit_begin(blockIdx.x, p.units, blocks), u1 = k_unit_begin(blockIdx.x + 1, p.units, blocks);
-  const int count = static_cast<int>(u1 - u0);
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S::kStages; ++s) {
-      mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, kConsumerWarps * 32);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-
-  if (warp == kProducerWarp) {
-    if (lane == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
-      const uint64_t stream_w = l2_policy(true, p.l2_hints), keep_x = l2_policy(false, p.l2_hints);
-      const int first = count < S::kStages ? count : S::kStages;
-      constexpr int kCols = kBoxCols<Tag>;
-      const int chunk_cols = kCols * S::kBoxes;
-      auto col_of = [&](int i) { return static_cast<int>((u0 + i) % p.chunks) * chunk_cols; };
-      auto row_of = [&](int i) { return static_cast<int>((u0 + i) / p.chunks) * kBM; };
-      if (!p.w_stable) detail::pdl_wait();
-      for (int i = 0; i < first; ++i) {
-        const uint32_t st = base + i * S::kStageBytes, bar = full0 + 8 * i;
-        mbar_expect_tx(bar, S::kStageBytes);
-        for (int b = 0; b < S::kBoxes; ++b) {
-          tma_load(st + b * S::kWBytes, &map_w, col_of(i) + b * kCols, row_of(i), bar, stream_w);
-        }
-      }
-      if (p.w_stable) detail::pdl_wait();
-      for (int i = 0; i < first; ++i) {
-        const uint32_t st = base + i * S::kStageBytes, bar = full0 + 8 * i;
-        for (int b = 0; b < S::kBoxes; ++b) {
-          tma_load(st + S::kXOffset + b * S::kXBytes, &map_x, col_of(i) + b * kCols, 0, bar, keep_x);
-        }
-      }
-      for (int i = first; i < count; ++i) {
-        const int s = i % S::kStages;
-        mbar_wait(empty0 + 8 * s, ((i / S::kStages) - 1) & 1);
-        const uint32_t st = base + s * S::kStageBytes, bar = full0 + 8 * s;
-        mbar_expect_tx(bar, S::kStageBytes);
-        for (int b = 0; b < S::kBoxes; ++b) {
-          tma_load(st + b * S::kWBytes, &map_w, col_of(i) + b * kCols, row_of(i), bar, stream_w);
-          tma_load(st + S::kXOffset + b * S::kXBytes, &map_x, col_of(i) + b * kCols, 0, bar, keep_x);
-        }
-      }
-    } else {
-      detail::pdl_wait();
-    }
-    return;
-  }
-
-  detail::pdl_wait();
-  const int wg = warp >> 2, ctid = static_cast<int>(threadIdx.x);
-  constexpr int kTile = kConsumerThreads * (BN / 2);  // a partial tile's floats
-  float acc[BN / 2];
-  long long u = u0;
-  int i = 0;
-  while (u < u1) {
-    const int slab = static_cast<int>(u / p.chunks);
-    const long long s_begin = static_cast<long long>(slab) * p.chunks, s_end = s_begin + p.chunks;
-    const long long seg_begin = u, seg_end = u1 < s_end ? u1 : s_end;
-#pragma unroll
-    for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
-    for (; u < seg_end; ++u, ++i) {
-      const int s = i % S::kStages;
-      mbar_wait(full0 + 8 * s, (i / S::kStages) & 1);
-      consume_stage<Tag, BN, V>(acc, base + s * S::kStageBytes, wg);
-      mbar_arrive(empty0 + 8 * s);
-    }
-    if (u == u1) detail::pdl_trigger();  // the block's last unit is in: the next kernel may launch
-    if (seg_begin == s_begin && seg_end == s_end) {
-      k_write_rows<T, BN>(p, slab, acc, warp, lane);
-      continue;
-    }
-    // A share of the slab: the partial tile out, then count in.
-    float* mine = p.part + (static_cast<long long>(blockIdx.x) * 2 + (seg_begin == u0 ? 0 : 1)) * kTile;
-#pragma unroll
-    for (int j = 0; j < BN / 2; ++j) mine[j * kConsumerThreads + ctid] = acc[j];
-    __threadfence();
-    consumers_sync();
-    const int b_lo = k_unit_owner(s_begin, p.units, blocks), b_hi = k_unit_owner(s_end - 1, p.units, blocks);
-    if (ctid == 0) last_in = atomicAdd(&p.counters[slab], 1u) == static_cast<uint32_t>(b_hi - b_lo);
-    consumers_sync();
-    if (!last_in) continue;
-    __threadfence();
-    // The parts in block order; this block's own from its registers.
-    float sum[BN / 2];
-    for (int b = b_lo; b <= b_hi; ++b) {
-      const bool own = b == static_cast<int>(blockIdx.x);
-      const int slot = k_unit_begin(b, p.units, blocks) >= s_begin ? 0 : 1;
-      const float* src = p.part + (static_cast<long long>(b) * 2 + slot) * kTile;
-#pragma unroll
-      for (int j = 0; j < BN / 2; ++j) {
-        const float v = own ? acc[j] : __ldcg(src + j * kConsumerThreads + ctid);
-        sum[j] = b == b_lo ? v : sum[j] + v;
-      }
-    }
-    k_write_rows<T, BN>(p, slab, sum, warp, lane);
-    if (ctid == 0) p.counters[slab] = 0;
-  }
-#else
-  (void)map_w;
-  (void)map_x;
-  (void)p;
-  __trap();
-#endif
-}
-
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no
 // link against libcuda); null where the driver has none.
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -625,46 +426,6 @@ int token_tile(int64_t n) {
   return n <= 16 ? 16 : n <= 32 ? 32 : n <= 64 ? 64 : 128;
 }
 
-// Stream-K's launch: `persistent` blocks (no more than the units), the
-// programmatic-launch attribute alone.
-template <typename T, typename Tag, int BN, int V>
-bool launch_k(const GemmStreamArgs& a, const CUtensorMap& map_w, const CUtensorMap& map_x, int64_t chunk_cols,
-              cudaStream_t stream) {
-  using S = Shape<BN, V>;
-  static SmemOptIn opt_in;
-  opt_in.ensure(reinterpret_cast<const void*>(&gemm_stream_k_kernel<T, Tag, BN, V>), S::kSmem, true);
-  const int64_t chunks = (a.cols + chunk_cols - 1) / chunk_cols, slabs = (a.rows + kBM - 1) / kBM;
-  const int64_t units = chunks * slabs;
-  const KParams p{a.y,
-                  a.ws,
-                  a.xs,
-                  a.part,
-                  a.counters,
-                  static_cast<int>(a.n),
-                  static_cast<int>(a.rows),
-                  static_cast<int>(chunks),
-                  static_cast<long long>(units),
-                  a.accumulate,
-                  a.narrow,
-                  a.w_stable,
-                  l2_hints()};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(a.persistent, units)));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = S::kSmem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (cudaLaunchKernelEx(&cfg, gemm_stream_k_kernel<T, Tag, BN, V>, map_w, map_x, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
 template <typename T, typename Tag, int BN, int V>
 bool launch(const GemmStreamArgs& a, cudaStream_t stream) {
   using S = Shape<BN, V>;
@@ -678,10 +439,9 @@ bool launch(const GemmStreamArgs& a, cudaStream_t stream) {
       !encode_map(&map_x, type, eb, a.x, a.n, a.cols, a.cols * eb, BN)) {
     return false;
   }
-  const int64_t chunk_cols = int64_t{kBoxCols<Tag>} * S::kBoxes;
-  if (a.persistent > 0) return launch_k<T, Tag, BN, V>(a, map_w, map_x, chunk_cols, stream);
   static SmemOptIn opt_in;
   opt_in.ensure(reinterpret_cast<const void*>(&gemm_stream_kernel<T, Tag, BN, V>), S::kSmem, true);
+  const int64_t chunk_cols = int64_t{kBoxCols<Tag>} * S::kBoxes;
   const Params p{a.y,
                  a.ws,
                  a.xs,
@@ -771,17 +531,7 @@ bool gemm_stream_available() {
   return ok;
 }
 
-int64_t gemm_stream_k_part_floats(int64_t blocks, int64_t n) {
-  return blocks * 2 * kConsumerThreads * (token_tile(n) / 2);
-}
-
 bool gemm_stream_supported(const GemmStreamArgs& a) {
-  if (a.persistent < 0) return false;
-  if (a.persistent > 0 &&
-      (a.splits != 1 || !a.part || !a.counters || (a.rows + kBM - 1) / kBM > kGemmStreamKMaxSlabs || a.n < 1 ||
-       a.n > kGemmStreamMaxTokens || a.part_floats < gemm_stream_k_part_floats(a.persistent, a.n))) {
-    return false;
-  }
   bool split_ok = false;
   for (int s : kGemmStreamSplits) split_ok = split_ok || s == a.splits;
   const int64_t row_bytes = a.cols * (a.e4m3 ? 1 : 2);

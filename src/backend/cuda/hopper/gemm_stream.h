@@ -57,28 +57,8 @@ struct GemmStreamArgs {
   // not a dequantization scratch): its first tiles may be fetched before
   // the programmatic-launch wait. False: after it, like everything else.
   bool w_stable = false;
-  // Stream-K (persistent > 0; splits then 1): `persistent` blocks share
-  // the slabs x chunks units evenly, block b the units [b U / P, (b + 1) U
-  // / P) in slab-major order, its ring never refilled from empty at a slab
-  // boundary. A slab whose chunks several blocks share is summed in block
-  // order by the last of them to finish (per-slab arrival counters), from
-  // the others' partial tiles in `part`: the same bits run after run for a
-  // given `persistent`, no cluster, no block waiting on another. part:
-  // part_floats >= gemm_stream_k_part_floats(persistent, n); counters:
-  // kGemmStreamKMaxSlabs zeros, left zero by every call (one call at a time
-  // per counters array: the caller's stream orders them).
-  int persistent = 0;
-  float* part = nullptr;
-  int64_t part_floats = 0;
-  uint32_t* counters = nullptr;
 };
 inline constexpr int kGemmStreamVariants = 3;
-// Most slabs (128 rows each) a stream-K call takes: a counter each.
-inline constexpr int64_t kGemmStreamKMaxSlabs = 8192;
-
-// The partial-tile floats stream-K needs for `blocks` blocks at n tokens
-// (two tiles a block: its first and its last slab).
-int64_t gemm_stream_k_part_floats(int64_t blocks, int64_t n);
 
 // Whether this process's current device can run the kernel (sm_90 with
 // the sm_90a build in this binary).
@@ -89,8 +69,7 @@ bool gemm_stream_available();
 // chunk, w and x 16-byte aligned (y any: its stores are 16-byte ones where y
 // allows), splits one of kGemmStreamSplits and no more than the 128-byte
 // chunks of a row (256 bytes in variant 2), a variant; e4m3: not narrow, ws
-// and xs both set or both null; stream-K: one split, at most
-// kGemmStreamKMaxSlabs slabs, part and counters given, part large enough.
+// and xs both set or both null.
 bool gemm_stream_supported(const GemmStreamArgs& args);
 
 // Launches it on `stream` (programmatic dependent launch; with w_stable
